@@ -1,0 +1,300 @@
+"""`Graph`: an ordered node list (a linked list safe to edit while iterating), inputs,
+outputs and initializers; nested graphs know the node that owns them."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from graphopt.ir.dtypes import DType
+from graphopt.ir.node import Node
+from graphopt.ir.tensor import Tensor
+from graphopt.ir.value import Shape, Value
+
+
+class CycleError(ValueError):
+    """The nodes cannot be ordered: `nodes` lie on or behind a cycle."""
+
+    def __init__(self, nodes: list[Node]):
+        self.nodes = nodes
+        names = ", ".join(n.name or n.op_type for n in nodes[:5])
+        super().__init__(f"the graph has a cycle through {len(nodes)} node(s): {names}")
+
+
+class Graph:
+    __slots__ = ("name", "doc_string", "metadata_props", "inputs", "outputs", "initializers",
+                 "parent", "_head", "_tail", "_len", "_used_names", "__weakref__")
+
+    def __init__(self, name: str = "main_graph"):
+        self.name = name
+        self.doc_string = ""
+        self.metadata_props: dict[str, str] = {}
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.initializers: dict[str, Value] = {}
+        self.parent: Node | None = None  # the node whose attribute holds this subgraph
+        self._head: Node | None = None
+        self._tail: Node | None = None
+        self._len = 0
+        self._used_names: set[str] | None = None  # kept on the root graph only
+
+    # -- node list -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Node]:
+        """Iterate over a snapshot, skipping nodes removed meanwhile; nodes inserted during the
+        iteration are not visited (passes that need them run to a fixed point)."""
+        for node in self.nodes():
+            if node.graph is self:
+                yield node
+
+    def nodes(self) -> list[Node]:
+        result, node = [], self._head
+        while node is not None:
+            result.append(node)
+            node = node._next
+        return result
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _link(self, node: Node, prev: Node | None, nxt: Node | None) -> None:
+        if node.graph is not None:
+            raise ValueError(f"{node} already belongs to a graph")
+        node.graph, node._prev, node._next = self, prev, nxt
+        if prev is None:
+            self._head = node
+        else:
+            prev._next = node
+        if nxt is None:
+            self._tail = node
+        else:
+            nxt._prev = node
+        self._len += 1
+        for value in node.outputs:
+            if value is not None:
+                value.graph = self
+                if not value.name:
+                    value.name = self.fresh_name(node.op_type.lower())
+                else:
+                    self.claim_name(value.name)
+        for sub in node.subgraphs():
+            sub.parent = node
+
+    def append(self, node: Node) -> Node:
+        self._link(node, self._tail, None)
+        return node
+
+    def insert_before(self, ref: Node, node: Node) -> Node:
+        self._link(node, ref._prev, ref)
+        return node
+
+    def insert_after(self, ref: Node, node: Node) -> Node:
+        self._link(node, ref, ref._next)
+        return node
+
+    def remove(self, node: Node, *, safe: bool = True) -> None:
+        """Unlink `node` and drop its input uses. With `safe`, refuse while any output is still
+        used or is a graph output: removing it would leave a dangling reference."""
+        if node.graph is not self:
+            raise ValueError(f"{node} is not in graph {self.name!r}")
+        if safe:
+            for value in node.outputs:
+                if value is not None and (value.uses or value.is_graph_output):
+                    raise ValueError(f"cannot remove {node}: output %{value.name} is still used")
+        node.detach_inputs()
+        if node._prev is None:
+            self._head = node._next
+        else:
+            node._prev._next = node._next
+        if node._next is None:
+            self._tail = node._prev
+        else:
+            node._next._prev = node._prev
+        node._prev = node._next = None
+        node.graph = None
+        self._len -= 1
+
+    # -- values ----------------------------------------------------------------------------
+    @property
+    def root(self) -> "Graph":
+        graph = self
+        while graph.parent is not None and graph.parent.graph is not None:
+            graph = graph.parent.graph
+        return graph
+
+    def _names(self) -> set[str]:
+        root = self.root
+        if root._used_names is None:
+            root._used_names = {v.name for v in root.all_values()}
+        return root._used_names
+
+    def claim_name(self, name: str) -> None:
+        self._names().add(name)
+
+    def fresh_name(self, prefix: str) -> str:
+        """A value name unused anywhere in the model, derived from `prefix`."""
+        names = self._names()
+        name, counter = prefix, 0
+        while name in names:
+            counter += 1
+            name = f"{prefix}_{counter}"
+        names.add(name)
+        return name
+
+    def add_input(self, value: Value) -> Value:
+        value.graph, value.is_input = self, True
+        self.claim_name(value.name)
+        self.inputs.append(value)
+        if value.const is not None:
+            self.initializers[value.name] = value
+        return value
+
+    def add_initializer(self, value: Value) -> Value:
+        if value.name in self.initializers:
+            raise ValueError(f"initializer {value.name!r} already exists")
+        value.graph = self
+        self.claim_name(value.name)
+        self.initializers[value.name] = value
+        return value
+
+    def make_initializer(self, name_hint: str, array: np.ndarray | Tensor) -> Value:
+        tensor = array if isinstance(array, Tensor) else Tensor(np.asarray(array))
+        return self.add_initializer(Value(self.fresh_name(name_hint), const=tensor))
+
+    def remove_initializer(self, value: Value) -> None:
+        if value.uses or value.is_graph_output or value.is_input:
+            raise ValueError(f"initializer %{value.name} is still used")
+        del self.initializers[value.name]
+        value.graph = None
+
+    def make_node(self, op_type: str, inputs: Iterable[Value | None], attrs: dict | None = None, *,
+                  domain: str = "", num_outputs: int = 1, name: str = "",
+                  before: Node | None = None, dtype: DType | None = None,
+                  shape: Shape | None = None) -> Node:
+        """Create a node with freshly named outputs, inserted before `before` (or appended)."""
+        node = Node(op_type, inputs, attrs, domain=domain, name=name, num_outputs=num_outputs)
+        if num_outputs == 1:
+            node.output.dtype, node.output.shape = dtype, shape
+        if before is None:
+            return self.append(node)
+        return self.insert_before(before, node)
+
+    def all_values(self) -> Iterator[Value]:
+        """Every value defined in this graph and in nested graphs."""
+        yield from self.inputs
+        for value in self.initializers.values():
+            if not value.is_input:
+                yield value
+        for node in self.nodes():
+            for value in node.outputs:
+                if value is not None:
+                    yield value
+            for sub in node.subgraphs():
+                yield from sub.all_values()
+
+    def all_graphs(self) -> Iterator["Graph"]:
+        """This graph and every nested graph, outer before inner."""
+        yield self
+        for node in self.nodes():
+            for sub in node.subgraphs():
+                yield from sub.all_graphs()
+
+    def all_nodes(self) -> Iterator[Node]:
+        for graph in self.all_graphs():
+            yield from graph
+
+    def count_nodes(self, recursive: bool = True) -> int:
+        if not recursive:
+            return self._len
+        return sum(len(g) for g in self.all_graphs())
+
+    # -- order -----------------------------------------------------------------------------
+    def sort(self) -> None:
+        """Topologically sort the nodes, keeping the current order where it is already valid.
+        Nested graphs count as reading the outer values they reference."""
+        nodes = self.nodes()
+        position = {id(n): i for i, n in enumerate(nodes)}
+        deps: dict[int, set[int]] = {}
+        users: dict[int, list[Node]] = {id(n): [] for n in nodes}
+        for node in nodes:
+            producers = set()
+            for value in _read_values(node):
+                prod = _local_producer(value, self)
+                if prod is not None and id(prod) != id(node):
+                    producers.add(id(prod))
+                elif prod is node:
+                    producers.add(id(node))  # self-loop: never schedulable
+            deps[id(node)] = producers
+            for p in producers:
+                if p in users:
+                    users[p].append(node)
+        pending = {k: len(v) for k, v in deps.items()}
+        ready = [(position[id(n)], id(n)) for n in nodes if pending[id(n)] == 0]
+        heapq.heapify(ready)
+        by_id = {id(n): n for n in nodes}
+        order: list[Node] = []
+        while ready:
+            _, nid = heapq.heappop(ready)
+            node = by_id[nid]
+            order.append(node)
+            for user in users[nid]:
+                pending[id(user)] -= 1
+                if pending[id(user)] == 0:
+                    heapq.heappush(ready, (position[id(user)], id(user)))
+        if len(order) != len(nodes):
+            raise CycleError([n for n in nodes if pending[id(n)] > 0])
+        self._head = self._tail = None
+        previous = None
+        for node in order:
+            node._prev, node._next = previous, None
+            if previous is None:
+                self._head = node
+            else:
+                previous._next = node
+            previous = node
+        self._tail = previous
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name!r}: {self._len} nodes>"
+
+
+def _read_values(node: Node) -> Iterator[Value]:
+    """Values a node reads: its inputs and the outer values its subgraphs capture."""
+    for value in node.inputs:
+        if value is not None:
+            yield value
+    for sub in node.subgraphs():
+        yield from captured_values(sub)
+
+
+def captured_values(graph: Graph) -> list[Value]:
+    """Values from enclosing scopes that `graph` (or graphs nested in it) reads."""
+    captured: dict[int, Value] = {}
+    for inner in graph.all_graphs():
+        for node in inner.nodes():
+            for value in node.inputs:
+                if value is not None and not _defined_within(value, graph):
+                    captured[id(value)] = value
+        for value in inner.outputs:
+            if not _defined_within(value, graph):
+                captured[id(value)] = value
+    return list(captured.values())
+
+
+def _defined_within(value: Value, graph: Graph) -> bool:
+    owner = value.graph
+    while owner is not None:
+        if owner is graph:
+            return True
+        owner = owner.parent.graph if owner.parent is not None else None
+    return False
+
+
+def _local_producer(value: Value, graph: Graph) -> Node | None:
+    """The node of `graph` that (directly or through nesting) produces `value`, if any."""
+    node = value.producer
+    while node is not None and node.graph is not graph:
+        owner = node.graph
+        node = owner.parent if owner is not None else None
+    return node

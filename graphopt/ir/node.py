@@ -1,0 +1,117 @@
+"""`Node`: one operator application; setting its inputs keeps the values' use lists in sync."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+from graphopt.ir.attributes import Attr, infer_attr
+from graphopt.ir.value import Value
+
+if TYPE_CHECKING:
+    from graphopt.ir.graph import Graph
+
+
+class Node:
+    """An operator with ordered inputs (None marks an omitted optional input) and outputs
+    (None marks an omitted optional output). A node belongs to at most one graph at a time."""
+
+    __slots__ = ("op_type", "domain", "name", "_inputs", "_outputs", "attrs", "doc_string",
+                 "metadata_props", "overload", "graph", "_prev", "_next", "__weakref__")
+
+    def __init__(self, op_type: str, inputs: Iterable[Value | None] = (), attrs: dict | None = None,
+                 *, domain: str = "", name: str = "", outputs: Iterable[Value | None] | None = None,
+                 num_outputs: int = 1):
+        self.op_type = op_type
+        self.domain = domain
+        self.name = name
+        self.doc_string = ""
+        self.metadata_props: dict[str, str] = {}
+        self.overload = ""
+        self.graph: Graph | None = None
+        self._prev: Node | None = None
+        self._next: Node | None = None
+        self.attrs: dict[str, Attr] = {}
+        for key, value in (attrs or {}).items():
+            self.attrs[key] = infer_attr(key, value)
+        self._inputs: list[Value | None] = []
+        for value in inputs:
+            self._append_input(value)
+        if outputs is None:
+            outputs = [Value("") for _ in range(num_outputs)]
+        self._outputs: list[Value | None] = []
+        for index, value in enumerate(outputs):
+            if value is not None:
+                if value.producer is not None:
+                    raise ValueError(f"{value!r} already has a producer: {value.producer}")
+                value.producer, value.index = self, index
+            self._outputs.append(value)
+
+    # -- inputs --------------------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[Value | None, ...]:
+        return tuple(self._inputs)
+
+    def _append_input(self, value: Value | None) -> None:
+        if value is not None:
+            value._add_use(self, len(self._inputs))
+        self._inputs.append(value)
+
+    def set_input(self, index: int, value: Value | None) -> None:
+        old = self._inputs[index]
+        if old is value:
+            return
+        if old is not None:
+            old._remove_use(self, index)
+        if value is not None:
+            value._add_use(self, index)
+        self._inputs[index] = value
+
+    def set_inputs(self, values: Iterable[Value | None]) -> None:
+        self.detach_inputs()
+        for value in values:
+            self._append_input(value)
+
+    def detach_inputs(self) -> None:
+        """Drop every input, removing this node from their use lists."""
+        for index, value in enumerate(self._inputs):
+            if value is not None:
+                value._remove_use(self, index)
+        self._inputs = []
+
+    def input(self, index: int) -> Value | None:
+        """The input at `index`, or None when it is omitted or past the end."""
+        return self._inputs[index] if index < len(self._inputs) else None
+
+    # -- outputs -------------------------------------------------------------------------
+    @property
+    def outputs(self) -> tuple[Value | None, ...]:
+        return tuple(self._outputs)
+
+    @property
+    def output(self) -> Value:
+        """The single (first) output."""
+        value = self._outputs[0]
+        assert value is not None
+        return value
+
+    # -- attributes ----------------------------------------------------------------------
+    def attr(self, name: str, default: Any = None) -> Any:
+        attr = self.attrs.get(name)
+        return default if attr is None else attr.value
+
+    def set_attr(self, name: str, value: Any) -> None:
+        self.attrs[name] = infer_attr(name, value)
+
+    def subgraphs(self) -> list["Graph"]:
+        graphs = []
+        for attr in self.attrs.values():
+            graphs.extend(attr.graphs())
+        return graphs
+
+    @property
+    def qualified_op(self) -> str:
+        return f"{self.domain}::{self.op_type}" if self.domain not in ("", "ai.onnx") else self.op_type
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"<{self.qualified_op}{label}>"

@@ -1,0 +1,416 @@
+"""ONNX import (path or ModelProto, external data included) and export back to ModelProto."""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Mapping
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TypeProto, ValueInfoProto
+
+from graphopt.errors import InputError
+from graphopt.ir.attributes import Attr
+from graphopt.ir.dtypes import DType
+from graphopt.ir.graph import CycleError, Graph
+from graphopt.ir.model import Model
+from graphopt.ir.node import Node
+from graphopt.ir.tensor import Tensor
+from graphopt.ir.value import Value
+
+Scope = Mapping[str, Value]
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------
+def read_model_proto(path: str | os.PathLike) -> ModelProto:
+    """Parse an ONNX file and its external data, turning every failure into a one-line error."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected an .onnx file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    proto = ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InputError(f"{path}: not a valid ONNX model (protobuf parse failed: {e})") from None
+    _check_looks_like_model(proto, path)
+    try:
+        onnx.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
+    except (OSError, ValueError, onnx.checker.ValidationError) as e:
+        raise InputError(f"{path}: cannot load external data: {e}") from None
+    return proto
+
+
+def _check_looks_like_model(proto: ModelProto, path: str) -> None:
+    # Random or truncated bytes sometimes parse "successfully" into an empty-ish message.
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
+        raise InputError(f"{path}: not a valid ONNX model (no ir_version, graph or opset_import; "
+                         "the file may be truncated or not ONNX)")
+
+
+def load_onnx(source: str | os.PathLike | ModelProto | bytes) -> Model:
+    """Import an ONNX model from a path, serialized bytes or a ModelProto into graphopt's IR."""
+    label = "<model>"
+    if isinstance(source, ModelProto):
+        proto = source
+    elif isinstance(source, bytes):
+        proto = ModelProto()
+        try:
+            proto.ParseFromString(source)
+        except DecodeError as e:
+            raise InputError(f"{label}: not a valid ONNX model ({e})") from None
+        _check_looks_like_model(proto, label)
+    else:
+        label = os.fspath(source)
+        proto = read_model_proto(source)
+    return _Importer(label).model(proto)
+
+
+class _Importer:
+    def __init__(self, label: str):
+        self.label = label
+
+    def error(self, message: str) -> InputError:
+        return InputError(f"{self.label}: {message}")
+
+    def model(self, proto: ModelProto) -> Model:
+        graph = self.graph(proto.graph, {})
+        for g in graph.all_graphs():
+            g._used_names = None
+        return Model(
+            graph=graph,
+            ir_version=proto.ir_version,
+            opset_imports={op.domain: op.version for op in proto.opset_import},
+            producer_name=proto.producer_name,
+            producer_version=proto.producer_version,
+            domain=proto.domain,
+            model_version=proto.model_version,
+            doc_string=proto.doc_string,
+            metadata_props={p.key: p.value for p in proto.metadata_props},
+            functions=list(proto.functions),
+            training_info=list(proto.training_info),
+            configuration=list(getattr(proto, "configuration", [])),
+        )
+
+    def graph(self, proto: GraphProto, outer: Scope) -> Graph:
+        graph = Graph(proto.name)
+        graph.doc_string = proto.doc_string
+        graph.metadata_props = _props(proto)
+        local: dict[str, Value] = {}
+        scope = collections.ChainMap(local, outer)  # type: ignore[arg-type]
+
+        initializers = {t.name: t for t in proto.initializer}
+        for vi in proto.input:
+            value = Value(vi.name)
+            _apply_value_info(value, vi)
+            if vi.name in initializers:
+                value.const = Tensor.from_proto(initializers.pop(vi.name))
+            local[vi.name] = graph.add_input(value)
+        for name, tensor in initializers.items():
+            value = Value(name, const=Tensor.from_proto(tensor))
+            local[name] = graph.add_initializer(value)
+        for sparse in proto.sparse_initializer:
+            name = sparse.values.name
+            value = Value(name, DType(sparse.values.data_type), tuple(sparse.dims))
+            value.sparse_const = sparse
+            local[name] = graph.add_initializer(value)
+
+        created: list[tuple[Node, NodeProto]] = []
+        for node_proto in proto.node:
+            outputs = []
+            for out_name in node_proto.output:
+                if not out_name:
+                    outputs.append(None)
+                    continue
+                if out_name in local:
+                    raise self.error(f"value '{out_name}' is defined twice (again by node "
+                                     f"'{node_proto.name}' ({node_proto.op_type}))")
+                local[out_name] = Value(out_name)
+                outputs.append(local[out_name])
+            node = Node(node_proto.op_type, domain=node_proto.domain, name=node_proto.name,
+                        outputs=outputs)
+            node.doc_string = node_proto.doc_string
+            node.metadata_props = _props(node_proto)
+            node.overload = getattr(node_proto, "overload", "")
+            graph.append(node)
+            created.append((node, node_proto))
+
+        for node, node_proto in created:
+            for attr_proto in node_proto.attribute:
+                node.attrs[attr_proto.name] = self.attribute(attr_proto, scope, node)
+            inputs = []
+            for in_name in node_proto.input:
+                if not in_name:
+                    inputs.append(None)
+                    continue
+                value = scope.get(in_name)
+                if value is None:
+                    raise self.error(f"node '{node.name or '?'}' ({node.op_type}) reads undefined "
+                                     f"value '{in_name}'")
+                inputs.append(value)
+            node.set_inputs(inputs)
+
+        for vi in proto.value_info:
+            value = local.get(vi.name)
+            if value is not None and value.producer is not None:
+                _apply_value_info(value, vi)
+        for vi in proto.output:
+            value = scope.get(vi.name)
+            if value is None:
+                raise self.error(f"graph '{proto.name}' output '{vi.name}' is never produced")
+            _apply_value_info(value, vi)
+            graph.outputs.append(value)
+        try:
+            graph.sort()
+        except CycleError as e:
+            raise self.error(str(e)) from None
+        return graph
+
+    def attribute(self, proto: AttributeProto, scope: Scope, owner: Node) -> Attr:
+        kind = proto.type
+        A = AttributeProto
+        if kind == A.INT:
+            value = proto.i
+        elif kind == A.FLOAT:
+            value = proto.f
+        elif kind == A.STRING:
+            value = _decode(proto.s)
+        elif kind == A.TENSOR:
+            value = Tensor.from_proto(proto.t)
+        elif kind == A.GRAPH:
+            value = self._subgraph(proto.g, scope, owner)
+        elif kind == A.SPARSE_TENSOR:
+            value = proto.sparse_tensor
+        elif kind == A.TYPE_PROTO:
+            value = proto.tp
+        elif kind == A.INTS:
+            value = list(proto.ints)
+        elif kind == A.FLOATS:
+            value = list(proto.floats)
+        elif kind == A.STRINGS:
+            value = [_decode(s) for s in proto.strings]
+        elif kind == A.TENSORS:
+            value = [Tensor.from_proto(t) for t in proto.tensors]
+        elif kind == A.GRAPHS:
+            value = [self._subgraph(g, scope, owner) for g in proto.graphs]
+        elif kind == A.SPARSE_TENSORS:
+            value = list(proto.sparse_tensors)
+        elif kind == A.TYPE_PROTOS:
+            value = list(proto.type_protos)
+        elif kind == A.UNDEFINED and proto.ref_attr_name:
+            value = None
+        else:
+            raise self.error(f"node '{owner.name}' ({owner.op_type}): attribute '{proto.name}' has "
+                             f"unsupported type {kind}")
+        return Attr(proto.name, kind, value, ref_attr_name=proto.ref_attr_name,
+                    doc_string=proto.doc_string)
+
+    def _subgraph(self, proto: GraphProto, scope: Scope, owner: Node) -> Graph:
+        sub = self.graph(proto, scope)
+        sub.parent = owner
+        return sub
+
+
+def _decode(data: bytes) -> str | bytes:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def _props(proto) -> dict[str, str]:
+    return {p.key: p.value for p in getattr(proto, "metadata_props", [])}
+
+
+def _apply_value_info(value: Value, vi: ValueInfoProto) -> None:
+    value.doc_string = vi.doc_string
+    value.metadata_props = _props(vi)
+    if vi.HasField("type"):
+        apply_type(value, vi.type)
+
+
+def apply_type(value: Value, tp: TypeProto) -> None:
+    """Set dtype/shape (tensors) or keep the TypeProto (sequences, maps, optionals, sparse)."""
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        tensor_type = tp.tensor_type
+        value.type_proto = None
+        value.dtype = DType(tensor_type.elem_type) if tensor_type.elem_type else None
+        if tensor_type.HasField("shape"):
+            value.shape = tuple(_dim(d) for d in tensor_type.shape.dim)
+        else:
+            value.shape = None
+    elif which is not None:
+        copy = TypeProto()
+        copy.CopyFrom(tp)
+        value.type_proto = copy
+        value.dtype = value.shape = None
+
+
+def _dim(dim) -> int | str | None:
+    if dim.HasField("dim_value"):
+        return int(dim.dim_value)
+    if dim.HasField("dim_param"):
+        return dim.dim_param
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------
+def to_onnx(model: Model) -> ModelProto:
+    """Export the IR as a ModelProto (no external data; `graphopt.save` decides how to write)."""
+    proto = ModelProto()
+    proto.ir_version = model.ir_version
+    for domain, version in model.opset_imports.items():
+        entry = proto.opset_import.add()
+        entry.domain, entry.version = domain, version
+    proto.producer_name = model.producer_name
+    proto.producer_version = model.producer_version
+    proto.domain = model.domain
+    proto.model_version = model.model_version
+    proto.doc_string = model.doc_string
+    _set_props(proto, model.metadata_props)
+    graph_to_proto(model.graph, proto.graph)
+    proto.functions.extend(model.functions)
+    proto.training_info.extend(model.training_info)
+    if model.configuration:
+        proto.configuration.extend(model.configuration)
+    return proto
+
+
+def graph_to_proto(graph: Graph, proto: GraphProto | None = None) -> GraphProto:
+    """Fill `proto` (a fresh GraphProto by default) in place, which avoids copying weights."""
+    proto = GraphProto() if proto is None else proto
+    proto.name = graph.name
+    proto.doc_string = graph.doc_string
+    _set_props(proto, graph.metadata_props)
+    for value in graph.inputs:
+        proto.input.append(value_info(value))
+    for value in graph.initializers.values():
+        if value.sparse_const is not None:
+            proto.sparse_initializer.append(value.sparse_const)
+        else:
+            proto.initializer.append(value.const.to_proto(value.name))
+    outputs = {id(v) for v in graph.outputs}
+    for node in graph:
+        proto.node.append(node_to_proto(node))
+        for value in node.outputs:
+            if value is not None and id(value) not in outputs and _has_type(value):
+                proto.value_info.append(value_info(value))
+    for value in graph.outputs:
+        proto.output.append(value_info(value))
+    return proto
+
+
+def node_to_proto(node: Node) -> NodeProto:
+    proto = NodeProto()
+    proto.op_type = node.op_type
+    proto.domain = node.domain
+    proto.name = node.name
+    proto.doc_string = node.doc_string
+    if node.overload:
+        proto.overload = node.overload
+    _set_props(proto, node.metadata_props)
+    proto.input.extend(v.name if v is not None else "" for v in node.inputs)
+    proto.output.extend(v.name if v is not None else "" for v in node.outputs)
+    for attr in node.attrs.values():
+        proto.attribute.append(attribute_to_proto(attr))
+    return proto
+
+
+def attribute_to_proto(attr: Attr) -> AttributeProto:
+    A = AttributeProto
+    proto = AttributeProto()
+    proto.name = attr.name
+    proto.type = attr.type
+    proto.doc_string = attr.doc_string
+    if attr.ref_attr_name:
+        proto.ref_attr_name = attr.ref_attr_name
+        if attr.value is None:
+            return proto
+    kind, value = attr.type, attr.value
+    if kind == A.INT:
+        proto.i = int(value)
+    elif kind == A.FLOAT:
+        proto.f = float(value)
+    elif kind == A.STRING:
+        proto.s = _encode(value)
+    elif kind == A.TENSOR:
+        proto.t.CopyFrom(value.to_proto())
+    elif kind == A.GRAPH:
+        graph_to_proto(value, proto.g)
+    elif kind == A.SPARSE_TENSOR:
+        proto.sparse_tensor.CopyFrom(value)
+    elif kind == A.TYPE_PROTO:
+        proto.tp.CopyFrom(value)
+    elif kind == A.INTS:
+        proto.ints.extend(int(v) for v in value)
+    elif kind == A.FLOATS:
+        proto.floats.extend(float(v) for v in value)
+    elif kind == A.STRINGS:
+        proto.strings.extend(_encode(v) for v in value)
+    elif kind == A.TENSORS:
+        proto.tensors.extend(t.to_proto() for t in value)
+    elif kind == A.GRAPHS:
+        proto.graphs.extend(graph_to_proto(g) for g in value)
+    elif kind == A.SPARSE_TENSORS:
+        proto.sparse_tensors.extend(value)
+    elif kind == A.TYPE_PROTOS:
+        proto.type_protos.extend(value)
+    return proto
+
+
+def _encode(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode("utf-8")
+
+
+def _has_type(value: Value) -> bool:
+    return value.type_proto is not None or value.dtype is not None
+
+
+def value_info(value: Value) -> ValueInfoProto:
+    proto = ValueInfoProto()
+    proto.name = value.name
+    proto.doc_string = value.doc_string
+    _set_props(proto, value.metadata_props)
+    tp = type_proto(value)
+    if tp is not None:
+        proto.type.CopyFrom(tp)
+    return proto
+
+
+def type_proto(value: Value) -> TypeProto | None:
+    if value.type_proto is not None:
+        return value.type_proto
+    if value.dtype is None and value.shape is None:
+        return None
+    tp = TypeProto()
+    tensor_type = tp.tensor_type
+    tensor_type.elem_type = int(value.dtype or 0)
+    if value.shape is not None:
+        tensor_type.shape.SetInParent()
+        for dim in value.shape:
+            entry = tensor_type.shape.dim.add()
+            if isinstance(dim, int):
+                entry.dim_value = dim
+            elif isinstance(dim, str):
+                entry.dim_param = dim
+    return tp
+
+
+def _set_props(proto, props: dict[str, str]) -> None:
+    if not props or not hasattr(proto, "metadata_props"):
+        return
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value

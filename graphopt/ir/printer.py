@@ -1,0 +1,145 @@
+"""Stable, diff-friendly text form of the IR: one line per node.
+
+    %y<f32[1,64,56,56]> = Conv(%x, %w) {strides=[1,1], pads=[1,1,1,1]}  # /conv1/Conv
+"""
+
+from __future__ import annotations
+
+from onnx import AttributeProto, TypeProto
+
+from graphopt.ir.attributes import Attr
+from graphopt.ir.graph import Graph
+from graphopt.ir.model import Model
+from graphopt.ir.node import Node
+from graphopt.ir.tensor import Tensor
+from graphopt.ir.value import Value
+
+_INDENT = "  "
+
+
+def format_type(value: Value) -> str:
+    if value.type_proto is not None:
+        return _format_type_proto(value.type_proto)
+    dtype = value.dtype.short if value.dtype is not None else "?"
+    if value.shape is None:
+        return dtype
+    dims = ",".join("?" if d is None else str(d) for d in value.shape)
+    return f"{dtype}[{dims}]"
+
+
+def _format_type_proto(tp: TypeProto) -> str:
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        probe = Value("")
+        from graphopt.ir.onnx_io import apply_type
+
+        apply_type(probe, tp)
+        return format_type(probe)
+    if which == "sequence_type":
+        return f"seq({_format_type_proto(tp.sequence_type.elem_type)})"
+    if which == "optional_type":
+        return f"opt({_format_type_proto(tp.optional_type.elem_type)})"
+    if which == "map_type":
+        from graphopt.ir.dtypes import DType
+
+        key = DType(tp.map_type.key_type).short
+        return f"map({key},{_format_type_proto(tp.map_type.value_type)})"
+    if which == "sparse_tensor_type":
+        from graphopt.ir.dtypes import DType
+
+        dims = ",".join(str(d.dim_value or d.dim_param or "?") for d in tp.sparse_tensor_type.shape.dim)
+        return f"sparse<{DType(tp.sparse_tensor_type.elem_type).short}[{dims}]>"
+    return "?"
+
+
+def format_value(value: Value | None) -> str:
+    return "None" if value is None else f"%{value.name}"
+
+
+def _format_attr_value(attr: Attr, depth: int) -> str:
+    kind, value = attr.type, attr.value
+    if attr.ref_attr_name:
+        return f"@{attr.ref_attr_name}"
+    if kind == AttributeProto.FLOAT:
+        return repr(float(value))
+    if kind == AttributeProto.FLOATS:
+        return "[" + ",".join(repr(float(v)) for v in value) + "]"
+    if kind == AttributeProto.INTS:
+        return "[" + ",".join(str(v) for v in value) + "]"
+    if kind == AttributeProto.STRING:
+        return repr(value)
+    if kind == AttributeProto.STRINGS:
+        return "[" + ",".join(repr(v) for v in value) + "]"
+    if kind == AttributeProto.TENSOR:
+        return _format_tensor(value)
+    if kind == AttributeProto.TENSORS:
+        return "[" + ",".join(_format_tensor(t) for t in value) + "]"
+    if kind == AttributeProto.GRAPH:
+        return "graph " + value.name
+    if kind == AttributeProto.GRAPHS:
+        return "[" + ",".join("graph " + g.name for g in value) + "]"
+    if kind in (AttributeProto.SPARSE_TENSOR, AttributeProto.SPARSE_TENSORS,
+                AttributeProto.TYPE_PROTO, AttributeProto.TYPE_PROTOS):
+        data = value if isinstance(value, list) else [value]
+        import hashlib
+
+        digest = hashlib.sha1(b"".join(v.SerializeToString(deterministic=True) for v in data))
+        return f"<{AttributeProto.AttributeType.Name(kind).lower()} {digest.hexdigest()[:12]}>"
+    return str(value)
+
+
+def _format_tensor(tensor: Tensor) -> str:
+    dims = ",".join(str(d) for d in tensor.shape)
+    if tensor.size <= 8 and tensor.dtype.short != "str":
+        try:
+            data = tensor.numpy().ravel().tolist()
+            return f"{tensor.dtype.short}[{dims}]{data}"
+        except (ValueError, TypeError):
+            pass
+    return f"{tensor.dtype.short}[{dims}]#{tensor.digest()}"
+
+
+def format_node(node: Node) -> str:
+    outputs = ", ".join(
+        "None" if v is None else f"%{v.name}<{format_type(v)}>" for v in node.outputs)
+    inputs = ", ".join(format_value(v) for v in node.inputs)
+    line = f"{outputs} = {node.qualified_op}({inputs})"
+    if node.attrs:
+        attrs = ", ".join(f"{name}={_format_attr_value(attr, 0)}"
+                          for name, attr in sorted(node.attrs.items()))
+        line += " {" + attrs + "}"
+    if node.name:
+        line += f"  # {node.name}"
+    return line
+
+
+def format_graph(graph: Graph, depth: int = 0) -> list[str]:
+    pad = _INDENT * depth
+    lines = [f"{pad}graph {graph.name} ("]
+    for value in graph.inputs:
+        default = f" = {_format_tensor(value.const)}" if value.const is not None else ""
+        lines.append(f"{pad}{_INDENT}%{value.name}<{format_type(value)}>{default}")
+    lines.append(f"{pad}) {{")
+    for value in graph.initializers.values():
+        if value.is_input:
+            continue
+        data = (_format_tensor(value.const) if value.const is not None
+                else "sparse")
+        lines.append(f"{pad}{_INDENT}%{value.name}<{format_type(value)}> = initializer {data}")
+    for node in graph:
+        lines.append(pad + _INDENT + format_node(node))
+        for attr in sorted(node.attrs.values(), key=lambda a: a.name):
+            for sub in attr.graphs():
+                lines.extend(format_graph(sub, depth + 2))
+    outputs = ", ".join(f"%{v.name}<{format_type(v)}>" for v in graph.outputs)
+    lines.append(f"{pad}{_INDENT}return {outputs}")
+    lines.append(f"{pad}}}")
+    return lines
+
+
+def format_model(model: Model) -> str:
+    opsets = ", ".join(f"{d or 'ai.onnx'}:{v}" for d, v in sorted(model.opset_imports.items()))
+    header = [f"# ir_version={model.ir_version} opsets=[{opsets}]"]
+    if model.functions:
+        header.append("# functions: " + ", ".join(f"{f.domain}::{f.name}" for f in model.functions))
+    return "\n".join(header + format_graph(model.graph)) + "\n"
