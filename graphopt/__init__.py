@@ -1,3 +1,8 @@
 """graphopt: an ahead-of-time graph compiler for ONNX models."""
 
 __version__ = "0.1.0"
+
+from graphopt.compiler import OptimizeResult, optimize, save  # noqa: E402
+from graphopt.ir import load_onnx, to_onnx  # noqa: E402
+
+__all__ = ["OptimizeResult", "__version__", "load_onnx", "optimize", "save", "to_onnx"]

@@ -271,6 +271,11 @@ def to_onnx(model: Model) -> ModelProto:
     """Export the IR as a ModelProto (no external data; `graphopt.save` decides how to write)."""
     proto = ModelProto()
     proto.ir_version = model.ir_version
+    if model.ir_version < 4 and any(not v.is_input for g in model.graph.all_graphs()
+                                    for v in g.initializers.values()):
+        # Before IR 4 every initializer had to be a graph input; passes may add ones that are
+        # not (folded constants), which only IR 4 allows. Existing inputs keep their meaning.
+        proto.ir_version = 4
     for domain, version in model.opset_imports.items():
         entry = proto.opset_import.add()
         entry.domain, entry.version = domain, version

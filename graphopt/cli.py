@@ -1,0 +1,179 @@
+"""The `graphopt` command: thin argument parsing over the library."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from graphopt import __version__
+from graphopt.errors import GraphoptError, OptionError
+
+EXAMPLES = """examples:
+  graphopt optimize model.onnx -o model.om
+  graphopt optimize model.onnx -o model.opt.onnx -O3 --verify
+  graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
+  graphopt passes
+  graphopt zoo build resnet50 -o resnet50.onnx
+"""
+
+
+def _size(text: str) -> int:
+    """Bytes with an optional K/M/G suffix (powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    text = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in units else text
+    try:
+        return int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size such as 1048576, 512K or 4M") from None
+
+
+def _add_optimize(sub) -> None:
+    p = sub.add_parser(
+        "optimize", help="optimize an ONNX model and write ONNX or an .om artifact",
+        description="Import an ONNX model, run an optimization pipeline and write the result: "
+                    "optimized ONNX for `-o x.onnx`, graphopt's artifact for `-o x.om`. "
+                    "Ends with a summary of passes and op-type changes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    p.add_argument("model", help="input .onnx file (external data next to it is loaded)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="output path: .onnx for ONNX, .om for the graphopt artifact")
+    p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
+                   help="optimization level 0-3 (default 2); `graphopt passes` lists them")
+    p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
+                   help="skip a pass by name; repeatable")
+    p.add_argument("--switch-file", metavar="FILE",
+                   help="file of `PassName: on|off` lines (or JSON) switching passes off")
+    p.add_argument("--input-shape", metavar="SHAPES",
+                   help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
+    p.add_argument("--fold-size-limit", type=_size, metavar="BYTES",
+                   help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
+    p.add_argument("--verify", action="store_true",
+                   help="run original and optimized with onnxruntime (no ORT optimizations) on "
+                        "seeded inputs; fail and write nothing if outputs differ")
+    p.add_argument("--inputs", metavar="NPZ", help="inputs for --verify instead of random data")
+    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance for --verify (1e-4)")
+    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance for --verify (1e-5)")
+    p.add_argument("--dump-dir", metavar="DIR",
+                   help="write the IR after import and after each pass, plus passes.json")
+    p.add_argument("--verify-each", action="store_true",
+                   help="verify the graph's structure after every pass")
+    p.add_argument("--allow-custom-ops", action="store_true",
+                   help="keep ops of unknown custom domains instead of refusing the model")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=_cmd_optimize)
+
+
+def _cmd_optimize(args) -> int:
+    from graphopt.compiler import optimize, save
+    from graphopt.summary import format_summary
+
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise OptionError(f"-o {args.output}: directory {out_dir} does not exist")
+    if not args.output.endswith((".onnx", ".om")):
+        raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
+    if args.inputs and not args.verify:
+        raise OptionError("--inputs is only used with --verify")
+    result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
+                      switch_file=args.switch_file, input_shapes=args.input_shape,
+                      fold_size_limit=args.fold_size_limit, verify=args.verify,
+                      inputs=args.inputs, rtol=args.rtol, atol=args.atol,
+                      dump_dir=args.dump_dir, verify_structure=args.verify_each,
+                      allow_custom_ops=args.allow_custom_ops)
+    save(result, args.output)
+    if not args.quiet:
+        print(format_summary(result, args.output))
+    return 0
+
+
+def _add_passes(sub) -> None:
+    p = sub.add_parser("passes", help="list passes and optimization levels",
+                       description="List every pass with its description and the pipelines "
+                                   "that the -O levels run.")
+    p.set_defaults(func=_cmd_passes)
+
+
+def _cmd_passes(args) -> int:
+    from graphopt.passes import PASSES, PIPELINES, FixedPoint
+    from graphopt.table import format_table
+
+    rows = [[name, cls.description] for name, cls in sorted(PASSES.items())]
+    print(format_table(["pass", "what it does"], rows))
+    print()
+    for level, pipeline in PIPELINES.items():
+        print(f"-O{level}  {pipeline.description}")
+        for step in pipeline.steps:
+            if isinstance(step, FixedPoint):
+                print(f"       repeat until no change: {', '.join(step.passes)}")
+            else:
+                print(f"       {step}")
+    return 0
+
+
+def _add_zoo(sub) -> None:
+    p = sub.add_parser("zoo", help="list or build the bundled benchmark models",
+                       description="Deterministic model builders (no downloads) that look like "
+                                   "PyTorch exports.")
+    zoo_sub = p.add_subparsers(dest="zoo_command", required=True, metavar="{list,build}")
+    zoo_sub.add_parser("list", help="list the models").set_defaults(func=_cmd_zoo_list)
+    build = zoo_sub.add_parser("build", help="build one model into an .onnx file")
+    build.add_argument("name", help="model name from `graphopt zoo list`")
+    build.add_argument("-o", "--output", required=True, metavar="FILE", help="output .onnx path")
+    build.set_defaults(func=_cmd_zoo_build)
+
+
+def _cmd_zoo_list(args) -> int:
+    from graphopt import zoo
+    from graphopt.table import format_table
+
+    print(format_table(["model", "description"], [list(row) for row in zoo.list_models()]))
+    return 0
+
+
+def _cmd_zoo_build(args) -> int:
+    from graphopt import zoo
+    from graphopt.atomic import atomic_write_bytes
+
+    try:
+        proto = zoo.build(args.name)
+    except KeyError:
+        names = ", ".join(name for name, _ in zoo.list_models())
+        raise OptionError(f"zoo: unknown model '{args.name}' (known: {names})") from None
+    atomic_write_bytes(args.output, proto.SerializeToString())
+    print(f"wrote {args.output}: {len(proto.graph.node)} nodes")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphopt",
+        description="graphopt: an ahead-of-time graph compiler for ONNX models.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    parser.add_argument("--version", action="version", version=f"graphopt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_optimize(sub)
+    _add_passes(sub)
+    _add_zoo(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except GraphoptError as e:
+        print(f"graphopt: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("graphopt: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
+        if os.environ.get("GRAPHOPT_DEBUG"):
+            raise
+        print(f"graphopt: internal error: {type(e).__name__}: {e} "
+              "(set GRAPHOPT_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 3

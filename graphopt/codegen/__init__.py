@@ -1,0 +1,6 @@
+"""Code generation: the .om artifact container and the runtime that executes it."""
+
+from graphopt.codegen.om import OmArtifact, OmPartition, is_om, load_om, write_om
+from graphopt.codegen.runtime import OmSession
+
+__all__ = ["OmArtifact", "OmPartition", "OmSession", "is_om", "load_om", "write_om"]

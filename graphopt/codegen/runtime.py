@@ -1,0 +1,216 @@
+"""Run an .om artifact with onnxruntime: one session per partition, tensors routed by name."""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import onnxruntime as ort
+from onnx import helper
+
+from graphopt.codegen.om import OmArtifact, dtype_from_name, load_om
+from graphopt.errors import ArtifactError, GraphoptError, OptionError
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CANN_PROVIDER = "CANNExecutionProvider"
+
+_OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+class _Step(NamedTuple):
+    name: str
+    session: ort.InferenceSession
+    inputs: list[str]
+    outputs: list[str]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _numpy_dtype(dtype: str | None) -> np.dtype | None:
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(dtype_from_name(dtype)))
+    except (KeyError, TypeError, ValueError):
+        return None  # a type numpy cannot name is left for onnxruntime to judge
+
+
+def _describe(entry: dict) -> str:
+    shape = entry["shape"]
+    dims = "?" if shape is None else ",".join("?" if d is None else str(d) for d in shape)
+    return f"{entry['dtype'] or '?'}[{dims}]"
+
+
+def _session_options(intra_op_num_threads: int | None, optimization_level: str) -> ort.SessionOptions:
+    if optimization_level not in _OPTIMIZATION_LEVELS:
+        raise OptionError(
+            f"optimization_level {optimization_level!r} is not one of: {', '.join(_OPTIMIZATION_LEVELS)}"
+        )
+    threads = intra_op_num_threads
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+        raise OptionError(f"intra_op_num_threads must be a non-negative integer, not {threads!r}")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _OPTIMIZATION_LEVELS[optimization_level]
+    if intra_op_num_threads is not None:
+        options.intra_op_num_threads = intra_op_num_threads  # 0 lets onnxruntime choose
+    options.log_severity_level = 3  # errors only: onnxruntime's warnings would clutter the CLI's output
+    return options
+
+
+class OmSession:
+    """An executable .om: `run(feeds)` runs the partitions in execution order.
+
+    Safe to share between threads: `run` keeps its state in locals, and onnxruntime's
+    InferenceSession.run is thread-safe.
+    """
+
+    def __init__(
+        self,
+        path_or_artifact: str | os.PathLike | OmArtifact,
+        *,
+        intra_op_num_threads: int | None = None,
+        optimization_level: str = "all",
+    ) -> None:
+        options = _session_options(intra_op_num_threads, optimization_level)
+        artifact = path_or_artifact
+        if not isinstance(artifact, OmArtifact):
+            artifact = load_om(artifact)
+        self._artifact = artifact
+        self._inputs = copy.deepcopy(artifact.inputs)
+        self._outputs = copy.deepcopy(artifact.outputs)
+        self._expected = {e["name"]: (e, _numpy_dtype(e["dtype"])) for e in self._inputs}
+
+        available = ort.get_available_providers()
+        fallback: list[str] = []
+        steps: list[_Step] = []
+        for part in artifact.partitions:
+            if part.device == "cpu":
+                providers = [CPU_PROVIDER]
+            elif CANN_PROVIDER in available:
+                providers = [CANN_PROVIDER, CPU_PROVIDER]  # CPU takes the ops CANN does not implement
+            else:
+                providers = [CPU_PROVIDER]
+                fallback.append(f"{part.name} ({part.device})")
+            try:
+                model_bytes = artifact.partition_bytes(part.name)
+                session = ort.InferenceSession(model_bytes, options, providers=providers)
+            except Exception as exc:  # onnxruntime raises its own untyped exceptions
+                raise ArtifactError(
+                    f"{artifact.path}: onnxruntime cannot load partition {part.name!r}: {_first_line(exc)}"
+                ) from None
+            unfed = [i.name for i in session.get_inputs() if i.name not in part.inputs]
+            if unfed:
+                raise ArtifactError(
+                    f"{artifact.path}: partition {part.name!r} needs input {unfed[0]!r}, "
+                    "which nothing routes to it"
+                )
+            steps.append(_Step(part.name, session, list(part.inputs), list(part.outputs)))
+        self._steps = tuple(steps)
+        # A graph output may be a graph input passed straight through, so inputs count as producible.
+        self._producible = {t for step in steps for t in step.outputs} | set(self._expected)
+        if fallback:
+            warnings.warn(
+                f"{CANN_PROVIDER} is not available; running {', '.join(fallback)} on CPU",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def artifact(self) -> OmArtifact:
+        return self._artifact
+
+    @property
+    def inputs(self) -> list[dict]:
+        """The feeds `run` expects: [{"name", "dtype", "shape"}] (a copy)."""
+        return copy.deepcopy(self._inputs)
+
+    @property
+    def outputs(self) -> list[dict]:
+        """What `run` returns by default: [{"name", "dtype", "shape"}] (a copy)."""
+        return copy.deepcopy(self._outputs)
+
+    @property
+    def providers(self) -> dict[str, list[str]]:
+        """The onnxruntime providers each partition actually got."""
+        return {step.name: step.session.get_providers() for step in self._steps}
+
+    def run(
+        self, feeds: Mapping[str, Any], output_names: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the artifact; returns the requested outputs (default: all) by name.
+
+        `output_names` may also name tensors passed between partitions, which helps debugging.
+        Bad feeds raise GraphoptError naming the input.
+        """
+        env = self._check_feeds(feeds)
+        wanted = [o["name"] for o in self._outputs] if output_names is None else list(output_names)
+        for name in wanted:
+            if name not in self._producible:
+                expected = ", ".join(o["name"] for o in self._outputs)
+                raise GraphoptError(f"unknown output {name!r}; the model's outputs are: {expected}")
+
+        # Run only the partitions the wanted tensors depend on, still in execution order.
+        needed = set(wanted)
+        chosen = []
+        for step in reversed(self._steps):
+            if needed.intersection(step.outputs):
+                chosen.append(step)
+                needed.update(step.inputs)
+        for step in reversed(chosen):
+            try:
+                results = step.session.run(step.outputs, {name: env[name] for name in step.inputs})
+            except Exception as exc:  # onnxruntime raises its own untyped exceptions
+                raise GraphoptError(
+                    f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}"
+                ) from None
+            env.update(zip(step.outputs, results))
+        return {name: env[name] for name in wanted}
+
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(feeds, Mapping):
+            raise GraphoptError(f"feeds must map input names to arrays, not {type(feeds).__name__}")
+        expected_names = ", ".join(self._expected) or "(none)"
+        for name in feeds:
+            if name not in self._expected:
+                raise GraphoptError(f"unknown input {name!r}; the model's inputs are: {expected_names}")
+        env: dict[str, Any] = {}
+        for name, (entry, dtype) in self._expected.items():
+            if name not in feeds:
+                raise GraphoptError(f"missing input {name!r} ({_describe(entry)})")
+            value = feeds[name]
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if entry["dtype"] == "string":
+                ok = array.dtype.kind in "OUS"  # onnxruntime takes str and object arrays alike
+            else:
+                ok = dtype is None or array.dtype == dtype
+            if not ok:
+                raise GraphoptError(
+                    f"input {name!r} has dtype {array.dtype}, expected {_describe(entry)}"
+                )
+            shape = entry["shape"]
+            if shape is not None:
+                if array.ndim != len(shape):
+                    raise GraphoptError(
+                        f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}), "
+                        f"expected {_describe(entry)}"
+                    )
+                for axis, (got, want) in enumerate(zip(array.shape, shape)):
+                    if isinstance(want, int) and got != want:
+                        raise GraphoptError(
+                            f"input {name!r} has shape {list(array.shape)}, expected {_describe(entry)} "
+                            f"(dim {axis} must be {want})"
+                        )
+            env[name] = array
+        return env

@@ -1,0 +1,176 @@
+"""The compile driver behind `graphopt optimize` and `graphopt.optimize`: import, check, pin
+shapes, run a pipeline, optionally verify numerically, save ONNX or `.om`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import ModelProto
+
+from graphopt import numerics
+from graphopt.errors import GraphoptError, OptionError, VerificationError
+from graphopt.input_shapes import parse_input_shapes, pin_input_shapes
+from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.opcheck import check_ops
+from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.instruments import DumpIR, VerifyAfterEachPass
+from graphopt.switches import read_switch_file
+
+
+@dataclass
+class OptimizeResult:
+    """The optimized model, its pass log, and what the compile noticed."""
+
+    model: Model
+    log: PassLog
+    source: ModelProto
+    source_label: str
+    nodes_before: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    max_abs_error: dict[str, float] | None = None  # per output, when verified
+
+    def to_onnx(self) -> ModelProto:
+        return to_onnx(self.model)
+
+
+def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_limit,
+             verify_structure: bool, dump_dir, allow_custom_ops: bool) -> Options:
+    if level not in PIPELINES:
+        raise OptionError(f"optimization level {level} does not exist (use 0 to {max(PIPELINES)})")
+    disabled = set(disable_passes or ())
+    if switch_file:
+        disabled |= read_switch_file(switch_file)
+    if isinstance(input_shapes, str):
+        input_shapes = parse_input_shapes(input_shapes)
+    if fold_size_limit is not None and fold_size_limit < 0:
+        raise OptionError(f"--fold-size-limit must be ≥ 0 bytes, got {fold_size_limit}")
+    options = Options(level=level, disabled_passes=disabled, input_shapes=dict(input_shapes or {}),
+                      verify_structure=verify_structure, dump_dir=dump_dir,
+                      allow_custom_ops=allow_custom_ops)
+    if fold_size_limit is not None:
+        options.fold_size_limit = int(fold_size_limit)
+    return options
+
+
+def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
+             disable_passes=(), switch_file: str | None = None,
+             input_shapes: dict[str, list[int]] | str | None = None,
+             fold_size_limit: int | None = None, verify: bool = False,
+             inputs: dict[str, np.ndarray] | str | None = None, rtol: float = 1e-4,
+             atol: float = 1e-5, dump_dir: str | None = None, verify_structure: bool = False,
+             allow_custom_ops: bool = False) -> OptimizeResult:
+    """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
+
+    `verify=True` runs the original and the optimized model on seeded random inputs (or
+    `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
+    VerificationError when any output differs beyond `rtol`/`atol`.
+    """
+    start = time.perf_counter()
+    options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
+                       verify_structure, dump_dir, allow_custom_ops)
+    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
+    ir_model = load_onnx(model)
+    check_ops(ir_model, label, options.allow_custom_ops)
+    source = to_onnx(ir_model)  # the reference for verification, before any pin or pass
+    if options.input_shapes:
+        pin_input_shapes(ir_model, options.input_shapes)
+        infer_shapes(ir_model)
+    nodes_before = ir_model.graph.count_nodes()
+
+    ctx = PassContext(options)
+    instruments = []
+    if options.verify_structure:
+        instruments.append(VerifyAfterEachPass())
+    if options.dump_dir:
+        instruments.append(DumpIR(options.dump_dir))
+    log = PassManager(PIPELINES[options.level], ctx, instruments).run(ir_model)
+    result = OptimizeResult(ir_model, log, source, label, nodes_before, 0.0, ctx.notes)
+    if verify:
+        result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options, rtol, atol)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _load_inputs(inputs) -> dict[str, np.ndarray] | None:
+    if inputs is None or isinstance(inputs, dict):
+        return inputs
+    path = os.fspath(inputs)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise OptionError(f"--inputs {path}: cannot read as .npz ({e})") from None
+
+
+def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
+                   rtol: float, atol: float) -> dict[str, float]:
+    """Run both models with onnxruntime at ORT_DISABLE_ALL; raise VerificationError on any
+    difference beyond tolerance. Returns the max absolute error per output."""
+    feeds = _load_inputs(inputs)
+    if feeds is None:
+        feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
+    try:
+        expected = numerics.run(original, feeds)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
+        raise VerificationError(f"--verify: onnxruntime cannot run the original model: "
+                                f"{_first_line(e)}") from None
+    try:
+        actual = numerics.run(optimized, feeds)
+    except Exception as e:  # noqa: BLE001
+        raise VerificationError(f"--verify: onnxruntime cannot run the optimized model: "
+                                f"{_first_line(e)}") from None
+    problems = numerics.compare(expected, actual, rtol, atol)
+    if problems:
+        raise VerificationError("--verify: optimized model differs from the original: "
+                                + "; ".join(str(p) for p in problems[:3]))
+    errors = {}
+    for name, exp in expected.items():
+        if exp.dtype.kind in "fc" and exp.size:
+            errors[name] = float(np.max(np.abs(actual[name].astype(np.float64) - exp)))
+        else:
+            errors[name] = 0.0
+    return errors
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[-1] if text else type(error).__name__
+
+
+def _reproducible_log(result: OptimizeResult | None) -> list[dict]:
+    """The pass log without timings, so the same compile always writes the same bytes."""
+    if result is None:
+        return []
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in result.log.to_json()["passes"]]
+
+
+def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike) -> None:
+    """Write `.onnx` (optimized ONNX) or `.om` (graphopt's artifact) atomically."""
+    from graphopt.atomic import atomic_write_bytes
+    from graphopt.codegen import OmPartition, write_om
+
+    path = os.fspath(path)
+    result = model if isinstance(model, OptimizeResult) else None
+    if isinstance(model, OptimizeResult):
+        model = model.model
+    proto = model if isinstance(model, ModelProto) else to_onnx(model)
+    if path.endswith(".om"):
+        source_sha = None
+        if result is not None:
+            source_sha = hashlib.sha256(result.source.SerializeToString()).hexdigest()
+        write_om(path, [OmPartition(name="p0", device="cpu", model=proto)],
+                 source_path=result.source_label if result else None,
+                 source_bytes_sha256=source_sha,
+                 pass_log=_reproducible_log(result))
+        return
+    try:
+        data = proto.SerializeToString()
+    except ValueError as e:  # protobuf refuses messages past 2 GB
+        raise GraphoptError(f"{path}: model too large to serialize ({e})") from None
+    atomic_write_bytes(path, data)

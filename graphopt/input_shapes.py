@@ -1,0 +1,64 @@
+"""ATC-style `--input-shape "x:1,3,224,224;mask:1,128"`: parsing and pinning dynamic dims."""
+
+from __future__ import annotations
+
+from graphopt.errors import OptionError
+from graphopt.ir import Model
+
+
+def parse_input_shapes(text: str) -> dict[str, list[int]]:
+    """`name:d0,d1,…` entries separated by ';' (a name may itself contain ':'; the last one
+    splits). -1 keeps a dim dynamic."""
+    shapes: dict[str, list[int]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        name, sep, dims = entry.rpartition(":")
+        if not sep or not name:
+            raise OptionError(f"--input-shape: '{entry}' is not NAME:D0,D1,… (e.g. input:1,3,224,224)")
+        try:
+            values = [int(d) for d in dims.split(",")] if dims.strip() else []
+        except ValueError:
+            raise OptionError(f"--input-shape: '{entry}': dims must be integers, got '{dims}'") from None
+        if any(v < -1 for v in values):
+            raise OptionError(f"--input-shape: '{entry}': a dim must be ≥ 0 or -1 (dynamic)")
+        if name in shapes:
+            raise OptionError(f"--input-shape: input '{name}' is given twice")
+        shapes[name] = values
+    if not shapes:
+        raise OptionError("--input-shape: no shapes given")
+    return shapes
+
+
+def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
+    """Fix the given inputs' dims; a symbolic dim pinned once is pinned wherever it appears, so
+    the pin propagates to the other inputs, the outputs and every inferred intermediate."""
+    graph = model.graph
+    inputs = {v.name: v for v in graph.inputs if not v.is_constant}
+    bindings: dict[str, int] = {}
+    for name, dims in shapes.items():
+        value = inputs.get(name)
+        if value is None:
+            raise OptionError(f"--input-shape: the model has no input '{name}' "
+                              f"(inputs: {', '.join(inputs) or 'none'})")
+        if value.shape is not None and len(value.shape) != len(dims):
+            raise OptionError(f"--input-shape: input '{name}' has rank {len(value.shape)} "
+                              f"{_fmt(value.shape)}, got {len(dims)} dims {dims}")
+        old = value.shape or tuple(None for _ in dims)
+        for axis, (current, pinned) in enumerate(zip(old, dims)):
+            if pinned == -1:
+                continue
+            if isinstance(current, int) and current != pinned:
+                raise OptionError(f"--input-shape: input '{name}' dim {axis} is fixed to "
+                                  f"{current} by the model, cannot pin it to {pinned}")
+            if isinstance(current, str):
+                if bindings.get(current, pinned) != pinned:
+                    raise OptionError(f"--input-shape: dim '{current}' pinned to both "
+                                      f"{bindings[current]} and {pinned}")
+                bindings[current] = pinned
+        value.shape = tuple(d if p == -1 else p for d, p in zip(old, dims))
+    for value in graph.all_values():
+        if value.shape is not None and any(isinstance(d, str) and d in bindings for d in value.shape):
+            value.shape = tuple(bindings.get(d, d) if isinstance(d, str) else d for d in value.shape)
+
+
+def _fmt(shape) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"

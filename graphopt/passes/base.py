@@ -1,0 +1,57 @@
+"""The pass interface: a named rewrite of a Model that reports what it changed."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from graphopt.ir import Model
+    from graphopt.passes.options import Options
+
+
+@dataclass
+class PassResult:
+    """`stats` counts rewrites per rule (a pass with one rule uses its own name)."""
+
+    changed: bool = False
+    stats: Counter = field(default_factory=Counter)
+
+    def count(self, rule: str, n: int = 1) -> None:
+        if n:
+            self.stats[rule] += n
+            self.changed = True
+
+
+@dataclass
+class PassContext:
+    """What a pass may read besides the model: the typed options of this compile."""
+
+    options: "Options"
+    notes: list[str] = field(default_factory=list)  # one-line notices shown to the user
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
+
+
+class Pass:
+    """Subclasses set `name` and `description` and implement `run`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def run(self, model: "Model", ctx: PassContext) -> PassResult:
+        raise NotImplementedError
+
+
+PASSES: dict[str, type[Pass]] = {}
+
+
+def register(cls: type[Pass]) -> type[Pass]:
+    """Class decorator adding a pass to the registry under its `name`."""
+    assert cls.name and cls.description, f"{cls.__name__} needs a name and a description"
+    assert cls.name not in PASSES, f"pass {cls.name} registered twice"
+    PASSES[cls.name] = cls
+    return cls

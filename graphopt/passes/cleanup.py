@@ -1,0 +1,216 @@
+"""Cleanup passes: Constant nodes to initializers, identity and Dropout removal, dead nodes,
+common subexpressions, duplicate initializers."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+from onnx import AttributeProto
+
+from graphopt.ir import Graph, Model, Node, Tensor, Value
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.edit import bypass, replace_value
+
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                    "Multinomial", "Bernoulli"}
+
+_CONSTANT_ATTRS = {
+    "value_float": lambda v: np.array(v, dtype=np.float32),
+    "value_floats": lambda v: np.array(v, dtype=np.float32),
+    "value_int": lambda v: np.array(v, dtype=np.int64),
+    "value_ints": lambda v: np.array(v, dtype=np.int64),
+    "value_string": lambda v: np.array(v, dtype=object),
+    "value_strings": lambda v: np.array(v, dtype=object),
+}
+
+
+def _constant_tensor(node: Node) -> Tensor | None:
+    if len(node.attrs) != 1:
+        return None
+    (name, attr), = node.attrs.items()
+    if attr.ref_attr_name:
+        return None
+    if name == "value":
+        return attr.value
+    if name in _CONSTANT_ATTRS:
+        values = attr.value
+        if name in ("value_string", "value_strings"):
+            values = [v.encode() if isinstance(v, str) else v for v in
+                      (values if isinstance(values, list) else [values])]
+            values = values if name == "value_strings" else values[0]
+        return Tensor(_CONSTANT_ATTRS[name](values))
+    return None  # sparse_value stays a node
+
+
+@register
+class ConstantToInitializer(Pass):
+    name = "ConstantToInitializer"
+    description = "turn Constant nodes into initializers, so folding and dedup see them"
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        for graph in list(model.graph.all_graphs()):
+            for node in graph:
+                if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+                    continue
+                out = node.output
+                tensor = _constant_tensor(node)
+                if tensor is None or out.is_graph_output:
+                    continue
+                init = Value(out.name, const=tensor)
+                out.replace_all_uses_with(init)
+                graph.remove(node)
+                graph.add_initializer(init)
+                init.doc_string = out.doc_string
+                result.count("Constant")
+        return result
+
+
+def _dropout_is_identity(node: Node) -> bool:
+    """Inference runtimes pass Dropout's input through unless training_mode is true; the mask
+    output must be unused for the node to vanish."""
+    mask = node.outputs[1] if len(node.outputs) > 1 else None
+    if mask is not None and (mask.uses or mask.is_graph_output):
+        return False
+    training = node.input(2)
+    if training is None:
+        return True
+    flag = training.constant()
+    return flag is not None and not bool(np.asarray(flag).any())
+
+
+@register
+class EliminateIdentity(Pass):
+    name = "EliminateIdentity"
+    description = "remove Identity nodes and inference-mode Dropout"
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        for node in list(model.graph.all_nodes()):
+            if node.graph is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+                continue
+            source = node.inputs[0]
+            if source is None:
+                continue
+            if node.op_type == "Identity" and source.is_tensor:
+                if bypass(node, source):
+                    result.count("Identity")
+            elif node.op_type == "Dropout" and _dropout_is_identity(node):
+                if bypass(node, source):
+                    result.count("Dropout")
+        return result
+
+
+@register
+class EliminateDeadNodes(Pass):
+    name = "EliminateDeadNodes"
+    description = "remove nodes and initializers nothing reads (graph outputs always stay)"
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        # Inner graphs first: a dead node inside a branch may be the last reader of an outer value.
+        for graph in reversed(list(model.graph.all_graphs())):
+            for node in reversed(graph.nodes()):
+                if not _is_live(node):
+                    graph.remove(node)
+                    result.count("node")
+            for value in list(graph.initializers.values()):
+                if not value.is_input and not value.uses and not value.is_graph_output:
+                    graph.remove_initializer(value)
+                    result.count("initializer")
+        return result
+
+
+def _is_live(node: Node) -> bool:
+    return any(v is not None and (v.uses or v.is_graph_output) for v in node.outputs)
+
+
+def _attr_key(node: Node):
+    parts = []
+    for name, attr in sorted(node.attrs.items()):
+        value = attr.value
+        if attr.type == AttributeProto.TENSOR:
+            value = value.digest()
+        elif attr.type == AttributeProto.TENSORS:
+            value = tuple(t.digest() for t in value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        elif attr.type not in (AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING):
+            return None  # sparse tensors, type protos: too rare to be worth keying
+        parts.append((name, attr.type, attr.ref_attr_name, value))
+    return tuple(parts)
+
+
+@register
+class EliminateCommonSubexpressions(Pass):
+    name = "EliminateCommonSubexpressions"
+    description = "merge nodes computing the same op with the same attributes on the same inputs"
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        for graph in list(model.graph.all_graphs()):
+            seen: dict[tuple, Node] = {}
+            for node in graph:
+                if node.op_type in NONDETERMINISTIC or node.subgraphs():
+                    continue
+                attrs = _attr_key(node)
+                if attrs is None:
+                    continue
+                key = (node.domain, node.op_type, node.overload, attrs, len(node.outputs),
+                       tuple(id(v) if v is not None else None for v in node.inputs))
+                first = seen.get(key)
+                if first is None:
+                    seen[key] = node
+                    continue
+                if self._merge(node, first):
+                    result.count(node.op_type)
+        return result
+
+    @staticmethod
+    def _merge(dup: Node, first: Node) -> bool:
+        pairs = [(d, f) for d, f in zip(dup.outputs, first.outputs) if d is not None]
+        if any(f is None for _, f in pairs):
+            return False
+        if any(d.is_graph_output for d, _ in pairs) and len(pairs) > 1:
+            return False
+        for d, f in pairs:
+            if not replace_value(d, f):
+                return False
+        if not _is_live(dup):
+            dup.graph.remove(dup)
+        return True
+
+
+@register
+class MergeDuplicateInitializers(Pass):
+    name = "MergeDuplicateInitializers"
+    description = "share one initializer among initializers with equal dtype, shape and data"
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        for graph in list(model.graph.all_graphs()):
+            result.count("initializer", self._merge_graph(graph))
+        return result
+
+    @staticmethod
+    def _merge_graph(graph: Graph) -> int:
+        # Hash only tensors that share dtype and shape with another: hashing every weight of a
+        # large model would cost more than the merge saves.
+        groups: dict[tuple, list[Value]] = defaultdict(list)
+        for value in graph.initializers.values():
+            if value.is_constant and value.sparse_const is None and not value.is_graph_output:
+                groups[(value.dtype, value.shape)].append(value)
+        merged = 0
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            by_digest: dict[str, Value] = {}
+            for value in members:
+                first = by_digest.setdefault(value.const.digest(), value)
+                if first is value:
+                    continue
+                value.replace_all_uses_with(first)
+                graph.remove_initializer(value)
+                merged += 1
+        return merged

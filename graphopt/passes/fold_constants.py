@@ -1,0 +1,408 @@
+"""FoldConstants: evaluate the nodes whose inputs are all constants, once, at compile time.
+
+Per graph (the main graph, then nested ones) the pass collects the foldable region in
+topological order, evaluates what is needed of it in ONE onnxruntime session (ORT_DISABLE_ALL,
+CPU), and replaces the region's frontier values (those read by nodes outside the region) with
+initializers of the same name:
+
+    %w, %c ──► Transpose ──► Mul ──► MatMul(%x, ·)      %wt_c = initializer ──► MatMul(%x, ·)
+
+If the batched session fails (an op ORT cannot run, a dtype it cannot return), nodes are
+evaluated one by one and the ones that fail stay in the graph. A value is never materialized
+when it is larger than `Options.fold_size_limit` AND larger than the node's inputs: folding must
+not inflate the model (a ConstantOfShape building a 500 MB weight stays a node).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from graphopt import numerics
+from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
+from graphopt.ir.onnx_io import node_to_proto
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                    "Multinomial", "Bernoulli"}
+# Ops whose output can be far larger than their inputs: folded only when the output size is known.
+GENERATORS = {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Pad", "OneHot", "EyeLike",
+              "Upsample"}
+_UNARY = {"Identity", "Cast", "CastLike", "Neg", "Abs", "Relu", "Sigmoid", "Exp", "Log", "Sqrt",
+          "Not", "Sign", "Floor", "Ceil", "Round", "Erf", "Tanh", "Reciprocal", "Sin", "Cos",
+          "LeakyRelu", "Elu", "Selu", "Softplus", "Clip", "HardSigmoid", "IsNaN", "IsInf", "Gelu",
+          "Softmax", "LogSoftmax", "Dropout"}
+_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Less", "Greater", "LessOrEqual",
+              "GreaterOrEqual", "And", "Or", "Xor", "Where", "Max", "Min", "Sum", "Mean",
+              "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"}
+# Element types onnxruntime's Python binding can return; bfloat16 comes back through a float Cast.
+_FETCHABLE = {DType.FLOAT, DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32,
+              DType.INT64, DType.STRING, DType.BOOL, DType.FLOAT16, DType.DOUBLE, DType.UINT32,
+              DType.UINT64, DType.BFLOAT16}
+_STANDARD = ("", "ai.onnx")
+_ort_ops: set[tuple[str, str]] | None = None
+
+
+def _ort_knows(domain: str, op_type: str) -> bool:
+    global _ort_ops
+    if _ort_ops is None:
+        from onnxruntime.capi import _pybind_state
+
+        _ort_ops = {(s.domain, s.name) for s in _pybind_state.get_all_operator_schema()}
+    return (domain, op_type) in _ort_ops
+
+
+def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> str | None:
+    """Why `node` can never be folded, whatever its inputs (None when it may be)."""
+    op = node.op_type
+    if node.subgraphs():
+        return "has a subgraph"
+    if node.domain in _STANDARD:
+        if op in NONDETERMINISTIC:
+            return "non-deterministic"
+        if op.startswith(("Sequence", "Optional")) or op == "SplitToSequence":
+            return "produces a sequence or optional"
+        if op == "Dropout" and node.input(2) is not None:
+            mode = node.input(2).constant()
+            if mode is None or bool(mode):
+                return "Dropout in training mode is random"
+    elif "Random" in op or "Dropout" in op or not _ort_knows(node.domain, op):
+        return f"op {node.qualified_op} is random or unknown to onnxruntime"
+    if (node.domain, op) in functions:
+        return "calls a model-local function"
+    for value in node.outputs:
+        if value is None:
+            continue
+        if id(value) in pinned:
+            return f"output %{value.name} is a graph output"
+        if value.type_proto is not None:
+            return f"output %{value.name} is not a tensor"
+        if value.dtype is not None and value.dtype not in _FETCHABLE:
+            return f"onnxruntime cannot return {value.dtype.short}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes
+# ---------------------------------------------------------------------------------------------
+def _constant_attr_tensor(node: Node) -> Tensor | None:
+    """The data of a Constant node, without copying when it is a tensor attribute."""
+    if len(node.attrs) != 1:
+        return None
+    (name, attr), = node.attrs.items()
+    if attr.ref_attr_name:
+        return None
+    if name == "value":
+        return attr.value
+    makers = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+              "value_ints": np.int64}
+    if name in makers:
+        return Tensor(np.array(attr.value, dtype=makers[name]))
+    if name in ("value_string", "value_strings"):
+        items = attr.value if isinstance(attr.value, list) else [attr.value]
+        array = np.array([s.encode() if isinstance(s, str) else s for s in items], dtype=object)
+        return Tensor(array.reshape(()) if name == "value_string" else array, dtype=DType.STRING)
+    return None  # sparse_value: left to onnxruntime
+
+
+class _Sizes:
+    """Shapes and byte sizes of region values, known or estimated from inputs where cheap."""
+
+    def __init__(self, known: dict[int, Tensor]):
+        self.known = known  # values already evaluated (Constant nodes)
+        self.shapes: dict[int, tuple[int, ...]] = {}
+
+    def shape(self, value: Value) -> tuple[int, ...] | None:
+        if id(value) in self.known:
+            return self.known[id(value)].shape
+        if value.is_constant:
+            return value.const.shape
+        if value.static_shape is not None:
+            return value.static_shape
+        return self.shapes.get(id(value))
+
+    def data(self, value: Value | None) -> np.ndarray | None:
+        """Data of a small constant input (shape operands), else None."""
+        if value is None:
+            return None
+        tensor = self.known.get(id(value)) or (value.const if value.is_constant else None)
+        if tensor is None or tensor.size > 64 or tensor.dtype == DType.STRING:
+            return None
+        return tensor.numpy()
+
+    def nbytes(self, value: Value) -> int | None:
+        shape = self.shape(value)
+        if shape is None:
+            return None
+        dtype = value.dtype
+        if id(value) in self.known:
+            return self.known[id(value)].nbytes
+        if value.is_constant:
+            return value.const.nbytes
+        bits = dtype.bits if dtype is not None and dtype.bits else 64
+        return (math.prod(shape) * bits + 7) // 8
+
+    def estimate(self, node: Node) -> None:
+        """Record output shapes of `node` that shape inference did not provide."""
+        for value in node.outputs:
+            if value is not None and self.shape(value) is None:
+                shape = _estimate_shape(node, self)
+                if shape is not None and len(node.outputs) == 1:
+                    self.shapes[id(value)] = shape
+
+
+def _estimate_shape(node: Node, sizes: _Sizes) -> tuple[int, ...] | None:
+    op, inputs = node.op_type, node.inputs
+    shapes = [sizes.shape(v) if v is not None else None for v in inputs]
+    try:
+        if op in _UNARY:
+            return shapes[0]
+        if op in _BROADCAST:
+            present = [s for v, s in zip(inputs, shapes) if v is not None]
+            return None if any(s is None for s in present) else tuple(np.broadcast_shapes(*present))
+        if op == "ConstantOfShape":
+            dims = sizes.data(node.input(0))
+            return None if dims is None else tuple(int(d) for d in dims)
+        if op == "Expand":
+            dims = sizes.data(node.input(1))
+            if dims is None or shapes[0] is None:
+                return None
+            return tuple(np.broadcast_shapes(shapes[0], tuple(int(d) for d in dims)))
+        if op == "Tile":
+            reps = sizes.data(node.input(1))
+            if reps is None or shapes[0] is None:
+                return None
+            return tuple(int(d) * int(r) for d, r in zip(shapes[0], reps))
+        if op == "Range":
+            start, limit, delta = (sizes.data(node.input(i)) for i in range(3))
+            if start is None or limit is None or delta is None or float(delta) == 0:
+                return None
+            return (max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0),)
+        if op == "EyeLike":
+            return shapes[0]
+        if op == "Pad" and shapes[0] is not None:
+            pads = sizes.data(node.input(1)) if node.input(1) is not None else node.attr("pads")
+            if pads is None or node.input(3) is not None:
+                return None
+            rank = len(shapes[0])
+            pads = [int(p) for p in pads]
+            return tuple(d + pads[i] + pads[i + rank] for i, d in enumerate(shapes[0]))
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation
+# ---------------------------------------------------------------------------------------------
+class _EvalError(Exception):
+    pass
+
+
+def _evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: list[Value]
+              ) -> dict[int, Tensor]:
+    """Run `nodes` in one onnxruntime session, constants in `feeds` as initializers; return the
+    data of `wanted` keyed by id(value)."""
+    graph = onnx.GraphProto(name="fold")
+    graph.node.extend(node_to_proto(n) for n in nodes)
+    for name, tensor in feeds.items():
+        graph.initializer.append(tensor.to_proto(name))
+    fetch_names, casts = [], {}
+    for value in wanted:
+        name = value.name
+        if value.dtype == DType.BFLOAT16:  # the Python binding has no bfloat16: go through float
+            name = value.name + "__fold_as_float"
+            graph.node.append(helper.make_node("Cast", [value.name], [name], to=onnx.TensorProto.FLOAT))
+            casts[name] = value.dtype
+        fetch_names.append(name)
+        graph.output.append(helper.make_empty_tensor_value_info(name))
+    proto = helper.make_model(graph, ir_version=model.ir_version, opset_imports=[
+        helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()])
+    if model.ir_version < 4:  # initializers had to be graph inputs before IR 4
+        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                           for t in graph.initializer)
+    try:
+        arrays = numerics.session(proto).run(fetch_names, {})
+    except Exception as e:  # noqa: BLE001 - any ORT failure means "cannot fold this way"
+        raise _EvalError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    results = {}
+    for value, name, array in zip(wanted, fetch_names, arrays):
+        if not isinstance(array, np.ndarray):
+            raise _EvalError(f"%{value.name} is not a tensor")
+        if name in casts:
+            results[id(value)] = Tensor(array.astype(casts[name].numpy), dtype=casts[name])
+        else:
+            results[id(value)] = Tensor(array)
+    return results
+
+
+class _GraphFolder:
+    """Folds one graph; `results` maps id(value) to data computed so far."""
+
+    def __init__(self, model: Model, graph: Graph, limit: int, pinned: set[int], ctx: PassContext):
+        self.model, self.graph, self.limit, self.pinned, self.ctx = model, graph, limit, pinned, ctx
+        self.functions = model.function_keys()
+        self.results: dict[int, Tensor] = {}
+        self.aliases: dict[int, Value] = {}  # Identity of an existing constant: reuse it
+        self.sizes = _Sizes(self.results)
+
+    def region(self) -> list[Node]:
+        """Foldable nodes in topological order: fixed inputs, allowed op, bounded outputs."""
+        region, produced = [], set()
+        for node in self.graph:
+            if _refusal(node, self.functions, self.pinned) is not None:
+                continue
+            if not all(v is None or v.is_constant or id(v) in produced for v in node.inputs):
+                continue
+            if node.op_type == "Constant" and node.domain in _STANDARD:
+                tensor = _constant_attr_tensor(node)
+                if tensor is not None:
+                    self.results[id(node.output)] = tensor
+            elif node.op_type == "Identity" and node.domain in _STANDARD \
+                    and node.input(0) is not None and node.input(0).is_constant:
+                self.aliases[id(node.output)] = node.input(0)
+            elif not self._bounded(node):
+                continue
+            region.append(node)
+            produced.update(id(v) for v in node.outputs if v is not None)
+        return region
+
+    def _bounded(self, node: Node) -> bool:
+        self.sizes.estimate(node)
+        in_bytes = sum(self.sizes.nbytes(v) or 0 for v in node.inputs if v is not None)
+        for value in node.outputs:
+            if value is None:
+                continue
+            size = self.sizes.nbytes(value)
+            if size is None:
+                if node.op_type in GENERATORS:
+                    return False
+            elif size > self.limit and size > in_bytes:
+                return False
+        return True
+
+    def too_big(self, value: Value) -> bool:
+        node = value.producer
+        if node.op_type == "Constant":  # its data is in the model already
+            return False
+        size = self.results[id(value)].nbytes
+        in_bytes = sum(self.sizes.nbytes(v) or 0 for v in node.inputs if v is not None)
+        return size > self.limit and size > in_bytes
+
+    def run(self) -> int:
+        region = self.region()
+        per_node = False
+        while region:
+            members = {id(n) for n in region}
+            frontier = [v for n in region for v in n.outputs
+                        if v is not None and any(id(u.node) not in members for u in v.uses)]
+            missing = [v for v in frontier
+                       if id(v) not in self.results and id(v) not in self.aliases]
+            failed: list[Node] = []
+            if missing:
+                needed = _needed(missing, region, members, self.results)
+                if not per_node:
+                    try:
+                        self.results.update(_evaluate(self.model, needed, self._feeds(needed),
+                                                      missing))
+                    except _EvalError:
+                        per_node = True
+                if per_node:
+                    failed = self._evaluate_each(needed)
+            failed += [v.producer for v in frontier if id(v) in self.results and self.too_big(v)]
+            if not failed:
+                return self._commit(region, frontier)
+            region = _without(region, failed)
+        return 0
+
+    def _feeds(self, nodes: list[Node]) -> dict[str, Tensor]:
+        inside = {id(v) for n in nodes for v in n.outputs if v is not None}
+        feeds = {}
+        for node in nodes:
+            for value in node.inputs:
+                if value is None or id(value) in inside:
+                    continue
+                feeds[value.name] = self.results.get(id(value)) or value.const
+        return feeds
+
+    def _evaluate_each(self, nodes: list[Node]) -> list[Node]:
+        """Fallback: one session per node; returns the nodes that could not be evaluated."""
+        failed = []
+        for node in nodes:
+            if all(id(v) in self.results for v in node.outputs if v is not None):
+                continue
+            if any(v is not None and not v.is_constant and id(v) not in self.results
+                   for v in node.inputs):
+                failed.append(node)  # an input failed before
+                continue
+            outputs = [v for v in node.outputs if v is not None]
+            try:
+                self.results.update(_evaluate(self.model, [node], self._feeds([node]), outputs))
+            except _EvalError as e:
+                failed.append(node)
+                self.ctx.note(f"FoldConstants: onnxruntime cannot evaluate {node} "
+                              f"({node.name or 'unnamed'}): {e}")
+        return failed
+
+    def _commit(self, region: list[Node], frontier: list[Value]) -> int:
+        for value in frontier:
+            replacement = self.aliases.get(id(value))
+            if replacement is None:
+                name = value.name if value.name not in self.graph.initializers \
+                    else self.graph.fresh_name(value.name)
+                replacement = self.graph.add_initializer(
+                    Value(name, const=self.results[id(value)]))
+            value.replace_all_uses_with(replacement)
+        # Reverse order: by then every output of a region node is read only by removed nodes.
+        for node in reversed(region):
+            self.graph.remove(node)
+        return len(region)
+
+
+def _needed(values: list[Value], region: list[Node], members: set[int],
+            known: dict[int, Tensor]) -> list[Node]:
+    """Region nodes that must run to compute `values`, in topological order."""
+    seen: set[int] = set()
+    stack = [v.producer for v in values]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for value in node.inputs:
+            if value is not None and id(value) not in known and value.producer is not None \
+                    and id(value.producer) in members:
+                stack.append(value.producer)
+    return [n for n in region if id(n) in seen]
+
+
+def _without(region: list[Node], dropped: Iterable[Node]) -> list[Node]:
+    """`region` minus `dropped` and every node that reads what they produce."""
+    dropped_ids = {id(n) for n in dropped}
+    lost: set[int] = set()
+    kept = []
+    for node in region:
+        if id(node) in dropped_ids or any(v is not None and id(v) in lost for v in node.inputs):
+            lost.update(id(v) for v in node.outputs if v is not None)
+        else:
+            kept.append(node)
+    return kept
+
+
+@register
+class FoldConstants(Pass):
+    name = "FoldConstants"
+    description = "evaluate nodes whose inputs are all constants with onnxruntime into initializers"
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        graphs = list(model.graph.all_graphs())
+        pinned = {id(v) for g in graphs for v in g.outputs}
+        for graph in graphs:  # outer first: inner graphs then see folded outer values as constants
+            folder = _GraphFolder(model, graph, ctx.options.fold_size_limit, pinned, ctx)
+            result.count(self.name, folder.run())
+        return result

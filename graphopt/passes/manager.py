@@ -1,0 +1,110 @@
+"""The pass manager: runs a pipeline under instruments, repeats fixed-point groups, and
+records time, node counts and rewrite counts per pass."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from graphopt.errors import OptionError, PassError
+from graphopt.ir import Model
+from graphopt.passes.base import PASSES, PassContext
+from graphopt.passes.instruments import Instrument
+from graphopt.passes.pipelines import FixedPoint, Pipeline
+
+
+@dataclass
+class PassRecord:
+    name: str
+    iteration: int
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    changed: bool
+    stats: dict[str, int]
+
+    def to_json(self) -> dict:
+        return {"pass": self.name, "iteration": self.iteration, "seconds": round(self.seconds, 6),
+                "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+                "changed": self.changed, "rewrites": self.stats}
+
+
+@dataclass
+class PassLog:
+    pipeline: str = ""
+    records: list[PassRecord] = field(default_factory=list)
+
+    def totals(self) -> dict[str, dict]:
+        """Per pass: runs, seconds and rewrites summed over iterations, in first-run order."""
+        totals: dict[str, dict] = {}
+        for r in self.records:
+            entry = totals.setdefault(r.name, {"runs": 0, "seconds": 0.0, "rewrites": Counter()})
+            entry["runs"] += 1
+            entry["seconds"] += r.seconds
+            entry["rewrites"].update(r.stats)
+        return totals
+
+    def to_json(self) -> dict:
+        return {"pipeline": self.pipeline, "passes": [r.to_json() for r in self.records]}
+
+
+def check_pass_names(names, what: str) -> None:
+    unknown = sorted(set(names) - set(PASSES))
+    if unknown:
+        raise OptionError(f"{what}: unknown pass {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(PASSES))})")
+
+
+class PassManager:
+    def __init__(self, pipeline: Pipeline, ctx: PassContext,
+                 instruments: list[Instrument] | None = None):
+        self.pipeline = pipeline
+        self.ctx = ctx
+        self.instruments = instruments or []
+        check_pass_names(ctx.options.disabled_passes, "--disable-pass")
+
+    def run(self, model: Model) -> PassLog:
+        log = PassLog(self.pipeline.name)
+        for instrument in self.instruments:
+            instrument.start(model)
+        for step in self.pipeline.steps:
+            if isinstance(step, FixedPoint):
+                self._fixed_point(model, step, log)
+            else:
+                self._run_pass(model, step, 0, log)
+        for instrument in self.instruments:
+            instrument.finish(model, log)
+        return log
+
+    def _fixed_point(self, model: Model, step: FixedPoint, log: PassLog) -> None:
+        for iteration in range(1, self.ctx.options.max_iterations + 1):
+            changed = False
+            for name in step.passes:
+                changed |= self._run_pass(model, name, iteration, log)
+            if not changed:
+                return
+        self.ctx.note(f"fixed point of {', '.join(step.passes)} not reached in "
+                      f"{self.ctx.options.max_iterations} iterations")
+
+    def _run_pass(self, model: Model, name: str, iteration: int, log: PassLog) -> bool:
+        if name in self.ctx.options.disabled_passes:
+            return False
+        pass_ = PASSES[name]()
+        before = model.graph.count_nodes()
+        start = time.perf_counter()
+        try:
+            result = pass_.run(model, self.ctx)
+        except PassError:
+            raise
+        except Exception as e:  # noqa: BLE001 - name the pass, keep the cause chained
+            done = [r.name for r in log.records][-5:]
+            history = f" (after: {', '.join(done)})" if done else ""
+            raise PassError(f"pass {name} failed: {type(e).__name__}: {e}{history}") from e
+        seconds = time.perf_counter() - start
+        record = PassRecord(name, iteration, seconds, before, model.graph.count_nodes(),
+                            result.changed, dict(result.stats))
+        log.records.append(record)
+        for instrument in self.instruments:
+            instrument.after_pass(model, record, log)
+        return result.changed

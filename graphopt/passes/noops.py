@@ -1,0 +1,170 @@
+"""EliminateNoOps: remove nodes whose output provably equals one of their inputs.
+
+    Cast(x: f32, to=f32) -> x          Reshape/Expand/Flatten/Squeeze/Unsqueeze to x's own shape
+    Transpose(perm = identity) -> x     Add(x, 0), Sub(x, 0), Mul(x, 1), Div(x, 1), Pow(x, 1)
+    Concat/Sum/Max/Min/Mean of one input, Split into one part, Tile by ones, Pad by zeros,
+    Slice that keeps every element
+
+Arithmetic identities only fire when broadcasting leaves x's shape and dtype unchanged.
+Also collapses Reshape(Reshape(x, a), b) into Reshape(x, b) when b needs no dims of the middle.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from graphopt.ir import Model, Node, Value
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.edit import bypass
+
+
+def _same_type(a: Value, b: Value) -> bool:
+    return a.dtype is not None and a.dtype == b.dtype
+
+
+def _same_shape(a: Value, b: Value) -> bool:
+    """Shapes equal as far as known: static and equal, or symbolically identical."""
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return False
+    return all(x is not None and x == y for x, y in zip(a.shape, b.shape))
+
+
+def _const(value: Value | None) -> np.ndarray | None:
+    return None if value is None else value.constant()
+
+
+def _all_equal(value: Value | None, scalar: float) -> bool:
+    data = _const(value)
+    return data is not None and data.dtype != object and data.size > 0 and bool(np.all(data == scalar))
+
+
+def _broadcast_keeps(x: Value, c: Value, out: Value) -> bool:
+    """x op c has exactly x's shape and dtype."""
+    if not _same_type(x, out) or c.shape is None or x.shape is None:
+        return False
+    if len(c.shape) > len(x.shape):
+        return False
+    if all(d == 1 for d in c.shape):
+        return True
+    if x.static_shape is not None and c.static_shape is not None:
+        return np.broadcast_shapes(x.static_shape, c.static_shape) == x.static_shape
+    return False
+
+
+def _cast(node: Node) -> Value | None:
+    x = node.inputs[0]
+    if node.op_type == "Cast" and x.dtype is not None and int(x.dtype) == node.attr("to"):
+        return x
+    if node.op_type == "CastLike" and _same_type(x, node.inputs[1]):
+        return x
+    return None
+
+
+def _same_shape_op(node: Node) -> Value | None:
+    x = node.inputs[0]
+    return x if _same_shape(x, node.output) and _same_type(x, node.output) else None
+
+
+def _transpose(node: Node) -> Value | None:
+    perm = node.attr("perm")
+    if perm is not None and list(perm) == list(range(len(perm))):
+        return node.inputs[0]
+    return None
+
+
+_NEUTRAL = {"Add": (0, True), "Sub": (0, False), "Mul": (1, True), "Div": (1, False),
+            "Pow": (1, False)}
+
+
+def _arithmetic(node: Node) -> Value | None:
+    neutral, commutative = _NEUTRAL[node.op_type]
+    a, b = node.inputs[0], node.inputs[1]
+    candidates = [(a, b)] + ([(b, a)] if commutative else [])
+    for x, c in candidates:
+        if x is not None and c is not None and _all_equal(c, neutral) \
+                and _broadcast_keeps(x, c, node.output):
+            return x
+    return None
+
+
+def _single_input(node: Node) -> Value | None:
+    present = [v for v in node.inputs if v is not None]
+    if len(present) == 1 and _same_type(present[0], node.output):
+        return present[0]
+    return None
+
+
+def _split(node: Node) -> Value | None:
+    if len(node.outputs) == 1 and _same_shape_op(node):
+        return node.inputs[0]
+    return None
+
+
+def _tile(node: Node) -> Value | None:
+    return node.inputs[0] if _all_equal(node.input(1), 1) else None
+
+
+def _pad(node: Node) -> Value | None:
+    pads = node.input(1) if len(node.inputs) > 1 else None
+    if pads is None:
+        return node.inputs[0] if node.attr("pads") and not any(node.attr("pads")) else None
+    return node.inputs[0] if _all_equal(pads, 0) and _same_shape_op(node) else None
+
+
+def _slice(node: Node) -> Value | None:
+    steps = node.input(4)
+    if steps is not None and not _all_equal(steps, 1):
+        return None
+    return _same_shape_op(node)
+
+
+RULES: dict[str, Callable[[Node], Value | None]] = {
+    "Cast": _cast, "CastLike": _cast,
+    "Reshape": _same_shape_op, "Expand": _same_shape_op, "Flatten": _same_shape_op,
+    "Squeeze": _same_shape_op, "Unsqueeze": _same_shape_op,
+    "Transpose": _transpose,
+    "Add": _arithmetic, "Sub": _arithmetic, "Mul": _arithmetic, "Div": _arithmetic,
+    "Pow": _arithmetic,
+    "Concat": _single_input, "Sum": _single_input, "Max": _single_input, "Min": _single_input,
+    "Mean": _single_input,
+    "Split": _split, "Tile": _tile, "Pad": _pad, "Slice": _slice,
+}
+
+
+def _collapse_reshape(node: Node) -> bool:
+    """Reshape(Reshape(x, a), b) -> Reshape(x, b) when b has no 0 (copy-from-input) dims."""
+    inner = node.inputs[0].producer
+    if inner is None or inner.op_type != "Reshape" or inner.domain not in ("", "ai.onnx"):
+        return False
+    shape = _const(node.input(1))
+    if shape is None or (shape == 0).any() or node.attr("allowzero", 0):
+        return False
+    node.set_input(0, inner.inputs[0])
+    if not inner.output.uses and not inner.output.is_graph_output:
+        inner.graph.remove(inner)
+    return True
+
+
+@register
+class EliminateNoOps(Pass):
+    name = "EliminateNoOps"
+    description = "remove no-op casts, reshapes, transposes, x+0, x*1, one-input concats, …"
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        for node in list(model.graph.all_nodes()):
+            if node.graph is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+                continue
+            if node.inputs[0] is None or node.outputs[0] is None:
+                continue
+            if node.op_type == "Reshape" and _collapse_reshape(node):
+                result.count("ReshapeOfReshape")
+            rule = RULES.get(node.op_type)
+            if rule is None or (len(node.outputs) > 1 and node.op_type != "Split"):
+                continue
+            keep = rule(node)
+            if keep is not None and keep is not node.output and bypass(node, keep):
+                result.count(node.op_type)
+        return result

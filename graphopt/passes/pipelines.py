@@ -1,0 +1,50 @@
+"""Named pipelines: the optimization levels -O0 … -O3 as ordered pass lists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Repeat `passes` until none changes the model (or the iteration cap is hit)."""
+
+    passes: tuple[str, ...]
+
+
+Step = str | FixedPoint
+
+_CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
+_FOLD = ("FoldShapes", "FoldConstants", "EliminateIdentity", "EliminateNoOps",
+         "EliminateCommonSubexpressions", "EliminateDeadNodes")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    description: str
+    steps: tuple[Step, ...]
+
+    def pass_names(self) -> list[str]:
+        names: list[str] = []
+        for step in self.steps:
+            for name in (step.passes if isinstance(step, FixedPoint) else (step,)):
+                if name not in names:
+                    names.append(name)
+        return names
+
+
+PIPELINES: dict[int, Pipeline] = {
+    0: Pipeline("O0", "no passes: import, verify, export", ()),
+    1: Pipeline("O1", "cleanup: constants to initializers, identities, no-ops, dead nodes",
+                ("InferShapes", "ConstantToInitializer", FixedPoint(_CLEANUP))),
+    2: Pipeline("O2", "O1 + shape and constant folding and CSE to a fixed point, shared weights",
+                ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD),
+                 "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
+    3: Pipeline("O3", "O2 with shape inference re-run inside the fixed point, so folding "
+                "sees shapes that only earlier folds reveal",
+                ("InferShapes", "ConstantToInitializer", FixedPoint(("InferShapes",) + _FOLD),
+                 "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
+}
+
+DEFAULT_LEVEL = 2

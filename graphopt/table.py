@@ -1,0 +1,27 @@
+"""Plain-text tables for terminal summaries (right-aligned numbers, left-aligned text)."""
+
+from __future__ import annotations
+
+
+def format_table(headers: list[str], rows: list[list], title: str | None = None) -> str:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(r[i]) for r in cells[1:] if r[i]) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric)]
+        return "  ".join(parts).rstrip()
+
+    out = [title] if title else []
+    out.append(line(cells[0]))
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in cells[1:])
+    return "\n".join(out)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", "").lstrip("+"))
+        return True
+    except ValueError:
+        return False

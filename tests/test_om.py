@@ -1,0 +1,464 @@
+"""The .om container (write, load, verify), its atomic writing and the OmSession runtime."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import stat
+import zipfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt.atomic import atomic_write, atomic_write_bytes
+from graphopt.codegen import OmPartition, OmSession, load_om, write_om
+from graphopt.codegen.om import MANIFEST_SCHEMA, is_om
+from graphopt.errors import ArtifactError, GraphoptError, OptionError
+
+RNG = np.random.default_rng(0)
+W = RNG.standard_normal((4, 3)).astype(np.float32)
+W_SQUARE = RNG.standard_normal((4, 4)).astype(np.float32)
+
+
+def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    # IR 9 / opset 17: well inside what the pinned onnxruntime accepts.
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _tensor(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def matmul_relu() -> onnx.ModelProto:
+    """Y = Relu(X @ W), X: float32[N, 4]."""
+    return _model(
+        [helper.make_node("MatMul", ["X", "W"], ["H"]), helper.make_node("Relu", ["H"], ["Y"])],
+        [_tensor("X", ["N", 4])],
+        [_tensor("Y", ["N", 3])],
+        [numpy_helper.from_array(W, "W")],
+    )
+
+
+def split_matmul_relu() -> list[OmPartition]:
+    """matmul_relu cut by hand between its two nodes; H crosses the cut."""
+    p0 = _model(
+        [helper.make_node("MatMul", ["X", "W"], ["H"])],
+        [_tensor("X", ["N", 4])],
+        [_tensor("H", ["N", 3])],
+        [numpy_helper.from_array(W, "W")],
+    )
+    p1 = _model(
+        [helper.make_node("Relu", ["H"], ["Y"])], [_tensor("H", ["N", 3])], [_tensor("Y", ["N", 3])]
+    )
+    return [OmPartition("p0", "cpu", p0), OmPartition("p1", "cpu", p1)]
+
+
+def reference(model: onnx.ModelProto, feeds: dict) -> dict:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def x_batch(n: int = 2) -> np.ndarray:
+    return RNG.standard_normal((n, 4)).astype(np.float32)
+
+
+@pytest.fixture
+def om_path(tmp_path):
+    path = tmp_path / "model.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_relu())], source_path="/somewhere/model.onnx",
+             source_bytes_sha256="ab" * 32, pass_log=[{"pass": "fold", "changed": 1}])
+    return path
+
+
+# --- round trips ---------------------------------------------------------------------------
+
+
+def test_round_trip_runs_like_onnxruntime(om_path):
+    x = x_batch(3)
+    session = OmSession(om_path)
+    got = session.run({"X": x})
+    want = reference(matmul_relu(), {"X": x})
+    assert list(got) == ["Y"]
+    np.testing.assert_allclose(got["Y"], want["Y"], rtol=1e-6)
+    assert session.inputs == [{"name": "X", "dtype": "float32", "shape": ["N", 4]}]
+    assert session.outputs == [{"name": "Y", "dtype": "float32", "shape": ["N", 3]}]
+
+
+def test_manifest_contents(om_path):
+    artifact = load_om(om_path)
+    m = artifact.manifest
+    assert m["format"] == "graphopt-om" and m["format_version"] == 1
+    assert m["created_by"] == "graphopt" and m["target"] == "cpu"
+    assert m["source"] == {"path": "model.onnx", "sha256": "ab" * 32}  # basename only
+    assert m["partitions"] == [
+        {"name": "p0", "device": "cpu", "member": "partitions/p0.onnx",
+         "inputs": ["X"], "outputs": ["Y"]}
+    ]
+    assert m["execution_order"] == ["p0"]
+    assert m["pass_log"] == [{"pass": "fold", "changed": 1}]
+    data = artifact.member("partitions/p0.onnx")
+    assert m["members"]["partitions/p0.onnx"] == {
+        "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)
+    }
+    assert set(m) == set(MANIFEST_SCHEMA["required"])
+    assert artifact.partitions[0].model.graph.node[0].op_type == "MatMul"
+
+
+def test_source_sha256_is_computed_from_the_file(tmp_path):
+    source = tmp_path / "src.onnx"
+    source.write_bytes(matmul_relu().SerializeToString())
+    write_om(tmp_path / "a.om", [OmPartition("p0", "cpu", matmul_relu())], source_path=source)
+    assert load_om(tmp_path / "a.om").manifest["source"] == {
+        "path": "src.onnx", "sha256": hashlib.sha256(source.read_bytes()).hexdigest()
+    }
+
+
+def test_two_chained_partitions_route_by_name(tmp_path):
+    path = tmp_path / "two.om"
+    write_om(path, split_matmul_relu())
+    artifact = load_om(path)
+    assert [i["name"] for i in artifact.inputs] == ["X"]
+    assert [o["name"] for o in artifact.outputs] == ["Y"]
+    assert artifact.routing == [
+        {"tensor": "X", "from": None, "to": "p0"},
+        {"tensor": "H", "from": "p0", "to": "p1"},
+        {"tensor": "Y", "from": "p1", "to": None},
+    ]
+    x = x_batch(5)
+    session = OmSession(artifact)
+    want = reference(matmul_relu(), {"X": x})["Y"]
+    np.testing.assert_allclose(session.run({"X": x})["Y"], want, rtol=1e-6)
+    # Intermediate tensors can be asked for by name; only the partitions they need run.
+    np.testing.assert_allclose(session.run({"X": x}, ["H"])["H"], x @ W, rtol=1e-5)
+
+
+def test_top_level_input_feeding_two_partitions(tmp_path):
+    x_info, h_info, y_info = _tensor("X", ["N", 4]), _tensor("H", ["N", 4]), _tensor("Y", ["N", 4])
+    p0 = _model([helper.make_node("MatMul", ["X", "W"], ["H"])], [x_info], [h_info],
+                [numpy_helper.from_array(W_SQUARE, "W")])
+    p1 = _model([helper.make_node("Add", ["H", "X"], ["Y"])], [h_info, x_info], [y_info])
+    path = tmp_path / "fan.om"
+    write_om(path, [OmPartition("p0", "cpu", p0), OmPartition("p1", "cpu", p1)])
+    artifact = load_om(path)
+    assert [i["name"] for i in artifact.inputs] == ["X"]  # fed once, routed to both
+    assert {"tensor": "X", "from": None, "to": "p1"} in artifact.routing
+    x = x_batch(2)
+    np.testing.assert_allclose(OmSession(artifact).run({"X": x})["Y"], x @ W_SQUARE + x, rtol=1e-5)
+
+
+def test_out_of_order_partitions_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="execution order"):
+        write_om(tmp_path / "bad.om", list(reversed(split_matmul_relu())))
+    assert not (tmp_path / "bad.om").exists()
+
+
+def test_extra_members_round_trip(tmp_path):
+    path = tmp_path / "x.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_relu())],
+             extra_members={"tuning/records.json": b"[]"}, extra={"note": "hi"})
+    artifact = load_om(path)
+    assert artifact.member("tuning/records.json") == b"[]"
+    assert artifact.manifest["extra"] == {"note": "hi"}
+    with pytest.raises(ValueError, match="unsafe member name"):
+        write_om(tmp_path / "y.om", [OmPartition("p0", "cpu", matmul_relu())],
+                 extra_members={"../x": b""})
+
+
+def test_same_input_gives_identical_bytes(tmp_path):
+    for name in ("a.om", "b.om"):
+        write_om(tmp_path / name, split_matmul_relu(), source_path="m.onnx",
+                 source_bytes_sha256="0" * 64, pass_log=[{"pass": "fuse"}], extra={"b": 1, "a": 2})
+    assert (tmp_path / "a.om").read_bytes() == (tmp_path / "b.om").read_bytes()
+    with zipfile.ZipFile(tmp_path / "a.om") as zf:
+        names = zf.namelist()
+        assert names[0] == "manifest.json" and names[1:] == sorted(names[1:])
+        assert {info.date_time for info in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+        assert {info.compress_type for info in zf.infolist()} == {zipfile.ZIP_DEFLATED}
+
+
+def test_is_om(om_path, tmp_path):
+    assert is_om(om_path)
+    plain = tmp_path / "plain.zip"
+    with zipfile.ZipFile(plain, "w") as zf:
+        zf.writestr("a.txt", "x")
+    text = tmp_path / "t.txt"
+    text.write_text("hello")
+    assert not is_om(plain) and not is_om(text) and not is_om(tmp_path / "missing.om")
+
+
+# --- malformed artifacts -------------------------------------------------------------------
+
+
+def rewrite(src, dst, mutate):
+    """Copy an .om, letting `mutate(manifest, members)` edit it; checksums are not refreshed."""
+    with zipfile.ZipFile(src) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    manifest = json.loads(members.pop("manifest.json"))
+    mutate(manifest, members)
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zf:
+        if manifest is not None:
+            zf.writestr("manifest.json", json.dumps(manifest))
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return dst
+
+
+def add_listed_member(name):
+    def mutate(manifest, members):
+        members[name] = b"payload"
+        manifest["members"][name] = {"sha256": hashlib.sha256(b"payload").hexdigest(), "size": 7}
+    return mutate
+
+
+def set_field(key, value):
+    def mutate(manifest, members):
+        manifest[key] = value
+    return mutate
+
+
+def tamper(manifest, members):
+    data = bytearray(members["partitions/p0.onnx"])
+    data[-1] ^= 0xFF
+    members["partitions/p0.onnx"] = bytes(data)
+
+
+def drop_member(manifest, members):
+    del members["partitions/p0.onnx"]
+
+
+def drop_manifest(manifest, members):
+    manifest.clear()
+    members["other.txt"] = b"x"
+
+
+def forge_routing(manifest, members):
+    manifest["routing"][0]["from"] = "p9"
+
+
+BAD_CASES = {
+    "future_version": (set_field("format_version", 2), r"format_version 2 is newer .* upgrade graphopt"),
+    "zero_version": (set_field("format_version", 0), "unsupported format_version 0"),
+    "wrong_format": (set_field("format", "tflite"), r"not a graphopt \.om .*'tflite'"),
+    "checksum": (tamper, r"member 'partitions/p0.onnx' fails its sha256 check"),
+    "path_escape": (add_listed_member("../evil.onnx"), r"unsafe member name '\.\./evil\.onnx'"),
+    "absolute": (add_listed_member("/etc/evil.onnx"), "unsafe member name '/etc/evil.onnx'"),
+    "missing_member": (drop_member, r"member 'partitions/p0\.onnx' listed in the manifest is missing"),
+    "unlisted_member": (lambda m, mem: mem.update({"x.bin": b"1"}), "'x.bin' is not listed"),
+    "forged_routing": (forge_routing, "routing does not match"),
+    "no_partitions": (set_field("partitions", []), "manifest lists no partitions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_artifacts_raise_artifact_error(om_path, tmp_path, case):
+    mutate, message = BAD_CASES[case]
+    bad = rewrite(om_path, tmp_path / "bad.om", mutate)
+    with pytest.raises(ArtifactError, match=message) as info:
+        load_om(bad)
+    text = str(info.value)
+    assert text.startswith(str(bad)) and "\n" not in text
+
+
+def test_missing_manifest(om_path, tmp_path):
+    bad = tmp_path / "bad.om"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("partitions/p0.onnx", b"")
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        load_om(bad)
+
+
+def test_not_a_zip(tmp_path):
+    bad = tmp_path / "model.om"
+    bad.write_bytes(matmul_relu().SerializeToString())  # an .onnx renamed to .om
+    with pytest.raises(ArtifactError, match=r"model\.om: not an \.om artifact \(not a zip archive\)"):
+        load_om(bad)
+
+
+def test_truncated_zip(om_path, tmp_path):
+    data = om_path.read_bytes()
+    bad = tmp_path / "cut.om"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="truncated or corrupt zip"):
+        load_om(bad)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ArtifactError, match="cannot read"):
+        load_om(tmp_path / "nope.om")
+
+
+def test_external_data_is_refused(tmp_path):
+    model = matmul_relu()
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value="/etc/passwd")
+    with pytest.raises(ValueError, match="external data"):
+        write_om(tmp_path / "w.om", [OmPartition("p0", "cpu", model)])
+
+    def smuggle(manifest, members):
+        data = model.SerializeToString()
+        members["partitions/p0.onnx"] = data
+        manifest["members"]["partitions/p0.onnx"] = {
+            "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)
+        }
+
+    write_om(tmp_path / "ok.om", [OmPartition("p0", "cpu", matmul_relu())])
+    bad = rewrite(tmp_path / "ok.om", tmp_path / "bad.om", smuggle)
+    with pytest.raises(ArtifactError, match="external data"):
+        load_om(bad)
+
+
+# --- atomic writing ------------------------------------------------------------------------
+
+
+def leftovers(directory):
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    calls = []
+    original = zipfile.ZipFile.writestr
+
+    def fail_on_second(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "writestr", fail_on_second)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        write_om(tmp_path / "out.om", split_matmul_relu())
+    assert len(calls) == 2  # it did fail midway, after the manifest went out
+    assert not (tmp_path / "out.om").exists() and leftovers(tmp_path) == []
+
+
+def test_failed_write_keeps_existing_destination(om_path, monkeypatch):
+    before = om_path.read_bytes()
+
+    def boom(self, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(zipfile.ZipFile, "writestr", boom)
+    with pytest.raises(RuntimeError):
+        write_om(om_path, split_matmul_relu())
+    assert om_path.read_bytes() == before and leftovers(om_path.parent) == []
+
+
+def test_unserializable_partition(tmp_path, om_path):
+    class TooBig:
+        """Stands in for a >2 GiB model, which protobuf refuses to serialize."""
+
+        graph = matmul_relu().graph
+
+        def SerializeToString(self):
+            raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
+
+    part = OmPartition("p0", "cpu", matmul_relu())
+    part.model = TooBig()
+    before = om_path.read_bytes()
+    with pytest.raises(ArtifactError, match=r"partition 'p0' does not serialize .*2GB"):
+        write_om(om_path, [part])
+    assert om_path.read_bytes() == before and leftovers(om_path.parent) == []
+
+
+def test_unwritable_destination_is_a_graphopt_error(tmp_path):
+    with pytest.raises(GraphoptError, match="cannot write"):
+        write_om(tmp_path / "no" / "such" / "dir" / "m.om", split_matmul_relu())
+
+
+def test_atomic_write_basics(tmp_path):
+    target = tmp_path / "f.bin"
+    atomic_write_bytes(target, b"one")
+    assert target.read_bytes() == b"one"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask  # not mkstemp's 0600
+    with pytest.raises(KeyError):
+        with atomic_write(target) as f:
+            f.write(b"half")
+            raise KeyError("interrupted")
+    assert target.read_bytes() == b"one" and leftovers(tmp_path) == []
+
+
+# --- runtime -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "feeds, message",
+    [
+        ({}, r"missing input 'X' \(float32\[N,4\]\)"),
+        ({"X": x_batch(), "Z": x_batch()}, "unknown input 'Z'; the model's inputs are: X"),
+        ({"X": x_batch().astype(np.float64)}, "input 'X' has dtype float64, expected float32"),
+        ({"X": np.zeros((2, 4, 1), np.float32)}, "input 'X' has rank 3"),
+        ({"X": np.zeros((2, 5), np.float32)}, r"input 'X' has shape \[2, 5\].*dim 1 must be 4"),
+    ],
+)
+def test_bad_feeds_name_the_input(om_path, feeds, message):
+    with pytest.raises(GraphoptError, match=message):
+        OmSession(om_path).run(feeds)
+
+
+def test_unknown_output_and_bad_options(om_path):
+    with pytest.raises(GraphoptError, match="unknown output 'Q'"):
+        OmSession(om_path).run({"X": x_batch()}, ["Q"])
+    with pytest.raises(OptionError, match="optimization_level 'max'"):
+        OmSession(om_path, optimization_level="max")
+    with pytest.raises(OptionError, match="intra_op_num_threads"):
+        OmSession(om_path, intra_op_num_threads=-1)
+    session = OmSession(om_path, intra_op_num_threads=1, optimization_level="disable")
+    assert session.run({"X": x_batch()})["Y"].shape == (2, 3)
+
+
+@pytest.mark.skipif("CANNExecutionProvider" in ort.get_available_providers(),
+                    reason="CANN is present, so nothing falls back")
+def test_npu_partition_falls_back_to_cpu_with_one_notice(tmp_path):
+    parts = split_matmul_relu()
+    parts[1].device = "npu"
+    path = tmp_path / "npu.om"
+    write_om(path, parts, target="ascend")
+    notice = r"CANNExecutionProvider is not available; running p1 \(npu\) on CPU"
+    with pytest.warns(RuntimeWarning, match=notice) as record:
+        session = OmSession(path)
+    assert len(record) == 1
+    assert session.providers["p1"] == ["CPUExecutionProvider"]
+    x = x_batch()
+    np.testing.assert_allclose(session.run({"X": x})["Y"], np.maximum(x @ W, 0), rtol=1e-5)
+
+
+def test_run_is_thread_safe(tmp_path):
+    path = tmp_path / "two.om"
+    write_om(path, split_matmul_relu())
+    session = OmSession(path)
+    batches = [x_batch(n) for n in range(1, 33)]
+
+    def run(x):
+        return session.run({"X": x})["Y"]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, batches))
+    for x, y in zip(batches, results):
+        np.testing.assert_allclose(y, np.maximum(x @ W, 0), rtol=1e-5)
+
+
+def test_graph_input_passed_through_as_output(tmp_path):
+    # ONNX lets a graph output name a graph input directly; the artifact returns the feed as is.
+    model = _model([helper.make_node("Relu", ["X"], ["Y"])], [_tensor("X", ["N", 4])],
+                   [_tensor("Y", ["N", 4]), _tensor("X", ["N", 4])])
+    path = tmp_path / "pass.om"
+    write_om(path, [OmPartition("p0", "cpu", model)])
+    artifact = load_om(path)
+    assert [o["name"] for o in artifact.outputs] == ["Y", "X"]
+    assert {"tensor": "X", "from": None, "to": None} in artifact.routing
+    x = x_batch()
+    got = OmSession(artifact).run({"X": x})
+    np.testing.assert_array_equal(got["X"], x)
+    np.testing.assert_array_equal(got["Y"], np.maximum(x, 0))
