@@ -59,16 +59,16 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
             raise ValueError(f"input '{info.name}' is not a tensor; pass explicit inputs")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         shape = _concrete_shape(info, dims, (shapes or {}).get(info.name))
-        if np.issubdtype(dtype, np.floating):
-            feeds[info.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[info.name] = rng.random(shape) < 0.5
+        if dtype == np.bool_:
+            data = rng.random(shape) < 0.5
         elif np.issubdtype(dtype, np.integer):
-            feeds[info.name] = rng.integers(0, 2, size=shape).astype(dtype)
+            data = rng.integers(0, 2, size=shape)
         elif dtype == object:
-            feeds[info.name] = np.full(shape, "a", dtype=object)
+            data = np.full(shape, "a", dtype=object)
         else:
-            feeds[info.name] = rng.standard_normal(shape).astype(dtype)
+            data = rng.standard_normal(shape)
+        # np.asarray: a 0-d draw comes back as a numpy scalar, which onnxruntime refuses.
+        feeds[info.name] = np.asarray(data).astype(dtype)
     return feeds
 
 

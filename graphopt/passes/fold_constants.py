@@ -86,6 +86,30 @@ def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> s
     return None
 
 
+def _data_inputs(node: Node) -> list[Value]:
+    """Inputs whose data the node reads; CastLike reads only the dtype of its second input."""
+    inputs = node.inputs[:1] if _is_castlike(node) else node.inputs
+    return [v for v in inputs if v is not None]
+
+
+def _is_castlike(node: Node) -> bool:
+    return node.op_type == "CastLike" and node.domain in _STANDARD and node.input(1) is not None
+
+
+def _node_proto(node: Node) -> onnx.NodeProto:
+    """The node for the evaluation session; CastLike becomes a Cast so the type-only input
+    need not be there."""
+    proto = node_to_proto(node)
+    if _is_castlike(node):
+        del proto.input[1:]
+        del proto.attribute[:]
+        proto.op_type = "Cast"
+        proto.attribute.append(helper.make_attribute("to", int(node.input(1).dtype)))
+        if node.attr("saturate") is not None:
+            proto.attribute.append(helper.make_attribute("saturate", node.attr("saturate")))
+    return proto
+
+
 # ---------------------------------------------------------------------------------------------
 # sizes
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +232,7 @@ def _evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted:
     """Run `nodes` in one onnxruntime session, constants in `feeds` as initializers; return the
     data of `wanted` keyed by id(value)."""
     graph = onnx.GraphProto(name="fold")
-    graph.node.extend(node_to_proto(n) for n in nodes)
+    graph.node.extend(_node_proto(n) for n in nodes)
     for name, tensor in feeds.items():
         graph.initializer.append(tensor.to_proto(name))
     fetch_names, casts = [], {}
@@ -249,6 +273,7 @@ class _GraphFolder:
         self.results: dict[int, Tensor] = {}
         self.aliases: dict[int, Value] = {}  # Identity of an existing constant: reuse it
         self.sizes = _Sizes(self.results)
+        self.deferred = False  # a generator waits for its shape operand to be folded first
 
     def region(self) -> list[Node]:
         """Foldable nodes in topological order: fixed inputs, allowed op, bounded outputs."""
@@ -256,7 +281,9 @@ class _GraphFolder:
         for node in self.graph:
             if _refusal(node, self.functions, self.pinned) is not None:
                 continue
-            if not all(v is None or v.is_constant or id(v) in produced for v in node.inputs):
+            if not all(v.is_constant or id(v) in produced for v in _data_inputs(node)):
+                continue
+            if _is_castlike(node) and node.input(1).dtype is None:
                 continue
             if node.op_type == "Constant" and node.domain in _STANDARD:
                 tensor = _constant_attr_tensor(node)
@@ -266,6 +293,9 @@ class _GraphFolder:
                     and node.input(0) is not None and node.input(0).is_constant:
                 self.aliases[id(node.output)] = node.input(0)
             elif not self._bounded(node):
+                if node.op_type in GENERATORS and any(id(v) in produced
+                                                      for v in _data_inputs(node)):
+                    self.deferred = True
                 continue
             region.append(node)
             produced.update(id(v) for v in node.outputs if v is not None)
@@ -273,7 +303,7 @@ class _GraphFolder:
 
     def _bounded(self, node: Node) -> bool:
         self.sizes.estimate(node)
-        in_bytes = sum(self.sizes.nbytes(v) or 0 for v in node.inputs if v is not None)
+        in_bytes = sum(self.sizes.nbytes(v) or 0 for v in _data_inputs(node))
         for value in node.outputs:
             if value is None:
                 continue
@@ -290,7 +320,7 @@ class _GraphFolder:
         if node.op_type == "Constant":  # its data is in the model already
             return False
         size = self.results[id(value)].nbytes
-        in_bytes = sum(self.sizes.nbytes(v) or 0 for v in node.inputs if v is not None)
+        in_bytes = sum(self.sizes.nbytes(v) or 0 for v in _data_inputs(node))
         return size > self.limit and size > in_bytes
 
     def run(self) -> int:
@@ -323,8 +353,8 @@ class _GraphFolder:
         inside = {id(v) for n in nodes for v in n.outputs if v is not None}
         feeds = {}
         for node in nodes:
-            for value in node.inputs:
-                if value is None or id(value) in inside:
+            for value in _data_inputs(node):
+                if id(value) in inside:
                     continue
                 feeds[value.name] = self.results.get(id(value)) or value.const
         return feeds
@@ -335,8 +365,7 @@ class _GraphFolder:
         for node in nodes:
             if all(id(v) in self.results for v in node.outputs if v is not None):
                 continue
-            if any(v is not None and not v.is_constant and id(v) not in self.results
-                   for v in node.inputs):
+            if any(not v.is_constant and id(v) not in self.results for v in _data_inputs(node)):
                 failed.append(node)  # an input failed before
                 continue
             outputs = [v for v in node.outputs if v is not None]
@@ -373,8 +402,8 @@ def _needed(values: list[Value], region: list[Node], members: set[int],
         if id(node) in seen:
             continue
         seen.add(id(node))
-        for value in node.inputs:
-            if value is not None and id(value) not in known and value.producer is not None \
+        for value in _data_inputs(node):
+            if id(value) not in known and value.producer is not None \
                     and id(value.producer) in members:
                 stack.append(value.producer)
     return [n for n in region if id(n) in seen]
@@ -386,7 +415,7 @@ def _without(region: list[Node], dropped: Iterable[Node]) -> list[Node]:
     lost: set[int] = set()
     kept = []
     for node in region:
-        if id(node) in dropped_ids or any(v is not None and id(v) in lost for v in node.inputs):
+        if id(node) in dropped_ids or any(id(v) in lost for v in _data_inputs(node)):
             lost.update(id(v) for v in node.outputs if v is not None)
         else:
             kept.append(node)
@@ -403,6 +432,10 @@ class FoldConstants(Pass):
         graphs = list(model.graph.all_graphs())
         pinned = {id(v) for g in graphs for v in g.outputs}
         for graph in graphs:  # outer first: inner graphs then see folded outer values as constants
-            folder = _GraphFolder(model, graph, ctx.options.fold_size_limit, pinned, ctx)
-            result.count(self.name, folder.run())
+            for _ in range(ctx.options.max_iterations):
+                folder = _GraphFolder(model, graph, ctx.options.fold_size_limit, pinned, ctx)
+                folded = folder.run()
+                result.count(self.name, folded)
+                if not (folded and folder.deferred):
+                    break
         return result

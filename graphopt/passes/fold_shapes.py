@@ -1,15 +1,144 @@
-"""FoldShapes (work in progress)."""
+"""FoldShapes: Shape and Size of values whose needed dims are static become int64 initializers.
+
+    %s = Shape(%x<f32[N,64,128]>) {start=1}     →   %s = initializer i64[2] [64, 128]
+    %n = Size(%x<f32[2,64]>)                    →   %n = initializer i64[] 128
+    %d = Gather(Shape(%x<f32[N,64]>), 1)        →   %d = initializer i64[] 64   (N stays symbolic)
+    %t = Slice(Shape(%x<f32[N,64,8]>), [1], [3]) →  %t = initializer i64[2] [64, 8]
+
+FoldConstants then finishes Shape → Gather → Unsqueeze → Concat → Reshape chains. Values must
+have shapes (run InferShapes first); a graph output is never replaced.
+"""
 
 from __future__ import annotations
 
-from graphopt.ir import Model
+import math
+
+import numpy as np
+
+from graphopt.ir import Graph, Model, Node, Tensor, Value
+from graphopt.ir.value import Shape
 from graphopt.passes.base import Pass, PassContext, PassResult, register
+
+_STANDARD = ("", "ai.onnx")
+
+
+def _shape_dims(node: Node) -> Shape | None:
+    """The dims a Shape node returns (after opset-15 start/end slicing), static or not."""
+    x = node.input(0)
+    if x is None or x.type_proto is not None or x.shape is None:
+        return None
+    rank = len(x.shape)
+    start, end = node.attr("start", 0), node.attr("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return x.shape[start:end]
+
+
+def _static(dims) -> bool:
+    return all(isinstance(d, int) and d >= 0 for d in dims)
+
+
+def _constant_ints(value: Value | None) -> np.ndarray | None:
+    data = value.constant() if value is not None else None
+    if data is None or data.dtype.kind not in "iu":
+        return None
+    return data.astype(np.int64)
+
+
+def _gathered(node: Node, dims: Shape) -> np.ndarray | None:
+    """Dims picked by Gather(Shape(x), indices) when all of them are static."""
+    indices = _constant_ints(node.input(1))
+    if indices is None or node.attr("axis", 0) not in (0, -1):
+        return None
+    rank = len(dims)
+    if np.any(indices < -rank) or np.any(indices >= rank):
+        return None
+    picked = [dims[int(i)] for i in indices.ravel()]
+    if not _static(picked):
+        return None
+    return np.array(picked, dtype=np.int64).reshape(indices.shape)
+
+
+def _sliced(node: Node, dims: Shape, opset: int) -> np.ndarray | None:
+    """Dims picked by Slice(Shape(x), ...) when all of them are static. Python slicing clamps
+    starts/ends exactly as ONNX Slice does on a 1-D tensor."""
+    if opset < 10:
+        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes", [0])
+        steps = [1]
+        if starts is None or ends is None:
+            return None
+    else:
+        starts, ends = _constant_ints(node.input(1)), _constant_ints(node.input(2))
+        axes = _constant_ints(node.input(3)) if node.input(3) is not None else [0]
+        steps = _constant_ints(node.input(4)) if node.input(4) is not None else [1]
+        if starts is None or ends is None or axes is None or steps is None:
+            return None
+    if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or len(steps) != 1 \
+            or int(steps[0]) == 0:
+        return None
+    picked = list(dims)[slice(int(starts[0]), int(ends[0]), int(steps[0]))]
+    if not _static(picked):
+        return None
+    return np.array(picked, dtype=np.int64)
+
+
+def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int]) -> bool:
+    """Swap `node`'s single output for an initializer of the same name and drop the node."""
+    out = node.output
+    if id(out) in pinned or any(v is not None and v is not out for v in node.outputs):
+        return False
+    # The old value disappears with its node, so the initializer may take over its name.
+    name = out.name if out.name not in graph.initializers else graph.fresh_name(out.name)
+    const = graph.add_initializer(Value(name, const=Tensor(array)))
+    out.replace_all_uses_with(const)
+    graph.remove(node)
+    return True
 
 
 @register
 class FoldShapes(Pass):
     name = "FoldShapes"
-    description = "replace Shape and Size of statically shaped values with int64 initializers"
+    description = "replace Shape/Size of statically shaped values (and picks of static dims) with constants"
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
-        return PassResult()
+        result = PassResult()
+        graphs = list(model.graph.all_graphs())
+        pinned = {id(v) for g in graphs for v in g.outputs}
+        opset = model.opset("") or 1
+        for graph in graphs:
+            for node in graph:
+                if node.domain not in _STANDARD:
+                    continue
+                if node.op_type == "Size":
+                    x = node.input(0)
+                    if x is not None and x.type_proto is None and x.static_shape is not None:
+                        array = np.array(math.prod(x.static_shape), dtype=np.int64)
+                        if _replace(graph, node, array, pinned):
+                            result.count("Size")
+                elif node.op_type == "Shape":
+                    self._shape(graph, node, pinned, opset, result)
+        return result
+
+    @staticmethod
+    def _shape(graph: Graph, node: Node, pinned: set[int], opset: int, result: PassResult) -> None:
+        dims = _shape_dims(node)
+        if dims is None:
+            return
+        if _static(dims):
+            if _replace(graph, node, np.array(dims, dtype=np.int64), pinned):
+                result.count("Shape")
+            return
+        # Some dims are symbolic: fold the readers that only pick static ones.
+        for consumer in node.output.consumers():
+            if consumer.domain not in _STANDARD or consumer.input(0) is not node.output:
+                continue
+            if consumer.op_type == "Gather":
+                array = _gathered(consumer, dims)
+                rule = "ShapeGather"
+            elif consumer.op_type == "Slice":
+                array = _sliced(consumer, dims, opset)
+                rule = "ShapeSlice"
+            else:
+                continue
+            if array is not None and _replace(graph, consumer, array, pinned):
+                result.count(rule)

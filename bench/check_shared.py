@@ -1,0 +1,51 @@
+"""Dev check: every model in ../shared/models keeps its reference outputs through import→export
+and through the default pipeline (not part of `make test`; the folder is not in the repo)."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+
+import numpy as np
+import onnx
+
+import graphopt
+from graphopt import numerics
+from graphopt.ir import load_onnx, to_onnx
+from graphopt.table import format_table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("folder", nargs="?", default="../shared/models")
+    parser.add_argument("-O", dest="level", type=int, default=2)
+    parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--atol", type=float, default=1e-5)
+    args = parser.parse_args()
+    rows, failures = [], 0
+    for path in sorted(glob.glob(os.path.join(args.folder, "*.onnx"))):
+        stem = path[: -len(".onnx")]
+        with np.load(stem + ".inputs.npz") as f:
+            feeds = {k: f[k] for k in f.files}
+        with np.load(stem + ".ref.npz") as f:
+            reference = {k: f[k] for k in f.files}
+        start = time.perf_counter()
+        result = graphopt.optimize(path, level=args.level, verify_structure=True)
+        seconds = time.perf_counter() - start
+        status = []
+        for label, proto in (("round-trip", to_onnx(load_onnx(path))), ("optimized", result.to_onnx())):
+            onnx.checker.check_model(proto)
+            problems = numerics.compare(reference, numerics.run(proto, feeds), args.rtol, args.atol)
+            status.append("ok" if not problems else f"{label}: {problems[0]}")
+            failures += bool(problems)
+        rows.append([os.path.basename(path), result.nodes_before, result.model.graph.count_nodes(),
+                     f"{seconds:.2f}", status[0], status[1]])
+    print(format_table(["model", "nodes", "after", "s", "round-trip", "optimized"], rows))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

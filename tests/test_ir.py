@@ -1,0 +1,219 @@
+"""IR: use lists kept in sync by setters, graph edits, ordering, printer, verifier, round-trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import helper
+
+from graphopt.errors import InputError
+from graphopt.ir import (DType, Graph, Node, Tensor, Value, VerifyError, format_model, load_onnx,
+                         to_onnx, verify)
+
+
+def _model(text: str) -> onnx.ModelProto:
+    return onnx.parser.parse_model(text)
+
+
+CHAIN = _model("""
+<ir_version: 8, opset_import: ["" : 17]>
+chain (float[N, 4] x) => (float[N, 4] y) {
+    a = Relu(x)
+    b = Neg(a)
+    y = Add(a, b)
+}
+""")
+
+
+def test_use_lists_follow_set_input():
+    model = load_onnx(CHAIN)
+    relu, neg, add = model.graph.nodes()
+    a = relu.output
+    assert [(u.node, u.index) for u in a.uses] == [(neg, 0), (add, 0)]
+    add.set_input(0, neg.output)
+    assert [(u.node, u.index) for u in a.uses] == [(neg, 0)]
+    assert [(u.node, u.index) for u in neg.output.uses] == [(add, 1), (add, 0)]
+    verify(model)
+
+
+def test_replace_all_uses_and_safe_remove():
+    model = load_onnx(CHAIN)
+    graph = model.graph
+    relu, neg, add = graph.nodes()
+    with pytest.raises(ValueError, match="still used"):
+        graph.remove(neg)
+    neg.output.replace_all_uses_with(relu.output)
+    graph.remove(neg)
+    assert len(graph) == 2 and add.inputs == (relu.output, relu.output)
+    assert relu.output.consumers() == [add]
+    verify(model)
+
+
+def test_iteration_tolerates_removal_and_insertion():
+    model = load_onnx(CHAIN)
+    graph = model.graph
+    seen = []
+    for node in graph:
+        seen.append(node.op_type)
+        if node.op_type == "Relu":
+            neg = node._next
+            neg.output.replace_all_uses_with(node.output)
+            graph.remove(neg)
+            graph.insert_after(node, Node("Abs", [node.output]))
+    assert seen == ["Relu", "Add"]
+    assert [n.op_type for n in graph] == ["Relu", "Abs", "Add"]
+
+
+def test_sort_restores_topological_order_and_detects_cycles():
+    graph = Graph("g")
+    x = graph.add_input(Value("x", DType.FLOAT, (2,)))
+    first = Node("Relu", [x])
+    second = Node("Neg", [first.output])
+    graph.append(second)
+    graph.append(first)
+    with pytest.raises(VerifyError, match="before it is defined"):
+        verify(graph)
+    graph.sort()
+    assert [n.op_type for n in graph] == ["Relu", "Neg"]
+    first.set_input(0, second.output)
+    with pytest.raises(ValueError, match="cycle"):
+        graph.sort()
+
+
+def test_fresh_names_are_unique_across_nested_graphs():
+    model = load_onnx(_IF_MODEL)
+    graph = model.graph
+    names = {v.name for v in graph.all_values()}
+    fresh = graph.fresh_name("y")
+    assert fresh not in names and fresh.startswith("y_")
+    node = graph.make_node("Relu", [graph.inputs[0]])
+    assert node.output.name not in names
+
+
+_IF_MODEL = _model("""
+<ir_version: 8, opset_import: ["" : 17]>
+branchy (bool cond, float[3] x) => (float[3] y) {
+    k = Constant <value = float[3] {1.0, 2.0, 3.0}> ()
+    y = If (cond) <
+        then_branch = then_g () => (float[3] t) { t = Add(x, k) },
+        else_branch = else_g () => (float[3] e) { e = Sub(x, k) }
+    >
+}
+""")
+
+
+def test_subgraphs_capture_outer_values():
+    model = load_onnx(_IF_MODEL)
+    graph = model.graph
+    k = graph.nodes()[0].output
+    if_node = graph.nodes()[1]
+    then_add = if_node.attrs["then_branch"].value.nodes()[0]
+    assert then_add.inputs[1] is k
+    assert {u.node.op_type for u in k.uses} == {"Add", "Sub"}
+    assert if_node.attrs["then_branch"].value.parent is if_node
+    verify(model)
+    text = format_model(model)
+    assert "graph then_g" in text and "graph else_g" in text
+
+
+def test_printer_is_one_line_per_node_with_types_and_attributes():
+    model = load_onnx(_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    conv (float[1, 3, 8, 8] x, float[4, 3, 3, 3] w) => (float[1, 4, 8, 8] y) {
+        y = Conv <pads = [1, 1, 1, 1], strides = [1, 1]> (x, w)
+    }
+    """))
+    text = format_model(model)
+    assert "%y<f32[1,4,8,8]> = Conv(%x, %w) {pads=[1,1,1,1], strides=[1,1]}" in text
+
+
+@pytest.mark.parametrize("elem_type", [
+    onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.BOOL,
+    onnx.TensorProto.STRING, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT8E4M3FN,
+])
+def test_dtypes_round_trip_through_initializers(elem_type):
+    np_type = helper.tensor_dtype_to_np_dtype(elem_type)
+    if elem_type == onnx.TensorProto.STRING:
+        data = np.array(["a", "bc"], dtype=object)
+    elif elem_type == onnx.TensorProto.BOOL:
+        data = np.array([True, False])
+    else:
+        data = np.array([1, 2, 3, 4], dtype=np.float32).astype(np_type)
+    tensor = onnx.numpy_helper.from_array(data, "w")
+    out = helper.make_tensor_value_info("y", elem_type, list(data.shape))
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [], [out], [tensor])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model = load_onnx(proto)
+    value = model.graph.initializers["w"]
+    assert value.dtype == DType(elem_type)
+    back = to_onnx(model)
+    assert back.graph.initializer[0] == tensor  # untouched data is exported byte for byte
+    assert format_model(load_onnx(back)) == format_model(model)
+    assert np.array_equal(Tensor.from_proto(back.graph.initializer[0]).numpy().astype(object),
+                          data.astype(object))
+
+
+def test_symbolic_dims_metadata_and_doc_strings_survive():
+    proto = CHAIN
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    proto.doc_string = "model doc"
+    proto.producer_name = "exporter"
+    helper.set_model_props(proto, {"author": "me"})
+    proto.graph.node[0].doc_string = "node doc"
+    proto.graph.input[0].doc_string = "input doc"
+    back = to_onnx(load_onnx(proto))
+    assert back.doc_string == "model doc" and back.producer_name == "exporter"
+    assert {p.key: p.value for p in back.metadata_props} == {"author": "me"}
+    assert back.graph.node[0].doc_string == "node doc"
+    assert back.graph.input[0].doc_string == "input doc"
+    assert back.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+def test_functions_and_opsets_are_preserved():
+    proto = _model("""
+    <ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+    main (float[2] x) => (float[2] y) { y = local.Double(x) }
+    <domain: "local", opset_import: ["" : 17]>
+    Double (a) => (b) { b = Add(a, a) }
+    """)
+    model = load_onnx(proto)
+    assert model.opset_imports == {"": 17, "local": 1}
+    back = to_onnx(model)
+    assert [f.name for f in back.functions] == ["Double"]
+    onnx.checker.check_model(back)
+
+
+def test_external_data_is_loaded(tmp_path):
+    weights = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    init = onnx.numpy_helper.from_array(weights, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])], [init])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "ext.onnx"
+    onnx.save(proto, str(path), save_as_external_data=True, location="ext.bin",
+              size_threshold=0)
+    model = load_onnx(str(path))
+    assert np.array_equal(model.graph.initializers["w"].const.numpy(), weights)
+    (tmp_path / "ext.bin").unlink()
+    with pytest.raises(InputError, match="external data"):
+        load_onnx(str(path))
+
+
+def test_verifier_reports_broken_use_lists():
+    model = load_onnx(CHAIN)
+    relu = model.graph.nodes()[0]
+    relu.output._uses.clear()  # simulate a pass that edited inputs behind the setters' back
+    with pytest.raises(VerifyError, match="use list"):
+        verify(model)
+
+
+def test_verifier_reports_unproduced_graph_output():
+    model = load_onnx(CHAIN)
+    model.graph.outputs.append(Value("ghost", DType.FLOAT, (1,)))
+    with pytest.raises(VerifyError, match="not produced"):
+        verify(model)
