@@ -71,12 +71,16 @@ def _cmd_optimize(args) -> int:
     from graphopt.summary import format_summary
 
     out_dir = os.path.dirname(os.path.abspath(args.output))
+    if os.path.isdir(args.output):
+        raise OptionError(f"-o {args.output}: is a directory, expected a file path")
     if not os.path.isdir(out_dir):
         raise OptionError(f"-o {args.output}: directory {out_dir} does not exist")
     if not args.output.endswith((".onnx", ".om")):
         raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
+    if args.rtol < 0 or args.atol < 0:
+        raise OptionError(f"--rtol/--atol must be ≥ 0, got {args.rtol}/{args.atol}")
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
                       switch_file=args.switch_file, input_shapes=args.input_shape,
                       fold_size_limit=args.fold_size_limit, verify=args.verify,
@@ -147,13 +151,25 @@ def _cmd_zoo_build(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with graphopt's one-line error format (exit status 2 for usage errors)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        if self.prog == "graphopt":  # no or unknown command: the usage line is the best help
+            self.print_usage(sys.stderr)
+            self.exit(2, f"graphopt: error: {message}\n")
+        command = self.prog.removeprefix("graphopt ")
+        self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="graphopt",
         description="graphopt: an ahead-of-time graph compiler for ONNX models.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     parser.add_argument("--version", action="version", version=f"graphopt {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_Parser)
     _add_optimize(sub)
     _add_passes(sub)
     _add_zoo(sub)

@@ -13,7 +13,7 @@ from onnx import ModelProto
 
 from graphopt import numerics
 from graphopt.errors import GraphoptError, OptionError, VerificationError
-from graphopt.input_shapes import parse_input_shapes, pin_input_shapes
+from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager
@@ -43,16 +43,20 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
              verify_structure: bool, dump_dir, allow_custom_ops: bool) -> Options:
     if level not in PIPELINES:
         raise OptionError(f"optimization level {level} does not exist (use 0 to {max(PIPELINES)})")
+    if isinstance(disable_passes, str):
+        disable_passes = [disable_passes]
     disabled = set(disable_passes or ())
     if switch_file:
         disabled |= read_switch_file(switch_file)
-    if isinstance(input_shapes, str):
-        input_shapes = parse_input_shapes(input_shapes)
+    input_shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
+                    else validate_input_shapes(input_shapes or {}))
     if fold_size_limit is not None and fold_size_limit < 0:
         raise OptionError(f"--fold-size-limit must be ≥ 0 bytes, got {fold_size_limit}")
-    options = Options(level=level, disabled_passes=disabled, input_shapes=dict(input_shapes or {}),
-                      verify_structure=verify_structure, dump_dir=dump_dir,
-                      allow_custom_ops=allow_custom_ops)
+    if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
+        raise OptionError(f"--dump-dir {dump_dir}: exists and is not a directory")
+    options = Options(level=level, disabled_passes=disabled, input_shapes=input_shapes,
+                      dump_dir=dump_dir, allow_custom_ops=allow_custom_ops)
+    options.verify_structure |= verify_structure
     if fold_size_limit is not None:
         options.fold_size_limit = int(fold_size_limit)
     return options
@@ -102,10 +106,14 @@ def _load_inputs(inputs) -> dict[str, np.ndarray] | None:
         return inputs
     path = os.fspath(inputs)
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        data = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise OptionError(f"--inputs {path}: cannot read as .npz ({e})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise OptionError(f"--inputs {path}: not an .npz archive of named arrays "
+                          "(np.savez(path, input_name=array, …))")
+    with data:
+        return {k: data[k] for k in data.files}
 
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
@@ -114,7 +122,10 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     difference beyond tolerance. Returns the max absolute error per output."""
     feeds = _load_inputs(inputs)
     if feeds is None:
-        feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
+        try:
+            feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
+        except ValueError as e:
+            raise VerificationError(f"--verify: {e} (give --inputs)") from None
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message

@@ -12,20 +12,34 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
     shapes: dict[str, list[int]] = {}
     for entry in filter(None, (e.strip() for e in text.split(";"))):
         name, sep, dims = entry.rpartition(":")
+        name = name.strip()
         if not sep or not name:
             raise OptionError(f"--input-shape: '{entry}' is not NAME:D0,D1,… (e.g. input:1,3,224,224)")
         try:
             values = [int(d) for d in dims.split(",")] if dims.strip() else []
         except ValueError:
             raise OptionError(f"--input-shape: '{entry}': dims must be integers, got '{dims}'") from None
-        if any(v < -1 for v in values):
-            raise OptionError(f"--input-shape: '{entry}': a dim must be ≥ 0 or -1 (dynamic)")
         if name in shapes:
             raise OptionError(f"--input-shape: input '{name}' is given twice")
         shapes[name] = values
     if not shapes:
         raise OptionError("--input-shape: no shapes given")
-    return shapes
+    return validate_input_shapes(shapes)
+
+
+def validate_input_shapes(shapes: dict) -> dict[str, list[int]]:
+    """Check an {input: dims} mapping (from the API or the parser): integer dims ≥ -1."""
+    checked: dict[str, list[int]] = {}
+    for name, dims in shapes.items():
+        if not isinstance(name, str) or not isinstance(dims, (list, tuple)):
+            raise OptionError(f"input shapes: expected {{name: [dims]}}, got {name!r}: {dims!r}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+            raise OptionError(f"--input-shape: input '{name}': dims must be integers, got {list(dims)}")
+        if any(d < -1 for d in dims):
+            raise OptionError(f"--input-shape: input '{name}': a dim must be ≥ 0 or -1 (dynamic), "
+                              f"got {list(dims)}")
+        checked[name] = [int(d) for d in dims]
+    return checked
 
 
 def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:

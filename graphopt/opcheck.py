@@ -44,7 +44,9 @@ def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
         if _known(domain, node.op_type, functions):
             continue
         if domain in known_domains or not allow_custom_ops:
-            kind = "op" if domain in known_domains else "domain"
-            hint = "" if kind == "op" else "; pass --allow-custom-ops to keep custom ops as they are"
-            raise InputError(f"{where}: unknown {kind} '{domain or 'ai.onnx'}::{node.op_type}' "
-                             f"(no ONNX or onnxruntime schema, no model function){hint}")
+            if domain in known_domains:
+                raise InputError(f"{where}: unknown op '{node.op_type}' in domain "
+                                 f"'{domain or 'ai.onnx'}' (no ONNX or onnxruntime schema, no model "
+                                 "function)")
+            raise InputError(f"{where}: unknown domain '{domain}' (no schema or model function "
+                             "defines its ops); pass --allow-custom-ops to keep custom ops as they are")

@@ -23,6 +23,8 @@ def read_switch_file(path: str) -> set[str]:
             text = f.read()
     except OSError as e:
         raise OptionError(f"--switch-file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise OptionError(f"--switch-file {path}: not a UTF-8 text file") from None
     entries: dict[str, str] = {}
     if text.lstrip().startswith("{"):
         try:

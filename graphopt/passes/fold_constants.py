@@ -5,7 +5,11 @@ topological order, evaluates what is needed of it in ONE onnxruntime session (OR
 CPU), and replaces the region's frontier values (those read by nodes outside the region) with
 initializers of the same name:
 
-    %w, %c ──► Transpose ──► Mul ──► MatMul(%x, ·)      %wt_c = initializer ──► MatMul(%x, ·)
+    %w ──► Transpose ──► Mul(·, %c) ──► %s ──► MatMul(%x, %s)
+      ⇒   %s = initializer (the data of Mul(Transpose(%w), %c))  ──► MatMul(%x, %s)
+
+Constant nodes and Identity of a constant need no session (the data is reused, not copied), and
+CastLike reads only the dtype of its second input, so `CastLike(0, %input)` folds too.
 
 If the batched session fails (an op ORT cannot run, a dtype it cannot return), nodes are
 evaluated one by one and the ones that fail stay in the graph. A value is never materialized
@@ -159,15 +163,15 @@ class _Sizes:
         return tensor.numpy()
 
     def nbytes(self, value: Value) -> int | None:
-        shape = self.shape(value)
-        if shape is None:
-            return None
-        dtype = value.dtype
         if id(value) in self.known:
             return self.known[id(value)].nbytes
         if value.is_constant:
             return value.const.nbytes
-        bits = dtype.bits if dtype is not None and dtype.bits else 64
+        shape = self.shape(value)
+        if shape is None:
+            return None
+        dtype = value.dtype
+        bits = dtype.bits if dtype is not None and dtype.bits else 64  # unknown: assume 8 bytes
         return (math.prod(shape) * bits + 7) // 8
 
     def estimate(self, node: Node) -> None:
@@ -240,7 +244,8 @@ def _evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted:
         name = value.name
         if value.dtype == DType.BFLOAT16:  # the Python binding has no bfloat16: go through float
             name = value.name + "__fold_as_float"
-            graph.node.append(helper.make_node("Cast", [value.name], [name], to=onnx.TensorProto.FLOAT))
+            graph.node.append(helper.make_node("Cast", [value.name], [name],
+                                               to=onnx.TensorProto.FLOAT))
             casts[name] = value.dtype
         fetch_names.append(name)
         graph.output.append(helper.make_empty_tensor_value_info(name))
@@ -259,6 +264,10 @@ def _evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted:
             raise _EvalError(f"%{value.name} is not a tensor")
         if name in casts:
             results[id(value)] = Tensor(array.astype(casts[name].numpy), dtype=casts[name])
+        elif array.dtype == object:  # strings: bytes, as numpy_helper gives for loaded ones
+            encoded = [v.encode() if isinstance(v, str) else v for v in array.ravel()]
+            results[id(value)] = Tensor(np.array(encoded, dtype=object).reshape(array.shape),
+                                        dtype=DType.STRING)
         else:
             results[id(value)] = Tensor(array)
     return results
@@ -324,6 +333,9 @@ class _GraphFolder:
         return size > self.limit and size > in_bytes
 
     def run(self) -> int:
+        """Fold the graph's region; returns the number of nodes removed. A node whose value
+        cannot be had (evaluation failed, result too big) leaves the region with everything
+        downstream of it, and the smaller region's frontier is evaluated again."""
         region = self.region()
         per_node = False
         while region:
@@ -361,7 +373,7 @@ class _GraphFolder:
 
     def _evaluate_each(self, nodes: list[Node]) -> list[Node]:
         """Fallback: one session per node; returns the nodes that could not be evaluated."""
-        failed = []
+        failed, errors = [], {}
         for node in nodes:
             if all(id(v) in self.results for v in node.outputs if v is not None):
                 continue
@@ -373,8 +385,11 @@ class _GraphFolder:
                 self.results.update(_evaluate(self.model, [node], self._feeds([node]), outputs))
             except _EvalError as e:
                 failed.append(node)
-                self.ctx.note(f"FoldConstants: onnxruntime cannot evaluate {node} "
-                              f"({node.name or 'unnamed'}): {e}")
+                errors.setdefault(node.qualified_op, []).append((node, e))
+        for op, cases in errors.items():
+            node, error = cases[0]
+            self.ctx.note(f"FoldConstants: left {len(cases)} constant {op} node(s) unfolded, "
+                          f"onnxruntime cannot evaluate them (first: '{node.name}': {error})")
         return failed
 
     def _commit(self, region: list[Node], frontier: list[Value]) -> int:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
 
 
 @dataclass
@@ -12,7 +17,9 @@ class Options:
     fold_size_limit: int = 1 << 20        # bytes: FoldConstants never materializes more per value
     max_iterations: int = 8               # cap on fixed-point repetitions of a pipeline group
     input_shapes: dict[str, list[int]] = field(default_factory=dict)  # ATC-style pins
-    verify_structure: bool = False        # structural verification after every pass
+    # Structural verification after every pass; GRAPHOPT_VERIFY_PASSES=1 turns it on everywhere
+    # (the test suite does).
+    verify_structure: bool = field(default_factory=lambda: _env_flag("GRAPHOPT_VERIFY_PASSES"))
     dump_dir: str | None = None           # write the IR after import and after each pass
     allow_custom_ops: bool = False        # accept ops of domains no schema or function knows
 

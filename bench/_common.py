@@ -1,0 +1,152 @@
+"""Shared bench plumbing: pinned onnxruntime sessions, the correctness check, statistics, output."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from graphopt import numerics
+
+# BENCH.md: every ORT session in a bench runs on one intra-op and one inter-op thread.
+THREADS = 1
+# The tolerances graphopt's own --verify uses; the table marks an output beyond them.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def session_options(level: str = "disable", optimized_path: str | None = None,
+                    threads: int = THREADS) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = numerics.LEVELS[level]
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # warnings about unused initializers would flood the table
+    if optimized_path:
+        options.optimized_model_filepath = optimized_path
+    return options
+
+
+def run_model(path: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs of the model at `path` at ORT_DISABLE_ALL, so no ORT fusion can hide a bug."""
+    sess = ort.InferenceSession(path, session_options("disable"),
+                                providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+@dataclass
+class Check:
+    """Max absolute difference per output against the reference, or why there is none."""
+
+    max_abs: dict[str, float]
+    ok: bool
+    error: str | None = None
+
+    @property
+    def worst(self) -> float | None:
+        return max(self.max_abs.values(), default=0.0) if self.error is None else None
+
+    def cell(self) -> str:
+        if self.error:
+            return f"error: {self.error}"
+        return f"{self.worst:.1e}" + ("" if self.ok else " ✗")
+
+
+def check_outputs(path: str, feeds: dict[str, np.ndarray],
+                  expected: dict[str, np.ndarray]) -> Check:
+    try:
+        actual = run_model(path, feeds)
+    except Exception as e:  # noqa: BLE001 - ORT's message is the finding
+        return Check({}, False, short_reason(e))
+    problems = numerics.compare(expected, actual, RTOL, ATOL)
+    errors = {}
+    for name, exp in expected.items():
+        got = actual.get(name)
+        if got is None or np.shape(got) != np.shape(exp):
+            # A missing output or a wrong shape has no meaningful difference to report.
+            return Check({}, False, str(problems[0]) if problems else f"output {name} missing")
+        if np.size(exp) == 0:
+            errors[name] = 0.0
+        elif exp.dtype == object:
+            errors[name] = 0.0 if np.array_equal(got, exp) else math.inf
+        else:
+            diff = np.abs(np.asarray(got, np.float64) - np.asarray(exp, np.float64))
+            # NaN in the same place in both is agreement, not a difference.
+            diff[np.isnan(diff) & np.isnan(np.asarray(exp, np.float64))] = 0.0
+            errors[name] = float(np.max(diff))
+    return Check(errors, not problems)
+
+
+def short_reason(error: BaseException, width: int = 70) -> str:
+    """The last non-empty line of an exception: ORT and onnx put the cause there."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else type(error).__name__
+    text = text.replace("|", "/")  # a pipe would split the markdown cell
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def node_count(path: str) -> int:
+    """Top-level nodes of the ONNX file at `path` (weights are not read)."""
+    return len(onnx.load(path, load_external_data=False).graph.node)
+
+
+def megabytes(path: str) -> float:
+    return os.path.getsize(path) / 1e6
+
+
+@dataclass
+class Stats:
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, times: list[float]) -> "Stats":
+        return cls(statistics.median(times), min(times), max(times))
+
+    def cell(self) -> str:
+        return f"{_seconds(self.median)} ({_seconds(self.low)}–{_seconds(self.high)})"
+
+
+def _seconds(value: float) -> str:
+    # Three significant digits whatever the scale: 0.0123, 0.456, 12.3.
+    return f"{value:.3g}"
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A pipe table with columns padded to equal width, so it reads in a terminal too."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *map(line, rows)])
+
+
+def write_json(path: str, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_strict(data), f, indent=2, allow_nan=False, default=str)
+        f.write("\n")
+
+
+def _strict(data):
+    """Infinite or NaN floats as strings: strict JSON readers reject the bare tokens."""
+    if isinstance(data, dict):
+        return {k: _strict(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_strict(v) for v in data]
+    if isinstance(data, float) and not math.isfinite(data):
+        return str(data)
+    return data

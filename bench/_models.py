@@ -1,0 +1,85 @@
+"""The bench model sets (zoo, the onnx wheel's light corpus, a folder of ONNX files) with inputs."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from graphopt import numerics, zoo
+
+LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+ZOO_FULL: dict[str, dict] = {name: {} for name in
+                             ("tiny", "matmul256", "resnet50", "mobilenetv2", "gpt2_small",
+                              "bert_base")}
+# --quick keeps every architecture but shrinks the two big ones: the graph patterns stay, the
+# 100 MB and 440 MB of weights that dominate load and save times go.
+ZOO_QUICK: dict[str, dict] = {
+    "tiny": {}, "matmul256": {}, "gpt2_small": {}, "mobilenetv2": {},
+    "resnet50": {"width": 0.25},
+    "bert_base": {"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512, "vocab": 1000},
+}
+# The light CNNs whose weights come from ConstantOfShape: alexnet, vgg19 and zfnet512 make
+# folding tools materialize hundreds of MB, too slow for --quick.
+LIGHT_QUICK = ("squeezenet", "shufflenet", "inception_v1")
+
+
+@dataclass
+class BenchModel:
+    name: str        # row label: set/model, with size options when not the defaults
+    path: str        # the ONNX file every tool reads
+    feeds: dict[str, np.ndarray]
+
+
+def zoo_models(workdir: str, quick: bool) -> Iterator[BenchModel]:
+    """Builds each zoo model into `workdir` just before it is measured and deletes it after, so
+    at most one large model sits on disk at a time."""
+    for name, options in (ZOO_QUICK if quick else ZOO_FULL).items():
+        label = f"zoo/{name}"
+        if options:
+            label += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
+        proto = zoo.build(name, **options)
+        path = os.path.join(workdir, f"{name}.onnx")
+        onnx.save(proto, path)
+        feeds = zoo.sample_inputs(proto, seed=0)
+        del proto  # bert_base's 440 MB of weights need not stay in memory while tools run
+        try:
+            yield BenchModel(label, path, feeds)
+        finally:
+            os.remove(path)
+
+
+def light_models(quick: bool) -> Iterator[BenchModel]:
+    paths = sorted(glob.glob(os.path.join(LIGHT_DIR, "*.onnx")))
+    if not paths:
+        raise FileNotFoundError(f"no light models in {LIGHT_DIR}: is the onnx wheel complete?")
+    for path in paths:
+        name = os.path.basename(path)[: -len(".onnx")].removeprefix("light_")
+        if quick and name not in LIGHT_QUICK:
+            continue
+        yield BenchModel(f"light/{name}", path, _random_feeds(path))
+
+
+def folder_models(folder: str) -> Iterator[BenchModel]:
+    """Every *.onnx in `folder`; NAME.inputs.npz beside a model is its feed when present."""
+    paths = sorted(glob.glob(os.path.join(folder, "*.onnx")))
+    if not paths:
+        raise FileNotFoundError(f"--shared {folder}: no .onnx files there")
+    for path in paths:
+        stem = path[: -len(".onnx")]
+        if os.path.exists(stem + ".inputs.npz"):
+            with np.load(stem + ".inputs.npz", allow_pickle=False) as data:
+                feeds = {k: data[k] for k in data.files}
+        else:
+            feeds = _random_feeds(path)
+        yield BenchModel(f"{os.path.basename(folder.rstrip('/'))}/{os.path.basename(stem)}",
+                         path, feeds)
+
+
+def _random_feeds(path: str) -> dict[str, np.ndarray]:
+    return numerics.random_feeds(onnx.load(path), seed=0)

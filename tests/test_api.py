@@ -1,0 +1,421 @@
+"""The library API: graphopt.optimize / save / load_onnx on paths, bytes and ModelProtos, the
+result's log, typed errors for bad input, and output preservation at every level."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, parser
+
+import graphopt
+from graphopt import numerics
+from graphopt.codegen import OmSession, is_om, load_om
+from graphopt.errors import GraphoptError, InputError, OptionError, VerificationError
+from graphopt.ir import Model, Tensor
+from graphopt.passes import PASSES, PIPELINES, Pass, PassResult, Pipeline
+
+# Constant nodes, an Identity, a Mul by 1, a foldable Constant+Constant Add, and a
+# Shape->Gather->Unsqueeze->Concat->Reshape chain over a symbolic batch dim.
+FOLDABLE = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) {
+  one = Constant <value = float[1] {1.0}> ()
+  a = Mul(x, one)
+  i = Identity(a)
+  s = Shape(x)
+  idx = Constant <value = int64 {1}> ()
+  d = Gather <axis = 0> (s, idx)
+  minus1 = Constant <value = int64[1] {-1}> ()
+  axes = Constant <value = int64[1] {0}> ()
+  du = Unsqueeze(d, axes)
+  shape = Concat <axis = 0> (minus1, du)
+  r = Reshape(i, shape)
+  y = Relu(r)
+  c1 = Constant <value = float[4] {1.0, 2.0, 3.0, 4.0}> ()
+  c2 = Constant <value = float[4] {0.5, 0.5, 0.5, 0.5}> ()
+  c3 = Add(c1, c2)
+  z = Mul(r, c3)
+}
+"""
+FOLDABLE_NODES = 16
+
+AFFINE = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y) <float[1] w = {2.0}, float[1] b = {3.0}> {
+  t = Mul(x, w)
+  y = Add(t, b)
+}
+"""
+
+
+@pytest.fixture
+def proto() -> onnx.ModelProto:
+    model = parser.parse_model(FOLDABLE)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.fixture
+def path(proto, tmp_path) -> str:
+    p = os.fspath(tmp_path / "model.onnx")
+    onnx.save(proto, p)
+    return p
+
+
+def _assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, seed=0) -> None:
+    feeds = numerics.random_feeds(original, seed=seed, dims={"N": 3})
+    expected = numerics.run(original, feeds)
+    actual = numerics.run(optimized, feeds)
+    assert set(expected) == set(actual)
+    problems = numerics.compare(expected, actual)
+    assert not problems, problems
+
+
+# ---------------------------------------------------------------------------------------------
+# optimize on every source kind
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["path", "pathlike", "bytes", "proto"])
+def test_optimize_sources(proto, path, kind):
+    source = {"path": path, "pathlike": __import__("pathlib").Path(path),
+              "bytes": proto.SerializeToString(), "proto": proto}[kind]
+    result = graphopt.optimize(source)
+    assert isinstance(result, graphopt.OptimizeResult)
+    assert isinstance(result.model, Model)
+    assert result.nodes_before == FOLDABLE_NODES
+    assert result.model.graph.count_nodes() < FOLDABLE_NODES
+    assert result.source_label == (os.fspath(source) if kind in ("path", "pathlike") else "<model>")
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    _assert_same_outputs(proto, out)
+
+
+def test_optimize_does_not_mutate_the_callers_proto(proto):
+    before = proto.SerializeToString()
+    for level in range(4):
+        graphopt.optimize(proto, level=level)
+        assert proto.SerializeToString() == before
+
+
+def test_result_log(proto):
+    result = graphopt.optimize(proto)
+    log = result.log
+    assert log.pipeline == "O2"
+    assert log.records
+    for record in log.records:
+        assert record.name in PASSES
+        assert isinstance(record.seconds, float) and record.seconds >= 0
+        assert isinstance(record.stats, dict)
+        assert all(isinstance(n, int) and n > 0 for n in record.stats.values())
+        assert record.changed == bool(record.stats)
+        assert record.nodes_before >= 0 and record.nodes_after >= 0
+    names = [r.name for r in log.records]
+    assert names[0] == "InferShapes"
+    assert set(names) == set(PIPELINES[2].pass_names())
+    # rewrites: the six Constant nodes become initializers, the Identity goes away
+    totals = log.totals()
+    assert totals["ConstantToInitializer"]["rewrites"]["Constant"] == 6
+    assert sum(totals["EliminateIdentity"]["rewrites"].values()) >= 1
+    assert totals["InferShapes"]["runs"] >= 1
+    # the records chain: each pass starts where the previous one stopped
+    for prev, nxt in zip(log.records, log.records[1:]):
+        assert nxt.nodes_before == prev.nodes_after
+    assert log.records[-1].nodes_after == result.model.graph.count_nodes()
+    as_json = log.to_json()
+    assert as_json["pipeline"] == "O2"
+    assert [p["pass"] for p in as_json["passes"]] == names
+    assert {"seconds", "rewrites", "iteration", "changed"} <= set(as_json["passes"][0])
+    assert result.seconds > 0
+    assert result.max_abs_error is None
+
+
+def test_level_0_log_is_empty_and_model_unchanged(proto):
+    result = graphopt.optimize(proto, level=0)
+    assert result.log.records == []
+    assert result.model.graph.count_nodes() == FOLDABLE_NODES
+    out = result.to_onnx()
+    assert [n.op_type for n in out.graph.node] == [n.op_type for n in proto.graph.node]
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_every_level_preserves_outputs(proto, level):
+    result = graphopt.optimize(proto, level=level, verify=True)
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    _assert_same_outputs(proto, out, seed=level)
+    ops = [n.op_type for n in out.graph.node]
+    if level == 0:
+        assert len(ops) == FOLDABLE_NODES
+    else:
+        assert "Constant" not in ops and "Identity" not in ops
+        assert ops.count("Mul") == 1  # Mul by 1 removed, the other Mul stays
+    assert set(result.max_abs_error) == {"y", "z"}
+    assert all(err <= 1e-5 for err in result.max_abs_error.values())
+
+
+def test_higher_levels_never_have_more_nodes(proto):
+    counts = [graphopt.optimize(proto, level=level).model.graph.count_nodes() for level in range(4)]
+    assert counts[0] == FOLDABLE_NODES
+    assert counts[1] <= counts[0] and counts[2] <= counts[1] and counts[3] <= counts[2], counts
+
+
+def test_disable_passes_and_options(proto):
+    result = graphopt.optimize(proto, disable_passes=["EliminateIdentity", "FoldConstants"],
+                               fold_size_limit=0, verify_structure=True)
+    names = {r.name for r in result.log.records}
+    assert "EliminateIdentity" not in names and "FoldConstants" not in names
+    assert "Identity" in [n.op_type for n in result.to_onnx().graph.node]
+
+
+def test_input_shapes_as_string_and_dict(proto):
+    for shapes in ("x:3,4", {"x": [3, 4]}):
+        out = graphopt.optimize(proto, input_shapes=shapes, verify=True).to_onnx()
+        dims = out.graph.input[0].type.tensor_type.shape.dim
+        assert [d.dim_value for d in dims] == [3, 4]
+        for output in out.graph.output:
+            assert [d.dim_value for d in output.type.tensor_type.shape.dim] == [3, 4]
+
+
+def test_dump_dir(proto, tmp_path):
+    dump = tmp_path / "dump"
+    result = graphopt.optimize(proto, dump_dir=os.fspath(dump))
+    files = sorted(os.listdir(dump))
+    assert files[0] == "000_import.txt" and "passes.json" in files
+    assert len(files) == len(result.log.records) + 2
+
+
+# ---------------------------------------------------------------------------------------------
+# save and load
+# ---------------------------------------------------------------------------------------------
+def test_save_onnx(proto, tmp_path):
+    result = graphopt.optimize(proto)
+    target = tmp_path / "out.onnx"
+    graphopt.save(result, target)
+    written = onnx.load(os.fspath(target))
+    onnx.checker.check_model(written, full_check=True)
+    assert written.SerializeToString() == result.to_onnx().SerializeToString()
+    _assert_same_outputs(proto, written)
+    # a Model and a ModelProto save too
+    graphopt.save(result.model, tmp_path / "model.onnx")
+    graphopt.save(proto, os.fspath(tmp_path / "proto.onnx"))
+    assert onnx.load(os.fspath(tmp_path / "proto.onnx")) == proto
+
+
+def test_save_om_runs(proto, tmp_path):
+    result = graphopt.optimize(proto)
+    target = tmp_path / "out.om"
+    graphopt.save(result, target)
+    assert is_om(target)
+    artifact = load_om(target)
+    assert [o["name"] for o in artifact.outputs] == ["y", "z"]
+    feeds = numerics.random_feeds(proto, seed=7, dims={"N": 2})
+    expected = numerics.run(proto, feeds)
+    got = OmSession(os.fspath(target)).run(feeds)
+    assert not numerics.compare(expected, got)
+
+
+def test_save_om_of_a_plain_model(proto, tmp_path):
+    target = tmp_path / "plain.om"
+    graphopt.save(graphopt.load_onnx(proto), target)
+    feeds = numerics.random_feeds(proto, seed=1)
+    assert not numerics.compare(numerics.run(proto, feeds), OmSession(os.fspath(target)).run(feeds))
+
+
+@pytest.mark.parametrize("kind", ["path", "bytes", "proto"])
+def test_load_onnx_round_trips(proto, path, kind):
+    source = {"path": path, "bytes": proto.SerializeToString(), "proto": proto}[kind]
+    model = graphopt.load_onnx(source)
+    assert isinstance(model, Model)
+    assert model.graph.count_nodes() == FOLDABLE_NODES
+    assert model.opset_imports == {"": 17}
+    assert [v.name for v in model.graph.inputs] == ["x"]
+    assert [v.name for v in model.graph.outputs] == ["y", "z"]
+    back = graphopt.to_onnx(model)
+    onnx.checker.check_model(back, full_check=True)
+    _assert_same_outputs(proto, back)
+
+
+# ---------------------------------------------------------------------------------------------
+# verify
+# ---------------------------------------------------------------------------------------------
+def test_verify_with_inputs_dict(proto):
+    x = np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4)
+    result = graphopt.optimize(proto, verify=True, inputs={"x": x})
+    assert set(result.max_abs_error) == {"y", "z"}
+
+
+def test_verify_with_npz_path(proto, tmp_path):
+    npz = tmp_path / "feeds.npz"
+    np.savez(npz, x=np.ones((2, 4), np.float32))
+    for inputs in (os.fspath(npz), npz):
+        result = graphopt.optimize(proto, verify=True, inputs=inputs)
+        assert set(result.max_abs_error) == {"y", "z"}
+
+
+def test_verify_inputs_that_do_not_fit(proto, tmp_path):
+    with pytest.raises(VerificationError, match="original model"):
+        graphopt.optimize(proto, verify=True, inputs={"nope": np.ones((2, 4), np.float32)})
+    with pytest.raises(OptionError, match="--inputs"):
+        graphopt.optimize(proto, verify=True, inputs=os.fspath(tmp_path / "missing.npz"))
+
+
+def test_verify_inputs_npy_is_an_option_error(proto, tmp_path):
+    # BUG: compiler._load_inputs assumes np.load returns an NpzFile; for a .npy it is an ndarray
+    # and `with np.load(...)` raises TypeError.
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.ones((2, 4), np.float32))
+    with pytest.raises(OptionError):
+        graphopt.optimize(proto, verify=True, inputs=os.fspath(npy))
+
+
+class PerturbWeights(Pass):
+    """Test-only miscompile: adds 1 to every float initializer."""
+
+    name = "TestPerturbWeights"
+    description = "add 1 to every float initializer (a deliberate miscompile)"
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        for value in model.graph.initializers.values():
+            array = value.constant()
+            if array is not None and array.dtype.kind == "f":
+                value.const = Tensor(array + 1)
+                result.count("perturbed")
+        return result
+
+
+def test_verify_raises_on_a_wrong_optimization(monkeypatch):
+    import graphopt.compiler
+
+    monkeypatch.setitem(PASSES, PerturbWeights.name, PerturbWeights)
+    monkeypatch.setitem(graphopt.compiler.PIPELINES, 3,
+                        Pipeline("O3-broken", "miscompiles", (PerturbWeights.name,)))
+    model = parser.parse_model(AFFINE)
+    with pytest.raises(VerificationError, match="differs.*'y'"):
+        graphopt.optimize(model, level=3, verify=True)
+    result = graphopt.optimize(model, level=3)  # without verify the miscompile goes through
+    assert result.log.records[0].stats == {"perturbed": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# typed errors
+# ---------------------------------------------------------------------------------------------
+def _graph_model(nodes, opsets=(("", 17),)) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, ir_version=9,
+                             opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+
+BAD_MODELS = {
+    "cycle": (_graph_model([helper.make_node("Add", ["x", "b"], ["a"]),
+                            helper.make_node("Relu", ["a"], ["b"]),
+                            helper.make_node("Neg", ["a"], ["y"])]), "cycle"),
+    "undefined": (_graph_model([helper.make_node("Relu", ["ghost"], ["y"])]), "ghost"),
+    "twice": (_graph_model([helper.make_node("Relu", ["x"], ["y"]),
+                            helper.make_node("Neg", ["x"], ["y"])]), "defined twice"),
+    "unknown-op": (_graph_model([helper.make_node("Frobnicate", ["x"], ["y"])]), "unknown op"),
+    "custom": (_graph_model([helper.make_node("F", ["x"], ["y"], domain="my.custom")],
+                            (("", 17), ("my.custom", 1))), "--allow-custom-ops"),
+    "not-imported": (_graph_model([helper.make_node("F", ["x"], ["y"], domain="my.custom")]),
+                     "opset_import"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_MODELS))
+def test_bad_models_raise_input_error(name, tmp_path):
+    model, needle = BAD_MODELS[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, os.fspath(path))
+    for source in (model, model.SerializeToString(), os.fspath(path)):
+        with pytest.raises(InputError, match=needle):
+            graphopt.optimize(source)
+
+
+def test_allow_custom_ops(tmp_path):
+    model, _ = BAD_MODELS["custom"]
+    result = graphopt.optimize(model, allow_custom_ops=True)
+    assert [n.qualified_op for n in result.model.graph] == ["my.custom::F"]
+    with pytest.raises(VerificationError):  # onnxruntime has no kernel for it
+        graphopt.optimize(model, allow_custom_ops=True, verify=True)
+
+
+@pytest.mark.parametrize("data", [b"\x00" * 16, b"not a model at all\n", np.random.default_rng(1).bytes(512),
+                                  b""], ids=["zeros", "text", "random", "empty"])
+def test_garbage_bytes_raise_input_error(data, tmp_path):
+    with pytest.raises(InputError, match="not a valid ONNX model"):
+        graphopt.optimize(data)
+    with pytest.raises(InputError, match="not a valid ONNX model"):
+        graphopt.load_onnx(data)
+    path = tmp_path / "junk.onnx"
+    path.write_bytes(data)
+    with pytest.raises(InputError, match="junk.onnx"):
+        graphopt.optimize(os.fspath(path))
+
+
+def test_every_truncation_raises_input_error(proto):
+    data = proto.SerializeToString()
+    for n in range(len(data)):
+        with pytest.raises(InputError):
+            graphopt.load_onnx(data[:n])
+
+
+def test_missing_path_and_directory(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        graphopt.optimize(os.fspath(tmp_path / "nope.onnx"))
+    with pytest.raises(InputError, match="directory"):
+        graphopt.optimize(os.fspath(tmp_path))
+    with pytest.raises(InputError, match="no such file"):
+        graphopt.load_onnx(tmp_path / "nope.onnx")
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"level": 4}, "level 4"),
+    ({"level": -1}, "level -1"),
+    ({"disable_passes": ["NoSuchPass"]}, "NoSuchPass"),
+    ({"input_shapes": "x"}, "--input-shape"),
+    ({"input_shapes": "x:a,b"}, "integers"),
+    ({"input_shapes": "nosuch:1,2"}, "no input 'nosuch'"),
+    ({"input_shapes": "x:1,2,3"}, "rank"),
+    ({"input_shapes": "x:3,5"}, "fixed to 4"),
+    ({"input_shapes": "x:-5,4"}, "-1"),
+    ({"input_shapes": {"nosuch": [1, 2]}}, "no input 'nosuch'"),
+    ({"fold_size_limit": -1}, "fold-size-limit"),
+])
+def test_bad_options_raise_option_error(proto, kwargs, needle):
+    with pytest.raises(OptionError, match=needle):
+        graphopt.optimize(proto, **kwargs)
+
+
+@pytest.mark.parametrize("dims", [[-5, 4], [3.5, 4], ["a", 4]])
+def test_bad_input_shapes_dict_raises_option_error(proto, dims):
+    # BUG: compiler._options validates only the string form; a dict goes straight to
+    # pin_input_shapes, which writes dim_value -5 (or a float, or a new symbol) into the model.
+    with pytest.raises(OptionError):
+        graphopt.optimize(proto, input_shapes={"x": dims})
+
+
+def test_switch_file_errors(proto, tmp_path):
+    bad_state = tmp_path / "state.txt"
+    bad_state.write_text("FoldConstants: sometimes\n")
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text('{"NoSuchPass": "off"}')
+    for switch, needle in [(bad_state, "on or off"), (unknown, "NoSuchPass"),
+                           (tmp_path / "missing.txt", "missing.txt")]:
+        with pytest.raises(OptionError, match=needle):
+            graphopt.optimize(proto, switch_file=os.fspath(switch))
+
+
+def test_switch_file_off(proto, tmp_path):
+    switch = tmp_path / "switches.txt"
+    switch.write_text("EliminateIdentity: off\nFoldConstants: on\n")
+    result = graphopt.optimize(proto, switch_file=os.fspath(switch))
+    names = {r.name for r in result.log.records}
+    assert "EliminateIdentity" not in names and "FoldConstants" in names
+
+
+def test_all_errors_are_graphopt_errors():
+    for cls in (InputError, OptionError, VerificationError):
+        assert issubclass(cls, GraphoptError)

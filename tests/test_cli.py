@@ -1,0 +1,735 @@
+"""The `graphopt` command: help texts, `optimize` outputs and options, and one-line errors for
+bad input that never leave an output file behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper, parser
+
+import graphopt
+from graphopt import numerics
+from graphopt.cli import main
+from graphopt.codegen import OmSession
+from graphopt.ir import Tensor
+from graphopt.passes import PASSES, PIPELINES, Pass, PassResult, Pipeline
+
+# x: float[N, 4]. Constant nodes, an Identity, a Mul by 1 and a Shape->Gather->Unsqueeze->
+# Concat->Reshape chain that folds once N is irrelevant: something for every level to do.
+FOLDABLE = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y) {
+  one = Constant <value = float[1] {1.0}> ()
+  a = Mul(x, one)
+  i = Identity(a)
+  s = Shape(x)
+  idx = Constant <value = int64 {1}> ()
+  d = Gather <axis = 0> (s, idx)
+  minus1 = Constant <value = int64[1] {-1}> ()
+  axes = Constant <value = int64[1] {0}> ()
+  du = Unsqueeze(d, axes)
+  shape = Concat <axis = 0> (minus1, du)
+  r = Reshape(i, shape)
+  y = Relu(r)
+}
+"""
+FOLDABLE_NODES = 12
+
+# y = x * 2 + 3 with weights as initializers: a pass that edits them changes the result.
+AFFINE = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y) <float[1] w = {2.0}, float[1] b = {3.0}> {
+  t = Mul(x, w)
+  y = Add(t, b)
+}
+"""
+
+
+def _save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, os.fspath(path))
+    return os.fspath(path)
+
+
+@pytest.fixture
+def foldable(tmp_path) -> str:
+    model = parser.parse_model(FOLDABLE)
+    onnx.checker.check_model(model, full_check=True)
+    return _save(model, tmp_path / "model.onnx")
+
+
+@pytest.fixture
+def affine(tmp_path) -> str:
+    model = parser.parse_model(AFFINE)
+    onnx.checker.check_model(model, full_check=True)
+    return _save(model, tmp_path / "affine.onnx")
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    """Run main() in-process; argparse's own errors come back as their exit status."""
+    try:
+        rc = main([os.fspath(a) for a in argv])
+    except SystemExit as e:
+        rc = e.code
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def run_cli(*argv, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "graphopt", *map(os.fspath, argv)],
+                          capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def assert_clean_error(rc, out: str, err: str, *needles: str, output=None) -> None:
+    """A user error: non-zero exit, one line on stderr starting `graphopt: error:` that contains
+    every needle, no traceback, and neither the output nor a temp file next to it."""
+    assert rc not in (0, None), f"expected failure, got rc={rc}; stderr={err!r}"
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected a one-line error, got: {err!r}"
+    assert lines[0].startswith("graphopt: error:"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    if output is not None:
+        output = os.fspath(output)
+        assert not os.path.exists(output), f"{output} was written despite the error"
+        base = os.path.basename(output)
+        stray = [n for n in os.listdir(os.path.dirname(output) or ".") if n.startswith("." + base)]
+        assert not stray, f"temporary files left behind: {stray}"
+
+
+def _outputs_match(original: onnx.ModelProto, optimized: onnx.ModelProto, shapes=None) -> None:
+    feeds = numerics.random_feeds(original, seed=0, dims={"N": 3}, shapes=shapes)
+    problems = numerics.compare(numerics.run(original, feeds), numerics.run(optimized, feeds))
+    assert not problems, problems
+
+
+def _table_rows(text: str, header_start: str) -> dict[str, list[str]]:
+    """The rows of the summary table whose header line starts with `header_start`, by first cell."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(header_start):
+            rows = {}
+            for row in lines[i + 2:]:
+                if not row.strip():
+                    break
+                cells = row.split()
+                rows[cells[0]] = cells[1:]
+            return rows
+    raise AssertionError(f"no table starting with {header_start!r} in:\n{text}")
+
+
+# ---------------------------------------------------------------------------------------------
+# help, listings, version
+# ---------------------------------------------------------------------------------------------
+def test_top_level_help_end_to_end():
+    proc = run_cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("graphopt", "optimize", "passes", "zoo", "ONNX", "examples:", "--version"):
+        assert word in proc.stdout
+    assert proc.stderr == ""
+
+
+def test_version_end_to_end():
+    proc = run_cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"graphopt {graphopt.__version__}"
+
+
+def test_no_command_is_a_usage_error(capsys):
+    rc, out, err = cli(capsys)
+    assert rc == 2
+    assert "usage: graphopt" in err and "Traceback" not in err
+
+
+def test_optimize_help_lists_every_option(capsys):
+    rc, out, err = cli(capsys, "optimize", "--help")
+    assert rc == 0
+    for word in ("-o", "--output", ".onnx", ".om", "-O", "0-3", "--disable-pass", "--switch-file",
+                 "--input-shape", "--fold-size-limit", "--verify", "--inputs", "--rtol", "--atol",
+                 "--dump-dir", "--verify-each", "--allow-custom-ops", "--quiet", "examples:"):
+        assert word in out, word
+
+
+def test_passes_lists_every_pass_and_level(capsys):
+    rc, out, err = cli(capsys, "passes")
+    assert rc == 0 and err == ""
+    for name, cls in PASSES.items():
+        assert name in out
+        assert cls.description[:30] in out
+    for level in PIPELINES:
+        assert f"-O{level}" in out
+    assert "repeat until no change" in out
+
+
+def test_zoo_list(capsys):
+    rc, out, err = cli(capsys, "zoo", "list")
+    assert rc == 0 and err == ""
+    assert "model" in out and "description" in out
+    assert "tiny" in out
+
+
+def test_zoo_build_unknown_model_is_a_clean_error(capsys, tmp_path):
+    out_path = tmp_path / "x.onnx"
+    rc, out, err = cli(capsys, "zoo", "build", "no_such_model", "-o", out_path)
+    assert_clean_error(rc, out, err, "no_such_model", "tiny", output=out_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# optimize: outputs
+# ---------------------------------------------------------------------------------------------
+def test_optimize_to_onnx_end_to_end(foldable, tmp_path):
+    out_path = tmp_path / "out.onnx"
+    proc = run_cli("optimize", foldable, "-o", out_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    optimized = onnx.load(os.fspath(out_path))
+    onnx.checker.check_model(optimized, full_check=True)
+    assert len(optimized.graph.node) < FOLDABLE_NODES
+    _outputs_match(onnx.load(foldable), optimized)
+    assert "nodes 12 ->" in proc.stdout
+
+
+def test_optimize_to_om_runs_with_om_session(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.om"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path)
+    assert rc == 0, err
+    original = onnx.load(foldable)
+    feeds = numerics.random_feeds(original, seed=3, dims={"N": 5})
+    expected = numerics.run(original, feeds)
+    got = OmSession(os.fspath(out_path)).run(feeds)
+    assert not numerics.compare(expected, got)
+
+
+def test_summary_shows_nodes_op_deltas_and_pass_times(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path)
+    assert rc == 0 and err == ""
+    after = len(onnx.load(os.fspath(out_path)).graph.node)
+    head = out.splitlines()[0]
+    assert foldable in head and os.fspath(out_path) in head
+    assert "O2" in head
+    assert f"nodes {FOLDABLE_NODES} -> {after} ({after - FOLDABLE_NODES:+d})" in head
+
+    passes = _table_rows(out, "pass ")
+    for name in ("InferShapes", "ConstantToInitializer", "EliminateIdentity"):
+        assert name in passes
+        runs, ms = passes[name][0], passes[name][1]
+        assert int(runs) >= 1
+        assert float(ms) >= 0.0
+    assert passes["ConstantToInitializer"][2] == "4"  # rewrites
+    assert "Constant=4" in passes["ConstantToInitializer"]
+
+    ops = _table_rows(out, "op type")
+    assert ops["Constant"] == ["4", "0", "-4"]
+    assert ops["Identity"] == ["1", "0", "-1"]
+    assert "Relu" not in ops  # unchanged op types are not listed
+
+
+def test_quiet_prints_nothing(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "-q", "--verify")
+    assert rc == 0
+    assert out == "" and err == ""
+    assert out_path.exists()
+
+
+def test_level_0_keeps_every_node(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "-O0")
+    assert rc == 0, err
+    optimized = onnx.load(os.fspath(out_path))
+    assert len(optimized.graph.node) == FOLDABLE_NODES
+    assert f"nodes {FOLDABLE_NODES} -> {FOLDABLE_NODES} (+0)" in out
+    onnx.checker.check_model(optimized, full_check=True)
+    _outputs_match(onnx.load(foldable), optimized)
+
+
+@pytest.mark.parametrize("level", ["1", "3"])
+def test_other_levels_preserve_outputs(foldable, tmp_path, capsys, level):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "-O", level)
+    assert rc == 0, err
+    optimized = onnx.load(os.fspath(out_path))
+    assert {"Constant", "Identity"}.isdisjoint(n.op_type for n in optimized.graph.node)
+    onnx.checker.check_model(optimized, full_check=True)
+    _outputs_match(onnx.load(foldable), optimized)
+
+
+def test_disable_pass_is_not_run(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    dump = tmp_path / "dump"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--disable-pass",
+                       "FoldConstants", "--disable-pass", "EliminateIdentity", "--dump-dir", dump)
+    assert rc == 0, err
+    passes = _table_rows(out, "pass ")
+    for name in ("FoldConstants", "EliminateIdentity"):
+        assert name not in passes or passes[name][0] == "0", passes.get(name)
+    assert "ConstantToInitializer" in passes  # the rest of the pipeline still runs
+    records = json.loads((dump / "passes.json").read_text())["passes"]
+    assert not {"FoldConstants", "EliminateIdentity"} & {r["pass"] for r in records}
+    optimized = onnx.load(os.fspath(out_path))
+    assert "Identity" in [n.op_type for n in optimized.graph.node]
+    _outputs_match(onnx.load(foldable), optimized)
+
+
+@pytest.mark.parametrize("form", ["lines", "json"])
+def test_switch_file(foldable, tmp_path, capsys, form):
+    switch = tmp_path / f"switches.{'json' if form == 'json' else 'txt'}"
+    if form == "json":
+        switch.write_text(json.dumps({"EliminateIdentity": "off", "FoldConstants": "OFF",
+                                      "EliminateNoOps": "on"}))
+    else:
+        switch.write_text("# passes to skip\nEliminateIdentity: off\n\n"
+                          "FoldConstants   # a bare name means off\nEliminateNoOps: on\n")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file", switch)
+    assert rc == 0, err
+    passes = _table_rows(out, "pass ")
+    assert "EliminateIdentity" not in passes and "FoldConstants" not in passes
+    assert "EliminateNoOps" in passes
+    ops = [n.op_type for n in onnx.load(os.fspath(out_path)).graph.node]
+    assert "Identity" in ops and "Mul" not in ops
+
+
+def test_dump_dir(foldable, tmp_path, capsys):
+    dump = tmp_path / "dump" / "nested"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "out.onnx", "--dump-dir", dump)
+    assert rc == 0, err
+    names = sorted(os.listdir(dump))
+    texts = [n for n in names if n.endswith(".txt")]
+    assert texts[0] == "000_import.txt"
+    assert [t[:3] for t in texts] == [f"{i:03d}" for i in range(len(texts))]
+    assert "passes.json" in names
+    log = json.loads((dump / "passes.json").read_text())
+    assert log["pipeline"] == "O2"
+    assert len(texts) == len(log["passes"]) + 1
+    assert [t[4:-4] for t in texts[1:]] == [r["pass"] for r in log["passes"]]
+    imported = (dump / "000_import.txt").read_text()
+    assert "Reshape(" in imported and "Constant(" in imported
+
+
+def test_verify_passes_and_says_so(foldable, tmp_path, capsys):
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "out.onnx", "--verify")
+    assert rc == 0, err
+    assert "verified" in out and "1 output(s)" in out
+
+
+def test_verify_with_inputs_npz(affine, tmp_path, capsys):
+    npz = tmp_path / "feeds.npz"
+    np.savez(npz, x=np.arange(12, dtype=np.float32).reshape(3, 4))
+    rc, out, err = cli(capsys, "optimize", affine, "-o", tmp_path / "out.onnx", "--verify",
+                       "--inputs", npz)
+    assert rc == 0, err
+    assert "verified" in out
+
+
+def test_verify_each(foldable, tmp_path, capsys):
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "out.onnx", "-O3",
+                       "--verify-each", "-q")
+    assert rc == 0, err
+
+
+def test_input_shape_pins_symbolic_dim(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--input-shape", "x:3,4",
+                       "--verify")
+    assert rc == 0, err
+    optimized = onnx.load(os.fspath(out_path))
+    (x,) = optimized.graph.input
+    dims = x.type.tensor_type.shape.dim
+    assert [d.WhichOneof("value") for d in dims] == ["dim_value", "dim_value"]
+    assert [d.dim_value for d in dims] == [3, 4]
+    (y,) = optimized.graph.output
+    assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [3, 4]
+    onnx.checker.check_model(optimized, full_check=True)
+
+
+def test_input_shape_minus_one_keeps_dim_dynamic(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--input-shape", "x:-1,4")
+    assert rc == 0, err
+    (x,) = onnx.load(os.fspath(out_path)).graph.input
+    assert x.type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+def test_fold_size_limit_suffix(foldable, tmp_path, capsys):
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "out.onnx",
+                       "--fold-size-limit", "4K", "-q")
+    assert rc == 0, err
+
+
+def test_custom_domain_with_allow_custom_ops_is_written(tmp_path, capsys):
+    path = _save(_custom_op_model(imported=True), tmp_path / "custom.onnx")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path, "--allow-custom-ops", "-q")
+    assert rc == 0, err
+    written = onnx.load(os.fspath(out_path))
+    assert [(n.domain, n.op_type) for n in written.graph.node] == [("my.custom", "Frobnicate")]
+
+
+def test_output_may_replace_an_existing_file(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    out_path.write_bytes(b"old")
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "-q")
+    assert rc == 0, err
+    onnx.checker.check_model(onnx.load(os.fspath(out_path)))
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one-line errors, no traceback, no output
+# ---------------------------------------------------------------------------------------------
+def _graph_model(nodes, *, opsets=(("", 17),), inputs=None, outputs=None) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g",
+        inputs or [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        outputs or [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, ir_version=9,
+                             opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+
+def _custom_op_model(imported: bool) -> onnx.ModelProto:
+    opsets = (("", 17), ("my.custom", 1)) if imported else (("", 17),)
+    return _graph_model([helper.make_node("Frobnicate", ["x"], ["y"], domain="my.custom",
+                                          name="frob")], opsets=opsets)
+
+
+def test_missing_path_end_to_end(tmp_path):
+    out_path = tmp_path / "out.onnx"
+    proc = run_cli("optimize", tmp_path / "nope.onnx", "-o", out_path)
+    assert proc.returncode == 1
+    assert_clean_error(proc.returncode, proc.stdout, proc.stderr, "nope.onnx", "no such file",
+                       output=out_path)
+
+
+def test_directory_as_model(tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", tmp_path, "-o", out_path)
+    assert_clean_error(rc, out, err, "directory", output=out_path)
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(np.random.default_rng(0).bytes(2000), id="random-bytes"),
+    pytest.param(b"this is a text file, not a model\n" * 20, id="text"),
+    pytest.param(b"", id="empty"),
+    pytest.param(b'{"graph": {}}', id="json"),
+])
+def test_non_onnx_file(tmp_path, capsys, content):
+    path = tmp_path / "junk.onnx"
+    path.write_bytes(content)
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path)
+    assert_clean_error(rc, out, err, "junk.onnx", "not a valid ONNX model", output=out_path)
+
+
+def test_non_onnx_file_end_to_end(tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("hello\n")
+    out_path = tmp_path / "out.om"
+    proc = run_cli("optimize", path, "-o", out_path)
+    assert_clean_error(proc.returncode, proc.stdout, proc.stderr, "notes.onnx", output=out_path)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+def test_truncated_model(foldable, tmp_path, capsys, fraction):
+    data = open(foldable, "rb").read()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[:int(len(data) * fraction)])
+    out_path = tmp_path / "out.om"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path)
+    assert_clean_error(rc, out, err, "cut.onnx", "not a valid ONNX model", output=out_path)
+
+
+def test_every_truncation_is_a_clean_error(tmp_path, capsys):
+    model = parser.parse_model(AFFINE)  # initializers too: cuts land inside raw tensor data
+    model.producer_name = "test"
+    data = model.SerializeToString()
+    path = tmp_path / "cut.onnx"
+    out_path = tmp_path / "out.onnx"
+    for n in range(len(data)):
+        path.write_bytes(data[:n])
+        rc, out, err = cli(capsys, "optimize", path, "-o", out_path, "-q")
+        assert rc == 1, f"cut at {n}/{len(data)} bytes: rc={rc} {err!r}"
+        assert_clean_error(rc, out, err, "cut.onnx", output=out_path)
+
+
+def test_cycle(tmp_path, capsys):
+    model = _graph_model([helper.make_node("Add", ["x", "b"], ["a"], name="add"),
+                          helper.make_node("Relu", ["a"], ["b"], name="relu"),
+                          helper.make_node("Neg", ["a"], ["y"], name="neg")])
+    path = _save(model, tmp_path / "cycle.onnx")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path)
+    assert_clean_error(rc, out, err, "cycle", "add", "relu", output=out_path)
+
+
+def test_undefined_value(tmp_path, capsys):
+    model = _graph_model([helper.make_node("Relu", ["ghost"], ["y"], name="r")])
+    path = _save(model, tmp_path / "undef.onnx")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path)
+    assert_clean_error(rc, out, err, "undefined", "'ghost'", "'r'", output=out_path)
+
+
+def test_output_never_produced(tmp_path, capsys):
+    model = _graph_model([helper.make_node("Relu", ["x"], ["z"])])
+    path = _save(model, tmp_path / "noout.onnx")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path)
+    assert_clean_error(rc, out, err, "'y'", "never produced", output=out_path)
+
+
+def test_unknown_op_in_default_domain(tmp_path, capsys):
+    model = _graph_model([helper.make_node("Frobnicate", ["x"], ["y"], name="frob")])
+    path = _save(model, tmp_path / "unknown.onnx")
+    out_path = tmp_path / "out.onnx"
+    for extra in ([], ["--allow-custom-ops"]):  # not a custom domain: still refused
+        rc, out, err = cli(capsys, "optimize", path, "-o", out_path, *extra)
+        assert_clean_error(rc, out, err, "unknown op", "Frobnicate", "'frob'", output=out_path)
+
+
+def test_unknown_custom_domain(tmp_path, capsys):
+    path = _save(_custom_op_model(imported=True), tmp_path / "custom.onnx")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path)
+    assert_clean_error(rc, out, err, "my.custom", "Frobnicate", "--allow-custom-ops",
+                       output=out_path)
+
+
+def test_custom_op_with_verify_is_a_clean_error(tmp_path, capsys):
+    path = _save(_custom_op_model(imported=True), tmp_path / "custom.onnx")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path, "--allow-custom-ops", "--verify")
+    assert_clean_error(rc, out, err, "--verify", output=out_path)
+
+
+def test_domain_not_in_opset_import(tmp_path, capsys):
+    path = _save(_custom_op_model(imported=False), tmp_path / "noimport.onnx")
+    out_path = tmp_path / "out.onnx"
+    for extra in ([], ["--allow-custom-ops"]):
+        rc, out, err = cli(capsys, "optimize", path, "-o", out_path, *extra)
+        assert_clean_error(rc, out, err, "'my.custom'", "opset_import", output=out_path)
+
+
+@pytest.mark.parametrize("shapes, needles", [
+    ("x", ["'x'", "NAME:D0,D1"]),
+    ("x:a,b", ["integers", "'a,b'"]),
+    ("nosuch:1,2", ["no input 'nosuch'", "inputs: x"]),
+    ("x:1,2,3", ["rank 2", "3 dims"]),
+    ("x:3,5", ["dim 1", "fixed to 4", "5"]),
+    ("x:-5,4", ["'x'", "-1"]),
+    ("x:3,4;x:3,4", ["twice"]),
+    (";", ["no shapes"]),
+])
+def test_invalid_input_shape(foldable, tmp_path, capsys, shapes, needles):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--input-shape", shapes)
+    assert_clean_error(rc, out, err, "--input-shape", *needles, output=out_path)
+
+
+@pytest.mark.parametrize("level", ["7", "-1", "two"])
+def test_invalid_level_is_refused(foldable, tmp_path, capsys, level):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, f"-O{level}")
+    assert rc == 2
+    assert "Traceback" not in err
+    assert "argument -O" in err.strip().splitlines()[-1]
+    assert not out_path.exists()
+
+
+def test_invalid_level_is_a_one_line_graphopt_error(foldable, tmp_path, capsys):
+    # The brief's contract for every bad input; argparse's usage block + "graphopt optimize:
+    # error:" prefix does not meet it (see report).
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "-O7")
+    assert_clean_error(rc, out, err, "-O", "7", output=out_path)
+
+
+def test_output_directory_missing(foldable, tmp_path, capsys):
+    out_path = tmp_path / "no" / "such" / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path)
+    assert_clean_error(rc, out, err, "does not exist", os.fspath(tmp_path / "no" / "such"))
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("name", ["out.txt", "out.onnx.bak", "out"])
+def test_output_wrong_extension(foldable, tmp_path, capsys, name):
+    out_path = tmp_path / name
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path)
+    assert_clean_error(rc, out, err, ".onnx or .om", output=out_path)
+
+
+def test_output_is_an_existing_directory(foldable, tmp_path, capsys):
+    # BUG: only the parent directory is checked; the write fails after the compile as
+    # "graphopt: internal error: IsADirectoryError" (exit 3).
+    out_path = tmp_path / "already.onnx"
+    out_path.mkdir()
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path)
+    assert_clean_error(rc, out, err, "already.onnx")
+    assert out_path.is_dir() and not os.listdir(out_path)
+
+
+def test_inputs_without_verify(foldable, tmp_path, capsys):
+    npz = tmp_path / "feeds.npz"
+    np.savez(npz, x=np.zeros((2, 4), np.float32))
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--inputs", npz)
+    assert_clean_error(rc, out, err, "--inputs", "--verify", output=out_path)
+
+
+def test_inputs_file_missing_or_not_npz(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    text = tmp_path / "feeds.txt"
+    text.write_text("x = 1\n")
+    for path in (tmp_path / "none.npz", text):
+        rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--verify", "--inputs", path)
+        assert_clean_error(rc, out, err, "--inputs", os.fspath(path), output=out_path)
+
+
+def test_inputs_file_is_npy_not_npz(foldable, tmp_path, capsys):
+    # BUG: np.load returns an ndarray for .npy, which compiler._load_inputs uses as a context
+    # manager: "graphopt: internal error: TypeError" (exit 3).
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((2, 4), np.float32))
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--verify", "--inputs", npy)
+    assert_clean_error(rc, out, err, "--inputs", "x.npy", output=out_path)
+
+
+def test_inputs_with_wrong_names_or_dtype(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    for name, arrays in [("names", {"z": np.zeros((2, 4), np.float32)}),
+                         ("dtype", {"x": np.zeros((2, 4), np.float64)})]:
+        npz = tmp_path / f"{name}.npz"
+        np.savez(npz, **arrays)
+        rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--verify", "--inputs", npz)
+        assert_clean_error(rc, out, err, "--verify", output=out_path)
+
+
+def test_unknown_pass_in_disable_pass(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--disable-pass", "FoldEverything")
+    assert_clean_error(rc, out, err, "--disable-pass", "FoldEverything", "FoldConstants",
+                       output=out_path)
+
+
+@pytest.mark.parametrize("name, text, needles", [
+    ("unknown.txt", "FoldEverything: off\n", ["unknown pass FoldEverything"]),
+    ("unknown.json", '{"FoldEverything": "off"}', ["unknown pass FoldEverything"]),
+    ("state.txt", "FoldConstants: maybe\n", ["FoldConstants", "on or off", "'maybe'"]),
+    ("state.json", '{"FoldConstants": "disabled"}', ["FoldConstants", "on or off"]),
+    ("broken.json", '{"FoldConstants": ', ["invalid JSON"]),
+])
+def test_bad_switch_file(foldable, tmp_path, capsys, name, text, needles):
+    switch = tmp_path / name
+    switch.write_text(text)
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file", switch)
+    assert_clean_error(rc, out, err, "--switch-file", name, *needles, output=out_path)
+
+
+def test_switch_file_missing(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file",
+                       tmp_path / "none.txt")
+    assert_clean_error(rc, out, err, "--switch-file", "none.txt", output=out_path)
+
+
+def test_switch_file_not_utf8(foldable, tmp_path, capsys):
+    # BUG: switches.read_switch_file catches only OSError; UnicodeDecodeError escapes as an
+    # internal error (exit 3).
+    switch = tmp_path / "switches.bin"
+    switch.write_bytes(b"\xff\xfeF\x00o\x00l\x00d\x00")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file", switch)
+    assert_clean_error(rc, out, err, "--switch-file", "switches.bin", output=out_path)
+
+
+def test_dump_dir_is_a_file(foldable, tmp_path, capsys):
+    # BUG: DumpIR.start's os.makedirs raises FileExistsError, reported as an internal error.
+    dump = tmp_path / "dump"
+    dump.write_text("not a directory")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--dump-dir", dump)
+    assert_clean_error(rc, out, err, "--dump-dir", output=out_path)
+
+
+def test_verify_non_tensor_input_without_inputs(tmp_path, capsys):
+    # BUG: numerics.random_feeds raises ValueError for a sequence input; verify_outputs does not
+    # turn it into a GraphoptError, so the CLI prints an internal error (exit 3).
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
+    graph = helper.make_graph(
+        [helper.make_node("SequenceAt", ["s", "i"], ["y"])], "g", [seq],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array(0, np.int64), "i")])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+    path = _save(model, tmp_path / "seq.onnx")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", path, "-o", out_path, "--verify")
+    assert_clean_error(rc, out, err, "'s'", output=out_path)
+
+
+def test_negative_fold_size_limit(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--fold-size-limit", "-1")
+    assert_clean_error(rc, out, err, "--fold-size-limit", output=out_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# --verify catches a wrong optimization
+# ---------------------------------------------------------------------------------------------
+class PerturbWeights(Pass):
+    """Test-only miscompile: adds 1 to every float initializer."""
+
+    name = "TestPerturbWeights"
+    description = "add 1 to every float initializer (a deliberate miscompile)"
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        for value in model.graph.initializers.values():
+            array = value.constant()
+            if array is not None and array.dtype.kind == "f":
+                value.const = Tensor(array + 1)
+                result.count("perturbed")
+        return result
+
+
+@pytest.fixture
+def broken_pipeline(monkeypatch):
+    import graphopt.compiler
+    import graphopt.passes.pipelines
+
+    assert graphopt.compiler.PIPELINES is graphopt.passes.pipelines.PIPELINES
+    monkeypatch.setitem(PASSES, PerturbWeights.name, PerturbWeights)
+    broken = Pipeline("O2-broken", "a miscompiling pipeline",
+                      ("InferShapes", "ConstantToInitializer", PerturbWeights.name))
+    monkeypatch.setitem(graphopt.passes.pipelines.PIPELINES, 2, broken)
+    return broken
+
+
+def test_verify_rejects_a_wrong_optimization(affine, tmp_path, capsys, broken_pipeline):
+    for out_path in (tmp_path / "out.onnx", tmp_path / "out.om"):
+        rc, out, err = cli(capsys, "optimize", affine, "-o", out_path, "--verify")
+        assert_clean_error(rc, out, err, "--verify", "differs", "'y'", output=out_path)
+
+
+def test_without_verify_the_wrong_optimization_is_written(affine, tmp_path, capsys,
+                                                          broken_pipeline):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", affine, "-o", out_path, "-q")
+    assert rc == 0
+    feeds = {"x": np.ones((2, 4), np.float32)}
+    assert numerics.compare(numerics.run(onnx.load(affine), feeds),
+                            numerics.run(onnx.load(os.fspath(out_path)), feeds))
+
+
+def test_disabling_the_wrong_pass_verifies(affine, tmp_path, capsys, broken_pipeline):
+    rc, out, err = cli(capsys, "optimize", affine, "-o", tmp_path / "out.onnx", "--verify",
+                       "--disable-pass", PerturbWeights.name)
+    assert rc == 0, err
+    assert "verified" in out

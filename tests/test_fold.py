@@ -1,0 +1,633 @@
+"""FoldShapes and FoldConstants: what folds, what must not, and that folding never changes outputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt import numerics
+from graphopt.ir import DType, Model, format_model, load_onnx, to_onnx, verify
+from graphopt.passes.base import PassContext
+from graphopt.passes.fold_constants import FoldConstants
+from graphopt.passes.fold_shapes import FoldShapes
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.options import Options
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
+
+
+def parse(text: str, header: str = HEADER) -> onnx.ModelProto:
+    return onnx.parser.parse_model(header + text)
+
+
+def run_passes(model: Model, *passes, options: Options | None = None,
+               ctx: PassContext | None = None) -> Counter:
+    """Run `passes` in order, verifying the IR after each; return the summed rule counts."""
+    ctx = ctx or PassContext(options or Options())
+    stats: Counter = Counter()
+    for p in passes:
+        result = p.run(model, ctx)
+        verify(model)
+        assert result.changed == bool(result.stats)
+        stats.update(result.stats)
+    return stats
+
+
+def fold(proto: onnx.ModelProto, shapes: bool = True, **option_values) -> tuple[Model, Counter]:
+    model = load_onnx(proto)
+    if shapes:
+        infer_shapes(model)
+    return model, run_passes(model, FoldShapes(), FoldConstants(),
+                             options=Options(**option_values))
+
+
+def ops(model: Model) -> list[str]:
+    return [n.op_type for n in model.graph]
+
+
+def init(model: Model, name: str) -> np.ndarray:
+    value = model.graph.initializers[name]
+    assert value.is_constant
+    return value.constant()
+
+
+def assert_same_outputs(original: onnx.ModelProto, model: Model, feeds=None) -> None:
+    folded = to_onnx(model)
+    onnx.checker.check_model(folded, full_check=True)
+    feeds = feeds if feeds is not None else numerics.random_feeds(original, seed=0)
+    expected = numerics.run(original, feeds)
+    actual = numerics.run(folded, feeds)
+    assert numerics.compare(expected, actual, rtol=1e-6, atol=0) == []
+
+
+# -------------------------------------------------------------------------------------------
+# FoldConstants: positive cases
+# -------------------------------------------------------------------------------------------
+def test_folds_constant_arithmetic_into_one_initializer():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}, float[2] b = {3.0, 4.0}>
+        {
+          s = Add(a, b)
+          t = Mul(s, b)
+          y = Mul(x, t)
+        }""")
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 2}
+    assert ops(model) == ["Mul"]
+    np.testing.assert_array_equal(init(model, "t"), [12.0, 24.0])
+    text = format_model(model)
+    assert "%t<f32[2]> = initializer f32[2][12.0, 24.0]" in text
+    assert "y<f32[2]> = Mul(%x, %t)" in text
+    assert_same_outputs(proto, model)
+
+
+def test_second_run_changes_nothing():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}>
+        { t = Neg(a)
+          y = Mul(x, t) }""")
+    model, _ = fold(proto)
+    assert run_passes(model, FoldShapes(), FoldConstants()) == {}
+
+
+def test_constant_node_becomes_initializer_of_the_same_name():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        { k = Constant<value = float[2] {5.0, 6.0}>()
+          y = Add(x, k) }""")
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1}
+    np.testing.assert_array_equal(init(model, "k"), [5.0, 6.0])
+    assert_same_outputs(proto, model)
+
+
+def test_identity_of_a_constant_reads_the_constant_itself():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}>
+        { i = Identity(a)
+          y = Add(x, i) }""")
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1}
+    assert [v.name for v in model.graph.initializers.values()] == ["a"]  # no copy of the data
+    assert model.graph.nodes()[0].input(1).name == "a"
+
+
+def test_castlike_needs_only_the_dtype_of_its_second_input():
+    # The dynamo exporter's zero biases: Expand(CastLike(0, %input), Shape(weight)[0:1]).
+    proto = parse("""
+        g (float[1,2,4,4] x) => (float[1,3,4,4] y)
+        <float[3,2,1,1] w = {1,2,3,4,5,6}, int64[1] one = {1}>
+        {
+          zero = Constant<value = double {0.0}>()
+          s = Shape<start = 0, end = 1>(w)
+          n = Expand(s, one)
+          z = CastLike(zero, x)
+          b = Expand(z, n)
+          y = Conv(x, w, b)
+        }""")
+    model, stats = fold(proto)
+    assert stats == {"Shape": 1, "FoldConstants": 4}
+    assert ops(model) == ["Conv"]
+    bias = model.graph.nodes()[0].input(2)
+    assert bias.dtype == DType.FLOAT and bias.constant().tolist() == [0.0, 0.0, 0.0]
+    assert_same_outputs(proto, model)
+
+
+@pytest.mark.parametrize("data, op, expected", [
+    (np.array([7, -7, 9], np.int64), "Neg", [-7, 7, -9]),
+    (np.array([1.5, -2.0, 3.25], np.float16), "Neg", [-1.5, 2.0, -3.25]),
+    (np.array([True, False, True]), "Not", [False, True, False]),
+    (np.array([7, -7, 9], np.float64), "Abs", [7.0, 7.0, 9.0]),
+    (np.array([7, 249, 9], np.uint8), "Abs", [7, 249, 9]),
+])
+def test_folds_every_common_dtype(data, op, expected):
+    elem = helper.np_dtype_to_tensor_dtype(data.dtype)
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node(op, ["a"], ["t"]), helper.make_node("Concat", ["x", "t"], ["y"], axis=0)],
+        "g", [helper.make_tensor_value_info("x", elem, [3])],
+        [helper.make_tensor_value_info("y", elem, [6])], [numpy_helper.from_array(data, "a")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1}
+    folded = model.graph.initializers["t"]
+    assert folded.dtype == DType.from_numpy(data.dtype)
+    np.testing.assert_array_equal(folded.constant(), np.array(expected, data.dtype))
+    assert_same_outputs(proto, model)
+
+
+def test_bfloat16_comes_back_exactly():
+    proto = parse("""
+        g (bfloat16[3] x) => (bfloat16[3] y)
+        <float[3] a = {1.5, -2.0, 3.0e+38}>
+        { t = Cast<to = 16>(a)
+          y = Add(x, t) }""")
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1}
+    value = model.graph.initializers["t"]
+    assert value.dtype == DType.BFLOAT16
+    expected = np.array([1.5, -2.0, 3.0e38], np.float32).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(value.constant().astype(np.float32), expected.astype(np.float32))
+    onnx.checker.check_model(to_onnx(model), full_check=True)
+
+
+def test_strings_fold():
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("Reshape", ["s", "shape"], ["r"]),
+         helper.make_node("Concat", ["x", "r"], ["y"], axis=0)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [4])],
+        [numpy_helper.from_array(np.array([b"ab", b"cd"], dtype=object), "s"),
+         numpy_helper.from_array(np.array([2], np.int64), "shape")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1}
+    assert init(model, "r").tolist() == [b"ab", b"cd"]
+    feeds = {"x": np.array(["x", "y"], dtype=object)}
+    assert numerics.run(to_onnx(model), feeds)["y"].tolist() == ["x", "y", "ab", "cd"]
+
+
+# -------------------------------------------------------------------------------------------
+# FoldShapes and the Shape → Gather → Unsqueeze → Concat → Reshape chain
+# -------------------------------------------------------------------------------------------
+def test_shape_chain_becomes_reshape_with_constant_shape():
+    proto = parse("""
+        g (float[2,3,4] x) => (float[2,12] y)
+        <int64 zero = {0}, int64[1] axes = {0}, int64[1] minus1 = {-1}>
+        {
+          s = Shape(x)
+          d = Gather(s, zero)
+          u = Unsqueeze(d, axes)
+          c = Concat<axis = 0>(u, minus1)
+          y = Reshape(x, c)
+        }""")
+    model, stats = fold(proto)
+    assert stats == {"Shape": 1, "FoldConstants": 3}
+    assert ops(model) == ["Reshape"]
+    shape = model.graph.nodes()[0].input(1)
+    assert shape.is_constant and shape.constant().tolist() == [2, -1]
+    assert "%y<f32[2,12]> = Reshape(%x, %c)" in format_model(model)
+    assert_same_outputs(proto, model)
+
+
+def test_shape_honours_start_and_end_with_symbolic_dims_elsewhere():
+    proto = parse("""
+        g (float[N,3,4] x) => (int64[2] y, int64[1] z)
+        { s = Shape<start = 1>(x)
+          t = Shape<start = -1, end = 100>(x)
+          y = Identity(s)
+          z = Identity(t) }""")
+    model, stats = fold(proto, shapes=False)
+    assert stats == {"Shape": 2}
+    assert init(model, "s").tolist() == [3, 4] and init(model, "t").tolist() == [4]
+    assert_same_outputs(proto, model, {"x": np.zeros((5, 3, 4), np.float32)})
+
+
+def test_gather_and_slice_of_static_dims_fold_when_other_dims_are_symbolic():
+    proto = parse("""
+        g (float[N,3,4] x) => (int64 a, int64[2] b, int64 n)
+        <int64 one = {1}, int64 zero = {0}, int64[1] st = {1}, int64[1] en = {9}>
+        { s = Shape(x)
+          a = Identity(g1)
+          g1 = Gather(s, one)
+          b = Identity(sl)
+          sl = Slice(s, st, en)
+          n0 = Gather(s, zero)
+          n = Identity(n0) }""")
+    model = load_onnx(proto)
+    stats = run_passes(model, FoldShapes())
+    assert stats == {"ShapeGather": 1, "ShapeSlice": 1}
+    assert init(model, "g1").tolist() == 3 and init(model, "sl").tolist() == [3, 4]
+    assert "Shape" in ops(model)  # still needed for the symbolic batch dim
+    assert_same_outputs(proto, model, {"x": np.zeros((5, 3, 4), np.float32)})
+
+
+def test_size_of_static_shape():
+    proto = parse("""
+        g (float[2,3] x) => (float[2,3] y)
+        { n = Size(x)
+          f = Cast<to = 1>(n)
+          y = Mul(x, f) }""")
+    model, stats = fold(proto)
+    assert stats == {"Size": 1, "FoldConstants": 1}
+    assert init(model, "f").tolist() == 6.0
+    assert_same_outputs(proto, model)
+
+
+def test_shape_of_unknown_or_symbolic_shape_stays():
+    proto = parse("""
+        g (float[N,3] x) => (int64[2] y)
+        { s = Shape(x)
+          y = Identity(s) }""")
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["Shape", "Identity"]
+
+
+# -------------------------------------------------------------------------------------------
+# what must not fold
+# -------------------------------------------------------------------------------------------
+BIG = 4 * 1024 * 1024  # float32 elements: 16 MB
+
+
+def _constant_of_shape(n: int) -> onnx.ModelProto:
+    return parse(f"""
+        g (float[{n}] x) => (float[{n}] y)
+        <int64[1] shape = {{{n}}}>
+        {{ z = ConstantOfShape<value = float[1] {{1.0}}>(shape)
+          y = Add(x, z) }}""")
+
+
+@pytest.mark.parametrize("shapes", [True, False])
+def test_size_cap_keeps_a_big_generated_tensor_a_node(shapes):
+    model, stats = fold(_constant_of_shape(BIG), shapes=shapes)
+    assert stats == {} and ops(model) == ["ConstantOfShape", "Add"]
+
+
+def test_raised_size_cap_lets_it_fold():
+    model, stats = fold(_constant_of_shape(BIG), fold_size_limit=BIG * 4)
+    assert stats == {"FoldConstants": 1}
+    assert init(model, "z").shape == (BIG,)
+
+
+def test_tiny_constant_of_shape_folds():
+    proto = _constant_of_shape(4)
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1}
+    assert_same_outputs(proto, model)
+
+
+def test_generator_whose_shape_is_computed_first_folds_in_one_run():
+    proto = parse("""
+        g (float[2,3] x) => (float[2,3] y)
+        <int64[1] a = {2}, int64[1] b = {3}>
+        { shape = Concat<axis = 0>(a, b)
+          z = ConstantOfShape<value = float[1] {2.0}>(shape)
+          y = Mul(x, z) }""")
+    model, stats = fold(proto, shapes=False)  # no shape info: the size comes from `shape`'s data
+    assert stats == {"FoldConstants": 2} and ops(model) == ["Mul"]
+    assert_same_outputs(proto, model)
+
+
+def test_generator_of_unknown_size_stays_until_shapes_are_known():
+    proto = parse("""
+        g (float[1,1,4,4] x) => (float[1,1,4,4] y)
+        <float[1,1,2,2] a = {1,2,3,4}, float[4] sc = {1.0, 1.0, 2.0, 2.0}>
+        { r = Resize<mode = "nearest">(a, , sc)
+          y = Add(x, r) }""")
+    model, stats = fold(proto, shapes=False)
+    assert stats == {}
+    model, stats = fold(proto, shapes=True)
+    assert stats == {"FoldConstants": 1}
+    assert_same_outputs(proto, model)
+
+
+def test_result_found_too_big_after_evaluation_is_not_kept():
+    # No shape information: the outer product's size is only known once it is computed.
+    n = 2048
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["p"]), helper.make_node("Neg", ["a"], ["na"]),
+         helper.make_node("Add", ["x", "p"], ["y"]), helper.make_node("Add", ["x", "na"], ["y2"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((n, 1), np.float32), "a"),
+         numpy_helper.from_array(np.ones((1, n), np.float32), "b")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model, stats = fold(proto, shapes=False)
+    assert stats == {"FoldConstants": 1}  # the Neg
+    assert ops(model) == ["MatMul", "Add", "Add"]
+
+
+def test_non_constant_input_is_not_folded():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}>
+        { t = Add(x, a)
+          y = Neg(t) }""")
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["Add", "Neg"]
+
+
+def test_overridable_initializer_is_not_folded():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}>
+        { t = Neg(a)
+          y = Add(x, t) }""")
+    proto.graph.input.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]))
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["Neg", "Add"]
+
+
+@pytest.mark.parametrize("op", ["RandomNormal<shape = [2]>()", "RandomUniform<shape = [2]>()"])
+def test_random_op_is_not_folded(op):
+    proto = parse(f"""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {{1.0, 2.0}}>
+        {{ r = {op}
+          t = Add(r, a)
+          y = Add(x, t) }}""")
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["RandomNormal" if "Normal" in op else "RandomUniform",
+                                          "Add", "Add"]
+
+
+def test_dropout_in_training_mode_is_not_folded():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}, float r = {0.5}, bool train = {1}>
+        { d = Dropout(a, r, train)
+          y = Add(x, d) }""")
+    model, stats = fold(proto)
+    assert stats == {}
+
+
+def test_graph_output_is_kept():
+    proto = parse("""
+        g (float[2] x) => (float[2] y, float[2] t)
+        <float[2] a = {1.0, 2.0}>
+        { m = Mul(a, a)
+          t = Add(m, a)
+          y = Add(x, t) }""")
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1}  # Mul folds; the Add producing output %t stays
+    assert ops(model) == ["Add", "Add"]
+    assert [v.name for v in model.graph.outputs] == ["y", "t"]
+    assert_same_outputs(proto, model)
+
+
+def test_unknown_domain_is_not_folded():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}>
+        { t = custom.Foo(a)
+          y = Add(x, t) }""",
+                  header='<ir_version: 8, opset_import: ["" : 17, "custom" : 1]>\n')
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["Foo", "Add"]
+
+
+def test_contrib_op_known_to_onnxruntime_folds():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}>
+        { t = com.microsoft.Gelu(a)
+          y = Add(x, t) }""",
+                  header='<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n')
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1} and ops(model) == ["Add"]
+    assert_same_outputs(proto, model)
+
+
+def test_onnxruntime_failure_falls_back_per_node_and_keeps_the_failing_node():
+    # Relu-14 allows int64 but onnxruntime has no such kernel, so the batched session fails;
+    # the Mul must still fold.
+    proto = parse("""
+        g (float[2] x) => (float[2] y, int64[2] j)
+        <float[2] a = {1.0, 2.0}, int64[2] b = {1, -2}>
+        { m = Mul(a, a)
+          s = Relu(b)
+          y = Add(x, m)
+          j = Identity(s) }""")
+    ctx = PassContext(Options())
+    model = load_onnx(proto)
+    infer_shapes(model)
+    stats = run_passes(model, FoldConstants(), ctx=ctx)
+    assert stats == {"FoldConstants": 1}
+    assert ops(model) == ["Relu", "Add", "Identity"]
+    assert any("1 constant Relu node(s) unfolded" in n for n in ctx.notes)
+
+
+# -------------------------------------------------------------------------------------------
+# nested graphs
+# -------------------------------------------------------------------------------------------
+IF_MODEL = """
+    g (bool cond, float[2] x) => (float[2] y)
+    <float[2] c1 = {1.0, 2.0}>
+    {
+      c2 = Mul(c1, c1)
+      y = If (cond) <
+        then_branch = g1 () => (float[2] z) {
+          k = Constant<value = float[2] {5.0, 6.0}>()
+          t = Add(c2, k)
+          z = Add(x, t)
+        },
+        else_branch = g2 () => (float[2] z2) {
+          z2 = Sub(x, c2)
+        }>
+    }"""
+
+
+def test_folds_inside_if_branches_and_reads_outer_folds():
+    proto = parse(IF_MODEL)
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 3}  # outer Mul, inner Constant and Add
+    assert ops(model) == ["If"]
+    then_branch = model.graph.nodes()[0].attr("then_branch")
+    assert [n.op_type for n in then_branch] == ["Add"]
+    np.testing.assert_array_equal(then_branch.initializers["t"].constant(), [6.0, 10.0])
+    for cond in (True, False):
+        assert_same_outputs(proto, model, {"cond": np.array(cond), "x": np.ones(2, np.float32)})
+
+
+def test_folds_inside_loop_body():
+    proto = parse("""
+        g (int64 n, float[2] x) => (float[2] y)
+        <float[2] c = {1.0, 2.0}>
+        {
+          c2 = Mul(c, c)
+          t = Constant<value = bool {1}>()
+          y = Loop(n, t, x) <body = b (int64 i, bool cond, float[2] acc) => (bool co, float[2] out) {
+              k = Neg(c2)
+              co = Identity(cond)
+              out = Add(acc, k)
+          }>
+        }""")
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 3}  # Mul, Constant, and Neg inside the body
+    body = model.graph.nodes()[0].attr("body")
+    assert [n.op_type for n in body] == ["Identity", "Add"]
+    assert_same_outputs(proto, model, {"n": np.array(3), "x": np.ones(2, np.float32)})
+
+
+def test_value_returned_by_a_branch_is_not_folded():
+    proto = parse("""
+        g (bool cond, float[2] x) => (float[2] y)
+        <float[2] c1 = {1.0, 2.0}>
+        {
+          c2 = Mul(c1, c1)
+          y = If (cond) <then_branch = g1 () => (float[2] z) { z = Identity(c2) },
+                         else_branch = g2 () => (float[2] z2) { z2 = Identity(x) }>
+        }""")
+    model, stats = fold(proto)
+    # The branch's Identity produces the branch output %z, so it stays; %c2 folds under it.
+    assert stats == {"FoldConstants": 1} and ops(model) == ["If"]
+    assert_same_outputs(proto, model, {"cond": np.array(True), "x": np.ones(2, np.float32)})
+
+    proto = parse("""
+        g (bool cond, float[2] x) => (float[2] y)
+        <float[2] c1 = {1.0, 2.0}>
+        {
+          c2 = Mul(c1, c1)
+          y = If (cond) <then_branch = g1 () => (float[2] c2) { },
+                         else_branch = g2 () => (float[2] z2) { z2 = Identity(x) }>
+        }""")
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["Mul", "If"]  # the branch returns %c2 itself
+
+
+# -------------------------------------------------------------------------------------------
+# numerics on a mixed model
+# -------------------------------------------------------------------------------------------
+def test_mixed_model_numerics():
+    proto = parse("""
+        g (float[B,4,6] x) => (float[B,24] y, float[B,4,6] w)
+        <float[6,6] wt = {0,1,2,3,4,5, 6,7,8,9,10,11, 12,13,14,15,16,17, 18,19,20,21,22,23,
+                          24,25,26,27,28,29, 30,31,32,33,34,35},
+         float scale = {0.125}, int64[1] ax = {0}, int64[1] m1 = {-1}>
+        {
+          wT = Transpose<perm = [1, 0]>(wt)
+          ws = Mul(wT, scale)
+          half = Constant<value = float {0.5}>()
+          sq = Sqrt(half)
+          w2 = Div(ws, sq)
+          w = MatMul(x, w2)
+          s = Shape(w)
+          b = Gather(s, ax)
+          n4 = Shape<start = 1>(w)
+          prod = ReduceProd<keepdims = 1>(n4)
+          c = Concat<axis = 0>(b, prod)
+          y = Reshape(w, c)
+        }""")
+    model, stats = fold(proto)
+    # wT ws half sq w2, and prod (from the folded Shape<start=1>); the batch dim stays symbolic.
+    assert stats == {"FoldConstants": 6, "Shape": 1}
+    assert sorted(ops(model)) == ["Concat", "Gather", "MatMul", "Reshape", "Shape"]
+    assert_same_outputs(proto, model, {"x": np.random.default_rng(0).standard_normal(
+        (3, 4, 6)).astype(np.float32)})
+
+
+# -------------------------------------------------------------------------------------------
+# property: chains of elementwise ops over constants fold to what onnxruntime computes
+# -------------------------------------------------------------------------------------------
+SHAPES = [(), (3,), (1, 3), (2, 3)]
+BINARY = {"int64": ["Add", "Sub", "Mul", "Max", "Min", "Div", "Mod"],
+          "int32": ["Add", "Sub", "Max", "Min", "Div", "Mod"],  # no Mul: keep int32 in range
+          "float32": ["Add", "Sub", "Mul", "Max", "Min", "Div", "Pow"]}
+UNARY = {"int64": ["Neg", "Abs", "Identity"], "int32": ["Neg", "Abs", "Sign"],
+         "float32": ["Neg", "Abs", "Exp", "Sqrt", "Tanh", "Floor", "Reciprocal", "Erf"]}
+
+
+@st.composite
+def chains(draw):
+    dtype = draw(st.sampled_from(["int64", "int32", "float32"]))
+    np_dtype = np.dtype(dtype)
+    binary = BINARY[dtype]
+
+    def constant(nonzero: bool = False):
+        shape = draw(st.sampled_from(SHAPES))
+        size = int(np.prod(shape, dtype=np.int64))
+        if dtype == "float32":
+            values = draw(st.lists(st.floats(-8, 8, width=32), min_size=size, max_size=size))
+            if nonzero:
+                values = [v if abs(v) > 0.25 else 1.0 for v in values]
+        else:
+            # |values| <= 100 and at most 6 steps: int64 products stay below 1e14; divisors
+            # are 1..9, so no division by zero and no INT_MIN / -1 trap.
+            low, high = (1, 9) if nonzero else (-100, 100)
+            values = draw(st.lists(st.integers(low, high), min_size=size, max_size=size))
+        return np.array(values, dtype=np_dtype).reshape(shape)
+
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        if draw(st.booleans()):
+            op = draw(st.sampled_from(binary))
+            # Integer division needs a fresh non-zero divisor, never a computed value.
+            steps.append((op, constant(nonzero=op in ("Div", "Mod", "Pow")),
+                          draw(st.booleans()) and op not in ("Div", "Mod", "Pow")))
+        else:
+            steps.append((draw(st.sampled_from(UNARY[dtype])), None, False))
+    return dtype, constant(), steps
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chains())
+def test_property_elementwise_chains_fold_to_onnxruntime_values(chain):
+    dtype, start, steps = chain
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inits = [numpy_helper.from_array(start, "c0")]
+    nodes, current = [], "c0"
+    for i, (op, const, swap) in enumerate(steps):
+        out = f"v{i}"
+        if const is None:
+            nodes.append(helper.make_node(op, [current], [out]))
+        else:
+            inits.append(numpy_helper.from_array(const, f"k{i}"))
+            operands = [f"k{i}", current] if swap else [current, f"k{i}"]
+            attrs = {"fmod": 0} if op == "Mod" else {}
+            nodes.append(helper.make_node(op, operands, [out], **attrs))
+        current = out
+    nodes.append(helper.make_node("Add", ["x", current], ["y"]))
+    proto = helper.make_model(helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", elem, [2, 3])],
+        [helper.make_tensor_value_info("y", elem, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": len(steps)}
+    assert ops(model) == ["Add"]
+    folded = to_onnx(model)
+    onnx.checker.check_model(folded, full_check=True)
+    feeds = {"x": np.zeros((2, 3), dtype=dtype)}
+    expected, actual = numerics.run(proto, feeds)["y"], numerics.run(folded, feeds)["y"]
+    np.testing.assert_array_equal(actual, expected)  # bit for bit: same kernels, same inputs
