@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,13 +36,18 @@ class BenchModel:
     feeds: dict[str, np.ndarray]
 
 
-def zoo_models(workdir: str, quick: bool) -> Iterator[BenchModel]:
+Wanted = Callable[[str], bool]  # row name -> bench it?
+
+
+def zoo_models(workdir: str, quick: bool, wanted: Wanted) -> Iterator[BenchModel]:
     """Builds each zoo model into `workdir` just before it is measured and deletes it after, so
     at most one large model sits on disk at a time."""
     for name, options in (ZOO_QUICK if quick else ZOO_FULL).items():
         label = f"zoo/{name}"
         if options:
             label += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
+        if not wanted(label):
+            continue  # building bert_base alone takes seconds
         proto = zoo.build(name, **options)
         path = os.path.join(workdir, f"{name}.onnx")
         onnx.save(proto, path)
@@ -54,31 +59,34 @@ def zoo_models(workdir: str, quick: bool) -> Iterator[BenchModel]:
             os.remove(path)
 
 
-def light_models(quick: bool) -> Iterator[BenchModel]:
+def light_models(quick: bool, wanted: Wanted) -> Iterator[BenchModel]:
     paths = sorted(glob.glob(os.path.join(LIGHT_DIR, "*.onnx")))
     if not paths:
         raise FileNotFoundError(f"no light models in {LIGHT_DIR}: is the onnx wheel complete?")
     for path in paths:
         name = os.path.basename(path)[: -len(".onnx")].removeprefix("light_")
-        if quick and name not in LIGHT_QUICK:
+        if (quick and name not in LIGHT_QUICK) or not wanted(f"light/{name}"):
             continue
         yield BenchModel(f"light/{name}", path, _random_feeds(path))
 
 
-def folder_models(folder: str) -> Iterator[BenchModel]:
+def folder_models(folder: str, wanted: Wanted) -> Iterator[BenchModel]:
     """Every *.onnx in `folder`; NAME.inputs.npz beside a model is its feed when present."""
     paths = sorted(glob.glob(os.path.join(folder, "*.onnx")))
     if not paths:
         raise FileNotFoundError(f"--shared {folder}: no .onnx files there")
+    prefix = os.path.basename(os.path.abspath(folder))
     for path in paths:
         stem = path[: -len(".onnx")]
+        label = f"{prefix}/{os.path.basename(stem)}"
+        if not wanted(label):
+            continue
         if os.path.exists(stem + ".inputs.npz"):
             with np.load(stem + ".inputs.npz", allow_pickle=False) as data:
                 feeds = {k: data[k] for k in data.files}
         else:
             feeds = _random_feeds(path)
-        yield BenchModel(f"{os.path.basename(folder.rstrip('/'))}/{os.path.basename(stem)}",
-                         path, feeds)
+        yield BenchModel(label, path, feeds)
 
 
 def _random_feeds(path: str) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""FoldShapes and FoldConstants: what folds, what must not, and that folding never changes outputs."""
+"""FoldShapes and FoldConstants: what folds, what must not, and that outputs never change."""
 
 from __future__ import annotations
 
@@ -487,7 +487,8 @@ def test_folds_inside_loop_body():
         {
           c2 = Mul(c, c)
           t = Constant<value = bool {1}>()
-          y = Loop(n, t, x) <body = b (int64 i, bool cond, float[2] acc) => (bool co, float[2] out) {
+          y = Loop(n, t, x) <body = b (int64 i, bool cond, float[2] acc)
+                                      => (bool co, float[2] out) {
               k = Neg(c2)
               co = Identity(cond)
               out = Add(acc, k)

@@ -98,7 +98,7 @@ def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int]) -> b
 @register
 class FoldShapes(Pass):
     name = "FoldShapes"
-    description = "replace Shape/Size of statically shaped values (and picks of static dims) with constants"
+    description = "replace Shape/Size (and Gather/Slice of static dims) with int64 initializers"
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()

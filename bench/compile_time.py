@@ -1,0 +1,286 @@
+"""Compile-time bench: graphopt optimize beside onnxsim, onnxslim and ORT's offline optimizer."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from itertools import chain
+
+import onnx
+import onnxruntime as ort
+
+from _common import (ATOL, RTOL, THREADS, Check, Stats, check_outputs, geomean, markdown_table,
+                     megabytes, node_count, run_model, short_reason, write_json)
+from _compilers import Compiler, compilers
+from _models import BenchModel, folder_models, light_models, zoo_models
+
+DESCRIPTION = """\
+Time graphopt's optimize (default -O2, no tuning; optimize + save to .onnx) beside onnxsim
+(simplify + onnx.save), onnxslim (slim + onnx.save) and onnxruntime's offline optimization
+(InferenceSession creation at ORT_ENABLE_BASIC with optimized_model_filepath) on the same files:
+the graphopt zoo and the onnx wheel's light corpus (9 CNNs), plus --shared DIR if given.
+
+Tools run in this process, interleaved (graphopt, onnxsim, onnxslim, ORT, graphopt, ...): one
+warm-up round, then the timed rounds. Each cell has the median with min-max, the ratio of the
+tool's median to graphopt's, the node count and size of what the tool wrote, and the max absolute
+difference of every output against the original at ORT_DISABLE_ALL on seed-0 inputs.
+A tool that fails on a model gets "error: <reason>" in its cell and the bench goes on."""
+
+EPILOG = """\
+examples:
+  python bench/compile_time.py --quick
+  python bench/compile_time.py --json out/compile_time.json
+  python bench/compile_time.py --shared ../shared/models --only dev_bert
+"""
+
+
+@dataclass
+class ToolResult:
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+    nodes: int | None = None
+    megabytes: float | None = None
+    check: Check | None = None
+
+    @property
+    def stats(self) -> Stats | None:
+        return Stats.of(self.times) if self.times and not self.error else None
+
+
+@dataclass
+class Row:
+    model: BenchModel
+    nodes: int
+    megabytes: float
+    runs: int
+    tools: dict[str, ToolResult]
+    reference_error: str | None = None
+
+
+def planned_runs(runs: int, budget: float, warmup_seconds: float) -> int:
+    """`runs`, or fewer (never under 3) when one round of all tools takes over budget/runs."""
+    if budget <= 0 or warmup_seconds <= 0:
+        return runs
+    return min(runs, max(3, math.floor(budget / warmup_seconds)))
+
+
+def _compile_once(tool: Compiler, src: str, dst: str) -> float:
+    # Collect the previous tool's garbage now, outside the timer, not inside the next tool's run.
+    gc.collect()
+    sink = io.StringIO()  # onnxsim/onnxslim may print; that output is not the table
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), \
+            contextlib.redirect_stderr(sink):
+        warnings.simplefilter("ignore")
+        start = time.perf_counter()
+        tool.compile(src, dst)
+        return time.perf_counter() - start
+
+
+def measure(model: BenchModel, tools: list[Compiler], runs: int, budget: float,
+            workdir: str) -> Row:
+    outputs = {t.name: os.path.join(workdir, f"out{i}.onnx") for i, t in enumerate(tools)}
+    results = {t.name: ToolResult(error=t.missing) for t in tools}
+    active = [t for t in tools if t.compile is not None]
+
+    def round_(timed: bool) -> float:
+        total = 0.0
+        for tool in active:
+            result = results[tool.name]
+            if result.error:
+                continue  # a tool that failed once on this model fails again; skip its time
+            try:
+                seconds = _compile_once(tool, model.path, outputs[tool.name])
+            except Exception as e:  # noqa: BLE001 - any failure is a table cell, not a crash
+                result.error = short_reason(e)
+                continue
+            total += seconds
+            if timed:
+                result.times.append(seconds)
+        return total
+
+    n = planned_runs(runs, budget, round_(timed=False))
+    for _ in range(n):
+        round_(timed=True)
+
+    row = Row(model, node_count(model.path), megabytes(model.path), n, results)
+    try:
+        expected = run_model(model.path, model.feeds)
+    except Exception as e:  # noqa: BLE001
+        expected, row.reference_error = None, short_reason(e)
+    for tool in active:
+        result, out = results[tool.name], outputs[tool.name]
+        if result.error or not os.path.exists(out):
+            continue
+        result.nodes, result.megabytes = node_count(out), megabytes(out)
+        if expected is not None:
+            result.check = check_outputs(out, model.feeds, expected)
+        os.remove(out)  # VGG-19 folded is 550 MB per tool; keep the temp dir small
+    return row
+
+
+def _time_cells(result: ToolResult, base: Stats | None, with_ratio: bool) -> list[str]:
+    stats = result.stats
+    if stats is None:
+        cell = result.error if result.error and result.error.startswith("n/a") else \
+            f"error: {result.error}"
+        return [cell] + [""] * (3 if with_ratio else 2)
+    cells = [stats.cell()]
+    if with_ratio:
+        cells.append(f"{stats.median / base.median:.2f}" if base else "")
+    cells.append(f"{result.nodes} / {result.megabytes:.3g} MB")
+    cells.append(result.check.cell() if result.check else "")
+    return cells
+
+
+def ratios(rows: list[Row], tool: str) -> list[float]:
+    out = []
+    for row in rows:
+        base, other = row.tools["graphopt"].stats, row.tools[tool].stats
+        if base and other:
+            out.append(other.median / base.median)
+    return out
+
+
+def format_table(rows: list[Row], tools: list[Compiler]) -> str:
+    headers = ["model", "nodes / MB in", "runs"]
+    for i, tool in enumerate(tools):
+        headers += [f"{tool.name} s"] + (["×"] if i else []) + ["nodes / MB out", "max Δ"]
+    body = []
+    for row in rows:
+        base = row.tools["graphopt"].stats
+        cells = [row.model.name, f"{row.nodes} / {row.megabytes:.3g} MB", str(row.runs)]
+        for i, tool in enumerate(tools):
+            cells += _time_cells(row.tools[tool.name], base, with_ratio=i > 0)
+        if row.reference_error:
+            cells[0] += f" (original fails at ORT_DISABLE_ALL: {row.reference_error})"
+        body.append(cells)
+    mean = ["geomean ×", "", ""]
+    for i, tool in enumerate(tools):
+        if i == 0:
+            mean += ["", "", ""]
+            continue
+        found = ratios(rows, tool.name)
+        g = geomean(found)
+        mean += ["", f"{g:.2f} (n={len(found)})" if g else "", "", ""]
+    body.append(mean)
+    return markdown_table(headers, body)
+
+
+def header(tools: list[Compiler], runs: int, budget: float) -> str:
+    versions = ", ".join(f"{t.name} {t.version}" if t.compile else f"{t.name} not installed"
+                         for t in tools)
+    return (
+        f"Compile time in seconds: median (min–max) of up to {runs} timed runs after 1 warm-up "
+        f"run, tools interleaved per round. Compile benchmarks use fewer runs than latency "
+        f"benchmarks (20) because each run takes seconds; a model whose warm-up round of all "
+        f"tools exceeds {budget:g}/{runs} s gets fewer (never under 3): see `runs`.\n"
+        f"× = tool median / graphopt median (above 1: slower than graphopt). "
+        f"graphopt = optimize (-O2, no tuning) + save; onnxsim = load + simplify + save; "
+        f"onnxslim = slim + save; ORT basic = InferenceSession creation at ORT_ENABLE_BASIC "
+        f"writing optimized_model_filepath, ORT's offline optimization at the level it "
+        f"recommends for portable output (EXTENDED and ALL may write EP-specific fused ops).\n"
+        f"max Δ = max absolute difference over every output against the original model at "
+        f"ORT_DISABLE_ALL on seed-0 inputs; ✗ = beyond rtol {RTOL:g} / atol {ATOL:g}. "
+        f"ORT sessions: intra_op {THREADS}, inter_op 1 thread.\n"
+        f"{versions}; onnx {onnx.__version__}; python {platform.python_version()}; "
+        f"{os.cpu_count()} CPUs.")
+
+
+def to_json(rows: list[Row], tools: list[Compiler], args, seconds: float) -> dict:
+    models = []
+    for row in rows:
+        base = row.tools["graphopt"].stats
+        entry = {"model": row.model.name, "path": row.model.path, "nodes": row.nodes,
+                 "megabytes": row.megabytes, "runs": row.runs,
+                 "reference_error": row.reference_error, "tools": {}}
+        for name, r in row.tools.items():
+            s = r.stats
+            entry["tools"][name] = {
+                "seconds": r.times, "median": s.median if s else None,
+                "min": s.low if s else None, "max": s.high if s else None,
+                "ratio_to_graphopt": s.median / base.median if s and base else None,
+                "error": r.error, "nodes": r.nodes, "megabytes": r.megabytes,
+                "max_abs_diff": r.check.max_abs if r.check else None,
+                "within_tolerance": r.check.ok if r.check else None,
+                "check_error": r.check.error if r.check else None}
+        models.append(entry)
+    return {"bench": "compile_time", "command": " ".join([os.path.basename(sys.argv[0])] +
+                                                           sys.argv[1:]),
+            "runs": args.runs, "budget_seconds": args.budget, "warmup_runs": 1,
+            "quick": args.quick, "ort_threads": {"intra_op": THREADS, "inter_op": 1},
+            "ort_offline_level": "ORT_ENABLE_BASIC", "rtol": RTOL, "atol": ATOL,
+            "versions": {t.name: t.version or None for t in tools} | {"onnx": onnx.__version__},
+            "cpus": os.cpu_count(), "wall_seconds": seconds, "models": models,
+            "geomean_ratio_to_graphopt": {t.name: {"ratio": geomean(ratios(rows, t.name)),
+                                                   "n": len(ratios(rows, t.name))}
+                                          for t in tools[1:]}}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="compile_time.py", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="about a minute: small zoo sizes (resnet50 width 0.25, a 2-layer "
+                        "hidden-128 bert_base), 3 light CNNs, 3 runs")
+    p.add_argument("--runs", type=int, metavar="N",
+                   help="timed runs per model after the warm-up (default 5, 3 with --quick)")
+    p.add_argument("--budget", type=float, default=40.0, metavar="SECONDS",
+                   help="timed seconds per model the run count aims at: a model whose warm-up "
+                        "round takes longer than SECONDS/N gets fewer runs, never under 3 "
+                        "(default 40; 0 always runs N)")
+    p.add_argument("--shared", metavar="DIR",
+                   help="also bench every DIR/*.onnx (DIR/NAME.inputs.npz is its feed if present)")
+    p.add_argument("--only", action="append", default=[], metavar="TEXT",
+                   help="bench only models whose row name contains TEXT; repeatable")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    args = p.parse_args(argv)
+    if args.runs is None:
+        args.runs = 3 if args.quick else 5
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    if args.shared and not os.path.isdir(args.shared):
+        p.error(f"--shared {args.shared}: not a directory")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ort.set_default_logger_severity(3)  # the tools' own ORT sessions warn about every model
+    tools = compilers()
+    wanted = (lambda name: any(t in name for t in args.only)) if args.only else (lambda name: True)
+    start = time.perf_counter()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="graphopt-compile-time-") as workdir:
+        sources = chain(zoo_models(workdir, args.quick, wanted), light_models(args.quick, wanted),
+                        folder_models(args.shared, wanted) if args.shared else ())
+        for model in sources:
+            began = time.perf_counter()
+            rows.append(measure(model, tools, args.runs, args.budget, workdir))
+            print(f"{model.name}: {rows[-1].runs} runs, {time.perf_counter() - began:.0f} s",
+                  file=sys.stderr, flush=True)
+    seconds = time.perf_counter() - start
+    if not rows:
+        print(f"no model matches --only {' '.join(args.only)}", file=sys.stderr)
+        return 1
+    print(header(tools, args.runs, args.budget))
+    print()
+    print(format_table(rows, tools))
+    print(f"\n{len(rows)} models in {seconds:.0f} s")
+    if args.json:
+        write_json(args.json, to_json(rows, tools, args, seconds))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
