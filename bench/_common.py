@@ -55,7 +55,8 @@ class Check:
     def cell(self) -> str:
         if self.error:
             return f"error: {self.error}"
-        return f"{self.worst:.1e}" + ("" if self.ok else " ✗")
+        text = "0" if self.worst == 0 else f"{self.worst:.1e}"
+        return text + ("" if self.ok else " ✗")
 
 
 def check_outputs(path: str, feeds: dict[str, np.ndarray],
@@ -83,7 +84,7 @@ def check_outputs(path: str, feeds: dict[str, np.ndarray],
     return Check(errors, not problems)
 
 
-def short_reason(error: BaseException, width: int = 70) -> str:
+def short_reason(error: BaseException, width: int = 60) -> str:
     """The last non-empty line of an exception: ORT and onnx put the cause there."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     text = lines[-1] if lines else type(error).__name__

@@ -14,15 +14,17 @@ from graphopt import numerics, zoo
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
-ZOO_FULL: dict[str, dict] = {name: {} for name in
-                             ("tiny", "matmul256", "resnet50", "mobilenetv2", "gpt2_small",
-                              "bert_base")}
+# name -> (builder options, how the row names the size when it is not the default)
+ZOO_FULL: dict[str, tuple[dict, str]] = {
+    name: ({}, "") for name in
+    ("tiny", "matmul256", "resnet50", "mobilenetv2", "gpt2_small", "bert_base")}
 # --quick keeps every architecture but shrinks the two big ones: the graph patterns stay, the
 # 100 MB and 440 MB of weights that dominate load and save times go.
-ZOO_QUICK: dict[str, dict] = {
-    "tiny": {}, "matmul256": {}, "gpt2_small": {}, "mobilenetv2": {},
-    "resnet50": {"width": 0.25},
-    "bert_base": {"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512, "vocab": 1000},
+ZOO_QUICK: dict[str, tuple[dict, str]] = {
+    "tiny": ({}, ""), "matmul256": ({}, ""), "gpt2_small": ({}, ""), "mobilenetv2": ({}, ""),
+    "resnet50": ({"width": 0.25}, "width 0.25"),
+    "bert_base": ({"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512, "vocab": 1000},
+                  "2 layers, hidden 128"),
 }
 # The light CNNs whose weights come from ConstantOfShape: alexnet, vgg19 and zfnet512 make
 # folding tools materialize hundreds of MB, too slow for --quick.
@@ -42,10 +44,8 @@ Wanted = Callable[[str], bool]  # row name -> bench it?
 def zoo_models(workdir: str, quick: bool, wanted: Wanted) -> Iterator[BenchModel]:
     """Builds each zoo model into `workdir` just before it is measured and deletes it after, so
     at most one large model sits on disk at a time."""
-    for name, options in (ZOO_QUICK if quick else ZOO_FULL).items():
-        label = f"zoo/{name}"
-        if options:
-            label += " (" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
+    for name, (options, size) in (ZOO_QUICK if quick else ZOO_FULL).items():
+        label = f"zoo/{name}" + (f" ({size})" if size else "")
         if not wanted(label):
             continue  # building bert_base alone takes seconds
         proto = zoo.build(name, **options)

@@ -12,7 +12,8 @@ from graphopt.ir import Model
 
 
 @functools.lru_cache(maxsize=1)
-def _runtime_schemas() -> frozenset[tuple[str, str]]:
+def runtime_schemas() -> frozenset[tuple[str, str]]:
+    """(domain, op) of every operator schema this onnxruntime build registers."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as C
 
@@ -27,14 +28,14 @@ def _known(domain: str, op_type: str, functions: set[tuple[str, str]]) -> bool:
         return True
     if domain in ("", "ai.onnx.ml", "ai.onnx.preview.training") and onnx.defs.has(op_type, domain):
         return True
-    return (domain, op_type) in _runtime_schemas()
+    return (domain, op_type) in runtime_schemas()
 
 
 def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
     """Raise InputError on the first node whose domain is not imported or whose op is unknown."""
     imported = {("" if d == "ai.onnx" else d) for d in model.opset_imports}
     functions = model.function_keys()
-    known_domains = {d for d, _ in _runtime_schemas()} | {"", "ai.onnx.ml",
+    known_domains = {d for d, _ in runtime_schemas()} | {"", "ai.onnx.ml",
                                                           "ai.onnx.preview.training"}
     for node in model.graph.all_nodes():
         domain = "" if node.domain == "ai.onnx" else node.domain

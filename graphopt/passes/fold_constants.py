@@ -29,10 +29,10 @@ from onnx import helper
 from graphopt import numerics
 from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
 from graphopt.ir.onnx_io import node_to_proto
+from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.cleanup import NONDETERMINISTIC
 
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                    "Multinomial", "Bernoulli"}
 # Ops whose output can be far larger than their inputs: folded only when the output size is known.
 GENERATORS = {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Pad", "OneHot", "EyeLike",
               "Upsample"}
@@ -48,16 +48,10 @@ _FETCHABLE = {DType.FLOAT, DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, D
               DType.INT64, DType.STRING, DType.BOOL, DType.FLOAT16, DType.DOUBLE, DType.UINT32,
               DType.UINT64, DType.BFLOAT16}
 _STANDARD = ("", "ai.onnx")
-_ort_ops: set[tuple[str, str]] | None = None
 
 
 def _ort_knows(domain: str, op_type: str) -> bool:
-    global _ort_ops
-    if _ort_ops is None:
-        from onnxruntime.capi import _pybind_state
-
-        _ort_ops = {(s.domain, s.name) for s in _pybind_state.get_all_operator_schema()}
-    return (domain, op_type) in _ort_ops
+    return (domain, op_type) in runtime_schemas()
 
 
 def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> str | None:
