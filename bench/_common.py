@@ -36,6 +36,11 @@ def run_model(path: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Outputs of the model at `path` at ORT_DISABLE_ALL, so no ORT fusion can hide a bug."""
     sess = ort.InferenceSession(path, session_options("disable"),
                                 providers=["CPUExecutionProvider"])
+    missing = [i.name for i in sess.get_inputs() if i.name not in feeds]
+    if missing:
+        # A rewritten model that asks for more than the original's inputs cannot be dropped in.
+        raise ValueError(f"needs {len(missing)} more input(s): {missing[0]}"
+                         + (", …" if len(missing) > 1 else ""))
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds)))
 

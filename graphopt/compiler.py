@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,15 +29,24 @@ class OptimizeResult:
 
     model: Model
     log: PassLog
-    source: ModelProto
-    source_label: str
-    nodes_before: int
-    seconds: float
+    source_label: str                 # the input path, or "<model>" for protos and bytes
+    source_sha256: str | None         # of the input's serialized bytes; None: hash the path
+    ops_before: Counter               # op types of the input, nested graphs included
+    seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     max_abs_error: dict[str, float] | None = None  # per output, when verified
 
+    @property
+    def nodes_before(self) -> int:
+        return sum(self.ops_before.values())
+
     def to_onnx(self) -> ModelProto:
         return to_onnx(self.model)
+
+
+def op_counts(nodes) -> Counter:
+    """Nodes per op type, as the summary names them (`domain::Op` outside the default domain)."""
+    return Counter(node.qualified_op for node in nodes)
 
 
 def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_limit,
@@ -78,14 +88,21 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     start = time.perf_counter()
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops)
-    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
+    is_path = isinstance(model, (str, os.PathLike))
+    label = os.fspath(model) if is_path else "<model>"
+    source_sha256 = None
+    if not is_path:
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        source_sha256 = hashlib.sha256(data).hexdigest()
     ir_model = load_onnx(model)
     check_ops(ir_model, label, options.allow_custom_ops)
-    source = to_onnx(ir_model)  # the reference for verification, before any pin or pass
+    # The reference for verification, before any pin or pass; exported only when needed since
+    # it copies every weight.
+    source = to_onnx(ir_model) if verify else None
+    ops_before = op_counts(ir_model.graph.all_nodes())
     if options.input_shapes:
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
-    nodes_before = ir_model.graph.count_nodes()
 
     ctx = PassContext(options)
     instruments = []
@@ -94,8 +111,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if options.dump_dir:
         instruments.append(DumpIR(options.dump_dir))
     log = PassManager(PIPELINES[options.level], ctx, instruments).run(ir_model)
-    result = OptimizeResult(ir_model, log, source, label, nodes_before, 0.0, ctx.notes)
-    if verify:
+    result = OptimizeResult(ir_model, log, label, source_sha256, ops_before, notes=ctx.notes)
+    if source is not None:
         result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options, rtol, atol)
     result.seconds = time.perf_counter() - start
     return result
@@ -172,12 +189,9 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike) ->
         model = model.model
     proto = model if isinstance(model, ModelProto) else to_onnx(model)
     if path.endswith(".om"):
-        source_sha = None
-        if result is not None:
-            source_sha = hashlib.sha256(result.source.SerializeToString()).hexdigest()
         write_om(path, [OmPartition(name="p0", device="cpu", model=proto)],
                  source_path=result.source_label if result else None,
-                 source_bytes_sha256=source_sha,
+                 source_bytes_sha256=result.source_sha256 if result else None,
                  pass_log=_reproducible_log(result))
         return
     try:

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
-from graphopt.compiler import OptimizeResult
+from graphopt.compiler import OptimizeResult, op_counts
 from graphopt.table import format_table
 
 
-def op_counts(nodes) -> Counter:
-    return Counter(n.qualified_op for n in nodes)
-
-
 def format_summary(result: OptimizeResult, output: str | None = None) -> str:
-    before = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-                     for n in _proto_nodes(result.source.graph))
+    before = result.ops_before
     after = op_counts(result.model.graph.all_nodes())
     total_after = sum(after.values())
     head = (f"{result.source_label} -> {output or '(in memory)'}: {result.log.pipeline}, "
@@ -45,12 +38,3 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
         parts.append(f"note: {note}")
     return "\n\n".join(parts)
 
-
-def _proto_nodes(graph):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.g.node:
-                yield from _proto_nodes(attr.g)
-            for g in attr.graphs:
-                yield from _proto_nodes(g)
