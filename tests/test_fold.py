@@ -30,15 +30,34 @@ def parse(text: str, header: str = HEADER) -> onnx.ModelProto:
 
 def run_passes(model: Model, *passes, options: Options | None = None,
                ctx: PassContext | None = None) -> Counter:
-    """Run `passes` in order, verifying the IR after each; return the summed rule counts."""
+    """Run `passes` in order, verifying the IR after each; return the summed rule counts, with
+    FoldConstants' per-op counts summed under "FoldConstants"."""
     ctx = ctx or PassContext(options or Options())
     stats: Counter = Counter()
     for p in passes:
         result = p.run(model, ctx)
         verify(model)
         assert result.changed == bool(result.stats)
-        stats.update(result.stats)
+        if isinstance(p, FoldConstants):
+            if result.stats:
+                stats["FoldConstants"] += sum(result.stats.values())
+        else:
+            stats.update(result.stats)
     return stats
+
+
+def test_fold_counts_are_reported_per_op_type():
+    model = load_onnx(parse("""
+        g (float[2] x) => (float[2] y)
+        <float[2] a = {1.0, 2.0}, float[2] b = {3.0, 4.0}>
+        {
+          s = Add(a, b)
+          t = Mul(s, b)
+          u = Mul(t, a)
+          y = Add(x, u)
+        }"""))
+    result = FoldConstants().run(model, PassContext(Options()))
+    assert result.stats == {"Add": 1, "Mul": 2}
 
 
 def fold(proto: onnx.ModelProto, shapes: bool = True, **option_values) -> tuple[Model, Counter]:

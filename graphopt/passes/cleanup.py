@@ -8,40 +8,10 @@ from collections import defaultdict
 import numpy as np
 from onnx import AttributeProto
 
-from graphopt.ir import Graph, Model, Node, Tensor, Value
+from graphopt.ir import Graph, Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import bypass, replace_value
-
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                    "Multinomial", "Bernoulli"}
-
-_CONSTANT_ATTRS = {
-    "value_float": lambda v: np.array(v, dtype=np.float32),
-    "value_floats": lambda v: np.array(v, dtype=np.float32),
-    "value_int": lambda v: np.array(v, dtype=np.int64),
-    "value_ints": lambda v: np.array(v, dtype=np.int64),
-    "value_string": lambda v: np.array(v, dtype=object),
-    "value_strings": lambda v: np.array(v, dtype=object),
-}
-
-
-def _constant_tensor(node: Node) -> Tensor | None:
-    if len(node.attrs) != 1:
-        return None
-    (name, attr), = node.attrs.items()
-    if attr.ref_attr_name:
-        return None
-    if name == "value":
-        return attr.value
-    if name in _CONSTANT_ATTRS:
-        values = attr.value
-        if name in ("value_string", "value_strings"):
-            values = [v.encode() if isinstance(v, str) else v for v in
-                      (values if isinstance(values, list) else [values])]
-            values = values if name == "value_strings" else values[0]
-        return Tensor(_CONSTANT_ATTRS[name](values))
-    return None  # sparse_value stays a node
-
+from graphopt.passes.facts import NONDETERMINISTIC, constant_node_tensor
 
 @register
 class ConstantToInitializer(Pass):
@@ -55,7 +25,7 @@ class ConstantToInitializer(Pass):
                 if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
                     continue
                 out = node.output
-                tensor = _constant_tensor(node)
+                tensor = constant_node_tensor(node)
                 if tensor is None or out.is_graph_output:
                     continue
                 init = Value(out.name, const=tensor)

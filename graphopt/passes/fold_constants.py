@@ -20,6 +20,7 @@ not inflate the model (a ConstantOfShape building a 500 MB weight stays a node).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Iterable
 
 import numpy as np
@@ -31,7 +32,7 @@ from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
 from graphopt.ir.onnx_io import node_to_proto
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import Pass, PassContext, PassResult, register
-from graphopt.passes.cleanup import NONDETERMINISTIC
+from graphopt.passes.facts import NONDETERMINISTIC, constant_node_tensor
 
 # Ops whose output can be far larger than their inputs: folded only when the output size is known.
 GENERATORS = {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Pad", "OneHot", "EyeLike",
@@ -111,26 +112,6 @@ def _node_proto(node: Node) -> onnx.NodeProto:
 # ---------------------------------------------------------------------------------------------
 # sizes
 # ---------------------------------------------------------------------------------------------
-def _constant_attr_tensor(node: Node) -> Tensor | None:
-    """The data of a Constant node, without copying when it is a tensor attribute."""
-    if len(node.attrs) != 1:
-        return None
-    (name, attr), = node.attrs.items()
-    if attr.ref_attr_name:
-        return None
-    if name == "value":
-        return attr.value
-    makers = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
-              "value_ints": np.int64}
-    if name in makers:
-        return Tensor(np.array(attr.value, dtype=makers[name]))
-    if name in ("value_string", "value_strings"):
-        items = attr.value if isinstance(attr.value, list) else [attr.value]
-        array = np.array([s.encode() if isinstance(s, str) else s for s in items], dtype=object)
-        return Tensor(array.reshape(()) if name == "value_string" else array, dtype=DType.STRING)
-    return None  # sparse_value: left to onnxruntime
-
-
 class _Sizes:
     """Shapes and byte sizes of region values, known or estimated from inputs where cheap."""
 
@@ -289,7 +270,7 @@ class _GraphFolder:
             if _is_castlike(node) and node.input(1).dtype is None:
                 continue
             if node.op_type == "Constant" and node.domain in _STANDARD:
-                tensor = _constant_attr_tensor(node)
+                tensor = constant_node_tensor(node)
                 if tensor is not None:
                     self.results[id(node.output)] = tensor
             elif node.op_type == "Identity" and node.domain in _STANDARD \
@@ -326,8 +307,8 @@ class _GraphFolder:
         in_bytes = sum(self.sizes.nbytes(v) or 0 for v in _data_inputs(node))
         return size > self.limit and size > in_bytes
 
-    def run(self) -> int:
-        """Fold the graph's region; returns the number of nodes removed. A node whose value
+    def run(self) -> Counter:
+        """Fold the graph's region; returns the folded nodes per op type. A node whose value
         cannot be had (evaluation failed, result too big) leaves the region with everything
         downstream of it, and the smaller region's frontier is evaluated again."""
         region = self.region()
@@ -353,7 +334,7 @@ class _GraphFolder:
             if not failed:
                 return self._commit(region, frontier)
             region = _without(region, failed)
-        return 0
+        return Counter()
 
     def _feeds(self, nodes: list[Node]) -> dict[str, Tensor]:
         inside = {id(v) for n in nodes for v in n.outputs if v is not None}
@@ -386,7 +367,7 @@ class _GraphFolder:
                           f"onnxruntime cannot evaluate them (first: '{node.name}': {error})")
         return failed
 
-    def _commit(self, region: list[Node], frontier: list[Value]) -> int:
+    def _commit(self, region: list[Node], frontier: list[Value]) -> Counter:
         for value in frontier:
             replacement = self.aliases.get(id(value))
             if replacement is None:
@@ -398,7 +379,7 @@ class _GraphFolder:
         # Reverse order: by then every output of a region node is read only by removed nodes.
         for node in reversed(region):
             self.graph.remove(node)
-        return len(region)
+        return Counter(node.op_type for node in region)
 
 
 def _needed(values: list[Value], region: list[Node], members: set[int],
@@ -444,7 +425,8 @@ class FoldConstants(Pass):
             for _ in range(ctx.options.max_iterations):
                 folder = _GraphFolder(model, graph, ctx.options.fold_size_limit, pinned, ctx)
                 folded = folder.run()
-                result.count(self.name, folded)
+                for op_type, count in folded.items():  # rewrites are reported per folded op
+                    result.count(op_type, count)
                 if not (folded and folder.deferred):
                     break
         return result
