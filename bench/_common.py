@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 from dataclasses import dataclass
 
@@ -89,10 +90,16 @@ def check_outputs(path: str, feeds: dict[str, np.ndarray],
     return Check(errors, not problems)
 
 
-def short_reason(error: BaseException, width: int = 60) -> str:
-    """The last non-empty line of an exception: ORT and onnx put the cause there."""
+# ORT wraps every cause in the same boilerplate; the cause is what fits in a table cell.
+_ORT_NOISE = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : |Load model from \S+ failed:\s*"
+                        r"|This is an invalid model\.\s*")
+
+
+def short_reason(error: BaseException, width: int = 80) -> str:
+    """The last non-empty line of an exception (ORT and onnx put the cause there), without
+    ORT's boilerplate."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    text = lines[-1] if lines else type(error).__name__
+    text = _ORT_NOISE.sub("", lines[-1]) if lines else type(error).__name__
     text = text.replace("|", "/")  # a pipe would split the markdown cell
     return text if len(text) <= width else text[: width - 1] + "…"
 

@@ -267,8 +267,13 @@ def _dim(dim) -> int | str | None:
 # ---------------------------------------------------------------------------------------------
 # writing
 # ---------------------------------------------------------------------------------------------
-def to_onnx(model: Model) -> ModelProto:
-    """Export the IR as a ModelProto (no external data; `graphopt.save` decides how to write)."""
+def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None) -> ModelProto:
+    """Export the IR as a ModelProto (no external data; `graphopt.save` decides how to write).
+
+    `weights_as_inputs_above`: main-graph initializers larger than this many bytes are emitted
+    as typed graph inputs without data — a cheap model for analyses (shape inference) that need
+    every type but not the weights.
+    """
     proto = ModelProto()
     proto.ir_version = model.ir_version
     if model.ir_version < 4 and any(not v.is_input for g in model.graph.all_graphs()
@@ -285,7 +290,7 @@ def to_onnx(model: Model) -> ModelProto:
     proto.model_version = model.model_version
     proto.doc_string = model.doc_string
     _set_props(proto, model.metadata_props)
-    graph_to_proto(model.graph, proto.graph)
+    graph_to_proto(model.graph, proto.graph, weights_as_inputs_above)
     proto.functions.extend(model.functions)
     proto.training_info.extend(model.training_info)
     if model.configuration:
@@ -293,7 +298,8 @@ def to_onnx(model: Model) -> ModelProto:
     return proto
 
 
-def graph_to_proto(graph: Graph, proto: GraphProto | None = None) -> GraphProto:
+def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
+                   weights_as_inputs_above: int | None = None) -> GraphProto:
     """Fill `proto` (a fresh GraphProto by default) in place, which avoids copying weights."""
     proto = GraphProto() if proto is None else proto
     proto.name = graph.name
@@ -304,6 +310,9 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None) -> GraphProto:
     for value in graph.initializers.values():
         if value.sparse_const is not None:
             proto.sparse_initializer.append(value.sparse_const)
+        elif weights_as_inputs_above is not None and value.const.nbytes > weights_as_inputs_above:
+            if not value.is_input:
+                proto.input.append(value_info(value))
         else:
             proto.initializer.append(value.const.to_proto(value.name))
     outputs = {id(v) for v in graph.outputs}

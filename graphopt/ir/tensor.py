@@ -65,19 +65,51 @@ class Tensor:
         proto.doc_string = self.doc_string
         return proto
 
+    def _raw_bytes(self) -> bytes | None:
+        """The proto's little-endian raw_data when it holds the data byte for byte as numpy
+        would (not for packed sub-byte types), read without converting to numpy: converting
+        would keep a second copy of every weight alive in the cache."""
+        proto = self._proto
+        if proto is None or self._array is not None or not proto.HasField("raw_data"):
+            return None
+        if self.dtype.bits < 8 or self.dtype == DType.STRING:
+            return None
+        return proto.raw_data
+
     def digest(self) -> str:
         """A content hash of dtype, shape and data: equal digests mean equal tensors."""
         if self._digest is None:
             h = hashlib.sha1(f"{int(self.dtype)}:{self.shape}".encode())
-            array = self.numpy()
-            if array.dtype == object:
-                for item in array.ravel():
-                    h.update(item if isinstance(item, bytes) else str(item).encode())
-                    h.update(b"\0")
+            raw = self._raw_bytes()
+            if raw is not None:
+                h.update(raw)
             else:
-                h.update(np.ascontiguousarray(array).tobytes())
+                array = self.numpy()
+                if array.dtype == object:
+                    for item in array.ravel():
+                        h.update(item if isinstance(item, bytes) else str(item).encode())
+                        h.update(b"\0")
+                else:
+                    h.update(np.ascontiguousarray(array).tobytes())
             self._digest = h.hexdigest()[:12]
         return self._digest
+
+    def fingerprint(self) -> str:
+        """A cheap hash of dtype, shape and a strided sample of the data: unequal fingerprints
+        prove tensors differ; equal ones still need `digest` to prove them equal."""
+        h = hashlib.sha1(f"{int(self.dtype)}:{self.shape}".encode())
+        raw = self._raw_bytes()
+        if raw is not None:
+            flat = np.frombuffer(raw, dtype=np.uint8)
+            h.update(flat[:: max(1, flat.size // 2048)][:2048].tobytes())
+            return h.hexdigest()[:12]
+        flat = self.numpy().reshape(-1)
+        sample = flat[:: max(1, flat.size // 512)][:512]
+        if sample.dtype == object:
+            h.update(repr(sample.tolist()).encode())
+        else:
+            h.update(np.ascontiguousarray(sample).tobytes())
+        return h.hexdigest()[:12]
 
     def __repr__(self) -> str:
         return f"Tensor<{self.dtype.short}{list(self.shape)}>"

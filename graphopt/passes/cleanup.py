@@ -165,12 +165,12 @@ class MergeDuplicateInitializers(Pass):
 
     @staticmethod
     def _merge_graph(graph: Graph) -> int:
-        # Hash only tensors that share dtype and shape with another: hashing every weight of a
+        # Hash in full only tensors whose cheap fingerprints collide: hashing every weight of a
         # large model would cost more than the merge saves.
-        groups: dict[tuple, list[Value]] = defaultdict(list)
+        groups: dict[str, list[Value]] = defaultdict(list)
         for value in graph.initializers.values():
             if value.is_constant and value.sparse_const is None and not value.is_graph_output:
-                groups[(value.dtype, value.shape)].append(value)
+                groups[value.const.fingerprint()].append(value)
         merged = 0
         for members in groups.values():
             if len(members) < 2:

@@ -18,18 +18,7 @@ _DATA_PROP_LIMIT = 4096
 
 
 def _weightless_proto(model: Model) -> ModelProto:
-    proto = to_onnx(model)
-    graph = proto.graph
-    large = {v.name for v in model.graph.initializers.values()
-             if v.const is not None and v.const.nbytes > _DATA_PROP_LIMIT}
-    input_names = {i.name for i in graph.input}
-    keep = [t for t in graph.initializer if t.name not in large]
-    for tensor in graph.initializer:
-        if tensor.name in large and tensor.name not in input_names:
-            graph.input.append(
-                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    proto = to_onnx(model, weights_as_inputs_above=_DATA_PROP_LIMIT)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
     return proto
