@@ -84,6 +84,9 @@ class _Importer:
 
     def model(self, proto: ModelProto) -> Model:
         graph = self.graph(proto.graph, {})
+        if proto.ir_version < 4:
+            for value in graph.inputs:
+                value.overridable = value.const is None
         for g in graph.all_graphs():
             g._used_names = None
         return Model(

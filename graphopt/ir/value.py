@@ -34,7 +34,7 @@ class Value:
     """
 
     __slots__ = ("name", "dtype", "shape", "type_proto", "producer", "index", "_uses", "const",
-                 "sparse_const", "is_input", "graph", "doc_string", "metadata_props", "__weakref__")
+                 "sparse_const", "is_input", "overridable", "graph", "doc_string", "metadata_props", "__weakref__")
 
     def __init__(self, name: str, dtype: DType | None = None, shape: Shape | None = None, *,
                  const: "Tensor | None" = None):
@@ -48,6 +48,10 @@ class Value:
         self.const = const
         self.sparse_const: SparseTensorProto | None = None
         self.is_input = False
+        # An initializer listed as a graph input is a default the caller may override, except
+        # before IR 4, where every initializer had to be listed and runtimes treat them as
+        # weights (onnxruntime refuses feeds for them).
+        self.overridable = True
         self.graph: Graph | None = None
         self.doc_string = ""
         self.metadata_props: dict[str, str] = {}
@@ -94,7 +98,7 @@ class Value:
     @property
     def is_constant(self) -> bool:
         """True when the data is fixed at compile time: an initializer a user cannot override."""
-        return self.const is not None and not self.is_input
+        return self.const is not None and not (self.is_input and self.overridable)
 
     def constant(self) -> "np.ndarray | None":
         return self.const.numpy() if self.is_constant else None

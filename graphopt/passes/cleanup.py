@@ -169,7 +169,8 @@ class MergeDuplicateInitializers(Pass):
         # large model would cost more than the merge saves.
         groups: dict[str, list[Value]] = defaultdict(list)
         for value in graph.initializers.values():
-            if value.is_constant and value.sparse_const is None and not value.is_graph_output:
+            if value.is_constant and value.sparse_const is None and not value.is_graph_output \
+                    and not value.is_input:  # inputs are part of the signature: never removed
                 groups[value.const.fingerprint()].append(value)
         merged = 0
         for members in groups.values():
