@@ -12,7 +12,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
-from graphopt.codegen.om import OmArtifact, dtype_from_name, load_om
+from graphopt.codegen.om_manifest import dtype_from_name
+from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 
 CPU_PROVIDER = "CPUExecutionProvider"

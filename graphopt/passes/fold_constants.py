@@ -19,31 +19,19 @@ not inflate the model (a ConstantOfShape building a 500 MB weight stays a node).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Iterable
 
-import numpy as np
-import onnx
-from onnx import helper
-
-from graphopt import numerics
 from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
-from graphopt.ir.onnx_io import node_to_proto
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.facts import NONDETERMINISTIC, constant_node_tensor
+from graphopt.passes.fold_eval import EvalError, evaluate, is_castlike
+from graphopt.passes.fold_sizes import Sizes
 
 # Ops whose output can be far larger than their inputs: folded only when the output size is known.
 GENERATORS = {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Pad", "OneHot", "EyeLike",
               "Upsample"}
-_UNARY = {"Identity", "Cast", "CastLike", "Neg", "Abs", "Relu", "Sigmoid", "Exp", "Log", "Sqrt",
-          "Not", "Sign", "Floor", "Ceil", "Round", "Erf", "Tanh", "Reciprocal", "Sin", "Cos",
-          "LeakyRelu", "Elu", "Selu", "Softplus", "Clip", "HardSigmoid", "IsNaN", "IsInf", "Gelu",
-          "Softmax", "LogSoftmax", "Dropout"}
-_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Equal", "Less", "Greater", "LessOrEqual",
-              "GreaterOrEqual", "And", "Or", "Xor", "Where", "Max", "Min", "Sum", "Mean",
-              "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu"}
 # Element types onnxruntime's Python binding can return; bfloat16 comes back through a float Cast.
 _FETCHABLE = {DType.FLOAT, DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32,
               DType.INT64, DType.STRING, DType.BOOL, DType.FLOAT16, DType.DOUBLE, DType.UINT32,
@@ -87,165 +75,8 @@ def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> s
 
 def _data_inputs(node: Node) -> list[Value]:
     """Inputs whose data the node reads; CastLike reads only the dtype of its second input."""
-    inputs = node.inputs[:1] if _is_castlike(node) else node.inputs
+    inputs = node.inputs[:1] if is_castlike(node) else node.inputs
     return [v for v in inputs if v is not None]
-
-
-def _is_castlike(node: Node) -> bool:
-    return node.op_type == "CastLike" and node.domain in _STANDARD and node.input(1) is not None
-
-
-def _node_proto(node: Node) -> onnx.NodeProto:
-    """The node for the evaluation session; CastLike becomes a Cast so the type-only input
-    need not be there."""
-    proto = node_to_proto(node)
-    if _is_castlike(node):
-        del proto.input[1:]
-        del proto.attribute[:]
-        proto.op_type = "Cast"
-        proto.attribute.append(helper.make_attribute("to", int(node.input(1).dtype)))
-        if node.attr("saturate") is not None:
-            proto.attribute.append(helper.make_attribute("saturate", node.attr("saturate")))
-    return proto
-
-
-# ---------------------------------------------------------------------------------------------
-# sizes
-# ---------------------------------------------------------------------------------------------
-class _Sizes:
-    """Shapes and byte sizes of region values, known or estimated from inputs where cheap."""
-
-    def __init__(self, known: dict[int, Tensor]):
-        self.known = known  # values already evaluated (Constant nodes)
-        self.shapes: dict[int, tuple[int, ...]] = {}
-
-    def shape(self, value: Value) -> tuple[int, ...] | None:
-        if id(value) in self.known:
-            return self.known[id(value)].shape
-        if value.is_constant:
-            return value.const.shape
-        if value.static_shape is not None:
-            return value.static_shape
-        return self.shapes.get(id(value))
-
-    def data(self, value: Value | None) -> np.ndarray | None:
-        """Data of a small constant input (shape operands), else None."""
-        if value is None:
-            return None
-        tensor = self.known.get(id(value)) or (value.const if value.is_constant else None)
-        if tensor is None or tensor.size > 64 or tensor.dtype == DType.STRING:
-            return None
-        return tensor.numpy()
-
-    def nbytes(self, value: Value) -> int | None:
-        if id(value) in self.known:
-            return self.known[id(value)].nbytes
-        if value.is_constant:
-            return value.const.nbytes
-        shape = self.shape(value)
-        if shape is None:
-            return None
-        dtype = value.dtype
-        bits = dtype.bits if dtype is not None and dtype.bits else 64  # unknown: assume 8 bytes
-        return (math.prod(shape) * bits + 7) // 8
-
-    def estimate(self, node: Node) -> None:
-        """Record output shapes of `node` that shape inference did not provide."""
-        for value in node.outputs:
-            if value is not None and self.shape(value) is None:
-                shape = _estimate_shape(node, self)
-                if shape is not None and len(node.outputs) == 1:
-                    self.shapes[id(value)] = shape
-
-
-def _estimate_shape(node: Node, sizes: _Sizes) -> tuple[int, ...] | None:
-    op, inputs = node.op_type, node.inputs
-    shapes = [sizes.shape(v) if v is not None else None for v in inputs]
-    try:
-        if op in _UNARY:
-            return shapes[0]
-        if op in _BROADCAST:
-            present = [s for v, s in zip(inputs, shapes) if v is not None]
-            return None if any(s is None for s in present) else tuple(np.broadcast_shapes(*present))
-        if op == "ConstantOfShape":
-            dims = sizes.data(node.input(0))
-            return None if dims is None else tuple(int(d) for d in dims)
-        if op == "Expand":
-            dims = sizes.data(node.input(1))
-            if dims is None or shapes[0] is None:
-                return None
-            return tuple(np.broadcast_shapes(shapes[0], tuple(int(d) for d in dims)))
-        if op == "Tile":
-            reps = sizes.data(node.input(1))
-            if reps is None or shapes[0] is None:
-                return None
-            return tuple(int(d) * int(r) for d, r in zip(shapes[0], reps))
-        if op == "Range":
-            start, limit, delta = (sizes.data(node.input(i)) for i in range(3))
-            if start is None or limit is None or delta is None or float(delta) == 0:
-                return None
-            return (max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0),)
-        if op == "EyeLike":
-            return shapes[0]
-        if op == "Pad" and shapes[0] is not None:
-            pads = sizes.data(node.input(1)) if node.input(1) is not None else node.attr("pads")
-            if pads is None or node.input(3) is not None:
-                return None
-            rank = len(shapes[0])
-            pads = [int(p) for p in pads]
-            return tuple(d + pads[i] + pads[i + rank] for i, d in enumerate(shapes[0]))
-    except (ValueError, TypeError, IndexError):
-        return None
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# evaluation
-# ---------------------------------------------------------------------------------------------
-class _EvalError(Exception):
-    pass
-
-
-def _evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: list[Value]
-              ) -> dict[int, Tensor]:
-    """Run `nodes` in one onnxruntime session, constants in `feeds` as initializers; return the
-    data of `wanted` keyed by id(value)."""
-    graph = onnx.GraphProto(name="fold")
-    graph.node.extend(_node_proto(n) for n in nodes)
-    for name, tensor in feeds.items():
-        graph.initializer.append(tensor.to_proto(name))
-    fetch_names, casts = [], {}
-    for value in wanted:
-        name = value.name
-        if value.dtype == DType.BFLOAT16:  # the Python binding has no bfloat16: go through float
-            name = value.name + "__fold_as_float"
-            graph.node.append(helper.make_node("Cast", [value.name], [name],
-                                               to=onnx.TensorProto.FLOAT))
-            casts[name] = value.dtype
-        fetch_names.append(name)
-        graph.output.append(helper.make_empty_tensor_value_info(name))
-    proto = helper.make_model(graph, ir_version=model.ir_version, opset_imports=[
-        helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()])
-    if model.ir_version < 4:  # initializers had to be graph inputs before IR 4
-        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-                           for t in graph.initializer)
-    try:
-        arrays = numerics.session(proto).run(fetch_names, {})
-    except Exception as e:  # noqa: BLE001 - any ORT failure means "cannot fold this way"
-        raise _EvalError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-    results = {}
-    for value, name, array in zip(wanted, fetch_names, arrays):
-        if not isinstance(array, np.ndarray):
-            raise _EvalError(f"%{value.name} is not a tensor")
-        if name in casts:
-            results[id(value)] = Tensor(array.astype(casts[name].numpy), dtype=casts[name])
-        elif array.dtype == object:  # strings: bytes, as numpy_helper gives for loaded ones
-            encoded = [v.encode() if isinstance(v, str) else v for v in array.ravel()]
-            results[id(value)] = Tensor(np.array(encoded, dtype=object).reshape(array.shape),
-                                        dtype=DType.STRING)
-        else:
-            results[id(value)] = Tensor(array)
-    return results
 
 
 class _GraphFolder:
@@ -256,7 +87,7 @@ class _GraphFolder:
         self.functions = model.function_keys()
         self.results: dict[int, Tensor] = {}
         self.aliases: dict[int, Value] = {}  # Identity of an existing constant: reuse it
-        self.sizes = _Sizes(self.results)
+        self.sizes = Sizes(self.results)
         self.deferred = False  # a generator waits for its shape operand to be folded first
 
     def region(self) -> list[Node]:
@@ -267,7 +98,7 @@ class _GraphFolder:
                 continue
             if not all(v.is_constant or id(v) in produced for v in _data_inputs(node)):
                 continue
-            if _is_castlike(node) and node.input(1).dtype is None:
+            if is_castlike(node) and node.input(1).dtype is None:
                 continue
             if node.op_type == "Constant" and node.domain in _STANDARD:
                 tensor = constant_node_tensor(node)
@@ -324,9 +155,9 @@ class _GraphFolder:
                 needed = _needed(missing, region, members, self.results)
                 if not per_node:
                     try:
-                        self.results.update(_evaluate(self.model, needed, self._feeds(needed),
+                        self.results.update(evaluate(self.model, needed, self._feeds(needed),
                                                       missing))
-                    except _EvalError:
+                    except EvalError:
                         per_node = True
                 if per_node:
                     failed = self._evaluate_each(needed)
@@ -357,8 +188,8 @@ class _GraphFolder:
                 continue
             outputs = [v for v in node.outputs if v is not None]
             try:
-                self.results.update(_evaluate(self.model, [node], self._feeds([node]), outputs))
-            except _EvalError as e:
+                self.results.update(evaluate(self.model, [node], self._feeds([node]), outputs))
+            except EvalError as e:
                 failed.append(node)
                 errors.setdefault(node.qualified_op, []).append((node, e))
         for op, cases in errors.items():

@@ -1,0 +1,234 @@
+"""The .om manifest format: its constants, JSON Schema, dtype names and structure checks."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from onnx import TensorProto
+
+FORMAT = "graphopt-om"
+FORMAT_VERSION = 1  # bump on any change an older reader would misread; readers refuse newer ones
+MANIFEST_NAME = "manifest.json"
+PARTITION_DIR = "partitions/"
+PARTITION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+
+_SIGNATURE_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["name", "dtype", "shape"],
+        "properties": {
+            "name": {"type": "string"},
+            # TensorProto type name, lower case, floats by width: "float32", "int64", "bool", "bfloat16";
+            # null for non-tensor values (sequences, maps, optionals) or an undefined element type.
+            "dtype": {"type": ["string", "null"]},
+            # null when the rank is unknown; per dim an int, a symbolic name, or null if unknown.
+            "shape": {
+                "type": ["array", "null"],
+                "items": {"type": ["integer", "string", "null"]},
+            },
+        },
+    },
+}
+
+# JSON Schema (draft 2020-12) of manifest.json, format_version 1. New optional keys may be added
+# without a version bump; readers ignore keys they do not know. "extra" is free-form for callers.
+MANIFEST_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "graphopt .om manifest",
+    "type": "object",
+    "required": [
+        "format", "format_version", "graphopt_version", "created_by", "source", "target",
+        "inputs", "outputs", "partitions", "execution_order", "routing", "pass_log", "members",
+        "extra",
+    ],
+    "properties": {
+        "format": {"const": FORMAT},
+        "format_version": {"const": FORMAT_VERSION},
+        "graphopt_version": {"type": "string"},
+        "created_by": {"type": "string"},
+        "source": {
+            "type": "object",
+            "required": ["path", "sha256"],
+            "properties": {
+                # Basename only: a full path would leak the build machine's layout into the artifact.
+                "path": {"type": ["string", "null"]},
+                "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+            },
+        },
+        "target": {"type": "string"},
+        # The artifact's signature: tensors fed by the caller / returned to the caller.
+        "inputs": _SIGNATURE_SCHEMA,
+        "outputs": _SIGNATURE_SCHEMA,
+        "partitions": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "device", "member", "inputs", "outputs"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.-]*$"},
+                    "device": {"type": "string"},
+                    "member": {"type": "string"},
+                    "inputs": {"type": "array", "items": {"type": "string"}},
+                    "outputs": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+        # Partition names, each once, in the order they run.
+        "execution_order": {"type": "array", "items": {"type": "string"}},
+        # One edge per partition input ("from" null: fed by the caller) and per artifact output
+        # ("to" null: returned to the caller). Tensors are routed by name.
+        "routing": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["tensor", "from", "to"],
+                "properties": {
+                    "tensor": {"type": "string"},
+                    "from": {"type": ["string", "null"]},
+                    "to": {"type": ["string", "null"]},
+                },
+            },
+        },
+        "pass_log": {"type": "array"},
+        # Every zip entry except manifest.json, with its checksum; unlisted entries are refused.
+        "members": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["sha256", "size"],
+                "properties": {
+                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    "size": {"type": "integer", "minimum": 0},
+                },
+            },
+        },
+        "extra": {"type": "object"},
+    },
+}
+
+
+# --- element types -------------------------------------------------------------------------
+
+# Floats are named by width so the names read like numpy's; the rest is the TensorProto name lowered.
+_DTYPE_RENAMES = {"FLOAT": "float32", "DOUBLE": "float64"}
+_DTYPE_BY_NAME = {
+    _DTYPE_RENAMES.get(name, name.lower()): value
+    for name, value in TensorProto.DataType.items()
+    if value != TensorProto.UNDEFINED
+}
+
+
+def dtype_name(elem_type: int) -> str | None:
+    """The manifest name of a TensorProto element type ("float32", "int64"); None if undefined."""
+    if elem_type == TensorProto.UNDEFINED:
+        return None
+    name = TensorProto.DataType.Name(elem_type)
+    return _DTYPE_RENAMES.get(name, name.lower())
+
+
+def dtype_from_name(name: str) -> int:
+    """The TensorProto element type of a manifest dtype name; KeyError if unknown."""
+    return _DTYPE_BY_NAME[name]
+
+
+
+# --- member names --------------------------------------------------------------------------
+
+
+def check_member_name(name: str) -> None:
+    """Raise ValueError unless `name` is a relative, normalized path that stays in the archive."""
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or "\x00" in name
+        or re.match(r"[A-Za-z]:", name)  # a Windows drive letter would escape on extraction there
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise ValueError(f"unsafe member name {name!r} (absolute, or escapes the archive)")
+
+
+# --- structure checks ----------------------------------------------------------------------
+
+
+class Malformed(Exception):
+    """A problem found in the file; load_om prefixes the path and raises ArtifactError."""
+
+
+def _field(mapping: dict, key: str, kind: type | tuple, where: str = "manifest") -> Any:
+    if key not in mapping:
+        raise Malformed(f"{where} has no {key!r}")
+    value = mapping[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise Malformed(f"{where} field {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _str_list(mapping: dict, key: str, where: str) -> list[str]:
+    value = _field(mapping, key, list, where)
+    if not all(isinstance(item, str) for item in value):
+        raise Malformed(f"{where} field {key!r} must list strings")
+    return value
+
+
+def _check_signature(entries: list, where: str) -> None:
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise Malformed(f"manifest {where} entries must be objects")
+        _field(entry, "name", str, f"manifest {where} entry")
+        dtype = _field(entry, "dtype", (str, type(None)), f"manifest {where} entry")
+        if dtype is not None and dtype not in _DTYPE_BY_NAME:
+            raise Malformed(f"manifest {where} entry {entry['name']!r} has unknown dtype {dtype!r}")
+        shape = _field(entry, "shape", (list, type(None)), f"manifest {where} entry")
+        for dim in shape or []:
+            if isinstance(dim, bool) or not isinstance(dim, (int, str, type(None))):
+                raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad dim {dim!r}")
+
+
+def check_manifest(manifest: dict) -> None:
+    """Check the structure the loader and runtime rely on (MANIFEST_SCHEMA, without a dependency)."""
+    for key in ("graphopt_version", "created_by", "target"):
+        _field(manifest, key, str)
+    source = _field(manifest, "source", dict)
+    _field(source, "path", (str, type(None)), "manifest source")
+    _field(source, "sha256", (str, type(None)), "manifest source")
+    for key in ("inputs", "outputs"):
+        _check_signature(_field(manifest, key, list), key)
+    _field(manifest, "pass_log", list)
+    _field(manifest, "extra", dict)
+    for name, info in _field(manifest, "members", dict).items():
+        where = f"manifest member {name!r}"
+        if not isinstance(info, dict):
+            raise Malformed(f"{where} is not an object")
+        sha = _field(info, "sha256", str, where)
+        if not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise Malformed(f"{where} has a malformed sha256")
+        if _field(info, "size", int, where) < 0:
+            raise Malformed(f"{where} has a negative size")
+    partitions = _field(manifest, "partitions", list)
+    if not partitions:
+        raise Malformed("manifest lists no partitions")
+    for part in partitions:
+        if not isinstance(part, dict):
+            raise Malformed("manifest partitions entries must be objects")
+        name = _field(part, "name", str, "manifest partition")
+        where = f"manifest partition {name!r}"
+        if not PARTITION_NAME.match(name):
+            raise Malformed(f"{where} has an unsafe name")
+        _field(part, "device", str, where)
+        _field(part, "member", str, where)
+        _str_list(part, "inputs", where)
+        _str_list(part, "outputs", where)
+    order = _str_list(manifest, "execution_order", "manifest")
+    names = [p["name"] for p in partitions]
+    if sorted(order) != sorted(names) or len(set(order)) != len(order):
+        raise Malformed("manifest execution_order must list every partition exactly once")
+    routing = _field(manifest, "routing", list)
+    for edge in routing:
+        if not isinstance(edge, dict):
+            raise Malformed("manifest routing entries must be objects")

@@ -1,0 +1,235 @@
+"""Reading an .om: load_om verifies every member and the manifest's routing; is_om sniffs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zipfile
+import zlib
+
+import onnx
+
+from graphopt import __version__ as GRAPHOPT_VERSION
+from graphopt.codegen.om_manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    Malformed,
+    check_manifest,
+    check_member_name,
+)
+from graphopt.codegen.om_write import (
+    OmPartition,
+    graph_inputs,
+    route,
+    sha256,
+    uses_external_data,
+)
+from graphopt.errors import ArtifactError
+
+# The manifest is parsed before anything is verified: bound what a hostile file can make us read.
+_MAX_MANIFEST_BYTES = 64 << 20
+
+
+def _read_manifest(zf: zipfile.ZipFile) -> dict:
+    try:
+        info = zf.getinfo(MANIFEST_NAME)
+    except KeyError:
+        raise Malformed(f"no {MANIFEST_NAME} (a zip, but not a graphopt .om)") from None
+    if info.file_size > _MAX_MANIFEST_BYTES:
+        raise Malformed(f"{MANIFEST_NAME} is implausibly large ({info.file_size} bytes)")
+    try:
+        manifest = json.loads(zf.read(info).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Malformed(f"{MANIFEST_NAME} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise Malformed(f"{MANIFEST_NAME} is not a JSON object")
+    if manifest.get("format") != FORMAT:
+        raise Malformed(
+            f"not a graphopt .om (manifest format is {manifest.get('format')!r}, expected {FORMAT!r})"
+        )
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise Malformed(f"manifest format_version is {version!r}, not an integer")
+    if version > FORMAT_VERSION:
+        raise Malformed(
+            f"format_version {version} is newer than this graphopt {GRAPHOPT_VERSION} reads "
+            f"(up to {FORMAT_VERSION}); upgrade graphopt or recompile the model"
+        )
+    if version < 1:
+        raise Malformed(f"unsupported format_version {version}")
+    return manifest
+
+
+def _check_routing(manifest: dict) -> None:
+    by_name = {p["name"]: p for p in manifest["partitions"]}
+    ordered = [(n, by_name[n]["inputs"], by_name[n]["outputs"]) for n in manifest["execution_order"]]
+    try:
+        top_inputs, top_outputs, routing = route(ordered, [o["name"] for o in manifest["outputs"]])
+    except ValueError as exc:
+        raise Malformed(f"inconsistent partitions: {exc}") from None
+    if top_inputs != [i["name"] for i in manifest["inputs"]]:
+        raise Malformed("manifest inputs do not match the inputs the partitions need")
+    if routing != manifest["routing"]:
+        raise Malformed("manifest routing does not match the partitions' inputs and outputs")
+
+
+def _read_member(zf: zipfile.ZipFile, name: str, expected: dict) -> bytes:
+    try:
+        info = zf.getinfo(name)
+    except KeyError:
+        raise Malformed(f"member {name!r} listed in the manifest is missing from the archive") from None
+    # Compare the declared size first: it also bounds how much a zip bomb can make us inflate.
+    if info.file_size != expected["size"]:
+        raise Malformed(
+            f"member {name!r} has size {info.file_size}, manifest says {expected['size']} "
+            "(tampered or corrupt)"
+        )
+    try:
+        data = zf.read(info)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
+        raise Malformed(f"member {name!r} is corrupt ({exc})") from None
+    if sha256(data) != expected["sha256"]:
+        raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
+    return data
+
+
+def _parse_partition(part: dict, data: bytes) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)  # plain protobuf decoding: nothing in the file is executed
+    except Exception as exc:  # protobuf's DecodeError type differs between its implementations
+        raise Malformed(f"partition {part['name']!r} is not a valid ONNX model ({exc})") from None
+    if uses_external_data(model):
+        raise Malformed(f"partition {part['name']!r} references external data, which an .om may not")
+    inputs = set(graph_inputs(model))
+    outputs = {vi.name for vi in model.graph.output}
+    for tensor in part["inputs"]:
+        if tensor not in inputs:
+            raise Malformed(f"partition {part['name']!r} input {tensor!r} is not one of its model's")
+    for tensor in part["outputs"]:
+        if tensor not in outputs:
+            raise Malformed(f"partition {part['name']!r} output {tensor!r} is not one of its model's")
+    return model
+
+
+@dataclasses.dataclass(frozen=True)
+class OmArtifact:
+    """A loaded, verified .om: its manifest, member bytes and partition models."""
+
+    path: str
+    manifest: dict
+    members: dict[str, bytes]
+    models: dict[str, onnx.ModelProto]  # by partition name
+
+    @property
+    def inputs(self) -> list[dict]:
+        return self.manifest["inputs"]
+
+    @property
+    def outputs(self) -> list[dict]:
+        return self.manifest["outputs"]
+
+    @property
+    def execution_order(self) -> list[str]:
+        return self.manifest["execution_order"]
+
+    @property
+    def routing(self) -> list[dict]:
+        return self.manifest["routing"]
+
+    def member(self, name: str) -> bytes:
+        """The verified bytes of a member, e.g. "partitions/p0.onnx"."""
+        return self.members[name]
+
+    @property
+    def partitions(self) -> list[OmPartition]:
+        """The partitions in execution order."""
+        by_name = {p["name"]: p for p in self.manifest["partitions"]}
+        parts = []
+        for name in self.execution_order:
+            entry = by_name[name]
+            model = self.models[name]
+            parts.append(OmPartition(name, entry["device"], model, entry["inputs"], entry["outputs"]))
+        return parts
+
+    def partition_bytes(self, name: str) -> bytes:
+        """The serialized model of partition `name`, as stored."""
+        member = next(p["member"] for p in self.manifest["partitions"] if p["name"] == name)
+        return self.members[member]
+
+
+def load_om(path: str | os.PathLike) -> OmArtifact:
+    """Load and verify an .om; any problem raises ArtifactError naming the file and the problem."""
+    path = os.fspath(path)
+    try:
+        return _load(path)
+    except Malformed as exc:
+        raise ArtifactError(f"{path}: {exc}") from None
+
+
+def _load(path: str) -> OmArtifact:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise Malformed(f"cannot read ({exc.strerror or exc})") from None
+    if not magic.startswith(b"PK"):
+        raise Malformed("not an .om artifact (not a zip archive)")
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        raise Malformed("truncated or corrupt zip archive (no readable central directory)") from None
+    except OSError as exc:
+        raise Malformed(f"cannot read ({exc.strerror or exc})") from None
+    with zf:
+        names = zf.namelist()
+        # Refuse unsafe names before reading anything: this also protects anyone who unzips the file.
+        for name in names:
+            try:
+                check_member_name(name)
+            except ValueError as exc:
+                raise Malformed(str(exc)) from None
+        if len(set(names)) != len(names):
+            raise Malformed("a member name appears twice (ambiguous, possibly tampered)")
+        try:
+            manifest = _read_manifest(zf)
+        except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError) as exc:
+            raise Malformed(f"{MANIFEST_NAME} is corrupt ({exc})") from None
+        check_manifest(manifest)
+        listed = manifest["members"]
+        for name in listed:
+            try:
+                check_member_name(name)
+            except ValueError as exc:
+                raise Malformed(f"manifest lists an {exc}") from None
+        for name in names:
+            if name != MANIFEST_NAME and name not in listed:
+                raise Malformed(f"member {name!r} is not listed in the manifest (tampered?)")
+        members = {name: _read_member(zf, name, listed[name]) for name in sorted(listed)}
+
+    models: dict[str, onnx.ModelProto] = {}
+    for part in manifest["partitions"]:
+        if part["member"] not in members:
+            raise Malformed(f"partition {part['name']!r} member {part['member']!r} is not a listed member")
+        models[part["name"]] = _parse_partition(part, members[part["member"]])
+    _check_routing(manifest)
+    return OmArtifact(path=path, manifest=manifest, members=members, models=models)
+
+
+def is_om(path: str | os.PathLike) -> bool:
+    """Whether `path` looks like an .om (zip with a graphopt manifest); checksums are not verified."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":
+                return False
+        with zipfile.ZipFile(path) as zf:
+            info = zf.getinfo(MANIFEST_NAME)
+            if info.file_size > _MAX_MANIFEST_BYTES:
+                return False
+            manifest = json.loads(zf.read(info).decode("utf-8"))
+    except (OSError, KeyError, ValueError, EOFError, RuntimeError, NotImplementedError,
+            zipfile.BadZipFile, zlib.error):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT

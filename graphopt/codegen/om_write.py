@@ -1,0 +1,320 @@
+"""Writing an .om: partitions, the routing between them, and the deterministic zip."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import zipfile
+from typing import Any, Iterable
+
+import onnx
+from onnx import TensorProto
+
+from graphopt import __version__ as GRAPHOPT_VERSION
+from graphopt.atomic import atomic_write
+from graphopt.codegen.om_manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    PARTITION_DIR,
+    PARTITION_NAME,
+    check_member_name,
+    dtype_name,
+)
+from graphopt.errors import ArtifactError, GraphoptError
+
+# Zip entries carry a timestamp; a fixed one makes the same input give the same bytes.
+_ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
+_ZIP_COMPRESSLEVEL = 6
+
+
+# --- signature -----------------------------------------------------------------------------
+
+
+def _signature_entry(value_info: onnx.ValueInfoProto) -> dict:
+    kind = value_info.type.WhichOneof("value")
+    if kind not in ("tensor_type", "sparse_tensor_type"):
+        return {"name": value_info.name, "dtype": None, "shape": None}
+    tensor_type = getattr(value_info.type, kind)
+    shape = None
+    if tensor_type.HasField("shape"):
+        shape = []
+        for dim in tensor_type.shape.dim:
+            which = dim.WhichOneof("value")
+            if which == "dim_value":
+                shape.append(dim.dim_value)
+            else:
+                shape.append(dim.dim_param if which == "dim_param" else None)
+    return {"name": value_info.name, "dtype": dtype_name(tensor_type.elem_type), "shape": shape}
+
+
+# --- partitions and routing ----------------------------------------------------------------
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[str]:
+    # Models before IR 4 list initializers as inputs too; those are weights, not feeds.
+    weights = {init.name for init in model.graph.initializer}
+    weights.update(sparse.values.name for sparse in model.graph.sparse_initializer)
+    return [vi.name for vi in model.graph.input if vi.name not in weights]
+
+
+@dataclasses.dataclass
+class OmPartition:
+    """One separately executed ONNX model of an artifact and the device it targets.
+
+    `inputs` / `outputs` default to the model's graph inputs (weights excluded) and outputs.
+    """
+
+    name: str
+    device: str
+    model: onnx.ModelProto
+    inputs: list[str] | None = None
+    outputs: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not PARTITION_NAME.match(self.name):
+            raise ValueError(f"partition name {self.name!r} must match {PARTITION_NAME.pattern}")
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"partition {self.name!r}: device must be a non-empty string, e.g. 'cpu'")
+        if not isinstance(self.model, onnx.ModelProto):
+            raise TypeError(
+                f"partition {self.name!r}: model must be an onnx.ModelProto, not {type(self.model).__name__}"
+            )
+        if self.inputs is None:
+            self.inputs = graph_inputs(self.model)
+        if self.outputs is None:
+            self.outputs = [vi.name for vi in self.model.graph.output]
+        self.inputs, self.outputs = list(self.inputs), list(self.outputs)
+
+    @property
+    def member(self) -> str:
+        return f"{PARTITION_DIR}{self.name}.onnx"
+
+
+def route(
+    parts: list[tuple[str, list[str], list[str]]], outputs: list[str] | None
+) -> tuple[list[str], list[str], list[dict]]:
+    """(top-level inputs, top-level outputs, routing edges) of (name, inputs, outputs) in run order.
+
+    A partition input is fed by the earlier partition that outputs a tensor of that name, else by
+    the caller. Without `outputs`, the artifact returns every partition output that no other
+    partition consumes. A tensor a partition both takes and returns (ONNX lets a graph output be
+    a graph input) is a pass-through: its origin stays upstream.
+    """
+    if not parts:
+        raise ValueError("an artifact needs at least one partition")
+    producer: dict[str, str] = {}
+    seen_names: set[str] = set()
+    for name, ins, outs in parts:
+        if name in seen_names:
+            raise ValueError(f"two partitions are named {name!r}")
+        seen_names.add(name)
+        for tensor in outs:
+            if tensor in ins:
+                continue
+            if tensor in producer:
+                raise ValueError(f"tensor {tensor!r} is output by {producer[tensor]!r} and {name!r}")
+            producer[tensor] = name
+
+    top_inputs: list[str] = []
+    consumers: dict[str, set[str]] = {}
+    done: set[str] = set()
+    routing: list[dict] = []
+    for name, ins, _ in parts:
+        for tensor in ins:
+            source = producer.get(tensor)
+            if source is not None and source not in done:
+                raise ValueError(
+                    f"partition {name!r} consumes {tensor!r} before {source!r} produces it; "
+                    "list partitions in execution order"
+                )
+            if source is None and tensor not in top_inputs:
+                top_inputs.append(tensor)
+            consumers.setdefault(tensor, set()).add(name)
+            routing.append({"tensor": tensor, "from": source, "to": name})
+        done.add(name)
+
+    if outputs is None:
+        outputs = []
+        for name, _, outs in parts:
+            for tensor in outs:
+                if not consumers.get(tensor, set()) - {name} and tensor not in outputs:
+                    outputs.append(tensor)
+    outputs = list(outputs)
+    if not outputs:
+        raise ValueError("the artifact has no outputs")
+    if len(set(outputs)) != len(outputs):
+        raise ValueError("the artifact lists an output twice")
+    for tensor in outputs:
+        if tensor not in producer and tensor not in top_inputs:
+            raise ValueError(f"output {tensor!r} is produced by no partition")
+        routing.append({"tensor": tensor, "from": producer.get(tensor), "to": None})
+    return top_inputs, outputs, routing
+
+
+def _iter_tensors(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _iter_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _iter_tensors(sub)
+
+
+def uses_external_data(model: onnx.ModelProto) -> bool:
+    # An .om must be self-contained; an external reference would also let a file read any path.
+    return any(t.data_location == TensorProto.EXTERNAL for t in _iter_tensors(model.graph))
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: str) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _json_value(what: str, value: Any) -> Any:
+    # Strict JSON (no NaN) so every reader, not just Python's, can parse the manifest.
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not JSON-serializable: {exc}") from None
+
+
+def _zip_info(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=_ZIP_DATE_TIME)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.create_system = 3  # ZipInfo defaults to the host OS; fix it so bytes match across platforms
+    info.external_attr = 0o100644 << 16
+    return info
+
+
+def write_om(
+    path: str | os.PathLike,
+    partitions: list[OmPartition],
+    *,
+    source_path: str | os.PathLike | None = None,
+    source_bytes_sha256: str | None = None,
+    target: str = "cpu",
+    pass_log: list | None = None,
+    extra_members: dict[str, bytes] | None = None,
+    extra: dict | None = None,
+    outputs: list[str] | None = None,
+) -> None:
+    """Write an .om artifact atomically: `path` ends up complete or as it was.
+
+    `partitions` are in execution order. `outputs` overrides the artifact outputs (by default the
+    partition outputs no partition consumes). `extra_members` adds files (e.g. "tuning/records.json")
+    that are checksummed like partitions. Equal arguments give byte-identical files, so keep
+    timings out of `pass_log` if reproducible builds matter.
+
+    Raises ValueError/TypeError for inconsistent arguments (a caller bug) and GraphoptError when
+    the file cannot be produced (unserializable model, unwritable path).
+    """
+    path = os.fspath(path)
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a string, not {type(target).__name__}")
+    if source_bytes_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", str(source_bytes_sha256)):
+        raise ValueError(f"source_bytes_sha256 must be 64 lower-case hex digits: {source_bytes_sha256!r}")
+    if pass_log is not None and not isinstance(pass_log, (list, tuple)):
+        raise TypeError(f"pass_log must be a list, not {type(pass_log).__name__}")
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict, not {type(extra).__name__}")
+    partitions = list(partitions)
+    for part in partitions:
+        if not isinstance(part, OmPartition):
+            raise TypeError(f"partitions must be OmPartition, not {type(part).__name__}")
+    plan = [(p.name, p.inputs, p.outputs) for p in partitions]
+    top_inputs, top_outputs, routing = route(plan, outputs)
+
+    members: dict[str, bytes] = {}
+    for part in partitions:
+        if uses_external_data(part.model):
+            raise ValueError(
+                f"partition {part.name!r} keeps tensors in external data; load them into the model first"
+            )
+        try:
+            members[part.member] = part.model.SerializeToString()
+        except Exception as exc:  # protobuf raises ValueError past 2 GiB, EncodeError on bad fields
+            raise ArtifactError(
+                f"cannot write {path}: partition {part.name!r} does not serialize ({exc})"
+            ) from exc
+    for name, data in (extra_members or {}).items():
+        check_member_name(name)
+        if name == MANIFEST_NAME or name in members:
+            raise ValueError(f"extra member {name!r} collides with a member graphopt writes")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"extra member {name!r} must be bytes, not {type(data).__name__}")
+        members[name] = bytes(data)
+
+    signature: dict[str, dict] = {}
+    for part in partitions:
+        for vi in list(part.model.graph.input) + list(part.model.graph.output):
+            signature.setdefault(vi.name, _signature_entry(vi))
+    for tensor in top_inputs + top_outputs:
+        if tensor not in signature:
+            raise ValueError(f"tensor {tensor!r} is not a graph input or output of its partition")
+
+    if source_path is not None:
+        source_path = os.fspath(source_path)
+        if source_bytes_sha256 is None:
+            source_bytes_sha256 = _file_sha256(source_path)
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "graphopt_version": GRAPHOPT_VERSION,
+        "created_by": "graphopt",
+        "source": {
+            "path": os.path.basename(source_path) if source_path is not None else None,
+            "sha256": source_bytes_sha256,
+        },
+        "target": target,
+        "inputs": [signature[t] for t in top_inputs],
+        "outputs": [signature[t] for t in top_outputs],
+        "partitions": [
+            {
+                "name": p.name, "device": p.device, "member": p.member,
+                "inputs": p.inputs, "outputs": p.outputs,
+            }
+            for p in partitions
+        ],
+        "execution_order": [p.name for p in partitions],
+        "routing": routing,
+        "pass_log": _json_value("pass_log", list(pass_log or [])),
+        "members": {
+            name: {"sha256": sha256(data), "size": len(data)}
+            for name, data in members.items()
+        },
+        "extra": _json_value("extra", dict(extra or {})),
+    }
+    manifest_bytes = (json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
+
+    try:
+        with atomic_write(path) as f, zipfile.ZipFile(f, "w") as zf:
+            # The manifest goes first so a reader (or `unzip -p`) finds it without the central directory.
+            zf.writestr(_zip_info(MANIFEST_NAME), manifest_bytes, compresslevel=_ZIP_COMPRESSLEVEL)
+            for name in sorted(members):
+                zf.writestr(_zip_info(name), members[name], compresslevel=_ZIP_COMPRESSLEVEL)
+    except OSError as exc:
+        raise GraphoptError(f"cannot write {path}: {exc.strerror or exc}") from exc

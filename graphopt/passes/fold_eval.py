@@ -1,0 +1,77 @@
+"""Evaluating constant nodes for FoldConstants in one onnxruntime session."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from graphopt import numerics
+from graphopt.ir import DType, Model, Node, Tensor, Value
+from graphopt.ir.onnx_io import node_to_proto
+
+_STANDARD = ("", "ai.onnx")
+
+
+def is_castlike(node: Node) -> bool:
+    return node.op_type == "CastLike" and node.domain in _STANDARD and node.input(1) is not None
+
+
+def _node_proto(node: Node) -> onnx.NodeProto:
+    """The node for the evaluation session; CastLike becomes a Cast so the type-only input
+    need not be there."""
+    proto = node_to_proto(node)
+    if is_castlike(node):
+        del proto.input[1:]
+        del proto.attribute[:]
+        proto.op_type = "Cast"
+        proto.attribute.append(helper.make_attribute("to", int(node.input(1).dtype)))
+        if node.attr("saturate") is not None:
+            proto.attribute.append(helper.make_attribute("saturate", node.attr("saturate")))
+    return proto
+
+
+class EvalError(Exception):
+    """onnxruntime could not evaluate the nodes; the message is its first line of complaint."""
+
+
+def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: list[Value]
+             ) -> dict[int, Tensor]:
+    """Run `nodes` in one onnxruntime session, constants in `feeds` as initializers; return the
+    data of `wanted` keyed by id(value)."""
+    graph = onnx.GraphProto(name="fold")
+    graph.node.extend(_node_proto(n) for n in nodes)
+    for name, tensor in feeds.items():
+        graph.initializer.append(tensor.to_proto(name))
+    fetch_names, casts = [], {}
+    for value in wanted:
+        name = value.name
+        if value.dtype == DType.BFLOAT16:  # the Python binding has no bfloat16: go through float
+            name = value.name + "__fold_as_float"
+            graph.node.append(helper.make_node("Cast", [value.name], [name],
+                                               to=onnx.TensorProto.FLOAT))
+            casts[name] = value.dtype
+        fetch_names.append(name)
+        graph.output.append(helper.make_empty_tensor_value_info(name))
+    proto = helper.make_model(graph, ir_version=model.ir_version, opset_imports=[
+        helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()])
+    if model.ir_version < 4:  # initializers had to be graph inputs before IR 4
+        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                           for t in graph.initializer)
+    try:
+        arrays = numerics.session(proto).run(fetch_names, {})
+    except Exception as e:  # noqa: BLE001 - any ORT failure means "cannot fold this way"
+        raise EvalError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    results = {}
+    for value, name, array in zip(wanted, fetch_names, arrays):
+        if not isinstance(array, np.ndarray):
+            raise EvalError(f"%{value.name} is not a tensor")
+        if name in casts:
+            results[id(value)] = Tensor(array.astype(casts[name].numpy), dtype=casts[name])
+        elif array.dtype == object:  # strings: bytes, as numpy_helper gives for loaded ones
+            encoded = [v.encode() if isinstance(v, str) else v for v in array.ravel()]
+            results[id(value)] = Tensor(np.array(encoded, dtype=object).reshape(array.shape),
+                                        dtype=DType.STRING)
+        else:
+            results[id(value)] = Tensor(array)
+    return results
