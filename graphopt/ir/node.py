@@ -109,8 +109,13 @@ class Node:
         return graphs
 
     @property
+    def is_onnx(self) -> bool:
+        """Whether the op is from the default ONNX domain (spelled "" or "ai.onnx")."""
+        return self.domain in ("", "ai.onnx")
+
+    @property
     def qualified_op(self) -> str:
-        return f"{self.domain}::{self.op_type}" if self.domain not in ("", "ai.onnx") else self.op_type
+        return self.op_type if self.is_onnx else f"{self.domain}::{self.op_type}"
 
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""

@@ -22,7 +22,7 @@ class ConstantToInitializer(Pass):
         result = PassResult()
         for graph in list(model.graph.all_graphs()):
             for node in graph:
-                if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+                if node.op_type != "Constant" or not node.is_onnx:
                     continue
                 out = node.output
                 tensor = constant_node_tensor(node)
@@ -58,7 +58,7 @@ class EliminateIdentity(Pass):
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         for node in list(model.graph.all_nodes()):
-            if node.graph is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+            if node.graph is None or not node.is_onnx or not node.inputs:
                 continue
             source = node.inputs[0]
             if source is None:

@@ -36,7 +36,6 @@ GENERATORS = {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Pad", "On
 _FETCHABLE = {DType.FLOAT, DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32,
               DType.INT64, DType.STRING, DType.BOOL, DType.FLOAT16, DType.DOUBLE, DType.UINT32,
               DType.UINT64, DType.BFLOAT16}
-_STANDARD = ("", "ai.onnx")
 
 
 def _ort_knows(domain: str, op_type: str) -> bool:
@@ -48,7 +47,7 @@ def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> s
     op = node.op_type
     if node.subgraphs():
         return "has a subgraph"
-    if node.domain in _STANDARD:
+    if node.is_onnx:
         if op in NONDETERMINISTIC:
             return "non-deterministic"
         if op.startswith(("Sequence", "Optional")) or op == "SplitToSequence":
@@ -100,11 +99,11 @@ class _GraphFolder:
                 continue
             if is_castlike(node) and node.input(1).dtype is None:
                 continue
-            if node.op_type == "Constant" and node.domain in _STANDARD:
+            if node.op_type == "Constant" and node.is_onnx:
                 tensor = constant_node_tensor(node)
                 if tensor is not None:
                     self.results[id(node.output)] = tensor
-            elif node.op_type == "Identity" and node.domain in _STANDARD \
+            elif node.op_type == "Identity" and node.is_onnx \
                     and node.input(0) is not None and node.input(0).is_constant:
                 self.aliases[id(node.output)] = node.input(0)
             elif not self._bounded(node):

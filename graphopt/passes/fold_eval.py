@@ -10,11 +10,9 @@ from graphopt import numerics
 from graphopt.ir import DType, Model, Node, Tensor, Value
 from graphopt.ir.onnx_io import node_to_proto
 
-_STANDARD = ("", "ai.onnx")
-
 
 def is_castlike(node: Node) -> bool:
-    return node.op_type == "CastLike" and node.domain in _STANDARD and node.input(1) is not None
+    return node.op_type == "CastLike" and node.is_onnx and node.input(1) is not None
 
 
 def _node_proto(node: Node) -> onnx.NodeProto:

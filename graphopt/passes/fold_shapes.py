@@ -19,8 +19,6 @@ from graphopt.ir import Graph, Model, Node, Tensor, Value
 from graphopt.ir.value import Shape
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 
-_STANDARD = ("", "ai.onnx")
-
 
 def _shape_dims(node: Node) -> Shape | None:
     """The dims a Shape node returns (after opset-15 start/end slicing), static or not."""
@@ -107,7 +105,7 @@ class FoldShapes(Pass):
         opset = model.opset("") or 1
         for graph in graphs:
             for node in graph:
-                if node.domain not in _STANDARD:
+                if not node.is_onnx:
                     continue
                 if node.op_type == "Size":
                     x = node.input(0)
@@ -130,7 +128,7 @@ class FoldShapes(Pass):
             return
         # Some dims are symbolic: fold the readers that only pick static ones.
         for consumer in node.output.consumers():
-            if consumer.domain not in _STANDARD or consumer.input(0) is not node.output:
+            if not consumer.is_onnx or consumer.input(0) is not node.output:
                 continue
             if consumer.op_type == "Gather":
                 array = _gathered(consumer, dims)

@@ -136,7 +136,7 @@ RULES: dict[str, Callable[[Node], Value | None]] = {
 def _collapse_reshape(node: Node) -> bool:
     """Reshape(Reshape(x, a), b) -> Reshape(x, b) when b has no 0 (copy-from-input) dims."""
     inner = node.inputs[0].producer
-    if inner is None or inner.op_type != "Reshape" or inner.domain not in ("", "ai.onnx"):
+    if inner is None or inner.op_type != "Reshape" or not inner.is_onnx:
         return False
     shape = _const(node.input(1))
     if shape is None or (shape == 0).any() or node.attr("allowzero", 0):
@@ -155,7 +155,7 @@ class EliminateNoOps(Pass):
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         for node in list(model.graph.all_nodes()):
-            if node.graph is None or node.domain not in ("", "ai.onnx") or not node.inputs:
+            if node.graph is None or not node.is_onnx or not node.inputs:
                 continue
             if node.inputs[0] is None or node.outputs[0] is None:
                 continue
