@@ -20,7 +20,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
-	$(PY) bench/compile_time.py
+	$(PY) bench/compile_time.py --compact --json out/compile_time.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

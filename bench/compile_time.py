@@ -153,8 +153,8 @@ def ratios(rows: list[Row], tool: str) -> list[float]:
 
 def geomean_groups(rows: list[Row]) -> list[tuple[str, list[Row]]]:
     """One geomean per model set (zoo, light, ...) and one over all: the sets do different work
-    (graphopt does not fold the light CNNs' overridable initializers that the others fold into
-    hundreds of MB), so one number alone would hide which set drives it."""
+    (the other tools materialize the light CNNs' generated weights, hundreds of MB, which
+    graphopt's fold size cap refuses), so one number alone would hide which set drives it."""
     sets: dict[str, list[Row]] = {}
     for row in rows:
         sets.setdefault(row.model.name.split("/")[0], []).append(row)
@@ -186,6 +186,40 @@ def format_table(rows: list[Row], tools: list[Compiler]) -> str:
             mean += ["", f"{g:.2f} (n={len(found)})" if g else "", "", ""]
         body.append(mean)
     return markdown_table(headers, body)
+
+
+def format_compact(rows: list[Row], tools: list[Compiler]) -> str:
+    """One column per tool: graphopt's median seconds and node count, the others' time ratios;
+    ✗ marks outputs beyond tolerance, "error" a tool that failed or wrote an unrunnable model."""
+    headers = ["model", "nodes", "graphopt s", "nodes after"] + [f"{t.name} ×" for t in tools[1:]]
+    body = []
+    for row in rows:
+        base = row.tools["graphopt"]
+        cells = [row.model.name, str(row.nodes),
+                 f"{base.stats.median:.3g}{_mark(base)}" if base.stats else "error",
+                 str(base.nodes) if base.stats else ""]
+        for tool in tools[1:]:
+            result = row.tools[tool.name]
+            if result.stats is None or base.stats is None:
+                cells.append("n/a" if (result.error or "").startswith("n/a") else "error")
+            else:
+                cells.append(f"{result.stats.median / base.stats.median:.2f}{_mark(result)}")
+        body.append(cells)
+    for label, subset in geomean_groups(rows):
+        mean = [label, "", "", ""]
+        for tool in tools[1:]:
+            g = geomean(ratios(subset, tool.name))
+            mean.append(f"{g:.2f}" if g else "")
+        body.append(mean)
+    return markdown_table(headers, body)
+
+
+def _mark(result: ToolResult) -> str:
+    if result.check is None:
+        return ""
+    if result.check.error:
+        return " (output unrunnable)"
+    return "" if result.check.ok else " ✗"
 
 
 def header(tools: list[Compiler], runs: int, budget: float) -> str:
@@ -255,6 +289,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also bench every DIR/*.onnx (DIR/NAME.inputs.npz is its feed if present)")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="bench only models whose row name contains TEXT; repeatable")
+    p.add_argument("--compact", action="store_true",
+                   help="a narrow table: graphopt's seconds and nodes, the others' time ratios")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
     if args.runs is None:
@@ -287,11 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(header(tools, args.runs, args.budget))
     print()
-    print(format_table(rows, tools))
+    print(format_compact(rows, tools) if args.compact else format_table(rows, tools))
     if any(row.model.name.startswith("light/") for row in rows):
-        print("\nlight/*: the weights are ConstantOfShape outputs of initializers that are also "
-              "graph inputs (IR 3), which a caller may override; graphopt keeps them as nodes, "
-              "the other tools fold them into the file (see MB out).")
+        print("\nlight/*: the weights are built at run time by ConstantOfShape; graphopt folds "
+              "those up to --fold-size-limit (1 MiB) and keeps larger ones as nodes, the other "
+              "tools write every weight into the file (hundreds of MB for vgg19 and alexnet).")
     print(f"\n{len(rows)} models in {seconds:.0f} s")
     if args.json:
         write_json(args.json, to_json(rows, tools, args, seconds))
