@@ -48,8 +48,13 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
     A dim comes from `shapes[input][axis]` (ATC-style pins, -1 = not pinned), else the model,
     else `dims[symbol]`, else 1."""
     rng = np.random.default_rng(seed)
-    dims = dims or {}
+    dims = dict(dims or {})
     initialized = {t.name for t in model.graph.initializer}
+    # A symbol pinned on one input binds it on every other input too (as --input-shape does).
+    for info in model.graph.input:
+        for dim, pinned in zip(info.type.tensor_type.shape.dim, (shapes or {}).get(info.name, ())):
+            if dim.dim_param and pinned >= 0:
+                dims.setdefault(dim.dim_param, int(pinned))
     feeds = {}
     for info in model.graph.input:
         if info.name in initialized:

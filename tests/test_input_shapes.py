@@ -1,0 +1,52 @@
+"""--input-shape: a pinned symbolic dim propagates to every input, intermediate and output that
+shares it, and unlocks shape folding."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx.parser
+
+import graphopt
+from graphopt import numerics
+
+MODEL = onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, seq, 8] x, float[batch, seq] mask) => (float[batch, seq8] y) {
+    m = Unsqueeze(mask, axes)
+    h = Mul(x, m)
+    s = Shape(h)
+    b = Gather <axis = 0> (s, zero)
+    b1 = Unsqueeze(b, axes0)
+    shape = Concat <axis = 0> (b1, minus_one)
+    y = Reshape(h, shape)
+}
+""")
+AXES = {"axes": [2], "zero": 0, "axes0": [0], "minus_one": [-1]}
+
+
+def _model() -> onnx.ModelProto:
+    proto = onnx.ModelProto.FromString(MODEL.SerializeToString())
+    for name, data in AXES.items():
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(np.array(data, np.int64), name))
+    return proto
+
+
+def test_pinned_symbol_propagates_to_other_inputs_and_outputs():
+    result = graphopt.optimize(_model(), input_shapes="x:2,5,8", verify=True)
+    graph = result.model.graph
+    assert [v.shape for v in graph.inputs] == [(2, 5, 8), (2, 5)]  # mask shares batch and seq
+    assert graph.outputs[0].shape == (2, 40)
+
+
+def test_pins_unlock_shape_subgraph_folding():
+    dynamic = graphopt.optimize(_model())
+    pinned = graphopt.optimize(_model(), input_shapes={"x": [2, 5, 8]})
+    dynamic_ops = [n.op_type for n in dynamic.model.graph]
+    pinned_ops = [n.op_type for n in pinned.model.graph]
+    assert "Shape" in dynamic_ops
+    assert pinned_ops == ["Unsqueeze", "Mul", "Reshape"]
+    reshape = pinned.model.graph.nodes()[-1]
+    assert reshape.inputs[1].constant().tolist() == [2, -1]
+    feeds = numerics.random_feeds(_model(), seed=3, shapes={"x": [2, 5, 8], "mask": [2, 5]})
+    expected = numerics.run(_model(), feeds)
+    assert not numerics.compare(expected, numerics.run(pinned.to_onnx(), feeds))
