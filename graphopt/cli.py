@@ -60,6 +60,10 @@ def _add_optimize(sub) -> None:
                    help="write the IR after import and after each pass, plus passes.json")
     p.add_argument("--verify-each", action="store_true",
                    help="verify the graph's structure after every pass")
+    p.add_argument("--trace-rule", action="append", default=[], metavar="RULE",
+                   help="report why RULE did not fire at its closest near-misses; repeatable")
+    p.add_argument("--fusion-switch-file", dest="switch_file", metavar="FILE",
+                   help="same as --switch-file (ATC's spelling)")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -86,7 +90,7 @@ def _cmd_optimize(args) -> int:
                       fold_size_limit=args.fold_size_limit, verify=args.verify,
                       inputs=args.inputs, rtol=args.rtol, atol=args.atol,
                       dump_dir=args.dump_dir, verify_structure=args.verify_each,
-                      allow_custom_ops=args.allow_custom_ops)
+                      allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule)
     save(result, args.output)
     if not args.quiet:
         print(format_summary(result, args.output))
@@ -106,6 +110,14 @@ def _cmd_passes(args) -> int:
 
     rows = [[name, cls.description] for name, cls in sorted(PASSES.items())]
     print(format_table(["pass", "what it does"], rows))
+    print()
+    rule_rows = []
+    for name, cls in sorted(PASSES.items()):
+        for rule in getattr(cls, "rules", ()):
+            doc = (rule.__doc__ or "").strip().splitlines()
+            rule_rows.append([rule.name, name, doc[0] if doc else ""])
+    if rule_rows:
+        print(format_table(["rule", "pass", "matches"], rule_rows))
     print()
     for level, pipeline in PIPELINES.items():
         print(f"-O{level}  {pipeline.description}")

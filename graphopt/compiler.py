@@ -20,6 +20,7 @@ from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.instruments import DumpIR, VerifyAfterEachPass
+from graphopt.passes.rules import RULES, Tracer
 from graphopt.switches import read_switch_file
 
 
@@ -35,6 +36,7 @@ class OptimizeResult:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     max_abs_error: dict[str, float] | None = None  # per output, when verified
+    traces: list[str] = field(default_factory=list)  # --trace-rule reports
 
     @property
     def nodes_before(self) -> int:
@@ -50,7 +52,7 @@ def op_counts(nodes) -> Counter:
 
 
 def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_limit,
-             verify_structure: bool, dump_dir, allow_custom_ops: bool) -> Options:
+             verify_structure: bool, dump_dir, allow_custom_ops: bool, trace_rules) -> Options:
     if level not in PIPELINES:
         raise OptionError(f"optimization level {level} does not exist (use 0 to {max(PIPELINES)})")
     if isinstance(disable_passes, str):
@@ -64,8 +66,16 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
         raise OptionError(f"--fold-size-limit must be ≥ 0 bytes, got {fold_size_limit}")
     if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
         raise OptionError(f"--dump-dir {dump_dir}: exists and is not a directory")
+    if isinstance(trace_rules, str):
+        trace_rules = [trace_rules]
+    trace_rules = set(trace_rules or ())
+    unknown = sorted(trace_rules - set(RULES))
+    if unknown:
+        raise OptionError(f"--trace-rule: unknown rule {', '.join(unknown)} "
+                          "(`graphopt passes` lists the rules)")
     options = Options(level=level, disabled_passes=disabled, input_shapes=input_shapes,
-                      dump_dir=dump_dir, allow_custom_ops=allow_custom_ops)
+                      dump_dir=dump_dir, allow_custom_ops=allow_custom_ops,
+                      trace_rules=trace_rules)
     options.verify_structure |= verify_structure
     if fold_size_limit is not None:
         options.fold_size_limit = int(fold_size_limit)
@@ -78,7 +88,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              fold_size_limit: int | None = None, verify: bool = False,
              inputs: dict[str, np.ndarray] | str | None = None, rtol: float = 1e-4,
              atol: float = 1e-5, dump_dir: str | None = None, verify_structure: bool = False,
-             allow_custom_ops: bool = False) -> OptimizeResult:
+             allow_custom_ops: bool = False, trace_rules=()) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
@@ -87,7 +97,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     """
     start = time.perf_counter()
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
-                       verify_structure, dump_dir, allow_custom_ops)
+                       verify_structure, dump_dir, allow_custom_ops, trace_rules)
     is_path = isinstance(model, (str, os.PathLike))
     label = os.fspath(model) if is_path else "<model>"
     source_sha256 = None
@@ -104,7 +114,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
 
-    ctx = PassContext(options)
+    ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None)
     instruments = []
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())
@@ -112,6 +122,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         instruments.append(DumpIR(options.dump_dir))
     log = PassManager(PIPELINES[options.level], ctx, instruments).run(ir_model)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before, notes=ctx.notes)
+    if ctx.tracer is not None:
+        result.traces = ctx.tracer.report()
     if source is not None:
         result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options, rtol, atol)
     result.seconds = time.perf_counter() - start

@@ -619,8 +619,8 @@ def test_unknown_pass_in_disable_pass(foldable, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name, text, needles", [
-    ("unknown.txt", "FoldEverything: off\n", ["unknown pass FoldEverything"]),
-    ("unknown.json", '{"FoldEverything": "off"}', ["unknown pass FoldEverything"]),
+    ("unknown.txt", "FoldEverything: off\n", ["unknown pass or rule FoldEverything"]),
+    ("unknown.json", '{"FoldEverything": "off"}', ["unknown pass or rule FoldEverything"]),
     ("state.txt", "FoldConstants: maybe\n", ["FoldConstants", "on or off", "'maybe'"]),
     ("state.json", '{"FoldConstants": "disabled"}', ["FoldConstants", "on or off"]),
     ("broken.json", '{"FoldConstants": ', ["invalid JSON"]),

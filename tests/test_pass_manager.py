@@ -92,7 +92,7 @@ def test_disabled_pass_does_not_run(test_passes):
 
 
 def test_unknown_disabled_pass_is_an_option_error():
-    with pytest.raises(OptionError, match="unknown pass NoSuchPass"):
+    with pytest.raises(OptionError, match="unknown pass or rule NoSuchPass"):
         _run([], Options(disabled_passes={"NoSuchPass"}))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from graphopt.ir import Model
@@ -30,6 +30,7 @@ class PassContext:
 
     options: "Options"
     notes: list[str] = field(default_factory=list)  # one-line notices shown to the user
+    tracer: Any = None  # rules.Tracer when --trace-rule asked for near-miss reports
 
     def note(self, message: str) -> None:
         if message not in self.notes:

@@ -50,10 +50,13 @@ class PassLog:
 
 
 def check_pass_names(names, what: str) -> None:
-    unknown = sorted(set(names) - set(PASSES))
+    """Passes and rules can both be switched off by name."""
+    from graphopt.passes.rules import RULES
+
+    unknown = sorted(set(names) - set(PASSES) - set(RULES))
     if unknown:
-        raise OptionError(f"{what}: unknown pass {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(PASSES))})")
+        raise OptionError(f"{what}: unknown pass or rule {', '.join(unknown)} (passes: "
+                          f"{', '.join(sorted(PASSES))}; `graphopt passes` lists the rules)")
 
 
 class PassManager:

@@ -22,6 +22,7 @@ class Options:
     verify_structure: bool = field(default_factory=lambda: _env_flag("GRAPHOPT_VERIFY_PASSES"))
     dump_dir: str | None = None           # write the IR after import and after each pass
     allow_custom_ops: bool = False        # accept ops of domains no schema or function knows
+    trace_rules: set[str] = field(default_factory=set)  # rules whose near-misses are reported
 
     @classmethod
     def names(cls) -> list[str]:

@@ -15,6 +15,9 @@ class FixedPoint:
 Step = str | FixedPoint
 
 _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
+# Fusions run after folding (patterns expect folded constants) and repeat with dead-node removal
+# so that a fusion exposing another (Gelu then BiasGelu) is found.
+_FUSE = ("FuseGelu", "EliminateDeadNodes")
 _FOLD = ("FoldShapes", "FoldConstants", "EliminateIdentity", "EliminateNoOps",
          "EliminateCommonSubexpressions", "EliminateDeadNodes")
 
@@ -38,13 +41,15 @@ PIPELINES: dict[int, Pipeline] = {
     0: Pipeline("O0", "no passes: import, verify, export", ()),
     1: Pipeline("O1", "cleanup: constants to initializers, identities, no-ops, dead nodes",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(_CLEANUP))),
-    2: Pipeline("O2", "O1 + shape and constant folding and CSE to a fixed point, shared weights",
-                ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD),
+    2: Pipeline("O2", "O1 + shape and constant folding and CSE to a fixed point, fusions, "
+                "shared weights",
+                ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD), FixedPoint(_FUSE),
                  "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
     3: Pipeline("O3", "O2 with shape inference re-run inside the fixed point, so folding "
                 "sees shapes that only earlier folds reveal",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(("InferShapes",) + _FOLD),
-                 "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
+                 FixedPoint(_FUSE), "MergeDuplicateInitializers", "EliminateDeadNodes",
+                 "InferShapes")),
 }
 
 DEFAULT_LEVEL = 2

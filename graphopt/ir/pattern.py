@@ -1,0 +1,334 @@
+"""Declarative patterns written like the ops they match, and the matcher that binds them to IR.
+
+    def pattern(self, op, x):
+        return op.Mul(op.Mul(x, op.Add(op.Erf(op.Div(x, SQRT2)), 1.0)), 0.5)
+
+`op.Name(...)` builds a pattern node; a parameter of `pattern` (here `x`) is a variable that binds
+any value, the same value wherever it appears; a Python number matches a constant whose every
+element is close to it; `Const(pred)` matches a constant the predicate accepts and binds it;
+`Attr()` binds an attribute. Commutative ops are tried in both operand orders. The matcher
+reports, for a failed candidate, how deep it got and why it stopped (for --trace-rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from graphopt.ir.node import Node
+from graphopt.ir.value import Value
+
+COMMUTATIVE = {"Add", "Mul", "And", "Or", "Xor", "Equal", "Max", "Min", "Sum", "Mean",
+               "BitwiseAnd", "BitwiseOr", "BitwiseXor"}
+
+
+class Pattern:
+    """Something that matches a value."""
+
+
+@dataclass(eq=False)
+class Var(Pattern):
+    """Binds any value (or, with `const=True`, only a constant); the same name must bind the same
+    value wherever it appears."""
+
+    name: str
+    const: bool = False
+
+
+@dataclass(eq=False)
+class Const(Pattern):
+    """Matches a constant value: `value` (every element close to it) or `pred(array)`; binds the
+    array under `name` when given."""
+
+    value: float | None = None
+    pred: Callable[[np.ndarray], bool] | None = None
+    name: str | None = None
+    rtol: float = 1e-3
+    atol: float = 1e-6
+
+    def describe(self) -> str:
+        return f"constant ≈ {self.value}" if self.value is not None else "constant (predicate)"
+
+
+@dataclass(eq=False)
+class Attr:
+    """In an attribute position: binds the attribute's value (or `default` when it is absent)
+    under `name`; with `pred`, the value must also satisfy it."""
+
+    name: str
+    default: Any = None
+    pred: Callable[[Any], bool] | None = None
+
+
+@dataclass(eq=False)
+class Optional(Pattern):
+    """An input that may be omitted (matches None too); `inner` binds when present."""
+
+    inner: Pattern
+
+
+@dataclass(eq=False)
+class OpPattern(Pattern):
+    op_type: str
+    domain: str
+    inputs: list[Pattern]
+    attrs: dict[str, Any]
+    output: int = 0          # which output of the matched node this pattern stands for
+    name: str | None = None  # binds the matched node under this name
+
+    def describe(self) -> str:
+        return f"{self.domain + '::' if self.domain else ''}{self.op_type}"
+
+
+class _OutputRef(Pattern):
+    def __init__(self, node: OpPattern, index: int):
+        self.node, self.index = node, index
+
+
+class PatternBuilder:
+    """`op.Relu(x)`, `op.Gelu(x, _domain="com.microsoft")`, `op.Split(x, _outputs=3)`,
+    `op.Softmax(x, axis=-1)`, `op.Transpose(x, perm=Attr("perm"))`, `op.Add(a, b, _name="add")`."""
+
+    def __getattr__(self, op_type: str) -> Callable[..., Any]:
+        def make(*inputs, _domain: str = "", _outputs: int = 1, _name: str | None = None,
+                 **attrs):
+            node = OpPattern(op_type, _domain, [_as_pattern(i) for i in inputs], attrs, 0, _name)
+            if _outputs == 1:
+                return node
+            return tuple(OpPattern(op_type, _domain, node.inputs, attrs, k, _name)
+                         for k in range(_outputs))
+        return make
+
+
+def _as_pattern(item) -> Pattern | None:
+    if item is None or isinstance(item, Pattern):
+        return item
+    if isinstance(item, (int, float)) and not isinstance(item, bool):
+        return Const(float(item))
+    raise TypeError(f"cannot use {item!r} in a pattern")
+
+
+@dataclass
+class Match:
+    """A successful match: bindings by name, the matched nodes (root last)."""
+
+    root: Node
+    bindings: dict[str, Any]
+    nodes: list[Node]
+
+
+@dataclass
+class Miss:
+    """Why a candidate root did not match: how many pattern nodes matched before `reason`."""
+
+    root: Node
+    depth: int
+    reason: str
+
+
+@dataclass
+class _State:
+    bindings: dict[str, Any] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    roles: dict[int, Node] = field(default_factory=dict)  # id(OpPattern) -> the node it matched
+    depth: int = 0
+
+
+class Matcher:
+    """Matches one pattern tree rooted at an OpPattern against candidate nodes."""
+
+    def __init__(self, root: OpPattern):
+        self.root = root
+        self.best_miss: tuple[int, str] = (-1, "")
+
+    def match(self, node: Node) -> Match | Miss:
+        self.best_miss = (-1, "")
+        out = node.outputs[self.root.output] if self.root.output < len(node.outputs) else None
+        if out is None:
+            return Miss(node, 0, f"{node} has no output {self.root.output}")
+        for state in self._value(self.root, out, _State()):
+            return Match(node, state.bindings, state.nodes)
+        depth, reason = self.best_miss
+        return Miss(node, max(depth, 0), reason)
+
+    def _fail(self, state: _State, reason: str) -> None:
+        if state.depth > self.best_miss[0]:
+            self.best_miss = (state.depth, reason)
+
+    def _value(self, pattern: Pattern | None, value: Value | None, state: _State
+               ) -> Iterator[_State]:
+        if pattern is None:
+            if value is None:
+                yield state
+            else:
+                self._fail(state, f"expected an omitted input, got %{value.name}")
+            return
+        if isinstance(pattern, Optional):
+            if value is None:
+                yield state
+            else:
+                yield from self._value(pattern.inner, value, state)
+            return
+        if value is None:
+            self._fail(state, f"expected {_describe(pattern)}, the input is omitted")
+            return
+        if isinstance(pattern, Var):
+            bound = state.bindings.get(pattern.name)
+            if bound is not None and bound is not value:
+                self._fail(state, f"variable '{pattern.name}' is %{bound.name} elsewhere, "
+                                  f"here %{value.name}")
+                return
+            if pattern.const and not value.is_constant:
+                self._fail(state, f"'{pattern.name}' must be a constant, %{value.name} is not")
+                return
+            yield _bind(state, pattern.name, value)
+            return
+        if isinstance(pattern, Const):
+            data = value.constant()
+            if data is None:
+                self._fail(state, f"expected {pattern.describe()}, %{value.name} is not constant")
+                return
+            if not _const_ok(pattern, data):
+                shown = data.ravel()[:4].tolist() if data.dtype != object else "strings"
+                self._fail(state, f"expected {pattern.describe()}, got {shown}")
+                return
+            yield _bind(state, pattern.name, data) if pattern.name else state
+            return
+        if isinstance(pattern, OpPattern):
+            yield from self._op(pattern, value, state)
+            return
+        raise TypeError(f"unknown pattern {pattern!r}")
+
+    def _op(self, pattern: OpPattern, value: Value, state: _State) -> Iterator[_State]:
+        node = value.producer
+        want = pattern.describe()
+        if node is None:
+            self._fail(state, f"expected {want}, %{value.name} is a graph input or constant")
+            return
+        if node.op_type != pattern.op_type or (node.domain or "") not in _domains(pattern.domain):
+            self._fail(state, f"expected {want}, %{value.name} comes from {node.qualified_op} "
+                              f"'{node.name}'")
+            return
+        if value.index != pattern.output:
+            self._fail(state, f"expected output {pattern.output} of {want}, got {value.index}")
+            return
+        matched = state.roles.get(id(pattern))
+        if matched is not None:
+            # A pattern node reached again (a diamond, like x - mean(x) read twice in LayerNorm)
+            # must be the very node it matched the first time; its inputs are matched already.
+            if matched is node:
+                yield state
+            else:
+                self._fail(state, f"{want} should be '{matched.name}' again, got '{node.name}'")
+            return
+        if any(n is node for n in state.nodes):
+            self._fail(state, f"{want} '{node.name}' already plays another part of the pattern")
+            return
+        attr_bindings = self._attrs(pattern, node, state)
+        if attr_bindings is None:
+            return
+        base = _State(dict(state.bindings), state.nodes + [node],
+                      {**state.roles, id(pattern): node}, state.depth + 1)
+        base.bindings.update(attr_bindings)
+        if pattern.name:
+            base.bindings[pattern.name] = node
+        orders = [pattern.inputs]
+        if pattern.op_type in COMMUTATIVE and len(pattern.inputs) == 2 and not pattern.domain:
+            orders.append(pattern.inputs[::-1])
+        actual = list(node.inputs)
+        for inputs in orders:
+            if len(actual) > len(inputs) and any(v is not None for v in actual[len(inputs):]):
+                self._fail(base, f"{want} '{node.name}' has {len(actual)} inputs, the pattern "
+                                 f"{len(inputs)}")
+                continue
+            padded = actual + [None] * (len(inputs) - len(actual))
+            yield from self._inputs(list(zip(inputs, padded)), base)
+
+    def _inputs(self, pairs: list[tuple[Pattern | None, Value | None]], state: _State
+                ) -> Iterator[_State]:
+        if not pairs:
+            yield state
+            return
+        (pattern, value), rest = pairs[0], pairs[1:]
+        for after in self._value(pattern, value, state):
+            yield from self._inputs(rest, after)
+
+    def _attrs(self, pattern: OpPattern, node: Node, state: _State) -> dict | None:
+        bound = {}
+        for key, want in pattern.attrs.items():
+            have = node.attr(key)
+            if isinstance(want, Attr):
+                have = want.default if have is None else have
+                if want.pred is not None and not want.pred(have):
+                    self._fail(state, f"{pattern.describe()} '{node.name}': attribute {key}="
+                                      f"{have!r} refused")
+                    return None
+                bound[want.name] = have
+            elif not _attr_equal(have, want):
+                self._fail(state, f"{pattern.describe()} '{node.name}': attribute {key}={have!r}, "
+                                  f"expected {want!r}")
+                return None
+        return bound
+
+
+def _domains(domain: str) -> tuple[str, ...]:
+    return ("", "ai.onnx") if domain in ("", "ai.onnx") else (domain,)
+
+
+def _bind(state: _State, name: str, value) -> _State:
+    bindings = dict(state.bindings)
+    bindings[name] = value
+    return _State(bindings, state.nodes, state.roles, state.depth)
+
+
+def _const_ok(pattern: Const, data: np.ndarray) -> bool:
+    if data.dtype == object:
+        return pattern.pred is not None and bool(pattern.pred(data))
+    if pattern.pred is not None:
+        try:
+            return bool(pattern.pred(data))
+        except (ValueError, TypeError, IndexError):
+            return False
+    if data.size == 0:
+        return False
+    values = data.astype(np.float64)
+    return bool(np.allclose(values, pattern.value, rtol=pattern.rtol, atol=pattern.atol))
+
+
+def _attr_equal(have, want) -> bool:
+    if isinstance(want, (list, tuple)):
+        return have is not None and list(have) == list(want)
+    if isinstance(want, float):
+        return have is not None and abs(float(have) - want) <= 1e-6 * max(1.0, abs(want))
+    return have == want
+
+
+def _describe(pattern: Pattern) -> str:
+    if isinstance(pattern, OpPattern):
+        return pattern.describe()
+    if isinstance(pattern, Const):
+        return pattern.describe()
+    if isinstance(pattern, Var):
+        return f"'{pattern.name}'"
+    return type(pattern).__name__
+
+
+def pattern_nodes(root: Pattern) -> list[OpPattern]:
+    """Every op pattern in the tree, root first."""
+    seen, order, stack = set(), [], [root]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Optional):
+            stack.append(item.inner)
+        if not isinstance(item, OpPattern) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        order.append(item)
+        stack.extend(reversed(item.inputs))
+    return order
+
+
+__all__ = ["Attr", "COMMUTATIVE", "Const", "Match", "Matcher", "Miss", "OpPattern", "Optional",
+           "Pattern", "PatternBuilder", "Var", "pattern_nodes"]

@@ -1,0 +1,147 @@
+"""FuseGelu: GELU as exporters decompose it, into onnxruntime's Gelu/FastGelu/BiasGelu/QuickGelu.
+
+    erf form    y = x · ½ · (1 + erf(x / √2))                         → com.microsoft::Gelu
+                Div(x, √2) → Erf → Add 1 → Mul x → Mul ½   (½ may come first: (x·½)·(1+erf))
+    tanh form   y = ½ · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))   → com.microsoft::FastGelu
+    QuickGelu   y = x · sigmoid(1.702 · x)                             → com.microsoft::QuickGelu
+    bias        Gelu(Add(x, b)) with b a 1-D constant over the last axis → BiasGelu(x, b)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from graphopt.ir import DType
+from graphopt.ir.pattern import Const
+from graphopt.passes.base import register
+from graphopt.passes.rules import Rule, RulePass
+
+MS = "com.microsoft"
+SQRT2 = math.sqrt(2.0)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _erf_part(op, x):
+    """1 + erf(x/√2), with the division written as a multiplication by 1/√2 too."""
+    scaled = op.Div(x, SQRT2)
+    return op.Add(op.Erf(scaled), 1.0)
+
+
+def _erf_part_mul(op, x):
+    return op.Add(op.Erf(op.Mul(x, 1.0 / SQRT2)), 1.0)
+
+
+class _ToGelu(Rule):
+    emits = ((MS, "Gelu"),)
+    dtypes = (DType.FLOAT,)
+
+    def rewrite(self, op, x):
+        return op.Gelu(x, _domain=MS)
+
+
+class GeluErf(_ToGelu):
+    """(x · (1 + erf(x/√2))) · ½"""
+
+    def pattern(self, op, x):
+        return op.Mul(op.Mul(x, _erf_part(op, x)), 0.5)
+
+
+class GeluErfHalfFirst(_ToGelu):
+    """(x · ½) · (1 + erf(x/√2)), as `x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))` exports."""
+
+    def pattern(self, op, x):
+        return op.Mul(op.Mul(x, 0.5), _erf_part(op, x))
+
+
+class GeluErfMulForm(_ToGelu):
+    """(x · (1 + erf(x · 1/√2))) · ½"""
+
+    def pattern(self, op, x):
+        return op.Mul(op.Mul(x, _erf_part_mul(op, x)), 0.5)
+
+
+def _tanh_inner(op, x, cube):
+    return op.Add(op.Tanh(op.Mul(op.Add(x, op.Mul(cube, 0.044715)), SQRT_2_OVER_PI)), 1.0)
+
+
+class _ToFastGelu(Rule):
+    emits = ((MS, "FastGelu"),)
+    dtypes = (DType.FLOAT,)
+
+    def rewrite(self, op, x, **_):
+        return op.FastGelu(x, _domain=MS)
+
+
+class GeluTanh(_ToFastGelu):
+    """½ · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) with x³ as Pow(x, 3)."""
+
+    def pattern(self, op, x):
+        return op.Mul(op.Mul(x, 0.5), _tanh_inner(op, x, op.Pow(x, 3.0)))
+
+
+class GeluTanhHalfLast(_ToFastGelu):
+    """(x · (1 + tanh(…))) · ½, the order GPT-2's `0.5 * x * (...)` may also take."""
+
+    def pattern(self, op, x):
+        return op.Mul(op.Mul(x, _tanh_inner(op, x, op.Pow(x, 3.0))), 0.5)
+
+
+class GeluTanhHalfOutside(_ToFastGelu):
+    """½ · (x · (1 + tanh(…)))"""
+
+    def pattern(self, op, x):
+        return op.Mul(0.5, op.Mul(x, _tanh_inner(op, x, op.Pow(x, 3.0))))
+
+
+class QuickGelu(Rule):
+    """x · sigmoid(α · x), α ≈ 1.702 (CLIP's approximation)."""
+
+    emits = ((MS, "QuickGelu"),)
+    dtypes = (DType.FLOAT,)
+
+    def pattern(self, op, x):
+        return op.Mul(x, op.Sigmoid(op.Mul(x, Const(pred=_scalar, name="alpha"))))
+
+    def check(self, alpha):
+        value = float(np.asarray(alpha).reshape(-1)[0])
+        return None if abs(value - 1.702) < 1e-3 else f"sigmoid scale {value} is not 1.702"
+
+    def rewrite(self, op, x, alpha):
+        return op.QuickGelu(x, _domain=MS, alpha=float(np.asarray(alpha).reshape(-1)[0]))
+
+
+def _scalar(data: np.ndarray) -> bool:
+    return data.size == 1
+
+
+class BiasGelu(Rule):
+    """Gelu(x + b), b a constant vector over the last axis → BiasGelu(x, b)."""
+
+    emits = ((MS, "BiasGelu"),)
+    dtypes = (DType.FLOAT,)
+
+    def pattern(self, op, x, bias):
+        return op.Gelu(op.Add(x, bias), _domain=MS)
+
+    def check(self, x, bias):
+        if not bias.is_constant or bias.shape is None or len(bias.shape) != 1:
+            return "bias is not a 1-D constant"
+        if x.shape is None or not x.shape or x.shape[-1] != bias.shape[0]:
+            return "bias does not run along the last axis of x"
+        return None
+
+    def rewrite(self, op, x, bias):
+        return op.BiasGelu(x, bias, _domain=MS)
+
+
+@register
+class FuseGelu(RulePass):
+    name = "FuseGelu"
+    description = "GELU (erf and tanh forms, QuickGelu, with bias) into onnxruntime's fused ops"
+    rules = (GeluErf, GeluErfHalfFirst, GeluErfMulForm, GeluTanh, GeluTanhHalfLast,
+             GeluTanhHalfOutside, QuickGelu, BiasGelu)
+
+
+__all__ = ["FuseGelu"]

@@ -1,0 +1,197 @@
+"""Rewrite rules: a declared `pattern`, an optional `check` that refuses with a reason, and a
+`rewrite` that builds the replacement; `RulePass` applies a family of rules as one pass.
+
+A rule never fires when a node it would delete has an output used outside the match or is a
+graph output; data flows from `check` to `rewrite` only through the match bindings.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from typing import Any, ClassVar
+
+import numpy as np
+
+from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
+from graphopt.ir.pattern import Match, Matcher, Miss, OpPattern, PatternBuilder, Var
+from graphopt.opcheck import runtime_schemas
+from graphopt.passes.base import Pass, PassContext, PassResult
+from graphopt.passes.edit import replace_value
+
+RULES: dict[str, type["Rule"]] = {}
+
+
+class Rule:
+    """Subclasses define `pattern(self, op, <vars>)` and `rewrite(self, op, <bindings>)`, and
+    may define `check(self, <bindings>) -> str | None` (a reason to refuse). Bindings are passed
+    by parameter name; declare `**_` to ignore the rest. `emits` lists the (domain, op_type)
+    the rewrite creates, which must have a kernel in the runtime, and `dtypes` the element types
+    of the root's output the kernels accept (empty: any)."""
+
+    name: ClassVar[str] = ""
+    emits: ClassVar[tuple[tuple[str, str], ...]] = ()
+    dtypes: ClassVar[tuple[DType, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "pattern" in cls.__dict__:
+            cls.name = cls.__dict__.get("name") or cls.__name__
+            assert cls.name not in RULES, f"rule {cls.name} defined twice"
+            RULES[cls.name] = cls
+
+    def pattern(self, op: PatternBuilder, *variables) -> OpPattern:
+        raise NotImplementedError
+
+    def check(self, **bindings) -> str | None:
+        return None
+
+    def rewrite(self, op: "RewriteBuilder", **bindings) -> Value | tuple[Value, ...]:
+        raise NotImplementedError
+
+    def build_pattern(self) -> OpPattern:
+        params = list(inspect.signature(self.pattern).parameters)[1:]
+        return self.pattern(PatternBuilder(), *(Var(p) for p in params))
+
+    def unsupported(self, root: Value) -> str | None:
+        """Why the runtime cannot run what this rule emits for `root` (None when it can)."""
+        for domain, op_type in self.emits:
+            if (domain, op_type) not in runtime_schemas():
+                return f"onnxruntime has no {domain or 'ai.onnx'}::{op_type} kernel"
+        if self.dtypes and root.dtype not in self.dtypes:
+            kind = root.dtype.short if root.dtype is not None else "unknown"
+            return f"the fused kernel does not take {kind} (only " \
+                   f"{', '.join(d.short for d in self.dtypes)})"
+        return None
+
+
+def call_with_bindings(fn, bindings: dict[str, Any], *args):
+    """Call `fn(*args, **subset)` with the bindings its signature names (all with **kwargs)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(*args, **bindings)
+    return fn(*args, **{k: v for k, v in bindings.items() if k in params})
+
+
+class RewriteBuilder:
+    """Builds replacement nodes just before the match's root: `op.Gelu(x, _domain=
+    "com.microsoft")`, `op.Split(x, _outputs=2, axis=0)`, `op.const(array)`."""
+
+    def __init__(self, model: Model, graph: Graph, root: Node, rule: str):
+        self.model, self.graph, self.root, self.rule = model, graph, root, rule
+        self.created: list[Node] = []
+
+    def const(self, array, name_hint: str | None = None) -> Value:
+        array = np.asarray(array)
+        return self.graph.make_initializer(name_hint or f"{self.rule}_const", Tensor(array))
+
+    def __getattr__(self, op_type: str):
+        def make(*inputs: Value | None, _domain: str = "", _outputs: int = 1, **attrs):
+            node = Node(op_type, inputs, attrs, domain=_domain, num_outputs=_outputs,
+                        name=self._node_name(op_type))
+            self.graph.insert_before(self.root, node)
+            self.created.append(node)
+            if _domain and _domain not in self.model.opset_imports:
+                self.model.opset_imports[_domain] = 1
+            return node.output if _outputs == 1 else node.outputs
+        return make
+
+    def _node_name(self, op_type: str) -> str:
+        base = self.root.name or self.rule
+        return f"{base}/{self.rule}/{op_type}" if len(self.created) else f"{base}/{self.rule}"
+
+
+class Tracer:
+    """Collects, per traced rule, the closest near-misses and the refusals, for --trace-rule."""
+
+    def __init__(self, rules: set[str]):
+        self.rules = rules
+        self.misses: dict[str, list[Miss]] = defaultdict(list)
+
+    def add(self, rule: str, miss: Miss) -> None:
+        if rule in self.rules:
+            self.misses[rule].append(miss)
+
+    def report(self, limit: int = 5) -> list[str]:
+        lines = []
+        for rule in sorted(self.rules):
+            misses = sorted(self.misses.get(rule, []), key=lambda m: -m.depth)[:limit]
+            if not misses:
+                lines.append(f"trace {rule}: no candidate root in the graph")
+            for miss in misses:
+                lines.append(f"trace {rule}: at {miss.root.qualified_op} '{miss.root.name}' "
+                             f"(matched {miss.depth} pattern node(s)): {miss.reason}")
+        return lines
+
+
+def deletable(match: Match, root_output: int) -> str | None:
+    """Why the matched nodes cannot all go (None when they can): an intermediate output read
+    outside the match, a graph output, or another output of the root in use."""
+    members = {id(n) for n in match.nodes}
+    for node in match.nodes:
+        for index, value in enumerate(node.outputs):
+            if value is None or (node is match.root and index == root_output):
+                continue
+            if value.is_graph_output:
+                return f"%{value.name} (from '{node.name}') is a graph output"
+            for use in value.uses:
+                if id(use.node) not in members:
+                    return f"%{value.name} (from '{node.name}') is also read by " \
+                           f"{use.node.qualified_op} '{use.node.name}'"
+    return None
+
+
+def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int) -> bool:
+    """Run the rewrite for `match`, swap the root's output for the result, drop dead nodes."""
+    builder = RewriteBuilder(model, graph, match.root, rule.name)
+    result = call_with_bindings(rule.rewrite, match.bindings, builder)
+    new = result[0] if isinstance(result, tuple) else result
+    old = match.root.outputs[root_output]
+    new.dtype = new.dtype or old.dtype
+    new.shape = new.shape if new.shape is not None else old.shape
+    if not replace_value(old, new):  # the result cannot take over a graph output's name: undo
+        for node in reversed(builder.created):
+            graph.remove(node)
+        return False
+    for node in match.nodes:  # root first: each removal frees the nodes feeding it
+        if node.graph is graph and not any(v is not None and (v.uses or v.is_graph_output)
+                                           for v in node.outputs):
+            graph.remove(node)
+    return True
+
+
+class RulePass(Pass):
+    """A pass applying a family of rules; rewrites are counted per rule name."""
+
+    rules: ClassVar[tuple[type[Rule], ...]] = ()
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        tracer = ctx.tracer
+        active = [cls() for cls in self.rules if cls.name not in ctx.options.disabled_passes]
+        compiled = [(rule, rule.build_pattern()) for rule in active]
+        for graph in list(model.graph.all_graphs()):
+            by_op: dict[str, list[Node]] = defaultdict(list)
+            for node in graph:
+                by_op[node.op_type].append(node)
+            for rule, pattern in compiled:
+                matcher = Matcher(pattern)
+                for node in by_op.get(pattern.op_type, []):
+                    if node.graph is not graph:
+                        continue
+                    outcome = matcher.match(node)
+                    if isinstance(outcome, Miss):
+                        if tracer is not None:
+                            tracer.add(rule.name, outcome)
+                        continue
+                    reason = (deletable(outcome, pattern.output)
+                              or rule.unsupported(node.outputs[pattern.output])
+                              or call_with_bindings(rule.check, outcome.bindings))
+                    if reason:
+                        if tracer is not None:
+                            tracer.add(rule.name, Miss(node, len(outcome.nodes),
+                                                       f"pattern matched, refused: {reason}"))
+                        continue
+                    if apply(model, graph, rule, outcome, pattern.output):
+                        result.count(rule.name)
+        return result
