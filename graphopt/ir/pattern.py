@@ -142,9 +142,11 @@ class Matcher:
     def __init__(self, root: OpPattern):
         self.root = root
         self.best_miss: tuple[int, str] = (-1, "")
+        self.best_score: tuple[int, bool] = (-1, False)
 
     def match(self, node: Node) -> Match | Miss:
         self.best_miss = (-1, "")
+        self.best_score = (-1, False)
         out = node.outputs[self.root.output] if self.root.output < len(node.outputs) else None
         if out is None:
             return Miss(node, 0, f"{node} has no output {self.root.output}")
@@ -153,8 +155,12 @@ class Matcher:
         depth, reason = self.best_miss
         return Miss(node, max(depth, 0), reason)
 
-    def _fail(self, state: _State, reason: str) -> None:
-        if state.depth > self.best_miss[0]:
+    def _fail(self, state: _State, reason: str, structural: bool = False) -> None:
+        # Deepest failure wins; at equal depth an op-type mismatch ("comes from Tanh") says
+        # more than one against a constant met while trying the other operand order.
+        score = (state.depth, structural)
+        if score > self.best_score:
+            self.best_score = score
             self.best_miss = (state.depth, reason)
 
     def _value(self, pattern: Pattern | None, value: Value | None, state: _State
@@ -209,7 +215,7 @@ class Matcher:
             return
         if node.op_type != pattern.op_type or (node.domain or "") not in _domains(pattern.domain):
             self._fail(state, f"expected {want}, %{value.name} comes from {node.qualified_op} "
-                              f"'{node.name}'")
+                              f"'{node.name}'", structural=True)
             return
         if value.index != pattern.output:
             self._fail(state, f"expected output {pattern.output} of {want}, got {value.index}")
