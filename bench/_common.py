@@ -71,7 +71,13 @@ def check_outputs(path: str, feeds: dict[str, np.ndarray],
         actual = run_model(path, feeds)
     except Exception as e:  # noqa: BLE001 - ORT's message is the finding
         return Check({}, False, short_reason(e))
-    problems = numerics.compare(expected, actual, RTOL, ATOL)
+    return compare_outputs(expected, actual)
+
+
+def compare_outputs(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray],
+                    rtol: float = RTOL, atol: float = ATOL) -> Check:
+    """`actual` against `expected`: max absolute difference per output, ok within rtol/atol."""
+    problems = numerics.compare(expected, actual, rtol, atol)
     errors = {}
     for name, exp in expected.items():
         got = actual.get(name)

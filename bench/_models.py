@@ -44,7 +44,13 @@ Wanted = Callable[[str], bool]  # row name -> bench it?
 def zoo_models(workdir: str, quick: bool, wanted: Wanted) -> Iterator[BenchModel]:
     """Builds each zoo model into `workdir` just before it is measured and deletes it after, so
     at most one large model sits on disk at a time."""
-    for name, (options, size) in (ZOO_QUICK if quick else ZOO_FULL).items():
+    yield from sized_zoo_models(workdir, ZOO_QUICK if quick else ZOO_FULL, wanted)
+
+
+def sized_zoo_models(workdir: str, sizes: dict[str, tuple[dict, str]],
+                     wanted: Wanted) -> Iterator[BenchModel]:
+    """zoo_models with the builder options per model given: `sizes` is shaped like ZOO_FULL."""
+    for name, (options, size) in sizes.items():
         label = f"zoo/{name}" + (f" ({size})" if size else "")
         if not wanted(label):
             continue  # building bert_base alone takes seconds

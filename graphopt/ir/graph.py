@@ -123,24 +123,23 @@ class Graph:
             graph = graph.parent.graph
         return graph
 
-    def _names(self) -> set[str]:
+    def _namespace(self) -> "_Namespace":
         root = self.root
         if root._used_names is None:
-            root._used_names = {v.name for v in root.all_values()}
+            root._used_names = _Namespace({v.name for v in root.all_values()},
+                                          {n.name for n in root.all_nodes() if n.name})
         return root._used_names
 
     def claim_name(self, name: str) -> None:
-        self._names().add(name)
+        self._namespace().values.add(name)
 
     def fresh_name(self, prefix: str) -> str:
         """A value name unused anywhere in the model, derived from `prefix`."""
-        names = self._names()
-        name, counter = prefix, 0
-        while name in names:
-            counter += 1
-            name = f"{prefix}_{counter}"
-        names.add(name)
-        return name
+        return self._namespace().fresh(prefix, self._namespace().values)
+
+    def fresh_node_name(self, prefix: str) -> str:
+        """A node name unused anywhere in the model (onnxruntime refuses duplicates)."""
+        return self._namespace().fresh(prefix, self._namespace().nodes)
 
     def add_input(self, value: Value) -> Value:
         value.graph, value.is_input = self, True
@@ -257,6 +256,26 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r}: {self._len} nodes>"
+
+
+class _Namespace:
+    """Names in use across a model, with a next-suffix counter per prefix so that handing out
+    k names with one prefix costs O(k), not O(k²)."""
+
+    def __init__(self, values: set[str], nodes: set[str]):
+        self.values, self.nodes = values, nodes
+        self.counters: dict[tuple[int, str], int] = {}
+
+    def fresh(self, prefix: str, used: set[str]) -> str:
+        key = (id(used), prefix)
+        counter = self.counters.get(key, 0)
+        name = prefix if counter == 0 else f"{prefix}_{counter}"
+        while name in used:
+            counter += 1
+            name = f"{prefix}_{counter}"
+        self.counters[key] = counter + 1
+        used.add(name)
+        return name
 
 
 def _read_values(node: Node) -> Iterator[Value]:

@@ -39,8 +39,8 @@ class Var(Pattern):
 
 @dataclass(eq=False)
 class Const(Pattern):
-    """Matches a constant value: `value` (every element close to it) or `pred(array)`; binds the
-    array under `name` when given."""
+    """Matches a constant value: `value` (a scalar, or a one-element tensor of rank ≤ 1, close to
+    it) or `pred(array)`; binds the array under `name` when given."""
 
     value: float | None = None
     pred: Callable[[np.ndarray], bool] | None = None
@@ -112,7 +112,7 @@ def _as_pattern(item) -> Pattern | None:
 
 @dataclass
 class Match:
-    """A successful match: bindings by name, the matched nodes (root last)."""
+    """A successful match: bindings by name, the matched nodes (root first)."""
 
     root: Node
     bindings: dict[str, Any]
@@ -145,13 +145,26 @@ class Matcher:
         self.best_score: tuple[int, bool] = (-1, False)
 
     def match(self, node: Node) -> Match | Miss:
+        """The first match at `node`, or why there is none."""
+        for found in self.matches(node):
+            return found
+        return self.miss(node)
+
+    def matches(self, node: Node, limit: int = 8) -> Iterator[Match]:
+        """Matches at `node` (several when commutative operands bind differently), at most
+        `limit`; after the last one, `miss(node)` tells why no further binding worked."""
         self.best_miss = (-1, "")
         self.best_score = (-1, False)
         out = node.outputs[self.root.output] if self.root.output < len(node.outputs) else None
         if out is None:
-            return Miss(node, 0, f"{node} has no output {self.root.output}")
-        for state in self._value(self.root, out, _State()):
-            return Match(node, state.bindings, state.nodes)
+            self.best_miss = (0, f"{node} has no output {self.root.output}")
+            return
+        for count, state in enumerate(self._value(self.root, out, _State())):
+            if count >= limit:
+                return
+            yield Match(node, state.bindings, state.nodes)
+
+    def miss(self, node: Node) -> Miss:
         depth, reason = self.best_miss
         return Miss(node, max(depth, 0), reason)
 
@@ -267,7 +280,7 @@ class Matcher:
             have = node.attr(key)
             if isinstance(want, Attr):
                 have = want.default if have is None else have
-                if want.pred is not None and not want.pred(have):
+                if want.pred is not None and not _pred_ok(want.pred, have):
                     self._fail(state, f"{pattern.describe()} '{node.name}': attribute {key}="
                                       f"{have!r} refused")
                     return None
@@ -277,6 +290,14 @@ class Matcher:
                                   f"expected {want!r}")
                 return None
         return bound
+
+
+def _pred_ok(pred: Callable[[Any], bool], value: Any) -> bool:
+    """A predicate that raises (e.g. on an absent attribute) is a refusal, not a crash."""
+    try:
+        return bool(pred(value))
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
+        return False
 
 
 def _domains(domain: str) -> tuple[str, ...]:
@@ -297,7 +318,9 @@ def _const_ok(pattern: Const, data: np.ndarray) -> bool:
             return bool(pattern.pred(data))
         except (ValueError, TypeError, IndexError):
             return False
-    if data.size == 0:
+    # A literal stands for a scalar: a constant of several elements (or of rank > 1) would
+    # broadcast the other operand to a new shape that the fused op does not produce.
+    if data.size != 1 or data.ndim > 1:
         return False
     values = data.astype(np.float64)
     return bool(np.allclose(values, pattern.value, rtol=pattern.rtol, atol=pattern.atol))

@@ -17,7 +17,10 @@ Step = str | FixedPoint
 _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # Fusions run after folding (patterns expect folded constants) and repeat with dead-node removal
 # so that a fusion exposing another (Gelu then BiasGelu) is found.
-_FUSE = ("FuseGelu", "EliminateDeadNodes")
+# Order matters within a sweep: BatchNorm folds into Conv before Conv+Relu can fuse, MatMul+Add
+# becomes Gemm before Gemm+Relu does, the residual Add fuses into SkipLayerNormalization.
+_FUSE = ("SimplifyLayout", "SimplifySlicing", "FuseConvBatchNorm", "FuseLayerNorm", "FuseGelu",
+         "FuseMatMul", "FuseActivation", "EliminateDeadNodes")
 _FOLD = ("FoldShapes", "FoldConstants", "EliminateIdentity", "EliminateNoOps",
          "EliminateCommonSubexpressions", "EliminateDeadNodes")
 

@@ -25,7 +25,8 @@ RULES: dict[str, type["Rule"]] = {}
 class Rule:
     """Subclasses define `pattern(self, op, <vars>)` and `rewrite(self, op, <bindings>)`, and
     may define `check(self, <bindings>) -> str | None` (a reason to refuse). Bindings are passed
-    by parameter name; declare `**_` to ignore the rest. `emits` lists the (domain, op_type)
+    by parameter name; declare `**_` to ignore the rest. `check` may also name `model` (opset
+    decisions); `rewrite` reaches it as `op.model`. `emits` lists the (domain, op_type)
     the rewrite creates, which must have a kernel in the runtime, and `dtypes` the element types
     of the root's output the kernels accept (empty: any)."""
 
@@ -35,7 +36,9 @@ class Rule:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "pattern" in cls.__dict__:
+        # Every concrete rule registers under its own name, also one that inherits its pattern
+        # (a variant differing only in check or rewrite); abstract bases have no pattern.
+        if cls.pattern is not Rule.pattern:
             cls.name = cls.__dict__.get("name") or cls.__name__
             assert cls.name not in RULES, f"rule {cls.name} defined twice"
             RULES[cls.name] = cls
@@ -48,6 +51,11 @@ class Rule:
 
     def rewrite(self, op: "RewriteBuilder", **bindings) -> Value | tuple[Value, ...]:
         raise NotImplementedError
+
+    def matcher(self, pattern: OpPattern):
+        """What finds matches (`matches(node)`, then `miss(node)`): the declarative matcher,
+        unless a rule states its structure by hand."""
+        return Matcher(pattern)
 
     def build_pattern(self) -> OpPattern:
         params = list(inspect.signature(self.pattern).parameters)[1:]
@@ -97,8 +105,9 @@ class RewriteBuilder:
         return make
 
     def _node_name(self, op_type: str) -> str:
-        base = self.root.name or self.rule
-        return f"{base}/{self.rule}/{op_type}" if len(self.created) else f"{base}/{self.rule}"
+        first = self.root.outputs[0]
+        base = self.root.name or (first.name if first is not None else self.rule)
+        return self.graph.fresh_node_name(f"{base}/{self.rule}/{op_type}")
 
 
 class Tracer:
@@ -153,10 +162,14 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
         for node in reversed(builder.created):
             graph.remove(node)
         return False
-    for node in match.nodes:  # root first: each removal frees the nodes feeding it
-        if node.graph is graph and not any(v is not None and (v.uses or v.is_graph_output)
-                                           for v in node.outputs):
-            graph.remove(node)
+    removed = True
+    while removed:  # repeat: a node shared inside the match (a diamond) dies after its readers
+        removed = False
+        for node in match.nodes:
+            if node.graph is graph and not any(v is not None and (v.uses or v.is_graph_output)
+                                               for v in node.outputs):
+                graph.remove(node)
+                removed = True
     return True
 
 
@@ -175,23 +188,25 @@ class RulePass(Pass):
             for node in graph:
                 by_op[node.op_type].append(node)
             for rule, pattern in compiled:
-                matcher = Matcher(pattern)
+                matcher = rule.matcher(pattern)
                 for node in by_op.get(pattern.op_type, []):
                     if node.graph is not graph:
                         continue
-                    outcome = matcher.match(node)
-                    if isinstance(outcome, Miss):
+                    match, reason = None, None
+                    for candidate in matcher.matches(node):
+                        reason = (deletable(candidate, pattern.output)
+                                  or rule.unsupported(node.outputs[pattern.output])
+                                  or call_with_bindings(rule.check,
+                                                        {**candidate.bindings, "model": model}))
+                        if not reason:
+                            match = candidate
+                            break
+                    if match is None:
                         if tracer is not None:
-                            tracer.add(rule.name, outcome)
+                            tracer.add(rule.name, matcher.miss(node) if reason is None else
+                                       Miss(node, len(candidate.nodes),
+                                            f"pattern matched, refused: {reason}"))
                         continue
-                    reason = (deletable(outcome, pattern.output)
-                              or rule.unsupported(node.outputs[pattern.output])
-                              or call_with_bindings(rule.check, outcome.bindings))
-                    if reason:
-                        if tracer is not None:
-                            tracer.add(rule.name, Miss(node, len(outcome.nodes),
-                                                       f"pattern matched, refused: {reason}"))
-                        continue
-                    if apply(model, graph, rule, outcome, pattern.output):
+                    if apply(model, graph, rule, match, pattern.output):
                         result.count(rule.name)
         return result

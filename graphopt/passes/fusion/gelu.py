@@ -82,17 +82,10 @@ class GeluTanh(_ToFastGelu):
 
 
 class GeluTanhHalfLast(_ToFastGelu):
-    """(x · (1 + tanh(…))) · ½, the order GPT-2's `0.5 * x * (...)` may also take."""
+    """(x · (1 + tanh(…))) · ½, also ½ · (x · (1 + tanh(…))) through the commuted Mul."""
 
     def pattern(self, op, x):
         return op.Mul(op.Mul(x, _tanh_inner(op, x, op.Pow(x, 3.0))), 0.5)
-
-
-class GeluTanhHalfOutside(_ToFastGelu):
-    """½ · (x · (1 + tanh(…)))"""
-
-    def pattern(self, op, x):
-        return op.Mul(0.5, op.Mul(x, _tanh_inner(op, x, op.Pow(x, 3.0))))
 
 
 class QuickGelu(Rule):
@@ -141,7 +134,7 @@ class FuseGelu(RulePass):
     name = "FuseGelu"
     description = "GELU (erf and tanh forms, QuickGelu, with bias) into onnxruntime's fused ops"
     rules = (GeluErf, GeluErfHalfFirst, GeluErfMulForm, GeluTanh, GeluTanhHalfLast,
-             GeluTanhHalfOutside, QuickGelu, BiasGelu)
+             QuickGelu, BiasGelu)
 
 
 __all__ = ["FuseGelu"]

@@ -1,0 +1,250 @@
+"""FuseConvBatchNorm: per-channel affine ops folded into the Conv, ConvTranspose, Gemm or MatMul
+before them; zero Pads folded into the pads of the Conv or AveragePool after them.
+
+    x ─ Conv(W, b) ─ BatchNormalization(γ, β, μ, σ², ε) ─ y   →   x ─ Conv(W', b') ─ y
+    W' = W · γ/√(σ²+ε)               per output channel: s = γ/√(σ²+ε), t = β − μ·s
+    b' = (b − μ) · γ/√(σ²+ε) + β     b = 0 when the Conv has none
+
+s runs along axis 0 of a Conv weight (any group), axis 1 of each group's block of a ConvTranspose
+weight [C_in, C_out/group, k…], the output columns of Gemm's B and of a MatMul's 2-D weight (for
+an [N, C] product only: BN normalizes axis 1). Add c is s = 1, t = c; Mul c is s = c, t = 0 (c
+along axis 1 only). Folds are computed in float64, cast to the weight's dtype and stored as new
+initializers: the originals may be shared, and are never modified.
+
+    x ─ Pad(constant 0, spatial axes) ─ Conv / AveragePool(count_include_pad=1)  →  pads += Pad's
+    (never into MaxPool: it pads with −∞, not 0)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir.pattern import Attr, Optional, Var
+from graphopt.passes.base import register
+from graphopt.passes.rules import Rule, RulePass
+
+
+def _f64(value) -> np.ndarray:
+    return value.constant().astype(np.float64)
+
+
+def _not_constant(**values) -> str | None:
+    bad = [f"{role} %{v.name}" for role, v in values.items() if v is not None and not v.is_constant]
+    return f"{bad[0]} is not a constant" if bad else None
+
+
+def _conv_channels(node, w) -> int | str:
+    """Output channels of Conv/ConvTranspose from the weight's static shape, or a reason."""
+    if w.shape is None or len(w.shape) < 3 or not all(isinstance(d, int) for d in w.shape[:2]):
+        return f"the shape of weight %{w.name} is unknown"
+    return w.shape[1] * node.attr("group", 1) if node.op_type == "ConvTranspose" else w.shape[0]
+
+
+def _fold_conv(op, node, x, w, b, s, t):
+    """Conv/ConvTranspose computing its old output times s plus t, per output channel."""
+    weight, dtype = _f64(w), w.constant().dtype
+    if node.op_type == "ConvTranspose":
+        g = node.attr("group", 1)
+        blocks = weight.reshape(g, weight.shape[0] // g, weight.shape[1], -1)
+        weight = (blocks * s.reshape(g, 1, -1, 1)).reshape(weight.shape)
+    else:
+        weight = weight * s.reshape((-1,) + (1,) * (weight.ndim - 1))
+    bias = (_f64(b) if b is not None else 0.0) * s + t
+    bias = None if b is None and not bias.any() else op.const(bias.astype(dtype), f"{w.name}_b")
+    return getattr(op, node.op_type)(x, op.const(weight.astype(dtype), f"{w.name}_fused"), bias,
+                                     **node.attrs)
+
+
+def _bn(op, producer):
+    return op.BatchNormalization(producer, Var("scale"), Var("shift"), Var("mean"), Var("var"),
+                                 epsilon=Attr("eps", 1e-5), training_mode=Attr("training", 0),
+                                 _name="bn")
+
+
+class _BatchNormAfter(Rule):
+    """`node` → BatchNormalization as y·s + t per channel; subclasses count channels, fold."""
+
+    def channels(self, node, x, w) -> int | str:
+        return _conv_channels(node, w)
+
+    def check(self, node, x, w, scale, shift, mean, var, training, b=None):
+        channels, reason = self.channels(node, x, w), _not_constant(weight=w, bias=b)
+        if reason or isinstance(channels, str):
+            return reason or channels
+        reason = _not_constant(scale=scale, bias=shift, mean=mean, variance=var)
+        if reason:
+            return f"BatchNormalization {reason}"
+        if training:
+            return "BatchNormalization is in training mode (training_mode=1)"
+        if any(v.shape != (channels,) for v in (scale, shift, mean, var)):  # or spatial=0 (< v9)
+            return f"BatchNormalization parameters are not [{channels}] vectors"
+        return None
+
+    def rewrite(self, op, node, x, w, scale, shift, mean, var, eps, b=None):
+        s = _f64(scale) / np.sqrt(_f64(var) + eps)
+        return self.fold(op, node, x, w, b, s, _f64(shift) - _f64(mean) * s)
+
+    fold = staticmethod(_fold_conv)
+
+
+class ConvBatchNorm(_BatchNormAfter):
+    """Conv → BatchNormalization (inference form): W scaled along axis 0, any group."""
+
+    def pattern(self, op, x, w):
+        return _bn(op, op.Conv(x, w, Optional(Var("b")), _name="node"))
+
+
+class ConvTransposeBatchNorm(_BatchNormAfter):
+    """ConvTranspose → BatchNormalization: W is [C_in, C_out/group, k…], scaled along axis 1."""
+
+    def pattern(self, op, x, w):
+        return _bn(op, op.ConvTranspose(x, w, Optional(Var("b")), _name="node"))
+
+
+class GemmBatchNorm(_BatchNormAfter):
+    """Gemm → BatchNormalization: B's output columns scaled, C' = beta·C·s + t, beta = 1."""
+
+    def pattern(self, op, x, w):
+        return _bn(op, op.Gemm(x, w, Optional(Var("b")), _name="node"))
+
+    def channels(self, node, x, w):
+        ok = w.shape is not None and len(w.shape) == 2
+        return w.shape[0 if node.attr("transB", 0) else 1] if ok else "Gemm's B is not 2-D"
+
+    def fold(self, op, node, x, w, b, s, t):
+        dtype = w.constant().dtype
+        weight = _f64(w) * (s[:, None] if node.attr("transB", 0) else s[None, :])
+        bias = (node.attr("beta", 1.0) * _f64(b) * s if b is not None else 0.0) + t
+        return op.Gemm(x, op.const(weight.astype(dtype), f"{w.name}_fused"),
+                       op.const(bias.astype(dtype), f"{w.name}_b"), **{**node.attrs, "beta": 1.0})
+
+
+class MatMulBatchNorm(_BatchNormAfter):
+    """MatMul(x [N, K], W [K, C]) → BatchNormalization  →  MatMul(x, W·s) + t."""
+
+    def pattern(self, op, x, w):
+        return _bn(op, op.MatMul(x, w, _name="node"))
+
+    def channels(self, node, x, w):
+        if w.shape is None or len(w.shape) != 2 or x.shape is None:
+            return "the MatMul weight is not 2-D or the rank of its input is unknown"
+        if len(x.shape) != 2:
+            return f"BN's axis 1 is not the weight's output axis of a rank-{len(x.shape)} MatMul"
+        return w.shape[1]
+
+    def fold(self, op, node, x, w, b, s, t):
+        dtype = w.constant().dtype
+        product = op.MatMul(x, op.const((_f64(w) * s).astype(dtype), f"{w.name}_fused"))
+        return op.Add(product, op.const(t.astype(dtype), f"{w.name}_b"))
+
+
+def _per_channel(c, node, w) -> np.ndarray | str:
+    """c as a [C] float64 vector when it broadcasts along the Conv output's axis 1 only."""
+    channels = _conv_channels(node, w)
+    if isinstance(channels, str) or not c.is_constant:
+        return channels if isinstance(channels, str) else f"%{c.name} is not a constant"
+    data, rank = c.constant(), len(w.shape)
+    shape = (1,) * (rank - data.ndim) + data.shape
+    if shape[:1] + shape[2:] != (1,) * (rank - 1) or shape[1] not in (1, channels):
+        return f"constant {list(data.shape)} is not [1, {channels}, 1…] over the rank-{rank} output"
+    return np.broadcast_to(data.astype(np.float64).reshape(-1), (channels,))
+
+
+class ConvAddBias(Rule):
+    """Conv + constant [1, C, 1, 1] / [C, 1, 1] / scalar → the constant added to Conv's bias."""
+
+    def pattern(self, op, x, w, c):
+        return op.Add(op.Conv(x, w, Optional(Var("b")), _name="node"), c)
+
+    def check(self, node, w, c, b=None):
+        vector = _per_channel(c, node, w)
+        return vector if isinstance(vector, str) else _not_constant(bias=b)
+
+    def rewrite(self, op, node, x, w, c, b=None):
+        bias = (_f64(b) if b is not None else 0.0) + _per_channel(c, node, w)
+        return op.Conv(x, w, op.const(bias.astype(c.constant().dtype), f"{w.name}_b"),
+                       **node.attrs)
+
+
+class ConvMulScale(ConvAddBias):
+    """Conv · constant [1, C, 1, 1] / [C, 1, 1] / scalar → W and b scaled per output channel."""
+
+    def pattern(self, op, x, w, c):
+        return op.Mul(op.Conv(x, w, Optional(Var("b")), _name="node"), c)
+
+    def check(self, node, w, c, b=None):
+        return super().check(node, w, c, b) or _not_constant(weight=w)
+
+    def rewrite(self, op, node, x, w, c, b=None):
+        return _fold_conv(op, node, x, w, b, _per_channel(c, node, w), 0.0)
+
+
+def _padded(op):
+    return op.Pad(Var("x"), Optional(Var("pads")), Optional(Var("value")),
+                  Optional(Var("axes")), _name="pad")
+
+
+class PadConv(Rule):
+    """Pad → Conv: Conv's own zero padding takes the Pad's amounts."""
+
+    def pattern(self, op, w):
+        return op.Conv(_padded(op), w, Optional(Var("b")), _name="node")
+
+    def merged(self, node, pad, x, pads=None, value=None, axes=None) -> list[int] | str:
+        """node's pads plus the Pad's spatial amounts, or why the Pad cannot fold into node."""
+        if node.attr("auto_pad", "NOTSET") != "NOTSET":
+            return f"{node.op_type} uses auto_pad"
+        if pad.attr("mode", "constant") != "constant":
+            return f"Pad mode is {pad.attr('mode')!r}, not constant"
+        reason = _not_constant(pads=pads, value=value, axes=axes)
+        if reason or x.shape is None:
+            return f"Pad {reason}" if reason else f"the rank of %{x.name} is unknown"
+        fill = value.constant() if value is not None else pad.attr("value", 0.0)
+        if np.any(np.asarray(fill) != 0):
+            return f"Pad value is {np.ravel(fill)[0]}, not 0"
+        rank = len(x.shape)
+        amounts = pads.constant() if pads is not None else np.array(pad.attr("pads") or [])
+        axes = axes.constant() if axes is not None else np.arange(rank)
+        if amounts.size != 2 * axes.size:
+            return "Pad's pads do not match its input's rank"
+        full = np.zeros((2, rank), np.int64)  # [begins; ends]
+        full[:, axes % rank] = amounts.reshape(2, -1)
+        if full[:, :2].any() or full.min() < 0:
+            return "Pad touches the batch or channel axis, or crops"
+        extra = full[:, 2:].ravel().tolist()
+        return [a + e for a, e in zip(node.attr("pads") or [0] * len(extra), extra)]
+
+    def check(self, node, pad, x, pads=None, value=None, axes=None):
+        merged = self.merged(node, pad, x, pads, value, axes)
+        return merged if isinstance(merged, str) else None
+
+    def rewrite(self, op, node, pad, x, pads=None, value=None, axes=None):
+        merged = self.merged(node, pad, x, pads, value, axes)
+        return getattr(op, node.op_type)(x, *node.inputs[1:], **{**node.attrs, "pads": merged})
+
+
+class PadAveragePool(PadConv):
+    """Pad → AveragePool(count_include_pad=1, ceil_mode=0): into the pool's pads."""
+
+    def pattern(self, op):
+        return op.AveragePool(_padded(op), _name="node")
+
+    def merged(self, node, pad, x, pads=None, value=None, axes=None):
+        if node.attr("count_include_pad", 0) != 1 or node.attr("ceil_mode", 0):
+            return "AveragePool needs count_include_pad=1 (padded zeros count) and ceil_mode=0"
+        merged, kernel = super().merged(node, pad, x, pads, value, axes), node.attr("kernel_shape")
+        if not isinstance(merged, str) and any(p >= k for p, k in zip(merged, list(kernel) * 2)):
+            return f"pads {merged} would reach the kernel {kernel} (onnxruntime needs pad < kernel)"
+        return merged
+
+
+@register
+class FuseConvBatchNorm(RulePass):
+    name = "FuseConvBatchNorm"
+    description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
+    # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
+    rules = (PadConv, PadAveragePool, ConvBatchNorm, ConvTransposeBatchNorm, GemmBatchNorm,
+             MatMulBatchNorm, ConvAddBias, ConvMulScale)
+
+
+__all__ = ["FuseConvBatchNorm"]

@@ -1,0 +1,241 @@
+"""FuseLayerNorm: LayerNorm and RMSNorm as exporters decompose them, into one normalization op.
+
+    LayerNorm  y = (x - μ) / √(σ² + ε) · γ + β,  μ = mean(x), σ² = mean((x - μ)²) over the last
+               axis → LayerNormalization(x, γ, β, axis=-1, epsilon=ε)   (ai.onnx, opset ≥ 17 only)
+    Add + LN   LN(a + b), a and b of one shape [B,S,C] → com.microsoft::SkipLayerNormalization
+    RMSNorm    y = x / √(mean(x²) + ε) · γ → RMSNormalization(x, γ) at opset ≥ 23, else the
+               SimplifiedLayerNormalization(x, γ) that onnxruntime registers in ai.onnx
+
+  x -+--------------> Sub -> d -+-> Pow(d, 2) -> ReduceMean -> Add ε -> Sqrt -+
+     |                 ^        |   (or Mul(d, d))                            |
+     +-> ReduceMean -> μ        +-------------------------------------------> Div -> Mul γ -> Add β
+
+ReduceMean's axes (an attribute before opset 18, an input from 18) must be the last axis only;
+fp16 exports compute between Cast(x → f32) and a Cast back; γ, β are constants broadcasting to [C].
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from graphopt.ir import DType, Value
+from graphopt.ir.pattern import Attr, Const, Optional
+from graphopt.opcheck import runtime_schemas
+from graphopt.passes.base import register
+from graphopt.passes.rules import Rule, RulePass
+
+MS = "com.microsoft"
+FLOATS = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE)  # what onnxruntime's CPU kernels take
+EPS = Const(pred=lambda a: a.dtype.kind == "f", name="eps")  # _problem checks it is a scalar
+
+
+def _mean(op, v, key: str):
+    """ReduceMean(v) binding `<key>_axes` (attribute), `<key>_axes_in` (input), `<key>_keep`."""
+    axes_input = Optional(Const(pred=lambda a: a.dtype.kind == "i", name=f"{key}_axes_in"))
+    return op.ReduceMean(v, axes_input, axes=Attr(f"{key}_axes"), keepdims=Attr(f"{key}_keep", 1))
+
+
+def _norm(op, x, centre: bool = True, square: str = "pow", inverse: str = "div", cast=False):
+    """d / √(mean(d²) + ε), d = x - mean(x) (LayerNorm) or x (RMSNorm); square: Pow or Mul; the
+    division: Div, ·Reciprocal, ·(1 / ·) or ·Pow(·, -½); `cast`: on Cast(x → f32), cast back."""
+    xf = op.Cast(x, to=Attr("cast_in")) if cast else x
+    d = op.Sub(xf, _mean(op, xf, "mean")) if centre else xf
+    ms = op.Add(_mean(op, op.Pow(d, 2.0) if square == "pow" else op.Mul(d, d), "var"), EPS)
+    y = {"div": lambda: op.Div(d, op.Sqrt(ms)),
+         "reciprocal": lambda: op.Mul(d, op.Reciprocal(op.Sqrt(ms))),
+         "one_over": lambda: op.Mul(d, op.Div(1.0, op.Sqrt(ms))),
+         "pow": lambda: op.Mul(d, op.Pow(ms, -0.5))}[inverse]()
+    return op.Cast(y, to=Attr("cast_out")) if cast else y
+
+
+def _problem(x: Value, b: dict) -> str | None:
+    """Why the normalization matched on `x` is not one op over x's last axis (None: it is)."""
+    if x.dtype is None or not x.shape or not isinstance(x.shape[-1], int):
+        return f"the type or last dim of %{x.name} is unknown (run InferShapes)"
+    rank, c = len(x.shape), x.shape[-1]
+    for key in [k for k in ("mean", "var") if f"{k}_keep" in b]:
+        axes = b.get(f"{key}_axes_in", b.get(f"{key}_axes"))
+        axes = None if axes is None else [int(a) for a in np.ravel(axes)]
+        if b[f"{key}_keep"] != 1 or axes not in ([-1], [rank - 1]):
+            return f"a ReduceMean reduces over axes {axes or 'all'} with keepdims=" \
+                   f"{b[f'{key}_keep']}, not over the last axis only with keepdims=1"
+    if b["eps"].size != 1 or b["eps"].ndim > rank:  # a [1,1,1,1] ε would add an axis
+        return f"epsilon has shape {list(b['eps'].shape)}, not a scalar"
+    if "cast_in" in b and (b["cast_in"] != DType.FLOAT or b["cast_out"] != x.dtype):
+        return "the Casts do not go from x's type to f32 and back"
+    for role, p in [(r, b[r]) for r in ("gamma", "beta") if b.get(r) is not None]:
+        shape, tails = tuple(p.shape or ()), ((), (1,), (c,))
+        if not p.is_constant:
+            return f"{role} %{p.name} is not a constant"
+        if len(shape) > rank or any(d != 1 for d in shape[:-1]) or shape[-1:] not in tails:
+            return f"{role} %{p.name} of shape {list(shape)} does not broadcast to exactly [{c}]"
+    return None
+
+
+def _scale_bias(op, x: Value, gamma: Value | None, beta: Value | None) -> list[Value]:
+    """[γ, β] as [C] tensors (reshaped constants if need be); γ = 1 when absent, β left out."""
+    c, out = x.shape[-1], []
+    for p, fill in ((gamma, 1.0), (beta, None)):
+        if p is not None and tuple(p.shape) == (c,):
+            out.append(p)
+        elif p is not None or fill is not None:
+            data = np.full(c, fill, x.dtype.numpy) if p is None else p.constant().reshape(-1)
+            out.append(op.const(np.ascontiguousarray(np.broadcast_to(data, (c,)))))
+    return out
+
+
+def _same_shape(x: Value, skip: Value) -> str | None:
+    if x.shape is None or len(x.shape) != 3 or None in x.shape or x.shape != skip.shape:
+        return f"the Add's inputs %{x.name} {x.shape} and %{skip.name} {skip.shape} are not " \
+               "of one known shape [B,S,C]"
+    return None
+
+
+class _LayerNorm(Rule):
+    emits = (("", "LayerNormalization"),)
+    dtypes = FLOATS
+
+    def check(self, x, model, **b):
+        opset = model.opset("") or 1
+        if opset < 17:
+            return f"ai.onnx LayerNormalization needs opset 17, the model imports {opset} " \
+                   "(onnxruntime's contrib schema would run it, onnx.checker would not accept it)"
+        return _problem(x, b)
+
+    def rewrite(self, op, x, eps, gamma=None, beta=None, **_):
+        return op.LayerNormalization(x, *_scale_bias(op, x, gamma, beta), axis=-1,
+                                     epsilon=float(eps.ravel()[0]))
+
+
+class LayerNormDecomposed(_LayerNorm):
+    """Pow(x - μ, 2), γ and β: torch.onnx's nn.LayerNorm below opset 17."""
+    def pattern(self, op, x, gamma, beta):
+        return op.Add(op.Mul(_norm(op, x), gamma), beta)
+
+
+class LayerNormMulSquare(_LayerNorm):
+    """(x - μ)·(x - μ) for the square, γ and β."""
+    def pattern(self, op, x, gamma, beta):
+        return op.Add(op.Mul(_norm(op, x, square="mul"), gamma), beta)
+
+
+class LayerNormCast(_LayerNorm):
+    """Computed in f32 between Casts (fp16 exports), γ and β applied in x's type."""
+    def pattern(self, op, x, gamma, beta):
+        return op.Add(op.Mul(_norm(op, x, cast=True), gamma), beta)
+
+
+class LayerNormNoAffine(_LayerNorm):
+    """Neither γ nor β (elementwise_affine=False): γ = 1, no bias."""
+    def pattern(self, op, x):
+        return _norm(op, x)
+
+
+class _SkipDecomposed(Rule):
+    emits = ((MS, "SkipLayerNormalization"),)
+    dtypes = (DType.FLOAT,)
+
+    def check(self, x, skip, residual, **b):
+        return _same_shape(x, skip) or _problem(residual.output, b)
+
+    def rewrite(self, op, x, skip, eps, gamma=None, beta=None, **_):
+        return op.SkipLayerNormalization(x, skip, *_scale_bias(op, x, gamma, beta), _domain=MS,
+                                         epsilon=float(eps.ravel()[0]))
+
+
+class SkipLayerNormDecomposed(_SkipDecomposed):
+    """Decomposed LayerNorm (Pow form, γ, β) of a residual sum x + skip, at any opset."""
+    def pattern(self, op, x, skip, gamma, beta):
+        return op.Add(op.Mul(_norm(op, op.Add(x, skip, _name="residual")), gamma), beta)
+
+
+class SkipLayerNormNoAffine(_SkipDecomposed):
+    """The same without γ and β (left out by a cleanup when they were 1 and 0)."""
+    def pattern(self, op, x, skip):
+        return _norm(op, op.Add(x, skip, _name="residual"))
+
+
+class SkipLayerNorm(Rule):
+    """LayerNormalization(x + skip) over the last axis, γ (and β) of shape [C]."""
+    emits = ((MS, "SkipLayerNormalization"),)
+    dtypes = (DType.FLOAT,)
+
+    def pattern(self, op, x, skip, gamma, beta):
+        return op.LayerNormalization(op.Add(x, skip), gamma, Optional(beta),
+                                     axis=Attr("axis", -1), epsilon=Attr("epsilon", 1e-5))
+
+    def check(self, x, skip, gamma, axis, beta=None):
+        shapes = {tuple(p.shape or ()) for p in (gamma, beta) if p is not None}
+        problem = _same_shape(x, skip)
+        if problem is None and (axis not in (-1, 2) or shapes != {(x.shape[-1],)}):
+            problem = f"axis={axis}, γ/β of shape {sorted(shapes)}: SkipLayerNormalization " \
+                      f"takes the last axis and γ/β of shape [{x.shape[-1]}]"
+        return problem
+
+    def rewrite(self, op, x, skip, gamma, epsilon, beta=None):
+        return op.SkipLayerNormalization(x, skip, gamma, *([] if beta is None else [beta]),
+                                         _domain=MS, epsilon=float(epsilon))
+
+
+def _centred(x: Value) -> bool:
+    """x = Sub(v, ReduceMean(v)): an RMSNorm of it is a LayerNorm the LayerNorm rules own."""
+    sub = x.producer
+    mean = sub.inputs[1].producer if sub is not None and sub.op_type == "Sub" else None
+    return mean is not None and mean.op_type == "ReduceMean" and mean.inputs[0] is sub.inputs[0]
+
+
+class _RmsNorm(Rule):
+    emits = (("", "SimplifiedLayerNormalization"),)
+    dtypes = FLOATS
+
+    def check(self, x, **b):
+        return "x is x - mean(x), a LayerNorm" if _centred(x) else _problem(x, b)
+
+    def rewrite(self, op, x, gamma, eps, **_):
+        standard = (op.model.opset("") or 1) >= 23 and ("", "RMSNormalization") in runtime_schemas()
+        fused = op.RMSNormalization if standard else op.SimplifiedLayerNormalization
+        return fused(x, *_scale_bias(op, x, gamma, None), axis=-1, epsilon=float(eps.ravel()[0]))
+
+
+class RmsNormDiv(_RmsNorm):
+    """x / √(mean(x²) + ε) · γ"""
+    def pattern(self, op, x, gamma):
+        return op.Mul(_norm(op, x, centre=False), gamma)
+
+
+class RmsNormReciprocal(_RmsNorm):
+    """x · Reciprocal(√(mean(x²) + ε)) · γ: torch.rsqrt through the dynamo exporter."""
+    def pattern(self, op, x, gamma):
+        return op.Mul(_norm(op, x, centre=False, inverse="reciprocal"), gamma)
+
+
+class RmsNormOneOver(_RmsNorm):
+    """x · (1 / √(mean(x²) + ε)) · γ: torch.rsqrt through the TorchScript exporter."""
+    def pattern(self, op, x, gamma):
+        return op.Mul(_norm(op, x, centre=False, inverse="one_over"), gamma)
+
+
+class RmsNormPowHalf(_RmsNorm):
+    """x · (mean(x²) + ε)^-½ · γ"""
+    def pattern(self, op, x, gamma):
+        return op.Mul(_norm(op, x, centre=False, inverse="pow"), gamma)
+
+
+class RmsNormCast(_RmsNorm):
+    """Llama/T5 in fp16: γ · Cast(Cast(x → f32) · Reciprocal(√(mean(x²) + ε)) → x's type)."""
+    def pattern(self, op, x, gamma):
+        return op.Mul(_norm(op, x, centre=False, inverse="reciprocal", cast=True), gamma)
+
+
+@register
+class FuseLayerNorm(RulePass):
+    name = "FuseLayerNorm"
+    description = "LayerNorm and RMSNorm (decomposed, with Casts, after a residual Add) into one op"
+    # Skip…Decomposed rules precede their LayerNorm twins: the residual Add fuses in the same run.
+    rules = (SkipLayerNormDecomposed, LayerNormDecomposed, LayerNormMulSquare, LayerNormCast,
+             SkipLayerNormNoAffine, LayerNormNoAffine, SkipLayerNorm, RmsNormDiv,
+             RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormCast)
+
+
+__all__ = ["FuseLayerNorm"]

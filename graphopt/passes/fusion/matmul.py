@@ -1,0 +1,215 @@
+"""FuseMatMul: MatMul with its bias, transposes and scale into Gemm and onnxruntime's FusedMatMul.
+
+    bias        A·W + b                   → Gemm(A, W, b)       A [M,K] (rank 2), W [K,N] const,
+                                                                b const [N] or [1,N]
+    transpose   Gemm(Aᵀ, B)               → Gemm(A, B, transA=¬transA)   (likewise for B)
+                MatMul(A, Bᵀ)             → FusedMatMul(A, B, transB=1)  (likewise for A; ᵀ swaps
+                                                                the last two axes only)
+    scale       (A · B) · s,  (A · B) / s → FusedMatMul(A, B, alpha=s or 1/s), s a scalar const
+
+                  q     k                           q     k
+                  │     │                           │     │
+                  │  Transpose(perm=[0,1,3,2])      │     │
+                  │     │                           │     │
+                  MatMul                   ⇒        FusedMatMul(transB=1, alpha=1/√d)
+                    │                                  │
+                  Div(√d)                              ▼
+                    │
+                    ▼
+
+Attention's scores q·kᵀ/√d become one FusedMatMul. (Exports that split heads and transpose k in
+one Transpose, perm [0,2,3,1], cannot use transB; only their scale folds.) A transpose of a constant weight is folded by
+FoldConstants before this pass runs, so only transposes of computed values meet these rules.
+MatMul + Add with A of rank > 2 stays as it is: Gemm takes matrices only, and onnxruntime's own
+MatMulAddFusion handles that pair when it loads the model. FusedMatMul's transBatchA/B are never
+composed; a FusedMatMul using them is left alone.
+"""
+
+from __future__ import annotations
+
+from graphopt.ir import DType
+from graphopt.ir.pattern import Attr, Const, Optional, Var
+from graphopt.passes.base import register
+from graphopt.passes.rules import Rule, RulePass
+
+MS = "com.microsoft"
+
+
+def _rank(value) -> int | None:
+    return None if value.shape is None else len(value.shape)
+
+
+def _scalar(data) -> bool:
+    return data.size == 1
+
+
+def _no_batch_transpose(flag) -> bool:
+    return not flag
+
+
+def _fused(op, a, b):
+    """A FusedMatMul, binding what a rewrite keeps; batch transposes are not ours to compose."""
+    return op.FusedMatMul(a, b, _domain=MS, alpha=Attr("alpha", 1.0), transA=Attr("trans_a", 0),
+                          transB=Attr("trans_b", 0),
+                          transBatchA=Attr("batch_a", 0, pred=_no_batch_transpose),
+                          transBatchB=Attr("batch_b", 0, pred=_no_batch_transpose))
+
+
+def _transposed(op, x):
+    return op.Transpose(x, perm=Attr("perm", None))
+
+
+class MatMulAddToGemm(Rule):
+    """MatMul(A, W) + b → Gemm(A, W, b) for a matrix A, a constant matrix W and a bias row."""
+
+    emits = (("", "Gemm"),)
+    dtypes = (DType.FLOAT, DType.DOUBLE)
+
+    def pattern(self, op, a):
+        return op.Add(op.MatMul(a, Var("w", const=True)), Var("b", const=True))
+
+    def check(self, a, w, b):
+        if _rank(a) != 2:
+            return f"A %{a.name} has rank {_rank(a)}, Gemm takes matrices only"
+        if _rank(w) != 2:
+            return f"W %{w.name} is not a matrix"
+        n = w.shape[1]
+        if tuple(b.shape) not in ((n,), (1, n)):
+            return f"bias shape {list(b.shape)} is not [{n}] or [1, {n}]"
+        return None
+
+    def rewrite(self, op, a, w, b):
+        return op.Gemm(a, w, b)
+
+
+class _TransposeIntoGemm(Rule):
+    """Gemm reads its input transposed when told to: flip transA (or transB), drop the Transpose."""
+
+    emits = (("", "Gemm"),)
+    flip: str  # "transA" or "transB"
+
+    def rewrite(self, op, a, b, gemm, c=None):
+        attrs = dict(gemm.attrs)
+        attrs[self.flip] = 1 - int(gemm.attr(self.flip, 0))
+        return op.Gemm(*((a, b) if c is None else (a, b, c)), **attrs)
+
+
+def _perm_2d(perm) -> bool:
+    return list(perm) == [1, 0]
+
+
+class TransposeIntoGemmA(_TransposeIntoGemm):
+    flip = "transA"
+
+    def pattern(self, op, a, b, c):
+        # Gemm's inputs are matrices, so an absent perm (reverse the axes) means [1, 0] too.
+        transposed = op.Transpose(a, perm=Attr("perm", [1, 0], pred=_perm_2d))
+        return op.Gemm(transposed, b, Optional(c), _name="gemm")
+
+
+class TransposeIntoGemmB(_TransposeIntoGemm):
+    flip = "transB"
+
+    def pattern(self, op, a, b, c):
+        transposed = op.Transpose(b, perm=Attr("perm", [1, 0], pred=_perm_2d))
+        return op.Gemm(a, transposed, Optional(c), _name="gemm")
+
+
+class _IntoFusedMatMul(Rule):
+    """Rewrites to FusedMatMul(A, B), composing what the match adds to what FusedMatMul had:
+    a transpose of A or B (`flip`), a scale (`scale`) or a divisor (`divisor`)."""
+
+    emits = ((MS, "FusedMatMul"),)
+    dtypes = (DType.FLOAT,)
+    flip: str = ""  # "A" or "B" when the rule swallows a Transpose of that operand
+
+    def check(self, a, b, perm=None, scale=None, divisor=None):
+        ranks = (_rank(a), _rank(b))
+        if None in ranks or min(ranks) < 2:
+            return f"operand ranks {ranks} are not both known and at least 2"
+        if self.flip:
+            rank = ranks[0] if self.flip == "A" else ranks[1]
+            swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+            if list(perm if perm is not None else reversed(range(rank))) != swap:
+                return f"Transpose perm {perm} does not swap the last two axes only"
+        constant = scale if scale is not None else divisor
+        if constant is not None and constant.ndim > max(ranks):
+            return f"the scale has rank {constant.ndim}, it would broadcast the product"
+        if divisor is not None and float(divisor.reshape(-1)[0]) == 0.0:
+            return "division by zero"
+        return None
+
+    def rewrite(self, op, a, b, alpha=1.0, trans_a=0, trans_b=0, scale=None, divisor=None):
+        if scale is not None:
+            alpha = alpha * float(scale.reshape(-1)[0])
+        if divisor is not None:
+            alpha = alpha / float(divisor.reshape(-1)[0])
+        return op.FusedMatMul(a, b, _domain=MS, alpha=float(alpha),
+                              transA=int(trans_a) ^ (self.flip == "A"),
+                              transB=int(trans_b) ^ (self.flip == "B"))
+
+
+class TransposeIntoMatMulA(_IntoFusedMatMul):
+    flip = "A"
+
+    def pattern(self, op, a, b):
+        return op.MatMul(_transposed(op, a), b)
+
+
+class TransposeIntoMatMulB(_IntoFusedMatMul):
+    """q · kᵀ in attention: MatMul(q, Transpose(k, perm=[0,1,3,2]))."""
+
+    flip = "B"
+
+    def pattern(self, op, a, b):
+        return op.MatMul(a, _transposed(op, b))
+
+
+class TransposeIntoFusedMatMulA(_IntoFusedMatMul):
+    flip = "A"
+
+    def pattern(self, op, a, b):
+        return _fused(op, _transposed(op, a), b)
+
+
+class TransposeIntoFusedMatMulB(_IntoFusedMatMul):
+    flip = "B"
+
+    def pattern(self, op, a, b):
+        return _fused(op, a, _transposed(op, b))
+
+
+class ScaledMatMul(_IntoFusedMatMul):
+    def pattern(self, op, a, b):
+        return op.Mul(op.MatMul(a, b), Const(pred=_scalar, name="scale"))
+
+
+class DividedMatMul(_IntoFusedMatMul):
+    """The attention scale as exporters write it: scores / √d."""
+
+    def pattern(self, op, a, b):
+        return op.Div(op.MatMul(a, b), Const(pred=_scalar, name="divisor"))
+
+
+class ScaledFusedMatMul(_IntoFusedMatMul):
+    def pattern(self, op, a, b):
+        return op.Mul(_fused(op, a, b), Const(pred=_scalar, name="scale"))
+
+
+class DividedFusedMatMul(_IntoFusedMatMul):
+    def pattern(self, op, a, b):
+        return op.Div(_fused(op, a, b), Const(pred=_scalar, name="divisor"))
+
+
+@register
+class FuseMatMul(RulePass):
+    name = "FuseMatMul"
+    description = "MatMul + bias into Gemm; transposes and scalar scales into Gemm/FusedMatMul"
+    # Order matters within one sweep: a bias makes a Gemm before a transpose of A can claim the
+    # MatMul, and the Mul/Div roots see FusedMatMuls the transpose rules made moments earlier.
+    rules = (MatMulAddToGemm, TransposeIntoGemmA, TransposeIntoGemmB, TransposeIntoMatMulA,
+             TransposeIntoMatMulB, ScaledMatMul, DividedMatMul, ScaledFusedMatMul,
+             DividedFusedMatMul, TransposeIntoFusedMatMulA, TransposeIntoFusedMatMulB)
+
+
+__all__ = ["FuseMatMul"]

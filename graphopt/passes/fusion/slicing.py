@@ -1,0 +1,231 @@
+"""SimplifySlicing: Slice/Concat/Split round trips that put data back where it already was.
+
+    Concat(Slice(x, s0:e0), Slice(x, s1:e1), …, Slice(x, sk:ek), axis a) = Slice(x, s0:ek)
+        every Slice along axis a with step 1, and e_i = s_i+1 (no gap, no overlap);
+        = x when s0:ek is the whole axis (its size known)
+
+        x ─┬─ Slice [0:2] ─┐
+           ├─ Slice [2:5] ─┼─ Concat ─▶ y      ⇒      x ── Slice [0:7] ──▶ y   (x if dim a is 7)
+           └─ Slice [5:7] ─┘
+
+    Slice(Concat(u, v, w, axis a), o:o+|v| along a) = v      o = |u| along a (sizes known)
+
+    Concat(Split(x, axis a) outputs 0 … n-1 in order, axis a) = x   whatever the split sizes
+
+        x ── Split ─┬─ s0 ─┐
+                    ├─ s1 ─┼─ Concat ─▶ y     ⇒     x
+                    └─ s2 ─┘
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from graphopt.ir import Node, Value
+from graphopt.ir.pattern import Match, Miss, OpPattern, Optional
+from graphopt.passes.base import register
+from graphopt.passes.fusion.layout import cannot_stand_in
+from graphopt.passes.rules import RULES, Rule, RulePass
+
+
+def _axis(axis: int, rank: int | None) -> int | None:
+    if rank is None:
+        return axis if axis >= 0 else None
+    return axis % rank if -rank <= axis < rank else None
+
+
+def _slice_1d(node: Node) -> tuple[int, int, int] | str:
+    """(start, end, axis) of a Slice along one axis with step 1, or why it is not one. Opset < 10
+    keeps starts/ends/axes in attributes, later opsets in constant inputs."""
+    if node.attr("starts") is not None:
+        starts, ends, axes, steps = node.attr("starts"), node.attr("ends"), node.attr("axes"), None
+    else:
+        given = [node.input(i) for i in range(1, 5)]
+        for what, value in zip(("starts", "ends", "axes", "steps"), given):
+            if value is not None and not value.is_constant:
+                return f"Slice '{node.name}': {what} are not constant"
+        starts, ends, axes, steps = (None if v is None else v.constant().ravel().tolist()
+                                     for v in given)
+    if starts is None or ends is None or len(starts) != 1 or len(ends) != 1 \
+            or (axes is not None and len(axes) != 1):
+        return f"Slice '{node.name}' does not slice exactly one axis"
+    if steps is not None and list(steps) != [1]:
+        return f"Slice '{node.name}' has steps {list(steps)}, not [1]"
+    return int(starts[0]), int(ends[0]), int(axes[0]) if axes else 0
+
+
+def _cover(x: Value, axis: int, slices: list[Node]) -> tuple[int, int, bool] | str:
+    """The range s0:ek that the slices of x cover one after another along `axis`, and whether it
+    is the whole axis; or why they do not cover one range."""
+    rank = len(x.shape) if x.shape is not None else None
+    size = x.shape[axis] if rank is not None and isinstance(x.shape[axis], int) else None
+    ranges = []
+    for node in slices:
+        got = _slice_1d(node)
+        if isinstance(got, str):
+            return got
+        start, end, along = got
+        if _axis(along, rank) != axis:
+            return f"Slice '{node.name}' is along axis {along}, the Concat along {axis}"
+        if size is not None:  # Python's slice clamps like ONNX Slice with step 1
+            picked = range(size)[start:end]
+            start, end = picked.start, picked.stop
+        elif (start < 0) != (end < 0):
+            return f"Slice '{node.name}' {start}:{end} mixes signs, and the axis size is unknown"
+        if start > end:
+            return f"Slice '{node.name}' {start}:{end} is empty (start after end)"
+        ranges.append((start, end))
+    for (_, end), (start, _), node in zip(ranges, ranges[1:], slices[1:]):
+        if end != start:
+            return f"Slice '{node.name}' starts at {start}, the one before ends at {end}: " \
+                   + ("a gap" if start > end else "an overlap")
+    whole = size is not None and ranges[0][0] == 0 and ranges[-1][1] == size
+    return ranges[0][0], ranges[-1][1], whole
+
+
+def _picked(joined: Value, root: Node) -> Value | str:
+    """The Concat input that Slice `root` selects exactly, or why there is none."""
+    concat = joined.producer
+    if concat is None or concat.op_type != "Concat" or not concat.is_onnx:
+        return f"%{joined.name} is not the output of a Concat"
+    got = _slice_1d(root)
+    if isinstance(got, str):
+        return got
+    start, end, along = got
+    rank = len(joined.shape) if joined.shape is not None else None
+    axis = _axis(along, rank)
+    if axis is None or axis != _axis(concat.attr("axis"), rank):
+        return f"the Slice is along axis {along}, the Concat along {concat.attr('axis')}"
+    sizes = [v.shape[axis] if v.shape and len(v.shape) == rank else None for v in concat.inputs]
+    if not all(isinstance(n, int) for n in sizes):
+        return f"the Concat inputs' sizes along axis {axis} are not all known"
+    picked, offset = range(sum(sizes))[start:end], 0
+    for value, n in zip(concat.inputs, sizes):
+        if (picked.start, picked.stop) == (offset, offset + n):
+            return value
+        offset += n
+    return f"{picked.start}:{picked.stop} is not exactly one Concat input (sizes {sizes})"
+
+
+class SliceOfConcat(Rule):
+    """Slice(Concat(…, v, …)) selecting exactly v along the Concat axis → v."""
+
+    def pattern(self, op, joined, starts, ends, axes, steps):
+        # Stops at the Concat's output (its inputs are variadic); `check` reads the Concat.
+        return op.Slice(joined, Optional(starts), Optional(ends), Optional(axes),
+                        Optional(steps), _name="root")
+
+    def check(self, joined, root):
+        picked = _picked(joined, root)
+        return picked if isinstance(picked, str) else cannot_stand_in(picked, root)
+
+    def rewrite(self, op, joined, root):
+        # The Concat stays while anything else reads it; EliminateDeadNodes drops it otherwise.
+        return _picked(joined, root)
+
+
+class VariadicRule(Rule):
+    """A rule rooted at a Concat, whose inputs are variadic. Patterns give an op a fixed list of
+    inputs, so `match(node) -> Match | Miss` states the structure by hand; `check`, `rewrite` and
+    the machinery's `deletable` and `apply` work on its bindings as for any Rule."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "match" in cls.__dict__:  # Rule registers classes with a `pattern`: these have none
+            cls.name = cls.__dict__.get("name") or cls.__name__
+            assert cls.name not in RULES, f"rule {cls.name} defined twice"
+            RULES[cls.name] = cls
+
+    def build_pattern(self) -> OpPattern:  # the root alone: what the pass dispatches on
+        return OpPattern("Concat", "", [], {})
+
+    def match(self, node: Node) -> Match | Miss:
+        raise NotImplementedError
+
+    # The matcher protocol RulePass uses: this rule is its own matcher.
+    def matcher(self, pattern: OpPattern) -> "VariadicRule":
+        return self
+
+    def matches(self, node: Node):
+        self._outcome = self.match(node)
+        if isinstance(self._outcome, Match):
+            yield self._outcome
+
+    def miss(self, node: Node) -> Miss:
+        return self._outcome if isinstance(self._outcome, Miss) else Miss(node, 0, "")
+
+
+class ConcatOfSlices(VariadicRule):
+    """Concat of Slices of one x covering a contiguous range → one Slice of x (x if all of it)."""
+
+    def match(self, node):
+        slices = [v.producer if v is not None else None for v in node.inputs]
+        if not node.is_onnx or len(slices) < 2:
+            return Miss(node, 0, "not an ONNX Concat of two or more inputs")
+        for index, sliced in enumerate(slices):
+            if sliced is None or sliced.op_type != "Slice" or not sliced.is_onnx:
+                return Miss(node, 1 + index, f"input {index} is not the output of a Slice")
+            x = slices[0].inputs[0]
+            if sliced.inputs[0] is not x:
+                return Miss(node, 1 + index, f"Slice '{sliced.name}' reads "
+                                             f"%{sliced.inputs[0].name}, not %{x.name}")
+        along = _axis(node.attr("axis"), len(x.shape) if x.shape is not None else None)
+        if along is None:
+            return Miss(node, len(slices), "negative Concat axis, and the rank of x is unknown")
+        bindings = {"x": x, "slices": slices, "along": along, "root": node}
+        return Match(node, bindings, [node] + list(dict.fromkeys(slices)))
+
+    def check(self, x, slices, along):
+        cover = _cover(x, along, slices)
+        return cover if isinstance(cover, str) else None
+
+    def rewrite(self, op, x, slices, along, root):
+        start, end, whole = _cover(x, along, slices)
+        if whole and cannot_stand_in(x, root) is None:
+            return x
+        if (op.model.opset("") or 1) < 10:
+            return op.Slice(x, starts=[start], ends=[end], axes=[along])
+        return op.Slice(x, *(op.const(np.array([v], dtype=np.int64), f"{x.name}_{what}")
+                             for v, what in ((start, "starts"), (end, "ends"), (along, "axes"))))
+
+
+class ConcatOfSplit(VariadicRule):
+    """Concat(every output of Split(x) in order, same axis) → x."""
+
+    def match(self, node):
+        split = node.inputs[0].producer if node.inputs and node.inputs[0] is not None else None
+        if not node.is_onnx or split is None or split.op_type != "Split" or not split.is_onnx:
+            return Miss(node, 0, "input 0 is not the output of a Split")
+        if len(node.inputs) != len(split.outputs):
+            return Miss(node, 1, f"the Concat reads {len(node.inputs)} values, Split "
+                                 f"'{split.name}' makes {len(split.outputs)}")
+        for index, value in enumerate(node.inputs):
+            if value is None or value.producer is not split:
+                return Miss(node, 1, f"input {index} is not an output of Split '{split.name}'")
+            if value.index != index:
+                return Miss(node, 1, f"input {index} is Split output {value.index}: out of order")
+        bindings = {"x": split.inputs[0], "split": split, "axis": node.attr("axis"), "root": node}
+        return Match(node, bindings, [node, split])
+
+    def check(self, x, split, axis, root):
+        rank = len(x.shape) if x.shape is not None else None
+        joined, cut = _axis(axis, rank), _axis(split.attr("axis", 0), rank)
+        if joined is None or cut is None:
+            return "an axis is negative and the rank of x is unknown"
+        if joined != cut:
+            return f"Split along axis {cut}, Concat along axis {joined}"
+        return cannot_stand_in(x, root)
+
+    def rewrite(self, op, x):
+        return x
+
+
+@register
+class SimplifySlicing(RulePass):
+    name = "SimplifySlicing"
+    description = "merge Concats of adjacent Slices; cancel Slice∘Concat and Concat∘Split"
+    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit)
+
+
+__all__ = ["SimplifySlicing"]

@@ -1,0 +1,443 @@
+"""FuseConvBatchNorm: BatchNorm, per-channel Add/Mul and zero Pads folded into Conv, ConvTranspose,
+Gemm, MatMul and AveragePool; each rule's firing, refusals and numerics, then zoo nets."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import numpy_helper
+
+import graphopt
+from graphopt import numerics, to_onnx, zoo
+from graphopt.ir import format_model, load_onnx
+from graphopt.passes import Options, PassContext
+from graphopt.passes.fusion import conv_bn
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.rules import Tracer
+
+HEADER = '<ir_version: 8, opset_import: ["" : 18]>\n'
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _model(text: str, named: bool = True, **arrays: np.ndarray) -> onnx.ModelProto:
+    """Parse `text`; the graph inputs named in `arrays` become initializers with that data, the
+    rest stay runtime inputs. Nodes are named after their first output, as exporters name them."""
+    proto = onnx.parser.parse_model(HEADER + text)
+    for node in proto.graph.node if named else ():
+        node.name = node.name or f"/{node.output[0]}/{node.op_type}"
+    keep = [i for i in proto.graph.input if i.name not in arrays]
+    del proto.graph.input[:]
+    proto.graph.input.extend(keep)
+    proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n)
+                                   for n, a in arrays.items())
+    onnx.checker.check_model(proto)
+    return proto
+
+
+def _f32(*shape, seed=0, low=None, high=None):
+    rng = np.random.default_rng(seed)
+    data = rng.uniform(low, high, shape) if low is not None else rng.standard_normal(shape)
+    return data.astype(np.float32)
+
+
+def _bn(c: int, seed: int = 1) -> dict[str, np.ndarray]:
+    return {"scale": 1 + 0.2 * _f32(c, seed=seed), "shift": 0.1 * _f32(c, seed=seed + 1),
+            "mean": 0.1 * _f32(c, seed=seed + 2), "var": _f32(c, seed=seed + 3, low=0.5, high=1.5)}
+
+
+def _fuse(proto: onnx.ModelProto, trace: str | None = None):
+    """The IR model after InferShapes and the pass, the pass's stats, the trace lines."""
+    model = load_onnx(proto)
+    infer_shapes(model)
+    tracer = Tracer({trace}) if trace else None
+    result = conv_bn.FuseConvBatchNorm().run(model, PassContext(Options(), tracer=tracer))
+    return model, result, tracer.report() if tracer else []
+
+
+def _ops(model) -> list[str]:
+    return [n.op_type for n in model.graph]
+
+
+def _printed_nodes(model) -> list[str]:
+    """The node lines of the printed IR, without initializers and the trailing name comment."""
+    lines = format_model(model).splitlines()
+    return [line.split("  #")[0].strip() for line in lines
+            if " = " in line and "= initializer" not in line]
+
+
+def _same_numerics(proto: onnx.ModelProto, model, rtol=RTOL, atol=ATOL) -> None:
+    after = to_onnx(model)
+    onnx.checker.check_model(after, full_check=True)
+    feeds = numerics.random_feeds(proto, seed=0)
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(after, feeds), rtol, atol)
+    assert not problems, [str(p) for p in problems]
+
+
+def _fires(proto, rule: str, ops_after: list[str]):
+    model, result, _ = _fuse(proto)
+    assert result.changed and dict(result.stats) == {rule: 1}
+    assert _ops(model) == ops_after
+    _same_numerics(proto, model)
+    return model
+
+
+def _refuses(proto, rule: str, reason: str) -> None:
+    before = [n.op_type for n in proto.graph.node]
+    model, result, report = _fuse(proto, trace=rule)
+    assert not result.changed and not result.stats
+    assert _ops(model) == before
+    assert any(reason in line for line in report), report
+
+
+# -- Conv + BatchNormalization ---------------------------------------------------------------------
+
+CONV_BN = """
+g (float[2, {cin}, 6, 6] x, float[{cout}, {cing}, 3, 3] w{bdecl}, float[{cout}] scale,
+   float[{cout}] shift, float[{cout}] mean, float[{cout}] var) => (float[2, {cout}, 6, 6] y) {{
+    c = Conv(x, w{buse}) <group = {group}, pads = [1, 1, 1, 1]>
+    y = BatchNormalization(c, scale, shift, mean, var) <epsilon = 0.001>
+}}"""
+
+
+def _conv_bn(cin=4, cout=6, group=1, bias=True, **overrides):
+    text = CONV_BN.format(cin=cin, cout=cout, cing=cin // group, group=group,
+                          bdecl=f", float[{cout}] b" if bias else "", buse=", b" if bias else "")
+    arrays = {"w": _f32(cout, cin // group, 3, 3, seed=5), **_bn(cout)}
+    if bias:
+        arrays["b"] = _f32(cout, seed=6)
+    arrays.update(overrides)
+    return _model(text, **{k: v for k, v in arrays.items() if v is not None})
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("cin,cout,group", [(4, 6, 1), (4, 6, 2), (6, 6, 6)],
+                         ids=["dense", "grouped", "depthwise"])
+def test_conv_bn_folds_into_weight_and_bias(bias, cin, cout, group):
+    model = _fires(_conv_bn(cin, cout, group, bias), "ConvBatchNorm", ["Conv"])
+    conv = model.graph.nodes()[0]
+    assert len(conv.inputs) == 3 and all(v.is_constant for v in conv.inputs[1:])
+    assert conv.attr("group") == group and conv.attr("pads") == [1, 1, 1, 1]
+
+
+def test_conv_bn_structure_and_originals_untouched():
+    proto = _conv_bn()
+    model = load_onnx(proto)
+    assert _printed_nodes(model) == [
+        "%c<?> = Conv(%x, %w, %b) {group=1, pads=[1,1,1,1]}",
+        ("%y<f32[2,6,6,6]> = BatchNormalization(%c, %scale, %shift, %mean, %var) "
+         "{epsilon=0.0010000000474974513}")]  # the float32 attribute, printed exactly
+    model, _, _ = _fuse(proto)
+    assert _printed_nodes(model) == [
+        "%y<f32[2,6,6,6]> = Conv(%x, %w_fused, %w_b) {group=1, pads=[1,1,1,1]}"]
+    w = numpy_helper.to_array(proto.graph.initializer[0])
+    np.testing.assert_array_equal(model.graph.initializers["w"].constant(), w)
+    conv = model.graph.nodes()[0]
+    bn = _bn(6)
+    s = bn["scale"].astype(np.float64) / np.sqrt(bn["var"].astype(np.float64) + 1e-3)
+    np.testing.assert_allclose(conv.inputs[1].constant(), w * s[:, None, None, None], rtol=1e-6)
+
+
+def test_conv_bn_shared_weight_gets_its_own_initializer():
+    text = """
+    g (float[1, 4, 5, 5] x, float[6, 4, 3, 3] w, float[6] scale, float[6] shift, float[6] mean,
+       float[6] var) => (float[1, 6, 3, 3] y, float[1, 6, 3, 3] z) {
+        c = Conv(x, w)
+        y = BatchNormalization(c, scale, shift, mean, var)
+        z = Conv(x, w)
+    }"""
+    proto = _model(text, w=_f32(6, 4, 3, 3, seed=5), **_bn(6))
+    model = _fires(proto, "ConvBatchNorm", ["Conv", "Conv"])
+    first, second = model.graph.nodes()
+    assert second.inputs[1].name == "w" and first.inputs[1] is not second.inputs[1]
+    np.testing.assert_array_equal(second.inputs[1].constant(),
+                                  numpy_helper.to_array(proto.graph.initializer[0]))
+
+
+def test_conv_bn_two_convs_sharing_a_weight_both_fold():
+    text = """
+    g (float[1, 4, 5, 5] x, float[6, 4, 3, 3] w, float[6] scale, float[6] shift, float[6] mean,
+       float[6] var, float[6] scale2) => (float[1, 6, 3, 3] y, float[1, 6, 3, 3] z) {
+        c = Conv(x, w)
+        y = BatchNormalization(c, scale, shift, mean, var)
+        d = Conv(x, w)
+        z = BatchNormalization(d, scale2, shift, mean, var)
+    }"""
+    proto = _model(text, w=_f32(6, 4, 3, 3, seed=5), scale2=_f32(6, seed=9), **_bn(6))
+    model, result, _ = _fuse(proto)
+    assert dict(result.stats) == {"ConvBatchNorm": 2} and _ops(model) == ["Conv", "Conv"]
+    first, second = model.graph.nodes()
+    assert len({id(first.inputs[1]), id(second.inputs[1]), id(model.graph.initializers["w"])}) == 3
+    _same_numerics(proto, model)
+
+
+def test_conv_bn_refuses_non_constant_weight():
+    _refuses(_conv_bn(w=None), "ConvBatchNorm", "weight %w is not a constant")
+
+
+def test_conv_bn_refuses_statistics_given_as_graph_inputs():
+    _refuses(_conv_bn(mean=None, var=None), "ConvBatchNorm",
+             "BatchNormalization mean %mean is not a constant")
+
+
+def test_conv_bn_refuses_extra_consumer_of_the_conv_output():
+    text = """
+    g (float[1, 4, 5, 5] x, float[6, 4, 3, 3] w, float[6] scale, float[6] shift, float[6] mean,
+       float[6] var) => (float[1, 6, 3, 3] y, float[1, 6, 3, 3] z) {
+        c = Conv(x, w)
+        y = BatchNormalization(c, scale, shift, mean, var)
+        z = Relu(c)
+    }"""
+    _refuses(_model(text, w=_f32(6, 4, 3, 3), **_bn(6)), "ConvBatchNorm", "is also read by Relu")
+
+
+def test_two_unnamed_folds_get_distinct_node_names():
+    text = """
+    g (float[1, 4, 5, 5] x, float[6, 4, 3, 3] w, float[6] scale, float[6] shift, float[6] mean,
+       float[6] var) => (float[1, 6, 3, 3] y, float[1, 6, 3, 3] z) {
+        c = Conv(x, w)
+        y = BatchNormalization(c, scale, shift, mean, var)
+        d = Conv(x, w)
+        z = BatchNormalization(d, scale, shift, mean, var)
+    }"""
+    proto = _model(text, named=False, w=_f32(6, 4, 3, 3, seed=5), **_bn(6))
+    model, result, _ = _fuse(proto)
+    assert result.stats["ConvBatchNorm"] == 2
+    names = [n.name for n in model.graph]
+    assert len(set(names)) == 2, names  # onnxruntime refuses two nodes with one name
+    _same_numerics(proto, model)
+
+
+@pytest.mark.parametrize("producer,wshape", [("ConvTranspose", "4, 6, 3, 3"),
+                                             ("Gemm", "6, 4"), ("MatMul", "4, 6")])
+def test_other_producers_refuse_a_non_constant_weight(producer, wshape):
+    rank4 = producer == "ConvTranspose"
+    text = f"""
+    g (float[{"2, 4, 5, 5" if rank4 else "2, 6"}] x, float[{wshape}] w, float[6] scale,
+       float[6] shift, float[6] mean, float[6] var) => (float[2, 6{", 7, 7" if rank4 else ""}] y) {{
+        c = {producer}(x, w)
+        y = BatchNormalization(c, scale, shift, mean, var)
+    }}"""
+    _refuses(_model(text, **_bn(6)), f"{producer}BatchNorm", "weight %w is not a constant")
+
+
+def test_conv_bn_refuses_training_mode():
+    text = """
+    g (float[2, 4, 5, 5] x, float[6, 4, 3, 3] w, float[6] scale, float[6] shift, float[6] mean,
+       float[6] var) => (float[2, 6, 3, 3] y) {
+        c = Conv(x, w)
+        y = BatchNormalization(c, scale, shift, mean, var) <training_mode = 1>
+    }"""
+    _refuses(_model(text, w=_f32(6, 4, 3, 3), **_bn(6)), "ConvBatchNorm", "training mode")
+
+
+# -- ConvTranspose + BatchNormalization -----------------------------------------------------------
+
+@pytest.mark.parametrize("group", [1, 2, 3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_transpose_bn_scales_each_groups_output_block(group, bias):
+    cin, cout = 6, 4 * group  # W is [6, 4, 3, 3]: group g's outputs are columns 4g … 4g+3
+    text = f"""
+    g (float[2, {cin}, 4, 4] x, float[{cin}, 4, 3, 3] w{f", float[{cout}] b" if bias else ""},
+       float[{cout}] scale, float[{cout}] shift, float[{cout}] mean, float[{cout}] var)
+      => (float[2, {cout}, 9, 9] y) {{
+        c = ConvTranspose(x, w{", b" if bias else ""}) <group = {group}, strides = [2, 2]>
+        y = BatchNormalization(c, scale, shift, mean, var)
+    }}"""
+    arrays = {"w": _f32(cin, 4, 3, 3, seed=5), **_bn(cout)}
+    if bias:
+        arrays["b"] = _f32(cout, seed=6)
+    _fires(_model(text, **arrays), "ConvTransposeBatchNorm", ["ConvTranspose"])
+
+
+# -- Gemm / MatMul + BatchNormalization -----------------------------------------------------------
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemm_bn_folds_along_the_output_column(trans_b, bias):
+    wshape = "5, 8" if trans_b else "8, 5"
+    text = f"""
+    g (float[3, 8] a, float[{wshape}] w, float[5] c, float[5] scale, float[5] shift,
+       float[5] mean, float[5] var) => (float[3, 5] y) {{
+        g = Gemm(a, w{", c" if bias else ""}) <transB = {trans_b}, alpha = 0.5, beta = 0.7>
+        y = BatchNormalization(g, scale, shift, mean, var)
+    }}"""
+    w = _f32(5, 8, seed=5) if trans_b else _f32(8, 5, seed=5)
+    arrays = {"w": w, "c": _f32(5, seed=6), **_bn(5)}
+    if not bias:
+        text = text.replace("float[5] c, ", "")
+        del arrays["c"]
+    model = _fires(_model(text, **arrays), "GemmBatchNorm", ["Gemm"])
+    gemm = model.graph.nodes()[0]
+    assert gemm.attr("beta") == 1.0 and gemm.attr("alpha") == 0.5 and gemm.attr("transB") == trans_b
+
+
+MATMUL_BN = """
+g (float[{xshape}] x, float[8, 4] w, float[4] scale, float[4] shift, float[4] mean, float[4] var)
+  => (float[{yshape}] y) {{
+    m = MatMul(x, w)
+    y = BatchNormalization(m, scale, shift, mean, var)
+}}"""
+
+
+def test_matmul_bn_on_a_2d_product_folds():
+    proto = _model(MATMUL_BN.format(xshape="3, 8", yshape="3, 4"), w=_f32(8, 4, seed=5), **_bn(4))
+    _fires(proto, "MatMulBatchNorm", ["MatMul", "Add"])
+
+
+def test_matmul_bn_on_a_3d_product_is_refused():
+    # [2, 4, 8] × [8, 4] → [2, 4, 4]: BN's axis 1 has 4 channels, like the weight's columns, but
+    # it is the sequence axis, not the weight's output axis.
+    proto = _model(MATMUL_BN.format(xshape="2, 4, 8", yshape="2, 4, 4"), w=_f32(8, 4), **_bn(4))
+    _refuses(proto, "MatMulBatchNorm", "of a rank-3 MatMul")
+
+
+# -- Conv + Add / Mul ---------------------------------------------------------------------------
+
+CONV_AFFINE = """
+g (float[1, 4, 5, 5] x, float[6, 4, 3, 3] w{bdecl}, float[{cshape}] c) => (float[1, 6, 5, 5] y) {{
+    v = Conv(x, w{buse}) <pads = [1, 1, 1, 1]>
+    y = {op}({order})
+}}"""
+
+
+def _conv_affine(op, cshape, bias=True, swap=False, **overrides):
+    text = CONV_AFFINE.format(bdecl=", float[6] b" if bias else "", buse=", b" if bias else "",
+                              cshape=", ".join(map(str, cshape)), op=op,
+                              order="c, v" if swap else "v, c")
+    arrays = {"w": _f32(6, 4, 3, 3, seed=5), "c": _f32(*cshape, seed=7) + 1.5}
+    if bias:
+        arrays["b"] = _f32(6, seed=6)
+    arrays.update(overrides)
+    return _model(text, **{k: v for k, v in arrays.items() if v is not None})
+
+
+@pytest.mark.parametrize("cshape", [(1, 6, 1, 1), (6, 1, 1), (1,), (1, 1, 1, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_add_goes_into_the_bias(cshape, bias):
+    model = _fires(_conv_affine("Add", cshape, bias), "ConvAddBias", ["Conv"])
+    assert model.graph.nodes()[0].inputs[1].name == "w"  # the weight is reused, not copied
+
+
+def test_conv_add_in_either_operand_order():
+    _fires(_conv_affine("Add", (1, 6, 1, 1), swap=True), "ConvAddBias", ["Conv"])
+
+
+@pytest.mark.parametrize("cshape", [(1, 1, 1, 5), (6,), (1, 6, 5, 1), (1, 1, 6, 1, 1)])
+def test_conv_add_broadcasting_along_other_axes_is_refused(cshape):
+    # (6,) runs along the width axis of the [1, 6, 5, 5] output, not the channel axis; a
+    # rank-5 constant would even change the output's rank.
+    proto = _conv_affine("Add", cshape, c=_f32(*cshape, seed=7))
+    _refuses(proto, "ConvAddBias", "is not [1, 6, 1…]")
+
+
+def test_conv_add_refuses_a_non_constant_addend():
+    _refuses(_conv_affine("Add", (1, 6, 1, 1), c=None), "ConvAddBias", "%c is not a constant")
+
+
+@pytest.mark.parametrize("cshape", [(1, 6, 1, 1), (6, 1, 1), (1,)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_mul_scales_weight_and_bias(cshape, bias):
+    model = _fires(_conv_affine("Mul", cshape, bias), "ConvMulScale", ["Conv"])
+    assert len([v for v in model.graph.nodes()[0].inputs if v is not None]) == (3 if bias else 2)
+
+
+def test_conv_mul_refuses_non_constant_weight_and_wrong_axis():
+    _refuses(_conv_affine("Mul", (1, 6, 1, 1), w=None), "ConvMulScale", "weight %w is not")
+    _refuses(_conv_affine("Mul", (1, 1, 5, 1), c=_f32(1, 1, 5, 1)), "ConvMulScale",
+             "is not [1, 6, 1…]")
+
+
+# -- Pad into Conv / AveragePool ----------------------------------------------------------------
+
+PAD_INTO = """
+g (float[1, 3, 6, 6] x{wdecl}, int64[{npads}] pads, float fill{axes_decl})
+  => (float[1, {cout}, ?, ?] y) {{
+    p = Pad(x, pads, fill{axes_use}) <mode = "{mode}">
+    y = {consumer}
+}}"""
+CONV = "Conv(p, w) <pads = [1, 0, 0, 1], strides = [2, 1]>"
+AVG = "AveragePool(p) <kernel_shape = [3, 3], count_include_pad = {cip}, pads = [0, 1, 1, 0]>"
+
+
+def _pad_into(consumer, pads=(0, 0, 1, 2, 0, 0, 2, 1), fill=0.0, axes=None, mode="constant",
+              cout=4, **overrides):
+    text = PAD_INTO.format(npads=len(pads), axes_decl=", int64[2] axes" if axes else "",
+                           axes_use=", axes" if axes else "", mode=mode, consumer=consumer,
+                           cout=cout, wdecl=", float[4, 3, 3, 3] w" if "Conv" in consumer else "")
+    arrays = {"pads": np.array(pads, np.int64), "fill": np.array(fill, np.float32)}
+    if "Conv" in consumer:
+        arrays["w"] = _f32(4, 3, 3, 3, seed=5)
+    if axes:
+        arrays["axes"] = np.array(axes, np.int64)
+    arrays.update(overrides)
+    return _model(text, **arrays)
+
+
+def test_pad_folds_into_conv_pads():
+    proto = _pad_into(CONV)
+    assert _printed_nodes(load_onnx(proto)) == [
+        "%p<?> = Pad(%x, %pads, %fill) {mode='constant'}",
+        "%y<f32[1,4,?,?]> = Conv(%p, %w) {pads=[1,0,0,1], strides=[2,1]}"]
+    model = _fires(proto, "PadConv", ["Conv"])
+    assert _printed_nodes(model) == ["%y<f32[1,4,4,8]> = Conv(%x, %w) {pads=[2,2,2,2], strides=[2,1]}"]
+
+
+def test_pad_with_axes_input_folds_into_conv_pads():
+    model = _fires(_pad_into(CONV, pads=(1, 0, 1, 3), axes=(-2, 3)), "PadConv", ["Conv"])
+    assert model.graph.nodes()[0].attr("pads") == [2, 0, 1, 4]
+
+
+@pytest.mark.parametrize("kwargs,reason", [
+    ({"fill": 1.0}, "Pad value is 1.0, not 0"),
+    ({"pads": (0, 1, 0, 0, 0, 1, 0, 0)}, "batch or channel axis"),
+    ({"pads": (0, 0, -1, 0, 0, 0, 0, 0)}, "crops"),
+    ({"mode": "reflect"}, "not constant"),
+])
+def test_pad_into_conv_refusals(kwargs, reason):
+    _refuses(_pad_into(CONV, **kwargs), "PadConv", reason)
+
+
+def test_pad_folds_into_average_pool_counting_pads():
+    proto = _pad_into(AVG.format(cip=1), pads=(0, 0, 1, 0, 0, 0, 1, 1), cout=3)
+    model = _fires(proto, "PadAveragePool", ["AveragePool"])
+    assert model.graph.nodes()[0].attr("pads") == [1, 1, 2, 1]
+
+
+def test_pad_not_folded_into_average_pool_excluding_pads():
+    _refuses(_pad_into(AVG.format(cip=0), cout=3), "PadAveragePool", "count_include_pad=1")
+
+
+def test_pad_not_folded_into_average_pool_when_pads_would_reach_the_kernel():
+    _refuses(_pad_into(AVG.format(cip=1), cout=3), "PadAveragePool", "pad < kernel")
+
+
+def test_pad_not_folded_into_max_pool():
+    # MaxPool's own padding is −∞: a zero Pad changes every window that sees it.
+    proto = _pad_into("MaxPool(p) <kernel_shape = [3, 3]>", cout=3)
+    model, result, _ = _fuse(proto)
+    assert not result.changed and _ops(model) == ["Pad", "MaxPool"]
+
+
+# -- realistic nets -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,options", [
+    ("resnet50", {"blocks": (1, 1, 1, 1), "width": 0.125, "image_size": 32, "num_classes": 10}),
+    ("mobilenetv2", {"width": 0.25, "image_size": 32, "num_classes": 10}),
+])
+def test_zoo_nets_lose_every_batch_norm(name, options):
+    proto = zoo.build(name, **options)
+    # Without this pass, whether or not the pipelines run it by now.
+    model = graphopt.optimize(proto, disable_passes=["FuseConvBatchNorm"]).model
+    bns = sum(n.op_type == "BatchNormalization" for n in model.graph)
+    assert bns > 0
+    stats = conv_bn.FuseConvBatchNorm().run(model, PassContext(Options())).stats
+    assert stats["ConvBatchNorm"] == bns
+    assert not any(n.op_type == "BatchNormalization" for n in model.graph.all_nodes())
+    feeds = zoo.sample_inputs(proto, dims={"batch_size": 2})
+    after = to_onnx(model)
+    onnx.checker.check_model(after)
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(after, feeds),
+                                rtol=1e-4, atol=1e-4)
+    assert not problems, [str(p) for p in problems]

@@ -1,0 +1,306 @@
+"""FuseLayerNorm: decomposed LayerNorm, Add + LayerNorm and RMSNorm into one op; each rule's
+firing, refusals and numerics, then zoo BERT and GPT-2 with every LayerNorm fused.
+
+Tolerance: rtol = atol = 1e-4 in float32. The fused kernels accumulate the mean and variance in
+another order than the decomposed graph (onnxruntime's in one pass, as E[x²] - E[x]²) and
+SkipLayerNormalization adds the residual inside the kernel; on unit-scale inputs that moves the
+last bits of each output (seen: ≤ 5e-7 here, ≤ 1e-6 on the zoo models), so 1e-4 leaves room for
+other inputs yet flags a real fault (a wrong axis or ε moves outputs by > 1e-2). fp16 outputs
+use 1e-2: one f16 ulp near 2-4 is 2e-3-4e-3 (seen 1e-3).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import numpy_helper
+
+import graphopt
+from graphopt import numerics, to_onnx, zoo
+from graphopt.ir import format_node, load_onnx, verify
+from graphopt.passes import PASSES, Options, PassContext
+from graphopt.passes.fusion import layernorm  # noqa: F401 - registers FuseLayerNorm
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.rules import Tracer
+
+TOL = 1e-4
+_rng = np.random.default_rng(0)
+GAMMA = ", ".join(f"{v:.4f}" for v in _rng.uniform(0.5, 1.5, 8))
+BETA = ", ".join(f"{v:.4f}" for v in _rng.uniform(-0.5, 0.5, 8))
+INITS = (f"float[8] gamma = {{{GAMMA}}}, float[8] beta = {{{BETA}}}, float eps = {{1e-5}}, "
+         "float two = {2.0}, float half = {-0.5}, float one = {1.0}, float[8] eps8 = "
+         "{1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5}, float[1,1,8] g3 = {%s}" % GAMMA)
+# The parser reads no float16 literals: these initializers are added to the parsed model.
+F16 = {"g16": np.array(GAMMA.split(", "), np.float16),
+       "b16": np.array(BETA.split(", "), np.float16),
+       "two16": np.float16(2.0), "eps16": np.float16(1e-5)}
+
+NORM = """
+    mean = ReduceMean <axes = [-1]> (x)
+    d = Sub(x, mean)
+    sq = Pow(d, two)
+    var = ReduceMean <axes = [-1]> (sq)
+    ve = Add(var, eps)
+    std = Sqrt(ve)
+"""
+LN = NORM + """
+    n = Div(d, std)
+    s = Mul(n, gamma)
+    y = Add(s, beta)
+"""
+SKIP = "    x = Add(a, b)\n" + LN
+RMS = """
+    sq = Pow(x, two)
+    ms = ReduceMean <axes = [-1]> (sq)
+    ve = Add(ms, eps)
+    {inverse}
+    y = Mul(gamma, n)
+"""
+RMS_INVERSE = {
+    "RmsNormDiv": "std = Sqrt(ve)\n    n = Div(x, std)",
+    "RmsNormReciprocal": "std = Sqrt(ve)\n    r = Reciprocal(std)\n    n = Mul(x, r)",
+    "RmsNormOneOver": "std = Sqrt(ve)\n    r = Div(one, std)\n    n = Mul(x, r)",
+    "RmsNormPowHalf": "r = Pow(ve, half)\n    n = Mul(r, x)",
+}
+
+
+def _model(body: str, opset: int = 17, inputs: str = "float[2,5,8] x",
+           outputs: str = "float[2,5,8] y") -> onnx.ModelProto:
+    """Parse the graph; from opset 18 ReduceMean's axes attribute becomes a constant input."""
+    if opset >= 18:
+        body = re.sub(r"ReduceMean <axes = \[(-?\d)\]> \((\w+)\)",
+                      lambda m: f"ReduceMean({m[2]}, axes{m[1].replace('-', 'm')})", body)
+    inits = INITS + ", int64[1] axesm1 = {-1}, int64[1] axes1 = {1}, int64[1] axes2 = {2}"
+    ir = 10 if opset >= 23 else 8
+    proto = onnx.parser.parse_model(f'<ir_version: {ir}, opset_import: ["" : {opset}]>\n'
+                                    f"g ({inputs}) => ({outputs}) <{inits}> {{{body}}}")
+    proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), k)
+                                   for k, a in F16.items())
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def _fuse(proto: onnx.ModelProto, trace: str | None = None):
+    """The IR model after InferShapes, FuseLayerNorm and EliminateDeadNodes (as the pipeline runs
+    them), the fusion's stats, the trace lines for `trace`."""
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options(), tracer=Tracer({trace}) if trace else None)
+    result = PASSES["FuseLayerNorm"]().run(model, ctx)
+    PASSES["EliminateDeadNodes"]().run(model, ctx)
+    verify(model)
+    return model, dict(result.stats), ctx.tracer.report() if trace else []
+
+
+def _lines(model) -> list[str]:
+    """The printed IR without node names (parsed nodes have none; fused ones are named by rule)."""
+    return [format_node(n).split("  #")[0] for n in model.graph]
+
+
+def _ops(model) -> list[str]:
+    return [n.qualified_op for n in model.graph]
+
+
+def _same_numerics(proto, model, tol: float = TOL, checker: bool = True) -> None:
+    after = to_onnx(model)
+    if checker:
+        onnx.checker.check_model(after, full_check=True)
+    feeds = numerics.random_feeds(proto, seed=1, dims={"B": 2, "S": 7})
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(after, feeds), tol, tol)
+    assert not problems, [str(p) for p in problems]
+
+
+# -- LayerNorm -------------------------------------------------------------------------------
+
+def test_decomposed_layernorm_becomes_one_op():
+    proto = _model(LN)
+    model, stats, _ = _fuse(proto)
+    assert stats == {"LayerNormDecomposed": 1}
+    assert _lines(model) == [
+        ("%y<f32[2,5,8]> = LayerNormalization(%x, %gamma, %beta) "
+         "{axis=-1, epsilon=9.999999747378752e-06}")]
+    _same_numerics(proto, model)
+
+
+FORMS = {  # rule, body, opset, inputs, outputs
+    "opset18-axes-input": ("LayerNormDecomposed", LN, 18, None, None),
+    "axis-rank-minus-1": ("LayerNormDecomposed", LN.replace("[-1]", "[2]"), 17, None, None),
+    "mul-square": ("LayerNormMulSquare", LN.replace("Pow(d, two)", "Mul(d, d)"), 17, None, None),
+    "no-affine": ("LayerNormNoAffine", NORM + "    y = Div(d, std)\n", 17, None, None),
+    "gamma-1x1xC": ("LayerNormDecomposed", LN.replace("Mul(n, gamma)", "Mul(n, g3)"), 17,
+                    None, None),
+    "cast-fp16": ("LayerNormCast", "    x = Cast <to = 1> (h)\n" + LN.replace(
+        "s = Mul(n, gamma)\n    y = Add(s, beta)",
+        "nh = Cast <to = 10> (n)\n    s = Mul(nh, g16)\n    y = Add(s, b16)"), 17,
+        "float16[2,5,8] h", "float16[2,5,8] y"),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_layernorm_forms_fire(form):
+    rule, body, opset, inputs, outputs = FORMS[form]
+    proto = _model(body, opset, inputs or "float[2,5,8] x", outputs or "float[2,5,8] y")
+    model, stats, _ = _fuse(proto)
+    assert stats == {rule: 1}
+    assert _ops(model) == ["LayerNormalization"]
+    node = next(iter(model.graph))
+    assert node.attr("axis") == -1 and abs(node.attr("epsilon") - 1e-5) < 1e-9
+    assert node.inputs[1].shape == (8,)
+    _same_numerics(proto, model, 1e-2 if "fp16" in form else TOL)
+
+
+REFUSALS = {  # body, opset, extra outputs, the refusal reason traced
+    "axis-1": (LN.replace("[-1]", "[1]"), 17, "", "not over the last axis"),
+    "eps-not-scalar": (LN.replace("Add(var, eps)", "Add(var, eps8)"), 17, "", "not a scalar"),
+    "mean-extra-consumer": (LN + "    m2 = Mul(mean, two)\n", 17, ", float[2,5,1] m2",
+                            "is also read by Mul"),
+    "opset-14": (LN, 14, "", "needs opset 17"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_layernorm_refusals_leave_the_graph(case):
+    body, opset, extra_out, reason = REFUSALS[case]
+    proto = _model(body, opset, outputs="float[2,5,8] y" + extra_out)
+    before = [n.op_type for n in proto.graph.node]
+    model, stats, report = _fuse(proto, trace="LayerNormDecomposed")
+    assert stats == {} and _ops(model) == before
+    assert any(reason in line for line in report), report
+
+
+def test_runtime_gamma_leaves_the_affine_ops():
+    """γ a graph input: the affine rule refuses, the bare normalization still fuses."""
+    proto = _model(LN.replace("Mul(n, gamma)", "Mul(n, g)"), inputs="float[2,5,8] x, float[8] g")
+    model, stats, report = _fuse(proto, trace="LayerNormDecomposed")
+    assert any("gamma %g is not a constant" in line for line in report), report
+    assert stats == {"LayerNormNoAffine": 1}
+    assert _ops(model) == ["LayerNormalization", "Mul", "Add"]
+    _same_numerics(proto, model)
+
+
+# -- SkipLayerNormalization ------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset", [14, 17])
+@pytest.mark.parametrize("rule", ["SkipLayerNormDecomposed", "SkipLayerNormNoAffine"])
+def test_residual_add_and_decomposed_layernorm_become_skip_layernorm(rule, opset):
+    body = SKIP if rule == "SkipLayerNormDecomposed" else "    x = Add(a, b)\n" + NORM + \
+        "    y = Div(d, std)\n"
+    proto = _model(body, opset, inputs="float[B,S,8] a, float[B,S,8] b",
+                   outputs="float[B,S,8] y")
+    model, stats, _ = _fuse(proto)
+    assert stats == {rule: 1}
+    assert _ops(model) == ["com.microsoft::SkipLayerNormalization"]
+    assert [v.name for v in next(iter(model.graph)).inputs][:2] == ["a", "b"]
+    _same_numerics(proto, model)
+
+
+ADD_LN = "    x = Add(a, b)\n    y = LayerNormalization <epsilon = 1e-5> (x, gamma, beta)"
+
+
+def test_add_then_layernormalization_becomes_skip_layernorm():
+    proto = _model(ADD_LN, inputs="float[B,S,8] a, float[B,S,8] b", outputs="float[B,S,8] y")
+    model, stats, _ = _fuse(proto)
+    assert stats == {"SkipLayerNorm": 1}
+    assert _lines(model) == [
+        ("%y<f32[B,S,8]> = com.microsoft::SkipLayerNormalization(%a, %b, %gamma, %beta) "
+         "{epsilon=9.999999747378752e-06}")]
+    _same_numerics(proto, model)
+
+
+def test_add_of_a_broadcast_bias_then_layernormalization_stays():
+    proto = _model(ADD_LN, inputs="float[B,S,8] a, float[8] b", outputs="float[B,S,8] y")
+    model, stats, report = _fuse(proto, trace="SkipLayerNorm")
+    assert stats == {} and _ops(model) == ["Add", "LayerNormalization"]
+    assert any("are not of one known shape [B,S,C]" in line for line in report), report
+
+
+SKIP_F16 = SKIP.replace("gamma", "g16").replace("beta", "b16").replace("two", "two16") \
+    .replace("eps)", "eps16)")
+SKIP_REFUSALS = {  # body, inputs, outputs, the reason; the plain LayerNorm rule fires instead
+    "bias-broadcast": (SKIP, "float[B,S,8] a, float[8] b", "float[B,S,8] y",
+                       "not of one known shape"),
+    "sum-read-twice": (SKIP, "float[B,S,8] a, float[B,S,8] b", "float[B,S,8] y, float[B,S,8] x",
+                       "is a graph output"),
+    "float16": (SKIP_F16, "float16[B,S,8] a, float16[B,S,8] b", "float16[B,S,8] y",
+                "does not take f16"),
+}
+
+
+@pytest.mark.parametrize("case", SKIP_REFUSALS)
+def test_skip_layernorm_refusals(case):
+    body, inputs, outputs, reason = SKIP_REFUSALS[case]
+    proto = _model(body, 17, inputs=inputs, outputs=outputs)
+    model, stats, report = _fuse(proto, trace="SkipLayerNormDecomposed")
+    assert any(reason in line for line in report), report
+    assert stats == {"LayerNormDecomposed": 1}
+    assert "com.microsoft::SkipLayerNormalization" not in _ops(model)
+    _same_numerics(proto, model, 1e-2 if case == "float16" else TOL)
+
+
+# -- RMSNorm ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset, fused", [(17, "SimplifiedLayerNormalization"),
+                                          (23, "RMSNormalization")])
+@pytest.mark.parametrize("rule", RMS_INVERSE)
+def test_rmsnorm_forms_fire(rule, opset, fused):
+    proto = _model(RMS.format(inverse=RMS_INVERSE[rule]), opset)
+    model, stats, _ = _fuse(proto)
+    assert stats == {rule: 1}
+    assert _lines(model) == [
+        f"%y<f32[2,5,8]> = {fused}(%x, %gamma) {{axis=-1, epsilon=9.999999747378752e-06}}"]
+    _same_numerics(proto, model, checker=opset >= 23)
+    if opset < 23:  # onnxruntime registers SimplifiedLayerNormalization in ai.onnx; ONNX has none
+        with pytest.raises(onnx.checker.ValidationError, match="No Op registered for Simplified"):
+            onnx.checker.check_model(to_onnx(model))
+
+
+def test_rmsnorm_in_fp16_between_casts():
+    body = ("    xf = Cast <to = 1> (x)\n" + RMS.format(inverse=RMS_INVERSE["RmsNormReciprocal"])
+            .replace("(x, ", "(xf, ")
+            .replace("y = Mul(gamma, n)", "nh = Cast <to = 10> (n)\n    y = Mul(g16, nh)"))
+    proto = _model(body, 23, "float16[2,5,8] x", "float16[2,5,8] y")
+    model, stats, _ = _fuse(proto)
+    assert stats == {"RmsNormCast": 1} and _ops(model) == ["RMSNormalization"]
+    _same_numerics(proto, model, 1e-2)
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (("Mul(gamma, n)", "Mul(g, n)"), "gamma %g is not a constant"),
+    (("[-1]", "[1]"), "not over the last axis"),
+    (("Add(ms, eps)", "Add(ms, eps8)"), "not a scalar"),
+])
+def test_rmsnorm_refusals(edit, reason):
+    body = RMS.format(inverse=RMS_INVERSE["RmsNormDiv"]).replace(*edit)
+    proto = _model(body, inputs="float[2,5,8] x, float[8] g")
+    _, stats, report = _fuse(proto, trace="RmsNormDiv")
+    assert stats == {} and any(reason in line for line in report), report
+
+
+# -- zoo models --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, options", [
+    ("bert_base", {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128, "vocab": 100}),
+    ("gpt2_small", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 100, "positions": 32}),
+])
+def test_zoo_layernorms_all_fused(name, options):
+    proto = zoo.build(name, **options)
+    emitted = sum(n.op_type == "ReduceMean" for n in proto.graph.node) // 2  # two per LayerNorm
+    assert emitted == 5
+    model = graphopt.optimize(proto).model
+    ctx = PassContext(Options())
+    for _ in range(3):  # LayerNormalization first, then SkipLayerNorm on the next run
+        infer_shapes(model)
+        changed = PASSES["FuseLayerNorm"]().run(model, ctx).changed
+        PASSES["EliminateDeadNodes"]().run(model, ctx)
+        if not changed:
+            break
+    verify(model)
+    ops = Counter(_ops(model))
+    assert ops["LayerNormalization"] + ops["com.microsoft::SkipLayerNormalization"] == emitted
+    assert ops["ReduceMean"] == 0
+    _same_numerics(proto, model)

@@ -1,0 +1,443 @@
+"""SimplifyLayout and SimplifySlicing: each rule fires where it should (counted, structurally),
+refuses with a reason where it must not, and leaves every output bit-identical at
+ORT_DISABLE_ALL."""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+import onnx.parser
+import pytest
+
+from graphopt import numerics
+from graphopt.ir import format_model, load_onnx, to_onnx, verify
+from graphopt.passes import PASSES, Options, PassContext, PassManager, Pipeline
+from graphopt.passes.fusion import layout, slicing  # noqa: F401  (registers the passes)
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.rules import Tracer
+
+BIG = 9223372036854775807  # INT64_MAX: "to the end" as exporters write it
+
+
+def header(opset: int = 17) -> str:
+    return f'<ir_version: 8, opset_import: ["" : {opset}]>\n'
+
+
+def run(text: str, name: str, dims: dict | None = None, trace: str | None = None):
+    """Parse, make Constants initializers, infer shapes, run pass `name` then dead-node
+    removal; check structure and that every output is unchanged (rtol 0, atol 0).
+    Returns (model, stats of `name`, trace lines of rule `trace`)."""
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto)
+    model = load_onnx(proto)
+    ctx = PassContext(Options(), tracer=Tracer({trace}) if trace else None)
+    PASSES["ConstantToInitializer"]().run(model, ctx)  # as a compile leaves Constant nodes
+    infer_shapes(model)
+    stats = dict(PASSES[name]().run(model, ctx).stats)
+    verify(model)
+    PASSES["EliminateDeadNodes"]().run(model, ctx)
+    out = to_onnx(model)
+    onnx.checker.check_model(out)
+    feeds = numerics.random_feeds(proto, seed=0, dims=dims or {"N": 2})
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 0, 0)
+    return model, stats, ctx.tracer.report() if trace else []
+
+
+def ops(model) -> list[str]:
+    return [n.op_type for n in model.graph]
+
+
+def node(model, op_type: str):
+    return next(n for n in model.graph if n.op_type == op_type)
+
+
+def ints(value) -> list[int]:
+    return value.constant().reshape(-1).tolist()
+
+
+# -- Transpose ∘ Transpose ------------------------------------------------------------------
+
+def test_transposes_compose_in_the_right_order():
+    p1, p2 = [2, 0, 3, 1], [0, 2, 1, 3]
+    model, stats, _ = run(header() + f"""
+    g (float[2, 3, 4, 5] x) => (float[?, ?, ?, ?] y) {{
+        t = Transpose <perm = {p1}> (x)
+        y = Transpose <perm = {p2}> (t)
+    }}""", "SimplifyLayout")
+    assert stats == {"TransposeOfTranspose": 1} and ops(model) == ["Transpose"]
+    perm = node(model, "Transpose").attr("perm")
+    assert perm == [p1[j] for j in p2] != [p2[j] for j in p1]
+    assert node(model, "Transpose").inputs[0].name == "x" and model.graph.outputs[0].name == "y"
+
+
+def test_inverse_transposes_vanish_and_x_takes_the_output_name():
+    model, stats, _ = run(header() + """
+    g (float[2, 3, 4] x) => (float[2, 3, 4] y) {
+        r = Relu(x)
+        t = Transpose <perm = [1, 2, 0]> (r)
+        y = Transpose <perm = [2, 0, 1]> (t)
+    }""", "SimplifyLayout")
+    assert stats == {"TransposeOfTranspose": 1}
+    assert ops(model) == ["Relu"]
+    assert model.graph.outputs[0].name == "y" and model.graph.outputs[0].producer.op_type == "Relu"
+
+
+def test_transposes_without_perm_reverse_twice():
+    model, stats, _ = run(header() + """
+    g (float[N, 3, 4] x) => (float[N, 3, 4] y) {
+        t = Transpose(x)
+        u = Transpose(t)
+        y = Relu(u)
+    }""", "SimplifyLayout")
+    assert stats == {"TransposeOfTranspose": 1} and ops(model) == ["Relu"]
+    assert node(model, "Relu").inputs[0].name == "x"
+
+
+def test_identity_composition_between_graph_input_and_output_keeps_one_transpose():
+    # x is a graph input, so it cannot take over the output's name: one Transpose stays.
+    model, stats, _ = run(header() + """
+    g (float[2, 3] x) => (float[2, 3] y) {
+        t = Transpose <perm = [1, 0]> (x)
+        y = Transpose <perm = [1, 0]> (t)
+    }""", "SimplifyLayout")
+    assert stats == {"TransposeOfTranspose": 1} and ops(model) == ["Transpose"]
+    assert node(model, "Transpose").attr("perm") == [0, 1]
+
+
+def test_transpose_with_another_reader_is_left_alone():
+    model, stats, trace = run(header() + """
+    g (float[2, 3] x) => (float[2, 3] y, float[3, 2] z) {
+        t = Transpose <perm = [1, 0]> (x)
+        y = Transpose <perm = [1, 0]> (t)
+        z = Relu(t)
+    }""", "SimplifyLayout", trace="TransposeOfTranspose")
+    assert stats == {} and ops(model) == ["Transpose", "Transpose", "Relu"]
+    assert any("also read by Relu" in line for line in trace)
+
+
+# -- Squeeze / Unsqueeze --------------------------------------------------------------------
+
+def squeeze_pair(opset: int, first: str, second: str, axes1: str, axes2: str,
+                 shape: str = "2, 1, 4") -> str:
+    if opset >= 13:
+        body = f"""a1 = Constant <value_ints = {axes1}> ()
+        a2 = Constant <value_ints = {axes2}> ()
+        t = {first}(x, a1)
+        u = {second}(t, a2)"""
+    else:
+        body = f"""t = {first} <axes = {axes1}> (x)
+        u = {second} <axes = {axes2}> (t)"""
+    return header(opset) + f"""
+    g (float[{shape}] x) => (float[?] y) {{
+        {body}
+        y = Relu(u)
+    }}"""
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_unsqueeze_of_squeeze_cancels(opset):
+    text = squeeze_pair(opset, "Squeeze", "Unsqueeze", "[1]", "[-2]")
+    model, stats, _ = run(text, "SimplifyLayout")
+    assert stats == {"UnsqueezeOfSqueeze": 1} and ops(model) == ["Relu"]
+    assert node(model, "Relu").inputs[0].name == "x"
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_squeeze_of_unsqueeze_cancels(opset):
+    text = squeeze_pair(opset, "Unsqueeze", "Squeeze", "[0, -1]", "[3, 0]", shape="N, 4")
+    model, stats, _ = run(text, "SimplifyLayout")
+    assert stats == {"SqueezeOfUnsqueeze": 1} and ops(model) == ["Relu"]
+
+
+def test_unsqueeze_of_squeeze_without_axes_on_a_static_shape():
+    model, stats, _ = run(header() + """
+    g (float[2, 1, 4, 1] x) => (float[2, 1, 4, 1] y) <int64[2] a = {1, 3}> {
+        t = Squeeze(x)
+        u = Unsqueeze(t, a)
+        y = Relu(u)
+    }""", "SimplifyLayout")
+    assert stats == {"UnsqueezeOfSqueeze": 1} and ops(model) == ["Relu"]
+
+
+@pytest.mark.parametrize("rule, text, dims, reason", [
+    ("UnsqueezeOfSqueeze", squeeze_pair(13, "Squeeze", "Unsqueeze", "[1]", "[0]"), None,
+     "are not the squeezed axes"),
+    ("SqueezeOfUnsqueeze", squeeze_pair(11, "Unsqueeze", "Squeeze", "[0]", "[2]"), None,
+     "are not the inserted axes"),
+    ("UnsqueezeOfSqueeze", squeeze_pair(13, "Squeeze", "Unsqueeze", "[1]", "[1]",
+                                        shape="2, M, 4"), {"M": 1}, "not known to be 1"),
+    ("UnsqueezeOfSqueeze", header() + """g (float[2, 1, 4] x, int64[1] a) => (float[?] y) {
+        t = Squeeze(x, a)
+        u = Unsqueeze(t, a)
+        y = Relu(u) }""", None, "not constant"),
+    ("SqueezeOfUnsqueeze", header() + """g (float[2, 4] x, int64[1] a) => (float[?] y) {
+        t = Unsqueeze(x, a)
+        u = Squeeze(t)
+        y = Relu(u) }""", None, "Squeeze has no axes"),
+])
+def test_squeeze_pairs_refused(rule, text, dims, reason):
+    model, stats, trace = run(text, "SimplifyLayout", dims=dims, trace=rule)
+    assert stats == {} and len(ops(model)) == 3
+    assert any(reason in line for line in trace), trace
+
+
+def test_squeeze_read_twice_is_left_alone():
+    text = header() + """
+    g (float[2, 1, 4] x) => (float[2, 1, 4] y, float[2, 4] z) <int64[1] a = {1}> {
+        t = Squeeze(x, a)
+        y = Unsqueeze(t, a)
+        z = Relu(t)
+    }"""
+    model, stats, _ = run(text, "SimplifyLayout")
+    assert stats == {} and ops(model) == ["Squeeze", "Unsqueeze", "Relu"]
+
+
+@pytest.mark.parametrize("inner, rule", [
+    ("t = Flatten <axis = 2> (x)", "ReshapeOfFlatten"),
+    ("t = Squeeze(x, one)", "ReshapeOfSqueeze"),
+    ("t = Unsqueeze(x, one)", "ReshapeOfUnsqueeze"),
+])
+def test_reshape_skips_an_inner_layout_op(inner, rule):
+    model, stats, _ = run(header() + f"""
+    g (float[2, 1, 3, 4] x) => (float[6, 4] y) <int64[1] one = {{1}}, int64[2] s = {{-1, 4}}> {{
+        {inner}
+        y = Reshape(t, s)
+    }}""", "SimplifyLayout")
+    assert stats == {rule: 1} and ops(model) == ["Reshape"]
+    assert node(model, "Reshape").inputs[0].name == "x"
+
+
+def test_reshape_copying_a_dim_is_refused():
+    model, stats, trace = run(header() + """
+    g (float[2, 1, 3, 4] x) => (float[?, ?] y) <int64[2] s = {0, -1}> {
+        t = Flatten <axis = 2> (x)
+        y = Reshape(t, s)
+    }""", "SimplifyLayout", trace="ReshapeOfFlatten")
+    assert stats == {} and ops(model) == ["Flatten", "Reshape"]
+    assert any("copies a dim" in line for line in trace)
+
+
+# -- Concat of Slices -----------------------------------------------------------------------
+
+def concat_of_slices(ranges, shape="2, 7", axis=1, steps=None, slice_axis=None, opset=17):
+    """Concat along `axis` of Slices of x, one per (start, end) in `ranges`."""
+    lines, names = [], []
+    along = axis if slice_axis is None else slice_axis
+    for i, (start, end) in enumerate(ranges):
+        if opset < 10:
+            lines.append(f"s{i} = Slice <starts = [{start}], ends = [{end}], axes = [{along}]> (x)")
+        else:
+            step = f", st{i}" if steps else ""
+            lines.append(f"b{i} = Constant <value_ints = [{start}]> ()\n"
+                         f"e{i} = Constant <value_ints = [{end}]> ()\n"
+                         f"a{i} = Constant <value_ints = [{along}]> ()\n"
+                         + (f"st{i} = Constant <value_ints = [{steps[i]}]> ()\n" if steps else "")
+                         + f"s{i} = Slice(x, b{i}, e{i}, a{i}{step})")
+        names.append(f"s{i}")
+    body = "\n".join(lines)
+    return header(opset) + f"""
+    g (float[{shape}] x) => (float[?, ?] y) {{
+        {body}
+        c = Concat <axis = {axis}> ({", ".join(names)})
+        y = Relu(c)
+    }}"""
+
+
+def slice_range(model) -> tuple[list[int], list[int], list[int]]:
+    s = node(model, "Slice")
+    if s.attr("starts") is not None:
+        return s.attr("starts"), s.attr("ends"), s.attr("axes")
+    return ints(s.inputs[1]), ints(s.inputs[2]), ints(s.inputs[3])
+
+
+@pytest.mark.parametrize("opset", [9, 13])
+def test_adjacent_slices_become_one_slice(opset):
+    model, stats, _ = run(concat_of_slices([(1, 3), (3, 4), (4, 6)], opset=opset),
+                          "SimplifySlicing")
+    assert stats == {"ConcatOfSlices": 1} and ops(model) == ["Slice", "Relu"]
+    assert slice_range(model) == ([1], [6], [1])
+
+
+def test_adjacent_slices_of_an_unknown_size_axis():
+    model, stats, _ = run(concat_of_slices([(0, 2), (2, 3)], shape="2, N"), "SimplifySlicing",
+                          dims={"N": 5})
+    assert stats == {"ConcatOfSlices": 1} and slice_range(model) == ([0], [3], [1])
+
+
+@pytest.mark.parametrize("ranges", [[(0, 2), (2, 5), (5, 7)], [(-7, -4), (-4, BIG)],
+                                    [(0, 3), (3, BIG)]])
+def test_slices_covering_the_whole_axis_are_x(ranges):
+    text = concat_of_slices(ranges).replace("float[2, 7] x) =>", "float[2, 7] x0) =>")
+    text = text.replace("{\n", "{\n        x = Relu(x0)\n", 1)
+    model, stats, _ = run(text, "SimplifySlicing")
+    assert stats == {"ConcatOfSlices": 1} and ops(model) == ["Relu", "Relu"]
+    assert node(model, "Relu").output.uses[0].node.op_type == "Relu"
+
+
+def test_whole_axis_between_graph_input_and_output_keeps_one_full_slice():
+    text = concat_of_slices([(0, 3), (3, 7)]).replace("c = Concat", "y = Concat")
+    text = text.replace("y = Relu(c)\n", "").replace("float[?, ?] y", "float[2, 7] y")
+    model, stats, _ = run(text, "SimplifySlicing")
+    assert stats == {"ConcatOfSlices": 1} and ops(model) == ["Slice"]
+    assert slice_range(model) == ([0], [7], [1]) and model.graph.outputs[0].name == "y"
+
+
+def test_concat_of_slices_printed_after():
+    model, _, _ = run(concat_of_slices([(1, 3), (3, 6)]), "SimplifySlicing")
+    body = format_model(model).split("{\n", 1)[1]
+    body = re.sub(r"  # .*", "", body)  # node names are the rewrite's business
+    assert body == """\
+  %x_starts<i64[1]> = initializer i64[1][1]
+  %x_ends<i64[1]> = initializer i64[1][6]
+  %x_axes<i64[1]> = initializer i64[1][1]
+  %slice<f32[2,5]> = Slice(%x, %x_starts, %x_ends, %x_axes)
+  %y<f32[2,5]> = Relu(%slice)
+  return %y<f32[2,5]>
+}
+"""
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"ranges": [(0, 2), (3, 5)]}, "a gap"),
+    ({"ranges": [(0, 3), (2, 5)]}, "an overlap"),
+    ({"ranges": [(2, 4), (0, 2)]}, "an overlap"),
+    ({"ranges": [(0, 2), (2, 6)], "steps": [1, 2]}, "steps [2]"),
+    ({"ranges": [(0, 1), (1, 2)], "slice_axis": 0}, "along axis 0, the Concat along 1"),
+    ({"ranges": [(-3, 2), (2, 4)], "shape": "2, N"}, "mixes signs"),
+])
+def test_concat_of_slices_refused(kwargs, reason):
+    model, stats, trace = run(concat_of_slices(**kwargs), "SimplifySlicing",
+                              dims={"N": 6}, trace="ConcatOfSlices")
+    assert stats == {} and "Concat" in ops(model)
+    assert any(reason in line for line in trace), trace
+
+
+@pytest.mark.parametrize("change, reason", [
+    # starts fed at run time
+    (("b1 = Constant <value_ints = [2]> ()\n", ""), "starts are not constant"),
+    # one Slice is also an output
+    (("=> (float[?, ?] y)", "=> (float[?, ?] y, float[?, ?] s1)"), "is a graph output"),
+    # a Slice of another tensor
+    (("s1 = Slice(x, ", "s1 = Slice(x2, "), "reads %x2, not %x"),
+])
+def test_concat_of_slices_refused_structurally(change, reason):
+    text = concat_of_slices([(0, 2), (2, 4)]).replace(*change)
+    extra = ", int64[1] b1" if "b1 = Constant" not in text else ""
+    extra += ", float[2, 7] x2" if "x2" in text else ""
+    text = text.replace("float[2, 7] x)", f"float[2, 7] x{extra})")
+    model, stats, trace = run(text, "SimplifySlicing", trace="ConcatOfSlices")
+    assert stats == {} and "Concat" in ops(model)
+    assert any(reason in line for line in trace), trace
+
+
+# -- Slice of Concat ------------------------------------------------------------------------
+
+def slice_of_concat(start, end, axis=1, shapes=("2, 3", "2, 4", "2, 2"), step=1,
+                    extra_out=""):
+    return header() + f"""
+    g (float[{shapes[0]}] u, float[{shapes[1]}] v, float[{shapes[2]}] w)
+      => (float[?, ?] y{extra_out}) {{
+        c = Concat <axis = 1> (u, v, w)
+        b = Constant <value_ints = [{start}]> ()
+        e = Constant <value_ints = [{end}]> ()
+        a = Constant <value_ints = [{axis}]> ()
+        st = Constant <value_ints = [{step}]> ()
+        s = Slice(c, b, e, a, st)
+        y = Relu(s)
+    }}"""
+
+
+@pytest.mark.parametrize("start, end, picked", [(3, 7, "v"), (-6, -2, "v"), (0, 3, "u"),
+                                                 (7, BIG, "w"), (-2, 9, "w")])
+def test_slice_selecting_one_concat_input_is_that_input(start, end, picked):
+    model, stats, _ = run(slice_of_concat(start, end), "SimplifySlicing")
+    assert stats == {"SliceOfConcat": 1} and ops(model) == ["Relu"]
+    assert node(model, "Relu").inputs[0].name == picked
+
+
+def test_slice_of_a_concat_read_elsewhere_still_goes():
+    # The Concat stays for its other reader; the Slice still becomes a plain read of v.
+    model, stats, _ = run(slice_of_concat(3, 7, extra_out=", float[2, 9] c"), "SimplifySlicing")
+    assert stats == {"SliceOfConcat": 1} and ops(model) == ["Concat", "Relu"]
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"start": 2, "end": 7}, "is not exactly one Concat input"),
+    ({"start": 3, "end": 9}, "is not exactly one Concat input"),
+    ({"start": 3, "end": 7, "step": 2}, "steps [2]"),
+    ({"start": 0, "end": 2, "axis": 0}, "along axis 0, the Concat along 1"),
+    ({"start": 3, "end": 7, "shapes": ("2, N", "2, 4", "2, 2")}, "not all known"),
+])
+def test_slice_of_concat_refused(kwargs, reason):
+    model, stats, trace = run(slice_of_concat(**kwargs), "SimplifySlicing", dims={"N": 3},
+                              trace="SliceOfConcat")
+    assert stats == {} and ops(model) == ["Concat", "Slice", "Relu"]
+    assert any(reason in line for line in trace), trace
+
+
+# -- Concat of Split ------------------------------------------------------------------------
+
+def concat_of_split(order="s0, s1, s2", split_axis=1, concat_axis=1, opset=17, outputs="",
+                    sizes="[2, 3, 1]"):
+    if opset >= 13:
+        split = f"""sz = Constant <value_ints = {sizes}> ()
+        s0, s1, s2 = Split <axis = {split_axis}> (r, sz)"""
+    else:
+        split = f"s0, s1, s2 = Split <axis = {split_axis}, split = {sizes}> (r)"
+    return header(opset) + f"""
+    g (float[7, 6] x) => (float[?, ?] y{outputs}) {{
+        r = Relu(x)
+        {split}
+        c = Concat <axis = {concat_axis}> ({order})
+        y = Relu(c)
+    }}"""
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_concat_of_every_split_output_is_x(opset):
+    model, stats, _ = run(concat_of_split(opset=opset), "SimplifySlicing")
+    assert stats == {"ConcatOfSplit": 1} and ops(model) == ["Relu", "Relu"]
+    assert node(model, "Relu").output.uses[0].node.op_type == "Relu"
+
+
+def test_concat_of_equal_split_without_sizes():
+    model, stats, _ = run(header(18) + """
+    g (float[2, 6] x) => (float[2, 6] y) {
+        r = Relu(x)
+        s0, s1, s2 = Split <axis = -1, num_outputs = 3> (r)
+        y = Concat <axis = 1> (s0, s1, s2)
+    }""", "SimplifySlicing")
+    assert stats == {"ConcatOfSplit": 1} and ops(model) == ["Relu"]
+    assert model.graph.outputs[0].name == "y"
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"order": "s1, s0, s2"}, "out of order"),
+    ({"order": "s0, s1"}, "makes 3"),
+    ({"concat_axis": 0, "sizes": "[2, 2, 2]"}, "Split along axis 1, Concat along axis 0"),
+    ({"outputs": ", float[?, ?] s1"}, "is a graph output"),
+])
+def test_concat_of_split_refused(kwargs, reason):
+    model, stats, trace = run(concat_of_split(**kwargs), "SimplifySlicing",
+                              trace="ConcatOfSplit")
+    assert stats == {} and "Split" in ops(model) and "Concat" in ops(model)
+    assert any(reason in line for line in trace), trace
+
+
+def test_split_output_read_elsewhere_is_refused():
+    text = concat_of_split(outputs=", float[?, ?] z").replace(
+        "y = Relu(c)", "y = Relu(c)\n        z = Neg(s2)")
+    _, stats, trace = run(text, "SimplifySlicing", trace="ConcatOfSplit")
+    assert stats == {} and "also read by Neg" in "\n".join(trace)
+
+
+# -- names ----------------------------------------------------------------------------------
+
+def test_rules_can_be_switched_off_by_name():
+    proto = onnx.parser.parse_model(concat_of_split())
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options(disabled_passes={"ConcatOfSplit", "TransposeOfTranspose"}))
+    PassManager(Pipeline("t", "", ("ConstantToInitializer", "SimplifySlicing")), ctx).run(model)
+    assert "Split" in ops(model)

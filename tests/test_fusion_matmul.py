@@ -1,0 +1,290 @@
+"""FuseMatMul: MatMul + bias into Gemm, transposes into Gemm/FusedMatMul, scalar scales into
+FusedMatMul's alpha — what fires, what must not, and that outputs never change."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import numpy_helper
+
+from graphopt import numerics, zoo
+from graphopt.compiler import optimize
+from graphopt.ir import Model, load_onnx, to_onnx, verify
+from graphopt.passes.base import PASSES, PassContext
+from graphopt.passes.fusion.matmul import FuseMatMul
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.options import Options
+from graphopt.passes.rules import Tracer
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
+RNG = np.random.default_rng(7)
+
+
+def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
+    """Parse `text`; each keyword names a graph input that becomes an initializer instead."""
+    proto = onnx.parser.parse_model(HEADER + text)
+    kept = [i for i in proto.graph.input if i.name not in weights]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
+    return proto
+
+
+def weight(*shape: int, dtype=np.float32) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def fuse(proto: onnx.ModelProto | Model, rounds: int = 4) -> tuple[Model, Counter]:
+    """FuseMatMul to a fixed point (as the pipeline runs it), verifying the IR after each run."""
+    model = load_onnx(proto) if isinstance(proto, onnx.ModelProto) else proto
+    infer_shapes(model)
+    stats: Counter = Counter()
+    for _ in range(rounds):
+        result = FuseMatMul().run(model, PassContext(Options()))
+        verify(model)
+        assert result.changed == bool(result.stats)
+        stats.update(result.stats)
+        if not result.changed:
+            break
+    return model, stats
+
+
+def ops(model: Model) -> list[str]:
+    return [n.qualified_op for n in model.graph]
+
+
+def node(model: Model, op: str):
+    (found,) = [n for n in model.graph if n.op_type == op]
+    return found
+
+
+def same_outputs(original: onnx.ModelProto, model: Model, atol: float = 1e-5) -> None:
+    rewritten = to_onnx(model)
+    onnx.checker.check_model(rewritten)
+    feeds = numerics.random_feeds(original, seed=0)
+    expected, actual = numerics.run(original, feeds), numerics.run(rewritten, feeds)
+    assert not numerics.compare(expected, actual, rtol=1e-4, atol=atol)
+
+
+LINEAR = "g (float[4,8] x, float[8,16] w, float[{bias}] b) => (float[4,16] y) {{ {body} }}"
+
+
+# -- MatMulAddToGemm --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body,bias", [("m = MatMul(x, w)\n y = Add(m, b)", "16"),
+                                       ("m = MatMul(x, w)\n y = Add(b, m)", "16"),
+                                       ("m = MatMul(x, w)\n y = Add(m, b)", "1,16")])
+def test_matmul_add_becomes_gemm(body, bias):
+    proto = build(LINEAR.format(bias=bias, body=body), w=weight(8, 16),
+                  b=weight(*map(int, bias.split(","))))
+    model, stats = fuse(proto)
+    assert stats == {"MatMulAddToGemm": 1}
+    assert ops(model) == ["Gemm"]
+    assert [v.name for v in node(model, "Gemm").inputs] == ["x", "w", "b"]
+    same_outputs(proto, model)
+
+
+def refusal(proto: onnx.ModelProto, rule: str) -> str:
+    """Run FuseMatMul tracing `rule`; nothing may change. Returns the tracer's report."""
+    model = load_onnx(proto)
+    infer_shapes(model)
+    tracer = Tracer({rule})
+    assert not FuseMatMul().run(model, PassContext(Options(), tracer=tracer)).changed
+    same_outputs(proto, model)  # the negatives are valid models, refused for their own reason
+    return "\n".join(tracer.report())
+
+
+MATMUL_ADD_NEGATIVES = {
+    # A of rank 3: onnxruntime fuses MatMul + Add itself; Gemm takes matrices only.
+    "rank-3 A": (lambda: build(
+        "g (float[2,4,8] x, float[8,16] w, float[16] b) => (float[2,4,16] y) "
+        "{ m = MatMul(x, w)\n y = Add(m, b) }", w=weight(8, 16), b=weight(16)),
+        "A %x has rank 3"),
+    "fed bias": (lambda: build(LINEAR.format(bias="16", body="m = MatMul(x, w)\n y = Add(m, b)"),
+                               w=weight(8, 16)),
+                 "'b' must be a constant"),
+    "product read twice": (lambda: build(
+        "g (float[4,8] x, float[8,16] w, float[16] b) => (float[4,16] y, float[4,16] z) "
+        "{ m = MatMul(x, w)\n y = Add(m, b)\n z = Relu(m) }", w=weight(8, 16), b=weight(16)),
+        "is also read by Relu"),
+    "full addend": (lambda: build(LINEAR.format(bias="4,16",
+                                                body="m = MatMul(x, w)\n y = Add(m, b)"),
+                                  w=weight(8, 16), b=weight(4, 16)),
+                    "bias shape [4, 16] is not [16] or [1, 16]"),
+    "float16": (lambda: build(
+        "g (float16[4,8] x, float16[8,16] w, float16[16] b) => (float16[4,16] y) "
+        "{ m = MatMul(x, w)\n y = Add(m, b) }",
+        w=weight(8, 16, dtype=np.float16), b=weight(16, dtype=np.float16)),
+        "does not take f16"),
+}
+
+
+@pytest.mark.parametrize("case", MATMUL_ADD_NEGATIVES)
+def test_matmul_add_negatives(case):
+    make, reason = MATMUL_ADD_NEGATIVES[case]
+    assert reason in refusal(make(), "MatMulAddToGemm")
+
+
+# -- TransposeIntoGemmA / TransposeIntoGemmB ----------------------------------------------------
+
+def test_transpose_into_gemm_a_and_b():
+    proto = build("g (float[8,4] x, float[8,16] v, float[16] c) => (float[4,16] y) {"
+                  " xt = Transpose<perm=[1,0]>(x)\n vt = Transpose(v)\n"
+                  " y = Gemm<alpha=0.5, beta=2.0, transB=1>(xt, vt, c) }", c=weight(16))
+    model, stats = fuse(proto)
+    assert stats == {"TransposeIntoGemmA": 1, "TransposeIntoGemmB": 1}
+    assert ops(model) == ["Gemm"]
+    gemm = node(model, "Gemm")
+    assert (gemm.attr("transA"), gemm.attr("transB")) == (1, 0)
+    assert (gemm.attr("alpha"), gemm.attr("beta")) == (0.5, 2.0)
+    same_outputs(proto, model)
+
+
+def test_linear_on_transposed_input_is_one_gemm():
+    proto = build("g (float[8,4] x, float[8,16] w, float[16] b) => (float[4,16] y) {"
+                  " xt = Transpose<perm=[1,0]>(x)\n m = MatMul(xt, w)\n y = Add(m, b) }",
+                  w=weight(8, 16), b=weight(16))
+    model, stats = fuse(proto)
+    assert stats == {"MatMulAddToGemm": 1, "TransposeIntoGemmA": 1}
+    assert ops(model) == ["Gemm"] and node(model, "Gemm").attr("transA") == 1
+    same_outputs(proto, model)
+
+
+def test_transpose_read_twice_stays():
+    proto = build("g (float[8,4] x, float[8,16] w) => (float[4,16] y, float[4,8] z) {"
+                  " t = Transpose<perm=[1,0]>(x)\n y = Gemm(t, w)\n z = Relu(t) }",
+                  w=weight(8, 16))
+    assert "%t (from '') is also read by Relu" in refusal(proto, "TransposeIntoGemmA")
+
+
+# -- Transposes and scales into FusedMatMul -----------------------------------------------------
+
+ATTENTION = ("g (float[2,4,8,16] q, float[2,4,8,16] k) => (float[2,4,8,8] y) {{"
+             " kt = Transpose<perm=[0,1,3,2]>(k)\n s = MatMul(q, kt)\n {tail} }}")
+
+
+def test_q_k_transposed_becomes_fused_matmul():
+    proto = build(ATTENTION.format(tail="y = Identity(s)"))
+    model, stats = fuse(proto)
+    assert stats == {"TransposeIntoMatMulB": 1}
+    assert ops(model) == ["com.microsoft::FusedMatMul", "Identity"]
+    fused = node(model, "FusedMatMul")
+    assert [v.name for v in fused.inputs] == ["q", "k"]
+    assert (fused.attr("transA"), fused.attr("transB"), fused.attr("alpha")) == (0, 1, 1.0)
+    same_outputs(proto, model)
+
+
+@pytest.mark.parametrize("tail,rule", [("y = Div(s, d)", "DividedFusedMatMul"),
+                                       ("y = Mul(d, s)", "ScaledFusedMatMul")])
+def test_attention_scores_with_scale_are_one_fused_matmul(tail, rule):
+    proto = build(ATTENTION.format(tail=tail).replace("(float[2,4,8,16] q,",
+                                                      "(float d, float[2,4,8,16] q,"),
+                  d=np.array(4.0, np.float32))
+    model, stats = fuse(proto)
+    assert stats == {"TransposeIntoMatMulB": 1, rule: 1}
+    assert ops(model) == ["com.microsoft::FusedMatMul"]
+    alpha = node(model, "FusedMatMul").attr("alpha")
+    assert alpha == pytest.approx(0.25 if rule.startswith("Divided") else 4.0)
+    same_outputs(proto, model)
+
+
+@pytest.mark.parametrize("op,rule,alpha", [("Mul", "ScaledMatMul", 0.125),
+                                           ("Div", "DividedMatMul", 8.0)])
+def test_scaled_matmul(op, rule, alpha):
+    proto = build("g (float[3,4,5] a, float[5,6] b, float[1] s) => (float[3,4,6] y) {"
+                  f" m = MatMul(a, b)\n y = {op}(m, s) }}", s=np.array([0.125], np.float32))
+    model, stats = fuse(proto)
+    assert stats == {rule: 1}
+    assert ops(model) == ["com.microsoft::FusedMatMul"]
+    assert node(model, "FusedMatMul").attr("alpha") == pytest.approx(alpha)
+    same_outputs(proto, model)
+
+
+def test_both_operands_transposed():
+    proto = build("g (float[2,5,4] a, float[2,6,5] b) => (float[2,4,6] y) {"
+                  " at = Transpose<perm=[0,2,1]>(a)\n bt = Transpose<perm=[0,2,1]>(b)\n"
+                  " m = MatMul(at, bt)\n y = Mul(m, s) }", s=np.array(0.5, np.float32))
+    model, stats = fuse(proto)
+    assert stats == {"TransposeIntoMatMulA": 1, "ScaledFusedMatMul": 1,
+                     "TransposeIntoFusedMatMulB": 1}
+    fused = node(model, "FusedMatMul")
+    assert ops(model) == ["com.microsoft::FusedMatMul"]
+    assert (fused.attr("transA"), fused.attr("transB"), fused.attr("alpha")) == (1, 1, 0.5)
+    same_outputs(proto, model)
+
+
+FUSED_MATMUL_NEGATIVES = {
+    # The transpose moves a batch axis, not only the last two.
+    "batch perm": (lambda: build(ATTENTION.format(tail="y = Identity(s)").replace(
+        "perm=[0,1,3,2]>(k)", "perm=[0,2,1,3]>(k)").replace("float[2,4,8,16] k",
+                                                            "float[2,16,4,8] k")),
+        "TransposeIntoMatMulB", "does not swap the last two axes only"),
+    # float16: the contrib kernels are fp32 only here.
+    "float16": (lambda: build(ATTENTION.format(tail="y = Identity(s)").replace("float[",
+                                                                               "float16[")),
+                "TransposeIntoMatMulB", "does not take f16"),
+    # The transposed key is a graph output too.
+    "kt kept": (lambda: build(ATTENTION.format(tail="y = Identity(s)").replace(
+        "=> (float[2,4,8,8] y)", "=> (float[2,4,8,8] y, float[2,4,16,8] kt)")),
+        "TransposeIntoMatMulB", "%kt (from '') is a graph output"),
+    # A vector is not FusedMatMul's scalar alpha; a rank-5 scalar would broadcast the product.
+    "vector scale": (lambda: build("g (float[4,5] a, float[5,6] b) => (float[4,6] y) {"
+                                   " m = MatMul(a, b)\n y = Mul(m, s) }", s=weight(6)),
+                     "ScaledMatMul", "constant (predicate), got"),
+    "rank-5 scale": (lambda: build("g (float[4,5] a, float[5,6] b) => (float[1,1,1,4,6] y) {"
+                                   " m = MatMul(a, b)\n y = Mul(m, s) }",
+                                   s=weight(1, 1, 1, 1, 1)),
+                     "ScaledMatMul", "the scale has rank 5"),
+    "fed divisor": (lambda: build("g (float[4,5] a, float[5,6] b, float s) => (float[4,6] y) {"
+                                  " m = MatMul(a, b)\n y = Div(m, s) }"),
+                    "DividedMatMul", "%s is not constant"),
+}
+
+
+def test_transpose_into_existing_fused_matmul():
+    # A FusedMatMul already reading Aᵀ (transA=1) meets another swap of A: the two cancel.
+    proto = onnx.parser.parse_model(
+        '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
+        "g (float[2,4,5] a, float[2,5,6] b) => (float[2,4,6] y) {"
+        " at = Transpose<perm=[0,2,1]>(a)\n"
+        " y = com.microsoft.FusedMatMul<transA=1, alpha=0.5>(at, b) }")
+    model, stats = fuse(proto)
+    assert stats == {"TransposeIntoFusedMatMulA": 1}
+    fused = node(model, "FusedMatMul")
+    assert ops(model) == ["com.microsoft::FusedMatMul"]
+    assert (fused.attr("transA"), fused.attr("transB"), fused.attr("alpha")) == (0, 0, 0.5)
+    same_outputs(proto, model)
+
+
+@pytest.mark.parametrize("case", FUSED_MATMUL_NEGATIVES)
+def test_fused_matmul_negatives(case):
+    make, rule, reason = FUSED_MATMUL_NEGATIVES[case]
+    assert reason in refusal(make(), rule)
+
+
+def test_bert_attention_scale_is_fused():
+    proto = zoo.build("bert_base", layers=2, hidden=64, heads=4, intermediate=128, vocab=100,
+                      max_positions=32)
+    model = optimize(proto, disable_passes=["FuseMatMul"]).model  # the pass under test
+    before = Counter(ops(model))
+    model, stats = fuse(model)
+    # The exporter's key Transpose is perm (0,2,3,1): head split and kᵀ in one, which
+    # FusedMatMul's transposes cannot express, so only the 1/√d scale folds; the 3-D
+    # projections stay MatMul + Add for onnxruntime.
+    assert stats == {"DividedMatMul": 2}
+    after = Counter(ops(model))
+    assert after["com.microsoft::FusedMatMul"] == 2
+    assert after["MatMul"] == before["MatMul"] - 2 and after["Div"] == before["Div"] - 2
+    feeds = zoo.sample_inputs(proto, dims={"batch_size": 2, "sequence_length": 8})
+    rewritten = to_onnx(model)
+    onnx.checker.check_model(rewritten)
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(rewritten, feeds),
+                                rtol=1e-4, atol=1e-4)
+
+
+def test_pass_is_registered():
+    assert PASSES["FuseMatMul"] is FuseMatMul
