@@ -135,9 +135,9 @@ def build_files(src: str, workdir: str) -> dict[str, BuiltFile]:
     for name in ("onnxsim", "onnxslim"):
         tool, path = tools[name], os.path.join(workdir, f"{name}.onnx")
         files[name] = (BuiltFile(None, tool.missing) if tool.compile is None
-                       else _build(lambda: tool.compile(src, path), path))
+                       else _build(functools.partial(tool.compile, src, path), path))
     path = os.path.join(workdir, "ort_offline.onnx")
-    files["ort_offline"] = _build(lambda: _ort_offline(src, path), path)
+    files["ort_offline"] = _build(functools.partial(_ort_offline, src, path), path)
     return files
 
 

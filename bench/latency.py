@@ -17,10 +17,25 @@ from itertools import chain
 import onnx
 import onnxruntime as ort
 
-from _common import Check, Stats, compare_outputs, geomean, markdown_table, run_model, \
-    short_reason, write_json
-from _latency_variants import BASELINE, VARIANTS, BuiltFile, Runner, build_files, open_runner, \
-    versions
+from _common import (
+    Check,
+    Stats,
+    compare_outputs,
+    geomean,
+    markdown_table,
+    run_model,
+    short_reason,
+    write_json,
+)
+from _latency_variants import (
+    BASELINE,
+    VARIANTS,
+    BuiltFile,
+    Runner,
+    build_files,
+    open_runner,
+    versions,
+)
 from _models import ZOO_QUICK, BenchModel, folder_models, light_models, sized_zoo_models
 
 DESCRIPTION = """\
