@@ -217,3 +217,20 @@ def test_verifier_reports_unproduced_graph_output():
     model.graph.outputs.append(Value("ghost", DType.FLOAT, (1,)))
     with pytest.raises(VerifyError, match="not produced"):
         verify(model)
+
+
+def test_pre_ir4_weights_stay_fixed_when_export_moves_to_ir4():
+    """IR 3 lists every weight as an input (runtimes treat them as fixed); once folding adds
+    initializers the export is IR 4, where a listed initializer would become overridable, so
+    the weights leave the input list."""
+    import os
+
+    import graphopt
+
+    path = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
+                        "light_squeezenet.onnx")
+    assert onnx.load(path).ir_version == 3
+    out = graphopt.optimize(path).to_onnx()
+    assert out.ir_version == 4
+    assert [i.name for i in out.graph.input] == ["data_0"]
+    onnx.checker.check_model(out)

@@ -282,8 +282,13 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None) -> Mode
     if model.ir_version < 4 and any(not v.is_input for g in model.graph.all_graphs()
                                     for v in g.initializers.values()):
         # Before IR 4 every initializer had to be a graph input; passes may add ones that are
-        # not (folded constants), which only IR 4 allows. Existing inputs keep their meaning.
+        # not (folded constants), which only IR 4 allows. At IR 4 an initializer listed as an
+        # input is a default the caller may override, so the old weights leave the input list:
+        # they stay what they were (fixed), and runtimes may fold them again.
         proto.ir_version = 4
+        weights_as_inputs = False
+    else:
+        weights_as_inputs = True
     for domain, version in model.opset_imports.items():
         entry = proto.opset_import.add()
         entry.domain, entry.version = domain, version
@@ -293,7 +298,8 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None) -> Mode
     proto.model_version = model.model_version
     proto.doc_string = model.doc_string
     _set_props(proto, model.metadata_props)
-    graph_to_proto(model.graph, proto.graph, weights_as_inputs_above)
+    graph_to_proto(model.graph, proto.graph, weights_as_inputs_above,
+                   list_fixed_weights=weights_as_inputs)
     proto.functions.extend(model.functions)
     proto.training_info.extend(model.training_info)
     if model.configuration:
@@ -302,19 +308,24 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None) -> Mode
 
 
 def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
-                   weights_as_inputs_above: int | None = None) -> GraphProto:
-    """Fill `proto` (a fresh GraphProto by default) in place, which avoids copying weights."""
+                   weights_as_inputs_above: int | None = None,
+                   list_fixed_weights: bool = True) -> GraphProto:
+    """Fill `proto` (a fresh GraphProto by default) in place, which avoids copying weights.
+    `list_fixed_weights=False` leaves pre-IR-4 weights (non-overridable) out of the inputs."""
     proto = GraphProto() if proto is None else proto
     proto.name = graph.name
     proto.doc_string = graph.doc_string
     _set_props(proto, graph.metadata_props)
+    listed = set()
     for value in graph.inputs:
-        proto.input.append(value_info(value))
+        if list_fixed_weights or value.const is None or value.overridable:
+            proto.input.append(value_info(value))
+            listed.add(id(value))
     for value in graph.initializers.values():
         if value.sparse_const is not None:
             proto.sparse_initializer.append(value.sparse_const)
         elif weights_as_inputs_above is not None and value.const.nbytes > weights_as_inputs_above:
-            if not value.is_input:
+            if id(value) not in listed:
                 proto.input.append(value_info(value))
         else:
             proto.initializer.append(value.const.to_proto(value.name))
