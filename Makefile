@@ -21,6 +21,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/compile_time.py --compact --json out/compile_time.json
+	$(PY) bench/latency.py --compact --json out/latency.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

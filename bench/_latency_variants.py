@@ -17,7 +17,6 @@ import onnxruntime as ort
 
 import graphopt
 from graphopt.codegen import OmSession
-from graphopt.codegen import runtime as om_runtime
 
 from _common import session_options, short_reason
 from _compilers import compilers
@@ -149,21 +148,6 @@ def _pinned(options: ort.SessionOptions, threads: int) -> ort.SessionOptions:
     return options
 
 
-@contextlib.contextmanager
-def _om_options(threads: int):
-    """OmSession builds its own SessionOptions and takes only intra_op_num_threads; for the
-    bench it gets the same pinning as every other session (inter_op 1, SESSION_CONFIG)."""
-    build = getattr(om_runtime, "_session_options", None)
-    if build is None:
-        raise RuntimeError("graphopt.codegen.runtime._session_options is gone: the bench cannot "
-                           "pin the .om runtime's session options (update _latency_variants.py)")
-    om_runtime._session_options = lambda *a, **k: _pinned(build(*a, **k), threads)
-    try:
-        yield
-    finally:
-        om_runtime._session_options = build
-
-
 def _bind(feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
     """The feeds a session declares. A rewritten model that asks for more than the original's
     inputs cannot be dropped in; one that dropped an unused input just gets fewer."""
@@ -177,13 +161,10 @@ def _bind(feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarra
 def open_runner(variant: Variant, path: str, threads: int,
                 feeds: dict[str, np.ndarray]) -> Runner:
     if variant.level is None:
-        with warnings.catch_warnings(), _om_options(threads):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "CANN is not available": the bench is CPU-only
-            om = OmSession(path, intra_op_num_threads=threads)
-        for step in getattr(om, "_steps", ()):  # the patch took: every partition is pinned
-            options = step.session.get_session_options()
-            assert options.inter_op_num_threads == 1 and all(
-                options.get_session_config_entry(k) == v for k, v in SESSION_CONFIG.items())
+            om = OmSession(path, intra_op_num_threads=threads, inter_op_num_threads=1,
+                           session_config=SESSION_CONFIG)
         bound = _bind(feeds, [e["name"] for e in om.inputs])
         return Runner(lambda: om.run(bound), lambda raw: raw)
     sess = ort.InferenceSession(path, _pinned(session_options(variant.level), threads),

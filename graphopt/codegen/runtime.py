@@ -54,7 +54,9 @@ def _describe(entry: dict) -> str:
     return f"{entry['dtype'] or '?'}[{dims}]"
 
 
-def _session_options(intra_op_num_threads: int | None, optimization_level: str) -> ort.SessionOptions:
+def _session_options(intra_op_num_threads: int | None, optimization_level: str,
+                     inter_op_num_threads: int | None = None,
+                     session_config: Mapping[str, str] | None = None) -> ort.SessionOptions:
     if optimization_level not in _OPTIMIZATION_LEVELS:
         raise OptionError(
             f"optimization_level {optimization_level!r} is not one of: {', '.join(_OPTIMIZATION_LEVELS)}"
@@ -66,6 +68,10 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str) 
     options.graph_optimization_level = _OPTIMIZATION_LEVELS[optimization_level]
     if intra_op_num_threads is not None:
         options.intra_op_num_threads = intra_op_num_threads  # 0 lets onnxruntime choose
+    if inter_op_num_threads is not None:
+        options.inter_op_num_threads = inter_op_num_threads
+    for key, value in (session_config or {}).items():  # e.g. session.force_spinning_stop
+        options.add_session_config_entry(key, str(value))
     options.log_severity_level = 3  # errors only: onnxruntime's warnings would clutter the CLI's output
     return options
 
@@ -83,8 +89,11 @@ class OmSession:
         *,
         intra_op_num_threads: int | None = None,
         optimization_level: str = "all",
+        inter_op_num_threads: int | None = None,
+        session_config: Mapping[str, str] | None = None,
     ) -> None:
-        options = _session_options(intra_op_num_threads, optimization_level)
+        options = _session_options(intra_op_num_threads, optimization_level,
+                                   inter_op_num_threads, session_config)
         artifact = path_or_artifact
         if not isinstance(artifact, OmArtifact):
             artifact = load_om(artifact)
@@ -121,6 +130,9 @@ class OmSession:
         self._steps = tuple(steps)
         # A graph output may be a graph input passed straight through, so inputs count as producible.
         self._producible = {t for step in steps for t in step.outputs} | set(self._expected)
+        # The plan for all outputs, computed once: run() is on the serving hot path.
+        default = [o["name"] for o in self._outputs]
+        self._default_plan = (default, self._plan(default))
         if fallback:
             warnings.warn(
                 f"{CANN_PROVIDER} is not available; running {', '.join(fallback)} on CPU",
@@ -156,20 +168,12 @@ class OmSession:
         Bad feeds raise GraphoptError naming the input.
         """
         env = self._check_feeds(feeds)
-        wanted = [o["name"] for o in self._outputs] if output_names is None else list(output_names)
-        for name in wanted:
-            if name not in self._producible:
-                expected = ", ".join(o["name"] for o in self._outputs)
-                raise GraphoptError(f"unknown output {name!r}; the model's outputs are: {expected}")
-
-        # Run only the partitions the wanted tensors depend on, still in execution order.
-        needed = set(wanted)
-        chosen = []
-        for step in reversed(self._steps):
-            if needed.intersection(step.outputs):
-                chosen.append(step)
-                needed.update(step.inputs)
-        for step in reversed(chosen):
+        if output_names is None:
+            wanted, steps = self._default_plan
+        else:
+            wanted = list(output_names)
+            steps = self._plan(wanted)
+        for step in steps:
             try:
                 results = step.session.run(step.outputs, {name: env[name] for name in step.inputs})
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
@@ -178,6 +182,20 @@ class OmSession:
                 ) from None
             env.update(zip(step.outputs, results))
         return {name: env[name] for name in wanted}
+
+    def _plan(self, wanted: list[str]) -> list[_Step]:
+        """The partitions the wanted tensors depend on, in execution order."""
+        for name in wanted:
+            if name not in self._producible:
+                expected = ", ".join(o["name"] for o in self._outputs)
+                raise GraphoptError(f"unknown output {name!r}; the model's outputs are: {expected}")
+        needed = set(wanted)
+        chosen = []
+        for step in reversed(self._steps):
+            if needed.intersection(step.outputs):
+                chosen.append(step)
+                needed.update(step.inputs)
+        return chosen[::-1]
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(feeds, Mapping):
