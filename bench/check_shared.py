@@ -8,6 +8,7 @@ import glob
 import os
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -17,6 +18,10 @@ from graphopt import numerics
 from graphopt.ir import load_onnx, to_onnx
 from graphopt.table import format_table
 
+LAYERNORMS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+              "RMSNormalization")
+GELUS = ("Gelu", "FastGelu", "BiasGelu", "QuickGelu")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -24,6 +29,8 @@ def main() -> int:
     parser.add_argument("-O", dest="level", type=int, default=2)
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--atol", type=float, default=1e-5)
+    parser.add_argument("--strict", action="store_true",
+                        help="also fail when a decomposed LayerNorm or GELU is left unfused")
     args = parser.parse_args()
     rows, failures = [], 0
     for path in sorted(glob.glob(os.path.join(args.folder, "*.onnx"))):
@@ -41,9 +48,19 @@ def main() -> int:
             problems = numerics.compare(reference, numerics.run(proto, feeds), args.rtol, args.atol)
             status.append("ok" if not problems else f"{label}: {problems[0]}")
             failures += bool(problems)
+        ops = Counter(n.op_type for n in result.model.graph.all_nodes())
+        layernorms = sum(ops[o] for o in LAYERNORMS)
+        gelus = sum(ops[o] for o in GELUS)
+        # Decomposed leftovers: a LayerNorm centres x with Sub(x, ReduceMean(x)); a GELU keeps
+        # an Erf or a Tanh. (A lone ReduceMean is global pooling, not a LayerNorm.)
+        centred = sum(1 for n in result.model.graph.all_nodes() if n.op_type == "ReduceMean"
+                      and any(c.op_type == "Sub" for c in n.output.consumers()))
         rows.append([os.path.basename(path), result.nodes_before, result.model.graph.count_nodes(),
-                     f"{seconds:.2f}", status[0], status[1]])
-    print(format_table(["model", "nodes", "after", "s", "round-trip", "optimized"], rows))
+                     f"{seconds:.2f}", status[0], status[1], f"{layernorms} / {centred}",
+                     f"{gelus} / {ops['Erf'] + ops['Tanh']}"])
+        failures += bool(args.strict and (centred or ops["Erf"] or ops["Tanh"]))
+    print(format_table(["model", "nodes", "after", "s", "round-trip", "optimized",
+                        "LayerNorm fused / left", "GELU fused / left"], rows))
     return 1 if failures else 0
 
 
