@@ -101,6 +101,10 @@ class OmSession:
         self._inputs = copy.deepcopy(artifact.inputs)
         self._outputs = copy.deepcopy(artifact.outputs)
         self._expected = {e["name"]: (e, _numpy_dtype(e["dtype"])) for e in self._inputs}
+        # Fully static input shapes, compared as one tuple: run() is on the serving hot path.
+        self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
+                               if e["shape"] is not None
+                               and all(isinstance(d, int) for d in e["shape"])}
 
         available = ort.get_available_providers()
         fallback: list[str] = []
@@ -200,9 +204,9 @@ class OmSession:
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(feeds, Mapping):
             raise GraphoptError(f"feeds must map input names to arrays, not {type(feeds).__name__}")
-        expected_names = ", ".join(self._expected) or "(none)"
         for name in feeds:
             if name not in self._expected:
+                expected_names = ", ".join(self._expected) or "(none)"
                 raise GraphoptError(f"unknown input {name!r}; the model's inputs are: {expected_names}")
         env: dict[str, Any] = {}
         for name, (entry, dtype) in self._expected.items():
@@ -219,7 +223,7 @@ class OmSession:
                     f"input {name!r} has dtype {array.dtype}, expected {_describe(entry)}"
                 )
             shape = entry["shape"]
-            if shape is not None:
+            if shape is not None and array.shape != self._static_shapes.get(name):
                 if array.ndim != len(shape):
                     raise GraphoptError(
                         f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}), "
