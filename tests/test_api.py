@@ -8,14 +8,15 @@ import os
 import numpy as np
 import onnx
 import pytest
+from helpers import PerturbWeights
 from onnx import TensorProto, helper, parser
 
 import graphopt
 from graphopt import numerics
 from graphopt.codegen import OmSession, is_om, load_om
 from graphopt.errors import GraphoptError, InputError, OptionError, VerificationError
-from graphopt.ir import Model, Tensor
-from graphopt.passes import PASSES, PIPELINES, Pass, PassResult, Pipeline
+from graphopt.ir import Model
+from graphopt.passes import PASSES, PIPELINES, Pipeline
 
 # Constant nodes, an Identity, a Mul by 1, a foldable Constant+Constant Add, and a
 # Shape->Gather->Unsqueeze->Concat->Reshape chain over a symbolic batch dim.
@@ -268,22 +269,6 @@ def test_verify_inputs_npy_is_an_option_error(proto, tmp_path):
     np.save(npy, np.ones((2, 4), np.float32))
     with pytest.raises(OptionError):
         graphopt.optimize(proto, verify=True, inputs=os.fspath(npy))
-
-
-class PerturbWeights(Pass):
-    """Test-only miscompile: adds 1 to every float initializer."""
-
-    name = "TestPerturbWeights"
-    description = "add 1 to every float initializer (a deliberate miscompile)"
-
-    def run(self, model, ctx) -> PassResult:
-        result = PassResult()
-        for value in model.graph.initializers.values():
-            array = value.constant()
-            if array is not None and array.dtype.kind == "f":
-                value.const = Tensor(array + 1)
-                result.count("perturbed")
-        return result
 
 
 def test_verify_raises_on_a_wrong_optimization(monkeypatch):

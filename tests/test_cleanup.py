@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx
 import onnx.parser
 import pytest
+from helpers import ops
 
 from graphopt import numerics
 from graphopt.ir import format_model, load_onnx, to_onnx, verify
@@ -34,10 +35,6 @@ def run_passes(text: str, *names: str, options: Options | None = None, numeric: 
     expected = numerics.run(proto, feeds)
     assert not numerics.compare(expected, numerics.run(out, feeds), 0, 0)
     return model, stats
-
-
-def ops(model) -> list[str]:
-    return [n.op_type for n in model.graph]
 
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'

@@ -11,14 +11,14 @@ import sys
 import numpy as np
 import onnx
 import pytest
+from helpers import PerturbWeights
 from onnx import TensorProto, helper, numpy_helper, parser
 
 import graphopt
 from graphopt import numerics
 from graphopt.cli import main
 from graphopt.codegen import OmSession
-from graphopt.ir import Tensor
-from graphopt.passes import PASSES, PIPELINES, Pass, PassResult, Pipeline
+from graphopt.passes import PASSES, PIPELINES, Pipeline
 
 # x: float[N, 4]. Constant nodes, an Identity, a Mul by 1 and a Shape->Gather->Unsqueeze->
 # Concat->Reshape chain that folds once N is irrelevant: something for every level to do.
@@ -683,22 +683,6 @@ def test_negative_fold_size_limit(foldable, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # --verify catches a wrong optimization
 # ---------------------------------------------------------------------------------------------
-class PerturbWeights(Pass):
-    """Test-only miscompile: adds 1 to every float initializer."""
-
-    name = "TestPerturbWeights"
-    description = "add 1 to every float initializer (a deliberate miscompile)"
-
-    def run(self, model, ctx) -> PassResult:
-        result = PassResult()
-        for value in model.graph.initializers.values():
-            array = value.constant()
-            if array is not None and array.dtype.kind == "f":
-                value.const = Tensor(array + 1)
-                result.count("perturbed")
-        return result
-
-
 @pytest.fixture
 def broken_pipeline(monkeypatch):
     import graphopt.compiler

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from helpers import ops
 from onnx import TensorProto, numpy_helper
 
 import graphopt
@@ -90,10 +91,6 @@ def fuse(proto: onnx.ModelProto, trace: tuple[str, ...] = (), **options):
     result = PASSES["FuseGelu"]().run(model, ctx)
     verify(model)
     return model, dict(result.stats), (ctx.tracer.report() if trace else [])
-
-
-def ops(model) -> list[str]:
-    return [n.qualified_op for n in model.graph]
 
 
 def check_numerics(proto: onnx.ModelProto, model, rtol=1e-4, atol=1e-5) -> None:

@@ -9,6 +9,7 @@ import re
 import onnx
 import onnx.parser
 import pytest
+from helpers import ops
 
 from graphopt import numerics
 from graphopt.ir import format_model, load_onnx, to_onnx, verify
@@ -42,10 +43,6 @@ def run(text: str, name: str, dims: dict | None = None, trace: str | None = None
     feeds = numerics.random_feeds(proto, seed=0, dims=dims or {"N": 2})
     assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 0, 0)
     return model, stats, ctx.tracer.report() if trace else []
-
-
-def ops(model) -> list[str]:
-    return [n.op_type for n in model.graph]
 
 
 def node(model, op_type: str):

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from helpers import node, ops
 from onnx import numpy_helper
 
 from graphopt import numerics, zoo
@@ -51,15 +52,6 @@ def fuse(proto: onnx.ModelProto | Model, rounds: int = 4) -> tuple[Model, Counte
         if not result.changed:
             break
     return model, stats
-
-
-def ops(model: Model) -> list[str]:
-    return [n.qualified_op for n in model.graph]
-
-
-def node(model: Model, op: str):
-    (found,) = [n for n in model.graph if n.op_type == op]
-    return found
 
 
 def same_outputs(original: onnx.ModelProto, model: Model, atol: float = 1e-5) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from helpers import ops
 
 from graphopt.cli import main
 from graphopt.ir import DType, format_model, load_onnx, to_onnx, verify
@@ -222,10 +223,6 @@ def run(model, *rules: type[Rule], trace: tuple[str, ...] = (), **options):
     result = TestOnlyPass(*rules).run(model, ctx)
     verify(model)
     return dict(result.stats), (ctx.tracer.report() if trace else [])
-
-
-def ops(model) -> list[str]:
-    return [n.qualified_op for n in model.graph]
 
 
 # -- variables -------------------------------------------------------------------------------

@@ -209,4 +209,8 @@ class RulePass(Pass):
                         continue
                     if apply(model, graph, rule, match, pattern.output):
                         result.count(rule.name)
+                    elif tracer is not None:
+                        tracer.add(rule.name, Miss(node, len(match.nodes),
+                                                   "rewritten, undone: the result cannot take over "
+                                                   "the graph output's name"))
         return result
