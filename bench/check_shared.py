@@ -21,6 +21,13 @@ from graphopt.table import format_table
 LAYERNORMS = ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
               "RMSNormalization")
 GELUS = ("Gelu", "FastGelu", "BiasGelu", "QuickGelu")
+ATTENTIONS = ("MultiHeadAttention", "Attention")
+
+
+def _feeding(model, op_type: str, consumer: str) -> int:
+    """How many `op_type` nodes feed a `consumer` node."""
+    return sum(1 for n in model.graph.all_nodes() if n.op_type == op_type
+               and any(c.op_type == consumer for c in n.output.consumers()))
 
 
 def main() -> int:
@@ -30,7 +37,8 @@ def main() -> int:
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--atol", type=float, default=1e-5)
     parser.add_argument("--strict", action="store_true",
-                        help="also fail when a decomposed LayerNorm or GELU is left unfused")
+                        help="also fail when a decomposed LayerNorm, GELU or attention block "
+                             "(a Softmax) is left unfused")
     args = parser.parse_args()
     rows, failures = [], 0
     for path in sorted(glob.glob(os.path.join(args.folder, "*.onnx"))):
@@ -55,12 +63,18 @@ def main() -> int:
         # an Erf or a Tanh. (A lone ReduceMean is global pooling, not a LayerNorm.)
         centred = sum(1 for n in result.model.graph.all_nodes() if n.op_type == "ReduceMean"
                       and any(c.op_type == "Sub" for c in n.output.consumers()))
+        # A GELU's Tanh feeds Add(·, 1) (a pooler's Tanh is an activation); attention's Softmax
+        # feeds the MatMul with V (YOLO's DFL head has a Softmax of its own).
+        tanh_gelu = _feeding(result.model, "Tanh", "Add")
+        softmax_attention = _feeding(result.model, "Softmax", "MatMul")
         rows.append([os.path.basename(path), result.nodes_before, result.model.graph.count_nodes(),
                      f"{seconds:.2f}", status[0], status[1], f"{layernorms} / {centred}",
-                     f"{gelus} / {ops['Erf'] + ops['Tanh']}"])
-        failures += bool(args.strict and (centred or ops["Erf"] or ops["Tanh"]))
+                     f"{gelus} / {ops['Erf'] + tanh_gelu}",
+                     f"{sum(ops[o] for o in ATTENTIONS)} / {softmax_attention}"])
+        failures += bool(args.strict and (centred or ops["Erf"] or tanh_gelu or softmax_attention))
     print(format_table(["model", "nodes", "after", "s", "round-trip", "optimized",
-                        "LayerNorm fused / left", "GELU fused / left"], rows))
+                        "LayerNorm fused / left", "GELU fused / left",
+                        "attention fused / left"], rows))
     return 1 if failures else 0
 
 

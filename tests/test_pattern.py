@@ -16,7 +16,7 @@ from helpers import ops
 
 from graphopt.cli import main
 from graphopt.ir import DType, format_model, load_onnx, to_onnx, verify
-from graphopt.ir.pattern import Attr, Const, Match, Matcher, Miss, Optional
+from graphopt.ir.pattern import Attr, Const, Match, Matcher, Miss, OneOf, Optional
 from graphopt.passes import Options, PassContext
 from graphopt.passes.fusion.gelu import GeluErf
 from graphopt.passes.infer_shapes import infer_shapes
@@ -96,6 +96,18 @@ class TestOnlyClip(Rule):
 
     def rewrite(self, op, x, lo=None, hi=None):
         return op.Clip(x, lo, hi)
+
+
+class TestOnlyScaledRelu(Rule):
+    """Relu(x · c), Relu(x / c) or Relu(x): one pattern for three spellings."""
+    __test__ = False
+
+    def pattern(self, op, x):
+        scale = Const(pred=lambda a: a.size == 1, name="c")
+        return op.Relu(OneOf(op.Mul(x, scale), op.Div(x, scale), x))
+
+    def rewrite(self, op, x, c=None):
+        return op.Relu(x)
 
 
 class TestOnlyNorm(Rule):
@@ -351,6 +363,27 @@ def test_attribute_equality_refuses_other_values():
 
 
 # -- optional inputs -------------------------------------------------------------------------
+
+def test_one_of_matches_each_spelling_in_order():
+    model = load("""
+    g (float[4] x) => (float[4] a, float[4] b, float[4] c, float[4] d) <float k = {2.0}> {
+        m = Mul(k, x)
+        a = Relu(m)
+        v = Div(x, k)
+        b = Relu(v)
+        c = Relu(x)
+        s = Sub(x, k)
+        d = Relu(s)
+    }""")
+    bound = {out: match(TestOnlyScaledRelu, model, out).bindings for out in "abcd"}
+    assert bound["a"]["x"].name == "x" and float(bound["a"]["c"]) == 2.0  # commuted Mul
+    assert bound["b"]["x"].name == "x" and "c" in bound["b"]
+    assert bound["c"]["x"].name == "x" and "c" not in bound["c"]
+    # The bare alternative binds Sub's output itself: OneOf falls through to the variable.
+    assert bound["d"]["x"].name == "s" and "c" not in bound["d"]
+    with pytest.raises(TypeError):
+        OneOf(Const(1.0))
+
 
 def test_optional_input_matches_present_and_omitted():
     model = load("""

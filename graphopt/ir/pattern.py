@@ -6,8 +6,9 @@
 `op.Name(...)` builds a pattern node; a parameter of `pattern` (here `x`) is a variable that binds
 any value, the same value wherever it appears; a Python number matches a constant whose every
 element is close to it; `Const(pred)` matches a constant the predicate accepts and binds it;
-`Attr()` binds an attribute. Commutative ops are tried in both operand orders. The matcher
-reports, for a failed candidate, how deep it got and why it stopped (for --trace-rule).
+`Attr()` binds an attribute; `OneOf(a, b)` matches either spelling. Commutative ops are tried
+in both operand orders. The matcher reports, for a failed candidate, how deep it got and why it
+stopped (for --trace-rule).
 """
 
 from __future__ import annotations
@@ -67,6 +68,16 @@ class Optional(Pattern):
     """An input that may be omitted (matches None too); `inner` binds when present."""
 
     inner: Pattern
+
+
+class OneOf(Pattern):
+    """Matches what any of its alternatives matches, tried in order: one rule covers an op that
+    exporters spell several ways (`OneOf(op.Mul(s, c), op.Div(s, c), s)`)."""
+
+    def __init__(self, *alternatives):
+        if len(alternatives) < 2:
+            raise TypeError("OneOf needs at least two alternatives")
+        self.alternatives = tuple(_as_pattern(a) for a in alternatives)
 
 
 @dataclass(eq=False)
@@ -183,6 +194,10 @@ class Matcher:
                 yield state
             else:
                 self._fail(state, f"expected an omitted input, got %{value.name}")
+            return
+        if isinstance(pattern, OneOf):
+            for alternative in pattern.alternatives:
+                yield from self._value(alternative, value, state)
             return
         if isinstance(pattern, Optional):
             if value is None:
@@ -341,6 +356,8 @@ def _describe(pattern: Pattern) -> str:
         return pattern.describe()
     if isinstance(pattern, Var):
         return f"'{pattern.name}'"
+    if isinstance(pattern, OneOf):
+        return " or ".join(_describe(a) for a in pattern.alternatives)
     return type(pattern).__name__
 
 
@@ -351,6 +368,8 @@ def pattern_nodes(root: Pattern) -> list[OpPattern]:
         item = stack.pop()
         if isinstance(item, Optional):
             stack.append(item.inner)
+        if isinstance(item, OneOf):
+            stack.extend(item.alternatives)
         if not isinstance(item, OpPattern) or id(item) in seen:
             continue
         seen.add(id(item))
@@ -359,5 +378,5 @@ def pattern_nodes(root: Pattern) -> list[OpPattern]:
     return order
 
 
-__all__ = ["Attr", "COMMUTATIVE", "Const", "Match", "Matcher", "Miss", "OpPattern", "Optional",
-           "Pattern", "PatternBuilder", "Var", "pattern_nodes"]
+__all__ = ["Attr", "COMMUTATIVE", "Const", "Match", "Matcher", "Miss", "OneOf", "OpPattern",
+           "Optional", "Pattern", "PatternBuilder", "Var", "pattern_nodes"]

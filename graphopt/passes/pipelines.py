@@ -19,8 +19,10 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # so that a fusion exposing another (Gelu then BiasGelu) is found.
 # Order matters within a sweep: BatchNorm folds into Conv before Conv+Relu can fuse, MatMul+Add
 # becomes Gemm before Gemm+Relu does, the residual Add fuses into SkipLayerNormalization.
+# Attention follows FuseMatMul, whose FusedMatMul already carries the scale; the Transpose and
+# Reshape pairs it leaves cancel in the next sweep's SimplifyLayout and EliminateNoOps.
 _FUSE = ("SimplifyLayout", "SimplifySlicing", "FuseConvBatchNorm", "FuseLayerNorm", "FuseGelu",
-         "FuseMatMul", "EliminateDeadNodes")
+         "FuseMatMul", "FuseAttention", "EliminateNoOps", "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.
@@ -50,14 +52,15 @@ PIPELINES: dict[int, Pipeline] = {
                 ("InferShapes", "ConstantToInitializer", FixedPoint(_CLEANUP))),
     2: Pipeline("O2", "O1 + shape and constant folding and CSE to a fixed point, fusions, "
                 "shared weights",
-                ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD), FixedPoint(_FUSE),
+                ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD), "InferShapes",
+                 FixedPoint(_FUSE),
                  "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
     3: Pipeline("O3", "O2 with shape inference re-run inside the fixed point, so folding "
                 "sees shapes that only earlier folds reveal, and activations fused into "
                 "FusedConv/FusedGemm",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(("InferShapes",) + _FOLD),
-                 FixedPoint(_FUSE_ALL), "MergeDuplicateInitializers", "EliminateDeadNodes",
-                 "InferShapes")),
+                 "InferShapes", FixedPoint(_FUSE_ALL), "MergeDuplicateInitializers",
+                 "EliminateDeadNodes", "InferShapes")),
 }
 
 DEFAULT_LEVEL = 2

@@ -1,0 +1,217 @@
+"""FuseAttention: scaled dot-product attention over split heads into MultiHeadAttention.
+
+    O = softmax(s · Q·Kᵀ + M) · V      Q [B,N,S,H], Kᵀ [B,N,H,T], V [B,N,T,Hv]
+      → MultiHeadAttention(q, k, v, attention_bias=M, num_heads=N, scale=s)   (com.microsoft)
+        where q = Q with its heads merged back, [B,S,N·H] (k and v likewise)
+
+      Q ──┐                                                q ──┐
+      Kᵀ ─┴─ MatMul ─ ·s ─ +M ─ Softmax ─┐                 k ──┼─ MultiHeadAttention ─ [B,S,N·Hv]
+      V ─────────────────────────────── MatMul ─ O    ⇒    v ──┘     ─ Reshape ─ Transpose ─ O
+
+The model's own head split, Transpose(Reshape(q, [B,S,N,H]), [0,2,1,3]), is looked through;
+elsewhere the merge is built, and the Transpose/Reshape pairs the rewrite leaves around O cancel in
+SimplifyLayout and EliminateNoOps. The scale is the product of FusedMatMul's alpha, a Mul or Div
+of the scores by a scalar, and scalars multiplying Q and Kᵀ. Masks: Add(scores, M) passes M as
+`attention_bias`, expanded over the query axis when it broadcasts there (padding masks [B,1,1,T]);
+Where(keep, scores, fill) becomes the bias Where(keep, 0, fill), a constant when keep is one
+(a causal mask): softmax is the same for a masked score fill and for score + fill, fill being the
+large negative number exporters use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import DType, Value
+from graphopt.ir.pattern import Attr, Const, OneOf, Var
+from graphopt.passes.base import register
+from graphopt.passes.rules import Rule, RulePass
+
+MS = "com.microsoft"
+MERGE_Q = (0, 2, 1, 3)    # [B,N,S,H] → [B,S,N,H]; its own inverse
+MERGE_KT = (0, 3, 1, 2)   # Kᵀ [B,N,H,T] → [B,T,N,H]; the exporters' split is (0, 2, 3, 1)
+
+
+def _scalar(data) -> bool:
+    return data.size == 1 and data.dtype.kind == "f"
+
+
+def _off(flag) -> bool:
+    return not flag
+
+
+def _times_scalar(op, x, key: str):
+    """x, or x · c for a scalar constant c bound as `<key>_scale`."""
+    return OneOf(op.Mul(x, Const(pred=_scalar, name=f"{key}_scale")), x)
+
+
+def _scores(op, q4, k):
+    q, k = _times_scalar(op, q4, "q"), _times_scalar(op, k, "k")
+    product = OneOf(op.MatMul(q, k),
+                    op.FusedMatMul(q, k, _domain=MS, alpha=Attr("alpha", 1.0),
+                                   transA=Attr("trans_a", 0, pred=_off),
+                                   transB=Attr("trans_b", 0),
+                                   transBatchA=Attr("batch_a", 0, pred=_off),
+                                   transBatchB=Attr("batch_b", 0, pred=_off)))
+    return OneOf(op.Mul(product, Const(pred=_scalar, name="mul")),
+                 op.Div(product, Const(pred=_scalar, name="div")), product)
+
+
+def _masked(op, scores):
+    fill = Const(pred=_scalar, name="fill")
+    return OneOf(op.Add(scores, Var("mask")), op.Where(Var("keep"), scores, fill),
+                 op.Where(Var("drop"), fill, scores), scores)
+
+
+def _same(a, b) -> bool:
+    return a is not None and a == b
+
+
+def _problem(q4: Value, k: Value, v4: Value, trans_b: int) -> str | None:
+    """Why Q, K(ᵀ), V are not [B,N,S,H], [B,N,H,T] (or [B,N,T,H]), [B,N,T,Hv] with N, H known."""
+    shapes = [x.shape for x in (q4, k, v4)]
+    if any(s is None or len(s) != 4 for s in shapes):
+        return f"Q, K, V are not all of rank 4 (shapes {shapes}; run InferShapes)"
+    (b, n, s, h), ks, (vb, vn, t, hv) = shapes
+    kb, kn, kh, kt = (ks[0], ks[1], ks[3], ks[2]) if trans_b else ks
+    if not all(isinstance(d, int) for d in (n, h, hv)):
+        return f"the head count and head sizes ({n}, {h}, {hv}) are not static"
+    if not (_same(b, kb) and _same(b, vb) and _same(n, kn) and _same(n, vn)
+            and _same(h, kh) and _same(kt, t)):
+        return f"Q {list(shapes[0])}, K {list(ks)}, V {list(shapes[2])} do not line up as " \
+               f"one batch of {n} heads without broadcasting"
+    return None
+
+
+def _fits(dim, want) -> bool:
+    """A mask dim that is `want`, or symbolic where `want` is not known to differ: a mask that
+    broadcasts over the keys adds one number to a whole row, which softmax ignores, so no model
+    has one, and a batch or head dim that is neither 1 nor `want` fails in the original too."""
+    return _same(dim, want) or not isinstance(dim, int) or not isinstance(want, int)
+
+
+def _bias_problem(m: Value, q4: Value, t) -> str | None:
+    """Why M cannot be MultiHeadAttention's attention_bias [B or 1, N or 1, S, T]."""
+    b, n, s = q4.shape[0], q4.shape[1], q4.shape[2]
+    if m.shape is None or len(m.shape) > 4:
+        return f"the mask %{m.name} has shape {m.shape}, not of rank ≤ 4"
+    mb, mn, ms, mt = (1,) * (4 - len(m.shape)) + tuple(m.shape)
+    if not (_fits(mt, t) and mt != 1 and (ms == 1 or _fits(ms, s))
+            and (mb == 1 or _fits(mb, b)) and (mn == 1 or _fits(mn, n))):
+        return f"the mask %{m.name} of shape {list(m.shape)} does not broadcast to " \
+               f"[B or 1, N or 1, S or 1, T] = [{b}, {n}, {s}, {t}]"
+    return None
+
+
+def _merged(op, x4: Value, merge: tuple[int, ...], width: int) -> Value:
+    """x4 with its heads merged, [B,S,N·H]: the model's own x3 when x4 = Transpose(Reshape(x3))
+    splits exactly that, else Reshape(Transpose(x4, merge))."""
+    split = x4.producer
+    split_perm = tuple(int(np.argsort(merge)[i]) for i in range(4))
+    if split is not None and split.op_type == "Transpose" and split.is_onnx \
+            and tuple(split.attr("perm") or ()) == split_perm:
+        reshape = split.inputs[0].producer
+        x3 = reshape.inputs[0] if reshape is not None and reshape.op_type == "Reshape" else None
+        r = split.inputs[0].shape
+        if x3 is not None and reshape.is_onnx and x3.shape is not None and r is not None \
+                and len(x3.shape) == 3 and _same(x3.shape[0], r[0]) \
+                and _same(x3.shape[1], r[1]) and x3.shape[2] == width:
+            return x3
+    return op.Reshape(op.Transpose(x4, perm=list(merge)), op.const(np.array([0, 0, width])))
+
+
+class ScaledDotProductAttention(Rule):
+    """softmax(s·Q·Kᵀ (+ mask)) · V on split heads → com.microsoft::MultiHeadAttention."""
+
+    emits = ((MS, "MultiHeadAttention"),)
+    dtypes = (DType.FLOAT,)
+
+    def pattern(self, op, q4, k, v4):
+        probs = op.Softmax(_masked(op, _scores(op, q4, k)), axis=Attr("axis"))
+        return op.MatMul(probs, v4)
+
+    def check(self, q4, k, v4, model, axis=None, trans_b=0, mask=None, keep=None, drop=None,
+              fill=None, mul=None, div=None):
+        problem = _problem(q4, k, v4, trans_b)
+        if problem:
+            return problem
+        if axis is None and (model.opset("") or 1) < 13:
+            return "Softmax has no axis: before opset 13 that means axis 1"
+        if axis not in (None, -1, 3):
+            return f"Softmax runs over axis {axis}, not the key axis"
+        if q4.dtype != DType.FLOAT or k.dtype != q4.dtype or v4.dtype != q4.dtype:
+            return "Q, K and V are not all float32"
+        if div is not None and float(div.reshape(-1)[0]) == 0.0:
+            return "the scores are divided by zero"
+        if fill is not None and not float(fill.reshape(-1)[0]) <= -1e4:
+            return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a large " \
+                   "negative number: only then is the fill the same as a bias"
+        cond = keep if keep is not None else drop
+        if mask is not None and mask.dtype != DType.FLOAT:
+            return f"the additive mask %{mask.name} is not float32"
+        if cond is not None and cond.dtype != DType.BOOL:
+            return f"the Where condition %{cond.name} is not bool"
+        if mask is None and cond is None:
+            return None
+        return _bias_problem(mask if mask is not None else cond, q4, v4.shape[2])
+
+    def rewrite(self, op, q4, k, v4, trans_b=0, alpha=1.0, q_scale=None, k_scale=None,
+                mul=None, div=None, mask=None, keep=None, drop=None, fill=None, **_):
+        n, h, hv = q4.shape[1], q4.shape[3], v4.shape[3]
+        scale = float(alpha)
+        for factor in (q_scale, k_scale, mul):
+            scale *= 1.0 if factor is None else float(factor.reshape(-1)[0])
+        scale /= 1.0 if div is None else float(div.reshape(-1)[0])
+        q = _merged(op, q4, MERGE_Q, n * h)
+        k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h)
+        v = _merged(op, v4, MERGE_Q, n * hv)
+        bias = _attention_bias(op, q4, q, mask, keep, drop, fill)
+        inputs = [q, k, v] + ([None, None, bias] if bias is not None else [])
+        out = op.MultiHeadAttention(*inputs, _domain=MS, num_heads=n, scale=scale)
+        out.dtype, out.shape = q4.dtype, (q4.shape[0], q4.shape[2], n * hv)
+        heads = op.Reshape(out, op.const(np.array([0, 0, n, hv])))
+        heads.dtype, heads.shape = q4.dtype, (q4.shape[0], q4.shape[2], n, hv)
+        return op.Transpose(heads, perm=list(MERGE_Q))
+
+
+def _attention_bias(op, q4: Value, q: Value, mask, keep, drop, fill) -> Value | None:
+    """The mask as a [B or 1, N or 1, S, T] float bias (None without a mask); q is Q's
+    [B,S,N·H] form, whose shape gives S at run time when it is not static."""
+    dtype = q4.dtype.numpy
+    if keep is not None or drop is not None:
+        cond = keep if keep is not None else drop
+        zero, big = np.array(0, dtype), np.array(fill.reshape(-1)[0], dtype)
+        if cond.constant() is not None:
+            chosen = np.where(cond.constant(), *((zero, big) if keep is not None else (big, zero)))
+            mask = op.const(chosen.astype(dtype))
+        else:
+            pair = (op.const(zero), op.const(big))
+            mask = op.Where(cond, *(pair if keep is not None else pair[::-1]))
+            mask.dtype, mask.shape = q4.dtype, cond.shape
+    if mask is None:
+        return None
+    s = q4.shape[2]
+    shape = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
+    if len(mask.shape) == 4 and _same(shape[2], s):
+        return mask
+    if mask.constant() is not None and isinstance(s, int):
+        target = shape[:2] + (s, shape[3])
+        return op.const(np.ascontiguousarray(np.broadcast_to(
+            mask.constant().reshape(shape), target)))
+    if isinstance(s, int):
+        rows = op.const(np.array([1, 1, s, 1]))
+    else:  # a dynamic query length: read S from Q's shape at run time
+        s_dim = op.Gather(op.Shape(q), op.const(np.array([1])), axis=0)
+        rows = op.Concat(op.const(np.array([1, 1])), s_dim, op.const(np.array([1])), axis=0)
+    return op.Expand(mask, rows)
+
+
+@register
+class FuseAttention(RulePass):
+    name = "FuseAttention"
+    description = "scaled dot-product attention (scale, padding/causal masks) into " \
+                  "MultiHeadAttention"
+    rules = (ScaledDotProductAttention,)
+
+
+__all__ = ["FuseAttention"]

@@ -1,0 +1,225 @@
+"""FuseAttention: each exported spelling of scaled dot-product attention becomes one
+MultiHeadAttention (counted, structurally), refusals say why, and outputs hold at ORT_DISABLE_ALL."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import ops
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt import numerics
+from graphopt.ir import load_onnx, to_onnx, verify
+from graphopt.passes import PASSES, Options, PassContext
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.rules import Tracer
+from graphopt.zoo import build
+
+B, S, N, H = 2, 6, 2, 4
+D = N * H
+MIN = float(np.finfo(np.float32).min)
+MHA = "com.microsoft::MultiHeadAttention"
+
+
+class Graph:
+    """A tiny onnx.helper graph builder: `g.op("MatMul", a, b)` returns the output's name."""
+
+    def __init__(self):
+        self.nodes, self.inits, self.inputs, self.count = [], [], [], 0
+        self.typed: dict[str, list[int]] = {}
+        self.rng = np.random.default_rng(3)
+
+    def op(self, op_type, *inputs, domain="", **attrs):
+        self.count += 1
+        out = f"{op_type.lower()}_{self.count}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], domain=domain, **attrs))
+        return out
+
+    def const(self, array, dtype=np.float32):
+        self.count += 1
+        name = f"c_{self.count}"
+        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype), name))
+        return name
+
+    def input(self, name, elem, shape):
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def model(self, outputs, opset=17):
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, [None] * 4 if o.startswith(
+            "softmax") else [B, S, D]) for o in outputs]
+        info = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+                for name, shape in self.typed.items()]
+        graph = helper.make_graph(self.nodes, "attention", self.inputs, outs, self.inits,
+                                  value_info=info)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                       helper.make_opsetid("com.microsoft", 1)])
+
+
+def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fill=MIN,
+              probs_output=False, shared_keys=False):
+    """One self-attention block on x [B,S,D]: projections, head split, scores, mask, softmax,
+    context, head merge; `form` spells the scale, `mask` the mask."""
+    g = Graph()
+    x = g.input("x", TensorProto.FLOAT, [B, S, D])
+
+    def project(scale=None):
+        y = g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, D)) * 0.3)),
+                 g.const(g.rng.standard_normal(D) * 0.1))
+        return g.op("Reshape", y, g.const([B, S, N, H], np.int64))
+
+    q = g.op("Transpose", project(), perm=[0, 2, 1, 3])
+    k = g.op("Transpose", project(), perm=list(k_perm))
+    if shared_keys:  # one set of keys for the whole batch: MatMul broadcasts, MHA cannot
+        k = g.const(g.rng.standard_normal((1, N, H, S)))
+    v = g.op("Transpose", project(), perm=[0, 2, 1, 3])
+    if form == "div":
+        scores = g.op("Div", g.op("MatMul", q, k), g.const(np.sqrt(H)))
+    elif form == "mul":
+        scores = g.op("Mul", g.const(1 / np.sqrt(H)), g.op("MatMul", q, k))
+    elif form == "prescaled":  # q · s½ and kᵀ · s½, as the dynamo exporter scales them
+        half = H ** -0.25
+        scores = g.op("MatMul", g.op("Mul", q, g.const(half)), g.op("Mul", k, g.const(half)))
+    elif form == "fused":  # after FuseMatMul: kᵀ folded into transB, the scale into alpha
+        scores = g.op("FusedMatMul", q, k, domain="com.microsoft", alpha=H ** -0.5, transB=1)
+        g.typed[scores] = [B, N, S, S]  # ONNX shape inference knows no contrib op
+    if mask == "add":
+        m = g.input("mask", TensorProto.FLOAT, [B, 1, 1, S])
+        scores = g.op("Add", scores, m)
+    elif mask == "add_keys_broadcast":
+        scores = g.op("Add", scores, g.input("mask", TensorProto.FLOAT, [B, 1, S, 1]))
+    elif mask == "causal":
+        keep = g.const(np.tril(np.ones((S, S)))[None, None], np.bool_)
+        scores = g.op("Where", keep, scores, g.const(fill))
+    elif mask == "where_input":
+        keep = g.input("keep", TensorProto.BOOL, [1, 1, S, S])
+        scores = g.op("Where", keep, scores, g.const(fill))
+    probs = g.op("Softmax", scores, axis=softmax_axis)
+    ctx = g.op("Transpose", g.op("MatMul", probs, v), perm=[0, 2, 1, 3])
+    y = g.op("Reshape", ctx, g.const([B, S, D], np.int64))
+    return g.model([y, probs] if probs_output else [y])
+
+
+def fuse(proto, trace=False):
+    onnx.checker.check_model(proto)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options(), tracer=Tracer({"ScaledDotProductAttention"}) if trace else None)
+    result = PASSES["FuseAttention"]().run(model, ctx)
+    verify(model)
+    return model, dict(result.stats), (ctx.tracer.report() if trace else [])
+
+
+def feeds_for(proto):
+    feeds = numerics.random_feeds(proto, seed=7)
+    if "mask" in feeds:  # a padding mask: keys 4 and 5 of the second sequence are padding
+        pad = np.zeros(feeds["mask"].shape, np.float32)
+        pad[1, ..., 4:] = MIN
+        feeds["mask"] = pad
+    if "keep" in feeds:
+        feeds["keep"] = np.random.default_rng(1).random((1, 1, S, S)) < 0.7
+        feeds["keep"][..., 0] = True  # no fully masked row
+    return feeds
+
+
+def check_numerics(proto, model, atol=1e-5):
+    out = to_onnx(model)
+    onnx.checker.check_model(out)
+    feeds = feeds_for(proto)
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-4, atol)
+    assert not problems, problems
+
+
+FORMS = [("div", "none"), ("mul", "add"), ("prescaled", "none"), ("fused", "add"),
+         ("div", "causal"), ("div", "where_input")]
+
+
+@pytest.mark.parametrize("form,mask", FORMS)
+def test_attention_fuses_with_outputs_kept(form, mask):
+    proto = attention(form, mask, k_perm=(0, 2, 1, 3) if form == "fused" else (0, 2, 3, 1))
+    model, stats, _ = fuse(proto)
+    assert stats == {"ScaledDotProductAttention": 1}
+    (mha,) = [n for n in model.graph if n.qualified_op == MHA]
+    assert mha.attr("num_heads") == N
+    assert mha.attr("scale") == pytest.approx(H ** -0.5, rel=1e-6)
+    assert "Softmax" not in ops(model)
+    # q, k, v are the projections themselves: the model's head split is looked through.
+    assert all(v.producer.op_type == "Add" for v in mha.inputs[:3])
+    has_bias = mask != "none"
+    assert (len(mha.inputs) == 6 and mha.inputs[5] is not None) == has_bias
+    check_numerics(proto, model)
+
+
+def test_padding_mask_is_expanded_over_the_queries():
+    model, _, _ = fuse(attention("div", "add"))
+    (mha,) = [n for n in model.graph if n.qualified_op == MHA]
+    assert mha.inputs[5].producer.op_type == "Expand"
+
+
+def test_constant_causal_mask_becomes_a_constant_bias():
+    model, _, _ = fuse(attention("div", "causal"))
+    (mha,) = [n for n in model.graph if n.qualified_op == MHA]
+    bias = mha.inputs[5].constant()
+    assert bias.shape == (1, 1, S, S)
+    assert (bias[0, 0][np.tril_indices(S)] == 0).all() and bias[0, 0, 0, 1] == MIN
+    assert "Where" not in ops(model)
+
+
+def test_the_whole_o2_pipeline_leaves_no_head_split_behind():
+    proto = attention("div", "add")
+    result = graphopt.optimize(proto, level=2)
+    names = [n.op_type for n in result.model.graph]
+    assert names.count("MultiHeadAttention") == 1
+    assert "Transpose" not in names and "Softmax" not in names
+    check_numerics(proto, result.model)
+
+
+@pytest.mark.parametrize("case,reason", [
+    ({"probs_output": True}, "is a graph output"),
+    ({"softmax_axis": 2}, "Softmax runs over axis 2, not the key axis"),
+    ({"mask": "add_keys_broadcast"}, "does not broadcast to [B or 1, N or 1, S or 1, T]"),
+    ({"mask": "causal", "fill": -5.0}, "filled with -5.0, not a large negative number"),
+    ({"shared_keys": True}, "do not line up as one batch"),
+])
+def test_refusals_say_why(case, reason):
+    model, stats, trace = fuse(attention(**case), trace=True)
+    assert stats == {} and MHA not in ops(model)
+    assert any(reason in line for line in trace), trace
+
+
+def test_float16_attention_is_refused_the_cpu_kernel_is_fp32():
+    proto = attention("div", "none")
+    for info in list(proto.graph.input) + list(proto.graph.output):
+        info.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for i, init in enumerate(proto.graph.initializer):
+        array = numpy_helper.to_array(init)
+        if array.dtype == np.float32:
+            proto.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                array.astype(np.float16), init.name))
+    _, stats, trace = fuse(proto, trace=True)
+    assert stats == {}
+    assert any("does not take f16" in line for line in trace), trace
+
+
+@pytest.mark.parametrize("name,layers", [("bert_base", 2), ("gpt2_small", 2)])
+def test_zoo_transformers_fuse_every_attention_block(name, layers):
+    kwargs = {"layers": layers, "hidden": 64, "heads": 2}
+    if name == "bert_base":
+        kwargs.update(intermediate=128, vocab=100, max_positions=32)
+    else:
+        kwargs.update(vocab=100, positions=32)
+    proto = build(name, **kwargs)
+    result = graphopt.optimize(proto, level=2)
+    counts = [n.op_type for n in result.model.graph]
+    assert counts.count("MultiHeadAttention") == layers
+    assert "Softmax" not in counts
+    dims = {"batch_size": 2, "sequence_length": 8, "batch": 2, "sequence": 8}
+    feeds = numerics.random_feeds(proto, seed=0, dims=dims)
+    for key in [k for k in feeds if "mask" in k]:
+        feeds[key] = np.ones_like(feeds[key])
+        feeds[key][1, -3:] = 0  # padding at the end of the second sequence
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(to_onnx(result.model), feeds),
+                                1e-4, 1e-4)
+    assert not problems, problems
