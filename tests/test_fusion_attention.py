@@ -167,13 +167,38 @@ def test_constant_causal_mask_becomes_a_constant_bias():
     assert "Where" not in ops(model)
 
 
-def test_the_whole_o2_pipeline_leaves_no_head_split_behind():
+def test_the_whole_o2_pipeline_packs_the_projections_and_leaves_no_head_split_behind():
     proto = attention("div", "add")
     result = graphopt.optimize(proto, level=2)
     names = [n.op_type for n in result.model.graph]
-    assert names.count("MultiHeadAttention") == 1
-    assert "Transpose" not in names and "Softmax" not in names
+    assert names.count("Attention") == 1 and "MultiHeadAttention" not in names
+    assert "Transpose" not in names and "Softmax" not in names and "MatMul" not in names
+    (packed,) = [n for n in result.model.graph if n.op_type == "Attention"]
+    assert packed.inputs[0].name == "x" and packed.inputs[1].shape == (D, 3 * D)
     check_numerics(proto, result.model)
+
+
+def test_packing_fires_on_multi_head_attention_over_three_projections_of_one_input():
+    model, stats, _ = fuse(attention("mul", "add"))
+    PASSES["EliminateDeadNodes"]().run(model, PassContext(Options()))  # the head split
+    result = PASSES["FuseAttention"]().run(model, PassContext(Options()))
+    assert dict(result.stats) == {"PackedSelfAttention": 1}
+    verify(model)
+    assert MHA not in ops(model) and "com.microsoft::Attention" in ops(model)
+    check_numerics(attention("mul", "add"), model)
+
+
+def test_packing_refuses_weights_that_are_not_constants():
+    proto = attention("div", "none")
+    weight = proto.graph.initializer[0]
+    proto.graph.input.append(helper.make_tensor_value_info(weight.name, TensorProto.FLOAT,
+                                                           list(weight.dims)))
+    del proto.graph.initializer[0]
+    model, _, _ = fuse(proto)
+    PASSES["EliminateDeadNodes"]().run(model, PassContext(Options()))
+    ctx = PassContext(Options(), tracer=Tracer({"PackedSelfAttention"}))
+    assert not PASSES["FuseAttention"]().run(model, ctx).stats
+    assert any("weight is not a constant matrix" in line for line in ctx.tracer.report())
 
 
 @pytest.mark.parametrize("case,reason", [
@@ -213,7 +238,9 @@ def test_zoo_transformers_fuse_every_attention_block(name, layers):
     proto = build(name, **kwargs)
     result = graphopt.optimize(proto, level=2)
     counts = [n.op_type for n in result.model.graph]
-    assert counts.count("MultiHeadAttention") == layers
+    # Dynamic sequence length: Q's projection also feeds the Shape the mask's Expand reads,
+    # so the projections stay outside and MultiHeadAttention is the fused form.
+    assert counts.count("MultiHeadAttention") + counts.count("Attention") == layers
     assert "Softmax" not in counts
     dims = {"batch_size": 2, "sequence_length": 8, "batch": 2, "sequence": 8}
     feeds = numerics.random_feeds(proto, seed=0, dims=dims)

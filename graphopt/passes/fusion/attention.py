@@ -1,4 +1,4 @@
-"""FuseAttention: scaled dot-product attention over split heads into MultiHeadAttention.
+"""FuseAttention: scaled dot-product attention over split heads into MultiHeadAttention/Attention.
 
     O = softmax(s · Q·Kᵀ + M) · V      Q [B,N,S,H], Kᵀ [B,N,H,T], V [B,N,T,Hv]
       → MultiHeadAttention(q, k, v, attention_bias=M, num_heads=N, scale=s)   (com.microsoft)
@@ -16,6 +16,9 @@ of the scores by a scalar, and scalars multiplying Q and Kᵀ. Masks: Add(scores
 Where(keep, scores, fill) becomes the bias Where(keep, 0, fill), a constant when keep is one
 (a causal mask): softmax is the same for a masked score fill and for score + fill, fill being the
 large negative number exporters use.
+
+Self-attention whose q, k, v are x·Wq + bq, x·Wk + bk, x·Wv + bv of one x with constant weights
+then packs into com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv]): one GEMM for the three.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import DType, Value
-from graphopt.ir.pattern import Attr, Const, OneOf, Var
+from graphopt.ir.pattern import Attr, Const, OneOf, Optional, Var
 from graphopt.passes.base import register
 from graphopt.passes.rules import Rule, RulePass
 
@@ -206,12 +209,56 @@ def _attention_bias(op, q4: Value, q: Value, mask, keep, drop, fill) -> Value | 
     return op.Expand(mask, rows)
 
 
+def _projection(op, x, w, b):
+    """x·W + b, or x·W where a zero bias was folded away."""
+    return OneOf(op.Add(op.MatMul(x, w), b), op.MatMul(x, w))
+
+
+class PackedSelfAttention(Rule):
+    """MultiHeadAttention over three projections of one x → Attention(x, [Wq|Wk|Wv],
+    [bq|bk|bv]): the three GEMMs become one."""
+
+    emits = ((MS, "Attention"),)
+    dtypes = (DType.FLOAT,)
+
+    def pattern(self, op, x, wq, wk, wv, bq, bk, bv, bias):
+        return op.MultiHeadAttention(
+            _projection(op, x, wq, bq), _projection(op, x, wk, bk), _projection(op, x, wv, bv),
+            None, None, Optional(bias), _domain=MS, num_heads=Attr("heads"),
+            scale=Attr("scale"), unidirectional=Attr("causal", 0),
+            mask_filter_value=Attr("filter", None, pred=lambda v: v is None))
+
+    def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
+        if x.shape is None or len(x.shape) != 3:
+            return f"%{x.name} is not of rank 3"
+        weights, biases = (wq, wk, wv), (bq, bk, bv)
+        if not all(w.is_constant and w.shape is not None and len(w.shape) == 2 for w in weights):
+            return "a projection weight is not a constant matrix"
+        if len({w.shape[0] for w in weights}) != 1 or wq.shape[1] != wk.shape[1]:
+            return f"projection weights {[list(w.shape) for w in weights]} do not pack"
+        for w, b in [(w, b) for w, b in zip(weights, biases) if b is not None]:
+            if not b.is_constant or tuple(b.shape or ()) != (w.shape[1],):
+                return f"bias %{b.name} is not a constant of shape [{w.shape[1]}]"
+        return None
+
+    def rewrite(self, op, x, wq, wk, wv, heads, scale, causal, bq=None, bk=None, bv=None,
+                bias=None):
+        weights = np.concatenate([w.constant() for w in (wq, wk, wv)], axis=1)
+        biases = np.concatenate([np.zeros(w.shape[1], weights.dtype) if b is None
+                                 else b.constant() for w, b in ((wq, bq), (wk, bk), (wv, bv))])
+        sizes = {"qkv_hidden_sizes": [wq.shape[1], wk.shape[1], wv.shape[1]]} \
+            if wv.shape[1] != wq.shape[1] else {}
+        extra = [None, None, bias] if bias is not None else []
+        return op.Attention(x, op.const(weights), op.const(biases), *extra, _domain=MS,
+                            num_heads=heads, scale=scale, unidirectional=causal, **sizes)
+
+
 @register
 class FuseAttention(RulePass):
     name = "FuseAttention"
     description = "scaled dot-product attention (scale, padding/causal masks) into " \
                   "MultiHeadAttention"
-    rules = (ScaledDotProductAttention,)
+    rules = (ScaledDotProductAttention, PackedSelfAttention)
 
 
 __all__ = ["FuseAttention"]
