@@ -102,6 +102,23 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
     return g.model([y, probs] if probs_output else [y])
 
 
+def vit_attention():
+    """timm's ViT block: one qkv projection reshaped to [B,S,3,N,H], permuted to [3,B,N,S,H] and
+    unbound with Gather; k transposed on its own; scores scaled by a Mul; no mask."""
+    g = Graph()
+    x = g.input("x", TensorProto.FLOAT, [B, S, D])
+    qkv = g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, 3 * D)) * 0.3)),
+               g.const(g.rng.standard_normal(3 * D) * 0.1))
+    qkv = g.op("Transpose", g.op("Reshape", qkv, g.const([B, S, 3, N, H], np.int64)),
+               perm=[2, 0, 3, 1, 4])
+    q, k, v = (g.op("Gather", qkv, g.const(i, np.int64), axis=0) for i in range(3))
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
+                  g.const(H ** -0.5))
+    ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+    y = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const([B, S, D], np.int64))
+    return g.model([y])
+
+
 def fuse(proto, trace=False):
     onnx.checker.check_model(proto)
     model = load_onnx(proto)
@@ -150,6 +167,14 @@ def test_attention_fuses_with_outputs_kept(form, mask):
     has_bias = mask != "none"
     assert (len(mha.inputs) == 6 and mha.inputs[5] is not None) == has_bias
     check_numerics(proto, model)
+
+
+def test_vit_block_with_unbound_packed_qkv_fuses_through_the_whole_pipeline():
+    proto = vit_attention()
+    result = graphopt.optimize(proto, level=2)
+    names = [n.qualified_op for n in result.model.graph]
+    assert names.count(MHA) == 1 and "Softmax" not in names
+    check_numerics(proto, result.model)
 
 
 def test_padding_mask_is_expanded_over_the_queries():
