@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+import graphopt
 from graphopt import numerics
 from graphopt.ir import DType, Model, format_model, load_onnx, to_onnx, verify
 from graphopt.passes.base import PassContext
@@ -316,6 +317,42 @@ def test_raised_size_cap_lets_it_fold():
     model, stats = fold(_constant_of_shape(BIG), fold_size_limit=BIG * 4)
     assert stats == {"FoldConstants": 1}
     assert init(model, "z").shape == (BIG,)
+
+
+def _tied_embedding(vocab: int, hidden: int = 4) -> onnx.ModelProto:
+    """GPT-2's tied LM head: the token table feeds a Gather and, transposed, the logits MatMul."""
+    table = np.arange(vocab * hidden, dtype=np.float32).reshape(vocab, hidden) / (vocab * hidden)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["wte", "ids"], ["h"]),
+         helper.make_node("Transpose", ["wte"], ["wt"], perm=[1, 0]),
+         helper.make_node("MatMul", ["h", "wt"], ["logits"])], "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [3, vocab])],
+        [numpy_helper.from_array(table, "wte")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shared_weight_transpose_above_the_cap_is_left_for_transb():
+    model, stats = fold(_tied_embedding(vocab=64), fold_size_limit=512)  # 1 KiB table
+    assert stats == {} and ops(model) == ["Gather", "Transpose", "MatMul"]
+    assert list(model.graph.initializers) == ["wte"]  # one copy
+
+
+def test_shared_weight_transpose_ends_as_fused_matmul_trans_b_at_o2():
+    proto = _tied_embedding(vocab=64)
+    result = graphopt.optimize(proto, level=2, fold_size_limit=512)
+    assert [n.qualified_op for n in result.model.graph] == [
+        "Gather", "com.microsoft::FusedMatMul"]
+    assert list(result.model.graph)[1].attr("transB") == 1
+    assert len(result.model.graph.initializers) == 1
+    assert_same_outputs(proto, result.model)
+
+
+def test_shared_weight_transpose_below_the_cap_folds():
+    proto = _tied_embedding(vocab=64)
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1} and ops(model) == ["Gather", "MatMul"]
+    assert_same_outputs(proto, model)
 
 
 def test_tiny_constant_of_shape_folds():

@@ -14,7 +14,9 @@ CastLike reads only the dtype of its second input, so `CastLike(0, %input)` fold
 If the batched session fails (an op ORT cannot run, a dtype it cannot return), nodes are
 evaluated one by one and the ones that fail stay in the graph. A value is never materialized
 when it is larger than `Options.fold_size_limit` AND larger than the node's inputs: folding must
-not inflate the model (a ConstantOfShape building a 500 MB weight stays a node).
+not inflate the model (a ConstantOfShape building a 500 MB weight stays a node). Nor is a
+Transpose of a weight larger than the limit that other nodes also read, when only MatMul or Gemm
+read the transpose: FuseMatMul folds it into their transB without a second copy.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ class _GraphFolder:
             elif node.op_type == "Identity" and node.is_onnx \
                     and node.input(0) is not None and node.input(0).is_constant:
                 self.aliases[id(node.output)] = node.input(0)
+            elif self._shared_weight_transpose(node):
+                continue
             elif not self._bounded(node):
                 if node.op_type in GENERATORS and any(id(v) in produced
                                                       for v in _data_inputs(node)):
@@ -114,6 +118,20 @@ class _GraphFolder:
             region.append(node)
             produced.update(id(v) for v in node.outputs if v is not None)
         return region
+
+    def _shared_weight_transpose(self, node: Node) -> bool:
+        """A large weight transposed for MatMul/Gemm while something else also reads it (GPT-2's
+        LM head and its tied token embedding): folding would store it twice, and FuseMatMul
+        reads it through transB instead, which MLAS runs as fast."""
+        if node.op_type != "Transpose" or not node.is_onnx or node.output is None:
+            return False
+        weight = node.input(0)
+        if weight is None or weight.producer is not None or len(weight.consumers()) < 2:
+            return False
+        readers = node.output.consumers()
+        return bool(readers) and not node.output.is_graph_output \
+            and all(r.op_type in ("MatMul", "Gemm") and r.is_onnx for r in readers) \
+            and (self.sizes.nbytes(weight) or 0) > self.limit
 
     def _bounded(self, node: Node) -> bool:
         self.sizes.estimate(node)
