@@ -49,13 +49,15 @@ def zoo_models(workdir: str, quick: bool, wanted: Wanted) -> Iterator[BenchModel
 
 def sized_zoo_models(workdir: str, sizes: dict[str, tuple[dict, str]],
                      wanted: Wanted) -> Iterator[BenchModel]:
-    """zoo_models with the builder options per model given: `sizes` is shaped like ZOO_FULL."""
-    for name, (options, size) in sizes.items():
+    """zoo_models with the builder options per model given: `sizes` is shaped like ZOO_FULL
+    (a key `model@variant` is one more row of `model`, its options saying how it differs)."""
+    for key, (options, size) in sizes.items():
+        name = key.partition("@")[0]
         label = f"zoo/{name}" + (f" ({size})" if size else "")
         if not wanted(label):
             continue  # building bert_base alone takes seconds
         proto = zoo.build(name, **options)
-        path = os.path.join(workdir, f"{name}.onnx")
+        path = os.path.join(workdir, f"{key.replace('@', '_')}.onnx")
         onnx.save(proto, path)
         feeds = zoo.sample_inputs(proto, seed=0)
         del proto  # bert_base's 440 MB of weights need not stay in memory while tools run

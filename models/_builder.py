@@ -57,6 +57,9 @@ class GraphBuilder:
         self._init_names: set[str] = set()
         # The exporter numbers folded weights by TorchScript value id; any increasing count will do.
         self._anon_id = 1000
+        # The dynamo exporter without its optimizer computes a bias-free Conv's zero bias at run
+        # time (Shape of the weight, CastLike, Expand): conv() writes that form when set.
+        self.runtime_zero_bias = False
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:
@@ -164,7 +167,11 @@ def conv(gb: GraphBuilder, x: str, part: str, pname: str, cin: int, cout: int, k
     """nn.Conv2d(bias=False, padding=k//2) in module scope `part`; `pname`: state-dict name."""
     with gb.scope(part):
         w = gb.he(f"{pname}.weight", [cout, cin // group, k, k])
-        return gb.op("Conv", x, w, dilations=[1, 1], group=group, kernel_shape=[k, k],
+        bias = []
+        if gb.runtime_zero_bias:
+            channels = gb.op("Expand", gb.op("Shape", w, start=0, end=1), gb.const([1]))
+            bias = [gb.op("Expand", gb.op("CastLike", gb.const(0.0), x), channels)]
+        return gb.op("Conv", x, w, *bias, dilations=[1, 1], group=group, kernel_shape=[k, k],
                      pads=[(k - 1) // 2] * 4, strides=[stride, stride])
 
 

@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from graphopt import zoo
+import graphopt
+from graphopt import numerics, zoo
 
 # Small variants keep the file fast; defaults are built weightless (for real under GRAPHOPT_SLOW).
 SMALL = {
@@ -162,6 +163,19 @@ def test_cnn_patterns():
     for clip in clips:
         bounds = [numpy_helper.to_array(producers[i].attribute[0].t) for i in clip.input[1:]]
         assert [float(b) for b in bounds] == [0.0, 6.0]
+
+
+def test_resnet_raw_dynamo_computes_zero_biases_at_run_time_and_graphopt_folds_them():
+    raw = zoo.build("resnet50", width=0.25, raw_dynamo=True)
+    plain = zoo.build("resnet50", width=0.25)
+    onnx.checker.check_model(raw, full_check=True)
+    ops = collections.Counter(n.op_type for n in raw.graph.node)
+    assert ops["CastLike"] == ops["Conv"] == 53 and ops["Expand"] == 106
+    feeds = zoo.sample_inputs(plain, seed=0)
+    assert np.array_equal(numerics.run(raw, feeds)["logits"], numerics.run(plain, feeds)["logits"])
+    folded = collections.Counter(n.op_type for n in graphopt.optimize(raw).model.graph)
+    assert not folded["CastLike"] and not folded["Expand"] and not folded["BatchNormalization"]
+    assert folded["Conv"] == 53
 
 
 def test_bert_patterns():
