@@ -53,14 +53,17 @@ PIPELINES: dict[int, Pipeline] = {
     2: Pipeline("O2", "O1 + shape and constant folding and CSE to a fixed point, fusions, "
                 "shared weights",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD), "InferShapes",
-                 FixedPoint(_FUSE),
-                 "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
+                 FixedPoint(_FUSE), "MergeDuplicateInitializers", "EliminateDeadNodes",
+                 "InferShapes")),
+    # Elementwise chains become local functions last, once no rule needs to see inside them; -O3
+    # only: onnxruntime inlines local functions when it loads a model, so on the CPU they change
+    # nothing, but a target that runs a group as one kernel (and the cost model) sees the groups.
     3: Pipeline("O3", "O2 with shape inference re-run inside the fixed point, so folding "
-                "sees shapes that only earlier folds reveal, and activations fused into "
-                "FusedConv/FusedGemm",
+                "sees shapes that only earlier folds reveal, activations fused into "
+                "FusedConv/FusedGemm, and elementwise chains into graphopt:: local functions",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(("InferShapes",) + _FOLD),
-                 "InferShapes", FixedPoint(_FUSE_ALL), "MergeDuplicateInitializers",
-                 "EliminateDeadNodes", "InferShapes")),
+                 "InferShapes", FixedPoint(_FUSE_ALL), "FuseElementwise",
+                 "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
 }
 
 DEFAULT_LEVEL = 2

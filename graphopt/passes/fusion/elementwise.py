@@ -1,0 +1,208 @@
+r"""FuseElementwise: maximal groups of connected elementwise ops, each emitted as one node that
+calls a model-local ONNX function ("super operator", domain `graphopt`), after TVM's FuseOps.
+
+        x    b   h
+        │   /    │
+       Add       │                 x  b  h
+        │        │                 │  │  │
+       Relu ─────┼──→ r      ⇒    graphopt::elementwise_0 ──→ r, y
+        │        │                  (body: Add → Relu → Mul → Sigmoid)
+       Mul ◄─────┘
+        │
+     Sigmoid ──→ y
+
+Rules: a node joins a group when it is a default-domain elementwise/broadcast op (ELEMENTWISE;
+Clip only with constant or omitted bounds) without subgraphs; groups grow along producer →
+consumer edges, in node order, so a group is connected. Merging two groups is refused when
+  * the union would exceed `max_group_size` nodes, or
+  * a path leaves the union and re-enters it (through other ops or other groups, which become
+    single nodes too): the fused node would then be its own ancestor — a cycle.
+A group needs ≥ 2 nodes. Every value it reads from outside (graph inputs, initializers,
+other nodes' outputs) is a function input; every value it defines that is a graph output or
+read outside the group (even an intermediate) is a function output, so no node is refused for
+having extra readers. Attributes stay on the body nodes. Groups with the same body share one
+function. Only the main graph is rewritten; injective ops (Transpose, Reshape, …) and
+reductions do not join (kept simple: a group is connected elementwise nodes).
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from graphopt.ir import Graph, Model, Node, Value
+from graphopt.ir.onnx_io import node_to_proto
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+
+DOMAIN = "graphopt"
+MAX_GROUP_SIZE = 32
+ELEMENTWISE = frozenset("""
+    Add Sub Mul Div Pow Mod Max Min Mean Sum Where Cast CastLike Clip
+    Relu LeakyRelu PRelu Elu Selu Celu ThresholdedRelu Sigmoid HardSigmoid HardSwish Gelu Mish
+    Softplus Softsign Tanh Exp Log Sqrt Neg Abs Erf Reciprocal Sign Floor Ceil Round
+    Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh IsNaN IsInf
+    Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor Not BitwiseAnd BitwiseOr BitwiseXor
+    BitwiseNot
+""".split())
+
+
+def _eligible(node: Node, graph: Graph) -> bool:
+    if node.graph is not graph or not node.is_onnx or node.op_type not in ELEMENTWISE:
+        return False
+    if node.subgraphs() or len(node.outputs) != 1 or node.outputs[0] is None:
+        return False
+    # Clip's bounds are inputs since opset 11; fused only when fixed at compile time (TVM
+    # treats clip as elementwise with attribute bounds).
+    if node.op_type == "Clip":
+        return all(v is None or v.is_constant for v in node.inputs[1:])
+    return True
+
+
+def _lift(node: Node, graph: Graph) -> Node | None:
+    """The node of `graph` that contains `node` (itself, or the owner of its subgraph)."""
+    while node is not None and node.graph is not graph:
+        owner = node.graph
+        node = owner.parent if owner is not None else None
+    return node
+
+
+@register
+class FuseElementwise(Pass):
+    name = "FuseElementwise"
+    description = "fuse connected elementwise ops into one graphopt:: local-function node each"
+
+    def __init__(self, max_group_size: int = MAX_GROUP_SIZE):
+        self.max_group_size = max_group_size
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        if model.ir_version < 8:  # model-local functions arrived with IR 8
+            ctx.note("FuseElementwise: skipped, IR version < 8 has no model-local functions")
+            return result
+        graph = model.graph
+        groups = [g for g in self._groups(graph) if len(g) >= 2]
+        functions = {_key(f): f for f in model.functions if f.domain == DOMAIN}
+        for members in groups:
+            if self._fuse(model, graph, members, functions):
+                result.count("groups")
+                result.count("fused_nodes", len(members))
+        if result.changed:
+            model.opset_imports.setdefault(DOMAIN, 1)
+            graph.sort()  # external readers may sit between members: move them after the node
+        return result
+
+    def _groups(self, graph: Graph) -> list[list[Node]]:
+        order = graph.nodes()
+        self.pos = {id(n): i for i, n in enumerate(order)}
+        self.group_of = {id(n): i for i, n in enumerate(order)}  # every node starts alone
+        self.members: dict[int, list[Node]] = {i: [n] for i, n in enumerate(order)}
+        self.graph = graph
+        for node in order:
+            if not _eligible(node, graph):
+                continue
+            for value in node.inputs:
+                producer = value.producer if value is not None else None
+                if producer is None or not _eligible(producer, graph):
+                    continue
+                a, b = self.group_of[id(node)], self.group_of[id(producer)]
+                if a == b or len(self.members[a]) + len(self.members[b]) > self.max_group_size:
+                    continue
+                if not self._creates_cycle({a, b}, self.pos[id(node)]):
+                    self._merge(a, b)
+        return [sorted(m, key=lambda n: self.pos[id(n)]) for m in self.members.values()]
+
+    def _merge(self, a: int, b: int) -> None:
+        for node in self.members.pop(b):
+            self.group_of[id(node)] = a
+            self.members[a].append(node)
+
+    def _readers(self, node: Node):
+        for value in node.outputs:
+            for use in (value.uses if value is not None else ()):
+                reader = _lift(use.node, self.graph)
+                if reader is not None and reader is not node:
+                    yield reader
+
+    def _creates_cycle(self, union: set[int], limit: int) -> bool:
+        """Whether a path leaves the union of these groups and comes back, with every group
+        contracted to one node. Nodes are merged in order, so every multi-node group lies at
+        or before `limit` and a single node after it can never lead back: it is not explored."""
+        stack = [r for g in union for m in self.members[g] for r in self._readers(m)
+                 if self.group_of[id(r)] not in union]
+        seen: set[int] = set()
+        while stack:
+            node = stack.pop()
+            group = self.group_of[id(node)]
+            if group in seen or self.pos[id(node)] > limit:
+                continue
+            seen.add(group)
+            for member in self.members[group]:  # reaching one member reaches the whole group
+                for reader in self._readers(member):
+                    if self.group_of[id(reader)] in union:
+                        return True
+                    stack.append(reader)
+        return False
+
+    def _fuse(self, model: Model, graph: Graph, members: list[Node], functions: dict) -> bool:
+        inside = {id(n) for n in members}
+        inputs: list[Value] = []
+        outputs: list[Value] = []
+        for node in members:
+            for value in node.inputs:
+                if value is not None and id(value.producer) not in inside \
+                        and all(v is not value for v in inputs):
+                    inputs.append(value)
+            out = node.outputs[0]
+            if out.is_graph_output or any(id(r) not in inside for r in self._readers(node)):
+                outputs.append(out)
+        if not outputs:
+            return False  # a dead group: EliminateDeadNodes removes it
+        function = _body(members, inputs, outputs, model.opset_imports)
+        key = _key(function)
+        if key not in functions:
+            taken = model.function_keys()
+            index = len(functions)
+            while (DOMAIN, f"elementwise_{index}") in taken:
+                index += 1
+            function.name = f"elementwise_{index}"
+            model.functions.append(function)
+            functions[key] = function
+        for value in outputs:
+            value.producer = None  # handed over to the fused node below
+        fused = Node(functions[key].name, inputs, domain=DOMAIN, outputs=outputs,
+                     name=graph.fresh_node_name(functions[key].name))
+        graph.insert_before(members[-1], fused)
+        for node in members:
+            graph.remove(node, safe=False)
+        return True
+
+
+def _body(members: list[Node], inputs: list[Value], outputs: list[Value],
+          opsets: dict[str, int]) -> onnx.FunctionProto:
+    """The function with canonical names (x*, t*, y*), so equal groups give equal protos."""
+    names = {id(v): f"x{i}" for i, v in enumerate(inputs)}
+    names.update({id(v): f"y{i}" for i, v in enumerate(outputs)})
+    function = onnx.FunctionProto()
+    function.domain = DOMAIN
+    function.input.extend(f"x{i}" for i in range(len(inputs)))
+    function.output.extend(f"y{i}" for i in range(len(outputs)))
+    for node in members:
+        out = node.outputs[0]
+        names.setdefault(id(out), f"t{len(names)}")
+        proto = node_to_proto(node)
+        proto.name = proto.doc_string = ""
+        proto.ClearField("metadata_props")
+        del proto.input[:], proto.output[:]
+        proto.input.extend(names[id(v)] if v is not None else "" for v in node.inputs)
+        proto.output.append(names[id(out)])
+        function.node.append(proto)
+    for domain, version in sorted(opsets.items()):
+        if domain != DOMAIN:
+            function.opset_import.add(domain=domain, version=version)
+    return function
+
+
+def _key(function: onnx.FunctionProto) -> bytes:
+    copy = onnx.FunctionProto()
+    copy.CopyFrom(function)
+    copy.name = ""
+    return copy.SerializeToString(deterministic=True)
