@@ -121,6 +121,35 @@ def test_no_cycle_through_another_fused_group():
     assert sorted(ops(model)) == sorted(["Relu", "MatMul", "MatMul", "Add", node.qualified_op])
 
 
+def test_epilogue_joins_its_matmul():
+    proto = parse(MM, ["m = MatMul(x, w)", "a = Add(m, x)", "y = Relu(a)"])
+    model, stats = fuse(proto, epilogues=True)
+    assert stats == {"groups": 1, "fused_nodes": 3}
+    (node,) = fused_nodes(model)
+    assert body_ops(model, node) == ["MatMul", "Add", "Relu"]
+
+
+def test_one_compute_op_per_group():
+    proto = parse(MM, ["m = MatMul(x, w)", "r = Relu(m)", "n = MatMul(r, w)", "y = Sigmoid(n)"])
+    model, stats = fuse(proto, epilogues=True)
+    assert stats == {"groups": 2, "fused_nodes": 4}
+    first, second = fused_nodes(model)
+    assert body_ops(model, first) == ["MatMul", "Relu"]
+    assert body_ops(model, second) == ["MatMul", "Sigmoid"]
+
+
+def test_epilogue_never_closes_a_cycle():
+    """b = Relu(Neg(x)); c = MatMul(b, w); Add(b, c): the Add takes the MatMul as its kernel
+    but cannot also take {Neg, Relu}, which feeds that MatMul."""
+    proto = parse(MM, ["n = Neg(x)", "b = Relu(n)", "c = MatMul(b, w)", "d = Add(b, c)",
+                       "y = Sigmoid(d)"])
+    model, stats = fuse(proto, epilogues=True)
+    assert stats == {"groups": 2, "fused_nodes": 5}
+    first, second = fused_nodes(model)
+    assert body_ops(model, first) == ["Neg", "Relu"]
+    assert body_ops(model, second) == ["MatMul", "Add", "Sigmoid"]
+
+
 def test_intermediate_graph_output_and_outside_reader_become_function_outputs():
     sig = "(float[N, 4] x, float[4, 4] w) => (float[N, 4] y, float[N, 4] r, float[N, 4] z)"
     proto = parse(sig, ["a = Add(x, x)", "r = Relu(a)", "e = Exp(r)", "y = Sigmoid(e)",
