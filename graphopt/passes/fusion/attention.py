@@ -110,7 +110,7 @@ def _merged(op, x4: Value, merge: tuple[int, ...], width: int) -> Value:
     """x4 with its heads merged, [B,S,N·H]: the model's own x3 when x4 = Transpose(Reshape(x3))
     splits exactly that, else Reshape(Transpose(x4, merge))."""
     split = x4.producer
-    split_perm = tuple(int(np.argsort(merge)[i]) for i in range(4))
+    split_perm = tuple(int(i) for i in np.argsort(merge))
     if split is not None and split.op_type == "Transpose" and split.is_onnx \
             and tuple(split.attr("perm") or ()) == split_perm:
         reshape = split.inputs[0].producer
