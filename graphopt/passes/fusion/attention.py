@@ -215,8 +215,9 @@ def _projection(op, x, w, b):
 
 
 class PackedSelfAttention(Rule):
-    """MultiHeadAttention over three projections of one x → Attention(x, [Wq|Wk|Wv],
-    [bq|bk|bv]): the three GEMMs become one."""
+    """MultiHeadAttention over x·Wq, x·Wk, x·Wv (+ biases) → Attention with [Wq|Wk|Wv] packed.
+
+    One GEMM instead of three; zero biases folded away count as absent."""
 
     emits = ((MS, "Attention"),)
     dtypes = (DType.FLOAT,)
@@ -257,7 +258,7 @@ class PackedSelfAttention(Rule):
 class FuseAttention(RulePass):
     name = "FuseAttention"
     description = "scaled dot-product attention (scale, padding/causal masks) into " \
-                  "MultiHeadAttention"
+                  "MultiHeadAttention; Q/K/V projections packed into Attention"
     rules = (ScaledDotProductAttention, PackedSelfAttention)
 
 
