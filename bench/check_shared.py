@@ -59,12 +59,11 @@ def main() -> int:
         ops = Counter(n.op_type for n in result.model.graph.all_nodes())
         layernorms = sum(ops[o] for o in LAYERNORMS)
         gelus = sum(ops[o] for o in GELUS)
-        # Decomposed leftovers: a LayerNorm centres x with Sub(x, ReduceMean(x)); a GELU keeps
-        # an Erf or a Tanh. (A lone ReduceMean is global pooling, not a LayerNorm.)
-        centred = sum(1 for n in result.model.graph.all_nodes() if n.op_type == "ReduceMean"
-                      and any(c.op_type == "Sub" for c in n.output.consumers()))
-        # A GELU's Tanh feeds Add(·, 1) (a pooler's Tanh is an activation); attention's Softmax
-        # feeds the MatMul with V (YOLO's DFL head has a Softmax of its own).
+        # Decomposed leftovers: a LayerNorm centres x with Sub(x, ReduceMean(x)) (a lone
+        # ReduceMean is global pooling); a GELU keeps an Erf, or a Tanh feeding Add(·, 1) (a
+        # pooler's Tanh is an activation); attention's Softmax feeds the MatMul with V (YOLO's
+        # DFL head has a Softmax of its own).
+        centred = _feeding(result.model, "ReduceMean", "Sub")
         tanh_gelu = _feeding(result.model, "Tanh", "Add")
         softmax_attention = _feeding(result.model, "Softmax", "MatMul")
         rows.append([os.path.basename(path), result.nodes_before, result.model.graph.count_nodes(),

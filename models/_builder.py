@@ -45,7 +45,7 @@ class GraphBuilder:
     torch.onnx writes them, so fusion passes meet the same names users' models carry.
     """
 
-    def __init__(self, seed: int, opset: int = OPSET) -> None:
+    def __init__(self, seed: int, opset: int = OPSET, runtime_zero_bias: bool = False) -> None:
         self.rng = np.random.default_rng(seed)
         self.opset = opset
         self.materialize = _materialize.get()
@@ -59,7 +59,7 @@ class GraphBuilder:
         self._anon_id = 1000
         # The dynamo exporter without its optimizer computes a bias-free Conv's zero bias at run
         # time (Shape of the weight, CastLike, Expand): conv() writes that form when set.
-        self.runtime_zero_bias = False
+        self.runtime_zero_bias = runtime_zero_bias
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:

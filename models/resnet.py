@@ -38,8 +38,7 @@ def build_resnet50(*, blocks: Sequence[int] = (3, 4, 6, 3), width: float = 1.0,
     """ResNet-50 (25,557,032 parameters at defaults); `blocks` per stage, `width` on channels;
     `raw_dynamo`: every Conv's zero bias computed at run time, as the dynamo exporter writes it
     before its optimizer runs (same weights)."""
-    gb = GraphBuilder(seed=50)
-    gb.runtime_zero_bias = raw_dynamo
+    gb = GraphBuilder(seed=50, runtime_zero_bias=raw_dynamo)
     stem = max(1, round(64 * width))
     x = gb.input("input", FLOAT, ["batch_size", 3, image_size, image_size])
     x = bn(gb, conv(gb, x, "conv1", "conv1", 3, stem, 7, stride=2), "bn1", "bn1", stem)

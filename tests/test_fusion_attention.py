@@ -267,7 +267,7 @@ def test_zoo_transformers_fuse_every_attention_block(name, layers):
     # so the projections stay outside and MultiHeadAttention is the fused form.
     assert counts.count("MultiHeadAttention") + counts.count("Attention") == layers
     assert "Softmax" not in counts
-    dims = {"batch_size": 2, "sequence_length": 8, "batch": 2, "sequence": 8}
+    dims = {"batch_size": 2, "sequence_length": 8}
     feeds = numerics.random_feeds(proto, seed=0, dims=dims)
     for key in [k for k in feeds if "mask" in k]:
         feeds[key] = np.ones_like(feeds[key])

@@ -48,10 +48,14 @@ ELEMENTWISE = frozenset("""
 """.split())
 
 
+def _single_output_op(node: Node, graph: Graph) -> bool:
+    """A default-domain node of `graph` with one output and no subgraphs."""
+    return node.graph is graph and node.is_onnx and not node.subgraphs() \
+        and len(node.outputs) == 1 and node.outputs[0] is not None
+
+
 def _eligible(node: Node, graph: Graph) -> bool:
-    if node.graph is not graph or not node.is_onnx or node.op_type not in ELEMENTWISE:
-        return False
-    if node.subgraphs() or len(node.outputs) != 1 or node.outputs[0] is None:
+    if node.op_type not in ELEMENTWISE or not _single_output_op(node, graph):
         return False
     # Clip's bounds are inputs since opset 11; fused only when fixed at compile time (TVM
     # treats clip as elementwise with attribute bounds).
@@ -63,8 +67,7 @@ def _eligible(node: Node, graph: Graph) -> bool:
 def _anchor(node: Node, graph: Graph) -> bool:
     """A compute op whose elementwise consumers may join it as its epilogue (TVM's
     out-elementwise-fusable: conv2d or dense followed by bias, activation, residual)."""
-    return node.graph is graph and node.is_onnx and node.op_type in ANCHORS \
-        and not node.subgraphs() and len(node.outputs) == 1 and node.outputs[0] is not None
+    return node.op_type in ANCHORS and _single_output_op(node, graph)
 
 
 def _lift(node: Node, graph: Graph) -> Node | None:
