@@ -1,0 +1,1 @@
+"""Static memory planning: lifetimes over a schedule, arena offsets, in-place reuse, ordering."""
