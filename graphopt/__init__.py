@@ -2,7 +2,8 @@
 
 __version__ = "0.1.0"
 
+from graphopt.codegen.loader import load  # noqa: E402
 from graphopt.compiler import OptimizeResult, optimize, save  # noqa: E402
 from graphopt.ir import load_onnx, to_onnx  # noqa: E402
 
-__all__ = ["OptimizeResult", "__version__", "load_onnx", "optimize", "save", "to_onnx"]
+__all__ = ["OptimizeResult", "__version__", "load", "load_onnx", "optimize", "save", "to_onnx"]

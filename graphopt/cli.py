@@ -7,12 +7,15 @@ import os
 import sys
 
 from graphopt import __version__
+from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.errors import GraphoptError, OptionError
 
 EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.om
   graphopt optimize model.onnx -o model.opt.onnx -O3 --verify
   graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
+  graphopt inspect model.om
+  graphopt run model.om --inputs x.npz --repeat 100
   graphopt passes
   graphopt zoo build resnet50 -o resnet50.onnx
 """
@@ -183,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser)
     _add_optimize(sub)
+    add_run_parser(sub)
+    add_inspect_parser(sub)
     _add_passes(sub)
     _add_zoo(sub)
     return parser

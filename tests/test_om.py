@@ -425,7 +425,7 @@ def test_npu_partition_falls_back_to_cpu_with_one_notice(tmp_path):
     parts[1].device = "npu"
     path = tmp_path / "npu.om"
     write_om(path, parts, target="ascend")
-    notice = r"CANNExecutionProvider is not available; running p1 \(npu\) on CPU"
+    notice = r"CANNExecutionProvider not installed: p1 \(npu\) run on the CPU provider"
     with pytest.warns(RuntimeWarning, match=notice) as record:
         session = OmSession(path)
     assert len(record) == 1

@@ -73,6 +73,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                     "member": {"type": "string"},
                     "inputs": {"type": "array", "items": {"type": "string"}},
                     "outputs": {"type": "array", "items": {"type": "string"}},
+                    # onnxruntime execution providers for the device, preferred first (optional).
+                    "providers": {"type": "array", "items": {"type": "string"}},
                 },
             },
         },
@@ -224,6 +226,8 @@ def check_manifest(manifest: dict) -> None:
         _field(part, "member", str, where)
         _str_list(part, "inputs", where)
         _str_list(part, "outputs", where)
+        if "providers" in part:
+            _str_list(part, "providers", where)
     order = _str_list(manifest, "execution_order", "manifest")
     names = [p["name"] for p in partitions]
     if sorted(order) != sorted(names) or len(set(order)) != len(order):

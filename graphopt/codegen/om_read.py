@@ -151,7 +151,8 @@ class OmArtifact:
         for name in self.execution_order:
             entry = by_name[name]
             model = self.models[name]
-            parts.append(OmPartition(name, entry["device"], model, entry["inputs"], entry["outputs"]))
+            parts.append(OmPartition(name, entry["device"], model, entry["inputs"], entry["outputs"],
+                                     entry.get("providers")))
         return parts
 
     def partition_bytes(self, name: str) -> bytes:

@@ -66,6 +66,8 @@ class OmPartition:
     """One separately executed ONNX model of an artifact and the device it targets.
 
     `inputs` / `outputs` default to the model's graph inputs (weights excluded) and outputs.
+    `providers` lists the onnxruntime execution providers for the device, preferred first (from
+    the target profile); None leaves the choice to the runtime's defaults.
     """
 
     name: str
@@ -73,6 +75,7 @@ class OmPartition:
     model: onnx.ModelProto
     inputs: list[str] | None = None
     outputs: list[str] | None = None
+    providers: list[str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not PARTITION_NAME.match(self.name):
@@ -88,6 +91,10 @@ class OmPartition:
         if self.outputs is None:
             self.outputs = [vi.name for vi in self.model.graph.output]
         self.inputs, self.outputs = list(self.inputs), list(self.outputs)
+        if self.providers is not None:
+            if not all(isinstance(p, str) and p for p in self.providers):
+                raise ValueError(f"partition {self.name!r}: providers must be non-empty strings")
+            self.providers = list(self.providers)
 
     @property
     def member(self) -> str:
@@ -210,6 +217,14 @@ def _zip_info(name: str) -> zipfile.ZipInfo:
     return info
 
 
+def _partition_entry(part: OmPartition) -> dict:
+    entry = {"name": part.name, "device": part.device, "member": part.member,
+             "inputs": part.inputs, "outputs": part.outputs}
+    if part.providers is not None:
+        entry["providers"] = part.providers
+    return entry
+
+
 def write_om(
     path: str | os.PathLike,
     partitions: list[OmPartition],
@@ -292,13 +307,7 @@ def write_om(
         "target": target,
         "inputs": [signature[t] for t in top_inputs],
         "outputs": [signature[t] for t in top_outputs],
-        "partitions": [
-            {
-                "name": p.name, "device": p.device, "member": p.member,
-                "inputs": p.inputs, "outputs": p.outputs,
-            }
-            for p in partitions
-        ],
+        "partitions": [_partition_entry(p) for p in partitions],
         "execution_order": [p.name for p in partitions],
         "routing": routing,
         "pass_log": _json_value("pass_log", list(pass_log or [])),

@@ -76,6 +76,20 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str,
     return options
 
 
+def _providers(part, available: list[str]) -> tuple[list[str], list[str]]:
+    """The providers for a partition, and the accelerator providers it wanted but lacks when the
+    CPU provider stands in for its device (empty otherwise).
+
+    A partition names its providers (from the target profile), preferred first; installed ones
+    are used in that order with the CPU provider last, which takes any op the accelerator lacks.
+    """
+    if part.device == "cpu":
+        return [CPU_PROVIDER], []
+    wanted = [p for p in (part.providers or [CANN_PROVIDER]) if p != CPU_PROVIDER]
+    chosen = [p for p in wanted if p in available]
+    return chosen + [CPU_PROVIDER], ([] if chosen else wanted)
+
+
 class OmSession:
     """An executable .om: `run(feeds)` runs the partitions in execution order.
 
@@ -108,15 +122,13 @@ class OmSession:
 
         available = ort.get_available_providers()
         fallback: list[str] = []
+        wanted: set[str] = set()
         steps: list[_Step] = []
         for part in artifact.partitions:
-            if part.device == "cpu":
-                providers = [CPU_PROVIDER]
-            elif CANN_PROVIDER in available:
-                providers = [CANN_PROVIDER, CPU_PROVIDER]  # CPU takes the ops CANN does not implement
-            else:
-                providers = [CPU_PROVIDER]
+            providers, missing = _providers(part, available)
+            if missing:
                 fallback.append(f"{part.name} ({part.device})")
+                wanted.update(missing)
             try:
                 model_bytes = artifact.partition_bytes(part.name)
                 session = ort.InferenceSession(model_bytes, options, providers=providers)
@@ -139,7 +151,8 @@ class OmSession:
         self._default_plan = (default, self._plan(default))
         if fallback:
             warnings.warn(
-                f"{CANN_PROVIDER} is not available; running {', '.join(fallback)} on CPU",
+                f"{' or '.join(sorted(wanted))} not installed: {', '.join(fallback)} "
+                "run on the CPU provider as a functional stand-in",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -1,0 +1,184 @@
+"""`graphopt run` and `graphopt inspect`: execute a compiled .om and look inside one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import warnings
+
+from graphopt.errors import InputError, OptionError
+
+DEFAULT_WARMUP = 3
+
+RUN_EXAMPLES = """examples:
+  graphopt run model.om                                 # seeded random inputs, output summary
+  graphopt run model.om --inputs x.npz --outputs y.npz  # your inputs, outputs saved by name
+  graphopt run model.om --inputs x.npz --repeat 100 --threads 4
+
+--inputs is an .npz holding one array per model input, named like the input:
+  np.savez("x.npz", input=np.zeros((1, 3, 224, 224), np.float32))
+"""
+
+INSPECT_EXAMPLES = """examples:
+  graphopt inspect model.om           # partitions, routing, pass log, checksums verified
+  graphopt inspect model.om --json    # the manifest plus per-partition op counts
+  graphopt inspect model.onnx         # a plain ONNX model: signature, opsets, ops, weight bytes
+"""
+
+
+def add_run_parser(sub) -> None:
+    p = sub.add_parser(
+        "run", help="run a compiled .om on inputs and report outputs or latency",
+        description="Load an .om artifact (every checksum verified), run it once with graphopt's\n"
+                    "runtime on onnxruntime and summarize each output. With --repeat, time that\n"
+                    "many runs after a warmup and print latency percentiles instead.\n\n"
+                    "Without --inputs the inputs are seeded random data shaped by the artifact's\n"
+                    "signature, which needs every input dim to be static.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES)
+    p.add_argument("model", help="the compiled .om artifact")
+    p.add_argument("--inputs", metavar="NPZ",
+                   help="an .npz with one array per input, named like the input (default: "
+                        "seeded random data)")
+    p.add_argument("--outputs", metavar="NPZ",
+                   help="write the outputs of the first run to this .npz, one array per output "
+                        "(written atomically)")
+    p.add_argument("--repeat", type=int, metavar="N",
+                   help="time N runs and print p50/p90/p99, min and mean latency")
+    p.add_argument("--warmup", type=int, metavar="N",
+                   help=f"untimed runs before the timed ones (default {DEFAULT_WARMUP}; "
+                        "needs --repeat)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="onnxruntime intra-op threads per partition (default: onnxruntime "
+                        "chooses, usually one per core)")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="seed for the random inputs used without --inputs (default 0)")
+    p.set_defaults(func=_cmd_run)
+
+
+def add_inspect_parser(sub) -> None:
+    p = sub.add_parser(
+        "inspect", help="show what is inside an .om artifact (or an .onnx model)",
+        description="Print an .om artifact readably: format and graphopt version, the source model\n"
+                    "and its sha256, the target, the input/output signature, the partitions in\n"
+                    "execution order (device, node and op counts, tensors in and out, size), the\n"
+                    "routing of tensors between them, the pass log and any extra sections. Every\n"
+                    "member's checksum is verified first.\n\n"
+                    "Given an .onnx model instead, print its signature, opsets, op counts and\n"
+                    "weight bytes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=INSPECT_EXAMPLES)
+    p.add_argument("model", help="an .om artifact or an .onnx model")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: for an .om the manifest plus per-partition op counts")
+    p.set_defaults(func=_cmd_inspect)
+
+
+# --- run -----------------------------------------------------------------------------------
+
+
+def _check_run_options(args) -> int:
+    """The warmup count to use; OptionError for options that cannot work together."""
+    if args.repeat is not None and args.repeat < 1:
+        raise OptionError(f"--repeat must be at least 1, got {args.repeat}")
+    if args.warmup is not None:
+        if args.repeat is None:
+            raise OptionError("--warmup is only used with --repeat")
+        if args.warmup < 0:
+            raise OptionError(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.threads is not None and args.threads < 0:
+        raise OptionError(f"--threads must be 0 (onnxruntime chooses) or more, got {args.threads}")
+    if args.seed is not None and args.inputs:
+        raise OptionError("--seed only applies to random inputs; drop it or --inputs")
+    if args.outputs:
+        directory = os.path.dirname(os.path.abspath(args.outputs))
+        if os.path.isdir(args.outputs):
+            raise OptionError(f"--outputs {args.outputs}: is a directory, expected a file path")
+        if not os.path.isdir(directory):
+            raise OptionError(f"--outputs {args.outputs}: directory {directory} does not exist")
+    return DEFAULT_WARMUP if args.warmup is None else args.warmup
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+def _cmd_run(args) -> int:
+    from graphopt.codegen.feeds import check_feeds, load_npz, random_feeds, save_npz
+    from graphopt.codegen.loader import load
+    from graphopt.codegen.run_stats import (
+        LatencyStats,
+        format_latency,
+        format_outputs,
+        time_runs,
+        timed,
+    )
+
+    warmup = _check_run_options(args)
+    feeds = load_npz(args.inputs) if args.inputs else None  # a bad file fails before the slow load
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session, load_seconds = timed(lambda: load(args.model, intra_op_num_threads=args.threads))
+    for warning in caught:  # e.g. an NPU partition standing in on the CPU provider
+        print(f"note: {warning.message}")
+
+    if feeds is None:
+        seed = 0 if args.seed is None else args.seed
+        try:
+            feeds = random_feeds(session.inputs, seed=seed)
+        except InputError as exc:
+            raise InputError(f"{args.model}: {exc}; pass --inputs FILE.npz with concrete arrays") from None
+        print(f"note: no --inputs given: running on seeded random inputs (seed {seed}) "
+              "made from the artifact's signature")
+    else:
+        try:
+            check_feeds(session.inputs, feeds)
+        except InputError as exc:
+            raise InputError(f"--inputs {args.inputs}: {exc}") from None
+
+    outputs, first_seconds = timed(lambda: session.run(feeds))
+    print(f"{args.model}: loaded in {_ms(load_seconds)}, first run {_ms(first_seconds)}")
+    if args.repeat is not None:
+        samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
+        threads = "onnxruntime's default threads" if not args.threads else f"{args.threads} thread(s)"
+        print(f"\nlatency of {args.repeat} run(s) after {warmup} warmup, {threads}")
+        print(format_latency(LatencyStats.from_samples(samples)))
+    else:
+        print()
+        print(format_outputs(outputs))
+    if args.outputs:
+        save_npz(args.outputs, outputs)
+        print(f"\nwrote {args.outputs}: {', '.join(outputs)}")
+    return 0
+
+
+# --- inspect -------------------------------------------------------------------------------
+
+
+def _cmd_inspect(args) -> int:
+    from graphopt.codegen.inspect_om import describe_om, format_om
+    from graphopt.codegen.inspect_onnx import describe_onnx, format_onnx, read_onnx
+    from graphopt.codegen.om_read import is_om, load_om
+
+    path = args.model
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected an .om or .onnx file")
+    # By content, with the suffix as a tie-breaker: a broken .om gets load_om's precise reason.
+    if is_om(path) or path.lower().endswith(".om") or _is_zip(path):
+        artifact = load_om(path)
+        text = json.dumps(describe_om(artifact), indent=2) if args.json else format_om(artifact)
+    else:
+        summary = describe_onnx(read_onnx(path), path)
+        text = json.dumps(summary, indent=2) if args.json else format_onnx(summary)
+    print(text)
+    return 0
+
+
+def _is_zip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"PK"
+    except OSError:
+        return False

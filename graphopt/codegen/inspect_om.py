@@ -1,0 +1,192 @@
+"""What `graphopt inspect` shows of an .om: header, signature, partitions, routing, pass log, extras."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import onnx
+
+from graphopt.codegen.om_read import OmArtifact
+from graphopt.table import format_table
+
+_TOP_OPS = 4  # op types shown per partition in the text form; --json has them all
+_TOP_NAMES = 3  # tensor names shown per partition input/output cell
+_TOP_RULES = 3
+
+
+# --- counting ------------------------------------------------------------------------------
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _all_nodes(attr.g)
+            for sub in attr.graphs:
+                yield from _all_nodes(sub)
+
+
+def op_counts(model: onnx.ModelProto) -> Counter:
+    """Nodes per op type, nested graphs included; `domain::Op` outside the default domain (as
+    `graphopt optimize`'s summary names them)."""
+    return Counter(
+        node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        for node in _all_nodes(model.graph)
+    )
+
+
+def format_ops(counts: Counter, top: int = _TOP_OPS) -> str:
+    """`Conv=2, Relu=2, Gemm=1, +3` (the most frequent first, ties by name)."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    shown = ", ".join(f"{op}={n}" for op, n in ranked[:top])
+    rest = sum(n for _, n in ranked[top:])
+    return f"{shown}, +{rest}" if rest else shown or "-"
+
+
+def format_bytes(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    if size < 1 << 20:
+        return f"{size / 1024:.1f} KiB"
+    if size < 1 << 30:
+        return f"{size / (1 << 20):.1f} MiB"
+    return f"{size / (1 << 30):.2f} GiB"
+
+
+def format_shape(shape: list | None) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:_TOP_NAMES])
+    more = len(names) - _TOP_NAMES
+    return f"{shown}, +{more}" if more > 0 else shown or "-"
+
+
+# --- the pass log --------------------------------------------------------------------------
+
+
+def pass_totals(pass_log: list) -> dict[str, dict]:
+    """Per pass, in first-run order: runs and rewrites by rule. The log is free-form, so entries
+    without a "pass" name, or rewrites that are not counts, are tolerated rather than trusted."""
+    totals: dict[str, dict] = {}
+    for entry in pass_log:
+        name = entry.get("pass") if isinstance(entry, dict) else None
+        name = name if isinstance(name, str) else "(unnamed)"
+        total = totals.setdefault(name, {"runs": 0, "rewrites": Counter()})
+        total["runs"] += 1
+        rewrites = entry.get("rewrites") if isinstance(entry, dict) else None
+        if isinstance(rewrites, dict):
+            total["rewrites"].update({str(rule): n for rule, n in rewrites.items()
+                                      if isinstance(n, int) and not isinstance(n, bool)})
+    return totals
+
+
+def _node_change(pass_log: list) -> str | None:
+    counts = [e for e in pass_log if isinstance(e, dict)
+              and isinstance(e.get("nodes_before"), int) and isinstance(e.get("nodes_after"), int)]
+    if not counts:
+        return None
+    before, after = counts[0]["nodes_before"], counts[-1]["nodes_after"]
+    return f"nodes {before} -> {after} ({after - before:+d})"
+
+
+def _format_pass_log(pass_log: list) -> str:
+    totals = pass_totals(pass_log)
+    if not totals:
+        return "pass log: empty (compiled without passes, or written directly)"
+    rows = []
+    for name, total in totals.items():
+        ranked = total["rewrites"].most_common()
+        by_rule = ", ".join(f"{rule}={n}" for rule, n in ranked[:_TOP_RULES])
+        if len(ranked) > _TOP_RULES:
+            by_rule += f", +{len(ranked) - _TOP_RULES} more"
+        rows.append([name, total["runs"], sum(total["rewrites"].values()), by_rule])
+    runs = sum(t["runs"] for t in totals.values())
+    title = f"pass log: {runs} run(s) of {len(totals)} pass(es)"
+    change = _node_change(pass_log)
+    if change:
+        title += f", {change}"
+    return format_table(["pass", "runs", "rewrites", "by rule"], rows, title=title)
+
+
+# --- the artifact --------------------------------------------------------------------------
+
+
+def _extra_line(name: str, value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return f"  {name}: {len(value)} entries"
+    text = repr(value) if isinstance(value, str) else str(value)
+    return f"  {name}: {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def describe_om(artifact: OmArtifact) -> dict:
+    """`graphopt inspect --json`: the manifest as stored plus each partition's node and op counts."""
+    partitions = []
+    for part in artifact.partitions:
+        counts = op_counts(part.model)
+        partitions.append({"name": part.name, "nodes": sum(counts.values()),
+                           "ops": dict(sorted(counts.items()))})
+    return {"file": artifact.path, "checksums_verified": True, "manifest": artifact.manifest,
+            "partition_ops": partitions}
+
+
+def format_om(artifact: OmArtifact) -> str:
+    """The artifact for a person: what it was built from and for, what it takes and returns,
+    what runs where and in which order, and what the compiler did."""
+    m = artifact.manifest
+    members = m["members"]
+    source = m["source"]
+    header = [
+        ("format", (f"{m['format']} {m['format_version']}, written by {m['created_by']} "
+                    f"{m['graphopt_version']}")),
+        ("source", f"{source['path'] or '(not recorded)'}"
+                   + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
+        ("target", m["target"]),
+        ("members", (f"{len(members)} verified against the manifest's sha256 and size "
+                     f"({format_bytes(sum(i['size'] for i in members.values()))})")),
+    ]
+    width = max(len(key) for key, _ in header)
+    parts = [f"{artifact.path}\n" + "\n".join(f"  {key.ljust(width)}  {value}" for key, value in header)]
+
+    signature = [[direction, e["name"], e["dtype"] or "?", format_shape(e["shape"])]
+                 for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))
+                 for e in entries]
+    parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))
+
+    by_name = {p["name"]: p for p in m["partitions"]}
+    with_providers = any("providers" in p for p in m["partitions"])
+    rows = []
+    for index, part in enumerate(artifact.partitions):
+        counts = op_counts(part.model)
+        entry = by_name[part.name]
+        row = [index, part.name, part.device]
+        if with_providers:
+            row.append(", ".join(entry.get("providers", [])) or "-")
+        row += [sum(counts.values()), format_ops(counts), _names(part.inputs), _names(part.outputs),
+                format_bytes(members[entry["member"]]["size"])]
+        rows.append(row)
+    headers = ["#", "partition", "device"] + (["providers"] if with_providers else [])
+    headers += ["nodes", "ops", "inputs", "outputs", "size"]
+    parts.append(format_table(headers, rows, title=f"partitions ({len(rows)}, in execution order)"))
+
+    routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
+    parts.append(format_table(["tensor", "from", "to"], routing, title="routing"))
+
+    parts.append(_format_pass_log(m["pass_log"]))
+
+    extra = m["extra"]
+    if extra:
+        parts.append("extra\n" + "\n".join(_extra_line(k, v) for k, v in sorted(extra.items())))
+    else:
+        parts.append("extra: none")
+    others = sorted(set(members) - {p["member"] for p in m["partitions"]})
+    if others:
+        parts.append("other members\n" + "\n".join(
+            f"  {name}  {format_bytes(members[name]['size'])}" for name in others))
+    return "\n\n".join(parts)

@@ -1,0 +1,94 @@
+"""What `graphopt inspect` shows of a plain .onnx model: signature, opsets, op counts, weight bytes."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper
+
+from graphopt.codegen.inspect_om import format_bytes, format_shape, op_counts
+from graphopt.codegen.om_write import _signature_entry, graph_inputs
+from graphopt.errors import InputError
+from graphopt.table import format_table
+
+
+def read_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """Parse an .onnx file without its external data (inspection needs only the weights' dims)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected an .onnx or .om file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InputError(f"{path}: neither an .om artifact nor a valid ONNX model ({exc})") from None
+    # Random bytes sometimes parse "successfully" into an empty-ish message.
+    if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
+        raise InputError(f"{path}: neither an .om artifact nor a valid ONNX model (no ir_version, "
+                         "graph or opset_import; the file may be truncated)")
+    return model
+
+
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    if tensor.data_type == TensorProto.STRING:
+        return sum(len(s) for s in tensor.string_data)
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 0
+    # From the dims, not the payload, so external-data and packed tensors count alike.
+    return math.prod(tensor.dims) * itemsize
+
+
+def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
+    """`graphopt inspect model.onnx --json`: signature, opsets, node and op counts, weights."""
+    weights = list(model.graph.initializer) + [s.values for s in model.graph.sparse_initializer]
+    feeds = set(graph_inputs(model))
+    counts = op_counts(model)
+    return {
+        "file": path,
+        "ir_version": model.ir_version,
+        "producer": " ".join(filter(None, [model.producer_name, model.producer_version])) or None,
+        "opsets": {op.domain or "ai.onnx": op.version for op in model.opset_import},
+        "inputs": [_signature_entry(vi) for vi in model.graph.input if vi.name in feeds],
+        "outputs": [_signature_entry(vi) for vi in model.graph.output],
+        "nodes": sum(counts.values()),
+        "ops": dict(sorted(counts.items())),
+        "initializers": len(weights),
+        "weight_bytes": sum(_tensor_bytes(t) for t in weights),
+        "external_data": any(t.data_location == TensorProto.EXTERNAL for t in weights),
+    }
+
+
+def format_onnx(summary: dict) -> str:
+    """The describe_onnx summary for a person."""
+    weights = f"{summary['initializers']} initializers, {format_bytes(summary['weight_bytes'])}"
+    if summary["external_data"]:
+        weights += " (some in external data)"
+    header = [
+        ("format", f"ONNX, IR version {summary['ir_version']}"
+                   + (f", produced by {summary['producer']}" if summary["producer"] else "")),
+        ("opsets", ", ".join(f"{d} {v}" for d, v in summary["opsets"].items())),
+        ("nodes", f"{summary['nodes']} ({len(summary['ops'])} op types)"),
+        ("weights", weights),
+    ]
+    width = max(len(key) for key, _ in header)
+    parts = [f"{summary['file']}\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in header)]
+    signature = [[direction, e["name"], e["dtype"] or "?", format_shape(e["shape"])]
+                 for direction, entries in (("input", summary["inputs"]), ("output", summary["outputs"]))
+                 for e in entries]
+    parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))
+    ops = sorted(summary["ops"].items(), key=lambda item: (-item[1], item[0]))
+    parts.append(format_table(["op type", "count"], [list(item) for item in ops], title="op types"))
+    return "\n\n".join(parts)

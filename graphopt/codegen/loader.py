@@ -1,0 +1,55 @@
+"""graphopt.load: open a compiled .om artifact as a runnable session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from graphopt.codegen.om_read import is_om
+from graphopt.codegen.runtime import OmSession
+from graphopt.errors import InputError
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    intra_op_num_threads: int | None = None,
+    optimization_level: str = "all",
+    inter_op_num_threads: int | None = None,
+    session_config: Mapping[str, str] | None = None,
+) -> OmSession:
+    """Load a compiled `.om` artifact for inference; `session.run({name: array})` runs it.
+
+    Every member is checked against the manifest's checksums first, and nothing in the file is
+    executed. The options go to each partition's onnxruntime session: `intra_op_num_threads`
+    (None or 0: onnxruntime chooses), `optimization_level` ("disable", "basic", "extended",
+    "all"), `inter_op_num_threads` and `session_config` (session config entries).
+
+    Raises InputError when `path` is missing or is not an .om (an .onnx model must be compiled
+    first), ArtifactError when the artifact is malformed or tampered with, OptionError for a bad
+    option.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected an .om file")
+    if not is_om(path) and _looks_like_onnx(path):
+        raise InputError(f"{path}: not an .om artifact (it looks like an ONNX model); compile it with "
+                         f"`graphopt optimize {path} -o model.om` (or graphopt.optimize + graphopt.save)")
+    # Anything else that is not an .om gets load_om's precise reason (not a zip, no manifest, …).
+    return OmSession(path, intra_op_num_threads=intra_op_num_threads,
+                     optimization_level=optimization_level,
+                     inter_op_num_threads=inter_op_num_threads, session_config=session_config)
+
+
+def _looks_like_onnx(path: str) -> bool:
+    if path.lower().endswith(".onnx"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    # A serialized ModelProto starts with field 1 (ir_version, varint): tag byte 0x08.
+    return head[:1] == b"\x08" and not head.startswith(b"PK")

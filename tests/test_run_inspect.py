@@ -1,0 +1,515 @@
+"""graphopt.load, `graphopt run` and `graphopt inspect`: results match onnxruntime on the source
+model, outputs land in an .npz, latency is reported, the artifact is shown readably, and every
+user error is one line with a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import zipfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt.cli import _Parser
+from graphopt.cli_run import add_inspect_parser, add_run_parser
+from graphopt.codegen import OmPartition, OmSession, write_om
+from graphopt.codegen.feeds import check_feeds, load_npz, random_feeds, save_npz
+from graphopt.codegen.inspect_om import op_counts, pass_totals
+from graphopt.codegen.run_stats import LatencyStats, format_outputs, time_runs
+from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError
+
+RNG = np.random.default_rng(0)
+W = RNG.standard_normal((4, 3)).astype(np.float32)
+B = RNG.standard_normal(3).astype(np.float32)
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _tensor(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def exported(batch: int | str = 2) -> onnx.ModelProto:
+    """Y = Relu(Identity(X * 1) @ W + B), with the leftovers an exporter leaves for passes to remove."""
+    return _model(
+        [
+            helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(
+                np.ones(1, np.float32))),
+            helper.make_node("Mul", ["X", "one"], ["A"]),
+            helper.make_node("Identity", ["A"], ["I"]),
+            helper.make_node("MatMul", ["I", "W"], ["H"]),
+            helper.make_node("Add", ["H", "B"], ["HB"]),
+            helper.make_node("Relu", ["HB"], ["Y"]),
+        ],
+        [_tensor("X", [batch, 4])],
+        [_tensor("Y", [batch, 3])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B")],
+    )
+
+
+def two_partitions() -> list[OmPartition]:
+    """Relu(X @ W) cut by hand between its nodes; H crosses the cut."""
+    p0 = _model([helper.make_node("MatMul", ["X", "W"], ["H"])], [_tensor("X", [2, 4])],
+                [_tensor("H", [2, 3])], [numpy_helper.from_array(W, "W")])
+    p1 = _model([helper.make_node("Relu", ["H"], ["Y"])], [_tensor("H", [2, 3])], [_tensor("Y", [2, 3])])
+    return [OmPartition("p0", "cpu", p0), OmPartition("p1", "cpu", p1)]
+
+
+def reference(model: onnx.ModelProto, feeds: dict) -> dict:
+    """The source model in onnxruntime with its own optimizations off, so none can hide a bug."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def x_batch(n: int = 2, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 4)).astype(np.float32)
+
+
+@pytest.fixture
+def compiled(tmp_path) -> str:
+    """`exported()` through graphopt.optimize + graphopt.save: a one-partition .om with a pass log."""
+    source = tmp_path / "model.onnx"
+    onnx.save(exported(), source)
+    path = tmp_path / "model.om"
+    graphopt.save(graphopt.optimize(os.fspath(source)), path)
+    return os.fspath(path)
+
+
+@pytest.fixture
+def dynamic(tmp_path) -> str:
+    path = tmp_path / "dynamic.om"
+    graphopt.save(graphopt.optimize(exported("N")), path)
+    return os.fspath(path)
+
+
+@pytest.fixture
+def chained(tmp_path) -> str:
+    path = tmp_path / "two.om"
+    write_om(path, two_partitions(), pass_log=[{"pass": "FuseMatMul", "rewrites": {"Gemm": 2}}],
+             extra={"memory_plan": {"arena": 96, "offsets": 3}, "tiling": [{"op": "MatMul"}]})
+    return os.fspath(path)
+
+
+@pytest.fixture
+def npz(tmp_path):
+    def write(name="x.npz", **arrays):
+        path = tmp_path / name
+        np.savez(path, **arrays)
+        return os.fspath(path)
+    return write
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    """The two subcommands under a parser built like cli.build_parser, errors handled like cli.main."""
+    parser = _Parser(prog="graphopt")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_run_parser(sub)
+    add_inspect_parser(sub)
+    try:
+        args = parser.parse_args([os.fspath(a) for a in argv])
+        rc = args.func(args)
+    except GraphoptError as e:
+        print(f"graphopt: error: {e}", file=sys.stderr)
+        rc = 1
+    except SystemExit as e:
+        rc = e.code
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def assert_clean_error(rc, out: str, err: str, *needles: str) -> None:
+    assert rc not in (0, None), f"expected failure, got rc={rc}; stderr={err!r}"
+    assert "Traceback" not in err + out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("graphopt: error:"), err
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+# --- graphopt.load -------------------------------------------------------------------------
+
+
+def test_load_runs_like_onnxruntime_on_the_source(compiled):
+    session = graphopt.load(compiled)
+    assert isinstance(session, OmSession)
+    assert session.inputs == [{"name": "X", "dtype": "float32", "shape": [2, 4]}]
+    assert session.outputs == [{"name": "Y", "dtype": "float32", "shape": [2, 3]}]
+    x = x_batch()
+    got = session.run({"X": x})
+    np.testing.assert_allclose(got["Y"], reference(exported(), {"X": x})["Y"], rtol=RTOL, atol=ATOL)
+
+
+def test_load_two_partitions_with_session_options(chained):
+    session = graphopt.load(chained, intra_op_num_threads=1, optimization_level="disable")
+    x = x_batch()
+    np.testing.assert_allclose(session.run({"X": x})["Y"], np.maximum(x @ W, 0), rtol=RTOL, atol=ATOL)
+    with pytest.raises(OptionError, match="optimization_level 'fast'"):
+        graphopt.load(chained, optimization_level="fast")
+
+
+def test_load_is_public():
+    assert "load" in graphopt.__all__ and graphopt.load is graphopt.codegen.loader.load
+
+
+def test_load_refuses_an_onnx_model_naming_it(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(exported(), path)
+    with pytest.raises(InputError, match=r"model\.onnx: not an \.om artifact .*graphopt optimize"):
+        graphopt.load(path)
+    renamed = tmp_path / "model.bin"  # judged by content, not only by name
+    renamed.write_bytes(path.read_bytes())
+    with pytest.raises(InputError, match=r"model\.bin: not an \.om artifact"):
+        graphopt.load(renamed)
+
+
+def test_load_missing_file_and_directory(tmp_path):
+    with pytest.raises(InputError, match=r"nope\.om: no such file"):
+        graphopt.load(tmp_path / "nope.om")
+    with pytest.raises(InputError, match="is a directory"):
+        graphopt.load(tmp_path)
+
+
+def tamper(path: str, dst: str) -> str:
+    """Copy an .om with one byte of its partition flipped; the manifest's checksums left as they were."""
+    with zipfile.ZipFile(path) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    data = bytearray(members["partitions/p0.onnx"])
+    data[-1] ^= 0xFF
+    members["partitions/p0.onnx"] = bytes(data)
+    with zipfile.ZipFile(dst, "w") as zf:
+        for name, payload in members.items():
+            zf.writestr(name, payload)
+    return dst
+
+
+def test_load_tampered_artifact(compiled, tmp_path):
+    bad = tamper(compiled, os.fspath(tmp_path / "bad.om"))
+    with pytest.raises(ArtifactError, match=r"bad\.om: member 'partitions/p0\.onnx' fails its sha256"):
+        graphopt.load(bad)
+
+
+# --- feeds, npz and statistics -------------------------------------------------------------
+
+
+SIGNATURE = [
+    {"name": "x", "dtype": "float32", "shape": [2, 3]},
+    {"name": "ids", "dtype": "int64", "shape": [4]},
+    {"name": "mask", "dtype": "bool", "shape": []},
+]
+
+
+def test_random_feeds_are_seeded_and_shaped_by_the_signature():
+    feeds = random_feeds(SIGNATURE, seed=3)
+    assert {k: (v.dtype, v.shape) for k, v in feeds.items()} == {
+        "x": (np.float32, (2, 3)), "ids": (np.int64, (4,)), "mask": (np.bool_, ())}
+    assert set(np.unique(feeds["ids"])) <= {0, 1}
+    again = random_feeds(SIGNATURE, seed=3)
+    assert all(np.array_equal(feeds[k], again[k]) for k in feeds)
+    assert not np.array_equal(feeds["x"], random_feeds(SIGNATURE, seed=4)["x"])
+    check_feeds(SIGNATURE, feeds)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"name": "x", "dtype": "float32", "shape": ["N", 4]}, r"input 'x' .* dynamic dim 0 \('N'\)"),
+    ({"name": "x", "dtype": "float32", "shape": [2, None]}, r"input 'x' .* dynamic dim 1 \(unknown\)"),
+    ({"name": "x", "dtype": "float32", "shape": None}, "input 'x' has an unknown rank"),
+    ({"name": "x", "dtype": None, "shape": [1]}, "input 'x' has dtype unknown"),
+])
+def test_random_feeds_need_a_static_signature(entry, message):
+    with pytest.raises(InputError, match=message):
+        random_feeds([entry])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"x": None}, r"missing input 'x' \(float32\[2,3\]\)"),
+    ({"x": np.zeros((2, 3), np.float64)}, "input 'x' has dtype float64, expected float32"),
+    ({"x": np.zeros((2, 3, 1), np.float32)}, r"input 'x' has shape \[2, 3, 1\] \(rank 3\)"),
+    ({"x": np.zeros((2, 4), np.float32)}, r"dim 1 must be 3"),
+    ({"y": np.zeros(1)}, "unknown input 'y'; the model's inputs are: x, ids, mask"),
+])
+def test_check_feeds_names_the_input(change, message):
+    feeds = random_feeds(SIGNATURE)
+    feeds.update(change)
+    feeds = {name: array for name, array in feeds.items() if array is not None}
+    with pytest.raises(InputError, match=message):
+        check_feeds(SIGNATURE, feeds)
+
+
+def test_npz_round_trip_any_name(tmp_path):
+    arrays = {"file": np.arange(3), "a/b:0": np.ones((2, 2), np.float16), "s": np.array(["x", "yz"], object)}
+    path = tmp_path / "out.npz"
+    save_npz(path, arrays)
+    back = load_npz(path)
+    assert list(back) == ["file", "a/b:0", "s"]
+    assert back["a/b:0"].dtype == np.float16 and back["s"].tolist() == ["x", "yz"]
+    assert sorted(os.listdir(tmp_path)) == ["out.npz"]  # no temporary left behind
+
+
+def test_npz_refuses_pickles(tmp_path):
+    path = tmp_path / "obj.npz"
+    np.savez(path, x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(InputError, match="object arrays"):
+        load_npz(path)
+
+
+def test_latency_stats_and_time_runs():
+    stats = LatencyStats.from_samples([float(i) for i in range(1, 101)])
+    assert (stats.runs, stats.min, stats.max, stats.mean, stats.p50) == (100, 1.0, 100.0, 50.5, 50.5)
+    assert stats.p90 == pytest.approx(90.1) and stats.p99 == pytest.approx(99.01)
+    assert stats.to_json()["p50_ms"] == 50500.0
+    calls = []
+    samples = time_runs(lambda: calls.append(1), repeat=4, warmup=2)
+    assert len(samples) == 4 and len(calls) == 6 and all(s >= 0 for s in samples)
+    with pytest.raises(ValueError, match="repeat must be at least 1"):
+        time_runs(lambda: None, repeat=0)
+
+
+def test_format_outputs_summarizes_each_output():
+    text = format_outputs({"y": np.array([[1.0, np.nan], [3.0, -1.0]], np.float32),
+                           "ok": np.array([True, False]), "s": np.array(["a"], object)})
+    lines = text.splitlines()
+    assert lines[0].split() == ["output", "dtype", "shape", "min", "max", "mean", "nan/inf"]
+    assert lines[2].split() == ["y", "float32", "[2,2]", "-1", "3", "1", "1"]
+    assert lines[3].split()[:3] == ["ok", "bool", "[2]"]
+    assert lines[4].split() == ["s", "object", "[1]"]
+
+
+# --- graphopt run --------------------------------------------------------------------------
+
+
+def test_run_writes_the_outputs(compiled, npz, tmp_path, capsys):
+    x = x_batch()
+    out = tmp_path / "y.npz"
+    rc, stdout, err = cli(capsys, "run", compiled, "--inputs", npz(X=x), "--outputs", out)
+    assert rc == 0 and err == ""
+    saved = load_npz(out)
+    assert list(saved) == ["Y"]
+    np.testing.assert_allclose(saved["Y"], reference(exported(), {"X": x})["Y"], rtol=RTOL, atol=ATOL)
+    assert "loaded in" in stdout and "first run" in stdout
+    assert f"wrote {out}: Y" in stdout
+    assert "note:" not in stdout  # real inputs: nothing to say about them
+    summary = next(line for line in stdout.splitlines() if line.startswith("Y "))
+    assert summary.split()[:3] == ["Y", "float32", "[2,3]"]
+
+
+def test_run_two_partitions_on_random_inputs_says_so(chained, tmp_path, capsys):
+    out = tmp_path / "y.npz"
+    rc, stdout, err = cli(capsys, "run", chained, "--outputs", out, "--seed", "7", "--threads", "1")
+    assert rc == 0 and err == ""
+    assert "note: no --inputs given: running on seeded random inputs (seed 7)" in stdout
+    x = random_feeds(graphopt.load(chained).inputs, seed=7)["X"]
+    np.testing.assert_allclose(load_npz(out)["Y"], np.maximum(x @ W, 0), rtol=RTOL, atol=ATOL)
+
+
+def test_run_repeat_prints_latency_percentiles(compiled, capsys):
+    rc, stdout, err = cli(capsys, "run", compiled, "--repeat", "5", "--warmup", "1")
+    assert rc == 0 and err == ""
+    assert "latency of 5 run(s) after 1 warmup" in stdout
+    lines = stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("runs"))
+    assert lines[header].split() == ["runs", "min", "ms", "mean", "ms", "p50", "ms", "p90", "ms",
+                                     "p99", "ms", "max", "ms"]
+    row = lines[header + 2].split()
+    assert row[0] == "5"
+    low, mean, p50, p90, p99, high = map(float, row[1:])
+    assert low <= p50 <= p90 <= p99 <= high and low <= mean <= high
+    assert "loaded in" in stdout and "first run" in stdout
+
+
+def test_run_dynamic_inputs_need_an_npz(dynamic, npz, capsys):
+    rc, out, err = cli(capsys, "run", dynamic)
+    assert_clean_error(rc, out, err, "dynamic.om", "input 'X'", "dynamic dim 0 ('N')", "--inputs")
+    x = x_batch(5)
+    rc, out, err = cli(capsys, "run", dynamic, "--inputs", npz(X=x))
+    assert rc == 0 and "[5,3]" in out
+
+
+def test_run_bad_inputs(compiled, npz, tmp_path, capsys):
+    not_npz = tmp_path / "x.txt"
+    not_npz.write_text("1 2 3\n")
+    cases = [
+        (npz("empty.npz"), ["--inputs", "empty.npz: missing input 'X' (float32[2,4])"]),
+        (npz("z.npz", Z=x_batch()), ["--inputs", "unknown input 'Z'; the model's inputs are: X"]),
+        (npz("f64.npz", X=x_batch().astype(np.float64)), ["input 'X' has dtype float64, expected float32[2,4]"]),
+        (npz("batch3.npz", X=x_batch(3)), ["input 'X' has shape [3, 4]", "dim 0 must be 2"]),
+        (os.fspath(not_npz), ["x.txt: not an .npz archive"]),
+        (os.fspath(tmp_path / "none.npz"), ["none.npz: no such file"]),
+    ]
+    out_path = tmp_path / "y.npz"
+    for inputs, needles in cases:
+        rc, out, err = cli(capsys, "run", compiled, "--inputs", inputs, "--outputs", out_path)
+        assert_clean_error(rc, out, err, *needles)
+        assert not out_path.exists()
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--repeat", "0"], ["--repeat must be at least 1, got 0"]),
+    (["--warmup", "2"], ["--warmup is only used with --repeat"]),
+    (["--repeat", "2", "--warmup", "-1"], ["--warmup must be 0 or more"]),
+    (["--threads", "-2"], ["--threads must be 0"]),
+    (["--outputs", "no/such/dir/y.npz"], ["does not exist"]),
+    (["--repeat", "many"], ["run: argument --repeat: invalid int value: 'many'"]),
+])
+def test_run_bad_options(compiled, capsys, argv, needles):
+    rc, out, err = cli(capsys, "run", compiled, *argv)
+    assert_clean_error(rc, out, err, *needles)
+
+
+def test_run_bad_artifacts(compiled, tmp_path, capsys):
+    source = tmp_path / "model.onnx"
+    onnx.save(exported(), source)
+    bad = tamper(compiled, os.fspath(tmp_path / "bad.om"))
+    garbage = tmp_path / "garbage.om"
+    garbage.write_bytes(b"\x00not an artifact")
+    cases = [
+        (tmp_path / "missing.om", ["missing.om: no such file"]),
+        (source, ["model.onnx: not an .om artifact", "graphopt optimize"]),
+        (bad, ["bad.om: member 'partitions/p0.onnx' fails its sha256 check"]),
+        (garbage, ["garbage.om: not an .om artifact (not a zip archive)"]),
+    ]
+    for path, needles in cases:
+        rc, out, err = cli(capsys, "run", path)
+        assert_clean_error(rc, out, err, *needles)
+
+
+def test_run_turns_the_cpu_stand_in_warning_into_a_note(tmp_path, capsys):
+    p0, p1 = two_partitions()
+    p1.device, p1.providers = "npu", ["CANNExecutionProvider"]
+    path = tmp_path / "npu.om"
+    write_om(path, [p0, p1], target="ascend310")
+    rc, out, err = cli(capsys, "run", path)
+    assert rc == 0 and err == ""  # no Python warning text on stderr
+    assert "note: CANNExecutionProvider not installed: p1 (npu) run on the CPU provider" in out
+    rc, out, err = cli(capsys, "inspect", path)
+    assert rc == 0 and "target   ascend310" in out
+    assert any(line.split()[:4] == ["1", "p1", "npu", "CANNExecutionProvider"]
+               for line in out.splitlines())
+
+
+# --- graphopt inspect ----------------------------------------------------------------------
+
+
+def test_inspect_shows_partitions_routing_and_extras(chained, capsys):
+    rc, out, err = cli(capsys, "inspect", chained)
+    assert rc == 0 and err == ""
+    assert "graphopt-om 1, written by graphopt" in out
+    assert "2 verified against the manifest's sha256" in out
+    lines = out.splitlines()
+    assert any(line.split()[:6] == ["0", "p0", "cpu", "1", "MatMul=1", "X"] for line in lines)
+    assert any(line.split()[:6] == ["1", "p1", "cpu", "1", "Relu=1", "H"] for line in lines)
+    routing = lines[lines.index("routing") + 3:][:3]
+    assert [line.split() for line in routing] == [
+        ["X", "(caller)", "p0"], ["H", "p0", "p1"], ["Y", "p1", "(caller)"]]
+    assert "  memory_plan: 2 entries" in lines and "  tiling: 1 entries" in lines
+    assert any(line.split() == ["FuseMatMul", "1", "2", "Gemm=2"] for line in lines)
+
+
+def test_inspect_compiled_shows_the_pass_log(compiled, capsys):
+    rc, out, err = cli(capsys, "inspect", compiled)
+    assert rc == 0 and err == ""
+    assert "source   model.onnx  sha256 " in out and "target   cpu" in out
+    assert "input   X       float32  [2,4]" in out
+    assert "pass log:" in out and "nodes 6 -> " in out
+    no_ops = next(line for line in out.splitlines() if line.startswith("EliminateNoOps"))
+    assert "Mul=1" in no_ops
+    assert "extra: none" in out
+
+
+def test_inspect_json(chained, capsys):
+    rc, out, err = cli(capsys, "inspect", chained, "--json")
+    assert rc == 0 and err == ""
+    data = json.loads(out)
+    assert data["checksums_verified"] is True
+    assert data["manifest"]["execution_order"] == ["p0", "p1"]
+    assert data["manifest"]["extra"]["tiling"] == [{"op": "MatMul"}]
+    assert data["partition_ops"] == [{"name": "p0", "nodes": 1, "ops": {"MatMul": 1}},
+                                     {"name": "p1", "nodes": 1, "ops": {"Relu": 1}}]
+
+
+def test_inspect_onnx(tmp_path, capsys):
+    path = tmp_path / "model.onnx"
+    onnx.save(exported("N"), path)
+    rc, out, err = cli(capsys, "inspect", path)
+    assert rc == 0 and err == ""
+    assert "ai.onnx 17" in out and "nodes    6 (6 op types)" in out
+    assert f"2 initializers, {W.nbytes + B.nbytes} B" in out
+    assert "input   X       float32  [N,4]" in out
+    rc, out, err = cli(capsys, "inspect", path, "--json")
+    data = json.loads(out)
+    assert data["nodes"] == 6 and data["ops"]["MatMul"] == 1 and data["weight_bytes"] == 60
+    assert data["opsets"] == {"ai.onnx": 17} and data["inputs"][0]["shape"] == ["N", 4]
+
+
+def test_inspect_errors(compiled, tmp_path, capsys):
+    bad = tamper(compiled, os.fspath(tmp_path / "bad.om"))
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"\xff\xfe garbage")
+    npz_path = tmp_path / "x.npz"
+    np.savez(npz_path, x=np.zeros(1))
+    cases = [
+        (bad, ["bad.om: member 'partitions/p0.onnx' fails its sha256 check"]),
+        (junk, ["junk.bin: neither an .om artifact nor a valid ONNX model"]),
+        (npz_path, ["x.npz: no manifest.json"]),
+        (tmp_path / "missing.om", ["missing.om: no such file"]),
+    ]
+    for path, needles in cases:
+        rc, out, err = cli(capsys, "inspect", path)
+        assert_clean_error(rc, out, err, *needles)
+
+
+def test_pass_totals_tolerate_a_free_form_log():
+    totals = pass_totals([{"pass": "A", "rewrites": {"r": 2}}, {"pass": "A", "rewrites": {"r": 1, "s": True}},
+                          "odd", {"changed": 1}])
+    assert list(totals) == ["A", "(unnamed)"]
+    assert totals["A"]["runs"] == 2 and dict(totals["A"]["rewrites"]) == {"r": 3}
+    assert totals["(unnamed)"]["runs"] == 2
+
+
+def test_op_counts_include_nested_graphs():
+    then = helper.make_graph([helper.make_node("Relu", ["X"], ["T"])], "then", [], [_tensor("T", [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["X"], ["E"])], "else", [], [_tensor("E", [2])])
+    model = _model([helper.make_node("If", ["C"], ["Y"], then_branch=then, else_branch=other)],
+                   [_tensor("C", [], TensorProto.BOOL), _tensor("X", [2])], [_tensor("Y", [2])])
+    assert op_counts(model) == {"If": 1, "Relu": 1, "Neg": 1}
+
+
+# --- the command line itself ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command, needles", [
+    ("run", ["--inputs NPZ", "--repeat N", "np.savez", "examples:"]),
+    ("inspect", ["--json", "graphopt inspect model.onnx", "examples:"]),
+])
+def test_help(capsys, command, needles):
+    rc, out, _ = cli(capsys, command, "--help")
+    assert rc == 0
+    for needle in needles:
+        assert needle in out
+
+
+def test_registered_with_graphopt_main(compiled, capsys):
+    from graphopt.cli import build_parser, main
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    if "run" not in commands.choices or "inspect" not in commands.choices:
+        pytest.skip("run/inspect are not registered in graphopt.cli yet")
+    assert main(["inspect", compiled]) == 0
+    assert main(["run", compiled, "--repeat", "2"]) == 0
+    assert main(["run", compiled, "--repeat", "0"]) == 1
+    assert "--repeat must be at least 1" in capsys.readouterr().err
