@@ -429,6 +429,59 @@ def test_split_output_read_elsewhere_is_refused():
     assert stats == {} and "also read by Neg" in "\n".join(trace)
 
 
+# -- SequenceAt ∘ SplitToSequence -----------------------------------------------------------
+
+def split_to_sequence(split: str = ", sizes", attrs: str = "axis = 1", positions=(0, 1, 2),
+                      sizes: str = "{2, 3, 2}", opset: int = 17) -> str:
+    outputs = ", ".join(f"float[?, ?] y{i}" for i in range(len(positions)))
+    picks = "\n".join(f"        i{k} = Constant <value = int64 {{{p}}}> ()\n"
+                      f"        y{k} = SequenceAt(seq, i{k})" for k, p in enumerate(positions))
+    return header(opset) + f"""
+    g (float[2, 7] x) => ({outputs}) {{
+        sizes = Constant <value = int64[3] {sizes}> ()
+        seq = SplitToSequence <{attrs}> (x{split})
+{picks}
+    }}"""
+
+
+def test_pieces_of_a_split_sequence_become_slices():
+    model, stats, _ = run(split_to_sequence(), "SimplifySlicing")
+    assert stats == {"SequenceAtOfSplit": 3}
+    assert ops(model) == ["Slice", "Slice", "Slice"]
+    assert [ints(n.inputs[1]) + ints(n.inputs[2]) for n in model.graph] == [[0, 2], [2, 5], [5, 7]]
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_pieces_of_one_are_squeezed_when_keepdims_is_0(opset):
+    text = split_to_sequence(split="", attrs="axis = -1, keepdims = 0", positions=(0, -1),
+                             opset=opset).replace("float[?, ?] y", "float[?] y")
+    model, stats, _ = run(text, "SimplifySlicing")
+    assert stats == {"SequenceAtOfSplit": 2}
+    assert ops(model) == ["Slice", "Squeeze", "Slice", "Squeeze"]
+
+
+def test_scalar_split_size_makes_a_short_last_piece():
+    text = split_to_sequence(positions=(2,)).replace(
+        "sizes = Constant <value = int64[3] {2, 3, 2}> ()", "sizes = Constant <value = int64 {3}> ()")
+    model, stats, _ = run(text, "SimplifySlicing")
+    assert stats == {"SequenceAtOfSplit": 1}
+    assert ints(node(model, "Slice").inputs[1]) + ints(node(model, "Slice").inputs[2]) == [6, 7]
+
+
+def test_position_read_at_run_time_is_refused():
+    text = header() + """
+    g (float[2, 7] x, int64 i) => (float[?, ?] y) {
+        seq = SplitToSequence <axis = 1> (x)
+        y = SequenceAt(seq, i)
+    }"""
+    proto = onnx.parser.parse_model(text)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options(), tracer=Tracer({"SequenceAtOfSplit"}))
+    assert not PASSES["SimplifySlicing"]().run(model, ctx).changed
+    assert "not a constant scalar" in "\n".join(ctx.tracer.report())
+
+
 # -- names ----------------------------------------------------------------------------------
 
 def test_rules_can_be_switched_off_by_name():

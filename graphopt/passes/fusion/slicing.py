@@ -15,6 +15,10 @@
         x ── Split ─┬─ s0 ─┐
                     ├─ s1 ─┼─ Concat ─▶ y     ⇒     x
                     └─ s2 ─┘
+
+    SequenceAt(SplitToSequence(x, sizes, axis a), i) = Slice(x, o_i:o_i+sizes[i] along a)
+        o_i = sizes[0] + … + sizes[i-1]; without sizes, pieces of 1 (squeezed when keepdims=0).
+        torch.split exports this way under dynamo; a tensor sequence is host-only on an NPU.
 """
 
 from __future__ import annotations
@@ -125,6 +129,69 @@ class SliceOfConcat(Rule):
         return _picked(joined, root)
 
 
+def _piece(seq: Value, index: Value) -> tuple[Value, int, int, int, bool] | str:
+    """(x, start, end, axis, squeeze) of the piece `index` of SplitToSequence's `seq`, or why
+    it is not known at compile time."""
+    split = seq.producer
+    if split is None or split.op_type != "SplitToSequence" or not split.is_onnx:
+        return "the sequence is not the output of a SplitToSequence"
+    x = split.inputs[0]
+    at = index.constant() if index is not None else None
+    if at is None or at.size != 1:
+        return "the position is not a constant scalar"
+    if x.shape is None:
+        return f"the rank of %{x.name} is unknown"
+    axis = _axis(split.attr("axis", 0), len(x.shape))
+    if axis is None:
+        return f"axis {split.attr('axis', 0)} is out of range for %{x.name}"
+    dim = x.shape[axis]
+    sizes_value = split.input(1)
+    if sizes_value is not None and not sizes_value.is_constant:
+        return "the split sizes are not constant"
+    sizes = None if sizes_value is None else sizes_value.constant()
+    if sizes is not None and sizes.ndim == 1:
+        sizes = [int(n) for n in sizes]
+    elif not isinstance(dim, int):
+        return f"dim {axis} of %{x.name} is not known"
+    elif sizes is None:
+        sizes = [1] * dim
+    else:  # a scalar: pieces of that size, the last one shorter
+        step = int(sizes)
+        if step <= 0:
+            return f"split size {step} is not positive"
+        sizes = [min(step, dim - start) for start in range(0, dim, step)]
+    position = int(at.reshape(-1)[0])
+    if not -len(sizes) <= position < len(sizes):
+        return f"position {position} is outside the {len(sizes)} pieces"
+    position %= len(sizes)
+    start = sum(sizes[:position])
+    squeeze = sizes_value is None and split.attr("keepdims", 1) == 0
+    return x, start, start + sizes[position], axis, squeeze
+
+
+class SequenceAtOfSplit(Rule):
+    """SequenceAt(SplitToSequence(x), constant i), piece sizes known → a Slice of x."""
+
+    def pattern(self, op, seq, index):
+        # Stops at the sequence: SplitToSequence stays while other positions still read it.
+        return op.SequenceAt(seq, index, _name="root")
+
+    def check(self, seq, index):
+        piece = _piece(seq, index)
+        return piece if isinstance(piece, str) else None
+
+    def rewrite(self, op, seq, index):
+        x, start, end, axis, squeeze = _piece(seq, index)
+        bounds = [op.const(np.array([v], dtype=np.int64), f"{x.name}_{what}")
+                  for v, what in ((start, "starts"), (end, "ends"), (axis, "axes"))]
+        piece = op.Slice(x, *bounds)
+        if not squeeze:
+            return piece
+        if (op.model.opset("") or 1) < 13:
+            return op.Squeeze(piece, axes=[axis])
+        return op.Squeeze(piece, bounds[2])
+
+
 class VariadicRule(Rule):
     """A rule rooted at a Concat, whose inputs are variadic. Patterns give an op a fixed list of
     inputs, so `match(node) -> Match | Miss` states the structure by hand; `check`, `rewrite` and
@@ -224,8 +291,9 @@ class ConcatOfSplit(VariadicRule):
 @register
 class SimplifySlicing(RulePass):
     name = "SimplifySlicing"
-    description = "merge Concats of adjacent Slices; cancel Slice∘Concat and Concat∘Split"
-    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit)
+    description = ("merge Concats of adjacent Slices; cancel Slice∘Concat and Concat∘Split; "
+                   "SequenceAt of a SplitToSequence becomes a Slice")
+    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit, SequenceAtOfSplit)
 
 
 __all__ = ["SimplifySlicing"]
