@@ -7,13 +7,18 @@ import os
 import sys
 
 from graphopt import __version__
+from graphopt.cli_partition import add_partition_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
+from graphopt.cli_targets import add_targets_parser
 from graphopt.errors import GraphoptError, OptionError
 
 EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.om
   graphopt optimize model.onnx -o model.opt.onnx -O3 --verify
   graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
+  graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
+  graphopt partition model.onnx --target ascend310
+  graphopt targets ascend910b
   graphopt inspect model.om
   graphopt run model.om --inputs x.npz --repeat 100
   graphopt passes
@@ -67,6 +72,9 @@ def _add_optimize(sub) -> None:
                    help="report why RULE did not fire at its closest near-misses; repeatable")
     p.add_argument("--fusion-switch-file", dest="switch_file", metavar="FILE",
                    help="same as --switch-file (ATC's spelling)")
+    p.add_argument("--target", metavar="NAME|FILE",
+                   help="compile for a target (`graphopt targets` lists them): nodes are placed on "
+                        "its devices and an .om holds one model per device partition")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -93,7 +101,8 @@ def _cmd_optimize(args) -> int:
                       fold_size_limit=args.fold_size_limit, verify=args.verify,
                       inputs=args.inputs, rtol=args.rtol, atol=args.atol,
                       dump_dir=args.dump_dir, verify_structure=args.verify_each,
-                      allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule)
+                      allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
+                      target=args.target)
     save(result, args.output)
     if not args.quiet:
         print(format_summary(result, args.output))
@@ -186,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser)
     _add_optimize(sub)
+    add_partition_parser(sub)
+    add_targets_parser(sub)
     add_run_parser(sub)
     add_inspect_parser(sub)
     _add_passes(sub)

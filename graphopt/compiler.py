@@ -8,6 +8,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import ModelProto
@@ -23,6 +24,9 @@ from graphopt.passes.instruments import DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
 from graphopt.switches import read_switch_file
 
+if TYPE_CHECKING:
+    from graphopt.partition import Partitioning, Target
+
 
 @dataclass
 class OptimizeResult:
@@ -37,6 +41,7 @@ class OptimizeResult:
     notes: list[str] = field(default_factory=list)
     max_abs_error: dict[str, float] | None = None  # per output, when verified
     traces: list[str] = field(default_factory=list)  # --trace-rule reports
+    partitioning: "Partitioning | None" = None  # when compiled for a target
 
     @property
     def nodes_before(self) -> int:
@@ -88,14 +93,22 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              fold_size_limit: int | None = None, verify: bool = False,
              inputs: dict[str, np.ndarray] | str | None = None, rtol: float = 1e-4,
              atol: float = 1e-5, dump_dir: str | None = None, verify_structure: bool = False,
-             allow_custom_ops: bool = False, trace_rules=()) -> OptimizeResult:
+             allow_custom_ops: bool = False, trace_rules=(),
+             target: "str | Target | None" = None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
+
+    `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
+    every node on a device of the target and cuts the graph into device partitions, which
+    `save(…, "x.om")` writes as separate models.
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
     VerificationError when any output differs beyond `rtol`/`atol`.
     """
     start = time.perf_counter()
+    if isinstance(target, (str, os.PathLike)):
+        from graphopt.partition import load_target
+        target = load_target(os.fspath(target))
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules)
     is_path = isinstance(model, (str, os.PathLike))
@@ -114,7 +127,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
 
-    ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None)
+    ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
+                      target=target)
     instruments = []
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())
@@ -126,6 +140,9 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         result.traces = ctx.tracer.report()
     if source is not None:
         result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options, rtol, atol)
+    if target is not None:
+        from graphopt.partition import partition
+        result.partitioning = partition(ir_model, target)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -199,13 +216,22 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike) ->
     result = model if isinstance(model, OptimizeResult) else None
     if isinstance(model, OptimizeResult):
         model = model.model
-    proto = model if isinstance(model, ModelProto) else to_onnx(model)
     if path.endswith(".om"):
-        write_om(path, [OmPartition(name="p0", device="cpu", model=proto)],
-                 source_path=result.source_label if result else None,
+        partitioning = result.partitioning if result is not None else None
+        if partitioning is None:
+            proto = model if isinstance(model, ModelProto) else to_onnx(model)
+            parts, target, extra = [OmPartition(name="p0", device="cpu", model=proto)], "cpu", {}
+        else:
+            from graphopt.codegen.split import partition_models
+            from graphopt.partition.report import partitioning_json
+
+            parts = partition_models(result.model, partitioning)
+            target, extra = partitioning.target.name, {"partitioning": partitioning_json(partitioning)}
+        write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=result.source_sha256 if result else None,
-                 pass_log=_reproducible_log(result))
+                 target=target, pass_log=_reproducible_log(result), extra=extra)
         return
+    proto = model if isinstance(model, ModelProto) else to_onnx(model)
     try:
         data = proto.SerializeToString()
     except ValueError as e:  # protobuf refuses messages past 2 GB

@@ -34,6 +34,10 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
         worst = max(result.max_abs_error.values(), default=0.0)
         parts.append(f"verified: {len(result.max_abs_error)} output(s) match the original "
                      f"(max abs error {worst:.3g})")
+    if result.partitioning is not None and len(result.partitioning.partitions) > 1:
+        from graphopt.partition.report import format_partitioning
+
+        parts.append(format_partitioning(result.partitioning))
     if result.traces:
         parts.append("\n".join(result.traces))
     for note in result.notes:

@@ -4,12 +4,15 @@ onnx.checker."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
 
 import graphopt
 from graphopt import numerics
+from graphopt.codegen import OmSession
 from graphopt.ir import format_model, load_onnx, to_onnx, verify
 
 from corpus import corpus_models, model_inputs, run_outputs
@@ -17,6 +20,7 @@ from corpus import corpus_models, model_inputs, run_outputs
 MODELS = corpus_models()
 RTOL, ATOL = 1e-4, 1e-5
 OUTCOMES: dict[str, str] = {}  # model id -> "ok" or the skip reason, reported at the end
+PARTITIONS: dict[str, int] = {}  # model id -> partitions of its ascend310 artifact
 
 
 def _flatten(outputs: dict) -> dict[str, np.ndarray]:
@@ -84,6 +88,28 @@ def test_pipelines_preserve_outputs(entry, level, reference_cache):
         OUTCOMES[entry.id] = "ok"
 
 
+@pytest.mark.parametrize("entry", MODELS, ids=[m.id for m in MODELS])
+def test_npu_artifacts_reproduce_outputs(entry, reference_cache, tmp_path):
+    """Compiled for ascend310 into an .om — device partitions, each its own onnxruntime
+    session, tensors routed between them — the model still computes the same outputs."""
+    feeds, expected = _reference(entry, reference_cache)
+    if isinstance(expected, str):
+        pytest.skip(expected)
+    result = graphopt.optimize(entry.path, target="ascend310")
+    path = tmp_path / "model.om"
+    graphopt.save(result, path)
+    for part in graphopt.codegen.load_om(path).partitions:
+        onnx.checker.check_model(part.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU stand-in notice
+        session = OmSession(path, optimization_level="disable")
+    wanted = [o["name"] for o in session.outputs]
+    actual = _flatten(dict(zip(wanted, (session.run(feeds)[n] for n in wanted))))
+    problems = numerics.compare(expected, actual, RTOL, ATOL)
+    assert not problems, f"{entry.id}: " + "; ".join(map(str, problems))
+    PARTITIONS[entry.id] = len(result.partitioning.partitions)
+
+
 def test_corpus_counts(capsys):
     """Runs last in this file: prints how many models were checked and why any were skipped."""
     if not OUTCOMES:
@@ -95,6 +121,9 @@ def test_corpus_counts(capsys):
               f"{len(skipped)} skipped")
         for model_id, reason in sorted(skipped.items()):
             print(f"  skipped {model_id}: {reason}")
+        split = sum(1 for n in PARTITIONS.values() if n > 1)
+        print(f"corpus on ascend310: {len(PARTITIONS)} artifacts reproduce their outputs, "
+              f"{split} with more than one partition")
     if len(OUTCOMES) == len(MODELS):
         # A floor, so that a runtime upgrade that silently refuses most models fails loudly.
         assert ok >= 100

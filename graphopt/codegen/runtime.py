@@ -10,9 +10,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import onnxruntime as ort
-from onnx import helper
 
-from graphopt.codegen.om_manifest import dtype_from_name
+from graphopt.codegen.feeds import describe, numpy_dtype
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 
@@ -37,21 +36,6 @@ class _Step(NamedTuple):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _numpy_dtype(dtype: str | None) -> np.dtype | None:
-    if dtype is None:
-        return None
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(dtype_from_name(dtype)))
-    except (KeyError, TypeError, ValueError):
-        return None  # a type numpy cannot name is left for onnxruntime to judge
-
-
-def _describe(entry: dict) -> str:
-    shape = entry["shape"]
-    dims = "?" if shape is None else ",".join("?" if d is None else str(d) for d in shape)
-    return f"{entry['dtype'] or '?'}[{dims}]"
 
 
 def _session_options(intra_op_num_threads: int | None, optimization_level: str,
@@ -114,7 +98,7 @@ class OmSession:
         self._artifact = artifact
         self._inputs = copy.deepcopy(artifact.inputs)
         self._outputs = copy.deepcopy(artifact.outputs)
-        self._expected = {e["name"]: (e, _numpy_dtype(e["dtype"])) for e in self._inputs}
+        self._expected = {e["name"]: (e, numpy_dtype(e["dtype"])) for e in self._inputs}
         # Fully static input shapes, compared as one tuple: run() is on the serving hot path.
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
                                if e["shape"] is not None
@@ -224,7 +208,7 @@ class OmSession:
         env: dict[str, Any] = {}
         for name, (entry, dtype) in self._expected.items():
             if name not in feeds:
-                raise GraphoptError(f"missing input {name!r} ({_describe(entry)})")
+                raise GraphoptError(f"missing input {name!r} ({describe(entry)})")
             value = feeds[name]
             array = value if isinstance(value, np.ndarray) else np.asarray(value)
             if entry["dtype"] == "string":
@@ -233,19 +217,19 @@ class OmSession:
                 ok = dtype is None or array.dtype == dtype
             if not ok:
                 raise GraphoptError(
-                    f"input {name!r} has dtype {array.dtype}, expected {_describe(entry)}"
+                    f"input {name!r} has dtype {array.dtype}, expected {describe(entry)}"
                 )
             shape = entry["shape"]
             if shape is not None and array.shape != self._static_shapes.get(name):
                 if array.ndim != len(shape):
                     raise GraphoptError(
                         f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}), "
-                        f"expected {_describe(entry)}"
+                        f"expected {describe(entry)}"
                     )
                 for axis, (got, want) in enumerate(zip(array.shape, shape)):
                     if isinstance(want, int) and got != want:
                         raise GraphoptError(
-                            f"input {name!r} has shape {list(array.shape)}, expected {_describe(entry)} "
+                            f"input {name!r} has shape {list(array.shape)}, expected {describe(entry)} "
                             f"(dim {axis} must be {want})"
                         )
             env[name] = array

@@ -31,6 +31,7 @@ class PassContext:
     options: "Options"
     notes: list[str] = field(default_factory=list)  # one-line notices shown to the user
     tracer: Any = None  # rules.Tracer when --trace-rule asked for near-miss reports
+    target: Any = None  # partition.target.Target when the compile names a target
 
     def note(self, message: str) -> None:
         if message not in self.notes:

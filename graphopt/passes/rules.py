@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
 from graphopt.ir.pattern import Match, Matcher, Miss, OpPattern, PatternBuilder, Var
 from graphopt.opcheck import runtime_schemas
@@ -61,8 +62,9 @@ class Rule:
         params = list(inspect.signature(self.pattern).parameters)[1:]
         return self.pattern(PatternBuilder(), *(Var(p) for p in params))
 
-    def unsupported(self, root: Value) -> str | None:
-        """Why the runtime cannot run what this rule emits for `root` (None when it can)."""
+    def unsupported(self, root: Value, target=None) -> str | None:
+        """Why the runtime, or the device of `target` that would run the result, cannot run
+        what this rule emits for `root` (None when it can)."""
         for domain, op_type in self.emits:
             if (domain, op_type) not in runtime_schemas():
                 return f"onnxruntime has no {domain or 'ai.onnx'}::{op_type} kernel"
@@ -70,7 +72,28 @@ class Rule:
             kind = root.dtype.short if root.dtype is not None else "unknown"
             return f"the fused kernel does not take {kind} (only " \
                    f"{', '.join(d.short for d in self.dtypes)})"
+        return target_refuses(target, self.emits, root)
+
+
+def target_refuses(target, emits, root: Value) -> str | None:
+    """Why the target's device for the match at `root` has no kernel for an op in `emits`.
+
+    The device is the one the root would be placed on: the primary device (the NPU) when it has
+    the root's op, else the host. A fusion the device cannot run would move the work off it
+    (splitting its partition), so the unfused ops stay instead.
+    """
+    if target is None:
         return None
+    device = target.device(target.primary)
+    producer = root.producer
+    if producer is not None and device.kernel(producer.op_type, producer.domain) is None:
+        device = target.device(target.host)
+    dtype = dtype_name(int(root.dtype)) if root.dtype is not None else None
+    for domain, op_type in emits:
+        if not device.has_kernel(op_type, domain, dtype):
+            return (f"target {target.name}: its {device.name} has no {domain or 'ai.onnx'}::"
+                    f"{op_type} kernel for {dtype or 'this type'}")
+    return None
 
 
 def call_with_bindings(fn, bindings: dict[str, Any], *args):
@@ -195,7 +218,7 @@ class RulePass(Pass):
                     match, reason = None, None
                     for candidate in matcher.matches(node):
                         reason = (deletable(candidate, pattern.output)
-                                  or rule.unsupported(node.outputs[pattern.output])
+                                  or rule.unsupported(node.outputs[pattern.output], ctx.target)
                                   or call_with_bindings(rule.check,
                                                         {**candidate.bindings, "model": model}))
                         if not reason:

@@ -92,8 +92,8 @@ class _Fuse(Rule):
     fused: str
     dtypes = (DType.FLOAT,)
 
-    def unsupported(self, root):
-        return super().unsupported(root) or runtime_refuses(self.fused, root.producer.op_type)
+    def unsupported(self, root, target=None):
+        return super().unsupported(root, target) or runtime_refuses(self.fused, root.producer.op_type)
 
 
 class _IntoFusedConv(_Fuse):

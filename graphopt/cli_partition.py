@@ -1,0 +1,50 @@
+"""`graphopt partition`: where each node of a model would run on a target, and why not elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_partition_parser(sub) -> None:
+    p = sub.add_parser(
+        "partition", help="show the device partitions of a model on a target",
+        description="Optimize a model (as `graphopt optimize` would), place every node on a device "
+                    "of the target and print the partition table and, for every node left on the "
+                    "host CPU, the reason (unsupported op, dtype, rank, attribute, dynamic shape, "
+                    "or an NPU island whose transfers cost more than it saves).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  graphopt partition yolo.onnx --target ascend310\n"
+               '  graphopt partition bert.onnx --target ascend910b --input-shape "input_ids:1,128"\n')
+    p.add_argument("model", help="input .onnx file")
+    p.add_argument("--target", required=True, metavar="NAME|FILE",
+                   help="a built-in target (`graphopt targets`) or a profile .json")
+    p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
+                   help="optimization level before partitioning (default 2)")
+    p.add_argument("--input-shape", metavar="SHAPES",
+                   help='pin input dims, ATC style: "x:1,3,224,224"; NPUs need static shapes')
+    p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
+                   help="skip a pass by name; repeatable")
+    p.add_argument("--all-fallbacks", action="store_true",
+                   help="list every fallback reason, not the first 20")
+    p.add_argument("--json", action="store_true", help="print the partitioning as JSON")
+    p.add_argument("--allow-custom-ops", action="store_true",
+                   help="keep ops of unknown custom domains (they stay on the host CPU)")
+    p.set_defaults(func=_cmd_partition)
+
+
+def _cmd_partition(args) -> int:
+    from graphopt.compiler import optimize
+    from graphopt.partition.report import format_partitioning, partitioning_json
+
+    result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
+                      input_shapes=args.input_shape, allow_custom_ops=args.allow_custom_ops,
+                      target=args.target)
+    if args.json:
+        print(json.dumps(partitioning_json(result.partitioning), indent=2))
+    else:
+        print(format_partitioning(result.partitioning, all_fallbacks=args.all_fallbacks))
+        for line in result.partitioning.returned:
+            print(f"note: {line}")
+    return 0

@@ -1,0 +1,81 @@
+"""Cut a partitioned IR model into one ONNX model per partition, ready for the .om writer."""
+
+from __future__ import annotations
+
+from onnx import ModelProto
+
+from graphopt.codegen.om_write import OmPartition
+from graphopt.ir import Model, to_onnx
+from graphopt.ir.onnx_io import node_to_proto, value_info
+from graphopt.partition.partitioner import Partition, Partitioning, reads
+
+
+def partition_models(model: Model, partitioning: Partitioning) -> list[OmPartition]:
+    """One OmPartition per partition, in execution order, each carrying the weights it reads and
+    the onnxruntime providers the target names for its device."""
+    parts = partitioning.partitions
+
+    def providers(part: Partition) -> list[str]:
+        return list(partitioning.target.device(part.device).providers)
+
+    if len(parts) == 1:
+        # The whole graph: export it as is, so a single-partition .om equals the optimized model.
+        only = parts[0]
+        return [OmPartition(only.name, only.device, to_onnx(model), providers=providers(only))]
+    return [OmPartition(p.name, p.device, _partition_model(model, p), inputs=[v.name for v in p.inputs],
+                        outputs=[v.name for v in p.outputs], providers=providers(p))
+            for p in parts]
+
+
+def _partition_model(model: Model, part: Partition) -> ModelProto:
+    proto = ModelProto()
+    # Initializers that are not graph inputs need IR 4; weights move between partitions freely.
+    proto.ir_version = max(model.ir_version, 4)
+    for domain, version in model.opset_imports.items():
+        entry = proto.opset_import.add()
+        entry.domain, entry.version = domain, version
+    proto.producer_name = model.producer_name
+    proto.producer_version = model.producer_version
+    graph = proto.graph
+    graph.name = f"{model.graph.name}_{part.name}"
+    graph.input.extend(value_info(v) for v in part.inputs)
+    outputs = {id(v) for v in part.outputs}
+    weights: dict[str, object] = {}
+    for node in part.nodes:
+        for value in reads(node):
+            if value.const is not None and value.producer is None:
+                weights.setdefault(value.name, value)
+        graph.node.append(node_to_proto(node))
+        for value in node.outputs:
+            if value is not None and id(value) not in outputs and (
+                    value.dtype is not None or value.type_proto is not None):
+                graph.value_info.append(value_info(value))
+    for value in weights.values():
+        if value.sparse_const is not None:
+            graph.sparse_initializer.append(value.sparse_const)
+        else:
+            graph.initializer.append(value.const.to_proto(value.name))
+    graph.output.extend(value_info(v) for v in part.outputs)
+    proto.functions.extend(_functions_used(model, part))
+    return proto
+
+
+def _functions_used(model: Model, part: Partition) -> list:
+    """The model-local functions the partition calls, directly or from other functions."""
+    by_key = {(f.domain, f.name): f for f in model.functions}
+    wanted = [(n.domain, n.op_type) for node in part.nodes for n in _with_nested(node)]
+    used: dict[tuple[str, str], object] = {}
+    while wanted:
+        key = wanted.pop()
+        function = by_key.get(key)
+        if function is None or key in used:
+            continue
+        used[key] = function
+        wanted.extend((n.domain, n.op_type) for n in function.node)
+    return [f for key, f in by_key.items() if key in used]  # the model's order, deterministic
+
+
+def _with_nested(node):
+    yield node
+    for sub in node.subgraphs():
+        yield from sub.all_nodes()

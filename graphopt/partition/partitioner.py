@@ -1,0 +1,278 @@
+"""Cut a placed graph into maximal convex device partitions and return unprofitable NPU islands.
+
+Clustering walks the nodes in topological order and puts each node into a partition of its
+device: one that feeds it, else the most recent one of that device, provided no path leaves that
+partition and re-enters it through another. Keeping the quotient graph (partitions as nodes)
+acyclic is exactly that convexity condition, and it holds by construction: a node joins partition
+C only if C is not an ancestor of another partition the node reads. Same-device partitions are
+then merged pairwise wherever the quotient stays acyclic (networkx checks it).
+
+An NPU partition next to a CPU partition is an island: if the host↔device copies it causes cost
+more than the NPU saves over running its nodes on the host (estimate.py), it goes back to the
+CPU, and clustering runs again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from graphopt.ir import Model, Node, Value
+from graphopt.partition.estimate import node_seconds, transfer_seconds, value_bytes
+from graphopt.partition.placement import Placement, place
+
+if TYPE_CHECKING:
+    from graphopt.partition.target import Target
+
+
+@dataclass
+class Partition:
+    """Nodes that run together on one device, as one onnxruntime session."""
+
+    name: str
+    device: str
+    nodes: list[Node]
+    inputs: list[Value]      # read from outside: graph inputs and other partitions' outputs
+    outputs: list[Value]     # read by later partitions, or graph outputs
+
+    def op_counts(self) -> Counter:
+        return Counter(node.qualified_op for node in self.nodes)
+
+
+@dataclass
+class Partitioning:
+    target: Target
+    partitions: list[Partition]           # in execution order
+    placements: dict[Node, Placement]
+    returned: list[str] = field(default_factory=list)  # one line per island sent back to the CPU
+
+    def fallbacks(self) -> list[tuple[Node, str]]:
+        """Nodes that are not on the primary device, with the reason, in graph order."""
+        return [(node, p.reason) for node, p in self.placements.items() if p.reason]
+
+
+def partition(model: Model, target: Target, *, return_islands: bool = True) -> Partitioning:
+    """Place every main-graph node of `model` on a device of `target` and cut the partitions."""
+    nodes = model.graph.nodes()
+    if len(target.devices) == 1:
+        placements = {node: Placement(target.primary, None) for node in nodes}
+    else:
+        placements = place(model, target)
+    returned: list[str] = []
+    while True:
+        clusters = _merge(_cluster(nodes, placements), placements)
+        if not return_islands:
+            break
+        islands = _unprofitable_islands(clusters, placements, target)
+        if not islands:
+            break
+        for members, line in islands:
+            returned.append(line)
+            for node in members:
+                placements[node] = Placement(target.host, None, line.split(": ", 1)[1])
+    return Partitioning(target, _partitions(clusters, placements), placements, returned)
+
+
+# --- clustering ----------------------------------------------------------------------------
+
+
+def reads(node: Node) -> list[Value]:
+    """Every value `node` reads, its subgraphs' reads from enclosing scopes included."""
+    values = [v for v in node.inputs if v is not None]
+    inner_defined: set[int] = set()
+    for sub in node.subgraphs():
+        for graph in sub.all_graphs():
+            inner_defined.update(id(v) for v in graph.inputs)
+            inner_defined.update(id(v) for v in graph.initializers.values())
+            for inner in graph:
+                inner_defined.update(id(v) for v in inner.outputs if v is not None)
+        for inner in sub.all_nodes():
+            values.extend(v for v in inner.inputs if v is not None and id(v) not in inner_defined)
+    return values
+
+
+def top_level(node: Node) -> Node:
+    """The main-graph node that holds `node`, through any nesting of subgraphs."""
+    while node.graph is not None and node.graph.parent is not None:
+        node = node.graph.parent
+    return node
+
+
+def _cluster(nodes: list[Node], placements: dict[Node, Placement]) -> list[list[Node]]:
+    cluster_of: dict[Node, int] = {}
+    devices: list[str] = []
+    members: list[list[Node]] = []
+    preds: list[set[int]] = []          # direct predecessor clusters
+    latest: dict[str, int] = {}         # the most recent cluster per device
+
+    def is_ancestor(a: int, b: int) -> bool:
+        stack, seen = [b], {b}
+        while stack:
+            for p in preds[stack.pop()]:
+                if p == a:
+                    return True
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return False
+
+    for node in nodes:
+        device = placements[node].device
+        feeding = {cluster_of[v.producer] for v in reads(node) if v.producer in cluster_of}
+        candidates = sorted(c for c in feeding if devices[c] == device)
+        if device in latest and latest[device] not in candidates:
+            candidates.append(latest[device])
+        chosen = next((c for c in candidates
+                       if not any(q != c and is_ancestor(c, q) for q in feeding)), None)
+        if chosen is None:
+            chosen = len(members)
+            devices.append(device)
+            members.append([])
+            preds.append(set())
+        members[chosen].append(node)
+        cluster_of[node] = chosen
+        preds[chosen] |= feeding - {chosen}
+        latest[device] = chosen
+    return members
+
+
+def _quotient(clusters: list[list[Node]]) -> nx.DiGraph:
+    owner = {node: i for i, members in enumerate(clusters) for node in members}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(clusters)))
+    for i, members in enumerate(clusters):
+        for node in members:
+            for value in reads(node):
+                j = owner.get(value.producer)
+                if j is not None and j != i:
+                    graph.add_edge(j, i)
+    return graph
+
+
+_MERGE_LIMIT = 400  # pairwise merging is quadratic in partitions; past this the greedy cut stands
+
+
+def _merge(clusters: list[list[Node]], placements: dict[Node, Placement]) -> list[list[Node]]:
+    """Merge same-device clusters wherever the quotient graph stays acyclic."""
+    if len(clusters) > _MERGE_LIMIT:
+        return clusters
+    graph = _quotient(clusters)
+    device = {i: placements[c[0]].device for i, c in enumerate(clusters)}
+    alive = list(range(len(clusters)))
+    merged = {i: list(c) for i, c in enumerate(clusters)}
+    changed = True
+    while changed:
+        changed = False
+        for a in alive:
+            for b in alive:
+                if b <= a or device[a] != device[b] or _indirect_path(graph, a, b) \
+                        or _indirect_path(graph, b, a):
+                    continue
+                graph = nx.contracted_nodes(graph, a, b, self_loops=False)
+                merged[a].extend(merged.pop(b))
+                alive.remove(b)
+                changed = True
+                break
+            if changed:
+                break
+    order = {node: i for i, node in enumerate(n for c in clusters for n in c)}
+    return [sorted(merged[i], key=order.__getitem__) for i in alive]
+
+
+def _indirect_path(graph: nx.DiGraph, a: int, b: int) -> bool:
+    """A path a → … → b through some other cluster (merging a and b would close a cycle)."""
+    return any(s != b and nx.has_path(graph, s, b) for s in graph.successors(a))
+
+
+# --- islands -------------------------------------------------------------------------------
+
+
+def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[list[Node], str]]:
+    host, primary = target.device(target.host), target.device(target.primary)
+    owner = {node: i for i, c in enumerate(clusters) for node in c}
+    device = [placements[c[0]].device for c in clusters]
+    found = []
+    for i, members in enumerate(clusters):
+        if device[i] == host.name:
+            continue
+        on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
+        touches_host = False
+        for value in _boundary(members, owner, i):
+            seconds = transfer_seconds(value_bytes(value), target)
+            other = {owner.get(n) for n in _neighbours(value, members, owner, i)}
+            host_ends = [o for o in other if o is None or device[o] == host.name]
+            touches_host |= any(o is not None for o in host_ends)
+            if host_ends:
+                on_host_side += seconds
+            if any(o is not None and device[o] != host.name for o in other):
+                on_device_side += seconds
+        if not touches_host:
+            continue
+        saved = sum(node_seconds(n, host) - node_seconds(n, primary) for n in members)
+        if saved < on_host_side - on_device_side:
+            found.append((members, f"{len(members)} node(s) starting at {_label(members[0])}: "
+                          f"returned to {host.name}, the island saves {saved * 1e6:.1f} µs but its "
+                          f"transfers cost {(on_host_side - on_device_side) * 1e6:.1f} µs"))
+    return found
+
+
+def _boundary(members: list[Node], owner: dict, index: int) -> list[Value]:
+    """Values crossing the cluster's edge: read from outside, or read outside / returned."""
+    crossing: dict[int, Value] = {}
+    for node in members:
+        for value in reads(node):
+            if value.const is None and owner.get(value.producer) != index:
+                crossing[id(value)] = value
+        for value in node.outputs:
+            if value is not None and (value.is_graph_output or any(
+                    owner.get(top_level(use.node)) != index for use in value.uses)):
+                crossing[id(value)] = value
+    return list(crossing.values())
+
+
+def _neighbours(value: Value, members: list[Node], owner: dict, index: int) -> list[Node | None]:
+    """The nodes across the edge from the cluster for `value`; None stands for the caller."""
+    if owner.get(value.producer) != index:
+        return [value.producer]  # None for a graph input
+    ends: list[Node | None] = [top_level(use.node) for use in value.uses
+                               if owner.get(top_level(use.node)) != index]
+    if value.is_graph_output:
+        ends.append(None)
+    return ends
+
+
+def _label(node: Node) -> str:
+    return node.name or f"{node.op_type} -> %{node.outputs[0].name}"
+
+
+# --- result --------------------------------------------------------------------------------
+
+
+def _partitions(clusters: list[list[Node]], placements) -> list[Partition]:
+    graph = _quotient(clusters)
+    if not nx.is_directed_acyclic_graph(graph):  # the construction guarantees it; say so if not
+        raise AssertionError("partitions are not convex: the quotient graph has a cycle")
+    position = {node: k for k, node in enumerate(n for c in clusters for n in c)}
+    first = {i: min(position[n] for n in c) for i, c in enumerate(clusters)}
+    order = list(nx.lexicographical_topological_sort(graph, key=first.__getitem__))
+    owner = {node: i for i, c in enumerate(clusters) for node in c}
+    result = []
+    for rank, i in enumerate(order):
+        members = clusters[i]
+        device = placements[members[0]].device
+        inputs: dict[int, Value] = {}
+        outputs: dict[int, Value] = {}
+        for node in members:
+            for value in reads(node):
+                if value.const is None and owner.get(value.producer) != i:
+                    inputs.setdefault(id(value), value)
+            for value in node.outputs:
+                if value is not None and (value.is_graph_output or any(
+                        owner.get(top_level(use.node)) != i for use in value.uses)):
+                    outputs.setdefault(id(value), value)
+        result.append(Partition(f"p{rank}_{device}", device, members,
+                                list(inputs.values()), list(outputs.values())))
+    return result

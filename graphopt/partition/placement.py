@@ -1,0 +1,141 @@
+"""Placement: which device runs each node, by the target's kernel tables, and why a node falls back.
+
+A node goes to the target's primary device (the NPU) when that device has a kernel for its op
+and the node meets the kernel's constraints; otherwise it goes to the host CPU with the first
+reason found, in the order a user would fix them: op, dtype, rank, attribute, dynamic shape.
+A call of a model-local function (an elementwise group of FuseElementwise) is one kernel on the
+device: it is placed there when every op of its body is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from graphopt.codegen.om_manifest import dtype_name
+from graphopt.ir import Model, Node, Value
+
+if TYPE_CHECKING:
+    from graphopt.partition.target import Device, OpSupport, Target
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str              # a device name of the target ("npu", "cpu")
+    engine: str | None       # the engine whose kernel runs it; None on a device without engines
+    reason: str | None = None  # why the node is not on the primary device; None when it is
+
+
+def place(model: Model, target: Target) -> dict[Node, Placement]:
+    """A placement for every node of the main graph, in graph order."""
+    primary = target.device(target.primary)
+    functions = {(f.domain, f.name): f for f in model.functions}
+    placements = {}
+    for node in model.graph:
+        engine, reason = _fit(node, primary, functions)
+        if reason is None:
+            placements[node] = Placement(primary.name, engine)
+        else:
+            placements[node] = Placement(target.host, _host_engine(target), reason)
+    return placements
+
+
+def _host_engine(target: Target) -> str | None:
+    engines = target.device(target.host).engines
+    return next(iter(engines), None)
+
+
+def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str | None]:
+    """(engine, None) when `device` runs `node`, else (None, the reason it cannot)."""
+    function = functions.get((node.domain, node.op_type))
+    if function is not None and device.kind != "cpu":
+        return _fit_function(node, function, device)
+    support = device.kernel(node.op_type, node.domain, _data_dtype(node))
+    if support is None:
+        return None, f"no {device.name} kernel for {node.qualified_op}"
+    reason = (_dtype_problem(node, support) or _rank_problem(node, support)
+              or _attribute_problem(node, support) or _shape_problem(node, device))
+    return (None, reason) if reason else (support.engine, None)
+
+
+def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str | None]:
+    # The body's ops run as one fused vector kernel; each must exist for the call's dtype.
+    dtype = _data_dtype(node)
+    for inner in function.node:
+        support = device.kernel(inner.op_type, inner.domain)
+        if support is None:
+            op = inner.op_type if not inner.domain else f"{inner.domain}::{inner.op_type}"
+            return None, f"no {device.name} kernel for {op} inside {node.qualified_op}"
+        if dtype and support.dtypes and dtype not in support.dtypes:
+            return None, f"{device.name} {inner.op_type} does not take {dtype} (inside {node.qualified_op})"
+    reason = _shape_problem(node, device)
+    return (None, reason) if reason else ("vector" if "vector" in device.engines else None, None)
+
+
+def _data_dtype(node: Node) -> str | None:
+    """The dtype a kernel is chosen by: the first input's, or the first output's for sources."""
+    for value in list(node.inputs) + list(node.outputs):
+        if value is not None and value.dtype is not None:
+            return dtype_name(int(value.dtype))
+    return None
+
+
+def _dtype_problem(node: Node, support: OpSupport) -> str | None:
+    if not support.dtypes:
+        return None
+    # The data operand in and the result out: index inputs (shapes, axes, indices) are the
+    # kernel's business, and Cast/Shape legitimately change type between the two.
+    checked = [node.inputs[0] if node.inputs else None, node.outputs[0] if node.outputs else None]
+    for value in checked:
+        if value is None or value.dtype is None:
+            continue
+        name = dtype_name(int(value.dtype))
+        if name not in support.dtypes:
+            accepted = ", ".join(sorted(support.dtypes))
+            return f"dtype {name} of {_describe(value)}: {support.op} takes {accepted}"
+    return None
+
+
+def _rank_problem(node: Node, support: OpSupport) -> str | None:
+    if support.max_rank is None:
+        return None
+    for value in _tensors(node):
+        if value.shape is not None and len(value.shape) > support.max_rank:
+            return f"rank {len(value.shape)} of {_describe(value)} above {support.op}'s limit {support.max_rank}"
+    return None
+
+
+def _attribute_problem(node: Node, support: OpSupport) -> str | None:
+    for name, allowed in support.attributes.items():
+        value = node.attr(name)
+        if value is None:
+            continue  # the default, which a kernel table lists among the allowed values
+        if isinstance(value, bytes):
+            value = value.decode()
+        if isinstance(value, list):
+            value = tuple(value)
+        if value not in allowed and not (isinstance(value, tuple) and list(value) in allowed):
+            choices = ", ".join(str(a) for a in allowed)
+            return f"attribute {name}={value!r} of {support.op}: takes {choices}"
+    return None
+
+
+def _shape_problem(node: Node, device: Device) -> str | None:
+    if not device.static_shapes_only:
+        return None
+    for value in _tensors(node):
+        if value.static_shape is None:
+            return f"dynamic shape: {_describe(value)}"
+    return None
+
+
+def _tensors(node: Node) -> list[Value]:
+    values = [v for v in list(node.inputs) + list(node.outputs) if v is not None and v.is_tensor]
+    return values
+
+
+def _describe(value: Value) -> str:
+    if value.shape is None:
+        return f"%{value.name} (rank unknown)"
+    dims = ",".join("?" if d is None else str(d) for d in value.shape)
+    return f"%{value.name} [{dims}]"

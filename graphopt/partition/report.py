@@ -1,0 +1,82 @@
+"""The partition table and fallback reasons, as text for `graphopt partition` and as JSON."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from graphopt.partition.estimate import value_bytes
+from graphopt.partition.partitioner import Partition, Partitioning
+from graphopt.table import format_table
+
+_TOP_OPS = 4  # op types named per partition row; the rest are counted
+
+
+def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = False) -> str:
+    """The partition table, then each fallback reason with the nodes it applies to."""
+    target = partitioning.target
+    rows = [[p.name, p.device, len(p.nodes), _engines(partitioning, p), len(p.inputs),
+             _kib(p.inputs), len(p.outputs), _kib(p.outputs), _ops(p)]
+            for p in partitioning.partitions]
+    lines = [format_table(
+        ["partition", "device", "nodes", "engines", "in", "in KiB", "out", "out KiB", "ops"],
+        rows, title=f"target {target.name}: {len(partitioning.partitions)} partition(s)")]
+    fallbacks = partitioning.fallbacks()
+    if fallbacks:
+        lines.append("")
+        lines.append(f"{len(fallbacks)} node(s) on {target.host} instead of {target.primary}:")
+        by_reason: dict[str, list[str]] = {}
+        for node, reason in fallbacks:
+            by_reason.setdefault(reason, []).append(node.name or node.op_type)
+        shown = by_reason if all_fallbacks else dict(list(by_reason.items())[:20])
+        rows = [[len(nodes), _names(nodes), reason] for reason, nodes in shown.items()]
+        lines.append(format_table(["nodes", "names", "reason"], rows))
+        if len(shown) < len(by_reason):
+            lines.append(f"… and {len(by_reason) - len(shown)} more reason(s) (--all-fallbacks)")
+    return "\n".join(lines)
+
+
+def partitioning_json(partitioning: Partitioning) -> dict:
+    """What the .om manifest and `--json` carry: partitions, boundaries and fallback reasons."""
+    return {
+        "target": partitioning.target.name,
+        "partitions": [
+            {
+                "name": p.name, "device": p.device, "nodes": len(p.nodes),
+                "engines": dict(sorted(_engine_counts(partitioning, p).items())),
+                "ops": dict(sorted(p.op_counts().items())),
+                "inputs": [{"name": v.name, "bytes": value_bytes(v)} for v in p.inputs],
+                "outputs": [{"name": v.name, "bytes": value_bytes(v)} for v in p.outputs],
+            }
+            for p in partitioning.partitions
+        ],
+        "fallbacks": [
+            {"node": node.name, "op": node.qualified_op, "reason": reason}
+            for node, reason in partitioning.fallbacks()
+        ],
+    }
+
+
+def _engine_counts(partitioning: Partitioning, part: Partition) -> Counter:
+    return Counter(partitioning.placements[n].engine or part.device for n in part.nodes)
+
+
+def _engines(partitioning: Partitioning, part: Partition) -> str:
+    counts = _engine_counts(partitioning, part)
+    if set(counts) == {part.device}:
+        return "-"
+    return ", ".join(f"{engine}={n}" for engine, n in counts.most_common())
+
+
+def _ops(part: Partition) -> str:
+    counts = part.op_counts().most_common()
+    shown = ", ".join(f"{op}={n}" for op, n in counts[:_TOP_OPS])
+    rest = sum(n for _, n in counts[_TOP_OPS:])
+    return f"{shown}, +{rest}" if rest else shown
+
+
+def _kib(values) -> str:
+    return f"{sum(value_bytes(v) for v in values) / 1024:.1f}"
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f", … (+{len(names) - 3})" if len(names) > 3 else "")

@@ -1,0 +1,278 @@
+"""Target profiles: the devices a compiled model runs on, loaded from shipped or user JSON files.
+
+A profile (format: target_schema.TARGET_SCHEMA) names a primary device, on which graphopt places
+work first, and the host CPU it falls back to. Every target has exactly one device of kind
+"cpu", the host; a single-device target (`cpu`) is its own primary and host. An NPU device
+lists its kernels per engine (cube, vector, AI CPU) with the dtypes and constraints each takes;
+a cpu device may instead say `"ops": "onnxruntime"` and gets the installed onnxruntime's CPU
+kernel table. Any problem with a profile is an OptionError naming the file and the key at fault.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+from graphopt.errors import OptionError
+from graphopt.partition.target_ort import nchwc_block_size, op_key, ort_cpu_kernels
+from graphopt.partition.target_schema import SchemaViolation, check, key_path
+
+_FROZEN: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    op: str                          # "Conv"; "com.microsoft::FusedConv" outside the default domain
+    engine: str                      # engine name within the device
+    dtypes: frozenset[str]           # accepted dtypes of the data input/output; empty = any
+    max_rank: int | None
+    attributes: Mapping[str, tuple]  # attribute name -> allowed values
+    note: str | None
+    dtype_engines: Mapping[str, str] = field(default_factory=dict)  # dtype -> engine (int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Device:
+    name: str                        # "npu" / "cpu"
+    kind: str                        # "npu" | "cpu"
+    providers: tuple[str, ...]       # onnxruntime execution providers, preferred first
+    static_shapes_only: bool
+    engines: Mapping[str, str]       # engine name -> kind
+    cube: Mapping[str, tuple[int, int, int]] | None  # dtype -> (M, K, N)
+    buffers: Mapping[str, int]       # "L0A", "L0B", "L0C", "L1", "UB" -> bytes
+    ai_cores: int | None
+    aicpu_cores: int | None
+    clock_hz: float | None
+    peak_ops_per_s: Mapping[str, float]  # dtype -> ops/s
+    memory_bandwidth: float          # bytes/s
+    launch_overhead_s: float
+    nchwc_block_size: int            # cpu only; 0 = no NCHWc
+    kernels: Mapping[str, OpSupport] = field(default_factory=dict, repr=False)  # op key -> support
+    kernel_source: str = "profile"   # "profile", or "onnxruntime" for the installed CPU table
+
+    def kernel(self, op: str, domain: str = "", dtype: str | None = None) -> OpSupport | None:
+        """The device's kernel for `op` (None: it has none); with `dtype`, on the engine that
+        runs that dtype."""
+        support = self.kernels.get(op_key(op, domain))
+        if support is not None and dtype in support.dtype_engines:
+            return replace(support, engine=support.dtype_engines[dtype])
+        return support
+
+    def has_kernel(self, op: str, domain: str, dtype: str | None) -> bool:
+        support = self.kernels.get(op_key(op, domain))
+        return support is not None and (dtype is None or not support.dtypes
+                                        or dtype in support.dtypes)
+
+    def engine_ops(self, engine: str) -> list[OpSupport]:
+        """The kernels whose home engine is `engine`, by op key."""
+        return [s for _, s in sorted(self.kernels.items()) if s.engine == engine]
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    name: str
+    description: str
+    path: str                        # the file it came from
+    devices: tuple[Device, ...]
+    primary: str                     # the device graphopt places work on first
+    host: str                        # the fallback device (the cpu)
+    transfer_bandwidth: float        # host <-> device bytes/s; 0 on a single-device target
+    transfer_latency_s: float
+    sources: Mapping[str, str]       # figure key path -> citation
+
+    def device(self, name: str) -> Device:
+        for device in self.devices:
+            if device.name == name:
+                return device
+        raise KeyError(f"target {self.name} has no device '{name}' "
+                       f"(devices: {', '.join(d.name for d in self.devices)})")
+
+    def figures(self) -> dict[str, Any]:
+        """Every figure of the profile by key path ("npu.buffers.L0C", "transfer.bandwidth"),
+        the keys `sources` cites."""
+        out: dict[str, Any] = {}
+        for d in self.devices:
+            for key in ("ai_cores", "aicpu_cores", "clock_hz"):
+                if getattr(d, key) is not None:
+                    out[f"{d.name}.{key}"] = getattr(d, key)
+            out.update({f"{d.name}.peak_ops_per_s.{t}": v for t, v in d.peak_ops_per_s.items()})
+            out[f"{d.name}.memory_bandwidth"] = d.memory_bandwidth
+            out[f"{d.name}.launch_overhead_s"] = d.launch_overhead_s
+            out.update({f"{d.name}.buffers.{b}": v for b, v in d.buffers.items()})
+            out.update({f"{d.name}.cube.{t}": v for t, v in (d.cube or {}).items()})
+            if d.kind == "cpu":
+                out[f"{d.name}.nchwc_block_size"] = d.nchwc_block_size
+        if len(self.devices) > 1:
+            out["transfer.bandwidth"] = self.transfer_bandwidth
+            out["transfer.latency_s"] = self.transfer_latency_s
+        return out
+
+
+def builtin_targets() -> list[str]:
+    """Sorted names of the shipped profiles."""
+    return sorted(p.name[:-5] for p in _targets_dir().iterdir() if p.name.endswith(".json"))
+
+
+def load_target(name_or_path: str | os.PathLike) -> Target:
+    """A built-in target by name ("ascend310"), or a profile file ("my_target.json")."""
+    text = os.fspath(name_or_path)
+    if text in builtin_targets():
+        return _load_builtin(text)
+    if text.endswith(".json") or os.sep in text or os.path.exists(text):
+        return _load_file(text, text)
+    raise OptionError(f"--target {text}: unknown target (built-in: {', '.join(builtin_targets())};"
+                      " or give a profile .json file)")
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def _targets_dir():
+    return resources.files("graphopt.partition") / "targets"
+
+
+@functools.cache
+def _load_builtin(name: str) -> Target:
+    with resources.as_file(_targets_dir() / f"{name}.json") as path:
+        return _load_file(os.fspath(path), name)
+
+
+def _load_file(path: str, label: str) -> Target:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise OptionError(f"--target {label}: not UTF-8 text") from None
+    except OSError as e:
+        raise OptionError(f"--target {label}: cannot read it: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise OptionError(f"--target {label}: not valid JSON: {e.msg} "
+                          f"(line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:
+        raise OptionError(f"--target {label}: not valid JSON: {e}") from None
+    try:
+        check(doc)
+        return _build(doc, os.path.abspath(path))
+    except SchemaViolation as e:
+        raise OptionError(f"--target {label}: {e}") from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    # json keeps the last of two equal keys silently; in a profile that hides a typo'd edit.
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key '{key}' appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a profile can use")
+
+
+def _build(doc: dict, path: str) -> Target:
+    devices = tuple(_device(d, f"devices[{i}]") for i, d in enumerate(doc["devices"]))
+    names = [d.name for d in devices]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise SchemaViolation(f"devices[{i}].name", f"a second device named '{name}'")
+    cpus = [d.name for d in devices if d.kind == "cpu"]
+    if len(cpus) != 1:
+        raise SchemaViolation("devices", f"needs exactly one device of kind 'cpu' (the host), "
+                                         f"found {len(cpus)}")
+    if doc["host"] != cpus[0]:
+        raise SchemaViolation("host", f"must name the cpu device '{cpus[0]}', got '{doc['host']}'")
+    if doc["primary"] not in names:
+        raise SchemaViolation("primary", f"no device named '{doc['primary']}' "
+                                         f"(devices: {', '.join(names)})")
+    transfer = doc.get("transfer")
+    if len(devices) > 1 and transfer is None:
+        raise SchemaViolation("transfer", "missing: a target with two devices needs the "
+                                          "host <-> device link")
+    target = Target(
+        name=doc["name"], description=doc.get("description", ""), path=path, devices=devices,
+        primary=doc["primary"], host=doc["host"],
+        transfer_bandwidth=float(transfer["bandwidth"]) if transfer else 0.0,
+        transfer_latency_s=float(transfer["latency_s"]) if transfer else 0.0,
+        sources=MappingProxyType(dict(doc.get("sources", {}))))
+    citable = set(target.figures()) | {f"{d.name}.ops" for d in devices}
+    for key in target.sources:
+        if key not in citable:
+            raise SchemaViolation(key_path("sources", key), "cites no figure of this profile")
+    return target
+
+
+def _device(doc: dict, where: str) -> Device:
+    kind = doc["kind"]
+    if ("ops" in doc) == ("engines" in doc):
+        raise SchemaViolation(where, "needs exactly one of 'engines' (ops listed per engine) or "
+                                     "'ops': 'onnxruntime'")
+    if "ops" in doc and kind != "cpu":
+        raise SchemaViolation(f"{where}.ops",
+                              "only a cpu device takes its kernels from onnxruntime")
+    if "nchwc_block_size" in doc and kind != "cpu":
+        raise SchemaViolation(f"{where}.nchwc_block_size", "only a cpu device has an NCHWc block")
+    if "ops" in doc:
+        engines = {"cpu": "cpu"}
+        kernels = {key: OpSupport(key, "cpu", dtypes, None, _FROZEN, None)
+                   for key, dtypes in ort_cpu_kernels().items()}
+    else:
+        engines = {name: e["kind"] for name, e in doc["engines"].items()}
+        kernels = _kernels(doc["engines"], engines, f"{where}.engines")
+    block = doc.get("nchwc_block_size", 0)
+    return Device(
+        name=doc["name"], kind=kind, providers=tuple(doc["providers"]),
+        static_shapes_only=doc.get("static_shapes", False),
+        engines=MappingProxyType(engines),
+        cube=MappingProxyType({t: tuple(mkn) for t, mkn in doc["cube"].items()})
+        if "cube" in doc else None,
+        buffers=MappingProxyType(dict(doc.get("buffers", {}))),
+        ai_cores=doc.get("ai_cores"), aicpu_cores=doc.get("aicpu_cores"),
+        clock_hz=doc.get("clock_hz"),
+        peak_ops_per_s=MappingProxyType({t: float(v) for t, v in doc["peak_ops_per_s"].items()}),
+        memory_bandwidth=float(doc["memory_bandwidth"]),
+        launch_overhead_s=float(doc["launch_overhead_s"]),
+        nchwc_block_size=nchwc_block_size() if block == "auto" else block,
+        kernels=MappingProxyType(kernels),
+        kernel_source="onnxruntime" if "ops" in doc else "profile")
+
+
+def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupport]:
+    kernels: dict[str, OpSupport] = {}
+    for engine, spec in doc.items():
+        defaults = spec.get("defaults", {})
+        for key, op in spec["ops"].items():
+            at = key_path(key_path(key_path(where, engine), "ops"), key)
+            domain, _, name = key.rpartition("::")
+            if not name or "::" in domain or key.startswith("::"):
+                raise SchemaViolation(at, "an op key is 'Op' or 'domain::Op'")
+            if domain in ("", "ai.onnx") and key != name:
+                raise SchemaViolation(at, f"write the default-domain op as '{name}'")
+            if key in kernels:
+                raise SchemaViolation(at, f"also listed under engine '{kernels[key].engine}'")
+            for dtype, other in op.get("engine_for", {}).items():
+                if other not in engines:
+                    raise SchemaViolation(key_path(f"{at}.engine_for", dtype),
+                                          f"no engine '{other}' (engines: {', '.join(engines)})")
+            kernels[key] = OpSupport(
+                op=key, engine=engine,
+                dtypes=frozenset(op.get("dtypes", defaults.get("dtypes", ()))),
+                max_rank=op.get("max_rank", defaults.get("max_rank")),
+                attributes=MappingProxyType({a: tuple(_hashable(v) for v in values)
+                                             for a, values in op.get("attributes", {}).items()}),
+                note=op.get("note"),
+                dtype_engines=MappingProxyType(dict(op.get("engine_for", {}))))
+    return kernels
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

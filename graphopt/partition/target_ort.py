@@ -1,0 +1,88 @@
+"""The host CPU's kernel table, read from the installed onnxruntime, and its NCHWc block size.
+
+A cpu device that says `"ops": "onnxruntime"` gets exactly the kernels the installed onnxruntime
+registers for CPUExecutionProvider, so the table can never drift from the runtime that will
+execute the partition. An op's dtypes are those its kernels bind to the type parameter of the
+op's first input and first output (for FusedConv, T = float: no float16 kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+
+from graphopt.partition.target_schema import DTYPES
+
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def op_key(op: str, domain: str = "") -> str:
+    """The kernel-table key: "Conv" in the default domain, "com.microsoft::FusedConv" elsewhere."""
+    return op if domain in ("", "ai.onnx") else f"{domain}::{op}"
+
+
+@functools.cache
+def ort_cpu_kernels() -> dict[str, frozenset[str]]:
+    """Op key -> dtypes of the op's data input/output over all its CPU kernels (empty = any)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    params = _data_type_params(ort_c.get_all_operator_schema())
+    table: dict[str, set[str]] = {}
+    for kernel in ort_c.get_all_opkernel_def():
+        if kernel.provider != CPU_PROVIDER:
+            continue
+        key = op_key(kernel.op_name, kernel.domain)
+        dtypes = table.setdefault(key, set())
+        for param in params.get(key, ()):
+            for type_str in kernel.type_constraints.get(param, [param]):
+                name = _dtype(type_str)
+                if name is not None:
+                    dtypes.add(name)
+    return {key: frozenset(dtypes) for key, dtypes in sorted(table.items())}
+
+
+def ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def _data_type_params(schemas) -> dict[str, tuple[str, ...]]:
+    """Op key -> the type strings of its first input and first output, from its newest schema."""
+    newest: dict[str, object] = {}
+    for schema in schemas:
+        key = op_key(schema.name, schema.domain)
+        if key not in newest or schema.since_version > newest[key].since_version:
+            newest[key] = schema
+    params = {}
+    for key, schema in newest.items():
+        formal = [p for p in (schema.inputs[:1] + schema.outputs[:1])]
+        params[key] = tuple(dict.fromkeys(p.typeStr for p in formal))
+    return params
+
+
+def _dtype(type_str: str) -> str | None:
+    """'tensor(float)' -> 'float32'; None for sequences, maps and unbound type parameters."""
+    if not (type_str.startswith("tensor(") and type_str.endswith(")")):
+        return None
+    name = {"float": "float32", "double": "float64"}.get(type_str[7:-1], type_str[7:-1])
+    return name if name in DTYPES else None
+
+
+def nchwc_block_size(cpuinfo: str = "/proc/cpuinfo") -> int:
+    """onnxruntime's NCHWc channel block on this CPU: 16 with AVX-512F, 8 with AVX2, else 0.
+
+    MLAS has NCHWc kernels only for x86; elsewhere (and where /proc/cpuinfo is unreadable) the
+    layout is not used, which 0 says.
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386"):
+        return 0
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return 0
+    if "avx512f" in flags:
+        return 16
+    return 8 if "avx2" in flags else 0

@@ -1,0 +1,373 @@
+"""Partitioning on a target: placement by capability with reasons, convex partitions, islands
+returned to the host, and .om artifacts whose partitions reproduce the original's outputs."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import networkx as nx
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import numpy_helper
+
+import graphopt
+from graphopt import numerics, zoo
+from graphopt.cli import main
+from graphopt.codegen import OmSession
+from graphopt.ir import Graph, Model, Node, Value, load_onnx
+from graphopt.partition import Placement, load_target, partition
+from graphopt.partition.partitioner import _cluster, _merge, reads, top_level
+from graphopt.passes.infer_shapes import infer_shapes
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
+RNG = np.random.default_rng(5)
+ASCEND = load_target("ascend310")
+
+
+def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
+    """Parse `text`; each keyword names a graph input that becomes an initializer instead."""
+    proto = onnx.parser.parse_model(HEADER + text)
+    kept = [i for i in proto.graph.input if i.name not in weights]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
+    return proto
+
+
+def weight(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.2).astype(np.float32)
+
+
+def conv_head(tail: str, outputs: str) -> onnx.ModelProto:
+    """Two 3×3 convs and a classifier producing `scores` [1, 64], then `tail`."""
+    return build(f"""
+        g (float[1,8,32,32] x) => ({outputs}) {{
+            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            r2 = Relu (c2)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            scores = Gemm <transB = 1> (f, wf, bf)
+            {tail}
+        }}""", w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3), b2=weight(32),
+        wf=weight(64, 32), bf=weight(64))
+
+
+def compile_om(proto, tmp_path, **options):
+    result = graphopt.optimize(proto, **options)
+    path = tmp_path / "model.om"
+    graphopt.save(result, path)
+    return result, path
+
+
+def run_om(path, feeds):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU stand-in notice
+        return OmSession(path).run(feeds)
+
+
+def assert_same_outputs(proto, path, feeds, rtol=1e-4, atol=1e-5):
+    expected = numerics.run(proto, feeds)
+    actual = run_om(path, feeds)
+    assert set(actual) == set(expected)
+    for name, array in expected.items():
+        np.testing.assert_allclose(actual[name], array, rtol=rtol, atol=atol, err_msg=name)
+
+
+def devices(result) -> list[str]:
+    return [p.device for p in result.partitioning.partitions]
+
+
+def reason_of(result, op_type: str) -> str:
+    (reason,) = {r for n, r in result.partitioning.fallbacks() if n.op_type == op_type}
+    return reason
+
+
+# --- placement and fallback reasons --------------------------------------------------------
+
+
+def test_topk_stays_on_the_host_and_the_rest_on_the_npu(tmp_path):
+    proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "values, indices")
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["npu", "cpu"]
+    npu, cpu = result.partitioning.partitions
+    assert [n.op_type for n in cpu.nodes] == ["TopK"]
+    assert {"Conv", "Gemm"} <= {n.op_type for n in npu.nodes}
+    assert "no npu kernel for TopK" in reason_of(result, "TopK")
+    assert [v.name for v in npu.outputs] == ["scores"]
+    feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
+def test_non_max_suppression_stays_on_the_host(tmp_path):
+    proto = build("""
+        g (float[1,16,32,32] x) => (int64[N,3] selected) {
+            f = Conv <pads = [1,1,1,1]> (x, wf, bf)
+            r = Relu (f)
+            c = Conv <pads = [1,1,1,1]> (r, w, b)
+            t = Transpose <perm = [0,2,3,1]> (c)
+            boxes = Reshape (t, box_shape)
+            s = Conv (r, ws)
+            scores = Reshape (s, score_shape)
+            selected = NonMaxSuppression (boxes, scores, max_out, iou, score_threshold)
+        }""", wf=weight(64, 16, 3, 3), bf=weight(64), w=weight(4, 64, 3, 3), b=weight(4),
+        ws=weight(1, 64, 1, 1), box_shape=np.array([1, 1024, 4], np.int64),
+        score_shape=np.array([1, 1, 1024], np.int64), max_out=np.array([10], np.int64),
+        iou=np.array([0.5], np.float32), score_threshold=np.array([0.0], np.float32))
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["npu", "cpu"]
+    assert [n.op_type for n in result.partitioning.partitions[1].nodes] == ["NonMaxSuppression"]
+    assert "NonMaxSuppression" in reason_of(result, "NonMaxSuppression")
+    feeds = {"x": RNG.standard_normal((1, 16, 32, 32)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
+def test_data_dependent_shape_falls_back_with_its_consumers(tmp_path):
+    proto = conv_head("""nz = NonZero (scores)
+            idx = Transpose (nz)
+            picked = GatherND (scores, idx)
+            out = Mul (picked, picked)""", "out")
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["npu", "cpu"]
+    assert "NonZero" in reason_of(result, "NonZero")
+    assert reason_of(result, "Transpose").startswith("dynamic shape: %nz")
+    feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
+def test_dynamic_input_keeps_the_model_on_the_host_until_pinned():
+    proto = build("""
+        g (float[N,8] x) => (float[N,16] y) {
+            y = Gemm <transB = 1> (x, w, b)
+        }""", w=weight(16, 8), b=weight(16))
+    result = graphopt.optimize(proto, target="ascend310")
+    assert devices(result) == ["cpu"]
+    assert reason_of(result, "Gemm") == "dynamic shape: %x [N,8]"
+    pinned = graphopt.optimize(proto, target="ascend310", input_shapes={"x": [4, 8]})
+    assert devices(pinned) == ["npu"]
+    assert not pinned.partitioning.fallbacks()
+
+
+def test_dtype_reason_names_the_value_and_the_accepted_types():
+    proto = build("""
+        g (double[4,8] x) => (double[4,8] y) {
+            y = Add (x, x)
+        }""")
+    result = graphopt.optimize(proto, level=0, target="ascend310")
+    reason = reason_of(result, "Add")
+    assert reason.startswith("dtype float64 of %x [4,8]: Add takes ")
+    assert "float16" in reason
+
+
+def test_cpu_target_is_one_partition(tmp_path):
+    proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "values, indices")
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))
+    result, path = compile_om(proto, tmp_path, target="cpu")
+    assert devices(result) == ["cpu"]
+    assert not result.partitioning.fallbacks()
+    manifest = graphopt.codegen.load_om(path).manifest
+    assert manifest["target"] == "cpu"
+    assert manifest["partitions"][0]["providers"] == ["CPUExecutionProvider"]
+
+
+# --- convexity -----------------------------------------------------------------------------
+
+
+def test_partition_that_would_reenter_is_split(tmp_path):
+    # x -> a -> TopK -> s, and x -> e -> s: the NPU nodes before TopK and those after it cannot
+    # share a partition, since a path would leave it through the host's TopK and come back.
+    proto = build("""
+        g (float[64,1024] x) => (float[64,1024] y) {
+            a = Gemm <transB = 1> (x, wa, ba)
+            values, indices = TopK <axis = 1> (a, k)
+            e = Gemm <transB = 1> (x, we, be)
+            s = Add (values, e)
+            y = Gemm <transB = 1> (s, wy, by)
+        }""", wa=weight(1024, 1024), ba=weight(1024), we=weight(256, 1024), be=weight(256),
+        wy=weight(1024, 256), by=weight(1024), k=np.array([256], np.int64))
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    parts = result.partitioning.partitions
+    assert devices(result) == ["npu", "cpu", "npu"]
+    assert [n.output.name for n in parts[0].nodes] == ["a", "e"]
+    assert [n.output.name for n in parts[2].nodes] == ["s", "y"]
+    feeds = {"x": RNG.standard_normal((64, 1024)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
+def _random_dag(draw_edges: list[tuple[int, int]], n: int) -> tuple[Model, list[Node]]:
+    graph = Graph("g")
+    x = Value("x")
+    x.is_input = True
+    graph.inputs.append(x)
+    values = [x]
+    nodes = []
+    for i in range(n):
+        sources = sorted({j for (j, k) in draw_edges if k == i and j < i}) or [-1]
+        node = Node("Sum", [values[j + 1] for j in sources], name=f"n{i}")
+        graph.append(node)
+        values.append(node.output)
+        nodes.append(node)
+    graph.outputs.append(values[-1])
+    return Model(graph), nodes
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 24).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3 * n),
+    st.lists(st.sampled_from(["npu", "cpu"]), min_size=n, max_size=n))))
+def test_random_dags_give_convex_partitions(case):
+    n, edges, device_of = case
+    model, nodes = _random_dag(edges, n)
+    placements = {node: Placement(device, None) for node, device in zip(nodes, device_of)}
+    clusters = _merge(_cluster(nodes, placements), placements)
+    assert sorted(n.name for c in clusters for n in c) == sorted(n.name for n in nodes)
+    owner = {}
+    for i, members in enumerate(clusters):
+        assert len({placements[n].device for n in members}) == 1
+        owner.update({n: i for n in members})
+    quotient = nx.DiGraph()
+    quotient.add_nodes_from(range(len(clusters)))
+    for node in nodes:
+        for value in reads(node):
+            if value.producer is not None and owner[value.producer] != owner[node]:
+                quotient.add_edge(owner[value.producer], owner[node])
+    assert nx.is_directed_acyclic_graph(quotient)
+    # Maximal: no two same-device partitions could be merged without a cycle.
+    for a in range(len(clusters)):
+        for b in range(a + 1, len(clusters)):
+            if placements[clusters[a][0]].device == placements[clusters[b][0]].device:
+                merged = nx.contracted_nodes(quotient, a, b, self_loops=False)
+                assert not nx.is_directed_acyclic_graph(merged)
+
+
+def test_subgraph_reads_count_as_reads_of_the_holding_node():
+    proto = build("""
+        g (float[4] x, bool c) => (float[4] y) {
+            t = Relu (x)
+            y = If (c) <
+                then_branch = g1 () => (float[4] a) { a = Neg (t) },
+                else_branch = g2 () => (float[4] b) { b = Abs (t) }
+            >
+        }""")
+    model = load_onnx(proto)
+    relu, if_node = model.graph.nodes()
+    assert [v.name for v in reads(if_node)] == ["c", "t", "t"]
+    inner = if_node.subgraphs()[0].nodes()[0]
+    assert top_level(inner) is if_node
+
+
+def test_if_node_falls_back_and_gets_its_outer_values(tmp_path):
+    proto = build("""
+        g (float[64,1024] x, bool c) => (float[64,1024] y) {
+            t = Gemm <transB = 1> (x, w, b)
+            y = If (c) <
+                then_branch = g1 () => (float[64,1024] neg) { neg = Neg (t) },
+                else_branch = g2 () => (float[64,1024] abs) { abs = Abs (t) }
+            >
+        }""", w=weight(1024, 1024), b=weight(1024))
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["npu", "cpu"]
+    assert [v.name for v in result.partitioning.partitions[1].inputs] == ["c", "t"]
+    feeds = {"x": RNG.standard_normal((64, 1024)).astype(np.float32), "c": np.array(True)}
+    assert_same_outputs(proto, path, feeds)
+
+
+# --- islands -------------------------------------------------------------------------------
+
+
+def test_tiny_npu_island_between_host_ops_returns_to_the_host(tmp_path):
+    proto = conv_head("""values, indices = TopK <axis = 1> (scores, k)
+            doubled = Add (values, values)
+            v2, i2 = TopK <axis = 1> (doubled, k2)""", "v2, i2")
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array([8], np.int64), "k"),
+                                    numpy_helper.from_array(np.array([4], np.int64), "k2")])
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["npu", "cpu"]
+    assert [n.op_type for n in result.partitioning.partitions[1].nodes] == ["TopK", "Add", "TopK"]
+    reason = reason_of(result, "Add")
+    assert "returned to cpu" in reason and "transfers cost" in reason
+    islands = graphopt.optimize(proto, target="ascend310")
+    assert len(islands.partitioning.returned) == 1
+    feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
+def test_islands_are_kept_when_asked():
+    proto = conv_head("""values, indices = TopK <axis = 1> (scores, k)
+            doubled = Add (values, values)
+            v2, i2 = TopK <axis = 1> (doubled, k2)""", "v2, i2")
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array([8], np.int64), "k"),
+                                    numpy_helper.from_array(np.array([4], np.int64), "k2")])
+    model = load_onnx(proto)
+    infer_shapes(model)
+    kept = partition(model, ASCEND, return_islands=False)
+    assert [p.device for p in kept.partitions] == ["npu", "cpu", "npu", "cpu"]
+
+
+# --- artifacts -----------------------------------------------------------------------------
+
+
+def test_manifest_records_devices_providers_and_reasons(tmp_path):
+    proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "values, indices")
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))
+    _, path = compile_om(proto, tmp_path, target="ascend310")
+    manifest = graphopt.codegen.load_om(path).manifest
+    assert manifest["target"] == "ascend310"
+    npu, cpu = manifest["partitions"]
+    assert npu["providers"][0] == "CANNExecutionProvider"
+    assert cpu["providers"] == ["CPUExecutionProvider"]
+    info = manifest["extra"]["partitioning"]
+    assert [p["device"] for p in info["partitions"]] == ["npu", "cpu"]
+    assert info["fallbacks"][0]["op"] == "TopK"
+    assert {"tensor": "scores", "from": npu["name"], "to": cpu["name"]} in manifest["routing"]
+
+
+@pytest.mark.parametrize("name, options, inputs", [
+    ("resnet50", {"blocks": (1, 1, 1, 1), "width": 0.25, "image_size": 64}, "input:1,3,64,64"),
+    ("mobilenetv2", {"width": 0.35, "image_size": 64}, "input:1,3,64,64"),
+    ("bert_base", {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128, "vocab": 100,
+                   "max_positions": 32}, "input_ids:1,16;attention_mask:1,16"),
+    ("gpt2_small", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 100, "positions": 32},
+     "input_ids:1,16"),
+])
+def test_zoo_models_run_as_npu_artifacts(name, options, inputs, tmp_path):
+    proto = zoo.build(name, **options)
+    result, path = compile_om(proto, tmp_path, target="ascend310", input_shapes=inputs)
+    assert devices(result) == ["npu"], result.partitioning.fallbacks()[:3]
+    assert result.partitioning.partitions[0].nodes
+    feeds = zoo.sample_inputs(proto, seed=0)  # batch 1, sequence 16: the pinned shapes
+    assert_same_outputs(proto, path, feeds, rtol=1e-3, atol=1e-4)
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def test_partition_command_prints_the_table_and_reasons(tmp_path, capsys):
+    proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "values, indices")
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))
+    model_path = tmp_path / "m.onnx"
+    onnx.save(proto, model_path)
+    assert main(["partition", str(model_path), "--target", "ascend310"]) == 0
+    out = capsys.readouterr().out
+    assert "target ascend310: 2 partition(s)" in out
+    assert "p0_npu" in out and "p1_cpu" in out
+    assert "no npu kernel for TopK" in out
+    assert main(["partition", str(model_path), "--target", "ascend310", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["device"] for p in data["partitions"]] == ["npu", "cpu"]
+
+
+def test_unknown_target_is_a_clear_error(tmp_path, capsys):
+    model_path = tmp_path / "m.onnx"
+    onnx.save(build("g (float[2] x) => (float[2] y) { y = Relu (x) }"), model_path)
+    assert main(["partition", str(model_path), "--target", "ascend999"]) == 1
+    err = capsys.readouterr().err
+    assert "ascend999" in err and "ascend310" in err

@@ -1,0 +1,368 @@
+"""Target profiles: the shipped files load and conform, their figures are sourced, the cpu table is
+the installed onnxruntime's, bad user profiles fail with one line naming file and key, and
+`graphopt targets` prints the table and a description."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+
+import pytest
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+from graphopt.cli_targets import add_targets_parser
+from graphopt.errors import OptionError
+from graphopt.partition.target import builtin_targets, load_target
+from graphopt.partition.target_ort import nchwc_block_size, op_key
+from graphopt.partition.target_schema import KEYWORDS, TARGET_SCHEMA, check
+
+NPU_TARGETS = ["ascend310", "ascend310b", "ascend910b"]
+KIB = 1024
+
+# Ops whose output shape depends on tensor data, control flow, sequences, strings: host only.
+HOST_ONLY = ["NonMaxSuppression", "TopK", "NonZero", "Unique", "Compress", "RoiAlign",
+             "MaxRoiPool", "If", "Loop", "Scan", "SequenceAt", "SequenceConstruct",
+             "SplitToSequence", "ConcatFromSequence", "StringNormalizer", "RegexFullMatch",
+             "Range", "ConstantOfShape", "OneHot"]
+
+
+def _shipped_json(name: str) -> dict:
+    with open(load_target(name).path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _minimal() -> dict:
+    """A small valid two-device profile that the bad-profile tests break one key at a time."""
+    return {
+        "schema_version": 1, "name": "board", "primary": "npu", "host": "cpu",
+        "transfer": {"bandwidth": 1e9, "latency_s": 1e-5},
+        "devices": [
+            {"name": "npu", "kind": "npu", "providers": ["CANNExecutionProvider"],
+             "static_shapes": True, "peak_ops_per_s": {"float16": 1e12},
+             "memory_bandwidth": 1e10, "launch_overhead_s": 1e-5,
+             "engines": {"cube": {"kind": "cube", "ops": {"Conv": {"dtypes": ["float16"]}}}}},
+            {"name": "cpu", "kind": "cpu", "providers": ["CPUExecutionProvider"],
+             "ops": "onnxruntime", "peak_ops_per_s": {"float32": 1e11},
+             "memory_bandwidth": 1e10, "launch_overhead_s": 1e-6},
+        ],
+    }
+
+
+def _load(tmp_path, doc, name="my.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc) if isinstance(doc, dict) else doc, encoding="utf-8")
+    return load_target(str(path)), str(path)
+
+
+def _error(tmp_path, doc) -> str:
+    path = tmp_path / "my.json"
+    path.write_text(json.dumps(doc) if isinstance(doc, dict) else doc, encoding="utf-8")
+    with pytest.raises(OptionError) as info:
+        load_target(str(path))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"--target {path}: ")
+    return message
+
+
+# --- shipped profiles ----------------------------------------------------------------------
+
+
+def test_builtin_names():
+    assert builtin_targets() == ["ascend310", "ascend310b", "ascend910b", "cpu"]
+
+
+@pytest.mark.parametrize("name", ["ascend310", "ascend310b", "ascend910b", "cpu"])
+def test_shipped_profile_loads_and_conforms(name):
+    check(_shipped_json(name))  # the hand checker, which interprets TARGET_SCHEMA
+    target = load_target(name)
+    assert target.name == name and target is load_target(name)  # built-ins are cached
+    assert [d.kind for d in target.devices].count("cpu") == 1
+    assert target.device(target.host).kind == "cpu"
+    host = target.device(target.host)
+    assert host.providers == ("CPUExecutionProvider",) and host.kernel_source == "onnxruntime"
+
+
+@pytest.mark.parametrize("name", NPU_TARGETS)
+def test_npu_device(name):
+    target = load_target(name)
+    npu = target.device(target.primary)
+    assert npu.kind == "npu" and npu.static_shapes_only
+    assert npu.providers == ("CANNExecutionProvider", "CPUExecutionProvider")
+    assert dict(npu.engines) == {"cube": "cube", "vector": "vector", "aicpu": "aicpu"}
+    assert npu.cube["float16"] == (16, 16, 16) and npu.cube["int8"] == (16, 32, 16)
+    assert target.transfer_bandwidth > 0 and target.transfer_latency_s > 0
+    conv = npu.kernel("Conv")
+    assert conv.engine == "cube" and {"float16", "float32"} <= conv.dtypes and conv.note
+    assert npu.kernel("FusedConv", "com.microsoft").engine == "cube"
+    assert npu.kernel("Resize").attributes["mode"] == ("nearest", "linear")
+    assert npu.kernel("Pad").attributes["mode"] == ("constant", "reflect", "edge")
+    # Shape arithmetic on int64 runs on the AI CPU; the same op in float16 on the vector unit.
+    assert npu.kernel("Add").engine == "vector"
+    assert npu.kernel("Add", "", "int64").engine == "aicpu"
+    assert npu.kernel("Shape").engine == "aicpu"
+
+
+def test_buffer_figures():
+    buffers = {n: dict(load_target(n).device("npu").buffers) for n in NPU_TARGETS}
+    assert buffers["ascend310"] == {"L0A": 64 * KIB, "L0B": 64 * KIB, "L0C": 256 * KIB,
+                                    "L1": 1024 * KIB, "UB": 256 * KIB}
+    assert buffers["ascend910b"] == {"L0A": 64 * KIB, "L0B": 64 * KIB, "L0C": 128 * KIB,
+                                     "L1": 512 * KIB, "UB": 192 * KIB}
+    assert buffers["ascend310b"]["UB"] == 256 * KIB and buffers["ascend310b"]["L0A"] == 64 * KIB
+
+
+def test_headline_figures():
+    a310, b310, b910 = (load_target(n).device("npu") for n in NPU_TARGETS)
+    assert (a310.ai_cores, a310.peak_ops_per_s["float16"], a310.peak_ops_per_s["int8"]) == \
+        (2, 8e12, 16e12)
+    assert b310.peak_ops_per_s["int8"] in (4e12, 8e12)
+    assert 20 <= b910.ai_cores <= 25 and b910.peak_ops_per_s["float16"] > 2.5e14
+    assert "bfloat16" in b910.peak_ops_per_s and "bfloat16" in b910.kernel("MatMul").dtypes
+    assert "bfloat16" not in a310.kernel("MatMul").dtypes
+    assert b910.memory_bandwidth > 1e12 > a310.memory_bandwidth
+
+
+@pytest.mark.parametrize("name", ["ascend310", "ascend310b", "ascend910b", "cpu"])
+def test_every_figure_has_a_source(name):
+    target = load_target(name)
+    missing = [key for key in target.figures() if key not in target.sources]
+    assert not missing
+    for key, source in target.sources.items():
+        assert len(source) > 20, key
+        if "estimate" in source.split(":")[0]:
+            assert source.startswith("estimate: "), key
+
+
+@pytest.mark.parametrize("name", NPU_TARGETS)
+def test_data_dependent_and_control_flow_ops_stay_on_host(name):
+    target = load_target(name)
+    npu, host = target.device("npu"), target.device("cpu")
+    for op in HOST_ONLY:
+        assert npu.kernel(op) is None, op
+    assert not npu.has_kernel("NonMaxSuppression", "", "float32")
+    assert host.has_kernel("NonMaxSuppression", "", "float32") and host.has_kernel("TopK", "", None)
+
+
+@pytest.mark.parametrize("name", NPU_TARGETS)
+def test_npu_ops_are_real_onnx_or_contrib_ops(name):
+    known = {op_key(s.name, s.domain) for s in ort_c.get_all_operator_schema()}
+    assert [key for key in load_target(name).device("npu").kernels if key not in known] == []
+
+
+def test_fusion_outputs_have_npu_kernels_where_cann_does():
+    b910, a310 = load_target("ascend910b").device("npu"), load_target("ascend310").device("npu")
+    for op in ("FusedConv", "FusedGemm", "FusedMatMul", "Gelu", "FastGelu", "BiasGelu",
+               "QuickGelu", "SkipLayerNormalization"):
+        assert a310.has_kernel(op, "com.microsoft", "float16"), op
+    assert b910.kernel("MultiHeadAttention", "com.microsoft").note
+    assert a310.kernel("MultiHeadAttention", "com.microsoft") is None  # no fused kernel on 310
+
+
+# --- the cpu table is onnxruntime's ------------------------------------------------------
+
+
+def test_cpu_kernels_match_installed_onnxruntime():
+    cpu = load_target("cpu").device("cpu")
+    registry: dict[str, set[str]] = {}
+    for k in ort_c.get_all_opkernel_def():
+        if k.provider == "CPUExecutionProvider":
+            registry.setdefault(op_key(k.op_name, k.domain), set()).update(
+                t for types in k.type_constraints.values() for t in types)
+    assert set(cpu.kernels) == set(registry)
+    assert cpu.has_kernel("FusedConv", "com.microsoft", "float32")
+    fp16_fused_conv = "tensor(float16)" in registry["com.microsoft::FusedConv"]
+    assert cpu.has_kernel("FusedConv", "com.microsoft", "float16") == fp16_fused_conv
+    assert cpu.has_kernel("Conv", "ai.onnx", "float32") and cpu.has_kernel("Conv", "", None)
+    assert not cpu.has_kernel("NoSuchOp", "", None) and cpu.kernel("NoSuchOp") is None
+    assert "bool" in cpu.kernel("Equal").dtypes  # the output's type counts too
+    assert cpu.kernel("Relu").engine == "cpu" and dict(cpu.engines) == {"cpu": "cpu"}
+
+
+@pytest.mark.parametrize("flags,machine,expected", [
+    ("fpu sse2 avx avx2 avx512f", "x86_64", 16), ("fpu sse2 avx avx2 fma", "x86_64", 8),
+    ("fpu sse2", "x86_64", 0), ("fp asimd", "aarch64", 0)])
+def test_nchwc_block_size(tmp_path, monkeypatch, flags, machine, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    monkeypatch.setattr("platform.machine", lambda: machine)
+    assert nchwc_block_size(str(cpuinfo)) == expected
+    assert nchwc_block_size(str(tmp_path / "missing")) == 0
+
+
+def test_cpu_target_resolves_auto_block_size():
+    assert load_target("cpu").device("cpu").nchwc_block_size == nchwc_block_size()
+    assert load_target("ascend910b").device("cpu").nchwc_block_size == 0  # ARM host
+
+
+# --- user profiles -------------------------------------------------------------------------
+
+
+def test_user_profile_loads(tmp_path):
+    target, path = _load(tmp_path, _minimal())
+    assert target.path == path and target.primary == "npu" and target.host == "cpu"
+    npu = target.device("npu")
+    assert npu.has_kernel("Conv", "", "float16") and not npu.has_kernel("Conv", "", "float32")
+    assert npu.kernel("Relu") is None and target.transfer_bandwidth == 1e9
+    with pytest.raises(KeyError, match="no device 'gpu'"):
+        target.device("gpu")
+
+
+def test_engine_defaults_apply(tmp_path):
+    doc = _minimal()
+    doc["devices"][0]["engines"]["vector"] = {
+        "kind": "vector", "defaults": {"dtypes": ["float16"], "max_rank": 4},
+        "ops": {"Relu": {}, "Cast": {"dtypes": ["float16", "int32"], "max_rank": None}}}
+    npu = _load(tmp_path, doc)[0].device("npu")
+    assert npu.kernel("Relu").dtypes == {"float16"} and npu.kernel("Relu").max_rank == 4
+    assert npu.kernel("Cast").max_rank is None and "int32" in npu.kernel("Cast").dtypes
+
+
+def _broken(change) -> dict:
+    doc = copy.deepcopy(_minimal())
+    change(doc)
+    return doc
+
+
+@pytest.mark.parametrize("change,expected", [
+    (lambda d: d["devices"][0]["engines"].__setitem__("cube", "x"),
+     "devices[0].engines.cube: expected an object, got 'x'"),
+    (lambda d: d["devices"][0].__setitem__("engines", []),
+     "devices[0].engines: expected an object, got an array"),
+    (lambda d: d["devices"][0].__setitem__("memory_bandwidth", -1),
+     "devices[0].memory_bandwidth: expected a number > 0, got -1"),
+    (lambda d: d["transfer"].__setitem__("bandwidth", -5e9),
+     "transfer.bandwidth: expected a number > 0"),
+    (lambda d: d["devices"][0].__setitem__("ai_cores", True),
+     "devices[0].ai_cores: expected an integer ≥ 1 or null, got true"),
+    (lambda d: d["devices"][0].__setitem__("colour", "red"), "devices[0].colour: unknown key"),
+    (lambda d: d.pop("devices")[1], "(top level): missing key 'devices'"),
+    (lambda d: d["devices"].pop(1), "devices: needs exactly one device of kind 'cpu'"),
+    (lambda d: d.__setitem__("host", "npu"), "host: must name the cpu device 'cpu'"),
+    (lambda d: d.__setitem__("primary", "gpu"), "primary: no device named 'gpu'"),
+    (lambda d: d.pop("transfer"), "transfer: missing"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__("dtypes", ["fp16"]),
+     "devices[0].engines.cube.ops.Conv.dtypes[0]: expected one of"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"].__setitem__(
+        "com.microsoft::FusedConv", {"attributes": {"activation": []}}),
+     ('devices[0].engines.cube.ops["com.microsoft::FusedConv"].attributes.activation: '
+      "expected at least 1 item")),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "engine_for", {"int64": "aicpu"}),
+     "devices[0].engines.cube.ops.Conv.engine_for.int64: no engine 'aicpu'"),
+    (lambda d: d["devices"][0]["engines"].__setitem__(
+        "vector", {"kind": "vector", "ops": {"Conv": {}}}),
+     "devices[0].engines.vector.ops.Conv: also listed under engine 'cube'"),
+    (lambda d: d["devices"][0].__setitem__("ops", "onnxruntime"),
+     "devices[0]: needs exactly one of 'engines'"),
+    (lambda d: d["devices"][1].__setitem__("nchwc_block_size", "fast"),
+     "devices[1].nchwc_block_size: expected 'auto' or an integer ≥ 0, got 'fast'"),
+    (lambda d: d.__setitem__("sources", {"npu.buffers.L0C": "a datasheet"}),
+     'sources["npu.buffers.L0C"]: cites no figure of this profile'),
+    (lambda d: d.__setitem__("schema_version", 2), "schema_version: expected 1, got 2"),
+])
+def test_bad_profile_names_file_and_key(tmp_path, change, expected):
+    assert expected in _error(tmp_path, _broken(change))
+
+
+def test_bad_json(tmp_path):
+    message = _error(tmp_path, '{"name": "x",\n "devices": [}')
+    assert "not valid JSON" in message and "line 2" in message
+    assert "appears twice" in _error(tmp_path, '{"name": "a", "name": "b"}')
+    assert "NaN" in _error(tmp_path, '{"name": NaN}')
+
+
+def test_missing_file_and_unknown_name(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(OptionError, match=rf"--target {missing}: cannot read it: No such file"):
+        load_target(str(missing))
+    with pytest.raises(OptionError, match="unknown target .*ascend310, ascend310b, ascend9"):
+        load_target("ascend999")
+
+
+# --- the schema ----------------------------------------------------------------------------
+
+
+def test_schema_is_draft_2020_12_within_the_checkers_keywords():
+    assert TARGET_SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    used: set[str] = set()
+
+    def walk(node, in_names=False):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not in_names:
+                    used.add(key)
+                # Children of these keywords are names (of properties, defs), not keywords.
+                walk(value, in_names=key in ("properties", "$defs") and not in_names)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(TARGET_SCHEMA)
+    assert used <= KEYWORDS, used - KEYWORDS
+
+
+def test_schema_documents_every_key():
+    defs = TARGET_SCHEMA["$defs"]
+    undocumented = []
+
+    def walk(schema, where):
+        for key, prop in schema.get("properties", {}).items():
+            target = defs[prop["$ref"].rsplit("/", 1)[-1]] if "$ref" in prop else prop
+            if "description" not in target:
+                undocumented.append(f"{where}.{key}")
+            walk(target, f"{where}.{key}")
+        if isinstance(schema.get("additionalProperties"), dict):
+            walk(schema["additionalProperties"], f"{where}.*")
+        if "items" in schema:
+            walk(schema["items"], f"{where}[]")
+        if "$ref" in schema:
+            walk(defs[schema["$ref"].rsplit("/", 1)[-1]], where)
+
+    walk(TARGET_SCHEMA, "")
+    assert undocumented == []
+
+
+# --- `graphopt targets` --------------------------------------------------------------------
+
+
+def _run(argv, capsys) -> str:
+    parser = argparse.ArgumentParser(prog="graphopt")
+    add_targets_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    return capsys.readouterr().out
+
+
+def test_cli_table(capsys):
+    out = _run(["targets"], capsys)
+    for name in builtin_targets():
+        assert name in out
+    assert "CANNExecutionProvider" in out and "8 TOPS float16" in out and "1.6 TB/s" in out
+
+
+def test_cli_describe(capsys):
+    out = _run(["targets", "ascend310"], capsys)
+    assert "L0C 256 KiB" in out and "float16 16×16×16" in out and "int8 16×32×16" in out
+    assert "engine cube of npu" in out and "FusedConv" in out and "mode in nearest/linear" in out
+    assert "npu.buffers.L0C" in out and "Hot Chips" in out  # figures with their sources
+    assert "kernels: the CPU kernels of the installed onnxruntime" in out
+
+
+def test_cli_json_round_trips(tmp_path, capsys):
+    doc = json.loads(_run(["targets", "ascend910b", "--json"], capsys))
+    assert doc["name"] == "ascend910b" and doc["devices"][0]["buffers"]["UB"] == 192 * KIB
+    assert "Relu" in doc["devices"][1]["engines"]["cpu"]["ops"]  # the onnxruntime table
+    reloaded, _ = _load(tmp_path, doc, "copy.json")
+    original = load_target("ascend910b")
+    for a, b in zip(original.devices, reloaded.devices, strict=True):
+        assert set(a.kernels) == set(b.kernels)
+        assert a.kernel("Add", "", "int64") == b.kernel("Add", "", "int64")
+    assert isinstance(json.loads(_run(["targets", "--json"], capsys)), list)
+
+
+def test_cli_user_file_and_error(tmp_path, capsys):
+    _, path = _load(tmp_path, _minimal())
+    assert "board" in _run(["targets", path], capsys)
+    with pytest.raises(OptionError, match="unknown target"):
+        _run(["targets", "nope"], capsys)
