@@ -347,6 +347,23 @@ def test_zoo_models_run_as_npu_artifacts(name, options, inputs, tmp_path):
     assert_same_outputs(proto, path, feeds, rtol=1e-3, atol=1e-4)
 
 
+def test_fusions_follow_the_targets_kernels():
+    proto = zoo.build("gpt2_small", layers=1, hidden=64, heads=2, vocab=100, positions=32)
+    shapes = "input_ids:1,16"
+    on_310 = graphopt.optimize(proto, target="ascend310", input_shapes=shapes,
+                               trace_rules="ScaledDotProductAttention")
+    on_910b = graphopt.optimize(proto, target="ascend910b", input_shapes=shapes)
+    assert "com.microsoft::MultiHeadAttention" not in ops_of(on_310)
+    assert any("target ascend310: its npu has no com.microsoft::MultiHeadAttention kernel" in line
+               for line in on_310.traces), on_310.traces
+    assert "com.microsoft::MultiHeadAttention" in ops_of(on_910b)
+    assert devices(on_310) == devices(on_910b) == ["npu"]
+
+
+def ops_of(result) -> set[str]:
+    return {n.qualified_op for n in result.model.graph}
+
+
 # --- command line --------------------------------------------------------------------------
 
 

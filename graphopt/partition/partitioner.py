@@ -69,10 +69,10 @@ def partition(model: Model, target: Target, *, return_islands: bool = True) -> P
         islands = _unprofitable_islands(clusters, placements, target)
         if not islands:
             break
-        for members, line in islands:
-            returned.append(line)
+        for members, reason in islands:
+            returned.append(f"{len(members)} node(s) from {_label(members[0])}: {reason}")
             for node in members:
-                placements[node] = Placement(target.host, None, line.split(": ", 1)[1])
+                placements[node] = Placement(target.host, None, reason)
     return Partitioning(target, _partitions(clusters, placements), placements, returned)
 
 
@@ -212,10 +212,12 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
         if not touches_host:
             continue
         saved = sum(node_seconds(n, host) - node_seconds(n, primary) for n in members)
-        if saved < on_host_side - on_device_side:
-            found.append((members, f"{len(members)} node(s) starting at {_label(members[0])}: "
-                          f"returned to {host.name}, the island saves {saved * 1e6:.1f} µs but its "
-                          f"transfers cost {(on_host_side - on_device_side) * 1e6:.1f} µs"))
+        cost = on_host_side - on_device_side
+        if saved < cost:
+            gain = (f"the {primary.name} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else
+                    f"the {primary.name} would be {-saved * 1e6:.1f} µs slower on them")
+            found.append((members, f"returned to {host.name}: {gain}, and the transfers cost "
+                                   f"{cost * 1e6:.1f} µs"))
     return found
 
 

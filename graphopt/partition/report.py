@@ -28,8 +28,8 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
         for node, reason in fallbacks:
             by_reason.setdefault(reason, []).append(node.name or node.op_type)
         shown = by_reason if all_fallbacks else dict(list(by_reason.items())[:20])
-        rows = [[len(nodes), _names(nodes), reason] for reason, nodes in shown.items()]
-        lines.append(format_table(["nodes", "names", "reason"], rows))
+        rows = [[reason, len(nodes), _names(nodes)] for reason, nodes in shown.items()]
+        lines.append(format_table(["reason", "nodes", "names"], rows))
         if len(shown) < len(by_reason):
             lines.append(f"… and {len(by_reason) - len(shown)} more reason(s) (--all-fallbacks)")
     return "\n".join(lines)
@@ -78,5 +78,6 @@ def _kib(values) -> str:
     return f"{sum(value_bytes(v) for v in values) / 1024:.1f}"
 
 
-def _names(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f", … (+{len(names) - 3})" if len(names) > 3 else "")
+def _names(names: list[str], shown: int = 2, width: int = 48) -> str:
+    short = [n if len(n) <= width else n[:width - 1] + "…" for n in names[:shown]]
+    return ", ".join(short) + (f", +{len(names) - shown}" if len(names) > shown else "")
