@@ -48,6 +48,7 @@ class Partitioning:
     partitions: list[Partition]           # in execution order
     placements: dict[Node, Placement]
     returned: list[str] = field(default_factory=list)  # one line per island sent back to the CPU
+    layouts: dict = field(default_factory=dict)  # partition name -> layouts.PartitionLayout (NPU)
 
     def fallbacks(self) -> list[tuple[Node, str]]:
         """Nodes that are not on the primary device, with the reason, in graph order."""
@@ -73,7 +74,11 @@ def partition(model: Model, target: Target, *, return_islands: bool = True) -> P
             returned.append(f"{len(members)} node(s) from {_label(members[0])}: {reason}")
             for node in members:
                 placements[node] = Placement(target.host, None, reason)
-    return Partitioning(target, _partitions(clusters, placements), placements, returned)
+    from graphopt.partition.layouts import assign_layouts  # it reads partitions: import late
+
+    result = Partitioning(target, _partitions(clusters, placements), placements, returned)
+    result.layouts = assign_layouts(result)
+    return result
 
 
 # --- clustering ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from graphopt.partition.estimate import value_bytes
+from graphopt.partition.layouts import layout_summary
 from graphopt.partition.partitioner import Partition, Partitioning
 from graphopt.table import format_table
 
@@ -20,6 +21,10 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
     lines = [format_table(
         ["partition", "device", "nodes", "engines", "in", "in KiB", "out", "out KiB", "ops"],
         rows, title=f"target {target.name}: {len(partitioning.partitions)} partition(s)")]
+    if partitioning.layouts:
+        lines.append("")
+        lines.append("device formats (TransData counted before and after cancelling pairs that meet):")
+        lines.append(layout_summary(partitioning.layouts))
     fallbacks = partitioning.fallbacks()
     if fallbacks:
         lines.append("")
@@ -53,6 +58,7 @@ def partitioning_json(partitioning: Partitioning) -> dict:
             {"node": node.name, "op": node.qualified_op, "reason": reason}
             for node, reason in partitioning.fallbacks()
         ],
+        "layouts": {name: layout.to_json() for name, layout in partitioning.layouts.items()},
     }
 
 

@@ -1,0 +1,153 @@
+"""Device data formats of NPU partitions: which values live in NC1HWC0, FRACTAL_Z or FRACTAL_NZ,
+and the TransData conversions between formats, before and after cancelling those that meet.
+
+The DaVinci cube reads activations of conv nets as NC1HWC0 (channels split into C1 blocks of
+C0 = 16 fp16 / 32 int8 values, innermost), conv weights as FRACTAL_Z and matmul operands as
+FRACTAL_NZ (16×16 fractals). Host tensors are ND (NCHW). A first assignment converts around every
+cube and pooling op (the naive form); then format-agnostic ops (elementwise on equal shapes, or with
+a constant operand) take the format their inputs arrive in, which cancels each pair of
+conversions that meet across them — GE's TransData elimination. Weights are converted once at
+compile time. onnxruntime cannot run these formats, so they stay annotations in the artifact: the
+partition models keep ND tensors and the stand-in provider runs them unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from graphopt.ir import Node, Value
+from graphopt.partition.partitioner import Partition, Partitioning
+
+ND = "ND"
+NC1HWC0 = "NC1HWC0"
+FRACTAL_Z = "FRACTAL_Z"
+FRACTAL_NZ = "FRACTAL_NZ"
+
+_CONV = {"Conv", "FusedConv", "ConvTranspose"}
+_SPATIAL = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization",
+            "LpPool", "Resize", "Upsample", "InstanceNormalization"}
+_MATMUL = {"MatMul", "FusedMatMul", "Gemm", "FusedGemm"}
+_AGNOSTIC = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "Elu",
+             "Selu", "Gelu", "FastGelu", "QuickGelu", "Erf", "Exp", "Log", "Abs", "Neg", "Sqrt",
+             "Reciprocal", "Softplus", "Mish", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min",
+             "Sum", "Mean", "Where", "Cast", "Identity", "Dropout", "PRelu"}
+
+
+@dataclass
+class PartitionLayout:
+    """Formats and conversions of one NPU partition."""
+
+    partition: str
+    formats: dict[str, str] = field(default_factory=dict)         # value -> non-ND format
+    weights: dict[str, str] = field(default_factory=dict)         # weight -> format, converted offline
+    transdata: list[dict] = field(default_factory=list)           # {tensor, from, to, readers}
+    naive_transdata: int = 0                                      # before cancellation
+
+    def to_json(self) -> dict:
+        return {"formats": dict(sorted(self.formats.items())),
+                "weights": dict(sorted(self.weights.items())),
+                "transdata": self.transdata, "naive_transdata": self.naive_transdata}
+
+
+def assign_layouts(partitioning: Partitioning) -> dict[str, PartitionLayout]:
+    """The format plan of every NPU partition (host partitions stay ND), by partition name."""
+    return {part.name: _layout(part) for part in partitioning.partitions
+            if partitioning.target.device(part.device).kind == "npu"}
+
+
+def _layout(part: Partition) -> PartitionLayout:
+    layout = PartitionLayout(part.name)
+    naive = _formats(part, propagate=False)
+    layout.naive_transdata = len(_conversions(part, *naive))
+    stored, wanted = _formats(part, propagate=True)
+    layout.transdata = _conversions(part, stored, wanted)
+    layout.formats = {v.name: f for v, f in stored.items() if f != ND}
+    for node in part.nodes:
+        for index, value in enumerate(node.inputs):
+            if value is not None and value.is_constant and _wants(node, index) != ND:
+                layout.weights[value.name] = _wants(node, index)
+    return layout
+
+
+def _wants(node: Node, index: int) -> str:
+    """The format a cube or pooling op reads input `index` in (ND for the rest)."""
+    op = node.op_type
+    value = node.inputs[index]
+    rank = len(value.shape) if value is not None and value.shape is not None else None
+    if op in _CONV:
+        return {0: NC1HWC0 if rank == 4 else ND, 1: FRACTAL_Z if rank == 4 else ND}.get(index, ND)
+    if op in _SPATIAL:
+        return NC1HWC0 if index == 0 and rank == 4 else ND
+    if op in _MATMUL:
+        return FRACTAL_NZ if index in (0, 1) and rank is not None and rank >= 2 else ND
+    return ND
+
+
+def _makes(node: Node) -> str:
+    """The format a cube or pooling op writes its output in."""
+    out = node.outputs[0]
+    rank = len(out.shape) if out is not None and out.shape is not None else None
+    if node.op_type in _CONV or node.op_type in _SPATIAL:
+        return NC1HWC0 if rank == 4 else ND
+    if node.op_type in _MATMUL:
+        return FRACTAL_NZ if rank is not None and rank >= 2 else ND
+    return ND
+
+
+def _formats(part: Partition, propagate: bool) -> tuple[dict[Value, str], dict[tuple, str]]:
+    """(stored format per value made in the partition, wanted format per (reader, input index))."""
+    stored: dict[Value, str] = {}
+    wanted: dict[tuple[Node, int], str] = {}
+    for node in part.nodes:
+        data = [(i, v) for i, v in enumerate(node.inputs) if v is not None and not v.is_constant]
+        # An elementwise op on equal shapes runs in the one device format its inputs arrive in
+        # (ND inputs are converted to it: a residual branch joins the conv chain's format).
+        device_formats = {stored.get(v, ND) for _, v in data} - {ND}
+        shapes = {v.shape for _, v in data}
+        follow = None
+        if (propagate and node.op_type in _AGNOSTIC and len(device_formats) == 1
+                and len(shapes) == 1 and None not in shapes
+                and all(o is None or o.shape in shapes for o in node.outputs)):
+            follow = next(iter(device_formats))
+        for index, value in data:
+            wanted[(node, index)] = follow or _wants(node, index)
+        for value in node.outputs:
+            if value is not None:
+                stored[value] = follow or _makes(node)
+    return stored, wanted
+
+
+def _conversions(part: Partition, stored: dict, wanted: dict) -> list[dict]:
+    """One TransData per (tensor, from, to): where a value's stored format is not the format a
+    reader in the partition, or the host after it, reads it in."""
+    members = set(part.nodes)
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for (node, index), want in wanted.items():
+        value = node.inputs[index]
+        if value.is_constant:
+            continue
+        have = stored.get(value, ND)  # partition inputs arrive from the host in ND
+        if have != want:
+            found.setdefault((value.name, have, want), []).append(node.name or node.op_type)
+    for value in part.outputs:  # leaving for the host or the caller
+        have = stored.get(value, ND)
+        if have != ND:
+            readers = [u.node.name for u in value.uses if u.node not in members] or ["(caller)"]
+            found.setdefault((value.name, have, ND), []).extend(readers)
+    return [{"tensor": t, "from": a, "to": b, "readers": readers}
+            for (t, a, b), readers in found.items()]
+
+
+def layout_summary(layouts: dict[str, PartitionLayout]) -> str:
+    """One line per NPU partition: values per format, weights converted offline, TransData."""
+    lines = []
+    for name, layout in layouts.items():
+        counts = Counter(layout.formats.values())
+        weights = Counter(layout.weights.values())
+        formats = ", ".join(f"{n} {f}" for f, n in sorted(counts.items())) or "all ND"
+        offline = ", ".join(f"{n} {f}" for f, n in sorted(weights.items())) or "none"
+        lines.append(f"{name}: values {formats}; weights converted offline: {offline}; "
+                     f"TransData {len(layout.transdata)} (naive placement: "
+                     f"{layout.naive_transdata})")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Device formats of NPU partitions: NC1HWC0 activations, FRACTAL_Z conv weights, FRACTAL_NZ
+matmul operands, and TransData only where formats really change once pairs that meet cancel."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx.parser
+from onnx import numpy_helper
+
+import graphopt
+from graphopt import zoo
+from graphopt.partition.layouts import FRACTAL_NZ, FRACTAL_Z, NC1HWC0
+
+RNG = np.random.default_rng(3)
+
+
+def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
+    proto = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
+    kept = [i for i in proto.graph.input if i.name not in weights]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
+    return proto
+
+
+def weight(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.1).astype(np.float32)
+
+
+def layout_of(proto, **options):
+    result = graphopt.optimize(proto, target="ascend310", **options)
+    (layout,) = result.partitioning.layouts.values()
+    return layout
+
+
+def conversions(layout) -> list[tuple[str, str, str]]:
+    return sorted((t["tensor"], t["from"], t["to"]) for t in layout.transdata)
+
+
+def test_conv_chain_converts_only_at_its_ends():
+    proto = build("""
+        g (float[1,32,28,28] x) => (float[1,32,28,28] y) {
+            a = Conv <pads = [1,1,1,1]> (x, w1)
+            r = Relu (a)
+            b = Conv <pads = [1,1,1,1]> (r, w2)
+            s = Add (b, x)
+            y = Relu (s)
+        }""", w1=weight(32, 32, 3, 3), w2=weight(32, 32, 3, 3))
+    layout = layout_of(proto, level=1)
+    assert layout.formats == {"a": NC1HWC0, "r": NC1HWC0, "b": NC1HWC0, "s": NC1HWC0, "y": NC1HWC0}
+    assert layout.weights == {"w1": FRACTAL_Z, "w2": FRACTAL_Z}
+    # x enters once for the conv and once for the residual Add, which reads it as NC1HWC0 too;
+    # y leaves once. Naively every conv converts in and out, and the Add and Relus read ND.
+    assert conversions(layout) == [("x", "ND", NC1HWC0), ("y", NC1HWC0, "ND")]
+    entering = next(t for t in layout.transdata if t["tensor"] == "x")
+    assert len(entering["readers"]) == 2  # one conversion serves the conv and the Add
+    assert layout.naive_transdata > len(layout.transdata)
+
+
+def test_matmul_operands_are_fractal_nz_and_reshape_reads_nd():
+    proto = build("""
+        g (float[64,256] x) => (float[4,16,128] y) {
+            h = MatMul (x, w)
+            b = Add (h, bias)
+            y = Reshape (b, shape)
+        }""", w=weight(256, 128), bias=weight(128), shape=np.array([4, 16, 128], np.int64))
+    layout = layout_of(proto, level=1)
+    assert layout.weights == {"w": FRACTAL_NZ}
+    assert layout.formats == {"h": FRACTAL_NZ, "b": FRACTAL_NZ}
+    assert conversions(layout) == [("b", FRACTAL_NZ, "ND"), ("x", "ND", FRACTAL_NZ)]
+
+
+def test_resnet_converts_four_times_instead_of_around_every_op():
+    proto = zoo.build("resnet50", blocks=(1, 1, 1, 1), width=0.25, image_size=64)
+    layout = layout_of(proto, input_shapes="input:1,3,64,64")
+    assert set(layout.weights.values()) == {FRACTAL_Z, FRACTAL_NZ}
+    # In for the stem conv; out of NC1HWC0 for Flatten; into FRACTAL_NZ for the classifier Gemm;
+    # the logits back to ND for the caller.
+    assert len(layout.transdata) == 4
+    assert layout.naive_transdata > 20
+
+
+def test_formats_travel_in_the_artifact(tmp_path):
+    proto = zoo.build("resnet50", blocks=(1, 1, 1, 1), width=0.25, image_size=64)
+    result = graphopt.optimize(proto, target="ascend310", input_shapes="input:1,3,64,64")
+    graphopt.save(result, tmp_path / "r.om")
+    manifest = graphopt.codegen.load_om(tmp_path / "r.om").manifest
+    (entry,) = manifest["extra"]["partitioning"]["layouts"].values()
+    assert len(entry["transdata"]) == 4 and FRACTAL_Z in entry["weights"].values()
+    # The partition model itself stays ND: onnxruntime runs it unchanged.
+    ops = {n.op_type for n in graphopt.codegen.load_om(tmp_path / "r.om").partitions[0].model.graph.node}
+    assert "TransData" not in ops
+
+
+def test_host_partitions_have_no_formats():
+    result = graphopt.optimize(build("""
+        g (float[8] x) => (float[8] y) { y = Relu (x) }"""), target="cpu")
+    assert result.partitioning.layouts == {}
