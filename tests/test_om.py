@@ -181,7 +181,37 @@ def test_same_input_gives_identical_bytes(tmp_path):
         names = zf.namelist()
         assert names[0] == "manifest.json" and names[1:] == sorted(names[1:])
         assert {info.date_time for info in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
-        assert {info.compress_type for info in zf.infolist()} == {zipfile.ZIP_DEFLATED}
+        # The manifest deflates; partition models are stored, so loading need not inflate them.
+        assert {i.filename: i.compress_type for i in zf.infolist()} == {
+            "manifest.json": zipfile.ZIP_DEFLATED,
+            **{n: zipfile.ZIP_STORED for n in names[1:]}}
+
+
+def test_stored_member_with_a_corrupt_local_header_is_refused(om_path, tmp_path):
+    data = bytearray(om_path.read_bytes())
+    with zipfile.ZipFile(om_path) as zf:
+        offset = zf.getinfo("partitions/p0.onnx").header_offset
+    data[offset:offset + 4] = b"XXXX"
+    bad = tmp_path / "bad.om"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx.*corrupt"):
+        load_om(bad)
+
+
+def test_session_checks_sums_while_building_sessions(om_path, tmp_path):
+    # A flipped weight byte still parses: only the sha256 check, run beside onnxruntime's
+    # session creation, can catch it, and the session must not be returned.
+    data = bytearray(om_path.read_bytes())
+    weights = numpy_helper.to_array(matmul_relu().graph.initializer[0]).tobytes()
+    at = bytes(data).index(weights[:16])
+    data[at] ^= 0x01
+    bad = tmp_path / "bad.om"
+    bad.write_bytes(bytes(data))
+    assert load_om(bad, defer_checksums=True).partitions  # parses: the bytes are well formed
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        OmSession(bad)
+    with pytest.raises(ArtifactError, match="fails its sha256 check"):
+        load_om(bad)
 
 
 def test_is_om(om_path, tmp_path):

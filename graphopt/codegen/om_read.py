@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import struct
 import zipfile
 import zlib
 
@@ -75,6 +76,25 @@ def _check_routing(manifest: dict) -> None:
         raise Malformed("manifest routing does not match the partitions' inputs and outputs")
 
 
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip's local file header, 30 bytes
+
+
+def _stored_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """An uncompressed member's bytes in one read. zipfile would also CRC them chunk by chunk,
+    which costs as much as the sha256 check the caller does anyway."""
+    fp = zf.fp
+    fp.seek(info.header_offset)
+    header = fp.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile("bad local file header")
+    name_length, extra_length = _LOCAL_HEADER.unpack(header)[-2:]
+    fp.seek(info.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
+    data = fp.read(info.file_size)
+    if len(data) != info.file_size:
+        raise EOFError("member data ends early")
+    return data
+
+
 def _read_member(zf: zipfile.ZipFile, name: str, expected: dict) -> bytes:
     try:
         info = zf.getinfo(name)
@@ -87,12 +107,15 @@ def _read_member(zf: zipfile.ZipFile, name: str, expected: dict) -> bytes:
             "(tampered or corrupt)"
         )
     try:
-        data = zf.read(info)
+        data = _stored_bytes(zf, info) if info.compress_type == zipfile.ZIP_STORED else zf.read(info)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
         raise Malformed(f"member {name!r} is corrupt ({exc})") from None
+    return data
+
+
+def _check_sha256(name: str, data: bytes, expected: dict) -> None:
     if sha256(data) != expected["sha256"]:
         raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
-    return data
 
 
 def _parse_partition(part: dict, data: bytes) -> onnx.ModelProto:
@@ -139,6 +162,14 @@ class OmArtifact:
     def routing(self) -> list[dict]:
         return self.manifest["routing"]
 
+    def verify_checksums(self) -> None:
+        """Check every member against the manifest's sha256; ArtifactError on a mismatch."""
+        try:
+            for name, expected in sorted(self.manifest["members"].items()):
+                _check_sha256(name, self.members[name], expected)
+        except Malformed as exc:
+            raise ArtifactError(f"{self.path}: {exc}") from None
+
     def member(self, name: str) -> bytes:
         """The verified bytes of a member, e.g. "partitions/p0.onnx"."""
         return self.members[name]
@@ -161,16 +192,23 @@ class OmArtifact:
         return self.members[member]
 
 
-def load_om(path: str | os.PathLike) -> OmArtifact:
-    """Load and verify an .om; any problem raises ArtifactError naming the file and the problem."""
+def load_om(path: str | os.PathLike, *, defer_checksums: bool = False) -> OmArtifact:
+    """Load and verify an .om; any problem raises ArtifactError naming the file and the problem.
+
+    `defer_checksums=True` checks everything but the members' sha256 sums, which the caller
+    must then check with `artifact.verify_checksums()` before using anything: the runtime
+    hashes while onnxruntime builds its sessions (hashing releases the GIL), and only then
+    returns a session. Partition models are still parsed and refused if they reference external
+    data before onnxruntime sees them.
+    """
     path = os.fspath(path)
     try:
-        return _load(path)
+        return _load(path, defer_checksums)
     except Malformed as exc:
         raise ArtifactError(f"{path}: {exc}") from None
 
 
-def _load(path: str) -> OmArtifact:
+def _load(path: str, defer_checksums: bool) -> OmArtifact:
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -209,14 +247,24 @@ def _load(path: str) -> OmArtifact:
             if name != MANIFEST_NAME and name not in listed:
                 raise Malformed(f"member {name!r} is not listed in the manifest (tampered?)")
         members = {name: _read_member(zf, name, listed[name]) for name in sorted(listed)}
+    if not defer_checksums:
+        for name in sorted(listed):
+            _check_sha256(name, members[name], listed[name])
 
     models: dict[str, onnx.ModelProto] = {}
     for part in manifest["partitions"]:
         if part["member"] not in members:
             raise Malformed(f"partition {part['name']!r} member {part['member']!r} is not a listed member")
-        models[part["name"]] = _parse_partition(part, members[part["member"]])
+        try:
+            models[part["name"]] = _parse_partition(part, members[part["member"]])
+        except Malformed:  # a tampered member explains a model that does not parse best
+            _check_sha256(part["member"], members[part["member"]], listed[part["member"]])
+            raise
     _check_routing(manifest)
     return OmArtifact(path=path, manifest=manifest, members=members, models=models)
+
+
+
 
 
 def is_om(path: str | os.PathLike) -> bool:

@@ -209,9 +209,11 @@ def _json_value(what: str, value: Any) -> Any:
         raise ValueError(f"{what} is not JSON-serializable: {exc}") from None
 
 
-def _zip_info(name: str) -> zipfile.ZipInfo:
+def _zip_info(name: str, compress: bool = True) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name, date_time=_ZIP_DATE_TIME)
-    info.compress_type = zipfile.ZIP_DEFLATED
+    # Partition models are stored: weights barely deflate (float bytes look random) and
+    # inflating hundreds of MB would dominate the artifact's load time.
+    info.compress_type = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     info.create_system = 3  # ZipInfo defaults to the host OS; fix it so bytes match across platforms
     info.external_attr = 0o100644 << 16
     return info
@@ -324,6 +326,8 @@ def write_om(
             # The manifest goes first so a reader (or `unzip -p`) finds it without the central directory.
             zf.writestr(_zip_info(MANIFEST_NAME), manifest_bytes, compresslevel=_ZIP_COMPRESSLEVEL)
             for name in sorted(members):
-                zf.writestr(_zip_info(name), members[name], compresslevel=_ZIP_COMPRESSLEVEL)
+                stored = name.startswith(PARTITION_DIR)
+                zf.writestr(_zip_info(name, compress=not stored), members[name],
+                            compresslevel=None if stored else _ZIP_COMPRESSLEVEL)
     except OSError as exc:
         raise GraphoptError(f"cannot write {path}: {exc.strerror or exc}") from exc

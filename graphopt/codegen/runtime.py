@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import os
 import warnings
@@ -93,8 +94,20 @@ class OmSession:
         options = _session_options(intra_op_num_threads, optimization_level,
                                    inter_op_num_threads, session_config)
         artifact = path_or_artifact
-        if not isinstance(artifact, OmArtifact):
-            artifact = load_om(artifact)
+        if isinstance(artifact, OmArtifact):
+            steps = self._open(artifact, options)
+        else:
+            # The members' sha256 sums are checked on a second thread while onnxruntime builds
+            # the sessions (both release the GIL); nothing is returned before both are done.
+            artifact = load_om(artifact, defer_checksums=True)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                verified = pool.submit(artifact.verify_checksums)
+                try:
+                    steps = self._open(artifact, options)
+                except ArtifactError:
+                    verified.result()  # a failed checksum explains a refused partition best
+                    raise
+                verified.result()
         self._artifact = artifact
         self._inputs = copy.deepcopy(artifact.inputs)
         self._outputs = copy.deepcopy(artifact.outputs)
@@ -104,6 +117,15 @@ class OmSession:
                                if e["shape"] is not None
                                and all(isinstance(d, int) for d in e["shape"])}
 
+        self._steps = tuple(steps)
+        # A graph output may be a graph input passed straight through, so inputs count as producible.
+        self._producible = {t for step in steps for t in step.outputs} | set(self._expected)
+        # The plan for all outputs, computed once: run() is on the serving hot path.
+        default = [o["name"] for o in self._outputs]
+        self._default_plan = (default, self._plan(default))
+
+    def _open(self, artifact: OmArtifact, options: ort.SessionOptions) -> list[_Step]:
+        """One onnxruntime session per partition, in execution order."""
         available = ort.get_available_providers()
         fallback: list[str] = []
         wanted: set[str] = set()
@@ -127,19 +149,14 @@ class OmSession:
                     "which nothing routes to it"
                 )
             steps.append(_Step(part.name, session, list(part.inputs), list(part.outputs)))
-        self._steps = tuple(steps)
-        # A graph output may be a graph input passed straight through, so inputs count as producible.
-        self._producible = {t for step in steps for t in step.outputs} | set(self._expected)
-        # The plan for all outputs, computed once: run() is on the serving hot path.
-        default = [o["name"] for o in self._outputs]
-        self._default_plan = (default, self._plan(default))
         if fallback:
             warnings.warn(
                 f"{' or '.join(sorted(wanted))} not installed: {', '.join(fallback)} "
                 "run on the CPU provider as a functional stand-in",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
+        return steps
 
     @property
     def artifact(self) -> OmArtifact:
