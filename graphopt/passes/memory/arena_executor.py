@@ -1,0 +1,139 @@
+"""A debug runtime that executes a memory plan: every arena tensor lives in its planned slot of
+one bytearray, so a wrong plan (two live tensors sharing bytes) corrupts the outputs.
+
+Each node runs in its own tiny onnxruntime session (built with onnx.helper, cached per node, at
+ORT_DISABLE_ALL) fed with numpy views of the arena (np.frombuffer + reshape); its results are
+copied into their slots. View nodes are not run at all: the plan says their output already sits
+in their input's bytes, and their readers read it there. Inputs, weights (and the outputs of
+constant subgraphs) and graph outputs live outside the arena, as in a real runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import helper
+
+from graphopt import numerics
+from graphopt.ir import Model, Node, Value, to_onnx
+from graphopt.ir.onnx_io import node_to_proto, value_info
+from graphopt.passes.memory.liveness import MemoryPlanError, node_reads
+from graphopt.passes.memory.plan import Plan
+
+
+class ArenaExecutor:
+    def __init__(self, model: Model, plan: Plan):
+        self.model, self.plan = model, plan
+        self._sessions: dict[Node, object] = {}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        graph, plan = self.model.graph, self.plan
+        self.arena = bytearray(plan.arena_bytes)
+        self.outside: dict[str, np.ndarray] = {}
+        for value in graph.inputs:
+            if value.name in feeds:
+                self.outside[value.name] = np.asarray(feeds[value.name])
+        for value in graph.initializers.values():
+            self.outside.setdefault(value.name, value.const.numpy())
+        for node in plan.schedule:
+            outputs = [v for v in node.outputs if v is not None]
+            if outputs and all(self._is_view(v) for v in outputs):
+                continue
+            reads = node_reads(node)
+            feed = {v.name: self.read(v) for v in reads}
+            results = self._session(node, reads, outputs).run([v.name for v in outputs], feed)
+            for value, result in zip(outputs, results):
+                self._write(node, value, np.asarray(result))
+        return {v.name: np.array(self.read(v)) for v in graph.outputs}
+
+    def _is_view(self, value: Value) -> bool:
+        t = self.plan.tensors.get(value.name)
+        return t is not None and bool(t.view_of)
+
+    def slot(self, value: Value) -> np.ndarray:
+        """The arena bytes of a planned tensor, as an array of its dtype and shape."""
+        t = self.plan.tensors[value.name]
+        shape = value.static_shape
+        if value.dtype is None or shape is None or value.dtype.bits % 8:
+            raise MemoryPlanError(f"arena executor: cannot view %{value.name} "
+                                  f"({value.dtype}, {value.shape}) in the arena")
+        dtype = value.dtype.numpy
+        count = math.prod(shape)
+        if count * dtype.itemsize != t.size:
+            raise MemoryPlanError(f"arena executor: %{value.name} needs "
+                                  f"{count * dtype.itemsize} B, the plan gives {t.size} B")
+        if count == 0:
+            return np.empty(shape, dtype)
+        return np.frombuffer(self.arena, dtype=dtype, count=count, offset=t.offset).reshape(shape)
+
+    def read(self, value: Value) -> np.ndarray:
+        if value.name in self.plan.tensors:
+            return self.slot(value)
+        if value.name not in self.outside:
+            raise MemoryPlanError(f"arena executor: %{value.name} is read before it is computed "
+                                  "(missing feed, or a schedule out of order)")
+        return self.outside[value.name]
+
+    def _write(self, node: Node, value: Value, result: np.ndarray) -> None:
+        if value.name not in self.plan.tensors:
+            self.outside[value.name] = result
+            return
+        slot = self.slot(value)
+        if slot.shape != result.shape or slot.dtype != result.dtype:
+            raise MemoryPlanError(
+                f"arena executor: {node.qualified_op} '{node.name}' produced %{value.name} as "
+                f"{result.dtype}{list(result.shape)}, planned as {slot.dtype}{list(slot.shape)}")
+        slot[...] = result
+
+    def _session(self, node: Node, reads: list[Value], outputs: list[Value]):
+        session = self._sessions.get(node)
+        if session is None:
+            graph = helper.make_graph([node_to_proto(node)], f"node_{node.op_type}",
+                                      [value_info(v) for v in reads],
+                                      [value_info(v) for v in outputs])
+            opsets = [helper.make_opsetid(d, v) for d, v in self.model.opset_imports.items()]
+            proto = helper.make_model(graph, ir_version=max(self.model.ir_version, 4),
+                                      opset_imports=opsets)
+            proto.functions.extend(self.model.functions)
+            try:
+                session = numerics.session(proto, "disable")
+            except Exception as e:  # noqa: BLE001 - onnxruntime's message names the problem
+                raise MemoryPlanError(f"arena executor: onnxruntime cannot run {node.qualified_op} "
+                                      f"'{node.name}' alone: {str(e).splitlines()[0]}") from e
+            self._sessions[node] = session
+        return session
+
+
+@dataclass
+class ArenaCheck:
+    """The arena run's outputs against onnxruntime running the whole model."""
+
+    max_abs: dict[str, float]
+    mismatches: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def check_plan(model: Model, plan: Plan, feeds: dict[str, np.ndarray] | None = None, *,
+               seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5,
+               executor: ArenaExecutor | None = None) -> ArenaCheck:
+    """Run `model` through its plan in the arena executor and compare every output with
+    onnxruntime's whole-model run at ORT_DISABLE_ALL (seeded random feeds by default)."""
+    proto = to_onnx(model)
+    if feeds is None:
+        feeds = numerics.random_feeds(proto, seed=seed)
+    expected = numerics.run(proto, feeds)
+    actual = (executor or ArenaExecutor(model, plan)).run(feeds)
+    max_abs = {}
+    for name, exp in expected.items():
+        got = actual.get(name)
+        if got is not None and got.shape == exp.shape and exp.dtype.kind in "fiub":
+            diff = np.abs(got.astype(np.float64) - exp.astype(np.float64))
+            max_abs[name] = float(np.nanmax(diff)) if diff.size else 0.0
+    mismatches = [str(m) for m in numerics.compare(expected, actual, rtol, atol)]
+    return ArenaCheck(max_abs, mismatches)
+

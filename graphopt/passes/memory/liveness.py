@@ -1,0 +1,184 @@
+"""Liveness: where each tensor lives (arena, caller, weights), its byte size, and its lifetime —
+the step that defines it and the last step that reads it — over a schedule.
+
+Rules:
+- A schedule is a topological order of the main graph's nodes (default: the graph's order);
+  step i runs schedule[i]. A tensor defined at step d and last read at step u is live in [d, u];
+  a tensor nothing reads is live at its own step only (the kernel still writes it).
+- Graph inputs and outputs are caller-owned: counted in input/output bytes, never in the arena.
+- Initializers are weight memory. So are the outputs of constant subgraphs (deterministic ONNX ops
+  whose inputs are all weights, e.g. ConstantOfShape of a constant shape): constant folding
+  computes them once, at compile or load time (`fold_constants=False` plans them as activations).
+- A node holding subgraphs (If, Loop, Scan) is one step; the outer values its bodies read are
+  read at that step. Values inside the bodies are the runtime's business, not the plan's.
+- Every tensor the plan accounts for needs a static size. An unknown one (symbolic or unknown dim,
+  unknown dtype, a sequence or string) raises `MemoryPlanError` naming the value and its producer:
+  a fixed work buffer cannot be sized from it, so the caller must pin the input shapes first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from graphopt.errors import GraphoptError
+from graphopt.ir import Graph, Model, Node, Value
+from graphopt.ir.dtypes import DType, nbytes
+from graphopt.ir.graph import captured_values
+
+ARENA, INPUT, OUTPUT, WEIGHT = "arena", "input", "output", "weight"
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                        "Multinomial", "Bernoulli"})
+
+
+class MemoryPlanError(GraphoptError):
+    """The graph cannot be planned (unknown size, bad schedule) or a plan is wrong."""
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    value: Value
+    kind: str
+    nbytes: int
+    first: int
+    last: int
+
+
+def main_graph(model: Model | Graph) -> Graph:
+    return model.graph if isinstance(model, Model) else model
+
+
+def describe(value: Value) -> str:
+    """'%x (output 0 of Conv 'conv1')' — enough for a user to find the value."""
+    node = value.producer
+    if node is None:
+        where = ("graph input" if value.is_input
+                 else "initializer" if value.const is not None else "value")
+        return f"%{value.name} ({where})"
+    label = f" '{node.name}'" if node.name else ""
+    return f"%{value.name} (output {value.index} of {node.qualified_op}{label})"
+
+
+def tensor_bytes(value: Value) -> int:
+    """Static byte size of a tensor value, or MemoryPlanError naming it."""
+    if value.const is not None:
+        return value.const.nbytes
+    reason = None
+    if not value.is_tensor:
+        reason = "is not a tensor (sequence, optional or map)"
+    elif value.dtype is None or value.dtype in (DType.UNDEFINED, DType.STRING):
+        what = "an unknown" if value.dtype is None else f"a {value.dtype.short}"
+        reason = f"has {what} element type"
+    elif value.static_shape is None:
+        dims = "unknown rank" if value.shape is None else \
+            "[" + ",".join("?" if d is None else str(d) for d in value.shape) + "]"
+        reason = f"has shape {dims}"
+    if reason:
+        raise MemoryPlanError(f"cannot plan memory: {describe(value)} {reason}; pin the input "
+                              "shapes (--input-shape) and infer shapes before planning")
+    return nbytes(value.dtype, math.prod(value.static_shape))
+
+
+def node_reads(node: Node) -> list[Value]:
+    """Distinct values a node reads: its inputs, then outer values its subgraphs capture."""
+    seen: dict[int, Value] = {}
+    for value in node.inputs:
+        if value is not None:
+            seen.setdefault(id(value), value)
+    for sub in node.subgraphs():
+        for value in captured_values(sub):
+            seen.setdefault(id(value), value)
+    return list(seen.values())
+
+
+def classify(graph: Graph, *, fold_constants: bool = True) -> dict[Value, str]:
+    """Storage class of every main-graph value: ARENA, INPUT, OUTPUT or WEIGHT."""
+    kind: dict[Value, str] = {}
+    for value in graph.initializers.values():
+        kind[value] = WEIGHT
+    for value in graph.inputs:
+        kind.setdefault(value, INPUT)
+    outputs = {id(v) for v in graph.outputs}
+    for node in graph.nodes():
+        constant = (fold_constants and node.is_onnx and node.op_type not in RANDOM_OPS
+                    and all(kind.get(v) == WEIGHT for v in node_reads(node)))
+        for value in node.outputs:
+            if value is None:
+                continue
+            kind[value] = OUTPUT if id(value) in outputs else WEIGHT if constant else ARENA
+    return kind
+
+
+def check_schedule(graph: Graph, schedule: Sequence[Node] | None) -> list[Node]:
+    """The schedule as a list, checked to hold every node once, each after its producers."""
+    nodes = graph.nodes()
+    if schedule is None:
+        order = nodes
+    else:
+        order = list(schedule)
+        if len(order) != len(nodes) or {id(n) for n in order} != {id(n) for n in nodes}:
+            raise MemoryPlanError(f"schedule has {len(order)} node(s) but graph '{graph.name}' has "
+                                  f"{len(nodes)}: a schedule must hold each node exactly once")
+    step = {id(n): i for i, n in enumerate(order)}
+    for i, node in enumerate(order):
+        for value in node_reads(node):
+            producer = outer_producer(value, graph)
+            if producer is not None and step[id(producer)] >= i:
+                raise MemoryPlanError(
+                    f"schedule runs {node.qualified_op} '{node.name}' at step {i} before "
+                    f"{describe(value)} is computed at step {step[id(producer)]}")
+    return order
+
+
+def outer_producer(value: Value, graph: Graph) -> Node | None:
+    """The node of `graph` computing `value`, directly or as the holder of its subgraph."""
+    node = value.producer
+    while node is not None and node.graph is not graph:
+        node = node.graph.parent if node.graph is not None else None
+    return node
+
+
+@dataclass
+class Liveness:
+    """Lifetimes of a graph's values over one schedule."""
+
+    graph: Graph
+    schedule: list[Node]
+    kind: dict[Value, str]
+    nbytes: dict[Value, int]      # every input, output, weight and node output
+    first: dict[Value, int]       # node outputs only
+    last: dict[Value, int]
+    step: dict[Node, int]
+
+    def lifetime(self, value: Value) -> Lifetime:
+        return Lifetime(value, self.kind[value], self.nbytes[value], self.first[value],
+                        self.last[value])
+
+    def lifetimes(self, kind: str = ARENA) -> list[Lifetime]:
+        """Node outputs of one storage class, in definition order."""
+        return [self.lifetime(v) for v in self.first if self.kind[v] == kind]
+
+    def bytes_of(self, kind: str) -> int:
+        return sum(n for v, n in self.nbytes.items() if self.kind[v] == kind)
+
+
+def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
+             fold_constants: bool = True) -> Liveness:
+    graph = main_graph(model)
+    order = check_schedule(graph, schedule)
+    kind = classify(graph, fold_constants=fold_constants)
+    sizes = {value: tensor_bytes(value) for value in kind}
+    step = {node: i for i, node in enumerate(order)}
+    first: dict[Value, int] = {}
+    last: dict[Value, int] = {}
+    for i, node in enumerate(order):
+        for value in node.outputs:
+            if value is not None:
+                first[value] = last[value] = i
+    for i, node in enumerate(order):
+        for value in node_reads(node):
+            if value in last and last[value] < i:
+                last[value] = i
+    first = {v: first[v] for v in sorted(first, key=first.__getitem__)}
+    return Liveness(graph, order, kind, sizes, first, last, step)

@@ -1,0 +1,170 @@
+"""`plan_memory`: the static memory plan of a graph — every activation's offset in one work
+buffer (CANN's work memory), next to weight, input and output bytes and the lower bound."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from graphopt.errors import OptionError
+from graphopt.ir import Graph, Model, Node
+from graphopt.passes.memory.aliasing import Assignment, Storage, is_external_view
+from graphopt.passes.memory.buffers import (DEFAULT_ALIGNMENT, Buffer, arena_size, conflicts,
+                                            lower_bound)
+from graphopt.passes.memory.liveness import (INPUT, WEIGHT, Liveness, liveness, main_graph,
+                                             tensor_bytes)
+from graphopt.passes.memory.schedule import schedule_for_memory
+from graphopt.passes.memory.strategies import REUSE_STRATEGIES, STRATEGIES
+
+PLAN_FORMAT = 1
+
+
+@dataclass
+class TensorPlan:
+    """One arena tensor: bytes [offset, offset + size) from step `first` to step `last`.
+    Tensors of one `buffer` share storage on purpose (a view, or an in-place chain)."""
+
+    name: str
+    offset: int
+    size: int
+    first: int
+    last: int
+    buffer: int
+    view_of: str = ""      # the tensor whose bytes this one relabels (Reshape, Squeeze, …)
+    inplace_of: str = ""   # the dying input this one overwrote
+
+    @property
+    def note(self) -> str:
+        if self.view_of:
+            return f"view of %{self.view_of}"
+        return f"in place of %{self.inplace_of}" if self.inplace_of else ""
+
+
+@dataclass
+class Plan:
+    tensors: dict[str, TensorPlan]
+    arena_bytes: int                 # the work buffer
+    lower_bound: int                 # max over the schedule of live (aligned) bytes
+    weight_bytes: int
+    input_bytes: int
+    output_bytes: int
+    strategy: str
+    candidates: dict[str, int]       # arena bytes of every strategy tried (naive included)
+    alignment: int
+    schedule: list[Node] = field(repr=False)
+    schedule_method: str = "original"
+    buffers: list[Buffer] = field(default_factory=list, repr=False)
+    offsets: dict[int, int] = field(default_factory=dict, repr=False)  # buffer id -> offset
+    # every other tensor: name -> "input", "output" or "weight" (views of them included)
+    external: dict[str, str] = field(default_factory=dict, repr=False)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule)
+
+    @property
+    def ratio(self) -> float:
+        """Arena bytes over the lower bound (1.0 is optimal for this schedule)."""
+        return self.arena_bytes / self.lower_bound if self.lower_bound else 1.0
+
+    def schedule_names(self) -> list[str]:
+        return [node.name or f"{node.op_type}@{i}" for i, node in enumerate(self.schedule)]
+
+    def summary(self) -> str:
+        return (f"work memory {self.arena_bytes:,} B ({self.strategy}, {self.ratio:.3f}x the lower "
+                f"bound {self.lower_bound:,} B); weights {self.weight_bytes:,} B, inputs "
+                f"{self.input_bytes:,} B, outputs {self.output_bytes:,} B; {len(self.tensors)} "
+                f"tensors in {len(self.buffers)} buffers over {self.steps} steps")
+
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT, "alignment": self.alignment,
+            "arena_bytes": self.arena_bytes, "lower_bound": self.lower_bound,
+            "weight_bytes": self.weight_bytes, "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes, "strategy": self.strategy,
+            "candidates": self.candidates, "schedule_method": self.schedule_method,
+            "schedule": self.schedule_names(),
+            "tensors": [{"name": t.name, "offset": t.offset, "size": t.size, "first": t.first,
+                         "last": t.last, "buffer": t.buffer,
+                         **({"view_of": t.view_of} if t.view_of else {}),
+                         **({"inplace_of": t.inplace_of} if t.inplace_of else {})}
+                        for t in self.tensors.values()],
+            "notes": self.notes,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The plan for the .om manifest: sizes, strategy, schedule by node name, tensors."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
+                alignment: int = DEFAULT_ALIGNMENT, strategies: Sequence[str] | None = None,
+                inplace: bool = True, fold_constants: bool = True, reorder: bool = False,
+                time_budget: float = 1.0) -> Plan:
+    """Plan the work buffer of `model`'s main graph over `schedule` (default: the graph's order;
+    `reorder=True` first picks a memory-aware order, see `schedule_for_memory`). Tries every
+    reuse strategy (or those named in `strategies`) and keeps the smallest arena.
+    Raises MemoryPlanError when a tensor has no static size."""
+    if alignment < 1:
+        raise OptionError(f"memory plan: alignment must be a positive byte count, got {alignment}")
+    names = list(strategies or REUSE_STRATEGIES)
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown:
+        raise OptionError(f"memory plan: unknown strategy '{unknown[0]}' "
+                          f"(known: {', '.join(STRATEGIES)})")
+    graph = main_graph(model)
+    method = "original"
+    if reorder:
+        chosen = schedule_for_memory(graph, alignment=alignment, inplace=inplace,
+                                     fold_constants=fold_constants, time_budget=time_budget)
+        schedule, method = chosen.order, chosen.method
+    live = liveness(graph, schedule, fold_constants=fold_constants)
+    storage = Storage(graph, live.kind, live.nbytes, alignment=alignment, inplace=inplace)
+    assignment = storage.assign(live.schedule)
+    buffers = assignment.buffers
+    meets = conflicts(buffers)  # shared: the pairs of buffers live at a common step
+    candidates = {}
+    results = {}
+    for name in dict.fromkeys(["naive", *names]):
+        results[name] = STRATEGIES[name](buffers, meets)
+        candidates[name] = arena_size(buffers, results[name])
+    chosen_name = min((n for n in names), key=lambda n: (candidates[n], names.index(n)))
+    offsets = results[chosen_name]
+    return _assemble(live, assignment, offsets, chosen_name, candidates, alignment, method)
+
+
+def _assemble(live: Liveness, assignment: Assignment, offsets: dict[int, int], strategy: str,
+              candidates: dict[str, int], alignment: int, method: str) -> Plan:
+    graph, storage, buffers = live.graph, assignment.storage, assignment.buffers
+    tensors: dict[str, TensorPlan] = {}
+    external: dict[str, str] = {}
+    for value in live.first:
+        b = assignment.buffer(value)
+        if b is None:
+            external[value.name] = (storage.group_of[value].kind if is_external_view(storage, value)
+                                    else live.kind[value])
+            continue
+        view, inplace = storage.view_of.get(value), assignment.inplace.get(value)
+        tensors[value.name] = TensorPlan(value.name, offsets[b], live.nbytes[value],
+                                         live.first[value], live.last[value], b,
+                                         view.name if view is not None else "",
+                                         inplace.name if inplace is not None else "")
+    for value in live.kind:
+        if value.producer is None:
+            external[value.name] = live.kind[value]
+    outputs = {id(v): v for v in graph.outputs}
+    notes = [f"{node.qualified_op} '{node.name}': memory inside its subgraphs is the runtime's, "
+             "not planned" for node in live.schedule if node.subgraphs()]
+    return Plan(
+        tensors=tensors,
+        arena_bytes=arena_size(buffers, offsets),
+        lower_bound=lower_bound(buffers),
+        weight_bytes=live.bytes_of(WEIGHT),
+        input_bytes=sum(live.nbytes[v] for v in graph.inputs if live.kind[v] == INPUT),
+        output_bytes=sum(tensor_bytes(v) for v in outputs.values()),
+        strategy=strategy, candidates=candidates, alignment=alignment,
+        schedule=live.schedule, schedule_method=method, buffers=buffers, offsets=dict(offsets),
+        external=external, notes=notes)
+
