@@ -75,6 +75,11 @@ def _add_optimize(sub) -> None:
     p.add_argument("--target", metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition")
+    p.add_argument("--memory-reorder", action="store_true",
+                   help="reorder each partition's nodes to lower its peak work memory")
+    p.add_argument("--memory-plot", metavar="FILE",
+                   help="draw each partition's memory plan, tensors over time × address "
+                        "(.png or .svg; one file per partition when there are several)")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -82,7 +87,7 @@ def _add_optimize(sub) -> None:
 
 
 def _cmd_optimize(args) -> int:
-    from graphopt.compiler import optimize, save
+    from graphopt.compiler import draw_memory_plans, optimize, save
     from graphopt.summary import format_summary
 
     out_dir = os.path.dirname(os.path.abspath(args.output))
@@ -94,6 +99,11 @@ def _cmd_optimize(args) -> int:
         raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
+    if args.memory_plot and not args.memory_plot.endswith((".png", ".svg")):
+        raise OptionError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
+    if (args.memory_plot or args.memory_reorder) and not (args.target or args.output.endswith(".om")):
+        raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
+                          "write an .om or give --target")
     if args.rtol < 0 or args.atol < 0:
         raise OptionError(f"--rtol/--atol must be ≥ 0, got {args.rtol}/{args.atol}")
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
@@ -102,8 +112,13 @@ def _cmd_optimize(args) -> int:
                       inputs=args.inputs, rtol=args.rtol, atol=args.atol,
                       dump_dir=args.dump_dir, verify_structure=args.verify_each,
                       allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
-                      target=args.target)
+                      target=args.target or ("cpu" if args.output.endswith(".om") else None),
+                      memory_reorder=args.memory_reorder)
     save(result, args.output)
+    if args.memory_plot:
+        for path in draw_memory_plans(result, args.memory_plot):
+            if not args.quiet:
+                print(f"wrote {path}")
     if not args.quiet:
         print(format_summary(result, args.output))
     return 0
@@ -138,6 +153,9 @@ def _cmd_passes(args) -> int:
                 print(f"       repeat until no change: {', '.join(step.passes)}")
             else:
                 print(f"       {step}")
+    print("\nWith --target cpu (the default for an .om) on a CPU with AVX2 or AVX-512F, -O2 and -O3 "
+          "run LayoutNchwc\nbefore the final cleanup: conv nets blocked into onnxruntime's NCHWc "
+          "ops offline.")
     return 0
 
 

@@ -18,7 +18,7 @@ from graphopt.errors import GraphoptError, OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.opcheck import check_ops
-from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager
+from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.instruments import DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
@@ -42,6 +42,8 @@ class OptimizeResult:
     max_abs_error: dict[str, float] | None = None  # per output, when verified
     traces: list[str] = field(default_factory=list)  # --trace-rule reports
     partitioning: "Partitioning | None" = None  # when compiled for a target
+    partition_models: dict = field(default_factory=dict)  # partition name -> Model
+    memory_plans: dict = field(default_factory=dict)  # partition name -> Plan, or why none
 
     @property
     def nodes_before(self) -> int:
@@ -94,12 +96,13 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              inputs: dict[str, np.ndarray] | str | None = None, rtol: float = 1e-4,
              atol: float = 1e-5, dump_dir: str | None = None, verify_structure: bool = False,
              allow_custom_ops: bool = False, trace_rules=(),
-             target: "str | Target | None" = None) -> OptimizeResult:
+             target: "str | Target | None" = None, memory_reorder: bool = False) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
     every node on a device of the target and cuts the graph into device partitions, which
-    `save(…, "x.om")` writes as separate models.
+    `save(…, "x.om")` writes as separate models, each with its static memory plan (shapes
+    permitting); `memory_reorder=True` first reorders each partition to lower its peak memory.
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
@@ -134,17 +137,60 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         instruments.append(VerifyAfterEachPass())
     if options.dump_dir:
         instruments.append(DumpIR(options.dump_dir))
-    log = PassManager(PIPELINES[options.level], ctx, instruments).run(ir_model)
+    if target is not None and not options.nchwc_block_size:
+        options.nchwc_block_size = target.device(target.primary).nchwc_block_size
+    pipeline = for_target(PIPELINES[options.level], target)
+    log = PassManager(pipeline, ctx, instruments).run(ir_model)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before, notes=ctx.notes)
     if ctx.tracer is not None:
         result.traces = ctx.tracer.report()
     if source is not None:
         result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options, rtol, atol)
     if target is not None:
+        from graphopt.codegen.split import partition_ir
         from graphopt.partition import partition
+
         result.partitioning = partition(ir_model, target)
+        result.partition_models = partition_ir(ir_model, result.partitioning)
+        result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def plan_partition_memory(models: dict[str, Model], reorder: bool = False) -> dict:
+    """The static memory plan of each partition model (or why it has none: a dynamic shape).
+    With `reorder`, each model's nodes take the memory-aware order its plan was made for."""
+    from graphopt.passes.memory import MemoryPlanError, plan_memory
+
+    plans: dict = {}
+    for name, model in models.items():
+        try:
+            plan = plan_memory(model, reorder=reorder)
+        except MemoryPlanError as e:
+            plans[name] = str(e)
+            continue
+        if plan.schedule_method != "original":
+            model.graph.reorder(plan.schedule)
+        plans[name] = plan
+    return plans
+
+
+def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
+    """Draw each planned partition's memory (tensors over time × address) to `path`, or to
+    `stem.<partition>.ext` when there are several; returns the files written."""
+    from graphopt.passes.memory import draw_plan
+
+    plans = {name: plan for name, plan in result.memory_plans.items() if not isinstance(plan, str)}
+    if not plans:
+        reasons = "; ".join(result.memory_plans.values()) or "no target was given"
+        raise OptionError(f"--memory-plot: no partition has a memory plan ({reasons})")
+    stem, ext = os.path.splitext(path)
+    written = []
+    for name, plan in plans.items():
+        target = path if len(plans) == 1 else f"{stem}.{name}{ext}"
+        draw_plan(plan, target)
+        written.append(target)
+    return written
 
 
 def _load_inputs(inputs) -> dict[str, np.ndarray] | None:
@@ -222,11 +268,19 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike) ->
             proto = model if isinstance(model, ModelProto) else to_onnx(model)
             parts, target, extra = [OmPartition(name="p0", device="cpu", model=proto)], "cpu", {}
         else:
-            from graphopt.codegen.split import partition_models
+            from graphopt.codegen.split import om_partitions
             from graphopt.partition.report import partitioning_json
 
-            parts = partition_models(result.model, partitioning)
-            target, extra = partitioning.target.name, {"partitioning": partitioning_json(partitioning)}
+            # After -O2/-O3 (fusions done, conv nets blocked for the CPU) onnxruntime's
+            # extended level finds nothing more than its own fusions to do, and starts sooner.
+            fused = result.log.pipeline.startswith(("O2", "O3"))
+            parts = om_partitions(partitioning, result.partition_models,
+                                  cpu_level="extended" if fused else None)
+            target = partitioning.target.name
+            extra = {"partitioning": partitioning_json(partitioning),
+                     "memory_plan": {name: {"unplanned": plan} if isinstance(plan, str)
+                                     else plan.to_dict()
+                                     for name, plan in result.memory_plans.items()}}
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=result.source_sha256 if result else None,
                  target=target, pass_log=_reproducible_log(result), extra=extra)

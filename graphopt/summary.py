@@ -38,6 +38,9 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
         from graphopt.partition.report import format_partitioning
 
         parts.append(format_partitioning(result.partitioning))
+    for name, plan in result.memory_plans.items():
+        parts.append(f"memory plan {name}: " + (f"none ({plan})" if isinstance(plan, str)
+                                                 else plan.summary()))
     if result.traces:
         parts.append("\n".join(result.traces))
     for note in result.notes:

@@ -82,6 +82,21 @@ def test_sort_restores_topological_order_and_detects_cycles():
         graph.sort()
 
 
+def test_reorder_follows_the_given_order_and_repairs_dependencies():
+    graph = Graph("g")
+    x = graph.add_input(Value("x", DType.FLOAT, (2,)))
+    relu, neg, abs_ = Node("Relu", [x]), Node("Neg", [x]), Node("Abs", [x])
+    tail = Node("Sum", [relu.output, neg.output, abs_.output])
+    for node in (relu, neg, abs_, tail):
+        graph.append(node)
+    graph.reorder([abs_, relu, neg, tail])
+    assert [n.op_type for n in graph] == ["Abs", "Relu", "Neg", "Sum"]
+    graph.reorder([tail, neg, relu, abs_])  # Sum first is impossible: it moves after its inputs
+    assert [n.op_type for n in graph] == ["Neg", "Relu", "Abs", "Sum"]
+    with pytest.raises(ValueError, match="each of its 4 nodes once"):
+        graph.reorder([abs_, relu, neg])
+
+
 def test_fresh_names_are_unique_across_nested_graphs():
     model = load_onnx(_IF_MODEL)
     graph = model.graph

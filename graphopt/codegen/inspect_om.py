@@ -125,6 +125,36 @@ def _extra_line(name: str, value: Any) -> str:
     return f"  {name}: {text if len(text) <= 60 else text[:57] + '...'}"
 
 
+def _format_memory(plans: dict) -> str:
+    """One row per partition: its work memory beside the lower bound, and the other pools."""
+    rows = []
+    for name, plan in plans.items():
+        if not isinstance(plan, dict) or "arena_bytes" not in plan:
+            reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
+            rows.append([name, "-", "-", "-", f"not planned: {reason}", "", "", ""])
+            continue
+        bound = plan.get("lower_bound") or 0
+        ratio = f"{plan['arena_bytes'] / bound:.3f}" if bound else "-"
+        rows.append([name, format_bytes(plan["arena_bytes"]), format_bytes(bound), ratio,
+                     plan.get("strategy", "?"), plan.get("schedule_method", "original"),
+                     format_bytes(plan.get("weight_bytes", 0)),
+                     format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0))])
+    return format_table(["partition", "work memory", "lower bound", "×", "strategy", "order",
+                         "weights", "inputs+outputs"], rows, title="memory plan")
+
+
+def _format_fallbacks(info: dict) -> str:
+    fallbacks = info.get("fallbacks") or []
+    if not fallbacks:
+        return f"placement: every node on the target's primary device ({info.get('target', '?')})"
+    reasons: dict[str, int] = {}
+    for entry in fallbacks:
+        reasons[entry.get("reason", "?")] = reasons.get(entry.get("reason", "?"), 0) + 1
+    rows = [[reason, n] for reason, n in sorted(reasons.items(), key=lambda r: -r[1])[:10]]
+    return format_table(["reason", "nodes"], rows,
+                        title=f"placement: {len(fallbacks)} node(s) fell back to the host")
+
+
 def describe_om(artifact: OmArtifact) -> dict:
     """`graphopt inspect --json`: the manifest as stored plus each partition's node and op counts."""
     partitions = []
@@ -180,10 +210,15 @@ def format_om(artifact: OmArtifact) -> str:
 
     parts.append(_format_pass_log(m["pass_log"]))
 
-    extra = m["extra"]
+    extra = dict(m["extra"])
+    plans = extra.get("memory_plan")
+    if isinstance(plans, dict) and plans and all(isinstance(p, dict) for p in plans.values()):
+        parts.append(_format_memory(extra.pop("memory_plan")))
+    if isinstance(extra.get("partitioning"), dict):
+        parts.append(_format_fallbacks(extra.pop("partitioning")))
     if extra:
         parts.append("extra\n" + "\n".join(_extra_line(k, v) for k, v in sorted(extra.items())))
-    else:
+    elif not m["extra"]:
         parts.append("extra: none")
     others = sorted(set(members) - {p["member"] for p in m["partitions"]})
     if others:

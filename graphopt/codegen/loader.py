@@ -14,7 +14,7 @@ def load(
     path: str | os.PathLike,
     *,
     intra_op_num_threads: int | None = None,
-    optimization_level: str = "all",
+    optimization_level: str | None = None,
     inter_op_num_threads: int | None = None,
     session_config: Mapping[str, str] | None = None,
 ) -> OmSession:
@@ -23,7 +23,8 @@ def load(
     Every member is checked against the manifest's checksums first, and nothing in the file is
     executed. The options go to each partition's onnxruntime session: `intra_op_num_threads`
     (None or 0: onnxruntime chooses), `optimization_level` ("disable", "basic", "extended",
-    "all"), `inter_op_num_threads` and `session_config` (session config entries).
+    "all"; None: the level each partition's compile recorded, else "all"),
+    `inter_op_num_threads` and `session_config` (session config entries).
 
     Raises InputError when `path` is missing or is not an .om (an .onnx model must be compiled
     first), ArtifactError when the artifact is malformed or tampered with, OptionError for a bad

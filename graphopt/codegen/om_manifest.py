@@ -12,6 +12,7 @@ FORMAT_VERSION = 1  # bump on any change an older reader would misread; readers 
 MANIFEST_NAME = "manifest.json"
 PARTITION_DIR = "partitions/"
 PARTITION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")  # onnxruntime's, by name
 
 _SIGNATURE_SCHEMA = {
     "type": "array",
@@ -75,6 +76,9 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                     "outputs": {"type": "array", "items": {"type": "string"}},
                     # onnxruntime execution providers for the device, preferred first (optional).
                     "providers": {"type": "array", "items": {"type": "string"}},
+                    # onnxruntime graph optimization level to run it at unless the caller
+                    # chooses (optional): what the compile left for the session to do.
+                    "optimization_level": {"enum": list(OPTIMIZATION_LEVELS)},
                 },
             },
         },
@@ -228,6 +232,8 @@ def check_manifest(manifest: dict) -> None:
         _str_list(part, "outputs", where)
         if "providers" in part:
             _str_list(part, "providers", where)
+        if part.get("optimization_level", "all") not in OPTIMIZATION_LEVELS:
+            raise Malformed(f"{where} has an unknown optimization_level")
     order = _str_list(manifest, "execution_order", "manifest")
     names = [p["name"] for p in partitions]
     if sorted(order) != sorted(names) or len(set(order)) != len(order):

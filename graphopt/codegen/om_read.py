@@ -183,7 +183,7 @@ class OmArtifact:
             entry = by_name[name]
             model = self.models[name]
             parts.append(OmPartition(name, entry["device"], model, entry["inputs"], entry["outputs"],
-                                     entry.get("providers")))
+                                     entry.get("providers"), entry.get("optimization_level")))
         return parts
 
     def partition_bytes(self, name: str) -> bytes:

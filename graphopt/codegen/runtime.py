@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 
 from graphopt.codegen.feeds import describe, numpy_dtype
+from graphopt.passes.layout_nchwc_weights import METADATA_KEY, block_mismatch
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 
@@ -75,6 +76,16 @@ def _providers(part, available: list[str]) -> tuple[list[str], list[str]]:
     return chosen + [CPU_PROVIDER], ([] if chosen else wanted)
 
 
+def _check_blocking(artifact: OmArtifact, part) -> None:
+    """Refuse a partition blocked into NCHWc for another CPU: onnxruntime would run it, wrongly."""
+    metadata = {p.key: p.value for p in part.model.metadata_props}
+    if METADATA_KEY not in metadata:
+        return
+    problem = block_mismatch(metadata)
+    if problem:
+        raise ArtifactError(f"{artifact.path}: partition {part.name!r}: {problem}")
+
+
 class OmSession:
     """An executable .om: `run(feeds)` runs the partitions in execution order.
 
@@ -87,12 +98,17 @@ class OmSession:
         path_or_artifact: str | os.PathLike | OmArtifact,
         *,
         intra_op_num_threads: int | None = None,
-        optimization_level: str = "all",
+        optimization_level: str | None = None,
         inter_op_num_threads: int | None = None,
         session_config: Mapping[str, str] | None = None,
     ) -> None:
-        options = _session_options(intra_op_num_threads, optimization_level,
-                                   inter_op_num_threads, session_config)
+        # Each partition runs at `optimization_level` if given, else at the level its compile
+        # recorded (work graphopt did offline need not be redone at every start), else "all".
+        def options(level: str | None) -> ort.SessionOptions:
+            return _session_options(intra_op_num_threads, optimization_level or level or "all",
+                                    inter_op_num_threads, session_config)
+
+        options(None)  # bad options fail before any file is read
         artifact = path_or_artifact
         if isinstance(artifact, OmArtifact):
             steps = self._open(artifact, options)
@@ -124,7 +140,7 @@ class OmSession:
         default = [o["name"] for o in self._outputs]
         self._default_plan = (default, self._plan(default))
 
-    def _open(self, artifact: OmArtifact, options: ort.SessionOptions) -> list[_Step]:
+    def _open(self, artifact: OmArtifact, options) -> list[_Step]:
         """One onnxruntime session per partition, in execution order."""
         available = ort.get_available_providers()
         fallback: list[str] = []
@@ -135,9 +151,11 @@ class OmSession:
             if missing:
                 fallback.append(f"{part.name} ({part.device})")
                 wanted.update(missing)
+            _check_blocking(artifact, part)
             try:
                 model_bytes = artifact.partition_bytes(part.name)
-                session = ort.InferenceSession(model_bytes, options, providers=providers)
+                session = ort.InferenceSession(model_bytes, options(part.optimization_level),
+                                               providers=providers)
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
                 raise ArtifactError(
                     f"{artifact.path}: onnxruntime cannot load partition {part.name!r}: {_first_line(exc)}"

@@ -1,30 +1,41 @@
-"""Cut a partitioned IR model into one ONNX model per partition, ready for the .om writer."""
+"""Cut a partitioned IR model into one model per partition, and those into .om partitions."""
 
 from __future__ import annotations
 
 from onnx import ModelProto
 
 from graphopt.codegen.om_write import OmPartition
-from graphopt.ir import Model, to_onnx
+from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import node_to_proto, value_info
 from graphopt.partition.partitioner import Partition, Partitioning, reads
 
 
-def partition_models(model: Model, partitioning: Partitioning) -> list[OmPartition]:
-    """One OmPartition per partition, in execution order, each carrying the weights it reads and
-    the onnxruntime providers the target names for its device."""
+def partition_ir(model: Model, partitioning: Partitioning) -> dict[str, Model]:
+    """Each partition as a model of its own, by name, carrying the weights it reads and the
+    model-local functions it calls. A single partition is `model` itself."""
     parts = partitioning.partitions
-
-    def providers(part: Partition) -> list[str]:
-        return list(partitioning.target.device(part.device).providers)
-
     if len(parts) == 1:
-        # The whole graph: export it as is, so a single-partition .om equals the optimized model.
-        only = parts[0]
-        return [OmPartition(only.name, only.device, to_onnx(model), providers=providers(only))]
-    return [OmPartition(p.name, p.device, _partition_model(model, p), inputs=[v.name for v in p.inputs],
-                        outputs=[v.name for v in p.outputs], providers=providers(p))
-            for p in parts]
+        return {parts[0].name: model}
+    return {p.name: load_onnx(_partition_model(model, p)) for p in parts}
+
+
+def om_partitions(partitioning: Partitioning, models: dict[str, Model],
+                  cpu_level: str | None = None) -> list[OmPartition]:
+    """The .om partitions in execution order: each model (from `partition_ir`), the providers the
+    target names for its device, and for CPU partitions `cpu_level`, the onnxruntime
+    optimization level to run them at."""
+    parts = partitioning.partitions
+    result = []
+    for part in parts:
+        device = partitioning.target.device(part.device)
+        # One partition keeps its model's own signature (initializers a caller may override);
+        # several are cut along the tensors that cross between them.
+        cut = {} if len(parts) == 1 else {"inputs": [v.name for v in part.inputs],
+                                           "outputs": [v.name for v in part.outputs]}
+        result.append(OmPartition(part.name, part.device, to_onnx(models[part.name]), **cut,
+                                  providers=list(device.providers),
+                                  optimization_level=cpu_level if device.kind == "cpu" else None))
+    return result
 
 
 def _partition_model(model: Model, part: Partition) -> ModelProto:

@@ -243,6 +243,18 @@ class Graph:
                     heapq.heappush(ready, (position[id(user)], id(user)))
         if len(order) != len(nodes):
             raise CycleError([n for n in nodes if pending[id(n)] > 0])
+        self._relink(order)
+
+    def reorder(self, order: list[Node]) -> None:
+        """Put the nodes in `order` (each node of the graph exactly once), e.g. a memory-aware
+        schedule; a step that is not topological is repaired as `sort` would."""
+        if len(order) != self._len or {id(n) for n in order} != {id(n) for n in self.nodes()}:
+            raise ValueError(f"reorder of graph {self.name!r} must list each of its "
+                             f"{self._len} nodes once")
+        self._relink(order)
+        self.sort()
+
+    def _relink(self, order: list[Node]) -> None:
         self._head = self._tail = None
         previous = None
         for node in order:

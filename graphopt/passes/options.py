@@ -23,6 +23,7 @@ class Options:
     dump_dir: str | None = None           # write the IR after import and after each pass
     allow_custom_ops: bool = False        # accept ops of domains no schema or function knows
     trace_rules: set[str] = field(default_factory=set)  # rules whose near-misses are reported
+    nchwc_block_size: int = 0             # LayoutNchwc: 0 = this CPU's (16 AVX-512F, 8 AVX2); 8 or 16
 
     @classmethod
     def names(cls) -> list[str]:

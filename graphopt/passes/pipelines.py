@@ -67,3 +67,19 @@ PIPELINES: dict[int, Pipeline] = {
 }
 
 DEFAULT_LEVEL = 2
+
+
+def for_target(pipeline: Pipeline, target) -> Pipeline:
+    """`pipeline` with the passes a target adds. On a CPU target with an NCHWc block (AVX2 or
+    AVX-512F) -O2 and -O3 end by blocking conv nets into onnxruntime's NCHWc ops, which its CPU
+    provider otherwise does at every session start; it follows the fusions, whose patterns match
+    plain ONNX ops, and precedes the final cleanup."""
+    if target is None or pipeline.name not in ("O2", "O3"):
+        return pipeline
+    device = target.device(target.primary)
+    if device.kind != "cpu" or not device.nchwc_block_size:
+        return pipeline
+    tail = pipeline.steps[-3:]  # MergeDuplicateInitializers, EliminateDeadNodes, InferShapes
+    return Pipeline(f"{pipeline.name}+{target.name}",
+                    pipeline.description + f"; for {target.name}: LayoutNchwc",
+                    pipeline.steps[:-3] + ("LayoutNchwc",) + tail)

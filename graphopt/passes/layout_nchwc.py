@@ -1,0 +1,177 @@
+r"""LayoutNchwc: the conv net rewritten ahead of time into onnxruntime's blocked NCHWc layout
+(com.microsoft.nchwc ops), which onnxruntime's CPU provider otherwise builds at every session
+start at ORT_ENABLE_ALL (its NchwcTransformer).
+
+A blocked tensor [N, C'/B, H, W, B] (stored as [N, C', H, W], C' = C rounded up to the block B)
+flows from conv to conv; ReorderInput enters the layout, ReorderOutput(channels=C) leaves it
+wherever a blocked value meets an op that reads NCHW or is a graph output:
+
+    x ─ Conv(3→64) ─ Relu ─ MaxPool ─ Conv ─ BN ─ Add ─ Relu ─ GlobalAveragePool ─ Flatten ─ Gemm
+                                              └───────┘
+    x ─ nchwc.Conv(act=Relu) ─ nchwc.MaxPool ─ nchwc.Conv(Sum=…, act=Relu) ─ …
+        ─ nchwc.GlobalAveragePool ─ ReorderOutput(channels=2048) ─ Flatten ─ Gemm
+
+layout_nchwc_ops says which ops convert (onnxruntime 1.32's rules, found by running its
+transformer), layout_nchwc_weights how filters are blocked. The layout is a dataflow fact, not a
+local pattern: whether an op can read a blocked tensor depends on every producer before it, and a
+value needs a ReorderOutput only once all of its readers are known. So the pass is one forward
+walk in graph order (as onnxruntime's transformer is), not a set of rewrite rules: each handler
+either leaves its node reading NCHW or replaces it, and the replaced nodes go at the end, their
+outputs handed to ReorderOutputs where something still reads them.
+
+Only the main graph is rewritten. The block size is the CPU's (see layout_nchwc_weights); the
+output runs only where MLAS picks the same one, so the pass records it in the model's metadata
+(graphopt.nchwc_block_size) and refuses to re-block a model blocked by another size.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from graphopt.errors import OptionError
+from graphopt.ir import DType, Model, Node, Value
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.layout_nchwc_ops import HANDLERS, NCHWC, Blocked
+from graphopt.passes.layout_nchwc_weights import (
+    BLOCK_SIZES,
+    METADATA_KEY,
+    detect_block_size,
+    padded,
+)
+
+
+def _with_channels(shape, channels: int):
+    return None if shape is None or len(shape) != 4 else (shape[0], channels, *shape[2:])
+
+
+class Rewriter:
+    """One forward walk over the main graph in order, then the ReorderOutputs and cleanup."""
+
+    def __init__(self, model: Model, block: int, result: PassResult):
+        self.model, self.graph, self.block, self.result = model, model.graph, block, result
+        self.blocked: dict[int, Blocked] = {}      # id(NCHW value) → its blocked form
+        self.originals: list[Value] = []           # the keys above, in order
+        self.reordered: dict[int, Value] = {}      # id(NCHW value) → its ReorderInput
+        self.constants: dict[tuple, Value] = {}    # (id(weight), layout) → blocked initializer
+        self.replaced: list[Node] = []
+        self.left: Counter = Counter()             # why a Conv or pool stayed NCHW
+
+    def run(self) -> None:
+        for node in self.graph.nodes():
+            if node.graph is not self.graph:
+                continue
+            handler = HANDLERS.get(("" if node.is_onnx else node.domain, node.op_type))
+            if handler is not None and node.outputs and node.outputs[0] is not None:
+                handler(self, node)
+        if self.replaced:
+            self.finish()
+
+    # -- building blocks -----------------------------------------------------------------------
+    def add(self, node: Node, op: str, inputs, attrs: dict, channels: int, *,
+            domain: str = NCHWC) -> Node:
+        """A node computing `node`'s output in blocked form, inserted before it."""
+        out = node.outputs[0]
+        value = Value(self.graph.fresh_name(f"{out.name}_nchwc"), DType.FLOAT,
+                      _with_channels(out.shape, padded(channels, self.block)))
+        new = Node(op, inputs, attrs, domain=domain, outputs=[value],
+                   name=self.graph.fresh_node_name(f"{node.name or out.name}/nchwc"))
+        self.graph.insert_before(node, new)
+        self.adopt(node, value, channels, new)
+        return new
+
+    def adopt(self, node: Node, value: Value, channels: int, producer: Node) -> None:
+        """`value` (made by `producer`) now stands for `node`'s output; `node` goes at the end."""
+        out = node.outputs[0]
+        self.blocked[id(out)] = Blocked(value, channels, producer,
+                                        len(out.uses) == 1 and not out.is_graph_output)
+        self.originals.append(out)
+        self.replaced.append(node)
+
+    def blocked_input(self, node: Node, x: Value, channels: int) -> Value:
+        if id(x) in self.blocked:
+            return self.blocked[id(x)].value
+        if id(x) not in self.reordered:
+            value = Value(self.graph.fresh_name(f"{x.name}_nchwc"), DType.FLOAT,
+                          _with_channels(x.shape, padded(channels, self.block)))
+            self.graph.insert_before(node, Node(
+                "ReorderInput", [x], {}, domain=NCHWC, outputs=[value],
+                name=self.graph.fresh_node_name(f"{x.name}/ReorderInput")))
+            self.reordered[id(x)] = value
+            self.result.count("ReorderInput")
+        return self.reordered[id(x)]
+
+    def constant(self, source: Value, layout: str, make) -> Value:
+        key = (id(source), layout)
+        if key not in self.constants:
+            self.constants[key] = self.graph.make_initializer(f"{source.name}_{layout}", make())
+        return self.constants[key]
+
+    def channels_of(self, x: Value) -> int | None:
+        if id(x) in self.blocked:
+            return self.blocked[id(x)].channels
+        shape = x.shape
+        return shape[1] if shape is not None and len(shape) == 4 and isinstance(shape[1], int) \
+            else None
+
+    # -- the end -------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Drop the replaced nodes; give every NCHW value still read (or a graph output) a
+        ReorderOutput from its blocked form; order the graph; drop weights no longer read."""
+        inputs = {id(v) for node in self.replaced for v in node.inputs if v is not None}
+        for node in self.replaced:
+            self.graph.remove(node, safe=False)
+        for out in self.originals:
+            if not out.uses and not out.is_graph_output:
+                continue
+            source = self.blocked[id(out)]
+            out.producer = None  # handed over from the removed node
+            self.graph.insert_after(source.value.producer, Node(
+                "ReorderOutput", [source.value], {"channels": source.channels}, domain=NCHWC,
+                outputs=[out], name=self.graph.fresh_node_name(f"{out.name}/ReorderOutput")))
+            self.result.count("ReorderOutput")
+        self.graph.sort()
+        for value in list(self.graph.initializers.values()):
+            if id(value) in inputs and not value.uses and not value.is_input \
+                    and not value.is_graph_output:
+                self.graph.remove_initializer(value)
+        self.model.opset_imports.setdefault(NCHWC, 1)
+        self.model.metadata_props[METADATA_KEY] = str(self.block)
+
+
+def block_size(ctx: PassContext) -> int:
+    """The block the options ask for (`nchwc_block_size`, 0 = this CPU's), or 0 for none."""
+    asked = getattr(ctx.options, "nchwc_block_size", 0) or 0
+    if asked and asked not in BLOCK_SIZES:
+        raise OptionError(f"nchwc_block_size {asked}: MLAS blocks by 8 (AVX2) or 16 (AVX-512F); "
+                          "0 detects this CPU's")
+    return asked or detect_block_size()
+
+
+@register
+class LayoutNchwc(Pass):
+    name = "LayoutNchwc"
+    description = ("rewrite conv nets into onnxruntime's blocked NCHWc layout (com.microsoft.nchwc "
+                   "ops, reordered weights) for this CPU's block size (cpu target)")
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        block = block_size(ctx)
+        if not block:
+            ctx.note("LayoutNchwc: neither AVX-512F nor AVX2 in /proc/cpuinfo, the CPUs it "
+                     "targets (MLAS blocks of 16 and 8); the layout stays NCHW "
+                     "(nchwc_block_size=8 or 16 forces one)")
+            return result
+        done = model.metadata_props.get(METADATA_KEY)
+        if done and done != str(block):
+            ctx.note(f"LayoutNchwc: the model is already blocked by {done}, not {block}; "
+                     "left as it is")
+            return result
+        rewriter = Rewriter(model, block, result)
+        rewriter.run()
+        if rewriter.left:
+            ctx.note("LayoutNchwc left NCHW: " + "; ".join(
+                f"{n} × {why}" for why, n in rewriter.left.most_common()))
+        return result
+
+
+__all__ = ["NCHWC", "LayoutNchwc", "block_size"]

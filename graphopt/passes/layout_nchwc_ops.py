@@ -1,0 +1,270 @@
+"""LayoutNchwc per op: when onnxruntime's NchwcTransformer (1.32, found by running it with B = 8
+on AVX2) converts an op, and the blocked node that replaces it. A handler gets the rewriter and
+the node; it leaves the node alone (it then reads NCHW, behind a ReorderOutput), builds the
+blocked replacement with `rw.add`, or folds the node into a blocked conv with `rw.adopt`.
+
+  Conv, FusedConv   float32 weight [O, I, kh, kw] and bias [O] constant; FusedConv without Z.
+                    group 1, I < B: reads the NCHW input itself (filter OIHWBo);
+                    group 1, I ≥ B, I % 4 = 0: blocked input, filter OIHWBiBo (I padded to B);
+                    depthwise (I = 1, O = group, O % 4 = 0): OIHWBo, group := O';
+                    grouped: I and O/group multiples of B, OIHWBiBo.
+  activation        Relu, Sigmoid, Tanh, LeakyRelu, HardSigmoid, Clip (constant bounds) or
+                    HardSwish after a conv nobody else reads: the conv's `activation` and
+                    `activation_params` (as FusedConv carries them), also after a fused Sum:
+                    y = act(conv(x) + b + sum), MLAS's order.
+  Add, Sum (2)      into a single-reader, activation-free conv as its Sum input (accumulated
+                    in place), the first addend's conv first;
+  Add, Sum, Mul     otherwise kept as they are on blocked inputs of equal shape and channels.
+  Relu, Sigmoid, Tanh, HardSigmoid   kept as they are on a blocked input.
+  Concat            axis 1, every input blocked with C a multiple of B.
+  MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool   4-D, C a multiple of B, no indices.
+  BatchNormalization on a blocked input: a 1×1 depthwise nchwc Conv (γ/√(σ²+ε), β − μ·γ/√(σ²+ε)).
+  Transpose [0,2,3,1] of a blocked input: ReorderOutput(channels_last=1).
+  Resize / Upsample nearest (asymmetric, floor), integer scales on H and W: nchwc.Upsample.
+
+The kept ops see the padded channels too; all of them map 0 to a finite value, which the zero
+input rows of every blocked filter then ignore (an op that could make inf there, Log or
+Reciprocal, would turn the next conv's 0·inf into NaN, so the list stays onnxruntime's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from graphopt.ir import DType, Node, Value
+from graphopt.passes.fusion.activation import activation_params, runtime_refuses
+from graphopt.passes.layout_nchwc_weights import (
+    batchnorm_as_depthwise,
+    filter_oihwbibo,
+    filter_oihwbo,
+    padded,
+    padded_vector,
+)
+
+if TYPE_CHECKING:
+    from graphopt.passes.layout_nchwc import Rewriter
+
+NCHWC = "com.microsoft.nchwc"
+MS = "com.microsoft"
+POOLS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
+KEPT_UNARY = ("Relu", "Sigmoid", "Tanh", "HardSigmoid")  # onnxruntime's: map 0 to a finite value
+FUSED_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip", "HardSwish")
+ACTIVATION_DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
+
+
+@dataclass
+class Blocked:
+    """The NCHWc form of an NCHW value."""
+
+    value: Value      # [N, C', H, W], C' = C padded to the block
+    channels: int     # C, what ReorderOutput restores
+    node: Node        # the nchwc node computing it (a conv may take an activation or a Sum)
+    exclusive: bool   # the NCHW value had one reader and is no graph output
+
+
+def _full_shape(value: Value) -> tuple | None:
+    shape = value.shape
+    return shape if shape is not None and None not in shape and len(shape) == 4 else None
+
+
+# -- Conv and what fuses into it ------------------------------------------------------------------
+def conv_kind(rw: Rewriter, node: Node) -> str:
+    """'nchw', 'depthwise', 'grouped' or 'blocked', or a reason starting with '-'."""
+    x, w, b = node.input(0), node.input(1), node.input(2)
+    if node.input(3) is not None:
+        return "-FusedConv adds a Z input"
+    if w is None or not w.is_constant or w.dtype != DType.FLOAT or len(w.shape or ()) != 4:
+        return "-the weight is not a constant float32 [O, I, kh, kw] tensor"
+    o, i = w.shape[:2]
+    if b is not None and not (b.is_constant and b.dtype == DType.FLOAT and b.shape == (o,)):
+        return "-the bias is not a constant float32 [O] vector"
+    if x.dtype not in (None, DType.FLOAT):
+        return f"-the input is {x.dtype.short}, not f32"
+    group, block = node.attr("group", 1), rw.block
+    if group > 1:
+        if i == 1 and o == group:
+            return "depthwise" if o % 4 == 0 else \
+                f"-depthwise over {o} channels, not a multiple of 4 (ReorderInput's unit)"
+        if i % block or (o // group) % block:
+            return f"-grouped with {i} in / {o // group} out channels per group, " \
+                   f"not multiples of the block {block}"
+        return "grouped"
+    if i < block:
+        return "nchw"
+    return "blocked" if i % 4 == 0 else f"-{i} input channels, not a multiple of 4"
+
+
+def conv(rw: Rewriter, node: Node) -> None:
+    kind = conv_kind(rw, node)
+    if kind.startswith("-"):
+        rw.left[f"{node.qualified_op}: {kind[1:]}"] += 1
+        return
+    x, w, b = node.input(0), node.input(1), node.input(2)
+    o, block = w.shape[0], rw.block
+    attrs = dict(node.attrs)
+    if kind in ("nchw", "depthwise"):
+        weight = rw.constant(w, f"OIHWBo{block}", lambda: filter_oihwbo(w.constant(), block))
+    else:
+        weight = rw.constant(w, f"OIHWBiBo{block}",
+                             lambda: filter_oihwbibo(w.constant(), block))
+    if b is not None and o % block:
+        b = rw.constant(b, f"pad{block}", lambda: padded_vector(b.constant(), block))
+    if kind == "depthwise":
+        attrs["group"] = padded(o, block)
+    channels = o if kind == "depthwise" else w.shape[1] * node.attr("group", 1)
+    source = x if kind == "nchw" else rw.blocked_input(node, x, channels)
+    rw.add(node, "Conv", [source, weight] + ([b] if b is not None else []), attrs, o)
+    rw.result.count(node.op_type if kind == "blocked" else f"{node.op_type}:{kind}")
+
+
+def activation(rw: Rewriter, node: Node) -> None:
+    x = node.input(0)
+    source = rw.blocked.get(id(x))
+    if source is None:
+        return
+    params = fusable_activation(node, source)
+    if params is not None:
+        conv = source.node
+        conv.set_attr("activation", node.op_type)
+        if params:
+            conv.set_attr("activation_params", params)
+        rw.adopt(node, source.value, source.channels, conv)
+        rw.result.count("activation into Conv")
+    elif node.op_type in KEPT_UNARY:
+        rw.add(node, node.op_type, [source.value], dict(node.attrs), source.channels,
+               domain=node.domain)
+        rw.result.count(f"{node.op_type} kept blocked")
+
+
+def fusable_activation(node: Node, source: Blocked) -> list[float] | None:
+    """The activation's parameters when it can become the conv's `activation`, else None."""
+    conv = source.node
+    if not (conv.op_type == "Conv" and source.exclusive and conv.attr("activation") is None
+            and runtime_refuses("FusedConv", node.op_type) is None):
+        return None
+    bounds = {}
+    if node.op_type == "Clip":
+        for name, value in zip(("min", "max"), node.inputs[1:3]):
+            if value is not None and not value.is_constant:
+                return None
+            bounds[name] = value.constant() if value is not None else None
+        bounds.update(min_attr=node.attr("min"), max_attr=node.attr("max"))
+    attrs = {k: node.attr(k, v) for k, v in ACTIVATION_DEFAULTS.get(node.op_type, {}).items()}
+    return activation_params(node.op_type, **attrs, **bounds)
+
+
+# -- elementwise, Concat, BatchNormalization ------------------------------------------------------
+def binary(rw: Rewriter, node: Node) -> None:
+    sources = [rw.blocked.get(id(v)) if v is not None else None for v in node.inputs]
+    if not sources or None in sources:
+        return
+    shapes = {_full_shape(v) for v in node.inputs}
+    if len({s.channels for s in sources}) != 1 or len(shapes) != 1 or None in shapes:
+        return  # broadcasting, or shapes not known to be equal
+    if node.op_type in ("Add", "Sum") and len(sources) == 2:
+        for target, other in ((sources[0], sources[1]), (sources[1], sources[0])):
+            conv = target.node
+            if (conv.op_type == "Conv" and target.exclusive and len(conv.inputs) < 4
+                    and conv.attr("activation") is None):
+                conv.set_inputs(list(conv.inputs) + [None] * (3 - len(conv.inputs))
+                                + [other.value])
+                rw.adopt(node, target.value, target.channels, conv)
+                rw.result.count("Add into Conv's Sum")
+                return
+    rw.add(node, node.op_type, [s.value for s in sources], dict(node.attrs),
+           sources[0].channels, domain=node.domain)
+    rw.result.count(f"{node.op_type} kept blocked")
+
+
+def concat(rw: Rewriter, node: Node) -> None:
+    sources = [rw.blocked.get(id(v)) if v is not None else None for v in node.inputs]
+    if node.attr("axis") not in (1, -3) or not sources or None in sources \
+            or any(s.channels % rw.block for s in sources):
+        return
+    rw.add(node, "Concat", [s.value for s in sources], {"axis": 1},
+           sum(s.channels for s in sources), domain=node.domain)
+    rw.result.count("Concat kept blocked")
+
+
+def batchnorm(rw: Rewriter, node: Node) -> None:
+    source = rw.blocked.get(id(node.input(0)))
+    params = node.inputs[1:5]
+    if source is None or any(v is not None for v in node.outputs[1:]) \
+            or node.attr("training_mode", 0) or node.attr("spatial", 1) != 1 \
+            or len(params) != 4 or not all(
+                v is not None and v.is_constant and v.dtype == DType.FLOAT
+                and v.shape == (source.channels,) for v in params):
+        return
+    weight, bias = batchnorm_as_depthwise(*(v.constant() for v in params),
+                                          node.attr("epsilon", 1e-5), rw.block)
+    rw.add(node, "Conv", [source.value, rw.graph.make_initializer(
+        f"{node.output.name}_bn_scale", weight), rw.graph.make_initializer(
+        f"{node.output.name}_bn_shift", bias)], {"group": weight.shape[0]}, source.channels)
+    rw.result.count("BatchNormalization:depthwise")
+
+
+# -- pools, Transpose, Resize ---------------------------------------------------------------------
+def pool(rw: Rewriter, node: Node) -> None:
+    x = node.input(0)
+    channels = rw.channels_of(x)
+    reason = None
+    if any(v is not None for v in node.outputs[1:]):
+        reason = "MaxPool returns indices"
+    elif x.dtype != DType.FLOAT or x.shape is None or len(x.shape) != 4:
+        reason = "the input is not a known float32 4-D tensor"
+    elif channels is None or channels % rw.block:
+        reason = f"{channels or 'unknown'} channels, not a multiple of the block {rw.block}"
+    elif not node.op_type.startswith("Global") and len(node.attr("kernel_shape") or ()) != 2:
+        reason = "not a 2-D pool"
+    if reason:
+        rw.left[f"{node.op_type}: {reason}"] += 1
+        return
+    rw.add(node, node.op_type, [rw.blocked_input(node, x, channels)], dict(node.attrs),
+           channels)
+    rw.result.count(node.op_type)
+
+
+def transpose(rw: Rewriter, node: Node) -> None:
+    source = rw.blocked.get(id(node.input(0)))
+    if source is None or list(node.attr("perm") or ()) != [0, 2, 3, 1]:
+        return
+    out = node.output
+    out.producer = None  # handed over to the ReorderOutput below
+    rw.graph.insert_before(node, Node(
+        "ReorderOutput", [source.value], {"channels": source.channels, "channels_last": 1},
+        domain=NCHWC, outputs=[out], name=rw.graph.fresh_node_name(f"{out.name}/nchwc")))
+    rw.graph.remove(node, safe=False)
+    rw.result.count("Transpose to NHWC:ReorderOutput")
+
+
+def resize(rw: Rewriter, node: Node) -> None:
+    source = rw.blocked.get(id(node.input(0)))
+    resize11 = node.op_type == "Resize" and (rw.model.opset("") or 0) >= 11
+    scales = node.input(2 if resize11 else 1)
+    if source is None or node.attr("mode", "nearest") != "nearest" or scales is None \
+            or not scales.is_constant or resize11 and (
+                node.input(3) is not None
+                or node.attr("coordinate_transformation_mode") != "asymmetric"
+                or node.attr("nearest_mode") != "floor"):
+        return
+    factors = np.asarray(scales.constant()).reshape(-1)
+    whole = factors.astype(np.int64)
+    if factors.shape != (4,) or np.any(whole != factors) or list(whole[:2]) != [1, 1] \
+            or np.any(whole < 1):
+        return
+    rw.add(node, "Upsample", [source.value], {"scales": whole.tolist()}, source.channels)
+    rw.result.count(f"{node.op_type}:Upsample")
+
+
+HANDLERS = {
+    ("", "Conv"): conv, (MS, "FusedConv"): conv,
+    **{("", op): pool for op in POOLS},
+    **{("", op): activation for op in FUSED_ACTIVATIONS},
+    **{("", op): binary for op in ("Add", "Sum", "Mul")},
+    ("", "Concat"): concat, ("", "BatchNormalization"): batchnorm,
+    ("", "Transpose"): transpose,
+    ("", "Resize"): resize, ("", "Upsample"): resize,
+}

@@ -1,0 +1,130 @@
+"""The cpu target end to end: conv nets blocked into NCHWc offline, partitions that record the
+onnxruntime level they need, memory plans in the artifact, and refusal of a wrong block size."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+
+import graphopt
+from graphopt import numerics, zoo
+from graphopt.cli import main
+from graphopt.codegen import OmPartition, OmSession, load_om, write_om
+from graphopt.errors import ArtifactError
+from graphopt.passes.layout_nchwc_weights import METADATA_KEY, detect_block_size
+
+BLOCK = detect_block_size()
+needs_nchwc = pytest.mark.skipif(not BLOCK, reason="this CPU has neither AVX2 nor AVX-512F, "
+                                                   "so onnxruntime has no NCHWc kernels here")
+
+
+def small_resnet() -> onnx.ModelProto:
+    return zoo.build("resnet50", blocks=(1, 1, 1, 1), width=0.25, image_size=64)
+
+
+def compile_cli(proto, tmp_path, *args) -> str:
+    source = tmp_path / "model.onnx"
+    onnx.save(proto, source)
+    out = tmp_path / "model.om"
+    assert main(["optimize", str(source), "-o", str(out), "-q", *args]) == 0
+    return str(out)
+
+
+@needs_nchwc
+def test_om_without_a_target_is_compiled_for_this_cpu(tmp_path):
+    proto = small_resnet()
+    path = compile_cli(proto, tmp_path, "--input-shape", "input:1,3,64,64")
+    artifact = load_om(path)
+    assert artifact.manifest["target"] == "cpu"
+    (part,) = artifact.partitions
+    ops = {n.domain + "::" + n.op_type for n in part.model.graph.node}
+    assert "com.microsoft.nchwc::Conv" in ops and "::Conv" not in ops
+    assert part.optimization_level == "extended"
+    assert {p.key: p.value for p in part.model.metadata_props}[METADATA_KEY] == str(BLOCK)
+    feeds = zoo.sample_inputs(proto, seed=0)
+    expected = numerics.run(proto, feeds)
+    actual = OmSession(path).run(feeds)
+    for name, array in expected.items():
+        np.testing.assert_allclose(actual[name], array, rtol=1e-4, atol=1e-5)
+
+
+def test_artifact_carries_the_memory_plan(tmp_path):
+    proto = small_resnet()
+    path = compile_cli(proto, tmp_path, "--input-shape", "input:1,3,64,64",
+                       "--memory-plot", str(tmp_path / "plan.svg"))
+    (plan,) = load_om(path).manifest["extra"]["memory_plan"].values()
+    assert plan["arena_bytes"] >= plan["lower_bound"] > 0
+    assert plan["arena_bytes"] <= 1.03 * plan["lower_bound"]
+    assert (tmp_path / "plan.svg").read_text().startswith("<svg")
+
+
+def test_dynamic_shapes_leave_the_artifact_unplanned(tmp_path, capsys):
+    proto = small_resnet()  # batch_size stays symbolic
+    source = tmp_path / "model.onnx"
+    onnx.save(proto, source)
+    assert main(["optimize", str(source), "-o", str(tmp_path / "m.om")]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan p0_cpu: none (cannot plan memory:" in out
+    (plan,) = load_om(tmp_path / "m.om").manifest["extra"]["memory_plan"].values()
+    assert "batch_size" in plan["unplanned"]
+    assert main(["optimize", str(source), "-o", str(tmp_path / "n.om"),
+                 "--memory-plot", str(tmp_path / "p.png")]) == 1
+    assert "no partition has a memory plan" in capsys.readouterr().err
+
+
+BRANCHES = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[64,256] x) => (float[1,1] y) {
+        a = Relu (x)
+        b = Sigmoid (x)
+        c = Tanh (x)
+        ra = ReduceSum (a)
+        rb = ReduceSum (b)
+        rc = ReduceSum (c)
+        ab = Add (ra, rb)
+        y = Add (ab, rc)
+    }""")
+
+
+def test_memory_reorder_lowers_the_peak_and_keeps_outputs(tmp_path):
+    plain = graphopt.optimize(BRANCHES, target="cpu")
+    reordered = graphopt.optimize(BRANCHES, target="cpu", memory_reorder=True)
+    (before,) = plain.memory_plans.values()
+    (after,) = reordered.memory_plans.values()
+    assert after.lower_bound < before.lower_bound
+    assert after.schedule_method != "original"
+    order = [n.op_type for n in reordered.model.graph]
+    assert order.index("ReduceSum") < order.index("Sigmoid")  # a's branch finishes first
+    graphopt.save(reordered, tmp_path / "r.om")
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)}
+    np.testing.assert_allclose(OmSession(tmp_path / "r.om").run(feeds)["y"],
+                               numerics.run(BRANCHES, feeds)["y"], rtol=1e-5)
+
+
+@needs_nchwc
+def test_partition_blocked_for_another_cpu_is_refused(tmp_path):
+    result = graphopt.optimize(small_resnet(), target="cpu", input_shapes="input:1,3,64,64")
+    proto = result.to_onnx()
+    for prop in proto.metadata_props:
+        if prop.key == METADATA_KEY:
+            prop.value = "16" if BLOCK == 8 else "8"
+    path = tmp_path / "other.om"
+    write_om(path, [OmPartition("p0", "cpu", proto)])
+    with pytest.raises(ArtifactError, match="NCHWc blocks of .* compile it again for this CPU"):
+        OmSession(path)
+
+
+def test_npu_partitions_run_at_the_full_level_on_the_stand_in(tmp_path):
+    result = graphopt.optimize(small_resnet(), target="ascend310", input_shapes="input:1,3,64,64")
+    graphopt.save(result, tmp_path / "npu.om")
+    (part,) = load_om(tmp_path / "npu.om").partitions
+    assert part.device == "npu" and part.optimization_level is None
+    assert not any(n.domain == "com.microsoft.nchwc" for n in part.model.graph.node)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        session = OmSession(tmp_path / "npu.om")
+    assert session.providers["p0_npu"][-1] == "CPUExecutionProvider"

@@ -1,0 +1,586 @@
+"""LayoutNchwc: conv nets rewritten into onnxruntime's blocked NCHWc ops ahead of time — what
+converts, the exact filter bytes (against onnxruntime's own transformer), what stays NCHW, the
+numerics at every onnxruntime level, and that ORT_ENABLE_ALL finds nothing left to convert.
+
+Numerics: seed-0 normal inputs, both models at ORT_DISABLE_ALL (and the rewrite at
+ORT_ENABLE_ALL too), |actual − expected| ≤ 1e-5 + 1e-4·|expected| elementwise.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from graphopt import numerics, zoo
+from graphopt.compiler import optimize
+from graphopt.errors import OptionError
+from graphopt.ir import load_onnx, to_onnx, verify
+from graphopt.passes import Options, PassContext, PassManager, Pipeline, layout_nchwc
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.layout_nchwc import NCHWC, LayoutNchwc
+from graphopt.passes.layout_nchwc_weights import (
+    batchnorm_as_depthwise,
+    block_mismatch,
+    detect_block_size,
+    filter_oihwbibo,
+    filter_oihwbo,
+    onnxruntime_block_size,
+    padded,
+    unblock_oihwbibo,
+    unblock_oihwbo,
+)
+
+RTOL, ATOL = 1e-4, 1e-5
+BLOCK = detect_block_size()
+needs_nchwc = pytest.mark.skipif(
+    not BLOCK, reason="neither AVX2 nor AVX-512F in /proc/cpuinfo: LayoutNchwc targets only "
+                      "those CPUs (MLAS blocks of 8 and 16), so no blocked model runs here")
+HEADER = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
+LEVELS = ("disable", "basic", "extended", "all")
+
+
+def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
+    """Parse `text`; each keyword names a graph input that becomes an initializer instead."""
+    proto = onnx.parser.parse_model(HEADER + text)
+    kept = [i for i in proto.graph.input if i.name not in weights]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n)
+                                   for n, a in weights.items())
+    return proto
+
+
+@dataclass(frozen=True)
+class Case:
+    """A small model, the ops the rewrite leaves in it, and the pass's stats or note."""
+
+    text: str
+    ops: list[str]
+    stats: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def model(self) -> onnx.ModelProto:
+        return build(self.text, **self.weights)
+
+
+def case(text: str, ops: list[str], stats: dict | None = None, note: str = "",
+         **weights: np.ndarray) -> Case:
+    return Case(text, ops, stats or {}, note, weights)
+
+
+def w(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def scalar(value: float) -> np.ndarray:
+    return np.array(value, np.float32)
+
+
+def rewrite(proto: onnx.ModelProto, block: int | None = None):
+    """The IR model after InferShapes and LayoutNchwc, the pass's stats, the notes."""
+    model = load_onnx(proto)
+    infer_shapes(model)
+    options = Options()
+    if block is not None:
+        options.nchwc_block_size = block
+    ctx = PassContext(options)
+    result = LayoutNchwc().run(model, ctx)
+    verify(model)
+    assert result.changed == bool(result.stats)
+    return model, dict(result.stats), ctx.notes
+
+
+def ops(model) -> list[str]:
+    return [("nchwc." if n.domain == NCHWC else "") + n.op_type for n in model.graph]
+
+
+def nodes(model, op: str) -> list:
+    kind = op.removeprefix("nchwc.")
+    return [n for n in model.graph if n.op_type == kind and (n.domain == NCHWC) == (kind != op)]
+
+
+def ort_optimized(proto: onnx.ModelProto, path) -> onnx.ModelProto:
+    """What onnxruntime's ORT_ENABLE_ALL makes of `proto` (its NCHWc transformer included)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(path)
+    options.log_severity_level = 3
+    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return onnx.load(str(path))
+
+
+def op_counts(proto: onnx.ModelProto, domain: str | None = None) -> Counter:
+    return Counter(f"{n.domain}::{n.op_type}" for n in proto.graph.node
+                   if domain is None or n.domain == domain)
+
+
+def check(original: onnx.ModelProto, model, tmp_path, like_ort: bool = True) -> onnx.ModelProto:
+    """onnx.checker; the same outputs at ORT_DISABLE_ALL and ORT_ENABLE_ALL; onnxruntime finds
+    nothing more to do; with `like_ort`, its transformer makes the same nchwc ops of the
+    original."""
+    rewritten = to_onnx(model)
+    onnx.checker.check_model(rewritten)
+    feeds = numerics.random_feeds(original, seed=0)
+    expected = numerics.run(original, feeds)
+    for level in ("disable", "all"):
+        problems = numerics.compare(expected, numerics.run(rewritten, feeds, level), RTOL, ATOL)
+        assert not problems, f"{level}: {problems[0]}"
+    again = ort_optimized(rewritten, tmp_path / "ours_by_ort.onnx")
+    assert op_counts(again) == op_counts(rewritten), "onnxruntime changed the rewritten layout"
+    if like_ort:
+        theirs = ort_optimized(original, tmp_path / "original_by_ort.onnx")
+        assert op_counts(rewritten, NCHWC) == op_counts(theirs, NCHWC)
+    return rewritten
+
+
+# -- block size and filter layouts --------------------------------------------------------------
+
+@pytest.mark.parametrize("flags,block", [("fpu sse2 avx avx2 fma", 8),
+                                         ("fpu avx2 avx512f avx512bw", 16), ("fpu sse2 avx", 0)])
+def test_block_size_from_cpuinfo(tmp_path, flags, block):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t: avx512f\n")
+    assert detect_block_size(str(cpuinfo)) == block
+    assert detect_block_size(str(tmp_path / "missing")) == 0
+
+
+@needs_nchwc
+def test_block_size_is_onnxruntimes():
+    assert onnxruntime_block_size() == BLOCK
+
+
+@needs_nchwc
+def test_a_model_blocked_for_another_cpu_is_flagged():
+    proto = CASES["regular conv"].model()
+    model, _, _ = rewrite(proto)
+    assert block_mismatch(model.metadata_props) is None
+    assert block_mismatch({}) is None
+    other = 24 - BLOCK  # 16 here when this CPU blocks by 8, and the other way round
+    model, _, _ = rewrite(proto, block=other)
+    assert f"blocks of {other} channels but onnxruntime blocks by {BLOCK}" in \
+        block_mismatch(model.metadata_props)
+    # Why the check matters: onnxruntime runs such a model without complaint, wrongly.
+    feeds = numerics.random_feeds(proto, seed=0)
+    assert numerics.compare(numerics.run(proto, feeds), numerics.run(to_onnx(model), feeds))
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_filter_layouts_round_trip(block):
+    for o, i in ((12, 20), (16, 16), (5, 3)):
+        weight = w(o, i, 3, 2)
+        bibo = filter_oihwbibo(weight, block)
+        assert bibo.shape == (padded(o, block), padded(i, block), 3, 2)
+        assert np.array_equal(unblock_oihwbibo(bibo, o, i, block), weight)
+        assert np.count_nonzero(bibo) == np.count_nonzero(weight)  # the padding is zeros
+        bo = filter_oihwbo(weight, block)
+        assert bo.shape == (padded(o, block), i, 3, 2)
+        assert np.array_equal(unblock_oihwbo(bo, o, block), weight)
+    # The first block of OIHWBiBo: kernel position (0, 0), input channel 0, outputs 0..B-1.
+    weight = w(block, block, 1, 1)
+    assert np.array_equal(filter_oihwbibo(weight, block).reshape(-1)[:block], weight[:, 0, 0, 0])
+
+
+def test_batchnorm_as_depthwise_is_the_affine_map():
+    c = 5
+    scale, shift, mean, var = w(c), w(c, seed=1), w(c, seed=2), np.abs(w(c, seed=3)) + 0.5
+    weight, bias = batchnorm_as_depthwise(scale, shift, mean, var, 1e-5, 8)
+    assert weight.shape == (8, 1, 1, 1) and bias.shape == (8,)
+    x = w(c, seed=4)
+    expected = (x - mean) / np.sqrt(var + 1e-5) * scale + shift
+    np.testing.assert_allclose(weight.reshape(-1)[:c] * x + bias[:c], expected, rtol=1e-5)
+    assert not weight[c:].any() and not bias[c:].any()
+
+
+LAYOUTS = {  # one conv each; onnxruntime's transformer writes the filter, we compare bytes
+    "blocked input, padded outputs": ("float[1,16,6,6] x", "float[12,16,3,3] k", "",
+                                      (12, 16, 3, 3)),
+    "padded inputs (12 → 16)": ("float[1,12,6,6] x", "float[16,12,1,1] k", "", (16, 12, 1, 1)),
+    "NCHW input": ("float[1,3,6,6] x", "float[12,3,3,3] k", "", (12, 3, 3, 3)),
+    "depthwise": ("float[1,12,6,6] x", "float[12,1,3,3] k", "<group=12>", (12, 1, 3, 3)),
+    "grouped": ("float[1,32,6,6] x", "float[32,16,3,3] k", "<group=2>", (32, 16, 3, 3)),
+}
+
+
+@needs_nchwc
+@pytest.mark.parametrize("case", LAYOUTS)
+def test_filters_and_biases_are_onnxruntimes_bytes(tmp_path, case):
+    x, k, attrs, shape = LAYOUTS[case]
+    proto = build(f"g ({x}, {k}, float[{shape[0]}] b) => (float y) {{ y = Conv{attrs}(x, k, b) }}",
+                  k=w(*shape), b=w(shape[0]))
+    model, _, _ = rewrite(proto)
+    (ours,) = nodes(model, "nchwc.Conv")
+    theirs_proto = ort_optimized(proto, tmp_path / "ort.onnx")
+    (theirs,) = [n for n in theirs_proto.graph.node if n.op_type == "Conv"]
+    data = {t.name: numpy_helper.to_array(t) for t in theirs_proto.graph.initializer}
+    for index in (1, 2):
+        assert np.array_equal(ours.inputs[index].constant(), data[theirs.input[index]]), index
+    group = {a.name: a.i for a in theirs.attribute}.get("group", 1)
+    assert ours.attr("group", 1) == group
+    check(proto, model, tmp_path)
+
+
+# -- what converts ------------------------------------------------------------------------------
+
+X16 = "float[1,16,8,8] x"
+IN, OUT = "nchwc.ReorderInput", "nchwc.ReorderOutput"
+CASES = {
+    "regular conv": case(
+        f"g ({X16}, float[32,16,3,3] k, float[32] b) => (float y) {{"
+        " y = Conv<pads=[1,1,1,1]>(x, k, b) }",
+        [IN, "nchwc.Conv", OUT], {"ReorderInput": 1, "Conv": 1, "ReorderOutput": 1},
+        k=w(32, 16, 3, 3), b=w(32)),
+    "first conv reads NCHW": case(
+        "g (float[1,3,16,16] x, float[16,3,3,3] k) => (float y) {"
+        " y = Conv<pads=[1,1,1,1], strides=[2,2]>(x, k) }",
+        ["nchwc.Conv", OUT], {"Conv:nchw": 1, "ReorderOutput": 1}, k=w(16, 3, 3, 3)),
+    "depthwise, channels padded": case(
+        "g (float[1,12,8,8] x, float[12,1,3,3] k) => (float y) {"
+        " y = Conv<group=12, pads=[1,1,1,1]>(x, k) }",
+        [IN, "nchwc.Conv", OUT], {"ReorderInput": 1, "Conv:depthwise": 1, "ReorderOutput": 1},
+        k=w(12, 1, 3, 3)),
+    "grouped": case(
+        "g (float[1,32,8,8] x, float[32,16,1,1] k) => (float y) { y = Conv<group=2>(x, k) }",
+        [IN, "nchwc.Conv", OUT], {"ReorderInput": 1, "Conv:grouped": 1, "ReorderOutput": 1},
+        k=w(32, 16, 1, 1)),
+    "conv + relu": case(
+        "g (float[1,3,16,16] x, float[16,3,3,3] k, float[16] b) => (float y) {"
+        " c = Conv<pads=[1,1,1,1]>(x, k, b)\n y = Relu(c) }",
+        ["nchwc.Conv", OUT], {"Conv:nchw": 1, "activation into Conv": 1, "ReorderOutput": 1},
+        k=w(16, 3, 3, 3), b=w(16)),
+    "conv + add residual + relu": case(
+        f"g ({X16}, float[16,16,3,3] k1, float[16,16,3,3] k2, float[16] b2) => (float y) {{"
+        " c1 = Conv<pads=[1,1,1,1]>(x, k1)\n r1 = Relu(c1)\n"
+        " c2 = Conv<pads=[1,1,1,1]>(r1, k2, b2)\n a = Add(c2, r1)\n y = Relu(a) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 2, "activation into Conv": 2, "Add into Conv's Sum": 1,
+         "ReorderOutput": 1},
+        k1=w(16, 16, 3, 3), k2=w(16, 16, 3, 3, seed=1), b2=w(16)),
+    "pooling shares one ReorderInput": case(
+        "g (float[1,16,9,9] x) => (float y, float z) {"
+        " y = MaxPool<kernel_shape=[3,3], strides=[2,2], pads=[1,1,1,1], ceil_mode=1>(x)\n"
+        " z = AveragePool<kernel_shape=[3,3], strides=[2,2], pads=[1,1,1,1],"
+        " count_include_pad=1>(x) }",
+        [IN, "nchwc.MaxPool", OUT, "nchwc.AveragePool", OUT],
+        {"ReorderInput": 1, "MaxPool": 1, "AveragePool": 1, "ReorderOutput": 2}),
+    "global pools after a conv": case(
+        f"g ({X16}, float[32,16,1,1] k) => (float y, float z) {{"
+        " c = Conv(x, k)\n y = GlobalAveragePool(c)\n z = GlobalMaxPool(c) }",
+        [IN, "nchwc.Conv", "nchwc.GlobalAveragePool", OUT, "nchwc.GlobalMaxPool", OUT],
+        {"ReorderInput": 1, "Conv": 1, "GlobalAveragePool": 1, "GlobalMaxPool": 1,
+         "ReorderOutput": 2},
+        k=w(32, 16, 1, 1)),
+    "blocked graph output with another reader": case(
+        f"g ({X16}, float[16,16,1,1] k) => (float c, float y) {{ c = Conv(x, k)\n y = Relu(c) }}",
+        [IN, "nchwc.Conv", OUT, "Relu", OUT],
+        {"ReorderInput": 1, "Conv": 1, "Relu kept blocked": 1, "ReorderOutput": 2},
+        k=w(16, 16, 1, 1)),
+    "unaligned channels leave before MaxPool": case(
+        f"g ({X16}, float[12,16,1,1] k) => (float y) {{"
+        " c = Conv(x, k)\n y = MaxPool<kernel_shape=[2,2], strides=[2,2]>(c) }",
+        [IN, "nchwc.Conv", OUT, "MaxPool"], {"ReorderInput": 1, "Conv": 1, "ReorderOutput": 1},
+        note="MaxPool: 12 channels, not a multiple", k=w(12, 16, 1, 1)),
+    "concat along channels": case(
+        f"g ({X16}, float[16,16,1,1] k1, float[16,16,3,3] k2) => (float y) {{"
+        " a = Conv(x, k1)\n b = Conv<pads=[1,1,1,1]>(x, k2)\n y = Concat<axis=1>(a, b) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", "Concat", OUT],
+        {"ReorderInput": 1, "Conv": 2, "Concat kept blocked": 1, "ReorderOutput": 1},
+        k1=w(16, 16, 1, 1), k2=w(16, 16, 3, 3)),
+    "batchnorm becomes a depthwise conv": case(
+        f"g ({X16}, float[16,16,1,1] k, float[16] s, float[16] t, float[16] m, float[16] v)"
+        " => (float c, float y) {"
+        " c = Conv(x, k)\n n = BatchNormalization<epsilon=0.001>(c, s, t, m, v)\n y = Relu(n) }",
+        [IN, "nchwc.Conv", OUT, "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 1, "BatchNormalization:depthwise": 1,
+         "activation into Conv": 1, "ReorderOutput": 2},
+        k=w(16, 16, 1, 1), s=w(16), t=w(16, seed=1), m=w(16, seed=2),
+        v=np.abs(w(16, seed=3)) + 0.5),
+    "transpose to NHWC": case(
+        f"g ({X16}, float[16,16,1,1] k) => (float[1,8,8,16] y) {{"
+        " c = Conv(x, k)\n y = Transpose<perm=[0,2,3,1]>(c) }",
+        [IN, "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 1, "Transpose to NHWC:ReorderOutput": 1}, k=w(16, 16, 1, 1)),
+    "nearest resize": case(
+        f"g ({X16}, float[16,16,1,1] k, float[4] sc) => (float y) {{"
+        ' c = Conv(x, k)\n y = Resize<mode="nearest", coordinate_transformation_mode='
+        '"asymmetric", nearest_mode="floor">(c, "", sc) }',
+        [IN, "nchwc.Conv", "nchwc.Upsample", OUT],
+        {"ReorderInput": 1, "Conv": 1, "Resize:Upsample": 1, "ReorderOutput": 1},
+        k=w(16, 16, 1, 1), sc=np.array([1, 1, 2, 3], np.float32)),
+    "elementwise stays blocked": case(
+        f"g ({X16}, float[16,16,1,1] k1, float[16,16,1,1] k2) => (float y) {{"
+        " a = Conv(x, k1)\n b = Conv(x, k2)\n m = Mul(a, b)\n s = Sigmoid(m)\n t = Tanh(a)\n"
+        " h = HardSigmoid(a)\n u = Add(s, t)\n y = Sum(u, h, m) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", "Mul", "Sigmoid", "Tanh", "HardSigmoid", "Add", "Sum",
+         OUT],
+        {"ReorderInput": 1, "Conv": 2, "Mul kept blocked": 1, "Sigmoid kept blocked": 1,
+         "Tanh kept blocked": 1, "HardSigmoid kept blocked": 1, "Add kept blocked": 1,
+         "Sum kept blocked": 1, "ReorderOutput": 1},
+        k1=w(16, 16, 1, 1), k2=w(16, 16, 1, 1, seed=1)),
+    "Sum goes to the activation-free conv": case(
+        f"g ({X16}, float[16,16,1,1] k1, float[16,16,1,1] k2) => (float y) {{"
+        " a = Conv(x, k1)\n r = Relu(a)\n b = Conv(x, k2)\n y = Add(r, b) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 2, "activation into Conv": 1, "Add into Conv's Sum": 1,
+         "ReorderOutput": 1},
+        k1=w(16, 16, 1, 1), k2=w(16, 16, 1, 1, seed=1)),
+    "FusedConv": case(
+        f"g ({X16}, float[16,16,3,3] k, float[16] b) => (float y) {{ y = com.microsoft.FusedConv"
+        '<activation="LeakyRelu", activation_params=[0.1], pads=[1,1,1,1]>(x, k, b) }',
+        [IN, "nchwc.Conv", OUT], {"ReorderInput": 1, "FusedConv": 1, "ReorderOutput": 1},
+        k=w(16, 16, 3, 3), b=w(16)),
+}
+
+
+@needs_nchwc
+@pytest.mark.parametrize("name", CASES)
+def test_converts(tmp_path, name):
+    proto = CASES[name].model()
+    model, stats, notes = rewrite(proto)
+    assert ops(model) == CASES[name].ops
+    assert stats == CASES[name].stats
+    assert [CASES[name].note in n for n in notes] == ([True] if CASES[name].note else [])
+    assert model.metadata_props["graphopt.nchwc_block_size"] == str(BLOCK)
+    assert model.opset_imports[NCHWC] == 1
+    check(proto, model, tmp_path)
+
+
+@needs_nchwc
+def test_structure_of_the_residual_block():
+    model, _, _ = rewrite(CASES["conv + add residual + relu"].model())
+    first, second = nodes(model, "nchwc.Conv")
+    assert first.attr("activation") == second.attr("activation") == "Relu"
+    x, k, b, total = second.inputs
+    assert x is total is first.output  # in-place accumulation onto the residual
+    assert k.shape == (16, 16, 3, 3) and b.name == "b2"
+    (out,) = nodes(model, OUT)
+    assert out.output.name == "y" and out.attr("channels") == 16
+    assert out.attr("channels_last") is None
+
+
+@needs_nchwc
+def test_attributes_of_padded_and_fused_convs(tmp_path):
+    model, _, _ = rewrite(CASES["depthwise, channels padded"].model())
+    (conv,) = nodes(model, "nchwc.Conv")
+    assert conv.attr("group") == padded(12, BLOCK) and conv.inputs[1].shape == (16, 1, 3, 3)
+    assert nodes(model, OUT)[0].attr("channels") == 12
+    clip = build("g (float[1,3,16,16] x, float[16,3,3,3] k, float lo, float hi) => (float y) {"
+                 " c = Conv(x, k)\n y = Clip(c, lo, hi) }",
+                 k=w(16, 3, 3, 3), lo=scalar(0.0), hi=scalar(6.0))
+    model, _, _ = rewrite(clip)
+    (conv,) = nodes(model, "nchwc.Conv")
+    assert conv.attr("activation") == "Clip" and conv.attr("activation_params") == [0.0, 6.0]
+    check(clip, model, tmp_path)
+    model, _, _ = rewrite(CASES["transpose to NHWC"].model())
+    (out,) = nodes(model, OUT)
+    assert (out.attr("channels"), out.attr("channels_last")) == (16, 1)
+    assert out.output.shape == (1, 8, 8, 16)
+
+
+@needs_nchwc
+@pytest.mark.parametrize("activation", ["HardSwish", "LeakyRelu<alpha=0.2>", "Sigmoid", "Tanh",
+                                        "HardSigmoid<alpha=0.3, beta=0.4>"])
+def test_every_activation_the_conv_takes(tmp_path, activation):
+    proto = build(f"g ({X16}, float[16,16,3,3] k) => (float y) {{"
+                  f" c = Conv<pads=[1,1,1,1]>(x, k)\n y = {activation}(c) }}", k=w(16, 16, 3, 3))
+    model, stats, _ = rewrite(proto)
+    assert stats["activation into Conv"] == 1
+    # onnxruntime decomposes HardSwish before its own transformer sees it: same numbers, other ops
+    check(proto, model, tmp_path, like_ort=not activation.startswith("HardSwish"))
+
+
+@needs_nchwc
+def test_activation_after_a_fused_sum(tmp_path):
+    # act(conv + bias + sum), MLAS's order; onnxruntime itself only fuses Relu/Sigmoid/Tanh here.
+    proto = build(f"g ({X16}, float[16,16,1,1] k1, float[16,16,1,1] k2, float[16] b, float lo,"
+                  " float hi) => (float y) { r = Relu(x)\n c1 = Conv(r, k1)\n c2 = Conv(c1, k2, b)"
+                  "\n a = Add(c2, c1)\n y = Clip(a, lo, hi) }", k1=w(16, 16, 1, 1),
+                  k2=w(16, 16, 1, 1, seed=1), b=w(16), lo=scalar(-0.5), hi=scalar(0.5))
+    model, stats, _ = rewrite(proto)
+    first, second = nodes(model, "nchwc.Conv")
+    assert stats["Add into Conv's Sum"] == 1 and second.attr("activation") == "Clip"
+    assert second.inputs[3] is first.output and first.attr("activation") is None
+    check(proto, model, tmp_path, like_ort=False)
+
+
+@needs_nchwc
+@pytest.mark.parametrize("level", LEVELS)
+def test_runs_at_every_onnxruntime_level(level):
+    proto = CASES["conv + add residual + relu"].model()
+    model, _, _ = rewrite(proto)
+    feeds = numerics.random_feeds(proto, seed=0)
+    expected = numerics.run(proto, feeds)
+    assert not numerics.compare(expected, numerics.run(to_onnx(model), feeds, level), RTOL, ATOL)
+
+
+# -- what stays NCHW ----------------------------------------------------------------------------
+
+NEGATIVES = {
+    "fed weight": case(
+        f"g ({X16}, float[16,16,1,1] k) => (float y) {{ y = Conv(x, k) }}", ["Conv"],
+        note="Conv: the weight is not a constant float32"),
+    "fed bias": case(
+        f"g ({X16}, float[16,16,1,1] k, float[16] b) => (float y) {{ y = Conv(x, k, b) }}",
+        ["Conv"], note="the bias is not a constant", k=w(16, 16, 1, 1)),
+    "10 input channels": case(
+        "g (float[1,10,8,8] x, float[16,10,1,1] k) => (float y) { y = Conv(x, k) }",
+        ["Conv"], note="10 input channels, not a multiple of 4", k=w(16, 10, 1, 1)),
+    "depthwise with multiplier 2": case(
+        f"g ({X16}, float[32,1,3,3] k) => (float y) {{ y = Conv<group=16>(x, k) }}",
+        ["Conv"], note="grouped with 1 in / 2 out channels per group", k=w(32, 1, 3, 3)),
+    "depthwise over 6 channels": case(
+        "g (float[1,6,8,8] x, float[6,1,3,3] k) => (float y) { y = Conv<group=6>(x, k) }",
+        ["Conv"], note="depthwise over 6 channels, not a multiple of 4", k=w(6, 1, 3, 3)),
+    "1-D conv": case(
+        "g (float[1,16,8] x, float[16,16,3] k) => (float y) { y = Conv(x, k) }",
+        ["Conv"], note="[O, I, kh, kw]", k=w(16, 16, 3)),
+    "MaxPool with indices": case(
+        f"g ({X16}) => (float y, int64 i) {{ y, i = MaxPool<kernel_shape=[2,2]>(x) }}",
+        ["MaxPool"], note="MaxPool returns indices"),
+    "pool over 12 channels": case(
+        "g (float[1,12,8,8] x) => (float y) { y = GlobalAveragePool(x) }",
+        ["GlobalAveragePool"], note="12 channels, not a multiple of the block"),
+}
+
+
+@needs_nchwc
+@pytest.mark.parametrize("name", NEGATIVES)
+def test_stays_nchw(tmp_path, name):
+    proto = NEGATIVES[name].model()
+    model, stats, notes = rewrite(proto)
+    assert ops(model) == NEGATIVES[name].ops and not stats
+    assert len(notes) == 1 and NEGATIVES[name].note in notes[0], notes
+    assert "graphopt.nchwc_block_size" not in model.metadata_props
+    check(proto, model, tmp_path)
+
+
+PARTIAL = {  # converted, but what follows the conv reads NCHW
+    "bias add broadcasts": case(
+        f"g ({X16}, float[16,16,1,1] k, float[1,16,1,1] c) => (float y) {{"
+        " a = Conv(x, k)\n y = Add(a, c) }",
+        [IN, "nchwc.Conv", OUT, "Add"], k=w(16, 16, 1, 1), c=w(1, 16, 1, 1)),
+    "add of a blocked and an NCHW tensor": case(
+        f"g ({X16}, float[16,16,1,1] k) => (float y) {{ a = Conv(x, k)\n y = Add(a, x) }}",
+        [IN, "nchwc.Conv", OUT, "Add"], k=w(16, 16, 1, 1)),
+    "clip with a fed bound": case(
+        f"g ({X16}, float[16,16,1,1] k, float hi) => (float y) {{"
+        ' a = Conv(x, k)\n y = Clip(a, "", hi) }',
+        [IN, "nchwc.Conv", OUT, "Clip"], k=w(16, 16, 1, 1)),
+    "conv read twice: Relu kept apart, LeakyRelu reads NCHW": case(
+        f"g ({X16}, float[16,16,1,1] k) => (float y, float z) {{"
+        " a = Conv(x, k)\n y = Relu(a)\n z = LeakyRelu(a) }",
+        [IN, "nchwc.Conv", OUT, "Relu", OUT, "LeakyRelu"], k=w(16, 16, 1, 1)),
+    "both addends activated": case(
+        f"g ({X16}, float[16,16,1,1] k1, float[16,16,1,1] k2) => (float y) {{"
+        " a = Conv(x, k1)\n r = Relu(a)\n b = Conv(x, k2)\n s = Sigmoid(b)\n y = Add(r, s) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", "Add", OUT],
+        k1=w(16, 16, 1, 1), k2=w(16, 16, 1, 1, seed=1)),
+    "concat with unaligned channels": case(
+        f"g ({X16}, float[16,16,1,1] k1, float[12,16,1,1] k2) => (float y) {{"
+        " a = Conv(x, k1)\n b = Conv(x, k2)\n y = Concat<axis=1>(a, b) }",
+        [IN, "nchwc.Conv", OUT, "nchwc.Conv", OUT, "Concat"],
+        k1=w(16, 16, 1, 1), k2=w(12, 16, 1, 1)),
+}
+
+
+@needs_nchwc
+@pytest.mark.parametrize("name", PARTIAL)
+def test_reorders_back_where_nchw_is_read(tmp_path, name):
+    proto = PARTIAL[name].model()
+    model, _, _ = rewrite(proto)
+    assert ops(model) == PARTIAL[name].ops
+    check(proto, model, tmp_path)
+
+
+# -- the pass as a whole ------------------------------------------------------------------------
+
+def test_no_avx_leaves_the_model_with_a_note(monkeypatch):
+    monkeypatch.setattr(layout_nchwc, "detect_block_size", lambda: 0)
+    model, stats, notes = rewrite(CASES["regular conv"].model())
+    assert ops(model) == ["Conv"] and not stats
+    assert "neither AVX-512F nor AVX2" in notes[0]
+
+
+def test_block_size_option():
+    proto = CASES["grouped"].model()
+    with pytest.raises(OptionError, match="nchwc_block_size 4"):
+        rewrite(proto, block=4)
+    # Forced to 16 (runnable only with AVX-512F): the structure and the recorded block.
+    model, stats, _ = rewrite(CASES["depthwise, channels padded"].model(), block=16)
+    (conv,) = nodes(model, "nchwc.Conv")
+    assert conv.attr("group") == 16 and model.metadata_props["graphopt.nchwc_block_size"] == "16"
+    model, stats, _ = rewrite(build("g (float[1,8,8,8] x, float[24,8,1,1] k) => (float y) {"
+                                    " y = Conv(x, k) }", k=w(24, 8, 1, 1)), block=16)
+    assert stats == {"Conv:nchw": 1, "ReorderOutput": 1}  # 8 < 16 input channels: reads NCHW
+    assert nodes(model, "nchwc.Conv")[0].inputs[1].shape == (32, 8, 1, 1)
+
+
+def test_second_run_changes_nothing():
+    model, _, _ = rewrite(CASES["conv + add residual + relu"].model(), block=8)
+    before = ops(model)
+    ctx = PassContext(Options())
+    ctx.options.nchwc_block_size = 8
+    assert not LayoutNchwc().run(model, ctx).changed and ops(model) == before
+    ctx.options.nchwc_block_size = 16
+    assert not LayoutNchwc().run(model, ctx).changed
+    assert "already blocked by 8, not 16" in ctx.notes[0]
+
+
+def test_replaced_weights_leave_the_file():
+    model, _, _ = rewrite(CASES["conv + add residual + relu"].model(), block=8)
+    assert sorted(model.graph.initializers) == ["b2", "k1_OIHWBiBo8", "k2_OIHWBiBo8"]
+
+
+def _compiled(name: str, level: int, **size):
+    """The zoo model, graphopt at -O`level`, then LayoutNchwc through the pass manager."""
+    proto = zoo.build(name, **size)
+    result = optimize(proto, level=level)
+    baseline = result.to_onnx()
+    ctx = PassContext(Options())
+    log = PassManager(Pipeline("nchwc", "LayoutNchwc alone", ("LayoutNchwc",)), ctx).run(
+        result.model)
+    verify(result.model)
+    return proto, baseline, result.model, log.records[0].stats, ctx.notes
+
+
+@needs_nchwc
+@pytest.mark.parametrize("name,level,size", [
+    ("resnet50", 2, {"width": 0.25, "image_size": 64}),
+    ("mobilenetv2", 2, {"width": 0.5, "image_size": 64}),
+    ("mobilenetv2", 3, {"image_size": 64}),  # -O3: FusedConv(Clip) in, nchwc Conv out
+])
+def test_zoo(tmp_path, name, level, size):
+    proto, baseline, model, stats, notes = _compiled(name, level, **size)
+    assert not notes
+    assert "Conv" not in ops(model) and "FusedConv" not in ops(model)
+    rewritten = check(baseline, model, tmp_path)
+    feeds = zoo.sample_inputs(proto, seed=0)
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(rewritten, feeds),
+                                RTOL, ATOL)
+    counts = op_counts(rewritten)
+    convs = sum(n.op_type in ("Conv", "FusedConv") for n in baseline.graph.node)
+    assert counts[f"{NCHWC}::Conv"] == convs
+    assert counts[f"{NCHWC}::ReorderOutput"] == 1  # once, before Flatten → Gemm
+    if name == "resnet50":
+        assert stats["Add into Conv's Sum"] == 16 and stats["Conv:nchw"] == 1
+        assert counts[f"{NCHWC}::MaxPool"] == 1
+    else:
+        assert stats[f"{'FusedConv' if level == 3 else 'Conv'}:depthwise"] == 17
+        assert stats["Add into Conv's Sum"] == 10
+
+
+@needs_nchwc
+def test_graphopt_reads_its_blocked_output_back():
+    # The nchwc ops have onnxruntime schemas, so a blocked model is valid input; no pass may
+    # touch them (verify=True compares against the blocked model at ORT_DISABLE_ALL).
+    _, _, model, _, _ = _compiled("mobilenetv2", 2, width=0.5, image_size=64)
+    blocked = to_onnx(model)
+    again = optimize(blocked, level=3, verify=True)
+    assert op_counts(again.to_onnx(), NCHWC) == op_counts(blocked, NCHWC)
