@@ -98,8 +98,9 @@ def test_npu_artifacts_reproduce_outputs(entry, reference_cache, tmp_path):
     result = graphopt.optimize(entry.path, target="ascend310")
     path = tmp_path / "model.om"
     graphopt.save(result, path)
-    for part in graphopt.codegen.load_om(path).partitions:
-        onnx.checker.check_model(part.model)
+    artifact = graphopt.codegen.load_om(path)
+    for part in artifact.partitions:
+        onnx.checker.check_model(artifact.partition_model(part.name))  # weights back inside
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the CPU stand-in notice
         session = OmSession(path, optimization_level="disable")

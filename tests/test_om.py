@@ -198,19 +198,82 @@ def test_stored_member_with_a_corrupt_local_header_is_refused(om_path, tmp_path)
         load_om(bad)
 
 
-def test_session_checks_sums_while_building_sessions(om_path, tmp_path):
-    # A flipped weight byte still parses: only the sha256 check, run beside onnxruntime's
-    # session creation, can catch it, and the session must not be returned.
-    data = bytearray(om_path.read_bytes())
+def _flip_byte_of(path, needle: bytes, out):
+    data = bytearray(path.read_bytes())
+    data[bytes(data).index(needle)] ^= 0x01
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_small_weights_stay_in_the_model_and_are_checked_at_load(om_path, tmp_path):
     weights = numpy_helper.to_array(matmul_relu().graph.initializer[0]).tobytes()
-    at = bytes(data).index(weights[:16])
-    data[at] ^= 0x01
-    bad = tmp_path / "bad.om"
-    bad.write_bytes(bytes(data))
-    assert load_om(bad, defer_checksums=True).partitions  # parses: the bytes are well formed
+    bad = _flip_byte_of(om_path, weights[:16], tmp_path / "bad.om")
     with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
         OmSession(bad)
-    with pytest.raises(ArtifactError, match="fails its sha256 check"):
+
+
+def big_matmul() -> onnx.ModelProto:
+    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000
+    return _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [_tensor("X", ["N", 64])],
+                  [_tensor("Y", ["N", 32])], [numpy_helper.from_array(w, "W")])
+
+
+def test_large_weights_are_a_blob_onnxruntime_maps(tmp_path):
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", big_matmul())])
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("weights/p0.bin")
+        assert info.compress_type == zipfile.ZIP_STORED and info.file_size == 64 * 32 * 4
+        model = onnx.load_from_string(zf.read("partitions/p0.onnx"))
+    (w,) = model.graph.initializer
+    assert w.data_location == onnx.TensorProto.EXTERNAL and not w.raw_data
+    artifact = load_om(path)
+    offset, size = artifact.spans["weights/p0.bin"]
+    assert offset % 4096 == 0 and size == 64 * 32 * 4  # page aligned: mapped as is
+    full = artifact.partition_model("p0")
+    np.testing.assert_array_equal(numpy_helper.to_array(full.graph.initializer[0]),
+                                  numpy_helper.to_array(big_matmul().graph.initializer[0]))
+    x = np.ones((2, 64), np.float32)
+    expected = x @ numpy_helper.to_array(big_matmul().graph.initializer[0])
+    np.testing.assert_allclose(OmSession(path).run({"X": x})["Y"], expected, rtol=1e-6)
+
+
+def test_tampered_weights_blob_fails_the_first_run(tmp_path):
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", big_matmul())])
+    w = numpy_helper.to_array(big_matmul().graph.initializer[0]).tobytes()
+    bad = _flip_byte_of(path, w[400:416], tmp_path / "bad.om")
+    with pytest.raises(ArtifactError, match="weights/p0.bin' fails its sha256 check"):
+        load_om(bad)
+    # The session maps the weights while they are hashed; no result leaves it unverified.
+    session = OmSession(bad)
+    for _ in range(2):
+        with pytest.raises(ArtifactError, match="weights/p0.bin' fails its sha256 check"):
+            session.run({"X": np.ones((1, 64), np.float32)})
+
+
+@pytest.mark.parametrize("reference, message", [
+    ({"location": "../../etc/passwd", "offset": "0", "length": "4"}, "not a weights member"),
+    ({"location": "weights/p0.bin", "offset": "8188", "length": "8"}, "past the end"),
+    ({"location": "weights/p0.bin", "offset": "0", "length": "4", "checksum": "x"},
+     "graphopt does not write"),
+])
+def test_external_references_outside_the_weights_are_refused(tmp_path, reference, message):
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", big_matmul())])
+
+    def point_elsewhere(manifest, members):
+        model = onnx.load_from_string(members["partitions/p0.onnx"])
+        tensor = model.graph.initializer[0]
+        del tensor.external_data[:]
+        for key, value in reference.items():
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        members["partitions/p0.onnx"] = model.SerializeToString()
+        _resum(manifest, members)
+
+    bad = rewrite(path, tmp_path / "bad.om", point_elsewhere)
+    with pytest.raises(ArtifactError, match=message):
         load_om(bad)
 
 
@@ -237,8 +300,15 @@ def rewrite(src, dst, mutate):
         if manifest is not None:
             zf.writestr("manifest.json", json.dumps(manifest))
         for name, data in members.items():
-            zf.writestr(name, data)
+            stored = name.startswith("weights/")  # graphopt never compresses weights
+            zf.writestr(name, data, zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
     return dst
+
+
+def _resum(manifest, members):
+    """Refresh every member's checksum, as a forger would."""
+    for name, data in members.items():
+        manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
 def add_listed_member(name):
@@ -343,7 +413,7 @@ def test_external_data_is_refused(tmp_path):
 
     write_om(tmp_path / "ok.om", [OmPartition("p0", "cpu", matmul_relu())])
     bad = rewrite(tmp_path / "ok.om", tmp_path / "bad.om", smuggle)
-    with pytest.raises(ArtifactError, match="external data"):
+    with pytest.raises(ArtifactError, match="tensor 'W' has a malformed external reference"):
         load_om(bad)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from graphopt.codegen.om_read import is_om
 from graphopt.codegen.runtime import OmSession
-from graphopt.errors import InputError
+from graphopt.errors import ArtifactError, InputError
 
 
 def load(
@@ -35,13 +35,18 @@ def load(
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .om file")
-    if not is_om(path) and _looks_like_onnx(path):
-        raise InputError(f"{path}: not an .om artifact (it looks like an ONNX model); compile it with "
-                         f"`graphopt optimize {path} -o model.om` (or graphopt.optimize + graphopt.save)")
-    # Anything else that is not an .om gets load_om's precise reason (not a zip, no manifest, …).
-    return OmSession(path, intra_op_num_threads=intra_op_num_threads,
-                     optimization_level=optimization_level,
-                     inter_op_num_threads=inter_op_num_threads, session_config=session_config)
+    try:
+        return OmSession(path, intra_op_num_threads=intra_op_num_threads,
+                         optimization_level=optimization_level,
+                         inter_op_num_threads=inter_op_num_threads, session_config=session_config)
+    except ArtifactError:
+        # Only now sniff the file (load time matters): an ONNX model gets a hint, anything
+        # else that is not an .om load_om's precise reason (not a zip, no manifest, …).
+        if not is_om(path) and _looks_like_onnx(path):
+            raise InputError(f"{path}: not an .om artifact (it looks like an ONNX model); compile "
+                             f"it with `graphopt optimize {path} -o model.om` (or graphopt.optimize "
+                             "+ graphopt.save)") from None
+        raise
 
 
 def _looks_like_onnx(path: str) -> bool:

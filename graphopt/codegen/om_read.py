@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import struct
 import zipfile
@@ -20,13 +21,8 @@ from graphopt.codegen.om_manifest import (
     check_manifest,
     check_member_name,
 )
-from graphopt.codegen.om_write import (
-    OmPartition,
-    graph_inputs,
-    route,
-    sha256,
-    uses_external_data,
-)
+from graphopt.codegen.om_weights import WEIGHTS_DIR, BadReference, check_references, with_weights
+from graphopt.codegen.om_write import OmPartition, graph_inputs, route, sha256
 from graphopt.errors import ArtifactError
 
 # The manifest is parsed before anything is verified: bound what a hostile file can make us read.
@@ -79,33 +75,56 @@ def _check_routing(manifest: dict) -> None:
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip's local file header, 30 bytes
 
 
-def _stored_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
-    """An uncompressed member's bytes in one read. zipfile would also CRC them chunk by chunk,
-    which costs as much as the sha256 check the caller does anyway."""
+def _data_offset(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+    """Where an uncompressed member's bytes start in the file (after its local header)."""
     fp = zf.fp
     fp.seek(info.header_offset)
     header = fp.read(_LOCAL_HEADER.size)
     if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
         raise zipfile.BadZipFile("bad local file header")
     name_length, extra_length = _LOCAL_HEADER.unpack(header)[-2:]
-    fp.seek(info.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
+    return info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+
+
+def _stored_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """An uncompressed member's bytes in one read. zipfile would also CRC them chunk by chunk,
+    which costs as much as the sha256 check the caller does anyway."""
+    fp = zf.fp
+    fp.seek(_data_offset(zf, info))
     data = fp.read(info.file_size)
     if len(data) != info.file_size:
         raise EOFError("member data ends early")
     return data
 
 
-def _read_member(zf: zipfile.ZipFile, name: str, expected: dict) -> bytes:
+def _member_info(zf: zipfile.ZipFile, name: str, expected: dict) -> zipfile.ZipInfo:
     try:
         info = zf.getinfo(name)
     except KeyError:
         raise Malformed(f"member {name!r} listed in the manifest is missing from the archive") from None
-    # Compare the declared size first: it also bounds how much a zip bomb can make us inflate.
     if info.file_size != expected["size"]:
         raise Malformed(
             f"member {name!r} has size {info.file_size}, manifest says {expected['size']} "
             "(tampered or corrupt)"
         )
+    return info
+
+
+def _weights_span(zf: zipfile.ZipFile, name: str, expected: dict) -> tuple[int, int]:
+    """(data offset in the file, size) of a weights blob, which stays on disk: onnxruntime maps
+    it, and the checksum is computed from the file."""
+    info = _member_info(zf, name, expected)
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise Malformed(f"weights member {name!r} is compressed; graphopt stores weights as is")
+    try:
+        return _data_offset(zf, info), info.file_size
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise Malformed(f"member {name!r} is corrupt ({exc})") from None
+
+
+def _read_member(zf: zipfile.ZipFile, name: str, expected: dict) -> bytes:
+    # The declared size is compared first: it also bounds how much a zip bomb can make us inflate.
+    info = _member_info(zf, name, expected)
     try:
         data = _stored_bytes(zf, info) if info.compress_type == zipfile.ZIP_STORED else zf.read(info)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
@@ -113,19 +132,39 @@ def _read_member(zf: zipfile.ZipFile, name: str, expected: dict) -> bytes:
     return data
 
 
-def _check_sha256(name: str, data: bytes, expected: dict) -> None:
+def _check_sha256(name: str, data, expected: dict) -> None:
     if sha256(data) != expected["sha256"]:
         raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
 
 
-def _parse_partition(part: dict, data: bytes) -> onnx.ModelProto:
+def _check_file_range(path: str, name: str, span: tuple[int, int], expected: dict) -> None:
+    offset, size = span
+    try:
+        with open(path, "rb") as f:
+            if size == 0:
+                _check_sha256(name, b"", expected)
+                return
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                if offset + size > len(mapped):
+                    raise Malformed(f"member {name!r} ends past the end of the file (truncated?)")
+                with memoryview(mapped) as view, view[offset:offset + size] as data:
+                    digest = sha256(data)  # computed and released before the map closes
+            if digest != expected["sha256"]:
+                raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
+    except OSError as exc:
+        raise Malformed(f"cannot read member {name!r} ({exc.strerror or exc})") from None
+
+
+def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.ModelProto:
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)  # plain protobuf decoding: nothing in the file is executed
     except Exception as exc:  # protobuf's DecodeError type differs between its implementations
         raise Malformed(f"partition {part['name']!r} is not a valid ONNX model ({exc})") from None
-    if uses_external_data(model):
-        raise Malformed(f"partition {part['name']!r} references external data, which an .om may not")
+    try:  # external data may only point into the artifact's own weights members
+        check_references(model, weights)
+    except BadReference as exc:
+        raise Malformed(f"partition {part['name']!r}: {exc}") from None
     inputs = set(graph_inputs(model))
     outputs = {vi.name for vi in model.graph.output}
     for tensor in part["inputs"]:
@@ -143,8 +182,10 @@ class OmArtifact:
 
     path: str
     manifest: dict
-    members: dict[str, bytes]
-    models: dict[str, onnx.ModelProto]  # by partition name
+    members: dict[str, bytes]           # every member but the weights blobs
+    models: dict[str, onnx.ModelProto]  # by partition name, weights referenced, not included
+    spans: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # weights member -> (offset of its bytes in the file, size); they stay on disk
 
     @property
     def inputs(self) -> list[dict]:
@@ -165,14 +206,33 @@ class OmArtifact:
     def verify_checksums(self) -> None:
         """Check every member against the manifest's sha256; ArtifactError on a mismatch."""
         try:
-            for name, expected in sorted(self.manifest["members"].items()):
-                _check_sha256(name, self.members[name], expected)
+            for name in sorted(self.members):
+                _check_sha256(name, self.members[name], self.manifest["members"][name])
+        except Malformed as exc:
+            raise ArtifactError(f"{self.path}: {exc}") from None
+        self.verify_weights()
+
+    def verify_weights(self) -> None:
+        """Check the weights blobs, read from the file, against the manifest's sha256."""
+        try:
+            for name, span in sorted(self.spans.items()):
+                _check_file_range(self.path, name, span, self.manifest["members"][name])
         except Malformed as exc:
             raise ArtifactError(f"{self.path}: {exc}") from None
 
     def member(self, name: str) -> bytes:
-        """The verified bytes of a member, e.g. "partitions/p0.onnx"."""
+        """The bytes of a member, e.g. "partitions/p0.onnx" (a weights blob is read from the
+        file; verify_weights checks it)."""
+        if name in self.spans:
+            offset, size = self.spans[name]
+            with open(self.path, "rb") as f:
+                f.seek(offset)
+                return f.read(size)
         return self.members[name]
+
+    def partition_model(self, name: str) -> onnx.ModelProto:
+        """Partition `name`'s model with its weights inside it: a standalone ONNX model."""
+        return with_weights(self.models[name], self.member)
 
     @property
     def partitions(self) -> list[OmPartition]:
@@ -192,23 +252,22 @@ class OmArtifact:
         return self.members[member]
 
 
-def load_om(path: str | os.PathLike, *, defer_checksums: bool = False) -> OmArtifact:
+def load_om(path: str | os.PathLike, *, defer_weights: bool = False) -> OmArtifact:
     """Load and verify an .om; any problem raises ArtifactError naming the file and the problem.
 
-    `defer_checksums=True` checks everything but the members' sha256 sums, which the caller
-    must then check with `artifact.verify_checksums()` before using anything: the runtime
-    hashes while onnxruntime builds its sessions (hashing releases the GIL), and only then
-    returns a session. Partition models are still parsed and refused if they reference external
-    data before onnxruntime sees them.
+    `defer_weights=True` checks everything but the weights blobs' sha256 sums, which the caller
+    must then check with `artifact.verify_weights()` before it returns anything computed from
+    them: the runtime hashes them on a second thread while onnxruntime maps them and builds its
+    sessions. Everything else, partition models included, is verified before this returns.
     """
     path = os.fspath(path)
     try:
-        return _load(path, defer_checksums)
+        return _load(path, defer_weights)
     except Malformed as exc:
         raise ArtifactError(f"{path}: {exc}") from None
 
 
-def _load(path: str, defer_checksums: bool) -> OmArtifact:
+def _load(path: str, defer_weights: bool) -> OmArtifact:
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -246,22 +305,25 @@ def _load(path: str, defer_checksums: bool) -> OmArtifact:
         for name in names:
             if name != MANIFEST_NAME and name not in listed:
                 raise Malformed(f"member {name!r} is not listed in the manifest (tampered?)")
-        members = {name: _read_member(zf, name, listed[name]) for name in sorted(listed)}
-    if not defer_checksums:
-        for name in sorted(listed):
-            _check_sha256(name, members[name], listed[name])
+        members = {name: _read_member(zf, name, listed[name]) for name in sorted(listed)
+                   if not name.startswith(WEIGHTS_DIR)}
+        spans = {name: _weights_span(zf, name, listed[name]) for name in sorted(listed)
+                 if name.startswith(WEIGHTS_DIR)}
+    for name in sorted(members):
+        _check_sha256(name, members[name], listed[name])
+    weights = {name: size for name, (_, size) in spans.items()}
 
     models: dict[str, onnx.ModelProto] = {}
     for part in manifest["partitions"]:
         if part["member"] not in members:
             raise Malformed(f"partition {part['name']!r} member {part['member']!r} is not a listed member")
-        try:
-            models[part["name"]] = _parse_partition(part, members[part["member"]])
-        except Malformed:  # a tampered member explains a model that does not parse best
-            _check_sha256(part["member"], members[part["member"]], listed[part["member"]])
-            raise
+        models[part["name"]] = _parse_partition(part, members[part["member"]], weights)
     _check_routing(manifest)
-    return OmArtifact(path=path, manifest=manifest, members=members, models=models)
+    artifact = OmArtifact(path=path, manifest=manifest, members=members, models=models,
+                          spans=spans)
+    if not defer_weights:
+        artifact.verify_weights()
+    return artifact
 
 
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import zipfile
 from typing import Any, Iterable
 
@@ -25,6 +26,7 @@ from graphopt.codegen.om_manifest import (
     check_member_name,
     dtype_name,
 )
+from graphopt.codegen.om_weights import FILE_ALIGNMENT, WEIGHTS_DIR, split_weights, weights_member
 from graphopt.errors import ArtifactError, GraphoptError
 
 # Zip entries carry a timestamp; a fixed one makes the same input give the same bytes.
@@ -227,6 +229,17 @@ def _zip_info(name: str, compress: bool = True) -> zipfile.ZipInfo:
     return info
 
 
+_LOCAL_HEADER_SIZE = 30
+_PADDING_ID = 0xD935  # the extra-field id zipalign uses; readers skip ids they do not know
+
+
+def _alignment_padding(header_offset: int, name: str) -> bytes:
+    """A zip extra field that makes the member's data start on a FILE_ALIGNMENT boundary."""
+    start = header_offset + _LOCAL_HEADER_SIZE + len(name.encode()) + 4
+    pad = -start % FILE_ALIGNMENT
+    return struct.pack("<HH", _PADDING_ID, pad) + b"\0" * pad
+
+
 def _partition_entry(part: OmPartition) -> dict:
     entry = {"name": part.name, "device": part.device, "member": part.member,
              "inputs": part.inputs, "outputs": part.outputs}
@@ -281,15 +294,20 @@ def write_om(
             raise ValueError(
                 f"partition {part.name!r} keeps tensors in external data; load them into the model first"
             )
+        # Large weights go to a blob of their own that the model references: onnxruntime maps
+        # it from the artifact at load time instead of copying it out of the protobuf.
+        model, blob = split_weights(part.model, weights_member(part.name))
         try:
-            members[part.member] = part.model.SerializeToString()
+            members[part.member] = model.SerializeToString()
         except Exception as exc:  # protobuf raises ValueError past 2 GiB, EncodeError on bad fields
             raise ArtifactError(
                 f"cannot write {path}: partition {part.name!r} does not serialize ({exc})"
             ) from exc
+        if blob is not None:
+            members[weights_member(part.name)] = blob
     for name, data in (extra_members or {}).items():
         check_member_name(name)
-        if name == MANIFEST_NAME or name in members:
+        if name == MANIFEST_NAME or name in members or name.startswith(WEIGHTS_DIR):
             raise ValueError(f"extra member {name!r} collides with a member graphopt writes")
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"extra member {name!r} must be bytes, not {type(data).__name__}")
@@ -336,8 +354,10 @@ def write_om(
             # The manifest goes first so a reader (or `unzip -p`) finds it without the central directory.
             zf.writestr(_zip_info(MANIFEST_NAME), manifest_bytes, compresslevel=_ZIP_COMPRESSLEVEL)
             for name in sorted(members):
-                stored = name.startswith(PARTITION_DIR)
-                zf.writestr(_zip_info(name, compress=not stored), members[name],
-                            compresslevel=None if stored else _ZIP_COMPRESSLEVEL)
+                stored = name.startswith((PARTITION_DIR, WEIGHTS_DIR))
+                info = _zip_info(name, compress=not stored)
+                if name.startswith(WEIGHTS_DIR):
+                    info.extra = _alignment_padding(f.tell(), name)
+                zf.writestr(info, members[name], compresslevel=None if stored else _ZIP_COMPRESSLEVEL)
     except OSError as exc:
         raise GraphoptError(f"cannot write {path}: {exc.strerror or exc}") from exc

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import copy
 import os
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -13,9 +13,10 @@ import numpy as np
 import onnxruntime as ort
 
 from graphopt.codegen.feeds import describe, numpy_dtype
-from graphopt.passes.layout_nchwc_weights import METADATA_KEY, block_mismatch
 from graphopt.codegen.om_read import OmArtifact, load_om
+from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
+from graphopt.passes.layout_nchwc_weights import METADATA_KEY, block_mismatch
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CANN_PROVIDER = "CANNExecutionProvider"
@@ -76,6 +77,44 @@ def _providers(part, available: list[str]) -> tuple[list[str], list[str]]:
     return chosen + [CPU_PROVIDER], ([] if chosen else wanted)
 
 
+# Where onnxruntime looks for external data when a model comes as bytes (no path of its own).
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+
+def _session(artifact: OmArtifact, part, options: ort.SessionOptions,
+             providers: list[str]) -> ort.InferenceSession:
+    """A session for `part` whose weights onnxruntime maps from the artifact file itself."""
+    model = artifact.models[part.name]
+    if not artifact.spans or not external_tensors(model):
+        return ort.InferenceSession(artifact.partition_bytes(part.name), options, providers=providers)
+    path = os.path.abspath(artifact.path)
+    offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
+    options.add_session_config_entry(_EXTERNAL_FOLDER, os.path.dirname(path))
+    located = point_into(model, path, offsets).SerializeToString()
+    return ort.InferenceSession(located, options, providers=providers)
+
+
+class _WeightsCheck:
+    """The weights blobs' sha256 sums, computed on a thread of their own."""
+
+    def __init__(self, artifact: OmArtifact) -> None:
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._check, args=(artifact,), daemon=True,
+                                        name="graphopt-om-weights-check")
+        self._thread.start()
+
+    def _check(self, artifact: OmArtifact) -> None:
+        try:
+            artifact.verify_weights()
+        except ArtifactError as exc:
+            self._error = str(exc)
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise ArtifactError(self._error)
+
+
 def _check_blocking(artifact: OmArtifact, part) -> None:
     """Refuse a partition blocked into NCHWc for another CPU: onnxruntime would run it, wrongly."""
     metadata = {p.key: p.value for p in part.model.metadata_props}
@@ -110,20 +149,18 @@ class OmSession:
 
         options(None)  # bad options fail before any file is read
         artifact = path_or_artifact
-        if isinstance(artifact, OmArtifact):
+        self._weights_check: _WeightsCheck | None = None
+        if not isinstance(artifact, OmArtifact):
+            # The weights blobs are hashed on a second thread while onnxruntime maps them and
+            # builds the sessions; the first run waits for the result (see run).
+            artifact = load_om(artifact, defer_weights=True)
+            self._weights_check = _WeightsCheck(artifact)
+        try:
             steps = self._open(artifact, options)
-        else:
-            # The members' sha256 sums are checked on a second thread while onnxruntime builds
-            # the sessions (both release the GIL); nothing is returned before both are done.
-            artifact = load_om(artifact, defer_checksums=True)
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                verified = pool.submit(artifact.verify_checksums)
-                try:
-                    steps = self._open(artifact, options)
-                except ArtifactError:
-                    verified.result()  # a failed checksum explains a refused partition best
-                    raise
-                verified.result()
+        except ArtifactError:
+            if self._weights_check is not None:
+                self._weights_check.wait()  # a failed checksum explains a refused partition best
+            raise
         self._artifact = artifact
         self._inputs = copy.deepcopy(artifact.inputs)
         self._outputs = copy.deepcopy(artifact.outputs)
@@ -153,9 +190,7 @@ class OmSession:
                 wanted.update(missing)
             _check_blocking(artifact, part)
             try:
-                model_bytes = artifact.partition_bytes(part.name)
-                session = ort.InferenceSession(model_bytes, options(part.optimization_level),
-                                               providers=providers)
+                session = _session(artifact, part, options(part.optimization_level), providers)
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
                 raise ArtifactError(
                     f"{artifact.path}: onnxruntime cannot load partition {part.name!r}: {_first_line(exc)}"
@@ -203,6 +238,9 @@ class OmSession:
         `output_names` may also name tensors passed between partitions, which helps debugging.
         Bad feeds raise GraphoptError naming the input.
         """
+        if self._weights_check is not None:
+            self._weights_check.wait()  # raises, on every call, if the weights were tampered with
+            self._weights_check = None
         env = self._check_feeds(feeds)
         if output_names is None:
             wanted, steps = self._default_plan

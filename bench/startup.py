@@ -1,0 +1,138 @@
+"""Start-up: what it costs to go from a file on disk to the first result.
+
+For each model: onnxruntime's `InferenceSession` on the original at ORT_ENABLE_ALL plus its first
+run (what a user does without graphopt), against `graphopt.load` of the `.om` that
+`graphopt optimize model.onnx -o model.om` writes plus its first run (checksums verified, one
+session per partition at the level the artifact records). Cold starts are interleaved
+(original, .om, original, …) with the files in the page cache, medians and ratios reported; the
+first outputs are checked against the original's at ORT_DISABLE_ALL.
+
+    python bench/startup.py                       # the zoo and the light CNNs
+    python bench/startup.py --only resnet50 --runs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+import onnxruntime as ort
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import graphopt  # noqa: E402
+from _common import (Stats, compare_outputs, geomean, markdown_table, run_model,  # noqa: E402
+                     session_options, short_reason, write_json)
+from _models import ZOO_FULL, light_models, sized_zoo_models  # noqa: E402
+
+CPU = ["CPUExecutionProvider"]
+CONV_NETS = ("resnet50", "mobilenetv2", "tiny", "light/")  # rows the 0.6× goal applies to
+
+
+def start_original(path: str, feeds: dict) -> tuple[float, dict]:
+    start = time.perf_counter()
+    session = ort.InferenceSession(path, session_options("all"), providers=CPU)
+    names = [o.name for o in session.get_outputs()]
+    outputs = session.run(names, {i.name: feeds[i.name] for i in session.get_inputs()})
+    return time.perf_counter() - start, dict(zip(names, outputs))
+
+
+def start_om(path: str, feeds: dict) -> tuple[float, dict]:
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session = graphopt.load(path, intra_op_num_threads=1, inter_op_num_threads=1)
+    outputs = session.run({e["name"]: feeds[e["name"]] for e in session.inputs})
+    return time.perf_counter() - start, outputs
+
+
+def bench(model, runs: int, workdir: str) -> dict:
+    om_path = os.path.join(workdir, "model.om")
+    try:
+        graphopt.save(graphopt.optimize(model.path, target="cpu"), om_path)
+    except Exception as e:  # noqa: BLE001 - a compile failure is a row, not a crash
+        return {"model": model.name, "error": short_reason(e)}
+    expected = run_model(model.path, model.feeds)
+    times: dict[str, list[float]] = {"original": [], "om": []}
+    check = None
+    for i in range(runs + 1):  # the first round warms the page cache and is not counted
+        t_orig, _ = start_original(model.path, model.feeds)
+        t_om, out = start_om(om_path, model.feeds)
+        if i == 0:
+            check = compare_outputs(expected, out)
+        else:
+            times["original"].append(t_orig)
+            times["om"].append(t_om)
+    original, om = Stats.of(times["original"]), Stats.of(times["om"])
+    return {"model": model.name, "original_ms": original.median * 1e3,
+            "om_ms": om.median * 1e3, "ratio": om.median / original.median,
+            "original": vars(original), "om": vars(om), "check": check.cell(),
+            "ok": check.ok, "om_mb": os.path.getsize(om_path) / 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20, help="cold starts per variant (20)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="rows whose name contains this; repeatable")
+    parser.add_argument("--no-light", action="store_true", help="skip the light CNNs")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be ≥ 1")
+
+    def wanted(name: str) -> bool:
+        return not args.only or any(part in name for part in args.only)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="graphopt-startup-") as workdir:
+        sources = [sized_zoo_models(workdir, ZOO_FULL, wanted)]
+        if not args.no_light:
+            sources.append(light_models(False, wanted))
+        for source in sources:
+            for model in source:
+                row = bench(model, args.runs, workdir)
+                rows.append(row)
+                print(_line(row), flush=True)
+    print()
+    print(format_rows(rows, args.runs))
+    if args.json:
+        write_json(args.json, {"runs": args.runs, "onnxruntime": ort.__version__, "rows": rows})
+    return 0
+
+
+def _line(row: dict) -> str:
+    if "error" in row:
+        return f"{row['model']}: error: {row['error']}"
+    return (f"{row['model']}: original {row['original_ms']:.1f} ms, .om {row['om_ms']:.1f} ms "
+            f"({row['ratio']:.2f}×), outputs {row['check']}")
+
+
+def format_rows(rows: list[dict], runs: int) -> str:
+    table = []
+    for row in rows:
+        if "error" in row:
+            table.append([row["model"], "", "", "", f"error: {row['error']}"])
+            continue
+        table.append([row["model"], f"{row['original_ms']:.1f}", f"{row['om_ms']:.1f}",
+                      f"{row['ratio']:.2f}", row["check"]])
+    good = [r for r in rows if "error" not in r]
+    conv = [r["ratio"] for r in good if any(c in r["model"] for c in CONV_NETS)]
+    other = [r["ratio"] for r in good if not any(c in r["model"] for c in CONV_NETS)]
+    for label, ratios in (("geomean conv nets", conv), ("geomean others", other)):
+        mean = geomean(ratios)
+        if mean is not None:
+            table.append([label, "", "", f"{mean:.2f}", ""])
+    head = (f"start-up = load + first inference, median of {runs} interleaved cold starts, "
+            f"1 thread; × = .om / original")
+    return head + "\n\n" + markdown_table(
+        ["model", "ORT ENABLE_ALL session + 1st run ms", ".om load + 1st run ms", "×",
+         "max |Δ| vs original"], table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
