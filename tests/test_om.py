@@ -213,9 +213,10 @@ def test_small_weights_stay_in_the_model_and_are_checked_at_load(om_path, tmp_pa
 
 
 def big_matmul() -> onnx.ModelProto:
-    w = np.arange(64 * 32, dtype=np.float32).reshape(64, 32) / 1000
-    return _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [_tensor("X", ["N", 64])],
-                  [_tensor("Y", ["N", 32])], [numpy_helper.from_array(w, "W")])
+    """Y = X @ W with a 1 MiB W: large enough for the artifact to keep it in a weights blob."""
+    w = np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5
+    return _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [_tensor("X", ["N", 512])],
+                  [_tensor("Y", ["N", 512])], [numpy_helper.from_array(w, "W")])
 
 
 def test_large_weights_are_a_blob_onnxruntime_maps(tmp_path):
@@ -223,19 +224,24 @@ def test_large_weights_are_a_blob_onnxruntime_maps(tmp_path):
     write_om(path, [OmPartition("p0", "cpu", big_matmul())])
     with zipfile.ZipFile(path) as zf:
         info = zf.getinfo("weights/p0.bin")
-        assert info.compress_type == zipfile.ZIP_STORED and info.file_size == 64 * 32 * 4
+        assert info.compress_type == zipfile.ZIP_STORED and info.file_size == 512 * 512 * 4
         model = onnx.load_from_string(zf.read("partitions/p0.onnx"))
     (w,) = model.graph.initializer
     assert w.data_location == onnx.TensorProto.EXTERNAL and not w.raw_data
     artifact = load_om(path)
     offset, size = artifact.spans["weights/p0.bin"]
-    assert offset % 4096 == 0 and size == 64 * 32 * 4  # page aligned: mapped as is
+    assert offset % 4096 == 0 and size == 512 * 512 * 4  # page aligned: mapped as is
     full = artifact.partition_model("p0")
     np.testing.assert_array_equal(numpy_helper.to_array(full.graph.initializer[0]),
                                   numpy_helper.to_array(big_matmul().graph.initializer[0]))
-    x = np.ones((2, 64), np.float32)
+    x = np.ones((2, 512), np.float32)
     expected = x @ numpy_helper.to_array(big_matmul().graph.initializer[0])
-    np.testing.assert_allclose(OmSession(path).run({"X": x})["Y"], expected, rtol=1e-6)
+    np.testing.assert_allclose(OmSession(path).run({"X": x})["Y"], expected, rtol=1e-5)
+
+
+def test_small_weights_stay_in_one_protobuf(om_path):
+    with zipfile.ZipFile(om_path) as zf:
+        assert not [n for n in zf.namelist() if n.startswith("weights/")]
 
 
 def test_tampered_weights_blob_fails_the_first_run(tmp_path):
@@ -249,12 +255,13 @@ def test_tampered_weights_blob_fails_the_first_run(tmp_path):
     session = OmSession(bad)
     for _ in range(2):
         with pytest.raises(ArtifactError, match="weights/p0.bin' fails its sha256 check"):
-            session.run({"X": np.ones((1, 64), np.float32)})
+            session.run({"X": np.ones((1, 512), np.float32)})
 
 
 @pytest.mark.parametrize("reference, message", [
     ({"location": "../../etc/passwd", "offset": "0", "length": "4"}, "not a weights member"),
-    ({"location": "weights/p0.bin", "offset": "8188", "length": "8"}, "past the end"),
+    ({"location": "weights/p0.bin", "offset": str(512 * 512 * 4 - 4), "length": "8"},
+     "past the end"),
     ({"location": "weights/p0.bin", "offset": "0", "length": "4", "checksum": "x"},
      "graphopt does not write"),
 ])

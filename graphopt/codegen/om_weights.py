@@ -11,12 +11,16 @@ is refused when the artifact is loaded.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import onnx
 from onnx import TensorProto
 
 WEIGHTS_DIR = "weights/"
 MIN_EXTERNAL_BYTES = 1024  # smaller tensors stay in the model: a reference would cost as much
+# A partition whose large tensors add up to less stays one protobuf: for a few hundred KiB,
+# parsing is cheaper than opening and mapping the artifact a second time.
+MIN_BLOB_BYTES = 1 << 20
 TENSOR_ALIGNMENT = 64      # each tensor's bytes start 64-byte aligned (SIMD loads, cache lines)
 FILE_ALIGNMENT = 4096      # a blob starts on a page, so its mapping and the tensors are aligned
 _KEYS = {"location", "offset", "length"}
@@ -35,7 +39,7 @@ def split_weights(model: onnx.ModelProto, member: str) -> tuple[onnx.ModelProto,
     their bytes); (model, None) when nothing is large enough to move."""
     large = [t for t in model.graph.initializer
              if t.HasField("raw_data") and len(t.raw_data) >= MIN_EXTERNAL_BYTES]
-    if not large:
+    if sum(len(t.raw_data) for t in large) < MIN_BLOB_BYTES:
         return model, None
     stripped = onnx.ModelProto()
     stripped.CopyFrom(model)
@@ -94,7 +98,7 @@ def point_into(model: onnx.ModelProto, artifact_path: str,
     return located
 
 
-def with_weights(model: onnx.ModelProto, read: callable) -> onnx.ModelProto:
+def with_weights(model: onnx.ModelProto, read: Callable[[str], bytes]) -> onnx.ModelProto:
     """A copy of `model` with every referenced tensor's bytes back inside it; `read(member)`
     returns a weights member's bytes."""
     full = onnx.ModelProto()

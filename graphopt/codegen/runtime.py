@@ -154,7 +154,8 @@ class OmSession:
             # The weights blobs are hashed on a second thread while onnxruntime maps them and
             # builds the sessions; the first run waits for the result (see run).
             artifact = load_om(artifact, defer_weights=True)
-            self._weights_check = _WeightsCheck(artifact)
+            if artifact.spans:
+                self._weights_check = _WeightsCheck(artifact)
         try:
             steps = self._open(artifact, options)
         except ArtifactError:
