@@ -128,3 +128,30 @@ def test_npu_partitions_run_at_the_full_level_on_the_stand_in(tmp_path):
         warnings.simplefilter("ignore", RuntimeWarning)
         session = OmSession(tmp_path / "npu.om")
     assert session.providers["p0_npu"][-1] == "CPUExecutionProvider"
+
+
+COMPUTED_WEIGHTS = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,32,16,16] x) => (float[1,32,16,16] y) {
+        shape = Constant <value = int64[4] {32, 32, 3, 3}> ()
+        w = ConstantOfShape <value = float[1] {0.01}> (shape)
+        c = Conv <pads = [1,1,1,1]> (x, w)
+        y = Relu (c)
+    }""")
+
+
+@needs_nchwc
+def test_convs_with_computed_weights_leave_the_layout_to_onnxruntime(tmp_path):
+    # Below the fold limit the weight stays computed: blocking the other convs only would put
+    # reorders around this one, so the whole layout is left to onnxruntime's layout level.
+    result = graphopt.optimize(COMPUTED_WEIGHTS, target="cpu", fold_size_limit=1024)
+    assert any("read weights computed at run time" in note for note in result.notes)
+    assert "Conv" in {n.op_type for n in result.model.graph}
+    graphopt.save(result, tmp_path / "c.om")
+    (part,) = load_om(tmp_path / "c.om").partitions
+    assert part.optimization_level == "all"
+    folded = graphopt.optimize(COMPUTED_WEIGHTS, target="cpu")
+    graphopt.save(folded, tmp_path / "f.om")
+    (part,) = load_om(tmp_path / "f.om").partitions
+    assert part.optimization_level == "extended"
+    assert {n.domain for n in part.model.graph.node} == {"com.microsoft.nchwc"}

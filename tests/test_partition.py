@@ -280,6 +280,17 @@ def test_if_node_falls_back_and_gets_its_outer_values(tmp_path):
     assert_same_outputs(proto, path, feeds)
 
 
+def test_graph_without_nodes_is_one_partition(tmp_path):
+    proto = onnx.helper.make_model(onnx.helper.make_graph(
+        [], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)])
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["npu"]
+    x = np.arange(2, dtype=np.float32)
+    np.testing.assert_array_equal(run_om(path, {"x": x})["x"], x)
+
+
 # --- islands -------------------------------------------------------------------------------
 
 

@@ -32,10 +32,18 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
         # several are cut along the tensors that cross between them.
         cut = {} if len(parts) == 1 else {"inputs": [v.name for v in part.inputs],
                                            "outputs": [v.name for v in part.outputs]}
+        level = _session_level(models[part.name], cpu_level) if device.kind == "cpu" else None
         result.append(OmPartition(part.name, part.device, to_onnx(models[part.name]), **cut,
-                                  providers=list(device.providers),
-                                  optimization_level=cpu_level if device.kind == "cpu" else None))
+                                  providers=list(device.providers), optimization_level=level))
     return result
+
+
+def _session_level(model: Model, fused_level: str | None) -> str | None:
+    """`fused_level`, unless a Conv was left unblocked (its weights computed at run time, say):
+    onnxruntime's layout level ("all") blocks it once it has folded them."""
+    if fused_level is not None and any(n.op_type == "Conv" and n.is_onnx for n in model.graph):
+        return "all"
+    return fused_level
 
 
 def _partition_model(model: Model, part: Partition) -> ModelProto:

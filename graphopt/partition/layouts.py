@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graphopt.ir import Node, Value
-from graphopt.partition.partitioner import Partition, Partitioning
+
+if TYPE_CHECKING:
+    from graphopt.partition.partitioner import Partition, Partitioning
 
 ND = "ND"
 NC1HWC0 = "NC1HWC0"

@@ -22,6 +22,7 @@ import networkx as nx
 
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.estimate import node_seconds, transfer_seconds, value_bytes
+from graphopt.partition.layouts import assign_layouts
 from graphopt.partition.placement import Placement, place
 
 if TYPE_CHECKING:
@@ -63,8 +64,11 @@ def partition(model: Model, target: Target, *, return_islands: bool = True) -> P
     else:
         placements = place(model, target)
     returned: list[str] = []
+    position = {node: k for k, node in enumerate(nodes)}
     while True:
-        clusters = _merge(_cluster(nodes, placements), placements)
+        # Members in graph order: each partition's nodes stay topologically sorted.
+        clusters = [sorted(c, key=position.__getitem__)
+                    for c in _merge(_cluster(nodes, placements), placements)]
         if not return_islands:
             break
         islands = _unprofitable_islands(clusters, placements, target)
@@ -74,9 +78,12 @@ def partition(model: Model, target: Target, *, return_islands: bool = True) -> P
             returned.append(f"{len(members)} node(s) from {_label(members[0])}: {reason}")
             for node in members:
                 placements[node] = Placement(target.host, None, reason)
-    from graphopt.partition.layouts import assign_layouts  # it reads partitions: import late
-
-    result = Partitioning(target, _partitions(clusters, placements), placements, returned)
+    if not nodes:  # a graph that passes its inputs straight through still runs somewhere
+        parts = [Partition(f"p0_{target.primary}", target.primary, [],
+                           list(model.graph.inputs), list(model.graph.outputs))]
+    else:
+        parts = _partitions(clusters, placements, position)
+    result = Partitioning(target, parts, placements, returned)
     result.layouts = assign_layouts(result)
     return result
 
@@ -183,8 +190,7 @@ def _merge(clusters: list[list[Node]], placements: dict[Node, Placement]) -> lis
                 break
             if changed:
                 break
-    order = {node: i for i, node in enumerate(n for c in clusters for n in c)}
-    return [sorted(merged[i], key=order.__getitem__) for i in alive]
+    return [merged[i] for i in alive]
 
 
 def _indirect_path(graph: nx.DiGraph, a: int, b: int) -> bool:
@@ -205,7 +211,7 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
             continue
         on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
         touches_host = False
-        for value in _boundary(members, owner, i):
+        for value in sum(_crossing(members, owner, i), []):
             seconds = transfer_seconds(value_bytes(value), target)
             other = {owner.get(n) for n in _neighbours(value, members, owner, i)}
             host_ends = [o for o in other if o is None or device[o] == host.name]
@@ -226,18 +232,21 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
     return found
 
 
-def _boundary(members: list[Node], owner: dict, index: int) -> list[Value]:
-    """Values crossing the cluster's edge: read from outside, or read outside / returned."""
-    crossing: dict[int, Value] = {}
+def _crossing(members: list[Node], owner: dict, index: int) -> tuple[list[Value], list[Value]]:
+    """(values the cluster reads from outside, values it makes that are read outside or are
+    graph outputs), each once, in first-seen order. Weights travel with the nodes that read
+    them, so they never cross."""
+    inputs: dict[int, Value] = {}
+    outputs: dict[int, Value] = {}
     for node in members:
         for value in reads(node):
             if value.const is None and owner.get(value.producer) != index:
-                crossing[id(value)] = value
+                inputs.setdefault(id(value), value)
         for value in node.outputs:
             if value is not None and (value.is_graph_output or any(
                     owner.get(top_level(use.node)) != index for use in value.uses)):
-                crossing[id(value)] = value
-    return list(crossing.values())
+                outputs.setdefault(id(value), value)
+    return list(inputs.values()), list(outputs.values())
 
 
 def _neighbours(value: Value, members: list[Node], owner: dict, index: int) -> list[Node | None]:
@@ -258,28 +267,17 @@ def _label(node: Node) -> str:
 # --- result --------------------------------------------------------------------------------
 
 
-def _partitions(clusters: list[list[Node]], placements) -> list[Partition]:
+def _partitions(clusters: list[list[Node]], placements, position: dict[Node, int]) -> list[Partition]:
     graph = _quotient(clusters)
     if not nx.is_directed_acyclic_graph(graph):  # the construction guarantees it; say so if not
         raise AssertionError("partitions are not convex: the quotient graph has a cycle")
-    position = {node: k for k, node in enumerate(n for c in clusters for n in c)}
-    first = {i: min(position[n] for n in c) for i, c in enumerate(clusters)}
+    # Ties between independent partitions go to the one whose first node comes first.
+    first = {i: position[c[0]] for i, c in enumerate(clusters)}
     order = list(nx.lexicographical_topological_sort(graph, key=first.__getitem__))
     owner = {node: i for i, c in enumerate(clusters) for node in c}
     result = []
     for rank, i in enumerate(order):
-        members = clusters[i]
-        device = placements[members[0]].device
-        inputs: dict[int, Value] = {}
-        outputs: dict[int, Value] = {}
-        for node in members:
-            for value in reads(node):
-                if value.const is None and owner.get(value.producer) != i:
-                    inputs.setdefault(id(value), value)
-            for value in node.outputs:
-                if value is not None and (value.is_graph_output or any(
-                        owner.get(top_level(use.node)) != i for use in value.uses)):
-                    outputs.setdefault(id(value), value)
-        result.append(Partition(f"p{rank}_{device}", device, members,
-                                list(inputs.values()), list(outputs.values())))
+        device = placements[clusters[i][0]].device
+        inputs, outputs = _crossing(clusters[i], owner, i)
+        result.append(Partition(f"p{rank}_{device}", device, clusters[i], inputs, outputs))
     return result

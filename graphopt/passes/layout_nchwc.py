@@ -166,6 +166,15 @@ class LayoutNchwc(Pass):
             ctx.note(f"LayoutNchwc: the model is already blocked by {done}, not {block}; "
                      "left as it is")
             return result
+        computed = [n for n in model.graph if n.op_type in ("Conv", "FusedConv")
+                    and len(n.inputs) > 1 and n.inputs[1] is not None and not n.inputs[1].is_constant]
+        if computed:
+            # Blocking only the rest would put reorders around these, which onnxruntime blocks
+            # anyway once it has folded their weights: it then does better alone.
+            ctx.note(f"LayoutNchwc: {len(computed)} conv(s) read weights computed at run time "
+                     f"(e.g. the one making %{computed[0].outputs[0].name}); the layout is left "
+                     "to onnxruntime's layout level")
+            return result
         rewriter = Rewriter(model, block, result)
         rewriter.run()
         if rewriter.left:
