@@ -22,6 +22,8 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/compile_time.py --compact --json out/compile_time.json
 	$(PY) bench/latency.py --compact --json out/latency.json
+	$(PY) bench/startup.py --json out/startup.json
+	$(PY) bench/memory.py --json out/memory.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

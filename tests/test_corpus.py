@@ -88,14 +88,16 @@ def test_pipelines_preserve_outputs(entry, level, reference_cache):
         OUTCOMES[entry.id] = "ok"
 
 
+@pytest.mark.parametrize("target", ["ascend310", "cpu"])
 @pytest.mark.parametrize("entry", MODELS, ids=[m.id for m in MODELS])
-def test_npu_artifacts_reproduce_outputs(entry, reference_cache, tmp_path):
-    """Compiled for ascend310 into an .om — device partitions, each its own onnxruntime
-    session, tensors routed between them — the model still computes the same outputs."""
+def test_artifacts_reproduce_outputs(entry, target, reference_cache, tmp_path):
+    """Compiled into an .om — for ascend310 device partitions, each its own onnxruntime
+    session with tensors routed between them; for cpu conv nets blocked into NCHWc and weights
+    mapped from the artifact — the model still computes the same outputs."""
     feeds, expected = _reference(entry, reference_cache)
     if isinstance(expected, str):
         pytest.skip(expected)
-    result = graphopt.optimize(entry.path, target="ascend310")
+    result = graphopt.optimize(entry.path, target=target)
     path = tmp_path / "model.om"
     graphopt.save(result, path)
     artifact = graphopt.codegen.load_om(path)
@@ -103,12 +105,13 @@ def test_npu_artifacts_reproduce_outputs(entry, reference_cache, tmp_path):
         onnx.checker.check_model(artifact.partition_model(part.name))  # weights back inside
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the CPU stand-in notice
-        session = OmSession(path, optimization_level="disable")
+        session = OmSession(path, optimization_level="disable")  # no ORT fusion hides a bug
     wanted = [o["name"] for o in session.outputs]
     actual = _flatten(dict(zip(wanted, (session.run(feeds)[n] for n in wanted))))
     problems = numerics.compare(expected, actual, RTOL, ATOL)
     assert not problems, f"{entry.id}: " + "; ".join(map(str, problems))
-    PARTITIONS[entry.id] = len(result.partitioning.partitions)
+    if target == "ascend310":
+        PARTITIONS[entry.id] = len(result.partitioning.partitions)
 
 
 def test_corpus_counts(capsys):
