@@ -1,9 +1,27 @@
-"""Helpers shared by several test modules: op listings and a deliberately wrong pass."""
+"""Helpers shared by several test modules: parsing models, op listings, a deliberately wrong pass."""
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+import onnx.parser
+from onnx import numpy_helper
+
 from graphopt.ir import Tensor
 from graphopt.passes import Pass, PassResult
+
+OPSET17 = '<ir_version: 8, opset_import: ["" : 17]>\n'
+
+
+def parse_model(text: str, header: str = OPSET17, **weights) -> onnx.ModelProto:
+    """Parse `header + text`; each keyword names a graph input that becomes an initializer."""
+    proto = onnx.parser.parse_model(header + text)
+    kept = [i for i in proto.graph.input if i.name not in weights]
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n)
+                                   for n, a in weights.items())
+    return proto
 
 
 def ops(model) -> list[str]:

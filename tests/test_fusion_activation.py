@@ -9,8 +9,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from helpers import node, ops
-from onnx import numpy_helper
+from helpers import node, ops, parse_model
 
 from graphopt import numerics, zoo
 from graphopt.compiler import optimize
@@ -28,13 +27,7 @@ ACTIVATIONS = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "H
 
 
 def build(text: str, header: str = HEADER, **weights: np.ndarray) -> onnx.ModelProto:
-    """Parse `text`; each keyword names a graph input that becomes an initializer instead."""
-    proto = onnx.parser.parse_model(header + text)
-    kept = [i for i in proto.graph.input if i.name not in weights]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept)
-    proto.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
-    return proto
+    return parse_model(text, header, **weights)
 
 
 def weight(*shape: int, dtype=np.float32) -> np.ndarray:

@@ -9,8 +9,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from helpers import node, ops
-from onnx import numpy_helper
+from helpers import node, ops, parse_model
 
 from graphopt import numerics, zoo
 from graphopt.compiler import optimize
@@ -26,13 +25,7 @@ RNG = np.random.default_rng(7)
 
 
 def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
-    """Parse `text`; each keyword names a graph input that becomes an initializer instead."""
-    proto = onnx.parser.parse_model(HEADER + text)
-    kept = [i for i in proto.graph.input if i.name not in weights]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept)
-    proto.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
-    return proto
+    return parse_model(text, HEADER, **weights)
 
 
 def weight(*shape: int, dtype=np.float32) -> np.ndarray:

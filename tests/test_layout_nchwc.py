@@ -16,6 +16,7 @@ import onnx
 import onnx.parser
 import onnxruntime as ort
 import pytest
+from helpers import parse_model
 from onnx import numpy_helper
 
 from graphopt import numerics, zoo
@@ -47,14 +48,7 @@ LEVELS = ("disable", "basic", "extended", "all")
 
 
 def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
-    """Parse `text`; each keyword names a graph input that becomes an initializer instead."""
-    proto = onnx.parser.parse_model(HEADER + text)
-    kept = [i for i in proto.graph.input if i.name not in weights]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept)
-    proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n)
-                                   for n, a in weights.items())
-    return proto
+    return parse_model(text, HEADER, **weights)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx.parser
-from onnx import numpy_helper
+from helpers import parse_model
 
 import graphopt
 from graphopt import zoo
@@ -15,12 +15,7 @@ RNG = np.random.default_rng(3)
 
 
 def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
-    proto = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
-    kept = [i for i in proto.graph.input if i.name not in weights]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept)
-    proto.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
-    return proto
+    return parse_model(text, **weights)
 
 
 def weight(*shape: int) -> np.ndarray:

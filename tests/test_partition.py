@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from helpers import parse_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
@@ -30,13 +31,7 @@ ASCEND = load_target("ascend310")
 
 
 def build(text: str, **weights: np.ndarray) -> onnx.ModelProto:
-    """Parse `text`; each keyword names a graph input that becomes an initializer instead."""
-    proto = onnx.parser.parse_model(HEADER + text)
-    kept = [i for i in proto.graph.input if i.name not in weights]
-    del proto.graph.input[:]
-    proto.graph.input.extend(kept)
-    proto.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
-    return proto
+    return parse_model(text, HEADER, **weights)
 
 
 def weight(*shape: int) -> np.ndarray:
