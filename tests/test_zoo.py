@@ -22,6 +22,7 @@ SMALL = {
     "matmul256": {"size": 64},
     "resnet50": {"blocks": (1, 2, 1, 1), "width": 0.25, "image_size": 64, "num_classes": 10},
     "mobilenetv2": {"width": 0.25, "image_size": 64, "num_classes": 10},
+    "unet": {"base_channels": 8, "image_size": 64},
     "bert_base": {"layers": 2, "hidden": 64, "heads": 4, "intermediate": 128, "vocab": 100,
                   "max_positions": 32},
     "gpt2_small": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "positions": 32},
@@ -29,7 +30,7 @@ SMALL = {
 DIMS = {"batch_size": 2, "sequence_length": 8}
 EXPECTED_SHAPE = {
     "tiny": (1, 10), "matmul256": (64, 64), "resnet50": (2, 10), "mobilenetv2": (2, 10),
-    "bert_base": (2, 8, 64), "gpt2_small": (2, 8, 100),
+    "bert_base": (2, 8, 64), "gpt2_small": (2, 8, 100), "unet": (2, 2, 64, 64),
 }
 NAMES = list(SMALL)
 
@@ -165,6 +166,52 @@ def test_cnn_patterns():
         assert [float(b) for b in bounds] == [0.0, 6.0]
 
 
+def test_unet_patterns():
+    model = small("unet")
+    g, depth, base = model.graph, 4, SMALL["unet"]["base_channels"]
+    ops = op_counts(model)
+    # DoubleConv in inc, each down and each up, plus outc's 1×1
+    assert ops["Conv"] == 2 * (2 * depth + 1) + 1
+    assert ops["BatchNormalization"] == ops["Relu"] == 2 * (2 * depth + 1)
+    assert ops["MaxPool"] == ops["ConvTranspose"] == ops["Concat"] == depth
+    producers = {o: n for n in g.node for o in n.output}
+    weights = {t.name: t for t in g.initializer}
+    assert all(producers[n.input[0]].op_type == "Conv"
+               for n in g.node if n.op_type == "BatchNormalization")
+    concats = [n for n in g.node if n.op_type == "Concat"]
+    assert [n.name for n in concats] == [f"/up{i}/Concat" for i in range(1, depth + 1)]
+    for i, cat in enumerate(concats, 1):
+        skip, up = (producers[v] for v in cat.input)
+        # torch.cat([x2, x1]): the encoder's skip first, the up-sampled tensor second
+        assert onnx.helper.get_node_attr_value(cat, "axis") == 1
+        assert skip.op_type == "Relu" and up.op_type == "ConvTranspose"
+        assert skip.name.startswith(f"/down{depth - i}/" if i < depth else "/inc/")
+        cin = base * 2 ** (depth + 1 - i)
+        assert list(weights[up.input[1]].dims) == [cin, cin // 2, 2, 2]
+    assert up.name == f"/up{depth}/up/ConvTranspose" and f"up{depth}.up.bias" in weights
+    assert "down1.maxpool_conv.1.double_conv.0.weight" in weights
+    outc = producers["logits"]
+    assert outc.name == "/outc/conv/Conv" and len(outc.input) == 3  # OutConv keeps its bias
+    shallow = op_counts(zoo.build("unet", weights=False, base_channels=4, depth=2,
+                                  image_size=32))
+    assert shallow["Conv"] == 11 and shallow["MaxPool"] == shallow["Concat"] == 2
+    with pytest.raises(ValueError, match="multiple of 2\\*\\*depth = 16"):
+        zoo.build("unet", weights=False, image_size=200)
+
+
+def test_unet_optimize_folds_batch_norm_and_keeps_outputs():
+    proto = small("unet")
+    model = graphopt.optimize(proto).model
+    ops = collections.Counter(n.op_type for n in model.graph)
+    assert ops["BatchNormalization"] == 0
+    assert ops["Conv"] == op_counts(proto)["Conv"] == 19
+    assert ops["ConvTranspose"] == ops["Concat"] == ops["MaxPool"] == 4
+    after = graphopt.to_onnx(model)
+    onnx.checker.check_model(after, full_check=True)
+    feeds = zoo.sample_inputs(proto, seed=1, dims=DIMS)
+    np.testing.assert_allclose(run(after, feeds)[0], run(proto, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
 def test_resnet_raw_dynamo_computes_zero_biases_at_run_time_and_graphopt_folds_them():
     raw = zoo.build("resnet50", width=0.25, raw_dynamo=True)
     plain = zoo.build("resnet50", width=0.25)
@@ -248,7 +295,8 @@ def test_sample_inputs():
 
 # Exact torch parameter counts (torchvision / HF without BERT's pooler), read from dims only.
 DEFAULT_PARAMS = {"resnet50": 25_557_032, "mobilenetv2": 3_504_872, "bert_base": 108_891_648,
-                  "gpt2_small": 1_868_800, "tiny": 5_466, "matmul256": 65_536}
+                  "gpt2_small": 1_868_800, "tiny": 5_466, "matmul256": 65_536,
+                  "unet": 31_037_698}
 
 
 @pytest.mark.parametrize("name", NAMES)
