@@ -9,6 +9,7 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.om_read import OmArtifact
+from graphopt.codegen.om_weights import weights_member
 from graphopt.table import format_table
 
 _TOP_OPS = 4  # op types shown per partition in the text form; --json has them all
@@ -125,6 +126,13 @@ def _extra_line(name: str, value: Any) -> str:
     return f"  {name}: {text if len(text) <= 60 else text[:57] + '...'}"
 
 
+def _partition_size(members: dict, member: str, partition: str) -> str:
+    """The model's bytes, and its weights blob's when it has one."""
+    size = format_bytes(members[member]["size"])
+    blob = members.get(weights_member(partition))
+    return size if blob is None else f"{size} + {format_bytes(blob['size'])} weights"
+
+
 def _format_memory(plans: dict) -> str:
     """One row per partition: its work memory beside the lower bound, and the other pools."""
     rows = []
@@ -199,7 +207,7 @@ def format_om(artifact: OmArtifact) -> str:
         if with_providers:
             row.append(", ".join(entry.get("providers", [])) or "-")
         row += [sum(counts.values()), format_ops(counts), _names(part.inputs), _names(part.outputs),
-                format_bytes(members[entry["member"]]["size"])]
+                _partition_size(members, entry["member"], part.name)]
         rows.append(row)
     headers = ["#", "partition", "device"] + (["providers"] if with_providers else [])
     headers += ["nodes", "ops", "inputs", "outputs", "size"]
