@@ -7,6 +7,7 @@ import os
 import sys
 
 from graphopt import __version__
+from graphopt.cli_calibrate import add_calibrate_parser
 from graphopt.cli_partition import add_partition_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_targets import add_targets_parser
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_optimize(sub)
     add_partition_parser(sub)
     add_targets_parser(sub)
+    add_calibrate_parser(sub)
     add_run_parser(sub)
     add_inspect_parser(sub)
     _add_passes(sub)

@@ -1,0 +1,62 @@
+"""`graphopt calibrate`: measure this CPU's cost-model constants with onnxruntime, write them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from graphopt.errors import OptionError
+from graphopt.table import format_table
+
+
+def add_calibrate_parser(sub) -> None:
+    p = sub.add_parser(
+        "calibrate", help="measure the CPU cost model's constants on this machine",
+        description="Runs onnxruntime micro-benchmarks (MatMul, Conv, Add, Softmax, "
+                    "LayerNormalization, Transpose, a chain of tiny Relus) at ORT_ENABLE_ALL, "
+                    "fits peak GFLOP/s, bandwidth and per-node overhead per op class, prints "
+                    "them and writes them as JSON, which the CPU cost model then reads.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  graphopt calibrate --target cpu\n"
+               "  graphopt calibrate --target cpu --quick -o calib.json --threads 2\n")
+    p.add_argument("--target", default="cpu", metavar="NAME",
+                   help="the target to calibrate; only 'cpu' (the machine this runs on)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write the JSON (default: ~/.cache/graphopt/calibration-cpu.json)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="onnxruntime intra-op threads (default 1, as the benches report)")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller kernels and a ~3 s budget instead of ~12 s")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+def _cmd_calibrate(args) -> int:
+    from graphopt.tuner.calibrate import calibrate, default_path
+
+    if args.target != "cpu":
+        raise OptionError(
+            f"--target {args.target}: only the cpu target can be calibrated: the micro-benchmarks "
+            "run on the machine graphopt runs on, and no NPU device is attached here; an NPU "
+            "target's figures come from its profile (`graphopt targets "
+            f"{args.target}`)")
+    if args.threads < 1:
+        raise OptionError(f"--threads must be ≥ 1, got {args.threads}")
+
+    def progress(key: str, m) -> None:
+        print(f"  {key:<12} {m.name:<28} {m.seconds * 1e6:10.1f} µs  ({m.runs} runs)",
+              file=sys.stderr, flush=True)
+
+    print(f"calibrating cpu on {args.threads} thread(s)"
+          f"{' (quick)' if args.quick else ''}…", file=sys.stderr, flush=True)
+    result = calibrate(threads=args.threads, seconds_budget=3.0 if args.quick else 12.0,
+                       quick=args.quick, progress=progress)
+    rows = [[cls, f"{c.peak_gflops:.1f}", f"{c.bandwidth_gbs:.1f}", f"{c.overhead_us:.2f}"]
+            for cls, c in result.constants.items()]
+    print(format_table(["op class", "peak GFLOP/s", "bandwidth GB/s", "overhead µs"], rows,
+                       title=f"cpu: {result.cpu_model}, onnxruntime {result.onnxruntime_version}, "
+                             f"{result.threads} thread(s)"))
+    print(f"fixed cost per session run: {result.run_overhead_us:.1f} µs")
+    path = result.save(args.output or default_path())
+    print(f"wrote {path}")
+    return 0

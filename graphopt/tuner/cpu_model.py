@@ -1,0 +1,222 @@
+"""The CPU cost model: a roofline per node with constants per op class, calibrated or defaulted.
+
+    seconds(node) = max(flops / peak(class), bytes / bandwidth(class)) + overhead(class)
+
+Flops and bytes come from static shapes (`node_work`). The classes group ops that run on the same
+kind of kernel, so one measured kernel speaks for its class:
+
+    gemm         MatMul, Gemm, FusedMatMul, FusedGemm, Attention…     2·M·N·K flops
+    conv         Conv, FusedConv, com.microsoft.nchwc::Conv…           2·outputs·(Cin/g·kh·kw)
+    elementwise  Add, Relu, Gelu, Cast, Where…                         one op per output element
+    reduction    Softmax, LayerNormalization, ReduceMean, pooling…     a few ops per input element
+    movement     Transpose, Concat, Gather, Slice, NCHWc reorders…     no flops, bytes moved
+    view         Reshape, Squeeze, Flatten, Identity…                  free: overhead only
+
+Bytes are every input and output a kernel touches once (Gather and Slice read only what they
+output, not their whole data input). Unknown ops count as elementwise. The defaults are the `cpu`
+target profile's figures; `graphopt calibrate` measures this machine's (graphopt.tuner.calibrate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from graphopt.ir import Model, Node, Value
+from graphopt.partition.estimate import value_bytes
+
+OP_CLASSES = ("gemm", "conv", "elementwise", "reduction", "movement", "view")
+
+_GEMM = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulInteger", "QLinearMatMul",
+         "MatMulNBits", "Attention", "MultiHeadAttention", "GroupQueryAttention"}
+_CONV = {"Conv", "FusedConv", "ConvTranspose", "ConvInteger", "QLinearConv"}
+# Ops per input element, roughly as the kernels do them (Softmax: max, exp, sum, divide).
+_REDUCTION = {"Softmax": 4, "LogSoftmax": 4, "LayerNormalization": 8,
+              "SimplifiedLayerNormalization": 6, "SkipLayerNormalization": 9,
+              "SkipSimplifiedLayerNormalization": 7, "BatchNormalization": 2,
+              "InstanceNormalization": 8, "GroupNormalization": 8,
+              "ReduceMean": 1, "ReduceSum": 1, "ReduceMax": 1, "ReduceMin": 1, "ReduceProd": 1,
+              "ReduceL2": 2, "ReduceSumSquare": 2, "ReduceLogSumExp": 3, "ArgMax": 1, "ArgMin": 1,
+              "GlobalAveragePool": 1, "GlobalMaxPool": 1, "AveragePool": 1, "MaxPool": 1,
+              "LpNormalization": 3, "CumSum": 1, "TopK": 2}
+_POOLS = {"AveragePool", "MaxPool"}  # ops per output element = kernel window
+_MOVEMENT = {"Transpose", "Concat", "Split", "Gather", "GatherElements", "GatherND", "Slice",
+             "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
+             "ScatterND", "ScatterElements", "ReorderInput", "ReorderOutput", "Compress",
+             "OneHot", "Trilu", "ReverseSequence", "NonZero"}
+_PARTIAL_READ = {"Gather", "GatherElements", "GatherND", "Slice", "Compress"}
+_VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant",
+         "Dropout"}
+
+
+def op_class(node: Node) -> str:
+    """The class whose constants price `node` (one of OP_CLASSES)."""
+    op = node.op_type
+    if op in _GEMM:
+        return "gemm"
+    if op in _CONV:
+        return "conv"
+    if op in _REDUCTION:
+        return "reduction"
+    if op in _MOVEMENT:
+        return "movement"
+    if op in _VIEW:
+        return "view"
+    return "elementwise"
+
+
+def node_work(node: Node) -> tuple[float, float]:
+    """(flops, bytes) of one run of `node` from static shapes; unknown shapes count as 0."""
+    cls = op_class(node)
+    if cls == "view":
+        return 0.0, 0.0
+    ins = [v for v in node.inputs if v is not None]
+    outs = [v for v in node.outputs if v is not None]
+    out_elems = _elems(outs[0]) if outs else 0
+    if node.op_type in _PARTIAL_READ and ins:
+        # A gather reads the rows it outputs, not its whole table (a 90 MB embedding).
+        moved = 2 * sum(value_bytes(v) for v in outs) + sum(value_bytes(v) for v in ins[1:])
+    else:
+        moved = sum(value_bytes(v) for v in ins + outs)
+    if cls == "gemm":
+        flops = _gemm_flops(node, out_elems)
+    elif cls == "conv":
+        flops = _conv_flops(node, out_elems)
+    elif cls == "reduction":
+        if node.op_type in _POOLS:
+            flops = out_elems * math.prod(node.attr("kernel_shape", ()) or (1,))
+        else:
+            flops = _REDUCTION[node.op_type] * (_elems(ins[0]) if ins else 0)
+    elif cls == "movement":
+        flops = 0
+    else:
+        flops = out_elems
+    return float(flops), float(moved)
+
+
+def _elems(value: Value | None) -> int:
+    shape = value.static_shape if value is not None else None
+    return math.prod(shape) if shape is not None else 0
+
+
+def _shape(node: Node, index: int) -> tuple[int, ...] | None:
+    value = node.input(index) if index < len(node.inputs) else None
+    return value.static_shape if value is not None else None
+
+
+def _gemm_flops(node: Node, out_elems: int) -> int:
+    a, b = _shape(node, 0), _shape(node, 1)
+    if not a or not b:
+        return 0
+    op = node.op_type
+    if op in ("Attention", "MultiHeadAttention", "GroupQueryAttention"):
+        if op == "Attention" and len(a) == 3:
+            # [B, S, H] x [H, 3H] projection, then Q·Kᵀ and softmax(…)·V over S×S per batch.
+            batch, seq, hidden = a
+            return 2 * batch * seq * hidden * b[-1] + 4 * batch * seq * seq * b[-1] // 3
+        if len(a) == 3 and len(b) == 3:
+            batch, seq, hidden = a
+            return 4 * batch * seq * b[1] * hidden
+        return 0
+    if op == "Gemm" or op == "FusedGemm":
+        k = a[0] if node.attr("transA", 0) else a[-1]
+    elif op == "FusedMatMul":
+        k = a[-2] if node.attr("transA", 0) and len(a) >= 2 else a[-1]
+    else:
+        k = a[-1]
+    return 2 * out_elems * k
+
+
+def _conv_flops(node: Node, out_elems: int) -> int:
+    w = _shape(node, 1 if node.op_type != "QLinearConv" else 3)
+    if not w or len(w) < 2:
+        return 0
+    # Conv weights are [Cout, Cin/group, k…]: each output element takes prod(w[1:]) MACs
+    # (the NCHWc forms keep 4-D padded weights, so the padded work is what is counted).
+    # ConvTranspose weights are [Cin, Cout/group, k…]: each input element gives as many.
+    if node.op_type == "ConvTranspose":
+        x = node.input(0)
+        return 2 * _elems(x) * math.prod(w[1:])
+    return 2 * out_elems * math.prod(w[1:])
+
+
+@dataclass(frozen=True)
+class ClassConstants:
+    """One op class's roofline: peak arithmetic, memory bandwidth, fixed cost per node."""
+
+    peak_gflops: float
+    bandwidth_gbs: float
+    overhead_us: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def default_constants(device=None) -> dict[str, ClassConstants]:
+    """Every class at the `cpu` target profile's figures (or `device`'s): float32 peak, memory
+    bandwidth and launch overhead. Views cost only the overhead whatever the figures."""
+    if device is None:
+        from graphopt.partition.target import load_target
+        device = load_target("cpu").device("cpu")
+    peak = device.peak_ops_per_s.get("float32") or max(device.peak_ops_per_s.values())
+    base = ClassConstants(peak / 1e9, device.memory_bandwidth / 1e9,
+                          device.launch_overhead_s * 1e6)
+    return {cls: base for cls in OP_CLASSES}
+
+
+class CpuCostModel:
+    """Seconds per node and per model on this CPU. `constants` maps op classes to their
+    ClassConstants; missing classes take the `cpu` profile's defaults."""
+
+    def __init__(self, constants: Mapping[str, ClassConstants] | None = None):
+        unknown = sorted(set(constants or {}) - set(OP_CLASSES))
+        if unknown:
+            raise ValueError(f"unknown op class {', '.join(unknown)} "
+                             f"(classes: {', '.join(OP_CLASSES)})")
+        self.constants = {**default_constants(), **dict(constants or {})}
+
+    def node_seconds(self, node: Node) -> float:
+        c = self.constants[op_class(node)]
+        flops, moved = node_work(node)
+        compute = flops / (c.peak_gflops * 1e9) if c.peak_gflops > 0 else 0.0
+        memory = moved / (c.bandwidth_gbs * 1e9) if c.bandwidth_gbs > 0 else 0.0
+        return max(compute, memory) + c.overhead_us * 1e-6
+
+    def nodes_seconds(self, nodes: Iterable[Node]) -> float:
+        return sum(self.node_seconds(n) for n in nodes)
+
+    def model_seconds(self, model: Model) -> float:
+        """The main graph's nodes, summed: one intra-op thread runs them one after another."""
+        return self.nodes_seconds(model.graph)
+
+
+def ranks(values) -> np.ndarray:
+    """1-based ranks of `values`, ties sharing the mean of the ranks they span."""
+    x = np.asarray(values, dtype=np.float64)
+    order = np.argsort(x, kind="mergesort")
+    out = np.empty(len(x))
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        out[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation of two equal-length sequences (Pearson's r of their ranks);
+    NaN when either is constant or shorter than 2."""
+    if len(a) != len(b):
+        raise ValueError(f"spearman: {len(a)} values against {len(b)}")
+    if len(a) < 2:
+        return float("nan")
+    ra, rb = ranks(a), ranks(b)
+    ra -= ra.mean()
+    rb -= rb.mean()
+    denom = math.sqrt(float(ra @ ra) * float(rb @ rb))
+    return float(ra @ rb) / denom if denom else float("nan")

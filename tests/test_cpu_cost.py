@@ -1,0 +1,239 @@
+"""The CPU cost model: exact work per node, monotonic times, calibration on this machine (runs,
+round-trips, warns when stale), `graphopt calibrate`, and the Spearman helper."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import onnx
+import onnxruntime as ort
+import pytest
+
+from graphopt.cli import _Parser
+from graphopt.cli_calibrate import add_calibrate_parser
+from graphopt.errors import GraphoptError, OptionError
+from graphopt.ir import load_onnx
+from graphopt.tuner.calibrate import (
+    CalibrationResult,
+    StaleCalibrationWarning,
+    calibrate,
+)
+from graphopt.tuner.cpu_model import (
+    OP_CLASSES,
+    ClassConstants,
+    CpuCostModel,
+    node_work,
+    op_class,
+    ranks,
+    spearman,
+)
+
+
+def _graph(text: str):
+    """The IR of an onnx.parser model text with shapes inferred."""
+    proto = onnx.shape_inference.infer_shapes(onnx.parser.parse_model(text))
+    return load_onnx(proto)
+
+
+def _node(text: str):
+    (node,) = list(_graph(text).graph)
+    return node
+
+
+HEADER = '<ir_version: 9, opset_import: ["" : 17]>\n'
+
+
+def test_matmul_work():
+    node = _node(HEADER + "g (float[2,3,4] a, float[4,5] b) => (float[2,3,5] y) { y = MatMul(a, b) }")
+    assert op_class(node) == "gemm"
+    assert node_work(node) == (2 * 2 * 3 * 5 * 4, 4 * (24 + 20 + 30))
+
+
+def test_gemm_work_reads_k_from_transposed_a():
+    node = _node(HEADER + "g (float[4,3] a, float[4,5] b, float[5] c) => (float[3,5] y) "
+                 "{ y = Gemm <transA = 1> (a, b, c) }")
+    assert node_work(node) == (2 * 3 * 5 * 4, 4 * (12 + 20 + 5 + 15))
+
+
+def test_conv_work():
+    node = _node(HEADER + "g (float[1,2,5,5] x, float[4,2,3,3] w, float[4] b) => "
+                 "(float[1,4,5,5] y) { y = Conv <pads = [1,1,1,1]> (x, w, b) }")
+    assert op_class(node) == "conv"
+    assert node_work(node) == (2 * 100 * 18, 4 * (50 + 72 + 4 + 100))
+
+
+def test_elementwise_work_counts_one_op_per_output_element():
+    node = _node(HEADER + "g (float[2,3] a, float[3] b) => (float[2,3] y) { y = Add(a, b) }")
+    assert op_class(node) == "elementwise"
+    assert node_work(node) == (6, 4 * (6 + 3 + 6))
+
+
+def test_reshape_is_free():
+    node = _node(HEADER + "g (float[2,6] x, int64[2] s) => (float[3,4] y) { y = Reshape(x, s) }")
+    assert op_class(node) == "view"
+    assert node_work(node) == (0, 0)
+    assert CpuCostModel().node_seconds(node) == pytest.approx(
+        CpuCostModel().constants["view"].overhead_us * 1e-6)
+
+
+def test_gather_reads_only_the_rows_it_outputs():
+    node = _node(HEADER + "g (float[1000,8] t, int64[2,3] i) => (float[2,3,8] y) "
+                 "{ y = Gather(t, i) }")
+    assert node_work(node) == (0, 2 * 4 * 48 + 8 * 6)
+
+
+def test_unknown_shapes_count_no_work():
+    node = _node(HEADER + "g (float[N,4] a, float[4,5] b) => (float[N,5] y) { y = MatMul(a, b) }")
+    assert node_work(node) == (0, 4 * 20)
+
+
+def test_defaults_are_the_cpu_profile_figures():
+    c = CpuCostModel().constants["gemm"]
+    assert (c.peak_gflops, c.bandwidth_gbs, c.overhead_us) == pytest.approx((160, 20, 1))
+    with pytest.raises(ValueError, match="unknown op class"):
+        CpuCostModel({"matmul": c})
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Add", "Transpose", "Softmax"])
+def test_time_grows_with_work(op, calibration):
+    for model in (CpuCostModel(), calibration.cost_model()):
+        times = []
+        for n in (8, 64, 512):
+            node = _node(HEADER + f"g (float[{n},{n}] a, float[{n},{n}] b) => (float[{n},{n}] y) "
+                         "{ " + {"MatMul": "y = MatMul(a, b)", "Add": "y = Add(a, b)",
+                                 "Transpose": "y = Transpose(a)",
+                                 "Softmax": "y = Softmax(a)"}[op] + " }")
+            times.append(model.node_seconds(node))
+        assert times == sorted(times) and times[0] < times[-1], times
+
+
+def test_model_seconds_sums_its_nodes():
+    model = _graph(HEADER + "g (float[64,64] a, float[64,64] b) => (float[64,64] y) "
+                   "{ h = MatMul(a, b) \n r = Relu(h) \n y = Add(r, a) }")
+    cost = CpuCostModel()
+    assert cost.model_seconds(model) == pytest.approx(sum(cost.node_seconds(n) for n in model.graph))
+    longer = _graph(HEADER + "g (float[64,64] a, float[64,64] b) => (float[64,64] y) "
+                    "{ h = MatMul(a, b) \n r = Relu(h) \n s = Add(r, a) \n y = Relu(s) }")
+    assert cost.model_seconds(longer) > cost.model_seconds(model)
+
+
+# --- calibration ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def calibration() -> CalibrationResult:
+    return calibrate(threads=1, seconds_budget=0.3, quick=True)
+
+
+def test_calibration_yields_positive_finite_constants(calibration):
+    assert set(calibration.constants) == set(OP_CLASSES)
+    for c in calibration.constants.values():
+        for v in (c.peak_gflops, c.bandwidth_gbs, c.overhead_us):
+            assert math.isfinite(v) and v > 0
+    assert calibration.run_overhead_us >= 0
+    assert calibration.onnxruntime_version == ort.__version__
+    assert calibration.threads == 1 and calibration.quick
+    assert {m.name.split()[0] for m in calibration.measurements} >= {"MatMul", "Conv", "Add"}
+
+
+def test_calibration_round_trips_through_json(calibration, tmp_path):
+    path = calibration.save(tmp_path / "calib.json")
+    loaded = CalibrationResult.load(path)
+    assert loaded.constants == calibration.constants
+    assert loaded.to_json() == calibration.to_json()
+
+
+def test_default_path_is_the_user_cache(calibration, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = calibration.save()
+    assert path == os.path.join(tmp_path, "graphopt", "calibration-cpu.json")
+    assert CalibrationResult.load().constants == calibration.constants
+
+
+def test_other_onnxruntime_version_warns(calibration, tmp_path):
+    doc = calibration.to_json()
+    doc["onnxruntime_version"] = "0.0.1"
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    with pytest.warns(StaleCalibrationWarning, match=r"onnxruntime 0\.0\.1.*graphopt calibrate"):
+        loaded = CalibrationResult.load(path)
+    assert loaded.constants == calibration.constants  # still usable: the best figures at hand
+
+
+def test_broken_calibration_is_an_option_error(calibration, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format_version": 1}))
+    with pytest.raises(OptionError, match="missing key 'constants'.*graphopt calibrate"):
+        CalibrationResult.load(path)
+    path.write_text(json.dumps({**calibration.to_json(), "format_version": 9}))
+    with pytest.raises(OptionError, match="format_version 9"):
+        CalibrationResult.load(path)
+    with pytest.raises(OptionError, match="cannot read"):
+        CalibrationResult.load(tmp_path / "missing.json")
+
+
+def test_calibrated_model_uses_the_calibration(calibration):
+    model = calibration.cost_model()
+    assert model.constants == calibration.constants
+    assert CpuCostModel({"gemm": ClassConstants(1, 1, 0)}).constants["gemm"].peak_gflops == 1
+
+
+# --- the CLI -------------------------------------------------------------------------------
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    parser = _Parser(prog="graphopt")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_calibrate_parser(sub)
+    try:
+        args = parser.parse_args([os.fspath(a) for a in argv])
+        rc = args.func(args)
+    except GraphoptError as e:
+        print(f"graphopt: error: {e}", file=sys.stderr)
+        rc = 1
+    except SystemExit as e:
+        rc = e.code
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_cli_calibrates_and_writes_json(capsys, tmp_path):
+    out_path = tmp_path / "tmp.json"
+    rc, out, err = cli(capsys, "calibrate", "--target", "cpu", "--quick", "-o", out_path)
+    assert rc == 0, err
+    for key in ("overhead-1", "gemm", "conv", "elementwise", "softmax", "transpose"):
+        assert key in err  # one progress line per benchmark
+    for cls in OP_CLASSES:
+        assert cls in out
+    assert f"wrote {out_path}" in out
+    assert set(CalibrationResult.load(out_path).constants) == set(OP_CLASSES)
+
+
+def test_cli_refuses_an_npu_target(capsys, tmp_path):
+    rc, _out, err = cli(capsys, "calibrate", "--target", "ascend310", "-o", tmp_path / "x.json")
+    assert rc == 1 and "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("graphopt: error: --target ascend310: only the cpu target")
+    assert "no NPU device" in line
+    assert not (tmp_path / "x.json").exists()
+
+
+# --- Spearman ------------------------------------------------------------------------------
+
+
+def test_ranks_share_ties():
+    assert ranks([10, 30, 20, 30]).tolist() == [1, 3.5, 2, 3.5]
+
+
+def test_spearman_hand_computed():
+    # ranks of y: 1, 2, 3.5, 5, 3.5; deviations from 3 against -2..2:
+    # Σdxdy = 4 + 1 + 0 + 2 + 1 = 8, Σdx² = 10, Σdy² = 9.5 → ρ = 8 / √95
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / math.sqrt(95))
+    assert spearman([1, 2, 3], [10, 200, 3000]) == pytest.approx(1)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+    assert math.isnan(spearman([1, 2, 3], [4, 4, 4]))
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1])
