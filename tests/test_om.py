@@ -556,6 +556,25 @@ def test_run_is_thread_safe(tmp_path):
         np.testing.assert_allclose(y, np.maximum(x @ W, 0), rtol=1e-5)
 
 
+def test_mapped_weights_serve_eight_threads_from_the_first_run(tmp_path):
+    # 8 threads × 100 runs on an artifact whose weights onnxruntime maps from the file; the
+    # first runs of every thread wait together for the weights' checksum.
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", big_matmul())])
+    session = OmSession(path, intra_op_num_threads=1)
+    w = numpy_helper.to_array(big_matmul().graph.initializer[0])
+    rng = np.random.default_rng(0)
+    batches = [rng.standard_normal((1 + n % 4, 512)).astype(np.float32) for n in range(800)]
+
+    def run(x):
+        return session.run({"X": x})["Y"]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, batches))
+    for x, y in zip(batches, results):
+        np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-4)
+
+
 def test_graph_input_passed_through_as_output(tmp_path):
     # ONNX lets a graph output name a graph input directly; the artifact returns the feed as is.
     model = _model([helper.make_node("Relu", ["X"], ["Y"])], [_tensor("X", ["N", 4])],
