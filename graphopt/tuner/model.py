@@ -1,0 +1,115 @@
+"""The estimated time of a partitioned model: one row per kernel, per host↔device copy.
+
+Partitions run one after another (no overlap between devices: an estimate's simplification).
+On an NPU partition: a cube op (MatMul/Gemm/Conv and fused forms) is npu_model.estimate under
+its tiling (`tilings[node.name]`, else default_tiling), a graphopt:: call is one fused group
+(vector.group_estimate), any other op one vector kernel (vector.vector_estimate; Reshape-like
+ops have no kernel). On the host: partition.estimate's roofline per node. Copies: every
+non-constant value read by a partition on another device than its producer's (graph inputs
+live on the host), and every NPU-produced graph output, is one transfer_estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from graphopt.partition.estimate import node_seconds, value_bytes
+from graphopt.tuner.npu_model import Estimate, estimate
+from graphopt.tuner.tiling import CUBE_OPS, Tiling, default_tiling, gemm_shape
+from graphopt.tuner.vector import group_estimate, transfer_estimate, vector_estimate
+
+if TYPE_CHECKING:
+    from graphopt.ir import Model, Node
+    from graphopt.partition.partitioner import Partitioning
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    partition: str
+    device: str
+    name: str               # the node's name, or the copied value's for a transfer
+    op: str                 # qualified op type, "transfer" for a copy
+    kind: str               # "cube" | "group" | "vector" | "host" | "transfer"
+    estimate: Estimate
+    tiling: Tiling | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.estimate.seconds
+
+
+@dataclass
+class ModelEstimate:
+    rows: list[KernelRow] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return sum(row.seconds for row in self.rows)
+
+    def by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for row in self.rows:
+            out[row.kind] = out.get(row.kind, 0.0) + row.seconds
+        return out
+
+    def table(self) -> str:
+        """The per-kernel table, estimates in microseconds."""
+        lines = [f"{'partition':<12} {'kind':<8} {'op':<28} {'us':>9}  {'bound':<8} tiling / node"]
+        for row in self.rows:
+            bound = row.estimate.breakdown.get("bound", "")
+            lines.append(f"{row.partition:<12} {row.kind:<8} {row.op[:28]:<28} "
+                         f"{row.seconds * 1e6:>9.2f}  {bound:<8} {row.tiling or row.name}")
+        lines.append(f"total (estimate): {self.seconds * 1e6:.2f} us")
+        return "\n".join(lines)
+
+
+def node_estimate(node: Node, device, model: Model | None = None,
+                  tiling: Tiling | None = None) -> tuple[str, Estimate, Tiling | None]:
+    """(kind, estimate, tiling) of one node on an NPU device."""
+    functions = {(f.domain, f.name) for f in model.functions} if model is not None else set()
+    if (node.domain, node.op_type) in functions:
+        return "group", group_estimate([node], device, model), None
+    if node.op_type in CUBE_OPS:
+        try:
+            shape = gemm_shape(node)
+        except ValueError:
+            shape = None
+        if shape is not None:
+            tiling = tiling or default_tiling(shape, device)
+            return "cube", estimate(shape, tiling, device), tiling
+    return "vector", vector_estimate(node, device), None
+
+
+def model_estimate(model: Model, partitioning: Partitioning,
+                   tilings: dict[str, Tiling] | None = None) -> ModelEstimate:
+    """The per-kernel estimates of `model` cut by `partitioning` (optimize(…, target=…))."""
+    target = partitioning.target
+    tilings = tilings or {}
+    home = {node: p.device for p in partitioning.partitions for node in p.nodes}
+    result = ModelEstimate()
+    for part in partitioning.partitions:
+        device = target.device(part.device)
+        for value in part.inputs:
+            if value.const is not None and value.is_constant:
+                continue
+            source = home.get(value.producer, target.host) if value.producer else target.host
+            if source != part.device:
+                result.rows.append(KernelRow(part.name, part.device, value.name, "transfer",
+                                             "transfer", transfer_estimate(value_bytes(value), target)))
+        for node in part.nodes:
+            if device.kind == "cpu":
+                seconds = node_seconds(node, device)
+                result.rows.append(KernelRow(part.name, part.device, node.name, node.qualified_op,
+                                             "host", Estimate(0.0, seconds, {"bound": "roofline"})))
+                continue
+            kind, est, tiling = node_estimate(node, device, model, tilings.get(node.name))
+            result.rows.append(KernelRow(part.name, part.device, node.name, node.qualified_op,
+                                         kind, est, tiling))
+        if part.device != target.host:
+            for value in part.outputs:
+                if value.is_graph_output:
+                    result.rows.append(KernelRow(part.name, part.device, value.name, "transfer",
+                                                 "transfer",
+                                                 transfer_estimate(value_bytes(value), target)))
+    return result

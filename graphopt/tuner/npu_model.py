@@ -1,0 +1,163 @@
+r"""The analytical NPU cost model of cube (GEMM/Conv) kernels. Every figure is an estimate.
+
+Units: cycles of the AI core clock (device.clock_hz); bytes. Per AI core, for a tiling
+(tiling.py) of a GemmShape with cube shape (cm, ck, cn) and an output tile tm × tn (tm ≤ base_m,
+tn ≤ base_n: tail tiles are smaller) over K-steps of tk ≤ base_k:
+
+    cube_step  = ⌈tm/cm⌉·⌈tn/cn⌉·⌈tk/ck⌉                   one cm×ck×cn fractal MAC per cycle
+    gm_step    = (tm + tn)·tk·in_bytes / bw_core  +  2·DMA_SETUP / l1_depth
+                 GM→L1 (MTE2) of the A and B tiles; one DMA each brings l1_depth K-steps.
+                 bw_core = device.memory_bandwidth / active cores / clock_hz: the chip's
+                 bandwidth shared evenly by the cores that stream (active = min(cores, tiles))
+    l0_step    = tm·tk·in_bytes / L1_TO_L0A + tk·tn·in_bytes / L1_TO_L0B      L1→L0A/L0B (MTE1)
+    writeback  = tm·tn·acc_bytes / L0C_OUT + tm·tn·out_bytes / bw_core          L0C→UB→GM
+
+A tile takes TILE_SETUP scalar cycles plus
+    double buffered:  max(Σ_steps max(gm_step, l0_step, cube_step), writeback)
+                      (the pipes overlap; the tile's writeback overlaps the next tile's K loop)
+    single buffered:  Σ_steps (gm_step + l0_step + cube_step) + writeback       (they add)
+and with double buffering the core pays the pipeline fill once: the first L1 load and L0 load
+(gm_step·min(l1_depth, K-steps) + l0_step) and the last tile's writeback.
+
+The batch·⌈M/base_m⌉·⌈N/base_n⌉ output tiles are spread over the active cores; the busiest
+core has ⌈tiles/active⌉ of them and is charged the most expensive ones (full before tail tiles).
+cycles = that core's total; seconds = cycles / clock_hz + device.launch_overhead_s.
+A kernel is "memory" bound when its GM→L1 + writeback cycles exceed its cube cycles and its
+L1→L0 cycles, "compute" bound when the cube cycles do, "on-chip" when L1→L0 does.
+
+Rates (bytes/cycle per AI core), from CANN platform configs ([AICoreMemoryRates] of the SoC
+.ini files, e.g. Ascend310's l1_to_l0_a_rate=512, l1_to_l0_b_rate=256, l0_c_to_ub_rate=256 as
+hicann op-tiling tests carry them); the shipped profiles do not list them, so they are fixed here:
+L1_TO_L0A = 512, L1_TO_L0B = 256, L0C_OUT = 256. DMA_SETUP = 50 and TILE_SETUP = 200 cycles are
+estimates (descriptor issue, scalar address arithmetic and pipe synchronisation), to be
+calibrated. Vector ops, fused groups, transfers and whole models: vector.py, model.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from graphopt.tuner.tiling import (GemmShape, Tiling, acc_bytes, cube_shape, default_tiling,
+                                   feasible, gemm_shape, in_bytes, out_bytes)
+
+if TYPE_CHECKING:
+    from graphopt.ir import Node
+    from graphopt.partition.target import Device
+
+L1_TO_L0A = 512.0   # bytes/cycle, CANN [AICoreMemoryRates] l1_to_l0_a_rate
+L1_TO_L0B = 256.0   # bytes/cycle, l1_to_l0_b_rate
+L0C_OUT = 256.0     # bytes/cycle, l0_c_to_ub_rate
+DMA_SETUP = 50.0    # cycles per GM→L1 DMA: estimate
+TILE_SETUP = 200.0  # scalar cycles per output tile: estimate
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An estimated (never measured) kernel time; breakdown holds the terms, in cycles unless
+    the key says otherwise."""
+
+    cycles: float
+    seconds: float
+    breakdown: dict = field(default_factory=dict)
+
+    @property
+    def bound(self) -> str:
+        return self.breakdown.get("bound", "")
+
+
+def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Device) -> Estimate:
+    """The estimated time of one cube kernel under `tiling` (the default tiling when None);
+    ValueError when the tiling is infeasible, naming the buffer."""
+    shape = node_or_shape if isinstance(node_or_shape, GemmShape) else gemm_shape(node_or_shape)
+    tiling = tiling or default_tiling(shape, device)
+    reason = feasible(tiling, shape, device)
+    if reason is not None:
+        raise ValueError(f"infeasible tiling for {shape}: {reason}")
+    cm, ck, cn = cube_shape(shape, device)
+    ib, ab, ob = in_bytes(shape), acc_bytes(shape), out_bytes(shape)
+    bm, bn, bk = tiling.base_m, tiling.base_n, tiling.base_k
+    mt, nt, kt = -(-shape.m // bm), -(-shape.n // bn), -(-shape.k // bk)
+    tiles = shape.batch * mt * nt
+    active = min(tiling.cores, tiles)
+    bw_core = device.memory_bandwidth / active / device.clock_hz
+    db = tiling.double_buffer
+    k_tail = shape.k - (kt - 1) * bk
+
+    def tile(tm: int, tn: int) -> dict:
+        terms = {"cube": 0.0, "gm": 0.0, "l0": 0.0, "loop": 0.0}
+        for tk, count in ((bk, kt - 1), (k_tail, 1)):
+            if not count:
+                continue
+            cube = math.ceil(tm / cm) * math.ceil(tn / cn) * math.ceil(tk / ck)
+            gm = (tm + tn) * tk * ib / bw_core + 2 * DMA_SETUP / tiling.l1_depth
+            l0 = tm * tk * ib / L1_TO_L0A + tk * tn * ib / L1_TO_L0B
+            terms["cube"] += count * cube
+            terms["gm"] += count * gm
+            terms["l0"] += count * l0
+            terms["loop"] += count * (max(cube, gm, l0) if db else cube + gm + l0)
+        terms["writeback"] = tm * tn * (ab / L0C_OUT + ob / bw_core)
+        terms["time"] = TILE_SETUP + (max(terms["loop"], terms["writeback"]) if db
+                                      else terms["loop"] + terms["writeback"])
+        terms["first_l0"] = tm * min(bk, shape.k) * ib / L1_TO_L0A + min(bk, shape.k) * tn * ib / L1_TO_L0B
+        terms["first_gm"] = ((tm + tn) * min(bk, shape.k) * ib / bw_core * min(tiling.l1_depth, kt)
+                             + 2 * DMA_SETUP)
+        return terms
+
+    m_tail, n_tail = shape.m - (mt - 1) * bm, shape.n - (nt - 1) * bn
+    kinds = []  # (count, terms) of full and tail tiles
+    for tm, m_count in ((bm, mt - 1), (m_tail, 1)):
+        for tn, n_count in ((bn, nt - 1), (n_tail, 1)):
+            if m_count * n_count:
+                kinds.append((shape.batch * m_count * n_count, tile(tm, tn)))
+    kinds.sort(key=lambda kind: -kind[1]["time"])
+    busiest = -(-tiles // active)
+    totals = {"cube": 0.0, "gm": 0.0, "l0": 0.0, "writeback": 0.0, "time": 0.0}
+    left = busiest
+    for count, terms in kinds:
+        take = min(left, count)
+        for key in totals:
+            totals[key] += take * terms[key]
+        left -= take
+    fill = 0.0
+    if db:
+        # Charged for the most expensive tile kind, so a tail tile never shortens the drain.
+        first = kinds[0][1]
+        fill = first["first_gm"] + first["first_l0"] + first["writeback"]
+    cycles = totals["time"] + fill
+    movement = totals["gm"] + totals["writeback"]
+    bound = ("memory" if movement >= max(totals["cube"], totals["l0"])
+             else "compute" if totals["cube"] >= totals["l0"] else "on-chip")
+    seconds = cycles / device.clock_hz + device.launch_overhead_s
+    breakdown = {
+        "shape": shape, "tiling": tiling, "tiles": tiles, "k_steps": kt, "active_cores": active,
+        "tiles_on_busiest_core": busiest, "cube_cycles": totals["cube"],
+        "gm_to_l1_cycles": totals["gm"], "l1_to_l0_cycles": totals["l0"],
+        "writeback_cycles": totals["writeback"], "setup_cycles": busiest * TILE_SETUP,
+        "fill_cycles": fill, "launch_s": device.launch_overhead_s, "bound": bound,
+        "utilization": shape.macs / (cm * ck * cn) / max(cycles, 1.0) / (device.ai_cores or 1),
+    }
+    return Estimate(cycles, seconds, breakdown)
+
+
+def best_tiling(shape: GemmShape, device: Device, space=None) -> tuple[Tiling, Estimate]:
+    """The fastest tiling of `space` (default: the whole tiling_space) by exhaustive search."""
+    from graphopt.tuner.tiling import tiling_space
+    best = None
+    for tiling in space if space is not None else tiling_space(shape, device):
+        result = estimate(shape, tiling, device)
+        if best is None or result.cycles < best[1].cycles:
+            best = (tiling, result)
+    if best is None:
+        raise ValueError(f"no feasible tiling for {shape} on {device.name}")
+    return best
+
+
+# The rest of the model's public API lives in its own files and is re-exported here, after
+# Estimate and estimate exist, since those files build on them.
+from graphopt.tuner.vector import group_estimate, transfer_estimate, vector_estimate  # noqa: E402
+from graphopt.tuner.model import model_estimate  # noqa: E402
+
+__all__ = ["Estimate", "best_tiling", "estimate", "group_estimate", "model_estimate",
+           "transfer_estimate", "vector_estimate"]

@@ -1,0 +1,250 @@
+"""The tiling space of NPU cube ops: GEMM shapes of IR nodes, tilings, their buffer constraints.
+
+A cube op is a batch of GEMMs C[M,N] = A[M,K]·B[K,N]; Conv runs as an implicit GEMM
+(im2col): M = N·Ho·Wo, K = Cin/group·kh·kw, N = Cout/group, with `group` as the batch.
+
+A `Tiling` cuts C into base_m × base_n output tiles, each accumulated over ceil(K/base_k)
+K-steps of an A tile (base_m × base_k) and a B tile (base_k × base_n). Per AI core:
+
+    L0A   base_m·base_k·in_bytes      (×2 double buffered)   A operand of the cube
+    L0B   base_k·base_n·in_bytes      (×2 double buffered)   B operand of the cube
+    L0C   base_m·base_n·acc_bytes     (×2 double buffered)   fp32 (int32 for int8) accumulators
+    L1    l1_depth·(base_m + base_n)·base_k·in_bytes (×2)    l1_depth K-steps of A and B tiles
+    UB    base_m·base_n·out_bytes     (×2 double buffered)   the epilogue / output tile
+
+in_bytes is 1 for int8/uint8 and 2 otherwise (float32 cube work runs in float16, ATC's default
+precision mode), acc_bytes 4, out_bytes 4 for int8 (int32) and 2 otherwise. Base sizes are
+multiples of the device's cube shape for the dtype (M, K, N): 16×16×16 for float16,
+16×32×16 for int8.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from graphopt.codegen.om_manifest import dtype_name
+
+if TYPE_CHECKING:
+    from graphopt.ir import Node
+    from graphopt.partition.target import Device
+
+MATMUL_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm", "FusedGemm", "MatMulInteger"})
+CONV_OPS = frozenset({"Conv", "FusedConv", "ConvInteger"})
+CUBE_OPS = MATMUL_OPS | CONV_OPS
+ANCHORS_OF_GROUPS = frozenset({"Conv", "MatMul", "Gemm"})  # cube kernels FuseElementwise takes
+L1_DEPTHS = (1, 2, 4, 8)
+BUFFERS = ("L0A", "L0B", "L0C", "L1", "UB")
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """`batch` independent GEMMs of [m, k] × [k, n] in `dtype` ("float16", "int8", …)."""
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    dtype: str = "float16"
+
+    @property
+    def macs(self) -> int:
+        return self.batch * self.m * self.k * self.n
+
+
+@dataclass(frozen=True)
+class Tiling:
+    base_m: int
+    base_n: int
+    base_k: int
+    l1_depth: int = 2          # K-steps of A and B tiles one GM→L1 load brings
+    double_buffer: bool = True
+    cores: int = 1             # AI cores the output tiles are spread over
+
+    def __str__(self) -> str:
+        return (f"{self.base_m}x{self.base_n}x{self.base_k} l1={self.l1_depth} "
+                f"db={'on' if self.double_buffer else 'off'} cores={self.cores}")
+
+
+# --- shapes ---------------------------------------------------------------------------------
+
+
+def cube_dtype(dtype: str) -> str:
+    """The cube dtype a data dtype computes in: float32 runs in float16, uint8 as int8."""
+    return {"float32": "float16", "uint8": "int8", "double": "float16"}.get(dtype, dtype)
+
+
+def cube_shape(shape: GemmShape, device: Device) -> tuple[int, int, int]:
+    """(M, K, N) of one cube operation for the shape's dtype (float16's when not listed)."""
+    cubes = device.cube or {}
+    cube = cubes.get(cube_dtype(shape.dtype)) or cubes.get("float16")
+    if cube is None:
+        raise ValueError(f"device '{device.name}' has no cube unit")
+    return tuple(cube)  # type: ignore[return-value]
+
+
+def in_bytes(shape: GemmShape) -> int:
+    return 1 if cube_dtype(shape.dtype) == "int8" else 2
+
+
+def acc_bytes(shape: GemmShape) -> int:
+    return 4
+
+
+def out_bytes(shape: GemmShape) -> int:
+    return 4 if cube_dtype(shape.dtype) == "int8" else 2
+
+
+def gemm_shape(node: Node) -> GemmShape:
+    """The GEMM a MatMul/Gemm/Conv node (and their fused forms) computes; ValueError when the
+    op is not a cube op or a shape it needs is not static."""
+    if node.op_type not in CUBE_OPS:
+        raise ValueError(f"{node!r}: {node.qualified_op} is not a cube op (MatMul, Gemm, Conv)")
+    a, b = node.input(0), node.input(1)
+    if a is None or b is None or a.static_shape is None or b.static_shape is None:
+        raise ValueError(f"{node!r}: {node.qualified_op} needs static input shapes")
+    dtype = (dtype_name(int(a.dtype)) if a.dtype is not None else None) or "float32"
+    out = node.outputs[0] if node.outputs else None
+    attrs = {key: attr.value for key, attr in node.attrs.items()}
+    return op_gemm_shape(node.op_type, attrs, a.static_shape, b.static_shape, dtype,
+                         out.static_shape if out is not None else None)
+
+
+def op_gemm_shape(op_type: str, attrs: dict, a: tuple, b: tuple, dtype: str,
+                  out: tuple | None = None) -> GemmShape:
+    """gemm_shape from an op type, its attributes and its input shapes (A or X, B or W)."""
+    if op_type in CONV_OPS:
+        return _conv_shape(attrs, a, b, dtype, out)
+    sa, sb = list(a), list(b)
+    if attrs.get("transA", 0) and len(sa) >= 2:
+        sa[-2:] = sa[-2:][::-1]
+    if attrs.get("transB", 0) and len(sb) >= 2:
+        sb[-2:] = sb[-2:][::-1]
+    if len(sa) == 1:
+        sa = [1] + sa
+    if len(sb) == 1:
+        sb = sb + [1]
+    m, k, n = sa[-2], sa[-1], sb[-1]
+    if len(sb) == 2:
+        # A shared 2-D weight: the leading dims of A fold into M, as CANN's MatMul does.
+        return GemmShape(1, math.prod(sa[:-1]), k, n, dtype)
+    batch_a, batch_b = sa[:-2], sb[:-2]
+    rank = max(len(batch_a), len(batch_b))
+    batch_a = [1] * (rank - len(batch_a)) + batch_a
+    batch_b = [1] * (rank - len(batch_b)) + batch_b
+    return GemmShape(math.prod(max(x, y) for x, y in zip(batch_a, batch_b)), m, k, n, dtype)
+
+
+def _conv_shape(attrs: dict, x: tuple, w: tuple, dtype: str, out: tuple | None) -> GemmShape:
+    group = int(attrs.get("group", 1))
+    kernel = w[2:]
+    if out is not None and len(out) == len(x):
+        spatial = out[2:]
+    else:
+        strides = attrs.get("strides") or [1] * len(kernel)
+        dilations = attrs.get("dilations") or [1] * len(kernel)
+        pads = attrs.get("pads") or [0] * (2 * len(kernel))
+        auto_pad = attrs.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            spatial = [math.ceil(d / s) for d, s in zip(x[2:], strides)]
+        else:
+            spatial = [(d + pads[i] + pads[i + len(kernel)] - dilations[i] * (kernel[i] - 1) - 1)
+                       // strides[i] + 1 for i, d in enumerate(x[2:])]
+    return GemmShape(group, x[0] * math.prod(spatial), w[1] * math.prod(kernel), w[0] // group,
+                     dtype)
+
+
+# --- the space ------------------------------------------------------------------------------
+
+
+def buffer_use(tiling: Tiling, shape: GemmShape) -> dict[str, int]:
+    """Bytes per AI core each buffer needs under `tiling` (formulas in the module docstring)."""
+    db = 2 if tiling.double_buffer else 1
+    ib, m, n, k = in_bytes(shape), tiling.base_m, tiling.base_n, tiling.base_k
+    return {"L0A": m * k * ib * db, "L0B": k * n * ib * db,
+            "L0C": m * n * acc_bytes(shape) * db,
+            "L1": tiling.l1_depth * (m + n) * k * ib * db,
+            "UB": m * n * out_bytes(shape) * db}
+
+
+def feasible(tiling: Tiling, shape: GemmShape, device: Device) -> str | None:
+    """None when `tiling` can run `shape` on `device`, else the reason it cannot."""
+    cm, ck, cn = cube_shape(shape, device)
+    for name, value, unit in (("base_m", tiling.base_m, cm), ("base_k", tiling.base_k, ck),
+                              ("base_n", tiling.base_n, cn)):
+        if value <= 0 or value % unit:
+            return f"{name} {value} is not a positive multiple of the cube's {unit} ({shape.dtype})"
+    if tiling.l1_depth < 1:
+        return f"l1_depth {tiling.l1_depth} is below 1"
+    cores = device.ai_cores or 1
+    if not 1 <= tiling.cores <= cores:
+        return f"cores {tiling.cores} is outside 1..{cores} (the device's AI cores)"
+    for name, need in buffer_use(tiling, shape).items():
+        have = device.buffers.get(name)
+        if have is not None and need > have:
+            return (f"{name} overflows: {tiling} needs {need} bytes, {device.name} has {have}"
+                    + (" (double buffered)" if tiling.double_buffer else ""))
+    return None
+
+
+def _padded(size: int, unit: int) -> int:
+    return max(unit, -(-size // unit) * unit)
+
+
+def base_candidates(size: int, unit: int) -> list[int]:
+    """Base sizes for a dim: every multiple of the cube unit up to 16 units, then powers of two
+    times the unit, never past the dim rounded up to the unit (a larger tile only pads)."""
+    top = _padded(size, unit)
+    values = {unit * j for j in range(1, 17)} | {unit * 2 ** j for j in range(5, 12)}
+    return sorted(v for v in values if v <= top)
+
+
+def tiling_space(shape: GemmShape, device: Device) -> Iterator[Tiling]:
+    """Every feasible tiling of `shape` on `device`: base sizes from base_candidates,
+    l1_depth in L1_DEPTHS (no more than the K-steps there are), double buffering on and off,
+    1..ai_cores cores (no more than the output tiles there are)."""
+    cm, ck, cn = cube_shape(shape, device)
+    ms, ns, ks = (base_candidates(shape.m, cm), base_candidates(shape.n, cn),
+                  base_candidates(shape.k, ck))
+    for bm, bn, bk, db in itertools.product(ms, ns, ks, (True, False)):
+        k_steps = -(-shape.k // bk)
+        tiles = shape.batch * -(-shape.m // bm) * -(-shape.n // bn)
+        for depth in L1_DEPTHS:
+            if depth > 1 and depth // 2 >= k_steps:
+                break
+            first = Tiling(bm, bn, bk, depth, db, 1)
+            if feasible(first, shape, device) is not None:
+                continue
+            for cores in range(1, min(device.ai_cores or 1, tiles) + 1):
+                yield Tiling(bm, bn, bk, depth, db, cores)
+
+
+def space_size(shape: GemmShape, device: Device) -> int:
+    return sum(1 for _ in tiling_space(shape, device))
+
+
+def default_tiling(shape: GemmShape, device: Device) -> Tiling:
+    """A CANN-style default: base tiles of 128 × 128 × 128 elements (K 256 for int8, whose cube
+    is 32 wide in K), each capped by its dim rounded up to the cube, double buffered, l1_depth 2
+    and every AI core that gets a tile: the kind of fixed base block CANN's matmul tiling starts
+    from. It fits L0A/L0B/L0C/L1/UB double buffered on every shipped NPU profile; on a smaller
+    device the tile halves (M and N first, then K) until it fits, then double buffering goes.
+    Not the optimum: it ignores the shape's memory traffic, pipeline fill and the core split's
+    load balance, which is what tuning is for."""
+    cm, ck, cn = cube_shape(shape, device)
+    mp, np_, kp = _padded(shape.m, cm), _padded(shape.n, cn), _padded(shape.k, ck)
+    k_top = 128 * max(1, ck // 16)
+    for db in (True, False):
+        for side, k_side in ((128, k_top), (64, k_top), (64, k_top // 2), (32, k_top // 2),
+                             (16, k_top // 4)):
+            bm, bn = max(cm, min(side, mp)), max(cn, min(side, np_))
+            bk = max(ck, min(k_side - k_side % ck, kp))
+            tiling = Tiling(bm, bn, bk, 2, db, 1)
+            if feasible(tiling, shape, device) is None:
+                tiles = shape.batch * -(-shape.m // bm) * -(-shape.n // bn)
+                return Tiling(bm, bn, bk, 2, db, min(device.ai_cores or 1, tiles))
+    return Tiling(cm, cn, ck, 1, False, 1)

@@ -1,0 +1,153 @@
+r"""Estimated times of NPU vector kernels, fused elementwise groups and host↔device copies.
+
+Units: seconds; bytes; every figure an estimate. For a vector kernel:
+
+    vector_rate  = VECTOR_BYTES_PER_CYCLE / element bytes · clock_hz · ai_cores   elements/s
+                   (the DaVinci vector unit is 2048 bits wide — 256 bytes, 128 float16 or
+                   64 float32 lanes per cycle per AI core: Liao et al., "DaVinci: A Scalable
+                   Architecture for Neural Network Computing", Hot Chips 31, 2019)
+    compute      = Σ_ops output elements · OP_COST[op] / vector_rate
+                   (OP_COST: vector instructions per element, 1 for arithmetic, more for
+                   transcendental and normalising ops: estimates)
+    memory       = bytes read from and written to GM / device.memory_bandwidth
+    seconds      = max(compute, memory) + device.launch_overhead_s         (one kernel)
+
+A fused group (a graphopt:: call made by FuseElementwise, or a list of nodes) is one kernel:
+its intermediates stay in the Unified Buffer, so `memory` counts only the values it reads from
+outside and the values read after it (graph outputs included), and it pays one launch. A group
+with a Conv/MatMul/Gemm kernel (FuseElementwise(epilogues=True)) costs that cube kernel
+(npu_model.estimate, default tiling) plus its epilogue's vector compute and the extra inputs
+the epilogue reads. A host↔device copy: transfer_latency_s + bytes / transfer_bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import onnx
+
+from graphopt.partition.estimate import value_bytes
+from graphopt.tuner.npu_model import Estimate, estimate
+from graphopt.tuner.tiling import ANCHORS_OF_GROUPS, op_gemm_shape
+
+if TYPE_CHECKING:
+    from graphopt.ir import Model, Node, Value
+    from graphopt.partition.target import Device, Target
+
+VECTOR_BYTES_PER_CYCLE = 256
+OP_COST = {  # vector instructions per output element (estimates)
+    "Exp": 4, "Log": 4, "Sqrt": 2, "Reciprocal": 2, "Div": 2, "Pow": 6, "Tanh": 6,
+    "Sigmoid": 5, "Erf": 8, "Gelu": 10, "FastGelu": 8, "QuickGelu": 6, "BiasGelu": 10,
+    "HardSigmoid": 2, "HardSwish": 3, "Softplus": 8, "Selu": 5, "Elu": 5, "Sin": 6, "Cos": 6,
+    "Softmax": 8, "LogSoftmax": 10, "LayerNormalization": 8, "SkipLayerNormalization": 9,
+    "RMSNormalization": 6, "SimplifiedLayerNormalization": 6, "BatchNormalization": 2,
+}
+NO_KERNEL = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def elements(value: Value | None) -> int:
+    if value is None or value.static_shape is None:
+        return 0
+    return math.prod(value.static_shape)
+
+
+def _elem_bytes(values) -> int:
+    for value in values:
+        if value is not None and value.dtype is not None:
+            return max(1, value.dtype.bits // 8)
+    return 4
+
+
+def vector_rate(device: Device, elem_bytes: int) -> float:
+    """Elements per second the vector units of all AI cores process (estimate)."""
+    return (VECTOR_BYTES_PER_CYCLE / max(1, elem_bytes) * (device.clock_hz or 1e9)
+            * (device.ai_cores or 1))
+
+
+def _result(compute: float, moved: int, device: Device, kernels: int = 1, **extra) -> Estimate:
+    memory = moved / device.memory_bandwidth if device.memory_bandwidth else 0.0
+    busy = max(compute, memory)
+    seconds = busy + kernels * device.launch_overhead_s
+    breakdown = {"compute_s": compute, "memory_s": memory, "bytes": moved,
+                 "launch_s": kernels * device.launch_overhead_s,
+                 "bound": "memory" if memory >= compute else "compute", **extra}
+    return Estimate(busy * (device.clock_hz or 0.0), seconds, breakdown)
+
+
+def vector_estimate(node: Node, device: Device) -> Estimate:
+    """One vector kernel: elementwise, normalisation, pooling, data movement ops."""
+    if node.op_type in NO_KERNEL:
+        return Estimate(0.0, 0.0, {"bound": "none", "note": "metadata only, no kernel"})
+    outs = [v for v in node.outputs if v is not None]
+    ins = [v for v in node.inputs if v is not None]
+    work = max((elements(v) for v in outs), default=0) * OP_COST.get(node.op_type, 1)
+    compute = work / vector_rate(device, _elem_bytes(outs + ins))
+    return _result(compute, sum(value_bytes(v) for v in ins + outs), device)
+
+
+def group_estimate(nodes: list[Node] | Node, device: Device, model: Model | None = None) -> Estimate:
+    """One fused kernel for `nodes` (its intermediates never reach GM), or for a graphopt::
+    function call (`model` supplies the function body)."""
+    if not isinstance(nodes, (list, tuple)):
+        nodes = [nodes]
+    if len(nodes) == 1 and model is not None:
+        function = {(f.domain, f.name): f for f in model.functions}.get(
+            (nodes[0].domain, nodes[0].op_type))
+        if function is not None:
+            return _call_estimate(nodes[0], function, device)
+    members = set(nodes)
+    reads, writes, work = [], [], 0.0
+    for node in nodes:
+        for value in node.inputs:
+            if value is not None and value.producer not in members and value not in reads:
+                reads.append(value)
+        for value in node.outputs:
+            if value is not None and (value.is_graph_output
+                                      or any(use.node not in members for use in value.uses)):
+                writes.append(value)
+        work += max((elements(v) for v in node.outputs if v is not None), default=0) \
+            * OP_COST.get(node.op_type, 1)
+    all_values = [v for n in nodes for v in n.outputs if v is not None] + reads
+    compute = work / vector_rate(device, _elem_bytes(all_values))
+    return _result(compute, sum(value_bytes(v) for v in reads + writes), device,
+                   fused_nodes=len(nodes))
+
+
+def _call_estimate(call: Node, function: onnx.FunctionProto, device: Device) -> Estimate:
+    ins = [v for v in call.inputs if v is not None]
+    outs = [v for v in call.outputs if v is not None]
+    elems = max((elements(v) for v in outs), default=0)
+    anchor = next((n for n in function.node if n.op_type in ANCHORS_OF_GROUPS and not n.domain), None)
+    epilogue = [n for n in function.node if n is not anchor]
+    work = elems * sum(OP_COST.get(n.op_type, 1) for n in epilogue)
+    compute = work / vector_rate(device, _elem_bytes(outs + ins))
+    if anchor is None:
+        return _result(compute, sum(value_bytes(v) for v in ins + outs), device,
+                       fused_nodes=len(function.node))
+    # The cube kernel reads its own operands; the epilogue adds the other inputs it reads.
+    by_name = dict(zip(function.input, call.inputs))
+    a, b = by_name.get(anchor.input[0]), by_name.get(anchor.input[1])
+    if a is None or b is None or a.static_shape is None or b.static_shape is None:
+        raise ValueError(f"{call!r}: the {anchor.op_type} inside needs static input shapes")
+    attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in anchor.attribute}
+    from graphopt.codegen.om_manifest import dtype_name
+    dtype = (dtype_name(int(a.dtype)) if a.dtype is not None else None) or "float32"
+    shape = op_gemm_shape(anchor.op_type, attrs, a.static_shape, b.static_shape, dtype)
+    cube = estimate(shape, None, device)
+    bias = by_name.get(anchor.input[2]) if len(anchor.input) > 2 else None
+    extra = [v for v in ins if v is not a and v is not b and v is not bias]
+    extra_s = sum(value_bytes(v) for v in extra) / device.memory_bandwidth
+    seconds = cube.seconds + compute + extra_s
+    breakdown = dict(cube.breakdown, epilogue_compute_s=compute, epilogue_extra_bytes_s=extra_s,
+                     fused_nodes=len(function.node))
+    return Estimate(cube.cycles + (compute + extra_s) * device.clock_hz, seconds, breakdown)
+
+
+def transfer_estimate(nbytes: int, target: Target) -> Estimate:
+    """One host↔device copy of `nbytes` over the target's link."""
+    if not target.transfer_bandwidth:
+        return Estimate(0.0, 0.0, {"bytes": nbytes, "note": "single-device target"})
+    seconds = target.transfer_latency_s + nbytes / target.transfer_bandwidth
+    return Estimate(0.0, seconds, {"bytes": nbytes, "latency_s": target.transfer_latency_s,
+                                   "bandwidth_s": nbytes / target.transfer_bandwidth})
