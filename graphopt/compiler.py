@@ -276,8 +276,12 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike) ->
             fused = result.log.pipeline.startswith(("O2", "O3"))
             parts = om_partitions(partitioning, result.partition_models,
                                   cpu_level="extended" if fused else None)
+            from graphopt.tuner.records import kernel_records
+
             target = partitioning.target.name
+            kernels = kernel_records(result.model, partitioning)
             extra = {"partitioning": partitioning_json(partitioning),
+                     **({"kernels": kernels} if kernels else {}),
                      "memory_plan": {name: {"unplanned": plan} if isinstance(plan, str)
                                      else plan.to_dict()
                                      for name, plan in result.memory_plans.items()}}

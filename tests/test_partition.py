@@ -170,6 +170,7 @@ def test_cpu_target_is_one_partition(tmp_path):
     manifest = graphopt.codegen.load_om(path).manifest
     assert manifest["target"] == "cpu"
     assert manifest["partitions"][0]["providers"] == ["CPUExecutionProvider"]
+    assert "kernels" not in manifest["extra"]  # tilings are for NPU kernels
 
 
 # --- convexity -----------------------------------------------------------------------------
@@ -334,6 +335,13 @@ def test_manifest_records_devices_providers_and_reasons(tmp_path):
     assert [p["device"] for p in info["partitions"]] == ["npu", "cpu"]
     assert info["fallbacks"][0]["op"] == "TopK"
     assert {"tensor": "scores", "from": npu["name"], "to": cpu["name"]} in manifest["routing"]
+    # Per-kernel configs for the NPU partition only: each cube kernel's (default) tiling.
+    kernels = manifest["extra"]["kernels"]
+    assert list(kernels["partitions"]) == [npu["name"]]
+    cube = [r for r in kernels["partitions"][npu["name"]] if r["kind"] == "cube"]
+    assert {r["op"] for r in cube} == {"Conv", "Gemm"}
+    assert all(r["tiling_source"] == "default" and r["tiling"]["base_m"] % 16 == 0 for r in cube)
+    assert kernels["estimate_us"] > sum(r["estimate_us"] for r in cube) > 0
 
 
 @pytest.mark.parametrize("name, options, inputs", [

@@ -151,6 +151,21 @@ def _format_memory(plans: dict) -> str:
                          "weights", "inputs+outputs"], rows, title="memory plan")
 
 
+def _format_kernels(info: dict) -> str:
+    """One row per NPU partition: its kernels, how many are cube kernels with a tiling."""
+    rows = []
+    for name, records in (info.get("partitions") or {}).items():
+        records = records if isinstance(records, list) else []
+        tiled = [r for r in records if isinstance(r, dict) and "tiling" in r]
+        sources = sorted({r.get("tiling_source", "?") for r in tiled}) or ["-"]
+        total = sum(r.get("estimate_us", 0) for r in records if isinstance(r, dict))
+        rows.append([name, len(records), len(tiled), ", ".join(sources), f"{total:.1f}"])
+    title = (f"kernel configs (estimates; whole model {info.get('estimate_us', 0):.1f} µs "
+             "with transfers)")
+    return format_table(["partition", "kernels", "cube tilings", "tiling source", "µs"], rows,
+                        title=title)
+
+
 def _format_fallbacks(info: dict) -> str:
     fallbacks = info.get("fallbacks") or []
     if not fallbacks:
@@ -224,6 +239,8 @@ def format_om(artifact: OmArtifact) -> str:
         parts.append(_format_memory(extra.pop("memory_plan")))
     if isinstance(extra.get("partitioning"), dict):
         parts.append(_format_fallbacks(extra.pop("partitioning")))
+    if isinstance(extra.get("kernels"), dict):
+        parts.append(_format_kernels(extra.pop("kernels")))
     if extra:
         parts.append("extra\n" + "\n".join(_extra_line(k, v) for k, v in sorted(extra.items())))
     elif not m["extra"]:
