@@ -244,6 +244,26 @@ def test_small_weights_stay_in_one_protobuf(om_path):
         assert not [n for n in zf.namelist() if n.startswith("weights/")]
 
 
+def test_runtime_without_the_folder_setting_copies_the_weights_in(tmp_path, monkeypatch):
+    # An onnxruntime that does not know where bytes-loaded models keep external data cannot
+    # map the blob; the runtime then hands it the weights inside the model instead.
+    import graphopt.codegen.runtime as runtime
+
+    monkeypatch.setattr(runtime, "_EXTERNAL_FOLDER", "session.graphopt_test_unknown_entry")
+    monkeypatch.chdir(tmp_path)  # nothing named like the artifact where onnxruntime would look
+    path = tmp_path / "sub" / "big.om"
+    path.parent.mkdir()
+    write_om(path, [OmPartition("p0", "cpu", big_matmul())])
+    copied = []
+    original = runtime.OmArtifact.partition_model
+    monkeypatch.setattr(runtime.OmArtifact, "partition_model",
+                        lambda self, name: copied.append(name) or original(self, name))
+    x = np.ones((1, 512), np.float32)
+    expected = x @ numpy_helper.to_array(big_matmul().graph.initializer[0])
+    np.testing.assert_allclose(OmSession(path).run({"X": x})["Y"], expected, rtol=1e-5)
+    assert copied == ["p0"]
+
+
 def test_tampered_weights_blob_fails_the_first_run(tmp_path):
     path = tmp_path / "big.om"
     write_om(path, [OmPartition("p0", "cpu", big_matmul())])

@@ -91,7 +91,11 @@ def _session(artifact: OmArtifact, part, options: ort.SessionOptions,
     offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
     options.add_session_config_entry(_EXTERNAL_FOLDER, os.path.dirname(path))
     located = point_into(model, path, offsets).SerializeToString()
-    return ort.InferenceSession(located, options, providers=providers)
+    try:
+        return ort.InferenceSession(located, options, providers=providers)
+    except Exception:  # noqa: BLE001 - an onnxruntime without that config entry: copy instead
+        embedded = artifact.partition_model(part.name).SerializeToString()
+        return ort.InferenceSession(embedded, options, providers=providers)
 
 
 class _WeightsCheck:
