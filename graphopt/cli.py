@@ -11,6 +11,7 @@ from graphopt.cli_calibrate import add_calibrate_parser
 from graphopt.cli_partition import add_partition_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_targets import add_targets_parser
+from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.errors import GraphoptError, OptionError
 
 EXAMPLES = """examples:
@@ -20,6 +21,7 @@ EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
   graphopt partition model.onnx --target ascend310
   graphopt targets ascend910b
+  graphopt tune model.onnx --target ascend310 --tuning-db tuning.db --trials 50
   graphopt inspect model.om
   graphopt run model.om --inputs x.npz --repeat 100
   graphopt passes
@@ -76,6 +78,9 @@ def _add_optimize(sub) -> None:
     p.add_argument("--target", metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition")
+    p.add_argument("--tuning-db", metavar="FILE.db|URL",
+                   help="write the tuned tilings of this knowledge base (`graphopt tune`) into "
+                        "the .om's kernel configs")
     p.add_argument("--memory-reorder", action="store_true",
                    help="reorder each partition's nodes to lower its peak work memory")
     p.add_argument("--memory-plot", metavar="FILE",
@@ -105,6 +110,9 @@ def _cmd_optimize(args) -> int:
     if (args.memory_plot or args.memory_reorder) and not (args.target or args.output.endswith(".om")):
         raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
                           "write an .om or give --target")
+    if args.tuning_db and not (args.target and args.output.endswith(".om")):
+        raise OptionError("--tuning-db puts tuned tilings into an NPU .om: give --target and "
+                          "-o FILE.om")
     if args.rtol < 0 or args.atol < 0:
         raise OptionError(f"--rtol/--atol must be ≥ 0, got {args.rtol}/{args.atol}")
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
@@ -115,7 +123,7 @@ def _cmd_optimize(args) -> int:
                       allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
                       target=args.target or ("cpu" if args.output.endswith(".om") else None),
                       memory_reorder=args.memory_reorder)
-    save(result, args.output)
+    save(result, args.output, tuning_db=args.tuning_db)
     if args.memory_plot:
         for path in draw_memory_plans(result, args.memory_plot):
             if not args.quiet:
@@ -217,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_partition_parser(sub)
     add_targets_parser(sub)
     add_calibrate_parser(sub)
+    add_tune_parser(sub)
+    add_kb_parser(sub)
     add_run_parser(sub)
     add_inspect_parser(sub)
     _add_passes(sub)

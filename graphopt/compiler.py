@@ -253,8 +253,11 @@ def _reproducible_log(result: OptimizeResult | None) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in result.log.to_json()["passes"]]
 
 
-def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike) -> None:
-    """Write `.onnx` (optimized ONNX) or `.om` (graphopt's artifact) atomically."""
+def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
+         tuning_db: str | None = None) -> None:
+    """Write `.onnx` (optimized ONNX) or `.om` (graphopt's artifact) atomically. `tuning_db`
+    (a knowledge base file or Optuna storage URL that `graphopt tune` filled) gives an NPU
+    `.om`'s cube kernels their tuned tilings."""
     from graphopt.atomic import atomic_write_bytes
     from graphopt.codegen import OmPartition, write_om
 
@@ -276,10 +279,15 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike) ->
             fused = result.log.pipeline.startswith(("O2", "O3"))
             parts = om_partitions(partitioning, result.partition_models,
                                   cpu_level="extended" if fused else None)
-            from graphopt.tuner.records import kernel_records
+            from graphopt.tuner.records import SOURCE_TUNED, kernel_records
 
             target = partitioning.target.name
-            kernels = kernel_records(result.model, partitioning)
+            tilings = None
+            if tuning_db:
+                from graphopt.tuner.kb import tuned_tilings
+
+                tilings = tuned_tilings(tuning_db, result.model, partitioning)
+            kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
             extra = {"partitioning": partitioning_json(partitioning),
                      **({"kernels": kernels} if kernels else {}),
                      "memory_plan": {name: {"unplanned": plan} if isinstance(plan, str)

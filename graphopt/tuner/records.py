@@ -13,13 +13,16 @@ if TYPE_CHECKING:
     from graphopt.partition.partitioner import Partitioning
     from graphopt.tuner.tiling import Tiling
 
-SOURCE_DEFAULT = "default"  # the documented default heuristic; tuning records will say "tuned"
+SOURCE_DEFAULT = "default"  # the documented default heuristic
+SOURCE_TUNED = "tuned"      # from the tuning knowledge base (kb.tuned_tilings)
 
 
 def kernel_records(model: Model, partitioning: Partitioning,
-                   tilings: dict[str, Tiling] | None = None) -> dict:
+                   tilings: dict[str, Tiling] | None = None, source: str = "given") -> dict:
     """{"estimate_us", "partitions": {name: [{node, op, kind, estimate_us, bound, tiling?,
-    tiling_source?}]}} for the NPU partitions of `model`; empty when there are none."""
+    tiling_source?}]}} for the NPU partitions of `model`; empty when there are none.
+    A node's tiling from `tilings` is labelled `source` (SOURCE_TUNED for the knowledge
+    base's), any other SOURCE_DEFAULT."""
     npu = {p.name for p in partitioning.partitions
            if partitioning.target.device(p.device).kind == "npu"}
     if not npu:
@@ -34,6 +37,6 @@ def kernel_records(model: Model, partitioning: Partitioning,
                   "bound": row.estimate.breakdown.get("bound", "")}
         if row.tiling is not None:
             record["tiling"] = dataclasses.asdict(row.tiling)
-            record["tiling_source"] = "given" if tilings and row.name in tilings else SOURCE_DEFAULT
+            record["tiling_source"] = source if tilings and row.name in tilings else SOURCE_DEFAULT
         partitions[row.partition].append(record)
     return {"estimate_us": round(estimate.seconds * 1e6, 3), "partitions": partitions}

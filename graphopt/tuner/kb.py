@@ -1,0 +1,152 @@
+"""The tuning knowledge base: the Optuna storage itself, one study per kernel signature.
+
+best_tilings reads it, export_kb/import_kb move it as JSON, list_kb summarizes it, and
+tuned_tilings maps a compiled model's cube nodes to the tilings it holds for their signatures.
+An imported entry becomes a completed trial of its signature's study, so later tuning of that
+signature continues from it.
+
+    {"format": "graphopt-kb/1",
+     "kernels": {"ascend310/gemm/b1_m256_k256_n256/float16":
+                   {"tiling": {"base_m": 256, …}, "seconds": 2.37e-05, "cycles": 6704.8,
+                    "default_seconds": 2.90e-05, "trials": 50}}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from graphopt.errors import OptionError
+from graphopt.tuner.search import (
+    PARAMS,
+    open_storage,
+    open_study,
+    search_choices,
+    tiling_params,
+    trial_tiling,
+)
+from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
+from graphopt.tuner.tiling import Tiling
+
+if TYPE_CHECKING:
+    from graphopt.ir import Model
+    from graphopt.partition.partitioner import Partitioning
+
+FORMAT = "graphopt-kb/1"
+_COMPLETE = (optuna.trial.TrialState.COMPLETE,)
+
+
+def _signature_studies(storage, target: str | None = None) -> list[str]:
+    return sorted(name for name in optuna.get_all_study_names(storage)
+                  if is_signature(name, target))
+
+
+def _completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=_COMPLETE) if t.value is not None]
+
+
+def _best(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    done = _completed(study)
+    return min(done, key=lambda t: (t.value, t.number)) if done else None
+
+
+def _default(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    return next((t for t in _completed(study) if t.user_attrs.get("default")), None)
+
+
+def best_tilings(storage: Any, target: str) -> dict[str, tuple[Tiling, float]]:
+    """signature -> (best tiling, its estimated seconds) for every study of `target`'s
+    kernels that has a completed trial."""
+    storage = open_storage(storage)
+    out = {}
+    for name in _signature_studies(storage, target):
+        best = _best(optuna.load_study(study_name=name, storage=storage))
+        if best is not None:
+            out[name] = (trial_tiling(best.params), float(best.value))
+    return out
+
+
+def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning) -> dict[str, Tiling]:
+    """node name -> tuned tiling for the NPU cube nodes of a compiled model whose signature
+    the knowledge base holds; nodes it has not seen keep the default (absent here)."""
+    best = best_tilings(storage, partitioning.target.name)
+    return {node: best[group.signature][0] for group in model_kernels(model, partitioning)
+            if group.signature in best for node in group.nodes}
+
+
+def list_kb(storage: Any) -> list[dict]:
+    """One row per signature: signature, trials, default_seconds (None when the default was
+    never evaluated there), best_seconds, speedup (default / best, None without a default)."""
+    storage = open_storage(storage)
+    rows = []
+    for name in _signature_studies(storage):
+        study = optuna.load_study(study_name=name, storage=storage)
+        best, default = _best(study), _default(study)
+        rows.append({
+            "signature": name, "trials": len(study.get_trials(deepcopy=False)),
+            "default_seconds": default.value if default else None,
+            "best_seconds": best.value if best else None,
+            "tiling": str(trial_tiling(best.params)) if best else None,
+            "speedup": default.value / best.value if best and default else None})
+    return rows
+
+
+def export_kb(storage: Any, path: str | os.PathLike) -> int:
+    """Write every signature's best trial as JSON; returns how many kernels it wrote."""
+    storage = open_storage(storage)
+    kernels = {}
+    for name in _signature_studies(storage):
+        study = optuna.load_study(study_name=name, storage=storage)
+        best, default = _best(study), _default(study)
+        if best is None:
+            continue
+        kernels[name] = {"tiling": tiling_params(trial_tiling(best.params)),
+                         "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
+                         "default_seconds": default.value if default else None,
+                         "trials": len(study.get_trials(deepcopy=False))}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"format": FORMAT, "kernels": kernels}, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return len(kernels)
+
+
+def import_kb(path: str | os.PathLike, storage: Any) -> int:
+    """Add each kernel of a JSON export as a completed trial of its signature's study (created
+    with the default tiling queued as trial 0 when new); a tiling the study already completed
+    is skipped. Returns how many trials it added."""
+    from graphopt.partition import load_target
+
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise OptionError(f"{path}: not a graphopt knowledge-base export (format {FORMAT})")
+    storage = open_storage(storage)
+    added = 0
+    for name, entry in sorted(doc.get("kernels", {}).items()):
+        try:
+            target_name, _, shape = parse_signature(name)
+            device = next(d for d in load_target(target_name).devices if d.kind == "npu")
+        except Exception as e:  # noqa: BLE001 - any failure names the entry
+            raise OptionError(f"{path}: kernel '{name}': {e}") from None
+        tiling = Tiling(**{key: entry["tiling"][key] for key in PARAMS})
+        choices = search_choices(shape, device)
+        for key in PARAMS:  # a tiling outside today's choices could never be resampled
+            if getattr(tiling, key) not in choices[key]:
+                raise OptionError(f"{path}: kernel '{name}': {key}={getattr(tiling, key)} is "
+                                  f"not among its choices {choices[key]}")
+        study = open_study(storage, name, shape, device)
+        params = tiling_params(tiling)
+        if any(t.params == params for t in _completed(study)):
+            continue
+        trial = optuna.trial.create_trial(
+            params=params, value=float(entry["seconds"]),
+            distributions={key: optuna.distributions.CategoricalDistribution(choices[key])
+                           for key in PARAMS},
+            user_attrs={"imported": os.path.basename(os.fspath(path)),
+                        **({"cycles": entry["cycles"]} if entry.get("cycles") else {})})
+        study.add_trial(trial)
+        added += 1
+    return added

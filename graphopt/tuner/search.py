@@ -1,0 +1,332 @@
+"""Operator tuning: an Optuna study per kernel signature searching its tiling space.
+
+Each trial suggests a Tiling by categorical choices over the candidate values tiling.py's
+tiling_space draws from (base sizes from base_candidates, L1_DEPTHS, double buffering, 1..AI
+cores); a combination the space leaves out (a buffer overflows, more L1 depth than K-steps,
+more cores than output tiles) is pruned with the reason as the trial's "infeasible" user attr,
+so every completed trial is a point of tiling_space, or the default. The objective is the cost
+model's estimated seconds (npu_model.estimate: an estimate, never a measurement).
+
+Trial 0 of a new study is always the documented default tiling (enqueued, user attr
+"default"), so a study's default and best costs sit side by side. Studies live in an Optuna
+storage, by default an SQLite file: a rerun with the same storage and study name resumes
+(load_if_exists), and completed trials of a killed worker persist. The same storage is the
+knowledge base (kb.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from graphopt.errors import OptionError
+from graphopt.tuner.npu_model import estimate
+from graphopt.tuner.signature import signature
+from graphopt.tuner.tiling import (
+    L1_DEPTHS,
+    GemmShape,
+    Tiling,
+    base_candidates,
+    cube_shape,
+    default_tiling,
+    feasible,
+    space_size,
+)
+
+if TYPE_CHECKING:
+    from graphopt.partition.target import Device
+
+PARAMS = ("base_m", "base_n", "base_k", "l1_depth", "double_buffer", "cores")
+SQLITE_TIMEOUT_S = 60.0  # how long a worker waits for another's SQLite write lock
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+Progress = Callable[[int, int, float], None]  # (trials done, trials asked for, best seconds)
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    default: tuple[Tiling, float]        # the default tiling and its estimated seconds
+    best: tuple[Tiling, float]           # the best completed trial's tiling and seconds
+    trials: int                          # trials in the study (all runs, pruned included)
+    space_size: int                      # points in tiling_space
+    history: list[float] = field(default_factory=list)  # best seconds so far, per trial number
+
+    @property
+    def speedup(self) -> float:
+        return self.default[1] / self.best[1]
+
+
+# --- storage ----------------------------------------------------------------------------------
+
+
+def default_db_path() -> str:
+    """$XDG_CACHE_HOME/graphopt/tuning.db (~/.cache when unset): the default knowledge base."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "graphopt", "tuning.db")
+
+
+def storage_url(db_or_url: str | os.PathLike | None) -> str:
+    """An Optuna storage URL: URLs pass through, a file path becomes sqlite:///<absolute path>,
+    None the default database (default_db_path)."""
+    if db_or_url is None:
+        db_or_url = default_db_path()
+    text = os.fspath(db_or_url)
+    if "://" in text:
+        return text
+    path = os.path.abspath(text)
+    if not os.path.isdir(os.path.dirname(path)):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def open_storage(storage: Any = None) -> optuna.storages.BaseStorage:
+    """An Optuna storage from a URL, an SQLite file path, None (the default file) or a storage
+    object (returned as is). SQLite gets a lock timeout and WAL journaling so a few local
+    workers can share one file; many workers want a server (postgresql://, mysql://)."""
+    if isinstance(storage, optuna.storages.BaseStorage):
+        return storage
+    url = storage_url(storage)
+    if url.startswith("sqlite:"):
+        storage = optuna.storages.RDBStorage(
+            url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}})
+        _enable_wal(storage)
+        return storage
+    return optuna.storages.RDBStorage(url)
+
+
+def _enable_wal(storage: optuna.storages.RDBStorage) -> None:
+    from sqlalchemy import event
+
+    def on_connect(connection, _record) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections opened before the listener reopen with WAL
+
+
+# --- the space --------------------------------------------------------------------------------
+
+
+def search_choices(shape: GemmShape, device: Device) -> dict[str, list]:
+    """The categorical choices of each Tiling field: the values tiling_space draws from, plus
+    the default tiling's (its l1_depth 2 can exceed a one-K-step kernel's range)."""
+    cm, ck, cn = cube_shape(shape, device)
+    default = default_tiling(shape, device)
+    max_k_steps = -(-shape.k // ck)
+    max_tiles = shape.batch * -(-shape.m // cm) * -(-shape.n // cn)
+    depths = [d for d in L1_DEPTHS if d == 1 or d // 2 < max_k_steps]
+    cores = list(range(1, min(device.ai_cores or 1, max_tiles) + 1))
+    choices = {"base_m": base_candidates(shape.m, cm), "base_n": base_candidates(shape.n, cn),
+               "base_k": base_candidates(shape.k, ck), "l1_depth": depths,
+               "double_buffer": [True, False], "cores": cores}
+    for name in PARAMS:
+        value = getattr(default, name)
+        if value not in choices[name]:
+            choices[name] = sorted(choices[name] + [value])
+    return choices
+
+
+def outside_space(tiling: Tiling, shape: GemmShape, device: Device) -> str | None:
+    """None when `tiling` is a point of tiling_space (or the default tiling), else why not."""
+    if tiling == default_tiling(shape, device):
+        return None
+    reason = feasible(tiling, shape, device)
+    if reason is not None:
+        return reason
+    k_steps = -(-shape.k // tiling.base_k)
+    if tiling.l1_depth > 1 and tiling.l1_depth // 2 >= k_steps:
+        return f"l1_depth {tiling.l1_depth} loads past the {k_steps} K-step(s) there are"
+    tiles = shape.batch * -(-shape.m // tiling.base_m) * -(-shape.n // tiling.base_n)
+    if tiling.cores > tiles:
+        return f"cores {tiling.cores} exceed the {tiles} output tile(s) there are"
+    return None
+
+
+def tiling_params(tiling: Tiling) -> dict[str, Any]:
+    return {name: getattr(tiling, name) for name in PARAMS}
+
+
+def trial_tiling(params: dict[str, Any]) -> Tiling:
+    return Tiling(**{name: params[name] for name in PARAMS})
+
+
+def _objective(shape: GemmShape, device: Device, choices: dict[str, list]):
+    def objective(trial: optuna.Trial) -> float:
+        tiling = Tiling(**{name: trial.suggest_categorical(name, choices[name])
+                           for name in PARAMS})
+        reason = outside_space(tiling, shape, device)
+        if reason is not None:
+            trial.set_user_attr("infeasible", reason)
+            raise optuna.TrialPruned(reason)
+        result = estimate(shape, tiling, device)
+        trial.set_user_attr("cycles", result.cycles)
+        return result.seconds
+    return objective
+
+
+# --- the search -------------------------------------------------------------------------------
+
+
+def _make_sampler(kind: str, seed: int) -> optuna.samplers.BaseSampler:
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise OptionError(f"sampler '{kind}': use 'tpe' or 'random'")
+
+
+def _resolve_device(device: Device | str, target: str | None) -> tuple[Device, str | None]:
+    """(device, target reference) from a Device or a target name/profile path."""
+    if isinstance(device, (str, os.PathLike)):
+        from graphopt.partition import load_target
+        ref = os.fspath(device)
+        loaded = load_target(ref)
+        npus = [d for d in loaded.devices if d.kind == "npu"]
+        if not npus:
+            raise OptionError(f"target '{ref}' has no NPU device to tune for")
+        return npus[0], target or ref
+    return device, target
+
+
+def _target_name(target: str | None, device: Device) -> str:
+    if target is None:
+        return device.name
+    if os.path.exists(target):
+        from graphopt.partition import load_target
+        return load_target(target).name
+    return target
+
+
+def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
+               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+    """Create or load the study; a new (empty) study gets the default tiling as trial 0."""
+    study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
+                                sampler=sampler, load_if_exists=True)
+    if not study.get_trials(deepcopy=False):
+        study.set_user_attr("shape", [shape.batch, shape.m, shape.k, shape.n, shape.dtype])
+        study.enqueue_trial(tiling_params(default_tiling(shape, device)),
+                            user_attrs={"default": True})
+    return study
+
+
+def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
+                timeout: float | None = None, seed: int = 0, storage: Any = None,
+                study_name: str | None = None, sampler: str = "tpe",
+                progress: Progress | None = None, target: str | None = None,
+                op_class: str = "gemm", workers: int = 1) -> TuneResult:
+    """Run `trials` more trials of the study of `shape` on `device` and return its result.
+
+    `device`: a Device, or a target name/profile path (its NPU device). `target`: the target's
+    name or profile path, for the default study name (the kernel signature) and for workers,
+    which reload the device (Devices do not pickle). `storage`: an Optuna storage URL, an
+    SQLite file path, a storage object, or None for default_db_path(). Reruns resume: the
+    sampler is seeded with seed + the trials already there, so it does not replay them.
+    `workers` > 1 runs that many processes on the same storage (not an in-memory one),
+    splitting `trials` between them."""
+    if trials < 0:
+        raise OptionError(f"trials must be ≥ 0, got {trials}")
+    if workers < 1:
+        raise OptionError(f"workers must be ≥ 1, got {workers}")
+    device, target = _resolve_device(device, target)
+    study_name = study_name or signature(_target_name(target, device), op_class, shape)
+    store = open_storage(storage)
+    if workers > 1 and isinstance(store, optuna.storages.InMemoryStorage):
+        raise OptionError("workers > 1 need a shared storage: an SQLite file or a server URL")
+    choices = search_choices(shape, device)
+    study = open_study(store, study_name, shape, device)
+    done_before = len(study.get_trials(deepcopy=False))
+    best_so_far = [_best_value(study)]
+
+    if workers == 1:
+        study.sampler = _make_sampler(sampler, seed + done_before)
+
+        def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+                best_so_far[0] = min(best_so_far[0], trial.value)
+            if progress is not None:
+                progress(trial.number + 1 - done_before, trials, best_so_far[0])
+
+        study.optimize(_objective(shape, device, choices), n_trials=trials, timeout=timeout,
+                       callbacks=[callback], gc_after_trial=False)
+    else:
+        if target is None:
+            raise OptionError("workers > 1 need `target` (a target name or profile path): "
+                              "each worker process reloads the device")
+        url = store.url if isinstance(store, optuna.storages.RDBStorage) else storage_url(storage)
+        shares = [trials // workers + (i < trials % workers) for i in range(workers)]
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_worker, args=(url, study_name, shape, target, device.name,
+                                                   share, timeout, sampler,
+                                                   seed + 1000 * (i + 1) + done_before))
+                 for i, share in enumerate(shares) if share]
+        for proc in procs:
+            proc.start()
+        while any(proc.is_alive() for proc in procs):
+            time.sleep(0.25)
+            if progress is not None:
+                now = study.get_trials(deepcopy=False)
+                progress(min(len(now) - done_before, trials), trials, _best_value(study))
+        for proc in procs:
+            proc.join()
+        failed = [proc.exitcode for proc in procs if proc.exitcode]
+        if failed:
+            raise RuntimeError(f"{len(failed)} tuning worker(s) exited with status {failed}; "
+                               "completed trials are kept in the storage")
+    return study_result(study, shape, device)
+
+
+def _worker(url: str, study_name: str, shape: GemmShape, target: str, device_name: str,
+            trials: int, timeout: float | None, sampler: str, seed: int) -> None:
+    from graphopt.partition import load_target
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    device = load_target(target).device(device_name)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(url),
+                              sampler=_make_sampler(sampler, seed))
+    study.optimize(_objective(shape, device, search_choices(shape, device)), n_trials=trials,
+                   timeout=timeout, gc_after_trial=False)
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+def _best_value(study: optuna.Study) -> float:
+    values = [t.value for t in study.get_trials(deepcopy=False,
+                                                states=(optuna.trial.TrialState.COMPLETE,))
+              if t.value is not None]
+    return min(values, default=float("inf"))
+
+
+def history(study: optuna.Study) -> list[float]:
+    """Best seconds so far after each trial, by trial number (inf before the first result)."""
+    best, out = float("inf"), []
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+            best = min(best, trial.value)
+        out.append(best)
+    return out
+
+
+def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneResult:
+    default = default_tiling(shape, device)
+    completed = [t for t in study.get_trials(deepcopy=False,
+                                             states=(optuna.trial.TrialState.COMPLETE,))
+                 if t.value is not None]
+    if completed:
+        top = min(completed, key=lambda t: (t.value, t.number))
+        best = (trial_tiling(top.params), float(top.value))
+    else:
+        best = (default, estimate(shape, default, device).seconds)
+    return TuneResult(study.study_name, (default, estimate(shape, default, device).seconds),
+                      best, len(study.get_trials(deepcopy=False)), space_size(shape, device),
+                      history(study))

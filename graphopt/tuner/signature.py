@@ -1,0 +1,87 @@
+"""Kernel signatures: the key one tuning of a cube kernel is stored and shared under.
+
+    ascend310/gemm/b1_m256_k256_n256/float16
+    <target>/<op class>/b<batch>_m<M>_k<K>_n<N>/<cube dtype>
+
+The op class is "gemm" for MatMul/Gemm (and fused forms), "conv" for Conv (an implicit GEMM,
+tiling.py). The dtype is the one the cube computes in (float32 runs in float16, uint8 as
+int8): kernels the cost model cannot tell apart share one signature, hence one tuning.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from graphopt.tuner.tiling import CONV_OPS, GemmShape, cube_dtype, gemm_shape
+
+if TYPE_CHECKING:
+    from graphopt.ir import Model, Node
+    from graphopt.partition.partitioner import Partitioning
+
+_PATTERN = re.compile(r"^(?P<target>[^/]+)/(?P<op>gemm|conv)/"
+                      r"b(?P<b>\d+)_m(?P<m>\d+)_k(?P<k>\d+)_n(?P<n>\d+)/(?P<dtype>[A-Za-z0-9_]+)$")
+
+
+def signature(target: str, op_class: str, shape: GemmShape) -> str:
+    if op_class not in ("gemm", "conv"):
+        raise ValueError(f"op class '{op_class}' is not 'gemm' or 'conv'")
+    return (f"{target}/{op_class}/b{shape.batch}_m{shape.m}_k{shape.k}_n{shape.n}/"
+            f"{cube_dtype(shape.dtype)}")
+
+
+def parse_signature(text: str) -> tuple[str, str, GemmShape]:
+    """(target, op class, shape) of a signature; ValueError naming it when it is not one."""
+    match = _PATTERN.match(text)
+    if match is None:
+        raise ValueError(f"'{text}' is not a kernel signature "
+                         "(<target>/<gemm|conv>/b<B>_m<M>_k<K>_n<N>/<dtype>)")
+    g = match.groupdict()
+    shape = GemmShape(int(g["b"]), int(g["m"]), int(g["k"]), int(g["n"]), g["dtype"])
+    return g["target"], g["op"], shape
+
+
+def is_signature(text: str, target: str | None = None) -> bool:
+    match = _PATTERN.match(text)
+    return match is not None and (target is None or match["target"] == target)
+
+
+def node_signature(node: Node, target: str) -> str | None:
+    """The signature of a cube node, None when it is not one or its shapes are not static."""
+    try:
+        shape = gemm_shape(node)
+    except ValueError:
+        return None
+    return signature(target, "conv" if node.op_type in CONV_OPS else "gemm", shape)
+
+
+@dataclass
+class KernelGroup:
+    """The NPU cube nodes that share one signature, hence one tuning."""
+
+    signature: str
+    shape: GemmShape
+    device: str                      # the target's device name the nodes run on
+    nodes: list[str] = field(default_factory=list)
+
+
+def model_kernels(model: Model, partitioning: Partitioning) -> list[KernelGroup]:
+    """The distinct cube-kernel signatures of the NPU partitions of a compiled model, in graph
+    order of their first node."""
+    target = partitioning.target
+    # A graphopt:: fused group is one kernel of its own (model.node_estimate), not tunable here.
+    functions = {(f.domain, f.name) for f in model.functions}
+    groups: dict[str, KernelGroup] = {}
+    for part in partitioning.partitions:
+        if target.device(part.device).kind != "npu":
+            continue
+        for node in part.nodes:
+            if (node.domain, node.op_type) in functions:
+                continue
+            sig = node_signature(node, target.name)
+            if sig is None:
+                continue
+            group = groups.setdefault(sig, KernelGroup(sig, parse_signature(sig)[2], part.device))
+            group.nodes.append(node.name)
+    return list(groups.values())
