@@ -66,7 +66,7 @@ def main() -> int:
             wall = time.perf_counter() - t0
             study = optuna.load_study(study_name=result.study_name, storage=storage)
             done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            distinct = {tuple(sorted(t.params.items())) for t in done}
+            distinct = {tuple(sorted(t.user_attrs["tiling"].items())) for t in done}
             runs.append({"seed": seed, "best_us": result.best[1] * 1e6,
                          "ratio": base.seconds / result.best[1],
                          "gap": result.best[1] / opt.seconds - 1.0,

@@ -61,8 +61,9 @@ def test_default_is_trial_zero_and_tpe_beats_it(a310):
     assert result.default == (default, estimate(SHAPE, default, a310).seconds)
     assert result.history[0] == result.default[1]           # trial 0 is the default
     assert result.best[1] <= result.default[1]
-    # Seed 0 finds 1.07x in seconds; the exhaustive optimum is 1.224x (bench/tuning.py).
-    assert result.speedup >= 1.05
+    # Seed 0 reaches the exhaustive optimum, 1.224x in seconds (bench/tuning.py): 256x128x16,
+    # L1 depth 4, one core. Other seeds land within 1% in most runs.
+    assert result.speedup >= 1.2
     assert outside_space(result.best[0], SHAPE, a310) is None
     assert result.best[0] in set(tiling_space(SHAPE, a310))
     assert result.space_size == 25784
@@ -74,7 +75,7 @@ def test_trial_zero_is_the_default_in_the_storage(a310, tmp_path):
     study = optuna.load_study(study_name=SIG, storage=url)
     first = min(study.trials, key=lambda t: t.number)
     assert first.number == 0 and first.user_attrs.get("default")
-    assert trial_tiling(first.params) == default_tiling(SHAPE, a310)
+    assert trial_tiling(first) == default_tiling(SHAPE, a310)
 
 
 def test_same_seed_same_search(a310):

@@ -24,7 +24,9 @@ from graphopt.tuner.search import (
     PARAMS,
     open_storage,
     open_study,
+    outside_space,
     search_choices,
+    step_distributions,
     tiling_params,
     trial_tiling,
 )
@@ -65,7 +67,7 @@ def best_tilings(storage: Any, target: str) -> dict[str, tuple[Tiling, float]]:
     for name in _signature_studies(storage, target):
         best = _best(optuna.load_study(study_name=name, storage=storage))
         if best is not None:
-            out[name] = (trial_tiling(best.params), float(best.value))
+            out[name] = (trial_tiling(best), float(best.value))
     return out
 
 
@@ -89,7 +91,7 @@ def list_kb(storage: Any) -> list[dict]:
             "signature": name, "trials": len(study.get_trials(deepcopy=False)),
             "default_seconds": default.value if default else None,
             "best_seconds": best.value if best else None,
-            "tiling": str(trial_tiling(best.params)) if best else None,
+            "tiling": str(trial_tiling(best)) if best else None,
             "speedup": default.value / best.value if best and default else None})
     return rows
 
@@ -103,7 +105,7 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
         best, default = _best(study), _default(study)
         if best is None:
             continue
-        kernels[name] = {"tiling": tiling_params(trial_tiling(best.params)),
+        kernels[name] = {"tiling": tiling_params(trial_tiling(best)),
                          "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
                          "default_seconds": default.value if default else None,
                          "trials": len(study.get_trials(deepcopy=False))}
@@ -133,19 +135,20 @@ def import_kb(path: str | os.PathLike, storage: Any) -> int:
             raise OptionError(f"{path}: kernel '{name}': {e}") from None
         tiling = Tiling(**{key: entry["tiling"][key] for key in PARAMS})
         choices = search_choices(shape, device)
-        for key in PARAMS:  # a tiling outside today's choices could never be resampled
-            if getattr(tiling, key) not in choices[key]:
-                raise OptionError(f"{path}: kernel '{name}': {key}={getattr(tiling, key)} is "
-                                  f"not among its choices {choices[key]}")
+        reason = outside_space(tiling, shape, device)
+        if reason is not None:
+            raise OptionError(f"{path}: kernel '{name}': {tiling} is not feasible here ({reason})")
         study = open_study(storage, name, shape, device)
-        params = tiling_params(tiling)
-        if any(t.params == params for t in _completed(study)):
+        if any(trial_tiling(t) == tiling for t in _completed(study)):
             continue
+        # The trial records the tiling itself; its ladder steps are the nearest ones below,
+        # so the sampler learns from it even when a value lies between two rungs.
+        steps = {f"{key}_step": max(i for i, v in enumerate(choices[key])
+                                    if v <= getattr(tiling, key) or i == 0) for key in PARAMS}
         trial = optuna.trial.create_trial(
-            params=params, value=float(entry["seconds"]),
-            distributions={key: optuna.distributions.CategoricalDistribution(choices[key])
-                           for key in PARAMS},
+            params=steps, value=float(entry["seconds"]), distributions=step_distributions(choices),
             user_attrs={"imported": os.path.basename(os.fspath(path)),
+                        "tiling": tiling_params(tiling),
                         **({"cycles": entry["cycles"]} if entry.get("cycles") else {})})
         study.add_trial(trial)
         added += 1
