@@ -189,3 +189,29 @@ def test_optimize_with_the_knowledge_base_writes_tuned_tilings(tmp_path, capsys)
     assert main(["optimize", path, "-o", str(tmp_path / "m.onnx.opt.onnx"),
                  "--tuning-db", db]) == 1
     assert "--tuning-db puts tuned tilings into an NPU .om" in capsys.readouterr().err
+
+
+def test_tuning_one_model_serves_another_with_the_same_layer_shape(tmp_path):
+    from graphopt.cli import main
+    from graphopt.codegen import load_om
+
+    tuned = conv_model(str(tmp_path / "a.onnx"))
+    db = str(tmp_path / "kb.db")
+    assert main(["tune", tuned, "--target", "ascend310", "--trials", "8", "--tuning-db", db,
+                 "-q"]) == 0
+    # Model B shares the 16→16 3×3 conv at 32×32 and adds a 1×1 conv that nobody tuned.
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 32, 32])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 32, 32, 32])
+    weights = [onnx.numpy_helper.from_array(np.full((16, 16, 3, 3), 0.01, "float32"), "w1"),
+               onnx.numpy_helper.from_array(np.full((32, 16, 1, 1), 0.02, "float32"), "w2")]
+    nodes = [oh.make_node("Conv", ["x", "w1"], ["h"], name="same", pads=[1, 1, 1, 1]),
+             oh.make_node("Conv", ["h", "w2"], ["y"], name="new")]
+    other = str(tmp_path / "b.onnx")
+    onnx.save(oh.make_model(oh.make_graph(nodes, "b", [x], [y], weights),
+                            opset_imports=[oh.make_opsetid("", 17)]), other)
+    out = str(tmp_path / "b.om")
+    assert main(["optimize", other, "-o", out, "--target", "ascend310", "--tuning-db", db,
+                 "-q"]) == 0
+    records = load_om(out).manifest["extra"]["kernels"]["partitions"]["p0_npu"]
+    sources = {r["node"]: r["tiling_source"] for r in records if r["kind"] == "cube"}
+    assert sources == {"same": "tuned", "new": "default"}
