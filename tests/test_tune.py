@@ -4,6 +4,8 @@ workers share one SQLite storage, and the knowledge base round-trips through JSO
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -215,3 +217,27 @@ def test_tuning_one_model_serves_another_with_the_same_layer_shape(tmp_path):
     records = load_om(out).manifest["extra"]["kernels"]["partitions"]["p0_npu"]
     sources = {r["node"]: r["tiling_source"] for r in records if r["kind"] == "cube"}
     assert sources == {"same": "tuned", "new": "default"}
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+def test_a_killed_worker_loses_nothing(a310, tmp_path, monkeypatch):
+    import graphopt.tuner.search as search
+
+    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(search, "GRACE_S", 1)
+    db = str(tmp_path / "killed.db")
+    first = tune_kernel(SHAPE, a310, target="ascend310", trials=6, seed=0, storage=db)
+    # A worker dies mid-trial: its trial was asked for, never told, and its heartbeat stops.
+    study = optuna.load_study(study_name=first.study_name, storage=search.open_storage(db))
+    orphan = study.ask()
+    study._storage.record_heartbeat(orphan._trial_id)
+    time.sleep(2.5)
+    again = tune_kernel(SHAPE, a310, target="ascend310", trials=4, seed=1, storage=db)
+    trials = optuna.load_study(study_name=first.study_name,
+                               storage=search.open_storage(db)).get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    assert states[orphan.number] == optuna.trial.TrialState.FAIL  # marked, not left RUNNING
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 6 + 4 - sum(s == optuna.trial.TrialState.PRUNED for s in states)
+    assert again.best[1] <= first.best[1]
+    assert sorted(t.number for t in trials) == list(range(len(trials)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 
 PARAMS = ("base_m", "base_n", "base_k", "l1_depth", "double_buffer", "cores")
 SQLITE_TIMEOUT_S = 60.0  # how long a worker waits for another's SQLite write lock
+HEARTBEAT_S = 10         # how often a running trial says it is alive
+GRACE_S = 30             # silence after which a running trial's worker counts as dead
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -98,12 +101,18 @@ def open_storage(storage: Any = None) -> optuna.storages.BaseStorage:
     if isinstance(storage, optuna.storages.BaseStorage):
         return storage
     url = storage_url(storage)
-    if url.startswith("sqlite:"):
-        storage = optuna.storages.RDBStorage(
-            url, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}})
+    # Workers beat a heartbeat: a trial whose worker was killed stops beating, and the next
+    # worker to start marks it failed instead of leaving it RUNNING for ever. Completed trials
+    # are never touched, so a restarted job loses nothing.
+    liveness = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
+    sqlite = url.startswith("sqlite:")
+    engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite else None
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.9, and what we need
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine, **liveness)
+    if sqlite:
         _enable_wal(storage)
-        return storage
-    return optuna.storages.RDBStorage(url)
+    return storage
 
 
 def _enable_wal(storage: optuna.storages.RDBStorage) -> None:
