@@ -4,6 +4,7 @@ workers share one SQLite storage, and the knowledge base round-trips through JSO
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -241,3 +242,26 @@ def test_a_killed_worker_loses_nothing(a310, tmp_path, monkeypatch):
     assert len(done) >= 6 + 4 - sum(s == optuna.trial.TrialState.PRUNED for s in states)
     assert again.best[1] <= first.best[1]
     assert sorted(t.number for t in trials) == list(range(len(trials)))
+
+
+POSTGRES = os.environ.get("GRAPHOPT_TEST_POSTGRES_URL")
+
+
+@pytest.mark.skipif(not POSTGRES, reason="no PostgreSQL server: GRAPHOPT_TEST_POSTGRES_URL is "
+                                         "unset (.ci/run starts one with .ci/postgres.sh)")
+def test_two_workers_share_a_postgresql_study(a310):
+    # Two worker processes on one server-backed study, as on two machines: every trial is
+    # counted once, none lost, numbers unique; a rerun resumes the same study.
+    import uuid
+
+    study = f"pg-{uuid.uuid4().hex[:8]}"
+    first = tune_kernel(SHAPE, a310, target="ascend310", trials=12, seed=0, storage=POSTGRES,
+                        study_name=study, workers=2)
+    again = tune_kernel(SHAPE, a310, target="ascend310", trials=4, seed=5, storage=POSTGRES,
+                        study_name=study)
+    trials = optuna.load_study(study_name=study, storage=POSTGRES).get_trials(deepcopy=False)
+    assert first.trials == 12 and again.trials == 16 == len(trials)
+    assert sorted(t.number for t in trials) == list(range(16))
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    assert all(t.state in finished for t in trials)
+    optuna.delete_study(study_name=study, storage=POSTGRES)
