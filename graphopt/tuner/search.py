@@ -317,7 +317,17 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
             raise OptionError("workers > 1 need `target` (a target name or profile path): "
                               "each worker process reloads the device")
         url = store.url if isinstance(store, optuna.storages.RDBStorage) else storage_url(storage)
-        shares = [trials // workers + (i < trials % workers) for i in range(workers)]
+        # The enqueued default runs here first: two workers popping the one waiting trial at
+        # the same moment can both run it on SQLite, which would lose a trial of the count.
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if waiting and trials:
+            first = min(len(waiting), trials)
+            study.optimize(_objective(shape, device, choices), n_trials=first,
+                           gc_after_trial=False)
+            trials_left = trials - first
+        else:
+            trials_left = trials
+        shares = [trials_left // workers + (i < trials_left % workers) for i in range(workers)]
         ctx = multiprocessing.get_context("spawn")
         procs = [ctx.Process(target=_worker, args=(url, study_name, shape, target, device.name,
                                                    share, timeout, sampler,
