@@ -243,8 +243,9 @@ class OmSession:
         `output_names` may also name tensors passed between partitions, which helps debugging.
         Bad feeds raise GraphoptError naming the input.
         """
-        if self._weights_check is not None:
-            self._weights_check.wait()  # raises, on every call, if the weights were tampered with
+        check = self._weights_check  # read once: another thread may clear it meanwhile
+        if check is not None:
+            check.wait()  # raises, on every call, if the weights were tampered with
             self._weights_check = None
         env = self._check_feeds(feeds)
         if output_names is None:
