@@ -264,6 +264,27 @@ def test_runtime_without_the_folder_setting_copies_the_weights_in(tmp_path, monk
     assert copied == ["p0"]
 
 
+def test_large_blobs_are_checked_chunk_by_chunk(tmp_path):
+    w = np.random.default_rng(0).standard_normal((1536, 1536)).astype(np.float32)  # 9 MiB
+    model = _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [_tensor("X", ["N", 1536])],
+                   [_tensor("Y", ["N", 1536])], [numpy_helper.from_array(w, "W")])
+    path = tmp_path / "chunks.om"
+    write_om(path, [OmPartition("p0", "cpu", model)])
+    entry = load_om(path).manifest["members"]["weights/p0.bin"]
+    assert entry["chunk_bytes"] == 4 << 20 and len(entry["chunk_sha256"]) == 3
+    x = np.ones((1, 1536), np.float32)
+    np.testing.assert_allclose(OmSession(path).run({"X": x})["Y"], x @ w, rtol=1e-4, atol=1e-3)
+    bad = _flip_byte_of(path, w.tobytes()[-4096:-4080], tmp_path / "bad.om")  # in chunk 2
+    with pytest.raises(ArtifactError, match="weights/p0.bin' fails its sha256 check"):
+        load_om(bad)
+
+    def shorten(manifest, members):
+        manifest["members"]["weights/p0.bin"]["chunk_sha256"].pop()
+
+    with pytest.raises(ArtifactError, match="malformed chunk checksums"):
+        load_om(rewrite(path, tmp_path / "short.om", shorten))
+
+
 def test_tampered_weights_blob_fails_the_first_run(tmp_path):
     path = tmp_path / "big.om"
     write_om(path, [OmPartition("p0", "cpu", big_matmul())])

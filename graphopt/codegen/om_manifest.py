@@ -108,6 +108,11 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                     "size": {"type": "integer", "minimum": 0},
+                    # Weights blobs also carry the sha256 of each chunk_bytes-long chunk, so a
+                    # reader can check them on several cores at once (optional).
+                    "chunk_bytes": {"type": "integer", "minimum": 1},
+                    "chunk_sha256": {"type": "array",
+                                     "items": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
                 },
             },
         },
@@ -214,8 +219,15 @@ def check_manifest(manifest: dict) -> None:
         sha = _field(info, "sha256", str, where)
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise Malformed(f"{where} has a malformed sha256")
-        if _field(info, "size", int, where) < 0:
+        size = _field(info, "size", int, where)
+        if size < 0:
             raise Malformed(f"{where} has a negative size")
+        if "chunk_sha256" in info:
+            chunk = _field(info, "chunk_bytes", int, where)
+            chunks = _str_list(info, "chunk_sha256", where)
+            if chunk < 1 or len(chunks) != -(-size // chunk) or not all(
+                    re.fullmatch(r"[0-9a-f]{64}", c) for c in chunks):
+                raise Malformed(f"{where} has malformed chunk checksums")
     partitions = _field(manifest, "partitions", list)
     if not partitions:
         raise Malformed("manifest lists no partitions")

@@ -240,6 +240,19 @@ def _alignment_padding(header_offset: int, name: str) -> bytes:
     return struct.pack("<HH", _PADDING_ID, pad) + b"\0" * pad
 
 
+CHUNK_BYTES = 4 << 20  # weights blobs are also summed per chunk, checked on every core at load
+
+
+def _member_entry(name: str, data: bytes) -> dict:
+    entry = {"sha256": sha256(data), "size": len(data)}
+    if name.startswith(WEIGHTS_DIR) and len(data) > CHUNK_BYTES:
+        view = memoryview(data)
+        entry["chunk_bytes"] = CHUNK_BYTES
+        entry["chunk_sha256"] = [sha256(view[i:i + CHUNK_BYTES])
+                                 for i in range(0, len(data), CHUNK_BYTES)]
+    return entry
+
+
 def _partition_entry(part: OmPartition) -> dict:
     entry = {"name": part.name, "device": part.device, "member": part.member,
              "inputs": part.inputs, "outputs": part.outputs}
@@ -341,10 +354,7 @@ def write_om(
         "execution_order": [p.name for p in partitions],
         "routing": routing,
         "pass_log": _json_value("pass_log", list(pass_log or [])),
-        "members": {
-            name: {"sha256": sha256(data), "size": len(data)}
-            for name, data in members.items()
-        },
+        "members": {name: _member_entry(name, data) for name, data in members.items()},
         "extra": _json_value("extra", dict(extra or {})),
     }
     manifest_bytes = (json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
