@@ -37,7 +37,6 @@ from graphopt.tuner.tiling import (
     L1_DEPTHS,
     GemmShape,
     Tiling,
-    base_candidates,
     cube_shape,
     default_tiling,
     feasible,
