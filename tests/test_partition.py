@@ -103,7 +103,7 @@ def test_topk_stays_on_the_host_and_the_rest_on_the_npu(tmp_path):
 
 def test_non_max_suppression_stays_on_the_host(tmp_path):
     proto = build("""
-        g (float[1,16,32,32] x) => (int64[N,3] selected) {
+        g (float[1,32,64,64] x) => (int64[N,3] selected) {
             f = Conv <pads = [1,1,1,1]> (x, wf, bf)
             r = Relu (f)
             c = Conv <pads = [1,1,1,1]> (r, w, b)
@@ -112,15 +112,15 @@ def test_non_max_suppression_stays_on_the_host(tmp_path):
             s = Conv (r, ws)
             scores = Reshape (s, score_shape)
             selected = NonMaxSuppression (boxes, scores, max_out, iou, score_threshold)
-        }""", wf=weight(64, 16, 3, 3), bf=weight(64), w=weight(4, 64, 3, 3), b=weight(4),
-        ws=weight(1, 64, 1, 1), box_shape=np.array([1, 1024, 4], np.int64),
-        score_shape=np.array([1, 1, 1024], np.int64), max_out=np.array([10], np.int64),
+        }""", wf=weight(64, 32, 3, 3), bf=weight(64), w=weight(4, 64, 3, 3), b=weight(4),
+        ws=weight(1, 64, 1, 1), box_shape=np.array([1, 4096, 4], np.int64),
+        score_shape=np.array([1, 1, 4096], np.int64), max_out=np.array([10], np.int64),
         iou=np.array([0.5], np.float32), score_threshold=np.array([0.0], np.float32))
     result, path = compile_om(proto, tmp_path, target="ascend310")
     assert devices(result) == ["npu", "cpu"]
     assert [n.op_type for n in result.partitioning.partitions[1].nodes] == ["NonMaxSuppression"]
     assert "NonMaxSuppression" in reason_of(result, "NonMaxSuppression")
-    feeds = {"x": RNG.standard_normal((1, 16, 32, 32)).astype(np.float32)}
+    feeds = {"x": RNG.standard_normal((1, 32, 64, 64)).astype(np.float32)}
     assert_same_outputs(proto, path, feeds)
 
 

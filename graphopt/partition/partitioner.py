@@ -8,8 +8,9 @@ C only if C is not an ancestor of another partition the node reads. Same-device 
 then merged pairwise wherever the quotient stays acyclic (networkx checks it).
 
 An NPU partition next to a CPU partition is an island: if the host↔device copies it causes cost
-more than the NPU saves over running its nodes on the host (estimate.py), it goes back to the
-CPU, and clustering runs again.
+more than the NPU saves over running its nodes on the host (the tuner's cost models: the CPU
+roofline against the NPU's cube and vector estimates), it goes back to the CPU, and clustering
+runs again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from graphopt.ir import Model, Node, Value
-from graphopt.partition.estimate import node_seconds, transfer_seconds, value_bytes
+from graphopt.partition.estimate import transfer_seconds, value_bytes
 from graphopt.partition.layouts import assign_layouts
 from graphopt.partition.placement import Placement, place
 
@@ -203,6 +204,12 @@ def _indirect_path(graph: nx.DiGraph, a: int, b: int) -> bool:
 
 def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[list[Node], str]]:
     host, primary = target.device(target.host), target.device(target.primary)
+    # The cost models the tuner uses: a roofline per op class on the host, the tiled cube and
+    # vector estimates on the NPU (estimates both; only their difference matters here).
+    from graphopt.tuner.cpu_model import CpuCostModel, default_constants
+    from graphopt.tuner.model import node_estimate
+
+    host_model = CpuCostModel(default_constants(host))
     owner = {node: i for i, c in enumerate(clusters) for node in c}
     device = [placements[c[0]].device for c in clusters]
     found = []
@@ -222,7 +229,8 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
                 on_device_side += seconds
         if not touches_host:
             continue
-        saved = sum(node_seconds(n, host) - node_seconds(n, primary) for n in members)
+        saved = sum(host_model.node_seconds(n) - node_estimate(n, primary)[1].seconds
+                    for n in members)
         cost = on_host_side - on_device_side
         if saved < cost:
             gain = (f"the {primary.name} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else

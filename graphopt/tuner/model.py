@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from graphopt.partition.estimate import node_seconds, value_bytes
+from graphopt.partition.estimate import value_bytes
+from graphopt.tuner.cpu_model import CpuCostModel, default_constants
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.tiling import CUBE_OPS, Tiling, default_tiling, gemm_shape
 from graphopt.tuner.vector import group_estimate, transfer_estimate, vector_estimate
@@ -97,9 +98,10 @@ def model_estimate(model: Model, partitioning: Partitioning,
             if source != part.device:
                 result.rows.append(KernelRow(part.name, part.device, value.name, "transfer",
                                              "transfer", transfer_estimate(value_bytes(value), target)))
+        host_model = CpuCostModel(default_constants(device)) if device.kind == "cpu" else None
         for node in part.nodes:
-            if device.kind == "cpu":
-                seconds = node_seconds(node, device)
+            if host_model is not None:
+                seconds = host_model.node_seconds(node)
                 result.rows.append(KernelRow(part.name, part.device, node.name, node.qualified_op,
                                              "host", Estimate(0.0, seconds, {"bound": "roofline"})))
                 continue
