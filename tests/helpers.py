@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnx.parser
@@ -22,6 +24,18 @@ def parse_model(text: str, header: str = OPSET17, **weights) -> onnx.ModelProto:
     proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n)
                                    for n, a in weights.items())
     return proto
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """`graphopt ARGV` through graphopt.cli.main: (exit status, stdout, stderr)."""
+    from graphopt.cli import main
+
+    try:
+        rc = main([os.fspath(a) for a in argv])
+    except SystemExit as e:  # argparse's usage errors
+        rc = e.code
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
 
 
 def ops(model) -> list[str]:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
 import onnx
 import onnxruntime as ort
 import pytest
+from helpers import run_cli
 
-from graphopt.cli import _Parser
-from graphopt.cli_calibrate import add_calibrate_parser
-from graphopt.errors import GraphoptError, OptionError
+from graphopt.errors import OptionError
 from graphopt.ir import load_onnx
 from graphopt.tuner.calibrate import (
     CalibrationResult,
@@ -185,19 +183,7 @@ def test_calibrated_model_uses_the_calibration(calibration):
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
-    parser = _Parser(prog="graphopt")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    add_calibrate_parser(sub)
-    try:
-        args = parser.parse_args([os.fspath(a) for a in argv])
-        rc = args.func(args)
-    except GraphoptError as e:
-        print(f"graphopt: error: {e}", file=sys.stderr)
-        rc = 1
-    except SystemExit as e:
-        rc = e.code
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
+    return run_cli(capsys, *argv)
 
 
 def test_cli_calibrates_and_writes_json(capsys, tmp_path):
