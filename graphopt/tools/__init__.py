@@ -1,0 +1,1 @@
+"""Inspection and accuracy tools: graph diffs, numeric comparison, bisection, profiling, reports."""
