@@ -96,13 +96,17 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              inputs: dict[str, np.ndarray] | str | None = None, rtol: float = 1e-4,
              atol: float = 1e-5, dump_dir: str | None = None, verify_structure: bool = False,
              allow_custom_ops: bool = False, trace_rules=(),
-             target: "str | Target | None" = None, memory_reorder: bool = False) -> OptimizeResult:
+             target: "str | Target | None" = None, memory_reorder: bool = False,
+             rewrite_gate=None, pass_options: dict | None = None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
     every node on a device of the target and cuts the graph into device partitions, which
     `save(…, "x.om")` writes as separate models, each with its static memory plan (shapes
     permitting); `memory_reorder=True` first reorders each partition to lower its peak memory.
+
+    `rewrite_gate(pass, rule, node) -> bool` may hold single rewrites back (subgraph tuning,
+    bisection); `pass_options` sets further Options fields by name (elementwise_max_group, …).
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
@@ -114,6 +118,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         target = load_target(os.fspath(target))
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules)
+    for name, value in (pass_options or {}).items():
+        if name not in Options.names():
+            raise OptionError(f"compile option '{name}' does not exist (options: "
+                              f"{', '.join(Options.names())})")
+        setattr(options, name, value)
     is_path = isinstance(model, (str, os.PathLike))
     label = os.fspath(model) if is_path else "<model>"
     source_sha256 = None
@@ -131,7 +140,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         infer_shapes(ir_model)
 
     ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
-                      target=target)
+                      target=target, gate=rewrite_gate)
     instruments = []
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())

@@ -224,4 +224,4 @@ def test_old_ir_versions_are_skipped():
 
 def test_registered():
     assert PASSES["FuseElementwise"] is FuseElementwise
-    assert FuseElementwise().max_group_size == 32
+    assert Options().elementwise_max_group == 32 and not Options().elementwise_epilogues

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from graphopt.ir import Model
+    from graphopt.ir import Model, Node
     from graphopt.passes.options import Options
+
+# (pass name, rule name, anchor node) -> whether that one rewrite may happen. Subgraph tuning
+# turns single fusions off with it; bisection lets only the first rewrites of a pass through.
+RewriteGate = Callable[[str, str, "Node"], bool]
 
 
 @dataclass
@@ -32,10 +37,26 @@ class PassContext:
     notes: list[str] = field(default_factory=list)  # one-line notices shown to the user
     tracer: Any = None  # rules.Tracer when --trace-rule asked for near-miss reports
     target: Any = None  # partition.target.Target when the compile names a target
+    gate: RewriteGate | None = None  # None: every rewrite a pass finds happens
+    current_pass: str = ""  # set by the pass manager around each pass run
 
     def note(self, message: str) -> None:
         if message not in self.notes:
             self.notes.append(message)
+
+    def allows(self, rule: str, anchor: "Node") -> bool:
+        """Whether the rewrite of `rule` at `anchor` (the node the pass matched) may happen.
+        Passes ask once per rewrite they are about to make, before changing anything."""
+        return self.gate is None or self.gate(self.current_pass, rule, anchor)
+
+
+def anchor_key(node: "Node") -> str:
+    """A stable name for a rewrite's anchor across compiles of one model: the node's name, or
+    its first output's (exporters often leave nodes unnamed; values are always named)."""
+    if node.name:
+        return node.name
+    first = next((v for v in node.outputs if v is not None), None)
+    return f"%{first.name}" if first is not None else node.op_type
 
 
 class Pass:

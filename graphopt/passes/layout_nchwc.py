@@ -47,8 +47,9 @@ def _with_channels(shape, channels: int):
 class Rewriter:
     """One forward walk over the main graph in order, then the ReorderOutputs and cleanup."""
 
-    def __init__(self, model: Model, block: int, result: PassResult):
+    def __init__(self, model: Model, block: int, result: PassResult, allows=None):
         self.model, self.graph, self.block, self.result = model, model.graph, block, result
+        self.allows = allows or (lambda node: True)  # a node held back stays NCHW
         self.blocked: dict[int, Blocked] = {}      # id(NCHW value) → its blocked form
         self.originals: list[Value] = []           # the keys above, in order
         self.reordered: dict[int, Value] = {}      # id(NCHW value) → its ReorderInput
@@ -61,7 +62,8 @@ class Rewriter:
             if node.graph is not self.graph:
                 continue
             handler = HANDLERS.get(("" if node.is_onnx else node.domain, node.op_type))
-            if handler is not None and node.outputs and node.outputs[0] is not None:
+            if handler is not None and node.outputs and node.outputs[0] is not None \
+                    and self.allows(node):
                 handler(self, node)
         if self.replaced:
             self.finish()
@@ -175,7 +177,7 @@ class LayoutNchwc(Pass):
                      f"(e.g. the one making %{computed[0].outputs[0].name}); the layout is left "
                      "to onnxruntime's layout level")
             return result
-        rewriter = Rewriter(model, block, result)
+        rewriter = Rewriter(model, block, result, lambda node: ctx.allows(self.name, node))
         rewriter.run()
         if rewriter.left:
             ctx.note("LayoutNchwc left NCHW: " + "; ".join(

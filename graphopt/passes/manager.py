@@ -96,6 +96,7 @@ class PassManager:
         pass_ = PASSES[name]()
         before = model.graph.count_nodes()
         start = time.perf_counter()
+        self.ctx.current_pass = name
         try:
             result = pass_.run(model, self.ctx)
         except PassError:

@@ -24,6 +24,8 @@ class Options:
     allow_custom_ops: bool = False        # accept ops of domains no schema or function knows
     trace_rules: set[str] = field(default_factory=set)  # rules whose near-misses are reported
     nchwc_block_size: int = 0             # LayoutNchwc: 0 = this CPU's (16 AVX-512F, 8 AVX2); 8 or 16
+    elementwise_max_group: int = 32       # FuseElementwise: most nodes in one fused group
+    elementwise_epilogues: bool = False   # FuseElementwise: a Conv/MatMul/Gemm heads its group
 
     @classmethod
     def names(cls) -> list[str]:

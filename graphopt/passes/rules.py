@@ -230,6 +230,11 @@ class RulePass(Pass):
                                        Miss(node, len(candidate.nodes),
                                             f"pattern matched, refused: {reason}"))
                         continue
+                    if not ctx.allows(rule.name, node):
+                        if tracer is not None:
+                            tracer.add(rule.name, Miss(node, len(match.nodes),
+                                                       "matched, held back by the rewrite gate"))
+                        continue
                     if apply(model, graph, rule, match, pattern.output):
                         result.count(rule.name)
                     elif tracer is not None:
