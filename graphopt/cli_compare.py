@@ -1,0 +1,86 @@
+"""`graphopt compare`: a reference .onnx against a candidate .onnx or .om, tensor by tensor."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from graphopt.errors import OptionError
+
+EXAMPLES = """examples:
+  graphopt compare model.onnx model.om                       # outputs on seeded random inputs
+  graphopt compare model.onnx model.opt.onnx --per-tensor    # and every shared intermediate
+  graphopt compare model.onnx model.om --inputs x.npz --csv report.csv
+  graphopt compare model.onnx model_fp16.onnx --min-cosine 0.999 --json
+
+The exit status is 0 when every output passes and 1 when any fails. Intermediates are
+informative: their failures are listed, and the first one in graph order is named (that is
+where the accuracy broke), but they never change the exit status.
+"""
+
+
+def add_compare_parser(sub) -> None:
+    p = sub.add_parser(
+        "compare", help="compare a model's outputs (and intermediates) with a reference",
+        description="Run a reference .onnx (onnxruntime, optimizations disabled) and a candidate\n"
+                    "(.onnx run the same way, or an .om run by graphopt's runtime) on the same\n"
+                    "inputs and report, per output, cosine similarity, max/mean absolute and\n"
+                    "relative error, RMSE, KL divergence (for probability outputs) and the count\n"
+                    "of elements beyond tolerance. With --per-tensor, also every value both graphs\n"
+                    "compute under the same name with the same shape, in the candidate's order.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    p.add_argument("reference", help="the reference .onnx model")
+    p.add_argument("candidate", help="the model to check: .onnx or a compiled .om")
+    p.add_argument("--inputs", metavar="NPZ",
+                   help="an .npz with one array per input, named like the input "
+                        "(default: seeded random data)")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="seed for the random inputs used without --inputs (default 0)")
+    p.add_argument("--input-shape", metavar="SHAPES",
+                   help='dims for the random inputs\' dynamic axes: "x:1,3,224,224;mask:1,128"')
+    p.add_argument("--per-tensor", action="store_true",
+                   help="also compare the intermediates both models compute (same name and shape)")
+    p.add_argument("--rtol", type=float, metavar="R",
+                   help="relative tolerance of the allclose rule (default 1e-4)")
+    p.add_argument("--atol", type=float, metavar="A",
+                   help="absolute tolerance of the allclose rule (default 1e-5)")
+    p.add_argument("--min-cosine", type=float, metavar="C",
+                   help="pass a float tensor when its cosine similarity is ≥ C, instead of "
+                        "the rtol/atol rule")
+    p.add_argument("--csv", metavar="FILE", help="also write the rows to FILE (atomically)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead")
+    p.set_defaults(func=_cmd_compare)
+
+
+def _check_options(args) -> None:
+    if args.min_cosine is not None and (args.rtol is not None or args.atol is not None):
+        raise OptionError("--min-cosine replaces the --rtol/--atol rule; give one or the other")
+    if args.seed is not None and args.inputs:
+        raise OptionError("--seed only applies to random inputs; drop it or --inputs")
+    if args.input_shape and args.inputs:
+        raise OptionError("--input-shape only shapes random inputs; drop it or --inputs")
+    if args.csv:
+        directory = os.path.dirname(os.path.abspath(args.csv))
+        if os.path.isdir(args.csv):
+            raise OptionError(f"--csv {args.csv}: is a directory, expected a file path")
+        if not os.path.isdir(directory):
+            raise OptionError(f"--csv {args.csv}: directory {directory} does not exist")
+
+
+def _cmd_compare(args) -> int:
+    from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_models
+    from graphopt.tools.compare_format import format_report, report_json, write_csv
+
+    _check_options(args)
+    report = compare_models(
+        args.reference, args.candidate, args.inputs, per_tensor=args.per_tensor,
+        rtol=DEFAULT_RTOL if args.rtol is None else args.rtol,
+        atol=DEFAULT_ATOL if args.atol is None else args.atol,
+        min_cosine=args.min_cosine, seed=0 if args.seed is None else args.seed,
+        input_shapes=args.input_shape)
+    print(report_json(report) if args.json else format_report(report))
+    if args.csv:
+        write_csv(report, args.csv)
+        if not args.json:
+            print(f"wrote {args.csv}")
+    return 0 if report.passed else 1

@@ -1,0 +1,235 @@
+"""compare_models: a reference and a candidate run on the same inputs, judged tensor by tensor.
+
+Each compared tensor becomes a Row with msaccucmp's metrics (graphopt.tools.metrics) and a verdict:
+- shapes differ, or dtypes differ unless both are floating point (an f16 candidate is compared
+  with its f32 reference on values, with a note): fail, no metrics.
+- integer, bool and string tensors: exact equality; `mismatches` counts unequal elements.
+- float tensors: any NaN or Inf in either side fails the row (they are counted in the note and the
+  metrics cover the elements finite in both). Otherwise the rule is allclose, every element
+  within |c - r| <= atol + rtol·|r| (rtol 1e-4, atol 1e-5 by default), or, when `min_cosine` is
+  given instead, cosine similarity >= min_cosine. `mismatches` always counts the elements
+  outside rtol/atol. Empty tensors pass. KL divergence is filled in only for probability
+  distributions (the rule is in graphopt.tools.metrics).
+
+Only outputs decide `CompareReport.passed`. With per_tensor=True the values both graphs compute
+under the same name with the same shape are compared too, in the candidate's graph order; they
+are informative, and the first one that fails (`first_failing_intermediate`) is where accuracy
+broke. A shared name whose shapes differ (a layout change, say) is skipped and counted in notes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from graphopt.errors import OptionError
+from graphopt.ir.dtypes import DType
+from graphopt.tools import metrics
+from graphopt.tools.compare_run import (
+    check_signatures,
+    load_candidate,
+    load_reference,
+    make_feeds,
+)
+
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-5
+
+
+@dataclass
+class Row:
+    """One tensor's comparison; a metric is None where it does not apply."""
+
+    name: str
+    role: str                      # "output" or "intermediate"
+    dtype: str                     # the reference's, short: "f32"
+    shape: tuple
+    passed: bool = True
+    cosine: float | None = None
+    max_abs: float | None = None
+    mean_abs: float | None = None
+    max_rel: float | None = None
+    mean_rel: float | None = None
+    rmse: float | None = None
+    kl: float | None = None
+    mismatches: int | None = None  # elements beyond rtol/atol (unequal, for exact dtypes)
+    note: str = ""
+    producer: str = ""             # the candidate's node computing it
+    partition: str = ""            # its .om partition
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["shape"] = list(self.shape)
+        return data
+
+
+def _short(dtype: np.dtype) -> str:
+    try:
+        return DType.from_numpy(dtype).short
+    except (KeyError, TypeError, ValueError):
+        return str(dtype)
+
+
+def _shape(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def compare_arrays(name: str, reference, candidate, *, rtol: float = DEFAULT_RTOL,
+                   atol: float = DEFAULT_ATOL, min_cosine: float | None = None,
+                   role: str = "output") -> Row:
+    """Judge `candidate` against `reference` by the rules in this module's docstring."""
+    ref, cand = np.asarray(reference), np.asarray(candidate)
+    row = Row(name, role, _short(ref.dtype), tuple(ref.shape))
+    floats = ref.dtype.kind in "fc" and cand.dtype.kind in "fc"
+    if ref.shape != cand.shape:
+        row.passed, row.note = False, f"shape {_shape(cand.shape)} vs reference {_shape(ref.shape)}"
+        return row
+    if ref.dtype != cand.dtype:
+        row.note = f"dtype {_short(cand.dtype)} vs reference {row.dtype}"
+        if not floats:
+            row.passed = False
+            return row
+    if not floats:
+        row.mismatches = int(np.count_nonzero(ref != cand))
+        row.passed = row.mismatches == 0
+        if ref.dtype.kind in "iu":
+            row.max_abs, row.mean_abs = metrics.absolute_errors(ref, cand)
+        return row
+    if ref.dtype.kind == "c" or cand.dtype.kind == "c":  # judge complex numbers as (re, im) pairs
+        ref, cand = (np.stack([a.real, a.imag], axis=-1) for a in (ref, cand))
+    notes = [row.note] if row.note else []
+    finite = np.isfinite(ref) & np.isfinite(cand)
+    bad = ref.size - int(np.count_nonzero(finite))
+    if bad:
+        for side, array in (("reference", ref), ("candidate", cand)):
+            nan, inf = metrics.nonfinite_counts(array)
+            counts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n]
+            if counts:
+                notes.append(f"{side} has {' and '.join(counts)}")
+        row.passed = False
+        kept_ref, kept_cand = ref[finite], cand[finite]
+    else:
+        kept_ref, kept_cand = ref, cand
+    row.note = "; ".join(notes)
+    row.mismatches = metrics.allclose_mismatches(kept_ref, kept_cand, rtol, atol) + bad
+    if kept_ref.size == 0:
+        return row
+    row.cosine = metrics.cosine_similarity(kept_ref, kept_cand)
+    row.max_abs, row.mean_abs = metrics.absolute_errors(kept_ref, kept_cand)
+    row.max_rel, row.mean_rel = metrics.relative_errors(kept_ref, kept_cand) or (None, None)
+    row.rmse = metrics.rmse(kept_ref, kept_cand)
+    if not bad:
+        row.kl = metrics.kl_divergence(ref, cand)
+    within = row.mismatches == 0 if min_cosine is None else row.cosine >= min_cosine
+    row.passed = row.passed and within
+    return row
+
+
+@dataclass
+class CompareReport:
+    """Rows for the outputs (first) and, with per_tensor, the shared intermediates in graph order."""
+
+    reference: str
+    candidate: str
+    rule: str                      # "allclose(rtol=0.0001, atol=1e-05)" or "cosine >= 0.999"
+    inputs: str                    # where the feeds came from
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def outputs(self) -> list[Row]:
+        return [r for r in self.rows if r.role == "output"]
+
+    @property
+    def intermediates(self) -> list[Row]:
+        return [r for r in self.rows if r.role == "intermediate"]
+
+    @property
+    def passed(self) -> bool:
+        """Whether every output passes (intermediates never decide)."""
+        return all(r.passed for r in self.outputs)
+
+    @property
+    def first_failing_intermediate(self) -> Row | None:
+        return next((r for r in self.intermediates if not r.passed), None)
+
+    def to_dict(self) -> dict:
+        first = self.first_failing_intermediate
+        return {"reference": self.reference, "candidate": self.candidate, "rule": self.rule,
+                "inputs": self.inputs, "passed": self.passed,
+                "first_failing_intermediate": first.name if first else None,
+                "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
+
+
+def _check_tolerances(rtol: float, atol: float, min_cosine: float | None) -> str:
+    for option, value in (("rtol", rtol), ("atol", atol)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise OptionError(f"--{option} must be a finite number ≥ 0, got {value!r}")
+    if min_cosine is None:
+        return f"allclose(rtol={rtol:g}, atol={atol:g})"
+    if not (isinstance(min_cosine, (int, float)) and -1.0 <= min_cosine <= 1.0):
+        raise OptionError(f"--min-cosine must be between -1 and 1, got {min_cosine!r}")
+    return f"cosine >= {min_cosine:g}"
+
+
+def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False,
+                   rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
+                   min_cosine: float | None = None, seed: int = 0,
+                   input_shapes: dict | str | None = None) -> CompareReport:
+    """Run `reference` (an .onnx path or ModelProto, onnxruntime at ORT_DISABLE_ALL) and
+    `candidate` (an .onnx path or ModelProto run the same way, or an .om path run by graphopt's
+    runtime) on `feeds` (a dict or an .npz path; default: seeded random data, `input_shapes`
+    pinning dynamic dims) and compare their outputs, and with `per_tensor` their shared
+    intermediates. `min_cosine` replaces the rtol/atol rule.
+
+    Raises InputError for a missing or unreadable file, feeds lacking or mismatching an input,
+    or models whose inputs differ; OptionError for bad tolerances.
+    """
+    rule = _check_tolerances(rtol, atol, min_cosine)
+    ref_side, cand_side = load_reference(reference), load_candidate(candidate)
+    check_signatures(ref_side, cand_side)
+    arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
+    report = CompareReport(ref_side.label, cand_side.label, rule, source, notes=list(cand_side.notes))
+    outputs = set(ref_side.outputs) | set(cand_side.outputs)
+    shared = []
+    if per_tensor:
+        computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
+        shared = [t for t in cand_side.tensors if t.name in computed]
+    names = [t.name for t in shared]
+    ref_values, cand_values = ref_side.run(arrays, names), cand_side.run(arrays, names)
+
+    judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}
+    producers = {t.name: t for t in cand_side.tensors}
+    # The candidate's output order; reference outputs it lacks come last, as failures.
+    ordered = ([n for n in cand_side.outputs if n in ref_side.outputs]
+               + [n for n in ref_side.outputs if n not in cand_side.outputs])
+    for name in ordered:
+        if name not in cand_side.outputs:
+            expected = ref_values[name]
+            report.rows.append(Row(name, "output", _short(expected.dtype), tuple(expected.shape),
+                                   passed=False, note=f"not an output of {cand_side.label}"))
+            continue
+        row = compare_arrays(name, ref_values[name], cand_values[name], **judge)
+        tensor = producers.get(name)
+        row.producer, row.partition = (tensor.producer, tensor.partition) if tensor else ("", "")
+        report.rows.append(row)
+    extra = [n for n in cand_side.outputs if n not in ref_side.outputs]
+    if extra:
+        report.notes.append(f"outputs of {cand_side.label} not in {ref_side.label}: "
+                            f"{', '.join(extra)} (not compared)")
+    skipped = []
+    for tensor in shared:
+        ref_value, cand_value = ref_values[tensor.name], cand_values[tensor.name]
+        if np.shape(ref_value) != np.shape(cand_value):
+            skipped.append(tensor.name)
+            continue
+        row = compare_arrays(tensor.name, ref_value, cand_value, role="intermediate", **judge)
+        row.producer, row.partition = tensor.producer, tensor.partition
+        report.rows.append(row)
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (", …" if len(skipped) > 3 else "")
+        report.notes.append(f"{len(skipped)} shared name(s) skipped, the shapes differ: {shown}")
+    return report
+

@@ -1,0 +1,116 @@
+"""A CompareReport for people (tables), spreadsheets (CSV, written atomically) and machines (JSON)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+from graphopt.atomic import atomic_write_bytes
+from graphopt.errors import GraphoptError
+from graphopt.table import format_table
+from graphopt.tools.compare import CompareReport, Row
+
+NOT_MEANINGFUL = "—"
+HEADERS = ["tensor", "shape", "cosine", "max abs", "mean abs", "max rel", "mean rel", "RMSE", "KL",
+           "mismatch", "result", "note"]
+_NUMERIC = set(range(2, 10))  # columns right-aligned even when "—" stops format_table doing it
+CSV_FIELDS = ["role", "tensor", "producer", "partition", "dtype", "shape", "cosine", "max_abs",
+              "mean_abs", "max_rel", "mean_rel", "rmse", "kl", "mismatches", "result", "note"]
+
+
+def _number(value: float | None, digits: str = ".3g") -> str:
+    if value is None:
+        return NOT_MEANINGFUL
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return format(value, digits)
+
+
+def _cells(row: Row) -> list[str]:
+    shape = f"{row.dtype}[{','.join(str(d) for d in row.shape)}]"
+    mismatch = NOT_MEANINGFUL if row.mismatches is None else str(row.mismatches)
+    return [row.name, shape, _number(row.cosine, ".6f"), _number(row.max_abs),
+            _number(row.mean_abs), _number(row.max_rel), _number(row.mean_rel),
+            _number(row.rmse), _number(row.kl), mismatch, "pass" if row.passed else "FAIL", row.note]
+
+
+def _table(rows: list[Row], title: str) -> str:
+    cells = [_cells(r) for r in rows]
+    for column in _NUMERIC:
+        width = max(len(c[column]) for c in cells)
+        for c in cells:
+            c[column] = c[column].rjust(width)
+    if not any(r.note for r in rows):  # an empty last column would only widen the table
+        return format_table(HEADERS[:-1], [c[:-1] for c in cells], title=title)
+    return format_table(HEADERS, cells, title=title)
+
+
+def format_report(report: CompareReport) -> str:
+    """The header lines, the outputs table, the intermediates table and the verdict."""
+    lines = [f"reference: {report.reference} (onnxruntime, optimizations disabled)",
+             f"candidate: {report.candidate}",
+             f"inputs:    {report.inputs}",
+             f"rule:      {report.rule}", ""]
+    outputs, intermediates = report.outputs, report.intermediates
+    lines.append(_table(outputs, "outputs"))
+    if intermediates:
+        lines += ["", _table(intermediates, "intermediates (the candidate's graph order)")]
+    lines.append("")
+    lines.extend(f"note: {note}" for note in report.notes)
+    failed = [r for r in outputs if not r.passed]
+    lines.append(f"outputs: {len(outputs) - len(failed)}/{len(outputs)} pass")
+    if intermediates:
+        bad = [r for r in intermediates if not r.passed]
+        line = f"intermediates: {len(intermediates) - len(bad)}/{len(intermediates)} pass"
+        first = report.first_failing_intermediate
+        if first is not None:
+            where = f" in partition {first.partition}" if first.partition else ""
+            line += f"; first failure in graph order: {first.name} ({first.producer}{where})"
+        lines.append(line)
+    lines.append("result: PASS" if report.passed else
+                 f"result: FAIL ({', '.join(r.name for r in failed)})")
+    return "\n".join(lines)
+
+
+def _csv_value(value) -> str:
+    if value is None:
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def report_csv(report: CompareReport) -> str:
+    """One line per row, full precision; an empty cell where a metric is not meaningful."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for row in report.rows:
+        data = row.to_dict()
+        data["tensor"] = row.name
+        data["shape"] = "x".join(str(d) for d in row.shape)
+        data["result"] = "pass" if row.passed else "FAIL"
+        writer.writerow([_csv_value(data[f]) for f in CSV_FIELDS])
+    return out.getvalue()
+
+
+def write_csv(report: CompareReport, path: str) -> None:
+    try:
+        atomic_write_bytes(path, report_csv(report).encode("utf-8"))
+    except OSError as exc:
+        raise GraphoptError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def report_json(report: CompareReport) -> str:
+    """JSON of report.to_dict(); a NaN or infinite metric becomes a string ("inf"), which strict
+    JSON parsers accept."""
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    return json.dumps(clean(report.to_dict()), indent=2)

@@ -1,0 +1,209 @@
+"""The two sides of `graphopt compare`: load an .onnx or .om, check signatures and feeds, run
+with chosen intermediates exposed as extra outputs."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx.external_data_helper import load_external_data_for_model
+
+from graphopt import numerics
+from graphopt.codegen.feeds import check_feeds, describe, load_npz
+from graphopt.codegen.inspect_onnx import read_onnx
+from graphopt.codegen.om_read import is_om
+from graphopt.codegen.om_write import _signature_entry, graph_inputs
+from graphopt.errors import GraphoptError, InputError, OptionError
+from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A value computed inside a model, as graph order meets it."""
+
+    name: str
+    producer: str         # "Mul 'scale'": the node that computes it
+    partition: str = ""   # the .om partition that holds that node
+
+
+@dataclass
+class Side:
+    """One model under comparison: an ONNX proto run at ORT_DISABLE_ALL, or an .om session."""
+
+    label: str
+    inputs: list[dict]                 # signature entries {"name", "dtype", "shape"}
+    outputs: list[str]
+    proto: onnx.ModelProto | None = None
+    session: object | None = None      # graphopt.codegen.runtime.OmSession
+    tensors: list[Tensor] = field(default_factory=list)  # computed values, graph order
+    notes: list[str] = field(default_factory=list)       # what loading it warned about
+
+    def run(self, feeds: Mapping[str, np.ndarray], extra: list[str]) -> dict[str, np.ndarray]:
+        """The outputs and the `extra` intermediates (those this side computes)."""
+        if self.session is not None:
+            values = self.session.run(dict(feeds))
+            if extra:
+                values.update(self._run_partitions(feeds, set(extra)))
+            return values
+        return _run_onnx(self.proto, self.label, feeds, extra)
+
+    def _run_partitions(self, feeds, wanted: set[str]) -> dict[str, np.ndarray]:
+        # The session cannot return values inside a partition, so each partition runs again as
+        # a standalone model with them added as outputs, at the level its compile recorded.
+        artifact = self.session.artifact
+        env = dict(feeds)
+        for part in artifact.partitions:
+            model = artifact.partition_model(part.name)
+            produced = {out for node in model.graph.node for out in node.output}
+            exposed = sorted((wanted & produced) - set(part.outputs))
+            values = _run_onnx(model, f"{self.label} partition {part.name!r}",
+                               {name: env[name] for name in part.inputs}, exposed,
+                               level=part.optimization_level or "all")
+            env.update(values)
+        return {name: env[name] for name in wanted if name in env}
+
+
+def _run_onnx(proto: onnx.ModelProto, label: str, feeds, extra: list[str],
+              level: str = "disable") -> dict[str, np.ndarray]:
+    model = proto
+    if extra:
+        model = onnx.ModelProto()
+        model.CopyFrom(proto)
+        # Typeless outputs are fine for onnxruntime; it knows every value's type itself.
+        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
+    try:
+        return numerics.run(model, dict(feeds), level=level)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
+        lines = str(exc).strip().splitlines()
+        raise GraphoptError(f"onnxruntime cannot run {label}: "
+                            f"{lines[-1] if lines else type(exc).__name__}") from None
+
+
+def _computed(graph: onnx.GraphProto, partition: str = "") -> list[Tensor]:
+    tensors = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            continue  # a weight written as a node, not a computed value
+        producer = f"{node.op_type} '{node.name}'" if node.name else node.op_type
+        tensors.extend(Tensor(out, producer, partition) for out in node.output if out)
+    return tensors
+
+
+def _read_onnx(path: str) -> onnx.ModelProto:
+    model = read_onnx(path)
+    try:
+        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot load the model's external data ({exc})") from None
+    return model
+
+
+def _onnx_side(model, label: str) -> Side:
+    proto = model if isinstance(model, onnx.ModelProto) else _read_onnx(label)
+    feeds = set(graph_inputs(proto))
+    return Side(label, [_signature_entry(vi) for vi in proto.graph.input if vi.name in feeds],
+                [vi.name for vi in proto.graph.output], proto=proto, tensors=_computed(proto.graph))
+
+
+def load_reference(model) -> Side:
+    """The reference: an .onnx path or a ModelProto."""
+    if isinstance(model, onnx.ModelProto):
+        return _onnx_side(model, "<reference>")
+    path = os.fspath(model)
+    if os.path.isfile(path) and is_om(path):
+        raise InputError(f"{path}: the reference must be an .onnx model, not an .om artifact")
+    return _onnx_side(None, path)
+
+
+def load_candidate(model) -> Side:
+    """The candidate: an .onnx or .om path, or a ModelProto."""
+    from graphopt.codegen.loader import load
+
+    if isinstance(model, onnx.ModelProto):
+        return _onnx_side(model, "<candidate>")
+    path = os.fspath(model)
+    if not (path.lower().endswith(".om") or (os.path.isfile(path) and is_om(path))):
+        return _onnx_side(None, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = load(path)  # warns when an NPU partition stands in on the CPU provider
+    tensors, seen = [], set()
+    for part in session.artifact.partitions:
+        for tensor in _computed(part.model.graph, part.name):
+            if tensor.name not in seen:
+                seen.add(tensor.name)
+                tensors.append(tensor)
+    return Side(path, session.inputs, [o["name"] for o in session.outputs], session=session,
+                tensors=tensors, notes=[str(w.message) for w in caught])
+
+
+def check_signatures(reference: Side, candidate: Side) -> None:
+    """InputError unless both take the same inputs with the same dtypes and compatible dims."""
+    ref = {e["name"]: e for e in reference.inputs}
+    cand = {e["name"]: e for e in candidate.inputs}
+    where = f"{reference.label} and {candidate.label}"
+    for name in ref.keys() - cand.keys():
+        raise InputError(f"input {name!r} of {reference.label} is not an input of {candidate.label} "
+                         f"(its inputs: {', '.join(cand) or 'none'})")
+    for name in cand.keys() - ref.keys():
+        raise InputError(f"input {name!r} of {candidate.label} is not an input of {reference.label} "
+                         f"(its inputs: {', '.join(ref) or 'none'})")
+    for name, r in ref.items():
+        c = cand[name]
+        if r["dtype"] != c["dtype"]:
+            raise InputError(f"input {name!r} is {describe(r)} in {reference.label} but "
+                             f"{describe(c)} in {candidate.label}")
+        if r["shape"] is None or c["shape"] is None:
+            continue
+        clash = len(r["shape"]) != len(c["shape"]) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(r["shape"], c["shape"]))
+        if clash:
+            raise InputError(f"input {name!r} has shape {describe(r)} in {reference.label} but "
+                             f"{describe(c)} in {candidate.label}; {where} cannot take the same feeds")
+
+
+def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
+               input_shapes) -> tuple[dict[str, np.ndarray], str]:
+    """The feeds both sides run on, and how to describe them: `feeds` (a dict or an .npz path)
+    checked against both signatures, else seeded random data in the reference's signature."""
+    if feeds is not None:
+        label = os.fspath(feeds) if isinstance(feeds, (str, os.PathLike)) else "feeds"
+        arrays = (load_npz(feeds) if isinstance(feeds, (str, os.PathLike))
+                  else {name: np.asarray(value) for name, value in feeds.items()})
+        for side in (reference, candidate):
+            try:
+                check_feeds(side.inputs, arrays)
+            except InputError as exc:
+                raise InputError(f"{label}: {exc} (for {side.label})") from None
+        return arrays, label
+    shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
+              else validate_input_shapes(input_shapes or {}))
+    for name in shapes:
+        if name not in {e["name"] for e in reference.inputs}:
+            raise OptionError(f"--input-shape: {reference.label} has no input {name!r} "
+                              f"(inputs: {', '.join(e['name'] for e in reference.inputs) or 'none'})")
+    # A dim the candidate was compiled with (e.g. an .om built with --input-shape) pins a dim
+    # the reference leaves symbolic, so the random data fits both without the user repeating it.
+    cand = {e["name"]: e["shape"] for e in candidate.inputs}
+    for entry in reference.inputs:
+        fixed = cand.get(entry["name"])
+        if entry["name"] in shapes or fixed is None or entry["shape"] is None:
+            continue
+        pins = [b if isinstance(b, int) and not isinstance(a, int) else -1
+                for a, b in zip(entry["shape"], fixed)]
+        if any(p >= 0 for p in pins):
+            shapes[entry["name"]] = pins
+    try:
+        arrays = numerics.random_feeds(reference.proto, seed=seed, shapes=shapes)
+    except ValueError as exc:
+        raise InputError(f"{reference.label}: {exc}") from None
+    try:
+        check_feeds(candidate.inputs, arrays)
+    except InputError as exc:
+        raise InputError(f"random inputs made for {reference.label} do not fit {candidate.label}: "
+                         f"{exc}; pin the dims with --input-shape or pass --inputs") from None
+    return arrays, f"seeded random (seed {seed})"

@@ -1,0 +1,106 @@
+"""Accuracy metrics between a reference and a candidate tensor (numpy only, msaccucmp's set).
+
+Every function takes two arrays of the same shape, `reference` first, and computes in float64.
+They assume finite values; the caller reports NaN/Inf separately (see `nonfinite_counts`).
+
+- cosine similarity of the flattened tensors. Two all-zero tensors are identical (1.0); exactly
+  one all-zero tensor has no direction to agree with (0.0), so a --min-cosine rule fails it.
+- absolute error |c - r|: max and mean.
+- relative error |c - r| / |r| over the elements where r != 0 (an element with r == 0 has no
+  scale; absolute error covers it); None when every reference element is zero.
+- RMSE: sqrt(mean((c - r)^2)).
+- KL(reference || candidate), only where both tensors are probability distributions along the
+  last axis (see `is_distribution`): the mean over rows of sum p·log(p/q), a p == 0 term counting
+  0 and a q == 0 under p > 0 making it inf. Logits are not softmaxed first: that would score a
+  distribution the model never computes, and cosine/abs errors already judge logits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# How far a row sum may stray from 1 and still be a distribution: float32 softmax rows of a few
+# thousand classes sum to 1 within ~1e-6, so 1e-3 separates them clearly from other tensors.
+DISTRIBUTION_SUM_TOLERANCE = 1e-3
+
+
+def _f64(array) -> np.ndarray:
+    return np.asarray(array, dtype=np.float64).reshape(-1)
+
+
+def cosine_similarity(reference, candidate) -> float:
+    r, c = _f64(reference), _f64(candidate)
+    # Scaled by the largest magnitude first, so squares of huge values cannot overflow.
+    scale = max(float(np.max(np.abs(r), initial=0.0)), float(np.max(np.abs(c), initial=0.0)))
+    if scale == 0.0:
+        return 1.0
+    r, c = r / scale, c / scale
+    norm_r, norm_c = float(np.linalg.norm(r)), float(np.linalg.norm(c))
+    if norm_r == 0.0 or norm_c == 0.0:
+        return 0.0
+    # Rounding can push |cos| a hair past 1; clip so "cosine >= 1" style checks stay sane.
+    return float(np.clip(np.dot(r, c) / (norm_r * norm_c), -1.0, 1.0))
+
+
+def absolute_errors(reference, candidate) -> tuple[float, float]:
+    """(max, mean) of |c - r|; (0, 0) for empty tensors."""
+    diff = np.abs(_f64(candidate) - _f64(reference))
+    if diff.size == 0:
+        return 0.0, 0.0
+    return float(diff.max()), float(diff.mean())
+
+
+def relative_errors(reference, candidate) -> tuple[float, float] | None:
+    """(max, mean) of |c - r| / |r| over the elements where r != 0; None if there are none."""
+    r, c = _f64(reference), _f64(candidate)
+    nonzero = r != 0
+    if not nonzero.any():
+        return None
+    rel = np.abs(c[nonzero] - r[nonzero]) / np.abs(r[nonzero])
+    return float(rel.max()), float(rel.mean())
+
+
+def rmse(reference, candidate) -> float:
+    diff = _f64(candidate) - _f64(reference)
+    if diff.size == 0:
+        return 0.0
+    return float(np.sqrt(np.mean(diff * diff)))
+
+
+def is_distribution(array, tolerance: float = DISTRIBUTION_SUM_TOLERANCE) -> bool:
+    """Whether `array` holds probability distributions along its last axis: a float tensor of
+    rank >= 1 with at least 2 entries per row, no negative entry, every row summing to 1."""
+    array = np.asarray(array)
+    if array.dtype.kind != "f" or array.ndim == 0 or array.shape[-1] < 2 or array.size == 0:
+        return False
+    values = array.astype(np.float64)
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        return False
+    return bool(np.all(np.abs(values.sum(axis=-1) - 1.0) <= tolerance))
+
+
+def kl_divergence(reference, candidate) -> float | None:
+    """Mean over rows of KL(reference row || candidate row) in nats; None unless both tensors
+    are distributions along the last axis."""
+    if not (is_distribution(reference) and is_distribution(candidate)):
+        return None
+    p = np.asarray(reference, dtype=np.float64)
+    q = np.asarray(candidate, dtype=np.float64)
+    p, q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
+    return float(terms.sum(axis=-1).mean())
+
+
+def allclose_mismatches(reference, candidate, rtol: float, atol: float) -> int:
+    """Elements outside numpy.allclose's bound |c - r| <= atol + rtol·|r|."""
+    r, c = _f64(reference), _f64(candidate)
+    return int(np.count_nonzero(~(np.abs(c - r) <= atol + rtol * np.abs(r))))
+
+
+def nonfinite_counts(array) -> tuple[int, int]:
+    """(NaN count, ±Inf count) of a numeric array; (0, 0) for integer and boolean ones."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "fc":
+        return 0, 0
+    return int(np.count_nonzero(np.isnan(array))), int(np.count_nonzero(np.isinf(array)))

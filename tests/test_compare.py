@@ -1,0 +1,284 @@
+"""graphopt compare / graphopt.tools.compare: outputs and intermediates judged against a reference."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+from graphopt.compiler import optimize, save
+from graphopt.errors import InputError, OptionError
+from graphopt.tools.compare import compare_arrays, compare_models
+
+# Relu -> Mul(scale) -> Add(bias) -> Softmax: an output that is a distribution, and named nodes.
+MODEL = """
+agraph (float[2,8] x) => (float[2,8] probs) {
+  [relu] act = Relu(x)
+  [scale] scaled = Mul(act, w)
+  [shift] shifted = Add(scaled, bias)
+  [softmax] probs = Softmax <axis = -1> (shifted)
+}
+"""
+W = np.linspace(0.5, 1.5, 8, dtype=np.float32)
+BIAS = np.linspace(-1, 1, 8, dtype=np.float32)
+
+
+def _model(w=W) -> onnx.ModelProto:
+    return parse_model(MODEL, w=w, bias=BIAS)
+
+
+@pytest.fixture
+def files(tmp_path):
+    """reference.onnx, its -O2 optimization, an .om of it, and a copy with the Mul weight perturbed."""
+    paths = {name: tmp_path / name for name in ("ref.onnx", "opt.onnx", "model.om", "bad.onnx")}
+    onnx.save(_model(), paths["ref.onnx"])
+    save(optimize(str(paths["ref.onnx"])), str(paths["opt.onnx"]))
+    save(optimize(str(paths["ref.onnx"]), target="cpu"), str(paths["model.om"]))
+    onnx.save(_model(W + 0.05), paths["bad.onnx"])
+    return paths
+
+
+def test_optimized_model_passes_with_every_metric(files, capsys):
+    rc, out, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"])
+    assert rc == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("probs"))
+    cells = row.split()
+    assert cells[1] == "f32[2,8]" and cells[-1] == "pass"
+    assert float(cells[2]) > 0.999999  # cosine
+    assert all(c != "—" for c in cells[2:9])  # a softmax output gets a KL value too
+    assert "result: PASS" in out
+
+
+def test_perturbed_copy_fails_and_names_the_perturbed_node(files, capsys):
+    rc, out, _ = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"], "--per-tensor")
+    assert rc == 1
+    assert "result: FAIL (probs)" in out
+    assert "first failure in graph order: scaled (Mul 'scale')" in out
+    report = compare_models(files["ref.onnx"], files["bad.onnx"], per_tensor=True)
+    assert [(r.name, r.passed) for r in report.rows] == [
+        ("probs", False), ("act", True), ("scaled", False), ("shifted", False)]
+    assert report.first_failing_intermediate.name == "scaled"
+    assert not report.passed
+
+
+def test_a_failing_intermediate_alone_does_not_fail_the_exit_status(tmp_path, capsys):
+    # The candidate's intermediate `t` differs, but Relu makes both outputs 0 on negative inputs.
+    ref = parse_model("agraph (float[4] x) => (float[4] y) { t = Neg(x)\n y = Relu(t) }")
+    cand = parse_model("agraph (float[4] x) => (float[4] y) { t = Mul(x, k)\n y = Relu(t) }",
+                       k=np.full(4, -2, np.float32))
+    onnx.save(ref, tmp_path / "r.onnx")
+    onnx.save(cand, tmp_path / "c.onnx")
+    np.savez(tmp_path / "x.npz", x=np.array([1, 2, 3, 4], np.float32))
+    rc, out, _ = run_cli(capsys, "compare", tmp_path / "r.onnx", tmp_path / "c.onnx",
+                         "--per-tensor", "--inputs", tmp_path / "x.npz")
+    assert rc == 0
+    assert "intermediates: 0/1 pass; first failure in graph order: t (Mul)" in out
+    assert "result: PASS" in out
+
+
+def test_om_candidate_per_tensor(files, capsys):
+    report = compare_models(files["ref.onnx"], files["model.om"], per_tensor=True, seed=3)
+    assert report.passed and report.candidate == str(files["model.om"])
+    assert report.inputs == "seeded random (seed 3)"
+    inner = report.intermediates
+    assert inner and all(r.passed and r.partition for r in inner)
+    assert report.outputs[0].kl is not None and report.outputs[0].kl < 1e-6
+    rc, out, _ = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"], "--per-tensor")
+    assert rc == 0 and "intermediates (the candidate's graph order)" in out
+
+
+def test_om_candidate_intermediates_fail_where_the_weights_changed(files, tmp_path):
+    save(optimize(str(files["bad.onnx"]), level=0, target="cpu"), str(tmp_path / "bad.om"))
+    report = compare_models(files["ref.onnx"], tmp_path / "bad.om", per_tensor=True)
+    assert not report.passed
+    assert report.first_failing_intermediate.name == "scaled"
+
+
+def test_npu_om_runs_on_the_cpu_stand_in_with_a_note(files, tmp_path):
+    save(optimize(str(files["ref.onnx"]), target="ascend310"), str(tmp_path / "npu.om"))
+    report = compare_models(files["ref.onnx"], tmp_path / "npu.om", per_tensor=True)
+    assert report.passed and report.intermediates
+    assert any("run on the CPU provider as a functional stand-in" in n for n in report.notes)
+
+
+def test_csv_holds_the_same_rows_at_full_precision(files, tmp_path, capsys):
+    out_csv = tmp_path / "report.csv"
+    rc, out, _ = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"], "--per-tensor",
+                         "--csv", out_csv)
+    assert rc == 1 and f"wrote {out_csv}" in out
+    with open(out_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["role"], r["tensor"], r["result"]) for r in rows] == [
+        ("output", "probs", "FAIL"), ("intermediate", "act", "pass"),
+        ("intermediate", "scaled", "FAIL"), ("intermediate", "shifted", "FAIL")]
+    scaled = rows[2]
+    assert scaled["producer"] == "Mul 'scale'" and scaled["shape"] == "2x8"
+    # Mul by w+0.05 instead of w: the error is exactly 0.05·act, so max abs = 0.05·max(act).
+    report = compare_models(files["ref.onnx"], files["bad.onnx"], per_tensor=True)
+    assert float(scaled["max_abs"]) == report.rows[2].max_abs
+    assert rows[1]["kl"] == "" and float(rows[0]["kl"]) > 0  # KL only for the softmax output
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp file left
+
+
+def test_json_output(files, capsys):
+    rc, out, _ = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"], "--json",
+                         "--per-tensor")
+    data = json.loads(out)
+    assert rc == 1 and data["passed"] is False
+    assert data["first_failing_intermediate"] == "scaled"
+    assert data["rows"][0]["name"] == "probs" and data["rows"][0]["shape"] == [2, 8]
+
+
+def test_min_cosine_rule_replaces_allclose(files, capsys):
+    report = compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=0.99)
+    (row,) = report.rows
+    assert report.passed and row.mismatches > 0  # beyond rtol/atol, but close in direction
+    assert report.rule == "cosine >= 0.99"
+    assert not compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=0.999999).passed
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"],
+                         "--min-cosine", "0.9", "--atol", "1")
+    assert rc == 1 and "--min-cosine replaces the --rtol/--atol rule" in err
+    with pytest.raises(OptionError, match="--min-cosine must be between -1 and 1"):
+        compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=2)
+
+
+def test_api_takes_protos_and_feed_dicts():
+    x = np.array([[1.0, -1.0] * 4, [0.5] * 8], np.float32)
+    report = compare_models(_model(), _model(W + 0.05), {"x": x}, per_tensor=True)
+    assert report.reference == "<reference>" and report.inputs == "feeds"
+    assert [r.name for r in report.rows if not r.passed] == ["probs", "scaled", "shifted"]
+    # Mul by w + 0.05 instead of w: scaled differs by exactly 0.05·relu(x).
+    assert report.rows[2].max_abs == pytest.approx(0.05, rel=1e-6)
+
+
+def test_loose_tolerances_pass_the_perturbed_copy(files, capsys):
+    rc, _, _ = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"], "--atol", "0.1")
+    assert rc == 0
+
+
+# --- single tensors: the edge cases -------------------------------------------------------
+
+
+def test_shape_and_dtype_mismatches_fail_with_a_note():
+    row = compare_arrays("y", np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32))
+    assert not row.passed and row.note == "shape [3,2] vs reference [2,3]" and row.cosine is None
+    row = compare_arrays("y", np.zeros(3, np.float32), np.zeros(3, np.int64))
+    assert not row.passed and row.note == "dtype i64 vs reference f32"
+    # Two float widths are compared on values (an f16 candidate against its f32 reference).
+    ref = np.array([1.0, 2.0, 3.0], np.float32)
+    row = compare_arrays("y", ref, ref.astype(np.float16), min_cosine=0.999)
+    assert row.passed and row.note == "dtype f16 vs reference f32" and row.cosine == 1.0
+
+
+def test_nan_and_inf_fail_and_are_counted():
+    ref = np.array([1.0, 2.0, np.nan, 4.0], np.float32)
+    cand = np.array([1.0, np.inf, np.nan, 4.0], np.float32)
+    row = compare_arrays("y", ref, cand)
+    assert not row.passed
+    assert row.note == "reference has 1 NaN; candidate has 1 NaN and 1 Inf"
+    assert row.mismatches == 2 and row.max_abs == 0.0 and row.cosine == 1.0  # over [1, 4]
+
+
+def test_integer_and_bool_outputs_need_exact_equality():
+    row = compare_arrays("idx", np.array([1, 2, 3]), np.array([1, 5, 3]))
+    assert not row.passed and row.mismatches == 1 and row.max_abs == 3.0 and row.cosine is None
+    assert compare_arrays("idx", np.array([7]), np.array([7]), atol=100).passed
+    row = compare_arrays("m", np.array([True, False]), np.array([True, True]))
+    assert not row.passed and row.mismatches == 1 and row.max_abs is None
+
+
+def test_zero_and_empty_tensors():
+    row = compare_arrays("z", np.zeros(4, np.float32), np.zeros(4, np.float32))
+    assert row.passed and row.cosine == 1.0 and row.max_rel is None
+    row = compare_arrays("z", np.zeros(4, np.float32), np.full(4, 1e-3, np.float32))
+    assert not row.passed and row.cosine == 0.0
+    row = compare_arrays("e", np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))
+    assert row.passed and row.cosine is None and row.mismatches == 0
+
+
+def test_table_shows_a_dash_where_a_metric_is_not_meaningful(tmp_path, capsys):
+    model = parse_model("agraph (float[2,3] x) => (int64[2] i) { i = ArgMax <axis = 1, keepdims = 0> (x) }")
+    onnx.save(model, tmp_path / "m.onnx")
+    rc, out, _ = run_cli(capsys, "compare", tmp_path / "m.onnx", tmp_path / "m.onnx")
+    row = next(line for line in out.splitlines() if line.startswith("i "))
+    assert rc == 0 and row.split() == ["i", "i64[2]", "—", "0", "0", "—", "—", "—", "—", "0", "pass"]
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_missing_files_are_named(files, tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "compare", tmp_path / "nope.onnx", files["opt.onnx"])
+    assert rc == 1 and f"{tmp_path / 'nope.onnx'}: no such file" in err
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], tmp_path / "nope.om")
+    assert rc == 1 and f"{tmp_path / 'nope.om'}: no such file" in err
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(InputError, match="junk.onnx"):
+        compare_models(files["ref.onnx"], tmp_path / "junk.onnx")
+    with pytest.raises(InputError, match="the reference must be an .onnx model"):
+        compare_models(files["model.om"], files["ref.onnx"])
+
+
+def test_npz_lacking_an_input(files, tmp_path, capsys):
+    np.savez(tmp_path / "x.npz", other=np.zeros((2, 8), np.float32))
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"],
+                         "--inputs", tmp_path / "x.npz")
+    assert rc == 1 and f"{tmp_path / 'x.npz'}: unknown input 'other'" in err
+    with pytest.raises(InputError, match="feeds: missing input 'x'"):
+        compare_models(files["ref.onnx"], files["opt.onnx"], feeds={})
+    with pytest.raises(InputError, match=r"input 'x' has shape \[2, 4\]"):
+        compare_models(files["ref.onnx"], files["opt.onnx"], feeds={"x": np.zeros((2, 4), np.float32)})
+
+
+def test_models_with_different_inputs_are_refused(files, tmp_path):
+    onnx.save(parse_model("agraph (float[2,8] z) => (float[2,8] probs) { probs = Relu(z) }"),
+              tmp_path / "renamed.onnx")
+    with pytest.raises(InputError, match=r"input 'x' of .*ref.onnx is not an input of .*renamed.onnx"):
+        compare_models(files["ref.onnx"], tmp_path / "renamed.onnx")
+    onnx.save(parse_model("agraph (float[4,8] x) => (float[4,8] probs) { probs = Relu(x) }"),
+              tmp_path / "wide.onnx")
+    with pytest.raises(InputError, match=r"input 'x' has shape float32\[2,8\] in .* but float32\[4,8\]"):
+        compare_models(files["ref.onnx"], tmp_path / "wide.onnx")
+
+
+def test_shared_names_with_other_shapes_are_skipped(tmp_path):
+    ref = parse_model("agraph (float[2,8] x) => (float[2,8] y) { t = Transpose(x)\n y = Transpose(t) }")
+    cand = parse_model("agraph (float[2,8] x) => (float[2,8] y) { t = Identity(x)\n y = Identity(t) }")
+    report = compare_models(ref, cand, per_tensor=True)
+    assert report.passed and report.intermediates == []
+    assert report.notes == ["1 shared name(s) skipped, the shapes differ: t"]
+
+
+def test_missing_output_fails_its_row(files, tmp_path):
+    onnx.save(parse_model("agraph (float[2,8] x) => (float[2,8] other) { other = Relu(x) }"),
+              tmp_path / "other.onnx")
+    report = compare_models(files["ref.onnx"], tmp_path / "other.onnx")
+    (row,) = report.rows
+    assert row.name == "probs" and not row.passed and "not an output of" in row.note
+    assert any("other" in note for note in report.notes)
+
+
+def test_random_inputs_follow_dims_the_candidate_pinned(tmp_path):
+    dynamic = parse_model("agraph (float[N,4] x) => (float[N,4] y) { y = Relu(x) }")
+    onnx.save(dynamic, tmp_path / "dyn.onnx")
+    save(optimize(str(tmp_path / "dyn.onnx"), input_shapes="x:3,4", target="cpu"),
+         str(tmp_path / "pinned.om"))
+    report = compare_models(tmp_path / "dyn.onnx", tmp_path / "pinned.om")
+    assert report.passed and report.rows[0].shape == (3, 4)
+    with pytest.raises(InputError, match="pin the dims with --input-shape"):
+        compare_models(tmp_path / "dyn.onnx", tmp_path / "pinned.om", input_shapes="x:5,4")
+
+
+def test_option_errors(files, tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
+                         "--csv", tmp_path / "no" / "r.csv")
+    assert rc == 1 and "directory" in err and "does not exist" in err
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"], "--rtol", "-1")
+    assert rc == 1 and "--rtol must be a finite number ≥ 0" in err
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
+                         "--input-shape", "y:1")
+    assert rc == 1 and "has no input 'y'" in err

@@ -1,0 +1,82 @@
+"""graphopt.tools.metrics on hand-computed vectors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from graphopt.tools import metrics
+
+
+def test_cosine_of_parallel_orthogonal_and_45_degree_vectors():
+    assert metrics.cosine_similarity([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)
+    assert metrics.cosine_similarity([1, 2], [2, 4]) == pytest.approx(1.0)
+    assert metrics.cosine_similarity([1, 2], [-1, -2]) == pytest.approx(-1.0)
+    assert metrics.cosine_similarity([1, 0], [0, 1]) == 0.0
+    assert metrics.cosine_similarity([1, 0], [1, 1]) == pytest.approx(1 / math.sqrt(2))
+    # 2-D inputs are flattened: [[1,0],[0,0]]·[[1,0],[0,1]] = 1, norms 1 and √2.
+    assert metrics.cosine_similarity([[1, 0], [0, 0]], [[1, 0], [0, 1]]) == pytest.approx(1 / math.sqrt(2))
+
+
+def test_cosine_of_zero_vectors_and_huge_values():
+    assert metrics.cosine_similarity([0, 0], [0, 0]) == 1.0
+    assert metrics.cosine_similarity([0, 0], [0, 1e-30]) == 0.0
+    assert metrics.cosine_similarity([3, 4], [0, 0]) == 0.0
+    # 1e200 squared overflows float64; the scaled computation does not.
+    assert metrics.cosine_similarity([1e200, 1e200], [1e200, 0]) == pytest.approx(1 / math.sqrt(2))
+
+
+def test_absolute_errors_and_rmse():
+    assert metrics.absolute_errors([1, 2, 3], [1.5, 2, 2]) == (1.0, 0.5)
+    assert metrics.absolute_errors(np.zeros(0), np.zeros(0)) == (0.0, 0.0)
+    assert metrics.rmse([0, 0], [3, 4]) == pytest.approx(math.sqrt(12.5))
+    assert metrics.rmse([1, 2], [1, 2]) == 0.0
+
+
+def test_relative_errors_skip_zero_reference_elements():
+    # |3-2|/2 = 0.5, the 0 is skipped, |3-4|/4 = 0.25.
+    assert metrics.relative_errors([2, 0, 4], [3, 1, 3]) == (0.5, 0.375)
+    assert metrics.relative_errors([-2], [-1]) == (0.5, 0.5)
+    assert metrics.relative_errors([0, 0], [1, 1]) is None
+
+
+def test_kl_divergence_of_distributions():
+    p, q = [0.5, 0.5], [0.25, 0.75]
+    one_row = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # 0.143841…
+    assert metrics.kl_divergence(p, q) == pytest.approx(one_row)
+    assert metrics.kl_divergence(p, p) == 0.0
+    # Rows along the last axis are averaged: the second row is identical, so half of one_row.
+    assert metrics.kl_divergence([p, p], [q, p]) == pytest.approx(one_row / 2)
+    assert metrics.kl_divergence([1.0, 0.0], [0.5, 0.5]) == pytest.approx(math.log(2))  # p=0 adds 0
+    assert metrics.kl_divergence([0.5, 0.5], [1.0, 0.0]) == math.inf
+
+
+def test_kl_is_none_unless_both_sides_are_distributions():
+    assert metrics.kl_divergence([0.5, 0.6], [0.5, 0.5]) is None   # row sums 1.1
+    assert metrics.kl_divergence([1.5, -0.5], [0.5, 0.5]) is None  # a negative entry
+    assert metrics.kl_divergence([0.5, 0.5], [1.5, -0.5]) is None
+    assert metrics.kl_divergence([[1.0]], [[1.0]]) is None         # one class is no distribution
+    assert metrics.kl_divergence(np.float32(1.0), np.float32(1.0)) is None
+    assert metrics.kl_divergence(np.array([1, 0]), np.array([1, 0])) is None  # integers
+
+
+def test_is_distribution_tolerates_float32_rounding_only():
+    logits = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
+    softmax = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    assert metrics.is_distribution(softmax.astype(np.float32))
+    assert not metrics.is_distribution(softmax * 1.01)
+    assert not metrics.is_distribution(logits)
+
+
+def test_allclose_mismatches_uses_atol_plus_rtol_times_reference():
+    # Bounds: 1e-5 + 1e-4·1 = 1.1e-4 and 1e-5 + 1e-4·100 = 0.01001.
+    assert metrics.allclose_mismatches([1, 100], [1 + 1e-4, 100.01], 1e-4, 1e-5) == 0
+    assert metrics.allclose_mismatches([1, 100], [1 + 2e-4, 100.02], 1e-4, 1e-5) == 2
+    assert metrics.allclose_mismatches([0, 0], [1e-5, 2e-5], 0, 1e-5) == 1
+
+
+def test_nonfinite_counts():
+    assert metrics.nonfinite_counts([1.0, np.nan, np.inf, -np.inf, np.nan]) == (2, 2)
+    assert metrics.nonfinite_counts(np.array([1, 2])) == (0, 0)
