@@ -156,6 +156,7 @@ class OmSession:
         optimization_level: str | None = None,
         inter_op_num_threads: int | None = None,
         session_config: Mapping[str, str] | None = None,
+        profile_dir: str | os.PathLike | None = None,
     ) -> None:
         # Each partition runs at `optimization_level` if given, else at the level its compile
         # recorded (work graphopt did offline need not be redone at every start), else "all".
@@ -164,6 +165,8 @@ class OmSession:
                                     inter_op_num_threads, session_config)
 
         options(None)  # bad options fail before any file is read
+        # `graphopt profile`: onnxruntime writes one chrome trace per partition into this dir.
+        self._profile_dir = None if profile_dir is None else os.fspath(profile_dir)
         artifact = path_or_artifact
         self._weights_check: _WeightsCheck | None = None
         if not isinstance(artifact, OmArtifact):
@@ -206,8 +209,12 @@ class OmSession:
                 fallback.append(f"{part.name} ({part.device})")
                 wanted.update(missing)
             _check_blocking(artifact, part)
+            part_options = options(part.optimization_level)
+            if self._profile_dir is not None:
+                part_options.enable_profiling = True
+                part_options.profile_file_prefix = os.path.join(self._profile_dir, part.name)
             try:
-                session = _session(artifact, part, options(part.optimization_level), providers)
+                session = _session(artifact, part, part_options, providers)
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
                 raise ArtifactError(
                     f"{artifact.path}: onnxruntime cannot load partition {part.name!r}: {_first_line(exc)}"
@@ -228,6 +235,10 @@ class OmSession:
                 stacklevel=3,
             )
         return steps
+
+    def end_profiling(self) -> dict[str, str]:
+        """Stop profiling (sessions made with `profile_dir`): each partition's trace file."""
+        return {step.name: step.session.end_profiling() for step in self._steps}
 
     @property
     def artifact(self) -> OmArtifact:

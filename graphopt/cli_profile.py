@@ -1,0 +1,100 @@
+"""`graphopt profile`: per-kernel time of an .onnx or .om from onnxruntime's profiler, with advice."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from graphopt.errors import OptionError
+
+EXAMPLES = """examples:
+  graphopt profile model.om                         # the levels and partitions `graphopt run` uses
+  graphopt profile model.onnx --input-shape "input_ids:1,128" --repeat 50 --top 20
+  graphopt profile model.om --inputs x.npz --threads 1 --trace trace.json   # for chrome://tracing
+  graphopt profile model.om --json > profile.json
+
+Times come from onnxruntime's own profiler (SessionOptions.enable_profiling): one event per
+kernel per run, its duration in µs. Kernels are matched to graph nodes by name; kernels that
+onnxruntime created itself (its NCHWc reorders, say) are counted and reported as unmatched.
+"""
+
+
+# The CLI's own defaults, kept here so that building the parser imports no onnxruntime.
+DEFAULT_REPEAT = 10
+DEFAULT_WARMUP = 3
+LEVELS = ("disable", "basic", "extended", "all")
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser(
+        "profile", help="time every kernel of a model and suggest what to optimize",
+        description="Run an .onnx model or a compiled .om with onnxruntime's profiler on and\n"
+                    "report where the time goes: per op type, the top kernels, and for an .om\n"
+                    "per partition; the CPU cost model's prediction beside each measurement\n"
+                    "(Spearman rank correlation over kernels); then advice: bottleneck op types\n"
+                    "(memory-, compute- or overhead-bound by the roofline), fusable patterns left\n"
+                    "unfused, nodes that fell back to the CPU and layout conversions.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    p.add_argument("model", help="an .onnx model or a compiled .om artifact")
+    p.add_argument("--inputs", metavar="NPZ",
+                   help="an .npz with one array per input (default: seeded random data)")
+    p.add_argument("--input-shape", metavar="SHAPES",
+                   help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128"')
+    p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, metavar="N",
+                   help=f"profiled runs (default {DEFAULT_REPEAT})")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="W",
+                   help=f"untimed runs first, left out of the profile (default {DEFAULT_WARMUP})")
+    p.add_argument("--threads", type=int, metavar="T",
+                   help="onnxruntime intra-op threads (default: onnxruntime chooses, as "
+                        "`graphopt run` does)")
+    p.add_argument("--level", metavar="LEVEL",
+                   help=f"onnxruntime optimization level: {', '.join(LEVELS)} (default: for an "
+                        ".om each partition's recorded level, as `graphopt run` uses; all for "
+                        "an .onnx)")
+    p.add_argument("--top", type=int, default=10, metavar="K",
+                   help="kernels listed in the top table (default 10)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="cost-model constants from `graphopt calibrate` (default: its default "
+                        "file when present, else the cpu target profile's figures)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the random inputs (default 0)")
+    p.add_argument("--json", action="store_true", help="print the profile and hints as JSON")
+    p.add_argument("--trace", metavar="FILE",
+                   help="keep onnxruntime's chrome trace (all partitions) as FILE, for "
+                        "chrome://tracing or ui.perfetto.dev")
+    p.set_defaults(func=_cmd_profile)
+
+
+def _cmd_profile(args) -> int:
+    from graphopt.atomic import atomic_write_bytes
+    from graphopt.codegen.feeds import load_npz
+    from graphopt.input_shapes import parse_input_shapes
+    from graphopt.tools.advisor import advise
+    from graphopt.tools.profile import profile_model
+    from graphopt.tools.profile_report import format_profile
+
+    if args.top < 1:
+        raise OptionError(f"--top must be at least 1, got {args.top}")
+    if args.trace:
+        directory = os.path.dirname(os.path.abspath(args.trace))
+        if os.path.isdir(args.trace):
+            raise OptionError(f"--trace {args.trace}: is a directory, expected a file path")
+        if not os.path.isdir(directory):
+            raise OptionError(f"--trace {args.trace}: directory {directory} does not exist")
+    shapes = parse_input_shapes(args.input_shape) if args.input_shape else None
+    feeds = load_npz(args.inputs) if args.inputs else None
+    profile = profile_model(args.model, feeds, repeat=args.repeat, warmup=args.warmup,
+                            threads=args.threads, level=args.level, input_shapes=shapes,
+                            calibration=args.calibration, seed=args.seed)
+    hints = advise(profile)
+    if args.trace:
+        atomic_write_bytes(args.trace, json.dumps(profile.trace).encode("utf-8"))
+    if args.json:
+        print(json.dumps({**profile.to_json(), "hints": [h.to_json() for h in hints],
+                          "trace": args.trace}, indent=2))
+    else:
+        print(format_profile(profile, hints, args.top))
+        if args.trace:
+            print(f"\nwrote {args.trace}: {len(profile.trace)} trace event(s)")
+    return 0

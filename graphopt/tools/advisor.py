@@ -1,0 +1,249 @@
+"""Advice from a profile: bottleneck op types, patterns left unfused, CPU fallbacks, layout work.
+
+Each hint carries the numbers that justify it. The unfused-pattern checks are deliberately
+simple producer→consumer tests on the profiled graph (a node whose output has exactly the one
+consumer the pattern names), not the fusion rules themselves: they say where a fusion *could*
+apply, and the profile says whether onnxruntime fused it anyway at load time.
+
+    MatMul → Add(const)           FuseMatMul         Conv → BatchNormalization   FuseConvBatchNorm
+    Conv → Relu/Clip/Sigmoid/…    FuseActivation     ReduceMean → Sub → Pow|Mul  FuseLayerNorm
+    Erf → Add → Mul               FuseGelu (erf)     Pow → … → Tanh              FuseGelu (tanh)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from graphopt.ir import Model, Node, Value
+from graphopt.tools.profile import Profile
+from graphopt.tools.profile_match import EXACT
+
+BOTTLENECK_SHARE = 0.10   # an op type at or above this share of kernel time is a bottleneck
+MAX_BOTTLENECKS = 3
+_REORDERS = ("ReorderInput", "ReorderOutput")
+_ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "HardSwish"}
+
+
+@dataclass(frozen=True)
+class Hint:
+    kind: str                  # "bottleneck", "unfused", "fallback", "layout"
+    message: str
+    numbers: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "message": self.message, "numbers": self.numbers}
+
+
+def advise(profile: Profile, model: Model | Mapping[str, Model] | None = None, *,
+           min_share: float = BOTTLENECK_SHARE) -> list[Hint]:
+    """Hints for `profile`. `model` is the IR that ran (default: the profile's own, one model
+    per partition); a single Model stands for a one-partition profile."""
+    if model is None:
+        models = profile.models
+    elif isinstance(model, Model):
+        models = {part.name: model for part in profile.partitions[:1]}
+    else:
+        models = dict(model)
+    hints = _bottlenecks(profile, min_share)
+    hints += _unfused(profile, models)
+    hints += _fallbacks(profile)
+    hints += _layout(profile, models)
+    return hints
+
+
+# --- bottlenecks ---------------------------------------------------------------------------
+
+
+def _bottlenecks(profile: Profile, min_share: float) -> list[Hint]:
+    hints = []
+    for row in [r for r in profile.by_op() if r.share >= min_share][:MAX_BOTTLENECKS]:
+        per_run = row.total_us / profile.runs
+        text = (f"{row.op_type}: {row.share:.0%} of kernel time, {per_run:.1f} µs/run over "
+                f"{row.kernels} kernel(s)")
+        numbers = {"op": row.op_type, "share": row.share, "us_per_run": per_run,
+                   "kernels": row.kernels, "bound": row.bound}
+        if row.bound is not None:
+            numbers.update(compute_us=row.compute_us, memory_us=row.memory_us,
+                           predicted_us=row.predicted_us)
+            sides = (f"roofline compute {row.compute_us:.1f} µs vs memory {row.memory_us:.1f} µs "
+                     f"per run, predicted {row.predicted_us:.1f} µs")
+            if row.bound == "overhead":
+                text += (f"; bound by per-kernel overhead ({sides}): fewer, larger kernels "
+                         "(fusion) help more than faster ones")
+            else:
+                text += f"; {row.bound}-bound ({sides})"
+        hints.append(Hint("bottleneck", text, numbers))
+    return hints
+
+
+# --- unfused patterns ----------------------------------------------------------------------
+
+
+def _only_consumer(value: Value | None, ops) -> Node | None:
+    """The single consumer of `value` if it is one of `ops` (and nothing else reads it)."""
+    if value is None or value.is_graph_output:
+        return None
+    consumers = value.consumers()
+    if len(consumers) == 1 and consumers[0].op_type in ops:
+        return consumers[0]
+    return None
+
+
+def _matmul_add(node: Node) -> list[Node] | None:
+    if node.op_type != "MatMul":
+        return None
+    add = _only_consumer(node.output, {"Add"})
+    if add is None or not any(v is not None and v.is_constant for v in add.inputs):
+        return None
+    return [node, add]
+
+
+def _conv_bn(node: Node) -> list[Node] | None:
+    bn = _only_consumer(node.output, {"BatchNormalization"}) if node.op_type == "Conv" else None
+    return [node, bn] if bn is not None else None
+
+
+def _conv_activation(node: Node) -> list[Node] | None:
+    act = _only_consumer(node.output, _ACTIVATIONS) if node.op_type == "Conv" else None
+    return [node, act] if act is not None else None
+
+
+def _layernorm(node: Node) -> list[Node] | None:
+    if node.op_type != "ReduceMean":
+        return None
+    subs = [c for c in node.output.consumers() if c.op_type == "Sub"]
+    for sub in subs:
+        square = [c for c in sub.output.consumers() if c.op_type in ("Pow", "Mul")]
+        if square:
+            return [node, sub, square[0]]
+    return None
+
+
+def _gelu_erf(node: Node) -> list[Node] | None:
+    add = _only_consumer(node.output, {"Add"}) if node.op_type == "Erf" else None
+    mul = _only_consumer(add.output, {"Mul"}) if add is not None else None
+    return [node, add, mul] if mul is not None else None
+
+
+def _gelu_tanh(node: Node) -> list[Node] | None:
+    if node.op_type != "Tanh":
+        return None
+    chain, current = [node], node
+    for _ in range(4):  # Tanh ← Mul(√(2/π)) ← Add(x, ·) ← Mul(0.044715) ← Pow(x, 3)
+        producers = [v.producer for v in current.inputs if v is not None and v.producer]
+        if not producers:
+            return None
+        current = next((p for p in producers if p.op_type == "Pow"), producers[0])
+        chain.append(current)
+        if current.op_type == "Pow":
+            return chain[::-1]
+    return None
+
+
+# (label, the pass that fuses it, check)
+PATTERNS: list[tuple[str, str, Callable[[Node], list[Node] | None]]] = [
+    ("MatMul + Add", "FuseMatMul", _matmul_add),
+    ("Conv + BatchNormalization", "FuseConvBatchNorm", _conv_bn),
+    ("Conv + activation", "FuseActivation", _conv_activation),
+    ("decomposed LayerNorm (ReduceMean, Sub, Pow…)", "FuseLayerNorm", _layernorm),
+    ("decomposed Gelu (Erf, Add, Mul)", "FuseGelu", _gelu_erf),
+    ("decomposed tanh Gelu (Pow … Tanh)", "FuseGelu", _gelu_tanh),
+]
+
+
+# FusedConv is onnxruntime's CPU kernel; an NPU engine applies activations in its own pass.
+_HOST_ONLY = {"Conv + activation"}
+
+
+def find_patterns(model: Model) -> dict[str, list[list[Node]]]:
+    """Every unfused-pattern occurrence in the main graph, by pattern label."""
+    found: dict[str, list[list[Node]]] = {}
+    for label, _, check in PATTERNS:
+        for node in model.graph:
+            nodes = check(node)
+            if nodes:
+                found.setdefault(label, []).append(nodes)
+    return found
+
+
+def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
+    own = {(k.partition, k.node): k for k in profile.kernels if k.node and k.how == EXACT}
+    total = profile.total_us or 1.0
+    passes = {label: name for label, name, _ in PATTERNS}
+    hints = []
+    for partition, model in models.items():
+        part = next((p for p in profile.partitions if p.name == partition), None)
+        level = part.level if part is not None else "?"
+        for label, places in find_patterns(model).items():
+            if label in _HOST_ONLY and part is not None and part.device != "cpu":
+                continue
+            separate = [nodes for nodes in places
+                        if sum((partition, n.name) in own for n in nodes) >= 2]
+            # What fusing could save: the kernels after the pattern's first node (the Add, the
+            # BatchNorm…), which a fused kernel does in the first one's pass over the data.
+            spent = sum(own[(partition, n.name)].total_us for nodes in separate
+                        for n in nodes[1:] if (partition, n.name) in own)
+            example = " → ".join(repr(n.name or n.op_type) for n in places[0])
+            text = (f"{label} left unfused in {len(places)} place(s) of {partition} "
+                    f"(e.g. {example}); ")
+            if separate:
+                text += (f"{len(separate)} run as separate kernels, the ones after the first "
+                         f"taking {spent / profile.runs:.1f} µs/run ({spent / total:.0%} of "
+                         f"kernel time); graphopt's "
+                         f"{passes[label]} (-O2) fuses this pattern where its checks allow")
+            else:
+                text += (f"onnxruntime fused each when loading at level {level}, so they cost "
+                         f"load time, not run time ({passes[label]} would fuse offline where "
+                         "its checks allow)")
+            hints.append(Hint("unfused", text, {
+                "pattern": label, "partition": partition, "places": len(places),
+                "separate": len(separate), "us_per_run": spent / profile.runs,
+                "share": spent / total, "pass": passes[label]}))
+    return hints
+
+
+# --- fallbacks and layout ------------------------------------------------------------------
+
+
+def _fallbacks(profile: Profile) -> list[Hint]:
+    record = profile.partitioning or {}
+    fallbacks = record.get("fallbacks") or []
+    if not fallbacks:
+        return []
+    by_reason: dict[str, Counter] = {}
+    for entry in fallbacks:
+        by_reason.setdefault(entry["reason"], Counter())[entry["op"]] += 1
+    host = [(p, us, share) for p, _, us, share in profile.by_partition() if p.device == "cpu"]
+    host_us = sum(us for _, us, _ in host)
+    host_share = sum(share for _, _, share in host)
+    reasons = "; ".join(f"{', '.join(f'{op} ×{n}' for op, n in ops.items())}: {reason}"
+                        for reason, ops in by_reason.items())
+    text = (f"{len(fallbacks)} node(s) placed on the CPU instead of the {record.get('target', '?')} "
+            f"NPU, in {len(host)} host partition(s) taking {host_us:.1f} µs/run "
+            f"({host_share:.0%} of kernel time) — {reasons}")
+    return [Hint("fallback", text, {"nodes": len(fallbacks), "host_partitions": len(host),
+                                    "us_per_run": host_us, "share": host_share,
+                                    "reasons": {r: dict(ops) for r, ops in by_reason.items()}})]
+
+
+def _layout(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
+    hints = []
+    total = profile.total_us or 1.0
+    for ops, what in ((_REORDERS, "NCHWc layout conversions"), (("Transpose",), "Transposes")):
+        kernels = [k for k in profile.kernels if k.op_type in ops]
+        in_graph = sum(1 for m in models.values() for n in m.graph if n.op_type in ops)
+        if not kernels and not in_graph:
+            continue
+        spent = sum(k.total_us for k in kernels)
+        counts = Counter(k.op_type for k in kernels)
+        kinds = ", ".join(f"{op} ×{n}" for op, n in sorted(counts.items())) or "none ran"
+        text = (f"{what}: {len(kernels)} kernel(s) ran ({kinds}; the graph has {in_graph} "
+                f"before onnxruntime's own rewrites), {spent / profile.runs:.1f} µs/run, "
+                f"{spent / total:.0%} of kernel time")
+        hints.append(Hint("layout", text, {"ops": list(ops), "kernels": len(kernels),
+                                           "in_graph": in_graph,
+                                           "us_per_run": spent / profile.runs,
+                                           "share": spent / total}))
+    return hints

@@ -1,0 +1,373 @@
+"""`graphopt profile`'s measurement: onnxruntime's per-kernel profile of an .onnx or an .om,
+with each kernel matched to its IR node and priced by the CPU cost model."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from graphopt.errors import GraphoptError, InputError, OptionError
+from graphopt.ir import Model, load_onnx
+from graphopt.tools.profile_match import Matcher, name_nodes
+from graphopt.tools.profile_stats import ProfileStats
+from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
+from graphopt.tuner.cpu_model import CpuCostModel, node_work, op_class
+
+_ORT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+LEVELS = tuple(_ORT_LEVELS)
+DEFAULT_REPEAT = 10
+DEFAULT_WARMUP = 3
+ONNX_PARTITION = "model"  # the one "partition" of a plain .onnx
+
+
+@dataclass
+class Kernel:
+    """One profiled kernel summed over the kept runs, with the IR node it was matched to."""
+
+    partition: str
+    name: str                 # onnxruntime's node name
+    op_type: str              # the op onnxruntime ran (after its own rewrites)
+    provider: str
+    calls: int
+    total_us: float
+    node: str | None = None   # the IR node it comes from (see profile_match)
+    how: str = ""             # how it was matched: "name", "fused", "nchwc"
+    predicted_us: float | None = None  # the cost model's seconds per call of that node, in µs
+    compute_us: float | None = None    # its roofline's two sides (flops/peak, bytes/bandwidth)
+    memory_us: float | None = None
+    median_us: float = 0.0            # of its calls: robust to a run another process slowed
+
+    @property
+    def mean_us(self) -> float:
+        return self.total_us / self.calls if self.calls else 0.0
+
+
+@dataclass
+class PartitionInfo:
+    name: str
+    device: str
+    level: str                # the onnxruntime optimization level its session ran at
+    providers: list[str]
+    nodes: int                # IR nodes in its model
+
+
+@dataclass
+class Profile(ProfileStats):
+    """What `profile_model` measured. Aggregations live in ProfileStats."""
+
+    path: str
+    kind: str                              # "onnx" or "om"
+    runs: int
+    warmup: int
+    threads: int | None
+    partitions: list[PartitionInfo]
+    kernels: list[Kernel]
+    wall_s: list[float]                    # each kept run's wall time, profiling included
+    cost_model: str                        # where the cost model's constants come from
+    models: dict[str, Model] = field(default_factory=dict, repr=False)  # IR per partition
+    partitioning: dict | None = None       # an .om's extra.partitioning record
+    notes: list[str] = field(default_factory=list)
+    trace: list[dict] = field(default_factory=list, repr=False)  # chrome-trace events
+
+
+def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
+                  feeds: Mapping[str, np.ndarray] | None = None, *,
+                  repeat: int = DEFAULT_REPEAT, warmup: int = DEFAULT_WARMUP,
+                  threads: int | None = None, level: str | None = None,
+                  input_shapes: Mapping[str, list[int]] | None = None,
+                  calibration: str | os.PathLike | None = None, seed: int = 0) -> Profile:
+    """Run a model `repeat` times after `warmup` untimed runs with onnxruntime's profiler on.
+
+    `level` is onnxruntime's graph optimization level (default: what `graphopt run` uses, the
+    level each .om partition recorded; "all" for an .onnx). Without `feeds`, seeded random
+    inputs shaped by the model's signature with `input_shapes` pinning dynamic dims.
+    `calibration` is a `graphopt calibrate` JSON (default: its default path when present, else
+    the `cpu` target profile's figures).
+    """
+    _check_options(repeat, warmup, threads, level)
+    cost, source, notes = _cost_model(calibration)
+    is_proto = isinstance(path_or_proto, onnx.ModelProto)
+    label = "<model>" if is_proto else os.fspath(path_or_proto)
+    if not is_proto:
+        if not os.path.exists(label):
+            raise InputError(f"{label}: no such file")
+        if os.path.isdir(label):
+            raise InputError(f"{label}: is a directory, expected an .onnx or .om file")
+    with tempfile.TemporaryDirectory(prefix="graphopt-profile-") as workdir:
+        if not is_proto and _is_om(label):
+            profile = _profile_om(label, feeds, repeat, warmup, threads, level, input_shapes,
+                                  seed, workdir)
+        else:
+            profile = _profile_onnx(path_or_proto, label, feeds, repeat, warmup, threads,
+                                    level or "all", input_shapes, seed, workdir)
+    profile.cost_model = source
+    profile.notes = notes + profile.notes
+    _price(profile, cost)
+    return profile
+
+
+def _check_options(repeat, warmup, threads, level) -> None:
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise OptionError(f"--repeat must be at least 1, got {repeat!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise OptionError(f"--warmup must be 0 or more, got {warmup!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 0):
+        raise OptionError(f"--threads must be 0 (onnxruntime chooses) or more, got {threads!r}")
+    if level is not None and level not in LEVELS:
+        raise OptionError(f"--level {level!r} is not one of: {', '.join(LEVELS)}")
+
+
+def _is_om(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"PK" or path.lower().endswith(".om")
+
+
+def _cost_model(calibration) -> tuple[CpuCostModel, str, list[str]]:
+    from graphopt.tuner.calibrate import CalibrationResult, default_path
+
+    path = os.fspath(calibration) if calibration is not None else default_path()
+    if calibration is None and not os.path.exists(path):
+        defaults = ("the cpu target profile's figures (run `graphopt calibrate --target cpu` "
+                    "for this machine's)")
+        return CpuCostModel(), defaults, []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = CalibrationResult.load(path)
+    notes = [str(w.message) for w in caught]
+    source = (f"calibration {path} ({result.threads} thread(s), "
+              f"{'quick, ' if result.quick else ''}{result.cpu_model})")
+    return result.cost_model(), source, notes
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def _timed_runs(run, count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_shapes, seed,
+                  workdir) -> Profile:
+    from graphopt.ir.onnx_io import read_model_proto
+
+    if isinstance(source, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(source)  # nodes get names below: the caller's proto stays as it was
+    else:
+        proto = read_model_proto(label)
+    # Name every node as onnxruntime would show it, so that its fusions ("<name>/…") can be
+    # traced back to graphopt's nodes; the names change nothing that runs.
+    for index, node in enumerate(proto.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{index}"
+    signature = _signature(proto)
+    feeds = _feeds(signature, feeds, input_shapes, seed, label)
+    try:
+        data = proto.SerializeToString()
+    except ValueError as exc:  # protobuf refuses messages past 2 GB
+        raise InputError(f"{label}: too large to profile from memory ({exc}); compile it to an "
+                         ".om and profile that") from None
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _ORT_LEVELS[level]
+    if threads is not None:
+        options.intra_op_num_threads = threads  # 0 lets onnxruntime choose, as for `graphopt run`
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(workdir, ONNX_PARTITION)
+    try:
+        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        session.run(None, feeds)  # the first run fails here, not mid-measurement
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
+        raise InputError(f"{label}: onnxruntime cannot run it: {_first_line(exc)}") from None
+    # The check run counts as the first warmup; with no warmup it is dropped all the same.
+    skip = max(warmup, 1)
+
+    def run():
+        return session.run(None, feeds)
+
+    _timed_runs(run, skip - 1)
+    wall = _timed_runs(run, repeat)
+    trace = read_trace(session.end_profiling())
+    model = load_onnx(proto)
+    _shape(model, {name: array.shape for name, array in feeds.items()})
+    part = PartitionInfo(ONNX_PARTITION, "cpu", level, ["CPUExecutionProvider"], len(model.graph))
+    profile = Profile(path=label, kind="onnx", runs=repeat, warmup=warmup, threads=threads,
+                      partitions=[part], kernels=[], wall_s=wall, cost_model="",
+                      models={ONNX_PARTITION: model}, trace=trace)
+    _collect(profile, {ONNX_PARTITION: trace}, skip)
+    return profile
+
+
+def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
+                workdir) -> Profile:
+    from graphopt.codegen.runtime import OmSession
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # e.g. an NPU partition standing in on the CPU provider
+        session = OmSession(path, intra_op_num_threads=threads, optimization_level=level,
+                            profile_dir=workdir)
+    notes = [str(w.message) for w in caught]
+    feeds = _feeds(session.inputs, feeds, input_shapes, seed, path)
+    artifact = session.artifact
+    # The first run also returns every tensor passed between partitions: their shapes pin the
+    # partitions' inputs for the cost model. It is dropped like a warmup.
+    routed = [t for p in artifact.partitions for t in (*p.inputs, *p.outputs)]
+    values = session.run(feeds, list(dict.fromkeys(routed)))
+    skip = max(warmup, 1)
+
+    def run():
+        return session.run(feeds)
+
+    _timed_runs(run, skip - 1)
+    wall = _timed_runs(run, repeat)
+    traces = {name: read_trace(file) for name, file in session.end_profiling().items() if file}
+    shapes = {name: np.shape(array) for name, array in {**feeds, **values}.items()}
+    providers = session.providers
+    partitions, models = [], {}
+    for part in artifact.partitions:
+        model = load_onnx(artifact.models[part.name])  # weights stay in the file: shapes suffice
+        name_nodes(model)
+        _shape(model, shapes)
+        models[part.name] = model
+        partitions.append(PartitionInfo(part.name, part.device,
+                                        level or part.optimization_level or "all",
+                                        providers.get(part.name, []), len(model.graph)))
+    profile = Profile(path=path, kind="om", runs=repeat, warmup=warmup, threads=threads,
+                      partitions=partitions, kernels=[], wall_s=wall, cost_model="",
+                      models=models, partitioning=artifact.manifest.get("extra", {})
+                      .get("partitioning"), notes=notes, trace=merge_traces(traces))
+    _collect(profile, traces, skip)
+    return profile
+
+
+def _signature(proto: onnx.ModelProto) -> list[dict]:
+    from graphopt.codegen.om_manifest import dtype_name
+    from graphopt.codegen.om_write import graph_inputs
+
+    wanted = set(graph_inputs(proto))
+    entries = []
+    for info in proto.graph.input:
+        if info.name not in wanted:
+            continue
+        tensor = info.type.tensor_type
+        shape = None
+        if info.type.HasField("tensor_type") and tensor.HasField("shape"):
+            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                     for d in tensor.shape.dim]
+        entries.append({"name": info.name, "dtype": dtype_name(tensor.elem_type), "shape": shape})
+    return entries
+
+
+def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]:
+    """The caller's feeds checked against the signature, or seeded random ones."""
+    from graphopt.codegen.feeds import check_feeds, random_feeds
+
+    if feeds is not None:
+        if input_shapes:
+            raise OptionError("--input-shape shapes random inputs; drop it or --inputs")
+        try:
+            check_feeds(signature, feeds)
+        except InputError as exc:
+            raise InputError(f"{label}: {exc}") from None
+        return dict(feeds)
+    pinned = []
+    unknown = set(input_shapes or {}) - {e["name"] for e in signature}
+    if unknown:
+        raise OptionError(f"--input-shape: {label} has no input {min(unknown)!r} "
+                          f"(inputs: {', '.join(e['name'] for e in signature) or 'none'})")
+    for entry in signature:
+        dims = (input_shapes or {}).get(entry["name"])
+        shape = entry["shape"]
+        if dims is not None:
+            if shape is not None and len(shape) != len(dims):
+                raise OptionError(f"--input-shape: input {entry['name']!r} has rank {len(shape)}, "
+                                  f"got {len(dims)} dims {list(dims)}")
+            shape = [d if p == -1 else p for d, p in zip(shape or dims, dims)]
+        pinned.append({**entry, "shape": shape})
+    try:
+        return random_feeds(pinned, seed=seed)
+    except InputError as exc:
+        raise InputError(f"{label}: {exc}; pin it with --input-shape or pass --inputs") from None
+
+
+def _shape(model: Model, shapes: Mapping[str, tuple]) -> None:
+    """Static shapes for the cost model: the graph inputs as fed, then inference if needed."""
+    from graphopt.input_shapes import pin_input_shapes
+    from graphopt.passes.infer_shapes import infer_shapes
+
+    inputs = {v.name: list(shapes[v.name]) for v in model.graph.inputs
+              if not v.is_constant and v.name in shapes}
+    try:
+        pin_input_shapes(model, inputs)
+    except OptionError:
+        pass  # the model's own dims disagree with what ran: keep them, inference decides
+    if any(v is not None and v.static_shape is None for n in model.graph for v in n.outputs):
+        infer_shapes(model)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --- aggregation ---------------------------------------------------------------------------
+
+
+def _collect(profile: Profile, traces: dict[str, list[dict]], skip: int) -> None:
+    """Sum each partition's kernel events per kernel over the kept runs and match them."""
+    for part in profile.partitions:
+        events, kept = kernel_events(traces.get(part.name, []), skip)
+        if kept != profile.runs and part.name in traces:
+            raise GraphoptError(f"{profile.path}: partition {part.name!r}: onnxruntime's profile "
+                                f"holds {kept} run(s) after the warmups, expected {profile.runs}")
+        matcher = Matcher(profile.models[part.name])
+        by_name: dict[str, Kernel] = {}
+        durations: dict[str, list[float]] = {}
+        for e in events:
+            kernel = by_name.get(e.name)
+            if kernel is None:
+                node, how = matcher.match(e.name, e.op_type)
+                kernel = by_name[e.name] = Kernel(part.name, e.name, e.op_type, e.provider, 0,
+                                                  0.0, node.name if node else None, how)
+            kernel.calls += 1
+            kernel.total_us += e.dur_us
+            durations.setdefault(e.name, []).append(e.dur_us)
+        for name, kernel in by_name.items():
+            kernel.median_us = float(np.median(durations[name]))
+        profile.kernels.extend(by_name.values())
+
+
+def _price(profile: Profile, cost: CpuCostModel) -> None:
+    """The cost model's time and roofline sides for every matched kernel on a host partition
+    (the CPU model prices host nodes only; an NPU partition's stand-in run is not its target)."""
+    host = {p.name: {n.name: n for n in profile.models[p.name].graph}
+            for p in profile.partitions if p.device == "cpu"}
+    for kernel in profile.kernels:
+        if kernel.node is None or kernel.partition not in host:
+            continue
+        node = host[kernel.partition][kernel.node]
+        c = cost.constants[op_class(node)]
+        flops, moved = node_work(node)
+        kernel.predicted_us = cost.node_seconds(node) * 1e6
+        kernel.compute_us = flops / (c.peak_gflops * 1e3) if c.peak_gflops > 0 else 0.0
+        kernel.memory_us = moved / (c.bandwidth_gbs * 1e3) if c.bandwidth_gbs > 0 else 0.0
+

@@ -1,0 +1,67 @@
+"""A profile and its hints as text tables for `graphopt profile`."""
+
+from __future__ import annotations
+
+import math
+
+from graphopt.table import format_table
+from graphopt.tools.advisor import Hint
+from graphopt.tools.profile import Profile
+
+
+def _num(value: float | None, spec: str = ".1f") -> str | None:
+    return None if value is None else format(value, spec)
+
+
+def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
+    runs = profile.runs
+    threads = ("onnxruntime's default threads" if not profile.threads
+               else f"{profile.threads} thread(s)")
+    kernel, wall = profile.kernel_us_per_run, profile.wall_us_per_run
+    rho = profile.spearman()
+    priced = sum(k.predicted_us is not None for k in profile.kernels)
+    lines = [
+        (f"{profile.path}: {len(profile.partitions)} partition(s), {runs} profiled run(s) "
+         f"after {profile.warmup} warmup, {threads}"),
+        (f"per run: wall {wall:.1f} µs (profiler on), kernels {kernel:.1f} µs "
+         f"({kernel / wall:.0%} of wall); {len(profile.kernels)} kernel(s), "
+         f"{profile.matched_share:.0%} of kernel time matched to graph nodes"),
+        f"cost model: {profile.cost_model}",
+        "Spearman ρ predicted vs measured µs per call: "
+        + (f"{rho:.2f} over {priced} priced kernel(s)" if not math.isnan(rho)
+           else f"n/a ({priced} priced kernel(s); the CPU model prices matched host nodes)"),
+    ]
+    lines += [f"note: {note}" for note in profile.notes]
+
+    rows = [[r.op_type, r.kernels, r.calls, f"{r.total_us / 1e3:.3f}", f"{r.mean_us:.1f}",
+             f"{r.share * 100:.1f}", _num(r.predicted_us), _num(r.measured_predicted_us),
+             r.bound] for r in profile.by_op()]
+    lines += ["", format_table(
+        ["op", "kernels", "calls", "total ms", "mean µs", "% time", "predicted µs/run",
+         "measured µs/run", "bound"], rows,
+        title="per op type (predicted/measured: the kernels the cost model priced)")]
+
+    total = profile.total_us or 1.0
+    rows = [[k.partition, _short(k.name), k.op_type, f"{k.mean_us:.1f}",
+             f"{k.median_us:.1f}", f"{k.total_us / total * 100:.1f}", _num(k.predicted_us),
+             _short(k.node) + (f" ({k.how})" if k.how != "name" else "") if k.node
+             else "(unmatched)"] for k in profile.top(top)]
+    lines += ["", format_table(["partition", "kernel", "op", "mean µs", "median µs", "% time",
+                                "predicted µs", "graph node"], rows,
+                               title=f"top {len(rows)} kernel(s)")]
+
+    if profile.kind == "om":
+        rows = [[i, p.name, p.device, p.level, ", ".join(p.providers), p.nodes, n,
+                 f"{us:.1f}", f"{share * 100:.1f}"]
+                for i, (p, n, us, share) in enumerate(profile.by_partition())]
+        lines += ["", format_table(["#", "partition", "device", "level", "providers", "nodes",
+                                    "kernels", "µs/run", "% time"], rows,
+                                   title="partitions (in execution order)")]
+
+    lines += ["", "advisor:" if hints else "advisor: nothing to report"]
+    lines += [f"- {hint.message}" for hint in hints]
+    return "\n".join(lines)
+
+
+def _short(name: str, width: int = 56) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1):]

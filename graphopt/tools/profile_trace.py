@@ -1,0 +1,71 @@
+"""onnxruntime's chrome-trace profiles: reading a trace file, kernel events per run, merging."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from dataclasses import dataclass
+
+from graphopt.errors import GraphoptError
+
+KERNEL_SUFFIX = "_kernel_time"
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One kernel's execution in one run, as onnxruntime's profiler recorded it."""
+
+    name: str        # the onnxruntime node name (the event name without "_kernel_time")
+    op_type: str     # args.op_name: the kernel's op, after onnxruntime's own rewrites
+    provider: str
+    run: int         # 0-based index of the session run it belongs to
+    dur_us: float
+
+
+def read_trace(path: str | os.PathLike) -> list[dict]:
+    """The events of a trace file onnxruntime wrote (a JSON array)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            events = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise GraphoptError(f"cannot read onnxruntime's profile {path}: {exc}") from None
+    if not isinstance(events, list):
+        raise GraphoptError(f"onnxruntime's profile {path} is not a JSON array of events")
+    return events
+
+
+def kernel_events(events: list[dict], skip_runs: int = 0) -> tuple[list[KernelEvent], int]:
+    """The kernel events of every run after the first `skip_runs` (the warmups), and how many
+    runs were kept. A kernel belongs to the `model_run` whose time span holds its start: a node
+    inside a control-flow subgraph runs several times per run, so counting by node would not do.
+    """
+    runs = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                  if e.get("cat") == "Session" and e.get("name") == "model_run")
+    starts = [start for start, _ in runs]
+    kept: list[KernelEvent] = []
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") != "Node" or not name.endswith(KERNEL_SUFFIX):
+            continue
+        index = bisect.bisect_right(starts, e["ts"]) - 1
+        if index < skip_runs or e["ts"] > runs[index][1]:
+            continue
+        args = e.get("args", {})
+        kept.append(KernelEvent(name[: -len(KERNEL_SUFFIX)], str(args.get("op_name", "?")),
+                                str(args.get("provider", "?")), index - skip_runs,
+                                float(e.get("dur", 0))))
+    return kept, max(0, len(runs) - skip_runs)
+
+
+def merge_traces(traces: dict[str, list[dict]]) -> list[dict]:
+    """One chrome trace from several sessions' (one per .om partition). Each session's clock
+    starts at its own creation, so each partition gets a process track of its own, named by a
+    metadata event, rather than one timeline that would misplace them against each other."""
+    merged: list[dict] = []
+    for pid, (partition, events) in enumerate(traces.items(), start=1):
+        merged.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                       "args": {"name": f"partition {partition}"}})
+        merged.extend({**e, "pid": pid, "args": {**e.get("args", {}), "partition": partition}}
+                      for e in events)
+    return merged

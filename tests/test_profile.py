@@ -1,0 +1,264 @@
+"""graphopt profile: onnxruntime's kernel profile of .onnx and .om, matched to the IR, priced by
+the cost model, aggregated consistently, with advisor hints and a chrome trace."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+import graphopt
+from graphopt import zoo
+from graphopt.errors import InputError, OptionError
+from graphopt.ir import load_onnx
+from graphopt.tools.advisor import advise, find_patterns
+from graphopt.tools.profile import profile_model
+from graphopt.tools.profile_match import Matcher, name_nodes
+
+RNG = np.random.default_rng(7)
+RUNS = {"repeat": 3, "warmup": 1, "threads": 1}
+
+
+@pytest.fixture(autouse=True)
+def _no_calibration(tmp_path, monkeypatch):
+    """The cost model's defaults, not whatever calibration this machine's cache holds."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The zoo's tiny conv net as .onnx and as a cpu .om."""
+    root = tmp_path_factory.mktemp("tiny")
+    onnx_path, om_path = root / "tiny.onnx", root / "tiny.om"
+    onnx.save(zoo.build("tiny"), onnx_path)
+    graphopt.save(graphopt.optimize(onnx_path, target="cpu"), om_path)
+    return onnx_path, om_path
+
+
+def weight(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.2).astype(np.float32)
+
+
+MATMUL_ADD = """
+    g (float[4,16] x) => (float[4,8] y) {
+        m = MatMul (x, w)
+        y = Add (m, b)
+    }"""
+
+
+def assert_consistent(profile):
+    """Every aggregation sums to the same kernel total."""
+    total = profile.total_us
+    assert total > 0
+    assert sum(r.total_us for r in profile.by_op()) == pytest.approx(total)
+    assert sum(us for _, _, us, _ in profile.by_partition()) * profile.runs == pytest.approx(total)
+    assert sum(r.share for r in profile.by_op()) == pytest.approx(1.0)
+    assert sum(k.calls for k in profile.kernels) == sum(r.calls for r in profile.by_op())
+
+
+def test_onnx_profile_matches_nodes_and_sums(tiny):
+    profile = profile_model(tiny[0], **RUNS)
+    assert profile.kind == "onnx" and profile.partitions[0].level == "all"
+    assert_consistent(profile)
+    assert all(k.calls == profile.runs for k in profile.kernels)  # one call per node per run
+    ops = {r.op_type for r in profile.by_op()}
+    assert "Conv" in ops and "Gemm" in ops
+    # onnxruntime's NCHWc pass renames the fused convs after their Relu's output value;
+    # the matcher still finds the Conv nodes they run.
+    convs = [k for k in profile.kernels if k.op_type == "Conv"]
+    assert sorted(k.node for k in convs) == ["/conv1/Conv", "/conv2/Conv"]
+    assert {k.how for k in convs} == {"nchwc"}
+    assert all(k.predicted_us > 0 for k in convs)
+    assert 0.5 < profile.matched_share <= 1.0
+    assert len(profile.wall_s) == profile.runs
+
+
+def test_om_profile_is_what_run_runs(tiny):
+    profile = profile_model(tiny[1], **RUNS)
+    assert profile.kind == "om"
+    (part,) = profile.partitions
+    assert part.level == "extended"  # the level the -O2 compile recorded
+    assert part.providers == ["CPUExecutionProvider"]
+    assert_consistent(profile)
+    # graphopt's own names survive: every kernel is matched by name and priced.
+    assert profile.matched_share == 1.0
+    assert {k.how for k in profile.kernels} == {"name"}
+    assert all(k.predicted_us is not None for k in profile.kernels)
+    assert not math.isnan(profile.spearman())
+    assert "ReorderOutput" in {k.op_type for k in profile.kernels}
+
+
+def test_level_override_changes_what_runs(tiny):
+    plain = profile_model(tiny[0], level="disable", **RUNS)
+    assert plain.partitions[0].level == "disable"
+    # Nothing is rewritten at "disable": one kernel per graph node that computes something.
+    assert {k.how for k in plain.kernels} == {"name"}
+    assert "BatchNormalization" in {k.op_type for k in plain.kernels}
+
+
+def test_partitions_of_an_npu_om_with_a_fallback(tmp_path):
+    proto = parse_model("""
+        g (float[1,8,32,32] x) => (float[1,4] values, int64[1,4] indices) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            r2 = Relu (c2)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            scores = Gemm <transB = 1> (f, wf, bf)
+            values, indices = TopK <axis = 1> (scores, k)
+        }""", w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3), b2=weight(32),
+        wf=weight(64, 32), bf=weight(64), k=np.array([4], np.int64))
+    path = tmp_path / "npu.om"
+    graphopt.save(graphopt.optimize(proto, target="ascend310"), path)
+    profile = profile_model(path, **RUNS)
+    devices = [p.device for p in profile.partitions]
+    assert len(devices) >= 2 and "npu" in devices and "cpu" in devices
+    assert_consistent(profile)
+    assert all(n > 0 for _, n, _, _ in profile.by_partition())
+    # Only host partitions are priced: the CPU model is not the NPU's.
+    priced = {k.partition for k in profile.kernels if k.predicted_us is not None}
+    assert priced <= {p.name for p in profile.partitions if p.device == "cpu"}
+    assert any("stand-in" in note for note in profile.notes)
+    (hint,) = [h for h in advise(profile) if h.kind == "fallback"]
+    assert "TopK ×1" in hint.message and hint.numbers["nodes"] == 1
+    assert hint.numbers["host_partitions"] >= 1
+    # Conv + Relu is onnxruntime's CPU FusedConv: no advice for the NPU partition.
+    npu = {p.name for p in profile.partitions if p.device == "npu"}
+    assert not [h for h in advise(profile) if h.numbers.get("partition") in npu
+                and h.numbers.get("pattern") == "Conv + activation"]
+
+
+def test_advisor_finds_matmul_add_left_unfused_at_O0(tmp_path):
+    proto = parse_model(MATMUL_ADD, w=weight(16, 8), b=weight(8))
+    path = tmp_path / "mm.om"
+    graphopt.save(graphopt.optimize(proto, level=0, target="cpu"), path)
+    profile = profile_model(path, **RUNS)
+    (hint,) = [h for h in advise(profile) if h.kind == "unfused"]
+    assert hint.numbers["pattern"] == "MatMul + Add" and hint.numbers["places"] == 1
+    assert hint.numbers["pass"] == "FuseMatMul"
+    # At its default level onnxruntime fuses the pair itself; at "disable" both kernels run.
+    assert hint.numbers["separate"] == 0
+    apart = profile_model(path, level="disable", **RUNS)
+    (hint,) = [h for h in advise(apart) if h.kind == "unfused"]
+    assert hint.numbers["separate"] == 1 and hint.numbers["us_per_run"] > 0
+    assert "separate kernels" in hint.message
+
+
+def test_advisor_leaves_fused_graphs_alone(tmp_path):
+    proto = parse_model(MATMUL_ADD, w=weight(16, 8), b=weight(8))
+    fused = graphopt.optimize(proto, level=2, target="cpu")
+    assert not find_patterns(fused.model)
+    # A bias that is not a constant is no MatMul+bias pattern.
+    shared = parse_model("""
+        g (float[4,16] x, float[4,8] z) => (float[4,8] y) {
+            m = MatMul (x, w)
+            y = Add (m, z)
+        }""", w=weight(16, 8))
+    assert not find_patterns(load_onnx(shared))
+
+
+def test_patterns_in_decomposed_layernorm_and_gelu():
+    proto = parse_model("""
+        g (float[2,8] x) => (float[2,8] y) {
+            mu = ReduceMean <axes = [-1]> (x)
+            d = Sub (x, mu)
+            sq = Pow (d, two)
+            var = ReduceMean <axes = [-1]> (sq)
+            ve = Add (var, eps)
+            sd = Sqrt (ve)
+            n = Div (d, sd)
+            h = Div (n, rt2)
+            e = Erf (h)
+            e1 = Add (e, one)
+            g1 = Mul (n, e1)
+            y = Mul (g1, half)
+        }""", header='<ir_version: 8, opset_import: ["" : 13]>\n',
+        two=np.float32(2), eps=np.float32(1e-5), rt2=np.float32(math.sqrt(2)),
+        one=np.float32(1), half=np.float32(0.5))
+    found = find_patterns(load_onnx(proto))
+    assert len(found["decomposed LayerNorm (ReduceMean, Sub, Pow…)"]) == 1
+    assert len(found["decomposed Gelu (Erf, Add, Mul)"]) == 1
+
+
+def test_matcher_names():
+    model = load_onnx(parse_model(MATMUL_ADD, w=weight(16, 8), b=weight(8)))
+    name_nodes(model)
+    assert [n.name for n in model.graph] == ["MatMul_0", "Add_1"]
+    matcher = Matcher(model)
+    assert matcher.match("MatMul_0", "MatMul")[1] == "name"
+    node, how = matcher.match("MatMul_0/MatMulAddFusion", "Gemm")
+    assert node.name == "MatMul_0" and how == "fused"
+    assert matcher.match("y_nchwc", "Add")[0].name == "Add_1"
+    assert matcher.match("ReorderOutput", "ReorderOutput") == (None, "")
+
+
+def test_feeds_and_dynamic_inputs(tmp_path):
+    proto = parse_model("""
+        g (float[N,16] x) => (float[N,8] y) {
+            y = MatMul (x, w)
+        }""", w=weight(16, 8))
+    with pytest.raises(InputError, match="dynamic dim 0.*--input-shape"):
+        profile_model(proto, **RUNS)
+    pinned = profile_model(proto, input_shapes={"x": [5, 16]}, **RUNS)
+    assert pinned.models["model"].graph.inputs[0].shape == (5, 16)
+    (kernel,) = pinned.kernels
+    assert kernel.predicted_us > 0  # the cost model saw the pinned shape
+    given = profile_model(proto, {"x": np.ones((2, 16), np.float32)}, **RUNS)
+    assert given.kernels[0].calls == RUNS["repeat"]
+    with pytest.raises(InputError, match="dtype"):
+        profile_model(proto, {"x": np.ones((2, 16), np.float64)}, **RUNS)
+    with pytest.raises(OptionError, match="--input-shape.*no input 'q'"):
+        profile_model(proto, input_shapes={"q": [1]}, **RUNS)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"level": "fast"}, "--level 'fast' is not one of"),
+    ({"repeat": 0}, "--repeat must be at least 1"),
+    ({"warmup": -1}, "--warmup must be 0 or more"),
+    ({"threads": -2}, "--threads"),
+])
+def test_bad_options(tiny, options, message):
+    with pytest.raises(OptionError, match=message):
+        profile_model(tiny[0], **options)
+
+
+def test_cli_text_json_and_trace(tiny, tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    rc, out, err = run_cli(capsys, "profile", tiny[1], "--repeat", "2", "--warmup", "1",
+                           "--threads", "1", "--top", "3", "--trace", trace)
+    assert rc == 0, err
+    assert "per op type" in out and "top 3 kernel(s)" in out and "partitions" in out
+    assert "advisor:" in out and f"wrote {trace}" in out
+    events = json.loads(trace.read_text())
+    kernels = [e for e in events if e.get("cat") == "Node"]
+    assert kernels and all(e["args"]["partition"] == "p0_cpu" for e in kernels)
+    # warmups included: the trace is onnxruntime's whole record
+    assert len(kernels) >= 2 * 6
+
+    rc, out, err = run_cli(capsys, "profile", tiny[0], "--repeat", "2", "--warmup", "0",
+                           "--threads", "1", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["kind"] == "onnx" and doc["runs"] == 2 and doc["trace"] is None
+    assert sum(op["total_us"] for op in doc["ops"]) == pytest.approx(
+        sum(k["total_us"] for k in doc["kernels"]))
+    assert {h["kind"] for h in doc["hints"]} >= {"unfused"}
+
+
+def test_cli_errors(tiny, tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "profile", tmp_path / "missing.onnx")
+    assert rc == 1 and "missing.onnx: no such file" in err
+    rc, _, err = run_cli(capsys, "profile", tiny[0], "--level", "fast")
+    assert rc == 1 and "--level 'fast' is not one of" in err
+    rc, _, err = run_cli(capsys, "profile", tiny[0], "--trace", tmp_path / "no" / "t.json")
+    assert rc == 1 and "--trace" in err and "does not exist" in err
+    junk = tmp_path / "junk.om"
+    junk.write_bytes(b"not an artifact")
+    rc, _, err = run_cli(capsys, "profile", junk)
+    assert rc == 1 and "junk.om" in err
+    assert not list(tmp_path.glob("*.json"))
