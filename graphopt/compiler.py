@@ -20,7 +20,7 @@ from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.infer_shapes import infer_shapes
-from graphopt.passes.instruments import DumpIR, VerifyAfterEachPass
+from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
 from graphopt.switches import read_switch_file
 
@@ -59,7 +59,8 @@ def op_counts(nodes) -> Counter:
 
 
 def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_limit,
-             verify_structure: bool, dump_dir, allow_custom_ops: bool, trace_rules) -> Options:
+             verify_structure: bool, dump_dir, allow_custom_ops: bool, trace_rules,
+             dump_format: str = "text") -> Options:
     if level not in PIPELINES:
         raise OptionError(f"optimization level {level} does not exist (use 0 to {max(PIPELINES)})")
     if isinstance(disable_passes, str):
@@ -73,6 +74,12 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
         raise OptionError(f"--fold-size-limit must be ≥ 0 bytes, got {fold_size_limit}")
     if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
         raise OptionError(f"--dump-dir {dump_dir}: exists and is not a directory")
+    if dump_format not in DUMP_FORMATS:
+        raise OptionError(f"--dump-format {dump_format}: unknown format "
+                          f"(use {', '.join(DUMP_FORMATS)})")
+    if dump_format != "text" and not dump_dir:
+        raise OptionError(f"--dump-format {dump_format} needs --dump-dir, the directory "
+                          "to dump into")
     if isinstance(trace_rules, str):
         trace_rules = [trace_rules]
     trace_rules = set(trace_rules or ())
@@ -83,6 +90,7 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     options = Options(level=level, disabled_passes=disabled, input_shapes=input_shapes,
                       dump_dir=dump_dir, allow_custom_ops=allow_custom_ops,
                       trace_rules=trace_rules)
+    options.dump_format = dump_format
     options.verify_structure |= verify_structure
     if fold_size_limit is not None:
         options.fold_size_limit = int(fold_size_limit)
@@ -97,7 +105,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              atol: float = 1e-5, dump_dir: str | None = None, verify_structure: bool = False,
              allow_custom_ops: bool = False, trace_rules=(),
              target: "str | Target | None" = None, memory_reorder: bool = False,
-             rewrite_gate=None, pass_options: dict | None = None) -> OptimizeResult:
+             rewrite_gate=None, pass_options: dict | None = None,
+             dump_format: str = "text") -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
@@ -111,13 +120,16 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
     VerificationError when any output differs beyond `rtol`/`atol`.
+
+    `dump_dir` receives the IR after import and after each pass, as printed IR (`dump_format`
+    "text"), ONNX sharing one weights file ("onnx") or both, plus passes.json.
     """
     start = time.perf_counter()
     if isinstance(target, (str, os.PathLike)):
         from graphopt.partition import load_target
         target = load_target(os.fspath(target))
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
-                       verify_structure, dump_dir, allow_custom_ops, trace_rules)
+                       verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
     for name, value in (pass_options or {}).items():
         if name not in Options.names():
             raise OptionError(f"compile option '{name}' does not exist (options: "
@@ -145,7 +157,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())
     if options.dump_dir:
-        instruments.append(DumpIR(options.dump_dir))
+        instruments.append(DumpIR(options.dump_dir, options.dump_format))
     if target is not None and not options.nchwc_block_size:
         options.nchwc_block_size = target.device(target.primary).nchwc_block_size
     pipeline = for_target(PIPELINES[options.level], target)

@@ -8,7 +8,8 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from graphopt.errors import PassError
+from graphopt.atomic import atomic_write_bytes
+from graphopt.errors import OptionError, PassError
 from graphopt.ir import format_model, verify
 from graphopt.ir.verify import VerifyError
 
@@ -46,28 +47,59 @@ class VerifyAfterEachPass(Instrument):
             raise PassError(f"pass {name} left the graph invalid: {e}{history}") from None
 
 
-class DumpIR(Instrument):
-    """Writes the printed IR after import and after each pass as numbered files, then
-    passes.json with the log."""
+DUMP_FORMATS = ("text", "onnx", "both")
 
-    def __init__(self, directory: str):
+
+class DumpIR(Instrument):
+    """Writes the IR after import and after each pass as numbered files (`NNN_<pass>.txt`
+    printed IR, `NNN_<pass>.onnx` ONNX with its large weights shared in one `weights.bin`, or
+    both), then passes.json with the log, each entry naming its dump files."""
+
+    def __init__(self, directory: str, format: str = "text"):
+        if format not in DUMP_FORMATS:
+            raise OptionError(f"--dump-format {format}: unknown format "
+                              f"(use {', '.join(DUMP_FORMATS)})")
         self.directory = directory
+        self.format = format
         self.count = 0
+        self.files: list[list[str]] = []  # per dump (import first, then each pass run)
+        self._weights = None
 
     def _write(self, model, label: str) -> None:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", label)
-        path = os.path.join(self.directory, f"{self.count:03d}_{safe}.txt")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(format_model(model))
+        stem = f"{self.count:03d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}"
+        names = []
+        if self.format in ("text", "both"):
+            names.append(stem + ".txt")
+            atomic_write_bytes(os.path.join(self.directory, names[-1]),
+                               format_model(model).encode("utf-8"))
+        if self.format in ("onnx", "both"):
+            from graphopt.tools.dump_onnx import write_onnx_dump
+
+            names.append(stem + ".onnx")
+            write_onnx_dump(model, os.path.join(self.directory, names[-1]), self._weights)
+        self.files.append(names)
         self.count += 1
 
     def start(self, model) -> None:
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:
+            raise OptionError(f"--dump-dir {self.directory}: cannot create it: "
+                              f"{e.strerror or e}") from None
+        if self.format in ("onnx", "both"):
+            from graphopt.tools.dump_onnx import SharedWeights
+
+            self._weights = SharedWeights(self.directory)
         self._write(model, "import")
 
     def after_pass(self, model, record, log) -> None:
         self._write(model, record.name)
 
     def finish(self, model, log) -> None:
-        with open(os.path.join(self.directory, "passes.json"), "w", encoding="utf-8") as f:
-            json.dump(log.to_json(), f, indent=1)
+        data = log.to_json()
+        data["dump_format"] = self.format
+        data["import"] = {"dumps": self.files[0]}
+        for entry, names in zip(data["passes"], self.files[1:]):
+            entry["dumps"] = names
+        atomic_write_bytes(os.path.join(self.directory, "passes.json"),
+                           json.dumps(data, indent=1).encode("utf-8"))

@@ -21,6 +21,7 @@ class Options:
     # (the test suite does).
     verify_structure: bool = field(default_factory=lambda: _env_flag("GRAPHOPT_VERIFY_PASSES"))
     dump_dir: str | None = None           # write the IR after import and after each pass
+    dump_format: str = "text"             # dump files: "text" (printed IR), "onnx" or "both"
     allow_custom_ops: bool = False        # accept ops of domains no schema or function knows
     trace_rules: set[str] = field(default_factory=set)  # rules whose near-misses are reported
     nchwc_block_size: int = 0             # LayoutNchwc: 0 = this CPU's (16 AVX-512F, 8 AVX2); 8 or 16

@@ -1,0 +1,78 @@
+"""`graphopt diff`: compare two models or ONNX dumps, or show what one pass did to a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from graphopt.errors import OptionError
+
+EXAMPLES = """examples:
+  graphopt diff model.onnx model.opt.onnx
+  graphopt optimize model.onnx -o out.onnx --dump-dir dump --dump-format onnx
+  graphopt diff dump/011_SimplifySlicing.onnx dump/012_FuseConvBatchNorm.onnx
+  graphopt diff model.onnx --pass FuseConvBatchNorm
+  graphopt diff model.onnx --pass FoldConstants --all-runs -O3 --json
+"""
+
+
+def add_diff_parser(sub) -> None:
+    p = sub.add_parser(
+        "diff", help="compare two models or dumps, or show what one pass did",
+        description="Compare two ONNX models (or `--dump-format onnx` dumps): nodes removed, "
+                    "added and changed (matched by name, then by op, inputs and outputs), "
+                    "initializers, and op-type counts. With --pass, compile one model and "
+                    "compare its graph right before and right after the first run of that "
+                    "pass that changed it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="two .onnx files (A, then B), or one with --pass")
+    p.add_argument("--pass", dest="pass_name", metavar="NAME",
+                   help="compile MODEL and diff the graph before/after this pass "
+                        "(`graphopt passes` lists them)")
+    p.add_argument("--all-runs", action="store_true",
+                   help="with --pass: diff before its first run against after its last run")
+    p.add_argument("-O", dest="level", type=int, choices=range(4), metavar="LEVEL",
+                   help="with --pass: optimization level 0-3 (default 2)")
+    p.add_argument("--target", metavar="NAME|FILE",
+                   help="with --pass: compile for this target (`graphopt targets`)")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON")
+    p.add_argument("--limit", type=int, default=40, metavar="N",
+                   help="show at most N entries per list in the text form (0: all; default 40)")
+    p.set_defaults(func=_cmd_diff)
+
+
+def _cmd_diff(args) -> int:
+    from graphopt.tools.diff import diff_models, load_for_diff
+    from graphopt.tools.diff_format import format_diff
+
+    if args.limit < 0:
+        raise OptionError(f"--limit must be ≥ 0, got {args.limit}")
+    if args.pass_name is None:
+        used = [flag for flag, on in (("--all-runs", args.all_runs),
+                                      ("-O", args.level is not None),
+                                      ("--target", args.target)) if on]
+        if used:
+            raise OptionError(f"{', '.join(used)} only apply with --pass NAME")
+        if len(args.models) != 2:
+            raise OptionError(f"diff takes two models A and B, got {len(args.models)} "
+                              "(or one model with --pass NAME)")
+        a, b = args.models
+        diff = diff_models(load_for_diff(a), load_for_diff(b), label_a=a, label_b=b)
+        print(json.dumps(diff.to_json(), indent=1) if args.json
+              else format_diff(diff, args.limit))
+        return 0
+
+    from graphopt.tools.diff_pass import diff_pass
+
+    if len(args.models) != 1:
+        raise OptionError(f"--pass {args.pass_name} takes one model, got {len(args.models)}")
+    result = diff_pass(args.models[0], args.pass_name,
+                       level=2 if args.level is None else args.level,
+                       target=args.target, all_runs=args.all_runs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(result.note)
+        print(format_diff(result.diff, args.limit))
+    return 0

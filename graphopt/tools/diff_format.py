@@ -1,0 +1,77 @@
+"""The text form of a GraphDiff: -/+ node lines, then initializer and op-type tables."""
+
+from __future__ import annotations
+
+from graphopt.table import format_table
+from graphopt.tools.diff import GraphDiff
+
+
+def format_diff(diff: GraphDiff, limit: int = 40) -> str:
+    """Readable report; each list shows at most `limit` entries (0: all)."""
+    out = [f"A: {diff.label_a}  ({diff.nodes_a} nodes)",
+           f"B: {diff.label_b}  ({diff.nodes_b} nodes)"]
+    if diff.empty:
+        out.append("no differences")
+        return "\n".join(out)
+    out.append(f"{len(diff.removed)} node(s) removed, {len(diff.added)} added, "
+               f"{len(diff.changed)} changed")
+
+    sections = [("removed", diff.removed, lambda e: [f"  - {e.scope}{e.line}"]),
+                ("added", diff.added, lambda e: [f"  + {e.scope}{e.line}"]),
+                ("changed", diff.changed,
+                 lambda c: [f"  {c.scope}{_renamed(c)}:", f"    - {c.before}",
+                            f"    + {c.after}"])]
+    for title, entries, render in sections:
+        if not entries:
+            continue
+        out += ["", f"{title} nodes ({len(entries)}):"]
+        for entry in _head(entries, limit):
+            out.extend(render(entry))
+        out.extend(_more(entries, limit))
+
+    inits = ([(v.name, "removed", v.type_before) for v in diff.initializers_removed]
+             + [(v.name, "added", v.type_after) for v in diff.initializers_added]
+             + [(v.name, "new data" if v.type_before == v.type_after else "new type",
+                 _types(v.type_before, v.type_after)) for v in diff.initializers_changed])
+    if inits:
+        out += ["", (f"initializers: {len(diff.initializers_removed)} removed, "
+                     f"{len(diff.initializers_added)} added, "
+                     f"{len(diff.initializers_changed)} changed")]
+        out.extend("  " + line for line in format_table(
+            ["initializer", "change", "type"],
+            [list(row) for row in _head(inits, limit)]).splitlines())
+        out.extend(_more(inits, limit))
+
+    if diff.io_changed:
+        out += ["", "graph inputs/outputs:"]
+        out.extend("  " + line for line in format_table(
+            ["value", "A", "B"],
+            [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
+             for v in diff.io_changed]).splitlines())
+
+    deltas = diff.op_deltas()
+    if deltas:
+        rows = [[op, a, b, f"{d:+d}"] for op, a, b, d in deltas]
+        rows.append(["(all ops)", diff.nodes_a, diff.nodes_b, f"{diff.nodes_b - diff.nodes_a:+d}"])
+        out += ["", "op types whose count changed:"]
+        out.extend("  " + line for line in
+                   format_table(["op", "A", "B", "delta"], rows).splitlines())
+    return "\n".join(out)
+
+
+def _renamed(change) -> str:
+    before, after = change.name_before or "(unnamed)", change.name or "(unnamed)"
+    return after if before == after else f"{before} -> {after}"
+
+
+def _types(before: str | None, after: str | None) -> str:
+    return before if before == after else f"{before} -> {after}"
+
+
+def _head(entries: list, limit: int) -> list:
+    return entries if limit <= 0 else entries[:limit]
+
+
+def _more(entries: list, limit: int) -> list[str]:
+    hidden = len(entries) - limit
+    return [f"  … {hidden} more (--limit 0 shows all)"] if limit > 0 and hidden > 0 else []

@@ -1,0 +1,90 @@
+"""What one pass did to a model: compile with ONNX dumps, diff the graph before and after it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+
+from graphopt.errors import OptionError
+from graphopt.tools.diff import GraphDiff, diff_models, load_for_diff
+
+
+@dataclass
+class PassDiff:
+    pass_name: str
+    runs: int                 # how often the pass ran in the pipeline
+    changed_runs: int         # how many of those runs changed the graph
+    first_run: int            # 1-based run numbers diffed: before `first_run`, after `last_run`
+    last_run: int
+    rewrites: dict[str, int]  # summed over the diffed runs
+    diff: GraphDiff
+
+    @property
+    def note(self) -> str:
+        if self.changed_runs == 0:
+            return (f"{self.pass_name} ran {self.runs} time(s) and never changed the graph; "
+                    "showing its first run")
+        runs = (f"run {self.first_run}" if self.first_run == self.last_run
+                else f"runs {self.first_run}-{self.last_run}")
+        rewrites = ", ".join(f"{k}={v}" for k, v in sorted(self.rewrites.items())) or "none"
+        return (f"{self.pass_name} {runs} of {self.runs} ({self.changed_runs} changed the "
+                f"graph); rewrites: {rewrites}")
+
+    def to_json(self) -> dict:
+        return {"pass": {"name": self.pass_name, "runs": self.runs,
+                         "changed_runs": self.changed_runs, "first_run": self.first_run,
+                         "last_run": self.last_run, "rewrites": self.rewrites},
+                **self.diff.to_json()}
+
+
+def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, target=None,
+              all_runs: bool = False) -> PassDiff:
+    """Diff the graph right before and right after the first run of `pass_name` that changed
+    it (its first run if none did); `all_runs`: before its first run, after its last run."""
+    from graphopt.compiler import optimize
+
+    label = os.path.basename(os.fspath(model))
+    with tempfile.TemporaryDirectory(prefix="graphopt-diff-") as directory:
+        # The ONNX dumps are the snapshots: one per pass run, weights shared on disk.
+        optimize(model, level=level, target=target, dump_dir=directory, dump_format="onnx")
+        with open(os.path.join(directory, "passes.json"), encoding="utf-8") as f:
+            log = json.load(f)
+        records = log["passes"]
+        runs = [i for i, r in enumerate(records) if r["pass"] == pass_name]
+        if not runs:
+            raise OptionError(_not_run(pass_name, records, level, target))
+        changed = [i for i in runs if records[i]["changed"]]
+        if all_runs:
+            first, last = runs[0], runs[-1]
+        else:
+            first = last = changed[0] if changed else runs[0]
+        before = log["import"]["dumps"][0] if first == 0 else records[first - 1]["dumps"][0]
+        after = records[last]["dumps"][0]
+        a = load_for_diff(os.path.join(directory, before))
+        b = load_for_diff(os.path.join(directory, after))
+    rewrites: dict[str, int] = {}
+    for i in runs:
+        if first <= i <= last:
+            for rule, count in records[i]["rewrites"].items():
+                rewrites[rule] = rewrites.get(rule, 0) + count
+    diff = diff_models(a, b, label_a=f"{label} before {pass_name} (after {_step(before)})",
+                       label_b=f"{label} after {pass_name}")
+    return PassDiff(pass_name, len(runs), len(changed), runs.index(first) + 1,
+                    runs.index(last) + 1, rewrites, diff)
+
+
+def _step(dump_name: str) -> str:
+    """`012_FoldConstants.onnx` -> `FoldConstants`, the pass whose result the dump holds."""
+    return os.path.splitext(dump_name)[0].split("_", 1)[1]
+
+
+def _not_run(pass_name: str, records: list[dict], level: int, target) -> str:
+    from graphopt.passes import PASSES
+
+    ran = list(dict.fromkeys(r["pass"] for r in records))
+    where = f"-O{level}" + (f" --target {getattr(target, 'name', target)}" if target else "")
+    what = "did not run" if pass_name in PASSES else "is not a pass"
+    ran_text = f"passes that ran: {', '.join(ran)}" if ran else "no pass ran"
+    return f"--pass {pass_name}: {what} at {where} ({ran_text})"

@@ -1,0 +1,240 @@
+"""graphopt.tools.diff and `graphopt diff`: node matching, Conv+BatchNorm fusion, --pass mode,
+--json schema, and errors (missing file, printed-IR dump, unknown pass)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+import graphopt
+from graphopt import zoo
+from graphopt.ir import load_onnx
+from graphopt.passes import Options, PassContext
+from graphopt.passes.fusion.conv_bn import FuseConvBatchNorm
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.tools.diff import diff_models
+from graphopt.tools.diff_format import format_diff
+
+CONV_BN = """
+    agraph (float[1,3,8,8] x) => (float[1,4,8,8] y) {
+      c = Conv <pads=[1,1,1,1]> (x, w)
+      b = BatchNormalization (c, scale, shift, mean, var)
+      y = Relu (b)
+    }"""
+
+
+def _conv_bn() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    proto = parse_model(CONV_BN, w=rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+                        scale=rng.uniform(0.5, 1.5, 4).astype(np.float32),
+                        shift=rng.standard_normal(4).astype(np.float32),
+                        mean=rng.standard_normal(4).astype(np.float32),
+                        var=rng.uniform(0.5, 1.5, 4).astype(np.float32))
+    for node in proto.graph.node:
+        node.name = f"/{node.output[0]}/{node.op_type}"
+    return proto
+
+
+@pytest.fixture
+def conv_bn_path(tmp_path) -> str:
+    path = os.fspath(tmp_path / "convbn.onnx")
+    onnx.save(_conv_bn(), path)
+    return path
+
+
+def _fused():
+    """(before, after) IR models around FuseConvBatchNorm."""
+    before = load_onnx(_conv_bn())
+    infer_shapes(before)
+    after = load_onnx(_conv_bn())
+    infer_shapes(after)
+    assert FuseConvBatchNorm().run(after, PassContext(Options())).changed
+    return before, after
+
+
+# ---------------------------------------------------------------------------------------------
+# library
+# ---------------------------------------------------------------------------------------------
+def test_conv_batchnorm_fusion_removes_the_bn_and_changes_the_conv():
+    before, after = _fused()
+    diff = diff_models(before, after)
+    assert [(e.op, e.name) for e in diff.removed] == \
+        [("BatchNormalization", "/b/BatchNormalization")]
+    assert diff.added == []
+    changes = {c.op_after: c for c in diff.changed}
+    assert set(changes) == {"Conv", "Relu"}
+    conv = changes["Conv"]
+    assert conv.name_before == "/c/Conv" and conv.op_before == "Conv"
+    assert "= Conv(%x, %w) {pads=[1,1,1,1]}  # /c/Conv" in conv.before
+    assert "Conv(%x, %w_fused, %w_b)" in conv.after
+    assert "Relu(%b)" in changes["Relu"].before
+    assert {v.name for v in diff.initializers_added} == {"w_fused", "w_b"}
+    assert diff.initializers_removed == [] and diff.initializers_changed == []
+    assert diff.op_deltas() == [("BatchNormalization", 1, 0, -1)]
+    assert (diff.nodes_a, diff.nodes_b) == (3, 2)
+
+
+def test_protos_are_accepted_and_identical_models_have_no_differences():
+    diff = diff_models(_conv_bn(), _conv_bn())
+    assert diff.empty and diff.op_deltas() == []
+    assert format_diff(diff).endswith("no differences")
+
+
+def test_unnamed_nodes_match_by_structure_and_renames_are_not_changes():
+    a = parse_model("agraph (float[4] x) => (float[4] y) { t = Neg (x)\n y = Abs (t) }")
+    b = parse_model("agraph (float[4] x) => (float[4] y) { t = Neg (x)\n y = Abs (t) }")
+    b.graph.node[0].name = "renamed"  # same op, inputs and outputs: the same node
+    assert diff_models(a, b).empty
+    b.graph.node[1].op_type = "Relu"
+    diff = diff_models(a, b)
+    assert [(e.op, e.line) for e in diff.removed] == [("Abs", "%y<f32[4]> = Abs(%t)")]
+    assert [(e.op, e.line) for e in diff.added] == [("Relu", "%y<f32[4]> = Relu(%t)")]
+
+
+def test_same_name_with_new_attributes_is_a_change():
+    a = parse_model("agraph (float[2,3] x) => (float[3,2] y) { y = Transpose <perm=[1,0]> (x) }")
+    b = parse_model("agraph (float[2,3] x) => (float[3,2] y) { y = Transpose <perm=[0,1]> (x) }")
+    a.graph.node[0].name = b.graph.node[0].name = "t"
+    (change,) = diff_models(a, b).changed
+    assert "perm=[1,0]" in change.before and "perm=[0,1]" in change.after
+
+
+def test_initializer_with_new_data_and_changed_graph_output():
+    text = "agraph (float[3] x) => (float[3] y) { y = Add (x, c) }"
+    a = parse_model(text, c=np.ones(3, np.float32))
+    b = parse_model(text, c=np.array([1, 1, 2], np.float32))
+    diff = diff_models(a, b)
+    assert [(v.name, v.type_before, v.type_after) for v in diff.initializers_changed] == \
+        [("c", "f32[3]", "f32[3]")]
+    assert diff.changed == []  # the node reads the same names
+    c = parse_model(text.replace("=> (float[3] y)", "=> (float[?] y)"), c=np.ones(3, np.float32))
+    assert [(v.name, v.type_before, v.type_after) for v in diff_models(a, c).io_changed] == \
+        [("output y", "f32[3]", "f32[?]")]
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+def _saved_pair(tmp_path):
+    before, after = _fused()
+    paths = []
+    for name, model in (("before.onnx", before), ("after.onnx", after)):
+        paths.append(os.fspath(tmp_path / name))
+        graphopt.save(model, paths[-1])
+    return paths
+
+
+def test_cli_two_models(tmp_path, capsys):
+    a, b = _saved_pair(tmp_path)
+    rc, out, err = run_cli(capsys, "diff", a, b)
+    assert rc == 0, err
+    assert "1 node(s) removed, 0 added, 2 changed" in out
+    assert "  - %b<f32[1,4,8,8]> = BatchNormalization(" in out
+    assert "  /c/Conv -> " in out and "    + %" in out and "Conv(%x, %w_fused, %w_b)" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("Batch"))
+    assert row == ["BatchNormalization", "1", "0", "-1"]
+
+
+def test_cli_json_schema(tmp_path, capsys):
+    a, b = _saved_pair(tmp_path)
+    rc, out, err = run_cli(capsys, "diff", a, b, "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert set(data) == {"a", "b", "nodes", "removed", "added", "changed", "initializers",
+                         "io_changed", "op_counts"}
+    assert data["nodes"] == {"a": 3, "b": 2}
+    assert data["removed"] == [{"name": "/b/BatchNormalization", "op": "BatchNormalization",
+                                "scope": "", "line": data["removed"][0]["line"]}]
+    assert {c["op_after"] for c in data["changed"]} == {"Conv", "Relu"}
+    assert set(data["changed"][0]) == {"name", "name_before", "op_before", "op_after", "scope",
+                                       "before", "after"}
+    assert sorted(v["name"] for v in data["initializers"]["added"]) == ["w_b", "w_fused"]
+    counts = {e["op"]: (e["a"], e["b"], e["delta"]) for e in data["op_counts"]}
+    assert counts == {"Conv": (1, 1, 0), "BatchNormalization": (1, 0, -1), "Relu": (1, 1, 0)}
+
+
+def test_cli_pass_mode(conv_bn_path, capsys):
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseConvBatchNorm", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["pass"]["name"] == "FuseConvBatchNorm"
+    assert data["pass"]["rewrites"] == {"ConvBatchNorm": 1}
+    assert data["pass"]["first_run"] == data["pass"]["last_run"] == 1
+    assert data["pass"]["runs"] == 2 and data["pass"]["changed_runs"] == 1
+    assert [r["op"] for r in data["removed"]] == ["BatchNormalization"]
+    assert "Conv" in {c["op_after"] for c in data["changed"]}
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseConvBatchNorm")
+    assert rc == 0, err
+    assert out.startswith("FuseConvBatchNorm run 1 of 2 (1 changed the graph); "
+                          "rewrites: ConvBatchNorm=1\n")
+    assert "before FuseConvBatchNorm (after SimplifySlicing)" in out
+
+
+def test_cli_pass_mode_all_runs_and_a_pass_that_changed_nothing(conv_bn_path, capsys):
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "EliminateDeadNodes",
+                           "--all-runs", "--json")
+    assert rc == 0, err
+    data = json.loads(out)["pass"]
+    assert data["first_run"] == 1 and data["last_run"] == data["runs"] > 1
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseGelu")
+    assert rc == 0, err
+    assert "FuseGelu ran 2 time(s) and never changed the graph" in out
+    assert out.rstrip().endswith("no differences")
+
+
+def test_cli_diff_of_onnx_dumps_equals_pass_mode(conv_bn_path, tmp_path, capsys):
+    dump = tmp_path / "dump"
+    graphopt.optimize(conv_bn_path, dump_dir=os.fspath(dump), dump_format="onnx")
+    log = json.loads((dump / "passes.json").read_text())
+    index = next(i for i, e in enumerate(log["passes"]) if e["pass"] == "FuseConvBatchNorm")
+    before = (log["passes"][index - 1] if index else log["import"])["dumps"][0]
+    after = log["passes"][index]["dumps"][0]
+    rc, out, err = run_cli(capsys, "diff", dump / before, dump / after, "--json")
+    assert rc == 0, err
+    by_files = json.loads(out)
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseConvBatchNorm", "--json")
+    by_pass = json.loads(out)
+    for key in ("removed", "added", "changed", "initializers", "op_counts"):
+        assert by_files[key] == by_pass[key], key
+
+
+def test_zoo_model_pass_mode_pairs_every_rebuilt_conv(tmp_path, capsys):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), os.fspath(path))
+    rc, out, err = run_cli(capsys, "diff", path, "--pass", "FuseConvBatchNorm", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    fused = data["pass"]["rewrites"]["ConvBatchNorm"]
+    assert [r["op"] for r in data["removed"]] == ["BatchNormalization"] * fused
+    assert data["added"] == []
+    convs = [c for c in data["changed"] if c["op_after"] == "Conv"]
+    assert len(convs) == fused and all("_fused" in c["after"] for c in convs)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["MISSING", "MODEL"], "MISSING: no such file"),
+    (["DUMP.txt", "MODEL"], "printed-IR dump cannot be read back; dump with `--dump-format onnx`"),
+    (["MODEL", "--pass", "NoSuchPass"],
+     "--pass NoSuchPass: is not a pass at -O2 (passes that ran: InferShapes, "),
+    (["MODEL", "--pass", "FuseConvBatchNorm", "-O", "1"],
+     "--pass FuseConvBatchNorm: did not run at -O1 (passes that ran: InferShapes, "),
+    (["MODEL", "--pass", "FuseConvBatchNorm", "-O", "0"], "did not run at -O0 (no pass ran)"),
+    (["MODEL"], "diff takes two models A and B, got 1"),
+    (["MODEL", "MODEL", "MODEL"], "diff takes two models A and B, got 3"),
+    (["MODEL", "MODEL", "--pass", "FuseGelu"], "--pass FuseGelu takes one model, got 2"),
+    (["MODEL", "MODEL", "--all-runs", "-O", "3"], "--all-runs, -O only apply with --pass NAME"),
+])
+def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
+    txt = tmp_path / "000_import.txt"
+    txt.write_text("graph main_graph (\n")
+    names = {"MODEL": conv_bn_path, "MISSING": os.fspath(tmp_path / "missing.onnx"),
+             "DUMP.txt": os.fspath(txt)}
+    needle = needle.replace("MISSING", names["MISSING"])
+    rc, out, err = run_cli(capsys, "diff", *[names.get(a, a) for a in argv])
+    assert rc == 1 and out == ""
+    assert err.startswith("graphopt: error: ") and needle in err, err

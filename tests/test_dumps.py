@@ -1,0 +1,161 @@
+"""--dump-dir dumps: text, ONNX and both; ONNX dumps load, pass the checker, run, and share one
+weights file; numbering matches passes.json; option errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+import graphopt
+from graphopt import numerics
+from graphopt.errors import OptionError
+from graphopt.ir import format_model, load_onnx, to_onnx
+from graphopt.tools.dump_onnx import INLINE_LIMIT, WEIGHTS_FILE
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@pytest.fixture
+def proto() -> onnx.ModelProto:
+    """Conv + BatchNorm (fused at -O2), an Identity (removed), and a foldable Add of constants:
+    the conv weight (1728 bytes) is above the inline limit, the BN vectors are below."""
+    rng = np.random.default_rng(0)
+    model = parse_model("""
+        agraph (float[1,3,8,8] x) => (float[1,16,8,8] y) {
+          c = Conv <pads=[1,1,1,1]> (x, w)
+          b = BatchNormalization (c, scale, shift, mean, var)
+          i = Identity (b)
+          k = Add (bias, bias)
+          y = Add (i, k)
+        }""",
+        w=rng.standard_normal((16, 3, 3, 3)).astype(np.float32),
+        scale=rng.uniform(0.5, 1.5, 16).astype(np.float32),
+        shift=rng.standard_normal(16).astype(np.float32),
+        mean=rng.standard_normal(16).astype(np.float32),
+        var=rng.uniform(0.5, 1.5, 16).astype(np.float32),
+        bias=rng.standard_normal((16, 1, 1)).astype(np.float32))
+    for node in model.graph.node:
+        node.name = f"/{node.output[0]}/{node.op_type}"
+    return model
+
+
+def _dump(proto, tmp_path, fmt):
+    directory = tmp_path / f"dump_{fmt}"
+    result = graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format=fmt)
+    log = json.loads((directory / "passes.json").read_text())
+    return directory, result, log
+
+
+def test_onnx_dumps_load_check_and_match_the_log(proto, tmp_path):
+    directory, result, log = _dump(proto, tmp_path, "onnx")
+    names = sorted(os.listdir(directory))
+    dumps = [n for n in names if n.endswith(".onnx")]
+    assert set(names) == set(dumps) | {"passes.json", WEIGHTS_FILE}
+    assert log["dump_format"] == "onnx"
+    assert log["import"]["dumps"] == ["000_import.onnx"]
+    assert [e["dumps"] for e in log["passes"]] == [[d] for d in dumps[1:]]
+    assert [d[4:-5] for d in dumps[1:]] == [e["pass"] for e in log["passes"]]
+    assert len(log["passes"]) == len(result.log.records)
+    assert any(e["changed"] for e in log["passes"]) and not all(e["changed"] for e in log["passes"])
+    for name in dumps:
+        path = os.fspath(directory / name)
+        onnx.checker.check_model(path, full_check=True)
+        loaded = onnx.load(path)  # external data resolved from the dump's directory
+        assert loaded.graph.node or name == dumps[0]
+    final = onnx.load(os.fspath(directory / dumps[-1]))
+    assert [n.op_type for n in final.graph.node] == [n.op_type for n in result.model.graph]
+    feeds = numerics.random_feeds(proto, seed=0)
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(final, feeds), RTOL, ATOL)
+    assert not problems, problems
+
+
+def test_weights_are_written_once_and_dumps_stay_small(proto, tmp_path):
+    directory, _, log = _dump(proto, tmp_path, "onnx")
+    distinct = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".onnx"):
+            for value in load_onnx(os.fspath(directory / name)).graph.initializers.values():
+                if value.const.nbytes >= INLINE_LIMIT:
+                    distinct[value.const.digest()] = value.const.nbytes
+            # every large weight is outside the dump: the file is far below one conv weight
+            assert os.path.getsize(directory / name) < 1728
+    # the original conv weight and the fused one, each once (64-byte alignment between them)
+    assert sorted(distinct.values()) == [1728, 1728]
+    size = os.path.getsize(directory / WEIGHTS_FILE)
+    assert sum(distinct.values()) <= size < sum(distinct.values()) + 64 * len(distinct)
+    assert len(log["passes"]) > 10  # many dumps share those two tensors
+
+
+def test_dumping_leaves_the_compiled_model_intact(proto, tmp_path):
+    _, dumped, _ = _dump(proto, tmp_path, "onnx")
+    plain = graphopt.optimize(proto)
+    assert format_model(dumped.model) == format_model(plain.model)
+    for init in to_onnx(dumped.model).graph.initializer:
+        assert init.data_location != onnx.TensorProto.EXTERNAL and not init.external_data
+
+
+def test_both_writes_text_and_onnx_of_the_same_graph(proto, tmp_path):
+    directory, _, log = _dump(proto, tmp_path, "both")
+    entries = [log["import"]] + log["passes"]
+    for entry in entries:
+        text, model = entry["dumps"]
+        assert text.endswith(".txt") and model == text[:-4] + ".onnx"
+        # the ONNX dump holds exactly the graph the printed dump shows
+        assert format_model(load_onnx(os.fspath(directory / model))) == \
+            (directory / text).read_text()
+
+
+def test_text_is_the_default_and_writes_no_weights(proto, tmp_path):
+    directory = tmp_path / "dump"
+    graphopt.optimize(proto, dump_dir=os.fspath(directory))
+    names = os.listdir(directory)
+    assert WEIGHTS_FILE not in names and not [n for n in names if n.endswith(".onnx")]
+    log = json.loads((directory / "passes.json").read_text())
+    assert log["dump_format"] == "text" and log["import"]["dumps"] == ["000_import.txt"]
+
+
+def test_a_second_run_into_the_same_directory_starts_a_new_weights_file(proto, tmp_path):
+    directory, _, _ = _dump(proto, tmp_path, "onnx")
+    size = os.path.getsize(directory / WEIGHTS_FILE)
+    _dump(proto, tmp_path, "onnx")
+    assert os.path.getsize(directory / WEIGHTS_FILE) == size
+    onnx.checker.check_model(os.fspath(directory / "000_import.onnx"), full_check=True)
+
+
+def test_option_errors(proto, tmp_path):
+    with pytest.raises(OptionError, match="--dump-format xml: unknown format"):
+        graphopt.optimize(proto, dump_dir=os.fspath(tmp_path / "d"), dump_format="xml")
+    with pytest.raises(OptionError, match="--dump-format onnx needs --dump-dir"):
+        graphopt.optimize(proto, dump_format="onnx")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--dump-format", "onnx"], "--dump-format onnx needs --dump-dir"),
+    (["--dump-format", "text"], "--dump-format text needs --dump-dir"),
+    (["--dump-dir", "DIR", "--dump-format", "xml"], "--dump-format xml: unknown format"),
+])
+def test_cli_option_errors(proto, tmp_path, capsys, argv, needle):
+    model = tmp_path / "m.onnx"
+    onnx.save(proto, os.fspath(model))
+    out = tmp_path / "out.onnx"
+    argv = [os.fspath(tmp_path / "dump") if a == "DIR" else a for a in argv]
+    rc, _, err = run_cli(capsys, "optimize", model, "-o", out, *argv)
+    assert rc == 1 and needle in err and "Traceback" not in err
+    assert not out.exists() and not (tmp_path / "dump").exists()
+
+
+def test_cli_onnx_dumps(proto, tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    onnx.save(proto, os.fspath(model))
+    dump = tmp_path / "dump"
+    rc, _, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "out.onnx",
+                         "--dump-dir", dump, "--dump-format", "onnx", "-q")
+    assert rc == 0, err
+    log = json.loads((dump / "passes.json").read_text())
+    assert all((dump / e["dumps"][0]).exists() for e in log["passes"])
