@@ -8,7 +8,10 @@ import sys
 
 from graphopt import __version__
 from graphopt.cli_calibrate import add_calibrate_parser
+from graphopt.cli_compare import add_compare_parser
+from graphopt.cli_diff import add_diff_parser
 from graphopt.cli_partition import add_partition_parser
+from graphopt.cli_profile import add_profile_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
@@ -69,6 +72,10 @@ def _add_optimize(sub) -> None:
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance for --verify (1e-5)")
     p.add_argument("--dump-dir", metavar="DIR",
                    help="write the IR after import and after each pass, plus passes.json")
+    p.add_argument("--dump-format", metavar="text|onnx|both",
+                   help="--dump-dir files: printed IR (text, the default), ONNX that Netron "
+                        "and `graphopt diff` read, weights shared in one weights.bin (onnx), "
+                        "or both")
     p.add_argument("--verify-each", action="store_true",
                    help="verify the graph's structure after every pass")
     p.add_argument("--trace-rule", action="append", default=[], metavar="RULE",
@@ -79,8 +86,9 @@ def _add_optimize(sub) -> None:
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition")
     p.add_argument("--tuning-db", metavar="FILE.db|URL",
-                   help="write the tuned tilings of this knowledge base (`graphopt tune`) into "
-                        "the .om's kernel configs")
+                   help="apply what `graphopt tune` stored in this knowledge base: the subgraph "
+                        "decisions tuned for this model, and tuned tilings in an NPU .om's "
+                        "kernel configs")
     p.add_argument("--memory-reorder", action="store_true",
                    help="reorder each partition's nodes to lower its peak work memory")
     p.add_argument("--memory-plot", metavar="FILE",
@@ -103,6 +111,9 @@ def _cmd_optimize(args) -> int:
         raise OptionError(f"-o {args.output}: directory {out_dir} does not exist")
     if not args.output.endswith((".onnx", ".om")):
         raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
+    if args.dump_format and not args.dump_dir:
+        raise OptionError(f"--dump-format {args.dump_format} needs --dump-dir, the directory to "
+                          "dump into")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
     if args.memory_plot and not args.memory_plot.endswith((".png", ".svg")):
@@ -110,19 +121,27 @@ def _cmd_optimize(args) -> int:
     if (args.memory_plot or args.memory_reorder) and not (args.target or args.output.endswith(".om")):
         raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
                           "write an .om or give --target")
-    if args.tuning_db and not (args.target and args.output.endswith(".om")):
-        raise OptionError("--tuning-db puts tuned tilings into an NPU .om: give --target and "
-                          "-o FILE.om")
+    if args.tuning_db and not (args.target or args.output.endswith(".om")):
+        raise OptionError("--tuning-db applies what `graphopt tune` found for a target: give "
+                          "--target or -o FILE.om")
     if args.rtol < 0 or args.atol < 0:
         raise OptionError(f"--rtol/--atol must be ≥ 0, got {args.rtol}/{args.atol}")
+    target = args.target or ("cpu" if args.output.endswith(".om") else None)
+    gate, pass_options = None, None
+    if args.tuning_db and "://" not in args.tuning_db and not os.path.isfile(args.tuning_db):
+        raise OptionError(f"--tuning-db {args.tuning_db}: no such knowledge base (`graphopt "
+                          "tune --tuning-db FILE` creates one)")
+    if args.tuning_db:
+        gate, pass_options = _tuned_decisions(args, target)
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
                       switch_file=args.switch_file, input_shapes=args.input_shape,
                       fold_size_limit=args.fold_size_limit, verify=args.verify,
                       inputs=args.inputs, rtol=args.rtol, atol=args.atol,
-                      dump_dir=args.dump_dir, verify_structure=args.verify_each,
+                      dump_dir=args.dump_dir, dump_format=args.dump_format or "text",
+                      verify_structure=args.verify_each,
                       allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
-                      target=args.target or ("cpu" if args.output.endswith(".om") else None),
-                      memory_reorder=args.memory_reorder)
+                      target=target, memory_reorder=args.memory_reorder,
+                      rewrite_gate=gate, pass_options=pass_options)
     save(result, args.output, tuning_db=args.tuning_db)
     if args.memory_plot:
         for path in draw_memory_plans(result, args.memory_plot):
@@ -131,6 +150,22 @@ def _cmd_optimize(args) -> int:
     if not args.quiet:
         print(format_summary(result, args.output))
     return 0
+
+
+def _tuned_decisions(args, target: str):
+    """The rewrite gate and pass options `graphopt tune --job subgraph` chose for this model,
+    target and level, from the knowledge base (None, None when it has none)."""
+    from graphopt.partition import load_target
+    from graphopt.tuner.subgraph import SubgraphJob, best_decisions
+
+    job = SubgraphJob(args.model, target, args.level, args.input_shape)
+    found = best_decisions(args.tuning_db, job, load_target(target).name)
+    if found is None:
+        return None, None
+    gate, pass_options, study = found
+    if not args.quiet:
+        print(f"applying the subgraph decisions of {study}")
+    return gate, pass_options
 
 
 def _add_passes(sub) -> None:
@@ -228,7 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_tune_parser(sub)
     add_kb_parser(sub)
     add_run_parser(sub)
+    add_profile_parser(sub)
     add_inspect_parser(sub)
+    add_compare_parser(sub)
+    add_diff_parser(sub)
     _add_passes(sub)
     _add_zoo(sub)
     return parser

@@ -13,10 +13,15 @@ TUNE_EXAMPLES = """examples:
   graphopt tune model.onnx --target ascend310 --input-shape "x:1,3,224,224"
   graphopt tune model.onnx --target ascend310 --trials 100 --tuning-db tuning.db --workers 2
   graphopt tune model.onnx --target ascend310 --storage postgresql://user@host/db --workers 8
+  graphopt tune bert.onnx --target ascend310 --job subgraph -O3 --trials 40
+  graphopt tune resnet50.onnx --target cpu --job subgraph --objective measured --trials 30
   graphopt optimize model.onnx -o model.om --target ascend310 --tuning-db tuning.db
 
-Estimates come from the analytical NPU cost model, never from a device. A rerun on the same
-database resumes each kernel's study; --trials counts the new trials of this run.
+--job op ranks tilings with the analytical NPU cost model, never a device. --job subgraph turns
+groups of alike fusions and layout changes on or off and scores each compile with the cost
+models (the whole partitioned model, tuned tilings included) or, on a CPU target with
+--objective measured, by timing it with onnxruntime. A rerun on the same database resumes the
+study; --trials counts the new trials of this run. `optimize --tuning-db` applies both.
 """
 
 
@@ -36,22 +41,37 @@ def _storage_args(p, *, db_only: bool = False) -> None:
 
 def add_tune_parser(sub) -> None:
     p = sub.add_parser(
-        "tune", help="tune the tilings of a model's NPU cube kernels (AOE-style op tuning)",
-        description="Compile the model for an NPU target, find its distinct cube-kernel "
-                    "signatures (MatMul/Gemm/Conv as GEMMs) and run one Optuna study per "
-                    "signature over its tiling space, ranking tilings by the NPU cost model. "
-                    "Results go to the knowledge base that `graphopt optimize --tuning-db` "
-                    "reads.",
+        "tune", help="tune kernel tilings (--job op) or fusion decisions (--job subgraph), "
+                     "AOE style",
+        description="Op tuning (default): compile the model for an NPU target, find its "
+                    "distinct cube-kernel signatures (MatMul/Gemm/Conv as GEMMs) and run one "
+                    "Optuna study per signature over its tiling space, ranking tilings by the "
+                    "NPU cost model. Subgraph tuning: one study over the compile's fusion and "
+                    "layout decisions. Results go to the knowledge base that `graphopt "
+                    "optimize --tuning-db` reads.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TUNE_EXAMPLES)
     p.add_argument("model", help="input .onnx file")
     p.add_argument("--target", required=True, metavar="NAME|FILE",
-                   help="an NPU target (`graphopt targets` lists them)")
+                   help="the target (`graphopt targets` lists them); op tuning needs an NPU")
     p.add_argument("--input-shape", metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--job", default="op", choices=("op", "subgraph"),
-                   help="op: tune each cube kernel's tiling (default); subgraph: not yet")
+                   help="op: tune each cube kernel's tiling (default); subgraph: tune which "
+                        "fusions and layout changes the compile makes")
+    p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
+                   help="optimization level of the compile being tuned (default 2)")
+    p.add_argument("--objective", default="estimate", choices=("estimate", "measured"),
+                   help="subgraph: score compiles by the cost models (default) or by timing "
+                        "them with onnxruntime (CPU targets)")
+    p.add_argument("--granularity", default="rule", choices=("rule", "shape"),
+                   help="subgraph: switch alike rewrites together per rule and op (default) "
+                        "or also per output shape (a finer, bigger space)")
+    p.add_argument("--repeat", type=int, default=20, metavar="N",
+                   help="--objective measured: timed runs per candidate (default 20)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="--objective measured: onnxruntime intra-op threads (default: its own)")
     p.add_argument("--trials", type=int, default=50, metavar="N",
-                   help="new trials per kernel signature (default 50)")
+                   help="new trials per kernel signature, or of the subgraph study (default 50)")
     p.add_argument("--timeout", type=float, metavar="S", help="stop each kernel after S seconds")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--sampler", default="tpe", choices=("tpe", "random"),
@@ -77,9 +97,6 @@ def _cmd_tune(args) -> int:
     from graphopt.tuner.search import storage_url, tune_kernel
     from graphopt.tuner.signature import model_kernels
 
-    if args.job == "subgraph":
-        raise OptionError("--job subgraph: subgraph tuning (fusion and scheduling choices "
-                          "per subgraph) is not implemented yet; use --job op")
     if args.trials < 1:
         raise OptionError(f"--trials must be ≥ 1, got {args.trials}")
     if args.workers < 1:
@@ -88,7 +105,14 @@ def _cmd_tune(args) -> int:
         raise OptionError(f"--timeout must be > 0, got {args.timeout}")
     if args.plot and not args.plot.endswith((".png", ".svg")):
         raise OptionError(f"--plot {args.plot}: the picture must end in .png or .svg")
-    result = optimize(args.model, input_shapes=args.input_shape, target=args.target)
+    if args.job == "subgraph":
+        from graphopt.cli_tune_subgraph import cmd_tune_subgraph
+        return cmd_tune_subgraph(args, _storage(args))
+    if args.objective != "estimate":
+        raise OptionError("--objective measured is for --job subgraph; op tuning ranks "
+                          "tilings of NPU kernels, which this machine cannot time")
+    result = optimize(args.model, level=args.level, input_shapes=args.input_shape,
+                      target=args.target)
     partitioning = result.partitioning
     if not any(partitioning.target.device(p.device).kind == "npu"
                for p in partitioning.partitions):

@@ -170,11 +170,6 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
     assert _cli(["kb", "export", str(tmp_path / "kb.json"), "--tuning-db", db]) == 0
 
 
-def test_cli_subgraph_job_is_not_there_yet(tmp_path):
-    with pytest.raises(OptionError, match="not implemented yet"):
-        _cli(["tune", "x.onnx", "--target", "ascend310", "--job", "subgraph"])
-
-
 def test_optimize_with_the_knowledge_base_writes_tuned_tilings(tmp_path, capsys):
     from graphopt.cli import main
     from graphopt.codegen import load_om
@@ -191,7 +186,10 @@ def test_optimize_with_the_knowledge_base_writes_tuned_tilings(tmp_path, capsys)
     assert len(cube) == 2 and {r["tiling_source"] for r in cube} == {"tuned"}
     assert main(["optimize", path, "-o", str(tmp_path / "m.onnx.opt.onnx"),
                  "--tuning-db", db]) == 1
-    assert "--tuning-db puts tuned tilings into an NPU .om" in capsys.readouterr().err
+    assert "--tuning-db applies what `graphopt tune` found for a target" in capsys.readouterr().err
+    assert main(["optimize", path, "-o", out, "--tuning-db", str(tmp_path / "none.db")]) == 1
+    assert "no such knowledge base" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "none.db")
 
 
 def test_tuning_one_model_serves_another_with_the_same_layer_shape(tmp_path):

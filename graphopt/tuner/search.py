@@ -54,6 +54,8 @@ GRACE_S = 30             # silence after which a running trial's worker counts a
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 Progress = Callable[[int, int, float], None]  # (trials done, trials asked for, best seconds)
+_STARTED = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE,
+            optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
 
 @dataclass
@@ -298,6 +300,8 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
     choices = search_choices(shape, device)
     study = open_study(store, study_name, shape, device)
     done_before = len(study.get_trials(deepcopy=False))
+    # Progress counts this run's trials; an enqueued default still waiting is one of them.
+    started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
     best_so_far = [_best_value(study)]
 
     if workers == 1:
@@ -307,7 +311,7 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
             if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
                 best_so_far[0] = min(best_so_far[0], trial.value)
             if progress is not None:
-                progress(trial.number + 1 - done_before, trials, best_so_far[0])
+                progress(trial.number + 1 - started_before, trials, best_so_far[0])
 
         study.optimize(_objective(shape, device, choices), n_trials=trials, timeout=timeout,
                        callbacks=[callback], gc_after_trial=False)
@@ -338,7 +342,7 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
             time.sleep(0.25)
             if progress is not None:
                 now = study.get_trials(deepcopy=False)
-                progress(min(len(now) - done_before, trials), trials, _best_value(study))
+                progress(min(len(now) - started_before, trials), trials, _best_value(study))
         for proc in procs:
             proc.join()
         failed = [proc.exitcode for proc in procs if proc.exitcode]

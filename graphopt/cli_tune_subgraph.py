@@ -1,0 +1,83 @@
+"""`graphopt tune --job subgraph`: fusion and layout decisions searched per model and target."""
+
+from __future__ import annotations
+
+import sys
+
+from graphopt.errors import OptionError
+from graphopt.table import format_table
+
+
+def _ms(seconds: float, objective: str) -> str:
+    return f"{seconds * 1e3:.3f}" if objective == "measured" else f"{seconds * 1e6:.2f}"
+
+
+def cmd_tune_subgraph(args, storage) -> int:
+    from graphopt.tuner.search import storage_url
+    from graphopt.tuner.subgraph import SubgraphJob, tune_subgraph
+
+    if args.repeat < 1:
+        raise OptionError(f"--repeat must be ≥ 1, got {args.repeat}")
+    if args.threads is not None and args.threads < 0:
+        raise OptionError(f"--threads must be ≥ 0, got {args.threads}")
+    url = storage_url(storage)
+    job = SubgraphJob(args.model, args.target, args.level, args.input_shape, args.objective,
+                      tuning_db=url, repeat=args.repeat, threads=args.threads,
+                      granularity=args.granularity)
+    show = not args.quiet and sys.stderr
+    unit = "ms" if args.objective == "measured" else "µs"
+
+    def progress(done: int, total: int, best: float) -> None:
+        if show:
+            print(f"\rsubgraph trial {done}/{total}  best {_ms(best, args.objective)} {unit} ",
+                  end="", file=sys.stderr, flush=True)
+
+    if show:
+        print(f"recording the default compile's decisions ({args.objective})…", file=sys.stderr)
+    result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
+                           storage=url, study_name=args.study, sampler=args.sampler,
+                           progress=progress, workers=args.workers)
+    if show:
+        print(file=sys.stderr)
+    print(format_table(["partition", "decision", "rewrites", "default", "tuned"],
+                       _decision_rows(result),
+                       title=f"subgraph tuning on {args.target} -O{args.level} "
+                             f"({args.objective}; {result.space.size} combinations, "
+                             f"{result.trials} trials; {url})"))
+    costs = _cost_rows(result, args)
+    if costs:
+        print(format_table(["where", f"default {unit}", f"tuned {unit}"], costs))
+    what = "measured, interleaved medians" if result.confirmed else args.objective
+    default, best = result.confirmed or (result.default.seconds, result.best.seconds)
+    print(f"whole model ({what}): default {_ms(default, args.objective)} {unit}, tuned "
+          f"{_ms(best, args.objective)} {unit}, {result.speedup:.3f}x")
+    if result.kept_default:
+        print("re-timed side by side, the search's best was no faster than the default: the "
+              "default decisions are kept")
+    elif not result.changes():
+        print("the default decisions are the best found")
+    if args.plot:
+        from graphopt.cli_tune import draw_histories
+
+        draw_histories([(result.study_name, result.history, result.default.seconds)], args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _decision_rows(result) -> list[list]:
+    tuned = result.chosen
+    rows = []
+    for group in result.space.groups:
+        on = tuned.get(group.param, True)
+        rows.append([group.partition, group.key, len(group.anchors), "on", "on" if on else "off"])
+    for knob, choices in result.space.knobs.items():
+        rows.append(["*", knob, "", choices[0], tuned.get(knob, choices[0])])
+    return rows
+
+
+def _cost_rows(result, args) -> list[list]:
+    if args.objective == "measured":
+        return []
+    places = sorted(set(result.default.by_device) | set(result.best.by_device))
+    return [[place, _ms(result.default.by_device.get(place, 0.0), args.objective),
+             _ms(result.best.by_device.get(place, 0.0), args.objective)] for place in places]

@@ -1,0 +1,430 @@
+"""Subgraph tuning (`graphopt tune --job subgraph`): an Optuna study per model, target and level
+over the fusion and layout decisions of subgraph_space, scored by the cost model or measured.
+
+Every trial compiles the model with the trial's decisions (a rewrite gate plus pass options)
+and scores the result:
+  * objective "estimate": tuner.model.model_estimate of the partitioned compile, the sum of
+    every partition's kernels and every host↔device copy, with the knowledge base's tuned
+    tilings for cube kernels it knows (op tuning first makes subgraph tuning see tuned kernels);
+  * objective "measured" (CPU targets): the compile is saved as an .om, loaded with
+    graphopt.load and timed with onnxruntime: the median of `repeat` runs after warm-up. Its
+    outputs are checked against the original's (ORT_DISABLE_ALL) first; a candidate outside
+    rtol 1e-3 / atol 1e-4 is pruned, so a tuned compile is never a wrong one.
+Trial 0 is the default compile (every group on, default knobs), so default and best sit side
+by side. The study keeps the decision space in its user attrs, which lets `graphopt optimize
+--tuning-db` apply the best decisions without recording them again (best_decisions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+
+from graphopt.errors import OptionError
+from graphopt.tuner.search import (
+    _STARTED,
+    Progress,
+    _make_sampler,
+    history,
+    open_storage,
+    storage_url,
+)
+from graphopt.tuner.subgraph_space import (
+    Group,
+    Recorder,
+    GRANULARITIES,
+    Space,
+    build_space,
+    gate_for,
+    pass_options_for,
+)
+
+OBJECTIVES = ("estimate", "measured")
+CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
+WARMUP_RUNS = 2
+
+
+@dataclass(frozen=True)
+class SubgraphJob:
+    """What a trial needs to rebuild its compile (and a worker process its objective)."""
+
+    model_path: str
+    target: str
+    level: int = 2
+    input_shapes: str | None = None       # ATC style, as --input-shape takes it
+    objective: str = "estimate"
+    tuning_db: str | None = None          # tuned tilings for the estimate's cube kernels
+    repeat: int = 20                      # measured: timed runs per candidate
+    threads: int | None = None            # measured: onnxruntime intra-op threads
+    granularity: str = "rule"             # subgraph_space.GRANULARITIES
+
+
+@dataclass
+class Scored:
+    params: dict
+    seconds: float
+    by_device: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SubgraphResult:
+    study_name: str
+    space: Space
+    default: Scored
+    best: Scored
+    trials: int
+    history: list[float]
+    confirmed: tuple[float, float] | None = None  # measured: interleaved (default, best) medians
+
+    @property
+    def kept_default(self) -> bool:
+        """The re-timing found the search's best no faster than the default: noise had won."""
+        return self.confirmed is not None and self.confirmed[1] >= self.confirmed[0]
+
+    @property
+    def chosen(self) -> dict:
+        """The decisions `optimize --tuning-db` applies."""
+        return self.default.params if self.kept_default else self.best.params
+
+    @property
+    def speedup(self) -> float:
+        if self.confirmed is not None:
+            return self.confirmed[0] / min(self.confirmed)
+        return self.default.seconds / self.best.seconds
+
+    def changes(self) -> list[tuple[str, Any, Any]]:
+        """(decision, default, chosen) for every decision the chosen compile sets differently."""
+        defaults = self.space.default_params()
+        return [(name, value, self.chosen.get(name, value))
+                for name, value in defaults.items() if self.chosen.get(name, value) != value]
+
+
+def model_key(job: SubgraphJob) -> str:
+    """A study's model identity: the model file's bytes and the pinned input shapes."""
+    digest = hashlib.sha256()
+    with open(job.model_path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    digest.update(json.dumps(job.input_shapes or "").encode())
+    return digest.hexdigest()[:16]
+
+
+def study_name_for(job: SubgraphJob, target_name: str) -> str:
+    fine = "" if job.granularity == "rule" else f"+{job.granularity}"
+    return f"subgraph/{target_name}/{model_key(job)}/O{job.level}/{job.objective}{fine}"
+
+
+class Evaluator:
+    """Compiles a job's model under given decisions and scores the result."""
+
+    def __init__(self, job: SubgraphJob):
+        from graphopt.partition import load_target
+
+        if job.objective not in OBJECTIVES:
+            raise OptionError(f"--objective {job.objective}: use one of {', '.join(OBJECTIVES)}")
+        if job.granularity not in GRANULARITIES:
+            raise OptionError(f"--granularity {job.granularity}: use one of "
+                              f"{', '.join(GRANULARITIES)}")
+        self.job = job
+        self.target = load_target(job.target)
+        if job.objective == "measured" and self.target.device(self.target.primary).kind != "cpu":
+            raise OptionError(f"--objective measured times onnxruntime on this machine's CPU: it "
+                              f"needs a CPU target, not {self.target.name} (use --objective "
+                              "estimate)")
+        with open(job.model_path, "rb") as f:
+            self.data = f.read()
+        self.feeds = self.reference = None
+
+    def compile(self, params: dict | None, space: Space | None, gate=None):
+        from graphopt.compiler import optimize
+
+        if params is not None and space is not None:
+            gate, options = gate_for(params, space), pass_options_for(params, space)
+        else:
+            options = None
+        return optimize(self.data, level=self.job.level, input_shapes=self.job.input_shapes,
+                        target=self.target, rewrite_gate=gate, pass_options=options)
+
+    def score(self, result) -> tuple[float, dict[str, float]]:
+        if self.job.objective == "measured":
+            return self._measure(result), {}
+        return self._estimate(result)
+
+    def _estimate(self, result) -> tuple[float, dict[str, float]]:
+        from graphopt.tuner.model import model_estimate
+
+        tilings = None
+        if self.job.tuning_db:
+            from graphopt.tuner.kb import tuned_tilings
+            tilings = tuned_tilings(self.job.tuning_db, result.model, result.partitioning)
+        estimate = model_estimate(result.model, result.partitioning, tilings)
+        by_device: dict[str, float] = {}
+        for row in estimate.rows:
+            key = "transfers" if row.kind == "transfer" else row.device
+            by_device[key] = by_device.get(key, 0.0) + row.seconds
+        return estimate.seconds, by_device
+
+    def _measure(self, result) -> float:
+        session = self._session(result)
+        try:
+            return _median_run(session, self.feeds, self.job.repeat)
+        finally:
+            del session
+
+    def _session(self, result):
+        """The candidate saved and loaded as an .om, its outputs checked against the original."""
+        from graphopt import load, numerics
+        from graphopt.compiler import save
+
+        if self.feeds is None:
+            import onnx
+
+            proto = onnx.load_from_string(self.data)
+            shapes = None
+            if self.job.input_shapes:
+                from graphopt.input_shapes import parse_input_shapes
+                shapes = parse_input_shapes(self.job.input_shapes)
+            self.feeds = numerics.random_feeds(proto, seed=0, shapes=shapes)
+            self.reference = numerics.run(proto, self.feeds)
+        with tempfile.TemporaryDirectory(prefix="graphopt-tune-") as tmp:
+            path = os.path.join(tmp, "candidate.om")
+            save(result, path)
+            session = load(path, intra_op_num_threads=self.job.threads)
+            actual = session.run(self.feeds)
+        problems = numerics.compare(self.reference, actual, CHECK_RTOL, CHECK_ATOL)
+        if problems:
+            raise optuna.TrialPruned(f"outputs differ from the original: {problems[0]}")
+        for _ in range(WARMUP_RUNS):
+            session.run(self.feeds)
+        return session
+
+
+def _median_run(session, feeds, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        session.run(feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def discover(evaluator: Evaluator) -> tuple[Space, Scored]:
+    """Record the default compile's tunable rewrites into a Space; score that compile."""
+    recorder = Recorder(evaluator.job.granularity)
+    result = evaluator.compile(None, None, gate=recorder)
+    passes = {record.name for record in result.log.records}
+    npu = evaluator.target.device(evaluator.target.primary).kind == "npu"
+    space = build_space(recorder, result.partitioning, elementwise="FuseElementwise" in passes,
+                        npu=npu)
+    seconds, by_device = evaluator.score(result)
+    return space, Scored(space.default_params(), seconds, by_device)
+
+
+def space_json(space: Space) -> dict:
+    return {"groups": [asdict(g) for g in space.groups], "knobs": space.knobs,
+            "granularity": space.granularity}
+
+
+def space_from_json(data: dict) -> Space:
+    return Space([Group(**g) for g in data["groups"]],
+                 {k: list(v) for k, v in data["knobs"].items()}, data["granularity"])
+
+
+def _objective(evaluator: Evaluator, space: Space):
+    def objective(trial: optuna.Trial) -> float:
+        params = {group.param: trial.suggest_categorical(group.param, [True, False])
+                  for group in space.groups}
+        for knob, choices in space.knobs.items():
+            params[knob] = trial.suggest_categorical(knob, choices)
+        seconds, by_device = evaluator.score(evaluator.compile(params, space))
+        trial.set_user_attr("by_device", by_device)
+        return seconds
+    return objective
+
+
+def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None = None,
+                  seed: int = 0, storage: Any = None, study_name: str | None = None,
+                  sampler: str = "tpe", progress: Progress | None = None, workers: int = 1,
+                  confirm_rounds: int = 5) -> SubgraphResult:
+    """Run `trials` more trials of the job's study (created with the default compile as trial
+    0) and return default vs best. Reruns on the same storage resume the study. With the
+    measured objective the default and the best are re-timed alternately `confirm_rounds`
+    times at the end, since timings drift over a long search."""
+    if trials < 0:
+        raise OptionError(f"trials must be ≥ 0, got {trials}")
+    if workers < 1:
+        raise OptionError(f"workers must be ≥ 1, got {workers}")
+    if workers > 1 and job.objective == "measured":
+        raise OptionError("--workers > 1 with --objective measured: workers timing candidates "
+                          "side by side on one machine disturb each other's timings; use one "
+                          "worker per machine with a shared --storage")
+    evaluator = Evaluator(job)
+    store = open_storage(storage)
+    name = study_name or study_name_for(job, evaluator.target.name)
+    study = optuna.create_study(storage=store, study_name=name, direction="minimize",
+                                load_if_exists=True)
+    if "space" in study.user_attrs:
+        space = space_from_json(study.user_attrs["space"])
+    else:
+        space, _ = discover(evaluator)
+        study.set_user_attr("space", space_json(space))
+        study.set_user_attr("job", {"target": evaluator.target.name, "level": job.level,
+                                    "objective": job.objective,
+                                    "input_shapes": job.input_shapes})
+        study.enqueue_trial(space.default_params(), user_attrs={"default": True})
+    done_before = len(study.get_trials(deepcopy=False))
+    # Progress counts this run's trials; an enqueued default still waiting is one of them.
+    started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
+    objective = _objective(evaluator, space)
+    best = [_best_value(study)]
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+            best[0] = min(best[0], trial.value)
+        if progress is not None:
+            progress(trial.number + 1 - started_before, trials, best[0])
+
+    if workers == 1:
+        study.sampler = _make_sampler(sampler, seed + done_before)
+        study.optimize(objective, n_trials=trials, timeout=timeout, callbacks=[callback],
+                       gc_after_trial=False)
+    else:
+        _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler,
+                     seed + done_before, workers, progress, started_before)
+    result = _result(study, space)
+    if job.objective == "estimate":
+        result.best = simplify(evaluator, space, result.best)
+    if job.objective == "measured" and confirm_rounds and result.best.params != result.default.params:
+        result.confirmed = confirm(evaluator, space, result.default.params, result.best.params,
+                                   confirm_rounds)
+    study.set_user_attr("chosen", result.chosen)
+    return result
+
+
+def _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler, seed,
+                 workers, progress, started_before) -> None:
+    # The enqueued default runs here first, so two workers cannot both pop it.
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    first = min(len(waiting), trials)
+    if first:
+        study.optimize(objective, n_trials=first, gc_after_trial=False)
+    left = trials - first
+    url = store.url if isinstance(store, optuna.storages.RDBStorage) else storage_url(storage)
+    shares = [left // workers + (i < left % workers) for i in range(workers)]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(job, url, name, share, timeout, sampler,
+                                               seed + 1000 * (i + 1)))
+             for i, share in enumerate(shares) if share]
+    for proc in procs:
+        proc.start()
+    while any(proc.is_alive() for proc in procs):
+        time.sleep(0.25)
+        if progress is not None:
+            done = len(study.get_trials(deepcopy=False)) - started_before
+            progress(min(done, trials), trials, _best_value(study))
+    for proc in procs:
+        proc.join()
+    failed = [proc.exitcode for proc in procs if proc.exitcode]
+    if failed:
+        raise RuntimeError(f"{len(failed)} subgraph tuning worker(s) exited with status "
+                           f"{failed}; completed trials are kept in the storage")
+
+
+def _worker(job: SubgraphJob, url: str, name: str, trials: int, timeout: float | None,
+            sampler: str, seed: int) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=name, storage=open_storage(url),
+                              sampler=_make_sampler(sampler, seed))
+    space = space_from_json(study.user_attrs["space"])
+    study.optimize(_objective(Evaluator(job), space), n_trials=trials, timeout=timeout,
+                   gc_after_trial=False)
+
+
+def _best_value(study: optuna.Study) -> float:
+    values = [t.value for t in study.get_trials(deepcopy=False,
+                                                states=(optuna.trial.TrialState.COMPLETE,))]
+    return min((v for v in values if v is not None), default=float("inf"))
+
+
+def _scored(trial: optuna.trial.FrozenTrial) -> Scored:
+    return Scored(dict(trial.params), float(trial.value), dict(trial.user_attrs.get("by_device", {})))
+
+
+def _result(study: optuna.Study, space: Space) -> SubgraphResult:
+    completed = [t for t in study.get_trials(deepcopy=False,
+                                             states=(optuna.trial.TrialState.COMPLETE,))
+                 if t.value is not None]
+    if not completed:
+        raise OptionError(f"study {study.study_name}: no trial completed (see the pruned "
+                          "trials' reasons in the storage)")
+    default = next((t for t in completed if t.user_attrs.get("default")), None)
+    top = min(completed, key=lambda t: (t.value, t.number))
+    if default is not None and top.params == default.params:
+        top = default  # the sampler came back to the default: a faster timing of it is noise
+    return SubgraphResult(study.study_name, space, _scored(default or top), _scored(top),
+                          len(study.get_trials(deepcopy=False)), history(study))
+
+
+def simplify(evaluator: Evaluator, space: Space, best: Scored) -> Scored:
+    """`best` with every change from the default that does not pay put back (the estimate is
+    deterministic, so an equal score means the change does nothing): what remains changed is
+    what made the difference. One compile per changed decision."""
+    defaults = space.default_params()
+    params = dict(best.params)
+    for name, value in defaults.items():
+        if params.get(name, value) == value:
+            continue
+        trial = {**params, name: value}
+        seconds, by_device = evaluator.score(evaluator.compile(trial, space))
+        if seconds <= best.seconds * (1 + 1e-9):
+            params, best = trial, Scored(trial, seconds, by_device)
+    return best
+
+
+def confirm(evaluator: Evaluator, space: Space, default: dict, best: dict,
+            rounds: int) -> tuple[float, float]:
+    """Median seconds of the default and the best compile, timed alternately `rounds` times
+    (each a median of `repeat` runs) so that drift hits both alike."""
+    sessions = [evaluator._session(evaluator.compile(p, space)) for p in (default, best)]
+    medians: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for i, session in enumerate(sessions):
+            medians[i].append(_median_run(session, evaluator.feeds, evaluator.job.repeat))
+    return statistics.median(medians[0]), statistics.median(medians[1])
+
+
+def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
+    """(rewrite gate, pass options, study name) of the job's tuned decisions (its model, target
+    and level), preferring a measured study to an estimated one and the rule granularity's to
+    the shape one's; None when the storage has no such study. The gate and options go to
+    optimize(rewrite_gate=…, pass_options=…)."""
+    store = open_storage(storage)
+    names = set(optuna.get_all_study_names(store))
+    for objective, granularity in [(o, g) for o in ("measured", "estimate") for g in GRANULARITIES]:
+        candidate = SubgraphJob(job.model_path, job.target, job.level, job.input_shapes,
+                                objective, granularity=granularity)
+        name = study_name_for(candidate, target_name)
+        if name not in names:
+            continue
+        study = optuna.load_study(study_name=name, storage=store)
+        completed = [t for t in study.get_trials(deepcopy=False,
+                                                 states=(optuna.trial.TrialState.COMPLETE,))
+                     if t.value is not None]
+        if not completed or "space" not in study.user_attrs:
+            continue
+        # The last run's choice: its best, unless re-timing showed the default was as fast.
+        chosen = study.user_attrs.get("chosen") or \
+            min(completed, key=lambda t: (t.value, t.number)).params
+        space = space_from_json(study.user_attrs["space"])
+        return gate_for(chosen, space), pass_options_for(chosen, space), name
+    return None
+

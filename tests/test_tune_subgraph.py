@@ -1,0 +1,150 @@
+"""Subgraph tuning (graphopt.tuner.subgraph, `graphopt tune --job subgraph`): the default compile
+is trial 0, the cost-model search finds a better set of fusion decisions, the choice keeps the
+model's outputs, and `optimize --tuning-db` applies it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import optuna
+import pytest
+
+from graphopt import optimize
+from graphopt.errors import OptionError
+from graphopt.ir import to_onnx
+from graphopt.numerics import random_feeds, run
+from graphopt.tuner.subgraph import SubgraphJob, best_decisions, tune_subgraph
+from graphopt.tuner.subgraph_space import Recorder, build_space, gate_for
+from tests.helpers import parse_model, run_cli
+
+# A projection, its scale, bias and activations: on ascend310 at -O3 the Div either folds into
+# the MatMul (FusedMatMul alpha) or, kept apart, joins the MatMul's elementwise epilogue.
+BLOCK = """
+agraph (float[1,64,256] x) => (float[1,64,256] y) {
+    h = MatMul (x, w1)
+    d = Div (h, eight)
+    a = Add (d, b1)
+    g = Relu (a)
+    s = Sigmoid (g)
+    y = Mul (s, x)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def block_path(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    proto = parse_model(BLOCK, w1=(rng.standard_normal((256, 256)) * 0.1).astype(np.float32),
+                        eight=np.array(8.0, np.float32),
+                        b1=(rng.standard_normal(256) * 0.1).astype(np.float32))
+    path = str(tmp_path_factory.mktemp("sg") / "block.onnx")
+    onnx.save(proto, path)
+    return path
+
+
+def _job(path, **kw):
+    return SubgraphJob(path, "ascend310", level=3, **kw)
+
+
+def test_space_groups_alike_rewrites_and_the_gate_switches_them_off():
+    rng = np.random.default_rng(1)
+    layers = "\n".join(f"    e{i} = Erf (d{i})\n    p{i} = Add (e{i}, one)\n"
+                       f"    m{i} = Mul (x{i}, p{i})\n    x{i + 1} = Mul (m{i}, half)\n"
+                       f"    d{i + 1} = Div (x{i + 1}, sqrt2)" for i in range(3))
+    proto = parse_model(f"""
+agraph (float[2,8] x0) => (float[2,8] x3) {{
+    d0 = Div (x0, sqrt2)
+{layers}
+}}
+""", one=np.array(1.0, np.float32), half=np.array(0.5, np.float32),
+        sqrt2=np.array(1.4142135, np.float32))
+    recorder = Recorder()
+    result = optimize(proto, rewrite_gate=recorder, target="cpu")
+    space = build_space(recorder, result.partitioning, elementwise=False, npu=False)
+    gelu = [g for g in space.groups if g.key.startswith("FuseGelu")]
+    assert len(gelu) == 1 and len(gelu[0].anchors) == 3 and gelu[0].partition == "p0_cpu"
+    assert space.size == 2 ** len(space.groups)
+    params = {**space.default_params(), gelu[0].param: False}
+    apart = optimize(proto, target="cpu", rewrite_gate=gate_for(params, space))
+    assert [n.op_type for n in apart.model.graph].count("Erf") == 3
+    feeds = random_feeds(proto, seed=2)
+    np.testing.assert_allclose(run(to_onnx(apart.model), feeds)["x3"], run(proto, feeds)["x3"],
+                               rtol=1e-5, atol=1e-6)
+    fine = Recorder("shape")
+    optimize(proto, rewrite_gate=fine, target="cpu")
+    assert {key for key, _ in fine.seen} == {"FuseGelu:GeluErf@Mul[2,8]"}
+
+
+def test_estimate_search_beats_the_default_and_keeps_outputs(block_path):
+    storage = optuna.storages.InMemoryStorage()
+    result = tune_subgraph(_job(block_path), trials=12, seed=0, storage=storage)
+    study = optuna.load_study(study_name=result.study_name, storage=storage)
+    first = min(study.trials, key=lambda t: t.number)
+    assert first.user_attrs["default"] and first.params == result.default.params
+    assert result.default.params == result.space.default_params()
+    assert result.speedup > 1.05, result.default.seconds / result.best.seconds
+    # What remains changed after simplification all pays: putting any one back costs time.
+    assert result.changes()
+    gate, options, _ = best_decisions(storage, _job(block_path), "ascend310")
+    tuned = optimize(block_path, level=3, target="ascend310", rewrite_gate=gate,
+                     pass_options=options)
+    proto = onnx.load(block_path)
+    out = to_onnx(tuned.model)
+    onnx.checker.check_model(out)
+    feeds = random_feeds(proto, seed=3)
+    np.testing.assert_allclose(run(out, feeds)["y"], run(proto, feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_same_seed_same_choice(block_path):
+    a = tune_subgraph(_job(block_path), trials=6, seed=3, storage=optuna.storages.InMemoryStorage())
+    b = tune_subgraph(_job(block_path), trials=6, seed=3, storage=optuna.storages.InMemoryStorage())
+    assert a.chosen == b.chosen and a.history == b.history
+
+
+def test_measured_objective_times_a_cpu_compile_and_confirms_side_by_side(block_path, tmp_path):
+    db = str(tmp_path / "m.db")
+    job = SubgraphJob(block_path, "cpu", level=3, objective="measured", repeat=3, threads=1)
+    result = tune_subgraph(job, trials=4, seed=0, storage=db, confirm_rounds=2)
+    assert result.default.seconds > 0 and result.trials == 4  # the default is one of them
+    if result.best.params != result.default.params:
+        assert result.confirmed is not None and result.speedup >= 1.0
+    else:
+        assert result.speedup == 1.0
+    assert best_decisions(db, SubgraphJob(block_path, "cpu", level=3), "cpu") is not None
+    # Another level is another study: nothing to apply.
+    assert best_decisions(db, SubgraphJob(block_path, "cpu", level=2), "cpu") is None
+
+
+def test_measured_needs_a_cpu_target_and_one_local_worker(block_path):
+    with pytest.raises(OptionError, match="needs a CPU target"):
+        tune_subgraph(_job(block_path, objective="measured"), trials=1)
+    with pytest.raises(OptionError, match="disturb each other"):
+        tune_subgraph(SubgraphJob(block_path, "cpu", objective="measured"), trials=1, workers=2)
+    with pytest.raises(OptionError, match="--granularity"):
+        tune_subgraph(_job(block_path, granularity="node"), trials=1)
+
+
+def test_two_workers_share_the_subgraph_study(block_path, tmp_path):
+    db = str(tmp_path / "w.db")
+    result = tune_subgraph(_job(block_path), trials=5, seed=0, storage=db, workers=2)
+    study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{db}")
+    numbers = sorted(t.number for t in study.trials)
+    assert numbers == list(range(5))  # the default, then four trials split over two workers
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+
+def test_cli_tunes_then_optimize_applies_the_choice(block_path, tmp_path, capsys):
+    db = str(tmp_path / "kb.db")
+    rc, out, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--job",
+                           "subgraph", "-O3", "--trials", "12", "--tuning-db", db)
+    assert rc == 0, err
+    assert "subgraph tuning on ascend310 -O3" in out and "whole model (estimate)" in out
+    assert "FuseMatMul:DividedMatMul@Div" in out and "subgraph trial 12/12" in err
+    om = str(tmp_path / "b.om")
+    rc, out, err = run_cli(capsys, "optimize", block_path, "-o", om, "-O3", "--target",
+                           "ascend310", "--tuning-db", db)
+    assert rc == 0, err
+    assert "applying the subgraph decisions of subgraph/ascend310/" in out
+    rc, out, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--objective",
+                           "measured")
+    assert rc == 1 and "--objective measured is for --job subgraph" in err
