@@ -27,6 +27,20 @@ class Options:
     nchwc_block_size: int = 0             # LayoutNchwc: 0 = this CPU's (16 AVX-512F, 8 AVX2); 8 or 16
     elementwise_max_group: int = 32       # FuseElementwise: most nodes in one fused group
     elementwise_epilogues: bool = False   # FuseElementwise: a Conv/MatMul/Gemm heads its group
+    # Precision (pipelines.with_precision adds the passes these ask for).
+    precision: str = "keep"               # ConvertPrecision mode; "keep": original dtypes
+    precision_allow: set[str] = field(default_factory=set)  # op types converted under mixed
+    precision_deny: set[str] = field(default_factory=set)   # op types kept in their dtype
+    keep_dtype: set[str] = field(default_factory=set)       # node names kept in their dtype
+    quantize: str = "none"                # "none", "int8" (QuantizeInt8), "int4" (QuantizeInt4Weights)
+    calibration: str | None = None        # int8: an .npz file or a directory of them
+    calibration_method: str = "minmax"    # int8: "minmax", "percentile" or "entropy"
+    calibration_percentile: float = 99.999  # int8 percentile method: the clipping percentile
+    per_channel: bool = True              # int8: per-output-channel weight scales
+    activation_symmetric: bool = False    # int8: symmetric (int8) instead of asymmetric (uint8)
+    quant_skip: set[str] = field(default_factory=set)  # int8/int4: node names or op types left float
+    quant_keep_ends: bool = True          # int8: the first and last quantizable layers stay float
+    int4_group_size: int = 32             # int4: weights per scale along K (block-wise)
 
     @classmethod
     def names(cls) -> list[str]:

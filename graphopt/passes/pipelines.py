@@ -83,3 +83,30 @@ def for_target(pipeline: Pipeline, target) -> Pipeline:
     return Pipeline(f"{pipeline.name}+{target.name}",
                     pipeline.description + f"; for {target.name}: LayoutNchwc",
                     pipeline.steps[:-3] + ("LayoutNchwc",) + tail)
+
+
+PRECISION_PASSES = {"int8": "QuantizeInt8", "int4": "QuantizeInt4Weights"}
+
+
+def with_precision(pipeline: Pipeline, options) -> Pipeline:
+    """`pipeline` with the precision passes `options` ask for (ConvertPrecision, QuantizeInt8,
+    QuantizeInt4Weights), after the fusions, whose patterns match the float graph, and before
+    elementwise grouping, the target's layout pass and the final cleanup, which then see the
+    converted graph. At -O0 and -O1 they run last, followed by dead-node removal and shape
+    inference."""
+    added: tuple[str, ...] = ()
+    if options.precision != "keep":
+        added += ("ConvertPrecision",)
+    if options.quantize != "none":
+        added += (PRECISION_PASSES[options.quantize],)
+    if not added:
+        return pipeline
+    steps = list(pipeline.steps)
+    later = [steps.index(name) for name in ("FuseElementwise", "LayoutNchwc",
+                                            "MergeDuplicateInitializers") if name in steps]
+    if not later:
+        steps += list(added) + ["EliminateDeadNodes", "InferShapes"]
+    else:
+        steps[min(later):min(later)] = list(added)
+    return Pipeline(f"{pipeline.name}+{'+'.join(added)}", pipeline.description + "; then "
+                    + ", ".join(added), tuple(steps))
