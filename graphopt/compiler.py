@@ -19,6 +19,7 @@ from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
+from graphopt.passes.pipelines import with_precision
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
@@ -160,7 +161,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         instruments.append(DumpIR(options.dump_dir, options.dump_format))
     if target is not None and not options.nchwc_block_size:
         options.nchwc_block_size = target.device(target.primary).nchwc_block_size
-    pipeline = for_target(PIPELINES[options.level], target)
+    pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before, notes=ctx.notes)
     if ctx.tracer is not None:
