@@ -7,6 +7,7 @@ import os
 import sys
 
 from graphopt import __version__
+from graphopt.cli_bisect import add_bisect_parser
 from graphopt.cli_calibrate import add_calibrate_parser
 from graphopt.cli_compare import add_compare_parser
 from graphopt.cli_diff import add_diff_parser
@@ -267,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(sub)
     add_compare_parser(sub)
     add_diff_parser(sub)
+    add_bisect_parser(sub)
     _add_passes(sub)
     _add_zoo(sub)
     return parser

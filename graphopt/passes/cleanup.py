@@ -26,7 +26,7 @@ class ConstantToInitializer(Pass):
                     continue
                 out = node.output
                 tensor = constant_node_tensor(node)
-                if tensor is None or out.is_graph_output:
+                if tensor is None or out.is_graph_output or not ctx.allows("Constant", node):
                     continue
                 init = Value(out.name, const=tensor)
                 out.replace_all_uses_with(init)
@@ -64,10 +64,10 @@ class EliminateIdentity(Pass):
             if source is None:
                 continue
             if node.op_type == "Identity" and source.is_tensor:
-                if bypass(node, source):
+                if ctx.allows("Identity", node) and bypass(node, source):
                     result.count("Identity")
             elif node.op_type == "Dropout" and _dropout_is_identity(node):
-                if bypass(node, source):
+                if ctx.allows("Dropout", node) and bypass(node, source):
                     result.count("Dropout")
         return result
 
@@ -77,6 +77,7 @@ class EliminateDeadNodes(Pass):
     name = "EliminateDeadNodes"
     description = "remove nodes and initializers nothing reads (graph outputs always stay)"
 
+    # Asks no rewrite gate: removing what no output depends on can never change an output.
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         # Inner graphs first: a dead node inside a branch may be the last reader of an outer value.
@@ -133,7 +134,7 @@ class EliminateCommonSubexpressions(Pass):
                 if first is None:
                     seen[key] = node
                     continue
-                if self._merge(node, first):
+                if ctx.allows(node.op_type, node) and self._merge(node, first):
                     result.count(node.op_type)
         return result
 
@@ -160,11 +161,11 @@ class MergeDuplicateInitializers(Pass):
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         for graph in list(model.graph.all_graphs()):
-            result.count("initializer", self._merge_graph(graph))
+            result.count("initializer", self._merge_graph(graph, ctx))
         return result
 
     @staticmethod
-    def _merge_graph(graph: Graph) -> int:
+    def _merge_graph(graph: Graph, ctx: PassContext) -> int:
         # Hash in full only tensors whose cheap fingerprints collide: hashing every weight of a
         # large model would cost more than the merge saves.
         groups: dict[str, list[Value]] = defaultdict(list)
@@ -180,6 +181,11 @@ class MergeDuplicateInitializers(Pass):
             for value in members:
                 first = by_digest.setdefault(value.const.digest(), value)
                 if first is value:
+                    continue
+                # The gate takes a node: the duplicate's first reader stands for the merge. One
+                # nothing reads is dead, and dropping it cannot change an output.
+                readers = value.consumers()
+                if readers and not ctx.allows("initializer", readers[0]):
                     continue
                 value.replace_all_uses_with(first)
                 graph.remove_initializer(value)

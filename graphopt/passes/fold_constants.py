@@ -101,20 +101,27 @@ class _GraphFolder:
                 continue
             if is_castlike(node) and node.input(1).dtype is None:
                 continue
-            if node.op_type == "Constant" and node.is_onnx:
+            constant = node.op_type == "Constant" and node.is_onnx
+            alias = not constant and node.op_type == "Identity" and node.is_onnx \
+                and node.input(0) is not None and node.input(0).is_constant
+            if not (constant or alias):
+                if self._shared_weight_transpose(node):
+                    continue
+                if not self._bounded(node):
+                    if node.op_type in GENERATORS and any(id(v) in produced
+                                                          for v in _data_inputs(node)):
+                        self.deferred = True
+                    continue
+            # A node held back stays, and so does everything reading it (its outputs are not
+            # `produced`), exactly as if it could not be folded.
+            if not self.ctx.allows(node.op_type, node):
+                continue
+            if constant:
                 tensor = constant_node_tensor(node)
                 if tensor is not None:
                     self.results[id(node.output)] = tensor
-            elif node.op_type == "Identity" and node.is_onnx \
-                    and node.input(0) is not None and node.input(0).is_constant:
+            elif alias:
                 self.aliases[id(node.output)] = node.input(0)
-            elif self._shared_weight_transpose(node):
-                continue
-            elif not self._bounded(node):
-                if node.op_type in GENERATORS and any(id(v) in produced
-                                                      for v in _data_inputs(node)):
-                    self.deferred = True
-                continue
             region.append(node)
             produced.update(id(v) for v in node.outputs if v is not None)
         return region

@@ -80,10 +80,13 @@ def _sliced(node: Node, dims: Shape, opset: int) -> np.ndarray | None:
     return np.array(picked, dtype=np.int64)
 
 
-def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int]) -> bool:
+def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int], ctx: PassContext,
+             rule: str) -> bool:
     """Swap `node`'s single output for an initializer of the same name and drop the node."""
     out = node.output
     if id(out) in pinned or any(v is not None and v is not out for v in node.outputs):
+        return False
+    if not ctx.allows(rule, node):
         return False
     # The old value disappears with its node, so the initializer may take over its name.
     name = out.name if out.name not in graph.initializers else graph.fresh_name(out.name)
@@ -111,19 +114,20 @@ class FoldShapes(Pass):
                     x = node.input(0)
                     if x is not None and x.type_proto is None and x.static_shape is not None:
                         array = np.array(math.prod(x.static_shape), dtype=np.int64)
-                        if _replace(graph, node, array, pinned):
+                        if _replace(graph, node, array, pinned, ctx, "Size"):
                             result.count("Size")
                 elif node.op_type == "Shape":
-                    self._shape(graph, node, pinned, opset, result)
+                    self._shape(graph, node, pinned, opset, result, ctx)
         return result
 
     @staticmethod
-    def _shape(graph: Graph, node: Node, pinned: set[int], opset: int, result: PassResult) -> None:
+    def _shape(graph: Graph, node: Node, pinned: set[int], opset: int, result: PassResult,
+               ctx: PassContext) -> None:
         dims = _shape_dims(node)
         if dims is None:
             return
         if _static(dims):
-            if _replace(graph, node, np.array(dims, dtype=np.int64), pinned):
+            if _replace(graph, node, np.array(dims, dtype=np.int64), pinned, ctx, "Shape"):
                 result.count("Shape")
             return
         # Some dims are symbolic: fold the readers that only pick static ones.
@@ -138,5 +142,5 @@ class FoldShapes(Pass):
                 rule = "ShapeSlice"
             else:
                 continue
-            if array is not None and _replace(graph, consumer, array, pinned):
+            if array is not None and _replace(graph, consumer, array, pinned, ctx, rule):
                 result.count(rule)

@@ -133,13 +133,15 @@ RULES: dict[str, Callable[[Node], Value | None]] = {
 }
 
 
-def _collapse_reshape(node: Node) -> bool:
+def _collapse_reshape(node: Node, ctx: PassContext) -> bool:
     """Reshape(Reshape(x, a), b) -> Reshape(x, b) when b has no 0 (copy-from-input) dims."""
     inner = node.inputs[0].producer
     if inner is None or inner.op_type != "Reshape" or not inner.is_onnx:
         return False
     shape = _const(node.input(1))
     if shape is None or (shape == 0).any() or node.attr("allowzero", 0):
+        return False
+    if not ctx.allows("ReshapeOfReshape", node):
         return False
     node.set_input(0, inner.inputs[0])
     if not inner.output.uses and not inner.output.is_graph_output:
@@ -159,12 +161,13 @@ class EliminateNoOps(Pass):
                 continue
             if node.inputs[0] is None or node.outputs[0] is None:
                 continue
-            if node.op_type == "Reshape" and _collapse_reshape(node):
+            if node.op_type == "Reshape" and _collapse_reshape(node, ctx):
                 result.count("ReshapeOfReshape")
             rule = RULES.get(node.op_type)
             if rule is None or (len(node.outputs) > 1 and node.op_type != "Split"):
                 continue
             keep = rule(node)
-            if keep is not None and keep is not node.output and bypass(node, keep):
+            if keep is not None and keep is not node.output and ctx.allows(node.op_type, node) \
+                    and bypass(node, keep):
                 result.count(node.op_type)
         return result

@@ -1,0 +1,245 @@
+"""`graphopt bisect`: the first pass run, then the first rewrite in it, after which the
+optimized model's outputs break tolerance against the original.
+
+One compile with a recording gate numbers every rewrite the passes ask for (RulePass rules,
+fusions, layout, folding, cleanups). If that model is out of tolerance, a binary search on k
+(compile allowing only the first k rewrites; compiles are deterministic, so those are the
+recording's first k) finds the smallest k that breaks: rewrite k is the culprit, and its pass
+run comes with it. EliminateDeadNodes and InferShapes ask no gate (removing dead nodes and
+inferring shapes never change outputs). A pass that asks no gate and breaks outputs anyway is
+found by a second search over the pass runs of one compile, at pass granularity.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from google.protobuf.message import DecodeError
+from onnx import ModelProto
+
+from graphopt import numerics
+from graphopt.errors import InputError, OptionError
+from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
+from graphopt.ir import to_onnx
+from graphopt.ir.onnx_io import read_model_proto
+from graphopt.tools.bisect_compile import (
+    Compiled,
+    GateCall,
+    RunInfo,
+    Setup,
+    check_same_calls,
+    compile_prefix,
+)
+from graphopt.tools.bisect_diff import rewrite_lines
+
+# Passes that cannot change outputs by design; a run of theirs after the culprit's needs no check.
+SAFE_PASSES = frozenset({"EliminateDeadNodes", "InferShapes"})
+
+
+@dataclass
+class BisectResult:
+    """`found` False: the full compile is within tolerance. Otherwise the culprit at
+    `granularity` "rewrite" (pass, run, rule, anchor), "pass" (a pass that asks no rewrite gate,
+    so no finer granularity) or "import" (the model breaks before any pass runs)."""
+
+    model: str
+    pipeline: str
+    found: bool
+    total_rewrites: int          # rewrites the full compile asked the gate for
+    pass_runs: int               # runs in the full compile's pass log
+    evaluations: int = 0         # compiled models run in onnxruntime and compared
+    problem: str = ""            # how the outputs differ after the culprit (or "")
+    granularity: str = ""
+    pass_name: str | None = None
+    pass_run: int | None = None  # 1-based position in the pass log of the compile allowing
+    allowed: int | None = None   # the first `allowed` rewrites (fewer rewrites, fewer fixed-point
+                                 # sweeps: a pass culprit's run number is of that compile)
+    iteration: int | None = None  # fixed-point iteration of that run (0: not in a group)
+    rule: str | None = None
+    anchor: str | None = None
+    rewrite: int | None = None   # 1-based among all rewrites of the compile
+    rewrite_in_run: int | None = None  # 1-based among the rewrites of its pass run
+    rewrites_in_run: int | None = None
+    enabled_by: str | None = None  # a pass culprit that only breaks after this rewrite
+    before_lines: list[str] = field(default_factory=list)  # "- " removed, "  " context
+    after_lines: list[str] = field(default_factory=list)   # "+ " created, "  " context
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class _Evaluator:
+    """Runs compiled models against the original's outputs, counting and reporting each run."""
+
+    def __init__(self, reference: ModelProto, feeds: dict, rtol: float, atol: float,
+                 progress: Callable[[str], None], inputs: str = "seeded random inputs"):
+        self.feeds, self.rtol, self.atol, self.progress = feeds, rtol, atol, progress
+        self.count = 0
+        try:
+            self.expected = numerics.run(reference, feeds)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the explanation
+            raise InputError(f"onnxruntime cannot run the original model on {inputs}: "
+                             f"{_last_line(e)}") from None
+
+    def __call__(self, compiled: Compiled, what: str) -> str | None:
+        """How `compiled`'s outputs break tolerance, or None when they do not."""
+        self.count += 1
+        try:
+            actual = numerics.run(to_onnx(compiled.model), self.feeds)
+        except Exception as e:  # noqa: BLE001 - a wrong rewrite may leave a model ORT refuses
+            problem = f"the optimized model does not run: {_last_line(e)}"
+        else:
+            mismatches = numerics.compare(self.expected, actual, self.rtol, self.atol)
+            problem = "; ".join(str(m) for m in mismatches[:3]) or None
+        verdict = "ok" if problem is None else f"outputs differ: {problem}"
+        self.progress(f"bisect: evaluation {self.count}: {what}: {verdict}")
+        return problem
+
+
+def _last_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else type(error).__name__
+
+
+def _load(model) -> tuple[ModelProto, str]:
+    if isinstance(model, ModelProto):
+        return model, "<model>"
+    if isinstance(model, bytes):
+        proto = ModelProto()
+        try:
+            proto.ParseFromString(model)
+        except DecodeError as e:
+            raise InputError(f"<model>: not a valid ONNX model ({e})") from None
+        return proto, "<model>"
+    return read_model_proto(model), os.fspath(model)
+
+
+def _feeds(reference: ModelProto, feeds, shapes: dict) -> dict:
+    if isinstance(feeds, dict):
+        return feeds
+    if feeds is not None:
+        from graphopt.compiler import (
+            _load_inputs,  # the --inputs .npz reader of --verify
+        )
+
+        return _load_inputs(feeds)
+    try:
+        return numerics.random_feeds(reference, seed=0, shapes=shapes)
+    except ValueError as e:
+        raise OptionError(f"bisect: {e} (give --inputs)") from None
+
+
+def _prefix(k: int, calls: list[GateCall]) -> str:
+    if k == 0:
+        return f"no rewrite of {len(calls)} allowed"
+    return f"first {k} of {len(calls)} rewrites (last: {calls[k - 1].describe()})"
+
+
+def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4,
+           atol: float = 1e-5, input_shapes=None,
+           progress: Callable[[str], None] | None = None) -> BisectResult:
+    """Find what breaks `model`'s outputs (path, bytes or ModelProto) at -O`level`, against
+    onnxruntime at ORT_DISABLE_ALL on `feeds` (a dict, an .npz path, or seeded random inputs
+    shaped by `input_shapes`). `progress` receives one line per evaluation."""
+    progress = progress or (lambda line: None)
+    source, label = _load(model)
+    if isinstance(target, (str, os.PathLike)):
+        from graphopt.partition import load_target
+
+        target = load_target(os.fspath(target))
+    shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
+              else validate_input_shapes(input_shapes or {}))
+    setup = Setup(source, label, level, target, shapes)
+    inputs = f"--inputs {os.fspath(feeds)}" if isinstance(feeds, (str, os.PathLike)) else \
+        "the given inputs" if feeds is not None else "seeded random inputs"
+    evaluate = _Evaluator(source, _feeds(source, feeds, shapes), rtol, atol, progress, inputs)
+
+    full = compile_prefix(setup, None)
+    calls = full.calls
+    result = BisectResult(label, full.pipeline, False, len(calls), len(full.runs))
+    problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass runs")
+    if problem is None:
+        result.evaluations = evaluate.count
+        return result
+    result.found = True
+    lo, hi, at_hi = 0, len(calls), full  # invariant: prefix hi breaks, prefix lo-1 does not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        compiled = compile_prefix(setup, mid)
+        check_same_calls(calls, compiled)
+        found = evaluate(compiled, _prefix(mid, calls))
+        if found:
+            hi, at_hi, problem = mid, compiled, found
+        else:
+            lo = mid + 1
+    if hi == 0:
+        _blame_pass(result, setup, evaluate, calls, 0, at_hi, -1, problem)
+    else:
+        _blame_rewrite(result, setup, evaluate, calls, hi, at_hi, problem)
+    result.evaluations = evaluate.count
+    return result
+
+
+def _blame_rewrite(result: BisectResult, setup: Setup, evaluate: _Evaluator,
+                   calls: list[GateCall], k: int, at_k: Compiled, problem: str) -> None:
+    """Rewrite k breaks the compile allowing k; check that it breaks the model by itself (not
+    through a later pass that asks no gate) unless nothing after its run could matter."""
+    call = calls[k - 1]
+    after = None
+    if any(run.changed and run.name not in SAFE_PASSES for run in at_k.runs[call.run + 1:]):
+        after = compile_prefix(setup, k, stop_after=call.run)
+        check_same_calls(calls, after)
+        alone = evaluate(after, f"first {k} rewrites, stopped after pass run {call.run + 1} "
+                                f"({call.pass_name})")
+        if alone is None:
+            result.enabled_by = f"rewrite {k}: {call.describe()}"
+            _blame_pass(result, setup, evaluate, calls, k, at_k, call.run, problem)
+            return
+        problem = alone
+    after = after or compile_prefix(setup, k, stop_after=call.run)
+    before = compile_prefix(setup, k - 1, stop_after=call.run)
+    in_run = [i for i, c in enumerate(calls) if c.run == call.run]
+    run = at_k.runs[call.run]
+    result.problem, result.granularity = problem, "rewrite"
+    result.pass_name, result.pass_run = call.pass_name, call.run + 1
+    result.iteration = run.iteration
+    result.rule, result.anchor, result.rewrite, result.allowed = call.rule, call.anchor, k, k
+    result.rewrite_in_run, result.rewrites_in_run = in_run.index(k - 1) + 1, len(in_run)
+    result.before_lines, result.after_lines = rewrite_lines(before.model, after.model)
+
+
+def _blame_pass(result: BisectResult, setup: Setup, evaluate: _Evaluator,
+                calls: list[GateCall], k: int, at_k: Compiled, start: int, problem: str) -> None:
+    """The compile `at_k`, allowing the first k rewrites, breaks outputs; its state after run
+    `start` does not (start -1: the imported model itself is a candidate). Search the runs
+    after `start` that changed the model (a run that reports no change left it as it was;
+    the fixed point relies on that)."""
+    runs: list[RunInfo] = at_k.runs
+    candidates = ([-1] if start == -1 else []) + \
+        [i for i in range(start + 1, len(runs)) if runs[i].changed]
+    lo, hi, at_hi = 0, len(candidates) - 1, None  # the last candidate's state is at_k's final one
+    while lo < hi:
+        mid = (lo + hi) // 2
+        stop = candidates[mid]
+        compiled = compile_prefix(setup, k, stop_after=stop)
+        check_same_calls(calls, compiled)
+        what = "the imported model" if stop == -1 else \
+            f"pass runs 1-{stop + 1} (last: {runs[stop].name})"
+        found = evaluate(compiled, f"{what}, {_prefix(k, calls)}")
+        if found:
+            hi, at_hi, problem = mid, compiled, found
+        else:
+            lo = mid + 1
+    culprit = candidates[hi]
+    result.problem = problem
+    if culprit == -1:
+        result.granularity = "import"
+        return
+    after = at_hi or compile_prefix(setup, k, stop_after=culprit)
+    before = compile_prefix(setup, k, stop_after=culprit - 1)
+    result.granularity = "pass"
+    result.pass_name, result.pass_run, result.allowed = runs[culprit].name, culprit + 1, k
+    result.iteration = runs[culprit].iteration
+    result.before_lines, result.after_lines = rewrite_lines(before.model, after.model)

@@ -1,0 +1,306 @@
+"""`graphopt bisect`: a deliberately wrong rewrite found at its rule and anchor in about log2
+evaluations; clean models; passes that ask no gate; and the gate calls in folding and cleanups."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+from helpers import PerturbWeights, parse_model, run_cli
+
+from graphopt import zoo
+from graphopt.compiler import optimize
+from graphopt.ir import format_model, to_onnx
+from graphopt.numerics import compare, random_feeds, run
+from graphopt.passes import PASSES, FixedPoint, Pass, PassResult, Pipeline, pipelines
+from graphopt.passes.base import anchor_key
+from graphopt.passes.fusion.conv_bn import FuseConvBatchNorm
+from graphopt.passes.rules import Rule, RulePass
+from graphopt.tools.bisect import bisect
+from graphopt.tools.bisect_compile import NondeterministicCompile, Setup, compile_prefix
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+class WrongClip(Rule):
+    """Test-only: Clip(x, 0, 6) -> Sigmoid(x), numerically wrong, at the one Clip whose input
+    feeds the node named `target` (the fixture sets it)."""
+
+    name = "TestBisectWrongClip"
+    target = ""
+
+    def pattern(self, op, x, lo, hi):
+        return op.Clip(x, lo, hi)
+
+    def check(self, x, **_):
+        clips = [n for n in x.consumers() if n.op_type == "Clip"]
+        return None if any(anchor_key(n) == self.target for n in clips) else "not the target"
+
+    def rewrite(self, op, x, **_):
+        return op.Sigmoid(x)
+
+
+class ReluToMax(Rule):
+    """Test-only and correct: Relu(x) -> Max(x, 0)."""
+
+    name = "TestBisectReluToMax"
+
+    def pattern(self, op, x):
+        return op.Relu(x)
+
+    def rewrite(self, op, x):
+        return op.Max(x, op.const(np.zeros((), np.float32)))
+
+
+class ReluToMaxPass(RulePass):
+    name = "TestBisectReluToMax"
+    description = "Relu into Max(x, 0) (test only)"
+    rules = (ReluToMax,)
+
+
+class BreakMax(Pass):
+    """Test-only miscompile that asks no gate: every Max becomes a Min."""
+
+    name = "TestBisectBreakMax"
+    description = "Max into Min (a deliberate miscompile)"
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        for node in model.graph:
+            if node.op_type == "Max":
+                node.op_type = "Min"
+                result.count("Max")
+        return result
+
+
+_flaky_runs = itertools.count()
+
+
+class FlakyGate(Pass):
+    """Test-only: asks the gate about a different node in every compile, then miscompiles."""
+
+    name = "TestBisectFlakyGate"
+    description = "a nondeterministic gated miscompile"
+
+    def run(self, model, ctx) -> PassResult:
+        nodes = model.graph.nodes()
+        if ctx.allows("Flaky", nodes[next(_flaky_runs) % len(nodes)]):
+            return PerturbWeights().run(model, ctx)
+        return PassResult()
+
+
+def _with_pipeline(monkeypatch, steps, *passes) -> None:
+    for cls in passes:
+        monkeypatch.setitem(PASSES, cls.name, cls)
+    monkeypatch.setitem(pipelines.PIPELINES, 2, Pipeline("O2-test", "a test pipeline", steps))
+
+
+@pytest.fixture(scope="module")
+def mobilenet():
+    return zoo.build("mobilenetv2", width=0.35, image_size=64)
+
+
+@pytest.fixture
+def wrong_clip(monkeypatch):
+    monkeypatch.setattr(FuseConvBatchNorm, "rules", FuseConvBatchNorm.rules + (WrongClip,))
+
+    def aim(anchor: str) -> None:
+        monkeypatch.setattr(WrongClip, "target", anchor)
+    return aim
+
+
+# ---------------------------------------------------------------------------------------------
+# A wrong rule at one node among many
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("anchor", ["/features/features.5/conv/conv.1/conv.1.2/Clip",
+                                    "/features/features.16/conv/conv.0/conv.0.2/Clip"])
+def test_finds_the_wrong_rule_at_its_anchor_in_log2_evaluations(mobilenet, wrong_clip, anchor):
+    wrong_clip(anchor)
+    clips = [n for n in mobilenet.graph.node if n.op_type == "Clip"]
+    assert len(clips) > 30 and anchor in [n.name for n in clips]
+    lines = []
+    result = bisect(mobilenet, level=2, progress=lines.append, **TOL)
+    assert result.found and result.granularity == "rewrite"
+    assert (result.pass_name, result.rule, result.anchor) == \
+        ("FuseConvBatchNorm", "TestBisectWrongClip", anchor)
+    assert result.total_rewrites > 150
+    assert result.evaluations <= math.ceil(math.log2(result.total_rewrites)) + 3
+    assert len(lines) == result.evaluations and all("evaluation" in line for line in lines)
+    assert "outputs differ" in lines[0] and "'logits'" in result.problem
+    removed = [line for line in result.before_lines if line.startswith("- ")]
+    created = [line for line in result.after_lines if line.startswith("+ ")]
+    assert any("= Clip(" in line and line.endswith(f"# {anchor}") for line in removed)
+    assert any("= Sigmoid(" in line for line in created)
+    assert not any("Sigmoid" in line for line in result.before_lines)
+    # Context: the Conv producing the Clip's input is shown on both sides, unmarked.
+    assert any(line.startswith("  ") and "= Conv(" in line for line in result.before_lines)
+    # The pass run is the one of the manager's log, and the rule fired there.
+    log = optimize(mobilenet, level=2).log.records
+    assert log[result.pass_run - 1].name == "FuseConvBatchNorm"
+    assert log[result.pass_run - 1].stats.get("TestBisectWrongClip") == 1
+    assert 1 <= result.rewrite_in_run <= result.rewrites_in_run
+
+
+def test_cli_reports_the_culprit_and_exits_1(mobilenet, wrong_clip, tmp_path, capsys):
+    anchor = "/features/features.5/conv/conv.1/conv.1.2/Clip"
+    wrong_clip(anchor)
+    path = tmp_path / "m.onnx"
+    onnx.save(mobilenet, path)
+    rc, out, err = run_cli(capsys, "bisect", path)
+    assert rc == 1, err
+    assert "culprit pass:    FuseConvBatchNorm (pass run" in out
+    assert f"culprit rewrite: TestBisectWrongClip at {anchor}" in out
+    assert "- " in out and "+ " in out and "Sigmoid" in out
+    assert "bisect: evaluation 1: full compile" in err
+    rc, out, err = run_cli(capsys, "bisect", path, "--json")
+    assert rc == 1
+    data = json.loads(out)
+    assert data["rule"] == "TestBisectWrongClip" and data["anchor"] == anchor
+
+
+# ---------------------------------------------------------------------------------------------
+# Nothing to find; errors
+# ---------------------------------------------------------------------------------------------
+def test_clean_model_has_no_culprit(tmp_path, capsys):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), path)
+    result = bisect(path, level=3, **TOL)
+    assert not result.found and result.evaluations == 1 and result.total_rewrites > 10
+    rc, out, err = run_cli(capsys, "bisect", path, "-O", "3")
+    assert rc == 0, err
+    assert "within tolerance" in out and "1 evaluation: the full compile" in out
+
+
+def test_errors_name_the_option(tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "bisect", tmp_path / "missing.onnx")
+    assert rc == 1 and "missing.onnx" in err and not out
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), path)
+    (tmp_path / "bad.npz").write_text("not npz")
+    rc, out, err = run_cli(capsys, "bisect", path, "--inputs", tmp_path / "bad.npz")
+    assert rc == 1 and "--inputs" in err and not out
+
+
+# ---------------------------------------------------------------------------------------------
+# Passes that ask no gate
+# ---------------------------------------------------------------------------------------------
+def test_pass_without_gate_is_reported_at_pass_granularity(monkeypatch):
+    _with_pipeline(monkeypatch, ("InferShapes", "ConstantToInitializer",
+                                 FixedPoint(("EliminateIdentity", "EliminateNoOps",
+                                             "EliminateDeadNodes")),
+                                 PerturbWeights.name, "EliminateDeadNodes"), PerturbWeights)
+    model = zoo.build("tiny")
+    result = bisect(model, level=2, **TOL)
+    assert result.found and result.granularity == "pass"
+    assert result.pass_name == PerturbWeights.name and result.rule is None
+    # Every compile breaks (the pass asks no gate), so the run is one of the compile allowing none.
+    assert result.allowed == 0
+    runs = [r.name for r in compile_prefix(Setup(model, "<model>", 2), 0).runs]
+    assert runs[result.pass_run - 1] == PerturbWeights.name
+    assert result.evaluations <= math.ceil(math.log2(result.total_rewrites + 1)) + \
+        math.ceil(math.log2(len(runs) + 1)) + 1
+    # Its change: initializers with new data, shown with the nodes reading them.
+    assert any(line.startswith("- %") and "initializer" in line for line in result.before_lines)
+    assert any(line.startswith("+ %") and "initializer" in line for line in result.after_lines)
+    assert any(line.startswith("  ") and "= Conv(" in line for line in result.after_lines)
+
+
+def test_pass_without_gate_that_breaks_only_after_a_rewrite_names_both(monkeypatch):
+    _with_pipeline(monkeypatch, ("InferShapes", ReluToMaxPass.name, BreakMax.name,
+                                 "EliminateDeadNodes"), ReluToMaxPass, BreakMax)
+    model = parse_model("""
+agraph (float[2,8] x) => (float[2,8] y) {
+    a = Neg (x)
+    b = Relu (a)
+    y = Abs (b)
+}
+""")
+    result = bisect(model, level=2, **TOL)
+    assert result.found and result.granularity == "pass" and result.pass_name == BreakMax.name
+    assert result.pass_run == 3 and "TestBisectReluToMax" in result.enabled_by
+    assert result.evaluations == 3  # full, no rewrite, the rewrite's run alone
+    assert any("= Min(" in line for line in result.after_lines)
+
+
+def test_nondeterministic_compile_is_named(monkeypatch):
+    _with_pipeline(monkeypatch, ("InferShapes", FlakyGate.name), FlakyGate)
+    model = zoo.build("tiny")
+    with pytest.raises(NondeterministicCompile, match="not deterministic"):
+        bisect(model, level=2, **TOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate calls of folding and cleanups, and the driver
+# ---------------------------------------------------------------------------------------------
+DUPLICATES = """
+agraph (float[2,6] x) => (float[12] y, float[2,6] z) {
+    c = Constant <value = float[1] {2.0}> ()
+    i = Identity (x)
+    s = Shape (i)
+    n = Cast <to = 1> (i)
+    m = Mul (n, c)
+    r1 = Relu (m)
+    r2 = Relu (m)
+    e = Add (r1, w1)
+    f = Add (r2, w2)
+    k = Concat <axis = 0> (s3, s4)
+    g = Mul (e, f)
+    h = Reshape (g, k)
+    y = Reshape (h, s12)
+    z = Reshape (g, s)
+}
+"""
+
+
+def _duplicates():
+    w = np.arange(12, dtype=np.float32).reshape(2, 6)
+    return parse_model(DUPLICATES, w1=w, w2=w.copy(), s3=np.array([3], np.int64),
+                       s4=np.array([4], np.int64), s12=np.array([12], np.int64))
+
+
+GATED = {"ConstantToInitializer", "EliminateIdentity", "FoldShapes", "FoldConstants",
+         "EliminateNoOps", "EliminateCommonSubexpressions", "MergeDuplicateInitializers"}
+
+
+@pytest.mark.parametrize("level", [2, 3])
+def test_folding_and_cleanups_ask_the_gate_and_a_denied_rewrite_changes_nothing(level):
+    seen = []
+
+    def record(pass_name, rule, node):
+        seen.append(pass_name)
+        return True
+
+    optimize(_duplicates(), level=level, rewrite_gate=record)
+    assert GATED <= set(seen)
+    feeds = random_feeds(_duplicates(), seed=1)
+    expected = run(_duplicates(), feeds)
+    calls = itertools.count()
+    for name, gate in [("none", lambda p, r, n: False),
+                       ("every other", lambda p, r, n: next(calls) % 2 == 0)]:
+        result = optimize(_duplicates(), level=level, rewrite_gate=gate)
+        assert not any("fixed point" in note for note in result.notes), name
+        proto = to_onnx(result.model)
+        onnx.checker.check_model(proto)
+        assert not compare(expected, run(proto, feeds), **TOL), name
+        if name == "none":
+            # A denied rewrite is not a change: no gated pass reports one, no group sweeps twice.
+            changed = {r.name for r in result.log.records if r.changed}
+            assert not changed & GATED, changed
+            assert max(r.iteration for r in result.log.records) == 1
+
+
+@pytest.mark.parametrize("name, level, target", [("tiny", 3, None), ("tiny", 2, "cpu"),
+                                                  ("mobilenetv2", 2, None)])
+def test_bisect_driver_compiles_what_optimize_does(name, level, target):
+    model = zoo.build(name, width=0.35, image_size=64) if name == "mobilenetv2" else zoo.build(name)
+    expected = optimize(model, level=level, target=target)
+    from graphopt.partition import load_target
+
+    setup = Setup(model, "<model>", level, load_target(target) if target else None)
+    compiled = compile_prefix(setup, None)
+    assert format_model(compiled.model) == format_model(expected.model)
+    assert [r.name for r in compiled.runs] == [r.name for r in expected.log.records]
