@@ -107,7 +107,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              allow_custom_ops: bool = False, trace_rules=(),
              target: "str | Target | None" = None, memory_reorder: bool = False,
              rewrite_gate=None, pass_options: dict | None = None,
-             dump_format: str = "text") -> OptimizeResult:
+             dump_format: str = "text", instruments=()) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
@@ -116,7 +116,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     permitting); `memory_reorder=True` first reorders each partition to lower its peak memory.
 
     `rewrite_gate(pass, rule, node) -> bool` may hold single rewrites back (subgraph tuning,
-    bisection); `pass_options` sets further Options fields by name (elementwise_max_group, …).
+    bisection); `pass_options` sets further Options fields by name (elementwise_max_group, …);
+    `instruments` (passes.instruments.Instrument) run around every pass after the built-in ones.
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
@@ -154,11 +155,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
 
     ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
                       target=target, gate=rewrite_gate)
-    instruments = []
+    extra_instruments, instruments = list(instruments), []
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())
     if options.dump_dir:
         instruments.append(DumpIR(options.dump_dir, options.dump_format))
+    instruments += extra_instruments
     if target is not None and not options.nchwc_block_size:
         options.nchwc_block_size = target.device(target.primary).nchwc_block_size
     pipeline = with_precision(for_target(PIPELINES[options.level], target), options)

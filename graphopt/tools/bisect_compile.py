@@ -1,5 +1,5 @@
-"""Compiles for bisection: optimize()'s pipeline with only the first k rewrites allowed, every
-gate call recorded with its pass run, optionally stopped after a given pass run."""
+"""Compiles for bisection: optimize() with only the first k rewrites allowed, every gate call
+recorded with its pass run, optionally stopped after a given pass run."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ from typing import TYPE_CHECKING
 from onnx import ModelProto
 
 from graphopt.errors import GraphoptError, OptionError, PassError
-from graphopt.input_shapes import pin_input_shapes
-from graphopt.ir import Model, load_onnx
-from graphopt.opcheck import check_ops
-from graphopt.passes import PIPELINES, Options, PassContext, PassManager, for_target
+from graphopt.ir import Model
+from graphopt.passes import PIPELINES
 from graphopt.passes.base import anchor_key
-from graphopt.passes.infer_shapes import infer_shapes
-from graphopt.passes.instruments import Instrument, VerifyAfterEachPass
+from graphopt.passes.instruments import Instrument
 
 if TYPE_CHECKING:
     from graphopt.ir import Node
@@ -51,21 +48,29 @@ class _Stop(Exception):
 
 
 class RunTracker(Instrument):
-    """Numbers the pass runs (so the gate knows which run asks) and stops the compile after
-    run `stop_after` (-1: before the first pass, None: never)."""
+    """Numbers the pass runs (so the gate knows which run asks), keeps the model being compiled
+    and the pipeline's name, and stops the compile after run `stop_after` (-1: before the first
+    pass, None: never)."""
 
     def __init__(self, stop_after: int | None = None):
         self.stop_after = stop_after
         self.runs: list[RunInfo] = []
+        self.model: Model | None = None
+        self.pipeline = ""
 
     def start(self, model) -> None:
+        self.model = model
         if self.stop_after == -1:
             raise _Stop
 
     def after_pass(self, model, record, log) -> None:
+        self.pipeline = log.pipeline
         self.runs.append(RunInfo(record.name, record.iteration, record.changed))
         if self.stop_after is not None and len(self.runs) > self.stop_after:
             raise _Stop
+
+    def finish(self, model, log) -> None:
+        self.pipeline = log.pipeline
 
 
 class PrefixGate:
@@ -92,15 +97,12 @@ class Setup:
     level: int
     target: Target | None = None
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    pass_options: dict = field(default_factory=dict)  # e.g. precision, for optimize()
 
     def __post_init__(self) -> None:
         if self.level not in PIPELINES:
             raise OptionError(f"optimization level {self.level} does not exist "
                               f"(use 0 to {max(PIPELINES)})")
-
-    def options(self) -> Options:
-        """Fresh per compile: the driver writes into them (the NCHWc block size)."""
-        return Options(level=self.level, input_shapes=dict(self.input_shapes))
 
 
 @dataclass
@@ -114,34 +116,23 @@ class Compiled:
 
 
 def compile_prefix(setup: Setup, limit: int | None, stop_after: int | None = None) -> Compiled:
-    """Compile as graphopt.compiler.optimize does (same import checks, pins, pipeline, target
-    tail) but under a PrefixGate(limit) and the RunTracker; no verification or partitioning.
-    optimize() takes no instruments, hence this driver; tests/test_bisect.py checks that both
-    compile to the same model."""
-    model = load_onnx(setup.source)
-    check_ops(model, setup.label)
-    options = setup.options()
-    if options.input_shapes:
-        pin_input_shapes(model, options.input_shapes)
-        infer_shapes(model)
+    """Compile with graphopt.compiler.optimize under a PrefixGate(limit), with the RunTracker
+    as an instrument (which may stop the compile after a given run); no verification."""
+    from graphopt.compiler import optimize
+
     tracker = RunTracker(stop_after)
     gate = PrefixGate(limit, tracker)
-    ctx = PassContext(options, target=setup.target, gate=gate)
-    # Structure first: a run that breaks the graph is named before the tracker may stop.
-    instruments = ([VerifyAfterEachPass()] if options.verify_structure else []) + [tracker]
-    target = setup.target
-    if target is not None and not options.nchwc_block_size:
-        options.nchwc_block_size = target.device(target.primary).nchwc_block_size
-    pipeline = for_target(PIPELINES[options.level], target)
     stopped = False
     try:
-        PassManager(pipeline, ctx, instruments).run(model)
+        optimize(setup.source, level=setup.level, input_shapes=setup.input_shapes or None,
+                 target=setup.target, rewrite_gate=gate, pass_options=setup.pass_options,
+                 instruments=[tracker])
     except _Stop:
         stopped = True
     except PassError as e:
         allowed = "every rewrite" if limit is None else f"the first {limit} rewrite(s)"
         raise PassError(f"{e} (bisect: compiling with {allowed} allowed)") from e
-    return Compiled(model, gate.calls, tracker.runs, pipeline.name, limit, stopped)
+    return Compiled(tracker.model, gate.calls, tracker.runs, tracker.pipeline, limit, stopped)
 
 
 def check_same_calls(recording: list[GateCall], compiled: Compiled) -> None:
