@@ -143,6 +143,31 @@ def test_tuned_tilings_reach_the_kernel_records(tmp_path):
     assert len(cube) == 2 and {r["tiling_source"] for r in cube} == {"tuned"}
 
 
+def test_unnamed_cube_nodes_keep_their_own_tilings(tmp_path):
+    from tests.helpers import parse_model
+
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+agraph (float[64,256] x) => (float[64,32] y) {
+    h = MatMul (x, w1)
+    y = MatMul (h, w2)
+}
+""", w1=rng.standard_normal((256, 512)).astype(np.float32),
+        w2=rng.standard_normal((512, 32)).astype(np.float32))
+    result = optimize(proto, target="ascend310")
+    kernels = model_kernels(result.model, result.partitioning)
+    assert [g.nodes for g in kernels] == [["%h"], ["%y"]]  # unnamed: keyed by their output
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    for group in kernels:
+        tune_kernel(group.shape, "ascend310", trials=8, storage=url)
+    tilings = tuned_tilings(url, result.model, result.partitioning)
+    assert set(tilings) == {"%h", "%y"} and tilings["%h"] != tilings["%y"]
+    from graphopt.tuner.model import model_estimate
+
+    default = model_estimate(result.model, result.partitioning).seconds
+    assert model_estimate(result.model, result.partitioning, tilings).seconds <= default
+
+
 def _cli(argv):
     import argparse
     parser = argparse.ArgumentParser(prog="graphopt")

@@ -2,7 +2,8 @@
 
 Partitions run one after another (no overlap between devices: an estimate's simplification).
 On an NPU partition: a cube op (MatMul/Gemm/Conv and fused forms) is npu_model.estimate under
-its tiling (`tilings[node.name]`, else default_tiling), a graphopt:: call is one fused group
+its tiling (`tilings[anchor_key(node)]`: the node's name, or `%output` for an unnamed one;
+else default_tiling), a graphopt:: call is one fused group
 (vector.group_estimate), any other op one vector kernel (vector.vector_estimate; Reshape-like
 ops have no kernel). On the host: partition.estimate's roofline per node. Copies: every
 non-constant value read by a partition on another device than its producer's (graph inputs
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from graphopt.partition.estimate import value_bytes
+from graphopt.passes.base import anchor_key
 from graphopt.tuner.cpu_model import CpuCostModel, default_constants
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.tiling import CUBE_OPS, Tiling, default_tiling, gemm_shape
@@ -102,12 +104,13 @@ def model_estimate(model: Model, partitioning: Partitioning,
         for node in part.nodes:
             if host_model is not None:
                 seconds = host_model.node_seconds(node)
-                result.rows.append(KernelRow(part.name, part.device, node.name, node.qualified_op,
+                result.rows.append(KernelRow(part.name, part.device, anchor_key(node), node.qualified_op,
                                              "host", Estimate(0.0, seconds, {"bound": "roofline"})))
                 continue
-            kind, est, tiling = node_estimate(node, device, model, tilings.get(node.name))
-            result.rows.append(KernelRow(part.name, part.device, node.name, node.qualified_op,
-                                         kind, est, tiling))
+            kind, est, tiling = node_estimate(node, device, model,
+                                              tilings.get(anchor_key(node)))
+            result.rows.append(KernelRow(part.name, part.device, anchor_key(node),
+                                         node.qualified_op, kind, est, tiling))
         if part.device != target.host:
             for value in part.outputs:
                 if value.is_graph_output:

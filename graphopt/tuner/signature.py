@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from graphopt.tuner.tiling import CONV_OPS, GemmShape, cube_dtype, gemm_shape
 
+from graphopt.passes.base import anchor_key
+
 if TYPE_CHECKING:
     from graphopt.ir import Model, Node
     from graphopt.partition.partitioner import Partitioning
@@ -83,5 +85,5 @@ def model_kernels(model: Model, partitioning: Partitioning) -> list[KernelGroup]
             if sig is None:
                 continue
             group = groups.setdefault(sig, KernelGroup(sig, parse_signature(sig)[2], part.device))
-            group.nodes.append(node.name)
+            group.nodes.append(anchor_key(node))
     return list(groups.values())
