@@ -1,14 +1,21 @@
-"""Checks that every op is known: an ONNX schema, an onnxruntime kernel schema, or a model
-function; an unknown op or domain is reported by node before any pass runs."""
+"""Checks that every op is known (an ONNX schema, an onnxruntime kernel schema, or a model
+function), that ONNX-domain nodes fit their schema (input/output counts, attribute names and
+types) and that ONNX's shape inference accepts their attribute values, as onnxruntime will
+when it loads the result; a problem is reported by node before any pass runs."""
 
 from __future__ import annotations
 
 import functools
 
 import onnx
+import onnx.checker
+from onnx import AttributeProto, GraphProto, NodeProto
 
 from graphopt.errors import InputError
-from graphopt.ir import Model
+from graphopt.ir import Model, Node
+from graphopt.ir.onnx_io import attribute_to_proto
+
+_ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,17 +39,23 @@ def _known(domain: str, op_type: str, functions: set[tuple[str, str]]) -> bool:
 
 
 def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
-    """Raise InputError on the first node whose domain is not imported or whose op is unknown."""
+    """Raise InputError on the first node whose domain is not imported, whose op is unknown,
+    that does not fit its schema, or that shape inference refuses (negative kernel, …)."""
     imported = {("" if d == "ai.onnx" else d) for d in model.opset_imports}
     functions = model.function_keys()
     known_domains = {d for d, _ in runtime_schemas()} | {"", "ai.onnx.ml",
                                                           "ai.onnx.preview.training"}
+    checker = _checker_context(model)
     for node in model.graph.all_nodes():
         domain = "" if node.domain == "ai.onnx" else node.domain
         where = f"{label}: node '{node.name or '?'}' ({node.qualified_op})"
         if domain not in imported:
             raise InputError(f"{where}: domain '{domain}' is not in the model's opset_import")
         if _known(domain, node.op_type, functions):
+            if domain in _ONNX_DOMAINS and (domain, node.op_type) not in functions:
+                problem = _schema_problem(node, checker)
+                if problem:
+                    raise InputError(f"{where}: {problem}")
             continue
         if domain in known_domains or not allow_custom_ops:
             if domain in known_domains:
@@ -51,3 +64,80 @@ def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
                                  "function)")
             raise InputError(f"{where}: unknown domain '{domain}' (no schema or model function "
                              "defines its ops); pass --allow-custom-ops to keep custom ops as they are")
+    _check_inference(model, label)
+
+
+def _checker_context(model: Model) -> onnx.checker.C.CheckerContext:
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = model.ir_version
+    ctx.opset_imports = {("" if d == "ai.onnx" else d): v for d, v in model.opset_imports.items()}
+    return ctx
+
+
+def _schema_problem(node: Node, ctx) -> str | None:
+    """Why `node` does not fit its ONNX schema at the model's opset, or None. Passes and
+    onnxruntime rely on what the schema promises: an attribute of the declared type, the
+    inputs a kernel reads."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    proto = NodeProto(op_type=node.op_type, domain=domain, name=node.name)
+    proto.input.extend(v.name if v is not None else "" for v in node.inputs)
+    proto.output.extend(v.name if v is not None else "" for v in node.outputs)
+    for attr in node.attrs.values():
+        if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
+            # Only the attribute's type here: bodies read outer values, which the checker
+            # would need a lexical scope for; their own nodes are checked one by one.
+            empty = AttributeProto(name=attr.name, type=attr.type)
+            if attr.type == AttributeProto.GRAPH:
+                empty.g.CopyFrom(GraphProto(name=attr.value.name or "body"))
+            proto.attribute.append(empty)
+        else:
+            proto.attribute.append(attribute_to_proto(attr))
+    try:
+        onnx.checker.check_node(proto, ctx)
+    except onnx.checker.ValidationError as exc:
+        # onnx's message, first line only: the rest repeats the node in protobuf text form.
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        return lines[0] if lines else "does not match its ONNX schema"
+    return None
+
+
+def _check_inference(model: Model, label: str) -> None:
+    """Strict ONNX shape inference, which onnxruntime also runs when it loads a model: attribute
+    values no kernel can honor (kernel_shape -1, pads of the wrong length, a perm that is not a
+    permutation) are the input's fault, and are better reported now than by the .om's loader."""
+    from graphopt.passes.infer_shapes import weightless_proto
+
+    proto = weightless_proto(model)
+    # Only the nodes are judged: a declared output or intermediate shape that disagrees with
+    # the inferred one is a stale annotation onnxruntime overrides with a warning.
+    for graph in _graphs(proto.graph):
+        del graph.value_info[:]
+        for node in graph.node:
+            if node.domain == "ai.onnx":  # an alias onnxruntime accepts, inference does not
+                node.domain = ""
+        for output in graph.output:
+            if output.type.HasField("tensor_type"):
+                output.type.tensor_type.ClearField("shape")
+    try:
+        onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=True,
+                                          data_prop=False)
+    except onnx.shape_inference.InferenceError as exc:
+        text = str(exc).strip()
+        # "[ShapeInferenceError] Inference error(s): (op_type:Conv, node name: c): [..] why\n…"
+        first = text.split("Inference error(s): ", 1)[-1].splitlines()[0] if text else ""
+        raise InputError(f"{label}: shape inference refuses the model: "
+                         f"{first or type(exc).__name__}") from None
+    except onnx.checker.ValidationError as exc:  # the model as a whole: recursive functions, …
+        raise InputError(f"{label}: {str(exc).strip().splitlines()[0]}") from None
+    except (ValueError, RuntimeError):
+        pass  # inference could not run at all (e.g. a model past 2 GB); onnxruntime will judge
+
+
+def _graphs(graph: GraphProto):
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            for sub in attr.graphs:
+                yield from _graphs(sub)

@@ -295,12 +295,20 @@ def _load(path: str, defer_weights: bool) -> OmArtifact:
         raise Malformed("not an .om artifact (not a zip archive)")
     try:
         zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, EOFError, ValueError):
         raise Malformed("truncated or corrupt zip archive (no readable central directory)") from None
+    except NotImplementedError as exc:  # a corrupt "version needed to extract"
+        raise Malformed(f"corrupt zip archive ({exc})") from None
     except OSError as exc:
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
     with zf:
         names = zf.namelist()
+        # graphopt writes stored and deflated members only; another method (a flipped bit
+        # away) would reach decompressors whose errors are their own.
+        for info in zf.infolist():
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise Malformed(f"member {info.filename!r} uses zip compression method "
+                                f"{info.compress_type}; graphopt writes stored or deflated members")
         # Refuse unsafe names before reading anything: this also protects anyone who unzips the file.
         for name in names:
             try:
@@ -311,7 +319,8 @@ def _load(path: str, defer_weights: bool) -> OmArtifact:
             raise Malformed("a member name appears twice (ambiguous, possibly tampered)")
         try:
             manifest = _read_manifest(zf)
-        except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError) as exc:
+        except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError,
+                OSError) as exc:  # OSError: a corrupt header offset makes zipfile seek before 0
             raise Malformed(f"{MANIFEST_NAME} is corrupt ({exc})") from None
         check_manifest(manifest)
         listed = manifest["members"]

@@ -136,6 +136,10 @@ def _check_blocking(artifact: OmArtifact, part) -> None:
     metadata = {p.key: p.value for p in part.model.metadata_props}
     if METADATA_KEY not in metadata:
         return
+    value = metadata[METADATA_KEY]
+    if not (isinstance(value, str) and value.isascii() and value.isdigit()):
+        raise ArtifactError(f"{artifact.path}: partition {part.name!r}: metadata "
+                            f"{METADATA_KEY} is {value!r}, not a block size")
     problem = block_mismatch(metadata)
     if problem:
         raise ArtifactError(f"{artifact.path}: partition {part.name!r}: {problem}")

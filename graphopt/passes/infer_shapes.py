@@ -17,7 +17,7 @@ from graphopt.passes.base import Pass, PassContext, PassResult, register
 _DATA_PROP_LIMIT = 4096
 
 
-def _weightless_proto(model: Model) -> ModelProto:
+def weightless_proto(model: Model) -> ModelProto:
     proto = to_onnx(model, weights_as_inputs_above=_DATA_PROP_LIMIT)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
@@ -27,7 +27,7 @@ def _weightless_proto(model: Model) -> ModelProto:
 def infer_shapes(model: Model) -> int:
     """Run ONNX shape inference and copy the inferred types onto node outputs.
     Returns how many values gained or changed type information."""
-    proto = _weightless_proto(model)
+    proto = weightless_proto(model)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -1,0 +1,99 @@
+"""One loaded .om shared by 8 threads: every run returns exactly what the same run returns
+serially, for a three-partition artifact (NPU → CPU fallback → NPU, mapped weights) and a
+single-partition one."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from helpers import parse_model
+
+import graphopt
+
+THREADS = 8
+RUNS = 100  # per thread
+
+
+def _weight(rng, *shape):
+    return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+
+def three_partitions():
+    """Convs and a classifier on the NPU, TopK (no NPU kernel) on the CPU, then a 1024-wide MLP
+    large enough to go back to the NPU; its 4 MiB weight becomes a mapped weights blob."""
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1,8,32,32] x) => (float[1,1024] out, int64[1,64] idx) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            r2 = Relu (c2)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            s = Gemm <transB = 1> (f, wf, bf)
+            v, idx = TopK <axis = 1> (s, k)
+            h = Gemm <transB = 1> (v, w3, b3)
+            h2 = Relu (h)
+            h3 = Gemm <transB = 1> (h2, w4, b4)
+            out = Relu (h3)
+        }""", w1=_weight(rng, 32, 8, 3, 3), b1=_weight(rng, 32), w2=_weight(rng, 32, 32, 3, 3),
+        b2=_weight(rng, 32), wf=_weight(rng, 64, 32), bf=_weight(rng, 64),
+        k=np.array([64], np.int64), w3=_weight(rng, 1024, 64), b3=_weight(rng, 1024),
+        w4=_weight(rng, 1024, 1024), b4=_weight(rng, 1024))
+    return proto, "ascend310", (1, 8, 32, 32)
+
+
+def one_partition():
+    rng = np.random.default_rng(1)
+    proto = parse_model("""
+        g (float[4,64] x) => (float[4,32] y) {
+            h = MatMul (x, w1)
+            a = Relu (h)
+            y = Gemm (a, w2, b2)
+        }""", w1=_weight(rng, 64, 128), w2=_weight(rng, 128, 32), b2=_weight(rng, 32))
+    return proto, "cpu", (4, 64)
+
+
+@pytest.mark.parametrize("build, partitions", [(three_partitions, 3), (one_partition, 1)],
+                         ids=["three_partitions", "one_partition"])
+def test_eight_threads_get_the_serial_outputs(tmp_path, build, partitions):
+    proto, target, shape = build()
+    result = graphopt.optimize(proto, target=target)
+    assert len(result.partitioning.partitions) == partitions
+    path = tmp_path / "model.om"
+    graphopt.save(result, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the NPU partitions' CPU stand-in notice
+        session = graphopt.load(path)
+    if partitions > 1:
+        assert any(name.startswith("weights/") for name in session.artifact.spans)
+
+    # Distinct inputs per thread and run, from per-thread seeds; the reference is the same
+    # session run serially. Exact equality: the same kernels on the same input in the same
+    # session are deterministic, so any difference means state leaked between runs.
+    feeds = [[np.random.default_rng([thread, run]).standard_normal(shape).astype(np.float32)
+              for run in range(RUNS)] for thread in range(THREADS)]
+    name = session.inputs[0]["name"]
+    expected = [[session.run({name: x}) for x in per_thread] for per_thread in feeds]
+    first, other = expected[0][0], expected[1][0]
+    assert any(not np.array_equal(first[k], other[k]) for k in first)  # a swapped result shows
+
+    start = threading.Barrier(THREADS)  # all threads in run() at once, not one after another
+
+    def worker(thread: int) -> list[str]:
+        start.wait()
+        wrong = []
+        for run, x in enumerate(feeds[thread]):
+            outputs = session.run({name: x})
+            for key, want in expected[thread][run].items():
+                if not np.array_equal(outputs[key], want):
+                    wrong.append(f"thread {thread} run {run} output {key}")
+        return wrong
+
+    with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+        results = list(pool.map(worker, range(THREADS)))  # re-raises any worker's exception
+    assert [w for per_thread in results for w in per_thread] == []

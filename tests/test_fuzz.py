@@ -1,0 +1,793 @@
+"""Fuzzing the two doors hostile files come in by: the ONNX importer behind `graphopt.optimize`
+and the `.om` loader behind `graphopt.load`. Every input must compile or load (and then run
+sanely) or raise a GraphoptError with a message; no other exception, no hang, no crash.
+
+CI runs a fixed, derandomized set of examples; GRAPHOPT_FUZZ_EXAMPLES=2000 runs more locally."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import faulthandler
+import hashlib
+import io
+import json
+import os
+import re
+import time
+import warnings
+import zipfile
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt.compiler import optimize, save
+from graphopt.errors import GraphoptError
+
+EXAMPLES = int(os.environ.get("GRAPHOPT_FUZZ_EXAMPLES", "0")) or None
+SLOW_EXAMPLE_SECONDS = 10.0  # one small model: a compile or load past this counts as a hang
+HARD_TIMEOUT_SECONDS = 60.0  # a real hang would never return: dump the stacks and exit instead
+
+
+def fuzz_settings(default_examples: int):
+    return settings(max_examples=EXAMPLES or default_examples, deadline=None, derandomize=True,
+                    database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                          HealthCheck.function_scoped_fixture])
+
+
+@contextlib.contextmanager
+def hang_guard():
+    """Fail a slow example, and kill the process (with every thread's stack) on a real hang,
+    which no exception could interrupt inside onnx's or onnxruntime's C++."""
+    faulthandler.dump_traceback_later(HARD_TIMEOUT_SECONDS, exit=True)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    elapsed = time.perf_counter() - start
+    assert elapsed < SLOW_EXAMPLE_SECONDS, f"took {elapsed:.1f} s"
+
+
+def outcome(fn, *args, **kwargs):
+    """fn's result, or the GraphoptError it raised (one line of text); any other exception
+    fails the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # onnx / onnxruntime notices about odd models
+        try:
+            return fn(*args, **kwargs)
+        except GraphoptError as exc:
+            message = str(exc).strip()
+            assert message and "\n" not in message and "Traceback" not in message, repr(exc)
+            return exc
+
+
+# --- the seed model ----------------------------------------------------------------------------
+
+# Small, but with what hostile input can reach: attributes (Conv, MaxPool, Transpose, Concat),
+# a shape computed from constants (folded), weights, a Reshape and a broadcasting Add.
+SEED_TEXT = """
+g (float[1,3,8,8] x) => (float[1,32] y) {
+    c = Conv <pads = [1,1,1,1], kernel_shape = [3,3], strides = [1,1]> (x, w, b)
+    r = Relu (c)
+    m = MaxPool <kernel_shape = [2,2], strides = [2,2]> (r)
+    t = Transpose <perm = [0,1,3,2]> (m)
+    shape = Concat <axis = 0> (batch, rest)
+    f = Reshape (t, shape)
+    y = Add (f, bias)
+}"""
+
+
+def seed_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    return parse_model(SEED_TEXT, w=rng.standard_normal((2, 3, 3, 3)).astype(np.float32),
+                       b=np.zeros(2, np.float32), batch=np.array([1], np.int64),
+                       rest=np.array([32], np.int64),
+                       bias=rng.standard_normal(32).astype(np.float32))
+
+
+SEED = seed_model()
+SEED_BYTES = SEED.SerializeToString()
+X = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+
+# --- structured mutations of the seed: each takes (model, i, n), i picks a site, n a number ---
+
+HUGE = 2 ** 40
+ABSURD_INTS = [-1, 0, -(2 ** 31), 2 ** 31, HUGE, 2 ** 62, -(2 ** 63), 2 ** 63 - 1]
+
+
+def _pick(seq, i):
+    return seq[i % len(seq)] if len(seq) else None
+
+
+def _values_with_type(model):
+    g = model.graph
+    return list(g.input) + list(g.output) + list(g.value_info)
+
+
+def set_dim(model, i, n):
+    vi = _pick(_values_with_type(model), i)
+    dims = vi.type.tensor_type.shape.dim
+    if dims:
+        dims[i % len(dims)].dim_value = ABSURD_INTS[n % len(ABSURD_INTS)] % 2 ** 63
+
+
+def negative_dim(model, i, n):
+    # dim_value is int64 in the schema; a negative one is legal protobuf, nonsense ONNX.
+    vi = _pick(_values_with_type(model), i)
+    dims = vi.type.tensor_type.shape.dim
+    if dims:
+        dims[i % len(dims)].dim_value = -1 - n
+
+
+def rank_100(model, i, n):
+    vi = _pick(list(model.graph.input) + list(model.graph.output), i)
+    vi.type.tensor_type.shape.Clear()
+    for k in range(100):
+        vi.type.tensor_type.shape.dim.add().dim_value = 1 + (k + n) % 2
+
+
+def drop_shape(model, i, n):
+    _pick(_values_with_type(model), i).type.tensor_type.ClearField("shape")
+
+
+def set_elem_type(model, i, n):
+    vi = _pick(_values_with_type(model), i)
+    vi.type.tensor_type.elem_type = [0, TensorProto.STRING, TensorProto.INT64, TensorProto.BOOL,
+                                     TensorProto.FLOAT16, 999, -5][n % 7]
+
+
+def sequence_type(model, i, n):
+    vi = _pick(list(model.graph.input), i)
+    elem = TensorProto.FLOAT
+    vi.type.CopyFrom(helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None)))
+
+
+def _attr_nodes(model):
+    return [node for node in model.graph.node if node.attribute]
+
+
+def absurd_ints_attr(model, i, n):
+    node = _pick(_attr_nodes(model), i)
+    attr = _pick(node.attribute, n)
+    value = ABSURD_INTS[n % len(ABSURD_INTS)]
+    if attr.type == AttributeProto.INTS:
+        del attr.ints[:]
+        attr.ints.extend([value] * (1 + i % 5))
+    else:
+        attr.type, attr.i = AttributeProto.INT, value
+
+
+def empty_ints_attr(model, i, n):
+    node = _pick(_attr_nodes(model), i)
+    attr = _pick(node.attribute, n)
+    del attr.ints[:]
+    attr.type = AttributeProto.INTS
+
+
+def wrong_attr_type(model, i, n):
+    node = _pick(_attr_nodes(model), i)
+    attr = _pick(node.attribute, n)
+    name = attr.name
+    node.attribute.remove(attr)
+    value = [1.5, "three", [0.5, 2.5], ["a"], numpy_helper.from_array(np.ones(2, np.float32)),
+             helper.make_graph([], "empty", [], []), 7][n % 7]
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def undefined_attr(model, i, n):
+    node = _pick(_attr_nodes(model), i)
+    attr = _pick(node.attribute, n)
+    attr.type = AttributeProto.UNDEFINED
+
+
+def unknown_attr(model, i, n):
+    _pick(model.graph.node, i).attribute.append(helper.make_attribute("bogus", n))
+
+
+def drop_attr(model, i, n):
+    node = _pick(_attr_nodes(model), i)
+    node.attribute.remove(_pick(node.attribute, n))
+
+
+def drop_input(model, i, n):
+    node = _pick(model.graph.node, i)
+    if node.input:
+        del node.input[n % len(node.input)]
+
+
+def blank_input(model, i, n):
+    node = _pick(model.graph.node, i)
+    if node.input:
+        node.input[n % len(node.input)] = ""
+
+
+def extra_inputs(model, i, n):
+    _pick(model.graph.node, i).input.extend(["x"] * (1 + n % 4))
+
+
+def undefined_input(model, i, n):
+    node = _pick(model.graph.node, i)
+    if node.input:
+        node.input[n % len(node.input)] = "nowhere"
+
+
+def extra_outputs(model, i, n):
+    _pick(model.graph.node, i).output.extend([f"extra{k}" for k in range(1 + n % 3)])
+
+
+def drop_outputs(model, i, n):
+    del _pick(model.graph.node, i).output[:]
+
+
+def duplicate_output(model, i, n):
+    nodes = model.graph.node
+    a, b = _pick(nodes, i), _pick(nodes, n)
+    b.output[0] = a.output[0]
+
+
+def output_shadows_input(model, i, n):
+    _pick(model.graph.node, i).output[0] = ["x", "w", "bias"][n % 3]
+
+
+def duplicate_input(model, i, n):
+    model.graph.input.append(copy.deepcopy(_pick(model.graph.input, i)))
+
+
+def duplicate_initializer(model, i, n):
+    model.graph.initializer.append(copy.deepcopy(_pick(model.graph.initializer, i)))
+
+
+def duplicate_node_name(model, i, n):
+    for node in model.graph.node:
+        node.name = "same"
+
+
+def cycle(model, i, n):
+    # A node reads a value computed after it, possibly its own output.
+    nodes = model.graph.node
+    early = nodes[i % len(nodes)]
+    late = nodes[i % len(nodes) + n % (len(nodes) - i % len(nodes))]
+    if early.input:
+        early.input[0] = late.output[0]
+
+
+def unknown_op(model, i, n):
+    node = _pick(model.graph.node, i)
+    node.op_type = ["NoSuchOp", "", "conv", "Conv\x00", "If", "Loop", "Scan", "Constant"][n % 8]
+
+
+def foreign_domain(model, i, n):
+    node = _pick(model.graph.node, i)
+    node.domain = ["com.microsoft", "ai.onnx.ml", "custom.x", "ai.onnx"][n % 4]
+
+
+def opset_version(model, i, n):
+    model.opset_import[0].version = [0, 1, 6, 7, 11, 99, 10 ** 6, -3][n % 8]
+
+
+def opset_domain(model, i, n):
+    entry = model.opset_import.add()
+    entry.domain, entry.version = ["", "com.microsoft", "ai.onnx.ml", "zzz"][n % 4], n % 30
+
+
+def ir_version(model, i, n):
+    model.ir_version = [1, 2, 3, 4, 100, -1, 2 ** 40][n % 7]
+
+
+def raw_data_length(model, i, n):
+    tensor = _pick(model.graph.initializer, i)
+    data = numpy_helper.to_array(tensor).tobytes()
+    tensor.ClearField("float_data")
+    tensor.ClearField("int64_data")
+    tensor.raw_data = (data + data)[: max(0, len(data) + (n % 9) - 4)] if n % 9 != 4 else b"x"
+
+
+def tensor_dims(model, i, n):
+    tensor = _pick(model.graph.initializer, i)
+    del tensor.dims[:]
+    tensor.dims.extend([[-1], [HUGE], [HUGE, HUGE], [0], [2 ** 62, 4], [1] * 100][n % 6])
+
+
+def tensor_dtype(model, i, n):
+    _pick(model.graph.initializer, i).data_type = [0, TensorProto.STRING, 999, TensorProto.INT4,
+                                                    TensorProto.BOOL, TensorProto.DOUBLE][n % 6]
+
+
+def typed_data_count(model, i, n):
+    tensor = _pick(model.graph.initializer, i)
+    tensor.ClearField("raw_data")
+    tensor.float_data.extend([1.0] * (n % 5))
+    tensor.int64_data.extend([1] * (n % 3))
+
+
+def external_data(model, i, n):
+    tensor = _pick(model.graph.initializer, i)
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    location = ["/etc/passwd", "../../x.bin", "missing.bin", "", "/dev/zero"][n % 5]
+    tensor.external_data.add(key="location", value=location)
+    if n % 2:
+        tensor.external_data.add(key="length", value=str(HUGE))
+
+
+def drop_graph_outputs(model, i, n):
+    del model.graph.output[:]
+
+
+def unproduced_output(model, i, n):
+    model.graph.output.add().name = "never"
+
+
+def drop_nodes(model, i, n):
+    del model.graph.node[:]
+
+
+def input_is_output(model, i, n):
+    model.graph.output[0].name = "x"
+
+
+def bad_subgraph(model, i, n):
+    # An If whose branches read undefined values or produce nothing.
+    empty = helper.make_graph([], "then", [], [helper.make_tensor_value_info("nope", 1, [1])])
+    node = helper.make_node("If", ["cond"], ["iy"], then_branch=empty,
+                            else_branch=helper.make_graph([], "else", [], []))
+    model.graph.node.append(node)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(True), "cond"))
+    model.graph.output.append(helper.make_tensor_value_info("iy", 1, None))
+
+
+def recursive_function(model, i, n):
+    # A model-local function that calls itself: anything that inlines it must stop.
+    call = helper.make_node("Rec", ["a"], ["b"], domain="local")
+    fn = helper.make_function("local", "Rec", ["a"], ["b"], [call], [helper.make_opsetid("", 17)])
+    model.functions.append(fn)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    node = _pick(model.graph.node, i)
+    node.op_type, node.domain = "Rec", "local"
+    del node.input[1:]
+    del node.attribute[:]
+
+
+def sparse_initializer(model, i, n):
+    values = numpy_helper.from_array(np.ones(3, np.float32), "sp")
+    indices = numpy_helper.from_array(np.array([0, HUGE, -1][: 1 + n % 3], np.int64), "")
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [n % 4]))
+
+
+def huge_pads(model, i, n):
+    conv = model.graph.node[0]
+    for attr in conv.attribute:
+        if attr.name == "pads":
+            del attr.ints[:]
+            attr.ints.extend([ABSURD_INTS[n % len(ABSURD_INTS)]] * 4)
+
+
+STRUCTURED = [set_dim, negative_dim, rank_100, drop_shape, set_elem_type, sequence_type,
+              absurd_ints_attr, empty_ints_attr, wrong_attr_type, undefined_attr, unknown_attr,
+              drop_attr, drop_input, blank_input, extra_inputs, undefined_input, extra_outputs,
+              drop_outputs, duplicate_output, output_shadows_input, duplicate_input,
+              duplicate_initializer, duplicate_node_name, cycle, unknown_op, foreign_domain,
+              opset_version, opset_domain, ir_version, raw_data_length, tensor_dims,
+              tensor_dtype, typed_data_count, external_data, drop_graph_outputs,
+              unproduced_output, drop_nodes, input_is_output, bad_subgraph, recursive_function,
+              sparse_initializer, huge_pads]
+
+mutation = st.tuples(st.sampled_from(STRUCTURED), st.integers(0, 63), st.integers(0, 63))
+
+
+def mutate(mutations) -> onnx.ModelProto:
+    model = copy.deepcopy(SEED)
+    for fn, i, n in mutations:
+        try:
+            fn(model, i, n)
+        except (AttributeError, IndexError, ValueError, ZeroDivisionError):
+            pass  # nothing left for it to act on (an earlier mutation dropped the nodes)
+    return model
+
+
+def byte_mutations(data: bytes, edits) -> bytes:
+    """Truncate, flip, insert or delete bytes at the positions `edits` name."""
+    buf = bytearray(data)
+    for kind, pos, value in edits:
+        if not buf:
+            break
+        pos %= len(buf)
+        if kind == "truncate":
+            del buf[pos:]
+        elif kind == "flip":
+            buf[pos] ^= 1 << (value % 8)
+        elif kind == "set":
+            buf[pos] = value
+        elif kind == "insert":
+            buf[pos:pos] = bytes([value]) * (1 + value % 4)
+        else:
+            del buf[pos:pos + 1 + value % 8]
+    return bytes(buf)
+
+
+byte_edit = st.tuples(st.sampled_from(["truncate", "flip", "set", "insert", "delete"]),
+                      st.integers(0, 2 ** 20), st.integers(0, 255))
+
+
+# --- the property for ONNX input ------------------------------------------------------------
+
+
+def _feeds(signature: list[dict]) -> dict | None:
+    """Seeded feeds for a signature ([{"name", "dtype", "shape"}], as an .om's), or None when
+    it has no small static shape of a dtype fed here."""
+    rng = np.random.default_rng(2)
+    feeds = {}
+    for entry in signature:
+        shape = entry["shape"]
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        if max(shape, default=0) > 1 << 16 or np.prod(shape, dtype=object) > 1 << 16 \
+                or entry["dtype"] not in ("float32", "int64"):
+            return None
+        feeds[entry["name"]] = rng.standard_normal(shape).astype(entry["dtype"])
+    return feeds
+
+
+def _ort_session(data: bytes):
+    """An onnxruntime session on the (mutated) original, or None if onnxruntime refuses it."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal just means there is nothing to compare with
+        return None
+
+
+def _runs_in_onnxruntime(data: bytes) -> bool:
+    """Whether onnxruntime runs the (mutated) original on seeded feeds of its declared
+    signature (False also when it has no small static one to feed)."""
+    session = _ort_session(data)
+    if session is None:
+        return False
+    dtypes = {"tensor(float)": "float32", "tensor(int64)": "int64"}
+    entries = [{"name": i.name, "dtype": dtypes.get(i.type), "shape": i.shape}
+               for i in session.get_inputs()]
+    feeds = _feeds(entries)
+    return feeds is not None and _reference(data, feeds) is not None
+
+
+def _reference(data: bytes, feeds: dict):
+    """onnxruntime's outputs for the (mutated) original, or None if it refuses to run it."""
+    session = _ort_session(data)
+    try:
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(None, feeds)))
+    except Exception:  # noqa: BLE001 - as above (None has no get_outputs either)
+        return None
+
+
+def check_compile(data: bytes, workdir) -> None:
+    """optimize(bytes) → save(.om) → load → run: each step succeeds or raises GraphoptError
+    (never a PassError: bad input must be refused at import, not found by a pass); what runs
+    must agree with onnxruntime on the original wherever onnxruntime runs that."""
+    result = outcome(optimize, data)
+    if isinstance(result, GraphoptError):
+        assert not isinstance(result, graphopt.errors.PassError), str(result)
+        event(f"optimize refused it ({type(result).__name__})")
+        return
+    assert result.to_onnx().SerializeToString()
+    path = os.path.join(workdir, "fuzz.om")
+    saved = outcome(save, result, path)
+    if isinstance(saved, GraphoptError):
+        return
+    session = outcome(graphopt.load, path)
+    if isinstance(session, GraphoptError):
+        # onnxruntime may load a model it can never run (a Reshape to a size the data does
+        # not have); once graphopt folded that shape, the loader sees the contradiction.
+        assert not _runs_in_onnxruntime(data), f"onnxruntime runs the original: {session}"
+        event("compiled; load refused it (onnxruntime cannot run the original)")
+        return
+    feeds = _feeds(session.inputs)
+    if feeds is None:
+        event("compiled and loaded; no small static inputs to run")
+        return
+    outputs = outcome(session.run, feeds)
+    if isinstance(outputs, GraphoptError):
+        assert _reference(data, feeds) is None, f"onnxruntime runs the original: {outputs}"
+        event("compiled and loaded; run refused (as onnxruntime does on the original)")
+        return
+    assert list(outputs) == [o["name"] for o in session.outputs]
+    expected = _reference(data, feeds)
+    event("ran; " + ("matches onnxruntime" if expected is not None else
+                     "onnxruntime refuses the original"))
+    for name, array in (expected or {}).items():
+        np.testing.assert_allclose(outputs[name], array, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("fuzz"))
+
+
+def test_the_seed_compiles_and_matches_onnxruntime(workdir):
+    # Without this the properties below could pass by refusing everything.
+    result = optimize(SEED_BYTES)
+    save(result, os.path.join(workdir, "seed.om"))
+    y = graphopt.load(os.path.join(workdir, "seed.om")).run({"x": X})["y"]
+    np.testing.assert_allclose(y, _reference(SEED_BYTES, {"x": X})["y"], rtol=1e-4, atol=1e-5)
+
+
+@fuzz_settings(300)
+@given(mutations=st.lists(mutation, min_size=1, max_size=3))
+def test_structured_onnx_mutations_compile_or_fail_cleanly(workdir, mutations):
+    with hang_guard():
+        check_compile(mutate(mutations).SerializeToString(), workdir)
+
+
+@fuzz_settings(300)
+@given(edits=st.lists(byte_edit, min_size=1, max_size=4))
+def test_corrupted_onnx_bytes_compile_or_fail_cleanly(workdir, edits):
+    with hang_guard():
+        check_compile(byte_mutations(SEED_BYTES, edits), workdir)
+
+
+def negative_kernel() -> onnx.ModelProto:
+    model = copy.deepcopy(SEED)
+    (pool,) = [n for n in model.graph.node if n.op_type == "MaxPool"]
+    pool.name = "pool1"
+    (kernel,) = [a for a in pool.attribute if a.name == "kernel_shape"]
+    kernel.ints[:] = [-1, -1]
+    return model
+
+
+@pytest.mark.parametrize("case, message", [
+    ("truncated", "not a valid ONNX model"),
+    ("negative_kernel", r"node name: pool1\).*kernel_shape must only contain positive values"),
+])
+def test_cli_names_the_file_and_writes_nothing(tmp_path, capsys, case, message):
+    data = SEED_BYTES[:200] if case == "truncated" else negative_kernel().SerializeToString()
+    source = tmp_path / "bad.onnx"
+    source.write_bytes(data)
+    out = tmp_path / "bad.om"
+    rc, stdout, stderr = run_cli(capsys, "optimize", source, "-o", out)
+    assert rc == 1 and stderr.startswith(f"graphopt: error: {source}: "), stderr
+    assert re.search(message, stderr) and "Traceback" not in stderr, stderr
+    assert os.listdir(tmp_path) == ["bad.onnx"]  # no output, no temporary file left behind
+
+
+# --- .om artifacts ---------------------------------------------------------------------------
+
+UNSAFE_NAMES = ["../evil.onnx", "/etc/evil", "partitions/../../x", "C:evil", "a\\b", "a//b",
+                "./manifest.json", "partitions/", "x\x00y", "weights/../manifest.json"]
+ABSURD_JSON = [None, 0, -1, 2 ** 70, "", "\udcff", "x" * 300, [], {}, True, 1.5, [None],
+               {"name": None}, float("nan")]
+
+
+def big_matmul() -> onnx.ModelProto:
+    """A MatMul whose 1 MiB weight becomes a weights blob that onnxruntime maps from the .om."""
+    w = np.random.default_rng(3).standard_normal((512, 512)).astype(np.float32)
+    return parse_model("g (float[2,512] x) => (float[2,512] y) { y = MatMul (x, w) }", w=w)
+
+
+def om_bytes(proto: onnx.ModelProto, path) -> bytes:
+    save(optimize(proto, target="cpu"), path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_zip(data: bytes) -> tuple[dict, dict[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    return json.loads(members.pop("manifest.json")), members
+
+
+def write_zip(manifest, members: dict[str, bytes] | list, manifest_bytes: bytes | None = None):
+    """An .om from parts: partitions and weights stored (as graphopt writes them), the rest
+    deflated."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile's "Duplicate name" when a case asks for one
+        with zipfile.ZipFile(buf, "w") as zf:
+            if manifest_bytes is None:
+                manifest_bytes = json.dumps(manifest).encode("utf-8", "surrogatepass")
+            zf.writestr("manifest.json", manifest_bytes, zipfile.ZIP_DEFLATED)
+            items = members.items() if isinstance(members, dict) else members
+            for name, data in items:
+                stored = name.startswith(("weights/", "partitions/"))  # as graphopt writes
+                zf.writestr(name, data, zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
+    return buf.getvalue()
+
+
+def resum(manifest, members: dict[str, bytes]) -> None:
+    """Refresh every member's checksum, as a forger would."""
+    for name, data in members.items():
+        manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def json_paths(value, prefix=()):
+    """Every path (tuple of keys / indices) into a JSON value, the root excluded."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, child in items:
+        yield prefix + (key,)
+        yield from json_paths(child, prefix + (key,))
+
+
+def edit_manifest(manifest, i: int, n: int) -> None:
+    paths = list(json_paths(manifest))
+    *parents, last = paths[i % len(paths)]
+    target = manifest
+    for key in parents:
+        target = target[key]
+    if n % 5 == 0 and isinstance(target, dict):
+        del target[last]
+    else:
+        target[last] = copy.deepcopy(ABSURD_JSON[n % len(ABSURD_JSON)])
+
+
+def forge_member(manifest, members, i: int, n: int) -> None:
+    """Replace a partition's model with a hostile one and refresh the checksums: what reaches
+    onnxruntime is then whatever the forger wrote."""
+    name = sorted(k for k in members if k.startswith("partitions/"))[i % 1]
+    fn = STRUCTURED[n % len(STRUCTURED)]
+    members[name] = mutate([(fn, i, n)]).SerializeToString() if n % 3 else \
+        byte_mutations(members[name], [("flip", i * 7919 + n, n)])
+    resum(manifest, members)
+
+
+def om_mutation(original: bytes, kind: str, i: int, n: int) -> tuple[bytes, bool]:
+    """(the mutated artifact, whether its checksums were forged)."""
+    if kind == "bytes":
+        return byte_mutations(original, [("flip", i * 7919, n), ("flip", n * 104729, i)]), False
+    if kind == "truncate":
+        return original[: (i * 7919 + n) % len(original)], False
+    manifest, members = read_zip(original)
+    if kind == "manifest":
+        edit_manifest(manifest, i, n)
+        return write_zip(manifest, members), False
+    if kind == "format_version":
+        manifest["format_version"] = [0, 2, -1, "1", 1.0, None, 2 ** 63, True][n % 8]
+        return write_zip(manifest, members), False
+    if kind == "unsafe_name":
+        name = UNSAFE_NAMES[n % len(UNSAFE_NAMES)]
+        members[name] = b"payload"
+        if i % 2:
+            resum(manifest, members)
+        return write_zip(manifest, members), bool(i % 2)
+    if kind == "duplicate_member":
+        name = sorted(members)[i % len(members)]
+        return write_zip(manifest, list(members.items()) + [(name, b"other")]), False
+    if kind == "bad_manifest_bytes":
+        data = [b"\xff\xfe{}", b"[]", b"{", b"null", b'{"format": "graphopt-om"}',
+                json.dumps(manifest).encode()[: n * 10]][n % 6]
+        return write_zip(None, members, manifest_bytes=data), False
+    if kind == "size":
+        name = sorted(members)[i % len(members)]
+        manifest["members"][name]["size"] = [2 ** 40, -1, 0, 2 ** 63][n % 4]
+        return write_zip(manifest, members), False
+    if kind == "metadata":  # what the runtime reads from a partition before onnxruntime does
+        (name,) = [k for k in members if k.startswith("partitions/")]
+        model = onnx.ModelProto.FromString(members[name])
+        entry = model.metadata_props.add()
+        entry.key = ["graphopt.nchwc_block_size", "x"][i % 2]
+        entry.value = ["x", "-1", "99", "", "8" * 400, "\u0668"][n % 6]
+        members[name] = model.SerializeToString()
+        resum(manifest, members)
+        return write_zip(manifest, members), True
+    assert kind == "forge"
+    forge_member(manifest, members, i, n)
+    return write_zip(manifest, members), True
+
+
+OM_KINDS = ["bytes", "truncate", "manifest", "format_version", "unsafe_name", "duplicate_member",
+            "bad_manifest_bytes", "size", "metadata", "forge"]
+
+
+class Artifacts(dict):
+    def __repr__(self) -> str:  # hypothesis prints the arguments of a failing example
+        return f"<artifacts {', '.join(self)}>"
+
+
+@pytest.fixture(scope="module")
+def artifacts(workdir):
+    """name -> (valid .om bytes, seeded feeds, its outputs on them)."""
+    made = Artifacts()
+    for name, proto in (("seed", SEED), ("blob", big_matmul())):
+        path = os.path.join(workdir, f"{name}.om")
+        data = om_bytes(proto, path)
+        session = graphopt.load(path)
+        feeds = _feeds(session.inputs)
+        made[name] = (data, feeds, session.run(feeds))
+    return made
+
+
+def check_load(data: bytes, path: str, feeds: dict, expected: dict, forged: bool) -> None:
+    """graphopt.load and run: each succeeds or raises GraphoptError. An artifact whose
+    checksums were not forged is either refused or computes what the original did."""
+    with open(path, "wb") as f:
+        f.write(data)
+    session = outcome(graphopt.load, path)
+    if isinstance(session, GraphoptError):
+        assert path in str(session), str(session)
+        event(f"load refused it ({type(session).__name__})")
+        return
+    outputs = outcome(session.run, feeds)
+    if isinstance(outputs, GraphoptError) or forged:
+        event("loaded; forged or run refused")
+        return
+    event("loaded; same outputs as the original")
+    assert sorted(outputs) == sorted(expected)
+    for name, array in expected.items():
+        np.testing.assert_allclose(outputs[name], array, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_both_seed_artifacts_load(artifacts):
+    assert all(expected for _, _, expected in artifacts.values())
+    manifest, members = read_zip(artifacts["blob"][0])
+    assert any(name.startswith("weights/") for name in members)  # the mapped-weights path
+
+
+@fuzz_settings(400)
+@given(which=st.sampled_from(["seed", "blob"]), kind=st.sampled_from(OM_KINDS),
+       i=st.integers(0, 2 ** 16), n=st.integers(0, 2 ** 16))
+def test_mutated_artifacts_load_or_fail_cleanly(artifacts, workdir, which, kind, i, n):
+    original, feeds, expected = artifacts[which]
+    data, forged = om_mutation(original, kind, i, n)
+    with hang_guard():
+        check_load(data, os.path.join(workdir, "mutant.om"), feeds, expected, forged)
+
+
+def _patch_central_sizes(data: bytes, name: str, size: int) -> bytes:
+    """Rewrite `name`'s sizes in the zip's central directory, which zipfile trusts."""
+    data = bytearray(data)
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:
+        length = int.from_bytes(data[at + 28:at + 30], "little")
+        if data[at + 46:at + 46 + length] == name.encode():
+            data[at + 20:at + 28] = size.to_bytes(4, "little") * 2  # compressed, uncompressed
+        at = data.find(b"PK\x01\x02", at + 4)
+    return bytes(data)
+
+
+def test_member_declaring_four_gigabytes_is_refused_without_reading_them(artifacts, workdir):
+    manifest, members = read_zip(artifacts["seed"][0])
+    (name,) = [m for m in members if m.startswith("partitions/")]
+    manifest["members"][name]["size"] = 0xFFFFFFF0
+    data = _patch_central_sizes(write_zip(manifest, members), name, 0xFFFFFFF0)
+    path = os.path.join(workdir, "huge.om")
+    with open(path, "wb") as f:
+        f.write(data)
+    with hang_guard(), pytest.raises(graphopt.errors.ArtifactError, match=f"{name}.*corrupt"):
+        graphopt.load(path)
+
+
+def test_zip_bomb_member_is_inflated_only_to_its_declared_size(artifacts, workdir):
+    # 32 MiB of zeros deflate to ~32 KiB; the manifest's size bounds what is inflated, and
+    # the checksum then refuses it.
+    manifest, members = read_zip(artifacts["seed"][0])
+    members["tuning/bomb.bin"] = bytes(32 << 20)
+    resum(manifest, members)
+    manifest["members"]["tuning/bomb.bin"]["sha256"] = "0" * 64
+    path = os.path.join(workdir, "bomb.om")
+    with open(path, "wb") as f:
+        f.write(write_zip(manifest, members))
+    assert os.path.getsize(path) < 1 << 20
+    with hang_guard(), pytest.raises(graphopt.errors.ArtifactError,
+                                     match="'tuning/bomb.bin' fails its sha256"):
+        graphopt.load(path)
+
+
+def test_large_weight_of_the_wrong_length_is_refused_at_import():
+    # Found by hand next to the fuzzer: compiled, it became an .om whose weights blob
+    # disagreed with its own manifest ("tampered or corrupt") instead of naming the weight.
+    model = big_matmul()
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
+    with pytest.raises(graphopt.errors.InputError,
+                       match=r"initializer 'w': float tensor of shape \[512, 512\] needs "
+                             r"1048576 bytes of data, has 1048572"):
+        optimize(model.SerializeToString())
