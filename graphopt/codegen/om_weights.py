@@ -11,7 +11,8 @@ is refused when the artifact is loaded.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import onnx
 from onnx import TensorProto
@@ -34,25 +35,131 @@ def weights_member(partition: str) -> str:
     return f"{WEIGHTS_DIR}{partition}.bin"
 
 
-def split_weights(model: onnx.ModelProto, member: str) -> tuple[onnx.ModelProto, bytes | None]:
+class Blob:
+    """A weights member not yet in memory: pieces of tensor data at aligned offsets, read (from
+    a protobuf's raw_data, an array or an external file) only while the member is hashed or
+    written, one tensor at a time."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._pieces: list[tuple[int, Callable[[], Iterable]]] = []  # (padding, chunks)
+
+    def add(self, length: int, chunks: Callable[[], Iterable]) -> int:
+        """Append a tensor's `length` bytes, which `chunks()` yields; returns its offset."""
+        padding = -self.size % TENSOR_ALIGNMENT
+        offset = self.size + padding
+        self._pieces.append((padding, chunks))
+        self.size = offset + length
+        return offset
+
+    def chunks(self) -> Iterator[bytes | memoryview]:
+        for padding, chunks in self._pieces:
+            if padding:
+                yield b"\0" * padding
+            yield from chunks()
+
+
+def split_weights(model: onnx.ModelProto, member: str,
+                  sources: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, Blob | None]:
     """(a copy of `model` whose large main-graph initializers reference `member`, the blob of
-    their bytes); (model, None) when nothing is large enough to move."""
-    large = [t for t in model.graph.initializer
-             if t.HasField("raw_data") and len(t.raw_data) >= MIN_EXTERNAL_BYTES]
-    if sum(len(t.raw_data) for t in large) < MIN_BLOB_BYTES:
-        return model, None
-    stripped = onnx.ModelProto()
-    stripped.CopyFrom(model)
-    blob = bytearray()
-    for tensor in stripped.graph.initializer:
-        if not tensor.HasField("raw_data") or len(tensor.raw_data) < MIN_EXTERNAL_BYTES:
+    their bytes); (model, None) when nothing is large enough to move.
+
+    `sources` resolves the references `graphopt.ir.tensor.tensor_references` put in the model
+    (to Tensors, whose bytes stream from where they live); those left outside the blob are
+    read back into the copy. The copy never holds a moved tensor's bytes."""
+    sources = sources or {}
+    sizes: dict[int, int] = {}  # initializer index -> bytes, for the tensors to move
+    for index, tensor in enumerate(model.graph.initializer):
+        length = _source_length(tensor, sources)
+        if length is None and tensor.HasField("raw_data"):
+            length = len(tensor.raw_data)
+        if length is not None and length >= MIN_EXTERNAL_BYTES:
+            sizes[index] = length
+    referenced = any(_source_length(t, sources) is not None for t in _all_tensors(model.graph))
+    if sum(sizes.values()) < MIN_BLOB_BYTES:
+        if not referenced:
+            return model, None
+        sizes = {}
+    stripped = _copy_without_initializers(model)
+    blob = Blob() if sizes else None
+    for index, tensor in enumerate(model.graph.initializer):
+        if index not in sizes:
+            stripped.graph.initializer.append(tensor)
             continue
-        blob += b"\0" * (-len(blob) % TENSOR_ALIGNMENT)
-        offset = len(blob)
-        blob += tensor.raw_data
-        tensor.ClearField("raw_data")
-        _set_reference(tensor, member, offset, len(blob) - offset)
-    return stripped, bytes(blob)
+        moved = stripped.graph.initializer.add()
+        for field, value in tensor.ListFields():
+            if field.name not in ("raw_data", "external_data", "data_location"):
+                _copy_field(moved, field, value)
+        offset = blob.add(sizes[index], _chunks_of(tensor, sources))
+        _set_reference(moved, member, offset, sizes[index])
+    for tensor in _all_tensors(stripped.graph):  # references left in the model: inline them
+        source = sources.get(_location(tensor)) if tensor.data_location == \
+            TensorProto.EXTERNAL else None
+        if source is not None:
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = b"".join(bytes(c) for c in source.iter_bytes())
+    return stripped, blob
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every tensor of `graph` and its subgraphs: initializers and tensor attributes."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensors(sub)
+
+
+def _location(tensor: TensorProto) -> str | None:
+    for entry in tensor.external_data:
+        if entry.key == "location":
+            return entry.value
+    return None
+
+
+def _source_length(tensor: TensorProto, sources: Mapping[str, Any]) -> int | None:
+    if tensor.data_location != TensorProto.EXTERNAL or not sources:
+        return None
+    source = sources.get(_location(tensor))
+    return None if source is None else source.nbytes
+
+
+def _chunks_of(tensor: TensorProto, sources: Mapping[str, Any]) -> Callable[[], Iterable]:
+    source = sources.get(_location(tensor)) if tensor.data_location == TensorProto.EXTERNAL \
+        else None
+    if source is not None:
+        return source.iter_bytes
+    # Reading raw_data copies that one tensor, only while its piece is hashed or written.
+    return lambda: (tensor.raw_data,)
+
+
+def _copy_field(message, field, value) -> None:
+    if field.is_repeated:
+        getattr(message, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
+
+
+def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose main graph has no initializers: copying the whole model first
+    would copy every weight."""
+    copy = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(copy, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(copy.graph, field, value)
+    copy.graph.SetInParent()
+    return copy
 
 
 def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
@@ -116,6 +223,9 @@ def with_weights(model: onnx.ModelProto, read: Callable[[str], bytes]) -> onnx.M
 
 def _reference(tensor: TensorProto) -> tuple[str, int, int]:
     entries = {e.key: e.value for e in tensor.external_data}
+    if not all(isinstance(text, str) for item in entries.items() for text in item):
+        # protobuf hands invalid UTF-8 back as bytes
+        raise BadReference(f"tensor {tensor.name!r} has an external reference that is not text")
     if set(entries) - _KEYS or "location" not in entries:
         raise BadReference(f"tensor {tensor.name!r} has an external reference graphopt does not "
                            f"write (keys {sorted(entries)})")

@@ -9,7 +9,7 @@ import os
 import re
 import struct
 import zipfile
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import onnx
 from onnx import TensorProto
@@ -26,7 +26,8 @@ from graphopt.codegen.om_manifest import (
     check_member_name,
     dtype_name,
 )
-from graphopt.codegen.om_weights import FILE_ALIGNMENT, WEIGHTS_DIR, split_weights, weights_member
+from graphopt.codegen.om_weights import (FILE_ALIGNMENT, WEIGHTS_DIR, Blob, split_weights,
+                                         weights_member)
 from graphopt.errors import ArtifactError, GraphoptError
 
 # Zip entries carry a timestamp; a fixed one makes the same input give the same bytes.
@@ -188,9 +189,17 @@ def _iter_tensors(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
                 yield from _iter_tensors(sub)
 
 
-def uses_external_data(model: onnx.ModelProto) -> bool:
-    # An .om must be self-contained; an external reference would also let a file read any path.
-    return any(t.data_location == TensorProto.EXTERNAL for t in _iter_tensors(model.graph))
+def uses_external_data(model: onnx.ModelProto, resolvable: Mapping[str, Any] | None = None
+                       ) -> bool:
+    """Whether a tensor keeps its data in an external file (other than references the writer
+    resolves itself, `resolvable`): an .om must be self-contained, and an external reference
+    would also let a file read any path."""
+    for tensor in _iter_tensors(model.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+            if location not in (resolvable or {}):
+                return True
+    return False
 
 
 # --- writing -------------------------------------------------------------------------------
@@ -233,9 +242,15 @@ _LOCAL_HEADER_SIZE = 30
 _PADDING_ID = 0xD935  # the extra-field id zipalign uses; readers skip ids they do not know
 
 
-def _alignment_padding(header_offset: int, name: str) -> bytes:
-    """A zip extra field that makes the member's data start on a FILE_ALIGNMENT boundary."""
-    start = header_offset + _LOCAL_HEADER_SIZE + len(name.encode()) + 4
+def _needs_zip64(size: int) -> bool:
+    # zipfile's own rule for a member whose size it is told up front.
+    return size * 1.05 > zipfile.ZIP64_LIMIT
+
+
+def _alignment_padding(header_offset: int, name: str, zip64: bool = False) -> bytes:
+    """A zip extra field that makes the member's data start on a FILE_ALIGNMENT boundary
+    (past the 20-byte zip64 field zipfile appends to the local header of a member ≥ 2 GiB)."""
+    start = header_offset + _LOCAL_HEADER_SIZE + len(name.encode()) + 4 + (20 if zip64 else 0)
     pad = -start % FILE_ALIGNMENT
     return struct.pack("<HH", _PADDING_ID, pad) + b"\0" * pad
 
@@ -243,13 +258,40 @@ def _alignment_padding(header_offset: int, name: str) -> bytes:
 CHUNK_BYTES = 4 << 20  # weights blobs are also summed per chunk, checked on every core at load
 
 
-def _member_entry(name: str, data: bytes) -> dict:
+def _member_entry(name: str, data: bytes | Blob) -> dict:
+    if isinstance(data, Blob):
+        return _blob_entry(name, data)
     entry = {"sha256": sha256(data), "size": len(data)}
     if name.startswith(WEIGHTS_DIR) and len(data) > CHUNK_BYTES:
         view = memoryview(data)
         entry["chunk_bytes"] = CHUNK_BYTES
         entry["chunk_sha256"] = [sha256(view[i:i + CHUNK_BYTES])
                                  for i in range(0, len(data), CHUNK_BYTES)]
+    return entry
+
+
+def _blob_entry(name: str, blob: Blob) -> dict:
+    """`_member_entry` of a blob, hashed as it streams: the same sums, never the whole blob
+    in memory."""
+    whole, chunk, chunk_sums = hashlib.sha256(), hashlib.sha256(), []
+    filled = 0
+    for piece in blob.chunks():
+        view = memoryview(piece).cast("B")
+        whole.update(view)
+        while len(view):
+            take = min(len(view), CHUNK_BYTES - filled)
+            chunk.update(view[:take])
+            filled += take
+            view = view[take:]
+            if filled == CHUNK_BYTES:
+                chunk_sums.append(chunk.hexdigest())
+                chunk, filled = hashlib.sha256(), 0
+    if filled:
+        chunk_sums.append(chunk.hexdigest())
+    entry = {"sha256": whole.hexdigest(), "size": blob.size}
+    if name.startswith(WEIGHTS_DIR) and blob.size > CHUNK_BYTES:
+        entry["chunk_bytes"] = CHUNK_BYTES
+        entry["chunk_sha256"] = chunk_sums
     return entry
 
 
@@ -274,6 +316,7 @@ def write_om(
     extra_members: dict[str, bytes] | None = None,
     extra: dict | None = None,
     outputs: list[str] | None = None,
+    weight_sources: Mapping[str, Any] | None = None,
 ) -> None:
     """Write an .om artifact atomically: `path` ends up complete or as it was.
 
@@ -281,6 +324,9 @@ def write_om(
     partition outputs no partition consumes). `extra_members` adds files (e.g. "tuning/records.json")
     that are checksummed like partitions. Equal arguments give byte-identical files, so keep
     timings out of `pass_log` if reproducible builds matter.
+
+    `weight_sources` resolves the tensor references `graphopt.ir.tensor.tensor_references` put
+    in the partition models: their bytes stream into the weights blobs from where they live.
 
     Raises ValueError/TypeError for inconsistent arguments (a caller bug) and GraphoptError when
     the file cannot be produced (unserializable model, unwritable path).
@@ -301,15 +347,16 @@ def write_om(
     plan = [(p.name, p.inputs, p.outputs) for p in partitions]
     top_inputs, top_outputs, routing = route(plan, outputs)
 
-    members: dict[str, bytes] = {}
+    members: dict[str, bytes | Blob] = {}
+    weight_sources = weight_sources or {}
     for part in partitions:
-        if uses_external_data(part.model):
+        if uses_external_data(part.model, weight_sources):
             raise ValueError(
                 f"partition {part.name!r} keeps tensors in external data; load them into the model first"
             )
         # Large weights go to a blob of their own that the model references: onnxruntime maps
         # it from the artifact at load time instead of copying it out of the protobuf.
-        model, blob = split_weights(part.model, weights_member(part.name))
+        model, blob = split_weights(part.model, weights_member(part.name), weight_sources)
         try:
             members[part.member] = model.SerializeToString()
         except Exception as exc:  # protobuf raises ValueError past 2 GiB, EncodeError on bad fields
@@ -366,8 +413,17 @@ def write_om(
             for name in sorted(members):
                 stored = name.startswith((PARTITION_DIR, WEIGHTS_DIR))
                 info = _zip_info(name, compress=not stored)
+                data = members[name]
+                if isinstance(data, Blob):
+                    info.file_size = data.size
+                    info.extra = _alignment_padding(f.tell(), name, _needs_zip64(data.size))
+                    # Streamed into the member, piece by piece, as writestr would write it.
+                    with zf.open(info, "w") as dest:
+                        for piece in data.chunks():
+                            dest.write(piece)
+                    continue
                 if name.startswith(WEIGHTS_DIR):
                     info.extra = _alignment_padding(f.tell(), name)
-                zf.writestr(info, members[name], compresslevel=None if stored else _ZIP_COMPRESSLEVEL)
+                zf.writestr(info, data, compresslevel=None if stored else _ZIP_COMPRESSLEVEL)
     except OSError as exc:
         raise GraphoptError(f"cannot write {path}: {exc.strerror or exc}") from exc

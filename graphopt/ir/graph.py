@@ -204,9 +204,16 @@ class Graph:
             yield from graph
 
     def count_nodes(self, recursive: bool = True) -> int:
-        if not recursive:
-            return self._len
-        return sum(len(g) for g in self.all_graphs())
+        # The pass manager counts before and after every pass: walk the links, no list copy.
+        total = self._len
+        if recursive:
+            node = self._head
+            while node is not None:
+                if node.attrs:
+                    for sub in node.subgraphs():
+                        total += sub.count_nodes()
+                node = node._next
+        return total
 
     # -- order -----------------------------------------------------------------------------
     def sort(self) -> None:

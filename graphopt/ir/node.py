@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
+from onnx import AttributeProto
+
 from graphopt.ir.attributes import Attr, infer_attr
 from graphopt.ir.value import Value
 
 if TYPE_CHECKING:
     from graphopt.ir.graph import Graph
+
+_GRAPH, _GRAPHS = AttributeProto.GRAPH, AttributeProto.GRAPHS
 
 
 class Node:
@@ -103,9 +107,16 @@ class Node:
         self.attrs[name] = infer_attr(name, value)
 
     def subgraphs(self) -> list["Graph"]:
+        # Called for every node on every whole-graph walk: test the kind inline rather than
+        # building a list per attribute.
         graphs = []
+        if not self.attrs:
+            return graphs
         for attr in self.attrs.values():
-            graphs.extend(attr.graphs())
+            if attr.type == _GRAPH:
+                graphs.append(attr.value)
+            elif attr.type == _GRAPHS:
+                graphs.extend(attr.value)
         return graphs
 
     @property

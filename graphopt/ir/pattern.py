@@ -175,17 +175,29 @@ class Matcher:
                 return
             yield Match(node, state.bindings, state.nodes)
 
+    def could_match(self, node: Node, depth: int = 3) -> bool:
+        """A necessary condition for `matches(node)` to find anything, at a few dict lookups:
+        `node` and the producers of its operands, `depth` levels down, have the pattern's op
+        types. Most candidates fail there; a pass that does not trace misses skips them."""
+        root = self.root
+        if node.op_type != root.op_type or (node.domain or "") not in _domains(root.domain):
+            return False
+        return _operands_could_bind(root, node, depth - 1)
+
     def miss(self, node: Node) -> Miss:
         depth, reason = self.best_miss
         return Miss(node, max(depth, 0), reason)
 
-    def _fail(self, state: _State, reason: str, structural: bool = False) -> None:
+    def _fail(self, state: _State, reason: str | Callable[[], str],
+              structural: bool = False) -> None:
         # Deepest failure wins; at equal depth an op-type mismatch ("comes from Tanh") says
-        # more than one against a constant met while trying the other operand order.
+        # more than one against a constant met while trying the other operand order. A reason
+        # may come as a callable: most failures are never reported, and formatting node names
+        # for each was a third of the matcher's time.
         score = (state.depth, structural)
         if score > self.best_score:
             self.best_score = score
-            self.best_miss = (state.depth, reason)
+            self.best_miss = (state.depth, reason() if callable(reason) else reason)
 
     def _value(self, pattern: Pattern | None, value: Value | None, state: _State
                ) -> Iterator[_State]:
@@ -211,18 +223,20 @@ class Matcher:
         if isinstance(pattern, Var):
             bound = state.bindings.get(pattern.name)
             if bound is not None and bound is not value:
-                self._fail(state, f"variable '{pattern.name}' is %{bound.name} elsewhere, "
-                                  f"here %{value.name}")
+                self._fail(state, lambda: f"variable '{pattern.name}' is %{bound.name} "
+                                          f"elsewhere, here %{value.name}")
                 return
             if pattern.const and not value.is_constant:
-                self._fail(state, f"'{pattern.name}' must be a constant, %{value.name} is not")
+                self._fail(state, lambda: f"'{pattern.name}' must be a constant, "
+                                          f"%{value.name} is not")
                 return
             yield _bind(state, pattern.name, value)
             return
         if isinstance(pattern, Const):
             data = value.constant()
             if data is None:
-                self._fail(state, f"expected {pattern.describe()}, %{value.name} is not constant")
+                self._fail(state, lambda: f"expected {pattern.describe()}, %{value.name} is "
+                                          "not constant")
                 return
             if not _const_ok(pattern, data):
                 shown = data.ravel()[:4].tolist() if data.dtype != object else "strings"
@@ -237,14 +251,15 @@ class Matcher:
 
     def _op(self, pattern: OpPattern, value: Value, state: _State) -> Iterator[_State]:
         node = value.producer
-        want = pattern.describe()
         if node is None:
-            self._fail(state, f"expected {want}, %{value.name} is a graph input or constant")
+            self._fail(state, lambda: f"expected {pattern.describe()}, %{value.name} is a "
+                                      "graph input or constant")
             return
         if node.op_type != pattern.op_type or (node.domain or "") not in _domains(pattern.domain):
-            self._fail(state, f"expected {want}, %{value.name} comes from {node.qualified_op} "
-                              f"'{node.name}'", structural=True)
+            self._fail(state, lambda: f"expected {pattern.describe()}, %{value.name} comes "
+                                      f"from {node.qualified_op} '{node.name}'", structural=True)
             return
+        want = pattern.describe()
         if value.index != pattern.output:
             self._fail(state, f"expected output {pattern.output} of {want}, got {value.index}")
             return
@@ -305,6 +320,43 @@ class Matcher:
                                   f"expected {want!r}")
                 return None
         return bound
+
+
+def _operands_could_bind(pattern: OpPattern, node: Node, depth: int) -> bool:
+    """Whether `node`'s inputs fit `pattern`'s in some operand order, `depth` levels down."""
+    if depth <= 0:
+        return True
+    actual = node.inputs
+    orders = [pattern.inputs]
+    if pattern.op_type in COMMUTATIVE and len(pattern.inputs) == 2 and not pattern.domain:
+        orders.append(pattern.inputs[::-1])
+    for inputs in orders:
+        if len(actual) > len(inputs) and any(v is not None for v in actual[len(inputs):]):
+            continue
+        if all(_could_bind(p, actual[i] if i < len(actual) else None, depth)
+               for i, p in enumerate(inputs)):
+            return True
+    return False
+
+
+def _could_bind(pattern: Pattern | None, value: Value | None, depth: int) -> bool:
+    """What `Matcher._value` checks first: an op pattern's producer op type and output index
+    (and, `depth` > 1, its operands'), an omitted input; variables and constants are left to
+    the full match."""
+    if pattern is None:
+        return value is None
+    if isinstance(pattern, OpPattern):
+        if value is None or value.index != pattern.output:
+            return False
+        node = value.producer
+        return (node is not None and node.op_type == pattern.op_type
+                and (node.domain or "") in _domains(pattern.domain)
+                and _operands_could_bind(pattern, node, depth - 1))
+    if isinstance(pattern, OneOf):
+        return any(_could_bind(alternative, value, depth) for alternative in pattern.alternatives)
+    if isinstance(pattern, Optional):
+        return value is None or _could_bind(pattern.inner, value, depth)
+    return value is not None
 
 
 def _pred_ok(pred: Callable[[Any], bool], value: Any) -> bool:

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from graphopt.ir.dtypes import DType, nbytes
+
+# Bytes per read when a tensor's data streams out of its file (hashing, writing).
+STREAM_CHUNK = 16 << 20
+# External data smaller than this is read into memory; larger is memory-mapped, so pages are
+# read on demand and a weight nobody touches never costs resident memory.
+_MAP_ABOVE = 1 << 20
+# The location prefix of a reference proto (see `tensor_references`).
+REFERENCE_PREFIX = "graphopt-tensor:"
+_REFERENCES: ContextVar["dict[str, Tensor] | None"] = ContextVar("graphopt_tensor_references",
+                                                                 default=None)
 
 
 class Tensor:
@@ -17,7 +31,7 @@ class Tensor:
     (raw_data vs typed fields, external data location), which is what makes round-trips lossless.
     """
 
-    __slots__ = ("_proto", "_array", "dtype", "shape", "doc_string", "_digest")
+    __slots__ = ("_proto", "_array", "dtype", "shape", "doc_string", "_digest", "_external")
 
     def __init__(self, array: np.ndarray | None = None, *, proto: TensorProto | None = None,
                  dtype: DType | None = None):
@@ -26,6 +40,7 @@ class Tensor:
         self._proto = proto
         self._array = None if array is None else np.asarray(array)
         self._digest: str | None = None
+        self._external: tuple[str, int, int, tuple] | None = None  # file, offset, length, id
         if proto is not None:
             self.dtype = DType(proto.data_type)
             self.shape = tuple(int(d) for d in proto.dims)
@@ -39,9 +54,50 @@ class Tensor:
     def from_proto(cls, proto: TensorProto) -> "Tensor":
         return cls(proto=proto)
 
+    @classmethod
+    def from_external(cls, proto: TensorProto, base_dir: str) -> "Tensor":
+        """A tensor whose data stays in the external file `proto` names (relative to
+        `base_dir`) until someone reads it: then it is memory-mapped, not loaded. Raises
+        ValueError when the file is missing or too short."""
+        entries = {e.key: e.value for e in proto.external_data}
+        path = os.path.join(base_dir, entries.get("location", ""))
+        tensor = cls(proto=proto)
+        offset = int(entries.get("offset") or 0)
+        try:
+            stat = os.stat(path)
+        except OSError as e:
+            raise ValueError(f"external data file {entries.get('location')!r}: "
+                             f"{e.strerror}") from None
+        size = stat.st_size
+        length = int(entries["length"]) if entries.get("length") else size - offset
+        if tensor.streamable and length != tensor.nbytes:
+            raise ValueError(f"external data holds {length} bytes, the tensor's dtype and "
+                             f"shape need {tensor.nbytes}")
+        if offset + length > size:
+            raise ValueError(f"external data {entries.get('location')!r} ends at byte {size}, "
+                             f"the tensor reaches byte {offset + length}")
+        tensor._external = (path, offset, length, _identity(stat))
+        return tensor
+
+    @property
+    def streamable(self) -> bool:
+        """Whether the data is plain bytes, one element after another (not strings, not packed
+        sub-byte types): what `iter_bytes` yields and an external file holds."""
+        return self.dtype.bits >= 8 and self.dtype != DType.STRING
+
+    @property
+    def is_external(self) -> bool:
+        """Whether the data still lives in an external file (read lazily)."""
+        return self._external is not None and self._array is None
+
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        # Plain integer product: np.prod costs ~10 µs a call, and every export asks each
+        # initializer its size (2 s of a 50k-node compile).
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
 
     @property
     def nbytes(self) -> int:
@@ -49,11 +105,85 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         if self._array is None:
-            self._array = numpy_helper.to_array(self._proto)
+            self._array = (self._read_external() if self._external is not None
+                           else numpy_helper.to_array(self._proto))
         return self._array
 
+    def _read_external(self) -> np.ndarray:
+        _, offset, length, _ = self._external
+        dtype = self.dtype.numpy if self.streamable else None
+        if dtype is None or dtype.itemsize * 8 != self.dtype.bits:
+            return numpy_helper.to_array(self._loaded_proto())
+        dtype = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+        with self._open_external() as f:
+            if length < _MAP_ABOVE or self.size == 0:
+                array = np.fromfile(f, dtype=dtype, count=self.size, offset=offset)
+                return array.reshape(self.shape)
+            # Copy-on-write: a pass that wrote into the array would change only its own
+            # pages, never the model's file. The mapping outlives the file object.
+            return np.asarray(np.memmap(f, dtype=dtype, mode="c", offset=offset,
+                                        shape=self.shape))
+
+    def _open_external(self):
+        """The external data file, refused when it is no longer the file the model was
+        loaded with (saved over since, say): its offsets would point at other bytes."""
+        path, _, _, identity = self._external
+        f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+        if _identity(os.fstat(f.fileno())) != identity:
+            f.close()
+            raise ValueError(f"external data file {path} was replaced or changed after the "
+                             "model was loaded; load the model again")
+        return f
+
+    def _loaded_proto(self, name: str | None = None) -> TensorProto:
+        """A copy of the proto with its external data read into raw_data."""
+        proto = TensorProto()
+        proto.CopyFrom(self._proto)
+        del proto.external_data[:]
+        proto.data_location = TensorProto.DEFAULT
+        proto.raw_data = b"".join(self._file_chunks())
+        if name is not None:
+            proto.name = name
+        return proto
+
+    def _file_chunks(self, size: int = STREAM_CHUNK) -> Iterator[bytes]:
+        path, offset, length, _ = self._external
+        with self._open_external() as f:
+            f.seek(offset)
+            while length > 0:
+                chunk = f.read(min(size, length))
+                if not chunk:
+                    raise ValueError(f"external data file {path} is shorter than it was")
+                length -= len(chunk)
+                yield chunk
+
+    def iter_bytes(self, size: int = STREAM_CHUNK) -> Iterator[bytes | memoryview]:
+        """The data as little-endian bytes (what raw_data would hold), in pieces of at most
+        `size` bytes, without a second copy of the whole tensor: external data streams from
+        its file, an array yields views of its own memory. Only for `streamable` tensors."""
+        if not self.streamable:
+            raise ValueError(f"{self!r}: {self.dtype.name} data is not plain bytes")
+        if self.is_external:
+            yield from self._file_chunks(size)
+            return
+        raw = self._raw_bytes()
+        if raw is None:
+            array = np.ascontiguousarray(self.numpy())
+            if array.dtype.byteorder == ">":
+                array = array.astype(array.dtype.newbyteorder("<"))
+            raw = memoryview(array.reshape(-1).view(np.uint8))
+        view = memoryview(raw)
+        for start in range(0, len(view), size):
+            yield view[start:start + size]
+
     def to_proto(self, name: str | None = None) -> TensorProto:
-        """The data as a TensorProto named `name` (None keeps the stored proto's own name)."""
+        """The data as a TensorProto named `name` (None keeps the stored proto's own name).
+        Inside `tensor_references`, a large tensor comes back as a reference instead."""
+        references = _REFERENCES.get()
+        if references is not None and self._referable():
+            return self._reference(references, name)
+        if self._external is not None:  # mapped or not, the proto itself has no data
+            return self._loaded_proto(name)
         if self._proto is not None:
             if name is None or self._proto.name == name:
                 return self._proto
@@ -63,6 +193,28 @@ class Tensor:
             return proto
         proto = numpy_helper.from_array(self._array, name or "")
         proto.doc_string = self.doc_string
+        return proto
+
+    def _referable(self) -> bool:
+        # What an .om moves out of its models into a weights blob: data that would be in
+        # raw_data (not typed fields) and at least 1 KiB (om_weights.MIN_EXTERNAL_BYTES).
+        if not self.streamable or self.nbytes < 1024:
+            return False
+        return (self._proto is None or self._external is not None
+                or self._proto.HasField("raw_data"))
+
+    def _reference(self, references: "dict[str, Tensor]", name: str | None) -> TensorProto:
+        key = f"{REFERENCE_PREFIX}{id(self)}"
+        references[key] = self  # also keeps the tensor, so the id stays unique meanwhile
+        proto = TensorProto()
+        proto.name = name if name is not None else (self._proto.name if self._proto else "")
+        proto.data_type = int(self.dtype)
+        proto.dims.extend(self.shape)
+        proto.doc_string = self.doc_string
+        for k, v in (("location", key), ("offset", "0"), ("length", str(self.nbytes))):
+            entry = proto.external_data.add()
+            entry.key, entry.value = k, v
+        proto.data_location = TensorProto.EXTERNAL
         return proto
 
     def _raw_bytes(self) -> bytes | None:
@@ -81,7 +233,10 @@ class Tensor:
         if self._digest is None:
             h = hashlib.sha1(f"{int(self.dtype)}:{self.shape}".encode())
             raw = self._raw_bytes()
-            if raw is not None:
+            if self.is_external and self.streamable:
+                for chunk in self._file_chunks():
+                    h.update(chunk)
+            elif raw is not None:
                 h.update(raw)
             else:
                 array = self.numpy()
@@ -98,6 +253,15 @@ class Tensor:
         """A cheap hash of dtype, shape and a strided sample of the data: unequal fingerprints
         prove tensors differ; equal ones still need `digest` to prove them equal."""
         h = hashlib.sha1(f"{int(self.dtype)}:{self.shape}".encode())
+        if self.is_external and self.streamable:
+            _, offset, length, _ = self._external
+            if length:  # the same bytes as raw_data would give, read from a transient mapping
+                with self._open_external() as f:
+                    flat = np.memmap(f, dtype=np.uint8, mode="r", offset=offset,
+                                     shape=(length,))
+                    h.update(flat[:: max(1, length // 2048)][:2048].tobytes())
+                    del flat
+            return h.hexdigest()[:12]
         raw = self._raw_bytes()
         if raw is not None:
             flat = np.frombuffer(raw, dtype=np.uint8)
@@ -113,3 +277,22 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor<{self.dtype.short}{list(self.shape)}>"
+
+
+def _identity(stat: os.stat_result) -> tuple:
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@contextmanager
+def tensor_references() -> Iterator[dict[str, Tensor]]:
+    """Inside the block, `to_proto` of a large plain-bytes tensor returns a proto without data
+    whose external reference names a key of the yielded dict (`graphopt-tensor:<id>`), which
+    maps it to the Tensor. A writer (the .om's weights blobs) then streams each tensor's bytes
+    from where they live instead of copying every weight into protobufs first. Such protos
+    must not leave the block: nothing else can resolve them."""
+    references: dict[str, Tensor] = {}
+    token = _REFERENCES.set(references)
+    try:
+        yield references
+    finally:
+        _REFERENCES.reset(token)

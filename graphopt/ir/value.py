@@ -44,7 +44,9 @@ class Value:
         self.type_proto: TypeProto | None = None
         self.producer: Node | None = None
         self.index = 0
-        self._uses: list[Use] = []
+        # An insertion-ordered dict used as a set: removing a use is O(1), not a scan of a
+        # shared constant's thousands of readers (quadratic dead-node removal at 100k nodes).
+        self._uses: dict[Use, None] = {}
         self.const = const
         self.sparse_const: SparseTensorProto | None = None
         self.is_input = False
@@ -65,14 +67,14 @@ class Value:
         return tuple(self._uses)
 
     def _add_use(self, node: "Node", index: int) -> None:
-        self._uses.append(Use(node, index))
+        self._uses[Use(node, index)] = None
 
     def _remove_use(self, node: "Node", index: int) -> None:
-        for i, use in enumerate(self._uses):
-            if use.node is node and use.index == index:
-                del self._uses[i]
-                return
-        raise AssertionError(f"use ({node}, {index}) missing on {self}")
+        # Use compares its node by identity (Node keeps object equality) and its index.
+        try:
+            del self._uses[Use(node, index)]
+        except KeyError:
+            raise AssertionError(f"use ({node}, {index}) missing on {self}") from None
 
     def consumers(self) -> list["Node"]:
         """Distinct consuming nodes, in use order."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from graphopt.ir import Model, Node, Value
+from graphopt.ir.collector import heap_frozen
 from graphopt.partition.estimate import transfer_seconds, value_bytes
 from graphopt.partition.layouts import assign_layouts
 from graphopt.partition.placement import Placement, place
@@ -59,6 +60,11 @@ class Partitioning:
 
 def partition(model: Model, target: Target, *, return_islands: bool = True) -> Partitioning:
     """Place every main-graph node of `model` on a device of `target` and cut the partitions."""
+    with heap_frozen():  # the IR is long-lived: no full collection should walk it again
+        return _partition(model, target, return_islands)
+
+
+def _partition(model: Model, target: Target, return_islands: bool) -> Partitioning:
     nodes = model.graph.nodes()
     if len(target.devices) == 1:
         placements = {node: Placement(target.primary, None) for node in nodes}

@@ -64,13 +64,14 @@ def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, targe
         after = records[last]["dumps"][0]
         a = load_for_diff(os.path.join(directory, before))
         b = load_for_diff(os.path.join(directory, after))
+        # Inside the block: the dumps' weights are read from weights.bin only when compared.
+        diff = diff_models(a, b, label_a=f"{label} before {pass_name} (after {_step(before)})",
+                           label_b=f"{label} after {pass_name}")
     rewrites: dict[str, int] = {}
     for i in runs:
         if first <= i <= last:
             for rule, count in records[i]["rewrites"].items():
                 rewrites[rule] = rewrites.get(rule, 0) + count
-    diff = diff_models(a, b, label_a=f"{label} before {pass_name} (after {_step(before)})",
-                       label_b=f"{label} after {pass_name}")
     return PassDiff(pass_name, len(runs), len(changed), runs.index(first) + 1,
                     runs.index(last) + 1, rewrites, diff)
 

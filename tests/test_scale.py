@@ -1,0 +1,297 @@
+"""Large models: external data read lazily and written past a threshold, weights streamed into
+the .om without a second copy, and the compile-time fixes that keep big graphs linear."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tracemalloc
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt.codegen.om_read import load_om
+from graphopt.compiler import optimize, save
+from graphopt.errors import GraphoptError, InputError, OptionError
+from graphopt.ir import load_onnx
+from graphopt.ir.collector import collection_paused, heap_frozen
+from graphopt.ir.external_data import THRESHOLD_ENV, save_onnx, threshold
+from graphopt.ir.tensor import Tensor, tensor_references
+from graphopt.passes.rules import call_with_bindings
+
+WIDTH = 1024          # one [1024, 1024] float32 weight is 4 MiB
+LAYERS = 10           # 40 MiB of weights in all
+WEIGHT_BYTES = LAYERS * WIDTH * WIDTH * 4
+
+
+def _external_model(folder: str, name: str = "big.onnx") -> tuple[str, list[np.ndarray]]:
+    """A MatMul chain whose weights sit in `name`.data, written one tensor at a time."""
+    rng = np.random.default_rng(0)
+    path = os.path.join(folder, name)
+    weights, nodes, inits = [], [], []
+    with open(path + ".data", "wb") as blob:
+        for i in range(LAYERS):
+            w = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.float32(32))
+            weights.append(w)
+            tensor = TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=[WIDTH, WIDTH])
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", name + ".data"), ("offset", str(blob.tell())),
+                               ("length", str(w.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            blob.write(w.tobytes())
+            inits.append(tensor)
+            nodes.append(helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"],
+                                          [f"h{i}"]))
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, WIDTH])], [helper.make_tensor_value_info(
+            f"h{LAYERS - 1}", TensorProto.FLOAT, [2, WIDTH])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+    return path, weights
+
+
+def _reference(x: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
+    for w in weights:
+        x = x @ w
+    return x
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("big")
+    return _external_model(str(folder))
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def test_import_keeps_external_weights_on_disk(big):
+    path, weights = big
+    tracemalloc.start()
+    model = load_onnx(path)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < WEIGHT_BYTES / 8, f"import allocated {peak} bytes for {WEIGHT_BYTES} of weights"
+    tensor = model.graph.initializers["w3"].const
+    assert tensor.is_external
+    np.testing.assert_array_equal(tensor.numpy(), weights[3])  # mapped on first read
+    assert not tensor.is_external
+    assert model.graph.initializers["w0"].const.is_external  # the others are still untouched
+
+
+def test_external_tensor_digest_and_fingerprint_match_inline(big):
+    path, weights = big
+    external = load_onnx(path).graph.initializers["w1"].const
+    inline = Tensor.from_proto(numpy_helper.from_array(weights[1], "w1"))
+    assert external.fingerprint() == inline.fingerprint()
+    assert external.digest() == inline.digest()
+    assert external.is_external  # hashing streamed the file, it did not load the tensor
+
+
+def test_missing_or_short_external_data_is_an_input_error(tmp_path):
+    path, _ = _external_model(str(tmp_path), "cut.onnx")
+    with open(path + ".data", "r+b") as f:
+        f.truncate(WEIGHT_BYTES - 100)
+    with pytest.raises(InputError, match=r"cut\.onnx: initializer 'w9'.*ends at byte"):
+        load_onnx(path)
+    os.remove(path + ".data")
+    with pytest.raises(InputError, match=r"initializer 'w0'.*cut\.onnx\.data"):
+        load_onnx(path)
+
+
+# --- writing ONNX ----------------------------------------------------------------------------
+
+
+def test_save_writes_external_data_above_the_threshold(big, tmp_path, monkeypatch):
+    path, weights = big
+    result = optimize(path)
+    out = str(tmp_path / "big.opt.onnx")
+    monkeypatch.setenv(THRESHOLD_ENV, str(WEIGHT_BYTES // 2))
+    save(result, out)
+    assert os.path.getsize(out + ".data") >= WEIGHT_BYTES
+    assert os.path.getsize(out) < 100_000  # the model holds references, not weights
+    proto = onnx.load(out, load_external_data=False)
+    for tensor in proto.graph.initializer:
+        entries = {e.key: e.value for e in tensor.external_data}
+        assert entries["location"] == "big.opt.onnx.data"
+        assert int(entries["offset"]) % 4096 == 0  # mappable by onnxruntime
+    x = np.random.default_rng(1).standard_normal((2, WIDTH)).astype(np.float32)
+    import onnxruntime as ort
+    (got,) = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got, _reference(x, weights), rtol=1e-4, atol=1e-5)
+    # and it reads back into the IR with the same weights, mapped
+    again = load_onnx(out).graph.initializers
+    np.testing.assert_array_equal(again["w7"].const.numpy(), weights[7])
+
+
+def test_save_stays_inline_below_the_threshold(tmp_path, monkeypatch):
+    model = load_onnx(parse_model("""
+        g (float[2, 300] x) => (float[2, 300] y) {
+            y = Add(x, x)
+        }"""))
+    model.graph.make_initializer("w", np.ones((300, 300), np.float32))
+    monkeypatch.setenv(THRESHOLD_ENV, str(10 << 20))
+    out = str(tmp_path / "small.onnx")
+    save(model, out)
+    assert not os.path.exists(out + ".data")
+    save(model, out, external_data=True)  # forced: the 360 KB weight goes out
+    assert os.path.getsize(out + ".data") == 300 * 300 * 4
+    assert onnx.load(out).graph.initializer[0].raw_data == np.ones((300, 300), np.float32).tobytes()
+
+
+def test_threshold_env_must_be_a_byte_count(monkeypatch):
+    monkeypatch.setenv(THRESHOLD_ENV, "2GB")
+    with pytest.raises(OptionError, match=THRESHOLD_ENV):
+        threshold()
+
+
+def test_failed_data_write_leaves_no_partial_files(big, tmp_path, monkeypatch):
+    model = load_onnx(big[0])
+    out = str(tmp_path / "half.onnx")
+    calls = []
+
+    def failing(self, size=0):
+        calls.append(1)
+        if len(calls) > 3:
+            raise OSError(28, "No space left on device")
+        yield b"\0" * self.nbytes
+
+    monkeypatch.setattr(Tensor, "iter_bytes", failing)
+    with pytest.raises(GraphoptError, match="No space left"):
+        save_onnx(model, out, external=True)
+    assert os.listdir(tmp_path) == []
+
+
+# --- writing the .om -------------------------------------------------------------------------
+
+
+def test_om_streams_weights_without_a_second_copy(big, tmp_path):
+    """The .om write holds at most a chunk of weights at a time: tracemalloc sees every
+    Python-side allocation (protobuf copies, bytearrays, numpy arrays), not mapped pages."""
+    path, weights = big
+    result = optimize(path, target="cpu")
+    out = str(tmp_path / "big.om")
+    gc.collect()
+    tracemalloc.start()
+    save(result, out)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < WEIGHT_BYTES / 4, f"the .om write allocated {peak} bytes"
+    assert os.path.getsize(out) > WEIGHT_BYTES
+    x = np.random.default_rng(2).standard_normal((2, WIDTH)).astype(np.float32)
+    outputs = graphopt.load(out).run({"x": x})
+    np.testing.assert_allclose(next(iter(outputs.values())), _reference(x, weights),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_om_bytes_do_not_depend_on_where_weights_live(big, tmp_path):
+    """Streaming weights from a mapped external file or from protobuf raw_data writes the
+    same weights blob."""
+    path, _ = big
+    mapped = str(tmp_path / "mapped.om")
+    save(optimize(path, target="cpu"), mapped)
+    inline = onnx.load(path)  # external data loaded into raw_data
+    from_proto = str(tmp_path / "proto.om")
+    result = optimize(inline, target="cpu")
+    save(result, from_proto)
+    # The manifests name the source differently (a path vs "<model>"); the weights agree.
+    left, right = load_om(mapped).manifest, load_om(from_proto).manifest
+    blob = next(name for name in left["members"] if name.startswith("weights/"))
+    assert left["members"][blob]["size"] >= WEIGHT_BYTES
+    assert left["members"][blob] == right["members"][blob]
+    assert left["members"][blob]["chunk_sha256"]  # chunk sums computed while streaming
+
+
+def test_tensor_references_do_not_leak_out_of_the_block():
+    tensor = Tensor(np.zeros((64, 64), np.float32))
+    with tensor_references() as refs:
+        proto = tensor.to_proto("w")
+        assert proto.data_location == TensorProto.EXTERNAL and refs
+    assert tensor.to_proto("w").raw_data == np.zeros((64, 64), np.float32).tobytes()
+
+
+# --- compile-time fixes ----------------------------------------------------------------------
+
+
+def test_heap_frozen_nests_and_restores():
+    assert gc.get_freeze_count() == 0
+    with heap_frozen():
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with heap_frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0
+    with collection_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_call_with_bindings_caches_per_function_not_per_instance():
+    class Rule:
+        def check(self, x, **_):
+            return ("check", x)
+
+        def rewrite(self, op, y):
+            return (op, y)
+
+    a, b = Rule(), Rule()
+    assert call_with_bindings(a.check, {"x": 1, "z": 2}) == ("check", 1)
+    assert call_with_bindings(b.rewrite, {"y": 3, "x": 4}, "op") == ("op", 3)
+    assert call_with_bindings(b.check, {"x": 5}) == ("check", 5)
+
+    def free(x):
+        return x
+    assert call_with_bindings(free, {"x": 6, "y": 7}) == 6
+
+
+def test_a_read_external_tensor_still_exports_its_data(big):
+    path, weights = big
+    tensor = load_onnx(path).graph.initializers["w2"].const
+    tensor.numpy()
+    proto = tensor.to_proto("renamed")
+    assert proto.name == "renamed" and proto.data_location == TensorProto.DEFAULT
+    np.testing.assert_array_equal(numpy_helper.to_array(proto), weights[2])
+
+
+def test_saving_over_the_input_works_and_stale_tensors_refuse_to_read(tmp_path):
+    path, weights = _external_model(str(tmp_path), "same.onnx")
+    model = load_onnx(path)
+    save_onnx(model, path, external=True)  # reads every weight before the data file is replaced
+    np.testing.assert_array_equal(load_onnx(path).graph.initializers["w4"].const.numpy(),
+                                  weights[4])
+    stale = load_onnx(path)
+    save_onnx(load_onnx(path), path, external=True)
+    with pytest.raises(ValueError, match="was replaced or changed after the model was loaded"):
+        stale.graph.initializers["w0"].const.numpy()
+
+
+@pytest.mark.parametrize("name, options", [
+    ("bert_base", {"layers": 2, "hidden": 64, "heads": 4, "intermediate": 128,
+                   "vocab": 100}),
+    ("gpt2_small", {}), ("tiny", {}), ("mobilenetv2", {})])
+def test_match_prefilter_never_rejects_a_match(name, options, monkeypatch):
+    """RulePass skips candidates `could_match` rules out; with every rule traced it skips
+    none, so each match found must have passed the prefilter."""
+    from graphopt import zoo
+    from graphopt.ir.pattern import Matcher
+    from graphopt.passes.rules import RULES
+
+    found = []
+    original = Matcher.matches
+
+    def checked(self, node, limit=8):
+        for match in original(self, node, limit):
+            assert self.could_match(node), f"prefilter rejects a match at {node}"
+            found.append(node)
+            yield match
+
+    monkeypatch.setattr(Matcher, "matches", checked)
+    optimize(zoo.build(name, **options), level=3, trace_rules=list(RULES))
+    assert found
