@@ -1,0 +1,99 @@
+"""INT4 weight-only: gpt2_small compiled at -O2 as float32, float16 and int4 (MatMulNBits),
+side by side: MatMul weight bytes, logits cosine to the original, latency at ORT_ENABLE_ALL.
+
+Variants run interleaved (A B C A B C …) after warm-up; medians (min-max) in ms and the ratio
+fp32 / variant (above 1: faster). The correctness column is the logits cosine against the
+original at ORT_DISABLE_ALL on the same token ids (seeded), and the max absolute difference.
+
+    .venv/bin/python bench/precision_int4.py [--runs 30] [--threads 1 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+from _common import markdown_table, session_options, write_json
+from onnx import numpy_helper
+
+import graphopt
+from graphopt import numerics, zoo
+from graphopt.tools.metrics import cosine_similarity
+
+VARIANTS = {"fp32": {}, "fp16": {"precision": "fp16"}, "int4": {"quantize": "int4"}}
+
+
+def matmul_weight_bytes(proto) -> int:
+    """Bytes of the initializers MatMul/MatMulNBits read as B, scales and zero points."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    names = {i for n in proto.graph.node if n.op_type in ("MatMul", "MatMulNBits")
+             for i in n.input[1:4]}
+    return sum(numpy_helper.to_array(inits[n]).nbytes for n in names if n in inits)
+
+
+def time_interleaved(sessions: dict, feeds: dict, runs: int, warmup: int = 3) -> dict:
+    times = {name: [] for name in sessions}
+    for _ in range(warmup):
+        for session in sessions.values():
+            session.run(None, feeds)
+    for _ in range(runs):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            session.run(None, feeds)
+            times[name].append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seq", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+
+    original = zoo.build("gpt2_small")
+    compiled = {name: graphopt.optimize(original, level=2, pass_options=opts).to_onnx()
+                for name, opts in VARIANTS.items()}
+    sizes = {name: matmul_weight_bytes(p) for name, p in compiled.items()}
+    rows, data = [], {"model": "gpt2_small", "onnxruntime": ort.__version__, "runs": args.runs,
+                      "matmul_weight_bytes": sizes, "results": []}
+    rng = np.random.default_rng(0)
+    for seq in args.seq:
+        feeds = {"input_ids": rng.integers(0, 1000, (1, seq))}
+        expected = numerics.run(original, feeds)["logits"]
+        checks = {}
+        for name, proto in compiled.items():
+            got = numerics.run(proto, feeds, level="all")["logits"]
+            checks[name] = (cosine_similarity(expected, got),
+                            float(np.abs(got.astype(np.float64) - expected).max()))
+        for threads in args.threads:
+            sessions = {name: ort.InferenceSession(p.SerializeToString(),
+                                                   session_options("all", threads=threads),
+                                                   providers=["CPUExecutionProvider"])
+                        for name, p in compiled.items()}
+            times = time_interleaved(sessions, feeds, args.runs)
+            base = statistics.median(times["fp32"])
+            for name, ms in times.items():
+                med = statistics.median(ms)
+                rows.append([f"{seq}", f"{threads}", name, f"{sizes[name] / 2**20:.2f}",
+                             f"{checks[name][0]:.6f}", f"{checks[name][1]:.3g}",
+                             f"{med:.3f} ({min(ms):.3f}-{max(ms):.3f})", f"{base / med:.2f}x"])
+                data["results"].append({"seq": seq, "threads": threads, "variant": name,
+                                        "median_ms": med, "min_ms": min(ms), "max_ms": max(ms),
+                                        "speedup_vs_fp32": base / med,
+                                        "logits_cosine": checks[name][0],
+                                        "logits_max_abs": checks[name][1]})
+    print(markdown_table(["seq", "threads", "variant", "MatMul weights MiB", "logits cosine",
+                          "max abs diff", "median ms (min-max)", "fp32 / variant"], rows))
+    if args.json:
+        write_json(args.json, data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Block-wise 4-bit weight quantization in onnxruntime's MatMulNBits layout, and its inverse.
+
+A weight W [K, N] is cut along K into blocks of `block` rows (K zero-padded to a multiple);
+column n's block b has one scale s and one zero point z (symmetric: z = 8, implicit):
+
+    q = clip(round(w / s) + z, 0, 15)          w ≈ (q - z) · s
+    asymmetric: s = (max(w, 0) - min(w, 0)) / 15,  z = round(-min(w, 0) / s)
+    symmetric:  s = max|w| / 7  (q - 8 ∈ [-7, 7])
+
+Layout (MatMulNBits, bits=4): B uint8 [N, n_blocks, block/2], the block's element 2i in the low
+nibble of byte i and element 2i+1 in the high nibble; scales [N · n_blocks], column-major by
+block (n, b) → n · n_blocks + b; zero points uint8 [N · ceil(n_blocks/2)], block 2j of a column in
+the low nibble and block 2j+1 in the high nibble, each column starting on a fresh byte.
+Scales take the activation's dtype; rounding uses the stored (rounded) scale, so dequantize()
+is exactly what the kernel computes with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BlockQuant:
+    packed: np.ndarray             # uint8 [N, n_blocks, block // 2]
+    scales: np.ndarray             # [N * n_blocks], the activation's float dtype
+    zero_points: np.ndarray | None  # uint8 [N * ceil(n_blocks / 2)]; None: symmetric (z = 8)
+    k: int
+    block: int
+
+    @property
+    def nbytes(self) -> int:
+        zp = 0 if self.zero_points is None else self.zero_points.nbytes
+        return self.packed.nbytes + self.scales.nbytes + zp
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
+    """Pairs along the last axis (even length) into bytes: element 2i low, 2i+1 high."""
+    values = values.astype(np.uint8)
+    return (values[..., 0::2] & 0x0F) | ((values[..., 1::2] & 0x0F) << 4)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Inverse of pack_nibbles: the last axis doubles."""
+    out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.uint8)
+    out[..., 0::2] = packed & 0x0F
+    out[..., 1::2] = packed >> 4
+    return out
+
+
+def quantize(weight: np.ndarray, block: int, symmetric: bool = False,
+             scale_dtype=np.float32) -> BlockQuant:
+    """Quantize W [K, N] block-wise along K (see the module docstring)."""
+    k, n = weight.shape
+    n_blocks = -(-k // block)
+    w = np.zeros((n_blocks * block, n), dtype=np.float64)
+    w[:k] = weight
+    blocks = w.T.reshape(n, n_blocks, block)
+    if symmetric:
+        scale = np.abs(blocks).max(axis=-1) / 7.0
+        zero = np.full(scale.shape, 8.0)
+    else:
+        low = np.minimum(blocks.min(axis=-1), 0.0)
+        high = np.maximum(blocks.max(axis=-1), 0.0)
+        scale = (high - low) / 15.0
+    scale = np.where(scale == 0.0, 1.0, scale).astype(scale_dtype)  # an all-zero block
+    stored = scale.astype(np.float64)
+    if not symmetric:
+        zero = np.clip(np.round(-low / stored), 0, 15)
+    q = np.clip(np.round(blocks / stored[..., None]) + zero[..., None], 0, 15).astype(np.uint8)
+    zero_points = None
+    if not symmetric:
+        z = zero.astype(np.uint8)
+        if n_blocks % 2:
+            z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+        zero_points = pack_nibbles(z).reshape(-1)
+    return BlockQuant(pack_nibbles(q), scale.reshape(-1), zero_points, k, block)
+
+
+def dequantize(quant: BlockQuant) -> np.ndarray:
+    """W [K, N] as MatMulNBits reads it from `quant`, in float64."""
+    n, n_blocks, _ = quant.packed.shape
+    q = unpack_nibbles(quant.packed).astype(np.float64)            # [N, n_blocks, block]
+    if quant.zero_points is None:
+        zero = np.full((n, n_blocks), 8.0)
+    else:
+        zero = unpack_nibbles(quant.zero_points.reshape(n, -1))[:, :n_blocks].astype(np.float64)
+    scale = quant.scales.astype(np.float64).reshape(n, n_blocks)
+    w = (q - zero[..., None]) * scale[..., None]
+    return w.reshape(n, -1)[:, :quant.k].T

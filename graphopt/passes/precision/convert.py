@@ -1,0 +1,187 @@
+"""ConvertPrecision: float32 ops to float16/bfloat16 by the policy of `--precision`.
+
+    x<f32> ─ Cast ─ Conv<f16> ─ Relu<f16> ─ Cast ─ Softmax<f32> ─ Cast ─ MatMul<f16> ─ Cast ─ y<f32>
+                    (weights converted offline)     (mixed: DENY)          (output keeps f32)
+
+Decisions are made in graph order (policy.py has the lists and the FOLLOW rule), then every
+converted slot is rewired: a half producer feeding it needs nothing, a weight becomes a half
+initializer, anything else gets the value's one shared Cast; float32 readers of a half value
+share one Cast back. Nested graphs (If/Loop/Scan bodies) and ops without a schema keep their
+dtypes, and so does any node producing a value a nested graph reads.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from graphopt.ir import DType, Model, Node, Tensor
+from graphopt.ir.graph import captured_values
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.precision.casts import (
+    Boundaries,
+    collapse_cast_pairs,
+    constant_data,
+    to_half_array,
+)
+from graphopt.passes.precision.policy import (
+    ALLOW,
+    DENY,
+    PrecisionError,
+    Support,
+    check_options,
+    half_dtype,
+    is_mixed,
+)
+from graphopt.passes.precision.schema import DTYPE_ATTRS, Slots, convertible_slots
+
+
+def _listing(counts: Counter) -> str:
+    return ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(counts.items()))
+
+
+class _Decider:
+    """Whether each node goes to half: user pins first, then the mode's lists, then the target."""
+
+    def __init__(self, options, half: DType, support: Support):
+        self.options, self.half, self.support = options, half, support
+        self.mixed = is_mixed(options.precision)
+        self.half_values: set[int] = set()
+        self.refused: Counter = Counter()       # forced/allowed ops the target cannot run
+        self.kept_by_target: Counter = Counter()  # mixed: ALLOW ops the target cannot run
+
+    def wants(self, node: Node, slots: Slots) -> bool:
+        op, options = node.op_type, self.options
+        if node.name in options.keep_dtype or op in options.precision_deny:
+            return False
+        explicit = op in options.precision_allow
+        if not self.mixed or explicit or op in ALLOW:
+            return True
+        if op in DENY:
+            return False
+        # FOLLOW: half when every computed float input already is (weights adapt offline).
+        computed = [node.inputs[i] for i in slots.inputs if constant_data(node.inputs[i]) is None]
+        return bool(computed) and all(id(v) in self.half_values for v in computed)
+
+    def decide(self, node: Node, slots: Slots) -> bool:
+        if not self.wants(node, slots):
+            return False
+        if not self.support.runs(node, self.half):
+            if not self.mixed or node.op_type in self.options.precision_allow:
+                self.refused[node.qualified_op] += 1
+            else:
+                self.kept_by_target[node.qualified_op] += 1
+            return False
+        for i in slots.outputs:
+            self.half_values.add(id(node.outputs[i]))
+        return True
+
+
+@register
+class ConvertPrecision(Pass):
+    name = "ConvertPrecision"
+    description = ("float32 ops to float16/bfloat16 (--precision fp16|bf16|mixed-fp16|"
+                   "mixed-bf16); Casts only where float32 and half regions meet")
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        options = ctx.options
+        check_options(options)
+        result = PassResult()
+        if options.precision == "keep":
+            return result
+        half = half_dtype(options.precision)
+        # Fusions leave the values they create untyped until the pipeline's last InferShapes;
+        # the schema's type parameters are matched against dtypes, so they must be known.
+        infer_shapes(model)
+        graph = model.graph
+        graph.sort()
+        support = Support(ctx.target)
+        decider = _Decider(options, half, support)
+        opset = model.opset("")
+        pinned = {id(v) for node in graph for sub in node.subgraphs()
+                  for v in captured_values(sub)}
+        chosen: list[tuple[Node, Slots]] = []
+        for node in graph:
+            if node.op_type == "Constant" and node.is_onnx:
+                continue  # its data is converted offline where a half op reads it
+            if node.subgraphs() or any(id(v) in pinned for v in node.outputs if v is not None):
+                continue
+            slots = convertible_slots(node, half, model.opset(node.domain) if not node.is_onnx
+                                      else opset)
+            if slots is not None and decider.decide(node, slots):
+                chosen.append((node, slots))
+        self._refuse(options.precision, decider, support)
+        if not chosen:
+            return result
+        boundaries = Boundaries(graph, half)
+        for node, slots in chosen:
+            _convert(node, slots, half, boundaries, decider.half_values)
+        # float32 readers of values that became half: graph outputs, unconverted nodes, and
+        # unconverted slots of converted nodes.
+        converted_in = {(id(n), i) for n, s in chosen for i in s.inputs}
+        for node, slots in chosen:
+            for i in slots.outputs:
+                value = node.outputs[i]
+                for use in list(value.uses):
+                    if (id(use.node), use.index) not in converted_in:
+                        use.node.set_input(use.index, boundaries.cast(value, DType.FLOAT))
+                if value.is_graph_output:
+                    boundaries.cast(value, DType.FLOAT)
+        for value in list(graph.initializers.values()):
+            if not value.uses and not value.is_graph_output and not value.is_input:
+                graph.remove_initializer(value)
+        removed = collapse_cast_pairs(graph)
+        result.count("nodes_converted", len(chosen))
+        result.count("casts_inserted", boundaries.casts_inserted)
+        result.count("casts_removed", removed)
+        result.count("weights_converted", boundaries.constants_converted)
+        if boundaries.constants_clipped:
+            ctx.note(f"ConvertPrecision: {boundaries.constants_clipped} constant element(s) beyond "
+                     f"the {half.short} range clipped to its largest finite value")
+        if support.emulated:
+            ctx.note(f"{options.precision}: onnxruntime's CPU provider has no float16 kernel for "
+                     f"{', '.join(sorted(support.emulated))}; it runs them in float32 behind "
+                     "Casts it adds when loading the model (half the weight bytes, not faster)")
+        if decider.kept_by_target:
+            ctx.note(f"{options.precision}: kept float32, no {half.short} kernel on the target: "
+                     f"{_listing(decider.kept_by_target)}")
+        return result
+
+    @staticmethod
+    def _refuse(mode: str, decider: _Decider, support: Support) -> None:
+        target = support.target.name
+        dtype = "float16" if "fp16" in mode else "bfloat16"
+        if decider.refused:
+            raise PrecisionError(
+                f"--precision {mode}: target {target} has no {dtype} kernel for "
+                f"{_listing(decider.refused)}; keep them float32 with --precision-deny OPS or "
+                f"--keep-dtype NODES")
+        if decider.kept_by_target and not decider.half_values:
+            raise PrecisionError(
+                f"--precision {mode}: target {target} runs none of the ops mixed precision "
+                f"converts in {dtype} ({_listing(decider.kept_by_target)}); nothing would change")
+
+
+
+def _convert(node: Node, slots: Slots, half: DType, boundaries: Boundaries,
+             half_values: set[int]) -> None:
+    """Give `node`'s converted inputs half values and its converted outputs the half dtype."""
+    for i in slots.inputs:
+        value = node.inputs[i]
+        if id(value) in half_values:
+            continue
+        data = constant_data(value)
+        if data is not None:
+            node.set_input(i, boundaries.half_constant(value, data))
+        else:
+            node.set_input(i, boundaries.cast(value, half))
+    for i in slots.outputs:
+        node.outputs[i].dtype = half
+    if slots.outputs:
+        for name in DTYPE_ATTRS:
+            if node.attr(name) == int(DType.FLOAT) and name in node.attrs:
+                node.set_attr(name, int(half))
+        value = node.attr("value")
+        if node.op_type == "ConstantOfShape" and value is not None:
+            array, _ = to_half_array(value.numpy(), half)
+            node.set_attr("value", Tensor(array))

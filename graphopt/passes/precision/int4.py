@@ -1,0 +1,154 @@
+"""QuantizeInt4Weights: weight-only block-wise INT4 of MatMul and Gemm into com.microsoft's
+MatMulNBits (packing and math in blockwise.py).
+
+    A ─ MatMul(A, W[K,N]) ─ Add(b[N]) ─▶      A ─ MatMulNBits(A, q, scales, zero_points, b) ─▶
+    A ─ Gemm(A, W, C) {alpha, beta, transB}   (W' = alpha·(transB ? Wᵀ : W), bias = beta·C)
+
+W must be a constant 2-D float matrix of A's dtype; A of known rank ≥ 2. A constant [N] bias
+added right after a MatMul becomes the node's bias input; a Gemm's C of shape [N], [1, N] or
+a scalar does too, any other C (a full [M, N] matrix) stays a following Add. Gemm with transA
+is left alone. `quant_skip` names nodes or op types to skip; the block size is
+`int4_group_size`; zero points make it asymmetric (more accurate than symmetric for the skewed
+columns real weights have). Activations stay in their float dtype (accuracy_level unset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphopt.ir import DType, Model, Node, Tensor, Value
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.edit import replace_value
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.precision.blockwise import quantize
+from graphopt.passes.precision.casts import constant_data
+from graphopt.passes.precision.policy import Support, check_options
+
+MS = "com.microsoft"
+_FLOATS = (DType.FLOAT, DType.FLOAT16)
+
+
+@dataclass
+class _Plan:
+    weight: np.ndarray             # W' [K, N], alpha and transB applied
+    bias: np.ndarray | None = None  # [N]: MatMulNBits' bias input
+    absorbed: Node | None = None   # the MatMul's bias Add, replaced too
+    add_after: Value | None = None  # a Gemm's C that is not a row: an Add after the node
+    add_scale: float = 1.0         # beta, applied to a constant add_after
+
+
+def _plan(node: Node) -> _Plan | str:
+    """How to quantize `node`, or why it cannot be."""
+    a, w = node.input(0), node.input(1)
+    data = None if w is None else constant_data(w)
+    if data is None or data.ndim != 2:
+        return "B is not a constant matrix"
+    if a.dtype not in _FLOATS or w.dtype != a.dtype:
+        return f"A is {a.dtype.short if a.dtype else 'untyped'}, B {w.dtype.short}"
+    if a.shape is None or len(a.shape) < 2:
+        return "A's rank is unknown or below 2"
+    n = data.shape[1 - node.attr("transB", 0)] if node.op_type == "Gemm" else data.shape[1]
+    if node.op_type == "Gemm":
+        if node.attr("transA", 0):
+            return "Gemm with transA"
+        data = (data.T if node.attr("transB", 0) else data) * np.float32(node.attr("alpha", 1.0))
+        beta, c = node.attr("beta", 1.0), node.input(2)
+        if c is None:
+            return _Plan(data)
+        bias = constant_data(c)
+        if bias is not None and bias.size in (1, n) and (bias.ndim < 2 or bias.shape[0] == 1):
+            return _Plan(data, np.broadcast_to(bias.reshape(-1) * beta, (n,)))
+        if bias is None and beta != 1.0:
+            return "Gemm with a computed C and beta != 1"
+        return _Plan(data, add_after=c, add_scale=beta)
+    out = node.output
+    if len(out.uses) == 1 and not out.is_graph_output:
+        add, index = out.uses[0]
+        other = add.input(1 - index) if add.op_type == "Add" and add.is_onnx else None
+        bias = None if other is None else constant_data(other)
+        if bias is not None and bias.shape == (n,) and other.dtype == a.dtype:
+            return _Plan(data, bias, absorbed=add)
+    return _Plan(data)
+
+
+@register
+class QuantizeInt4Weights(Pass):
+    name = "QuantizeInt4Weights"
+    description = ("weight-only block-wise INT4: MatMul/Gemm with a constant weight into "
+                   "com.microsoft::MatMulNBits (--quantize int4, --int4-group-size)")
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        options = ctx.options
+        check_options(options)
+        result = PassResult()
+        infer_shapes(model)  # fusions leave new values untyped until the pipeline's last one
+        graph, support = model.graph, Support(ctx.target)
+        block, skip = options.int4_group_size, options.quant_skip
+        before = after = 0
+        unsupported: set[str] = set()
+        for node in graph:
+            if node.op_type not in ("MatMul", "Gemm") or not node.is_onnx:
+                continue
+            if node.name in skip or node.op_type in skip or not ctx.allows(node.op_type, node):
+                continue
+            plan = _plan(node)
+            if isinstance(plan, str):
+                continue
+            dtype = node.input(0).dtype
+            if not support.has("MatMulNBits", MS, dtype):
+                unsupported.add(dtype.short)
+                continue
+            quant = _rewrite(graph, node, plan, block, dtype)
+            before += plan.weight.size * dtype.bits // 8
+            after += quant.nbytes
+            result.count(f"{node.op_type}_quantized")
+        for value in list(graph.initializers.values()):
+            if not value.uses and not value.is_graph_output and not value.is_input:
+                graph.remove_initializer(value)
+        if result.changed:
+            model.opset_imports.setdefault(MS, 1)
+            ctx.note(f"QuantizeInt4Weights: {sum(result.stats.values())} weight(s), "
+                     f"{before / 2**20:.2f} MiB → {after / 2**20:.2f} MiB "
+                     f"({100 * (1 - after / before):.0f}% smaller; block {block}, with scales "
+                     "and zero points)")
+        if unsupported:
+            ctx.note("QuantizeInt4Weights: the target has no MatMulNBits kernel for "
+                     f"{', '.join(sorted(unsupported))} activations; those weights stay float")
+        return result
+
+
+def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType):
+    """Replace `node` (and the bias Add it absorbs) by MatMulNBits; returns the quantization."""
+    w = node.input(1)
+    quant = quantize(plan.weight, block, symmetric=False, scale_dtype=dtype.numpy)
+    k, n = plan.weight.shape
+    inputs = [node.input(0), graph.make_initializer(f"{w.name}_q4", quant.packed),
+              graph.make_initializer(f"{w.name}_scales", quant.scales),
+              None if quant.zero_points is None
+              else graph.make_initializer(f"{w.name}_zero_points", quant.zero_points)]
+    if plan.bias is not None:
+        inputs += [None, graph.make_initializer(f"{w.name}_bias",
+                                                Tensor(np.asarray(plan.bias, dtype.numpy)))]
+    replaced = plan.absorbed or node
+    out = Value(graph.fresh_name(f"{replaced.output.name}_q4"), dtype, replaced.output.shape)
+    q_node = Node("MatMulNBits", inputs, {"K": k, "N": n, "bits": 4, "block_size": block},
+                  domain=MS, outputs=[out], name=graph.fresh_node_name(f"{node.name or 'matmul'}_q4"))
+    graph.insert_before(node, q_node)
+    if plan.add_after is not None:
+        c = plan.add_after
+        if plan.add_scale != 1.0:
+            c = graph.make_initializer(f"{c.name}_beta", Tensor(
+                (constant_data(c) * plan.add_scale).astype(dtype.numpy)))
+        summed = Value(graph.fresh_name(f"{node.output.name}_bias"), dtype, node.output.shape)
+        graph.insert_after(q_node, Node("Add", [out, c], outputs=[summed],
+                                        name=graph.fresh_node_name(f"{q_node.name}_add")))
+        out = summed
+    # `out` is a fresh node output of the same dtype, so it can always take over a graph
+    # output's name.
+    assert replace_value(replaced.output, out), replaced
+    for dead in (plan.absorbed, node):
+        if dead is not None:
+            graph.remove(dead)
+    return quant

@@ -1,0 +1,121 @@
+"""Precision policy: the modes, the op lists of mixed precision, option checks and which ops a
+target runs in half precision.
+
+Modes (ATC's --precision_mode in spirit):
+    keep        original dtypes (no pass runs)
+    fp16, bf16  force: every float32 op becomes float16 (bfloat16); an op the target cannot run
+                in that dtype is refused, naming it (exclude it with precision_deny/keep_dtype)
+    mixed-fp16, mixed-bf16
+                mixed: ALLOW ops (matrix and conv work, where half precision pays) go to half,
+                DENY ops (reductions, exponentials, normalizations: half loses their accuracy)
+                stay float32, every other op FOLLOWS its inputs: half when each of its computed
+                float inputs is half, float32 otherwise (so no Cast is spent on a Reshape).
+                An ALLOW op the target cannot run in half stays float32 (a note names it).
+
+precision_allow / precision_deny (op types) move ops between the lists; keep_dtype (node names)
+pins single nodes to their dtype. The lists are checked before the pass runs.
+"""
+
+from __future__ import annotations
+
+from graphopt.errors import OptionError, PassError
+from graphopt.ir import DType, Node
+
+MODES = ("keep", "fp16", "bf16", "mixed-fp16", "mixed-bf16")
+QUANTIZE = ("none", "int8", "int4")
+CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
+
+# Matrix and convolution work: the reason to run in half precision at all.
+ALLOW = frozenset({
+    "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "FusedConv", "FusedGemm", "FusedMatMul",
+    "Attention", "MultiHeadAttention", "GroupQueryAttention", "NhwcConv", "MatMulNBits",
+})
+# Numerically sensitive: long accumulations (reductions, normalization statistics, softmax
+# sums), exponentials and logs (range), powers and roots (range, cancellation near 0), division
+# (a half-precision divisor underflows), erf/exp-based activations evaluated near saturation.
+DENY = frozenset({
+    "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "CumSum", "Exp", "Log", "Pow", "Sqrt",
+    "Reciprocal", "Div", "Erf", "LayerNormalization", "SkipLayerNormalization",
+    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "InstanceNormalization",
+    "GroupNormalization", "LpNormalization", "MeanVarianceNormalization", "Range",
+    "NonMaxSuppression", "RoiAlign", "TopK",
+})
+
+HALF = {"fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
+
+
+class PrecisionError(OptionError, PassError):
+    """An option the precision passes cannot honour. A PassError too, so the pass manager passes
+    it through unchanged; an OptionError to the caller."""
+
+
+def half_dtype(mode: str) -> DType:
+    return HALF[mode.removeprefix("mixed-")]
+
+
+def is_mixed(mode: str) -> bool:
+    return mode.startswith("mixed-")
+
+
+def check_options(options) -> None:
+    """Refuse precision/quantization option values no pass can honour, before anything runs."""
+    if options.precision not in MODES:
+        raise OptionError(f"--precision {options.precision}: unknown mode (use {', '.join(MODES)})")
+    if options.quantize not in QUANTIZE:
+        raise OptionError(f"--quantize {options.quantize}: unknown scheme "
+                          f"(use {', '.join(QUANTIZE)})")
+    both = sorted(set(options.precision_allow) & set(options.precision_deny))
+    if both:
+        raise OptionError(f"--precision-allow and --precision-deny both name {', '.join(both)}")
+    listed = options.precision_allow or options.precision_deny or options.keep_dtype
+    if listed and options.precision == "keep":
+        raise OptionError("--precision-allow/--precision-deny/--keep-dtype adjust a precision "
+                          "mode: give --precision fp16|bf16|mixed-fp16|mixed-bf16")
+    if options.precision_allow and not is_mixed(options.precision):
+        raise OptionError(f"--precision-allow only applies to mixed modes; --precision "
+                          f"{options.precision} converts every op it can already")
+    size = options.int4_group_size
+    if not isinstance(size, int) or size < 16 or size & (size - 1):
+        raise OptionError(f"--int4-group-size {size}: must be a power of 2 ≥ 16 "
+                          "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
+    if options.quantize == "int8" and not options.calibration:
+        raise OptionError("--quantize int8 needs --calibration FILE.npz|DIR: activation ranges "
+                          "come from representative inputs")
+    if options.calibration_method not in CALIBRATION_METHODS:
+        raise OptionError(f"--calibration-method {options.calibration_method}: unknown "
+                          f"(use {', '.join(CALIBRATION_METHODS)})")
+
+
+class Support:
+    """Whether a target runs an op in a half dtype: its primary device has the kernel, or the
+    host CPU does. onnxruntime's CPU provider (a `"ops": "onnxruntime"` device) also runs a
+    float16 op for which it has only a float32 kernel: when it loads the model it wraps the node
+    in Casts to float32 (its InsertCastTransformer), so the op runs, in float32, and `emulated`
+    records it. It has no such fallback for bfloat16."""
+
+    def __init__(self, target):
+        if target is None:
+            from graphopt.partition import load_target
+            target = load_target("cpu")
+        self.target = target
+        self.devices = [target.device(target.primary)]
+        if target.host != target.primary:
+            self.devices.append(target.device(target.host))
+        self.emulated: set[str] = set()
+
+    def has(self, op: str, domain: str, dtype: DType) -> bool:
+        """Whether the primary device or the host has a native `dtype` kernel for the op."""
+        name = {DType.FLOAT: "float32", DType.FLOAT16: "float16",
+                DType.BFLOAT16: "bfloat16"}.get(dtype, dtype.name.lower())
+        return any(device.has_kernel(op, domain, name) for device in self.devices)
+
+    def runs(self, node: Node, dtype: DType) -> bool:
+        if self.has(node.op_type, node.domain, dtype):
+            return True
+        for device in self.devices:
+            if (device.kernel_source == "onnxruntime" and dtype == DType.FLOAT16
+                    and device.has_kernel(node.op_type, node.domain, "float32")):
+                self.emulated.add(node.qualified_op)
+                return True
+        return False

@@ -1,0 +1,115 @@
+"""Which inputs and outputs of a node change dtype with it: the type parameters of its schema
+(ONNX's `onnx.defs`, onnxruntime's for com.microsoft and other contrib domains) that are bound
+to float32 and admit the half dtype.
+
+A type parameter is converted as a whole (every slot bound to T changes together, as the schema
+demands); a slot with a fixed type ("tensor(float)": Resize's scales) keeps float32. Some
+parameters stay float32 on purpose: a normalization's statistics outputs (U) carry its float32
+stash type, which keeps the accumulation in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import onnx.defs
+
+from graphopt.ir import DType, Node
+
+_TYPE_STR = {DType.FLOAT16: "tensor(float16)", DType.BFLOAT16: "tensor(bfloat16)"}
+# (op type, parameter) pairs kept float32: the normalization statistics, computed at stash_type.
+_KEEP_PARAMS = {("LayerNormalization", "U"), ("SkipLayerNormalization", "U"),
+                ("SimplifiedLayerNormalization", "U"), ("SkipSimplifiedLayerNormalization", "U")}
+# Attributes holding the dtype of a converted output (Cast's `to`; RandomNormal's `dtype`, …).
+DTYPE_ATTRS = ("to", "dtype")
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Input and output positions of one node that become the half dtype."""
+
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+def _variadic(param) -> bool:
+    return param.option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+
+
+@functools.cache
+def _contrib_schemas() -> dict[tuple[str, str], list]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    table: dict[tuple[str, str], list] = {}
+    for schema in ort_c.get_all_operator_schema():
+        table.setdefault((schema.domain, schema.name), []).append(schema)
+    for versions in table.values():
+        versions.sort(key=lambda s: s.since_version)
+    return table
+
+
+@dataclass(frozen=True)
+class _Formal:
+    type_str: str
+    variadic: bool
+
+
+@functools.cache
+def _signature(op: str, domain: str, opset: int | None):
+    """(inputs, outputs, allowed types per parameter) of the schema in force, or None."""
+    if domain in ("", "ai.onnx"):
+        try:
+            schema = onnx.defs.get_schema(op, opset or onnx.defs.onnx_opset_version(), "")
+        except onnx.defs.SchemaError:
+            return None
+        ins = [_Formal(p.type_str, _variadic(p)) for p in schema.inputs]
+        outs = [_Formal(p.type_str, _variadic(p)) for p in schema.outputs]
+    else:
+        versions = _contrib_schemas().get((domain, op))
+        if not versions:
+            return None
+        fitting = [s for s in versions if opset is None or s.since_version <= opset]
+        schema = (fitting or versions)[-1]
+        ins = [_Formal(p.typeStr, _variadic(p)) for p in schema.inputs]
+        outs = [_Formal(p.typeStr, _variadic(p)) for p in schema.outputs]
+    allowed = {t.type_param_str: frozenset(t.allowed_type_strs) for t in schema.type_constraints}
+    return ins, outs, allowed
+
+
+def _param(formals: list[_Formal], index: int) -> str | None:
+    if index < len(formals):
+        return formals[index].type_str
+    if formals and formals[-1].variadic:
+        return formals[-1].type_str
+    return None
+
+
+def has_schema(node: Node, opset: int | None) -> bool:
+    return _signature(node.op_type, node.domain, opset) is not None
+
+
+def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | None:
+    """The slots of `node` that become `half` if the node is converted; None when none would
+    (no schema, no float32 slot, or no float32-bound parameter admitting `half`)."""
+    signature = _signature(node.op_type, node.domain, opset)
+    if signature is None:
+        return None
+    ins, outs, allowed = signature
+    bound: dict[str, list[tuple[str, int]]] = {}
+    for side, formals, values in (("in", ins, node.inputs), ("out", outs, node.outputs)):
+        for index, value in enumerate(values):
+            param = _param(formals, index)
+            if value is not None and param in allowed:
+                bound.setdefault(param, []).append((side, index))
+    converted: list[tuple[str, int]] = []
+    for param, slots in bound.items():
+        if _TYPE_STR[half] not in allowed[param] or (node.op_type, param) in _KEEP_PARAMS:
+            continue
+        values = [(node.inputs if side == "in" else node.outputs)[i] for side, i in slots]
+        if all(v.dtype == DType.FLOAT for v in values):
+            converted.extend(slots)
+    if not converted:
+        return None
+    return Slots(tuple(sorted(i for side, i in converted if side == "in")),
+                 tuple(sorted(i for side, i in converted if side == "out")))

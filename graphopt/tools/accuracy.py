@@ -1,0 +1,135 @@
+"""accuracy_report: what a precision change (fp16, bf16, mixed, int8, int4) cost, per output.
+
+Both models run on the same feeds (given, or seeded random data in the reference's signature,
+as `graphopt compare` makes them); per output:
+- cosine similarity of candidate vs reference (graphopt.tools.compare.compare_arrays);
+- top-1 agreement for classifier-like outputs (float, rank 2, [batch, classes]) and LM-like
+  outputs (float, rank 3, [batch, seq, vocab]): the fraction of rows (batch × positions) whose
+  argmax over the last axis is the same;
+- for LM-like outputs, perplexity exp(mean over positions of −log softmax(logits)[target]) of
+  each model and the relative change cand/ref − 1. The targets are the next tokens of an
+  integer [batch, seq] input named `input_ids` (position t predicts input_ids[:, t+1]) when
+  the feeds have one with seq ≥ 2; otherwise the reference's own argmax at each position (then
+  the reference's perplexity is its greedy confidence and the change says how much less sure
+  the candidate is of the same tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphopt.table import format_table
+from graphopt.tools.compare import compare_arrays
+from graphopt.tools.compare_run import (
+    check_signatures,
+    load_candidate,
+    load_reference,
+    make_feeds,
+)
+
+
+@dataclass
+class OutputAccuracy:
+    name: str
+    shape: tuple
+    kind: str                          # "classifier", "lm" or "tensor"
+    cosine: float | None
+    top1: float | None = None          # argmax agreement over rows
+    perplexity: tuple[float, float] | None = None  # (reference, candidate)
+    targets: str = ""                  # "input_ids" or "reference argmax"
+    note: str = ""
+
+    @property
+    def perplexity_change(self) -> float | None:
+        if self.perplexity is None:
+            return None
+        ref, cand = self.perplexity
+        return cand / ref - 1.0
+
+
+@dataclass
+class AccuracyReport:
+    reference: str
+    candidate: str
+    inputs: str                        # where the feeds came from
+    outputs: list[OutputAccuracy] = field(default_factory=list)
+
+    @property
+    def min_cosine(self) -> float | None:
+        values = [o.cosine for o in self.outputs if o.cosine is not None]
+        return min(values) if values else None
+
+    def format(self) -> str:
+        rows = []
+        for o in self.outputs:
+            ppl = ""
+            if o.perplexity is not None:
+                ppl = (f"{o.perplexity[0]:.4g} -> {o.perplexity[1]:.4g} "
+                       f"({100 * o.perplexity_change:+.2f}%, on {o.targets})")
+            rows.append([o.name, "[" + ",".join(map(str, o.shape)) + "]", o.kind,
+                         "" if o.cosine is None else f"{o.cosine:.6f}",
+                         "" if o.top1 is None else f"{100 * o.top1:.1f}%", ppl, o.note])
+        headers = ["output", "shape", "kind", "cosine", "top-1 agree", "perplexity", "note"]
+        if not any(r[-1] for r in rows):
+            headers, rows = headers[:-1], [r[:-1] for r in rows]
+        return format_table(headers, rows, title=f"accuracy vs {self.reference} on {self.inputs}")
+
+
+def _kind(array: np.ndarray) -> str:
+    if array.dtype.kind != "f" or array.shape[-1:] in ((), (0,), (1,)):
+        return "tensor"
+    return {2: "classifier", 3: "lm"}.get(array.ndim, "tensor")
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
+    """exp of the mean negative log-likelihood of `targets` [batch, seq] under `logits`."""
+    logp = _log_softmax(logits)
+    picked = np.take_along_axis(logp, targets[..., None].astype(np.int64), axis=-1)
+    return float(np.exp(-picked.mean()))
+
+
+def _lm_targets(ref: np.ndarray, feeds: dict) -> tuple[slice, np.ndarray, str]:
+    """(the positions scored, their target tokens, where the targets came from)."""
+    ids = feeds.get("input_ids")
+    batch, seq, vocab = ref.shape
+    if (ids is not None and ids.dtype.kind in "iu" and ids.shape == (batch, seq) and seq >= 2
+            and ids.min() >= 0 and ids.max() < vocab):
+        return slice(0, seq - 1), ids[:, 1:], "input_ids"
+    return slice(0, seq), ref.argmax(axis=-1), "reference argmax"
+
+
+def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
+                    input_shapes: dict | str | None = None) -> AccuracyReport:
+    """Run `reference` and `candidate` (.onnx paths or ModelProtos; the candidate may be an .om
+    path) on `feeds` (a dict or an .npz path; default: seeded random data, `input_shapes`
+    pinning dynamic dims) and measure each output as this module's docstring says."""
+    ref_side, cand_side = load_reference(reference), load_candidate(candidate)
+    check_signatures(ref_side, cand_side)
+    arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
+    expected, actual = ref_side.run(arrays, []), cand_side.run(arrays, [])
+    report = AccuracyReport(ref_side.label, cand_side.label, source)
+    for name in ref_side.outputs:
+        ref = np.asarray(expected[name])
+        if name not in actual:
+            report.outputs.append(OutputAccuracy(name, ref.shape, "tensor", None,
+                                                 note=f"not an output of {cand_side.label}"))
+            continue
+        cand = np.asarray(actual[name])
+        row = compare_arrays(name, ref, cand)
+        entry = OutputAccuracy(name, ref.shape, _kind(ref), row.cosine, note=row.note)
+        if entry.kind != "tensor" and cand.shape == ref.shape and row.cosine is not None:
+            entry.top1 = float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1)))
+            if entry.kind == "lm" and ref.size:
+                positions, targets, entry.targets = _lm_targets(ref, arrays)
+                entry.perplexity = (perplexity(ref[:, positions], targets),
+                                    perplexity(cand[:, positions], targets))
+        report.outputs.append(entry)
+    return report

@@ -1,0 +1,239 @@
+"""ConvertPrecision: fp16/bf16 and mixed modes, Casts at region boundaries only, user lists,
+target refusal, dtype-sensitive inputs, zoo models through onnxruntime, and the CLI flags."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import ops, parse_model, run_cli
+
+import graphopt
+from graphopt import numerics, zoo
+from graphopt.errors import OptionError
+from graphopt.ir import DType
+from graphopt.tools.metrics import cosine_similarity
+
+RNG = np.random.default_rng(0)
+W1 = RNG.standard_normal((8, 8)).astype(np.float32)
+W2 = RNG.standard_normal((8, 8)).astype(np.float32)
+CHAIN = """
+g (float[2,8] x) => (float[2,8] y) {
+  a = MatMul(x, w1)
+  r = Relu(a)
+  s = Softmax(r)
+  y = MatMul(s, w2)
+}"""
+
+
+def compile_(proto, level=1, **options):
+    return graphopt.optimize(proto, level=level, pass_options=options)
+
+
+def checked(result, proto, atol):
+    """The compiled model passes onnx.checker, loads in onnxruntime at both ends of its
+    optimization levels, and matches the float32 original within `atol`."""
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    feeds = numerics.random_feeds(proto, seed=1)
+    expected = numerics.run(proto, feeds)
+    for level in ("disable", "all"):
+        actual = numerics.run(out, feeds, level=level)
+        for name, value in expected.items():
+            assert actual[name].dtype == value.dtype  # the signature keeps float32
+            np.testing.assert_allclose(actual[name], value, atol=atol, rtol=0)
+    return out
+
+
+def dtypes(result) -> dict[str, str]:
+    return {n.name or n.output.name: n.output.dtype.short for n in result.model.graph}
+
+
+def stats(result) -> dict:
+    return dict(result.log.totals()["ConvertPrecision"]["rewrites"])
+
+
+def test_mixed_keeps_softmax_float32_with_casts_only_at_the_four_boundaries():
+    proto = parse_model(CHAIN, w1=W1, w2=W2)
+    result = compile_(proto, precision="mixed-fp16")
+    assert ops(result.model) == ["Cast", "MatMul", "Relu", "Cast", "Softmax", "Cast", "MatMul",
+                                 "Cast"]
+    kinds = {n.output.name: n.output.dtype for n in result.model.graph}
+    assert kinds["a"] == kinds["r"] == DType.FLOAT16 and kinds["s"] == DType.FLOAT
+    assert stats(result) == {"nodes_converted": 3, "casts_inserted": 4, "weights_converted": 2}
+    # Weights are converted offline: float16 initializers, no Cast reads one.
+    inits = result.model.graph.initializers.values()
+    assert sorted(v.dtype.short for v in inits) == ["f16", "f16"]
+    out = checked(result, proto, atol=0.05)
+    assert [o.name for o in out.graph.output] == ["y"]
+
+
+def test_fp16_converts_every_op_and_casts_only_the_model_boundary():
+    proto = parse_model(CHAIN, w1=W1, w2=W2)
+    result = compile_(proto, precision="fp16")
+    assert ops(result.model).count("Cast") == 2
+    assert stats(result)["nodes_converted"] == 4
+    # onnxruntime's CPU provider runs these float16 ops in float32 behind its own Casts.
+    assert any("no float16 kernel for MatMul" in n for n in result.notes)
+    checked(result, proto, atol=0.05)
+
+
+def test_one_cast_per_value_is_shared_by_its_consumers():
+    proto = parse_model("""
+    g (float[2,8] x) => (float[2,8] y) {
+      a = MatMul(x, w1)
+      b = MatMul(x, w2)
+      y = Add(a, b)
+    }""", w1=W1, w2=W2)
+    result = compile_(proto, precision="fp16")
+    casts = [n for n in result.model.graph if n.op_type == "Cast"]
+    assert len(casts) == 2 and len(casts[0].output.uses) == 2
+    checked(result, proto, atol=0.05)
+
+
+def test_a_widening_cast_met_by_a_narrowing_one_cancels():
+    proto = parse_model("""
+    g (float16[2,8] x) => (float[2,8] y) {
+      xf = Cast<to=1>(x)
+      y = MatMul(xf, w1)
+    }""", w1=W1)
+    # mixed: the Cast stays float32 and MatMul's Cast back to float16 cancels with it.
+    result = compile_(proto, precision="mixed-fp16")
+    assert ops(result.model) == ["MatMul", "Cast"]
+    assert stats(result)["casts_removed"] == 2
+    checked(result, proto, atol=0.05)
+    # fp16: the Cast itself converts, to float16 from float16, and goes.
+    result = compile_(proto, precision="fp16")
+    assert ops(result.model) == ["MatMul", "Cast"]
+    assert stats(result)["casts_removed"] == 1
+    checked(result, proto, atol=0.05)
+
+
+def test_keep_dtype_and_precision_deny_pin_nodes():
+    proto = parse_model("""
+    g (float[2,8] x) => (float[2,8] y) {
+      a = MatMul(x, w1)
+      r = Relu(a)
+      y = MatMul(r, w2)
+    }""", w1=W1, w2=W2)
+    proto.graph.node[0].name, proto.graph.node[2].name = "first", "second"
+    kept = compile_(proto, precision="fp16", keep_dtype={"second"})
+    assert dtypes(kept)["first"] == "f16" and dtypes(kept)["second"] == "f32"
+    checked(kept, proto, atol=0.05)
+    denied = compile_(proto, precision="mixed-fp16", precision_deny={"Relu"})
+    assert [n.output.dtype.short for n in denied.model.graph if n.op_type == "Relu"] == ["f32"]
+    allowed = compile_(parse_model(CHAIN, w1=W1, w2=W2), precision="mixed-fp16",
+                       precision_allow={"Softmax"})
+    assert "Cast" not in ops(allowed.model)[1:-1]  # Softmax joins the half region
+
+
+def test_bf16_on_the_cpu_target_is_refused_naming_the_ops():
+    proto = parse_model(CHAIN, w1=W1, w2=W2)
+    with pytest.raises(OptionError, match=r"target cpu has no bfloat16 kernel for MatMul ×2, "
+                                          r"Relu, Softmax"):
+        compile_(proto, precision="bf16")
+    with pytest.raises(OptionError, match=r"mixed-bf16: target cpu runs none .* \(MatMul ×2\)"):
+        compile_(proto, precision="mixed-bf16")
+
+
+def test_dtype_sensitive_inputs_and_attributes():
+    # Resize's scales are tensor(float) in every opset: they stay float32. Cast's `to` and
+    # ConstantOfShape's value follow the converted output; Clip's min/max follow T.
+    proto = parse_model("""
+    g (float[1,1,2,2] x, int64[4] shape, int64[1,1,4,4] k) => (float[1,1,4,4] y) {
+      up = Resize<mode="nearest">(x, roi, scales)
+      c = Clip(up, lo, hi)
+      z = ConstantOfShape<value=float[1] {0.5}>(shape)
+      kf = Cast<to=1>(k)
+      s = Add(c, z)
+      y = Add(s, kf)
+    }""", roi=np.zeros(0, np.float32), scales=np.array([1, 1, 2, 2], np.float32),
+        lo=np.float32(-0.5), hi=np.float32(0.5))
+    result = compile_(proto, precision="fp16")
+    graph = result.model.graph
+    resize = next(n for n in graph if n.op_type == "Resize")
+    assert resize.input(2).dtype == DType.FLOAT and resize.output.dtype == DType.FLOAT16
+    cast = next(n for n in graph if n.op_type == "Cast" and n.input(0).name == "k")
+    assert cast.attr("to") == DType.FLOAT16
+    fill = next(n for n in graph if n.op_type == "ConstantOfShape")
+    assert fill.attr("value").dtype == DType.FLOAT16
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    feeds = {"x": RNG.standard_normal((1, 1, 2, 2)).astype(np.float32),
+             "shape": np.array([1, 1, 4, 4]), "k": np.ones((1, 1, 4, 4), np.int64)}
+    np.testing.assert_allclose(numerics.run(out, feeds)["y"], numerics.run(proto, feeds)["y"],
+                               atol=2e-3)
+
+
+def test_constants_beyond_the_float16_range_are_clipped_not_infinite():
+    proto = parse_model("""
+    g (float[2,8] x, bool[2,8] m) => (float[2,8] y) {
+      a = MatMul(x, w1)
+      y = Where(m, a, big)
+    }""", w1=W1, big=np.float32(-3.4e38))
+    result = compile_(proto, precision="fp16")
+    assert any("1 constant element(s) beyond the f16 range" in n for n in result.notes)
+    out = result.to_onnx()
+    feeds = {"x": np.ones((2, 8), np.float32), "m": np.zeros((2, 8), np.bool_)}
+    assert np.all(numerics.run(out, feeds)["y"] == -65504.0)
+
+
+def test_tiny_fp16_through_the_whole_pipeline():
+    proto = zoo.build("tiny")
+    result = compile_(proto, level=2, precision="fp16")
+    assert ops(result.model).count("Cast") == 2  # the image in, the logits out
+    out = checked(result, proto, atol=5e-2)
+    feeds, name = numerics.random_feeds(proto, seed=3), proto.graph.output[0].name
+    cos = cosine_similarity(numerics.run(proto, feeds)[name], numerics.run(out, feeds)[name])
+    assert cos >= 0.9999
+
+
+def test_gpt2_mixed_fp16_keeps_logits_close_and_sensitive_ops_float32():
+    proto = zoo.build("gpt2_small")
+    result = compile_(proto, level=2, precision="mixed-fp16")
+    graph = result.model.graph
+    half = {n.op_type for n in graph if n.outputs[0] is not None
+            and n.output.dtype == DType.FLOAT16}
+    assert {"MatMul", "MultiHeadAttention"} <= half
+    assert not half & {"LayerNormalization", "SkipLayerNormalization"}
+    out = result.to_onnx()
+    onnx.checker.check_model(out)
+    feeds = {"input_ids": RNG.integers(0, 1000, (1, 16))}
+    expected = numerics.run(proto, feeds)["logits"]
+    for level in ("disable", "all"):
+        assert cosine_similarity(expected, numerics.run(out, feeds, level)["logits"]) >= 0.999
+
+
+def test_options_are_checked_before_anything_runs():
+    proto = parse_model(CHAIN, w1=W1, w2=W2)
+    with pytest.raises(OptionError, match="--precision fp8: unknown mode"):
+        compile_(proto, precision="fp8")
+    with pytest.raises(OptionError, match="adjust a precision mode"):
+        compile_(proto, keep_dtype={"first"})
+    with pytest.raises(OptionError, match="--precision-allow only applies to mixed modes"):
+        compile_(proto, precision="fp16", precision_allow={"Softmax"})
+
+
+def test_cli_flags_compile_report_and_refuse(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(parse_model(CHAIN, w1=W1, w2=W2), src)
+    out = tmp_path / "m16.onnx"
+    rc, stdout, _ = run_cli(capsys, "optimize", src, "-o", out, "-O1", "--precision", "mixed-fp16",
+                            "--precision-deny", "Relu")
+    assert rc == 0
+    assert "ConvertPrecision" in stdout and "casts_inserted=" in stdout
+    assert "accuracy vs" in stdout and "cosine" in stdout
+    relus = [n for n in onnx.load(out).graph.node if n.op_type == "Relu"]
+    assert len(relus) == 1
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--precision", "bf16")
+    assert rc == 1 and "no bfloat16 kernel for MatMul" in err
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--quantize", "int8")
+    assert rc == 1 and "--quantize int8 needs --calibration" in err
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--quantize", "int4",
+                         "--int4-group-size", "24")
+    assert rc == 1 and "power of 2 ≥ 16" in err
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--per-tensor")
+    assert rc == 1 and "--per-channel/--per-tensor applies to --quantize int8" in err
+    rc, stdout, _ = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16",
+                            "--no-accuracy-report")
+    assert rc == 0 and "accuracy vs" not in stdout
