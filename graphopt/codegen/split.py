@@ -40,7 +40,10 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
 
 def _session_level(model: Model, fused_level: str | None) -> str | None:
     """`fused_level`, unless a Conv was left unblocked (its weights computed at run time, say):
-    onnxruntime's layout level ("all") blocks it once it has folded them."""
+    onnxruntime's layout level ("all") blocks it once it has folded them. An int8 Conv between
+    Q/DQ nodes (QuantizeInt8) is one too: "extended" already fuses it into QLinearConv, and
+    "all" adds the NHWC layout (com.microsoft QLinearConv) that onnxruntime's int8 convs run
+    fastest in."""
     if fused_level is not None and any(n.op_type == "Conv" and n.is_onnx for n in model.graph):
         return "all"
     return fused_level

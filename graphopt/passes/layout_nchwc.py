@@ -149,6 +149,22 @@ def block_size(ctx: PassContext) -> int:
     return asked or detect_block_size()
 
 
+def _in_qdq_unit(node: Node) -> bool:
+    """Whether `node` is an int8 op in QDQ form (QuantizeInt8's output): it reads its weights
+    through a DequantizeLinear, or reads a DequantizeLinear and feeds a QuantizeLinear.
+    onnxruntime fuses those into QLinearConv & co. only while they stay plain NCHW ops between
+    their Q/DQ nodes; a float op that merely feeds a QuantizeLinear is blocked as usual."""
+    def dequantized(v):
+        return v is not None and v.producer is not None \
+            and v.producer.op_type == "DequantizeLinear"
+
+    if node.op_type in ("Conv", "FusedConv") and dequantized(node.input(1)):
+        return True
+    return any(dequantized(v) for v in node.inputs) and any(
+        use.node.op_type == "QuantizeLinear" for v in node.outputs if v is not None
+        for use in v.uses)
+
+
 @register
 class LayoutNchwc(Pass):
     name = "LayoutNchwc"
@@ -169,7 +185,8 @@ class LayoutNchwc(Pass):
                      "left as it is")
             return result
         computed = [n for n in model.graph if n.op_type in ("Conv", "FusedConv")
-                    and len(n.inputs) > 1 and n.inputs[1] is not None and not n.inputs[1].is_constant]
+                    and len(n.inputs) > 1 and n.inputs[1] is not None and not n.inputs[1].is_constant
+                    and not _in_qdq_unit(n)]
         if computed:
             # Blocking only the rest would put reorders around these, which onnxruntime blocks
             # anyway once it has folded their weights: it then does better alone.
@@ -177,7 +194,8 @@ class LayoutNchwc(Pass):
                      f"(e.g. the one making %{computed[0].outputs[0].name}); the layout is left "
                      "to onnxruntime's layout level")
             return result
-        rewriter = Rewriter(model, block, result, lambda node: ctx.allows(self.name, node))
+        rewriter = Rewriter(model, block, result, lambda node: ctx.allows(self.name, node)
+                            and not _in_qdq_unit(node))
         rewriter.run()
         if rewriter.left:
             ctx.note("LayoutNchwc left NCHW: " + "; ".join(

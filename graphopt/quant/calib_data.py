@@ -1,0 +1,161 @@
+"""Calibration samples: read an .npz (a batch of samples per input) or a directory of .npz
+files (one sample each), check them against the model's inputs, yield one feed dict at a time.
+
+Layouts, for a model input `x` of rank R:
+  * one file `calib.npz`: `x` has rank R + 1, samples along its first axis; or rank R when the
+    input's first dim is 1 or symbolic, then each slice x[i:i+1] is a sample;
+  * a directory: every `*.npz` in it (sorted by name) is one sample, `x` of rank R.
+Every non-initializer input needs an array, dims the model fixes must match, and a float (or
+integer) array is cast to the input's float (or integer) type; anything else is an error that
+names the file and the input.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphopt.errors import OptionError
+from graphopt.ir import Graph
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: np.dtype
+    shape: tuple  # ints, or None/str for dims the model leaves open
+
+
+def model_inputs(graph: Graph) -> list[InputSpec]:
+    """The inputs a caller feeds: graph inputs without an initializer."""
+    specs = []
+    for value in graph.inputs:
+        if value.const is not None or value.dtype is None:
+            continue
+        shape = tuple(value.shape) if value.shape is not None else None
+        specs.append(InputSpec(value.name, value.dtype.numpy, shape))
+    return specs
+
+
+@dataclass
+class CalibrationData:
+    """Validated samples; iterating yields one {input name: array} feed per sample, read lazily
+    for a directory (only one sample's arrays are in memory at a time)."""
+
+    path: str
+    specs: list[InputSpec]
+    files: list[str]        # directory layout: one file per sample
+    batch: dict | None      # single-file layout: name -> array with samples along axis 0
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if self.batch is not None:
+            for i in range(self.count):
+                yield {s.name: _cast(self.batch[s.name][i], s, self.path) for s in self.specs}
+            return
+        for file in self.files:
+            arrays = _load(file)
+            _check_names(arrays, self.specs, file)
+            yield {s.name: _checked(arrays[s.name], s, file) for s in self.specs}
+
+
+def read_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
+    """Open `path` (an .npz or a directory of them) as calibration data for `graph`'s inputs."""
+    path = os.fspath(path)
+    specs = model_inputs(graph)
+    if not specs:
+        raise OptionError(f"calibration {path}: the model has no inputs to feed")
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, "*.npz")))
+        if not files:
+            raise OptionError(f"calibration {path}: the directory holds no .npz files "
+                              "(one sample per file: np.savez(f, input_name=array, …))")
+        # Check the first file up front so a bad layout fails before any inference runs;
+        # the others are checked as they are read.
+        arrays = _load(files[0])
+        _check_names(arrays, specs, files[0])
+        for s in specs:
+            _checked(arrays[s.name], s, files[0])
+        return CalibrationData(path, specs, files, None, len(files))
+    if not os.path.exists(path):
+        raise OptionError(f"calibration {path}: no such file or directory")
+    arrays = _load(path)
+    _check_names(arrays, specs, path)
+    batch, counts = {}, {}
+    for s in specs:
+        array = arrays[s.name]
+        if s.shape is not None and array.ndim == len(s.shape) and (
+                len(s.shape) and not (isinstance(s.shape[0], int) and s.shape[0] != 1)):
+            array = array[:, None]  # [S, …] → S samples of [1, …]
+        if s.shape is not None and array.ndim != len(s.shape) + 1:
+            raise OptionError(
+                f"calibration {path}: input '{s.name}' has shape {list(array.shape)}; expected "
+                f"samples × {_shape_text(s.shape)} (rank {len(s.shape) + 1}), or the input's "
+                "own shape when its first dim is 1 or symbolic")
+        for i in range(min(1, array.shape[0])):
+            _checked(array[i], s, path)
+        batch[s.name], counts[s.name] = array, array.shape[0]
+    if len(set(counts.values())) > 1:
+        raise OptionError(f"calibration {path}: inputs hold different sample counts "
+                          f"({', '.join(f'{k}: {v}' for k, v in counts.items())})")
+    count = next(iter(counts.values()))
+    if count == 0:
+        raise OptionError(f"calibration {path}: no samples (the arrays' first axis is empty)")
+    return CalibrationData(path, specs, [], batch, count)
+
+
+def _load(file: str) -> dict[str, np.ndarray]:
+    try:
+        data = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise OptionError(f"calibration {file}: cannot read as .npz of named arrays ({e})"
+                          ) from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise OptionError(f"calibration {file}: one unnamed array (.npy); the inputs go in an "
+                          ".npz by name: np.savez(path, input_name=array, …)")
+    with data:
+        return {k: data[k] for k in data.files}
+
+
+def _check_names(arrays: dict, specs: list[InputSpec], file: str) -> None:
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise OptionError(f"calibration {file}: no array for model input '{missing[0]}' "
+                          f"(the file has: {', '.join(sorted(arrays)) or 'nothing'})")
+    extra = sorted(set(arrays) - set(names))
+    if extra:
+        raise OptionError(f"calibration {file}: '{extra[0]}' is not an input of the model "
+                          f"(inputs: {', '.join(names)})")
+
+
+def _shape_text(shape) -> str:
+    return "[" + ",".join(str(d) if isinstance(d, int) else (d or "?") for d in shape) + "]"
+
+
+def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
+    if spec.shape is not None:
+        bad = array.ndim != len(spec.shape) or any(
+            isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape))
+        if bad:
+            raise OptionError(f"calibration {file}: input '{spec.name}' sample has shape "
+                              f"{list(array.shape)}; the model expects {_shape_text(spec.shape)}")
+    return _cast(array, spec, file)
+
+
+def _cast(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
+    if array.dtype == spec.dtype:
+        return array
+    same_kind = (array.dtype.kind == "f" and spec.dtype.kind == "f") or (
+        array.dtype.kind in "iu" and spec.dtype.kind in "iu")
+    if not same_kind:
+        raise OptionError(f"calibration {file}: input '{spec.name}' is {array.dtype}; the model "
+                          f"expects {spec.dtype}")
+    return array.astype(spec.dtype)

@@ -1,0 +1,68 @@
+"""Run the float model over calibration samples and collect statistics of chosen tensors.
+
+The model runs in onnxruntime at ORT_DISABLE_ALL (so its own fusions cannot hide or rename a
+tensor) with the tensors asked for added as graph outputs. Samples stream: each sample's
+intermediates are reduced into the running statistics and dropped before the next is read.
+Min-max needs one sweep; the histogram methods a second one, over bins fixed by the first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import onnxruntime as ort
+
+from graphopt.errors import OptionError
+from graphopt.ir import Model, to_onnx
+from graphopt.quant.calib_data import CalibrationData
+from graphopt.quant.stats import METHODS, TensorStats
+
+
+def calibrate(model: Model, names: list[str], data: CalibrationData, method: str = "minmax"
+              ) -> dict[str, TensorStats]:
+    """Statistics of the float tensors `names` (graph inputs or node outputs of `model`'s main
+    graph) over every sample of `data`, ready for `TensorStats.range(method)`."""
+    if method not in METHODS:
+        raise OptionError(f"calibration_method {method!r}: unknown (use {', '.join(METHODS)})")
+    stats = {name: TensorStats() for name in names}
+    if not names:
+        return stats
+    feeds_named = {s.name for s in data.specs}
+    fetched = [n for n in names if n not in feeds_named]
+    session = _session(model, fetched)
+    sweeps = ("range",) if method == "minmax" else ("range", "histogram")
+    for sweep in sweeps:
+        if sweep == "histogram":
+            for s in stats.values():
+                s.start_histogram()
+        for feeds in data:
+            try:
+                outputs = session.run(fetched, feeds) if fetched else []
+            except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
+                raise OptionError(f"calibration {data.path}: the float model fails on a sample: "
+                                  f"{str(e).strip().splitlines()[-1]}") from None
+            arrays = dict(zip(fetched, outputs))
+            arrays.update((n, feeds[n]) for n in names if n in feeds_named)
+            for name, array in arrays.items():
+                if sweep == "range":
+                    stats[name].observe_range(array)
+                else:
+                    stats[name].observe_histogram(array)
+            del outputs, arrays
+    return stats
+
+
+def _session(model: Model, fetched: list[str]) -> ort.InferenceSession:
+    proto = to_onnx(model)
+    present = {o.name for o in proto.graph.output}
+    for name in fetched:
+        if name not in present:
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(
+                name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])

@@ -1,0 +1,65 @@
+"""Quantization parameters: activation scale/zero point from a float range, symmetric int8
+weights (per tensor or per output channel), int32 biases at scale = input scale × weight scale.
+
+    q = saturate(round(x / scale) + zero_point)        x ≈ (q - zero_point) · scale
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+INT32_MAX = np.iinfo(np.int32).max
+
+
+@dataclass(frozen=True)
+class QParams:
+    scale: np.float32
+    zero_point: np.uint8 | np.int8
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.asarray(self.zero_point).dtype
+
+
+def activation_params(lo: float, hi: float, symmetric: bool) -> QParams:
+    """uint8 over [min(lo, 0), max(hi, 0)] (0 stays exact, so zero padding is), or int8
+    symmetric over ±max(|lo|, |hi|)."""
+    if symmetric:
+        bound = max(abs(lo), abs(hi))
+        scale = bound / 127.0 if bound > 0 else 1.0
+        return QParams(np.float32(scale), np.int8(0))
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255.0 if hi > lo else 1.0
+    zero_point = int(np.clip(round(-lo / scale), 0, 255))
+    return QParams(np.float32(scale), np.uint8(zero_point))
+
+
+def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 in [-127, 127] (the ±127 range keeps zero point 0 exact on both sides):
+    the quantized weight and its scale, one per index of `axis` (None: one scalar)."""
+    w = w.astype(np.float32)
+    if axis is None:
+        bound = np.float32(np.max(np.abs(w))) if w.size else np.float32(0)
+        scale = np.float32(bound / 127.0) if bound > 0 else np.float32(1.0)
+        q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+        return q, np.asarray(scale, np.float32)
+    others = tuple(i for i in range(w.ndim) if i != axis)
+    bound = np.max(np.abs(w), axis=others) if w.size else np.zeros(w.shape[axis], np.float32)
+    # An all-zero channel quantizes to zeros under any scale; 1 avoids dividing by zero.
+    scale = np.where(bound > 0, bound / 127.0, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def quantize_bias(b: np.ndarray, input_scale: np.float32, weight_scale: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """int32 bias at scale input_scale × weight_scale (per channel when the weight is), what
+    QLinearConv and QGemm add to their int32 accumulators."""
+    scale = (np.float32(input_scale) * weight_scale.astype(np.float32)).astype(np.float32)
+    scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.round(b.astype(np.float64) / scale), -INT32_MAX, INT32_MAX).astype(np.int32)
+    return q, np.broadcast_to(scale, b.shape).astype(np.float32) if scale.ndim else scale

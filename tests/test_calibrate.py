@@ -1,0 +1,142 @@
+"""Calibration: per-tensor statistics by method on known data, streaming over samples of a tiny
+model, and the errors for calibration data that does not fit the model's inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphopt.errors import OptionError
+from graphopt.ir import load_onnx
+from graphopt.quant import calibrate, read_calibration
+from graphopt.quant.stats import TensorStats, entropy_threshold, percentile_range
+from tests.helpers import parse_model
+
+
+def _stats(arrays, histogram=True) -> TensorStats:
+    s = TensorStats()
+    for a in arrays:
+        s.observe_range(a)
+    if histogram:
+        s.start_histogram()
+        for a in arrays:
+            s.observe_histogram(a)
+    return s
+
+
+def test_minmax_is_exact_over_streamed_samples():
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((4, 5)).astype(np.float32) * (i + 1) for i in range(6)]
+    s = _stats(arrays, histogram=False)
+    everything = np.concatenate([a.ravel() for a in arrays])
+    assert s.range("minmax") == (float(everything.min()), float(everything.max()))
+    assert s.samples == 6
+
+
+def test_percentile_clips_the_tails():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1.0, 1.0, 200_000).astype(np.float32)
+    x[:10] = 50.0  # outliers the 99.9th percentile must ignore
+    lo, hi = _stats([x]).range("percentile", percentile=99.9)
+    assert lo == pytest.approx(-0.998, abs=0.03)
+    assert hi == pytest.approx(0.998, abs=0.03)
+    # A non-negative tensor keeps its own minimum as its low end.
+    lo, hi = _stats([np.abs(x)]).range("percentile", percentile=99.0)
+    assert lo == float(np.abs(x).min()) and hi == pytest.approx(0.99, abs=0.03)
+    with pytest.raises(ValueError, match="calibration_percentile"):
+        percentile_range(np.ones(8, np.int64), 0.0, 1.0, 30.0)
+
+
+def test_entropy_threshold_ignores_rare_outliers_but_keeps_a_dense_range():
+    rng = np.random.default_rng(2)
+    gauss = rng.standard_normal(500_000).astype(np.float32)
+    gauss[:5] = 40.0
+    lo, hi = _stats([gauss]).range("entropy", levels=128)
+    assert 2.0 < hi < 20.0 and -20.0 < lo < -2.0, (lo, hi)  # far inside ±40, beyond 2σ
+    uniform = rng.uniform(0.0, 1.0, 200_000).astype(np.float32)
+    hist, _ = np.histogram(uniform, 2048, (0.0, 1.0))
+    assert entropy_threshold(hist, 1.0, 256) > 0.9  # nothing to clip in a flat histogram
+
+
+def _relu_model():
+    return parse_model("""
+        agraph (float[1, 4] x) => (float[1, 4] y) {
+            r = Relu(x)
+            y = Mul(r, two)
+        }""", two=np.float32(2.0))
+
+
+def test_calibrate_streams_one_npz_and_a_directory_alike(tmp_path):
+    rng = np.random.default_rng(3)
+    samples = rng.standard_normal((5, 1, 4)).astype(np.float32)
+    np.savez(tmp_path / "batch.npz", x=samples)
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    for i, sample in enumerate(samples):
+        np.savez(folder / f"{i:02d}.npz", x=sample)
+    model = load_onnx(_relu_model())
+    results = []
+    for path in (tmp_path / "batch.npz", folder):
+        data = read_calibration(path, model.graph)
+        assert len(data) == 5
+        stats = calibrate(model, ["x", "r", "y"], data, "minmax")
+        results.append({k: v.range("minmax") for k, v in stats.items()})
+    assert results[0] == results[1]
+    ranges = results[0]
+    assert ranges["x"] == (float(samples.min()), float(samples.max()))
+    assert ranges["r"] == (max(0.0, float(samples.min())), float(samples.max()))
+    assert ranges["y"][1] == pytest.approx(2 * float(samples.max()))
+
+
+def test_single_file_of_the_inputs_own_rank_is_split_along_axis_0(tmp_path):
+    np.savez(tmp_path / "c.npz", x=np.arange(12, dtype=np.float64).reshape(3, 4))
+    data = read_calibration(tmp_path / "c.npz", load_onnx(_relu_model()).graph)
+    feeds = list(data)
+    assert len(feeds) == 3 and feeds[2]["x"].shape == (1, 4)
+    assert feeds[2]["x"].dtype == np.float32  # float64 cast to the input's float32
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"y": np.zeros((2, 1, 4), np.float32)}, "no array for model input 'x'"),
+    ({"x": np.zeros((2, 1, 4), np.float32), "z": np.zeros(2)}, "'z' is not an input"),
+    ({"x": np.zeros((2, 1, 5), np.float32)}, r"input 'x' sample has shape \[1, 5\]"),
+    ({"x": np.zeros((2, 2, 1, 4), np.float32)}, r"input 'x' has shape \[2, 2, 1, 4\]"),
+    ({"x": np.zeros((2, 1, 4), np.int64)}, "input 'x' is int64; the model expects float32"),
+    ({"x": np.zeros((0, 1, 4), np.float32)}, "no samples"),
+])
+def test_bad_calibration_data_names_the_file_and_input(tmp_path, arrays, message):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(OptionError, match=message) as info:
+        read_calibration(path, load_onnx(_relu_model()).graph)
+    assert str(path) in str(info.value)
+
+
+def test_missing_or_empty_calibration_paths(tmp_path):
+    graph = load_onnx(_relu_model()).graph
+    with pytest.raises(OptionError, match="no such file"):
+        read_calibration(tmp_path / "nope.npz", graph)
+    with pytest.raises(OptionError, match="holds no .npz files"):
+        read_calibration(tmp_path, graph)
+    np.save(tmp_path / "one.npy", np.zeros((1, 4), np.float32))
+    with pytest.raises(OptionError, match="one unnamed array"):
+        read_calibration(tmp_path / "one.npy", graph)
+    (tmp_path / "junk.npz").write_text("not a zip")
+    with pytest.raises(OptionError, match="cannot read as .npz"):
+        read_calibration(tmp_path / "junk.npz", graph)
+    bad = tmp_path / "dir"
+    bad.mkdir()
+    np.savez(bad / "a.npz", x=np.zeros((1, 4), np.float32))
+    np.savez(bad / "b.npz", x=np.zeros((1, 3), np.float32))
+    data = read_calibration(bad, graph)  # the first file is fine; b.npz fails when read
+    with pytest.raises(OptionError, match="b.npz: input 'x' sample has shape"):
+        list(data)
+
+
+def test_inputs_holding_different_sample_counts(tmp_path):
+    proto = parse_model("""
+        agraph (float[1, 4] a, float[1, 4] b) => (float[1, 4] y) { y = Add(a, b) }""")
+    np.savez(tmp_path / "c.npz", a=np.zeros((3, 1, 4), np.float32),
+             b=np.zeros((2, 1, 4), np.float32))
+    with pytest.raises(OptionError, match="different sample counts"):
+        read_calibration(tmp_path / "c.npz", load_onnx(proto).graph)
