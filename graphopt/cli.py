@@ -13,6 +13,7 @@ from graphopt.cli_compare import add_compare_parser
 from graphopt.cli_diff import add_diff_parser
 from graphopt.cli_partition import add_partition_parser
 from graphopt.cli_profile import add_profile_parser
+from graphopt.cli_report import add_report_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
@@ -97,6 +98,7 @@ def _add_optimize(sub) -> None:
                         "(.png or .svg; one file per partition when there are several)")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model")
+    _add_precision_args(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=_cmd_optimize)
 
@@ -134,6 +136,9 @@ def _cmd_optimize(args) -> int:
                           "tune --tuning-db FILE` creates one)")
     if args.tuning_db:
         gate, pass_options = _tuned_decisions(args, target)
+    precision = _precision_options(args)
+    if precision:
+        pass_options = {**(pass_options or {}), **precision}
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
                       switch_file=args.switch_file, input_shapes=args.input_shape,
                       fold_size_limit=args.fold_size_limit, verify=args.verify,
@@ -150,7 +155,113 @@ def _cmd_optimize(args) -> int:
                 print(f"wrote {path}")
     if not args.quiet:
         print(format_summary(result, args.output))
+        if precision and not args.no_accuracy_report:
+            _print_accuracy(args)
     return 0
+
+
+def _comma_list(values) -> set[str]:
+    return {item.strip() for value in values or () for item in value.split(",") if item.strip()}
+
+
+def _add_precision_args(p) -> None:
+    from graphopt.passes.precision.policy import CALIBRATION_METHODS, MODES, QUANTIZE
+
+    g = p.add_argument_group("precision and quantization")
+    g.add_argument("--precision", choices=MODES, default="keep",
+                   help="fp16/bf16: every float32 op the target runs in half; mixed-fp16/"
+                        "mixed-bf16: matrix work in half, sensitive ops (softmax, reductions, "
+                        "normalizations, exp/log/pow/sqrt/div) float32 (default keep)")
+    g.add_argument("--precision-allow", action="append", metavar="OPS",
+                   help="op types converted under a mixed mode; comma list, repeatable")
+    g.add_argument("--precision-deny", action="append", metavar="OPS",
+                   help="op types kept in their dtype; comma list, repeatable")
+    g.add_argument("--keep-dtype", action="append", metavar="NODES",
+                   help="node names kept in their dtype; comma list, repeatable")
+    g.add_argument("--quantize", choices=QUANTIZE, default="none",
+                   help="int8: static INT8 with calibration; int4: weight-only block-wise INT4 "
+                        "of MatMul/Gemm weights (com.microsoft::MatMulNBits)")
+    g.add_argument("--calibration", metavar="FILE.npz|DIR",
+                   help="representative inputs (int8 ranges; the accuracy report's first sample)")
+    g.add_argument("--calibration-method", choices=CALIBRATION_METHODS,
+                   help="int8 activation range method (default minmax)")
+    g.add_argument("--calibration-percentile", type=float, metavar="P",
+                   help="int8 percentile method: the clipping percentile (default 99.999)")
+    scales = g.add_mutually_exclusive_group()
+    scales.add_argument("--per-channel", dest="per_channel", action="store_true", default=None,
+                        help="int8: one weight scale per output channel (the default)")
+    scales.add_argument("--per-tensor", dest="per_channel", action="store_false",
+                        help="int8: one weight scale per tensor")
+    g.add_argument("--activation-symmetric", action="store_true",
+                   help="int8: symmetric int8 activations instead of asymmetric uint8")
+    g.add_argument("--quant-skip", action="append", metavar="NAMES_OR_OPS",
+                   help="node names or op types left float; comma list, repeatable")
+    g.add_argument("--quantize-ends", action="store_true",
+                   help="int8: quantize the first and last layers too (kept float by default)")
+    g.add_argument("--int4-group-size", type=int, metavar="N",
+                   help="int4: weights per scale along K, a power of 2 ≥ 16 (default 32)")
+    g.add_argument("--no-accuracy-report", action="store_true",
+                   help="skip the accuracy report printed after a converted or quantized compile")
+
+
+def _precision_options(args) -> dict:
+    """The Options fields the precision flags set ({} when none is used); flags that only one
+    scheme reads are refused with the others."""
+    int8_only = {"--calibration-method": args.calibration_method,
+                 "--calibration-percentile": args.calibration_percentile,
+                 "--per-channel/--per-tensor": args.per_channel,
+                 "--activation-symmetric": args.activation_symmetric or None,
+                 "--quantize-ends": args.quantize_ends or None}
+    for flag, value in int8_only.items():
+        if value is not None and args.quantize != "int8":
+            raise OptionError(f"{flag} applies to --quantize int8")
+    if args.int4_group_size is not None and args.quantize != "int4":
+        raise OptionError("--int4-group-size applies to --quantize int4")
+    if args.quant_skip and args.quantize == "none":
+        raise OptionError("--quant-skip applies to --quantize int8|int4")
+    if args.calibration and not (os.path.isdir(args.calibration)
+                                 or (os.path.isfile(args.calibration)
+                                     and args.calibration.endswith(".npz"))):
+        raise OptionError(f"--calibration {args.calibration}: not an .npz file or a directory")
+    if args.calibration_percentile is not None and not 0 < args.calibration_percentile <= 100:
+        raise OptionError(f"--calibration-percentile {args.calibration_percentile}: must be in "
+                          "(0, 100]")
+    options = {"precision": args.precision, "quantize": args.quantize,
+               "precision_allow": _comma_list(args.precision_allow),
+               "precision_deny": _comma_list(args.precision_deny),
+               "keep_dtype": _comma_list(args.keep_dtype),
+               "quant_skip": _comma_list(args.quant_skip),
+               "calibration": args.calibration,
+               "calibration_method": args.calibration_method,
+               "calibration_percentile": args.calibration_percentile,
+               "per_channel": args.per_channel,
+               "activation_symmetric": args.activation_symmetric or None,
+               "quant_keep_ends": False if args.quantize_ends else None,
+               "int4_group_size": args.int4_group_size}
+    options = {k: v for k, v in options.items() if v not in (None, set())}
+    if options == {"precision": "keep", "quantize": "none"} and not args.calibration:
+        return {}
+    return options
+
+
+def _print_accuracy(args) -> None:
+    """The accuracy report of the written model against the input, on the first calibration
+    sample or seeded random data; a failure to run it is a warning, the model is written."""
+    from graphopt.errors import GraphoptError
+    from graphopt.tools.accuracy import accuracy_report
+
+    feeds = args.calibration
+    if feeds and os.path.isdir(feeds):
+        samples = sorted(f for f in os.listdir(feeds) if f.endswith(".npz"))
+        feeds = os.path.join(feeds, samples[0]) if samples else None
+    try:
+        report = accuracy_report(args.model, args.output, feeds,
+                                 input_shapes=None if feeds else args.input_shape)
+    except GraphoptError as e:
+        print(f"graphopt: warning: no accuracy report: {e}", file=sys.stderr)
+        return
+    print()
+    print(report.format())
 
 
 def _tuned_decisions(args, target: str):
@@ -269,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_parser(sub)
     add_diff_parser(sub)
     add_bisect_parser(sub)
+    add_report_parser(sub)
     _add_passes(sub)
     _add_zoo(sub)
     return parser

@@ -205,43 +205,63 @@ def _cmd_kb_import(args) -> int:
     return 0
 
 
-def draw_histories(series: list[tuple[str, list[float], float]], path: str, *,
-                   width: int = 720, height: int = 360) -> None:
-    """Best-so-far cost / default cost vs trial, one line per (name, history, default seconds):
-    SVG (with a legend) when `path` ends in .svg, else PNG (passes.memory.plot's writer)."""
-    from html import escape
-
-    from graphopt.passes.memory.plot import _Canvas, _colour
-
-    margin = 32
+def _history_curves(series: list[tuple[str, list[float], float]]):
+    """Each history as best-so-far / default (capped at 1.0), and the y value at the bottom."""
     curves = [[min(v / default, 1.0) for v in hist if v != float("inf")]
               for _, hist, default in series]
-    n = max((len(c) for c in curves), default=1)
     low = min((min(c) for c in curves if c), default=0.5)
-    low = min(low, 0.95) - 0.02
+    return curves, min(low, 0.95) - 0.02
 
+
+def _history_xy(n: int, low: float, width: int, height: int, margin: int):
     def xy(i: int, v: float) -> tuple[int, int]:
         x = margin + i * (width - 2 * margin) // max(n - 1, 1)
         y = margin + int((1.0 - v) / (1.0 - low) * (height - 2 * margin))
         return x, y
+    return xy
+
+
+def histories_svg(series: list[tuple[str, list[float], float]], *, width: int = 720,
+                  height: int = 360) -> str:
+    """Best-so-far cost / default cost vs trial as SVG text, one line per (name, history,
+    default seconds), with a legend."""
+    from html import escape
+
+    from graphopt.passes.memory.plot import _colour
+
+    margin = 32
+    curves, low = _history_curves(series)
+    n = max((len(c) for c in curves), default=1)
+    xy = _history_xy(n, low, width, height, margin)
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+              'font-family="sans-serif" font-size="10">'),
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             (f'<polyline points="{margin},{margin} {margin},{height - margin} '
+              f'{width - margin},{height - margin}" fill="none" stroke="black"/>'),
+             (f'<text x="{margin}" y="{height - 8}">trial → ({n})   y: best cost / default '
+              f'(1.0 at top, {low:.2f} at bottom)</text>')]
+    for k, ((name, _, _), curve) in enumerate(zip(series, curves)):
+        points = " ".join(f"{x},{y}" for x, y in (xy(i, v) for i, v in enumerate(curve)))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="rgb{_colour(k)}" '
+                     f'stroke-width="2"><title>{escape(name)}</title></polyline>')
+        parts.append(f'<text x="{width - margin - 300}" y="{margin + 12 * k}" '
+                     f'fill="rgb{_colour(k)}">{escape(name)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def draw_histories(series: list[tuple[str, list[float], float]], path: str, *,
+                   width: int = 720, height: int = 360) -> None:
+    """Best-so-far cost / default cost vs trial, one line per (name, history, default seconds):
+    SVG (with a legend) when `path` ends in .svg, else PNG (passes.memory.plot's writer)."""
+    from graphopt.passes.memory.plot import _Canvas, _colour
 
     if path.lower().endswith(".svg"):
-        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                 'font-family="sans-serif" font-size="10">',
-                 f'<rect width="{width}" height="{height}" fill="white"/>',
-                 f'<polyline points="{margin},{margin} {margin},{height - margin} '
-                 f'{width - margin},{height - margin}" fill="none" stroke="black"/>',
-                 f'<text x="{margin}" y="{height - 8}">trial → ({n})   y: best cost / default '
-                 f'(1.0 at top, {low:.2f} at bottom)</text>']
-        for k, ((name, _, _), curve) in enumerate(zip(series, curves)):
-            points = " ".join(f"{x},{y}" for x, y in (xy(i, v) for i, v in enumerate(curve)))
-            parts.append(f'<polyline points="{points}" fill="none" stroke="rgb{_colour(k)}" '
-                         f'stroke-width="2"><title>{escape(name)}</title></polyline>')
-            parts.append(f'<text x="{width - margin - 300}" y="{margin + 12 * k}" '
-                         f'fill="rgb{_colour(k)}">{escape(name)}</text>')
-        parts.append("</svg>")
-        data = "\n".join(parts).encode()
+        data = histories_svg(series, width=width, height=height).encode()
     else:
+        margin = 32
+        curves, low = _history_curves(series)
+        xy = _history_xy(max((len(c) for c in curves), default=1), low, width, height, margin)
         canvas = _Canvas(width, height)
         canvas.fill(margin - 1, margin, margin, height - margin + 1, (0, 0, 0))
         canvas.fill(margin - 1, height - margin, width - margin, height - margin + 1, (0, 0, 0))

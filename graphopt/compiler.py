@@ -14,12 +14,16 @@ import numpy as np
 from onnx import ModelProto
 
 from graphopt import numerics
-from graphopt.errors import GraphoptError, OptionError, VerificationError
+from graphopt.errors import OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.ir.external_data import save_onnx
+from graphopt.ir.collector import heap_frozen
+from graphopt.ir.tensor import tensor_references
 from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
+from graphopt.passes.precision.policy import check_options as check_precision_options
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
@@ -107,7 +111,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              allow_custom_ops: bool = False, trace_rules=(),
              target: "str | Target | None" = None, memory_reorder: bool = False,
              rewrite_gate=None, pass_options: dict | None = None,
-             dump_format: str = "text", instruments=()) -> OptimizeResult:
+             dump_format: str = "text", instruments=(), precision: str = "keep",
+             quantize: str = "none") -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
@@ -118,6 +123,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     `rewrite_gate(pass, rule, node) -> bool` may hold single rewrites back (subgraph tuning,
     bisection); `pass_options` sets further Options fields by name (elementwise_max_group, …);
     `instruments` (passes.instruments.Instrument) run around every pass after the built-in ones.
+    `precision` (fp16, bf16, mixed-fp16, mixed-bf16) and `quantize` (int8, int4) add the
+    precision passes (ConvertPrecision, QuantizeInt8, QuantizeInt4Weights).
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
@@ -132,11 +139,13 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         target = load_target(os.fspath(target))
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
+    options.precision, options.quantize = precision, quantize  # pass_options may override
     for name, value in (pass_options or {}).items():
         if name not in Options.names():
             raise OptionError(f"compile option '{name}' does not exist (options: "
                               f"{', '.join(Options.names())})")
         setattr(options, name, value)
+    check_precision_options(options)
     is_path = isinstance(model, (str, os.PathLike))
     label = os.fspath(model) if is_path else "<model>"
     source_sha256 = None
@@ -184,19 +193,20 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
 def plan_partition_memory(models: dict[str, Model], reorder: bool = False) -> dict:
     """The static memory plan of each partition model (or why it has none: a dynamic shape).
     With `reorder`, each model's nodes take the memory-aware order its plan was made for."""
+    with heap_frozen():  # the IR is long-lived: no full collection should walk it again
+        return {name: _plan_memory(model, reorder) for name, model in models.items()}
+
+
+def _plan_memory(model: Model, reorder: bool):
     from graphopt.passes.memory import MemoryPlanError, plan_memory
 
-    plans: dict = {}
-    for name, model in models.items():
-        try:
-            plan = plan_memory(model, reorder=reorder)
-        except MemoryPlanError as e:
-            plans[name] = str(e)
-            continue
-        if plan.schedule_method != "original":
-            model.graph.reorder(plan.schedule)
-        plans[name] = plan
-    return plans
+    try:
+        plan = plan_memory(model, reorder=reorder)
+    except MemoryPlanError as e:
+        return str(e)
+    if plan.schedule_method != "original":
+        model.graph.reorder(plan.schedule)
+    return plan
 
 
 def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
@@ -278,52 +288,61 @@ def _reproducible_log(result: OptimizeResult | None) -> list[dict]:
 
 
 def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
-         tuning_db: str | None = None) -> None:
+         tuning_db: str | None = None, external_data: bool | None = None) -> None:
     """Write `.onnx` (optimized ONNX) or `.om` (graphopt's artifact) atomically. `tuning_db`
     (a knowledge base file or Optuna storage URL that `graphopt tune` filled) gives an NPU
-    `.om`'s cube kernels their tuned tilings."""
-    from graphopt.atomic import atomic_write_bytes
-    from graphopt.codegen import OmPartition, write_om
-
+    `.om`'s cube kernels their tuned tilings. `external_data` (ONNX only): True puts large
+    weights in `<path>.data`, False never does, None does when the weights pass
+    graphopt.ir.external_data's threshold (1 GiB; GRAPHOPT_EXTERNAL_DATA_THRESHOLD)."""
     path = os.fspath(path)
     result = model if isinstance(model, OptimizeResult) else None
     if isinstance(model, OptimizeResult):
         model = model.model
-    if path.endswith(".om"):
-        partitioning = result.partitioning if result is not None else None
+    if not path.endswith(".om"):
+        save_onnx(model, path, external=external_data)
+        return
+    with heap_frozen():  # the IR is long-lived: no full collection should walk it again
+        _save_om(model, result, path, tuning_db)
+
+
+def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str,
+             tuning_db: str | None) -> None:
+    from graphopt.codegen import OmPartition, write_om
+
+    partitioning = result.partitioning if result is not None else None
+    if partitioning is None:
+        target, extra = "cpu", {}
+    else:
+        from graphopt.partition.report import partitioning_json
+        from graphopt.tuner.records import SOURCE_TUNED, kernel_records
+
+        target = partitioning.target.name
+        tilings = None
+        if tuning_db:
+            from graphopt.tuner.kb import tuned_tilings
+
+            tilings = tuned_tilings(tuning_db, result.model, partitioning)
+        kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
+        extra = {"partitioning": partitioning_json(partitioning),
+                 **({"kernels": kernels} if kernels else {}),
+                 "memory_plan": {name: {"unplanned": plan} if isinstance(plan, str)
+                                 else plan.to_dict()
+                                 for name, plan in result.memory_plans.items()}}
+    # The partition models carry references to the IR's tensors, not their bytes: each weight
+    # streams into the artifact from where it lives (array, protobuf, mapped file).
+    with tensor_references() as sources:
         if partitioning is None:
             proto = model if isinstance(model, ModelProto) else to_onnx(model)
-            parts, target, extra = [OmPartition(name="p0", device="cpu", model=proto)], "cpu", {}
+            parts = [OmPartition(name="p0", device="cpu", model=proto)]
         else:
             from graphopt.codegen.split import om_partitions
-            from graphopt.partition.report import partitioning_json
 
             # After -O2/-O3 (fusions done, conv nets blocked for the CPU) onnxruntime's
             # extended level finds nothing more than its own fusions to do, and starts sooner.
             fused = result.log.pipeline.startswith(("O2", "O3"))
             parts = om_partitions(partitioning, result.partition_models,
                                   cpu_level="extended" if fused else None)
-            from graphopt.tuner.records import SOURCE_TUNED, kernel_records
-
-            target = partitioning.target.name
-            tilings = None
-            if tuning_db:
-                from graphopt.tuner.kb import tuned_tilings
-
-                tilings = tuned_tilings(tuning_db, result.model, partitioning)
-            kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
-            extra = {"partitioning": partitioning_json(partitioning),
-                     **({"kernels": kernels} if kernels else {}),
-                     "memory_plan": {name: {"unplanned": plan} if isinstance(plan, str)
-                                     else plan.to_dict()
-                                     for name, plan in result.memory_plans.items()}}
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=result.source_sha256 if result else None,
-                 target=target, pass_log=_reproducible_log(result), extra=extra)
-        return
-    proto = model if isinstance(model, ModelProto) else to_onnx(model)
-    try:
-        data = proto.SerializeToString()
-    except ValueError as e:  # protobuf refuses messages past 2 GB
-        raise GraphoptError(f"{path}: model too large to serialize ({e})") from None
-    atomic_write_bytes(path, data)
+                 target=target, pass_log=_reproducible_log(result), extra=extra,
+                 weight_sources=sources)

@@ -1,0 +1,108 @@
+"""`graphopt report`: one self-contained HTML page about a compiled .om."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from graphopt.errors import OptionError
+
+EXAMPLES = """examples:
+  graphopt report model.om -o report.html
+  graphopt report model.om -o report.html --reference model.onnx --inputs x.npz
+  graphopt report model.om -o report.html --tuning-db tuning.db --reference model.onnx
+
+The page has no scripts and loads nothing from the network: CSS and pictures (the graph
+coloured by partition, the memory plans, the tuning curves) are inline, so it can be mailed
+or archived as one file. Sections without data say what is missing and how to add it.
+"""
+
+
+def add_report_parser(sub) -> None:
+    p = sub.add_parser(
+        "report", help="write a self-contained HTML report of a compiled .om",
+        description="Summarize a compiled .om in one HTML page: header and hashes, partitions,\n"
+                    "the graph coloured by partition, the pass log, the memory plans, placement\n"
+                    "and fallbacks, NPU kernel configs, and optionally the tuning history\n"
+                    "(--tuning-db) and an accuracy check against the source model (--reference).",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    p.add_argument("model", help="the compiled .om")
+    p.add_argument("-o", "--output", metavar="FILE.html",
+                   help="where to write the page (default: the .om's name with .html)")
+    p.add_argument("--reference", metavar="MODEL.onnx",
+                   help="the source model: run it and the .om on the same inputs and compare "
+                        "their outputs")
+    p.add_argument("--inputs", metavar="NPZ",
+                   help="--reference: an .npz with one array per input (default: seeded "
+                        "random data)")
+    p.add_argument("--input-shape", metavar="SHAPES",
+                   help="--reference: dims for the random inputs' dynamic axes, "
+                        '"x:1,3,224,224"')
+    p.add_argument("--per-tensor", action="store_true",
+                   help="--reference: also compare the intermediates both models compute")
+    storage = p.add_mutually_exclusive_group()
+    storage.add_argument("--tuning-db", metavar="FILE.db",
+                         help="the tuning knowledge base `graphopt tune` filled")
+    storage.add_argument("--storage", metavar="URL", help="an Optuna storage URL instead")
+    p.set_defaults(func=_cmd_report)
+
+
+def _output_path(args) -> str:
+    out = args.output or os.path.splitext(args.model)[0] + ".html"
+    if os.path.isdir(out):
+        raise OptionError(f"-o {out}: is a directory, expected a file path")
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise OptionError(f"-o {out}: directory {directory} does not exist")
+    if os.path.abspath(out) == os.path.abspath(args.model):
+        raise OptionError(f"-o {out}: would overwrite the .om itself")
+    return out
+
+
+def _check_options(args) -> None:
+    if not args.reference:
+        for option, value in (("--inputs", args.inputs), ("--input-shape", args.input_shape),
+                              ("--per-tensor", args.per_tensor)):
+            if value:
+                raise OptionError(f"{option} applies to the accuracy check; add --reference "
+                                  "MODEL.onnx")
+    if args.inputs and args.input_shape:
+        raise OptionError("--input-shape only shapes random inputs; drop it or --inputs")
+
+
+def _cmd_report(args) -> int:
+    from graphopt.atomic import atomic_write_bytes
+    from graphopt.codegen.om_read import is_om
+    from graphopt.tools.report_data import gather
+    from graphopt.tools.report_html import render_report
+
+    _check_options(args)
+    out = _output_path(args)
+    if os.path.isfile(args.model) and not is_om(args.model):
+        raise OptionError(f"{args.model}: not a compiled .om; compile it first: graphopt "
+                          f"optimize {args.model} -o MODEL.om --target cpu")
+    data = gather(args.model, reference=args.reference, inputs=args.inputs,
+                  input_shapes=args.input_shape, per_tensor=args.per_tensor,
+                  tuning_db=args.storage or args.tuning_db,
+                  tuning_option="--storage" if args.storage else "--tuning-db")
+    page = render_report(data)
+    atomic_write_bytes(out, page.encode("utf-8"))
+    parts = data.artifact.partitions
+    nodes = sum(1 for n in data.graph.nodes if n.partition)
+    size = len(page.encode("utf-8")) // 1024
+    lines = [f"wrote {out} ({size} KiB): {len(parts)} partition(s), {nodes} node(s)"]
+    if data.accuracy is not None:
+        lines.append(f"accuracy: {'PASS' if data.accuracy.passed else 'FAIL'} "
+                     f"({sum(r.passed for r in data.accuracy.outputs)}/"
+                     f"{len(data.accuracy.outputs)} outputs within {data.accuracy.rule})")
+    else:
+        lines.append("accuracy: not checked (add --reference MODEL.onnx)")
+    if data.tuning is None:
+        lines.append("tuning: no storage given (add --tuning-db FILE)")
+    else:
+        tuned = sum(1 for k in data.tuning.kernels if k.get("trials"))
+        lines.append(f"tuning: {tuned}/{len(data.tuning.kernels)} kernel signature(s) with "
+                     f"studies; subgraph study: "
+                     f"{data.tuning.subgraph['study'] if data.tuning.subgraph else 'none'}")
+    print("\n".join(lines))
+    return 0

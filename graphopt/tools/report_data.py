@@ -1,0 +1,303 @@
+"""What `graphopt report` shows, gathered from an .om: header, graph, pass log, memory plans,
+placement, kernel configs, and (when given) the tuning storage's studies and an accuracy run."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from graphopt.codegen.inspect_om import describe_om, pass_totals
+from graphopt.codegen.om_read import OmArtifact, load_om
+from graphopt.errors import OptionError
+from graphopt.ir import load_onnx
+from graphopt.ir.printer import format_type
+
+INPUT, OUTPUT = "input", "output"  # the op of the graph's input and output nodes
+
+
+@dataclass
+class OpNode:
+    """One node of the drawn graph: an op of some partition, or a model input or output."""
+
+    id: str
+    op: str
+    name: str
+    partition: str = ""   # "" for the model's inputs and outputs
+    device: str = ""
+    inputs: list[tuple[str, str]] = field(default_factory=list)   # (tensor, type text)
+    outputs: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class GraphData:
+    nodes: list[OpNode]
+    edges: list[tuple[str, str, str]]   # (producer id, consumer id, tensor)
+    partitions: list[tuple[str, str]]   # (name, device), in execution order
+
+
+@dataclass
+class Curve:
+    """Best-so-far seconds after each trial of one study, and the default's seconds."""
+
+    name: str
+    history: list[float]
+    default: float | None
+
+
+@dataclass
+class Tuning:
+    storage: str
+    kernels: list[dict] = field(default_factory=list)   # one per signature of this model
+    kernel_note: str = ""                                # why there are no kernel rows
+    curves: list[Curve] = field(default_factory=list)   # op studies with trials
+    subgraph: dict | None = None                          # this model's subgraph study
+    subgraph_curve: Curve | None = None
+    subgraph_note: str = ""                               # why there is no subgraph study
+
+
+@dataclass
+class ReportData:
+    artifact: OmArtifact
+    om_sha256: str
+    modified: str                          # the .om file's mtime, UTC
+    graph: GraphData
+    source_file: str | None = None         # the source model, found and matching its sha256
+    tuning: Tuning | None = None
+    accuracy: object | None = None         # a tools.compare.CompareReport
+    partition_ops: list[dict] = field(default_factory=list)  # describe_om's partition_ops
+
+    @property
+    def manifest(self) -> dict:
+        return self.artifact.manifest
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- the graph -----------------------------------------------------------------------------
+
+
+def build_graph(artifact: OmArtifact) -> GraphData:
+    """Every top-level node of every partition, joined across partitions by tensor name (the
+    .om routes tensors by name), plus a node per model input and output."""
+    manifest = artifact.manifest
+    nodes: list[OpNode] = []
+    producer: dict[str, str] = {}
+    types: dict[str, str] = {}
+    for entry in manifest["inputs"]:
+        node_id = f"in:{entry['name']}"
+        nodes.append(OpNode(node_id, INPUT, entry["name"]))
+        producer[entry["name"]] = node_id
+    reads: list[tuple[str, list[str]]] = []
+    for part in artifact.partitions:
+        model = load_onnx(part.model)  # shapes only: external weights are never read here
+        for index, node in enumerate(model.graph):
+            node_id = f"{part.name}:{index}"
+            ins = [v for v in node.inputs if v is not None]
+            outs = [v for v in node.outputs if v is not None]
+            for v in ins + outs:
+                types.setdefault(v.name, format_type(v))
+            nodes.append(OpNode(node_id, node.qualified_op, node.name, part.name, part.device,
+                                [(v.name, format_type(v)) for v in ins],
+                                [(v.name, format_type(v)) for v in outs]))
+            for v in outs:
+                producer[v.name] = node_id
+            # Weights and folded constants are not drawn: only values some node computes.
+            reads.append((node_id, [v.name for v in ins if not v.is_constant]))
+    edges = []
+    for node_id, names in reads:
+        for name in dict.fromkeys(names):
+            if name in producer:
+                edges.append((producer[name], node_id, name))
+    for entry in manifest["outputs"]:
+        node_id = f"out:{entry['name']}"
+        nodes.append(OpNode(node_id, OUTPUT, entry["name"],
+                            inputs=[(entry["name"], types.get(entry["name"], ""))]))
+        if entry["name"] in producer:
+            edges.append((producer[entry["name"]], node_id, entry["name"]))
+    for node in nodes:
+        if node.op == INPUT:
+            node.outputs = [(node.name, types.get(node.name, ""))]
+    partitions = [(p.name, p.device) for p in artifact.partitions]
+    return GraphData(nodes, edges, partitions)
+
+
+# --- the source model ----------------------------------------------------------------------
+
+
+def locate_source(manifest: dict, om_path: str, candidates: list[str | None]) -> str | None:
+    """The source model file: the first of `candidates`, then the manifest's basename next to
+    the .om or in the working directory, whose sha256 is the manifest's. None when none is."""
+    sha, base = manifest["source"]["sha256"], manifest["source"]["path"]
+    if not sha:
+        return None
+    paths = [c for c in candidates if c]
+    if base:
+        paths += [os.path.join(os.path.dirname(os.path.abspath(om_path)), base), base]
+    for path in dict.fromkeys(paths):
+        if os.path.isfile(path) and file_sha256(path) == sha:
+            return path
+    return None
+
+
+# --- tuning --------------------------------------------------------------------------------
+
+
+def _npu_partitions(manifest: dict) -> list[str]:
+    kernels = manifest["extra"].get("kernels")
+    parts = kernels.get("partitions") if isinstance(kernels, dict) else None
+    return list(parts) if isinstance(parts, dict) else []
+
+
+def model_signatures(artifact: OmArtifact) -> Counter:
+    """Kernel signature -> how many of the .om's NPU cube nodes have it."""
+    from graphopt.tuner.signature import node_signature
+
+    target = artifact.manifest["target"]
+    counts: Counter = Counter()
+    for name in _npu_partitions(artifact.manifest):
+        for node in load_onnx(artifact.models[name]).graph:
+            sig = node_signature(node, target)
+            if sig is not None:
+                counts[sig] += 1
+    return counts
+
+
+def _study_default(study) -> float | None:
+    import optuna
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return next((t.value for t in done if t.user_attrs.get("default") and t.value is not None),
+                None)
+
+
+def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *,
+                  option: str = "--tuning-db") -> Tuning:
+    """The op-tuning studies of this .om's kernel signatures and its model's subgraph study;
+    `option` names the storage in errors."""
+    import optuna
+
+    from graphopt.tuner.kb import list_kb
+    from graphopt.tuner.search import history, open_storage, storage_url
+
+    # Optuna would create an empty database at a mistyped path and report nothing tuned.
+    if "://" not in storage and not os.path.isfile(storage):
+        raise OptionError(f"{option} {storage}: no such file (`graphopt tune … --tuning-db "
+                          f"{storage}` creates it)")
+    url = storage_url(storage)
+    store = open_storage(url)
+    tuning = Tuning(storage=url)
+    manifest = artifact.manifest
+    target = manifest["target"]
+    signatures = model_signatures(artifact)
+    if not signatures:
+        tuning.kernel_note = (f"this .om has no NPU cube kernel with static shapes (target "
+                              f"{target}), so op tuning does not apply")
+    else:
+        rows = {row["signature"]: row for row in list_kb(store)}
+        for sig, count in sorted(signatures.items()):
+            row = rows.get(sig)
+            tuning.kernels.append({"signature": sig, "nodes": count, **(row or {"trials": 0})})
+            if row and row["trials"]:
+                study = optuna.load_study(study_name=sig, storage=store)
+                tuning.curves.append(Curve(sig, history(study), row["default_seconds"]))
+        if not any(k["trials"] for k in tuning.kernels):
+            tuning.kernel_note = (f"the storage has no study of this model's {len(signatures)} "
+                                  f"kernel signature(s); run `graphopt tune MODEL.onnx --target "
+                                  f"{target} --tuning-db FILE`")
+    _gather_subgraph(tuning, store, target, source_file)
+    return tuning
+
+
+def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None) -> None:
+    """A subgraph study is keyed by the source model's bytes and pinned input shapes
+    (tuner.subgraph.model_key): it can be found only with the source model at hand."""
+    import optuna
+
+    from graphopt.tuner.search import history
+    from graphopt.tuner.subgraph import SubgraphJob, model_key
+
+    prefix = f"subgraph/{target}/"
+    names = [n for n in optuna.get_all_study_names(store) if n.startswith(prefix)]
+    if not names:
+        tuning.subgraph_note = (f"the storage has no subgraph study for target {target}; run "
+                                f"`graphopt tune MODEL.onnx --target {target} --job subgraph "
+                                "--tuning-db FILE`")
+        return
+    if source_file is None:
+        tuning.subgraph_note = (f"the storage has {len(names)} subgraph study(ies) for {target}, "
+                                "but they are keyed by the source model's bytes: give "
+                                "--reference MODEL.onnx (or put the source model next to the "
+                                ".om) to find this model's")
+        return
+    for name in sorted(names):
+        study = optuna.load_study(study_name=name, storage=store)
+        job = study.user_attrs.get("job") or {}
+        key = model_key(SubgraphJob(source_file, target, input_shapes=job.get("input_shapes")))
+        if name.split("/")[2] != key:
+            continue
+        values = [v for v in history(study) if v != float("inf")]
+        default = _study_default(study)
+        chosen = study.user_attrs.get("chosen") or {}
+        tuning.subgraph = {
+            "study": name, "trials": len(study.get_trials(deepcopy=False)),
+            "objective": job.get("objective", "?"), "level": job.get("level", "?"),
+            "input_shapes": job.get("input_shapes"), "default_seconds": default,
+            "best_seconds": min(values) if values else None,
+            "chosen": chosen}
+        tuning.subgraph_curve = Curve(name, history(study), default)
+        return
+    tuning.subgraph_note = (f"none of the {len(names)} subgraph study(ies) for {target} is of "
+                            f"{os.path.basename(source_file)}")
+
+
+# --- everything ----------------------------------------------------------------------------
+
+
+def gather(om_path: str, *, reference: str | None = None, inputs: str | None = None,
+           input_shapes: str | None = None, per_tensor: bool = False,
+           tuning_db: str | None = None, tuning_option: str = "--tuning-db") -> ReportData:
+    """Load and verify the .om and collect every section's data; the optional parts are
+    None when not asked for."""
+    artifact = load_om(om_path)
+    stat = os.stat(om_path)
+    modified = datetime.datetime.fromtimestamp(stat.st_mtime, datetime.timezone.utc)
+    data = ReportData(artifact=artifact, om_sha256=file_sha256(om_path),
+                      modified=modified.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                      graph=build_graph(artifact),
+                      partition_ops=describe_om(artifact)["partition_ops"])
+    data.source_file = locate_source(artifact.manifest, om_path, [reference])
+    if tuning_db is not None:
+        data.tuning = gather_tuning(tuning_db, artifact, data.source_file, option=tuning_option)
+    if reference is not None:
+        from graphopt.tools.compare import compare_models
+
+        data.accuracy = compare_models(reference, om_path, inputs, per_tensor=per_tensor,
+                                       input_shapes=input_shapes)
+    return data
+
+
+def pass_rows(pass_log: list) -> list[dict]:
+    """Per pass, in first-run order: runs, runs that changed the graph, node delta, rewrites
+    by rule (inspect_om.pass_totals plus what the HTML table has room for)."""
+    changed: Counter = Counter()
+    delta: Counter = Counter()
+    for entry in pass_log:
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("pass") if isinstance(entry.get("pass"), str) else "(unnamed)"
+        changed[name] += bool(entry.get("changed"))
+        before, after = entry.get("nodes_before"), entry.get("nodes_after")
+        if isinstance(before, int) and isinstance(after, int):
+            delta[name] += after - before
+    return [{"pass": name, "runs": total["runs"], "changed": changed[name],
+             "delta": delta[name], "rewrites": total["rewrites"]}
+            for name, total in pass_totals(pass_log).items()]

@@ -1,0 +1,357 @@
+"""`render_report`: the report's one self-contained HTML page (inline CSS and SVG, no scripts,
+no network), each section saying what is missing and how to get it."""
+
+from __future__ import annotations
+
+import datetime
+from collections import Counter
+from html import escape
+
+from graphopt.codegen.inspect_om import format_bytes, format_ops, format_shape
+from graphopt.tools.report_data import ReportData, Tuning, pass_rows
+from graphopt.tools.report_graph import graph_svg, partition_colours
+from graphopt.tools.report_plan import plan_svg
+
+SECTIONS = [("summary", "Summary"), ("partitions", "Partitions"), ("graph", "Graph"),
+            ("passes", "Passes"), ("memory", "Memory plan"), ("placement", "Placement"),
+            ("kernels", "Kernel configs"), ("tuning", "Tuning history"),
+            ("accuracy", "Accuracy")]
+MAX_FALLBACK_ROWS = 100
+OPEN_KERNEL_ROWS = 30  # the per-kernel table starts folded above this many rows
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#222;background:#fafafa}
+main{max-width:1200px;margin:0 auto;padding:16px 24px 48px}
+h1{font-size:22px;margin:8px 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+nav{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:6px 24px;z-index:1}
+nav a{margin-right:14px;text-decoration:none;color:#2060a0}
+table{border-collapse:collapse;margin:6px 0 10px;background:#fff}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
+table.kv th{width:160px}code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+.missing{background:#fff8e1;border:1px solid #f0d48a;padding:8px 12px;border-radius:4px}
+.fail{color:#b00020;font-weight:bold}.pass{color:#1b7f3b;font-weight:bold}
+.scroll{overflow:auto;max-height:900px;border:1px solid #ddd;background:#fff}
+.plot svg{max-width:100%;height:auto;border:1px solid #ddd}
+.swatch{display:inline-block;width:12px;height:12px;border:1px solid #333;margin-right:4px;vertical-align:-1px}
+.note{color:#555;font-size:13px}
+"""
+
+
+# --- small builders ------------------------------------------------------------------------
+
+
+def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(),
+          raw: set[int] = frozenset()) -> str:
+    """An HTML table; columns in `numeric` are right-aligned, those in `raw` already HTML."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for i, value in enumerate(row):
+            text = "" if value is None else str(value)
+            align = ' class="n"' if i in numeric else ""
+            cells.append(f"<td{align}>{text if i in raw else escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _kv(pairs: list[tuple[str, str]]) -> str:
+    rows = "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in pairs)
+    return f'<table class="kv">{rows}</table>'
+
+
+def missing(what: str, how: str) -> str:
+    return f'<p class="missing"><b>{escape(what)}</b> {how}</p>'
+
+
+def _section(key: str, title: str, body: str) -> str:
+    return f'<section id="{key}"><h2>{escape(title)}</h2>\n{body}\n</section>'
+
+
+def _us(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e6:.2f}"
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+def _summary(data: ReportData) -> str:
+    m = data.manifest
+    source = m["source"]
+    parts = data.artifact.partitions
+    devices = Counter(p.device for p in parts)
+    fallbacks = (m["extra"].get("partitioning") or {}).get("fallbacks") or []
+    source_text = escape(source["path"] or "(not recorded)")
+    if data.source_file:
+        source_text += f' <span class="note">(found at {escape(data.source_file)})</span>'
+    pairs = [
+        ("artifact", f"<code>{escape(data.artifact.path)}</code>"),
+        ("artifact sha256", f"<code>{data.om_sha256}</code>"),
+        ("model source", source_text),
+        ("source sha256", f"<code>{escape(source['sha256'] or '(not recorded)')}</code>"),
+        ("target", f"<b>{escape(m['target'])}</b>"),
+        ("written by", escape(f"{m['created_by']} {m['graphopt_version']} "
+                              f"({m['format']} format {m['format_version']})")),
+        ("compiled", ("not recorded in the .om (its bytes are reproducible, so it holds no "
+                      f"date); the file was last modified {escape(data.modified)}")),
+        ("partitions", escape(f"{len(parts)}: " + ", ".join(f"{n} on {d}"
+                                                            for d, n in devices.items())
+                              + f"; {len(fallbacks)} node(s) fell back to the host")),
+        ("signature", escape("; ".join(
+            f"{e['name']} {e['dtype'] or '?'}{format_shape(e['shape'])}" for e in m["inputs"])
+            + " → " + "; ".join(f"{e['name']} {e['dtype'] or '?'}{format_shape(e['shape'])}"
+                                for e in m["outputs"]))),
+        ("report written", datetime.datetime.now(datetime.timezone.utc)
+         .strftime("%Y-%m-%d %H:%M:%S UTC")),
+    ]
+    return _kv(pairs)
+
+
+def _partitions(data: ReportData) -> str:
+    m = data.manifest
+    colours = partition_colours(data.graph.partitions)
+    by_name = {p["name"]: p for p in m["partitions"]}
+    ops = {p["name"]: p for p in data.partition_ops}
+    rows = []
+    for i, part in enumerate(data.artifact.partitions):
+        entry = by_name[part.name]
+        member = m["members"][entry["member"]]
+        swatch = f'<span class="swatch" style="background:{colours[part.name]}"></span>'
+        rows.append([i, swatch + escape(part.name), part.device,
+                     ", ".join(entry.get("providers", [])) or "-", ops[part.name]["nodes"],
+                     format_ops(Counter(ops[part.name]["ops"]), top=6),
+                     ", ".join(part.inputs), ", ".join(part.outputs),
+                     format_bytes(member["size"]), member["sha256"][:12]])
+    body = table(["#", "partition", "device", "providers", "nodes", "ops", "inputs", "outputs",
+                  "size", "sha256"], rows, numeric={0, 4, 8}, raw={1})
+    routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
+    body += "<details><summary>routing (" + str(len(routing)) + " edges)</summary>"
+    body += table(["tensor", "from", "to"], routing) + "</details>"
+    return body
+
+
+def _graph(data: ReportData) -> str:
+    svg, notes = graph_svg(data.graph)
+    colours = partition_colours(data.graph.partitions)
+    legend = " ".join(f'<span class="swatch" style="background:{colours[name]}"></span>'
+                      f"{escape(name)} ({escape(device)})&nbsp;&nbsp;"
+                      for name, device in data.graph.partitions)
+    text = ("Data flows top to bottom. Hover a box for its op, name, tensor shapes and "
+            "partition; red dashed edges carry a tensor from one partition to another "
+            "(a host↔device copy). Weights are not drawn.")
+    notes_html = "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
+    return (f'<p>{legend}</p><p class="note">{escape(text)}</p>{notes_html}'
+            f'<div class="scroll">{svg}</div>')
+
+
+def _passes(data: ReportData) -> str:
+    log = data.manifest["pass_log"]
+    rows = pass_rows(log)
+    if not rows:
+        return missing("The pass log is empty:", "the .om was written without running passes "
+                       "(compile it with <code>graphopt optimize MODEL.onnx -o MODEL.om</code>).")
+    counted = [e for e in log if isinstance(e, dict) and isinstance(e.get("nodes_before"), int)
+               and isinstance(e.get("nodes_after"), int)]
+    head = f"{sum(r['runs'] for r in rows)} run(s) of {len(rows)} pass(es)"
+    if counted:
+        before, after = counted[0]["nodes_before"], counted[-1]["nodes_after"]
+        head += f"; nodes {before} → {after} ({after - before:+d})"
+    cells = [[r["pass"], r["runs"], r["changed"], f"{r['delta']:+d}" if r["delta"] else "0",
+              sum(r["rewrites"].values()),
+              ", ".join(f"{rule}={n}" for rule, n in r["rewrites"].most_common())]
+             for r in rows]
+    return f"<p>{escape(head)}, in first-run order.</p>" + table(
+        ["pass", "runs", "changed", "Δ nodes", "rewrites", "by rule"], cells, numeric={1, 2, 3, 4})
+
+
+def _memory(data: ReportData) -> str:
+    plans = data.manifest["extra"].get("memory_plan")
+    if not isinstance(plans, dict) or not plans:
+        return missing("No memory plan in this .om:", "plans are made for compiles with a "
+                       "target: <code>graphopt optimize MODEL.onnx -o MODEL.om --target "
+                       "cpu</code> (or an NPU target).")
+    rows, pictures = [], []
+    for name, plan in plans.items():
+        if not isinstance(plan, dict) or "arena_bytes" not in plan:
+            reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
+            rows.append([name, "-", "-", "-", f"not planned: {reason}", "", "", "", ""])
+            continue
+        bound = plan.get("lower_bound") or 0
+        rows.append([name, format_bytes(plan["arena_bytes"]), format_bytes(bound),
+                     f"{plan['arena_bytes'] / bound:.3f}" if bound else "-",
+                     plan.get("strategy", "?"), plan.get("schedule_method", "original"),
+                     format_bytes(plan.get("weight_bytes", 0)),
+                     format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0)),
+                     len(plan.get("tensors", []))])
+        if plan.get("tensors"):
+            pictures.append(f"<h3>{escape(name)}</h3><div class=\"plot\">{plan_svg(plan)}</div>")
+        else:
+            pictures.append(f'<p class="note">{escape(name)}: no work memory (every tensor is an '
+                            "input, an output or a weight)</p>")
+    body = table(["partition", "work memory", "lower bound", "×", "strategy", "order", "weights",
+                  "inputs+outputs", "tensors"], rows, numeric={1, 2, 3, 6, 7, 8})
+    body += ('<p class="note">Each picture: tensors as boxes over execution steps (x) and '
+             "work-memory address (y); the dashed red line is the lower bound.</p>")
+    return body + "".join(pictures)
+
+
+def _placement(data: ReportData) -> str:
+    info = data.manifest["extra"].get("partitioning")
+    if not isinstance(info, dict):
+        return missing("No placement record:", "the .om was compiled without a target; "
+                       "compile with <code>--target NAME</code> to place nodes on devices.")
+    fallbacks = info.get("fallbacks") or []
+    if not fallbacks:
+        return (f"<p>Every node runs on the target's primary device "
+                f"({escape(str(info.get('target', '?')))}): no fallbacks.</p>")
+    reasons = Counter(f.get("reason", "?") for f in fallbacks)
+    body = f"<p>{len(fallbacks)} node(s) fell back to the host.</p>"
+    body += table(["reason", "nodes"], [[r, n] for r, n in reasons.most_common()], numeric={1})
+    rows = [[f.get("op", "?"), f.get("node") or "(unnamed)", f.get("reason", "?")]
+            for f in fallbacks[:MAX_FALLBACK_ROWS]]
+    body += f"<details><summary>every fallback node ({len(fallbacks)})</summary>"
+    body += table(["op", "node", "reason"], rows)
+    if len(fallbacks) > MAX_FALLBACK_ROWS:
+        body += f'<p class="note">… and {len(fallbacks) - MAX_FALLBACK_ROWS} more</p>'
+    return body + "</details>"
+
+
+def _tiling(tiling: dict | None) -> str:
+    """`256x32x16 l1=8 db=on cores=2`, as `graphopt kb list` prints tilings."""
+    from graphopt.tuner.tiling import Tiling
+
+    if not tiling:
+        return ""
+    try:
+        return str(Tiling(**tiling))
+    except TypeError:  # a record from another graphopt version: show it as stored
+        return " ".join(f"{k}={v}" for k, v in tiling.items())
+
+
+def _kernels(data: ReportData) -> str:
+    info = data.manifest["extra"].get("kernels")
+    if not isinstance(info, dict) or not info.get("partitions"):
+        return missing(f"No kernel configs for target {data.manifest['target']}:",
+                       "they are recorded for NPU partitions only (compile with an NPU "
+                       "target, e.g. <code>--target ascend310</code>).")
+    body = (f"<p>Estimated whole-model time {info.get('estimate_us', 0):.1f} µs with "
+            "transfers (cost-model estimates, not measurements).</p>")
+    summary, details = [], []
+    for name, records in info["partitions"].items():
+        records = [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
+        tiled = [r for r in records if "tiling" in r]
+        sources = Counter(r.get("tiling_source", "?") for r in tiled)
+        summary.append([name, len(records), len(tiled),
+                        ", ".join(f"{s}={n}" for s, n in sorted(sources.items())) or "-",
+                        f"{sum(r.get('estimate_us', 0) for r in records):.1f}"])
+        for r in records:
+            details.append([name, r.get("op", "?"), r.get("node") or "(unnamed)",
+                            r.get("kind", ""), r.get("bound", ""),
+                            f"{r.get('estimate_us', 0):.3f}", _tiling(r.get("tiling")),
+                            r.get("tiling_source", "")])
+    body += table(["partition", "kernels", "cube tilings", "tiling source", "µs"], summary,
+                  numeric={1, 2, 4})
+    shown = " open" if len(details) <= OPEN_KERNEL_ROWS else ""
+    body += f"<details{shown}><summary>every kernel ({len(details)})</summary>"
+    body += table(["partition", "op", "node", "kind", "bound", "µs", "tiling", "source"],
+                  details, numeric={5}) + "</details>"
+    return body
+
+
+def _curve_svg(curves) -> str:
+    from graphopt.cli_tune import histories_svg
+
+    series = []
+    for c in curves:
+        finite = [v for v in c.history if v != float("inf")]
+        if not finite:
+            continue
+        # Without a recorded default the first result is the baseline the curve falls from.
+        series.append((c.name, c.history, c.default or finite[0]))
+    return f'<div class="plot">{histories_svg(series)}</div>' if series else ""
+
+
+def _tuning(data: ReportData) -> str:
+    tuning: Tuning | None = data.tuning
+    if tuning is None:
+        return missing("No tuning storage given:", "add <code>--tuning-db FILE.db</code> (or "
+                       "<code>--storage URL</code>) naming the storage <code>graphopt tune</code> "
+                       "filled, to see this model's op-tuning and subgraph-tuning histories.")
+    body = f"<p>storage <code>{escape(tuning.storage)}</code></p><h3>op tuning</h3>"
+    if tuning.kernels:
+        rows = [[k["signature"], k["nodes"], k["trials"], _us(k.get("default_seconds")),
+                 _us(k.get("best_seconds")),
+                 f"{k['speedup']:.3f}" if k.get("speedup") else "", k.get("tiling") or ""]
+                for k in tuning.kernels]
+        body += table(["kernel signature", "nodes", "trials", "default µs", "best µs",
+                       "speedup", "best tiling"], rows, numeric={1, 2, 3, 4, 5})
+    if tuning.kernel_note:
+        body += missing("", escape(tuning.kernel_note))
+    if tuning.curves:
+        body += ('<p class="note">Best-so-far estimated time over the default tiling\'s, per '
+                 "trial (lower is better).</p>" + _curve_svg(tuning.curves))
+    body += "<h3>subgraph tuning</h3>"
+    if tuning.subgraph is None:
+        return body + missing("", escape(tuning.subgraph_note))
+    s = tuning.subgraph
+    speedup = (s["default_seconds"] / s["best_seconds"]
+               if s["default_seconds"] and s["best_seconds"] else None)
+    body += table(["study", "objective", "level", "input shapes", "trials", "default µs",
+                   "best µs", "speedup", "decisions chosen"],
+                  [[s["study"], s["objective"], s["level"], s["input_shapes"] or "-", s["trials"],
+                    _us(s["default_seconds"]), _us(s["best_seconds"]),
+                    f"{speedup:.3f}" if speedup else "", len(s["chosen"])]],
+                  numeric={4, 5, 6, 7, 8})
+    if tuning.subgraph_curve is not None:
+        body += _curve_svg([tuning.subgraph_curve])
+    return body
+
+
+def _accuracy(data: ReportData) -> str:
+    report = data.accuracy
+    if report is None:
+        return missing("No accuracy check:", "add <code>--reference MODEL.onnx</code> (and "
+                       "<code>--inputs FEEDS.npz</code> for real data instead of seeded random "
+                       "inputs) to run the source model and this .om on the same inputs and "
+                       "compare every output, as <code>graphopt compare</code> does.")
+    from graphopt.tools.compare_format import HEADERS, _cells
+
+    verdict = ('<span class="pass">PASS</span>' if report.passed
+               else '<span class="fail">FAIL</span>')
+    body = _kv([("reference", escape(f"{report.reference} (onnxruntime, optimizations "
+                                     "disabled)")),
+                ("candidate", escape(report.candidate)), ("inputs", escape(report.inputs)),
+                ("rule", escape(report.rule)), ("result", verdict)])
+    for title, rows in (("outputs", report.outputs), ("intermediates", report.intermediates)):
+        if not rows:
+            continue
+        cells = []
+        for row in rows:
+            c = _cells(row)  # the text `graphopt compare` prints, cell by cell
+            c[10] = ('<span class="pass">pass</span>' if row.passed
+                     else '<span class="fail">FAIL</span>')
+            cells.append(c)
+        body += f"<h3>{title}</h3>" + table(HEADERS, cells, numeric=set(range(2, 10)), raw={10})
+    first = report.first_failing_intermediate
+    if first is not None:
+        where = f" in partition {first.partition}" if first.partition else ""
+        body += (f"<p>first failing intermediate in graph order: <b>{escape(first.name)}</b> "
+                 f"({escape(first.producer + where)})</p>")
+    body += "".join(f'<p class="note">note: {escape(n)}</p>' for n in report.notes)
+    return body
+
+
+# --- the page ------------------------------------------------------------------------------
+
+
+def render_report(data: ReportData) -> str:
+    builders = {"summary": _summary, "partitions": _partitions, "graph": _graph,
+                "passes": _passes, "memory": _memory, "placement": _placement,
+                "kernels": _kernels, "tuning": _tuning, "accuracy": _accuracy}
+    title = f"graphopt report: {data.manifest['source']['path'] or data.artifact.path}"
+    nav = "".join(f'<a href="#{key}">{escape(name)}</a>' for key, name in SECTIONS)
+    sections = "\n".join(_section(key, name, builders[key](data)) for key, name in SECTIONS)
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{CSS}</style></head>\n<body>"
+            f"<nav>{nav}</nav><main><h1>{escape(title)}</h1>\n{sections}\n</main></body></html>\n")

@@ -1,0 +1,425 @@
+"""`graphopt report`: a self-contained HTML page whose sections, SVGs and tables match the
+.om (cpu and ascend310), the tuning storage and the accuracy run; and the page in Chromium."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+import zlib
+from html.parser import HTMLParser
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+import graphopt
+from graphopt import zoo
+from graphopt.cli import main
+from graphopt.cli_tune import draw_histories, histories_svg
+from graphopt.ir import load_onnx
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.memory import plan_memory
+from graphopt.tools.report_data import GraphData, OpNode
+from graphopt.tools.report_graph import CHAIN_MIN, MAX_BOXES, NODE_SEP, NODE_W, layout
+from graphopt.tools.report_html import SECTIONS
+from graphopt.tools.report_plan import StoredPlan
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
+RNG = np.random.default_rng(7)
+VOID = {"meta", "br", "hr", "img", "input", "link", "wbr", "col", "area", "base", "source"}
+
+
+def weight(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.2).astype(np.float32)
+
+
+def topk_model() -> onnx.ModelProto:
+    """Convs and a classifier the NPU runs, then a TopK it has no kernel for: two partitions."""
+    return parse_model("""
+        g (float[1,8,32,32] x) => (values, indices) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            r2 = Relu (c2)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            scores = Gemm <transB = 1> (f, wf, bf)
+            values, indices = TopK <axis = 1> (scores, k)
+        }""", HEADER, w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3),
+        b2=weight(32), wf=weight(64, 32), bf=weight(64), k=np.array([5], np.int64))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The source models, their .om files for cpu and ascend310, input feeds, a tuning db."""
+    root = tmp_path_factory.mktemp("report")
+    paths = {"root": root}
+    tiny = root / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), tiny)
+    paths["tiny"], paths["tiny_om"] = tiny, root / "tiny.om"
+    graphopt.save(graphopt.optimize(str(tiny), target="cpu"), paths["tiny_om"])
+    topk = root / "topk.onnx"
+    onnx.save(topk_model(), topk)
+    paths["topk"], paths["topk_om"] = topk, root / "topk.om"
+    graphopt.save(graphopt.optimize(str(topk), target="ascend310"), paths["topk_om"])
+    paths["feeds"] = root / "x.npz"
+    np.savez(paths["feeds"], x=RNG.standard_normal((1, 8, 32, 32)).astype(np.float32))
+    db = root / "tune.db"
+    for job in (["--trials", "3"], ["--job", "subgraph", "--trials", "2"]):
+        assert main(["tune", str(topk), "--target", "ascend310", "--tuning-db", str(db),
+                     "-q", *job]) == 0
+    paths["db"] = db
+    return paths
+
+
+# --- reading the page ----------------------------------------------------------------------
+
+
+class Page(HTMLParser):
+    """Ids, tags and resource references of a page; fails on unbalanced elements."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.ids, self.tags, self.refs, self.stack, self.text = set(), [], [], [], []
+        self.feed(text)
+        self.close()
+        assert self.stack == [], f"unclosed elements: {self.stack}"
+
+    def handle_starttag(self, tag, attrs):
+        self._element(tag, attrs)
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self._element(tag, attrs)
+
+    def _element(self, tag, attrs):
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name == "id":
+                self.ids.add(value)
+            if name in ("src", "href", "xlink:href", "srcset", "action") or (
+                    name == "style" and "url(" in (value or "")):
+                self.refs.append(value or "")
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes {self.stack[-1:]}"
+        self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    @property
+    def plain(self) -> str:
+        return " ".join(" ".join(self.text).split())
+
+
+def svgs(text: str) -> list[ET.Element]:
+    """Every inline SVG, parsed as XML: it must be well formed on its own."""
+    found = re.findall(r"<svg\b.*?</svg>", text, flags=re.DOTALL)
+    return [ET.fromstring(chunk) for chunk in found]
+
+
+def section(text: str, key: str) -> str:
+    match = re.search(rf'<section id="{key}">(.*?)</section>', text, flags=re.DOTALL)
+    assert match, f"no section {key}"
+    return match.group(1)
+
+
+def assert_self_contained(text: str, page: Page) -> None:
+    assert not {"script", "link", "iframe", "object", "embed", "img"} & set(page.tags)
+    assert all(not re.match(r"\s*(https?:)?//", ref) for ref in page.refs), page.refs
+    assert all(ref.startswith("#") for ref in page.refs), page.refs
+    assert "@import" not in text and "url(" not in text
+
+
+def report(capsys, tmp_path, om, *extra) -> tuple[str, Page, str]:
+    out = tmp_path / "report.html"
+    rc, stdout, stderr = run_cli(capsys, "report", om, "-o", out, *extra)
+    assert rc == 0, stderr
+    text = out.read_text(encoding="utf-8")
+    return text, Page(text), stdout
+
+
+# --- the pages -----------------------------------------------------------------------------
+
+
+def test_cpu_page_has_every_section_and_says_what_is_missing(built, capsys, tmp_path):
+    text, page, stdout = report(capsys, tmp_path, built["tiny_om"])
+    assert f"wrote {tmp_path / 'report.html'}" in stdout
+    assert {key for key, _ in SECTIONS} <= page.ids
+    assert_self_contained(text, page)
+    plain = page.plain
+    assert "target cpu" in plain and graphopt.__version__ in plain
+    assert "No accuracy check: add --reference MODEL.onnx" in plain
+    assert "No tuning storage given: add --tuning-db FILE.db" in plain
+    assert "No kernel configs for target cpu" in plain
+    pictures = svgs(text)
+    assert len(pictures) == 2  # the graph and the one partition's memory plan
+    graph, plan = pictures
+    ns = "{http://www.w3.org/2000/svg}"
+    tips = [t.text for t in graph.iter(f"{ns}title")]
+    assert any(tip.startswith("model input input") for tip in tips), tips
+    assert any("in partition p0_cpu (cpu)" in tip for tip in tips)
+    assert any("f32[" in tip for tip in tips)
+    # The memory picture gives each buffer a tooltip: its tensors, bytes, offset and steps.
+    assert all(re.search(r": [\d,]+ B at [\d,]+, steps \d+-\d+$", t.text)
+               for t in plan.iter(f"{ns}title") if t.text.count(" B at "))
+    assert len([t for t in plan.iter(f"{ns}title") if " B at " in t.text]) >= 2
+    passes = section(text, "passes")
+    assert "InferShapes" in passes and "Δ nodes" in passes
+
+
+def test_ascend_page_shows_partitions_crossing_edges_fallbacks_and_kernels(built, capsys,
+                                                                         tmp_path):
+    text, page, _ = report(capsys, tmp_path, built["topk_om"])
+    assert_self_contained(text, page)
+    parts = Page(section(text, "partitions")).plain
+    assert "p0_npu" in parts and "p1_cpu" in parts
+    graph = svgs(section(text, "graph"))[0]
+    ns = "{http://www.w3.org/2000/svg}"
+    fills = {r.get("fill") for r in graph.iter(f"{ns}rect")}
+    assert len(fills - {"#ffffff"}) == 2  # one colour per partition
+    edges = {e.find(f"{ns}title").text: e for e in graph.iter(f"{ns}polyline")}
+    assert edges["scores (p0_npu → p1_cpu)"].get("stroke") == "#c0392b"
+    tips = [t.text for t in graph.iter(f"{ns}title")]
+    assert any(tip.startswith("TopK") and "partition p1_cpu (cpu)" in tip
+               and "%scores f32[1,64]" in tip for tip in tips), tips
+    placement = Page(section(text, "placement")).plain
+    assert "1 node(s) fell back to the host" in placement
+    assert "no npu kernel for TopK" in placement
+    kernels = Page(section(text, "kernels")).plain
+    assert "cube tilings" in kernels
+    assert len(re.findall(r"\d+x\d+x\d+ l1=\d db=o[nf]f? cores=\d", kernels)) == 3
+    assert "default=3" in kernels  # three cube kernels, none tuned (compiled without a db)
+    memory = section(text, "memory")
+    assert len(svgs(memory)) == 1  # p1_cpu's TopK needs no work memory
+    assert "p1_cpu: no work memory" in Page(memory).plain
+
+
+def test_reference_adds_a_passing_accuracy_table(built, capsys, tmp_path):
+    text, _, stdout = report(capsys, tmp_path, built["topk_om"], "--reference",
+                             built["topk"], "--inputs", built["feeds"])
+    assert "accuracy: PASS (2/2 outputs" in stdout
+    accuracy = section(text, "accuracy")
+    plain = Page(accuracy).plain
+    assert f"inputs {built['feeds']}" in plain
+    assert re.search(r"values f32\[1,5\] 1\.000000", plain), plain
+    assert "indices i64[1,5]" in plain
+    assert '<span class="pass">PASS</span>' in accuracy and "FAIL" not in accuracy
+    assert "<h3>intermediates</h3>" not in accuracy
+    text, _, _ = report(capsys, tmp_path, built["topk_om"], "--reference", built["topk"],
+                        "--per-tensor")
+    intermediates = section(text, "accuracy").split("<h3>intermediates</h3>")[1]
+    assert "<td>scores</td>" in intermediates  # the tensor crossing the two partitions
+
+
+def test_a_different_reference_fails_in_the_table(built, capsys, tmp_path):
+    other = topk_model()  # same graph, other weights: the .om no longer matches it
+    wrong = tmp_path / "other.onnx"
+    onnx.save(other, wrong)
+    text, _, stdout = report(capsys, tmp_path, built["topk_om"], "--reference", wrong)
+    assert "accuracy: FAIL" in stdout
+    assert '<span class="fail">FAIL</span>' in section(text, "accuracy")
+
+
+def test_tuning_db_gives_each_signature_its_study_and_curve(built, capsys, tmp_path):
+    text, page, stdout = report(capsys, tmp_path, built["topk_om"], "--tuning-db", built["db"],
+                                "--reference", built["topk"])
+    assert_self_contained(text, page)
+    tuning = section(text, "tuning")
+    signatures = set(re.findall(r"<td>(ascend310/(?:conv|gemm)/[^<]+)</td>", tuning))
+    assert signatures == {
+        "ascend310/conv/b1_m1024_k72_n32/float16", "ascend310/conv/b1_m1024_k288_n32/float16",
+        "ascend310/gemm/b1_m1_k32_n64/float16"}
+    curves = svgs(tuning)
+    assert len(curves) == 2  # op studies, then the subgraph study
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len([p for p in curves[0].iter(f"{ns}polyline") if p.find(f"{ns}title") is not None]) == 3
+    assert "subgraph/ascend310/" in Page(tuning).plain
+    assert "tuning: 3/3 kernel signature(s) with studies; subgraph study: subgraph/ascend310/" \
+        in stdout
+
+
+def test_subgraph_study_needs_the_source_model(built, capsys, tmp_path):
+    alone = tmp_path / "alone.om"
+    shutil.copy(built["topk_om"], alone)  # no topk.onnx beside it, no --reference
+    text, _, _ = report(capsys, tmp_path, alone, "--tuning-db", built["db"])
+    tuning = Page(section(text, "tuning")).plain
+    assert "keyed by the source model's bytes: give --reference MODEL.onnx" in tuning
+    assert "ascend310/gemm/b1_m1_k32_n64/float16" in tuning
+
+
+def test_cpu_target_has_nothing_to_op_tune(built, capsys, tmp_path):
+    text, _, _ = report(capsys, tmp_path, built["tiny_om"], "--tuning-db", built["db"])
+    tuning = Page(section(text, "tuning")).plain
+    assert "no NPU cube kernel with static shapes (target cpu)" in tuning
+    assert "no subgraph study for target cpu" in tuning
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def test_errors_name_the_option_and_leave_the_old_page(built, capsys, tmp_path):
+    out = tmp_path / "report.html"
+    out.write_text("old")
+    rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--tuning-db",
+                         tmp_path / "none.db")
+    assert rc == 1 and "--tuning-db" in err and "none.db: no such file" in err
+    assert not (tmp_path / "none.db").exists()  # not created by looking
+    rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--storage",
+                         tmp_path / "none.db")
+    assert rc == 1 and "--storage" in err
+    rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--inputs",
+                         built["feeds"])
+    assert rc == 1 and "--inputs applies to the accuracy check; add --reference" in err
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, y=np.zeros(3, np.float32))
+    rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--reference",
+                         built["topk"], "--inputs", bad)
+    assert rc == 1 and "bad.npz" in err
+    rc, _, err = run_cli(capsys, "report", built["topk"], "-o", out)
+    assert rc == 1 and "not a compiled .om; compile it first" in err
+    rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", tmp_path / "no" / "r.html")
+    assert rc == 1 and "does not exist" in err
+    assert out.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report")] == []
+
+
+# --- the pieces ----------------------------------------------------------------------------
+
+
+def chain_graph(length: int, branches: int = 0) -> GraphData:
+    """input -> Relu × length -> output, plus `branches` Neg nodes reading the first Relu and
+    joined by an Add at the end (they break the chain there)."""
+    nodes = [OpNode("in:x", "input", "x")]
+    edges = []
+    prev = "in:x"
+    for i in range(length):
+        nodes.append(OpNode(f"p:{i}", "Relu", f"r{i}", "p", "cpu"))
+        edges.append((prev, f"p:{i}", f"t{i}"))
+        prev = f"p:{i}"
+    for b in range(branches):
+        nodes.append(OpNode(f"q:{b}", "Neg", f"n{b}", "q", "npu"))
+        edges += [("p:0", f"q:{b}", "t0"), (f"q:{b}", "p:end", f"n{b}")]
+    if branches:
+        nodes.append(OpNode("p:end", "Add", "end", "p", "cpu"))
+        edges.append((prev, "p:end", "last"))
+        prev = "p:end"
+    nodes.append(OpNode("out:y", "output", "y"))
+    edges.append((prev, "out:y", "y"))
+    return GraphData(nodes, edges, [("p", "cpu"), ("q", "npu")])
+
+
+def test_layout_layers_edges_downwards_and_never_overlaps_boxes():
+    graph = chain_graph(12, branches=3)
+    placed = layout(graph, collapse=False)
+    assert len(placed.boxes) == len(graph.nodes)
+    for a, b, _, _ in placed.edges:
+        assert placed.boxes[a].layer < placed.boxes[b].layer
+    by_layer: dict[int, list[float]] = {}
+    for box in placed.boxes.values():
+        by_layer.setdefault(box.layer, []).append(box.x)
+    for xs in by_layer.values():
+        xs.sort()
+        assert all(b - a >= NODE_W + NODE_SEP - 1e-6 for a, b in itertools.pairwise(xs))
+    # The Relu chain is straight: every Relu sits at the same x.
+    assert len({round(placed.boxes[f"p:{i}"].x, 3) for i in range(1, 12)}) == 1
+
+
+def test_big_graphs_collapse_chains_and_cap_the_boxes():
+    graph = chain_graph(80, branches=2)
+    placed = layout(graph)  # > 60 ops: collapsed
+    chain = [b for b in placed.boxes.values() if len(b.members) > 1]
+    assert len(chain) == 1 and len(chain[0].members) == 79  # p:1 … p:79; p:0 branches
+    assert len(chain[0].members) >= CHAIN_MIN
+    assert any("79 nodes are drawn as 1 collapsed chain(s)" in n for n in placed.notes)
+    wide = GraphData([OpNode("in:x", "input", "x")]
+                     + [OpNode(f"p:{i}", "Neg", "", "p", "cpu") for i in range(MAX_BOXES + 20)],
+                     [("in:x", f"p:{i}", "x") for i in range(MAX_BOXES + 20)], [("p", "cpu")])
+    capped = layout(wide)
+    assert len(capped.boxes) == MAX_BOXES
+    assert any(f"only the first {MAX_BOXES} of {MAX_BOXES + 21} boxes" in n
+               for n in capped.notes)
+
+
+def test_stored_plan_rebuilds_the_planned_buffers():
+    proto = parse_model("""
+        g (float[1,60] x) => (y) {
+            a = Relu (x)
+            b = Reshape (a, shape)
+            c = Sigmoid (b)
+            d = Mul (c, b)
+            y = Neg (d)
+        }""", HEADER, shape=np.array([1, 6, 10], np.int64))  # 240 B: aligned up to 256
+    model = load_onnx(proto)
+    infer_shapes(model)
+    plan = plan_memory(model)
+    stored = StoredPlan.from_dict(plan.to_dict())
+    assert stored.steps == plan.steps and stored.arena_bytes == plan.arena_bytes
+    assert {b.id: (b.first, b.last, b.size) for b in stored.buffers} == \
+        {b.id: (b.first, b.last, b.size) for b in plan.buffers}
+    assert stored.offsets == plan.offsets
+
+
+def test_histories_svg_is_what_draw_histories_writes(tmp_path):
+    series = [("a", [float("inf"), 3.0, 2.0, 2.0, 1.5], 3.0), ("b", [1.0, 1.0, 0.9], 1.0)]
+    path = tmp_path / "h.svg"
+    draw_histories(series, str(path))
+    assert path.read_text() == histories_svg(series)
+    ET.fromstring(histories_svg(series))
+    draw_histories(series, str(tmp_path / "h.png"))
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- in a browser --------------------------------------------------------------------------
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def png_pixels(data: bytes) -> tuple[int, int, bytes]:
+    """(width, height, the raw decompressed scanlines) of a PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    chunks, pos = [], 8
+    while pos < len(data):
+        length, tag = struct.unpack(">I4s", data[pos:pos + 8])
+        if tag == b"IDAT":
+            chunks.append(data[pos + 8:pos + 8 + length])
+        pos += 12 + length
+    return width, height, zlib.decompress(b"".join(chunks))
+
+
+@pytest.mark.skipif(chromium() is None, reason="no chromium binary on PATH (chromium, "
+                    "chromium-browser or google-chrome); .ci/chromium.sh installs Debian's")
+def test_the_page_renders_in_headless_chromium(built, capsys, tmp_path):
+    report(capsys, tmp_path, built["topk_om"], "--reference", built["topk"])
+    url = (tmp_path / "report.html").as_uri()
+    browser = [chromium(), "--headless", "--disable-gpu", "--no-sandbox",
+               "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    page = Page(dom)
+    assert {key for key, _ in SECTIONS} <= page.ids
+    assert dom.count("<svg") == 2 and "PASS" in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1000,1400", url],
+                   capture_output=True, timeout=120, check=True)
+    width, height, raw = png_pixels(shot.read_bytes())
+    assert (width, height) == (1000, 1400)
+    # A blank or single-colour page compresses to a handful of distinct bytes; text, tables
+    # and the coloured graph give hundreds of distinct values across the scanlines.
+    assert len(set(raw)) > 100
+    assert os.path.getsize(shot) > 20_000
