@@ -63,3 +63,26 @@ class PerturbWeights(Pass):
                 value.const = Tensor(array + 1)
                 result.count("perturbed")
         return result
+
+
+def conv_topk_model(k: int = 4, seed: int = 7) -> onnx.ModelProto:
+    """Convs and a classifier an NPU runs, then a TopK it has no kernel for: on ascend310, an
+    NPU partition and a CPU one."""
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    return parse_model(f"""
+        g (float[1,8,32,32] x) => (float[1,{k}] values, int64[1,{k}] indices) {{
+            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            r2 = Relu (c2)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            scores = Gemm <transB = 1> (f, wf, bf)
+            values, indices = TopK <axis = 1> (scores, k)
+        }}""", w1=weight(32, 8, 3, 3), b1=weight(32),
+        w2=weight(32, 32, 3, 3), b2=weight(32), wf=weight(64, 32), bf=weight(64),
+        k=np.array([k], np.int64))

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model, run_cli
+from helpers import conv_topk_model, parse_model, run_cli
 
 import graphopt
 from graphopt import zoo
@@ -101,18 +101,7 @@ def test_level_override_changes_what_runs(tiny):
 
 
 def test_partitions_of_an_npu_om_with_a_fallback(tmp_path):
-    proto = parse_model("""
-        g (float[1,8,32,32] x) => (float[1,4] values, int64[1,4] indices) {
-            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
-            r1 = Relu (c1)
-            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
-            r2 = Relu (c2)
-            p = GlobalAveragePool (r2)
-            f = Flatten (p)
-            scores = Gemm <transB = 1> (f, wf, bf)
-            values, indices = TopK <axis = 1> (scores, k)
-        }""", w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3), b2=weight(32),
-        wf=weight(64, 32), bf=weight(64), k=np.array([4], np.int64))
+    proto = conv_topk_model(k=4)
     path = tmp_path / "npu.om"
     graphopt.save(graphopt.optimize(proto, target="ascend310"), path)
     profile = profile_model(path, **RUNS)

@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model, run_cli
+from helpers import conv_topk_model, parse_model, run_cli
 
 import graphopt
 from graphopt import zoo
@@ -39,20 +39,9 @@ def weight(*shape: int) -> np.ndarray:
     return (RNG.standard_normal(shape) * 0.2).astype(np.float32)
 
 
-def topk_model() -> onnx.ModelProto:
+def topk_model(seed: int = 7) -> onnx.ModelProto:
     """Convs and a classifier the NPU runs, then a TopK it has no kernel for: two partitions."""
-    return parse_model("""
-        g (float[1,8,32,32] x) => (values, indices) {
-            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
-            r1 = Relu (c1)
-            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
-            r2 = Relu (c2)
-            p = GlobalAveragePool (r2)
-            f = Flatten (p)
-            scores = Gemm <transB = 1> (f, wf, bf)
-            values, indices = TopK <axis = 1> (scores, k)
-        }""", HEADER, w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3),
-        b2=weight(32), wf=weight(64, 32), bf=weight(64), k=np.array([5], np.int64))
+    return conv_topk_model(k=5, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +210,7 @@ def test_reference_adds_a_passing_accuracy_table(built, capsys, tmp_path):
 
 
 def test_a_different_reference_fails_in_the_table(built, capsys, tmp_path):
-    other = topk_model()  # same graph, other weights: the .om no longer matches it
+    other = topk_model(seed=8)  # same graph, other weights: the .om no longer matches it
     wrong = tmp_path / "other.onnx"
     onnx.save(other, wrong)
     text, _, stdout = report(capsys, tmp_path, built["topk_om"], "--reference", wrong)
