@@ -75,7 +75,7 @@ def split_weights(model: onnx.ModelProto, member: str,
             length = len(tensor.raw_data)
         if length is not None and length >= MIN_EXTERNAL_BYTES:
             sizes[index] = length
-    referenced = any(_source_length(t, sources) is not None for t in _all_tensors(model.graph))
+    referenced = any(_source_length(t, sources) is not None for t in all_tensors(model.graph))
     if sum(sizes.values()) < MIN_BLOB_BYTES:
         if not referenced:
             return model, None
@@ -92,7 +92,7 @@ def split_weights(model: onnx.ModelProto, member: str,
                 _copy_field(moved, field, value)
         offset = blob.add(sizes[index], _chunks_of(tensor, sources))
         _set_reference(moved, member, offset, sizes[index])
-    for tensor in _all_tensors(stripped.graph):  # references left in the model: inline them
+    for tensor in all_tensors(stripped.graph):  # references left in the model: inline them
         source = sources.get(_location(tensor)) if tensor.data_location == \
             TensorProto.EXTERNAL else None
         if source is not None:
@@ -102,18 +102,22 @@ def split_weights(model: onnx.ModelProto, member: str,
     return stripped, blob
 
 
-def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    """Every tensor of `graph` and its subgraphs: initializers and tensor attributes."""
+def all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every tensor of `graph` and its subgraphs: initializers (sparse ones' values and
+    indices too) and tensor attributes."""
     yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
     for node in graph.node:
         for attr in node.attribute:
             if attr.HasField("t"):
                 yield attr.t
             yield from attr.tensors
             if attr.HasField("g"):
-                yield from _all_tensors(attr.g)
+                yield from all_tensors(attr.g)
             for sub in attr.graphs:
-                yield from _all_tensors(sub)
+                yield from all_tensors(sub)
 
 
 def _location(tensor: TensorProto) -> str | None:

@@ -9,7 +9,7 @@ import os
 import re
 import struct
 import zipfile
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import onnx
 from onnx import TensorProto
@@ -26,7 +26,7 @@ from graphopt.codegen.om_manifest import (
     check_member_name,
     dtype_name,
 )
-from graphopt.codegen.om_weights import (FILE_ALIGNMENT, WEIGHTS_DIR, Blob, split_weights,
+from graphopt.codegen.om_weights import (FILE_ALIGNMENT, WEIGHTS_DIR, Blob, all_tensors, split_weights,
                                          weights_member)
 from graphopt.errors import ArtifactError, GraphoptError
 
@@ -173,28 +173,12 @@ def route(
     return top_inputs, outputs, routing
 
 
-def _iter_tensors(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _iter_tensors(attr.g)
-            for sub in attr.graphs:
-                yield from _iter_tensors(sub)
-
-
 def uses_external_data(model: onnx.ModelProto, resolvable: Mapping[str, Any] | None = None
                        ) -> bool:
     """Whether a tensor keeps its data in an external file (other than references the writer
     resolves itself, `resolvable`): an .om must be self-contained, and an external reference
     would also let a file read any path."""
-    for tensor in _iter_tensors(model.graph):
+    for tensor in all_tensors(model.graph):
         if tensor.data_location == TensorProto.EXTERNAL:
             location = next((e.value for e in tensor.external_data if e.key == "location"), None)
             if location not in (resolvable or {}):
