@@ -131,26 +131,91 @@ def test_histogram_methods_run_end_to_end(tmp_path, method, cosine):
     assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > cosine
 
 
+def _float_convs(out):
+    producers = {o: n for n in out.graph.node for o in n.output}
+    return sorted(n.name for n in out.graph.node if n.op_type == "Conv"
+                  and producers.get(n.input[1]) is None)
+
+
 def test_quant_skip_and_keep_ends(tmp_path):
     calibration = _calibration(tmp_path)
-
-    def float_convs(out):
-        producers = {o: n for n in out.graph.node for o in n.output}
-        return sorted(n.name for n in out.graph.node if n.op_type == "Conv"
-                      and producers.get(n.input[1]) is None)
-
-    _, out = _int8(_conv_model(), calibration=calibration)  # keep_ends is the default
-    assert float_convs(out) == ["conv0", "conv4"]
+    # keep_ends is the default: conv0 reads the graph input; conv4 feeds a residual Add, so it
+    # is no last layer (the model has no head).
+    _, out = _int8(_conv_model(), calibration=calibration)
+    assert _float_convs(out) == ["conv0"]
     _, out = _int8(_conv_model(), calibration=calibration, quant_keep_ends=False,
                    quant_skip={"conv2"})
-    assert float_convs(out) == ["conv2"]
+    assert _float_convs(out) == ["conv2"]
     # Skipping the first layer does not move the ends inwards.
     _, out = _int8(_conv_model(), calibration=calibration, quant_skip={"conv0"})
-    assert float_convs(out) == ["conv0", "conv4"]
+    assert _float_convs(out) == ["conv0"]
     result, out = _int8(_conv_model(), calibration=calibration, quant_skip={"Conv"})
-    assert float_convs(out) == ["conv0", "conv2", "conv4"]
+    assert _float_convs(out) == ["conv0", "conv2", "conv4"]
     assert not any(n.op_type == "QuantizeLinear" for n in out.graph.node)
     assert any("quant_skip" in note for note in result.notes)
+
+
+CLASSIFIER = """
+    agraph (float[1, 3, 16, 16] x) => (float[1, 10] y) {
+        n = Sub(x, mean)
+        c1 = Conv <pads = [1, 1, 1, 1]> (n, w1)
+        r1 = Relu(c1)
+        c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
+        r2 = Relu(c2)
+        p = GlobalAveragePool(r2)
+        f = Flatten(p)
+        g = Gemm <transB = 1> (f, wf, bf)
+        y = Softmax(g)
+    }"""
+
+
+def test_keep_ends_keeps_a_classifiers_stem_and_head_float(tmp_path):
+    """The stem reads the input through a constant Sub and the FC writes the output through a
+    Softmax: both ends; the conv between them quantizes."""
+    rng = np.random.default_rng(7)
+    proto = parse_model(CLASSIFIER, mean=np.full((1, 3, 1, 1), 0.4, np.float32),
+                        w1=rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+                        w2=rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2,
+                        wf=rng.standard_normal((10, 8)).astype(np.float32) * 0.3,
+                        bf=rng.standard_normal(10).astype(np.float32) * 0.1)
+    for i, node in enumerate(proto.graph.node):
+        node.name = f"{node.op_type.lower()}{i}"
+    result, out = _int8(proto, calibration=_calibration(tmp_path))
+    assert _float_convs(out) == ["conv1"]
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops["Gemm"] == 1 and ops["Conv"] == 2
+    gemm = next(n for n in out.graph.node if n.op_type == "Gemm")
+    assert gemm.input[1] == "wf"  # the float weight, no DequantizeLinear
+    assert result.log.totals()["QuantizeInt8"]["rewrites"] == {
+        "Conv": 1, "QuantizeLinear": 2, "fold Relu": 1}
+    feeds = numerics.random_feeds(proto, seed=5)
+    assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > MIN_COSINE
+    _, out = _int8(proto, calibration=_calibration(tmp_path), quant_keep_ends=False)
+    assert _float_convs(out) == [] and "wf" not in {i for n in out.graph.node for i in n.input}
+
+
+def test_keep_ends_quantizes_an_encoder_whole_and_keeps_an_lm_head_float(tmp_path):
+    """BERT's GEMMs read and write normalized hidden states: none is an end. GPT-2's vocabulary
+    projection writes the logits: it stays float."""
+    bert = zoo.build("bert_base", layers=2, hidden=64, heads=2, intermediate=128, vocab=100)
+    gpt2 = zoo.build("gpt2_small", layers=1, hidden=64, heads=2, vocab=100, positions=32)
+    # Four DynamicQuantizeMatMuls a layer: the packed QKV, the output projection, FFN in and out.
+    for proto, output, dynamic, matmuls in ((bert, "last_hidden_state", 8, 0),
+                                            (gpt2, "logits", 4, 1)):
+        feeds = zoo.sample_inputs(proto, seed=0, dims={"sequence_length": 16})
+        path = tmp_path / "c.npz"
+        np.savez(path, **{k: v[None] for k, v in feeds.items()})
+        shapes = {k: list(v.shape) for k, v in feeds.items()}
+        result = graphopt.optimize(proto, input_shapes=shapes, pass_options={
+            "quantize": "int8", "calibration": str(path)})
+        out = graphopt.to_onnx(result.model)
+        ops = Counter(n.op_type for n in out.graph.node)
+        assert (ops["DynamicQuantizeMatMul"], ops["MatMul"]) == (dynamic, matmuls), output
+        if matmuls:
+            head = next(n for n in out.graph.node if n.op_type == "MatMul")
+            assert head.output[0] == output
+        expected, actual = numerics.run(proto, feeds)[output], numerics.run(out, feeds)[output]
+        assert _cosine(expected, actual) > 0.995, output
 
 
 MATMUL = """
@@ -231,8 +296,9 @@ def test_om_for_the_cpu_runs_int8_with_nchwc_left_to_float_convs(tmp_path):
     result = graphopt.optimize(proto, target="cpu", pass_options={
         "quantize": "int8", "calibration": _calibration(tmp_path)})
     ops = Counter(n.qualified_op for n in result.model.graph)
-    # keep_ends: conv0 and conv4 stay float and LayoutNchwc blocks them; conv2 stays QDQ.
-    assert ops["Conv"] == 1 and ops["com.microsoft.nchwc::Conv"] == 2
+    # keep_ends: conv0 reads the input, stays float and LayoutNchwc blocks it; conv2 and conv4
+    # stay QDQ.
+    assert ops["Conv"] == 2 and ops["com.microsoft.nchwc::Conv"] == 1
     graphopt.save(result, tmp_path / "m.om")
     session = graphopt.load(str(tmp_path / "m.om"))
     feeds = numerics.random_feeds(proto, seed=5)
