@@ -24,6 +24,7 @@ EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.opt.onnx -O3 --verify
   graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
   graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
+  graphopt optimize bert.onnx -o bert.om --dynamic-dims "batch_size:1,8;sequence_length:128,512"
   graphopt partition model.onnx --target ascend310
   graphopt targets ascend910b
   graphopt tune model.onnx --target ascend310 --tuning-db tuning.db --trials 50
@@ -64,6 +65,11 @@ def _add_optimize(sub) -> None:
                    help="file of `PassName: on|off` lines (or JSON) switching passes off")
     p.add_argument("--input-shape", metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
+    p.add_argument("--dynamic-dims", metavar="DIMS",
+                   help='compile one plan per shape profile into the .om, ATC style: '
+                        '"batch:1,4,8;seq:128,512" (every combination) or '
+                        '"batch=1,seq=512;batch=8,seq=128" (listed); a dim is a symbolic input '
+                        'dim or INPUT[AXIS]. The runtime takes the profile the inputs match')
     p.add_argument("--fold-size-limit", type=_size, metavar="BYTES",
                    help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
     p.add_argument("--verify", action="store_true",
@@ -127,6 +133,9 @@ def _cmd_optimize(args) -> int:
     if args.tuning_db and not (args.target or args.output.endswith(".om")):
         raise OptionError("--tuning-db applies what `graphopt tune` found for a target: give "
                           "--target or -o FILE.om")
+    if args.dynamic_dims and not args.output.endswith(".om"):
+        raise OptionError(f"--dynamic-dims: -o {args.output}: the shape profiles are kept "
+                          "together in an .om; ONNX holds one shape per model")
     if args.rtol < 0 or args.atol < 0:
         raise OptionError(f"--rtol/--atol must be ≥ 0, got {args.rtol}/{args.atol}")
     target = args.target or ("cpu" if args.output.endswith(".om") else None)
@@ -147,7 +156,8 @@ def _cmd_optimize(args) -> int:
                       verify_structure=args.verify_each,
                       allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
                       target=target, memory_reorder=args.memory_reorder,
-                      rewrite_gate=gate, pass_options=pass_options)
+                      rewrite_gate=gate, pass_options=pass_options,
+                      dynamic_dims=args.dynamic_dims)
     save(result, args.output, tuning_db=args.tuning_db)
     if args.memory_plot:
         for path in draw_memory_plans(result, args.memory_plot):

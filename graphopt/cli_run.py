@@ -53,6 +53,10 @@ def add_run_parser(sub) -> None:
                         "chooses, usually one per core)")
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
+    p.add_argument("--profile", metavar="NAME",
+                   help="an artifact with shape profiles (--dynamic-dims): shape the random "
+                        "inputs for this profile (default: the first); with --inputs the "
+                        "inputs' shapes choose the profile")
     p.set_defaults(func=_cmd_run)
 
 
@@ -89,6 +93,9 @@ def _check_run_options(args) -> int:
         raise OptionError(f"--threads must be 0 (onnxruntime chooses) or more, got {args.threads}")
     if args.seed is not None and args.inputs:
         raise OptionError("--seed only applies to random inputs; drop it or --inputs")
+    if args.profile is not None and args.inputs:
+        raise OptionError("--profile shapes random inputs; with --inputs their shapes choose "
+                          "the profile")
     if args.outputs:
         directory = os.path.dirname(os.path.abspath(args.outputs))
         if os.path.isdir(args.outputs):
@@ -125,7 +132,7 @@ def _cmd_run(args) -> int:
     if feeds is None:
         seed = 0 if args.seed is None else args.seed
         try:
-            feeds = random_feeds(session.inputs, seed=seed)
+            feeds = random_feeds(_profile_signature(session, args), seed=seed)
         except InputError as exc:
             raise InputError(f"{args.model}: {exc}; pass --inputs FILE.npz with concrete arrays") from None
         print(f"note: no --inputs given: running on seeded random inputs (seed {seed}) "
@@ -138,6 +145,11 @@ def _cmd_run(args) -> int:
 
     outputs, first_seconds = timed(lambda: session.run(feeds))
     print(f"{args.model}: loaded in {_ms(load_seconds)}, first run {_ms(first_seconds)}")
+    if session.profiles:
+        chosen = session.profile_for(feeds)
+        dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
+        print(f"shape profile {chosen} ({', '.join(f'{k}={v}' for k, v in dims.items())}) of "
+              f"{len(session.profiles)}")
     if args.repeat is not None:
         samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
         threads = "onnxruntime's default threads" if not args.threads else f"{args.threads} thread(s)"
@@ -150,6 +162,19 @@ def _cmd_run(args) -> int:
         save_npz(args.outputs, outputs)
         print(f"\nwrote {args.outputs}: {', '.join(outputs)}")
     return 0
+
+
+def _profile_signature(session, args) -> list[dict]:
+    """The signature random inputs are made for: the chosen shape profile's, if any."""
+    if not session.profiles:
+        if args.profile is not None:
+            raise OptionError(f"--profile {args.profile}: {args.model} has no shape profiles")
+        return session.inputs
+    names = [p["name"] for p in session.profiles]
+    name = names[0] if args.profile is None else args.profile
+    if name not in names:
+        raise OptionError(f"--profile {name}: {args.model} has profiles {', '.join(names)}")
+    return next(p["inputs"] for p in session.profiles if p["name"] == name)
 
 
 # --- inspect -------------------------------------------------------------------------------

@@ -49,6 +49,10 @@ class OptimizeResult:
     partitioning: "Partitioning | None" = None  # when compiled for a target
     partition_models: dict = field(default_factory=dict)  # partition name -> Model
     memory_plans: dict = field(default_factory=dict)  # partition name -> Plan, or why none
+    # With --dynamic-dims: every shape profile's compile (compile_profiles.CompiledProfile),
+    # this result being the first's, and the model's signature before any pin.
+    profiles: list = field(default_factory=list)
+    dynamic_signature: dict | None = None
 
     @property
     def nodes_before(self) -> int:
@@ -112,7 +116,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              target: "str | Target | None" = None, memory_reorder: bool = False,
              rewrite_gate=None, pass_options: dict | None = None,
              dump_format: str = "text", instruments=(), precision: str = "keep",
-             quantize: str = "none") -> OptimizeResult:
+             quantize: str = "none", dynamic_dims=None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
@@ -132,7 +136,15 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
 
     `dump_dir` receives the IR after import and after each pass, as printed IR (`dump_format`
     "text"), ONNX sharing one weights file ("onnx") or both, plus passes.json.
+
+    `dynamic_dims` compiles one plan per shape profile, ATC style: "batch:1,4,8;seq:128,512"
+    (every combination), "batch=1,seq=128;batch=8,seq=64" (listed), {"batch": [1, 4]} or
+    [{"batch": 1, "seq": 128}, …]; a key is a symbolic input dim or `input[axis]`. The result
+    is the first profile's, with every profile's in `result.profiles`; `save` writes them all
+    into one .om, whose runtime picks the profile matching each run's input shapes.
     """
+    # Every other argument, as given, for each profile's compile under --dynamic-dims.
+    arguments = {k: v for k, v in locals().items() if k not in ("model", "dynamic_dims")}
     start = time.perf_counter()
     if isinstance(target, (str, os.PathLike)):
         from graphopt.partition import load_target
@@ -146,6 +158,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                               f"{', '.join(Options.names())})")
         setattr(options, name, value)
     check_precision_options(options)
+    if dynamic_dims is not None:  # the options are checked once, before any profile's compile
+        from graphopt.compile_profiles import optimize_profiles
+
+        return optimize_profiles(model, dynamic_dims, arguments)
     is_path = isinstance(model, (str, os.PathLike))
     label = os.fspath(model) if is_path else "<model>"
     source_sha256 = None
@@ -298,6 +314,13 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
     result = model if isinstance(model, OptimizeResult) else None
     if isinstance(model, OptimizeResult):
         model = model.model
+    if result is not None and result.profiles:
+        if not path.endswith(".om"):
+            raise OptionError(f"{path}: shape profiles (--dynamic-dims) are kept together in an "
+                              ".om; ONNX holds one shape per model (write -o model.om)")
+        with heap_frozen():
+            _save_profiles_om(result, path, tuning_db)
+        return
     if not path.endswith(".om"):
         save_onnx(model, path, external=external_data)
         return
@@ -309,40 +332,75 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
              tuning_db: str | None) -> None:
     from graphopt.codegen import OmPartition, write_om
 
-    partitioning = result.partitioning if result is not None else None
-    if partitioning is None:
-        target, extra = "cpu", {}
-    else:
-        from graphopt.partition.report import partitioning_json
-        from graphopt.tuner.records import SOURCE_TUNED, kernel_records
-
-        target = partitioning.target.name
-        tilings = None
-        if tuning_db:
-            from graphopt.tuner.kb import tuned_tilings
-
-            tilings = tuned_tilings(tuning_db, result.model, partitioning)
-        kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
-        extra = {"partitioning": partitioning_json(partitioning),
-                 **({"kernels": kernels} if kernels else {}),
-                 "memory_plan": {name: {"unplanned": plan} if isinstance(plan, str)
-                                 else plan.to_dict()
-                                 for name, plan in result.memory_plans.items()}}
     # The partition models carry references to the IR's tensors, not their bytes: each weight
     # streams into the artifact from where it lives (array, protobuf, mapped file).
     with tensor_references() as sources:
-        if partitioning is None:
+        if result is None or result.partitioning is None:
             proto = model if isinstance(model, ModelProto) else to_onnx(model)
             parts = [OmPartition(name="p0", device="cpu", model=proto)]
+            target, extra = "cpu", {}
         else:
-            from graphopt.codegen.split import om_partitions
-
-            # After -O2/-O3 (fusions done, conv nets blocked for the CPU) onnxruntime's
-            # extended level finds nothing more than its own fusions to do, and starts sooner.
-            fused = result.log.pipeline.startswith(("O2", "O3"))
-            parts = om_partitions(partitioning, result.partition_models,
-                                  cpu_level="extended" if fused else None)
+            target = result.partitioning.target.name
+            parts, extra = _om_plan(result, tuning_db)
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=result.source_sha256 if result else None,
+                 target=target, pass_log=_reproducible_log(result), extra=extra,
+                 weight_sources=sources)
+
+
+def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
+    """(the .om partitions, the manifest's extra sections) of a compile for a target; names
+    get `prefix` (a shape profile's) so that several compiles can share one artifact."""
+    from graphopt.codegen.split import om_partitions
+    from graphopt.partition.report import partitioning_json
+    from graphopt.tuner.records import SOURCE_TUNED, kernel_records
+
+    partitioning = result.partitioning
+    tilings = None
+    if tuning_db:
+        from graphopt.tuner.kb import tuned_tilings
+
+        tilings = tuned_tilings(tuning_db, result.model, partitioning)
+    kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
+    layout = partitioning_json(partitioning)
+    for entry in layout["partitions"]:
+        entry["name"] = prefix + entry["name"]
+    if kernels:
+        kernels["partitions"] = {prefix + k: v for k, v in kernels["partitions"].items()}
+    extra = {"partitioning": layout, **({"kernels": kernels} if kernels else {}),
+             "memory_plan": {prefix + name: {"unplanned": plan} if isinstance(plan, str)
+                             else plan.to_dict() for name, plan in result.memory_plans.items()}}
+    # After -O2/-O3 (fusions done, conv nets blocked for the CPU) onnxruntime's extended
+    # level finds nothing more than its own fusions to do, and starts sooner.
+    fused = result.log.pipeline.startswith(("O2", "O3"))
+    parts = om_partitions(partitioning, result.partition_models,
+                          cpu_level="extended" if fused else None)
+    for part in parts:
+        part.name = prefix + part.name
+    return parts, extra
+
+
+def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) -> None:
+    """One .om holding every shape profile's partitions, weights the profiles share once."""
+    from graphopt.codegen import OmPartition, write_om
+    from graphopt.codegen.om_write import OmProfile
+
+    profiles, sections = [], {}
+    with tensor_references() as sources:
+        for compiled in result.profiles:
+            name, run = compiled.profile.name, compiled.result
+            if run.partitioning is None:
+                parts = [OmPartition(f"{name}.p0", "cpu", to_onnx(run.model))]
+                extra = {}
+            else:
+                parts, extra = _om_plan(run, tuning_db, prefix=f"{name}.")
+            profiles.append(OmProfile(name, compiled.profile.dims, parts))
+            sections[name] = extra
+        default = sections[result.profiles[0].profile.name]
+        # The default profile's sections where tools look for them; every profile's by name.
+        extra = {**default, "profiles": sections}
+        target = result.partitioning.target.name if result.partitioning is not None else "cpu"
+        write_om(path, [], profiles=profiles, dynamic_signature=result.dynamic_signature,
+                 source_path=result.source_label, source_bytes_sha256=result.source_sha256,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
                  weight_sources=sources)

@@ -10,7 +10,9 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
     before = result.ops_before
     after = op_counts(result.model.graph.all_nodes())
     total_after = sum(after.values())
-    head = (f"{result.source_label} -> {output or '(in memory)'}: {result.log.pipeline}, "
+    profiles = (f" (shape profile {result.profiles[0].profile.name} of {len(result.profiles)} "
+                "below)") if result.profiles else ""
+    head = (f"{result.source_label} -> {output or '(in memory)'}{profiles}: {result.log.pipeline}, "
             f"{result.seconds:.2f} s; nodes {sum(before.values())} -> {total_after} "
             f"({total_after - sum(before.values()):+d})")
     pass_rows = []
@@ -38,12 +40,31 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
         from graphopt.partition.report import format_partitioning
 
         parts.append(format_partitioning(result.partitioning))
-    for name, plan in result.memory_plans.items():
-        parts.append(f"memory plan {name}: " + (f"none ({plan})" if isinstance(plan, str)
-                                                 else plan.summary()))
+    if result.profiles:
+        parts.append(format_profiles(result))
+    else:
+        for name, plan in result.memory_plans.items():
+            parts.append(f"memory plan {name}: " + (f"none ({plan})" if isinstance(plan, str)
+                                                     else plan.summary()))
     if result.traces:
         parts.append("\n".join(result.traces))
     for note in result.notes:
         parts.append(f"note: {note}")
     return "\n\n".join(parts)
 
+
+
+def format_profiles(result: OptimizeResult) -> str:
+    """One row per shape profile: the sizes it pins, what its compile made and its memory."""
+    rows = []
+    for compiled in result.profiles:
+        run = compiled.result
+        plans = [p for p in run.memory_plans.values() if not isinstance(p, str)]
+        memory = (f"{sum(p.arena_bytes for p in plans):,} B" if plans and len(plans) ==
+                  len(run.memory_plans) else "-")
+        parts = len(run.partitioning.partitions) if run.partitioning is not None else 1
+        rows.append([compiled.profile.name, compiled.profile.label,
+                     sum(op_counts(run.model.graph.all_nodes()).values()), parts, memory,
+                     f"{run.seconds:.2f}"])
+    return format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
+                        rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")

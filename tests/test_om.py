@@ -392,7 +392,7 @@ def forge_routing(manifest, members):
 
 
 BAD_CASES = {
-    "future_version": (set_field("format_version", 2), r"format_version 2 is newer .* upgrade graphopt"),
+    "future_version": (set_field("format_version", 3), r"format_version 3 is newer .* upgrade graphopt"),
     "zero_version": (set_field("format_version", 0), "unsupported format_version 0"),
     "wrong_format": (set_field("format", "tflite"), r"not a graphopt \.om .*'tflite'"),
     "checksum": (tamper, r"member 'partitions/p0.onnx' fails its sha256 check"),

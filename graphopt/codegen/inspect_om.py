@@ -178,10 +178,35 @@ def _format_fallbacks(info: dict) -> str:
                         title=f"placement: {len(fallbacks)} node(s) fell back to the host")
 
 
+def _format_profiles(artifact: OmArtifact) -> str:
+    """One row per shape profile: the sizes it pins, its inputs, partitions and memory."""
+    by_name = {p["name"]: p for p in artifact.manifest["partitions"]}
+    sections = artifact.manifest["extra"].get("profiles")
+    sections = sections if isinstance(sections, dict) else {}
+    rows = []
+    for profile in artifact.profiles:
+        order = profile["execution_order"]
+        nodes = sum(sum(op_counts(artifact.models[name]).values()) for name in order
+                    if name in artifact.models)
+        plans = (sections.get(profile["name"]) or {}).get("memory_plan")
+        plans = plans if isinstance(plans, dict) else {}
+        arena = [p.get("arena_bytes") for p in plans.values() if isinstance(p, dict)]
+        memory = (format_bytes(sum(arena)) if arena and all(isinstance(a, int) for a in arena)
+                  else "-")
+        devices = sorted({by_name[name]["device"] for name in order if name in by_name})
+        rows.append([profile["name"], ", ".join(f"{k}={v}" for k, v in profile["dims"].items()),
+                     "; ".join(f"{e['name']}{format_shape(e['shape'])}" for e in profile["inputs"]),
+                     f"{len(order)} ({', '.join(devices)})", nodes, memory])
+    return format_table(["profile", "dims", "inputs", "partitions", "nodes", "work memory"], rows,
+                        title=f"shape profiles ({len(rows)}; a run takes the one its input "
+                              "shapes match, the first is the default)")
+
+
 def describe_om(artifact: OmArtifact) -> dict:
     """`graphopt inspect --json`: the manifest as stored plus each partition's node and op counts."""
     partitions = []
-    for part in artifact.partitions:
+    views = [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
+    for part in (part for view in views for part in view.partitions):
         counts = op_counts(part.model)
         partitions.append({"name": part.name, "nodes": sum(counts.values()),
                            "ops": dict(sorted(counts.items()))})
@@ -212,6 +237,9 @@ def format_om(artifact: OmArtifact) -> str:
                  for e in entries]
     parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))
 
+    if artifact.profiles:
+        parts.append(_format_profiles(artifact))
+
     by_name = {p["name"]: p for p in m["partitions"]}
     with_providers = any("providers" in p for p in m["partitions"])
     rows = []
@@ -226,14 +254,18 @@ def format_om(artifact: OmArtifact) -> str:
         rows.append(row)
     headers = ["#", "partition", "device"] + (["providers"] if with_providers else [])
     headers += ["nodes", "ops", "inputs", "outputs", "size"]
-    parts.append(format_table(headers, rows, title=f"partitions ({len(rows)}, in execution order)"))
+    default = f" of the default profile {artifact.profiles[0]['name']}" if artifact.profiles else ""
+    parts.append(format_table(headers, rows, title=f"partitions{default} ({len(rows)}, in "
+                                                   "execution order)"))
 
     routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
-    parts.append(format_table(["tensor", "from", "to"], routing, title="routing"))
+    parts.append(format_table(["tensor", "from", "to"], routing, title=f"routing{default}"))
 
     parts.append(_format_pass_log(m["pass_log"]))
 
     extra = dict(m["extra"])
+    if artifact.profiles:
+        extra.pop("profiles", None)  # in the profiles table
     plans = extra.get("memory_plan")
     if isinstance(plans, dict) and plans and all(isinstance(p, dict) for p in plans.values()):
         parts.append(_format_memory(extra.pop("memory_plan")))

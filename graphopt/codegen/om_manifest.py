@@ -8,7 +8,11 @@ from typing import Any
 from onnx import TensorProto
 
 FORMAT = "graphopt-om"
-FORMAT_VERSION = 1  # bump on any change an older reader would misread; readers refuse newer ones
+FORMAT_VERSION = 2  # bump on any change an older reader would misread; readers refuse newer ones
+# Version 2 added shape profiles. An artifact without them is still written as version 1, so
+# graphopt releases that predate profiles keep reading it; one with profiles is refused by them
+# instead of running its default profile on inputs of every shape.
+PROFILES_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 PARTITION_DIR = "partitions/"
 PARTITION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
@@ -33,7 +37,7 @@ _SIGNATURE_SCHEMA = {
     },
 }
 
-# JSON Schema (draft 2020-12) of manifest.json, format_version 1. New optional keys may be added
+# JSON Schema (draft 2020-12) of manifest.json, format_version 1 and 2. New optional keys may be added
 # without a version bump; readers ignore keys they do not know. "extra" is free-form for callers.
 MANIFEST_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -46,7 +50,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     ],
     "properties": {
         "format": {"const": FORMAT},
-        "format_version": {"const": FORMAT_VERSION},
+        "format_version": {"enum": [1, PROFILES_VERSION]},
         "graphopt_version": {"type": "string"},
         "created_by": {"type": "string"},
         "source": {
@@ -82,7 +86,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 },
             },
         },
-        # Partition names, each once, in the order they run.
+        # Partition names, each once, in the order they run (with profiles: the default
+        # profile's, the first).
         "execution_order": {"type": "array", "items": {"type": "string"}},
         # One edge per partition input ("from" null: fed by the caller) and per artifact output
         # ("to" null: returned to the caller). Tensors are routed by name.
@@ -95,6 +100,27 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                     "tensor": {"type": "string"},
                     "from": {"type": ["string", "null"]},
                     "to": {"type": ["string", "null"]},
+                },
+            },
+        },
+        # Format version 2 only, and required there: the shape profiles (`--dynamic-dims`), the
+        # first being the default. Each has its own partitions (every partition belongs to one
+        # profile), run in its execution_order along its routing; its inputs give the concrete
+        # shapes a feed must have to run on it. The top-level inputs and outputs name the
+        # dims that vary between profiles symbolically (or null).
+        "profiles": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "dims", "inputs", "outputs", "execution_order", "routing"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.-]*$"},
+                    "dims": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "inputs": _SIGNATURE_SCHEMA,
+                    "outputs": _SIGNATURE_SCHEMA,
+                    "execution_order": {"type": "array", "items": {"type": "string"}},
+                    "routing": {"$ref": "#/properties/routing"},
                 },
             },
         },
@@ -248,9 +274,51 @@ def check_manifest(manifest: dict) -> None:
             raise Malformed(f"{where} has an unknown optimization_level")
     order = _str_list(manifest, "execution_order", "manifest")
     names = [p["name"] for p in partitions]
-    if sorted(order) != sorted(names) or len(set(order)) != len(order):
-        raise Malformed("manifest execution_order must list every partition exactly once")
-    routing = _field(manifest, "routing", list)
+    _check_edges(_field(manifest, "routing", list), "manifest routing")
+    if manifest["format_version"] < PROFILES_VERSION:
+        if "profiles" in manifest:
+            raise Malformed(f"manifest has profiles, which need format_version {PROFILES_VERSION}")
+        orders = [order]
+    else:
+        orders = _check_profiles(manifest)
+        if order != orders[0]:
+            raise Malformed("manifest execution_order is not the default (first) profile's")
+    listed = [name for names_ in orders for name in names_]
+    if sorted(listed) != sorted(names) or len(set(listed)) != len(listed):
+        raise Malformed("manifest execution_order must list every partition exactly once"
+                        + (" across the profiles" if len(orders) > 1 else ""))
+
+
+def _check_edges(routing: list, where: str) -> None:
     for edge in routing:
         if not isinstance(edge, dict):
-            raise Malformed("manifest routing entries must be objects")
+            raise Malformed(f"{where} entries must be objects")
+        _field(edge, "tensor", str, where)
+        _field(edge, "from", (str, type(None)), where)
+        _field(edge, "to", (str, type(None)), where)
+
+
+def _check_profiles(manifest: dict) -> list[list[str]]:
+    """The profiles' structure; returns each one's execution order."""
+    profiles = _field(manifest, "profiles", list)
+    if not profiles:
+        raise Malformed(f"format_version {PROFILES_VERSION} manifest lists no profiles")
+    orders, seen = [], set()
+    for profile in profiles:
+        if not isinstance(profile, dict):
+            raise Malformed("manifest profiles entries must be objects")
+        name = _field(profile, "name", str, "manifest profile")
+        where = f"manifest profile {name!r}"
+        if not PARTITION_NAME.match(name) or name in seen:
+            raise Malformed(f"{where} has an unsafe or repeated name")
+        seen.add(name)
+        dims = _field(profile, "dims", dict, where)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in dims.values()):
+            raise Malformed(f"{where} dims must be integers")
+        for key in ("inputs", "outputs"):
+            _check_signature(_field(profile, key, list, where), f"profile {name!r} {key}")
+            if [e["name"] for e in profile[key]] != [e["name"] for e in manifest[key]]:
+                raise Malformed(f"{where} {key} are not the artifact's")
+        _check_edges(_field(profile, "routing", list, where), f"{where} routing")
+        orders.append(_str_list(profile, "execution_order", where))
+    return orders

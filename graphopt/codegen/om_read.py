@@ -61,16 +61,24 @@ def _read_manifest(zf: zipfile.ZipFile) -> dict:
 
 
 def _check_routing(manifest: dict) -> None:
+    """The routing of the artifact, or of each profile, against its partitions' inputs and
+    outputs (a profile's own entries hold its execution_order and routing)."""
     by_name = {p["name"]: p for p in manifest["partitions"]}
-    ordered = [(n, by_name[n]["inputs"], by_name[n]["outputs"]) for n in manifest["execution_order"]]
-    try:
-        top_inputs, top_outputs, routing = route(ordered, [o["name"] for o in manifest["outputs"]])
-    except ValueError as exc:
-        raise Malformed(f"inconsistent partitions: {exc}") from None
-    if top_inputs != [i["name"] for i in manifest["inputs"]]:
-        raise Malformed("manifest inputs do not match the inputs the partitions need")
-    if routing != manifest["routing"]:
-        raise Malformed("manifest routing does not match the partitions' inputs and outputs")
+    plans = manifest.get("profiles") or [manifest]
+    if plans[0]["routing"] != manifest["routing"]:
+        raise Malformed("manifest routing is not the default (first) profile's")
+    for plan in plans:
+        where = f"profile {plan['name']!r}: " if plan is not manifest else ""
+        ordered = [(n, by_name[n]["inputs"], by_name[n]["outputs"]) for n in plan["execution_order"]]
+        try:
+            top_inputs, top_outputs, routing = route(ordered, [o["name"] for o in manifest["outputs"]])
+        except ValueError as exc:
+            raise Malformed(f"{where}inconsistent partitions: {exc}") from None
+        if top_inputs != [i["name"] for i in manifest["inputs"]]:
+            raise Malformed(f"{where}manifest inputs do not match the inputs the partitions need")
+        if routing != plan["routing"]:
+            raise Malformed(f"{where}manifest routing does not match the partitions' inputs "
+                            "and outputs")
 
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip's local file header, 30 bytes
@@ -216,6 +224,22 @@ class OmArtifact:
     @property
     def execution_order(self) -> list[str]:
         return self.manifest["execution_order"]
+
+    @property
+    def profiles(self) -> list[dict]:
+        """The shape profiles ({"name", "dims", "inputs", …}), default first; [] without."""
+        return self.manifest.get("profiles", [])
+
+    def profile(self, name: str) -> "OmArtifact":
+        """The artifact as one profile sees it: that profile's signature, partitions and
+        routing (members, models and weights shared, nothing read again)."""
+        entry = next((p for p in self.profiles if p["name"] == name), None)
+        if entry is None:
+            known = ", ".join(p["name"] for p in self.profiles) or "none"
+            raise KeyError(f"{self.path} has no shape profile {name!r} (profiles: {known})")
+        view = {key: entry[key] for key in ("inputs", "outputs", "execution_order", "routing")}
+        manifest = {k: v for k, v in self.manifest.items() if k != "profiles"}
+        return dataclasses.replace(self, manifest={**manifest, **view})
 
     @property
     def routing(self) -> list[dict]:

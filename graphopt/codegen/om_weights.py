@@ -10,6 +10,7 @@ is refused when the artifact is loaded.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -60,13 +61,18 @@ class Blob:
 
 
 def split_weights(model: onnx.ModelProto, member: str,
-                  sources: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, Blob | None]:
+                  sources: Mapping[str, Any] | None = None,
+                  shared: dict | None = None) -> tuple[onnx.ModelProto, Blob | None]:
     """(a copy of `model` whose large main-graph initializers reference `member`, the blob of
     their bytes); (model, None) when nothing is large enough to move.
 
     `sources` resolves the references `graphopt.ir.tensor.tensor_references` put in the model
     (to Tensors, whose bytes stream from where they live); those left outside the blob are
-    read back into the copy. The copy never holds a moved tensor's bytes."""
+    read back into the copy. The copy never holds a moved tensor's bytes.
+
+    `shared` ({} to start, then passed to every call for one artifact) stores each distinct
+    tensor once: a tensor whose content an earlier call already put in a blob references that
+    blob instead (the blob may then be None)."""
     sources = sources or {}
     sizes: dict[int, int] = {}  # initializer index -> bytes, for the tensors to move
     for index, tensor in enumerate(model.graph.initializer):
@@ -81,7 +87,7 @@ def split_weights(model: onnx.ModelProto, member: str,
             return model, None
         sizes = {}
     stripped = _copy_without_initializers(model)
-    blob = Blob() if sizes else None
+    blob = None
     for index, tensor in enumerate(model.graph.initializer):
         if index not in sizes:
             stripped.graph.initializer.append(tensor)
@@ -90,8 +96,15 @@ def split_weights(model: onnx.ModelProto, member: str,
         for field, value in tensor.ListFields():
             if field.name not in ("raw_data", "external_data", "data_location"):
                 _copy_field(moved, field, value)
+        key = _content_key(tensor, sources) if shared is not None else None
+        if key in (shared or {}):
+            _set_reference(moved, *shared[key], sizes[index])
+            continue
+        blob = blob or Blob()
         offset = blob.add(sizes[index], _chunks_of(tensor, sources))
         _set_reference(moved, member, offset, sizes[index])
+        if key is not None:
+            shared[key] = (member, offset)
     for tensor in all_tensors(stripped.graph):  # references left in the model: inline them
         source = sources.get(_location(tensor)) if tensor.data_location == \
             TensorProto.EXTERNAL else None
@@ -132,6 +145,16 @@ def _source_length(tensor: TensorProto, sources: Mapping[str, Any]) -> int | Non
         return None
     source = sources.get(_location(tensor))
     return None if source is None else source.nbytes
+
+
+def _content_key(tensor: TensorProto, sources: Mapping[str, Any]) -> tuple:
+    """Equal keys mean equal bytes, dtype and shape."""
+    source = sources.get(_location(tensor)) if tensor.data_location == TensorProto.EXTERNAL \
+        else None
+    digest = hashlib.sha256()
+    for chunk in source.iter_bytes() if source is not None else (tensor.raw_data,):
+        digest.update(chunk)
+    return tensor.data_type, tuple(tensor.dims), digest.hexdigest()
 
 
 def _chunks_of(tensor: TensorProto, sources: Mapping[str, Any]) -> Callable[[], Iterable]:

@@ -19,10 +19,10 @@ from graphopt.atomic import atomic_write
 from graphopt.codegen.om_manifest import (
     FORMAT,
     OPTIMIZATION_LEVELS,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     PARTITION_DIR,
     PARTITION_NAME,
+    PROFILES_VERSION,
     check_member_name,
     dtype_name,
 )
@@ -112,6 +112,23 @@ class OmPartition:
         return f"{PARTITION_DIR}{self.name}.onnx"
 
 
+@dataclasses.dataclass
+class OmProfile:
+    """One shape profile of an artifact: its name, the dims it pins ({"batch": 4}), and its
+    partitions in execution order. Every profile has the artifact's inputs and outputs."""
+
+    name: str
+    dims: dict[str, int]
+    partitions: list[OmPartition]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not PARTITION_NAME.match(self.name):
+            raise ValueError(f"profile name {self.name!r} must match {PARTITION_NAME.pattern}")
+        if not self.partitions:
+            raise ValueError(f"profile {self.name!r} has no partitions")
+        self.dims = {str(k): int(v) for k, v in self.dims.items()}
+
+
 def route(
     parts: list[tuple[str, list[str], list[str]]], outputs: list[str] | None
 ) -> tuple[list[str], list[str], list[dict]]:
@@ -184,6 +201,57 @@ def uses_external_data(model: onnx.ModelProto, resolvable: Mapping[str, Any] | N
             if location not in (resolvable or {}):
                 return True
     return False
+
+
+def _profile_plans(profiles: list[OmProfile], outputs: list[str] | None) -> list[tuple]:
+    """(profile, inputs, outputs, routing) of each profile; all must share one signature."""
+    plans, names = [], set()
+    for profile in profiles:
+        if not isinstance(profile, OmProfile):
+            raise TypeError(f"profiles must be OmProfile, not {type(profile).__name__}")
+        if profile.name in names:
+            raise ValueError(f"two profiles are named {profile.name!r}")
+        names.add(profile.name)
+        plan = [(p.name, p.inputs, p.outputs) for p in profile.partitions]
+        plans.append((profile, *route(plan, outputs)))
+    first = plans[0]
+    for profile, ins, outs, _ in plans[1:]:
+        if (ins, outs) != (first[1], first[2]):
+            raise ValueError(f"profile {profile.name!r} has inputs {ins} and outputs {outs}; "
+                             f"{first[0].name!r} has {first[1]} and {first[2]}")
+    return plans
+
+
+def _signature(partitions: list[OmPartition], tensors: list[str]) -> dict[str, dict]:
+    """The signature entries of `tensors`, from the partitions' graph inputs and outputs."""
+    signature: dict[str, dict] = {}
+    for part in partitions:
+        for vi in list(part.model.graph.input) + list(part.model.graph.output):
+            signature.setdefault(vi.name, _signature_entry(vi))
+    for tensor in tensors:
+        if tensor not in signature:
+            raise ValueError(f"tensor {tensor!r} is not a graph input or output of its partition")
+    return signature
+
+
+def _merged_signature(signatures: list[dict[str, dict]], dynamic: Mapping[str, dict]
+                      ) -> dict[str, dict]:
+    """One signature for all profiles: a dim the profiles agree on keeps its size, one they
+    do not is named as in `dynamic` (null where it has no name there)."""
+    merged = {}
+    for name, first in signatures[0].items():
+        entries = [sig[name] for sig in signatures if name in sig]
+        shapes = [e["shape"] for e in entries]
+        if any(e["dtype"] != first["dtype"] for e in entries):
+            raise ValueError(f"tensor {name!r} has a different dtype in another profile")
+        shape = None
+        if all(s is not None and len(s) == len(shapes[0]) for s in shapes):
+            named = (dynamic.get(name) or {}).get("shape") or []
+            named = named if len(named) == len(shapes[0]) else [None] * len(shapes[0])
+            shape = [dims[0] if len(set(dims)) == 1 else (named[axis] if isinstance(
+                named[axis], str) else None) for axis, dims in enumerate(zip(*shapes))]
+        merged[name] = {**first, "shape": shape}
+    return merged
 
 
 # --- writing -------------------------------------------------------------------------------
@@ -301,6 +369,8 @@ def write_om(
     extra: dict | None = None,
     outputs: list[str] | None = None,
     weight_sources: Mapping[str, Any] | None = None,
+    profiles: list[OmProfile] | None = None,
+    dynamic_signature: Mapping[str, dict] | None = None,
 ) -> None:
     """Write an .om artifact atomically: `path` ends up complete or as it was.
 
@@ -311,6 +381,11 @@ def write_om(
 
     `weight_sources` resolves the tensor references `graphopt.ir.tensor.tensor_references` put
     in the partition models: their bytes stream into the weights blobs from where they live.
+
+    `profiles` (instead of `partitions`, which must then be empty) writes an artifact with one
+    plan per shape profile, the first being the default; a weight the profiles share is stored
+    once. The top-level signature shows a dim that differs between profiles as its name in
+    `dynamic_signature` ({tensor: signature entry} of the model before pinning), else null.
 
     Raises ValueError/TypeError for inconsistent arguments (a caller bug) and GraphoptError when
     the file cannot be produced (unserializable model, unwritable path).
@@ -325,14 +400,24 @@ def write_om(
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"extra must be a dict, not {type(extra).__name__}")
     partitions = list(partitions)
+    if profiles:
+        if partitions:
+            raise ValueError("give the partitions or the profiles (which hold them), not both")
+        partitions = [part for profile in profiles for part in profile.partitions]
     for part in partitions:
         if not isinstance(part, OmPartition):
             raise TypeError(f"partitions must be OmPartition, not {type(part).__name__}")
-    plan = [(p.name, p.inputs, p.outputs) for p in partitions]
-    top_inputs, top_outputs, routing = route(plan, outputs)
+    plans = _profile_plans(profiles, outputs) if profiles else None
+    if plans:
+        top_inputs, top_outputs, routing = plans[0][1:4]
+    else:
+        plan = [(p.name, p.inputs, p.outputs) for p in partitions]
+        top_inputs, top_outputs, routing = route(plan, outputs)
 
     members: dict[str, bytes | Blob] = {}
     weight_sources = weight_sources or {}
+    # With profiles, a weight every profile holds is stored once, in the first blob that has it.
+    shared_weights: dict | None = {} if profiles else None
     for part in partitions:
         if uses_external_data(part.model, weight_sources):
             raise ValueError(
@@ -340,7 +425,8 @@ def write_om(
             )
         # Large weights go to a blob of their own that the model references: onnxruntime maps
         # it from the artifact at load time instead of copying it out of the protobuf.
-        model, blob = split_weights(part.model, weights_member(part.name), weight_sources)
+        model, blob = split_weights(part.model, weights_member(part.name), weight_sources,
+                                    shared_weights)
         try:
             members[part.member] = model.SerializeToString()
         except Exception as exc:  # protobuf raises ValueError past 2 GiB, EncodeError on bad fields
@@ -357,13 +443,12 @@ def write_om(
             raise TypeError(f"extra member {name!r} must be bytes, not {type(data).__name__}")
         members[name] = bytes(data)
 
-    signature: dict[str, dict] = {}
-    for part in partitions:
-        for vi in list(part.model.graph.input) + list(part.model.graph.output):
-            signature.setdefault(vi.name, _signature_entry(vi))
-    for tensor in top_inputs + top_outputs:
-        if tensor not in signature:
-            raise ValueError(f"tensor {tensor!r} is not a graph input or output of its partition")
+    if plans:
+        signatures = [_signature(profile.partitions, top_inputs + top_outputs)
+                      for profile, *_ in plans]
+        signature = _merged_signature(signatures, dynamic_signature or {})
+    else:
+        signature = _signature(partitions, top_inputs + top_outputs)
 
     if source_path is not None:
         source_path = os.fspath(source_path)
@@ -371,7 +456,7 @@ def write_om(
             source_bytes_sha256 = _file_sha256(source_path)
     manifest = {
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format_version": PROFILES_VERSION if profiles else 1,
         "graphopt_version": GRAPHOPT_VERSION,
         "created_by": "graphopt",
         "source": {
@@ -382,8 +467,13 @@ def write_om(
         "inputs": [signature[t] for t in top_inputs],
         "outputs": [signature[t] for t in top_outputs],
         "partitions": [_partition_entry(p) for p in partitions],
-        "execution_order": [p.name for p in partitions],
+        "execution_order": [p.name for p in (profiles[0].partitions if profiles else partitions)],
         "routing": routing,
+        **({"profiles": [
+            {"name": profile.name, "dims": profile.dims,
+             "inputs": [sig[t] for t in top_inputs], "outputs": [sig[t] for t in top_outputs],
+             "execution_order": [p.name for p in profile.partitions], "routing": edges}
+            for (profile, _, _, edges), sig in zip(plans, signatures)]} if plans else {}),
         "pass_log": _json_value("pass_log", list(pass_log or [])),
         "members": {name: _member_entry(name, data) for name, data in members.items()},
         "extra": _json_value("extra", dict(extra or {})),

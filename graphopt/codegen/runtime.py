@@ -15,6 +15,7 @@ import onnxruntime as ort
 from graphopt.codegen.feeds import describe, numpy_dtype
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.codegen.om_weights import external_tensors, point_into
+from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 from graphopt.passes.layout_nchwc_weights import METADATA_KEY, block_mismatch
 
@@ -145,8 +146,37 @@ def _check_blocking(artifact: OmArtifact, part) -> None:
         raise ArtifactError(f"{artifact.path}: partition {part.name!r}: {problem}")
 
 
+class _Program:
+    """The sessions of one plan (the artifact's, or one shape profile's) in execution order,
+    and which of them each set of wanted tensors needs."""
+
+    def __init__(self, steps: list[_Step], input_names: list[str], outputs: list[dict]) -> None:
+        self.steps = tuple(steps)
+        self._outputs = [o["name"] for o in outputs]
+        # A graph output may be a graph input passed straight through, so inputs count as producible.
+        self._producible = {t for step in steps for t in step.outputs} | set(input_names)
+        # The plan for all outputs, computed once: run() is on the serving hot path.
+        self.default_plan = (self._outputs, self.plan(self._outputs))
+
+    def plan(self, wanted: list[str]) -> list[_Step]:
+        """The partitions the wanted tensors depend on, in execution order."""
+        for name in wanted:
+            if name not in self._producible:
+                raise GraphoptError(f"unknown output {name!r}; the model's outputs are: "
+                                    f"{', '.join(self._outputs)}")
+        needed = set(wanted)
+        chosen = []
+        for step in reversed(self.steps):
+            if needed.intersection(step.outputs):
+                chosen.append(step)
+                needed.update(step.inputs)
+        return chosen[::-1]
+
+
 class OmSession:
-    """An executable .om: `run(feeds)` runs the partitions in execution order.
+    """An executable .om: `run(feeds)` runs the partitions in execution order. An artifact with
+    shape profiles holds one set of sessions per profile, and each run takes the profile its
+    input shapes match.
 
     Safe to share between threads: `run` keeps its state in locals, and onnxruntime's
     InferenceSession.run is thread-safe.
@@ -179,12 +209,24 @@ class OmSession:
             artifact = load_om(artifact, defer_weights=True)
             if artifact.spans:
                 self._weights_check = _WeightsCheck(artifact)
+        views = [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
+        fallback: list[str] = []
+        wanted: set[str] = set()
+        input_names = [e["name"] for e in artifact.inputs]
         try:
-            steps = self._open(artifact, options)
+            programs = [_Program(self._open(view, options, fallback, wanted), input_names,
+                                 artifact.outputs) for view in views]
         except ArtifactError:
             if self._weights_check is not None:
                 self._weights_check.wait()  # a failed checksum explains a refused partition best
             raise
+        if fallback:
+            warnings.warn(
+                f"{' or '.join(sorted(wanted))} not installed: {', '.join(fallback)} "
+                "run on the CPU provider as a functional stand-in",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._artifact = artifact
         self._inputs = copy.deepcopy(artifact.inputs)
         self._outputs = copy.deepcopy(artifact.outputs)
@@ -193,19 +235,16 @@ class OmSession:
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
                                if e["shape"] is not None
                                and all(isinstance(d, int) for d in e["shape"])}
+        self._programs = programs
+        self._program = programs[0]
+        self._matcher = (ProfileMatcher(input_names, list(zip(artifact.profiles, programs)))
+                         if artifact.profiles else None)
 
-        self._steps = tuple(steps)
-        # A graph output may be a graph input passed straight through, so inputs count as producible.
-        self._producible = {t for step in steps for t in step.outputs} | set(self._expected)
-        # The plan for all outputs, computed once: run() is on the serving hot path.
-        default = [o["name"] for o in self._outputs]
-        self._default_plan = (default, self._plan(default))
-
-    def _open(self, artifact: OmArtifact, options) -> list[_Step]:
-        """One onnxruntime session per partition, in execution order."""
+    def _open(self, artifact: OmArtifact, options, fallback: list[str],
+              wanted: set[str]) -> list[_Step]:
+        """One onnxruntime session per partition, in execution order; notes the partitions
+        whose device's providers are missing in `fallback` and those providers in `wanted`."""
         available = ort.get_available_providers()
-        fallback: list[str] = []
-        wanted: set[str] = set()
         steps: list[_Step] = []
         for part in artifact.partitions:
             providers, missing = _providers(part, available)
@@ -231,14 +270,12 @@ class OmSession:
                 )
             steps.append(_Step(part.name, session, list(part.inputs), list(part.outputs),
                                _runner(session, providers)))
-        if fallback:
-            warnings.warn(
-                f"{' or '.join(sorted(wanted))} not installed: {', '.join(fallback)} "
-                "run on the CPU provider as a functional stand-in",
-                RuntimeWarning,
-                stacklevel=3,
-            )
         return steps
+
+    @property
+    def _steps(self) -> list[_Step]:
+        """Every partition's session, of every profile."""
+        return [step for program in self._programs for step in program.steps]
 
     def end_profiling(self) -> dict[str, str]:
         """Stop profiling (sessions made with `profile_dir`): each partition's trace file."""
@@ -259,6 +296,21 @@ class OmSession:
         return copy.deepcopy(self._outputs)
 
     @property
+    def profiles(self) -> list[dict]:
+        """The shape profiles, default first: [{"name", "dims", "inputs"}] ([] without)."""
+        return [{key: copy.deepcopy(p[key]) for key in ("name", "dims", "inputs")}
+                for p in self._artifact.profiles]
+
+    def profile_for(self, feeds: Mapping[str, Any]) -> str | None:
+        """The name of the profile `run(feeds)` would take (None without profiles);
+        GraphoptError when the feeds fit the signature but no profile."""
+        env = self._check_feeds(feeds)
+        if self._matcher is None:
+            return None
+        program = self._matcher.select(env)
+        return self._artifact.profiles[self._programs.index(program)]["name"]
+
+    @property
     def providers(self) -> dict[str, list[str]]:
         """The onnxruntime providers each partition actually got."""
         return {step.name: step.session.get_providers() for step in self._steps}
@@ -276,11 +328,12 @@ class OmSession:
             check.wait()  # raises, on every call, if the weights were tampered with
             self._weights_check = None
         env = self._check_feeds(feeds)
+        program = self._program if self._matcher is None else self._matcher.select(env)
         if output_names is None:
-            wanted, steps = self._default_plan
+            wanted, steps = program.default_plan
         else:
             wanted = list(output_names)
-            steps = self._plan(wanted)
+            steps = program.plan(wanted)
         for step in steps:
             try:
                 results = step.call(step.outputs, {name: env[name] for name in step.inputs})
@@ -290,20 +343,6 @@ class OmSession:
                 ) from None
             env.update(zip(step.outputs, results))
         return {name: env[name] for name in wanted}
-
-    def _plan(self, wanted: list[str]) -> list[_Step]:
-        """The partitions the wanted tensors depend on, in execution order."""
-        for name in wanted:
-            if name not in self._producible:
-                expected = ", ".join(o["name"] for o in self._outputs)
-                raise GraphoptError(f"unknown output {name!r}; the model's outputs are: {expected}")
-        needed = set(wanted)
-        chosen = []
-        for step in reversed(self._steps):
-            if needed.intersection(step.outputs):
-                chosen.append(step)
-                needed.update(step.inputs)
-        return chosen[::-1]
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(feeds, Mapping):

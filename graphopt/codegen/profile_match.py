@@ -1,0 +1,48 @@
+"""Choosing an .om's shape profile for a run: the one whose input shapes the feeds have."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+from graphopt.errors import GraphoptError
+
+Plan = TypeVar("Plan")
+
+
+class ProfileMatcher(Generic[Plan]):
+    """Maps the input shapes of a run to its profile's plan. A profile whose inputs are all
+    static is found by one dict lookup (the serving hot path); one that leaves a dim dynamic
+    (a dim no profile pinned) matches any size there, and is tried in profile order after."""
+
+    def __init__(self, input_names: list[str], profiles: list[tuple[dict, Plan]]) -> None:
+        self._names = tuple(input_names)
+        self._exact: dict[tuple, Plan] = {}
+        self._patterns: list[tuple[tuple, Plan]] = []
+        self._labels: list[str] = []
+        for entry, plan in profiles:
+            shapes = {e["name"]: e["shape"] for e in entry["inputs"]}
+            pattern = tuple(None if shapes[n] is None else tuple(
+                d if isinstance(d, int) else None for d in shapes[n]) for n in self._names)
+            if all(s is not None and None not in s for s in pattern):
+                self._exact.setdefault(pattern, plan)
+            else:
+                self._patterns.append((pattern, plan))
+            dims = ", ".join(f"{k}={v}" for k, v in entry["dims"].items())
+            self._labels.append(f"{entry['name']} ({dims})")
+
+    def select(self, feeds: Mapping[str, Any]) -> Plan:
+        """The plan for `feeds` (checked against the signature already); GraphoptError naming
+        the shapes and the profiles when none fits."""
+        shapes = tuple(feeds[name].shape for name in self._names)
+        plan = self._exact.get(shapes)
+        if plan is not None:
+            return plan
+        for pattern, candidate in self._patterns:
+            if all(p is None or (len(p) == len(s) and all(d is None or d == g for d, g in zip(p, s)))
+                   for p, s in zip(pattern, shapes)):
+                return candidate
+        given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._names, shapes))
+        raise GraphoptError(f"input shapes {given} fit none of the model's "
+                            f"{len(self._labels)} shape profiles: {'; '.join(self._labels)} "
+                            "(compile with --dynamic-dims listing these sizes)")

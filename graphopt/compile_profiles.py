@@ -1,0 +1,98 @@
+"""Compiling one model per shape profile (`--dynamic-dims`): every profile pins the dynamic
+input dims to its sizes and gets a whole compile of its own (static shapes, so every pass and
+the memory plan see concrete sizes); the `.om` then holds each profile's plan."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphopt.codegen.om_manifest import dtype_name
+from graphopt.errors import GraphoptError, OptionError
+from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
+from graphopt.ir import Model, load_onnx
+from graphopt.shape_profiles import ShapeProfile, expand_profiles
+
+
+@dataclass
+class CompiledProfile:
+    """One shape profile and its compile."""
+
+    profile: ShapeProfile
+    result: "OptimizeResult"  # noqa: F821 - graphopt.compiler's, imported late (cycle)
+
+
+def optimize_profiles(model, spec, options: dict):
+    """Compile `model` once per profile of `spec` with graphopt.optimize's `options`; returns the
+    first profile's OptimizeResult, whose `profiles` lists every profile's."""
+    from graphopt.compiler import _load_inputs, optimize
+
+    start = time.perf_counter()
+    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
+    source = load_onnx(model)
+    profiles = expand_profiles(source, spec, label)
+    signature = dynamic_signature(source)
+    del source  # each profile imports the model afresh: passes rewrite the IR in place
+    pinned = options.get("input_shapes")
+    pinned = (parse_input_shapes(pinned) if isinstance(pinned, str)
+              else validate_input_shapes(pinned or {}))
+    feeds = _load_inputs(options.get("inputs")) if options.get("verify") else None
+    dump_dir = options.get("dump_dir")
+    compiled: list[CompiledProfile] = []
+    for profile in profiles:
+        run = dict(options, input_shapes=_merge(pinned, profile),
+                   inputs=feeds if feeds is not None and _fits(feeds, profile) else None,
+                   dump_dir=os.path.join(dump_dir, profile.name) if dump_dir else None)
+        try:
+            result = optimize(model, **run)
+        except GraphoptError as exc:
+            raise type(exc)(f"shape profile {profile.name} ({profile.label}): {exc}") from None
+        compiled.append(CompiledProfile(profile, result))
+    head = compiled[0].result
+    head.profiles = compiled
+    head.dynamic_signature = signature
+    head.seconds = time.perf_counter() - start
+    return head
+
+
+def _merge(pinned: dict[str, list[int]], profile: ShapeProfile) -> dict[str, list[int]]:
+    """--input-shape's pins with the profile's on top; a dim pinned by both to different sizes
+    is refused (the profile could never be fed)."""
+    merged = {name: list(dims) for name, dims in pinned.items()}
+    for name, dims in profile.input_shapes.items():
+        base = merged.get(name)
+        if base is None:
+            merged[name] = list(dims)
+            continue
+        if len(base) != len(dims):
+            raise OptionError(f"--input-shape gives input '{name}' {len(base)} dims, the model "
+                              f"has {len(dims)}")
+        for axis, (fixed, size) in enumerate(zip(base, dims)):
+            if size == -1:
+                continue
+            if fixed not in (-1, size):
+                raise OptionError(f"--input-shape pins input '{name}' dim {axis} to {fixed}, "
+                                  f"--dynamic-dims {profile.label} to {size}")
+            base[axis] = size
+    return merged
+
+
+def _fits(feeds: dict[str, np.ndarray], profile: ShapeProfile) -> bool:
+    for name, dims in profile.input_shapes.items():
+        shape = np.shape(feeds.get(name))
+        if len(shape) != len(dims) or any(d not in (-1, s) for d, s in zip(dims, shape)):
+            return False
+    return True
+
+
+def dynamic_signature(model: Model) -> dict[str, dict]:
+    """The model's inputs and outputs as .om signature entries, symbolic dims by name: the
+    signature of an artifact that holds several profiles."""
+    values = [v for v in model.graph.inputs if not v.is_constant] + list(model.graph.outputs)
+    return {v.name: {"name": v.name,
+                     "dtype": dtype_name(int(v.dtype)) if v.dtype is not None else None,
+                     "shape": None if v.shape is None else list(v.shape)}
+            for v in values}

@@ -1,0 +1,170 @@
+"""ATC-style shape profiles (`--dynamic-dims "batch:1,4,8;seq:128,512"`): parsing, and
+expanding them against a model's dynamic input dims into one set of pinned shapes each."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from graphopt.errors import OptionError
+from graphopt.ir import Model
+
+MAX_PROFILES = 64  # each profile is a whole compile and a set of sessions at load time
+_AXIS_KEY = re.compile(r"(?P<input>.+)\[(?P<axis>\d+)\]\Z")
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    """One static shape set of a dynamic model: its name in the .om (`profile0`, …), the value
+    of each dynamic dim, and the input shapes that pins (-1 where a dim stays dynamic)."""
+
+    name: str
+    dims: dict[str, int]
+    input_shapes: dict[str, list[int]]
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{key}={value}" for key, value in self.dims.items())
+
+
+def parse_dynamic_dims(text: str) -> list[dict[str, int]] | dict[str, list[int]]:
+    """Either `KEY:v1,v2,…;KEY:…` (every combination of the values: a cross product) or
+    `KEY=v,KEY=v;KEY=v,KEY=v` (one profile per ';' group, listed). A KEY is a symbolic dim name
+    of the model's inputs (`batch`) or an input's axis (`input_ids[1]`)."""
+    entries = [e.strip() for e in text.split(";") if e.strip()]
+    if not entries:
+        raise OptionError("--dynamic-dims: no dims given (e.g. \"batch:1,4,8;seq:128,512\")")
+    if all("=" in e for e in entries):
+        return [_parse_listed(entry) for entry in entries]
+    grid: dict[str, list[int]] = {}
+    for entry in entries:
+        key, sep, values = entry.rpartition(":")
+        key = key.strip()
+        if not sep or not key or "=" in entry:
+            raise OptionError(f"--dynamic-dims: '{entry}' is not DIM:V1,V2,… (e.g. batch:1,4,8) "
+                              "— or write every entry as DIM=V,DIM=V for listed profiles")
+        if key in grid:
+            raise OptionError(f"--dynamic-dims: dim '{key}' is given twice")
+        grid[key] = [_dim_value(key, v) for v in values.split(",")]
+    return grid
+
+
+def _parse_listed(entry: str) -> dict[str, int]:
+    profile: dict[str, int] = {}
+    # Split on the commas between KEY=V pairs only: a key like `x[0]` has no comma in it.
+    for pair in filter(None, (p.strip() for p in entry.split(","))):
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise OptionError(f"--dynamic-dims: '{pair}' in '{entry}' is not DIM=VALUE")
+        if key in profile:
+            raise OptionError(f"--dynamic-dims: dim '{key}' is given twice in '{entry}'")
+        profile[key] = _dim_value(key, value)
+    return profile
+
+
+def _dim_value(key: str, text) -> int:
+    if isinstance(text, bool):
+        raise OptionError(f"--dynamic-dims: dim '{key}': {text!r} is not a dim size")
+    try:
+        value = int(text.strip()) if isinstance(text, str) else int(text)
+    except (TypeError, ValueError):
+        raise OptionError(f"--dynamic-dims: dim '{key}': '{text}' is not an integer") from None
+    if value < 1:
+        raise OptionError(f"--dynamic-dims: dim '{key}': sizes must be ≥ 1, got {value}")
+    return value
+
+
+def dynamic_dims(model: Model) -> dict[str, list[tuple[str, int]]]:
+    """The model's dynamic input dims: each key (a symbolic name, or `input[axis]` for an
+    unnamed dim) with the (input, axis) places it stands for."""
+    found: dict[str, list[tuple[str, int]]] = {}
+    for value in model.graph.inputs:
+        if value.is_constant or value.shape is None:
+            continue
+        for axis, dim in enumerate(value.shape):
+            if isinstance(dim, str):
+                found.setdefault(dim, []).append((value.name, axis))
+            elif dim is None:
+                found[f"{value.name}[{axis}]"] = [(value.name, axis)]
+    return found
+
+
+def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapeProfile]:
+    """The profiles `spec` (parse_dynamic_dims's result, the text itself, or the same forms from
+    the API: {dim: [values]} or [{dim: value}, …]) makes for `model`."""
+    if isinstance(spec, str):
+        spec = parse_dynamic_dims(spec)
+    if isinstance(spec, dict):
+        grid = {str(k): _values(k, v) for k, v in spec.items()}
+        if not grid:
+            raise OptionError("--dynamic-dims: no dims given")
+        combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    elif isinstance(spec, (list, tuple)) and all(isinstance(p, dict) for p in spec) and spec:
+        combos = [{str(k): _dim_value(str(k), v) for k, v in p.items()} for p in spec]
+    else:
+        raise OptionError(f"dynamic_dims: expected 'DIM:V1,V2;…', {{dim: [values]}} or "
+                          f"[{{dim: value}}, …], got {spec!r}")
+    if len(combos) > MAX_PROFILES:
+        raise OptionError(f"--dynamic-dims: {len(combos)} profiles, more than {MAX_PROFILES} "
+                          "(each is a compile of its own); list fewer values or name the "
+                          "profiles one by one (DIM=V,DIM=V;…)")
+    found = dynamic_dims(model)
+    keys = list(dict.fromkeys(k for combo in combos for k in combo))
+    places = {key: _places(key, found, label) for key in keys}
+    if any(set(combo) != set(keys) for combo in combos):
+        raise OptionError(f"--dynamic-dims: every profile must set the same dims ({', '.join(keys)})")
+    if len({tuple(sorted(c.items())) for c in combos}) != len(combos):
+        raise OptionError("--dynamic-dims: a profile is listed twice")
+    _check_overlap(keys, places)
+    ranks = {v.name: len(v.shape) for v in model.graph.inputs if v.shape is not None}
+    profiles = []
+    for index, combo in enumerate(combos):
+        shapes: dict[str, list[int]] = {}
+        for key, value in combo.items():
+            for name, axis in places[key]:
+                shapes.setdefault(name, [-1] * ranks[name])[axis] = value
+        profiles.append(ShapeProfile(f"profile{index}", dict(combo), shapes))
+    return profiles
+
+
+def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str
+            ) -> list[tuple[str, int]]:
+    """Where `key` (a symbolic name, or `input[axis]` for any dynamic dim) is in the inputs."""
+    if key in found:
+        return found[key]
+    match = _AXIS_KEY.match(key)
+    if match:
+        place = (match["input"], int(match["axis"]))
+        if any(place in spots for spots in found.values()):
+            return [place]
+    raise OptionError(f"--dynamic-dims: {label} has no dynamic input dim '{key}' "
+                      f"({_describe(found)})")
+
+
+def _values(key, values) -> list[int]:
+    if isinstance(values, (int, str)):
+        values = [values]
+    result = [_dim_value(str(key), v) for v in values]
+    if not result:
+        raise OptionError(f"--dynamic-dims: dim '{key}' has no values")
+    if len(set(result)) != len(result):
+        raise OptionError(f"--dynamic-dims: dim '{key}' lists a value twice: {result}")
+    return result
+
+
+def _check_overlap(keys: list[str], places: dict[str, list[tuple[str, int]]]) -> None:
+    seen: dict[tuple[str, int], str] = {}
+    for key in keys:
+        for place in places[key]:
+            if place in seen:
+                raise OptionError(f"--dynamic-dims: '{key}' and '{seen[place]}' name the same dim")
+            seen[place] = key
+
+
+def _describe(places: dict[str, list[tuple[str, int]]]) -> str:
+    if not places:
+        return "its inputs are all static"
+    where = [f"{key} ({', '.join(f'{n}[{a}]' for n, a in spots)})" for key, spots in places.items()]
+    return "its dynamic dims: " + "; ".join(where)

@@ -1,0 +1,355 @@
+"""Shape profiles (`--dynamic-dims`): parsing, one compile per profile, the .om that holds them
+all, and the runtime that picks the profile the inputs match."""
+
+from __future__ import annotations
+
+import json
+import threading
+import zipfile
+
+import numpy as np
+import onnx
+import pytest
+
+import graphopt
+from graphopt import numerics
+from graphopt.codegen import load_om
+from graphopt.errors import ArtifactError, GraphoptError, OptionError
+from graphopt.ir import load_onnx
+from graphopt.shape_profiles import expand_profiles, parse_dynamic_dims
+from tests.helpers import parse_model, run_cli
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def mlp_model() -> onnx.ModelProto:
+    """Batch and sequence dims by name; a 1 MiB weight, so each profile's partition would hold
+    a weights blob of its own if the profiles did not share it."""
+    rng = np.random.default_rng(3)
+    return parse_model("""
+        g (float[batch, seq, 512] x) => (float[batch, seq, 8] y) {
+            h = MatMul (x, w1)
+            hb = Add (h, b1)
+            r = Relu (hb)
+            s = Shape (x)
+            lead = Slice (s, zero, two)
+            shape = Concat <axis = 0> (lead, eight)
+            o = MatMul (r, w2)
+            flat = Reshape (o, shape)
+            y = Softmax <axis = -1> (flat)
+        }""", w1=(rng.standard_normal((512, 512)) * 0.05).astype(np.float32),
+        b1=rng.standard_normal(512).astype(np.float32),
+        w2=(rng.standard_normal((512, 8)) * 0.05).astype(np.float32),
+        zero=np.array([0], np.int64), two=np.array([2], np.int64),
+        eight=np.array([8], np.int64))
+
+
+def conv_topk_dynamic() -> onnx.ModelProto:
+    """Convs an NPU runs, with a dynamic batch, then a TopK it has no kernel for."""
+    rng = np.random.default_rng(5)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    return parse_model("""
+        g (float[N,8,32,32] x) => (float[N,3] values, int64[N,3] indices) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            r2 = Relu (c2)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            scores = Gemm <transB = 1> (f, wf, bf)
+            values, indices = TopK <axis = 1> (scores, k)
+        }""", w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3), b2=weight(32),
+        wf=weight(10, 32), bf=weight(10), k=np.array([3], np.int64))
+
+
+def feeds_for(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((batch, seq, 512)).astype(np.float32)}
+
+
+def assert_matches(model: onnx.ModelProto, session, feeds) -> None:
+    expected = numerics.run(model, feeds)  # onnxruntime at ORT_DISABLE_ALL
+    got = session.run(feeds)
+    for name, want in expected.items():
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def mlp_om(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profiles") / "mlp.om"
+    model = mlp_model()
+    result = graphopt.optimize(model, target="cpu", dynamic_dims="batch:1,4;seq:16,32")
+    graphopt.save(result, path)
+    return model, result, path
+
+
+# --- parsing and expansion -----------------------------------------------------------------
+
+
+def test_parse_grid_and_listed_forms():
+    assert parse_dynamic_dims("batch:1,4,8; seq:128,512") == {"batch": [1, 4, 8], "seq": [128, 512]}
+    assert parse_dynamic_dims("batch=1,seq=512;batch=8,seq=128") == [
+        {"batch": 1, "seq": 512}, {"batch": 8, "seq": 128}]
+    assert parse_dynamic_dims("x[0]:2,3") == {"x[0]": [2, 3]}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no dims given"),
+    ("batch", "is not DIM:V1,V2"),
+    ("batch:1,x", "'x' is not an integer"),
+    ("batch:0,2", "sizes must be ≥ 1"),
+    ("batch:1;batch:2", "dim 'batch' is given twice"),
+    ("batch:1;seq=2", "is not DIM:V1,V2"),
+])
+def test_parse_refuses_bad_text(text, message):
+    with pytest.raises(OptionError, match=message):
+        parse_dynamic_dims(text)
+
+
+def test_expand_makes_every_combination_in_order():
+    profiles = expand_profiles(load_onnx(mlp_model()), "batch:1,4;seq:16,32")
+    assert [p.name for p in profiles] == ["profile0", "profile1", "profile2", "profile3"]
+    assert [p.dims for p in profiles] == [{"batch": 1, "seq": 16}, {"batch": 1, "seq": 32},
+                                          {"batch": 4, "seq": 16}, {"batch": 4, "seq": 32}]
+    assert profiles[3].input_shapes == {"x": [4, 32, -1]}
+    assert profiles[3].label == "batch=4, seq=32"
+
+
+def test_expand_by_axis_and_listed():
+    model = load_onnx(mlp_model())
+    (only,) = expand_profiles(model, "x[1]:7")
+    assert only.input_shapes == {"x": [-1, 7, -1]}
+    listed = expand_profiles(model, [{"batch": 2, "seq": 3}, {"batch": 5, "seq": 3}])
+    assert [p.input_shapes["x"] for p in listed] == [[2, 3, -1], [5, 3, -1]]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("batches:1,2", r"no dynamic input dim 'batches' \(its dynamic dims: batch \(x\[0\]\); "
+                    r"seq \(x\[1\]\)\)"),
+    ("x[2]:4", r"no dynamic input dim 'x\[2\]'"),  # fixed to 512 by the model
+    ("batch:1;x[0]:2", "'x\\[0\\]' and 'batch' name the same dim"),
+    ("batch=1;seq=2", "every profile must set the same dims"),
+    ("batch=1;batch=1", "a profile is listed twice"),
+    ("batch:" + ",".join(map(str, range(1, 10))) + ";seq:" + ",".join(map(str, range(1, 9))),
+     "72 profiles, more than 64"),
+])
+def test_expand_refuses_what_cannot_be_compiled(spec, message):
+    with pytest.raises(OptionError, match=message):
+        expand_profiles(load_onnx(mlp_model()), spec)
+
+
+# --- compile, artifact, runtime -------------------------------------------------------------
+
+
+def test_every_profile_is_compiled_with_its_static_shapes(mlp_om):
+    _, result, _ = mlp_om
+    assert [c.profile.name for c in result.profiles] == [f"profile{i}" for i in range(4)]
+    assert result is result.profiles[0].result
+    for compiled in result.profiles:
+        (x,) = [v for v in compiled.result.model.graph.inputs if v.name == "x"]
+        assert list(x.shape) == [compiled.profile.dims["batch"], compiled.profile.dims["seq"], 512]
+        # Static shapes: the Shape/Slice/Concat chain folded away, and every partition planned.
+        assert "Shape" not in {n.op_type for n in compiled.result.model.graph}
+        assert all(not isinstance(p, str) for p in compiled.result.memory_plans.values())
+    arenas = [sum(p.arena_bytes for p in c.result.memory_plans.values()) for c in result.profiles]
+    assert arenas[3] > arenas[0]  # 4×32 tokens need more work memory than 1×16
+
+
+def test_artifact_runs_each_profile_and_refuses_a_misfit(mlp_om):
+    model, _, path = mlp_om
+    session = graphopt.load(path)
+    assert session.inputs == [{"name": "x", "dtype": "float32", "shape": ["batch", "seq", 512]}]
+    assert [p["name"] for p in session.profiles] == [f"profile{i}" for i in range(4)]
+    for index, (batch, seq) in enumerate([(1, 16), (1, 32), (4, 16), (4, 32)]):
+        feeds = feeds_for(batch, seq, seed=index)
+        assert session.profile_for(feeds) == f"profile{index}"
+        assert_matches(model, session, feeds)
+    with pytest.raises(GraphoptError, match=r"input shapes x\[2, 16, 512\] fit none of the "
+                                            r"model's 4 shape profiles: profile0 \(batch=1, "
+                                            r"seq=16\); .*profile3 \(batch=4, seq=32\)"):
+        session.run(feeds_for(2, 16))
+    with pytest.raises(GraphoptError, match="dim 2 must be 512"):
+        session.run({"x": np.zeros((1, 16, 3), np.float32)})
+
+
+def test_manifest_holds_the_profiles_and_shares_the_weights(mlp_om):
+    _, _, path = mlp_om
+    artifact = load_om(path)
+    manifest = artifact.manifest
+    assert manifest["format_version"] == 2
+    assert [p["dims"] for p in manifest["profiles"]][1] == {"batch": 1, "seq": 32}
+    assert manifest["profiles"][2]["inputs"][0]["shape"] == [4, 16, 512]
+    assert manifest["execution_order"] == manifest["profiles"][0]["execution_order"]
+    assert len(manifest["partitions"]) == 4
+    assert set(manifest["extra"]["profiles"]) == {f"profile{i}" for i in range(4)}
+    # The 1 MiB weight is stored once, not once per profile.
+    weights = [info["size"] for name, info in manifest["members"].items()
+               if name.startswith("weights/")]
+    assert len(weights) == 1 and 512 * 512 * 4 <= weights[0] < 2 * 512 * 512 * 4
+    view = artifact.profile("profile3")
+    assert [p.name for p in view.partitions] == manifest["profiles"][3]["execution_order"]
+    with pytest.raises(KeyError, match="no shape profile 'nope'"):
+        artifact.profile("nope")
+
+
+def test_one_session_serves_all_profiles_from_many_threads(mlp_om):
+    model, _, path = mlp_om
+    session = graphopt.load(path)
+    shapes = [(1, 16), (1, 32), (4, 16), (4, 32)]
+    cases = [feeds_for(*shapes[i % 4], seed=i) for i in range(8)]
+    expected = [numerics.run(model, feeds)["y"] for feeds in cases]
+    failures = []
+
+    def worker(index: int) -> None:
+        for _ in range(10):
+            got = session.run(cases[index])["y"]
+            if not np.allclose(got, expected[index], rtol=RTOL, atol=ATOL):
+                failures.append(index)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_profiles_partition_for_an_npu_where_the_dynamic_model_cannot(tmp_path):
+    model = conv_topk_dynamic()
+    dynamic = graphopt.optimize(model, target="ascend310")
+    reasons = {r for _, r in dynamic.partitioning.fallbacks()}
+    assert dynamic.partitioning.partitions[0].device == "cpu" and any(
+        "dynamic" in r for r in reasons)
+    result = graphopt.optimize(model, target="ascend310", dynamic_dims="N:1,4")
+    for compiled in result.profiles:
+        devices = [p.device for p in compiled.result.partitioning.partitions]
+        assert devices == ["npu", "cpu"], devices
+        (topk,) = [(n.op_type, r) for n, r in compiled.result.partitioning.fallbacks()]
+        assert topk[0] == "TopK"
+    path = tmp_path / "conv.om"
+    graphopt.save(result, path)
+    with pytest.warns(RuntimeWarning, match="functional stand-in"):
+        session = graphopt.load(path)
+    for batch in (1, 4):
+        feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 8, 32, 32))
+                 .astype(np.float32)}
+        assert_matches(model, session, feeds)
+    assert len(session.providers) == 4  # two partitions per profile
+
+
+def test_input_shape_pins_combine_with_profiles(tmp_path):
+    result = graphopt.optimize(mlp_model(), dynamic_dims="seq:8,16", input_shapes="x:2,-1,512")
+    assert [c.profile.input_shapes for c in result.profiles] == [{"x": [-1, 8, -1]},
+                                                                {"x": [-1, 16, -1]}]
+    (x,) = [v for v in result.profiles[1].result.model.graph.inputs if v.name == "x"]
+    assert list(x.shape) == [2, 16, 512]
+    with pytest.raises(OptionError, match="pins input 'x' dim 1 to 4, --dynamic-dims seq=8 to 8"):
+        graphopt.optimize(mlp_model(), dynamic_dims="seq:8", input_shapes="x:2,4,512")
+
+
+def test_a_profile_that_leaves_a_dim_dynamic_matches_any_size_there(tmp_path):
+    path = tmp_path / "batch.om"
+    model = mlp_model()
+    graphopt.save(graphopt.optimize(model, dynamic_dims="batch:1,3"), path)
+    session = graphopt.load(path)
+    assert session.profiles[1]["inputs"][0]["shape"] == [3, "seq", 512]
+    for batch, seq in [(1, 5), (3, 9)]:
+        assert_matches(model, session, feeds_for(batch, seq))
+    with pytest.raises(GraphoptError, match="fit none"):
+        session.run(feeds_for(2, 5))
+
+
+def test_verify_checks_every_profile_and_options_are_checked_once():
+    model = mlp_model()
+    result = graphopt.optimize(model, dynamic_dims="batch:1,2", input_shapes="x:-1,4,512",
+                               verify=True)
+    assert all(c.result.max_abs_error is not None for c in result.profiles)
+    with pytest.raises(OptionError, match=r"^--fold-size-limit must be ≥ 0 bytes, got -1$"):
+        graphopt.optimize(model, dynamic_dims="seq:8", fold_size_limit=-1)
+
+
+def test_profiles_need_an_om(tmp_path):
+    result = graphopt.optimize(mlp_model(), dynamic_dims="batch:1,2")
+    with pytest.raises(OptionError, match="kept together in an .om"):
+        graphopt.save(result, tmp_path / "x.onnx")
+    assert not (tmp_path / "x.onnx").exists()
+
+
+# --- refused artifacts ----------------------------------------------------------------------
+
+
+def _rewrite(src, dst, mutate):
+    with zipfile.ZipFile(src) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    manifest = json.loads(members.pop("manifest.json"))
+    mutate(manifest)
+    with zipfile.ZipFile(dst, "w") as zf:
+        zf.writestr("manifest.json", json.dumps(manifest))
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return dst
+
+
+def _drop_profiles(manifest):
+    del manifest["profiles"]
+
+
+def _version_1(manifest):
+    manifest["format_version"] = 1
+
+
+def _partition_in_two_profiles(manifest):
+    manifest["profiles"][1]["execution_order"] = manifest["profiles"][0]["execution_order"]
+
+
+def _wrong_profile_inputs(manifest):
+    manifest["profiles"][1]["inputs"][0]["name"] = "z"
+
+
+def _forged_profile_routing(manifest):
+    manifest["profiles"][2]["routing"][0]["from"] = "profile0.p0"
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (_drop_profiles, "manifest has no 'profiles'"),
+    (_version_1, "manifest has profiles, which need format_version 2"),
+    (_partition_in_two_profiles, "every partition exactly once across the profiles"),
+    (_wrong_profile_inputs, "manifest profile 'profile1' inputs are not the artifact's"),
+    (_forged_profile_routing, "profile 'profile2': manifest routing does not match"),
+])
+def test_malformed_profiles_are_refused(mlp_om, tmp_path, mutate, message):
+    _, _, path = mlp_om
+    bad = _rewrite(path, tmp_path / "bad.om", mutate)
+    with pytest.raises(ArtifactError, match=message):
+        graphopt.load(bad)
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def test_cli_compiles_inspects_and_runs_profiles(tmp_path, capsys):
+    source = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), source)
+    out = tmp_path / "mlp.om"
+    rc, text, err = run_cli(capsys, "optimize", source, "-o", out, "--dynamic-dims",
+                            "batch=1,seq=8;batch=2,seq=4")
+    assert rc == 0, err
+    assert "shape profiles (2): one plan each in the .om" in text
+    assert "batch=2, seq=4" in text
+    rc, text, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    assert "shape profiles (2;" in text and "x[2,4,512]" in text
+    assert "signature" in text and "[batch,seq,512]" in text
+    rc, text, err = run_cli(capsys, "run", out, "--profile", "profile1")
+    assert rc == 0, err
+    assert "shape profile profile1 (batch=2, seq=4) of 2" in text
+    rc, _, err = run_cli(capsys, "run", out, "--profile", "profile9")
+    assert rc == 1 and "--profile profile9: " in err and "profile0, profile1" in err
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "x.onnx",
+                         "--dynamic-dims", "batch:1")
+    assert rc == 1 and "kept together in an .om" in err
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", out, "--dynamic-dims", "b:1")
+    assert rc == 1 and "no dynamic input dim 'b'" in err
