@@ -353,3 +353,18 @@ def test_cli_compiles_inspects_and_runs_profiles(tmp_path, capsys):
     assert rc == 1 and "kept together in an .om" in err
     rc, _, err = run_cli(capsys, "optimize", source, "-o", out, "--dynamic-dims", "b:1")
     assert rc == 1 and "no dynamic input dim 'b'" in err
+
+
+def test_compare_and_profile_use_the_profile_the_inputs_run_on(tmp_path, capsys):
+    source = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), source)
+    out = tmp_path / "mlp.om"
+    graphopt.save(graphopt.optimize(source, dynamic_dims="batch:1,2;seq:4"), out)
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, **feeds_for(2, 4))
+    rc, text, err = run_cli(capsys, "compare", source, out, "--inputs", inputs, "--per-tensor")
+    assert rc == 0, err
+    assert "result: PASS" in text and "f32[2,4,8]" in text
+    rc, text, err = run_cli(capsys, "profile", out, "--inputs", inputs, "--repeat", "2")
+    assert rc == 0, err
+    assert "1 partition(s)" in text and "MatMul" in text

@@ -55,6 +55,8 @@ class Side:
         # The session cannot return values inside a partition, so each partition runs again as
         # a standalone model with them added as outputs, at the level its compile recorded.
         artifact = self.session.artifact
+        if artifact.profiles:  # the shape profile these feeds run on
+            artifact = artifact.profile(self.session.profile_for(feeds))
         env = dict(feeds)
         for part in artifact.partitions:
             model = artifact.partition_model(part.name)

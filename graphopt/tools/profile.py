@@ -228,6 +228,8 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     notes = [str(w.message) for w in caught]
     feeds = _feeds(session.inputs, feeds, input_shapes, seed, path)
     artifact = session.artifact
+    if artifact.profiles:  # the shape profile these feeds run on; the others' sessions idle
+        artifact = artifact.profile(session.profile_for(feeds))
     # The first run also returns every tensor passed between partitions: their shapes pin the
     # partitions' inputs for the cost model. It is dropped like a warmup.
     routed = [t for p in artifact.partitions for t in (*p.inputs, *p.outputs)]
@@ -239,7 +241,9 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
 
     _timed_runs(run, skip - 1)
     wall = _timed_runs(run, repeat)
-    traces = {name: read_trace(file) for name, file in session.end_profiling().items() if file}
+    ran = set(artifact.execution_order)
+    traces = {name: read_trace(file) for name, file in session.end_profiling().items()
+              if file and name in ran}
     shapes = {name: np.shape(array) for name, array in {**feeds, **values}.items()}
     providers = session.providers
     partitions, models = [], {}
