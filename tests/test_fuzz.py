@@ -574,8 +574,14 @@ def big_matmul() -> onnx.ModelProto:
     return parse_model("g (float[2,512] x) => (float[2,512] y) { y = MatMul (x, w) }", w=w)
 
 
-def om_bytes(proto: onnx.ModelProto, path) -> bytes:
-    save(optimize(proto, target="cpu"), path)
+def profiled_matmul() -> onnx.ModelProto:
+    """big_matmul with a dynamic batch, compiled with two shape profiles sharing its blob."""
+    w = np.random.default_rng(4).standard_normal((512, 512)).astype(np.float32)
+    return parse_model("g (float[B,512] x) => (float[B,512] y) { y = MatMul (x, w) }", w=w)
+
+
+def om_bytes(proto: onnx.ModelProto, path, **options) -> bytes:
+    save(optimize(proto, target="cpu", **options), path)
     with open(path, "rb") as f:
         return f.read()
 
@@ -671,7 +677,8 @@ def om_mutation(original: bytes, kind: str, i: int, n: int) -> tuple[bytes, bool
         manifest["members"][name]["size"] = [2 ** 40, -1, 0, 2 ** 63][n % 4]
         return write_zip(manifest, members), False
     if kind == "metadata":  # what the runtime reads from a partition before onnxruntime does
-        (name,) = [k for k in members if k.startswith("partitions/")]
+        names = sorted(k for k in members if k.startswith("partitions/"))
+        name = names[i % len(names)]
         model = onnx.ModelProto.FromString(members[name])
         entry = model.metadata_props.add()
         entry.key = ["graphopt.nchwc_block_size", "x"][i % 2]
@@ -697,11 +704,13 @@ class Artifacts(dict):
 def artifacts(workdir):
     """name -> (valid .om bytes, seeded feeds, its outputs on them)."""
     made = Artifacts()
-    for name, proto in (("seed", SEED), ("blob", big_matmul())):
+    for name, proto, options in (("seed", SEED, {}), ("blob", big_matmul(), {}),
+                                 ("profiles", profiled_matmul(), {"dynamic_dims": "B:1,2"})):
         path = os.path.join(workdir, f"{name}.om")
-        data = om_bytes(proto, path)
+        data = om_bytes(proto, path, **options)
         session = graphopt.load(path)
-        feeds = _feeds(session.inputs)
+        # A profiled artifact's feeds: its second profile's shapes.
+        feeds = _feeds(session.profiles[-1]["inputs"] if session.profiles else session.inputs)
         made[name] = (data, feeds, session.run(feeds))
     return made
 
@@ -726,14 +735,17 @@ def check_load(data: bytes, path: str, feeds: dict, expected: dict, forged: bool
         np.testing.assert_allclose(outputs[name], array, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_both_seed_artifacts_load(artifacts):
+def test_the_seed_artifacts_load(artifacts):
     assert all(expected for _, _, expected in artifacts.values())
     manifest, members = read_zip(artifacts["blob"][0])
     assert any(name.startswith("weights/") for name in members)  # the mapped-weights path
+    manifest, members = read_zip(artifacts["profiles"][0])
+    assert len(manifest["profiles"]) == 2 and artifacts["profiles"][1]["x"].shape == (2, 512)
+    assert len([name for name in members if name.startswith("weights/")]) == 1
 
 
 @fuzz_settings(400)
-@given(which=st.sampled_from(["seed", "blob"]), kind=st.sampled_from(OM_KINDS),
+@given(which=st.sampled_from(["seed", "blob", "profiles"]), kind=st.sampled_from(OM_KINDS),
        i=st.integers(0, 2 ** 16), n=st.integers(0, 2 ** 16))
 def test_mutated_artifacts_load_or_fail_cleanly(artifacts, workdir, which, kind, i, n):
     original, feeds, expected = artifacts[which]
