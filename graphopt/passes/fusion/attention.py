@@ -206,7 +206,10 @@ def _attention_bias(op, q4: Value, q: Value, mask, keep, drop, fill) -> Value | 
     else:  # a dynamic query length: read S from Q's shape at run time
         s_dim = op.Gather(op.Shape(q), op.const(np.array([1])), axis=0)
         rows = op.Concat(op.const(np.array([1, 1])), s_dim, op.const(np.array([1])), axis=0)
-    return op.Expand(mask, rows)
+    # Typed here: the fusion sweeps that follow (PackedSelfAttention) run before InferShapes.
+    bias = op.Expand(mask, rows)
+    bias.dtype, bias.shape = mask.dtype, shape[:2] + (s, shape[3])
+    return bias
 
 
 def _projection(op, x, w, b):
