@@ -368,3 +368,13 @@ def test_compare_and_profile_use_the_profile_the_inputs_run_on(tmp_path, capsys)
     rc, text, err = run_cli(capsys, "profile", out, "--inputs", inputs, "--repeat", "2")
     assert rc == 0, err
     assert "1 partition(s)" in text and "MatMul" in text
+
+
+def test_report_names_the_profiles(mlp_om, tmp_path, capsys):
+    _, _, path = mlp_om
+    page = tmp_path / "mlp.html"
+    rc, _, err = run_cli(capsys, "report", path, "-o", page)
+    assert rc == 0, err
+    html = page.read_text()
+    assert "shape profiles</th><td>4, a run takes the one its input shapes match" in html
+    assert "profile3 batch=4, seq=32" in html

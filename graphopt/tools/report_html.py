@@ -102,6 +102,11 @@ def _summary(data: ReportData) -> str:
             f"{e['name']} {e['dtype'] or '?'}{format_shape(e['shape'])}" for e in m["inputs"])
             + " → " + "; ".join(f"{e['name']} {e['dtype'] or '?'}{format_shape(e['shape'])}"
                                 for e in m["outputs"]))),
+        *([("shape profiles", escape(
+            f"{len(data.artifact.profiles)}, a run takes the one its input shapes match; the "
+            f"default {data.artifact.profiles[0]['name']} is shown below: " + "; ".join(
+                f"{p['name']} " + ", ".join(f"{k}={v}" for k, v in p["dims"].items())
+                for p in data.artifact.profiles)))] if data.artifact.profiles else []),
         ("report written", datetime.datetime.now(datetime.timezone.utc)
          .strftime("%Y-%m-%d %H:%M:%S UTC")),
     ]
