@@ -65,16 +65,17 @@ class PerturbWeights(Pass):
         return result
 
 
-def conv_topk_model(k: int = 4, seed: int = 7) -> onnx.ModelProto:
-    """Convs and a classifier an NPU runs, then a TopK it has no kernel for: on ascend310, an
-    NPU partition and a CPU one."""
+def conv_classifier(tail: str, outputs: str, *, batch: int | str = 1, seed: int = 7,
+                    **weights) -> onnx.ModelProto:
+    """Two 3×3 convs and a classifier an NPU runs, `scores` [batch, 64] from x [batch, 8, 32,
+    32], then `tail`, which may read `weights`; `batch` may be a symbolic dim."""
     rng = np.random.default_rng(seed)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
     return parse_model(f"""
-        g (float[1,8,32,32] x) => (float[1,{k}] values, int64[1,{k}] indices) {{
+        g (float[{batch},8,32,32] x) => ({outputs}) {{
             c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
             r1 = Relu (c1)
             c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
@@ -82,7 +83,14 @@ def conv_topk_model(k: int = 4, seed: int = 7) -> onnx.ModelProto:
             p = GlobalAveragePool (r2)
             f = Flatten (p)
             scores = Gemm <transB = 1> (f, wf, bf)
-            values, indices = TopK <axis = 1> (scores, k)
-        }}""", w1=weight(32, 8, 3, 3), b1=weight(32),
-        w2=weight(32, 32, 3, 3), b2=weight(32), wf=weight(64, 32), bf=weight(64),
-        k=np.array([k], np.int64))
+            {tail}
+        }}""", w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3), b2=weight(32),
+        wf=weight(64, 32), bf=weight(64), **weights)
+
+
+def conv_topk_model(k: int = 4, seed: int = 7, batch: int | str = 1) -> onnx.ModelProto:
+    """conv_classifier, then a TopK an NPU has no kernel for: on ascend310, an NPU partition
+    and a CPU one."""
+    return conv_classifier("values, indices = TopK <axis = 1> (scores, k)",
+                           f"float[{batch},{k}] values, int64[{batch},{k}] indices",
+                           batch=batch, seed=seed, k=np.array([k], np.int64))

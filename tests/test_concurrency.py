@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import parse_model
+from helpers import conv_classifier, parse_model
 
 import graphopt
 
@@ -26,22 +26,11 @@ def three_partitions():
     """Convs and a classifier on the NPU, TopK (no NPU kernel) on the CPU, then a 1024-wide MLP
     large enough to go back to the NPU; its 4 MiB weight becomes a mapped weights blob."""
     rng = np.random.default_rng(0)
-    proto = parse_model("""
-        g (float[1,8,32,32] x) => (float[1,1024] out, int64[1,64] idx) {
-            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
-            r1 = Relu (c1)
-            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
-            r2 = Relu (c2)
-            p = GlobalAveragePool (r2)
-            f = Flatten (p)
-            s = Gemm <transB = 1> (f, wf, bf)
-            v, idx = TopK <axis = 1> (s, k)
+    proto = conv_classifier("""v, idx = TopK <axis = 1> (scores, k)
             h = Gemm <transB = 1> (v, w3, b3)
             h2 = Relu (h)
             h3 = Gemm <transB = 1> (h2, w4, b4)
-            out = Relu (h3)
-        }""", w1=_weight(rng, 32, 8, 3, 3), b1=_weight(rng, 32), w2=_weight(rng, 32, 32, 3, 3),
-        b2=_weight(rng, 32), wf=_weight(rng, 64, 32), bf=_weight(rng, 64),
+            out = Relu (h3)""", "float[1,1024] out, int64[1,64] idx", seed=0,
         k=np.array([64], np.int64), w3=_weight(rng, 1024, 64), b3=_weight(rng, 1024),
         w4=_weight(rng, 1024, 1024), b4=_weight(rng, 1024))
     return proto, "ascend310", (1, 8, 32, 32)

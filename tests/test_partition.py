@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from helpers import parse_model
+from helpers import conv_classifier, parse_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
@@ -40,18 +40,7 @@ def weight(*shape: int) -> np.ndarray:
 
 def conv_head(tail: str, outputs: str) -> onnx.ModelProto:
     """Two 3×3 convs and a classifier producing `scores` [1, 64], then `tail`."""
-    return build(f"""
-        g (float[1,8,32,32] x) => ({outputs}) {{
-            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
-            r1 = Relu (c1)
-            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
-            r2 = Relu (c2)
-            p = GlobalAveragePool (r2)
-            f = Flatten (p)
-            scores = Gemm <transB = 1> (f, wf, bf)
-            {tail}
-        }}""", w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3), b2=weight(32),
-        wf=weight(64, 32), bf=weight(64))
+    return conv_classifier(tail, outputs, seed=5)
 
 
 def compile_om(proto, tmp_path, **options):

@@ -17,7 +17,7 @@ from graphopt.codegen import load_om
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 from graphopt.ir import load_onnx
 from graphopt.shape_profiles import expand_profiles, parse_dynamic_dims
-from tests.helpers import parse_model, run_cli
+from helpers import conv_topk_model, parse_model, run_cli
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -42,27 +42,6 @@ def mlp_model() -> onnx.ModelProto:
         w2=(rng.standard_normal((512, 8)) * 0.05).astype(np.float32),
         zero=np.array([0], np.int64), two=np.array([2], np.int64),
         eight=np.array([8], np.int64))
-
-
-def conv_topk_dynamic() -> onnx.ModelProto:
-    """Convs an NPU runs, with a dynamic batch, then a TopK it has no kernel for."""
-    rng = np.random.default_rng(5)
-
-    def weight(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
-    return parse_model("""
-        g (float[N,8,32,32] x) => (float[N,3] values, int64[N,3] indices) {
-            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
-            r1 = Relu (c1)
-            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
-            r2 = Relu (c2)
-            p = GlobalAveragePool (r2)
-            f = Flatten (p)
-            scores = Gemm <transB = 1> (f, wf, bf)
-            values, indices = TopK <axis = 1> (scores, k)
-        }""", w1=weight(32, 8, 3, 3), b1=weight(32), w2=weight(32, 32, 3, 3), b2=weight(32),
-        wf=weight(10, 32), bf=weight(10), k=np.array([3], np.int64))
 
 
 def feeds_for(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -218,7 +197,7 @@ def test_one_session_serves_all_profiles_from_many_threads(mlp_om):
 
 
 def test_profiles_partition_for_an_npu_where_the_dynamic_model_cannot(tmp_path):
-    model = conv_topk_dynamic()
+    model = conv_topk_model(k=3, batch="N")
     dynamic = graphopt.optimize(model, target="ascend310")
     reasons = {r for _, r in dynamic.partitioning.fallbacks()}
     assert dynamic.partitioning.partitions[0].device == "cpu" and any(
