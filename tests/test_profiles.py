@@ -357,3 +357,22 @@ def test_report_names_the_profiles(mlp_om, tmp_path, capsys):
     html = page.read_text()
     assert "shape profiles</th><td>4, a run takes the one its input shapes match" in html
     assert "profile3 batch=4, seq=32" in html
+
+
+def test_write_om_refuses_profiles_that_cannot_share_an_artifact(tmp_path):
+    from graphopt.codegen import OmPartition, OmProfile, write_om
+
+    def part(name: str, output: str = "y") -> OmPartition:
+        proto = parse_model(f"g (float[2] x) => (float[2] {output}) {{ {output} = Relu (x) }}")
+        return OmPartition(name, "cpu", proto)
+
+    path = tmp_path / "x.om"
+    with pytest.raises(ValueError, match="two profiles have a partition named 'p0'"):
+        write_om(path, [], profiles=[OmProfile("a", {"n": 1}, [part("p0")]),
+                                     OmProfile("b", {"n": 2}, [part("p0")])])
+    with pytest.raises(ValueError, match=r"profile 'b' has inputs \['x'\] and outputs \['z'\]"):
+        write_om(path, [], profiles=[OmProfile("a", {"n": 1}, [part("a.p0")]),
+                                     OmProfile("b", {"n": 2}, [part("b.p0", "z")])])
+    with pytest.raises(ValueError, match="give the partitions or the profiles"):
+        write_om(path, [part("p0")], profiles=[OmProfile("a", {"n": 1}, [part("a.p0")])])
+    assert not path.exists()

@@ -10,9 +10,9 @@ from graphopt.codegen.om_manifest import (
     dtype_name,
 )
 from graphopt.codegen.om_read import OmArtifact, is_om, load_om
-from graphopt.codegen.om_write import OmPartition, write_om
+from graphopt.codegen.om_write import OmPartition, OmProfile, write_om
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "MANIFEST_SCHEMA", "PARTITION_DIR", "OmArtifact",
-    "OmPartition", "dtype_from_name", "dtype_name", "is_om", "load_om", "write_om",
+    "OmPartition", "OmProfile", "dtype_from_name", "dtype_name", "is_om", "load_om", "write_om",
 ]

@@ -205,13 +205,17 @@ def uses_external_data(model: onnx.ModelProto, resolvable: Mapping[str, Any] | N
 
 def _profile_plans(profiles: list[OmProfile], outputs: list[str] | None) -> list[tuple]:
     """(profile, inputs, outputs, routing) of each profile; all must share one signature."""
-    plans, names = [], set()
+    plans, names, parts = [], set(), set()
     for profile in profiles:
         if not isinstance(profile, OmProfile):
             raise TypeError(f"profiles must be OmProfile, not {type(profile).__name__}")
         if profile.name in names:
             raise ValueError(f"two profiles are named {profile.name!r}")
         names.add(profile.name)
+        for part in profile.partitions:  # they share the artifact's partitions/ folder
+            if part.name in parts:
+                raise ValueError(f"two profiles have a partition named {part.name!r}")
+            parts.add(part.name)
         plan = [(p.name, p.inputs, p.outputs) for p in profile.partitions]
         plans.append((profile, *route(plan, outputs)))
     first = plans[0]
