@@ -392,27 +392,41 @@ def _apply_value_info(value: Value, vi: ValueInfoProto) -> None:
 
 def apply_type(value: Value, tp: TypeProto) -> None:
     """Set dtype/shape (tensors) or keep the TypeProto (sequences, maps, optionals, sparse)."""
+    if tp.WhichOneof("value") is not None:
+        value.dtype, value.shape, value.type_proto = read_type(tp)
+
+
+def read_type(tp: TypeProto) -> tuple[DType | None, tuple | None, TypeProto | None]:
+    """(dtype, shape, type_proto) as `apply_type` sets them: a tensor's element type and
+    shape, or a copy of any other type; all None when `tp` holds no type."""
     which = tp.WhichOneof("value")
     if which == "tensor_type":
         tensor_type = tp.tensor_type
-        value.type_proto = None
-        value.dtype = DType(tensor_type.elem_type) if tensor_type.elem_type else None
+        elem = tensor_type.elem_type
+        dtype = (_DTYPES.get(elem) or DType(elem)) if elem else None
         if tensor_type.HasField("shape"):
-            value.shape = tuple(_dim(d) for d in tensor_type.shape.dim)
-        else:
-            value.shape = None
-    elif which is not None:
-        copy = TypeProto()
-        copy.CopyFrom(tp)
-        value.type_proto = copy
-        value.dtype = value.shape = None
+            # A positive dim_value is set (unset reads 0): one field read for most dims.
+            return dtype, tuple([v if (v := d.dim_value) > 0 else _dim(d)
+                                 for d in tensor_type.shape.dim]), None
+        return dtype, None, None
+    if which is None:
+        return None, None, None
+    copy = TypeProto()
+    copy.CopyFrom(tp)
+    return None, None, copy
+
+
+# DType(n) goes through the enum machinery; shape inference reads one per value.
+_DTYPES = {int(d): d for d in DType}
 
 
 def _dim(dim) -> int | str | None:
-    if dim.HasField("dim_value"):
+    which = dim.WhichOneof("value")
+    if which == "dim_value":
         # Some exporters write -1 for "unknown", as onnxruntime reads it; no tensor has it.
-        return int(dim.dim_value) if dim.dim_value >= 0 else None
-    if dim.HasField("dim_param"):
+        value = dim.dim_value
+        return int(value) if value >= 0 else None
+    if which == "dim_param":
         return dim.dim_param
     return None
 
@@ -469,29 +483,36 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
     listed = set()
     for value in graph.inputs:
         if list_fixed_weights or value.const is None or value.overridable:
-            proto.input.append(value_info(value))
+            _fill_value_info(proto.input.add(), value)
             listed.add(id(value))
     for value in graph.initializers.values():
         if value.sparse_const is not None:
             proto.sparse_initializer.append(value.sparse_const)
         elif weights_as_inputs_above is not None and value.const.nbytes > weights_as_inputs_above:
             if id(value) not in listed:
-                proto.input.append(value_info(value))
+                _fill_value_info(proto.input.add(), value)
         else:
             proto.initializer.append(value.const.to_proto(value.name))
     outputs = {id(v) for v in graph.outputs}
+    # Nodes and value infos are filled where they sit (`add()`): appending a finished message
+    # copies it, which was half the export's time at 100k nodes (three InferShapes, the input
+    # check and the .om writer each export the whole graph).
+    nodes, infos = proto.node, proto.value_info
     for node in graph:
-        proto.node.append(node_to_proto(node))
-        for value in node.outputs:
+        _fill_node(nodes.add(), node)
+        for value in node._outputs:
             if value is not None and id(value) not in outputs and _has_type(value):
-                proto.value_info.append(value_info(value))
+                _fill_value_info(infos.add(), value)
     for value in graph.outputs:
-        proto.output.append(value_info(value))
+        _fill_value_info(proto.output.add(), value)
     return proto
 
 
 def node_to_proto(node: Node) -> NodeProto:
-    proto = NodeProto()
+    return _fill_node(NodeProto(), node)
+
+
+def _fill_node(proto: NodeProto, node: Node) -> NodeProto:
     proto.op_type = node.op_type
     proto.domain = node.domain
     proto.name = node.name
@@ -499,16 +520,21 @@ def node_to_proto(node: Node) -> NodeProto:
     if node.overload:
         proto.overload = node.overload
     _set_props(proto, node.metadata_props)
-    proto.input.extend(v.name if v is not None else "" for v in node.inputs)
-    proto.output.extend(v.name if v is not None else "" for v in node.outputs)
-    for attr in node.attrs.values():
-        proto.attribute.append(attribute_to_proto(attr))
+    proto.input.extend([v.name if v is not None else "" for v in node._inputs])
+    proto.output.extend([v.name if v is not None else "" for v in node._outputs])
+    if node.attrs:
+        attributes = proto.attribute
+        for attr in node.attrs.values():
+            _fill_attribute(attributes.add(), attr)
     return proto
 
 
 def attribute_to_proto(attr: Attr) -> AttributeProto:
+    return _fill_attribute(AttributeProto(), attr)
+
+
+def _fill_attribute(proto: AttributeProto, attr: Attr) -> AttributeProto:
     A = AttributeProto
-    proto = AttributeProto()
     proto.name = attr.name
     proto.type = attr.type
     proto.doc_string = attr.doc_string
@@ -532,15 +558,16 @@ def attribute_to_proto(attr: Attr) -> AttributeProto:
     elif kind == A.TYPE_PROTO:
         proto.tp.CopyFrom(value)
     elif kind == A.INTS:
-        proto.ints.extend(int(v) for v in value)
+        proto.ints.extend([int(v) for v in value])
     elif kind == A.FLOATS:
-        proto.floats.extend(float(v) for v in value)
+        proto.floats.extend([float(v) for v in value])
     elif kind == A.STRINGS:
-        proto.strings.extend(_encode(v) for v in value)
+        proto.strings.extend([_encode(v) for v in value])
     elif kind == A.TENSORS:
         proto.tensors.extend(t.to_proto() for t in value)
     elif kind == A.GRAPHS:
-        proto.graphs.extend(graph_to_proto(g) for g in value)
+        for g in value:
+            graph_to_proto(g, proto.graphs.add())
     elif kind == A.SPARSE_TENSORS:
         proto.sparse_tensors.extend(value)
     elif kind == A.TYPE_PROTOS:
@@ -557,13 +584,17 @@ def _has_type(value: Value) -> bool:
 
 
 def value_info(value: Value) -> ValueInfoProto:
-    proto = ValueInfoProto()
+    return _fill_value_info(ValueInfoProto(), value)
+
+
+def _fill_value_info(proto: ValueInfoProto, value: Value) -> ValueInfoProto:
     proto.name = value.name
     proto.doc_string = value.doc_string
     _set_props(proto, value.metadata_props)
-    tp = type_proto(value)
-    if tp is not None:
-        proto.type.CopyFrom(tp)
+    if value.type_proto is not None:
+        proto.type.CopyFrom(value.type_proto)
+    elif value.dtype is not None or value.shape is not None:
+        _fill_tensor_type(proto.type.tensor_type, value)
     return proto
 
 
@@ -573,17 +604,22 @@ def type_proto(value: Value) -> TypeProto | None:
     if value.dtype is None and value.shape is None:
         return None
     tp = TypeProto()
-    tensor_type = tp.tensor_type
+    _fill_tensor_type(tp.tensor_type, value)
+    return tp
+
+
+def _fill_tensor_type(tensor_type, value: Value) -> None:
     tensor_type.elem_type = int(value.dtype or 0)
     if value.shape is not None:
-        tensor_type.shape.SetInParent()
+        shape = tensor_type.shape
+        shape.SetInParent()
+        dims = shape.dim
         for dim in value.shape:
-            entry = tensor_type.shape.dim.add()
+            entry = dims.add()
             if isinstance(dim, int):
                 entry.dim_value = dim
             elif isinstance(dim, str):
                 entry.dim_param = dim
-    return tp
 
 
 def _set_props(proto, props: dict[str, str]) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from itertools import islice
 
 import onnx
 from onnx import ModelProto
 
-from graphopt.ir import Model, Value
-from graphopt.ir.onnx_io import apply_type, to_onnx
+from graphopt.ir import Model
+from graphopt.ir.onnx_io import read_type, to_onnx
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 
 # Initializers at most this large keep their data during inference so that data propagation
@@ -36,36 +37,44 @@ def infer_shapes(model: Model) -> int:
     except Exception:  # noqa: BLE001 - inference is best effort; passes check what they rely on
         return 0
     types = {}
-    for graph_proto in _all_graph_protos(inferred.graph):
-        for info in list(graph_proto.value_info) + list(graph_proto.output):
-            if info.HasField("type"):
-                types[info.name] = info.type
+    # Walking 100k node protos for subgraphs costs more than asking the IR whether any exist.
+    nested = next(islice(model.graph.all_graphs(), 1, None), None) is not None
+    for graph_proto in _all_graph_protos(inferred.graph) if nested else (inferred.graph,):
+        for infos in (graph_proto.value_info, graph_proto.output):
+            for info in infos:
+                if info.HasField("type"):
+                    types[info.name] = info.type
     changed = 0
     for value in model.graph.all_values():
-        if value.producer is None or value.name not in types:
+        if value.producer is None:
+            continue
+        tp = types.get(value.name)
+        if tp is None:
             continue
         before = (value.dtype, value.shape, value.type_proto)
-        probe = Value(value.name)
-        apply_type(probe, types[value.name])
-        if _more_specific(probe, value):
-            value.dtype, value.shape, value.type_proto = probe.dtype, probe.shape, probe.type_proto
-        if (value.dtype, value.shape, value.type_proto) != before:
-            changed += 1
+        new = read_type(tp)
+        if _more_specific(new, before):
+            value.dtype, value.shape, value.type_proto = new
+            if new != before:
+                changed += 1
     return changed
 
 
-def _more_specific(new: Value, old: Value) -> bool:
-    """Take the inferred type unless it knows less than what the value already carries."""
-    if new.type_proto is not None or old.type_proto is not None:
-        return new.type_proto is not None and old.type_proto is None
-    if new.dtype is None and old.dtype is not None:
+def _more_specific(new: tuple, old: tuple) -> bool:
+    """Take the inferred (dtype, shape, type_proto) unless it knows less than what the value
+    already carries."""
+    new_dtype, new_shape, new_tp = new
+    old_dtype, old_shape, old_tp = old
+    if new_tp is not None or old_tp is not None:
+        return new_tp is not None and old_tp is None
+    if new_dtype is None and old_dtype is not None:
         return False
-    if new.shape is None:
-        return old.shape is None
-    if old.shape is None or len(old.shape) != len(new.shape):
-        return old.shape is None
-    known_new = sum(isinstance(d, int) for d in new.shape)
-    known_old = sum(isinstance(d, int) for d in old.shape)
+    if new_shape is None:
+        return old_shape is None
+    if old_shape is None or len(old_shape) != len(new_shape):
+        return old_shape is None
+    known_new = sum(isinstance(d, int) for d in new_shape)
+    known_old = sum(isinstance(d, int) for d in old_shape)
     return known_new >= known_old
 
 
