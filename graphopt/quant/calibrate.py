@@ -19,13 +19,15 @@ from graphopt.quant.calib_data import CalibrationData
 from graphopt.quant.stats import METHODS, TensorStats
 
 
-def calibrate(model: Model, names: list[str], data: CalibrationData, method: str = "minmax"
-              ) -> dict[str, TensorStats]:
+def calibrate(model: Model, names: list[str], data: CalibrationData, method: str = "minmax",
+              channels: frozenset[str] | set[str] = frozenset()) -> dict[str, TensorStats]:
     """Statistics of the float tensors `names` (graph inputs or node outputs of `model`'s main
-    graph) over every sample of `data`, ready for `TensorStats.range(method)`."""
+    graph) over every sample of `data`, ready for `TensorStats.range(method)`; those also in
+    `channels` track their per-channel (axis 1) means too."""
     if method not in METHODS:
         raise OptionError(f"calibration_method {method!r}: unknown (use {', '.join(METHODS)})")
-    stats = {name: TensorStats() for name in names}
+    names = sorted(set(names) | set(channels))
+    stats = {name: TensorStats(channels=name in channels) for name in names}
     if not names:
         return stats
     feeds_named = {s.name for s in data.specs}

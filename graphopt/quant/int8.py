@@ -7,8 +7,11 @@ provider runs on its int8 kernels, with dynamic quantization for MatMul-heavy la
 
 Convs and Gemms are static: their activations get calibrated uint8 ranges (int8 symmetric with
 `activation_symmetric`), weights symmetric int8 per output channel (`per_channel`), biases int32
-at scale = input scale × weight scale. MatMuls with constant weights (transformer layers) are
-dynamic: onnxruntime quantizes the activation per run from its actual range. Measured on a
+at scale = input scale × weight scale. The bias also absorbs the mean output shift that rounding
+the weights causes, from each input channel's calibration mean (bias correction): on the zoo's
+ResNet-50 it cuts the mean logit error from 0.0117σ to 0.0078σ (bench/precision.py).
+MatMuls with constant weights (transformer layers) are dynamic: onnxruntime quantizes the
+activation per run from its actual range. Measured on a
 4-layer BERT-base at seq 128 (bench/precision.py), that keeps a cosine to FP32 of 0.99985 where
 one calibrated range per tensor (onnxruntime's quantize_static QDQ of the same MatMuls) drops to
 0.9964, and it is no slower (1.59× against 1.57× over FP32 at 1 thread).
@@ -31,6 +34,7 @@ from graphopt.quant.probe import int8_gemm_saturates
 from graphopt.quant.qparams import (
     QParams,
     activation_params,
+    dequantize_weight,
     quantize_bias,
     quantize_weight,
 )
@@ -64,7 +68,8 @@ class QuantizeInt8(Pass):
         if chosen.kept:
             ctx.note("QuantizeInt8 kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))
-        params = self._calibrated(model, chosen, options) if chosen.needs_calibration() else {}
+        params, means = self._calibrated(model, chosen, options) \
+            if chosen.needs_calibration() else ({}, {})
         graph = model.graph
         for producer, act in chosen.folds:
             replace_value(act.output, producer.outputs[0])
@@ -73,7 +78,8 @@ class QuantizeInt8(Pass):
         for node in list(chosen.static):
             if node.op_type == "FusedConv":
                 node = _as_conv(node)
-            _quantize_weights(graph, node, params[id(node.inputs[0])], options.per_channel)
+            _quantize_weights(graph, node, params[id(node.inputs[0])], options.per_channel,
+                              means.get(id(node)))
             result.count(node.op_type)
         for value in chosen.tensors:
             _insert_qdq(graph, value, params[id(value)])
@@ -96,8 +102,10 @@ class QuantizeInt8(Pass):
             _drop_unused_initializers(graph)
         return result
 
-    def _calibrated(self, model: Model, chosen: Plan, options) -> dict[int, QParams]:
-        """Quantization parameters per id(value) of every tensor that gets a Q/DQ pair."""
+    def _calibrated(self, model: Model, chosen: Plan, options
+                    ) -> tuple[dict[int, QParams], dict[int, np.ndarray]]:
+        """Quantization parameters per id(value) of every tensor that gets a Q/DQ pair, and the
+        per-channel mean of each static node's input, by id(node)."""
         if not options.calibration:
             raise OptionError(
                 f"quantize int8: {len(chosen.static)} Conv/Gemm node(s) need activation ranges; "
@@ -105,7 +113,10 @@ class QuantizeInt8(Pass):
                 "of them), or quant_skip them")
         data = read_calibration(options.calibration, model.graph)
         names = sorted({n for n in map(chosen.stats_name, chosen.tensors) if n is not None})
-        stats = calibrate(model, names, data, options.calibration_method)
+        # Read before any rewrite: each static node's input is still its float tensor.
+        inputs = {id(node): node.inputs[0].name for node in chosen.static}
+        stats = calibrate(model, names, data, options.calibration_method, set(inputs.values()))
+        means = {key: stats[name].channel_mean for key, name in inputs.items()}
         params: dict[int, QParams] = {}
         for value in chosen.tensors:  # graph order: a SAME_SCALE input is set before its output
             name = chosen.stats_name(value)
@@ -118,7 +129,7 @@ class QuantizeInt8(Pass):
             if name != value.name:
                 lo = max(lo, 0.0)  # a folded Relu/Clip(0, …): the range starts at 0
             params[id(value)] = activation_params(lo, hi, options.activation_symmetric)
-        return params
+        return params, means
 
 
 def _scalar(graph, hint: str, value) -> Value:
@@ -162,7 +173,8 @@ def _dequantized(graph, before: Node, hint: str, data: np.ndarray, scale: np.nda
     return out
 
 
-def _quantize_weights(graph, node: Node, x: QParams, per_channel: bool) -> None:
+def _quantize_weights(graph, node: Node, x: QParams, per_channel: bool,
+                      x_mean: np.ndarray | None) -> None:
     w_value = node.inputs[1]
     w = w_value.constant()
     if node.op_type == "Gemm":
@@ -172,9 +184,33 @@ def _quantize_weights(graph, node: Node, x: QParams, per_channel: bool) -> None:
     wq, w_scale = quantize_weight(w, axis if per_channel else None)
     node.set_input(1, _dequantized(graph, node, w_value.name, wq, w_scale, axis))
     bias = node.input(2)
-    if bias is not None:
-        bq, b_scale = quantize_bias(bias.constant(), x.scale, w_scale)
-        node.set_input(2, _dequantized(graph, node, bias.name, bq, b_scale, 0))
+    b = bias.constant() if bias is not None else np.zeros(w.shape[axis], np.float32)
+    reads = w.shape[0] if node.op_type == "Gemm" and not node.attr("transB", 0) \
+        else w.shape[1] * int(node.attr("group", 1))  # the input channels the weight reads
+    if x_mean is not None and x_mean.shape == (reads,):
+        b = b - _mean_shift(node, w, dequantize_weight(wq, w_scale, axis), x_mean)
+    if bias is not None or np.any(b):
+        bq, b_scale = quantize_bias(b, x.scale, w_scale)
+        name = bias.name if bias is not None else f"{w_value.name}_bias"
+        node.set_inputs([*node.inputs[:2], _dequantized(graph, node, name, bq, b_scale, 0)])
+
+
+def _mean_shift(node: Node, w: np.ndarray, w_deq: np.ndarray, x_mean: np.ndarray
+                ) -> np.ndarray:
+    """The mean change of each output channel that rounding the weights causes, for inputs of
+    per-channel mean `x_mean`: (W_q − W) contracted with the mean. Subtracted from the bias, it
+    removes the systematic part of the weight error (bias correction, Nagel et al. 2019), which
+    rounding leaves in every output of a layer alike and which adds up across layers. Outputs
+    on a zero-padded border read less of the mean; the correction is the interior's."""
+    delta = w_deq.astype(np.float64) - w.astype(np.float64)
+    if node.op_type == "Gemm":
+        return (x_mean @ (delta.T if node.attr("transB", 0) else delta)).astype(np.float32)
+    groups = int(node.attr("group", 1))
+    per_group = delta.shape[1]
+    # Each output channel o reads the input channels of its group.
+    group_of = np.arange(delta.shape[0]) // (delta.shape[0] // groups)
+    means = x_mean.reshape(groups, per_group)[group_of]             # [O, I/g]
+    return np.sum(delta.reshape(*delta.shape[:2], -1).sum(-1) * means, axis=1).astype(np.float32)
 
 
 def _as_conv(node: Node) -> Node:

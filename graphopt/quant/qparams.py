@@ -55,6 +55,15 @@ def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.nda
     return q, scale
 
 
+def dequantize_weight(q: np.ndarray, scale: np.ndarray, axis: int | None) -> np.ndarray:
+    """The float weight `quantize_weight`'s result stands for."""
+    if axis is None or np.ndim(scale) == 0:
+        return q.astype(np.float32) * np.float32(scale)
+    shape = [1] * q.ndim
+    shape[axis] = -1
+    return q.astype(np.float32) * scale.reshape(shape)
+
+
 def quantize_bias(b: np.ndarray, input_scale: np.float32, weight_scale: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray]:
     """int32 bias at scale input_scale × weight_scale (per channel when the weight is), what

@@ -32,12 +32,27 @@ class TensorStats:
     hist_hi: float = 0.0
     count: int = 0
     samples: int = field(default=0)
+    channels: bool = False              # also track the mean of each index of axis 1
+    channel_sum: np.ndarray | None = None
+    channel_count: int = 0
 
     def observe_range(self, x: np.ndarray) -> None:
         if x.size:
             self.lo = min(self.lo, float(np.min(x)))
             self.hi = max(self.hi, float(np.max(x)))
+            if self.channels and x.ndim >= 2:
+                axes = (0, *range(2, x.ndim))
+                sums = np.sum(x, axis=axes, dtype=np.float64)
+                self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
+                self.channel_count += x.size // x.shape[1]
         self.samples += 1
+
+    @property
+    def channel_mean(self) -> np.ndarray | None:
+        """The mean of each channel (axis 1) over every sample, when `channels` tracked it."""
+        if self.channel_sum is None:
+            return None
+        return self.channel_sum / max(self.channel_count, 1)
 
     def start_histogram(self) -> None:
         self.hist_lo, self.hist_hi = self.lo, self.hi

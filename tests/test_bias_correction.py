@@ -1,0 +1,126 @@
+"""Bias correction in QuantizeInt8: the mean output shift that rounding weights causes, from
+calibration means, folded into the bias (Conv, grouped Conv, Gemm both ways, a Conv without
+bias), checked against the exact shift and end to end against float."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import graphopt
+import graphopt.quant.int8 as int8
+from graphopt import numerics
+from graphopt.ir import Node
+from graphopt.quant.qparams import dequantize_weight, quantize_weight
+from tests.helpers import parse_model
+
+
+def _conv(x, w, groups=1):
+    """A direct, unpadded, stride-1 convolution in float64."""
+    n, c, h, wd = x.shape
+    o, per, kh, kw = w.shape
+    out = np.zeros((n, o, h - kh + 1, wd - kw + 1))
+    for j in range(o):
+        g = j // (o // groups)
+        xs = x[:, g * per:(g + 1) * per]
+        for a in range(kh):
+            for b in range(kw):
+                out[:, j] += np.einsum("nchw,c->nhw", xs[:, :, a:a + out.shape[2],
+                                                         b:b + out.shape[3]], w[j, :, a, b])
+    return out
+
+
+@pytest.mark.parametrize("groups", [1, 2, 8])
+def test_conv_shift_is_the_output_change_on_a_constant_input(groups):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8 // groups, 3, 3)).astype(np.float32)
+    wq, scale = quantize_weight(w, 0)
+    w_deq = dequantize_weight(wq, scale, 0)
+    mean = rng.uniform(0.5, 2.0, 8)
+    x = np.broadcast_to(mean[None, :, None, None], (1, 8, 5, 5))
+    expected = (_conv(x, w_deq, groups) - _conv(x, w, groups))[0, :, 0, 0]
+    node = Node("Conv", [], {"group": groups} if groups > 1 else {})
+    np.testing.assert_allclose(int8._mean_shift(node, w, w_deq, mean), expected, rtol=1e-5,
+                               atol=1e-7)
+    assert np.max(np.abs(expected)) > 1e-4  # rounding moved the mean: the test can tell
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_shift_is_the_output_change_at_the_mean(trans_b):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((16, 6) if not trans_b else (6, 16)).astype(np.float32)
+    axis = 0 if trans_b else 1
+    wq, scale = quantize_weight(w, axis)
+    w_deq = dequantize_weight(wq, scale, axis)
+    mean = rng.uniform(-1.0, 2.0, 16)
+    expected = mean @ (w_deq.T - w.T if trans_b else w_deq - w)
+    node = Node("Gemm", [], {"transB": trans_b})
+    np.testing.assert_allclose(int8._mean_shift(node, w, w_deq, mean), expected, rtol=1e-5)
+
+
+NET = """
+    agraph (float[1, 16, 12, 12] x) => (float[1, 8, 8, 8] y) {
+        c1 = Conv (x, w1)
+        r1 = Relu(c1)
+        y = Conv (r1, w2, b2)
+    }"""
+
+
+def _net():
+    rng = np.random.default_rng(2)
+    # One large weight per output channel makes the scale coarse, so rounding moves the mean
+    # of the other weights noticeably.
+    w1 = rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.1
+    w1[:, 0, 0, 0] = 2.0
+    w2 = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1
+    w2[:, 0, 0, 0] = 1.5
+    return parse_model(NET, w1=w1, w2=w2, b2=np.full(8, 0.1, np.float32))
+
+
+def _channel_mean_error(proto, out, feeds_list):
+    diffs = [numerics.run(out, f)["y"] - numerics.run(proto, f)["y"] for f in feeds_list]
+    return float(np.abs(np.mean(diffs, axis=(0, 1, 3, 4))).max())
+
+
+def test_bias_correction_removes_the_mean_error_end_to_end(tmp_path, monkeypatch):
+    proto = _net()
+    rng = np.random.default_rng(3)
+    # Inputs with a non-zero mean per channel, as after a Relu: the shift is W error · mean.
+    data = rng.uniform(0.0, 2.0, (8, 1, 16, 12, 12)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=data)
+    held = [{"x": rng.uniform(0.0, 2.0, (1, 16, 12, 12)).astype(np.float32)} for _ in range(8)]
+    options = {"quantize": "int8", "calibration": str(tmp_path / "c.npz"),
+               "quant_keep_ends": False}
+
+    def compiled():
+        out = graphopt.to_onnx(graphopt.optimize(proto, pass_options=options).model)
+        onnx.checker.check_model(out)
+        return out
+
+    corrected = compiled()
+    # The first conv had no bias: the correction gives it one, an int32 DequantizeLinear.
+    conv1 = next(n for n in corrected.graph.node if n.op_type == "Conv" and "w1" in n.input[1])
+    assert len(conv1.input) == 3
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in corrected.graph.initializer}
+    producers = {o: n for n in corrected.graph.node for o in n.output}
+    assert inits[producers[conv1.input[2]].input[0]].dtype == np.int32
+    with_correction = _channel_mean_error(proto, corrected, held)
+    monkeypatch.setattr(int8, "_mean_shift", lambda node, w, w_deq, mean:
+                        np.zeros(w.shape[0], np.float32))
+    without = _channel_mean_error(proto, compiled(), held)
+    assert with_correction < 0.5 * without, (with_correction, without)
+
+
+def test_channel_means_stream_over_samples_of_any_rank():
+    from graphopt.quant.stats import TensorStats
+    rng = np.random.default_rng(4)
+    for shape in ((2, 3, 4, 5), (6, 3), (1, 3, 7)):
+        arrays = [rng.standard_normal(shape) + np.arange(3).reshape(1, 3, *[1] * (len(shape) - 2))
+                  for _ in range(4)]
+        s = TensorStats(channels=True)
+        for a in arrays:
+            s.observe_range(a)
+        expected = np.mean(np.concatenate(arrays), axis=(0, *range(2, len(shape))))
+        np.testing.assert_allclose(s.channel_mean, expected, rtol=1e-12)
+    assert TensorStats().channel_mean is None  # not tracked unless asked
