@@ -27,12 +27,15 @@ from graphopt.codegen import OmSession
 DESCRIPTION = """\
 Per model, at each thread count: FP32 (the original at ORT_ENABLE_ALL); graphopt INT8 (the .om of
 `graphopt.optimize(target="cpu", quantize="int8")`, run by graphopt.load's OmSession), once with
-the default quant_keep_ends (first and last layers float) and once with every layer quantized;
+the default quant_keep_ends (layers that read a graph input or write a graph output stay float: a
+classifier's stem and FC; none in a BERT encoder) and once with every layer quantized;
 onnxruntime's quantize_static (QDQ, per-channel int8 weights, uint8 activations, min-max, the same
 calibration samples) and quantize_dynamic (int8 weights), both at ORT_ENABLE_ALL. Variants run
 interleaved after warm-up; figures are medians (min-max) in ms and the ratio FP32 / variant
 (above 1: faster). Accuracy on N held-out samples the calibration never saw: mean and minimum
-cosine of the output to FP32's (at ORT_DISABLE_ALL) and, for the classifier, top-1 agreement.
+cosine of the output to FP32's (at ORT_DISABLE_ALL) and, for the classifier, top-1 agreement and
+the logit error |variant - FP32| in units of each sample's FP32 logit standard deviation (σ),
+mean over every logit and max.
 
 Inputs: BERT gets token ids drawn like zoo.sample_inputs (seq 128, padded tails); ResNet gets
 images with structure rather than white noise: a few smooth colour blobs over a gradient plus mild
@@ -67,6 +70,8 @@ class Variant:
     times: dict[int, list[float]] = field(default_factory=dict)
     cosines: list[float] = field(default_factory=list)
     agree: int = 0
+    errors_sigma: list[float] = field(default_factory=list)  # classifier: mean |Δ|/σ per sample
+    max_error_sigma: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +269,11 @@ def measure(model: Model, variants: list[Variant], args) -> dict:
                     v.cosines.append(cosine(ref, out))
                     v.agree += int(np.argmax(ref.reshape(ref.shape[0], -1), -1)[0]
                                    == np.argmax(out.reshape(out.shape[0], -1), -1)[0])
+                    if model.classifier:
+                        sigma = float(np.std(ref)) or 1.0
+                        error = np.abs(out.astype(np.float64) - ref) / sigma
+                        v.errors_sigma.append(float(error.mean()))
+                        v.max_error_sigma = max(v.max_error_sigma, float(error.max()))
         runners.clear()
         gc.collect()
     classes = len({int(np.argmax(r.reshape(r.shape[0], -1), -1)[0]) for r in ref_first})
@@ -277,14 +287,15 @@ def table(rows: list[tuple[Model, list[Variant], dict]], threads: list[int]) -> 
     headers = ["model", "variant"]
     for t in threads:
         headers += [f"{t}T ms", f"{t}T ×FP32"]
-    headers += ["cosine mean / min", "top-1 agree"]
+    headers += ["cosine mean / min", "top-1 agree", "logit err mean / max (σ)"]
+    classifiers = any(model.classifier for model, _, _ in rows)
     body = []
     for model, variants, extra in rows:
         fp32 = variants[0]
         for i, v in enumerate(variants):
             cells = [model.name if i == 0 else "", v.name]
             if v.error:
-                body.append(cells + [f"error: {v.error}"] + [""] * (2 * len(threads) + 1))
+                body.append(cells + [f"error: {v.error}"] + [""] * (2 * len(threads) + 2))
                 continue
             for t in threads:
                 s, base = Stats.of(v.times[t]), Stats.of(fp32.times[t])
@@ -293,7 +304,11 @@ def table(rows: list[tuple[Model, list[Variant], dict]], threads: list[int]) -> 
             cells.append(f"{np.mean(v.cosines):.5f} / {np.min(v.cosines):.5f}")
             cells.append(f"{v.agree}/{n} ({extra['distinct_fp32_top1']} classes)"
                          if model.classifier else "")
+            cells.append(f"{np.mean(v.errors_sigma):.4f} / {v.max_error_sigma:.4f}"
+                         if model.classifier else "")
             body.append(cells)
+    if not classifiers:  # no classifier: drop the two empty columns
+        headers, body = headers[:-2], [row[:-2] for row in body]
     return markdown_table(headers, body)
 
 
@@ -316,6 +331,9 @@ def to_json(rows, args, seconds: float) -> dict:
                                                   / np.median(ts))
                                     for t, ts in v.times.items()},
                 "cosines": v.cosines, "top1_agree": v.agree if model.classifier else None,
+                "logit_error_sigma_mean": float(np.mean(v.errors_sigma))
+                if v.errors_sigma else None,
+                "logit_error_sigma_max": v.max_error_sigma if v.errors_sigma else None,
             } for v in variants}} for model, variants, extra in rows]}
 
 
