@@ -46,17 +46,32 @@ def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
     known_domains = {d for d, _ in runtime_schemas()} | {"", "ai.onnx.ml",
                                                           "ai.onnx.preview.training"}
     checker = _checker_context(model)
+    known: dict[tuple[str, str], bool] = {}
+    # Nodes alike in what the schema check reads (op, which inputs and outputs are present,
+    # attribute names, kinds and values) get the same verdict: a 100k-node model has a few
+    # hundred kinds. Only passes are remembered; a failure is reported with its own node.
+    fitting: set[tuple] = set()
     for node in model.graph.all_nodes():
         domain = "" if node.domain == "ai.onnx" else node.domain
-        where = f"{label}: node '{node.name or '?'}' ({node.qualified_op})"
         if domain not in imported:
-            raise InputError(f"{where}: domain '{domain}' is not in the model's opset_import")
-        if _known(domain, node.op_type, functions):
-            if domain in _ONNX_DOMAINS and (domain, node.op_type) not in functions:
+            raise InputError(f"{_where(label, node)}: domain '{domain}' is not in the model's "
+                             "opset_import")
+        op = (domain, node.op_type)
+        is_known = known.get(op)
+        if is_known is None:
+            is_known = known[op] = _known(domain, node.op_type, functions)
+        if is_known:
+            if domain in _ONNX_DOMAINS and op not in functions:
+                key = _schema_key(node)
+                if key is not None and key in fitting:
+                    continue
                 problem = _schema_problem(node, checker)
                 if problem:
-                    raise InputError(f"{where}: {problem}")
+                    raise InputError(f"{_where(label, node)}: {problem}")
+                if key is not None:
+                    fitting.add(key)
             continue
+        where = _where(label, node)
         if domain in known_domains or not allow_custom_ops:
             if domain in known_domains:
                 raise InputError(f"{where}: unknown op '{node.op_type}' in domain "
@@ -65,6 +80,30 @@ def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
             raise InputError(f"{where}: unknown domain '{domain}' (no schema or model function "
                              "defines its ops); pass --allow-custom-ops to keep custom ops as they are")
     _check_inference(model, label)
+
+
+def _where(label: str, node: Node) -> str:
+    return f"{label}: node '{node.name or '?'}' ({node.qualified_op})"
+
+
+_PLAIN_KINDS = {AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,
+                AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS}
+
+
+def _schema_key(node: Node) -> tuple | None:
+    """What onnx.checker.check_node reads of `node`, as a hashable key; None when an attribute
+    holds a tensor, graph or type (such nodes are checked one by one)."""
+    attrs = []
+    for attr in node.attrs.values():
+        if attr.type not in _PLAIN_KINDS or attr.ref_attr_name:
+            return None
+        value = attr.value
+        # repr keeps floats exact and tells -0.0 from 0.0; lists become tuples.
+        attrs.append((attr.name, attr.type, repr(value) if attr.type in
+                      (AttributeProto.FLOAT, AttributeProto.FLOATS) else
+                      tuple(value) if isinstance(value, list) else value))
+    return (node.domain, node.op_type, tuple(v is not None for v in node._inputs),
+            tuple(v is not None for v in node._outputs), tuple(attrs))
 
 
 def _checker_context(model: Model) -> onnx.checker.C.CheckerContext:
@@ -107,7 +146,7 @@ def _check_inference(model: Model, label: str) -> None:
     permutation) are the input's fault, and are better reported now than by the .om's loader."""
     from graphopt.passes.infer_shapes import weightless_proto
 
-    proto = weightless_proto(model)
+    proto = weightless_proto(model, value_infos=False)
     # Only the nodes are judged: a declared output or intermediate shape that disagrees with
     # the inferred one is a stale annotation onnxruntime overrides with a warning.
     for graph in _graphs(proto.graph):

@@ -295,3 +295,62 @@ def test_match_prefilter_never_rejects_a_match(name, options, monkeypatch):
     monkeypatch.setattr(Matcher, "matches", checked)
     optimize(zoo.build(name, **options), level=3, trace_rules=list(RULES))
     assert found
+
+
+def test_paused_collection_leaves_what_it_built_in_the_oldest_generation():
+    """Objects built under collection_paused are not walked by young collections afterwards."""
+    with collection_paused():
+        built = [[] for _ in range(20_000)]
+    assert gc.get_count()[0] < 20_000
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert id(built[0]) in oldest and id(built[-1]) in oldest
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collection_paused():
+            [[] for _ in range(100)]
+        assert gc.get_freeze_count() >= frozen  # a caller's freeze is kept
+    finally:
+        gc.unfreeze()
+
+
+def _bytes_in(model: onnx.ModelProto, marker: bytes) -> bytes:
+    data = model.SerializeToString()
+    assert marker in data
+    return data.replace(marker, b"\xff" * len(marker))  # same length: the wire format holds
+
+
+@pytest.mark.parametrize("marker, field", [(b"NODENAME", "name"), (b"OUTNAME", "output"),
+                                           (b"ATTRDOC", "doc_string")])
+def test_text_fields_that_are_not_utf8_are_named_at_import(marker, field):
+    node = helper.make_node("Transpose", ["x"], ["OUTNAME"], name="NODENAME", perm=[1, 0])
+    node.attribute[0].doc_string = "ATTRDOC"
+    model = helper.make_model(helper.make_graph(
+        [node, helper.make_node("Relu", ["OUTNAME"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])]))
+    with pytest.raises(InputError, match=f"field '{field}' is not valid UTF-8"):
+        load_onnx(_bytes_in(model, marker))
+
+
+def test_check_ops_judges_each_node_not_only_the_first_of_its_kind():
+    """check_ops remembers the verdict for nodes alike; a node that differs in what the schema
+    check reads (an omitted input, an attribute) is still checked, and named."""
+    from graphopt.opcheck import check_ops
+
+    def model(*nodes):
+        return load_onnx(helper.make_model(helper.make_graph(
+            list(nodes), "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+            [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 3])]),
+            opset_imports=[helper.make_opsetid("", 17)]))
+
+    fine = [helper.make_node("Add", ["x", "x"], ["a"], name="first"),
+            helper.make_node("Add", ["a", "x"], ["b"], name="second"),
+            helper.make_node("Relu", ["b"], ["c"], name="third")]
+    check_ops(model(*fine), "m.onnx")
+    missing = helper.make_node("Add", ["a", ""], ["b"], name="second")
+    with pytest.raises(InputError, match="node 'second' \\(Add\\)"):
+        check_ops(model(fine[0], missing, fine[2]), "m.onnx")
+    extra = helper.make_node("Relu", ["b"], ["c"], name="third", alpha=0.5)
+    with pytest.raises(InputError, match="node 'third' \\(Relu\\)"):
+        check_ops(model(*fine[:2], extra), "m.onnx")

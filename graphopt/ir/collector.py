@@ -17,6 +17,14 @@ def collection_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        if not gc.get_freeze_count():
+            # What the block built would otherwise wait in the youngest generation and be
+            # walked three times over (young, middle, old; 0.7 s for the first alone at 100k
+            # nodes) before settling where it belongs. freeze + unfreeze moves every tracked
+            # object to the oldest generation without walking it; skipped when a caller keeps
+            # objects frozen, which unfreeze would release.
+            gc.freeze()
+            gc.unfreeze()
         if enabled:
             gc.enable()
 

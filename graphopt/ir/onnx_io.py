@@ -174,39 +174,47 @@ class _Importer:
             value.sparse_const = sparse
             local[name] = graph.add_initializer(value)
 
-        created: list[tuple[Node, NodeProto]] = []
+        created: list[tuple[Node, NodeProto, list[str]]] = []
         node_names: set[str] = set()
         for node_proto in proto.node:
-            self.check_text(node_proto, f"a {node_proto.op_type!r} node")
-            if node_proto.name:
-                if node_proto.name in node_names:
-                    raise self.error(f"node name '{node_proto.name}' is used by two nodes "
-                                     f"(again by a {node_proto.op_type})")
-                node_names.add(node_proto.name)
+            # Each string field is read once; one that is not text (bytes: invalid UTF-8) or
+            # metadata to look into sends the node to check_text, which says which field.
+            op_type, name, domain = node_proto.op_type, node_proto.name, node_proto.domain
+            doc_string, overload = node_proto.doc_string, getattr(node_proto, "overload", "")
+            out_names, in_names = list(node_proto.output), list(node_proto.input)
+            for text in (op_type, name, domain, doc_string, overload, *out_names, *in_names):
+                if type(text) is not str:
+                    self.check_text(node_proto, f"a {op_type!r} node")
+            metadata = _props(node_proto)
+            if metadata:
+                self.check_text(node_proto, f"a {op_type!r} node")
+            if name:
+                if name in node_names:
+                    raise self.error(f"node name '{name}' is used by two nodes "
+                                     f"(again by a {op_type})")
+                node_names.add(name)
             outputs = []
-            for out_name in node_proto.output:
+            for out_name in out_names:
                 if not out_name:
                     outputs.append(None)
                     continue
                 if out_name in local:
                     raise self.error(f"value '{out_name}' is defined twice (again by node "
-                                     f"'{node_proto.name}' ({node_proto.op_type}))")
-                local[out_name] = Value(out_name)
-                outputs.append(local[out_name])
-            node = Node(node_proto.op_type, domain=node_proto.domain, name=node_proto.name,
-                        outputs=outputs)
-            node.doc_string = node_proto.doc_string
-            node.metadata_props = _props(node_proto)
-            node.overload = getattr(node_proto, "overload", "")
+                                     f"'{name}' ({op_type}))")
+                value = local[out_name] = Value(out_name)
+                outputs.append(value)
+            node = Node(op_type, domain=domain, name=name, outputs=outputs)
+            node.doc_string = doc_string
+            node.metadata_props = metadata
+            node.overload = overload
             graph.append(node)
-            created.append((node, node_proto))
+            created.append((node, node_proto, in_names))
 
-        for node, node_proto in created:
+        for node, node_proto, in_names in created:
             for attr_proto in node_proto.attribute:
-                self.check_text(attr_proto, f"node '{node.name or '?'}' ({node.op_type})")
                 node.attrs[attr_proto.name] = self.attribute(attr_proto, scope, node)
             inputs = []
-            for in_name in node_proto.input:
+            for in_name in in_names:
                 if not in_name:
                     inputs.append(None)
                     continue
@@ -237,8 +245,11 @@ class _Importer:
         return graph
 
     def attribute(self, proto: AttributeProto, scope: Scope, owner: Node) -> Attr:
+        name, ref_attr_name, doc_string = proto.name, proto.ref_attr_name, proto.doc_string
+        if type(name) is not str or type(ref_attr_name) is not str or \
+                type(doc_string) is not str:
+            self.check_text(proto, _where(owner))
         kind = proto.type
-        where = f"node '{owner.name or '?'}' ({owner.op_type})"
         A = AttributeProto
         if kind == A.INT:
             value = proto.i
@@ -247,7 +258,7 @@ class _Importer:
         elif kind == A.STRING:
             value = _decode(proto.s)
         elif kind == A.TENSOR:
-            value = self.tensor(proto.t, f"{where} attribute '{proto.name}'")
+            value = self.tensor(proto.t, f"{_where(owner)} attribute '{name}'")
         elif kind == A.GRAPH:
             value = self._subgraph(proto.g, scope, owner)
         elif kind == A.SPARSE_TENSOR:
@@ -261,30 +272,37 @@ class _Importer:
         elif kind == A.STRINGS:
             value = [_decode(s) for s in proto.strings]
         elif kind == A.TENSORS:
-            value = [self.tensor(t, f"{where} attribute '{proto.name}'") for t in proto.tensors]
+            value = [self.tensor(t, f"{_where(owner)} attribute '{name}'") for t in proto.tensors]
         elif kind == A.GRAPHS:
             value = [self._subgraph(g, scope, owner) for g in proto.graphs]
         elif kind == A.SPARSE_TENSORS:
             value = list(proto.sparse_tensors)
         elif kind == A.TYPE_PROTOS:
             value = list(proto.type_protos)
-        elif kind == A.UNDEFINED and proto.ref_attr_name:
+        elif kind == A.UNDEFINED and ref_attr_name:
             value = None
         else:
-            raise self.error(f"{where}: attribute '{proto.name}' has unsupported type {kind}")
-        return Attr(proto.name, kind, value, ref_attr_name=proto.ref_attr_name,
-                    doc_string=proto.doc_string)
+            raise self.error(f"{_where(owner)}: attribute '{name}' has unsupported type {kind}")
+        return Attr(name, kind, value, ref_attr_name=ref_attr_name, doc_string=doc_string)
 
     def check_text(self, proto, where: str) -> None:
         """Refuse invalid UTF-8 in `proto`'s string fields (its metadata too), which protobuf
         hands back as bytes: every name and op type must be text for the passes and for export."""
-        for name in _string_fields(proto.DESCRIPTOR):
-            value = getattr(proto, name)
-            for item in (value if isinstance(value, (str, bytes)) is False else [value]):
-                if isinstance(item, bytes):
-                    raise self.error(f"{where}: field '{name}' is not valid UTF-8 ({item[:40]!r})")
+        singular, repeated = _string_fields(proto.DESCRIPTOR)
+        for name in singular:
+            item = getattr(proto, name)
+            if type(item) is not str:
+                self._not_text(where, name, item)
+        for name in repeated:
+            for item in getattr(proto, name):
+                if type(item) is not str:
+                    self._not_text(where, name, item)
         for entry in getattr(proto, "metadata_props", ()):
             self.check_text(entry, where)
+
+    def _not_text(self, where: str, name: str, item) -> None:
+        if isinstance(item, bytes):
+            raise self.error(f"{where}: field '{name}' is not valid UTF-8 ({item[:40]!r})")
 
     def dtype(self, elem_type: int, where: str) -> DType:
         try:
@@ -368,8 +386,22 @@ class _Importer:
 
 
 @functools.lru_cache(maxsize=None)
-def _string_fields(descriptor) -> tuple[str, ...]:
-    return tuple(f.name for f in descriptor.fields if f.type == f.TYPE_STRING)
+def _string_fields(descriptor) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A message type's string fields: (singular, repeated)."""
+    fields = [(f.name, _is_repeated(f)) for f in descriptor.fields if f.type == f.TYPE_STRING]
+    return (tuple(name for name, repeated in fields if not repeated),
+            tuple(name for name, repeated in fields if repeated))
+
+
+def _is_repeated(field) -> bool:
+    # protobuf 7 dropped FieldDescriptor.label for is_repeated, which older releases lack.
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
+def _where(node: Node) -> str:
+    return f"node '{node.name or '?'}' ({node.op_type})"
 
 
 def _decode(data: bytes) -> str | bytes:
@@ -380,7 +412,8 @@ def _decode(data: bytes) -> str | bytes:
 
 
 def _props(proto) -> dict[str, str]:
-    return {p.key: p.value for p in getattr(proto, "metadata_props", [])}
+    props = getattr(proto, "metadata_props", None)
+    return {p.key: p.value for p in props} if props else {}
 
 
 def _apply_value_info(value: Value, vi: ValueInfoProto) -> None:
@@ -434,12 +467,14 @@ def _dim(dim) -> int | str | None:
 # ---------------------------------------------------------------------------------------------
 # writing
 # ---------------------------------------------------------------------------------------------
-def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None) -> ModelProto:
+def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None,
+            value_infos: bool = True) -> ModelProto:
     """Export the IR as a ModelProto (no external data; `graphopt.save` decides how to write).
 
     `weights_as_inputs_above`: main-graph initializers larger than this many bytes are emitted
     as typed graph inputs without data — a cheap model for analyses (shape inference) that need
-    every type but not the weights.
+    every type but not the weights. `value_infos=False` leaves the main graph's intermediate
+    types out (for a check that must infer them afresh).
     """
     proto = ModelProto()
     proto.ir_version = model.ir_version
@@ -463,7 +498,7 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None) -> Mode
     proto.doc_string = model.doc_string
     _set_props(proto, model.metadata_props)
     graph_to_proto(model.graph, proto.graph, weights_as_inputs_above,
-                   list_fixed_weights=weights_as_inputs)
+                   list_fixed_weights=weights_as_inputs, value_infos=value_infos)
     proto.functions.extend(model.functions)
     proto.training_info.extend(model.training_info)
     if model.configuration:
@@ -473,9 +508,10 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None) -> Mode
 
 def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
                    weights_as_inputs_above: int | None = None,
-                   list_fixed_weights: bool = True) -> GraphProto:
+                   list_fixed_weights: bool = True, value_infos: bool = True) -> GraphProto:
     """Fill `proto` (a fresh GraphProto by default) in place, which avoids copying weights.
-    `list_fixed_weights=False` leaves pre-IR-4 weights (non-overridable) out of the inputs."""
+    `list_fixed_weights=False` leaves pre-IR-4 weights (non-overridable) out of the inputs;
+    `value_infos=False` leaves the types of intermediate values out."""
     proto = GraphProto() if proto is None else proto
     proto.name = graph.name
     proto.doc_string = graph.doc_string
@@ -493,13 +529,15 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
                 _fill_value_info(proto.input.add(), value)
         else:
             proto.initializer.append(value.const.to_proto(value.name))
-    outputs = {id(v) for v in graph.outputs}
+    outputs = {id(v) for v in graph.outputs} if value_infos else None
     # Nodes and value infos are filled where they sit (`add()`): appending a finished message
     # copies it, which was half the export's time at 100k nodes (three InferShapes, the input
     # check and the .om writer each export the whole graph).
     nodes, infos = proto.node, proto.value_info
     for node in graph:
         _fill_node(nodes.add(), node)
+        if outputs is None:
+            continue
         for value in node._outputs:
             if value is not None and id(value) not in outputs and _has_type(value):
                 _fill_value_info(infos.add(), value)

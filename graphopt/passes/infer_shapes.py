@@ -18,8 +18,10 @@ from graphopt.passes.base import Pass, PassContext, PassResult, register
 _DATA_PROP_LIMIT = 4096
 
 
-def weightless_proto(model: Model) -> ModelProto:
-    proto = to_onnx(model, weights_as_inputs_above=_DATA_PROP_LIMIT)
+def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
+    """The model with weights above _DATA_PROP_LIMIT bytes as typed inputs; without the
+    intermediate values' types when `value_infos` is False."""
+    proto = to_onnx(model, weights_as_inputs_above=_DATA_PROP_LIMIT, value_infos=value_infos)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
     return proto
