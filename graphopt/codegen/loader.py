@@ -31,17 +31,18 @@ def load(
     option.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory, expected an .om file")
     try:
         return OmSession(path, intra_op_num_threads=intra_op_num_threads,
                          optimization_level=optimization_level,
                          inter_op_num_threads=inter_op_num_threads, session_config=session_config)
     except ArtifactError:
-        # Only now sniff the file (load time matters): an ONNX model gets a hint, anything
-        # else that is not an .om load_om's precise reason (not a zip, no manifest, …).
+        # The path is looked at, and the file sniffed, only once loading failed (start-up
+        # matters): a missing file or a folder gets its own message, an ONNX model a hint, and
+        # anything else that is not an .om load_om's precise reason (not a zip, no manifest, …).
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file") from None
+        if os.path.isdir(path):
+            raise InputError(f"{path}: is a directory, expected an .om file") from None
         if not is_om(path) and _looks_like_onnx(path):
             raise InputError(f"{path}: not an .om artifact (it looks like an ONNX model); compile "
                              f"it with `graphopt optimize {path} -o model.om` (or graphopt.optimize "

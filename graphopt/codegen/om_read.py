@@ -10,6 +10,7 @@ import os
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
 
@@ -202,16 +203,57 @@ def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.M
     return model
 
 
+class PartitionModels(Mapping):
+    """The partition models by name, each parsed and checked (external references, inputs and
+    outputs) when first asked for; a model that fails raises ArtifactError then.
+
+    load_om parses them all before it returns; with defer_checks=True only what is asked for."""
+
+    def __init__(self, path: str, manifest: dict, members: dict[str, bytes],
+                 weights: dict[str, int]) -> None:
+        self._path = path
+        self._parts = {p["name"]: p for p in manifest["partitions"]}
+        self._members = members
+        self._weights = weights  # weights member -> size: where references may point
+        self._parsed: dict[str, onnx.ModelProto] = {}
+
+    def __getitem__(self, name: str) -> onnx.ModelProto:
+        model = self._parsed.get(name)
+        if model is None:
+            model = self._parsed[name] = self.parse(name)
+        return model
+
+    def parse(self, name: str) -> onnx.ModelProto:
+        """Partition `name`'s model, checked, without keeping it: the runtime needs it only
+        while onnxruntime builds the session, and a second copy of the weights would stay."""
+        if name in self._parsed:
+            return self._parsed[name]
+        part = self._parts[name]
+        try:
+            return _parse_partition(part, self._members[part["member"]], self._weights)
+        except Malformed as exc:
+            raise ArtifactError(f"{self._path}: {exc}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+
 @dataclasses.dataclass(frozen=True)
 class OmArtifact:
-    """A loaded, verified .om: its manifest, member bytes and partition models."""
+    """A loaded .om: its manifest, member bytes and partition models. Verified, unless
+    load_om was asked to defer the checksums (`verified` False): then verify_checksums()
+    must pass before anything computed from its partitions or weights is trusted."""
 
     path: str
     manifest: dict
-    members: dict[str, bytes]           # every member but the weights blobs
-    models: dict[str, onnx.ModelProto]  # by partition name, weights referenced, not included
+    members: dict[str, bytes]              # every member but the weights blobs
+    models: Mapping[str, onnx.ModelProto]  # by partition name, weights referenced, not included
     spans: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     # weights member -> (offset of its bytes in the file, size); they stay on disk
+    verified: bool = True  # False: the partitions' and weights' sha256 sums are not checked yet
 
     @property
     def inputs(self) -> list[dict]:
@@ -247,12 +289,17 @@ class OmArtifact:
 
     def verify_checksums(self) -> None:
         """Check every member against the manifest's sha256; ArtifactError on a mismatch."""
+        self.verify_members()
+        self.verify_weights()
+
+    def verify_members(self, names: Iterable[str] | None = None) -> None:
+        """Check members held in memory (`names`, default all but the weights blobs) against
+        their sha256."""
         try:
-            for name in sorted(self.members):
+            for name in sorted(self.members if names is None else names):
                 _check_sha256(name, self.members[name], self.manifest["members"][name])
         except Malformed as exc:
             raise ArtifactError(f"{self.path}: {exc}") from None
-        self.verify_weights()
 
     def verify_weights(self) -> None:
         """Check the weights blobs, read from the file, against the manifest's sha256."""
@@ -277,6 +324,11 @@ class OmArtifact:
         return with_weights(self.models[name], self.member)
 
     @property
+    def partition_members(self) -> list[str]:
+        """The members holding the partition models (what defer_checks leaves unhashed)."""
+        return [p["member"] for p in self.manifest["partitions"]]
+
+    @property
     def partitions(self) -> list[OmPartition]:
         """The partitions in execution order."""
         by_name = {p["name"]: p for p in self.manifest["partitions"]}
@@ -294,31 +346,42 @@ class OmArtifact:
         return self.members[member]
 
 
-def load_om(path: str | os.PathLike, *, defer_weights: bool = False) -> OmArtifact:
+def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifact:
     """Load and verify an .om; any problem raises ArtifactError naming the file and the problem.
 
-    `defer_weights=True` checks everything but the weights blobs' sha256 sums, which the caller
-    must then check with `artifact.verify_weights()` before it returns anything computed from
-    them: the runtime hashes them on a second thread while onnxruntime maps them and builds its
-    sessions. Everything else, partition models included, is verified before this returns.
+    `defer_checks=True` (the runtime's start-up) leaves out what only matters once a partition
+    runs: the sha256 sums of the partition members and of the weights blobs, and the parse of
+    the partition models (`artifact.models` parses each when first asked for). The caller must
+    pass `artifact.verify_checksums()` before it returns anything computed from them, and must
+    not hand a partition to onnxruntime before checking its external references (the runtime
+    parses any partition whose bytes could hold one). Everything else (zip structure, member
+    names and sizes, manifest, routing, the other members' sums) is checked before this returns.
     """
     path = os.fspath(path)
     try:
-        return _load(path, defer_weights)
+        return _load(path, defer_checks)
     except Malformed as exc:
         raise ArtifactError(f"{path}: {exc}") from None
 
 
-def _load(path: str, defer_weights: bool) -> OmArtifact:
+def _load(path: str, defer: bool) -> OmArtifact:
     try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
+        f = open(path, "rb")
+    except OSError as exc:
+        raise Malformed(f"cannot read ({exc.strerror or exc})") from None
+    with f:  # one handle for the sniff and the zip: every open costs at start-up
+        return _load_from(path, f, defer)
+
+
+def _load_from(path: str, f, defer: bool) -> OmArtifact:
+    try:
+        magic = f.read(4)
     except OSError as exc:
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
     if not magic.startswith(b"PK"):
         raise Malformed("not an .om artifact (not a zip archive)")
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(f)
     except (zipfile.BadZipFile, EOFError, ValueError):
         raise Malformed("truncated or corrupt zip archive (no readable central directory)") from None
     except NotImplementedError as exc:  # a corrupt "version needed to extract"
@@ -360,24 +423,25 @@ def _load(path: str, defer_weights: bool) -> OmArtifact:
                    if not name.startswith(WEIGHTS_DIR)}
         spans = {name: _weights_span(zf, name, listed[name]) for name in sorted(listed)
                  if name.startswith(WEIGHTS_DIR)}
+    # Deferred, the partitions' sums are computed beside onnxruntime's session creation.
+    partition_members = {part["member"] for part in manifest["partitions"]}
     for name in sorted(members):
-        _check_sha256(name, members[name], listed[name])
-    weights = {name: size for name, (_, size) in spans.items()}
-
-    models: dict[str, onnx.ModelProto] = {}
+        if not (defer and name in partition_members):
+            _check_sha256(name, members[name], listed[name])
     for part in manifest["partitions"]:
         if part["member"] not in members:
             raise Malformed(f"partition {part['name']!r} member {part['member']!r} is not a listed member")
-        models[part["name"]] = _parse_partition(part, members[part["member"]], weights)
+    models = PartitionModels(path, manifest, members,
+                             {name: size for name, (_, size) in spans.items()})
+    if not defer:
+        for part in manifest["partitions"]:
+            models[part["name"]]  # noqa: B018 - parsed and checked now, kept for the caller
     _check_routing(manifest)
     artifact = OmArtifact(path=path, manifest=manifest, members=members, models=models,
-                          spans=spans)
-    if not defer_weights:
+                          spans=spans, verified=not defer)
+    if not defer:
         artifact.verify_weights()
     return artifact
-
-
-
 
 
 def is_om(path: str | os.PathLike) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 import warnings
@@ -10,10 +9,11 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from graphopt.codegen.feeds import describe, numpy_dtype
-from graphopt.codegen.om_read import OmArtifact, load_om
+from graphopt.codegen.om_read import OmArtifact, PartitionModels, load_om
 from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
@@ -76,16 +76,16 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str,
     return options
 
 
-def _providers(part, available: list[str]) -> tuple[list[str], list[str]]:
-    """The providers for a partition, and the accelerator providers it wanted but lacks when the
-    CPU provider stands in for its device (empty otherwise).
+def _providers(part: dict, available: list[str]) -> tuple[list[str], list[str]]:
+    """The providers for a partition (its manifest entry), and the accelerator providers it
+    wanted but lacks when the CPU provider stands in for its device (empty otherwise).
 
     A partition names its providers (from the target profile), preferred first; installed ones
     are used in that order with the CPU provider last, which takes any op the accelerator lacks.
     """
-    if part.device == "cpu":
+    if part["device"] == "cpu":
         return [CPU_PROVIDER], []
-    wanted = [p for p in (part.providers or [CANN_PROVIDER]) if p != CPU_PROVIDER]
+    wanted = [p for p in (part.get("providers") or [CANN_PROVIDER]) if p != CPU_PROVIDER]
     chosen = [p for p in wanted if p in available]
     return chosen + [CPU_PROVIDER], ([] if chosen else wanted)
 
@@ -94,12 +94,19 @@ def _providers(part, available: list[str]) -> tuple[list[str], list[str]]:
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
-def _session(artifact: OmArtifact, part, options: ort.SessionOptions,
-             providers: list[str]) -> ort.InferenceSession:
+def _checked_model(artifact: OmArtifact, name: str) -> onnx.ModelProto:
+    """Partition `name`'s model, its external references checked (ArtifactError otherwise).
+    Not kept when the artifact parses lazily: onnxruntime gets the stored bytes, and a second
+    parsed copy of the weights would live as long as the session."""
+    models = artifact.models
+    return models.parse(name) if isinstance(models, PartitionModels) else models[name]
+
+
+def _session(artifact: OmArtifact, part: dict, model: onnx.ModelProto,
+             options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
     """A session for `part` whose weights onnxruntime maps from the artifact file itself."""
-    model = artifact.models[part.name]
     if not artifact.spans or not external_tensors(model):
-        return ort.InferenceSession(artifact.partition_bytes(part.name), options, providers=providers)
+        return ort.InferenceSession(artifact.members[part["member"]], options, providers=providers)
     path = os.path.abspath(artifact.path)
     offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
     options.add_session_config_entry(_EXTERNAL_FOLDER, os.path.dirname(path))
@@ -107,24 +114,37 @@ def _session(artifact: OmArtifact, part, options: ort.SessionOptions,
     try:
         return ort.InferenceSession(located, options, providers=providers)
     except Exception:  # noqa: BLE001 - an onnxruntime without that config entry: copy instead
-        embedded = artifact.partition_model(part.name).SerializeToString()
+        embedded = artifact.partition_model(part["name"]).SerializeToString()
         return ort.InferenceSession(embedded, options, providers=providers)
 
 
-class _WeightsCheck:
-    """The weights blobs' sha256 sums, computed on a thread of their own."""
+# Below this many bytes the deferred checksums are computed at once (~0.6 ms at most). A thread
+# gains little there: onnxruntime keeps the GIL while it builds a session, so a hash that has
+# not started by then waits for it, and handing over and waking the caller again costs ~0.1 ms
+# on an idle machine and milliseconds on a busy one.
+_INLINE_CHECK_BYTES = 1 << 20
+
+
+class _DeferredCheck:
+    """The checksums load_om(defer_checks=True) left out (partitions and weights blobs),
+    computed on a thread of their own while onnxruntime builds the sessions."""
 
     def __init__(self, artifact: OmArtifact) -> None:
         self._error: str | None = None
         self._thread = threading.Thread(target=self._check, args=(artifact,), daemon=True,
-                                        name="graphopt-om-weights-check")
+                                        name="graphopt-om-check")
+        # threading's start() returns only once the thread runs, so it is under way before
+        # onnxruntime, which keeps the GIL while it builds a session, is entered.
         self._thread.start()
 
     def _check(self, artifact: OmArtifact) -> None:
         try:
-            artifact.verify_weights()
+            artifact.verify_weights()  # first: the blobs are the bulk, hashed on every core
+            artifact.verify_members(artifact.partition_members)
         except ArtifactError as exc:
             self._error = str(exc)
+        except BaseException as exc:  # noqa: BLE001 - unverified must never pass as verified
+            self._error = f"{artifact.path}: checksums could not be verified ({exc!r})"
 
     def wait(self) -> None:
         self._thread.join()
@@ -132,18 +152,41 @@ class _WeightsCheck:
             raise ArtifactError(self._error)
 
 
-def _check_blocking(artifact: OmArtifact, part) -> None:
+def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
+    """Start checking an unverified artifact's sums; None when they are checked already."""
+    if artifact.verified:
+        return None
+    partitions = artifact.partition_members  # load_om checked the other members
+    size = sum(len(artifact.members[name]) for name in partitions)
+    size += sum(length for _, length in artifact.spans.values())
+    if size < _INLINE_CHECK_BYTES:
+        artifact.verify_members(partitions)
+        artifact.verify_weights()
+        return None
+    return _DeferredCheck(artifact)
+
+
+def _check_blocking(artifact: OmArtifact, name: str, model: onnx.ModelProto) -> None:
     """Refuse a partition blocked into NCHWc for another CPU: onnxruntime would run it, wrongly."""
-    metadata = {p.key: p.value for p in part.model.metadata_props}
+    metadata = {p.key: p.value for p in model.metadata_props}
     if METADATA_KEY not in metadata:
         return
     value = metadata[METADATA_KEY]
     if not (isinstance(value, str) and value.isascii() and value.isdigit()):
-        raise ArtifactError(f"{artifact.path}: partition {part.name!r}: metadata "
+        raise ArtifactError(f"{artifact.path}: partition {name!r}: metadata "
                             f"{METADATA_KEY} is {value!r}, not a block size")
     problem = block_mismatch(metadata)
     if problem:
-        raise ArtifactError(f"{artifact.path}: partition {part.name!r}: {problem}")
+        raise ArtifactError(f"{artifact.path}: partition {name!r}: {problem}")
+
+
+def _copied(value: Any) -> Any:
+    """A copy of manifest data (dicts, lists, scalars); copy.deepcopy costs ~10× more."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
 
 
 class _Program:
@@ -202,13 +245,11 @@ class OmSession:
         # `graphopt profile`: onnxruntime writes one chrome trace per partition into this dir.
         self._profile_dir = None if profile_dir is None else os.fspath(profile_dir)
         artifact = path_or_artifact
-        self._weights_check: _WeightsCheck | None = None
         if not isinstance(artifact, OmArtifact):
-            # The weights blobs are hashed on a second thread while onnxruntime maps them and
-            # builds the sessions; the first run waits for the result (see run).
-            artifact = load_om(artifact, defer_weights=True)
-            if artifact.spans:
-                self._weights_check = _WeightsCheck(artifact)
+            artifact = load_om(artifact, defer_checks=True)
+        # The partitions and weights blobs are hashed on a second thread while onnxruntime
+        # builds the sessions; the first run (and `artifact`) waits for the result.
+        self._pending: _DeferredCheck | None = _deferred_check(artifact)
         views = [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
         fallback: list[str] = []
         wanted: set[str] = set()
@@ -217,8 +258,8 @@ class OmSession:
             programs = [_Program(self._open(view, options, fallback, wanted), input_names,
                                  artifact.outputs) for view in views]
         except ArtifactError:
-            if self._weights_check is not None:
-                self._weights_check.wait()  # a failed checksum explains a refused partition best
+            if self._pending is not None:
+                self._pending.wait()  # a failed checksum explains a refused partition best
             raise
         if fallback:
             warnings.warn(
@@ -228,8 +269,8 @@ class OmSession:
                 stacklevel=2,
             )
         self._artifact = artifact
-        self._inputs = copy.deepcopy(artifact.inputs)
-        self._outputs = copy.deepcopy(artifact.outputs)
+        self._inputs = _copied(artifact.inputs)
+        self._outputs = _copied(artifact.outputs)
         self._expected = {e["name"]: (e, numpy_dtype(e["dtype"])) for e in self._inputs}
         # Fully static input shapes, compared as one tuple: run() is on the serving hot path.
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
@@ -246,29 +287,33 @@ class OmSession:
         whose device's providers are missing in `fallback` and those providers in `wanted`."""
         available = ort.get_available_providers()
         steps: list[_Step] = []
-        for part in artifact.partitions:
+        by_name = {p["name"]: p for p in artifact.manifest["partitions"]}
+        for name in artifact.execution_order:
+            part = by_name[name]
             providers, missing = _providers(part, available)
             if missing:
-                fallback.append(f"{part.name} ({part.device})")
+                fallback.append(f"{name} ({part['device']})")
                 wanted.update(missing)
-            _check_blocking(artifact, part)
-            part_options = options(part.optimization_level)
+            model = _checked_model(artifact, name)  # before onnxruntime reads any of it
+            _check_blocking(artifact, name, model)
+            part_options = options(part.get("optimization_level"))
             if self._profile_dir is not None:
                 part_options.enable_profiling = True
-                part_options.profile_file_prefix = os.path.join(self._profile_dir, part.name)
+                part_options.profile_file_prefix = os.path.join(self._profile_dir, name)
             try:
-                session = _session(artifact, part, part_options, providers)
+                session = _session(artifact, part, model, part_options, providers)
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
                 raise ArtifactError(
-                    f"{artifact.path}: onnxruntime cannot load partition {part.name!r}: {_first_line(exc)}"
+                    f"{artifact.path}: onnxruntime cannot load partition {name!r}: {_first_line(exc)}"
                 ) from None
-            unfed = [i.name for i in session.get_inputs() if i.name not in part.inputs]
+            del model  # onnxruntime has its own copy
+            unfed = [i.name for i in session.get_inputs() if i.name not in part["inputs"]]
             if unfed:
                 raise ArtifactError(
-                    f"{artifact.path}: partition {part.name!r} needs input {unfed[0]!r}, "
+                    f"{artifact.path}: partition {name!r} needs input {unfed[0]!r}, "
                     "which nothing routes to it"
                 )
-            steps.append(_Step(part.name, session, list(part.inputs), list(part.outputs),
+            steps.append(_Step(name, session, list(part["inputs"]), list(part["outputs"]),
                                _runner(session, providers)))
         return steps
 
@@ -283,22 +328,30 @@ class OmSession:
 
     @property
     def artifact(self) -> OmArtifact:
+        """The loaded artifact, once its checksums passed (ArtifactError otherwise)."""
+        self._verified()
         return self._artifact
+
+    def _verified(self) -> None:
+        pending = self._pending  # read once: another thread may clear it meanwhile
+        if pending is not None:
+            pending.wait()  # raises, on every call, if a member was tampered with
+            self._pending = None
 
     @property
     def inputs(self) -> list[dict]:
         """The feeds `run` expects: [{"name", "dtype", "shape"}] (a copy)."""
-        return copy.deepcopy(self._inputs)
+        return _copied(self._inputs)
 
     @property
     def outputs(self) -> list[dict]:
         """What `run` returns by default: [{"name", "dtype", "shape"}] (a copy)."""
-        return copy.deepcopy(self._outputs)
+        return _copied(self._outputs)
 
     @property
     def profiles(self) -> list[dict]:
         """The shape profiles, default first: [{"name", "dims", "inputs"}] ([] without)."""
-        return [{key: copy.deepcopy(p[key]) for key in ("name", "dims", "inputs")}
+        return [{key: _copied(p[key]) for key in ("name", "dims", "inputs")}
                 for p in self._artifact.profiles]
 
     def profile_for(self, feeds: Mapping[str, Any]) -> str | None:
@@ -323,10 +376,7 @@ class OmSession:
         `output_names` may also name tensors passed between partitions, which helps debugging.
         Bad feeds raise GraphoptError naming the input.
         """
-        check = self._weights_check  # read once: another thread may clear it meanwhile
-        if check is not None:
-            check.wait()  # raises, on every call, if the weights were tampered with
-            self._weights_check = None
+        self._verified()  # nothing computed from unverified bytes leaves
         env = self._check_feeds(feeds)
         program = self._program if self._matcher is None else self._matcher.select(env)
         if output_names is None:

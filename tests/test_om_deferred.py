@@ -1,0 +1,177 @@
+"""The runtime's deferred checks: what load_om(defer_checks=True) leaves out for start-up (the
+partitions' and weights' sha256 sums, the partition parse) is still checked before a result."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+import graphopt.codegen.runtime as runtime
+from graphopt.codegen import OmPartition, OmSession, load_om, write_om
+from graphopt.errors import ArtifactError
+
+RNG = np.random.default_rng(3)
+W = RNG.standard_normal((64, 64)).astype(np.float32)  # 16 KiB: stays inside the partition
+
+
+def matmul_model(w: np.ndarray = W) -> onnx.ModelProto:
+    """Y = X @ W, X: float32[N, rows of W]."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", w.shape[0]])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", w.shape[1]])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture
+def om_path(tmp_path):
+    path = tmp_path / "model.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_model())])
+    return path
+
+
+def flip_byte_of(path, needle: bytes, out):
+    data = bytearray(path.read_bytes())
+    data[bytes(data).index(needle)] ^= 0x01
+    out.write_bytes(bytes(data))
+    return out
+
+
+def forge_partition(src, dst, model: onnx.ModelProto):
+    """Copy an .om with partition p0 replaced and every checksum refreshed, as a forger would."""
+    with zipfile.ZipFile(src) as zf:
+        members = {name: zf.read(name) for name in zf.namelist()}
+    manifest = json.loads(members.pop("manifest.json"))
+    members["partitions/p0.onnx"] = model.SerializeToString()
+    for name, data in members.items():
+        manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    with zipfile.ZipFile(dst, "w") as zf:
+        zf.writestr("manifest.json", json.dumps(manifest), zipfile.ZIP_DEFLATED)
+        for name, data in members.items():
+            zf.writestr(name, data, zipfile.ZIP_STORED)
+    return dst
+
+
+@pytest.fixture
+def threaded(monkeypatch):
+    """Every deferred check on the second thread, however small the artifact."""
+    monkeypatch.setattr(runtime, "_INLINE_CHECK_BYTES", 0)
+
+
+def test_deferred_load_checks_the_rest_and_leaves_the_partition_sums(om_path, tmp_path):
+    bad = flip_byte_of(om_path, W.tobytes()[:16], tmp_path / "bad.om")
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        load_om(bad)
+    artifact = load_om(bad, defer_checks=True)
+    assert not artifact.verified and artifact.partition_members == ["partitions/p0.onnx"]
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        artifact.verify_checksums()
+    assert load_om(om_path).verified
+    load_om(om_path, defer_checks=True).verify_checksums()
+    # Everything but those sums is still checked at once: a path-escaping name, for one.
+    with zipfile.ZipFile(om_path, "a") as zf:
+        zf.writestr("../evil.onnx", b"x")
+    with pytest.raises(ArtifactError, match="unsafe member name"):
+        load_om(om_path, defer_checks=True)
+
+
+def test_deferred_models_are_parsed_when_asked_for(om_path, tmp_path):
+    models = load_om(om_path, defer_checks=True).models
+    assert list(models) == ["p0"] and len(models) == 1
+    parsed = models.parse("p0")
+    assert parsed is not models.parse("p0")  # not kept: the runtime's copy dies with its use
+    assert models["p0"] is models["p0"]      # kept for the caller who asks by name
+    assert models.parse("p0") is models["p0"]
+    np.testing.assert_array_equal(numpy_helper.to_array(parsed.graph.initializer[0]), W)
+    # A forged partition that is no ONNX model: refused when it is parsed, naming the file.
+    bad = forge_partition(om_path, tmp_path / "bad.om", matmul_model())
+    with zipfile.ZipFile(bad) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+    manifest["members"]["partitions/p0.onnx"] = {"sha256": hashlib.sha256(b"\xff" * 9).hexdigest(),
+                                                 "size": 9}
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("manifest.json", json.dumps(manifest))
+        zf.writestr("partitions/p0.onnx", b"\xff" * 9)
+    models = load_om(bad, defer_checks=True).models
+    with pytest.raises(ArtifactError, match=r"bad\.om: partition 'p0' is not a valid ONNX model"):
+        models["p0"]
+    with pytest.raises(ArtifactError, match="is not a valid ONNX model"):
+        OmSession(bad)
+
+
+def test_tampered_partition_is_refused_at_the_first_run(om_path, tmp_path, threaded):
+    bad = flip_byte_of(om_path, W.tobytes()[:16], tmp_path / "bad.om")
+    session = OmSession(bad)  # the sessions are built while the partition is hashed
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    for _ in range(2):  # refused on every call, not only the first
+        with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+            session.run({"X": x})
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        session.artifact  # noqa: B018 - the unverified bytes are not handed out either
+    good = OmSession(om_path)
+    np.testing.assert_allclose(good.run({"X": x})["Y"], x @ W, rtol=1e-5, atol=1e-5)
+    assert good.artifact.path == str(om_path)
+
+
+def test_small_tampered_partition_is_refused_at_load(om_path, tmp_path):
+    # Below the inline bound the sums are computed before any session is built.
+    bad = flip_byte_of(om_path, W.tobytes()[:16], tmp_path / "bad.om")
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        graphopt.load(bad)
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        OmSession(load_om(bad, defer_checks=True))
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_forged_reference_never_reaches_onnxruntime(om_path, tmp_path, monkeypatch, inline):
+    # Checksums forged: only the runtime's own parse stands between the reference and
+    # onnxruntime, which would read the file the reference names.
+    if not inline:
+        monkeypatch.setattr(runtime, "_INLINE_CHECK_BYTES", 0)
+    model = matmul_model()
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../../etc/passwd"), ("offset", "0"), ("length", "16384")):
+        weight.external_data.add(key=key, value=value)
+    bad = forge_partition(om_path, tmp_path / "bad.om", model)
+    sessions = []
+    monkeypatch.setattr(runtime.ort, "InferenceSession",
+                        lambda *args, **kwargs: sessions.append(args) or pytest.fail("reached"))
+    with pytest.raises(ArtifactError, match="tensor 'W' references '../../etc/passwd', which is "
+                                            "not a weights member of the artifact"):
+        OmSession(bad)
+    assert sessions == []
+
+
+def test_tampered_partition_of_a_mapped_weights_artifact_fails_the_first_run(tmp_path):
+    # 1 MiB of weights: a blob, and the partition and blob sums go to the second thread.
+    w = np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_model(w))])
+    with zipfile.ZipFile(path) as zf:
+        assert "weights/p0.bin" in zf.namelist()
+        stored = zf.read("partitions/p0.onnx")
+    model = onnx.load_from_string(stored)
+    assert model.graph.output[0].name == "Y"
+    # A bit flipped in the output's declared dim name: still a valid model that runs.
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(stored) + stored.index(b"\x12\x01N")  # dim_param "N" of X
+    data[at + 2] ^= 0x01
+    bad = tmp_path / "bad.om"
+    bad.write_bytes(bytes(data))
+    session = OmSession(bad)
+    x = np.ones((1, 512), np.float32)
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        session.run({"X": x})
+    np.testing.assert_allclose(OmSession(path).run({"X": x})["Y"], x @ w, rtol=1e-5)
