@@ -186,18 +186,20 @@ class Graph:
             if not value.is_input:
                 yield value
         for node in self.nodes():
-            for value in node.outputs:
+            for value in node._outputs:
                 if value is not None:
                     yield value
-            for sub in node.subgraphs():
-                yield from sub.all_values()
+            if node.attrs:  # subgraphs live in attributes: most nodes have none to look at
+                for sub in node.subgraphs():
+                    yield from sub.all_values()
 
     def all_graphs(self) -> Iterator["Graph"]:
         """This graph and every nested graph, outer before inner."""
         yield self
         for node in self.nodes():
-            for sub in node.subgraphs():
-                yield from sub.all_graphs()
+            if node.attrs:  # subgraphs live in attributes: most nodes have none to look at
+                for sub in node.subgraphs():
+                    yield from sub.all_graphs()
 
     def all_nodes(self) -> Iterator[Node]:
         for graph in self.all_graphs():

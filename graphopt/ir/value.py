@@ -107,7 +107,12 @@ class Value:
 
     @property
     def is_graph_output(self) -> bool:
-        return self.graph is not None and any(o is self for o in self.graph.outputs)
+        if self.graph is None:
+            return False
+        for output in self.graph.outputs:
+            if output is self:
+                return True
+        return False
 
     @property
     def is_tensor(self) -> bool:

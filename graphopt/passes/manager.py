@@ -66,6 +66,10 @@ class PassManager:
         self.pipeline = pipeline
         self.ctx = ctx
         self.instruments = instruments or []
+        # The node count after the last pass, which is the next pass's count before (a walk
+        # of the whole graph, twice per pass, otherwise); instruments may edit, so with them
+        # every count is taken afresh.
+        self._count: int | None = None
         check_pass_names(ctx.options.disabled_passes, "--disable-pass")
 
     def run(self, model: Model) -> PassLog:
@@ -75,6 +79,7 @@ class PassManager:
             return self._run(model)
 
     def _run(self, model: Model) -> PassLog:
+        self._count = None
         log = PassLog(self.pipeline.name)
         for instrument in self.instruments:
             instrument.start(model)
@@ -101,7 +106,9 @@ class PassManager:
         if name in self.ctx.options.disabled_passes:
             return False
         pass_ = PASSES[name]()
-        before = model.graph.count_nodes()
+        before = self._count if self._count is not None and not self.instruments \
+            else model.graph.count_nodes()
+        self._count = None
         start = time.perf_counter()
         self.ctx.current_pass = name
         try:
@@ -113,7 +120,8 @@ class PassManager:
             history = f" (after: {', '.join(done)})" if done else ""
             raise PassError(f"pass {name} failed: {type(e).__name__}: {e}{history}") from e
         seconds = time.perf_counter() - start
-        record = PassRecord(name, iteration, seconds, before, model.graph.count_nodes(),
+        self._count = model.graph.count_nodes()
+        record = PassRecord(name, iteration, seconds, before, self._count,
                             result.changed, dict(result.stats))
         log.records.append(record)
         for instrument in self.instruments:

@@ -37,7 +37,12 @@ def _const(value: Value | None) -> np.ndarray | None:
 
 def _all_equal(value: Value | None, scalar: float) -> bool:
     data = _const(value)
-    return data is not None and data.dtype != object and data.size > 0 and bool(np.all(data == scalar))
+    if data is None or data.dtype == object or data.size == 0:
+        return False
+    if data.size == 1 and data.dtype.kind in "biuf":
+        # One plain number (most constants here): np.all costs microseconds per call.
+        return bool(data.item() == scalar)
+    return bool(np.all(data == scalar))
 
 
 def _broadcast_keeps(x: Value, c: Value, out: Value) -> bool:

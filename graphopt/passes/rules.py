@@ -7,6 +7,7 @@ graph output; data flows from `check` to `rewrite` only through the match bindin
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import defaultdict
 from typing import Any, ClassVar
@@ -88,12 +89,17 @@ def target_refuses(target, emits, root: Value) -> str | None:
     producer = root.producer
     if producer is not None and device.kernel(producer.op_type, producer.domain) is None:
         device = target.device(target.host)
-    dtype = dtype_name(int(root.dtype)) if root.dtype is not None else None
+    dtype = _dtype_name(int(root.dtype)) if root.dtype is not None else None
     for domain, op_type in emits:
         if not device.has_kernel(op_type, domain, dtype):
             return (f"target {target.name}: its {device.name} has no {domain or 'ai.onnx'}::"
                     f"{op_type} kernel for {dtype or 'this type'}")
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype: int) -> str | None:
+    return dtype_name(dtype)  # asked once per candidate match: the enum lookup adds up
 
 
 def call_with_bindings(fn, bindings: dict[str, Any], *args):
@@ -184,12 +190,12 @@ def deletable(match: Match, root_output: int) -> str | None:
     outside the match, a graph output, or another output of the root in use."""
     members = {id(n) for n in match.nodes}
     for node in match.nodes:
-        for index, value in enumerate(node.outputs):
+        for index, value in enumerate(node._outputs):
             if value is None or (node is match.root and index == root_output):
                 continue
             if value.is_graph_output:
                 return f"%{value.name} (from '{node.name}') is a graph output"
-            for use in value.uses:
+            for use in value._uses:
                 if id(use.node) not in members:
                     return f"%{value.name} (from '{node.name}') is also read by " \
                            f"{use.node.qualified_op} '{use.node.name}'"
@@ -212,8 +218,8 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
     while removed:  # repeat: a node shared inside the match (a diamond) dies after its readers
         removed = False
         for node in match.nodes:
-            if node.graph is graph and not any(v is not None and (v.uses or v.is_graph_output)
-                                               for v in node.outputs):
+            if node.graph is graph and not any(v is not None and (v._uses or v.is_graph_output)
+                                               for v in node._outputs):
                 graph.remove(node)
                 removed = True
     return True

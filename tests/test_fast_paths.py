@@ -1,0 +1,82 @@
+"""The compile-time shortcuts agree with what they shortcut: scalar constant tests against
+numpy's, reused node counts against fresh ones."""
+
+from __future__ import annotations
+
+import numpy as np
+from helpers import parse_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphopt.ir import Value, load_onnx
+from graphopt.ir.pattern import Const, _const_ok
+from graphopt.ir.tensor import Tensor
+from graphopt.passes import Options, PassContext, PassManager
+from graphopt.passes.instruments import Instrument
+from graphopt.passes.noops import _all_equal
+from graphopt.passes.pipelines import FixedPoint, Pipeline
+
+DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_]
+SPECIAL = [0.0, -0.0, 1.0, 0.5, 1e-7, 1 + 1e-4, 1 + 1e-2, np.inf, -np.inf, np.nan, 1e30, -3.0]
+numbers = st.one_of(st.sampled_from(SPECIAL), st.floats(allow_nan=True, width=64),
+                    st.integers(-300, 300).map(float))
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=numbers, literal=st.sampled_from(SPECIAL + [2.0, 0.7071, 1.4142]),
+       dtype=st.sampled_from(DTYPES), rank=st.sampled_from([0, 1]))
+def test_scalar_constant_test_agrees_with_allclose(data, literal, dtype, rank):
+    with np.errstate(all="ignore"):
+        array = np.array(data).astype(dtype).reshape((1,) * rank)
+    pattern = Const(literal)
+    expected = bool(np.allclose(array.astype(np.float64), literal, rtol=pattern.rtol,
+                                atol=pattern.atol))
+    assert _const_ok(pattern, array) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=numbers, scalar=st.sampled_from([0, 1]), dtype=st.sampled_from(DTYPES),
+       rank=st.sampled_from([0, 1, 2]))
+def test_neutral_element_test_agrees_with_numpy(data, scalar, dtype, rank):
+    with np.errstate(all="ignore"):
+        array = np.array(data).astype(dtype).reshape((1,) * rank)
+    value = Value("c", const=Tensor(array))
+    assert _all_equal(value, scalar) == bool(np.all(array == scalar))
+
+
+class _DropLastRelu(Instrument):
+    """Edits the model between passes, as an instrument may."""
+
+    def after_pass(self, model, record, log) -> None:
+        relus = [n for n in model.graph if n.op_type == "Relu"]
+        if len(relus) > 1:
+            last = relus[-1]
+            last.output.replace_all_uses_with(last.inputs[0])
+            model.graph.remove(last)
+
+
+def test_node_counts_reused_between_passes_match_fresh_counts():
+    model = load_onnx(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) {
+            a = Relu(x)
+            b = Relu(a)
+            c = Identity(b)
+            d = Relu(c)
+            y = Add(d, d)
+        }""", header=""))
+    steps = (FixedPoint(("EliminateIdentity", "EliminateDeadNodes")), "EliminateDeadNodes")
+    log = PassManager(Pipeline("t", "", steps), PassContext(Options())).run(model)
+    assert [r.nodes_before for r in log.records[1:]] == [r.nodes_after for r in log.records[:-1]]
+    assert log.records[-1].nodes_after == model.graph.count_nodes() == 4
+
+    model = load_onnx(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) {
+            a = Relu(x)
+            b = Relu(a)
+            y = Add(b, b)
+        }""", header=""))
+    log = PassManager(Pipeline("t", "", ("EliminateDeadNodes", "EliminateDeadNodes")),
+                      PassContext(Options()), [_DropLastRelu()]).run(model)
+    assert [(r.nodes_before, r.nodes_after) for r in log.records] == [(3, 3), (2, 2)]
