@@ -354,8 +354,8 @@ def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifac
     the partition models (`artifact.models` parses each when first asked for). The caller must
     pass `artifact.verify_checksums()` before it returns anything computed from them, and must
     not hand a partition to onnxruntime before checking its external references (the runtime
-    parses any partition whose bytes could hold one). Everything else (zip structure, member
-    names and sizes, manifest, routing, the other members' sums) is checked before this returns.
+    checks each with `artifact.models.parse`). Everything else (zip structure, member names and
+    sizes, manifest, routing, the other members' sums) is checked before this returns.
     """
     path = os.fspath(path)
     try:
@@ -423,7 +423,8 @@ def _load_from(path: str, f, defer: bool) -> OmArtifact:
                    if not name.startswith(WEIGHTS_DIR)}
         spans = {name: _weights_span(zf, name, listed[name]) for name in sorted(listed)
                  if name.startswith(WEIGHTS_DIR)}
-    # Deferred, the partitions' sums are computed beside onnxruntime's session creation.
+    # Deferred, the runtime hashes the partitions (beside onnxruntime's session creation when
+    # they are large).
     partition_members = {part["member"] for part in manifest["partitions"]}
     for name in sorted(members):
         if not (defer and name in partition_members):

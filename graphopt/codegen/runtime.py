@@ -247,8 +247,9 @@ class OmSession:
         artifact = path_or_artifact
         if not isinstance(artifact, OmArtifact):
             artifact = load_om(artifact, defer_checks=True)
-        # The partitions and weights blobs are hashed on a second thread while onnxruntime
-        # builds the sessions; the first run (and `artifact`) waits for the result.
+        # The partitions' and weights blobs' sums: at once for a small artifact, else on a
+        # second thread while onnxruntime builds the sessions, which the first run (and
+        # `artifact`) waits for.
         self._pending: _DeferredCheck | None = _deferred_check(artifact)
         views = [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
         fallback: list[str] = []
