@@ -207,7 +207,9 @@ def _add_precision_args(p) -> None:
     g.add_argument("--quant-skip", action="append", metavar="NAMES_OR_OPS",
                    help="node names or op types left float; comma list, repeatable")
     g.add_argument("--quantize-ends", action="store_true",
-                   help="int8: quantize the first and last layers too (kept float by default)")
+                   help="int8: quantize the end layers too (kept float by default: those that read "
+                        "a graph input or write a graph output, e.g. a classifier's stem and "
+                        "head, a language model's vocabulary head)")
     g.add_argument("--int4-group-size", type=int, metavar="N",
                    help="int4: weights per scale along K, a power of 2 ≥ 16 (default 32)")
     g.add_argument("--no-accuracy-report", action="store_true",

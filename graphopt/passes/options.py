@@ -39,7 +39,7 @@ class Options:
     per_channel: bool = True              # int8: per-output-channel weight scales
     activation_symmetric: bool = False    # int8: symmetric (int8) instead of asymmetric (uint8)
     quant_skip: set[str] = field(default_factory=set)  # int8/int4: node names or op types left float
-    quant_keep_ends: bool = True          # int8: the first and last quantizable layers stay float
+    quant_keep_ends: bool = True          # int8: layers reading a graph input or writing an output stay float
     int4_group_size: int = 32             # int4: weights per scale along K (block-wise)
 
     @classmethod
