@@ -155,3 +155,70 @@ def test_convs_with_computed_weights_leave_the_layout_to_onnxruntime(tmp_path):
     (part,) = load_om(tmp_path / "f.om").partitions
     assert part.optimization_level == "extended"
     assert {n.domain for n in part.model.graph.node} == {"com.microsoft.nchwc"}
+
+
+# --- transformer partitions: no SkipLayerNormalization, graphopt's or onnxruntime's -------------
+
+BERT_SMALL = {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128, "vocab": 100}
+
+
+def _optimized_ops(proto: onnx.ModelProto, level: str, tmp_path) -> set[str]:
+    """The op types onnxruntime runs `proto` as at `level` (its optimized model, read back)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = numerics.LEVELS[level]
+    options.optimized_model_filepath = str(tmp_path / f"ort_{level}.onnx")
+    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+
+
+@pytest.mark.parametrize("shapes", ["input_ids:1,16;attention_mask:1,16", None])
+def test_bert_partition_runs_at_basic_without_skip_layernorm(tmp_path, shapes):
+    proto = zoo.build("bert_base", **BERT_SMALL)
+    path = compile_cli(proto, tmp_path, *(["--input-shape", shapes] if shapes else []))
+    (part,) = load_om(path).partitions
+    ops = {n.op_type for n in part.model.graph.node}
+    assert {"LayerNormalization", "BiasGelu"} <= ops and ops & {"Attention", "MultiHeadAttention"}
+    assert "SkipLayerNormalization" not in ops
+    # The premise: "extended" would fuse the residual Adds back into SkipLayerNormalization
+    # (6× slower on the CPU), "basic" runs what graphopt wrote.
+    assert part.optimization_level == "basic"
+    assert "SkipLayerNormalization" in _optimized_ops(part.model, "extended", tmp_path)
+    assert "SkipLayerNormalization" not in _optimized_ops(part.model, "basic", tmp_path)
+    dims = {"batch_size": 1, "sequence_length": 16} if shapes else {"batch_size": 2,
+                                                                     "sequence_length": 9}
+    feeds = zoo.sample_inputs(proto, seed=0, dims=dims)
+    expected = numerics.run(proto, feeds)
+    actual = OmSession(path).run(feeds)
+    for name, array in expected.items():
+        np.testing.assert_allclose(actual[name], array, rtol=1e-4, atol=1e-4)
+
+
+ADD_LN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4,8] a, float[1,4,8] b) => (float[1,4,8] y{extra}) <float[8] gamma = {{1,1,1,1,1,1,1,1}},
+    float[8] beta = {{0,0,0,0,0,0,0,0}}, float s = {{0.1}}, uint8 z = {{128}}> {{
+    x = Add(a, b)
+    n = LayerNormalization <epsilon = 1e-5> (x, gamma, beta)
+    {tail}
+}}"""
+
+
+@pytest.mark.parametrize("case, level", [
+    ("add-ln", "basic"),
+    ("sum-read-twice", "extended"),  # onnxruntime fuses an Add only when LN alone reads it
+    ("qdq", "extended"),             # QLinear fusions live in "extended"
+])
+def test_session_level_of_a_residual_layernorm(case, level):
+    from graphopt.codegen.split import _session_level
+    from graphopt.ir import load_onnx
+
+    extra, tail = {
+        "add-ln": ("", "y = Identity(n)"),
+        "sum-read-twice": (", float[1,4,8] x", "y = Identity(n)"),
+        "qdq": ("", "q = QuantizeLinear(n, s, z)\n    y = DequantizeLinear(q, s, z)"),
+    }[case]
+    model = load_onnx(onnx.parser.parse_model(ADD_LN.format(extra=extra, tail=tail)))
+    assert _session_level(model, "extended") == level
+    assert _session_level(model, None) is None  # unfused compiles keep onnxruntime's default
