@@ -53,7 +53,6 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
     return "\n\n".join(parts)
 
 
-
 def format_profiles(result: OptimizeResult) -> str:
     """One row per shape profile: the sizes it pins, what its compile made and its memory."""
     rows = []
