@@ -54,9 +54,9 @@ def add_run_parser(sub) -> None:
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
     p.add_argument("--profile", metavar="NAME",
-                   help="an artifact with shape profiles (--dynamic-dims): shape the random "
-                        "inputs for this profile (default: the first); with --inputs the "
-                        "inputs' shapes choose the profile")
+                   help="an artifact with shape profiles (--dynamic-dims): open this profile "
+                        "alone and shape the random inputs for it (default: every profile, "
+                        "random inputs for the first); with --inputs their shapes choose")
     p.set_defaults(func=_cmd_run)
 
 
@@ -125,14 +125,17 @@ def _cmd_run(args) -> int:
     feeds = load_npz(args.inputs) if args.inputs else None  # a bad file fails before the slow load
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        session, load_seconds = timed(lambda: load(args.model, intra_op_num_threads=args.threads))
+        # --profile opens that profile's sessions alone.
+        session, load_seconds = timed(lambda: load(
+            args.model, intra_op_num_threads=args.threads,
+            profiles=None if args.profile is None else [args.profile]))
     for warning in caught:  # e.g. an NPU partition standing in on the CPU provider
         print(f"note: {warning.message}")
 
     if feeds is None:
         seed = 0 if args.seed is None else args.seed
         try:
-            feeds = random_feeds(_profile_signature(session, args), seed=seed)
+            feeds = random_feeds(_profile_signature(session), seed=seed)
         except InputError as exc:
             raise InputError(f"{args.model}: {exc}; pass --inputs FILE.npz with concrete arrays") from None
         print(f"note: no --inputs given: running on seeded random inputs (seed {seed}) "
@@ -149,7 +152,7 @@ def _cmd_run(args) -> int:
         chosen = session.profile_for(feeds)
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
         print(f"shape profile {chosen} ({', '.join(f'{k}={v}' for k, v in dims.items())}) of "
-              f"{len(session.profiles)}")
+              f"{len(session.artifact.profiles)}")
     if args.repeat is not None:
         samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
         threads = "onnxruntime's default threads" if not args.threads else f"{args.threads} thread(s)"
@@ -164,17 +167,9 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def _profile_signature(session, args) -> list[dict]:
-    """The signature random inputs are made for: the chosen shape profile's, if any."""
-    if not session.profiles:
-        if args.profile is not None:
-            raise OptionError(f"--profile {args.profile}: {args.model} has no shape profiles")
-        return session.inputs
-    names = [p["name"] for p in session.profiles]
-    name = names[0] if args.profile is None else args.profile
-    if name not in names:
-        raise OptionError(f"--profile {name}: {args.model} has profiles {', '.join(names)}")
-    return next(p["inputs"] for p in session.profiles if p["name"] == name)
+def _profile_signature(session) -> list[dict]:
+    """The signature random inputs are made for: the first open shape profile's, if any."""
+    return session.profiles[0]["inputs"] if session.profiles else session.inputs
 
 
 # --- inspect -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ def load(
     optimization_level: str | None = None,
     inter_op_num_threads: int | None = None,
     session_config: Mapping[str, str] | None = None,
+    profiles: list[str] | None = None,
 ) -> OmSession:
     """Load a compiled `.om` artifact for inference; `session.run({name: array})` runs it.
 
@@ -26,6 +27,10 @@ def load(
     "all"; None: the level each partition's compile recorded, else "all"),
     `inter_op_num_threads` and `session_config` (session config entries).
 
+    An artifact with shape profiles opens every profile's sessions, unless `profiles` names
+    the ones to open (a worker that serves one batch size need not hold the others); inputs
+    that fit a profile left closed are refused, saying so.
+
     Raises InputError when `path` is missing or is not an .om (an .onnx model must be compiled
     first), ArtifactError when the artifact is malformed or tampered with, OptionError for a bad
     option.
@@ -34,7 +39,8 @@ def load(
     try:
         return OmSession(path, intra_op_num_threads=intra_op_num_threads,
                          optimization_level=optimization_level,
-                         inter_op_num_threads=inter_op_num_threads, session_config=session_config)
+                         inter_op_num_threads=inter_op_num_threads, session_config=session_config,
+                         profiles=profiles)
     except ArtifactError:
         # The path is looked at, and the file sniffed, only once loading failed (start-up
         # matters): a missing file or a folder gets its own message, an ONNX model a hint, and

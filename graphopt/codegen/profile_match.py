@@ -8,14 +8,16 @@ from typing import Any, Generic, TypeVar
 from graphopt.errors import GraphoptError
 
 Plan = TypeVar("Plan")
+_MISSING = object()
 
 
 class ProfileMatcher(Generic[Plan]):
     """Maps the input shapes of a run to its profile's plan. A profile whose inputs are all
     static is found by one dict lookup (the serving hot path); one that leaves a dim dynamic
-    (a dim no profile pinned) matches any size there, and is tried in profile order after."""
+    (a dim no profile pinned) matches any size there, and is tried in profile order after.
+    A profile whose plan is None was not opened: inputs that fit it are refused, saying so."""
 
-    def __init__(self, input_names: list[str], profiles: list[tuple[dict, Plan]]) -> None:
+    def __init__(self, input_names: list[str], profiles: list[tuple[dict, Plan | None]]) -> None:
         self._names = tuple(input_names)
         self._exact: dict[tuple, Plan] = {}
         self._patterns: list[tuple[tuple, Plan]] = []
@@ -35,14 +37,17 @@ class ProfileMatcher(Generic[Plan]):
         """The plan for `feeds` (checked against the signature already); GraphoptError naming
         the shapes and the profiles when none fits."""
         shapes = tuple(feeds[name].shape for name in self._names)
-        plan = self._exact.get(shapes)
-        if plan is not None:
+        plan = self._exact.get(shapes, _MISSING)
+        if plan is _MISSING:
+            plan = next((candidate for pattern, candidate in self._patterns if all(
+                p is None or (len(p) == len(s) and all(d is None or d == g for d, g in zip(p, s)))
+                for p, s in zip(pattern, shapes))), _MISSING)
+        if plan is not None and plan is not _MISSING:
             return plan
-        for pattern, candidate in self._patterns:
-            if all(p is None or (len(p) == len(s) and all(d is None or d == g for d, g in zip(p, s)))
-                   for p, s in zip(pattern, shapes)):
-                return candidate
         given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._names, shapes))
+        if plan is None:
+            raise GraphoptError(f"input shapes {given} fit a shape profile this session did not "
+                                "open (load(..., profiles=[…]) chose which)")
         raise GraphoptError(f"input shapes {given} fit none of the model's "
                             f"{len(self._labels)} shape profiles: {'; '.join(self._labels)} "
                             "(compile with --dynamic-dims listing these sizes)")

@@ -189,6 +189,22 @@ def _copied(value: Any) -> Any:
     return value
 
 
+def _opened_profiles(artifact: OmArtifact, names: list[str] | None) -> list[dict]:
+    """The artifact's profiles to open sessions for: all, or those `names` lists."""
+    if names is None:
+        return list(artifact.profiles)
+    if isinstance(names, str) or not names or not all(isinstance(n, str) for n in names):
+        raise OptionError(f"profiles must be a non-empty list of profile names, not {names!r}")
+    known = [p["name"] for p in artifact.profiles]
+    if not known:
+        raise OptionError(f"{artifact.path} has no shape profiles to choose from")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise OptionError(f"{artifact.path} has no shape profile {unknown[0]!r} "
+                          f"(profiles: {', '.join(known)})")
+    return [p for p in artifact.profiles if p["name"] in names]
+
+
 class _Program:
     """The sessions of one plan (the artifact's, or one shape profile's) in execution order,
     and which of them each set of wanted tensors needs."""
@@ -234,6 +250,7 @@ class OmSession:
         inter_op_num_threads: int | None = None,
         session_config: Mapping[str, str] | None = None,
         profile_dir: str | os.PathLike | None = None,
+        profiles: list[str] | None = None,
     ) -> None:
         # Each partition runs at `optimization_level` if given, else at the level its compile
         # recorded (work graphopt did offline need not be redone at every start), else "all".
@@ -251,7 +268,8 @@ class OmSession:
         # second thread while onnxruntime builds the sessions, which the first run (and
         # `artifact`) waits for.
         self._pending: _DeferredCheck | None = _deferred_check(artifact)
-        views = [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
+        opened = _opened_profiles(artifact, profiles)
+        views = [artifact.profile(p["name"]) for p in opened] or [artifact]
         fallback: list[str] = []
         wanted: set[str] = set()
         input_names = [e["name"] for e in artifact.inputs]
@@ -279,7 +297,11 @@ class OmSession:
                                and all(isinstance(d, int) for d in e["shape"])}
         self._programs = programs
         self._program = programs[0]
-        self._matcher = (ProfileMatcher(input_names, list(zip(artifact.profiles, programs)))
+        self._opened = opened
+        # Every profile goes to the matcher: one this session did not open is named as such.
+        plans = {p["name"]: program for p, program in zip(opened, programs)}
+        self._matcher = (ProfileMatcher(input_names, [(p, plans.get(p["name"]))
+                                                      for p in artifact.profiles])
                          if artifact.profiles else None)
 
     def _open(self, artifact: OmArtifact, options, fallback: list[str],
@@ -351,9 +373,10 @@ class OmSession:
 
     @property
     def profiles(self) -> list[dict]:
-        """The shape profiles, default first: [{"name", "dims", "inputs"}] ([] without)."""
+        """The shape profiles this session opened (all, unless `profiles` chose some), the
+        artifact's order kept: [{"name", "dims", "inputs"}] ([] without)."""
         return [{key: _copied(p[key]) for key in ("name", "dims", "inputs")}
-                for p in self._artifact.profiles]
+                for p in self._opened]
 
     def profile_for(self, feeds: Mapping[str, Any]) -> str | None:
         """The name of the profile `run(feeds)` would take (None without profiles);
@@ -362,7 +385,7 @@ class OmSession:
         if self._matcher is None:
             return None
         program = self._matcher.select(env)
-        return self._artifact.profiles[self._programs.index(program)]["name"]
+        return self._opened[self._programs.index(program)]["name"]
 
     @property
     def providers(self) -> dict[str, list[str]]:
