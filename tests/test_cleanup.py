@@ -152,6 +152,24 @@ def test_reshape_of_reshape_collapses():
     assert stats["ReshapeOfReshape"] == 1 and ops(model) == ["Reshape"]
 
 
+def test_reshape_of_reshape_collapses_with_allowzero_when_no_dim_is_zero():
+    model, stats = run_passes(HEADER + """
+    g (float[2, 3, 4] x) => (float[4, 6] y, float[4, 3, 2] z) {
+        a = Constant <value_ints = [6, 4]> ()
+        b = Constant <value_ints = [4, -1]> ()
+        c = Constant <value_ints = [4, 6]> ()
+        d = Constant <value_ints = [0, 3, -1]> ()
+        r1 = Reshape <allowzero = 1> (x, a)
+        y = Reshape <allowzero = 1> (r1, b)
+        r2 = Reshape (x, c)
+        z = Reshape (r2, d)
+    }""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
+    # y's shape has no 0: allowzero is moot and the pair collapses. z's [0, 3, -1] copies
+    # r2's dim 0 (4, not x's 2): that pair must stay.
+    assert stats["ReshapeOfReshape"] == 1
+    assert ops(model) == ["Reshape", "Reshape", "Reshape"]
+
+
 def test_dead_nodes_and_initializers_go_graph_outputs_stay():
     model, stats = run_passes(HEADER + """
     g (float[N, 4] x, float[N, 4] unused) => (float[N, 4] y, float[N, 4] keep) {

@@ -139,12 +139,14 @@ RULES: dict[str, Callable[[Node], Value | None]] = {
 
 
 def _collapse_reshape(node: Node, ctx: PassContext) -> bool:
-    """Reshape(Reshape(x, a), b) -> Reshape(x, b) when b has no 0 (copy-from-input) dims."""
+    """Reshape(Reshape(x, a), b) -> Reshape(x, b) when b has no 0 dims. A 0 copies a dim of
+    the input (or, with allowzero, is a real 0), so it ties the result to a; without one,
+    allowzero changes nothing, and the dynamo exporter sets it on every Reshape."""
     inner = node.inputs[0].producer
     if inner is None or inner.op_type != "Reshape" or not inner.is_onnx:
         return False
     shape = _const(node.input(1))
-    if shape is None or (shape == 0).any() or node.attr("allowzero", 0):
+    if shape is None or (shape == 0).any():
         return False
     if not ctx.allows("ReshapeOfReshape", node):
         return False
