@@ -51,8 +51,9 @@ VARIANTS = [
     Variant("graphopt_om", "graphopt .om",
             "graphopt.optimize(target=\"cpu\") saved as .om (what `graphopt optimize -o x.om` "
             "writes: conv nets blocked into NCHWc offline), run by "
-            "OmSession(intra_op_num_threads=T) at the level the artifact records "
-            "(ORT_ENABLE_EXTENDED)", "graphopt.om", None),
+            "OmSession(intra_op_num_threads=T) at the levels the artifact records "
+            "(ORT_ENABLE_EXTENDED; ORT_ENABLE_BASIC for transformer partitions, which would "
+            "otherwise be re-fused into SkipLayerNormalization)", "graphopt.om", None),
     Variant("onnxsim", "onnxsim", "onnxsim.simplify's output at ORT_ENABLE_ALL",
             "onnxsim", "all"),
     Variant("onnxslim", "onnxslim", "onnxslim.slim's output at ORT_ENABLE_ALL",

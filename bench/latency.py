@@ -17,6 +17,8 @@ from itertools import chain
 import onnx
 import onnxruntime as ort
 
+from graphopt import zoo
+
 from _common import (
     Check,
     Stats,
@@ -57,6 +59,7 @@ examples:
   python bench/latency.py --quick
   python bench/latency.py --compact --json out/latency.json
   python bench/latency.py --shared ../shared/models --only dev_bert --threads 1
+  python bench/latency.py --only bert --only gpt2 --threads 1 --dims sequence_length=128
 """
 
 # The check beside every latency figure: looser than graphopt's --verify atol (1e-5) because
@@ -394,6 +397,14 @@ def to_json(rows: list[Row], threads: list[int], args, seconds: float,
 # ---------------------------------------------------------------------------------------------
 
 
+def with_dims(model: BenchModel, dims: dict[str, int]) -> BenchModel:
+    """A zoo model fed at `dims` (its symbolic dims by name) instead of the defaults."""
+    proto = onnx.load(model.path)
+    feeds = zoo.sample_inputs(proto, seed=0, dims=dims)
+    named = ", ".join(f"{k}={v}" for k, v in dims.items())
+    return BenchModel(f"{model.name} @ {named}", model.path, feeds)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="latency.py", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -418,6 +429,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also bench every DIR/*.onnx (DIR/NAME.inputs.npz is its feed if present)")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="bench only models whose row name contains TEXT; repeatable")
+    p.add_argument("--dims", default="", metavar="NAME=N[,NAME=N...]",
+                   help="the zoo models' symbolic input dims for their feeds (default "
+                        "batch_size=1, sequence_length=16), e.g. sequence_length=128; the row "
+                        "names them")
     p.add_argument("--compact", action="store_true",
                    help="narrow tables: the original's ENABLE_ALL ms, then one ratio per variant")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
@@ -436,6 +451,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--threads {args.threads}: expected comma-separated integers")
     if not args.thread_counts or min(args.thread_counts) < 1:
         p.error(f"--threads {args.threads}: thread counts must be at least 1")
+    try:
+        args.dim_values = {name.strip(): int(n) for name, _, n in
+                           (d.partition("=") for d in args.dims.split(",") if d.strip())}
+    except ValueError:
+        p.error(f"--dims {args.dims}: expected NAME=N pairs separated by commas")
+    if any(n < 1 for n in args.dim_values.values()):
+        p.error(f"--dims {args.dims}: dims must be at least 1")
     if args.shared and not os.path.isdir(args.shared):
         p.error(f"--shared {args.shared}: not a directory")
     return args
@@ -455,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                         light_models(args.quick, wanted),
                         folder_models(args.shared, wanted) if args.shared else ())
         for model in sources:
+            if args.dim_values and model.name.startswith("zoo/"):
+                model = with_dims(model, args.dim_values)
             began = time.perf_counter()
             files_dir = tempfile.mkdtemp(dir=workdir)
             try:
