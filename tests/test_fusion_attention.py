@@ -317,3 +317,18 @@ def test_the_padding_bias_is_typed_for_the_sweeps_before_shape_inference():
     (mha,) = [n for n in model.graph if n.qualified_op == MHA]
     bias = mha.inputs[5]
     assert bias.dtype == DType.FLOAT and bias.shape == (B, 1, S, S)
+
+
+def test_the_layers_share_one_padding_bias():
+    # Every fused layer expands the same mask the same way: after MergeDuplicateInitializers
+    # makes their shape constants one, -O2's final CSE keeps a single Expand.
+    proto = build("bert_base", layers=3, hidden=64, heads=2, **ZOO_SMALL["bert_base"])
+    result = compile_at_batch(proto, 2)
+    names = [n.op_type for n in result.model.graph]
+    assert names.count("Attention") == 3 and names.count("Expand") == 1, names
+    feeds = {i.name: np.random.default_rng(2).integers(0, 100, (2, 8)).astype(np.int64)
+             for i in proto.graph.input}
+    feeds["attention_mask"] = np.array([[1] * 8, [1] * 5 + [0] * 3], np.int64)
+    problems = numerics.compare(numerics.run(proto, feeds),
+                                numerics.run(to_onnx(result.model), feeds), 1e-4, 1e-4)
+    assert not problems, problems

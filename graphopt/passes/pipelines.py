@@ -35,6 +35,10 @@ _FOLD = ("FoldShapes", "FoldConstants", "EliminateIdentity", "EliminateNoOps",
 # before the fusions; a sweep that finds nothing costs ~2% of a compile, less than re-inferring
 # shapes inside the first fixed point as -O3 does.
 _REFOLD = ("FoldShapes", "FoldConstants", "EliminateDeadNodes")
+# After the fusions: equal weights become one, which makes nodes that read them equal too (each
+# attention layer's fused mask Expand, say), so one of each is kept.
+_FINISH = ("MergeDuplicateInitializers", "EliminateCommonSubexpressions", "EliminateDeadNodes",
+           "InferShapes")
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,7 @@ PIPELINES: dict[int, Pipeline] = {
     2: Pipeline("O2", "O1 + shape and constant folding and CSE to a fixed point, fusions, "
                 "shared weights",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD), "InferShapes",
-                 FixedPoint(_REFOLD), FixedPoint(_FUSE), "MergeDuplicateInitializers",
-                 "EliminateDeadNodes", "InferShapes")),
+                 FixedPoint(_REFOLD), FixedPoint(_FUSE)) + _FINISH),
     # Elementwise chains become local functions last, once no rule needs to see inside them; -O3
     # only: onnxruntime inlines local functions when it loads a model, so on the CPU they change
     # nothing, but a target that runs a group as one kernel (and the cost model) sees the groups.
@@ -68,8 +71,7 @@ PIPELINES: dict[int, Pipeline] = {
                 "sees shapes that only earlier folds reveal, activations fused into "
                 "FusedConv/FusedGemm, and elementwise chains into graphopt:: local functions",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(("InferShapes",) + _FOLD),
-                 "InferShapes", FixedPoint(_FUSE_ALL), "FuseElementwise",
-                 "MergeDuplicateInitializers", "EliminateDeadNodes", "InferShapes")),
+                 "InferShapes", FixedPoint(_FUSE_ALL), "FuseElementwise") + _FINISH),
 }
 
 DEFAULT_LEVEL = 2
@@ -85,10 +87,10 @@ def for_target(pipeline: Pipeline, target) -> Pipeline:
     device = target.device(target.primary)
     if device.kind != "cpu" or not device.nchwc_block_size:
         return pipeline
-    tail = pipeline.steps[-3:]  # MergeDuplicateInitializers, EliminateDeadNodes, InferShapes
+    tail = len(_FINISH)
     return Pipeline(f"{pipeline.name}+{target.name}",
                     pipeline.description + f"; for {target.name}: LayoutNchwc",
-                    pipeline.steps[:-3] + ("LayoutNchwc",) + tail)
+                    pipeline.steps[:-tail] + ("LayoutNchwc",) + pipeline.steps[-tail:])
 
 
 PRECISION_PASSES = {"int8": "QuantizeInt8", "int4": "QuantizeInt4Weights"}
