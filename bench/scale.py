@@ -54,6 +54,9 @@ examples:
 SEQ, HIDDEN, HEADS = 8, 16, 2
 NODES_PER_LAYER = 49
 SIZES = (1_000, 10_000, 100_000)
+# The growth ratio divides by the smallest size's time, a fraction of a second that a moment of
+# interference moves by tens of percent: sizes this small are cheap to run more often.
+SMALL_NODES, SMALL_RUNS_FACTOR = 20_000, 3
 
 
 # --- the synthetic graph -------------------------------------------------------------------
@@ -257,6 +260,8 @@ def measure_size(nodes: int, workdir: str, runs: int) -> dict:
     del proto
     report = os.path.join(workdir, "child.json")
     each, e2e = [], []
+    if count < SMALL_NODES:
+        runs *= SMALL_RUNS_FACTOR
     for _ in range(runs):
         subprocess.run([sys.executable, __file__, "--child", path, "--child-om", om,
                         "--child-json", report], check=True)
@@ -414,8 +419,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", metavar="N,N,…",
                    help=f"node counts to compile (default {','.join(map(str, SIZES))})")
     p.add_argument("--runs", type=int, metavar="N",
-                   help="fresh-process runs per size; stage times are medians, peaks the "
-                        "highest (default 3, 1 with --quick)")
+                   help="fresh-process runs per size, three times as many below "
+                        f"{SMALL_NODES:,} nodes; stage times are medians, peaks the highest "
+                        "(default 3, 1 with --quick)")
     p.add_argument("--weights-gb", type=float, metavar="GB",
                    help="instead: compile a model with GB gigabytes of external weights")
     p.add_argument("--workdir", metavar="DIR",
@@ -456,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with tempfile.TemporaryDirectory(prefix="graphopt-scale-", dir=args.workdir) as workdir:
         runs = "" if args.weights_gb is not None else \
-            f"median of {args.runs} fresh-process run(s) per size; "
+            (f"median of {args.runs} fresh-process run(s) per size "
+             f"({args.runs * SMALL_RUNS_FACTOR} below {SMALL_NODES:,} nodes); ")
         header = (f"graphopt -O2 --target cpu → .om, no tuning; {runs}python "
                   f"{platform.python_version()}, onnx {onnx.__version__}, {os.cpu_count()} CPUs. "
                   "Peak RSS per stage: VmHWM after resetting it (clear_refs) at the stage's start.")
