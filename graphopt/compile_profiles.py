@@ -52,6 +52,9 @@ def optimize_profiles(model, spec, options: dict):
             raise type(exc)(f"shape profile {profile.name} ({profile.label}): {exc}") from None
         compiled.append(CompiledProfile(profile, result))
     head = compiled[0].result
+    for other in compiled[1:]:  # what only a later profile's compile noticed, said once
+        head.notes.extend(f"{other.profile.name}: {note}" for note in other.result.notes
+                          if note not in head.notes)
     head.profiles = compiled
     head.dynamic_signature = signature
     head.seconds = time.perf_counter() - start

@@ -33,8 +33,10 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
     if op_rows:
         parts.append(format_table(["op type", "before", "after", "delta"], op_rows))
     if result.max_abs_error is not None:
-        worst = max(result.max_abs_error.values(), default=0.0)
-        parts.append(f"verified: {len(result.max_abs_error)} output(s) match the original "
+        runs = [c.result for c in result.profiles] or [result]
+        worst = max((e for r in runs for e in (r.max_abs_error or {}).values()), default=0.0)
+        shapes = f" in each of {len(runs)} shape profiles" if result.profiles else ""
+        parts.append(f"verified{shapes}: {len(result.max_abs_error)} output(s) match the original "
                      f"(max abs error {worst:.3g})")
     if result.partitioning is not None and len(result.partitioning.partitions) > 1:
         from graphopt.partition.report import format_partitioning

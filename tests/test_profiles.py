@@ -327,6 +327,10 @@ def test_cli_compiles_inspects_and_runs_profiles(tmp_path, capsys):
     assert "shape profile profile1 (batch=2, seq=4) of 2" in text
     rc, _, err = run_cli(capsys, "run", out, "--profile", "profile9")
     assert rc == 1 and "has no shape profile 'profile9' (profiles: profile0, profile1)" in err
+    rc, text, err = run_cli(capsys, "optimize", source, "-o", out, "--dynamic-dims",
+                            "batch:1,2", "--input-shape", "x:-1,4,512", "--verify")
+    assert rc == 0, err
+    assert "verified in each of 2 shape profiles: 1 output(s) match the original" in text
     rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "x.onnx",
                          "--dynamic-dims", "batch:1")
     assert rc == 1 and "kept together in an .om" in err
