@@ -629,3 +629,24 @@ def test_graph_input_passed_through_as_output(tmp_path):
     got = OmSession(artifact).run({"X": x})
     np.testing.assert_array_equal(got["X"], x)
     np.testing.assert_array_equal(got["Y"], np.maximum(x, 0))
+
+
+def test_a_failing_run_names_its_partition_on_the_single_partition_path_too(tmp_path):
+    # One partition that takes exactly the feeds and returns exactly the outputs runs on the
+    # runtime's shortcut; an onnxruntime failure there is still a GraphoptError naming it.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                              [x, shape], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "reshape.om"
+    write_om(path, [OmPartition("p0", "cpu", model)])
+    session = OmSession(path)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = session.run({"x": data, "shape": np.array([3, 2], np.int64)})
+    np.testing.assert_array_equal(got["y"], data.reshape(3, 2))
+    with pytest.raises(GraphoptError, match="partition 'p0' failed in onnxruntime"):
+        session.run({"x": data, "shape": np.array([4, 2], np.int64)})
+    # Asked for by name, the same output takes the general path.
+    assert session.run({"x": data, "shape": np.array([6, 1], np.int64)}, ["y"])["y"].shape == (6, 1)
