@@ -41,9 +41,10 @@ def optimize_profiles(model, spec, options: dict):
               else validate_input_shapes(pinned or {}))
     feeds = _load_inputs(options.get("inputs")) if options.get("verify") else None
     dump_dir = options.get("dump_dir")
+    shapes = [_merge(pinned, profile) for profile in profiles]  # refused before any compile
     compiled: list[CompiledProfile] = []
-    for profile in profiles:
-        run = dict(options, input_shapes=_merge(pinned, profile),
+    for profile, input_shapes in zip(profiles, shapes):
+        run = dict(options, input_shapes=input_shapes,
                    inputs=feeds if feeds is not None and _fits(feeds, profile) else None,
                    dump_dir=os.path.join(dump_dir, profile.name) if dump_dir else None)
         try:

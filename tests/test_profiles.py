@@ -16,6 +16,7 @@ from graphopt import numerics
 from graphopt.codegen import load_om
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 from graphopt.ir import load_onnx
+from graphopt.passes.instruments import Instrument
 from graphopt.shape_profiles import expand_profiles, parse_dynamic_dims
 from helpers import conv_topk_model, parse_model, run_cli
 
@@ -227,6 +228,22 @@ def test_input_shape_pins_combine_with_profiles(tmp_path):
     assert list(x.shape) == [2, 16, 512]
     with pytest.raises(OptionError, match="pins input 'x' dim 1 to 4, --dynamic-dims seq=8 to 8"):
         graphopt.optimize(mlp_model(), dynamic_dims="seq:8", input_shapes="x:2,4,512")
+    # A conflict in a later profile is refused before the first profile is compiled.
+    calls = []
+    with pytest.raises(OptionError, match="seq=8 to 8"):
+        graphopt.optimize(mlp_model(), dynamic_dims="seq:4,8", input_shapes="x:2,4,512",
+                          instruments=[_Recorder(calls)])
+    assert calls == []
+
+
+class _Recorder(Instrument):
+    """Notes every compile that starts."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def start(self, model) -> None:
+        self.calls.append(model.graph.name)
 
 
 def test_a_profile_that_leaves_a_dim_dynamic_matches_any_size_there(tmp_path):
