@@ -149,10 +149,11 @@ def _cmd_run(args) -> int:
     outputs, first_seconds = timed(lambda: session.run(feeds))
     print(f"{args.model}: loaded in {_ms(load_seconds)}, first run {_ms(first_seconds)}")
     if session.profiles:
+        from graphopt.codegen.profile_match import dims_label
+
         chosen = session.profile_for(feeds)
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
-        print(f"shape profile {chosen} ({', '.join(f'{k}={v}' for k, v in dims.items())}) of "
-              f"{len(session.artifact.profiles)}")
+        print(f"shape profile {chosen} ({dims_label(dims)}) of {len(session.artifact.profiles)}")
     if args.repeat is not None:
         samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
         threads = "onnxruntime's default threads" if not args.threads else f"{args.threads} thread(s)"

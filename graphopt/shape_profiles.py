@@ -7,6 +7,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from graphopt.codegen.profile_match import dims_label
 from graphopt.errors import OptionError
 from graphopt.ir import Model
 
@@ -25,7 +26,7 @@ class ShapeProfile:
 
     @property
     def label(self) -> str:
-        return ", ".join(f"{key}={value}" for key, value in self.dims.items())
+        return dims_label(self.dims)
 
 
 def parse_dynamic_dims(text: str) -> list[dict[str, int]] | dict[str, list[int]]:

@@ -9,6 +9,7 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.om_read import OmArtifact
+from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
 from graphopt.table import format_table
 
@@ -194,7 +195,7 @@ def _format_profiles(artifact: OmArtifact) -> str:
         memory = (format_bytes(sum(arena)) if arena and all(isinstance(a, int) for a in arena)
                   else "-")
         devices = sorted({by_name[name]["device"] for name in order if name in by_name})
-        rows.append([profile["name"], ", ".join(f"{k}={v}" for k, v in profile["dims"].items()),
+        rows.append([profile["name"], dims_label(profile["dims"]),
                      "; ".join(f"{e['name']}{format_shape(e['shape'])}" for e in profile["inputs"]),
                      f"{len(order)} ({', '.join(devices)})", nodes, memory])
     return format_table(["profile", "dims", "inputs", "partitions", "nodes", "work memory"], rows,

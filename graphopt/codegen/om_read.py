@@ -340,11 +340,6 @@ class OmArtifact:
                                      entry.get("providers"), entry.get("optimization_level")))
         return parts
 
-    def partition_bytes(self, name: str) -> bytes:
-        """The serialized model of partition `name`, as stored."""
-        member = next(p["member"] for p in self.manifest["partitions"] if p["name"] == name)
-        return self.members[member]
-
 
 def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifact:
     """Load and verify an .om; any problem raises ArtifactError naming the file and the problem.

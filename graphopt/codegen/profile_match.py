@@ -11,6 +11,11 @@ Plan = TypeVar("Plan")
 _MISSING = object()
 
 
+def dims_label(dims: Mapping[str, int]) -> str:
+    """A profile's dims as people read them: `batch=4, seq=128`."""
+    return ", ".join(f"{key}={value}" for key, value in dims.items())
+
+
 class ProfileMatcher(Generic[Plan]):
     """Maps the input shapes of a run to its profile's plan. A profile whose inputs are all
     static is found by one dict lookup (the serving hot path); one that leaves a dim dynamic
@@ -30,8 +35,7 @@ class ProfileMatcher(Generic[Plan]):
                 self._exact.setdefault(pattern, plan)
             else:
                 self._patterns.append((pattern, plan))
-            dims = ", ".join(f"{k}={v}" for k, v in entry["dims"].items())
-            self._labels.append(f"{entry['name']} ({dims})")
+            self._labels.append(f"{entry['name']} ({dims_label(entry['dims'])})")
 
     def select(self, feeds: Mapping[str, Any]) -> Plan:
         """The plan for `feeds` (checked against the signature already); GraphoptError naming

@@ -49,6 +49,15 @@ def _runner(session: ort.InferenceSession, providers: list[str]):
     return session.run
 
 
+def _call(step: _Step, feeds: Mapping[str, Any]) -> list:
+    """Run one partition; onnxruntime's untyped exceptions become a GraphoptError naming it."""
+    try:
+        return step.call(step.outputs, feeds)
+    except Exception as exc:  # onnxruntime raises its own untyped exceptions
+        raise GraphoptError(
+            f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}") from None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -209,8 +218,10 @@ class _Program:
     """The sessions of one plan (the artifact's, or one shape profile's) in execution order,
     and which of them each set of wanted tensors needs."""
 
-    def __init__(self, steps: list[_Step], input_names: list[str], outputs: list[dict]) -> None:
+    def __init__(self, steps: list[_Step], input_names: list[str], outputs: list[dict],
+                 profile: str | None = None) -> None:
         self.steps = tuple(steps)
+        self.profile = profile  # the shape profile's name, if the artifact has profiles
         self._outputs = [o["name"] for o in outputs]
         # A graph output may be a graph input passed straight through, so inputs count as producible.
         self._producible = {t for step in steps for t in step.outputs} | set(input_names)
@@ -280,7 +291,8 @@ class OmSession:
         input_names = [e["name"] for e in artifact.inputs]
         try:
             programs = [_Program(self._open(view, options, fallback, wanted), input_names,
-                                 artifact.outputs) for view in views]
+                                 artifact.outputs, profile["name"] if profile else None)
+                        for view, profile in zip(views, opened or [None])]
         except ArtifactError:
             if self._pending is not None:
                 self._pending.wait()  # a failed checksum explains a refused partition best
@@ -304,7 +316,7 @@ class OmSession:
         self._program = programs[0]
         self._opened = opened
         # Every profile goes to the matcher: one this session did not open is named as such.
-        plans = {p["name"]: program for p, program in zip(opened, programs)}
+        plans = {program.profile: program for program in programs}
         self._matcher = (ProfileMatcher(input_names, [(p, plans.get(p["name"]))
                                                       for p in artifact.profiles])
                          if artifact.profiles else None)
@@ -389,8 +401,7 @@ class OmSession:
         env = self._check_feeds(feeds)
         if self._matcher is None:
             return None
-        program = self._matcher.select(env)
-        return self._opened[self._programs.index(program)]["name"]
+        return self._matcher.select(env).profile
 
     @property
     def providers(self) -> dict[str, list[str]]:
@@ -410,24 +421,14 @@ class OmSession:
         program = self._program if self._matcher is None else self._matcher.select(env)
         if output_names is None and program.single is not None:
             step = program.single
-            try:
-                return dict(zip(step.outputs, step.call(step.outputs, env)))
-            except Exception as exc:  # onnxruntime raises its own untyped exceptions
-                raise GraphoptError(
-                    f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}"
-                ) from None
+            return dict(zip(step.outputs, _call(step, env)))
         if output_names is None:
             wanted, steps = program.default_plan
         else:
             wanted = list(output_names)
             steps = program.plan(wanted)
         for step in steps:
-            try:
-                results = step.call(step.outputs, {name: env[name] for name in step.inputs})
-            except Exception as exc:  # onnxruntime raises its own untyped exceptions
-                raise GraphoptError(
-                    f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}"
-                ) from None
+            results = _call(step, {name: env[name] for name in step.inputs})
             env.update(zip(step.outputs, results))
         return {name: env[name] for name in wanted}
 

@@ -8,6 +8,7 @@ from collections import Counter
 from html import escape
 
 from graphopt.codegen.inspect_om import format_bytes, format_ops, format_shape
+from graphopt.codegen.profile_match import dims_label
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
 from graphopt.tools.report_graph import graph_svg, partition_colours
 from graphopt.tools.report_plan import plan_svg
@@ -105,7 +106,7 @@ def _summary(data: ReportData) -> str:
         *([("shape profiles", escape(
             f"{len(data.artifact.profiles)}, a run takes the one its input shapes match; the "
             f"default {data.artifact.profiles[0]['name']} is shown below: " + "; ".join(
-                f"{p['name']} " + ", ".join(f"{k}={v}" for k, v in p["dims"].items())
+                f"{p['name']} {dims_label(p['dims'])}"
                 for p in data.artifact.profiles)))] if data.artifact.profiles else []),
         ("report written", datetime.datetime.now(datetime.timezone.utc)
          .strftime("%Y-%m-%d %H:%M:%S UTC")),
