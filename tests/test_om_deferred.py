@@ -175,3 +175,35 @@ def test_tampered_partition_of_a_mapped_weights_artifact_fails_the_first_run(tmp
     with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
         session.run({"X": x})
     np.testing.assert_allclose(OmSession(path).run({"X": x})["Y"], x @ w, rtol=1e-5)
+
+
+def test_a_run_failing_on_a_tampered_artifact_reports_the_checksum(om_path, tmp_path, threaded,
+                                                                   monkeypatch):
+    # The first run overlaps the deferred sums; when it fails, the failed sum explains it best.
+    bad = flip_byte_of(om_path, W.tobytes()[:16], tmp_path / "bad.om")
+    session = OmSession(bad)
+
+    def broken(step, feeds):
+        raise runtime.GraphoptError(f"partition {step.name!r} failed in onnxruntime: boom")
+
+    monkeypatch.setattr(runtime, "_call", broken)
+    with pytest.raises(ArtifactError, match="partitions/p0.onnx' fails its sha256 check"):
+        session.run({"X": np.ones((1, 64), np.float32)})
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_weights_blob_sums_on_any_number_of_threads(tmp_path, monkeypatch, workers):
+    # One thread hashes the whole blob in one call; several hash its chunks side by side.
+    monkeypatch.setattr("graphopt.codegen.om_write.CHUNK_BYTES", 256 << 10)
+    w = np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5  # 1 MiB: 4 chunks
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_model(w))])
+    entry = load_om(path).manifest["members"]["weights/p0.bin"]
+    assert len(entry["chunk_sha256"]) == 4
+    load_om(path, defer_checks=True).verify_weights(workers)
+    data = bytearray(path.read_bytes())
+    data[bytes(data).index(w.tobytes()[-4096:]) + 100] ^= 0x01  # in the last chunk
+    bad = tmp_path / "bad.om"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="weights/p0.bin' fails its sha256 check"):
+        load_om(bad, defer_checks=True).verify_weights(workers)

@@ -147,7 +147,8 @@ def _check_sha256(name: str, data, expected: dict) -> None:
         raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
 
 
-def _check_file_range(path: str, name: str, span: tuple[int, int], expected: dict) -> None:
+def _check_file_range(path: str, name: str, span: tuple[int, int], expected: dict,
+                      workers: int) -> None:
     offset, size = span
     try:
         with open(path, "rb") as f:
@@ -158,28 +159,39 @@ def _check_file_range(path: str, name: str, span: tuple[int, int], expected: dic
                 if offset + size > len(mapped):
                     raise Malformed(f"member {name!r} ends past the end of the file (truncated?)")
                 with memoryview(mapped) as view:
-                    good = _sums_match(view[offset:offset + size], expected)
+                    good = _sums_match(view[offset:offset + size], expected, workers)
             if not good:
                 raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
     except OSError as exc:
         raise Malformed(f"cannot read member {name!r} ({exc.strerror or exc})") from None
 
 
-def _sums_match(data: memoryview, expected: dict) -> bool:
-    """Whether `data` has the member's checksums: per chunk on every core when the manifest
-    has chunk sums (hashing releases the GIL), else the whole sha256. Releases `data`."""
+def _sums_match(data: memoryview, expected: dict, workers: int) -> bool:
+    """Whether `data` has the member's checksums: per chunk on `workers` threads when the
+    manifest has chunk sums, else the whole sha256 in one call. Releases `data`.
+
+    One call hashes without the GIL from start to end; a thread hashing chunk after chunk
+    needs the GIL between them, and onnxruntime keeps it while it builds a session."""
     with data:
         chunks = expected.get("chunk_sha256")
-        if not chunks:
+        if not chunks or workers <= 1 or len(chunks) == 1:
             return sha256(data) == expected["sha256"]
         step = expected["chunk_bytes"]
         parts = [data[i:i + step] for i in range(0, len(data), step)]
         try:
-            with concurrent.futures.ThreadPoolExecutor(min(len(parts), os.cpu_count() or 1)) as pool:
+            with concurrent.futures.ThreadPoolExecutor(min(len(parts), workers)) as pool:
                 return list(pool.map(sha256, parts)) == chunks
         finally:
             for part in parts:
                 part.release()
+
+
+def cpu_count() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.ModelProto:
@@ -301,11 +313,13 @@ class OmArtifact:
         except Malformed as exc:
             raise ArtifactError(f"{self.path}: {exc}") from None
 
-    def verify_weights(self) -> None:
-        """Check the weights blobs, read from the file, against the manifest's sha256."""
+    def verify_weights(self, workers: int | None = None) -> None:
+        """Check the weights blobs, read from the file, against the manifest's sha256, on
+        `workers` threads (default: one per core)."""
+        workers = workers or cpu_count()
         try:
             for name, span in sorted(self.spans.items()):
-                _check_file_range(self.path, name, span, self.manifest["members"][name])
+                _check_file_range(self.path, name, span, self.manifest["members"][name], workers)
         except Malformed as exc:
             raise ArtifactError(f"{self.path}: {exc}") from None
 

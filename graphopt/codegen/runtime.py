@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt.codegen.feeds import describe, numpy_dtype
-from graphopt.codegen.om_read import OmArtifact, PartitionModels, load_om
+from graphopt.codegen.om_read import OmArtifact, PartitionModels, cpu_count, load_om
 from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
@@ -136,7 +136,9 @@ _INLINE_CHECK_BYTES = 1 << 20
 
 class _DeferredCheck:
     """The checksums load_om(defer_checks=True) left out (partitions and weights blobs),
-    computed on a thread of their own while onnxruntime builds the sessions."""
+    computed on a thread of their own while onnxruntime builds the sessions and runs the
+    first inference. It hashes on every core but one: the sessions are built on that one,
+    and a hash that took it too would delay them as much as it saves."""
 
     def __init__(self, artifact: OmArtifact) -> None:
         self._error: str | None = None
@@ -148,7 +150,7 @@ class _DeferredCheck:
 
     def _check(self, artifact: OmArtifact) -> None:
         try:
-            artifact.verify_weights()  # first: the blobs are the bulk, hashed on every core
+            artifact.verify_weights(max(1, cpu_count() - 1))  # first: the blobs are the bulk
             artifact.verify_members(artifact.partition_members)
         except ArtifactError as exc:
             self._error = str(exc)
@@ -416,7 +418,21 @@ class OmSession:
         `output_names` may also name tensors passed between partitions, which helps debugging.
         Bad feeds raise GraphoptError naming the input.
         """
-        self._verified()  # nothing computed from unverified bytes leaves
+        if self._pending is None:
+            return self._run(feeds, output_names)
+        # The first runs overlap the checksums still being computed (onnxruntime releases the
+        # GIL while it runs), but nothing computed from unverified bytes leaves: a run that
+        # fails on a tampered member reports the failed checksum, not the symptom.
+        try:
+            results = self._run(feeds, output_names)
+        except GraphoptError:
+            self._verified()
+            raise
+        self._verified()
+        return results
+
+    def _run(self, feeds: Mapping[str, Any],
+             output_names: list[str] | None) -> dict[str, np.ndarray]:
         env = self._check_feeds(feeds)
         program = self._program if self._matcher is None else self._matcher.select(env)
         if output_names is None and program.single is not None:
