@@ -333,6 +333,33 @@ def test_manifest_records_devices_providers_and_reasons(tmp_path):
     assert kernels["estimate_us"] > sum(r["estimate_us"] for r in cube) > 0
 
 
+def test_partitions_share_external_weights_without_reading_them(tmp_path):
+    # Each partition's model refers to the source model's tensors: a weight that lives in an
+    # external file stays there (mapped when read) instead of being copied per partition.
+    proto = onnx.parser.parse_model(HEADER + """
+        agraph (float[256, 512] x) => (float[256, 512] y) {
+            a = MatMul(x, w1)
+            d = Cast <to = 11> (a)
+            r = Relu(d)
+            f = Cast <to = 1> (r)
+            y = MatMul(f, w2)
+        }""")
+    proto.graph.initializer.extend([numpy_helper.from_array(weight(512, 512), "w1"),
+                                    numpy_helper.from_array(weight(512, 512), "w2")])
+    path = tmp_path / "model.onnx"
+    onnx.save(proto, path, save_as_external_data=True, location="model.data",
+              size_threshold=0)
+    result = graphopt.optimize(path, target="ascend310")
+    assert devices(result) == ["npu", "cpu", "npu"]  # float64 has no NPU kernel
+    tensors = [value.const for model in result.partition_models.values()
+               for value in model.graph.initializers.values() if value.const is not None]
+    assert len(tensors) == 2 and all(t.is_external for t in tensors)
+    om = tmp_path / "model.om"
+    graphopt.save(result, om)
+    feeds = {"x": RNG.standard_normal((256, 512)).astype(np.float32)}
+    assert_same_outputs(onnx.load(path), om, feeds)
+
+
 @pytest.mark.parametrize("name, options, inputs", [
     ("resnet50", {"blocks": (1, 1, 1, 1), "width": 0.25, "image_size": 64}, "input:1,3,64,64"),
     ("mobilenetv2", {"width": 0.35, "image_size": 64}, "input:1,3,64,64"),

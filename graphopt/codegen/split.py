@@ -7,6 +7,7 @@ from onnx import ModelProto
 from graphopt.codegen.om_write import OmPartition
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import node_to_proto, value_info
+from graphopt.ir.tensor import Tensor, referenced, tensor_references
 from graphopt.partition.partitioner import Partition, Partitioning, reads
 
 
@@ -16,7 +17,19 @@ def partition_ir(model: Model, partitioning: Partitioning) -> dict[str, Model]:
     parts = partitioning.partitions
     if len(parts) == 1:
         return {parts[0].name: model}
-    return {p.name: load_onnx(_partition_model(model, p)) for p in parts}
+    return {p.name: _partition_ir(model, p) for p in parts}
+
+
+def _partition_ir(model: Model, part: Partition) -> Model:
+    """Partition `part` as a model of its own, sharing `model`'s weight tensors: its proto
+    carries references to them, not copies, so weights still on disk stay there (a model
+    past 2 GB would not even fit in one proto)."""
+    proto, references = _partition_model(model, part)
+    cut = load_onnx(proto)
+    for value in cut.graph.initializers.values():
+        if value.const is not None:
+            value.const = referenced(value.const, references) or value.const
+    return cut
 
 
 def om_partitions(partitioning: Partitioning, models: dict[str, Model],
@@ -77,7 +90,9 @@ def _refusable_skip_layernorm(node) -> bool:
                     for v in add.inputs))
 
 
-def _partition_model(model: Model, part: Partition) -> ModelProto:
+def _partition_model(model: Model, part: Partition) -> tuple[ModelProto, dict[str, Tensor]]:
+    """The partition's proto, whose large initializers are references (the dict resolves them)
+    to the model's own tensors; tensor attributes are copied as they are."""
     proto = ModelProto()
     # Initializers that are not graph inputs need IR 4; weights move between partitions freely.
     proto.ir_version = max(model.ir_version, 4)
@@ -100,14 +115,15 @@ def _partition_model(model: Model, part: Partition) -> ModelProto:
             if value is not None and id(value) not in outputs and (
                     value.dtype is not None or value.type_proto is not None):
                 graph.value_info.append(value_info(value))
-    for value in weights.values():
-        if value.sparse_const is not None:
-            graph.sparse_initializer.append(value.sparse_const)
-        else:
-            graph.initializer.append(value.const.to_proto(value.name))
+    with tensor_references() as references:
+        for value in weights.values():
+            if value.sparse_const is not None:
+                graph.sparse_initializer.append(value.sparse_const)
+            else:
+                graph.initializer.append(value.const.to_proto(value.name))
     graph.output.extend(value_info(v) for v in part.outputs)
     proto.functions.extend(_functions_used(model, part))
-    return proto
+    return proto, references
 
 
 def _functions_used(model: Model, part: Partition) -> list:

@@ -279,6 +279,18 @@ class Tensor:
         return f"Tensor<{self.dtype.short}{list(self.shape)}>"
 
 
+def referenced(tensor: Tensor, references: dict[str, Tensor]) -> Tensor | None:
+    """The tensor in `references` that `tensor`, imported from a reference proto made inside
+    `tensor_references`, stands for; None when it is not such a stand-in."""
+    proto = tensor._proto
+    if proto is None or proto.data_location != TensorProto.EXTERNAL:
+        return None
+    for entry in proto.external_data:
+        if entry.key == "location":
+            return references.get(entry.value)
+    return None
+
+
 def _identity(stat: os.stat_result) -> tuple:
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
