@@ -287,11 +287,8 @@ class Matcher:
         base.bindings.update(attr_bindings)
         if pattern.name:
             base.bindings[pattern.name] = node
-        orders = [pattern.inputs]
-        if pattern.op_type in COMMUTATIVE and len(pattern.inputs) == 2 and not pattern.domain:
-            orders.append(pattern.inputs[::-1])
         actual = node._inputs  # read only
-        for inputs in orders:
+        for inputs in _operand_orders(pattern):
             if len(actual) > len(inputs) and any(v is not None for v in actual[len(inputs):]):
                 self._fail(base, lambda: f"{pattern.describe()} '{node.name}' has "
                                          f"{len(actual)} inputs, the pattern {len(inputs)}")
@@ -326,19 +323,27 @@ class Matcher:
         return bound
 
 
+def _operand_orders(pattern: OpPattern) -> tuple[list, ...]:
+    """The operand orders a match may take: both for a binary commutative op."""
+    if pattern.op_type in COMMUTATIVE and len(pattern.inputs) == 2 and not pattern.domain:
+        return (pattern.inputs, pattern.inputs[::-1])
+    return (pattern.inputs,)
+
+
 def _operands_could_bind(pattern: OpPattern, node: Node, depth: int) -> bool:
     """Whether `node`'s inputs fit `pattern`'s in some operand order, `depth` levels down."""
     if depth <= 0:
         return True
     actual = node._inputs  # read only
-    orders = [pattern.inputs]
-    if pattern.op_type in COMMUTATIVE and len(pattern.inputs) == 2 and not pattern.domain:
-        orders.append(pattern.inputs[::-1])
-    for inputs in orders:
-        if len(actual) > len(inputs) and any(v is not None for v in actual[len(inputs):]):
+    have = len(actual)
+    # Plain loops, not all() over a generator: this runs for every candidate of every rule.
+    for inputs in _operand_orders(pattern):
+        if have > len(inputs) and any(v is not None for v in actual[len(inputs):]):
             continue
-        if all(_could_bind(p, actual[i] if i < len(actual) else None, depth)
-               for i, p in enumerate(inputs)):
+        for i, p in enumerate(inputs):
+            if not _could_bind(p, actual[i] if i < have else None, depth):
+                break
+        else:
             return True
     return False
 
@@ -349,6 +354,9 @@ def _could_bind(pattern: Pattern | None, value: Value | None, depth: int) -> boo
     the full match."""
     if pattern is None:
         return value is None
+    kind = type(pattern)
+    if kind is Var or kind is Const:  # the commonest leaves, before the isinstance chain
+        return value is not None
     if isinstance(pattern, OpPattern):
         if value is None or value.index != pattern.output:
             return False

@@ -54,6 +54,12 @@ class Rule:
     def rewrite(self, op: "RewriteBuilder", **bindings) -> Value | tuple[Value, ...]:
         raise NotImplementedError
 
+    def plausible(self, root: Node) -> bool:
+        """A necessary condition, read off the root and its neighbours, for a match at `root`
+        to pass `check`: False lets the pass skip the full match (when misses are not traced).
+        Worth defining for a refusal that is common and cheap to foresee."""
+        return True
+
     def matcher(self, pattern: OpPattern):
         """What finds matches (`matches(node)`, then `miss(node)`): the declarative matcher,
         unless a rule states its structure by hand."""
@@ -225,6 +231,17 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
     return True
 
 
+def _refused_anyway(rule: Rule, root: Node, output: int, target) -> bool:
+    """Whether every match at `root` would be refused for what the root alone decides: the
+    rule's `plausible` pre-check, or no kernel for what it emits (`unsupported` reads only
+    the root's output, so it refuses each candidate alike; SkipLayerNormalization on a CPU
+    matched every residual block before being refused, in every sweep)."""
+    if not rule.plausible(root):
+        return True
+    value = root._outputs[output] if output < len(root._outputs) else None
+    return value is not None and bool(rule.unsupported(value, target))
+
+
 class RulePass(Pass):
     """A pass applying a family of rules; rewrites are counted per rule name."""
 
@@ -241,11 +258,14 @@ class RulePass(Pass):
                 by_op[node.op_type].append(node)
             for rule, pattern in compiled:
                 matcher = rule.matcher(pattern)
-                # Without a tracer asking why candidates missed, skip at once those whose
-                # operands' producers already rule a match out (most of them).
-                prefilter = tracer is None and type(matcher) is Matcher
+                # Without a tracer asking why candidates missed, skip at once those a match
+                # could not come from or that every match at them would be refused.
+                quick = tracer is None
+                prefilter = quick and type(matcher) is Matcher
                 for node in by_op.get(pattern.op_type, []):
                     if node.graph is not graph or (prefilter and not matcher.could_match(node)):
+                        continue
+                    if quick and _refused_anyway(rule, node, pattern.output, ctx.target):
                         continue
                     match, reason = None, None
                     for candidate in matcher.matches(node):

@@ -68,6 +68,16 @@ class MatMulAddToGemm(Rule):
     def pattern(self, op, a):
         return op.Add(op.MatMul(a, Var("w", const=True)), Var("b", const=True))
 
+    def plausible(self, root):
+        # check's rank test before the full match: transformers' linear layers read [B, S, C]
+        # activations, refused here on every layer in every sweep otherwise.
+        for value in root._inputs:
+            matmul = value.producer if value is not None else None
+            if (matmul is not None and matmul.op_type == "MatMul" and value.index == 0
+                    and matmul.input(0) is not None and _rank(matmul.input(0)) == 2):
+                return True
+        return False
+
     def check(self, a, w, b):
         if _rank(a) != 2:
             return f"A %{a.name} has rank {_rank(a)}, Gemm takes matrices only"
@@ -92,6 +102,12 @@ class _TransposeIntoGemm(Rule):
         attrs = dict(gemm.attrs)
         attrs[self.flip] = 1 - int(gemm.attr(self.flip, 0))
         return op.Gemm(*((a, b) if c is None else (a, b, c)), **attrs)
+
+
+def _swaps_last_two(perm, rank: int) -> bool:
+    """Whether Transpose `perm` (None: reverse the axes) swaps the last two of `rank` only."""
+    swap = list(range(rank - 2)) + [rank - 1, rank - 2]
+    return list(perm if perm is not None else reversed(range(rank))) == swap
 
 
 def _perm_2d(perm) -> bool:
@@ -123,14 +139,25 @@ class _IntoFusedMatMul(Rule):
     dtypes = (DType.FLOAT,)
     flip: str = ""  # "A" or "B" when the rule swallows a Transpose of that operand
 
+    def plausible(self, root):
+        # check's perm test before the full match: attention's head-splitting Transposes
+        # (perm [0,2,1,3], [0,2,3,1]) feed MatMuls in every layer.
+        if not self.flip:
+            return True
+        operand = root.input(0 if self.flip == "A" else 1)
+        transpose = operand.producer if operand is not None else None
+        if transpose is None or transpose.op_type != "Transpose" or transpose.input(0) is None:
+            return False
+        rank = _rank(transpose.input(0))
+        return rank is not None and rank >= 2 and _swaps_last_two(transpose.attr("perm"), rank)
+
     def check(self, a, b, perm=None, scale=None, divisor=None):
         ranks = (_rank(a), _rank(b))
         if None in ranks or min(ranks) < 2:
             return f"operand ranks {ranks} are not both known and at least 2"
         if self.flip:
             rank = ranks[0] if self.flip == "A" else ranks[1]
-            swap = list(range(rank - 2)) + [rank - 1, rank - 2]
-            if list(perm if perm is not None else reversed(range(rank))) != swap:
+            if not _swaps_last_two(perm, rank):
                 return f"Transpose perm {perm} does not swap the last two axes only"
         constant = scale if scale is not None else divisor
         if constant is not None and constant.ndim > max(ranks):
