@@ -354,3 +354,26 @@ def test_check_ops_judges_each_node_not_only_the_first_of_its_kind():
     extra = helper.make_node("Relu", ["b"], ["c"], name="third", alpha=0.5)
     with pytest.raises(InputError, match="node 'third' \\(Relu\\)"):
         check_ops(model(*fine[:2], extra), "m.onnx")
+
+
+def test_passes_and_memory_plans_run_without_collections(monkeypatch):
+    """The passes and the memory plan build many objects and free few: no collection walks
+    them meanwhile, and afterwards the collector is on and nothing stays frozen."""
+    from graphopt import compiler, zoo
+    from graphopt.passes.instruments import Instrument
+    from graphopt.passes.memory import plan_memory
+
+    during = []
+
+    class Probe(Instrument):
+        def after_pass(self, model, record, log):
+            during.append(gc.isenabled())
+
+    def planned(model, **kwargs):
+        during.append(gc.isenabled())
+        return plan_memory(model, **kwargs)
+
+    monkeypatch.setattr("graphopt.passes.memory.plan_memory", planned)
+    result = compiler.optimize(zoo.build("tiny"), target="cpu", instruments=[Probe()])
+    assert result.memory_plans and during and not any(during)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
