@@ -9,7 +9,7 @@ import pytest
 from graphopt.errors import OptionError
 from graphopt.ir import load_onnx
 from graphopt.quant import calibrate, read_calibration
-from graphopt.quant.stats import TensorStats, entropy_threshold, percentile_range
+from graphopt.quant.stats import TensorStats, entropy_threshold, mse_range, percentile_range
 from tests.helpers import parse_model
 
 
@@ -56,6 +56,22 @@ def test_entropy_threshold_ignores_rare_outliers_but_keeps_a_dense_range():
     uniform = rng.uniform(0.0, 1.0, 200_000).astype(np.float32)
     hist, _ = np.histogram(uniform, 2048, (0.0, 1.0))
     assert entropy_threshold(hist, 1.0, 256) > 0.9  # nothing to clip in a flat histogram
+
+
+def test_mse_clips_a_long_tail_but_not_a_flat_range():
+    rng = np.random.default_rng(3)
+    gauss = rng.standard_normal(500_000).astype(np.float32)
+    gauss[:5] = 12.0  # rare outliers: rounding everything else at their step costs more
+    lo, hi = _stats([gauss]).range("mse", levels=256)
+    assert 3.0 < hi < 10.0 and -10.0 < lo < -3.0, (lo, hi)
+    relu = np.maximum(gauss, 0)
+    relu[:3] = 0.0  # two outliers left, among half a million values of which half are 0
+    lo, hi = _stats([relu]).range("mse", levels=256)
+    assert lo == 0.0 and 3.0 < hi < 11.0, (lo, hi)  # a Relu's range keeps its 0
+    uniform = rng.uniform(0.0, 1.0, 200_000).astype(np.float32)
+    hist, _ = np.histogram(uniform, 2048, (0.0, 1.0))
+    assert mse_range(hist, 0.0, 1.0)[1] > 0.95  # nothing worth clipping
+    assert mse_range(np.zeros(8, np.int64), -1.0, 1.0) == (-1.0, 1.0)
 
 
 def _relu_model():

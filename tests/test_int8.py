@@ -122,13 +122,76 @@ def test_per_tensor_weights_and_symmetric_activations(tmp_path):
 
 # Entropy clips the rare large activations on purpose (8 small samples leave a sparse
 # histogram), which costs more on a net this small than on a real one.
-@pytest.mark.parametrize("method, cosine", [("percentile", 0.995), ("entropy", 0.98)])
+@pytest.mark.parametrize("method, cosine", [("percentile", 0.995), ("entropy", 0.98),
+                                            ("mse", 0.995)])
 def test_histogram_methods_run_end_to_end(tmp_path, method, cosine):
     proto = _conv_model()
     _, out = _int8(proto, calibration=_calibration(tmp_path), quant_keep_ends=False,
                    calibration_method=method)
     feeds = numerics.random_feeds(proto, seed=5)
     assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > cosine
+
+
+SHORTCUT = """
+    agraph (float[1, 4, 8, 8] x) => (float[1, 4, 8, 8] y%s) {
+        a = Conv(x, wa, ba)
+        d = Conv(x, wd, bd)
+        s = Add(a, d)
+        r = Relu(s)
+        c = Conv(r, wc, bc)
+        y = Relu(c)%s
+    }"""
+
+
+def _shortcut_model(shared: bool):
+    """A residual block's tail: branch `a` and a projection `d` with 8x its range, added and
+    Relu'd; with `shared`, a second Conv reads `d` too."""
+    rng = np.random.default_rng(3)
+
+    def w(scale=1.0):
+        return (rng.standard_normal((4, 4, 1, 1)) * 0.5 * scale).astype(np.float32)
+
+    def b():
+        return (rng.standard_normal(4) * 0.1).astype(np.float32)
+
+    text = SHORTCUT % ((", float[1, 4, 8, 8] z", "\n        z = Conv(d, we, be)") if shared
+                       else ("", ""))
+    extra = {"we": w(), "be": b()} if shared else {}
+    return parse_model(text, wa=w(), ba=b(), wd=w(8.0), bd=b(), wc=w(), bc=b(), **extra)
+
+
+def _q_range(out, tensor):
+    """The float range the QuantizeLinear of `tensor` covers: [-zp·s, (255 - zp)·s]."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    q = next(n for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+    scale, zero = float(inits[q.input[1]]), int(inits[q.input[2]])
+    return -zero * scale, (255 - zero) * scale, scale
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_add_relu_inputs_are_cut_to_the_range_the_sum_can_show(tmp_path, shared):
+    proto = _shortcut_model(shared)
+    calib = _calibration(tmp_path, shape=(1, 4, 8, 8))
+    _, out = _int8(proto, calibration=calib, quant_keep_ends=False)
+    samples = np.load(calib)["x"]
+    probe = onnx.helper.make_model(proto.graph, opset_imports=proto.opset_import)
+    for name in ("a", "d"):
+        probe.graph.output.append(onnx.helper.make_tensor_value_info(
+            name, onnx.TensorProto.FLOAT, None))
+    runs = [numerics.run(probe, {"x": x}) for x in samples]
+    a_hi = max(float(r["a"].max()) for r in runs)
+    d_lo, d_hi = (min(float(r["d"].min()) for r in runs), max(float(r["d"].max()) for r in runs))
+    lo, hi, scale = _q_range(out, "d")
+    assert d_lo < -2 * a_hi  # the projection reaches far below what the branch can lift to 0
+    if shared:  # a second reader needs d whole
+        assert lo == pytest.approx(d_lo, abs=scale) and hi == pytest.approx(d_hi, abs=scale)
+        return
+    # Below -max(a) the sum is negative whatever a is, and the Relu zeroes it.
+    assert lo == pytest.approx(-a_hi, abs=scale) and hi == pytest.approx(d_hi, abs=scale)
+    assert scale < 0.7 * (d_hi - d_lo) / 255
+    feeds = numerics.random_feeds(proto, seed=5)
+    expected, actual = numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]
+    assert _cosine(expected, actual) > MIN_COSINE
 
 
 def _float_convs(out):
@@ -288,7 +351,7 @@ def test_int8_needs_calibration_that_fits(tmp_path):
     with pytest.raises((OptionError, PassError), match="calibration_method|calibration-method"):
         graphopt.optimize(_conv_model(), pass_options={
             "quantize": "int8", "calibration": _calibration(tmp_path),
-            "calibration_method": "mse"})
+            "calibration_method": "kl"})
 
 
 def test_om_for_the_cpu_runs_int8_with_nchwc_left_to_float_convs(tmp_path):

@@ -10,6 +10,9 @@ Convs and Gemms are static: their activations get calibrated uint8 ranges (int8 
 at scale = input scale × weight scale. The bias also absorbs the mean output shift that rounding
 the weights causes, from each input channel's calibration mean (bias correction): on the zoo's
 ResNet-50 it cuts the mean logit error from 0.0117σ to 0.0078σ (bench/precision.py).
+The inputs of an int8 Add whose output range saturates (a folded Relu) are cut to the part
+that can reach the output, which is exact and gives the projection shortcut of a ResNet
+bottleneck a 1.7-2.6x finer step (0.0078σ to 0.0071σ).
 MatMuls with constant weights (transformer layers) are dynamic: onnxruntime quantizes the
 activation per run from its actual range. Measured on a
 4-layer BERT-base at seq 128 (bench/precision.py), that keeps a cosine to FP32 of 0.99985 where
@@ -117,19 +120,60 @@ class QuantizeInt8(Pass):
         inputs = {id(node): node.inputs[0].name for node in chosen.static}
         stats = calibrate(model, names, data, options.calibration_method, set(inputs.values()))
         means = {key: stats[name].channel_mean for key, name in inputs.items()}
-        params: dict[int, QParams] = {}
-        for value in chosen.tensors:  # graph order: a SAME_SCALE input is set before its output
+        ranges: dict[int, tuple[float, float]] = {}
+        for value in chosen.tensors:
             name = chosen.stats_name(value)
             if name is None:
-                params[id(value)] = params[id(chosen.resolve(value.producer.inputs[0]))]
                 continue
             s = stats[name]
             levels = 256 if s.lo >= 0 and not options.activation_symmetric else 128
             lo, hi = s.range(options.calibration_method, options.calibration_percentile, levels)
             if name != value.name:
                 lo = max(lo, 0.0)  # a folded Relu/Clip(0, …): the range starts at 0
-            params[id(value)] = activation_params(lo, hi, options.activation_symmetric)
+            ranges[id(value)] = (lo, hi)
+        if not options.activation_symmetric:
+            _tighten_add_inputs(chosen, ranges)
+        params: dict[int, QParams] = {}
+        for value in chosen.tensors:  # graph order: a SAME_SCALE input is set before its output
+            if id(value) not in ranges:
+                params[id(value)] = params[id(chosen.resolve(value.producer.inputs[0]))]
+                continue
+            params[id(value)] = activation_params(*ranges[id(value)],
+                                                  options.activation_symmetric)
         return params, means
+
+
+def _tighten_add_inputs(chosen: Plan, ranges: dict[int, tuple[float, float]]) -> None:
+    """Narrow the range of each input of an int8 Add to the part its output can show.
+
+    QLinearAdd saturates its sum to the output's range [lo, hi]; with a folded Relu, lo is 0.
+    An input a whose other input b stays within [lo_b, hi_b] can only change the output while
+    lo - hi_b <= a <= hi - lo_b: beyond either bound the sum saturates whatever b is. So a's
+    range is cut to that interval with no clipping error, and its uint8 step gets finer. On a
+    ResNet bottleneck this is the projection shortcut (downsample) conv: calibrated over
+    [-36.8, 27.5] at the last stage, where the Relu after the Add zeroes everything below
+    -6.7 (minus the residual branch's maximum), so its step shrinks 1.9x. Only an input that
+    the Add alone reads is cut (another reader would see the clipped values); the bounds use
+    the other input's range as calibrated, which its own quantization saturates to, so the
+    cut is exact for the quantized graph too."""
+    for node in chosen.int8_ops:
+        if node.op_type != "Add" or len(node.inputs) != 2:
+            continue
+        out = ranges.get(id(node.outputs[0]))
+        ins = [chosen.resolve(v) for v in node.inputs]
+        if out is None or any(id(v) not in ranges for v in ins) or ins[0] is ins[1]:
+            continue
+        bounds = [ranges[id(v)] for v in ins]
+        for i, read in enumerate(node.inputs):
+            # `read` is what the Add reads (a folded Relu's output, whose producer feeds the
+            # Relu alone): the Add must be its only reader.
+            value, (lo, hi), (lo_other, hi_other) = ins[i], bounds[i], bounds[1 - i]
+            if len(read.uses) != 1 or read.is_graph_output or value.producer is None \
+                    or value.producer in chosen.same_scale:
+                continue
+            new_lo, new_hi = max(lo, out[0] - hi_other), min(hi, out[1] - lo_other)
+            if new_lo < new_hi:
+                ranges[id(value)] = (new_lo, new_hi)
 
 
 def _scalar(graph, hint: str, value) -> Value:

@@ -1,5 +1,6 @@
 """Per-tensor activation statistics streamed over samples, and the clipping range each
-calibration method derives from them: min-max, percentile and entropy (KL divergence).
+calibration method derives from them: min-max, percentile, entropy (KL divergence) and mse (the
+range of least quantization mean squared error).
 
 Histogram methods need a fixed bin range before the first sample is binned, so they take two
 sweeps over the data: the first finds each tensor's min and max, the second fills a histogram of
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-METHODS = ("minmax", "percentile", "entropy")
+METHODS = ("minmax", "percentile", "entropy", "mse")
 BINS = 2048          # histogram bins, TensorRT's and onnxruntime's choice
 MIN_ENTROPY_BINS = 128  # the smallest candidate threshold, in bins
 ENTROPY_STEP = 8        # bins between candidate thresholds
@@ -82,6 +83,8 @@ class TensorStats:
             threshold = entropy_threshold(*abs_histogram(self.hist, self.hist_lo, self.hist_hi),
                                           levels)
             return max(self.lo, -threshold), min(self.hi, threshold)
+        if method == "mse":
+            return mse_range(self.hist, self.hist_lo, self.hist_hi, levels)
         raise ValueError(f"unknown calibration method {method!r} (use {', '.join(METHODS)})")
 
 
@@ -105,6 +108,38 @@ def percentile_range(hist: np.ndarray, lo: float, hi: float, percentile: float
 
     # A tensor never negative (a Relu's output) keeps its exact low end.
     return (at(1.0 - percentile / 100.0) if lo < 0 else lo), at(percentile / 100.0)
+
+
+MSE_STEPS = 100  # candidate ranges, from the full range down to MSE_MIN_FRACTION of it
+MSE_MIN_FRACTION = 0.3
+
+
+def mse_range(hist: np.ndarray, lo: float, hi: float, levels: int = 256
+              ) -> tuple[float, float]:
+    """The range [f·lo, f·hi] (f ≤ 1) whose quantization has the least mean squared error over
+    the histogrammed values: rounding (step²/12 for every value inside the range, none for the
+    exact zeros of a non-negative tensor's first bin) plus clipping ((x - bound)² outside).
+    `levels` is the number of steps covering the range (255 for uint8, 254 for int8's ±127)."""
+    edges = np.linspace(lo, hi, len(hist) + 1)
+    centres = (edges[:-1] + edges[1:]) / 2
+    counts = hist.astype(np.float64)
+    if counts.sum() == 0 or not hi > lo:
+        return lo, hi
+    exact = np.zeros(len(hist), bool)
+    if lo >= 0:
+        exact[0] = True  # a Relu's zeros: 0 is on the grid
+    steps = levels - 1 if levels == 256 else 2 * (levels - 1)
+    best, best_error = (lo, hi), np.inf
+    for f in np.linspace(1.0, MSE_MIN_FRACTION, MSE_STEPS):
+        a, b = min(lo * f, 0.0), max(hi * f, 0.0)
+        step = (b - a) / steps
+        rounding = np.where(exact, 0.0, step * step / 12)
+        clipped = np.where(centres > b, (centres - b) ** 2, 0.0) \
+            + np.where(centres < a, (a - centres) ** 2, 0.0)
+        error = float(np.sum(counts * (rounding + clipped)))
+        if error < best_error:
+            best, best_error = (lo * f, hi * f), error
+    return best
 
 
 def abs_histogram(hist: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, float]:

@@ -23,7 +23,7 @@ from graphopt.ir import DType, Node
 
 MODES = ("keep", "fp16", "bf16", "mixed-fp16", "mixed-bf16")
 QUANTIZE = ("none", "int8", "int4")
-CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
+CALIBRATION_METHODS = ("minmax", "percentile", "entropy", "mse")
 
 # Matrix and convolution work: the reason to run in half precision at all.
 ALLOW = frozenset({
