@@ -124,3 +124,54 @@ def test_channel_means_stream_over_samples_of_any_rank():
         expected = np.mean(np.concatenate(arrays), axis=(0, *range(2, len(shape))))
         np.testing.assert_allclose(s.channel_mean, expected, rtol=1e-12)
     assert TensorStats().channel_mean is None  # not tracked unless asked
+
+
+HEADED = """
+    agraph (float[1, 16, 12, 12] x) => (float[1, 10] y) {
+        c1 = Conv (x, w1)
+        r1 = Relu(c1)
+        c2 = Conv (r1, w2, b2)
+        r2 = Relu(c2)
+        p = GlobalAveragePool(r2)
+        f = Flatten(p)
+        y = Gemm <transB = 1> (f, w3, b3)
+    }"""
+
+
+def test_a_float_head_absorbs_the_mean_shift_of_the_quantized_layers(tmp_path, monkeypatch):
+    """quant_keep_ends keeps the stem and the Gemm head float; the head's bias takes back the
+    mean shift of its input that the quantized middle conv leaves, measured by running the
+    quantized model over the calibration samples."""
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.1
+    w2 = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1
+    w2[:, 0, 0, 0] = 1.5  # a coarse weight scale: rounding shifts the outputs' means
+    proto = parse_model(HEADED, w1=w1, w2=w2, b2=np.full(8, 0.1, np.float32),
+                        w3=rng.standard_normal((10, 8)).astype(np.float32),
+                        b3=np.zeros(10, np.float32))
+    data = rng.uniform(0.0, 2.0, (8, 1, 16, 12, 12)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=data)
+    options = {"quantize": "int8", "calibration": str(tmp_path / "c.npz")}
+
+    def compiled():
+        result = graphopt.optimize(proto, pass_options=options)
+        out = graphopt.to_onnx(result.model)
+        onnx.checker.check_model(out)
+        return result, out
+
+    def mean_error(out):
+        return np.mean([numerics.run(out, {"x": x})["y"] - numerics.run(proto, {"x": x})["y"]
+                        for x in data], axis=0)
+
+    result, corrected = compiled()
+    counts = next(r for r in result.log.records if r.name == "QuantizeInt8").stats
+    assert counts["bias correction of a float layer"] == 1
+    gemm = next(n for n in corrected.graph.node if n.op_type == "Gemm")
+    assert gemm.input[2].endswith("_corrected")
+    # Over the calibration samples, the head is linear in its input: the corrected bias makes
+    # the mean output the float model's.
+    with_correction = np.abs(mean_error(corrected)).max()
+    monkeypatch.setattr(int8, "_correct_float_layers", lambda *args: None)
+    without = np.abs(mean_error(compiled()[1])).max()
+    assert with_correction < 1e-3 * np.abs(numerics.run(proto, {"x": data[0]})["y"]).max()
+    assert with_correction < 0.05 * without, (with_correction, without)
