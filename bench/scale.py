@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import onnx
@@ -41,13 +42,17 @@ in another fresh process (interpreter start and imports included).
 --weights-gb compiles a model of a few MatMuls whose float32 weights total that many GB,
 written to disk with external data (generated one tensor at a time, never held whole), into
 an .om, and reports peak RSS against the weight bytes; it then loads the .om with
-graphopt.load, runs it, and compares it with onnxruntime on the original."""
+graphopt.load, runs it, and compares it with onnxruntime on the original. With
+--weights-target NPU (ascend310, …) a float64 Relu, which only the host runs, cuts the chain
+after nine tenths of its MatMuls: the .om then has npu/cpu/npu partitions sharing the
+source's weight tensors."""
 
 EPILOG = """\
 examples:
   python bench/scale.py --quick
   python bench/scale.py --json out/scale.json
   python bench/scale.py --weights-gb 3 --json out/scale_weights.json
+  python bench/scale.py --weights-gb 3 --weights-target ascend310
 """
 
 # Per-layer geometry: small enough that weights do not dominate memory or time.
@@ -317,9 +322,12 @@ def format_sizes(results: list[dict]) -> str:
 # --- gigabytes of weights -------------------------------------------------------------------
 
 
-def weights_model(path: str, gigabytes: float, width: int = 4096, seed: int = 0) -> dict:
+def weights_model(path: str, gigabytes: float, width: int = 4096, seed: int = 0,
+                  host_cut: bool = False) -> dict:
     """A chain of MatMul(+Add) with [width, width] float32 weights totalling `gigabytes`,
-    saved at `path` with every weight in `path`.data; one weight is in memory at a time."""
+    saved at `path` with every weight in `path`.data; one weight is in memory at a time.
+    `host_cut` puts Cast→float64 Relu→Cast after nine tenths of the MatMuls: no NPU kernel
+    takes float64, so an NPU target cuts the chain into three partitions there."""
     matrix_bytes = width * width * 4
     count = max(1, round(gigabytes * 1e9 / matrix_bytes))
     data_name = os.path.basename(path) + ".data"
@@ -346,6 +354,12 @@ def weights_model(path: str, gigabytes: float, width: int = 4096, seed: int = 0)
             nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [mm], name=f"matmul{i}"))
             nodes.append(helper.make_node("Add", [mm, f"b{i}"], [f"h{i}"], name=f"add{i}"))
             x = f"h{i}"
+            if host_cut and i == max(0, count * 9 // 10 - 1) and i < count - 1:
+                nodes += [helper.make_node("Cast", [x], ["wide"], to=TensorProto.DOUBLE),
+                          helper.make_node("Relu", ["wide"], ["wide_relu"], name="host_relu"),
+                          helper.make_node("Cast", ["wide_relu"], ["narrow"],
+                                           to=TensorProto.FLOAT)]
+                x = "narrow"
             del w
     graph = helper.make_graph(
         nodes, "scale_weights",
@@ -362,24 +376,24 @@ def _weights_child(args) -> int:
 
     stages = Stages()
     result = stages.run("optimize (import, -O2, partition, plan)", optimize, args.weights_child,
-                        target="cpu")
+                        target=args.weights_target)
     stages.run("write .om", save, result, args.child_om)
     with open(args.child_json, "w") as f:
         json.dump({"stages": stages.rows}, f)
     return 0
 
 
-def measure_weights(gigabytes: float, workdir: str) -> dict:
+def measure_weights(gigabytes: float, workdir: str, target: str = "cpu") -> dict:
     import onnxruntime as ort
 
     from graphopt import load
 
     path = os.path.join(workdir, "weights.onnx")
     om = os.path.join(workdir, "weights.om")
-    info = weights_model(path, gigabytes)
+    info = weights_model(path, gigabytes, host_cut=target != "cpu")
     report = os.path.join(workdir, "child.json")
     subprocess.run([sys.executable, __file__, "--weights-child", path, "--child-om", om,
-                    "--child-json", report], check=True)
+                    "--child-json", report, "--weights-target", target], check=True)
     with open(report) as f:
         result = json.load(f) | info
     result["om_bytes"] = os.path.getsize(om)
@@ -391,13 +405,27 @@ def measure_weights(gigabytes: float, workdir: str) -> dict:
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     del session
     start = time.perf_counter()
-    compiled = load(om)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NPU partitions on the CPU stand-in
+        compiled = load(om)
     actual = compiled.run(feeds)
     result["load_run_seconds"] = time.perf_counter() - start
+    result["partitions"] = [f"{name} ({size / 1e9:.2f} GB)" for name, size
+                            in _partition_weight_bytes(om).items()]
     check = compare_outputs(expected, actual)
     result["max_abs_diff"], result["within_tolerance"] = check.worst, check.ok
     del compiled
     return result
+
+
+def _partition_weight_bytes(om: str) -> dict[str, int]:
+    """The bytes of each partition's weights blob (0 without one)."""
+    from graphopt.codegen import load_om
+    from graphopt.codegen.om_weights import weights_member
+
+    artifact = load_om(om, defer_checks=True)
+    return {part["name"]: artifact.spans.get(weights_member(part["name"]), (0, 0))[1]
+            for part in artifact.manifest["partitions"]}
 
 
 def format_weights(result: dict) -> str:
@@ -424,6 +452,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default 3, 1 with --quick)")
     p.add_argument("--weights-gb", type=float, metavar="GB",
                    help="instead: compile a model with GB gigabytes of external weights")
+    p.add_argument("--weights-target", metavar="TARGET", default="cpu",
+                   help="the --weights-gb compile's target (default cpu); an NPU target gets "
+                        "a host-only op near the end of the chain, so three partitions")
     p.add_argument("--workdir", metavar="DIR",
                    help="where the models are written (default: a temporary folder; the "
                         "--weights-gb model needs twice GB free there)")
@@ -464,16 +495,18 @@ def main(argv: list[str] | None = None) -> int:
         runs = "" if args.weights_gb is not None else \
             (f"median of {args.runs} fresh-process run(s) per size "
              f"({args.runs * SMALL_RUNS_FACTOR} below {SMALL_NODES:,} nodes); ")
-        header = (f"graphopt -O2 --target cpu → .om, no tuning; {runs}python "
+        target = args.weights_target if args.weights_gb is not None else "cpu"
+        header = (f"graphopt -O2 --target {target} → .om, no tuning; {runs}python "
                   f"{platform.python_version()}, onnx {onnx.__version__}, {os.cpu_count()} CPUs. "
                   "Peak RSS per stage: VmHWM after resetting it (clear_refs) at the stage's start.")
         if args.weights_gb is not None:
-            result = measure_weights(args.weights_gb, workdir)
+            result = measure_weights(args.weights_gb, workdir, args.weights_target)
             print(header)
             print(f"\n{result['matrices']} MatMul weights of [{result['width']}, "
                   f"{result['width']}] float32 = {result['weight_bytes'] / 1e9:.2f} GB "
                   f"({result['weight_bytes'] / 2**20:.0f} MiB) in external data; .om "
-                  f"{result['om_bytes'] / 1e9:.2f} GB\n")
+                  f"{result['om_bytes'] / 1e9:.2f} GB; partitions: "
+                  f"{', '.join(result['partitions'])}\n")
             print(format_weights(result))
             print(f"\n.om load + first run {result['load_run_seconds']:.3g} s; max |Δ| against "
                   f"onnxruntime on the original {result['max_abs_diff']:.1e}"
