@@ -116,7 +116,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              target: "str | Target | None" = None, memory_reorder: bool = False,
              rewrite_gate=None, pass_options: dict | None = None,
              dump_format: str = "text", instruments=(), precision: str = "keep",
-             quantize: str = "none", dynamic_dims=None) -> OptimizeResult:
+             quantize: str = "none", calibration: str | os.PathLike | None = None,
+             dynamic_dims=None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
@@ -128,7 +129,9 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     bisection); `pass_options` sets further Options fields by name (elementwise_max_group, …);
     `instruments` (passes.instruments.Instrument) run around every pass after the built-in ones.
     `precision` (fp16, bf16, mixed-fp16, mixed-bf16) and `quantize` (int8, int4) add the
-    precision passes (ConvertPrecision, QuantizeInt8, QuantizeInt4Weights).
+    precision passes (ConvertPrecision, QuantizeInt8, QuantizeInt4Weights); int8 takes its
+    activation ranges from `calibration` (an .npz file or a directory of them), and the other
+    precision settings are `pass_options` (calibration_method, quant_skip, keep_dtype, …).
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
@@ -152,6 +155,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
     options.precision, options.quantize = precision, quantize  # pass_options may override
+    if calibration is not None:
+        options.calibration = os.fspath(calibration)
     for name, value in (pass_options or {}).items():
         if name not in Options.names():
             raise OptionError(f"compile option '{name}' does not exist (options: "

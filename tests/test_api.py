@@ -404,3 +404,18 @@ def test_switch_file_off(proto, tmp_path):
 def test_all_errors_are_graphopt_errors():
     for cls in (InputError, OptionError, VerificationError):
         assert issubclass(cls, GraphoptError)
+
+
+def test_int8_calibration_as_a_keyword(tmp_path):
+    from helpers import conv_classifier
+
+    proto = conv_classifier("out = Relu (scores)", "out", batch="N")
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=np.random.default_rng(0).standard_normal((8, 8, 32, 32), np.float32))
+    by_keyword = graphopt.optimize(proto, quantize="int8", calibration=calib)
+    by_option = graphopt.optimize(proto, quantize="int8",
+                                  pass_options={"calibration": str(calib)})
+    assert by_keyword.to_onnx().SerializeToString() == by_option.to_onnx().SerializeToString()
+    assert any(n.op_type == "QuantizeLinear" for n in by_keyword.to_onnx().graph.node)
+    with pytest.raises(OptionError, match="needs --calibration"):
+        graphopt.optimize(proto, quantize="int8")
