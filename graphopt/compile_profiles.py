@@ -28,7 +28,7 @@ class CompiledProfile:
 def optimize_profiles(model, spec, options: dict):
     """Compile `model` once per profile of `spec` with graphopt.optimize's `options`; returns the
     first profile's OptimizeResult, whose `profiles` lists every profile's."""
-    from graphopt.compiler import _load_inputs, optimize
+    from graphopt.compiler import load_inputs, optimize
 
     start = time.perf_counter()
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
@@ -39,7 +39,7 @@ def optimize_profiles(model, spec, options: dict):
     pinned = options.get("input_shapes")
     pinned = (parse_input_shapes(pinned) if isinstance(pinned, str)
               else validate_input_shapes(pinned or {}))
-    feeds = _load_inputs(options.get("inputs")) if options.get("verify") else None
+    feeds = load_inputs(options.get("inputs")) if options.get("verify") else None
     dump_dir = options.get("dump_dir")
     shapes = [_merge(pinned, profile) for profile in profiles]  # refused before any compile
     compiled: list[CompiledProfile] = []

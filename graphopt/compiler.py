@@ -251,7 +251,8 @@ def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
     return written
 
 
-def _load_inputs(inputs) -> dict[str, np.ndarray] | None:
+def load_inputs(inputs) -> dict[str, np.ndarray] | None:
+    """--inputs as feeds: a dict as given, an .npz path read (OptionError if it cannot be)."""
     if inputs is None or isinstance(inputs, dict):
         return inputs
     path = os.fspath(inputs)
@@ -270,7 +271,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                    rtol: float, atol: float) -> dict[str, float]:
     """Run both models with onnxruntime at ORT_DISABLE_ALL; raise VerificationError on any
     difference beyond tolerance. Returns the max absolute error per output."""
-    feeds = _load_inputs(inputs)
+    feeds = load_inputs(inputs)
     if feeds is None:
         try:
             feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)

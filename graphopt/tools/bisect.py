@@ -120,11 +120,9 @@ def _feeds(reference: ModelProto, feeds, shapes: dict) -> dict:
     if isinstance(feeds, dict):
         return feeds
     if feeds is not None:
-        from graphopt.compiler import (
-            _load_inputs,  # the --inputs .npz reader of --verify
-        )
+        from graphopt.compiler import load_inputs  # the --inputs .npz reader of --verify
 
-        return _load_inputs(feeds)
+        return load_inputs(feeds)
     try:
         return numerics.random_feeds(reference, seed=0, shapes=shapes)
     except ValueError as e:
