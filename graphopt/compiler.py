@@ -345,8 +345,12 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
     # streams into the artifact from where it lives (array, protobuf, mapped file).
     with tensor_references() as sources:
         if result is None or result.partitioning is None:
+            from graphopt.codegen.split import disabled_optimizers
+
             proto = model if isinstance(model, ModelProto) else to_onnx(model)
-            parts = [OmPartition(name="p0", device="cpu", model=proto)]
+            disabled = None if isinstance(model, ModelProto) else disabled_optimizers(model)
+            parts = [OmPartition(name="p0", device="cpu", model=proto,
+                                 disabled_optimizers=disabled)]
             target, extra = "cpu", {}
         else:
             target = result.partitioning.target.name

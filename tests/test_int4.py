@@ -134,6 +134,8 @@ def test_quant_skip_by_name_and_op_type_and_what_is_left_alone():
     result = compile_int4(proto, quant_skip={"keep_me"})
     assert ops(result.model) == ["MatMul", "com.microsoft::MatMulNBits", "MatMul"]  # live B
     assert ops(compile_int4(proto, quant_skip={"MatMul"}).model) == ["MatMul"] * 3
+    assert any("'keep-me' (nearest: 'keep_me')" in note
+               for note in compile_int4(proto, quant_skip={"keep-me"}).notes)
 
 
 def test_bad_group_sizes_are_refused():

@@ -216,6 +216,43 @@ def test_quant_skip_and_keep_ends(tmp_path):
     assert _float_convs(out) == ["conv0", "conv2", "conv4"]
     assert not any(n.op_type == "QuantizeLinear" for n in out.graph.node)
     assert any("quant_skip" in note for note in result.notes)
+    # A name no node has (a typo, or a node fusion renamed) is noted with the nearest names.
+    result, out = _int8(_conv_model(), calibration=calibration, quant_skip={"conv_2"})
+    assert _float_convs(out) == ["conv0"]
+    (note,) = [n for n in result.notes if "matches no node" in n]
+    assert "'conv_2' (nearest: 'conv2'" in note
+
+
+def test_a_skipped_layer_stays_float_in_the_om(tmp_path):
+    # onnxruntime's WeightBiasQuantization would quantize conv2's float weight itself (per
+    # tensor) because it reads a DequantizeLinear output: the .om's session must not run it.
+    calibration = _calibration(tmp_path)
+    result, out = _int8(_conv_model(), calibration=calibration, quant_keep_ends=False,
+                        quant_skip={"conv2"})
+    assert _float_convs(out) == ["conv2"]
+    path = tmp_path / "model.om"
+    graphopt.save(result, path)
+    (part,) = graphopt.codegen.load_om(path).manifest["partitions"]
+    assert part["disabled_optimizers"] == ["WeightBiasQuantization"]
+    x = np.random.default_rng(4).standard_normal((1, 3, 16, 16)).astype(np.float32)
+
+    def run(disabled):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(out.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"],
+                                       disabled_optimizers=disabled)
+        return session.run(None, {"x": x})[0]
+
+    float_conv, requantized = run(["WeightBiasQuantization"]), run(None)
+    assert np.abs(float_conv - requantized).max() > 1e-4  # the optimizer does change it
+    np.testing.assert_allclose(graphopt.load(path).run({"x": x})["y"], float_conv,
+                               rtol=1e-5, atol=1e-5)
+    # Without a float layer behind dequantized data, nothing is disabled.
+    result, _ = _int8(_conv_model(), calibration=calibration)
+    graphopt.save(result, path)
+    (part,) = graphopt.codegen.load_om(path).manifest["partitions"]
+    assert "disabled_optimizers" not in part
 
 
 CLASSIFIER = """

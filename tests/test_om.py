@@ -391,6 +391,10 @@ def forge_routing(manifest, members):
     manifest["routing"][0]["from"] = "p9"
 
 
+def bad_disabled_optimizers(manifest, members):
+    manifest["partitions"][0]["disabled_optimizers"] = "WeightBiasQuantization"
+
+
 BAD_CASES = {
     "future_version": (set_field("format_version", 3), r"format_version 3 is newer .* upgrade graphopt"),
     "zero_version": (set_field("format_version", 0), "unsupported format_version 0"),
@@ -402,6 +406,7 @@ BAD_CASES = {
     "unlisted_member": (lambda m, mem: mem.update({"x.bin": b"1"}), "'x.bin' is not listed"),
     "forged_routing": (forge_routing, "routing does not match"),
     "no_partitions": (set_field("partitions", []), "manifest lists no partitions"),
+    "disabled_optimizers": (bad_disabled_optimizers, "disabled_optimizers"),
 }
 
 

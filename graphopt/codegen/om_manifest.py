@@ -83,6 +83,9 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                     # onnxruntime graph optimization level to run it at unless the caller
                     # chooses (optional): what the compile left for the session to do.
                     "optimization_level": {"enum": list(OPTIMIZATION_LEVELS)},
+                    # onnxruntime graph transformers its session must not run (optional):
+                    # ones that would change the partition's results.
+                    "disabled_optimizers": {"type": "array", "items": {"type": "string"}},
                 },
             },
         },
@@ -272,6 +275,8 @@ def check_manifest(manifest: dict) -> None:
             _str_list(part, "providers", where)
         if part.get("optimization_level", "all") not in OPTIMIZATION_LEVELS:
             raise Malformed(f"{where} has an unknown optimization_level")
+        if "disabled_optimizers" in part:
+            _str_list(part, "disabled_optimizers", where)
     order = _str_list(manifest, "execution_order", "manifest")
     names = [p["name"] for p in partitions]
     _check_edges(_field(manifest, "routing", list), "manifest routing")

@@ -351,7 +351,8 @@ class OmArtifact:
             entry = by_name[name]
             model = self.models[name]
             parts.append(OmPartition(name, entry["device"], model, entry["inputs"], entry["outputs"],
-                                     entry.get("providers"), entry.get("optimization_level")))
+                                     entry.get("providers"), entry.get("optimization_level"),
+                                     entry.get("disabled_optimizers")))
         return parts
 
 

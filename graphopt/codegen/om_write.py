@@ -75,6 +75,8 @@ class OmPartition:
     `optimization_level` ("disable", "basic", "extended", "all") is the onnxruntime graph
     optimization level the runtime should use when its caller does not choose one: a partition
     graphopt already fused and laid out needs no session-time rewriting, so it starts faster.
+    `disabled_optimizers` names onnxruntime graph transformers that would change the
+    partition's results (see split.py); the runtime passes them to its session.
     """
 
     name: str
@@ -84,6 +86,7 @@ class OmPartition:
     outputs: list[str] | None = None
     providers: list[str] | None = None
     optimization_level: str | None = None  # the onnxruntime level the compile left work for
+    disabled_optimizers: list[str] | None = None  # onnxruntime optimizers the session must skip
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not PARTITION_NAME.match(self.name):
@@ -106,6 +109,11 @@ class OmPartition:
             if not all(isinstance(p, str) and p for p in self.providers):
                 raise ValueError(f"partition {self.name!r}: providers must be non-empty strings")
             self.providers = list(self.providers)
+        if self.disabled_optimizers is not None:
+            if not all(isinstance(o, str) and o for o in self.disabled_optimizers):
+                raise ValueError(f"partition {self.name!r}: disabled_optimizers must be "
+                                 "non-empty strings")
+            self.disabled_optimizers = list(self.disabled_optimizers)
 
     @property
     def member(self) -> str:
@@ -358,6 +366,8 @@ def _partition_entry(part: OmPartition) -> dict:
         entry["providers"] = part.providers
     if part.optimization_level is not None:
         entry["optimization_level"] = part.optimization_level
+    if part.disabled_optimizers:
+        entry["disabled_optimizers"] = part.disabled_optimizers
     return entry
 
 

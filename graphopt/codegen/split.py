@@ -45,10 +45,32 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
         # several are cut along the tensors that cross between them.
         cut = {} if len(parts) == 1 else {"inputs": [v.name for v in part.inputs],
                                            "outputs": [v.name for v in part.outputs]}
-        level = _session_level(models[part.name], cpu_level) if device.kind == "cpu" else None
-        result.append(OmPartition(part.name, part.device, to_onnx(models[part.name]), **cut,
-                                  providers=list(device.providers), optimization_level=level))
+        model = models[part.name]
+        level = _session_level(model, cpu_level) if device.kind == "cpu" else None
+        result.append(OmPartition(part.name, part.device, to_onnx(model), **cut,
+                                  providers=list(device.providers), optimization_level=level,
+                                  disabled_optimizers=disabled_optimizers(model)))
     return result
+
+
+# onnxruntime's WeightBiasQuantization (1.20 on, "basic" level) quantizes the float weight of
+# any Conv, ConvTranspose or Gemm that reads a DequantizeLinear output, per tensor, and fuses it
+# into an int8 kernel: a layer QuantizeInt8 left float (--quant-skip, quant_keep_ends' head)
+# would silently run in int8, less accurately than either.
+_REQUANTIZER = "WeightBiasQuantization"
+
+
+def disabled_optimizers(model: Model) -> list[str] | None:
+    """The onnxruntime optimizers that would change this partition's results: None, or
+    WeightBiasQuantization when a float Conv/ConvTranspose/Gemm reads dequantized data."""
+    for node in model.graph:
+        if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
+                and len(node.inputs) > 1 and node.inputs[0] is not None:
+            producer, weight = node.inputs[0].producer, node.inputs[1]
+            if producer is not None and producer.op_type == "DequantizeLinear" \
+                    and weight is not None and weight.producer is None:
+                return [_REQUANTIZER]
+    return None
 
 
 def _session_level(model: Model, fused_level: str | None) -> str | None:

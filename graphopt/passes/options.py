@@ -34,7 +34,7 @@ class Options:
     keep_dtype: set[str] = field(default_factory=set)       # node names kept in their dtype
     quantize: str = "none"                # "none", "int8" (QuantizeInt8), "int4" (QuantizeInt4Weights)
     calibration: str | None = None        # int8: an .npz file or a directory of them
-    calibration_method: str = "minmax"    # int8: "minmax", "percentile" or "entropy"
+    calibration_method: str = "minmax"    # int8: "minmax", "percentile", "entropy" or "mse"
     calibration_percentile: float = 99.999  # int8 percentile method: the clipping percentile
     per_channel: bool = True              # int8: per-output-channel weight scales
     activation_symmetric: bool = False    # int8: symmetric (int8) instead of asymmetric (uint8)

@@ -41,7 +41,7 @@ from graphopt.quant.qparams import (
     quantize_bias,
     quantize_weight,
 )
-from graphopt.quant.select import MS, Plan, _reads_input, kind, plan
+from graphopt.quant.select import MS, Plan, _reads_input, kind, plan, unmatched_skips
 from graphopt.quant.stats import METHODS
 
 MIN_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
@@ -68,6 +68,9 @@ class QuantizeInt8(Pass):
                      f"DequantizeLinear needs {MIN_OPSET}: left in float")
             return result
         chosen = plan(model.graph, options, lambda node: ctx.allows(self.name, node))
+        missing = unmatched_skips(model.graph, options.quant_skip, self.name)
+        if missing:
+            ctx.note(missing)
         if chosen.kept:
             ctx.note("QuantizeInt8 kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))

@@ -24,6 +24,8 @@ accuracy gain (bench/precision.py).
 
 from __future__ import annotations
 
+import difflib
+
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -139,6 +141,22 @@ def is_end(node: Node) -> bool:
     """Whether `node` is a first or last layer of its model: its data input comes from a graph
     input, or its output reaches a graph output, through THROUGH ops only."""
     return _reads_input(node.inputs[0]) or _writes_output(node.outputs[0])
+
+
+def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
+    """A note on the `quant_skip` entries that name no node and no op type of `graph` (fusions
+    rename the nodes they replace), with the nearest node names; None when all match."""
+    names = {node.name for node in graph.all_nodes()}
+    ops = {node.op_type for node in graph.all_nodes()}
+    missing = sorted(entry for entry in skip if entry not in names and entry not in ops)
+    if not missing:
+        return None
+    hints = []
+    for entry in missing:
+        near = difflib.get_close_matches(entry, names, n=2, cutoff=0.6)
+        hints.append(f"{entry!r}" + (f" (nearest: {', '.join(map(repr, near))})" if near else ""))
+    return (f"{pass_name}: quant_skip {'; '.join(hints)} matches no node or op type of the "
+            "optimized graph, whose fused nodes have new names (graphopt dump shows them)")
 
 
 def plan(graph: Graph, options, allows=lambda node: True) -> Plan:

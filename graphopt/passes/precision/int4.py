@@ -25,6 +25,7 @@ from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.blockwise import quantize
 from graphopt.passes.precision.casts import constant_data
 from graphopt.passes.precision.policy import Support, check_options
+from graphopt.quant.select import unmatched_skips
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
@@ -86,6 +87,9 @@ class QuantizeInt4Weights(Pass):
         infer_shapes(model)  # fusions leave new values untyped until the pipeline's last one
         graph, support = model.graph, Support(ctx.target)
         block, skip = options.int4_group_size, options.quant_skip
+        missing = unmatched_skips(graph, skip, self.name)
+        if missing:
+            ctx.note(missing)
         before = after = 0
         unsupported: set[str] = set()
         for node in graph:
