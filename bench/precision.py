@@ -77,6 +77,11 @@ class Variant:
 # ---------------------------------------------------------------------------------------------
 # inputs
 
+def _seed(args, default: int) -> int:
+    """The held-out samples' seed: --eval-seed, or the model kind's default."""
+    return default if args.eval_seed is None else args.eval_seed
+
+
 def structured_images(n: int, seed: int, shape=(1, 3, 224, 224)) -> list[dict]:
     """Smooth colour blobs over a gradient plus mild noise, ImageNet-normalized."""
     rng = np.random.default_rng(seed)
@@ -113,14 +118,14 @@ def build_models(args, workdir: str):
         label = "zoo/bert_base" + ("" if args.full else f" ({args.bert_layers} layers)") \
             + f", seq {args.seq}"
         yield Model(label, path, token_feeds(proto, n_cal, 1000, args.seq),
-                    token_feeds(proto, n_eval, 5000, args.seq), False)
+                    token_feeds(proto, n_eval, _seed(args, 5000), args.seq), False)
         del proto
         os.remove(path)
     if wanted("zoo/resnet50"):
         path = os.path.join(workdir, "resnet50.onnx")
         onnx.save(zoo.build("resnet50"), path)
         yield Model("zoo/resnet50", path, structured_images(n_cal, 1),
-                    structured_images(n_eval, 2), True)
+                    structured_images(n_eval, _seed(args, 2)), True)
         os.remove(path)
     for path in sorted(glob.glob(os.path.join(args.shared, "*.onnx"))) if args.shared else ():
         name = f"shared/{os.path.basename(path)[:-5]}"
@@ -133,11 +138,12 @@ def build_models(args, workdir: str):
         if len(inputs) == 1 and len(dims) == 4 and dims[1] == 3:
             shape = (1, 3, dims[2] or 224, dims[3] or 224)
             cal = [{inputs[0].name: f["input"]} for f in structured_images(n_cal, 1, shape)]
-            held = [{inputs[0].name: f["input"]} for f in structured_images(n_eval, 2, shape)]
+            held = [{inputs[0].name: f["input"]}
+                    for f in structured_images(n_eval, _seed(args, 2), shape)]
             yield Model(name, path, cal, held, True)
         else:
             yield Model(name, path, token_feeds(proto, n_cal, 1000, args.seq),
-                        token_feeds(proto, n_eval, 5000, args.seq), False)
+                        token_feeds(proto, n_eval, _seed(args, 5000), args.seq), False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,6 +352,9 @@ def parse_args(argv):
                    help="intra-op thread counts (default 1)")
     p.add_argument("--samples", type=int, default=32, metavar="N",
                    help="held-out samples for accuracy (default 32)")
+    p.add_argument("--eval-seed", type=int, metavar="S",
+                   help="seed of the held-out samples (default: 2 for images, 5000 for token "
+                        "ids; calibration samples never use it)")
     p.add_argument("--calibration-samples", type=int, default=16, metavar="N",
                    help="calibration samples, shared by every static quantizer (default 16)")
     p.add_argument("--seq", type=int, default=128, metavar="N",
