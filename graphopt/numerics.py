@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +28,20 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     options.log_severity_level = 3
     data = model.SerializeToString() if isinstance(model, ModelProto) else model
     return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"])
+
+
+def optimized_by_onnxruntime(model: ModelProto, level: str) -> ModelProto:
+    """`model` as onnxruntime's CPU provider rewrites it at `level` (its optimized model, read
+    back; weights included, so only for models small enough to copy)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = LEVELS[level]
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="graphopt-ort-") as folder:
+        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
+        ort.InferenceSession(model.SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+        return onnx.load(options.optimized_model_filepath)
 
 
 def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],

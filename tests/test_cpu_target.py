@@ -43,7 +43,8 @@ def test_om_without_a_target_is_compiled_for_this_cpu(tmp_path):
     (part,) = artifact.partitions
     ops = {n.domain + "::" + n.op_type for n in part.model.graph.node}
     assert "com.microsoft.nchwc::Conv" in ops and "::Conv" not in ops
-    assert part.optimization_level == "extended"
+    # onnxruntime's extended level finds nothing left to rewrite: its session skips the optimizer.
+    assert part.optimization_level == "disable"
     assert {p.key: p.value for p in part.model.metadata_props}[METADATA_KEY] == str(BLOCK)
     feeds = zoo.sample_inputs(proto, seed=0)
     expected = numerics.run(proto, feeds)
@@ -153,7 +154,7 @@ def test_convs_with_computed_weights_leave_the_layout_to_onnxruntime(tmp_path):
     folded = graphopt.optimize(COMPUTED_WEIGHTS, target="cpu")
     graphopt.save(folded, tmp_path / "f.om")
     (part,) = load_om(tmp_path / "f.om").partitions
-    assert part.optimization_level == "extended"
+    assert part.optimization_level == "disable"  # blocked and fused: nothing left for onnxruntime
     assert {n.domain for n in part.model.graph.node} == {"com.microsoft.nchwc"}
 
 
@@ -162,15 +163,9 @@ def test_convs_with_computed_weights_leave_the_layout_to_onnxruntime(tmp_path):
 BERT_SMALL = {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128, "vocab": 100}
 
 
-def _optimized_ops(proto: onnx.ModelProto, level: str, tmp_path) -> set[str]:
+def _optimized_ops(proto: onnx.ModelProto, level: str) -> set[str]:
     """The op types onnxruntime runs `proto` as at `level` (its optimized model, read back)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = numerics.LEVELS[level]
-    options.optimized_model_filepath = str(tmp_path / f"ort_{level}.onnx")
-    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+    return {n.op_type for n in numerics.optimized_by_onnxruntime(proto, level).graph.node}
 
 
 @pytest.mark.parametrize("shapes", ["input_ids:1,16;attention_mask:1,16", None])
@@ -184,8 +179,8 @@ def test_bert_partition_runs_at_basic_without_skip_layernorm(tmp_path, shapes):
     # The premise: "extended" would fuse the residual Adds back into SkipLayerNormalization
     # (6× slower on the CPU), "basic" runs what graphopt wrote.
     assert part.optimization_level == "basic"
-    assert "SkipLayerNormalization" in _optimized_ops(part.model, "extended", tmp_path)
-    assert "SkipLayerNormalization" not in _optimized_ops(part.model, "basic", tmp_path)
+    assert "SkipLayerNormalization" in _optimized_ops(part.model, "extended")
+    assert "SkipLayerNormalization" not in _optimized_ops(part.model, "basic")
     dims = {"batch_size": 1, "sequence_length": 16} if shapes else {"batch_size": 2,
                                                                      "sequence_length": 9}
     feeds = zoo.sample_inputs(proto, seed=0, dims=dims)
@@ -222,3 +217,35 @@ def test_session_level_of_a_residual_layernorm(case, level):
     model = load_onnx(onnx.parser.parse_model(ADD_LN.format(extra=extra, tail=tail)))
     assert _session_level(model, "extended") == level
     assert _session_level(model, None) is None  # unfused compiles keep onnxruntime's default
+
+
+def test_a_small_partition_onnxruntime_would_leave_as_it_is_runs_at_disable():
+    from graphopt.codegen.split import _session_level
+    from graphopt.ir import load_onnx
+
+    # Nothing for onnxruntime's extended level to rewrite (the Add has a second reader).
+    text = ADD_LN.format(extra=", float[1,4,8] x", tail="y = Relu(n)")
+    model = load_onnx(onnx.parser.parse_model(text))
+    proto = graphopt.to_onnx(model)
+    optimized = numerics.optimized_by_onnxruntime(proto, "extended")
+    assert sorted(n.op_type for n in optimized.graph.node) == sorted(
+        n.op_type for n in proto.graph.node)
+    assert _session_level(model, "extended") == "disable"
+    # An Identity the basic level would remove keeps the partition at "extended".
+    text = ADD_LN.format(extra=", float[1,4,8] x", tail="y = Identity(n)")
+    assert _session_level(load_onnx(onnx.parser.parse_model(text)), "extended") == "extended"
+
+
+def test_a_large_partition_keeps_extended_without_asking_onnxruntime(monkeypatch):
+    import graphopt.codegen.split as split
+    from graphopt.ir import load_onnx
+
+    count = split._LEVEL_CHECK_NODES + 1  # one node past the bound
+    body = "\n".join(f"    r{i + 1} = Relu(r{i})" for i in range(count))
+    text = (f'<ir_version: 8, opset_import: ["" : 17]>\ng (float[4] r0) => '
+            f"(float[4] r{count}) {{\n{body}\n}}")
+    model = load_onnx(onnx.parser.parse_model(text))
+    asked = []
+    monkeypatch.setattr(split, "optimized_by_onnxruntime", lambda *a: asked.append(a))
+    assert split._session_level(model, "extended") == "extended"
+    assert asked == []

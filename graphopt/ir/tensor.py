@@ -279,6 +279,17 @@ class Tensor:
         return f"Tensor<{self.dtype.short}{list(self.shape)}>"
 
 
+@contextmanager
+def tensor_copies() -> Iterator[None]:
+    """Inside the block `to_proto` returns the data even within `tensor_references`: for a
+    proto that must stand alone (one onnxruntime loads)."""
+    token = _REFERENCES.set(None)
+    try:
+        yield
+    finally:
+        _REFERENCES.reset(token)
+
+
 def referenced(tensor: Tensor, references: dict[str, Tensor]) -> Tensor | None:
     """The tensor in `references` that `tensor`, imported from a reference proto made inside
     `tensor_references`, stands for; None when it is not such a stand-in."""
