@@ -403,6 +403,21 @@ def test_inspect_shows_partitions_routing_and_extras(chained, capsys):
     assert any(line.split() == ["FuseMatMul", "1", "2", "Gemm=2"] for line in lines)
 
 
+def test_inspect_shows_how_each_partition_session_is_set_up(tmp_path, capsys):
+    p0, p1 = two_partitions()
+    p0.optimization_level = "disable"
+    p1.disabled_optimizers = ["WeightBiasQuantization"]
+    path = tmp_path / "levels.om"
+    write_om(path, [p0, p1])
+    rc, out, _ = cli(capsys, "inspect", os.fspath(path))
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("#  partition"))
+    assert header.split()[:5] == ["#", "partition", "device", "session", "nodes"]
+    assert any(line.split()[:5] == ["0", "p0", "cpu", "disable", "1"] for line in lines)
+    assert any(line.split()[:6] == ["1", "p1", "cpu", "all", "without", "WeightBiasQuantization"]
+               for line in lines)
+
+
 def test_inspect_compiled_shows_the_pass_log(compiled, capsys):
     rc, out, err = cli(capsys, "inspect", compiled)
     assert rc == 0 and err == ""

@@ -64,6 +64,14 @@ def format_shape(shape: list | None) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def _session_cell(entry: dict) -> str:
+    """How the runtime sets up a partition's onnxruntime session: the graph optimization level
+    its compile recorded ("all" when none) and the optimizers it must skip."""
+    cell = entry.get("optimization_level", "all")
+    disabled = entry.get("disabled_optimizers")
+    return cell + (f" without {', '.join(disabled)}" if disabled else "")
+
+
 def _names(names: list[str]) -> str:
     shown = ", ".join(names[:_TOP_NAMES])
     more = len(names) - _TOP_NAMES
@@ -243,6 +251,8 @@ def format_om(artifact: OmArtifact) -> str:
 
     by_name = {p["name"]: p for p in m["partitions"]}
     with_providers = any("providers" in p for p in m["partitions"])
+    with_session = any(key in p for p in m["partitions"]
+                       for key in ("optimization_level", "disabled_optimizers"))
     rows = []
     for index, part in enumerate(artifact.partitions):
         counts = op_counts(part.model)
@@ -250,10 +260,13 @@ def format_om(artifact: OmArtifact) -> str:
         row = [index, part.name, part.device]
         if with_providers:
             row.append(", ".join(entry.get("providers", [])) or "-")
+        if with_session:
+            row.append(_session_cell(entry))
         row += [sum(counts.values()), format_ops(counts), _names(part.inputs), _names(part.outputs),
                 _partition_size(members, entry["member"], part.name)]
         rows.append(row)
     headers = ["#", "partition", "device"] + (["providers"] if with_providers else [])
+    headers += ["session"] if with_session else []
     headers += ["nodes", "ops", "inputs", "outputs", "size"]
     default = f" of the default profile {artifact.profiles[0]['name']}" if artifact.profiles else ""
     parts.append(format_table(headers, rows, title=f"partitions{default} ({len(rows)}, in "
