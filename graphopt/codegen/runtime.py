@@ -114,21 +114,19 @@ def _checked_model(artifact: OmArtifact, name: str) -> onnx.ModelProto:
 def _session(artifact: OmArtifact, part: dict, model: onnx.ModelProto,
              options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
     """A session for `part` whose weights onnxruntime maps from the artifact file itself."""
-    disabled = part.get("disabled_optimizers") or None
+    def session(data: bytes) -> ort.InferenceSession:
+        return ort.InferenceSession(data, options, providers=providers,
+                                    disabled_optimizers=part.get("disabled_optimizers") or None)
+
     if not artifact.spans or not external_tensors(model):
-        return ort.InferenceSession(artifact.members[part["member"]], options, providers=providers,
-                                    disabled_optimizers=disabled)
+        return session(artifact.members[part["member"]])
     path = os.path.abspath(artifact.path)
     offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
     options.add_session_config_entry(_EXTERNAL_FOLDER, os.path.dirname(path))
-    located = point_into(model, path, offsets).SerializeToString()
     try:
-        return ort.InferenceSession(located, options, providers=providers,
-                                    disabled_optimizers=disabled)
+        return session(point_into(model, path, offsets).SerializeToString())
     except Exception:  # noqa: BLE001 - an onnxruntime without that config entry: copy instead
-        embedded = artifact.partition_model(part["name"]).SerializeToString()
-        return ort.InferenceSession(embedded, options, providers=providers,
-                                    disabled_optimizers=disabled)
+        return session(artifact.partition_model(part["name"]).SerializeToString())
 
 
 # Below this many bytes the deferred checksums are computed at once (~0.6 ms at most). A thread
