@@ -41,7 +41,7 @@ from graphopt.quant.qparams import (
     quantize_bias,
     quantize_weight,
 )
-from graphopt.quant.select import MS, Plan, _reads_input, kind, plan, unmatched_skips
+from graphopt.quant.select import MS, Plan, kind, plan, reads_graph_input, unmatched_skips
 from graphopt.quant.stats import METHODS
 
 MIN_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
@@ -157,7 +157,7 @@ def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
     their bias can take back (see _correct_float_layers)."""
     static = {id(n) for n in chosen.static}
     return [node for node in graph if kind(node) == "static" and id(node) not in static
-            and not _reads_input(node.inputs[0])]
+            and not reads_graph_input(node.inputs[0])]
 
 
 def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int, np.ndarray],

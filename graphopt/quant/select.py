@@ -123,7 +123,8 @@ def _through(node: Node) -> Value | None:
     return computed[0] if len(computed) == 1 else None
 
 
-def _reads_input(value: Value) -> bool:
+def reads_graph_input(value: Value) -> bool:
+    """Whether `value` is a graph input, or computed from one alone through THROUGH ops."""
     while not value.is_input:
         if value.producer is None or (value := _through(value.producer)) is None:
             return False
@@ -140,7 +141,7 @@ def _writes_output(value: Value) -> bool:
 def is_end(node: Node) -> bool:
     """Whether `node` is a first or last layer of its model: its data input comes from a graph
     input, or its output reaches a graph output, through THROUGH ops only."""
-    return _reads_input(node.inputs[0]) or _writes_output(node.outputs[0])
+    return reads_graph_input(node.inputs[0]) or _writes_output(node.outputs[0])
 
 
 def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
