@@ -24,7 +24,7 @@ from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
-from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.infer_shapes import infer_shapes, record_types
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
 from graphopt.switches import read_switch_file
@@ -106,6 +106,15 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     return options
 
 
+def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> None:
+    """check_ops on the imported model (InputError naming the node at fault), keeping the
+    static types its shape inference found: a static model is then typed in full, and the
+    pipeline's InferShapes passes have nothing left to do."""
+    inferred = check_ops(model, label, allow_custom_ops)
+    if inferred is not None:
+        record_types(model, inferred, static_only=True)
+
+
 def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              disable_passes=(), switch_file: str | None = None,
              input_shapes: dict[str, list[int]] | str | None = None,
@@ -174,7 +183,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         data = model if isinstance(model, bytes) else model.SerializeToString()
         source_sha256 = hashlib.sha256(data).hexdigest()
     ir_model = load_onnx(model)
-    check_ops(ir_model, label, options.allow_custom_ops)
+    check_input(ir_model, label, options.allow_custom_ops)
     # The reference for verification, before any pin or pass; exported only when needed since
     # it copies every weight.
     source = to_onnx(ir_model) if verify else None

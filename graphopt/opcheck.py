@@ -38,9 +38,12 @@ def _known(domain: str, op_type: str, functions: set[tuple[str, str]]) -> bool:
     return (domain, op_type) in runtime_schemas()
 
 
-def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
+def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> onnx.ModelProto | None:
     """Raise InputError on the first node whose domain is not imported, whose op is unknown,
-    that does not fit its schema, or that shape inference refuses (negative kernel, …)."""
+    that does not fit its schema, or that shape inference refuses (negative kernel, …).
+    Returns the model as strict shape inference typed it (None when inference could not run):
+    passes.infer_shapes.record_types keeps those types, and a model they type fully needs no
+    further inference."""
     imported = {("" if d == "ai.onnx" else d) for d in model.opset_imports}
     functions = model.function_keys()
     known_domains = {d for d, _ in runtime_schemas()} | {"", "ai.onnx.ml",
@@ -79,7 +82,7 @@ def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> None:
                                  "function)")
             raise InputError(f"{where}: unknown domain '{domain}' (no schema or model function "
                              "defines its ops); pass --allow-custom-ops to keep custom ops as they are")
-    _check_inference(model, label)
+    return _check_inference(model, label)
 
 
 def _where(label: str, node: Node) -> str:
@@ -140,7 +143,7 @@ def _schema_problem(node: Node, ctx) -> str | None:
     return None
 
 
-def _check_inference(model: Model, label: str) -> None:
+def _check_inference(model: Model, label: str) -> onnx.ModelProto | None:
     """Strict ONNX shape inference, which onnxruntime also runs when it loads a model: attribute
     values no kernel can honor (kernel_shape -1, pads of the wrong length, a perm that is not a
     permutation) are the input's fault, and are better reported now than by the .om's loader."""
@@ -158,8 +161,8 @@ def _check_inference(model: Model, label: str) -> None:
             if output.type.HasField("tensor_type"):
                 output.type.tensor_type.ClearField("shape")
     try:
-        onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=True,
-                                          data_prop=False)
+        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=True,
+                                                 data_prop=False)
     except onnx.shape_inference.InferenceError as exc:
         text = str(exc).strip()
         # "[ShapeInferenceError] Inference error(s): (op_type:Conv, node name: c): [..] why\n…"
@@ -169,7 +172,7 @@ def _check_inference(model: Model, label: str) -> None:
     except onnx.checker.ValidationError as exc:  # the model as a whole: recursive functions, …
         raise InputError(f"{label}: {str(exc).strip().splitlines()[0]}") from None
     except (ValueError, RuntimeError):
-        pass  # inference could not run at all (e.g. a model past 2 GB); onnxruntime will judge
+        return None  # inference could not run at all (e.g. a model past 2 GB); onnxruntime will judge
 
 
 def _graphs(graph: GraphProto):

@@ -1,0 +1,138 @@
+"""Shape inference's types on the IR: read back from protobuf bytes, kept from the input check,
+and not inferred again for a model they type in full."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt import zoo
+from graphopt.compiler import check_input, optimize
+from graphopt.ir import load_onnx
+from graphopt.ir.onnx_io import read_type
+from graphopt.passes.infer_shapes import (
+    _type_bytes,
+    fully_typed,
+    record_types,
+    weightless_proto,
+)
+
+
+def _infos() -> list[onnx.ValueInfoProto]:
+    sequence = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [2, "n"])
+    optional = onnx.ValueInfoProto(name="opt")
+    optional.type.optional_type.elem_type.tensor_type.elem_type = TensorProto.INT64
+    empty_type = onnx.ValueInfoProto(name="empty")
+    empty_type.type.SetInParent()
+    unnamed = helper.make_tensor_value_info("", TensorProto.FLOAT, [1])
+    unnamed.ClearField("name")  # the type comes first: the fallback reads it
+    documented = helper.make_tensor_value_info("doc", TensorProto.FLOAT16, [3], doc_string="d")
+    return [
+        helper.make_tensor_value_info("static", TensorProto.FLOAT, [1, 8, 16]),
+        helper.make_tensor_value_info("symbolic", TensorProto.INT64, ["batch", None, 300]),
+        helper.make_tensor_value_info("n" * 300, TensorProto.BOOL, [2**40]),  # 2-byte lengths
+        helper.make_tensor_value_info("ünïcode", TensorProto.DOUBLE, None),
+        helper.make_tensor_value_info("scalar", TensorProto.FLOAT, []),
+        onnx.ValueInfoProto(name="untyped"),
+        sequence, optional, empty_type, unnamed, documented,
+    ]
+
+
+@pytest.mark.parametrize("info", _infos(), ids=lambda i: i.name[:12] or "unnamed")
+def test_type_bytes_are_the_type_submessage(info):
+    expected = info.type.SerializeToString() if info.HasField("type") else None
+    assert _type_bytes(info) == expected
+
+
+def _types(model) -> dict[str, tuple]:
+    return {v.name: (v.dtype, v.shape, v.type_proto) for v in model.graph.all_values()}
+
+
+@pytest.mark.parametrize("name", ["gpt2_small", "mobilenetv2"])
+def test_record_types_reads_what_read_type_reads(name):
+    """The byte path and its memo give every value the type the plain protobuf walk gives."""
+    proto = zoo.build(name)
+    model, reference = load_onnx(proto), load_onnx(proto)
+    inferred = onnx.shape_inference.infer_shapes(weightless_proto(model), data_prop=True)
+    assert record_types(model, inferred) > 0
+    by_name = {info.name: read_type(info.type)
+               for info in (*inferred.graph.value_info, *inferred.graph.output)}
+    for value in reference.graph.all_values():
+        if value.producer is not None and value.name in by_name:
+            value.dtype, value.shape, value.type_proto = by_name[value.name]
+    assert _types(model) == _types(reference)
+
+
+def _counting_inference(monkeypatch) -> list[bool]:
+    calls: list[bool] = []
+    real = onnx.shape_inference.infer_shapes
+
+    def counted(proto, *args, **kwargs):
+        calls.append(kwargs.get("strict_mode", False))
+        return real(proto, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counted)
+    return calls
+
+
+def _static_cnn() -> onnx.ModelProto:
+    """Conv, BatchNorm, Relu, pooling and a MatMul head over a [1, 3, 8, 8] input: every shape
+    follows from the input's and the weights' alone."""
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((4, 3, 3, 3)), "scale": rng.standard_normal(4),
+              "bias": rng.standard_normal(4), "mean": rng.standard_normal(4),
+              "var": rng.uniform(0.5, 2.0, 4), "fc": rng.standard_normal((4, 2))}
+    weights = [numpy_helper.from_array(a.astype(np.float32), name) for name, a in arrays.items()]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"]),
+         helper.make_node("Relu", ["b"], ["r"]),
+         helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+         helper.make_node("Flatten", ["p"], ["f"]),
+         helper.make_node("MatMul", ["f", "fc"], ["y"])],
+        "static_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_static_model_is_inferred_once_by_the_input_check(monkeypatch):
+    calls = _counting_inference(monkeypatch)
+    result = optimize(_static_cnn(), target="cpu")
+    assert calls == [True]  # the input check's strict run; -O2's three InferShapes skip
+    assert fully_typed(result.model)
+    assert [r.name for r in result.log.records].count("InferShapes") == 3
+
+
+def test_shapes_only_data_propagation_finds_are_inferred_once_more(monkeypatch):
+    """The tiny net's Reshape reads a computed shape: strict inference cannot type what follows
+    it, -O2's first InferShapes (with data propagation) does, and the two after it skip."""
+    calls = _counting_inference(monkeypatch)
+    optimize(zoo.build("tiny"), target="cpu")
+    assert calls == [True, False]
+
+
+def test_a_model_with_symbolic_dims_is_still_inferred_by_the_passes(monkeypatch):
+    calls = _counting_inference(monkeypatch)
+    optimize(zoo.build("gpt2_small"), target="cpu")  # batch and sequence are symbolic
+    assert calls[0] is True and calls.count(False) >= 2
+
+
+def test_check_input_keeps_static_types_and_declared_dim_names():
+    """Strict inference runs without the declared value infos, so it names an unknown dim
+    afresh: only its static types are kept, a declared "nnz" stays."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])
+    nz = helper.make_tensor_value_info("nz", TensorProto.INT64, [2, "nnz"])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"]),
+         helper.make_node("NonZero", ["r"], ["nz"])],
+        "g", [x], [y, nz])
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    values = {v.name: v for v in model.graph.all_values()}
+    assert values["r"].shape is None  # no value info for it in the file
+    check_input(model, "m.onnx")
+    assert (values["r"].dtype.name, values["r"].shape) == ("FLOAT", (3, 4))
+    assert values["nz"].shape == (2, "nnz")
+    assert not fully_typed(model)
