@@ -22,8 +22,9 @@ from onnx import TensorProto, helper, numpy_helper
 DESCRIPTION = """\
 Compile synthetic transformer-like graphs of about 1k, 10k and 100k nodes (no tuning, -O2,
 --target cpu, written as .om) and report wall time and peak RSS per stage: import (load_onnx),
-the input check (check_ops: schemas and strict shape inference), each step of the -O2 pipeline (a fixed point counts as one step), partitioning for the cpu
-target, cutting partition models, memory planning, and the .om write.
+the input check (check_input: schemas and strict shape inference, whose static types are
+kept), each step of the -O2 pipeline (a fixed point counts as one step), partitioning for the
+cpu target, cutting partition models, memory planning, and the .om write.
 
 Each layer is a pre-norm encoder block over a [1, 8, 16] activation: decomposed LayerNorm,
 Q/K/V MatMul+Add with Reshape/Transpose into 2 heads, MatMul/Div/Softmax/MatMul attention,
@@ -31,8 +32,9 @@ output projection, residual Add, a second LayerNorm, a 16→64→16 MLP with dec
 (49 nodes, about 12 KB of float32 weights per layer): the fusions all fire, and weights stay
 small so the graph, not the bytes, is what grows.
 
-Every size runs in a fresh Python process, which first reads the model's ONNX file (written
-by this bench beforehand). Peak RSS per stage: before each stage the child resets the kernel's
+Every compile runs in a fresh Python process, which first reads the model's ONNX file (written
+by this bench beforehand). Sizes are interleaved: each of --runs rounds compiles every size
+(the small ones three times), so the machine's slow spells weigh on all sizes alike. Peak RSS per stage: before each stage the child resets the kernel's
 high-water mark (writing 5 to /proc/self/clear_refs), and after it reads VmHWM from
 /proc/self/status, so each figure is the process's true peak resident set during that stage
 alone (Python, numpy and onnx included: the `RSS before` column is the floor).
@@ -200,7 +202,8 @@ def compile_stages(path: str, om_path: str) -> dict:
     import graphopt.passes.memory
     import graphopt.tuner.records  # noqa: F401
     from graphopt.codegen.split import partition_ir
-    from graphopt.compiler import OptimizeResult, op_counts, plan_partition_memory, save
+    from graphopt.compiler import (OptimizeResult, check_input, op_counts,
+                                   plan_partition_memory, save)
     from graphopt.ir import load_onnx
     from graphopt.opcheck import check_ops, runtime_schemas
     from graphopt.partition import load_target, partition
@@ -221,7 +224,7 @@ def compile_stages(path: str, om_path: str) -> dict:
     stages = Stages()
     target = load_target("cpu")
     model = stages.run("import", load_onnx, path)
-    stages.run("check ops", check_ops, model, path, False)
+    stages.run("check ops", check_input, model, path, False)
     ops_before = op_counts(model.graph.all_nodes())
     options = Options(level=2)
     options.nchwc_block_size = target.device(target.primary).nchwc_block_size
@@ -244,6 +247,35 @@ def compile_stages(path: str, om_path: str) -> dict:
             "om_megabytes": os.path.getsize(om_path) / 1e6}
 
 
+class _Linked:
+    """A stand-in for an IR node: a name, input and output lists, an attribute dict."""
+    __slots__ = ("name", "inputs", "outputs", "attrs", "next")
+
+
+def reference_walk(nodes: int, walks: int = 5) -> float:
+    """Seconds per object of walking a linked list of 5 × `nodes` small Python objects (each
+    a slotted object, two lists, a dict and a name looked up in a dict), median of `walks`.
+    No compiler code runs: how this machine's time per object grows with the heap (caches,
+    TLB) alone, the floor under the compile's own growth."""
+    count = 5 * nodes
+    by_name: dict[str, _Linked] = {}
+    head = None
+    for i in range(count):
+        item = _Linked()
+        item.name, item.inputs, item.outputs = f"node_{i}", [f"v{i}", f"v{i + 1}"], [f"v{i + 2}"]
+        item.attrs, item.next = {"axis": i}, head
+        by_name[item.name] = head = item
+    times = []
+    for _ in range(walks):
+        start = time.perf_counter()
+        total, item = 0, head
+        while item is not None:
+            total += len(by_name[item.name].inputs[0]) + item.attrs["axis"] + len(item.outputs)
+            item = item.next
+        times.append((time.perf_counter() - start) / count)
+    return statistics.median(times)
+
+
 def _child(args) -> int:
     out = compile_stages(args.child, args.child_om)
     with open(args.child_json, "w") as f:
@@ -251,44 +283,86 @@ def _child(args) -> int:
     return 0
 
 
-def measure_size(nodes: int, workdir: str, runs: int) -> dict:
-    """`runs` fresh-process compiles (stages) and CLI runs (e2e), interleaved; each stage's
-    median seconds and highest peak, the median e2e, and every run in `runs`."""
+def _write_model(nodes: int, workdir: str) -> dict:
+    """The synthetic model of about `nodes` nodes on disk: {"layers", "nodes", "path", …}."""
     layers = max(1, round(nodes / NODES_PER_LAYER))
     path = os.path.join(workdir, f"scale_{layers}.onnx")
-    om = os.path.join(workdir, f"scale_{layers}.om")
     start = time.perf_counter()
     proto = transformer_model(layers)
     onnx.save(proto, path)
-    generated = time.perf_counter() - start
-    count = len(proto.graph.node)
-    del proto
+    return {"layers": layers, "nodes": len(proto.graph.node), "path": path,
+            "om": os.path.join(workdir, f"scale_{layers}.om"),
+            "generate_seconds": time.perf_counter() - start}
+
+
+def _compile_once(size: dict, workdir: str) -> tuple[dict, float]:
+    """One fresh-process staged compile and one fresh-process CLI compile of `size`'s model:
+    (the child's report, the CLI's wall seconds)."""
     report = os.path.join(workdir, "child.json")
-    each, e2e = [], []
-    if count < SMALL_NODES:
-        runs *= SMALL_RUNS_FACTOR
-    for _ in range(runs):
-        subprocess.run([sys.executable, __file__, "--child", path, "--child-om", om,
-                        "--child-json", report], check=True)
-        with open(report) as f:
-            each.append(json.load(f))
-        os.remove(om)
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "graphopt", "optimize", path, "-o", om,
-                        "--target", "cpu", "-q"], check=True)
-        e2e.append(time.perf_counter() - start)
-        os.remove(om)
-    os.remove(path)
-    result = dict(each[-1])
-    result["stages"] = [
-        {"stage": rows[0]["stage"],
-         "seconds": statistics.median(r["seconds"] for r in rows),
-         "rss_before_mb": max(r["rss_before_mb"] for r in rows),
-         "peak_rss_mb": max(r["peak_rss_mb"] for r in rows)}
-        for rows in zip(*(run["stages"] for run in each))]
-    result.update(layers=layers, nodes=count, generate_seconds=generated,
-                  e2e_seconds=statistics.median(e2e), e2e_runs=e2e, runs=each)
-    return result
+    subprocess.run([sys.executable, __file__, "--child", size["path"], "--child-om", size["om"],
+                    "--child-json", report], check=True)
+    with open(report) as f:
+        staged = json.load(f)
+    os.remove(size["om"])
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "graphopt", "optimize", size["path"], "-o", size["om"],
+                    "--target", "cpu", "-q"], check=True)
+    e2e = time.perf_counter() - start
+    os.remove(size["om"])
+    return staged, e2e
+
+
+def _total(staged: dict) -> float:
+    return sum(row["seconds"] for row in staged["stages"])
+
+
+def measure_sizes(node_counts: list[int], workdir: str, runs: int) -> list[dict]:
+    """`runs` rounds; each round compiles every size once (sizes below SMALL_NODES
+    SMALL_RUNS_FACTOR times), so a slow spell of the machine lands on every size alike rather
+    than on whichever size ran then. Per size: each stage's median seconds and highest peak,
+    the median e2e, every run, and per round the ratio of its total to the smallest size's
+    (median of that round's runs of it)."""
+    sizes = [_write_model(n, workdir) for n in node_counts]
+    runs_of = {id(s): [] for s in sizes}
+    e2e_of = {id(s): [] for s in sizes}
+    walks_of = {id(s): [] for s in sizes}  # reference_walk, fresh process, seconds per object
+    round_totals: list[list[float]] = []
+    for done in range(runs):
+        medians = []
+        for size in sizes:
+            repeat = SMALL_RUNS_FACTOR if size["nodes"] < SMALL_NODES else 1
+            totals = []
+            for _ in range(repeat):
+                staged, e2e = _compile_once(size, workdir)
+                runs_of[id(size)].append(staged)
+                e2e_of[id(size)].append(e2e)
+                totals.append(_total(staged))
+            medians.append(statistics.median(totals))
+            walk = subprocess.run([sys.executable, __file__, "--reference-child",
+                                   str(size["nodes"])], check=True, capture_output=True, text=True)
+            walks_of[id(size)].append(json.loads(walk.stdout))
+        round_totals.append(medians)
+        print(f"round {done + 1}/{runs}: " + ", ".join(
+            f"{s['nodes']} nodes {t:.3g} s" for s, t in zip(sizes, medians)),
+            file=sys.stderr, flush=True)
+    results = []
+    for i, size in enumerate(sizes):
+        each = runs_of[id(size)]
+        os.remove(size["path"])
+        result = dict(each[-1])
+        result["stages"] = [
+            {"stage": rows[0]["stage"],
+             "seconds": statistics.median(r["seconds"] for r in rows),
+             "rss_before_mb": max(r["rss_before_mb"] for r in rows),
+             "peak_rss_mb": max(r["peak_rss_mb"] for r in rows)}
+            for rows in zip(*(run["stages"] for run in each))]
+        result.update(layers=size["layers"], nodes=size["nodes"],
+                      generate_seconds=size["generate_seconds"],
+                      e2e_seconds=statistics.median(e2e_of[id(size)]), e2e_runs=e2e_of[id(size)],
+                      round_ratios=[totals[i] / totals[0] for totals in round_totals],
+                      walk_seconds_per_object=statistics.median(walks_of[id(size)]), runs=each)
+        results.append(result)
+    return results
 
 
 def format_sizes(results: list[dict]) -> str:
@@ -307,6 +381,8 @@ def format_sizes(results: list[dict]) -> str:
     total = ["total (sum of stages)"]
     e2e = ["e2e: graphopt optimize CLI"]
     growth = ["× smallest size, per node"]
+    rounds = ["× smallest size, per round: median (min–max)"]
+    walk = ["reference: Python object walk, ns per object (× smallest)"]
     base = results[0]
     base_total = sum(row["seconds"] for row in base["stages"])
     for r in results:
@@ -315,7 +391,13 @@ def format_sizes(results: list[dict]) -> str:
         e2e += [f"{r['e2e_seconds']:.3g}", ""]
         ratio = seconds / base_total
         growth += [f"{ratio:.1f}× ({ratio / (r['nodes'] / base['nodes']):.2f})", ""]
-    body += [total, e2e, growth]
+        each = r.get("round_ratios") or [ratio]
+        rounds += [f"{statistics.median(each):.1f}× ({min(each):.1f}–{max(each):.1f})", ""]
+        if "walk_seconds_per_object" in r:
+            per_object = r["walk_seconds_per_object"]
+            walk += [f"{per_object * 1e9:.0f} "
+                     f"({per_object / base['walk_seconds_per_object']:.2f})", ""]
+    body += [total, e2e, growth, rounds] + ([walk] if len(walk) > 1 else [])
     return markdown_table(headers, body)
 
 
@@ -460,6 +542,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "--weights-gb model needs twice GB free there)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--reference-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--weights-child", help=argparse.SUPPRESS)
     p.add_argument("--child-om", help=argparse.SUPPRESS)
     p.add_argument("--child-json", help=argparse.SUPPRESS)
@@ -486,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return _child(args)
+    if args.reference_child:
+        print(json.dumps(reference_walk(args.reference_child)))
+        return 0
     if args.weights_child:
         return _weights_child(args)
     if not os.path.exists("/proc/self/clear_refs"):
@@ -513,18 +599,17 @@ def main(argv: list[str] | None = None) -> int:
                   + ("" if result["within_tolerance"] else " ✗ beyond tolerance"))
             data = {"bench": "scale_weights", **result}
         else:
-            results = []
-            for size in args.sizes:
-                began = time.perf_counter()
-                results.append(measure_size(size, workdir, args.runs))
-                print(f"{results[-1]['nodes']} nodes: {time.perf_counter() - began:.0f} s",
-                      file=sys.stderr, flush=True)
+            results = measure_sizes(args.sizes, workdir, args.runs)
             print(header)
             print()
             print(format_sizes(results))
             print("\n× smallest size: total time over the smallest size's (in brackets: "
-                  "divided by the node ratio, 1.00 = linear). e2e: the CLI, a fresh process "
-                  "(interpreter start, imports, input checks included).")
+                  "divided by the node ratio, 1.00 = linear); per round: the same ratio within "
+                  "each round of the interleaved runs. e2e: the CLI, a fresh process "
+                  "(interpreter start, imports, input checks included). Reference: a linked "
+                  "list of 5 small Python objects per node walked in a fresh process, no "
+                  "compiler code (in brackets: over the smallest size, 1.00 = flat), how this "
+                  "machine's cost per object grows with the heap alone.")
             data = {"bench": "scale", "sizes": results}
     data["command"] = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
     if args.json:
