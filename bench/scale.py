@@ -55,6 +55,7 @@ examples:
   python bench/scale.py --json out/scale.json
   python bench/scale.py --weights-gb 3 --json out/scale_weights.json
   python bench/scale.py --weights-gb 3 --weights-target ascend310
+  git worktree add /tmp/before HEAD~1 && python bench/scale.py --baseline /tmp/before
 """
 
 # Per-layer geometry: small enough that weights do not dominate memory or time.
@@ -312,20 +313,37 @@ def _compile_once(size: dict, workdir: str) -> tuple[dict, float]:
     return staged, e2e
 
 
+def _staged_baseline(size: dict, workdir: str, baseline: str) -> dict:
+    """One fresh-process staged compile of `size`'s model with the graphopt checkout at
+    `baseline` (its own bench/scale.py and package)."""
+    report = os.path.join(workdir, "baseline.json")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(baseline)}
+    subprocess.run([sys.executable, os.path.join(baseline, "bench", "scale.py"), "--child",
+                    size["path"], "--child-om", size["om"], "--child-json", report],
+                   check=True, env=env)
+    with open(report) as f:
+        staged = json.load(f)
+    os.remove(size["om"])
+    return staged
+
+
 def _total(staged: dict) -> float:
     return sum(row["seconds"] for row in staged["stages"])
 
 
-def measure_sizes(node_counts: list[int], workdir: str, runs: int) -> list[dict]:
+def measure_sizes(node_counts: list[int], workdir: str, runs: int,
+                  baseline: str | None = None) -> list[dict]:
     """`runs` rounds; each round compiles every size once (sizes below SMALL_NODES
     SMALL_RUNS_FACTOR times), so a slow spell of the machine lands on every size alike rather
     than on whichever size ran then. Per size: each stage's median seconds and highest peak,
     the median e2e, every run, and per round the ratio of its total to the smallest size's
-    (median of that round's runs of it)."""
+    (median of that round's runs of it). With `baseline` (another checkout), each staged
+    compile is followed by one with that checkout's code: the side-by-side totals."""
     sizes = [_write_model(n, workdir) for n in node_counts]
     runs_of = {id(s): [] for s in sizes}
     e2e_of = {id(s): [] for s in sizes}
     walks_of = {id(s): [] for s in sizes}  # reference_walk, fresh process, seconds per object
+    baseline_of = {id(s): [] for s in sizes}  # the baseline checkout's staged compiles
     round_totals: list[list[float]] = []
     for done in range(runs):
         medians = []
@@ -334,6 +352,8 @@ def measure_sizes(node_counts: list[int], workdir: str, runs: int) -> list[dict]
             totals = []
             for _ in range(repeat):
                 staged, e2e = _compile_once(size, workdir)
+                if baseline:
+                    baseline_of[id(size)].append(_staged_baseline(size, workdir, baseline))
                 runs_of[id(size)].append(staged)
                 e2e_of[id(size)].append(e2e)
                 totals.append(_total(staged))
@@ -361,6 +381,10 @@ def measure_sizes(node_counts: list[int], workdir: str, runs: int) -> list[dict]
                       e2e_seconds=statistics.median(e2e_of[id(size)]), e2e_runs=e2e_of[id(size)],
                       round_ratios=[totals[i] / totals[0] for totals in round_totals],
                       walk_seconds_per_object=statistics.median(walks_of[id(size)]), runs=each)
+        if baseline:
+            result["baseline"] = {"totals": [_total(r) for r in baseline_of[id(size)]],
+                                  "totals_here": [_total(r) for r in each],
+                                  "runs": baseline_of[id(size)]}
         results.append(result)
     return results
 
@@ -399,6 +423,20 @@ def format_sizes(results: list[dict]) -> str:
                      f"({per_object / base['walk_seconds_per_object']:.2f})", ""]
     body += [total, e2e, growth, rounds] + ([walk] if len(walk) > 1 else [])
     return markdown_table(headers, body)
+
+
+def format_baseline(results: list[dict], baseline: str) -> str:
+    """Per size: the baseline's and this checkout's median total, and their ratio."""
+    body = []
+    for r in results:
+        theirs, ours = r["baseline"]["totals"], r["baseline"]["totals_here"]
+        pairs = [a / b for a, b in zip(theirs, ours)]
+        body.append([str(r["nodes"]), f"{statistics.median(theirs):.3g}",
+                     f"{statistics.median(ours):.3g}",
+                     f"{statistics.median(theirs) / statistics.median(ours):.2f}× "
+                     f"({min(pairs):.2f}–{max(pairs):.2f})"])
+    return markdown_table(["nodes", f"baseline ({baseline}) s", "this checkout s",
+                           "baseline / this (range over run pairs)"], body)
 
 
 # --- gigabytes of weights -------------------------------------------------------------------
@@ -540,6 +578,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", metavar="DIR",
                    help="where the models are written (default: a temporary folder; the "
                         "--weights-gb model needs twice GB free there)")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also compile each size with the graphopt checkout in DIR (e.g. a "
+                        "`git worktree` of an older commit), interleaved, and print both "
+                        "totals side by side")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--reference-child", type=int, help=argparse.SUPPRESS)
@@ -562,6 +604,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--runs must be at least 1")
     if args.weights_gb is not None and args.weights_gb <= 0:
         p.error("--weights-gb must be positive")
+    if args.baseline and not os.path.isfile(os.path.join(args.baseline, "bench", "scale.py")):
+        p.error(f"--baseline {args.baseline}: not a graphopt checkout (no bench/scale.py)")
     return args
 
 
@@ -599,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                   + ("" if result["within_tolerance"] else " ✗ beyond tolerance"))
             data = {"bench": "scale_weights", **result}
         else:
-            results = measure_sizes(args.sizes, workdir, args.runs)
+            results = measure_sizes(args.sizes, workdir, args.runs, args.baseline)
             print(header)
             print()
             print(format_sizes(results))
@@ -610,6 +654,10 @@ def main(argv: list[str] | None = None) -> int:
                   "list of 5 small Python objects per node walked in a fresh process, no "
                   "compiler code (in brackets: over the smallest size, 1.00 = flat), how this "
                   "machine's cost per object grows with the heap alone.")
+            if args.baseline:
+                print("\nSide by side, each staged compile followed by the baseline's on the "
+                      "same model (sum of stages, medians):\n")
+                print(format_baseline(results, args.baseline))
             data = {"bench": "scale", "sizes": results}
     data["command"] = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
     if args.json:
