@@ -187,6 +187,28 @@ def test_symbolic_dims_metadata_and_doc_strings_survive():
     assert back.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
 
 
+def test_node_and_value_metadata_survive_and_the_shared_default_is_read_only():
+    """Nodes and values without metadata share one read-only empty mapping (no dict apiece);
+    metadata read from the file is each one's own, and round-trips."""
+    proto = onnx.ModelProto.FromString(CHAIN.SerializeToString())
+    proto.graph.node[0].metadata_props.add(key="origin", value="conv1")
+    info = proto.graph.value_info.add()
+    info.CopyFrom(helper.make_tensor_value_info(proto.graph.node[0].output[0], 1, None))
+    info.metadata_props.add(key="note", value="kept")
+    model = load_onnx(proto)
+    first, second = list(model.graph)[:2]
+    assert dict(first.metadata_props) == {"origin": "conv1"}
+    assert dict(first.outputs[0].metadata_props) == {"note": "kept"}
+    assert second.metadata_props is Node("Relu").metadata_props is Value("v").metadata_props
+    with pytest.raises(TypeError):
+        second.metadata_props["x"] = "y"  # type: ignore[index]
+    back = to_onnx(model)
+    assert {p.key: p.value for p in back.graph.node[0].metadata_props} == {"origin": "conv1"}
+    assert not back.graph.node[1].metadata_props
+    noted = [vi for vi in back.graph.value_info if vi.name == info.name]
+    assert {p.key: p.value for p in noted[0].metadata_props} == {"note": "kept"}
+
+
 def test_functions_and_opsets_are_preserved():
     proto = _model("""
     <ir_version: 8, opset_import: ["" : 17, "local" : 1]>

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from onnx import AttributeProto
 
 from graphopt.ir.attributes import Attr, infer_attr
-from graphopt.ir.value import Value
+from graphopt.ir.value import NO_METADATA, Value
 
 if TYPE_CHECKING:
     from graphopt.ir.graph import Graph
@@ -29,7 +29,7 @@ class Node:
         self.domain = domain
         self.name = name
         self.doc_string = ""
-        self.metadata_props: dict[str, str] = {}
+        self.metadata_props: Mapping[str, str] = NO_METADATA  # see value.NO_METADATA
         self.overload = ""
         self.graph: Graph | None = None
         self._prev: Node | None = None

@@ -20,7 +20,7 @@ from graphopt.ir.graph import CycleError, Graph
 from graphopt.ir.model import Model
 from graphopt.ir.node import Node
 from graphopt.ir.tensor import Tensor
-from graphopt.ir.value import Value
+from graphopt.ir.value import NO_METADATA, Value
 
 Scope = Mapping[str, Value]
 _MAX_RAW_BYTES = 2 ** 31  # protobuf's message size limit
@@ -138,7 +138,7 @@ class _Importer:
         self.check_text(proto, "a graph")
         graph = Graph(proto.name)
         graph.doc_string = proto.doc_string
-        graph.metadata_props = _props(proto)
+        graph.metadata_props = dict(_props(proto))
         local: dict[str, Value] = {}
         scope = collections.ChainMap(local, outer)  # type: ignore[arg-type]
 
@@ -411,9 +411,9 @@ def _decode(data: bytes) -> str | bytes:
         return data
 
 
-def _props(proto) -> dict[str, str]:
+def _props(proto) -> Mapping[str, str]:
     props = getattr(proto, "metadata_props", None)
-    return {p.key: p.value for p in props} if props else {}
+    return {p.key: p.value for p in props} if props else NO_METADATA
 
 
 def _apply_value_info(value: Value, vi: ValueInfoProto) -> None:
@@ -660,7 +660,7 @@ def _fill_tensor_type(tensor_type, value: Value) -> None:
                 entry.dim_param = dim
 
 
-def _set_props(proto, props: dict[str, str]) -> None:
+def _set_props(proto, props: Mapping[str, str]) -> None:
     if not props or not hasattr(proto, "metadata_props"):
         return
     for key, value in props.items():
