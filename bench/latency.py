@@ -133,6 +133,26 @@ def planned_runs(runs: int, budget: float, round_seconds: float) -> int:
     return min(runs, max(MIN_RUNS, math.floor(budget / round_seconds)))
 
 
+def timed_rounds(round_, warmup: int, runs: int, budget: float) -> int:
+    """Drive `round_(timed=…, check=…)`, one interleaved pass over the variants that returns
+    its seconds: a first round whose outputs are the correctness check, `warmup - 1` more
+    untimed ones (the last plans the run count), then the timed rounds with the cyclic
+    collector off, since a collection inside one variant's run would be charged to it.
+    Returns how many timed rounds ran."""
+    seconds = round_(timed=False, check=True)
+    for _ in range(warmup - 1):
+        seconds = round_(timed=False)
+    n = planned_runs(runs, budget, seconds)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(n):
+            round_(timed=True)
+    finally:
+        gc.enable()
+    return n
+
+
 def measure(model: BenchModel, files: dict[str, BuiltFile], expected: dict | None,
             threads: int, args) -> tuple[int, dict[str, Timing]]:
     timings = {v.key: Timing() for v in VARIANTS}
@@ -167,19 +187,7 @@ def measure(model: BenchModel, files: dict[str, BuiltFile], expected: dict | Non
                 timing.times.append(seconds * 1e3)
         return total
 
-    # Warm-up: the first round's outputs are the correctness check; the last round's time
-    # plans the run count.
-    seconds = round_(timed=False, check=True)
-    for _ in range(args.warmup - 1):
-        seconds = round_(timed=False)
-    n = planned_runs(args.runs, args.budget, seconds)
-    gc.collect()
-    gc.disable()  # a collection inside one variant's run would be charged to it
-    try:
-        for _ in range(n):
-            round_(timed=True)
-    finally:
-        gc.enable()
+    n = timed_rounds(round_, args.warmup, args.runs, args.budget)
     runners.clear()
     gc.collect()
     return n, timings

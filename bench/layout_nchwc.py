@@ -24,7 +24,7 @@ from graphopt.passes.layout_nchwc_weights import detect_block_size
 from _common import compare_outputs, markdown_table, run_model, short_reason, write_json
 from _latency_variants import SESSION_CONFIG, Runner, Variant, open_runner
 from _models import ZOO_QUICK, BenchModel, sized_zoo_models
-from latency import ATOL, MIN_RUNS, RTOL, Timing, planned_runs
+from latency import ATOL, MIN_RUNS, RTOL, Timing, timed_rounds
 
 DESCRIPTION = """\
 Time graphopt's -O2 output with LayoutNchwc applied (onnxruntime's blocked NCHWc ops, written
@@ -128,17 +128,7 @@ def measure(row: Row, expected: dict | None, threads: int, args) -> None:
                 timings[key].times.append(seconds * 1e3)
         return total
 
-    seconds = round_(timed=False, check=True)
-    for _ in range(args.warmup - 1):
-        seconds = round_(timed=False)
-    n = planned_runs(args.runs, args.budget, seconds)
-    gc.collect()
-    gc.disable()  # a collection inside one variant's run would be charged to it
-    try:
-        for _ in range(n):
-            round_(timed=True)
-    finally:
-        gc.enable()
+    n = timed_rounds(round_, args.warmup, args.runs, args.budget)
     runners.clear()
     row.runs[threads], row.timings[threads] = n, timings
     row.startup[threads] = measure_startup(row, threads, args.startup_runs)
