@@ -34,12 +34,14 @@ small so the graph, not the bytes, is what grows.
 
 Every compile runs in a fresh Python process, which first reads the model's ONNX file (written
 by this bench beforehand). Sizes are interleaved: each of --runs rounds compiles every size
-(the small ones three times), so the machine's slow spells weigh on all sizes alike. Peak RSS per stage: before each stage the child resets the kernel's
-high-water mark (writing 5 to /proc/self/clear_refs), and after it reads VmHWM from
-/proc/self/status, so each figure is the process's true peak resident set during that stage
-alone (Python, numpy and onnx included: the `RSS before` column is the floor).
-`e2e s` is the wall time of `python -m graphopt optimize model.onnx -o model.om --target cpu`
-in another fresh process (interpreter start and imports included).
+(the small ones three times), so the machine's slow spells weigh on all sizes alike. Peak RSS
+per stage: before each stage the child resets the kernel's high-water mark (writing 5 to
+/proc/self/clear_refs), and after it reads VmHWM from /proc/self/status, so each figure is the
+process's true peak resident set during that stage alone (Python, numpy and onnx included: the
+`RSS before` column is the floor). `e2e s` is the wall time of `python -m graphopt optimize
+model.onnx -o model.om --target cpu` in another fresh process (interpreter start and imports
+included). The reference row times no compiler code: a fresh process walks a linked list of
+5 small Python objects per node, how this machine's cost per object grows with the heap.
 
 --weights-gb compiles a model of a few MatMuls whose float32 weights total that many GB,
 written to disk with external data (generated one tensor at a time, never held whole), into

@@ -38,7 +38,8 @@ def _known(domain: str, op_type: str, functions: set[tuple[str, str]]) -> bool:
     return (domain, op_type) in runtime_schemas()
 
 
-def check_ops(model: Model, label: str, allow_custom_ops: bool = False) -> onnx.ModelProto | None:
+def check_ops(model: Model, label: str,
+              allow_custom_ops: bool = False) -> onnx.ModelProto | None:
     """Raise InputError on the first node whose domain is not imported, whose op is unknown,
     that does not fit its schema, or that shape inference refuses (negative kernel, …).
     Returns the model as strict shape inference typed it (None when inference could not run):
@@ -172,7 +173,7 @@ def _check_inference(model: Model, label: str) -> onnx.ModelProto | None:
     except onnx.checker.ValidationError as exc:  # the model as a whole: recursive functions, …
         raise InputError(f"{label}: {str(exc).strip().splitlines()[0]}") from None
     except (ValueError, RuntimeError):
-        return None  # inference could not run at all (e.g. a model past 2 GB); onnxruntime will judge
+        return None  # inference could not run at all (a model past 2 GB); onnxruntime will judge
 
 
 def _graphs(graph: GraphProto):
