@@ -11,6 +11,7 @@ from onnx import helper
 from graphopt.errors import InputError
 from graphopt.ir import (DType, Graph, Node, Tensor, Value, VerifyError, format_model, load_onnx,
                          to_onnx, verify)
+from graphopt.ir.attributes import Attr
 
 
 def _model(text: str) -> onnx.ModelProto:
@@ -131,6 +132,40 @@ def test_subgraphs_capture_outer_values():
     verify(model)
     text = format_model(model)
     assert "graph then_g" in text and "graph else_g" in text
+
+
+def test_whole_graph_walks_find_subgraphs_however_a_node_got_them():
+    """The walks for nested graphs stop at a graph none of whose nodes holds one; a node gets
+    noted as a holder when imported, linked or given a graph by set_attr, and forgotten when
+    removed. A graph attribute written into the dict directly is a verify error."""
+    model = load_onnx(_IF_MODEL)
+    graph = model.graph
+    if_node = graph.nodes()[1]
+    assert [g.name for g in graph.all_graphs()] == ["branchy", "then_g", "else_g"]
+    assert graph.count_nodes() == 4
+    then_graph = if_node.attrs["then_branch"].value
+
+    flat = load_onnx(CHAIN)
+    main = flat.graph
+    assert list(main.all_graphs()) == [main] and main.count_nodes() == 3
+    body = Graph("body")
+    relu = main.nodes()[0]
+    relu.set_attr("body", body)  # not an ONNX attribute: the IR still has to find the graph
+    assert [g.name for g in main.all_graphs()] == [main.name, "body"] and body.parent is relu
+    linked = Node("Identity", [main.inputs[0]], {"branch": Graph("late")})
+    main.insert_after(relu, linked)
+    assert "late" in [g.name for g in main.all_graphs()]
+    main.remove(linked)
+    assert "late" not in [g.name for g in main.all_graphs()]
+
+    graph.remove(if_node, safe=False)
+    assert list(graph.all_graphs()) == [graph] and then_graph not in graph.all_graphs()
+
+    sneaky = load_onnx(CHAIN)
+    first = sneaky.graph.nodes()[0]
+    first.attrs["g"] = Attr("g", onnx.AttributeProto.GRAPH, Graph("hidden"))
+    with pytest.raises(VerifyError, match="does not know of"):
+        verify(sneaky)
 
 
 def test_printer_is_one_line_per_node_with_types_and_attributes():

@@ -25,7 +25,7 @@ class CycleError(ValueError):
 
 class Graph:
     __slots__ = ("name", "doc_string", "metadata_props", "inputs", "outputs", "initializers",
-                 "parent", "_head", "_tail", "_len", "_used_names", "__weakref__")
+                 "parent", "_head", "_tail", "_len", "_holders", "_used_names", "__weakref__")
 
     def __init__(self, name: str = "main_graph"):
         self.name = name
@@ -38,6 +38,10 @@ class Graph:
         self._head: Node | None = None
         self._tail: Node | None = None
         self._len = 0
+        # The linked nodes that hold a subgraph attribute (or once did): while there are none,
+        # the whole-graph walks that look for nested graphs (all_graphs, count_nodes; every
+        # pass runs them) stop at this graph instead of visiting every node.
+        self._holders: set[Node] = set()
         self._used_names: set[str] | None = None  # kept on the root graph only
 
     # -- node list -------------------------------------------------------------------------
@@ -78,7 +82,15 @@ class Graph:
                     value.name = self.fresh_name(node.op_type.lower())
                 else:
                     self.claim_name(value.name)
-        for sub in node.subgraphs():
+        self.note_subgraphs(node)
+
+    def note_subgraphs(self, node: Node) -> None:
+        """Record that linked `node` may hold subgraphs (and point them back to it): called on
+        linking, and by whatever gives a linked node a graph attribute (Node.set_attr, import)."""
+        subs = node.subgraphs()
+        if subs:
+            self._holders.add(node)
+        for sub in subs:
             sub.parent = node
 
     def append(self, node: Node) -> Node:
@@ -114,6 +126,7 @@ class Graph:
         node._prev = node._next = None
         node.graph = None
         self._len -= 1
+        self._holders.discard(node)
 
     # -- values ----------------------------------------------------------------------------
     @property
@@ -185,17 +198,20 @@ class Graph:
         for value in self.initializers.values():
             if not value.is_input:
                 yield value
+        nested = bool(self._holders)
         for node in self.nodes():
             for value in node._outputs:
                 if value is not None:
                     yield value
-            if node.attrs:  # subgraphs live in attributes: most nodes have none to look at
+            if nested and node.attrs:  # subgraphs live in attributes
                 for sub in node.subgraphs():
                     yield from sub.all_values()
 
     def all_graphs(self) -> Iterator["Graph"]:
         """This graph and every nested graph, outer before inner."""
         yield self
+        if not self._holders:
+            return
         for node in self.nodes():
             if node.attrs:  # subgraphs live in attributes: most nodes have none to look at
                 for sub in node.subgraphs():
@@ -208,7 +224,7 @@ class Graph:
     def count_nodes(self, recursive: bool = True) -> int:
         # The pass manager counts before and after every pass: walk the links, no list copy.
         total = self._len
-        if recursive:
+        if recursive and self._holders:
             node = self._head
             while node is not None:
                 if node.attrs:

@@ -105,6 +105,8 @@ class Node:
 
     def set_attr(self, name: str, value: Any) -> None:
         self.attrs[name] = infer_attr(name, value)
+        if self.graph is not None:
+            self.graph.note_subgraphs(self)
 
     def subgraphs(self) -> list["Graph"]:
         # Called for every node on every whole-graph walk: test the kind inline rather than

@@ -213,6 +213,8 @@ class _Importer:
         for node, node_proto, in_names in created:
             for attr_proto in node_proto.attribute:
                 node.attrs[attr_proto.name] = self.attribute(attr_proto, scope, node)
+            if node.attrs:
+                graph.note_subgraphs(node)  # linked before its attributes were read
             inputs = []
             for in_name in in_names:
                 if not in_name:

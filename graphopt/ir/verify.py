@@ -59,6 +59,9 @@ def _verify_graph(graph: Graph, outer: set[int], names: dict[str, object],
                                 "(dangling value or order is not topological)")
             if sum(1 for u in value.uses if u.node is node and u.index == index) != 1:
                 problems.append(f"%{value.name} use list lacks ({node}, {index})")
+        if node.subgraphs() and node not in graph._holders:
+            problems.append(f"{node} holds subgraphs that graph '{graph.name}' does not know of "
+                            "(a graph attribute set without Node.set_attr or note_subgraphs)")
         for sub in node.subgraphs():
             if sub.parent is not node:
                 problems.append(f"subgraph '{sub.name}' of {node} does not point back to it")
