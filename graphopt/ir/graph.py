@@ -39,8 +39,8 @@ class Graph:
         self._tail: Node | None = None
         self._len = 0
         # The linked nodes that hold a subgraph attribute (or once did): while there are none,
-        # the whole-graph walks that look for nested graphs (all_graphs, count_nodes; every
-        # pass runs them) stop at this graph instead of visiting every node.
+        # the walks that look for nested graphs (all_graphs, count_nodes, all_values; every
+        # pass runs them) stop at this graph instead of checking every node's attributes.
         self._holders: set[Node] = set()
         self._used_names: set[str] | None = None  # kept on the root graph only
 
