@@ -169,7 +169,8 @@ class _Reader:
         pass
 
 
-def build_variants(model: Model, workdir: str, seq: int) -> list[Variant]:
+def build_variants(model: Model, workdir: str, seq: int,
+                   quant_skip: set[str] | None = None) -> list[Variant]:
     from onnxruntime.quantization import (
         QuantFormat,
         QuantType,
@@ -193,14 +194,19 @@ def build_variants(model: Model, workdir: str, seq: int) -> list[Variant]:
         variant.build_seconds = time.perf_counter() - start
         variants.append(variant)
 
-    for key, name, keep in (("graphopt", "graphopt INT8 .om", True),
-                            ("graphopt_all", "graphopt INT8 .om, keep_ends off", False)):
+    graphopt_rows = [("graphopt", "graphopt INT8 .om", True, set()),
+                     ("graphopt_all", "graphopt INT8 .om, keep_ends off", False, set())]
+    if quant_skip:
+        graphopt_rows.append(("graphopt_skip", "graphopt INT8 .om, --quant-skip", True,
+                              quant_skip))
+    for key, name, keep, skip in graphopt_rows:
         path = os.path.join(workdir, f"{key}.om")
 
-        def make(path=path, keep=keep):
+        def make(path=path, keep=keep, skip=skip):
             result = graphopt.optimize(model.path, target="cpu", input_shapes=shapes,
                                        pass_options={"quantize": "int8", "calibration": calib,
-                                                     "quant_keep_ends": keep})
+                                                     "quant_keep_ends": keep,
+                                                     "quant_skip": skip})
             graphopt.save(result, path)
         timed(Variant(key, name, path), make)
     static = os.path.join(workdir, "ort_static.onnx")
@@ -365,6 +371,10 @@ def parse_args(argv):
     p.add_argument("--shared", metavar="DIR", help="also every DIR/*.onnx")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="only models whose name contains TEXT; repeatable")
+    p.add_argument("--quant-skip", metavar="NAMES",
+                   type=lambda text: {n.strip() for n in text.split(",") if n.strip()},
+                   help="also a graphopt INT8 row with these comma-separated node names or op "
+                        "types left float (names after fusion, e.g. …/ConvBatchNorm/Conv)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     args.thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()})
@@ -381,7 +391,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="graphopt-precision-") as workdir:
         for model in build_models(args, workdir):
             files = tempfile.mkdtemp(dir=workdir)
-            variants = build_variants(model, files, args.seq)
+            variants = build_variants(model, files, args.seq, args.quant_skip)
             extra = measure(model, variants, args)
             rows.append((model, variants, extra))
             print(f"{model.name}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr)
