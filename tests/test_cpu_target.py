@@ -57,7 +57,7 @@ def test_artifact_carries_the_memory_plan(tmp_path):
     proto = small_resnet()
     path = compile_cli(proto, tmp_path, "--input-shape", "input:1,3,64,64",
                        "--memory-plot", str(tmp_path / "plan.svg"))
-    (plan,) = load_om(path).manifest["extra"]["memory_plan"].values()
+    (plan,) = load_om(path).extra["memory_plan"].values()
     assert plan["arena_bytes"] >= plan["lower_bound"] > 0
     assert plan["arena_bytes"] <= 1.03 * plan["lower_bound"]
     assert (tmp_path / "plan.svg").read_text().startswith("<svg")
@@ -70,7 +70,7 @@ def test_dynamic_shapes_leave_the_artifact_unplanned(tmp_path, capsys):
     assert main(["optimize", str(source), "-o", str(tmp_path / "m.om")]) == 0
     out = capsys.readouterr().out
     assert "memory plan p0_cpu: none (cannot plan memory:" in out
-    (plan,) = load_om(tmp_path / "m.om").manifest["extra"]["memory_plan"].values()
+    (plan,) = load_om(tmp_path / "m.om").extra["memory_plan"].values()
     assert "batch_size" in plan["unplanned"]
     assert main(["optimize", str(source), "-o", str(tmp_path / "n.om"),
                  "--memory-plot", str(tmp_path / "p.png")]) == 1

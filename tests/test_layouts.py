@@ -79,8 +79,8 @@ def test_formats_travel_in_the_artifact(tmp_path):
     proto = zoo.build("resnet50", blocks=(1, 1, 1, 1), width=0.25, image_size=64)
     result = graphopt.optimize(proto, target="ascend310", input_shapes="input:1,3,64,64")
     graphopt.save(result, tmp_path / "r.om")
-    manifest = graphopt.codegen.load_om(tmp_path / "r.om").manifest
-    (entry,) = manifest["extra"]["partitioning"]["layouts"].values()
+    extra = graphopt.codegen.load_om(tmp_path / "r.om").extra
+    (entry,) = extra["partitioning"]["layouts"].values()
     assert len(entry["transdata"]) == 4 and FRACTAL_Z in entry["weights"].values()
     # The partition model itself stays ND: onnxruntime runs it unchanged.
     ops = {n.op_type for n in graphopt.codegen.load_om(tmp_path / "r.om").partitions[0].model.graph.node}

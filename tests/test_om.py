@@ -103,12 +103,14 @@ def test_manifest_contents(om_path):
          "inputs": ["X"], "outputs": ["Y"]}
     ]
     assert m["execution_order"] == ["p0"]
-    assert m["pass_log"] == [{"pass": "fold", "changed": 1}]
+    assert artifact.pass_log == [{"pass": "fold", "changed": 1}]
+    # The log lives in the details member; the manifest keeps empty ones for older readers.
+    assert m["details"] == "details.json" and m["pass_log"] == [] and m["extra"] == {}
     data = artifact.member("partitions/p0.onnx")
     assert m["members"]["partitions/p0.onnx"] == {
         "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)
     }
-    assert set(m) == set(MANIFEST_SCHEMA["required"])
+    assert set(m) == set(MANIFEST_SCHEMA["required"]) | {"details"}
     assert artifact.partitions[0].model.graph.node[0].op_type == "MatMul"
 
 
@@ -166,7 +168,7 @@ def test_extra_members_round_trip(tmp_path):
              extra_members={"tuning/records.json": b"[]"}, extra={"note": "hi"})
     artifact = load_om(path)
     assert artifact.member("tuning/records.json") == b"[]"
-    assert artifact.manifest["extra"] == {"note": "hi"}
+    assert artifact.extra == {"note": "hi"}
     with pytest.raises(ValueError, match="unsafe member name"):
         write_om(tmp_path / "y.om", [OmPartition("p0", "cpu", matmul_relu())],
                  extra_members={"../x": b""})
@@ -181,10 +183,8 @@ def test_same_input_gives_identical_bytes(tmp_path):
         names = zf.namelist()
         assert names[0] == "manifest.json" and names[1:] == sorted(names[1:])
         assert {info.date_time for info in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
-        # The manifest deflates; partition models are stored, so loading need not inflate them.
-        assert {i.filename: i.compress_type for i in zf.infolist()} == {
-            "manifest.json": zipfile.ZIP_DEFLATED,
-            **{n: zipfile.ZIP_STORED for n in names[1:]}}
+        # Every member is stored, so a load inflates nothing.
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_STORED}
 
 
 def test_stored_member_with_a_corrupt_local_header_is_refused(om_path, tmp_path):
@@ -395,6 +395,14 @@ def bad_disabled_optimizers(manifest, members):
     manifest["partitions"][0]["disabled_optimizers"] = "WeightBiasQuantization"
 
 
+def tamper_details(manifest, members):
+    members["details.json"] = members["details.json"].replace(b"fold", b"FOLD")
+
+
+def details_elsewhere(manifest, members):
+    manifest["details"] = "partitions/p0.onnx"
+
+
 BAD_CASES = {
     "future_version": (set_field("format_version", 3), r"format_version 3 is newer .* upgrade graphopt"),
     "zero_version": (set_field("format_version", 0), "unsupported format_version 0"),
@@ -407,6 +415,8 @@ BAD_CASES = {
     "forged_routing": (forge_routing, "routing does not match"),
     "no_partitions": (set_field("partitions", []), "manifest lists no partitions"),
     "disabled_optimizers": (bad_disabled_optimizers, "disabled_optimizers"),
+    "tampered_details": (tamper_details, "member 'details.json' fails its sha256 check"),
+    "details_elsewhere": (details_elsewhere, "details must name the listed member 'details.json'"),
 }
 
 
@@ -418,6 +428,47 @@ def test_bad_artifacts_raise_artifact_error(om_path, tmp_path, case):
         load_om(bad)
     text = str(info.value)
     assert text.startswith(str(bad)) and "\n" not in text
+
+
+def test_malformed_details_are_refused_when_read(om_path, tmp_path):
+    def not_json(manifest, members):
+        members["details.json"] = b"{not json"
+        _resum(manifest, members)
+
+    artifact = load_om(rewrite(om_path, tmp_path / "bad.om", not_json))  # the sum holds
+    with pytest.raises(ArtifactError, match=r"bad\.om: details\.json is not valid JSON"):
+        artifact.pass_log
+
+    def no_log(manifest, members):
+        members["details.json"] = b'{"extra": {}}'
+        _resum(manifest, members)
+
+    artifact = load_om(rewrite(om_path, tmp_path / "bad2.om", no_log))
+    with pytest.raises(ArtifactError, match=r"details\.json has no 'pass_log'"):
+        artifact.extra
+
+
+def test_artifact_with_the_log_in_its_manifest_still_loads(om_path, tmp_path):
+    # As written before the details member existed: the pass log and extras in the manifest.
+    def inline_details(manifest, members):
+        manifest.update(json.loads(members.pop("details.json")))
+        del manifest["details"], manifest["members"]["details.json"]
+
+    old = load_om(rewrite(om_path, tmp_path / "old.om", inline_details))
+    assert old.pass_log == [{"pass": "fold", "changed": 1}] and old.extra == {}
+    x = x_batch(2)
+    np.testing.assert_array_equal(OmSession(old.path).run({"X": x})["Y"],
+                                  OmSession(om_path).run({"X": x})["Y"])
+
+
+def test_corrupt_stored_manifest_is_refused(om_path, tmp_path):
+    data = bytearray(om_path.read_bytes())
+    at = data.index(b'"format":"graphopt-om"')
+    data[at + 11] ^= 0x01  # no sha256 covers the manifest: the zip's CRC-32 catches this
+    bad = tmp_path / "bad.om"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="manifest.json is corrupt .*CRC"):
+        load_om(bad)
 
 
 def test_missing_manifest(om_path, tmp_path):

@@ -97,10 +97,12 @@ def test_deferred_models_are_parsed_when_asked_for(om_path, tmp_path):
     bad = forge_partition(om_path, tmp_path / "bad.om", matmul_model())
     with zipfile.ZipFile(bad) as zf:
         manifest = json.loads(zf.read("manifest.json"))
+        details = zf.read("details.json")
     manifest["members"]["partitions/p0.onnx"] = {"sha256": hashlib.sha256(b"\xff" * 9).hexdigest(),
                                                  "size": 9}
     with zipfile.ZipFile(bad, "w") as zf:
         zf.writestr("manifest.json", json.dumps(manifest))
+        zf.writestr("details.json", details)
         zf.writestr("partitions/p0.onnx", b"\xff" * 9)
     models = load_om(bad, defer_checks=True).models
     with pytest.raises(ArtifactError, match=r"bad\.om: partition 'p0' is not a valid ONNX model"):

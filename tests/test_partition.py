@@ -156,10 +156,11 @@ def test_cpu_target_is_one_partition(tmp_path):
     result, path = compile_om(proto, tmp_path, target="cpu")
     assert devices(result) == ["cpu"]
     assert not result.partitioning.fallbacks()
-    manifest = graphopt.codegen.load_om(path).manifest
+    artifact = graphopt.codegen.load_om(path)
+    manifest = artifact.manifest
     assert manifest["target"] == "cpu"
     assert manifest["partitions"][0]["providers"] == ["CPUExecutionProvider"]
-    assert "kernels" not in manifest["extra"]  # tilings are for NPU kernels
+    assert "kernels" not in artifact.extra  # tilings are for NPU kernels
 
 
 # --- convexity -----------------------------------------------------------------------------
@@ -315,17 +316,18 @@ def test_manifest_records_devices_providers_and_reasons(tmp_path):
     proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "values, indices")
     proto.graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))
     _, path = compile_om(proto, tmp_path, target="ascend310")
-    manifest = graphopt.codegen.load_om(path).manifest
+    artifact = graphopt.codegen.load_om(path)
+    manifest = artifact.manifest
     assert manifest["target"] == "ascend310"
     npu, cpu = manifest["partitions"]
     assert npu["providers"][0] == "CANNExecutionProvider"
     assert cpu["providers"] == ["CPUExecutionProvider"]
-    info = manifest["extra"]["partitioning"]
+    info = artifact.extra["partitioning"]
     assert [p["device"] for p in info["partitions"]] == ["npu", "cpu"]
     assert info["fallbacks"][0]["op"] == "TopK"
     assert {"tensor": "scores", "from": npu["name"], "to": cpu["name"]} in manifest["routing"]
     # Per-kernel configs for the NPU partition only: each cube kernel's (default) tiling.
-    kernels = manifest["extra"]["kernels"]
+    kernels = artifact.extra["kernels"]
     assert list(kernels["partitions"]) == [npu["name"]]
     cube = [r for r in kernels["partitions"][npu["name"]] if r["kind"] == "cube"]
     assert {r["op"] for r in cube} == {"Conv", "Gemm"}

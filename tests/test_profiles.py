@@ -164,7 +164,7 @@ def test_manifest_holds_the_profiles_and_shares_the_weights(mlp_om):
     assert manifest["profiles"][2]["inputs"][0]["shape"] == [4, 16, 512]
     assert manifest["execution_order"] == manifest["profiles"][0]["execution_order"]
     assert len(manifest["partitions"]) == 4
-    assert set(manifest["extra"]["profiles"]) == {f"profile{i}" for i in range(4)}
+    assert set(artifact.extra["profiles"]) == {f"profile{i}" for i in range(4)}
     # The 1 MiB weight is stored once, not once per profile.
     weights = [info["size"] for name, info in manifest["members"].items()
                if name.startswith("weights/")]

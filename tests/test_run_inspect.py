@@ -392,7 +392,7 @@ def test_inspect_shows_partitions_routing_and_extras(chained, capsys):
     rc, out, err = cli(capsys, "inspect", chained)
     assert rc == 0 and err == ""
     assert "graphopt-om 1, written by graphopt" in out
-    assert "2 verified against the manifest's sha256" in out
+    assert "3 verified against the manifest's sha256" in out  # two partitions, the details
     lines = out.splitlines()
     assert any(line.split()[:6] == ["0", "p0", "cpu", "1", "MatMul=1", "X"] for line in lines)
     assert any(line.split()[:6] == ["1", "p1", "cpu", "1", "Relu=1", "H"] for line in lines)

@@ -206,7 +206,7 @@ def test_optimize_with_the_knowledge_base_writes_tuned_tilings(tmp_path, capsys)
     out = str(tmp_path / "m.om")
     assert main(["optimize", path, "-o", out, "--target", "ascend310", "--tuning-db", db,
                  "-q"]) == 0
-    records = load_om(out).manifest["extra"]["kernels"]["partitions"]["p0_npu"]
+    records = load_om(out).extra["kernels"]["partitions"]["p0_npu"]
     cube = [r for r in records if r["kind"] == "cube"]
     assert len(cube) == 2 and {r["tiling_source"] for r in cube} == {"tuned"}
     assert main(["optimize", path, "-o", str(tmp_path / "m.onnx.opt.onnx"),
@@ -238,7 +238,7 @@ def test_tuning_one_model_serves_another_with_the_same_layer_shape(tmp_path):
     out = str(tmp_path / "b.om")
     assert main(["optimize", other, "-o", out, "--target", "ascend310", "--tuning-db", db,
                  "-q"]) == 0
-    records = load_om(out).manifest["extra"]["kernels"]["partitions"]["p0_npu"]
+    records = load_om(out).extra["kernels"]["partitions"]["p0_npu"]
     sources = {r["node"]: r["tiling_source"] for r in records if r["kind"] == "cube"}
     assert sources == {"same": "tuned", "new": "default"}
 

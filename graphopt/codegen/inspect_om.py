@@ -8,6 +8,7 @@ from typing import Any
 
 import onnx
 
+from graphopt.codegen.om_manifest import DETAILS_NAME
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
@@ -190,7 +191,7 @@ def _format_fallbacks(info: dict) -> str:
 def _format_profiles(artifact: OmArtifact) -> str:
     """One row per shape profile: the sizes it pins, its inputs, partitions and memory."""
     by_name = {p["name"]: p for p in artifact.manifest["partitions"]}
-    sections = artifact.manifest["extra"].get("profiles")
+    sections = artifact.extra.get("profiles")
     sections = sections if isinstance(sections, dict) else {}
     rows = []
     for profile in artifact.profiles:
@@ -212,14 +213,15 @@ def _format_profiles(artifact: OmArtifact) -> str:
 
 
 def describe_om(artifact: OmArtifact) -> dict:
-    """`graphopt inspect --json`: the manifest as stored plus each partition's node and op counts."""
+    """`graphopt inspect --json`: the manifest with the details member's pass log and extras
+    in it, plus each partition's node and op counts."""
     partitions = []
     views = [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
     for part in (part for view in views for part in view.partitions):
         counts = op_counts(part.model)
         partitions.append({"name": part.name, "nodes": sum(counts.values()),
                            "ops": dict(sorted(counts.items()))})
-    return {"file": artifact.path, "checksums_verified": True, "manifest": artifact.manifest,
+    return {"file": artifact.path, "checksums_verified": True, "manifest": {**artifact.manifest, **artifact.details},
             "partition_ops": partitions}
 
 
@@ -275,9 +277,9 @@ def format_om(artifact: OmArtifact) -> str:
     routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
     parts.append(format_table(["tensor", "from", "to"], routing, title=f"routing{default}"))
 
-    parts.append(_format_pass_log(m["pass_log"]))
+    parts.append(_format_pass_log(artifact.pass_log))
 
-    extra = dict(m["extra"])
+    extra = dict(artifact.extra)
     if artifact.profiles:
         extra.pop("profiles", None)  # in the profiles table
     plans = extra.get("memory_plan")
@@ -289,9 +291,10 @@ def format_om(artifact: OmArtifact) -> str:
         parts.append(_format_kernels(extra.pop("kernels")))
     if extra:
         parts.append("extra\n" + "\n".join(_extra_line(k, v) for k, v in sorted(extra.items())))
-    elif not m["extra"]:
+    elif not artifact.extra:
         parts.append("extra: none")
-    others = sorted(set(members) - {p["member"] for p in m["partitions"]})
+    shown = {p["member"] for p in m["partitions"]} | {DETAILS_NAME}  # the pass log and extras
+    others = sorted(set(members) - shown)
     if others:
         parts.append("other members\n" + "\n".join(
             f"  {name}  {format_bytes(members[name]['size'])}" for name in others))

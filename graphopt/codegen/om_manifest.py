@@ -14,6 +14,11 @@ FORMAT_VERSION = 2  # bump on any change an older reader would misread; readers 
 # instead of running its default profile on inputs of every shape.
 PROFILES_VERSION = 2
 MANIFEST_NAME = "manifest.json"
+# The pass log and the extras (memory plan, partitioning, kernel tilings) live in a member of
+# their own: a load parses only the small manifest, and they are parsed when asked for. The
+# manifest keeps empty "pass_log" and "extra" for the readers that predate this member; those
+# run such an artifact as before and only show an empty pass log, so no version bump.
+DETAILS_NAME = "details.json"
 PARTITION_DIR = "partitions/"
 PARTITION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")  # onnxruntime's, by name
@@ -127,7 +132,10 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        # Empty when "details" names the member that holds the pass log (see DETAILS_NAME).
         "pass_log": {"type": "array"},
+        # Optional: the member holding {"pass_log": [...], "extra": {...}}, always DETAILS_NAME.
+        "details": {"const": DETAILS_NAME},
         # Every zip entry except manifest.json, with its checksum; unlisted entries are refused.
         "members": {
             "type": "object",
@@ -145,8 +153,17 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        # Free-form for callers; empty when "details" names the member that holds it.
         "extra": {"type": "object"},
     },
+}
+
+DETAILS_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "graphopt .om details",
+    "type": "object",
+    "required": ["pass_log", "extra"],
+    "properties": {"pass_log": {"type": "array"}, "extra": {"type": "object"}},
 }
 
 
@@ -241,7 +258,11 @@ def check_manifest(manifest: dict) -> None:
         _check_signature(_field(manifest, key, list), key)
     _field(manifest, "pass_log", list)
     _field(manifest, "extra", dict)
-    for name, info in _field(manifest, "members", dict).items():
+    members = _field(manifest, "members", dict)
+    if "details" in manifest and (manifest["details"] != DETAILS_NAME
+                                  or DETAILS_NAME not in members):
+        raise Malformed(f"manifest details must name the listed member {DETAILS_NAME!r}")
+    for name, info in members.items():
         where = f"manifest member {name!r}"
         if not isinstance(info, dict):
             raise Malformed(f"{where} is not an object")
@@ -292,6 +313,14 @@ def check_manifest(manifest: dict) -> None:
     if sorted(listed) != sorted(names) or len(set(listed)) != len(listed):
         raise Malformed("manifest execution_order must list every partition exactly once"
                         + (" across the profiles" if len(orders) > 1 else ""))
+
+
+def check_details(details: Any) -> None:
+    """Check the structure of the details member (DETAILS_SCHEMA)."""
+    if not isinstance(details, dict):
+        raise Malformed(f"{DETAILS_NAME} is not a JSON object")
+    _field(details, "pass_log", list, DETAILS_NAME)
+    _field(details, "extra", dict, DETAILS_NAME)
 
 
 def _check_edges(routing: list, where: str) -> None:

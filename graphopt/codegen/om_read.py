@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import mmap
 import os
@@ -16,10 +17,12 @@ import onnx
 
 from graphopt import __version__ as GRAPHOPT_VERSION
 from graphopt.codegen.om_manifest import (
+    DETAILS_NAME,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
     Malformed,
+    check_details,
     check_manifest,
     check_member_name,
 )
@@ -38,8 +41,9 @@ def _read_manifest(zf: zipfile.ZipFile) -> dict:
         raise Malformed(f"no {MANIFEST_NAME} (a zip, but not a graphopt .om)") from None
     if info.file_size > _MAX_MANIFEST_BYTES:
         raise Malformed(f"{MANIFEST_NAME} is implausibly large ({info.file_size} bytes)")
+    data = _stored_checked(zf, info) if info.compress_type == zipfile.ZIP_STORED else zf.read(info)
     try:
-        manifest = json.loads(zf.read(info).decode("utf-8"))
+        manifest = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise Malformed(f"{MANIFEST_NAME} is not valid JSON ({exc})") from None
     if not isinstance(manifest, dict):
@@ -104,6 +108,15 @@ def _stored_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     data = fp.read(info.file_size)
     if len(data) != info.file_size:
         raise EOFError("member data ends early")
+    return data
+
+
+def _stored_checked(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """An uncompressed member's bytes, checked against the zip's CRC-32: for the manifest,
+    which no sha256 covers."""
+    data = _stored_bytes(zf, info)
+    if zlib.crc32(data) != info.CRC:
+        raise zipfile.BadZipFile(f"bad CRC-32 for {info.filename!r}")
     return data
 
 
@@ -194,6 +207,9 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+_LOCATION_KEY = b"location"
+
+
 def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.ModelProto:
     model = onnx.ModelProto()
     try:
@@ -201,7 +217,10 @@ def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.M
     except Exception as exc:  # protobuf's DecodeError type differs between its implementations
         raise Malformed(f"partition {part['name']!r} is not a valid ONNX model ({exc})") from None
     try:  # external data may only point into the artifact's own weights members
-        check_references(model, weights)
+        # A reference names its file under the key "location", and protobuf stores strings as
+        # they are: without those bytes anywhere in the model, it has no reference to walk for.
+        if _LOCATION_KEY in data:
+            check_references(model, weights)
     except BadReference as exc:
         raise Malformed(f"partition {part['name']!r}: {exc}") from None
     inputs = set(graph_inputs(model))
@@ -298,6 +317,33 @@ class OmArtifact:
     @property
     def routing(self) -> list[dict]:
         return self.manifest["routing"]
+
+    @functools.cached_property
+    def details(self) -> dict:
+        """{"pass_log": [...], "extra": {...}}: the details member, parsed when first asked for
+        (its sha256 was checked at load), or the manifest's own for an artifact written before
+        that member existed. ArtifactError if it is malformed."""
+        if "details" not in self.manifest:
+            return {"pass_log": self.manifest["pass_log"], "extra": self.manifest["extra"]}
+        try:
+            try:
+                details = json.loads(self.members[DETAILS_NAME].decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise Malformed(f"{DETAILS_NAME} is not valid JSON ({exc})") from None
+            check_details(details)
+        except Malformed as exc:
+            raise ArtifactError(f"{self.path}: {exc}") from None
+        return details
+
+    @property
+    def pass_log(self) -> list:
+        """What each pass of the compile did, in order."""
+        return self.details["pass_log"]
+
+    @property
+    def extra(self) -> dict:
+        """The compile's extras: memory plan, partitioning, kernel tilings, profiles…"""
+        return self.details["extra"]
 
     def verify_checksums(self) -> None:
         """Check every member against the manifest's sha256; ArtifactError on a mismatch."""

@@ -17,6 +17,7 @@ from onnx import TensorProto
 from graphopt import __version__ as GRAPHOPT_VERSION
 from graphopt.atomic import atomic_write
 from graphopt.codegen.om_manifest import (
+    DETAILS_NAME,
     FORMAT,
     OPTIMIZATION_LEVELS,
     MANIFEST_NAME,
@@ -292,10 +293,17 @@ def _json_value(what: str, value: Any) -> Any:
         raise ValueError(f"{what} is not JSON-serializable: {exc}") from None
 
 
+def _compact_json(value: Any) -> bytes:
+    # Without indentation: a load parses the manifest at every start, and `graphopt inspect`
+    # is the readable view.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
 def _zip_info(name: str, compress: bool = True) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(name, date_time=_ZIP_DATE_TIME)
     # Partition models are stored: weights barely deflate (float bytes look random) and
-    # inflating hundreds of MB would dominate the artifact's load time.
+    # inflating hundreds of MB would dominate the artifact's load time. The manifest and the
+    # details are stored too: inflating them costs a small model's load more than it saves.
     info.compress_type = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     info.create_system = 3  # ZipInfo defaults to the host OS; fix it so bytes match across platforms
     info.external_attr = 0o100644 << 16
@@ -449,6 +457,10 @@ def write_om(
             ) from exc
         if blob is not None:
             members[weights_member(part.name)] = blob
+    # Parsed only when asked for (inspect, report), so a load skips it; see DETAILS_NAME.
+    details = {"pass_log": _json_value("pass_log", list(pass_log or [])),
+               "extra": _json_value("extra", dict(extra or {}))}
+    members[DETAILS_NAME] = _compact_json(details)
     for name, data in (extra_members or {}).items():
         check_member_name(name)
         if name == MANIFEST_NAME or name in members or name.startswith(WEIGHTS_DIR):
@@ -488,18 +500,19 @@ def write_om(
              "inputs": [sig[t] for t in top_inputs], "outputs": [sig[t] for t in top_outputs],
              "execution_order": [p.name for p in profile.partitions], "routing": edges}
             for (profile, _, _, edges), sig in zip(plans, signatures)]} if plans else {}),
-        "pass_log": _json_value("pass_log", list(pass_log or [])),
+        "pass_log": [],
+        "details": DETAILS_NAME,
         "members": {name: _member_entry(name, data) for name, data in members.items()},
-        "extra": _json_value("extra", dict(extra or {})),
+        "extra": {},
     }
-    manifest_bytes = (json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
+    manifest_bytes = _compact_json(manifest)
 
     try:
         with atomic_write(path) as f, zipfile.ZipFile(f, "w") as zf:
             # The manifest goes first so a reader (or `unzip -p`) finds it without the central directory.
-            zf.writestr(_zip_info(MANIFEST_NAME), manifest_bytes, compresslevel=_ZIP_COMPRESSLEVEL)
+            zf.writestr(_zip_info(MANIFEST_NAME, compress=False), manifest_bytes)
             for name in sorted(members):
-                stored = name.startswith((PARTITION_DIR, WEIGHTS_DIR))
+                stored = name.startswith((PARTITION_DIR, WEIGHTS_DIR)) or name == DETAILS_NAME
                 info = _zip_info(name, compress=not stored)
                 data = members[name]
                 if isinstance(data, Blob):

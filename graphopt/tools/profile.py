@@ -257,8 +257,7 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
                                         providers.get(part.name, []), len(model.graph)))
     profile = Profile(path=path, kind="om", runs=repeat, warmup=warmup, threads=threads,
                       partitions=partitions, kernels=[], wall_s=wall, cost_model="",
-                      models=models, partitioning=artifact.manifest.get("extra", {})
-                      .get("partitioning"), notes=notes, trace=merge_traces(traces))
+                      models=models, partitioning=artifact.extra.get("partitioning"), notes=notes, trace=merge_traces(traces))
     _collect(profile, traces, skip)
     return profile
 

@@ -151,8 +151,8 @@ def locate_source(manifest: dict, om_path: str, candidates: list[str | None]) ->
 # --- tuning --------------------------------------------------------------------------------
 
 
-def _npu_partitions(manifest: dict) -> list[str]:
-    kernels = manifest["extra"].get("kernels")
+def _npu_partitions(artifact: OmArtifact) -> list[str]:
+    kernels = artifact.extra.get("kernels")
     parts = kernels.get("partitions") if isinstance(kernels, dict) else None
     return list(parts) if isinstance(parts, dict) else []
 
@@ -163,7 +163,7 @@ def model_signatures(artifact: OmArtifact) -> Counter:
 
     target = artifact.manifest["target"]
     counts: Counter = Counter()
-    for name in _npu_partitions(artifact.manifest):
+    for name in _npu_partitions(artifact):
         for node in load_onnx(artifact.models[name]).graph:
             sig = node_signature(node, target)
             if sig is not None:

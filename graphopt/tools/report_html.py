@@ -82,7 +82,7 @@ def _summary(data: ReportData) -> str:
     source = m["source"]
     parts = data.artifact.partitions
     devices = Counter(p.device for p in parts)
-    fallbacks = (m["extra"].get("partitioning") or {}).get("fallbacks") or []
+    fallbacks = (data.artifact.extra.get("partitioning") or {}).get("fallbacks") or []
     source_text = escape(source["path"] or "(not recorded)")
     if data.source_file:
         source_text += f' <span class="note">(found at {escape(data.source_file)})</span>'
@@ -152,7 +152,7 @@ def _graph(data: ReportData) -> str:
 
 
 def _passes(data: ReportData) -> str:
-    log = data.manifest["pass_log"]
+    log = data.artifact.pass_log
     rows = pass_rows(log)
     if not rows:
         return missing("The pass log is empty:", "the .om was written without running passes "
@@ -172,7 +172,7 @@ def _passes(data: ReportData) -> str:
 
 
 def _memory(data: ReportData) -> str:
-    plans = data.manifest["extra"].get("memory_plan")
+    plans = data.artifact.extra.get("memory_plan")
     if not isinstance(plans, dict) or not plans:
         return missing("No memory plan in this .om:", "plans are made for compiles with a "
                        "target: <code>graphopt optimize MODEL.onnx -o MODEL.om --target "
@@ -203,7 +203,7 @@ def _memory(data: ReportData) -> str:
 
 
 def _placement(data: ReportData) -> str:
-    info = data.manifest["extra"].get("partitioning")
+    info = data.artifact.extra.get("partitioning")
     if not isinstance(info, dict):
         return missing("No placement record:", "the .om was compiled without a target; "
                        "compile with <code>--target NAME</code> to place nodes on devices.")
@@ -236,7 +236,7 @@ def _tiling(tiling: dict | None) -> str:
 
 
 def _kernels(data: ReportData) -> str:
-    info = data.manifest["extra"].get("kernels")
+    info = data.artifact.extra.get("kernels")
     if not isinstance(info, dict) or not info.get("partitions"):
         return missing(f"No kernel configs for target {data.manifest['target']}:",
                        "they are recorded for NPU partitions only (compile with an NPU "
