@@ -461,6 +461,45 @@ def test_artifact_with_the_log_in_its_manifest_still_loads(om_path, tmp_path):
                                   OmSession(om_path).run({"X": x})["Y"])
 
 
+def swap_partition(model):
+    """A mutate that puts `model` in place of partition p0, its checksum refreshed."""
+    def mutate(manifest, members):
+        members["partitions/p0.onnx"] = model.SerializeToString()
+        _resum(manifest, members)
+    return mutate
+
+
+def renamed(model, old, new):
+    for node in model.graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+        node.output[:] = [new if name == old else name for name in node.output]
+    for info in [*model.graph.input, *model.graph.output]:
+        if info.name == old:
+            info.name = new
+    return model
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("X", "X2", r"partition 'p0' input 'X' is not one of its model's"),
+    ("Y", "Y2", r"partition 'p0' output 'Y' is not one of its model's"),
+])
+def test_partition_model_that_does_not_match_the_manifest_is_refused(om_path, tmp_path, old, new,
+                                                                     message):
+    bad = rewrite(om_path, tmp_path / "bad.om", swap_partition(renamed(matmul_relu(), old, new)))
+    with pytest.raises(ArtifactError, match=message):
+        OmSession(bad)
+
+
+def test_partition_input_nothing_routes_to_is_refused(om_path, tmp_path):
+    model = matmul_relu()
+    model.graph.node[1].op_type = "Add"
+    model.graph.node[1].input.append("B")
+    model.graph.input.append(_tensor("B", ["N", 3]))
+    bad = rewrite(om_path, tmp_path / "bad.om", swap_partition(model))
+    with pytest.raises(ArtifactError, match=r"partition 'p0' needs input 'B', which nothing routes"):
+        OmSession(bad)
+
+
 def test_corrupt_stored_manifest_is_refused(om_path, tmp_path):
     data = bytearray(om_path.read_bytes())
     at = data.index(b'"format":"graphopt-om"')

@@ -207,7 +207,11 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-_LOCATION_KEY = b"location"
+def may_reference_files(data: bytes) -> bool:
+    """Whether a serialized ONNX model may reference external data. A reference names its
+    file under the key "location", and protobuf stores strings as they are: a model without
+    those bytes anywhere has none, and onnxruntime reads nothing but its bytes."""
+    return b"location" in data
 
 
 def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.ModelProto:
@@ -217,9 +221,7 @@ def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.M
     except Exception as exc:  # protobuf's DecodeError type differs between its implementations
         raise Malformed(f"partition {part['name']!r} is not a valid ONNX model ({exc})") from None
     try:  # external data may only point into the artifact's own weights members
-        # A reference names its file under the key "location", and protobuf stores strings as
-        # they are: without those bytes anywhere in the model, it has no reference to walk for.
-        if _LOCATION_KEY in data:
+        if may_reference_files(data):
             check_references(model, weights)
     except BadReference as exc:
         raise Malformed(f"partition {part['name']!r}: {exc}") from None
@@ -410,7 +412,7 @@ def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifac
     the partition models (`artifact.models` parses each when first asked for). The caller must
     pass `artifact.verify_checksums()` before it returns anything computed from them, and must
     not hand a partition to onnxruntime before checking its external references (the runtime
-    checks each with `artifact.models.parse`). Everything else (zip structure, member names and
+    parses, with `artifact.models.parse`, each partition that `may_reference_files`). Everything else (zip structure, member names and
     sizes, manifest, routing, the other members' sums) is checked before this returns.
     """
     path = os.fspath(path)

@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt.codegen.feeds import describe, numpy_dtype
-from graphopt.codegen.om_read import OmArtifact, PartitionModels, cpu_count, load_om
+from graphopt.codegen.om_read import OmArtifact, cpu_count, load_om, may_reference_files
 from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
@@ -103,23 +103,23 @@ def _providers(part: dict, available: list[str]) -> tuple[list[str], list[str]]:
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
-def _checked_model(artifact: OmArtifact, name: str) -> onnx.ModelProto:
-    """Partition `name`'s model, its external references checked (ArtifactError otherwise).
-    Not kept when the artifact parses lazily: onnxruntime gets the stored bytes, and a second
-    parsed copy of the weights would live as long as the session."""
-    models = artifact.models
-    return models.parse(name) if isinstance(models, PartitionModels) else models[name]
+def _checked_model(artifact: OmArtifact, name: str, data: bytes) -> onnx.ModelProto | None:
+    """Partition `name`'s model with its external references checked (ArtifactError
+    otherwise), when its bytes may hold such references; None when they cannot (no parse
+    needed: onnxruntime reads nothing but the bytes). Not kept: onnxruntime gets the stored
+    bytes, and a second parsed copy of the weights would live as long as the session."""
+    return artifact.models.parse(name) if may_reference_files(data) else None
 
 
-def _session(artifact: OmArtifact, part: dict, model: onnx.ModelProto,
+def _session(artifact: OmArtifact, part: dict, data: bytes, model: onnx.ModelProto | None,
              options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
     """A session for `part` whose weights onnxruntime maps from the artifact file itself."""
     def session(data: bytes) -> ort.InferenceSession:
         return ort.InferenceSession(data, options, providers=providers,
                                     disabled_optimizers=part.get("disabled_optimizers") or None)
 
-    if not artifact.spans or not external_tensors(model):
-        return session(artifact.members[part["member"]])
+    if model is None or not artifact.spans or not external_tensors(model):
+        return session(data)
     path = os.path.abspath(artifact.path)
     offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
     options.add_session_config_entry(_EXTERNAL_FOLDER, os.path.dirname(path))
@@ -127,6 +127,26 @@ def _session(artifact: OmArtifact, part: dict, model: onnx.ModelProto,
         return session(point_into(model, path, offsets).SerializeToString())
     except Exception:  # noqa: BLE001 - an onnxruntime without that config entry: copy instead
         return session(artifact.partition_model(part["name"]).SerializeToString())
+
+
+def _check_signature(artifact: OmArtifact, part: dict, session: ort.InferenceSession) -> None:
+    """The partition's model, as onnxruntime loaded it, takes and returns what the manifest
+    routes: every input fed, every routed input and output its model's."""
+    name = part["name"]
+    inputs = [i.name for i in session.get_inputs()]
+    outputs = {o.name for o in session.get_outputs()}
+    for tensor in part["inputs"]:
+        if tensor not in inputs:
+            raise ArtifactError(f"{artifact.path}: partition {name!r} input {tensor!r} is not "
+                                "one of its model's")
+    for tensor in part["outputs"]:
+        if tensor not in outputs:
+            raise ArtifactError(f"{artifact.path}: partition {name!r} output {tensor!r} is not "
+                                "one of its model's")
+    unfed = [tensor for tensor in inputs if tensor not in part["inputs"]]
+    if unfed:
+        raise ArtifactError(f"{artifact.path}: partition {name!r} needs input {unfed[0]!r}, "
+                            "which nothing routes to it")
 
 
 # Below this many bytes the deferred checksums are computed at once (~0.6 ms at most). A thread
@@ -179,9 +199,8 @@ def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
     return _DeferredCheck(artifact)
 
 
-def _check_blocking(artifact: OmArtifact, name: str, model: onnx.ModelProto) -> None:
+def _check_blocking(artifact: OmArtifact, name: str, metadata: Mapping[str, str]) -> None:
     """Refuse a partition blocked into NCHWc for another CPU: onnxruntime would run it, wrongly."""
-    metadata = {p.key: p.value for p in model.metadata_props}
     if METADATA_KEY not in metadata:
         return
     value = metadata[METADATA_KEY]
@@ -338,25 +357,23 @@ class OmSession:
             if missing:
                 fallback.append(f"{name} ({part['device']})")
                 wanted.update(missing)
-            model = _checked_model(artifact, name)  # before onnxruntime reads any of it
-            _check_blocking(artifact, name, model)
+            data = artifact.members[part["member"]]
+            model = _checked_model(artifact, name, data)  # before onnxruntime reads any of it
             part_options = options(part.get("optimization_level"))
             if self._profile_dir is not None:
                 part_options.enable_profiling = True
                 part_options.profile_file_prefix = os.path.join(self._profile_dir, name)
             try:
-                session = _session(artifact, part, model, part_options, providers)
+                session = _session(artifact, part, data, model, part_options, providers)
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
+                if model is None:
+                    artifact.models.parse(name)  # a model that does not parse says so
                 raise ArtifactError(
                     f"{artifact.path}: onnxruntime cannot load partition {name!r}: {_first_line(exc)}"
                 ) from None
             del model  # onnxruntime has its own copy
-            unfed = [i.name for i in session.get_inputs() if i.name not in part["inputs"]]
-            if unfed:
-                raise ArtifactError(
-                    f"{artifact.path}: partition {name!r} needs input {unfed[0]!r}, "
-                    "which nothing routes to it"
-                )
+            _check_signature(artifact, part, session)
+            _check_blocking(artifact, name, session.get_modelmeta().custom_metadata_map)
             steps.append(_Step(name, session, list(part["inputs"]), list(part["outputs"]),
                                _runner(session, providers)))
         return steps
