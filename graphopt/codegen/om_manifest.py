@@ -195,6 +195,9 @@ def dtype_from_name(name: str) -> int:
 # --- member names --------------------------------------------------------------------------
 
 
+_DRIVE_LETTER = re.compile(r"[A-Za-z]:")
+
+
 def check_member_name(name: str) -> None:
     """Raise ValueError unless `name` is a relative, normalized path that stays in the archive."""
     parts = name.split("/")
@@ -203,7 +206,7 @@ def check_member_name(name: str) -> None:
         or name.startswith("/")
         or "\\" in name
         or "\x00" in name
-        or re.match(r"[A-Za-z]:", name)  # a Windows drive letter would escape on extraction there
+        or _DRIVE_LETTER.match(name)  # a Windows drive letter would escape on extraction there
         or any(part in ("", ".", "..") for part in parts)
     ):
         raise ValueError(f"unsafe member name {name!r} (absolute, or escapes the archive)")
@@ -217,6 +220,17 @@ class Malformed(Exception):
 
 
 def _field(mapping: dict, key: str, kind: type | tuple, where: str = "manifest") -> Any:
+    value = mapping.get(key, _MISSING)
+    # JSON gives exact types: the common case costs one comparison (a load runs ~40 of these).
+    if type(value) is kind or (type(kind) is tuple and type(value) in kind):
+        return value
+    return _checked_field(mapping, key, kind, where)
+
+
+_MISSING = object()
+
+
+def _checked_field(mapping: dict, key: str, kind: type | tuple, where: str) -> Any:
     if key not in mapping:
         raise Malformed(f"{where} has no {key!r}")
     value = mapping[key]

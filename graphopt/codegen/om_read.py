@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import io
 import json
 import mmap
 import os
@@ -428,7 +429,18 @@ def _load(path: str, defer: bool) -> OmArtifact:
     except OSError as exc:
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
     with f:  # one handle for the sniff and the zip: every open costs at start-up
-        return _load_from(path, f, defer)
+        try:
+            small = os.fstat(f.fileno()).st_size <= _READ_WHOLE_BYTES
+            source = io.BytesIO(f.read()) if small else f
+        except OSError as exc:
+            raise Malformed(f"cannot read ({exc.strerror or exc})") from None
+        return _load_from(path, source, defer)
+
+
+# An artifact up to this size is read in one call, and the zip's directory and members are
+# taken from memory: a small model's load would otherwise spend more on a dozen seeks and
+# reads than on hashing. Past it, its bytes are mostly weights that stay on disk.
+_READ_WHOLE_BYTES = 1 << 20
 
 
 def _load_from(path: str, f, defer: bool) -> OmArtifact:
