@@ -325,6 +325,66 @@ def test_external_references_outside_the_weights_are_refused(tmp_path, reference
         load_om(bad)
 
 
+def _escaping_tensor(name="T"):
+    tensor = numpy_helper.from_array(np.zeros(1, np.float32), name)
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../../etc/passwd"), ("offset", "0"), ("length", "4")):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+def _in_constant(model):
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["C"], value=_escaping_tensor()))
+
+
+def _in_tensors_attr(model):
+    node = model.graph.node[0]
+    node.attribute.append(helper.make_attribute("extra", [_escaping_tensor()]))
+
+
+def _in_sparse_initializer(model):
+    sparse = model.graph.sparse_initializer.add()
+    sparse.values.CopyFrom(_escaping_tensor("S"))
+    sparse.indices.CopyFrom(numpy_helper.from_array(np.zeros(1, np.int64), "S_i"))
+    sparse.dims.append(4)
+
+
+def _in_subgraph(model):
+    branch = helper.make_graph([helper.make_node("Constant", [], ["B"], value=_escaping_tensor())],
+                               "branch", [], [_tensor("B", [1])])
+    cond = helper.make_tensor("cond", TensorProto.BOOL, [], [True])
+    model.graph.initializer.append(cond)
+    model.graph.node.append(helper.make_node("If", ["cond"], ["unused"], then_branch=branch,
+                                             else_branch=branch))
+
+
+@pytest.mark.parametrize("hide", [_in_constant, _in_tensors_attr, _in_sparse_initializer,
+                                  _in_subgraph])
+def test_external_references_in_nodes_and_subgraphs_are_refused(om_path, tmp_path, hide):
+    model = matmul_relu()
+    hide(model)
+    bad = rewrite(om_path, tmp_path / "bad.om", swap_partition(model))
+    with pytest.raises(ArtifactError, match=r"references '\.\./\.\./etc/passwd', which is not"):
+        load_om(bad)
+    with pytest.raises(ArtifactError, match=r"references '\.\./\.\./etc/passwd', which is not"):
+        OmSession(bad)
+
+
+def test_session_leaves_the_artifacts_kept_models_as_they_are(tmp_path):
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", big_matmul())])
+    artifact = load_om(path)  # parses and keeps every partition model
+    before = artifact.models["p0"].SerializeToString()
+    x = np.ones((1, 512), np.float32)
+    expected = x @ numpy_helper.to_array(big_matmul().graph.initializer[0])
+    np.testing.assert_allclose(OmSession(artifact).run({"X": x})["Y"], expected, rtol=1e-5)
+    assert artifact.models["p0"].SerializeToString() == before
+    np.testing.assert_allclose(reference(artifact.partition_model("p0"), {"X": x})["Y"], expected,
+                               rtol=1e-5)
+
+
 def test_is_om(om_path, tmp_path):
     assert is_om(om_path)
     plain = tmp_path / "plain.zip"

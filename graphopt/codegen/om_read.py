@@ -268,6 +268,10 @@ class PartitionModels(Mapping):
         except Malformed as exc:
             raise ArtifactError(f"{self._path}: {exc}") from None
 
+    def is_kept(self, name: str) -> bool:
+        """Whether `parse(name)` hands out the model kept for callers (not one to change)."""
+        return name in self._parsed
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._parts)
 

@@ -190,16 +190,29 @@ def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
-    """Initializers with external data, in every graph of the model."""
+    """Tensors with external data, in every graph of the model: initializers (sparse ones
+    too) and the tensors of node attributes, subgraphs included."""
     found = []
     graphs = [model.graph]
     while graphs:
         graph = graphs.pop()
         found.extend(t for t in graph.initializer if t.data_location == TensorProto.EXTERNAL)
+        for sparse in graph.sparse_initializer:
+            found.extend(t for t in (sparse.values, sparse.indices)
+                         if t.data_location == TensorProto.EXTERNAL)
         for node in graph.node:
+            # A reference names its file under the key "location", and protobuf writes strings
+            # as they are: a node whose bytes lack it holds none, and serializing a node costs
+            # less than asking each of its attributes for its tensors and graphs.
+            if b"location" not in node.SerializeToString():
+                continue
             for attr in node.attribute:
-                if attr.HasField("t") and attr.t.data_location == TensorProto.EXTERNAL:
-                    found.append(attr.t)
+                tensors = [attr.t] if attr.HasField("t") else []
+                tensors.extend(attr.tensors)
+                for sparse in ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) \
+                        + list(attr.sparse_tensors):
+                    tensors += [sparse.values, sparse.indices]
+                found.extend(t for t in tensors if t.data_location == TensorProto.EXTERNAL)
                 if attr.HasField("g"):
                     graphs.append(attr.g)
                 graphs.extend(attr.graphs)
@@ -218,13 +231,15 @@ def check_references(model: onnx.ModelProto, sizes: dict[str, int]) -> None:
             raise BadReference(f"tensor {tensor.name!r} reaches past the end of {location!r}")
 
 
-def point_into(model: onnx.ModelProto, artifact_path: str,
-               data_offsets: dict[str, int]) -> onnx.ModelProto:
-    """A copy of `model` whose references name the artifact file itself (relative to its
-    folder, as onnxruntime requires) at file offsets; `data_offsets` maps each weights member
-    to where its bytes start in the file."""
-    located = onnx.ModelProto()
-    located.CopyFrom(model)  # small: the weights are not in it
+def point_into(model: onnx.ModelProto, artifact_path: str, data_offsets: dict[str, int], *,
+               copy: bool = True) -> onnx.ModelProto:
+    """A copy of `model` (`model` itself with copy=False) whose references name the artifact
+    file itself (relative to its folder, as onnxruntime requires) at file offsets;
+    `data_offsets` maps each weights member to where its bytes start in the file."""
+    located = model
+    if copy:
+        located = onnx.ModelProto()
+        located.CopyFrom(model)  # small: the weights are not in it
     name = os.path.basename(artifact_path)
     for tensor in external_tensors(located):
         location, offset, length = _reference(tensor)
