@@ -211,8 +211,14 @@ def cpu_count() -> int:
 def may_reference_files(data: bytes) -> bool:
     """Whether a serialized ONNX model may reference external data. A reference names its
     file under the key "location", and protobuf stores strings as they are: a model without
-    those bytes anywhere has none, and onnxruntime reads nothing but its bytes."""
-    return b"location" in data
+    those bytes anywhere has none, and onnxruntime reads nothing but its bytes.
+
+    True without looking past SCAN_BYTES: searching costs ~0.4 µs per KB, more than parsing
+    the model and walking its references once its bytes are mostly tensor data."""
+    return len(data) > SCAN_BYTES or b"location" in data
+
+
+SCAN_BYTES = 64 << 10
 
 
 def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.ModelProto:
@@ -222,8 +228,7 @@ def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.M
     except Exception as exc:  # protobuf's DecodeError type differs between its implementations
         raise Malformed(f"partition {part['name']!r} is not a valid ONNX model ({exc})") from None
     try:  # external data may only point into the artifact's own weights members
-        if may_reference_files(data):
-            check_references(model, weights)
+        check_references(model, weights)
     except BadReference as exc:
         raise Malformed(f"partition {part['name']!r}: {exc}") from None
     inputs = set(graph_inputs(model))
