@@ -3,9 +3,11 @@
 For each model: onnxruntime's `InferenceSession` on the original at ORT_ENABLE_ALL plus its first
 run (what a user does without graphopt), against `graphopt.load` of the `.om` that
 `graphopt optimize model.onnx -o model.om` writes plus its first run (checksums verified, one
-session per partition at the level the artifact records). Cold starts are interleaved
-(original, .om, original, …) with the files in the page cache, medians and ratios reported; the
-first outputs are checked against the original's at ORT_DISABLE_ALL.
+session per partition at the level the artifact records). For an artifact of one partition
+without a weights blob, a third start is onnxruntime alone on that partition's bytes: the
+floor that graphopt's reading and checking add to. Cold starts are interleaved (original, .om,
+floor, original, …) with the files in the page cache, medians and ratios reported; the first
+outputs are checked against the original's at ORT_DISABLE_ALL.
 
     python bench/startup.py                       # the zoo and the light CNNs
     python bench/startup.py --only resnet50 --runs 20
@@ -25,6 +27,7 @@ import onnxruntime as ort
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graphopt  # noqa: E402
+from graphopt.codegen import load_om  # noqa: E402
 from _common import (Stats, compare_outputs, geomean, markdown_table, run_model,  # noqa: E402
                      session_options, short_reason, write_json)
 from _models import ZOO_FULL, light_models, sized_zoo_models  # noqa: E402
@@ -53,6 +56,26 @@ def start_om(path: str, feeds: dict) -> tuple[float, dict]:
     return time.perf_counter() - start, outputs
 
 
+def partition_bytes(om_path: str) -> tuple[bytes, str] | None:
+    """The model bytes and onnxruntime level of an artifact's only partition, when onnxruntime
+    can start it from those bytes alone (one partition, no weights blob): the floor column."""
+    artifact = load_om(om_path)
+    if len(artifact.partitions) != 1 or artifact.spans:
+        return None
+    (part,) = artifact.manifest["partitions"]
+    return artifact.members[part["member"]], part.get("optimization_level") or "all"
+
+
+def start_floor(floor: tuple[bytes, str], feeds: dict) -> float:
+    """onnxruntime alone on the partition's bytes, at its level, plus its first run: what the
+    .om's start costs without graphopt's reading and checking."""
+    data, level = floor
+    start = time.perf_counter()
+    session = ort.InferenceSession(data, session_options(level), providers=CPU)
+    session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+    return time.perf_counter() - start
+
+
 def bench(model, runs: int, workdir: str) -> dict:
     om_path = os.path.join(workdir, "model.om")
     try:
@@ -60,7 +83,8 @@ def bench(model, runs: int, workdir: str) -> dict:
     except Exception as e:  # noqa: BLE001 - a compile failure is a row, not a crash
         return {"model": model.name, "error": short_reason(e)}
     expected = run_model(model.path, model.feeds)
-    times: dict[str, list[float]] = {"original": [], "om": []}
+    floor = partition_bytes(om_path)
+    times: dict[str, list[float]] = {"original": [], "om": [], "floor": []}
     # The first round warms the page cache and is not counted.
     t_orig, _ = start_original(model.path, model.feeds)
     t_om, out = start_om(om_path, model.feeds)
@@ -70,9 +94,13 @@ def bench(model, runs: int, workdir: str) -> dict:
     for _ in range(runs):
         times["original"].append(start_original(model.path, model.feeds)[0])
         times["om"].append(start_om(om_path, model.feeds)[0])
+        if floor is not None:
+            times["floor"].append(start_floor(floor, model.feeds))
     original, om = Stats.of(times["original"]), Stats.of(times["om"])
+    floor_ratio = Stats.of(times["floor"]).median / original.median if floor else None
     return {"model": model.name, "runs": runs, "original_ms": original.median * 1e3,
             "om_ms": om.median * 1e3, "ratio": om.median / original.median,
+            "floor_ratio": floor_ratio,
             "original": vars(original), "om": vars(om), "check": check.cell(),
             "ok": check.ok, "om_mb": os.path.getsize(om_path) / 1e6}
 
@@ -121,23 +149,26 @@ def format_rows(rows: list[dict], runs: int) -> str:
     table = []
     for row in rows:
         if "error" in row:
-            table.append([row["model"], "", "", "", f"error: {row['error']}"])
+            table.append([row["model"], "", "", "", "", f"error: {row['error']}"])
             continue
+        floor = row.get("floor_ratio")
         table.append([row["model"], f"{row['original_ms']:.1f}", f"{row['om_ms']:.1f}",
-                      f"{row['ratio']:.2f}", row["check"]])
+                      f"{row['ratio']:.2f}", "-" if floor is None else f"{floor:.2f}",
+                      row["check"]])
     good = [r for r in rows if "error" not in r]
     conv = [r["ratio"] for r in good if any(c in r["model"] for c in CONV_NETS)]
     other = [r["ratio"] for r in good if not any(c in r["model"] for c in CONV_NETS)]
     for label, ratios in (("geomean conv nets", conv), ("geomean others", other)):
         mean = geomean(ratios)
         if mean is not None:
-            table.append([label, "", "", f"{mean:.2f}", ""])
+            table.append([label, "", "", f"{mean:.2f}", "", ""])
     head = (f"start-up = load + first inference, median of {runs} interleaved cold starts "
             f"({QUICK_RUNS} for rows under {QUICK_SECONDS * 1e3:.0f} ms), 1 thread; "
-            "× = .om / original")
+            "× = .om / original; floor × = onnxruntime alone on the .om's only partition "
+            "(no weights blob) / original")
     return head + "\n\n" + markdown_table(
         ["model", "ORT ENABLE_ALL session + 1st run ms", ".om load + 1st run ms", "×",
-         "max |Δ| vs original"], table)
+         "floor ×", "max |Δ| vs original"], table)
 
 
 if __name__ == "__main__":
