@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.atomic import atomic_write, atomic_write_bytes
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
-from graphopt.codegen.om import MANIFEST_SCHEMA, is_om
+from graphopt.codegen.om import DETAILS_SCHEMA, MANIFEST_SCHEMA, is_om
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 
 RNG = np.random.default_rng(0)
@@ -111,6 +111,7 @@ def test_manifest_contents(om_path):
         "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)
     }
     assert set(m) == set(MANIFEST_SCHEMA["required"]) | {"details"}
+    assert set(artifact.details) == set(DETAILS_SCHEMA["required"])
     assert artifact.partitions[0].model.graph.node[0].op_type == "MatMul"
 
 

@@ -221,8 +221,8 @@ def describe_om(artifact: OmArtifact) -> dict:
         counts = op_counts(part.model)
         partitions.append({"name": part.name, "nodes": sum(counts.values()),
                            "ops": dict(sorted(counts.items()))})
-    return {"file": artifact.path, "checksums_verified": True, "manifest": {**artifact.manifest, **artifact.details},
-            "partition_ops": partitions}
+    return {"file": artifact.path, "checksums_verified": True,
+            "manifest": {**artifact.manifest, **artifact.details}, "partition_ops": partitions}
 
 
 def format_om(artifact: OmArtifact) -> str:

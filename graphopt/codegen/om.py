@@ -1,6 +1,8 @@
 """The .om artifact (a deterministic zip of partition models and a JSON manifest): public names."""
 
 from graphopt.codegen.om_manifest import (
+    DETAILS_NAME,
+    DETAILS_SCHEMA,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -13,6 +15,6 @@ from graphopt.codegen.om_read import OmArtifact, is_om, load_om
 from graphopt.codegen.om_write import OmPartition, OmProfile, write_om
 
 __all__ = [
-    "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "MANIFEST_SCHEMA", "PARTITION_DIR", "OmArtifact",
+    "DETAILS_NAME", "DETAILS_SCHEMA", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "MANIFEST_SCHEMA", "PARTITION_DIR", "OmArtifact",
     "OmPartition", "OmProfile", "dtype_from_name", "dtype_name", "is_om", "load_om", "write_om",
 ]

@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from graphopt.codegen.feeds import describe, numpy_dtype
 from graphopt.codegen.om_read import OmArtifact, cpu_count, load_om, may_reference_files
-from graphopt.codegen.om_weights import point_into
+from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 from graphopt.passes.layout_nchwc_weights import METADATA_KEY, block_mismatch
@@ -118,7 +118,7 @@ def _session(artifact: OmArtifact, part: dict, data: bytes, model: onnx.ModelPro
         return ort.InferenceSession(data, options, providers=providers,
                                     disabled_optimizers=part.get("disabled_optimizers") or None)
 
-    if model is None or not artifact.spans:
+    if model is None or not artifact.spans or not external_tensors(model):
         return session(data)
     path = os.path.abspath(artifact.path)
     offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
