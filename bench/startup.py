@@ -27,6 +27,7 @@ import onnxruntime as ort
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graphopt  # noqa: E402
+from graphopt.cli import parse_size  # noqa: E402
 from graphopt.codegen import load_om  # noqa: E402
 from _common import (Stats, compare_outputs, geomean, markdown_table, run_model,  # noqa: E402
                      session_options, short_reason, write_json)
@@ -80,10 +81,11 @@ def start_floor(floor: tuple[bytes, str], feeds: dict) -> float:
     return time.perf_counter() - start
 
 
-def bench(model, runs: int, workdir: str) -> dict:
+def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None) -> dict:
     om_path = os.path.join(workdir, "model.om")
     try:
-        graphopt.save(graphopt.optimize(model.path, target="cpu"), om_path)
+        graphopt.save(graphopt.optimize(model.path, target="cpu", fold_size_limit=fold_size_limit),
+                      om_path)
     except Exception as e:  # noqa: BLE001 - a compile failure is a row, not a crash
         return {"model": model.name, "error": short_reason(e)}
     expected = run_model(model.path, model.feeds)
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[],
                         help="rows whose name contains this; repeatable")
     parser.add_argument("--no-light", action="store_true", help="skip the light CNNs")
+    parser.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
+                        help="graphopt's --fold-size-limit for the compiles (default: its own)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             sources.append(light_models(False, wanted))
         for source in sources:
             for model in source:
-                row = bench(model, args.runs, workdir)
+                row = bench(model, args.runs, workdir, args.fold_size_limit)
                 rows.append(row)
                 print(_line(row), flush=True)
     print()

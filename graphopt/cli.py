@@ -35,7 +35,7 @@ EXAMPLES = """examples:
 """
 
 
-def _size(text: str) -> int:
+def parse_size(text: str) -> int:
     """Bytes with an optional K/M/G suffix (powers of 1024)."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().removesuffix("b").removesuffix("i")
@@ -70,7 +70,7 @@ def _add_optimize(sub) -> None:
                         '"batch:1,4,8;seq:128,512" (every combination) or '
                         '"batch=1,seq=512;batch=8,seq=128" (listed); a dim is a symbolic input '
                         'dim or INPUT[AXIS]. The runtime takes the profile the inputs match')
-    p.add_argument("--fold-size-limit", type=_size, metavar="BYTES",
+    p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
                    help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
     p.add_argument("--verify", action="store_true",
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
