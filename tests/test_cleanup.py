@@ -184,6 +184,27 @@ def test_dead_nodes_and_initializers_go_graph_outputs_stay():
     assert [v.name for v in model.graph.inputs] == ["x", "unused"]  # the signature stays
 
 
+def test_unused_fixed_weights_of_old_models_go_overridable_inputs_stay():
+    # Before IR 4 every initializer is also listed as a graph input, yet no caller feeds it.
+    w = onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Abs", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4]) for n in ("x", "w")],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])], [w])
+    old = onnx.helper.make_model(graph, ir_version=3, opset_imports=[onnx.helper.make_opsetid("", 9)])
+    model = load_onnx(old)
+    stats = PASSES["EliminateDeadNodes"]().run(model, PassContext(Options())).stats
+    verify(model)
+    assert stats == {"initializer": 1}
+    assert [v.name for v in model.graph.inputs] == ["x"] and not model.graph.initializers
+    onnx.checker.check_model(to_onnx(model))
+    # From IR 4 on, an initializer listed as an input is a default the caller may override.
+    new = onnx.helper.make_model(graph, ir_version=8, opset_imports=[onnx.helper.make_opsetid("", 9)])
+    model = load_onnx(new)
+    assert not PASSES["EliminateDeadNodes"]().run(model, PassContext(Options())).stats
+    assert [v.name for v in model.graph.inputs] == ["x", "w"]
+
+
 def test_dead_nodes_inside_branches_are_removed():
     model, stats = run_passes(HEADER + """
     g (bool cond, float[3] x) => (float[3] y) {

@@ -175,9 +175,15 @@ class Graph:
         return self.add_initializer(Value(self.fresh_name(name_hint), const=tensor))
 
     def remove_initializer(self, value: Value) -> None:
-        if value.uses or value.is_graph_output or value.is_input:
+        """Drop an initializer nothing reads. A fixed weight of a model before IR 4, which is
+        listed as a graph input but is no input a caller may feed, leaves the inputs too."""
+        fixed = value.is_input and not value.overridable and value.const is not None
+        if value.uses or value.is_graph_output or (value.is_input and not fixed):
             raise ValueError(f"initializer %{value.name} is still used")
         del self.initializers[value.name]
+        if fixed:
+            self.inputs.remove(value)
+            value.is_input = False
         value.graph = None
 
     def make_node(self, op_type: str, inputs: Iterable[Value | None], attrs: dict | None = None, *,

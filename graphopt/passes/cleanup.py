@@ -87,7 +87,10 @@ class EliminateDeadNodes(Pass):
                     graph.remove(node)
                     result.count("node")
             for value in list(graph.initializers.values()):
-                if not value.is_input and not value.uses and not value.is_graph_output:
+                # A weight that a model before IR 4 lists among its inputs is no input a
+                # caller may feed (nor one the export lists once folding adds initializers).
+                feedable = value.is_input and value.overridable
+                if not feedable and not value.uses and not value.is_graph_output:
                     graph.remove_initializer(value)
                     result.count("initializer")
         return result
