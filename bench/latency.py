@@ -80,6 +80,8 @@ ZOO_DEFAULT: dict[str, tuple[dict, str]] = {
     "bert_base": ({"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024},
                   "4 layers, hidden 256"),
     "gpt2_small": ({}, ""),
+    # at 128x128 with 16 base channels a run takes ~0.1 s instead of ~1.2 s at its default
+    "unet": ({"base_channels": 16, "image_size": 128}, "base 16, 128x128"),
 }
 # --full: bert_base at its default (real) size, and gpt2_small at GPT-2 small's, whose LM head
 # transposes the tied 154 MB token embedding on every run unless a compiler folds it.
