@@ -15,6 +15,7 @@ from graphopt.codegen.om_read import OmArtifact, is_om, load_om
 from graphopt.codegen.om_write import OmPartition, OmProfile, write_om
 
 __all__ = [
-    "DETAILS_NAME", "DETAILS_SCHEMA", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "MANIFEST_SCHEMA", "PARTITION_DIR", "OmArtifact",
-    "OmPartition", "OmProfile", "dtype_from_name", "dtype_name", "is_om", "load_om", "write_om",
+    "DETAILS_NAME", "DETAILS_SCHEMA", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME",
+    "MANIFEST_SCHEMA", "PARTITION_DIR", "OmArtifact", "OmPartition", "OmProfile",
+    "dtype_from_name", "dtype_name", "is_om", "load_om", "write_om",
 ]

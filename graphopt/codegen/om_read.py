@@ -27,7 +27,8 @@ from graphopt.codegen.om_manifest import (
     check_manifest,
     check_member_name,
 )
-from graphopt.codegen.om_weights import WEIGHTS_DIR, BadReference, check_references, with_weights
+from graphopt.codegen.om_weights import (WEIGHTS_DIR, BadReference, check_references, names_a_file,
+                                         with_weights)
 from graphopt.codegen.om_write import OmPartition, graph_inputs, route, sha256
 from graphopt.errors import ArtifactError
 
@@ -209,13 +210,12 @@ def cpu_count() -> int:
 
 
 def may_reference_files(data: bytes) -> bool:
-    """Whether a serialized ONNX model may reference external data. A reference names its
-    file under the key "location", and protobuf stores strings as they are: a model without
-    those bytes anywhere has none, and onnxruntime reads nothing but its bytes.
+    """Whether a serialized ONNX model may reference external data (`names_a_file`); when it
+    cannot, onnxruntime reads nothing but its bytes.
 
     True without looking past SCAN_BYTES: searching costs ~0.4 µs per KB, more than parsing
     the model and walking its references once its bytes are mostly tensor data."""
-    return len(data) > SCAN_BYTES or b"location" in data
+    return len(data) > SCAN_BYTES or names_a_file(data)
 
 
 SCAN_BYTES = 64 << 10

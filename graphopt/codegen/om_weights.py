@@ -189,6 +189,13 @@ def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def names_a_file(data: bytes) -> bool:
+    """Whether serialized protobuf bytes (a model, a node) may hold an external-data reference.
+    A reference names its file under the key "location", and protobuf writes strings as they
+    are: bytes without it hold none."""
+    return b"location" in data
+
+
 def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
     """Tensors with external data, in every graph of the model: initializers (sparse ones
     too) and the tensors of node attributes, subgraphs included."""
@@ -201,10 +208,8 @@ def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
             found.extend(t for t in (sparse.values, sparse.indices)
                          if t.data_location == TensorProto.EXTERNAL)
         for node in graph.node:
-            # A reference names its file under the key "location", and protobuf writes strings
-            # as they are: a node whose bytes lack it holds none, and serializing a node costs
-            # less than asking each of its attributes for its tensors and graphs.
-            if b"location" not in node.SerializeToString():
+            # Serializing a node costs less than asking each attribute for tensors and graphs.
+            if not names_a_file(node.SerializeToString()):
                 continue
             for attr in node.attribute:
                 tensors = [attr.t] if attr.HasField("t") else []
