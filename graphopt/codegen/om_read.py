@@ -233,13 +233,22 @@ def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.M
         raise Malformed(f"partition {part['name']!r}: {exc}") from None
     inputs = set(graph_inputs(model))
     outputs = {vi.name for vi in model.graph.output}
+    problem = routing_mismatch(part, inputs, outputs)
+    if problem:
+        raise Malformed(problem)
+    return model
+
+
+def routing_mismatch(part: dict, inputs, outputs) -> str | None:
+    """Why a partition's model (its graph `inputs` and `outputs`, weights excluded) does not
+    take and return what its manifest entry `part` routes; None when it does."""
     for tensor in part["inputs"]:
         if tensor not in inputs:
-            raise Malformed(f"partition {part['name']!r} input {tensor!r} is not one of its model's")
+            return f"partition {part['name']!r} input {tensor!r} is not one of its model's"
     for tensor in part["outputs"]:
         if tensor not in outputs:
-            raise Malformed(f"partition {part['name']!r} output {tensor!r} is not one of its model's")
-    return model
+            return f"partition {part['name']!r} output {tensor!r} is not one of its model's"
+    return None
 
 
 class PartitionModels(Mapping):

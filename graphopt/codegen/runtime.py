@@ -13,7 +13,8 @@ import onnx
 import onnxruntime as ort
 
 from graphopt.codegen.feeds import describe, numpy_dtype
-from graphopt.codegen.om_read import OmArtifact, cpu_count, load_om, may_reference_files
+from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_reference_files,
+                                      routing_mismatch)
 from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
@@ -133,22 +134,15 @@ def _session(artifact: OmArtifact, part: dict, data: bytes, model: onnx.ModelPro
 
 def _check_signature(artifact: OmArtifact, part: dict, session: ort.InferenceSession) -> None:
     """The partition's model, as onnxruntime loaded it, takes and returns what the manifest
-    routes: every input fed, every routed input and output its model's."""
-    name = part["name"]
+    routes, and every input it takes is routed to it."""
     inputs = [i.name for i in session.get_inputs()]
-    outputs = {o.name for o in session.get_outputs()}
-    for tensor in part["inputs"]:
-        if tensor not in inputs:
-            raise ArtifactError(f"{artifact.path}: partition {name!r} input {tensor!r} is not "
-                                "one of its model's")
-    for tensor in part["outputs"]:
-        if tensor not in outputs:
-            raise ArtifactError(f"{artifact.path}: partition {name!r} output {tensor!r} is not "
-                                "one of its model's")
+    problem = routing_mismatch(part, inputs, {o.name for o in session.get_outputs()})
+    if problem:
+        raise ArtifactError(f"{artifact.path}: {problem}")
     unfed = [tensor for tensor in inputs if tensor not in part["inputs"]]
     if unfed:
-        raise ArtifactError(f"{artifact.path}: partition {name!r} needs input {unfed[0]!r}, "
-                            "which nothing routes to it")
+        raise ArtifactError(f"{artifact.path}: partition {part['name']!r} needs input "
+                            f"{unfed[0]!r}, which nothing routes to it")
 
 
 # Below this many bytes the deferred checksums are computed at once (~0.6 ms at most). A thread

@@ -177,7 +177,7 @@ class Graph:
     def remove_initializer(self, value: Value) -> None:
         """Drop an initializer nothing reads. A fixed weight of a model before IR 4, which is
         listed as a graph input but is no input a caller may feed, leaves the inputs too."""
-        fixed = value.is_input and not value.overridable and value.const is not None
+        fixed = value.is_input and not value.overridable  # import sets this for weights only
         if value.uses or value.is_graph_output or (value.is_input and not fixed):
             raise ValueError(f"initializer %{value.name} is still used")
         del self.initializers[value.name]
