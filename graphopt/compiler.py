@@ -24,7 +24,7 @@ from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
-from graphopt.passes.infer_shapes import infer_shapes, record_types
+from graphopt.passes.infer_shapes import infer_shapes, record_type_bytes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
 from graphopt.switches import read_switch_file
@@ -110,9 +110,9 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
     """check_ops on the imported model (InputError naming the node at fault), keeping the
     static types its shape inference found: a static model is then typed in full, and the
     pipeline's InferShapes passes have nothing left to do."""
-    inferred = check_ops(model, label, allow_custom_ops)
-    if inferred is not None:
-        record_types(model, inferred, static_only=True)
+    types = check_ops(model, label, allow_custom_ops)
+    if types is not None:
+        record_type_bytes(model, types, static_only=True)
 
 
 def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,

@@ -39,12 +39,12 @@ def _known(domain: str, op_type: str, functions: set[tuple[str, str]]) -> bool:
 
 
 def check_ops(model: Model, label: str,
-              allow_custom_ops: bool = False) -> onnx.ModelProto | None:
+              allow_custom_ops: bool = False) -> dict[str, bytes] | None:
     """Raise InputError on the first node whose domain is not imported, whose op is unknown,
     that does not fit its schema, or that shape inference refuses (negative kernel, …).
-    Returns the model as strict shape inference typed it (None when inference could not run):
-    passes.infer_shapes.record_types keeps those types, and a model they type fully needs no
-    further inference."""
+    Returns the types strict shape inference gave the computed values (value name ->
+    serialized TypeProto; None when inference could not run): passes.infer_shapes.
+    record_type_bytes keeps them, and a model they type fully needs no further inference."""
     imported = {("" if d == "ai.onnx" else d) for d in model.opset_imports}
     functions = model.function_keys()
     known_domains = {d for d, _ in runtime_schemas()} | {"", "ai.onnx.ml",
@@ -55,6 +55,7 @@ def check_ops(model: Model, label: str,
     # attribute names, kinds and values) get the same verdict: a 100k-node model has a few
     # hundred kinds. Only passes are remembered; a failure is reported with its own node.
     fitting: set[tuple] = set()
+    kinds: list[tuple | None] = []  # the schema keys again, for inference by kind of node
     for node in model.graph.all_nodes():
         domain = "" if node.domain == "ai.onnx" else node.domain
         if domain not in imported:
@@ -67,6 +68,7 @@ def check_ops(model: Model, label: str,
         if is_known:
             if domain in _ONNX_DOMAINS and op not in functions:
                 key = _schema_key(node)
+                kinds.append(key)
                 if key is not None and key in fitting:
                     continue
                 problem = _schema_problem(node, checker)
@@ -83,6 +85,12 @@ def check_ops(model: Model, label: str,
                                  "function)")
             raise InputError(f"{where}: unknown domain '{domain}' (no schema or model function "
                              "defines its ops); pass --allow-custom-ops to keep custom ops as they are")
+    if len(kinds) == len(model.graph):  # every node an ONNX op, no nested graphs
+        from graphopt.kind_inference import infer_by_kind
+
+        types = infer_by_kind(model, label, kinds)
+        if types is not None:
+            return types
     return _check_inference(model, label)
 
 
@@ -144,11 +152,11 @@ def _schema_problem(node: Node, ctx) -> str | None:
     return None
 
 
-def _check_inference(model: Model, label: str) -> onnx.ModelProto | None:
+def _check_inference(model: Model, label: str) -> dict[str, bytes] | None:
     """Strict ONNX shape inference, which onnxruntime also runs when it loads a model: attribute
     values no kernel can honor (kernel_shape -1, pads of the wrong length, a perm that is not a
     permutation) are the input's fault, and are better reported now than by the .om's loader."""
-    from graphopt.passes.infer_shapes import weightless_proto
+    from graphopt.passes.infer_shapes import inferred_types, weightless_proto
 
     proto = weightless_proto(model, value_infos=False)
     # Only the nodes are judged: a declared output or intermediate shape that disagrees with
@@ -162,8 +170,8 @@ def _check_inference(model: Model, label: str) -> onnx.ModelProto | None:
             if output.type.HasField("tensor_type"):
                 output.type.tensor_type.ClearField("shape")
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=True,
-                                                 data_prop=False)
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=True,
+                                                     data_prop=False)
     except onnx.shape_inference.InferenceError as exc:
         text = str(exc).strip()
         # "[ShapeInferenceError] Inference error(s): (op_type:Conv, node name: c): [..] why\n…"
@@ -174,6 +182,7 @@ def _check_inference(model: Model, label: str) -> onnx.ModelProto | None:
         raise InputError(f"{label}: {str(exc).strip().splitlines()[0]}") from None
     except (ValueError, RuntimeError):
         return None  # inference could not run at all (a model past 2 GB); onnxruntime will judge
+    return inferred_types(model, inferred)
 
 
 def _graphs(graph: GraphProto):

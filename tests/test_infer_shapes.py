@@ -97,10 +97,27 @@ def _static_cnn() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _counting_kind_inference(monkeypatch) -> list[bool]:
+    """Whether each input check typed its model node by node (kind_inference), not whole."""
+    import graphopt.kind_inference as kind_inference
+
+    typed: list[bool] = []
+    real = kind_inference.infer_by_kind
+
+    def counted(*args, **kwargs):
+        result = real(*args, **kwargs)
+        typed.append(result is not None)
+        return result
+
+    monkeypatch.setattr(kind_inference, "infer_by_kind", counted)
+    return typed
+
+
 def test_a_static_model_is_inferred_once_by_the_input_check(monkeypatch):
-    calls = _counting_inference(monkeypatch)
+    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
     result = optimize(_static_cnn(), target="cpu")
-    assert calls == [True]  # the input check's strict run; -O2's three InferShapes skip
+    assert by_kind == [True]  # the input check's strict inference, node by node
+    assert calls == []  # no whole-model inference: -O2's three InferShapes skip
     assert fully_typed(result.model)
     assert [r.name for r in result.log.records].count("InferShapes") == 3
 
@@ -108,15 +125,15 @@ def test_a_static_model_is_inferred_once_by_the_input_check(monkeypatch):
 def test_shapes_only_data_propagation_finds_are_inferred_once_more(monkeypatch):
     """The tiny net's Reshape reads a computed shape: strict inference cannot type what follows
     it, -O2's first InferShapes (with data propagation) does, and the two after it skip."""
-    calls = _counting_inference(monkeypatch)
+    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
     optimize(zoo.build("tiny"), target="cpu")
-    assert calls == [True, False]
+    assert by_kind == [True] and calls == [False]
 
 
 def test_a_model_with_symbolic_dims_is_still_inferred_by_the_passes(monkeypatch):
-    calls = _counting_inference(monkeypatch)
+    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
     optimize(zoo.build("gpt2_small"), target="cpu")  # batch and sequence are symbolic
-    assert calls[0] is True and calls.count(False) >= 2
+    assert by_kind == [True] and calls.count(False) >= 2
 
 
 def test_check_input_keeps_static_types_and_declared_dim_names():

@@ -244,6 +244,8 @@ class Graph:
         """Topologically sort the nodes, keeping the current order where it is already valid.
         Nested graphs count as reading the outer values they reference."""
         nodes = self.nodes()
+        if self._in_order(nodes):
+            return  # the sort below would keep this order: no dependency tables needed
         position = {id(n): i for i, n in enumerate(nodes)}
         deps: dict[int, set[int]] = {}
         users: dict[int, list[Node]] = {id(n): [] for n in nodes}
@@ -275,6 +277,27 @@ class Graph:
         if len(order) != len(nodes):
             raise CycleError([n for n in nodes if pending[id(n)] > 0])
         self._relink(order)
+
+    def _in_order(self, nodes: list[Node]) -> bool:
+        """Whether every node comes after the local producers of what it reads (one walk; an
+        imported model and most passes' results already are)."""
+        seen: set[int] = set()
+        for node in nodes:
+            reads = node._inputs if not node.attrs else list(_read_values(node))
+            for value in reads:
+                if value is None:
+                    continue
+                producer = value.producer
+                if producer is None:
+                    continue
+                if producer.graph is not self:
+                    producer = _local_producer(value, self)
+                    if producer is None:
+                        continue
+                if id(producer) not in seen:
+                    return False  # read before it is produced, or by its own producer
+            seen.add(id(node))
+        return True
 
     def reorder(self, order: list[Node]) -> None:
         """Put the nodes in `order` (each node of the graph exactly once), e.g. a memory-aware

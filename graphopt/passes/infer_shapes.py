@@ -15,13 +15,13 @@ from graphopt.passes.base import Pass, PassContext, PassResult, register
 # Initializers at most this large keep their data during inference so that data propagation
 # (Shape→Gather→Concat→Reshape) can see them; larger ones go in as typed inputs to avoid copying
 # weights into a second protobuf.
-_DATA_PROP_LIMIT = 4096
+DATA_PROP_LIMIT = 4096
 
 
 def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
-    """The model with weights above _DATA_PROP_LIMIT bytes as typed inputs; without the
+    """The model with weights above DATA_PROP_LIMIT bytes as typed inputs; without the
     intermediate values' types when `value_infos` is False."""
-    proto = to_onnx(model, weights_as_inputs_above=_DATA_PROP_LIMIT, value_infos=value_infos)
+    proto = to_onnx(model, weights_as_inputs_above=DATA_PROP_LIMIT, value_infos=value_infos)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
     return proto
@@ -43,11 +43,15 @@ def infer_shapes(model: Model) -> int:
 
 def record_types(model: Model, inferred: ModelProto, static_only: bool = False) -> int:
     """Copy the types ONNX inferred for `model` (`inferred`: its exported, inferred proto) onto
-    the values nodes compute, where they know at least as much as the value does; with
-    `static_only`, only tensor types of fully static shape (an inference that dropped the
-    declared value infos names unknown dims afresh, and must not rename a declared "batch").
-    Returns how many values gained or changed type information."""
-    types: dict[str, bytes] = {}  # value name -> its serialized TypeProto
+    the values nodes compute (see record_type_bytes). Returns how many values gained or changed
+    type information."""
+    return record_type_bytes(model, inferred_types(model, inferred), static_only)
+
+
+def inferred_types(model: Model, inferred: ModelProto) -> dict[str, bytes]:
+    """Value name -> serialized TypeProto of every typed value info and output of `inferred`
+    (`model` exported and inferred)."""
+    types: dict[str, bytes] = {}
     # Walking 100k node protos for subgraphs costs more than asking the IR whether any exist.
     nested = next(islice(model.graph.all_graphs(), 1, None), None) is not None
     for graph_proto in _all_graph_protos(inferred.graph) if nested else (inferred.graph,):
@@ -56,7 +60,17 @@ def record_types(model: Model, inferred: ModelProto, static_only: bool = False) 
                 raw = _type_bytes(info)
                 if raw is not None:
                     types[info.name] = raw
-    read: dict[bytes, tuple] = {}  # a model has a few distinct tensor types, read once each
+    return types
+
+
+def record_type_bytes(model: Model, types: dict[str, bytes], static_only: bool = False) -> int:
+    """Copy inferred types (value name -> serialized TypeProto) onto the values nodes compute,
+    where they know at least as much as the value does; with `static_only`, only tensor types
+    of fully static shape (an inference that dropped the declared value infos names unknown
+    dims afresh, and must not rename a declared "batch"). Returns how many values gained or
+    changed type information."""
+    # A model has a few distinct tensor types: each is read (and judged static) once.
+    read: dict[bytes, tuple[tuple, bool]] = {}
     changed = 0
     for value in model.graph.all_values():
         if value.producer is None:
@@ -64,14 +78,16 @@ def record_types(model: Model, inferred: ModelProto, static_only: bool = False) 
         raw = types.get(value.name)
         if raw is None:
             continue
-        before = (value.dtype, value.shape, value.type_proto)
-        new = read.get(raw)
-        if new is None:
+        known = read.get(raw)
+        if known is None:
             new = read_type(TypeProto.FromString(raw))
+            known = (new, _static(new))
             if new[2] is None:  # a non-tensor type is a TypeProto of each value's own
-                read[raw] = new
-        if static_only and not _static(new):
+                read[raw] = known
+        new, static = known
+        if static_only and not static:
             continue
+        before = (value.dtype, value.shape, value.type_proto)
         if _more_specific(new, before):
             value.dtype, value.shape, value.type_proto = new
             if new != before:
