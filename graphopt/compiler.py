@@ -110,9 +110,10 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
     """check_ops on the imported model (InputError naming the node at fault), keeping the
     static types its shape inference found: a static model is then typed in full, and the
     pipeline's InferShapes passes have nothing left to do."""
-    types = check_ops(model, label, allow_custom_ops)
-    if types is not None:
-        record_type_bytes(model, types, static_only=True)
+    with heap_frozen():  # the IR is long-lived: no full collection should walk it again
+        types = check_ops(model, label, allow_custom_ops)
+        if types is not None:
+            record_type_bytes(model, types, static_only=True)
 
 
 def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,

@@ -61,12 +61,12 @@ class DType(enum.IntEnum):
 
     @property
     def short(self) -> str:
-        return _SHORT_NAMES.get(self.name, self.name.lower())
+        return _SHORT_OF[self]
 
     @property
     def bits(self) -> int:
         """Bits per element; strings have no fixed width and report 0."""
-        return _BITS.get(self.short, 0)
+        return _BITS_OF[self]
 
     @property
     def numpy(self) -> np.dtype:
@@ -90,6 +90,12 @@ class DType(enum.IntEnum):
             if member.short == short:
                 return member
         raise KeyError(short)
+
+
+# Per member, looked up by value: `self.name` goes through the enum machinery, and every
+# tensor size asks for its element's bits (memory planning, export, cost models).
+_SHORT_OF = {m: _SHORT_NAMES.get(m.name, m.name.lower()) for m in DType}
+_BITS_OF = {m: _BITS.get(_SHORT_OF[m], 0) for m in DType}
 
 
 def nbytes(dtype: DType, num_elements: int) -> int:

@@ -82,11 +82,14 @@ def tensor_bytes(value: Value) -> int:
 
 def node_reads(node: Node) -> list[Value]:
     """Distinct values a node reads: its inputs, then outer values its subgraphs capture."""
+    reads = [value for value in node._inputs if value is not None]
+    subs = node.subgraphs() if node.attrs else ()
+    if not subs and (len(reads) < 2 or len(reads) == 2 and reads[0] is not reads[1]):
+        return reads  # most nodes: one or two distinct inputs, no subgraph (3 calls per node)
     seen: dict[int, Value] = {}
-    for value in node.inputs:
-        if value is not None:
-            seen.setdefault(id(value), value)
-    for sub in node.subgraphs():
+    for value in reads:
+        seen.setdefault(id(value), value)
+    for sub in subs:
         for value in captured_values(sub):
             seen.setdefault(id(value), value)
     return list(seen.values())

@@ -29,6 +29,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from graphopt.passes.memory.buffers import Buffer, arena_size, conflicts, live_profile, lower_bound
 
 Meets = dict[int, list[Buffer]]  # buffer id -> the buffers live at a common step (conflicts())
@@ -100,33 +102,46 @@ def greedy_by_size(buffers: Sequence[Buffer], meets: Meets | None = None) -> dic
 
 def greedy_by_breadth(buffers: Sequence[Buffer], meets: Meets | None = None) -> dict[int, int]:
     """TFLite visits steps by decreasing breadth (live bytes) and, at each, its unplaced tensors
-    largest first. A tensor is thus placed at the broadest step of its lifetime: one range-max
-    query per tensor gives that step, so no per-step tensor lists are built."""
+    largest first. A tensor is thus placed at the broadest step of its lifetime (the earliest
+    of equals): one range-max query per tensor gives that step, so no per-step tensor lists
+    are built."""
     profile = live_profile(buffers)
-    widest = _RangeMax([(width, -step) for step, width in enumerate(profile)])
-    order = sorted(buffers, key=lambda b: (widest.query(b.first, b.last), b.size, -b.id),
-                   reverse=True)
+    widest = _broadest_steps(profile, buffers)
+    order = sorted(buffers, key=lambda b: (widest[b.id], b.size, -b.id), reverse=True)
     offsets: dict[int, int] = {}
     _place(order, conflicts(buffers) if meets is None else meets, offsets)
     return offsets
 
 
-class _RangeMax:
-    """Sparse table: max over values[lo..hi] in O(1) after O(n log n) set-up."""
-
-    def __init__(self, values: list):
-        self.levels = [values]
-        width = 1
-        while 2 * width <= len(values):
-            prev = self.levels[-1]
-            self.levels.append([max(prev[i], prev[i + width])
-                                for i in range(len(prev) - width)])
-            width *= 2
-
-    def query(self, lo: int, hi: int):
-        level = (hi - lo + 1).bit_length() - 1
-        row = self.levels[level]
-        return max(row[lo], row[hi - (1 << level) + 1])
+def _broadest_steps(profile: list[int], buffers: Sequence[Buffer]) -> dict[int, tuple[int, int]]:
+    """Buffer id -> (live bytes, -step) of the broadest step of its lifetime, the earliest of
+    equals: range-max queries over a sparse table (O(1) each after O(n log n) set-up), built
+    and queried with numpy a level at a time."""
+    steps = len(profile)
+    if not buffers:
+        return {}
+    # Each step's rank in (width, -step) order: the widest step, the earliest of equals, has
+    # the highest rank. (np.unique, the obvious tool, costs 10 ms on its first call.)
+    by_rank = np.lexsort((-np.arange(steps, dtype=np.int64), np.asarray(profile)))
+    keys = np.empty(steps, dtype=np.int64)
+    keys[by_rank] = np.arange(steps, dtype=np.int64)
+    levels = [keys]
+    width = 1
+    while 2 * width <= steps:
+        prev = levels[-1]
+        levels.append(np.maximum(prev[:-width], prev[width:]))
+        width *= 2
+    lo = np.fromiter((b.first for b in buffers), dtype=np.int64, count=len(buffers))
+    hi = np.fromiter((b.last for b in buffers), dtype=np.int64, count=len(buffers))
+    level = np.floor(np.log2(hi - lo + 1)).astype(np.int64)
+    best = np.empty(len(buffers), dtype=np.int64)
+    for k in range(int(level.max()) + 1):
+        rows = np.nonzero(level == k)[0]
+        if len(rows):
+            table = levels[k]
+            best[rows] = np.maximum(table[lo[rows]], table[hi[rows] - (1 << k) + 1])
+    broadest = by_rank[best].tolist()
+    return {b.id: (profile[step], -step) for b, step in zip(buffers, broadest)}
 
 
 _ORDERS = (
