@@ -392,3 +392,26 @@ def test_draw_plan_writes_a_png_and_an_svg(tmp_path):
     draw_plan(plan, str(svg))
     text = svg.read_text()
     assert text.count("<rect") == len(plan.buffers) + 1 and "lower bound" in text
+
+
+def test_greedy_by_breadth_finds_each_buffers_broadest_step():
+    """The range-max table gives every buffer the step of its lifetime with the most live
+    bytes, the earliest of equals, as a scan of its lifetime does."""
+    import random
+
+    from graphopt.passes.memory.buffers import Buffer, live_profile
+    from graphopt.passes.memory.strategies import _broadest_steps
+
+    rng = random.Random(0)
+    for _ in range(200):
+        steps = rng.randint(1, 70)
+        buffers = []
+        for i in range(rng.randint(1, 50)):
+            first = rng.randrange(steps)
+            buffers.append(Buffer(i, 64 * rng.choice([1, 1, 2, 3, 10 ** 9]), first,
+                                  rng.randrange(first, steps)))
+        profile = live_profile(buffers)
+        found = _broadest_steps(profile, buffers)
+        for b in buffers:
+            step = max(range(b.first, b.last + 1), key=lambda s: (profile[s], -s))
+            assert found[b.id] == (profile[step], -step)
