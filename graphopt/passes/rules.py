@@ -252,10 +252,14 @@ class RulePass(Pass):
         tracer = ctx.tracer
         active = [cls() for cls in self.rules if cls.name not in ctx.options.disabled_passes]
         compiled = [(rule, rule.build_pattern()) for rule in active]
+        roots = {pattern.op_type for _, pattern in compiled}
         for graph in list(model.graph.all_graphs()):
+            # Only the rules' root ops are indexed (a snapshot: the loop below skips nodes
+            # removed meanwhile): most of a graph's nodes root no rule of a given pass.
             by_op: dict[str, list[Node]] = defaultdict(list)
-            for node in graph:
-                by_op[node.op_type].append(node)
+            for node in graph.nodes():
+                if node.op_type in roots:
+                    by_op[node.op_type].append(node)
             for rule, pattern in compiled:
                 matcher = rule.matcher(pattern)
                 # Without a tracer asking why candidates missed, skip at once those a match
