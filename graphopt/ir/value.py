@@ -128,9 +128,13 @@ class Value:
     @property
     def static_shape(self) -> tuple[int, ...] | None:
         """The shape when every dim is a known integer, else None."""
-        if self.shape is None or not all(isinstance(d, int) for d in self.shape):
+        shape = self.shape
+        if shape is None:
             return None
-        return self.shape  # type: ignore[return-value]
+        for dim in shape:  # a loop, not all() over a generator: asked of every value, often
+            if not isinstance(dim, int):
+                return None
+        return shape  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"%{self.name}"
