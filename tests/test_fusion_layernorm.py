@@ -164,7 +164,7 @@ REFUSALS = {  # body, opset, extra outputs, the refusal reason traced
     "eps-not-scalar": (LN.replace("Add(var, eps)", "Add(var, eps8)"), 17, "", "not a scalar"),
     "mean-extra-consumer": (LN + "    m2 = Mul(mean, two)\n", 17, ", float[2,5,1] m2",
                             "is also read by Mul"),
-    "opset-14": (LN, 14, "", "needs opset 17"),
+    "opset-12": (LN, 12, "", "would change the meaning of ops redefined at 13"),
 }
 
 
@@ -176,6 +176,33 @@ def test_layernorm_refusals_leave_the_graph(case):
     model, stats, report = _fuse(proto, trace="LayerNormDecomposed")
     assert stats == {} and _ops(model) == before
     assert any(reason in line for line in report), report
+
+
+@pytest.mark.parametrize("opset", [13, 14, 16])
+def test_layernorm_below_opset_17_raises_the_opset(opset):
+    """Every op the model holds means the same at 17: the model is declared at 17 and gets
+    LayerNormalization, which onnx.checker then accepts."""
+    proto = _model(LN, opset)
+    model, stats, _ = _fuse(proto)
+    assert stats == {"LayerNormDecomposed": 1} and _ops(model) == ["LayerNormalization"]
+    assert model.opset("") == 17
+    _same_numerics(proto, model)
+
+
+def test_raising_the_opset_keeps_roialigns_mode():
+    """RoiAlign's coordinate_transformation_mode appeared at 16 with a new default: a RoiAlign
+    of opset 14 gets its old mode spelled out when the model moves to 17."""
+    body = LN + """    rois = Constant <value = float[2,4] {0.5, 0.5, 2.5, 2.5, 0.0, 1.0, 3.0, 2.0}> ()
+    idx = Constant <value = int64[2] {0, 0}> ()
+    r = RoiAlign <output_height = 2, output_width = 2> (xr, rois, idx)
+"""
+    proto = _model(body, 14, inputs="float[2,5,8] x, float[1,1,4,4] xr",
+                   outputs="float[2,5,8] y, float[2,1,2,2] r")
+    model, stats, _ = _fuse(proto)
+    assert stats == {"LayerNormDecomposed": 1} and model.opset("") == 17
+    (roi,) = [n for n in model.graph if n.op_type == "RoiAlign"]
+    assert roi.attr("coordinate_transformation_mode") == "output_half_pixel"
+    _same_numerics(proto, model)
 
 
 def test_runtime_gamma_leaves_the_affine_ops():

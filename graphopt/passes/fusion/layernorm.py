@@ -1,7 +1,8 @@
 """FuseLayerNorm: LayerNorm and RMSNorm as exporters decompose them, into one normalization op.
 
     LayerNorm  y = (x - μ) / √(σ² + ε) · γ + β,  μ = mean(x), σ² = mean((x - μ)²) over the last
-               axis → LayerNormalization(x, γ, β, axis=-1, epsilon=ε)   (ai.onnx, opset ≥ 17 only)
+               axis → LayerNormalization(x, γ, β, axis=-1, epsilon=ε)   (ai.onnx opset 17: a
+               model at 13–16 is raised to 17 when its nodes mean the same there, opset_raise)
     Add + LN   LN(a + b), a and b of one shape [B,S,C] → com.microsoft::SkipLayerNormalization,
                only for a device other than onnxruntime's CPU provider (an NPU's AddLayerNorm):
                its CPU kernel is a scalar loop, 6× slower than Add + LayerNormalization
@@ -25,6 +26,7 @@ from graphopt.ir import DType, Value
 from graphopt.ir.pattern import Attr, Const, Optional
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import register
+from graphopt.passes.opset_raise import raise_blocker, raise_opset
 from graphopt.passes.rules import Rule, RulePass
 
 MS = "com.microsoft"
@@ -118,13 +120,14 @@ class _LayerNorm(Rule):
     dtypes = FLOATS
 
     def check(self, x, model, **b):
-        opset = model.opset("") or 1
-        if opset < 17:
-            return f"ai.onnx LayerNormalization needs opset 17, the model imports {opset} " \
-                   "(onnxruntime's contrib schema would run it, onnx.checker would not accept it)"
+        blocker = raise_blocker(model, 17)
+        if blocker:
+            return f"ai.onnx LayerNormalization needs opset 17, the model imports " \
+                   f"{model.opset('') or 1}: {blocker}"
         return _problem(x, b)
 
     def rewrite(self, op, x, eps, gamma=None, beta=None, **_):
+        raise_opset(op.model, 17)  # checked: every node means the same at 17
         return op.LayerNormalization(x, *_scale_bias(op, x, gamma, beta), axis=-1,
                                      epsilon=float(eps.ravel()[0]))
 
