@@ -15,7 +15,8 @@ data_prop=False)` on the same model, whose per-node step is the call made here:
 * A kind that reads data is asked again for each distinct data. Whether it reads any is asked
   once, at its first node: inferred with its data and without, the same answer means the data
   added nothing, and the answer without data (which holds for any data) serves every node of
-  the kind.
+  the kind. (An op that only validated its data, without using it for the output type, would
+  have that check made on its kind's first node alone; onnxruntime makes it at load.)
 
 Anything else — nested graphs, model functions, sparse weights, an op without an ONNX schema,
 a type ONNX's per-node check refuses — goes to the whole-model run, which decides.
@@ -46,8 +47,9 @@ def infer_by_kind(model: Model, label: str, kinds: list) -> dict[str, bytes] | N
     """Value name -> serialized TypeProto of every value a node computes that ONNX types, or
     None when the model needs whole-model inference. `kinds[i]` is a hashable key of what ONNX
     reads of the main graph's i-th node besides its input types (op, attributes, which inputs
-    are present; opcheck's schema key), or None to key the node by its protobuf. Raises InputError naming a node ONNX's inference refuses, or a graph output declared
-    with another element type than its node computes."""
+    are present; opcheck's schema key), or None to key the node by its protobuf. Raises
+    InputError naming a node ONNX's inference refuses, or a graph output declared with another
+    element type than its node computes."""
     graph = model.graph
     if graph._holders or model.functions or any(
             v.sparse_const is not None for v in graph.initializers.values()):
@@ -68,7 +70,7 @@ class _Walk:
         self.types: dict[str, bytes] = {}       # value name -> serialized TypeProto
         self.data: dict[str, TensorProto] = {}  # value name -> its data, for small constants
         self.answers: dict[tuple, tuple] = {}   # (kind, input types[, data]) -> output types
-        self.reads_data: dict[tuple, bool] = {}
+        self.reads_data: dict[tuple, bool] = {}  # (kind, input types) -> its data matters
         self.declared: dict[tuple, bytes] = {}  # (dtype, shape) -> serialized TypeProto
 
     def run(self) -> dict[str, bytes]:
@@ -237,4 +239,3 @@ def _anonymous(node: Node) -> NodeProto:
     proto.input.extend(f"i{i}" if v is not None else "" for i, v in enumerate(node._inputs))
     proto.output.extend(f"o{i}" if v is not None else "" for i, v in enumerate(node._outputs))
     return proto
-
