@@ -28,15 +28,15 @@ import onnx
 import onnx.checker
 import onnx.defs
 import onnx.shape_inference
-from onnx import NodeProto, OperatorSetIdProto, TensorProto, TypeProto, helper
+from onnx import NodeProto, OperatorSetIdProto, TensorProto, TypeProto
 
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node, Value
-from graphopt.ir.onnx_io import attribute_to_proto, node_to_proto, type_proto
+from graphopt.ir.onnx_io import node_to_proto, type_proto
+from graphopt.passes.facts import constant_node_tensor
 from graphopt.passes.infer_shapes import DATA_PROP_LIMIT as _DATA_LIMIT
 
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
-_DTYPE_NAMES = {v: k for k, v in TensorProto.DataType.items()}
 
 
 class _WholeModel(Exception):
@@ -185,26 +185,12 @@ class _Walk:
     def _constant_data(self, node: Node) -> None:
         """A Constant's output as data for its readers, as the whole-model run passes it."""
         output = node._outputs[0] if node._outputs else None
-        if output is None or len(node.attrs) != 1:
+        if output is None:
             return
-        (attr,) = node.attrs.values()
-        proto = attribute_to_proto(attr)
-        name = attr.name
-        if name == "value":
-            tensor = proto.t
-        elif name in ("value_float", "value_int", "value_string"):
-            dtype = {"value_float": TensorProto.FLOAT, "value_int": TensorProto.INT64,
-                     "value_string": TensorProto.STRING}[name]
-            value = helper.get_attribute_value(proto)
-            tensor = helper.make_tensor(output.name, dtype, [], [value])
-        elif name in ("value_floats", "value_ints", "value_strings"):
-            dtype = {"value_floats": TensorProto.FLOAT, "value_ints": TensorProto.INT64,
-                     "value_strings": TensorProto.STRING}[name]
-            values = list(helper.get_attribute_value(proto))
-            tensor = helper.make_tensor(output.name, dtype, [len(values)], values)
-        else:
-            raise _WholeModel  # value_sparse: sparse data
-        self.data[output.name] = tensor
+        tensor = constant_node_tensor(node)
+        if tensor is None:
+            raise _WholeModel  # sparse data
+        self.data[output.name] = tensor.to_proto(output.name)
 
     def _check_outputs(self, computed: dict[str, bytes]) -> None:
         """A graph output declared with one element type while its node computes another is
@@ -221,9 +207,8 @@ class _Walk:
                 producer = value.producer
                 raise InputError(
                     f"{self.label}: graph output '{value.name}' is declared "
-                    f"{_DTYPE_NAMES.get(int(value.dtype), value.dtype)}, but node "
-                    f"'{producer.name or '?'}' ({producer.qualified_op}) computes "
-                    f"{_DTYPE_NAMES.get(elem, elem)}")
+                    f"{value.dtype.name}, but node '{producer.name or '?'}' "
+                    f"({producer.qualified_op}) computes {TensorProto.DataType.Name(elem)}")
 
 
 def _anonymous(node: Node) -> NodeProto:
