@@ -4,6 +4,19 @@
 class GraphoptError(Exception):
     """An error graphopt reports to the user as one line, with a non-zero exit."""
 
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (one_line(args[0]),)
+        super().__init__(*args)
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped: names read from a damaged
+    file may hold any byte, and the message must stay one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
 
 class InputError(GraphoptError):
     """The input model or file is unusable."""

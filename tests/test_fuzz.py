@@ -283,7 +283,10 @@ def ir_version(model, i, n):
 
 def raw_data_length(model, i, n):
     tensor = _pick(model.graph.initializer, i)
-    data = numpy_helper.to_array(tensor).tobytes()
+    try:
+        data = numpy_helper.to_array(tensor).tobytes()
+    except (TypeError, ValueError, OSError, onnx.checker.ValidationError):
+        data = tensor.raw_data or bytes(8)  # an earlier mutation broke its dtype or location
     tensor.ClearField("float_data")
     tensor.ClearField("int64_data")
     tensor.raw_data = (data + data)[: max(0, len(data) + (n % 9) - 4)] if n % 9 != 4 else b"x"
@@ -506,7 +509,14 @@ def check_compile(data: bytes, workdir) -> None:
     event("ran; " + ("matches onnxruntime" if expected is not None else
                      "onnxruntime refuses the original"))
     for name, array in (expected or {}).items():
-        np.testing.assert_allclose(outputs[name], array, rtol=1e-4, atol=1e-5, err_msg=name)
+        got = outputs[name]
+        if got.dtype.kind == "f" and not (np.isfinite(got).all() and np.isfinite(array).all()):
+            # A NaN or Inf (a mutated weight, an overflow) reaches different elements under
+            # different kernels: onnxruntime's own ENABLE_ALL differs from its DISABLE_ALL
+            # there. The elements finite in both must still agree.
+            both = np.isfinite(got) & np.isfinite(array)
+            got, array = got[both], array[both]
+        np.testing.assert_allclose(got, array, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 @pytest.fixture(scope="module")
