@@ -83,6 +83,35 @@ def test_sort_restores_topological_order_and_detects_cycles():
         graph.sort()
 
 
+def test_sort_sees_what_a_subgraph_reads_and_a_self_loop():
+    """The in-order check counts a subgraph's reads of outer values, as the full sort does: an
+    If placed before the producer of a value its branch reads is moved after it."""
+    graph = Graph("g")
+    x = graph.add_input(Value("x", DType.FLOAT, (2,)))
+    cond = graph.add_input(Value("c", DType.BOOL, ()))
+    producer = Node("Relu", [x])
+    branch = Graph("then")
+    inner = Node("Neg", [producer.output])
+    branch.append(inner)
+    branch.outputs.append(inner.output)
+    other = Graph("else")
+    ident = Node("Identity", [x])
+    other.append(ident)
+    other.outputs.append(ident.output)
+    holder = Node("If", [cond], {"then_branch": branch, "else_branch": other})
+    graph.append(holder)
+    graph.append(producer)
+    graph.sort()
+    assert [n.op_type for n in graph] == ["Relu", "If"]
+    graph.sort()  # already in order: unchanged
+    assert [n.op_type for n in graph] == ["Relu", "If"]
+    loop = Node("Abs", [x])
+    graph.append(loop)
+    loop.set_input(0, loop.output)
+    with pytest.raises(ValueError, match="cycle"):
+        graph.sort()
+
+
 def test_reorder_follows_the_given_order_and_repairs_dependencies():
     graph = Graph("g")
     x = graph.add_input(Value("x", DType.FLOAT, (2,)))
