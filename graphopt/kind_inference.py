@@ -64,7 +64,8 @@ class _Walk:
     def __init__(self, model: Model, label: str, kinds: list) -> None:
         self.model, self.label, self.kinds = model, label, kinds
         self.opsets = {("" if d == "ai.onnx" else d): v for d, v in model.opset_imports.items()}
-        self.opset_protos = [OperatorSetIdProto(domain=d, version=v) for d, v in self.opsets.items()]
+        self.opset_protos = [OperatorSetIdProto(domain=d, version=v)
+                             for d, v in self.opsets.items()]
         self.ir_version = max(model.ir_version, 4)  # as the whole-model run sees it
         self.schemas: dict[tuple[str, str], onnx.defs.OpSchema] = {}
         self.types: dict[str, bytes] = {}       # value name -> serialized TypeProto

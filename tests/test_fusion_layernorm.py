@@ -192,7 +192,8 @@ def test_layernorm_below_opset_17_raises_the_opset(opset):
 def test_raising_the_opset_keeps_roialigns_mode():
     """RoiAlign's coordinate_transformation_mode appeared at 16 with a new default: a RoiAlign
     of opset 14 gets its old mode spelled out when the model moves to 17."""
-    body = LN + """    rois = Constant <value = float[2,4] {0.5, 0.5, 2.5, 2.5, 0.0, 1.0, 3.0, 2.0}> ()
+    body = LN + """    rois = Constant <value = float[2,4] {0.5, 0.5, 2.5, 2.5,
+                                         0.0, 1.0, 3.0, 2.0}> ()
     idx = Constant <value = int64[2] {0, 0}> ()
     r = RoiAlign <output_height = 2, output_width = 2> (xr, rois, idx)
 """

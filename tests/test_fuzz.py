@@ -557,7 +557,8 @@ def negative_kernel() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
-    ("negative_kernel", r"node 'pool1' \(MaxPool\).*kernel_shape must only contain positive values"),
+    ("negative_kernel",
+     r"node 'pool1' \(MaxPool\).*kernel_shape must only contain positive values"),
 ])
 def test_cli_names_the_file_and_writes_nothing(tmp_path, capsys, case, message):
     data = SEED_BYTES[:200] if case == "truncated" else negative_kernel().SerializeToString()
