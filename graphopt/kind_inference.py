@@ -19,7 +19,8 @@ data_prop=False)` on the same model, whose per-node step is the call made here:
   have that check made on its kind's first node alone; onnxruntime makes it at load.)
 
 Anything else — nested graphs, model functions, sparse weights, an op without an ONNX schema,
-a type ONNX's per-node check refuses — goes to the whole-model run, which decides.
+a type ONNX's per-node check refuses, or a graph whose nodes rarely repeat a kind — goes to the
+whole-model run, which decides. opcheck.BY_KIND_NODES says which graphs are walked at all.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from graphopt.passes.facts import constant_node_tensor
 from graphopt.passes.infer_shapes import DATA_PROP_LIMIT as _DATA_LIMIT
 
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
+
+
+# At 1024 nodes walked, and at each doubling, the walk gives up when ONNX was asked about more
+# than one node in four: each ask costs about what four nodes cost the whole-model run.
+_FIRST_CHECKPOINT = 1024
+_MAX_ASKED_SHARE = 4
 
 
 class _WholeModel(Exception):
@@ -73,6 +80,7 @@ class _Walk:
         self.answers: dict[tuple, tuple] = {}   # (kind, input types[, data]) -> output types
         self.reads_data: dict[tuple, bool] = {}  # (kind, input types) -> its data matters
         self.declared: dict[tuple, bytes] = {}  # (dtype, shape) -> serialized TypeProto
+        self.asked = 0  # calls into ONNX so far
 
     def run(self) -> dict[str, bytes]:
         graph = self.model.graph
@@ -85,7 +93,12 @@ class _Walk:
         computed: dict[str, bytes] = {}
         if len(self.kinds) != len(graph):
             raise ValueError(f"{len(self.kinds)} kinds for {len(graph)} nodes")
-        for node, kind in zip(graph, self.kinds):
+        checkpoint = _FIRST_CHECKPOINT
+        for done, (node, kind) in enumerate(zip(graph, self.kinds)):
+            if done == checkpoint:
+                if self.asked * _MAX_ASKED_SHARE > done:
+                    raise _WholeModel  # few nodes repeat a kind: one whole-model run is cheaper
+                checkpoint *= 2
             outputs = self._infer(node, kind)
             for value, raw in zip(node._outputs, outputs):
                 if value is not None and raw is not None:
@@ -149,6 +162,7 @@ class _Walk:
     def _ask(self, schema, node: Node, in_types: list, data: dict[int, TensorProto],
              quiet: bool = False) -> tuple:
         """The output types ONNX infers for `node` (serialized, None where untyped)."""
+        self.asked += 1
         proto = _anonymous(node)
         types = {f"i{i}": TypeProto.FromString(raw) for i, raw in enumerate(in_types)
                  if raw is not None}

@@ -114,26 +114,71 @@ def _counting_kind_inference(monkeypatch) -> list[bool]:
 
 
 def test_a_static_model_is_inferred_once_by_the_input_check(monkeypatch):
-    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
+    calls = _counting_inference(monkeypatch)
     result = optimize(_static_cnn(), target="cpu")
-    assert by_kind == [True]  # the input check's strict inference, node by node
-    assert calls == []  # no whole-model inference: -O2's three InferShapes skip
+    assert calls == [True]  # the input check's strict run; -O2's three InferShapes skip
     assert fully_typed(result.model)
     assert [r.name for r in result.log.records].count("InferShapes") == 3
+
+
+def _repeated_blocks(blocks: int) -> onnx.ModelProto:
+    """`blocks` times MatMul, Add (bias), Relu on a [1, 8] activation: 3 nodes per block, each
+    block alike but for its weights."""
+    rng = np.random.default_rng(0)
+    nodes, weights, x = [], [], "x"
+    for i in range(blocks):
+        weights += [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32),
+                                            f"w{i}"),
+                    numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), f"b{i}")]
+        y = "y" if i == blocks - 1 else f"r{i}"
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+                  helper.make_node("Relu", [f"a{i}"], [y])]
+        x = y
+    graph = helper.make_graph(nodes, "blocks", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 8])], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [1, 8])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_large_graph_of_repeated_blocks_is_inferred_by_kind(monkeypatch):
+    """From BY_KIND_NODES nodes the input check asks ONNX once per kind of node: here three
+    kinds, MatMul and Add asked with their small weights as data and without (which shows the
+    data does not matter to them). No whole-model inference runs."""
+    from graphopt.opcheck import BY_KIND_NODES
+
+    asked = []
+    real = onnx.shape_inference.infer_node_outputs
+    monkeypatch.setattr(onnx.shape_inference, "infer_node_outputs",
+                        lambda schema, node, *a, **k: asked.append(node.op_type) or
+                        real(schema, node, *a, **k))
+    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
+    proto = _repeated_blocks(BY_KIND_NODES // 3 + 1)
+    model = load_onnx(proto)
+    check_input(model, "m.onnx")
+    assert by_kind == [True] and calls == [] and fully_typed(model)
+    assert sorted(asked) == ["Add", "Add", "MatMul", "MatMul", "Relu"]
+
+
+def test_a_small_graph_keeps_the_whole_model_run(monkeypatch):
+    """Below BY_KIND_NODES one whole-model run costs less than asking ONNX per kind."""
+    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
+    check_input(load_onnx(_repeated_blocks(10)), "m.onnx")
+    assert by_kind == [] and calls == [True]
 
 
 def test_shapes_only_data_propagation_finds_are_inferred_once_more(monkeypatch):
     """The tiny net's Reshape reads a computed shape: strict inference cannot type what follows
     it, -O2's first InferShapes (with data propagation) does, and the two after it skip."""
-    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
+    calls = _counting_inference(monkeypatch)
     optimize(zoo.build("tiny"), target="cpu")
-    assert by_kind == [True] and calls == [False]
+    assert calls == [True, False]
 
 
 def test_a_model_with_symbolic_dims_is_still_inferred_by_the_passes(monkeypatch):
-    calls, by_kind = _counting_inference(monkeypatch), _counting_kind_inference(monkeypatch)
+    calls = _counting_inference(monkeypatch)
     optimize(zoo.build("gpt2_small"), target="cpu")  # batch and sequence are symbolic
-    assert by_kind == [True] and calls.count(False) >= 2
+    assert calls[0] is True and calls.count(False) >= 2
 
 
 def test_check_input_keeps_static_types_and_declared_dim_names():

@@ -22,13 +22,14 @@ def _static_types(model) -> dict[str, tuple]:
 
 
 def _checked(path_or_proto, whole: bool):
-    """(verdict, static types): verdict None when the check passes, else its InputError."""
+    """(verdict, static types) of the whole-model run or of inference by kind (which falls
+    back to the whole-model run, as check_ops does): verdict None when the check passes, else
+    its InputError. Inference by kind is asked directly, whatever the graph's size."""
     model = load_onnx(path_or_proto)
     try:
-        if whole:
+        types = None if whole else infer_by_kind(model, "m.onnx", _kinds(model))
+        if types is None:
             types = _check_inference(model, "m.onnx")
-        else:
-            types = check_ops(model, "m.onnx")
     except InputError as exc:
         return exc, None
     if types is not None:
@@ -154,3 +155,17 @@ def test_a_custom_op_goes_to_the_whole_model_run():
     proto.opset_import.append(helper.make_opsetid("com.example", 1))
     model = load_onnx(proto)
     assert infer_by_kind(model, "m.onnx", [None, _schema_key(model.graph.nodes()[1])]) is None
+
+
+def test_a_graph_whose_nodes_rarely_repeat_a_kind_goes_to_the_whole_model_run():
+    """1,100 Pads, each output one element longer than its input: every node a new kind. At
+    1,024 nodes the walk has asked ONNX about each, more than one in four, and gives up."""
+    pads = numpy_helper.from_array(np.array([0, 1], np.int64), "p")
+    names = ["x"] + [f"t{i}" for i in range(1099)] + ["y"]
+    nodes = [helper.make_node("Pad", [names[i], "p"], [names[i + 1]]) for i in range(1100)]
+    proto = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [_y()], [pads])
+    model = load_onnx(proto)
+    assert infer_by_kind(model, "m.onnx", _kinds(model)) is None
+    _, types = _checked(proto, whole=True)
+    assert types["y"][1] == (1101,)
