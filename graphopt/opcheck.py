@@ -6,6 +6,7 @@ when it loads the result; a problem is reported by node before any pass runs."""
 from __future__ import annotations
 
 import functools
+import re
 
 import onnx
 import onnx.checker
@@ -182,6 +183,10 @@ def _check_inference(model: Model, label: str) -> dict[str, bytes] | None:
         text = str(exc).strip()
         # "[ShapeInferenceError] Inference error(s): (op_type:Conv, node name: c): [..] why\n…"
         first = text.split("Inference error(s): ", 1)[-1].splitlines()[0] if text else ""
+        node = _INFERENCE_NODE.match(first)
+        if node:  # worded as inference by kind words it
+            raise InputError(f"{label}: node '{node[2] or '?'}' ({node[1]}): shape inference "
+                             f"refuses it: {node[3]}") from None
         raise InputError(f"{label}: shape inference refuses the model: "
                          f"{first or type(exc).__name__}") from None
     except onnx.checker.ValidationError as exc:  # the model as a whole: recursive functions, …
@@ -189,6 +194,9 @@ def _check_inference(model: Model, label: str) -> dict[str, bytes] | None:
     except (ValueError, RuntimeError):
         return None  # inference could not run at all (a model past 2 GB); onnxruntime will judge
     return inferred_types(model, inferred)
+
+
+_INFERENCE_NODE = re.compile(r"\(op_type:([^,]*), node name: ([^)]*)\): (.*)")
 
 
 def _graphs(graph: GraphProto):
