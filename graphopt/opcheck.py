@@ -20,8 +20,9 @@ _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 # From this many nodes the check infers types once per kind of node (kind_inference), below it
 # in one whole-model run. Asking ONNX about one node costs ~75 µs, the whole-model run ~20-40
 # µs per node: inference by kind pays where most nodes repeat an earlier node's kind and types,
-# as the repeated blocks of a large transformer do (3x faster at 10k and 100k nodes), and loses
-# on a conv net whose every stage has new shapes (DenseNet-121's 1,746 nodes: 1.6x slower).
+# as the repeated blocks of a large transformer do (2.6x and 3x faster at 10k and 100k nodes),
+# and loses on a conv net whose every stage has new shapes (DenseNet-121, 1,746 nodes: 1.6x
+# slower).
 BY_KIND_NODES = 2048
 
 
