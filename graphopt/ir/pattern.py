@@ -324,10 +324,16 @@ class Matcher:
 
 
 def _operand_orders(pattern: OpPattern) -> tuple[list, ...]:
-    """The operand orders a match may take: both for a binary commutative op."""
-    if pattern.op_type in COMMUTATIVE and len(pattern.inputs) == 2 and not pattern.domain:
-        return (pattern.inputs, pattern.inputs[::-1])
-    return (pattern.inputs,)
+    """The operand orders a match may take: both for a binary commutative op. Kept on the
+    pattern once worked out: every candidate of every rule asks, several times."""
+    orders = pattern.__dict__.get("_orders")
+    if orders is None or orders[0] is not pattern.inputs:  # inputs replaced since: redo
+        if pattern.op_type in COMMUTATIVE and len(pattern.inputs) == 2 and not pattern.domain:
+            orders = (pattern.inputs, pattern.inputs[::-1])
+        else:
+            orders = (pattern.inputs,)
+        pattern._orders = orders
+    return orders
 
 
 def _operands_could_bind(pattern: OpPattern, node: Node, depth: int) -> bool:
