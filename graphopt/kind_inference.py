@@ -34,10 +34,9 @@ from onnx import NodeProto, OperatorSetIdProto, TensorProto, TypeProto
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node, Value
 from graphopt.ir.onnx_io import node_to_proto, type_proto
+from graphopt.opcheck import ONNX_DOMAINS
 from graphopt.passes.facts import constant_node_tensor
 from graphopt.passes.infer_shapes import DATA_PROP_LIMIT as _DATA_LIMIT
-
-_ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 
 
 # At 1024 nodes walked, and at each doubling, the walk gives up when ONNX was asked about more
@@ -186,7 +185,7 @@ class _Walk:
         op = (domain, node.op_type)
         schema = self.schemas.get(op)
         if schema is None:
-            if domain not in _ONNX_DOMAINS or domain not in self.opsets:
+            if domain not in ONNX_DOMAINS or domain not in self.opsets:
                 raise _WholeModel
             try:
                 schema = onnx.defs.get_schema(node.op_type, self.opsets[domain], domain)

@@ -16,13 +16,12 @@ from graphopt.errors import InputError
 from graphopt.ir import Model, Node
 from graphopt.ir.onnx_io import attribute_to_proto
 
-_ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
+ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 # From this many nodes the check infers types once per kind of node (kind_inference), below it
-# in one whole-model run. Asking ONNX about one node costs ~75 µs, the whole-model run ~20-40
-# µs per node: inference by kind pays where most nodes repeat an earlier node's kind and types,
-# as the repeated blocks of a large transformer do (2.6x and 3x faster at 10k and 100k nodes),
-# and loses on a conv net whose every stage has new shapes (DenseNet-121, 1,746 nodes: 1.6x
-# slower).
+# in one whole-model run. Asking ONNX about one node costs about what four nodes cost the
+# whole-model run: inference by kind pays where most nodes repeat an earlier node's kind and
+# types, as the repeated blocks of a large transformer do, and loses on a conv net whose every
+# stage has new shapes (bench/check_input.py times both).
 BY_KIND_NODES = 2048
 
 
@@ -74,7 +73,7 @@ def check_ops(model: Model, label: str,
         if is_known is None:
             is_known = known[op] = _known(domain, node.op_type, functions)
         if is_known:
-            if domain in _ONNX_DOMAINS and op not in functions:
+            if domain in ONNX_DOMAINS and op not in functions:
                 key = _schema_key(node)
                 kinds.append(key)
                 if key is not None and key in fitting:
