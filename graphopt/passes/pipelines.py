@@ -78,19 +78,25 @@ DEFAULT_LEVEL = 2
 
 
 def for_target(pipeline: Pipeline, target) -> Pipeline:
-    """`pipeline` with the passes a target adds. On a CPU target with an NCHWc block (AVX2 or
-    AVX-512F) -O2 and -O3 end by blocking conv nets into onnxruntime's NCHWc ops, which its CPU
-    provider otherwise does at every session start; it follows the fusions, whose patterns match
-    plain ONNX ops, and precedes the final cleanup."""
+    """`pipeline` with the passes a target adds. On a CPU target, -O3 rewrites wide 3×3 convs as
+    Winograd GEMMs (WinogradConv: it changes results in the last bits, so not at -O2), and with
+    an NCHWc block (AVX2 or AVX-512F) -O2 and -O3 end by blocking conv nets into onnxruntime's
+    NCHWc ops, which its CPU provider otherwise does at every session start. Both follow the
+    fusions, whose patterns match plain ONNX ops, and precede the final cleanup; the layout
+    comes last, so it blocks the convs Winograd left."""
     if target is None or pipeline.name not in ("O2", "O3"):
         return pipeline
     device = target.device(target.primary)
-    if device.kind != "cpu" or not device.nchwc_block_size:
+    if device.kind != "cpu":
+        return pipeline
+    added = (("WinogradConv",) if pipeline.name == "O3" else ()) \
+        + (("LayoutNchwc",) if device.nchwc_block_size else ())
+    if not added:
         return pipeline
     tail = len(_FINISH)
     return Pipeline(f"{pipeline.name}+{target.name}",
-                    pipeline.description + f"; for {target.name}: LayoutNchwc",
-                    pipeline.steps[:-tail] + ("LayoutNchwc",) + pipeline.steps[-tail:])
+                    pipeline.description + f"; for {target.name}: " + ", ".join(added),
+                    pipeline.steps[:-tail] + added + pipeline.steps[-tail:])
 
 
 PRECISION_PASSES = {"int8": "QuantizeInt8", "int4": "QuantizeInt4Weights"}
@@ -110,7 +116,7 @@ def with_precision(pipeline: Pipeline, options) -> Pipeline:
     if not added:
         return pipeline
     steps = list(pipeline.steps)
-    later = [steps.index(name) for name in ("FuseElementwise", "LayoutNchwc",
+    later = [steps.index(name) for name in ("FuseElementwise", "WinogradConv", "LayoutNchwc",
                                             "MergeDuplicateInitializers") if name in steps]
     if not later:
         steps += list(added) + ["EliminateDeadNodes", "InferShapes"]

@@ -1,0 +1,123 @@
+"""3×3 convolutions direct against their Winograd F(4×4, 3×3) form, per layer shape.
+
+Where WinogradConv's rule (graphopt/passes/winograd.py: pays_off) comes from: per shape, a
+Conv(3×3, pad 1) + Relu model and the same model with the conv rewritten by WinogradConv
+(forced, whatever the rule says) run interleaved in onnxruntime's CPU provider at 1 thread and
+ORT_ENABLE_ALL, as an .om's sessions would (the direct conv blocked into NCHWc by onnxruntime),
+medians of the per-call wall time. `rule` is what the pass decides for that shape; `error` is
+the largest difference over the largest direct output.
+
+    python bench/winograd.py
+    python bench/winograd.py --shapes 256x56x56,512x28x28 --runs 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import markdown_table, session_options  # noqa: E402
+
+import graphopt  # noqa: E402
+from graphopt.ir import onnx_io  # noqa: E402
+from graphopt.passes import winograd  # noqa: E402
+
+# channels x height x width (filters = channels): UNet's and VGG's layers, then ResNet's and
+# Inception's, where the rewrite loses.
+SHAPES = ((128, 128, 128), (256, 64, 64), (512, 32, 32), (1024, 16, 16), (128, 56, 56),
+          (256, 56, 56), (256, 28, 28), (512, 28, 28), (512, 14, 14), (192, 35, 35),
+          (64, 256, 256), (64, 56, 56), (128, 28, 28), (256, 14, 14), (512, 7, 7), (384, 17, 17))
+
+
+def direct_model(channels: int, height: int, width: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((channels, channels, 3, 3))
+              / np.sqrt(9 * channels)).astype(np.float32)
+    bias = rng.standard_normal(channels).astype(np.float32)
+    shape = [1, channels, height, width]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def winograd_model(direct: onnx.ModelProto) -> onnx.ModelProto:
+    """`direct` with its conv rewritten, shapes inferred by an -O1 compile first."""
+    model = graphopt.optimize(direct, level=1).model
+    (conv,) = [node for node in model.graph if node.op_type == "Conv"]
+    winograd.rewrite(conv)
+    model.graph.remove_initializer(model.graph.initializers["w"])
+    return onnx_io.to_onnx(model)
+
+
+def bench(shape: tuple[int, int, int], runs: int, warmup: int = 2) -> list[str]:
+    channels, height, width = shape
+    direct = direct_model(*shape)
+    models = {"direct": direct, "winograd": winograd_model(direct)}
+    sessions = {name: ort.InferenceSession(proto.SerializeToString(), session_options("all"),
+                                           providers=["CPUExecutionProvider"])
+                for name, proto in models.items()}
+    x = np.random.default_rng(1).standard_normal((1, *shape)).astype(np.float32)
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    outputs = {}
+    for i in range(warmup + runs):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            outputs[name] = session.run(None, {"x": x})[0]
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    direct_ms, winograd_ms = (float(np.median(t)) * 1e3 for t in times.values())
+    error = float(np.abs(outputs["winograd"] - outputs["direct"]).max()
+                  / np.abs(outputs["direct"]).max())
+    th, tw = winograd.tiles(height, width)
+    rule = "winograd" if winograd.pays_off(channels, channels, height, width) else "direct"
+    return [f"{channels}×{height}×{width}", str(th * tw), rule, f"{direct_ms:.2f}",
+            f"{winograd_ms:.2f}", f"{direct_ms / winograd_ms:.2f}", f"{error:.1e}"]
+
+
+def _shapes(text: str) -> list[tuple[int, int, int]]:
+    try:
+        shapes = [tuple(int(d) for d in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list like 256x56x56,512x28x28") from None
+    if any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"'{text}': each shape is CxHxW, every dim ≥ 1")
+    return shapes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", type=_shapes, default=list(SHAPES),
+                        help="CxHxW layer shapes (as many filters as channels), comma-separated")
+    parser.add_argument("--runs", type=int, default=15, help="timed calls per variant (15)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be ≥ 1")
+    ort.set_default_logger_severity(3)
+    print(f"median ms per call of {args.runs} interleaved calls, 1 thread, ORT_ENABLE_ALL, "
+          f"onnxruntime {ort.__version__}; × = direct / winograd (above 1: Winograd faster)\n")
+    rows = []
+    for shape in args.shapes:
+        rows.append(bench(shape, args.runs))
+        print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    print(markdown_table(["C×H×W", "tiles", "rule", "direct ms", "winograd ms", "×", "error"],
+                         rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

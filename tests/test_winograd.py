@@ -1,0 +1,162 @@
+"""WinogradConv: F(4×4, 3×3) matrices, outputs against the direct conv, when the rewrite applies."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt.passes import winograd
+from graphopt.passes.pipelines import PIPELINES, for_target
+from graphopt.partition import load_target
+
+from helpers import ops
+
+# The rewrite's error is relative to the layer's outputs, not to each element (module docstring).
+SCALED_TOLERANCE = 4e-5
+
+
+def correlate_1d(d: np.ndarray, g: np.ndarray, m: int) -> np.ndarray:
+    return np.array([sum(d[k + i] * g[i] for i in range(len(g))) for k in range(m)])
+
+
+def test_matrices_compute_a_correlation_exactly():
+    at, g, bt = winograd.matrices()
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        d, f = rng.standard_normal(6), rng.standard_normal(3)
+        np.testing.assert_allclose(at @ ((g @ f) * (bt @ d)), correlate_1d(d, f, 4), atol=1e-12)
+        tile, filt = rng.standard_normal((6, 6)), rng.standard_normal((3, 3))
+        direct = np.array([[np.sum(tile[y:y + 3, x:x + 3] * filt) for x in range(4)]
+                           for y in range(4)])
+        winograd_form = at @ ((g @ filt @ g.T) * (bt @ tile @ bt.T)) @ at.T
+        np.testing.assert_allclose(winograd_form, direct, atol=1e-12)
+
+
+def conv_model(channels=128, filters=128, size=(30, 30), pads=(1, 1, 1, 1), bias=True,
+               activation=None, batch=1, group=1, strides=(1, 1), seed=0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((filters, channels // group, 3, 3))
+              / np.sqrt(9 * channels / group)).astype(np.float32)
+    inits = [numpy_helper.from_array(weight, "w")]
+    inputs = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(filters).astype(np.float32), "b"))
+        inputs.append("b")
+    nodes = [helper.make_node("Conv", inputs, ["c"], name="conv", pads=list(pads), group=group,
+                              strides=list(strides))]
+    nodes.append(helper.make_node(activation or "Identity", ["c"], ["y"]))
+    height = (size[0] + pads[0] + pads[2] - 3) // strides[0] + 1
+    width = (size[1] + pads[1] + pads[3] - 3) // strides[1] + 1
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, *size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, filters, height, width])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run(proto: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(proto.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def compiled(proto, level=3):
+    return graphopt.optimize(proto, level=level, target="cpu")
+
+
+def assert_same_outputs(proto, result):
+    onnx.checker.check_model(result.to_onnx(), full_check=True)
+    shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    expected, got = run(proto, x), run(result.to_onnx(), x)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=0,
+                               atol=SCALED_TOLERANCE * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("case", [
+    {},                                                  # 30×30: 8×8 tiles, the last ones cut
+    {"size": (32, 32)},                                  # whole tiles, no Slice
+    {"pads": (0, 0, 0, 0), "size": (34, 34)},           # no padding
+    {"pads": (1, 0, 0, 1), "size": (33, 31)},           # uneven padding
+    {"bias": False},
+    {"filters": 192, "channels": 160},
+])
+def test_outputs_match_the_direct_conv(case):
+    proto = conv_model(**case)
+    result = compiled(proto)
+    assert result.log.records and "WinogradConv" in [r.name for r in result.log.records]
+    assert "DepthToSpace" in ops(result.model) and "Conv" in ops(result.model)
+    assert_same_outputs(proto, result)
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Sigmoid", "Tanh"])
+def test_a_fused_activation_follows_the_output_transform(activation):
+    proto = conv_model(activation=activation)
+    result = compiled(proto)
+    names = ops(result.model)
+    assert "com.microsoft::FusedConv" not in names and activation in names
+    assert_same_outputs(proto, result)
+
+
+def test_clip_bounds_come_back_as_inputs():
+    proto = conv_model()
+    lo, hi = numpy_helper.from_array(np.float32(-1), "lo"), numpy_helper.from_array(np.float32(3), "hi")
+    proto.graph.initializer.extend([lo, hi])
+    proto.graph.node[1].CopyFrom(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    result = compiled(proto)
+    assert "Clip" in ops(result.model) and "DepthToSpace" in ops(result.model)
+    assert_same_outputs(proto, result)
+
+
+@pytest.mark.parametrize("case, why", [
+    ({"channels": 64, "filters": 64}, "too few channels"),
+    ({"size": (14, 14)}, "too few channels or tiles"),     # 16 tiles, 31% padding
+    ({"batch": 2}, "batch 1"),
+    ({"group": 2}, "group 1"),
+    ({"strides": (2, 2), "size": (64, 64)}, "strided"),
+])
+def test_convs_it_would_slow_down_or_cannot_take_stay_direct(case, why):
+    proto = conv_model(**case)
+    typed = graphopt.optimize(proto, level=1).model  # shapes inferred, the Conv as it was
+    assert why in winograd.refusal(next(n for n in typed.graph if n.op_type == "Conv"), 17)
+    result = compiled(proto)
+    assert "DepthToSpace" not in ops(result.model)
+    assert_same_outputs(proto, result)
+
+
+def test_only_O3_on_the_cpu_target_rewrites():
+    cpu = load_target("cpu")
+    assert "WinogradConv" in for_target(PIPELINES[3], cpu).pass_names()
+    assert "WinogradConv" not in for_target(PIPELINES[2], cpu).pass_names()
+    assert "WinogradConv" not in for_target(PIPELINES[3], load_target("ascend310")).pass_names()
+    proto = conv_model()
+    assert "DepthToSpace" not in ops(compiled(proto, level=2).model)
+    assert "DepthToSpace" not in ops(graphopt.optimize(proto, level=3).model)  # no target
+
+
+def test_the_rule_follows_the_measured_shapes():
+    # bench/winograd.py: faster on these ...
+    for shape in [(128, 128, 128, 128), (256, 256, 64, 64), (512, 512, 32, 32),
+                  (1024, 1024, 16, 16), (256, 256, 28, 28), (192, 192, 35, 35)]:
+        assert winograd.pays_off(*shape), shape
+    # ... and slower on these.
+    for shape in [(64, 64, 256, 256), (64, 64, 56, 56), (128, 128, 28, 28), (256, 256, 14, 14),
+                  (512, 512, 7, 7), (384, 384, 17, 17), (128, 64, 256, 256)]:
+        assert not winograd.pays_off(*shape), shape
+
+
+def test_the_om_runs_the_rewritten_conv(tmp_path):
+    proto = conv_model(activation="Relu")
+    path = tmp_path / "conv.om"
+    graphopt.save(compiled(proto), path)
+    x = np.random.default_rng(2).standard_normal((1, 128, 30, 30)).astype(np.float32)
+    (got,) = graphopt.load(path).run({"x": x}).values()
+    expected = run(proto, x)
+    np.testing.assert_allclose(got, expected, rtol=0,
+                               atol=SCALED_TOLERANCE * float(np.abs(expected).max()))
