@@ -115,8 +115,8 @@ def _ort_offline(src: str, dst: str) -> None:
     ort.InferenceSession(src, session_options("extended", optimized_path=dst), providers=CPU)
 
 
-def build_files(src: str, workdir: str) -> dict[str, BuiltFile]:
-    """Every file a variant runs, keyed like Variant.file."""
+def build_files(src: str, workdir: str, level: int = 2) -> dict[str, BuiltFile]:
+    """Every file a variant runs, keyed like Variant.file; graphopt's two at -O`level`."""
     files = {"original": BuiltFile(src)}
     go_onnx, go_om = os.path.join(workdir, "graphopt.onnx"), os.path.join(workdir, "graphopt.om")
     # The portable .onnx has no target; the .om is compiled for this CPU, as the CLI does.
@@ -124,7 +124,7 @@ def build_files(src: str, workdir: str) -> dict[str, BuiltFile]:
         start = time.perf_counter()
         try:
             with _quiet():
-                result = graphopt.optimize(src, target=target)
+                result = graphopt.optimize(src, target=target, level=level)
         except Exception as e:  # noqa: BLE001
             files[key] = BuiltFile(None, short_reason(e))
             continue

@@ -83,10 +83,11 @@ ZOO_DEFAULT: dict[str, tuple[dict, str]] = {
     # at 128x128 with 16 base channels a run takes ~0.1 s instead of ~1.2 s at its default
     "unet": ({"base_channels": 16, "image_size": 128}, "base 16, 128x128"),
 }
-# --full: bert_base at its default (real) size, and gpt2_small at GPT-2 small's, whose LM head
-# transposes the tied 154 MB token embedding on every run unless a compiler folds it.
+# --full: bert_base and unet at their default (real) sizes, and gpt2_small at GPT-2 small's,
+# whose LM head transposes the tied 154 MB token embedding on every run unless a compiler
+# folds it.
 ZOO_FULL_SIZE: dict[str, tuple[dict, str]] = {
-    **ZOO_DEFAULT, "bert_base": ({}, ""),
+    **ZOO_DEFAULT, "bert_base": ({}, ""), "unet": ({}, ""),
     "gpt2_small": ({"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "positions": 1024},
                    "GPT-2 small size"),
 }
@@ -196,7 +197,7 @@ def measure(model: BenchModel, files: dict[str, BuiltFile], expected: dict | Non
 
 
 def bench_model(model: BenchModel, threads: list[int], args, workdir: str) -> Row:
-    files = build_files(model.path, workdir)
+    files = build_files(model.path, workdir, args.level)
     row = Row(model, files)
     try:
         expected = run_model(model.path, model.feeds)  # ORT_DISABLE_ALL, 1 thread
@@ -351,6 +352,8 @@ def header(args, threads: list[int], load: float | None) -> str:
         f"against the original at ORT_DISABLE_ALL (1 thread) on seed-0 inputs; ✗ = beyond rtol "
         f"{RTOL:g} / atol {ATOL:g} (a ✗ figure stays out of the geomean, n = models counted).\n"
         f"{legend}.\n"
+        + (f"graphopt's .onnx and .om compiled at -O{args.level}, not -O2.\n"
+           if args.level != 2 else "") +
         f"Every timed session: intra_op {'/'.join(map(str, threads))}, inter_op 1 thread, "
         f"session.force_spinning_stop=1 (idle workers of one session would otherwise spin on "
         f"the cores the next variant runs on); the .om runtime's sessions get the same.\n"
@@ -423,8 +426,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "hidden-128 bert_base), 3 light CNNs, 10 runs")
     p.add_argument("--full", action="store_true",
                    help="bert_base at its real size (12 layers, hidden 768) instead of "
-                        "4 layers, hidden 256, and gpt2_small at GPT-2 small's (12 layers, "
-                        "hidden 768, vocab 50257)")
+                        "4 layers, hidden 256, gpt2_small at GPT-2 small's (12 layers, "
+                        "hidden 768, vocab 50257), and unet at 64 base channels and 256x256")
     p.add_argument("--runs", type=int, metavar="N",
                    help="timed runs per variant (default 20, 10 with --quick)")
     p.add_argument("--warmup", type=int, default=3, metavar="N",
@@ -445,6 +448,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "names them")
     p.add_argument("--compact", action="store_true",
                    help="narrow tables: the original's ENABLE_ALL ms, then one ratio per variant")
+    p.add_argument("--level", type=int, choices=(2, 3), default=2,
+                   help="graphopt's -O level for its .onnx and .om (default 2; -O3 adds, on the "
+                        ".om's cpu target, Winograd convs)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
     if args.quick and args.full:

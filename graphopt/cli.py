@@ -58,7 +58,8 @@ def _add_optimize(sub) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="output path: .onnx for ONNX, .om for the graphopt artifact")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
-                   help="optimization level 0-3 (default 2); `graphopt passes` lists them")
+                   help="optimization level 0-3 (default 2; 3 may change results in the last "
+                        "bits, see `graphopt passes`, which lists them)")
     p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help="skip a pass by name; repeatable")
     p.add_argument("--switch-file", metavar="FILE",
@@ -321,9 +322,10 @@ def _cmd_passes(args) -> int:
                 print(f"       repeat until no change: {', '.join(step.passes)}")
             else:
                 print(f"       {step}")
-    print("\nWith --target cpu (the default for an .om) on a CPU with AVX2 or AVX-512F, -O2 and -O3 "
-          "run LayoutNchwc\nbefore the final cleanup: conv nets blocked into onnxruntime's NCHWc "
-          "ops offline.")
+    print("\nWith --target cpu (the default for an .om), -O3 runs WinogradConv before the final "
+          "cleanup: wide\n3×3 convs as Winograd GEMMs (results within ~2e-5 of each layer's "
+          "outputs). On a CPU with\nAVX2 or AVX-512F, -O2 and -O3 then run LayoutNchwc: conv nets "
+          "blocked into onnxruntime's\nNCHWc ops offline.")
     return 0
 
 

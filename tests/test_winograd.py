@@ -49,8 +49,8 @@ def conv_model(channels=128, filters=128, size=(30, 30), pads=(1, 1, 1, 1), bias
     nodes = [helper.make_node("Conv", inputs, ["c"], name="conv", pads=list(pads), group=group,
                               strides=list(strides))]
     nodes.append(helper.make_node(activation or "Identity", ["c"], ["y"]))
-    height = (size[0] + pads[0] + pads[2] - 3) // strides[0] + 1
-    width = (size[1] + pads[1] + pads[3] - 3) // strides[1] + 1
+    height, width = ((side + pads[i] + pads[i + 2] - 3) // strides[i] + 1
+                     if isinstance(side, int) else side for i, side in enumerate(size))
     graph = helper.make_graph(
         nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, *size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, filters, height, width])], inits)
@@ -71,7 +71,7 @@ def compiled(proto, level=3):
 
 def assert_same_outputs(proto, result):
     onnx.checker.check_model(result.to_onnx(), full_check=True)
-    shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    shape = [d.dim_value or 2 for d in proto.graph.input[0].type.tensor_type.shape.dim]
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     expected, got = run(proto, x), run(result.to_onnx(), x)
     assert got.shape == expected.shape
@@ -86,6 +86,8 @@ def assert_same_outputs(proto, result):
     {"pads": (1, 0, 0, 1), "size": (33, 31)},           # uneven padding
     {"bias": False},
     {"filters": 192, "channels": 160},
+    {"batch": 3},
+    {"batch": "N"},                                      # run with 2 images
 ])
 def test_outputs_match_the_direct_conv(case):
     proto = conv_model(**case)
@@ -116,10 +118,10 @@ def test_clip_bounds_come_back_as_inputs():
 
 @pytest.mark.parametrize("case, why", [
     ({"channels": 64, "filters": 64}, "too few channels"),
-    ({"size": (14, 14)}, "too few channels or tiles"),     # 16 tiles, 31% padding
-    ({"batch": 2}, "batch 1"),
+    ({"size": (14, 14)}, "too few channels or tiles"),     # 16 tiles of 128 channels
     ({"group": 2}, "group 1"),
     ({"strides": (2, 2), "size": (64, 64)}, "strided"),
+    ({"size": ("H", "W")}, "static channels and sizes"),
 ])
 def test_convs_it_would_slow_down_or_cannot_take_stay_direct(case, why):
     proto = conv_model(**case)
@@ -143,11 +145,12 @@ def test_only_O3_on_the_cpu_target_rewrites():
 def test_the_rule_follows_the_measured_shapes():
     # bench/winograd.py: faster on these ...
     for shape in [(128, 128, 128, 128), (256, 256, 64, 64), (512, 512, 32, 32),
-                  (1024, 1024, 16, 16), (256, 256, 28, 28), (192, 192, 35, 35)]:
+                  (1024, 1024, 16, 16), (256, 256, 28, 28), (192, 192, 35, 35),
+                  (512, 512, 14, 14), (768, 768, 17, 17)]:
         assert winograd.pays_off(*shape), shape
     # ... and slower on these.
-    for shape in [(64, 64, 256, 256), (64, 64, 56, 56), (128, 128, 28, 28), (256, 256, 14, 14),
-                  (512, 512, 7, 7), (384, 384, 17, 17), (128, 64, 256, 256)]:
+    for shape in [(64, 64, 256, 256), (64, 64, 56, 56), (256, 256, 14, 14), (512, 512, 7, 7),
+                  (1024, 1024, 8, 8), (128, 64, 256, 256)]:
         assert not winograd.pays_off(*shape), shape
 
 

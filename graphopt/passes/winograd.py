@@ -17,16 +17,19 @@ and, summed over input channels, the elementwise products become one GEMM per po
       ─ Reshape [1,16K,th,tw] ─ DepthToSpace(4, DCR) ─ [1,K,4th,4tw] ─ Slice ─ Add(bias)
 
 The transforms are passes over memory, the GEMMs are where the time goes, so the rewrite pays
-where channels are many and tiles are not few. `pays_off` is the rule, read off
-`python bench/winograd.py` on onnxruntime 1.32 (1 thread, AVX2): UNet's 128×128×128 layer
-1.18×, 256×64×64 1.82×, 512×32×32 2.35×, 1024×16×16 2.24×; but 64 channels at 256×256 0.72×,
-256 channels at 14×14 (16 tiles, 31% of them padding) 0.84×, 512 at 7×7 0.51×.
+where channels are many and tiles are not few: at least 128 channels in and out, and tiles × that
+many channels ≥ 8192 (`pays_off`). `python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2)
+is where the rule comes from: 1.3× on UNet's 128×128×128 layer, 1.7× at 256×64×64, 2.2–2.4× at
+512×32×32 and 1024×16×16, 1.9× on VGG's 256×56×56; but 0.84× with 64 channels at 256×256, and
+0.56× at 512×7×7, whose 4 tiles make GEMMs too thin (ResNet-50's last stage). Near the line
+(128×28×28, 384×17×17) the two forms are level within the noise.
 
 Results change in the last bits: a transformed tile's sums are rounded differently from the
 direct sums. The error measured on one layer is 1e-5 to 2e-5 of its largest output (points 0,
-±1, ±2; F(2×2, 3×3) is 20× more exact but gains little), which is why this is an -O3 pass and
-not in -O2, whose passes keep results within onnxruntime's own run-to-run level. The transformed
-weights U take 36/9 = 4× the bytes of the filters they replace.
+±1, ±2; F(2×2, 3×3) is 20× more exact, but its speedup measured 1.2–1.6× where F(4×4, 3×3)'s
+was 1.8–2.2×). That is why this is an -O3 pass: -O2's passes keep results within what
+onnxruntime's own optimization levels change. The transformed weights U take 36/9 = 4× the
+bytes of the filters they replace.
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ TILE = 4                     # output tile side, m in F(m×m, 3×3)
 SPAN = TILE + 2              # input tile side, m + r − 1
 MIN_CHANNELS = 128           # below, the transforms cost more than the GEMMs save
 MIN_TILE_CHANNELS = 8192     # tiles × min(C, K): below, the 36 GEMMs are too thin
-MAX_PADDING = 1.2            # padded tile area over the output area
 
 
 @functools.cache
@@ -78,16 +80,19 @@ def pays_off(channels: int, filters: int, out_h: int, out_w: int) -> bool:
     Winograd on onnxruntime's CPU provider (the measured rule in the module docstring)."""
     th, tw = tiles(out_h, out_w)
     narrow = min(channels, filters)
-    return (narrow >= MIN_CHANNELS and th * tw * narrow >= MIN_TILE_CHANNELS
-            and (th * tw * TILE * TILE) / (out_h * out_w) <= MAX_PADDING)
+    return narrow >= MIN_CHANNELS and th * tw * narrow >= MIN_TILE_CHANNELS
 
 
 def filter_transform(weight: np.ndarray) -> np.ndarray:
-    """U [36, K, C] from filters [K, C, 3, 3], in float64 before the cast."""
+    """U [36, K, C] from filters [K, C, 3, 3]."""
     _, g, _ = matrices()
     k, c = weight.shape[:2]
-    u = np.einsum("xi,kcij,yj->xykc", g, weight.astype(np.float64), g)
-    return u.reshape(SPAN * SPAN, k, c).astype(weight.dtype)
+    # One GEMM by G⊗G over the flattened filters: U[x·6+y] = Σ G[x,i]·G[y,j]·g[i,j]. Per-filter
+    # products (an einsum or batched 6×3 matmuls) took seconds on UNet's 31M weights. In the
+    # filters' own float32: 9-term sums round far below the method's 1e-5.
+    flat = weight.reshape(k * c, 9)
+    u = np.kron(g, g).astype(weight.dtype) @ flat.T
+    return u.reshape(SPAN * SPAN, k, c)
 
 
 def input_kernel(channels: int) -> np.ndarray:
@@ -120,6 +125,14 @@ def _activation(node: Node) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _image_dims(value) -> tuple[int, int, int, int] | None:
+    """(batch, C, H, W) of a rank-4 value whose C, H and W are known; the batch may be any dim."""
+    shape = value.shape
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
+        return None
+    return shape
+
+
 def refusal(node: Node, opset: int) -> str | None:
     """Why `node` (a Conv, or onnxruntime's FusedConv) stays a direct convolution (None: it is
     rewritten)."""
@@ -138,9 +151,9 @@ def refusal(node: Node, opset: int) -> str | None:
     if x is None or x.dtype != DType.FLOAT or not w.is_constant \
             or (b is not None and not b.is_constant):
         return "not float32 with constant filters"
-    shape, out_shape = x.static_shape, out.static_shape
-    if shape is None or out_shape is None or len(shape) != 4 or shape[0] != 1:
-        return "not a static 2-D conv of batch 1"
+    shape, out_shape = _image_dims(x), _image_dims(out)
+    if shape is None or out_shape is None:
+        return "not a 2-D conv with static channels and sizes"
     if w.const.shape[2:] != (3, 3) or node.attr("group", 1) != 1:
         return "not a 3×3 kernel of group 1"
     if any(s != 1 for s in node.attr("strides", [1, 1])) \
@@ -148,25 +161,30 @@ def refusal(node: Node, opset: int) -> str | None:
         return "strided or dilated"
     if _auto_pad(node) not in ("NOTSET", "VALID"):
         return f"auto_pad {_auto_pad(node)}"
-    if not pays_off(shape[1], out_shape[1], out_shape[2], out_shape[3]):
+    if not pays_off(*shape[1:2], *out_shape[1:]):
         return "too few channels or tiles to pay off"
     return None
 
 
 def rewrite(node: Node) -> None:
-    """Replace `node` (checked by `refusal`) by its Winograd form."""
+    """Replace `node` (checked by `refusal`) by its Winograd form. With a batch other than a
+    static 1, the images' tiles are GEMM columns side by side, and two more Transposes move the
+    batch axis in and out."""
     graph = node.graph
     x, w, b, out = node.inputs[0], node.inputs[1], node.input(2), node.output
-    _, channels, height, width = x.static_shape
-    _, filters, out_h, out_w = out.static_shape
+    batch, channels, height, width = _image_dims(x)
+    _, filters, out_h, out_w = _image_dims(out)
+    single = batch == 1
     pads = list(node.attr("pads", [0, 0, 0, 0])) if _auto_pad(node) == "NOTSET" else [0] * 4
     th, tw = tiles(out_h, out_w)
     count = th * tw
+    columns = count if single else (batch * count if isinstance(batch, int) else None)
     # The tiles' extent past the input is zero padding: pads top/left as the conv's, bottom and
     # right so that th × tw whole tiles exist (at least the conv's own padding).
     bottom = TILE * th + 2 - height - pads[0]
     right = TILE * tw + 2 - width - pads[1]
     prefix = node.name or out.name
+    positions, outputs = SPAN * SPAN, TILE * TILE
 
     def step(op, inputs, attrs, shape):
         made = graph.make_node(op, inputs, attrs, before=node, dtype=DType.FLOAT, shape=shape,
@@ -182,39 +200,50 @@ def rewrite(node: Node) -> None:
     spread = step("Conv", [x, const("input_transform", input_kernel(channels))],
                   {"group": channels, "kernel_shape": [SPAN, SPAN], "strides": [TILE, TILE],
                    "pads": [pads[0], pads[1], bottom, right]},
-                  (1, SPAN * SPAN * channels, th, tw))
-    per_channel = step("Reshape", [spread, dims(channels, SPAN * SPAN, th, tw)], {},
-                       (channels, SPAN * SPAN, th, tw))
-    # The Transpose does not feed the MatMul directly: onnxruntime would fuse it into a
-    # FusedMatMul with a transposed batch, which measured 2× slower than the copy.
-    per_position = step("Transpose", [per_channel], {"perm": [1, 0, 2, 3]},
-                        (SPAN * SPAN, channels, th, tw))
-    v = step("Reshape", [per_position, dims(SPAN * SPAN, channels, count)], {},
-             (SPAN * SPAN, channels, count))
+                  (batch, positions * channels, th, tw))
+    # A Reshape of rank 4 to 3 always stands between the Transpose and the MatMul: onnxruntime
+    # would fuse a Transpose feeding a MatMul into a FusedMatMul with a transposed batch, which
+    # measured 2× slower than the copy.
+    if single:
+        per_channel = step("Reshape", [spread, dims(channels, positions, th, tw)], {},
+                           (channels, positions, th, tw))
+        per_position = step("Transpose", [per_channel], {"perm": [1, 0, 2, 3]},
+                            (positions, channels, th, tw))
+    else:
+        per_channel = step("Reshape", [spread, dims(-1, channels, positions, count)], {},
+                           (batch, channels, positions, count))
+        per_position = step("Transpose", [per_channel], {"perm": [2, 1, 0, 3]},
+                            (positions, channels, batch, count))
+    v = step("Reshape", [per_position, dims(positions, channels, -1)], {},
+             (positions, channels, columns))
     m = step("MatMul", [const("filter_transform", filter_transform(w.constant())), v], {},
-             (SPAN * SPAN, filters, count))
-    flat = step("Reshape", [m, dims(SPAN * SPAN, filters * count)], {},
-                (SPAN * SPAN, filters * count))
+             (positions, filters, columns))
+    flat = step("Reshape", [m, dims(positions, -1)], {},
+                (positions, None if columns is None else filters * columns))
     y = step("MatMul", [const("output_transform", output_matrix()), flat], {},
-             (TILE * TILE, filters * count))
-    blocks = step("Reshape", [y, dims(1, TILE * TILE * filters, th, tw)], {},
-                  (1, TILE * TILE * filters, th, tw))
+             (outputs, None if columns is None else filters * columns))
+    if not single:
+        y = step("Reshape", [y, dims(outputs, filters, -1, th, tw)], {},
+                 (outputs, filters, batch, th, tw))
+        y = step("Transpose", [y], {"perm": [2, 0, 1, 3, 4]}, (batch, outputs, filters, th, tw))
+    blocks = step("Reshape", [y, dims(-1, outputs * filters, th, tw)], {},
+                  (batch, outputs * filters, th, tw))
     y = step("DepthToSpace", [blocks], {"blocksize": TILE, "mode": "DCR"},
-             (1, filters, TILE * th, TILE * tw))
+             (batch, filters, TILE * th, TILE * tw))
     if (TILE * th, TILE * tw) != (out_h, out_w):
         y = step("Slice", [y, dims(0, 0), dims(out_h, out_w), dims(2, 3)], {},
-                 (1, filters, out_h, out_w))
+                 (batch, filters, out_h, out_w))
     if b is not None:
         y = step("Add", [y, const("bias", b.constant().reshape(1, filters, 1, 1))], {},
-                 (1, filters, out_h, out_w))
+                 (batch, filters, out_h, out_w))
     if node.domain == MS:
         activation = _activation(node)
         params = dict(zip(ACTIVATIONS[activation], node.attr("activation_params", [])))
         if activation == "Clip":
             bounds = [const(name, np.float32(params[name])) for name in ("min", "max")]
-            y = step("Clip", [y, *bounds], {}, (1, filters, out_h, out_w))
+            y = step("Clip", [y, *bounds], {}, (batch, filters, out_h, out_w))
         else:
-            y = step(activation, [y], params, (1, filters, out_h, out_w))
+            y = step(activation, [y], params, (batch, filters, out_h, out_w))
     if not replace_value(out, y):
         raise AssertionError("a fresh value takes over any output")
     graph.remove(node)
