@@ -9,6 +9,7 @@ the largest difference over the largest direct output.
 
     python bench/winograd.py
     python bench/winograd.py --shapes 256x56x56,512x28x28 --runs 30
+    python bench/winograd.py --batch 8 --shapes 64x56x56,128x28x28,256x14x14,512x7x7
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ SHAPES = ((128, 128, 128), (256, 64, 64), (512, 32, 32), (1024, 16, 16), (128, 5
           (64, 256, 256), (64, 56, 56), (128, 28, 28), (256, 14, 14), (512, 7, 7), (384, 17, 17))
 
 
-def direct_model(channels: int, height: int, width: int) -> onnx.ModelProto:
+def direct_model(channels: int, height: int, width: int, batch: int = 1) -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     weight = (rng.standard_normal((channels, channels, 3, 3))
               / np.sqrt(9 * channels)).astype(np.float32)
     bias = rng.standard_normal(channels).astype(np.float32)
-    shape = [1, channels, height, width]
+    shape = [batch, channels, height, width]
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
          helper.make_node("Relu", ["c"], ["y"])], "conv",
@@ -62,14 +63,14 @@ def winograd_model(direct: onnx.ModelProto) -> onnx.ModelProto:
     return onnx_io.to_onnx(model)
 
 
-def bench(shape: tuple[int, int, int], runs: int, warmup: int = 2) -> list[str]:
+def bench(shape: tuple[int, int, int], runs: int, batch: int = 1, warmup: int = 2) -> list[str]:
     channels, height, width = shape
-    direct = direct_model(*shape)
+    direct = direct_model(*shape, batch=batch)
     models = {"direct": direct, "winograd": winograd_model(direct)}
     sessions = {name: ort.InferenceSession(proto.SerializeToString(), session_options("all"),
                                            providers=["CPUExecutionProvider"])
                 for name, proto in models.items()}
-    x = np.random.default_rng(1).standard_normal((1, *shape)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, *shape)).astype(np.float32)
     times: dict[str, list[float]] = {name: [] for name in sessions}
     outputs = {}
     for i in range(warmup + runs):
@@ -82,8 +83,9 @@ def bench(shape: tuple[int, int, int], runs: int, warmup: int = 2) -> list[str]:
     error = float(np.abs(outputs["winograd"] - outputs["direct"]).max()
                   / np.abs(outputs["direct"]).max())
     th, tw = winograd.tiles(height, width)
-    rule = "winograd" if winograd.pays_off(channels, channels, height, width) else "direct"
-    return [f"{channels}×{height}×{width}", str(th * tw), rule, f"{direct_ms:.2f}",
+    rule = "winograd" if winograd.pays_off(channels, channels, height, width, batch) \
+        else "direct"
+    return [f"{channels}×{height}×{width}", str(batch * th * tw), rule, f"{direct_ms:.2f}",
             f"{winograd_ms:.2f}", f"{direct_ms / winograd_ms:.2f}", f"{error:.1e}"]
 
 
@@ -104,15 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", type=_shapes, default=list(SHAPES),
                         help="CxHxW layer shapes (as many filters as channels), comma-separated")
     parser.add_argument("--runs", type=int, default=15, help="timed calls per variant (15)")
+    parser.add_argument("--batch", type=int, default=1, help="images per call (1)")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
+    if args.runs < 1 or args.batch < 1:
+        parser.error("--runs and --batch must be ≥ 1")
     ort.set_default_logger_severity(3)
-    print(f"median ms per call of {args.runs} interleaved calls, 1 thread, ORT_ENABLE_ALL, "
+    print(f"median ms per call of {args.runs} interleaved calls, batch {args.batch}, 1 thread, "
+          f"ORT_ENABLE_ALL, "
           f"onnxruntime {ort.__version__}; × = direct / winograd (above 1: Winograd faster)\n")
     rows = []
     for shape in args.shapes:
-        rows.append(bench(shape, args.runs))
+        rows.append(bench(shape, args.runs, args.batch))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     print(markdown_table(["C×H×W", "tiles", "rule", "direct ms", "winograd ms", "×", "error"],
                          rows))

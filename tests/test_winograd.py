@@ -163,3 +163,13 @@ def test_the_om_runs_the_rewritten_conv(tmp_path):
     expected = run(proto, x)
     np.testing.assert_allclose(got, expected, rtol=0,
                                atol=SCALED_TOLERANCE * float(np.abs(expected).max()))
+
+
+def test_a_static_batch_counts_every_images_tiles():
+    # ResNet-50's 256×14×14 layer: 16 tiles are too few for one image, not for eight.
+    assert not winograd.pays_off(256, 256, 14, 14)
+    assert winograd.pays_off(256, 256, 14, 14, batch=8)
+    proto = conv_model(channels=256, filters=256, size=(14, 14), batch=8)
+    assert "DepthToSpace" in ops(compiled(proto).model)
+    symbolic = conv_model(channels=256, filters=256, size=(14, 14), batch="N")
+    assert "DepthToSpace" not in ops(compiled(symbolic).model)  # the batch may be 1

@@ -75,12 +75,13 @@ def tiles(out_h: int, out_w: int) -> tuple[int, int]:
     return math.ceil(out_h / TILE), math.ceil(out_w / TILE)
 
 
-def pays_off(channels: int, filters: int, out_h: int, out_w: int) -> bool:
-    """Whether a [1, channels, ·, ·] → [1, filters, out_h, out_w] 3×3 conv runs faster as
-    Winograd on onnxruntime's CPU provider (the measured rule in the module docstring)."""
+def pays_off(channels: int, filters: int, out_h: int, out_w: int, batch: int = 1) -> bool:
+    """Whether a [batch, channels, ·, ·] → [batch, filters, out_h, out_w] 3×3 conv runs faster
+    as Winograd on onnxruntime's CPU provider (the measured rule in the module docstring). The
+    tiles of every image are columns of the same GEMMs."""
     th, tw = tiles(out_h, out_w)
     narrow = min(channels, filters)
-    return narrow >= MIN_CHANNELS and th * tw * narrow >= MIN_TILE_CHANNELS
+    return narrow >= MIN_CHANNELS and batch * th * tw * narrow >= MIN_TILE_CHANNELS
 
 
 def filter_transform(weight: np.ndarray) -> np.ndarray:
@@ -161,7 +162,8 @@ def refusal(node: Node, opset: int) -> str | None:
         return "strided or dilated"
     if _auto_pad(node) not in ("NOTSET", "VALID"):
         return f"auto_pad {_auto_pad(node)}"
-    if not pays_off(*shape[1:2], *out_shape[1:]):
+    images = shape[0] if isinstance(shape[0], int) else 1  # a symbolic batch may be 1
+    if not pays_off(*shape[1:2], *out_shape[1:], images):
         return "too few channels or tiles to pay off"
     return None
 
