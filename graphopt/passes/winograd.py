@@ -18,7 +18,7 @@ and, summed over input channels, the elementwise products become one GEMM per po
 
 The transforms are passes over memory, the GEMMs are where the time goes, so the rewrite pays
 where channels are many and tiles are not few: at least 128 channels in and out, and tiles × that
-many channels ≥ 8192 (`pays_off`). `python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2)
+many channels ≥ 8192, the tiles of every image of a static batch counted (`pays_off`). `python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2)
 is where the rule comes from: 1.3× on UNet's 128×128×128 layer, 1.7× at 256×64×64, 2.2–2.4× at
 512×32×32 and 1024×16×16, 1.9× on VGG's 256×56×56; but 0.84× with 64 channels at 256×256, and
 0.56× at 512×7×7, whose 4 tiles make GEMMs too thin (ResNet-50's last stage). Near the line
