@@ -173,3 +173,10 @@ def test_a_static_batch_counts_every_images_tiles():
     assert "DepthToSpace" in ops(compiled(proto).model)
     symbolic = conv_model(channels=256, filters=256, size=(14, 14), batch="N")
     assert "DepthToSpace" not in ops(compiled(symbolic).model)  # the batch may be 1
+
+
+def test_verify_names_winograd_when_its_rounding_exceeds_the_tolerance():
+    proto = conv_model(size=(32, 32))
+    with pytest.raises(graphopt.errors.VerificationError, match="as Winograd, exact to ~2e-5"):
+        graphopt.optimize(proto, level=3, target="cpu", verify=True, rtol=0, atol=1e-7)
+    graphopt.optimize(proto, level=3, target="cpu", verify=True, rtol=0, atol=1e-3)
