@@ -180,3 +180,18 @@ def test_verify_names_winograd_when_its_rounding_exceeds_the_tolerance():
     with pytest.raises(graphopt.errors.VerificationError, match="as Winograd, exact to ~2e-5"):
         graphopt.optimize(proto, level=3, target="cpu", verify=True, rtol=0, atol=1e-7)
     graphopt.optimize(proto, level=3, target="cpu", verify=True, rtol=0, atol=1e-3)
+
+
+def test_subgraph_tuning_can_switch_winograd_per_conv_shape():
+    from graphopt.tuner.subgraph_space import Recorder, build_space, gate_for
+
+    proto = conv_model()
+    recorder = Recorder("shape")
+    result = graphopt.optimize(proto, level=3, target="cpu", rewrite_gate=recorder)
+    space = build_space(recorder, result.partitioning, elementwise=False, npu=False)
+    (group,) = [g for g in space.groups if g.key.startswith("WinogradConv")]
+    assert group.key == "WinogradConv@Conv[1,128,30,30]"
+    direct = graphopt.optimize(proto, level=3, target="cpu",
+                               rewrite_gate=gate_for({**space.default_params(),
+                                                      group.param: False}, space))
+    assert "DepthToSpace" not in ops(direct.model)

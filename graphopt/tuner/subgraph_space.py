@@ -8,8 +8,9 @@ granularity "shape" the anchor's output shape splits a group further (blocking t
 but not the 56×56 ones), a bigger space that wants more trials. Groups are
 what Optuna sees, one boolean each; on is the default. Tunable passes are the ones whose
 rewrites can cost time on some target: fusions into bigger kernels (FuseMatMul, FuseGelu,
-FuseLayerNorm, FuseAttention, FuseActivation, FuseElementwise) and layout changes
-(LayoutNchwc, where reorders go). Folding, cleanups and FuseConvBatchNorm only ever remove
+FuseLayerNorm, FuseAttention, FuseActivation, FuseElementwise), layout changes (LayoutNchwc,
+where reorders go) and the conv algorithm (WinogradConv at -O3 on the CPU: with granularity
+"shape" the measured objective settles the layer shapes its rule calls close). Folding, cleanups and FuseConvBatchNorm only ever remove
 work and are not searched. With FuseElementwise in the pipeline (-O3) the group size limit
 is a knob too ("fusion depth"), and on an NPU target whether a Conv/MatMul/Gemm heads its
 elementwise group (epilogue fusion).
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from graphopt.partition.partitioner import Partitioning
 
 TUNABLE_PASSES = frozenset({"FuseMatMul", "FuseGelu", "FuseLayerNorm", "FuseAttention",
-                            "FuseActivation", "FuseElementwise", "LayoutNchwc"})
+                            "FuseActivation", "FuseElementwise", "LayoutNchwc", "WinogradConv"})
 GRANULARITIES = ("rule", "shape")
 GROUP_SIZES = (2, 4, 8, 16, 32)          # FuseElementwise's max group size ladder
 MAX_GROUP_KNOB = "elementwise_max_group"
