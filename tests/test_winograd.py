@@ -37,7 +37,8 @@ def test_matrices_compute_a_correlation_exactly():
 
 
 def conv_model(channels=128, filters=128, size=(30, 30), pads=(1, 1, 1, 1), bias=True,
-               activation=None, batch=1, group=1, strides=(1, 1), seed=0) -> onnx.ModelProto:
+               activation=None, batch=1, group=1, strides=(1, 1), seed=0,
+               opset=17) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     weight = (rng.standard_normal((filters, channels // group, 3, 3))
               / np.sqrt(9 * channels / group)).astype(np.float32)
@@ -54,7 +55,7 @@ def conv_model(channels=128, filters=128, size=(30, 30), pads=(1, 1, 1, 1), bias
     graph = helper.make_graph(
         nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, *size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, filters, height, width])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def run(proto: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -88,6 +89,8 @@ def assert_same_outputs(proto, result):
     {"filters": 192, "channels": 160},
     {"batch": 3},
     {"batch": "N"},                                      # run with 2 images
+    {"opset": 10},                                       # DepthToSpace without a mode
+    {"opset": 9},                                        # Slice's bounds as attributes
 ])
 def test_outputs_match_the_direct_conv(case):
     proto = conv_model(**case)
@@ -106,11 +109,16 @@ def test_a_fused_activation_follows_the_output_transform(activation):
     assert_same_outputs(proto, result)
 
 
-def test_clip_bounds_come_back_as_inputs():
-    proto = conv_model()
-    lo, hi = numpy_helper.from_array(np.float32(-1), "lo"), numpy_helper.from_array(np.float32(3), "hi")
-    proto.graph.initializer.extend([lo, hi])
-    proto.graph.node[1].CopyFrom(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+@pytest.mark.parametrize("opset", [9, 17])
+def test_clip_bounds_come_back_as_inputs_or_attributes(opset):
+    proto = conv_model(opset=opset)
+    if opset >= 11:
+        lo, hi = (numpy_helper.from_array(np.float32(v), n) for v, n in ((-1, "lo"), (3, "hi")))
+        proto.graph.initializer.extend([lo, hi])
+        clip = helper.make_node("Clip", ["c", "lo", "hi"], ["y"])
+    else:
+        clip = helper.make_node("Clip", ["c"], ["y"], min=-1.0, max=3.0)
+    proto.graph.node[1].CopyFrom(clip)
     result = compiled(proto)
     assert "Clip" in ops(result.model) and "DepthToSpace" in ops(result.model)
     assert_same_outputs(proto, result)

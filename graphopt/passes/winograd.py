@@ -16,6 +16,8 @@ and, summed over input channels, the elementwise products become one GEMM per po
       ─ MatMul(A₂ [16,36], Reshape [36,K·P])   (A₂ = Aᵀ⊗Aᵀ)                  ─ [16,K·P]
       ─ Reshape [1,16K,th,tw] ─ DepthToSpace(4, DCR) ─ [1,K,4th,4tw] ─ Slice ─ Add(bias)
 
+(from opset 7; a batch other than a static 1 adds two Transposes, see `rewrite`).
+
 The transforms are passes over memory, the GEMMs are where the time goes, so the rewrite pays
 where channels are many and tiles are not few: at least 128 channels in and out, and tiles × that
 many channels ≥ 8192, the tiles of every image of a static batch counted (`pays_off`). `python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2)
@@ -147,8 +149,8 @@ def refusal(node: Node, opset: int) -> str | None:
     x, w = node.inputs[0], node.inputs[1]
     b = node.input(2)
     out = node.output
-    if opset < 11:
-        return "opset below 11 (DepthToSpace mode)"
+    if opset < 7:
+        return "opset below 7 (Add without broadcasting)"
     if x is None or x.dtype != DType.FLOAT or not w.is_constant \
             or (b is not None and not b.is_constant):
         return "not float32 with constant filters"
@@ -168,7 +170,7 @@ def refusal(node: Node, opset: int) -> str | None:
     return None
 
 
-def rewrite(node: Node) -> None:
+def rewrite(node: Node, opset: int = 17) -> None:
     """Replace `node` (checked by `refusal`) by its Winograd form. With a batch other than a
     static 1, the images' tiles are GEMM columns side by side, and two more Transposes move the
     batch axis in and out."""
@@ -230,18 +232,24 @@ def rewrite(node: Node) -> None:
         y = step("Transpose", [y], {"perm": [2, 0, 1, 3, 4]}, (batch, outputs, filters, th, tw))
     blocks = step("Reshape", [y, dims(-1, outputs * filters, th, tw)], {},
                   (batch, outputs * filters, th, tw))
-    y = step("DepthToSpace", [blocks], {"blocksize": TILE, "mode": "DCR"},
+    # DCR order, DepthToSpace's only mode before opset 11 and its default since.
+    y = step("DepthToSpace", [blocks], {"blocksize": TILE},
              (batch, filters, TILE * th, TILE * tw))
     if (TILE * th, TILE * tw) != (out_h, out_w):
-        y = step("Slice", [y, dims(0, 0), dims(out_h, out_w), dims(2, 3)], {},
-                 (batch, filters, out_h, out_w))
+        crop = (batch, filters, out_h, out_w)
+        if opset < 10:  # bounds were attributes then
+            y = step("Slice", [y], {"starts": [0, 0], "ends": [out_h, out_w], "axes": [2, 3]}, crop)
+        else:
+            y = step("Slice", [y, dims(0, 0), dims(out_h, out_w), dims(2, 3)], {}, crop)
     if b is not None:
         y = step("Add", [y, const("bias", b.constant().reshape(1, filters, 1, 1))], {},
                  (batch, filters, out_h, out_w))
     if node.domain == MS:
         activation = _activation(node)
         params = dict(zip(ACTIVATIONS[activation], node.attr("activation_params", [])))
-        if activation == "Clip":
+        if activation == "Clip" and opset < 11:  # bounds were attributes then
+            y = step("Clip", [y], params, (batch, filters, out_h, out_w))
+        elif activation == "Clip":
             bounds = [const(name, np.float32(params[name])) for name in ("min", "max")]
             y = step("Clip", [y, *bounds], {}, (batch, filters, out_h, out_w))
         else:
@@ -266,6 +274,6 @@ class WinogradConv(Pass):
                 continue
             if not ctx.allows(self.name, node):
                 continue
-            rewrite(node)
+            rewrite(node, opset)
             result.count(self.name)
         return result
