@@ -157,9 +157,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(_line(row), flush=True)
     print()
+    if args.level != 2:
+        print(f"graphopt's .om compiled at -O{args.level}, not -O2.")
     print(format_rows(rows, args.runs))
     if args.json:
-        write_json(args.json, {"runs": args.runs, "onnxruntime": ort.__version__, "rows": rows})
+        write_json(args.json, {"runs": args.runs, "level": args.level,
+                               "onnxruntime": ort.__version__, "rows": rows})
     return 0
 
 

@@ -10,8 +10,8 @@ what Optuna sees, one boolean each; on is the default. Tunable passes are the on
 rewrites can cost time on some target: fusions into bigger kernels (FuseMatMul, FuseGelu,
 FuseLayerNorm, FuseAttention, FuseActivation, FuseElementwise), layout changes (LayoutNchwc,
 where reorders go) and the conv algorithm (WinogradConv at -O3 on the CPU: with granularity
-"shape" the measured objective settles the layer shapes its rule calls close). Folding, cleanups and FuseConvBatchNorm only ever remove
-work and are not searched. With FuseElementwise in the pipeline (-O3) the group size limit
+"shape" the measured objective settles the layer shapes its rule calls close). Folding,
+cleanups and FuseConvBatchNorm only ever remove work and are not searched. With FuseElementwise in the pipeline (-O3) the group size limit
 is a knob too ("fusion depth"), and on an NPU target whether a Conv/MatMul/Gemm heads its
 elementwise group (epilogue fusion).
 
