@@ -151,6 +151,11 @@ def test_convs_with_computed_weights_leave_the_layout_to_onnxruntime(tmp_path):
     graphopt.save(result, tmp_path / "c.om")
     (part,) = load_om(tmp_path / "c.om").partitions
     assert part.optimization_level == "all"
+    # -O3 fuses the activation first: a FusedConv left unblocked needs that level as well.
+    fused = graphopt.optimize(COMPUTED_WEIGHTS, target="cpu", fold_size_limit=1024, level=3)
+    assert "FusedConv" in {n.op_type for n in fused.model.graph}
+    graphopt.save(fused, tmp_path / "c3.om")
+    assert load_om(tmp_path / "c3.om").partitions[0].optimization_level == "all"
     folded = graphopt.optimize(COMPUTED_WEIGHTS, target="cpu")
     graphopt.save(folded, tmp_path / "f.om")
     (part,) = load_om(tmp_path / "f.om").partitions

@@ -203,3 +203,13 @@ def test_subgraph_tuning_can_switch_winograd_per_conv_shape():
                                rewrite_gate=gate_for({**space.default_params(),
                                                       group.param: False}, space))
     assert "DepthToSpace" not in ops(direct.model)
+
+
+def test_the_grouped_input_transform_does_not_ask_for_onnxruntimes_layout_level(tmp_path):
+    # Its filters are constant and onnxruntime cannot block it either: "all" would only cost
+    # session time.
+    from graphopt.codegen import load_om
+
+    graphopt.save(compiled(conv_model(activation="Relu")), tmp_path / "w.om")
+    (part,) = load_om(tmp_path / "w.om").partitions
+    assert part.optimization_level != "all"
