@@ -148,3 +148,17 @@ def test_cli_tunes_then_optimize_applies_the_choice(block_path, tmp_path, capsys
     rc, out, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--objective",
                            "measured")
     assert rc == 1 and "--objective measured is for --job subgraph" in err
+
+
+def test_a_measured_best_must_beat_the_default_by_more_than_noise():
+    from graphopt.tuner.subgraph import MIN_MEASURED_GAIN, Scored, SubgraphResult
+    from graphopt.tuner.subgraph_space import Space
+
+    space = Space([], {}, "rule")
+    default, best = Scored({"a": True}, 1.0, {}), Scored({"a": False}, 0.9, {})
+    noise = SubgraphResult("s", space, default, best, 5, [], confirmed=(1.0, 0.995))
+    assert noise.kept_default and noise.chosen == default.params and noise.speedup == 1.0
+    gain = 1.0 / (1 + 2 * MIN_MEASURED_GAIN)
+    real = SubgraphResult("s", space, default, best, 5, [], confirmed=(1.0, gain))
+    assert not real.kept_default and real.chosen == best.params
+    assert real.speedup == pytest.approx(1 + 2 * MIN_MEASURED_GAIN)
