@@ -51,7 +51,7 @@ from graphopt.tuner.subgraph_space import (
 OBJECTIVES = ("estimate", "measured")
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 # A measured best must beat the default by this much when the two are re-timed side by side:
-# the interleaved medians of two identical compiles differ by up to ~1% on a shared machine.
+# two byte-identical models differed by 1.4-1.7% in bench/precision.py's interleaved runs.
 MIN_MEASURED_GAIN = 0.02
 WARMUP_RUNS = 2
 
