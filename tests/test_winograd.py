@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
@@ -216,3 +220,23 @@ def test_the_grouped_input_transform_does_not_ask_for_onnxruntimes_layout_level(
     graphopt.save(compiled(conv_model(activation="Relu")), tmp_path / "w.om")
     (part,) = load_om(tmp_path / "w.om").partitions
     assert part.optimization_level != "all"
+
+
+@settings(max_examples=int(os.environ.get("GRAPHOPT_FUZZ_EXAMPLES", 40)), deadline=None,
+          derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(channels=st.integers(1, 6), filters=st.integers(1, 6), height=st.integers(1, 11),
+       width=st.integers(1, 11), pads=st.tuples(*[st.integers(0, 2)] * 4),
+       batch=st.sampled_from([1, 2, "N"]), bias=st.booleans(),
+       activation=st.sampled_from([None, "Relu", "Sigmoid"]))
+def test_any_small_conv_forced_through_the_rewrite_matches(monkeypatch, channels, filters, height,
+                                                           width, pads, batch, bias, activation):
+    # The rule would refuse these shapes; forcing it checks the rewrite's arithmetic and every
+    # edge of the tiling (a 1×1 output, uneven pads, tiles cut at both borders).
+    assume(height + pads[0] + pads[2] >= 3 and width + pads[1] + pads[3] >= 3)
+    monkeypatch.setattr(winograd, "pays_off", lambda *args: True)
+    proto = conv_model(channels=channels, filters=filters, size=(height, width), pads=pads,
+                       bias=bias, activation=activation, batch=batch)
+    result = compiled(proto)
+    assert "DepthToSpace" in ops(result.model)
+    assert_same_outputs(proto, result)
