@@ -88,16 +88,18 @@ def test_pipelines_preserve_outputs(entry, level, reference_cache):
         OUTCOMES[entry.id] = "ok"
 
 
-@pytest.mark.parametrize("target", ["ascend310", "cpu"])
+@pytest.mark.parametrize("target, level", [("ascend310", 2), ("cpu", 2), ("cpu", 3)],
+                         ids=["ascend310", "cpu", "cpu-O3"])
 @pytest.mark.parametrize("entry", MODELS, ids=[m.id for m in MODELS])
-def test_artifacts_reproduce_outputs(entry, target, reference_cache, tmp_path):
+def test_artifacts_reproduce_outputs(entry, target, level, reference_cache, tmp_path):
     """Compiled into an .om — for ascend310 device partitions, each its own onnxruntime
     session with tensors routed between them; for cpu conv nets blocked into NCHWc and weights
-    mapped from the artifact — the model still computes the same outputs."""
+    mapped from the artifact, and at -O3 the CPU's own passes' order (Winograd, the layout,
+    then elementwise groups) — the model still computes the same outputs."""
     feeds, expected = _reference(entry, reference_cache)
     if isinstance(expected, str):
         pytest.skip(expected)
-    result = graphopt.optimize(entry.path, target=target)
+    result = graphopt.optimize(entry.path, target=target, level=level)
     path = tmp_path / "model.om"
     graphopt.save(result, path)
     artifact = graphopt.codegen.load_om(path)
