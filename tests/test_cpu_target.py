@@ -254,3 +254,9 @@ def test_a_large_partition_keeps_extended_without_asking_onnxruntime(monkeypatch
     monkeypatch.setattr(split, "optimized_by_onnxruntime", lambda *a: asked.append(a))
     assert split._session_level(model, "extended") == "extended"
     assert asked == []
+
+
+def test_with_the_layout_pass_off_onnxruntime_blocks_the_convs(tmp_path):
+    result = graphopt.optimize(COMPUTED_WEIGHTS, target="cpu", disable_passes=["LayoutNchwc"])
+    graphopt.save(result, tmp_path / "n.om")
+    assert load_om(tmp_path / "n.om").partitions[0].optimization_level == "all"

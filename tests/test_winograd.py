@@ -217,7 +217,15 @@ def test_the_grouped_input_transform_does_not_ask_for_onnxruntimes_layout_level(
     # session time.
     from graphopt.codegen import load_om
 
-    graphopt.save(compiled(conv_model(activation="Relu")), tmp_path / "w.om")
+    proto = conv_model(activation="Relu")
+    # A 1×1 conv after it, which LayoutNchwc blocks.
+    proto.graph.node[1].output[0] = "r"
+    proto.graph.node.append(helper.make_node("Conv", ["r", "w1"], ["y"]))
+    proto.graph.initializer.append(numpy_helper.from_array(
+        np.full((128, 128, 1, 1), 0.01, np.float32), "w1"))
+    result = compiled(proto)
+    assert "com.microsoft.nchwc::Conv" in ops(result.model) and "DepthToSpace" in ops(result.model)
+    graphopt.save(result, tmp_path / "w.om")
     (part,) = load_om(tmp_path / "w.om").partitions
     assert part.optimization_level != "all"
 

@@ -76,24 +76,28 @@ def disabled_optimizers(model: Model) -> list[str] | None:
     return None
 
 
-def _blocked_at_load(node) -> bool:
-    """Whether onnxruntime's layout level would block this node's conv into NCHWc where
-    LayoutNchwc could not: a Conv or FusedConv (-O3 fuses activations first) whose filters are
-    computed at run time, which onnxruntime folds first. A conv with constant filters that
-    LayoutNchwc left in NCHW is one onnxruntime's rules leave too (Winograd's grouped input
-    transform, say), or one that subgraph tuning held back."""
-    conv = (node.op_type == "Conv" and node.is_onnx) or \
-        (node.op_type == "FusedConv" and node.domain == "com.microsoft")
-    weight = node.input(1) if conv and len(node.inputs) > 1 else None
-    return weight is not None and not weight.is_constant
+def _layout_left_to_onnxruntime(nodes: list) -> bool:
+    """Whether onnxruntime's layout level would block convs into NCHWc that graphopt left in
+    NCHW: any Conv or FusedConv (-O3 fuses activations first) when nothing was blocked offline
+    (LayoutNchwc off, or given up on the model), or one whose filters are computed at run
+    time, which onnxruntime folds first. A conv with constant filters left beside blocked ones
+    is one that onnxruntime's rules leave too (Winograd's grouped input transform, say)."""
+    convs = [n for n in nodes if (n.op_type == "Conv" and n.is_onnx)
+             or (n.op_type == "FusedConv" and n.domain == "com.microsoft")]
+    if not convs:
+        return False
+    if not any(n.domain == "com.microsoft.nchwc" for n in nodes):
+        return True
+    return any(len(n.inputs) > 1 and n.inputs[1] is not None and not n.inputs[1].is_constant
+               for n in convs)
 
 
 def _session_level(model: Model, fused_level: str | None) -> str | None:
-    """`fused_level`, unless a conv was left unblocked for its weights computed at run time
-    (`_blocked_at_load`): onnxruntime's layout level ("all") blocks it once it has folded them. An int8 Conv between
-    Q/DQ nodes (QuantizeInt8) is one too: "extended" already fuses it into QLinearConv, and
-    "all" adds the NHWC layout (com.microsoft QLinearConv) that onnxruntime's int8 convs run
-    fastest in.
+    """`fused_level`, unless convs were left for onnxruntime's layout level ("all") to block
+    (`_layout_left_to_onnxruntime`), such as one whose filters it folds first. An int8 Conv
+    between Q/DQ nodes (QuantizeInt8) is one too: "extended" already fuses it into
+    QLinearConv, and "all" adds the NHWC layout (com.microsoft QLinearConv) that onnxruntime's
+    int8 convs run fastest in.
 
     A fused float partition where "extended" would turn Add + LayerNormalization back into
     com.microsoft SkipLayerNormalization, whose CPU kernel graphopt's fusions avoid (6× slower,
@@ -103,7 +107,7 @@ def _session_level(model: Model, fused_level: str | None) -> str | None:
     BERT-base at 4 layers, seq 128, 3.4-5.4% faster than at "extended"; the zoo GPT-2 at batch
     4, seq 64, 2-4%. Q/DQ partitions keep "extended", whose QLinear fusions they need."""
     nodes = list(model.graph)
-    if fused_level is not None and any(_blocked_at_load(n) for n in nodes):
+    if fused_level is not None and _layout_left_to_onnxruntime(nodes):
         return "all"
     if fused_level == "extended" and any(_refusable_skip_layernorm(n) for n in nodes) \
             and not any(n.op_type in _QDQ and n.is_onnx for n in nodes):
