@@ -67,6 +67,18 @@ def _check_options(args) -> None:
             raise OptionError(f"--csv {args.csv}: directory {directory} does not exist")
 
 
+def _winograd_note(candidate: str) -> None:
+    """Say so when the candidate is an .om whose -O3 Winograd convs explain small differences."""
+    from graphopt.codegen import is_om, load_om
+    from graphopt.codegen.inspect_om import winograd_rewrites
+    from graphopt.passes.winograd import tolerance_hint
+
+    if candidate.lower().endswith(".om") and is_om(candidate):
+        rewrites = winograd_rewrites(load_om(candidate).pass_log)
+        if rewrites:
+            print(f"note: {tolerance_hint(rewrites, '--atol (or --min-cosine)')}")
+
+
 def _cmd_compare(args) -> int:
     from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_models
     from graphopt.tools.compare_format import format_report, report_json, write_csv
@@ -79,6 +91,8 @@ def _cmd_compare(args) -> int:
         min_cosine=args.min_cosine, seed=0 if args.seed is None else args.seed,
         input_shapes=args.input_shape)
     print(report_json(report) if args.json else format_report(report))
+    if not report.passed and not args.json and args.min_cosine is None:
+        _winograd_note(args.candidate)
     if args.csv:
         write_csv(report, args.csv)
         if not args.json:

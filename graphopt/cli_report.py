@@ -40,6 +40,10 @@ def add_report_parser(sub) -> None:
                         '"x:1,3,224,224"')
     p.add_argument("--per-tensor", action="store_true",
                    help="--reference: also compare the intermediates both models compute")
+    p.add_argument("--rtol", type=float, default=1e-4, metavar="R",
+                   help="--reference: relative tolerance of the comparison (default 1e-4)")
+    p.add_argument("--atol", type=float, default=1e-5, metavar="A",
+                   help="--reference: absolute tolerance of the comparison (default 1e-5)")
     storage = p.add_mutually_exclusive_group()
     storage.add_argument("--tuning-db", metavar="FILE.db",
                          help="the tuning knowledge base `graphopt tune` filled")
@@ -72,7 +76,9 @@ def _check_options(args) -> None:
 
 def _cmd_report(args) -> int:
     from graphopt.atomic import atomic_write_bytes
+    from graphopt.codegen.inspect_om import winograd_rewrites
     from graphopt.codegen.om_read import is_om
+    from graphopt.passes.winograd import tolerance_hint
     from graphopt.tools.report_data import gather
     from graphopt.tools.report_html import render_report
 
@@ -83,6 +89,7 @@ def _cmd_report(args) -> int:
                           f"optimize {args.model} -o MODEL.om --target cpu")
     data = gather(args.model, reference=args.reference, inputs=args.inputs,
                   input_shapes=args.input_shape, per_tensor=args.per_tensor,
+                  rtol=args.rtol, atol=args.atol,
                   tuning_db=args.storage or args.tuning_db,
                   tuning_option="--storage" if args.storage else "--tuning-db")
     page = render_report(data)
@@ -95,6 +102,9 @@ def _cmd_report(args) -> int:
         lines.append(f"accuracy: {'PASS' if data.accuracy.passed else 'FAIL'} "
                      f"({sum(r.passed for r in data.accuracy.outputs)}/"
                      f"{len(data.accuracy.outputs)} outputs within {data.accuracy.rule})")
+        rewrites = winograd_rewrites(data.artifact.pass_log)
+        if not data.accuracy.passed and rewrites:
+            lines.append(f"  ({tolerance_hint(rewrites)})")
     else:
         lines.append("accuracy: not checked (add --reference MODEL.onnx)")
     if data.tuning is None:

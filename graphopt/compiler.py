@@ -217,10 +217,9 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             if not sum(winograd.values()):
                 raise
             # -O3's Winograd convs are exact to a layer's scale, not to each element's.
-            raise VerificationError(
-                f"{exc} (-O3 rewrote {sum(winograd.values())} conv(s) as Winograd, exact to "
-                "~2e-5 of each one's largest output; pass a looser --atol, or --disable-pass "
-                "WinogradConv)") from None
+            from graphopt.passes.winograd import tolerance_hint
+
+            raise VerificationError(f"{exc} ({tolerance_hint(sum(winograd.values()))})") from None
     if target is not None:
         from graphopt.codegen.split import partition_ir
         from graphopt.partition import partition

@@ -248,3 +248,20 @@ def test_any_small_conv_forced_through_the_rewrite_matches(monkeypatch, channels
     result = compiled(proto)
     assert "DepthToSpace" in ops(result.model)
     assert_same_outputs(proto, result)
+
+
+def test_compare_and_report_say_when_winograd_explains_a_failed_comparison(tmp_path, capsys):
+    from helpers import run_cli
+
+    proto = conv_model(size=(32, 32))
+    onnx.save(proto, tmp_path / "conv.onnx")
+    graphopt.save(compiled(proto), tmp_path / "conv.om")
+    strict = ["--rtol", "0", "--atol", "1e-9"]
+    rc, out, _ = run_cli(capsys, "compare", tmp_path / "conv.onnx", tmp_path / "conv.om", *strict)
+    assert rc == 1 and "rewrote 1 conv(s) as Winograd" in out
+    rc, out, _ = run_cli(capsys, "report", tmp_path / "conv.om", "-o", tmp_path / "r.html",
+                         "--reference", tmp_path / "conv.onnx", *strict)
+    assert rc == 0 and "accuracy: FAIL" in out and "rewrote 1 conv(s) as Winograd" in out
+    rc, out, _ = run_cli(capsys, "report", tmp_path / "conv.om", "-o", tmp_path / "r.html",
+                         "--reference", tmp_path / "conv.onnx", "--atol", "1e-3")
+    assert rc == 0 and "accuracy: PASS" in out and "Winograd" not in out

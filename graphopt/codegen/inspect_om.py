@@ -98,6 +98,13 @@ def pass_totals(pass_log: list) -> dict[str, dict]:
     return totals
 
 
+def winograd_rewrites(pass_log: list) -> int:
+    """How many convs the compile rewrote as Winograd (-O3 WinogradConv), whose results differ
+    from the direct conv's in the last bits."""
+    return sum(pass_totals(pass_log).get("WinogradConv", {"rewrites": Counter()})["rewrites"]
+               .values())
+
+
 def _node_change(pass_log: list) -> str | None:
     counts = [e for e in pass_log if isinstance(e, dict)
               and isinstance(e.get("nodes_before"), int) and isinstance(e.get("nodes_after"), int)]

@@ -51,6 +51,12 @@ MIN_CHANNELS = 128           # below, the transforms cost more than the GEMMs sa
 MIN_TILE_CHANNELS = 8192     # tiles × min(C, K): below, the 36 GEMMs are too thin
 
 
+def tolerance_hint(rewrites: int, option: str = "--atol") -> str:
+    """What a failed elementwise comparison of a compile with `rewrites` Winograd convs says."""
+    return (f"-O3 rewrote {rewrites} conv(s) as Winograd, exact to ~2e-5 of each one's largest "
+            f"output; pass a looser {option}, or compile with --disable-pass WinogradConv")
+
+
 @functools.cache
 def matrices() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Aᵀ (4×6), G (6×3) and Bᵀ (6×6) of F(4, 3) on the points 0, 1, −1, 2, −2 and ∞."""

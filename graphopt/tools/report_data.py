@@ -264,7 +264,8 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
 
 def gather(om_path: str, *, reference: str | None = None, inputs: str | None = None,
            input_shapes: str | None = None, per_tensor: bool = False,
-           tuning_db: str | None = None, tuning_option: str = "--tuning-db") -> ReportData:
+           tuning_db: str | None = None, tuning_option: str = "--tuning-db",
+           rtol: float = 1e-4, atol: float = 1e-5) -> ReportData:
     """Load and verify the .om and collect every section's data; the optional parts are
     None when not asked for."""
     artifact = load_om(om_path)
@@ -281,7 +282,7 @@ def gather(om_path: str, *, reference: str | None = None, inputs: str | None = N
         from graphopt.tools.compare import compare_models
 
         data.accuracy = compare_models(reference, om_path, inputs, per_tensor=per_tensor,
-                                       input_shapes=input_shapes)
+                                       input_shapes=input_shapes, rtol=rtol, atol=atol)
     return data
 
 
