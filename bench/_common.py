@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -169,3 +170,20 @@ def _strict(data):
     if isinstance(data, float) and not math.isfinite(data):
         return str(data)
     return data
+
+
+def shape_list(dims: str, example: str):
+    """An argparse type for comma-separated shapes like `example`, each with one positive dim
+    per letter of `dims` ("CxHxW")."""
+    rank = len(dims.split("x"))
+
+    def parse(text: str) -> list[tuple[int, ...]]:
+        try:
+            shapes = [tuple(int(d) for d in item.split("x")) for item in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a list like {example}") from None
+        if any(len(s) != rank or min(s) < 1 for s in shapes):
+            raise argparse.ArgumentTypeError(f"'{text}': each shape is {dims}, every dim ≥ 1")
+        return shapes
+
+    return parse

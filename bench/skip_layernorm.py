@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, session_options  # noqa: E402
+from _common import markdown_table, session_options, shape_list  # noqa: E402
 
 SHAPES = ((1, 128, 768), (1, 64, 768), (1, 128, 256))
 
@@ -69,21 +69,12 @@ def bench(shape: tuple[int, ...], runs: int, warmup: int = 20) -> list:
             f"{fused / unfused:.2f}", f"{diff:.1e}"]
 
 
-def _shapes(text: str) -> list[tuple[int, ...]]:
-    try:
-        shapes = [tuple(int(d) for d in item.split("x")) for item in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a list like 1x128x768,1x64x768") from None
-    if any(len(s) != 3 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(f"'{text}': each shape is BxSxC, every dim ≥ 1")
-    return shapes
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", type=_shapes, default=list(SHAPES),
+    parser.add_argument("--shapes", type=shape_list("BxSxC", "1x128x768,1x64x768"),
+                        default=list(SHAPES),
                         help="BxSxC shapes, comma-separated (default 1x128x768,1x64x768,1x128x256)")
     parser.add_argument("--runs", type=int, default=300, help="timed calls per variant (300)")
     args = parser.parse_args(argv)

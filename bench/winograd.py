@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, session_options  # noqa: E402
+from _common import markdown_table, session_options, shape_list  # noqa: E402
 
 import graphopt  # noqa: E402
 from graphopt.ir import onnx_io  # noqa: E402
@@ -89,21 +89,12 @@ def bench(shape: tuple[int, int, int], runs: int, batch: int = 1, warmup: int = 
             f"{winograd_ms:.2f}", f"{direct_ms / winograd_ms:.2f}", f"{error:.1e}"]
 
 
-def _shapes(text: str) -> list[tuple[int, int, int]]:
-    try:
-        shapes = [tuple(int(d) for d in item.split("x")) for item in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a list like 256x56x56,512x28x28") from None
-    if any(len(s) != 3 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(f"'{text}': each shape is CxHxW, every dim ≥ 1")
-    return shapes
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", type=_shapes, default=list(SHAPES),
+    parser.add_argument("--shapes", type=shape_list("CxHxW", "256x56x56,512x28x28"),
+                        default=list(SHAPES),
                         help="CxHxW layer shapes (as many filters as channels), comma-separated")
     parser.add_argument("--runs", type=int, default=15, help="timed calls per variant (15)")
     parser.add_argument("--batch", type=int, default=1, help="images per call (1)")
