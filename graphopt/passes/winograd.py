@@ -117,9 +117,14 @@ def output_matrix() -> np.ndarray:
     return np.einsum("ax,by->abxy", at, at).reshape(TILE * TILE, SPAN * SPAN).astype(np.float32)
 
 
-def _auto_pad(node: Node) -> str:
-    value = node.attr("auto_pad", "NOTSET")
+def _text(node: Node, name: str, default: str | None = None) -> str | None:
+    """A string attribute, which an imported model may hold as bytes."""
+    value = node.attr(name, default)
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _auto_pad(node: Node) -> str:
+    return _text(node, "auto_pad", "NOTSET")
 
 
 MS = "com.microsoft"
@@ -130,8 +135,7 @@ ACTIVATIONS = {"Relu": (), "Sigmoid": (), "Tanh": (), "HardSwish": (), "LeakyRel
 
 
 def _activation(node: Node) -> str | None:
-    value = node.attr("activation")
-    return value.decode() if isinstance(value, bytes) else value
+    return _text(node, "activation")
 
 
 def _image_dims(value) -> tuple[int, int, int, int] | None:
@@ -171,7 +175,7 @@ def refusal(node: Node, opset: int) -> str | None:
     if _auto_pad(node) not in ("NOTSET", "VALID"):
         return f"auto_pad {_auto_pad(node)}"
     images = shape[0] if isinstance(shape[0], int) else 1  # a symbolic batch may be 1
-    if not pays_off(*shape[1:2], *out_shape[1:], images):
+    if not pays_off(shape[1], out_shape[1], out_shape[2], out_shape[3], images):
         return "too few channels or tiles to pay off"
     return None
 
