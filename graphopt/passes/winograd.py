@@ -1,6 +1,6 @@
 r"""WinogradConv: 3×3 stride-1 convolutions with many channels rewritten as Winograd F(4×4, 3×3)
-in plain ONNX ops, which onnxruntime's CPU provider runs as a batch of 36 GEMMs with 2.25× fewer
-multiply-adds than its direct convolution (-O3, cpu target).
+in plain ONNX ops, which onnxruntime's CPU provider runs as a batch of 36 GEMMs with 4× fewer
+multiply-adds than its direct convolution, plus the transforms (-O3, cpu target).
 
 Winograd's minimal filtering (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks",
 2016) computes a 4×4 output tile from a 6×6 input tile d as
@@ -21,17 +21,17 @@ and, summed over input channels, the elementwise products become one GEMM per po
 The transforms are passes over memory, the GEMMs are where the time goes, so the rewrite pays
 where channels are many and tiles are not few: at least 128 channels in and out, and tiles × that
 many channels ≥ 8192, the tiles of every image of a static batch counted (`pays_off`). `python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2)
-is where the rule comes from: 1.3× on UNet's 128×128×128 layer, 1.7× at 256×64×64, 2.2–2.4× at
-512×32×32 and 1024×16×16, 1.9× on VGG's 256×56×56; but 0.84× with 64 channels at 256×256, and
-0.56× at 512×7×7, whose 4 tiles make GEMMs too thin (ResNet-50's last stage). Near the line
-(128×28×28, 384×17×17) the two forms are level within the noise.
+is where the rule comes from (ranges over runs): 1.2–1.3× on UNet's 128×128×128 layer,
+1.7–1.8× at 256×64×64, 2.1–2.5× at 512×32×32 and 1024×16×16, 1.7–1.9× on VGG's 256×56×56; but
+0.77–0.84× with 64 channels at 256×256, and 0.50–0.56× at 512×7×7, whose 4 tiles make GEMMs too
+thin (ResNet-50's last stage). Near the line (128×28×28, 384×17×17) the two forms are level
+within the noise.
 
 Results change in the last bits: a transformed tile's sums are rounded differently from the
-direct sums. The error measured on one layer is 1e-5 to 2e-5 of its largest output (points 0,
-±1, ±2; F(2×2, 3×3) is 20× more exact, but its speedup measured 1.2–1.6× where F(4×4, 3×3)'s
-was 1.8–2.2×). That is why this is an -O3 pass: -O2's passes keep results within what
-onnxruntime's own optimization levels change. The transformed weights U take 36/9 = 4× the
-bytes of the filters they replace.
+direct sums. The error measured on one layer is 4e-6 to 2.3e-5 of its largest output (points 0,
+±1, ±2; F(2×2, 3×3) rounds less, but cuts the multiply-adds 2.25×, not 4×). That is why this
+is an -O3 pass: -O2's passes keep results within what onnxruntime's own optimization levels
+change. The transformed weights U take 36/9 = 4× the bytes of the filters they replace.
 """
 
 from __future__ import annotations
