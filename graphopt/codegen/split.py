@@ -81,7 +81,8 @@ def _layout_left_to_onnxruntime(nodes: list) -> bool:
     NCHW: any Conv or FusedConv (-O3 fuses activations first) when nothing was blocked offline
     (LayoutNchwc off, or given up on the model), or one whose filters are computed at run
     time, which onnxruntime folds first. A conv with constant filters left beside blocked ones
-    is one that onnxruntime's rules leave too (Winograd's grouped input transform, say)."""
+    is one that onnxruntime's rules leave too (a grouped conv whose groups are not whole
+    blocks, say)."""
     convs = [n for n in nodes if (n.op_type == "Conv" and n.is_onnx)
              or (n.op_type == "FusedConv" and n.domain == "com.microsoft")]
     if not convs:

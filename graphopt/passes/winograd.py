@@ -10,8 +10,8 @@ Winograd's minimal filtering (Lavin & Gray, "Fast Algorithms for Convolutional N
 and, summed over input channels, the elementwise products become one GEMM per position of the
 6×6 transformed tile. With P tiles of C channels and K filters:
 
-    x [1,C,H,W] ─ Conv(Bᵀ·B per channel: group C, kernel 6, stride 4)  ─ [1, 36C, th, tw]
-      ─ Reshape [C,36,th,tw] ─ Transpose [36,C,th,tw] ─ Reshape [36,C,P]
+    x [1,C,H,W] ─ Reshape [C,1,H,W] ─ Conv(Bᵀ·B, kernel 6, stride 4)  ─ [C, 36, th, tw]
+      ─ Transpose [36,C,th,tw] ─ Reshape [36,C,P]
       ─ MatMul(U [36,K,C], ·)  (U = G g Gᵀ of every filter, computed here)  ─ [36,K,P]
       ─ MatMul(A₂ [16,36], Reshape [36,K·P])   (A₂ = Aᵀ⊗Aᵀ)                  ─ [16,K·P]
       ─ Reshape [1,16K,th,tw] ─ DepthToSpace(4, DCR) ─ [1,K,4th,4tw] ─ Slice ─ Add(bias)
@@ -23,9 +23,10 @@ where channels are many and tiles are not few: at least 128 channels in and out,
 many channels ≥ 8192, the tiles of every image of a static batch counted (`pays_off`). `python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2)
 is where the rule comes from (ranges over runs): 1.2–1.3× on UNet's 128×128×128 layer,
 1.7–1.8× at 256×64×64, 2.1–2.5× at 512×32×32 and 1024×16×16, 1.7–1.9× on VGG's 256×56×56; but
-0.77–0.84× with 64 channels at 256×256, and 0.50–0.56× at 512×7×7, whose 4 tiles make GEMMs too
-thin (ResNet-50's last stage). Near the line (128×28×28, 384×17×17) the two forms are level
-within the noise.
+0.77–0.86× with 64 channels at 256×256, and 0.50–0.56× at 512×7×7, whose 4 tiles make GEMMs too
+thin (ResNet-50's last stage). Near the line (128×28×28, 384×17×17) the gains are small, and
+inside a conv net smaller still: the direct conv stays in the blocked NCHWc layout between its
+neighbours, while the rewrite needs a reorder on each side.
 
 Results change in the last bits: a transformed tile's sums are rounded differently from the
 direct sums. The error measured on one layer is 4e-6 to 2.3e-5 of its largest output (points 0,
@@ -104,11 +105,10 @@ def filter_transform(weight: np.ndarray) -> np.ndarray:
     return u.reshape(SPAN * SPAN, k, c)
 
 
-def input_kernel(channels: int) -> np.ndarray:
-    """The grouped Conv filter [36C, 1, 6, 6] computing Bᵀ d B of every channel's tiles."""
+def input_kernel() -> np.ndarray:
+    """The Conv filter [36, 1, 6, 6] computing Bᵀ d B of a one-channel image's tiles."""
     _, _, bt = matrices()
-    one = np.einsum("xi,yj->xyij", bt, bt).reshape(SPAN * SPAN, 1, SPAN, SPAN)
-    return np.tile(one, (channels, 1, 1, 1)).astype(np.float32)
+    return np.einsum("xi,yj->xyij", bt, bt).reshape(SPAN * SPAN, 1, SPAN, SPAN).astype(np.float32)
 
 
 def output_matrix() -> np.ndarray:
@@ -211,17 +211,22 @@ def rewrite(node: Node, opset: int = 17) -> None:
     def dims(*values):
         return const("shape", np.array(values, np.int64))
 
-    spread = step("Conv", [x, const("input_transform", input_kernel(channels))],
-                  {"group": channels, "kernel_shape": [SPAN, SPAN], "strides": [TILE, TILE],
+    # The input transform treats every channel as an image of its own: one Conv whose GEMM is
+    # [36 × 36]·[36 × images·C·tiles], where a grouped Conv (group C) ran C small ones and
+    # measured 5–14% slower on four of five layer shapes. Its output [images·C, 36, th, tw]
+    # has the memory order of [images, C·36, th, tw].
+    planes = batch * channels if isinstance(batch, int) else None
+    one_channel = step("Reshape", [x, dims(-1, 1, height, width)], {},
+                       (planes, 1, height, width))
+    spread = step("Conv", [one_channel, const("input_transform", input_kernel())],
+                  {"kernel_shape": [SPAN, SPAN], "strides": [TILE, TILE],
                    "pads": [pads[0], pads[1], bottom, right]},
-                  (batch, positions * channels, th, tw))
+                  (planes, positions, th, tw))
     # A Reshape of rank 4 to 3 always stands between the Transpose and the MatMul: onnxruntime
     # would fuse a Transpose feeding a MatMul into a FusedMatMul with a transposed batch, which
     # measured 2× slower than the copy.
     if single:
-        per_channel = step("Reshape", [spread, dims(channels, positions, th, tw)], {},
-                           (channels, positions, th, tw))
-        per_position = step("Transpose", [per_channel], {"perm": [1, 0, 2, 3]},
+        per_position = step("Transpose", [spread], {"perm": [1, 0, 2, 3]},
                             (positions, channels, th, tw))
     else:
         per_channel = step("Reshape", [spread, dims(-1, channels, positions, count)], {},
