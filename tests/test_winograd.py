@@ -58,9 +58,9 @@ def conv_model(channels=128, filters=128, size=(30, 30), pads=(1, 1, 1, 1), bias
     nodes.append(helper.make_node(activation or "Identity", ["c"], ["y"]))
     height, width = ((side + pads[i] + pads[i + 2] - 3) // strides[i] + 1
                      if isinstance(side, int) else side for i, side in enumerate(size))
-    graph = helper.make_graph(
-        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, *size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, filters, height, width])], inits)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, *size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, filters, height, width])
+    graph = helper.make_graph(nodes, "conv", [x], [y], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 

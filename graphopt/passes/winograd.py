@@ -19,14 +19,15 @@ and, summed over input channels, the elementwise products become one GEMM per po
 (from opset 7; a batch other than a static 1 adds two Transposes, see `rewrite`).
 
 The transforms are passes over memory, the GEMMs are where the time goes, so the rewrite pays
-where channels are many and tiles are not few: at least 128 channels in and out, and tiles × that
-many channels ≥ 8192, the tiles of every image of a static batch counted (`pays_off`). `python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2)
-is where the rule comes from (ranges over runs): 1.2–1.3× on UNet's 128×128×128 layer,
-1.7–1.8× at 256×64×64, 2.1–2.5× at 512×32×32 and 1024×16×16, 1.7–1.9× on VGG's 256×56×56; but
-0.77–0.86× with 64 channels at 256×256, and 0.50–0.56× at 512×7×7, whose 4 tiles make GEMMs too
-thin (ResNet-50's last stage). Near the line (128×28×28, 384×17×17) the gains are small, and
-inside a conv net smaller still: the direct conv stays in the blocked NCHWc layout between its
-neighbours, while the rewrite needs a reorder on each side.
+where channels are many and tiles are not few: at least 128 channels in and out, and tiles ×
+that many channels ≥ 8192, the tiles of every image of a static batch counted (`pays_off`).
+`python bench/winograd.py` (onnxruntime 1.32, 1 thread, AVX2) is where the rule comes from
+(ranges over runs): 1.2–1.3× on UNet's 128×128×128 layer, 1.7–1.8× at 256×64×64, 2.1–2.5× at
+512×32×32 and 1024×16×16, 1.7–1.9× on VGG's 256×56×56; but 0.77–0.86× with 64 channels at
+256×256, and 0.50–0.56× at 512×7×7, whose 4 tiles make GEMMs too thin (ResNet-50's last stage).
+Near the line (128×28×28, 384×17×17) the gains are small, and inside a conv net smaller still:
+the direct conv stays in the blocked NCHWc layout between its neighbours, while the rewrite
+needs a reorder on each side.
 
 Results change in the last bits: a transformed tile's sums are rounded differently from the
 direct sums. The error measured on one layer is 4e-6 to 2.3e-5 of its largest output (points 0,
@@ -213,8 +214,8 @@ def rewrite(node: Node, opset: int = 17) -> None:
 
     # The input transform treats every channel as an image of its own: one Conv whose GEMM is
     # [36 × 36]·[36 × images·C·tiles], where a grouped Conv (group C) ran C small ones and
-    # measured 5–14% slower on four of five layer shapes. Its output [images·C, 36, th, tw]
-    # has the memory order of [images, C·36, th, tw].
+    # measured up to 10% slower per layer. Its output [images·C, 36, th, tw] has the memory
+    # order of [images, C·36, th, tw].
     planes = batch * channels if isinstance(batch, int) else None
     one_channel = step("Reshape", [x, dims(-1, 1, height, width)], {},
                        (planes, 1, height, width))
