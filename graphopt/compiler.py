@@ -32,6 +32,9 @@ from graphopt.switches import read_switch_file
 if TYPE_CHECKING:
     from graphopt.partition import Partitioning, Target
 
+# The manifest's target for an .om compiled without one: no device layout, the CPU runs it.
+PORTABLE_TARGET = "none"
+
 
 @dataclass
 class OptimizeResult:
@@ -371,14 +374,26 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
             disabled = None if isinstance(model, ModelProto) else disabled_optimizers(model)
             parts = [OmPartition(name="p0", device="cpu", model=proto,
                                  disabled_optimizers=disabled)]
-            target, extra = "cpu", {}
+            # Compiled for no target (no CPU layout either): a portable model the CPU runs.
+            target, extra = PORTABLE_TARGET, {}
         else:
             target = result.partitioning.target.name
             parts, extra = _om_plan(result, tuning_db)
+        inputs, outputs = _signature_names(model)
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=result.source_sha256 if result else None,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
-                 weight_sources=sources)
+                 inputs=inputs, outputs=outputs, weight_sources=sources)
+
+
+def _signature_names(model: Model | ModelProto) -> tuple[list[str], list[str]]:
+    """The model's input and output names in its own order, which the artifact keeps. Named
+    outputs also keep a model output that a later partition reads as well."""
+    if isinstance(model, ModelProto):
+        initialized = {t.name for t in model.graph.initializer}
+        return ([i.name for i in model.graph.input if i.name not in initialized],
+                [o.name for o in model.graph.output])
+    return [v.name for v in model.graph.inputs], [v.name for v in model.graph.outputs]
 
 
 def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
@@ -432,8 +447,10 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
         default = sections[result.profiles[0].profile.name]
         # The default profile's sections where tools look for them; every profile's by name.
         extra = {**default, "profiles": sections}
-        target = result.partitioning.target.name if result.partitioning is not None else "cpu"
+        target = result.partitioning.target.name if result.partitioning is not None \
+            else PORTABLE_TARGET
+        inputs, outputs = _signature_names(result.profiles[0].result.model)
         write_om(path, [], profiles=profiles, dynamic_signature=result.dynamic_signature,
                  source_path=result.source_label, source_bytes_sha256=result.source_sha256,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
-                 weight_sources=sources)
+                 inputs=inputs, outputs=outputs, weight_sources=sources)

@@ -90,6 +90,17 @@ def test_topk_stays_on_the_host_and_the_rest_on_the_npu(tmp_path):
     assert_same_outputs(proto, path, feeds)
 
 
+def test_an_output_that_a_later_partition_reads_stays_an_output(tmp_path):
+    # `scores` is a model output and TopK's input on the host: the artifact must return it too.
+    proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "scores, values, indices")
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["npu", "cpu"]
+    feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    assert list(run_om(path, feeds)) == ["scores", "values", "indices"]
+    assert_same_outputs(proto, path, feeds)
+
+
 def test_non_max_suppression_stays_on_the_host(tmp_path):
     proto = build("""
         g (float[1,32,64,64] x) => (int64[N,3] selected) {

@@ -399,6 +399,28 @@ def test_write_om_refuses_profiles_that_cannot_share_an_artifact(tmp_path):
     assert not path.exists()
 
 
+def test_profiles_whose_partitions_take_the_inputs_in_another_order_share_an_artifact(tmp_path):
+    # One profile runs on one device, another is split in two: their partitions meet the
+    # inputs in different orders, and the artifact lists them in the model's.
+    from graphopt.codegen import OmPartition, OmProfile, write_om
+
+    whole = OmPartition("a.p0", "cpu", parse_model(
+        "g (float[2] x, float[2] m) => (float[2] y) { h = Mul (x, m)\n y = Relu (h) }"))
+    first = OmPartition("b.p0", "cpu", parse_model(
+        "g (float[2] m, float[2] x) => (float[2] h) { h = Mul (x, m) }"))
+    second = OmPartition("b.p1", "npu", parse_model(
+        "g (float[2] h) => (float[2] y) { y = Relu (h) }"))
+    path = tmp_path / "x.om"
+    write_om(path, [], profiles=[OmProfile("a", {"n": 1}, [whole]),
+                                 OmProfile("b", {"n": 2}, [first, second])], inputs=["x", "m"])
+    assert [entry["name"] for entry in load_om(path).manifest["inputs"]] == ["x", "m"]
+
+
+def test_an_om_compiled_without_a_target_says_so(tmp_path):
+    graphopt.save(graphopt.optimize(mlp_model()), tmp_path / "portable.om")
+    assert load_om(tmp_path / "portable.om").manifest["target"] == "none"
+
+
 def test_a_session_may_open_only_some_profiles(mlp_om):
     model, _, path = mlp_om
     session = graphopt.load(path, profiles=["profile1", "profile3"])

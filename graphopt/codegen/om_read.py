@@ -78,7 +78,8 @@ def _check_routing(manifest: dict) -> None:
         where = f"profile {plan['name']!r}: " if plan is not manifest else ""
         ordered = [(n, by_name[n]["inputs"], by_name[n]["outputs"]) for n in plan["execution_order"]]
         try:
-            top_inputs, top_outputs, routing = route(ordered, [o["name"] for o in manifest["outputs"]])
+            top_inputs, top_outputs, routing = route(ordered, [o["name"] for o in manifest["outputs"]],
+                                                     [i["name"] for i in manifest["inputs"]])
         except ValueError as exc:
             raise Malformed(f"{where}inconsistent partitions: {exc}") from None
         if top_inputs != [i["name"] for i in manifest["inputs"]]:

@@ -139,14 +139,16 @@ class OmProfile:
 
 
 def route(
-    parts: list[tuple[str, list[str], list[str]]], outputs: list[str] | None
+    parts: list[tuple[str, list[str], list[str]]], outputs: list[str] | None,
+    inputs: list[str] | None = None,
 ) -> tuple[list[str], list[str], list[dict]]:
     """(top-level inputs, top-level outputs, routing edges) of (name, inputs, outputs) in run order.
 
     A partition input is fed by the earlier partition that outputs a tensor of that name, else by
     the caller. Without `outputs`, the artifact returns every partition output that no other
     partition consumes. A tensor a partition both takes and returns (ONNX lets a graph output be
-    a graph input) is a pass-through: its origin stays upstream.
+    a graph input) is a pass-through: its origin stays upstream. The top-level inputs come in
+    the order of `inputs` (the model's), else in the order the partitions first take them.
     """
     if not parts:
         raise ValueError("an artifact needs at least one partition")
@@ -180,6 +182,9 @@ def route(
             consumers.setdefault(tensor, set()).add(name)
             routing.append({"tensor": tensor, "from": source, "to": name})
         done.add(name)
+    if inputs is not None:
+        rank = {tensor: i for i, tensor in enumerate(inputs)}
+        top_inputs.sort(key=lambda tensor: rank.get(tensor, len(rank)))
 
     if outputs is None:
         outputs = []
@@ -212,7 +217,8 @@ def uses_external_data(model: onnx.ModelProto, resolvable: Mapping[str, Any] | N
     return False
 
 
-def _profile_plans(profiles: list[OmProfile], outputs: list[str] | None) -> list[tuple]:
+def _profile_plans(profiles: list[OmProfile], outputs: list[str] | None,
+                   inputs: list[str] | None) -> list[tuple]:
     """(profile, inputs, outputs, routing) of each profile; all must share one signature."""
     plans, names, parts = [], set(), set()
     for profile in profiles:
@@ -226,7 +232,7 @@ def _profile_plans(profiles: list[OmProfile], outputs: list[str] | None) -> list
                 raise ValueError(f"two profiles have a partition named {part.name!r}")
             parts.add(part.name)
         plan = [(p.name, p.inputs, p.outputs) for p in profile.partitions]
-        plans.append((profile, *route(plan, outputs)))
+        plans.append((profile, *route(plan, outputs, inputs)))
     first = plans[0]
     for profile, ins, outs, _ in plans[1:]:
         if (ins, outs) != (first[1], first[2]):
@@ -390,6 +396,7 @@ def write_om(
     extra_members: dict[str, bytes] | None = None,
     extra: dict | None = None,
     outputs: list[str] | None = None,
+    inputs: list[str] | None = None,
     weight_sources: Mapping[str, Any] | None = None,
     profiles: list[OmProfile] | None = None,
     dynamic_signature: Mapping[str, dict] | None = None,
@@ -397,7 +404,8 @@ def write_om(
     """Write an .om artifact atomically: `path` ends up complete or as it was.
 
     `partitions` are in execution order. `outputs` overrides the artifact outputs (by default the
-    partition outputs no partition consumes). `extra_members` adds files (e.g. "tuning/records.json")
+    partition outputs no partition consumes); `inputs` gives the order of the artifact's inputs
+    (by default the order the partitions first take them). `extra_members` adds files (e.g. "tuning/records.json")
     that are checksummed like partitions. Equal arguments give byte-identical files, so keep
     timings out of `pass_log` if reproducible builds matter.
 
@@ -429,12 +437,12 @@ def write_om(
     for part in partitions:
         if not isinstance(part, OmPartition):
             raise TypeError(f"partitions must be OmPartition, not {type(part).__name__}")
-    plans = _profile_plans(profiles, outputs) if profiles else None
+    plans = _profile_plans(profiles, outputs, inputs) if profiles else None
     if plans:
         top_inputs, top_outputs, routing = plans[0][1:4]
     else:
         plan = [(p.name, p.inputs, p.outputs) for p in partitions]
-        top_inputs, top_outputs, routing = route(plan, outputs)
+        top_inputs, top_outputs, routing = route(plan, outputs, inputs)
 
     members: dict[str, bytes | Blob] = {}
     weight_sources = weight_sources or {}
