@@ -25,7 +25,7 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     options.graph_optimization_level = LEVELS[level]
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # failures raise; their log lines would only repeat them
     data = model.SerializeToString() if isinstance(model, ModelProto) else model
     return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"])
 

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
 from graphopt import numerics
+from graphopt.errors import InputError
 from graphopt.ir import DType, Model, format_model, load_onnx, to_onnx, verify
 from graphopt.passes.base import PassContext
 from graphopt.passes.fold_constants import FoldConstants
@@ -502,6 +503,37 @@ def test_onnxruntime_failure_falls_back_per_node_and_keeps_the_failing_node():
     assert stats == {"FoldConstants": 1}
     assert ops(model) == ["Relu", "Add", "Identity"]
     assert any("1 constant Relu node(s) unfolded" in n for n in ctx.notes)
+
+
+OUT_OF_RANGE = """
+    g (float[3] x) => (float[3] y)
+    <float[4] table = {1.0, 2.0, 3.0, 4.0}, int64[3] idx = {1, 2, 4}>
+    { picked = Gather(table, idx)
+      y = Add(x, picked) }"""
+
+
+def test_constant_node_that_fails_at_run_time_is_a_clear_input_error():
+    # A position table indexed past its end (a sequence pinned longer than the model allows)
+    # would fail at every inference: refused, naming the node, the inputs and the cause.
+    model = load_onnx(parse(OUT_OF_RANGE))
+    infer_shapes(model)
+    with pytest.raises(InputError, match=r"Gather node '.*' fails on its constant inputs, so "
+                                         r"the model cannot run with inputs x \[3\]: indices"):
+        run_passes(model, FoldConstants())
+
+
+def test_failing_constant_node_that_no_output_reads_is_not_an_error():
+    text = OUT_OF_RANGE.replace("y = Add(x, picked)", "y = Identity(x)")
+    model = load_onnx(parse(text))
+    infer_shapes(model)
+    run_passes(model, FoldConstants())
+    assert ops(model) == ["Identity"]  # dead, so dropped with the folded region
+
+
+def test_failing_constant_node_stops_optimize_without_a_pass_name_in_front():
+    with pytest.raises(InputError) as caught:
+        graphopt.optimize(parse(OUT_OF_RANGE))
+    assert str(caught.value).startswith("Gather node ")
 
 
 # -------------------------------------------------------------------------------------------

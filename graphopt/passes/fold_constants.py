@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
+from graphopt.errors import InputError
 from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import Pass, PassContext, PassResult, register
@@ -214,6 +215,8 @@ class _GraphFolder:
             try:
                 self.results.update(evaluate(self.model, [node], self._feeds([node]), outputs))
             except EvalError as e:
+                if e.at_run and self.graph is self.model.graph and _live(node):
+                    raise _fails_at_run(self.graph, node, e) from None
                 failed.append(node)
                 errors.setdefault(node.qualified_op, []).append((node, e))
         for op, cases in errors.items():
@@ -235,6 +238,35 @@ class _GraphFolder:
         for node in reversed(region):
             self.graph.remove(node)
         return Counter(node.op_type for node in region)
+
+
+def _live(node: Node) -> bool:
+    """Whether a graph output depends on `node`: onnxruntime then runs it at every inference."""
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        for value in current.outputs:
+            if value is None:
+                continue
+            if value.is_graph_output:
+                return True
+            for reader in value.consumers():
+                if id(reader) not in seen:
+                    seen.add(id(reader))
+                    todo.append(reader)
+    return False
+
+
+def _fails_at_run(graph: Graph, node: Node, error: EvalError) -> InputError:
+    """The error for a node that fails on its constant inputs: the model cannot run as it is
+    (typically at the input shapes it was pinned to, e.g. a sequence longer than a position
+    table)."""
+    message = str(error).split("Status Message: ", 1)[-1]
+    shapes = ", ".join(f"{v.name} {list(v.shape)}" for v in graph.inputs
+                       if v.shape is not None and not v.is_initializer)
+    where = f" with inputs {shapes}" if shapes else ""
+    return InputError(f"{node.qualified_op} node '{node.name}' fails on its constant inputs, so "
+                      f"the model cannot run{where}: {message}")
 
 
 def _needed(values: list[Value], region: list[Node], members: set[int],

@@ -30,7 +30,13 @@ def _node_proto(node: Node) -> onnx.NodeProto:
 
 
 class EvalError(Exception):
-    """onnxruntime could not evaluate the nodes; the message is its first line of complaint."""
+    """onnxruntime could not evaluate the nodes; the message is its first line of complaint.
+    `at_run`: the session was built and a kernel failed on these inputs, which it will do
+    on the same inputs at inference too (not a missing kernel or an unfetchable type)."""
+
+    def __init__(self, message: str, at_run: bool = False) -> None:
+        super().__init__(message)
+        self.at_run = at_run
 
 
 def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: list[Value]
@@ -57,9 +63,13 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
         graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
                            for t in graph.initializer)
     try:
-        arrays = numerics.session(proto).run(fetch_names, {})
+        session = numerics.session(proto)
     except Exception as e:  # noqa: BLE001 - any ORT failure means "cannot fold this way"
-        raise EvalError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        raise EvalError(_first_line(e)) from None
+    try:
+        arrays = session.run(fetch_names, {})
+    except Exception as e:  # noqa: BLE001 - a kernel refused its inputs
+        raise EvalError(_first_line(e), at_run=True) from None
     results = {}
     for value, name, array in zip(wanted, fetch_names, arrays):
         if not isinstance(array, np.ndarray):
@@ -73,3 +83,7 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
         else:
             results[id(value)] = Tensor(array)
     return results
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__

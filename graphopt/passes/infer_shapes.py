@@ -16,6 +16,12 @@ from graphopt.passes.base import Pass, PassContext, PassResult, register
 # (Shape→Gather→Concat→Reshape) can see them; larger ones go in as typed inputs to avoid copying
 # weights into a second protobuf.
 DATA_PROP_LIMIT = 4096
+# onnx's data propagation treats every 1-D tensor as a shape and spells it out element by
+# element (~140 bytes and ~0.3 µs each): GPT-2 pinned to 1e8 tokens took 14 GB and 95 s in
+# inference. A Range with constant bounds longer than this gets its limit as a typed input
+# (its length stays unknown), and a model with a longer 1-D tensor is inferred without data
+# propagation.
+VECTOR_PROP_LIMIT = 1 << 16
 
 
 def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
@@ -24,7 +30,28 @@ def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
     proto = to_onnx(model, weights_as_inputs_above=DATA_PROP_LIMIT, value_infos=value_infos)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
+    _hide_long_ranges(proto.graph)
     return proto
+
+
+def _hide_long_ranges(graph: onnx.GraphProto) -> None:
+    """Make the limit of every Range longer than VECTOR_PROP_LIMIT a typed input (see there)."""
+    initializers = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "Range" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
+            continue
+        if not all(name in initializers for name in node.input):
+            continue
+        start, limit, delta = (onnx.numpy_helper.to_array(initializers[name]).reshape(-1)
+                               for name in node.input)
+        if start.size != 1 or limit.size != 1 or delta.size != 1 or delta[0] == 0:
+            continue
+        if (float(limit[0]) - float(start[0])) / float(delta[0]) <= VECTOR_PROP_LIMIT:
+            continue
+        tensor = initializers.pop(node.input[1])
+        graph.initializer.remove(tensor)
+        graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
+                                                              list(tensor.dims)))
 
 
 def infer_shapes(model: Model) -> int:
@@ -35,10 +62,19 @@ def infer_shapes(model: Model) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False,
-                                                         data_prop=True)
+                                                         data_prop=not _long_vectors(proto.graph))
     except Exception:  # noqa: BLE001 - inference is best effort; passes check what they rely on
         return 0
     return record_types(model, inferred)
+
+
+def _long_vectors(graph: onnx.GraphProto) -> bool:
+    """Whether a typed value of `graph` is a 1-D tensor longer than VECTOR_PROP_LIMIT."""
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+        if len(dims) == 1 and dims[0].dim_value > VECTOR_PROP_LIMIT:
+            return True
+    return False
 
 
 def record_types(model: Model, inferred: ModelProto, static_only: bool = False) -> int:

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from graphopt.errors import OptionError, PassError
+from graphopt.errors import GraphoptError, OptionError, PassError
 from graphopt.ir import Model
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.passes.base import PASSES, PassContext
@@ -115,8 +115,8 @@ class PassManager:
         self.ctx.current_pass = name
         try:
             result = pass_.run(model, self.ctx)
-        except PassError:
-            raise
+        except GraphoptError:
+            raise  # already one line naming what is at fault (an option, the input model)
         except Exception as e:  # noqa: BLE001 - name the pass, keep the cause chained
             done = [r.name for r in log.records][-5:]
             history = f" (after: {', '.join(done)})" if done else ""
