@@ -136,6 +136,18 @@ def test_bf16_on_the_cpu_target_is_refused_naming_the_ops():
         compile_(proto, precision="mixed-bf16")
 
 
+def test_ops_whose_schema_lacks_bfloat16_stay_float32_with_a_note():
+    # ONNX's Conv admits bfloat16 only from opset 22: at 17 it stays float32, and says so.
+    proto = parse_model("""
+        g (float[1,8,8,8] x) => (float[1,8,8,8] y) {
+          c = Conv <pads = [1, 1, 1, 1]> (x, w)
+          y = Relu(c)
+        }""", w=RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
+    result = graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    assert any("bf16: kept float32, their ONNX schema at opset 17 has no bf16: Conv" in note
+               for note in result.notes)
+
+
 def test_dtype_sensitive_inputs_and_attributes():
     # Resize's scales are tensor(float) in every opset: they stay float32. Cast's `to` and
     # ConstantOfShape's value follow the converted output; Clip's min/max follow T.

@@ -33,7 +33,8 @@ from graphopt.passes.precision.policy import (
     half_dtype,
     is_mixed,
 )
-from graphopt.passes.precision.schema import DTYPE_ATTRS, Slots, convertible_slots
+from graphopt.passes.precision.schema import (DTYPE_ATTRS, Slots, convertible_slots,
+                                              schema_lacks)
 
 
 def _listing(counts: Counter) -> str:
@@ -101,15 +102,23 @@ class ConvertPrecision(Pass):
         pinned = {id(v) for node in graph for sub in node.subgraphs()
                   for v in captured_values(sub)}
         chosen: list[tuple[Node, Slots]] = []
+        kept_by_schema: Counter = Counter()  # ops whose schema at this opset has no `half`
         for node in graph:
             if node.op_type == "Constant" and node.is_onnx:
                 continue  # its data is converted offline where a half op reads it
             if node.subgraphs() or any(id(v) in pinned for v in node.outputs if v is not None):
                 continue
-            slots = convertible_slots(node, half, model.opset(node.domain) if not node.is_onnx
-                                      else opset)
+            node_opset = model.opset(node.domain) if not node.is_onnx else opset
+            slots = convertible_slots(node, half, node_opset)
             if slots is not None and decider.decide(node, slots):
                 chosen.append((node, slots))
+            elif slots is None and (not decider.mixed or node.op_type in ALLOW) \
+                    and schema_lacks(node, half, node_opset):
+                kept_by_schema[node.qualified_op] += 1
+        if kept_by_schema:
+            ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "
+                     f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
+                     "later opset may convert them)")
         self._refuse(options.precision, decider, support)
         if not chosen:
             return result

@@ -89,6 +89,24 @@ def has_schema(node: Node, opset: int | None) -> bool:
     return _signature(node.op_type, node.domain, opset) is not None
 
 
+def schema_lacks(node: Node, half: DType, opset: int | None) -> bool:
+    """Whether `node` has a float32 value that only its schema at `opset` keeps from `half`
+    (a type parameter that admits float but not `half`, as Conv before opset 22 for bfloat16)."""
+    signature = _signature(node.op_type, node.domain, opset)
+    if signature is None:
+        return False
+    ins, outs, allowed = signature
+    for formals, values in ((ins, node.inputs), (outs, node.outputs)):
+        for index, value in enumerate(values):
+            param = _param(formals, index)
+            if value is None or param not in allowed or value.dtype != DType.FLOAT:
+                continue
+            types = allowed[param]
+            if "tensor(float)" in types and _TYPE_STR[half] not in types:
+                return True
+    return False
+
+
 def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | None:
     """The slots of `node` that become `half` if the node is converted; None when none would
     (no schema, no float32 slot, or no float32-bound parameter admitting `half`)."""
