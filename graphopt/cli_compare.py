@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from graphopt.cli_types import non_negative_int
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -34,7 +35,7 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
-    p.add_argument("--seed", type=int, metavar="N",
+    p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
     p.add_argument("--input-shape", metavar="SHAPES",
                    help='dims for the random inputs\' dynamic axes: "x:1,3,224,224;mask:1,128"')

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+from graphopt.cli_types import non_negative_int
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -57,7 +58,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--calibration", metavar="FILE",
                    help="cost-model constants from `graphopt calibrate` (default: its default "
                         "file when present, else the cpu target profile's figures)")
-    p.add_argument("--seed", type=int, default=0, metavar="N",
+    p.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
                    help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the profile and hints as JSON")
     p.add_argument("--trace", metavar="FILE",

@@ -84,7 +84,8 @@ def _cmd_report(args) -> int:
 
     _check_options(args)
     out = _output_path(args)
-    if os.path.isfile(args.model) and not is_om(args.model):
+    # A damaged .om is left to the loader, which says what is wrong with it.
+    if os.path.isfile(args.model) and not is_om(args.model) and not _is_zip(args.model):
         raise OptionError(f"{args.model}: not a compiled .om; compile it first: graphopt "
                           f"optimize {args.model} -o MODEL.om --target cpu")
     data = gather(args.model, reference=args.reference, inputs=args.inputs,
@@ -116,3 +117,10 @@ def _cmd_report(args) -> int:
                      f"{data.tuning.subgraph['study'] if data.tuning.subgraph else 'none'}")
     print("\n".join(lines))
     return 0
+
+
+def _is_zip(path: str) -> bool:
+    from graphopt.ir.onnx_io import ZIP_MAGIC
+
+    with open(path, "rb") as f:
+        return f.read(len(ZIP_MAGIC)) == ZIP_MAGIC

@@ -7,6 +7,7 @@ import json
 import os
 import warnings
 
+from graphopt.cli_types import non_negative_int
 from graphopt.errors import InputError, OptionError
 
 DEFAULT_WARMUP = 3
@@ -51,7 +52,7 @@ def add_run_parser(sub) -> None:
     p.add_argument("--threads", type=int, metavar="N",
                    help="onnxruntime intra-op threads per partition (default: onnxruntime "
                         "chooses, usually one per core)")
-    p.add_argument("--seed", type=int, metavar="N",
+    p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
     p.add_argument("--profile", metavar="NAME",
                    help="an artifact with shape profiles (--dynamic-dims): open this profile "

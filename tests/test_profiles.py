@@ -368,6 +368,11 @@ def test_compare_and_profile_use_the_profile_the_inputs_run_on(tmp_path, capsys)
     rc, text, err = run_cli(capsys, "profile", out, "--inputs", inputs, "--repeat", "2")
     assert rc == 0, err
     assert "1 partition(s)" in text and "MatMul" in text
+    # Without --inputs, the random data takes the first profile's shapes.
+    graphopt.save(graphopt.optimize(source, dynamic_dims="batch:2,1;seq:4,8"), out)
+    rc, text, err = run_cli(capsys, "compare", source, out)
+    assert rc == 0, err
+    assert "result: PASS" in text and "f32[2,4,8]" in text
 
 
 def test_report_names_the_profiles(mlp_om, tmp_path, capsys):

@@ -508,3 +508,15 @@ def test_registered_with_graphopt_main(compiled, capsys):
     assert main(["run", compiled, "--repeat", "2"]) == 0
     assert main(["run", compiled, "--repeat", "0"]) == 1
     assert "--repeat must be at least 1" in capsys.readouterr().err
+
+
+def test_an_om_given_where_onnx_is_expected_is_named_as_such(compiled, capsys):
+    rc, _, err = cli(capsys, "partition", compiled, "--target", "ascend310")
+    assert rc == 1 and "a zip archive (a graphopt .om?), not an ONNX model" in err
+
+
+def test_report_on_a_damaged_om_says_what_is_wrong_with_it(compiled, tmp_path, capsys):
+    damaged = tmp_path / "damaged.om"
+    damaged.write_bytes(open(compiled, "rb").read()[:300])
+    rc, _, err = cli(capsys, "report", str(damaged), "-o", str(tmp_path / "r.html"))
+    assert rc == 1 and "truncated or corrupt zip archive" in err and "compile it first" not in err

@@ -42,6 +42,9 @@ def read_model_proto(path: str | os.PathLike, load_external: bool = True) -> Mod
             data = f.read()
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    if data.startswith(ZIP_MAGIC):  # protobuf would fail on it with a baffling reason
+        raise InputError(f"{path}: a zip archive (a graphopt .om?), not an ONNX model; give the "
+                         ".onnx it was compiled from")
     proto = ModelProto()
     try:
         proto.ParseFromString(data)
@@ -55,6 +58,8 @@ def read_model_proto(path: str | os.PathLike, load_external: bool = True) -> Mod
     except (OSError, ValueError, onnx.checker.ValidationError) as e:
         raise InputError(f"{path}: cannot load external data: {e}") from None
     return proto
+
+ZIP_MAGIC = b"PK\x03\x04"  # what a zip file, such as an .om, starts with
 
 
 def _check_looks_like_model(proto: ModelProto, path: str) -> None:

@@ -188,9 +188,12 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         if name not in {e["name"] for e in reference.inputs}:
             raise OptionError(f"--input-shape: {reference.label} has no input {name!r} "
                               f"(inputs: {', '.join(e['name'] for e in reference.inputs) or 'none'})")
-    # A dim the candidate was compiled with (e.g. an .om built with --input-shape) pins a dim
-    # the reference leaves symbolic, so the random data fits both without the user repeating it.
-    cand = {e["name"]: e["shape"] for e in candidate.inputs}
+    # A dim the candidate was compiled with (e.g. an .om built with --input-shape, or the
+    # first of its shape profiles) pins a dim the reference leaves symbolic, so the random
+    # data fits both without the user repeating it.
+    profiles = getattr(candidate.session, "profiles", None)
+    signature = profiles[0]["inputs"] if profiles else candidate.inputs
+    cand = {e["name"]: e["shape"] for e in signature}
     for entry in reference.inputs:
         fixed = cand.get(entry["name"])
         if entry["name"] in shapes or fixed is None or entry["shape"] is None:
