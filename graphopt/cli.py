@@ -159,6 +159,8 @@ def _cmd_optimize(args) -> int:
                       target=target, memory_reorder=args.memory_reorder,
                       rewrite_gate=gate, pass_options=pass_options,
                       dynamic_dims=args.dynamic_dims)
+    report = precision and not args.no_accuracy_report and not args.quiet
+    source = _overwritten_source(args) if report else None
     save(result, args.output, tuning_db=args.tuning_db)
     if args.memory_plot:
         for path in draw_memory_plans(result, args.memory_plot):
@@ -166,8 +168,8 @@ def _cmd_optimize(args) -> int:
                 print(f"wrote {path}")
     if not args.quiet:
         print(format_summary(result, args.output))
-        if precision and not args.no_accuracy_report:
-            _print_accuracy(args)
+        if report:
+            _print_accuracy(args, source)
     return 0
 
 
@@ -257,19 +259,27 @@ def _precision_options(args) -> dict:
     return options
 
 
-def _print_accuracy(args) -> None:
-    """The accuracy report of the written model against the input, on the first calibration
-    sample or seeded random data; a failure to run it is a warning, the model is written."""
+def _overwritten_source(args):
+    """The input model, read before -o overwrites it (None when -o is another file): the
+    accuracy report must compare the output with the model as it was, not with itself."""
+    from graphopt.tools.compare_run import load_reference
+
+    if not (os.path.exists(args.output) and os.path.samefile(args.model, args.output)):
+        return None
+    return load_reference(args.model).proto
+
+
+def _print_accuracy(args, source=None) -> None:
+    """The accuracy report of the written model against the input (`source`, its proto as read
+    before the output overwrote it, when it did), on the first calibration sample or seeded
+    random data; a failure to run it is a warning, the model is written."""
     from graphopt.errors import GraphoptError
     from graphopt.tools.accuracy import accuracy_report
 
-    feeds = args.calibration
-    if feeds and os.path.isdir(feeds):
-        samples = sorted(f for f in os.listdir(feeds) if f.endswith(".npz"))
-        feeds = os.path.join(feeds, samples[0]) if samples else None
     try:
-        report = accuracy_report(args.model, args.output, feeds,
-                                 input_shapes=None if feeds else args.input_shape)
+        report = accuracy_report(args.model if source is None else source, args.output,
+                                 calibration=args.calibration, reference_label=args.model,
+                                 input_shapes=None if args.calibration else args.input_shape)
     except GraphoptError as e:
         print(f"graphopt: warning: no accuracy report: {e}", file=sys.stderr)
         return

@@ -195,6 +195,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if options.input_shapes:
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
+    if options.calibration:  # read and checked against the (pinned) inputs before any pass
+        from graphopt.quant.calib_data import check_calibration
+
+        check_calibration(options.calibration, ir_model.graph)
 
     ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
                       target=target, gate=rewrite_gate)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from helpers import parse_model
 
+from graphopt import zoo
 from graphopt.tools.accuracy import accuracy_report, perplexity
 
 RNG = np.random.default_rng(0)
@@ -59,3 +61,84 @@ def test_lm_without_input_ids_scores_the_reference_argmax():
     proto = parse_model(LM.replace("input_ids", "tokens"), table=table)
     (out,) = accuracy_report(proto, proto, {"tokens": np.array([[1, 2, 3, 4, 5, 6]])}).outputs
     assert out.targets == "reference argmax" and out.perplexity_change == 0.0
+
+
+def _kinds(proto, feeds=None) -> dict[str, str]:
+    return {o.name: o.kind for o in accuracy_report(proto, proto, feeds).outputs}
+
+
+def test_outputs_shaped_like_logits_are_only_labelled_so_when_they_plausibly_are():
+    """A detector's [1, 12, 64] boxes and scores, a token encoder's [1, 6, 4] hidden states and
+    [1, 4] pooled vector, pooled conv features: cosine only. Logits wider than the embedding,
+    or named so, and a linear head's scores keep their kind."""
+    detector = parse_model("""
+        g (float[1,3,8,8] images) => (float[1,12,64] boxes, float[1,12] pooled, float[1,5] y) {
+          c = Conv(images, k)
+          boxes = Reshape(c, shape)
+          p = GlobalAveragePool(c)
+          pooled = Flatten(p)
+          z = MatMul(pooled, head)
+          y = Softmax(z)
+        }""", k=RNG.standard_normal((12, 3, 1, 1)).astype(np.float32),
+        shape=np.array([1, 12, 64]), head=RNG.standard_normal((12, 5)).astype(np.float32))
+    assert _kinds(detector) == {"boxes": "tensor", "pooled": "tensor", "y": "classifier"}
+    encoder = parse_model("""
+        g (int64[1,6] input_ids, int64[1,6] attention_mask) =>
+          (float[1,6,4] last_hidden_state, float[1,4] pooler_output, float[1,6,9] out,
+           float[1,6,3] logits) {
+          flat = Reshape(input_ids, flat_shape)
+          e = Gather(table, flat)
+          last_hidden_state = Reshape(e, hidden_shape)
+          first = Gather <axis = 1> (last_hidden_state, zero)
+          pooler_output = MatMul(first, pool)
+          out = MatMul(last_hidden_state, wide)
+          logits = MatMul(last_hidden_state, narrow)
+        }""", table=RNG.standard_normal((9, 4)).astype(np.float32), flat_shape=np.array([6]),
+        hidden_shape=np.array([1, 6, 4]), zero=np.array(0),
+        pool=RNG.standard_normal((4, 4)).astype(np.float32),
+        wide=RNG.standard_normal((4, 9)).astype(np.float32),
+        narrow=RNG.standard_normal((4, 3)).astype(np.float32))
+    feeds = {"input_ids": np.array([[1, 4, 2, 6, 0, 3]]), "attention_mask": np.ones((1, 6), int)}
+    assert _kinds(encoder, feeds) == {"last_hidden_state": "tensor", "pooler_output": "tensor",
+                                      "out": "lm", "logits": "lm"}
+
+
+def test_zoo_language_models_and_classifiers_keep_their_kinds():
+    gpt2 = zoo.build("gpt2_small", layers=1, hidden=64, heads=2, vocab=100, positions=32)
+    bert = zoo.build("bert_base", layers=1, hidden=64, heads=2, intermediate=128, vocab=100)
+    tiny = zoo.build("tiny")
+    for proto, expected in ((gpt2, {"logits": "lm"}), (bert, {"last_hidden_state": "tensor"}),
+                            (tiny, {"logits": "classifier"})):
+        feeds = zoo.sample_inputs(proto, seed=0, dims={"sequence_length": 8})
+        assert _kinds(proto, feeds) == expected
+
+
+def _first_sample_model():
+    one = "g (float[1,8] x) => (float[1,5] y) { y = MatMul(x, w) }"
+    return (parse_model(one, w=RNG.standard_normal((8, 5)).astype(np.float32)),
+            parse_model(one, w=RNG.standard_normal((8, 5)).astype(np.float32)))
+
+
+@pytest.mark.parametrize("layout", ["[S,1,8]", "[S,8]", "float64", "directory"])
+def test_calibration_feeds_are_the_first_sample_of_any_layout(tmp_path, layout):
+    ref, cand = _first_sample_model()
+    samples = np.random.default_rng(1).standard_normal((4, 1, 8))
+    path = tmp_path / "c.npz"
+    if layout == "directory":
+        path = tmp_path / "samples"
+        path.mkdir()
+        for i, sample in enumerate(samples.astype(np.float32)):
+            np.savez(path / f"{i}.npz", x=sample)
+    else:
+        arrays = samples if layout == "float64" else samples.astype(np.float32)
+        np.savez(path, x=arrays[:, 0] if layout == "[S,8]" else arrays)
+    report = accuracy_report(ref, cand, calibration=path)
+    expected = accuracy_report(ref, cand, {"x": samples[0].astype(np.float32)})
+    assert report.outputs[0].cosine == expected.outputs[0].cosine < 1.0
+    assert report.inputs == f"{path} (sample 1 of 4)"
+
+
+def test_reference_label_names_a_reference_given_as_a_proto():
+    ref, cand = _first_sample_model()
+    report = accuracy_report(ref, cand, reference_label="model.onnx")
+    assert report.reference == "model.onnx" and "accuracy vs model.onnx" in report.format()

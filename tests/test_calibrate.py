@@ -9,6 +9,7 @@ import pytest
 from graphopt.errors import OptionError
 from graphopt.ir import load_onnx
 from graphopt.quant import calibrate, read_calibration
+from graphopt.quant.calib_data import check_calibration, first_sample, model_inputs
 from graphopt.quant.stats import TensorStats, entropy_threshold, mse_range, percentile_range
 from tests.helpers import parse_model
 
@@ -156,3 +157,49 @@ def test_inputs_holding_different_sample_counts(tmp_path):
              b=np.zeros((2, 1, 4), np.float32))
     with pytest.raises(OptionError, match="different sample counts"):
         read_calibration(tmp_path / "c.npz", load_onnx(proto).graph)
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.full((3, 1, 4), np.nan, np.float32), "input 'x' sample 0 holds NaN or Inf"),
+    (np.r_[np.zeros((2, 1, 4)), [[[0, np.inf, 0, 0]]]].astype(np.float32),
+     "input 'x' sample 2 holds NaN or Inf"),
+    (np.r_[np.zeros((1, 1, 4)), [[[0, 1e39, 0, 0]]]],  # float64 beyond float32's range
+     "sample 1 holds NaN, Inf or values beyond float32"),
+    (np.full((1, 4), np.nan, np.float32), "input 'x' holds NaN or Inf"),
+])
+def test_nan_or_inf_samples_are_refused_naming_the_file_and_input(tmp_path, array, message):
+    path = tmp_path / "c.npz"
+    np.savez(path, x=array)
+    with pytest.raises(OptionError, match=message) as info:
+        read_calibration(path, load_onnx(_relu_model()).graph)
+    assert str(info.value).startswith(f"calibration {path}: ")
+
+
+def test_check_calibration_reads_every_file_of_a_directory(tmp_path):
+    graph = load_onnx(_relu_model()).graph
+    for i in range(3):
+        np.savez(tmp_path / f"{i}.npz", x=np.zeros((1, 4), np.float32))
+    assert len(check_calibration(tmp_path, graph)) == 3
+    np.savez(tmp_path / "2.npz", x=np.array([[0, np.nan, 0, 0]], np.float32))
+    read_calibration(tmp_path, graph)  # only the first file is read up front
+    with pytest.raises(OptionError, match=r"2.npz: input 'x' holds NaN or Inf"):
+        check_calibration(tmp_path, graph)
+    np.savez(tmp_path / "2.npz", banana=np.zeros((1, 4), np.float32))
+    with pytest.raises(OptionError, match=r"2.npz: no array for model input 'x'"):
+        check_calibration(tmp_path, graph)
+
+
+@pytest.mark.parametrize("layout", ["samples", "samples of the input's shape", "directory"])
+def test_first_sample_of_every_layout_cast_as_calibration_casts(tmp_path, layout):
+    samples = np.random.default_rng(0).standard_normal((4, 1, 4))  # float64
+    path = tmp_path / "c.npz"
+    if layout == "directory":
+        path = tmp_path
+        for i, sample in enumerate(samples):
+            np.savez(tmp_path / f"{i}.npz", x=sample)
+    else:
+        np.savez(path, x=samples if layout == "samples" else samples[:, 0])
+    specs = model_inputs(load_onnx(_relu_model()).graph)
+    sample, count = first_sample(path, specs)
+    assert count == 4 and sample["x"].dtype == np.float32
+    np.testing.assert_array_equal(sample["x"], samples[0].astype(np.float32))

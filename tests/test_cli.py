@@ -717,3 +717,99 @@ def test_disabling_the_wrong_pass_verifies(affine, tmp_path, capsys, broken_pipe
                        "--disable-pass", PerturbWeights.name)
     assert rc == 0, err
     assert "verified" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# quantization: the accuracy report and calibration errors
+# ---------------------------------------------------------------------------------------------
+QUANT_CONV = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,3,16,16] x) => (float[1,8,16,16] y) {
+  c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+  r1 = Relu(c1)
+  c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
+  r2 = Relu(c2)
+  y = Conv <pads = [1, 1, 1, 1]> (r2, w3)
+}"""
+QUANT_MATMUL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,64] x) => (float[1,32] y) { y = MatMul(x, w) }"""
+
+
+def _quant_model(tmp_path, text, name="m.onnx", **weights) -> str:
+    model = parser.parse_model(text)
+    model.graph.initializer.extend(numpy_helper.from_array(w, n) for n, w in weights.items())
+    return _save(model, tmp_path / name)
+
+
+def _conv_net(tmp_path) -> str:
+    rng = np.random.default_rng(0)
+    return _quant_model(tmp_path, QUANT_CONV, **{
+        name: (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        for name, shape in (("w1", (8, 3, 3, 3)), ("w2", (8, 8, 3, 3)), ("w3", (8, 8, 3, 3)))})
+
+
+def _matmul_net(tmp_path, name="m.onnx") -> str:
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    return _quant_model(tmp_path, QUANT_MATMUL, name, w=w)
+
+
+def _accuracy_row(out: str) -> list[str]:
+    rows = _table_rows(out[out.index("accuracy vs"):].split("\n", 1)[1], "output")
+    return rows["y"]
+
+
+def test_accuracy_report_compares_with_the_input_as_it_was_when_the_output_overwrites_it(
+        tmp_path, capsys):
+    src = _matmul_net(tmp_path)
+    rc, out, err = cli(capsys, "optimize", src, "-o", tmp_path / "other.onnx", "--quantize", "int4")
+    assert rc == 0, err
+    cosine = _accuracy_row(out)[2]
+    assert float(cosine) < 0.9999
+    rc, out, err = cli(capsys, "optimize", src, "-o", src, "--quantize", "int4")
+    assert rc == 0 and "warning" not in err, err
+    assert f"accuracy vs {src} on" in out and _accuracy_row(out)[2] == cosine
+    assert any(n.op_type == "MatMulNBits" for n in onnx.load(src).graph.node)
+
+
+@pytest.mark.parametrize("layout", ["[4,3,16,16]", "[4,1,3,16,16]", "float64", "directory"])
+def test_accuracy_report_runs_on_the_first_calibration_sample_of_any_layout(
+        tmp_path, capsys, layout):
+    src = _conv_net(tmp_path)
+    samples = np.random.default_rng(1).standard_normal((4, 1, 3, 16, 16))
+    calib = tmp_path / "c.npz"
+    if layout == "directory":
+        calib = tmp_path / "samples"
+        calib.mkdir()
+        for i, sample in enumerate(samples.astype(np.float32)):
+            np.savez(calib / f"{i}.npz", x=sample)
+    elif layout == "float64":
+        np.savez(calib, x=samples)
+    else:
+        arrays = samples.astype(np.float32)
+        np.savez(calib, x=arrays[:, 0] if layout == "[4,3,16,16]" else arrays)
+    rc, out, err = cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", "--quantize", "int8",
+                       "--calibration", calib, "--quantize-ends")
+    assert rc == 0 and "no accuracy report" not in err, err
+    assert f"on {calib} (sample 1 of 4)" in out
+    assert 0.9 < float(_accuracy_row(out)[2]) < 1.0
+
+
+@pytest.mark.parametrize("model, arrays, needles", [
+    # No Conv/Gemm: the int8 pass never reads the data, the compile checks it all the same.
+    ("matmul", {"banana": np.zeros((2, 5), np.float32)}, ["no array for model input 'x'"]),
+    ("matmul", {"x": np.zeros((2, 1, 128), np.float32)}, ["input 'x' sample has shape [1, 128]",
+                                                          "[1,64]"]),
+    ("conv", {"x": np.full((4, 1, 3, 16, 16), np.nan, np.float32)},
+     ["input 'x' sample 0 holds NaN or Inf"]),
+])
+def test_calibration_that_does_not_fit_fails_before_the_compile(tmp_path, capsys, model, arrays,
+                                                               needles):
+    src = _matmul_net(tmp_path) if model == "matmul" else _conv_net(tmp_path)
+    calib = tmp_path / "junk.npz"
+    np.savez(calib, **arrays)
+    out_path = tmp_path / "q.onnx"
+    rc, out, err = cli(capsys, "optimize", src, "-o", out_path, "--quantize", "int8",
+                       "--calibration", calib)
+    assert_clean_error(rc, out, err, f"calibration {calib}:", *needles, output=out_path)
+    assert "pass " not in err and "Error:" not in err

@@ -13,6 +13,7 @@ import pytest
 import graphopt
 from graphopt import numerics, zoo
 from graphopt.errors import OptionError, PassError
+from graphopt.passes.instruments import Instrument
 from graphopt.quant.probe import int8_gemm_saturates
 from tests.helpers import parse_model
 
@@ -382,14 +383,66 @@ def test_int8_needs_calibration_that_fits(tmp_path):
         graphopt.optimize(_conv_model(), pass_options={"quantize": "int8"})
     path = tmp_path / "wrong.npz"
     np.savez(path, image=np.zeros((2, 1, 3, 16, 16), np.float32))
-    # Raised inside the pass: the pass manager names the pass before the calibration's message.
-    with pytest.raises(PassError, match=r"wrong.npz: no array for model input 'x'"):
+    # Read before any pass runs: the calibration's own message, not a failed pass's.
+    with pytest.raises(OptionError, match=r"^calibration \S*wrong.npz: no array for model "
+                                          r"input 'x'"):
         graphopt.optimize(_conv_model(), pass_options={"quantize": "int8",
                                                        "calibration": str(path)})
     with pytest.raises((OptionError, PassError), match="calibration_method|calibration-method"):
         graphopt.optimize(_conv_model(), pass_options={
             "quantize": "int8", "calibration": _calibration(tmp_path),
             "calibration_method": "kl"})
+
+
+class _PassesRun(Instrument):
+    def __init__(self):
+        self.started, self.names = False, []
+
+    def start(self, model):
+        self.started = True
+
+    def after_pass(self, model, record, log):
+        self.names.append(record.name)
+
+
+@pytest.mark.parametrize("model, arrays, message", [
+    # No static layer: the pass itself never reads the data, the compile still checks it.
+    ("matmul", {"banana": np.zeros((2, 5), np.float32)}, "no array for model input 'x'"),
+    ("matmul", {"x": np.zeros((3, 2, 16, 64), np.float32)},
+     r"input 'x' sample has shape \[2, 16, 64\]; the model expects \[2,16,32\]"),
+    ("conv", {"x": np.full((2, 1, 3, 16, 16), np.nan, np.float32)},
+     "input 'x' sample 0 holds NaN or Inf"),
+    ("conv", {"x": np.r_[np.zeros((1, 1, 3, 16, 16)), np.full((1, 1, 3, 16, 16), 1e39)]},
+     "input 'x' sample 1 holds NaN, Inf or values beyond float32"),
+])
+def test_calibration_data_is_checked_before_any_pass_runs(tmp_path, model, arrays, message):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    proto = _matmul_model() if model == "matmul" else _conv_model()
+    ran = _PassesRun()
+    with pytest.raises(OptionError, match=message) as info:
+        graphopt.optimize(proto, instruments=[ran], pass_options={
+            "quantize": "int8", "calibration": str(path)})
+    assert str(info.value).startswith(f"calibration {path}: ")
+    assert not ran.started and ran.names == []
+
+
+def test_a_tensor_the_float_model_makes_nan_is_refused_naming_it(tmp_path):
+    """Finite inputs, but the float model computes NaN (sqrt(-1 - |x|)) for a tensor to be
+    quantized: an error naming the data and the tensor, not stats' ValueError."""
+    proto = parse_model("""
+        agraph (float[1, 3, 16, 16] x) => (float[1, 8, 16, 16] y) {
+            a = Abs(x)
+            m = Sub(minus_one, a)
+            n = Sqrt(m)
+            c = Conv <pads = [1, 1, 1, 1]> (n, w)
+            y = Relu(c)
+        }""", w=np.ones((8, 3, 3, 3), np.float32), minus_one=np.float32(-1.0))
+    nan = r"calibration \S+: the float model's tensor '[nc]' has no finite range"
+    with pytest.raises((OptionError, PassError), match=nan) as info:
+        graphopt.optimize(proto, level=1, pass_options={
+            "quantize": "int8", "calibration": _calibration(tmp_path), "quant_keep_ends": False})
+    assert "ValueError" not in str(info.value)
 
 
 def test_om_for_the_cpu_runs_int8_with_nchwc_left_to_float_convs(tmp_path):

@@ -5,9 +5,9 @@ Layouts, for a model input `x` of rank R:
   * one file `calib.npz`: `x` has rank R + 1, samples along its first axis; or rank R when the
     input's first dim is 1 or symbolic, then each slice x[i:i+1] is a sample;
   * a directory: every `*.npz` in it (sorted by name) is one sample, `x` of rank R.
-Every non-initializer input needs an array, dims the model fixes must match, and a float (or
-integer) array is cast to the input's float (or integer) type; anything else is an error that
-names the file and the input.
+Every non-initializer input needs an array, dims the model fixes must match, float values must
+be finite in the input's type, and a float (or integer) array is cast to the input's float (or
+integer) type; anything else is an error that names the file and the input.
 """
 
 from __future__ import annotations
@@ -66,10 +66,11 @@ class CalibrationData:
             yield {s.name: _checked(arrays[s.name], s, file) for s in self.specs}
 
 
-def read_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
-    """Open `path` (an .npz or a directory of them) as calibration data for `graph`'s inputs."""
+def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) -> CalibrationData:
+    """Open `path` (an .npz or a directory of them) as calibration data for `graph`'s inputs (or
+    for the inputs `graph` lists, when it is a list of InputSpec)."""
     path = os.fspath(path)
-    specs = model_inputs(graph)
+    specs = graph if isinstance(graph, list) else model_inputs(graph)
     if not specs:
         raise OptionError(f"calibration {path}: the model has no inputs to feed")
     if os.path.isdir(path):
@@ -99,6 +100,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
                 f"calibration {path}: input '{s.name}' has shape {list(array.shape)}; expected "
                 f"samples × {_shape_text(s.shape)} (rank {len(s.shape) + 1}), or the input's "
                 "own shape when its first dim is 1 or symbolic")
+        _check_finite(array, s, path)
         for i in range(min(1, array.shape[0])):
             _checked(array[i], s, path)
         batch[s.name], counts[s.name] = array, array.shape[0]
@@ -109,6 +111,26 @@ def read_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
     if count == 0:
         raise OptionError(f"calibration {path}: no samples (the arrays' first axis is empty)")
     return CalibrationData(path, specs, [], batch, count)
+
+
+def check_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
+    """read_calibration, with every file of a directory read and checked too, not only the
+    first: the compile calls this before any pass runs, so that bad data fails at once with the
+    file and input at fault rather than after the pipeline, inside the pass that reads it."""
+    data = read_calibration(path, graph)
+    for file in data.files[1:]:
+        arrays = _load(file)
+        _check_names(arrays, data.specs, file)
+        for s in data.specs:
+            _checked(arrays[s.name], s, file)
+    return data
+
+
+def first_sample(path: str | os.PathLike, specs: list[InputSpec]) -> tuple[dict, int]:
+    """The first sample of calibration data for inputs `specs`, read and cast as calibration
+    reads it, and the number of samples."""
+    data = read_calibration(path, specs)
+    return next(iter(data)), len(data)
 
 
 def _load(file: str) -> dict[str, np.ndarray]:
@@ -147,7 +169,23 @@ def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
         if bad:
             raise OptionError(f"calibration {file}: input '{spec.name}' sample has shape "
                               f"{list(array.shape)}; the model expects {_shape_text(spec.shape)}")
+    _check_finite(array[None], spec, file)
     return _cast(array, spec, file)
+
+
+def _check_finite(samples: np.ndarray, spec: InputSpec, file: str) -> None:
+    """Refuse a NaN or Inf, or a value beyond the input's float type (float64 data for a float32
+    input), in `samples` (stacked along axis 0): the ranges calibration measures would not be."""
+    if samples.dtype.kind != "f" or spec.dtype.kind != "f" or not samples.size:
+        return
+    limit = np.finfo(spec.dtype).max
+    bad = ~(np.abs(samples) <= limit).reshape(len(samples), -1).all(axis=1)
+    if bad.any():
+        where = f" sample {int(np.argmax(bad))}" if len(samples) > 1 else ""
+        what = ("NaN or Inf" if samples.dtype == spec.dtype
+                else f"NaN, Inf or values beyond {spec.dtype}")
+        raise OptionError(f"calibration {file}: input '{spec.name}'{where} holds {what}; "
+                          "calibration needs finite values")
 
 
 def _cast(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:

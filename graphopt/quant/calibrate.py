@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -52,7 +53,20 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
                 else:
                     stats[name].observe_histogram(array)
             del outputs, arrays
+        if sweep == "range":
+            _check_ranges(stats, data.path)
     return stats
+
+
+def _check_ranges(stats: dict[str, TensorStats], path: str) -> None:
+    """Refuse a tensor without a finite range: the inputs are finite (calib_data checks them),
+    so the float model itself made it NaN or Inf on every sample (a NaN anywhere in a sample
+    leaves that sample out of the range), and no scale can cover it."""
+    for name, s in stats.items():
+        if not (np.isfinite(s.lo) and np.isfinite(s.hi)):
+            raise OptionError(f"calibration {path}: the float model's tensor '{name}' has no "
+                              "finite range over the samples (NaN or Inf); quant_skip the "
+                              "layers that read it")
 
 
 def _session(model: Model, fetched: list[str]) -> ort.InferenceSession:

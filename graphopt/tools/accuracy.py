@@ -1,11 +1,12 @@
 """accuracy_report: what a precision change (fp16, bf16, mixed, int8, int4) cost, per output.
 
-Both models run on the same feeds (given, or seeded random data in the reference's signature,
-as `graphopt compare` makes them); per output:
+Both models run on the same feeds (given; the first sample of calibration data, read as
+calibration reads it; or seeded random data in the reference's signature, as `graphopt compare`
+makes them); per output:
 - cosine similarity of candidate vs reference (graphopt.tools.compare.compare_arrays);
-- top-1 agreement for classifier-like outputs (float, rank 2, [batch, classes]) and LM-like
-  outputs (float, rank 3, [batch, seq, vocab]): the fraction of rows (batch × positions) whose
-  argmax over the last axis is the same;
+- top-1 agreement for outputs that are plausibly classifier scores [batch, classes] or LM logits
+  [batch, seq, vocab] (graphopt.tools.output_kinds says when): the fraction of rows
+  (batch × positions) whose argmax over the last axis is the same;
 - for LM-like outputs, perplexity exp(mean over positions of −log softmax(logits)[target]) of
   each model and the relative change cand/ref − 1. The targets are the next tokens of an
   integer [batch, seq] input named `input_ids` (position t predicts input_ids[:, t+1]) when
@@ -16,18 +17,23 @@ as `graphopt compare` makes them); per output:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphopt.codegen.feeds import numpy_dtype
+from graphopt.quant.calib_data import InputSpec, first_sample
 from graphopt.table import format_table
 from graphopt.tools.compare import compare_arrays
 from graphopt.tools.compare_run import (
+    Side,
     check_signatures,
     load_candidate,
     load_reference,
     make_feeds,
 )
+from graphopt.tools.output_kinds import model_facts, output_kind
 
 
 @dataclass
@@ -72,15 +78,10 @@ class AccuracyReport:
                          "" if o.cosine is None else f"{o.cosine:.6f}",
                          "" if o.top1 is None else f"{100 * o.top1:.1f}%", ppl, o.note])
         headers = ["output", "shape", "kind", "cosine", "top-1 agree", "perplexity", "note"]
-        if not any(r[-1] for r in rows):
-            headers, rows = headers[:-1], [r[:-1] for r in rows]
+        # Top-1, perplexity and note only where some output has one (not for a detector's).
+        kept = [i for i in range(len(headers)) if i < 4 or any(r[i] for r in rows)]
+        headers, rows = [headers[i] for i in kept], [[r[i] for i in kept] for r in rows]
         return format_table(headers, rows, title=f"accuracy vs {self.reference} on {self.inputs}")
-
-
-def _kind(array: np.ndarray) -> str:
-    if array.dtype.kind != "f" or array.shape[-1:] in ((), (0,), (1,)):
-        return "tensor"
-    return {2: "classifier", 3: "lm"}.get(array.ndim, "tensor")
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -106,15 +107,44 @@ def _lm_targets(ref: np.ndarray, feeds: dict) -> tuple[slice, np.ndarray, str]:
     return slice(0, seq), ref.argmax(axis=-1), "reference argmax"
 
 
+def calibration_feeds(path, reference: Side, candidate: Side) -> tuple[dict, str]:
+    """The first sample of the calibration data at `path` (an .npz or a directory, in any layout
+    calibration takes), cast to the inputs' dtypes as calibration casts it, and its label. The
+    dims are the reference's, with those the candidate pins where the reference's are open."""
+    pinned = {e["name"]: e["shape"] for e in candidate.inputs}
+    specs = []
+    for entry in reference.inputs:
+        shape, fixed = entry["shape"], pinned.get(entry["name"])
+        if shape is not None and fixed is not None and len(fixed) == len(shape):
+            shape = [b if isinstance(b, int) and not isinstance(a, int) else a
+                     for a, b in zip(shape, fixed)]
+        dtype = numpy_dtype(entry["dtype"])
+        if dtype is not None:
+            specs.append(InputSpec(entry["name"], dtype, None if shape is None else tuple(shape)))
+    sample, count = first_sample(path, specs)
+    path = os.fspath(path)
+    return sample, path if count == 1 else f"{path} (sample 1 of {count})"
+
+
 def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
-                    input_shapes: dict | str | None = None) -> AccuracyReport:
+                    input_shapes: dict | str | None = None, calibration=None,
+                    reference_label: str | None = None) -> AccuracyReport:
     """Run `reference` and `candidate` (.onnx paths or ModelProtos; the candidate may be an .om
-    path) on `feeds` (a dict or an .npz path; default: seeded random data, `input_shapes`
-    pinning dynamic dims) and measure each output as this module's docstring says."""
+    path) on `feeds` (a dict or an .npz path), or on the first sample of `calibration` (an .npz
+    or a directory of them, as the calibration option takes), or else on seeded random data
+    (`input_shapes` pinning dynamic dims), and measure each output as this module's docstring
+    says. `reference_label` names a reference given as a ModelProto in the report."""
     ref_side, cand_side = load_reference(reference), load_candidate(candidate)
+    if reference_label is not None:
+        ref_side.label = reference_label
     check_signatures(ref_side, cand_side)
-    arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
+    if feeds is None and calibration is not None:
+        feeds, source = calibration_feeds(calibration, ref_side, cand_side)
+        arrays, _ = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
+    else:
+        arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
     expected, actual = ref_side.run(arrays, []), cand_side.run(arrays, [])
+    facts = model_facts(ref_side.proto)
     report = AccuracyReport(ref_side.label, cand_side.label, source)
     for name in ref_side.outputs:
         ref = np.asarray(expected[name])
@@ -124,7 +154,8 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
             continue
         cand = np.asarray(actual[name])
         row = compare_arrays(name, ref, cand)
-        entry = OutputAccuracy(name, ref.shape, _kind(ref), row.cosine, note=row.note)
+        entry = OutputAccuracy(name, ref.shape, output_kind(name, ref, facts, arrays),
+                               row.cosine, note=row.note)
         if entry.kind != "tensor" and cand.shape == ref.shape and row.cosine is not None:
             entry.top1 = float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1)))
             if entry.kind == "lm" and ref.size:
