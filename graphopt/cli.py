@@ -42,9 +42,12 @@ def parse_size(text: str) -> int:
     scale = units.get(text[-1:], 1)
     number = text[:-1] if text[-1:] in units else text
     try:
-        return int(float(number) * scale)
+        size = int(float(number) * scale)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a size such as 1048576, 512K or 4M") from None
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is negative; give a size such as 512K or 4M")
+    return size
 
 
 def _add_optimize(sub) -> None:
@@ -363,12 +366,18 @@ def _cmd_zoo_build(args) -> int:
     from graphopt import zoo
     from graphopt.atomic import atomic_write_bytes
 
+    if not args.output.endswith(".onnx"):
+        raise OptionError(f"-o {args.output}: zoo build writes ONNX (name it .onnx); compile it "
+                          "to an .om with graphopt optimize")
     try:
         proto = zoo.build(args.name)
     except KeyError:
         names = ", ".join(name for name, _ in zoo.list_models())
         raise OptionError(f"zoo: unknown model '{args.name}' (known: {names})") from None
-    atomic_write_bytes(args.output, proto.SerializeToString())
+    try:
+        atomic_write_bytes(args.output, proto.SerializeToString())
+    except OSError as e:
+        raise OptionError(f"-o {args.output}: cannot write it ({e.strerror or e})") from None
     print(f"wrote {args.output}: {len(proto.graph.node)} nodes")
     return 0
 

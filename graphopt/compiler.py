@@ -14,7 +14,7 @@ import numpy as np
 from onnx import ModelProto
 
 from graphopt import numerics
-from graphopt.errors import OptionError, VerificationError
+from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.external_data import save_onnx
@@ -304,6 +304,16 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
             feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
         except ValueError as e:
             raise VerificationError(f"--verify: {e} (give --inputs)") from None
+    else:  # a file that does not fit is the file's fault, not the model's
+        from graphopt.codegen.feeds import check_feeds
+        from graphopt.codegen.om_write import input_signature
+
+        label = "--verify: --inputs" + (f" {os.fspath(inputs)}" if not isinstance(inputs, dict)
+                                        else "")
+        try:
+            check_feeds(input_signature(original), feeds)
+        except InputError as e:
+            raise InputError(f"{label}: {e}") from None
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message

@@ -256,7 +256,8 @@ def test_verify_with_npz_path(proto, tmp_path):
 
 
 def test_verify_inputs_that_do_not_fit(proto, tmp_path):
-    with pytest.raises(VerificationError, match="original model"):
+    with pytest.raises(InputError, match="--verify: --inputs: unknown input 'nope'; the "
+                                         "model's inputs are: x"):
         graphopt.optimize(proto, verify=True, inputs={"nope": np.ones((2, 4), np.float32)})
     with pytest.raises(OptionError, match="--inputs"):
         graphopt.optimize(proto, verify=True, inputs=os.fspath(tmp_path / "missing.npz"))

@@ -304,3 +304,13 @@ def test_bisect_driver_compiles_what_optimize_does(name, level, target):
     compiled = compile_prefix(setup, None)
     assert format_model(compiled.model) == format_model(expected.model)
     assert [r.name for r in compiled.runs] == [r.name for r in expected.log.records]
+
+
+def test_inputs_that_do_not_fit_name_the_file_and_the_input(tmp_path, capsys):
+    source = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), source)
+    inputs = tmp_path / "wrong.npz"
+    np.savez(inputs, input=np.zeros((1, 3, 8, 8), np.float32))
+    for command in (["bisect", source], ["optimize", source, "-o", tmp_path / "x.onnx", "--verify"]):
+        rc, _, err = run_cli(capsys, *command, "--inputs", inputs)
+        assert rc == 1 and f"--inputs {inputs}: input 'input' has shape [1, 3, 8, 8]" in err, err

@@ -180,6 +180,14 @@ def test_zoo_build_unknown_model_is_a_clean_error(capsys, tmp_path):
     assert_clean_error(rc, out, err, "no_such_model", "tiny", output=out_path)
 
 
+def test_zoo_build_refuses_an_om_name_and_a_missing_folder(capsys, tmp_path):
+    rc, out, err = cli(capsys, "zoo", "build", "tiny", "-o", tmp_path / "x.om")
+    assert_clean_error(rc, out, err, "zoo build writes ONNX", output=tmp_path / "x.om")
+    missing = tmp_path / "no" / "x.onnx"
+    rc, out, err = cli(capsys, "zoo", "build", "tiny", "-o", missing)
+    assert_clean_error(rc, out, err, "cannot write it (No such file or directory)")
+
+
 # ---------------------------------------------------------------------------------------------
 # optimize: outputs
 # ---------------------------------------------------------------------------------------------
@@ -677,7 +685,8 @@ def test_verify_non_tensor_input_without_inputs(tmp_path, capsys):
 def test_negative_fold_size_limit(foldable, tmp_path, capsys):
     out_path = tmp_path / "out.onnx"
     rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--fold-size-limit", "-1")
-    assert_clean_error(rc, out, err, "--fold-size-limit", output=out_path)
+    assert_clean_error(rc, out, err, "--fold-size-limit", "negative", output=out_path)
+    assert rc == 2  # a usage error, as a size that does not parse
 
 
 # ---------------------------------------------------------------------------------------------

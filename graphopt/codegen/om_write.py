@@ -66,6 +66,12 @@ def graph_inputs(model: onnx.ModelProto) -> list[str]:
     return [vi.name for vi in model.graph.input if vi.name not in weights]
 
 
+def input_signature(model: onnx.ModelProto) -> list[dict]:
+    """The signature entries ({"name", "dtype", "shape"}) of the inputs a caller feeds."""
+    fed = set(graph_inputs(model))
+    return [_signature_entry(vi) for vi in model.graph.input if vi.name in fed]
+
+
 @dataclasses.dataclass
 class OmPartition:
     """One separately executed ONNX model of an artifact and the device it targets.

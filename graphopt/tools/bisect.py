@@ -117,12 +117,18 @@ def _load(model) -> tuple[ModelProto, str]:
 
 
 def _feeds(reference: ModelProto, feeds, shapes: dict) -> dict:
-    if isinstance(feeds, dict):
-        return feeds
     if feeds is not None:
+        from graphopt.codegen.feeds import check_feeds
+        from graphopt.codegen.om_write import input_signature
         from graphopt.compiler import load_inputs  # the --inputs .npz reader of --verify
 
-        return load_inputs(feeds)
+        arrays = load_inputs(feeds)
+        try:
+            check_feeds(input_signature(reference), arrays)
+        except InputError as e:
+            where = f" {os.fspath(feeds)}" if not isinstance(feeds, dict) else ""
+            raise InputError(f"--inputs{where}: {e}") from None
+        return arrays
     try:
         return numerics.random_feeds(reference, seed=0, shapes=shapes)
     except ValueError as e:

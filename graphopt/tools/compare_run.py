@@ -16,7 +16,7 @@ from graphopt import numerics
 from graphopt.codegen.feeds import check_feeds, describe, load_npz
 from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_read import is_om
-from graphopt.codegen.om_write import _signature_entry, graph_inputs
+from graphopt.codegen.om_write import input_signature
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 
@@ -106,9 +106,8 @@ def _read_onnx(path: str) -> onnx.ModelProto:
 
 def _onnx_side(model, label: str) -> Side:
     proto = model if isinstance(model, onnx.ModelProto) else _read_onnx(label)
-    feeds = set(graph_inputs(proto))
-    return Side(label, [_signature_entry(vi) for vi in proto.graph.input if vi.name in feeds],
-                [vi.name for vi in proto.graph.output], proto=proto, tensors=_computed(proto.graph))
+    return Side(label, input_signature(proto), [vi.name for vi in proto.graph.output],
+                proto=proto, tensors=_computed(proto.graph))
 
 
 def load_reference(model) -> Side:

@@ -263,21 +263,9 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
 
 
 def _signature(proto: onnx.ModelProto) -> list[dict]:
-    from graphopt.codegen.om_manifest import dtype_name
-    from graphopt.codegen.om_write import graph_inputs
+    from graphopt.codegen.om_write import input_signature
 
-    wanted = set(graph_inputs(proto))
-    entries = []
-    for info in proto.graph.input:
-        if info.name not in wanted:
-            continue
-        tensor = info.type.tensor_type
-        shape = None
-        if info.type.HasField("tensor_type") and tensor.HasField("shape"):
-            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                     for d in tensor.shape.dim]
-        entries.append({"name": info.name, "dtype": dtype_name(tensor.elem_type), "shape": shape})
-    return entries
+    return input_signature(proto)
 
 
 def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]:
