@@ -4,6 +4,7 @@ tuning knowledge base: list, export, import)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from graphopt.errors import OptionError
@@ -88,7 +89,27 @@ def add_tune_parser(sub) -> None:
 
 
 def _storage(args):
-    return args.storage or args.tuning_db  # None: the default file (search.default_db_path)
+    """The storage the user named, None for the default file (search.default_db_path)."""
+    if args.storage is not None and "://" not in args.storage:
+        from graphopt.tuner.search import STORAGE_URLS
+
+        raise OptionError(f"--storage {args.storage}: not a storage URL (use {STORAGE_URLS}); "
+                          "a knowledge-base file is --tuning-db FILE.db")
+    return args.storage or args.tuning_db
+
+
+def _storage_option(args) -> str:
+    """The flag that named the storage, for errors."""
+    return "--storage" if args.storage else "--tuning-db"
+
+
+def _check_plot(path: str) -> None:
+    # Checked up front: the picture is drawn after the tuning, which can take hours.
+    if not path.endswith((".png", ".svg")):
+        raise OptionError(f"--plot {path}: the picture must end in .png or .svg")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise OptionError(f"--plot {path}: directory {directory} does not exist")
 
 
 def _cmd_tune(args) -> int:
@@ -103,11 +124,13 @@ def _cmd_tune(args) -> int:
         raise OptionError(f"--workers must be ≥ 1, got {args.workers}")
     if args.timeout is not None and args.timeout <= 0:
         raise OptionError(f"--timeout must be > 0, got {args.timeout}")
-    if args.plot and not args.plot.endswith((".png", ".svg")):
-        raise OptionError(f"--plot {args.plot}: the picture must end in .png or .svg")
+    if args.plot:
+        _check_plot(args.plot)
+    # Checked before the compile, which can take minutes, and without creating anything.
+    url = storage_url(_storage(args), option=_storage_option(args))
     if args.job == "subgraph":
         from graphopt.cli_tune_subgraph import cmd_tune_subgraph
-        return cmd_tune_subgraph(args, _storage(args))
+        return cmd_tune_subgraph(args, url)
     if args.objective != "estimate":
         raise OptionError("--objective measured is for --job subgraph; op tuning ranks "
                           "tilings of NPU kernels, which this machine cannot time")
@@ -117,15 +140,15 @@ def _cmd_tune(args) -> int:
     if not any(partitioning.target.device(p.device).kind == "npu"
                for p in partitioning.partitions):
         raise OptionError(f"--target {args.target}: no node of {args.model} runs on an NPU "
-                          "device, so there is nothing to tune")
+                          "device, so there is nothing to tune" + _dynamic_hint(result))
     kernels = model_kernels(result.model, partitioning)
     if not kernels:
         raise OptionError(f"{args.model}: no NPU cube kernel (MatMul/Gemm/Conv with static "
-                          "shapes) to tune; pin dynamic dims with --input-shape")
+                          "shapes) to tune" + (_dynamic_hint(result)
+                                               or "; pin dynamic dims with --input-shape"))
     if args.study and len(kernels) > 1:
         raise OptionError(f"--study {args.study}: the model has {len(kernels)} kernel "
                           "signatures, each needs its own study; drop --study")
-    url = storage_url(_storage(args))
     show = not args.quiet and sys.stderr
     results = []
     for i, group in enumerate(kernels, 1):
@@ -152,10 +175,42 @@ def _cmd_tune(args) -> int:
     print(f"whole model (estimate): default {before * 1e6:.2f} µs, tuned {after * 1e6:.2f} µs, "
           f"{before / after:.3f}x")
     if args.plot:
+        from graphopt.tuner.history_plot import draw_histories
+
         draw_histories([(g.signature, r.history, r.default[1]) for g, r in zip(kernels, results)],
-                       args.plot)
+                       args.plot, kind="estimated")
         print(f"wrote {args.plot}")
     return 0
+
+
+def _dynamic_hint(result) -> str:
+    """'' when no node fell back for a dynamic shape, else how many did and the --input-shape
+    that pins the model's dynamic inputs (symbolic dims shown as 1, a guess to adjust)."""
+    dynamic = [node for node, reason in result.partitioning.fallbacks()
+               if reason.startswith("dynamic shape")]
+    if not dynamic:
+        return ""
+    host = result.partitioning.target.host
+    inputs = [v for v in result.model.graph.inputs if not v.is_constant and v.static_shape is None]
+    if not inputs:
+        return (f": {len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
+                "model computes, which --input-shape cannot pin")
+    named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape, None)}]" if v.shape is not None
+                                        else "(rank unknown)") for v in inputs)
+    example = ";".join(f"{v.name}:{_dims(v.shape, '1')}" for v in inputs if v.shape is not None)
+    return (f": {len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
+            f"dynamic input(s) {named} with --input-shape NAME:dims"
+            + (f', e.g. --input-shape "{example}"' if example else ""))
+
+
+def _dims(shape, unknown: str | None) -> str:
+    """Comma-separated dims; one that is not a number as `unknown`, or when that is None as
+    its symbol ('?' when it has none)."""
+    def text(dim) -> str:
+        if isinstance(dim, int):
+            return str(dim)
+        return unknown or (dim if isinstance(dim, str) else "?")
+    return ",".join(text(dim) for dim in shape)
 
 
 def add_kb_parser(sub) -> None:
@@ -179,98 +234,36 @@ def add_kb_parser(sub) -> None:
 
 def _cmd_kb_list(args) -> int:
     from graphopt.tuner.kb import list_kb
+    from graphopt.tuner.search import open_storage
 
     def us(seconds):
         return "" if seconds is None else f"{seconds * 1e6:.2f}"
 
+    # A mistyped --tuning-db would otherwise become a new, empty database and an empty table.
+    store = open_storage(_storage(args), option=_storage_option(args), must_exist=True)
     rows = [[r["signature"], r["trials"], us(r["default_seconds"]), us(r["best_seconds"]),
              "" if r["speedup"] is None else f"{r['speedup']:.3f}", r["tiling"] or ""]
-            for r in list_kb(_storage(args))]
+            for r in list_kb(store)]
     print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",
                         "best tiling"], rows))
     return 0
 
 
 def _cmd_kb_export(args) -> int:
-    from graphopt.tuner.kb import export_kb
+    from graphopt.tuner.kb import check_export_path, export_kb
+    from graphopt.tuner.search import open_storage
 
-    print(f"wrote {args.json}: {export_kb(_storage(args), args.json)} kernel(s)")
+    check_export_path(args.json)
+    store = open_storage(_storage(args), option=_storage_option(args), must_exist=True)
+    print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s)")
     return 0
 
 
 def _cmd_kb_import(args) -> int:
     from graphopt.tuner.kb import import_kb
+    from graphopt.tuner.search import storage_url
 
-    print(f"imported {import_kb(args.json, _storage(args))} kernel tiling(s) from {args.json}")
+    # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
+    url = storage_url(_storage(args), option=_storage_option(args))
+    print(f"imported {import_kb(args.json, url)} kernel tiling(s) from {args.json}")
     return 0
-
-
-def _history_curves(series: list[tuple[str, list[float], float]]):
-    """Each history as best-so-far / default (capped at 1.0), and the y value at the bottom."""
-    curves = [[min(v / default, 1.0) for v in hist if v != float("inf")]
-              for _, hist, default in series]
-    low = min((min(c) for c in curves if c), default=0.5)
-    return curves, min(low, 0.95) - 0.02
-
-
-def _history_xy(n: int, low: float, width: int, height: int, margin: int):
-    def xy(i: int, v: float) -> tuple[int, int]:
-        x = margin + i * (width - 2 * margin) // max(n - 1, 1)
-        y = margin + int((1.0 - v) / (1.0 - low) * (height - 2 * margin))
-        return x, y
-    return xy
-
-
-def histories_svg(series: list[tuple[str, list[float], float]], *, width: int = 720,
-                  height: int = 360) -> str:
-    """Best-so-far cost / default cost vs trial as SVG text, one line per (name, history,
-    default seconds), with a legend."""
-    from html import escape
-
-    from graphopt.passes.memory.plot import _colour
-
-    margin = 32
-    curves, low = _history_curves(series)
-    n = max((len(c) for c in curves), default=1)
-    xy = _history_xy(n, low, width, height, margin)
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-              'font-family="sans-serif" font-size="10">'),
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             (f'<polyline points="{margin},{margin} {margin},{height - margin} '
-              f'{width - margin},{height - margin}" fill="none" stroke="black"/>'),
-             (f'<text x="{margin}" y="{height - 8}">trial → ({n})   y: best cost / default '
-              f'(1.0 at top, {low:.2f} at bottom)</text>')]
-    for k, ((name, _, _), curve) in enumerate(zip(series, curves)):
-        points = " ".join(f"{x},{y}" for x, y in (xy(i, v) for i, v in enumerate(curve)))
-        parts.append(f'<polyline points="{points}" fill="none" stroke="rgb{_colour(k)}" '
-                     f'stroke-width="2"><title>{escape(name)}</title></polyline>')
-        parts.append(f'<text x="{width - margin - 300}" y="{margin + 12 * k}" '
-                     f'fill="rgb{_colour(k)}">{escape(name)}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)
-
-
-def draw_histories(series: list[tuple[str, list[float], float]], path: str, *,
-                   width: int = 720, height: int = 360) -> None:
-    """Best-so-far cost / default cost vs trial, one line per (name, history, default seconds):
-    SVG (with a legend) when `path` ends in .svg, else PNG (passes.memory.plot's writer)."""
-    from graphopt.passes.memory.plot import _Canvas, _colour
-
-    if path.lower().endswith(".svg"):
-        data = histories_svg(series, width=width, height=height).encode()
-    else:
-        margin = 32
-        curves, low = _history_curves(series)
-        xy = _history_xy(max((len(c) for c in curves), default=1), low, width, height, margin)
-        canvas = _Canvas(width, height)
-        canvas.fill(margin - 1, margin, margin, height - margin + 1, (0, 0, 0))
-        canvas.fill(margin - 1, height - margin, width - margin, height - margin + 1, (0, 0, 0))
-        for k, curve in enumerate(curves):
-            rgb = tuple(c * 3 // 4 for c in _colour(k))
-            for i in range(1, len(curve)):
-                (x0, y0), (x1, y1) = xy(i - 1, curve[i - 1]), xy(i, curve[i])
-                canvas.fill(x0, y0 - 1, x1 + 1, y0 + 1, rgb)              # the step's flat run
-                canvas.fill(x1 - 1, min(y0, y1), x1 + 1, max(y0, y1) + 1, rgb)  # and its drop
-        data = canvas.png()
-    with open(path, "wb") as f:
-        f.write(data)

@@ -59,9 +59,11 @@ def cmd_tune_subgraph(args, storage) -> int:
     elif not result.changes():
         print("the default decisions are the best found")
     if args.plot:
-        from graphopt.cli_tune import draw_histories
+        from graphopt.tuner.history_plot import draw_histories
 
-        draw_histories([(result.study_name, result.history, result.default.seconds)], args.plot)
+        kind = "measured" if args.objective == "measured" else "estimated"
+        draw_histories([(result.study_name, result.history, result.default.seconds)], args.plot,
+                       kind=kind)
         print(f"wrote {args.plot}")
     return 0
 

@@ -21,7 +21,7 @@ from helpers import conv_topk_model, parse_model, run_cli
 import graphopt
 from graphopt import zoo
 from graphopt.cli import main
-from graphopt.cli_tune import draw_histories, histories_svg
+from graphopt.tuner.history_plot import draw_histories, histories_svg
 from graphopt.ir import load_onnx
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.memory import plan_memory

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from graphopt.codegen.inspect_om import describe_om, pass_totals
 from graphopt.codegen.om_read import OmArtifact, load_om
-from graphopt.errors import OptionError
 from graphopt.ir import load_onnx
 from graphopt.ir.printer import format_type
 
@@ -186,15 +185,11 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
     import optuna
 
     from graphopt.tuner.kb import list_kb
-    from graphopt.tuner.search import history, open_storage, storage_url
+    from graphopt.tuner.search import history, open_storage
 
-    # Optuna would create an empty database at a mistyped path and report nothing tuned.
-    if "://" not in storage and not os.path.isfile(storage):
-        raise OptionError(f"{option} {storage}: no such file (`graphopt tune … --tuning-db "
-                          f"{storage}` creates it)")
-    url = storage_url(storage)
-    store = open_storage(url)
-    tuning = Tuning(storage=url)
+    # must_exist: a mistyped path would otherwise become an empty database with nothing tuned.
+    store = open_storage(storage, option=option, must_exist=True)
+    tuning = Tuning(storage=store.url)
     manifest = artifact.manifest
     target = manifest["target"]
     signatures = model_signatures(artifact)

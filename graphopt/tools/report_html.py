@@ -266,7 +266,7 @@ def _kernels(data: ReportData) -> str:
 
 
 def _curve_svg(curves) -> str:
-    from graphopt.cli_tune import histories_svg
+    from graphopt.tuner.history_plot import histories_svg
 
     series = []
     for c in curves:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from graphopt.errors import OptionError
+from graphopt.atomic import atomic_write_bytes
+from graphopt.errors import InputError, OptionError
 from graphopt.tuner.search import (
     PARAMS,
     open_storage,
@@ -96,8 +97,21 @@ def list_kb(storage: Any) -> list[dict]:
     return rows
 
 
+def check_export_path(path: str | os.PathLike) -> None:
+    """Refuse an export destination that cannot be written: a directory, or a file in a
+    directory that does not exist."""
+    text = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise OptionError(f"{text}: is a directory, expected the export's file path")
+    if not os.path.isdir(directory):
+        raise OptionError(f"{text}: directory {directory} does not exist")
+
+
 def export_kb(storage: Any, path: str | os.PathLike) -> int:
-    """Write every signature's best trial as JSON; returns how many kernels it wrote."""
+    """Write every signature's best trial as JSON, atomically (an existing export stays whole
+    until the new one is complete); returns how many kernels it wrote."""
+    check_export_path(path)
     storage = open_storage(storage)
     kernels = {}
     for name in _signature_studies(storage):
@@ -109,10 +123,29 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
                          "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
                          "default_seconds": default.value if default else None,
                          "trials": len(study.get_trials(deepcopy=False))}
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"format": FORMAT, "kernels": kernels}, f, indent=1, sort_keys=True)
-        f.write("\n")
+    text = json.dumps({"format": FORMAT, "kernels": kernels}, indent=1, sort_keys=True) + "\n"
+    try:
+        atomic_write_bytes(path, text.encode("utf-8"))
+    except OSError as e:
+        raise OptionError(f"{os.fspath(path)}: cannot write it ({e.strerror or e})") from None
     return len(kernels)
+
+
+def _read_export(path: str | os.PathLike) -> dict:
+    """The parsed JSON of a knowledge-base export, or an InputError naming the file."""
+    text = os.fspath(path)
+    try:
+        with open(text, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{text}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{text}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise InputError(f"{text}: not a graphopt knowledge-base export ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise OptionError(f"{text}: not a graphopt knowledge-base export (format {FORMAT})")
+    return doc
 
 
 def import_kb(path: str | os.PathLike, storage: Any) -> int:
@@ -121,10 +154,7 @@ def import_kb(path: str | os.PathLike, storage: Any) -> int:
     is skipped. Returns how many trials it added."""
     from graphopt.partition import load_target
 
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise OptionError(f"{path}: not a graphopt knowledge-base export (format {FORMAT})")
+    doc = _read_export(path)
     storage = open_storage(storage)
     added = 0
     for name, entry in sorted(doc.get("kernels", {}).items()):

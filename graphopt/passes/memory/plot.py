@@ -1,6 +1,7 @@
 """`draw_plan`: a plan as rectangles over time (x) × address (y), to PNG or SVG, no dependencies.
 
-The PNG writer is the smallest that works: 8-bit RGB rows, zlib, three chunks. The dashed red
+The PNG writer is the smallest that works: 8-bit RGB rows, zlib, three chunks; its canvas also
+draws text in a built-in 5×8 pixel font (the labels of `graphopt tune --plot`). The dashed red
 line is the lower bound; the arena's top is the plot's top. SVG output labels each buffer and
 gives every rectangle a tooltip (name, bytes, offset, steps).
 """
@@ -15,6 +16,43 @@ from html import escape
 from graphopt.passes.memory.plan import Plan
 
 _MARGIN = 24
+
+# The glyphs of the text in graphopt's PNG plots: 8 rows top to bottom as hex bytes, the 5 low
+# bits of each a row with the high bit leftmost; row 6 is the baseline, row 7 holds
+# descenders. A character without a glyph draws as '?'.
+_FONT = {
+    "0": "0e11131519110e00", "1": "040c040404040e00", "2": "0e11010204081f00",
+    "3": "1f02040201110e00", "4": "02060a121f020200", "5": "1f101e0101110e00",
+    "6": "0608101e11110e00", "7": "1f01020408080800", "8": "0e11110e11110e00",
+    "9": "0e11110f01020c00", "a": "00000e010f110f00", "b": "10101e1111111e00",
+    "c": "00000e1010110e00", "d": "01010f1111110f00", "e": "00000e111f100e00",
+    "f": "0609081c08080800", "g": "00000f11110f010e", "h": "1010161911111100",
+    "i": "04000c0404040e00", "j": "020006020202120c", "k": "1010121418141200",
+    "l": "0c04040404040e00", "m": "00001a1515151500", "n": "0000161911111100",
+    "o": "00000e1111110e00", "p": "00001e11111e1010", "q": "00000f11110f0101",
+    "r": "0000161910101000", "s": "00000f100e011e00", "t": "08081c0808090600",
+    "u": "0000111111130d00", "v": "00001111110a0400", "w": "0000111115150a00",
+    "x": "0000110a040a1100", "y": "00001111110f010e", "z": "00001f0204081f00",
+    "µ": "00001111111b1510", "A": "0e11111f11111100", "B": "1e11111e11111e00",
+    "C": "0e11101010110e00", "D": "1e11111111111e00", "E": "1f10101e10101f00",
+    "F": "1f10101e10101000", "G": "0e11101711110f00", "H": "1111111f11111100",
+    "I": "0e04040404040e00", "J": "0702020202120c00", "K": "1112141814121100",
+    "L": "1010101010101f00", "M": "111b151511111100", "N": "1111191513111100",
+    "O": "0e11111111110e00", "P": "1e11111e10101000", "Q": "0e11111115120d00",
+    "R": "1e11111e14121100", "S": "0f10100e01011e00", "T": "1f04040404040400",
+    "U": "1111111111110e00", "V": "11111111110a0400", "W": "1111111515150a00",
+    "X": "11110a040a111100", "Y": "11110a0404040400", "Z": "1f01020408101f00",
+    " ": "0000000000000000", "!": "0404040404000400", "%": "1819020408130300",
+    "'": "0404080000000000", "(": "0204080808040200", ")": "0804020202040800",
+    "*": "00150e1f0e150000", "+": "0004041f04040000", ",": "000000000c040800",
+    "-": "0000000e00000000", ".": "00000000000c0c00", "/": "0101020408101000",
+    ":": "000c0c000c0c0000", ";": "000c0c000c040800", "<": "0204081008040200",
+    "=": "00001f001f000000", ">": "0804020102040800", "?": "0e11010204000400",
+    "[": "0e08080808080e00", "]": "0e02020202020e00", "_": "000000000000001f",
+    "|": "0404040404040400", "×": "00110a040a110000", "…": "0000000000001500",
+    "→": "0004021f02040000",
+}
+GLYPH_W = 6  # a glyph's advance in pixels, the gap to the next one included
 
 
 def _colour(i: int) -> tuple[int, int, int]:
@@ -53,6 +91,15 @@ class _Canvas:
         for y in range(max(0, y0), min(self.height, y1)):
             start = (y * self.width + x0) * 3
             self.pixels[start:start + len(colour)] = colour
+
+    def text(self, x: int, y: int, text: str, rgb: tuple[int, int, int]) -> None:
+        """`text` in the 5×8 font with its top-left corner at (x, y)."""
+        for k, char in enumerate(text):
+            left = x + k * GLYPH_W
+            for r, bits in enumerate(bytes.fromhex(_FONT.get(char, _FONT["?"]))):
+                for c in range(5):
+                    if bits & (0x10 >> c):
+                        self.fill(left + c, y + r, left + c + 1, y + r + 1, rgb)
 
     def png(self) -> bytes:
         row = self.width * 3

@@ -1,0 +1,311 @@
+"""The tuning storage and knowledge-base files as the user names them (`tune`, `kb`, `report`,
+`optimize --tuning-db`): a file that is no database, an unknown URL scheme, a missing file or
+directory, an unwritable export, a model tuned with dynamic dims and the --plot picture are
+one-line errors or labelled output, never internal errors or stray files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+import zlib
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+
+from graphopt.errors import InputError, OptionError
+from graphopt.tuner import kb
+from graphopt.tuner.search import open_storage, storage_url
+from tests.helpers import run_cli
+
+NOT_A_DB = "not a graphopt knowledge base (SQLite: file is not a database)"
+
+
+def conv_model(path, batch=1) -> str:
+    """Two 3×3 convs, 16 → 16 channels at 32×32: one NPU cube-kernel signature on ascend310;
+    `batch` may be a symbolic dim name."""
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [batch, 16, 32, 32])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [batch, 16, 32, 32])
+    weights = [onnx.numpy_helper.from_array(np.full((16, 16, 3, 3), 0.01, "float32"), name)
+               for name in ("w1", "w2")]
+    nodes = [oh.make_node("Conv", ["x", "w1"], ["h"], name="conv1", pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["h"], ["r"], name="relu"),
+             oh.make_node("Conv", ["r", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    graph = oh.make_graph(nodes, "two_convs", [x], [y], weights)
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A model, its ascend310 .om and a small knowledge base tuned for it."""
+    from graphopt.cli import main
+
+    root = tmp_path_factory.mktemp("kb_errors")
+    model = conv_model(root / "m.onnx")
+    om, db = str(root / "m.om"), str(root / "kb.db")
+    assert main(["optimize", model, "-o", om, "--target", "ascend310", "-q"]) == 0
+    assert main(["tune", model, "--target", "ascend310", "--trials", "4", "--tuning-db", db,
+                 "-q"]) == 0
+    return {"model": model, "om": om, "db": db}
+
+
+def commands(built, out_dir, flag, storage):
+    """Every command that opens a tuning storage, each with `flag storage`."""
+    return {
+        "tune": ["tune", built["model"], "--target", "ascend310", "--trials", "2", flag, storage],
+        "kb list": ["kb", "list", flag, storage],
+        "kb export": ["kb", "export", out_dir / "kb.json", flag, storage],
+        "report": ["report", built["om"], "-o", out_dir / "r.html", flag, storage],
+        "optimize": ["optimize", built["model"], "-o", out_dir / "x.om", "--target",
+                     "ascend310", flag, storage],
+    }
+
+
+def assert_user_error(rc, err, expected):
+    assert rc == 1, err
+    assert "internal error" not in err
+    assert err.startswith(f"graphopt: error: {expected}"), err
+    assert err.count("\n") == 1, err   # one line
+
+
+# --- 1. a file that is not a database ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["tune", "kb list", "kb export", "report", "optimize"])
+def test_a_file_that_is_no_database_is_named(built, tmp_path, capsys, command):
+    junk = tmp_path / "notdb.db"
+    junk.write_text("hello\n")
+    argv = commands(built, tmp_path, "--tuning-db", str(junk))[command]
+    rc, _, err = run_cli(capsys, *argv)
+    assert_user_error(rc, err, f"--tuning-db {junk}: {NOT_A_DB}")
+    assert junk.read_text() == "hello\n"                 # left as it was
+    assert not (tmp_path / "x.om").exists() and not (tmp_path / "kb.json").exists()
+
+
+def test_a_damaged_sqlite_file_is_named_too(tmp_path):
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\x01" * 200)  # the header, then garbage
+    with pytest.raises(OptionError, match=f"--storage {damaged}: not a graphopt knowledge base"):
+        open_storage(str(damaged), option="--storage")
+    empty = tmp_path / "empty.db"
+    empty.touch()                                        # SQLite's empty database: accepted
+    assert kb.list_kb(open_storage(str(empty))) == []
+
+
+# --- 2. URLs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--storage", "--tuning-db"])
+@pytest.mark.parametrize("command", ["tune", "kb list", "report"])
+def test_an_unknown_url_scheme_names_the_url_and_the_schemes_that_work(built, tmp_path, capsys,
+                                                                      command, flag):
+    rc, _, err = run_cli(capsys, *commands(built, tmp_path, flag, "bogus://x")[command])
+    assert_user_error(rc, err, f"{flag} bogus://x: unknown storage scheme 'bogus'")
+    assert "sqlite:///" in err and "postgresql://" in err and "mysql://" in err
+
+
+def test_a_storage_that_is_no_url_is_refused(built, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = run_cli(capsys, "kb", "list", "--storage", "plain.db")
+    assert_user_error(rc, err, "--storage plain.db: not a storage URL")
+    assert "--tuning-db FILE.db" in err and not (tmp_path / "plain.db").exists()
+    with pytest.raises(OptionError, match="--storage ://x: not a storage URL"):
+        storage_url("://x", option="--storage")
+
+
+def test_a_server_that_refuses_the_connection_is_an_option_error():
+    # Port 1 on the loopback: refused at once (or, without the driver, a missing driver).
+    url = "postgresql://graphopt@127.0.0.1:1/kb"
+    with pytest.raises(OptionError, match=f"^--storage {url}: "):
+        open_storage(url, option="--storage")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MySQLdb") is not None,
+                    reason="the mysqlclient driver is installed here")
+def test_a_missing_database_driver_is_named():
+    with pytest.raises(OptionError, match="driver 'mysqldb' this URL needs is not installed"):
+        open_storage("mysql://graphopt@127.0.0.1:1/kb", option="--storage")
+
+
+# --- 3. the JSON files of kb import and export -------------------------------------------------
+
+
+def test_kb_import_of_a_missing_or_unreadable_file_names_it(tmp_path, capsys):
+    db = tmp_path / "kb.db"
+    rc, _, err = run_cli(capsys, "kb", "import", tmp_path / "nonexist.json", "--tuning-db", db)
+    assert_user_error(rc, err, f"{tmp_path / 'nonexist.json'}: no such file")
+    rc, _, err = run_cli(capsys, "kb", "import", tmp_path, "--tuning-db", db)
+    assert_user_error(rc, err, f"{tmp_path}: cannot read it")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(InputError, match="broken.json: not a graphopt knowledge-base export"):
+        kb.import_kb(broken, str(db))
+    assert not db.exists()  # nothing was imported, so no database was made
+
+
+def test_kb_export_into_a_missing_directory_names_it(built, tmp_path, capsys):
+    target = tmp_path / "nonexist" / "kb.json"
+    rc, _, err = run_cli(capsys, "kb", "export", target, "--tuning-db", built["db"])
+    assert_user_error(rc, err, f"{target}: directory {tmp_path / 'nonexist'} does not exist")
+    rc, _, err = run_cli(capsys, "kb", "export", tmp_path, "--tuning-db", built["db"])
+    assert_user_error(rc, err, f"{tmp_path}: is a directory")
+
+
+def test_kb_export_is_atomic(built, tmp_path, monkeypatch):
+    out = tmp_path / "kb.json"
+    out.write_text("the previous export\n")
+
+    def unserializable(tiling):
+        return object()  # json cannot write it: the export fails part way
+
+    monkeypatch.setattr(kb, "tiling_params", unserializable)
+    with pytest.raises(TypeError):
+        kb.export_kb(built["db"], out)
+    assert out.read_text() == "the previous export\n"
+    assert os.listdir(tmp_path) == ["kb.json"]          # no temporary file left behind
+    monkeypatch.undo()
+    assert kb.export_kb(built["db"], out) == 1
+    assert json.loads(out.read_text())["format"] == kb.FORMAT
+
+
+# --- 4. paths that do not exist ----------------------------------------------------------------
+
+
+def test_tune_refuses_a_tuning_db_in_a_missing_directory(built, tmp_path, capsys):
+    db = tmp_path / "nonexist" / "t.db"
+    rc, _, err = run_cli(capsys, "tune", built["model"], "--target", "ascend310",
+                         "--tuning-db", db)
+    assert_user_error(rc, err, f"--tuning-db {db}: directory {db.parent} does not exist")
+    assert not db.parent.exists()
+    rc, _, err = run_cli(capsys, "tune", built["model"], "--target", "ascend310",
+                         "--storage", f"sqlite:///{db}")
+    assert_user_error(rc, err, f"--storage sqlite:///{db}: directory {db.parent} does not exist")
+    assert not db.parent.exists()
+
+
+def test_only_the_default_storage_directory_is_created(tmp_path, monkeypatch):
+    with pytest.raises(OptionError, match="does not exist"):
+        storage_url(tmp_path / "nonexist" / "t.db")
+    assert not (tmp_path / "nonexist").exists()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert storage_url(None) == f"sqlite:///{tmp_path / 'cache' / 'graphopt' / 'tuning.db'}"
+    assert (tmp_path / "cache" / "graphopt").is_dir()
+
+
+@pytest.mark.parametrize("command", ["kb list", "kb export", "report"])
+def test_reading_a_missing_knowledge_base_is_refused(built, tmp_path, capsys, command):
+    missing = tmp_path / "nonexist.db"
+    rc, _, err = run_cli(capsys, *commands(built, tmp_path, "--tuning-db", str(missing))[command])
+    assert_user_error(rc, err, f"--tuning-db {missing}: no such file")
+    assert "creates it" in err and not missing.exists()
+
+
+def test_a_directory_is_no_knowledge_base(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "kb", "list", "--tuning-db", tmp_path)
+    assert_user_error(rc, err, f"--tuning-db {tmp_path}: is a directory")
+
+
+def test_a_plot_into_a_missing_directory_is_refused_before_tuning(built, tmp_path, capsys):
+    plot = tmp_path / "nonexist" / "h.png"
+    db = tmp_path / "t.db"
+    rc, _, err = run_cli(capsys, "tune", built["model"], "--target", "ascend310",
+                         "--tuning-db", db, "--plot", plot)
+    assert_user_error(rc, err, f"--plot {plot}: directory {plot.parent} does not exist")
+    assert not db.exists()  # refused before any trial
+
+
+# --- 5. dynamic dims ---------------------------------------------------------------------------
+
+
+def test_tune_of_a_dynamic_model_names_the_inputs_to_pin(tmp_path, capsys):
+    model = conv_model(tmp_path / "dyn.onnx", batch="batch")
+    db = tmp_path / "t.db"
+    rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--tuning-db", db)
+    assert_user_error(rc, err, "--target ascend310: no node of")
+    assert "fell back to the cpu for dynamic shapes" in err
+    assert "'x' [batch,16,32,32]" in err
+    assert 'e.g. --input-shape "x:1,16,32,32"' in err
+    # The suggestion works as printed.
+    rc, out, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--tuning-db", db,
+                           "--trials", "2", "-q", "--input-shape", "x:1,16,32,32")
+    assert rc == 0, err
+    assert "ascend310/conv/b1_m1024_k144_n16/float16" in out
+
+
+# --- 6. the --plot picture ---------------------------------------------------------------------
+
+
+SERIES = [("ascend310/gemm/b1_m256_k256_n256/float16", [2.9e-5, 2.9e-5, 2.5e-5, 2.4e-5], 2.9e-5),
+          ("ascend310/conv/b1_m1024_k144_n16/float16", [float("inf"), 4e-6, 3.5e-6], 4e-6)]
+
+
+def read_png(data: bytes) -> tuple[int, int, bytes]:
+    """(width, height, RGB pixels) of an 8-bit RGB PNG whose rows use filter 0 (the kind
+    passes.memory.plot writes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(data):
+        (length,), tag = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        if tag == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif tag == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    row = width * 3 + 1
+    assert all(raw[y * row] == 0 for y in range(height))
+    return width, height, b"".join(raw[y * row + 1:(y + 1) * row] for y in range(height))
+
+
+def dark(pixels: bytes, width: int, x0: int, y0: int, x1: int, y1: int) -> int:
+    """Pixels darker than mid-grey in the box."""
+    return sum(1 for y in range(y0, y1) for x in range(x0, x1)
+               if sum(pixels[(y * width + x) * 3:(y * width + x) * 3 + 3]) < 300)
+
+
+def test_png_plot_has_a_title_ticks_axis_labels_and_a_legend(tmp_path):
+    from graphopt.tuner.history_plot import draw_histories
+
+    path = tmp_path / "h.png"
+    draw_histories(SERIES, str(path))
+    width, height, pixels = read_png(path.read_bytes())
+    assert (width, height) == (720, 360 + 12 * len(SERIES))   # legend rows under the plot
+    assert dark(pixels, width, 0, 0, width, 30) > 100           # title and y-axis label
+    assert dark(pixels, width, 0, 40, 30, 320) > 20             # y tick values left of the axis
+    assert dark(pixels, width, 60, 328, width, 356) > 30        # x tick values and "trial"
+    assert dark(pixels, width, 70, 360, width, height) > 200    # legend text
+
+
+def test_canvas_text_draws_the_glyphs():
+    from graphopt.passes.memory.plot import _FONT, GLYPH_W, _Canvas
+
+    canvas = _Canvas(2 * GLYPH_W, 9)
+    canvas.text(0, 0, "1?", (0, 0, 0))
+    for k, char in enumerate("1?"):
+        for r, bits in enumerate(bytes.fromhex(_FONT[char])):
+            drawn = [canvas.pixels[(r * canvas.width + k * GLYPH_W + c) * 3] == 0
+                     for c in range(5)]
+            assert drawn == [bool(bits & (0x10 >> c)) for c in range(5)]
+    signature_chars = set("abcdefghijklmnopqrstuvwxyz0123456789/_.:-()µ×…, ")
+    assert signature_chars <= set(_FONT)
+
+
+def test_svg_plot_has_the_same_labels(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from graphopt.tuner.history_plot import histories_svg
+
+    svg = histories_svg(SERIES, kind="measured")
+    texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    assert texts[0].startswith("best measured cost so far / default cost")
+    assert {"cost / default", "trial", "default", "1.00", "0"} <= set(texts)
+    legend = [t for t in texts if t.startswith("ascend310/")]
+    assert legend == ["ascend310/gemm/b1_m256_k256_n256/float16: default 29.00 µs, best "
+                      "24.00 µs (1.208x)",
+                      "ascend310/conv/b1_m1024_k144_n16/float16: default 4.00 µs, best "
+                      "3.50 µs (1.143x)"]
