@@ -148,6 +148,15 @@ def test_ops_whose_schema_lacks_bfloat16_stay_float32_with_a_note():
                for note in result.notes)
 
 
+def test_pins_that_match_nothing_are_named_in_a_note():
+    proto = parse_model(CHAIN, w1=W1, w2=W2)
+    result = graphopt.optimize(proto, level=1, precision="mixed-fp16", pass_options={
+        "keep_dtype": {"no_such_node"}, "precision_deny": {"Softmx"}})
+    note = next(n for n in result.notes if "matches nothing" in n)
+    assert "--keep-dtype 'no_such_node'" in note
+    assert "--precision-deny 'Softmx' (nearest: 'Softmax')" in note
+
+
 def test_dtype_sensitive_inputs_and_attributes():
     # Resize's scales are tensor(float) in every opset: they stay float32. Cast's `to` and
     # ConstantOfShape's value follow the converted output; Clip's min/max follow T.

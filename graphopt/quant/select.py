@@ -157,7 +157,7 @@ def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
         near = difflib.get_close_matches(entry, names, n=2, cutoff=0.6)
         hints.append(f"{entry!r}" + (f" (nearest: {', '.join(map(repr, near))})" if near else ""))
     return (f"{pass_name}: quant_skip {'; '.join(hints)} matches no node or op type of the "
-            "optimized graph, whose fused nodes have new names (graphopt dump shows them)")
+            "optimized graph, whose fused nodes have new names (--dump-dir shows them)")
 
 
 def plan(graph: Graph, options, allows=lambda node: True) -> Plan:
