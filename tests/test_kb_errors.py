@@ -19,7 +19,7 @@ import pytest
 from graphopt.errors import InputError, OptionError
 from graphopt.tuner import kb
 from graphopt.tuner.search import open_storage, storage_url
-from tests.helpers import run_cli
+from helpers import run_cli
 
 NOT_A_DB = "not a graphopt knowledge base (SQLite: file is not a database)"
 
@@ -145,6 +145,24 @@ def test_kb_import_of_a_missing_or_unreadable_file_names_it(tmp_path, capsys):
     with pytest.raises(InputError, match="broken.json: not a graphopt knowledge-base export"):
         kb.import_kb(broken, str(db))
     assert not db.exists()  # nothing was imported, so no database was made
+
+
+def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_path):
+    export = tmp_path / "kb.json"
+    kb.export_kb(built["db"], export)
+    doc = json.loads(export.read_text())
+    (name, entry), = doc["kernels"].items()
+    del entry["tiling"]["base_k"]
+    doc["kernels"]["ascend310/gemm/b1_m32_k32_n32/float16"] = dict(entry, tiling={})
+    export.write_text(json.dumps(doc))
+    db = tmp_path / "new.db"
+    with pytest.raises(OptionError, match=f"kernel '{name}': not an exported tiling and time "
+                                          r"\(KeyError: 'base_k'\)"):
+        kb.import_kb(export, f"sqlite:///{db}")
+    assert not db.exists()  # checked before anything was written
+    export.write_text(json.dumps(dict(doc, kernels=[])))
+    with pytest.raises(OptionError, match="no 'kernels' object"):
+        kb.import_kb(export, f"sqlite:///{db}")
 
 
 def test_kb_export_into_a_missing_directory_names_it(built, tmp_path, capsys):

@@ -148,26 +148,47 @@ def _read_export(path: str | os.PathLike) -> dict:
     return doc
 
 
+def _import_entry(path, name: str, entry: Any) -> tuple:
+    """(name, entry, tiling, shape, NPU device, search choices) of one exported kernel;
+    OptionError naming the entry when it is not one kb export writes or not feasible here."""
+    from graphopt.partition import load_target
+
+    try:
+        target_name, _, shape = parse_signature(name)
+        device = next(d for d in load_target(target_name).devices if d.kind == "npu")
+    except Exception as e:  # noqa: BLE001 - any failure names the entry
+        raise OptionError(f"{path}: kernel '{name}': {e}") from None
+    try:
+        fields = {key: entry["tiling"][key] for key in PARAMS}
+        if not all(isinstance(v, int) for v in fields.values()):  # bool is an int too
+            raise TypeError(f"tiling values must be integers: {fields}")
+        tiling = Tiling(**fields)
+        seconds = float(entry["seconds"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise OptionError(f"{path}: kernel '{name}': not an exported tiling and time "
+                          f"({type(e).__name__}: {e})") from None
+    if not seconds > 0:
+        raise OptionError(f"{path}: kernel '{name}': seconds must be > 0, not {seconds}")
+    choices = search_choices(shape, device)
+    reason = outside_space(tiling, shape, device)
+    if reason is not None:
+        raise OptionError(f"{path}: kernel '{name}': {tiling} is not feasible here ({reason})")
+    return name, entry, tiling, shape, device, choices
+
+
 def import_kb(path: str | os.PathLike, storage: Any) -> int:
     """Add each kernel of a JSON export as a completed trial of its signature's study (created
     with the default tiling queued as trial 0 when new); a tiling the study already completed
     is skipped. Returns how many trials it added."""
-    from graphopt.partition import load_target
-
     doc = _read_export(path)
+    kernels = doc.get("kernels") if isinstance(doc, dict) else None
+    if not isinstance(kernels, dict):
+        raise OptionError(f"{path}: no 'kernels' object (write one with graphopt kb export)")
+    # Every entry is checked before any is added: a bad one must not leave half an import.
+    entries = [_import_entry(path, name, entry) for name, entry in sorted(kernels.items())]
     storage = open_storage(storage)
     added = 0
-    for name, entry in sorted(doc.get("kernels", {}).items()):
-        try:
-            target_name, _, shape = parse_signature(name)
-            device = next(d for d in load_target(target_name).devices if d.kind == "npu")
-        except Exception as e:  # noqa: BLE001 - any failure names the entry
-            raise OptionError(f"{path}: kernel '{name}': {e}") from None
-        tiling = Tiling(**{key: entry["tiling"][key] for key in PARAMS})
-        choices = search_choices(shape, device)
-        reason = outside_space(tiling, shape, device)
-        if reason is not None:
-            raise OptionError(f"{path}: kernel '{name}': {tiling} is not feasible here ({reason})")
+    for name, entry, tiling, shape, device, choices in entries:
         study = open_study(storage, name, shape, device)
         if any(trial_tiling(t) == tiling for t in _completed(study)):
             continue
