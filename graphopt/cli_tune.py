@@ -27,17 +27,14 @@ study; --trials counts the new trials of this run. `optimize --tuning-db` applie
 
 
 def _storage_args(p, *, db_only: bool = False) -> None:
-    if db_only:
-        p.add_argument("--tuning-db", metavar="FILE.db",
-                       help="the knowledge base (default: ~/.cache/graphopt/tuning.db)")
-        p.add_argument("--storage", metavar="URL", help="an Optuna storage URL instead")
-        return
-    group = p.add_mutually_exclusive_group()
+    group = p.add_mutually_exclusive_group()  # both given, one would be silently ignored
     group.add_argument("--tuning-db", metavar="FILE.db",
-                       help="SQLite knowledge base (default: ~/.cache/graphopt/tuning.db)")
+                       help=("the knowledge base" if db_only else "SQLite knowledge base")
+                       + " (default: ~/.cache/graphopt/tuning.db)")
     group.add_argument("--storage", metavar="URL",
-                       help="any Optuna storage URL (sqlite:///x.db, postgresql://…); use a "
-                            "server for more than a few --workers")
+                       help="an Optuna storage URL instead" if db_only else
+                       "any Optuna storage URL (sqlite:///x.db, postgresql://…); use a server "
+                       "for more than a few --workers")
 
 
 def add_tune_parser(sub) -> None:
