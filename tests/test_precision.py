@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from helpers import ops, parse_model, run_cli
 
 import graphopt
 from graphopt import numerics, zoo
-from graphopt.errors import OptionError
+from graphopt.errors import ArtifactError, OptionError
 from graphopt.ir import DType
 from graphopt.tools.metrics import cosine_similarity
 
@@ -146,6 +147,23 @@ def test_ops_whose_schema_lacks_bfloat16_stay_float32_with_a_note():
     result = graphopt.optimize(proto, target="ascend910b", precision="bf16")
     assert any("bf16: kept float32, their ONNX schema at opset 17 has no bf16: Conv" in note
                for note in result.notes)
+
+
+def test_bf16_npu_partitions_need_the_device_provider(tmp_path):
+    proto = parse_model("""
+        g (float[1,8,8,8] x) => (float[1,8,8,8] y) {
+          c = Conv <pads = [1, 1, 1, 1]> (x, w)
+          y = Sigmoid(c)
+        }""", w=RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
+    result = graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    assert any("the NPU partitions run where the CANN provider is installed" in note
+               for note in result.notes)
+    graphopt.save(result, tmp_path / "bf16.om")
+    if "CANNExecutionProvider" in ort.get_available_providers():
+        pytest.skip("the CANN provider runs the partition")
+    with pytest.raises(ArtifactError, match="the CPU provider stands in for "
+                                            "CANNExecutionProvider, which is not installed"):
+        graphopt.load(tmp_path / "bf16.om")
 
 
 def test_pins_that_match_nothing_are_named_in_a_note():

@@ -364,9 +364,13 @@ class OmSession:
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
                 if model is None:
                     artifact.models.parse(name)  # a model that does not parse says so
+                # E.g. bfloat16 ops compiled for an NPU, which the CPU provider has no kernel for.
+                hint = (f" (the CPU provider stands in for {' or '.join(missing)}, which is not "
+                        "installed, and cannot run every op compiled for the device)"
+                        if missing else "")
                 raise ArtifactError(
-                    f"{artifact.path}: onnxruntime cannot load partition {name!r}: {_first_line(exc)}"
-                ) from None
+                    f"{artifact.path}: onnxruntime cannot load partition {name!r}: "
+                    f"{_first_line(exc)}{hint}") from None
             del model  # onnxruntime has its own copy
             _check_signature(artifact, part, session)
             _check_blocking(artifact, name, session.get_modelmeta().custom_metadata_map)

@@ -174,6 +174,11 @@ class ConvertPrecision(Pass):
             ctx.note(f"{options.precision}: onnxruntime's CPU provider has no float16 kernel for "
                      f"{', '.join(sorted(support.emulated))}; it runs them in float32 behind "
                      "Casts it adds when loading the model (half the weight bytes, not faster)")
+        if half == DType.BFLOAT16 and ctx.target is not None \
+                and any(device.kind == "npu" for device in ctx.target.devices):
+            ctx.note(f"{options.precision}: the NPU partitions run where the CANN provider is "
+                     "installed; onnxruntime's CPU provider, which stands in for it elsewhere, "
+                     "has no bfloat16 kernel for most ops")
         if decider.kept_by_target:
             ctx.note(f"{options.precision}: kept float32, no {half.short} kernel on the target: "
                      f"{_listing(decider.kept_by_target)}")
