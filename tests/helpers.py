@@ -94,3 +94,20 @@ def conv_topk_model(k: int = 4, seed: int = 7, batch: int | str = 1) -> onnx.Mod
     return conv_classifier("values, indices = TopK <axis = 1> (scores, k)",
                            f"float[{batch},{k}] values, int64[{batch},{k}] indices",
                            batch=batch, seed=seed, k=np.array([k], np.int64))
+
+
+def write_calibration(folder, samples: np.ndarray, layout: str, name: str = "x"):
+    """`samples` [S, 1, …] as calibration data for input `name` in one of the layouts the
+    reader takes, under `folder`: "stacked" ([S, 1, …] float32), "batch" ([S, …], the samples
+    in the batch dim), "float64" (stacked, not cast) or "directory" (one .npz per sample).
+    Returns the path to pass as --calibration."""
+    if layout == "directory":
+        path = os.path.join(folder, "samples")
+        os.mkdir(path)
+        for i, sample in enumerate(samples.astype(np.float32)):
+            np.savez(os.path.join(path, f"{i}.npz"), **{name: sample})
+        return path
+    path = os.path.join(folder, "c.npz")
+    arrays = samples if layout == "float64" else samples.astype(np.float32)
+    np.savez(path, **{name: arrays[:, 0] if layout == "batch" else arrays})
+    return path

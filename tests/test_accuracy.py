@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import parse_model
+from helpers import parse_model, write_calibration
 
 from graphopt import zoo
 from graphopt.tools.accuracy import accuracy_report, perplexity
@@ -119,19 +119,11 @@ def _first_sample_model():
             parse_model(one, w=RNG.standard_normal((8, 5)).astype(np.float32)))
 
 
-@pytest.mark.parametrize("layout", ["[S,1,8]", "[S,8]", "float64", "directory"])
+@pytest.mark.parametrize("layout", ["stacked", "batch", "float64", "directory"])
 def test_calibration_feeds_are_the_first_sample_of_any_layout(tmp_path, layout):
     ref, cand = _first_sample_model()
     samples = np.random.default_rng(1).standard_normal((4, 1, 8))
-    path = tmp_path / "c.npz"
-    if layout == "directory":
-        path = tmp_path / "samples"
-        path.mkdir()
-        for i, sample in enumerate(samples.astype(np.float32)):
-            np.savez(path / f"{i}.npz", x=sample)
-    else:
-        arrays = samples if layout == "float64" else samples.astype(np.float32)
-        np.savez(path, x=arrays[:, 0] if layout == "[S,8]" else arrays)
+    path = write_calibration(tmp_path, samples, layout)
     report = accuracy_report(ref, cand, calibration=path)
     expected = accuracy_report(ref, cand, {"x": samples[0].astype(np.float32)})
     assert report.outputs[0].cosine == expected.outputs[0].cosine < 1.0

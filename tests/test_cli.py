@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from helpers import PerturbWeights
+from helpers import PerturbWeights, write_calibration
 from onnx import TensorProto, helper, numpy_helper, parser
 
 import graphopt
@@ -781,22 +781,12 @@ def test_accuracy_report_compares_with_the_input_as_it_was_when_the_output_overw
     assert any(n.op_type == "MatMulNBits" for n in onnx.load(src).graph.node)
 
 
-@pytest.mark.parametrize("layout", ["[4,3,16,16]", "[4,1,3,16,16]", "float64", "directory"])
+@pytest.mark.parametrize("layout", ["stacked", "batch", "float64", "directory"])
 def test_accuracy_report_runs_on_the_first_calibration_sample_of_any_layout(
         tmp_path, capsys, layout):
     src = _conv_net(tmp_path)
     samples = np.random.default_rng(1).standard_normal((4, 1, 3, 16, 16))
-    calib = tmp_path / "c.npz"
-    if layout == "directory":
-        calib = tmp_path / "samples"
-        calib.mkdir()
-        for i, sample in enumerate(samples.astype(np.float32)):
-            np.savez(calib / f"{i}.npz", x=sample)
-    elif layout == "float64":
-        np.savez(calib, x=samples)
-    else:
-        arrays = samples.astype(np.float32)
-        np.savez(calib, x=arrays[:, 0] if layout == "[4,3,16,16]" else arrays)
+    calib = write_calibration(tmp_path, samples, layout)
     rc, out, err = cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", "--quantize", "int8",
                        "--calibration", calib, "--quantize-ends")
     assert rc == 0 and "no accuracy report" not in err, err

@@ -137,25 +137,24 @@ def test_bf16_on_the_cpu_target_is_refused_naming_the_ops():
         compile_(proto, precision="mixed-bf16")
 
 
+def conv_then(activation: str) -> onnx.ModelProto:
+    """A 3×3 Conv followed by `activation`, at opset 17."""
+    return parse_model(f"""
+        g (float[1,8,8,8] x) => (float[1,8,8,8] y) {{
+          c = Conv <pads = [1, 1, 1, 1]> (x, w)
+          y = {activation}(c)
+        }}""", w=RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
+
+
 def test_ops_whose_schema_lacks_bfloat16_stay_float32_with_a_note():
     # ONNX's Conv admits bfloat16 only from opset 22: at 17 it stays float32, and says so.
-    proto = parse_model("""
-        g (float[1,8,8,8] x) => (float[1,8,8,8] y) {
-          c = Conv <pads = [1, 1, 1, 1]> (x, w)
-          y = Relu(c)
-        }""", w=RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
-    result = graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    result = graphopt.optimize(conv_then("Relu"), target="ascend910b", precision="bf16")
     assert any("bf16: kept float32, their ONNX schema at opset 17 has no bf16: Conv" in note
                for note in result.notes)
 
 
 def test_bf16_npu_partitions_need_the_device_provider(tmp_path):
-    proto = parse_model("""
-        g (float[1,8,8,8] x) => (float[1,8,8,8] y) {
-          c = Conv <pads = [1, 1, 1, 1]> (x, w)
-          y = Sigmoid(c)
-        }""", w=RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
-    result = graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    result = graphopt.optimize(conv_then("Sigmoid"), target="ascend910b", precision="bf16")
     assert any("the NPU partitions run where the CANN provider is installed" in note
                for note in result.notes)
     graphopt.save(result, tmp_path / "bf16.om")
