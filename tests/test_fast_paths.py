@@ -1,5 +1,5 @@
-"""The compile-time shortcuts agree with what they shortcut: scalar constant tests against
-numpy's, reused node counts against fresh ones."""
+"""The shortcuts agree with what they shortcut: scalar constant tests against numpy's, reused
+node counts against fresh ones, the runtime's exact-feeds check against its general one."""
 
 from __future__ import annotations
 
@@ -80,3 +80,38 @@ def test_node_counts_reused_between_passes_match_fresh_counts():
     log = PassManager(Pipeline("t", "", ("EliminateDeadNodes", "EliminateDeadNodes")),
                       PassContext(Options()), [_DropLastRelu()]).run(model)
     assert [(r.nodes_before, r.nodes_after) for r in log.records] == [(3, 3), (2, 2)]
+
+
+FEED_VARIANTS = {
+    "exact": lambda x: {"x": x},
+    "float64": lambda x: {"x": x.astype(np.float64)},
+    "shape": lambda x: {"x": x[:1]},
+    "list": lambda x: {"x": x.tolist()},
+    "non-contiguous": lambda x: {"x": np.asfortranarray(x)},
+    "extra": lambda x: {"x": x, "y": x},
+    "missing": lambda x: {},
+    "mapping": lambda x: __import__("types").MappingProxyType({"x": x}),
+}
+
+
+def test_exact_feeds_shortcut_agrees_with_the_general_checks(tmp_path):
+    # OmSession.run skips its general feed checks for feeds that match a static signature
+    # exactly; any other feeds must meet the same result or the same error either way.
+    import graphopt
+    from graphopt.errors import GraphoptError
+
+    proto = parse_model("g (float[2,4] x) => (float[2,4] y) { y = Relu(x) }")
+    graphopt.save(graphopt.optimize(proto, target="cpu"), tmp_path / "m.om")
+    fast = graphopt.load(tmp_path / "m.om")
+    slow = graphopt.load(tmp_path / "m.om")
+    slow._exact = None
+    assert fast._exact is not None
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 4
+    for name, make in FEED_VARIANTS.items():
+        outcomes = []
+        for session in (fast, slow):
+            try:
+                outcomes.append(session.run(make(x))["y"].tolist())
+            except GraphoptError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1], name

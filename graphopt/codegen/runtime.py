@@ -331,6 +331,12 @@ class OmSession:
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
                                if e["shape"] is not None
                                and all(isinstance(d, int) for d in e["shape"])}
+        # (name, dtype, shape) of every input when all are numeric tensors of static shape:
+        # feeds that match it exactly skip the general checks (~1.5 µs a call on tiny models).
+        exact = [(name, dtype, self._static_shapes.get(name))
+                 for name, (_, dtype) in self._expected.items()]
+        self._exact = exact if all(dtype is not None and shape is not None
+                                   for _, dtype, shape in exact) else None
         self._programs = programs
         self._program = programs[0]
         self._opened = opened
@@ -468,6 +474,14 @@ class OmSession:
         return {name: env[name] for name in wanted}
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        exact = self._exact
+        if exact is not None and type(feeds) is dict and len(feeds) == len(exact):
+            for name, dtype, shape in exact:
+                array = feeds.get(name)
+                if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape:
+                    break
+            else:
+                return dict(feeds)  # run() adds partition outputs to its env
         if not isinstance(feeds, Mapping):
             raise GraphoptError(f"feeds must map input names to arrays, not {type(feeds).__name__}")
         for name in feeds:
