@@ -114,7 +114,8 @@ def _add_optimize(sub) -> None:
 
 
 def _cmd_optimize(args) -> int:
-    from graphopt.compiler import draw_memory_plans, optimize, save
+    from graphopt.compiler import memory_plots, optimize, save
+    from graphopt.passes.memory import draw_plan
     from graphopt.summary import format_summary
 
     out_dir = os.path.dirname(os.path.abspath(args.output))
@@ -164,11 +165,13 @@ def _cmd_optimize(args) -> int:
                       dynamic_dims=args.dynamic_dims)
     report = precision and not args.no_accuracy_report and not args.quiet
     source = _overwritten_source(args) if report else None
+    # Checked before the model is written: a compile that fails writes nothing.
+    plots = memory_plots(result, args.memory_plot) if args.memory_plot else []
     save(result, args.output, tuning_db=args.tuning_db)
-    if args.memory_plot:
-        for path in draw_memory_plans(result, args.memory_plot):
-            if not args.quiet:
-                print(f"wrote {path}")
+    for path, plan in plots:
+        draw_plan(plan, path)
+        if not args.quiet:
+            print(f"wrote {path}")
     if not args.quiet:
         print(format_summary(result, args.output))
         if report:

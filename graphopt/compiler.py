@@ -161,6 +161,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     """
     # Every other argument, as given, for each profile's compile under --dynamic-dims.
     arguments = {k: v for k, v in locals().items() if k not in ("model", "dynamic_dims")}
+    if isinstance(model, (bytearray, memoryview)):
+        model = bytes(model)
+    if not isinstance(model, (str, os.PathLike, ModelProto, bytes)):
+        raise OptionError(f"optimize takes a path, an onnx.ModelProto or serialized bytes, not "
+                          f"{type(model).__name__}")
     start = time.perf_counter()
     if isinstance(target, (str, os.PathLike)):
         from graphopt.partition import load_target
@@ -260,19 +265,29 @@ def _plan_memory(model: Model, reorder: bool):
     return plan
 
 
-def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
-    """Draw each planned partition's memory (tensors over time × address) to `path`, or to
-    `stem.<partition>.ext` when there are several; returns the files written."""
-    from graphopt.passes.memory import draw_plan
-
-    plans = {name: plan for name, plan in result.memory_plans.items() if not isinstance(plan, str)}
+def memory_plots(result: OptimizeResult, path: str) -> list[tuple[str, object]]:
+    """(file, plan) of each planned partition's memory picture: `path` when there is one,
+    else `stem.<partition>.ext` (a shape profile's partitions carry its name). OptionError,
+    before anything is written, when no partition has a plan."""
+    runs = [(c.profile.name + ".", c.result) for c in result.profiles] or [("", result)]
+    plans = {prefix + name: plan for prefix, run in runs for name, plan in
+             run.memory_plans.items() if not isinstance(plan, str)}
     if not plans:
-        reasons = "; ".join(result.memory_plans.values()) or "no target was given"
+        reasons = "; ".join(p for _, run in runs for p in run.memory_plans.values()) \
+            or "no target was given"
         raise OptionError(f"--memory-plot: no partition has a memory plan ({reasons})")
     stem, ext = os.path.splitext(path)
+    return [(path if len(plans) == 1 else f"{stem}.{name}{ext}", plan)
+            for name, plan in plans.items()]
+
+
+def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
+    """Draw each planned partition's memory (tensors over time × address) as memory_plots
+    names the files; returns the files written."""
+    from graphopt.passes.memory import draw_plan
+
     written = []
-    for name, plan in plans.items():
-        target = path if len(plans) == 1 else f"{stem}.{name}{ext}"
+    for target, plan in memory_plots(result, path):
         draw_plan(plan, target)
         written.append(target)
     return written
@@ -367,11 +382,14 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
         with heap_frozen():
             _save_profiles_om(result, path, tuning_db)
         return
-    if not path.endswith(".om"):
-        save_onnx(model, path, external=external_data)
+    if path.endswith(".om"):
+        with heap_frozen():  # the IR is long-lived: no full collection should walk it again
+            _save_om(model, result, path, tuning_db)
         return
-    with heap_frozen():  # the IR is long-lived: no full collection should walk it again
-        _save_om(model, result, path, tuning_db)
+    if not path.endswith(".onnx"):
+        raise OptionError(f"{path}: save writes .onnx (optimized ONNX) or .om (the artifact); "
+                          "name the file so")
+    save_onnx(model, path, external=external_data)
 
 
 def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str,

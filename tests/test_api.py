@@ -420,3 +420,27 @@ def test_int8_calibration_as_a_keyword(tmp_path):
     assert any(n.op_type == "QuantizeLinear" for n in by_keyword.to_onnx().graph.node)
     with pytest.raises(OptionError, match="needs --calibration"):
         graphopt.optimize(proto, quantize="int8")
+
+
+@pytest.mark.parametrize("source", [None, 3, "bytearray", "memoryview"])
+def test_optimize_takes_paths_protos_and_bytes_only(proto, source):
+    if source in ("bytearray", "memoryview"):  # buffers of serialized bytes are bytes too
+        data = proto.SerializeToString()
+        result = graphopt.optimize(bytearray(data) if source == "bytearray" else memoryview(data))
+        assert result.source_sha256 is not None
+        return
+    with pytest.raises(OptionError, match="optimize takes a path, an onnx.ModelProto or "
+                                          f"serialized bytes, not {type(source).__name__}"):
+        graphopt.optimize(source)
+
+
+def test_load_and_save_name_what_they_take(proto, tmp_path):
+    with pytest.raises(OptionError, match="load takes the path of an .om file, not bytes"):
+        graphopt.load(b"PK\x03\x04")
+    with pytest.raises(OptionError, match=r"x.txt: save writes .onnx .* or .om"):
+        graphopt.save(graphopt.optimize(proto), tmp_path / "x.txt")
+    assert not (tmp_path / "x.txt").exists()
+
+
+def test_the_zoo_is_reachable_from_the_package():
+    assert graphopt.zoo.build("tiny").graph.node

@@ -75,6 +75,18 @@ def test_dynamic_shapes_leave_the_artifact_unplanned(tmp_path, capsys):
     assert main(["optimize", str(source), "-o", str(tmp_path / "n.om"),
                  "--memory-plot", str(tmp_path / "p.png")]) == 1
     assert "no partition has a memory plan" in capsys.readouterr().err
+    assert not (tmp_path / "n.om").exists()  # a failed compile writes nothing
+
+
+def test_memory_plot_draws_every_shape_profile(tmp_path):
+    proto = small_resnet()
+    source = tmp_path / "model.onnx"
+    onnx.save(proto, source)
+    assert main(["optimize", str(source), "-o", str(tmp_path / "m.om"), "-q",
+                 "--dynamic-dims", "batch_size:1,2",
+                 "--memory-plot", str(tmp_path / "plan.svg")]) == 0
+    assert sorted(p.name for p in tmp_path.glob("plan.*.svg")) == [
+        "plan.profile0.p0_cpu.svg", "plan.profile1.p0_cpu.svg"]
 
 
 BRANCHES = onnx.parser.parse_model("""

@@ -159,3 +159,17 @@ def test_cli_onnx_dumps(proto, tmp_path, capsys):
     assert rc == 0, err
     log = json.loads((dump / "passes.json").read_text())
     assert all((dump / e["dumps"][0]).exists() for e in log["passes"])
+
+
+def test_a_second_dump_into_the_same_directory_replaces_the_first(proto, tmp_path):
+    directory = tmp_path / "dump"
+    graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format="both")
+    (directory / "notes.txt").write_text("mine")  # not the dump's: stays
+    (directory / "099_Stale.txt").write_text("from the earlier dump")
+    log = json.loads((directory / "passes.json").read_text())
+    log["passes"][0]["dumps"].append("099_Stale.txt")
+    (directory / "passes.json").write_text(json.dumps(log))
+    graphopt.optimize(proto, level=0, dump_dir=os.fspath(directory), dump_format="text")
+    log = json.loads((directory / "passes.json").read_text())
+    listed = {name for entry in [log["import"], *log["passes"]] for name in entry["dumps"]}
+    assert {p.name for p in directory.iterdir()} == listed | {"passes.json", "notes.txt"}

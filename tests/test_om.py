@@ -806,3 +806,19 @@ def test_a_failing_run_names_its_partition_on_the_single_partition_path_too(tmp_
         session.run({"x": data, "shape": np.array([4, 2], np.int64)})
     # Asked for by name, the same output takes the general path.
     assert session.run({"x": data, "shape": np.array([6, 1], np.int64)}, ["y"])["y"].shape == (6, 1)
+
+
+def test_a_pickled_session_reopens_the_artifact(om_path):
+    import pickle
+
+    session = OmSession(om_path, intra_op_num_threads=1)
+    copy = pickle.loads(pickle.dumps(session))
+    x = x_batch(2)
+    np.testing.assert_array_equal(copy.run({"X": x})["Y"], session.run({"X": x})["Y"])
+    assert copy._reopen == session._reopen and copy._reopen["intra_op_num_threads"] == 1
+
+
+def test_output_names_must_be_a_list(om_path):
+    with pytest.raises(GraphoptError, match=r"output_names must be a list of names, not the "
+                                            r"string 'Y' \(write \['Y'\]\)"):
+        OmSession(om_path).run({"X": x_batch(2)}, "Y")

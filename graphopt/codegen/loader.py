@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from graphopt.codegen.om_read import is_om
 from graphopt.codegen.runtime import OmSession
-from graphopt.errors import ArtifactError, InputError
+from graphopt.errors import ArtifactError, InputError, OptionError
 
 
 def load(
@@ -35,6 +35,8 @@ def load(
     first), ArtifactError when the artifact is malformed or tampered with, OptionError for a bad
     option.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionError(f"load takes the path of an .om file, not {type(path).__name__}")
     path = os.fspath(path)
     try:
         return OmSession(path, intra_op_num_threads=intra_op_num_threads,

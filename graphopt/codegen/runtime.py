@@ -173,7 +173,9 @@ class _DeferredCheck:
         except ArtifactError as exc:
             self._error = str(exc)
         except BaseException as exc:  # noqa: BLE001 - unverified must never pass as verified
-            self._error = f"{artifact.path}: checksums could not be verified ({exc!r})"
+            self._error = (f"{artifact.path}: checksums could not be verified "
+                           f"({str(exc) or type(exc).__name__}; was the file changed after it "
+                           "was opened?)")
 
     def wait(self) -> None:
         self._thread.join()
@@ -193,6 +195,11 @@ def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
         artifact.verify_weights()
         return None
     return _DeferredCheck(artifact)
+
+
+def _reopened(path: str, options: dict) -> "OmSession":
+    """An unpickled OmSession: the artifact at `path` loaded with the original's options."""
+    return OmSession(path, **options)
 
 
 def _check_blocking(artifact: OmArtifact, name: str, metadata: Mapping[str, str]) -> None:
@@ -256,8 +263,13 @@ class _Program:
         """The partitions the wanted tensors depend on, in execution order."""
         for name in wanted:
             if name not in self._producible:
+                between = sorted({t for step in self.steps for t in step.outputs}
+                                 - set(self._outputs))
+                also = (f"; tensors passed between partitions may be named too: "
+                        f"{', '.join(between[:8])}{', …' if len(between) > 8 else ''}"
+                        if between else "")
                 raise GraphoptError(f"unknown output {name!r}; the model's outputs are: "
-                                    f"{', '.join(self._outputs)}")
+                                    f"{', '.join(self._outputs)}{also}")
         needed = set(wanted)
         chosen = []
         for step in reversed(self.steps):
@@ -273,7 +285,11 @@ class OmSession:
     input shapes match.
 
     Safe to share between threads: `run` keeps its state in locals, and onnxruntime's
-    InferenceSession.run is thread-safe.
+    InferenceSession.run is thread-safe. A pickled session (a multiprocessing worker's) loads
+    the artifact again from its path, with the same options.
+
+    The weights are mapped from the artifact file: replace a loaded .om only by renaming a new
+    file over it (graphopt.save does), never by rewriting it in place.
     """
 
     def __init__(
@@ -294,6 +310,11 @@ class OmSession:
                                     inter_op_num_threads, session_config)
 
         options(None)  # bad options fail before any file is read
+        # What a pickled session reopens from in another process (multiprocessing workers).
+        self._reopen = dict(intra_op_num_threads=intra_op_num_threads,
+                            optimization_level=optimization_level,
+                            inter_op_num_threads=inter_op_num_threads,
+                            session_config=dict(session_config or {}), profiles=profiles)
         # `graphopt profile`: onnxruntime writes one chrome trace per partition into this dir.
         self._profile_dir = None if profile_dir is None else os.fspath(profile_dir)
         artifact = path_or_artifact
@@ -384,6 +405,10 @@ class OmSession:
                                _runner(session, providers)))
         return steps
 
+    def __reduce__(self):
+        # onnxruntime sessions do not pickle: the copy loads the artifact again from its path.
+        return _reopened, (self._artifact.path, self._reopen)
+
     @property
     def _steps(self) -> list[_Step]:
         """Every partition's session, of every profile."""
@@ -466,6 +491,9 @@ class OmSession:
         if output_names is None:
             wanted, steps = program.default_plan
         else:
+            if isinstance(output_names, str):  # list("logits") would ask for 'l', 'o', …
+                raise GraphoptError(f"output_names must be a list of names, not the string "
+                                    f"{output_names!r} (write [{output_names!r}])")
             wanted = list(output_names)
             steps = program.plan(wanted)
         for step in steps:

@@ -3,6 +3,7 @@ structural verification and IR dumps are here)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -86,11 +87,29 @@ class DumpIR(Instrument):
         except OSError as e:
             raise OptionError(f"--dump-dir {self.directory}: cannot create it: "
                               f"{e.strerror or e}") from None
+        self._remove_previous_dump()
         if self.format in ("onnx", "both"):
             from graphopt.tools.dump_onnx import SharedWeights
 
             self._weights = SharedWeights(self.directory)
         self._write(model, "import")
+
+    def _remove_previous_dump(self) -> None:
+        """Delete the files an earlier dump into this directory listed in its passes.json: left
+        beside the new ones, they would read as this compile's, and their ONNX files point into
+        a weights.bin this dump rewrites. Files it did not write stay."""
+        index = os.path.join(self.directory, "passes.json")
+        try:
+            with open(index, encoding="utf-8") as f:
+                data = json.load(f)
+            entries = [data.get("import", {}), *data.get("passes", [])]
+            names = [name for entry in entries for name in entry.get("dumps", [])]
+        except (OSError, ValueError, AttributeError, TypeError):
+            return  # no earlier dump, or not one of ours
+        for name in {*names, "weights.bin", "passes.json"}:
+            if os.path.basename(name) == name:  # never a path out of the directory
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.directory, name))
 
     def after_pass(self, model, record, log) -> None:
         self._write(model, record.name)
