@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 
 import numpy as np
@@ -209,3 +210,23 @@ def test_weights_blob_sums_on_any_number_of_threads(tmp_path, monkeypatch, worke
     bad.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="weights/p0.bin' fails its sha256 check"):
         load_om(bad, defer_checks=True).verify_weights(workers)
+
+
+def test_a_mapped_artifact_rewritten_in_place_is_refused_and_a_renamed_one_is_not(tmp_path):
+    big = RNG.standard_normal((512, 1024)).astype(np.float32)  # 2 MiB: a mapped weights blob
+    live, new = tmp_path / "live.om", tmp_path / "new.om"
+    write_om(live, [OmPartition("p0", "cpu", matmul_model(big))])
+    write_om(new, [OmPartition("p0", "cpu", matmul_model(big * 2))])
+    assert load_om(live).spans
+    x = RNG.standard_normal((2, 512)).astype(np.float32)
+    session = graphopt.load(live)
+    before = session.run({"X": x})["Y"]
+    os.replace(new, live)  # a new file renamed over the path: the session keeps the old one
+    np.testing.assert_array_equal(session.run({"X": x})["Y"], before)
+    rewritten = graphopt.load(live)
+    write_om(new, [OmPartition("p0", "cpu", matmul_model(big * 3))])
+    with open(live, "r+b") as f:  # what `cp new.om live.om` does
+        f.write(new.read_bytes())
+        f.truncate()
+    with pytest.raises(ArtifactError, match="rewritten in place after it was loaded"):
+        rewritten.run({"X": x})

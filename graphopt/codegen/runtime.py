@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
@@ -197,6 +198,31 @@ def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
     return _DeferredCheck(artifact)
 
 
+class _MappedFile:
+    """The artifact whose weights onnxruntime maps: held open, so that a run can tell that the
+    file was rewritten in place (its sessions would read the new bytes as the old weights).
+    Renaming a new file over the path leaves this one intact, and the sessions with it."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        self._stamp = self._now()
+
+    def _now(self) -> tuple[int, int]:
+        info = os.fstat(self._fd)
+        return info.st_size, info.st_mtime_ns
+
+    def check(self) -> None:
+        if self._now() != self._stamp:
+            raise ArtifactError(f"{self._path} was rewritten in place after it was loaded, and "
+                                "its weights are mapped from it: load it again (replace an .om "
+                                "by renaming a new file over it)")
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.close(self._fd)
+
+
 def _reopened(path: str, options: dict) -> "OmSession":
     """An unpickled OmSession: the artifact at `path` loaded with the original's options."""
     return OmSession(path, **options)
@@ -324,6 +350,7 @@ class OmSession:
         # second thread while onnxruntime builds the sessions, which the first run (and
         # `artifact`) waits for.
         self._pending: _DeferredCheck | None = _deferred_check(artifact)
+        self._mapped = _MappedFile(artifact.path) if artifact.spans else None
         opened = _opened_profiles(artifact, profiles)
         views = [artifact.profile(p["name"]) for p in opened] or [artifact]
         fallback: list[str] = []
@@ -468,6 +495,8 @@ class OmSession:
         `output_names` may also name tensors passed between partitions, which helps debugging.
         Bad feeds raise GraphoptError naming the input.
         """
+        if self._mapped is not None:
+            self._mapped.check()
         if self._pending is None:
             return self._run(feeds, output_names)
         # The first runs overlap the checksums still being computed (onnxruntime releases the
