@@ -41,7 +41,9 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input (default: seeded random data)")
     p.add_argument("--input-shape", metavar="SHAPES",
-                   help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128"')
+                   help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128" '
+                        "(an .om with shape profiles: by default the first profile's dims, as "
+                        "`graphopt run` takes them)")
     p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, metavar="N",
                    help=f"profiled runs (default {DEFAULT_REPEAT})")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="W",

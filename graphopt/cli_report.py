@@ -11,6 +11,7 @@ EXAMPLES = """examples:
   graphopt report model.om -o report.html
   graphopt report model.om -o report.html --reference model.onnx --inputs x.npz
   graphopt report model.om -o report.html --tuning-db tuning.db --reference model.onnx
+  graphopt report model_int8.om -o report.html --reference model.onnx --min-cosine 0.9995
 
 The page has no scripts and loads nothing from the network: CSS and pictures (the graph
 coloured by partition, the memory plans, the tuning curves) are inline, so it can be mailed
@@ -40,10 +41,14 @@ def add_report_parser(sub) -> None:
                         '"x:1,3,224,224"')
     p.add_argument("--per-tensor", action="store_true",
                    help="--reference: also compare the intermediates both models compute")
-    p.add_argument("--rtol", type=float, default=1e-4, metavar="R",
-                   help="--reference: relative tolerance of the comparison (default 1e-4)")
-    p.add_argument("--atol", type=float, default=1e-5, metavar="A",
-                   help="--reference: absolute tolerance of the comparison (default 1e-5)")
+    p.add_argument("--rtol", type=float, metavar="R",
+                   help="--reference: relative tolerance of the allclose rule (default 1e-4)")
+    p.add_argument("--atol", type=float, metavar="A",
+                   help="--reference: absolute tolerance of the allclose rule (default 1e-5)")
+    p.add_argument("--min-cosine", type=float, metavar="C",
+                   help="--reference: pass a float tensor when its cosine similarity is ≥ C, "
+                        "instead of the rtol/atol rule (default for an .om whose pass log has "
+                        "QuantizeInt8 or ConvertPrecision: 0.999; QuantizeInt4Weights: 0.98)")
     storage = p.add_mutually_exclusive_group()
     storage.add_argument("--tuning-db", metavar="FILE.db",
                          help="the tuning knowledge base `graphopt tune` filled")
@@ -65,11 +70,16 @@ def _output_path(args) -> str:
 
 def _check_options(args) -> None:
     if not args.reference:
-        for option, value in (("--inputs", args.inputs), ("--input-shape", args.input_shape),
-                              ("--per-tensor", args.per_tensor)):
-            if value:
-                raise OptionError(f"{option} applies to the accuracy check; add --reference "
-                                  "MODEL.onnx")
+        given = {"--inputs": args.inputs is not None,
+                 "--input-shape": args.input_shape is not None, "--per-tensor": args.per_tensor,
+                 "--rtol": args.rtol is not None, "--atol": args.atol is not None,
+                 "--min-cosine": args.min_cosine is not None}
+        option = next((option for option, present in given.items() if present), None)
+        if option:
+            raise OptionError(f"{option} applies to the accuracy check; add --reference "
+                              "MODEL.onnx")
+    if args.min_cosine is not None and (args.rtol is not None or args.atol is not None):
+        raise OptionError("--min-cosine replaces the --rtol/--atol rule; give one or the other")
     if args.inputs and args.input_shape:
         raise OptionError("--input-shape only shapes random inputs; drop it or --inputs")
 
@@ -90,19 +100,22 @@ def _cmd_report(args) -> int:
                           f"optimize {args.model} -o MODEL.om --target cpu")
     data = gather(args.model, reference=args.reference, inputs=args.inputs,
                   input_shapes=args.input_shape, per_tensor=args.per_tensor,
-                  rtol=args.rtol, atol=args.atol,
+                  rtol=args.rtol, atol=args.atol, min_cosine=args.min_cosine,
                   tuning_db=args.storage or args.tuning_db,
                   tuning_option="--storage" if args.storage else "--tuning-db")
     page = render_report(data)
     atomic_write_bytes(out, page.encode("utf-8"))
     parts = data.artifact.partitions
-    nodes = sum(1 for n in data.graph.nodes if n.partition)
+    # The weights' (de)quantizations are not drawn, but they are nodes of the .om all the same.
+    nodes = sum(1 for n in data.graph.nodes if n.partition) + data.graph.weight_casts
     size = len(page.encode("utf-8")) // 1024
     lines = [f"wrote {out} ({size} KiB): {len(parts)} partition(s), {nodes} node(s)"]
     if data.accuracy is not None:
         lines.append(f"accuracy: {'PASS' if data.accuracy.passed else 'FAIL'} "
                      f"({sum(r.passed for r in data.accuracy.outputs)}/"
                      f"{len(data.accuracy.outputs)} outputs within {data.accuracy.rule})")
+        if data.accuracy_note:
+            lines.append(f"  note: {data.accuracy_note}")
         rewrites = winograd_rewrites(data.artifact.pass_log)
         if not data.accuracy.passed and rewrites:
             lines.append(f"  ({tolerance_hint(rewrites)})")

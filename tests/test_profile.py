@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import onnx
 import pytest
-from helpers import conv_topk_model, parse_model, run_cli
+from helpers import conv_classifier, conv_topk_model, parse_model, run_cli
 
 import graphopt
 from graphopt import zoo
@@ -18,6 +19,7 @@ from graphopt.ir import load_onnx
 from graphopt.tools.advisor import advise, find_patterns
 from graphopt.tools.profile import profile_model
 from graphopt.tools.profile_match import Matcher, name_nodes
+from graphopt.tools.profile_report import elide
 
 RNG = np.random.default_rng(7)
 RUNS = {"repeat": 3, "warmup": 1, "threads": 1}
@@ -251,3 +253,114 @@ def test_cli_errors(tiny, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "profile", junk)
     assert rc == 1 and "junk.om" in err
     assert not list(tmp_path.glob("*.json"))
+
+
+# --- onnxruntime's replacement names, INT8 kernels, shape profiles, long names -------------
+
+GEMM_RELU = """
+    g (float[4,16] x) => (float[4,8] y) {
+        h = Gemm (x, w1, b1)
+        r = Relu (h)
+        g2 = Gemm (r, w2, b2)
+        y = Relu (g2)
+    }"""
+
+
+def gemm_relu_model():
+    return parse_model(GEMM_RELU, w1=weight(16, 16), b1=weight(16), w2=weight(16, 8),
+                       b2=weight(8))
+
+
+def test_matcher_strips_token_suffixes_and_the_fused_prefix():
+    proto = gemm_relu_model()
+    for node, name in zip(proto.graph.node, ("/fc1/Gemm", "/fc1/Relu", "/fc2/Gemm", "/fc2/Relu")):
+        node.name = name
+    matcher = Matcher(load_onnx(proto))
+    # QDQ: onnxruntime's QGemm (or QLinearConv) is named after the node it replaces, whose
+    # name is still taken then: `_token_N`.
+    node, how = matcher.match("/fc1/Gemm_token_10", "QGemm")
+    assert (node.name, how) == ("/fc1/Gemm", "fused")
+    node, how = matcher.match("fused /fc2/Gemm", "FusedGemm")
+    assert node.name == "/fc2/Gemm" and how == "fused"
+    assert matcher.match("fused /fc2/Gemm_token_3", "FusedGemm")[0].name == "/fc2/Gemm"
+    # onnxruntime's own nodes stay unmatched, with or without a token.
+    assert matcher.match("Transpose_token_0", "Transpose") == (None, "")
+
+
+def test_replacements_of_unnamed_nodes_match_in_order_when_only_one_order_exists(tmp_path):
+    # Unnamed Gemm + Relu pairs become FusedGemm "fused " and "fused _token_0" at load.
+    path = tmp_path / "gemm.om"
+    graphopt.save(graphopt.optimize(gemm_relu_model(), level=0, target="cpu"), path)
+    profile = profile_model(path, **RUNS)
+    fused = {k.name: (k.node, k.how) for k in profile.kernels if k.op_type == "FusedGemm"}
+    assert fused == {"fused ": ("Gemm_0", "order"), "fused _token_0": ("Gemm_2", "order")}
+    assert profile.matched_share == 1.0
+    # Two Gemms side by side run in either order: no rank says which kernel is which.
+    side = load_onnx(parse_model("""
+        g (float[4,16] x) => (float[4,8] a, float[4,8] b) {
+            a = Gemm (x, w1)
+            b = Gemm (x, w2)
+        }""", w1=weight(16, 8), w2=weight(16, 8)))
+    name_nodes(side)
+    found = Matcher(side).match_all([("fused ", "FusedGemm"), ("fused _token_0", "FusedGemm")])
+    assert set(found.values()) == {(None, "")}
+
+
+@pytest.fixture(scope="module")
+def int8_om(tmp_path_factory):
+    """A conv classifier with named nodes, INT8 for the cpu: its middle conv is QDQ, which
+    onnxruntime runs as a QLinearConv named `<conv>_token_<N>`."""
+    root = tmp_path_factory.mktemp("int8")
+    proto = conv_classifier("", "float[1,64] scores")
+    for i, node in enumerate(proto.graph.node):
+        node.name = f"/{node.op_type.lower()}{i}/{node.op_type}"
+    calibration = root / "calib.npz"
+    np.savez(calibration, x=RNG.standard_normal((4, 1, 8, 32, 32)).astype(np.float32))
+    path = root / "int8.om"
+    graphopt.save(graphopt.optimize(proto, target="cpu", pass_options={
+        "quantize": "int8", "calibration": str(calibration)}), path)
+    return path
+
+
+def test_int8_kernels_match_the_convs_they_quantize(int8_om):
+    profile = profile_model(int8_om, **RUNS)
+    assert_consistent(profile)
+    (qconv,) = [k for k in profile.kernels if k.op_type == "QLinearConv"]
+    assert re.fullmatch(r"/conv2/Conv_token_\d+", qconv.name)
+    assert (qconv.node, qconv.how) == ("/conv2/Conv", "fused")
+    # The int8 conv is a large share of the time, which went unmatched before.
+    assert qconv.total_us / profile.total_us > 0.2
+    assert profile.matched_share > 0.85
+    unmatched = {k.op_type for k in profile.kernels if k.node is None}
+    assert unmatched <= {"Transpose"}  # onnxruntime's NHWC transposes around the QLinearConv
+
+
+def test_an_om_with_shape_profiles_profiles_the_first_by_default(tmp_path, capsys):
+    proto = parse_model("""
+        g (float[N,16] x) => (float[N,8] y) {
+            y = MatMul (x, w)
+        }""", w=weight(16, 8))
+    path = tmp_path / "dyn.om"
+    graphopt.save(graphopt.optimize(proto, target="cpu", dynamic_dims="N:2,4"), path)
+    profile = profile_model(path, **RUNS)
+    assert profile.shape_profile["name"] == "profile0"
+    assert profile.shape_profile["dims"] == {"N": 2} and profile.shape_profile["of"] == 2
+    (model,) = profile.models.values()  # the chosen profile's partitions only
+    assert model.graph.inputs[0].shape == (2, 16)
+    pinned = profile_model(path, input_shapes={"x": [4, 16]}, **RUNS)
+    assert pinned.shape_profile["dims"] == {"N": 4}
+    rc, out, err = run_cli(capsys, "profile", path, "--repeat", "2", "--warmup", "1")
+    assert rc == 0, err
+    assert "shape profile profile0 (N=2) of 2: the first" in out.splitlines()[2]
+    assert profile_model(tmp_path / "dyn.om", {"x": np.ones((4, 16), np.float32)},
+                         **RUNS).shape_profile["name"] == "profile1"
+
+
+def test_long_kernel_names_keep_their_start_and_end():
+    names = [f"/layer{i}/layer{i}.0/downsample/downsample.1/BatchNormalization/ConvBatchNorm/"
+             "Conv/nchwc" for i in (1, 2)]
+    short = [elide(name) for name in names]
+    assert short[0] != short[1] and all(len(s) == 56 for s in short)
+    assert short[0].startswith("/layer1/layer1.0/") and short[0].endswith("Conv/nchwc")
+    assert "…" in short[0]
+    assert elide("/fc/Gemm") == "/fc/Gemm"

@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 import numpy as np
 import onnx
 import pytest
-from helpers import conv_topk_model, parse_model, run_cli
+from helpers import conv_classifier, conv_topk_model, parse_model, run_cli
 
 import graphopt
 from graphopt import zoo
@@ -25,7 +25,8 @@ from graphopt.tuner.history_plot import draw_histories, histories_svg
 from graphopt.ir import load_onnx
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.memory import plan_memory
-from graphopt.tools.report_data import GraphData, OpNode
+from graphopt.codegen.om_read import load_om
+from graphopt.tools.report_data import GraphData, OpNode, accuracy_rule, build_graph
 from graphopt.tools.report_graph import CHAIN_MIN, MAX_BOXES, NODE_SEP, NODE_W, layout
 from graphopt.tools.report_html import SECTIONS
 from graphopt.tools.report_plan import StoredPlan
@@ -252,6 +253,88 @@ def test_cpu_target_has_nothing_to_op_tune(built, capsys, tmp_path):
     assert "no subgraph study for target cpu" in tuning
 
 
+# --- INT8: weights in another dtype, and the accuracy rule of a lossy compile ---------------
+
+
+@pytest.fixture(scope="module")
+def int8(tmp_path_factory):
+    """A conv classifier with named nodes and its INT8 .om for the cpu: the middle conv is QDQ,
+    its weight and bias DequantizeLinear nodes read initializers."""
+    root = tmp_path_factory.mktemp("int8")
+    proto = conv_classifier("", "float[1,64] scores")
+    for i, node in enumerate(proto.graph.node):
+        node.name = f"/{node.op_type.lower()}{i}/{node.op_type}"
+    source, calibration, om = root / "cc.onnx", root / "calib.npz", root / "cc_int8.om"
+    onnx.save(proto, source)
+    np.savez(calibration, x=RNG.standard_normal((4, 1, 8, 32, 32)).astype(np.float32))
+    graphopt.save(graphopt.optimize(str(source), target="cpu", pass_options={
+        "quantize": "int8", "calibration": str(calibration)}), om)
+    return {"onnx": source, "om": om}
+
+
+def test_weight_dequantizations_are_drawn_as_weights(int8, capsys, tmp_path):
+    artifact = load_om(int8["om"])
+    (part,) = artifact.partitions
+    model = load_onnx(artifact.models[part.name])
+    weight_dqs = [n for n in model.graph if n.op_type == "DequantizeLinear"
+                  and n.inputs[0].is_constant]
+    assert len(weight_dqs) >= 2  # the QDQ conv's weight and bias
+    graph = build_graph(artifact)
+    assert graph.weight_casts == len(weight_dqs)
+    assert not {n.name for n in weight_dqs} & {n.name for n in graph.nodes}
+    # The conv still lists its dequantized weight among its inputs, but no edge brings it.
+    conv = next(n for n in graph.nodes if n.name == "/conv2/Conv")
+    dequantized = {v.name for n in weight_dqs for v in n.outputs}
+    assert dequantized <= {tensor for tensor, _ in conv.inputs}
+    assert not dequantized & {tensor for _, _, tensor in graph.edges}
+    placed = layout(graph, collapse=False)
+    assert {b.head.op for b in placed.boxes.values() if b.layer == 0} == {"input"}
+    text, _, stdout = report(capsys, tmp_path, int8["om"])
+    assert f"{len(model.graph)} node(s)" in stdout  # the hidden ones still count
+    assert (f"nor the {len(weight_dqs)} DequantizeLinear/QuantizeLinear node(s) that only "
+            "convert a weight") in Page(section(text, "graph")).plain
+
+
+def test_an_int8_om_is_judged_by_cosine_unless_a_rule_is_given(int8, capsys, tmp_path):
+    text, _, stdout = report(capsys, tmp_path, int8["om"], "--reference", int8["onnx"])
+    assert "accuracy: PASS (1/1 outputs within cosine >= 0.999)" in stdout
+    note = ("compiled with QuantizeInt8, lossy by design: outputs are judged by cosine >= "
+            "0.999 (the default after QuantizeInt8) instead of allclose(rtol=0.0001, "
+            "atol=1e-05)")
+    assert f"note: {note}" in stdout
+    accuracy = Page(section(text, "accuracy")).plain
+    assert note in accuracy and "rule cosine >= 0.999" in accuracy
+    # Rounding to int8 is beyond allclose's default tolerances, element by element.
+    _, _, stdout = report(capsys, tmp_path, int8["om"], "--reference", int8["onnx"],
+                          "--rtol", "1e-4")
+    assert "accuracy: FAIL (0/1 outputs within allclose(rtol=0.0001, atol=1e-05))" in stdout
+    assert "note:" not in stdout
+    _, _, stdout = report(capsys, tmp_path, int8["om"], "--reference", int8["onnx"],
+                          "--min-cosine", "0.9")
+    assert "accuracy: PASS (1/1 outputs within cosine >= 0.9)" in stdout
+    assert "note:" not in stdout
+
+
+@pytest.mark.parametrize("passes, expected", [
+    ([], None),
+    (["QuantizeInt8"], 0.999),
+    (["ConvertPrecision"], 0.999),
+    (["QuantizeInt4Weights"], 0.98),
+    (["ConvertPrecision", "QuantizeInt4Weights"], 0.98),
+])
+def test_lossy_precision_passes_choose_the_default_cosine(passes, expected):
+    log = [{"pass": "FoldConstants", "changed": True, "rewrites": {"Add": 1}}]
+    log += [{"pass": name, "changed": True, "rewrites": {"x": 1}} for name in passes]
+    log.append({"pass": "QuantizeInt8", "changed": False, "rewrites": {}})  # ran, did nothing
+    judge, note = accuracy_rule(log)
+    assert judge["min_cosine"] == expected and bool(note) == bool(passes)
+    if passes:
+        assert " and ".join(passes) in note
+    # An explicit rule is the user's, whatever the pass log says.
+    assert accuracy_rule(log, atol=1e-3) == ({"rtol": 1e-4, "atol": 1e-3, "min_cosine": None}, "")
+    assert accuracy_rule(log, min_cosine=0.5)[0]["min_cosine"] == 0.5
+
+
 # --- errors --------------------------------------------------------------------------------
 
 
@@ -268,6 +351,11 @@ def test_errors_name_the_option_and_leave_the_old_page(built, capsys, tmp_path):
     rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--inputs",
                          built["feeds"])
     assert rc == 1 and "--inputs applies to the accuracy check; add --reference" in err
+    rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--min-cosine", "0.99")
+    assert rc == 1 and "--min-cosine applies to the accuracy check; add --reference" in err
+    rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--reference",
+                         built["topk"], "--min-cosine", "0.99", "--atol", "1e-3")
+    assert rc == 1 and "--min-cosine replaces the --rtol/--atol rule" in err
     bad = tmp_path / "bad.npz"
     np.savez(bad, y=np.zeros(3, np.float32))
     rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--reference",

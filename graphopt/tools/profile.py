@@ -44,7 +44,7 @@ class Kernel:
     calls: int
     total_us: float
     node: str | None = None   # the IR node it comes from (see profile_match)
-    how: str = ""             # how it was matched: "name", "fused", "nchwc"
+    how: str = ""             # how it was matched: "name", "fused", "nchwc", "order"
     predicted_us: float | None = None  # the cost model's seconds per call of that node, in µs
     compute_us: float | None = None    # its roofline's two sides (flops/peak, bytes/bandwidth)
     memory_us: float | None = None
@@ -79,6 +79,7 @@ class Profile(ProfileStats):
     cost_model: str                        # where the cost model's constants come from
     models: dict[str, Model] = field(default_factory=dict, repr=False)  # IR per partition
     partitioning: dict | None = None       # an .om's extra.partitioning record
+    shape_profile: dict | None = None      # the .om shape profile that ran: name, dims, of, how
     notes: list[str] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list, repr=False)  # chrome-trace events
 
@@ -226,10 +227,20 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
         session = OmSession(path, intra_op_num_threads=threads, optimization_level=level,
                             profile_dir=workdir)
     notes = [str(w.message) for w in caught]
-    feeds = _feeds(session.inputs, feeds, input_shapes, seed, path)
+    random = feeds is None
+    signature = _random_signature(session, input_shapes) if random else session.inputs
+    feeds = _feeds(signature, feeds, input_shapes, seed, path)
     artifact = session.artifact
+    shape_profile = None
     if artifact.profiles:  # the shape profile these feeds run on; the others' sessions idle
-        artifact = artifact.profile(session.profile_for(feeds))
+        chosen = session.profile_for(feeds)
+        artifact = artifact.profile(chosen)
+        dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
+        how = ("the first, which random inputs take as in `graphopt run`"
+               if random and not input_shapes
+               else "the first that --input-shape fits" if random
+               else "the one the inputs' shapes fit")
+        shape_profile = {"name": chosen, "dims": dims, "of": len(session.profiles), "how": how}
     # The first run also returns every tensor passed between partitions: their shapes pin the
     # partitions' inputs for the cost model. It is dropped like a warmup.
     routed = [t for p in artifact.partitions for t in (*p.inputs, *p.outputs)]
@@ -257,9 +268,27 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
                                         providers.get(part.name, []), len(model.graph)))
     profile = Profile(path=path, kind="om", runs=repeat, warmup=warmup, threads=threads,
                       partitions=partitions, kernels=[], wall_s=wall, cost_model="",
-                      models=models, partitioning=artifact.extra.get("partitioning"), notes=notes, trace=merge_traces(traces))
+                      models=models, partitioning=artifact.extra.get("partitioning"),
+                      notes=notes, trace=merge_traces(traces), shape_profile=shape_profile)
     _collect(profile, traces, skip)
     return profile
+
+
+def _random_signature(session, input_shapes) -> list[dict]:
+    """What random inputs are made for: as `graphopt run` does, an .om with shape profiles
+    takes its first profile's shapes, or the first whose dims agree with `input_shapes`."""
+    for profile in session.profiles:
+        if all(_agrees(entry["shape"], (input_shapes or {}).get(entry["name"]))
+               for entry in profile["inputs"]):
+            return profile["inputs"]
+    return session.inputs  # no profile fits the pins: the error names the dynamic dim
+
+
+def _agrees(shape, pins) -> bool:
+    if pins is None or shape is None:
+        return True
+    return len(shape) == len(pins) and all(p == -1 or not isinstance(d, int) or d == p
+                                           for d, p in zip(shape, pins))
 
 
 def _signature(proto: onnx.ModelProto) -> list[dict]:
@@ -330,13 +359,15 @@ def _collect(profile: Profile, traces: dict[str, list[dict]], skip: int) -> None
         if kept != profile.runs and part.name in traces:
             raise GraphoptError(f"{profile.path}: partition {part.name!r}: onnxruntime's profile "
                                 f"holds {kept} run(s) after the warmups, expected {profile.runs}")
-        matcher = Matcher(profile.models[part.name])
+        # All names at once: a replacement of an unnamed node is matched by its rank.
+        matches = Matcher(profile.models[part.name]).match_all((e.name, e.op_type)
+                                                               for e in events)
         by_name: dict[str, Kernel] = {}
         durations: dict[str, list[float]] = {}
         for e in events:
             kernel = by_name.get(e.name)
             if kernel is None:
-                node, how = matcher.match(e.name, e.op_type)
+                node, how = matches[e.name]
                 kernel = by_name[e.name] = Kernel(part.name, e.name, e.op_type, e.provider, 0,
                                                   0.0, node.name if node else None, how)
             kernel.calls += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from graphopt.codegen.profile_match import dims_label
 from graphopt.table import format_table
 from graphopt.tools.advisor import Hint
 from graphopt.tools.profile import Profile
@@ -26,6 +27,7 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
         (f"per run: wall {wall:.1f} µs (profiler on), kernels {kernel:.1f} µs "
          f"({kernel / wall:.0%} of wall); {len(profile.kernels)} kernel(s), "
          f"{profile.matched_share:.0%} of kernel time matched to graph nodes"),
+        *_shape_profile(profile),
         f"cost model: {profile.cost_model}",
         "Spearman ρ predicted vs measured µs per call: "
         + (f"{rho:.2f} over {priced} priced kernel(s)" if not math.isnan(rho)
@@ -42,9 +44,9 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
         title="per op type (predicted/measured: the kernels the cost model priced)")]
 
     total = profile.total_us or 1.0
-    rows = [[k.partition, _short(k.name), k.op_type, f"{k.mean_us:.1f}",
+    rows = [[k.partition, elide(k.name), k.op_type, f"{k.mean_us:.1f}",
              f"{k.median_us:.1f}", f"{k.total_us / total * 100:.1f}", _num(k.predicted_us),
-             _short(k.node) + (f" ({k.how})" if k.how != "name" else "") if k.node
+             elide(k.node) + (f" ({k.how})" if k.how != "name" else "") if k.node
              else "(unmatched)"] for k in profile.top(top)]
     lines += ["", format_table(["partition", "kernel", "op", "mean µs", "median µs", "% time",
                                 "predicted µs", "graph node"], rows,
@@ -63,5 +65,20 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def _short(name: str, width: int = 56) -> str:
-    return name if len(name) <= width else "…" + name[-(width - 1):]
+def _shape_profile(profile: Profile) -> list[str]:
+    """The header line naming the .om shape profile that ran, as `graphopt run` prints it."""
+    chosen = profile.shape_profile
+    if not chosen:
+        return []
+    return [f"shape profile {chosen['name']} ({dims_label(chosen['dims'])}) of {chosen['of']}: "
+            f"{chosen['how']}"]
+
+
+def elide(name: str, width: int = 56) -> str:
+    """`name` in `width` characters, its middle elided: the start names the layer
+    (/layer2/layer2.0/downsample) and the end the op and onnxruntime's suffix (Conv/nchwc), so
+    either alone makes different layers look the same."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 2
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]

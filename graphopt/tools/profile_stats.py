@@ -109,6 +109,7 @@ class ProfileStats:
         return {
             "path": self.path, "kind": self.kind, "runs": self.runs, "warmup": self.warmup,
             "threads": self.threads, "cost_model": self.cost_model, "notes": self.notes,
+            "shape_profile": self.shape_profile,
             "wall_us_per_run": self.wall_us_per_run, "kernel_us_per_run": self.kernel_us_per_run,
             "matched_share": self.matched_share,
             "spearman": None if math.isnan(rho) else rho,

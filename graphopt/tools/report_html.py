@@ -145,7 +145,10 @@ def _graph(data: ReportData) -> str:
                       for name, device in data.graph.partitions)
     text = ("Data flows top to bottom. Hover a box for its op, name, tensor shapes and "
             "partition; red dashed edges carry a tensor from one partition to another "
-            "(a host↔device copy). Weights are not drawn.")
+            "(a host↔device copy). Weights are not drawn")
+    casts = data.graph.weight_casts
+    text += (f", nor the {casts} DequantizeLinear/QuantizeLinear node(s) that only convert a "
+             "weight (a box's tooltip lists it among the inputs)." if casts else ".")
     notes_html = "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
     return (f'<p>{legend}</p><p class="note">{escape(text)}</p>{notes_html}'
             f'<div class="scroll">{svg}</div>')
@@ -329,6 +332,8 @@ def _accuracy(data: ReportData) -> str:
                                      "disabled)")),
                 ("candidate", escape(report.candidate)), ("inputs", escape(report.inputs)),
                 ("rule", escape(report.rule)), ("result", verdict)])
+    if data.accuracy_note:
+        body += f'<p class="note">note: {escape(data.accuracy_note)}</p>'
     for title, rows in (("outputs", report.outputs), ("intermediates", report.intermediates)):
         if not rows:
             continue
