@@ -68,32 +68,41 @@ def _check_options(args) -> None:
             raise OptionError(f"--csv {args.csv}: directory {directory} does not exist")
 
 
-def _winograd_note(candidate: str) -> None:
+def _winograd_note(pass_log: list) -> None:
     """Say so when the candidate is an .om whose -O3 Winograd convs explain small differences."""
-    from graphopt.codegen import is_om, load_om
     from graphopt.codegen.inspect_om import winograd_rewrites
     from graphopt.passes.winograd import tolerance_hint
 
+    rewrites = winograd_rewrites(pass_log)
+    if rewrites:
+        print(f"note: {tolerance_hint(rewrites, '--atol (or --min-cosine)')}")
+
+
+def _pass_log(candidate: str) -> list:
+    """The candidate's pass log when it is an .om (which lossy passes made it), else []."""
+    from graphopt.codegen import is_om, load_om
+
     if candidate.lower().endswith(".om") and is_om(candidate):
-        rewrites = winograd_rewrites(load_om(candidate).pass_log)
-        if rewrites:
-            print(f"note: {tolerance_hint(rewrites, '--atol (or --min-cosine)')}")
+        return load_om(candidate).pass_log
+    return []
 
 
 def _cmd_compare(args) -> int:
-    from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_models
+    from graphopt.tools.accuracy_rule import accuracy_rule
+    from graphopt.tools.compare import compare_models
     from graphopt.tools.compare_format import format_report, report_json, write_csv
 
     _check_options(args)
+    pass_log = _pass_log(args.candidate)
+    judge, note = accuracy_rule(pass_log, args.rtol, args.atol, args.min_cosine)
     report = compare_models(
-        args.reference, args.candidate, args.inputs, per_tensor=args.per_tensor,
-        rtol=DEFAULT_RTOL if args.rtol is None else args.rtol,
-        atol=DEFAULT_ATOL if args.atol is None else args.atol,
-        min_cosine=args.min_cosine, seed=0 if args.seed is None else args.seed,
-        input_shapes=args.input_shape)
+        args.reference, args.candidate, args.inputs, per_tensor=args.per_tensor, **judge,
+        seed=0 if args.seed is None else args.seed, input_shapes=args.input_shape)
     print(report_json(report) if args.json else format_report(report))
+    if note and not args.json:
+        print(f"note: {note}")
     if not report.passed and not args.json and args.min_cosine is None:
-        _winograd_note(args.candidate)
+        _winograd_note(pass_log)
     if args.csv:
         write_csv(report, args.csv)
         if not args.json:

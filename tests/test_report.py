@@ -26,7 +26,8 @@ from graphopt.ir import load_onnx
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.memory import plan_memory
 from graphopt.codegen.om_read import load_om
-from graphopt.tools.report_data import GraphData, OpNode, accuracy_rule, build_graph
+from graphopt.tools.accuracy_rule import accuracy_rule
+from graphopt.tools.report_data import GraphData, OpNode, build_graph
 from graphopt.tools.report_graph import CHAIN_MIN, MAX_BOXES, NODE_SEP, NODE_W, layout
 from graphopt.tools.report_html import SECTIONS
 from graphopt.tools.report_plan import StoredPlan
@@ -313,6 +314,14 @@ def test_an_int8_om_is_judged_by_cosine_unless_a_rule_is_given(int8, capsys, tmp
                           "--min-cosine", "0.9")
     assert "accuracy: PASS (1/1 outputs within cosine >= 0.9)" in stdout
     assert "note:" not in stdout
+
+
+def test_compare_judges_a_lossy_om_by_the_same_rule(int8, capsys):
+    rc, out, err = run_cli(capsys, "compare", int8["onnx"], int8["om"])
+    assert rc == 0, err
+    assert "result: PASS" in out and "note: compiled with QuantizeInt8, lossy by design" in out
+    rc, out, _ = run_cli(capsys, "compare", int8["onnx"], int8["om"], "--atol", "1e-5")
+    assert rc == 1 and "note: compiled with" not in out
 
 
 @pytest.mark.parametrize("passes, expected", [

@@ -13,13 +13,10 @@ from graphopt.codegen.inspect_om import describe_om, pass_totals
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.ir import load_onnx
 from graphopt.ir.printer import format_type
+from graphopt.tools.accuracy_rule import accuracy_rule
 
 INPUT, OUTPUT = "input", "output"  # the op of the graph's input and output nodes
 WEIGHT_CASTS = frozenset({"DequantizeLinear", "QuantizeLinear"})
-# The cosine an output must keep after a lossy precision pass when no rule is given: below what
-# README's Precision section measures (INT8 ResNet-50 0.99993 at worst and BERT 0.99963, fp16
-# 1.000000, INT4 weight-only GPT-2 logits 0.981-0.986), so a sound compile passes.
-LOSSY_PASSES = {"QuantizeInt8": 0.999, "ConvertPrecision": 0.999, "QuantizeInt4Weights": 0.98}
 
 
 @dataclass
@@ -275,37 +272,6 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
         return
     tuning.subgraph_note = (f"none of the {len(names)} subgraph study(ies) for {target} is of "
                             f"{os.path.basename(source_file)}")
-
-
-# --- the accuracy rule ---------------------------------------------------------------------
-
-
-def lossy_passes(pass_log: list) -> list[str]:
-    """The precision passes of LOSSY_PASSES that changed the graph, in pass-log order."""
-    found = [e.get("pass") for e in pass_log if isinstance(e, dict)
-             and e.get("pass") in LOSSY_PASSES and (e.get("changed") or e.get("rewrites"))]
-    return list(dict.fromkeys(found))
-
-
-def accuracy_rule(pass_log: list, rtol: float | None = None, atol: float | None = None,
-                  min_cosine: float | None = None) -> tuple[dict, str]:
-    """compare_models' rtol/atol/min_cosine, and a note when the rule is not the one given: with
-    neither --min-cosine nor --rtol/--atol, an .om a lossy precision pass changed is judged by
-    cosine (allclose's defaults bound every element, which rounding to int8 exceeds by design)."""
-    from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL
-
-    judge = {"rtol": DEFAULT_RTOL if rtol is None else rtol,
-             "atol": DEFAULT_ATOL if atol is None else atol, "min_cosine": min_cosine}
-    lossy = lossy_passes(pass_log)
-    if min_cosine is not None or rtol is not None or atol is not None or not lossy:
-        return judge, ""
-    loosest = min(lossy, key=LOSSY_PASSES.__getitem__)
-    judge["min_cosine"] = LOSSY_PASSES[loosest]
-    note = (f"compiled with {' and '.join(lossy)}, lossy by design: outputs are judged by "
-            f"cosine >= {judge['min_cosine']:g} (the default after {loosest}) instead of "
-            f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g}); --min-cosine C or "
-            "--rtol/--atol choose the rule")
-    return judge, note
 
 
 # --- everything ----------------------------------------------------------------------------
