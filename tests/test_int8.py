@@ -220,7 +220,7 @@ def test_quant_skip_and_keep_ends(tmp_path):
     # A name no node has (a typo, or a node fusion renamed) is noted with the nearest names.
     result, out = _int8(_conv_model(), calibration=calibration, quant_skip={"conv_2"})
     assert _float_convs(out) == ["conv0"]
-    (note,) = [n for n in result.notes if "matches no node" in n]
+    (note,) = [n for n in result.notes if "matches nothing" in n]
     assert "'conv_2' (nearest: 'conv2'" in note
 
 

@@ -24,7 +24,6 @@ accuracy gain (bench/precision.py).
 
 from __future__ import annotations
 
-import difflib
 
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Value
+from graphopt.passes.unmatched import unmatched_note
 
 MS = "com.microsoft"
 INT8_OPS = {"Add": None, "Mul": None, "Concat": None, "GlobalAveragePool": (0,),
@@ -146,18 +146,10 @@ def is_end(node: Node) -> bool:
 
 def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
     """A note on the `quant_skip` entries that name no node and no op type of `graph` (fusions
-    rename the nodes they replace), with the nearest node names; None when all match."""
-    names = {node.name for node in graph.all_nodes()}
-    ops = {node.op_type for node in graph.all_nodes()}
-    missing = sorted(entry for entry in skip if entry not in names and entry not in ops)
-    if not missing:
-        return None
-    hints = []
-    for entry in missing:
-        near = difflib.get_close_matches(entry, names, n=2, cutoff=0.6)
-        hints.append(f"{entry!r}" + (f" (nearest: {', '.join(map(repr, near))})" if near else ""))
-    return (f"{pass_name}: quant_skip {'; '.join(hints)} matches no node or op type of the "
-            "optimized graph, whose fused nodes have new names (--dump-dir shows them)")
+    rename the nodes they replace), with the nearest names; None when all match."""
+    known = {node.name for node in graph.all_nodes()} | {n.op_type for n in graph.all_nodes()}
+    note = unmatched_note([("quant_skip", skip, known)])
+    return f"{pass_name}: {note}" if note else None
 
 
 def plan(graph: Graph, options, allows=lambda node: True) -> Plan:

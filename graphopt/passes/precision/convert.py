@@ -12,7 +12,6 @@ dtypes, and so does any node producing a value a nested graph reads.
 
 from __future__ import annotations
 
-import difflib
 from collections import Counter
 
 from graphopt.ir import DType, Model, Node, Tensor
@@ -36,25 +35,17 @@ from graphopt.passes.precision.policy import (
 )
 from graphopt.passes.precision.schema import (DTYPE_ATTRS, Slots, convertible_slots,
                                               schema_lacks)
+from graphopt.passes.unmatched import unmatched_note
 
 
 def _unmatched_pins(graph, options) -> str | None:
     """The --keep-dtype names and --precision-allow/-deny op types that match nothing in
-    `graph` (a typo, or a node a fusion renamed), with the nearest names; None when all do."""
+    `graph` (a typo, or a node a fusion renamed); None when all do."""
     names = {node.name for node in graph.all_nodes()}
     ops = {node.op_type for node in graph.all_nodes()}
-    problems = []
-    for flag, entries, known in (("--keep-dtype", options.keep_dtype, names),
-                                 ("--precision-allow", options.precision_allow, ops),
-                                 ("--precision-deny", options.precision_deny, ops)):
-        for entry in sorted(set(entries) - known):
-            near = difflib.get_close_matches(entry, known, n=2, cutoff=0.6)
-            problems.append(f"{flag} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
-                                                   if near else ""))
-    if not problems:
-        return None
-    return ("; ".join(problems) + " matches nothing in the optimized graph, whose fused nodes "
-            "have new names (--dump-dir shows them)")
+    return unmatched_note([("--keep-dtype", options.keep_dtype, names),
+                           ("--precision-allow", options.precision_allow, ops),
+                           ("--precision-deny", options.precision_deny, ops)])
 
 
 def _listing(counts: Counter) -> str:
