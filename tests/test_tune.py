@@ -143,6 +143,28 @@ def test_tuned_tilings_reach_the_kernel_records(tmp_path):
     assert len(cube) == 2 and {r["tiling_source"] for r in cube} == {"tuned"}
 
 
+def test_a_stored_tiling_that_an_edited_profile_cannot_hold_is_not_applied(tmp_path):
+    # Studies are keyed by the target's name, which an edited copy of a profile keeps.
+    import json
+
+    import graphopt.partition
+
+    source = conv_model(str(tmp_path / "m.onnx"))
+    tuned = optimize(source, target="ascend310")
+    (group,) = model_kernels(tuned.model, tuned.partitioning)
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    tune_kernel(group.shape, "ascend310", op_class="conv", trials=10, storage=url)
+    folder = os.path.join(os.path.dirname(graphopt.partition.__file__), "targets")
+    with open(os.path.join(folder, "ascend310.json")) as f:
+        profile = json.load(f)
+    profile["devices"][0]["buffers"]["L0C"] = 4096
+    edited = tmp_path / "ascend310_small_l0c.json"
+    edited.write_text(json.dumps(profile))
+    small = optimize(source, target=str(edited))
+    assert tuned_tilings(url, small.model, small.partitioning) == {}
+    assert tuned_tilings(url, tuned.model, tuned.partitioning)
+
+
 def test_unnamed_cube_nodes_keep_their_own_tilings(tmp_path):
     from tests.helpers import parse_model
 

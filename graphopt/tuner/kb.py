@@ -74,10 +74,17 @@ def best_tilings(storage: Any, target: str) -> dict[str, tuple[Tiling, float]]:
 
 def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning) -> dict[str, Tiling]:
     """node name -> tuned tiling for the NPU cube nodes of a compiled model whose signature
-    the knowledge base holds; nodes it has not seen keep the default (absent here)."""
-    best = best_tilings(storage, partitioning.target.name)
+    the knowledge base holds; nodes it has not seen keep the default (absent here), and so do
+    nodes whose stored tiling does not fit this profile's buffers (studies are keyed by the
+    target's name, which an edited copy of a profile keeps)."""
+    from graphopt.tuner.tiling import feasible
+
+    target = partitioning.target
+    best = best_tilings(storage, target.name)
     return {node: best[group.signature][0] for group in model_kernels(model, partitioning)
-            if group.signature in best for node in group.nodes}
+            if group.signature in best
+            and feasible(best[group.signature][0], group.shape, target.device(group.device)) is None
+            for node in group.nodes}
 
 
 def list_kb(storage: Any) -> list[dict]:
