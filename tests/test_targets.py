@@ -39,7 +39,10 @@ def _minimal() -> dict:
         "transfer": {"bandwidth": 1e9, "latency_s": 1e-5},
         "devices": [
             {"name": "npu", "kind": "npu", "providers": ["CANNExecutionProvider"],
-             "static_shapes": True, "peak_ops_per_s": {"float16": 1e12},
+             "static_shapes": True, "cube": {"float16": [16, 16, 16]}, "ai_cores": 2,
+             "clock_hz": 1e9, "buffers": {"L0A": 65536, "L0B": 65536, "L0C": 262144,
+                                          "L1": 1048576, "UB": 262144},
+             "peak_ops_per_s": {"float16": 1e12},
              "memory_bandwidth": 1e10, "launch_overhead_s": 1e-5,
              "engines": {"cube": {"kind": "cube", "ops": {"Conv": {"dtypes": ["float16"]}}}}},
             {"name": "cpu", "kind": "cpu", "providers": ["CPUExecutionProvider"],
@@ -257,9 +260,13 @@ def _broken(change) -> dict:
      "devices[0]: needs exactly one of 'engines'"),
     (lambda d: d["devices"][1].__setitem__("nchwc_block_size", "fast"),
      "devices[1].nchwc_block_size: expected 'auto' or an integer ≥ 0, got 'fast'"),
-    (lambda d: d.__setitem__("sources", {"npu.buffers.L0C": "a datasheet"}),
-     'sources["npu.buffers.L0C"]: cites no figure of this profile'),
+    (lambda d: d.__setitem__("sources", {"npu.buffers.L2": "a datasheet"}),
+     'sources["npu.buffers.L2"]: cites no figure of this profile'),
     (lambda d: d.__setitem__("schema_version", 2), "schema_version: expected 1, got 2"),
+    (lambda d: d["devices"][0].pop("cube"),
+     "devices[0].cube: missing: a device with a cube engine needs it"),
+    (lambda d: d["devices"][0]["buffers"].pop("L0C"),
+     "devices[0].buffers.L0C: missing: a device with a cube engine needs it"),
 ])
 def test_bad_profile_names_file_and_key(tmp_path, change, expected):
     assert expected in _error(tmp_path, _broken(change))

@@ -228,6 +228,16 @@ def _device(doc: dict, where: str) -> Device:
     else:
         engines = {name: e["kind"] for name, e in doc["engines"].items()}
         kernels = _kernels(doc["engines"], engines, f"{where}.engines")
+    # A cube engine's kernels are tiled against the cube's shape and the on-chip buffers.
+    if "cube" in engines.values():
+        for key in ("cube", "buffers", "ai_cores", "clock_hz"):
+            if key not in doc:
+                raise SchemaViolation(f"{where}.{key}", "missing: a device with a cube engine "
+                                                        "needs it")
+        for buffer in ("L0A", "L0B", "L0C", "L1", "UB"):
+            if buffer not in doc["buffers"]:
+                raise SchemaViolation(f"{where}.buffers.{buffer}", "missing: a device with a "
+                                                                   "cube engine needs it")
     block = doc.get("nchwc_block_size", 0)
     return Device(
         name=doc["name"], kind=kind, providers=tuple(doc["providers"]),

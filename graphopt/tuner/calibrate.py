@@ -133,6 +133,9 @@ class CalibrationResult:
                               "(run `graphopt calibrate --target cpu`)") from None
         except json.JSONDecodeError as e:
             raise OptionError(f"calibration {path}: not valid JSON: {e.msg}") from None
+        except UnicodeDecodeError:
+            raise OptionError(f"calibration {path}: not valid JSON (not UTF-8 text); re-run "
+                              "`graphopt calibrate --target cpu`") from None
         result = cls.from_json(doc, path)
         for what, theirs, ours in (("onnxruntime", result.onnxruntime_version, ort.__version__),
                                    ("CPU", result.cpu_model, cpu_model_name())):
