@@ -241,8 +241,11 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
         if saved < cost:
             gain = (f"the {primary.name} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else
                     f"the {primary.name} would be {-saved * 1e6:.1f} µs slower on them")
-            found.append((members, f"returned to {host.name}: {gain}, and the transfers cost "
-                                   f"{cost * 1e6:.1f} µs"))
+            # `cost` is net: the copies placing them on the device adds, less those it removes.
+            copies = (f"and would add {cost * 1e6:.1f} µs of host↔device copies" if cost >= 0
+                      else f"which the {-cost * 1e6:.1f} µs of copies it would save does not "
+                           "make up")
+            found.append((members, f"returned to {host.name}: {gain}, {copies}"))
     return found
 
 
