@@ -65,8 +65,9 @@ def _add_optimize(sub) -> None:
                         "bits, see `graphopt passes`, which lists them)")
     p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help="skip a pass by name; repeatable")
-    p.add_argument("--switch-file", metavar="FILE",
-                   help="file of `PassName: on|off` lines (or JSON) switching passes off")
+    switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
+    switches.add_argument("--switch-file", metavar="FILE",
+                          help="file of `PassName: on|off` lines (or JSON) switching passes off")
     p.add_argument("--input-shape", metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
     p.add_argument("--dynamic-dims", metavar="DIMS",
@@ -92,8 +93,8 @@ def _add_optimize(sub) -> None:
                    help="verify the graph's structure after every pass")
     p.add_argument("--trace-rule", action="append", default=[], metavar="RULE",
                    help="report why RULE did not fire at its closest near-misses; repeatable")
-    p.add_argument("--fusion-switch-file", dest="switch_file", metavar="FILE",
-                   help="same as --switch-file (ATC's spelling)")
+    switches.add_argument("--fusion-switch-file", metavar="FILE",
+                          help="same as --switch-file (ATC's spelling)")
     p.add_argument("--target", metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition")
@@ -154,7 +155,7 @@ def _cmd_optimize(args) -> int:
     if precision:
         pass_options = {**(pass_options or {}), **precision}
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
-                      switch_file=args.switch_file, input_shapes=args.input_shape,
+                      switch_file=_switch_file(args), input_shapes=args.input_shape,
                       fold_size_limit=args.fold_size_limit, verify=args.verify,
                       inputs=args.inputs, rtol=args.rtol, atol=args.atol,
                       dump_dir=args.dump_dir, dump_format=args.dump_format or "text",
@@ -177,6 +178,15 @@ def _cmd_optimize(args) -> int:
         if report:
             _print_accuracy(args, source)
     return 0
+
+
+def _switch_file(args) -> str | None:
+    """--switch-file, or --fusion-switch-file read first so that its errors name that flag."""
+    if args.fusion_switch_file:
+        from graphopt.switches import read_switch_file
+
+        read_switch_file(args.fusion_switch_file, "--fusion-switch-file")
+    return args.switch_file or args.fusion_switch_file
 
 
 def _comma_list(values) -> set[str]:

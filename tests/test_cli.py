@@ -290,7 +290,7 @@ def test_disable_pass_is_not_run(foldable, tmp_path, capsys):
 def test_switch_file(foldable, tmp_path, capsys, form):
     switch = tmp_path / f"switches.{'json' if form == 'json' else 'txt'}"
     if form == "json":
-        switch.write_text(json.dumps({"EliminateIdentity": "off", "FoldConstants": "OFF",
+        switch.write_text(json.dumps({"EliminateIdentity": "off", "FoldConstants": False,
                                       "EliminateNoOps": "on"}))
     else:
         switch.write_text("# passes to skip\nEliminateIdentity: off\n\n"
@@ -632,6 +632,8 @@ def test_unknown_pass_in_disable_pass(foldable, tmp_path, capsys):
     ("state.txt", "FoldConstants: maybe\n", ["FoldConstants", "on or off", "'maybe'"]),
     ("state.json", '{"FoldConstants": "disabled"}', ["FoldConstants", "on or off"]),
     ("broken.json", '{"FoldConstants": ', ["invalid JSON"]),
+    ("array.json", '["FoldConstants"]', ["expected a JSON object of pass: state, got list"]),
+    ("colon.txt", "FoldConstants off\n", ["line 1: expected 'PassName: off'"]),
 ])
 def test_bad_switch_file(foldable, tmp_path, capsys, name, text, needles):
     switch = tmp_path / name
@@ -639,6 +641,19 @@ def test_bad_switch_file(foldable, tmp_path, capsys, name, text, needles):
     out_path = tmp_path / "out.onnx"
     rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file", switch)
     assert_clean_error(rc, out, err, "--switch-file", name, *needles, output=out_path)
+
+
+def test_fusion_switch_file_errors_name_it_and_take_the_place_of_switch_file(
+        foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--fusion-switch-file",
+                       tmp_path / "none.txt")
+    assert_clean_error(rc, out, err, "--fusion-switch-file", "none.txt", output=out_path)
+    switch = tmp_path / "s.txt"
+    switch.write_text("FoldConstants: off\n")
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file", switch,
+                       "--fusion-switch-file", switch)
+    assert rc == 2 and "not allowed with argument --switch-file" in err
 
 
 def test_switch_file_missing(foldable, tmp_path, capsys):
