@@ -219,7 +219,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before, notes=ctx.notes)
     if ctx.tracer is not None:
-        result.traces = ctx.tracer.report()
+        from graphopt.passes.rules import quiet_rule_reasons
+
+        why = quiet_rule_reasons(ctx.tracer.rules, pipeline.pass_names(), log,
+                                 set(options.disabled_passes), options.level)
+        result.traces = ctx.tracer.report(why_none=why)
     if source is not None:
         try:
             result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options,

@@ -681,3 +681,27 @@ def test_cli_passes_lists_rules_with_their_pass(capsys):
     for rule in ("GeluErf", "GeluErfHalfFirst", "GeluErfMulForm", "GeluTanh", "GeluTanhHalfLast",
                  "QuickGelu", "BiasGelu"):
         assert any(line.split()[:2] == [rule, "FuseGelu"] for line in out.splitlines()), rule
+
+
+CONV_BN_RELU = """
+    g (float[1,2,4,4] x) => (float[1,2,4,4] y) {
+        c = Conv(x, w)
+        b = BatchNormalization(c, s, bias, mean, var)
+        y = Relu(b)
+    }"""
+
+
+@pytest.mark.parametrize("rule, extra, reason", [
+    ("ConvRelu", [], "its pass FuseActivation does not run at -O2"),
+    ("ConvBatchNorm", [], "fired 1 time(s), and no other candidate came close"),
+    ("ConvBatchNorm", ["--disable-pass", "FuseConvBatchNorm"],
+     "switched off (FuseConvBatchNorm is disabled)"),
+])
+def test_cli_trace_rule_says_why_a_rule_left_no_near_miss(tmp_path, capsys, rule, extra, reason):
+    weights = "".join(f", float[2] {n} = {{1.0, 0.5}}" for n in ("s", "bias", "mean", "var"))
+    text = CONV_BN_RELU.replace("{", "<float[2,2,1,1] w = {1.0, 0.0, 0.0, 1.0}" + weights + ">\n{",
+                                1)
+    rc, out, err = cli(capsys, "optimize", save(tmp_path, text), "-o", tmp_path / "out.onnx",
+                       "--trace-rule", rule, *extra)
+    assert rc == 0, err
+    assert f"trace {rule}: {reason}" in out

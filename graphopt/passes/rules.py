@@ -179,12 +179,19 @@ class Tracer:
         if rule in self.rules:
             self.misses[rule].append(miss)
 
-    def report(self, limit: int = 5) -> list[str]:
+    def report(self, limit: int = 5, why_none: dict[str, str] | None = None) -> list[str]:
+        """The closest near-misses of each traced rule; for a rule without any, `why_none`'s
+        reason (its pass did not run, it fired, it was switched off) or the plain fact."""
         lines = []
         for rule in sorted(self.rules):
             misses = sorted(self.misses.get(rule, []), key=lambda m: -m.depth)[:limit]
             if not misses:
-                lines.append(f"trace {rule}: no candidate root in the graph")
+                reason = (why_none or {}).get(rule, "no candidate root in the graph")
+                lines.append(f"trace {rule}: {reason}")
+            # A root missed again in a later fixed-point round is one near-miss.
+            seen = set()
+            misses = [m for m in misses
+                      if (id(m.root), m.reason) not in seen and not seen.add((id(m.root), m.reason))]
             for miss in misses:
                 lines.append(f"trace {rule}: at {miss.root.qualified_op} '{miss.root.name}' "
                              f"(matched {miss.depth} pattern node(s)): {miss.reason}")
@@ -298,3 +305,32 @@ class RulePass(Pass):
                                                    "rewritten, undone: the result cannot take over "
                                                    "the graph output's name"))
         return result
+
+
+def rule_passes() -> dict[str, str]:
+    """rule name -> the name of the pass that applies it."""
+    from graphopt.passes.base import PASSES
+
+    return {rule.name: name for name, cls in PASSES.items()
+            for rule in getattr(cls, "rules", ())}
+
+
+def quiet_rule_reasons(rules: set[str], ran: list[str], log, disabled: set[str],
+                       level: int) -> dict[str, str]:
+    """Why each of `rules` may have left no near-miss: its pass is not in the pipeline that
+    ran (`ran`), it or its pass was switched off, or it fired (the pass log counts it)."""
+    owners = rule_passes()
+    fired: dict[str, int] = defaultdict(int)
+    for record in log.records:
+        for name, count in record.stats.items():
+            fired[name] += count
+    reasons = {}
+    for rule in rules:
+        owner = owners.get(rule)
+        if rule in disabled or owner in disabled:
+            reasons[rule] = f"switched off ({rule if rule in disabled else owner} is disabled)"
+        elif owner is not None and owner not in ran:
+            reasons[rule] = f"its pass {owner} does not run at -O{level}"
+        elif fired.get(rule):
+            reasons[rule] = f"fired {fired[rule]} time(s), and no other candidate came close"
+    return reasons
