@@ -184,14 +184,12 @@ class Tracer:
         reason (its pass did not run, it fired, it was switched off) or the plain fact."""
         lines = []
         for rule in sorted(self.rules):
-            misses = sorted(self.misses.get(rule, []), key=lambda m: -m.depth)[:limit]
+            # A root missed again in a later fixed-point round is one near-miss.
+            distinct = {(id(m.root), m.reason): m for m in self.misses.get(rule, [])}
+            misses = sorted(distinct.values(), key=lambda m: -m.depth)[:limit]
             if not misses:
                 reason = (why_none or {}).get(rule, "no candidate root in the graph")
                 lines.append(f"trace {rule}: {reason}")
-            # A root missed again in a later fixed-point round is one near-miss.
-            seen = set()
-            misses = [m for m in misses
-                      if (id(m.root), m.reason) not in seen and not seen.add((id(m.root), m.reason))]
             for miss in misses:
                 lines.append(f"trace {rule}: at {miss.root.qualified_op} '{miss.root.name}' "
                              f"(matched {miss.depth} pattern node(s)): {miss.reason}")
