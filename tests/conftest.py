@@ -1,9 +1,15 @@
 """Test setup: helper modules (corpus.py) importable by name; structural verification after
-every pass of every compile."""
+every pass of every compile; a cache folder of the suite's own, so that a developer's CPU
+calibration or knowledge base in ~/.cache cannot change what the tests see."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 os.environ.setdefault("GRAPHOPT_VERIFY_PASSES", "1")
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="graphopt-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)

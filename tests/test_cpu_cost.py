@@ -23,6 +23,7 @@ from graphopt.tuner.cpu_model import (
     OP_CLASSES,
     ClassConstants,
     CpuCostModel,
+    default_constants,
     node_work,
     op_class,
     ranks,
@@ -223,3 +224,23 @@ def test_spearman_hand_computed():
     assert math.isnan(spearman([1, 2, 3], [4, 4, 4]))
     with pytest.raises(ValueError):
         spearman([1, 2], [1])
+
+
+def test_the_cpu_target_estimates_with_this_machines_calibration(calibration, tmp_path,
+                                                                 monkeypatch):
+    # Subgraph tuning's estimates on --target cpu read the calibration, when there is one, as
+    # `graphopt profile` does; an NPU board's host keeps its profile's figures.
+    from graphopt.partition import load_target
+    from graphopt.tuner.cpu_model import host_cost_model
+
+    cpu = load_target("cpu")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert host_cost_model(cpu, cpu.device("cpu")).constants == default_constants(cpu.device("cpu"))
+    calibration.save()
+    assert host_cost_model(cpu, cpu.device("cpu")).constants == calibration.constants
+    board = load_target("ascend310")
+    assert host_cost_model(board, board.device("cpu")).constants == \
+        default_constants(board.device("cpu"))
+    with open(os.path.join(tmp_path, "graphopt", "calibration-cpu.json"), "w") as f:
+        f.write("{broken")  # a damaged file: the profile's figures, not a failed compile
+    assert host_cost_model(cpu, cpu.device("cpu")).constants == default_constants(cpu.device("cpu"))

@@ -212,10 +212,10 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
     host, primary = target.device(target.host), target.device(target.primary)
     # The cost models the tuner uses: a roofline per op class on the host, the tiled cube and
     # vector estimates on the NPU (estimates both; only their difference matters here).
-    from graphopt.tuner.cpu_model import CpuCostModel, default_constants
+    from graphopt.tuner.cpu_model import host_cost_model
     from graphopt.tuner.model import node_estimate
 
-    host_model = CpuCostModel(default_constants(host))
+    host_model = host_cost_model(target, host)
     owner = {node: i for i, c in enumerate(clusters) for node in c}
     device = [placements[c[0]].device for c in clusters]
     found = []

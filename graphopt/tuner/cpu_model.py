@@ -19,7 +19,9 @@ target profile's figures; `graphopt calibrate` measures this machine's (graphopt
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
@@ -220,3 +222,39 @@ def spearman(a, b) -> float:
     rb -= rb.mean()
     denom = math.sqrt(float(ra @ ra) * float(rb @ rb))
     return float(ra @ rb) / denom if denom else float("nan")
+
+
+def host_cost_model(target, device) -> CpuCostModel:
+    """The cost model of a target's cpu device: for the `cpu` target (this machine), the
+    constants `graphopt calibrate` measured here when there are any; otherwise, and for an NPU
+    board's host CPU, the profile's figures."""
+    if target.name == "cpu":
+        from graphopt.tuner.calibrate import default_path
+
+        path = default_path()
+        try:
+            stamp = os.stat(path).st_mtime_ns
+        except OSError:
+            stamp = None
+        if stamp is not None:
+            calibrated = _calibrated(path, stamp)
+            if calibrated is not None:
+                return calibrated
+    return CpuCostModel(default_constants(device))
+
+
+@functools.lru_cache(maxsize=4)
+def _calibrated(path: str, stamp: int) -> CpuCostModel | None:
+    """The calibration at `path` as of `stamp`; None when it does not load (the caller falls
+    back to the profile's figures: a damaged file must not stop a compile)."""
+    import warnings
+
+    from graphopt.errors import GraphoptError
+    from graphopt.tuner.calibrate import CalibrationResult
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a stale calibration is still the best figure here
+            return CalibrationResult.load(path).cost_model()
+    except GraphoptError:
+        return None

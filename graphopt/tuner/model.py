@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from graphopt.partition.estimate import value_bytes
 from graphopt.passes.base import anchor_key
-from graphopt.tuner.cpu_model import CpuCostModel, default_constants
+from graphopt.tuner.cpu_model import host_cost_model
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.tiling import CUBE_OPS, Tiling, default_tiling, gemm_shape
 from graphopt.tuner.vector import group_estimate, transfer_estimate, vector_estimate
@@ -100,7 +100,7 @@ def model_estimate(model: Model, partitioning: Partitioning,
             if source != part.device:
                 result.rows.append(KernelRow(part.name, part.device, value.name, "transfer",
                                              "transfer", transfer_estimate(value_bytes(value), target)))
-        host_model = CpuCostModel(default_constants(device)) if device.kind == "cpu" else None
+        host_model = host_cost_model(target, device) if device.kind == "cpu" else None
         for node in part.nodes:
             if host_model is not None:
                 seconds = host_model.node_seconds(node)
