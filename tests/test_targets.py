@@ -267,6 +267,10 @@ def _broken(change) -> dict:
      "devices[0].cube: missing: a device with a cube engine needs it"),
     (lambda d: d["devices"][0]["buffers"].pop("L0C"),
      "devices[0].buffers.L0C: missing: a device with a cube engine needs it"),
+    (lambda d: d["devices"][1].__setitem__("nchwc_block_size", 7),
+     "devices[1].nchwc_block_size: expected 'auto', 0 (no NCHWc), 8 (AVX2) or 16 (AVX-512F)"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"].__setitem__("Convv", {}),
+     "devices[0].engines.cube.ops.Convv: no ONNX or onnxruntime op of that name"),
 ])
 def test_bad_profile_names_file_and_key(tmp_path, change, expected):
     assert expected in _error(tmp_path, _broken(change))

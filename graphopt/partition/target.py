@@ -125,7 +125,9 @@ def load_target(name_or_path: str | os.PathLike) -> Target:
     if text in builtin_targets():
         return _load_builtin(text)
     if text.endswith(".json") or os.sep in text or os.path.exists(text):
-        return _load_file(text, text)
+        target = _load_file(text, text)
+        _check_op_names(target, text)  # the shipped profiles' are checked by the tests
+        return target
     raise OptionError(f"--target {text}: unknown target (built-in: {', '.join(builtin_targets())};"
                       " or give a profile .json file)")
 
@@ -239,6 +241,9 @@ def _device(doc: dict, where: str) -> Device:
                 raise SchemaViolation(f"{where}.buffers.{buffer}", "missing: a device with a "
                                                                    "cube engine needs it")
     block = doc.get("nchwc_block_size", 0)
+    if block not in ("auto", 0, 8, 16):  # MLAS's NCHWc kernels exist for these blocks only
+        raise SchemaViolation(f"{where}.nchwc_block_size", f"expected 'auto', 0 (no NCHWc), 8 "
+                                                          f"(AVX2) or 16 (AVX-512F), got {block}")
     return Device(
         name=doc["name"], kind=kind, providers=tuple(doc["providers"]),
         static_shapes_only=doc.get("static_shapes", False),
@@ -254,6 +259,28 @@ def _device(doc: dict, where: str) -> Device:
         nchwc_block_size=nchwc_block_size() if block == "auto" else block,
         kernels=MappingProxyType(kernels),
         kernel_source="onnxruntime" if "ops" in doc else "profile")
+
+
+@functools.cache
+def known_ops() -> frozenset[str]:
+    """Every op key ('Op', 'domain::Op') ONNX or the installed onnxruntime has a schema for."""
+    import onnx
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    keys = {op_key(s.name, s.domain) for s in onnx.defs.get_all_schemas_with_history()}
+    return frozenset(keys | {op_key(s.name, s.domain) for s in ort_c.get_all_operator_schema()})
+
+
+def _check_op_names(target: Target, label: str) -> None:
+    """Refuse an op key no schema defines: a typo ('Reluu') would silently match nothing."""
+    for i, device in enumerate(target.devices):
+        if device.kernel_source != "profile":
+            continue
+        for key, support in device.kernels.items():
+            if key not in known_ops():
+                where = key_path(f"devices[{i}].engines.{support.engine}.ops", key)
+                raise OptionError(f"--target {label}: {where}: no ONNX or onnxruntime op of "
+                                  "that name")
 
 
 def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupport]:
