@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from graphopt.errors import OptionError
+from graphopt.progress import ProgressLine
 from graphopt.table import format_table
 
 TUNE_EXAMPLES = """examples:
@@ -146,21 +146,19 @@ def _cmd_tune(args) -> int:
     if args.study and len(kernels) > 1:
         raise OptionError(f"--study {args.study}: the model has {len(kernels)} kernel "
                           "signatures, each needs its own study; drop --study")
-    show = not args.quiet and sys.stderr
+    line = ProgressLine(not args.quiet)
     results = []
     for i, group in enumerate(kernels, 1):
         def progress(done: int, total: int, best: float, i=i) -> None:
-            if show:
-                print(f"\rkernel {i}/{len(kernels)}  trial {done}/{total}  "
-                      f"best {best * 1e6:.2f} µs ", end="", file=sys.stderr, flush=True)
+            line.update(f"kernel {i}/{len(kernels)}  trial {done}/{total}  "
+                        f"best {best * 1e6:.2f} µs", done, total)
 
         results.append(tune_kernel(
             group.shape, partitioning.target.device(group.device), trials=args.trials,
             timeout=args.timeout, seed=args.seed, storage=url, study_name=args.study,
             sampler=args.sampler, progress=progress, target=args.target,
             op_class=group.signature.split("/")[1], workers=args.workers))
-    if show:
-        print(file=sys.stderr)
+    line.finish()
     rows = [[g.signature, len(g.nodes), f"{r.default[1] * 1e6:.2f}", f"{r.best[1] * 1e6:.2f}",
              f"{r.speedup:.3f}", r.trials, str(r.best[0])] for g, r in zip(kernels, results)]
     print(format_table(["kernel signature", "nodes", "default µs", "tuned µs", "speedup",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from graphopt.errors import OptionError
+from graphopt.progress import ProgressLine
 from graphopt.table import format_table
 
 
@@ -24,21 +25,19 @@ def cmd_tune_subgraph(args, storage) -> int:
     job = SubgraphJob(args.model, args.target, args.level, args.input_shape, args.objective,
                       tuning_db=url, repeat=args.repeat, threads=args.threads,
                       granularity=args.granularity)
-    show = not args.quiet and sys.stderr
+    line = ProgressLine(not args.quiet)
     unit = "ms" if args.objective == "measured" else "µs"
 
     def progress(done: int, total: int, best: float) -> None:
-        if show:
-            print(f"\rsubgraph trial {done}/{total}  best {_ms(best, args.objective)} {unit} ",
-                  end="", file=sys.stderr, flush=True)
+        line.update(f"subgraph trial {done}/{total}  best {_ms(best, args.objective)} {unit}",
+                    done, total)
 
-    if show:
+    if not args.quiet:
         print(f"recording the default compile's decisions ({args.objective})…", file=sys.stderr)
     result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
                            storage=url, study_name=args.study, sampler=args.sampler,
                            progress=progress, workers=args.workers)
-    if show:
-        print(file=sys.stderr)
+    line.finish()
     print(format_table(["partition", "decision", "rewrites", "default", "tuned"],
                        _decision_rows(result),
                        title=f"subgraph tuning on {args.target} -O{args.level} "

@@ -310,3 +310,18 @@ def test_two_workers_share_a_postgresql_study(a310):
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     assert all(t.state in finished for t in trials)
     optuna.delete_study(study_name=study, storage=POSTGRES)
+
+
+def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
+    from graphopt.progress import ProgressLine
+
+    line = ProgressLine()
+    for done in range(1, 101):
+        line.update(f"trial {done}/100", done, 100)
+    line.finish()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.splitlines() == [f"trial {done}/100" for done in (1, *range(10, 101, 10))]
+    quiet = ProgressLine(enabled=False)
+    quiet.update("trial 1/1", 1, 1)
+    assert capsys.readouterr().err == ""

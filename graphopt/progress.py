@@ -1,0 +1,35 @@
+"""The progress line of long work (tuning): rewritten in place on a terminal; in a log, where
+carriage returns would join every update into one line, a line per tenth of the work."""
+
+from __future__ import annotations
+
+import sys
+
+
+class ProgressLine:
+    """`update(text, done, total)` as the work advances, `finish()` after it; silent when
+    `enabled` is False (--quiet)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.terminal = enabled and sys.stderr.isatty()
+        self._tenth = -1
+        self._shown = False
+
+    def update(self, text: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.terminal:
+            print(f"\r{text} ", end="", file=sys.stderr, flush=True)
+            self._shown = True
+            return
+        tenth = done * 10 // max(total, 1)
+        if tenth != self._tenth or done >= total:
+            self._tenth = tenth
+            print(text, file=sys.stderr, flush=True)
+
+    def finish(self) -> None:
+        """End a terminal's updating line: what follows starts on a line of its own."""
+        if self._shown:
+            print(file=sys.stderr)
+            self._shown = False
