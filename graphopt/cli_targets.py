@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphopt.errors import OptionError
 from graphopt.partition.target import (
     Device,
     OpSupport,
@@ -42,7 +43,10 @@ def _cmd_targets(args) -> int:
         else:
             print(format_targets(targets))
         return 0
-    target = load_target(args.target)
+    try:
+        target = load_target(args.target)
+    except OptionError as e:  # the loader speaks of --target; here the name is an argument
+        raise OptionError(str(e).removeprefix("--target ")) from None
     print(json.dumps(target_json(target), indent=2) if args.json else describe_target(target))
     return 0
 
