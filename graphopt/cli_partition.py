@@ -36,7 +36,7 @@ def add_partition_parser(sub) -> None:
 
 def _cmd_partition(args) -> int:
     from graphopt.compiler import optimize
-    from graphopt.partition.report import format_partitioning, partitioning_json
+    from graphopt.partition.report import dynamic_hint, format_partitioning, partitioning_json
 
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
                       input_shapes=args.input_shape, allow_custom_ops=args.allow_custom_ops,
@@ -45,6 +45,7 @@ def _cmd_partition(args) -> int:
         print(json.dumps(partitioning_json(result.partitioning), indent=2))
     else:
         print(format_partitioning(result.partitioning, all_fallbacks=args.all_fallbacks))
-        for line in result.partitioning.returned:
-            print(f"note: {line}")
+        hint = dynamic_hint(result.model, result.partitioning)
+        if hint:
+            print(f"hint: {hint}")
     return 0

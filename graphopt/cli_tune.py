@@ -137,11 +137,11 @@ def _cmd_tune(args) -> int:
     if not any(partitioning.target.device(p.device).kind == "npu"
                for p in partitioning.partitions):
         raise OptionError(f"--target {args.target}: no node of {args.model} runs on an NPU "
-                          "device, so there is nothing to tune" + _dynamic_hint(result))
+                          "device, so there is nothing to tune" + _hint(result))
     kernels = model_kernels(result.model, partitioning)
     if not kernels:
         raise OptionError(f"{args.model}: no NPU cube kernel (MatMul/Gemm/Conv with static "
-                          "shapes) to tune" + (_dynamic_hint(result)
+                          "shapes) to tune" + (_hint(result)
                                                or "; pin dynamic dims with --input-shape"))
     if args.study and len(kernels) > 1:
         raise OptionError(f"--study {args.study}: the model has {len(kernels)} kernel "
@@ -178,34 +178,11 @@ def _cmd_tune(args) -> int:
     return 0
 
 
-def _dynamic_hint(result) -> str:
-    """'' when no node fell back for a dynamic shape, else how many did and the --input-shape
-    that pins the model's dynamic inputs (symbolic dims shown as 1, a guess to adjust)."""
-    dynamic = [node for node, reason in result.partitioning.fallbacks()
-               if reason.startswith("dynamic shape")]
-    if not dynamic:
-        return ""
-    host = result.partitioning.target.host
-    inputs = [v for v in result.model.graph.inputs if not v.is_constant and v.static_shape is None]
-    if not inputs:
-        return (f": {len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
-                "model computes, which --input-shape cannot pin")
-    named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape, None)}]" if v.shape is not None
-                                        else "(rank unknown)") for v in inputs)
-    example = ";".join(f"{v.name}:{_dims(v.shape, '1')}" for v in inputs if v.shape is not None)
-    return (f": {len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
-            f"dynamic input(s) {named} with --input-shape NAME:dims"
-            + (f', e.g. --input-shape "{example}"' if example else ""))
+def _hint(result) -> str:
+    from graphopt.partition.report import dynamic_hint
 
-
-def _dims(shape, unknown: str | None) -> str:
-    """Comma-separated dims; one that is not a number as `unknown`, or when that is None as
-    its symbol ('?' when it has none)."""
-    def text(dim) -> str:
-        if isinstance(dim, int):
-            return str(dim)
-        return unknown or (dim if isinstance(dim, str) else "?")
-    return ",".join(text(dim) for dim in shape)
+    hint = dynamic_hint(result.model, result.partitioning)
+    return f": {hint}" if hint else ""
 
 
 def add_kb_parser(sub) -> None:

@@ -438,6 +438,17 @@ def test_partition_command_prints_the_table_and_reasons(tmp_path, capsys):
     assert [p["device"] for p in data["partitions"]] == ["npu", "cpu"]
 
 
+def test_partition_of_a_dynamic_model_says_which_inputs_to_pin(tmp_path, capsys):
+    proto = conv_classifier("", "float[batch,64] scores", batch="batch")
+    model_path = tmp_path / "m.onnx"
+    onnx.save(proto, model_path)
+    assert main(["partition", str(model_path), "--target", "ascend310"]) == 0
+    out = capsys.readouterr().out
+    assert "hint: " in out and "pin the dynamic input(s) 'x' [batch,8,32,32]" in out
+    assert 'e.g. --input-shape "x:1,8,32,32"' in out
+    assert "note: " not in out  # the returned islands are the table's rows already
+
+
 def test_unknown_target_is_a_clear_error(tmp_path, capsys):
     model_path = tmp_path / "m.onnx"
     onnx.save(build("g (float[2] x) => (float[2] y) { y = Relu (x) }"), model_path)

@@ -87,3 +87,43 @@ def _kib(values) -> str:
 def _names(names: list[str], shown: int = 2, width: int = 48) -> str:
     short = [n if len(n) <= width else n[:width - 1] + "…" for n in names[:shown]]
     return ", ".join(short) + (f", +{len(names) - shown}" if len(names) > shown else "")
+
+
+def dynamic_hint(model, partitioning: Partitioning) -> str:
+    """'' when no node fell back for a dynamic shape, else how many did and the --input-shape
+    that pins the model's dynamic inputs (a batch dim shown as 1, others as <name> to fill in)."""
+    dynamic = [node for node, reason in partitioning.fallbacks()
+               if reason.startswith("dynamic shape")]
+    if not dynamic:
+        return ""
+    host = partitioning.target.host
+    inputs = [v for v in model.graph.inputs if not v.is_constant and v.static_shape is None]
+    if not inputs:
+        return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
+                "model computes, which --input-shape cannot pin")
+    named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape, None)}]" if v.shape is not None
+                                        else "(rank unknown)") for v in inputs)
+    example = ";".join(f"{v.name}:{_example_dims(v.shape)}" for v in inputs if v.shape is not None)
+    return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
+            f"dynamic input(s) {named} with --input-shape NAME:dims"
+            + (f', e.g. --input-shape "{example}"' if example else ""))
+
+
+def _dims(shape, unknown: str | None) -> str:
+    """Comma-separated dims; one that is not a number as `unknown`, or when that is None as
+    its symbol ('?' when it has none)."""
+    def text(dim) -> str:
+        if isinstance(dim, int):
+            return str(dim)
+        return unknown or (dim if isinstance(dim, str) else "?")
+    return ",".join(text(dim) for dim in shape)
+
+
+def _example_dims(shape) -> str:
+    """Dims for an --input-shape example: numbers kept, a batch dim 1, others `<name>`."""
+    def text(dim) -> str:
+        if isinstance(dim, int):
+            return str(dim)
+        name = dim if isinstance(dim, str) else "?"
+        return "1" if "batch" in name.lower() else f"<{name}>"
+    return ",".join(text(dim) for dim in shape)
