@@ -446,6 +446,14 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
 
         tilings = tuned_tilings(tuning_db, result.model, partitioning)
     kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
+    if tuning_db:  # say what the knowledge base gave, also when it gave nothing
+        cube = [r for rows in (kernels or {}).get("partitions", {}).values() for r in rows
+                if "tiling" in r]
+        tuned = sum(r.get("tiling_source") == SOURCE_TUNED for r in cube)
+        result.notes.append(f"--tuning-db: tuned tilings for {tuned} of {len(cube)} NPU cube "
+                            f"kernel(s) on {partitioning.target.name}"
+                            + ("" if tuned or not cube else
+                               " (graphopt tune … --target with the same profile fills it)"))
     layout = partitioning_json(partitioning)
     for entry in layout["partitions"]:
         entry["name"] = prefix + entry["name"]

@@ -327,3 +327,14 @@ def test_svg_plot_has_the_same_labels(tmp_path):
                       "24.00 µs (1.208x)",
                       "ascend310/conv/b1_m1024_k144_n16/float16: default 4.00 µs, best "
                       "3.50 µs (1.143x)"]
+
+
+def test_optimize_says_what_the_knowledge_base_gave(built, tmp_path, capsys):
+    for target, expected in (("ascend310", "tuned tilings for 2 of 2 NPU cube kernel(s) on "
+                                           "ascend310"),
+                             ("ascend910b", "tuned tilings for 0 of 2 NPU cube kernel(s) on "
+                                            "ascend910b (graphopt tune")):
+        rc, out, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "m.om",
+                               "--target", target, "--tuning-db", built["db"])
+        assert rc == 0, err
+        assert f"note: --tuning-db: {expected}" in out
