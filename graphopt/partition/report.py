@@ -101,7 +101,7 @@ def dynamic_hint(model, partitioning: Partitioning) -> str:
     if not inputs:
         return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
                 "model computes, which --input-shape cannot pin")
-    named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape, None)}]" if v.shape is not None
+    named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape)}]" if v.shape is not None
                                         else "(rank unknown)") for v in inputs)
     example = ";".join(f"{v.name}:{_example_dims(v.shape)}" for v in inputs if v.shape is not None)
     return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
@@ -109,14 +109,9 @@ def dynamic_hint(model, partitioning: Partitioning) -> str:
             + (f', e.g. --input-shape "{example}"' if example else ""))
 
 
-def _dims(shape, unknown: str | None) -> str:
-    """Comma-separated dims; one that is not a number as `unknown`, or when that is None as
-    its symbol ('?' when it has none)."""
-    def text(dim) -> str:
-        if isinstance(dim, int):
-            return str(dim)
-        return unknown or (dim if isinstance(dim, str) else "?")
-    return ",".join(text(dim) for dim in shape)
+def _dims(shape) -> str:
+    """Comma-separated dims, a symbolic one by its name ('?' when it has none)."""
+    return ",".join(str(dim) if isinstance(dim, (int, str)) else "?" for dim in shape)
 
 
 def _example_dims(shape) -> str:
