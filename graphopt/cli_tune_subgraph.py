@@ -15,7 +15,8 @@ def _ms(seconds: float, objective: str) -> str:
 
 def cmd_tune_subgraph(args, storage) -> int:
     from graphopt.tuner.search import storage_url
-    from graphopt.tuner.subgraph import MIN_MEASURED_GAIN, SubgraphJob, tune_subgraph
+    from graphopt.tuner.subgraph import (MIN_MEASURED_GAIN, SubgraphJob, checked_target,
+                                         tune_subgraph)
 
     if args.repeat < 1:
         raise OptionError(f"--repeat must be ≥ 1, got {args.repeat}")
@@ -32,6 +33,7 @@ def cmd_tune_subgraph(args, storage) -> int:
         line.update(f"subgraph trial {done}/{total}  best {_ms(best, args.objective)} {unit}",
                     done, total)
 
+    checked_target(job)  # before saying that the work starts
     if not args.quiet:
         print(f"recording the default compile's decisions ({args.objective})…", file=sys.stderr)
     result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,

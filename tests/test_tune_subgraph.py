@@ -124,6 +124,14 @@ def test_measured_needs_a_cpu_target_and_one_local_worker(block_path):
         tune_subgraph(_job(block_path, granularity="node"), trials=1)
 
 
+def test_the_cli_refuses_a_measured_npu_job_before_saying_it_starts(block_path, capsys):
+    from helpers import run_cli
+
+    rc, _, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--job",
+                         "subgraph", "--objective", "measured", "--trials", "1")
+    assert rc == 1 and err.startswith("graphopt: error: --objective measured"), err
+
+
 def test_two_workers_share_the_subgraph_study(block_path, tmp_path):
     db = str(tmp_path / "w.db")
     result = tune_subgraph(_job(block_path), trials=5, seed=0, storage=db, workers=2)

@@ -131,23 +131,28 @@ def study_name_for(job: SubgraphJob, target_name: str) -> str:
     return f"subgraph/{target_name}/{model_key(job)}/O{job.level}/{job.objective}{fine}"
 
 
+def checked_target(job: SubgraphJob):
+    """The job's target, once its options agree with each other (OptionError otherwise)."""
+    from graphopt.partition import load_target
+
+    if job.objective not in OBJECTIVES:
+        raise OptionError(f"--objective {job.objective}: use one of {', '.join(OBJECTIVES)}")
+    if job.granularity not in GRANULARITIES:
+        raise OptionError(f"--granularity {job.granularity}: use one of "
+                          f"{', '.join(GRANULARITIES)}")
+    target = load_target(job.target)
+    if job.objective == "measured" and target.device(target.primary).kind != "cpu":
+        raise OptionError(f"--objective measured times onnxruntime on this machine's CPU: it "
+                          f"needs a CPU target, not {target.name} (use --objective estimate)")
+    return target
+
+
 class Evaluator:
     """Compiles a job's model under given decisions and scores the result."""
 
     def __init__(self, job: SubgraphJob):
-        from graphopt.partition import load_target
-
-        if job.objective not in OBJECTIVES:
-            raise OptionError(f"--objective {job.objective}: use one of {', '.join(OBJECTIVES)}")
-        if job.granularity not in GRANULARITIES:
-            raise OptionError(f"--granularity {job.granularity}: use one of "
-                              f"{', '.join(GRANULARITIES)}")
         self.job = job
-        self.target = load_target(job.target)
-        if job.objective == "measured" and self.target.device(self.target.primary).kind != "cpu":
-            raise OptionError(f"--objective measured times onnxruntime on this machine's CPU: it "
-                              f"needs a CPU target, not {self.target.name} (use --objective "
-                              "estimate)")
+        self.target = checked_target(job)
         with open(job.model_path, "rb") as f:
             self.data = f.read()
         self.feeds = self.reference = None
