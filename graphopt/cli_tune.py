@@ -205,7 +205,7 @@ def add_kb_parser(sub) -> None:
 
 
 def _cmd_kb_list(args) -> int:
-    from graphopt.tuner.kb import list_kb
+    from graphopt.tuner.kb import list_kb, list_subgraph_studies
     from graphopt.tuner.search import open_storage
 
     def us(seconds):
@@ -218,6 +218,12 @@ def _cmd_kb_list(args) -> int:
             for r in list_kb(store)]
     print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",
                         "best tiling"], rows))
+    studies = list_subgraph_studies(store)
+    if studies:  # the fusion decisions `tune --job subgraph` chose, one study per model
+        print()
+        print(format_table(["subgraph study", "trials", "default µs", "best µs"],
+                           [[r["study"], r["trials"], us(r["default_seconds"]),
+                             us(r["best_seconds"])] for r in studies]))
     return 0
 
 

@@ -170,3 +170,14 @@ def test_a_measured_best_must_beat_the_default_by_more_than_noise():
     real = SubgraphResult("s", space, default, best, 5, [], confirmed=(1.0, gain))
     assert not real.kept_default and real.chosen == best.params
     assert real.speedup == pytest.approx(1 + 2 * MIN_MEASURED_GAIN)
+
+
+def test_kb_list_shows_the_subgraph_studies(block_path, tmp_path, capsys):
+    from helpers import run_cli
+
+    db = str(tmp_path / "sg.db")
+    tune_subgraph(SubgraphJob(block_path, "cpu"), trials=2, seed=0, storage=db)
+    rc, out, err = run_cli(capsys, "kb", "list", "--tuning-db", db)
+    assert rc == 0, err
+    (row,) = [line for line in out.splitlines() if line.startswith("subgraph/cpu/")]
+    assert row.split()[1] == "2"  # trials

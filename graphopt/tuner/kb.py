@@ -104,6 +104,21 @@ def list_kb(storage: Any) -> list[dict]:
     return rows
 
 
+def list_subgraph_studies(storage: Any) -> list[dict]:
+    """One row per subgraph-tuning study (`graphopt tune --job subgraph`): study, trials,
+    default_seconds and best_seconds (None where absent)."""
+    storage = open_storage(storage)
+    rows = []
+    for name in sorted(n for n in optuna.get_all_study_names(storage)
+                       if n.startswith("subgraph/")):
+        study = optuna.load_study(study_name=name, storage=storage)
+        best, default = _best(study), _default(study)
+        rows.append({"study": name, "trials": len(study.get_trials(deepcopy=False)),
+                     "default_seconds": default.value if default else None,
+                     "best_seconds": best.value if best else None})
+    return rows
+
+
 def check_export_path(path: str | os.PathLike) -> None:
     """Refuse an export destination that cannot be written: a directory, or a file in a
     directory that does not exist."""
