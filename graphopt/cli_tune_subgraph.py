@@ -50,7 +50,9 @@ def cmd_tune_subgraph(args, storage) -> int:
         print(format_table(["where", f"default {unit}", f"tuned {unit}"], costs))
     what = "measured, interleaved medians" if result.confirmed else args.objective
     default, best = result.confirmed or (result.default.seconds, result.best.seconds)
-    print(f"whole model ({what}): default {_ms(default, args.objective)} {unit}, tuned "
+    # When the default is kept, the best candidate is only what the search found, not the result.
+    label = "search's best" if result.kept_default else "tuned"
+    print(f"whole model ({what}): default {_ms(default, args.objective)} {unit}, {label} "
           f"{_ms(best, args.objective)} {unit}, {result.speedup:.3f}x")
     if result.kept_default:
         gain = default / best
