@@ -41,21 +41,32 @@ def add_compare_parser(sub) -> None:
                    help='dims for the random inputs\' dynamic axes: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--per-tensor", action="store_true",
                    help="also compare the intermediates both models compute (same name and shape)")
-    p.add_argument("--rtol", type=float, metavar="R",
-                   help="relative tolerance of the allclose rule (default 1e-4)")
-    p.add_argument("--atol", type=float, metavar="A",
-                   help="absolute tolerance of the allclose rule (default 1e-5)")
-    p.add_argument("--min-cosine", type=float, metavar="C",
-                   help="pass a float tensor when its cosine similarity is ≥ C, instead of "
-                        "the rtol/atol rule")
+    add_rule_options(p)
     p.add_argument("--csv", metavar="FILE", help="also write the rows to FILE (atomically)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead")
     p.set_defaults(func=_cmd_compare)
 
 
-def _check_options(args) -> None:
+def add_rule_options(p, scope: str = "") -> None:
+    """--rtol/--atol/--min-cosine, the rule compare and report judge outputs by; `scope` starts
+    each help text (report's: "--reference: ")."""
+    p.add_argument("--rtol", type=float, metavar="R",
+                   help=f"{scope}relative tolerance of the allclose rule (default 1e-4)")
+    p.add_argument("--atol", type=float, metavar="A",
+                   help=f"{scope}absolute tolerance of the allclose rule (default 1e-5)")
+    p.add_argument("--min-cosine", type=float, metavar="C",
+                   help=f"{scope}pass a float tensor when its cosine similarity is ≥ C, instead "
+                        "of the rtol/atol rule (default for an .om whose pass log has "
+                        "QuantizeInt8 or ConvertPrecision: 0.999; QuantizeInt4Weights: 0.98)")
+
+
+def check_rule_options(args) -> None:
     if args.min_cosine is not None and (args.rtol is not None or args.atol is not None):
         raise OptionError("--min-cosine replaces the --rtol/--atol rule; give one or the other")
+
+
+def _check_options(args) -> None:
+    check_rule_options(args)
     if args.seed is not None and args.inputs:
         raise OptionError("--seed only applies to random inputs; drop it or --inputs")
     if args.input_shape and args.inputs:

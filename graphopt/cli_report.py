@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -41,14 +42,7 @@ def add_report_parser(sub) -> None:
                         '"x:1,3,224,224"')
     p.add_argument("--per-tensor", action="store_true",
                    help="--reference: also compare the intermediates both models compute")
-    p.add_argument("--rtol", type=float, metavar="R",
-                   help="--reference: relative tolerance of the allclose rule (default 1e-4)")
-    p.add_argument("--atol", type=float, metavar="A",
-                   help="--reference: absolute tolerance of the allclose rule (default 1e-5)")
-    p.add_argument("--min-cosine", type=float, metavar="C",
-                   help="--reference: pass a float tensor when its cosine similarity is ≥ C, "
-                        "instead of the rtol/atol rule (default for an .om whose pass log has "
-                        "QuantizeInt8 or ConvertPrecision: 0.999; QuantizeInt4Weights: 0.98)")
+    add_rule_options(p, "--reference: ")
     storage = p.add_mutually_exclusive_group()
     storage.add_argument("--tuning-db", metavar="FILE.db",
                          help="the tuning knowledge base `graphopt tune` filled")
@@ -78,8 +72,7 @@ def _check_options(args) -> None:
         if option:
             raise OptionError(f"{option} applies to the accuracy check; add --reference "
                               "MODEL.onnx")
-    if args.min_cosine is not None and (args.rtol is not None or args.atol is not None):
-        raise OptionError("--min-cosine replaces the --rtol/--atol rule; give one or the other")
+    check_rule_options(args)
     if args.inputs and args.input_shape:
         raise OptionError("--input-shape only shapes random inputs; drop it or --inputs")
 
