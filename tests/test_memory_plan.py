@@ -388,6 +388,9 @@ def test_draw_plan_writes_a_png_and_an_svg(tmp_path):
     pixels = zlib.decompress(data[41:41 + length])
     assert (width, height) == (200, 120) and len(pixels) == height * (1 + 3 * width)
     assert len(set(pixels)) > 3  # more than white, black and one colour
+    # The captions (arena size above, steps below) are drawn: black pixels in the top rows.
+    rows = [pixels[r * (1 + 3 * width) + 1:(r + 1) * (1 + 3 * width)] for r in range(height)]
+    assert any(b"\x00\x00\x00" in rows[r] for r in range(10))
     svg = tmp_path / "plan.svg"
     draw_plan(plan, str(svg))
     text = svg.read_text()

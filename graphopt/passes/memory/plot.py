@@ -117,9 +117,10 @@ class _Canvas:
 
 def draw_plan(plan: Plan, path: str, *, width: int = 960, height: int = 540) -> None:
     """Write the plan as a picture: SVG when `path` ends in .svg, else PNG."""
+    from graphopt.atomic import atomic_write_bytes
+
     data = _svg(plan, width, height) if path.lower().endswith(".svg") else _png(plan, width, height)
-    with open(path, "wb") as f:
-        f.write(data)
+    atomic_write_bytes(path, data)
 
 
 def _png(plan: Plan, width: int, height: int) -> bytes:
@@ -133,7 +134,17 @@ def _png(plan: Plan, width: int, height: int) -> bytes:
         canvas.fill(x, y, x + 4, y + 1, (220, 30, 30))
     canvas.fill(_MARGIN - 1, _MARGIN, _MARGIN, height - _MARGIN + 1, (0, 0, 0))     # address axis
     canvas.fill(_MARGIN - 1, height - _MARGIN, width - _MARGIN, height - _MARGIN + 1, (0, 0, 0))
+    black = (0, 0, 0)
+    for text, x, y in _captions(plan, width, height):
+        canvas.text(x, y - 8, text, black)  # the SVG's baseline is the glyphs' bottom row
     return canvas.png()
+
+
+def _captions(plan: Plan, width: int, height: int) -> list[tuple[str, int, int]]:
+    """(text, x, baseline y) of the axis and header lines both pictures carry."""
+    return [(f"step →  ({plan.steps} steps)", _MARGIN, height - 8),
+            (f"{plan.arena_bytes:,} B ({plan.strategy}; lower bound {plan.lower_bound:,} B)",
+             4, _MARGIN - 8)]
 
 
 def _svg(plan: Plan, width: int, height: int) -> bytes:
@@ -160,8 +171,7 @@ def _svg(plan: Plan, width: int, height: int) -> bytes:
     bottom = height - _MARGIN
     axes = f"{_MARGIN},{_MARGIN} {_MARGIN},{bottom} {width - _MARGIN},{bottom}"
     parts.append(f'<polyline points="{axes}" fill="none" stroke="black"/>')
-    parts.append(f'<text x="{_MARGIN}" y="{height - 8}">step →  ({plan.steps} steps)</text>')
-    parts.append(f'<text x="4" y="{_MARGIN - 8}">{plan.arena_bytes:,} B ({plan.strategy}; '
-                 f'lower bound {plan.lower_bound:,} B)</text>')
+    for text, x, y in _captions(plan, width, height):
+        parts.append(f'<text x="{x}" y="{y}">{escape(text)}</text>')
     parts.append("</svg>")
     return "\n".join(parts).encode()
