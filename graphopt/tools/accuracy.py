@@ -32,6 +32,7 @@ from graphopt.tools.compare_run import (
     load_candidate,
     load_reference,
     make_feeds,
+    shared_dims,
 )
 from graphopt.tools.output_kinds import model_facts, output_kind
 
@@ -111,13 +112,10 @@ def calibration_feeds(path, reference: Side, candidate: Side) -> tuple[dict, str
     """The first sample of the calibration data at `path` (an .npz or a directory, in any layout
     calibration takes), cast to the inputs' dtypes as calibration casts it, and its label. The
     dims are the reference's, with those the candidate pins where the reference's are open."""
-    pinned = {e["name"]: e["shape"] for e in candidate.inputs}
+    dims = shared_dims(reference, candidate)
     specs = []
     for entry in reference.inputs:
-        shape, fixed = entry["shape"], pinned.get(entry["name"])
-        if shape is not None and fixed is not None and len(fixed) == len(shape):
-            shape = [b if isinstance(b, int) and not isinstance(a, int) else a
-                     for a, b in zip(shape, fixed)]
+        shape = dims.get(entry["name"])
         dtype = numpy_dtype(entry["dtype"])
         if dtype is not None:
             specs.append(InputSpec(entry["name"], dtype, None if shape is None else tuple(shape)))

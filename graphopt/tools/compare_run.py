@@ -167,6 +167,25 @@ def check_signatures(reference: Side, candidate: Side) -> None:
                              f"{describe(c)} in {candidate.label}; {where} cannot take the same feeds")
 
 
+def shared_dims(reference: Side, candidate: Side) -> dict[str, list]:
+    """Each reference input's dims (of known rank), with those the candidate was compiled with
+    (an .om built with --input-shape, or the first of its shape profiles) where the reference's
+    are symbolic."""
+    profiles = getattr(candidate.session, "profiles", None)
+    fixed = {e["name"]: e["shape"] for e in (profiles[0]["inputs"] if profiles
+                                             else candidate.inputs)}
+    dims = {}
+    for entry in reference.inputs:
+        shape, theirs = entry["shape"], fixed.get(entry["name"])
+        if shape is None:
+            continue
+        if theirs is None or len(theirs) != len(shape):
+            theirs = shape
+        dims[entry["name"]] = [b if isinstance(b, int) and not isinstance(a, int) else a
+                               for a, b in zip(shape, theirs)]
+    return dims
+
+
 def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
                input_shapes) -> tuple[dict[str, np.ndarray], str]:
     """The feeds both sides run on, and how to describe them: `feeds` (a dict or an .npz path)
@@ -187,18 +206,14 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         if name not in {e["name"] for e in reference.inputs}:
             raise OptionError(f"--input-shape: {reference.label} has no input {name!r} "
                               f"(inputs: {', '.join(e['name'] for e in reference.inputs) or 'none'})")
-    # A dim the candidate was compiled with (e.g. an .om built with --input-shape, or the
-    # first of its shape profiles) pins a dim the reference leaves symbolic, so the random
-    # data fits both without the user repeating it.
-    profiles = getattr(candidate.session, "profiles", None)
-    signature = profiles[0]["inputs"] if profiles else candidate.inputs
-    cand = {e["name"]: e["shape"] for e in signature}
+    # The random data fits both without the user repeating the candidate's pins.
+    shared = shared_dims(reference, candidate)
     for entry in reference.inputs:
-        fixed = cand.get(entry["name"])
-        if entry["name"] in shapes or fixed is None or entry["shape"] is None:
+        dims = shared.get(entry["name"])
+        if entry["name"] in shapes or dims is None:
             continue
-        pins = [b if isinstance(b, int) and not isinstance(a, int) else -1
-                for a, b in zip(entry["shape"], fixed)]
+        pins = [d if isinstance(d, int) and not isinstance(a, int) else -1
+                for a, d in zip(entry["shape"], dims)]
         if any(p >= 0 for p in pins):
             shapes[entry["name"]] = pins
     try:
