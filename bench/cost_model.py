@@ -8,12 +8,14 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 from _common import THREADS, geomean, markdown_table, session_options, write_json
@@ -28,6 +30,7 @@ from graphopt.tuner.cpu_model import CpuCostModel, op_class, spearman
 SIZES: dict[str, tuple[dict, str]] = {
     "tiny": ({}, ""),
     "resnet50": ({"width": 0.25}, "width 0.25"),
+    "resnet50@int8": ({"width": 0.25}, "width 0.25, INT8"),
     "mobilenetv2": ({}, ""),
     "bert_base": ({"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512, "vocab": 1000},
                   "2 layers, hidden 128"),
@@ -53,11 +56,21 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def optimized(path: str, feeds, out_path: str) -> onnx.ModelProto:
+def optimized(path: str, feeds, out_path: str, int8: bool) -> onnx.ModelProto:
     """graphopt -O2 for the cpu target with the inputs' shapes pinned (the cost model needs
-    static shapes), every node named so the profile can be matched."""
+    static shapes), every node named so the profile can be matched; `int8` quantizes it,
+    calibrated on the feeds with noise added (the ranges only need to be plausible here)."""
     shapes = {name: list(array.shape) for name, array in feeds.items()}
-    proto = graphopt.optimize(path, level=2, target="cpu", input_shapes=shapes).to_onnx()
+    options = {}
+    if int8:
+        rng = np.random.default_rng(1)
+        calibration = out_path + ".calib.npz"
+        np.savez(calibration, **{name: np.stack([a + rng.normal(0, 0.1, a.shape).astype(a.dtype)
+                                                 for _ in range(4)])
+                                 for name, a in feeds.items()})
+        options = {"quantize": "int8", "calibration": calibration}
+    proto = graphopt.optimize(path, level=2, target="cpu", input_shapes=shapes,
+                              pass_options=options).to_onnx()
     seen: set[str] = set()
     for i, node in enumerate(proto.graph.node):
         if not node.name or node.name in seen:
@@ -104,8 +117,8 @@ def wall(path: str, feeds, runs: int, level: str) -> float:
 def match(profiled: str, nodes) -> str | None:
     """The graphopt node a profiled kernel comes from: the same name, or, for a node that
     onnxruntime rewrote further (MatMul + Add → "<MatMul's name>/MatMulAddFusion"), the longest
-    node name that prefixes it at a "/"."""
-    name = profiled
+    node name that prefixes it at a "/". A QDQ Conv's QLinearConv is "<Conv's name>_token_N"."""
+    name = re.sub(r"_token_\d+$", "", profiled)
     while name:
         if name in nodes:
             return name
@@ -116,7 +129,7 @@ def match(profiled: str, nodes) -> str | None:
 def measure(model, cost: CpuCostModel, run_overhead_s: float, runs: int, level: str,
             workdir: str) -> dict:
     opt_path = os.path.join(workdir, "optimized.onnx")
-    proto = optimized(model.path, model.feeds, opt_path)
+    proto = optimized(model.path, model.feeds, opt_path, int8="INT8" in model.name)
     ir = load_onnx(proto)
     nodes = {n.name: n for n in ir.graph}
     measured = profile(opt_path, model.feeds, runs, level, workdir)

@@ -12,8 +12,9 @@ from graphopt.table import format_table
 def add_calibrate_parser(sub) -> None:
     p = sub.add_parser(
         "calibrate", help="measure the CPU cost model's constants on this machine",
-        description="Runs onnxruntime micro-benchmarks (MatMul, Conv, Add, Softmax, "
-                    "LayerNormalization, Transpose, a chain of tiny Relus) at ORT_ENABLE_ALL, "
+        description="Runs onnxruntime micro-benchmarks (MatMul, Conv, both again as int8 QDQ, "
+                    "Add, Softmax, LayerNormalization, Transpose, a chain of tiny Relus) at "
+                    "ORT_ENABLE_ALL, "
                     "fits peak GFLOP/s, bandwidth and per-node overhead per op class, prints "
                     "them and writes them as JSON, which the CPU cost model then reads.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

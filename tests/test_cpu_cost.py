@@ -89,6 +89,62 @@ def test_unknown_shapes_count_no_work():
     assert node_work(node) == (0, 4 * 20)
 
 
+QDQ_CONV = HEADER + """g (uint8[1,8,6,6] xq, float xs, uint8 xz, int8[8,8,3,3] wq, float ws,
+                          float ys, uint8 yz) => (uint8[1,8,6,6] yq) {
+    x = DequantizeLinear(xq, xs, xz)
+    w = DequantizeLinear(wq, ws)
+    y = Conv <pads = [1,1,1,1]> (x, w)
+    yq = QuantizeLinear(y, ys, yz)
+}"""
+
+
+def _nodes(text: str) -> dict:
+    return {n.op_type: n for n in _graph(text).graph}
+
+
+def test_a_qdq_conv_is_priced_as_the_int8_kernel_onnxruntime_fuses_it_into():
+    nodes = _nodes(QDQ_CONV)
+    conv = nodes["Conv"]
+    assert op_class(conv) == "conv_int8"
+    # The flops of the float conv; the bytes of the uint8/int8 tensors it reads and writes.
+    assert node_work(conv) == (2 * 288 * 72, 288 + 576 + 288)
+    cost = CpuCostModel()
+    for absorbed in ("DequantizeLinear", "QuantizeLinear"):  # no kernel of their own
+        assert node_work(nodes[absorbed]) == (0, 0)
+        assert cost.node_seconds(nodes[absorbed]) == 0
+    # The same conv in float costs more: the profile's int8 peak is twice its float32 one.
+    float_conv = _node(HEADER + "g (float[1,8,6,6] x, float[8,8,3,3] w) => (float[1,8,6,6] y) "
+                       "{ y = Conv <pads = [1,1,1,1]> (x, w) }")
+    assert op_class(float_conv) == "conv"
+    c, c8 = cost.constants["conv"], cost.constants["conv_int8"]
+    assert c8.peak_gflops == pytest.approx(2 * c.peak_gflops)
+    assert cost.node_seconds(conv) < cost.node_seconds(float_conv)
+
+
+def test_a_conv_reading_a_float_tensor_stays_float():
+    # Only the weight is dequantized (a layer the INT8 pass skipped keeps a float input): no
+    # QLinearConv, so the float class, and the DequantizeLinear runs as its own kernel.
+    nodes = _nodes(HEADER + """g (float[1,8,6,6] x, int8[8,8,3,3] wq, float ws)
+                                 => (float[1,8,6,6] y) {
+        w = DequantizeLinear(wq, ws)
+        y = Conv <pads = [1,1,1,1]> (x, w)
+    }""")
+    assert op_class(nodes["Conv"]) == "conv"
+    assert node_work(nodes["DequantizeLinear"])[1] > 0
+
+
+def test_integer_ops_take_the_int8_classes():
+    node = _node(HEADER + "g (uint8[4,8] a, int8[8,5] b) => (int32[4,5] y) "
+                 "{ y = MatMulInteger(a, b) }")
+    assert op_class(node) == "gemm_int8"
+    assert node_work(node) == (2 * 20 * 8, 32 + 40 + 4 * 20)
+    node = _node(HEADER + """g (uint8[4,8] a, float sa, uint8 za, int8[8,5] b, float sb, int8 zb,
+                             float sy, uint8 zy) => (uint8[4,5] y)
+                             { y = QLinearMatMul(a, sa, za, b, sb, zb, sy, zy) }""")
+    assert op_class(node) == "gemm_int8"
+    assert node_work(node)[0] == 2 * 20 * 8  # K read from b, the fourth input
+
+
 def test_defaults_are_the_cpu_profile_figures():
     c = CpuCostModel().constants["gemm"]
     assert (c.peak_gflops, c.bandwidth_gbs, c.overhead_us) == pytest.approx((160, 20, 1))
@@ -136,6 +192,8 @@ def test_calibration_yields_positive_finite_constants(calibration):
     assert calibration.onnxruntime_version == ort.__version__
     assert calibration.threads == 1 and calibration.quick
     assert {m.name.split()[0] for m in calibration.measurements} >= {"MatMul", "Conv", "Add"}
+    assert {m.name for m in calibration.measurements} >= {
+        "QDQ MatMul 256x512x512", "QDQ Conv 3x3 32->32 28x28"}
 
 
 def test_calibration_round_trips_through_json(calibration, tmp_path):
@@ -170,8 +228,26 @@ def test_broken_calibration_is_an_option_error(calibration, tmp_path):
     path.write_text(json.dumps({**calibration.to_json(), "format_version": 9}))
     with pytest.raises(OptionError, match="format_version 9"):
         CalibrationResult.load(path)
+    path.write_text(json.dumps({**calibration.to_json(), "constants": {"gemm16": {}}}))
+    with pytest.raises(OptionError, match="unknown op class 'gemm16'"):
+        CalibrationResult.load(path)
     with pytest.raises(OptionError, match="cannot read"):
         CalibrationResult.load(tmp_path / "missing.json")
+
+
+def test_a_calibration_without_int8_classes_derives_them(calibration, tmp_path):
+    # Files written before the int8 classes existed: their float peaks at the profile's ratio.
+    doc = calibration.to_json()
+    for cls in ("gemm_int8", "conv_int8"):
+        del doc["constants"][cls]
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(doc))
+    loaded = CalibrationResult.load(path)
+    assert set(loaded.constants) == set(OP_CLASSES)
+    for int8, float_class in (("gemm_int8", "gemm"), ("conv_int8", "conv")):
+        assert loaded.constants[int8].peak_gflops == pytest.approx(
+            2 * calibration.constants[float_class].peak_gflops)
+        assert loaded.constants[int8].bandwidth_gbs == calibration.constants[float_class].bandwidth_gbs
 
 
 def test_calibrated_model_uses_the_calibration(calibration):
@@ -191,7 +267,8 @@ def test_cli_calibrates_and_writes_json(capsys, tmp_path):
     out_path = tmp_path / "tmp.json"
     rc, out, err = cli(capsys, "calibrate", "--target", "cpu", "--quick", "-o", out_path)
     assert rc == 0, err
-    for key in ("overhead-1", "gemm", "conv", "elementwise", "softmax", "transpose"):
+    for key in ("overhead-1", "gemm", "conv", "gemm_int8", "conv_int8", "elementwise", "softmax",
+                "transpose"):
         assert key in err  # one progress line per benchmark
     for cls in OP_CLASSES:
         assert cls in out

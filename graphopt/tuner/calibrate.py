@@ -6,6 +6,8 @@ through an IOBinding (no numpy conversion of outputs), timed as the median of re
     overhead     a chain of 65 tiny Relus against a single one: µs per node and per run
     gemm         MatMul [M,K]·[K,N]                      → peak GFLOP/s of the gemm class
     conv         3×3 Conv, 64 (32 quick) channels        → peak GFLOP/s of the conv class
+    gemm_int8    the MatMul, QDQ on uint8 data and int8 weights (runs as QLinearMatMul)
+    conv_int8    the Conv, QDQ likewise (runs as QLinearConv, in NHWC with its Transposes)
     elementwise  Add of two large vectors                → bandwidth GB/s (memory-bound)
     softmax, layernorm                                   → bandwidth of the reduction class
     transpose    [64, n, n] → [64, n, n]ᵀ                → bandwidth of the movement class
@@ -14,6 +16,8 @@ A kernel's net time is its median minus the run's fixed cost and one node's over
 compute-bound class fits its peak (bandwidth from the Add), a memory-bound one its bandwidth
 (peak from the MatMul, so arithmetic rarely binds). The JSON records the onnxruntime version and
 the CPU model; `load` warns (StaleCalibrationWarning) when either differs from this machine's.
+A calibration written before the int8 classes existed gets them from its float classes, at the
+`cpu` profile's int8 speed-up.
 """
 
 from __future__ import annotations
@@ -34,7 +38,13 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.errors import OptionError
-from graphopt.tuner.cpu_model import OP_CLASSES, ClassConstants, CpuCostModel
+from graphopt.tuner.cpu_model import (
+    INT8_CLASSES,
+    OP_CLASSES,
+    ClassConstants,
+    CpuCostModel,
+    int8_speedup,
+)
 
 FORMAT_VERSION = 1
 OVERHEAD_CHAIN = 65
@@ -109,6 +119,11 @@ class CalibrationResult:
                                                  float(c["overhead_us"]))
                 if not all(math.isfinite(v) and v >= 0 for v in vars(constants[name]).values()):
                     raise ValueError(f"constants.{name}: figures must be finite and ≥ 0")
+            for int8, float_class in INT8_CLASSES.items():
+                if int8 not in constants and float_class in constants:
+                    c = constants[float_class]
+                    constants[int8] = ClassConstants(c.peak_gflops * int8_speedup(),
+                                                     c.bandwidth_gbs, c.overhead_us)
             return cls(constants=constants, run_overhead_us=float(doc["run_overhead_us"]),
                        onnxruntime_version=str(doc["onnxruntime_version"]),
                        cpu_model=str(doc["cpu_model"]), threads=int(doc["threads"]),
@@ -198,6 +213,33 @@ def _rand(rng, *shape) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
+def _int8_variant(bench: _Bench, rng) -> _Bench:
+    """`bench`'s one Conv or MatMul as graphopt's INT8 pass writes it: uint8 data and int8
+    weights dequantized into it, its output quantized to uint8, which onnxruntime runs as one
+    QLinearConv or QLinearMatMul. Flops as the float kernel; bytes at one per element."""
+    graph = bench.model.graph
+    op = graph.node[0]
+    (x,), (y,) = graph.input, graph.output
+    w = numpy_helper.to_array(next(t for t in graph.initializer if t.name == op.input[1]))
+    scalar = lambda name, v, dtype: numpy_helper.from_array(np.array(v, dtype), name)  # noqa: E731
+    inits = [numpy_helper.from_array(np.clip(np.round(w / 0.02), -127, 127).astype(np.int8),
+                                     "w_q"),
+             scalar("x_scale", 0.02, np.float32), scalar("x_zero", 128, np.uint8),
+             scalar("w_scale", 0.02, np.float32),
+             scalar("y_scale", 0.5, np.float32), scalar("y_zero", 128, np.uint8)]
+    nodes = [helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_f"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w_f"]),
+             helper.make_node(op.op_type, ["x_f", "w_f"], ["y_f"], name=op.op_type),
+             helper.make_node("QuantizeLinear", ["y_f", "y_scale", "y_zero"], ["y_q"])]
+    nodes[2].attribute.extend(op.attribute)
+    shape = lambda v: [d.dim_value for d in v.type.tensor_type.shape.dim]  # noqa: E731
+    model = _make(nodes, [helper.make_tensor_value_info("x_q", TensorProto.UINT8, shape(x))],
+                  [helper.make_tensor_value_info("y_q", TensorProto.UINT8, shape(y))], inits)
+    feed = rng.integers(0, 256, shape(x), dtype=np.uint8)
+    elems = math.prod(shape(x)) + w.size + math.prod(shape(y))
+    return _Bench(f"QDQ {bench.name}", model, {"x_q": feed}, bench.flops, float(elems))
+
+
 def _relu_chain(length: int) -> _Bench:
     names = ["x"] + [f"r{i}" for i in range(length - 1)] + ["y"]
     nodes = [helper.make_node("Relu", [names[i]], [names[i + 1]], name=f"relu{i}")
@@ -225,6 +267,8 @@ def benchmarks(quick: bool, seed: int = 0) -> dict[str, _Bench]:
                numpy_helper.from_array(_rand(rng, c), "b")]),
         {"x": _rand(rng, 1, c, hw, hw)}, 2.0 * c * hw * hw * c * 9,
         4.0 * (2 * c * hw * hw + c * c * 9 + c))
+    out["gemm_int8"] = _int8_variant(out["gemm"], rng)
+    out["conv_int8"] = _int8_variant(out["conv"], rng)
     size = (1 << 20) if quick else (1 << 22)
     out["elementwise"] = _Bench(
         f"Add {size >> 20}M floats",
@@ -319,6 +363,8 @@ def calibrate(threads: int = 1, seconds_budget: float = 12.0, quick: bool = Fals
     bandwidth = kernels["elementwise"].bytes / net("elementwise") / 1e9
     gemm_peak = kernels["gemm"].flops / net("gemm") / 1e9
     conv_peak = kernels["conv"].flops / net("conv") / 1e9
+    gemm_int8_peak = kernels["gemm_int8"].flops / net("gemm_int8") / 1e9
+    conv_int8_peak = kernels["conv_int8"].flops / net("conv_int8") / 1e9
     reduction_bw = ((kernels["softmax"].bytes + kernels["layernorm"].bytes)
                     / (net("softmax") + net("layernorm")) / 1e9)
     movement_bw = kernels["transpose"].bytes / net("transpose") / 1e9
@@ -326,6 +372,8 @@ def calibrate(threads: int = 1, seconds_budget: float = 12.0, quick: bool = Fals
     constants = {
         "gemm": ClassConstants(gemm_peak, bandwidth, overhead_us),
         "conv": ClassConstants(conv_peak, bandwidth, overhead_us),
+        "gemm_int8": ClassConstants(gemm_int8_peak, bandwidth, overhead_us),
+        "conv_int8": ClassConstants(conv_int8_peak, bandwidth, overhead_us),
         "elementwise": ClassConstants(gemm_peak, bandwidth, overhead_us),
         "reduction": ClassConstants(gemm_peak, reduction_bw, overhead_us),
         "movement": ClassConstants(gemm_peak, movement_bw, overhead_us),

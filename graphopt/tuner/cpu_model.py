@@ -7,13 +7,21 @@ kind of kernel, so one measured kernel speaks for its class:
 
     gemm         MatMul, Gemm, FusedMatMul, FusedGemm, Attention…     2·M·N·K flops
     conv         Conv, FusedConv, com.microsoft.nchwc::Conv…           2·outputs·(Cin/g·kh·kw)
+    gemm_int8    QLinearMatMul, MatMulInteger…, a QDQ MatMul/Gemm      as gemm, on 8-bit data
+    conv_int8    QLinearConv, ConvInteger, a QDQ Conv                  as conv, on 8-bit data
     elementwise  Add, Relu, Gelu, Cast, Where…                         one op per output element
     reduction    Softmax, LayerNormalization, ReduceMean, pooling…     a few ops per input element
     movement     Transpose, Concat, Gather, Slice, NCHWc reorders…     no flops, bytes moved
     view         Reshape, Squeeze, Flatten, Identity…                  free: overhead only
 
 Bytes are every input and output a kernel touches once (Gather and Slice read only what they
-output, not their whole data input). Unknown ops count as elementwise. The defaults are the `cpu`
+output, not their whole data input). Unknown ops count as elementwise.
+
+A QDQ Conv, MatMul or Gemm (both its data and its weight dequantized from 8-bit integers) is what
+onnxruntime fuses into QLinearConv or QLinearMatMul at session creation, so it is priced as that
+kernel: an int8 class, its bytes those of the integer tensors. The DequantizeLinear and
+QuantizeLinear the fusion absorbs cost nothing: they run as no kernel of their own. int8 kernels
+are a class of their own because MLAS runs them about twice as fast as float32 on AVX2. The defaults are the `cpu`
 target profile's figures; `graphopt calibrate` measures this machine's (graphopt.tuner.calibrate).
 """
 
@@ -23,18 +31,25 @@ import functools
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.estimate import value_bytes
 
-OP_CLASSES = ("gemm", "conv", "elementwise", "reduction", "movement", "view")
+OP_CLASSES = ("gemm", "conv", "gemm_int8", "conv_int8", "elementwise", "reduction", "movement",
+              "view")
+INT8_CLASSES = {"gemm_int8": "gemm", "conv_int8": "conv"}  # int8 class → its float class
 
-_GEMM = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulInteger", "QLinearMatMul",
-         "MatMulNBits", "Attention", "MultiHeadAttention", "GroupQueryAttention"}
-_CONV = {"Conv", "FusedConv", "ConvTranspose", "ConvInteger", "QLinearConv"}
+# MatMulNBits dequantizes its 4-bit weights and multiplies in float: a float gemm.
+_GEMM = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulNBits", "Attention",
+         "MultiHeadAttention", "GroupQueryAttention"}
+_CONV = {"Conv", "FusedConv", "ConvTranspose"}
+_GEMM_INT8 = {"MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+              "QGemm"}
+_CONV_INT8 = {"ConvInteger", "QLinearConv"}
+_QDQ_FUSABLE = {"Conv": "conv_int8", "MatMul": "gemm_int8", "Gemm": "gemm_int8"}
 # Ops per input element, roughly as the kernels do them (Softmax: max, exp, sum, divide).
 _REDUCTION = {"Softmax": 4, "LogSoftmax": 4, "LayerNormalization": 8,
               "SimplifiedLayerNormalization": 6, "SkipLayerNormalization": 9,
@@ -58,9 +73,13 @@ def op_class(node: Node) -> str:
     """The class whose constants price `node` (one of OP_CLASSES)."""
     op = node.op_type
     if op in _GEMM:
-        return "gemm"
+        return "gemm" if not _qdq_int8(node) else "gemm_int8"
     if op in _CONV:
-        return "conv"
+        return "conv" if not _qdq_int8(node) else "conv_int8"
+    if op in _GEMM_INT8:
+        return "gemm_int8"
+    if op in _CONV_INT8:
+        return "conv_int8"
     if op in _REDUCTION:
         return "reduction"
     if op in _MOVEMENT:
@@ -70,10 +89,51 @@ def op_class(node: Node) -> str:
     return "elementwise"
 
 
+def _int8_source(value: Value | None) -> Value | None:
+    """The 8-bit integer tensor `value` is dequantized from, if a DequantizeLinear makes it."""
+    producer = value.producer if value is not None else None
+    if producer is None or producer.op_type != "DequantizeLinear" or not producer.inputs:
+        return None
+    source = producer.inputs[0]
+    return source if source.dtype is not None and source.dtype.numpy.itemsize == 1 \
+        and source.dtype.numpy.kind in "iu" else None
+
+
+def _qdq_int8(node: Node) -> bool:
+    """A Conv/MatMul/Gemm whose data and weight both come dequantized from 8-bit integers:
+    onnxruntime's QDQ selectors run it as QLinearConv or QLinearMatMul."""
+    return node.op_type in _QDQ_FUSABLE and len(node.inputs) >= 2 and all(
+        _int8_source(v) is not None for v in node.inputs[:2])
+
+
+def _requantized(value: Value) -> Value | None:
+    """The QuantizeLinear output `value` is requantized into, when that is its only reader."""
+    readers = value.consumers()
+    if len(readers) == 1 and readers[0].op_type == "QuantizeLinear" and not value.is_graph_output:
+        return readers[0].outputs[0]
+    return None
+
+
+def fused_away(node: Node) -> bool:
+    """A DequantizeLinear or QuantizeLinear that onnxruntime folds into the int8 kernel beside
+    it (every reader of the DequantizeLinear is a QDQ int8 op, or the QuantizeLinear requantizes
+    one's output): no kernel of its own runs."""
+    if node.op_type == "DequantizeLinear" and node.outputs and node.outputs[0] is not None:
+        out = node.outputs[0]
+        readers = out.consumers()
+        return bool(readers) and not out.is_graph_output and all(map(_qdq_int8, readers)) \
+            and _int8_source(out) is not None
+    if node.op_type == "QuantizeLinear" and node.inputs:
+        producer = node.inputs[0].producer
+        return producer is not None and _qdq_int8(producer) \
+            and _requantized(node.inputs[0]) is not None
+    return False
+
+
 def node_work(node: Node) -> tuple[float, float]:
     """(flops, bytes) of one run of `node` from static shapes; unknown shapes count as 0."""
     cls = op_class(node)
-    if cls == "view":
+    if cls == "view" or fused_away(node):
         return 0.0, 0.0
     ins = [v for v in node.inputs if v is not None]
     outs = [v for v in node.outputs if v is not None]
@@ -81,11 +141,15 @@ def node_work(node: Node) -> tuple[float, float]:
     if node.op_type in _PARTIAL_READ and ins:
         # A gather reads the rows it outputs, not its whole table (a 90 MB embedding).
         moved = 2 * sum(value_bytes(v) for v in outs) + sum(value_bytes(v) for v in ins[1:])
+    elif _qdq_int8(node):
+        # The fused kernel reads the integer tensors and writes the requantized output.
+        moved = sum(value_bytes(_int8_source(v) or v) for v in ins) \
+            + sum(value_bytes(_requantized(v) or v) for v in outs)
     else:
         moved = sum(value_bytes(v) for v in ins + outs)
-    if cls == "gemm":
+    if cls in ("gemm", "gemm_int8"):
         flops = _gemm_flops(node, out_elems)
-    elif cls == "conv":
+    elif cls in ("conv", "conv_int8"):
         flops = _conv_flops(node, out_elems)
     elif cls == "reduction":
         if node.op_type in _POOLS:
@@ -110,7 +174,8 @@ def _shape(node: Node, index: int) -> tuple[int, ...] | None:
 
 
 def _gemm_flops(node: Node, out_elems: int) -> int:
-    a, b = _shape(node, 0), _shape(node, 1)
+    # QLinearMatMul's inputs are (a, a_scale, a_zero_point, b, …).
+    a, b = _shape(node, 0), _shape(node, 1 if node.op_type != "QLinearMatMul" else 3)
     if not a or not b:
         return 0
     op = node.op_type
@@ -158,15 +223,27 @@ class ClassConstants:
 
 
 def default_constants(device=None) -> dict[str, ClassConstants]:
-    """Every class at the `cpu` target profile's figures (or `device`'s): float32 peak, memory
-    bandwidth and launch overhead. Views cost only the overhead whatever the figures."""
+    """Every class at the `cpu` target profile's figures (or `device`'s): float32 peak (int8
+    peak for the int8 classes), memory bandwidth and launch overhead. Views cost only the
+    overhead whatever the figures."""
     if device is None:
         from graphopt.partition.target import load_target
         device = load_target("cpu").device("cpu")
     peak = device.peak_ops_per_s.get("float32") or max(device.peak_ops_per_s.values())
     base = ClassConstants(peak / 1e9, device.memory_bandwidth / 1e9,
                           device.launch_overhead_s * 1e6)
-    return {cls: base for cls in OP_CLASSES}
+    int8 = replace(base, peak_gflops=int8_speedup(device) * base.peak_gflops)
+    return {cls: int8 if cls in INT8_CLASSES else base for cls in OP_CLASSES}
+
+
+def int8_speedup(device=None) -> float:
+    """How much faster than float32 a device profile says its int8 arithmetic is (1 when it
+    gives no int8 figure)."""
+    if device is None:
+        from graphopt.partition.target import load_target
+        device = load_target("cpu").device("cpu")
+    fp32, int8 = device.peak_ops_per_s.get("float32"), device.peak_ops_per_s.get("int8")
+    return int8 / fp32 if fp32 and int8 else 1.0
 
 
 class CpuCostModel:
@@ -181,6 +258,8 @@ class CpuCostModel:
         self.constants = {**default_constants(), **dict(constants or {})}
 
     def node_seconds(self, node: Node) -> float:
+        if fused_away(node):
+            return 0.0
         c = self.constants[op_class(node)]
         flops, moved = node_work(node)
         compute = flops / (c.peak_gflops * 1e9) if c.peak_gflops > 0 else 0.0
