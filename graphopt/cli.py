@@ -254,9 +254,9 @@ def _precision_options(args) -> dict:
                                  or (os.path.isfile(args.calibration)
                                      and args.calibration.endswith(".npz"))):
         raise OptionError(f"--calibration {args.calibration}: not an .npz file or a directory")
-    if args.calibration_percentile is not None and not 0 < args.calibration_percentile <= 100:
+    if args.calibration_percentile is not None and not 50 < args.calibration_percentile <= 100:
         raise OptionError(f"--calibration-percentile {args.calibration_percentile}: must be in "
-                          "(0, 100]")
+                          "(50, 100] (99.999 clips the top 0.001% of each tensor)")
     options = {"precision": args.precision, "quantize": args.quantize,
                "precision_allow": _comma_list(args.precision_allow),
                "precision_deny": _comma_list(args.precision_deny),

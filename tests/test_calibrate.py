@@ -141,6 +141,16 @@ def test_missing_or_empty_calibration_paths(tmp_path):
     (tmp_path / "junk.npz").write_text("not a zip")
     with pytest.raises(OptionError, match="cannot read as .npz"):
         read_calibration(tmp_path / "junk.npz", graph)
+    # A truncated archive, and an object array (pickled): errors naming the file, not
+    # numpy's exceptions from the lazy member read.
+    np.savez(tmp_path / "whole.npz", x=np.zeros((64, 1, 4), np.float32))
+    whole = (tmp_path / "whole.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(OptionError, match=r"cut.npz: cannot read"):
+        read_calibration(tmp_path / "cut.npz", graph)
+    np.savez(tmp_path / "obj.npz", x=np.array([None, 1], dtype=object))
+    with pytest.raises(OptionError, match=r"obj.npz: cannot read array 'x'"):
+        read_calibration(tmp_path / "obj.npz", graph)
     bad = tmp_path / "dir"
     bad.mkdir()
     np.savez(bad / "a.npz", x=np.zeros((1, 4), np.float32))

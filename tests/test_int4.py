@@ -145,6 +145,36 @@ def test_bad_group_sizes_are_refused():
             compile_int4(proto, int4_group_size=size)
 
 
+@pytest.mark.parametrize("group, block", [(4096, 64), (64, 64), (32, 16), (16, 16)])
+def test_a_group_that_would_pad_k_gets_the_block_that_packs_smallest(group, block):
+    # K = 48 per column: blocks of 4096 would store 4096 rows; 64 stores 64 rows and one
+    # scale, fewer bytes than 16 (48 rows, three scales) or 32 (64 rows, two scales).
+    w = RNG.standard_normal((48, 16)).astype(np.float32)
+    proto = parse_model(MATMUL_ADD.replace("64", "48"), w=w, b=np.zeros(16, np.float32))
+    result = compile_int4(proto, int4_group_size=group)
+    node = next(iter(result.model.graph))
+    assert node.attr("block_size") == block
+    refitted = [n for n in result.notes if "would pad K" in n]
+    assert len(refitted) == (block != group)
+    if refitted:
+        assert refitted[0] == (f"QuantizeInt4Weights: block {group} would pad K to a multiple "
+                               f"of it; 1 weight(s) use {block}, which packs them smaller")
+    (size,) = [n for n in result.notes if "MiB →" in n]
+    assert "% smaller" in size
+    x = RNG.standard_normal((2, 4, 48)).astype(np.float32)
+    reference = x.astype(np.float64) @ dequantize(quantize(w, block))
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), {"x": x})["y"], reference,
+                               atol=1e-4, rtol=0)
+
+
+def test_block_for_picks_the_fewest_bytes_up_to_the_group():
+    from graphopt.passes.precision.int4 import block_for
+
+    assert block_for(768, 32, 4) == 32 and block_for(3072, 128, 4) == 128  # K divisible
+    assert block_for(768, 4096, 4) == 256 and block_for(768, 512, 2) == 256
+    assert block_for(16, 4096, 4) == 16
+
+
 def _weight_bytes(model, op_types) -> int:
     """Bytes of the initializers read by nodes of `op_types` (weights, scales, zero points)."""
     inits = {t.name: t for t in model.graph.initializer}

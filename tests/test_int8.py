@@ -15,7 +15,7 @@ from graphopt import numerics, zoo
 from graphopt.errors import OptionError, PassError
 from graphopt.passes.instruments import Instrument
 from graphopt.quant.probe import int8_gemm_saturates
-from tests.helpers import parse_model
+from tests.helpers import parse_model, run_cli
 
 CONV = """
     agraph (float[1, 3, 16, 16] x) => (float[1, 8, 16, 16] y) {
@@ -392,6 +392,20 @@ def test_int8_needs_calibration_that_fits(tmp_path):
         graphopt.optimize(_conv_model(), pass_options={
             "quantize": "int8", "calibration": _calibration(tmp_path),
             "calibration_method": "kl"})
+
+
+@pytest.mark.parametrize("percentile", ["30", "0.5", "101"])
+def test_cli_refuses_a_percentile_the_pass_would_refuse(tmp_path, capsys, percentile):
+    # One range for the flag and the pass: (50, 100], named as the flag.
+    src = tmp_path / "m.onnx"
+    onnx.save(_conv_model(), src)
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", "--quantize", "int8",
+                         "--calibration", _calibration(tmp_path), "--calibration-method",
+                         "percentile", "--calibration-percentile", percentile)
+    assert rc == 1
+    assert err.strip() == (f"graphopt: error: --calibration-percentile {float(percentile)}: must "
+                           "be in (50, 100] (99.999 clips the top 0.001% of each tensor)")
+    assert not (tmp_path / "q.onnx").exists()
 
 
 class _PassesRun(Instrument):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -136,14 +137,22 @@ def first_sample(path: str | os.PathLike, specs: list[InputSpec]) -> tuple[dict,
 def _load(file: str) -> dict[str, np.ndarray]:
     try:
         data = np.load(file, allow_pickle=False)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise OptionError(f"calibration {file}: cannot read as .npz of named arrays ({e})"
                           ) from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise OptionError(f"calibration {file}: one unnamed array (.npy); the inputs go in an "
                           ".npz by name: np.savez(path, input_name=array, …)")
     with data:
-        return {k: data[k] for k in data.files}
+        arrays = {}
+        for name in data.files:
+            # Members are read lazily: a damaged or pickled one fails here, not at np.load.
+            try:
+                arrays[name] = data[name]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                raise OptionError(f"calibration {file}: cannot read array '{name}' ({e})"
+                                  ) from None
+        return arrays
 
 
 def _check_names(arrays: dict, specs: list[InputSpec], file: str) -> None:

@@ -92,6 +92,7 @@ class QuantizeInt4Weights(Pass):
             ctx.note(missing)
         before = after = 0
         unsupported: set[str] = set()
+        refitted: dict[int, int] = {}  # smaller block → weights that got it
         for node in graph:
             if node.op_type not in ("MatMul", "Gemm") or not node.is_onnx:
                 continue
@@ -104,7 +105,10 @@ class QuantizeInt4Weights(Pass):
             if not support.has("MatMulNBits", MS, dtype):
                 unsupported.add(dtype.short)
                 continue
-            quant = _rewrite(graph, node, plan, block, dtype)
+            fitted = block_for(plan.weight.shape[0], block, dtype.bits // 8)
+            if fitted != block:
+                refitted[fitted] = refitted.get(fitted, 0) + 1
+            quant = _rewrite(graph, node, plan, fitted, dtype)
             before += plan.weight.size * dtype.bits // 8
             after += quant.nbytes
             result.count(f"{node.op_type}_quantized")
@@ -113,14 +117,32 @@ class QuantizeInt4Weights(Pass):
                 graph.remove_initializer(value)
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
+            change = (f"{100 * (1 - after / before):.0f}% smaller" if after <= before
+                      else f"{100 * (after / before - 1):.0f}% larger")
             ctx.note(f"QuantizeInt4Weights: {sum(result.stats.values())} weight(s), "
                      f"{before / 2**20:.2f} MiB → {after / 2**20:.2f} MiB "
-                     f"({100 * (1 - after / before):.0f}% smaller; block {block}, with scales "
-                     "and zero points)")
+                     f"({change}; block {block}, with scales and zero points)")
+        if refitted:
+            ctx.note(f"QuantizeInt4Weights: block {block} would pad K to a multiple of it; "
+                     + ", ".join(f"{n} weight(s) use {b}" for b, n in sorted(refitted.items()))
+                     + ", which packs them smaller")
         if unsupported:
             ctx.note("QuantizeInt4Weights: the target has no MatMulNBits kernel for "
                      f"{', '.join(sorted(unsupported))} activations; those weights stay float")
         return result
+
+
+def block_for(k: int, group: int, scale_bytes: int) -> int:
+    """The block for a weight of `k` rows: `group`, or a smaller power of 2 (≥ 16) when that
+    stores fewer bytes per column. K is zero-padded to a whole number of blocks, so a block
+    that does not divide K (or exceeds it) packs padding: K = 768 in blocks of 512 stores
+    1024 rows, in blocks of 256 exactly 768. Smaller blocks are never less accurate."""
+    def column_bytes(block: int) -> float:
+        blocks = -(-k // block)
+        return blocks * (block / 2 + scale_bytes + 0.5)  # 4-bit values, scale, 4-bit zero point
+
+    candidates = [b for b in (1 << e for e in range(4, group.bit_length())) if b <= group]
+    return min(reversed(candidates), key=column_bytes)
 
 
 def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType):
