@@ -213,3 +213,42 @@ def test_first_sample_of_every_layout_cast_as_calibration_casts(tmp_path, layout
     sample, count = first_sample(path, specs)
     assert count == 4 and sample["x"].dtype == np.float32
     np.testing.assert_array_equal(sample["x"], samples[0].astype(np.float32))
+
+
+def _batch2_graph():
+    """An input whose batch a shape profile pinned to 2: [2, 4]."""
+    return load_onnx(parse_model("""
+        g (float[2, 4] x) => (float[2, 4] y) { y = Relu(x) }""")).graph
+
+
+@pytest.mark.parametrize("shape", [(5, 4), (5, 1, 4)])
+def test_batch1_samples_are_stacked_to_a_pinned_batch(tmp_path, shape):
+    # One calibration set for every profile of --dynamic-dims "batch:1,2": five samples of
+    # batch 1 make three of batch 2, the last wrapping round to the first sample.
+    samples = np.arange(20, dtype=np.float32).reshape(shape)
+    path = tmp_path / "calib.npz"
+    np.savez(path, x=samples)
+    data = check_calibration(path, _batch2_graph())
+    feeds = [feed["x"] for feed in data]
+    flat = samples.reshape(5, 4)
+    assert len(data) == 3 and [f.shape for f in feeds] == [(2, 4)] * 3
+    np.testing.assert_array_equal(np.concatenate(feeds), flat[[0, 1, 2, 3, 4, 0]])
+
+
+def test_a_directory_of_batch1_files_is_stacked_too(tmp_path):
+    for i in range(3):
+        np.savez(tmp_path / f"s{i}.npz", x=np.full((1, 4), i, np.float32))
+    data = check_calibration(tmp_path, _batch2_graph())
+    feeds = [feed["x"][:, 0].tolist() for feed in data]
+    assert len(data) == 2 and feeds == [[0, 1], [2, 0]]
+    np.savez(tmp_path / "s3.npz", x=np.zeros((1, 5), np.float32))  # checked at 1 of the 2
+    with pytest.raises(OptionError, match=r"s3.npz: input 'x' sample has shape \[1, 5\]; "
+                                          r"the model expects \[1,4\]"):
+        check_calibration(tmp_path, _batch2_graph())
+
+
+def test_samples_of_the_pinned_batch_are_taken_as_they_are(tmp_path):
+    path = tmp_path / "calib.npz"
+    np.savez(path, x=np.ones((3, 2, 4), np.float32))
+    data = read_calibration(path, _batch2_graph())
+    assert len(data) == 3 and {feed["x"].shape for feed in data} == {(2, 4)}

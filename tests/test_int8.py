@@ -408,6 +408,25 @@ def test_cli_refuses_a_percentile_the_pass_would_refuse(tmp_path, capsys, percen
     assert not (tmp_path / "q.onnx").exists()
 
 
+def test_one_calibration_set_serves_every_batch_profile(tmp_path):
+    # --dynamic-dims "N:1,2": each profile pins N and checks the data against it; batch-1
+    # samples are stacked two at a time for the N=2 profile.
+    proto = _conv_model()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    result = graphopt.optimize(proto, target="cpu", dynamic_dims="N:1,2", pass_options={
+        "quantize": "int8", "calibration": _calibration(tmp_path, shape=(3, 16, 16), n=5)})
+    assert [p.result.log.totals()["QuantizeInt8"]["rewrites"]["Conv"] for p in result.profiles] \
+        == [2, 2]  # the stem conv stays float (quant_keep_ends)
+    path = tmp_path / "q.om"
+    graphopt.save(result, path)
+    session = graphopt.load(path)
+    for batch in (1, 2):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        want = numerics.run(proto, {"x": x})["y"]
+        assert _cosine(session.run({"x": x})["y"], want) > MIN_COSINE
+
+
 class _PassesRun(Instrument):
     def __init__(self):
         self.started, self.names = False, []

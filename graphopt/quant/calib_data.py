@@ -8,6 +8,10 @@ Layouts, for a model input `x` of rank R:
 Every non-initializer input needs an array, dims the model fixes must match, float values must
 be finite in the input's type, and a float (or integer) array is cast to the input's float (or
 integer) type; anything else is an error that names the file and the input.
+
+An input whose first dim the model (or a shape profile) fixes at B > 1 takes samples of batch 1
+too: B consecutive samples are stacked into one, the last batch wrapping around to the first
+samples. So one calibration set serves every profile of `--dynamic-dims "batch:1,8"`.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class CalibrationData:
     files: list[str]        # directory layout: one file per sample
     batch: dict | None      # single-file layout: name -> array with samples along axis 0
     count: int
+    stack: int = 1          # directory layout: files stacked into one batch (see the docstring)
 
     def __len__(self) -> int:
         return self.count
@@ -61,10 +66,10 @@ class CalibrationData:
             for i in range(self.count):
                 yield {s.name: _cast(self.batch[s.name][i], s, self.path) for s in self.specs}
             return
-        for file in self.files:
-            arrays = _load(file)
-            _check_names(arrays, self.specs, file)
-            yield {s.name: _checked(arrays[s.name], s, file) for s in self.specs}
+        for group in _groups(self.files, self.stack):
+            samples = [_file_sample(file, self.specs, self.stack) for file in group]
+            yield {s.name: np.concatenate([sample[s.name] for sample in samples])
+                   for s in self.specs}
 
 
 def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) -> CalibrationData:
@@ -83,9 +88,9 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         # the others are checked as they are read.
         arrays = _load(files[0])
         _check_names(arrays, specs, files[0])
-        for s in specs:
-            _checked(arrays[s.name], s, files[0])
-        return CalibrationData(path, specs, files, None, len(files))
+        stack = _stack_size(arrays, specs)
+        _file_sample(files[0], specs, stack, arrays)
+        return CalibrationData(path, specs, files, None, -(-len(files) // stack), stack)
     if not os.path.exists(path):
         raise OptionError(f"calibration {path}: no such file or directory")
     arrays = _load(path)
@@ -93,9 +98,11 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     batch, counts = {}, {}
     for s in specs:
         array = arrays[s.name]
-        if s.shape is not None and array.ndim == len(s.shape) and (
-                len(s.shape) and not (isinstance(s.shape[0], int) and s.shape[0] != 1)):
+        if s.shape is not None and array.ndim == len(s.shape) and len(s.shape):
             array = array[:, None]  # [S, …] → S samples of [1, …]
+        stack = _batch_of(s)
+        if stack > 1 and array.ndim == len(s.shape) + 1 and array.shape[1] == 1:
+            array = _stacked(array, stack)
         if s.shape is not None and array.ndim != len(s.shape) + 1:
             raise OptionError(
                 f"calibration {path}: input '{s.name}' has shape {list(array.shape)}; expected "
@@ -114,16 +121,55 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     return CalibrationData(path, specs, [], batch, count)
 
 
+def _batch_of(spec: InputSpec) -> int:
+    """The batch B > 1 the input fixes as its first dim, or 1."""
+    first = spec.shape[0] if spec.shape else None
+    return first if isinstance(first, int) and first > 1 else 1
+
+
+def _stacked(samples: np.ndarray, batch: int) -> np.ndarray:
+    """[S, 1, …] samples as [ceil(S / batch), batch, …], the last wrapping to the first."""
+    count = -(-len(samples) // batch)
+    order = np.arange(count * batch) % len(samples)
+    return samples[order].reshape(count, batch, *samples.shape[2:])
+
+
+def _stack_size(arrays: dict, specs: list[InputSpec]) -> int:
+    """How many batch-1 sample files make one sample of a directory (1: a file is a sample)."""
+    sizes = {_batch_of(s) for s in specs if s.shape is not None
+             and np.ndim(arrays[s.name]) == len(s.shape) and np.shape(arrays[s.name])[0] == 1}
+    return max(sizes, default=1)
+
+
+def _groups(files: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(files), size):
+        group = files[start:start + size]
+        yield group + files[: size - len(group)]  # the last group wraps to the first files
+
+
+def _file_sample(file: str, specs: list[InputSpec], stack: int,
+                 arrays: dict | None = None) -> dict[str, np.ndarray]:
+    """One directory file's arrays, checked; with `stack` > 1, each of batch 1, checked as
+    1/stack of the input's batch."""
+    if arrays is None:
+        arrays = _load(file)
+        _check_names(arrays, specs, file)
+    out = {}
+    for s in specs:
+        spec = s
+        if stack > 1 and _batch_of(s) == stack:
+            spec = InputSpec(s.name, s.dtype, (1, *s.shape[1:]))
+        out[s.name] = _checked(arrays[s.name], spec, file)
+    return out
+
+
 def check_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
     """read_calibration, with every file of a directory read and checked too, not only the
     first: the compile calls this before any pass runs, so that bad data fails at once with the
     file and input at fault rather than after the pipeline, inside the pass that reads it."""
     data = read_calibration(path, graph)
     for file in data.files[1:]:
-        arrays = _load(file)
-        _check_names(arrays, data.specs, file)
-        for s in data.specs:
-            _checked(arrays[s.name], s, file)
+        _file_sample(file, data.specs, data.stack)
     return data
 
 
