@@ -81,8 +81,11 @@ def _add_optimize(sub) -> None:
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
                         "seeded inputs; fail and write nothing if outputs differ")
     p.add_argument("--inputs", metavar="NPZ", help="inputs for --verify instead of random data")
-    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance for --verify (1e-4)")
-    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance for --verify (1e-5)")
+    p.add_argument("--rtol", type=float, metavar="R",
+                   help="relative tolerance for --verify (1e-4; after a lossy precision pass "
+                        "--verify judges by cosine unless --rtol/--atol is given)")
+    p.add_argument("--atol", type=float, metavar="A",
+                   help="absolute tolerance for --verify (1e-5)")
     p.add_argument("--dump-dir", metavar="DIR",
                    help="write the IR after import and after each pass, plus passes.json")
     p.add_argument("--dump-format", metavar="text|onnx|both",
@@ -142,7 +145,7 @@ def _cmd_optimize(args) -> int:
     if args.dynamic_dims and not args.output.endswith(".om"):
         raise OptionError(f"--dynamic-dims: -o {args.output}: the shape profiles are kept "
                           "together in an .om; ONNX holds one shape per model")
-    if args.rtol < 0 or args.atol < 0:
+    if (args.rtol is not None and args.rtol < 0) or (args.atol is not None and args.atol < 0):
         raise OptionError(f"--rtol/--atol must be ≥ 0, got {args.rtol}/{args.atol}")
     target = args.target or ("cpu" if args.output.endswith(".om") else None)
     gate, pass_options = None, None

@@ -48,6 +48,7 @@ class OptimizeResult:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     max_abs_error: dict[str, float] | None = None  # per output, when verified
+    verify_note: str = ""             # why verification judged by cosine, when it did
     traces: list[str] = field(default_factory=list)  # --trace-rule reports
     partitioning: "Partitioning | None" = None  # when compiled for a target
     partition_models: dict = field(default_factory=dict)  # partition name -> Model
@@ -123,8 +124,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              disable_passes=(), switch_file: str | None = None,
              input_shapes: dict[str, list[int]] | str | None = None,
              fold_size_limit: int | None = None, verify: bool = False,
-             inputs: dict[str, np.ndarray] | str | None = None, rtol: float = 1e-4,
-             atol: float = 1e-5, dump_dir: str | None = None, verify_structure: bool = False,
+             inputs: dict[str, np.ndarray] | str | None = None, rtol: float | None = None,
+             atol: float | None = None, dump_dir: str | None = None, verify_structure: bool = False,
              allow_custom_ops: bool = False, trace_rules=(),
              target: "str | Target | None" = None, memory_reorder: bool = False,
              rewrite_gate=None, pass_options: dict | None = None,
@@ -148,7 +149,9 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
-    VerificationError when any output differs beyond `rtol`/`atol`.
+    VerificationError when any output differs beyond `rtol`/`atol` (default 1e-4 / 1e-5). A
+    compile a lossy precision pass changed (fp16, int8, int4) is judged by cosine instead, as
+    `graphopt compare` judges it, unless `rtol` or `atol` is given.
 
     `dump_dir` receives the IR after import and after each pass, as printed IR (`dump_format`
     "text"), ONNX sharing one weights file ("onnx") or both, plus passes.json.
@@ -226,8 +229,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         result.traces = ctx.tracer.report(why_none=why)
     if source is not None:
         try:
+            from graphopt.tools.accuracy_rule import accuracy_rule
+
+            judge, result.verify_note = accuracy_rule(
+                log.to_json()["passes"], rtol, atol, choose="--rtol/--atol judge by allclose")
             result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options,
-                                                  rtol, atol)
+                                                  judge)
         except VerificationError as exc:
             winograd = log.totals().get("WinogradConv", {}).get("rewrites", {})
             if not sum(winograd.values()):
@@ -314,9 +321,10 @@ def load_inputs(inputs) -> dict[str, np.ndarray] | None:
 
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
-                   rtol: float, atol: float) -> dict[str, float]:
+                   judge: dict) -> dict[str, float]:
     """Run both models with onnxruntime at ORT_DISABLE_ALL; raise VerificationError on any
-    difference beyond tolerance. Returns the max absolute error per output."""
+    output `judge` fails (accuracy_rule's rtol/atol, or min_cosine when set). Returns the max
+    absolute error per output."""
     feeds = load_inputs(inputs)
     if feeds is None:
         try:
@@ -343,7 +351,10 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     except Exception as e:  # noqa: BLE001
         raise VerificationError(f"--verify: onnxruntime cannot run the optimized model: "
                                 f"{_first_line(e)}") from None
-    problems = numerics.compare(expected, actual, rtol, atol)
+    if judge["min_cosine"] is None:
+        problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
+    else:
+        problems = _below_cosine(expected, actual, judge)
     if problems:
         raise VerificationError("--verify: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3]))
@@ -354,6 +365,21 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         else:
             errors[name] = 0.0
     return errors
+
+
+def _below_cosine(expected: dict, actual: dict, judge: dict) -> list[str]:
+    """The outputs compare's rows fail under a cosine rule (exact match for non-floats)."""
+    from graphopt.tools.compare import compare_arrays
+
+    problems = []
+    for name, reference in expected.items():
+        row = compare_arrays(name, reference, actual[name], **judge)
+        if not row.passed:
+            why = f"cosine {row.cosine:.6f} < {judge['min_cosine']:g}" \
+                if row.cosine is not None and row.cosine < judge["min_cosine"] \
+                else row.note or f"{row.mismatches} element(s) differ"
+            problems.append(f"output '{name}': {why}")
+    return problems
 
 
 def _first_line(error: Exception) -> str:

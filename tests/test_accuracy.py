@@ -134,3 +134,47 @@ def test_reference_label_names_a_reference_given_as_a_proto():
     ref, cand = _first_sample_model()
     report = accuracy_report(ref, cand, reference_label="model.onnx")
     assert report.reference == "model.onnx" and "accuracy vs model.onnx" in report.format()
+
+
+def test_verify_judges_a_lossy_compile_by_cosine_unless_told_otherwise(tmp_path, capsys):
+    # fp16 rounds every output beyond allclose's 1e-4/1e-5 by design; --verify then judges by
+    # cosine, as `graphopt compare` does, and says so. Explicit tolerances keep allclose.
+    import onnx
+    from helpers import run_cli
+
+    import graphopt
+    from graphopt.errors import VerificationError
+
+    proto = parse_model("g (float[4,64] x) => (float[4,32] y) { y = MatMul(x, w) }",
+                        w=RNG.standard_normal((64, 32)).astype(np.float32))
+    result = graphopt.optimize(proto, precision="fp16", verify=True)
+    assert max(result.max_abs_error.values()) > 1e-4
+    assert "judged by cosine >= 0.999 (the default after ConvertPrecision)" in result.verify_note
+    assert result.verify_note.endswith("--rtol/--atol judge by allclose")
+    with pytest.raises(VerificationError, match=r"output 'y': \d+/128 element\(s\) beyond rtol"):
+        graphopt.optimize(proto, precision="fp16", verify=True, rtol=1e-4)
+    assert graphopt.optimize(proto, verify=True).verify_note == ""  # lossless: allclose
+
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    rc, out, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "m16.onnx", "--precision",
+                           "fp16", "--verify", "--no-accuracy-report")
+    assert rc == 0, err
+    assert "verified: 1 output(s) match the original" in out
+    assert "verify: compiled with ConvertPrecision, lossy by design" in out
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "strict.onnx", "--precision",
+                         "fp16", "--verify", "--atol", "1e-6")
+    assert rc != 0 and "beyond rtol=0.0001 atol=1e-06" in err
+    assert not (tmp_path / "strict.onnx").exists()
+
+
+def test_verify_by_cosine_still_fails_a_broken_output():
+    from graphopt.compiler import _below_cosine
+
+    y = RNG.standard_normal((4, 8))
+    judge = {"rtol": 1e-4, "atol": 1e-5, "min_cosine": 0.999}
+    assert _below_cosine({"y": y}, {"y": y + 1e-3}, judge) == []
+    (problem,) = _below_cosine({"y": y}, {"y": -y}, judge)
+    assert problem == "output 'y': cosine -1.000000 < 0.999"
+    (problem,) = _below_cosine({"i": np.arange(3)}, {"i": np.arange(3)[::-1]}, judge)
+    assert problem == "output 'i': 2 element(s) differ"

@@ -19,7 +19,9 @@ def lossy_passes(pass_log: list) -> list[str]:
 
 
 def accuracy_rule(pass_log: list, rtol: float | None = None, atol: float | None = None,
-                  min_cosine: float | None = None) -> tuple[dict, str]:
+                  min_cosine: float | None = None,
+                  choose: str = "--min-cosine C or --rtol/--atol choose the rule"
+                  ) -> tuple[dict, str]:
     """compare_models' rtol/atol/min_cosine, and a note when the rule is not the one given: with
     neither --min-cosine nor --rtol/--atol, an .om a lossy precision pass changed is judged by
     cosine (allclose's defaults bound every element, which rounding to int8 exceeds by design)."""
@@ -32,6 +34,5 @@ def accuracy_rule(pass_log: list, rtol: float | None = None, atol: float | None 
     judge["min_cosine"] = LOSSY_PASSES[loosest]
     note = (f"compiled with {' and '.join(lossy)}, lossy by design: outputs are judged by "
             f"cosine >= {judge['min_cosine']:g} (the default after {loosest}) instead of "
-            f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g}); --min-cosine C or "
-            "--rtol/--atol choose the rule")
+            f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g}); {choose}")
     return judge, note
