@@ -90,11 +90,15 @@ def _winograd_note(pass_log: list) -> None:
 
 
 def _pass_log(candidate: str) -> list:
-    """The candidate's pass log when it is an .om (which lossy passes made it), else []."""
+    """The candidate's pass log when it is an .om (which lossy passes made it); for an .onnx
+    graphopt wrote, the lossy passes its metadata names; else []."""
     from graphopt.codegen import is_om, load_om
+    from graphopt.tools.accuracy_rule import pass_log_of_onnx
 
     if candidate.lower().endswith(".om") and is_om(candidate):
         return load_om(candidate).pass_log
+    if candidate.lower().endswith(".onnx") and os.path.isfile(candidate):
+        return pass_log_of_onnx(candidate)
     return []
 
 

@@ -220,6 +220,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         options.nchwc_block_size = target.device(target.primary).nchwc_block_size
     pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
+    _mark_lossy(ir_model, log)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before, notes=ctx.notes)
     if ctx.tracer is not None:
         from graphopt.passes.rules import quiet_rule_reasons
@@ -318,6 +319,17 @@ def load_inputs(inputs) -> dict[str, np.ndarray] | None:
                           "(np.savez(path, input_name=array, …))")
     with data:
         return {k: data[k] for k in data.files}
+
+
+def _mark_lossy(model: Model, log: PassLog) -> None:
+    """Name the lossy precision passes that changed the model in its metadata, so that compare
+    judges an optimized .onnx (which carries no pass log) as it judges an .om."""
+    from graphopt.tools.accuracy_rule import LOSSY_KEY, lossy_passes
+
+    lossy = lossy_passes(log.to_json()["passes"])
+    if lossy:
+        known = [n for n in model.metadata_props.get(LOSSY_KEY, "").split(",") if n]
+        model.metadata_props[LOSSY_KEY] = ",".join(dict.fromkeys(known + lossy))
 
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,

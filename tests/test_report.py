@@ -324,6 +324,24 @@ def test_compare_judges_a_lossy_om_by_the_same_rule(int8, capsys):
     assert rc == 1 and "note: compiled with" not in out
 
 
+def test_compare_judges_a_lossy_onnx_by_the_passes_its_metadata_names(int8, capsys, tmp_path):
+    # An optimized .onnx has no pass log: the compile names its lossy passes in the model's
+    # metadata, and compare reads them there.
+    lossy = tmp_path / "cc_int8.onnx"
+    graphopt.save(graphopt.optimize(str(int8["onnx"]), pass_options={
+        "quantize": "int8", "calibration": str(int8["om"].parent / "calib.npz")}), lossy)
+    props = {p.key: p.value for p in onnx.load(lossy).metadata_props}
+    assert props["graphopt.lossy_passes"] == "QuantizeInt8"
+    rc, out, err = run_cli(capsys, "compare", int8["onnx"], lossy)
+    assert rc == 0, err
+    assert "note: compiled with QuantizeInt8, lossy by design" in out
+    plain = tmp_path / "cc.onnx"
+    graphopt.save(graphopt.optimize(str(int8["onnx"])), plain)
+    assert "graphopt.lossy_passes" not in {p.key for p in onnx.load(plain).metadata_props}
+    rc, out, _ = run_cli(capsys, "compare", int8["onnx"], plain)
+    assert rc == 0 and "note: compiled with" not in out
+
+
 @pytest.mark.parametrize("passes, expected", [
     ([], None),
     (["QuantizeInt8"], 0.999),

@@ -11,6 +11,22 @@ from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL
 LOSSY_PASSES = {"QuantizeInt8": 0.999, "ConvertPrecision": 0.999, "QuantizeInt4Weights": 0.98}
 
 
+# The model metadata key that names them in an optimized .onnx, which has no pass log.
+LOSSY_KEY = "graphopt.lossy_passes"
+
+
+def pass_log_of_onnx(path: str) -> list:
+    """A pass log standing for an optimized .onnx's: the lossy passes its metadata names."""
+    import onnx
+
+    try:
+        props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+    except Exception:  # noqa: BLE001 - not readable here: compare reports it when it loads it
+        return []
+    names = [n for n in props.get(LOSSY_KEY, "").split(",") if n in LOSSY_PASSES]
+    return [{"pass": name, "changed": True} for name in names]
+
+
 def lossy_passes(pass_log: list) -> list[str]:
     """The precision passes of LOSSY_PASSES that changed the graph, in pass-log order."""
     found = [e.get("pass") for e in pass_log if isinstance(e, dict)
