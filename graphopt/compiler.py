@@ -248,7 +248,13 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         from graphopt.codegen.split import partition_ir
         from graphopt.partition import partition
 
+        from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
+
         result.partitioning = partition(ir_model, target)
+        check_host_bfloat16(result.partitioning, options)
+        note = quantized_fallback_note(result.partitioning, options)
+        if note:
+            result.notes.append(note)
         result.partition_models = partition_ir(ir_model, result.partitioning)
         result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
     result.seconds = time.perf_counter() - start

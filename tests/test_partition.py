@@ -20,6 +20,7 @@ import graphopt
 from graphopt import numerics, zoo
 from graphopt.cli import main
 from graphopt.codegen import OmSession
+from graphopt.errors import OptionError
 from graphopt.ir import Graph, Model, Node, Value, load_onnx
 from graphopt.partition import Placement, load_target, partition
 from graphopt.partition.partitioner import _cluster, _merge, reads, top_level
@@ -172,6 +173,41 @@ def test_dtype_reason_names_the_value_and_the_accepted_types():
     reason = reason_of(result, "Add")
     assert reason.startswith("dtype float64 of %x [4,8]: Add takes ")
     assert "float16" in reason
+
+
+def test_bf16_ops_returned_to_the_host_are_refused_naming_them():
+    # The 910B runs the Gemm in bfloat16, so ConvertPrecision converts it; between two TopKs
+    # it is an island not worth the copies, and the host has no bfloat16 Gemm to run it.
+    proto = parse_model("""
+        g (float[1,64] x) => (float[1,4] v, int64[1,4] i) {
+            t, ti = TopK <axis = 1> (x, k16)
+            h = MatMul (t, w)
+            y = Add (h, b)
+            v, i = TopK <axis = 1> (y, k4)
+        }""", w=RNG.standard_normal((16, 16)).astype(np.float32),
+        b=RNG.standard_normal(16).astype(np.float32), k16=np.array([16]), k4=np.array([4]))
+    with pytest.raises(OptionError, match=r"^--precision bf16 --target ascend910b: 1 bfloat16 "
+                                          r"op\(s\) run on the host CPU, which has no bfloat16 "
+                                          r"kernel for Gemm \(the partitioner placed them"):
+        graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    result = graphopt.optimize(proto, target="ascend910b", precision="fp16")  # the host runs it
+    assert devices(result) == ["cpu"]
+
+
+def test_quantization_that_moves_work_to_the_host_says_so(tmp_path):
+    proto = conv_classifier("", "float[1,64] scores")
+    calibration = tmp_path / "calib.npz"
+    np.savez(calibration, x=RNG.standard_normal((2, 1, 8, 32, 32)).astype(np.float32))
+    result = graphopt.optimize(proto, target="ascend310", quantize="int8",
+                               calibration=calibration)
+    (note,) = [n for n in result.notes if n.startswith("--quantize int8 --target ascend310")]
+    placed = result.partitioning.placements
+    host = sum(p.device == "cpu" for p in placed.values())
+    assert note.startswith(f"--quantize int8 --target ascend310: {host} of {len(placed)} node(s) "
+                           "run on the host CPU: the NPU profile has no kernel for "
+                           "DequantizeLinear, QuantizeLinear (ATC takes a QDQ model only")
+    assert not [n for n in graphopt.optimize(proto, target="ascend310").notes
+                if "--quantize" in n]
 
 
 def test_cpu_target_is_one_partition(tmp_path):

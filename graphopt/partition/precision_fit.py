@@ -1,0 +1,63 @@
+"""What a precision mode leaves on the host CPU of an NPU target: bfloat16 ops it cannot run
+(refused), quantized ops that moved there (a note)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from graphopt.errors import OptionError
+from graphopt.ir import DType
+
+# Ops the quantization passes write. ATC takes none of them as they are: a QDQ model reaches
+# the NPU only after AMCT's convert_qat_model rewrites it into AscendQuant/AscendDequant, which
+# onnxruntime cannot run, so the NPU profiles list none of them and they stay on the host.
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                 "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits",
+                 "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
+
+
+def check_host_bfloat16(partitioning, options) -> None:
+    """Refuse a bf16 compile whose host partitions hold bfloat16 ops the host has no kernel for.
+    ConvertPrecision converts an op the NPU runs in bfloat16; the partitioner may still return
+    it to the host (an island not worth the copies), where onnxruntime cannot load it."""
+    if "bf16" not in options.precision:
+        return
+    target = partitioning.target
+    missing: Counter = Counter()
+    for part in partitioning.partitions:
+        device = target.device(part.device)
+        if device.kind != "cpu":
+            continue
+        for node in part.nodes:
+            if node.op_type != "Cast" and _reads_or_writes(node, DType.BFLOAT16) \
+                    and not device.has_kernel(node.op_type, node.domain, "bfloat16"):
+                missing[node.qualified_op] += 1
+    if missing:
+        ops = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(missing.items()))
+        raise OptionError(
+            f"--precision {options.precision} --target {target.name}: {sum(missing.values())} "
+            f"bfloat16 op(s) run on the host CPU, which has no bfloat16 kernel for {ops} (the "
+            "partitioner placed them there: `graphopt partition` says why); --precision-deny "
+            "them, or use fp16")
+
+
+def quantized_fallback_note(partitioning, options) -> str:
+    """A note when quantization left the NPU target's work on the host CPU."""
+    if options.quantize == "none":
+        return ""
+    target = partitioning.target
+    if target.device(target.primary).kind == "cpu":
+        return ""
+    placed = partitioning.placements
+    host = [node for node, p in placed.items() if p.device != target.primary]
+    quantized = sorted({n.qualified_op for n in host if n.op_type in QUANTIZED_OPS})
+    if not quantized:
+        return ""
+    qdq = " (ATC takes a QDQ model only in AMCT's AscendQuant/AscendDequant form, which "         "onnxruntime cannot run)" if {"QuantizeLinear", "DequantizeLinear"} & set(quantized) else ""
+    return (f"--quantize {options.quantize} --target {target.name}: {len(host)} of {len(placed)} "
+            f"node(s) run on the host CPU: the NPU profile has no kernel for "
+            f"{', '.join(quantized)}{qdq}; without --quantize the NPU runs them, in fp16")
+
+
+def _reads_or_writes(node, dtype: DType) -> bool:
+    return any(v is not None and v.dtype == dtype for v in (*node.inputs, *node.outputs))
