@@ -178,3 +178,28 @@ def test_verify_by_cosine_still_fails_a_broken_output():
     assert problem == "output 'y': cosine -1.000000 < 0.999"
     (problem,) = _below_cosine({"i": np.arange(3)}, {"i": np.arange(3)[::-1]}, judge)
     assert problem == "output 'i': 2 element(s) differ"
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".om"])
+def test_fp16_overflow_the_cpu_provider_hides_is_a_warning(tmp_path, suffix):
+    # h reaches ~1e5: float16 hardware makes it inf, while onnxruntime's CPU provider, which has
+    # no float16 MatMul, computes it in float32 and the outputs look perfect.
+    import graphopt
+
+    proto = parse_model("""
+        g (float[2,8] x) => (float[2,4] y) {
+            h = MatMul(x, w1)
+            r = Relu(h)
+            y = MatMul(r, w2)
+        }""", w1=np.full((8, 16), 2e4, np.float32), w2=np.full((16, 4), 1e-5, np.float32))
+    x = {"x": np.ones((2, 8), np.float32)}
+    path = tmp_path / f"m16{suffix}"
+    graphopt.save(graphopt.optimize(proto, precision="fp16"), path)
+    report = accuracy_report(proto, path, x)
+    assert report.outputs[0].cosine == pytest.approx(1.0, abs=1e-6)
+    (warning,) = report.warnings
+    assert warning.startswith("float16 overflow: 2 tensor(s) the model holds in float16 exceed "
+                              "±65504 on this input: h (max 1.6e+05), r (max 1.6e+05).")
+    assert "warning: float16 overflow" in report.format()
+    small = {"x": np.full((2, 8), 1e-3, np.float32)}  # h stays in range on this input
+    assert accuracy_report(proto, path, small).warnings == []

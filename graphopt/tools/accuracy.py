@@ -34,6 +34,7 @@ from graphopt.tools.compare_run import (
     make_feeds,
     shared_dims,
 )
+from graphopt.tools.half_range import half_tensors, overflow_note, overflows
 from graphopt.tools.output_kinds import model_facts, output_kind
 
 
@@ -62,6 +63,7 @@ class AccuracyReport:
     candidate: str
     inputs: str                        # where the feeds came from
     outputs: list[OutputAccuracy] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # printed under the table
 
     @property
     def min_cosine(self) -> float | None:
@@ -82,7 +84,8 @@ class AccuracyReport:
         # Top-1, perplexity and note only where some output has one (not for a detector's).
         kept = [i for i in range(len(headers)) if i < 4 or any(r[i] for r in rows)]
         headers, rows = [headers[i] for i in kept], [[r[i] for i in kept] for r in rows]
-        return format_table(headers, rows, title=f"accuracy vs {self.reference} on {self.inputs}")
+        table = format_table(headers, rows, title=f"accuracy vs {self.reference} on {self.inputs}")
+        return "\n".join([table, *(f"warning: {w}" for w in self.warnings)])
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -124,6 +127,16 @@ def calibration_feeds(path, reference: Side, candidate: Side) -> tuple[dict, str
     return sample, path if count == 1 else f"{path} (sample 1 of {count})"
 
 
+def _reference_names_of_half_tensors(reference: Side, candidate: Side) -> list[str]:
+    """The reference's names of the values the candidate computes in float16."""
+    if candidate.proto is not None:
+        models = [candidate.proto]
+    else:
+        models = [part.model for part in candidate.session.artifact.partitions]
+    known = {t.name for t in reference.tensors} | set(reference.outputs)
+    return sorted({name for name in half_tensors(models).values() if name in known})
+
+
 def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
                     input_shapes: dict | str | None = None, calibration=None,
                     reference_label: str | None = None) -> AccuracyReport:
@@ -141,9 +154,14 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
         arrays, _ = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
     else:
         arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
-    expected, actual = ref_side.run(arrays, []), cand_side.run(arrays, [])
+    half = _reference_names_of_half_tensors(ref_side, cand_side)
+    expected = ref_side.run(arrays, [n for n in half if n not in ref_side.outputs])
+    actual = cand_side.run(arrays, [])
     facts = model_facts(ref_side.proto)
     report = AccuracyReport(ref_side.label, cand_side.label, source)
+    note = overflow_note(overflows({name: expected[name] for name in half if name in expected}))
+    if note:
+        report.warnings.append(note)
     for name in ref_side.outputs:
         ref = np.asarray(expected[name])
         if name not in actual:

@@ -1,0 +1,59 @@
+"""float16 overflow the CPU stand-in hides: the reference's values of the tensors a candidate
+holds in float16, against float16's range.
+
+onnxruntime's CPU provider has float16 kernels for few ops; it runs the others in float32
+behind Casts it inserts at load, and drops the Casts between two such ops. A value beyond
+±65504 then flows on in float32 where float16 hardware (an NPU, a GPU) would make it inf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def half_tensors(models: list[onnx.ModelProto]) -> dict[str, str]:
+    """Each float16 value computed in `models`, by name, mapped to the name the float32
+    reference gives it: its own, or, for a value ConvertPrecision renamed because a Cast back
+    to float32 took over its name (a graph output `y` computed as `y_f16`), that Cast's."""
+    half: dict[str, str] = {}
+    for model in models:
+        graph = model.graph
+        typed = {v.name: v.type.tensor_type.elem_type
+                 for v in (*graph.value_info, *graph.output, *graph.input)}
+        produced = {out for node in graph.node for out in node.output if out}
+        for name, elem_type in typed.items():
+            if elem_type == onnx.TensorProto.FLOAT16 and name in produced:
+                half[name] = name
+        for node in graph.node:
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if node.op_type == "Cast" and to == onnx.TensorProto.FLOAT and node.input[0] in half:
+                half[node.input[0]] = node.output[0]
+    return half
+
+
+def overflows(values: dict[str, np.ndarray]) -> list[tuple[str, float]]:
+    """(name, largest |finite value|) of each array beyond float16's range, largest first."""
+    found = []
+    for name, array in values.items():
+        array = np.asarray(array)
+        if array.dtype.kind != "f" or not array.size:
+            continue
+        finite = np.abs(array[np.isfinite(array)], dtype=np.float64)
+        peak = float(finite.max(initial=0.0))
+        if peak > FP16_MAX:
+            found.append((name, peak))
+    return sorted(found, key=lambda item: -item[1])
+
+
+def overflow_note(found: list[tuple[str, float]]) -> str:
+    if not found:
+        return ""
+    shown = ", ".join(f"{name} (max {peak:.3g})" for name, peak in found[:5])
+    more = f", and {len(found) - 5} more" if len(found) > 5 else ""
+    return (f"float16 overflow: {len(found)} tensor(s) the model holds in float16 exceed "
+            f"±{FP16_MAX:g} on this input: {shown}{more}. float16 hardware makes them inf; "
+            "onnxruntime's CPU provider computed them in float32, which hides it. --keep-dtype "
+            "the nodes that make them, or use bf16 (float32's range)")
