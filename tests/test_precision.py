@@ -128,6 +128,64 @@ def test_keep_dtype_and_precision_deny_pin_nodes():
     assert "Cast" not in ops(allowed.model)[1:-1]  # Softmax joins the half region
 
 
+def test_op_lists_take_contrib_ops_as_domain_and_op_or_bare():
+    # graphopt's messages name a contrib op `com.microsoft::FastGelu`; the lists accept that too.
+    proto = parse_model("""
+    g (float[2,8] x) => (float[2,8] y) {
+      a = MatMul(x, w1)
+      f = com.microsoft.FastGelu(a)
+      y = MatMul(f, w2)
+    }""", header='<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n', w1=W1, w2=W2)
+    # ONNX's shape inference cannot type a contrib op's output: the exporter's value_info does.
+    proto.graph.value_info.append(onnx.helper.make_tensor_value_info("f", onnx.TensorProto.FLOAT,
+                                                                     [2, 8]))
+    for spelling in ("com.microsoft::FastGelu", "FastGelu"):
+        denied = compile_(proto, precision="fp16", precision_deny={spelling})
+        assert [n.output.dtype.short for n in denied.model.graph
+                if n.op_type in ("MatMul", "FastGelu")] == ["f16", "f32", "f16"]
+        allowed = compile_(proto, precision="mixed-fp16", precision_deny={"MatMul"},
+                           precision_allow={spelling})
+        assert [n.output.dtype.short for n in allowed.model.graph
+                if n.op_type in ("MatMul", "FastGelu")] == ["f32", "f16", "f32"]
+        assert not any("matches nothing" in n for n in denied.notes + allowed.notes)
+        checked(denied, proto, atol=0.05)
+    # bf16 refuses nothing once every op the cpu target lacks is denied, however it is spelled.
+    kept = compile_(proto, precision="bf16", precision_deny={"MatMul", "com.microsoft::FastGelu"})
+    assert "Cast" not in ops(kept.model)
+
+
+def test_fp16_keeps_data_movement_between_float32_ops_float32():
+    # A Reshape or Transpose converted between two float32 ops would round their value to
+    # float16 and Cast it back for nothing: it follows its input instead.
+    proto = parse_model("""
+    g (float[2,8] x) => (float[4,4] y) {
+      s = Softmax(x)
+      r = Reshape(s, shape)
+      t = Transpose(r)
+      y = MatMul(t, w)
+    }""", shape=np.array([4, 4]), w=W1[:4, :4])
+    proto.graph.node[3].name = "head"
+    kept = compile_(proto, precision="fp16", precision_deny={"Softmax"}, keep_dtype={"head"})
+    assert ops(kept.model) == ["Softmax", "Reshape", "Transpose", "MatMul"]
+    assert set(dtypes(kept).values()) == {"f32"}
+    checked(kept, proto, atol=1e-6)
+    # With a half input (or weights alone) they convert as before: Casts only at the model's ends.
+    converted = compile_(proto, precision="fp16")
+    assert ops(converted.model) == ["Cast", "Softmax", "Reshape", "Transpose", "MatMul", "Cast"]
+    assert {n.op_type: n.output.dtype.short for n in converted.model.graph
+            if n.op_type in ("Reshape", "Transpose")} == {"Reshape": "f16", "Transpose": "f16"}
+    checked(converted, proto, atol=0.05)
+    lookup = parse_model("""
+    g (int64[3] ids) => (float[3,8] y) {
+      rows = Gather(table, ids)
+      y = MatMul(rows, w)
+    }""", table=W1, w=W2)
+    result = compile_(lookup, precision="fp16")
+    assert ops(result.model) == ["Gather", "MatMul", "Cast"]
+    assert dtypes(result)["rows"] == "f16"
+    checked(result, lookup, atol=0.05)
+
+
 def test_bf16_on_the_cpu_target_is_refused_naming_the_ops():
     proto = parse_model(CHAIN, w1=W1, w2=W2)
     with pytest.raises(OptionError, match=r"target cpu has no bfloat16 kernel for MatMul ×2, "
@@ -201,6 +259,77 @@ def test_dtype_sensitive_inputs_and_attributes():
              "shape": np.array([1, 1, 4, 4]), "k": np.ones((1, 1, 4, 4), np.int64)}
     np.testing.assert_allclose(numerics.run(out, feeds)["y"], numerics.run(proto, feeds)["y"],
                                atol=2e-3)
+
+
+SEQUENCES = """
+g (float[2,8] x) => (float[2,8] y, float[2,8] z, float[2,8] u) {
+  a = MatMul(x, w1)
+  b = MatMul(x, w2)
+  pair = SequenceConstruct(a, b)
+  second = SequenceAt(pair, one)
+  y = MatMul(second, w1)
+  columns = SplitToSequence<axis=1>(b)
+  z = ConcatFromSequence<axis=1>(columns)
+  maybe = Optional(a)
+  u = OptionalGetElement(maybe)
+}"""
+
+
+@pytest.mark.parametrize("mode", ["fp16", "mixed-fp16"])
+def test_ops_on_sequences_and_optionals_of_float_stay_float32(mode):
+    # Their schemas type the container and its elements with separate parameters: converting
+    # the tensor side alone wrote seq(tensor(float)) holding float16 tensors, an invalid model.
+    proto = parse_model(SEQUENCES, w1=W1, w2=W2, one=np.int64(1))
+    result = compile_(proto, precision=mode)
+    kinds: dict[str, set] = {}
+    for node in result.model.graph:
+        kinds.setdefault(node.op_type, set()).add(node.output.dtype)
+    assert kinds["MatMul"] == {DType.FLOAT16}
+    for op in ("SequenceAt", "ConcatFromSequence", "OptionalGetElement"):
+        assert kinds[op] == {DType.FLOAT}
+    checked(result, proto, atol=0.05)
+
+
+# op: (the node reading the Conv's output c, opset).
+NORMALIZATIONS = {
+    "RMSNormalization": ("RMSNormalization(c, scale)", 23),
+    "LRN": ("LRN<size=3>(c)", 17),
+    "InstanceNormalization": ("InstanceNormalization(c, scale, bias)", 17),
+    "GroupNormalization": ("GroupNormalization<num_groups=2>(c, scale, bias)", 21),
+}
+
+
+@pytest.mark.parametrize("op", NORMALIZATIONS)
+def test_mixed_keeps_every_normalization_float32(op):
+    call, opset = NORMALIZATIONS[op]
+    header = f'<ir_version: {10 if opset >= 23 else 8}, opset_import: ["" : {opset}]>\n'
+    proto = parse_model(f"""
+    g (float[1,4,4,4] x) => (float[1,4,4,4] y) {{
+      c = Conv(x, w)
+      y = {call}
+    }}""", header=header, w=RNG.standard_normal((4, 4, 1, 1)).astype(np.float32),
+        scale=(RNG.random(4) + 0.5).astype(np.float32), bias=W1[0, :4], mean=W1[1, :4],
+        var=(RNG.random(4) + 0.5).astype(np.float32))
+    result = compile_(proto, precision="mixed-fp16")
+    assert ops(result.model) == ["Cast", "Conv", "Cast", op]
+    assert dtypes(result)["y"] == "f32"
+    checked(result, proto, atol=0.02)
+
+
+def test_mixed_lets_an_inference_batchnorm_follow_its_conv():
+    # Stored moments: a per-channel scale and shift, no statistics to lose. A standalone one
+    # (FuseConvBatchNorm folds it at -O2, not at the -O1 these tests compile at) stays in half
+    # with its Conv rather than making a float32 island with two Casts.
+    proto = parse_model("""
+    g (float[1,4,4,4] x) => (float[1,4,4,4] y) {
+      c = Conv(x, w)
+      y = BatchNormalization(c, scale, bias, mean, var)
+    }""", w=RNG.standard_normal((4, 4, 1, 1)).astype(np.float32),
+        scale=(RNG.random(4) + 0.5).astype(np.float32), bias=W1[0, :4], mean=W1[1, :4],
+        var=(RNG.random(4) + 0.5).astype(np.float32))
+    result = compile_(proto, precision="mixed-fp16")
+    assert ops(result.model) == ["Cast", "Conv", "BatchNormalization", "Cast"]
+    checked(result, proto, atol=0.02)
 
 
 def test_constants_beyond_the_float16_range_are_clipped_not_infinite():

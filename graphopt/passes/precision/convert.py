@@ -27,6 +27,7 @@ from graphopt.passes.precision.casts import (
 from graphopt.passes.precision.policy import (
     ALLOW,
     DENY,
+    PASS_THROUGH,
     PrecisionError,
     Support,
     check_options,
@@ -42,10 +43,20 @@ def _unmatched_pins(graph, options) -> str | None:
     """The --keep-dtype names and --precision-allow/-deny op types that match nothing in
     `graph` (a typo, or a node a fusion renamed); None when all do."""
     names = {node.name for node in graph.all_nodes()}
-    ops = {node.op_type for node in graph.all_nodes()}
+    ops = {spelling for node in graph.all_nodes() for spelling in _op_spellings(node)}
     return unmatched_note([("--keep-dtype", options.keep_dtype, names),
                            ("--precision-allow", options.precision_allow, ops),
                            ("--precision-deny", options.precision_deny, ops)])
+
+
+def _op_spellings(node: Node) -> set[str]:
+    """The names an op-type list may give `node`: its bare op type (any domain) and the
+    `domain::Op` graphopt's own messages print for a contrib op."""
+    return {node.op_type, node.qualified_op}
+
+
+def _listed(node: Node, op_types) -> bool:
+    return not _op_spellings(node).isdisjoint(op_types)
 
 
 def _listing(counts: Counter) -> str:
@@ -64,22 +75,34 @@ class _Decider:
 
     def wants(self, node: Node, slots: Slots) -> bool:
         op, options = node.op_type, self.options
-        if node.name in options.keep_dtype or op in options.precision_deny:
+        if node.name in options.keep_dtype or _listed(node, options.precision_deny):
             return False
-        explicit = op in options.precision_allow
-        if not self.mixed or explicit or op in ALLOW:
+        if _listed(node, options.precision_allow) or (self.mixed and op in ALLOW):
             return True
-        if op in DENY:
-            return False
-        # FOLLOW: half when every computed float input already is (weights adapt offline).
-        computed = [node.inputs[i] for i in slots.inputs if constant_data(node.inputs[i]) is None]
-        return bool(computed) and all(id(v) in self.half_values for v in computed)
+        if self.mixed:
+            if op in DENY:
+                return False
+            # FOLLOW: half when every computed float input already is.
+            arrived_half = self._arrived_half(node, slots)
+            return bool(arrived_half) and all(arrived_half)
+        if op in PASS_THROUGH:
+            # Between float32 ops a half copy would round its value and Cast it back: stay float32
+            # unless a computed input arrives half (weights alone convert offline, at no cost).
+            arrived_half = self._arrived_half(node, slots)
+            return not arrived_half or any(arrived_half)
+        return True
+
+    def _arrived_half(self, node: Node, slots: Slots) -> list[bool]:
+        """For each computed float input that converts with `node` (weights adapt offline),
+        whether it is already half."""
+        return [id(node.inputs[i]) in self.half_values for i in slots.inputs
+                if constant_data(node.inputs[i]) is None]
 
     def decide(self, node: Node, slots: Slots) -> bool:
         if not self.wants(node, slots):
             return False
         if not self.support.runs(node, self.half):
-            if not self.mixed or node.op_type in self.options.precision_allow:
+            if not self.mixed or _listed(node, self.options.precision_allow):
                 self.refused[node.qualified_op] += 1
             else:
                 self.kept_by_target[node.qualified_op] += 1

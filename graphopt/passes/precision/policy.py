@@ -4,7 +4,10 @@ target runs in half precision.
 Modes (ATC's --precision_mode in spirit):
     keep        original dtypes (no pass runs)
     fp16, bf16  force: every float32 op becomes float16 (bfloat16); an op the target cannot run
-                in that dtype is refused, naming it (exclude it with precision_deny/keep_dtype)
+                in that dtype is refused, naming it (exclude it with precision_deny/keep_dtype).
+                A PASS_THROUGH op (data movement) stays float32 when every computed float input
+                it reads does, so a value kept float32 is not rounded to half and back on its
+                way from one float32 op to the next.
     mixed-fp16, mixed-bf16
                 mixed: ALLOW ops (matrix and conv work, where half precision pays) go to half,
                 DENY ops (reductions, exponentials, normalizations: half loses their accuracy)
@@ -34,12 +37,25 @@ ALLOW = frozenset({
 # sums), exponentials and logs (range), powers and roots (range, cancellation near 0), division
 # (a half-precision divisor underflows), erf/exp-based activations evaluated near saturation.
 DENY = frozenset({
-    "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2",
-    "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "CumSum", "Exp", "Log", "Pow", "Sqrt",
-    "Reciprocal", "Div", "Erf", "LayerNormalization", "SkipLayerNormalization",
-    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "InstanceNormalization",
-    "GroupNormalization", "LpNormalization", "MeanVarianceNormalization", "Range",
-    "NonMaxSuppression", "RoiAlign", "TopK",
+    "Softmax", "LogSoftmax", "BiasSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare",
+    "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd", "CumSum", "Exp", "Log",
+    "Pow", "Sqrt", "Reciprocal", "Div", "Erf",
+    # Every normalization that computes statistics, ONNX's and onnxruntime's contrib ones. Not
+    # BatchNormalization: at inference it is a per-channel scale and shift with stored moments,
+    # as cheap and as safe in half as the Conv it follows (which -O2 folds it into anyway).
+    "LayerNormalization", "SkipLayerNormalization", "RMSNormalization",
+    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization",
+    "InstanceNormalization", "GroupNormalization", "GroupNorm", "SkipGroupNorm",
+    "LpNormalization", "MeanVarianceNormalization", "LRN",
+    "Range", "NonMaxSuppression", "RoiAlign", "TopK",
+})
+
+# Data movement: they copy, pick or repeat elements and compute nothing, so their dtype is their
+# neighbours' business (fp16 mode; mixed modes already let every op outside the lists follow).
+PASS_THROUGH = frozenset({
+    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile",
+    "Slice", "Split", "Concat", "Gather", "GatherElements", "GatherND", "DepthToSpace",
+    "SpaceToDepth", "Pad",
 })
 
 HALF = {"fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
@@ -79,6 +95,12 @@ def check_options(options) -> None:
     if not isinstance(size, int) or size < 16 or size & (size - 1):
         raise OptionError(f"--int4-group-size {size}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
+    if options.quantize == "int8" and options.precision != "keep":
+        # ConvertPrecision runs first and QuantizeInt8 quantizes float32 layers: none would be
+        # left, and the compile would silently be a float16 one.
+        raise OptionError(f"--quantize int8 with --precision {options.precision}: int8 quantizes "
+                          "the float32 layers that the precision mode would already have "
+                          "converted; choose one (layers int8 skips stay float32)")
     if options.quantize == "int8" and not options.calibration:
         raise OptionError("--quantize int8 needs --calibration FILE.npz|DIR: activation ranges "
                           "come from representative inputs")

@@ -6,6 +6,10 @@ A type parameter is converted as a whole (every slot bound to T changes together
 demands); a slot with a fixed type ("tensor(float)": Resize's scales) keeps float32. Some
 parameters stay float32 on purpose: a normalization's statistics outputs (U) carry its float32
 stash type, which keeps the accumulation in float32.
+
+A node that reads or writes a sequence or optional of float32 keeps float32 whole: the schema
+types the container (S) and its elements (T) with separate parameters and never says they
+agree, so converting T alone would leave a seq(tensor(float)) holding float16 tensors.
 """
 
 from __future__ import annotations
@@ -107,9 +111,33 @@ def schema_lacks(node: Node, half: DType, opset: int | None) -> bool:
     return False
 
 
+def _holds_float(type_proto) -> bool:
+    """Whether a tensor, sequence, optional or map type has float32 elements."""
+    which = type_proto.WhichOneof("value")
+    if which == "tensor_type":
+        return type_proto.tensor_type.elem_type == DType.FLOAT
+    if which == "sequence_type":
+        return _holds_float(type_proto.sequence_type.elem_type)
+    if which == "optional_type":
+        return _holds_float(type_proto.optional_type.elem_type)
+    if which == "map_type":
+        return _holds_float(type_proto.map_type.value_type)
+    return False
+
+
+def _float_container(value, types: frozenset[str]) -> bool:
+    """Whether `value` is a sequence or optional of float32, or is untyped where its parameter
+    admits one (shape inference may leave a sequence untyped: assume the worst)."""
+    if value.type_proto is not None:
+        return _holds_float(value.type_proto)
+    return value.dtype is None and any(t != "tensor(float)" and "tensor(float)" in t
+                                       for t in types)
+
+
 def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | None:
     """The slots of `node` that become `half` if the node is converted; None when none would
-    (no schema, no float32 slot, or no float32-bound parameter admitting `half`)."""
+    (no schema, no float32 slot, no float32-bound parameter admitting `half`, or a sequence or
+    optional of float32 among its values)."""
     signature = _signature(node.op_type, node.domain, opset)
     if signature is None:
         return None
@@ -118,7 +146,11 @@ def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | Non
     for side, formals, values in (("in", ins, node.inputs), ("out", outs, node.outputs)):
         for index, value in enumerate(values):
             param = _param(formals, index)
-            if value is not None and param in allowed:
+            if value is None:
+                continue
+            if _float_container(value, allowed.get(param, frozenset())):
+                return None
+            if param in allowed:
                 bound.setdefault(param, []).append((side, index))
     converted: list[tuple[str, int]] = []
     for param, slots in bound.items():
