@@ -120,6 +120,19 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
             record_type_bytes(model, types, static_only=True)
 
 
+def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
+    """Strict shape inference again, on the pinned model: a pin the graph cannot take (a batch of
+    3 added to a [2, 4] weight) would otherwise compile, infer_shapes being best effort, into
+    an artifact onnxruntime refuses to load. InputError naming the node and the pins."""
+    from graphopt.opcheck import _check_inference
+
+    try:
+        _check_inference(model, label)
+    except InputError as exc:
+        pins = ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
+        raise InputError(f"{exc} (with the pinned shapes {pins})") from None
+
+
 def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              disable_passes=(), switch_file: str | None = None,
              input_shapes: dict[str, list[int]] | str | None = None,
@@ -203,6 +216,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if options.input_shapes:
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
+        check_pinned_shapes(ir_model, label, options.input_shapes)
     if options.calibration:  # read and checked against the (pinned) inputs before any pass
         from graphopt.quant.calib_data import check_calibration
 

@@ -50,3 +50,24 @@ def test_pins_unlock_shape_subgraph_folding():
     feeds = numerics.random_feeds(_model(), seed=3, shapes={"x": [2, 5, 8], "mask": [2, 5]})
     expected = numerics.run(_model(), feeds)
     assert not numerics.compare(expected, numerics.run(pinned.to_onnx(), feeds))
+
+
+def test_a_pin_the_graph_cannot_take_is_refused_naming_the_node():
+    # Only a batch of 1 or 2 broadcasts against b [2, 4]: a pin of 3 used to compile (shape
+    # inference after a pin is best effort) into an artifact onnxruntime would not load.
+    import pytest
+
+    from graphopt.errors import InputError
+
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) { y = Add(x, b) }""")
+    proto.graph.node[0].name = "add"
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((2, 4), np.float32), "b"))
+    with pytest.raises(InputError, match=r"^<model>: node 'add' \(Add\): shape inference refuses "
+                                         r"it: .*Incompatible dimensions \(with the pinned shapes "
+                                         r"x:3,4\)$"):
+        graphopt.optimize(proto, input_shapes="x:3,4")
+    with pytest.raises(InputError, match=r"^shape profile profile1 \(N=3\): <model>: node 'add'"):
+        graphopt.optimize(proto, dynamic_dims="N:2,3")
+    assert graphopt.optimize(proto, input_shapes="x:2,4").model.graph.outputs[0].shape == (2, 4)
