@@ -120,6 +120,11 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
             record_type_bytes(model, types, static_only=True)
 
 
+def overridable_initializers(model: Model) -> list[str]:
+    """The graph inputs that carry an initializer a caller may override (ONNX IR ≥ 4)."""
+    return [v.name for v in model.graph.inputs if v.const is not None and v.overridable]
+
+
 def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
     """Strict shape inference again, on the pinned model: a pin the graph cannot take (a batch of
     3 added to a [2, 4] weight) would otherwise compile, infer_shapes being best effort, into
@@ -213,6 +218,16 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     # it copies every weight.
     source = to_onnx(ir_model) if verify else None
     ops_before = op_counts(ir_model.graph.all_nodes())
+    overridable = overridable_initializers(ir_model)
+    if overridable:
+        shown = ", ".join(overridable[:3]) + (f" and {len(overridable) - 3} more"
+                                              if len(overridable) > 3 else "")
+        extra_notes = [f"{shown}: initializer(s) the model also lists as inputs, which ONNX lets a "
+                       "caller override: no pass folds them, optimized ONNX keeps them "
+                       "overridable, and an .om fixes them at their values (it takes no such "
+                       "feed), as ATC fixes weights"]
+    else:
+        extra_notes = []
     if options.input_shapes:
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
@@ -235,7 +250,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
     _mark_lossy(ir_model, log)
-    result = OptimizeResult(ir_model, log, label, source_sha256, ops_before, notes=ctx.notes)
+    result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
+                            notes=extra_notes + ctx.notes)
     if ctx.tracer is not None:
         from graphopt.passes.rules import quiet_rule_reasons
 

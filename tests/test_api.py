@@ -444,3 +444,32 @@ def test_load_and_save_name_what_they_take(proto, tmp_path):
 
 def test_the_zoo_is_reachable_from_the_package():
     assert graphopt.zoo.build("tiny").graph.node
+
+
+def test_overridable_initializers_are_named_and_what_each_output_does_with_them(tmp_path):
+    # IR >= 4 lets a caller override an initializer listed among the inputs: optimized ONNX
+    # keeps that, the .om fixes the value; the compile says both.
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["y"], name="add")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.zeros(4, np.float32), "b")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = graphopt.optimize(proto)
+    (note,) = [n for n in result.notes if "override" in n]
+    assert note.startswith("b: initializer(s) the model also lists as inputs")
+    x, b = np.ones(4, np.float32), np.full(4, 10, np.float32)
+    graphopt.save(result, tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x, "b": b})[0], x + b)
+    graphopt.save(result, tmp_path / "m.om")
+    om = graphopt.load(tmp_path / "m.om")
+    assert [i["name"] for i in om.inputs] == ["x"]
+    np.testing.assert_array_equal(om.run({"x": x})["y"], x)
+    proto.ir_version = 3  # before IR 4 every initializer is listed as an input: plain weights
+    proto.opset_import[0].version = 8
+    assert not [n for n in graphopt.optimize(proto).notes if "override" in n]
