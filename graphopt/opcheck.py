@@ -58,6 +58,7 @@ def check_ops(model: Model, label: str,
                                                           "ai.onnx.preview.training"}
     checker = _checker_context(model)
     known: dict[tuple[str, str], bool] = {}
+    versions: dict[tuple[str, str], str | None] = {}  # why onnxruntime cannot run the op
     # Nodes alike in what the schema check reads (op, which inputs and outputs are present,
     # attribute names, kinds and values) get the same verdict: a 100k-node model has a few
     # hundred kinds. Only passes are remembered; a failure is reported with its own node.
@@ -74,6 +75,12 @@ def check_ops(model: Model, label: str,
             is_known = known[op] = _known(domain, node.op_type, functions)
         if is_known:
             if domain in ONNX_DOMAINS and op not in functions:
+                gap = versions.get(op, "")
+                if gap == "":
+                    gap = versions[op] = _kernel_gap(domain, node.op_type, model)
+                if gap:
+                    raise InputError(f"{_where(label, node)}: {gap}; onnx.version_converter can "
+                                     "move the model to an opset onnxruntime runs")
                 key = _schema_key(node)
                 kinds.append(key)
                 if key is not None and key in fitting:
@@ -99,6 +106,22 @@ def check_ops(model: Model, label: str,
         if types is not None:
             return types
     return _check_inference(model, label)
+
+
+def _kernel_gap(domain: str, op_type: str, model: Model) -> str | None:
+    """Why onnxruntime's CPU provider has no kernel for the op at the version the model's
+    opset resolves it to (None when it has one): onnxruntime refuses such a model at load,
+    as every .om partition it runs would be."""
+    from graphopt.partition.target_ort import cpu_kernel_gap
+
+    opset = model.opset(domain)
+    try:
+        schema = onnx.defs.get_schema(op_type, opset or 1, domain)
+    except onnx.defs.SchemaError:
+        return None
+    if schema.has_function or schema.has_context_dependent_function:
+        return None  # onnxruntime expands it from the function body when it has no kernel
+    return cpu_kernel_gap(op_type, domain, schema.since_version)
 
 
 def _where(label: str, node: Node) -> str:

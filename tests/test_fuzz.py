@@ -555,13 +555,23 @@ def negative_kernel() -> onnx.ModelProto:
     return model
 
 
+def prelu_opset6() -> onnx.ModelProto:
+    """A valid model onnxruntime cannot load: its CPU PRelu kernels start at version 7."""
+    return parse_model("g (float[2,3] x) => (float[2,3] y) { y = PRelu (x, slope) }",
+                       header='<ir_version: 3, opset_import: ["" : 6]>\n',
+                       slope=np.full(3, 0.1, np.float32))
+
+
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
     ("negative_kernel",
      r"node 'pool1' \(MaxPool\).*kernel_shape must only contain positive values"),
+    ("prelu_opset6",
+     r"node '\?' \(PRelu\): onnxruntime \S+ has no CPU kernel for PRelu version 6 \(its "
+     r"kernels cover versions 7-8, 9-15, 16\+\); onnx.version_converter can move the model"),
 ])
 def test_cli_names_the_file_and_writes_nothing(tmp_path, capsys, case, message):
-    data = SEED_BYTES[:200] if case == "truncated" else negative_kernel().SerializeToString()
+    data = SEED_BYTES[:200] if case == "truncated" else globals()[case]().SerializeToString()
     source = tmp_path / "bad.onnx"
     source.write_bytes(data)
     out = tmp_path / "bad.om"

@@ -86,3 +86,29 @@ def nchwc_block_size(cpuinfo: str = "/proc/cpuinfo") -> int:
     if "avx512f" in flags:
         return 16
     return 8 if "avx2" in flags else 0
+
+
+@functools.cache
+def ort_cpu_kernel_versions() -> dict[str, tuple[tuple[int, int], ...]]:
+    """Op key -> the op versions (first, last) CPUExecutionProvider has kernels for."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    table: dict[str, set[tuple[int, int]]] = {}
+    for kernel in ort_c.get_all_opkernel_def():
+        if kernel.provider == CPU_PROVIDER:
+            table.setdefault(op_key(kernel.op_name, kernel.domain), set()).add(
+                tuple(kernel.version_range))
+    return {key: tuple(sorted(ranges)) for key, ranges in table.items()}
+
+
+def cpu_kernel_gap(op: str, domain: str, version: int) -> str | None:
+    """Why onnxruntime's CPU provider cannot run version `version` of an op it has kernels for
+    at other versions (None when it can, or when it has none at all: that op is judged
+    elsewhere, e.g. one onnxruntime expands from its schema's function body)."""
+    ranges = ort_cpu_kernel_versions().get(op_key(op, domain))
+    if not ranges or any(first <= version <= last for first, last in ranges):
+        return None
+    spans = ", ".join(f"{a}+" if b >= 2 ** 30 else (f"{a}" if a == b else f"{a}-{b}")
+                      for a, b in ranges)
+    return (f"onnxruntime {ort_version()} has no CPU kernel for {op_key(op, domain)} version "
+            f"{version} (its kernels cover versions {spans})")
