@@ -138,8 +138,9 @@ def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str
     match = _AXIS_KEY.match(key)
     if match:
         place = (match["input"], int(match["axis"]))
-        if any(place in spots for spots in found.values()):
-            return [place]
+        for spots in found.values():
+            if place in spots:  # a named dim there is that dim everywhere it appears
+                return list(spots)
     raise OptionError(f"--dynamic-dims: {label} has no dynamic input dim '{key}' "
                       f"({_describe(found)})")
 

@@ -78,6 +78,23 @@ def test_unknown_size_raises_naming_the_value():
         plan_memory(model)
 
 
+def test_strings_and_sequences_are_unplannable_without_a_pin_hint():
+    # Their bytes are only known at run time: pinning shapes would not help.
+    model = parse(HEADER + """
+    g (string[2] x) => (string[2] y) { y = Identity(x) }""")
+    with pytest.raises(MemoryPlanError) as info:
+        plan_memory(model)
+    assert "holds strings, whose bytes are only known at run time" in str(info.value)
+    assert "--input-shape" not in str(info.value)
+    model = parse(HEADER + """
+    g (float[2] x, int64 i) => (float[2] y) {
+        s = SequenceConstruct(x, x)
+        y = SequenceAt(s, i)
+    }""")
+    with pytest.raises(MemoryPlanError, match=r"%s .*is not a tensor .*only known at run time$"):
+        plan_memory(model)
+
+
 def test_subgraph_reads_of_outer_values_extend_their_lifetimes():
     model = parse(HEADER + """
     g (float[4] x, bool c) => (float[4] y) {

@@ -106,6 +106,17 @@ def test_expand_by_axis_and_listed():
     assert [p.input_shapes["x"] for p in listed] == [[2, 3, -1], [5, 3, -1]]
 
 
+def test_an_axis_key_on_a_named_dim_stands_for_that_dim_everywhere():
+    # a[0] and b[0] are both N: one key pins N in both inputs; two keys are the same dim twice.
+    model = load_onnx(parse_model("""
+        g (float[N,4] a, float[N,4] b) => (float[N,4] y) { y = Add(a, b) }"""))
+    profiles = expand_profiles(model, "a[0]:1,2")
+    assert [p.input_shapes for p in profiles] == [{"a": [1, -1], "b": [1, -1]},
+                                                  {"a": [2, -1], "b": [2, -1]}]
+    with pytest.raises(OptionError, match=r"'b\[0\]' and 'a\[0\]' name the same dim"):
+        expand_profiles(model, "a[0]:1,2;b[0]:1,2")
+
+
 @pytest.mark.parametrize("spec, message", [
     ("batches:1,2", r"no dynamic input dim 'batches' \(its dynamic dims: batch \(x\[0\]\); "
                     r"seq \(x\[1\]\)\)"),

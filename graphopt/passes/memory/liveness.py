@@ -64,19 +64,20 @@ def tensor_bytes(value: Value) -> int:
     """Static byte size of a tensor value, or MemoryPlanError naming it."""
     if value.const is not None:
         return value.const.nbytes
-    reason = None
+    reason, hint = None, ""
     if not value.is_tensor:
-        reason = "is not a tensor (sequence, optional or map)"
-    elif value.dtype is None or value.dtype in (DType.UNDEFINED, DType.STRING):
-        what = "an unknown" if value.dtype is None else f"a {value.dtype.short}"
-        reason = f"has {what} element type"
+        reason = "is not a tensor (sequence, optional or map): its size is only known at run time"
+    elif value.dtype == DType.STRING:
+        reason = "holds strings, whose bytes are only known at run time"
+    elif value.dtype is None or value.dtype == DType.UNDEFINED:
+        reason = "has an unknown element type"
     elif value.static_shape is None:
         dims = "unknown rank" if value.shape is None else \
             "[" + ",".join("?" if d is None else str(d) for d in value.shape) + "]"
         reason = f"has shape {dims}"
+        hint = "; pin the input shapes (--input-shape) and infer shapes before planning"
     if reason:
-        raise MemoryPlanError(f"cannot plan memory: {describe(value)} {reason}; pin the input "
-                              "shapes (--input-shape) and infer shapes before planning")
+        raise MemoryPlanError(f"cannot plan memory: {describe(value)} {reason}{hint}")
     return nbytes(value.dtype, math.prod(value.static_shape))
 
 
