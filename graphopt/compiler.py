@@ -125,6 +125,17 @@ def overridable_initializers(model: Model) -> list[str]:
     return [v.name for v in model.graph.inputs if v.const is not None and v.overridable]
 
 
+def _overridable_note(model: Model) -> list[str]:
+    """The note a model with overridable initializers gets: what each output does with them."""
+    names = overridable_initializers(model)
+    if not names:
+        return []
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return [f"{shown}: initializer(s) the model also lists as inputs, which ONNX lets a caller "
+            "override: no pass folds them, optimized ONNX keeps them overridable, and an .om "
+            "fixes them at their values (it takes no such feed), as ATC fixes weights"]
+
+
 def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
     """Strict shape inference again, on the pinned model: a pin the graph cannot take (a batch of
     3 added to a [2, 4] weight) would otherwise compile, infer_shapes being best effort, into
@@ -218,16 +229,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     # it copies every weight.
     source = to_onnx(ir_model) if verify else None
     ops_before = op_counts(ir_model.graph.all_nodes())
-    overridable = overridable_initializers(ir_model)
-    if overridable:
-        shown = ", ".join(overridable[:3]) + (f" and {len(overridable) - 3} more"
-                                              if len(overridable) > 3 else "")
-        extra_notes = [f"{shown}: initializer(s) the model also lists as inputs, which ONNX lets a "
-                       "caller override: no pass folds them, optimized ONNX keeps them "
-                       "overridable, and an .om fixes them at their values (it takes no such "
-                       "feed), as ATC fixes weights"]
-    else:
-        extra_notes = []
+    import_notes = _overridable_note(ir_model)
     if options.input_shapes:
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
@@ -251,7 +253,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
     _mark_lossy(ir_model, log)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
-                            notes=extra_notes + ctx.notes)
+                            notes=import_notes + ctx.notes)
     if ctx.tracer is not None:
         from graphopt.passes.rules import quiet_rule_reasons
 
@@ -277,7 +279,6 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if target is not None:
         from graphopt.codegen.split import partition_ir
         from graphopt.partition import partition
-
         from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
 
         result.partitioning = partition(ir_model, target)
