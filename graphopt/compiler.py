@@ -24,7 +24,7 @@ from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
-from graphopt.passes.infer_shapes import infer_shapes, record_type_bytes
+from graphopt.passes.infer_shapes import drop_unfounded_dims, infer_shapes, record_type_bytes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
 from graphopt.switches import read_switch_file
@@ -117,6 +117,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
     with heap_frozen():  # the IR is long-lived: no full collection should walk it again
         types = check_ops(model, label, allow_custom_ops)
         if types is not None:
+            drop_unfounded_dims(model, types)
             record_type_bytes(model, types, static_only=True)
 
 

@@ -231,3 +231,24 @@ def test_model_with_a_huge_vector_compiles_quickly():
     result = optimize(_position_range(10**8))  # minutes and gigabytes without the guards
     assert result.model.graph.outputs[0].shape == (10**8,)
     assert time.perf_counter() - start < 20  # ~0.1 s; the unguarded inference takes minutes
+
+
+def test_a_static_dim_the_inputs_do_not_imply_is_not_folded_in(tmp_path):
+    # The exporter's value_info says d is [3, 7]; the inputs make it [3, N]. Folding Shape(d)
+    # on the declaration returned [3, 7] for every N.
+    import graphopt
+    from graphopt import numerics
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["d"]), helper.make_node("Shape", ["d"], ["ds"])],
+        "stale", [vi("x", TensorProto.FLOAT, ["N", 3])], [vi("ds", TensorProto.INT64, [2])],
+        value_info=[vi("d", TensorProto.FLOAT, [3, 7])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = graphopt.optimize(proto)
+    (d,) = [v for v in result.model.graph.all_values() if v.name == "d"] or [None]
+    assert d is None or list(d.shape) == [3, "N"]
+    x = np.zeros((2, 3), np.float32)
+    assert numerics.run(result.to_onnx(), {"x": x})["ds"].tolist() == [3, 2]
+    graphopt.save(graphopt.optimize(proto, target="cpu"), tmp_path / "m.om")
+    assert graphopt.load(tmp_path / "m.om").run({"x": x})["ds"].tolist() == [3, 2]

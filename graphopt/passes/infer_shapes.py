@@ -131,6 +131,32 @@ def record_type_bytes(model: Model, types: dict[str, bytes], static_only: bool =
     return changed
 
 
+def drop_unfounded_dims(model: Model, types: dict[str, bytes]) -> int:
+    """Undo the static dims a model's own value infos declare for computed values where
+    inference from the inputs finds a dim that is not that number (symbolic, unknown, or
+    another size): a tracer's leftover, [3, 7] for what is [3, N]. Folding Shape on it would
+    bake in 7, and onnxruntime itself gives the declared or the computed size depending on its
+    optimization level. Returns how many values were corrected."""
+    corrected = 0
+    shapes: dict[bytes, tuple | None] = {}  # a model has a few distinct types: read each once
+    for value in model.graph.all_values():
+        raw = types.get(value.name) if value.producer is not None else None
+        if raw is None or value.shape is None or value.type_proto is not None \
+                or all(type(d) is not int for d in value.shape):
+            continue
+        if raw not in shapes:
+            shapes[raw] = read_type(TypeProto.FromString(raw))[1]
+        inferred = shapes[raw]
+        if inferred is None or len(inferred) != len(value.shape):
+            continue
+        fixed = tuple(found if type(declared) is int and found != declared else declared
+                      for declared, found in zip(value.shape, inferred))
+        if fixed != tuple(value.shape):
+            value.shape = fixed
+            corrected += 1
+    return corrected
+
+
 def _type_bytes(info: ValueInfoProto) -> bytes | None:
     """The serialized type of a ValueInfoProto, None without one. Cut from the info's own
     bytes, which protobuf writes in field order (name = 1, type = 2): the type sub-message's
