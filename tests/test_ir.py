@@ -335,3 +335,32 @@ def test_pre_ir4_weights_stay_fixed_when_export_moves_to_ir4():
     assert out.ir_version == 4
     assert [i.name for i in out.graph.input] == ["data_0"]
     onnx.checker.check_model(out)
+
+
+def _if_model(branch_nodes) -> onnx.ModelProto:
+    from onnx import TensorProto
+
+    vi = helper.make_tensor_value_info
+    then = helper.make_graph(branch_nodes, "then", [], [vi("t_out", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Abs", ["x"], ["t_out2"])], "else", [],
+                              [vi("t_out2", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph([
+        helper.make_node("Relu", ["x"], ["t"]),
+        helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+        helper.make_node("Add", ["y", "t"], ["out"]),
+    ], "g", [vi("x", TensorProto.FLOAT, [2]), vi("c", TensorProto.BOOL, [])],
+        [vi("out", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_subgraph_node_redefining_an_outer_value_is_refused():
+    # SSA spans scopes: onnx.checker and onnxruntime refuse it; graphopt wrote it out invalid.
+    bad = _if_model([helper.make_node("Neg", ["x"], ["t"]),
+                     helper.make_node("Add", ["t", "x"], ["t_out"])])
+    with pytest.raises(InputError, match=r"value 't' is defined twice: node '\?' \(Neg\) of "
+                                         r"subgraph 'then' redefines a value of an enclosing graph"):
+        load_onnx(bad)
+    good = _if_model([helper.make_node("Neg", ["x"], ["t2"]),
+                      helper.make_node("Add", ["t2", "x"], ["t_out"])])
+    onnx.checker.check_model(good, full_check=True)
+    load_onnx(good)

@@ -206,6 +206,10 @@ class _Importer:
                 if out_name in local:
                     raise self.error(f"value '{out_name}' is defined twice (again by node "
                                      f"'{name}' ({op_type}))")
+                if out_name in outer:  # SSA spans scopes: onnxruntime refuses the shadowing
+                    raise self.error(f"value '{out_name}' is defined twice: node '{name or '?'}' "
+                                     f"({op_type}) of subgraph '{proto.name}' redefines a value "
+                                     "of an enclosing graph")
                 value = local[out_name] = Value(out_name)
                 outputs.append(value)
             node = Node(op_type, domain=domain, name=name, outputs=outputs)
