@@ -169,3 +169,27 @@ def test_a_graph_whose_nodes_rarely_repeat_a_kind_goes_to_the_whole_model_run():
     assert infer_by_kind(model, "m.onnx", _kinds(model)) is None
     _, types = _checked(proto, whole=True)
     assert types["y"][1] == (1101,)
+
+
+@pytest.mark.parametrize("binarizers", [1, 2100])
+def test_an_op_without_type_inference_does_not_fault_the_next(binarizers):
+    # ai.onnx.ml's Scaler has no type inference: strict mode faulted the Binarizer reading its
+    # untyped output, though onnx.checker and onnxruntime take the model.
+    from graphopt import numerics
+    from graphopt.compiler import optimize
+
+    vi = helper.make_tensor_value_info
+    names = ["s"] + [f"b{i}" for i in range(binarizers)]
+    nodes = [helper.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[0.5, 0.5],
+                              scale=[2.0, 2.0])]
+    nodes += [helper.make_node("Binarizer", [names[i]], [names[i + 1]], domain="ai.onnx.ml",
+                               threshold=0.0) for i in range(binarizers)]
+    graph = helper.make_graph(nodes, "ml", [vi("x", TensorProto.FLOAT, [3, 2])],
+                              [vi(names[-1], TensorProto.FLOAT, [3, 2])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+    onnx.checker.check_model(proto, full_check=True)
+    x = np.array([[1, 0], [0.2, 0.7], [-1, 3]], np.float32)
+    out = optimize(proto, level=2).to_onnx()
+    np.testing.assert_array_equal(numerics.run(out, {"x": x})[names[-1]],
+                                  numerics.run(proto, {"x": x})[names[-1]])
