@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -43,10 +44,13 @@ def kernel_events(events: list[dict], skip_runs: int = 0) -> tuple[list[KernelEv
     runs = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
                   if e.get("cat") == "Session" and e.get("name") == "model_run")
     starts = [start for start, _ in runs]
+    kernels = [e for e in events
+               if e.get("cat") == "Node" and e.get("name", "").endswith(KERNEL_SUFFIX)]
+    inside = _in_control_flow(kernels)
     kept: list[KernelEvent] = []
-    for e in events:
-        name = e.get("name", "")
-        if e.get("cat") != "Node" or not name.endswith(KERNEL_SUFFIX):
+    for k, e in enumerate(kernels):
+        name = e["name"]
+        if k in inside:
             continue
         index = bisect.bisect_right(starts, e["ts"]) - 1
         if index < skip_runs or e["ts"] > runs[index][1]:
@@ -56,6 +60,35 @@ def kernel_events(events: list[dict], skip_runs: int = 0) -> tuple[list[KernelEv
                                 str(args.get("provider", "?")), index - skip_runs,
                                 float(e.get("dur", 0))))
     return kept, max(0, len(runs) - skip_runs)
+
+
+CONTROL_FLOW = {"If", "Loop", "Scan"}
+
+
+def _in_control_flow(kernels: list[dict]) -> set[int]:
+    """Indexes of the kernels a control-flow kernel ran in its subgraph: its own time includes
+    theirs, so counting them too would count that time twice (and the subgraph's nodes are not
+    nodes of the graph the profile matches against)."""
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0), e.get("tid"), k)
+                   for k, e in enumerate(kernels)
+                   if e.get("args", {}).get("op_name") in CONTROL_FLOW)
+    if not spans:
+        return set()
+    starts = [span[0] for span in spans]
+    reach = list(itertools.accumulate((span[1] for span in spans), max))
+    inside = set()
+    for k, e in enumerate(kernels):
+        begin, end = e["ts"], e["ts"] + e.get("dur", 0)
+        j = bisect.bisect_right(starts, begin) - 1
+        # Back through the spans that start before the event, while one of them could still
+        # reach past its end (the running maximum of their ends says so).
+        while j >= 0 and reach[j] >= end:
+            start, stop, tid, owner = spans[j]
+            if owner != k and stop >= end and tid == e.get("tid"):
+                inside.add(k)
+                break
+            j -= 1
+    return inside
 
 
 def merge_traces(traces: dict[str, list[dict]]) -> list[dict]:
