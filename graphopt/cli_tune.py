@@ -113,7 +113,7 @@ def _cmd_tune(args) -> int:
     from graphopt.compiler import optimize
     from graphopt.tuner.model import model_estimate
     from graphopt.tuner.search import storage_url, tune_kernel
-    from graphopt.tuner.signature import model_kernels
+    from graphopt.tuner.signature import idle_kernels, model_kernels
 
     if args.trials < 1:
         raise OptionError(f"--trials must be ≥ 1, got {args.trials}")
@@ -139,6 +139,11 @@ def _cmd_tune(args) -> int:
         raise OptionError(f"--target {args.target}: no node of {args.model} runs on an NPU "
                           "device, so there is nothing to tune" + _hint(result))
     kernels = model_kernels(result.model, partitioning)
+    idle = idle_kernels(result.model, partitioning)
+    if idle:
+        print(_idle_note(idle) + ("" if kernels else "; nothing to tune"))
+        if not kernels:  # a model that compiles fine, whose cube kernels have no work
+            return 0
     if not kernels:
         raise OptionError(f"{args.model}: no NPU cube kernel (MatMul/Gemm/Conv with static "
                           "shapes) to tune" + (_hint(result)
@@ -176,6 +181,12 @@ def _cmd_tune(args) -> int:
                        args.plot, kind="estimated")
         print(f"wrote {args.plot}")
     return 0
+
+
+def _idle_note(nodes: list[str]) -> str:
+    shown = ", ".join(nodes[:4]) + (f", +{len(nodes) - 4}" if len(nodes) > 4 else "")
+    return (f"skipped {len(nodes)} NPU cube kernel(s) with a zero-size dim (no work, so no "
+            f"tiling to tune): {shown}")
 
 
 def _hint(result) -> str:

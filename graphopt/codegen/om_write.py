@@ -155,6 +155,9 @@ def route(
     partition consumes. A tensor a partition both takes and returns (ONNX lets a graph output be
     a graph input) is a pass-through: its origin stays upstream. The top-level inputs come in
     the order of `inputs` (the model's), else in the order the partitions first take them.
+
+    ONNX also lets a graph list one tensor as several outputs (onnxruntime returns it at each
+    position): a partition or `outputs` may name a tensor twice, which routes it once.
     """
     if not parts:
         raise ValueError("an artifact needs at least one partition")
@@ -164,7 +167,7 @@ def route(
         if name in seen_names:
             raise ValueError(f"two partitions are named {name!r}")
         seen_names.add(name)
-        for tensor in outs:
+        for tensor in dict.fromkeys(outs):
             if tensor in ins:
                 continue
             if tensor in producer:
@@ -201,9 +204,7 @@ def route(
     outputs = list(outputs)
     if not outputs:
         raise ValueError("the artifact has no outputs")
-    if len(set(outputs)) != len(outputs):
-        raise ValueError("the artifact lists an output twice")
-    for tensor in outputs:
+    for tensor in dict.fromkeys(outputs):
         if tensor not in producer and tensor not in top_inputs:
             raise ValueError(f"output {tensor!r} is produced by no partition")
         routing.append({"tensor": tensor, "from": producer.get(tensor), "to": None})

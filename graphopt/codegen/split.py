@@ -179,7 +179,8 @@ def _partition_model(model: Model, part: Partition) -> tuple[ModelProto, dict[st
     graph.name = f"{model.graph.name}_{part.name}"
     graph.input.extend(value_info(v) for v in part.inputs)
     outputs = {id(v) for v in part.outputs}
-    weights: dict[str, object] = {}
+    # An initializer the caller gets (a graph output) travels like one a node reads.
+    weights: dict[str, object] = {v.name: v for v in part.outputs if v.is_initializer}
     for node in part.nodes:
         for value in reads(node):
             if value.const is not None and value.producer is None:

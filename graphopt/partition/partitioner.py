@@ -11,6 +11,10 @@ An NPU partition next to a CPU partition is an island: if the host↔device copi
 more than the NPU saves over running its nodes on the host (the tuner's cost models: the CPU
 roofline against the NPU's cube and vector estimates), it goes back to the CPU, and clustering
 runs again.
+
+A Constant node is data, not work (onnxruntime turns it into an initializer at load): it joins
+the partition that reads it, never one of its own. So does what the caller gets but no node
+makes or reads: an initializer that is a graph output, a graph input no node reads.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ class Partition:
     name: str
     device: str
     nodes: list[Node]
-    inputs: list[Value]      # read from outside: graph inputs and other partitions' outputs
-    outputs: list[Value]     # read by later partitions, or graph outputs
+    inputs: list[Value]      # from outside: graph inputs (read or not), other partitions' outputs
+    outputs: list[Value]     # read by later partitions, or graph outputs (initializers too)
 
     def op_counts(self) -> Counter:
         return Counter(node.qualified_op for node in self.nodes)
@@ -72,10 +76,13 @@ def _partition(model: Model, target: Target, return_islands: bool) -> Partitioni
         placements = place(model, target)
     returned: list[str] = []
     position = {node: k for k, node in enumerate(nodes)}
+    constants = [node for node in nodes if is_constant_node(node)]
+    work = [node for node in nodes if not is_constant_node(node)]
     while True:
+        clusters = _attach_constants(_merge(_cluster(work, placements), placements),
+                                     constants, placements, target.host)
         # Members in graph order: each partition's nodes stay topologically sorted.
-        clusters = [sorted(c, key=position.__getitem__)
-                    for c in _merge(_cluster(nodes, placements), placements)]
+        clusters = [sorted(c, key=position.__getitem__) for c in clusters]
         if not return_islands:
             break
         islands = _unprofitable_islands(clusters, placements, target)
@@ -90,6 +97,7 @@ def _partition(model: Model, target: Target, return_islands: bool) -> Partitioni
                            list(model.graph.inputs), list(model.graph.outputs))]
     else:
         parts = _partitions(clusters, placements, position)
+        _add_graph_values(parts, model, target.host)
     result = Partitioning(target, parts, placements, returned)
     result.layouts = assign_layouts(result)
     return result
@@ -111,6 +119,11 @@ def reads(node: Node) -> list[Value]:
         for inner in sub.all_nodes():
             values.extend(v for v in inner.inputs if v is not None and id(v) not in inner_defined)
     return values
+
+
+def is_constant_node(node: Node) -> bool:
+    """An ONNX Constant: a value written into the model, which no device needs a kernel for."""
+    return node.op_type == "Constant" and node.is_onnx and not node.inputs
 
 
 def top_level(node: Node) -> Node:
@@ -205,6 +218,30 @@ def _indirect_path(graph: nx.DiGraph, a: int, b: int) -> bool:
     return any(s != b and nx.has_path(graph, s, b) for s in graph.successors(a))
 
 
+def _attach_constants(clusters: list[list[Node]], constants: list[Node],
+                      placements: dict[Node, Placement], host: str) -> list[list[Node]]:
+    """`clusters` with each Constant node in one: the first (in dependency order) of those that
+    read it, else, when only the caller does, a host cluster (its value then needs no copy off
+    a device), else the first. Placements follow, without a fallback reason."""
+    if not constants:
+        return clusters
+    clusters = [list(c) for c in clusters] or [[]]
+    owner = {node: i for i, members in enumerate(clusters) for node in members}
+    quotient = _quotient(clusters)
+    home = next((i for i, c in enumerate(clusters) if c and placements[c[0]].device == host), 0)
+    for node in constants:
+        readers = {owner[top_level(use.node)] for value in node.outputs if value is not None
+                   for use in value.uses if top_level(use.node) in owner}
+        # A reader no other reader depends on: edges from it to the others close no cycle.
+        chosen = min((i for i in readers if not nx.ancestors(quotient, i) & readers),
+                     default=home)
+        quotient.add_edges_from((chosen, i) for i in readers - {chosen})
+        device = placements[clusters[chosen][0]].device if clusters[chosen] else host
+        clusters[chosen].append(node)
+        placements[node] = Placement(device, None)
+    return clusters
+
+
 # --- islands -------------------------------------------------------------------------------
 
 
@@ -222,6 +259,10 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
     for i, members in enumerate(clusters):
         if device[i] == host.name:
             continue
+        # A Constant follows its readers back (_attach_constants), not the island's cost.
+        work = [n for n in members if not is_constant_node(n)]
+        if not work:
+            continue
         on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
         touches_host = False
         for value in sum(_crossing(members, owner, i), []):
@@ -236,7 +277,7 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
         if not touches_host:
             continue
         saved = sum(host_model.node_seconds(n) - node_estimate(n, primary)[1].seconds
-                    for n in members)
+                    for n in work)
         cost = on_host_side - on_device_side
         if saved < cost:
             gain = (f"the {primary.name} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else
@@ -245,7 +286,7 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
             copies = (f"and would add {cost * 1e6:.1f} µs of host↔device copies" if cost >= 0
                       else f"which the {-cost * 1e6:.1f} µs of copies it would save does not "
                            "make up")
-            found.append((members, f"returned to {host.name}: {gain}, {copies}"))
+            found.append((work, f"returned to {host.name}: {gain}, {copies}"))
     return found
 
 
@@ -282,6 +323,27 @@ def _label(node: Node) -> str:
 
 
 # --- result --------------------------------------------------------------------------------
+
+
+def _add_graph_values(parts: list[Partition], model: Model, host: str) -> None:
+    """Give a partition what the caller exchanges with the graph but no node reads or makes:
+    a graph input no node reads (the artifact still takes every input the model declares)
+    joins a host partition's inputs, an initializer that is a graph output the outputs of a
+    partition that reads it (its data is there already), else of a host partition."""
+    home = next((p for p in parts if p.device == host), parts[0])
+    taken = {id(v) for p in parts for v in p.inputs}
+    made = {id(v) for p in parts for v in p.outputs}
+    for value in model.graph.inputs:
+        if value.const is None and id(value) not in taken:
+            home.inputs.append(value)
+            taken.add(id(value))
+    part_of = {node: p for p in parts for node in p.nodes}
+    for value in model.graph.outputs:
+        if value.is_initializer and id(value) not in made:
+            readers = [part_of[top_level(u.node)] for u in value.uses
+                       if top_level(u.node) in part_of]
+            min(readers, key=parts.index, default=home).outputs.append(value)
+            made.add(id(value))
 
 
 def _partitions(clusters: list[list[Node]], placements, position: dict[Node, int]) -> list[Partition]:

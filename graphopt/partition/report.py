@@ -6,7 +6,7 @@ from collections import Counter
 
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.layouts import layout_summary
-from graphopt.partition.partitioner import Partition, Partitioning
+from graphopt.partition.partitioner import Partition, Partitioning, is_constant_node
 from graphopt.table import format_table
 
 _TOP_OPS = 4  # op types named per partition row; the rest are counted
@@ -63,12 +63,14 @@ def partitioning_json(partitioning: Partitioning) -> dict:
 
 
 def _engine_counts(partitioning: Partitioning, part: Partition) -> Counter:
-    return Counter(partitioning.placements[n].engine or part.device for n in part.nodes)
+    # A Constant is data the partition carries; no engine runs it.
+    return Counter(partitioning.placements[n].engine or part.device for n in part.nodes
+                   if not is_constant_node(n))
 
 
 def _engines(partitioning: Partitioning, part: Partition) -> str:
     counts = _engine_counts(partitioning, part)
-    if set(counts) == {part.device}:
+    if set(counts) <= {part.device}:
         return "-"
     return ", ".join(f"{engine}={n}" for engine, n in counts.most_common())
 

@@ -3,11 +3,12 @@
 Partitions run one after another (no overlap between devices: an estimate's simplification).
 On an NPU partition: a cube op (MatMul/Gemm/Conv and fused forms) is npu_model.estimate under
 its tiling (`tilings[anchor_key(node)]`: the node's name, or `%output` for an unnamed one;
-else default_tiling), a graphopt:: call is one fused group
-(vector.group_estimate), any other op one vector kernel (vector.vector_estimate; Reshape-like
-ops have no kernel). On the host: partition.estimate's roofline per node. Copies: every
-non-constant value read by a partition on another device than its producer's (graph inputs
-live on the host), and every NPU-produced graph output, is one transfer_estimate.
+else default_tiling; none for one with a zero-size dim, which has no work to tile), a
+graphopt:: call is one fused group (vector.group_estimate), any other op one vector kernel
+(vector.vector_estimate; Reshape-like ops and Constant have no kernel). On the host:
+partition.estimate's roofline per node. Copies: every non-constant value read by a partition
+on another device than its producer's (graph inputs live on the host), and every NPU-produced
+graph output, is one transfer_estimate.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def node_estimate(node: Node, device, model: Model | None = None,
             shape = gemm_shape(node)
         except ValueError:
             shape = None
+        if shape is not None and not shape.has_work:
+            return "cube", estimate(shape, None, device), None  # nothing to tile
         if shape is not None:
             tiling = tiling or default_tiling(shape, device)
             return "cube", estimate(shape, tiling, device), tiling

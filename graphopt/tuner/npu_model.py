@@ -69,8 +69,11 @@ class Estimate:
 
 def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Device) -> Estimate:
     """The estimated time of one cube kernel under `tiling` (the default tiling when None);
-    ValueError when the tiling is infeasible, naming the buffer."""
+    ValueError when the tiling is infeasible, naming the buffer. A shape with a zero-size dim
+    has no work to tile, whatever the tiling: no_work_estimate."""
     shape = node_or_shape if isinstance(node_or_shape, GemmShape) else gemm_shape(node_or_shape)
+    if not shape.has_work:
+        return no_work_estimate(shape, device)
     tiling = tiling or default_tiling(shape, device)
     reason = feasible(tiling, shape, device)
     if reason is not None:
@@ -139,6 +142,17 @@ def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Dev
         "utilization": shape.macs / (cm * ck * cn) / max(cycles, 1.0) / (device.ai_cores or 1),
     }
     return Estimate(cycles, seconds, breakdown)
+
+
+def no_work_estimate(shape: GemmShape, device: Device) -> Estimate:
+    """A cube op with a zero-size dim: no MACs and no tiles, only its launch and, when K alone
+    is 0, the zeros it writes (an estimate, like the rest)."""
+    written = shape.batch * shape.m * shape.n * out_bytes(shape)
+    memory = written / device.memory_bandwidth if device.memory_bandwidth else 0.0
+    breakdown = {"shape": shape, "tiles": 0, "memory_s": memory,
+                 "launch_s": device.launch_overhead_s, "bound": "none",
+                 "note": "no work: a zero-size dim"}
+    return Estimate(memory * device.clock_hz, memory + device.launch_overhead_s, breakdown)
 
 
 def best_tiling(shape: GemmShape, device: Device, space=None) -> tuple[Tiling, Estimate]:

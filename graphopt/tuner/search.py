@@ -374,6 +374,8 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
         raise OptionError(f"trials must be ≥ 0, got {trials}")
     if workers < 1:
         raise OptionError(f"workers must be ≥ 1, got {workers}")
+    if not shape.has_work:
+        raise OptionError(f"{shape} has a zero-size dim: no work, so no tiling to tune")
     device, target = _resolve_device(device, target)
     study_name = study_name or signature(_target_name(target, device), op_class, shape)
     store = open_storage(storage)

@@ -70,11 +70,28 @@ class KernelGroup:
 
 def model_kernels(model: Model, partitioning: Partitioning) -> list[KernelGroup]:
     """The distinct cube-kernel signatures of the NPU partitions of a compiled model, in graph
-    order of their first node."""
+    order of their first node. A kernel with a zero-size dim is left out: it has no work, so
+    no tiling to tune (idle_kernels names them)."""
+    groups: dict[str, KernelGroup] = {}
+    for part, node, sig in _npu_cube_nodes(model, partitioning):
+        shape = parse_signature(sig)[2]
+        if shape.has_work:
+            group = groups.setdefault(sig, KernelGroup(sig, shape, part.device))
+            group.nodes.append(anchor_key(node))
+    return list(groups.values())
+
+
+def idle_kernels(model: Model, partitioning: Partitioning) -> list[str]:
+    """The NPU cube nodes (by anchor key) that model_kernels leaves out: a zero-size dim."""
+    return [anchor_key(node) for _, node, sig in _npu_cube_nodes(model, partitioning)
+            if not parse_signature(sig)[2].has_work]
+
+
+def _npu_cube_nodes(model: Model, partitioning: Partitioning):
+    """(partition, node, signature) of every cube node with static shapes on an NPU."""
     target = partitioning.target
     # A graphopt:: fused group is one kernel of its own (model.node_estimate), not tunable here.
     functions = {(f.domain, f.name) for f in model.functions}
-    groups: dict[str, KernelGroup] = {}
     for part in partitioning.partitions:
         if target.device(part.device).kind != "npu":
             continue
@@ -82,8 +99,5 @@ def model_kernels(model: Model, partitioning: Partitioning) -> list[KernelGroup]
             if (node.domain, node.op_type) in functions:
                 continue
             sig = node_signature(node, target.name)
-            if sig is None:
-                continue
-            group = groups.setdefault(sig, KernelGroup(sig, parse_signature(sig)[2], part.device))
-            group.nodes.append(anchor_key(node))
-    return list(groups.values())
+            if sig is not None:
+                yield part, node, sig

@@ -54,6 +54,11 @@ class GemmShape:
     def macs(self) -> int:
         return self.batch * self.m * self.k * self.n
 
+    @property
+    def has_work(self) -> bool:
+        """False when a dim is 0 (a zero-size tensor): nothing for the cube, nothing to tile."""
+        return self.macs > 0
+
 
 @dataclass(frozen=True)
 class Tiling:
@@ -246,5 +251,6 @@ def default_tiling(shape: GemmShape, device: Device) -> Tiling:
             tiling = Tiling(bm, bn, bk, 2, db, 1)
             if feasible(tiling, shape, device) is None:
                 tiles = shape.batch * -(-shape.m // bm) * -(-shape.n // bn)
-                return Tiling(bm, bn, bk, 2, db, min(device.ai_cores or 1, tiles))
+                # max(1, …): a shape without work has no tiles, and a tiling at least one core.
+                return Tiling(bm, bn, bk, 2, db, max(1, min(device.ai_cores or 1, tiles)))
     return Tiling(cm, cn, ck, 1, False, 1)

@@ -43,7 +43,8 @@ OP_COST = {  # vector instructions per output element (estimates)
     "Softmax": 8, "LogSoftmax": 10, "LayerNormalization": 8, "SkipLayerNormalization": 9,
     "RMSNormalization": 6, "SimplifiedLayerNormalization": 6, "BatchNormalization": 2,
 }
-NO_KERNEL = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# Views of their input, and Constant, which onnxruntime turns into an initializer at load.
+NO_KERNEL = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Constant"})
 
 
 def elements(value: Value | None) -> int:
@@ -78,7 +79,7 @@ def _result(compute: float, moved: int, device: Device, kernels: int = 1, **extr
 def vector_estimate(node: Node, device: Device) -> Estimate:
     """One vector kernel: elementwise, normalisation, pooling, data movement ops."""
     if node.op_type in NO_KERNEL:
-        return Estimate(0.0, 0.0, {"bound": "none", "note": "metadata only, no kernel"})
+        return Estimate(0.0, 0.0, {"bound": "none", "note": "a view or a constant, no kernel"})
     outs = [v for v in node.outputs if v is not None]
     ins = [v for v in node.inputs if v is not None]
     work = max((elements(v) for v in outs), default=0) * OP_COST.get(node.op_type, 1)
