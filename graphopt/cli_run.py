@@ -112,7 +112,7 @@ def _ms(seconds: float) -> str:
 
 
 def _cmd_run(args) -> int:
-    from graphopt.codegen.feeds import check_feeds, load_npz, random_feeds, save_npz
+    from graphopt.codegen.feeds import check_feeds, load_npz, npz_holds, random_feeds
     from graphopt.codegen.loader import load
     from graphopt.codegen.run_stats import (
         LatencyStats,
@@ -135,10 +135,15 @@ def _cmd_run(args) -> int:
 
     if feeds is None:
         seed = 0 if args.seed is None else args.seed
+        signature = _profile_signature(session)
         try:
-            feeds = random_feeds(_profile_signature(session), seed=seed)
+            feeds = random_feeds(signature, seed=seed)
         except InputError as exc:
-            raise InputError(f"{args.model}: {exc}; pass --inputs FILE.npz with concrete arrays") from None
+            # An .npz holds arrays: a sequence or map can only be fed from Python.
+            hint = ("pass --inputs FILE.npz with concrete arrays"
+                    if all(npz_holds(e) for e in signature) else
+                    "feed it from Python: graphopt.load(path).run({name: value, …})")
+            raise InputError(f"{args.model}: {exc}; {hint}") from None
         print(f"note: no --inputs given: running on seeded random inputs (seed {seed}) "
               "made from the artifact's signature")
     else:
@@ -155,6 +160,7 @@ def _cmd_run(args) -> int:
         chosen = session.profile_for(feeds)
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
         print(f"shape profile {chosen} ({dims_label(dims)}) of {len(session.artifact.profiles)}")
+    types = {e["name"]: e["type"] for e in session.outputs if "type" in e}
     if args.repeat is not None:
         samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
         threads = "onnxruntime's default threads" if not args.threads else f"{args.threads} thread(s)"
@@ -162,11 +168,26 @@ def _cmd_run(args) -> int:
         print(format_latency(LatencyStats.from_samples(samples)))
     else:
         print()
-        print(format_outputs(outputs))
+        print(format_outputs(outputs, types))
     if args.outputs:
-        save_npz(args.outputs, outputs)
-        print(f"\nwrote {args.outputs}: {', '.join(outputs)}")
+        _write_outputs(args.outputs, outputs, types)
     return 0
+
+
+def _write_outputs(path: str, outputs: dict, types: dict[str, str]) -> None:
+    """Save the tensor outputs to an .npz; a sequence, map or empty optional, which an .npz
+    cannot hold, is named as left out."""
+    import numpy as np
+
+    from graphopt.codegen.feeds import output_label, save_npz
+
+    arrays = {name: value for name, value in outputs.items() if isinstance(value, np.ndarray)}
+    save_npz(path, arrays)
+    print(f"\nwrote {path}: {', '.join(arrays) or 'no tensors'}")
+    left = [f"{name} ({output_label(value, types.get(name))})" for name, value in outputs.items()
+            if name not in arrays]
+    if left:
+        print(f"note: not written, an .npz holds only tensors: {', '.join(left)}")
 
 
 def _profile_signature(session) -> list[dict]:

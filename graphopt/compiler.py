@@ -382,13 +382,12 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         except ValueError as e:
             raise VerificationError(f"--verify: {e} (give --inputs)") from None
     else:  # a file that does not fit is the file's fault, not the model's
-        from graphopt.codegen.feeds import check_feeds
-        from graphopt.codegen.om_write import input_signature
+        from graphopt.codegen.feeds import check_feeds, typed_inputs
 
         label = "--verify: --inputs" + (f" {os.fspath(inputs)}" if not isinstance(inputs, dict)
                                         else "")
         try:
-            check_feeds(input_signature(original), feeds)
+            check_feeds(typed_inputs(original), feeds)
         except InputError as e:
             raise InputError(f"{label}: {e}") from None
     try:
@@ -408,13 +407,8 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     if problems:
         raise VerificationError("--verify: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3]))
-    errors = {}
-    for name, exp in expected.items():
-        if exp.dtype.kind in "fc" and exp.size:
-            errors[name] = float(np.max(np.abs(actual[name].astype(np.float64) - exp)))
-        else:
-            errors[name] = 0.0
-    return errors
+    # Over every tensor a sequence or map holds too; 0 for outputs without floats.
+    return {name: numerics.max_abs_error(exp, actual[name]) for name, exp in expected.items()}
 
 
 def _below_cosine(expected: dict, actual: dict, judge: dict) -> list[str]:

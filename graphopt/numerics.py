@@ -1,15 +1,23 @@
-"""Numeric checks with onnxruntime: seeded inputs, sessions at a chosen level, output comparison."""
+"""Numeric checks with onnxruntime: seeded inputs, sessions at a chosen level, output comparison;
+sequences, maps and optionals, and the tensor types numpy knows only through ml_dtypes."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto
+
+from graphopt.codegen.feeds import random_value, typed_entry, value_label
+from graphopt.codegen.om_manifest import dtype_name
+from graphopt.errors import GraphoptError, InputError
 
 LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -77,7 +85,8 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
             continue
         tensor_type = info.type.tensor_type
         if not info.type.HasField("tensor_type"):
-            raise ValueError(f"input '{info.name}' is not a tensor; pass explicit inputs")
+            feeds[info.name] = _random_held(info, rng, dims)
+            continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         shape = _concrete_shape(info, dims, (shapes or {}).get(info.name))
         if dtype == np.bool_:
@@ -93,11 +102,158 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
     return feeds
 
 
-def run(model: ModelProto | bytes, feeds: dict[str, np.ndarray], level: str = "disable"
-        ) -> dict[str, np.ndarray]:
+def _random_held(info: onnx.ValueInfoProto, rng: np.random.Generator,
+                 dims: dict[str, int]) -> Any:
+    """A random sequence of tensors, or a present optional tensor, for a graph input whose
+    element dims come from the model, else `dims[symbol]`, else 1 (as a tensor's do)."""
+    entry = typed_entry(info)
+    element = entry.get("element")
+    if element is not None and element["shape"] is not None:
+        shape = [d if isinstance(d, int) else int(dims.get(d, 1)) if isinstance(d, str) else 1
+                 for d in element["shape"]]
+        entry["element"] = {**element, "shape": shape}
+    try:
+        return random_value(entry, rng)
+    except InputError as exc:
+        raise ValueError(f"{exc}; pass explicit inputs") from None
+
+
+def run(model: ModelProto | bytes, feeds: dict[str, Any], level: str = "disable"
+        ) -> dict[str, Any]:
+    """Every output of `model` on `feeds`: arrays (bfloat16 and float8 as ml_dtypes arrays),
+    lists for sequences, dicts for maps, None for an empty optional."""
     sess = session(model, level)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    return dict(zip(names, (typed_runner(sess) or sess.run)(names, feeds)))
+
+
+# --- element types numpy knows only through ml_dtypes ---------------------------------------
+
+# onnxruntime's Python binding converts none of these to or from numpy, but takes and returns a
+# tensor of the ones here as an OrtValue of its bits (ml_dtypes keeps the same bits).
+_BITS = {TensorProto.BFLOAT16: np.uint16, TensorProto.FLOAT8E4M3FN: np.uint8,
+         TensorProto.FLOAT8E4M3FNUZ: np.uint8, TensorProto.FLOAT8E5M2: np.uint8,
+         TensorProto.FLOAT8E5M2FNUZ: np.uint8}
+_BITS_BY_NAME = {dtype_name(elem_type): (elem_type, np.dtype(bits))
+                 for elem_type, bits in _BITS.items()}
+
+
+def _ml_dtypes() -> dict[np.dtype, str]:
+    found = {}
+    for elem_type in TensorProto.DataType.values():
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if dtype.type.__module__.split(".")[0] == "ml_dtypes":
+            found[dtype] = dtype_name(elem_type)
+    return found
+
+
+# Every element type numpy has through ml_dtypes only (bfloat16, float8, int4, …), by dtype.
+_ML_DTYPES = _ml_dtypes()
+_NUMPYLESS = frozenset(_ML_DTYPES.values())
+
+
+def widened(array: np.ndarray) -> np.ndarray:
+    """`array` with an ml_dtypes element type (bfloat16, float8, int4) as float32 or int64, which
+    numpy's own functions handle; any other array as it is."""
+    name = _ML_DTYPES.get(array.dtype)
+    if name is None:
+        return array
+    return array.astype(np.int64 if "int" in name else np.float32)
+
+
+def _arg_dtype(ort_type: str) -> str | None:
+    """The element type of onnxruntime's `tensor(bfloat16)`; None for any other spelling."""
+    if ort_type.startswith("tensor(") and ort_type.endswith(")"):
+        return ort_type[len("tensor("):-1]
+    return None
+
+
+def _mentions_numpyless(ort_type: str) -> bool:
+    return any(f"({name})" in ort_type for name in _NUMPYLESS)
+
+
+class TypedRunner:
+    """Runs a session that takes or returns tensors of an element type numpy knows only through
+    ml_dtypes: a bfloat16 or float8 tensor goes in and comes out as an OrtValue of its bits, as
+    a `session.run(output_names, feeds)` that takes and returns ml_dtypes arrays. Any other such
+    value (an int4 tensor, a sequence of bfloat16) is refused naming it."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session = session
+        args = [*session.get_inputs(), *session.get_outputs()]
+        self._bits = {arg.name: _BITS_BY_NAME[_arg_dtype(arg.type)] for arg in args
+                      if _arg_dtype(arg.type) in _BITS_BY_NAME}
+        inputs = {arg.name for arg in session.get_inputs()}
+        self._refused = {arg.name: f"{'input' if arg.name in inputs else 'output'} "
+                                   f"{arg.name!r} is a {arg.type}"
+                         for arg in args
+                         if _mentions_numpyless(arg.type) and arg.name not in self._bits}
+        self._outputs = [o.name for o in session.get_outputs()]
+
+    def __call__(self, output_names: list[str] | None, feeds: Mapping[str, Any]) -> list:
+        names = list(output_names or self._outputs)
+        for name in (*feeds, *names):
+            if name in self._refused:
+                raise GraphoptError(
+                    f"{self._refused[name]}, which onnxruntime's Python binding cannot pass "
+                    "(it takes bfloat16 and float8 as plain tensors only, as their bits)")
+        fed = {name: self._fed(name, value) for name, value in feeds.items()}
+        if not any(name in self._bits for name in names):
+            return self._session.run(names, fed)
+        fed = {name: _ort_value(name, value) for name, value in fed.items()}
+        values = self._session.run_with_ort_values(names, fed)
+        return [self._returned(name, value) for name, value in zip(names, values)]
+
+    def _fed(self, name: str, value: Any) -> Any:
+        if name not in self._bits:
+            return value
+        elem_type, bits = self._bits[name]
+        array = np.ascontiguousarray(value)
+        plain_bits = array.dtype.kind == "V" and array.dtype.names is None  # from an .npz
+        if array.dtype.itemsize != bits.itemsize or not (plain_bits or array.dtype in _ML_DTYPES):
+            raise GraphoptError(f"input {name!r} has dtype {array.dtype}, expected "
+                                f"{dtype_name(elem_type)}")
+        # The OrtValue reads the array's memory, which `fed` keeps alive through the run.
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(bits), elem_type)
+
+    def _returned(self, name: str, value: ort.OrtValue) -> Any:
+        if name in self._bits:
+            elem_type = self._bits[name][0]
+            return _from_bits(value, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+        if not value.is_tensor():
+            raise GraphoptError(f"output {name!r} is a {value.data_type()}, which onnxruntime's "
+                                "Python binding cannot return beside a bfloat16 or float8 output "
+                                "of the same model")
+        return value.numpy()
+
+
+def _ort_value(name: str, value: Any) -> ort.OrtValue:
+    if isinstance(value, ort.OrtValue):
+        return value
+    if not isinstance(value, np.ndarray) or value.dtype.kind in "OUS":
+        raise GraphoptError(f"input {name!r} is {value_label(value)}, which onnxruntime's "
+                            "Python binding cannot take beside a bfloat16 or float8 output of "
+                            "the same model")
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
+
+
+def _from_bits(value: ort.OrtValue, dtype: np.dtype) -> np.ndarray:
+    """A copy of a CPU tensor's bits as an array of `dtype`."""
+    shape, size = value.shape(), value.tensor_size_in_bytes()
+    if size == 0:
+        return np.empty(shape, dtype)
+    raw = (ctypes.c_uint8 * size).from_address(value.data_ptr())
+    return np.frombuffer(raw, np.uint8).copy().view(dtype).reshape(shape)
+
+
+def typed_runner(session: ort.InferenceSession) -> TypedRunner | None:
+    """A TypedRunner for a session that takes or returns an ml_dtypes element type; None for
+    any other session, which `session.run` serves as it is."""
+    args = [*session.get_inputs(), *session.get_outputs()]
+    return TypedRunner(session) if any(_mentions_numpyless(a.type) for a in args) else None
 
 
 @dataclass
@@ -111,39 +267,106 @@ class Mismatch:
         return f"output '{self.output}': {self.problem}"
 
 
-def compare(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray], rtol: float = 1e-4,
+def compare(expected: dict[str, Any], actual: dict[str, Any], rtol: float = 1e-4,
             atol: float = 1e-5) -> list[Mismatch]:
     """Outputs that differ: missing, different dtype or shape, or values beyond
-    |a - e| <= atol + rtol * |e| (NaN equals NaN)."""
+    |a - e| <= atol + rtol * |e| (NaN equals NaN). A sequence matches when its length does and
+    every element matches, a map when its keys do and every value matches."""
     problems = []
     for name, exp in expected.items():
         if name not in actual:
             problems.append(Mismatch(name, "missing"))
             continue
-        got = np.asarray(actual[name])
-        exp = np.asarray(exp)
-        if got.dtype != exp.dtype:
-            problems.append(Mismatch(name, f"dtype {got.dtype} != expected {exp.dtype}"))
-            continue
-        if got.shape != exp.shape:
-            problems.append(Mismatch(name, f"shape {got.shape} != expected {exp.shape}"))
-            continue
-        if exp.dtype == object or exp.dtype == np.bool_ or np.issubdtype(exp.dtype, np.integer):
-            if not np.array_equal(got, exp):
-                bad = int(np.sum(got != exp))
-                problems.append(Mismatch(name, f"{bad} element(s) differ"))
-            continue
-        e = exp.astype(np.float64)
-        a = got.astype(np.float64)
-        both_nan = np.isnan(e) & np.isnan(a)
-        diff = np.where(both_nan, 0.0, np.abs(a - e))
-        diff = np.where(np.isinf(e) & (a == e), 0.0, diff)
-        bound = atol + rtol * np.abs(np.where(both_nan, 0.0, e))
-        bad = ~(diff <= bound)
-        if bad.any():
-            rel = diff / np.maximum(np.abs(e), 1e-30)
-            problems.append(Mismatch(
-                name, f"{int(bad.sum())}/{bad.size} element(s) beyond rtol={rtol} atol={atol} "
-                f"(max abs err {float(np.nanmax(diff)):.3g})",
-                float(np.nanmax(diff)), float(np.nanmax(np.where(bad, rel, 0.0)))))
+        for pair in paired(name, exp, actual[name]):
+            problem = pair if isinstance(pair, Mismatch) else _compare_tensors(*pair, rtol, atol)
+            if problem is not None:
+                problems.append(problem)
     return problems
+
+
+def paired(name: str, exp: Any, got: Any
+           ) -> Iterator[Mismatch | tuple[str, np.ndarray, np.ndarray]]:
+    """(name, expected, actual) for every tensor inside two output values, named like `seq[1]`,
+    as far as their structure agrees; where it does not, a Mismatch. A map's values, in the
+    expected map's key order, are one tensor."""
+    if isinstance(exp, (list, tuple)) or isinstance(got, (list, tuple)):
+        yield from _paired_sequences(name, exp, got)
+    elif isinstance(exp, Mapping) or isinstance(got, Mapping):
+        yield from _paired_maps(name, exp, got)
+    elif exp is None or got is None:
+        if exp is not None or got is not None:
+            yield Mismatch(name, f"{value_label(got)} != expected {value_label(exp)}")
+    else:
+        yield name, np.asarray(exp), np.asarray(got)
+
+
+def _paired_sequences(name: str, exp: Any, got: Any) -> Iterator:
+    if not (isinstance(exp, (list, tuple)) and isinstance(got, (list, tuple))):
+        yield Mismatch(name, f"{value_label(got)} != expected {value_label(exp)}")
+    elif len(exp) != len(got):
+        yield Mismatch(name, f"sequence length {len(got)} != expected {len(exp)}")
+    else:
+        for index, (e, g) in enumerate(zip(exp, got)):
+            yield from paired(f"{name}[{index}]", e, g)
+
+
+def _paired_maps(name: str, exp: Any, got: Any) -> Iterator:
+    if not (isinstance(exp, Mapping) and isinstance(got, Mapping)):
+        yield Mismatch(name, f"{value_label(got)} != expected {value_label(exp)}")
+    elif set(exp) != set(got):
+        yield Mismatch(name, f"map keys differ: {len(set(exp) ^ set(got))} key(s) in one only")
+    elif any(isinstance(v, (list, tuple, Mapping)) or v is None for v in exp.values()):
+        for key, e in exp.items():
+            yield from paired(f"{name}[{key!r}]", e, got[key])
+    else:  # a map of numbers (ZipMap's class scores) is one vector, in the reference's key order
+        yield name, _vector(list(exp.values())), _vector([got[key] for key in exp])
+
+
+def _vector(values: list) -> np.ndarray:
+    # Strings as objects, as onnxruntime returns string tensors: '<U3' and '<U5' are no
+    # different dtypes to compare.
+    strings = any(isinstance(v, str) for v in values)
+    return np.asarray(values, dtype=object if strings else None)
+
+
+def _compare_tensors(name: str, exp: np.ndarray, got: np.ndarray, rtol: float,
+                     atol: float) -> Mismatch | None:
+    if got.dtype != exp.dtype:
+        return Mismatch(name, f"dtype {got.dtype} != expected {exp.dtype}")
+    if got.shape != exp.shape:
+        return Mismatch(name, f"shape {got.shape} != expected {exp.shape}")
+    exp, got = widened(exp), widened(got)
+    if exp.dtype == object or exp.dtype == np.bool_ or np.issubdtype(exp.dtype, np.integer):
+        if not np.array_equal(got, exp):
+            bad = int(np.sum(got != exp))
+            return Mismatch(name, f"{bad} element(s) differ")
+        return None
+    e = exp.astype(np.float64)
+    a = got.astype(np.float64)
+    both_nan = np.isnan(e) & np.isnan(a)
+    diff = np.where(both_nan, 0.0, np.abs(a - e))
+    diff = np.where(np.isinf(e) & (a == e), 0.0, diff)
+    bound = atol + rtol * np.abs(np.where(both_nan, 0.0, e))
+    bad = ~(diff <= bound)
+    if not bad.any():
+        return None
+    rel = diff / np.maximum(np.abs(e), 1e-30)
+    return Mismatch(
+        name, f"{int(bad.sum())}/{bad.size} element(s) beyond rtol={rtol} atol={atol} "
+        f"(max abs err {float(np.nanmax(diff)):.3g})",
+        float(np.nanmax(diff)), float(np.nanmax(np.where(bad, rel, 0.0))))
+
+
+def max_abs_error(expected: Any, actual: Any) -> float:
+    """The largest |actual - expected| over the float tensors inside two outputs of the same
+    structure (0 where there are none)."""
+    largest = 0.0
+    for pair in paired("", expected, actual):
+        if isinstance(pair, Mismatch):
+            continue
+        _, exp, got = pair
+        exp, got = widened(exp), widened(got)
+        if exp.dtype.kind in "fc" and exp.size and exp.shape == got.shape:
+            diff = np.abs(got.astype(np.complex128 if exp.dtype.kind == "c" else np.float64) - exp)
+            largest = max(largest, float(np.max(diff)))
+    return largest

@@ -204,14 +204,14 @@ def _check_inference(model: Model, label: str) -> dict[str, bytes] | None:
                                                      data_prop=False)
     except onnx.shape_inference.InferenceError as exc:
         text = str(exc).strip()
-        if _UNTYPED_INPUT in text:
+        # "[ShapeInferenceError] Inference error(s): (op_type:Conv, node name: c): [..] why\n…"
+        first = text.split("Inference error(s): ", 1)[-1].splitlines()[0] if text else ""
+        if _UNTYPED_INPUT in first:
             # An op without type inference (ai.onnx.ml's Scaler) left its output untyped, and
             # strict mode faults the next node for it: the model is not wrong, onnxruntime
             # types it at run time. What inference can say is said without strict mode.
             inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, data_prop=False)
             return inferred_types(model, inferred)
-        # "[ShapeInferenceError] Inference error(s): (op_type:Conv, node name: c): [..] why\n…"
-        first = text.split("Inference error(s): ", 1)[-1].splitlines()[0] if text else ""
         node = _INFERENCE_NODE.match(first)
         if node:  # worded as inference by kind words it
             raise InputError(f"{label}: node '{node[2] or '?'}' ({node[1]}): shape inference "

@@ -683,8 +683,7 @@ def test_dump_dir_is_a_file(foldable, tmp_path, capsys):
 
 
 def test_verify_non_tensor_input_without_inputs(tmp_path, capsys):
-    # BUG: numerics.random_feeds raises ValueError for a sequence input; verify_outputs does not
-    # turn it into a GraphoptError, so the CLI prints an internal error (exit 3).
+    # A sequence input gets two random elements (it used to be an internal error).
     seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
     graph = helper.make_graph(
         [helper.make_node("SequenceAt", ["s", "i"], ["y"])], "g", [seq],
@@ -692,9 +691,8 @@ def test_verify_non_tensor_input_without_inputs(tmp_path, capsys):
         [numpy_helper.from_array(np.array(0, np.int64), "i")])
     model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
     path = _save(model, tmp_path / "seq.onnx")
-    out_path = tmp_path / "out.onnx"
-    rc, out, err = cli(capsys, "optimize", path, "-o", out_path, "--verify")
-    assert_clean_error(rc, out, err, "'s'", output=out_path)
+    rc, out, err = cli(capsys, "optimize", path, "-o", tmp_path / "out.onnx", "--verify")
+    assert rc == 0 and "verified: 1 output(s) match the original" in out, err
 
 
 def test_negative_fold_size_limit(foldable, tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Feeds for an artifact's signature: seeded random inputs, checks against it, and .npz files."""
+"""Feeds for an artifact's signature: seeded random inputs, checks against it, and .npz files;
+sequences, maps and optionals as well as tensors."""
 
 from __future__ import annotations
 
@@ -6,17 +7,25 @@ import os
 import zipfile
 import zlib
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from graphopt.atomic import atomic_write
-from graphopt.codegen.om_manifest import dtype_from_name
+from graphopt.codegen.om_manifest import dtype_from_name, dtype_name
+from graphopt.codegen.om_write import _signature_entry, graph_inputs
 from graphopt.errors import GraphoptError, InputError
+
+# How many elements a random sequence gets: more than one, so that code meeting only the first
+# element is still exercised.
+RANDOM_SEQUENCE_LENGTH = 2
 
 
 def numpy_dtype(dtype: str | None) -> np.dtype | None:
-    """The numpy dtype of a manifest dtype name; None when numpy cannot name it (bfloat16, …)."""
+    """The numpy dtype of a manifest dtype name (bfloat16 and float8 through ml_dtypes); None
+    when there is none."""
     if dtype is None:
         return None
     try:
@@ -26,54 +35,77 @@ def numpy_dtype(dtype: str | None) -> np.dtype | None:
 
 
 def describe(entry: Mapping) -> str:
-    """A signature entry as `float32[N,4]` (`?` for an unknown dtype, rank or dim)."""
+    """A signature entry as `float32[N,4]` (`?` for an unknown dtype, rank or dim), or the type
+    of a value that is not a tensor (`seq(float32)`)."""
+    if entry.get("type"):
+        return entry["type"]
     shape = entry["shape"]
     dims = "?" if shape is None else ",".join("?" if d is None else str(d) for d in shape)
     return f"{entry['dtype'] or '?'}[{dims}]"
 
 
-def random_feeds(signature: list[Mapping], seed: int = 0) -> dict[str, np.ndarray]:
+def random_feeds(signature: list[Mapping], seed: int = 0) -> dict[str, Any]:
     """Seeded arrays for a signature, drawn as numerics.random_feeds draws them: normal floats,
-    integers in {0, 1} (safe as indices into any non-empty axis), random booleans.
+    integers in {0, 1} (safe as indices into any non-empty axis), random booleans. A sequence of
+    tensors gets RANDOM_SEQUENCE_LENGTH of them, an optional tensor a present one.
 
     Raises InputError naming the input and dim when a shape is not fully static or a dtype has
     no numpy equivalent: there is no size to invent that the model would accept.
     """
     rng = np.random.default_rng(seed)
-    feeds = {}
-    for entry in signature:
-        name, shape = entry["name"], entry["shape"]
-        if shape is None:
-            raise InputError(f"input {name!r} has an unknown rank, so random data cannot be made for it")
-        for axis, dim in enumerate(shape):
-            if not isinstance(dim, int):
-                what = f"'{dim}'" if isinstance(dim, str) else "unknown"
-                raise InputError(f"input {name!r} ({describe(entry)}) has a dynamic dim {axis} ({what}), "
-                                 "so random data cannot be made for it")
-        if entry["dtype"] == "string":
-            feeds[name] = np.full(shape, "a", dtype=object)
-            continue
-        dtype = numpy_dtype(entry["dtype"])
-        if dtype is None:
-            raise InputError(f"input {name!r} has dtype {entry['dtype'] or 'unknown'}, for which "
-                             "numpy has no type to make random data with")
-        if dtype == np.bool_:
-            data = rng.random(shape) < 0.5
-        elif np.issubdtype(dtype, np.integer):
-            data = rng.integers(0, 2, size=shape)
-        elif np.issubdtype(dtype, np.complexfloating):
-            data = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
-        else:
-            data = rng.standard_normal(shape)
-        # np.asarray: a 0-d draw comes back as a numpy scalar, which onnxruntime refuses.
-        feeds[name] = np.asarray(data).astype(dtype)
-    return feeds
+    return {entry["name"]: random_value(entry, rng) for entry in signature}
 
 
-def check_feeds(signature: list[Mapping], feeds: Mapping[str, np.ndarray]) -> None:
+def random_value(entry: Mapping, rng: np.random.Generator) -> Any:
+    """A random feed for one signature entry (see random_feeds)."""
+    if not entry.get("type"):
+        return _random_tensor(entry, rng)
+    kind, element = parse_type(entry["type"]), entry.get("element")
+    if kind[0] not in ("seq", "optional") or kind[1][0] != "tensor" or element is None:
+        raise InputError(f"input {entry['name']!r} is a {entry['type']}, so random data cannot "
+                         "be made for it")
+    element = {"name": entry["name"], **element}
+    if element["shape"] is None or not all(isinstance(d, int) for d in element["shape"]):
+        held = "its elements have" if kind[0] == "seq" else "the tensor it holds has"
+        raise InputError(f"input {entry['name']!r} is a {entry['type']} and {held} no static "
+                         f"shape ({describe(element)}), so random data cannot be made for it")
+    if kind[0] == "optional":
+        return _random_tensor(element, rng)
+    return [_random_tensor(element, rng) for _ in range(RANDOM_SEQUENCE_LENGTH)]
+
+
+def _random_tensor(entry: Mapping, rng: np.random.Generator) -> np.ndarray:
+    name, shape = entry["name"], entry["shape"]
+    if shape is None:
+        raise InputError(f"input {name!r} has an unknown rank, so random data cannot be made for it")
+    for axis, dim in enumerate(shape):
+        if not isinstance(dim, int):
+            what = f"'{dim}'" if isinstance(dim, str) else "unknown"
+            raise InputError(f"input {name!r} ({describe(entry)}) has a dynamic dim {axis} ({what}), "
+                             "so random data cannot be made for it")
+    if entry["dtype"] == "string":
+        return np.full(shape, "a", dtype=object)
+    dtype = numpy_dtype(entry["dtype"])
+    if dtype is None:
+        raise InputError(f"input {name!r} has dtype {entry['dtype'] or 'unknown'}, for which "
+                         "numpy has no type to make random data with")
+    if dtype == np.bool_:
+        data = rng.random(shape) < 0.5
+    elif np.issubdtype(dtype, np.integer):
+        data = rng.integers(0, 2, size=shape)
+    elif np.issubdtype(dtype, np.complexfloating):
+        data = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+    else:
+        data = rng.standard_normal(shape)
+    # np.asarray: a 0-d draw comes back as a numpy scalar, which onnxruntime refuses.
+    return np.asarray(data).astype(dtype)
+
+
+def check_feeds(signature: list[Mapping], feeds: Mapping[str, Any]) -> None:
     """Raise InputError on the first feed that does not fit the signature: a missing or unknown
-    name, a wrong dtype, rank or static dim. (OmSession.run checks the same on every call; this
-    lets a caller report a bad file before it times anything.)"""
+    name, a wrong dtype, rank or static dim, or a value of the wrong kind (an array for a
+    sequence). (OmSession.run checks the same on every call; this lets a caller report a bad
+    file before it times anything.)"""
     expected = {entry["name"]: entry for entry in signature}
     for name in feeds:
         if name not in expected:
@@ -82,24 +114,219 @@ def check_feeds(signature: list[Mapping], feeds: Mapping[str, np.ndarray]) -> No
     for name, entry in expected.items():
         if name not in feeds:
             raise InputError(f"missing input {name!r} ({describe(entry)})")
-        array = np.asarray(feeds[name])
-        dtype = numpy_dtype(entry["dtype"])
-        if entry["dtype"] == "string":
-            ok = array.dtype.kind in "OUS"
+        if entry.get("type"):
+            fitted_value(entry, feeds[name])
         else:
-            ok = dtype is None or array.dtype == dtype
-        if not ok:
-            raise InputError(f"input {name!r} has dtype {array.dtype}, expected {describe(entry)}")
-        shape = entry["shape"]
-        if shape is None:
-            continue
-        if array.ndim != len(shape):
-            raise InputError(f"input {name!r} has shape {list(array.shape)} (rank {array.ndim}), "
-                             f"expected {describe(entry)}")
-        for axis, (got, want) in enumerate(zip(array.shape, shape)):
-            if isinstance(want, int) and got != want:
-                raise InputError(f"input {name!r} has shape {list(array.shape)}, expected "
-                                 f"{describe(entry)} (dim {axis} must be {want})")
+            _check_tensor(entry, as_array(name, feeds[name]))
+
+
+def as_array(name: str, value: Any) -> np.ndarray:
+    """`value` as an array; InputError naming the input when numpy cannot make one (a list of
+    arrays of different shapes, say)."""
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except ValueError:
+        raise InputError(f"input {name!r} takes a tensor, not {_what(value)}") from None
+
+
+def _check_tensor(entry: Mapping, array: np.ndarray, where: str | None = None) -> None:
+    where = where or f"input {entry['name']!r}"
+    dtype = numpy_dtype(entry["dtype"])
+    if entry["dtype"] == "string":
+        ok = array.dtype.kind in "OUS"
+    else:
+        ok = dtype is None or array.dtype == dtype or same_bits(array, dtype)
+    if not ok:
+        raise InputError(f"{where} has dtype {array.dtype}, expected {describe(entry)}")
+    shape = entry["shape"]
+    if shape is None:
+        return
+    if array.ndim != len(shape):
+        raise InputError(f"{where} has shape {list(array.shape)} (rank {array.ndim}), "
+                         f"expected {describe(entry)}")
+    for axis, (got, want) in enumerate(zip(array.shape, shape)):
+        if isinstance(want, int) and got != want:
+            raise InputError(f"{where} has shape {list(array.shape)}, expected "
+                             f"{describe(entry)} (dim {axis} must be {want})")
+
+
+def same_bits(array: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether `array` holds `dtype`'s bits under numpy's plain void type: what an .npz gives
+    back for a bfloat16 or float8 array, since numpy knows those only through ml_dtypes."""
+    return (array.dtype.kind == "V" and array.dtype.names is None
+            and dtype.type.__module__.split(".")[0] == "ml_dtypes"
+            and array.dtype.itemsize == dtype.itemsize)
+
+
+# --- values that are not tensors: sequences, maps, optionals ------------------------------
+
+# onnxruntime names two element types as C does; the manifest names floats by width.
+_ORT_DTYPES = {"float": "float32", "double": "float64"}
+
+
+def parse_type(text: str) -> tuple:
+    """A value type as nested tuples, from onnxruntime's spelling (`seq(tensor(float))`) or
+    graphopt's label (`seq(float32)`): ("tensor", dtype), ("seq", element), ("optional",
+    element), ("map", key dtype, value type), or ("unknown", text)."""
+    text = text.strip()
+    head, paren, rest = text.partition("(")
+    if not paren:
+        return ("tensor", _ORT_DTYPES.get(text, text))
+    inner = rest[:-1] if rest.endswith(")") else rest
+    if head == "tensor":
+        return ("tensor", _ORT_DTYPES.get(inner, inner))
+    if head in ("seq", "optional"):
+        return (head, parse_type(inner))
+    if head == "map":
+        key, _, value = inner.partition(",")
+        return ("map", _ORT_DTYPES.get(key.strip(), key.strip()), parse_type(value))
+    return ("unknown", text)
+
+
+def type_label(kind: tuple) -> str:
+    """A parsed type as graphopt shows it: `float32`, `seq(float32)`, `map(int64,float32)`,
+    `optional(seq(float32))`."""
+    tag = kind[0]
+    if tag in ("tensor", "unknown"):
+        return kind[1]
+    if tag == "map":
+        return f"map({kind[1]},{type_label(kind[2])})"
+    return f"{tag}({type_label(kind[1])})"
+
+
+def proto_type(type_proto: onnx.TypeProto) -> tuple:
+    """An ONNX TypeProto as parse_type's tuples."""
+    which = type_proto.WhichOneof("value")
+    if which in ("tensor_type", "sparse_tensor_type"):
+        return ("tensor", dtype_name(getattr(type_proto, which).elem_type) or "?")
+    if which == "sequence_type":
+        return ("seq", proto_type(type_proto.sequence_type.elem_type))
+    if which == "optional_type":
+        return ("optional", proto_type(type_proto.optional_type.elem_type))
+    if which == "map_type":
+        map_type = type_proto.map_type
+        return ("map", dtype_name(map_type.key_type) or "?", proto_type(map_type.value_type))
+    return ("unknown", "?")
+
+
+def typed_entry(value_info: onnx.ValueInfoProto) -> dict:
+    """A signature entry ({"name", "dtype", "shape"}); for a value that is not a tensor, whose
+    dtype and shape are None, also its "type" label and, for a sequence or optional of tensors,
+    the "element" ({"dtype", "shape"}) it holds."""
+    entry = _signature_entry(value_info)
+    if value_info.type.WhichOneof("value") in (None, "tensor_type", "sparse_tensor_type"):
+        return entry
+    entry["type"] = type_label(proto_type(value_info.type))
+    held = _held_tensor(value_info.type)
+    if held is not None:
+        element = _signature_entry(onnx.ValueInfoProto(name=value_info.name, type=held))
+        entry["element"] = {"dtype": element["dtype"], "shape": element["shape"]}
+    return entry
+
+
+def typed_inputs(model: onnx.ModelProto) -> list[dict]:
+    """typed_entry of each input a caller feeds (om_write.input_signature, with types)."""
+    fed = set(graph_inputs(model))
+    return [typed_entry(info) for info in model.graph.input if info.name in fed]
+
+
+def _held_tensor(type_proto: onnx.TypeProto) -> onnx.TypeProto | None:
+    """The tensor type a sequence or optional of tensors holds; None for any other type."""
+    which = type_proto.WhichOneof("value")
+    if which not in ("sequence_type", "optional_type"):
+        return None
+    held = getattr(type_proto, which).elem_type
+    return held if held.WhichOneof("value") == "tensor_type" else None
+
+
+def npz_holds(entry: Mapping) -> bool:
+    """Whether an .npz can hold a feed for `entry`: a tensor or an optional tensor can, a
+    sequence or map cannot."""
+    if not entry.get("type"):
+        return True
+    kind = parse_type(entry["type"])
+    return kind[0] == "optional" and kind[1][0] == "tensor"
+
+
+def value_label(value: Any) -> str:
+    """The type of a value onnxruntime returned, labelled as type_label does, for where no
+    declared type is at hand: a sequence's elements and a map's values are named by the first
+    one (`?` when empty), None is `optional(None)`."""
+    if value is None:
+        return "optional(None)"
+    if isinstance(value, (list, tuple)):
+        return f"seq({value_label(value[0]) if len(value) else '?'})"
+    if isinstance(value, Mapping):
+        if not value:
+            return "map(?,?)"
+        key, item = next(iter(value.items()))
+        return f"map({_dtype_label(np.asarray(key))},{value_label(item)})"
+    return _dtype_label(np.asarray(value))
+
+
+def output_label(value: Any, declared: str | None = None) -> str:
+    """The type label of an output value: for a sequence or map its `declared` type (which
+    names a ZipMap's float values float32 where Python holds float), else value_label's."""
+    if declared and isinstance(value, (list, tuple, Mapping)):
+        kind = parse_type(declared)
+        while kind[0] == "optional":
+            kind = kind[1]
+        if kind[0] in ("seq", "map"):
+            return type_label(kind)
+    return value_label(value)
+
+
+def _dtype_label(array: np.ndarray) -> str:
+    if array.dtype.kind in "OUS":
+        return "string"
+    try:
+        return dtype_name(helper.np_dtype_to_tensor_dtype(array.dtype)) or str(array.dtype)
+    except (KeyError, TypeError, ValueError):
+        return str(array.dtype)
+
+
+def fitted_value(entry: Mapping, value: Any) -> Any:
+    """`value` as onnxruntime takes it for `entry`, a value that is not a tensor (a sequence as
+    a list of arrays, a map as a dict); InputError naming the input when it does not fit."""
+    element = entry.get("element") or {}
+    return _fitted(f"input {entry['name']!r}", parse_type(entry["type"]), value,
+                   element.get("shape"))
+
+
+def _fitted(where: str, kind: tuple, value: Any, shape: list | None) -> Any:
+    tag = kind[0]
+    if tag == "optional":
+        return None if value is None else _fitted(where, kind[1], value, shape)
+    if tag == "seq":
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"{where} takes a {type_label(kind)} (a list), not {_what(value)}")
+        return [_fitted(f"{where} element {i}", kind[1], item, shape)
+                for i, item in enumerate(value)]
+    if tag == "map":
+        if not isinstance(value, Mapping):
+            raise InputError(f"{where} takes a {type_label(kind)} (a dict), not {_what(value)}")
+        return dict(value)
+    if tag == "unknown":
+        return value
+    array = value if isinstance(value, np.ndarray) else _fitted_array(where, value)
+    _check_tensor({"name": where, "dtype": kind[1], "shape": shape}, array, where)
+    return array
+
+
+def _fitted_array(where: str, value: Any) -> np.ndarray:
+    if value is None or isinstance(value, (list, tuple, Mapping)):
+        raise InputError(f"{where} takes a tensor, not {_what(value)}")
+    return np.asarray(value)
+
+
+def _what(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, np.ndarray):
+        return f"a {value.dtype} array"
+    return f"a {type(value).__name__}"
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

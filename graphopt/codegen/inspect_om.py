@@ -8,6 +8,7 @@ from typing import Any
 
 import onnx
 
+from graphopt.codegen.feeds import typed_entry
 from graphopt.codegen.om_manifest import DETAILS_NAME
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
@@ -63,6 +64,30 @@ def format_shape(shape: list | None) -> str:
     if shape is None:
         return "?"
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def signature_cells(entry: dict) -> list[str]:
+    """The dtype and shape cells of a signature entry; for a value that is not a tensor its
+    type (`seq(float32)`) and the shape of the tensor it holds (`[2] each` in a sequence)."""
+    if not entry.get("type"):
+        return [entry["dtype"] or "?", format_shape(entry["shape"])]
+    element = entry.get("element")
+    if element is None:
+        return [entry["type"], "-"]
+    each = " each" if entry["type"].startswith("seq(") else ""
+    return [entry["type"], format_shape(element["shape"]) + each]
+
+
+def _typed_signature(artifact: OmArtifact, entries: list[dict]) -> list[dict]:
+    """The manifest's signature entries, those without a dtype (sequences, maps, optionals)
+    typed from the partition models that take or return them."""
+    untyped = {e["name"] for e in entries if e["dtype"] is None}
+    found = {}
+    for part in artifact.partitions if untyped else ():
+        for info in (*part.model.graph.input, *part.model.graph.output):
+            if info.name in untyped:
+                found.setdefault(info.name, typed_entry(info))
+    return [found.get(e["name"], e) for e in entries]
 
 
 def _session_cell(entry: dict) -> str:
@@ -250,9 +275,9 @@ def format_om(artifact: OmArtifact) -> str:
     width = max(len(key) for key, _ in header)
     parts = [f"{artifact.path}\n" + "\n".join(f"  {key.ljust(width)}  {value}" for key, value in header)]
 
-    signature = [[direction, e["name"], e["dtype"] or "?", format_shape(e["shape"])]
+    signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))
-                 for e in entries]
+                 for e in _typed_signature(artifact, entries)]
     parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))
 
     if artifact.profiles:

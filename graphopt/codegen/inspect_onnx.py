@@ -10,8 +10,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
-from graphopt.codegen.inspect_om import format_bytes, format_shape, op_counts
-from graphopt.codegen.om_write import _signature_entry, graph_inputs
+from graphopt.codegen.feeds import typed_entry, typed_inputs
+from graphopt.codegen.inspect_om import format_bytes, op_counts, signature_cells
 from graphopt.errors import InputError
 from graphopt.table import format_table
 
@@ -54,15 +54,14 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
 def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
     """`graphopt inspect model.onnx --json`: signature, opsets, node and op counts, weights."""
     weights = list(model.graph.initializer) + [s.values for s in model.graph.sparse_initializer]
-    feeds = set(graph_inputs(model))
     counts = op_counts(model)
     return {
         "file": path,
         "ir_version": model.ir_version,
         "producer": " ".join(filter(None, [model.producer_name, model.producer_version])) or None,
         "opsets": {op.domain or "ai.onnx": op.version for op in model.opset_import},
-        "inputs": [_signature_entry(vi) for vi in model.graph.input if vi.name in feeds],
-        "outputs": [_signature_entry(vi) for vi in model.graph.output],
+        "inputs": typed_inputs(model),  # a sequence's entry also has its "type" and "element"
+        "outputs": [typed_entry(vi) for vi in model.graph.output],
         "nodes": sum(counts.values()),
         "ops": dict(sorted(counts.items())),
         "initializers": len(weights),
@@ -85,7 +84,7 @@ def format_onnx(summary: dict) -> str:
     ]
     width = max(len(key) for key, _ in header)
     parts = [f"{summary['file']}\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in header)]
-    signature = [[direction, e["name"], e["dtype"] or "?", format_shape(e["shape"])]
+    signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", summary["inputs"]), ("output", summary["outputs"]))
                  for e in entries]
     parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))

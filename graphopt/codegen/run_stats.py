@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from graphopt.codegen.feeds import output_label
+from graphopt.numerics import widened
 from graphopt.table import format_table
 
 T = TypeVar("T")
@@ -76,8 +78,11 @@ def format_latency(stats: LatencyStats) -> str:
     return format_table(headers, [row])
 
 
-def _stats(array: np.ndarray) -> list[str]:
+def _stats(array: np.ndarray | None) -> list[str]:
     """min, max, mean and the count of non-finite values, where they mean something."""
+    if array is None:
+        return ["", "", "", ""]
+    array = widened(array)  # bfloat16, float8
     if array.size == 0 or array.dtype.kind not in "biuf":
         return ["", "", "", ""]
     if array.dtype.kind == "b":
@@ -93,11 +98,53 @@ def _stats(array: np.ndarray) -> list[str]:
     return [str(array.min()), str(array.max()), f"{array.astype(np.float64).mean():.4g}", ""]
 
 
-def format_outputs(outputs: Mapping[str, Any]) -> str:
-    """A table of each output: name, dtype, shape and a few statistics."""
+def _numbers(value: Any) -> np.ndarray | None:
+    """The values inside an output as one array: a tensor's, every element of a sequence
+    (flattened), a map's values; None where they cannot be put together."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        parts = [_numbers(item) for item in value]
+        if not parts or any(p is None for p in parts) or len({p.dtype for p in parts}) > 1:
+            return None
+        return np.concatenate([p.reshape(-1) for p in parts])
+    return np.asarray(value)
+
+
+def _shape_cell(value: Any) -> str:
+    """A tensor's shape; a sequence's count and element shape (`2×[2,3]`), or each element's
+    when they differ; a map's size."""
+    if value is None:
+        return "-"
+    if isinstance(value, Mapping):
+        return f"({len(value)} keys)"
+    if isinstance(value, (list, tuple)):
+        shapes = [_shape_cell(item) for item in value]
+        if not shapes:
+            return "0 elements"
+        if len(set(shapes)) == 1:
+            return f"{len(shapes)}×{shapes[0]}"
+        more = f", +{len(shapes) - 3}" if len(shapes) > 3 else ""
+        return ", ".join(shapes[:3]) + more
+    return "[" + ",".join(str(d) for d in np.shape(value)) + "]"
+
+
+def _dtype_cell(value: Any, declared: str | None) -> str:
+    if isinstance(value, np.ndarray):
+        return str(value.dtype)
+    if isinstance(value, (list, tuple, Mapping)) or value is None:
+        return output_label(value, declared)
+    return str(np.asarray(value).dtype)
+
+
+def format_outputs(outputs: Mapping[str, Any], types: Mapping[str, str] | None = None) -> str:
+    """A table of each output: name, dtype, shape and a few statistics. A sequence, map or
+    empty optional is labelled by its type (`seq(float32)`, from `types` where given) and its
+    statistics cover every value it holds."""
     rows = []
     for name, value in outputs.items():
-        array = np.asarray(value)
-        shape = "[" + ",".join(str(d) for d in array.shape) + "]"
-        rows.append([name, str(array.dtype), shape, *_stats(array)])
+        rows.append([name, _dtype_cell(value, (types or {}).get(name)), _shape_cell(value),
+                     *_stats(_numbers(value))])
     return format_table(["output", "dtype", "shape", "min", "max", "mean", "nan/inf"], rows)

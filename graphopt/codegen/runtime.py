@@ -13,12 +13,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from graphopt.codegen.feeds import describe, numpy_dtype
+from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
+                                   typed_entry)
 from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_reference_files,
                                       routing_mismatch)
 from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
+from graphopt.numerics import typed_runner
 from graphopt.passes.layout_nchwc_weights import METADATA_KEY, block_mismatch
 
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -44,7 +46,12 @@ def _runner(session: ort.InferenceSession, providers: list[str]):
     """How a partition is run. On the CPU provider alone, straight through onnxruntime's
     binding: OmSession has checked the feeds already, and InferenceSession.run's own Python
     checks cost ~10 µs a call, a tenth of a small model's run. With an accelerator provider,
-    the public run, which can fall back to the CPU when the accelerator fails."""
+    the public run, which can fall back to the CPU when the accelerator fails. A partition
+    that takes or returns bfloat16 or float8 tensors, which the binding cannot convert, through
+    numerics.TypedRunner."""
+    typed = typed_runner(session)
+    if typed is not None:
+        return typed
     binding = getattr(session, "_sess", None)
     if providers == [CPU_PROVIDER] and binding is not None and hasattr(binding, "run"):
         return lambda outputs, feeds: binding.run(outputs, feeds, None)
@@ -55,6 +62,8 @@ def _call(step: _Step, feeds: Mapping[str, Any]) -> list:
     """Run one partition; onnxruntime's untyped exceptions become a GraphoptError naming it."""
     try:
         return step.call(step.outputs, feeds)
+    except GraphoptError:
+        raise  # a TypedRunner's refusal, which names the value already
     except Exception as exc:  # onnxruntime raises its own untyped exceptions
         raise GraphoptError(
             f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}") from None
@@ -241,6 +250,22 @@ def _check_blocking(artifact: OmArtifact, name: str, metadata: Mapping[str, str]
         raise ArtifactError(f"{artifact.path}: partition {name!r}: {problem}")
 
 
+def _typed(artifact: OmArtifact, entries: list[dict]) -> list[dict]:
+    """A copy of signature entries in which those of values that are not tensors (a sequence,
+    a map, an optional), which the manifest records without a dtype or shape, have their
+    "type" (and "element") from the partition models."""
+    entries = _copied(entries)
+    untyped = {e["name"]: e for e in entries if e["dtype"] is None}
+    for name in artifact.execution_order if untyped else ():
+        graph = artifact.models.parse(name).graph
+        for info in (*graph.input, *graph.output):
+            entry = untyped.pop(info.name, None)
+            if entry is not None:
+                entry.update({key: value for key, value in typed_entry(info).items()
+                              if key in ("type", "element")})
+    return entries
+
+
 def _copied(value: Any) -> Any:
     """A copy of manifest data (dicts, lists, scalars); copy.deepcopy costs ~10× more."""
     if isinstance(value, dict):
@@ -372,8 +397,8 @@ class OmSession:
                 stacklevel=2,
             )
         self._artifact = artifact
-        self._inputs = _copied(artifact.inputs)
-        self._outputs = _copied(artifact.outputs)
+        self._inputs = _typed(artifact, artifact.inputs)
+        self._outputs = _typed(artifact, artifact.outputs)
         self._expected = {e["name"]: (e, numpy_dtype(e["dtype"])) for e in self._inputs}
         # Fully static input shapes, compared as one tuple: run() is on the serving hot path.
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
@@ -459,19 +484,25 @@ class OmSession:
 
     @property
     def inputs(self) -> list[dict]:
-        """The feeds `run` expects: [{"name", "dtype", "shape"}] (a copy)."""
+        """The feeds `run` expects: [{"name", "dtype", "shape"}] (a copy); a value that is not
+        a tensor also has its "type" (`seq(float32)`) and, for a sequence or optional of
+        tensors, the "element" ({"dtype", "shape"}) it holds."""
         return _copied(self._inputs)
 
     @property
     def outputs(self) -> list[dict]:
-        """What `run` returns by default: [{"name", "dtype", "shape"}] (a copy)."""
+        """What `run` returns by default: [{"name", "dtype", "shape"}] (a copy), typed as
+        `inputs` are."""
         return _copied(self._outputs)
 
     @property
     def profiles(self) -> list[dict]:
         """The shape profiles this session opened (all, unless `profiles` chose some), the
         artifact's order kept: [{"name", "dims", "inputs"}] ([] without)."""
-        return [{key: _copied(p[key]) for key in ("name", "dims", "inputs")}
+        types = {e["name"]: e for e in self._inputs if "type" in e}
+        return [{"name": p["name"], "dims": _copied(p["dims"]),
+                 "inputs": [{**_copied(types.get(e["name"], {})), **_copied(e)}
+                            for e in p["inputs"]]}
                 for p in self._opened]
 
     def profile_for(self, feeds: Mapping[str, Any]) -> str | None:
@@ -550,9 +581,14 @@ class OmSession:
             if name not in feeds:
                 raise GraphoptError(f"missing input {name!r} ({describe(entry)})")
             value = feeds[name]
-            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if "type" in entry:  # a sequence, map or optional: onnxruntime takes it as it is
+                env[name] = fitted_value(entry, value)
+                continue
+            array = as_array(name, value)
             if entry["dtype"] == "string":
                 ok = array.dtype.kind in "OUS"  # onnxruntime takes str and object arrays alike
+            elif dtype is not None and same_bits(array, dtype):  # bfloat16 read from an .npz
+                array, ok = array.view(dtype), True
             else:
                 ok = dtype is None or array.dtype == dtype
             if not ok:

@@ -41,8 +41,8 @@ from graphopt.tools.output_kinds import model_facts, output_kind
 @dataclass
 class OutputAccuracy:
     name: str
-    shape: tuple
-    kind: str                          # "classifier", "lm" or "tensor"
+    shape: tuple | None                # None: a sequence, map or optional
+    kind: str                          # "classifier", "lm", "tensor", or the type (seq(float32))
     cosine: float | None
     top1: float | None = None          # argmax agreement over rows
     perplexity: tuple[float, float] | None = None  # (reference, candidate)
@@ -77,7 +77,8 @@ class AccuracyReport:
             if o.perplexity is not None:
                 ppl = (f"{o.perplexity[0]:.4g} -> {o.perplexity[1]:.4g} "
                        f"({100 * o.perplexity_change:+.2f}%, on {o.targets})")
-            rows.append([o.name, "[" + ",".join(map(str, o.shape)) + "]", o.kind,
+            shape = "" if o.shape is None else "[" + ",".join(map(str, o.shape)) + "]"
+            rows.append([o.name, shape, o.kind,
                          "" if o.cosine is None else f"{o.cosine:.6f}",
                          "" if o.top1 is None else f"{100 * o.top1:.1f}%", ppl, o.note])
         headers = ["output", "shape", "kind", "cosine", "top-1 agree", "perplexity", "note"]
@@ -163,6 +164,10 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
     if note:
         report.warnings.append(note)
     for name in ref_side.outputs:
+        if not isinstance(expected[name], np.ndarray):  # a sequence, map or optional
+            row = compare_arrays(name, expected[name], actual.get(name))
+            report.outputs.append(OutputAccuracy(name, None, row.dtype, row.cosine, note=row.note))
+            continue
         ref = np.asarray(expected[name])
         if name not in actual:
             report.outputs.append(OutputAccuracy(name, ref.shape, "tensor", None,

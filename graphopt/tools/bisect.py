@@ -118,13 +118,12 @@ def _load(model) -> tuple[ModelProto, str]:
 
 def _feeds(reference: ModelProto, feeds, shapes: dict) -> dict:
     if feeds is not None:
-        from graphopt.codegen.feeds import check_feeds
-        from graphopt.codegen.om_write import input_signature
+        from graphopt.codegen.feeds import check_feeds, typed_inputs
         from graphopt.compiler import load_inputs  # the --inputs .npz reader of --verify
 
         arrays = load_inputs(feeds)
         try:
-            check_feeds(input_signature(reference), arrays)
+            check_feeds(typed_inputs(reference), arrays)
         except InputError as e:
             where = f" {os.fspath(feeds)}" if not isinstance(feeds, dict) else ""
             raise InputError(f"--inputs{where}: {e}") from None

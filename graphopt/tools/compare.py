@@ -4,6 +4,11 @@ Each compared tensor becomes a Row with msaccucmp's metrics (graphopt.tools.metr
 - shapes differ, or dtypes differ unless both are floating point (an f16 candidate is compared
   with its f32 reference on values, with a note): fail, no metrics.
 - integer, bool and string tensors: exact equality; `mismatches` counts unequal elements.
+- bfloat16 and float8 tensors (ml_dtypes arrays) are judged as the float32 values they hold.
+- a sequence passes when its length matches and every element passes, a map when its keys
+  match and every value passes, an empty optional (None) when the other is empty too; the row
+  is labelled by its type (`seq(map(int64,float32))[3]`, `optional(None)`); its cosine is its
+  lowest element's, its other metrics those of all the values it holds together.
 - float tensors: any NaN or Inf in either side fails the row (they are counted in the note and the
   metrics cover the elements finite in both). Otherwise the rule is allclose, every element
   within |c - r| <= atol + rtol·|r| (rtol 1e-4, atol 1e-5 by default), or, when `min_cosine` is
@@ -20,12 +25,17 @@ broke. A shared name whose shapes differ (a layout change, say) is skipped and c
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
+import onnx
 
+from graphopt.codegen.feeds import output_label, proto_type, type_label
 from graphopt.errors import OptionError
 from graphopt.ir.dtypes import DType
+from graphopt.numerics import Mismatch, paired, widened
 from graphopt.tools import metrics
 from graphopt.tools.compare_run import (
     check_signatures,
@@ -44,8 +54,8 @@ class Row:
 
     name: str
     role: str                      # "output" or "intermediate"
-    dtype: str                     # the reference's, short: "f32"
-    shape: tuple
+    dtype: str                     # the reference's, short: "f32"; or its type: "seq(float32)"
+    shape: tuple | None            # a sequence's or map's length; None for an empty optional
     passed: bool = True
     cosine: float | None = None
     max_abs: float | None = None
@@ -61,7 +71,7 @@ class Row:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["shape"] = list(self.shape)
+        data["shape"] = None if self.shape is None else list(self.shape)
         return data
 
 
@@ -76,18 +86,39 @@ def _shape(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
+def layout(value: Any, declared: str | None = None) -> tuple[str, tuple | None]:
+    """A row's dtype and shape for a value: a tensor's short dtype and shape, a sequence's or
+    map's type (`declared` where given) and length, `optional(None)` and no shape for None."""
+    if value is None:
+        return output_label(None), None
+    if isinstance(value, (list, tuple, Mapping)):
+        return output_label(value, declared), (len(value),)
+    array = np.asarray(value)
+    return _short(array.dtype), tuple(array.shape)
+
+
+def _structured(value: Any) -> bool:
+    return value is None or isinstance(value, (list, tuple, Mapping))
+
+
 def compare_arrays(name: str, reference, candidate, *, rtol: float = DEFAULT_RTOL,
                    atol: float = DEFAULT_ATOL, min_cosine: float | None = None,
-                   role: str = "output") -> Row:
-    """Judge `candidate` against `reference` by the rules in this module's docstring."""
+                   role: str = "output", declared: str | None = None) -> Row:
+    """Judge `candidate` against `reference` by the rules in this module's docstring.
+    `declared` is the reference's type label for a sequence or map (`seq(float32)`)."""
+    judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}
+    if _structured(reference) or _structured(candidate):
+        return _compare_values(name, reference, candidate, role, declared, judge)
     ref, cand = np.asarray(reference), np.asarray(candidate)
     row = Row(name, role, _short(ref.dtype), tuple(ref.shape))
+    same_dtype, cand_dtype = ref.dtype == cand.dtype, _short(cand.dtype)
+    ref, cand = widened(ref), widened(cand)  # bfloat16 and float8 as the floats they hold
     floats = ref.dtype.kind in "fc" and cand.dtype.kind in "fc"
     if ref.shape != cand.shape:
         row.passed, row.note = False, f"shape {_shape(cand.shape)} vs reference {_shape(ref.shape)}"
         return row
-    if ref.dtype != cand.dtype:
-        row.note = f"dtype {_short(cand.dtype)} vs reference {row.dtype}"
+    if not same_dtype:
+        row.note = f"dtype {cand_dtype} vs reference {row.dtype}"
         if not floats:
             row.passed = False
             return row
@@ -125,6 +156,65 @@ def compare_arrays(name: str, reference, candidate, *, rtol: float = DEFAULT_RTO
     within = row.mismatches == 0 if min_cosine is None else row.cosine >= min_cosine
     row.passed = row.passed and within
     return row
+
+
+def _compare_values(name: str, reference, candidate, role: str, declared: str | None,
+                    judge: dict) -> Row:
+    """A sequence, map or optional judged tensor by tensor (see the module docstring)."""
+    row = Row(name, role, *layout(reference, declared))
+    problems, cosines = [], []
+    for pair in paired(name, reference, candidate):
+        if isinstance(pair, Mismatch):
+            where = "" if pair.output == name else f"{pair.output}: "
+            problems.append(where + pair.problem)
+            continue
+        element = compare_arrays(*pair, role=role, **judge)
+        if element.cosine is not None:
+            cosines.append(element.cosine)
+        if not element.passed:
+            problems.append(f"{element.name}: {_why(element, judge)}")
+    whole = _whole(name, reference, candidate, role, judge)
+    if whole is not None:
+        for metric in ("max_abs", "mean_abs", "max_rel", "mean_rel", "rmse", "mismatches"):
+            setattr(row, metric, getattr(whole, metric))
+        # The lowest element's, which a cosine rule judges, not that of all values together.
+        row.cosine = min(cosines, default=None)
+    row.passed = not problems
+    if problems:
+        more = f"; {len(problems) - 1} more element(s) fail" if len(problems) > 1 else ""
+        row.note = problems[0] + more
+    return row
+
+
+def _why(row: Row, judge: dict) -> str:
+    """Why a tensor's row failed, in a few words."""
+    if row.note:
+        return row.note
+    if judge["min_cosine"] is not None and row.cosine is not None:
+        return f"cosine {row.cosine:.6f} < {judge['min_cosine']:g}"
+    return f"{row.mismatches} mismatch(es)"
+
+
+def _whole(name: str, reference, candidate, role: str, judge: dict) -> Row | None:
+    """Every tensor inside two values compared as one, for the row's metrics; None unless each
+    has the shape of its reference and they concatenate."""
+    refs, cands = [], []
+    for pair in paired(name, reference, candidate):
+        if isinstance(pair, Mismatch):
+            return None
+        _, ref, cand = pair
+        ref, cand = widened(ref), widened(cand)
+        if ref.shape != cand.shape:
+            return None
+        refs.append(ref.reshape(-1))
+        cands.append(cand.reshape(-1))
+    if not refs:
+        return None
+    try:
+        together = np.concatenate(refs), np.concatenate(cands)
+    except (TypeError, ValueError):
+        return None
+    return compare_arrays(name, *together, role=role, **judge)
 
 
 @dataclass
@@ -208,13 +298,14 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     # The candidate's output order; reference outputs it lacks come last, as failures.
     ordered = ([n for n in cand_side.outputs if n in ref_side.outputs]
                + [n for n in ref_side.outputs if n not in cand_side.outputs])
+    declared = declared_types(ref_side.proto)
     for name in ordered:
         if name not in cand_side.outputs:
-            expected = ref_values[name]
-            report.rows.append(Row(name, "output", _short(expected.dtype), tuple(expected.shape),
+            report.rows.append(Row(name, "output", *layout(ref_values[name], declared.get(name)),
                                    passed=False, note=f"not an output of {cand_side.label}"))
             continue
-        row = compare_arrays(name, ref_values[name], cand_values[name], **judge)
+        row = compare_arrays(name, ref_values[name], cand_values[name], declared=declared.get(name),
+                             **judge)
         tensor = producers.get(name)
         row.producer, row.partition = (tensor.producer, tensor.partition) if tensor else ("", "")
         report.rows.append(row)
@@ -225,10 +316,11 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     skipped = []
     for tensor in shared:
         ref_value, cand_value = ref_values[tensor.name], cand_values[tensor.name]
-        if np.shape(ref_value) != np.shape(cand_value):
+        if layout(ref_value)[1] != layout(cand_value)[1] and not _structured(ref_value):
             skipped.append(tensor.name)
             continue
-        row = compare_arrays(tensor.name, ref_value, cand_value, role="intermediate", **judge)
+        row = compare_arrays(tensor.name, ref_value, cand_value, role="intermediate",
+                             declared=declared.get(tensor.name), **judge)
         row.producer, row.partition = tensor.producer, tensor.partition
         report.rows.append(row)
     if skipped:
@@ -236,3 +328,12 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         report.notes.append(f"{len(skipped)} shared name(s) skipped, the shapes differ: {shown}")
     return report
 
+
+def declared_types(model: onnx.ModelProto | None) -> dict[str, str]:
+    """The type labels of the values a model declares as sequences, maps or optionals (its
+    outputs and value_info), by name."""
+    if model is None:
+        return {}
+    return {info.name: type_label(proto_type(info.type))
+            for info in (*model.graph.output, *model.graph.value_info)
+            if info.type.WhichOneof("value") in ("sequence_type", "map_type", "optional_type")}

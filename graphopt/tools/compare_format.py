@@ -29,7 +29,9 @@ def _number(value: float | None, digits: str = ".3g") -> str:
 
 
 def _cells(row: Row) -> list[str]:
-    shape = f"{row.dtype}[{','.join(str(d) for d in row.shape)}]"
+    shape = row.dtype  # an empty optional's `optional(None)`: `[]` would say a scalar
+    if row.shape is not None:
+        shape += f"[{','.join(str(d) for d in row.shape)}]"
     mismatch = NOT_MEANINGFUL if row.mismatches is None else str(row.mismatches)
     return [row.name, shape, _number(row.cosine, ".6f"), _number(row.max_abs),
             _number(row.mean_abs), _number(row.max_rel), _number(row.mean_rel),
@@ -88,7 +90,7 @@ def report_csv(report: CompareReport) -> str:
     for row in report.rows:
         data = row.to_dict()
         data["tensor"] = row.name
-        data["shape"] = "x".join(str(d) for d in row.shape)
+        data["shape"] = "" if row.shape is None else "x".join(str(d) for d in row.shape)
         data["result"] = "pass" if row.passed else "FAIL"
         writer.writerow([_csv_value(data[f]) for f in CSV_FIELDS])
     return out.getvalue()

@@ -13,10 +13,9 @@ import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
 from graphopt import numerics
-from graphopt.codegen.feeds import check_feeds, describe, load_npz
+from graphopt.codegen.feeds import check_feeds, describe, load_npz, typed_inputs
 from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_read import is_om
-from graphopt.codegen.om_write import input_signature
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 
@@ -42,7 +41,7 @@ class Side:
     tensors: list[Tensor] = field(default_factory=list)  # computed values, graph order
     notes: list[str] = field(default_factory=list)       # what loading it warned about
 
-    def run(self, feeds: Mapping[str, np.ndarray], extra: list[str]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object], extra: list[str]) -> dict[str, object]:
         """The outputs and the `extra` intermediates (those this side computes)."""
         if self.session is not None:
             values = self.session.run(dict(feeds))
@@ -106,7 +105,7 @@ def _read_onnx(path: str) -> onnx.ModelProto:
 
 def _onnx_side(model, label: str) -> Side:
     proto = model if isinstance(model, onnx.ModelProto) else _read_onnx(label)
-    return Side(label, input_signature(proto), [vi.name for vi in proto.graph.output],
+    return Side(label, typed_inputs(proto), [vi.name for vi in proto.graph.output],
                 proto=proto, tensors=_computed(proto.graph))
 
 
@@ -155,7 +154,7 @@ def check_signatures(reference: Side, candidate: Side) -> None:
                          f"(its inputs: {', '.join(ref) or 'none'})")
     for name, r in ref.items():
         c = cand[name]
-        if r["dtype"] != c["dtype"]:
+        if r["dtype"] != c["dtype"] or r.get("type") != c.get("type"):
             raise InputError(f"input {name!r} is {describe(r)} in {reference.label} but "
                              f"{describe(c)} in {candidate.label}")
         if r["shape"] is None or c["shape"] is None:
@@ -186,6 +185,14 @@ def shared_dims(reference: Side, candidate: Side) -> dict[str, list]:
     return dims
 
 
+def _fed(value):
+    """A caller's feed: a sequence (list), map (dict) or empty optional (None) as it is, which
+    np.asarray would turn into a tensor or refuse; anything else as an array."""
+    if value is None or isinstance(value, (list, tuple, Mapping)):
+        return value
+    return np.asarray(value)
+
+
 def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
                input_shapes) -> tuple[dict[str, np.ndarray], str]:
     """The feeds both sides run on, and how to describe them: `feeds` (a dict or an .npz path)
@@ -193,7 +200,7 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
     if feeds is not None:
         label = os.fspath(feeds) if isinstance(feeds, (str, os.PathLike)) else "feeds"
         arrays = (load_npz(feeds) if isinstance(feeds, (str, os.PathLike))
-                  else {name: np.asarray(value) for name, value in feeds.items()})
+                  else {name: _fed(value) for name, value in feeds.items()})
         for side in (reference, candidate):
             try:
                 check_feeds(side.inputs, arrays)

@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.ir import Model, load_onnx
+from graphopt.numerics import typed_runner
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
@@ -196,20 +197,21 @@ def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_sh
     options.profile_file_prefix = os.path.join(workdir, ONNX_PARTITION)
     try:
         session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-        session.run(None, feeds)  # the first run fails here, not mid-measurement
+        call = typed_runner(session) or session.run  # bfloat16 and float8 as OrtValues
+        call(None, feeds)  # the first run fails here, not mid-measurement
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
         raise InputError(f"{label}: onnxruntime cannot run it: {_first_line(exc)}") from None
     # The check run counts as the first warmup; with no warmup it is dropped all the same.
     skip = max(warmup, 1)
 
     def run():
-        return session.run(None, feeds)
+        return call(None, feeds)
 
     _timed_runs(run, skip - 1)
     wall = _timed_runs(run, repeat)
     trace = read_trace(session.end_profiling())
     model = load_onnx(proto)
-    _shape(model, {name: array.shape for name, array in feeds.items()})
+    _shape(model, _tensor_shapes(feeds))
     part = PartitionInfo(ONNX_PARTITION, "cpu", level, ["CPUExecutionProvider"], len(model.graph))
     profile = Profile(path=label, kind="onnx", runs=repeat, warmup=warmup, threads=threads,
                       partitions=[part], kernels=[], wall_s=wall, cost_model="",
@@ -255,7 +257,7 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     ran = set(artifact.execution_order)
     traces = {name: read_trace(file) for name, file in session.end_profiling().items()
               if file and name in ran}
-    shapes = {name: np.shape(array) for name, array in {**feeds, **values}.items()}
+    shapes = _tensor_shapes({**feeds, **values})
     providers = session.providers
     partitions, models = [], {}
     for part in artifact.partitions:
@@ -272,6 +274,12 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
                       notes=notes, trace=merge_traces(traces), shape_profile=shape_profile)
     _collect(profile, traces, skip)
     return profile
+
+
+def _tensor_shapes(values: Mapping) -> dict[str, tuple]:
+    """The shapes of the tensors among `values`; a sequence, map or optional has none to pin
+    the cost model's shapes with."""
+    return {name: value.shape for name, value in values.items() if isinstance(value, np.ndarray)}
 
 
 def _random_signature(session, input_shapes) -> list[dict]:
@@ -292,14 +300,14 @@ def _agrees(shape, pins) -> bool:
 
 
 def _signature(proto: onnx.ModelProto) -> list[dict]:
-    from graphopt.codegen.om_write import input_signature
+    from graphopt.codegen.feeds import typed_inputs
 
-    return input_signature(proto)
+    return typed_inputs(proto)
 
 
 def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]:
     """The caller's feeds checked against the signature, or seeded random ones."""
-    from graphopt.codegen.feeds import check_feeds, random_feeds
+    from graphopt.codegen.feeds import check_feeds, npz_holds, random_feeds
 
     if feeds is not None:
         if input_shapes:
@@ -326,7 +334,10 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
     try:
         return random_feeds(pinned, seed=seed)
     except InputError as exc:
-        raise InputError(f"{label}: {exc}; pin it with --input-shape or pass --inputs") from None
+        # An .npz holds arrays: a sequence or map can only be fed from Python.
+        hint = ("pin it with --input-shape or pass --inputs" if all(map(npz_holds, signature))
+                else "pass feeds from Python: graphopt.tools.profile.profile_model(path, feeds)")
+        raise InputError(f"{label}: {exc}; {hint}") from None
 
 
 def _shape(model: Model, shapes: Mapping[str, tuple]) -> None:
