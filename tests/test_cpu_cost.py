@@ -321,3 +321,22 @@ def test_the_cpu_target_estimates_with_this_machines_calibration(calibration, tm
     with open(os.path.join(tmp_path, "graphopt", "calibration-cpu.json"), "w") as f:
         f.write("{broken")  # a damaged file: the profile's figures, not a failed compile
     assert host_cost_model(cpu, cpu.device("cpu")).constants == default_constants(cpu.device("cpu"))
+
+
+def test_a_requantized_qdq_add_is_priced_as_qlinearadd():
+    nodes = _nodes(HEADER + """g (uint8[1,8] aq, uint8[1,8] bq, float s, uint8 z) => (uint8[1,8] yq) {
+        a = DequantizeLinear(aq, s, z)
+        b = DequantizeLinear(bq, s, z)
+        y = Add(a, b)
+        yq = QuantizeLinear(y, s, z)
+    }""")
+    assert node_work(nodes["Add"]) == (8, 8 + 8 + 8)  # uint8 in, uint8 out
+    assert node_work(nodes["QuantizeLinear"]) == (0, 0)
+    # Without the QuantizeLinear after it, onnxruntime runs a float Add between DequantizeLinears.
+    plain = _nodes(HEADER + """g (uint8[1,8] aq, uint8[1,8] bq, float s, uint8 z) => (float[1,8] y) {
+        a = DequantizeLinear(aq, s, z)
+        b = DequantizeLinear(bq, s, z)
+        y = Add(a, b)
+    }""")
+    assert node_work(plain["Add"]) == (8, 4 * 24)
+    assert node_work(plain["DequantizeLinear"])[1] > 0

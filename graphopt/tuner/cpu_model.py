@@ -19,7 +19,8 @@ output, not their whole data input). Unknown ops count as elementwise.
 
 A QDQ Conv, MatMul or Gemm (both its data and its weight dequantized from 8-bit integers) is what
 onnxruntime fuses into QLinearConv or QLinearMatMul at session creation, so it is priced as that
-kernel: an int8 class, its bytes those of the integer tensors. The DequantizeLinear and
+kernel: an int8 class, its bytes those of the integer tensors (a QDQ Add or Mul, fused into
+QLinearAdd or QLinearMul, likewise stays elementwise on the integer bytes). The DequantizeLinear and
 QuantizeLinear the fusion absorbs cost nothing: they run as no kernel of their own. int8 kernels
 are a class of their own because MLAS runs them about twice as fast as float32 on AVX2. The defaults are the `cpu`
 target profile's figures; `graphopt calibrate` measures this machine's (graphopt.tuner.calibrate).
@@ -50,6 +51,8 @@ _GEMM_INT8 = {"MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat", "Dynamic
               "QGemm"}
 _CONV_INT8 = {"ConvInteger", "QLinearConv"}
 _QDQ_FUSABLE = {"Conv": "conv_int8", "MatMul": "gemm_int8", "Gemm": "gemm_int8"}
+# Binary ops onnxruntime fuses the same way when their output is requantized (QLinearAdd…).
+_QDQ_BINARY = {"Add", "Mul"}
 # Ops per input element, roughly as the kernels do them (Softmax: max, exp, sum, divide).
 _REDUCTION = {"Softmax": 4, "LogSoftmax": 4, "LayerNormalization": 8,
               "SimplifiedLayerNormalization": 6, "SkipLayerNormalization": 9,
@@ -100,10 +103,15 @@ def _int8_source(value: Value | None) -> Value | None:
 
 
 def _qdq_int8(node: Node) -> bool:
-    """A Conv/MatMul/Gemm whose data and weight both come dequantized from 8-bit integers:
-    onnxruntime's QDQ selectors run it as QLinearConv or QLinearMatMul."""
-    return node.op_type in _QDQ_FUSABLE and len(node.inputs) >= 2 and all(
-        _int8_source(v) is not None for v in node.inputs[:2])
+    """A Conv/MatMul/Gemm whose data and weight both come dequantized from 8-bit integers, or
+    an Add/Mul of two such tensors whose sum is requantized: onnxruntime's QDQ selectors run it
+    as QLinearConv, QLinearMatMul, QLinearAdd or QLinearMul."""
+    binary = node.op_type in _QDQ_BINARY and node.is_onnx
+    if not (node.op_type in _QDQ_FUSABLE or binary) or len(node.inputs) < 2:
+        return False
+    if not all(_int8_source(v) is not None for v in node.inputs[:2]):
+        return False
+    return not binary or (node.outputs[0] is not None and _requantized(node.outputs[0]) is not None)
 
 
 def _requantized(value: Value) -> Value | None:
