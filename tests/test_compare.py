@@ -282,3 +282,26 @@ def test_option_errors(files, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
                          "--input-shape", "y:1")
     assert rc == 1 and "has no input 'y'" in err
+
+
+def test_a_feed_overriding_an_initializer_is_judged_per_side(tmp_path, capsys):
+    # The reference and an optimized .onnx take the override; an .om fixed the value, which
+    # the error says, instead of "unknown input … for the reference".
+    from onnx import TensorProto, helper, numpy_helper
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"])], "g",
+        [vi("x", TensorProto.FLOAT, [3]), vi("k", TensorProto.FLOAT, [3])],
+        [vi("y", TensorProto.FLOAT, [3])], [numpy_helper.from_array(np.ones(3, np.float32), "k")])
+    source = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, x=np.ones(3, np.float32), k=np.full(3, 2, np.float32))
+    for suffix in (".onnx", ".om"):
+        save(optimize(str(source)), tmp_path / f"opt{suffix}")
+    rc, out, err = run_cli(capsys, "compare", source, tmp_path / "opt.onnx", "--inputs", feeds)
+    assert rc == 0 and "result: PASS" in out, err
+    rc, _, err = run_cli(capsys, "compare", source, tmp_path / "opt.om", "--inputs", feeds)
+    assert rc == 1 and f"'k' overrides an initializer of {source}, which {tmp_path / 'opt.om'} " \
+        "holds fixed at its value" in err

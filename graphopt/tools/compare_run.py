@@ -193,6 +193,14 @@ def _fed(value):
     return np.asarray(value)
 
 
+def _overridable(proto: onnx.ModelProto | None) -> set[str]:
+    """The initializers a caller of `proto` may override: those it lists as inputs (IR ≥ 4)."""
+    if proto is None or proto.ir_version < 4:
+        return set()
+    listed = {vi.name for vi in proto.graph.input}
+    return {init.name for init in proto.graph.initializer if init.name in listed}
+
+
 def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
                input_shapes) -> tuple[dict[str, np.ndarray], str]:
     """The feeds both sides run on, and how to describe them: `feeds` (a dict or an .npz path)
@@ -201,10 +209,17 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         label = os.fspath(feeds) if isinstance(feeds, (str, os.PathLike)) else "feeds"
         arrays = (load_npz(feeds) if isinstance(feeds, (str, os.PathLike))
                   else {name: _fed(value) for name, value in feeds.items()})
+        overridable = _overridable(reference.proto)
         for side in (reference, candidate):
+            own = _overridable(side.proto)  # an optimized .onnx keeps them overridable too
             try:
-                check_feeds(side.inputs, arrays)
+                check_feeds(side.inputs, {k: v for k, v in arrays.items() if k not in own})
             except InputError as exc:
+                fixed = sorted(set(arrays) & overridable - own - {e["name"] for e in side.inputs})
+                if fixed:  # the reference takes it; a compile fixed it (an .om takes no such feed)
+                    raise InputError(f"{label}: {fixed[0]!r} overrides an initializer of "
+                                     f"{reference.label}, which {side.label} holds fixed at its "
+                                     "value; compare without it") from None
                 raise InputError(f"{label}: {exc} (for {side.label})") from None
         return arrays, label
     shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
