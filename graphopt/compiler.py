@@ -235,13 +235,14 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
         check_pinned_shapes(ir_model, label, options.input_shapes)
+    calibration = None
     if options.calibration:  # read and checked against the (pinned) inputs before any pass
         from graphopt.quant.calib_data import check_calibration
 
-        check_calibration(options.calibration, ir_model.graph)
+        calibration = check_calibration(options.calibration, ir_model.graph)
 
     ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
-                      target=target, gate=rewrite_gate)
+                      target=target, gate=rewrite_gate, calibration=calibration)
     extra_instruments, instruments = list(instruments), []
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())

@@ -575,3 +575,16 @@ def test_models_before_opset_13_stay_float_with_a_note(tmp_path):
     result, out = _int8(proto, calibration=_calibration(tmp_path), quant_keep_ends=False)
     assert not any(n.op_type == "QuantizeLinear" for n in out.graph.node)
     assert any("opset 11" in note for note in result.notes)
+
+
+def test_the_calibration_file_is_read_once_per_compile(tmp_path, monkeypatch):
+    # Checked before the passes, then handed to QuantizeInt8 and its bias correction: a single
+    # .npz of samples is loaded whole, three times before.
+    from graphopt.quant import calib_data
+
+    loads = []
+    real = calib_data._load
+    monkeypatch.setattr(calib_data, "_load", lambda file: loads.append(file) or real(file))
+    result, _ = _int8(_conv_model(), calibration=_calibration(tmp_path))
+    assert result.log.totals()["QuantizeInt8"]["rewrites"]["Conv"] == 2
+    assert len(loads) == 1

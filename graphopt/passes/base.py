@@ -39,6 +39,7 @@ class PassContext:
     target: Any = None  # partition.target.Target when the compile names a target
     gate: RewriteGate | None = None  # None: every rewrite a pass finds happens
     current_pass: str = ""  # set by the pass manager around each pass run
+    calibration: Any = None  # quant.calib_data.CalibrationData the compile read and checked
 
     def note(self, message: str) -> None:
         if message not in self.notes:

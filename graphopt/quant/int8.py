@@ -25,13 +25,15 @@ no packed-QKV form: "Packed QKV of shape (B, L, N, 3, H) not implemented for CPU
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
-from graphopt.quant.calib_data import read_calibration
+from graphopt.quant.calib_data import model_inputs, read_calibration
 from graphopt.quant.calibrate import calibrate
 from graphopt.quant.probe import int8_gemm_saturates
 from graphopt.quant.qparams import (
@@ -76,7 +78,7 @@ class QuantizeInt8(Pass):
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))
         heads = _float_layers_after_quantized(model.graph, chosen) \
             if chosen.needs_calibration() else []
-        params, means = self._calibrated(model, chosen, options, heads) \
+        params, means = self._calibrated(model, chosen, ctx, heads) \
             if chosen.needs_calibration() else ({}, {})
         graph = model.graph
         for producer, act in chosen.folds:
@@ -108,21 +110,22 @@ class QuantizeInt8(Pass):
             model.opset_imports.setdefault(MS, 1)
             graph.sort()
             if heads:
-                _correct_float_layers(model, heads, means, options, result)
+                _correct_float_layers(model, heads, means, ctx, result)
             _drop_unused_initializers(graph)
         return result
 
-    def _calibrated(self, model: Model, chosen: Plan, options, heads: list[Node] = ()
+    def _calibrated(self, model: Model, chosen: Plan, ctx: PassContext, heads: list[Node] = ()
                     ) -> tuple[dict[int, QParams], dict[int, np.ndarray]]:
         """Quantization parameters per id(value) of every tensor that gets a Q/DQ pair, and the
         per-channel mean of each static node's input (and of each layer in `heads`), by
         id(node)."""
+        options = ctx.options
         if not options.calibration:
             raise OptionError(
                 f"quantize int8: {len(chosen.static)} Conv/Gemm node(s) need activation ranges; "
                 "give calibration data (the calibration option: an .npz file or a directory "
                 "of them), or quant_skip them")
-        data = read_calibration(options.calibration, model.graph)
+        data = calibration_data(ctx, model.graph)
         names = sorted({n for n in map(chosen.stats_name, chosen.tensors) if n is not None})
         # Read before any rewrite: each static node's input is still its float tensor.
         inputs = {id(node): node.inputs[0].name for node in [*chosen.static, *heads]}
@@ -151,6 +154,16 @@ class QuantizeInt8(Pass):
         return params, means
 
 
+def calibration_data(ctx: PassContext, graph):
+    """The calibration data the compile read and checked, when it was read for these inputs,
+    else read now: a single .npz of samples is loaded whole, so reading it once matters."""
+    data = ctx.calibration
+    if data is not None and data.path == os.fspath(ctx.options.calibration) \
+            and data.specs == model_inputs(graph):
+        return data
+    return read_calibration(ctx.options.calibration, graph)
+
+
 def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
     """The Conv/Gemm layers that stay float (quant_keep_ends' last layer, quant_skip) and read a
     computed tensor rather than a graph input: what the quantized layers before them shift,
@@ -161,7 +174,7 @@ def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
 
 
 def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int, np.ndarray],
-                          options, result: PassResult) -> None:
+                          ctx: PassContext, result: PassResult) -> None:
     """Bias correction of the float layers behind quantized ones (empirical, Nagel et al.
     2019): the quantized model runs over the calibration samples once more, and each such
     layer's bias absorbs W · (mean of its input in the quantized model - mean in the float
@@ -171,7 +184,7 @@ def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int
     correcting its float FC cuts the mean logit error from 0.0071σ to 0.0063σ."""
     graph = model.graph
     names = {id(node): node.inputs[0].name for node in heads}
-    data = read_calibration(options.calibration, graph)
+    data = calibration_data(ctx, graph)
     stats = calibrate(model, [], data, "minmax", set(names.values()))
     for node in heads:
         before, after = float_means.get(id(node)), stats[names[id(node)]].channel_mean
