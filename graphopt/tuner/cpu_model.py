@@ -20,10 +20,12 @@ output, not their whole data input). Unknown ops count as elementwise.
 A QDQ Conv, MatMul or Gemm (both its data and its weight dequantized from 8-bit integers) is what
 onnxruntime fuses into QLinearConv or QLinearMatMul at session creation, so it is priced as that
 kernel: an int8 class, its bytes those of the integer tensors (a QDQ Add or Mul, fused into
-QLinearAdd or QLinearMul, likewise stays elementwise on the integer bytes). The DequantizeLinear and
-QuantizeLinear the fusion absorbs cost nothing: they run as no kernel of their own. int8 kernels
-are a class of their own because MLAS runs them about twice as fast as float32 on AVX2. The defaults are the `cpu`
-target profile's figures; `graphopt calibrate` measures this machine's (graphopt.tuner.calibrate).
+QLinearAdd or QLinearMul, likewise stays elementwise on the integer bytes). The DequantizeLinear
+and QuantizeLinear the fusion absorbs cost nothing: they run as no kernel of their own. int8
+kernels are a class of their own because MLAS runs them about twice as fast as float32 on AVX2.
+
+The defaults are the `cpu` target profile's figures; `graphopt calibrate` measures this machine's
+(graphopt.tuner.calibrate).
 """
 
 from __future__ import annotations
