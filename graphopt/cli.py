@@ -257,6 +257,9 @@ def _precision_options(args) -> dict:
                                  or (os.path.isfile(args.calibration)
                                      and args.calibration.endswith(".npz"))):
         raise OptionError(f"--calibration {args.calibration}: not an .npz file or a directory")
+    if args.calibration_percentile is not None and args.calibration_method != "percentile":
+        raise OptionError("--calibration-percentile applies to --calibration-method percentile "
+                          f"(the ranges here come from {args.calibration_method or 'minmax'})")
     if args.calibration_percentile is not None and not 50 < args.calibration_percentile <= 100:
         raise OptionError(f"--calibration-percentile {args.calibration_percentile}: must be in "
                           "(50, 100] (99.999 clips the top 0.001% of each tensor)")

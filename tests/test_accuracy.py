@@ -203,3 +203,18 @@ def test_fp16_overflow_the_cpu_provider_hides_is_a_warning(tmp_path, suffix):
     assert "warning: float16 overflow" in report.format()
     small = {"x": np.full((2, 8), 1e-3, np.float32)}  # h stays in range on this input
     assert accuracy_report(proto, path, small).warnings == []
+
+
+def test_a_mask_filled_with_the_float32_minimum_is_not_an_overflow(tmp_path):
+    # -3.4e38 becomes -inf in float16, which softmax reads as a zero weight: a sentinel.
+    import graphopt
+
+    proto = parse_model("""
+        g (float[2,4] x, bool[2,4] m) => (float[2,4] y) {
+            s = Where(m, x, low)
+            y = Softmax(s)
+        }""", low=np.float32(np.finfo(np.float32).min))
+    path = tmp_path / "m16.onnx"
+    graphopt.save(graphopt.optimize(proto, precision="fp16"), path)
+    feeds = {"x": np.ones((2, 4), np.float32), "m": np.array([[1, 1, 0, 0]] * 2, bool)}
+    assert accuracy_report(proto, path, feeds).warnings == []

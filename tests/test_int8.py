@@ -416,6 +416,38 @@ def test_cli_refuses_a_percentile_the_pass_would_refuse(tmp_path, capsys, percen
     assert not (tmp_path / "q.onnx").exists()
 
 
+def test_a_percentile_without_the_percentile_method_is_refused(tmp_path, capsys):
+    # minmax ranges ignore it: the compile was byte for byte the one without the flag.
+    src = tmp_path / "m.onnx"
+    onnx.save(_conv_model(), src)
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", "--quantize", "int8",
+                         "--calibration", _calibration(tmp_path), "--calibration-percentile", "99")
+    assert rc == 1 and "--calibration-percentile applies to --calibration-method percentile " \
+        "(the ranges here come from minmax)" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--quantize", "int8", "--disable-pass", "QuantizeInt8"],
+     "--quantize int8 needs the QuantizeInt8 pass, which --disable-pass or a switch file"),
+    (["--precision", "fp16", "--disable-pass", "ConvertPrecision"],
+     "--precision fp16 needs the ConvertPrecision pass"),
+    (["--quantize", "int4", "--switch-file", "SWITCH"],
+     "--quantize int4 needs the QuantizeInt4Weights pass"),
+])
+def test_a_precision_asked_for_with_its_pass_switched_off_is_refused(tmp_path, capsys, flags,
+                                                                      message):
+    # The compile used to stay float32 under a header naming the pass.
+    src = tmp_path / "m.onnx"
+    onnx.save(_conv_model(), src)
+    switch = tmp_path / "switch.txt"
+    switch.write_text("QuantizeInt4Weights: off\n")
+    flags = [str(switch) if f == "SWITCH" else f for f in flags]
+    if "int8" in flags:
+        flags += ["--calibration", _calibration(tmp_path)]
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", *flags)
+    assert rc == 1 and message in err
+
+
 def test_one_calibration_set_serves_every_batch_profile(tmp_path):
     # --dynamic-dims "N:1,2": each profile pins N and checks the data against it; batch-1
     # samples are stacked two at a time for the N=2 profile.

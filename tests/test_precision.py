@@ -404,3 +404,17 @@ def test_cli_flags_compile_report_and_refuse(tmp_path, capsys):
     rc, stdout, _ = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16",
                             "--no-accuracy-report")
     assert rc == 0 and "accuracy vs" not in stdout
+
+
+def test_fp16_takes_castlike_which_onnxruntime_expands_from_its_function_body():
+    # No CPU kernel is registered for CastLike: onnxruntime runs its body, a Cast, which has a
+    # float16 kernel. -O0 keeps it (-O1 removes a CastLike to the dtype it already has).
+    proto = parse_model("""
+    g (float[2,8] x, float[2,8] t) => (float[2,8] y) {
+      a = MatMul(x, w1)
+      c = CastLike(a, t)
+      y = Relu(c)
+    }""", w1=W1)
+    result = compile_(proto, level=0, precision="fp16")
+    assert "CastLike" in ops(result.model)
+    checked(result, proto, atol=0.05)

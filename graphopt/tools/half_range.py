@@ -34,15 +34,22 @@ def half_tensors(models: list[onnx.ModelProto]) -> dict[str, str]:
     return half
 
 
+# Attention masks fill with float32's lowest value (or near it) on purpose: in float16 that
+# becomes -inf, which softmax takes as a zero weight. Magnitudes this large are sentinels, not
+# arithmetic that overflowed.
+SENTINEL = 1e30
+
+
 def overflows(values: dict[str, np.ndarray]) -> list[tuple[str, float]]:
-    """(name, largest |finite value|) of each array beyond float16's range, largest first."""
+    """(name, largest |finite value|) of each array beyond float16's range, largest first
+    (mask sentinels aside)."""
     found = []
     for name, array in values.items():
         array = np.asarray(array)
         if array.dtype.kind != "f" or not array.size:
             continue
         finite = np.abs(array[np.isfinite(array)], dtype=np.float64)
-        peak = float(finite.max(initial=0.0))
+        peak = float(finite[finite < SENTINEL].max(initial=0.0))
         if peak > FP16_MAX:
             found.append((name, peak))
     return sorted(found, key=lambda item: -item[1])

@@ -95,6 +95,15 @@ def check_options(options) -> None:
     if not isinstance(size, int) or size < 16 or size & (size - 1):
         raise OptionError(f"--int4-group-size {size}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
+    asked = {"ConvertPrecision": f"--precision {options.precision}"} \
+        if options.precision != "keep" else {}
+    if options.quantize != "none":
+        asked[{"int8": "QuantizeInt8", "int4": "QuantizeInt4Weights"}[options.quantize]] = \
+            f"--quantize {options.quantize}"
+    for name, flag in asked.items():
+        if name in options.disabled_passes:  # the compile would silently stay float32
+            raise OptionError(f"{flag} needs the {name} pass, which --disable-pass or a switch "
+                              "file turns off; drop one or the other")
     if options.quantize == "int8" and options.precision != "keep":
         # ConvertPrecision runs first and QuantizeInt8 quantizes float32 layers: none would be
         # left, and the compile would silently be a float16 one.
@@ -135,9 +144,26 @@ class Support:
     def runs(self, node: Node, dtype: DType) -> bool:
         if self.has(node.op_type, node.domain, dtype):
             return True
+        if _expanded_by_onnxruntime(node, self.devices):
+            return True
         for device in self.devices:
             if (device.kernel_source == "onnxruntime" and dtype == DType.FLOAT16
                     and device.has_kernel(node.op_type, node.domain, "float32")):
                 self.emulated.add(node.qualified_op)
                 return True
         return False
+
+
+def _expanded_by_onnxruntime(node: Node, devices) -> bool:
+    """Whether onnxruntime runs `node` from its ONNX schema's function body (CastLike: a Cast),
+    having no kernel of its own for it: the body's ops then decide, in any dtype they take."""
+    import onnx
+
+    if not any(d.kernel_source == "onnxruntime" and not d.has_kernel(node.op_type, node.domain,
+                                                                      None) for d in devices):
+        return False
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if not onnx.defs.has(node.op_type, domain):
+        return False
+    schema = onnx.defs.get_schema(node.op_type, domain)
+    return schema.has_function or schema.has_context_dependent_function
