@@ -214,6 +214,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                               f"{', '.join(Options.names())})")
         setattr(options, name, value)
     check_precision_options(options)
+    if verify and "bf16" in options.precision and target is not None \
+            and target.device(target.primary).kind != "cpu":
+        raise OptionError(f"--verify with --precision {options.precision} --target "
+                          f"{target.name}: verification runs on onnxruntime's CPU provider, "
+                          "which has no bfloat16 kernel for most ops; compare on a machine with "
+                          "the CANN provider (graphopt compare), or compile with fp16")
     if dynamic_dims is not None:  # the options are checked once, before any profile's compile
         from graphopt.compile_profiles import optimize_profiles
 
@@ -324,8 +330,9 @@ def memory_plots(result: OptimizeResult, path: str) -> list[tuple[str, object]]:
     plans = {prefix + name: plan for prefix, run in runs for name, plan in
              run.memory_plans.items() if not isinstance(plan, str)}
     if not plans:
-        reasons = "; ".join(p for _, run in runs for p in run.memory_plans.values()) \
-            or "no target was given"
+        reasons = "; ".join(dict.fromkeys(
+            f"{prefix}{name}: {plan}" for prefix, run in runs
+            for name, plan in run.memory_plans.items())) or "no target was given"
         raise OptionError(f"--memory-plot: no partition has a memory plan ({reasons})")
     stem, ext = os.path.splitext(path)
     return [(path if len(plans) == 1 else f"{stem}.{name}{ext}", plan)
@@ -517,14 +524,16 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
 
         tilings = tuned_tilings(tuning_db, result.model, partitioning)
     kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
-    if tuning_db:  # say what the knowledge base gave, also when it gave nothing
-        cube = [r for rows in (kernels or {}).get("partitions", {}).values() for r in rows
-                if "tiling" in r]
+    cube = [r for rows in (kernels or {}).get("partitions", {}).values() for r in rows
+            if "tiling" in r]
+    if tuning_db and cube:  # say what the knowledge base gave, also when it gave nothing
         tuned = sum(r.get("tiling_source") == SOURCE_TUNED for r in cube)
+        where = f" in shape profile {prefix[:-1]}" if prefix else ""
         result.notes.append(f"--tuning-db: tuned tilings for {tuned} of {len(cube)} NPU cube "
-                            f"kernel(s) on {partitioning.target.name}"
-                            + ("" if tuned or not cube else
-                               " (graphopt tune … --target with the same profile fills it)"))
+                            f"kernel(s) on {partitioning.target.name}{where}"
+                            + ("" if tuned else
+                               " (graphopt tune … --target with the same profile and shapes "
+                               "fills it)"))
     layout = partitioning_json(partitioning)
     for entry in layout["partitions"]:
         entry["name"] = prefix + entry["name"]
@@ -556,7 +565,10 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
                 parts = [OmPartition(f"{name}.p0", "cpu", to_onnx(run.model))]
                 extra = {}
             else:
+                before = len(run.notes)
                 parts, extra = _om_plan(run, tuning_db, prefix=f"{name}.")
+                if run is not result:  # what each profile's plan noted, where it is printed
+                    result.notes.extend(run.notes[before:])
             profiles.append(OmProfile(name, compiled.profile.dims, parts))
             sections[name] = extra
         default = sections[result.profiles[0].profile.name]

@@ -338,3 +338,20 @@ def test_optimize_says_what_the_knowledge_base_gave(built, tmp_path, capsys):
                                "--target", target, "--tuning-db", built["db"])
         assert rc == 0, err
         assert f"note: --tuning-db: {expected}" in out
+
+
+def test_the_tuning_note_is_said_per_shape_profile_and_not_without_cube_kernels(built, tmp_path,
+                                                                                 capsys):
+    # Tuned at batch 1: profile0 gets the tilings, profile1 (batch 2, other shapes) does not,
+    # and the second profile's note used to be lost. On the cpu target there is nothing to say.
+    model = conv_model(tmp_path / "dyn.onnx", batch="N")
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "d.om", "--target",
+                           "ascend310", "--dynamic-dims", "N:1,2", "--tuning-db", built["db"])
+    assert rc == 0, err
+    assert "tuned tilings for 2 of 2 NPU cube kernel(s) on ascend310 in shape profile profile0" \
+        in out
+    assert "tuned tilings for 0 of 2 NPU cube kernel(s) on ascend310 in shape profile profile1" \
+        in out
+    rc, out, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "c.om",
+                           "--target", "cpu", "--tuning-db", built["db"])
+    assert rc == 0 and "tuned tilings" not in out, err

@@ -491,3 +491,11 @@ def test_unknown_target_is_a_clear_error(tmp_path, capsys):
     assert main(["partition", str(model_path), "--target", "ascend999"]) == 1
     err = capsys.readouterr().err
     assert "ascend999" in err and "ascend310" in err
+
+
+def test_verify_of_a_bf16_npu_compile_is_refused_up_front():
+    # The CPU provider that --verify runs on has no bfloat16 kernels: it could never pass.
+    proto = conv_classifier("", "float[1,64] scores")
+    with pytest.raises(OptionError, match=r"^--verify with --precision bf16 --target ascend910b: "
+                                          r"verification runs on onnxruntime's CPU provider"):
+        graphopt.optimize(proto, target="ascend910b", precision="bf16", verify=True)

@@ -75,7 +75,8 @@ def tensor_bytes(value: Value) -> int:
         dims = "unknown rank" if value.shape is None else \
             "[" + ",".join("?" if d is None else str(d) for d in value.shape) + "]"
         reason = f"has shape {dims}"
-        hint = "; pin the input shapes (--input-shape) and infer shapes before planning"
+        hint = ("; pin the input shapes (--input-shape), and let -O2's shape folding run (a "
+                "shape computed at run time stays unknown at -O0/-O1 or with FoldConstants off)")
     if reason:
         raise MemoryPlanError(f"cannot plan memory: {describe(value)} {reason}{hint}")
     return nbytes(value.dtype, math.prod(value.static_shape))
