@@ -185,10 +185,12 @@ def _optimized_ops(proto: onnx.ModelProto, level: str) -> set[str]:
     return {n.op_type for n in numerics.optimized_by_onnxruntime(proto, level).graph.node}
 
 
-@pytest.mark.parametrize("shapes", ["input_ids:1,16;attention_mask:1,16", None])
-def test_bert_partition_runs_at_basic_without_skip_layernorm(tmp_path, shapes):
+@pytest.mark.parametrize("shapes, level", [("input_ids:1,16;attention_mask:1,16", "-O2"),
+                                           (None, "-O2"),
+                                           (None, "-O3")])  # Adds inside elementwise functions
+def test_bert_partition_runs_at_basic_without_skip_layernorm(tmp_path, shapes, level):
     proto = zoo.build("bert_base", **BERT_SMALL)
-    path = compile_cli(proto, tmp_path, *(["--input-shape", shapes] if shapes else []))
+    path = compile_cli(proto, tmp_path, level, *(["--input-shape", shapes] if shapes else []))
     (part,) = load_om(path).partitions
     ops = {n.op_type for n in part.model.graph.node}
     assert {"LayerNormalization", "BiasGelu"} <= ops and ops & {"Attention", "MultiHeadAttention"}

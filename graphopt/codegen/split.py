@@ -110,7 +110,8 @@ def _session_level(model: Model, fused_level: str | None) -> str | None:
     nodes = list(model.graph)
     if fused_level is not None and _layout_left_to_onnxruntime(nodes):
         return "all"
-    if fused_level == "extended" and any(_refusable_skip_layernorm(n) for n in nodes) \
+    functions = {(f.domain, f.name): f for f in model.functions}
+    if fused_level == "extended" and any(_refusable_skip_layernorm(n, functions) for n in nodes) \
             and not any(n.op_type in _QDQ and n.is_onnx for n in nodes):
         return "basic"
     if fused_level == "extended" and _nothing_left_for(model, nodes):
@@ -151,17 +152,32 @@ def _op_counts(graph) -> Counter:
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
-def _refusable_skip_layernorm(node) -> bool:
+def _refusable_skip_layernorm(node, functions: dict | None = None) -> bool:
     """LayerNormalization of an Add that only it reads, both inputs of rank 3: what onnxruntime's
-    SkipLayerNormFusion (extended level) fuses, given equal shapes, into SkipLayerNormalization."""
+    SkipLayerNormFusion (extended level) fuses, given equal shapes, into SkipLayerNormalization.
+    The Add may be the last op of a model-local function (-O3's FuseElementwise groups), which
+    onnxruntime inlines before it fuses."""
     if node.op_type != "LayerNormalization" or not node.is_onnx or not node.inputs:
         return False
     x = node.inputs[0]
     add = x.producer
-    return (add is not None and add.op_type == "Add" and add.is_onnx and len(x.uses) == 1
-            and not x.is_graph_output
-            and all(v is not None and v.shape is not None and len(v.shape) == 3
-                    for v in add.inputs))
+    if add is None or len(x.uses) != 1 or x.is_graph_output:
+        return False
+    if add.op_type == "Add" and add.is_onnx:
+        return all(v is not None and v.shape is not None and len(v.shape) == 3
+                   for v in add.inputs)
+    function = (functions or {}).get((add.domain, add.op_type))
+    return function is not None and x.shape is not None and len(x.shape) == 3 \
+        and _function_output_op(function, x.index) == "Add"
+
+
+def _function_output_op(function, index: int) -> str | None:
+    """The op of the body node that makes a function's `index`-th output."""
+    if index >= len(function.output):
+        return None
+    name = function.output[index]
+    return next((n.op_type for n in function.node if name in n.output
+                 and n.domain in ("", "ai.onnx")), None)
 
 
 def _partition_model(model: Model, part: Partition) -> tuple[ModelProto, dict[str, Tensor]]:
