@@ -318,6 +318,10 @@ def _tuned_decisions(args, target: str):
     job = SubgraphJob(args.model, target, args.level, args.input_shape)
     found = best_decisions(args.tuning_db, job, load_target(target).name)
     if found is None:
+        if not args.quiet and not args.output.endswith(".om"):
+            print(f"note: --tuning-db: nothing in it applies to {args.output}: no subgraph "
+                  f"decisions for this model on {target} at -O{args.level} (`graphopt tune "
+                  "--job subgraph` makes them), and kernel tilings go into an .om only")
         return None, None
     gate, pass_options, study = found
     if not args.quiet:

@@ -355,3 +355,11 @@ def test_the_tuning_note_is_said_per_shape_profile_and_not_without_cube_kernels(
     rc, out, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "c.om",
                            "--target", "cpu", "--tuning-db", built["db"])
     assert rc == 0 and "tuned tilings" not in out, err
+
+
+def test_a_knowledge_base_that_gives_an_onnx_compile_nothing_says_so(built, tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "m.onnx",
+                           "--target", "ascend310", "--tuning-db", built["db"])
+    assert rc == 0, err
+    assert "note: --tuning-db: nothing in it applies to" in out
+    assert "no subgraph decisions for this model on ascend310 at -O2" in out
