@@ -313,12 +313,17 @@ def _tuned_decisions(args, target: str):
     """The rewrite gate and pass options `graphopt tune --job subgraph` chose for this model,
     target and level, from the knowledge base (None, None when it has none)."""
     from graphopt.partition import load_target
-    from graphopt.tuner.subgraph import SubgraphJob, best_decisions
+    from graphopt.tuner.subgraph import SubgraphJob, best_decisions, tuned_levels
 
     job = SubgraphJob(args.model, target, args.level, args.input_shape)
     found = best_decisions(args.tuning_db, job, load_target(target).name)
     if found is None:
-        if not args.quiet and not args.output.endswith(".om"):
+        levels = tuned_levels(args.tuning_db, job, load_target(target).name)
+        if levels and not args.quiet:
+            print(f"note: --tuning-db holds subgraph decisions for this model on {target} at "
+                  f"{', '.join(f'-O{n}' for n in levels)}, not at -O{args.level}: they apply to "
+                  "a compile at the level they were tuned for")
+        elif not args.quiet and not args.output.endswith(".om"):
             print(f"note: --tuning-db: nothing in it applies to {args.output}: no subgraph "
                   f"decisions for this model on {target} at -O{args.level} (`graphopt tune "
                   "--job subgraph` makes them), and kernel tilings go into an .om only")

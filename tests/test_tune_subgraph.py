@@ -153,6 +153,12 @@ def test_cli_tunes_then_optimize_applies_the_choice(block_path, tmp_path, capsys
                            "ascend310", "--tuning-db", db)
     assert rc == 0, err
     assert "applying the subgraph decisions of subgraph/ascend310/" in out
+    # At another level they do not apply: said, rather than silently compiling without them.
+    rc, out, err = run_cli(capsys, "optimize", block_path, "-o", om, "-O2", "--target",
+                           "ascend310", "--tuning-db", db)
+    assert rc == 0, err
+    assert "note: --tuning-db holds subgraph decisions for this model on ascend310 at -O3, not " \
+        "at -O2" in out
     rc, out, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--objective",
                            "measured")
     assert rc == 1 and "--objective measured is for --job subgraph" in err

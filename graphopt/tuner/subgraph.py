@@ -415,6 +415,15 @@ def confirm(evaluator: Evaluator, space: Space, default: dict, best: dict,
     return statistics.median(medians[0]), statistics.median(medians[1])
 
 
+def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
+    """The -O levels at which the storage holds subgraph studies of the job's model and target."""
+    names = set(optuna.get_all_study_names(open_storage(storage)))
+    return [level for level in range(4) if any(
+        study_name_for(SubgraphJob(job.model_path, job.target, level, job.input_shapes,
+                                   objective, granularity=granularity), target_name) in names
+        for objective in ("measured", "estimate") for granularity in GRANULARITIES)]
+
+
 def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
     """(rewrite gate, pass options, study name) of the job's tuned decisions (its model, target
     and level), preferring a measured study to an estimated one and the rule granularity's to
