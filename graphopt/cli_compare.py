@@ -89,15 +89,16 @@ def _winograd_note(pass_log: list) -> None:
         print(f"note: {tolerance_hint(rewrites, '--atol (or --min-cosine)')}")
 
 
-def _pass_log(candidate: str) -> list:
+def _pass_log(candidate: str, rule_given: bool) -> list:
     """The candidate's pass log when it is an .om (which lossy passes made it); for an .onnx
-    graphopt wrote, the lossy passes its metadata names; else []."""
+    graphopt wrote, the lossy passes its metadata names, unless a rule was given (reading them
+    parses the whole model once more, and a given rule ignores them); else []."""
     from graphopt.codegen import is_om, load_om
     from graphopt.tools.accuracy_rule import pass_log_of_onnx
 
     if candidate.lower().endswith(".om") and is_om(candidate):
         return load_om(candidate).pass_log
-    if candidate.lower().endswith(".onnx") and os.path.isfile(candidate):
+    if not rule_given and candidate.lower().endswith(".onnx") and os.path.isfile(candidate):
         return pass_log_of_onnx(candidate)
     return []
 
@@ -108,7 +109,8 @@ def _cmd_compare(args) -> int:
     from graphopt.tools.compare_format import format_report, report_json, write_csv
 
     _check_options(args)
-    pass_log = _pass_log(args.candidate)
+    pass_log = _pass_log(args.candidate, rule_given=any(
+        v is not None for v in (args.rtol, args.atol, args.min_cosine)))
     judge, note = accuracy_rule(pass_log, args.rtol, args.atol, args.min_cosine)
     report = compare_models(
         args.reference, args.candidate, args.inputs, per_tensor=args.per_tensor, **judge,
