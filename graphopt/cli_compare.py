@@ -89,31 +89,29 @@ def _winograd_note(pass_log: list) -> None:
         print(f"note: {tolerance_hint(rewrites, '--atol (or --min-cosine)')}")
 
 
-def _pass_log(candidate: str, rule_given: bool) -> list:
-    """The candidate's pass log when it is an .om (which lossy passes made it); for an .onnx
-    graphopt wrote, the lossy passes its metadata names, unless a rule was given (reading them
-    parses the whole model once more, and a given rule ignores them); else []."""
-    from graphopt.codegen import is_om, load_om
+def _pass_log(candidate) -> list:
+    """The candidate's pass log when it is an .om (which lossy passes made it); for an .onnx,
+    the lossy passes its metadata names when graphopt wrote it (read from the proto compare
+    runs, so the model is parsed once)."""
     from graphopt.tools.accuracy_rule import pass_log_of_onnx
 
-    if candidate.lower().endswith(".om") and is_om(candidate):
-        return load_om(candidate).pass_log
-    if not rule_given and candidate.lower().endswith(".onnx") and os.path.isfile(candidate):
-        return pass_log_of_onnx(candidate)
-    return []
+    if candidate.session is not None:
+        return candidate.session.artifact.pass_log
+    return pass_log_of_onnx(candidate.proto)
 
 
 def _cmd_compare(args) -> int:
     from graphopt.tools.accuracy_rule import accuracy_rule
     from graphopt.tools.compare import compare_models
     from graphopt.tools.compare_format import format_report, report_json, write_csv
+    from graphopt.tools.compare_run import load_candidate, load_reference
 
     _check_options(args)
-    pass_log = _pass_log(args.candidate, rule_given=any(
-        v is not None for v in (args.rtol, args.atol, args.min_cosine)))
+    reference, candidate = load_reference(args.reference), load_candidate(args.candidate)
+    pass_log = _pass_log(candidate)
     judge, note = accuracy_rule(pass_log, args.rtol, args.atol, args.min_cosine)
     report = compare_models(
-        args.reference, args.candidate, args.inputs, per_tensor=args.per_tensor, **judge,
+        reference, candidate, args.inputs, per_tensor=args.per_tensor, **judge,
         seed=0 if args.seed is None else args.seed, input_shapes=args.input_shape)
     print(report_json(report) if args.json else format_report(report))
     if note and not args.json:

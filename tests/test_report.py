@@ -342,6 +342,30 @@ def test_compare_judges_a_lossy_onnx_by_the_passes_its_metadata_names(int8, caps
     assert rc == 0 and "note: compiled with" not in out
 
 
+def test_compare_parses_an_optimized_onnx_once(int8, capsys, tmp_path, monkeypatch):
+    # The lossy passes its metadata names come from the proto compare runs, not a second parse.
+    from graphopt.tools import compare_run
+
+    lossy = tmp_path / "cc_int8.onnx"
+    graphopt.save(graphopt.optimize(str(int8["onnx"]), pass_options={
+        "quantize": "int8", "calibration": str(int8["om"].parent / "calib.npz")}), lossy)
+    reads = []
+
+    def counted(read):
+        def reader(path, *args, **kwargs):
+            reads.append(os.fspath(path) if isinstance(path, (str, os.PathLike)) else path)
+            return read(path, *args, **kwargs)
+        return reader
+
+    monkeypatch.setattr(onnx, "load", counted(onnx.load))
+    monkeypatch.setattr(onnx, "load_model", counted(onnx.load_model))
+    monkeypatch.setattr(compare_run, "read_onnx", counted(compare_run.read_onnx))
+    rc, out, err = run_cli(capsys, "compare", int8["onnx"], lossy)
+    assert rc == 0, err
+    assert "note: compiled with QuantizeInt8, lossy by design" in out
+    assert reads.count(os.fspath(lossy)) == 1
+
+
 @pytest.mark.parametrize("passes, expected", [
     ([], None),
     (["QuantizeInt8"], 0.999),

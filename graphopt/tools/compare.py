@@ -272,7 +272,8 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     `candidate` (an .onnx path or ModelProto run the same way, or an .om path run by graphopt's
     runtime) on `feeds` (a dict or an .npz path; default: seeded random data, `input_shapes`
     pinning dynamic dims) and compare their outputs, and with `per_tensor` their shared
-    intermediates. `min_cosine` replaces the rtol/atol rule.
+    intermediates. `min_cosine` replaces the rtol/atol rule. Either model may also be the
+    Side load_reference or load_candidate made of it, so a caller that read it reads it once.
 
     Raises InputError for a missing or unreadable file, feeds lacking or mismatching an input,
     or models whose inputs differ; OptionError for bad tolerances.

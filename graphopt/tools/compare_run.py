@@ -110,7 +110,9 @@ def _onnx_side(model, label: str) -> Side:
 
 
 def load_reference(model) -> Side:
-    """The reference: an .onnx path or a ModelProto."""
+    """The reference: an .onnx path, a ModelProto, or a Side this function returned."""
+    if isinstance(model, Side):
+        return model
     if isinstance(model, onnx.ModelProto):
         return _onnx_side(model, "<reference>")
     path = os.fspath(model)
@@ -120,9 +122,11 @@ def load_reference(model) -> Side:
 
 
 def load_candidate(model) -> Side:
-    """The candidate: an .onnx or .om path, or a ModelProto."""
+    """The candidate: an .onnx or .om path, a ModelProto, or a Side this function returned."""
     from graphopt.codegen.loader import load
 
+    if isinstance(model, Side):
+        return model
     if isinstance(model, onnx.ModelProto):
         return _onnx_side(model, "<candidate>")
     path = os.fspath(model)
