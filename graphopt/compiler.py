@@ -141,10 +141,10 @@ def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) 
     """Strict shape inference again, on the pinned model: a pin the graph cannot take (a batch of
     3 added to a [2, 4] weight) would otherwise compile, infer_shapes being best effort, into
     an artifact onnxruntime refuses to load. InputError naming the node and the pins."""
-    from graphopt.opcheck import _check_inference
+    from graphopt.opcheck import check_inference
 
     try:
-        _check_inference(model, label)
+        check_inference(model, label)
     except InputError as exc:
         pins = ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
         raise InputError(f"{exc} (with the pinned shapes {pins})") from None

@@ -105,7 +105,7 @@ def check_ops(model: Model, label: str,
         types = infer_by_kind(model, label, kinds)
         if types is not None:
             return types
-    return _check_inference(model, label)
+    return check_inference(model, label)
 
 
 def _kernel_gap(domain: str, op_type: str, model: Model) -> str | None:
@@ -182,7 +182,7 @@ def _schema_problem(node: Node, ctx) -> str | None:
     return None
 
 
-def _check_inference(model: Model, label: str) -> dict[str, bytes] | None:
+def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
     """Strict ONNX shape inference, which onnxruntime also runs when it loads a model: attribute
     values no kernel can honor (kernel_shape -1, pads of the wrong length, a perm that is not a
     permutation) are the input's fault, and are better reported now than by the .om's loader."""

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from graphopt.errors import InputError
 from graphopt.ir import load_onnx
 from graphopt.kind_inference import infer_by_kind
-from graphopt.opcheck import _check_inference, _schema_key, check_ops
+from graphopt.opcheck import _schema_key, check_inference, check_ops
 from graphopt.passes.infer_shapes import record_type_bytes
 
 from corpus import corpus_models
@@ -29,7 +29,7 @@ def _checked(path_or_proto, whole: bool):
     try:
         types = None if whole else infer_by_kind(model, "m.onnx", _kinds(model))
         if types is None:
-            types = _check_inference(model, "m.onnx")
+            types = check_inference(model, "m.onnx")
     except InputError as exc:
         return exc, None
     if types is not None:
