@@ -457,10 +457,80 @@ def test_graph_output_is_kept():
           t = Add(m, a)
           y = Add(x, t) }""")
     model, stats = fold(proto)
-    assert stats == {"FoldConstants": 1}  # Mul folds; the Add producing output %t stays
-    assert ops(model) == ["Add", "Add"]
+    assert stats == {"FoldConstants": 2}  # output %t becomes an initializer of its name
+    assert ops(model) == ["Add"]
     assert [v.name for v in model.graph.outputs] == ["y", "t"]
+    np.testing.assert_array_equal(init(model, "t"), [2.0, 6.0])
     assert_same_outputs(proto, model)
+
+
+PINNED_OUTPUTS = """
+    g (float[N,M] x) => (float[N,M] ones, int64[2] dims, float[N,M] y)
+    { dims = Shape(x)
+      ones = ConstantOfShape<value = float[1] {1.5}>(dims)
+      y = Relu(x) }"""
+
+
+def _signature(proto: onnx.ModelProto) -> list[tuple]:
+    return [(o.name, o.type.tensor_type.elem_type,
+             [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim])
+            for o in proto.graph.output]
+
+
+def test_outputs_computable_from_pinned_shapes_become_initializers():
+    # Shape (FoldShapes) and ConstantOfShape (FoldConstants) outputs: no node runs for them.
+    proto = parse(PINNED_OUTPUTS)
+    folded = graphopt.optimize(proto, input_shapes={"x": [2, 3]}).to_onnx()
+    onnx.checker.check_model(folded, full_check=True)
+    assert [n.op_type for n in folded.graph.node] == ["Relu"]
+    assert {t.name for t in folded.graph.initializer} == {"ones", "dims"}
+    assert _signature(folded) == [("ones", TensorProto.FLOAT, [2, 3]),
+                                  ("dims", TensorProto.INT64, [2]),
+                                  ("y", TensorProto.FLOAT, [2, 3])]
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)}
+    expected, actual = numerics.run(proto, feeds), numerics.run(folded, feeds)
+    assert list(actual) == list(expected)
+    assert numerics.compare(expected, actual, rtol=0, atol=0) == []
+
+
+def test_outputs_computable_from_pinned_shapes_leave_no_host_work_beside_the_npu():
+    result = graphopt.optimize(parse(PINNED_OUTPUTS), input_shapes={"x": [2, 3]},
+                               target="ascend310")
+    assert [(p.device, [n.op_type for n in p.nodes]) for p in result.partitioning.partitions] \
+        == [("npu", ["Relu"])]
+    assert not result.partitioning.fallbacks()
+
+
+def test_an_output_above_the_size_cap_stays_a_node():
+    proto = parse(PINNED_OUTPUTS.replace("N,M", str(BIG)).replace("int64[2]", "int64[1]"))
+    model, stats = fold(proto)
+    assert stats == {"Shape": 1} and ops(model) == ["ConstantOfShape", "Relu"]
+    model, stats = fold(proto, fold_size_limit=BIG * 4)
+    assert stats == {"Shape": 1, "FoldConstants": 1} and ops(model) == ["Relu"]
+    assert [v.name for v in model.graph.outputs] == ["ones", "dims", "y"]
+
+
+def test_a_constant_output_stays_a_node_and_its_readers_fold():
+    proto = parse("""
+        g (float[2] x) => (float[2] y, float[2] k)
+        { k = Constant<value = float[2] {5.0, 6.0}>()
+          d = Mul(k, k)
+          y = Add(x, d) }""")
+    model, stats = fold(proto)
+    assert stats == {"FoldConstants": 1} and ops(model) == ["Constant", "Add"]
+    np.testing.assert_array_equal(init(model, "d"), [25.0, 36.0])
+    assert_same_outputs(proto, model)
+
+
+def test_an_output_that_is_an_identity_of_a_weight_stays_a_node():
+    # An initializer of the output's name would store the weight a second time.
+    proto = parse("""
+        g (float[2] x) => (float[2] y, float[2] w2)
+        <float[2] w = {1.0, 2.0}>
+        { w2 = Identity(w)
+          y = Add(x, w) }""")
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["Identity", "Add"]
 
 
 def test_unknown_domain_is_not_folded():

@@ -11,6 +11,13 @@ initializers of the same name:
 Constant nodes and Identity of a constant need no session (the data is reused, not copied), and
 CastLike reads only the dtype of its second input, so `CastLike(0, %input)` folds too.
 
+A main-graph output the region computes becomes an initializer of its name, dtype and shape, so
+`ConstantOfShape(Shape(%x))` with %x pinned is no node left to run at inference (or to send to
+the host beside an NPU partition). A nested graph's outputs keep their nodes, and so do a
+Constant output (data already, which ConstantToInitializer leaves as it is too; its readers
+still fold) and an output that is an Identity of a weight (an initializer of its own would
+store the data twice).
+
 If the batched session fails (an op ORT cannot run, a dtype it cannot return), nodes are
 evaluated one by one and the ones that fail stay in the graph. A value is never materialized
 when it is larger than `Options.fold_size_limit` AND larger than the node's inputs: folding must
@@ -67,12 +74,45 @@ def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> s
         if value is None:
             continue
         if id(value) in pinned:
-            return f"output %{value.name} is a graph output"
+            return f"output %{value.name} is a graph output that keeps its node"
         if value.type_proto is not None:
             return f"output %{value.name} is not a tensor"
         if value.dtype is not None and value.dtype not in _FETCHABLE:
             return f"onnxruntime cannot return {value.dtype.short}"
     return None
+
+
+def pinned_outputs(model: Model) -> set[int]:
+    """The ids of the graph outputs folding leaves to their nodes: every nested graph's, and the
+    main graph's whose name an initializer already holds (an output keeps the name its caller
+    fetches it by). The main graph's other outputs may become initializers."""
+    pinned = {id(v) for g in model.graph.all_graphs() if g is not model.graph for v in g.outputs}
+    pinned.update(id(v) for v in model.graph.outputs if v.name in model.graph.initializers)
+    return pinned
+
+
+def fits_output(value: Value, tensor: Tensor) -> bool:
+    """Whether `tensor` may stand for graph output `value` without changing its declared type:
+    the same dtype, and the same dims wherever they are numbers (a symbolic one takes the size)."""
+    if value.dtype is not None and value.dtype != tensor.dtype:
+        return False
+    if value.shape is None:
+        return True
+    return len(value.shape) == len(tensor.shape) and all(
+        not isinstance(d, int) or d == size for d, size in zip(value.shape, tensor.shape))
+
+
+def become_initializer(graph: Graph, value: Value, tensor: Tensor) -> Value:
+    """An initializer holding `tensor` in place of `value`, whose node is about to go: its readers
+    read it, and where `value` is a graph output it takes that place, name and doc string."""
+    # The old value disappears with its node, so the initializer may take over its name.
+    name = value.name if value.name not in graph.initializers else graph.fresh_name(value.name)
+    const = graph.add_initializer(Value(name, const=tensor))
+    value.replace_all_uses_with(const)
+    if value.is_graph_output:
+        const.doc_string, const.metadata_props = value.doc_string, value.metadata_props
+        graph.outputs[:] = [const if v is value else v for v in graph.outputs]
+    return const
 
 
 def _data_inputs(node: Node) -> list[Value]:
@@ -86,6 +126,7 @@ class _GraphFolder:
 
     def __init__(self, model: Model, graph: Graph, limit: int, pinned: set[int], ctx: PassContext):
         self.model, self.graph, self.limit, self.pinned, self.ctx = model, graph, limit, pinned, ctx
+        self.outputs = {id(v) for v in graph.outputs}
         self.functions = model.function_keys()
         self.results: dict[int, Tensor] = {}
         self.aliases: dict[int, Value] = {}  # Identity of an existing constant: reuse it
@@ -103,8 +144,13 @@ class _GraphFolder:
             if is_castlike(node) and node.input(1).dtype is None:
                 continue
             constant = node.op_type == "Constant" and node.is_onnx
+            if constant and id(node.output) in self.outputs:
+                self._keep_constant_output(node, produced)
+                continue
             alias = not constant and node.op_type == "Identity" and node.is_onnx \
                 and node.input(0) is not None and node.input(0).is_constant
+            if alias and id(node.output) in self.outputs:
+                continue  # the output's own initializer would be a second copy of the weight
             if not (constant or alias):
                 if self._shared_weight_transpose(node):
                     continue
@@ -126,6 +172,14 @@ class _GraphFolder:
             region.append(node)
             produced.update(id(v) for v in node.outputs if v is not None)
         return region
+
+    def _keep_constant_output(self, node: Node, produced: set[int]) -> None:
+        """A Constant that is a graph output stays (no rewrite to gate), its data there for the
+        nodes that read it."""
+        tensor = constant_node_tensor(node)
+        if tensor is not None:
+            self.results[id(node.output)] = tensor
+            produced.add(id(node.output))
 
     def _shared_weight_transpose(self, node: Node) -> bool:
         """A large weight transposed for MatMul/Gemm while something else also reads it (GPT-2's
@@ -163,6 +217,9 @@ class _GraphFolder:
         in_bytes = sum(self.sizes.nbytes(v) or 0 for v in _data_inputs(node))
         return size > self.limit and size > in_bytes
 
+    def _fits(self, value: Value) -> bool:
+        return id(value) not in self.outputs or fits_output(value, self.results[id(value)])
+
     def run(self) -> Counter:
         """Fold the graph's region; returns the folded nodes per op type. A node whose value
         cannot be had (evaluation failed, result too big) leaves the region with everything
@@ -171,8 +228,8 @@ class _GraphFolder:
         per_node = False
         while region:
             members = {id(n) for n in region}
-            frontier = [v for n in region for v in n.outputs
-                        if v is not None and any(id(u.node) not in members for u in v.uses)]
+            frontier = [v for n in region for v in n.outputs if v is not None and (
+                id(v) in self.outputs or any(id(u.node) not in members for u in v.uses))]
             missing = [v for v in frontier
                        if id(v) not in self.results and id(v) not in self.aliases]
             failed: list[Node] = []
@@ -186,7 +243,8 @@ class _GraphFolder:
                         per_node = True
                 if per_node:
                     failed = self._evaluate_each(needed)
-            failed += [v.producer for v in frontier if id(v) in self.results and self.too_big(v)]
+            failed += [v.producer for v in frontier if id(v) in self.results
+                       and (self.too_big(v) or not self._fits(v))]
             if not failed:
                 return self._commit(region, frontier)
             region = _without(region, failed)
@@ -229,11 +287,9 @@ class _GraphFolder:
         for value in frontier:
             replacement = self.aliases.get(id(value))
             if replacement is None:
-                name = value.name if value.name not in self.graph.initializers \
-                    else self.graph.fresh_name(value.name)
-                replacement = self.graph.add_initializer(
-                    Value(name, const=self.results[id(value)]))
-            value.replace_all_uses_with(replacement)
+                become_initializer(self.graph, value, self.results[id(value)])
+            else:
+                value.replace_all_uses_with(replacement)
         # Reverse order: by then every output of a region node is read only by removed nodes.
         for node in reversed(region):
             self.graph.remove(node)
@@ -307,7 +363,7 @@ class FoldConstants(Pass):
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         graphs = list(model.graph.all_graphs())
-        pinned = {id(v) for g in graphs for v in g.outputs}
+        pinned = pinned_outputs(model)
         for graph in graphs:  # outer first: inner graphs then see folded outer values as constants
             for _ in range(ctx.options.max_iterations):
                 folder = _GraphFolder(model, graph, ctx.options.fold_size_limit, pinned, ctx)

@@ -6,7 +6,8 @@
     %t = Slice(Shape(%x<f32[N,64,8]>), [1], [3]) →  %t = initializer i64[2] [64, 8]
 
 FoldConstants then finishes Shape → Gather → Unsqueeze → Concat → Reshape chains. Values must
-have shapes (run InferShapes first); a graph output is never replaced.
+have shapes (run InferShapes first). A main-graph output becomes an initializer of its name (as
+FoldConstants' do); a nested graph's output keeps its node.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from graphopt.ir import Graph, Model, Node, Tensor, Value
 from graphopt.ir.value import Shape
 from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.fold_constants import become_initializer, fits_output, pinned_outputs
 
 
 def _shape_dims(node: Node) -> Shape | None:
@@ -83,15 +85,14 @@ def _sliced(node: Node, dims: Shape, opset: int) -> np.ndarray | None:
 def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int], ctx: PassContext,
              rule: str) -> bool:
     """Swap `node`'s single output for an initializer of the same name and drop the node."""
-    out = node.output
+    out, tensor = node.output, Tensor(array)
     if id(out) in pinned or any(v is not None and v is not out for v in node.outputs):
+        return False
+    if out.is_graph_output and not fits_output(out, tensor):
         return False
     if not ctx.allows(rule, node):
         return False
-    # The old value disappears with its node, so the initializer may take over its name.
-    name = out.name if out.name not in graph.initializers else graph.fresh_name(out.name)
-    const = graph.add_initializer(Value(name, const=Tensor(array)))
-    out.replace_all_uses_with(const)
+    become_initializer(graph, out, tensor)
     graph.remove(node)
     return True
 
@@ -104,7 +105,7 @@ class FoldShapes(Pass):
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         graphs = list(model.graph.all_graphs())
-        pinned = {id(v) for g in graphs for v in g.outputs}
+        pinned = pinned_outputs(model)
         opset = model.opset("") or 1
         for graph in graphs:
             for node in graph:
