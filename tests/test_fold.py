@@ -439,6 +439,17 @@ def test_random_op_is_not_folded(op):
                                           "Add", "Add"]
 
 
+def test_dequantized_weight_stays_quantized():
+    # A QDQ model's int8 weight: folded, it would lose the int8 kernels and grow 4x.
+    proto = parse("""
+        g (float[1,4] x) => (float[1,3] y)
+        <int8[4,3] wq = {1,2,3,4,5,6,7,8,9,10,11,12}, float s = {0.1}, int8 z = {0}>
+        { w = DequantizeLinear(wq, s, z)
+          y = MatMul(x, w) }""")
+    model, stats = fold(proto)
+    assert stats == {} and ops(model) == ["DequantizeLinear", "MatMul"]
+
+
 def test_dropout_in_training_mode_is_not_folded():
     proto = parse("""
         g (float[2] x) => (float[2] y)

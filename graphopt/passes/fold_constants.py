@@ -23,7 +23,8 @@ evaluated one by one and the ones that fail stay in the graph. A value is never 
 when it is larger than `Options.fold_size_limit` AND larger than the node's inputs: folding must
 not inflate the model (a ConstantOfShape building a 500 MB weight stays a node). Nor is a
 Transpose of a weight larger than the limit that other nodes also read, when only MatMul or Gemm
-read the transpose: FuseMatMul folds it into their transB without a second copy.
+read the transpose: FuseMatMul folds it into their transB without a second copy. Nor is a
+DequantizeLinear, whose quantized weight the int8 kernels of a QDQ model read.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> s
             return "non-deterministic"
         if op.startswith(("Sequence", "Optional")) or op == "SplitToSequence":
             return "produces a sequence or optional"
+        if op == "DequantizeLinear":
+            # A quantized weight stays one: onnxruntime fuses DQ → Conv → Q into its int8
+            # kernels and AMCT takes DQ weights for the NPU (ORT's own folding skips DQ too);
+            # folded, the weight would be float and four times the bytes.
+            return "DequantizeLinear keeps the quantized weight the int8 kernels read"
         if op == "Dropout" and node.input(2) is not None:
             mode = node.input(2).constant()
             if mode is None or bool(mode):
