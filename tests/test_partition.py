@@ -194,22 +194,6 @@ def test_bf16_ops_returned_to_the_host_are_refused_naming_them():
     assert devices(result) == ["cpu"]
 
 
-def test_quantization_that_moves_work_to_the_host_says_so(tmp_path):
-    proto = conv_classifier("", "float[1,64] scores")
-    calibration = tmp_path / "calib.npz"
-    np.savez(calibration, x=RNG.standard_normal((2, 1, 8, 32, 32)).astype(np.float32))
-    result = graphopt.optimize(proto, target="ascend310", quantize="int8",
-                               calibration=calibration)
-    (note,) = [n for n in result.notes if n.startswith("--quantize int8 --target ascend310")]
-    placed = result.partitioning.placements
-    host = sum(p.device == "cpu" for p in placed.values())
-    assert note.startswith(f"--quantize int8 --target ascend310: {host} of {len(placed)} node(s) "
-                           "run on the host CPU: the NPU profile has no kernel for "
-                           "DequantizeLinear, QuantizeLinear (ATC takes a QDQ model only")
-    assert not [n for n in graphopt.optimize(proto, target="ascend310").notes
-                if "--quantize" in n]
-
-
 def test_cpu_target_is_one_partition(tmp_path):
     proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "values, indices")
     proto.graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))

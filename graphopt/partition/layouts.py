@@ -34,7 +34,8 @@ _MATMUL = {"MatMul", "FusedMatMul", "Gemm", "FusedGemm"}
 _AGNOSTIC = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "Elu",
              "Selu", "Gelu", "FastGelu", "QuickGelu", "Erf", "Exp", "Log", "Abs", "Neg", "Sqrt",
              "Reciprocal", "Softplus", "Mish", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min",
-             "Sum", "Mean", "Where", "Cast", "Identity", "Dropout", "PRelu"}
+             "Sum", "Mean", "Where", "Cast", "Identity", "Dropout", "PRelu",
+             "QuantizeLinear", "DequantizeLinear"}  # per tensor on the NPU (quant_fit.py)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 A node goes to the target's primary device (the NPU) when that device has a kernel for its op
 and the node meets the kernel's constraints; otherwise it goes to the host CPU with the first
-reason found, in the order a user would fix them: op, dtype, rank, attribute, dynamic shape.
+reason found, in the order a user would fix them: op, dtype, rank, attribute, quantization form
+(quant_fit.py), dynamic shape.
 A call of a model-local function (an elementwise group of FuseElementwise) is one kernel on the
 device: it is placed there when every op of its body is.
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import Model, Node, Value
+from graphopt.partition.quant_fit import qdq_problem
 
 if TYPE_CHECKING:
     from graphopt.partition.target import Device, OpSupport, Target
@@ -54,7 +56,9 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
-              or _attribute_problem(node, support) or _shape_problem(node, device))
+              or _attribute_problem(node, support)
+              or (qdq_problem(node) if device.kind == "npu" else None)
+              or _shape_problem(node, device))
     return (None, reason) if reason else (support.engine, None)
 
 

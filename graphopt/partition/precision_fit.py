@@ -8,9 +8,9 @@ from collections import Counter
 from graphopt.errors import OptionError
 from graphopt.ir import DType
 
-# Ops the quantization passes write. ATC takes none of them as they are: a QDQ model reaches
-# the NPU only after AMCT's convert_qat_model rewrites it into AscendQuant/AscendDequant, which
-# onnxruntime cannot run, so the NPU profiles list none of them and they stay on the host.
+# Ops the quantization passes write. The NPU profiles list QuantizeLinear and DequantizeLinear
+# (in AMCT's form, quant_fit.py), none of the others: onnxruntime's own (MatMulNBits,
+# DynamicQuantizeMatMul…) have no CANN kernel.
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                  "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits",
                  "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
@@ -42,21 +42,23 @@ def check_host_bfloat16(partitioning, options) -> None:
 
 
 def quantized_fallback_note(partitioning, options) -> str:
-    """A note when quantization left the NPU target's work on the host CPU."""
+    """A note when quantization left some of an NPU target's work on the host CPU, with the
+    first reason the partitioner gave for a quantized op."""
     if options.quantize == "none":
         return ""
     target = partitioning.target
     if target.device(target.primary).kind == "cpu":
         return ""
     placed = partitioning.placements
-    host = [node for node, p in placed.items() if p.device != target.primary]
-    quantized = sorted({n.qualified_op for n in host if n.op_type in QUANTIZED_OPS})
+    host = [(node, p) for node, p in placed.items() if p.device != target.primary]
+    quantized = [(node, p) for node, p in host if node.op_type in QUANTIZED_OPS]
     if not quantized:
         return ""
-    qdq = " (ATC takes a QDQ model only in AMCT's AscendQuant/AscendDequant form, which "         "onnxruntime cannot run)" if {"QuantizeLinear", "DequantizeLinear"} & set(quantized) else ""
+    ops = sorted({node.qualified_op for node, _ in quantized})
+    why = next((p.reason for _, p in quantized if p.reason), "")
     return (f"--quantize {options.quantize} --target {target.name}: {len(host)} of {len(placed)} "
-            f"node(s) run on the host CPU: the NPU profile has no kernel for "
-            f"{', '.join(quantized)}{qdq}; without --quantize the NPU runs them, in fp16")
+            f"node(s) run on the host CPU, {len(quantized)} of them quantized ops "
+            f"({', '.join(ops)}), e.g.: {why} (`graphopt partition` lists every reason)")
 
 
 def _reads_or_writes(node, dtype: DType) -> bool:

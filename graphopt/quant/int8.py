@@ -21,6 +21,12 @@ one calibrated range per tensor (onnxruntime's quantize_static QDQ of the same M
 com.microsoft::Attention, whose packed QKV GEMM is a quarter of a layer's weights, becomes that
 GEMM as one DynamicQuantizeMatMul, a Split, and a float MultiHeadAttention (its CPU kernel has
 no packed-QKV form: "Packed QKV of shape (B, L, N, 3, H) not implemented for CPU").
+
+On an NPU target the pass writes AMCT's form (select.py), which int8 reaches the NPU in: ATC
+takes a QDQ model once AMCT's convert_qat_model has made AscendQuant, int8 weights and
+AscendDequant of it, and takes that only with Conv weights per tensor or per output channel and
+Gemm and MatMul weights per tensor (AMCT, "QAT Model Adaptation to CANN Format"). So MatMuls are
+static too, calibrated like the convs, and Gemm/MatMul weights get one scale each.
 """
 
 from __future__ import annotations
@@ -69,7 +75,9 @@ class QuantizeInt8(Pass):
             ctx.note(f"QuantizeInt8: the model imports ONNX opset {opset}; per-channel "
                      f"DequantizeLinear needs {MIN_OPSET}: left in float")
             return result
-        chosen = plan(model.graph, options, lambda node: ctx.allows(self.name, node))
+        form = "amct" if ctx.target is not None \
+            and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
+        chosen = plan(model.graph, options, lambda node: ctx.allows(self.name, node), form)
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:
             ctx.note(missing)
@@ -85,14 +93,23 @@ class QuantizeInt8(Pass):
             replace_value(act.output, producer.outputs[0])
             graph.remove(act)
             result.count("fold " + act.op_type)
+        static = set(chosen.static)
         for node in list(chosen.static):
-            if node.op_type == "FusedConv":
-                node = _as_conv(node)
-            _quantize_weights(graph, node, params[id(node.inputs[0])], options.per_channel,
-                              means.get(id(node)))
+            if node.op_type == "FusedConv" and form == "onnxruntime":
+                node = _as_conv(node)  # AMCT's keeps its activation, for ATC to fuse
+            per_channel = options.per_channel and (form == "onnxruntime"
+                                                   or node.op_type in ("Conv", "FusedConv"))
+            # A MatMul has no bias input to take the correction.
+            mean = means.get(id(node)) if node.op_type != "MatMul" else None
+            _quantize_weights(graph, node, params[id(node.inputs[0])], per_channel, mean)
             result.count(node.op_type)
+        if form == "amct" and options.per_channel \
+                and any(n.op_type in ("Gemm", "MatMul") for n in chosen.static):
+            ctx.note(f"QuantizeInt8 (--target {ctx.target.name}): Gemm and MatMul weights get "
+                     "one scale per tensor, the only form AMCT converts for the NPU")
         for value in chosen.tensors:
-            _insert_qdq(graph, value, params[id(value)])
+            readers = [n for n in value.consumers() if n in static] if form == "amct" else None
+            _insert_qdq(graph, value, params[id(value)], readers)
             result.count("QuantizeLinear")
         per_column = options.per_channel
         if chosen.dynamic and per_column and int8_gemm_saturates():
@@ -240,9 +257,10 @@ def _scalar(graph, hint: str, value) -> Value:
     return graph.make_initializer(hint, np.asarray(value))
 
 
-def _insert_qdq(graph, value: Value, p: QParams) -> None:
-    """Q after `value`'s producer, and a DQ before each reader, which then reads the DQ."""
-    readers = value.consumers()
+def _insert_qdq(graph, value: Value, p: QParams, readers: list[Node] | None = None) -> None:
+    """Q after `value`'s producer, and a DQ before each reader (`readers`, default all), which
+    then reads the DQ."""
+    readers = value.consumers() if readers is None else readers
     scale = _scalar(graph, f"{value.name}_scale", p.scale)
     zero = _scalar(graph, f"{value.name}_zero_point", p.zero_point)
     q = Value(graph.fresh_name(f"{value.name}_quantized"), DType.from_numpy(p.dtype), value.shape)
@@ -283,13 +301,15 @@ def _quantize_weights(graph, node: Node, x: QParams, per_channel: bool,
     w = w_value.constant()
     if node.op_type == "Gemm":
         axis = 0 if node.attr("transB", 0) else 1  # the output (N) axis
+    elif node.op_type == "MatMul":
+        axis = 1  # [K, N]
     else:
         axis = 0
     wq, w_scale = quantize_weight(w, axis if per_channel else None)
     node.set_input(1, _dequantized(graph, node, w_value.name, wq, w_scale, axis))
     bias = node.input(2)
     b = bias.constant() if bias is not None else np.zeros(w.shape[axis], np.float32)
-    reads = w.shape[0] if node.op_type == "Gemm" and not node.attr("transB", 0) \
+    reads = w.shape[0] if node.op_type in ("Gemm", "MatMul") and not node.attr("transB", 0) \
         else w.shape[1] * int(node.attr("group", 1))  # the input channels the weight reads
     if x_mean is not None and x_mean.shape == (reads,):
         b = b - _mean_shift(node, w, dequantize_weight(wq, w_scale, axis), x_mean)

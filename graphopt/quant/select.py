@@ -14,6 +14,13 @@ DequantizeLinear pairs.
 Marking runs backwards (an op is int8 only when a reader wants int8), so a tail that ends in a
 float layer stays float instead of paying a quantize/dequantize for nothing.
 
+For an NPU target the plan takes AMCT's form instead (`form="amct"`), the QDQ that AMCT's
+convert_qat_model turns into AscendQuant → int8 cube kernel → AscendDequant for ATC: Conv, Gemm
+and MatMul with a constant 2-D weight are all static; only their data inputs carry Q/DQ, read
+by them alone (every other reader keeps the float tensor, as AscendDequant hands float on); no
+int8 Add, pools or scale-keeping ops (AMCT's Add is a fake-quantized float Add, no faster) and
+no Relu folding (the Relu stays, for ATC to fuse into the dequantize).
+
 The ends that `quant_keep_ends` keeps float are found by structure, not by position: a layer that
 reads a graph input (a classifier's stem conv) or writes a graph output (its last FC, a language
 model's vocabulary head), with only layout, activation, pooling or constant arithmetic between.
@@ -55,6 +62,7 @@ class Plan:
     tensors: list[Value] = field(default_factory=list)    # Q/DQ pairs go on these
     kept: Counter = field(default_factory=Counter)        # why a candidate stayed float
     alias: dict[int, Value] = field(default_factory=dict)  # id(folded act output) → producer's
+    form: str = "onnxruntime"  # or "amct": Q/DQ pairs feed the static nodes alone (FORMS)
 
     def resolve(self, value: Value) -> Value:
         """`value`, or the producer output a folded Relu/Clip's output becomes."""
@@ -85,8 +93,19 @@ def _const(value: Value | None, ndim: int | None = None) -> np.ndarray | None:
     return data
 
 
-def kind(node: Node) -> str | None:
-    """"static", "dynamic" or None: whether and how `node` could be quantized at all."""
+FORMS = ("onnxruntime", "amct")
+
+
+def kind(node: Node, form: str = "onnxruntime") -> str | None:
+    """"static", "dynamic" or None: whether and how `node` could be quantized at all, in `form`
+    (AMCT has no dynamic quantization: its MatMuls are static, and Attention stays float)."""
+    how = _kind(node)
+    if form == "amct" and how == "dynamic":
+        return "static" if node.op_type == "MatMul" else None
+    return how
+
+
+def _kind(node: Node) -> str | None:
     ins = node.inputs
     if node.is_onnx and node.op_type == "Conv" and len(ins) >= 2 and _float(ins[0]):
         w = _const(ins[1])
@@ -152,12 +171,15 @@ def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
     return f"{pass_name}: {note}" if note else None
 
 
-def plan(graph: Graph, options, allows=lambda node: True) -> Plan:
+def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxruntime") -> Plan:
     """The quantization plan for the main graph under `options` (quant_skip, quant_keep_ends,
-    activation_symmetric)."""
-    result = Plan()
+    activation_symmetric), in `form`: "onnxruntime" (its int8 CPU kernels) or "amct" (an NPU
+    target's)."""
+    if form not in FORMS:
+        raise ValueError(f"quantization form {form!r}: expected one of {', '.join(FORMS)}")
+    result = Plan(form=form)
     nodes = list(graph)
-    quantizable = [(node, how) for node in nodes if (how := kind(node)) is not None]
+    quantizable = [(node, how) for node in nodes if (how := kind(node, form)) is not None]
     ends = {id(n) for n, _ in quantizable if is_end(n)} if options.quant_keep_ends else set()
     candidates = []
     for node, how in quantizable:
@@ -167,15 +189,21 @@ def plan(graph: Graph, options, allows=lambda node: True) -> Plan:
             result.kept["quant_skip"] += 1
         elif not allows(node):
             result.kept["held back by the rewrite gate"] += 1
-        elif how == "static" and node.outputs[0].is_graph_output and node.op_type != "Gemm":
+        elif form == "onnxruntime" and how == "static" and node.outputs[0].is_graph_output \
+                and node.op_type != "Gemm":
             result.kept["its output is a graph output"] += 1
-        elif how == "static" and node.op_type == "FusedConv" and options.activation_symmetric:
+        elif form == "onnxruntime" and how == "static" and node.op_type == "FusedConv" \
+                and options.activation_symmetric:
             result.kept["FusedConv's Relu needs the asymmetric range"] += 1
         else:
             candidates.append((node, how))
     result.static = [n for n, how in candidates if how == "static"]
     result.dynamic = [n for n, how in candidates if how == "dynamic"]
-    _mark(nodes, result, options.activation_symmetric)
+    if form == "amct":
+        # Each static node's data input, once (a block output two convs read).
+        result.tensors = list({id(n.inputs[0]): n.inputs[0] for n in result.static}.values())
+    else:
+        _mark(nodes, result, options.activation_symmetric)
     return result
 
 

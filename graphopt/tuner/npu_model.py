@@ -11,6 +11,8 @@ tn ≤ base_n: tail tiles are smaller) over K-steps of tk ≤ base_k:
                  bandwidth shared evenly by the cores that stream (active = min(cores, tiles))
     l0_step    = tm·tk·in_bytes / L1_TO_L0A + tk·tn·in_bytes / L1_TO_L0B      L1→L0A/L0B (MTE1)
     writeback  = tm·tn·acc_bytes / L0C_OUT + tm·tn·out_bytes / bw_core          L0C→UB→GM
+                 (+ tm·tn·acc_bytes / VECTOR_BYTES for an int8 kernel: its AscendDequant
+                 epilogue, int32 results to float16 on the vector unit, in the UB)
 
 A tile takes TILE_SETUP scalar cycles plus
     double buffered:  max(Σ_steps max(gm_step, l0_step, cube_step), writeback)
@@ -39,8 +41,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from graphopt.tuner.tiling import (GemmShape, Tiling, acc_bytes, cube_shape, default_tiling,
-                                   feasible, gemm_shape, in_bytes, out_bytes)
+from graphopt.tuner.tiling import (GemmShape, Tiling, acc_bytes, cube_dtype, cube_shape,
+                                   default_tiling, feasible, gemm_shape, in_bytes, out_bytes)
 
 if TYPE_CHECKING:
     from graphopt.ir import Node
@@ -51,6 +53,7 @@ L1_TO_L0B = 256.0   # bytes/cycle, l1_to_l0_b_rate
 L0C_OUT = 256.0     # bytes/cycle, l0_c_to_ub_rate
 DMA_SETUP = 50.0    # cycles per GM→L1 DMA: estimate
 TILE_SETUP = 200.0  # scalar cycles per output tile: estimate
+VECTOR_BYTES = 256.0  # bytes/cycle of the vector unit (vector.py), an int8 kernel's dequantize
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Dev
         raise ValueError(f"infeasible tiling for {shape}: {reason}")
     cm, ck, cn = cube_shape(shape, device)
     ib, ab, ob = in_bytes(shape), acc_bytes(shape), out_bytes(shape)
+    dequant = ab / VECTOR_BYTES if cube_dtype(shape.dtype) == "int8" else 0.0  # per result
     bm, bn, bk = tiling.base_m, tiling.base_n, tiling.base_k
     mt, nt, kt = -(-shape.m // bm), -(-shape.n // bn), -(-shape.k // bk)
     tiles = shape.batch * mt * nt
@@ -100,7 +104,7 @@ def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Dev
             terms["gm"] += count * gm
             terms["l0"] += count * l0
             terms["loop"] += count * (max(cube, gm, l0) if db else cube + gm + l0)
-        terms["writeback"] = tm * tn * (ab / L0C_OUT + ob / bw_core)
+        terms["writeback"] = tm * tn * (ab / L0C_OUT + ob / bw_core + dequant)
         terms["time"] = TILE_SETUP + (max(terms["loop"], terms["writeback"]) if db
                                       else terms["loop"] + terms["writeback"])
         terms["first_l0"] = tm * min(bk, shape.k) * ib / L1_TO_L0A + min(bk, shape.k) * tn * ib / L1_TO_L0B

@@ -10,10 +10,13 @@ K-steps of an A tile (base_m × base_k) and a B tile (base_k × base_n). Per AI 
     L0B   base_k·base_n·in_bytes      (×2 double buffered)   B operand of the cube
     L0C   base_m·base_n·acc_bytes     (×2 double buffered)   fp32 (int32 for int8) accumulators
     L1    l1_depth·(base_m + base_n)·base_k·in_bytes (×2)    l1_depth K-steps of A and B tiles
-    UB    base_m·base_n·out_bytes     (×2 double buffered)   the epilogue / output tile
+    UB    base_m·base_n·ub_bytes      (×2 double buffered)   the epilogue / output tile
 
 in_bytes is 1 for int8/uint8 and 2 otherwise (float32 cube work runs in float16, ATC's default
-precision mode), acc_bytes 4, out_bytes 4 for int8 (int32) and 2 otherwise. Base sizes are
+precision mode), acc_bytes 4, ub_bytes 4 for int8 (the int32 results its AscendDequant epilogue
+reads) and 2 otherwise; out_bytes, what reaches GM, is 2: float16, an int8 kernel's dequantized
+results included (the int8 cube kernels on an NPU come from QDQ, and ATC fuses AscendDequant into
+the kernel before them: CANN's conv and matmul dequant UB fusion patterns). Base sizes are
 multiples of the device's cube shape for the dtype (M, K, N): 16×16×16 for float16,
 16×32×16 for int8.
 """
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING
 from graphopt.codegen.om_manifest import dtype_name
 
 if TYPE_CHECKING:
-    from graphopt.ir import Node
+    from graphopt.ir import Node, Value
     from graphopt.partition.target import Device
 
 MATMUL_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm", "FusedGemm", "MatMulInteger"})
@@ -99,8 +102,12 @@ def acc_bytes(shape: GemmShape) -> int:
     return 4
 
 
-def out_bytes(shape: GemmShape) -> int:
+def ub_bytes(shape: GemmShape) -> int:
     return 4 if cube_dtype(shape.dtype) == "int8" else 2
+
+
+def out_bytes(shape: GemmShape) -> int:
+    return 2
 
 
 def gemm_shape(node: Node) -> GemmShape:
@@ -111,11 +118,30 @@ def gemm_shape(node: Node) -> GemmShape:
     a, b = node.input(0), node.input(1)
     if a is None or b is None or a.static_shape is None or b.static_shape is None:
         raise ValueError(f"{node!r}: {node.qualified_op} needs static input shapes")
-    dtype = (dtype_name(int(a.dtype)) if a.dtype is not None else None) or "float32"
+    dtype = operand_dtype(a, b)
     out = node.outputs[0] if node.outputs else None
     attrs = {key: attr.value for key, attr in node.attrs.items()}
     return op_gemm_shape(node.op_type, attrs, a.static_shape, b.static_shape, dtype,
                          out.static_shape if out is not None else None)
+
+
+def operand_dtype(a: Value, b: Value) -> str:
+    """The dtype a cube op computes in from its operands: int8 when both are 8-bit tensors
+    dequantized right before it (the QDQ form of an int8 kernel: the cube reads them as they
+    are and dequantizes its int32 result), else A's."""
+    if dequantized_8bit(a) and dequantized_8bit(b):
+        return "int8"
+    return (dtype_name(int(a.dtype)) if a.dtype is not None else None) or "float32"
+
+
+def dequantized_8bit(value: Value | None) -> bool:
+    """Whether `value` is a DequantizeLinear's output of int8 or uint8 data."""
+    producer = value.producer if value is not None else None
+    if producer is None or producer.op_type != "DequantizeLinear" or not producer.is_onnx:
+        return False
+    data = producer.inputs[0]
+    return data is not None and data.dtype is not None \
+        and dtype_name(int(data.dtype)) in ("int8", "uint8")
 
 
 def op_gemm_shape(op_type: str, attrs: dict, a: tuple, b: tuple, dtype: str,
@@ -173,7 +199,7 @@ def buffer_use(tiling: Tiling, shape: GemmShape) -> dict[str, int]:
     return {"L0A": m * k * ib * db, "L0B": k * n * ib * db,
             "L0C": m * n * acc_bytes(shape) * db,
             "L1": tiling.l1_depth * (m + n) * k * ib * db,
-            "UB": m * n * out_bytes(shape) * db}
+            "UB": m * n * ub_bytes(shape) * db}
 
 
 def feasible(tiling: Tiling, shape: GemmShape, device: Device) -> str | None:

@@ -12,6 +12,12 @@ Units: seconds; bytes; every figure an estimate. For a vector kernel:
     memory       = bytes read from and written to GM / device.memory_bandwidth
     seconds      = max(compute, memory) + device.launch_overhead_s         (one kernel)
 
+Quantization (the QDQ form AMCT converts, partition/quant_fit.py): a DequantizeLinear of a
+weight costs nothing (quantized offline), nor does one that only int8 cube kernels read (they
+read the 8-bit data and dequantize their own result in their epilogue); any other is an
+AscendAntiQuant vector kernel. A QuantizeLinear of a computed value runs in the UB epilogue of
+the kernel before it, as ATC fuses AscendQuant: its compute and its int8 output, no launch.
+
 A fused group (a graphopt:: call made by FuseElementwise, or a list of nodes) is one kernel:
 its intermediates stay in the Unified Buffer, so `memory` counts only the values it reads from
 outside and the values read after it (graph outputs included), and it pays one launch. A group
@@ -29,7 +35,8 @@ import onnx
 
 from graphopt.partition.estimate import value_bytes
 from graphopt.tuner.npu_model import Estimate, estimate
-from graphopt.tuner.tiling import ANCHORS_OF_GROUPS, op_gemm_shape
+from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CUBE_OPS, dequantized_8bit, op_gemm_shape,
+                                   operand_dtype)
 
 if TYPE_CHECKING:
     from graphopt.ir import Model, Node, Value
@@ -80,11 +87,48 @@ def vector_estimate(node: Node, device: Device) -> Estimate:
     """One vector kernel: elementwise, normalisation, pooling, data movement ops."""
     if node.op_type in NO_KERNEL:
         return Estimate(0.0, 0.0, {"bound": "none", "note": "a view or a constant, no kernel"})
+    absorbed = _absorbed_dequantize(node)
+    if absorbed:
+        return Estimate(0.0, 0.0, {"bound": "none", "note": absorbed})
+    if _fused_quantize(node):
+        data = node.inputs[0]
+        compute = elements(data) / vector_rate(device, _elem_bytes([data]))
+        return _result(compute, value_bytes(node.outputs[0]), device, kernels=0,
+                       note="AscendQuant in the UB epilogue of the kernel before it")
     outs = [v for v in node.outputs if v is not None]
     ins = [v for v in node.inputs if v is not None]
     work = max((elements(v) for v in outs), default=0) * OP_COST.get(node.op_type, 1)
     compute = work / vector_rate(device, _elem_bytes(outs + ins))
     return _result(compute, sum(value_bytes(v) for v in ins + outs), device)
+
+
+def _fused_quantize(node: Node) -> bool:
+    """Whether a QuantizeLinear runs as AscendQuant inside the kernel that computes its input:
+    ATC fuses it into that kernel's UB epilogue (CANN's UB fusion patterns:
+    TbeEltwiseQuantFusionPass for elementwise producers, TbeConv2DAddMulQuantPass and the
+    MatMul/BatchMatMul quant passes for cube ones), so it reads nothing back from GM and pays
+    no launch."""
+    if node.op_type != "QuantizeLinear" or not node.is_onnx or not node.inputs:
+        return False
+    producer = node.inputs[0].producer
+    return producer is not None and producer.op_type not in NO_KERNEL
+
+
+def _absorbed_dequantize(node: Node) -> str | None:
+    """Why a DequantizeLinear is no kernel of its own on the NPU (None when it is one, an
+    AscendAntiQuant): a constant's is done offline, and an int8 cube kernel reads the 8-bit
+    data of the one before it and dequantizes its own result (AscendDequant, its epilogue)."""
+    if node.op_type != "DequantizeLinear" or not node.is_onnx or not node.inputs:
+        return None
+    if node.inputs[0].is_constant:
+        return "a quantized weight, stored as int8 offline"
+    out = node.outputs[0]
+    reads = out.uses
+    if reads and not out.is_graph_output and all(
+            use.node.op_type in CUBE_OPS and use.index in (0, 1)
+            and dequantized_8bit(use.node.input(1 - use.index)) for use in reads):
+        return "read as int8 by the cube kernels after it"
+    return None
 
 
 def group_estimate(nodes: list[Node] | Node, device: Device, model: Model | None = None) -> Estimate:
@@ -132,9 +176,8 @@ def _call_estimate(call: Node, function: onnx.FunctionProto, device: Device) -> 
     if a is None or b is None or a.static_shape is None or b.static_shape is None:
         raise ValueError(f"{call!r}: the {anchor.op_type} inside needs static input shapes")
     attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in anchor.attribute}
-    from graphopt.codegen.om_manifest import dtype_name
-    dtype = (dtype_name(int(a.dtype)) if a.dtype is not None else None) or "float32"
-    shape = op_gemm_shape(anchor.op_type, attrs, a.static_shape, b.static_shape, dtype)
+    shape = op_gemm_shape(anchor.op_type, attrs, a.static_shape, b.static_shape,
+                          operand_dtype(a, b))
     cube = estimate(shape, None, device)
     bias = by_name.get(anchor.input[2]) if len(anchor.input) > 2 else None
     extra = [v for v in ins if v is not a and v is not b and v is not bias]

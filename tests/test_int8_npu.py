@@ -1,0 +1,288 @@
+"""INT8 on NPU targets: AMCT's QDQ form, its placement on the NPU, and the int8 cube estimates."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model
+
+import graphopt
+from graphopt import numerics
+from graphopt.codegen import OmSession
+from graphopt.ir import to_onnx
+from graphopt.passes.base import anchor_key
+from graphopt.tuner.model import model_estimate
+from graphopt.tuner.npu_model import estimate
+from graphopt.tuner.tiling import GemmShape, Tiling, buffer_use, default_tiling, out_bytes
+from graphopt.tuner.signature import model_kernels
+
+RNG = np.random.default_rng(11)
+OPSET17 = '<ir_version: 8, opset_import: ["" : 17]>\n'
+
+
+def weight(*shape: int, scale: float = 0.2) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def residual_net() -> onnx.ModelProto:
+    """A stem conv, a residual block of two convs, one more conv and a classifier: three of the
+    five cube layers are quantized (the stem and the head are the model's ends)."""
+    return parse_model("""
+        g (float[1,8,16,16] x) => (float[1,10] scores) {
+            c0 = Conv <pads = [1,1,1,1]> (x, w0, b0)
+            r0 = Relu (c0)
+            c1 = Conv <pads = [1,1,1,1]> (r0, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            s = Add (c2, r0)
+            r2 = Relu (s)
+            c3 = Conv (r2, w3, b3)
+            r3 = Relu (c3)
+            p = GlobalAveragePool (r3)
+            f = Flatten (p)
+            scores = Gemm <transB = 1> (f, wf, bf)
+        }""", w0=weight(16, 8, 3, 3), b0=weight(16), w1=weight(16, 16, 3, 3), b1=weight(16),
+        w2=weight(16, 16, 3, 3), b2=weight(16), w3=weight(32, 16, 1, 1), b3=weight(32),
+        wf=weight(10, 32), bf=weight(10))
+
+
+def mlp() -> onnx.ModelProto:
+    """Token MLP: MatMul + bias, Relu, MatMul + bias, MatMul (a transformer FFN's GEMMs)."""
+    return parse_model("""
+        g (float[1,16,64] x) => (float[1,16,32] y) {
+            h0 = MatMul (x, w0)
+            a0 = Add (h0, b0)
+            r0 = Relu (a0)
+            h1 = MatMul (r0, w1)
+            a1 = Add (h1, b1)
+            r1 = Relu (a1)
+            h2 = MatMul (r1, w2)
+            y = Add (h2, b2)
+        }""", w0=weight(64, 128, scale=0.1), b0=weight(128), w1=weight(128, 64, scale=0.1),
+        b1=weight(64), w2=weight(64, 32, scale=0.1), b2=weight(32))
+
+
+def calibration(tmp_path, name: str, shape: tuple[int, ...], samples: int = 8):
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, **{name: RNG.standard_normal((samples, *shape)).astype(np.float32)})
+    return path
+
+
+def quantized(proto, tmp_path, input_shape, target="ascend310", **options):
+    return graphopt.optimize(proto, target=target, quantize="int8",
+                             calibration=calibration(tmp_path, "x", input_shape), **options)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def run_om(result, tmp_path, feeds) -> dict:
+    path = tmp_path / "model.om"
+    graphopt.save(result, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU stand-in notice
+        return OmSession(path).run(feeds)
+
+
+def dequantize_nodes(model):
+    return [n for n in model.graph if n.op_type == "DequantizeLinear"]
+
+
+# --- the form ------------------------------------------------------------------------------
+
+
+def test_conv_net_quantizes_in_amct_form_and_stays_on_the_npu(tmp_path):
+    proto = residual_net()
+    result = quantized(proto, tmp_path, (1, 8, 16, 16))
+    model = result.model
+    placed = result.partitioning.placements
+    assert {p.device for p in placed.values()} == {"npu"}, result.partitioning.fallbacks()
+    assert not [n for n in result.notes if n.startswith("--quantize")]
+    convs = {n.name or n.outputs[0].name: n for n in model.graph if n.op_type == "Conv"}
+    int8 = [n for n in convs.values() if n.inputs[0].producer is not None
+            and n.inputs[0].producer.op_type == "DequantizeLinear"]
+    assert len(int8) == 3  # c1, c2, c3; the stem reads the graph input
+    # Q/DQ feed the cube layers alone: the residual Add reads float r0, every Relu stays.
+    for dq in dequantize_nodes(model):
+        if not dq.inputs[0].is_constant:
+            assert {n.op_type for n in dq.outputs[0].consumers()} == {"Conv"}
+    add = next(n for n in model.graph if n.op_type == "Add")
+    assert all(v.producer.op_type in ("Conv", "Relu") for v in add.inputs)
+    assert sum(n.op_type == "Relu" for n in model.graph) == 4
+    assert not any(n.op_type == "QuantizeLinear" and n.inputs[0].is_graph_output
+                   for n in model.graph)
+    # Conv weights per output channel, activations per tensor.
+    for conv in int8:
+        scale = conv.inputs[1].producer.inputs[1].constant()
+        assert scale.shape == (conv.inputs[1].shape[0],)
+        assert conv.inputs[0].producer.inputs[1].constant().size == 1
+    feeds = {"x": RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)["scores"]
+    actual = run_om(result, tmp_path, feeds)["scores"]
+    assert cosine(actual, expected) > 0.999
+    for part in result.partition_models.values():
+        onnx.checker.check_model(to_onnx(part), full_check=True)
+
+
+def test_matmuls_are_static_with_one_weight_scale_on_the_npu(tmp_path):
+    proto = mlp()
+    result = quantized(proto, tmp_path, (1, 16, 64), pass_options={"quant_keep_ends": False})
+    model = result.model
+    ops = [n.qualified_op for n in model.graph]
+    assert "com.microsoft::DynamicQuantizeMatMul" not in ops
+    matmuls = [n for n in model.graph if n.op_type == "MatMul"]
+    assert len(matmuls) == 3
+    for node in matmuls:
+        data, w = (v.producer for v in node.inputs)
+        assert data.op_type == w.op_type == "DequantizeLinear"
+        assert w.inputs[1].constant().size == 1  # per tensor: AMCT's Gemm/MatMul form
+    assert any("Gemm and MatMul weights get one scale per tensor" in n for n in result.notes)
+    assert {p.device for p in result.partitioning.placements.values()} == {"npu"}
+    feeds = {"x": RNG.standard_normal((1, 16, 64)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)["y"]
+    assert cosine(run_om(result, tmp_path, feeds)["y"], expected) > 0.999
+    # The same options on the cpu target keep onnxruntime's dynamic MatMuls.
+    on_cpu = quantized(proto, tmp_path, (1, 16, 64), target="cpu",
+                       pass_options={"quant_keep_ends": False})
+    assert "com.microsoft::DynamicQuantizeMatMul" in [n.qualified_op for n in on_cpu.model.graph]
+
+
+# --- the cost model ------------------------------------------------------------------------
+
+
+def test_quantized_cube_kernels_are_int8_and_estimated_faster(tmp_path):
+    proto = residual_net()
+    float_result = graphopt.optimize(proto, target="ascend310")
+    int8_result = quantized(proto, tmp_path, (1, 8, 16, 16))
+    kernels = model_kernels(int8_result.model, int8_result.partitioning)
+    dtypes = sorted(k.signature.rsplit("/", 1)[1] for k in kernels)
+    assert dtypes.count("int8") >= 2 and "float16" in dtypes  # the float ends stay fp16
+    float_rows = {r.name: r for r in model_estimate(
+        float_result.model, float_result.partitioning).rows if r.kind == "cube"}
+    int8_rows = {r.name: r for r in model_estimate(
+        int8_result.model, int8_result.partitioning).rows if r.kind == "cube"}
+    conv = next(n for n in int8_result.model.graph if n.op_type == "Conv"
+                and n.inputs[0].producer is not None
+                and n.inputs[0].producer.op_type == "DequantizeLinear")
+    key = anchor_key(conv)
+    assert int8_rows[key].estimate.cycles < float_rows[key].estimate.cycles
+    # A weight's dequantization is done offline; an activation's is the cube's own.
+    rows = {r.name: r for r in model_estimate(int8_result.model, int8_result.partitioning).rows}
+    for dq in dequantize_nodes(int8_result.model):
+        assert rows[anchor_key(dq)].seconds == 0.0
+    # Each QuantizeLinear runs in the epilogue of the kernel that computes its input.
+    quantize = [n for n in int8_result.model.graph if n.op_type == "QuantizeLinear"]
+    assert quantize and all(rows[anchor_key(q)].estimate.breakdown["launch_s"] == 0.0
+                            and rows[anchor_key(q)].seconds > 0 for q in quantize)
+    assert model_estimate(int8_result.model, int8_result.partitioning).seconds \
+        < model_estimate(float_result.model, float_result.partitioning).seconds
+
+
+def test_an_int8_kernel_writes_float16_through_its_dequantize_epilogue():
+    device = graphopt.partition.load_target("ascend310").device("npu")
+    big = GemmShape(1, 1024, 1024, 1024, "int8")
+    assert out_bytes(big) == 2  # AscendDequant in the UB: float16 reaches GM, not int32
+    assert buffer_use(default_tiling(big, device), big)["UB"] \
+        == default_tiling(big, device).base_m * default_tiling(big, device).base_n * 4 * 2
+    half, int8 = (estimate(GemmShape(1, 1024, 1024, 1024, dtype), None, device)
+                  for dtype in ("float16", "int8"))
+    assert half.cycles / int8.cycles > 1.5  # compute bound: the int8 cube's doubled rate
+    # The dequantize costs vector cycles in each tile's epilogue.
+    tiling = Tiling(128, 128, 128, cores=2)
+    wide = [estimate(GemmShape(1, 3136, 128, 256, dtype), tiling, device)
+            for dtype in ("float16", "int8")]
+    extra = wide[1].breakdown["writeback_cycles"] - wide[0].breakdown["writeback_cycles"]
+    assert extra == pytest.approx(wide[1].breakdown["tiles_on_busiest_core"] * 128 * 128 * 4 / 256)
+
+
+def test_a_dequantize_read_by_a_float_op_is_an_antiquant_kernel(tmp_path):
+    proto = parse_model("""
+        g (float[1,64,32] x) => (float[1,64,32] y) {
+            q = QuantizeLinear (x, s, z)
+            d = DequantizeLinear (q, s, z)
+            y = Sigmoid (d)
+        }""", s=np.float32(0.05), z=np.uint8(128))
+    result = graphopt.optimize(proto, target="ascend310")
+    assert {p.device for p in result.partitioning.placements.values()} == {"npu"}
+    rows = {r.op: r for r in model_estimate(result.model, result.partitioning).rows}
+    assert rows["DequantizeLinear"].estimate.breakdown["launch_s"] > 0  # an AscendAntiQuant
+    assert rows["QuantizeLinear"].estimate.breakdown["launch_s"] > 0  # no kernel to fuse into
+
+
+# --- what the NPU cannot take --------------------------------------------------------------
+
+
+def qdq_matmul(weight_scale: np.ndarray, axis: str = "") -> onnx.ModelProto:
+    return parse_model(f"""
+        g (float[1,16,64] x) => (float[1,16,32] y) {{
+            q = QuantizeLinear (x, s, z)
+            d = DequantizeLinear (q, s, z)
+            wd = DequantizeLinear {axis} (wq, ws, wz)
+            y = MatMul (d, wd)
+        }}""", s=np.float32(0.05), z=np.uint8(128),
+        wq=RNG.integers(-127, 128, (64, 32)).astype(np.int8), ws=weight_scale,
+        wz=np.zeros(weight_scale.shape, np.int8))
+
+
+def host_reasons(result) -> dict[str, str]:
+    return {n.op_type + ":" + (n.name or n.outputs[0].name): r
+            for n, r in result.partitioning.fallbacks()}
+
+
+def test_a_matmul_weight_per_channel_stays_on_the_host_with_the_reason():
+    per_tensor = graphopt.optimize(qdq_matmul(np.float32(0.01)), target="ascend310")
+    assert {p.device for p in per_tensor.partitioning.placements.values()} == {"npu"}
+    per_column = graphopt.optimize(qdq_matmul(np.full(32, 0.01, np.float32), "<axis = 1>"),
+                                   target="ascend310")
+    reasons = [r for n, r in per_column.partitioning.fallbacks()
+               if n.op_type == "DequantizeLinear"]
+    assert ("MatMul (output %y) weight %wq quantized per channel: AMCT's NPU form takes Gemm "
+            "and MatMul weights per tensor") in reasons
+
+
+@pytest.mark.parametrize("text, expected", [
+    # An activation quantized per channel.
+    ("""q = QuantizeLinear <axis = 1> (x, sc, zc)
+        d = DequantizeLinear <axis = 1> (q, sc, zc)
+        y = Relu (d)""", "per axis: AscendQuant and AscendDequant take one scale per activation"),
+    # Two quantized activations into one MatMul.
+    ("""q = QuantizeLinear (x, s, z)
+        d = DequantizeLinear (q, s, z)
+        t = Transpose <perm = [0, 2, 1]> (x)
+        q2 = QuantizeLinear (t, s, z)
+        d2 = DequantizeLinear (q2, s, z)
+        m = MatMul (d, d2)
+        y = ReduceSum <keepdims = 1> (m, axes)""", "quantizes a MatMul only with a constant weight"),
+    # A quantized constant that is no layer's weight.
+    ("""cd = DequantizeLinear (cq, s, z)
+        y = Add (x, cd)""", "quantizes only Conv, Gemm and MatMul weights"),
+])
+def test_qdq_outside_amct_form_stays_on_the_host_with_the_reason(text, expected):
+    header_io = "g (float[1,16,16] x) => (y) {"
+    proto = parse_model(f"{header_io}\n{text}\n}}", s=np.float32(0.05), z=np.uint8(128),
+                        sc=np.full(16, 0.05, np.float32), zc=np.full(16, 128, np.uint8),
+                        cq=RNG.integers(0, 255, (1, 16, 16)).astype(np.uint8),
+                        axes=np.array([2], np.int64))
+    result = graphopt.optimize(proto, target="ascend310")
+    reasons = [r for n, r in result.partitioning.fallbacks()
+               if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert any(expected in r for r in reasons), reasons
+
+
+def test_quantized_ops_left_on_the_host_are_named_in_a_note(tmp_path):
+    # INT4's MatMulNBits is onnxruntime's own: no NPU kernel.
+    result = graphopt.optimize(mlp(), target="ascend310", quantize="int4")
+    (note,) = [n for n in result.notes if n.startswith("--quantize int4 --target ascend310")]
+    placed = result.partitioning.placements
+    host = sum(p.device == "cpu" for p in placed.values())
+    assert note.startswith(f"--quantize int4 --target ascend310: {host} of {len(placed)} node(s) "
+                           "run on the host CPU, 3 of them quantized ops "
+                           "(com.microsoft::MatMulNBits), e.g.: no npu kernel for "
+                           "com.microsoft::MatMulNBits (`graphopt partition` lists every reason)")
+    assert not [n for n in graphopt.optimize(mlp(), target="ascend310").notes
+                if "--quantize" in n]
