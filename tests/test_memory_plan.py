@@ -68,6 +68,22 @@ def test_inputs_outputs_and_weights_are_accounted_outside_the_arena():
     assert {"w", "filled", "w2", "h"} <= set(unfolded.tensors)
 
 
+def test_a_quantized_weight_counts_as_its_int8_bytes_and_is_dequantized_in_the_arena():
+    # onnxruntime never folds DequantizeLinear: the weight stays int8, dequantized per run
+    # (or fused away), so it weighs 32 bytes of int8 (and its scale), not 128 of float.
+    model = parse(HEADER + """
+    g (float[2,8] x) => (float[2,4] y) {
+        wq = Constant<value = int8[8,4] {0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,
+                                         16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31}>()
+        s = Constant<value = float {0.5}>()
+        w = DequantizeLinear(wq, s)
+        y = MatMul(x, w)
+    }""")
+    plan = plan_memory(model)
+    assert plan.weight_bytes == 32 + 4
+    assert set(plan.tensors) == {"w"}
+
+
 def test_unknown_size_raises_naming_the_value():
     model = parse(HEADER + """
     g (float[N,4] x) => (float[N,4] y) {

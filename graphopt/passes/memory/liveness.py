@@ -30,6 +30,10 @@ from graphopt.ir.graph import captured_values
 ARENA, INPUT, OUTPUT, WEIGHT = "arena", "input", "output", "weight"
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                         "Multinomial", "Bernoulli"})
+# Ops onnxruntime runs at every inference even on constant inputs. Its constant folding skips
+# DequantizeLinear, so a QDQ model's int8 weight stays int8: the weight bytes are the int8
+# initializer's, and a dequantized copy exists only while a kernel that was not fused reads it.
+UNFOLDED_OPS = RANDOM_OPS | {"DequantizeLinear"}
 
 
 class MemoryPlanError(GraphoptError):
@@ -106,7 +110,7 @@ def classify(graph: Graph, *, fold_constants: bool = True) -> dict[Value, str]:
         kind.setdefault(value, INPUT)
     outputs = {id(v) for v in graph.outputs}
     for node in graph.nodes():
-        constant = (fold_constants and node.is_onnx and node.op_type not in RANDOM_OPS
+        constant = (fold_constants and node.is_onnx and node.op_type not in UNFOLDED_OPS
                     and all(kind.get(v) == WEIGHT for v in node_reads(node)))
         for value in node.outputs:
             if value is None:
