@@ -1,6 +1,8 @@
 """Compiling one model per shape profile (`--dynamic-dims`): every profile pins the dynamic
 input dims to its sizes and gets a whole compile of its own (static shapes, so every pass and
-the memory plan see concrete sizes); the `.om` then holds each profile's plan."""
+the memory plan see concrete sizes); the `.om` then holds each profile's plan. INT8 profiles the
+calibration data does not fit take the statistics of one it fits (quant/shared_stats.py), so
+they compile after it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx
+from graphopt.quant.calib_data import CalibrationShapeError
+from graphopt.quant.shared_stats import SharedStats
 from graphopt.shape_profiles import ShapeProfile, expand_profiles
 
 
@@ -42,16 +46,24 @@ def optimize_profiles(model, spec, options: dict):
     feeds = load_inputs(options.get("inputs")) if options.get("verify") else None
     dump_dir = options.get("dump_dir")
     shapes = [_merge(pinned, profile) for profile in profiles]  # refused before any compile
-    compiled: list[CompiledProfile] = []
+    shared = SharedStats()  # int8 statistics, measured by a profile the calibration data fits
+    results: dict[str, "OptimizeResult"] = {}  # noqa: F821
+    waiting: list[tuple[ShapeProfile, dict, CalibrationShapeError]] = []
     for profile, input_shapes in zip(profiles, shapes):
         run = dict(options, input_shapes=input_shapes,
                    inputs=feeds if feeds is not None and _fits(feeds, profile) else None,
                    dump_dir=os.path.join(dump_dir, profile.name) if dump_dir else None)
         try:
-            result = optimize(model, **run)
-        except GraphoptError as exc:
-            raise type(exc)(f"shape profile {profile.name} ({profile.label}): {exc}") from None
-        compiled.append(CompiledProfile(profile, result))
+            results[profile.name] = _compile(optimize, model, run, profile, shared)
+        except CalibrationShapeError as exc:
+            if shared.ready:
+                raise _in_profile(exc, profile) from None
+            waiting.append((profile, run, exc))  # until a profile the data fits has measured
+    for profile, run, exc in waiting:
+        if not shared.ready:
+            raise _in_profile(exc, profile) from None
+        results[profile.name] = _compile(optimize, model, run, profile, shared)
+    compiled = [CompiledProfile(profile, results[profile.name]) for profile in profiles]
     head = compiled[0].result
     for other in compiled[1:]:  # what only a later profile's compile noticed, said once
         head.notes.extend(f"{other.profile.name}: {note}" for note in other.result.notes
@@ -60,6 +72,22 @@ def optimize_profiles(model, spec, options: dict):
     head.dynamic_signature = signature
     head.seconds = time.perf_counter() - start
     return head
+
+
+def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedStats):
+    """One profile's compile; its errors name the profile (a calibration shape mismatch is
+    raised as it is, for optimize_profiles to retry once another profile has measured)."""
+    shared.profile = f"{profile.name} ({profile.label})"
+    try:
+        return optimize(model, **run, shared_stats=shared)
+    except CalibrationShapeError:
+        raise
+    except GraphoptError as exc:
+        raise _in_profile(exc, profile) from None
+
+
+def _in_profile(exc: GraphoptError, profile: ShapeProfile) -> GraphoptError:
+    return type(exc)(f"shape profile {profile.name} ({profile.label}): {exc}")
 
 
 def _merge(pinned: dict[str, list[int]], profile: ShapeProfile) -> dict[str, list[int]]:

@@ -161,7 +161,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              rewrite_gate=None, pass_options: dict | None = None,
              dump_format: str = "text", instruments=(), precision: str = "keep",
              quantize: str = "none", calibration: str | os.PathLike | None = None,
-             dynamic_dims=None) -> OptimizeResult:
+             dynamic_dims=None, shared_stats=None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
@@ -190,10 +190,14 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     (every combination), "batch=1,seq=128;batch=8,seq=64" (listed), {"batch": [1, 4]} or
     [{"batch": 1, "seq": 128}, …]; a key is a symbolic input dim or `input[axis]`. The result
     is the first profile's, with every profile's in `result.profiles`; `save` writes them all
-    into one .om, whose runtime picks the profile matching each run's input shapes.
+    into one .om, whose runtime picks the profile matching each run's input shapes. The
+    profiles share int8 calibration statistics through `shared_stats`
+    (quant.shared_stats.SharedStats): one the calibration data does not fit takes those of one
+    it fits.
     """
     # Every other argument, as given, for each profile's compile under --dynamic-dims.
-    arguments = {k: v for k, v in locals().items() if k not in ("model", "dynamic_dims")}
+    arguments = {k: v for k, v in locals().items()
+                 if k not in ("model", "dynamic_dims", "shared_stats")}
     if isinstance(model, (bytearray, memoryview)):
         model = bytes(model)
     if not isinstance(model, (str, os.PathLike, ModelProto, bytes)):
@@ -241,14 +245,20 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
         check_pinned_shapes(ir_model, label, options.input_shapes)
-    calibration = None
+    calibration = mismatch = None
     if options.calibration:  # read and checked against the (pinned) inputs before any pass
-        from graphopt.quant.calib_data import check_calibration
+        from graphopt.quant.calib_data import CalibrationShapeError, check_calibration
 
-        calibration = check_calibration(options.calibration, ir_model.graph)
+        try:
+            calibration = check_calibration(options.calibration, ir_model.graph)
+        except CalibrationShapeError as exc:
+            if shared_stats is None:
+                raise
+            mismatch = exc  # a shape profile the data does not fit: QuantizeInt8 borrows
 
     ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
-                      target=target, gate=rewrite_gate, calibration=calibration)
+                      target=target, gate=rewrite_gate, calibration=calibration,
+                      shared_stats=shared_stats, calibration_mismatch=mismatch)
     extra_instruments, instruments = list(instruments), []
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())

@@ -467,6 +467,61 @@ def test_one_calibration_set_serves_every_batch_profile(tmp_path):
         assert _cosine(session.run({"x": x})["y"], want) > MIN_COSINE
 
 
+def test_profiles_the_calibration_data_does_not_fit_take_the_ranges_of_one_it_fits(tmp_path):
+    # Calibrated at 16x16, compiled for 24x24, 16x16 and 32x32: AMCT calibrates once, at one
+    # shape, and ATC compiles every dynamic dim with those scales.
+    proto = _conv_model()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        dims = value.type.tensor_type.shape.dim
+        dims[2].dim_param, dims[3].dim_param = "H", "W"
+    result = graphopt.optimize(proto, target="cpu", dynamic_dims="H=24,W=24;H=16,W=16;H=32,W=32",
+                               pass_options={"quantize": "int8",
+                                             "calibration": _calibration(tmp_path, n=4)})
+    borrowed = [n for n in result.notes if "does not fit these input shapes" in n]
+    assert len(borrowed) == 1 and borrowed[0].endswith("measured for profile profile1 (H=16, W=16)")
+
+    def constants(profile):  # every scale, zero point and corrected bias, by name
+        return {name: v.constant() for name, v in profile.result.model.graph.initializers.items()
+                if v.dtype != onnx.TensorProto.INT8}
+
+    first, second, third = (constants(p) for p in result.profiles)
+    assert first.keys() == second.keys() == third.keys()
+    for name, value in second.items():  # the same ranges, and the float head's bias correction
+        np.testing.assert_array_equal(first[name], value, err_msg=name)
+        np.testing.assert_array_equal(third[name], value, err_msg=name)
+    path = tmp_path / "q.om"
+    graphopt.save(result, path)
+    session = graphopt.load(path)
+    for size in (16, 24, 32):
+        x = np.random.default_rng(size).standard_normal((1, 3, size, size)).astype(np.float32)
+        assert _cosine(session.run({"x": x})["y"], numerics.run(proto, {"x": x})["y"]) \
+            > MIN_COSINE
+
+
+def test_accuracy_report_runs_the_profile_the_calibration_data_fits(tmp_path, capsys):
+    proto = _conv_model()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[2].dim_param = "H"
+    model = tmp_path / "conv.onnx"
+    onnx.save(proto, model)
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "q.om", "--quantize",
+                           "int8", "--calibration", _calibration(tmp_path, n=2),
+                           "--dynamic-dims", "H:24,16")
+    assert rc == 0, err
+    assert "no accuracy report" not in err
+    assert "accuracy vs" in out and "[1,8,16,16]" in out.split("accuracy vs")[1]
+
+
+def test_profiles_no_calibration_sample_fits_are_refused_naming_the_first(tmp_path):
+    proto = _conv_model()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[2].dim_param = "H"
+    with pytest.raises(OptionError, match=r"^shape profile profile0 \(H=24\): calibration .*"
+                                          r"sample has shape \[1, 3, 16, 16\]"):
+        graphopt.optimize(proto, target="cpu", dynamic_dims="H:24,32", pass_options={
+            "quantize": "int8", "calibration": _calibration(tmp_path, n=2)})
+
+
 class _PassesRun(Instrument):
     def __init__(self):
         self.started, self.names = False, []

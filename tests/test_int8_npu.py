@@ -152,6 +152,26 @@ def test_matmuls_are_static_with_one_weight_scale_on_the_npu(tmp_path):
     assert "com.microsoft::DynamicQuantizeMatMul" in [n.qualified_op for n in on_cpu.model.graph]
 
 
+def test_sequence_profiles_share_the_ranges_of_the_length_calibrated(tmp_path):
+    # ATC's dynamic dims with an AMCT model: one calibration, at sequence length 16.
+    proto = mlp()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[1].dim_param = "seq"
+    result = quantized(proto, tmp_path, (1, 16, 64), dynamic_dims="seq:8,16,32",
+                       pass_options={"quant_keep_ends": False})
+    for profile in result.profiles:
+        assert sum(n.op_type == "QuantizeLinear" for n in profile.result.model.graph) == 3
+        assert {p.device for p in profile.result.partitioning.placements.values()} == {"npu"}
+    path = tmp_path / "seq.om"
+    graphopt.save(result, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        session = OmSession(path)
+    for seq in (8, 16, 32):
+        x = RNG.standard_normal((1, seq, 64)).astype(np.float32)
+        assert cosine(session.run({"x": x})["y"], numerics.run(proto, {"x": x})["y"]) > 0.999
+
+
 # --- the cost model ------------------------------------------------------------------------
 
 

@@ -40,6 +40,10 @@ class PassContext:
     gate: RewriteGate | None = None  # None: every rewrite a pass finds happens
     current_pass: str = ""  # set by the pass manager around each pass run
     calibration: Any = None  # quant.calib_data.CalibrationData the compile read and checked
+    # Shape profiles: statistics shared with the other profiles (quant.shared_stats.SharedStats),
+    # and why this profile's compile could not use the calibration data itself, when it could not.
+    shared_stats: Any = None
+    calibration_mismatch: Exception | None = None
 
     def note(self, message: str) -> None:
         if message not in self.notes:

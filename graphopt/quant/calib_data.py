@@ -28,6 +28,10 @@ from graphopt.errors import OptionError
 from graphopt.ir import Graph
 
 
+class CalibrationShapeError(OptionError):
+    """Calibration samples of other shapes than the model's (or a shape profile's) inputs."""
+
+
 @dataclass(frozen=True)
 class InputSpec:
     name: str
@@ -222,8 +226,9 @@ def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
         bad = array.ndim != len(spec.shape) or any(
             isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape))
         if bad:
-            raise OptionError(f"calibration {file}: input '{spec.name}' sample has shape "
-                              f"{list(array.shape)}; the model expects {_shape_text(spec.shape)}")
+            raise CalibrationShapeError(
+                f"calibration {file}: input '{spec.name}' sample has shape "
+                f"{list(array.shape)}; the model expects {_shape_text(spec.shape)}")
     _check_finite(array[None], spec, file)
     return _cast(array, spec, file)
 

@@ -142,11 +142,10 @@ class QuantizeInt8(Pass):
                 f"quantize int8: {len(chosen.static)} Conv/Gemm node(s) need activation ranges; "
                 "give calibration data (the calibration option: an .npz file or a directory "
                 "of them), or quant_skip them")
-        data = calibration_data(ctx, model.graph)
         names = sorted({n for n in map(chosen.stats_name, chosen.tensors) if n is not None})
         # Read before any rewrite: each static node's input is still its float tensor.
         inputs = {id(node): node.inputs[0].name for node in [*chosen.static, *heads]}
-        stats = calibrate(model, names, data, options.calibration_method, set(inputs.values()))
+        stats = _statistics(model, names, set(inputs.values()), ctx)
         means = {key: stats[name].channel_mean for key, name in inputs.items()}
         ranges: dict[int, tuple[float, float]] = {}
         for value in chosen.tensors:
@@ -169,6 +168,24 @@ class QuantizeInt8(Pass):
             params[id(value)] = activation_params(*ranges[id(value)],
                                                   options.activation_symmetric)
         return params, means
+
+
+def _statistics(model: Model, names: list[str], channels: set[str], ctx: PassContext) -> dict:
+    """Calibrated statistics of `names` (with per-channel means of `channels`), measured on the
+    calibration data; for a shape profile the data does not fit, those a profile it fits
+    measured (shared_stats.py)."""
+    shared, mismatch = ctx.shared_stats, ctx.calibration_mismatch
+    if mismatch is not None:
+        if shared is None or not shared.ready:
+            raise mismatch
+        ctx.note(f"QuantizeInt8: the calibration data does not fit these input shapes; the "
+                 f"activation ranges are those measured for profile {shared.measured_by}")
+        return shared.lookup(sorted(set(names) | channels), str(mismatch))
+    stats = calibrate(model, names, calibration_data(ctx, model.graph),
+                      ctx.options.calibration_method, channels)
+    if shared is not None:
+        shared.keep(stats)
+    return stats
 
 
 def calibration_data(ctx: PassContext, graph):
@@ -201,10 +218,16 @@ def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int
     correcting its float FC cuts the mean logit error from 0.0071σ to 0.0063σ."""
     graph = model.graph
     names = {id(node): node.inputs[0].name for node in heads}
-    data = calibration_data(ctx, graph)
-    stats = calibrate(model, [], data, "minmax", set(names.values()))
+    shared = ctx.shared_stats
+    if ctx.calibration_mismatch is not None:  # a shape profile: the means one measured
+        quantized = {name: shared.head_means.get(name) for name in names.values()}
+    else:
+        stats = calibrate(model, [], calibration_data(ctx, graph), "minmax", set(names.values()))
+        quantized = {name: s.channel_mean for name, s in stats.items()}
+        if shared is not None and not shared.head_means:
+            shared.head_means = dict(quantized)
     for node in heads:
-        before, after = float_means.get(id(node)), stats[names[id(node)]].channel_mean
+        before, after = float_means.get(id(node)), quantized.get(names[id(node)])
         w = node.inputs[1].constant()
         if before is None or after is None or before.shape != after.shape or w is None:
             continue

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.codegen.feeds import numpy_dtype
-from graphopt.quant.calib_data import InputSpec, first_sample
+from graphopt.quant.calib_data import CalibrationShapeError, InputSpec, first_sample
 from graphopt.table import format_table
 from graphopt.tools.compare import compare_arrays
 from graphopt.tools.compare_run import (
@@ -115,17 +115,27 @@ def _lm_targets(ref: np.ndarray, feeds: dict) -> tuple[slice, np.ndarray, str]:
 def calibration_feeds(path, reference: Side, candidate: Side) -> tuple[dict, str]:
     """The first sample of the calibration data at `path` (an .npz or a directory, in any layout
     calibration takes), cast to the inputs' dtypes as calibration casts it, and its label. The
-    dims are the reference's, with those the candidate pins where the reference's are open."""
-    dims = shared_dims(reference, candidate)
-    specs = []
-    for entry in reference.inputs:
-        shape = dims.get(entry["name"])
-        dtype = numpy_dtype(entry["dtype"])
-        if dtype is not None:
-            specs.append(InputSpec(entry["name"], dtype, None if shape is None else tuple(shape)))
-    sample, count = first_sample(path, specs)
-    path = os.fspath(path)
-    return sample, path if count == 1 else f"{path} (sample 1 of {count})"
+    dims are the reference's, with those the candidate pins where the reference's are open: of
+    the first of its shape profiles the data fits, when it has several."""
+    profiles = getattr(candidate.session, "profiles", None) or [None]
+    mismatch = None
+    for index in range(len(profiles)):
+        dims = shared_dims(reference, candidate, index)
+        specs = []
+        for entry in reference.inputs:
+            shape = dims.get(entry["name"])
+            dtype = numpy_dtype(entry["dtype"])
+            if dtype is not None:
+                specs.append(InputSpec(entry["name"], dtype,
+                                       None if shape is None else tuple(shape)))
+        try:
+            sample, count = first_sample(path, specs)
+        except CalibrationShapeError as exc:
+            mismatch = mismatch or exc
+            continue
+        path = os.fspath(path)
+        return sample, path if count == 1 else f"{path} (sample 1 of {count})"
+    raise mismatch
 
 
 def _reference_names_of_half_tensors(reference: Side, candidate: Side) -> list[str]:

@@ -170,12 +170,12 @@ def check_signatures(reference: Side, candidate: Side) -> None:
                              f"{describe(c)} in {candidate.label}; {where} cannot take the same feeds")
 
 
-def shared_dims(reference: Side, candidate: Side) -> dict[str, list]:
+def shared_dims(reference: Side, candidate: Side, profile: int = 0) -> dict[str, list]:
     """Each reference input's dims (of known rank), with those the candidate was compiled with
-    (an .om built with --input-shape, or the first of its shape profiles) where the reference's
-    are symbolic."""
+    (an .om built with --input-shape, or its shape profile number `profile`) where the
+    reference's are symbolic."""
     profiles = getattr(candidate.session, "profiles", None)
-    fixed = {e["name"]: e["shape"] for e in (profiles[0]["inputs"] if profiles
+    fixed = {e["name"]: e["shape"] for e in (profiles[profile]["inputs"] if profiles
                                              else candidate.inputs)}
     dims = {}
     for entry in reference.inputs:
