@@ -209,7 +209,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         target = load_target(os.fspath(target))
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
-    options.precision, options.quantize = precision, quantize  # pass_options may override
+    # pass_options may override; None means the default, as for every other keyword
+    options.precision, options.quantize = precision or "keep", quantize or "none"
     if calibration is not None:
         options.calibration = os.fspath(calibration)
     for name, value in (pass_options or {}).items():

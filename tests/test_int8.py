@@ -498,6 +498,32 @@ def test_profiles_the_calibration_data_does_not_fit_take_the_ranges_of_one_it_fi
             > MIN_COSINE
 
 
+def test_quantize_none_and_precision_none_mean_the_defaults():
+    result = graphopt.optimize(_conv_model(), quantize=None, precision=None)
+    assert "QuantizeInt8" not in result.log.totals()
+    assert "ConvertPrecision" not in result.log.totals()
+
+
+@pytest.mark.parametrize("text, why", [
+    ("""g (float16[1,3,8,8] x) => (y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
+     "1 × Conv of float16 data (int8 quantizes float32 layers)"),
+    ("""g (float[1,3,4,8,8] x) => (y) { y = Conv <pads = [1,1,1,1,1,1]> (x, w) }""",
+     "1 × 3-D Conv (graphopt quantizes 1-D and 2-D convs)"),
+], ids=["float16", "conv3d"])
+def test_layers_no_form_can_quantize_are_named_in_a_note(tmp_path, text, why):
+    rng = np.random.default_rng(2)
+    rank = 5 if "1,3,4" in text else 4
+    dtype = np.float16 if "float16" in text else np.float32
+    w = rng.standard_normal((4, 3) + (3,) * (rank - 2)).astype(dtype)
+    proto = parse_model(text, w=w)
+    shape = (1, 3, 4, 8, 8) if rank == 5 else (1, 3, 8, 8)
+    calibration = tmp_path / "c.npz"
+    np.savez(calibration, x=rng.standard_normal((2, *shape)).astype(dtype))
+    result = graphopt.optimize(proto, pass_options={"quantize": "int8", "calibration": calibration,
+                                                    "quant_keep_ends": False})
+    assert f"QuantizeInt8 kept in float: {why}" in result.notes
+
+
 def test_accuracy_report_runs_the_profile_the_calibration_data_fits(tmp_path, capsys):
     proto = _conv_model()
     for value in (proto.graph.input[0], proto.graph.output[0]):

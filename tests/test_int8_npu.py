@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,6 +15,7 @@ import graphopt
 from graphopt import numerics
 from graphopt.codegen import OmSession
 from graphopt.ir import to_onnx
+from graphopt.partition.layouts import assign_layouts
 from graphopt.passes.base import anchor_key
 from graphopt.tuner.model import model_estimate
 from graphopt.tuner.npu_model import estimate
@@ -20,6 +23,7 @@ from graphopt.tuner.tiling import GemmShape, Tiling, buffer_use, default_tiling,
 from graphopt.tuner.signature import model_kernels
 
 RNG = np.random.default_rng(11)
+TARGETS = Path(graphopt.__file__).parent / "partition" / "targets"
 OPSET17 = '<ir_version: 8, opset_import: ["" : 17]>\n'
 
 
@@ -277,7 +281,7 @@ def test_a_matmul_weight_per_channel_stays_on_the_host_with_the_reason():
         q2 = QuantizeLinear (t, s, z)
         d2 = DequantizeLinear (q2, s, z)
         m = MatMul (d, d2)
-        y = ReduceSum <keepdims = 1> (m, axes)""", "quantizes a MatMul only with a constant weight"),
+        y = ReduceSum <keepdims = 1> (m, axes)""", "quantizes only constant weights"),
     # A quantized constant that is no layer's weight.
     ("""cd = DequantizeLinear (cq, s, z)
         y = Add (x, cd)""", "quantizes only Conv, Gemm and MatMul weights"),
@@ -292,6 +296,133 @@ def test_qdq_outside_amct_form_stays_on_the_host_with_the_reason(text, expected)
     reasons = [r for n, r in result.partitioning.fallbacks()
                if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert any(expected in r for r in reasons), reasons
+
+
+def qdq_layer(op: str, weight: np.ndarray, scale: np.ndarray, attrs: str = "",
+              zero: np.ndarray | None = None, shape: str = "1,16,64") -> onnx.ModelProto:
+    """x → Q → DQ → `op`(·, DQ(weight)) → y, a QDQ layer as a QAT export writes it."""
+    zero = np.zeros(scale.shape, np.int8) if zero is None else zero
+    return parse_model(f"""
+        g (float[{shape}] x) => (y) {{
+            q = QuantizeLinear (x, s, z)
+            d = DequantizeLinear (q, s, z)
+            wd = DequantizeLinear {attrs} (wq, ws, wz)
+            y = {op} (d, wd)
+        }}""", s=np.float32(0.05), z=np.uint8(128), wq=weight, ws=scale, wz=zero)
+
+
+def int8_weight(*shape: int) -> np.ndarray:
+    return RNG.integers(-127, 128, shape).astype(np.int8)
+
+
+@pytest.mark.parametrize("proto, expected", [
+    (qdq_layer("Conv", int8_weight(8, 16, 3, 3), np.full(16, 0.01, np.float32), "<axis = 1>",
+               shape="1,16,8,8"),
+     "quantized along axis 1: AMCT's NPU form takes one scale per output channel (axis 0)"),
+    (qdq_layer("MatMul", int8_weight(2, 64, 32), np.float32(0.01), shape="2,16,64"),
+     "has 3 dims: AMCT's NPU form quantizes a MatMul's 2-D weight only"),
+    (qdq_layer("MatMul", int8_weight(64, 32), np.float32(0.01), zero=np.int8(3)),
+     "has a non-zero zero point: AMCT's NPU form quantizes weights symmetrically"),
+], ids=["conv-weight-per-input-channel", "matmul-3d-weight", "asymmetric-weight"])
+def test_weights_outside_amct_form_keep_their_layer_on_the_host(proto, expected):
+    result = graphopt.optimize(proto, target="ascend310")
+    reasons = {n.op_type: r for n, r in result.partitioning.fallbacks()}
+    assert expected in reasons["DequantizeLinear"]
+    layer = next(op for op in ("Conv", "MatMul") if op in reasons)
+    assert reasons[layer].startswith("its weight's DequantizeLinear stays on the host: ")
+
+
+def test_a_per_channel_gemm_head_takes_its_dequantized_input_and_bias_to_the_host():
+    # onnxruntime's per-channel QDQ of a classifier head: the Gemm stays on the host, and the
+    # DequantizeLinear of its input and bias with it, so int8 data crosses the link, not float.
+    proto = parse_model("""
+        g (float[1,64] x) => (y) {
+            q = QuantizeLinear (x, s, z)
+            d = DequantizeLinear (q, s, z)
+            wd = DequantizeLinear <axis = 0> (wq, ws, wz)
+            bd = DequantizeLinear (bq, bs)
+            y = Gemm <transB = 1> (d, wd, bd)
+        }""", s=np.float32(0.05), z=np.uint8(128), wq=int8_weight(10, 64),
+        ws=np.full(10, 0.01, np.float32), wz=np.zeros(10, np.int8),
+        bq=RNG.integers(-500, 500, 10).astype(np.int32), bs=np.float32(0.0005))
+    result = graphopt.optimize(proto, target="ascend310", level=1)
+    host = {n.name or n.outputs[0].name: p.device for n, p in result.partitioning.placements.items()}
+    assert host["y"] == host["d"] == host["bd"] == host["wd"] == "cpu"
+    reason = dict((n.outputs[0].name, r) for n, r in result.partitioning.fallbacks())["d"]
+    assert reason.startswith("read only by layers that stay on the host (its weight's")
+
+
+def test_dequantized_activation_of_another_dtype_stays_on_the_host():
+    proto = parse_model("""
+        g (int32[1,16] x) => (y) {
+            d = DequantizeLinear (x, s)
+            y = Relu (d)
+        }""", s=np.float32(0.05))
+    result = graphopt.optimize(proto, target="ascend310")
+    (reason,) = [r for n, r in result.partitioning.fallbacks() if n.op_type == "DequantizeLinear"]
+    assert reason == ("DequantizeLinear of a int32 activation %x: AscendDequant and "
+                      "AscendAntiQuant take int8")
+
+
+def test_a_profile_without_an_int8_cube_keeps_quantized_ops_on_the_host(tmp_path):
+    profile = json.loads((TARGETS / "ascend310.json").read_text())
+    npu = profile["devices"][0]
+    del npu["cube"]["int8"], npu["peak_ops_per_s"]["int8"], profile["sources"]["npu.cube.int8"]
+    del profile["sources"]["npu.peak_ops_per_s.int8"]
+    path = tmp_path / "no_int8.json"
+    path.write_text(json.dumps(profile))
+    result = graphopt.optimize(qdq_layer("MatMul", int8_weight(64, 32), np.float32(0.01)),
+                               target=str(path))
+    reasons = [r for n, r in result.partitioning.fallbacks() if n.op_type == "QuantizeLinear"]
+    assert reasons == ["QuantizeLinear: the npu profile has no int8 cube (cube.int8), so no "
+                       "int8 kernels"]
+
+
+def test_fused_groups_take_dequantized_weights_and_stay_on_the_npu(tmp_path):
+    # -O3 with epilogue fusion: a Conv heads its elementwise group, a graphopt:: call.
+    proto = residual_net()
+    options = {"elementwise_epilogues": True}
+    plain = graphopt.optimize(proto, target="ascend310", level=3, pass_options=options)
+    result = quantized(proto, tmp_path, (1, 8, 16, 16), level=3, pass_options=options)
+    assert any(n.domain == "graphopt" for n in result.model.graph)
+    assert {p.device for p in result.partitioning.placements.values()} == {"npu"}
+    assert model_estimate(result.model, result.partitioning).seconds \
+        < model_estimate(plain.model, plain.partitioning).seconds
+    feeds = {"x": RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    assert cosine(run_om(result, tmp_path, feeds)["scores"],
+                  numerics.run(proto, feeds)["scores"]) > 0.999
+
+
+def test_fused_convs_with_any_activation_are_quantized_at_o3(tmp_path):
+    # FuseActivation makes FusedConv(Clip) of Conv + Clip(0, 6); AMCT keeps the activation.
+    proto = parse_model("""
+        g (float[1,8,16,16] x) => (float[1,10] scores) {
+            c0 = Conv <pads = [1,1,1,1]> (x, w0)
+            r0 = Clip (c0, lo, hi)
+            c1 = Conv <pads = [1,1,1,1]> (r0, w1)
+            r1 = Clip (c1, lo, hi)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2)
+            r2 = Clip (c2, lo, hi)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            scores = Gemm <transB = 1> (f, wf)
+        }""", w0=weight(16, 8, 3, 3), w1=weight(16, 16, 3, 3), w2=weight(16, 16, 3, 3),
+        wf=weight(10, 16), lo=np.float32(0), hi=np.float32(6))
+    result = quantized(proto, tmp_path, (1, 8, 16, 16), level=3)
+    fused = [n for n in result.model.graph if n.op_type == "FusedConv"]
+    assert fused and sum(n.inputs[0].producer is not None
+                         and n.inputs[0].producer.op_type == "DequantizeLinear" for n in fused) == 2
+    feeds = {"x": RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    assert cosine(run_om(result, tmp_path, feeds)["scores"],
+                  numerics.run(proto, feeds)["scores"]) > 0.999
+
+
+def test_quantized_weights_are_converted_offline_not_by_transdata(tmp_path):
+    proto = residual_net()
+    layouts = assign_layouts(graphopt.optimize(proto, target="ascend310").partitioning)
+    int8 = assign_layouts(quantized(proto, tmp_path, (1, 8, 16, 16)).partitioning)
+    (plain,), (quant,) = layouts.values(), int8.values()
+    assert len(quant.weights) == len(plain.weights) and len(quant.transdata) == len(plain.transdata)
 
 
 def test_quantized_ops_left_on_the_host_are_named_in_a_note(tmp_path):

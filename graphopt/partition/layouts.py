@@ -69,9 +69,17 @@ def _layout(part: Partition) -> PartitionLayout:
     layout.formats = {v.name: f for v, f in stored.items() if f != ND}
     for node in part.nodes:
         for index, value in enumerate(node.inputs):
-            if value is not None and value.is_constant and _wants(node, index) != ND:
+            if value is not None and _is_weight(value) and _wants(node, index) != ND:
                 layout.weights[value.name] = _wants(node, index)
     return layout
+
+
+def _is_weight(value: Value) -> bool:
+    """A constant, or a quantized one dequantized: AMCT stores it int8 offline, in the format
+    its reader wants, so it is converted once at compile time too."""
+    producer = value.producer
+    return value.is_constant or (producer is not None and producer.op_type == "DequantizeLinear"
+                                 and producer.is_onnx and producer.inputs[0].is_constant)
 
 
 def _wants(node: Node, index: int) -> str:
@@ -104,7 +112,7 @@ def _formats(part: Partition, propagate: bool) -> tuple[dict[Value, str], dict[t
     stored: dict[Value, str] = {}
     wanted: dict[tuple[Node, int], str] = {}
     for node in part.nodes:
-        data = [(i, v) for i, v in enumerate(node.inputs) if v is not None and not v.is_constant]
+        data = [(i, v) for i, v in enumerate(node.inputs) if v is not None and not _is_weight(v)]
         # An elementwise op on equal shapes runs in the one device format its inputs arrive in
         # (ND inputs are converted to it: a residual branch joins the conv chain's format).
         device_formats = {stored.get(v, ND) for _, v in data} - {ND}
@@ -129,7 +137,7 @@ def _conversions(part: Partition, stored: dict, wanted: dict) -> list[dict]:
     found: dict[tuple[str, str, str], list[str]] = {}
     for (node, index), want in wanted.items():
         value = node.inputs[index]
-        if value.is_constant:
+        if _is_weight(value):
             continue
         have = stored.get(value, ND)  # partition inputs arrive from the host in ND
         if have != want:

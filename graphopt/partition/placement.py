@@ -57,7 +57,7 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
               or _attribute_problem(node, support)
-              or (qdq_problem(node) if device.kind == "npu" else None)
+              or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
     return (None, reason) if reason else (support.engine, None)
 

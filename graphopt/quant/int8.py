@@ -203,7 +203,9 @@ def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
     computed tensor rather than a graph input: what the quantized layers before them shift,
     their bias can take back (see _correct_float_layers)."""
     static = {id(n) for n in chosen.static}
-    return [node for node in graph if kind(node) == "static" and id(node) not in static
+    # A MatMul has no bias input to take a correction.
+    return [node for node in graph if kind(node, chosen.form) == "static"
+            and node.op_type != "MatMul" and id(node) not in static
             and not reads_graph_input(node.inputs[0])]
 
 

@@ -99,21 +99,23 @@ FORMS = ("onnxruntime", "amct")
 def kind(node: Node, form: str = "onnxruntime") -> str | None:
     """"static", "dynamic" or None: whether and how `node` could be quantized at all, in `form`
     (AMCT has no dynamic quantization: its MatMuls are static, and Attention stays float)."""
-    how = _kind(node)
+    how = _kind(node, form)
     if form == "amct" and how == "dynamic":
         return "static" if node.op_type == "MatMul" else None
     return how
 
 
-def _kind(node: Node) -> str | None:
+def _kind(node: Node, form: str) -> str | None:
     ins = node.inputs
     if node.is_onnx and node.op_type == "Conv" and len(ins) >= 2 and _float(ins[0]):
         w = _const(ins[1])
         if w is not None and w.ndim in (3, 4) and (len(ins) < 3 or ins[2] is None
                                                    or _const(ins[2], 1) is not None):
             return "static"
+    # onnxruntime's QLinearConv folds only a Relu into its output range; AMCT keeps any
+    # activation for ATC to fuse after the dequantize.
     if node.domain == MS and node.op_type == "FusedConv" and len(ins) in (2, 3) \
-            and node.attr("activation") == "Relu" and _float(ins[0]):
+            and (node.attr("activation") == "Relu" or form == "amct") and _float(ins[0]):
         w = _const(ins[1])
         if w is not None and w.ndim in (3, 4) and (len(ins) < 3 or _const(ins[2], 1) is not None):
             return "static"
@@ -131,6 +133,21 @@ def _kind(node: Node) -> str | None:
             and not node.attr("unidirectional", 0) and node.attr("qkv_hidden_sizes") is None \
             and not node.attr("do_rotary", 0) and not node.attr("past_present_share_buffer", 0):
         return "dynamic"
+    return None
+
+
+def _unquantizable(node: Node) -> str | None:
+    """Why a Conv, Gemm or MatMul with a constant weight cannot be quantized at all (None for
+    other nodes, and for reasons as plain as an activation weight)."""
+    if not node.is_onnx or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
+        return None
+    data, weight = node.inputs[0], node.inputs[1].constant()
+    if weight is None or data is None or data.dtype is None:
+        return None
+    if data.dtype != DType.FLOAT and data.dtype.numpy.kind == "f":
+        return f"{node.op_type} of {data.dtype.numpy.name} data (int8 quantizes float32 layers)"
+    if node.op_type == "Conv" and weight.ndim not in (3, 4):
+        return f"{weight.ndim - 2}-D Conv (graphopt quantizes 1-D and 2-D convs)"
     return None
 
 
@@ -197,6 +214,10 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
             result.kept["FusedConv's Relu needs the asymmetric range"] += 1
         else:
             candidates.append((node, how))
+    for node in nodes:  # layers no form takes say why, so that a compile that quantized
+        why = _unquantizable(node) if kind(node, form) is None else None  # nothing is no puzzle
+        if why:
+            result.kept[why] += 1
     result.static = [n for n, how in candidates if how == "static"]
     result.dynamic = [n for n, how in candidates if how == "dynamic"]
     if form == "amct":

@@ -71,7 +71,7 @@ class ModelEstimate:
 def node_estimate(node: Node, device, model: Model | None = None,
                   tiling: Tiling | None = None) -> tuple[str, Estimate, Tiling | None]:
     """(kind, estimate, tiling) of one node on an NPU device."""
-    functions = {(f.domain, f.name) for f in model.functions} if model is not None else set()
+    functions = {(f.domain, f.name): f for f in model.functions} if model is not None else {}
     if (node.domain, node.op_type) in functions:
         return "group", group_estimate([node], device, model), None
     if node.op_type in CUBE_OPS:
@@ -84,7 +84,7 @@ def node_estimate(node: Node, device, model: Model | None = None,
         if shape is not None:
             tiling = tiling or default_tiling(shape, device)
             return "cube", estimate(shape, tiling, device), tiling
-    return "vector", vector_estimate(node, device), None
+    return "vector", vector_estimate(node, device, functions), None
 
 
 def model_estimate(model: Model, partitioning: Partitioning,

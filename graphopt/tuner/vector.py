@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from graphopt.partition.estimate import value_bytes
+from graphopt.partition.quant_fit import qdq_problem, reads
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CUBE_OPS, dequantized_8bit, op_gemm_shape,
                                    operand_dtype)
@@ -83,11 +84,12 @@ def _result(compute: float, moved: int, device: Device, kernels: int = 1, **extr
     return Estimate(busy * (device.clock_hz or 0.0), seconds, breakdown)
 
 
-def vector_estimate(node: Node, device: Device) -> Estimate:
-    """One vector kernel: elementwise, normalisation, pooling, data movement ops."""
+def vector_estimate(node: Node, device: Device, functions: dict | None = None) -> Estimate:
+    """One vector kernel: elementwise, normalisation, pooling, data movement ops (`functions`:
+    the model's, by (domain, name), to see which ops of a fused group read the node)."""
     if node.op_type in NO_KERNEL:
         return Estimate(0.0, 0.0, {"bound": "none", "note": "a view or a constant, no kernel"})
-    absorbed = _absorbed_dequantize(node)
+    absorbed = _absorbed_dequantize(node, functions)
     if absorbed:
         return Estimate(0.0, 0.0, {"bound": "none", "note": absorbed})
     if _fused_quantize(node):
@@ -114,19 +116,21 @@ def _fused_quantize(node: Node) -> bool:
     return producer is not None and producer.op_type not in NO_KERNEL
 
 
-def _absorbed_dequantize(node: Node) -> str | None:
+def _absorbed_dequantize(node: Node, functions: dict | None = None) -> str | None:
     """Why a DequantizeLinear is no kernel of its own on the NPU (None when it is one, an
     AscendAntiQuant): a constant's is done offline, and an int8 cube kernel reads the 8-bit
-    data of the one before it and dequantizes its own result (AscendDequant, its epilogue)."""
+    data of the one before it and dequantizes its own result (AscendDequant, its epilogue),
+    also when a fused group's anchor is that kernel."""
     if node.op_type != "DequantizeLinear" or not node.is_onnx or not node.inputs:
         return None
     if node.inputs[0].is_constant:
         return "a quantized weight, stored as int8 offline"
     out = node.outputs[0]
-    reads = out.uses
-    if reads and not out.is_graph_output and all(
-            use.node.op_type in CUBE_OPS and use.index in (0, 1)
-            and dequantized_8bit(use.node.input(1 - use.index)) for use in reads):
+    found = reads(out, functions)
+    if found and not out.is_graph_output and all(
+            read.op in CUBE_OPS and read.index in (0, 1)
+            and dequantized_8bit(read.operand(1 - read.index))
+            and (read.inner is not None or not qdq_problem(read.node)) for read in found):
         return "read as int8 by the cube kernels after it"
     return None
 
