@@ -30,7 +30,9 @@ Per model, at each thread count: FP32 (the original at ORT_ENABLE_ALL); graphopt
 the default quant_keep_ends (layers that read a graph input or write a graph output stay float: a
 classifier's stem and FC; none in a BERT encoder) and once with every layer quantized;
 onnxruntime's quantize_static (QDQ, per-channel int8 weights, uint8 activations, min-max, the same
-calibration samples) and quantize_dynamic (int8 weights), both at ORT_ENABLE_ALL. Variants run
+calibration samples) and quantize_dynamic (int8 weights), both at ORT_ENABLE_ALL; with
+--npu-target, graphopt INT8 compiled for that NPU target too (AMCT's QDQ form, run by the CPU
+provider standing in for CANN's: its accuracy counts, its time does not). Variants run
 interleaved after warm-up; figures are medians (min-max) in ms and the ratio FP32 / variant
 (above 1: faster). Accuracy on N held-out samples the calibration never saw: mean and minimum
 cosine of the output to FP32's (at ORT_DISABLE_ALL) and, for the classifier, top-1 agreement and
@@ -48,6 +50,7 @@ examples:
   python bench/precision.py
   python bench/precision.py --threads 1,2 --samples 64 --json out/precision.json
   python bench/precision.py --shared ../shared/models --only resnet
+  python bench/precision.py --only resnet --npu-target ascend310 --samples 256
 """
 
 
@@ -170,7 +173,8 @@ class _Reader:
 
 
 def build_variants(model: Model, workdir: str, seq: int,
-                   quant_skip: set[str] | None = None) -> list[Variant]:
+                   quant_skip: set[str] | None = None,
+                   npu_target: str | None = None) -> list[Variant]:
     from onnxruntime.quantization import (
         QuantFormat,
         QuantType,
@@ -194,16 +198,21 @@ def build_variants(model: Model, workdir: str, seq: int,
         variant.build_seconds = time.perf_counter() - start
         variants.append(variant)
 
-    graphopt_rows = [("graphopt", "graphopt INT8 .om", True, set()),
-                     ("graphopt_all", "graphopt INT8 .om, keep_ends off", False, set())]
+    graphopt_rows = [("graphopt", "graphopt INT8 .om", True, set(), "cpu"),
+                     ("graphopt_all", "graphopt INT8 .om, keep_ends off", False, set(), "cpu")]
     if quant_skip:
         graphopt_rows.append(("graphopt_skip", "graphopt INT8 .om, --quant-skip", True,
-                              quant_skip))
-    for key, name, keep, skip in graphopt_rows:
+                              quant_skip, "cpu"))
+    if npu_target:
+        # AMCT's form for the NPU, run here by the CPU provider standing in for CANN's: its
+        # accuracy is the NPU's (up to float16 rounding), its time is not.
+        graphopt_rows.append(("graphopt_npu", f"graphopt INT8 .om, {npu_target} (CPU stand-in)",
+                              True, set(), npu_target))
+    for key, name, keep, skip, target in graphopt_rows:
         path = os.path.join(workdir, f"{key}.om")
 
-        def make(path=path, keep=keep, skip=skip):
-            result = graphopt.optimize(model.path, target="cpu", input_shapes=shapes,
+        def make(path=path, keep=keep, skip=skip, target=target):
+            result = graphopt.optimize(model.path, target=target, input_shapes=shapes,
                                        pass_options={"quantize": "int8", "calibration": calib,
                                                      "quant_keep_ends": keep,
                                                      "quant_skip": skip})
@@ -375,6 +384,9 @@ def parse_args(argv):
                    type=lambda text: {n.strip() for n in text.split(",") if n.strip()},
                    help="also a graphopt INT8 row with these comma-separated node names or op "
                         "types left float (names after fusion, e.g. …/ConvBatchNorm/Conv)")
+    p.add_argument("--npu-target", metavar="NAME",
+                   help="also a graphopt INT8 row compiled for this NPU target (AMCT's QDQ "
+                        "form), run by the CPU stand-in: read its accuracy, not its time")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     args.thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()})
@@ -391,7 +403,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="graphopt-precision-") as workdir:
         for model in build_models(args, workdir):
             files = tempfile.mkdtemp(dir=workdir)
-            variants = build_variants(model, files, args.seq, args.quant_skip)
+            variants = build_variants(model, files, args.seq, args.quant_skip, args.npu_target)
             extra = measure(model, variants, args)
             rows.append((model, variants, extra))
             print(f"{model.name}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr)
