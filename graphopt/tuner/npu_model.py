@@ -5,8 +5,9 @@ Units: cycles of the AI core clock (device.clock_hz); bytes. Per AI core, for a 
 tn ≤ base_n: tail tiles are smaller) over K-steps of tk ≤ base_k:
 
     cube_step  = ⌈tm/cm⌉·⌈tn/cn⌉·⌈tk/ck⌉                   one cm×ck×cn fractal MAC per cycle
-    gm_step    = (tm + tn)·tk·in_bytes / bw_core  +  2·DMA_SETUP / l1_depth
-                 GM→L1 (MTE2) of the A and B tiles; one DMA each brings l1_depth K-steps.
+    gm_step    = (tm + tn)·tk·in_bytes / bw_core  +  2·DMA_SETUP / min(l1_depth, K-steps)
+                 GM→L1 (MTE2) of the A and B tiles; one DMA each brings l1_depth K-steps
+                 (no more than there are).
                  bw_core = device.memory_bandwidth / active cores / clock_hz: the chip's
                  bandwidth shared evenly by the cores that stream (active = min(cores, tiles))
     l0_step    = tm·tk·in_bytes / L1_TO_L0A + tk·tn·in_bytes / L1_TO_L0B      L1→L0A/L0B (MTE1)
@@ -98,7 +99,7 @@ def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Dev
             if not count:
                 continue
             cube = math.ceil(tm / cm) * math.ceil(tn / cn) * math.ceil(tk / ck)
-            gm = (tm + tn) * tk * ib / bw_core + 2 * DMA_SETUP / tiling.l1_depth
+            gm = (tm + tn) * tk * ib / bw_core + 2 * DMA_SETUP / min(tiling.l1_depth, kt)
             l0 = tm * tk * ib / L1_TO_L0A + tk * tn * ib / L1_TO_L0B
             terms["cube"] += count * cube
             terms["gm"] += count * gm
