@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from helpers import parse_model
 
 import graphopt
-from graphopt import numerics
+from graphopt import numerics, zoo
 from graphopt.codegen import OmSession
 from graphopt.ir import to_onnx
 from graphopt.partition.layouts import assign_layouts
@@ -174,6 +175,31 @@ def test_sequence_profiles_share_the_ranges_of_the_length_calibrated(tmp_path):
     for seq in (8, 16, 32):
         x = RNG.standard_normal((1, seq, 64)).astype(np.float32)
         assert cosine(session.run({"x": x})["y"], numerics.run(proto, {"x": x})["y"]) > 0.999
+
+
+def test_profiles_whose_fusions_differ_find_the_ranges_by_the_layers_reading_them(tmp_path):
+    # At batch 1 a BERT's embeddings fuse into SkipLayerNormalization, at batch 2 they stay a
+    # LayerNormalization: their output is named differently, the MatMuls reading it are not.
+    proto = zoo.build("bert_base", layers=1, hidden=64, heads=4, intermediate=128, vocab=100,
+                      max_positions=32)
+    path = tmp_path / "bert_calib.npz"
+    ids = RNG.integers(0, 100, (4, 1, 16))
+    np.savez(path, input_ids=ids, attention_mask=np.ones_like(ids))
+    result = graphopt.optimize(proto, target="ascend310", quantize="int8", calibration=path,
+                               dynamic_dims="batch_size=1,sequence_length=16;"
+                                            "batch_size=2,sequence_length=8")
+    first, second = (Counter(n.qualified_op for n in p.result.model.graph)
+                     for p in result.profiles)
+    assert first - second == Counter({"com.microsoft::SkipLayerNormalization": 1})
+    graphopt.save(result, tmp_path / "bert.om")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        session = OmSession(tmp_path / "bert.om")
+    for batch, seq in ((1, 16), (2, 8)):
+        feeds = {"input_ids": RNG.integers(0, 100, (batch, seq)),
+                 "attention_mask": np.ones((batch, seq), np.int64)}
+        want = numerics.run(proto, feeds)["last_hidden_state"]
+        assert cosine(session.run(feeds)["last_hidden_state"], want) > 0.999
 
 
 # --- the cost model ------------------------------------------------------------------------

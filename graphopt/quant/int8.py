@@ -50,6 +50,7 @@ from graphopt.quant.qparams import (
     quantize_weight,
 )
 from graphopt.quant.select import MS, Plan, kind, plan, reads_graph_input, unmatched_skips
+from graphopt.quant.shared_stats import keys
 from graphopt.quant.stats import METHODS
 
 MIN_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
@@ -180,11 +181,11 @@ def _statistics(model: Model, names: list[str], channels: set[str], ctx: PassCon
             raise mismatch
         ctx.note(f"QuantizeInt8: the calibration data does not fit these input shapes; the "
                  f"activation ranges are those measured for profile {shared.measured_by}")
-        return shared.lookup(sorted(set(names) | channels), str(mismatch))
+        return shared.lookup(sorted(set(names) | channels), model.graph, str(mismatch))
     stats = calibrate(model, names, calibration_data(ctx, model.graph),
                       ctx.options.calibration_method, channels)
     if shared is not None:
-        shared.keep(stats)
+        shared.keep(stats, model.graph)
     return stats
 
 
@@ -222,12 +223,14 @@ def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int
     names = {id(node): node.inputs[0].name for node in heads}
     shared = ctx.shared_stats
     if ctx.calibration_mismatch is not None:  # a shape profile: the means one measured
-        quantized = {name: shared.head_means.get(name) for name in names.values()}
+        quantized = {name: next((shared.head_means[k] for k in keys(graph, name)
+                                 if k in shared.head_means), None) for name in names.values()}
     else:
         stats = calibrate(model, [], calibration_data(ctx, graph), "minmax", set(names.values()))
         quantized = {name: s.channel_mean for name, s in stats.items()}
         if shared is not None and not shared.head_means:
-            shared.head_means = dict(quantized)
+            shared.head_means = {k: mean for name, mean in quantized.items()
+                                 for k in keys(graph, name)}
     for node in heads:
         before, after = float_means.get(id(node)), quantized.get(names[id(node)])
         w = node.inputs[1].constant()

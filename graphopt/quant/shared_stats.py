@@ -3,8 +3,13 @@
 AMCT calibrates a model once, at the input shape of its calibration data, and ATC compiles every
 dynamic dim with the scales it found. Likewise here: a profile the calibration data fits
 measures the activation statistics, and a profile it does not fit (another sequence length)
-takes them by tensor name instead of refusing the data. Activation ranges and per-channel means
-do not depend on the sizes of the dims a profile pins.
+takes them instead of refusing the data. Activation ranges and per-channel means do not depend
+on the sizes of the dims a profile pins.
+
+A tensor is found by its name, else by the node that computes it, else by a node that reads it
+(`keys`): a fusion may take another form at another shape (the embeddings' Add + LayerNorm of a
+BERT fuse into SkipLayerNormalization at batch 1 only), which renames the tensor and its
+producer, while the MatMul that reads it keeps its name.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.errors import OptionError
+from graphopt.ir import Graph
+from graphopt.passes.base import anchor_key
 from graphopt.quant.stats import TensorStats
 
 
@@ -31,17 +38,41 @@ class SharedStats:
     def ready(self) -> bool:
         return self.measured_by is not None
 
-    def keep(self, stats: dict[str, TensorStats]) -> None:
-        """Record the statistics the current profile measured, when no profile has yet."""
-        if not self.ready:
-            self.measured_by, self.stats = self.profile, dict(stats)
+    def keep(self, stats: dict, graph: Graph) -> None:
+        """Record the statistics the current profile measured (by tensor name) under every key
+        of their tensors in `graph`, when no profile has yet."""
+        if self.ready:
+            return
+        self.measured_by = self.profile
+        for name, value in stats.items():
+            for key in keys(graph, name):
+                self.stats.setdefault(key, value)
 
-    def lookup(self, names, why: str) -> dict[str, TensorStats]:
-        """The statistics of `names`; OptionError naming the first that the measuring profile's
-        compile did not have (`why` says why this compile cannot measure it itself)."""
-        missing = [name for name in names if name not in self.stats]
-        if missing:
-            raise OptionError(f"{why}; it takes its activation ranges from profile "
-                              f"{self.measured_by}, whose compile has no tensor '{missing[0]}': "
-                              "give calibration data of this profile's shapes")
-        return {name: self.stats[name] for name in names}
+    def lookup(self, names, graph: Graph, why: str) -> dict:
+        """The statistics of `names` (tensors of `graph`), by name; OptionError naming the first
+        that the measuring profile's compile has under none of its keys (`why` says why this
+        compile cannot measure it itself)."""
+        found = {}
+        for name in names:
+            key = next((k for k in keys(graph, name) if k in self.stats), None)
+            if key is None:
+                raise OptionError(f"{why}; it takes its activation ranges from profile "
+                                  f"{self.measured_by}, whose compile has no tensor '{name}' "
+                                  "nor its producer or readers: give calibration data of this "
+                                  "profile's shapes")
+            found[name] = self.stats[key]
+        return found
+
+
+def keys(graph: Graph, name: str) -> list[str]:
+    """The keys tensor `name` of `graph` is known by across profiles: its name, its producer's
+    output, the inputs of its readers (anchor keys, which are node names when nodes have them)."""
+    found = [name]
+    value = next((v for node in graph for v in node.outputs if v is not None and v.name == name),
+                 None)
+    if value is None:
+        return found
+    if value.producer is not None:
+        found.append(f"{anchor_key(value.producer)} output {value.producer.outputs.index(value)}")
+    found += [f"{anchor_key(use.node)} input {use.index}" for use in value.uses]
+    return found
