@@ -17,6 +17,7 @@ from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.tuner import (GemmShape, Tiling, best_tiling, default_tiling, estimate, feasible,
                             gemm_shape, group_estimate, model_estimate, tiling_space,
                             transfer_estimate, vector_estimate)
+from graphopt.tuner.signature import node_signature
 
 NPUS = ("ascend310", "ascend310b", "ascend910b")
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
@@ -148,6 +149,18 @@ def test_the_best_tiling_is_never_worse_than_the_default(shape):
     device = npu("ascend310")
     default = estimate(shape, default_tiling(shape, device), device)
     assert best_tiling(shape, device)[1].cycles <= default.cycles
+
+
+def test_conv_transpose_is_a_cube_kernel_over_its_output_pixels():
+    # CANN runs it as a conv over the stride-dilated input: one GEMM row per output pixel.
+    model = ir("g (float[1, 32, 16, 16] x, float[32, 16, 2, 2] w) => (y) {\n"
+               "  y = ConvTranspose <strides = [2, 2]> (x, w)\n}")
+    node = the(model, "ConvTranspose")
+    assert gemm_shape(node) == GemmShape(1, 32 * 32, 32 * 2 * 2, 16, "float32")
+    assert node_signature(node, "ascend310") == "ascend310/conv/b1_m1024_k128_n16/float16"
+    grouped = ir("g (float[1, 32, 8, 8] x, float[32, 4, 3, 3] w) => (y) {\n"
+                 "  y = ConvTranspose <group = 4, pads = [1, 1, 1, 1]> (x, w)\n}")
+    assert gemm_shape(the(grouped, "ConvTranspose")) == GemmShape(4, 64, 8 * 9, 4, "float32")
 
 
 def test_vector_and_fused_group_estimates():

@@ -1,7 +1,8 @@
 """The tiling space of NPU cube ops: GEMM shapes of IR nodes, tilings, their buffer constraints.
 
 A cube op is a batch of GEMMs C[M,N] = A[M,K]·B[K,N]; Conv runs as an implicit GEMM
-(im2col): M = N·Ho·Wo, K = Cin/group·kh·kw, N = Cout/group, with `group` as the batch.
+(im2col): M = N·Ho·Wo, K = Cin/group·kh·kw, N = Cout/group, with `group` as the batch;
+ConvTranspose as the conv over its stride-dilated input that CANN runs (the same formula).
 
 A `Tiling` cuts C into base_m × base_n output tiles, each accumulated over ceil(K/base_k)
 K-steps of an A tile (base_m × base_k) and a B tile (base_k × base_n). Per AI core:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from graphopt.partition.target import Device
 
 MATMUL_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm", "FusedGemm", "MatMulInteger"})
-CONV_OPS = frozenset({"Conv", "FusedConv", "ConvInteger"})
+CONV_OPS = frozenset({"Conv", "FusedConv", "ConvInteger", "ConvTranspose"})
 CUBE_OPS = MATMUL_OPS | CONV_OPS
 ANCHORS_OF_GROUPS = frozenset({"Conv", "MatMul", "Gemm"})  # cube kernels FuseElementwise takes
 L1_DEPTHS = (1, 2, 4, 8)
@@ -147,6 +148,8 @@ def dequantized_8bit(value: Value | None) -> bool:
 def op_gemm_shape(op_type: str, attrs: dict, a: tuple, b: tuple, dtype: str,
                   out: tuple | None = None) -> GemmShape:
     """gemm_shape from an op type, its attributes and its input shapes (A or X, B or W)."""
+    if op_type == "ConvTranspose":
+        return _conv_transpose_shape(attrs, a, b, dtype, out)
     if op_type in CONV_OPS:
         return _conv_shape(attrs, a, b, dtype, out)
     sa, sb = list(a), list(b)
@@ -187,6 +190,28 @@ def _conv_shape(attrs: dict, x: tuple, w: tuple, dtype: str, out: tuple | None) 
                        // strides[i] + 1 for i, d in enumerate(x[2:])]
     return GemmShape(group, x[0] * math.prod(spatial), w[1] * math.prod(kernel), w[0] // group,
                      dtype)
+
+
+def _conv_transpose_shape(attrs: dict, x: tuple, w: tuple, dtype: str,
+                          out: tuple | None) -> GemmShape:
+    """ConvTranspose as CANN's Conv2DBackpropInput runs it: a direct conv over the input
+    dilated by the strides, so one GEMM row per output pixel: M = N·Hout·Wout, K = Cin/g·kh·kw,
+    N = Cout/g (the weight is [Cin, Cout/g, kh, kw]); the zeros the dilation inserts are
+    multiplied too."""
+    group = int(attrs.get("group", 1))
+    kernel = w[2:]
+    if out is not None and len(out) == len(x):
+        spatial = out[2:]
+    else:
+        rank = len(kernel)
+        strides = attrs.get("strides") or [1] * rank
+        dilations = attrs.get("dilations") or [1] * rank
+        pads = attrs.get("pads") or [0] * (2 * rank)
+        extra = attrs.get("output_padding") or [0] * rank
+        spatial = [strides[i] * (d - 1) + extra[i] + dilations[i] * (kernel[i] - 1) + 1
+                   - pads[i] - pads[i + rank] for i, d in enumerate(x[2:])]
+    return GemmShape(group, x[0] * math.prod(spatial), (x[1] // group) * math.prod(kernel),
+                     w[1], dtype)
 
 
 # --- the space ------------------------------------------------------------------------------
