@@ -341,6 +341,35 @@ def test_tiny_npu_island_between_host_ops_returns_to_the_host(tmp_path):
     assert_same_outputs(proto, path, feeds)
 
 
+def test_an_island_of_fused_groups_is_priced_as_its_groups(monkeypatch):
+    # At -O3 with epilogues, the convs run inside graphopt:: calls: the island check must price
+    # each call as its group (the conv's cube kernel included), not as one elementwise op.
+    import graphopt.tuner.model as tuner_model
+
+    proto = build("""
+        g (float[1,8,16,16] x) => (float[1,4] values, int64[1,4] indices) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            g = Sigmoid (c)
+            a = Mul (c, g)
+            p = GlobalAveragePool (a)
+            f = Flatten (p)
+            values, indices = TopK <axis = 1> (f, k)
+        }""", w=weight(16, 8, 3, 3), k=np.array([4], np.int64))
+    priced = []
+    real = tuner_model.node_estimate
+
+    def spy(node, device, model=None, tiling=None):
+        found = real(node, device, model, tiling)
+        priced.append((node.domain, found[0]))
+        return found
+
+    monkeypatch.setattr(tuner_model, "node_estimate", spy)
+    graphopt.optimize(proto, target="ascend310", level=3,
+                      pass_options={"elementwise_epilogues": True})
+    groups = [kind for domain, kind in priced if domain == "graphopt"]
+    assert groups and set(groups) == {"group"}
+
+
 def test_islands_are_kept_when_asked():
     proto = conv_head("""values, indices = TopK <axis = 1> (scores, k)
             doubled = Add (values, values)

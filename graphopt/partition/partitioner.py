@@ -85,7 +85,7 @@ def _partition(model: Model, target: Target, return_islands: bool) -> Partitioni
         clusters = [sorted(c, key=position.__getitem__) for c in clusters]
         if not return_islands:
             break
-        islands = _unprofitable_islands(clusters, placements, target)
+        islands = _unprofitable_islands(clusters, placements, target, model)
         if not islands:
             break
         for members, reason in islands:
@@ -245,7 +245,8 @@ def _attach_constants(clusters: list[list[Node]], constants: list[Node],
 # --- islands -------------------------------------------------------------------------------
 
 
-def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[list[Node], str]]:
+def _unprofitable_islands(clusters, placements, target: Target, model: Model
+                          ) -> list[tuple[list[Node], str]]:
     host, primary = target.device(target.host), target.device(target.primary)
     # The cost models the tuner uses: a roofline per op class on the host, the tiled cube and
     # vector estimates on the NPU (estimates both; only their difference matters here).
@@ -276,7 +277,8 @@ def _unprofitable_islands(clusters, placements, target: Target) -> list[tuple[li
                 on_device_side += seconds
         if not touches_host:
             continue
-        saved = sum(host_model.node_seconds(n) - node_estimate(n, primary)[1].seconds
+        # The model, for a graphopt:: call: its group (a Conv epilogue's cube kernel included).
+        saved = sum(host_model.node_seconds(n) - node_estimate(n, primary, model)[1].seconds
                     for n in work)
         cost = on_host_side - on_device_side
         if saved < cost:
