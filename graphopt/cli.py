@@ -196,7 +196,9 @@ def _comma_list(values) -> set[str]:
     return {item.strip() for value in values or () for item in value.split(",") if item.strip()}
 
 
-def _add_precision_args(p) -> None:
+def _add_precision_args(p, report: bool = True) -> None:
+    """The precision flags; `report`: with --no-accuracy-report (commands that compile and
+    write a model print the report)."""
     from graphopt.passes.precision.policy import CALIBRATION_METHODS, MODES, QUANTIZE
 
     g = p.add_argument_group("precision and quantization")
@@ -234,8 +236,10 @@ def _add_precision_args(p) -> None:
                         "head, a language model's vocabulary head)")
     g.add_argument("--int4-group-size", type=int, metavar="N",
                    help="int4: weights per scale along K, a power of 2 ≥ 16 (default 32)")
-    g.add_argument("--no-accuracy-report", action="store_true",
-                   help="skip the accuracy report printed after a converted or quantized compile")
+    if report:
+        g.add_argument("--no-accuracy-report", action="store_true",
+                       help="skip the accuracy report printed after a converted or quantized "
+                            "compile")
 
 
 def _precision_options(args) -> dict:

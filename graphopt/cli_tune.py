@@ -14,6 +14,7 @@ TUNE_EXAMPLES = """examples:
   graphopt tune model.onnx --target ascend310 --input-shape "x:1,3,224,224"
   graphopt tune model.onnx --target ascend310 --trials 100 --tuning-db tuning.db --workers 2
   graphopt tune model.onnx --target ascend310 --storage postgresql://user@host/db --workers 8
+  graphopt tune model.onnx --target ascend310 --quantize int8 --calibration calib.npz
   graphopt tune bert.onnx --target ascend310 --job subgraph -O3 --trials 40
   graphopt tune resnet50.onnx --target cpu --job subgraph --objective measured --trials 30
   graphopt optimize model.onnx -o model.om --target ascend310 --tuning-db tuning.db
@@ -23,6 +24,8 @@ groups of alike fusions and layout changes on or off and scores each compile wit
 models (the whole partitioned model, tuned tilings included) or, on a CPU target with
 --objective measured, by timing it with onnxruntime. A rerun on the same database resumes the
 study; --trials counts the new trials of this run. `optimize --tuning-db` applies both.
+With --precision or --quantize, op tuning tunes the kernels of the converted model (int8
+signatures for --quantize int8 on an NPU), which `optimize` with the same flags then finds.
 """
 
 
@@ -82,6 +85,9 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--plot", metavar="FILE",
                    help="best-so-far cost vs trial per kernel (.png or .svg)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    from graphopt.cli import _add_precision_args
+
+    _add_precision_args(p, report=False)
     p.set_defaults(func=_cmd_tune)
 
 
@@ -125,6 +131,13 @@ def _cmd_tune(args) -> int:
         _check_plot(args.plot)
     # Checked before the compile, which can take minutes, and without creating anything.
     url = storage_url(_storage(args), option=_storage_option(args))
+    from graphopt.cli import _precision_options
+
+    precision = _precision_options(args)
+    if precision and args.job == "subgraph":
+        raise OptionError("--precision/--quantize apply to --job op; for subgraph tuning, "
+                          "write the converted model first (graphopt optimize … -o "
+                          "model.int8.onnx --target …) and tune that")
     if args.job == "subgraph":
         from graphopt.cli_tune_subgraph import cmd_tune_subgraph
         return cmd_tune_subgraph(args, url)
@@ -132,7 +145,7 @@ def _cmd_tune(args) -> int:
         raise OptionError("--objective measured is for --job subgraph; op tuning ranks "
                           "tilings of NPU kernels, which this machine cannot time")
     result = optimize(args.model, level=args.level, input_shapes=args.input_shape,
-                      target=args.target)
+                      target=args.target, pass_options=precision or None)
     partitioning = result.partitioning
     if not any(partitioning.target.device(p.device).kind == "npu"
                for p in partitioning.partitions):

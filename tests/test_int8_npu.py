@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model
+from helpers import parse_model, run_cli
 
 import graphopt
 from graphopt import numerics, zoo
@@ -200,6 +200,26 @@ def test_profiles_whose_fusions_differ_find_the_ranges_by_the_layers_reading_the
                  "attention_mask": np.ones((batch, seq), np.int64)}
         want = numerics.run(proto, feeds)["last_hidden_state"]
         assert cosine(session.run(feeds)["last_hidden_state"], want) > 0.999
+
+
+def test_tune_quantizes_as_optimize_does_and_optimize_finds_the_int8_tilings(tmp_path, capsys):
+    model = tmp_path / "net.onnx"
+    onnx.save(residual_net(), model)
+    calib = calibration(tmp_path, "x", (1, 8, 16, 16))
+    db = tmp_path / "tuning.db"
+    flags = ["--target", "ascend310", "--quantize", "int8", "--calibration", calib]
+    rc, out, err = run_cli(capsys, "tune", model, *flags, "--trials", "3", "--tuning-db", db,
+                           "-q")
+    assert rc == 0, err
+    assert "/int8 " in out and "/float16 " in out  # the quantized convs, the float ends
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "net.om", *flags,
+                           "--tuning-db", db)
+    assert rc == 0, err
+    kernels = graphopt.codegen.load_om(tmp_path / "net.om").extra["kernels"]["partitions"]
+    assert {k["tiling_source"] for rows in kernels.values() for k in rows
+            if k["kind"] == "cube"} == {"tuned"}
+    rc, out, err = run_cli(capsys, "tune", model, *flags, "--job", "subgraph")
+    assert rc != 0 and "--precision/--quantize apply to --job op" in err
 
 
 # --- the cost model ------------------------------------------------------------------------
