@@ -6,10 +6,12 @@ measures the activation statistics, and a profile it does not fit (another seque
 takes them instead of refusing the data. Activation ranges and per-channel means do not depend
 on the sizes of the dims a profile pins.
 
-A tensor is found by its name, else by the node that computes it, else by a node that reads it
-(`keys`): a fusion may take another form at another shape (the embeddings' Add + LayerNorm of a
-BERT fuse into SkipLayerNormalization at batch 1 only), which renames the tensor and its
-producer, while the MatMul that reads it keeps its name.
+A tensor is found by the layers that read it, else by the node that computes it, else by its
+name (`keys`). Node names come from the exporter (or from the node a fusion replaced), while the
+names of the tensors fusions make are numbered in the order they are made: a fusion may take
+another form at another shape (the embeddings' Add + LayerNorm of a BERT fuse into
+SkipLayerNormalization at batch 1 only), and the tensors made after it then take other numbers,
+so a name alone could pair two different tensors.
 """
 
 from __future__ import annotations
@@ -49,9 +51,9 @@ class SharedStats:
                 self.stats.setdefault(key, value)
 
     def lookup(self, names, graph: Graph, why: str) -> dict:
-        """The statistics of `names` (tensors of `graph`), by name; OptionError naming the first
-        that the measuring profile's compile has under none of its keys (`why` says why this
-        compile cannot measure it itself)."""
+        """The statistics of `names` (tensors of `graph`), by their first key the measuring
+        profile's compile has; OptionError naming the first tensor it has under none (`why` says
+        why this compile cannot measure it itself)."""
         found = {}
         for name in names:
             key = next((k for k in keys(graph, name) if k in self.stats), None)
@@ -65,14 +67,14 @@ class SharedStats:
 
 
 def keys(graph: Graph, name: str) -> list[str]:
-    """The keys tensor `name` of `graph` is known by across profiles: its name, its producer's
-    output, the inputs of its readers (anchor keys, which are node names when nodes have them)."""
-    found = [name]
+    """The keys tensor `name` of `graph` is known by across profiles, surest first: the inputs
+    of its readers and its producer's output (by anchor key: the node's name when it has one),
+    then its name."""
     value = next((v for node in graph for v in node.outputs if v is not None and v.name == name),
-                 None)
+                 None) or next((v for v in graph.inputs if v.name == name), None)
     if value is None:
-        return found
+        return [name]
+    found = [f"{anchor_key(use.node)} input {use.index}" for use in value.uses]
     if value.producer is not None:
         found.append(f"{anchor_key(value.producer)} output {value.producer.outputs.index(value)}")
-    found += [f"{anchor_key(use.node)} input {use.index}" for use in value.uses]
-    return found
+    return found + [name]
