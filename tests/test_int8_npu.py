@@ -180,7 +180,7 @@ def test_sequence_profiles_share_the_ranges_of_the_length_calibrated(tmp_path):
 def test_profiles_whose_fusions_differ_find_the_ranges_by_the_layers_reading_them(tmp_path):
     # At batch 1 a BERT's embeddings fuse into SkipLayerNormalization, at batch 2 they stay a
     # LayerNormalization: their output is named differently, the MatMuls reading it are not.
-    proto = zoo.build("bert_base", layers=1, hidden=64, heads=4, intermediate=128, vocab=100,
+    proto = zoo.build("bert_base", layers=2, hidden=64, heads=4, intermediate=128, vocab=100,
                       max_positions=32)
     path = tmp_path / "bert_calib.npz"
     ids = RNG.integers(0, 100, (4, 1, 16))
@@ -191,6 +191,15 @@ def test_profiles_whose_fusions_differ_find_the_ranges_by_the_layers_reading_the
     first, second = (Counter(n.qualified_op for n in p.result.model.graph)
                      for p in result.profiles)
     assert first - second == Counter({"com.microsoft::SkipLayerNormalization": 1})
+
+    def input_scales(profile):  # each quantized MatMul's input scale, by the MatMul's name
+        return {n.name: float(n.inputs[0].producer.inputs[1].constant())
+                for n in profile.result.model.graph if n.op_type == "MatMul"
+                and n.inputs[0].producer is not None
+                and n.inputs[0].producer.op_type == "DequantizeLinear"}
+
+    measured, borrowed = (input_scales(p) for p in result.profiles)
+    assert len(measured) == 12 and borrowed == measured
     graphopt.save(result, tmp_path / "bert.om")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
