@@ -521,6 +521,22 @@ def test_an_output_above_the_size_cap_stays_a_node():
     assert [v.name for v in model.graph.outputs] == ["ones", "dims", "y"]
 
 
+def test_an_output_copying_a_weight_others_read_stays_a_node_above_the_cap():
+    # Reshape(W) as an output: folded, W would be stored twice, since the MatMul still reads W.
+    w = np.arange(64, dtype=np.float32).reshape(8, 8)
+    proto = parse("""
+        g (float[1,8] x) => (float[1,8] y, float[8,8] w_out)
+        { y = MatMul(x, w)
+          w_out = Reshape(w, shape) }""")
+    proto.graph.initializer.extend([numpy_helper.from_array(w, "w"),
+                                    numpy_helper.from_array(np.array([8, 8], np.int64), "shape")])
+    model, stats = fold(proto, fold_size_limit=100)  # below the weight's 256 bytes
+    assert stats == {} and ops(model) == ["MatMul", "Reshape"]
+    model, stats = fold(proto, fold_size_limit=1000)
+    assert stats == {"FoldConstants": 1} and ops(model) == ["MatMul"]
+    np.testing.assert_array_equal(init(model, "w_out"), w)
+
+
 def test_a_constant_output_stays_a_node_and_its_readers_fold():
     proto = parse("""
         g (float[2] x) => (float[2] y, float[2] k)

@@ -16,7 +16,8 @@ A main-graph output the region computes becomes an initializer of its name, dtyp
 the host beside an NPU partition). A nested graph's outputs keep their nodes, and so do a
 Constant output (data already, which ConstantToInitializer leaves as it is too; its readers
 still fold) and an output that is an Identity of a weight (an initializer of its own would
-store the data twice).
+store the data twice). An output is folded only up to `Options.fold_size_limit`, even when
+its inputs are as large: they may stay, read by other nodes.
 
 If the batched session fails (an op ORT cannot run, a dtype it cannot return), nodes are
 evaluated one by one and the ones that fail stay in the graph. A value is never materialized
@@ -220,6 +221,10 @@ class _GraphFolder:
         if node.op_type == "Constant":  # its data is in the model already
             return False
         size = self.results[id(value)].nbytes
+        if id(value) in self.outputs:
+            # A graph output's data is stored beside its inputs, which other nodes may still
+            # read (Reshape(W) as an output would store W twice): the limit alone decides.
+            return size > self.limit
         in_bytes = sum(self.sizes.nbytes(v) or 0 for v in _data_inputs(node))
         return size > self.limit and size > in_bytes
 
