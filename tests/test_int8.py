@@ -498,6 +498,20 @@ def test_profiles_the_calibration_data_does_not_fit_take_the_ranges_of_one_it_fi
             > MIN_COSINE
 
 
+def test_compare_judges_an_om_of_an_int8_onnx_by_cosine(tmp_path, capsys):
+    # The .om's own compile quantized nothing; the .onnx it came from says it is lossy.
+    model = tmp_path / "conv.onnx"
+    onnx.save(_conv_model(), model)
+    rc, _, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "q.onnx", "--quantize",
+                         "int8", "--calibration", _calibration(tmp_path), "-q")
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, "optimize", tmp_path / "q.onnx", "-o", tmp_path / "q.om", "-q")
+    assert rc == 0, err
+    assert graphopt.codegen.load_om(tmp_path / "q.om").extra["lossy_passes"] == ["QuantizeInt8"]
+    rc, out, err = run_cli(capsys, "compare", tmp_path / "q.onnx", tmp_path / "q.om")
+    assert "rule:      cosine >= 0.999" in out and rc == 0, out + err
+
+
 def test_quantize_none_and_precision_none_mean_the_defaults():
     result = graphopt.optimize(_conv_model(), quantize=None, precision=None)
     assert "QuantizeInt8" not in result.log.totals()
