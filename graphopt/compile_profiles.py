@@ -61,10 +61,16 @@ def optimize_profiles(model, spec, options: dict):
             waiting.append((profile, run, exc))  # until a profile the data fits has measured
     for profile, run, exc in waiting:
         if not shared.ready:
-            raise _in_profile(exc, profile) from None
+            labels = ", ".join(map(_label, profiles))
+            raise CalibrationShapeError(
+                f"the calibration data fits none of the {len(profiles)} shape profiles "
+                f"({labels}); {_in_profile(exc, profile)}") from None
         results[profile.name] = _compile(optimize, model, run, profile, shared)
     compiled = [CompiledProfile(profile, results[profile.name]) for profile in profiles]
     head = compiled[0].result
+    borrowed = shared.note([_label(profile) for profile in profiles])
+    if borrowed:
+        head.notes.append(borrowed)
     for other in compiled[1:]:  # what only a later profile's compile noticed, said once
         head.notes.extend(f"{other.profile.name}: {note}" for note in other.result.notes
                           if note not in head.notes)
@@ -77,7 +83,7 @@ def optimize_profiles(model, spec, options: dict):
 def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedStats):
     """One profile's compile; its errors name the profile (a calibration shape mismatch is
     raised as it is, for optimize_profiles to retry once another profile has measured)."""
-    shared.profile = f"{profile.name} ({profile.label})"
+    shared.profile = _label(profile)
     try:
         return optimize(model, **run, shared_stats=shared)
     except CalibrationShapeError:
@@ -86,8 +92,12 @@ def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedSt
         raise _in_profile(exc, profile) from None
 
 
+def _label(profile: ShapeProfile) -> str:
+    return f"{profile.name} ({profile.label})"
+
+
 def _in_profile(exc: GraphoptError, profile: ShapeProfile) -> GraphoptError:
-    return type(exc)(f"shape profile {profile.name} ({profile.label}): {exc}")
+    return type(exc)(f"shape profile {_label(profile)}: {exc}")
 
 
 def _merge(pinned: dict[str, list[int]], profile: ShapeProfile) -> dict[str, list[int]]:

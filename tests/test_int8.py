@@ -477,8 +477,9 @@ def test_profiles_the_calibration_data_does_not_fit_take_the_ranges_of_one_it_fi
     result = graphopt.optimize(proto, target="cpu", dynamic_dims="H=24,W=24;H=16,W=16;H=32,W=32",
                                pass_options={"quantize": "int8",
                                              "calibration": _calibration(tmp_path, n=4)})
-    borrowed = [n for n in result.notes if "does not fit these input shapes" in n]
-    assert len(borrowed) == 1 and borrowed[0].endswith("measured for profile profile1 (H=16, W=16)")
+    assert ("QuantizeInt8: the calibration data fits profile profile1 (H=16, W=16), not "
+            "profile0 (H=24, W=24), profile2 (H=32, W=32): they take the activation ranges "
+            "measured there") in result.notes
 
     def constants(profile):  # every scale, zero point and corrected bias, by name
         return {name: v.constant() for name, v in profile.result.model.graph.initializers.items()
@@ -556,7 +557,9 @@ def test_profiles_no_calibration_sample_fits_are_refused_naming_the_first(tmp_pa
     proto = _conv_model()
     for value in (proto.graph.input[0], proto.graph.output[0]):
         value.type.tensor_type.shape.dim[2].dim_param = "H"
-    with pytest.raises(OptionError, match=r"^shape profile profile0 \(H=24\): calibration .*"
+    with pytest.raises(OptionError, match=r"^the calibration data fits none of the 2 shape "
+                                          r"profiles \(profile0 \(H=24\), profile1 \(H=32\)\); "
+                                          r"shape profile profile0 \(H=24\): calibration .*"
                                           r"sample has shape \[1, 3, 16, 16\]"):
         graphopt.optimize(proto, target="cpu", dynamic_dims="H:24,32", pass_options={
             "quantize": "int8", "calibration": _calibration(tmp_path, n=2)})

@@ -179,8 +179,6 @@ def _statistics(model: Model, names: list[str], channels: set[str], ctx: PassCon
     if mismatch is not None:
         if shared is None or not shared.ready:
             raise mismatch
-        ctx.note(f"QuantizeInt8: the calibration data does not fit these input shapes; the "
-                 f"activation ranges are those measured for profile {shared.measured_by}")
         return shared.lookup(sorted(set(names) | channels), model.graph, str(mismatch))
     stats = calibrate(model, names, calibration_data(ctx, model.graph),
                       ctx.options.calibration_method, channels)

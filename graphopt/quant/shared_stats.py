@@ -33,6 +33,7 @@ class SharedStats:
 
     profile: str = ""               # the profile being compiled (optimize_profiles sets it)
     measured_by: str | None = None  # the profile that measured, for the notes and errors
+    borrowers: list[str] = field(default_factory=list)  # the profiles that took its statistics
     stats: dict[str, TensorStats] = field(default_factory=dict)
     head_means: dict[str, np.ndarray | None] = field(default_factory=dict)
 
@@ -54,6 +55,8 @@ class SharedStats:
         """The statistics of `names` (tensors of `graph`), by their first key the measuring
         profile's compile has; OptionError naming the first tensor it has under none (`why` says
         why this compile cannot measure it itself)."""
+        if self.profile not in self.borrowers:
+            self.borrowers.append(self.profile)
         found = {}
         for name in names:
             key = next((k for k in keys(graph, name) if k in self.stats), None)
@@ -64,6 +67,17 @@ class SharedStats:
                                   "profile's shapes")
             found[name] = self.stats[key]
         return found
+
+
+    def note(self, order: list[str]) -> str:
+        """Which profiles took which one's statistics ("" when none did), in `order` (the
+        profiles' labels as optimize_profiles sets `profile`)."""
+        if not self.borrowers:
+            return ""
+        which = ", ".join(sorted(self.borrowers, key=order.index))
+        return (f"QuantizeInt8: the calibration data fits profile {self.measured_by}, not "
+                f"{which}: {'they take' if len(self.borrowers) > 1 else 'it takes'} the "
+                "activation ranges measured there")
 
 
 def keys(graph: Graph, name: str) -> list[str]:
