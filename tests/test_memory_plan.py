@@ -84,6 +84,27 @@ def test_a_quantized_weight_counts_as_its_int8_bytes_and_is_dequantized_in_the_a
     assert set(plan.tensors) == {"w"}
 
 
+def test_a_weight_int8_layers_read_is_dequantized_inside_them(tmp_path):
+    # Both operands dequantized: onnxruntime's QLinear kernels (and AMCT's) read the int8 weight
+    # itself, so its float copy takes no memory; the arena executor still reproduces the model.
+    model = parse(HEADER + """
+    g (float[2,8] x) => (float[2,4] y) {
+        wq = Constant<value = int8[8,4] {0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,
+                                         16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31}>()
+        s = Constant<value = float {0.5}>()
+        xs = Constant<value = float {0.1}>()
+        xz = Constant<value = uint8 {128}>()
+        q = QuantizeLinear(x, xs, xz)
+        d = DequantizeLinear(q, xs, xz)
+        w = DequantizeLinear(wq, s)
+        y = MatMul(d, w)
+    }""")
+    plan = plan_memory(model)
+    assert plan.weight_bytes == 32 + 4 + 4 + 1 and "w" not in plan.tensors
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+    assert check_plan(model, plan, feeds).ok
+
+
 def test_unknown_size_raises_naming_the_value():
     model = parse(HEADER + """
     g (float[N,4] x) => (float[N,4] y) {

@@ -32,8 +32,28 @@ RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Ra
                         "Multinomial", "Bernoulli"})
 # Ops onnxruntime runs at every inference even on constant inputs. Its constant folding skips
 # DequantizeLinear, so a QDQ model's int8 weight stays int8: the weight bytes are the int8
-# initializer's, and a dequantized copy exists only while a kernel that was not fused reads it.
+# initializer's. Its dequantized copy takes no memory when int8 layers read it (fused_dequantize),
+# else it is a tensor of the arena.
 UNFOLDED_OPS = RANDOM_OPS | {"DequantizeLinear"}
+_INT8_LAYERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "FusedConv"})
+
+
+def fused_dequantize(node: Node, kind: dict) -> bool:
+    """Whether `node` dequantizes a weight (by `kind`) that only int8 layers read (Conv/Gemm/
+    MatMul whose data input is dequantized too): onnxruntime fuses it into QLinearConv and its
+    kin, AMCT into the NPU's int8 kernel, so its float result never exists."""
+    if node.op_type != "DequantizeLinear" or not node.is_onnx \
+            or kind.get(node.inputs[0]) != WEIGHT:
+        return False
+    out = node.outputs[0]
+    if out is None or out.is_graph_output or not out.uses:
+        return False
+    for use in out.uses:
+        data = use.node.inputs[0]
+        if use.node.op_type not in _INT8_LAYERS or use.index == 0 or data is None \
+                or data.producer is None or data.producer.op_type != "DequantizeLinear":
+            return False
+    return True
 
 
 class MemoryPlanError(GraphoptError):
@@ -110,8 +130,9 @@ def classify(graph: Graph, *, fold_constants: bool = True) -> dict[Value, str]:
         kind.setdefault(value, INPUT)
     outputs = {id(v) for v in graph.outputs}
     for node in graph.nodes():
-        constant = (fold_constants and node.is_onnx and node.op_type not in UNFOLDED_OPS
-                    and all(kind.get(v) == WEIGHT for v in node_reads(node)))
+        constant = fused_dequantize(node, kind) or (
+            fold_constants and node.is_onnx and node.op_type not in UNFOLDED_OPS
+            and all(kind.get(v) == WEIGHT for v in node_reads(node)))
         for value in node.outputs:
             if value is None:
                 continue
@@ -177,7 +198,8 @@ def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
     graph = main_graph(model)
     order = check_schedule(graph, schedule)
     kind = classify(graph, fold_constants=fold_constants)
-    sizes = {value: tensor_bytes(value) for value in kind}
+    fused = {node.outputs[0] for node in graph.nodes() if fused_dequantize(node, kind)}
+    sizes = {value: 0 if value in fused else tensor_bytes(value) for value in kind}
     step = {node: i for i, node in enumerate(order)}
     first: dict[Value, int] = {}
     last: dict[Value, int] = {}
