@@ -105,6 +105,27 @@ def test_npu_om_runs_on_the_cpu_stand_in_with_a_note(files, tmp_path):
     assert any("run on the CPU provider as a functional stand-in" in n for n in report.notes)
 
 
+def test_om_profiles_compare_the_intermediates_of_the_profile_the_feeds_run(tmp_path):
+    # A crop to 8x8 is a no-op, removed, at 8x8 and a Slice at 12x12: only profile1 has it.
+    rng = np.random.default_rng(4)
+    proto = parse_model("""
+        g (float[1,3,H,W] x) => (float[1,4] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            r = Relu (c)
+            crop = Slice (r, starts, ends, axes)
+            p = GlobalAveragePool (crop)
+            y = Flatten (p)
+        }""", w=rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+        starts=np.array([0, 0]), ends=np.array([8, 8]), axes=np.array([2, 3]))
+    path = tmp_path / "crop.om"
+    save(optimize(proto, dynamic_dims="H=8,W=8;H=12,W=12"), path)
+    x = rng.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    report = compare_models(proto, path, {"x": x}, per_tensor=True)
+    rows = {row.name: row for row in report.rows if row.role == "intermediate"}
+    assert "crop" in rows and rows["crop"].partition.startswith("profile1.")
+    assert all(row.passed for row in report.rows)
+
+
 def test_csv_holds_the_same_rows_at_full_precision(files, tmp_path, capsys):
     out_csv = tmp_path / "report.csv"
     rc, out, _ = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"], "--per-tensor",

@@ -285,17 +285,16 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     report = CompareReport(ref_side.label, cand_side.label, rule, source, notes=list(cand_side.notes))
     outputs = set(ref_side.outputs) | set(cand_side.outputs)
     shared = []
+    cand_tensors = cand_side.tensors_for(arrays)  # an .om: of the shape profile the feeds run
     if per_tensor:
         computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
-        shared = [t for t in cand_side.tensors if t.name in computed]
+        shared = [t for t in cand_tensors if t.name in computed]
     names = [t.name for t in shared]
     ref_values, cand_values = ref_side.run(arrays, names), cand_side.run(arrays, names)
-    # An .om with shape profiles runs the one the feeds match, which may lack a tensor of the
-    # default profile's.
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]
 
     judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}
-    producers = {t.name: t for t in cand_side.tensors}
+    producers = {t.name: t for t in cand_tensors}
     # The candidate's output order; reference outputs it lacks come last, as failures.
     ordered = ([n for n in cand_side.outputs if n in ref_side.outputs]
                + [n for n in ref_side.outputs if n not in cand_side.outputs])

@@ -40,6 +40,14 @@ class Side:
     session: object | None = None      # graphopt.codegen.runtime.OmSession
     tensors: list[Tensor] = field(default_factory=list)  # computed values, graph order
     notes: list[str] = field(default_factory=list)       # what loading it warned about
+    # An .om's computed values per shape profile, which differ: other pins, other folds.
+    profile_tensors: dict[str, list[Tensor]] = field(default_factory=dict)
+
+    def tensors_for(self, feeds: Mapping[str, object]) -> list[Tensor]:
+        """The computed values of the plan `feeds` run: an .om's shape profile they match."""
+        if self.session is not None and self.profile_tensors:
+            return self.profile_tensors[self.session.profile_for(feeds)]
+        return self.tensors
 
     def run(self, feeds: Mapping[str, object], extra: list[str]) -> dict[str, object]:
         """The outputs and the `extra` intermediates (those this side computes)."""
@@ -135,14 +143,24 @@ def load_candidate(model) -> Side:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         session = load(path)  # warns when an NPU partition stands in on the CPU provider
+    artifact = session.artifact
+    by_profile = {p["name"]: _om_tensors(artifact.profile(p["name"]))
+                  for p in artifact.profiles}
+    return Side(path, session.inputs, [o["name"] for o in session.outputs], session=session,
+                tensors=_om_tensors(artifact), notes=[str(w.message) for w in caught],
+                profile_tensors=by_profile)
+
+
+def _om_tensors(artifact) -> list[Tensor]:
+    """The values an artifact's partitions compute (of its default plan, or of the shape
+    profile `artifact` views), each once, in execution order."""
     tensors, seen = [], set()
-    for part in session.artifact.partitions:
+    for part in artifact.partitions:
         for tensor in _computed(part.model.graph, part.name):
             if tensor.name not in seen:
                 seen.add(tensor.name)
                 tensors.append(tensor)
-    return Side(path, session.inputs, [o["name"] for o in session.outputs], session=session,
-                tensors=tensors, notes=[str(w.message) for w in caught])
+    return tensors
 
 
 def check_signatures(reference: Side, candidate: Side) -> None:
