@@ -50,7 +50,6 @@ from graphopt.quant.qparams import (
     quantize_weight,
 )
 from graphopt.quant.select import MS, Plan, kind, plan, reads_graph_input, unmatched_skips
-from graphopt.quant.shared_stats import keys
 from graphopt.quant.stats import METHODS
 
 MIN_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
@@ -221,14 +220,12 @@ def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int
     names = {id(node): node.inputs[0].name for node in heads}
     shared = ctx.shared_stats
     if ctx.calibration_mismatch is not None:  # a shape profile: the means one measured
-        quantized = {name: next((shared.head_means[k] for k in keys(graph, name)
-                                 if k in shared.head_means), None) for name in names.values()}
+        quantized = shared.means(names.values(), graph)
     else:
         stats = calibrate(model, [], calibration_data(ctx, graph), "minmax", set(names.values()))
         quantized = {name: s.channel_mean for name, s in stats.items()}
-        if shared is not None and not shared.head_means:
-            shared.head_means = {k: mean for name, mean in quantized.items()
-                                 for k in keys(graph, name)}
+        if shared is not None:
+            shared.keep_means(quantized, graph)
     for node in heads:
         before, after = float_means.get(id(node)), quantized.get(names[id(node)])
         w = node.inputs[1].constant()

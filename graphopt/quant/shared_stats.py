@@ -69,6 +69,18 @@ class SharedStats:
         return found
 
 
+    def keep_means(self, means: dict, graph: Graph) -> None:
+        """Record the input means of the float layers that bias correction adjusts (by tensor
+        name, under every key), when no profile has yet."""
+        if not self.head_means:
+            self.head_means = {key: mean for name, mean in means.items()
+                               for key in keys(graph, name)}
+
+    def means(self, names, graph: Graph) -> dict:
+        """The recorded input means of `names` (tensors of `graph`); None for one not found."""
+        return {name: next((self.head_means[k] for k in keys(graph, name)
+                            if k in self.head_means), None) for name in names}
+
     def note(self, order: list[str]) -> str:
         """Which profiles took which one's statistics ("" when none did), in `order` (the
         profiles' labels as optimize_profiles sets `profile`)."""
