@@ -214,8 +214,10 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
             result.kept["FusedConv's Relu needs the asymmetric range"] += 1
         else:
             candidates.append((node, how))
-    for node in nodes:  # layers no form takes say why, so that a compile that quantized
-        why = _unquantizable(node) if kind(node, form) is None else None  # nothing is no puzzle
+    # Layers no form can quantize say why: a compile that quantized nothing is no puzzle.
+    taken = {id(node) for node, _ in quantizable}
+    for node in nodes:
+        why = _unquantizable(node) if id(node) not in taken else None
         if why:
             result.kept[why] += 1
     result.static = [n for n, how in candidates if how == "static"]
