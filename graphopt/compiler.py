@@ -381,11 +381,11 @@ def load_inputs(inputs) -> dict[str, np.ndarray] | None:
 def _mark_lossy(model: Model, log: PassLog) -> None:
     """Name the lossy precision passes that changed the model in its metadata, so that compare
     judges an optimized .onnx (which carries no pass log) as it judges an .om."""
-    from graphopt.tools.accuracy_rule import LOSSY_KEY, lossy_passes
+    from graphopt.tools.accuracy_rule import LOSSY_KEY, lossy_passes, marked_lossy
 
     lossy = lossy_passes(log.to_json()["passes"])
     if lossy:
-        known = [n for n in model.metadata_props.get(LOSSY_KEY, "").split(",") if n]
+        known = marked_lossy(model.metadata_props)
         model.metadata_props[LOSSY_KEY] = ",".join(dict.fromkeys(known + lossy))
 
 
@@ -505,22 +505,15 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
             target = result.partitioning.target.name
             parts, extra = _om_plan(result, tuning_db)
         inputs, outputs = _signature_names(model)
-        lossy = _lossy_marks(model)
+        from graphopt.tools.accuracy_rule import marked_lossy
+
+        lossy = marked_lossy(model.metadata_props)
         if lossy:  # for compare: a model made lossy by an earlier compile, the pass log cannot say
             extra = {**extra, "lossy_passes": lossy}
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=result.source_sha256 if result else None,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
                  inputs=inputs, outputs=outputs, weight_sources=sources)
-
-
-def _lossy_marks(model: Model | ModelProto) -> list[str]:
-    """The lossy passes the model's metadata names (graphopt.lossy_passes, _mark_lossy's)."""
-    from graphopt.tools.accuracy_rule import LOSSY_KEY
-
-    props = ({p.key: p.value for p in model.metadata_props} if isinstance(model, ModelProto)
-             else model.metadata_props)
-    return [name for name in props.get(LOSSY_KEY, "").split(",") if name]
 
 
 def _signature_names(model: Model | ModelProto) -> tuple[list[str], list[str]]:

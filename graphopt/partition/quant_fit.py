@@ -27,9 +27,10 @@ if TYPE_CHECKING:
     from graphopt.partition.target import Device
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-# Ops whose quantized weights AMCT stores offline: the input index of their weight, and the
-# axis of their output channels (None: per tensor only).
-_WEIGHT_INDEX = {"Conv": 1, "ConvTranspose": 1, "FusedConv": 1, "Gemm": 1, "MatMul": 1}
+# Ops whose quantized weights (input WEIGHT) AMCT stores offline, and the axis of their output
+# channels (none listed: per tensor only).
+_LAYERS = frozenset({"Conv", "ConvTranspose", "FusedConv", "Gemm", "MatMul"})
+WEIGHT = 1
 _CHANNEL_AXIS = {"Conv": 0, "FusedConv": 0, "ConvTranspose": 1}
 _FORM = "AMCT's NPU form"
 
@@ -78,7 +79,7 @@ def qdq_problem(node: Node, device: Device | None = None, functions: dict | None
     the NPU cannot take makes; None when it can, or when it is neither. With `follow`, a
     DequantizeLinear that only such layers read (their data or bias) stays on the host too:
     its int8 data crosses the link rather than its float result."""
-    if node.op_type in _WEIGHT_INDEX:
+    if node.op_type in _LAYERS:
         return _layer_problem(node, device, functions) if follow else None
     if node.op_type not in QDQ_OPS or not node.is_onnx or not node.inputs:
         return None
@@ -106,7 +107,7 @@ def qdq_problem(node: Node, device: Device | None = None, functions: dict | None
             return (f"DequantizeLinear of a {data.dtype.numpy.name} activation %{data.name}: "
                     "AscendDequant and AscendAntiQuant take int8")
         for read in reads(node.outputs[0], functions):
-            if _WEIGHT_INDEX.get(read.op) == read.index:
+            if read.op in _LAYERS and read.index == WEIGHT:
                 return (f"quantized activation %{data.name} as the weight of {read.op} "
                         f"{_named(read.node)}: {_FORM} quantizes only constant weights")
     return None
@@ -116,10 +117,10 @@ def _constant_problem(node: Node, functions: dict | None) -> str | None:
     weight = node.inputs[0]
     for read in reads(node.outputs[0], functions):
         op, where = read.op, f"{read.op} {_named(read.node)}"
-        if op not in _WEIGHT_INDEX or read.index == 0:
+        if op not in _LAYERS or read.index == 0:
             return (f"dequantized constant %{weight.name} read by {where}: {_FORM} quantizes "
                     "only Conv, Gemm and MatMul weights (and their biases) offline")
-        if read.index != _WEIGHT_INDEX[op]:
+        if read.index != WEIGHT:
             continue  # a bias
         if op == "MatMul" and weight.shape is not None and len(weight.shape) != 2:
             return (f"{where} weight %{weight.name} has {len(weight.shape)} dims: {_FORM} "
@@ -144,7 +145,7 @@ def _constant_problem(node: Node, functions: dict | None) -> str | None:
 def _layer_problem(node: Node, device: Device | None, functions: dict | None) -> str | None:
     """A Conv/Gemm/MatMul whose weight comes from a DequantizeLinear the NPU cannot take stays
     on the host with it: its weight would cross the link at every run."""
-    w = node.input(_WEIGHT_INDEX[node.op_type])
+    w = node.input(WEIGHT)
     producer = w.producer if w is not None else None
     if producer is None or producer.op_type != "DequantizeLinear" or not producer.is_onnx:
         return None
@@ -157,8 +158,8 @@ def _readers_problem(node: Node, device: Device | None, functions: dict | None) 
     host, when all of them do (None otherwise)."""
     found = reads(node.outputs[0], functions)
     if not found or node.outputs[0].is_graph_output or any(
-            read.inner is not None or read.op not in _WEIGHT_INDEX
-            or read.index == _WEIGHT_INDEX[read.op] for read in found):
+            read.inner is not None or read.op not in _LAYERS or read.index == WEIGHT
+            for read in found):
         return None
     problems = [_layer_problem(read.node, device, functions) for read in found]
     if not all(problems):

@@ -15,12 +15,18 @@ LOSSY_PASSES = {"QuantizeInt8": 0.999, "ConvertPrecision": 0.999, "QuantizeInt4W
 LOSSY_KEY = "graphopt.lossy_passes"
 
 
+def marked_lossy(props) -> list[str]:
+    """The lossy passes metadata `props` (a mapping, or a ModelProto's metadata_props) names."""
+    if not hasattr(props, "get"):
+        props = {p.key: p.value for p in props}
+    return [name for name in props.get(LOSSY_KEY, "").split(",") if name]
+
+
 def pass_log_of_onnx(model) -> list:
     """A pass log standing for an optimized .onnx's (a ModelProto): the lossy passes its
     metadata names."""
-    props = {p.key: p.value for p in model.metadata_props}
-    names = [n for n in props.get(LOSSY_KEY, "").split(",") if n in LOSSY_PASSES]
-    return [{"pass": name, "changed": True} for name in names]
+    return [{"pass": name, "changed": True} for name in marked_lossy(model.metadata_props)
+            if name in LOSSY_PASSES]
 
 
 def lossy_passes(pass_log: list) -> list[str]:
