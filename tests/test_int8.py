@@ -660,7 +660,7 @@ def test_maxpool_behind_a_float_conv_stays_float(tmp_path):
     target) and the Q follows the pool, instead of a uint8 MaxPool on a generic NCHW kernel."""
     rng = np.random.default_rng(4)
     proto = parse_model("""
-        agraph (float[1, 3, 16, 16] x) => (float[1, 8, 8, 8] y) {
+        agraph (float[1, 3, 16, 16] x) => (float[1, 16, 8, 8] y) {
             c = Conv <pads = [1, 1, 1, 1]> (x, w1)
             r = Relu(c)
             p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (r)
@@ -668,9 +668,9 @@ def test_maxpool_behind_a_float_conv_stays_float(tmp_path):
             r2 = Relu(c2)
             c3 = Conv <pads = [1, 1, 1, 1]> (r2, w3)
             y = Relu(c3)
-        }""", w1=rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
-        w2=rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3,
-        w3=rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3)
+        }""", w1=rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3,  # 16: one block
+        w2=rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1,   # of 8 or of 16
+        w3=rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1)
     _, out = _int8(proto, calibration=_calibration(tmp_path))
     producers = {o: n for n in out.graph.node for o in n.output}
     pool = next(n for n in out.graph.node if n.op_type == "MaxPool")

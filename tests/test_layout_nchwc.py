@@ -256,7 +256,10 @@ CASES = {
         [IN, "nchwc.Conv", "nchwc.Conv", OUT],
         {"ReorderInput": 1, "Conv": 2, "activation into Conv": 2, "Add into Conv's Sum": 1,
          "ReorderOutput": 1},
-        k1=w(16, 16, 3, 3), k2=w(16, 16, 3, 3, seed=1), b2=w(16)),
+        # He-scaled, so the sums stay near unit scale and ATOL measures float32 rounding:
+        # with N(0, 1) weights they reach ±50, and a kernel that adds in another order (MLAS's
+        # AVX-512 one) differs by 1e-4 on an element near zero
+        k1=w(16, 16, 3, 3) / 12, k2=w(16, 16, 3, 3, seed=1) / 12, b2=w(16)),
     "pooling shares one ReorderInput": case(
         "g (float[1,16,9,9] x) => (float y, float z) {"
         " y = MaxPool<kernel_shape=[3,3], strides=[2,2], pads=[1,1,1,1], ceil_mode=1>(x)\n"
@@ -424,9 +427,9 @@ NEGATIVES = {
     "fed bias": case(
         f"g ({X16}, float[16,16,1,1] k, float[16] b) => (float y) {{ y = Conv(x, k, b) }}",
         ["Conv"], note="the bias is not a constant", k=w(16, 16, 1, 1)),
-    "10 input channels": case(
-        "g (float[1,10,8,8] x, float[16,10,1,1] k) => (float y) { y = Conv(x, k) }",
-        ["Conv"], note="10 input channels, not a multiple of 4", k=w(16, 10, 1, 1)),
+    "18 input channels": case(  # at least one block of 8 or 16, so not read as NCHW
+        "g (float[1,18,8,8] x, float[16,18,1,1] k) => (float y) { y = Conv(x, k) }",
+        ["Conv"], note="18 input channels, not a multiple of 4", k=w(16, 18, 1, 1)),
     "depthwise with multiplier 2": case(
         f"g ({X16}, float[32,1,3,3] k) => (float y) {{ y = Conv<group=16>(x, k) }}",
         ["Conv"], note="grouped with 1 in / 2 out channels per group", k=w(32, 1, 3, 3)),
@@ -562,7 +565,12 @@ def test_zoo(tmp_path, name, level, size):
     counts = op_counts(rewritten)
     convs = sum(n.op_type in ("Conv", "FusedConv") for n in baseline.graph.node)
     assert counts[f"{NCHWC}::Conv"] == convs
-    assert counts[f"{NCHWC}::ReorderOutput"] == 1  # once, before Flatten → Gemm
+    # Once before Flatten → Gemm, and once before each inner conv with fewer input channels
+    # than a block (MobileNetV2 at width 0.5 has 8, under AVX-512's blocks of 16), which reads
+    # NCHW as the stem does.
+    narrow = stats.get("Conv:nchw", 0) + stats.get("FusedConv:nchw", 0) - 1
+    assert counts[f"{NCHWC}::ReorderOutput"] == 1 + narrow
+    assert narrow == (name == "mobilenetv2" and level == 2 and BLOCK == 16)
     if name == "resnet50":
         assert stats["Add into Conv's Sum"] == 16 and stats["Conv:nchw"] == 1
         assert counts[f"{NCHWC}::MaxPool"] == 1
