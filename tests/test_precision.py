@@ -357,7 +357,9 @@ def test_tiny_fp16_through_the_whole_pipeline():
 
 def test_gpt2_mixed_fp16_keeps_logits_close_and_sensitive_ops_float32():
     proto = zoo.build("gpt2_small")
-    result = compile_(proto, level=2, precision="mixed-fp16")
+    # Pinned: with a symbolic sequence, attention stays unfused for the CPU (FuseAttention).
+    result = graphopt.optimize(proto, level=2, input_shapes={"input_ids": [1, 16]},
+                               pass_options={"precision": "mixed-fp16"})
     graph = result.model.graph
     half = {n.op_type for n in graph if n.outputs[0] is not None
             and n.output.dtype == DType.FLOAT16}

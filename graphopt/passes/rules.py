@@ -28,7 +28,7 @@ class Rule:
     """Subclasses define `pattern(self, op, <vars>)` and `rewrite(self, op, <bindings>)`, and
     may define `check(self, <bindings>) -> str | None` (a reason to refuse). Bindings are passed
     by parameter name; declare `**_` to ignore the rest. `check` may also name `model` (opset
-    decisions); `rewrite` reaches it as `op.model`. `emits` lists the (domain, op_type)
+    decisions) and `target` (None without one); `rewrite` reaches the model as `op.model`. `emits` lists the (domain, op_type)
     the rewrite creates, which must have a kernel in the runtime, and `dtypes` the element types
     of the root's output the kernels accept (empty: any)."""
 
@@ -281,7 +281,8 @@ class RulePass(Pass):
                         reason = (deletable(candidate, pattern.output)
                                   or rule.unsupported(node.outputs[pattern.output], ctx.target)
                                   or call_with_bindings(rule.check,
-                                                        {**candidate.bindings, "model": model}))
+                                                        {**candidate.bindings, "model": model,
+                                                         "target": ctx.target}))
                         if not reason:
                             match = candidate
                             break

@@ -93,6 +93,25 @@ def _fits(dim, want) -> bool:
     return _same(dim, want) or not isinstance(dim, int) or not isinstance(want, int)
 
 
+def _on_cpu(target) -> bool:
+    """Whether onnxruntime's CPU provider would run a MultiHeadAttention: without a target, or
+    when the target's device for it (its primary device if that has the op, else its host)
+    is a CPU.
+
+    There, a causal mask that the model slices to the sequence at run time (GPT-2's exports
+    with a symbolic sequence) makes the fusion a loss: per layer the bias is built by Where
+    and Expand over [1, 1, S, T], and a 2-layer GPT-2 at seq 16 ran 1.03× the original at
+    ORT_ENABLE_ALL against 0.98× unfused (1 thread, onnxruntime 1.32, AVX-512); at batch 4,
+    seq 64 both ran level. With the sequence pinned the mask is a constant and the fusion
+    pays (0.92× against 0.93×)."""
+    if target is None:
+        return True
+    device = target.device(target.primary)
+    if device.kernel("MultiHeadAttention", MS) is None:
+        device = target.device(target.host)
+    return device.kind == "cpu"
+
+
 def _bias_problem(m: Value, q4: Value, t) -> str | None:
     """Why M cannot be MultiHeadAttention's attention_bias [B or 1, N or 1, S, T]."""
     b, n, s = q4.shape[0], q4.shape[1], q4.shape[2]
@@ -133,8 +152,8 @@ class ScaledDotProductAttention(Rule):
         probs = op.Softmax(_masked(op, _scores(op, q4, k)), axis=Attr("axis"))
         return op.MatMul(probs, v4)
 
-    def check(self, q4, k, v4, model, axis=None, trans_b=0, mask=None, keep=None, drop=None,
-              fill=None, mul=None, div=None):
+    def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, mask=None, keep=None,
+              drop=None, fill=None, mul=None, div=None):
         problem = _problem(q4, k, v4, trans_b)
         if problem:
             return problem
@@ -150,6 +169,10 @@ class ScaledDotProductAttention(Rule):
             return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a large " \
                    "negative number: only then is the fill the same as a bias"
         cond = keep if keep is not None else drop
+        if cond is not None and cond.constant() is None and _on_cpu(target):
+            return "the Where condition is computed at run time (a causal mask sliced to the " \
+                   "sequence), so the bias would be built on every run: onnxruntime's CPU " \
+                   "MultiHeadAttention with it runs slower than the MatMul + Softmax it replaces"
         if mask is not None and mask.dtype != DType.FLOAT:
             return f"the additive mask %{mask.name} is not float32"
         if cond is not None and cond.dtype != DType.BOOL:
