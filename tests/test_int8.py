@@ -360,6 +360,30 @@ def test_matmuls_become_dynamic_quantize_matmul_with_their_bias(tmp_path):
     assert _loaded_ops(out, tmp_path)["DynamicQuantizeMatMul"] == 2
 
 
+@pytest.mark.parametrize("activation,plain", [("BiasGelu", "Gelu"), ("FastGelu", "FastGelu")])
+def test_a_biased_gelu_hands_its_bias_to_the_dynamic_matmul(tmp_path, activation, plain):
+    """MatMul → BiasGelu(·, b): the bias goes into DynamicQuantizeMatMul's bias input and a
+    plain Gelu stays, as for an Add (onnxruntime's CPU BiasGelu is slower than its Gelu)."""
+    rng = np.random.default_rng(5)
+    proto = parse_model(f"""
+        agraph (float[2, 16, 32] x, float[32, 64] w, float[64] b) => (float[2, 16, 64] y) {{
+            m = MatMul(x, w)
+            y = com.microsoft.{activation}(m, b)
+        }}""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n',
+        w=rng.standard_normal((32, 64)).astype(np.float32) * 0.2,
+        b=rng.standard_normal(64).astype(np.float32) * 0.1)
+    _, out = _int8(proto, calibration=_calibration(tmp_path, (2, 16, 32)),
+                   quant_keep_ends=False)
+    (matmul,) = [n for n in out.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    (act,) = [n for n in out.graph.node if n.op_type == plain]
+    assert len(matmul.input) == 5 and matmul.input[4] == "b"  # the bias folded in
+    assert list(act.input) == [matmul.output[0]] and act.output[0] == "y"
+    assert "BiasGelu" not in {n.op_type for n in out.graph.node}
+    feeds = numerics.random_feeds(proto, seed=3)
+    expected, actual = numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]
+    assert _cosine(expected, actual) > 0.995
+
+
 def test_attention_packs_its_qkv_gemm_into_dynamic_int8(tmp_path):
     proto = zoo.build("bert_base", layers=1, hidden=64, heads=2, intermediate=128, vocab=100)
     feeds = zoo.sample_inputs(proto, seed=0, dims={"sequence_length": 32})
