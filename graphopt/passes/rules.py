@@ -28,9 +28,10 @@ class Rule:
     """Subclasses define `pattern(self, op, <vars>)` and `rewrite(self, op, <bindings>)`, and
     may define `check(self, <bindings>) -> str | None` (a reason to refuse). Bindings are passed
     by parameter name; declare `**_` to ignore the rest. `check` may also name `model` (opset
-    decisions) and `target` (None without one); `rewrite` reaches the model as `op.model`. `emits` lists the (domain, op_type)
-    the rewrite creates, which must have a kernel in the runtime, and `dtypes` the element types
-    of the root's output the kernels accept (empty: any)."""
+    decisions) and `target` (None without one); `rewrite` reaches the model as `op.model`.
+    `emits` lists the (domain, op_type) the rewrite creates, which must have a kernel in the
+    runtime, and `dtypes` the element types of the root's output the kernels accept (empty:
+    any)."""
 
     name: ClassVar[str] = ""
     emits: ClassVar[tuple[tuple[str, str], ...]] = ()
