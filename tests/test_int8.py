@@ -296,6 +296,28 @@ def test_keep_ends_keeps_a_classifiers_stem_and_head_float(tmp_path):
     assert _float_convs(out) == [] and "wf" not in {i for n in out.graph.node for i in n.input}
 
 
+@pytest.mark.parametrize("activation", ["Relu", "com.microsoft.Gelu", "com.microsoft.FastGelu"])
+def test_an_activation_before_the_output_keeps_the_last_layer_an_end(tmp_path, activation):
+    """MatMul → Add(b) → activation → output: the MatMul is the last layer whichever activation
+    follows (FuseGelu turns Add + Gelu into BiasGelu first), so keep_ends keeps it float."""
+    rng = np.random.default_rng(8)
+    proto = parse_model(f"""
+        agraph (float[2, 16, 32] x, float[32, 32] w1, float[32] s, float[32, 32] w2,
+                float[32] b) => (float[2, 16, 32] y) {{
+            m1 = MatMul(x, w1)
+            n = LayerNormalization <axis = -1> (m1, s)
+            m2 = MatMul(n, w2)
+            a = Add(m2, b)
+            y = {activation}(a)
+        }}""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n',
+        w1=rng.standard_normal((32, 32)).astype(np.float32) * 0.2,
+        s=np.ones(32, np.float32), w2=rng.standard_normal((32, 32)).astype(np.float32) * 0.2,
+        b=rng.standard_normal(32).astype(np.float32) * 0.1)
+    result, out = _int8(proto, calibration=_calibration(tmp_path, (2, 16, 32)))
+    assert "DynamicQuantizeMatMul" not in {n.op_type for n in out.graph.node}
+    assert any("2 × quant_keep_ends" in note for note in result.notes), result.notes
+
+
 def test_keep_ends_quantizes_an_encoder_whole_and_keeps_an_lm_head_float(tmp_path):
     """BERT's GEMMs read and write normalized hidden states: none is an end. GPT-2's vocabulary
     projection writes the logits: it stays float."""
@@ -716,6 +738,26 @@ def test_fused_conv_at_o3_is_quantized_as_conv(tmp_path):
     feeds = numerics.random_feeds(proto, seed=5)
     assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > MIN_COSINE
     assert _loaded_ops(out, tmp_path)["QLinearConv"] == 3
+
+
+def test_a_matmul_of_untyped_data_stays_float_with_a_note(tmp_path):
+    """ONNX shape inference types no contrib op: a MatMul reading a BiasGelu that has no
+    value_info cannot be checked for float32 data, and the note says so."""
+    rng = np.random.default_rng(9)
+    proto = parse_model("""
+        agraph (float[2, 16, 32] x, float[32, 32] w1, float[32] b, float[32, 32] w2)
+                => (float[2, 16, 32] y) {
+            m = MatMul(x, w1)
+            g = com.microsoft.BiasGelu(m, b)
+            y = MatMul(g, w2)
+        }""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n',
+        w1=rng.standard_normal((32, 32)).astype(np.float32) * 0.2, b=np.zeros(32, np.float32),
+        w2=rng.standard_normal((32, 32)).astype(np.float32) * 0.2)
+    result, out = _int8(proto, calibration=_calibration(tmp_path, (2, 16, 32)),
+                        quant_keep_ends=False)
+    assert [n.op_type for n in out.graph.node].count("MatMul") == 1
+    assert any("1 × MatMul of data of unknown type" in note for note in result.notes), \
+        result.notes
 
 
 def test_models_before_opset_13_stay_float_with_a_note(tmp_path):

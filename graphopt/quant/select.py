@@ -48,8 +48,11 @@ SAME_SCALE = {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueez
 # or last: ops of one computed input (the arithmetic ones when their other inputs are constant:
 # input normalization, a bias, a temperature).
 THROUGH = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Cast", "Identity", "Pad",
-           "Relu", "Clip", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "GlobalAveragePool",
-           "GlobalMaxPool", "Add", "Sub", "Mul", "Div"}
+           "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid",
+           "HardSwish", "Softplus", "Mish", "Gelu", "PRelu", "Softmax", "LogSoftmax",
+           "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div"}
+# The activations graphopt's fusions make in onnxruntime's contrib domain (FuseGelu).
+THROUGH_CONTRIB = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
 
 
 @dataclass
@@ -142,8 +145,10 @@ def _unquantizable(node: Node) -> str | None:
     if not node.is_onnx or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
         return None
     data, weight = node.inputs[0], node.inputs[1].constant()
-    if weight is None or data is None or data.dtype is None:
+    if weight is None or data is None:
         return None
+    if data.dtype is None:  # ONNX shape inference knows no contrib op
+        return f"{node.op_type} of data of unknown type (give the model value_info for it)"
     if data.dtype != DType.FLOAT and data.dtype.numpy.kind == "f":
         return f"{node.op_type} of {data.dtype.numpy.name} data (int8 quantizes float32 layers)"
     if node.op_type == "Conv" and weight.ndim not in (3, 4):
@@ -153,7 +158,8 @@ def _unquantizable(node: Node) -> str | None:
 
 def _through(node: Node) -> Value | None:
     """The one computed input `node` passes on, or None when it is not a THROUGH op."""
-    if not node.is_onnx or node.op_type not in THROUGH or len(node.outputs) != 1:
+    known = THROUGH if node.is_onnx else THROUGH_CONTRIB if node.domain == MS else ()
+    if node.op_type not in known or len(node.outputs) != 1:
         return None
     computed = [v for v in node.inputs if v is not None and not v.is_constant]
     return computed[0] if len(computed) == 1 else None

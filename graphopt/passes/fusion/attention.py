@@ -93,10 +93,32 @@ def _fits(dim, want) -> bool:
     return _same(dim, want) or not isinstance(dim, int) or not isinstance(want, int)
 
 
-def _on_cpu(target) -> bool:
-    """Whether onnxruntime's CPU provider would run a MultiHeadAttention: without a target, or
-    when the target's device for it (its primary device if that has the op, else its host)
-    is a CPU.
+def _shape_derived(value: Value, limit: int = 64) -> bool:
+    """Whether `value` is computed from constants and tensor shapes alone (through Shape and
+    Size), as a causal mask sliced to the sequence is, and not from data a caller feeds (a
+    padding mask). A walk past `limit` nodes answers no."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if v.is_constant:
+            continue
+        node = v.producer
+        if node is None:  # a graph input, or a value from an enclosing graph
+            return False
+        if node.is_onnx and node.op_type in ("Shape", "Size") or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if len(seen) > limit:
+            return False
+        stack.extend(i for i in node.inputs if i is not None)
+    return True
+
+
+def _on_cpu(target, *values: Value) -> bool:
+    """Whether onnxruntime's CPU provider would run a MultiHeadAttention over `values`: without
+    a target, or when the target's device for it is a CPU. That is its primary device if it has
+    the op and can take the shapes (an NPU that compiles static shapes only cannot take a
+    symbolic sequence), else its host.
 
     There, a causal mask that the model slices to the sequence at run time (GPT-2's exports
     with a symbolic sequence) makes the fusion a loss: per layer the bias is built by Where
@@ -107,7 +129,9 @@ def _on_cpu(target) -> bool:
     if target is None:
         return True
     device = target.device(target.primary)
-    if device.kernel("MultiHeadAttention", MS) is None:
+    dynamic = any(v.shape is None or not all(isinstance(d, int) for d in v.shape)
+                  for v in values)
+    if device.kernel("MultiHeadAttention", MS) is None or device.static_shapes_only and dynamic:
         device = target.device(target.host)
     return device.kind == "cpu"
 
@@ -169,10 +193,12 @@ class ScaledDotProductAttention(Rule):
             return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a large " \
                    "negative number: only then is the fill the same as a bias"
         cond = keep if keep is not None else drop
-        if cond is not None and cond.constant() is None and _on_cpu(target):
-            return "the Where condition is computed at run time (a causal mask sliced to the " \
-                   "sequence), so the bias would be built on every run: onnxruntime's CPU " \
-                   "MultiHeadAttention with it runs slower than the MatMul + Softmax it replaces"
+        if cond is not None and cond.constant() is None and _shape_derived(cond) \
+                and _on_cpu(target, q4, k, v4, cond):
+            return "the Where condition is a mask sliced to the sequence at run time, so the " \
+                   "bias would be built on every run: onnxruntime's CPU MultiHeadAttention " \
+                   "with it runs slower than the MatMul + Softmax it replaces (pin the " \
+                   "sequence with --input-shape or --dynamic-dims to make the mask a constant)"
         if mask is not None and mask.dtype != DType.FLOAT:
             return f"the additive mask %{mask.name} is not float32"
         if cond is not None and cond.dtype != DType.BOOL:
