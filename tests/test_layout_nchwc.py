@@ -21,11 +21,12 @@ from onnx import numpy_helper
 
 from graphopt import numerics, zoo
 from graphopt.compiler import optimize
-from graphopt.errors import OptionError
+from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir import load_onnx, to_onnx, verify
 from graphopt.passes import Options, PassContext, PassManager, Pipeline, layout_nchwc
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.layout_nchwc import NCHWC, LayoutNchwc
+from graphopt.tools.compare import compare_models
 from graphopt.passes.layout_nchwc_weights import (
     batchnorm_as_depthwise,
     block_mismatch,
@@ -164,6 +165,9 @@ def test_a_model_blocked_for_another_cpu_is_flagged():
     # Why the check matters: onnxruntime runs such a model without complaint, wrongly.
     feeds = numerics.random_feeds(proto, seed=0)
     assert numerics.compare(numerics.run(proto, feeds), numerics.run(to_onnx(model), feeds))
+    # graphopt compare says why rather than reporting a mismatch.
+    with pytest.raises(GraphoptError, match=f"blocks of {other} channels"):
+        compare_models(proto, to_onnx(model))
 
 
 @pytest.mark.parametrize("block", [8, 16])

@@ -18,6 +18,7 @@ from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
+from graphopt.passes.layout_nchwc_weights import block_mismatch
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,10 @@ def _read_onnx(path: str) -> onnx.ModelProto:
 
 def _onnx_side(model, label: str) -> Side:
     proto = model if isinstance(model, onnx.ModelProto) else _read_onnx(label)
+    # A model LayoutNchwc blocked for another CPU: say so, not onnxruntime's shape error.
+    problem = block_mismatch({p.key: p.value for p in proto.metadata_props})
+    if problem:
+        raise InputError(f"{label}: {problem}")
     return Side(label, typed_inputs(proto), [vi.name for vi in proto.graph.output],
                 proto=proto, tensors=_computed(proto.graph))
 
