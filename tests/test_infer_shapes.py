@@ -12,12 +12,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt import zoo
 from graphopt.compiler import check_input, optimize
-from graphopt.ir import load_onnx
+from graphopt.ir import DType, load_onnx
 from graphopt.ir.onnx_io import read_type
 from graphopt.passes.infer_shapes import (
     VECTOR_PROP_LIMIT,
     _type_bytes,
     fully_typed,
+    infer_shapes,
     record_types,
     weightless_proto,
 )
@@ -252,3 +253,32 @@ def test_a_static_dim_the_inputs_do_not_imply_is_not_folded_in(tmp_path):
     assert numerics.run(result.to_onnx(), {"x": x})["ds"].tolist() == [3, 2]
     graphopt.save(graphopt.optimize(proto, target="cpu"), tmp_path / "m.om")
     assert graphopt.load(tmp_path / "m.om").run({"x": x})["ds"].tolist() == [3, 2]
+
+
+def test_types_are_carried_past_contrib_ops():
+    """ONNX shape inference types no com.microsoft op: InferShapes types FusedMatMul,
+    Attention and the elementwise ones itself and infers on from there."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 32)).astype(np.float32), "w")
+    qkv = numpy_helper.from_array(rng.standard_normal((8, 24)).astype(np.float32), "qkv")
+    bias = numpy_helper.from_array(np.zeros(24, np.float32), "bias")
+    nodes = [
+        helper.make_node("FusedMatMul", ["x", "w"], ["f"], domain="com.microsoft", transA=0,
+                         transB=0, alpha=0.5),
+        helper.make_node("FastGelu", ["f"], ["g"], domain="com.microsoft"),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("Attention", ["x", "qkv", "bias"], ["a"], domain="com.microsoft",
+                         num_heads=2),
+        helper.make_node("Relu", ["a"], ["y2"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 5, 8])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)], [w, qkv, bias])
+    model = load_onnx(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]))
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    for name, shape in (("f", ("B", 5, 32)), ("g", ("B", 5, 32)), ("r", ("B", 5, 32)),
+                        ("a", ("B", 5, 8)), ("y2", ("B", 5, 8))):
+        assert (values[name].dtype, values[name].shape) == (DType.FLOAT, shape), name

@@ -741,23 +741,48 @@ def test_fused_conv_at_o3_is_quantized_as_conv(tmp_path):
 
 
 def test_a_matmul_of_untyped_data_stays_float_with_a_note(tmp_path):
-    """ONNX shape inference types no contrib op: a MatMul reading a BiasGelu that has no
-    value_info cannot be checked for float32 data, and the note says so."""
+    """ONNX shape inference types no contrib op, and InferShapes carries types only past those
+    it knows (SAME_AS_INPUT and a few more): a MatMul reading another one's output cannot be
+    checked for float32 data, and the note says so."""
     rng = np.random.default_rng(9)
     proto = parse_model("""
-        agraph (float[2, 16, 32] x, float[32, 32] w1, float[32] b, float[32, 32] w2)
-                => (float[2, 16, 32] y) {
+        agraph (float[2, 16, 32] x, float[32, 32] w1, float[1] axis, float[32, 32] w2)
+                => (float[2, 1, 16, 32] y) {
             m = MatMul(x, w1)
-            g = com.microsoft.BiasGelu(m, b)
-            y = MatMul(g, w2)
+            e = com.microsoft.ExpandDims(m, axis)
+            y = MatMul(e, w2)
         }""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n',
-        w1=rng.standard_normal((32, 32)).astype(np.float32) * 0.2, b=np.zeros(32, np.float32),
-        w2=rng.standard_normal((32, 32)).astype(np.float32) * 0.2)
+        w1=rng.standard_normal((32, 32)).astype(np.float32) * 0.2,
+        axis=np.array(1, np.int32), w2=rng.standard_normal((32, 32)).astype(np.float32) * 0.2)
     result, out = _int8(proto, calibration=_calibration(tmp_path, (2, 16, 32)),
                         quant_keep_ends=False)
     assert [n.op_type for n in out.graph.node].count("MatMul") == 1
     assert any("1 × MatMul of data of unknown type" in note for note in result.notes), \
         result.notes
+
+
+def test_layers_after_contrib_activations_are_typed_and_quantized(tmp_path):
+    """InferShapes carries types past BiasGelu (onnxruntime's fused models are full of such
+    ops), so the MatMuls after it quantize like the first."""
+    rng = np.random.default_rng(9)
+    proto = parse_model("""
+        agraph (float[2, 16, 32] x, float[32, 32] w1, float[32] b, float[32, 32] w2,
+                float[32, 32] w3) => (float[2, 16, 32] y) {
+            m = MatMul(x, w1)
+            g = com.microsoft.BiasGelu(m, b)
+            m2 = MatMul(g, w2)
+            r = Relu(m2)
+            y = MatMul(r, w3)
+        }""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n',
+        w1=rng.standard_normal((32, 32)).astype(np.float32) * 0.2, b=np.zeros(32, np.float32),
+        w2=rng.standard_normal((32, 32)).astype(np.float32) * 0.2,
+        w3=rng.standard_normal((32, 32)).astype(np.float32) * 0.2)
+    result, out = _int8(proto, calibration=_calibration(tmp_path, (2, 16, 32)),
+                        quant_keep_ends=False)
+    assert [n.op_type for n in out.graph.node].count("DynamicQuantizeMatMul") == 3
+    assert not result.notes
+    feeds = numerics.random_feeds(proto, seed=3)
+    assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.995
 
 
 def test_models_before_opset_13_stay_float_with_a_note(tmp_path):

@@ -54,18 +54,103 @@ def _hide_long_ranges(graph: onnx.GraphProto) -> None:
                                                               list(tensor.dims)))
 
 
+# onnxruntime contrib ops whose first output has their first input's type and shape. ONNX shape
+# inference knows no contrib op, so without this everything after one (a model fused by
+# onnxruntime's transformer optimizer, say) stays untyped: not quantized, not planned.
+SAME_AS_INPUT = frozenset({
+    ("com.microsoft", op) for op in ("Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
+                                     "SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
+})
+# Inference reruns at most this often to carry types past contrib ops: a round carries them
+# past every contrib op whose input it typed, so a chain of layers takes a round a layer.
+_CONTRIB_ROUNDS = 64
+
+
 def infer_shapes(model: Model) -> int:
-    """Run ONNX shape inference and copy the inferred types onto node outputs.
+    """Run ONNX shape inference and copy the inferred types onto node outputs; past the
+    SAME_AS_INPUT contrib ops, which ONNX cannot type, run it again from their outputs.
     Returns how many values gained or changed type information."""
-    proto = weightless_proto(model)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False,
-                                                         data_prop=not _long_vectors(proto.graph))
-    except Exception:  # noqa: BLE001 - inference is best effort; passes check what they rely on
-        return 0
-    return record_types(model, inferred)
+    changed = 0
+    for _ in range(_CONTRIB_ROUNDS):
+        proto = weightless_proto(model)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                inferred = onnx.shape_inference.infer_shapes(
+                    proto, check_type=False, strict_mode=False,
+                    data_prop=not _long_vectors(proto.graph))
+        except Exception:  # noqa: BLE001 - inference is best effort; passes check what they rely on
+            return changed
+        changed += record_types(model, inferred)
+        carried = _carry_through_contrib_ops(model)
+        if not carried:
+            return changed
+        changed += carried
+    return changed
+
+
+def _carry_through_contrib_ops(model: Model) -> int:
+    """Type the first output of each SAME_AS_INPUT node from its first input, where the output
+    has no dtype yet and the input has one. Returns how many outputs it typed."""
+    typed = 0
+    for graph in model.graph.all_graphs():
+        for node in graph.nodes():
+            out = node.outputs[0] if node.outputs else None
+            source = node.inputs[0] if node.inputs else None
+            if out is None or source is None or out.dtype is not None or source.dtype is None:
+                continue
+            if (node.domain, node.op_type) in SAME_AS_INPUT:
+                out.dtype, out.shape = source.dtype, source.shape
+            elif node.domain == "com.microsoft" and node.op_type in ("Attention",
+                                                                     "MultiHeadAttention"):
+                out.dtype, out.shape = source.dtype, _attention_shape(node)
+            elif node.domain == "com.microsoft" and node.op_type == "FusedMatMul":
+                out.dtype, out.shape = source.dtype, _fused_matmul_shape(node)
+            else:
+                continue
+            typed += 1
+    return typed
+
+
+def _fused_matmul_shape(node) -> tuple | None:
+    """The shape of FusedMatMul(A, B): MatMul's, after transA/transB swap the last two axes of
+    A and B (None with transBatch, 1-D operands or an unknown or unbroadcastable batch)."""
+    a, b = (v.shape if v is not None else None for v in node.inputs[:2])
+    if a is None or b is None or len(a) < 2 or len(b) < 2 \
+            or node.attr("transBatchA", 0) or node.attr("transBatchB", 0):
+        return None
+    rows = a[-1] if node.attr("transA", 0) else a[-2]
+    cols = b[-2] if node.attr("transB", 0) else b[-1]
+    batch_a, batch_b = a[:-2], b[:-2]
+    width = max(len(batch_a), len(batch_b))
+    batch_a = (1,) * (width - len(batch_a)) + tuple(batch_a)
+    batch_b = (1,) * (width - len(batch_b)) + tuple(batch_b)
+    batch = []
+    for x, y in zip(batch_a, batch_b):
+        if x == y or y == 1:
+            batch.append(x)
+        elif x == 1:
+            batch.append(y)
+        else:
+            return None
+    return (*batch, rows, cols)
+
+
+def _attention_shape(node) -> tuple | None:
+    """[B, S, value width] of an Attention (packed weights: a third of their columns, or
+    qkv_hidden_sizes[2]) or a MultiHeadAttention of 3-D query and value; None when unknown."""
+    query = node.inputs[0].shape
+    if query is None or len(query) != 3:
+        return None
+    if node.op_type == "Attention":
+        sizes = node.attr("qkv_hidden_sizes")
+        weight = node.input(1).shape if node.input(1) is not None else None
+        width = sizes[2] if sizes else weight[1] // 3 if weight and isinstance(weight[1], int) \
+            else None
+    else:
+        value = node.input(2).shape if node.input(2) is not None else None
+        width = value[2] if value is not None and len(value) == 3 else None
+    return None if width is None else (query[0], query[1], width)
 
 
 def _long_vectors(graph: onnx.GraphProto) -> bool:
