@@ -282,3 +282,21 @@ def test_types_are_carried_past_contrib_ops():
     for name, shape in (("f", ("B", 5, 32)), ("g", ("B", 5, 32)), ("r", ("B", 5, 32)),
                         ("a", ("B", 5, 8)), ("y2", ("B", 5, 8))):
         assert (values[name].dtype, values[name].shape) == (DType.FLOAT, shape), name
+
+
+def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
+    """A model onnxruntime's optimizer saved declares its contrib outputs with symbolic dims
+    ("unk__3"); pinned inputs make them static, and the values after them too."""
+    w = numpy_helper.from_array(np.ones((8, 32), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("FastGelu", ["m"], ["g"], domain="com.microsoft"),
+             helper.make_node("Relu", ["g"], ["r"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 8])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)], [w],
+        value_info=[helper.make_tensor_value_info("g", TensorProto.FLOAT, ["unk__3", 5, 32])])
+    model = load_onnx(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]))
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    assert values["g"].shape == values["r"].shape == (2, 5, 32)

@@ -90,26 +90,44 @@ def infer_shapes(model: Model) -> int:
 
 
 def _carry_through_contrib_ops(model: Model) -> int:
-    """Type the first output of each SAME_AS_INPUT node from its first input, where the output
-    has no dtype yet and the input has one. Returns how many outputs it typed."""
+    """Type the first output of each contrib op InferShapes knows from its inputs, where that
+    says more than the output carries (nothing, or a model's own value info with symbolic dims
+    where the inputs are now static). Returns how many outputs it typed."""
     typed = 0
     for graph in model.graph.all_graphs():
         for node in graph.nodes():
             out = node.outputs[0] if node.outputs else None
             source = node.inputs[0] if node.inputs else None
-            if out is None or source is None or out.dtype is not None or source.dtype is None:
+            if out is None or source is None or source.dtype is None \
+                    or out.type_proto is not None or node.domain != "com.microsoft":
                 continue
             if (node.domain, node.op_type) in SAME_AS_INPUT:
-                out.dtype, out.shape = source.dtype, source.shape
-            elif node.domain == "com.microsoft" and node.op_type in ("Attention",
-                                                                     "MultiHeadAttention"):
-                out.dtype, out.shape = source.dtype, _attention_shape(node)
-            elif node.domain == "com.microsoft" and node.op_type == "FusedMatMul":
-                out.dtype, out.shape = source.dtype, _fused_matmul_shape(node)
+                shape = source.shape
+            elif node.op_type in ("Attention", "MultiHeadAttention"):
+                shape = _attention_shape(node)
+            elif node.op_type == "FusedMatMul":
+                shape = _fused_matmul_shape(node)
             else:
                 continue
-            typed += 1
+            if _knows_more(source.dtype, shape, out):
+                out.dtype, out.shape = source.dtype, shape
+                typed += 1
     return typed
+
+
+def _knows_more(dtype, shape, value) -> bool:
+    """Whether (dtype, shape) tells more than `value` carries: a dtype where it has none, a
+    rank where it has none, or more static dims of the same rank. Strictly more, so that
+    rounds of inference end."""
+    if value.dtype is None:
+        return True
+    if dtype != value.dtype or shape is None:
+        return False
+    if value.shape is None:
+        return True
+    static = sum(isinstance(d, int) for d in shape)
+    return len(shape) == len(value.shape) and static > sum(isinstance(d, int)
+                                                           for d in value.shape)
 
 
 def _fused_matmul_shape(node) -> tuple | None:
