@@ -319,7 +319,8 @@ def _all_graph_protos(graph):
 @register
 class InferShapes(Pass):
     name = "InferShapes"
-    description = "infer dtypes and shapes of every value with onnx.shape_inference"
+    description = "infer dtypes and shapes of every value with onnx.shape_inference, and past " \
+                  "the onnxruntime contrib ops it cannot type"
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         # Type knowledge is not a rewrite: it never makes a fixed-point loop go round again.
