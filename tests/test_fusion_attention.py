@@ -10,9 +10,9 @@ from helpers import ops
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
-from graphopt.partition.target import load_target
 from graphopt import numerics
 from graphopt.ir import DType, load_onnx, to_onnx, verify
+from graphopt.partition.target import load_target
 from graphopt.passes import PASSES, Options, PassContext
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.rules import Tracer

@@ -57,10 +57,8 @@ def _hide_long_ranges(graph: onnx.GraphProto) -> None:
 # onnxruntime contrib ops whose first output has their first input's type and shape. ONNX shape
 # inference knows no contrib op, so without this everything after one (a model fused by
 # onnxruntime's transformer optimizer, say) stays untyped: not quantized, not planned.
-SAME_AS_INPUT = frozenset({
-    ("com.microsoft", op) for op in ("Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
-                                     "SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
-})
+SAME_AS_INPUT = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
+                           "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
 # Inference reruns at most this often to carry types past contrib ops: a round carries them
 # past every contrib op whose input it typed, so a chain of layers takes a round a layer.
 _CONTRIB_ROUNDS = 64
@@ -68,7 +66,8 @@ _CONTRIB_ROUNDS = 64
 
 def infer_shapes(model: Model) -> int:
     """Run ONNX shape inference and copy the inferred types onto node outputs; past the
-    SAME_AS_INPUT contrib ops, which ONNX cannot type, run it again from their outputs.
+    contrib ops ONNX cannot type and _carry_through_contrib_ops can, run it again from their
+    outputs.
     Returns how many values gained or changed type information."""
     changed = 0
     for _ in range(_CONTRIB_ROUNDS):
@@ -101,7 +100,7 @@ def _carry_through_contrib_ops(model: Model) -> int:
             if out is None or source is None or source.dtype is None \
                     or out.type_proto is not None or node.domain != "com.microsoft":
                 continue
-            if (node.domain, node.op_type) in SAME_AS_INPUT:
+            if node.op_type in SAME_AS_INPUT:
                 shape = source.shape
             elif node.op_type in ("Attention", "MultiHeadAttention"):
                 shape = _attention_shape(node)

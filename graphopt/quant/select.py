@@ -147,7 +147,7 @@ def _unquantizable(node: Node) -> str | None:
     data, weight = node.inputs[0], node.inputs[1].constant()
     if weight is None or data is None:
         return None
-    if data.dtype is None:  # ONNX shape inference knows no contrib op
+    if data.dtype is None:  # after a contrib op that neither ONNX nor InferShapes types
         return f"{node.op_type} of data of unknown type (give the model value_info for it)"
     if data.dtype != DType.FLOAT and data.dtype.numpy.kind == "f":
         return f"{node.op_type} of {data.dtype.numpy.name} data (int8 quantizes float32 layers)"
