@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -300,3 +301,21 @@ def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
     infer_shapes(model)
     values = {v.name: v for v in model.graph.all_values()}
     assert values["g"].shape == values["r"].shape == (2, 5, 32)
+
+
+def test_a_bert_onnxruntime_already_optimized_is_typed_and_fuses_every_attention(tmp_path):
+    """onnxruntime's extended level saves FusedMatMul and BiasGelu with `unk__N` dims: pinned,
+    InferShapes types everything past them, so every attention block still fuses."""
+    proto = zoo.build("bert_base", layers=2, hidden=64, heads=2, intermediate=128, vocab=100,
+                      max_positions=32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    saved = onnx.load(str(tmp_path / "ort.onnx"))
+    assert any(n.domain == "com.microsoft" for n in saved.graph.node)
+    result = optimize(saved, input_shapes={"input_ids": [1, 16], "attention_mask": [1, 16]})
+    assert not [v.name for v in result.model.graph.all_values()
+                if v.producer is not None and v.dtype is None]
+    assert [n.op_type for n in result.model.graph].count("Attention") == 2
