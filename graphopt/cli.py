@@ -236,6 +236,13 @@ def _add_precision_args(p, report: bool = True) -> None:
                         "head, a language model's vocabulary head)")
     g.add_argument("--int4-group-size", type=int, metavar="N",
                    help="int4: weights per scale along K, a power of 2 ≥ 16 (default 32)")
+    g.add_argument("--int4-embeddings", action="store_true",
+                   help="int4: quantize embedding tables too (com.microsoft::"
+                        "GatherBlockQuantized); a tied output head shares its table's bytes")
+    g.add_argument("--int4-accuracy-level", type=int, metavar="L",
+                   help="int4: what MatMulNBits computes in: 0 float activations (default), "
+                        "4 activations quantized to int8 on the fly (faster token-by-token "
+                        "decoding on the CPU, slightly less accurate)")
     if report:
         g.add_argument("--no-accuracy-report", action="store_true",
                        help="skip the accuracy report printed after a converted or quantized "
@@ -253,8 +260,11 @@ def _precision_options(args) -> dict:
     for flag, value in int8_only.items():
         if value is not None and args.quantize != "int8":
             raise OptionError(f"{flag} applies to --quantize int8")
-    if args.int4_group_size is not None and args.quantize != "int4":
-        raise OptionError("--int4-group-size applies to --quantize int4")
+    for flag, value in {"--int4-group-size": args.int4_group_size,
+                        "--int4-embeddings": args.int4_embeddings or None,
+                        "--int4-accuracy-level": args.int4_accuracy_level}.items():
+        if value is not None and args.quantize != "int4":
+            raise OptionError(f"{flag} applies to --quantize int4")
     if args.quant_skip and args.quantize == "none":
         raise OptionError("--quant-skip applies to --quantize int8|int4")
     if args.calibration and not (os.path.isdir(args.calibration)
@@ -278,7 +288,9 @@ def _precision_options(args) -> dict:
                "per_channel": args.per_channel,
                "activation_symmetric": args.activation_symmetric or None,
                "quant_keep_ends": False if args.quantize_ends else None,
-               "int4_group_size": args.int4_group_size}
+               "int4_group_size": args.int4_group_size,
+               "int4_embeddings": args.int4_embeddings or None,
+               "int4_accuracy_level": args.int4_accuracy_level}
     options = {k: v for k, v in options.items() if v not in (None, set())}
     if options == {"precision": "keep", "quantize": "none"} and not args.calibration:
         return {}

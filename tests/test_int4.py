@@ -35,9 +35,23 @@ def test_nibble_packing_round_trips_exactly(rows, pairs, seed):
     assert packed[0, 0] == values[0, 0] | (values[0, 1] << 4)  # element 0 in the low nibble
 
 
+def _minmax_squared_error(w: np.ndarray, block: int) -> np.ndarray:
+    """Per [column, block], the squared error of plain min-max asymmetric rounding."""
+    k, n = w.shape
+    n_blocks = -(-k // block)
+    padded = np.zeros((n_blocks * block, n))
+    padded[:k] = w
+    blocks = padded.T.reshape(n, n_blocks, block)
+    low, high = np.minimum(blocks.min(-1), 0), np.maximum(blocks.max(-1), 0)
+    scale = ((high - low) / 15).astype(np.float32).astype(np.float64)[..., None]
+    zero = np.clip(np.round(-low[..., None] / scale), 0, 15)
+    q = np.clip(np.round(blocks / scale) + zero, 0, 15)
+    return np.square((q - zero) * scale - blocks).sum(-1)
+
+
 @pytest.mark.parametrize("k,n,block,symmetric", [(64, 8, 16, False), (100, 5, 32, True),
                                                  (80, 3, 32, False), (256, 4, 128, False)])
-def test_quantization_error_is_at_most_half_a_step(k, n, block, symmetric):
+def test_quantization_error_is_at_most_half_a_step_inside_the_range(k, n, block, symmetric):
     w = RNG.standard_normal((k, n)).astype(np.float32)
     quant = quantize(w, block, symmetric)
     n_blocks = -(-k // block)
@@ -46,8 +60,29 @@ def test_quantization_error_is_at_most_half_a_step(k, n, block, symmetric):
     assert (quant.zero_points is None) == symmetric
     if not symmetric:
         assert quant.zero_points.shape == (n * -(-n_blocks // 2),)
-    step = np.repeat(quant.scales.reshape(n, n_blocks), block, axis=1)[:, :k].T
-    assert np.all(np.abs(dequantize(quant) - w) <= step / 2 + 1e-6)
+    zero = np.full((n, n_blocks), 8.0) if symmetric else unpack_nibbles(
+        quant.zero_points.reshape(n, -1))[:, :n_blocks].astype(np.float64)
+    per_weight = lambda a: np.repeat(a.reshape(n, n_blocks), block, axis=1)[:, :k].T  # noqa: E731
+    step, zero = per_weight(quant.scales.astype(np.float64)), per_weight(zero)
+    inside = (w >= -zero * step - 1e-6) & (w <= (15 - zero) * step + 1e-6)
+    error = np.abs(dequantize(quant) - w)
+    assert np.all(error[inside] <= step[inside] / 2 + 1e-6)
+    if symmetric:
+        assert inside.all()
+
+
+@pytest.mark.parametrize("k,n,block", [(64, 8, 16), (80, 3, 32), (256, 16, 128)])
+def test_the_fitted_range_never_loses_to_min_max(k, n, block):
+    """Clipping a block's extremes is taken only where it lowers the block's squared error,
+    and on Gaussian weights it does so overall."""
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    quant = quantize(w, block)
+    n_blocks = -(-k // block)
+    fitted = np.square(dequantize(quant) - w)
+    fitted = np.pad(fitted, ((0, n_blocks * block - k), (0, 0))).T.reshape(n, n_blocks, block)
+    minmax = _minmax_squared_error(w, block)
+    assert np.all(fitted.sum(-1) <= minmax + 1e-9)
+    assert fitted.sum() < 0.97 * minmax.sum()
 
 
 def _nbits_model(quant, k, n, dtype=TensorProto.FLOAT):
@@ -198,3 +233,123 @@ def test_gpt2_small_int4_weights_and_logits():
     expected = numerics.run(proto, feeds)["logits"]
     for level in ("disable", "all"):
         assert cosine_similarity(expected, numerics.run(int4, feeds, level)["logits"]) >= 0.98
+
+
+# A token model with a tied head: the head's weight is the embedding table transposed, stored
+# a second time, as a TorchScript export of GPT-2 stores it; positions have their own table.
+TIED_LM = """
+g (int64[1,6] ids, int64[1,6] pos) => (float[1,6,40] logits) {
+  tok = Gather(wte, ids)
+  where = Gather(wpe, pos)
+  h = Add(tok, where)
+  logits = MatMul(h, head)
+}"""
+
+
+def _tied_lm(width=64):
+    wte = RNG.standard_normal((40, width)).astype(np.float32)
+    wpe = RNG.standard_normal((8, width)).astype(np.float32)
+    return parse_model(TIED_LM, wte=wte, wpe=wpe, head=np.ascontiguousarray(wte.T)), wte, wpe
+
+
+def _lm_feeds():
+    return {"ids": np.array([[0, 39, 7, 7, -1, 12]]), "pos": np.arange(6)[None]}
+
+
+def test_embedding_tables_and_a_tied_head_share_one_copy_of_4_bit_bytes():
+    proto, wte, wpe = _tied_lm()
+    result = compile_int4(proto, level=1, int4_embeddings=True)
+    out = result.to_onnx()
+    onnx.checker.check_model(out)
+    assert sorted(ops(result.model)) == sorted([
+        "Reshape", "com.microsoft::GatherBlockQuantized", "com.microsoft::GatherBlockQuantized",
+        "Add", "com.microsoft::MatMulNBits"])
+    nodes = {n.op_type: n for n in out.graph.node}
+    reshape, head = nodes["Reshape"], nodes["MatMulNBits"]
+    assert head.input[1] == reshape.input[0]  # the head's B is the table's packed bytes
+    word = next(n for n in out.graph.node if n.op_type == "GatherBlockQuantized"
+                and n.input[0] == reshape.output[0])
+    assert word.input[2:4] == head.input[2:4]  # and so are its scales and zero points
+    names = {t.name for t in out.graph.initializer}
+    assert not names & {"wte", "wpe", "head"}
+    # 40×64 + 8×64 float32 weights, and the head's copy, became 4 bits plus a float32 scale and
+    # a 4-bit zero point per 32: the table is stored once.
+    stored = sum(numpy_helper.to_array(t).nbytes for t in out.graph.initializer)
+    assert stored <= (40 + 8) * 64 * 5.125 / 8 + 16
+    assert any("2 embedding table(s), 1 shared with a tied output head" in n for n in result.notes)
+
+    table = dequantize(quantize(wte.T, 32)).T  # [40, 64] as both ops read it
+    positions = dequantize(quantize(wpe.T, 32)).T
+    feeds = _lm_feeds()
+    hidden = table[feeds["ids"]] + positions[feeds["pos"]]
+    for level in ("disable", "all"):
+        np.testing.assert_allclose(numerics.run(out, feeds, level)["logits"], hidden @ table.T,
+                                   atol=1e-4, rtol=0)
+
+
+def test_embeddings_are_opt_in_and_left_float_when_skipped_shared_or_unblockable():
+    proto, _, _ = _tied_lm()
+    assert "Gather" in ops(compile_int4(proto).model)  # default: MatMul/Gemm weights only
+    skipped = compile_int4(proto, int4_embeddings=True, quant_skip={"Gather"})
+    assert ops(skipped.model).count("Gather") == 2
+    assert "com.microsoft::MatMulNBits" in ops(skipped.model)  # the head alone, unshared
+    # A table another op reads too stays float, so nothing is stored twice.
+    shared = parse_model("""
+    g (int64[1,6] ids, float[8,64] x) => (float[1,6,64] y, float[8,64] z) {
+      y = Gather(wte, ids)
+      z = Add(x, wte)
+    }""", wte=RNG.standard_normal((8, 64)).astype(np.float32))
+    assert ops(compile_int4(shared, int4_embeddings=True).model) == ["Gather", "Add"]
+    # GatherBlockQuantized does not pad: a width no block of 16 divides stays float.
+    odd, _, _ = _tied_lm(width=40)
+    assert ops(compile_int4(odd, int4_embeddings=True).model).count("Gather") == 2
+
+
+@pytest.mark.parametrize("width,group,block", [(96, 64, 32), (48, 32, 16), (256, 128, 128)])
+def test_a_table_takes_the_largest_block_up_to_the_group_that_divides_its_width(
+        width, group, block):
+    proto, wte, wpe = _tied_lm(width)
+    out = compile_int4(proto, int4_embeddings=True, int4_group_size=group).to_onnx()
+    sizes = {next(a.i for a in n.attribute if a.name == "block_size")
+             for n in out.graph.node if n.domain == "com.microsoft"}
+    assert sizes == {block}
+    table = dequantize(quantize(wte.T, block)).T
+    positions = dequantize(quantize(wpe.T, block)).T
+    feeds = _lm_feeds()
+    expected = (table[feeds["ids"]] + positions[feeds["pos"]]) @ table.T
+    np.testing.assert_allclose(numerics.run(out, feeds)["logits"], expected, atol=1e-4, rtol=0)
+
+
+def test_gpt2_small_int4_embeddings_store_the_tied_table_once():
+    proto = zoo.build("gpt2_small")
+    plain = compile_int4(proto, level=2).to_onnx()
+    tables = compile_int4(proto, level=2, int4_embeddings=True).to_onnx()
+    onnx.checker.check_model(tables)
+
+    def stored(model):
+        return sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+
+    # Without tables: the float32 token table (1000×256) plus the head's 4-bit copy of it. With
+    # them: one 4-bit copy that both read, and a 4-bit position table.
+    weights = {t.name for t in tables.graph.initializer}
+    assert not any(n.op_type == "Gather" and n.input[0] in weights for n in tables.graph.node)
+    assert stored(tables) < stored(plain) - 1000 * 256 * 4 * 0.9
+    feeds = {"input_ids": np.random.default_rng(7).integers(0, 1000, (1, 16))}
+    expected = numerics.run(proto, feeds)["logits"]
+    for level in ("disable", "all"):
+        assert cosine_similarity(expected, numerics.run(tables, feeds, level)["logits"]) >= 0.975
+
+
+def test_accuracy_level_4_multiplies_int8_activations_and_stays_close():
+    w = RNG.standard_normal((64, 16)).astype(np.float32)
+    proto = parse_model(MATMUL_ADD, w=w, b=RNG.standard_normal(16).astype(np.float32))
+    result = compile_int4(proto, int4_accuracy_level=4)
+    node = next(iter(result.model.graph))
+    assert node.attr("accuracy_level") == 4
+    x = RNG.standard_normal((2, 4, 64)).astype(np.float32)
+    exact = numerics.run(compile_int4(proto).to_onnx(), {"x": x})["y"]
+    fast = numerics.run(result.to_onnx(), {"x": x})["y"]
+    assert not np.array_equal(fast, exact)  # A really went through int8
+    assert cosine_similarity(exact, fast) > 0.999
+    with pytest.raises(OptionError, match="--int4-accuracy-level 5: must be"):
+        compile_int4(proto, int4_accuracy_level=5)

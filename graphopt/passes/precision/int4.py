@@ -1,5 +1,6 @@
 """QuantizeInt4Weights: weight-only block-wise INT4 of MatMul and Gemm into com.microsoft's
-MatMulNBits (packing and math in blockwise.py).
+MatMulNBits (packing and math in blockwise.py), and of embedding tables into GatherBlockQuantized,
+a tied output head sharing its table's bytes.
 
     A ─ MatMul(A, W[K,N]) ─ Add(b[N]) ─▶      A ─ MatMulNBits(A, q, scales, zero_points, b) ─▶
     A ─ Gemm(A, W, C) {alpha, beta, transB}   (W' = alpha·(transB ? Wᵀ : W), bias = beta·C)
@@ -9,7 +10,10 @@ added right after a MatMul becomes the node's bias input; a Gemm's C of shape [N
 a scalar does too, any other C (a full [M, N] matrix) stays a following Add. Gemm with transA
 is left alone. `quant_skip` names nodes or op types to skip; the block size is
 `int4_group_size`; zero points make it asymmetric (more accurate than symmetric for the skewed
-columns real weights have). Activations stay in their float dtype (accuracy_level unset).
+columns real weights have). Activations stay in their float dtype unless
+`int4_accuracy_level` asks otherwise (4: onnxruntime quantizes each row of A to int8 on the fly
+and multiplies in integers, which pays when A is a single row, as in token-by-token decoding).
+With `int4_embeddings`, embedding tables are quantized too (int4_tables.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.blockwise import quantize
 from graphopt.passes.precision.casts import constant_data
+from graphopt.passes.precision.int4_tables import (
+    embedding_tables,
+    head_weights,
+    rewrite_gathers,
+    tied_table,
+)
 from graphopt.passes.precision.policy import Support, check_options
 from graphopt.quant.select import unmatched_skips
 
@@ -87,16 +97,23 @@ class QuantizeInt4Weights(Pass):
         infer_shapes(model)  # fusions leave new values untyped until the pipeline's last one
         graph, support = model.graph, Support(ctx.target)
         block, skip = options.int4_group_size, options.quant_skip
+        level = options.int4_accuracy_level
         missing = unmatched_skips(graph, skip, self.name)
         if missing:
             ctx.note(missing)
+
+        def wanted(node: Node) -> bool:
+            return (node.name not in skip and node.op_type not in skip
+                    and ctx.allows(node.op_type, node))
+
+        tables = {} if not options.int4_embeddings else embedding_tables(
+            graph, block, lambda node: wanted(node) and support.has(
+                "GatherBlockQuantized", MS, node.input(0).dtype))
         before = after = 0
         unsupported: set[str] = set()
         refitted: dict[int, int] = {}  # smaller block → weights that got it
         for node in graph:
-            if node.op_type not in ("MatMul", "Gemm") or not node.is_onnx:
-                continue
-            if node.name in skip or node.op_type in skip or not ctx.allows(node.op_type, node):
+            if node.op_type not in ("MatMul", "Gemm") or not node.is_onnx or not wanted(node):
                 continue
             plan = _plan(node)
             if isinstance(plan, str):
@@ -105,23 +122,35 @@ class QuantizeInt4Weights(Pass):
             if not support.has("MatMulNBits", MS, dtype):
                 unsupported.add(dtype.short)
                 continue
+            before += plan.weight.size * dtype.bits // 8
+            table = tied_table(tables, plan.weight, dtype)
+            if table is not None:
+                shared = table.quant is not None
+                weights = head_weights(graph, table)
+                after += 0 if shared else table.quant.nbytes
+                _rewrite(graph, node, plan, table.block, dtype, weights, level)
+                result.count("tied_head")
+                continue
             fitted = block_for(plan.weight.shape[0], block, dtype.bits // 8)
             if fitted != block:
                 refitted[fitted] = refitted.get(fitted, 0) + 1
-            quant = _rewrite(graph, node, plan, fitted, dtype)
-            before += plan.weight.size * dtype.bits // 8
+            quant = quantize(plan.weight, fitted, symmetric=False, scale_dtype=dtype.numpy)
+            _rewrite(graph, node, plan, fitted, dtype, _initializers(graph, node.input(1), quant),
+                     level)
             after += quant.nbytes
             result.count(f"{node.op_type}_quantized")
+        for table in tables.values():
+            before += table.data.nbytes
+            shared = table.quant is not None
+            rewrite_gathers(graph, table)
+            after += 0 if shared else table.quant.nbytes
+            result.count("Gather_quantized", len(table.gathers))
         for value in list(graph.initializers.values()):
             if not value.uses and not value.is_graph_output and not value.is_input:
                 graph.remove_initializer(value)
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
-            change = (f"{100 * (1 - after / before):.0f}% smaller" if after <= before
-                      else f"{100 * (after / before - 1):.0f}% larger")
-            ctx.note(f"QuantizeInt4Weights: {sum(result.stats.values())} weight(s), "
-                     f"{before / 2**20:.2f} MiB → {after / 2**20:.2f} MiB "
-                     f"({change}; block {block}, with scales and zero points)")
+            ctx.note(_summary(result.stats, tables, before, after, block))
         if refitted:
             ctx.note(f"QuantizeInt4Weights: block {block} would pad K to a multiple of it; "
                      + ", ".join(f"{n} weight(s) use {b}" for b, n in sorted(refitted.items()))
@@ -130,6 +159,20 @@ class QuantizeInt4Weights(Pass):
             ctx.note("QuantizeInt4Weights: the target has no MatMulNBits kernel for "
                      f"{', '.join(sorted(unsupported))} activations; those weights stay float")
         return result
+
+
+def _summary(stats: dict, tables: dict, before: int, after: int, block: int) -> str:
+    """The note on what was quantized and the bytes it saved."""
+    weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized", "tied_head"))
+    parts = [f"{weights} weight(s)"] if weights else []
+    if tables:
+        tied = stats.get("tied_head", 0)
+        parts.append(f"{len(tables)} embedding table(s)"
+                     + (f", {tied} shared with a tied output head" if tied else ""))
+    change = (f"{100 * (1 - after / before):.0f}% smaller" if after <= before
+              else f"{100 * (after / before - 1):.0f}% larger")
+    return (f"QuantizeInt4Weights: {' and '.join(parts)}, {before / 2**20:.2f} MiB → "
+            f"{after / 2**20:.2f} MiB ({change}; block {block}, with scales and zero points)")
 
 
 def block_for(k: int, group: int, scale_bytes: int) -> int:
@@ -145,21 +188,28 @@ def block_for(k: int, group: int, scale_bytes: int) -> int:
     return min(reversed(candidates), key=column_bytes)
 
 
-def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType):
-    """Replace `node` (and the bias Add it absorbs) by MatMulNBits; returns the quantization."""
-    w = node.input(1)
-    quant = quantize(plan.weight, block, symmetric=False, scale_dtype=dtype.numpy)
+def _initializers(graph, w: Value, quant) -> tuple[Value, Value, Value | None]:
+    """MatMulNBits' B, scales and zero points for weight `w`, as new initializers."""
+    return (graph.make_initializer(f"{w.name}_q4", quant.packed),
+            graph.make_initializer(f"{w.name}_scales", quant.scales),
+            None if quant.zero_points is None
+            else graph.make_initializer(f"{w.name}_zero_points", quant.zero_points))
+
+
+def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType, weights,
+             accuracy_level: int) -> None:
+    """Replace `node` (and the bias Add it absorbs) by MatMulNBits reading `weights`."""
     k, n = plan.weight.shape
-    inputs = [node.input(0), graph.make_initializer(f"{w.name}_q4", quant.packed),
-              graph.make_initializer(f"{w.name}_scales", quant.scales),
-              None if quant.zero_points is None
-              else graph.make_initializer(f"{w.name}_zero_points", quant.zero_points)]
+    inputs = [node.input(0), *weights]
     if plan.bias is not None:
-        inputs += [None, graph.make_initializer(f"{w.name}_bias",
+        inputs += [None, graph.make_initializer(f"{node.input(1).name}_bias",
                                                 Tensor(np.asarray(plan.bias, dtype.numpy)))]
     replaced = plan.absorbed or node
     out = Value(graph.fresh_name(f"{replaced.output.name}_q4"), dtype, replaced.output.shape)
-    q_node = Node("MatMulNBits", inputs, {"K": k, "N": n, "bits": 4, "block_size": block},
+    attrs = {"K": k, "N": n, "bits": 4, "block_size": block}
+    if accuracy_level:
+        attrs["accuracy_level"] = accuracy_level
+    q_node = Node("MatMulNBits", inputs, attrs,
                   domain=MS, outputs=[out], name=graph.fresh_node_name(f"{node.name or 'matmul'}_q4"))
     graph.insert_before(node, q_node)
     if plan.add_after is not None:
@@ -177,4 +227,3 @@ def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType):
     for dead in (plan.absorbed, node):
         if dead is not None:
             graph.remove(dead)
-    return quant

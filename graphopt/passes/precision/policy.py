@@ -95,6 +95,10 @@ def check_options(options) -> None:
     if not isinstance(size, int) or size < 16 or size & (size - 1):
         raise OptionError(f"--int4-group-size {size}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
+    level = options.int4_accuracy_level
+    if not isinstance(level, int) or not 0 <= level <= 4:
+        raise OptionError(f"--int4-accuracy-level {level}: must be 0 (float activations), "
+                          "1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8)")
     asked = {"ConvertPrecision": f"--precision {options.precision}"} \
         if options.precision != "keep" else {}
     if options.quantize != "none":

@@ -1,0 +1,140 @@
+"""INT4 embedding tables for QuantizeInt4Weights: a Gather from a constant [rows, width] float
+table becomes com.microsoft's GatherBlockQuantized, and a tied output head (a MatMul whose weight
+is that table transposed, as GPT-2's is) reads the same 4-bit bytes through MatMulNBits.
+
+    T[V,H] ─ Gather(T, ids)                     q[V,H/blk,blk/2] ─ Reshape[V,H/2] ─ GatherBlockQuantized
+    x ─ MatMul(x, Tᵀ[H,V])            ─▶        x ─ MatMulNBits(x, q, scales, zero_points)
+
+The two layouts agree byte for byte: MatMulNBits stores, for each of its N = V output columns, the
+K = H weights that feed it, block after block, two per byte, low nibble first; GatherBlockQuantized
+with uint8 data packs each row's H values the same way along its last axis, with the same
+[V, H/blk] scales and the same nibble-packed [V, ceil(H/blk/2)] zero points. Only the shape of the
+packed tensor differs, so one Reshape lets both read one initializer. onnxruntime folds the Reshape
+when it loads the model; the artifact holds the table once, where the export held it twice.
+
+A table whose width no block of 16 or more divides stays float (GatherBlockQuantized does not pad),
+and so does one that any other op reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphopt.ir import DType, Graph, Node, Value
+from graphopt.passes.edit import replace_value
+from graphopt.passes.precision.blockwise import BlockQuant, quantize
+from graphopt.passes.precision.casts import constant_data
+
+MS = "com.microsoft"
+
+
+@dataclass
+class Table:
+    """An embedding table every use of which is a Gather this pass may rewrite."""
+    value: Value
+    data: np.ndarray               # [rows, width]
+    block: int
+    gathers: list[Node] = field(default_factory=list)
+    quant: BlockQuant | None = None  # Tᵀ as MatMulNBits lays it out, once quantized
+    scales: Value | None = None      # [rows, width/block]
+    zero_points: Value | None = None  # uint8 [rows, ceil(width/block/2)]
+    packed: Value | None = None      # uint8 [rows, width/block, block/2]: a tied head's B
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.data.shape[1]
+
+
+def table_block(width: int, group: int) -> int | None:
+    """The largest power of 2 in [16, group] that divides `width`, or None."""
+    block = 1 << (group.bit_length() - 1)
+    while block >= 16:
+        if width % block == 0:
+            return block
+        block //= 2
+    return None
+
+
+def embedding_tables(graph: Graph, group: int, wanted) -> dict[str, Table]:
+    """The tables to quantize, by value name: constant 2-D float tables read only by axis-0
+    Gathers that `wanted(node)` accepts (quant_skip, the rewrite gate, the target's kernels)."""
+    tables: dict[str, Table] = {}
+    for node in graph:
+        if node.op_type != "Gather" or not node.is_onnx or node.attr("axis", 0) not in (0, -2):
+            continue
+        source = node.input(0)
+        if source.name in tables or source.is_graph_output or source.dtype not in (
+                DType.FLOAT, DType.FLOAT16):
+            continue
+        data = constant_data(source)
+        block = None if data is None or data.ndim != 2 else table_block(data.shape[1], group)
+        if block is None:
+            continue
+        users = [user for user, index in source.uses]
+        if all(u.op_type == "Gather" and u.is_onnx and u.input(0) is source
+               and u.attr("axis", 0) in (0, -2) and wanted(u) for u in users):
+            tables[source.name] = Table(source, data, block, users)
+    return tables
+
+
+def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Table | None:
+    """The table whose transpose the head weight W [K, N] is, if any."""
+    k, n = weight.shape
+    for table in tables.values():
+        if table.value.dtype == dtype and table.data.shape == (n, k) \
+                and np.array_equal(table.data.T, weight):
+            return table
+    return None
+
+
+def _quantize(graph: Graph, table: Table) -> None:
+    """Quantize `table` once, as MatMulNBits lays out Tᵀ: scales and zero points as both ops
+    read them; the packed bytes wait for the first reader to choose their shape."""
+    if table.quant is None:
+        name, dtype = table.value.name, table.value.dtype
+        quant = quantize(table.data.T, table.block, symmetric=False, scale_dtype=dtype.numpy)
+        table.quant = quant
+        table.scales = graph.make_initializer(
+            f"{name}_scales", quant.scales.reshape(table.rows, table.width // table.block))
+        table.zero_points = graph.make_initializer(f"{name}_zero_points",
+                                                   quant.zero_points.reshape(table.rows, -1))
+
+
+def head_weights(graph: Graph, table: Table) -> tuple[Value, Value, Value]:
+    """MatMulNBits' B, scales and zero points for a head tied to `table`: the table's bytes."""
+    _quantize(graph, table)
+    if table.packed is None:
+        table.packed = graph.make_initializer(f"{table.value.name}_q4", table.quant.packed)
+    return table.packed, table.scales, table.zero_points
+
+
+def rewrite_gathers(graph: Graph, table: Table) -> None:
+    """Replace the table's Gathers by GatherBlockQuantized: on its own packed rows, or, when a
+    head is tied to it, on the head's packed bytes seen through a Reshape."""
+    _quantize(graph, table)
+    rows, width, dtype, name = table.rows, table.width, table.value.dtype, table.value.name
+    if table.packed is None:
+        flat = graph.make_initializer(f"{name}_q4", table.quant.packed.reshape(rows, width // 2))
+    else:
+        shape = graph.make_initializer(f"{name}_q4_shape", np.array([rows, width // 2], np.int64))
+        flat = Value(graph.fresh_name(f"{name}_q4_rows"), DType.UINT8, [rows, width // 2])
+        graph.insert_before(table.gathers[0], Node(
+            "Reshape", [table.packed, shape], outputs=[flat],
+            name=graph.fresh_node_name(f"{name}_q4_rows")))
+    for gather in table.gathers:
+        old = gather.output
+        out = Value(graph.fresh_name(f"{old.name}_q4"), dtype, old.shape)
+        node = Node("GatherBlockQuantized",
+                    [flat, gather.input(1), table.scales, table.zero_points],
+                    {"bits": 4, "block_size": table.block, "gather_axis": 0, "quantize_axis": 1},
+                    domain=MS, outputs=[out],
+                    name=graph.fresh_node_name(f"{gather.name or 'gather'}_q4"))
+        graph.insert_before(gather, node)
+        assert replace_value(old, out), gather
+        graph.remove(gather)
