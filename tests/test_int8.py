@@ -780,7 +780,8 @@ def test_layers_after_contrib_activations_are_typed_and_quantized(tmp_path):
     result, out = _int8(proto, calibration=_calibration(tmp_path, (2, 16, 32)),
                         quant_keep_ends=False)
     assert [n.op_type for n in out.graph.node].count("DynamicQuantizeMatMul") == 3
-    assert not result.notes
+    # Nothing is left float for want of a type; a CPU without VNNI adds its saturation note.
+    assert not [note for note in result.notes if "saturates" not in note]
     feeds = numerics.random_feeds(proto, seed=3)
     assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.995
 

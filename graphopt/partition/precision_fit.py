@@ -10,9 +10,10 @@ from graphopt.ir import DType
 
 # Ops the quantization passes write. The NPU profiles list QuantizeLinear and DequantizeLinear
 # (in AMCT's form, quant_fit.py), none of the others: onnxruntime's own (MatMulNBits,
-# DynamicQuantizeMatMul…) have no CANN kernel.
+# GatherBlockQuantized, DynamicQuantizeMatMul…) have no CANN kernel.
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                  "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits",
+                 "GatherBlockQuantized",
                  "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
 
 

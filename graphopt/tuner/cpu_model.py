@@ -68,8 +68,9 @@ _POOLS = {"AveragePool", "MaxPool"}  # ops per output element = kernel window
 _MOVEMENT = {"Transpose", "Concat", "Split", "Gather", "GatherElements", "GatherND", "Slice",
              "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
              "ScatterND", "ScatterElements", "ReorderInput", "ReorderOutput", "Compress",
-             "OneHot", "Trilu", "ReverseSequence", "NonZero"}
-_PARTIAL_READ = {"Gather", "GatherElements", "GatherND", "Slice", "Compress"}
+             "OneHot", "Trilu", "ReverseSequence", "NonZero", "GatherBlockQuantized"}
+_PARTIAL_READ = {"Gather", "GatherElements", "GatherND", "Slice", "Compress",
+                 "GatherBlockQuantized"}
 _VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant",
          "Dropout"}
 
