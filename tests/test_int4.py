@@ -353,3 +353,55 @@ def test_accuracy_level_4_multiplies_int8_activations_and_stays_close():
     assert cosine_similarity(exact, fast) > 0.999
     with pytest.raises(OptionError, match="--int4-accuracy-level 5: must be"):
         compile_int4(proto, int4_accuracy_level=5)
+
+
+@pytest.mark.parametrize("level,fold_limit,head_op", [
+    (1, None, "MatMul"),          # MatMul(h, Transpose(wte)), left unfolded at -O1
+    (2, 1000, "FusedMatMul"),     # a table over the fold limit: FusedMatMul(h, wte, transB=1)
+    (2, None, "MatMul"),          # a small one: folded into a second initializer
+])
+def test_a_head_that_transposes_the_table_at_run_time_is_tied_too(level, fold_limit, head_op):
+    # A dynamo export keeps one table and transposes it for the head (GPT-2's 50257×768 table
+    # stays that way: FoldConstants will not store it twice, FuseMatMul reads it through
+    # transB).
+    wte = RNG.standard_normal((40, 64)).astype(np.float32)
+    proto = parse_model("""
+    g (int64[1,6] ids) => (float[1,6,40] logits) {
+      h = Gather(wte, ids)
+      head = Transpose(wte)
+      logits = MatMul(h, head)
+    }""", wte=wte)
+    limit = {} if fold_limit is None else {"fold_size_limit": fold_limit}
+    before = graphopt.optimize(proto, level=level, **limit).model
+    assert head_op in [n.op_type for n in before.graph]
+    result = graphopt.optimize(proto, level=level, **limit, pass_options={
+        "quantize": "int4", "int4_embeddings": True})
+    assert dict(result.log.totals()["QuantizeInt4Weights"]["rewrites"]) == {
+        "Gather_quantized": 1, "tied_head": 1}
+    out = result.to_onnx()
+    assert sorted(n.op_type for n in out.graph.node) == [
+        "GatherBlockQuantized", "MatMulNBits", "Reshape"]  # the Transpose went with the head
+    assert len(out.graph.initializer) == 4  # packed bytes, scales, zero points, Reshape's shape
+    table = dequantize(quantize(wte.T, 32)).T
+    ids = _lm_feeds()["ids"]
+    np.testing.assert_allclose(numerics.run(out, {"ids": ids})["logits"], table[ids] @ table.T,
+                               atol=1e-4, rtol=0)
+
+
+def test_a_fused_matmul_with_a_constant_transposed_b_is_quantized():
+    w = RNG.standard_normal((16, 64)).astype(np.float32)  # [N, K]
+    proto = parse_model("""
+    g (float[2,3,64] x) => (float[2,3,16] y) {
+      y = com.microsoft.FusedMatMul<transB=1, alpha=0.5>(x, w)
+    }""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n', w=w)
+    result = compile_int4(proto)
+    assert ops(result.model) == ["com.microsoft::MatMulNBits"]
+    x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
+    reference = x.astype(np.float64) @ dequantize(quantize(w.T * np.float32(0.5), 32))
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), {"x": x})["y"], reference,
+                               atol=1e-4, rtol=0)
+    batched = parse_model("""
+    g (float[2,64,3] x) => (float[2,3,16] y) {
+      y = com.microsoft.FusedMatMul<transA=1>(x, w)
+    }""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n', w=w.T.copy())
+    assert ops(compile_int4(batched).model) == ["com.microsoft::FusedMatMul"]

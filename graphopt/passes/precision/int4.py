@@ -31,6 +31,7 @@ from graphopt.passes.precision.casts import constant_data
 from graphopt.passes.precision.int4_tables import (
     embedding_tables,
     head_weights,
+    only_gathered,
     rewrite_gathers,
     tied_table,
 )
@@ -50,21 +51,44 @@ class _Plan:
     add_scale: float = 1.0         # beta, applied to a constant add_after
 
 
+def quantizable(node: Node) -> bool:
+    """MatMul, Gemm, or onnxruntime's FusedMatMul (FuseMatMul's form of a MatMul that reads a
+    transposed weight, such as GPT-2's head reading its token table)."""
+    return (node.op_type in ("MatMul", "Gemm") and node.is_onnx) \
+        or (node.op_type == "FusedMatMul" and node.domain == MS)
+
+
+def _b_data(node: Node) -> np.ndarray | None:
+    """The constant data of B, seen through a Transpose of a constant matrix (kept unfolded
+    when other nodes read the matrix too, which would then be stored twice)."""
+    w = node.input(1)
+    if w is None:
+        return None
+    data = constant_data(w)
+    source = w.producer
+    if data is None and source is not None and source.op_type == "Transpose" and source.is_onnx:
+        matrix = constant_data(source.input(0))
+        if matrix is not None and matrix.ndim == 2 and list(source.attr("perm", [1, 0])) == [1, 0]:
+            data = matrix.T
+    return data
+
+
 def _plan(node: Node) -> _Plan | str:
     """How to quantize `node`, or why it cannot be."""
     a, w = node.input(0), node.input(1)
-    data = None if w is None else constant_data(w)
+    data = _b_data(node)
     if data is None or data.ndim != 2:
         return "B is not a constant matrix"
     if a.dtype not in _FLOATS or w.dtype != a.dtype:
         return f"A is {a.dtype.short if a.dtype else 'untyped'}, B {w.dtype.short}"
     if a.shape is None or len(a.shape) < 2:
         return "A's rank is unknown or below 2"
-    n = data.shape[1 - node.attr("transB", 0)] if node.op_type == "Gemm" else data.shape[1]
-    if node.op_type == "Gemm":
-        if node.attr("transA", 0):
-            return "Gemm with transA"
+    if node.op_type in ("Gemm", "FusedMatMul"):
+        if node.attr("transA", 0) or node.attr("transBatchA", 0) or node.attr("transBatchB", 0):
+            return f"{node.op_type} with transA or a batch transpose"
         data = (data.T if node.attr("transB", 0) else data) * np.float32(node.attr("alpha", 1.0))
+    n = data.shape[1]
+    if node.op_type == "Gemm":
         beta, c = node.attr("beta", 1.0), node.input(2)
         if c is None:
             return _Plan(data)
@@ -113,7 +137,7 @@ class QuantizeInt4Weights(Pass):
         unsupported: set[str] = set()
         refitted: dict[int, int] = {}  # smaller block → weights that got it
         for node in graph:
-            if node.op_type not in ("MatMul", "Gemm") or not node.is_onnx or not wanted(node):
+            if not quantizable(node) or not wanted(node):
                 continue
             plan = _plan(node)
             if isinstance(plan, str):
@@ -139,7 +163,11 @@ class QuantizeInt4Weights(Pass):
                      level)
             after += quant.nbytes
             result.count(f"{node.op_type}_quantized")
+        embedded = 0
         for table in tables.values():
+            if not only_gathered(table):
+                continue
+            embedded += 1
             before += table.data.nbytes
             shared = table.quant is not None
             rewrite_gathers(graph, table)
@@ -150,7 +178,7 @@ class QuantizeInt4Weights(Pass):
                 graph.remove_initializer(value)
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
-            ctx.note(_summary(result.stats, tables, before, after, block))
+            ctx.note(_summary(result.stats, embedded, before, after, block))
         if refitted:
             ctx.note(f"QuantizeInt4Weights: block {block} would pad K to a multiple of it; "
                      + ", ".join(f"{n} weight(s) use {b}" for b, n in sorted(refitted.items()))
@@ -161,13 +189,14 @@ class QuantizeInt4Weights(Pass):
         return result
 
 
-def _summary(stats: dict, tables: dict, before: int, after: int, block: int) -> str:
+def _summary(stats: dict, tables: int, before: int, after: int, block: int) -> str:
     """The note on what was quantized and the bytes it saved."""
-    weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized", "tied_head"))
+    weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized",
+                                            "FusedMatMul_quantized", "tied_head"))
     parts = [f"{weights} weight(s)"] if weights else []
     if tables:
         tied = stats.get("tied_head", 0)
-        parts.append(f"{len(tables)} embedding table(s)"
+        parts.append(f"{tables} embedding table(s)"
                      + (f", {tied} shared with a tied output head" if tied else ""))
     change = (f"{100 * (1 - after / before):.0f}% smaller" if after <= before
               else f"{100 * (after / before - 1):.0f}% larger")
@@ -224,6 +253,9 @@ def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType, weights,
     # `out` is a fresh node output of the same dtype, so it can always take over a graph
     # output's name.
     assert replace_value(replaced.output, out), replaced
+    w = node.input(1)
     for dead in (plan.absorbed, node):
         if dead is not None:
             graph.remove(dead)
+    if w.producer is not None and not w.uses and not w.is_graph_output:
+        graph.remove(w.producer)  # the Transpose _b_data saw through

@@ -13,7 +13,7 @@ packed tensor differs, so one Reshape lets both read one initializer. onnxruntim
 when it loads the model; the artifact holds the table once, where the export held it twice.
 
 A table whose width no block of 16 or more divides stays float (GatherBlockQuantized does not pad),
-and so does one that any other op reads.
+and so does one that any op other than its Gathers and tied heads reads.
 """
 
 from __future__ import annotations
@@ -62,25 +62,33 @@ def table_block(width: int, group: int) -> int | None:
 
 
 def embedding_tables(graph: Graph, group: int, wanted) -> dict[str, Table]:
-    """The tables to quantize, by value name: constant 2-D float tables read only by axis-0
-    Gathers that `wanted(node)` accepts (quant_skip, the rewrite gate, the target's kernels)."""
+    """The candidate tables, by value name: constant 2-D float tables that axis-0 Gathers
+    read, each of which `wanted(node)` accepts (quant_skip, the rewrite gate, the target's
+    kernels). Other readers may remain: a tied head, which the pass rewrites before it turns to
+    the Gathers (only_gathered then says whether the table can go)."""
     tables: dict[str, Table] = {}
     for node in graph:
-        if node.op_type != "Gather" or not node.is_onnx or node.attr("axis", 0) not in (0, -2):
+        if not _embedding_gather(node) or node.input(0).name in tables:
             continue
         source = node.input(0)
-        if source.name in tables or source.is_graph_output or source.dtype not in (
-                DType.FLOAT, DType.FLOAT16):
+        if source.is_graph_output or source.dtype not in (DType.FLOAT, DType.FLOAT16):
             continue
         data = constant_data(source)
         block = None if data is None or data.ndim != 2 else table_block(data.shape[1], group)
-        if block is None:
-            continue
-        users = [user for user, index in source.uses]
-        if all(u.op_type == "Gather" and u.is_onnx and u.input(0) is source
-               and u.attr("axis", 0) in (0, -2) and wanted(u) for u in users):
-            tables[source.name] = Table(source, data, block, users)
+        gathers = [user for user, index in source.uses if index == 0 and _embedding_gather(user)]
+        if block is not None and all(wanted(g) for g in gathers):
+            tables[source.name] = Table(source, data, block, gathers)
     return tables
+
+
+def _embedding_gather(node: Node) -> bool:
+    return node.op_type == "Gather" and node.is_onnx and node.attr("axis", 0) in (0, -2)
+
+
+def only_gathered(table: Table) -> bool:
+    """Whether the table's Gathers are all that read it now (the heads tied to it rewritten):
+    otherwise it stays float, or the model would store it in float and in 4 bits."""
+    return len(table.value.uses) == len(table.gathers) and not table.value.is_graph_output
 
 
 def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Table | None:
