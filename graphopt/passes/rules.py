@@ -83,6 +83,16 @@ class Rule:
         return target_refuses(target, self.emits, root)
 
 
+def placed_device(target, root: Value):
+    """The device of `target` that would run the match at `root`: the primary device (the NPU)
+    when it has the op that computes the root, else the host."""
+    device = target.device(target.primary)
+    producer = root.producer
+    if producer is not None and device.kernel(producer.op_type, producer.domain) is None:
+        device = target.device(target.host)
+    return device
+
+
 def target_refuses(target, emits, root: Value) -> str | None:
     """Why the target's device for the match at `root` has no kernel for an op in `emits`.
 
@@ -92,10 +102,7 @@ def target_refuses(target, emits, root: Value) -> str | None:
     """
     if target is None:
         return None
-    device = target.device(target.primary)
-    producer = root.producer
-    if producer is not None and device.kernel(producer.op_type, producer.domain) is None:
-        device = target.device(target.host)
+    device = placed_device(target, root)
     dtype = _dtype_name(int(root.dtype)) if root.dtype is not None else None
     for domain, op_type in emits:
         if not device.has_kernel(op_type, domain, dtype):

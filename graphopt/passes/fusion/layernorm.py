@@ -27,7 +27,7 @@ from graphopt.ir.pattern import Attr, Const, Optional
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import register
 from graphopt.passes.opset_raise import raise_blocker, raise_opset
-from graphopt.passes.rules import Rule, RulePass
+from graphopt.passes.rules import Rule, RulePass, placed_device
 
 MS = "com.microsoft"
 FLOATS = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE)  # what onnxruntime's CPU kernels take
@@ -95,15 +95,8 @@ def _slow_on_cpu(root: Value, target) -> str | None:
     normalizes and scales in plain scalar loops with a division per element; at [1,128,768] it
     takes 0.58 ms where Add + LayerNormalization (MLAS) take 0.09 ms (1 thread, onnxruntime
     1.32); nine of them are 4% of a 4-layer BERT-base forward."""
-    if target is not None:
-        # The device that would run it, chosen as rules.target_refuses chooses: the primary
-        # when it has the root's op, else the host.
-        device = target.device(target.primary)
-        producer = root.producer
-        if producer is not None and device.kernel(producer.op_type, producer.domain) is None:
-            device = target.device(target.host)
-        if device.kind != "cpu":
-            return None
+    if target is not None and placed_device(target, root).kind != "cpu":
+        return None
     return "onnxruntime's CPU SkipLayerNormalization kernel runs 6× slower than Add + " \
            "LayerNormalization"
 
