@@ -199,7 +199,7 @@ def _comma_list(values) -> set[str]:
 def _add_precision_args(p, report: bool = True) -> None:
     """The precision flags; `report`: with --no-accuracy-report (commands that compile and
     write a model print the report)."""
-    from graphopt.passes.precision.policy import CALIBRATION_METHODS, MODES, QUANTIZE
+    from graphopt.passes.precision.policy import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
 
     g = p.add_argument_group("precision and quantization")
     g.add_argument("--precision", choices=MODES, default="keep",
@@ -239,6 +239,10 @@ def _add_precision_args(p, report: bool = True) -> None:
     g.add_argument("--int4-embeddings", action="store_true",
                    help="int4: quantize embedding tables too (com.microsoft::"
                         "GatherBlockQuantized); a tied output head shares its table's bytes")
+    g.add_argument("--int4-method", choices=INT4_METHODS,
+                   help="int4: rtn rounds each block to its fitted range (default); gptq also "
+                        "moves each weight's rounding error onto the weights not yet rounded, "
+                        "to keep the layer's outputs on the --calibration inputs (slower)")
     g.add_argument("--int4-accuracy-level", type=int, metavar="L",
                    help="int4: what MatMulNBits computes in: 0 float activations (default), "
                         "4 activations quantized to int8 on the fly (faster token-by-token "
@@ -262,7 +266,8 @@ def _precision_options(args) -> dict:
             raise OptionError(f"{flag} applies to --quantize int8")
     for flag, value in {"--int4-group-size": args.int4_group_size,
                         "--int4-embeddings": args.int4_embeddings or None,
-                        "--int4-accuracy-level": args.int4_accuracy_level}.items():
+                        "--int4-accuracy-level": args.int4_accuracy_level,
+                        "--int4-method": args.int4_method}.items():
         if value is not None and args.quantize != "int4":
             raise OptionError(f"{flag} applies to --quantize int4")
     if args.quant_skip and args.quantize == "none":
@@ -290,7 +295,8 @@ def _precision_options(args) -> dict:
                "quant_keep_ends": False if args.quantize_ends else None,
                "int4_group_size": args.int4_group_size,
                "int4_embeddings": args.int4_embeddings or None,
-               "int4_accuracy_level": args.int4_accuracy_level}
+               "int4_accuracy_level": args.int4_accuracy_level,
+               "int4_method": args.int4_method}
     options = {k: v for k, v in options.items() if v not in (None, set())}
     if options == {"precision": "keep", "quantize": "none"} and not args.calibration:
         return {}

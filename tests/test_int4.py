@@ -20,6 +20,7 @@ from graphopt.passes.precision.blockwise import (
     quantize,
     unpack_nibbles,
 )
+from graphopt.passes.precision.gptq import gptq_quantize
 from graphopt.tools.metrics import cosine_similarity
 
 RNG = np.random.default_rng(0)
@@ -405,3 +406,55 @@ def test_a_fused_matmul_with_a_constant_transposed_b_is_quantized():
       y = com.microsoft.FusedMatMul<transA=1>(x, w)
     }""", '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n', w=w.T.copy())
     assert ops(compile_int4(batched).model) == ["com.microsoft::FusedMatMul"]
+
+
+def test_gptq_with_uncorrelated_inputs_is_plain_rounding():
+    # H = c·I: no row's error has anywhere better to go, and the fitted ranges are the same.
+    w = RNG.standard_normal((96, 8)).astype(np.float32)
+    plain = quantize(w, 32)
+    gptq = gptq_quantize(w, 5.0 * np.eye(96), 32)
+    assert np.array_equal(gptq.packed, plain.packed)
+    assert np.array_equal(gptq.scales, plain.scales)
+    assert np.array_equal(gptq.zero_points, plain.zero_points)
+
+
+@pytest.mark.parametrize("k,n,block", [(128, 16, 32), (80, 6, 32), (64, 24, 64)])
+def test_gptq_keeps_the_outputs_closer_than_rounding(k, n, block):
+    # Correlated inputs with a non-zero mean, as after a GELU.
+    mix = RNG.standard_normal((k, k)) / np.sqrt(k)
+    x = RNG.standard_normal((512, k)) @ mix + 0.5
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    gptq = gptq_quantize(w, x.T @ x, block)
+    assert gptq.packed.shape == (n, -(-k // block), block // 2)
+
+    def output_error(quant):
+        return np.linalg.norm(x @ dequantize(quant) - x @ w)
+
+    assert output_error(gptq) < 0.8 * output_error(quantize(w, block))
+
+
+def test_int4_method_gptq_needs_calibration_and_uses_it(tmp_path):
+    w = RNG.standard_normal((64, 16)).astype(np.float32)
+    proto = parse_model(MATMUL_ADD, w=w, b=RNG.standard_normal(16).astype(np.float32))
+    with pytest.raises(OptionError, match="--int4-method gptq needs --calibration"):
+        compile_int4(proto, int4_method="gptq")
+    with pytest.raises(OptionError, match="--int4-method newton: unknown"):
+        compile_int4(proto, int4_method="newton")
+    mix = RNG.standard_normal((64, 64)) / 8
+    # 256 rows for 64 features: fewer than the features would fit their subspace alone.
+    samples = (RNG.standard_normal((32, 2, 4, 64)) @ mix + 0.5).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=samples)
+    gptq = compile_int4(proto, int4_method="gptq", calibration=str(tmp_path / "calib.npz"))
+    rtn = compile_int4(proto)
+    out = gptq.to_onnx()
+    onnx.checker.check_model(out)
+    x = (RNG.standard_normal((2, 4, 64)) @ mix + 0.5).astype(np.float32)
+    exact = numerics.run(proto, {"x": x})["y"]
+    errors = {name: np.linalg.norm(numerics.run(model.to_onnx(), {"x": x})["y"] - exact)
+              for name, model in (("gptq", gptq), ("rtn", rtn))}
+    assert errors["gptq"] < 0.8 * errors["rtn"]
+    assert not any("fewer rows than features" in note for note in gptq.notes)
+    np.savez(tmp_path / "few.npz", x=samples[:4])  # 32 rows for 64 features
+    few = compile_int4(proto, int4_method="gptq", calibration=str(tmp_path / "few.npz"))
+    assert any("fewer rows than features for 1 layer input(s) (e.g. %x: 32 for 64)" in note
+               for note in few.notes)

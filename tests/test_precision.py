@@ -405,6 +405,8 @@ def test_cli_flags_compile_report_and_refuse(tmp_path, capsys):
     assert rc == 1 and "--per-channel/--per-tensor applies to --quantize int8" in err
     rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--int4-embeddings")
     assert rc == 1 and "--int4-embeddings applies to --quantize int4" in err
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--int4-method", "gptq")
+    assert rc == 1 and "--int4-method applies to --quantize int4" in err
     rc, stdout, _ = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16",
                             "--no-accuracy-report")
     assert rc == 0 and "accuracy vs" not in stdout

@@ -43,6 +43,7 @@ class Options:
     int4_group_size: int = 32             # int4: weights per scale along K (block-wise)
     int4_embeddings: bool = False         # int4: embedding tables too (GatherBlockQuantized)
     int4_accuracy_level: int = 0          # int4: MatMulNBits' accuracy_level (4: int8 activations)
+    int4_method: str = "rtn"              # int4: "rtn" (rounding) or "gptq" (needs calibration)
 
     @classmethod
     def names(cls) -> list[str]:

@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt.errors import OptionError
-from graphopt.ir import Model, to_onnx
+from graphopt.ir import Model, Value, to_onnx
 from graphopt.quant.calib_data import CalibrationData
 from graphopt.quant.stats import METHODS, TensorStats
 
@@ -58,6 +58,35 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
     return stats
 
 
+def gram_matrices(model: Model, values: list[Value], data: CalibrationData
+                  ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """XᵀX [C, C] of each float tensor in `values` (node outputs or graph inputs of `model`'s
+    main graph) summed over every sample: its last axis C is the features, every other axis
+    rows, as a MatMul multiplies them. What GPTQ weighs a weight's rounding errors by. Also
+    the number of rows each sum has."""
+    dtypes = {v.name: v.dtype for v in values}
+    feeds_named = {s.name for s in data.specs}
+    fetched = sorted(n for n in dtypes if n not in feeds_named)
+    session = _session(model, fetched, dtypes)
+    grams: dict[str, np.ndarray] = {}
+    rows_seen: dict[str, int] = {}
+    for feeds in data:
+        try:
+            outputs = session.run(fetched, feeds) if fetched else []
+        except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
+            raise OptionError(f"calibration {data.path}: the float model fails on a sample: "
+                              f"{str(e).strip().splitlines()[-1]}") from None
+        arrays = dict(zip(fetched, outputs))
+        arrays.update((n, feeds[n]) for n in dtypes if n in feeds_named)
+        for name, array in arrays.items():
+            rows = np.asarray(array, np.float64).reshape(-1, array.shape[-1])
+            rows = rows[np.isfinite(rows).all(axis=1)]
+            grams[name] = grams.get(name, 0.0) + rows.T @ rows
+            rows_seen[name] = rows_seen.get(name, 0) + len(rows)
+        del outputs, arrays
+    return grams, rows_seen
+
+
 def _check_ranges(stats: dict[str, TensorStats], path: str) -> None:
     """Refuse a tensor without a finite range: the inputs are finite (calib_data checks them),
     so the float model itself made it NaN or Inf on every sample (a NaN anywhere in a sample
@@ -69,13 +98,16 @@ def _check_ranges(stats: dict[str, TensorStats], path: str) -> None:
                               "layers that read it")
 
 
-def _session(model: Model, fetched: list[str]) -> ort.InferenceSession:
+def _session(model: Model, fetched: list[str], dtypes: dict | None = None
+             ) -> ort.InferenceSession:
+    """A session that also outputs `fetched`, float32 unless `dtypes` names another type."""
     proto = to_onnx(model)
     present = {o.name for o in proto.graph.output}
     for name in fetched:
         if name not in present:
+            dtype = (dtypes or {}).get(name)
             proto.graph.output.append(onnx.helper.make_tensor_value_info(
-                name, onnx.TensorProto.FLOAT, None))
+                name, onnx.TensorProto.FLOAT if dtype is None else int(dtype), None))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = os.cpu_count() or 1

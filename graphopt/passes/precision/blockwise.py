@@ -61,18 +61,27 @@ def quantize(weight: np.ndarray, block: int, symmetric: bool = False,
     w[:k] = weight
     blocks = w.T.reshape(n, n_blocks, block)
     if symmetric:
-        scale = _stored(np.abs(blocks).max(axis=-1) / 7.0, scale_dtype)
+        scale = stored_scale(np.abs(blocks).max(axis=-1) / 7.0, scale_dtype)
         zero = np.full(scale.shape, 8.0)
     else:
-        scale, zero = _fit_range(blocks, scale_dtype)
-    q = _levels(blocks, scale, zero).astype(np.uint8)
+        scale, zero = fit_range(blocks, scale_dtype)
+    return pack(levels(blocks, scale, zero), scale, None if symmetric else zero, k, block,
+                scale_dtype)
+
+
+def pack(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, k: int, block: int,
+         scale_dtype) -> BlockQuant:
+    """The MatMulNBits tensors of levels `q` [N, n_blocks, block] with their per-block `scale`
+    and `zero` [N, n_blocks] (None: symmetric)."""
+    n, n_blocks = scale.shape
     zero_points = None
-    if not symmetric:
+    if zero is not None:
         z = zero.astype(np.uint8)
         if n_blocks % 2:
             z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
         zero_points = pack_nibbles(z).reshape(-1)
-    return BlockQuant(pack_nibbles(q), scale.astype(scale_dtype).reshape(-1), zero_points, k, block)
+    return BlockQuant(pack_nibbles(q.astype(np.uint8)), scale.astype(scale_dtype).reshape(-1),
+                      zero_points, k, block)
 
 
 # Ranges tried per block, as fractions of its min-max range: clipping the few extreme weights
@@ -82,21 +91,22 @@ _SHRINK = np.linspace(1.0, 0.6, 17)
 _SEARCH_ELEMENTS = 1 << 16
 
 
-def _stored(scale: np.ndarray, scale_dtype) -> np.ndarray:
+def stored_scale(scale: np.ndarray, scale_dtype) -> np.ndarray:
     """`scale` as the kernel reads it (an all-zero block takes 1), back in float64."""
     return np.where(scale == 0.0, 1.0, scale).astype(scale_dtype).astype(np.float64)
 
 
-def _levels(blocks: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+def levels(blocks: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """The 4-bit levels of `blocks` [..., block] under per-block `scale` and `zero` [...]."""
     return np.clip(np.round(blocks / scale[..., None]) + zero[..., None], 0, 15)
 
 
-def _fit_range(blocks: np.ndarray, scale_dtype) -> tuple[np.ndarray, np.ndarray]:
+def fit_range(blocks: np.ndarray, scale_dtype) -> tuple[np.ndarray, np.ndarray]:
     """Per block, the scale and zero point of the least squared error among the ranges
     _SHRINK cuts from [min(w, 0), max(w, 0)]; min-max itself is the first candidate."""
     low = np.minimum(blocks.min(axis=-1), 0.0)
     high = np.maximum(blocks.max(axis=-1), 0.0)
-    scales = [_stored((high - low) * ratio / 15.0, scale_dtype) for ratio in _SHRINK]
+    scales = [stored_scale((high - low) * ratio / 15.0, scale_dtype) for ratio in _SHRINK]
     zeros = [np.clip(np.round(-low * ratio / scale), 0, 15) for ratio, scale in zip(_SHRINK, scales)]
     best = np.zeros(low.shape, dtype=np.intp)
     # The search runs in float32 on slices that stay in cache: it only ranks the candidates,

@@ -27,6 +27,7 @@ from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.blockwise import quantize
+from graphopt.passes.precision.gptq import gptq_quantize
 from graphopt.passes.precision.casts import constant_data
 from graphopt.passes.precision.int4_tables import (
     embedding_tables,
@@ -36,6 +37,8 @@ from graphopt.passes.precision.int4_tables import (
     tied_table,
 )
 from graphopt.passes.precision.policy import Support, check_options
+from graphopt.quant.calib_data import read_calibration
+from graphopt.quant.calibrate import gram_matrices
 from graphopt.quant.select import unmatched_skips
 
 MS = "com.microsoft"
@@ -135,7 +138,7 @@ class QuantizeInt4Weights(Pass):
                 "GatherBlockQuantized", MS, node.input(0).dtype))
         before = after = 0
         unsupported: set[str] = set()
-        refitted: dict[int, int] = {}  # smaller block → weights that got it
+        jobs = []
         for node in graph:
             if not quantizable(node) or not wanted(node):
                 continue
@@ -146,8 +149,16 @@ class QuantizeInt4Weights(Pass):
             if not support.has("MatMulNBits", MS, dtype):
                 unsupported.add(dtype.short)
                 continue
+            jobs.append((node, plan, dtype, tied_table(tables, plan.weight, dtype)))
+        # A tied head is rounded, not GPTQ'd: its table's Gathers read the same levels, and
+        # GPTQ trades their error for the head's (on gpt2_small a single token's logits lost
+        # more through the embedding than the head gained).
+        grams = _calibration_grams(model, options, [node.input(0) for node, _, _, table in jobs
+                                                    if table is None], ctx.note)
+        refitted: dict[int, int] = {}  # smaller block → weights that got it
+        singular = 0  # weights GPTQ could not take
+        for node, plan, dtype, table in jobs:
             before += plan.weight.size * dtype.bits // 8
-            table = tied_table(tables, plan.weight, dtype)
             if table is not None:
                 shared = table.quant is not None
                 weights = head_weights(graph, table)
@@ -158,7 +169,15 @@ class QuantizeInt4Weights(Pass):
             fitted = block_for(plan.weight.shape[0], block, dtype.bits // 8)
             if fitted != block:
                 refitted[fitted] = refitted.get(fitted, 0) + 1
-            quant = quantize(plan.weight, fitted, symmetric=False, scale_dtype=dtype.numpy)
+            quant = None
+            if grams is not None:
+                try:
+                    quant = gptq_quantize(plan.weight, grams[node.input(0).name], fitted,
+                                          dtype.numpy)
+                except np.linalg.LinAlgError:
+                    singular += 1
+            if quant is None:
+                quant = quantize(plan.weight, fitted, symmetric=False, scale_dtype=dtype.numpy)
             _rewrite(graph, node, plan, fitted, dtype, _initializers(graph, node.input(1), quant),
                      level)
             after += quant.nbytes
@@ -183,10 +202,29 @@ class QuantizeInt4Weights(Pass):
             ctx.note(f"QuantizeInt4Weights: block {block} would pad K to a multiple of it; "
                      + ", ".join(f"{n} weight(s) use {b}" for b, n in sorted(refitted.items()))
                      + ", which packs them smaller")
+        if singular:
+            ctx.note(f"QuantizeInt4Weights: {singular} weight(s) rounded without GPTQ: their "
+                     "inputs' Gram matrix stayed singular after damping")
         if unsupported:
             ctx.note("QuantizeInt4Weights: the target has no MatMulNBits kernel for "
                      f"{', '.join(sorted(unsupported))} activations; those weights stay float")
         return result
+
+
+def _calibration_grams(model: Model, options, inputs: list[Value], note) -> dict | None:
+    """The Gram matrices GPTQ weighs by, of the MatMul inputs over the calibration data; None
+    when the method is plain rounding."""
+    if options.int4_method != "gptq" or not inputs:
+        return None
+    data = read_calibration(options.calibration, model.graph)
+    grams, rows = gram_matrices(model, list({v.name: v for v in inputs}.values()), data)
+    short = sorted(name for name, gram in grams.items() if rows[name] < len(gram))
+    if short:
+        # XᵀX then has rank below K: GPTQ fits the rounding to the inputs' subspace alone.
+        note(f"QuantizeInt4Weights: --int4-method gptq: the calibration data gives fewer rows "
+             f"than features for {len(short)} layer input(s) (e.g. %{short[0]}: {rows[short[0]]} "
+             f"for {len(grams[short[0]])}); more samples would fit them better")
+    return grams
 
 
 def _summary(stats: dict, tables: int, before: int, after: int, block: int) -> str:

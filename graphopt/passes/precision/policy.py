@@ -26,6 +26,7 @@ from graphopt.ir import DType, Node
 
 MODES = ("keep", "fp16", "bf16", "mixed-fp16", "mixed-bf16")
 QUANTIZE = ("none", "int8", "int4")
+INT4_METHODS = ("rtn", "gptq")
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy", "mse")
 
 # Matrix and convolution work: the reason to run in half precision at all.
@@ -95,6 +96,12 @@ def check_options(options) -> None:
     if not isinstance(size, int) or size < 16 or size & (size - 1):
         raise OptionError(f"--int4-group-size {size}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
+    if options.int4_method not in INT4_METHODS:
+        raise OptionError(f"--int4-method {options.int4_method}: unknown (use "
+                          f"{', '.join(INT4_METHODS)})")
+    if options.quantize == "int4" and options.int4_method == "gptq" and not options.calibration:
+        raise OptionError("--int4-method gptq needs --calibration FILE.npz|DIR: it weighs each "
+                          "weight's rounding by the inputs the layer sees")
     level = options.int4_accuracy_level
     if not isinstance(level, int) or not 0 <= level <= 4:
         raise OptionError(f"--int4-accuracy-level {level}: must be 0 (float activations), "
