@@ -1,19 +1,21 @@
-"""QuantizeInt4Weights: weight-only block-wise INT4 of MatMul and Gemm into com.microsoft's
-MatMulNBits (packing and math in blockwise.py), and of embedding tables into GatherBlockQuantized,
-a tied output head sharing its table's bytes.
+"""QuantizeInt4Weights: weight-only block-wise INT4 of MatMul, Gemm and FusedMatMul into
+com.microsoft's MatMulNBits (packing and math in blockwise.py), and of embedding tables into
+GatherBlockQuantized, a tied output head sharing its table's bytes (int4_tables.py).
 
     A ─ MatMul(A, W[K,N]) ─ Add(b[N]) ─▶      A ─ MatMulNBits(A, q, scales, zero_points, b) ─▶
     A ─ Gemm(A, W, C) {alpha, beta, transB}   (W' = alpha·(transB ? Wᵀ : W), bias = beta·C)
+    A ─ FusedMatMul(A, W) {alpha, transB}     (onnxruntime's, as FuseMatMul writes it)
 
-W must be a constant 2-D float matrix of A's dtype; A of known rank ≥ 2. A constant [N] bias
-added right after a MatMul becomes the node's bias input; a Gemm's C of shape [N], [1, N] or
-a scalar does too, any other C (a full [M, N] matrix) stays a following Add. Gemm with transA
-is left alone. `quant_skip` names nodes or op types to skip; the block size is
-`int4_group_size`; zero points make it asymmetric (more accurate than symmetric for the skewed
-columns real weights have). Activations stay in their float dtype unless
-`int4_accuracy_level` asks otherwise (4: onnxruntime quantizes each row of A to int8 on the fly
-and multiplies in integers, which pays when A is a single row, as in token-by-token decoding).
-With `int4_embeddings`, embedding tables are quantized too (int4_tables.py).
+W must be a constant 2-D float matrix of A's dtype, or a Transpose of one; A of known rank ≥ 2.
+Each block is rounded to its fitted range, or, with `int4_method` "gptq", by GPTQ against the
+calibration inputs (gptq.py). A constant [N] bias added right after a MatMul becomes the node's
+bias input; a Gemm's C of shape [N], [1, N] or a scalar does too, any other C (a full [M, N]
+matrix) stays a following Add. Gemm and FusedMatMul with transA are left alone. `quant_skip`
+names nodes or op types to skip; the block size is `int4_group_size`; zero points make it
+asymmetric (more accurate than symmetric for the skewed columns real weights have). Activations
+stay in their float dtype unless `int4_accuracy_level` asks otherwise (4: onnxruntime quantizes
+each row of A to int8 on the fly and multiplies in integers, which pays when A is a single row,
+as in token-by-token decoding). `int4_embeddings` quantizes embedding tables too.
 """
 
 from __future__ import annotations
@@ -114,8 +116,9 @@ def _plan(node: Node) -> _Plan | str:
 @register
 class QuantizeInt4Weights(Pass):
     name = "QuantizeInt4Weights"
-    description = ("weight-only block-wise INT4: MatMul/Gemm with a constant weight into "
-                   "com.microsoft::MatMulNBits (--quantize int4, --int4-group-size)")
+    description = ("weight-only block-wise INT4: MatMul/Gemm/FusedMatMul with a constant weight "
+                   "into com.microsoft::MatMulNBits, embedding tables into GatherBlockQuantized "
+                   "(--quantize int4, --int4-group-size, --int4-embeddings, --int4-method)")
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         options = ctx.options
