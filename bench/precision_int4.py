@@ -88,7 +88,8 @@ def main(argv=None) -> int:
 
     original = zoo.build("gpt2_small")
     calibration = os.path.join(tempfile.mkdtemp(), "gpt2_small_ids.npz")
-    np.savez(calibration, input_ids=np.random.default_rng(CALIBRATION_SEED).integers(0, 1000, (8, 64)))
+    ids = np.random.default_rng(CALIBRATION_SEED).integers(0, 1000, (8, 64))
+    np.savez(calibration, input_ids=ids)
     extra = {"int4_group_size": args.group_size, "calibration": calibration}
     compiled = {name: graphopt.optimize(original, level=2, pass_options={
                     **opts, **(extra if "quantize" in opts else {})}).to_onnx()

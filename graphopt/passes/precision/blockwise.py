@@ -107,7 +107,8 @@ def fit_range(blocks: np.ndarray, scale_dtype) -> tuple[np.ndarray, np.ndarray]:
     low = np.minimum(blocks.min(axis=-1), 0.0)
     high = np.maximum(blocks.max(axis=-1), 0.0)
     scales = [stored_scale((high - low) * ratio / 15.0, scale_dtype) for ratio in _SHRINK]
-    zeros = [np.clip(np.round(-low * ratio / scale), 0, 15) for ratio, scale in zip(_SHRINK, scales)]
+    zeros = [np.clip(np.round(-low * ratio / scale), 0, 15)
+             for ratio, scale in zip(_SHRINK, scales)]
     best = np.zeros(low.shape, dtype=np.intp)
     # The search runs in float32 on slices that stay in cache: it only ranks the candidates,
     # and a weight matrix of a large language model holds tens of millions of weights.

@@ -2,8 +2,8 @@
 table becomes com.microsoft's GatherBlockQuantized, and a tied output head (a MatMul whose weight
 is that table transposed, as GPT-2's is) reads the same 4-bit bytes through MatMulNBits.
 
-    T[V,H] ─ Gather(T, ids)                     q[V,H/blk,blk/2] ─ Reshape[V,H/2] ─ GatherBlockQuantized
-    x ─ MatMul(x, Tᵀ[H,V])            ─▶        x ─ MatMulNBits(x, q, scales, zero_points)
+    T[V,H] ─ Gather(T, ids)          q[V,H/blk,blk/2] ─ Reshape[V,H/2] ─ GatherBlockQuantized
+    x ─ MatMul(x, Tᵀ[H,V])    ─▶     x ─ MatMulNBits(x, q, scales, zero_points)
 
 The two layouts agree byte for byte: MatMulNBits stores, for each of its N = V output columns, the
 K = H weights that feed it, block after block, two per byte, low nibble first; GatherBlockQuantized
@@ -32,7 +32,7 @@ MS = "com.microsoft"
 
 @dataclass
 class Table:
-    """An embedding table every use of which is a Gather this pass may rewrite."""
+    """An embedding table, the Gathers that read it and, once quantized, its 4-bit tensors."""
     value: Value
     data: np.ndarray               # [rows, width]
     block: int
