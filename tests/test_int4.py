@@ -458,3 +458,23 @@ def test_int4_method_gptq_needs_calibration_and_uses_it(tmp_path):
     few = compile_int4(proto, int4_method="gptq", calibration=str(tmp_path / "few.npz"))
     assert any("fewer rows than features for 1 layer input(s) (e.g. %x: 32 for 64)" in note
                for note in few.notes)
+
+
+def test_a_table_a_loop_body_also_reads_stays_float():
+    table = RNG.standard_normal((16, 64)).astype(np.float32)
+    proto = parse_model("""
+    g (int64[2] ids, int64 n, bool c, int64[2] more) => (float[2,64] y, float[2,64] z) {
+      y = Gather(wte, ids)
+      z = Loop(n, c, y) <body = b (int64 i, bool cond, float[2,64] acc) =>
+                                  (bool cond_out, float[2,64] acc_out) {
+        cond_out = Identity(cond)
+        row = Gather(wte, more)
+        acc_out = Add(acc, row)
+      }>
+    }""", wte=table)
+    result = compile_int4(proto, int4_embeddings=True)
+    assert "Gather" in ops(result.model)
+    feeds = {"ids": np.array([1, 2]), "n": np.array(2), "c": np.array(True),
+             "more": np.array([3, 4])}
+    np.testing.assert_array_equal(numerics.run(result.to_onnx(), feeds)["z"],
+                                  numerics.run(proto, feeds)["z"])

@@ -75,7 +75,10 @@ def embedding_tables(graph: Graph, group: int, wanted) -> dict[str, Table]:
             continue
         data = constant_data(source)
         block = None if data is None or data.ndim != 2 else table_block(data.shape[1], group)
-        gathers = [user for user, index in source.uses if index == 0 and _embedding_gather(user)]
+        # A Gather in a Loop or If body that captures the table is no reader this pass rewrites
+        # (only_gathered then keeps the table float).
+        gathers = [user for user, index in source.uses
+                   if index == 0 and _embedding_gather(user) and user.graph is graph]
         if block is not None and all(wanted(g) for g in gathers):
             tables[source.name] = Table(source, data, block, gathers)
     return tables
