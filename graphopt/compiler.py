@@ -217,7 +217,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         if name not in Options.names():
             raise OptionError(f"compile option '{name}' does not exist (options: "
                               f"{', '.join(Options.names())})")
-        setattr(options, name, value)
+        try:
+            setattr(options, name, Options.coerce(name, value))
+        except ValueError as exc:
+            raise OptionError(f"compile option '{name}' {exc}") from None
     check_precision_options(options)
     if verify and "bf16" in options.precision and target is not None \
             and target.device(target.primary).kind != "cpu":

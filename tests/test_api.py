@@ -4,6 +4,7 @@ result's log, typed errors for bad input, and output preservation at every level
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import onnx
@@ -168,6 +169,33 @@ def test_disable_passes_and_options(proto):
     names = {r.name for r in result.log.records}
     assert "EliminateIdentity" not in names and "FoldConstants" not in names
     assert "Identity" in [n.op_type for n in result.to_onnx().graph.node]
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"quantize": "int4", "quant_skip": "Gemm"}, "'quant_skip' takes a list or set of names, "
+                                                 "not 'Gemm'"),
+    ({"quantize": "int4", "int4_embeddings": "no"}, "'int4_embeddings' takes True or False"),
+    ({"quantize": "int4", "int4_accuracy_level": True}, "'int4_accuracy_level' takes an integer"),
+    ({"dump_dir": 3}, "'dump_dir' takes a path or None, not 3"),
+    ({"int4_embeddings": True}, "--int4-embeddings applies to --quantize int4"),
+    ({"int4_accuracy_level": 4}, "--int4-accuracy-level applies to --quantize int4"),
+])
+def test_pass_options_of_the_wrong_type_or_without_their_mode_are_refused(proto, options,
+                                                                           message):
+    # A mistyped value would pass unnoticed: a string of names read as its characters, "no"
+    # as true, an int4 option ignored without int4.
+    with pytest.raises(OptionError, match=re.escape(message)):
+        graphopt.optimize(proto, pass_options=options)
+
+
+def test_pass_options_take_lists_for_sets_ints_for_floats_and_paths_for_strings(tmp_path):
+    from graphopt.passes.options import Options
+
+    assert Options.coerce("quant_skip", ["Add", "Add"]) == {"Add"}
+    percentile = Options.coerce("calibration_percentile", 99)
+    assert percentile == 99.0 and isinstance(percentile, float)
+    assert Options.coerce("calibration", tmp_path / "c.npz") == os.fspath(tmp_path / "c.npz")
+    assert Options.coerce("calibration", None) is None
 
 
 def test_input_shapes_as_string_and_dict(proto):

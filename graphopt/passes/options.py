@@ -48,3 +48,36 @@ class Options:
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+    @classmethod
+    def coerce(cls, name: str, value):
+        """`value` as field `name` holds it (a list of names becomes a set), or ValueError
+        saying what the field takes: set from Python (pass_options), a mistyped value would
+        otherwise pass unnoticed (a string of names read as its characters, "no" as true)."""
+        default = getattr(cls(), name)
+        kind = next(f.type for f in fields(cls) if f.name == name)
+        if default is None and kind == "str | None":
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ValueError(f"takes a path or None, not {value!r}")
+            return None if value is None else os.fspath(value)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"takes True or False, not {value!r}")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"takes an integer, not {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"takes a number, not {value!r}")
+            value = float(value)
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise ValueError(f"takes a string, not {value!r}")
+        elif isinstance(default, dict) and not isinstance(value, dict):
+            raise ValueError(f"takes a dict, not {value!r}")
+        elif isinstance(default, set):
+            if not isinstance(value, (set, frozenset, list, tuple)) \
+                    or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"takes a list or set of names, not {value!r}")
+            value = set(value)
+        return value

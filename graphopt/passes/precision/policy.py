@@ -96,6 +96,11 @@ def check_options(options) -> None:
     if not isinstance(size, int) or size < 16 or size & (size - 1):
         raise OptionError(f"--int4-group-size {size}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
+    if options.quantize != "int4":  # from Python: the CLI refuses these flags itself
+        defaults = type(options)()
+        for name in ("int4_group_size", "int4_embeddings", "int4_method", "int4_accuracy_level"):
+            if getattr(options, name) != getattr(defaults, name):
+                raise OptionError(f"--{name.replace('_', '-')} applies to --quantize int4")
     if options.int4_method not in INT4_METHODS:
         raise OptionError(f"--int4-method {options.int4_method}: unknown (use "
                           f"{', '.join(INT4_METHODS)})")
