@@ -44,7 +44,8 @@ VARIANTS = {
     "fp16 int4+emb gptq": {"precision": "fp16", "quantize": "int4", "int4_embeddings": True,
                            "int4_method": "gptq"},
 }
-# GPTQ's calibration: 8 rows of 64 token ids, seeded apart from the evaluated ones.
+# GPTQ's calibration: 32 rows of 64 token ids (more rows than any layer has input features),
+# seeded apart from the evaluated ones.
 CALIBRATION_SEED = 1234
 
 
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
 
     original = zoo.build("gpt2_small")
     calibration = os.path.join(tempfile.mkdtemp(), "gpt2_small_ids.npz")
-    ids = np.random.default_rng(CALIBRATION_SEED).integers(0, 1000, (8, 64))
+    ids = np.random.default_rng(CALIBRATION_SEED).integers(0, 1000, (32, 64))
     np.savez(calibration, input_ids=ids)
     extra = {"int4_group_size": args.group_size, "calibration": calibration}
     compiled = {name: graphopt.optimize(original, level=2, pass_options={
