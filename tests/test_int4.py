@@ -20,7 +20,7 @@ from graphopt.passes.precision.blockwise import (
     quantize,
     unpack_nibbles,
 )
-from graphopt.passes.precision.gptq import gptq_quantize
+from graphopt.passes.precision.gptq import _inverse_cholesky, gptq_quantize
 from graphopt.tools.metrics import cosine_similarity
 
 RNG = np.random.default_rng(0)
@@ -478,3 +478,13 @@ def test_a_table_a_loop_body_also_reads_stays_float():
              "more": np.array([3, 4])}
     np.testing.assert_array_equal(numerics.run(result.to_onnx(), feeds)["z"],
                                   numerics.run(proto, feeds)["z"])
+
+
+@pytest.mark.parametrize("n", [5, 128, 300])
+def test_the_inverse_cholesky_factor_matches_the_direct_one(n):
+    a = RNG.standard_normal((n, n))
+    h = a @ a.T / n + 0.01 * np.eye(n)
+    upper = _inverse_cholesky(h)
+    np.testing.assert_allclose(upper, np.linalg.cholesky(np.linalg.inv(h)).T, rtol=0,
+                               atol=1e-9 * np.abs(upper).max())
+    assert np.array_equal(upper, np.triu(upper))
