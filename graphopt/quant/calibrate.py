@@ -31,28 +31,18 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
     stats = {name: TensorStats(channels=name in channels) for name in names}
     if not names:
         return stats
-    feeds_named = {s.name for s in data.specs}
-    fetched = [n for n in names if n not in feeds_named]
-    session = _session(model, fetched)
     sweeps = ("range",) if method == "minmax" else ("range", "histogram")
+    sample_arrays = _sampler(model, names, data)
     for sweep in sweeps:
         if sweep == "histogram":
             for s in stats.values():
                 s.start_histogram()
-        for feeds in data:
-            try:
-                outputs = session.run(fetched, feeds) if fetched else []
-            except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
-                raise OptionError(f"calibration {data.path}: the float model fails on a sample: "
-                                  f"{str(e).strip().splitlines()[-1]}") from None
-            arrays = dict(zip(fetched, outputs))
-            arrays.update((n, feeds[n]) for n in names if n in feeds_named)
+        for arrays in sample_arrays():
             for name, array in arrays.items():
                 if sweep == "range":
                     stats[name].observe_range(array)
                 else:
                     stats[name].observe_histogram(array)
-            del outputs, arrays
         if sweep == "range":
             _check_ranges(stats, data.path)
     return stats
@@ -65,26 +55,39 @@ def gram_matrices(model: Model, values: list[Value], data: CalibrationData
     rows, as a MatMul multiplies them. What GPTQ weighs a weight's rounding errors by. Also
     the number of rows each sum has."""
     dtypes = {v.name: v.dtype for v in values}
-    feeds_named = {s.name for s in data.specs}
-    fetched = sorted(n for n in dtypes if n not in feeds_named)
-    session = _session(model, fetched, dtypes)
     grams: dict[str, np.ndarray] = {}
     rows_seen: dict[str, int] = {}
-    for feeds in data:
-        try:
-            outputs = session.run(fetched, feeds) if fetched else []
-        except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
-            raise OptionError(f"calibration {data.path}: the float model fails on a sample: "
-                              f"{str(e).strip().splitlines()[-1]}") from None
-        arrays = dict(zip(fetched, outputs))
-        arrays.update((n, feeds[n]) for n in dtypes if n in feeds_named)
+    for arrays in _sampler(model, sorted(dtypes), data, dtypes)():
         for name, array in arrays.items():
             rows = np.asarray(array, np.float64).reshape(-1, array.shape[-1])
             rows = rows[np.isfinite(rows).all(axis=1)]
             grams[name] = grams.get(name, 0.0) + rows.T @ rows
             rows_seen[name] = rows_seen.get(name, 0) + len(rows)
-        del outputs, arrays
     return grams, rows_seen
+
+
+def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict | None = None):
+    """A function whose every call sweeps the samples of `data` once, yielding per sample the
+    arrays of `names` (graph inputs from the feeds, the rest computed by one session that
+    outputs them, float32 unless `dtypes` says otherwise). Each sample's arrays are dropped
+    before the next is read."""
+    feeds_named = {s.name for s in data.specs}
+    fetched = [n for n in names if n not in feeds_named]
+    session = _session(model, fetched, dtypes)
+
+    def sweep():
+        for feeds in data:
+            try:
+                outputs = session.run(fetched, feeds) if fetched else []
+            except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
+                raise OptionError(f"calibration {data.path}: the float model fails on a "
+                                  f"sample: {str(e).strip().splitlines()[-1]}") from None
+            arrays = dict(zip(fetched, outputs))
+            arrays.update((n, feeds[n]) for n in names if n in feeds_named)
+            yield arrays
+            del outputs, arrays
+
+    return sweep
 
 
 def _check_ranges(stats: dict[str, TensorStats], path: str) -> None:
