@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import ops, parse_model
+from helpers import ops, parse_model, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -488,3 +488,23 @@ def test_the_inverse_cholesky_factor_matches_the_direct_one(n):
     np.testing.assert_allclose(upper, np.linalg.cholesky(np.linalg.inv(h)).T, rtol=0,
                                atol=1e-9 * np.abs(upper).max())
     assert np.array_equal(upper, np.triu(upper))
+
+
+def test_the_command_line_compiles_with_gptq_embeddings_and_an_accuracy_level(tmp_path, capsys):
+    proto, _, _ = _tied_lm()
+    src, out = tmp_path / "lm.onnx", tmp_path / "lm_q4.onnx"
+    onnx.save(proto, src)
+    np.savez(tmp_path / "ids.npz", ids=RNG.integers(0, 40, (24, 1, 6)),
+             pos=np.tile(np.arange(6), (24, 1, 1)))
+    rc, stdout, err = run_cli(capsys, "optimize", src, "-o", out, "--quantize", "int4",
+                              "--int4-method", "gptq", "--int4-embeddings",
+                              "--int4-accuracy-level", "4", "--calibration",
+                              tmp_path / "ids.npz")
+    assert rc == 0, err
+    assert "Gather_quantized=2" in stdout and "tied_head=1" in stdout
+    assert "accuracy vs" in stdout
+    written = onnx.load(out)
+    onnx.checker.check_model(written)
+    head = next(n for n in written.graph.node if n.op_type == "MatMulNBits")
+    assert helper.get_attribute_value(
+        next(a for a in head.attribute if a.name == "accuracy_level")) == 4
