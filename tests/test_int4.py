@@ -508,3 +508,25 @@ def test_the_command_line_compiles_with_gptq_embeddings_and_an_accuracy_level(tm
     head = next(n for n in written.graph.node if n.op_type == "MatMulNBits")
     assert helper.get_attribute_value(
         next(a for a in head.attribute if a.name == "accuracy_level")) == 4
+
+
+def test_a_float16_head_under_a_mixed_mode_still_shares_its_float32_table():
+    # mixed-fp16 converts the head's MatMul and rounds its weight to float16; the Gathers keep
+    # the float32 table. The shared tensors take float16 scales, and a Cast brings the rows the
+    # Gather reads back to float32.
+    proto, wte, wpe = _tied_lm()
+    result = graphopt.optimize(proto, level=1, pass_options={
+        "quantize": "int4", "int4_embeddings": True, "precision": "mixed-fp16"})
+    assert dict(result.log.totals()["QuantizeInt4Weights"]["rewrites"]) == {
+        "Gather_quantized": 2, "tied_head": 1}
+    out = result.to_onnx()
+    onnx.checker.check_model(out)
+    nodes = {n.op_type: n for n in out.graph.node}
+    assert nodes["MatMulNBits"].input[1] == nodes["Reshape"].input[0]
+    table = dequantize(quantize(wte.astype(np.float16).T, 32, scale_dtype=np.float16)).T
+    positions = dequantize(quantize(wpe.T, 32)).T
+    feeds = _lm_feeds()
+    expected = (table[feeds["ids"]] + positions[feeds["pos"]]) @ table.T
+    got = numerics.run(out, feeds)["logits"]
+    assert got.dtype == np.float32
+    assert cosine_similarity(got, expected) > 0.9999

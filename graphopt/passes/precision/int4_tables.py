@@ -41,6 +41,7 @@ class Table:
     scales: Value | None = None      # [rows, width/block]
     zero_points: Value | None = None  # uint8 [rows, ceil(width/block/2)]
     packed: Value | None = None      # uint8 [rows, width/block, block/2]: a tied head's B
+    scale_dtype: DType | None = None  # a tied head's: float16 under a mixed mode, else the table's
 
     @property
     def rows(self) -> int:
@@ -95,12 +96,19 @@ def only_gathered(table: Table) -> bool:
 
 
 def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Table | None:
-    """The table whose transpose the head weight W [K, N] is, if any."""
+    """The table whose transpose the head weight W [K, N] of activation `dtype` is, if any,
+    claimed for heads of that dtype. A mixed precision mode makes the head float16 and leaves
+    the table float32: the head's weight is then the table rounded to float16, and the shared
+    scales are float16, as MatMulNBits takes its activation's dtype."""
     k, n = weight.shape
     for table in tables.values():
-        if table.value.dtype == dtype and table.data.shape == (n, k) \
-                and np.array_equal(table.data.T, weight):
-            return table
+        if table.data.shape != (n, k) or table.scale_dtype not in (None, dtype):
+            continue
+        if table.value.dtype == dtype or (table.value.dtype, dtype) == (DType.FLOAT,
+                                                                        DType.FLOAT16):
+            if np.array_equal(table.data.astype(dtype.numpy).T, weight):
+                table.scale_dtype = dtype
+                return table
     return None
 
 
@@ -108,8 +116,9 @@ def _quantize(graph: Graph, table: Table) -> None:
     """Quantize `table` once, as MatMulNBits lays out Tᵀ: scales and zero points as both ops
     read them; the packed bytes wait for the first reader to choose their shape."""
     if table.quant is None:
-        name, dtype = table.value.name, table.value.dtype
-        quant = quantize(table.data.T, table.block, symmetric=False, scale_dtype=dtype.numpy)
+        name, dtype = table.value.name, table.scale_dtype or table.value.dtype
+        quant = quantize(table.data.astype(dtype.numpy).T, table.block, symmetric=False,
+                         scale_dtype=dtype.numpy)
         table.quant = quant
         table.scales = graph.make_initializer(
             f"{name}_scales", quant.scales.reshape(table.rows, table.width // table.block))
@@ -138,14 +147,20 @@ def rewrite_gathers(graph: Graph, table: Table) -> None:
         graph.insert_before(table.gathers[0], Node(
             "Reshape", [table.packed, shape], outputs=[flat],
             name=graph.fresh_node_name(f"{name}_q4_rows")))
+    scaled = table.scale_dtype or dtype  # GatherBlockQuantized returns its scales' dtype
     for gather in table.gathers:
         old = gather.output
-        out = Value(graph.fresh_name(f"{old.name}_q4"), dtype, old.shape)
+        out = Value(graph.fresh_name(f"{old.name}_q4"), scaled, old.shape)
         node = Node("GatherBlockQuantized",
                     [flat, gather.input(1), table.scales, table.zero_points],
                     {"bits": 4, "block_size": table.block, "gather_axis": 0, "quantize_axis": 1},
                     domain=MS, outputs=[out],
                     name=graph.fresh_node_name(f"{gather.name or 'gather'}_q4"))
         graph.insert_before(gather, node)
+        if scaled != dtype:  # back to the table's dtype, which the Gather's readers take
+            cast = Value(graph.fresh_name(f"{old.name}_q4_{dtype.short}"), dtype, old.shape)
+            graph.insert_after(node, Node("Cast", [out], {"to": int(dtype)}, outputs=[cast],
+                                          name=graph.fresh_node_name(f"{node.name}_cast")))
+            out = cast
         assert replace_value(old, out), gather
         graph.remove(gather)
