@@ -11,7 +11,7 @@ fp32 / variant (above 1: faster). The correctness columns are the logits cosine 
 original at ORT_DISABLE_ALL, median (min) over --seeds seeded token-id sets, and the largest
 absolute difference.
 
-    .venv/bin/python bench/precision_int4.py [--runs 30] [--threads 1 2] [--group-size 32]
+    .venv/bin/python bench/precision_int4.py [--runs 30] [--threads 1 2] [--group-size 32] [--seeds 8]
                                              [--json out.json]
 """
 
