@@ -86,7 +86,7 @@ def pack(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, k: int, bloc
 
 # Ranges tried per block, as fractions of its min-max range: clipping the few extreme weights
 # of a block spends its 16 levels on the many in between. The best of these cuts the squared
-# error of gpt2_small's weights by 7% (blocks of 32) to 12% (blocks of 128) against min-max.
+# error of gpt2_small's weights by 6% (blocks of 32) to 11% (blocks of 128) against min-max.
 _SHRINK = np.linspace(1.0, 0.6, 17)
 _SEARCH_ELEMENTS = 1 << 16
 
