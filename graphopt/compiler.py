@@ -496,12 +496,10 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
     # streams into the artifact from where it lives (array, protobuf, mapped file).
     with tensor_references() as sources:
         if result is None or result.partitioning is None:
-            from graphopt.codegen.split import disabled_optimizers
+            from graphopt.codegen.split import portable_partition
 
-            proto = model if isinstance(model, ModelProto) else to_onnx(model)
-            disabled = None if isinstance(model, ModelProto) else disabled_optimizers(model)
-            parts = [OmPartition(name="p0", device="cpu", model=proto,
-                                 disabled_optimizers=disabled)]
+            parts = [OmPartition(name="p0", device="cpu", model=model)
+                     if isinstance(model, ModelProto) else portable_partition("p0", model)]
             # Compiled for no target (no CPU layout either): a portable model the CPU runs.
             target, extra = PORTABLE_TARGET, {}
         else:
@@ -573,15 +571,16 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
 
 def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) -> None:
     """One .om holding every shape profile's partitions, weights the profiles share once."""
-    from graphopt.codegen import OmPartition, write_om
+    from graphopt.codegen import write_om
     from graphopt.codegen.om_write import OmProfile
+    from graphopt.codegen.split import portable_partition
 
     profiles, sections = [], {}
     with tensor_references() as sources:
         for compiled in result.profiles:
             name, run = compiled.profile.name, compiled.result
             if run.partitioning is None:
-                parts = [OmPartition(f"{name}.p0", "cpu", to_onnx(run.model))]
+                parts = [portable_partition(f"{name}.p0", run.model)]
                 extra = {}
             else:
                 before = len(run.notes)

@@ -456,6 +456,10 @@ def bad_disabled_optimizers(manifest, members):
     manifest["partitions"][0]["disabled_optimizers"] = "WeightBiasQuantization"
 
 
+def bad_prepack_weights(manifest, members):
+    manifest["partitions"][0]["prepack_weights"] = "no"
+
+
 def tamper_details(manifest, members):
     members["details.json"] = members["details.json"].replace(b"fold", b"FOLD")
 
@@ -476,6 +480,7 @@ BAD_CASES = {
     "forged_routing": (forge_routing, "routing does not match"),
     "no_partitions": (set_field("partitions", []), "manifest lists no partitions"),
     "disabled_optimizers": (bad_disabled_optimizers, "disabled_optimizers"),
+    "prepack_weights": (bad_prepack_weights, "prepack_weights"),
     "tampered_details": (tamper_details, "member 'details.json' fails its sha256 check"),
     "details_elsewhere": (details_elsewhere, "details must name the listed member 'details.json'"),
 }

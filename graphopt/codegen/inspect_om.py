@@ -92,10 +92,12 @@ def _typed_signature(artifact: OmArtifact, entries: list[dict]) -> list[dict]:
 
 def _session_cell(entry: dict) -> str:
     """How the runtime sets up a partition's onnxruntime session: the graph optimization level
-    its compile recorded ("all" when none) and the optimizers it must skip."""
+    its compile recorded ("all" when none), the optimizers it must skip, and whether it
+    pre-packs weights."""
     cell = entry.get("optimization_level", "all")
     disabled = entry.get("disabled_optimizers")
-    return cell + (f" without {', '.join(disabled)}" if disabled else "")
+    cell += f" without {', '.join(disabled)}" if disabled else ""
+    return cell + ("" if entry.get("prepack_weights", True) else ", unpacked weights")
 
 
 def _names(names: list[str]) -> str:
@@ -286,7 +288,7 @@ def format_om(artifact: OmArtifact) -> str:
     by_name = {p["name"]: p for p in m["partitions"]}
     with_providers = any("providers" in p for p in m["partitions"])
     with_session = any(key in p for p in m["partitions"]
-                       for key in ("optimization_level", "disabled_optimizers"))
+                       for key in ("optimization_level", "disabled_optimizers", "prepack_weights"))
     rows = []
     for index, part in enumerate(artifact.partitions):
         counts = op_counts(part.model)

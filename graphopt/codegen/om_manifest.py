@@ -91,6 +91,9 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                     # onnxruntime graph transformers its session must not run (optional):
                     # ones that would change the partition's results.
                     "disabled_optimizers": {"type": "array", "items": {"type": "string"}},
+                    # false: its CPU session need not pre-pack weights when it is created
+                    # (optional, default true): no kernel runs faster for it.
+                    "prepack_weights": {"type": "boolean"},
                 },
             },
         },
@@ -312,6 +315,8 @@ def check_manifest(manifest: dict) -> None:
             raise Malformed(f"{where} has an unknown optimization_level")
         if "disabled_optimizers" in part:
             _str_list(part, "disabled_optimizers", where)
+        if "prepack_weights" in part:
+            _field(part, "prepack_weights", bool, where)
     order = _str_list(manifest, "execution_order", "manifest")
     names = [p["name"] for p in partitions]
     _check_edges(_field(manifest, "routing", list), "manifest routing")

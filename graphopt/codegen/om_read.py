@@ -420,7 +420,8 @@ class OmArtifact:
             model = self.models[name]
             parts.append(OmPartition(name, entry["device"], model, entry["inputs"], entry["outputs"],
                                      entry.get("providers"), entry.get("optimization_level"),
-                                     entry.get("disabled_optimizers")))
+                                     entry.get("disabled_optimizers"),
+                                     entry.get("prepack_weights", True)))
         return parts
 
 

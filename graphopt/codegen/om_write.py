@@ -84,6 +84,8 @@ class OmPartition:
     graphopt already fused and laid out needs no session-time rewriting, so it starts faster.
     `disabled_optimizers` names onnxruntime graph transformers that would change the
     partition's results (see split.py); the runtime passes them to its session.
+    `prepack_weights` False tells the runtime that no kernel of this CPU partition runs faster
+    for weights pre-packed at session creation (prepacking.py), so its session skips that.
     """
 
     name: str
@@ -94,6 +96,7 @@ class OmPartition:
     providers: list[str] | None = None
     optimization_level: str | None = None  # the onnxruntime level the compile left work for
     disabled_optimizers: list[str] | None = None  # onnxruntime optimizers the session must skip
+    prepack_weights: bool = True  # False: the session need not pre-pack weights at creation
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not PARTITION_NAME.match(self.name):
@@ -121,6 +124,8 @@ class OmPartition:
                 raise ValueError(f"partition {self.name!r}: disabled_optimizers must be "
                                  "non-empty strings")
             self.disabled_optimizers = list(self.disabled_optimizers)
+        if not isinstance(self.prepack_weights, bool):
+            raise ValueError(f"partition {self.name!r}: prepack_weights must be True or False")
 
     @property
     def member(self) -> str:
@@ -389,6 +394,8 @@ def _partition_entry(part: OmPartition) -> dict:
         entry["optimization_level"] = part.optimization_level
     if part.disabled_optimizers:
         entry["disabled_optimizers"] = part.disabled_optimizers
+    if not part.prepack_weights:
+        entry["prepack_weights"] = False
     return entry
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import threading
 import warnings
 from collections.abc import Mapping
@@ -112,6 +113,18 @@ def _providers(part: dict, available: list[str]) -> tuple[list[str], list[str]]:
 
 # Where onnxruntime looks for external data when a model comes as bytes (no path of its own).
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+_DISABLE_PREPACKING = "session.disable_prepacking"
+# Where a partition's "prepack_weights": false was measured to cost its runs nothing
+# (prepacking.py): MLAS's x86-64 kernels. Elsewhere (Arm's packed GEMMs) sessions pack as usual.
+_UNPACKED_MEASURED = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _skips_prepacking(part: dict, session_config: Mapping[str, str] | None) -> bool:
+    """Whether partition `part`'s session should skip pre-packing weights: its compile found
+    that no kernel gains from it, it runs on the CPU, and the caller did not choose."""
+    return (part.get("prepack_weights") is False and part["device"] == "cpu"
+            and _UNPACKED_MEASURED and _DISABLE_PREPACKING not in (session_config or {}))
 
 
 def _checked_model(artifact: OmArtifact, name: str, data: bytes) -> onnx.ModelProto | None:
@@ -435,6 +448,8 @@ class OmSession:
             data = artifact.members[part["member"]]
             model = _checked_model(artifact, name, data)  # before onnxruntime reads any of it
             part_options = options(part.get("optimization_level"))
+            if _skips_prepacking(part, self._reopen["session_config"]):
+                part_options.add_session_config_entry(_DISABLE_PREPACKING, "1")
             if self._profile_dir is not None:
                 part_options.enable_profiling = True
                 part_options.profile_file_prefix = os.path.join(self._profile_dir, name)

@@ -7,6 +7,7 @@ from collections import Counter
 from onnx import ModelProto
 
 from graphopt.codegen.om_write import OmPartition
+from graphopt.codegen.prepacking import prepacking_pays
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import node_to_proto, value_info
 from graphopt.ir.tensor import Tensor, referenced, tensor_copies, tensor_references
@@ -49,11 +50,19 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
         cut = {} if len(parts) == 1 else {"inputs": [v.name for v in part.inputs],
                                            "outputs": [v.name for v in part.outputs]}
         model = models[part.name]
-        level = _session_level(model, cpu_level) if device.kind == "cpu" else None
+        on_cpu = device.kind == "cpu"
+        level = _session_level(model, cpu_level) if on_cpu else None
         result.append(OmPartition(part.name, part.device, to_onnx(model), **cut,
                                   providers=list(device.providers), optimization_level=level,
-                                  disabled_optimizers=disabled_optimizers(model)))
+                                  disabled_optimizers=disabled_optimizers(model),
+                                  prepack_weights=not on_cpu or prepacking_pays(model)))
     return result
+
+
+def portable_partition(name: str, model: Model) -> OmPartition:
+    """The one partition of a model compiled for no target, which the CPU runs."""
+    return OmPartition(name, "cpu", to_onnx(model), disabled_optimizers=disabled_optimizers(model),
+                       prepack_weights=prepacking_pays(model))
 
 
 # onnxruntime's WeightBiasQuantization (1.20 on, "basic" level) quantizes the float weight of

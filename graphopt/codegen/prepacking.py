@@ -1,0 +1,115 @@
+"""Whether a CPU partition's onnxruntime session should pre-pack its weights at load."""
+
+from __future__ import annotations
+
+from graphopt.ir import Model
+from graphopt.ir.dtypes import DType
+from graphopt.ir.node import Node
+from graphopt.ir.value import Value
+
+# onnxruntime's CPU kernels copy constant weights into a kernel-specific layout ("pre-packing")
+# when a session is created, at every start. For a GEMM with one row (a classifier's fully
+# connected layers at batch 1) that layout gains nothing: measured with onnxruntime 1.32 on an
+# AVX2 CPU, 1 and 2 threads, a [1, K] x [K, N] MatMul or Gemm runs 0.75-1.05x as long
+# unpacked (4096x4096: 5.6 ms against 7.4 ms; 2048x1000: 0.89 against 0.84 ms), while packing
+# costs 6-110 ms of session creation, ~280 ms for AlexNet's three layers. At 2 rows and more,
+# unpacked runs take 1.1-3.3x as long, so any such GEMM keeps packing on. fp32 convolutions
+# (Conv, ConvTranspose, FusedConv, NCHWc Conv) ran within 1% either way and packed in up to
+# 4 ms. The option is session-wide, so one kernel that gains from packing keeps it for all.
+_GEMMS = {("", "MatMul"), ("", "Gemm"), ("com.microsoft", "FusedMatMul"),
+          ("com.microsoft", "FusedGemm")}
+_CONVS = {("", "Conv"), ("", "ConvTranspose"), ("com.microsoft", "FusedConv"),
+          ("com.microsoft.nchwc", "Conv")}
+# Kernels whose pre-packed weights make their runs faster (int8, int4, recurrent, attention),
+# and the Q/DQ nodes that onnxruntime fuses into such kernels at session creation.
+_PACKED_KERNELS = {
+    ("", "MatMulInteger"), ("", "QLinearMatMul"), ("", "QLinearConv"), ("", "ConvInteger"),
+    ("", "LSTM"), ("", "GRU"), ("", "RNN"), ("", "QuantizeLinear"), ("", "DequantizeLinear"),
+    ("", "DynamicQuantizeLinear"),
+    ("com.microsoft", "MatMulNBits"), ("com.microsoft", "MatMulBnb4"),
+    ("com.microsoft", "MatMulFpQ4"), ("com.microsoft", "GatherBlockQuantized"),
+    ("com.microsoft", "Attention"), ("com.microsoft", "QAttention"),
+    ("com.microsoft", "DynamicQuantizeMatMul"), ("com.microsoft", "MatMulIntegerToFloat"),
+    ("com.microsoft", "QGemm"), ("com.microsoft", "QLinearConv"),
+    ("com.microsoft", "DynamicQuantizeLSTM"), ("com.microsoft", "QuantizeLinear"),
+    ("com.microsoft", "DequantizeLinear"), ("com.microsoft", "MoE"), ("com.microsoft", "QMoE"),
+}
+# Domains whose ops are known: an op from any other (a custom op library's) may pack anything.
+_KNOWN_DOMAINS = {"", "com.microsoft", "com.microsoft.nchwc"}
+
+
+def prepacking_pays(model: Model) -> bool:
+    """False when `model`, run on onnxruntime's CPU provider, has weights its kernels would
+    pre-pack (one-row GEMMs, fp32 convolutions) and no kernel whose runs gain from it."""
+    functions = {(f.domain, f.name) for f in model.functions}
+    fixed: dict[int, bool] = {}
+    packable = False
+    for node in model.graph:
+        op = ("" if node.is_onnx else node.domain, node.op_type)
+        if op in functions or op[0] not in _KNOWN_DOMAINS or op in _PACKED_KERNELS \
+                or node.subgraphs():
+            return True  # a body or a kernel this rule does not see into
+        if op in _GEMMS:
+            if not _fixed_at_load(node.input(1), fixed):
+                continue  # both operands computed per run: nothing to pack
+            if not _is_float32(node.input(0)) or _rows(node) != 1:
+                return True
+            packable = True
+        elif op in _CONVS and len(node.inputs) > 1 and _fixed_at_load(node.input(1), fixed):
+            if not _is_float32(node.input(0)):
+                return True
+            packable = True
+    return not packable
+
+
+def _is_float32(value: Value | None) -> bool:
+    return value is not None and value.dtype == DType.FLOAT
+
+
+def _rows(node: Node) -> int | None:
+    """The rows of the GEMM `node` computes (its A operand's, after any transpose), or None
+    when they are not known at compile time."""
+    a = node.input(0)
+    shape = a.static_shape if a is not None else None
+    if shape is None:
+        return None
+    if len(shape) < 2:
+        return 1
+    if node.op_type in ("Gemm", "FusedGemm"):
+        return shape[1] if node.attr("transA", 0) else shape[0]
+    rows = 1
+    for dim in shape[:-2]:
+        rows *= dim
+    return rows * (shape[-1] if node.attr("transA", 0) else shape[-2])
+
+
+def _fixed_at_load(value: Value | None, fixed: dict[int, bool]) -> bool:
+    """Whether onnxruntime knows `value` when it creates the session: a constant, or computed
+    from constants only (its constant folding makes an initializer of it, which kernels pack)."""
+    if value is None:
+        return False
+    # Depth-first with a stack of its own: the producers of an activation reach back through
+    # the whole network, deeper than Python's recursion allows.
+    stack = [value]
+    while stack:
+        top = stack[-1]
+        if id(top) in fixed:
+            stack.pop()
+            continue
+        producer = top.producer
+        if producer is None:
+            fixed[id(top)] = top.is_constant
+            stack.pop()
+            continue
+        if producer.subgraphs():
+            fixed[id(top)] = False
+            stack.pop()
+            continue
+        inputs = [v for v in producer.inputs if v is not None]  # None: an omitted optional
+        pending = [v for v in inputs if id(v) not in fixed]
+        if pending:
+            stack.extend(pending)
+            continue
+        fixed[id(top)] = all(fixed[id(v)] for v in inputs)
+        stack.pop()
+    return fixed[id(value)]
