@@ -5,8 +5,10 @@ run (what a user does without graphopt), against `graphopt.load` of the `.om` th
 `graphopt optimize model.onnx -o model.om` writes plus its first run (checksums verified, one
 session per partition at the level the artifact records). For an artifact of one partition
 without a weights blob, a third start is onnxruntime alone on that partition's bytes: the
-floor that graphopt's reading and checking add to. Cold starts are interleaved (original, .om,
-floor, original, …) with the files in the page cache, medians and ratios reported; the first
+floor that graphopt's reading and checking add to. For an artifact whose partitions skip
+onnxruntime's weight pre-packing (batch-1 classifiers), the `.om` also starts with pre-packing
+forced back on: what that skip saves. Cold starts are interleaved (original, .om, floor, packed
+.om, original, …) with the files in the page cache, medians and ratios reported; the first
 outputs are checked against the original's at ORT_DISABLE_ALL.
 
     python bench/startup.py                       # the zoo and the light CNNs
@@ -53,33 +55,42 @@ def start_original(path: str, feeds: dict) -> tuple[float, float, dict]:
     return time.perf_counter() - start, opened - start, dict(zip(names, outputs))
 
 
-def start_om(path: str, feeds: dict) -> tuple[float, float, dict]:
+PACKED = {"session.disable_prepacking": "0"}  # overrides a partition's "prepack_weights": false
+
+
+def start_om(path: str, feeds: dict, config: dict | None = None) -> tuple[float, float, dict]:
     """(seconds to the first result, of which graphopt.load, the outputs)."""
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        session = graphopt.load(path, intra_op_num_threads=1, inter_op_num_threads=1)
+        session = graphopt.load(path, intra_op_num_threads=1, inter_op_num_threads=1,
+                                session_config=config)
     opened = time.perf_counter()
     outputs = session.run({e["name"]: feeds[e["name"]] for e in session.inputs})
     return time.perf_counter() - start, opened - start, outputs
 
 
-def partition_bytes(om_path: str) -> tuple[bytes, str] | None:
-    """The model bytes and onnxruntime level of an artifact's only partition, when onnxruntime
-    can start it from those bytes alone (one partition, no weights blob): the floor column."""
+def partition_bytes(om_path: str) -> tuple[bytes, str, bool] | None:
+    """The model bytes, onnxruntime level and weight pre-packing of an artifact's only
+    partition, when onnxruntime can start it from those bytes alone (one partition, no weights
+    blob): the floor column."""
     artifact = load_om(om_path)
     if len(artifact.partitions) != 1 or artifact.spans:
         return None
     (part,) = artifact.manifest["partitions"]
-    return artifact.members[part["member"]], part.get("optimization_level") or "all"
+    return (artifact.members[part["member"]], part.get("optimization_level") or "all",
+            part.get("prepack_weights", True))
 
 
-def start_floor(floor: tuple[bytes, str], feeds: dict) -> float:
-    """onnxruntime alone on the partition's bytes, at its level, plus its first run: what the
-    .om's start costs without graphopt's reading and checking."""
-    data, level = floor
+def start_floor(floor: tuple[bytes, str, bool], feeds: dict) -> float:
+    """onnxruntime alone on the partition's bytes, set up as the runtime sets it up, plus its
+    first run: what the .om's start costs without graphopt's reading and checking."""
+    data, level, prepack = floor
     start = time.perf_counter()
-    session = ort.InferenceSession(data, session_options(level), providers=CPU)
+    options = session_options(level)
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(data, options, providers=CPU)
     session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
     return time.perf_counter() - start
 
@@ -94,8 +105,10 @@ def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None,
         return {"model": model.name, "error": short_reason(e)}
     expected = run_model(model.path, model.feeds)
     floor = partition_bytes(om_path)
+    unpacked = any(p.get("prepack_weights") is False
+                   for p in load_om(om_path).manifest["partitions"])
     times: dict[str, list[float]] = {key: [] for key in
-                                     ("original", "session", "om", "load", "floor")}
+                                     ("original", "session", "om", "load", "floor", "packed")}
     # The first round warms the page cache and is not counted.
     t_orig, _, _ = start_original(model.path, model.feeds)
     t_om, _, out = start_om(om_path, model.feeds)
@@ -114,6 +127,8 @@ def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None,
         times["load"].append(opened)
         if floor is not None:
             times["floor"].append(start_floor(floor, model.feeds))
+        if unpacked:
+            times["packed"].append(start_om(om_path, model.feeds, PACKED)[0])
     stats = {key: Stats.of(values) for key, values in times.items() if values}
     original, om = stats["original"], stats["om"]
     return {"model": model.name, "runs": runs, "original_ms": original.median * 1e3,
@@ -121,6 +136,7 @@ def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None,
             "session_ms": stats["session"].median * 1e3, "load_ms": stats["load"].median * 1e3,
             "load_ratio": stats["load"].median / stats["session"].median,
             "floor_ratio": stats["floor"].median / original.median if floor else None,
+            "packed_ratio": stats["packed"].median / original.median if unpacked else None,
             **{key: vars(value) for key, value in stats.items()}, "check": check.cell(),
             "ok": check.ok, "om_mb": os.path.getsize(om_path) / 1e6}
 
@@ -177,28 +193,30 @@ def format_rows(rows: list[dict], runs: int) -> str:
     table = []
     for row in rows:
         if "error" in row:
-            table.append([row["model"], "", "", "", "", "", f"error: {row['error']}"])
+            table.append([row["model"], "", "", "", "", "", "", f"error: {row['error']}"])
             continue
-        floor = row.get("floor_ratio")
+        floor, packed = row.get("floor_ratio"), row.get("packed_ratio")
         table.append([row["model"], f"{row['original_ms']:.1f} ({_ms(row['session_ms'])})",
                       f"{row['om_ms']:.1f} ({_ms(row['load_ms'])})", f"{row['ratio']:.2f}",
                       f"{row['load_ratio']:.2f}", "-" if floor is None else f"{floor:.2f}",
-                      row["check"]])
+                      "-" if packed is None else f"{packed:.2f}", row["check"]])
     good = [r for r in rows if "error" not in r]
     conv = [r["ratio"] for r in good if any(c in r["model"] for c in CONV_NETS)]
     other = [r["ratio"] for r in good if not any(c in r["model"] for c in CONV_NETS)]
     for label, ratios in (("geomean conv nets", conv), ("geomean others", other)):
         mean = geomean(ratios)
         if mean is not None:
-            table.append([label, "", "", f"{mean:.2f}", "", "", ""])
+            table.append([label, "", "", f"{mean:.2f}", "", "", "", ""])
     head = (f"start-up = load + first inference, median of {runs} interleaved cold starts "
             f"({QUICK_RUNS} for rows under {QUICK_SECONDS * 1e3:.0f} ms), 1 thread; "
             "in brackets: creating the session / graphopt.load alone; × = .om / original; "
             "load × = graphopt.load / onnxruntime's session creation; floor × = onnxruntime "
-            "alone on the .om's only partition (no weights blob) / original")
+            "alone on the .om's only partition (no weights blob) / original; packed × = the .om "
+            "with weight pre-packing forced on (where its compile turned it off) / original")
     return head + "\n\n" + markdown_table(
         ["model", "ORT ENABLE_ALL session + 1st run ms (session)",
-         ".om load + 1st run ms (load)", "×", "load ×", "floor ×", "max |Δ| vs original"], table)
+         ".om load + 1st run ms (load)", "×", "load ×", "floor ×", "packed ×",
+         "max |Δ| vs original"], table)
 
 
 def _ms(value: float) -> str:
