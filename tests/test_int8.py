@@ -810,3 +810,20 @@ def test_the_calibration_file_is_read_once_per_compile(tmp_path, monkeypatch):
     result, _ = _int8(_conv_model(), calibration=_calibration(tmp_path))
     assert result.log.totals()["QuantizeInt8"]["rewrites"]["Conv"] == 2
     assert len(loads) == 1
+
+
+def test_a_skipped_layer_stays_float_in_every_shape_profile(tmp_path):
+    # The profiles of a compile for no target are portable partitions too: each must still
+    # keep onnxruntime's WeightBiasQuantization away from the float layer.
+    proto = _conv_model()
+    for value in (*proto.graph.input, *proto.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    result = graphopt.optimize(proto, dynamic_dims="N:1,2", pass_options={
+        "quantize": "int8", "calibration": _calibration(tmp_path), "quant_keep_ends": False,
+        "quant_skip": {"conv2"}})
+    path = tmp_path / "profiles.om"
+    graphopt.save(result, path)
+    artifact = graphopt.codegen.load_om(path)
+    parts = artifact.manifest["partitions"]
+    assert len(parts) == 2
+    assert all(p["disabled_optimizers"] == ["WeightBiasQuantization"] for p in parts)
