@@ -9,13 +9,15 @@ from graphopt.ir.value import Value
 
 # onnxruntime's CPU kernels copy constant weights into a kernel-specific layout ("pre-packing")
 # when a session is created, at every start. For a GEMM with one row (a classifier's fully
-# connected layers at batch 1) that layout gains nothing: measured with onnxruntime 1.32 on an
-# AVX2 CPU, 1 and 2 threads, a [1, K] x [K, N] MatMul or Gemm runs 0.75-1.05x as long
-# unpacked (4096x4096: 5.6 ms against 7.4 ms; 2048x1000: 0.89 against 0.84 ms), while packing
-# costs 6-110 ms of session creation, ~280 ms for AlexNet's three layers. At 2 rows and more,
-# unpacked runs take 1.1-3.3x as long, so any such GEMM keeps packing on. fp32 convolutions
-# (Conv, ConvTranspose, FusedConv, NCHWc Conv) ran within 1% either way and packed in up to
-# 4 ms. The option is session-wide, so one kernel that gains from packing keeps it for all.
+# connected layers at batch 1) that layout gains little or nothing. bench/prepacking.py, with
+# onnxruntime 1.32 on an AVX2 CPU at 1 thread: a [1, K] x [K, N] MatMul runs 0.74-0.97x as long
+# unpacked, while packing costs 0.1-70 ms of session creation per weight (~280 ms for AlexNet's
+# three layers); at 2 rows and more, unpacked runs take 1.1-2.7x as long, so any such GEMM keeps
+# packing on. At 2 threads the packed one-row GEMM uses both cores and mid-size ones ran
+# 1.3-1.6x as long unpacked (2048x1000, two runs), which whole models did not show (AlexNet,
+# VGG-19, ZFNet, UNet within 3%, bench/latency.py). fp32 convolutions (Conv,
+# ConvTranspose, FusedConv, NCHWc Conv) ran within 1-8% either way, ConvTranspose packing in
+# ~4 ms. The option is session-wide, so one kernel that gains from packing keeps it for all.
 _GEMMS = {("", "MatMul"), ("", "Gemm"), ("com.microsoft", "FusedMatMul"),
           ("com.microsoft", "FusedGemm")}
 _CONVS = {("", "Conv"), ("", "ConvTranspose"), ("com.microsoft", "FusedConv"),
