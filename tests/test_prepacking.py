@@ -191,3 +191,14 @@ def test_the_field_round_trips_and_is_type_checked(tmp_path, batch1_om):
     assert load_om(copy).partitions[0].prepack_weights is False
     with pytest.raises(ValueError, match="prepack_weights must be True or False"):
         OmPartition("p0", "cpu", part.model, prepack_weights="no")
+
+
+def test_each_shape_profile_decides_for_its_own_batch(tmp_path):
+    model = conv_classifier("", "float[N,64] scores", batch="N")
+    path = tmp_path / "profiles.om"
+    graphopt.save(graphopt.optimize(model, target="cpu", dynamic_dims="N:1,4"), path)
+    flags = {p["name"]: p.get("prepack_weights", True) for p in _manifest_parts(path)}
+    assert flags == {"profile0.p0_cpu": False, "profile1.p0_cpu": True}  # N=1, N=4
+    session = graphopt.load(path)
+    x = np.random.default_rng(1).standard_normal((1, 8, 32, 32)).astype(np.float32)
+    assert session.run({"x": x})["scores"].shape == (1, 64)
