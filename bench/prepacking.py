@@ -1,4 +1,4 @@
-"""onnxruntime's weight pre-packing, on and off: what it costs at session creation and gains per run.
+"""onnxruntime's weight pre-packing on and off: its cost at session creation, its gain per run.
 
 Why graphopt's CPU partitions skip pre-packing where every GEMM has one row
 (graphopt/codegen/prepacking.py): per case, a one-op model (a MatMul of [rows, K] by a constant
@@ -62,7 +62,8 @@ def bench(name: str, data: bytes, x: np.ndarray, threads: int, runs: int,
     for _ in range(sessions):
         for packed in (True, False):
             start = time.perf_counter()
-            ort.InferenceSession(data, _options(packed, threads), providers=["CPUExecutionProvider"])
+            ort.InferenceSession(data, _options(packed, threads),
+                                 providers=["CPUExecutionProvider"])
             created[packed].append(time.perf_counter() - start)
     live = {packed: ort.InferenceSession(data, _options(packed, threads),
                                          providers=["CPUExecutionProvider"])

@@ -11,7 +11,7 @@ from graphopt.ir.value import Value
 # when a session is created, at every start. For a GEMM with one row (a classifier's fully
 # connected layers at batch 1) that layout gains little or nothing. bench/prepacking.py, with
 # onnxruntime 1.32 on an AVX2 CPU at 1 thread: a [1, K] x [K, N] MatMul runs 0.74-0.97x as long
-# unpacked, while packing costs 0.1-70 ms of session creation per weight (~280 ms for AlexNet's
+# unpacked, while packing costs 0.1-70 ms of session creation per weight (190-300 ms for AlexNet's
 # three layers); at 2 rows and more, unpacked runs take 1.1-2.7x as long, so any such GEMM keeps
 # packing on. At 2 threads the packed one-row GEMM uses both cores and mid-size ones ran
 # 1.3-1.6x as long unpacked (2048x1000, two runs), which whole models did not show (AlexNet,
