@@ -70,11 +70,10 @@ def start_om(path: str, feeds: dict, config: dict | None = None) -> tuple[float,
     return time.perf_counter() - start, opened - start, outputs
 
 
-def partition_bytes(om_path: str) -> tuple[bytes, str, bool] | None:
+def partition_bytes(artifact) -> tuple[bytes, str, bool] | None:
     """The model bytes, onnxruntime level and weight pre-packing of an artifact's only
     partition, when onnxruntime can start it from those bytes alone (one partition, no weights
     blob): the floor column."""
-    artifact = load_om(om_path)
     if len(artifact.partitions) != 1 or artifact.spans:
         return None
     (part,) = artifact.manifest["partitions"]
@@ -104,9 +103,9 @@ def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None,
     except Exception as e:  # noqa: BLE001 - a compile failure is a row, not a crash
         return {"model": model.name, "error": short_reason(e)}
     expected = run_model(model.path, model.feeds)
-    floor = partition_bytes(om_path)
-    unpacked = any(p.get("prepack_weights") is False
-                   for p in load_om(om_path).manifest["partitions"])
+    artifact = load_om(om_path)
+    floor = partition_bytes(artifact)
+    unpacked = any(p.get("prepack_weights") is False for p in artifact.manifest["partitions"])
     times: dict[str, list[float]] = {key: [] for key in
                                      ("original", "session", "om", "load", "floor", "packed")}
     # The first round warms the page cache and is not counted.

@@ -367,11 +367,16 @@ class OmSession:
         profile_dir: str | os.PathLike | None = None,
         profiles: list[str] | None = None,
     ) -> None:
-        # Each partition runs at `optimization_level` if given, else at the level its compile
-        # recorded (work graphopt did offline need not be redone at every start), else "all".
-        def options(level: str | None) -> ort.SessionOptions:
-            return _session_options(intra_op_num_threads, optimization_level or level or "all",
+        # Each partition (its manifest entry) runs at `optimization_level` if given, else at the
+        # level its compile recorded (work graphopt did offline need not be redone at every
+        # start), else "all"; and without weight pre-packing where its compile found none pays.
+        def options(part: dict | None) -> ort.SessionOptions:
+            level = part.get("optimization_level") if part else None
+            made = _session_options(intra_op_num_threads, optimization_level or level or "all",
                                     inter_op_num_threads, session_config)
+            if part and _skips_prepacking(part, session_config):
+                made.add_session_config_entry(_DISABLE_PREPACKING, "1")
+            return made
 
         options(None)  # bad options fail before any file is read
         # What a pickled session reopens from in another process (multiprocessing workers).
@@ -447,9 +452,7 @@ class OmSession:
                 wanted.update(missing)
             data = artifact.members[part["member"]]
             model = _checked_model(artifact, name, data)  # before onnxruntime reads any of it
-            part_options = options(part.get("optimization_level"))
-            if _skips_prepacking(part, self._reopen["session_config"]):
-                part_options.add_session_config_entry(_DISABLE_PREPACKING, "1")
+            part_options = options(part)
             if self._profile_dir is not None:
                 part_options.enable_profiling = True
                 part_options.profile_file_prefix = os.path.join(self._profile_dir, name)
