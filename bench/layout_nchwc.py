@@ -19,7 +19,7 @@ import onnxruntime as ort
 import graphopt
 from graphopt.passes import Options, PassContext, PassManager, Pipeline
 from graphopt.passes.layout_nchwc import NCHWC
-from graphopt.passes.layout_nchwc_weights import detect_block_size
+from graphopt.nchwc_block import detect_block_size
 
 from _common import compare_outputs, markdown_table, run_model, short_reason, write_json
 from _latency_variants import SESSION_CONFIG, Runner, Variant, open_runner

@@ -199,7 +199,7 @@ def _comma_list(values) -> set[str]:
 def _add_precision_args(p, report: bool = True) -> None:
     """The precision flags; `report`: with --no-accuracy-report (commands that compile and
     write a model print the report)."""
-    from graphopt.passes.precision.policy import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
+    from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
 
     g = p.add_argument_group("precision and quantization")
     g.add_argument("--precision", choices=MODES, default="keep",

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from graphopt.errors import OptionError
-from graphopt.partition.target import (
-    Device,
-    OpSupport,
-    Target,
-    builtin_targets,
-    load_target,
-)
-from graphopt.partition.target_ort import ort_version
 from graphopt.table import format_table
+
+if TYPE_CHECKING:  # imported where used: `graphopt --help` builds this parser without them
+    from graphopt.partition.target import Device, OpSupport, Target
 
 
 def add_targets_parser(sub) -> None:
@@ -36,6 +32,8 @@ def add_targets_parser(sub) -> None:
 
 
 def _cmd_targets(args) -> int:
+    from graphopt.partition.target import builtin_targets, load_target
+
     if args.target is None:
         targets = [load_target(name) for name in builtin_targets()]
         if args.json:
@@ -114,6 +112,8 @@ def _describe_device(d: Device) -> list[str]:
     lines.append("  engines: " + ", ".join(f"{e} ({kind}, {counts[e]} ops)"
                                            for e, kind in d.engines.items()))
     if d.kernel_source == "onnxruntime":
+        from graphopt.partition.target_ort import ort_version
+
         lines.append(f"  kernels: the CPU kernels of the installed onnxruntime {ort_version()} "
                      "(--json lists them)")
         return lines

@@ -15,7 +15,7 @@ from graphopt import numerics, zoo
 from graphopt.cli import main
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
 from graphopt.errors import ArtifactError
-from graphopt.passes.layout_nchwc_weights import METADATA_KEY, detect_block_size
+from graphopt.nchwc_block import METADATA_KEY, detect_block_size
 
 BLOCK = detect_block_size()
 needs_nchwc = pytest.mark.skipif(not BLOCK, reason="this CPU has neither AVX2 nor AVX-512F, "

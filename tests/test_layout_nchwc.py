@@ -27,13 +27,11 @@ from graphopt.passes import Options, PassContext, PassManager, Pipeline, layout_
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.layout_nchwc import NCHWC, LayoutNchwc
 from graphopt.tools.compare import compare_models
+from graphopt.nchwc_block import block_mismatch, detect_block_size, onnxruntime_block_size
 from graphopt.passes.layout_nchwc_weights import (
     batchnorm_as_depthwise,
-    block_mismatch,
-    detect_block_size,
     filter_oihwbibo,
     filter_oihwbo,
-    onnxruntime_block_size,
     padded,
     unblock_oihwbibo,
     unblock_oihwbo,

@@ -22,7 +22,7 @@ from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 from graphopt.numerics import typed_runner
-from graphopt.passes.layout_nchwc_weights import METADATA_KEY, block_mismatch
+from graphopt.nchwc_block import METADATA_KEY, block_mismatch
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CANN_PROVIDER = "CANNExecutionProvider"

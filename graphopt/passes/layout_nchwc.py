@@ -32,12 +32,8 @@ from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.layout_nchwc_ops import HANDLERS, NCHWC, Blocked
-from graphopt.passes.layout_nchwc_weights import (
-    BLOCK_SIZES,
-    METADATA_KEY,
-    detect_block_size,
-    padded,
-)
+from graphopt.nchwc_block import BLOCK_SIZES, METADATA_KEY, detect_block_size
+from graphopt.passes.layout_nchwc_weights import padded
 
 
 def _with_channels(shape, channels: int):

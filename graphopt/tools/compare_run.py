@@ -18,7 +18,7 @@ from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
-from graphopt.passes.layout_nchwc_weights import block_mismatch
+from graphopt.nchwc_block import block_mismatch
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,7 @@ from __future__ import annotations
 
 from graphopt.errors import OptionError, PassError
 from graphopt.ir import DType, Node
-
-MODES = ("keep", "fp16", "bf16", "mixed-fp16", "mixed-bf16")
-QUANTIZE = ("none", "int8", "int4")
-INT4_METHODS = ("rtn", "gptq")
-CALIBRATION_METHODS = ("minmax", "percentile", "entropy", "mse")
+from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
 
 # Matrix and convolution work: the reason to run in half precision at all.
 ALLOW = frozenset({

@@ -1,0 +1,78 @@
+"""What a process imports: `graphopt --help` and `import graphopt` stay light, loading an .om
+does not pull in the compiler, and the lazy API names resolve to the real objects."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model
+
+import graphopt
+
+# Modules only the compiler needs (passes, partitioner, tuner) and their heavy dependencies.
+COMPILER = ("graphopt.compiler", "graphopt.passes", "graphopt.partition.partitioner",
+            "graphopt.tuner", "networkx", "optuna")
+RUNTIME = ("onnx", "onnxruntime", "numpy")
+
+SMALL = """
+g (float[1, 4] x) => (float[1, 3] y) {
+  y = MatMul(x, w)
+}
+"""
+
+
+def imported_after(code: str, watched: tuple[str, ...]) -> list[str]:
+    """Which of `watched` a fresh interpreter has imported after running `code`."""
+    probe = (f"{code}\nimport json, sys\n"
+             f"print(json.dumps(sorted(m for m in {list(watched)!r} if m in sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_help_imports_neither_compiler_nor_runtime():
+    code = ("import contextlib, io\nfrom graphopt.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(['--help'])\n    except SystemExit:\n        pass")
+    assert imported_after(code, COMPILER + RUNTIME) == []
+
+
+def test_import_graphopt_is_light():
+    assert imported_after("import graphopt", COMPILER + RUNTIME) == []
+
+
+def test_loading_an_om_leaves_the_compiler_out(tmp_path):
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    model = parse_model(SMALL, w=w)
+    source, om = tmp_path / "small.onnx", tmp_path / "small.om"
+    onnx.save(model, source)
+    graphopt.save(graphopt.optimize(str(source), target="cpu"), str(om))
+    code = (f"import numpy as np, graphopt\n"
+            f"s = graphopt.load({str(om)!r})\n"
+            f"y = s.run({{'x': np.ones((1, 4), np.float32)}})['y']\n"
+            f"assert np.allclose(y, np.ones((1, 4), np.float32) @ np.arange(12, dtype=np.float32)"
+            f".reshape(4, 3)), y")
+    assert imported_after(code, COMPILER) == []
+
+
+@pytest.mark.parametrize("package, names", [
+    ("graphopt", ["load", "optimize", "save", "OptimizeResult", "load_onnx", "to_onnx"]),
+    ("graphopt.codegen", ["OmArtifact", "OmPartition", "OmProfile", "OmSession", "is_om",
+                          "load_om", "write_om"]),
+    ("graphopt.partition", ["Device", "OpSupport", "Partition", "Partitioning", "Placement",
+                            "Target", "builtin_targets", "load_target", "partition", "place"]),
+])
+def test_lazy_names_resolve(package, names):
+    module = __import__(package, fromlist=["_"])
+    assert len(set(module.__all__)) == len(module.__all__)
+    for name in names:
+        assert name in module.__all__ and name in dir(module)
+        value = getattr(module, name)
+        assert getattr(value, "__name__", name) == name
+    with pytest.raises(AttributeError, match="no attribute 'missing'"):
+        getattr(module, "missing")
