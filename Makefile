@@ -23,6 +23,7 @@ bench: $(STAMP)
 	$(PY) bench/compile_time.py --compact --json out/compile_time.json
 	$(PY) bench/latency.py --compact --json out/latency.json
 	$(PY) bench/startup.py --json out/startup.json
+	$(PY) bench/process_start.py --json out/process_start.json
 	$(PY) bench/memory.py --json out/memory.json
 
 clean:

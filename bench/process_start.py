@@ -10,6 +10,11 @@ and `graphopt --help`. Children are interleaved, medians reported; each model's 
 their outputs once, before the timed rounds, and those are checked against the original's at
 ORT_DISABLE_ALL.
 
+The children run as an installed package runs, with bytecode caches: they write theirs under a
+temporary PYTHONPYCACHEPREFIX in the first, untimed round and read them after. (Without that, an
+editable install under PYTHONDONTWRITEBYTECODE, as on this machine, compiles graphopt's sources
+in every process, while pip compiled onnx's and onnxruntime's at install.)
+
 `--pythonpath DIR` adds, beside each graphopt child, the same child with DIR first on its
 PYTHONPATH: another version of a dependency, say (`pip install --target DIR ml_dtypes==0.7.0`).
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,9 +74,13 @@ COMMANDS = {  # rows without a model: what the imports alone cost
 }
 
 
+PYCACHE = tempfile.mkdtemp(prefix="graphopt-process-start-pycache-")
+
+
 def timed(command: list[str], pythonpath: str | None = None) -> float:
     """Wall seconds of one child process; RuntimeError with its stderr when it fails."""
-    env = dict(os.environ)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(PYCACHE, "extra" if pythonpath else "plain")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     start = time.perf_counter()
@@ -158,14 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     def wanted(name: str) -> bool:
         return not args.only or any(part in name for part in args.only)
 
-    imports = interleaved(variants(None, None, None, args.pythonpath), args.runs)
-    print(format_imports(imports, args.runs), flush=True)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="graphopt-process-start-") as workdir:
-        for model in sized_zoo_models(workdir, ZOO_FULL, wanted):
-            row = bench_model(model, args.runs, workdir, args.pythonpath)
-            rows.append(row)
-            print(_line(row), flush=True)
+    try:
+        imports = interleaved(variants(None, None, None, args.pythonpath), args.runs)
+        print(format_imports(imports, args.runs), flush=True)
+        rows = []
+        with tempfile.TemporaryDirectory(prefix="graphopt-process-start-") as workdir:
+            for model in sized_zoo_models(workdir, ZOO_FULL, wanted):
+                row = bench_model(model, args.runs, workdir, args.pythonpath)
+                rows.append(row)
+                print(_line(row), flush=True)
+    finally:
+        shutil.rmtree(PYCACHE, ignore_errors=True)
     print()
     print(format_rows(rows, args.runs, args.pythonpath))
     if args.json:
@@ -207,10 +220,11 @@ def format_rows(rows: list[dict], runs: int, pythonpath: str | None) -> str:
         table.append(["geomean", "", "", f"{mean:.2f}", *([""] * bool(pythonpath)), ""])
     head = (f"process start = a new Python process to its first result (interpreter, imports, "
             f"session or load, first inference), median of {runs} interleaved runs, 1 thread; "
-            "× = .om / original")
+            "× = .om / original" + (f"; PYTHONPATH: {pythonpath} first on the child's path"
+                                    if pythonpath else ""))
     headers = ["model", "onnxruntime process ms", "graphopt .om process ms", "×"]
     if pythonpath:
-        headers.append(f".om with PYTHONPATH={pythonpath} ms (×)")
+        headers.append(".om, PYTHONPATH ms (×)")
     return head + "\n\n" + markdown_table(headers + ["max |Δ| vs original"], table)
 
 

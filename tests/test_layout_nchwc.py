@@ -23,11 +23,11 @@ from graphopt import numerics, zoo
 from graphopt.compiler import optimize
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir import load_onnx, to_onnx, verify
+from graphopt.nchwc_block import block_mismatch, detect_block_size, onnxruntime_block_size
 from graphopt.passes import Options, PassContext, PassManager, Pipeline, layout_nchwc
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.layout_nchwc import NCHWC, LayoutNchwc
 from graphopt.tools.compare import compare_models
-from graphopt.nchwc_block import block_mismatch, detect_block_size, onnxruntime_block_size
 from graphopt.passes.layout_nchwc_weights import (
     batchnorm_as_depthwise,
     filter_oihwbibo,

@@ -30,9 +30,9 @@ from collections import Counter
 
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
+from graphopt.nchwc_block import BLOCK_SIZES, METADATA_KEY, detect_block_size
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.layout_nchwc_ops import HANDLERS, NCHWC, Blocked
-from graphopt.nchwc_block import BLOCK_SIZES, METADATA_KEY, detect_block_size
 from graphopt.passes.layout_nchwc_weights import padded
 
 
