@@ -3,6 +3,12 @@
 __version__ = "0.1.0"
 
 from importlib import import_module as _import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time, _API below
+    from graphopt.codegen.loader import load
+    from graphopt.compiler import OptimizeResult, optimize, save
+    from graphopt.ir import load_onnx, to_onnx
 
 __all__ = ["OptimizeResult", "__version__", "load", "load_onnx", "optimize", "save", "to_onnx"]
 

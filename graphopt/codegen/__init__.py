@@ -1,6 +1,12 @@
 """Code generation: the .om artifact container and the runtime that executes it."""
 
 from importlib import import_module as _import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time, _API below
+    from graphopt.codegen.om_read import OmArtifact, is_om, load_om
+    from graphopt.codegen.om_write import OmPartition, OmProfile, write_om
+    from graphopt.codegen.runtime import OmSession
 
 __all__ = ["OmArtifact", "OmPartition", "OmProfile", "OmSession", "is_om", "load_om", "write_om"]
 

@@ -1,6 +1,12 @@
 """Targets and partitioning: which device runs each node, and the device subgraphs that result."""
 
 from importlib import import_module as _import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time, _API below
+    from graphopt.partition.partitioner import Partition, Partitioning, partition
+    from graphopt.partition.placement import Placement, place
+    from graphopt.partition.target import Device, OpSupport, Target, builtin_targets, load_target
 
 __all__ = [
     "Device", "OpSupport", "Partition", "Partitioning", "Placement", "Target", "builtin_targets",
