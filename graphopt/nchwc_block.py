@@ -7,8 +7,6 @@ import functools
 import os
 import tempfile
 
-import numpy as np
-
 CPUINFO = "/proc/cpuinfo"
 BLOCK_SIZES = (8, 16)  # MLAS: 8 floats with AVX2, 16 with AVX-512F
 METADATA_KEY = "graphopt.nchwc_block_size"  # the block a model was rewritten for
@@ -31,31 +29,33 @@ def detect_block_size(cpuinfo: str = CPUINFO) -> int:
     return 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
 
 
+# The probe: y = Conv(x[1, 3, 4, 4], k[1, 3, 1, 1] of ones), opset 17, as onnx.helper serializes it
+# (tests/test_layout_nchwc.py rebuilds it): the runtime asks at load, without importing onnx.
+PROBE_MODEL = bytes.fromhex(
+    "08083a6f0a0f0a01780a016b1201792204436f6e76120570726f62652a1b0801080308010801100142016b4a0c"
+    "0000803f0000803f0000803f5a1b0a017812160a14080112100a0208010a0208030a0208040a020804621b0a01"
+    "7912160a14080112100a0208010a0208010a0208040a02080442040a001011")
+
+
 @functools.cache
 def onnxruntime_block_size() -> int:
     """The block the installed onnxruntime uses on this CPU (0: none), read back from its own
     NCHWc transformer: a one-filter conv's weight comes out padded to one block."""
-    import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "k"], ["y"])], "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
-        [numpy_helper.from_array(np.ones((1, 3, 1, 1), np.float32), "k")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    from graphopt.codegen import protowire
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # "hardware specific" warning: expected here
     with tempfile.TemporaryDirectory(prefix="graphopt-nchwc-probe-") as tmp:
         options.optimized_model_filepath = os.path.join(tmp, "probe.onnx")
-        ort.InferenceSession(model.SerializeToString(), options,
-                             providers=["CPUExecutionProvider"])
-        probe = onnx.load(options.optimized_model_filepath)
-    if not any(n.domain == "com.microsoft.nchwc" for n in probe.graph.node):
+        ort.InferenceSession(PROBE_MODEL, options, providers=["CPUExecutionProvider"])
+        with open(options.optimized_model_filepath, "rb") as f:
+            probe = f.read()
+    if "com.microsoft.nchwc" not in protowire.node_domains(probe):
         return 0
-    return max(int(t.dims[0]) for t in probe.graph.initializer if len(t.dims) == 4)
+    return max(dims[0] for dims in protowire.initializer_dims(probe) if len(dims) == 4)
 
 
 def block_mismatch(metadata: dict[str, str]) -> str | None:

@@ -8,8 +8,21 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 os.environ.setdefault("GRAPHOPT_VERIFY_PASSES", "1")
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="graphopt-test-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+
+
+@pytest.fixture(params=["onnx", "wire"])
+def reference_reader(request, monkeypatch):
+    """How the runtime reads partitions' external references at load: parsed with onnx (any
+    process that imported it, as this suite does), or from the protobuf wire (a process that
+    has not)."""
+    from graphopt.codegen import runtime
+
+    monkeypatch.setattr(runtime, "_onnx_imported", lambda: request.param == "onnx")
+    return request.param

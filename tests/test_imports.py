@@ -1,5 +1,6 @@
-"""What a process imports: `graphopt --help` and `import graphopt` stay light, loading an .om
-does not pull in the compiler, and the lazy API names resolve to the real objects."""
+"""What a process imports: `graphopt --help` and `import graphopt` stay light, loading and
+running an .om imports neither the compiler nor onnx, and the lazy API names resolve to the
+real objects."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from helpers import parse_model
 
 import graphopt
+from graphopt import numerics
 
 # Modules only the compiler needs (passes, partitioner, tuner) and their heavy dependencies.
 COMPILER = ("graphopt.compiler", "graphopt.passes", "graphopt.partition.partitioner",
@@ -58,6 +60,36 @@ def test_loading_an_om_leaves_the_compiler_out(tmp_path):
             f"assert np.allclose(y, np.ones((1, 4), np.float32) @ np.arange(12, dtype=np.float32)"
             f".reshape(4, 3)), y")
     assert imported_after(code, COMPILER) == []
+
+
+def test_loading_a_blocked_conv_with_mapped_weights_needs_no_onnx(tmp_path):
+    # 2.4 MB of conv weights: a weights blob whose references the runtime repoints, and an
+    # NCHWc conv whose block it checks against onnxruntime's.
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 256, 3, 3)) / 50).astype(np.float32)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         onnx.helper.make_node("Relu", ["c"], ["y"])], "conv",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 256, 8, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 256, 8, 8])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    source, om, out = tmp_path / "conv.onnx", tmp_path / "conv.om", tmp_path / "y.npy"
+    onnx.save(model, source)
+    graphopt.save(graphopt.optimize(str(source), target="cpu"), str(om))
+    x = rng.standard_normal((1, 256, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code = (f"import numpy as np, graphopt\n"
+            f"s = graphopt.load({str(om)!r})\n"
+            f"np.save({str(out)!r}, s.run({{'x': np.load({str(tmp_path / 'x.npy')!r})}})['y'])")
+    assert imported_after(code, COMPILER + ("onnx", "ml_dtypes", "google.protobuf")) == []
+    expected = numerics.run(model, {"x": x})["y"]
+    np.testing.assert_allclose(np.load(out), expected, rtol=1e-4, atol=1e-4)
+    np.savez(tmp_path / "x.npz", x=x)
+    run = ["run", str(om), "--inputs", str(tmp_path / "x.npz")]  # inspect parses, with onnx
+    cli = ("import contextlib, io\nfrom graphopt.cli import main\n"
+           f"with contextlib.redirect_stdout(io.StringIO()):\n    assert main({run!r}) == 0")
+    assert imported_after(cli, COMPILER + ("onnx",)) == []
 
 
 @pytest.mark.parametrize("package, names", [

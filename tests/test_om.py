@@ -286,7 +286,7 @@ def test_large_blobs_are_checked_chunk_by_chunk(tmp_path):
         load_om(rewrite(path, tmp_path / "short.om", shorten))
 
 
-def test_tampered_weights_blob_fails_the_first_run(tmp_path):
+def test_tampered_weights_blob_fails_the_first_run(tmp_path, reference_reader):
     path = tmp_path / "big.om"
     write_om(path, [OmPartition("p0", "cpu", big_matmul())])
     w = numpy_helper.to_array(big_matmul().graph.initializer[0]).tobytes()
@@ -307,7 +307,8 @@ def test_tampered_weights_blob_fails_the_first_run(tmp_path):
     ({"location": "weights/p0.bin", "offset": "0", "length": "4", "checksum": "x"},
      "graphopt does not write"),
 ])
-def test_external_references_outside_the_weights_are_refused(tmp_path, reference, message):
+def test_external_references_outside_the_weights_are_refused(tmp_path, reference, message,
+                                                             reference_reader):
     path = tmp_path / "big.om"
     write_om(path, [OmPartition("p0", "cpu", big_matmul())])
 
@@ -324,6 +325,8 @@ def test_external_references_outside_the_weights_are_refused(tmp_path, reference
     bad = rewrite(path, tmp_path / "bad.om", point_elsewhere)
     with pytest.raises(ArtifactError, match=message):
         load_om(bad)
+    with pytest.raises(ArtifactError, match=message):
+        OmSession(bad)
 
 
 def _escaping_tensor(name="T"):
@@ -363,7 +366,8 @@ def _in_subgraph(model):
 
 @pytest.mark.parametrize("hide", [_in_constant, _in_tensors_attr, _in_sparse_initializer,
                                   _in_subgraph])
-def test_external_references_in_nodes_and_subgraphs_are_refused(om_path, tmp_path, hide):
+def test_external_references_in_nodes_and_subgraphs_are_refused(om_path, tmp_path, hide,
+                                                                 reference_reader):
     model = matmul_relu()
     hide(model)
     bad = rewrite(om_path, tmp_path / "bad.om", swap_partition(model))
@@ -373,7 +377,7 @@ def test_external_references_in_nodes_and_subgraphs_are_refused(om_path, tmp_pat
         OmSession(bad)
 
 
-def test_session_leaves_the_artifacts_kept_models_as_they_are(tmp_path):
+def test_session_leaves_the_artifacts_kept_models_as_they_are(tmp_path, reference_reader):
     path = tmp_path / "big.om"
     write_om(path, [OmPartition("p0", "cpu", big_matmul())])
     artifact = load_om(path)  # parses and keeps every partition model

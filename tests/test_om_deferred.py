@@ -136,7 +136,8 @@ def test_small_tampered_partition_is_refused_at_load(om_path, tmp_path):
 
 
 @pytest.mark.parametrize("inline", [True, False])
-def test_forged_reference_never_reaches_onnxruntime(om_path, tmp_path, monkeypatch, inline):
+def test_forged_reference_never_reaches_onnxruntime(om_path, tmp_path, monkeypatch, inline,
+                                                    reference_reader):
     # Checksums forged: only the runtime's own parse stands between the reference and
     # onnxruntime, which would read the file the reference names.
     if not inline:

@@ -7,16 +7,16 @@ import os
 import zipfile
 import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from graphopt.atomic import atomic_write
 from graphopt.codegen.om_manifest import dtype_from_name, dtype_name
-from graphopt.codegen.om_write import _signature_entry, graph_inputs
 from graphopt.errors import GraphoptError, InputError
+
+if TYPE_CHECKING:  # imported where a proto is read: checking feeds needs no onnx import
+    import onnx
 
 # How many elements a random sequence gets: more than one, so that code meeting only the first
 # element is still exercised.
@@ -28,10 +28,20 @@ def numpy_dtype(dtype: str | None) -> np.dtype | None:
     when there is none."""
     if dtype is None:
         return None
+    if dtype in _NUMPY_NAMED:
+        return np.dtype(dtype)
+    from onnx import helper  # ml_dtypes' types, and those numpy has none for
+
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(dtype_from_name(dtype)))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+# Manifest dtype names that are numpy's own names for the same type.
+_NUMPY_NAMED = frozenset({"float32", "float64", "float16", "int8", "int16", "int32", "int64",
+                          "uint8", "uint16", "uint32", "uint64", "bool", "complex64",
+                          "complex128"})
 
 
 def describe(entry: Mapping) -> str:
@@ -215,6 +225,10 @@ def typed_entry(value_info: onnx.ValueInfoProto) -> dict:
     """A signature entry ({"name", "dtype", "shape"}); for a value that is not a tensor, whose
     dtype and shape are None, also its "type" label and, for a sequence or optional of tensors,
     the "element" ({"dtype", "shape"}) it holds."""
+    import onnx
+
+    from graphopt.codegen.om_write import _signature_entry
+
     entry = _signature_entry(value_info)
     if value_info.type.WhichOneof("value") in (None, "tensor_type", "sparse_tensor_type"):
         return entry
@@ -228,6 +242,8 @@ def typed_entry(value_info: onnx.ValueInfoProto) -> dict:
 
 def typed_inputs(model: onnx.ModelProto) -> list[dict]:
     """typed_entry of each input a caller feeds (om_write.input_signature, with types)."""
+    from graphopt.codegen.om_write import graph_inputs
+
     fed = set(graph_inputs(model))
     return [typed_entry(info) for info in model.graph.input if info.name in fed]
 
@@ -281,6 +297,8 @@ def output_label(value: Any, declared: str | None = None) -> str:
 def _dtype_label(array: np.ndarray) -> str:
     if array.dtype.kind in "OUS":
         return "string"
+    from onnx import helper
+
     try:
         return dtype_name(helper.np_dtype_to_tensor_dtype(array.dtype)) or str(array.dtype)
     except (KeyError, TypeError, ValueError):

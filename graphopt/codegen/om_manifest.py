@@ -1,11 +1,12 @@
-"""The .om manifest format: its constants, JSON Schema, dtype names and structure checks."""
+"""The .om manifest format: its constants, JSON Schema, dtype names, routing, checksums and
+structure checks (no onnx import: the runtime's load reads it)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
-from onnx import TensorProto
 
 FORMAT = "graphopt-om"
 FORMAT_VERSION = 2  # bump on any change an older reader would misread; readers refuse newer ones
@@ -174,24 +175,53 @@ DETAILS_SCHEMA: dict[str, Any] = {
 
 # Floats are named by width so the names read like numpy's; the rest is the TensorProto name lowered.
 _DTYPE_RENAMES = {"FLOAT": "float32", "DOUBLE": "float64"}
-_DTYPE_BY_NAME = {
-    _DTYPE_RENAMES.get(name, name.lower()): value
-    for name, value in TensorProto.DataType.items()
-    if value != TensorProto.UNDEFINED
-}
+# TensorProto.DataType as of onnx 1.23, by value: what an .om's load reads without importing onnx
+# (tests/test_om_wire.py checks it against onnx). A newer element type is looked up in onnx.
+_ELEMENT_TYPES = (
+    "UNDEFINED", "FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING", "BOOL",
+    "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64", "COMPLEX128", "BFLOAT16",
+    "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4", "INT4",
+    "FLOAT4E2M1", "FLOAT8E8M0", "UINT2", "INT2", "FLOAT6E2M3", "FLOAT6E3M2",
+)
+_DTYPE_BY_NAME = {_DTYPE_RENAMES.get(name, name.lower()): value
+                  for value, name in enumerate(_ELEMENT_TYPES) if value}
+
+
+def _onnx_element_types() -> dict[int, str]:
+    from onnx import TensorProto
+
+    return {value: name for name, value in TensorProto.DataType.items()}
 
 
 def dtype_name(elem_type: int) -> str | None:
     """The manifest name of a TensorProto element type ("float32", "int64"); None if undefined."""
-    if elem_type == TensorProto.UNDEFINED:
+    if elem_type == 0:
         return None
-    name = TensorProto.DataType.Name(elem_type)
+    if 0 < elem_type < len(_ELEMENT_TYPES):
+        name = _ELEMENT_TYPES[elem_type]
+    else:
+        name = _onnx_element_types().get(elem_type)
+        if name is None:  # as onnx's TensorProto.DataType.Name
+            raise ValueError(f"enum DataType has no value defined for name {elem_type!r}")
     return _DTYPE_RENAMES.get(name, name.lower())
 
 
 def dtype_from_name(name: str) -> int:
     """The TensorProto element type of a manifest dtype name; KeyError if unknown."""
-    return _DTYPE_BY_NAME[name]
+    value = _DTYPE_BY_NAME.get(name)
+    if value is not None:
+        return value
+    newer = {_DTYPE_RENAMES.get(n, n.lower()): v for v, n in _onnx_element_types().items() if v}
+    return newer[name]
+
+
+def known_dtype(name: str) -> bool:
+    """Whether `name` is a manifest dtype name."""
+    try:
+        dtype_from_name(name)
+    except KeyError:
+        return False
+    return True
 
 
 
@@ -213,6 +243,80 @@ def check_member_name(name: str) -> None:
         or any(part in ("", ".", "..") for part in parts)
     ):
         raise ValueError(f"unsafe member name {name!r} (absolute, or escapes the archive)")
+
+
+# --- routing and checksums -----------------------------------------------------------------
+
+
+def route(
+    parts: list[tuple[str, list[str], list[str]]], outputs: list[str] | None,
+    inputs: list[str] | None = None,
+) -> tuple[list[str], list[str], list[dict]]:
+    """(top-level inputs, top-level outputs, routing edges) of (name, inputs, outputs) in run order.
+
+    A partition input is fed by the earlier partition that outputs a tensor of that name, else by
+    the caller. Without `outputs`, the artifact returns every partition output that no other
+    partition consumes. A tensor a partition both takes and returns (ONNX lets a graph output be
+    a graph input) is a pass-through: its origin stays upstream. The top-level inputs come in
+    the order of `inputs` (the model's), else in the order the partitions first take them.
+
+    ONNX also lets a graph list one tensor as several outputs (onnxruntime returns it at each
+    position): a partition or `outputs` may name a tensor twice, which routes it once.
+    """
+    if not parts:
+        raise ValueError("an artifact needs at least one partition")
+    producer: dict[str, str] = {}
+    seen_names: set[str] = set()
+    for name, ins, outs in parts:
+        if name in seen_names:
+            raise ValueError(f"two partitions are named {name!r}")
+        seen_names.add(name)
+        for tensor in dict.fromkeys(outs):
+            if tensor in ins:
+                continue
+            if tensor in producer:
+                raise ValueError(f"tensor {tensor!r} is output by {producer[tensor]!r} and {name!r}")
+            producer[tensor] = name
+
+    top_inputs: list[str] = []
+    consumers: dict[str, set[str]] = {}
+    done: set[str] = set()
+    routing: list[dict] = []
+    for name, ins, _ in parts:
+        for tensor in ins:
+            source = producer.get(tensor)
+            if source is not None and source not in done:
+                raise ValueError(
+                    f"partition {name!r} consumes {tensor!r} before {source!r} produces it; "
+                    "list partitions in execution order"
+                )
+            if source is None and tensor not in top_inputs:
+                top_inputs.append(tensor)
+            consumers.setdefault(tensor, set()).add(name)
+            routing.append({"tensor": tensor, "from": source, "to": name})
+        done.add(name)
+    if inputs is not None:
+        rank = {tensor: i for i, tensor in enumerate(inputs)}
+        top_inputs.sort(key=lambda tensor: rank.get(tensor, len(rank)))
+
+    if outputs is None:
+        outputs = []
+        for name, _, outs in parts:
+            for tensor in outs:
+                if not consumers.get(tensor, set()) - {name} and tensor not in outputs:
+                    outputs.append(tensor)
+    outputs = list(outputs)
+    if not outputs:
+        raise ValueError("the artifact has no outputs")
+    for tensor in dict.fromkeys(outputs):
+        if tensor not in producer and tensor not in top_inputs:
+            raise ValueError(f"output {tensor!r} is produced by no partition")
+        routing.append({"tensor": tensor, "from": producer.get(tensor), "to": None})
+    return top_inputs, outputs, routing
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 # --- structure checks ----------------------------------------------------------------------
@@ -256,7 +360,7 @@ def _check_signature(entries: list, where: str) -> None:
             raise Malformed(f"manifest {where} entries must be objects")
         _field(entry, "name", str, f"manifest {where} entry")
         dtype = _field(entry, "dtype", (str, type(None)), f"manifest {where} entry")
-        if dtype is not None and dtype not in _DTYPE_BY_NAME:
+        if dtype is not None and not known_dtype(dtype):
             raise Malformed(f"manifest {where} entry {entry['name']!r} has unknown dtype {dtype!r}")
         shape = _field(entry, "shape", (list, type(None)), f"manifest {where} entry")
         for dim in shape or []:

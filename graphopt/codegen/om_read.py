@@ -13,8 +13,7 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-
-import onnx
+from typing import TYPE_CHECKING
 
 from graphopt import __version__ as GRAPHOPT_VERSION
 from graphopt.codegen.om_manifest import (
@@ -26,11 +25,17 @@ from graphopt.codegen.om_manifest import (
     check_details,
     check_manifest,
     check_member_name,
+    route,
+    sha256,
 )
 from graphopt.codegen.om_weights import (WEIGHTS_DIR, BadReference, check_references, names_a_file,
                                          with_weights)
-from graphopt.codegen.om_write import OmPartition, graph_inputs, route, sha256
 from graphopt.errors import ArtifactError
+
+if TYPE_CHECKING:  # imported where a partition is parsed: a load need not import onnx
+    import onnx
+
+    from graphopt.codegen.om_write import OmPartition
 
 # The manifest is parsed before anything is verified: bound what a hostile file can make us read.
 _MAX_MANIFEST_BYTES = 64 << 20
@@ -223,6 +228,10 @@ SCAN_BYTES = 64 << 10
 
 
 def _parse_partition(part: dict, data: bytes, weights: dict[str, int]) -> onnx.ModelProto:
+    import onnx
+
+    from graphopt.codegen.om_write import graph_inputs
+
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)  # plain protobuf decoding: nothing in the file is executed
@@ -413,6 +422,8 @@ class OmArtifact:
     @property
     def partitions(self) -> list[OmPartition]:
         """The partitions in execution order."""
+        from graphopt.codegen.om_write import OmPartition
+
         by_name = {p["name"]: p for p in self.manifest["partitions"]}
         parts = []
         for name in self.execution_order:

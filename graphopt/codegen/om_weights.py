@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx
-from onnx import TensorProto
+if TYPE_CHECKING:  # onnx is imported where a model is built: the runtime's load does not need it
+    import onnx
+    from onnx import TensorProto
 
 WEIGHTS_DIR = "weights/"
 MIN_EXTERNAL_BYTES = 1024  # smaller tensors stay in the model: a reference would cost as much
@@ -26,6 +27,7 @@ MIN_BLOB_BYTES = 1 << 20
 TENSOR_ALIGNMENT = 64      # each tensor's bytes start 64-byte aligned (SIMD loads, cache lines)
 FILE_ALIGNMENT = 4096      # a blob starts on a page, so its mapping and the tensors are aligned
 _KEYS = {"location", "offset", "length"}
+_DEFAULT, _EXTERNAL = 0, 1  # TensorProto.DataLocation
 
 
 class BadReference(ValueError):
@@ -106,11 +108,10 @@ def split_weights(model: onnx.ModelProto, member: str,
         if key is not None:
             shared[key] = (member, offset)
     for tensor in all_tensors(stripped.graph):  # references left in the model: inline them
-        source = sources.get(_location(tensor)) if tensor.data_location == \
-            TensorProto.EXTERNAL else None
+        source = sources.get(_location(tensor)) if tensor.data_location == _EXTERNAL else None
         if source is not None:
             del tensor.external_data[:]
-            tensor.data_location = TensorProto.DEFAULT
+            tensor.data_location = _DEFAULT
             tensor.raw_data = b"".join(bytes(c) for c in source.iter_bytes())
     return stripped, blob
 
@@ -141,7 +142,7 @@ def _location(tensor: TensorProto) -> str | None:
 
 
 def _source_length(tensor: TensorProto, sources: Mapping[str, Any]) -> int | None:
-    if tensor.data_location != TensorProto.EXTERNAL or not sources:
+    if tensor.data_location != _EXTERNAL or not sources:
         return None
     source = sources.get(_location(tensor))
     return None if source is None else source.nbytes
@@ -149,8 +150,7 @@ def _source_length(tensor: TensorProto, sources: Mapping[str, Any]) -> int | Non
 
 def _content_key(tensor: TensorProto, sources: Mapping[str, Any]) -> tuple:
     """Equal keys mean equal bytes, dtype and shape."""
-    source = sources.get(_location(tensor)) if tensor.data_location == TensorProto.EXTERNAL \
-        else None
+    source = sources.get(_location(tensor)) if tensor.data_location == _EXTERNAL else None
     digest = hashlib.sha256()
     for chunk in source.iter_bytes() if source is not None else (tensor.raw_data,):
         digest.update(chunk)
@@ -158,8 +158,7 @@ def _content_key(tensor: TensorProto, sources: Mapping[str, Any]) -> tuple:
 
 
 def _chunks_of(tensor: TensorProto, sources: Mapping[str, Any]) -> Callable[[], Iterable]:
-    source = sources.get(_location(tensor)) if tensor.data_location == TensorProto.EXTERNAL \
-        else None
+    source = sources.get(_location(tensor)) if tensor.data_location == _EXTERNAL else None
     if source is not None:
         return source.iter_bytes
     # Reading raw_data copies that one tensor, only while its piece is hashed or written.
@@ -178,6 +177,8 @@ def _copy_field(message, field, value) -> None:
 def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` whose main graph has no initializers: copying the whole model first
     would copy every weight."""
+    import onnx
+
     copy = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
@@ -203,10 +204,10 @@ def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
     graphs = [model.graph]
     while graphs:
         graph = graphs.pop()
-        found.extend(t for t in graph.initializer if t.data_location == TensorProto.EXTERNAL)
+        found.extend(t for t in graph.initializer if t.data_location == _EXTERNAL)
         for sparse in graph.sparse_initializer:
             found.extend(t for t in (sparse.values, sparse.indices)
-                         if t.data_location == TensorProto.EXTERNAL)
+                         if t.data_location == _EXTERNAL)
         for node in graph.node:
             # Serializing a node costs less than asking each attribute for tensors and graphs.
             if not names_a_file(node.SerializeToString()):
@@ -217,7 +218,7 @@ def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
                 for sparse in ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) \
                         + list(attr.sparse_tensors):
                     tensors += [sparse.values, sparse.indices]
-                found.extend(t for t in tensors if t.data_location == TensorProto.EXTERNAL)
+                found.extend(t for t in tensors if t.data_location == _EXTERNAL)
                 if attr.HasField("g"):
                     graphs.append(attr.g)
                 graphs.extend(attr.graphs)
@@ -228,12 +229,17 @@ def check_references(model: onnx.ModelProto, sizes: dict[str, int]) -> None:
     """Raise BadReference unless every external reference lies inside a weights member;
     `sizes` maps the artifact's weights members to their byte sizes."""
     for tensor in external_tensors(model):
-        location, offset, length = _reference(tensor)
-        if location not in sizes:
-            raise BadReference(f"tensor {tensor.name!r} references {location!r}, which is not a "
-                               "weights member of the artifact")
-        if offset < 0 or length < 0 or offset + length > sizes[location]:
-            raise BadReference(f"tensor {tensor.name!r} reaches past the end of {location!r}")
+        check_reference(tensor.name, *_reference(tensor), sizes)
+
+
+def check_reference(tensor: str, location: str, offset: int, length: int,
+                    sizes: dict[str, int]) -> None:
+    """Raise BadReference unless `tensor`'s bytes lie inside a weights member (`sizes`)."""
+    if location not in sizes:
+        raise BadReference(f"tensor {tensor!r} references {location!r}, which is not a "
+                           "weights member of the artifact")
+    if offset < 0 or length < 0 or offset + length > sizes[location]:
+        raise BadReference(f"tensor {tensor!r} reaches past the end of {location!r}")
 
 
 def point_into(model: onnx.ModelProto, artifact_path: str, data_offsets: dict[str, int], *,
@@ -243,6 +249,8 @@ def point_into(model: onnx.ModelProto, artifact_path: str, data_offsets: dict[st
     `data_offsets` maps each weights member to where its bytes start in the file."""
     located = model
     if copy:
+        import onnx
+
         located = onnx.ModelProto()
         located.CopyFrom(model)  # small: the weights are not in it
     name = os.path.basename(artifact_path)
@@ -255,6 +263,8 @@ def point_into(model: onnx.ModelProto, artifact_path: str, data_offsets: dict[st
 def with_weights(model: onnx.ModelProto, read: Callable[[str], bytes]) -> onnx.ModelProto:
     """A copy of `model` with every referenced tensor's bytes back inside it; `read(member)`
     returns a weights member's bytes."""
+    import onnx
+
     full = onnx.ModelProto()
     full.CopyFrom(model)
     blobs: dict[str, bytes] = {}
@@ -263,7 +273,7 @@ def with_weights(model: onnx.ModelProto, read: Callable[[str], bytes]) -> onnx.M
         if location not in blobs:
             blobs[location] = read(location)
         del tensor.external_data[:]
-        tensor.data_location = TensorProto.DEFAULT
+        tensor.data_location = _DEFAULT
         tensor.raw_data = blobs[location][offset:offset + length]
     return full
 
@@ -287,4 +297,4 @@ def _set_reference(tensor: TensorProto, location: str, offset: int, length: int)
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
-    tensor.data_location = TensorProto.EXTERNAL
+    tensor.data_location = _EXTERNAL

@@ -26,6 +26,8 @@ from graphopt.codegen.om_manifest import (
     PROFILES_VERSION,
     check_member_name,
     dtype_name,
+    route,
+    sha256,
 )
 from graphopt.codegen.om_weights import (FILE_ALIGNMENT, WEIGHTS_DIR, Blob, all_tensors, split_weights,
                                          weights_member)
@@ -149,73 +151,6 @@ class OmProfile:
         self.dims = {str(k): int(v) for k, v in self.dims.items()}
 
 
-def route(
-    parts: list[tuple[str, list[str], list[str]]], outputs: list[str] | None,
-    inputs: list[str] | None = None,
-) -> tuple[list[str], list[str], list[dict]]:
-    """(top-level inputs, top-level outputs, routing edges) of (name, inputs, outputs) in run order.
-
-    A partition input is fed by the earlier partition that outputs a tensor of that name, else by
-    the caller. Without `outputs`, the artifact returns every partition output that no other
-    partition consumes. A tensor a partition both takes and returns (ONNX lets a graph output be
-    a graph input) is a pass-through: its origin stays upstream. The top-level inputs come in
-    the order of `inputs` (the model's), else in the order the partitions first take them.
-
-    ONNX also lets a graph list one tensor as several outputs (onnxruntime returns it at each
-    position): a partition or `outputs` may name a tensor twice, which routes it once.
-    """
-    if not parts:
-        raise ValueError("an artifact needs at least one partition")
-    producer: dict[str, str] = {}
-    seen_names: set[str] = set()
-    for name, ins, outs in parts:
-        if name in seen_names:
-            raise ValueError(f"two partitions are named {name!r}")
-        seen_names.add(name)
-        for tensor in dict.fromkeys(outs):
-            if tensor in ins:
-                continue
-            if tensor in producer:
-                raise ValueError(f"tensor {tensor!r} is output by {producer[tensor]!r} and {name!r}")
-            producer[tensor] = name
-
-    top_inputs: list[str] = []
-    consumers: dict[str, set[str]] = {}
-    done: set[str] = set()
-    routing: list[dict] = []
-    for name, ins, _ in parts:
-        for tensor in ins:
-            source = producer.get(tensor)
-            if source is not None and source not in done:
-                raise ValueError(
-                    f"partition {name!r} consumes {tensor!r} before {source!r} produces it; "
-                    "list partitions in execution order"
-                )
-            if source is None and tensor not in top_inputs:
-                top_inputs.append(tensor)
-            consumers.setdefault(tensor, set()).add(name)
-            routing.append({"tensor": tensor, "from": source, "to": name})
-        done.add(name)
-    if inputs is not None:
-        rank = {tensor: i for i, tensor in enumerate(inputs)}
-        top_inputs.sort(key=lambda tensor: rank.get(tensor, len(rank)))
-
-    if outputs is None:
-        outputs = []
-        for name, _, outs in parts:
-            for tensor in outs:
-                if not consumers.get(tensor, set()) - {name} and tensor not in outputs:
-                    outputs.append(tensor)
-    outputs = list(outputs)
-    if not outputs:
-        raise ValueError("the artifact has no outputs")
-    for tensor in dict.fromkeys(outputs):
-        if tensor not in producer and tensor not in top_inputs:
-            raise ValueError(f"output {tensor!r} is produced by no partition")
-        routing.append({"tensor": tensor, "from": producer.get(tensor), "to": None})
-    return top_inputs, outputs, routing
-
-
 def uses_external_data(model: onnx.ModelProto, resolvable: Mapping[str, Any] | None = None
                        ) -> bool:
     """Whether a tensor keeps its data in an external file (other than references the writer
@@ -286,10 +221,6 @@ def _merged_signature(signatures: list[dict[str, dict]], dynamic: Mapping[str, d
 
 
 # --- writing -------------------------------------------------------------------------------
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _file_sha256(path: str) -> str | None:

@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from graphopt.codegen.feeds import output_label
-from graphopt.numerics import widened
 from graphopt.table import format_table
 
 T = TypeVar("T")
@@ -82,7 +81,10 @@ def _stats(array: np.ndarray | None) -> list[str]:
     """min, max, mean and the count of non-finite values, where they mean something."""
     if array is None:
         return ["", "", "", ""]
-    array = widened(array)  # bfloat16, float8
+    if array.dtype.type.__module__.split(".")[0] == "ml_dtypes":  # bfloat16, float8
+        from graphopt.numerics import widened  # imports onnx: only for such outputs
+
+        array = widened(array)
     if array.size == 0 or array.dtype.kind not in "biuf":
         return ["", "", "", ""]
     if array.dtype.kind == "b":

@@ -5,24 +5,28 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
+import sys
 import threading
 import warnings
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
                                    typed_entry)
 from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_reference_files,
                                       routing_mismatch)
-from graphopt.codegen.om_weights import external_tensors, point_into
+from graphopt.codegen import om_refs
+from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
-from graphopt.numerics import typed_runner
 from graphopt.nchwc_block import METADATA_KEY, block_mismatch
+
+if TYPE_CHECKING:
+    import onnx
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CANN_PROVIDER = "CANNExecutionProvider"
@@ -50,13 +54,31 @@ def _runner(session: ort.InferenceSession, providers: list[str]):
     the public run, which can fall back to the CPU when the accelerator fails. A partition
     that takes or returns bfloat16 or float8 tensors, which the binding cannot convert, through
     numerics.TypedRunner."""
-    typed = typed_runner(session)
-    if typed is not None:
-        return typed
+    if not _numpy_types_only(session):
+        from graphopt.numerics import typed_runner  # imports onnx, for ml_dtypes' types
+
+        typed = typed_runner(session)
+        if typed is not None:
+            return typed
     binding = getattr(session, "_sess", None)
     if providers == [CPU_PROVIDER] and binding is not None and hasattr(binding, "run"):
         return lambda outputs, feeds: binding.run(outputs, feeds, None)
     return session.run
+
+
+# onnxruntime's element type names that its binding converts to and from numpy by itself.
+_NUMPY_TYPES = frozenset({"float", "double", "float16", "int8", "int16", "int32", "int64",
+                          "uint8", "uint16", "uint32", "uint64", "bool", "string", "complex64",
+                          "complex128"})
+_ELEMENT = re.compile(r"tensor\((\w+)\)")
+
+
+def _numpy_types_only(session: ort.InferenceSession) -> bool:
+    """Whether every tensor a session takes or returns (alone, or inside a sequence, map or
+    optional) has an element type numpy has: then no TypedRunner is needed."""
+    return all(set(_ELEMENT.findall(arg.type)) <= _NUMPY_TYPES and "tensor(" in arg.type
+               or arg.type in _NUMPY_TYPES
+               for arg in (*session.get_inputs(), *session.get_outputs()))
 
 
 def _call(step: _Step, feeds: Mapping[str, Any]) -> list:
@@ -127,30 +149,60 @@ def _skips_prepacking(part: dict, session_config: Mapping[str, str] | None) -> b
             and _UNPACKED_MEASURED and _DISABLE_PREPACKING not in (session_config or {}))
 
 
-def _checked_model(artifact: OmArtifact, name: str, data: bytes) -> onnx.ModelProto | None:
-    """Partition `name`'s model with its external references checked (ArtifactError
-    otherwise), when its bytes may hold such references; None when they cannot (no parse
-    needed: onnxruntime reads nothing but the bytes). Not kept: onnxruntime gets the stored
-    bytes, and a second parsed copy of the weights would live as long as the session."""
-    return artifact.models.parse(name) if may_reference_files(data) else None
+class _Checked(NamedTuple):
+    """A partition's external references, checked: from a parse of its model (`model`), from
+    its protobuf wire (`references`), or neither when its bytes cannot hold any."""
+
+    model: onnx.ModelProto | None = None
+    references: list[om_refs.Reference] | None = None
 
 
-def _session(artifact: OmArtifact, part: dict, data: bytes, model: onnx.ModelProto | None,
+def _onnx_imported() -> bool:
+    return "onnx" in sys.modules
+
+
+def _checked(artifact: OmArtifact, name: str, data: bytes) -> _Checked:
+    """Partition `name`'s external references, checked (ArtifactError otherwise) before
+    onnxruntime reads any of its bytes.
+
+    In a process that has not imported onnx (a server that only loads .om files), references of
+    graphopt's own form are read from the protobuf wire (om_refs), which spares the import
+    (~0.1 s). Elsewhere, and for anything else, the model is parsed with onnx, which is faster
+    once imported. Neither copy is kept: onnxruntime gets the stored bytes, and a second parsed
+    copy of the weights would live as long as the session."""
+    if not _onnx_imported():
+        references = om_refs.plain_references(data)
+        if references is not None:
+            try:
+                om_refs.check(references, {member: size for member, (_, size)
+                                           in artifact.spans.items()})
+            except BadReference as exc:
+                raise ArtifactError(f"{artifact.path}: partition {name!r}: {exc}") from None
+            return _Checked(references=references)
+    return _Checked(model=artifact.models.parse(name) if may_reference_files(data) else None)
+
+
+def _session(artifact: OmArtifact, part: dict, data: bytes, checked: _Checked,
              options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
     """A session for `part` whose weights onnxruntime maps from the artifact file itself."""
     def session(data: bytes) -> ort.InferenceSession:
         return ort.InferenceSession(data, options, providers=providers,
                                     disabled_optimizers=part.get("disabled_optimizers") or None)
 
-    if model is None or not artifact.spans or not external_tensors(model):
+    model, references = checked
+    if not artifact.spans or (not references and (model is None
+                                                  or not external_tensors(model))):
         return session(data)
     path = os.path.abspath(artifact.path)
     offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
     options.add_session_config_entry(_EXTERNAL_FOLDER, os.path.dirname(path))
-    # A parse of the runtime's own has its references rewritten in place; a kept one is copied.
-    copy = artifact.models.is_kept(part["name"])
+    if references:
+        located = om_refs.repointed(data, references, os.path.basename(path), offsets)
+    else:  # a parse of the runtime's own is rewritten in place; a kept one is copied
+        located = point_into(model, path, offsets,
+                             copy=artifact.models.is_kept(part["name"])).SerializeToString()
     try:
-        return session(point_into(model, path, offsets, copy=copy).SerializeToString())
+        return session(located)
     except Exception:  # noqa: BLE001 - an onnxruntime without that config entry: copy instead
         return session(artifact.partition_model(part["name"]).SerializeToString())
 
@@ -451,15 +503,15 @@ class OmSession:
                 fallback.append(f"{name} ({part['device']})")
                 wanted.update(missing)
             data = artifact.members[part["member"]]
-            model = _checked_model(artifact, name, data)  # before onnxruntime reads any of it
+            checked = _checked(artifact, name, data)  # before onnxruntime reads any of it
             part_options = options(part)
             if self._profile_dir is not None:
                 part_options.enable_profiling = True
                 part_options.profile_file_prefix = os.path.join(self._profile_dir, name)
             try:
-                session = _session(artifact, part, data, model, part_options, providers)
+                session = _session(artifact, part, data, checked, part_options, providers)
             except Exception as exc:  # onnxruntime raises its own untyped exceptions
-                if model is None:
+                if checked.model is None:
                     artifact.models.parse(name)  # a model that does not parse says so
                 # E.g. bfloat16 ops compiled for an NPU, which the CPU provider has no kernel for.
                 hint = (f" (the CPU provider stands in for {' or '.join(missing)}, which is not "
@@ -468,7 +520,7 @@ class OmSession:
                 raise ArtifactError(
                     f"{artifact.path}: onnxruntime cannot load partition {name!r}: "
                     f"{_first_line(exc)}{hint}") from None
-            del model  # onnxruntime has its own copy
+            del checked  # onnxruntime has its own copy
             _check_signature(artifact, part, session)
             _check_blocking(artifact, name, session.get_modelmeta().custom_metadata_map)
             steps.append(_Step(name, session, list(part["inputs"]), list(part["outputs"]),

@@ -1,0 +1,150 @@
+"""The few fields of a serialized ONNX model the runtime reads at load, on the protobuf wire
+format: main-graph initializers' external-data references, node domains, initializer dims.
+Loading an .om needs no onnx package (whose import costs ~0.1 s per process)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+# Field numbers of onnx.proto3.
+MODEL_GRAPH = 7
+GRAPH_NODE, GRAPH_INITIALIZER = 1, 5
+NODE_DOMAIN = 7
+TENSOR_DIMS, TENSOR_NAME, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 1, 8, 13, 14
+ENTRY_KEY, ENTRY_VALUE = 1, 2
+EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+
+VARINT, I64, LEN, I32 = 0, 1, 2, 5
+
+
+class WireError(ValueError):
+    """Bytes that are not a well-formed protobuf message."""
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise WireError("truncated or overlong varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def fields(buf: bytes, start: int = 0, end: int | None = None
+           ) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, value, field start, field end) of each field of the message in
+    buf[start:end]; `value` is the integer of a varint, else where its bytes start (a LEN
+    field's payload runs from `value` to `field end`)."""
+    end = len(buf) if end is None else end
+    pos = start
+    while pos < end:
+        first = pos
+        key = buf[pos]  # one-byte keys and lengths, the common case, skip the general decoder
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == LEN:
+            if pos >= end:
+                raise WireError("truncated length")
+            length = buf[pos]
+            if length < 0x80:
+                pos += 1
+            else:
+                length, pos = _varint(buf, pos, end)
+            value, pos = pos, pos + length
+        elif wire == VARINT:
+            value, pos = _varint(buf, pos, end)
+        elif wire == I64:
+            value, pos = pos, pos + 8
+        elif wire == I32:
+            value, pos = pos, pos + 4
+        else:  # groups (3, 4) and reserved types: not in onnx.proto
+            raise WireError(f"unsupported wire type {wire}")
+        if number == 0 or pos > end:
+            raise WireError("field number 0 or a field past the end of its message")
+        yield number, wire, value, first, pos
+
+
+def submessages(buf: bytes, number: int, start: int = 0, end: int | None = None
+                ) -> Iterator[tuple[int, int, int, int]]:
+    """(payload start, payload end, field start, field end) of each LEN field `number`."""
+    for field, wire, value, first, last in fields(buf, start, end):
+        if field == number:
+            if wire != LEN:
+                raise WireError(f"field {number} is not length-delimited")
+            yield value, last, first, last
+
+
+def encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def len_field(number: int, payload: bytes) -> bytes:
+    return encode_varint(number << 3 | LEN) + encode_varint(len(payload)) + payload
+
+
+def text(buf: bytes, start: int, end: int) -> str:
+    try:
+        return bytes(buf[start:end]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError("a string field is not UTF-8") from None
+
+
+def graph_span(model: bytes) -> tuple[int, int, int, int] | None:
+    """Where the model's main graph lies (payload start and end, field start and end)."""
+    found = None
+    for span in submessages(model, MODEL_GRAPH):
+        if found is not None:  # protobuf would merge repeated message fields: not graphopt's
+            raise WireError("the model has its graph field twice")
+        found = span
+    return found
+
+
+def node_domains(model: bytes) -> set[str]:
+    """The domains of the main graph's nodes."""
+    graph = graph_span(model)
+    if graph is None:
+        return set()
+    domains = set()
+    for node_start, node_end, _, _ in submessages(model, GRAPH_NODE, graph[0], graph[1]):
+        domain = ""
+        for start, end, _, _ in submessages(model, NODE_DOMAIN, node_start, node_end):
+            domain = text(model, start, end)
+        domains.add(domain)
+    return domains
+
+
+def initializer_dims(model: bytes) -> list[list[int]]:
+    """The dims of each main-graph initializer."""
+    graph = graph_span(model)
+    if graph is None:
+        return []
+    shapes = []
+    for start, end, _, _ in submessages(model, GRAPH_INITIALIZER, graph[0], graph[1]):
+        dims: list[int] = []
+        for number, wire, value, _, last in fields(model, start, end):
+            if number != TENSOR_DIMS:
+                continue
+            if wire == VARINT:
+                dims.append(value)
+            elif wire == LEN:  # packed
+                pos = value
+                while pos < last:
+                    dim, pos = _varint(model, pos, last)
+                    dims.append(dim)
+        shapes.append(dims)
+    return shapes

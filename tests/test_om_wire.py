@@ -1,0 +1,115 @@
+"""Reading an .om without onnx: the manifest's element types, the NCHWc probe model and the
+external references that the runtime reads and repoints on the protobuf wire, each against
+what onnx makes of the same bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_om import _escaping_tensor, _model, _tensor, big_matmul
+
+from graphopt.codegen import OmPartition, OmSession, load_om, om_refs, protowire, write_om
+from graphopt.codegen.om_manifest import dtype_from_name, dtype_name, known_dtype
+from graphopt.codegen.om_weights import external_tensors, point_into
+from graphopt.nchwc_block import PROBE_MODEL
+
+
+def test_element_types_are_onnx_s():
+    for name, value in TensorProto.DataType.items():
+        expected = None if value == 0 else {"FLOAT": "float32", "DOUBLE": "float64"}.get(
+            name, name.lower())
+        assert dtype_name(value) == expected
+        if expected:
+            assert dtype_from_name(expected) == value and known_dtype(expected)
+    assert not known_dtype("float128")
+    with pytest.raises(ValueError):
+        dtype_name(999)
+
+
+def test_probe_model_is_the_one_onnx_builds():
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "k"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [numpy_helper.from_array(np.ones((1, 3, 1, 1), np.float32), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert model.SerializeToString() == PROBE_MODEL
+    assert protowire.node_domains(PROBE_MODEL) == {""}
+    assert protowire.initializer_dims(PROBE_MODEL) == [[1, 3, 1, 1]]
+
+
+def _blob_artifact(tmp_path):
+    """Two MatMuls of 512×512 weights and a bias: a weights blob that all three reference."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((512, 512)).astype(np.float32) for _ in range(2))
+    bias = np.ones(512, np.float32) / 4
+    model = _model([helper.make_node("MatMul", ["X", "W1"], ["H"]),
+                    helper.make_node("Add", ["H", "B"], ["G"]),
+                    helper.make_node("MatMul", ["G", "W2"], ["Y"])],
+                   [_tensor("X", ["N", 512])], [_tensor("Y", ["N", 512])],
+                   [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(bias, "B"),
+                    numpy_helper.from_array(w2, "W2")])
+    path = tmp_path / "blob.om"
+    write_om(path, [OmPartition("p0", "cpu", model)])
+    return path, (w1, bias, w2)
+
+
+def test_wire_references_are_onnx_s(tmp_path):
+    path, _ = _blob_artifact(tmp_path)
+    artifact = load_om(path)
+    data = artifact.members["partitions/p0.onnx"]
+    references = om_refs.plain_references(data)
+    parsed = artifact.models["p0"]
+    assert [r.tensor for r in references] == [t.name for t in external_tensors(parsed)] \
+        == ["W1", "B", "W2"]
+    offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
+    located = onnx.load_from_string(om_refs.repointed(data, references, "blob.om", offsets))
+    assert located == point_into(parsed, str(path), offsets)
+
+
+def test_session_on_wire_references_runs(tmp_path, reference_reader):
+    path, (w1, bias, w2) = _blob_artifact(tmp_path)
+    x = np.random.default_rng(1).standard_normal((2, 512)).astype(np.float32)
+    y = OmSession(path).run({"X": x})["Y"]
+    np.testing.assert_allclose(y, (x @ w1 + bias) @ w2, rtol=1e-4, atol=1e-3)
+
+
+def _with_reference(model, entries, location=TensorProto.EXTERNAL):
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.data_location = location
+    for key, value in entries:
+        tensor.external_data.add(key=key, value=value)
+    return model.SerializeToString()
+
+
+PLAIN = (("location", "weights/p0.bin"), ("offset", "0"), ("length", "16"))
+
+
+@pytest.mark.parametrize("entries, location", [
+    ((*PLAIN, ("checksum", "x")), TensorProto.EXTERNAL),     # a key graphopt does not write
+    ((*PLAIN, ("offset", "4")), TensorProto.EXTERNAL),       # a key twice
+    ((("location", "weights/location.bin"), *PLAIN[1:]), TensorProto.EXTERNAL),
+    ((("location", "weights/p0.bin"), ("offset", "x"), ("length", "16")), TensorProto.EXTERNAL),
+    (PLAIN, TensorProto.DEFAULT),                            # entries onnxruntime would ignore
+])
+def test_references_of_another_form_are_left_to_onnx(entries, location):
+    assert om_refs.plain_references(_with_reference(big_matmul(), entries, location)) is None
+
+
+def test_references_outside_the_main_graph_are_left_to_onnx():
+    model = big_matmul()
+    plain = _with_reference(model, PLAIN)
+    assert [r.tensor for r in om_refs.plain_references(plain)] == ["W"]
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["C"], value=_escaping_tensor()))
+    assert om_refs.plain_references(model.SerializeToString()) is None
+
+
+def test_models_without_references_and_broken_bytes():
+    assert om_refs.plain_references(big_matmul().SerializeToString()) == []
+    plain = _with_reference(big_matmul(), PLAIN)
+    assert om_refs.plain_references(plain[:-3]) is None  # truncated: onnx says what is wrong
+    with pytest.raises(protowire.WireError):
+        list(protowire.fields(b"\x0a\xff"))
