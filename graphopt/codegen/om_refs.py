@@ -13,6 +13,8 @@ from graphopt.codegen.om_weights import check_reference
 
 @dataclass(frozen=True)
 class Reference:
+    """One main-graph initializer's external data, and where its bytes lie in the model."""
+
     tensor: str        # the initializer's name
     location: str      # a weights member, e.g. "weights/p0.bin"
     offset: int
@@ -53,7 +55,7 @@ def plain_references(model: bytes) -> list[Reference] | None:
 
 
 class _NotPlain(Exception):
-    pass
+    """A reference of a form graphopt does not write: onnx's parse judges it."""
 
 
 def _reference(model: bytes, field: tuple[int, int], payload: tuple[int, int]

@@ -99,7 +99,7 @@ def len_field(number: int, payload: bytes) -> bytes:
 
 def text(buf: bytes, start: int, end: int) -> str:
     try:
-        return bytes(buf[start:end]).decode("utf-8")
+        return buf[start:end].decode("utf-8")
     except UnicodeDecodeError:
         raise WireError("a string field is not UTF-8") from None
 
