@@ -43,7 +43,7 @@ def onnxruntime_block_size() -> int:
     NCHWc transformer: a one-filter conv's weight comes out padded to one block."""
     import onnxruntime as ort
 
-    from graphopt.codegen import protowire
+    from graphopt import protowire
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

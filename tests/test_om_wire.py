@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_om import _escaping_tensor, _model, _tensor, big_matmul
 
-from graphopt.codegen import OmPartition, OmSession, load_om, om_refs, protowire, write_om
+from graphopt import protowire
+from graphopt.codegen import OmPartition, OmSession, load_om, om_refs, write_om
 from graphopt.codegen.om_manifest import dtype_from_name, dtype_name, known_dtype
 from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.nchwc_block import PROBE_MODEL

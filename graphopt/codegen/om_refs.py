@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphopt.codegen import protowire as wire
+from graphopt import protowire as wire
 from graphopt.codegen.om_weights import check_reference
 
 

@@ -11,6 +11,7 @@ from onnx import ModelProto, TypeProto, ValueInfoProto
 from graphopt.ir import Model
 from graphopt.ir.onnx_io import read_type, to_onnx
 from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.protowire import varint
 
 # Initializers at most this large keep their data during inference so that data propagation
 # (Shape→Gather→Concat→Reshape) can see them; larger ones go in as typed inputs to avoid copying
@@ -266,24 +267,12 @@ def _type_bytes(info: ValueInfoProto) -> bytes | None:
     protobuf's object cache, over half of a 100k-node inference."""
     data = info.SerializeToString()
     if data[:1] == b"\x0a":  # the name's tag
-        length, pos = _varint(data, 1)
+        length, pos = varint(data, 1, len(data))
         pos += length
         if data[pos:pos + 1] == b"\x12":  # the type's tag
-            length, pos = _varint(data, pos + 1)
+            length, pos = varint(data, pos + 1, len(data))
             return data[pos:pos + length]
     return info.type.SerializeToString() if info.HasField("type") else None
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The protobuf varint at `pos`, and the position after it."""
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 def _more_specific(new: tuple, old: tuple) -> bool:

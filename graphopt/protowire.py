@@ -1,6 +1,6 @@
-"""The few fields of a serialized ONNX model the runtime reads at load, on the protobuf wire
-format: main-graph initializers' external-data references, node domains, initializer dims.
-Loading an .om needs no onnx package (whose import costs ~0.1 s per process)."""
+"""The protobuf wire format of serialized ONNX, read without the onnx package (whose import
+costs ~0.1 s per process): fields and varints, and the few fields the runtime reads at load
+(main-graph initializers, node domains, initializer dims)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ class WireError(ValueError):
     """Bytes that are not a well-formed protobuf message."""
 
 
-def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The varint at buf[pos] (before `end`), and the position after it."""
     result = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -47,7 +48,7 @@ def fields(buf: bytes, start: int = 0, end: int | None = None
         if key < 0x80:
             pos += 1
         else:
-            key, pos = _varint(buf, pos, end)
+            key, pos = varint(buf, pos, end)
         number, wire = key >> 3, key & 7
         if wire == LEN:
             if pos >= end:
@@ -56,10 +57,10 @@ def fields(buf: bytes, start: int = 0, end: int | None = None
             if length < 0x80:
                 pos += 1
             else:
-                length, pos = _varint(buf, pos, end)
+                length, pos = varint(buf, pos, end)
             value, pos = pos, pos + length
         elif wire == VARINT:
-            value, pos = _varint(buf, pos, end)
+            value, pos = varint(buf, pos, end)
         elif wire == I64:
             value, pos = pos, pos + 8
         elif wire == I32:
@@ -144,7 +145,7 @@ def initializer_dims(model: bytes) -> list[list[int]]:
             elif wire == LEN:  # packed
                 pos = value
                 while pos < last:
-                    dim, pos = _varint(model, pos, last)
+                    dim, pos = varint(model, pos, last)
                     dims.append(dim)
         shapes.append(dims)
     return shapes
