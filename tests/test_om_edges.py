@@ -12,7 +12,7 @@ from helpers import conv_classifier, parse_model, run_cli
 
 import graphopt
 from graphopt import numerics
-from graphopt.codegen.om_write import route
+from graphopt.codegen.om_manifest import route
 from graphopt.errors import OptionError
 from graphopt.ir import load_onnx
 from graphopt.partition import load_target, partition

@@ -444,7 +444,8 @@ def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifac
     the partition models (`artifact.models` parses each when first asked for). The caller must
     pass `artifact.verify_checksums()` before it returns anything computed from them, and must
     not hand a partition to onnxruntime before checking its external references (the runtime
-    parses each partition that `may_reference_files` with `artifact.models.parse`). Everything
+    reads them on the protobuf wire, om_refs, or parses each partition that
+    `may_reference_files` with `artifact.models.parse`). Everything
     else (zip structure, member names and sizes, manifest, routing, the other members' sums) is
     checked before this returns.
     """

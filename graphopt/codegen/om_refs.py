@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphopt import protowire as wire
-from graphopt.codegen.om_weights import check_reference
+from graphopt.codegen.om_weights import LOCATION_KEY, check_reference
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,6 @@ class Reference:
     kept: tuple[tuple[int, int], ...]  # its TensorProto's fields but the reference's
 
 
-_LOCATION = b"location"
-
-
 def plain_references(model: bytes) -> list[Reference] | None:
     """The external references of `model`'s main-graph initializers, when those are all the
     model holds and each has graphopt's form (the keys location, offset and length, once each,
@@ -34,7 +31,7 @@ def plain_references(model: bytes) -> list[Reference] | None:
     A reference anywhere must name its file under the key "location", and protobuf stores
     strings as they are: when the bytes hold no other "location" than the keys read here, the
     model holds no other reference (a node attribute's tensor, a subgraph's, a function's)."""
-    expected = model.count(_LOCATION)
+    expected = model.count(LOCATION_KEY)
     if expected == 0:
         return []
     try:
@@ -44,7 +41,7 @@ def plain_references(model: bytes) -> list[Reference] | None:
         found = []
         for start, end, first, last in wire.submessages(model, wire.GRAPH_INITIALIZER,
                                                         graph[0], graph[1]):
-            if model.find(_LOCATION, start, end) < 0:
+            if model.find(LOCATION_KEY, start, end) < 0:
                 continue  # its bytes are in the model, or it has no "location" to count
             reference = _reference(model, (first, last), (start, end))
             if reference is not None:
@@ -83,7 +80,7 @@ def _reference(model: bytes, field: tuple[int, int], payload: tuple[int, int]
         offset, length = int(entries["offset"]), int(entries["length"])
     except ValueError:
         raise _NotPlain from None
-    if _LOCATION in entries["location"].encode():
+    if LOCATION_KEY in entries["location"].encode():
         raise _NotPlain  # the count of "location" bytes would not tell references apart
     return Reference(name, entries["location"], offset, length, field, tuple(kept))
 

@@ -190,11 +190,15 @@ def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+# An external-data reference names its file under this key, and protobuf writes strings as they
+# are: bytes without it hold no reference.
+LOCATION_KEY = b"location"
+
+
 def names_a_file(data: bytes) -> bool:
-    """Whether serialized protobuf bytes (a model, a node) may hold an external-data reference.
-    A reference names its file under the key "location", and protobuf writes strings as they
-    are: bytes without it hold none."""
-    return b"location" in data
+    """Whether serialized protobuf bytes (a model, a node) may hold an external-data reference
+    (LOCATION_KEY)."""
+    return LOCATION_KEY in data
 
 
 def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import onnxruntime as ort
 
+from graphopt.codegen import om_refs
 from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
                                    typed_entry)
 from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_reference_files,
                                       routing_mismatch)
-from graphopt.codegen import om_refs
 from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
