@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 
 CPUINFO = "/proc/cpuinfo"
 BLOCK_SIZES = (8, 16)  # MLAS: 8 floats with AVX2, 16 with AVX-512F
@@ -41,6 +40,8 @@ PROBE_MODEL = bytes.fromhex(
 def onnxruntime_block_size() -> int:
     """The block the installed onnxruntime uses on this CPU (0: none), read back from its own
     NCHWc transformer: a one-filter conv's weight comes out padded to one block."""
+    import tempfile
+
     import onnxruntime as ort
 
     from graphopt import protowire

@@ -20,6 +20,9 @@ from graphopt import numerics
 COMPILER = ("graphopt.compiler", "graphopt.passes", "graphopt.partition.partitioner",
             "graphopt.tuner", "networkx", "optuna")
 RUNTIME = ("onnx", "onnxruntime", "numpy")
+# What a small artifact's load does without: concurrent.futures (and logging with it) serves
+# only the chunked hashing of large weights blobs, tempfile only writing files.
+LOAD_SPARES = ("concurrent.futures", "logging", "tempfile")
 
 SMALL = """
 g (float[1, 4] x) => (float[1, 3] y) {
@@ -59,7 +62,7 @@ def test_loading_an_om_leaves_the_compiler_out(tmp_path):
             f"y = s.run({{'x': np.ones((1, 4), np.float32)}})['y']\n"
             f"assert np.allclose(y, np.ones((1, 4), np.float32) @ np.arange(12, dtype=np.float32)"
             f".reshape(4, 3)), y")
-    assert imported_after(code, COMPILER) == []
+    assert imported_after(code, COMPILER + LOAD_SPARES) == []
 
 
 def test_loading_a_blocked_conv_with_mapped_weights_needs_no_onnx(tmp_path):

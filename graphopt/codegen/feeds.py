@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphopt.atomic import atomic_write
 from graphopt.codegen.om_manifest import dtype_from_name, dtype_name
 from graphopt.errors import GraphoptError, InputError
 
@@ -378,6 +377,8 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     Written entry by entry rather than with np.savez(**arrays) so that any tensor name works,
     including ones that collide with np.savez's own parameters ("file", "allow_pickle").
     """
+    from graphopt.atomic import atomic_write  # tempfile: not needed by a process that only loads
+
     path = os.fspath(path)
     try:
         with atomic_write(path) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
