@@ -464,6 +464,10 @@ def bad_prepack_weights(manifest, members):
     manifest["partitions"][0]["prepack_weights"] = "no"
 
 
+def bad_index_rows(manifest, members):
+    manifest["inputs"][0]["index_rows"] = 0
+
+
 def tamper_details(manifest, members):
     members["details.json"] = members["details.json"].replace(b"fold", b"FOLD")
 
@@ -485,6 +489,7 @@ BAD_CASES = {
     "no_partitions": (set_field("partitions", []), "manifest lists no partitions"),
     "disabled_optimizers": (bad_disabled_optimizers, "disabled_optimizers"),
     "prepack_weights": (bad_prepack_weights, "prepack_weights"),
+    "index_rows": (bad_index_rows, "manifest inputs entry 'X' has a bad index_rows 0"),
     "tampered_details": (tamper_details, "member 'details.json' fails its sha256 check"),
     "details_elsewhere": (details_elsewhere, "details must name the listed member 'details.json'"),
 }

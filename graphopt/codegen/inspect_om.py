@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.feeds import typed_entry
-from graphopt.codegen.om_manifest import DETAILS_NAME
+from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_ROWS
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
@@ -280,7 +280,14 @@ def format_om(artifact: OmArtifact) -> str:
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))
                  for e in _typed_signature(artifact, entries)]
-    parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))
+    columns = ["role", "tensor", "dtype", "shape"]
+    if any(INDEX_ROWS in e for e in m["inputs"]):  # ids the runtime checks (index_bounds)
+        columns.append("values")
+        rows_of = {e["name"]: e.get(INDEX_ROWS) for e in m["inputs"]}
+        for row in signature:
+            rows = rows_of.get(row[1]) if row[0] == "input" else None
+            row.append(f"ids {-rows} to {rows - 1}" if rows else "")
+    parts.append(format_table(columns, signature, title="signature"))
 
     if artifact.profiles:
         parts.append(_format_profiles(artifact))

@@ -23,6 +23,8 @@ DETAILS_NAME = "details.json"
 PARTITION_DIR = "partitions/"
 PARTITION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")  # onnxruntime's, by name
+# On an input's entry: the rows of the 4-bit embedding table it indexes (codegen/index_bounds).
+INDEX_ROWS = "index_rows"
 
 _SIGNATURE_SCHEMA = {
     "type": "array",
@@ -39,6 +41,9 @@ _SIGNATURE_SCHEMA = {
                 "type": ["array", "null"],
                 "items": {"type": ["integer", "string", "null"]},
             },
+            # Inputs only: the rows of the 4-bit embedding table the input's ids index; the
+            # runtime refuses ids outside [-rows, rows), as Gather does.
+            INDEX_ROWS: {"type": "integer", "minimum": 1},
         },
     },
 }
@@ -366,6 +371,11 @@ def _check_signature(entries: list, where: str) -> None:
         for dim in shape or []:
             if isinstance(dim, bool) or not isinstance(dim, (int, str, type(None))):
                 raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad dim {dim!r}")
+        if INDEX_ROWS in entry:
+            rows = entry[INDEX_ROWS]
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+                raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad "
+                                f"{INDEX_ROWS} {rows!r}")
 
 
 def check_manifest(manifest: dict) -> None:

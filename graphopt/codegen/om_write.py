@@ -16,9 +16,11 @@ from onnx import TensorProto
 
 from graphopt import __version__ as GRAPHOPT_VERSION
 from graphopt.atomic import atomic_write
+from graphopt.codegen.index_bounds import indexed_inputs
 from graphopt.codegen.om_manifest import (
     DETAILS_NAME,
     FORMAT,
+    INDEX_ROWS,
     OPTIMIZATION_LEVELS,
     MANIFEST_NAME,
     PARTITION_DIR,
@@ -188,8 +190,10 @@ def _profile_plans(profiles: list[OmProfile], outputs: list[str] | None,
     return plans
 
 
-def _signature(partitions: list[OmPartition], tensors: list[str]) -> dict[str, dict]:
-    """The signature entries of `tensors`, from the partitions' graph inputs and outputs."""
+def _signature(partitions: list[OmPartition], tensors: list[str], fed: list[str]
+               ) -> dict[str, dict]:
+    """The signature entries of `tensors`, from the partitions' graph inputs and outputs; those
+    of the `fed` inputs that index a 4-bit embedding table carry its rows (index_bounds)."""
     signature: dict[str, dict] = {}
     for part in partitions:
         for vi in list(part.model.graph.input) + list(part.model.graph.output):
@@ -197,6 +201,11 @@ def _signature(partitions: list[OmPartition], tensors: list[str]) -> dict[str, d
     for tensor in tensors:
         if tensor not in signature:
             raise ValueError(f"tensor {tensor!r} is not a graph input or output of its partition")
+    for part in partitions:
+        for name, rows in indexed_inputs(part.model).items():
+            if name in fed:
+                entry = signature[name]
+                entry[INDEX_ROWS] = min(rows, entry.get(INDEX_ROWS, rows))
     return signature
 
 
@@ -423,11 +432,11 @@ def write_om(
         members[name] = bytes(data)
 
     if plans:
-        signatures = [_signature(profile.partitions, top_inputs + top_outputs)
+        signatures = [_signature(profile.partitions, top_inputs + top_outputs, top_inputs)
                       for profile, *_ in plans]
         signature = _merged_signature(signatures, dynamic_signature or {})
     else:
-        signature = _signature(partitions, top_inputs + top_outputs)
+        signature = _signature(partitions, top_inputs + top_outputs, top_inputs)
 
     if source_path is not None:
         source_path = os.fspath(source_path)

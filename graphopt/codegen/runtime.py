@@ -18,6 +18,8 @@ import onnxruntime as ort
 from graphopt.codegen import om_refs
 from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
                                    typed_entry)
+from graphopt.codegen.index_bounds import check_ids
+from graphopt.codegen.om_manifest import INDEX_ROWS
 from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_reference_files,
                                       routing_mismatch)
 from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
@@ -474,6 +476,9 @@ class OmSession:
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
                                if e["shape"] is not None
                                and all(isinstance(d, int) for d in e["shape"])}
+        # Inputs whose ids index a 4-bit embedding table, which would return zeros for an id
+        # out of range where the original's Gather refuses it (index_bounds).
+        self._indexed = [(e["name"], e[INDEX_ROWS]) for e in self._inputs if INDEX_ROWS in e]
         # (name, dtype, shape) of every input when all are numeric tensors of static shape:
         # feeds that match it exactly skip the general checks (~1.5 µs a call on tiny models).
         exact = [(name, dtype, self._static_shapes.get(name))
@@ -614,6 +619,8 @@ class OmSession:
     def _run(self, feeds: Mapping[str, Any],
              output_names: list[str] | None) -> dict[str, np.ndarray]:
         env = self._check_feeds(feeds)
+        for name, rows in self._indexed:
+            check_ids(name, env[name], rows)
         program = self._program if self._matcher is None else self._matcher.select(env)
         if output_names is None and program.single is not None:
             step = program.single
