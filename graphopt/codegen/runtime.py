@@ -64,7 +64,11 @@ def _runner(session: ort.InferenceSession, providers: list[str]):
             return typed
     binding = getattr(session, "_sess", None)
     if providers == [CPU_PROVIDER] and binding is not None and hasattr(binding, "run"):
-        return lambda outputs, feeds: binding.run(outputs, feeds, None)
+        def call(outputs: list[str], feeds: Mapping[str, Any]) -> list:
+            return binding.run(outputs, feeds, None)
+
+        call.binding = binding  # for run()'s direct path (_direct)
+        return call
     return session.run
 
 
@@ -90,8 +94,40 @@ def _call(step: _Step, feeds: Mapping[str, Any]) -> list:
     except GraphoptError:
         raise  # a TypedRunner's refusal, which names the value already
     except Exception as exc:  # onnxruntime raises its own untyped exceptions
-        raise GraphoptError(
-            f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}") from None
+        raise _failed(step, exc) from None
+
+
+def _failed(step: _Step, exc: Exception) -> GraphoptError:
+    return GraphoptError(f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}")
+
+
+def _direct(step: _Step | None, exact: list | None):
+    """run()'s shortcut for one partition fed exactly its inputs, as numpy arrays of their
+    declared dtypes and static shapes: feeds -> outputs, or None when the feeds need the full
+    checks. The general path's frames and checks cost ~4 µs more a call, on a model that
+    runs in 60 µs, once its kernels have evicted the interpreter's data from the caches."""
+    if step is None or exact is None:
+        return None
+    call, outputs, count = step.call, step.outputs, len(exact)
+    binding = getattr(call, "binding", None)
+    run = binding.run if binding is not None else None  # without call's own frame
+
+    def direct(feeds: Any) -> dict[str, Any] | None:
+        if type(feeds) is not dict or len(feeds) != count:
+            return None
+        for name, dtype, shape in exact:
+            array = feeds.get(name)
+            if type(array) is not np.ndarray or array.dtype is not dtype or array.shape != shape:
+                return None
+        try:
+            results = run(outputs, feeds, None) if run is not None else call(outputs, feeds)
+            return dict(zip(outputs, results))
+        except GraphoptError:
+            raise
+        except Exception as exc:  # onnxruntime's, as in _call
+            raise _failed(step, exc) from None
+
+    return direct
 
 
 def _first_line(exc: BaseException) -> str:
@@ -493,6 +529,9 @@ class OmSession:
         self._matcher = (ProfileMatcher(input_names, [(p, plans.get(p["name"]))
                                                       for p in artifact.profiles])
                          if artifact.profiles else None)
+        self._direct = (_direct(self._program.single, self._exact)
+                        if self._matcher is None and self._mapped is None and not self._indexed
+                        else None)
 
     def _open(self, artifact: OmArtifact, options, fallback: list[str],
               wanted: set[str]) -> list[_Step]:
@@ -601,6 +640,11 @@ class OmSession:
         `output_names` may also name tensors passed between partitions, which helps debugging.
         Bad feeds raise GraphoptError naming the input.
         """
+        direct = self._direct
+        if direct is not None and output_names is None and self._pending is None:
+            outputs = direct(feeds)
+            if outputs is not None:
+                return outputs
         if self._mapped is not None:
             self._mapped.check()
         if self._pending is None:
