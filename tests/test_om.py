@@ -468,6 +468,10 @@ def bad_index_rows(manifest, members):
     manifest["inputs"][0]["index_rows"] = 0
 
 
+def index_rows_on_floats(manifest, members):
+    manifest["inputs"][0]["index_rows"] = 8  # X is float32: no table takes it as ids
+
+
 def tamper_details(manifest, members):
     members["details.json"] = members["details.json"].replace(b"fold", b"FOLD")
 
@@ -490,6 +494,7 @@ BAD_CASES = {
     "disabled_optimizers": (bad_disabled_optimizers, "disabled_optimizers"),
     "prepack_weights": (bad_prepack_weights, "prepack_weights"),
     "index_rows": (bad_index_rows, "manifest inputs entry 'X' has a bad index_rows 0"),
+    "index_rows_dtype": (index_rows_on_floats, r"bad index_rows 8 \(for ids of dtype float32\)"),
     "tampered_details": (tamper_details, "member 'details.json' fails its sha256 check"),
     "details_elsewhere": (details_elsewhere, "details must name the listed member 'details.json'"),
 }

@@ -373,9 +373,10 @@ def _check_signature(entries: list, where: str) -> None:
                 raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad dim {dim!r}")
         if INDEX_ROWS in entry:
             rows = entry[INDEX_ROWS]
-            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 \
+                    or dtype not in ("int32", "int64"):  # Gather's index types
                 raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad "
-                                f"{INDEX_ROWS} {rows!r}")
+                                f"{INDEX_ROWS} {rows!r} (for ids of dtype {dtype})")
 
 
 def check_manifest(manifest: dict) -> None:
