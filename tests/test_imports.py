@@ -65,6 +65,22 @@ def test_loading_an_om_leaves_the_compiler_out(tmp_path):
     assert imported_after(code, COMPILER + LOAD_SPARES) == []
 
 
+def test_loading_an_om_with_string_inputs_needs_no_onnx(tmp_path):
+    graph = onnx.helper.make_graph(
+        # locale C: the default, en_US.UTF-8, may not be installed
+        [onnx.helper.make_node("StringNormalizer", ["x"], ["y"], stopwords=["ab"], locale="C")],
+        "strings", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [None])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    source, om = tmp_path / "strings.onnx", tmp_path / "strings.om"
+    onnx.save(model, source)
+    graphopt.save(graphopt.optimize(str(source), target="cpu"), str(om))
+    code = (f"import numpy as np, graphopt\n"
+            f"y = graphopt.load({str(om)!r}).run({{'x': np.array(['ab', 'Cd'])}})['y']\n"
+            f"assert y.tolist() == ['Cd'], y")
+    assert imported_after(code, COMPILER + ("onnx", "ml_dtypes")) == []
+
+
 def test_loading_a_blocked_conv_with_mapped_weights_needs_no_onnx(tmp_path):
     # 2.4 MB of conv weights: a weights blob whose references the runtime repoints, and an
     # NCHWc conv whose block it checks against onnxruntime's.

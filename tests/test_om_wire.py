@@ -12,6 +12,7 @@ from test_om import _escaping_tensor, _model, _tensor, big_matmul
 
 from graphopt import protowire
 from graphopt.codegen import OmPartition, OmSession, load_om, om_refs, write_om
+from graphopt.codegen.feeds import numpy_dtype
 from graphopt.codegen.om_manifest import dtype_from_name, dtype_name, known_dtype
 from graphopt.codegen.om_weights import external_tensors, point_into
 from graphopt.nchwc_block import PROBE_MODEL
@@ -27,6 +28,18 @@ def test_element_types_are_onnx_s():
     assert not known_dtype("float128")
     with pytest.raises(ValueError):
         dtype_name(999)
+
+
+def test_numpy_dtypes_without_onnx_are_onnx_s():
+    # numpy's own types (and strings) are mapped without importing onnx; the rest through it.
+    for name, value in TensorProto.DataType.items():
+        if value == 0:
+            continue
+        try:
+            expected = np.dtype(helper.tensor_dtype_to_np_dtype(value))
+        except (KeyError, TypeError, ValueError):
+            expected = None
+        assert numpy_dtype(dtype_name(value)) == expected, name
 
 
 def test_probe_model_is_the_one_onnx_builds():

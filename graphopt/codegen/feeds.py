@@ -29,6 +29,8 @@ def numpy_dtype(dtype: str | None) -> np.dtype | None:
         return None
     if dtype in _NUMPY_NAMED:
         return np.dtype(dtype)
+    if dtype == "string":
+        return np.dtype(object)  # as onnxruntime returns strings (and as onnx.helper maps them)
     from onnx import helper  # ml_dtypes' types, and those numpy has none for
 
     try:
