@@ -118,17 +118,17 @@ def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None,
     if max(t_orig, t_om) < QUICK_SECONDS:
         runs = max(runs, QUICK_RUNS)
 
-    def original() -> None:
+    def time_original() -> None:
         total, opened, _ = start_original(model.path, model.feeds)
         times["original"].append(total)
         times["session"].append(opened)
 
-    def om() -> None:
+    def time_om() -> None:
         total, opened, _ = start_om(om_path, model.feeds)
         times["om"].append(total)
         times["load"].append(opened)
 
-    starts = [original, om]
+    starts = [time_original, time_om]
     if floor is not None:
         starts.append(lambda: times["floor"].append(start_floor(floor, model.feeds)))
     if unpacked:
