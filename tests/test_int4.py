@@ -362,6 +362,41 @@ def test_only_ids_that_reach_the_table_unchanged_are_bounded(tmp_path):
         session.run({"ids": np.array([[0, 1, 2], [3, 4, 16]]), "flat": np.arange(6)})
 
 
+# Positions counted from the sequence length, as GPT-2's exports compute them.
+COUNTED_LM = """
+g (int64[1,S] ids) => (float[1,S,40] logits) {
+  tok = Gather(wte, ids)
+  shape = Shape(ids)
+  one = Constant <value = int64 {1}> ()
+  zero = Constant <value = int64 {0}> ()
+  n = Gather(shape, one)
+  pos = Range(zero, n, one)
+  where = Gather(wpe, pos)
+  h = Add(tok, where)
+  logits = MatMul(h, head)
+}"""
+
+
+def test_an_om_refuses_a_sequence_longer_than_its_4_bit_position_table(tmp_path, capsys):
+    _, wte, wpe = _tied_lm()
+    proto = parse_model(COUNTED_LM, wte=wte, wpe=wpe, head=np.ascontiguousarray(wte.T))
+    path = tmp_path / "counted.om"
+    graphopt.save(graphopt.optimize(proto, level=1, target="cpu", pass_options={
+        "quantize": "int4", "int4_embeddings": True}), path)
+    session = graphopt.load(path)
+    (entry,) = session.inputs
+    assert entry["index_rows"] == 40 and entry["index_dims"] == [[1, 8]]
+    assert session.run({"ids": np.arange(8)[None]})["logits"].shape == (1, 8, 40)
+    longer = {"ids": np.arange(9)[None]}
+    with pytest.raises(Exception, match="out of"):  # what the original model does
+        numerics.run(proto, longer)
+    with pytest.raises(GraphoptError, match=r"input 'ids' has 9 along axis 1: positions 0 to 8 "
+                       r"index an embedding table of 8 rows \(at most 8 along that axis\)"):
+        session.run(longer)
+    rc, out, _ = run_cli(capsys, "inspect", path)
+    assert rc == 0 and "ids -40 to 39, dim 1 ≤ 8" in out
+
+
 @pytest.mark.parametrize("width,group,block", [(96, 64, 32), (48, 32, 16), (256, 128, 128)])
 def test_a_table_takes_the_largest_block_up_to_the_group_that_divides_its_width(
         width, group, block):

@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.feeds import typed_entry
-from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_ROWS
+from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
@@ -281,12 +281,15 @@ def format_om(artifact: OmArtifact) -> str:
                  for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))
                  for e in _typed_signature(artifact, entries)]
     columns = ["role", "tensor", "dtype", "shape"]
-    if any(INDEX_ROWS in e for e in m["inputs"]):  # ids the runtime checks (index_bounds)
-        columns.append("values")
-        rows_of = {e["name"]: e.get(INDEX_ROWS) for e in m["inputs"]}
+    if any(INDEX_ROWS in e or INDEX_DIMS in e for e in m["inputs"]):  # checked by the runtime
+        columns.append("bounds")
+        by_name = {e["name"]: e for e in m["inputs"]}
         for row in signature:
-            rows = rows_of.get(row[1]) if row[0] == "input" else None
-            row.append(f"ids {-rows} to {rows - 1}" if rows else "")
+            entry = by_name.get(row[1], {}) if row[0] == "input" else {}
+            rows = entry.get(INDEX_ROWS)
+            cell = [f"ids {-rows} to {rows - 1}"] if rows else []
+            cell += [f"dim {axis} ≤ {limit}" for axis, limit in entry.get(INDEX_DIMS, ())]
+            row.append(", ".join(cell))
     parts.append(format_table(columns, signature, title="signature"))
 
     if artifact.profiles:

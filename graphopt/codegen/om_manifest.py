@@ -23,8 +23,10 @@ DETAILS_NAME = "details.json"
 PARTITION_DIR = "partitions/"
 PARTITION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")  # onnxruntime's, by name
-# On an input's entry: the rows of the 4-bit embedding table it indexes (codegen/index_bounds).
+# On an input's entry, what bounds it by a 4-bit embedding table it indexes (codegen/index_bounds):
+# the table's rows for the input's ids, [[axis, rows], …] for dims that count positions into one.
 INDEX_ROWS = "index_rows"
+INDEX_DIMS = "index_dims"
 
 _SIGNATURE_SCHEMA = {
     "type": "array",
@@ -44,6 +46,12 @@ _SIGNATURE_SCHEMA = {
             # Inputs only: the rows of the 4-bit embedding table the input's ids index; the
             # runtime refuses ids outside [-rows, rows), as Gather does.
             INDEX_ROWS: {"type": "integer", "minimum": 1},
+            # Inputs only: [axis, rows] pairs; that dim counts positions 0 … dim - 1 into a 4-bit
+            # table of `rows` rows, and the runtime refuses a dim past `rows`, as Gather does.
+            INDEX_DIMS: {"type": "array", "items": {
+                "type": "array", "prefixItems": [{"type": "integer", "minimum": 0},
+                                                 {"type": "integer", "minimum": 1}],
+                "minItems": 2, "maxItems": 2}},
         },
     },
 }
@@ -371,12 +379,21 @@ def _check_signature(entries: list, where: str) -> None:
         for dim in shape or []:
             if isinstance(dim, bool) or not isinstance(dim, (int, str, type(None))):
                 raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad dim {dim!r}")
+        if not isinstance(entry.get(INDEX_DIMS, []), list):
+            raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad {INDEX_DIMS}")
         if INDEX_ROWS in entry:
             rows = entry[INDEX_ROWS]
             if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 \
                     or dtype not in ("int32", "int64"):  # Gather's index types
                 raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad "
                                 f"{INDEX_ROWS} {rows!r} (for ids of dtype {dtype})")
+        for pair in entry.get(INDEX_DIMS, ()):
+            if not (isinstance(pair, list) and len(pair) == 2
+                    and all(type(v) is int for v in pair) and pair[0] >= 0 and pair[1] >= 1
+                    and dtype is not None  # a tensor's dim: a sequence has none
+                    and (shape is None or pair[0] < len(shape))):
+                raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad "
+                                f"{INDEX_DIMS} entry {pair!r}")
 
 
 def check_manifest(manifest: dict) -> None:

@@ -16,10 +16,11 @@ from onnx import TensorProto
 
 from graphopt import __version__ as GRAPHOPT_VERSION
 from graphopt.atomic import atomic_write
-from graphopt.codegen.index_bounds import indexed_inputs
+from graphopt.codegen.index_bounds import table_bounds
 from graphopt.codegen.om_manifest import (
     DETAILS_NAME,
     FORMAT,
+    INDEX_DIMS,
     INDEX_ROWS,
     OPTIMIZATION_LEVELS,
     MANIFEST_NAME,
@@ -202,10 +203,16 @@ def _signature(partitions: list[OmPartition], tensors: list[str], fed: list[str]
         if tensor not in signature:
             raise ValueError(f"tensor {tensor!r} is not a graph input or output of its partition")
     for part in partitions:
-        for name, rows in indexed_inputs(part.model).items():
+        bounds = table_bounds(part.model)
+        for name, rows in bounds.rows.items():
             if name in fed:
                 entry = signature[name]
                 entry[INDEX_ROWS] = min(rows, entry.get(INDEX_ROWS, rows))
+        for (name, axis), rows in sorted(bounds.dims.items()):
+            if name in fed:
+                pairs = dict(signature[name].get(INDEX_DIMS, []))
+                pairs[axis] = min(rows, pairs.get(axis, rows))
+                signature[name][INDEX_DIMS] = [[a, r] for a, r in sorted(pairs.items())]
     return signature
 
 

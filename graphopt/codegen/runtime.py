@@ -18,8 +18,8 @@ import onnxruntime as ort
 from graphopt.codegen import om_refs
 from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
                                    typed_entry)
-from graphopt.codegen.index_bounds import check_ids
-from graphopt.codegen.om_manifest import INDEX_ROWS
+from graphopt.codegen.index_bounds import check_dim, check_ids
+from graphopt.codegen.om_manifest import INDEX_DIMS, INDEX_ROWS
 from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_reference_files,
                                       routing_mismatch)
 from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
@@ -522,9 +522,12 @@ class OmSession:
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
                                if e["shape"] is not None
                                and all(isinstance(d, int) for d in e["shape"])}
-        # Inputs whose ids index a 4-bit embedding table, which would return zeros for an id
-        # out of range where the original's Gather refuses it (index_bounds).
+        # Inputs whose ids, or a dim counting positions, index a 4-bit embedding table, which
+        # would return zeros for an id out of range where the original's Gather refuses it
+        # (index_bounds).
         self._indexed = [(e["name"], e[INDEX_ROWS]) for e in self._inputs if INDEX_ROWS in e]
+        self._counted = [(e["name"], axis, rows) for e in self._inputs
+                         for axis, rows in e.get(INDEX_DIMS, ())]
         # (name, dtype, shape) of every input when all are numeric tensors of static shape:
         # feeds that match it exactly skip the general checks (~1.5 µs a call on tiny models).
         exact = [(name, dtype, self._static_shapes.get(name))
@@ -541,7 +544,7 @@ class OmSession:
                          if artifact.profiles else None)
         self._direct = (_direct(self._program.single, self._exact)
                         if self._matcher is None and self._mapped is None and not self._indexed
-                        else None)
+                        and not self._counted else None)
 
     def _open(self, artifact: OmArtifact, options, fallback: list[str],
               wanted: set[str]) -> list[_Step]:
@@ -675,6 +678,8 @@ class OmSession:
         env = self._check_feeds(feeds)
         for name, rows in self._indexed:
             check_ids(name, env[name], rows)
+        for name, axis, rows in self._counted:
+            check_dim(name, env[name], axis, rows)
         program = self._program if self._matcher is None else self._matcher.select(env)
         if output_names is None and program.single is not None:
             step = program.single
