@@ -194,7 +194,7 @@ def _profile_plans(profiles: list[OmProfile], outputs: list[str] | None,
 def _signature(partitions: list[OmPartition], tensors: list[str], fed: list[str]
                ) -> dict[str, dict]:
     """The signature entries of `tensors`, from the partitions' graph inputs and outputs; those
-    of the `fed` inputs that index a 4-bit embedding table carry its rows (index_bounds)."""
+    of the `fed` inputs that index a 4-bit embedding table carry its bounds (index_bounds)."""
     signature: dict[str, dict] = {}
     for part in partitions:
         for vi in list(part.model.graph.input) + list(part.model.graph.output):
