@@ -10,7 +10,8 @@ from collections.abc import Iterator
 MODEL_GRAPH = 7
 GRAPH_NODE, GRAPH_INITIALIZER = 1, 5
 NODE_DOMAIN = 7
-TENSOR_DIMS, TENSOR_NAME, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 1, 8, 13, 14
+TENSOR_DIMS, TENSOR_NAME, TENSOR_RAW_DATA = 1, 8, 9
+TENSOR_DOC_STRING, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 12, 13, 14
 ENTRY_KEY, ENTRY_VALUE = 1, 2
 EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 
@@ -82,7 +83,12 @@ def submessages(buf: bytes, number: int, start: int = 0, end: int | None = None
             yield value, last, first, last
 
 
+_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
+
+
 def encode_varint(value: int) -> bytes:
+    if 0 <= value < 0x80:  # keys and most lengths: the runtime encodes hundreds at a load
+        return _ONE_BYTE[value]
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -127,6 +133,59 @@ def node_domains(model: bytes) -> set[str]:
             domain = text(model, start, end)
         domains.add(domain)
     return domains
+
+
+# An initializer of at least this many bytes is worth a look for its raw data (raw_data_spans).
+LARGE_TENSOR_BYTES = 4096
+
+
+def initializers_first(model: bytes) -> bytes:
+    """`model` with its main-graph initializers at the head of the graph, those of
+    LARGE_TENSOR_BYTES or more first: where raw_data_spans and a search for external
+    references find them without walking the nodes. The same model to any protobuf reader
+    (different fields may come in any order, and the other fields keep theirs); the bytes as
+    they are when nothing moves."""
+    graph = graph_span(model)
+    if graph is None:
+        return model
+    start, end, field_start, field_end = graph
+    large, small, rest = [], [], []
+    for number, wire, value, first, last in fields(model, start, end):
+        if number == GRAPH_INITIALIZER and wire == LEN:
+            (large if last - value >= LARGE_TENSOR_BYTES else small).append(model[first:last])
+        else:
+            rest.append(model[first:last])
+    payload = b"".join(large + small + rest)
+    if payload == model[start:end]:
+        return model
+    return b"".join((model[:field_start], len_field(MODEL_GRAPH, payload), model[field_end:]))
+
+
+def leading_initializers(model: bytes, start: int, end: int
+                         ) -> Iterator[tuple[int, int, int, int]]:
+    """(payload start, payload end, field start, field end) of the initializers at the head of
+    the graph whose payload is model[start:end], up to its first other field."""
+    for number, wire, value, first, last in fields(model, start, end):
+        if number != GRAPH_INITIALIZER or wire != LEN:
+            return
+        yield value, last, first, last
+
+
+def raw_data_spans(model: bytes) -> list[tuple[int, int]]:
+    """Where the raw data of the large initializers at the head of the main graph lies (the
+    form initializers_first writes): bytes that are tensor contents and nothing else, which a
+    search for a key can skip. The walk stops at the first other field, so it costs nothing on
+    a graph whose nodes come first."""
+    graph = graph_span(model)
+    if graph is None:
+        return []
+    spans = []
+    for start, end, _, _ in leading_initializers(model, graph[0], graph[1]):
+        if end - start < LARGE_TENSOR_BYTES:
+            break
+        spans.extend((first, last) for field, kind, first, _, last in fields(model, start, end)
+                     if field == TENSOR_RAW_DATA and kind == LEN)
+    return spans
 
 
 def initializer_dims(model: bytes) -> list[list[int]]:

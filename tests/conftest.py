@@ -19,10 +19,9 @@ atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 @pytest.fixture(params=["onnx", "wire"])
 def reference_reader(request, monkeypatch):
-    """How the runtime reads partitions' external references at load: parsed with onnx (any
-    process that imported it, as this suite does), or from the protobuf wire (a process that
-    has not)."""
+    """How the runtime reads partitions' external references at load: from the protobuf wire
+    (graphopt's own form, in any process), or parsed with onnx (what takes any other form)."""
     from graphopt.codegen import runtime
 
-    monkeypatch.setattr(runtime, "_onnx_imported", lambda: request.param == "onnx")
+    monkeypatch.setattr(runtime, "WIRE_REFERENCES", request.param == "wire")
     return request.param

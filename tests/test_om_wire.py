@@ -127,3 +127,94 @@ def test_models_without_references_and_broken_bytes():
     assert om_refs.plain_references(plain[:-3]) is None  # truncated: onnx says what is wrong
     with pytest.raises(protowire.WireError):
         list(protowire.fields(b"\x0a\xff"))
+
+
+def _inline_matmul(raw_prefix: bytes = b"") -> onnx.ModelProto:
+    """Y = X @ W + B with a 64 KiB W (kept inside the partition) and a small B; W's raw data
+    starts with `raw_prefix`."""
+    w = np.random.default_rng(2).standard_normal((128, 128)).astype(np.float32)
+    tensor = numpy_helper.from_array(w, "W")
+    tensor.raw_data = raw_prefix + tensor.raw_data[len(raw_prefix):]
+    return _model([helper.make_node("MatMul", ["X", "W"], ["H"]),
+                   helper.make_node("Add", ["H", "B"], ["Y"])],
+                  [_tensor("X", ["N", 128])], [_tensor("Y", ["N", 128])],
+                  [numpy_helper.from_array(np.ones(128, np.float32), "B"), tensor])
+
+
+def test_large_initializers_go_to_the_head_of_the_graph():
+    model = _inline_matmul()
+    data = model.SerializeToString()
+    assert protowire.raw_data_spans(data) == []  # nodes first: the walk stops at once
+    moved = protowire.initializers_first(data)
+    assert len(moved) == len(data) and moved != data
+    parsed = onnx.load_from_string(moved)
+    assert [t.name for t in parsed.graph.initializer] == ["W", "B"]
+    parsed.graph.initializer.sort(key=lambda t: t.name)
+    model.graph.initializer.sort(key=lambda t: t.name)
+    assert parsed == model  # every other field as it was, in its order
+    (span,) = protowire.raw_data_spans(moved)
+    assert moved[span[0]:span[1]] == model.graph.initializer[1].raw_data
+    assert protowire.initializers_first(moved) == moved  # nothing left to move
+
+
+def test_partitions_are_written_initializers_first(tmp_path):
+    write_om(tmp_path / "m.om", [OmPartition("p0", "cpu", _inline_matmul())])
+    data = load_om(tmp_path / "m.om").members["partitions/p0.onnx"]
+    assert len(protowire.raw_data_spans(data)) == 1
+
+
+def test_search_for_references_skips_raw_data_at_the_head_only():
+    # A "location" inside tensor contents is no reference: skipped where the writer puts large
+    # tensors; elsewhere counted, which leaves the model to onnx's parse (slower, as safe).
+    data = _inline_matmul(raw_prefix=b"location").SerializeToString()
+    assert om_refs.plain_references(data) is None
+    assert om_refs.plain_references(protowire.initializers_first(data)) == []
+    # A reference after the head is still seen.
+    model = onnx.load_from_string(protowire.initializers_first(data))
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["C"], value=_escaping_tensor()))
+    assert om_refs.plain_references(
+        protowire.initializers_first(model.SerializeToString())) is None
+
+
+def _initializer_payloads(data: bytes):
+    graph = protowire.graph_span(data)
+    return [(start, end, first, last) for start, end, first, last
+            in protowire.submessages(data, protowire.GRAPH_INITIALIZER, graph[0], graph[1])
+            if data.find(b"location", start, end) >= 0]
+
+
+def test_written_references_are_read_without_a_walk(tmp_path):
+    path, _ = _blob_artifact(tmp_path)
+    data = load_om(path).members["partitions/p0.onnx"]
+    payloads = _initializer_payloads(data)
+    assert len(payloads) == 3
+    for start, end, first, last in payloads:
+        quick = om_refs._written_form(data, (first, last), (start, end))
+        assert quick is not None and quick == om_refs._any_form(data, (first, last), (start, end))
+
+
+@pytest.mark.parametrize("name, doc", [("W", ""), ("W", "what W holds"), ("w" * 200, ""),
+                                       ("W", "d" * 300), ("Wé", "é")])
+def test_quick_and_walked_reads_agree(name, doc, monkeypatch):
+    model = big_matmul()
+    model.graph.initializer[0].name = model.graph.node[0].input[1] = name
+    model.graph.initializer[0].doc_string = doc
+    data = protowire.initializers_first(_with_reference(model, PLAIN))
+    (start, end, first, last), = _initializer_payloads(data)
+    walked = om_refs._any_form(data, (first, last), (start, end))
+    assert walked.tensor == name and walked.location == "weights/p0.bin"
+    assert om_refs._written_form(data, (first, last), (start, end)) in (None, walked)
+    quick = om_refs.plain_references(data)
+    monkeypatch.setattr(om_refs, "_written_form", lambda *args: None)
+    assert quick == om_refs.plain_references(data) == [walked]
+
+
+@pytest.mark.parametrize("entries", [
+    (("location", "weights/p0.bin"), ("offset", "+0"), ("length", "16")),  # int() reads "+0"
+    (("location", "weights/p0.bin"), ("offset", "0"), ("length", "16"), ("length", "16")),
+    (("offset", "0"), ("location", "weights/p0.bin"), ("length", "16")),
+])
+def test_quick_read_leaves_other_forms_to_the_walk(entries):
+    data = protowire.initializers_first(_with_reference(big_matmul(), entries))
+    (start, end, first, last), = _initializer_payloads(data)
+    assert om_refs._written_form(data, (first, last), (start, end)) is None

@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto
 
 from graphopt import __version__ as GRAPHOPT_VERSION
+from graphopt import protowire
 from graphopt.atomic import atomic_write
 from graphopt.codegen.index_bounds import table_bounds
 from graphopt.codegen.om_manifest import (
@@ -419,7 +420,9 @@ def write_om(
         model, blob = split_weights(part.model, weights_member(part.name), weight_sources,
                                     shared_weights)
         try:
-            members[part.member] = model.SerializeToString()
+            # Initializers first, large ones ahead: a load finds the external references
+            # without walking the nodes, and its search for stray ones skips the tensor bytes.
+            members[part.member] = protowire.initializers_first(model.SerializeToString())
         except Exception as exc:  # protobuf raises ValueError past 2 GiB, EncodeError on bad fields
             raise ArtifactError(
                 f"cannot write {path}: partition {part.name!r} does not serialize ({exc})"
