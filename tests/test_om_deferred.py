@@ -86,6 +86,22 @@ def test_deferred_load_checks_the_rest_and_leaves_the_partition_sums(om_path, tm
         load_om(om_path, defer_checks=True)
 
 
+def test_details_are_checked_when_first_read(tmp_path):
+    path = tmp_path / "model.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_model())],
+             pass_log=[{"pass": "FuseEverything", "rewrites": 3}])
+    bad = flip_byte_of(path, b"FuseEverything", tmp_path / "bad.om")
+    with pytest.raises(ArtifactError, match="details.json' fails its sha256 check"):
+        load_om(bad)
+    # A run never reads them: the load and the run go ahead, and the first read refuses them.
+    session = graphopt.load(bad)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(session.run({"X": x})["Y"], x @ W, rtol=1e-5)
+    with pytest.raises(ArtifactError, match="details.json' fails its sha256 check"):
+        session.artifact.pass_log  # noqa: B018
+    assert graphopt.load(path).artifact.pass_log == [{"pass": "FuseEverything", "rewrites": 3}]
+
+
 def test_deferred_models_are_parsed_when_asked_for(om_path, tmp_path):
     models = load_om(om_path, defer_checks=True).models
     assert list(models) == ["p0"] and len(models) == 1

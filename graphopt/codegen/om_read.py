@@ -29,6 +29,7 @@ from graphopt.codegen.om_manifest import (
 )
 from graphopt.codegen.om_weights import (WEIGHTS_DIR, BadReference, check_references, names_a_file,
                                          with_weights)
+from graphopt.codegen.om_zip import plain_zip
 from graphopt.errors import ArtifactError
 
 if TYPE_CHECKING:  # imported where a partition is parsed: a load need not import onnx
@@ -353,11 +354,15 @@ class OmArtifact:
     @functools.cached_property
     def details(self) -> dict:
         """{"pass_log": [...], "extra": {...}}: the details member, parsed when first asked for
-        (its sha256 was checked at load), or the manifest's own for an artifact written before
-        that member existed. ArtifactError if it is malformed."""
+        (its sha256 checked at load, or here when load_om deferred the checks), or the
+        manifest's own for an artifact written before that member existed. ArtifactError if
+        it is malformed or fails its sum."""
         if "details" not in self.manifest:
             return {"pass_log": self.manifest["pass_log"], "extra": self.manifest["extra"]}
         try:
+            if not self.verified:  # load_om(defer_checks=True) left its sum to this first read
+                _check_sha256(DETAILS_NAME, self.members[DETAILS_NAME],
+                              self.manifest["members"][DETAILS_NAME])
             try:
                 details = json.loads(self.members[DETAILS_NAME].decode("utf-8"))
             except (ValueError, UnicodeDecodeError) as exc:
@@ -417,7 +422,8 @@ class OmArtifact:
 
     @property
     def partition_members(self) -> list[str]:
-        """The members holding the partition models (what defer_checks leaves unhashed)."""
+        """The members holding the partition models, whose sums defer_checks leaves to the
+        caller (the details' sum, also left, is checked when they are first read)."""
         return [p["member"] for p in self.manifest["partitions"]]
 
     @property
@@ -441,8 +447,9 @@ def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifac
     """Load and verify an .om; any problem raises ArtifactError naming the file and the problem.
 
     `defer_checks=True` (the runtime's start-up) leaves out what only matters once a partition
-    runs: the sha256 sums of the partition members and of the weights blobs, and the parse of
-    the partition models (`artifact.models` parses each when first asked for). The caller must
+    runs: the sha256 sums of the partition members, of the weights blobs and of the details
+    (which a run never reads), and the parse of the partition models (`artifact.models` parses
+    each when first asked for). The caller must
     pass `artifact.verify_checksums()` before it returns anything computed from them, and must
     not hand a partition to onnxruntime before checking its external references (the runtime
     reads them on the protobuf wire, om_refs, or parses each partition that
@@ -459,16 +466,33 @@ def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifac
 
 def _load(path: str, defer: bool) -> OmArtifact:
     try:
-        f = open(path, "rb")
+        fd = os.open(path, os.O_RDONLY)  # a file object costs ~10 µs more, several times that cold
     except OSError as exc:
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
-    with f:  # one handle for the sniff and the zip: every open costs at start-up
-        try:
-            small = os.fstat(f.fileno()).st_size <= _READ_WHOLE_BYTES
-            source = io.BytesIO(f.read()) if small else f
-        except OSError as exc:
-            raise Malformed(f"cannot read ({exc.strerror or exc})") from None
-        return _load_from(path, source, defer)
+    try:  # one handle for the sniff and the zip: every open costs at start-up
+        size = os.fstat(fd).st_size
+        data = _read_all(fd, size) if size <= _READ_WHOLE_BYTES else None
+    except OSError as exc:
+        os.close(fd)
+        raise Malformed(f"cannot read ({exc.strerror or exc})") from None
+    if data is not None:
+        os.close(fd)
+        return _load_from(path, io.BytesIO(data), defer)
+    with open(fd, "rb") as f:  # owns fd from here
+        return _load_from(path, f, defer)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The `size` bytes of a file from its start (a short read, of a file that shrank, is
+    returned as it is: the zip's own structure then fails to parse)."""
+    pieces = []
+    while size > 0:
+        piece = os.read(fd, size)
+        if not piece:
+            break
+        pieces.append(piece)
+        size -= len(piece)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 # An artifact up to this size is read in one call, and the zip's directory and members are
@@ -485,7 +509,7 @@ def _load_from(path: str, f, defer: bool) -> OmArtifact:
     if not magic.startswith(b"PK"):
         raise Malformed("not an .om artifact (not a zip archive)")
     try:
-        zf = zipfile.ZipFile(f)
+        zf = (isinstance(f, io.BytesIO) and plain_zip(f)) or zipfile.ZipFile(f)
     except (zipfile.BadZipFile, EOFError, ValueError):
         raise Malformed("truncated or corrupt zip archive (no readable central directory)") from None
     except NotImplementedError as exc:  # a corrupt "version needed to extract"
@@ -528,10 +552,10 @@ def _load_from(path: str, f, defer: bool) -> OmArtifact:
         spans = {name: _weights_span(zf, name, listed[name]) for name in sorted(listed)
                  if name.startswith(WEIGHTS_DIR)}
     # Deferred, the runtime hashes the partitions (beside onnxruntime's session creation when
-    # they are large).
-    partition_members = {part["member"] for part in manifest["partitions"]}
+    # they are large), and the details are hashed when first read (a run never reads them).
+    deferred = set(_deferred_members(manifest)) if defer else set()
     for name in sorted(members):
-        if not (defer and name in partition_members):
+        if name not in deferred:
             _check_sha256(name, members[name], listed[name])
     for part in manifest["partitions"]:
         if part["member"] not in members:
@@ -547,6 +571,11 @@ def _load_from(path: str, f, defer: bool) -> OmArtifact:
     if not defer:
         artifact.verify_weights()
     return artifact
+
+
+def _deferred_members(manifest: dict) -> list[str]:
+    members = [part["member"] for part in manifest["partitions"]]
+    return members + [DETAILS_NAME] if DETAILS_NAME in manifest["members"] else members
 
 
 def is_om(path: str | os.PathLike) -> bool:

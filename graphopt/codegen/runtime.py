@@ -310,7 +310,7 @@ def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
     """Start checking an unverified artifact's sums; None when they are checked already."""
     if artifact.verified:
         return None
-    partitions = artifact.partition_members  # load_om checked the other members
+    partitions = artifact.partition_members  # load_om checked the others (but the details)
     size = sum(len(artifact.members[name]) for name in partitions)
     size += sum(length for _, length in artifact.spans.values())
     if size < _INLINE_CHECK_BYTES:
