@@ -1,5 +1,6 @@
-"""Dev check: every model in ../shared/models keeps its reference outputs through import→export
-and through the default pipeline (not part of `make test`; the folder is not in the repo)."""
+"""Dev check: every model in ../shared/models keeps its reference outputs through import→export,
+through the default pipeline, and through the `.om` it compiles to (written, loaded and run by
+graphopt's runtime); not part of `make test`, the folder is not in the repo."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import glob
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 
@@ -56,6 +58,13 @@ def main() -> int:
             problems = numerics.compare(reference, numerics.run(proto, feeds), args.rtol, args.atol)
             status.append("ok" if not problems else f"{label}: {problems[0]}")
             failures += bool(problems)
+        with tempfile.TemporaryDirectory() as folder:
+            artifact = os.path.join(folder, "model.om")
+            graphopt.save(result, artifact)
+            outputs = graphopt.load(artifact).run(feeds)
+        problems = numerics.compare(reference, outputs, args.rtol, args.atol)
+        status.append("ok" if not problems else f".om: {problems[0]}")
+        failures += bool(problems)
         ops = Counter(n.op_type for n in result.model.graph.all_nodes())
         layernorms = sum(ops[o] for o in LAYERNORMS)
         gelus = sum(ops[o] for o in GELUS)
@@ -67,11 +76,11 @@ def main() -> int:
         tanh_gelu = _feeding(result.model, "Tanh", "Add")
         softmax_attention = _feeding(result.model, "Softmax", "MatMul")
         rows.append([os.path.basename(path), result.nodes_before, result.model.graph.count_nodes(),
-                     f"{seconds:.2f}", status[0], status[1], f"{layernorms} / {centred}",
+                     f"{seconds:.2f}", *status, f"{layernorms} / {centred}",
                      f"{gelus} / {ops['Erf'] + tanh_gelu}",
                      f"{sum(ops[o] for o in ATTENTIONS)} / {softmax_attention}"])
         failures += bool(args.strict and (centred or ops["Erf"] or tanh_gelu or softmax_attention))
-    print(format_table(["model", "nodes", "after", "s", "round-trip", "optimized",
+    print(format_table(["model", "nodes", "after", "s", "round-trip", "optimized", ".om",
                         "LayerNorm fused / left", "GELU fused / left",
                         "attention fused / left"], rows))
     return 1 if failures else 0
