@@ -29,7 +29,7 @@ from graphopt.codegen.om_manifest import (
 )
 from graphopt.codegen.om_weights import (WEIGHTS_DIR, BadReference, check_references, names_a_file,
                                          with_weights)
-from graphopt.codegen.om_zip import plain_zip
+from graphopt.codegen.om_zip import Member, MemoryZip, plain_zip
 from graphopt.errors import ArtifactError
 
 if TYPE_CHECKING:  # imported where a partition is parsed: a load need not import onnx
@@ -37,11 +37,14 @@ if TYPE_CHECKING:  # imported where a partition is parsed: a load need not impor
 
     from graphopt.codegen.om_write import OmPartition
 
+Archive = zipfile.ZipFile | MemoryZip  # zipfile's reader, or om_zip's for a small plain artifact
+Entry = zipfile.ZipInfo | Member
+
 # The manifest is parsed before anything is verified: bound what a hostile file can make us read.
 _MAX_MANIFEST_BYTES = 64 << 20
 
 
-def _read_manifest(zf: zipfile.ZipFile) -> dict:
+def _read_manifest(zf: Archive) -> dict:
     try:
         info = zf.getinfo(MANIFEST_NAME)
     except KeyError:
@@ -97,7 +100,7 @@ def _check_routing(manifest: dict) -> None:
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip's local file header, 30 bytes
 
 
-def _data_offset(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+def _data_offset(zf: Archive, info: Entry) -> int:
     """Where an uncompressed member's bytes start in the file (after its local header)."""
     fp = zf.fp
     fp.seek(info.header_offset)
@@ -108,7 +111,7 @@ def _data_offset(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
     return info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
 
 
-def _stored_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+def _stored_bytes(zf: Archive, info: Entry) -> bytes:
     """An uncompressed member's bytes in one read. zipfile would also CRC them chunk by chunk,
     which costs as much as the sha256 check the caller does anyway."""
     fp = zf.fp
@@ -119,7 +122,7 @@ def _stored_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     return data
 
 
-def _stored_checked(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+def _stored_checked(zf: Archive, info: Entry) -> bytes:
     """An uncompressed member's bytes, checked against the zip's CRC-32: for the manifest,
     which no sha256 covers."""
     data = _stored_bytes(zf, info)
@@ -128,7 +131,7 @@ def _stored_checked(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     return data
 
 
-def _member_info(zf: zipfile.ZipFile, name: str, expected: dict) -> zipfile.ZipInfo:
+def _member_info(zf: Archive, name: str, expected: dict) -> Entry:
     try:
         info = zf.getinfo(name)
     except KeyError:
@@ -141,7 +144,7 @@ def _member_info(zf: zipfile.ZipFile, name: str, expected: dict) -> zipfile.ZipI
     return info
 
 
-def _weights_span(zf: zipfile.ZipFile, name: str, expected: dict) -> tuple[int, int]:
+def _weights_span(zf: Archive, name: str, expected: dict) -> tuple[int, int]:
     """(data offset in the file, size) of a weights blob, which stays on disk: onnxruntime maps
     it, and the checksum is computed from the file."""
     info = _member_info(zf, name, expected)
@@ -153,7 +156,7 @@ def _weights_span(zf: zipfile.ZipFile, name: str, expected: dict) -> tuple[int, 
         raise Malformed(f"member {name!r} is corrupt ({exc})") from None
 
 
-def _read_member(zf: zipfile.ZipFile, name: str, expected: dict) -> bytes:
+def _read_member(zf: Archive, name: str, expected: dict) -> bytes:
     # The declared size is compared first: it also bounds how much a zip bomb can make us inflate.
     info = _member_info(zf, name, expected)
     try:
@@ -575,7 +578,7 @@ def _load_from(path: str, f, defer: bool) -> OmArtifact:
 
 def _deferred_members(manifest: dict) -> list[str]:
     members = [part["member"] for part in manifest["partitions"]]
-    return members + [DETAILS_NAME] if DETAILS_NAME in manifest["members"] else members
+    return members + [DETAILS_NAME] if manifest.get("details") == DETAILS_NAME else members
 
 
 def is_om(path: str | os.PathLike) -> bool:
