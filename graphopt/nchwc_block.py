@@ -39,7 +39,22 @@ PROBE_MODEL = bytes.fromhex(
 @functools.cache
 def onnxruntime_block_size() -> int:
     """The block the installed onnxruntime uses on this CPU (0: none), read back from its own
-    NCHWc transformer: a one-filter conv's weight comes out padded to one block."""
+    NCHWc transformer: a one-filter conv's weight comes out padded to one block.
+
+    The answer is remembered in the cache folder (PROBES_FILE), keyed by onnxruntime's library
+    and this CPU's block, so that only the first process on a machine pays for the probe
+    (~8 ms of a new process's first load of a blocked model: the session and a temporary
+    file)."""
+    key = _probe_key()
+    remembered = _remembered(key)
+    if remembered is not None:
+        return remembered
+    block = _probe()
+    _remember(key, block)
+    return block
+
+
+def _probe() -> int:
     import tempfile
 
     import onnxruntime as ort
@@ -57,6 +72,68 @@ def onnxruntime_block_size() -> int:
     if "com.microsoft.nchwc" not in protowire.node_domains(probe):
         return 0
     return max(dims[0] for dims in protowire.initializer_dims(probe) if len(dims) == 4)
+
+
+PROBES_FILE = "nchwc-block.json"  # in $XDG_CACHE_HOME/graphopt (default ~/.cache/graphopt)
+_KEPT_PROBES = 16  # answers kept, for as many onnxruntime installs on one machine
+
+
+def _probes_path() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "graphopt", PROBES_FILE)
+
+
+def _probe_key() -> str:
+    """What the probe's answer depends on: the onnxruntime build (its version, and its native
+    library's path, size and modification time, which change with any reinstall) and the block
+    this CPU's flags allow."""
+    import onnxruntime as ort
+    from onnxruntime.capi import onnxruntime_pybind11_state as native
+
+    library = native.__file__
+    try:
+        info = os.stat(library)
+    except OSError:
+        return ""
+    return f"{ort.__version__}|{library}|{info.st_size}|{info.st_mtime_ns}|{detect_block_size()}"
+
+
+def _remembered(key: str) -> int | None:
+    if not key:
+        return None
+    import json
+
+    try:
+        with open(_probes_path(), encoding="utf-8") as f:
+            block = json.load(f).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return block if type(block) is int and block in (0, *BLOCK_SIZES) else None
+
+
+def _remember(key: str, block: int) -> None:
+    """Add the answer to the file, best effort: an unwritable cache costs the next process a
+    probe, nothing more."""
+    if not key:
+        return
+    import json
+
+    from graphopt.atomic import atomic_write_bytes
+
+    path = _probes_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            known = json.load(f)
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known.pop(key, None)
+    known = dict(list(known.items())[-(_KEPT_PROBES - 1):] + [(key, block)])
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write_bytes(path, json.dumps(known, indent=1).encode("utf-8"))
+    except OSError:
+        pass
 
 
 def block_mismatch(metadata: dict[str, str]) -> str | None:

@@ -8,6 +8,7 @@ ORT_ENABLE_ALL too), |actual − expected| ≤ 1e-5 + 1e-4·|expected| elementwi
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ import pytest
 from helpers import parse_model
 from onnx import numpy_helper
 
-from graphopt import numerics, zoo
+from graphopt import nchwc_block, numerics, zoo
 from graphopt.compiler import optimize
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir import load_onnx, to_onnx, verify
@@ -148,6 +149,44 @@ def test_block_size_from_cpuinfo(tmp_path, flags, block):
 @needs_nchwc
 def test_block_size_is_onnxruntimes():
     assert onnxruntime_block_size() == BLOCK
+
+
+@needs_nchwc
+def test_block_size_probe_is_remembered_per_onnxruntime_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    probes = tmp_path / "graphopt" / nchwc_block.PROBES_FILE
+    onnxruntime_block_size.cache_clear()
+    assert onnxruntime_block_size() == BLOCK and probes.exists()  # probed, then written
+
+    def no_probe():
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(nchwc_block, "_probe", no_probe)
+    onnxruntime_block_size.cache_clear()
+    assert onnxruntime_block_size() == BLOCK  # another process: read back
+    # Another onnxruntime build (a reinstall changes its library) probes again; both are kept.
+    monkeypatch.setattr(nchwc_block, "_probe_key", lambda: "another build")
+    monkeypatch.setattr(nchwc_block, "_probe", lambda: 0)
+    onnxruntime_block_size.cache_clear()
+    assert onnxruntime_block_size() == 0
+    assert len(json.loads(probes.read_text())) == 2
+    # A damaged file, or an answer no CPU gives, is probed again and mended.
+    for damaged in ("{not json", json.dumps({"another build": 12})):
+        probes.write_text(damaged)
+        onnxruntime_block_size.cache_clear()
+        assert onnxruntime_block_size() == 0
+        assert json.loads(probes.read_text()) == {"another build": 0}
+    onnxruntime_block_size.cache_clear()
+
+
+@needs_nchwc
+def test_block_size_probe_works_without_a_writable_cache(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # no folder can be made under a file
+    onnxruntime_block_size.cache_clear()
+    assert onnxruntime_block_size() == BLOCK
+    onnxruntime_block_size.cache_clear()
 
 
 @needs_nchwc
