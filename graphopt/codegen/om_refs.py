@@ -96,9 +96,9 @@ def _reference(model: bytes, field: tuple[int, int], payload: tuple[int, int]
 
 def _written_form(model: bytes, field: tuple[int, int], payload: tuple[int, int]
                   ) -> Reference | None:
-    """The reference of a tensor in the form _HEAD describes, read in a few steps instead of
-    a walk of its fields (a load reads one per weight; walked, each costs ~25 µs); None for
-    anything else, which _any_form reads."""
+    """The reference of a tensor in the form the comment above _HEAD describes, read in a few
+    steps instead of a walk of its fields (a load reads one per weight; walked, each costs
+    ~25 µs); None for anything else, which _any_form reads."""
     start, end = payload
     head = _HEAD.match(model, start, end)
     if head is None:
