@@ -14,6 +14,7 @@ from test_om_wire import _blob_artifact
 import graphopt
 from graphopt.codegen import OmPartition, write_om
 from graphopt.codegen.om_zip import plain_zip
+from graphopt.errors import ArtifactError
 
 
 def _directory(archive: bytes) -> list[tuple]:
@@ -40,9 +41,7 @@ def _zip64_headers(path, out) -> bytes:
 
 
 def test_written_artifacts_read_as_zipfile_reads_them(small_om, tmp_path):
-    blob_path, _ = _blob_artifact(tmp_path)
-    for archive in (small_om.read_bytes(), blob_path.read_bytes(),
-                    _zip64_headers(small_om, tmp_path / "zip64.om")):
+    for archive in (small_om.read_bytes(), _zip64_headers(small_om, tmp_path / "zip64.om")):
         found = plain_zip(io.BytesIO(archive))
         assert found is not None
         assert [tuple(member) for member in found.infolist()] == _directory(archive)
@@ -50,6 +49,10 @@ def test_written_artifacts_read_as_zipfile_reads_them(small_om, tmp_path):
     x = np.ones((1, 64), np.float32)
     np.testing.assert_allclose(graphopt.load(tmp_path / "zip64.om").run({"X": x})["Y"], x @ W,
                                rtol=1e-5)
+    # A weights blob's alignment padding is an extra field, whose records zipfile checks: such
+    # an artifact (over 1 MiB, so read from its file anyway) goes to zipfile.
+    blob_path, _ = _blob_artifact(tmp_path)
+    assert plain_zip(io.BytesIO(blob_path.read_bytes())) is None
 
 
 def _rewritten(path, out, **options) -> bytes:
@@ -85,3 +88,52 @@ def test_other_forms_go_to_zipfile(small_om, tmp_path, form):
         out.write_bytes(archive)
         x = np.ones((1, 64), np.float32)
         np.testing.assert_allclose(graphopt.load(out).run({"X": x})["Y"], x @ W, rtol=1e-5)
+
+
+def _structure(archive: bytes) -> list[int]:
+    """Where the zip's structure lies: every header's fixed fields and name (not a weights
+    blob's alignment padding, an extra field whose records zipfile checks) and the end record."""
+    spans = [(offset, offset + 30 + len(name)) for name, *_, offset in _directory(archive)]
+    at = archive.index(b"PK\x01\x02")
+    while archive.startswith(b"PK\x01\x02", at):
+        name, extra, comment = (int.from_bytes(archive[at + k:at + k + 2], "little")
+                                for k in (28, 30, 32))
+        spans.append((at, at + 46 + name))
+        at += 46 + name + extra + comment
+    spans.append((len(archive) - 22, len(archive)))
+    return [at for start, end in spans for at in range(start, end)]
+
+
+@pytest.mark.parametrize("which", ["small", "blob"])
+def test_every_byte_of_the_zip_structure_changed_reads_as_zipfile_or_not_at_all(
+        small_om, tmp_path, which):
+    """Each byte of the headers and the end record flipped, XORed with 0x80, zeroed and set to
+    0xFF: plain_zip hands the archive to zipfile, or reads exactly what zipfile reads; and the
+    load refuses it with an ArtifactError naming the file, or computes what the original does.
+    The small artifact is read from memory, the one with a weights blob (over 1 MiB) from its
+    file, by zipfile."""
+    if which == "small":
+        archive, x = small_om.read_bytes(), np.ones((1, 64), np.float32)
+        want = x @ W
+    else:
+        blob_path, (w1, bias, w2) = _blob_artifact(tmp_path)
+        archive, x = blob_path.read_bytes(), np.ones((1, 512), np.float32)
+        want = (x @ w1 + bias) @ w2
+    path = tmp_path / "mutant.om"
+    read = refused = 0
+    for at in _structure(archive):
+        for value in {archive[at] ^ 0x01, archive[at] ^ 0x80, 0x00, 0xFF} - {archive[at]}:
+            mutant = archive[:at] + bytes((value,)) + archive[at + 1:]
+            found = plain_zip(io.BytesIO(mutant))
+            if found is not None:
+                read += 1
+                assert [tuple(member) for member in found.infolist()] == _directory(mutant)
+            path.write_bytes(mutant)
+            try:
+                y = graphopt.load(path).run({"X": x})["Y"]
+            except ArtifactError as exc:
+                refused += 1
+                assert str(path) in str(exc)
+            else:
+                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-3)
+    assert refused and (read or which == "blob")  # the test sees both outcomes

@@ -102,6 +102,8 @@ _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip's local file header, 30 byt
 
 def _data_offset(zf: Archive, info: Entry) -> int:
     """Where an uncompressed member's bytes start in the file (after its local header)."""
+    if info.header_offset < 0:  # zipfile's, from a corrupt directory: a seek in memory would
+        raise zipfile.BadZipFile("bad local file header offset")  # raise ValueError
     fp = zf.fp
     fp.seek(info.header_offset)
     header = fp.read(_LOCAL_HEADER.size)

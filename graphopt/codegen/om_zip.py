@@ -57,7 +57,8 @@ class MemoryZip:
 def plain_zip(fp: io.BytesIO) -> MemoryZip | None:
     """The archive in `fp` when it has the form graphopt writes, each member stored whole (no
     comment, no zip64 records, nothing before the first member, no flags but UTF-8 names, no
-    NUL in a name); None for anything else, which zipfile then reads, accepts or refuses as it
+    NUL in a name, no extra field in the directory: a weights blob's alignment padding makes
+    one, and a small artifact has no blob); None for anything else, which zipfile then reads, accepts or refuses as it
     always did. Reading a small artifact's directory this way costs a few struct calls where
     zipfile builds a ZipInfo per member: about half of a small artifact's load, cold."""
     data = fp.getbuffer()
@@ -88,6 +89,7 @@ def _plain_zip(fp: io.BytesIO, data: memoryview) -> MemoryZip | None:
         name_start = at + _ENTRY.size
         at = name_start + name_length + extra_length + comment_length
         if (signature != _ENTRY_SIGNATURE or version > _MAX_EXTRACT_VERSION
+                or extra_length or comment_length  # zipfile parses an extra field's records
                 or flags & ~_UTF8_NAME or method != _STORED or compressed != file_size
                 or 0xFFFFFFFF in (compressed, file_size, header_offset)
                 or header_offset + _LOCAL_HEADER_BYTES > cd_offset or at > cd_offset + cd_size):
