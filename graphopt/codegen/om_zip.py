@@ -58,9 +58,9 @@ def plain_zip(fp: io.BytesIO) -> MemoryZip | None:
     """The archive in `fp` when it has the form graphopt writes, each member stored whole (no
     comment, no zip64 records, nothing before the first member, no flags but UTF-8 names, no
     NUL in a name, no extra field in the directory: a weights blob's alignment padding makes
-    one, and a small artifact has no blob); None for anything else, which zipfile then reads, accepts or refuses as it
-    always did. Reading a small artifact's directory this way costs a few struct calls where
-    zipfile builds a ZipInfo per member: about half of a small artifact's load, cold."""
+    one, and a small artifact has no blob); None for anything else, which zipfile then reads,
+    accepts or refuses as it always did. This costs a few struct calls where zipfile builds a
+    ZipInfo per member, on the start-up path of every small artifact."""
     data = fp.getbuffer()
     try:
         return _plain_zip(fp, data)
@@ -95,10 +95,12 @@ def _plain_zip(fp: io.BytesIO, data: memoryview) -> MemoryZip | None:
                 or header_offset + _LOCAL_HEADER_BYTES > cd_offset or at > cd_offset + cd_size):
             return None
         raw_name = bytes(data[name_start:name_start + name_length])
-        try:
-            name = raw_name.decode("utf-8" if flags & _UTF8_NAME else "cp437")
+        try:  # zipfile's cp437 is ASCII below 0x80, and its codec costs an import
+            name = raw_name.decode("utf-8" if flags & _UTF8_NAME else "ascii")
         except UnicodeDecodeError:
-            return None
+            if flags & _UTF8_NAME:
+                return None
+            name = raw_name.decode("cp437")
         if "\x00" in name:  # zipfile would cut the name there
             return None
         members.append(Member(name, method, crc, file_size, header_offset))
