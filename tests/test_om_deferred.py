@@ -48,12 +48,13 @@ def flip_byte_of(path, needle: bytes, out):
     return out
 
 
-def forge_partition(src, dst, model: onnx.ModelProto):
+def forge_partition(src, dst, model: onnx.ModelProto | bytes):
     """Copy an .om with partition p0 replaced and every checksum refreshed, as a forger would."""
     with zipfile.ZipFile(src) as zf:
         members = {name: zf.read(name) for name in zf.namelist()}
     manifest = json.loads(members.pop("manifest.json"))
-    members["partitions/p0.onnx"] = model.SerializeToString()
+    members["partitions/p0.onnx"] = model if isinstance(model, bytes) else \
+        model.SerializeToString()
     for name, data in members.items():
         manifest["members"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     with zipfile.ZipFile(dst, "w") as zf:
@@ -100,6 +101,21 @@ def test_details_are_checked_when_first_read(tmp_path):
     with pytest.raises(ArtifactError, match="details.json' fails its sha256 check"):
         session.artifact.pass_log  # noqa: B018
     assert graphopt.load(path).artifact.pass_log == [{"pass": "FuseEverything", "rewrites": 3}]
+
+
+def test_partition_onnxruntime_refuses_is_named_once_and_quietly(om_path, tmp_path, capsys):
+    # MatMul's input W renamed to a byte that is not UTF-8: onnxruntime's error quotes it and
+    # its Python binding cannot decode that, which its wrapper would answer by printing four
+    # lines and trying the CPU provider again.
+    with zipfile.ZipFile(om_path) as zf:
+        partition = zf.read("partitions/p0.onnx")
+    assert partition.count(b"\x0a\x01W") == 1  # the node's input field
+    bad = forge_partition(om_path, tmp_path / "bad.om", partition.replace(b"\x0a\x01W",
+                                                                          b"\x0a\x01\xff"))
+    with pytest.raises(ArtifactError, match="cannot load partition 'p0': a name or string in "
+                                            "the model is not valid UTF-8"):
+        graphopt.load(bad)
+    assert capsys.readouterr().out == ""
 
 
 def test_deferred_models_are_parsed_when_asked_for(om_path, tmp_path):

@@ -235,7 +235,8 @@ def _session(artifact: OmArtifact, part: dict, data: bytes, checked: _Checked,
     """A session for `part` whose weights onnxruntime maps from the artifact file itself."""
     def session(data: bytes) -> ort.InferenceSession:
         return ort.InferenceSession(data, options, providers=providers,
-                                    disabled_optimizers=part.get("disabled_optimizers") or None)
+                                    disabled_optimizers=part.get("disabled_optimizers") or None,
+                                    **_NO_FALLBACK if providers == [CPU_PROVIDER] else {})
 
     model, references = checked
     if not artifact.spans or (not references and (model is None
@@ -253,6 +254,19 @@ def _session(artifact: OmArtifact, part: dict, data: bytes, checked: _Checked,
         return session(located)
     except Exception:  # noqa: BLE001 - an onnxruntime without that config entry: copy instead
         return session(artifact.partition_model(part["name"]).SerializeToString())
+
+
+# onnxruntime's Python wrapper retries a session that failed with a ValueError or RuntimeError
+# on the CPU provider, printing four lines to stdout first: for a partition that runs on the
+# CPU provider already, a second failure and noise in the caller's output.
+_NO_FALLBACK = {"enable_fallback": 0}
+
+
+def _load_failure(exc: Exception) -> str:
+    """What onnxruntime said when it could not load a partition, in one line."""
+    if isinstance(exc, UnicodeDecodeError):  # its message quoted a name that is not UTF-8
+        return "a name or string in the model is not valid UTF-8"
+    return _first_line(exc)
 
 
 def _check_signature(artifact: OmArtifact, part: dict, session: ort.InferenceSession) -> None:
@@ -576,7 +590,7 @@ class OmSession:
                         if missing else "")
                 raise ArtifactError(
                     f"{artifact.path}: onnxruntime cannot load partition {name!r}: "
-                    f"{_first_line(exc)}{hint}") from None
+                    f"{_load_failure(exc)}{hint}") from None
             del checked  # onnxruntime has its own copy
             _check_signature(artifact, part, session)
             _check_blocking(artifact, name, session.get_modelmeta().custom_metadata_map)
