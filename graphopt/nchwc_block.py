@@ -15,16 +15,17 @@ def detect_block_size(cpuinfo: str = CPUINFO) -> int:
     """MLAS's NCHWc block size on this CPU from the kernel's flags: 16 with avx512f, 8 with avx2,
     0 when neither (or no /proc/cpuinfo: not Linux). MLAS also blocks by 8 with SSE2 only, and
     recent builds by a NEON block on ARM64; LayoutNchwc does not target those."""
+    flags: set[str] = set()
     try:
+        # Up to the first CPU's flags only: the kernel writes the file as it is read, and on a
+        # machine of hundreds of cores the whole of it takes milliseconds (a load asks this).
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+            for line in f:
+                if line.startswith("flags"):
+                    flags.update(line.partition(":")[2].split())
+                    break
     except OSError:
         return 0
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-            break
     return 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
 
 
