@@ -171,12 +171,14 @@ def leading_initializers(model: bytes, start: int, end: int
         yield value, last, first, last
 
 
-def raw_data_spans(model: bytes) -> list[tuple[int, int]]:
-    """Where the raw data of the large initializers at the head of the main graph lies (the
-    form initializers_first writes): bytes that are tensor contents and nothing else, which a
-    search for a key can skip. The walk stops at the first other field, so it costs nothing on
-    a graph whose nodes come first."""
-    graph = graph_span(model)
+def raw_data_spans(model: bytes, graph: tuple[int, int, int, int] | None = None
+                   ) -> list[tuple[int, int]]:
+    """Where the raw data of the large initializers at the head of the main graph (whose span
+    graph_span gives, found here when not passed) lies, the form initializers_first writes:
+    bytes that are tensor contents and nothing else, which a search for a key can skip. The
+    walk stops at the first other field, so it costs nothing on a graph whose nodes come
+    first."""
+    graph = graph or graph_span(model)
     if graph is None:
         return []
     spans = []

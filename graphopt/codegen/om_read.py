@@ -429,7 +429,7 @@ class OmArtifact:
     def partition_members(self) -> list[str]:
         """The members holding the partition models, whose sums defer_checks leaves to the
         caller (the details' sum, also left, is checked when they are first read)."""
-        return [p["member"] for p in self.manifest["partitions"]]
+        return _partition_members(self.manifest)
 
     @property
     def partitions(self) -> list[OmPartition]:
@@ -578,8 +578,12 @@ def _load_from(path: str, f, defer: bool) -> OmArtifact:
     return artifact
 
 
+def _partition_members(manifest: dict) -> list[str]:
+    return [part["member"] for part in manifest["partitions"]]
+
+
 def _deferred_members(manifest: dict) -> list[str]:
-    members = [part["member"] for part in manifest["partitions"]]
+    members = _partition_members(manifest)
     return members + [DETAILS_NAME] if manifest.get("details") == DETAILS_NAME else members
 
 

@@ -35,10 +35,10 @@ def plain_references(model: bytes) -> list[Reference] | None:
     The raw data of the large initializers at the head of the graph (where graphopt's writer
     puts them) is skipped: it holds tensor contents only, and is most of a small model's bytes."""
     try:
-        expected = _key_count(model)
+        graph = wire.graph_span(model)
+        expected = _key_count(model, graph)
         if expected == 0:
             return []
-        graph = wire.graph_span(model)
         if graph is None:
             return None
         # Where graphopt's writer puts them: the initializers at the head of the graph.
@@ -63,11 +63,11 @@ def _references(model: bytes, initializers: Iterable[tuple[int, int, int, int]]
     return found
 
 
-def _key_count(model: bytes) -> int:
+def _key_count(model: bytes, graph: tuple[int, int, int, int] | None) -> int:
     """How often LOCATION_KEY occurs in `model` outside the raw data protowire.raw_data_spans
-    finds."""
+    finds in its main graph (`graph`, its span)."""
     count, at = 0, 0
-    for start, end in wire.raw_data_spans(model):
+    for start, end in wire.raw_data_spans(model, graph) if graph is not None else ():
         count += model.count(LOCATION_KEY, at, start)
         at = end
     return count + model.count(LOCATION_KEY, at)
