@@ -36,7 +36,7 @@ def optimize_profiles(model, spec, options: dict):
 
     start = time.perf_counter()
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
-    source = load_onnx(model)
+    source = load_onnx(model, user_model=True)
     profiles = expand_profiles(source, spec, label)
     signature = dynamic_signature(source)
     del source  # each profile imports the model afresh: passes rewrite the IR in place

@@ -238,7 +238,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if not is_path:
         data = model if isinstance(model, bytes) else model.SerializeToString()
         source_sha256 = hashlib.sha256(data).hexdigest()
-    ir_model = load_onnx(model)
+    ir_model = load_onnx(model, user_model=True)
     check_input(ir_model, label, options.allow_custom_ops)
     # The reference for verification, before any pin or pass; exported only when needed since
     # it copies every weight.

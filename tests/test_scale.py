@@ -105,6 +105,23 @@ def test_missing_or_short_external_data_is_an_input_error(tmp_path):
         load_onnx(path)
 
 
+def test_an_in_memory_model_with_external_data_is_refused(big, tmp_path, monkeypatch):
+    # Bytes or a caller's ModelProto name no folder: its references could only resolve against
+    # the working directory, where a same-named file may hold anything.
+    path, _ = big
+    proto = onnx.load(path, load_external_data=False)
+    monkeypatch.chdir(tmp_path)
+    location = {e.key: e.value for e in proto.graph.initializer[0].external_data}["location"]
+    with open(location, "wb") as f:
+        f.write(b"\0" * (2 * WEIGHT_BYTES))
+    for source in (proto, proto.SerializeToString()):
+        with pytest.raises(InputError, match=r"<model>: initializer 'w0' keeps its data in an "
+                                             r"external file .*pass the \.onnx path"):
+            optimize(source)
+    with pytest.raises(InputError, match="external file"):
+        optimize(proto, dynamic_dims={"batch": [1, 2]})
+
+
 # --- writing ONNX ----------------------------------------------------------------------------
 
 

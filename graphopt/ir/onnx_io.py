@@ -69,8 +69,11 @@ def _check_looks_like_model(proto: ModelProto, path: str) -> None:
                          "the file may be truncated or not ONNX)")
 
 
-def load_onnx(source: str | os.PathLike | ModelProto | bytes) -> Model:
-    """Import an ONNX model from a path, serialized bytes or a ModelProto into graphopt's IR."""
+def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: bool = False) -> Model:
+    """Import an ONNX model from a path, serialized bytes or a ModelProto into graphopt's IR.
+
+    `user_model` marks a model a caller handed in (not a partition graphopt cut itself): given
+    in memory, its external data references are refused, as they name no folder."""
     label = "<model>"
     if isinstance(source, ModelProto):
         proto = source
@@ -86,11 +89,12 @@ def load_onnx(source: str | os.PathLike | ModelProto | bytes) -> Model:
         # External data stays on disk: the IR maps each tensor when (and if) it is read.
         proto = read_model_proto(source, load_external=False)
     base_dir = os.path.dirname(os.path.abspath(label)) if label != "<model>" else None
-    # Bytes come from no folder, so an external reference could only resolve against the
-    # working directory: refuse it rather than read whatever file happens to be there.
+    # Bytes and a caller's ModelProto come from no folder, so an external reference could only
+    # resolve against the working directory: refuse it rather than read whatever file happens
+    # to be there. (graphopt's own partition protos reference its weight files by design.)
+    in_memory = isinstance(source, bytes) or (user_model and isinstance(source, ModelProto))
     with collection_paused():
-        return _Importer(label, external_ok=not isinstance(source, bytes),
-                         base_dir=base_dir).model(proto)
+        return _Importer(label, external_ok=not in_memory, base_dir=base_dir).model(proto)
 
 
 class _Importer:
@@ -380,7 +384,9 @@ class _Importer:
         location = entries.get("location", "")
         if not self.external_ok:
             raise self.error(f"{where} keeps its data in an external file ({location!r}), which a "
-                             "model given as bytes cannot reach; pass the .onnx path instead")
+                             "model given in memory (bytes or a ModelProto) cannot locate; pass "
+                             "the .onnx path instead, or load the model with its external data "
+                             "(onnx.load(path))")
         parts = location.replace("\\", "/").split("/")
         if not location or os.path.isabs(location) or ".." in parts:
             raise self.error(f"{where}: external data location {location!r} must be a relative "
