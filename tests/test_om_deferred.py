@@ -263,3 +263,49 @@ def test_a_mapped_artifact_rewritten_in_place_is_refused_and_a_renamed_one_is_no
         f.truncate()
     with pytest.raises(ArtifactError, match="rewritten in place after it was loaded"):
         rewritten.run({"X": x})
+
+
+def test_weights_are_read_and_checked_through_the_file_opened_at_load(tmp_path, monkeypatch):
+    # What the path names after load_om returns does not matter: a new file renamed over it,
+    # the file deleted, the working directory changed under a relative path.
+    big = RNG.standard_normal((512, 1024)).astype(np.float32)
+    live, other = tmp_path / "live.om", tmp_path / "other.om"
+    write_om(live, [OmPartition("p0", "cpu", matmul_model(big))])
+    write_om(other, [OmPartition("p0", "cpu", matmul_model(big * 2))])
+    monkeypatch.chdir(tmp_path)
+    replaced = load_om("live.om", defer_checks=True)
+    removed = load_om("other.om", defer_checks=True)
+    os.replace("other.om", "live.om")
+    monkeypatch.chdir("/")
+    replaced.verify_weights()
+    removed.verify_weights()
+    stored = onnx.load_from_string(replaced.partition_model("p0").SerializeToString())
+    np.testing.assert_array_equal(numpy_helper.to_array(stored.graph.initializer[0]), big)
+    assert replaced.location == str(live)
+
+
+def test_a_session_over_a_file_replaced_since_load_om_is_refused(tmp_path):
+    # onnxruntime maps the weights by path: had the path changed, it would map another file's
+    # weights than the ones load_om checked.
+    big = RNG.standard_normal((512, 1024)).astype(np.float32)
+    live, new = tmp_path / "live.om", tmp_path / "new.om"
+    write_om(live, [OmPartition("p0", "cpu", matmul_model(big))])
+    write_om(new, [OmPartition("p0", "cpu", matmul_model(big * 2))])
+    artifact = load_om(live, defer_checks=True)
+    os.replace(new, live)
+    with pytest.raises(ArtifactError, match="live.om was replaced or removed while it was being "
+                                            "loaded: load it again"):
+        OmSession(artifact)
+    x = RNG.standard_normal((2, 512)).astype(np.float32)
+    np.testing.assert_allclose(OmSession(live).run({"X": x})["Y"], x @ (big * 2), rtol=1e-4)
+
+
+def test_a_session_loaded_by_relative_path_pickles_after_a_chdir(om_path, monkeypatch):
+    import pickle
+
+    monkeypatch.chdir(om_path.parent)
+    session = graphopt.load(om_path.name)
+    monkeypatch.chdir("/")
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    copy = pickle.loads(pickle.dumps(session))
+    np.testing.assert_array_equal(copy.run({"X": x})["Y"], session.run({"X": x})["Y"])

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import io
 import json
-import mmap
 import os
 import struct
 import zipfile
@@ -15,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from graphopt import __version__ as GRAPHOPT_VERSION
+from graphopt.codegen.om_file import OpenedFile
 from graphopt.codegen.om_manifest import (
     DETAILS_NAME,
     FORMAT,
@@ -173,23 +173,22 @@ def _check_sha256(name: str, data, expected: dict) -> None:
         raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
 
 
-def _check_file_range(path: str, name: str, span: tuple[int, int], expected: dict,
+def _check_file_range(file: OpenedFile, name: str, span: tuple[int, int], expected: dict,
                       workers: int) -> None:
     offset, size = span
+    if size == 0:
+        _check_sha256(name, b"", expected)
+        return
     try:
-        with open(path, "rb") as f:
-            if size == 0:
-                _check_sha256(name, b"", expected)
-                return
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                if offset + size > len(mapped):
-                    raise Malformed(f"member {name!r} ends past the end of the file (truncated?)")
-                with memoryview(mapped) as view:
-                    good = _sums_match(view[offset:offset + size], expected, workers)
-            if not good:
-                raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
-    except OSError as exc:
-        raise Malformed(f"cannot read member {name!r} ({exc.strerror or exc})") from None
+        with file.mapped() as mapped:
+            if offset + size > len(mapped):
+                raise Malformed(f"member {name!r} ends past the end of the file (truncated?)")
+            with memoryview(mapped) as view:
+                good = _sums_match(view[offset:offset + size], expected, workers)
+    except (OSError, ValueError) as exc:  # ValueError: mmap of a file emptied since
+        raise Malformed(f"cannot read member {name!r} ({getattr(exc, 'strerror', None) or exc})") from None
+    if not good:
+        raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
 
 
 def _sums_match(data: memoryview, expected: dict, workers: int) -> bool:
@@ -323,6 +322,9 @@ class OmArtifact:
     spans: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     # weights member -> (offset of its bytes in the file, size); they stay on disk
     verified: bool = True  # False: the partitions' and weights' sha256 sums are not checked yet
+    # The file, held open when it has weights blobs: they are read through it, not the path.
+    file: OpenedFile | None = dataclasses.field(default=None, compare=False, repr=False)
+    location: str = ""  # the absolute path it was loaded from (where a copy reloads it)
 
     @property
     def inputs(self) -> list[dict]:
@@ -407,7 +409,7 @@ class OmArtifact:
         workers = workers or cpu_count()
         try:
             for name, span in sorted(self.spans.items()):
-                _check_file_range(self.path, name, span, self.manifest["members"][name], workers)
+                _check_file_range(self.file, name, span, self.manifest["members"][name], workers)
         except Malformed as exc:
             raise ArtifactError(f"{self.path}: {exc}") from None
 
@@ -416,9 +418,11 @@ class OmArtifact:
         file; verify_weights checks it)."""
         if name in self.spans:
             offset, size = self.spans[name]
-            with open(self.path, "rb") as f:
-                f.seek(offset)
-                return f.read(size)
+            try:
+                return self.file.read(offset, size)
+            except OSError as exc:
+                raise ArtifactError(f"{self.path}: cannot read member {name!r} "
+                                    f"({exc.strerror or exc})") from None
         return self.members[name]
 
     def partition_model(self, name: str) -> onnx.ModelProto:
@@ -474,17 +478,17 @@ def _load(path: str, defer: bool) -> OmArtifact:
         fd = os.open(path, os.O_RDONLY)  # a file object costs ~10 µs more, several times that cold
     except OSError as exc:
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
-    try:  # one handle for the sniff and the zip: every open costs at start-up
-        size = os.fstat(fd).st_size
-        data = _read_all(fd, size) if size <= _READ_WHOLE_BYTES else None
+    # One handle for the sniff, the zip and, with weights blobs, every later read of them:
+    # every open costs at start-up, and the path may name another file by then.
+    try:
+        file = OpenedFile(fd, path)  # closes fd when dropped
+        data = _read_all(fd, file.size) if file.size <= _READ_WHOLE_BYTES else None
     except OSError as exc:
-        os.close(fd)
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
     if data is not None:
-        os.close(fd)
-        return _load_from(path, io.BytesIO(data), defer)
-    with open(fd, "rb") as f:  # owns fd from here
-        return _load_from(path, f, defer)
+        return _load_from(path, io.BytesIO(data), defer, file)
+    with open(fd, "rb", closefd=False) as f:
+        return _load_from(path, f, defer, file)
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -506,7 +510,7 @@ def _read_all(fd: int, size: int) -> bytes:
 _READ_WHOLE_BYTES = 1 << 20
 
 
-def _load_from(path: str, f, defer: bool) -> OmArtifact:
+def _load_from(path: str, f, defer: bool, file: OpenedFile) -> OmArtifact:
     try:
         magic = f.read(4)
     except OSError as exc:
@@ -572,7 +576,8 @@ def _load_from(path: str, f, defer: bool) -> OmArtifact:
             models[part["name"]]  # noqa: B018 - parsed and checked now, kept for the caller
     _check_routing(manifest)
     artifact = OmArtifact(path=path, manifest=manifest, members=members, models=models,
-                          spans=spans, verified=not defer)
+                          spans=spans, verified=not defer, file=file if spans else None,
+                          location=file.location)
     if not defer:
         artifact.verify_weights()
     return artifact

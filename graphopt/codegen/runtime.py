@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import re
@@ -242,7 +241,7 @@ def _session(artifact: OmArtifact, part: dict, data: bytes, checked: _Checked,
     if not artifact.spans or (not references and (model is None
                                                   or not external_tensors(model))):
         return session(data)
-    path = os.path.abspath(artifact.path)
+    path = artifact.location
     offsets = {name: offset for name, (offset, _) in artifact.spans.items()}
     options.add_session_config_entry(_EXTERNAL_FOLDER, os.path.dirname(path))
     if references:
@@ -332,31 +331,6 @@ def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
         artifact.verify_weights()
         return None
     return _DeferredCheck(artifact)
-
-
-class _MappedFile:
-    """The artifact whose weights onnxruntime maps: held open, so that a run can tell that the
-    file was rewritten in place (its sessions would read the new bytes as the old weights).
-    Renaming a new file over the path leaves this one intact, and the sessions with it."""
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._fd = os.open(path, os.O_RDONLY)
-        self._stamp = self._now()
-
-    def _now(self) -> tuple[int, int]:
-        info = os.fstat(self._fd)
-        return info.st_size, info.st_mtime_ns
-
-    def check(self) -> None:
-        if self._now() != self._stamp:
-            raise ArtifactError(f"{self._path} was rewritten in place after it was loaded, and "
-                                "its weights are mapped from it: load it again (replace an .om "
-                                "by renaming a new file over it)")
-
-    def __del__(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            os.close(self._fd)
 
 
 def _reopened(path: str, options: dict) -> "OmSession":
@@ -507,7 +481,10 @@ class OmSession:
         # second thread while onnxruntime builds the sessions, which the first run (and
         # `artifact`) waits for.
         self._pending: _DeferredCheck | None = _deferred_check(artifact)
-        self._mapped = _MappedFile(artifact.path) if artifact.spans else None
+        # The artifact whose weights onnxruntime maps, held open since load_om: a run can tell
+        # that it was rewritten in place (its sessions would read the new bytes as the old
+        # weights). Renaming a new file over the path leaves it intact, and the sessions with it.
+        self._mapped = artifact.file
         opened = _opened_profiles(artifact, profiles)
         views = [artifact.profile(p["name"]) for p in opened] or [artifact]
         fallback: list[str] = []
@@ -517,6 +494,8 @@ class OmSession:
             programs = [_Program(self._open(view, options, fallback, wanted), input_names,
                                  artifact.outputs, profile["name"] if profile else None)
                         for view, profile in zip(views, opened or [None])]
+            if artifact.file is not None:  # onnxruntime found the weights by path, not by handle
+                artifact.file.check_still_at_path()
         except ArtifactError:
             if self._pending is not None:
                 self._pending.wait()  # a failed checksum explains a refused partition best
@@ -600,7 +579,7 @@ class OmSession:
 
     def __reduce__(self):
         # onnxruntime sessions do not pickle: the copy loads the artifact again from its path.
-        return _reopened, (self._artifact.path, self._reopen)
+        return _reopened, (self._artifact.location, self._reopen)
 
     @property
     def _steps(self) -> list[_Step]:
@@ -673,7 +652,7 @@ class OmSession:
             if outputs is not None:
                 return outputs
         if self._mapped is not None:
-            self._mapped.check()
+            self._mapped.check_unchanged()
         if self._pending is None:
             return self._run(feeds, output_names)
         # The first runs overlap the checksums still being computed (onnxruntime releases the

@@ -1,0 +1,65 @@
+"""The .om file a loaded artifact with weights blobs keeps open: its blobs are hashed and read
+through this handle, whatever later happens to the path (a new file renamed over it, the
+file deleted, the working directory changed)."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+
+from graphopt.errors import ArtifactError
+
+
+class OpenedFile:
+    """An open, read-only .om and the size and mtime it had when opened."""
+
+    __slots__ = ("label", "location", "fd", "size", "_stamp")
+
+    def __init__(self, fd: int, label: str) -> None:
+        self.fd = fd
+        self.label = label                        # the path as the caller gave it, for messages
+        self.location = os.path.abspath(label)    # where onnxruntime finds the weights
+        info = os.fstat(fd)
+        self.size = info.st_size
+        self._stamp = (info.st_size, info.st_mtime_ns, info.st_dev, info.st_ino)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """`size` bytes from `offset` (fewer if the file shrank since)."""
+        pieces = []
+        while size > 0:
+            piece = os.pread(self.fd, size, offset)
+            if not piece:
+                break
+            pieces.append(piece)
+            offset += len(piece)
+            size -= len(piece)
+        return b"".join(pieces)
+
+    def mapped(self) -> mmap.mmap:
+        return mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+
+    def check_unchanged(self) -> None:
+        """ArtifactError if the file was rewritten in place since it was opened: sessions that
+        map their weights from it would read the new bytes as the old weights."""
+        info = os.fstat(self.fd)
+        if (info.st_size, info.st_mtime_ns) != self._stamp[:2]:
+            raise ArtifactError(f"{self.label} was rewritten in place after it was loaded, and "
+                                "its weights are mapped from it: load it again (replace an .om "
+                                "by renaming a new file over it)")
+
+    def check_still_at_path(self) -> None:
+        """ArtifactError if the path no longer names this file: onnxruntime, which maps the
+        weights by path, would have read another file's than the ones checked here."""
+        try:
+            info = os.stat(self.location)
+            same = (info.st_dev, info.st_ino) == self._stamp[2:]
+        except OSError:
+            same = False
+        if not same:
+            raise ArtifactError(f"{self.label} was replaced or removed while it was being "
+                                "loaded: load it again")
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError, TypeError):
+            os.close(self.fd)
