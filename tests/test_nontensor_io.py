@@ -332,3 +332,25 @@ def test_the_accuracy_report_judges_a_sequence_output_element_by_element(tmp_pat
     assert kinds[sequence][1].startswith("seq(float32)")
     assert all(o.cosine > 0.999 for o in report.outputs)
     assert "seq(float32)" in report.format()
+
+
+def test_shape_profiles_with_a_sequence_input(tmp_path):
+    # A sequence feed has no shape: profile selection goes by the tensor inputs alone.
+    model = _model([h.make_node("ConcatFromSequence", ["s"], ["c"], axis=0),
+                    h.make_node("Relu", ["x"], ["y"])],
+                   [h.make_tensor_value_info("x", T.FLOAT, ["N", 2]),
+                    h.make_tensor_sequence_value_info("s", T.FLOAT, [2, 2])],
+                   [h.make_tensor_value_info("y", T.FLOAT, ["N", 2]),
+                    h.make_tensor_value_info("c", T.FLOAT, [None, 2])])
+    path = str(tmp_path / "seq.om")
+    graphopt.save(graphopt.optimize(model, dynamic_dims={"N": [1, 5]}), path)
+    session = graphopt.load(path)
+    sequence = [X[:2], X[2:4], X[3:]]
+    for rows in (1, 5):
+        out = session.run({"x": X[:rows], "s": sequence})
+        np.testing.assert_array_equal(out["y"], np.maximum(X[:rows], 0))
+        np.testing.assert_array_equal(out["c"], np.concatenate(sequence))
+        assert session.profile_for({"x": X[:rows], "s": sequence}) is not None
+    with pytest.raises(GraphoptError, match=r"input shapes x\[3, 2\] fit none of the model's 2 "
+                                            r"shape profiles"):
+        session.run({"x": X[:3], "s": sequence})

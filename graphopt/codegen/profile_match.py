@@ -40,7 +40,8 @@ class ProfileMatcher(Generic[Plan]):
     def select(self, feeds: Mapping[str, Any]) -> Plan:
         """The plan for `feeds` (checked against the signature already); GraphoptError naming
         the shapes and the profiles when none fits."""
-        shapes = tuple(feeds[name].shape for name in self._names)
+        # A sequence or optional input (a list, None) has no shape: its pattern is None.
+        shapes = tuple(getattr(feeds[name], "shape", None) for name in self._names)
         plan = self._exact.get(shapes, _MISSING)
         if plan is _MISSING:
             plan = next((candidate for pattern, candidate in self._patterns if all(
@@ -48,7 +49,7 @@ class ProfileMatcher(Generic[Plan]):
                 for p, s in zip(pattern, shapes))), _MISSING)
         if plan is not None and plan is not _MISSING:
             return plan
-        given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._names, shapes))
+        given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._names, shapes) if s is not None)
         if plan is None:
             raise GraphoptError(f"input shapes {given} fit a shape profile this session did not "
                                 "open (load(..., profiles=[…]) chose which)")
