@@ -109,6 +109,18 @@ def test_an_output_listed_twice_beside_a_host_partition(outputs, tmp_path):
     assert_like_onnxruntime(proto, session, feeds_for(proto))
 
 
+def test_an_input_passed_through_beside_partitions_comes_out_as_a_copy(tmp_path):
+    # No partition returns x: the runtime hands back the feed's values, in an array of its
+    # own, as onnxruntime does (writing to the result must leave the caller's feed alone).
+    proto = conv_topk("float[1,4] values, float[1,8,32,32] x")
+    _, session = compile_and_load(proto, tmp_path, target="ascend310")
+    feeds = feeds_for(proto)
+    for names in (None, ["x"], ["values", "x"]):
+        out = session.run(feeds, output_names=names)["x"]
+        np.testing.assert_array_equal(out, feeds["x"])
+        assert not np.shares_memory(out, feeds["x"])
+
+
 # --- outputs that are constants ------------------------------------------------------------
 
 

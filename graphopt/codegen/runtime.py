@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import re
@@ -331,6 +332,12 @@ def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
         artifact.verify_weights()
         return None
     return _DeferredCheck(artifact)
+
+
+def _copy_of(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return copy.deepcopy(value)  # a sequence or map fed through
 
 
 def _reopened(path: str, options: dict) -> "OmSession":
@@ -688,7 +695,12 @@ class OmSession:
         for step in steps:
             results = _call(step, {name: env[name] for name in step.inputs})
             env.update(zip(step.outputs, results))
-        return {name: env[name] for name in wanted}
+        outputs = {name: env[name] for name in wanted}
+        for name in outputs.keys() & self._expected.keys():
+            # A graph input asked for as an output: a copy, as onnxruntime returns, not the
+            # caller's own array (writing to the result would change the feed).
+            outputs[name] = _copy_of(outputs[name])
+        return outputs
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         if self._exact is not None and _exactly(feeds, self._exact):
