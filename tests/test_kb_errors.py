@@ -152,6 +152,7 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
     kb.export_kb(built["db"], export)
     doc = json.loads(export.read_text())
     (name, entry), = doc["kernels"].items()
+    good_tiling = dict(entry["tiling"])
     del entry["tiling"]["base_k"]
     doc["kernels"]["ascend310/gemm/b1_m32_k32_n32/float16"] = dict(entry, tiling={})
     export.write_text(json.dumps(doc))
@@ -160,6 +161,12 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
                                           r"\(KeyError: 'base_k'\)"):
         kb.import_kb(export, f"sqlite:///{db}")
     assert not db.exists()  # checked before anything was written
+    doc["kernels"] = {name: dict(entry, tiling=good_tiling, default_seconds="fast")}
+    export.write_text(json.dumps(doc))
+    with pytest.raises(OptionError, match=f"kernel '{name}': default_seconds must be a number "
+                                          "> 0 or null, not 'fast'"):
+        kb.import_kb(export, f"sqlite:///{db}")
+    assert not db.exists()
     export.write_text(json.dumps(dict(doc, kernels=[])))
     with pytest.raises(OptionError, match="no 'kernels' object"):
         kb.import_kb(export, f"sqlite:///{db}")

@@ -123,11 +123,17 @@ def test_kb_export_import_round_trip(a310, tmp_path):
     assert best_tilings(dst, "ascend310") == best_tilings(src, "ascend310")
     assert best_tilings(dst, "ascend910b") == {}
     assert import_kb(tmp_path / "kb.json", dst) == 0          # already there
-    # Tuning continues from the import: the default is still trial 0, then the import.
+    # The default's cost comes along: the import lists the same speedup as the source.
+    rows, source = ({row["signature"]: row for row in list_kb(url)} for url in (dst, src))
+    for key in ("default_seconds", "best_seconds", "speedup", "tiling"):
+        assert rows[SIG][key] == source[SIG][key]
+    assert rows[SIG]["trials"] == 2  # the default, completed, and the import
+    # Tuning continues from the import: the default is trial 0, then the import.
     after = tune_kernel(SHAPE, a310, target="ascend310", trials=5, storage=dst)
-    assert after.trials == 6 and after.best[1] <= best_tilings(src, "ascend310")[SIG][1]
+    assert after.trials == 7 and after.best[1] <= best_tilings(src, "ascend310")[SIG][1]
+    assert after.default[1] == source[SIG]["default_seconds"]
     rows = {row["signature"]: row for row in list_kb(dst)}
-    assert rows[SIG]["trials"] == 6 and rows[SIG]["speedup"] >= 1.0
+    assert rows[SIG]["trials"] == 7 and rows[SIG]["speedup"] >= 1.0
 
 
 def test_tuned_tilings_reach_the_kernel_records(tmp_path):

@@ -191,6 +191,12 @@ def _import_entry(path, name: str, entry: Any) -> tuple:
                           f"({type(e).__name__}: {e})") from None
     if not seconds > 0:
         raise OptionError(f"{path}: kernel '{name}': seconds must be > 0, not {seconds}")
+    default_seconds = entry.get("default_seconds")
+    if default_seconds is not None and not (isinstance(default_seconds, (int, float))
+                                            and not isinstance(default_seconds, bool)
+                                            and default_seconds > 0):
+        raise OptionError(f"{path}: kernel '{name}': default_seconds must be a number > 0 or "
+                          f"null, not {default_seconds!r}")
     choices = search_choices(shape, device)
     reason = outside_space(tiling, shape, device)
     if reason is not None:
@@ -199,9 +205,10 @@ def _import_entry(path, name: str, entry: Any) -> tuple:
 
 
 def import_kb(path: str | os.PathLike, storage: Any) -> int:
-    """Add each kernel of a JSON export as a completed trial of its signature's study (created
-    with the default tiling queued as trial 0 when new); a tiling the study already completed
-    is skipped. Returns how many trials it added."""
+    """Add each kernel of a JSON export as a completed trial of its signature's study; a new
+    study gets the default tiling as trial 0, completed with the export's default_seconds
+    (queued to be evaluated when the export has none). A tiling the study already completed
+    is skipped. Returns how many tuned trials it added."""
     doc = _read_export(path)
     kernels = doc.get("kernels") if isinstance(doc, dict) else None
     if not isinstance(kernels, dict):
@@ -211,7 +218,9 @@ def import_kb(path: str | os.PathLike, storage: Any) -> int:
     storage = open_storage(storage)
     added = 0
     for name, entry, tiling, shape, device, choices in entries:
-        study = open_study(storage, name, shape, device)
+        default_seconds = entry.get("default_seconds")
+        study = open_study(storage, name, shape, device, default_seconds=None
+                           if default_seconds is None else float(default_seconds))
         if any(trial_tiling(t) == tiling for t in _completed(study)):
             continue
         # The trial records the tiling itself; its ladder steps are the nearest ones below,

@@ -344,15 +344,24 @@ def _target_name(target: str | None, device: Device) -> str:
 
 
 def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
-               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    """Create or load the study; a new (empty) study gets the default tiling as trial 0."""
+               sampler: optuna.samplers.BaseSampler | None = None,
+               default_seconds: float | None = None) -> optuna.Study:
+    """Create or load the study; a new (empty) study gets the default tiling as trial 0:
+    queued to be evaluated, or completed with `default_seconds` when that is known (a
+    knowledge-base import)."""
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
     if not study.get_trials(deepcopy=False):
         study.set_user_attr("shape", [shape.batch, shape.m, shape.k, shape.n, shape.dtype])
-        study.enqueue_trial(step_params(default_tiling(shape, device),
-                                        search_choices(shape, device)),
-                            user_attrs={"default": True})
+        choices = search_choices(shape, device)
+        params = step_params(default_tiling(shape, device), choices)
+        if default_seconds is None:
+            study.enqueue_trial(params, user_attrs={"default": True})
+        else:
+            study.add_trial(optuna.trial.create_trial(
+                params=params, value=default_seconds, distributions=step_distributions(choices),
+                user_attrs={"default": True,
+                            "tiling": tiling_params(default_tiling(shape, device))}))
     return study
 
 
