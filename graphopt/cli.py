@@ -12,6 +12,7 @@ from graphopt.cli_calibrate import add_calibrate_parser
 from graphopt.cli_compare import add_compare_parser
 from graphopt.cli_diff import add_diff_parser
 from graphopt.cli_partition import add_partition_parser
+from graphopt.cli_paths import check_output_path
 from graphopt.cli_profile import add_profile_parser
 from graphopt.cli_report import add_report_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
@@ -122,11 +123,13 @@ def _cmd_optimize(args) -> int:
     from graphopt.passes.memory import draw_plan
     from graphopt.summary import format_summary
 
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if os.path.isdir(args.output):
-        raise OptionError(f"-o {args.output}: is a directory, expected a file path")
-    if not os.path.isdir(out_dir):
-        raise OptionError(f"-o {args.output}: directory {out_dir} does not exist")
+    # -o may replace the model itself (written atomically, read before); not its inputs.
+    check_output_path("-o", args.output, {"--inputs": args.inputs,
+                                          "--calibration": args.calibration,
+                                          "--tuning-db": args.tuning_db})
+    if args.memory_plot:
+        check_output_path("--memory-plot", args.memory_plot, {"the model": args.model,
+                                                              "-o": args.output})
     if not args.output.endswith((".onnx", ".om")):
         raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
     if args.dump_format and not args.dump_dir:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from graphopt.cli_paths import check_output_path
 from graphopt.errors import OptionError
 from graphopt.table import format_table
 
@@ -43,6 +44,8 @@ def _cmd_calibrate(args) -> int:
             f"{args.target}`)")
     if args.threads < 1:
         raise OptionError(f"--threads must be ≥ 1, got {args.threads}")
+    if args.output:  # checked before the benchmarks, which take seconds
+        check_output_path("-o", args.output)
 
     def progress(key: str, m) -> None:
         print(f"  {key:<12} {m.name:<28} {m.seconds * 1e6:10.1f} µs  ({m.runs} runs)",

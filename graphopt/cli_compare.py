@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
+from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import non_negative_int
 from graphopt.errors import OptionError
 
@@ -72,11 +72,9 @@ def _check_options(args) -> None:
     if args.input_shape and args.inputs:
         raise OptionError("--input-shape only shapes random inputs; drop it or --inputs")
     if args.csv:
-        directory = os.path.dirname(os.path.abspath(args.csv))
-        if os.path.isdir(args.csv):
-            raise OptionError(f"--csv {args.csv}: is a directory, expected a file path")
-        if not os.path.isdir(directory):
-            raise OptionError(f"--csv {args.csv}: directory {directory} does not exist")
+        check_output_path("--csv", args.csv, {"the reference": args.reference,
+                                              "the candidate": args.candidate,
+                                              "--inputs": args.inputs})
 
 
 def _winograd_note(pass_log: list) -> None:

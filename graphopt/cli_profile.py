@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
+from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import non_negative_int
 from graphopt.errors import OptionError
 
@@ -80,11 +80,9 @@ def _cmd_profile(args) -> int:
     if args.top < 1:
         raise OptionError(f"--top must be at least 1, got {args.top}")
     if args.trace:
-        directory = os.path.dirname(os.path.abspath(args.trace))
-        if os.path.isdir(args.trace):
-            raise OptionError(f"--trace {args.trace}: is a directory, expected a file path")
-        if not os.path.isdir(directory):
-            raise OptionError(f"--trace {args.trace}: directory {directory} does not exist")
+        check_output_path("--trace", args.trace, {"the model": args.model,
+                                                  "--inputs": args.inputs,
+                                                  "--calibration": args.calibration})
     shapes = parse_input_shapes(args.input_shape) if args.input_shape else None
     feeds = load_npz(args.inputs) if args.inputs else None
     profile = profile_model(args.model, feeds, repeat=args.repeat, warmup=args.warmup,

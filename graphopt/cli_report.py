@@ -6,6 +6,7 @@ import argparse
 import os
 
 from graphopt.cli_compare import add_rule_options, check_rule_options
+from graphopt.cli_paths import check_output_path
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -52,13 +53,8 @@ def add_report_parser(sub) -> None:
 
 def _output_path(args) -> str:
     out = args.output or os.path.splitext(args.model)[0] + ".html"
-    if os.path.isdir(out):
-        raise OptionError(f"-o {out}: is a directory, expected a file path")
-    directory = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(directory):
-        raise OptionError(f"-o {out}: directory {directory} does not exist")
-    if os.path.abspath(out) == os.path.abspath(args.model):
-        raise OptionError(f"-o {out}: would overwrite the .om itself")
+    check_output_path("-o", out, {"the .om itself": args.model, "--reference": args.reference,
+                                  "--inputs": args.inputs, "--tuning-db": args.tuning_db})
     return out
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import warnings
 
+from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import non_negative_int
 from graphopt.errors import InputError, OptionError
 
@@ -98,11 +99,8 @@ def _check_run_options(args) -> int:
         raise OptionError("--profile shapes random inputs; with --inputs their shapes choose "
                           "the profile")
     if args.outputs:
-        directory = os.path.dirname(os.path.abspath(args.outputs))
-        if os.path.isdir(args.outputs):
-            raise OptionError(f"--outputs {args.outputs}: is a directory, expected a file path")
-        if not os.path.isdir(directory):
-            raise OptionError(f"--outputs {args.outputs}: directory {directory} does not exist")
+        check_output_path("--outputs", args.outputs, {"the model": args.model,
+                                                      "--inputs": args.inputs})
     return DEFAULT_WARMUP if args.warmup is None else args.warmup
 
 

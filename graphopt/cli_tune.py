@@ -4,8 +4,8 @@ tuning knowledge base: list, export, import)."""
 from __future__ import annotations
 
 import argparse
-import os
 
+from graphopt.cli_paths import check_output_path
 from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
@@ -92,9 +92,9 @@ def add_tune_parser(sub) -> None:
 
 
 def _storage(args):
-    """The storage the user named, None for the default file (search.default_db_path)."""
+    """The storage the user named, None for the default file (storage.default_db_path)."""
     if args.storage is not None and "://" not in args.storage:
-        from graphopt.tuner.search import STORAGE_URLS
+        from graphopt.tuner.storage import STORAGE_URLS
 
         raise OptionError(f"--storage {args.storage}: not a storage URL (use {STORAGE_URLS}); "
                           "a knowledge-base file is --tuning-db FILE.db")
@@ -106,20 +106,22 @@ def _storage_option(args) -> str:
     return "--storage" if args.storage else "--tuning-db"
 
 
-def _check_plot(path: str) -> None:
+def _check_plot(path: str, args) -> None:
+    from graphopt.tuner.storage import sqlite_path
+
     # Checked up front: the picture is drawn after the tuning, which can take hours.
     if not path.endswith((".png", ".svg")):
         raise OptionError(f"--plot {path}: the picture must end in .png or .svg")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise OptionError(f"--plot {path}: directory {directory} does not exist")
+    check_output_path("--plot", path, {"the model": args.model,
+                                       "the knowledge base": sqlite_path(_storage(args))})
 
 
 def _cmd_tune(args) -> int:
     from graphopt.compiler import optimize
     from graphopt.tuner.model import model_estimate
-    from graphopt.tuner.search import storage_url, tune_kernel
+    from graphopt.tuner.search import tune_kernel
     from graphopt.tuner.signature import idle_kernels, model_kernels
+    from graphopt.tuner.storage import storage_url
 
     if args.trials < 1:
         raise OptionError(f"--trials must be ≥ 1, got {args.trials}")
@@ -128,7 +130,7 @@ def _cmd_tune(args) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise OptionError(f"--timeout must be > 0, got {args.timeout}")
     if args.plot:
-        _check_plot(args.plot)
+        _check_plot(args.plot, args)
     # Checked before the compile, which can take minutes, and without creating anything.
     url = storage_url(_storage(args), option=_storage_option(args))
     from graphopt.cli import _precision_options
@@ -230,13 +232,13 @@ def add_kb_parser(sub) -> None:
 
 def _cmd_kb_list(args) -> int:
     from graphopt.tuner.kb import list_kb, list_subgraph_studies
-    from graphopt.tuner.search import open_storage
+    from graphopt.tuner.storage import open_storage
 
     def us(seconds):
         return "" if seconds is None else f"{seconds * 1e6:.2f}"
 
     # A mistyped --tuning-db would otherwise become a new, empty database and an empty table.
-    store = open_storage(_storage(args), option=_storage_option(args), must_exist=True)
+    store = open_storage(_storage(args), option=_storage_option(args), read_only=True)
     rows = [[r["signature"], r["trials"], us(r["default_seconds"]), us(r["best_seconds"]),
              "" if r["speedup"] is None else f"{r['speedup']:.3f}", r["tiling"] or ""]
             for r in list_kb(store)]
@@ -252,18 +254,19 @@ def _cmd_kb_list(args) -> int:
 
 
 def _cmd_kb_export(args) -> int:
-    from graphopt.tuner.kb import check_export_path, export_kb
-    from graphopt.tuner.search import open_storage
+    from graphopt.tuner.kb import export_kb
+    from graphopt.tuner.storage import open_storage, sqlite_path
 
-    check_export_path(args.json)
-    store = open_storage(_storage(args), option=_storage_option(args), must_exist=True)
+    check_output_path("kb export", args.json,
+                      {"the knowledge base": sqlite_path(_storage(args))})
+    store = open_storage(_storage(args), option=_storage_option(args), read_only=True)
     print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s)")
     return 0
 
 
 def _cmd_kb_import(args) -> int:
     from graphopt.tuner.kb import import_kb
-    from graphopt.tuner.search import storage_url
+    from graphopt.tuner.storage import storage_url
 
     # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
     url = storage_url(_storage(args), option=_storage_option(args))

@@ -14,7 +14,7 @@ def _ms(seconds: float, objective: str) -> str:
 
 
 def cmd_tune_subgraph(args, storage) -> int:
-    from graphopt.tuner.search import storage_url
+    from graphopt.tuner.storage import storage_url
     from graphopt.tuner.subgraph import (MIN_MEASURED_GAIN, SubgraphJob, checked_target,
                                          tune_subgraph)
 

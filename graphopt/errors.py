@@ -26,6 +26,14 @@ class OptionError(GraphoptError):
     """A command-line or API option is invalid."""
 
 
+class OutputError(GraphoptError, OSError):
+    """An output file cannot be written (a read-only or full disk, a directory in the way).
+    Also an OSError, so that code which tolerates an unwritable file (a cache) still does."""
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno N] strerror"
+        return str(self.args[0]) if self.args else ""
+
+
 class ArtifactError(GraphoptError):
     """An .om artifact is malformed, tampered with or from an incompatible version."""
 

@@ -185,7 +185,7 @@ def test_zoo_build_refuses_an_om_name_and_a_missing_folder(capsys, tmp_path):
     assert_clean_error(rc, out, err, "zoo build writes ONNX", output=tmp_path / "x.om")
     missing = tmp_path / "no" / "x.onnx"
     rc, out, err = cli(capsys, "zoo", "build", "tiny", "-o", missing)
-    assert_clean_error(rc, out, err, "cannot write it (No such file or directory)")
+    assert_clean_error(rc, out, err, f"cannot write it ({missing.parent} does not exist)")
 
 
 # ---------------------------------------------------------------------------------------------

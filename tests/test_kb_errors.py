@@ -5,9 +5,11 @@ one-line errors or labelled output, never internal errors or stray files."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import sqlite3
 import struct
 import zlib
 
@@ -18,7 +20,7 @@ import pytest
 
 from graphopt.errors import InputError, OptionError
 from graphopt.tuner import kb
-from graphopt.tuner.search import open_storage, storage_url
+from graphopt.tuner.storage import open_storage, storage_url
 from helpers import run_cli
 
 NOT_A_DB = "not a graphopt knowledge base (SQLite: file is not a database)"
@@ -94,6 +96,41 @@ def test_a_damaged_sqlite_file_is_named_too(tmp_path):
     empty = tmp_path / "empty.db"
     empty.touch()                                        # SQLite's empty database: accepted
     assert kb.list_kb(open_storage(str(empty))) == []
+
+
+WITHOUT_STUDIES = "not a graphopt knowledge base (an SQLite file without tuning studies)"
+
+
+@pytest.mark.parametrize("command", ["kb list", "kb export", "report", "optimize"])
+def test_reading_an_sqlite_file_without_studies_is_refused_and_leaves_it_alone(
+        built, tmp_path, capsys, command):
+    # Opened for writing, Optuna would add its tables to another program's database (or turn
+    # an empty file into one) and list nothing.
+    other, empty = tmp_path / "other.db", tmp_path / "empty.db"
+    with contextlib.closing(sqlite3.connect(other)) as db:
+        db.execute("CREATE TABLE users (id INTEGER)")
+        db.commit()
+    empty.touch()
+    for path in (other, empty):
+        before = path.read_bytes()
+        rc, _, err = run_cli(capsys, *commands(built, tmp_path, "--tuning-db", str(path))[command])
+        assert_user_error(rc, err, f"--tuning-db {path}: {WITHOUT_STUDIES}")
+        assert path.read_bytes() == before
+
+
+def test_reading_commands_leave_the_knowledge_base_unchanged(built, tmp_path, capsys):
+    db = tmp_path / "kb.db"
+    # The backup API: the tuned trials may still sit in the source's write-ahead log.
+    with contextlib.closing(sqlite3.connect(built["db"])) as source, \
+            contextlib.closing(sqlite3.connect(db)) as copy:
+        source.backup(copy)
+    before = db.read_bytes()
+    for name, argv in commands(built, tmp_path, "--tuning-db", str(db)).items():
+        if name != "tune":
+            rc, _, err = run_cli(capsys, *argv)
+            assert rc == 0, (name, err)
+    assert db.read_bytes() == before
+    assert "ascend310/conv/" in (tmp_path / "kb.json").read_text()
 
 
 # --- 2. URLs -----------------------------------------------------------------------------------
@@ -175,9 +212,13 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
 def test_kb_export_into_a_missing_directory_names_it(built, tmp_path, capsys):
     target = tmp_path / "nonexist" / "kb.json"
     rc, _, err = run_cli(capsys, "kb", "export", target, "--tuning-db", built["db"])
-    assert_user_error(rc, err, f"{target}: directory {tmp_path / 'nonexist'} does not exist")
+    assert_user_error(rc, err, f"kb export {target}: directory {tmp_path / 'nonexist'} does "
+                               "not exist")
     rc, _, err = run_cli(capsys, "kb", "export", tmp_path, "--tuning-db", built["db"])
-    assert_user_error(rc, err, f"{tmp_path}: is a directory")
+    assert_user_error(rc, err, f"kb export {tmp_path}: is a directory")
+    rc, _, err = run_cli(capsys, "kb", "export", built["db"], "--tuning-db", built["db"])
+    assert_user_error(rc, err, f"kb export {built['db']}: would overwrite the knowledge base")
+    assert kb.list_kb(open_storage(built["db"], read_only=True))
 
 
 def test_kb_export_is_atomic(built, tmp_path, monkeypatch):

@@ -273,20 +273,20 @@ def test_tuning_one_model_serves_another_with_the_same_layer_shape(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
 def test_a_killed_worker_loses_nothing(a310, tmp_path, monkeypatch):
-    import graphopt.tuner.search as search
+    import graphopt.tuner.storage as storage
 
-    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(search, "GRACE_S", 1)
+    monkeypatch.setattr(storage, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(storage, "GRACE_S", 1)
     db = str(tmp_path / "killed.db")
     first = tune_kernel(SHAPE, a310, target="ascend310", trials=6, seed=0, storage=db)
     # A worker dies mid-trial: its trial was asked for, never told, and its heartbeat stops.
-    study = optuna.load_study(study_name=first.study_name, storage=search.open_storage(db))
+    study = optuna.load_study(study_name=first.study_name, storage=storage.open_storage(db))
     orphan = study.ask()
     study._storage.record_heartbeat(orphan._trial_id)
     time.sleep(2.5)
     again = tune_kernel(SHAPE, a310, target="ascend310", trials=4, seed=1, storage=db)
     trials = optuna.load_study(study_name=first.study_name,
-                               storage=search.open_storage(db)).get_trials(deepcopy=False)
+                               storage=storage.open_storage(db)).get_trials(deepcopy=False)
     states = [t.state for t in trials]
     assert states[orphan.number] == optuna.trial.TrialState.FAIL  # marked, not left RUNNING
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]

@@ -205,10 +205,11 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
     import optuna
 
     from graphopt.tuner.kb import list_kb
-    from graphopt.tuner.search import history, open_storage
+    from graphopt.tuner.search import history
+    from graphopt.tuner.storage import open_storage
 
     # must_exist: a mistyped path would otherwise become an empty database with nothing tuned.
-    store = open_storage(storage, option=option, must_exist=True)
+    store = open_storage(storage, option=option, read_only=True)
     tuning = Tuning(storage=store.url)
     manifest = artifact.manifest
     target = manifest["target"]

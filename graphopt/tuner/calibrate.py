@@ -95,13 +95,13 @@ class CalibrationResult:
 
     def save(self, path: str | os.PathLike | None = None) -> str:
         """Writes the JSON to `path` (default: default_path()) and returns the path."""
+        from graphopt.atomic import atomic_write_bytes
+
         path = os.fspath(path) if path is not None else default_path()
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
+        if path == default_path():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        text = json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"
+        atomic_write_bytes(path, text.encode("utf-8"))
         return path
 
     @classmethod

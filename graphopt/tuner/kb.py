@@ -23,7 +23,6 @@ from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import InputError, OptionError
 from graphopt.tuner.search import (
     PARAMS,
-    open_storage,
     open_study,
     outside_space,
     search_choices,
@@ -32,6 +31,7 @@ from graphopt.tuner.search import (
     trial_tiling,
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
+from graphopt.tuner.storage import open_storage
 from graphopt.tuner.tiling import Tiling
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def _default(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 def best_tilings(storage: Any, target: str) -> dict[str, tuple[Tiling, float]]:
     """signature -> (best tiling, its estimated seconds) for every study of `target`'s
     kernels that has a completed trial."""
-    storage = open_storage(storage)
+    storage = open_storage(storage, read_only=True)
     out = {}
     for name in _signature_studies(storage, target):
         best = _best(optuna.load_study(study_name=name, storage=storage))
@@ -90,7 +90,7 @@ def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning) -> dic
 def list_kb(storage: Any) -> list[dict]:
     """One row per signature: signature, trials, default_seconds (None when the default was
     never evaluated there), best_seconds, speedup (default / best, None without a default)."""
-    storage = open_storage(storage)
+    storage = open_storage(storage, read_only=True)
     rows = []
     for name in _signature_studies(storage):
         study = optuna.load_study(study_name=name, storage=storage)
@@ -107,7 +107,7 @@ def list_kb(storage: Any) -> list[dict]:
 def list_subgraph_studies(storage: Any) -> list[dict]:
     """One row per subgraph-tuning study (`graphopt tune --job subgraph`): study, trials,
     default_seconds and best_seconds (None where absent)."""
-    storage = open_storage(storage)
+    storage = open_storage(storage, read_only=True)
     rows = []
     for name in sorted(n for n in optuna.get_all_study_names(storage)
                        if n.startswith("subgraph/")):
@@ -134,7 +134,7 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
     """Write every signature's best trial as JSON, atomically (an existing export stays whole
     until the new one is complete); returns how many kernels it wrote."""
     check_export_path(path)
-    storage = open_storage(storage)
+    storage = open_storage(storage, read_only=True)
     kernels = {}
     for name in _signature_studies(storage):
         study = optuna.load_study(study_name=name, storage=storage)

@@ -30,14 +30,8 @@ from typing import Any
 import optuna
 
 from graphopt.errors import OptionError
-from graphopt.tuner.search import (
-    _STARTED,
-    Progress,
-    _make_sampler,
-    history,
-    open_storage,
-    storage_url,
-)
+from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
+from graphopt.tuner.storage import open_storage, storage_url
 from graphopt.tuner.subgraph_space import (
     Group,
     Recorder,
@@ -417,7 +411,7 @@ def confirm(evaluator: Evaluator, space: Space, default: dict, best: dict,
 
 def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
     """The -O levels at which the storage holds subgraph studies of the job's model and target."""
-    names = set(optuna.get_all_study_names(open_storage(storage)))
+    names = set(optuna.get_all_study_names(open_storage(storage, read_only=True)))
     return [level for level in range(4) if any(
         study_name_for(SubgraphJob(job.model_path, job.target, level, job.input_shapes,
                                    objective, granularity=granularity), target_name) in names
@@ -429,7 +423,7 @@ def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
     and level), preferring a measured study to an estimated one and the rule granularity's to
     the shape one's; None when the storage has no such study. The gate and options go to
     optimize(rewrite_gate=…, pass_options=…)."""
-    store = open_storage(storage)
+    store = open_storage(storage, read_only=True)
     names = set(optuna.get_all_study_names(store))
     for objective, granularity in [(o, g) for o in ("measured", "estimate") for g in GRANULARITIES]:
         candidate = SubgraphJob(job.model_path, job.target, job.level, job.input_shapes,

@@ -1,0 +1,212 @@
+"""Where tuning studies live: an Optuna storage from an SQLite file, a URL or the default
+database, checked before Optuna touches it (which would create tables in any file), opened
+read-only for commands that only read the knowledge base."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any
+
+import optuna
+
+from graphopt.errors import OptionError
+
+SQLITE_TIMEOUT_S = 60.0  # how long a worker waits for another's SQLite write lock
+HEARTBEAT_S = 10         # how often a running trial says it is alive
+GRACE_S = 30             # silence after which a running trial's worker counts as dead
+
+
+def default_db_path() -> str:
+    """$XDG_CACHE_HOME/graphopt/tuning.db (~/.cache when unset): the default knowledge base."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "graphopt", "tuning.db")
+
+
+STORAGE_URLS = "sqlite:///FILE.db, postgresql://USER@HOST/DB or mysql://USER@HOST/DB"
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every non-empty SQLite file
+
+
+def storage_url(db_or_url: str | os.PathLike | None = None, *, option: str = "--tuning-db",
+                must_exist: bool = False) -> str:
+    """An Optuna storage URL: URLs pass through, a file path becomes sqlite:///<absolute path>,
+    None the default database (default_db_path, whose directory is created). A given storage
+    is checked without touching it: a known URL scheme, and for SQLite a file that is a
+    database, or (not `must_exist`) can become one in an existing directory. `option` names
+    the storage in errors."""
+    if db_or_url is None:
+        path = default_db_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return f"sqlite:///{path}"
+    text = os.fspath(db_or_url)
+    if "://" not in text:
+        path = os.path.abspath(text)
+        _check_sqlite_file(path, option, text, must_exist)
+        return f"sqlite:///{path}"
+    database = _check_url(text, option)
+    if database not in (None, "", ":memory:"):
+        _check_sqlite_file(os.path.abspath(database), option, text, must_exist)
+    return text
+
+
+def sqlite_path(db_or_url: str | os.PathLike | None) -> str | None:
+    """The file of an SQLite storage (the default database for None); None for a server."""
+    if db_or_url is None:
+        return default_db_path()
+    text = os.fspath(db_or_url)
+    if "://" not in text:
+        return text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(text)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return parsed.database
+
+
+def _check_url(url: str, option: str) -> str | None:
+    """The SQLite database path of `url` (None for a server); refuses a URL SQLAlchemy, which
+    Optuna's storages build on, cannot load a dialect for."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise OptionError(f"{option} {url}: not a storage URL (use {STORAGE_URLS})") from None
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        raise OptionError(f"{option} {url}: unknown storage scheme '{parsed.drivername}' "
+                          f"(use {STORAGE_URLS})") from None
+    return parsed.database if parsed.get_backend_name() == "sqlite" else None
+
+
+def _check_sqlite_file(path: str, option: str, given: str, must_exist: bool) -> None:
+    # Optuna would create an empty database at a mistyped path (and its directory with it),
+    # and SQLAlchemy reports a file that is no database only as an internal error.
+    label = f"{option} {given}"
+    if os.path.isdir(path):
+        raise OptionError(f"{label}: is a directory, expected a knowledge-base file")
+    if not os.path.exists(path):
+        if must_exist:
+            flag = "--storage" if "://" in given else "--tuning-db"
+            raise OptionError(f"{label}: no such file (`graphopt tune … {flag} {given}` "
+                              "creates it)")
+        if not os.path.isdir(os.path.dirname(path)):
+            raise OptionError(f"{label}: directory {os.path.dirname(path)} does not exist")
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as e:
+        raise OptionError(f"{label}: cannot read it ({e.strerror or e})") from None
+    if head and head != SQLITE_MAGIC:  # an empty file is an empty SQLite database
+        raise OptionError(f"{label}: not a graphopt knowledge base (SQLite: file is not a "
+                          "database)")
+
+
+def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist: bool = False,
+                 read_only: bool = False) -> optuna.storages.BaseStorage:
+    """An Optuna storage from a URL, an SQLite file path, None (the default file) or a storage
+    object (returned as is); storage_url checks it first, and a storage that still fails to
+    open is an OptionError naming `option`. SQLite gets a lock timeout and WAL journaling so a
+    few local workers can share one file; many workers want a server (postgresql://, mysql://).
+
+    `read_only` (commands that only read the knowledge base): an SQLite file must exist and
+    hold Optuna's tables, and is opened read-only, so that it may sit on a read-only disk and
+    another program's database is refused rather than given tables of its own."""
+    if isinstance(storage, optuna.storages.BaseStorage):
+        return storage
+    url = storage_url(storage, option=option, must_exist=must_exist or read_only)
+    label = f"{option} {url if storage is None else os.fspath(storage)}"
+    if read_only and url.startswith("sqlite:"):
+        url = _read_only_url(url, label)
+    # Workers beat a heartbeat: a trial whose worker was killed stops beating, and the next
+    # worker to start marks it failed instead of leaving it RUNNING for ever. Completed trials
+    # are never touched, so a restarted job loses nothing.
+    liveness = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
+    sqlite = url.startswith("sqlite:")
+    engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite else None
+    with warnings.catch_warnings(), _storage_errors(label, url):
+        # Heartbeats are "experimental" since Optuna 2.9, and what we need.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine, **liveness)
+    if sqlite and not read_only:
+        _enable_wal(storage)
+    return storage
+
+
+# What every Optuna RDB storage has; a file without them is not a knowledge base.
+_OPTUNA_TABLES = {"studies", "trials", "version_info"}
+
+
+def _read_only_url(url: str, label: str) -> str:
+    """The SQLite URL opened read-only, once the file holds Optuna's tables. A database that
+    tune left in WAL mode needs its -shm file, which a read-only folder cannot get: it is
+    then read as immutable (nothing can be writing it there)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if database in (None, "", ":memory:"):
+        return url
+    path = quote(os.path.abspath(database))
+    for flags in ("mode=ro", "mode=ro&immutable=1"):
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?{flags}", uri=True)) as db:
+                tables = {row[0] for row in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            break
+        except sqlite3.OperationalError as e:
+            problem = str(e)
+        except sqlite3.DatabaseError as e:
+            raise OptionError(f"{label}: not a graphopt knowledge base (SQLite: {e})") from None
+    else:
+        raise OptionError(f"{label}: cannot open the storage ({problem})")
+    if not _OPTUNA_TABLES <= tables:
+        raise OptionError(f"{label}: not a graphopt knowledge base (an SQLite file without "
+                          "tuning studies)")
+    return f"sqlite:///file:{path}?{flags}&uri=true"
+
+
+@contextlib.contextmanager
+def _storage_errors(label: str, url: str):
+    """Opening failures as one-line OptionErrors: a missing driver, a damaged SQLite file, a
+    server that refuses the connection."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DatabaseError, SQLAlchemyError
+
+    try:
+        yield
+    except ImportError:
+        driver = make_url(url).get_dialect().driver
+        raise OptionError(f"{label}: the Python database driver '{driver}' this URL needs is "
+                          "not installed") from None
+    except SQLAlchemyError as e:
+        cause = e.orig if isinstance(e, DatabaseError) and e.orig is not None else e
+        reason = str(cause).splitlines()[0]
+        if url.startswith("sqlite:") and "not a database" in reason:
+            problem = f"not a graphopt knowledge base (SQLite: {reason})"
+        else:
+            problem = f"cannot open the storage ({reason})"
+        raise OptionError(f"{label}: {problem}") from None
+
+
+def _enable_wal(storage: optuna.storages.RDBStorage) -> None:
+    from sqlalchemy import event
+
+    def on_connect(connection, _record) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections opened before the listener reopen with WAL

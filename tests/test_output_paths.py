@@ -1,0 +1,129 @@
+"""Output files: no command writes over one of its own inputs, and a destination that cannot
+be written (full or read-only disk, a file where a folder should be) is a one-line error
+naming it, with nothing left behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+from helpers import run_cli
+
+import graphopt
+import graphopt.atomic as atomic
+from graphopt.cli import main
+from graphopt.errors import OutputError
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny model, its .om, inputs for it and a knowledge base."""
+    root = tmp_path_factory.mktemp("outputs")
+    model, om, inputs = root / "m.onnx", root / "m.om", root / "x.npz"
+    assert main(["zoo", "build", "tiny", "-o", str(model)]) == 0
+    graphopt.save(graphopt.optimize(str(model)), str(om))
+    feeds = {e["name"]: np.zeros([d if isinstance(d, int) else 1 for d in e["shape"]],
+                                 dtype=np.float32) for e in graphopt.load(str(om)).inputs}
+    np.savez(inputs, **feeds)
+    return {"model": str(model), "om": str(om), "inputs": str(inputs), "root": str(root)}
+
+
+def _overwrites(f):
+    """(argv, the path the output option names, what the message calls it) per command."""
+    m, om, x = f["model"], f["om"], f["inputs"]
+    return {
+        "run --outputs the .om": (["run", om, "--outputs", om], om, "the model"),
+        "run --outputs its --inputs": (["run", om, "--inputs", x, "--outputs", x], x, "--inputs"),
+        "compare --csv the reference": (["compare", m, om, "--csv", m], m, "the reference"),
+        "compare --csv the candidate": (["compare", m, om, "--csv", om], om, "the candidate"),
+        "report -o the .om": (["report", om, "-o", om], om, "the .om itself"),
+        "report -o its --reference": (["report", om, "--reference", m, "-o", m], m,
+                                      "--reference"),
+        "profile --trace the model": (["profile", om, "--repeat", "1", "--trace", om], om,
+                                      "the model"),
+        "optimize -o its --inputs": (["optimize", m, "-o", x, "--verify", "--inputs", x], x,
+                                     "--inputs"),
+        "optimize --memory-plot the model": (["optimize", m, "-o", os.path.join(f["root"], "o.om"),
+                                              "--memory-plot", m], m, "the model"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_overwrites({"model": "", "om": "", "inputs": "",
+                                                    "root": ""})))
+def test_no_command_writes_over_its_own_input(files, capsys, case):
+    argv, victim, what = _overwrites(files)[case]
+    before = open(victim, "rb").read()
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 1 and "Traceback" not in err, err
+    assert err.startswith("graphopt: error:") and err.count("\n") == 1, err
+    assert f"would overwrite {what}" in err, err
+    assert open(victim, "rb").read() == before
+
+
+def test_the_same_file_by_another_name_is_still_the_input(files, capsys, tmp_path):
+    link = tmp_path / "link.om"
+    os.symlink(files["om"], link)
+    before = open(files["om"], "rb").read()
+    rc, _, err = run_cli(capsys, "run", files["om"], "--outputs", link)
+    assert rc == 1 and "would overwrite the model" in err, err
+    assert open(files["om"], "rb").read() == before
+
+
+def test_calibrate_checks_its_output_before_measuring(files, capsys, monkeypatch):
+    import graphopt.tuner.calibrate as calibrate
+
+    def measured(**_):
+        raise AssertionError("the benchmarks ran before the output was checked")
+
+    monkeypatch.setattr(calibrate, "calibrate", measured)
+    rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", files["model"] + "/c.json")
+    assert rc == 1 and "is a file, not a folder" in err, err
+    rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", files["root"])
+    assert rc == 1 and "is a directory" in err, err
+
+
+# --- destinations that refuse the write ------------------------------------------------------
+
+
+@pytest.mark.parametrize("failing", ["mkstemp", "write", "replace"])
+def test_an_unwritable_destination_is_an_output_error(tmp_path, monkeypatch, failing):
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"old")
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def fail(*_, **__):
+        raise full
+
+    if failing == "mkstemp":
+        monkeypatch.setattr(atomic.tempfile, "mkstemp", fail)
+    elif failing == "replace":
+        monkeypatch.setattr(atomic.os, "replace", fail)
+    with pytest.raises(OutputError, match=f"cannot write {path}: No space left on device"):
+        with atomic.atomic_write(path) as f:
+            f.write(b"new")
+            if failing == "write":
+                raise full
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["out.bin"]  # no temporary file left
+
+
+def test_an_error_of_the_callers_own_passes_through(tmp_path):
+    # Only what a write into the destination fails with becomes an OutputError.
+    with pytest.raises(FileNotFoundError):
+        with atomic.atomic_write(tmp_path / "out.bin"):
+            open(tmp_path / "missing.txt", "rb")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_write_of_optimize_is_a_one_line_error(files, capsys, monkeypatch, tmp_path):
+    def read_only(*_, **__):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", read_only)
+    for output in ("o.onnx", "o.om"):
+        rc, _, err = run_cli(capsys, "optimize", files["model"], "-o", tmp_path / output, "-q")
+        assert rc == 1, err
+        assert err == f"graphopt: error: cannot write {tmp_path / output}: Read-only file system\n"
+    assert os.listdir(tmp_path) == []
