@@ -369,16 +369,12 @@ def load_inputs(inputs) -> dict[str, np.ndarray] | None:
     """--inputs as feeds: a dict as given, an .npz path read (OptionError if it cannot be)."""
     if inputs is None or isinstance(inputs, dict):
         return inputs
-    path = os.fspath(inputs)
+    from graphopt.codegen.feeds import load_npz
+
     try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise OptionError(f"--inputs {path}: cannot read as .npz ({e})") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise OptionError(f"--inputs {path}: not an .npz archive of named arrays "
-                          "(np.savez(path, input_name=array, …))")
-    with data:
-        return {k: data[k] for k in data.files}
+        return load_npz(inputs)
+    except InputError as e:
+        raise OptionError(f"--inputs {e}") from None
 
 
 def _mark_lossy(model: Model, log: PassLog) -> None:

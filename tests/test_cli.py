@@ -599,6 +599,21 @@ def test_inputs_file_missing_or_not_npz(foldable, tmp_path, capsys):
         assert_clean_error(rc, out, err, "--inputs", os.fspath(path), output=out_path)
 
 
+def test_inputs_file_with_object_arrays_or_truncated(foldable, tmp_path, capsys):
+    # npz members load lazily: a bad one used to fail outside the read's error handling.
+    objects, truncated = tmp_path / "objects.npz", tmp_path / "truncated.npz"
+    np.savez(objects, x=np.array([{"a": 1}, None], dtype=object))
+    np.savez(truncated, x=np.zeros((64, 4), np.float32))
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    out_path = tmp_path / "out.onnx"
+    for path, reason in ((objects, "object arrays"), (truncated, "not an .npz archive")):
+        rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--verify", "--inputs",
+                           path)
+        assert_clean_error(rc, out, err, f"--inputs {path}", reason, output=out_path)
+        rc, out, err = cli(capsys, "bisect", foldable, "--inputs", path)
+        assert_clean_error(rc, out, err, f"--inputs {path}", reason)
+
+
 def test_inputs_file_is_npy_not_npz(foldable, tmp_path, capsys):
     # BUG: np.load returns an ndarray for .npy, which compiler._load_inputs uses as a context
     # manager: "graphopt: internal error: TypeError" (exit 3).
