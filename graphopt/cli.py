@@ -18,6 +18,7 @@ from graphopt.cli_report import add_report_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
+from graphopt.cli_types import tolerance
 from graphopt.errors import GraphoptError, OptionError
 
 EXAMPLES = """examples:
@@ -82,10 +83,10 @@ def _add_optimize(sub) -> None:
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
                         "seeded inputs; fail and write nothing if outputs differ")
     p.add_argument("--inputs", metavar="NPZ", help="inputs for --verify instead of random data")
-    p.add_argument("--rtol", type=float, metavar="R",
+    p.add_argument("--rtol", type=tolerance, metavar="R",
                    help="relative tolerance for --verify (1e-4; after a lossy precision pass "
                         "--verify judges by cosine unless --rtol/--atol is given)")
-    p.add_argument("--atol", type=float, metavar="A",
+    p.add_argument("--atol", type=tolerance, metavar="A",
                    help="absolute tolerance for --verify (1e-5)")
     p.add_argument("--dump-dir", metavar="DIR",
                    help="write the IR after import and after each pass, plus passes.json")
@@ -148,8 +149,6 @@ def _cmd_optimize(args) -> int:
     if args.dynamic_dims and not args.output.endswith(".om"):
         raise OptionError(f"--dynamic-dims: -o {args.output}: the shape profiles are kept "
                           "together in an .om; ONNX holds one shape per model")
-    if (args.rtol is not None and args.rtol < 0) or (args.atol is not None and args.atol < 0):
-        raise OptionError(f"--rtol/--atol must be ≥ 0, got {args.rtol}/{args.atol}")
     target = args.target or ("cpu" if args.output.endswith(".om") else None)
     gate, pass_options = None, None
     if args.tuning_db and "://" not in args.tuning_db and not os.path.isfile(args.tuning_db):

@@ -7,6 +7,8 @@ import json
 import math
 import sys
 
+from graphopt.cli_types import tolerance
+
 EXAMPLES = """examples:
   graphopt bisect model.onnx                        # -O2, seeded random inputs
   graphopt bisect model.onnx -O3 --inputs x.npz --rtol 1e-3 --atol 1e-4
@@ -43,8 +45,8 @@ def add_bisect_parser(sub) -> None:
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
-    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (1e-4)")
-    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (1e-5)")
+    p.add_argument("--rtol", type=tolerance, default=1e-4, help="relative tolerance (1e-4)")
+    p.add_argument("--atol", type=tolerance, default=1e-5, help="absolute tolerance (1e-5)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_bisect)
 

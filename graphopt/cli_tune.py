@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from graphopt.cli_paths import check_output_path
+from graphopt.cli_types import positive_seconds
 from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
@@ -73,7 +74,8 @@ def add_tune_parser(sub) -> None:
                    help="--objective measured: onnxruntime intra-op threads (default: its own)")
     p.add_argument("--trials", type=int, default=50, metavar="N",
                    help="new trials per kernel signature, or of the subgraph study (default 50)")
-    p.add_argument("--timeout", type=float, metavar="S", help="stop each kernel after S seconds")
+    p.add_argument("--timeout", type=positive_seconds, metavar="S",
+                   help="stop each kernel after S seconds")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--sampler", default="tpe", choices=("tpe", "random"),
                    help="Optuna sampler (default tpe)")
@@ -127,8 +129,6 @@ def _cmd_tune(args) -> int:
         raise OptionError(f"--trials must be ≥ 1, got {args.trials}")
     if args.workers < 1:
         raise OptionError(f"--workers must be ≥ 1, got {args.workers}")
-    if args.timeout is not None and args.timeout <= 0:
-        raise OptionError(f"--timeout must be > 0, got {args.timeout}")
     if args.plot:
         _check_plot(args.plot, args)
     # Checked before the compile, which can take minutes, and without creating anything.

@@ -717,6 +717,23 @@ def test_negative_fold_size_limit(foldable, tmp_path, capsys):
     assert rc == 2  # a usage error, as a size that does not parse
 
 
+@pytest.mark.parametrize("command, option, value, problem", [
+    ("optimize", "--rtol", "-1", "negative"), ("optimize", "--atol", "inf", "not a finite"),
+    ("optimize", "--rtol", "nan", "not a finite"), ("bisect", "--rtol", "-1", "negative"),
+    ("bisect", "--atol", "nan", "not a finite"), ("tune", "--timeout", "nan", "not a finite"),
+    ("tune", "--timeout", "0", "not above 0"),
+])
+def test_a_tolerance_or_timeout_that_would_turn_a_check_off_is_refused(
+        foldable, tmp_path, capsys, command, option, value, problem):
+    # inf would pass every output (--verify off in effect), nan fail every one, a negative
+    # tolerance make bisect blame the import: each is a usage error, before any work.
+    argv = {"optimize": ["optimize", foldable, "-o", tmp_path / "o.onnx", "--verify"],
+            "bisect": ["bisect", foldable], "tune": ["tune", foldable, "--target", "ascend310"]}
+    rc, out, err = cli(capsys, *argv[command], option, value)
+    assert_clean_error(rc, out, err, f"argument {option}", problem, output=tmp_path / "o.onnx")
+    assert rc == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # --verify catches a wrong optimization
 # ---------------------------------------------------------------------------------------------
