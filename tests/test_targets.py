@@ -271,6 +271,10 @@ def _broken(change) -> dict:
      "devices[1].nchwc_block_size: expected 'auto', 0 (no NCHWc), 8 (AVX2) or 16 (AVX-512F)"),
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"].__setitem__("Convv", {}),
      "devices[0].engines.cube.ops.Convv: no ONNX or onnxruntime op of that name"),
+    # Every tiling of every kernel would overflow it: refused here, not as a compile's crash.
+    (lambda d: d["devices"][0]["buffers"].__setitem__("L0A", 10),
+     "devices[0].buffers.L0A: 10 bytes cannot hold the smallest float16 tile (16x16x16 needs "
+     "512 bytes)"),
 ])
 def test_bad_profile_names_file_and_key(tmp_path, change, expected):
     assert expected in _error(tmp_path, _broken(change))

@@ -240,6 +240,7 @@ def _device(doc: dict, where: str) -> Device:
             if buffer not in doc["buffers"]:
                 raise SchemaViolation(f"{where}.buffers.{buffer}", "missing: a device with a "
                                                                    "cube engine needs it")
+        _check_smallest_tiles(doc, where)
     block = doc.get("nchwc_block_size", 0)
     if block not in ("auto", 0, 8, 16):  # MLAS's NCHWc kernels exist for these blocks only
         raise SchemaViolation(f"{where}.nchwc_block_size", f"expected 'auto', 0 (no NCHWc), 8 "
@@ -259,6 +260,22 @@ def _device(doc: dict, where: str) -> Device:
         nchwc_block_size=nchwc_block_size() if block == "auto" else block,
         kernels=MappingProxyType(kernels),
         kernel_source="onnxruntime" if "ops" in doc else "profile")
+
+
+def _check_smallest_tiles(doc: dict, where: str) -> None:
+    """Every cube kernel needs at least one cube-sized tile in each on-chip buffer (no double
+    buffering, one K-step in L1): a profile whose buffers cannot hold it would be refused by
+    every tiling the compiler or the tuner tries."""
+    from graphopt.tuner.tiling import GemmShape, Tiling, buffer_use
+
+    for dtype, (m, k, n) in doc["cube"].items():
+        smallest = Tiling(m, n, k, l1_depth=1, double_buffer=False)
+        for buffer, need in buffer_use(smallest, GemmShape(1, m, k, n, dtype)).items():
+            have = doc["buffers"][buffer]
+            if need > have:
+                raise SchemaViolation(f"{where}.buffers.{buffer}",
+                                      f"{have} bytes cannot hold the smallest {dtype} tile "
+                                      f"({m}x{k}x{n} needs {need} bytes)")
 
 
 @functools.cache
