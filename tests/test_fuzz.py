@@ -562,8 +562,24 @@ def prelu_opset6() -> onnx.ModelProto:
                        slope=np.full(3, 0.1, np.float32))
 
 
+def future_opset() -> onnx.ModelProto:
+    """An opset newer than onnx (and so onnxruntime) knows: no schema to check its nodes."""
+    model = copy.deepcopy(SEED)
+    model.opset_import[0].version = 99
+    return model
+
+
+def untyped_input() -> onnx.ModelProto:
+    """A graph input with a name and nothing else: onnxruntime refuses the model at load."""
+    model = copy.deepcopy(SEED)
+    model.graph.input[0].ClearField("type")
+    return model
+
+
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
+    ("future_opset", r"opset 99 of the default domain is newer than any this onnx \S+ knows"),
+    ("untyped_input", r"graph input '\w+' has no type"),
     ("negative_kernel",
      r"node 'pool1' \(MaxPool\).*kernel_shape must only contain positive values"),
     ("prelu_opset6",

@@ -120,6 +120,16 @@ class _Importer:
             if not 0 <= entry.version < 2 ** 31:  # the checker and onnxruntime take int32
                 raise self.error(f"opset_import of domain '{entry.domain or 'ai.onnx'}' has "
                                  f"version {entry.version}")
+            newest = onnx.defs.onnx_opset_version()
+            if entry.domain in ("", "ai.onnx") and entry.version > newest:
+                # No schema to check its nodes against; onnxruntime refuses it at load.
+                raise self.error(f"opset {entry.version} of the default domain is newer than "
+                                 f"any this onnx {onnx.__version__} knows (up to {newest})")
+        weights = {t.name for t in proto.graph.initializer}
+        for vi in proto.graph.input:  # a subgraph's may leave theirs to the outer graph
+            if vi.name not in weights and vi.type.WhichOneof("value") is None:
+                raise self.error(f"graph input '{vi.name}' has no type: a caller cannot know "
+                                 "what to feed (onnxruntime refuses the model)")
         graph = self.graph(proto.graph, {})
         if not graph.outputs:
             raise self.error(f"graph '{proto.graph.name}' has no outputs (nothing to compute)")
