@@ -54,6 +54,12 @@ def optimized_by_onnxruntime(model: ModelProto, level: str) -> ModelProto:
 
 def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
                     pinned: list[int] | None) -> list[int]:
+    if not info.type.tensor_type.HasField("shape"):  # unknown rank: a guess would be rank 0
+        if pinned is not None and all(d >= 0 for d in pinned):
+            return [int(d) for d in pinned]
+        raise InputError(f"input {info.name!r} has an unknown rank, so random data cannot be "
+                         "made for it; pass inputs (--inputs x.npz) or its whole shape "
+                         f"(--input-shape \"{info.name}:…\")")
     shape = []
     for axis, dim in enumerate(info.type.tensor_type.shape.dim):
         if pinned is not None and axis < len(pinned) and pinned[axis] >= 0:

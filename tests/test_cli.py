@@ -614,6 +614,23 @@ def test_inputs_file_with_object_arrays_or_truncated(foldable, tmp_path, capsys)
         assert_clean_error(rc, out, err, f"--inputs {path}", reason)
 
 
+def test_an_input_of_unknown_rank_gets_no_made_up_random_data(tmp_path, capsys):
+    # A rank-0 guess made compare pass and bisect find nothing on an input the model would
+    # never see; --input-shape with the whole shape, or --inputs, says what to feed.
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                 tmp_path / "unranked.onnx")
+    for argv in (["compare", path, path], ["bisect", path],
+                 ["optimize", path, "-o", tmp_path / "o.onnx", "--verify"]):
+        rc, out, err = cli(capsys, *argv)
+        assert_clean_error(rc, out, err, "input 'x' has an unknown rank", "--inputs",
+                           output=tmp_path / "o.onnx")
+    rc, out, err = cli(capsys, "compare", path, path, "--input-shape", "x:2,3")
+    assert rc == 0 and "PASS" in out, err
+
+
 def test_inputs_file_is_npy_not_npz(foldable, tmp_path, capsys):
     # BUG: np.load returns an ndarray for .npy, which compiler._load_inputs uses as a context
     # manager: "graphopt: internal error: TypeError" (exit 3).
