@@ -226,6 +226,9 @@ def add_kb_parser(sub) -> None:
     ex.set_defaults(func=_cmd_kb_export)
     im = kb_sub.add_parser("import", help="add a JSON export's tilings to the knowledge base")
     im.add_argument("json", metavar="FILE.json")
+    im.add_argument("--target", action="append", default=[], metavar="PROFILE.json",
+                    help="the profile of a custom target whose kernels the export holds "
+                         "(repeat for several; built-in targets need none)")
     _storage_args(im, db_only=True)
     im.set_defaults(func=_cmd_kb_import)
 
@@ -270,5 +273,6 @@ def _cmd_kb_import(args) -> int:
 
     # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
     url = storage_url(_storage(args), option=_storage_option(args))
-    print(f"imported {import_kb(args.json, url)} kernel tiling(s) from {args.json}")
+    added = import_kb(args.json, url, targets=args.target)
+    print(f"imported {added} kernel tiling(s) from {args.json}")
     return 0

@@ -411,3 +411,27 @@ def test_a_knowledge_base_that_gives_an_onnx_compile_nothing_says_so(built, tmp_
     assert rc == 0, err
     assert "note: --tuning-db: nothing in it applies to" in out
     assert "no subgraph decisions for this model on ascend310 at -O2" in out
+
+
+def test_kb_import_of_a_custom_targets_kernels_takes_its_profile(built, tmp_path, capsys):
+    # A signature names the target, not its file: the import is given the profile.
+    from graphopt.partition import load_target
+
+    profile = json.loads(open(load_target("ascend310").path).read())
+    profile["name"] = "myboard"
+    board = tmp_path / "myboard.json"
+    board.write_text(json.dumps(profile))
+    source, export = tmp_path / "a.db", tmp_path / "kb.json"
+    assert run_cli(capsys, "tune", built["model"], "--target", board, "--trials", "3",
+                   "--tuning-db", source, "-q")[0] == 0
+    assert run_cli(capsys, "kb", "export", export, "--tuning-db", source)[0] == 0
+    (name,) = json.loads(export.read_text())["kernels"]
+    assert name.startswith("myboard/")
+    copy = tmp_path / "b.db"
+    rc, _, err = run_cli(capsys, "kb", "import", export, "--tuning-db", copy)
+    assert_user_error(rc, err, f"{export}: kernel '{name}': target 'myboard' is not built in: "
+                               "pass its profile (--target myboard.json)")
+    assert not copy.exists()
+    rc, out, err = run_cli(capsys, "kb", "import", export, "--tuning-db", copy, "--target", board)
+    assert rc == 0 and "imported 1 kernel tiling(s)" in out, err
+    assert kb.best_tilings(str(copy), "myboard") == kb.best_tilings(str(source), "myboard")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -170,14 +171,23 @@ def _read_export(path: str | os.PathLike) -> dict:
     return doc
 
 
-def _import_entry(path, name: str, entry: Any) -> tuple:
+def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     """(name, entry, tiling, shape, NPU device, search choices) of one exported kernel;
-    OptionError naming the entry when it is not one kb export writes or not feasible here."""
-    from graphopt.partition import load_target
+    OptionError naming the entry when it is not one kb export writes or not feasible here.
+    `profiles`: custom targets by name (their signatures name the target, not its file)."""
+    from graphopt.partition import builtin_targets, load_target
 
     try:
         target_name, _, shape = parse_signature(name)
-        device = next(d for d in load_target(target_name).devices if d.kind == "npu")
+    except Exception as e:  # noqa: BLE001 - any failure names the entry
+        raise OptionError(f"{path}: kernel '{name}': {e}") from None
+    target = profiles.get(target_name)
+    if target is None and target_name not in builtin_targets():
+        raise OptionError(f"{path}: kernel '{name}': target '{target_name}' is not built in: "
+                          f"pass its profile (--target {target_name}.json)")
+    try:
+        device = next(d for d in (target or load_target(target_name)).devices
+                      if d.kind == "npu")
     except Exception as e:  # noqa: BLE001 - any failure names the entry
         raise OptionError(f"{path}: kernel '{name}': {e}") from None
     try:
@@ -204,24 +214,35 @@ def _import_entry(path, name: str, entry: Any) -> tuple:
     return name, entry, tiling, shape, device, choices
 
 
-def import_kb(path: str | os.PathLike, storage: Any) -> int:
+def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()) -> int:
     """Add each kernel of a JSON export as a completed trial of its signature's study; a new
     study gets the default tiling as trial 0, completed with the export's default_seconds
     (queued to be evaluated when the export has none). A tiling the study already completed
-    is skipped. Returns how many tuned trials it added."""
+    is skipped. `targets`: profile files of the custom targets the export's kernels name.
+    Returns how many tuned trials it added."""
+    from graphopt.partition import load_target
+
+    profiles = {}
+    for profile in targets:
+        target = load_target(profile)
+        profiles[target.name] = target
     doc = _read_export(path)
     kernels = doc.get("kernels") if isinstance(doc, dict) else None
     if not isinstance(kernels, dict):
         raise OptionError(f"{path}: no 'kernels' object (write one with graphopt kb export)")
     # Every entry is checked before any is added: a bad one must not leave half an import.
-    entries = [_import_entry(path, name, entry) for name, entry in sorted(kernels.items())]
+    entries = [_import_entry(path, name, entry, profiles) for name, entry in sorted(kernels.items())]
     storage = open_storage(storage)
+    existing = set(optuna.get_all_study_names(storage))
     added = 0
     for name, entry, tiling, shape, device, choices in entries:
         default_seconds = entry.get("default_seconds")
         study = open_study(storage, name, shape, device, default_seconds=None
                            if default_seconds is None else float(default_seconds))
         if any(trial_tiling(t) == tiling for t in _completed(study)):
+            # Already there, unless it came just now as the new study's default: the
+            # export's best was the untuned default.
+            added += name not in existing and default_seconds is not None
             continue
         # The trial records the tiling itself; its ladder steps are the nearest ones below,
         # so the sampler learns from it even when a value lies between two rungs.
