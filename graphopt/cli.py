@@ -473,7 +473,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse ends a nargs="+" positional at the first option: `diff A --json B` leaves B
+    # over. A command that takes more positionals after options names them (diff's models).
+    more = getattr(args, "positionals_after_options", None)
+    if extra and more:
+        getattr(args, more).extend(text for text in extra if not text.startswith("-"))
+        extra = [text for text in extra if text.startswith("-")]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except GraphoptError as e:

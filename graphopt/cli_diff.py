@@ -39,7 +39,7 @@ def add_diff_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--limit", type=int, default=40, metavar="N",
                    help="show at most N entries per list in the text form (0: all; default 40)")
-    p.set_defaults(func=_cmd_diff)
+    p.set_defaults(func=_cmd_diff, positionals_after_options="models")
 
 
 def _cmd_diff(args) -> int:

@@ -140,6 +140,17 @@ def test_cli_two_models(tmp_path, capsys):
     assert row == ["BatchNormalization", "1", "0", "-1"]
 
 
+def test_cli_takes_options_between_the_two_models(tmp_path, capsys):
+    a, b = _saved_pair(tmp_path)
+    rc, out, err = run_cli(capsys, "diff", a, b, "--json")
+    assert rc == 0, err
+    for argv in ((a, "--json", b), ("--json", a, b), (a, "--limit", "5", "--json", b)):
+        rc, again, err = run_cli(capsys, "diff", *argv)
+        assert rc == 0 and json.loads(again) == json.loads(out), err
+    rc, _, err = run_cli(capsys, "diff", a, "--json", b, "--bogus")
+    assert rc == 2 and "unrecognized arguments: --bogus" in err
+
+
 def test_cli_json_schema(tmp_path, capsys):
     a, b = _saved_pair(tmp_path)
     rc, out, err = run_cli(capsys, "diff", a, b, "--json")
