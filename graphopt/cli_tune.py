@@ -123,7 +123,7 @@ def _cmd_tune(args) -> int:
     from graphopt.tuner.model import model_estimate
     from graphopt.tuner.search import tune_kernel
     from graphopt.tuner.signature import idle_kernels, model_kernels
-    from graphopt.tuner.storage import storage_url
+    from graphopt.tuner.storage import open_storage, storage_url
 
     if args.trials < 1:
         raise OptionError(f"--trials must be ≥ 1, got {args.trials}")
@@ -166,6 +166,8 @@ def _cmd_tune(args) -> int:
     if args.study and len(kernels) > 1:
         raise OptionError(f"--study {args.study}: the model has {len(kernels)} kernel "
                           "signatures, each needs its own study; drop --study")
+    # Opened here, so that a server that refuses the connection is named by the flag given.
+    store = open_storage(url, option=_storage_option(args))
     line = ProgressLine(not args.quiet)
     results = []
     for i, group in enumerate(kernels, 1):
@@ -175,7 +177,7 @@ def _cmd_tune(args) -> int:
 
         results.append(tune_kernel(
             group.shape, partitioning.target.device(group.device), trials=args.trials,
-            timeout=args.timeout, seed=args.seed, storage=url, study_name=args.study,
+            timeout=args.timeout, seed=args.seed, storage=store, study_name=args.study,
             sampler=args.sampler, progress=progress, target=args.target,
             op_class=group.signature.split("/")[1], workers=args.workers))
     line.finish()

@@ -22,7 +22,7 @@ def cmd_tune_subgraph(args, storage) -> int:
         raise OptionError(f"--repeat must be ≥ 1, got {args.repeat}")
     if args.threads is not None and args.threads < 0:
         raise OptionError(f"--threads must be ≥ 0, got {args.threads}")
-    url = storage_url(storage)
+    url = storage_url(storage, option="--storage" if args.storage else "--tuning-db")
     job = SubgraphJob(args.model, args.target, args.level, args.input_shape, args.objective,
                       tuning_db=url, repeat=args.repeat, threads=args.threads,
                       granularity=args.granularity)

@@ -6,6 +6,9 @@ from graphopt.errors import OptionError
 from graphopt.ir import Model
 
 
+MAX_DIM = 2 ** 63 - 1  # an ONNX dim is an int64
+
+
 def parse_input_shapes(text: str) -> dict[str, list[int]]:
     """`name:d0,d1,…` entries separated by ';' (a name may itself contain ':'; the last one
     splits). -1 keeps a dim dynamic."""
@@ -38,6 +41,9 @@ def validate_input_shapes(shapes: dict) -> dict[str, list[int]]:
         if any(d < -1 for d in dims):
             raise OptionError(f"--input-shape: input '{name}': a dim must be ≥ 0 or -1 (dynamic), "
                               f"got {list(dims)}")
+        if any(d > MAX_DIM for d in dims):
+            raise OptionError(f"--input-shape: input '{name}': a dim must be at most 2**63 - 1 "
+                              f"(ONNX's int64), got {list(dims)}")
         checked[name] = [int(d) for d in dims]
     return checked
 

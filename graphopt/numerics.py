@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto
 
-from graphopt.codegen.feeds import random_value, typed_entry, value_label
+from graphopt.codegen.feeds import random_array, random_value, typed_entry, value_label
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import GraphoptError, InputError
 
@@ -95,16 +95,7 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         shape = _concrete_shape(info, dims, (shapes or {}).get(info.name))
-        if dtype == np.bool_:
-            data = rng.random(shape) < 0.5
-        elif np.issubdtype(dtype, np.integer):
-            data = rng.integers(0, 2, size=shape)
-        elif dtype == object:
-            data = np.full(shape, "a", dtype=object)
-        else:
-            data = rng.standard_normal(shape)
-        # np.asarray: a 0-d draw comes back as a numpy scalar, which onnxruntime refuses.
-        feeds[info.name] = np.asarray(data).astype(dtype)
+        feeds[info.name] = random_array(info.name, shape, dtype, rng)
     return feeds
 
 

@@ -74,6 +74,9 @@ def _dim_value(key: str, text) -> int:
         raise OptionError(f"--dynamic-dims: dim '{key}': '{text}' is not an integer") from None
     if value < 1:
         raise OptionError(f"--dynamic-dims: dim '{key}': sizes must be ≥ 1, got {value}")
+    if value > 2 ** 63 - 1:
+        raise OptionError(f"--dynamic-dims: dim '{key}': sizes must be at most 2**63 - 1 "
+                          f"(ONNX's int64), got {value}")
     return value
 
 

@@ -631,6 +631,16 @@ def test_an_input_of_unknown_rank_gets_no_made_up_random_data(tmp_path, capsys):
     assert rc == 0 and "PASS" in out, err
 
 
+def test_absurd_input_shapes_are_refused_before_any_allocation(foldable, tmp_path, capsys):
+    # Past int64 the dim cannot be written into a model; a huge one is no input to make up.
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "o.onnx",
+                       "--input-shape", "x:99999999999999999999,4")
+    assert_clean_error(rc, out, err, "at most 2**63 - 1", output=tmp_path / "o.onnx")
+    rc, out, err = cli(capsys, "compare", foldable, foldable, "--input-shape", "x:100000000000,4")
+    assert_clean_error(rc, out, err, "input 'x' of shape [100000000000, 4] is too large for "
+                                     "random data")
+
+
 def test_inputs_file_is_npy_not_npz(foldable, tmp_path, capsys):
     # BUG: np.load returns an ndarray for .npy, which compiler._load_inputs uses as a context
     # manager: "graphopt: internal error: TypeError" (exit 3).

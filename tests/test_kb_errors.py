@@ -161,6 +161,13 @@ def test_a_server_that_refuses_the_connection_is_an_option_error():
         open_storage(url, option="--storage")
 
 
+def test_tune_names_a_refusing_server_by_the_flag_given(built, capsys):
+    url = "postgresql://graphopt@127.0.0.1:1/kb"
+    rc, _, err = run_cli(capsys, "tune", built["model"], "--target", "ascend310", "--trials", "2",
+                         "--storage", url, "-q")
+    assert_user_error(rc, err, f"--storage {url}: ")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("MySQLdb") is not None,
                     reason="the mysqlclient driver is installed here")
 def test_a_missing_database_driver_is_named():

@@ -3,6 +3,7 @@ sequences, maps and optionals as well as tensors."""
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 import zlib
@@ -94,12 +95,29 @@ def _random_tensor(entry: Mapping, rng: np.random.Generator) -> np.ndarray:
             what = f"'{dim}'" if isinstance(dim, str) else "unknown"
             raise InputError(f"input {name!r} ({describe(entry)}) has a dynamic dim {axis} ({what}), "
                              "so random data cannot be made for it")
-    if entry["dtype"] == "string":
-        return np.full(shape, "a", dtype=object)
-    dtype = numpy_dtype(entry["dtype"])
+    dtype = np.dtype(object) if entry["dtype"] == "string" else numpy_dtype(entry["dtype"])
     if dtype is None:
         raise InputError(f"input {name!r} has dtype {entry['dtype'] or 'unknown'}, for which "
                          "numpy has no type to make random data with")
+    return random_array(name, shape, dtype, rng)
+
+
+# More than a random input may take: the draw is made in float64 (16 bytes per complex
+# element) before the cast, and a typo'd --input-shape should not exhaust the machine.
+RANDOM_INPUT_BYTES = 4 << 30
+
+
+def random_array(name: str, shape: list[int], dtype: np.dtype,
+                 rng: np.random.Generator) -> np.ndarray:
+    """Seeded data for input `name`: normal floats, 0/1 integers (safe as indices into any
+    non-empty axis), random booleans, "a" strings; InputError when it would be too large."""
+    count = math.prod(shape)
+    if count * 16 > RANDOM_INPUT_BYTES:
+        raise InputError(f"input {name!r} of shape {list(shape)} is too large for random data "
+                         f"({count * np.dtype(dtype).itemsize / 2**30:.3g} GiB); give inputs or "
+                         "a smaller shape")
+    if dtype == object:
+        return np.full(shape, "a", dtype=object)
     if dtype == np.bool_:
         data = rng.random(shape) < 0.5
     elif np.issubdtype(dtype, np.integer):
