@@ -18,7 +18,7 @@ from graphopt.cli_report import add_report_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
-from graphopt.cli_types import tolerance
+from graphopt.cli_types import target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError
 
 EXAMPLES = """examples:
@@ -100,7 +100,7 @@ def _add_optimize(sub) -> None:
                    help="report why RULE did not fire at its closest near-misses; repeatable")
     switches.add_argument("--fusion-switch-file", metavar="FILE",
                           help="same as --switch-file (ATC's spelling)")
-    p.add_argument("--target", metavar="NAME|FILE",
+    p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition")
     p.add_argument("--tuning-db", metavar="FILE.db|URL",

@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from graphopt.cli_types import tolerance
+from graphopt.cli_types import target_name, tolerance
 
 EXAMPLES = """examples:
   graphopt bisect model.onnx                        # -O2, seeded random inputs
@@ -37,7 +37,7 @@ def add_bisect_parser(sub) -> None:
     p.add_argument("model", help="the .onnx model whose optimized outputs are wrong")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level 0-3 (default 2)")
-    p.add_argument("--target", metavar="T",
+    p.add_argument("--target", type=target_name, metavar="T",
                    help="compile for a target (a built-in name or a profile .json), as "
                         "`graphopt optimize --target` does")
     p.add_argument("--input-shape", metavar="SHAPES",

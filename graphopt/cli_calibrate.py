@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from graphopt.cli_paths import check_output_path
+from graphopt.cli_types import target_name
 from graphopt.errors import OptionError
 from graphopt.table import format_table
 
@@ -22,7 +23,7 @@ def add_calibrate_parser(sub) -> None:
         epilog="examples:\n"
                "  graphopt calibrate --target cpu\n"
                "  graphopt calibrate --target cpu --quick -o calib.json --threads 2\n")
-    p.add_argument("--target", default="cpu", metavar="NAME",
+    p.add_argument("--target", type=target_name, default="cpu", metavar="NAME",
                    help="the target to calibrate; only 'cpu' (the machine this runs on)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write the JSON (default: ~/.cache/graphopt/calibration-cpu.json)")
@@ -37,6 +38,9 @@ def _cmd_calibrate(args) -> int:
     from graphopt.tuner.calibrate import calibrate, default_path
 
     if args.target != "cpu":
+        from graphopt.partition import load_target
+
+        load_target(args.target)  # an unknown name is named as such first
         raise OptionError(
             f"--target {args.target}: only the cpu target can be calibrated: the micro-benchmarks "
             "run on the machine graphopt runs on, and no NPU device is attached here; an NPU "

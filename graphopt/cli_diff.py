@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphopt.cli_types import target_name
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -34,7 +35,7 @@ def add_diff_parser(sub) -> None:
                    help="with --pass: diff before its first run against after its last run")
     p.add_argument("-O", dest="level", type=int, choices=range(4), metavar="LEVEL",
                    help="with --pass: optimization level 0-3 (default 2)")
-    p.add_argument("--target", metavar="NAME|FILE",
+    p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="with --pass: compile for this target (`graphopt targets`)")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--limit", type=int, default=40, metavar="N",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphopt.cli_types import target_name
+
 
 def add_partition_parser(sub) -> None:
     p = sub.add_parser(
@@ -18,7 +20,7 @@ def add_partition_parser(sub) -> None:
                "  graphopt partition yolo.onnx --target ascend310\n"
                '  graphopt partition bert.onnx --target ascend910b --input-shape "input_ids:1,128"\n')
     p.add_argument("model", help="input .onnx file")
-    p.add_argument("--target", required=True, metavar="NAME|FILE",
+    p.add_argument("--target", type=target_name, required=True, metavar="NAME|FILE",
                    help="a built-in target (`graphopt targets`) or a profile .json")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level before partitioning (default 2)")

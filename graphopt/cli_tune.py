@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import positive_seconds
+from graphopt.cli_types import positive_seconds, target_name
 from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
@@ -53,7 +53,7 @@ def add_tune_parser(sub) -> None:
                     "optimize --tuning-db` reads.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TUNE_EXAMPLES)
     p.add_argument("model", help="input .onnx file")
-    p.add_argument("--target", required=True, metavar="NAME|FILE",
+    p.add_argument("--target", type=target_name, required=True, metavar="NAME|FILE",
                    help="the target (`graphopt targets` lists them); op tuning needs an NPU")
     p.add_argument("--input-shape", metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
@@ -228,7 +228,7 @@ def add_kb_parser(sub) -> None:
     ex.set_defaults(func=_cmd_kb_export)
     im = kb_sub.add_parser("import", help="add a JSON export's tilings to the knowledge base")
     im.add_argument("json", metavar="FILE.json")
-    im.add_argument("--target", action="append", default=[], metavar="PROFILE.json",
+    im.add_argument("--target", type=target_name, action="append", default=[], metavar="PROFILE.json",
                     help="the profile of a custom target whose kernels the export holds "
                          "(repeat for several; built-in targets need none)")
     _storage_args(im, db_only=True)

@@ -41,3 +41,11 @@ def positive_seconds(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not above 0")
     return value
+
+
+def target_name(text: str) -> str:
+    """A target's name or profile file: not empty (an empty --target would read as none)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty; give a target name (`graphopt targets` lists "
+                                         "them) or a profile .json file")
+    return text

@@ -641,6 +641,30 @@ def test_absurd_input_shapes_are_refused_before_any_allocation(foldable, tmp_pat
                                      "random data")
 
 
+def test_calibration_without_a_mode_that_reads_it_is_refused(foldable, tmp_path, capsys):
+    calibration = write_calibration(tmp_path, np.zeros((2, 1, 4), np.float32), "stacked")
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--calibration",
+                       calibration)
+    assert_clean_error(rc, out, err, "--calibration applies to --quantize", output=out_path)
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--calibration",
+                       calibration, "--precision", "fp16", "-q")
+    assert rc == 0, err  # the accuracy report runs on its first sample
+
+
+@pytest.mark.parametrize("argv", [["optimize", "{m}", "-o", "{o}"], ["partition", "{m}"],
+                                  ["tune", "{m}"], ["bisect", "{m}"], ["calibrate"]])
+def test_an_empty_target_is_refused_not_read_as_none(foldable, tmp_path, capsys, argv):
+    argv = [a.format(m=foldable, o=tmp_path / "o.om") for a in argv]
+    rc, out, err = cli(capsys, *argv, "--target", "")
+    assert_clean_error(rc, out, err, "argument --target: empty", output=tmp_path / "o.om")
+
+
+def test_calibrate_names_an_unknown_target_as_unknown(capsys):
+    rc, out, err = cli(capsys, "calibrate", "--target", "nope")
+    assert_clean_error(rc, out, err, "--target nope: unknown target")
+
+
 def test_inputs_file_is_npy_not_npz(foldable, tmp_path, capsys):
     # BUG: np.load returns an ndarray for .npy, which compiler._load_inputs uses as a context
     # manager: "graphopt: internal error: TypeError" (exit 3).

@@ -122,6 +122,10 @@ def check_options(options) -> None:
         raise OptionError(f"--quantize int8 with --precision {options.precision}: int8 quantizes "
                           "the float32 layers that the precision mode would already have "
                           "converted; choose one (layers int8 skips stay float32)")
+    if options.calibration and options.quantize == "none" and options.precision == "keep":
+        raise OptionError("--calibration applies to --quantize (activation ranges, GPTQ) and "
+                          "--precision (the accuracy report's inputs); a float32 compile reads "
+                          "none of it (--verify takes its inputs from --inputs)")
     if options.quantize == "int8" and not options.calibration:
         raise OptionError("--quantize int8 needs --calibration FILE.npz|DIR: activation ranges "
                           "come from representative inputs")
