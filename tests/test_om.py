@@ -476,6 +476,10 @@ def bad_index_dims(manifest, members):
     manifest["inputs"][0]["index_dims"] = [[5, 8]]  # X has rank 2
 
 
+def negative_dim(manifest, members):
+    manifest["inputs"][0]["shape"] = ["N", -5]
+
+
 def tamper_details(manifest, members):
     members["details.json"] = members["details.json"].replace(b"fold", b"FOLD")
 
@@ -500,6 +504,7 @@ BAD_CASES = {
     "index_rows": (bad_index_rows, "manifest inputs entry 'X' has a bad index_rows 0"),
     "index_rows_dtype": (index_rows_on_floats, r"bad index_rows 8 \(for ids of dtype float32\)"),
     "index_dims": (bad_index_dims, r"bad index_dims entry \[5, 8\]"),
+    "negative_dim": (negative_dim, "manifest inputs entry 'X' has a bad dim -5"),
     "tampered_details": (tamper_details, "member 'details.json' fails its sha256 check"),
     "details_elsewhere": (details_elsewhere, "details must name the listed member 'details.json'"),
 }

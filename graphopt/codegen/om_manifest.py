@@ -41,7 +41,7 @@ _SIGNATURE_SCHEMA = {
             # null when the rank is unknown; per dim an int, a symbolic name, or null if unknown.
             "shape": {
                 "type": ["array", "null"],
-                "items": {"type": ["integer", "string", "null"]},
+                "items": {"type": ["integer", "string", "null"], "minimum": 0},
             },
             # Inputs only: the rows of the 4-bit embedding table the input's ids index; the
             # runtime refuses ids outside [-rows, rows), as Gather does.
@@ -377,7 +377,8 @@ def _check_signature(entries: list, where: str) -> None:
             raise Malformed(f"manifest {where} entry {entry['name']!r} has unknown dtype {dtype!r}")
         shape = _field(entry, "shape", (list, type(None)), f"manifest {where} entry")
         for dim in shape or []:
-            if isinstance(dim, bool) or not isinstance(dim, (int, str, type(None))):
+            if isinstance(dim, bool) or not isinstance(dim, (int, str, type(None))) \
+                    or (isinstance(dim, int) and not 0 <= dim < 2 ** 63):
                 raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad dim {dim!r}")
         if not isinstance(entry.get(INDEX_DIMS, []), list):
             raise Malformed(f"manifest {where} entry {entry['name']!r} has a bad {INDEX_DIMS}")
