@@ -261,6 +261,73 @@ def test_dtype_sensitive_inputs_and_attributes():
                                atol=2e-3)
 
 
+def test_outputs_typed_by_a_default_attribute_follow_the_conversion():
+    # ConstantOfShape without `value` makes float32 zeros; the window ops' output_datatype
+    # defaults to float32: each gets the half dtype spelled out, or the model is invalid.
+    proto = parse_model("""
+    g (float[N,3] x) => (float[N,3] y) {
+      s = Shape(x)
+      z = ConstantOfShape(s)
+      y = Add(z, x)
+    }""")
+    result = compile_(proto, precision="fp16")
+    fill = next(n for n in result.model.graph if n.op_type == "ConstantOfShape")
+    assert fill.attr("value").dtype == DType.FLOAT16
+    checked(result, proto, atol=2e-3)
+
+
+@pytest.mark.parametrize("op, text, opset, weights", [
+    ("HannWindow", "g (int64 n, float[10] x) => (float[10] y) { w = HannWindow(n)\n "
+                   "y = Mul(w, x) }", 17, {}),
+    ("RandomUniform", "g (float[10] x) => (float[10] y) { w = RandomUniform<shape=[10], "
+                      "seed=1.0>()\n y = Mul(w, x) }", 17, {}),
+    ("EyeLike", "g (int32[10,10] i, float[10,10] x) => (float[10,10] y) { "
+                "w = EyeLike<dtype=1>(i)\n y = Mul(w, x) }", 22, {}),
+    ("ScatterND", "g (float[10] x, int64[2,1] idx, float[2] u) => (float[10] y) { "
+                  "y = ScatterND<reduction=\"add\">(x, idx, u) }", 18,
+     {"idx": np.array([[1], [3]], np.int64)}),
+    ("ScatterElements", "g (float[10] x, int64[2] idx, float[2] u) => (float[10] y) { "
+                        "y = ScatterElements<reduction=\"max\", axis=0>(x, idx, u) }", 18,
+     {"idx": np.array([1, 3], np.int64)}),
+])
+def test_ops_onnxruntime_runs_only_in_float32_are_refused_in_fp16_kept_in_mixed(op, text, opset,
+                                                                               weights):
+    # onnxruntime cannot wrap these in Casts: the output dtype comes from an attribute (its
+    # kernel is looked up by it), or the half kernel refuses the reduction when it runs.
+    proto = parse_model(text, header=f'<ir_version: 8, opset_import: ["" : {opset}]>\n',
+                        **weights)
+    with pytest.raises(OptionError, match=f"target cpu has no float16 kernel for {op}"):
+        compile_(proto, precision="fp16")
+    mixed = compile_(proto, precision="mixed-fp16", precision_allow={"Mul"})
+    assert next(n for n in mixed.model.graph if n.op_type == op).outputs[0].dtype == DType.FLOAT
+    onnx.checker.check_model(mixed.to_onnx(), full_check=True)
+
+
+def test_bitcast_and_classical_ml_ops_keep_their_float32():
+    # BitCast reinterprets bits of one width; TreeEnsemble's split values are typed like its
+    # input. Converting either gave a model onnxruntime refuses.
+    bitcast = parse_model("g (float[4] x) => (int32[4] y) { r = Relu(x)\n y = BitCast<to=6>(r) }",
+                          header='<ir_version: 10, opset_import: ["" : 26]>\n')
+    result = compile_(bitcast, precision="fp16")
+    assert next(n for n in result.model.graph if n.op_type == "BitCast").input(0).dtype \
+        == DType.FLOAT
+    onnx.checker.check_model(result.to_onnx(), full_check=True)
+    ml = parse_model("""g (float[3,2] x) => (float[3,2] y) {
+        y = ai.onnx.ml.Normalizer<norm="L2">(x) }""",
+                     header='<ir_version: 8, opset_import: ["ai.onnx.ml" : 3]>\n')
+    out = compile_(ml, precision="fp16").to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.op_type for n in out.graph.node] == ["Normalizer"]
+
+
+def test_casts_into_a_model_of_contrib_ops_alone_bring_the_default_domain():
+    proto = parse_model("g (float[2,4] x) => (float[2,4] y) { y = com.microsoft.FastGelu(x) }",
+                        header='<ir_version: 8, opset_import: ["com.microsoft" : 1]>\n')
+    result = compile_(proto, precision="fp16")
+    assert [n.op_type for n in result.model.graph] == ["Cast", "FastGelu", "Cast"]
+    checked(result, proto, atol=2e-3)
+
+
 SEQUENCES = """
 g (float[2,8] x) => (float[2,8] y, float[2,8] z, float[2,8] u) {
   a = MatMul(x, w1)

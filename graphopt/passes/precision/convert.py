@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from graphopt.ir import DType, Model, Node, Tensor
 from graphopt.ir.graph import captured_values
 from graphopt.passes.base import Pass, PassContext, PassResult, register
@@ -34,7 +36,7 @@ from graphopt.passes.precision.policy import (
     half_dtype,
     is_mixed,
 )
-from graphopt.passes.precision.schema import (DTYPE_ATTRS, Slots, convertible_slots,
+from graphopt.passes.precision.schema import (Slots, convertible_slots, float_dtype_attrs,
                                               schema_lacks)
 from graphopt.passes.unmatched import unmatched_note
 
@@ -161,7 +163,8 @@ class ConvertPrecision(Pass):
             return result
         boundaries = Boundaries(graph, half)
         for node, slots in chosen:
-            _convert(node, slots, half, boundaries, decider.half_values)
+            node_opset = model.opset(node.domain) if not node.is_onnx else opset
+            _convert(node, slots, half, boundaries, decider.half_values, node_opset)
         # float32 readers of values that became half: graph outputs, unconverted nodes, and
         # unconverted slots of converted nodes.
         converted_in = {(id(n), i) for n, s in chosen for i in s.inputs}
@@ -176,6 +179,10 @@ class ConvertPrecision(Pass):
         for value in list(graph.initializers.values()):
             if not value.uses and not value.is_graph_output and not value.is_input:
                 graph.remove_initializer(value)
+        if boundaries.casts_inserted and model.opset("") is None:
+            # A model of contrib ops alone imports no default domain, which its Casts need
+            # (opset 13: the first with bfloat16 Casts).
+            model.opset_imports[""] = 13
         removed = collapse_cast_pairs(graph)
         result.count("nodes_converted", len(chosen))
         result.count("casts_inserted", boundaries.casts_inserted)
@@ -215,7 +222,7 @@ class ConvertPrecision(Pass):
 
 
 def _convert(node: Node, slots: Slots, half: DType, boundaries: Boundaries,
-             half_values: set[int]) -> None:
+             half_values: set[int], opset: int | None) -> None:
     """Give `node`'s converted inputs half values and its converted outputs the half dtype."""
     for i in slots.inputs:
         value = node.inputs[i]
@@ -229,10 +236,10 @@ def _convert(node: Node, slots: Slots, half: DType, boundaries: Boundaries,
     for i in slots.outputs:
         node.outputs[i].dtype = half
     if slots.outputs:
-        for name in DTYPE_ATTRS:
-            if node.attr(name) == int(DType.FLOAT) and name in node.attrs:
-                node.set_attr(name, int(half))
-        value = node.attr("value")
-        if node.op_type == "ConstantOfShape" and value is not None:
-            array, _ = to_half_array(value.numpy(), half)
+        for name in float_dtype_attrs(node, opset):
+            node.set_attr(name, int(half))
+        if node.op_type == "ConstantOfShape":  # its `value` says the dtype; absent, float32 0
+            value = node.attr("value")
+            data = value.numpy() if value is not None else np.zeros(1, np.float32)
+            array, _ = to_half_array(data, half)
             node.set_attr("value", Tensor(array))

@@ -158,16 +158,33 @@ class Support:
         return any(device.has_kernel(op, domain, name) for device in self.devices)
 
     def runs(self, node: Node, dtype: DType) -> bool:
-        if self.has(node.op_type, node.domain, dtype):
+        from graphopt.passes.precision.schema import float_dtype_attrs
+
+        gap = _ort_cpu_half_gap(node)
+        name = {DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16"}[dtype]
+        if any(device.has_kernel(node.op_type, node.domain, name) for device in self.devices
+               if not (gap and device.kernel_source == "onnxruntime")):
             return True
         if _expanded_by_onnxruntime(node, self.devices):
             return True
+        # Emulation: onnxruntime casts the half inputs and outputs of a float32-only kernel
+        # around it. Not an output whose dtype an attribute sets (HannWindow's
+        # output_datatype, EyeLike's dtype): the kernel is looked up by that dtype, and fails.
+        if gap or float_dtype_attrs(node, None):
+            return False
         for device in self.devices:
             if (device.kernel_source == "onnxruntime" and dtype == DType.FLOAT16
                     and device.has_kernel(node.op_type, node.domain, "float32")):
                 self.emulated.add(node.qualified_op)
                 return True
         return False
+
+
+def _ort_cpu_half_gap(node: Node) -> bool:
+    """Whether onnxruntime's CPU provider registers a half kernel for `node` that refuses its
+    attributes at run time: ScatterND and ScatterElements reduce in float32 and double only."""
+    return node.op_type in ("ScatterND", "ScatterElements") and node.is_onnx \
+        and node.attr("reduction", "none") not in ("none", b"none")
 
 
 def _expanded_by_onnxruntime(node: Node, devices) -> bool:

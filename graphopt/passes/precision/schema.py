@@ -25,8 +25,14 @@ _TYPE_STR = {DType.FLOAT16: "tensor(float16)", DType.BFLOAT16: "tensor(bfloat16)
 # (op type, parameter) pairs kept float32: the normalization statistics, computed at stash_type.
 _KEEP_PARAMS = {("LayerNormalization", "U"), ("SkipLayerNormalization", "U"),
                 ("SimplifiedLayerNormalization", "U"), ("SkipSimplifiedLayerNormalization", "U")}
-# Attributes holding the dtype of a converted output (Cast's `to`; RandomNormal's `dtype`, …).
-DTYPE_ATTRS = ("to", "dtype")
+# Attributes holding the dtype of a converted output (Cast's `to`; RandomNormal's `dtype`,
+# HannWindow's `output_datatype`, …), given or left to the schema's float32 default.
+DTYPE_ATTRS = ("to", "dtype", "output_datatype")
+# Ops never converted: BitCast reinterprets its input's bits as another type of the same
+# width; the ai.onnx.ml ops' tensor attributes (TreeEnsemble's split values, …) are typed like
+# their input, and a classical-ML model has nothing to gain from half precision.
+_NEVER_CONVERTED = {("", "BitCast")}
+_NEVER_CONVERTED_DOMAINS = {"ai.onnx.ml"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,33 @@ def _param(formals: list[_Formal], index: int) -> str | None:
     return None
 
 
+def float_dtype_attrs(node: Node, opset: int | None) -> list[str]:
+    """The DTYPE_ATTRS of `node` that make an output float32: set to it, or absent where the
+    schema's default is float32 (RandomUniform's `dtype`, the window ops' `output_datatype`)."""
+    names = []
+    for name in DTYPE_ATTRS:
+        if name in node.attrs:
+            if node.attr(name) == int(DType.FLOAT):
+                names.append(name)
+        elif _attr_default(node.op_type, node.domain, opset, name) == int(DType.FLOAT):
+            names.append(name)
+    return names
+
+
+@functools.cache
+def _attr_default(op: str, domain: str, opset: int | None, name: str) -> int | None:
+    if domain not in ("", "ai.onnx"):
+        return None
+    try:
+        schema = onnx.defs.get_schema(op, opset or onnx.defs.onnx_opset_version(), "")
+    except onnx.defs.SchemaError:
+        return None
+    attr = schema.attributes.get(name)
+    if attr is None or not attr.default_value.HasField("i"):
+        return None
+    return attr.default_value.i
+
+
 def has_schema(node: Node, opset: int | None) -> bool:
     return _signature(node.op_type, node.domain, opset) is not None
 
@@ -138,6 +171,9 @@ def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | Non
     """The slots of `node` that become `half` if the node is converted; None when none would
     (no schema, no float32 slot, no float32-bound parameter admitting `half`, or a sequence or
     optional of float32 among its values)."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if (domain, node.op_type) in _NEVER_CONVERTED or domain in _NEVER_CONVERTED_DOMAINS:
+        return None
     signature = _signature(node.op_type, node.domain, opset)
     if signature is None:
         return None
