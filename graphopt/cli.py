@@ -81,7 +81,8 @@ def _add_optimize(sub) -> None:
                    help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
     p.add_argument("--verify", action="store_true",
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
-                        "seeded inputs; fail and write nothing if outputs differ")
+                        "seeded inputs; fail and write nothing if outputs differ, or if the "
+                        "optimized model does not load at ORT_ENABLE_ALL")
     p.add_argument("--inputs", metavar="NPZ", help="inputs for --verify instead of random data")
     p.add_argument("--rtol", type=tolerance, metavar="R",
                    help="relative tolerance for --verify (1e-4; after a lossy precision pass "

@@ -425,8 +425,25 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     if problems:
         raise VerificationError("--verify: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3]))
+    _check_loads_at_all(original, optimized)
     # Over every tensor a sequence or map holds too; 0 for outputs without floats.
     return {name: numerics.max_abs_error(exp, actual[name]) for name, exp in expected.items()}
+
+
+def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:
+    """VerificationError when onnxruntime loads the optimized model only with its optimizer
+    off: a deployment (and an .om's session) runs it at ORT_ENABLE_ALL, whose rewrites, such
+    as inlining an If whose condition graphopt folded, re-check what they produce."""
+    try:
+        numerics.session(optimized, "all")
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
+        try:
+            numerics.session(original, "all")
+        except Exception:  # noqa: BLE001 - the original fails there too: not the compile's doing
+            return
+        raise VerificationError(f"--verify: onnxruntime cannot load the optimized model at "
+                                f"ORT_ENABLE_ALL, where it loads the original: {_first_line(e)}"
+                                ) from None
 
 
 def _below_cosine(expected: dict, actual: dict, judge: dict) -> list[str]:

@@ -337,6 +337,31 @@ def test_verify_with_inputs_npz(affine, tmp_path, capsys):
     assert "verified" in out
 
 
+@pytest.mark.parametrize("original_loads", [True, False])
+def test_verify_also_loads_the_optimized_model_at_ort_enable_all(foldable, tmp_path, capsys,
+                                                                  monkeypatch, original_loads):
+    # onnxruntime's optimizer re-checks what its rewrites make (an If whose condition graphopt
+    # folded gets inlined): a model it loads only with the optimizer off is not deployable.
+    # Only the compile's doing counts: an original that fails there too passes.
+    real = numerics.session
+
+    def session(model, level="disable", **kwargs):
+        optimized = len(model.graph.node) < FOLDABLE_NODES
+        if level == "all" and (optimized or not original_loads):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Node (r) Op (Range) refused")
+        return real(model, level, **kwargs)
+
+    monkeypatch.setattr(numerics, "session", session)
+    out_path = tmp_path / "out.om"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--verify", "-q")
+    if original_loads:
+        assert_clean_error(rc, out, err, "onnxruntime cannot load the optimized model at "
+                           "ORT_ENABLE_ALL, where it loads the original", "Range",
+                           output=out_path)
+    else:
+        assert rc == 0 and out_path.exists(), err
+
+
 def test_verify_each(foldable, tmp_path, capsys):
     rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "out.onnx", "-O3",
                        "--verify-each", "-q")
