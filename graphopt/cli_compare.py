@@ -28,7 +28,9 @@ def add_compare_parser(sub) -> None:
                     "inputs and report, per output, cosine similarity, max/mean absolute and\n"
                     "relative error, RMSE, KL divergence (for probability outputs) and the count\n"
                     "of elements beyond tolerance. With --per-tensor, also every value both graphs\n"
-                    "compute under the same name with the same shape, in the candidate's order.",
+                    "compute under the same name with the same shape, in the candidate's order.\n"
+                    "A candidate .onnx that graphopt quantized or cast to half runs at\n"
+                    "ORT_ENABLE_ALL, as deployed: its QDQ pairs become int8 kernels only there.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     p.add_argument("reference", help="the reference .onnx model")
     p.add_argument("candidate", help="the model to check: .onnx or a compiled .om")

@@ -390,7 +390,8 @@ def _mark_lossy(model: Model, log: PassLog) -> None:
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
                    judge: dict) -> dict[str, float]:
-    """Run both models with onnxruntime at ORT_DISABLE_ALL; raise VerificationError on any
+    """Run both models with onnxruntime at ORT_DISABLE_ALL (the optimized one where a lossy pass
+    changed it at the level accuracy_rule.deployed_level says); raise VerificationError on any
     output `judge` fails (accuracy_rule's rtol/atol, or min_cosine when set). Returns the max
     absolute error per output."""
     feeds = load_inputs(inputs)
@@ -413,8 +414,10 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
         raise VerificationError(f"--verify: onnxruntime cannot run the original model: "
                                 f"{_first_line(e)}") from None
+    from graphopt.tools.accuracy_rule import deployed_level
+
     try:
-        actual = numerics.run(optimized, feeds)
+        actual = numerics.run(optimized, feeds, deployed_level(optimized.metadata_props))
     except Exception as e:  # noqa: BLE001
         raise VerificationError(f"--verify: onnxruntime cannot run the optimized model: "
                                 f"{_first_line(e)}") from None

@@ -7,6 +7,7 @@ import pytest
 from helpers import parse_model, write_calibration
 
 from graphopt import zoo
+from graphopt.quant.probe import int8_gemm_saturates
 from graphopt.tools.accuracy import accuracy_report, perplexity
 
 RNG = np.random.default_rng(0)
@@ -178,6 +179,60 @@ def test_verify_by_cosine_still_fails_a_broken_output():
     assert problem == "output 'y': cosine -1.000000 < 0.999"
     (problem,) = _below_cosine({"i": np.arange(3)}, {"i": np.arange(3)[::-1]}, judge)
     assert problem == "output 'i': 2 element(s) differ"
+
+
+SATURATING_GEMM = """
+    g (float[1, 512] x) => (float[1, 64] y) {
+        h = Relu(x)
+        y = Gemm <transB = 1> (h, w, b)
+    }"""
+
+
+def _symmetric_int8(tmp_path, **options):
+    """A Gemm (uniform weights, as an untrained PyTorch Linear has) quantized with symmetric
+    activations, and the float original: the compiled proto, or OptimizeResult with `options`."""
+    import graphopt
+
+    rng = np.random.default_rng(0)
+    proto = parse_model(SATURATING_GEMM, w=rng.uniform(-0.05, 0.05, (64, 512)).astype(np.float32),
+                        b=np.zeros(64, np.float32))
+    calibration = write_calibration(tmp_path, rng.standard_normal((8, 1, 512)), "stacked")
+    result = graphopt.optimize(proto, **options, pass_options={
+        "quantize": "int8", "calibration": calibration, "quant_keep_ends": False,
+        "activation_symmetric": True})
+    return (result if options else graphopt.to_onnx(result.model)), proto
+
+
+def test_a_lossy_candidate_onnx_runs_at_the_level_a_deployment_does(tmp_path, monkeypatch):
+    # QDQ pairs become onnxruntime's int8 kernels only at ORT_ENABLE_ALL; at ORT_DISABLE_ALL
+    # they are simulated in float, which would report an accuracy no deployment sees.
+    from graphopt import numerics
+
+    levels = []
+    run = numerics.run
+    monkeypatch.setattr(numerics, "run", lambda model, feeds, level="disable":
+                        levels.append(level) or run(model, feeds, level))
+    quantized, proto = _symmetric_int8(tmp_path)
+    levels.clear()
+    accuracy_report(proto, quantized)
+    assert levels == ["disable", "all"]  # the reference, then the candidate
+    levels.clear()
+    accuracy_report(proto, proto)
+    assert levels == ["disable", "disable"]  # lossless: graphopt's rewrites alone
+
+
+@pytest.mark.skipif(not int8_gemm_saturates(),
+                    reason="onnxruntime's int8 GEMM does not saturate on this CPU (VNNI)")
+def test_the_accuracy_report_and_verify_see_the_int8_kernels_saturate(tmp_path, monkeypatch):
+    from graphopt.errors import VerificationError
+
+    # As compiled before QuantizeInt8 knew of saturation: ±127 weights under codes that sit high.
+    monkeypatch.setattr("graphopt.quant.int8.int8_gemm_saturates", lambda: False)
+    quantized, proto = _symmetric_int8(tmp_path)
+    (out,) = accuracy_report(proto, quantized).outputs
+    assert out.cosine < 0.995  # float simulation says 0.99996
+    with pytest.raises(VerificationError, match=r"output 'y': cosine 0\.9\d+ < 0\.999"):
+        _symmetric_int8(tmp_path, verify=True)
 
 
 @pytest.mark.parametrize("suffix", [".onnx", ".om"])

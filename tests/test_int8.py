@@ -827,3 +827,57 @@ def test_a_skipped_layer_stays_float_in_every_shape_profile(tmp_path):
     parts = artifact.manifest["partitions"]
     assert len(parts) == 2
     assert all(p["disabled_optimizers"] == ["WeightBiasQuantization"] for p in parts)
+
+
+GEMM = """
+    agraph (float[1, 512] x) => (float[1, 64] y) {
+        h = Relu(x)
+        y = Gemm <transB = 1> (h, w, b)
+    }"""
+
+
+def _gemm_model():
+    # Uniform weights, as an untrained PyTorch Linear has: half of them past ±64 once quantized.
+    rng = np.random.default_rng(0)
+    return parse_model(GEMM, w=rng.uniform(-0.05, 0.05, (64, 512)).astype(np.float32),
+                       b=np.zeros(64, np.float32))
+
+
+def _weight_bounds(out) -> dict[str, int]:
+    """The largest |int8 weight| each Gemm or Conv of `out` reads, by node name."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    producers = {o: n for n in out.graph.node for o in n.output}
+    return {n.name: int(np.abs(inits[producers[n.input[1]].input[0]].astype(np.int32)).max())
+            for n in out.graph.node if n.op_type in ("Gemm", "Conv")}
+
+
+@pytest.mark.parametrize("saturates", [True, False])
+def test_layers_whose_codes_sit_high_get_weights_no_pair_can_saturate(tmp_path, monkeypatch,
+                                                                      saturates):
+    # Where onnxruntime's int8 GEMM adds pairs of products in 16 bits (probe.py), a layer whose
+    # input codes sit high gets ±63 weights: symmetric activations (code + 128 in the kernel),
+    # or a graph input of mid-range zero point; a Relu's output (zero point 0) keeps ±127.
+    monkeypatch.setattr("graphopt.quant.int8.int8_gemm_saturates", lambda: saturates)
+    narrow = 63 if saturates else 127
+    calibration = _calibration(tmp_path, (1, 512))
+    result, out = _int8(_gemm_model(), calibration=calibration, quant_keep_ends=False,
+                        activation_symmetric=True)
+    assert list(_weight_bounds(out).values()) == [narrow]
+    assert any("get weights in ±63" in note for note in result.notes) == saturates
+    _, out = _int8(_gemm_model(), calibration=calibration, quant_keep_ends=False)
+    assert list(_weight_bounds(out).values()) == [127]
+    _, out = _int8(_conv_model(), calibration=_calibration(tmp_path), quant_keep_ends=False)
+    assert _weight_bounds(out) == {"conv0": narrow, "conv2": 127, "conv4": 127}
+
+
+@pytest.mark.skipif(not int8_gemm_saturates(),
+                    reason="onnxruntime's int8 GEMM does not saturate on this CPU (VNNI)")
+def test_symmetric_int8_keeps_its_accuracy_in_onnxruntimes_int8_kernels(tmp_path):
+    # At ORT_ENABLE_ALL the QDQ Gemm runs as QGemm; with ±127 weights its pair sums saturated
+    # and the cosine fell to 0.990 where float simulation (ORT_DISABLE_ALL) showed 0.99996.
+    proto = _gemm_model()
+    _, out = _int8(proto, calibration=_calibration(tmp_path, (1, 512)), quant_keep_ends=False,
+                   activation_symmetric=True)
+    feeds = numerics.random_feeds(proto, seed=4)
+    expected = numerics.run(proto, feeds)["y"]
+    assert _cosine(expected, numerics.run(out, feeds, "all")["y"]) > MIN_COSINE

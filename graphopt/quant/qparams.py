@@ -36,22 +36,24 @@ def activation_params(lo: float, hi: float, symmetric: bool) -> QParams:
     return QParams(np.float32(scale), np.uint8(zero_point))
 
 
-def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 in [-127, 127] (the ±127 range keeps zero point 0 exact on both sides):
-    the quantized weight and its scale, one per index of `axis` (None: one scalar)."""
+def quantize_weight(w: np.ndarray, axis: int | None, limit: int = 127
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 in [-limit, limit] (±127 by default, which keeps zero point 0 exact on
+    both sides): the quantized weight and its scale, one per index of `axis` (None: one
+    scalar)."""
     w = w.astype(np.float32)
     if axis is None:
         bound = np.float32(np.max(np.abs(w))) if w.size else np.float32(0)
-        scale = np.float32(bound / 127.0) if bound > 0 else np.float32(1.0)
-        q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+        scale = np.float32(bound / limit) if bound > 0 else np.float32(1.0)
+        q = np.clip(np.round(w / scale), -limit, limit).astype(np.int8)
         return q, np.asarray(scale, np.float32)
     others = tuple(i for i in range(w.ndim) if i != axis)
     bound = np.max(np.abs(w), axis=others) if w.size else np.zeros(w.shape[axis], np.float32)
     # An all-zero channel quantizes to zeros under any scale; 1 avoids dividing by zero.
-    scale = np.where(bound > 0, bound / 127.0, 1.0).astype(np.float32)
+    scale = np.where(bound > 0, bound / limit, 1.0).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    q = np.clip(np.round(w / scale.reshape(shape)), -limit, limit).astype(np.int8)
     return q, scale
 
 

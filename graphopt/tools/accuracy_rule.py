@@ -22,6 +22,14 @@ def marked_lossy(props) -> list[str]:
     return [name for name in props.get(LOSSY_KEY, "").split(",") if name]
 
 
+def deployed_level(props) -> str:
+    """The onnxruntime level to judge an optimized .onnx at (metadata `props` as marked_lossy
+    takes them): a lossy one at ORT_ENABLE_ALL, where its QDQ pairs become the int8 kernels a
+    deployment runs (at ORT_DISABLE_ALL they are simulated in float, which hides the kernels'
+    saturation and rounding), any other at ORT_DISABLE_ALL, which isolates graphopt's rewrites."""
+    return "all" if marked_lossy(props) else "disable"
+
+
 def pass_log_of_onnx(model) -> list:
     """A pass log standing for an optimized .onnx's (a ModelProto): the lossy passes its
     metadata names."""

@@ -32,7 +32,7 @@ class Tensor:
 
 @dataclass
 class Side:
-    """One model under comparison: an ONNX proto run at ORT_DISABLE_ALL, or an .om session."""
+    """One model under comparison: an ONNX proto run at onnxruntime's `level`, or an .om session."""
 
     label: str
     inputs: list[dict]                 # signature entries {"name", "dtype", "shape"}
@@ -43,6 +43,7 @@ class Side:
     notes: list[str] = field(default_factory=list)       # what loading it warned about
     # An .om's computed values per shape profile, which differ: other pins, other folds.
     profile_tensors: dict[str, list[Tensor]] = field(default_factory=dict)
+    level: str = "disable"  # the onnxruntime optimization level a proto runs at
 
     def tensors_for(self, feeds: Mapping[str, object]) -> list[Tensor]:
         """The computed values of the plan `feeds` run: an .om's shape profile they match."""
@@ -57,7 +58,7 @@ class Side:
             if extra:
                 values.update(self._run_partitions(feeds, set(extra)))
             return values
-        return _run_onnx(self.proto, self.label, feeds, extra)
+        return _run_onnx(self.proto, self.label, feeds, extra, self.level)
 
     def _run_partitions(self, feeds, wanted: set[str]) -> dict[str, np.ndarray]:
         # The session cannot return values inside a partition, so each partition runs again as
@@ -141,10 +142,10 @@ def load_candidate(model) -> Side:
     if isinstance(model, Side):
         return model
     if isinstance(model, onnx.ModelProto):
-        return _onnx_side(model, "<candidate>")
+        return _deployed(_onnx_side(model, "<candidate>"))
     path = os.fspath(model)
     if not (path.lower().endswith(".om") or (os.path.isfile(path) and is_om(path))):
-        return _onnx_side(None, path)
+        return _deployed(_onnx_side(None, path))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         session = load(path)  # warns when an NPU partition stands in on the CPU provider
@@ -154,6 +155,14 @@ def load_candidate(model) -> Side:
     return Side(path, session.inputs, [o["name"] for o in session.outputs], session=session,
                 tensors=_om_tensors(artifact), notes=[str(w.message) for w in caught],
                 profile_tensors=by_profile)
+
+
+def _deployed(side: Side) -> Side:
+    """A candidate .onnx judged at the level accuracy_rule.deployed_level chooses for it."""
+    from graphopt.tools.accuracy_rule import deployed_level
+
+    side.level = deployed_level(side.proto.metadata_props)
+    return side
 
 
 def _om_tensors(artifact) -> list[Tensor]:
