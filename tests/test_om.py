@@ -740,6 +740,25 @@ def test_bad_feeds_name_the_input(om_path, feeds, message):
         OmSession(om_path).run(feeds)
 
 
+def test_a_symbolic_dim_two_inputs_share_takes_one_size(tmp_path):
+    # onnxruntime would broadcast the [N, 1] feed over the [N, 4] one: the model says both
+    # are [N, L], and a compile may have relied on that.
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", "L"])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", "L"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "L"])
+    model = helper.make_model(helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])],
+                                                "g", [a, b], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "add.om")
+    write_om(path, [OmPartition("p0", "cpu", model)])
+    session = OmSession(path)
+    x = np.ones((2, 4), np.float32)
+    assert session.run({"a": x, "b": x})["y"].shape == (2, 4)
+    with pytest.raises(GraphoptError, match=r"input 'b' has shape \[2, 1\]: its dim 1 is 'L', "
+                                            r"which input 'a' gives as 4"):
+        session.run({"a": x, "b": x[:, :1]})
+
+
 def test_unknown_output_and_bad_options(om_path):
     with pytest.raises(GraphoptError, match="unknown output 'Q'"):
         OmSession(om_path).run({"X": x_batch()}, ["Q"])

@@ -234,6 +234,20 @@ def test_check_feeds_names_the_input(change, message):
         check_feeds(SIGNATURE, feeds)
 
 
+def test_check_feeds_holds_a_symbolic_dim_to_one_size_across_inputs():
+    signature = [{"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]},
+                 {"name": "mask", "dtype": "int64", "shape": ["batch", "seq"]},
+                 {"name": "pair", "dtype": "float32", "shape": ["seq", "seq", None]}]
+    feeds = {"ids": np.zeros((2, 8), np.int64), "mask": np.zeros((2, 8), np.int64),
+             "pair": np.zeros((8, 8, 3), np.float32)}
+    check_feeds(signature, feeds)
+    with pytest.raises(InputError, match=r"input 'mask' has shape \[2, 5\]: its dim 1 is 'seq', "
+                                         r"which input 'ids' gives as 8 \(its dim 1\)"):
+        check_feeds(signature, {**feeds, "mask": np.zeros((2, 5), np.int64)})
+    with pytest.raises(InputError, match=r"input 'pair' .* its dim 1 is 'seq'"):
+        check_feeds(signature, {**feeds, "pair": np.zeros((8, 1, 3), np.float32)})
+
+
 def test_npz_round_trip_any_name(tmp_path):
     arrays = {"file": np.arange(3), "a/b:0": np.ones((2, 2), np.float16), "s": np.array(["x", "yz"], object)}
     path = tmp_path / "out.npz"

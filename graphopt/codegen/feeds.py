@@ -132,8 +132,8 @@ def random_array(name: str, shape: list[int], dtype: np.dtype,
 
 def check_feeds(signature: list[Mapping], feeds: Mapping[str, Any]) -> None:
     """Raise InputError on the first feed that does not fit the signature: a missing or unknown
-    name, a wrong dtype, rank or static dim, or a value of the wrong kind (an array for a
-    sequence). (OmSession.run checks the same on every call; this lets a caller report a bad
+    name, a wrong dtype, rank or static dim, a symbolic dim two inputs give different sizes,
+    or a value of the wrong kind (an array for a sequence). (OmSession.run checks the same on every call; this lets a caller report a bad
     file before it times anything.)"""
     expected = {entry["name"]: entry for entry in signature}
     for name in feeds:
@@ -147,6 +147,42 @@ def check_feeds(signature: list[Mapping], feeds: Mapping[str, Any]) -> None:
             fitted_value(entry, feeds[name])
         else:
             _check_tensor(entry, as_array(name, feeds[name]))
+    clash = shared_dim_clash(shared_dims(signature),
+                             {name: np.shape(feeds[name]) for name in expected
+                              if not expected[name].get("type")})
+    if clash:
+        raise InputError(clash)
+
+
+def shared_dims(signature: list[Mapping]) -> dict[str, list[tuple[str, int]]]:
+    """Each symbolic dim that several input axes name alike, with those (input, axis) pairs:
+    ONNX means one size by one name, and a compile may rely on it (a fusion that reads the
+    sequence length of one input for another's)."""
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for entry in signature:
+        for axis, dim in enumerate(entry.get("shape") or ()):
+            if isinstance(dim, str) and dim:
+                uses.setdefault(dim, []).append((entry["name"], axis))
+    return {dim: places for dim, places in uses.items() if len(places) > 1}
+
+
+def shared_dim_clash(shared: Mapping[str, list[tuple[str, int]]],
+                     shapes: Mapping[str, tuple]) -> str | None:
+    """The first dim of `shared` (shared_dims) that the feeds' `shapes` give two sizes, said
+    as an error message; None when they agree."""
+    for dim, places in shared.items():
+        first = None
+        for name, axis in places:
+            shape = shapes.get(name)
+            if shape is None or axis >= len(shape):
+                continue
+            if first is None:
+                first = (name, axis, shape[axis])
+            elif shape[axis] != first[2]:
+                return (f"input {name!r} has shape {list(shape)}: its dim {axis} is {dim!r}, "
+                        f"which input {first[0]!r} gives as {first[2]} (its dim {first[1]}); "
+                        f"inputs that name a dim alike must agree on its size")
+    return None
 
 
 def as_array(name: str, value: Any) -> np.ndarray:

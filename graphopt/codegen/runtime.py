@@ -16,7 +16,7 @@ import onnxruntime as ort
 
 from graphopt.codegen import om_refs
 from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
-                                   typed_entry)
+                                    shared_dim_clash, shared_dims, typed_entry)
 from graphopt.codegen.index_bounds import check_dim, check_ids
 from graphopt.codegen.om_manifest import INDEX_DIMS, INDEX_ROWS
 from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_reference_files,
@@ -522,6 +522,7 @@ class OmSession:
         self._static_shapes = {e["name"]: tuple(e["shape"]) for e in self._inputs
                                if e["shape"] is not None
                                and all(isinstance(d, int) for d in e["shape"])}
+        self._shared_dims = shared_dims(self._inputs)
         # Inputs whose ids, or a dim counting positions, index a 4-bit embedding table, which
         # would return zeros for an id out of range where the original's Gather refuses it
         # (index_bounds).
@@ -744,4 +745,8 @@ class OmSession:
                             f"(dim {axis} must be {want})"
                         )
             env[name] = array
+        clash = shared_dim_clash(self._shared_dims, {n: np.shape(v) for n, v in env.items()
+                                                     if "type" not in self._expected[n][0]})
+        if clash:
+            raise GraphoptError(clash)
         return env
