@@ -552,6 +552,28 @@ def test_int4_method_gptq_needs_calibration_and_uses_it(tmp_path):
                for note in few.notes)
 
 
+def test_gptq_profiles_the_calibration_data_does_not_fit_take_its_statistics(tmp_path):
+    # Calibrated at seq 4, compiled for seq 8 and seq 4: XᵀX sums over rows, so the profile
+    # of the other length quantizes with the same Gram matrices, to the same levels.
+    w = RNG.standard_normal((64, 16)).astype(np.float32)
+    proto = parse_model(MATMUL_ADD.replace("[2,4,", "[2,seq,"), w=w,
+                        b=RNG.standard_normal(16).astype(np.float32))
+    np.savez(tmp_path / "calib.npz", x=RNG.standard_normal((32, 2, 4, 64)).astype(np.float32))
+    result = graphopt.optimize(proto, dynamic_dims="seq=8;seq=4", pass_options={
+        "quantize": "int4", "int4_method": "gptq", "calibration": str(tmp_path / "calib.npz")})
+    assert ("QuantizeInt4Weights: the calibration data fits profile profile1 (seq=4), not "
+            "profile0 (seq=8): it takes GPTQ's input statistics measured there") in result.notes
+    first, second = ({name: v.constant() for name, v in p.result.model.graph.initializers.items()}
+                     for p in result.profiles)
+    assert first.keys() == second.keys()
+    for name, value in first.items():
+        np.testing.assert_array_equal(second[name], value, err_msg=name)
+    # Not plain rounding: GPTQ's levels differ from those of the compile without data.
+    rtn = compile_int4(proto, input_shapes={"x": [2, 8, 64]})
+    assert any(not np.array_equal(v.constant(), first[name])
+               for name, v in rtn.model.graph.initializers.items() if name in first)
+
+
 def test_a_table_a_loop_body_also_reads_stays_float():
     table = RNG.standard_normal((16, 64)).astype(np.float32)
     proto = parse_model("""

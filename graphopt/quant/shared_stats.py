@@ -4,7 +4,8 @@ AMCT calibrates a model once, at the input shape of its calibration data, and AT
 dynamic dim with the scales it found. Likewise here: a profile the calibration data fits
 measures the activation statistics, and a profile it does not fit (another sequence length)
 takes them instead of refusing the data. Activation ranges and per-channel means do not depend
-on the sizes of the dims a profile pins.
+on the sizes of the dims a profile pins, nor do the Gram matrices GPTQ weighs int4 rounding by
+(sums over rows of each feature pair).
 
 A tensor is found by the layers that read it, else by the node that computes it, else by its
 name (`keys`). Node names come from the exporter (or from the node a fusion replaced), while the
@@ -36,6 +37,9 @@ class SharedStats:
     borrowers: list[str] = field(default_factory=list)  # the profiles that took its statistics
     stats: dict[str, TensorStats] = field(default_factory=dict)
     head_means: dict[str, np.ndarray | None] = field(default_factory=dict)
+    grams: dict[str, np.ndarray] = field(default_factory=dict)  # GPTQ's XᵀX per MatMul input
+    measured: str = "the activation ranges"  # what the measuring profile took from the data
+    by_pass: str = "QuantizeInt8"
 
     @property
     def ready(self) -> bool:
@@ -51,21 +55,41 @@ class SharedStats:
             for key in keys(graph, name):
                 self.stats.setdefault(key, value)
 
+    def keep_grams(self, grams: dict, graph: Graph) -> None:
+        """Record GPTQ's Gram matrices the current profile measured (by tensor name) under
+        every key of their tensors in `graph`, when no profile has yet: XᵀX sums over rows, so
+        a profile of another sequence length weighs the same features by them."""
+        if self.ready:
+            return
+        self.measured_by = self.profile
+        self.measured, self.by_pass = "GPTQ's input statistics", "QuantizeInt4Weights"
+        for name, gram in grams.items():
+            for key in keys(graph, name):
+                self.grams.setdefault(key, gram)
+
+    def lookup_grams(self, names, graph: Graph, why: str) -> dict:
+        """The recorded Gram matrices of `names` (tensors of `graph`), as `lookup` finds
+        statistics."""
+        return self._find(self.grams, names, graph, why)
+
     def lookup(self, names, graph: Graph, why: str) -> dict:
         """The statistics of `names` (tensors of `graph`), by their first key the measuring
         profile's compile has; OptionError naming the first tensor it has under none (`why` says
         why this compile cannot measure it itself)."""
+        return self._find(self.stats, names, graph, why)
+
+    def _find(self, table: dict, names, graph: Graph, why: str) -> dict:
         if self.profile not in self.borrowers:
             self.borrowers.append(self.profile)
         found = {}
         for name in names:
-            key = next((k for k in keys(graph, name) if k in self.stats), None)
+            key = next((k for k in keys(graph, name) if k in table), None)
             if key is None:
-                raise OptionError(f"{why}; it takes its activation ranges from profile "
+                raise OptionError(f"{why}; it takes {self.measured} from profile "
                                   f"{self.measured_by}, whose compile has no tensor '{name}' "
                                   "nor its producer or readers: give calibration data of this "
                                   "profile's shapes")
-            found[name] = self.stats[key]
+            found[name] = table[key]
         return found
 
 
@@ -87,9 +111,9 @@ class SharedStats:
         if not self.borrowers:
             return ""
         which = ", ".join(sorted(self.borrowers, key=order.index))
-        return (f"QuantizeInt8: the calibration data fits profile {self.measured_by}, not "
-                f"{which}: {'they take' if len(self.borrowers) > 1 else 'it takes'} the "
-                "activation ranges measured there")
+        return (f"{self.by_pass}: the calibration data fits profile {self.measured_by}, not "
+                f"{which}: {'they take' if len(self.borrowers) > 1 else 'it takes'} "
+                f"{self.measured} measured there")
 
 
 def keys(graph: Graph, name: str) -> list[str]:

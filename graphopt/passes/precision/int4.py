@@ -156,8 +156,8 @@ class QuantizeInt4Weights(Pass):
         # A tied head is rounded, not GPTQ'd: its table's Gathers read the same levels, and
         # GPTQ trades their error for the head's (on gpt2_small a single token's logits lost
         # more through the embedding than the head gained).
-        grams = _calibration_grams(model, options, [node.input(0) for node, _, _, table in jobs
-                                                    if table is None], ctx.note)
+        grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, table in jobs
+                                                if table is None])
         refitted: dict[int, int] = {}  # smaller block → weights that got it
         singular = 0  # weights GPTQ could not take
         for node, plan, dtype, table in jobs:
@@ -214,19 +214,29 @@ class QuantizeInt4Weights(Pass):
         return result
 
 
-def _calibration_grams(model: Model, options, inputs: list[Value], note) -> dict | None:
-    """The Gram matrices GPTQ weighs by, of the MatMul inputs over the calibration data; None
-    when the method is plain rounding."""
-    if options.int4_method != "gptq" or not inputs:
+def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> dict | None:
+    """The Gram matrices GPTQ weighs by, of the MatMul inputs over the calibration data (for a
+    shape profile the data does not fit, those a profile it fits measured: shared_stats.py);
+    None when the method is plain rounding."""
+    if ctx.options.int4_method != "gptq" or not inputs:
         return None
-    data = read_calibration(options.calibration, model.graph)
-    grams, rows = gram_matrices(model, list({v.name: v for v in inputs}.values()), data)
+    values = list({v.name: v for v in inputs}.values())
+    shared, mismatch = ctx.shared_stats, ctx.calibration_mismatch
+    if mismatch is not None:
+        if shared is None or not shared.ready:
+            raise mismatch
+        return shared.lookup_grams([v.name for v in values], model.graph, str(mismatch))
+    data = read_calibration(ctx.options.calibration, model.graph)
+    grams, rows = gram_matrices(model, values, data)
+    if shared is not None:
+        shared.keep_grams(grams, model.graph)
     short = sorted(name for name, gram in grams.items() if rows[name] < len(gram))
     if short:
         # XᵀX then has rank below K: GPTQ fits the rounding to the inputs' subspace alone.
-        note(f"QuantizeInt4Weights: --int4-method gptq: the calibration data gives fewer rows "
-             f"than features for {len(short)} layer input(s) (e.g. %{short[0]}: {rows[short[0]]} "
-             f"for {len(grams[short[0]])}); more samples would fit them better")
+        ctx.note(f"QuantizeInt4Weights: --int4-method gptq: the calibration data gives fewer "
+                 f"rows than features for {len(short)} layer input(s) (e.g. %{short[0]}: "
+                 f"{rows[short[0]]} for {len(grams[short[0]])}); more samples would fit them "
+                 "better")
     return grams
 
 
