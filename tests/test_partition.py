@@ -308,6 +308,13 @@ def test_if_node_falls_back_and_gets_its_outer_values(tmp_path):
     assert [v.name for v in result.partitioning.partitions[1].inputs] == ["c", "t"]
     feeds = {"x": RNG.standard_normal((64, 1024)).astype(np.float32), "c": np.array(True)}
     assert_same_outputs(proto, path, feeds)
+    # The If counts with its branches' nodes, in every tool that counts a partition's nodes.
+    from graphopt.codegen.inspect_om import op_counts
+    from graphopt.partition.report import partitioning_json
+
+    listed = [p["nodes"] for p in partitioning_json(result.partitioning)["partitions"]]
+    artifact = graphopt.load(path).artifact
+    assert listed == [sum(op_counts(p.model).values()) for p in artifact.partitions] == [1, 3]
 
 
 def test_graph_without_nodes_is_one_partition(tmp_path):

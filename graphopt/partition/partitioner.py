@@ -46,7 +46,12 @@ class Partition:
     outputs: list[Value]     # read by later partitions, or graph outputs (initializers too)
 
     def op_counts(self) -> Counter:
-        return Counter(node.qualified_op for node in self.nodes)
+        """Nodes per op, those inside an If's or a Loop's body included (as `graphopt inspect`
+        and the optimize summary count them)."""
+        return Counter(node.qualified_op for node in _with_nested(self.nodes))
+
+    def node_count(self) -> int:
+        return sum(self.op_counts().values())
 
 
 @dataclass
@@ -362,3 +367,10 @@ def _partitions(clusters: list[list[Node]], placements, position: dict[Node, int
         inputs, outputs = _crossing(clusters[i], owner, i)
         result.append(Partition(f"p{rank}_{device}", device, clusters[i], inputs, outputs))
     return result
+
+
+def _with_nested(nodes):
+    for node in nodes:
+        yield node
+        for graph in node.subgraphs():
+            yield from graph.all_nodes()

@@ -15,7 +15,7 @@ _TOP_OPS = 4  # op types named per partition row; the rest are counted
 def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = False) -> str:
     """The partition table, then each fallback reason with the nodes it applies to."""
     target = partitioning.target
-    rows = [[p.name, p.device, len(p.nodes), _engines(partitioning, p), len(p.inputs),
+    rows = [[p.name, p.device, p.node_count(), _engines(partitioning, p), len(p.inputs),
              _kib(p.inputs), len(p.outputs), _kib(p.outputs), _ops(p)]
             for p in partitioning.partitions]
     lines = [format_table(
@@ -46,7 +46,7 @@ def partitioning_json(partitioning: Partitioning) -> dict:
         "target": partitioning.target.name,
         "partitions": [
             {
-                "name": p.name, "device": p.device, "nodes": len(p.nodes),
+                "name": p.name, "device": p.device, "nodes": p.node_count(),
                 "engines": dict(sorted(_engine_counts(partitioning, p).items())),
                 "ops": dict(sorted(p.op_counts().items())),
                 "inputs": [{"name": v.name, "bytes": value_bytes(v)} for v in p.inputs],

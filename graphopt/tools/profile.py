@@ -62,7 +62,7 @@ class PartitionInfo:
     device: str
     level: str                # the onnxruntime optimization level its session ran at
     providers: list[str]
-    nodes: int                # IR nodes in its model
+    nodes: int                # IR nodes in its model, those of If and Loop bodies included
 
 
 @dataclass
@@ -212,7 +212,8 @@ def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_sh
     trace = read_trace(session.end_profiling())
     model = load_onnx(proto)
     _shape(model, _tensor_shapes(feeds))
-    part = PartitionInfo(ONNX_PARTITION, "cpu", level, ["CPUExecutionProvider"], len(model.graph))
+    part = PartitionInfo(ONNX_PARTITION, "cpu", level, ["CPUExecutionProvider"],
+                         model.graph.count_nodes())
     profile = Profile(path=label, kind="onnx", runs=repeat, warmup=warmup, threads=threads,
                       partitions=[part], kernels=[], wall_s=wall, cost_model="",
                       models={ONNX_PARTITION: model}, trace=trace)
@@ -267,7 +268,7 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
         models[part.name] = model
         partitions.append(PartitionInfo(part.name, part.device,
                                         level or part.optimization_level or "all",
-                                        providers.get(part.name, []), len(model.graph)))
+                                        providers.get(part.name, []), model.graph.count_nodes()))
     profile = Profile(path=path, kind="om", runs=repeat, warmup=warmup, threads=threads,
                       partitions=partitions, kernels=[], wall_s=wall, cost_model="",
                       models=models, partitioning=artifact.extra.get("partitioning"),
