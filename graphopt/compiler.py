@@ -304,7 +304,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
 
         result.partitioning = partition(ir_model, target)
-        check_host_bfloat16(result.partitioning, options)
+        check_host_bfloat16(result.partitioning, options, ir_model)
         note = quantized_fallback_note(result.partitioning, options)
         if note:
             result.notes.append(note)

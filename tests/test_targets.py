@@ -14,7 +14,8 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 from graphopt.cli_targets import add_targets_parser
 from graphopt.errors import OptionError
 from graphopt.partition.target import builtin_targets, load_target
-from graphopt.partition.target_ort import nchwc_block_size, op_key
+from graphopt.partition.target_ort import (cpu_kernel_binds, nchwc_block_size, op_key,
+                                           ort_cpu_kernels)
 from graphopt.partition.target_schema import KEYWORDS, TARGET_SCHEMA, check
 
 NPU_TARGETS = ["ascend310", "ascend310b", "ascend910b"]
@@ -381,3 +382,32 @@ def test_cli_user_file_and_error(tmp_path, capsys):
     assert "board" in _run(["targets", path], capsys)
     with pytest.raises(OptionError, match="^nope: unknown target"):  # an argument, not --target
         _run(["targets", "nope"], capsys)
+
+
+def _bf16_onehot_versions() -> list[tuple[int, int]]:
+    return [tuple(k.version_range) for k in ort_c.get_all_opkernel_def()
+            if k.provider == "CPUExecutionProvider" and k.op_name == "OneHot"
+            and "tensor(bfloat16)" in k.type_constraints.get("T3", [])]
+
+
+@pytest.mark.skipif(not _bf16_onehot_versions(),
+                    reason="this onnxruntime has no bfloat16 OneHot kernel on the CPU")
+def test_a_kernel_binds_at_the_nodes_version_and_for_all_its_dtypes():
+    # The dtype table unions every version and kernel: it lists bfloat16 for OneHot, whose
+    # bfloat16 kernels exist from one version on, and only for some index dtypes.
+    assert "bfloat16" in ort_cpu_kernels()["OneHot"]
+    first = min(a for a, _ in _bf16_onehot_versions())
+    assert cpu_kernel_binds("OneHot", "", first, ["int64", "int64", "bfloat16"], ["bfloat16"])
+    assert not cpu_kernel_binds("OneHot", "", first - 1, ["int64", "int64", "bfloat16"],
+                                ["bfloat16"])
+    assert not cpu_kernel_binds("OneHot", "", first, ["float64", "int64", "bfloat16"],
+                                ["bfloat16"])
+
+
+def test_a_variadic_input_binds_every_value_to_its_type_parameter():
+    # Sum's CPU kernels take float32 and float64 alone: its third input counts too.
+    assert ort_cpu_kernels()["Sum"] <= {"float32", "float64"}
+    assert cpu_kernel_binds("Sum", "", 13, ["float32"] * 3, ["float32"])
+    assert not cpu_kernel_binds("Sum", "", 13, ["float32", "float32", "int8"], ["float32"])
+    assert cpu_kernel_binds("Relu", "", 14, [None], ["float32"])  # an untyped value binds nothing
+    assert cpu_kernel_binds("NoSuchOp", "", 17, ["float32"], ["float32"]) is None

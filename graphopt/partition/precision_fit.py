@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import OptionError
 from graphopt.ir import DType
+from graphopt.partition.target_ort import cpu_kernel_binds
 
 # Ops the quantization passes write. The NPU profiles list QuantizeLinear and DequantizeLinear
 # (in AMCT's form, quant_fit.py), none of the others: onnxruntime's own (MatMulNBits,
@@ -17,10 +19,12 @@ QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                  "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
 
 
-def check_host_bfloat16(partitioning, options) -> None:
+def check_host_bfloat16(partitioning, options, model) -> None:
     """Refuse a bf16 compile whose host partitions hold bfloat16 ops the host has no kernel for.
     ConvertPrecision converts an op the NPU runs in bfloat16; the partitioner may still return
-    it to the host (an island not worth the copies), where onnxruntime cannot load it."""
+    it to the host (an island not worth the copies), where onnxruntime cannot load it. A host
+    of onnxruntime's kernels is asked for the op's version in `model` and the dtypes of all
+    its values, as onnxruntime will look the kernel up."""
     if "bf16" not in options.precision:
         return
     target = partitioning.target
@@ -31,7 +35,7 @@ def check_host_bfloat16(partitioning, options) -> None:
             continue
         for node in part.nodes:
             if node.op_type != "Cast" and _reads_or_writes(node, DType.BFLOAT16) \
-                    and not device.has_kernel(node.op_type, node.domain, "bfloat16"):
+                    and not _host_runs(device, node, model):
                 missing[node.qualified_op] += 1
     if missing:
         ops = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(missing.items()))
@@ -60,6 +64,22 @@ def quantized_fallback_note(partitioning, options) -> str:
     return (f"--quantize {options.quantize} --target {target.name}: {len(host)} of {len(placed)} "
             f"node(s) run on the host CPU, {len(quantized)} of them quantized ops "
             f"({', '.join(ops)}), e.g.: {why} (`graphopt partition` lists every reason)")
+
+
+def _host_runs(device, node, model) -> bool:
+    binds = None
+    version = model.opset(node.domain)
+    if device.kernel_source == "onnxruntime" and version is not None:
+        binds = cpu_kernel_binds(node.op_type, node.domain, version,
+                                 [_dtype_name(v) for v in node.inputs],
+                                 [_dtype_name(v) for v in node.outputs])
+    return device.has_kernel(node.op_type, node.domain, "bfloat16") if binds is None else binds
+
+
+def _dtype_name(value) -> str | None:
+    if value is None or value.dtype is None:
+        return None
+    return dtype_name(int(value.dtype))
 
 
 def _reads_or_writes(node, dtype: DType) -> bool:

@@ -112,3 +112,62 @@ def cpu_kernel_gap(op: str, domain: str, version: int) -> str | None:
                       for a, b in ranges)
     return (f"onnxruntime {ort_version()} has no CPU kernel for {op_key(op, domain)} version "
             f"{version} (its kernels cover versions {spans})")
+
+
+@functools.cache
+def _cpu_kernel_defs() -> dict[str, tuple[tuple[int, int, dict[str, frozenset[str]]], ...]]:
+    """Op key -> each CPU kernel's (first version, last version, {type param: dtypes})."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    table: dict[str, list] = {}
+    for kernel in ort_c.get_all_opkernel_def():
+        if kernel.provider != CPU_PROVIDER:
+            continue
+        first, last = kernel.version_range
+        bound = {param: frozenset(filter(None, map(_dtype, types)))
+                 for param, types in kernel.type_constraints.items()}
+        table.setdefault(op_key(kernel.op_name, kernel.domain), []).append((first, last, bound))
+    return {key: tuple(defs) for key, defs in table.items()}
+
+
+@functools.cache
+def _schemas() -> dict[str, tuple]:
+    """Op key -> its onnxruntime schemas, oldest first."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    table: dict[str, list] = {}
+    for schema in ort_c.get_all_operator_schema():
+        table.setdefault(op_key(schema.name, schema.domain), []).append(schema)
+    return {key: tuple(sorted(s, key=lambda x: x.since_version)) for key, s in table.items()}
+
+
+def cpu_kernel_binds(op: str, domain: str, version: int, inputs: list[str | None],
+                     outputs: list[str | None]) -> bool | None:
+    """Whether onnxruntime's CPU provider has a kernel for version `version` of an op whose
+    inputs and outputs have these dtypes (names as in DTYPES; None for an absent or untyped
+    value), matched as its kernel registry matches: every type parameter of one kernel
+    definition takes the dtypes bound to it. The union of dtypes over all versions and
+    kernels says too much: OneHot has a bfloat16 kernel only from version 28 on, and there
+    only for integer indices and depth. None when the op has no CPU kernel or schema at all
+    (onnxruntime may expand it from its schema's function body)."""
+    key = op_key(op, domain)
+    defs = _cpu_kernel_defs().get(key)
+    schemas = [s for s in _schemas().get(key, ()) if s.since_version <= version]
+    if not defs or not schemas:
+        return None
+    bound: dict[str, set[str]] = {}
+    for formals, dtypes in ((schemas[-1].inputs, inputs), (schemas[-1].outputs, outputs)):
+        for index, dtype in enumerate(dtypes):
+            if not formals or dtype is None:
+                continue
+            # A variadic last formal parameter takes every value from its position on.
+            formal = formals[min(index, len(formals) - 1)]
+            if index >= len(formals) and "Variadic" not in str(formal.option):
+                continue
+            bound.setdefault(formal.typeStr, set()).add(dtype)
+
+    def fits(allowed: dict[str, frozenset[str]]) -> bool:
+        return all(param not in allowed or dtypes <= allowed[param]
+                   for param, dtypes in bound.items())
+
+    return any(first <= version <= last and fits(allowed) for first, last, allowed in defs)
