@@ -422,6 +422,16 @@ def test_attention_packs_its_qkv_gemm_into_dynamic_int8(tmp_path):
     expected = numerics.run(proto, feeds)["last_hidden_state"]
     actual = numerics.run(out, feeds)["last_hidden_state"]
     assert _cosine(expected, actual) > MIN_COSINE
+    # quant_skip takes the contrib op as graphopt's messages spell it, or bare.
+    for spelling in ("com.microsoft::Attention", "Attention"):
+        skipped = graphopt.optimize(proto, input_shapes={"input_ids": [1, 32],
+                                                         "attention_mask": [1, 32]},
+                                    pass_options={"quantize": "int8", "calibration": str(path),
+                                                  "quant_keep_ends": False,
+                                                  "quant_skip": {spelling}})
+        ops = Counter(n.op_type for n in skipped.model.graph)
+        assert ops["Attention"] == 1 and ops["DynamicQuantizeMatMul"] == 3, spelling
+        assert not any("matches nothing" in note for note in skipped.notes), spelling
 
 
 def test_int8_needs_calibration_that_fits(tmp_path):

@@ -189,9 +189,19 @@ def is_end(node: Node) -> bool:
 def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
     """A note on the `quant_skip` entries that name no node and no op type of `graph` (fusions
     rename the nodes they replace), with the nearest names; None when all match."""
-    known = {node.name for node in graph.all_nodes()} | {n.op_type for n in graph.all_nodes()}
+    known = {name for node in graph.all_nodes() for name in (node.name, *_spellings(node))}
     note = unmatched_note([("quant_skip", skip, known)])
     return f"{pass_name}: {note}" if note else None
+
+
+def skipped(node: Node, skip) -> bool:
+    """Whether `skip` (quant_skip) names `node`: by its name, its bare op type, or the
+    `domain::Op` graphopt's messages print for a contrib op."""
+    return node.name in skip or not _spellings(node).isdisjoint(skip)
+
+
+def _spellings(node: Node) -> set[str]:
+    return {node.op_type, node.qualified_op}
 
 
 def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxruntime") -> Plan:
@@ -208,7 +218,7 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
     for node, how in quantizable:
         if id(node) in ends:
             result.kept["quant_keep_ends (reads a graph input or writes a graph output)"] += 1
-        elif node.name in options.quant_skip or node.op_type in options.quant_skip:
+        elif skipped(node, options.quant_skip):
             result.kept["quant_skip"] += 1
         elif not allows(node):
             result.kept["held back by the rewrite gate"] += 1

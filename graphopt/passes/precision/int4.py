@@ -41,7 +41,7 @@ from graphopt.passes.precision.int4_tables import (
 from graphopt.passes.precision.policy import Support, check_options
 from graphopt.quant.calib_data import read_calibration
 from graphopt.quant.calibrate import gram_matrices
-from graphopt.quant.select import unmatched_skips
+from graphopt.quant.select import skipped, unmatched_skips
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
@@ -133,8 +133,7 @@ class QuantizeInt4Weights(Pass):
             ctx.note(missing)
 
         def wanted(node: Node) -> bool:
-            return (node.name not in skip and node.op_type not in skip
-                    and ctx.allows(node.op_type, node))
+            return not skipped(node, skip) and ctx.allows(node.op_type, node)
 
         tables = {} if not options.int4_embeddings else embedding_tables(
             graph, block, lambda node: wanted(node) and support.has(
