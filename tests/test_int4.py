@@ -196,7 +196,7 @@ def test_a_group_that_would_pad_k_gets_the_block_that_packs_smallest(group, bloc
         assert refitted[0] == (f"QuantizeInt4Weights: block {group} would pad K to a multiple "
                                f"of it; 1 weight(s) use {block}, which packs them smaller")
     (size,) = [n for n in result.notes if "MiB →" in n]
-    assert "% smaller" in size
+    assert "% smaller" in size and f"; block {block}, with scales" in size  # the block used
     x = RNG.standard_normal((2, 4, 48)).astype(np.float32)
     reference = x.astype(np.float64) @ dequantize(quantize(w, block))
     np.testing.assert_allclose(numerics.run(result.to_onnx(), {"x": x})["y"], reference,

@@ -158,6 +158,7 @@ class QuantizeInt4Weights(Pass):
         grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, table in jobs
                                                 if table is None])
         refitted: dict[int, int] = {}  # smaller block → weights that got it
+        blocks: set[int] = set()  # the blocks the quantized weights and tables use
         singular = 0  # weights GPTQ could not take
         for node, plan, dtype, table in jobs:
             before += plan.weight.size * dtype.bits // 8
@@ -165,10 +166,12 @@ class QuantizeInt4Weights(Pass):
                 shared = table.quant is not None
                 weights = head_weights(graph, table)
                 after += 0 if shared else table.quant.nbytes
+                blocks.add(table.block)
                 _rewrite(graph, node, plan, table.block, dtype, weights, level)
                 result.count("tied_head")
                 continue
             fitted = block_for(plan.weight.shape[0], block, dtype.bits // 8)
+            blocks.add(fitted)
             if fitted != block:
                 refitted[fitted] = refitted.get(fitted, 0) + 1
             quant = None
@@ -192,6 +195,7 @@ class QuantizeInt4Weights(Pass):
             before += table.data.nbytes
             shared = table.quant is not None
             rewrite_gathers(graph, table)
+            blocks.add(table.block)
             after += 0 if shared else table.quant.nbytes
             result.count("Gather_quantized", len(table.gathers))
         for value in list(graph.initializers.values()):
@@ -199,7 +203,7 @@ class QuantizeInt4Weights(Pass):
                 graph.remove_initializer(value)
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
-            ctx.note(_summary(result.stats, embedded, before, after, block))
+            ctx.note(_summary(result.stats, embedded, before, after, sorted(blocks)))
         if refitted:
             ctx.note(f"QuantizeInt4Weights: block {block} would pad K to a multiple of it; "
                      + ", ".join(f"{n} weight(s) use {b}" for b, n in sorted(refitted.items()))
@@ -239,7 +243,7 @@ def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> d
     return grams
 
 
-def _summary(stats: dict, tables: int, before: int, after: int, block: int) -> str:
+def _summary(stats: dict, tables: int, before: int, after: int, blocks: list[int]) -> str:
     """The note on what was quantized and the bytes it saved."""
     weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized",
                                             "FusedMatMul_quantized", "tied_head"))
@@ -251,7 +255,8 @@ def _summary(stats: dict, tables: int, before: int, after: int, block: int) -> s
     change = (f"{100 * (1 - after / before):.0f}% smaller" if after <= before
               else f"{100 * (after / before - 1):.0f}% larger")
     return (f"QuantizeInt4Weights: {' and '.join(parts)}, {before / 2**20:.2f} MiB → "
-            f"{after / 2**20:.2f} MiB ({change}; block {block}, with scales and zero points)")
+            f"{after / 2**20:.2f} MiB ({change}; block{'s' if len(blocks) > 1 else ''} "
+            f"{', '.join(map(str, blocks))}, with scales and zero points)")
 
 
 def block_for(k: int, group: int, scale_bytes: int) -> int:
