@@ -133,8 +133,8 @@ def random_array(name: str, shape: list[int], dtype: np.dtype,
 def check_feeds(signature: list[Mapping], feeds: Mapping[str, Any]) -> None:
     """Raise InputError on the first feed that does not fit the signature: a missing or unknown
     name, a wrong dtype, rank or static dim, a symbolic dim two inputs give different sizes,
-    or a value of the wrong kind (an array for a sequence). (OmSession.run checks the same on every call; this lets a caller report a bad
-    file before it times anything.)"""
+    or a value of the wrong kind (an array for a sequence). (OmSession.run checks the same on
+    every call; this lets a caller report a bad file before it times anything.)"""
     expected = {entry["name"]: entry for entry in signature}
     for name in feeds:
         if name not in expected:
