@@ -28,14 +28,20 @@ LEVELS = {
 
 
 def session(model: ModelProto | bytes | str, level: str = "disable", threads: int = 1,
-            providers: list[str] | None = None) -> ort.InferenceSession:
+            providers: list[str] | None = None, config: dict[str, str] | None = None,
+            disabled_optimizers: list[str] | None = None) -> ort.InferenceSession:
+    """A CPU session for `model` at optimization `level`, with session `config` entries and
+    onnxruntime's `disabled_optimizers` (as an .om partition's session has them)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = LEVELS[level]
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 4  # failures raise; their log lines would only repeat them
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     data = model.SerializeToString() if isinstance(model, ModelProto) else model
-    return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"])
+    return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"],
+                                disabled_optimizers=disabled_optimizers or None)
 
 
 def optimized_by_onnxruntime(model: ModelProto, level: str) -> ModelProto:
@@ -115,11 +121,12 @@ def _random_held(info: onnx.ValueInfoProto, rng: np.random.Generator,
         raise ValueError(f"{exc}; pass explicit inputs") from None
 
 
-def run(model: ModelProto | bytes, feeds: dict[str, Any], level: str = "disable"
-        ) -> dict[str, Any]:
+def run(model: ModelProto | bytes, feeds: dict[str, Any], level: str = "disable",
+        **settings) -> dict[str, Any]:
     """Every output of `model` on `feeds`: arrays (bfloat16 and float8 as ml_dtypes arrays),
-    lists for sequences, dicts for maps, None for an empty optional."""
-    sess = session(model, level)
+    lists for sequences, dicts for maps, None for an empty optional. `settings`: session's
+    config and disabled_optimizers."""
+    sess = session(model, level, **settings)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, (typed_runner(sess) or sess.run)(names, feeds)))
 

@@ -105,6 +105,23 @@ def test_npu_om_runs_on_the_cpu_stand_in_with_a_note(files, tmp_path):
     assert any("run on the CPU provider as a functional stand-in" in n for n in report.notes)
 
 
+def test_intermediates_are_computed_as_the_om_session_computes_them(tmp_path):
+    # The .om runs this MatMul's partition with its weights unpacked (nothing gains from
+    # packing), which rounds differently from a packed session: y, which z = Relu(y) reads,
+    # must carry at least z's error, not pass exactly beside a failing output.
+    w = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    proto = parse_model("""
+        g (float[1,64] x) => (float[1,64] z) {
+            y = MatMul (x, w)
+            z = Relu (y)
+        }""", w=w)
+    path = tmp_path / "mm.om"
+    save(optimize(proto), path)
+    report = compare_models(proto, path, per_tensor=True, rtol=0, atol=0)
+    rows = {row.name: row for row in report.rows}
+    assert rows["y"].max_abs >= rows["z"].max_abs
+
+
 def test_om_profiles_compare_the_intermediates_of_the_profile_the_feeds_run(tmp_path):
     # A crop to 8x8 is a no-op, removed, at 8x8 and a Slice at 12x12: only profile1 has it.
     rng = np.random.default_rng(4)

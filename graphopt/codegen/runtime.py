@@ -196,6 +196,15 @@ def _skips_prepacking(part: dict, session_config: Mapping[str, str] | None) -> b
             and _UNPACKED_MEASURED and _DISABLE_PREPACKING not in (session_config or {}))
 
 
+def partition_session_config(part) -> dict[str, str]:
+    """The session config an OmSession gives partition `part` (an OmPartition) by default, for
+    a caller that runs a partition model on its own and must compute what the session does:
+    weights left unpacked where the compile found packing pays nowhere (MLAS's packed and
+    plain GEMMs differ in their last bits)."""
+    entry = {"prepack_weights": part.prepack_weights, "device": part.device}
+    return {_DISABLE_PREPACKING: "1"} if _skips_prepacking(entry, None) else {}
+
+
 class _Checked(NamedTuple):
     """A partition's external references, checked: from a parse of its model (`model`), from
     its protobuf wire (`references`), or neither when its bytes cannot hold any."""

@@ -63,6 +63,10 @@ class Side:
     def _run_partitions(self, feeds, wanted: set[str]) -> dict[str, np.ndarray]:
         # The session cannot return values inside a partition, so each partition runs again as
         # a standalone model with them added as outputs, at the level its compile recorded.
+        # Its session's settings too: a partition whose weights stay unpacked computes its
+        # GEMMs in another order than a packed one, and intermediates must match the outputs.
+        from graphopt.codegen.runtime import partition_session_config
+
         artifact = self.session.artifact
         if artifact.profiles:  # the shape profile these feeds run on
             artifact = artifact.profile(self.session.profile_for(feeds))
@@ -73,13 +77,15 @@ class Side:
             exposed = sorted((wanted & produced) - set(part.outputs))
             values = _run_onnx(model, f"{self.label} partition {part.name!r}",
                                {name: env[name] for name in part.inputs}, exposed,
-                               level=part.optimization_level or "all")
+                               level=part.optimization_level or "all",
+                               config=partition_session_config(part),
+                               disabled_optimizers=part.disabled_optimizers)
             env.update(values)
         return {name: env[name] for name in wanted if name in env}
 
 
 def _run_onnx(proto: onnx.ModelProto, label: str, feeds, extra: list[str],
-              level: str = "disable") -> dict[str, np.ndarray]:
+              level: str = "disable", **settings) -> dict[str, np.ndarray]:
     model = proto
     if extra:
         model = onnx.ModelProto()
@@ -87,7 +93,7 @@ def _run_onnx(proto: onnx.ModelProto, label: str, feeds, extra: list[str],
         # Typeless outputs are fine for onnxruntime; it knows every value's type itself.
         model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
     try:
-        return numerics.run(model, dict(feeds), level=level)
+        return numerics.run(model, dict(feeds), level=level, **settings)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
         lines = str(exc).strip().splitlines()
         raise GraphoptError(f"onnxruntime cannot run {label}: "
