@@ -93,14 +93,10 @@ def _pass_log(candidate) -> list:
     """The candidate's pass log when it is an .om (which lossy passes made it, also in an earlier
     compile); for an .onnx, the lossy passes its metadata names when graphopt wrote it (read
     from the proto compare runs, so the model is parsed once)."""
-    from graphopt.tools.accuracy_rule import pass_log_of_onnx
+    from graphopt.tools.accuracy_rule import pass_log_of_om, pass_log_of_onnx
 
     if candidate.session is not None:
-        artifact = candidate.session.artifact
-        # An .om compiled from a model an earlier compile made lossy names its passes too.
-        marked = [{"pass": name, "changed": True}
-                  for name in artifact.extra.get("lossy_passes", [])]
-        return artifact.pass_log + marked
+        return pass_log_of_om(candidate.session.artifact)
     return pass_log_of_onnx(candidate.proto)
 
 

@@ -335,6 +335,14 @@ def test_compare_judges_a_lossy_onnx_by_the_passes_its_metadata_names(int8, caps
     rc, out, err = run_cli(capsys, "compare", int8["onnx"], lossy)
     assert rc == 0, err
     assert "note: compiled with QuantizeInt8, lossy by design" in out
+    # An .om compiled from that .onnx is judged by the same rule in compare and in report.
+    om = tmp_path / "cc_int8.om"
+    graphopt.save(graphopt.optimize(str(lossy)), om)
+    rc, out, err = run_cli(capsys, "compare", int8["onnx"], om)
+    assert rc == 0 and "note: compiled with QuantizeInt8, lossy by design" in out, err
+    rc, out, err = run_cli(capsys, "report", om, "-o", tmp_path / "r.html",
+                           "--reference", int8["onnx"])
+    assert rc == 0 and "accuracy: PASS (1/1 outputs within cosine >= 0.999)" in out, out + err
     plain = tmp_path / "cc.onnx"
     graphopt.save(graphopt.optimize(str(int8["onnx"])), plain)
     assert "graphopt.lossy_passes" not in {p.key for p in onnx.load(plain).metadata_props}

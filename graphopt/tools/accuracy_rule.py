@@ -37,6 +37,13 @@ def pass_log_of_onnx(model) -> list:
             if name in LOSSY_PASSES]
 
 
+def pass_log_of_om(artifact) -> list:
+    """An .om's pass log, with the lossy passes of the earlier compile that made its source
+    model (the manifest's extra "lossy_passes") as entries of their own."""
+    marked = [{"pass": name, "changed": True} for name in artifact.extra.get("lossy_passes", [])]
+    return artifact.pass_log + marked
+
+
 def lossy_passes(pass_log: list) -> list[str]:
     """The precision passes of LOSSY_PASSES that changed the graph, in pass-log order."""
     found = [e.get("pass") for e in pass_log if isinstance(e, dict)

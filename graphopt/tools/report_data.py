@@ -13,7 +13,7 @@ from graphopt.codegen.inspect_om import describe_om, pass_totals
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.ir import load_onnx
 from graphopt.ir.printer import format_type
-from graphopt.tools.accuracy_rule import accuracy_rule
+from graphopt.tools.accuracy_rule import accuracy_rule, pass_log_of_om
 
 INPUT, OUTPUT = "input", "output"  # the op of the graph's input and output nodes
 WEIGHT_CASTS = frozenset({"DequantizeLinear", "QuantizeLinear"})
@@ -298,7 +298,8 @@ def gather(om_path: str, *, reference: str | None = None, inputs: str | None = N
     if reference is not None:
         from graphopt.tools.compare import compare_models
 
-        judge, data.accuracy_note = accuracy_rule(artifact.pass_log, rtol, atol, min_cosine)
+        judge, data.accuracy_note = accuracy_rule(pass_log_of_om(artifact), rtol, atol,
+                                                  min_cosine)
         data.accuracy = compare_models(reference, om_path, inputs, per_tensor=per_tensor,
                                        input_shapes=input_shapes, **judge)
     return data
