@@ -413,14 +413,14 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
         raise VerificationError(f"--verify: onnxruntime cannot run the original model: "
-                                f"{_first_line(e)}") from None
+                                f"{numerics.ort_reason(e)}") from None
     from graphopt.tools.accuracy_rule import deployed_level
 
     try:
         actual = numerics.run(optimized, feeds, deployed_level(optimized.metadata_props))
     except Exception as e:  # noqa: BLE001
         raise VerificationError(f"--verify: onnxruntime cannot run the optimized model: "
-                                f"{_first_line(e)}") from None
+                                f"{numerics.ort_reason(e)}") from None
     if judge["min_cosine"] is None:
         problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
     else:
@@ -445,7 +445,7 @@ def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:
         except Exception:  # noqa: BLE001 - the original fails there too: not the compile's doing
             return
         raise VerificationError(f"--verify: onnxruntime cannot load the optimized model at "
-                                f"ORT_ENABLE_ALL, where it loads the original: {_first_line(e)}"
+                                f"ORT_ENABLE_ALL, where it loads the original: {numerics.ort_reason(e)}"
                                 ) from None
 
 
@@ -463,10 +463,6 @@ def _below_cosine(expected: dict, actual: dict, judge: dict) -> list[str]:
             problems.append(f"output '{name}': {why}")
     return problems
 
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return text[-1] if text else type(error).__name__
 
 
 def _reproducible_log(result: OptimizeResult | None) -> list[dict]:

@@ -48,6 +48,41 @@ def validate_input_shapes(shapes: dict) -> dict[str, list[int]]:
     return checked
 
 
+def check_pins(shapes: dict[str, list[int]], signature: list[dict], label: str) -> None:
+    """OptionError for a pin of `shapes` (validated) that names no input of `signature`
+    (entries {"name", "shape"} of `label`'s inputs), gives another rank, or contradicts a dim
+    the model fixes: the same refusals pin_input_shapes makes, for the tools that make random
+    inputs from a model they do not import."""
+    entries = {e["name"]: e for e in signature}
+    for name, dims in shapes.items():
+        entry = entries.get(name)
+        if entry is None:
+            raise OptionError(f"--input-shape: {label} has no input {name!r} "
+                              f"(inputs: {', '.join(entries) or 'none'})")
+        shape = entry.get("shape")
+        if shape is None:
+            continue
+        if len(shape) != len(dims):
+            raise OptionError(f"--input-shape: input '{name}' has rank {len(shape)} "
+                              f"{_fmt(shape)}, got {len(dims)} dims {dims}")
+        for axis, (current, pinned) in enumerate(zip(shape, dims)):
+            if pinned != -1 and isinstance(current, int) and current != pinned:
+                raise OptionError(f"--input-shape: input '{name}' dim {axis} is fixed to "
+                                  f"{current} by {label}, cannot pin it to {pinned}")
+
+
+def check_pins_fit_feeds(shapes: dict[str, list[int]], feeds: dict, where: str) -> None:
+    """OptionError when given feeds (an --inputs file, `where`) contradict a pin: a compile
+    pinned to one size and run on another would blame the compile for the feeds."""
+    for name, dims in shapes.items():
+        if name not in feeds or not hasattr(feeds[name], "shape"):
+            continue
+        got = list(feeds[name].shape)
+        if len(got) != len(dims) or any(p not in (-1, g) for p, g in zip(dims, got)):
+            raise OptionError(f"--input-shape pins input '{name}' to {dims}, but {where} gives "
+                              f"it shape {got}")
+
+
 def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
     """Fix the given inputs' dims; a symbolic dim pinned once is pinned wherever it appears, so
     the pin propagates to the other inputs, the outputs and every inferred intermediate."""

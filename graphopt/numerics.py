@@ -44,6 +44,20 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
                                 disabled_optimizers=disabled_optimizers or None)
 
 
+# Advice onnxruntime ends some errors with, after the line that says what is wrong.
+_BOILERPLATE = ("Please fix either the inputs/outputs or the model.",)
+
+
+def ort_reason(error: Exception, limit: int = 400) -> str:
+    """onnxruntime's error as one line: its lines joined (an invalid-dimension error names the
+    index and both sizes on lines of their own), without the advice it ends some with."""
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    text = " ".join(line for line in lines if line and line not in _BOILERPLATE)
+    if not text:
+        return type(error).__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def optimized_by_onnxruntime(model: ModelProto, level: str) -> ModelProto:
     """`model` as onnxruntime's CPU provider rewrites it at `level` (its optimized model, read
     back; weights included, so only for models small enough to copy)."""

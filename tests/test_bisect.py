@@ -314,3 +314,36 @@ def test_inputs_that_do_not_fit_name_the_file_and_the_input(tmp_path, capsys):
     for command in (["bisect", source], ["optimize", source, "-o", tmp_path / "x.onnx", "--verify"]):
         rc, _, err = run_cli(capsys, *command, "--inputs", inputs)
         assert rc == 1 and f"--inputs {inputs}: input 'input' has shape [1, 3, 8, 8]" in err, err
+
+
+def test_pins_are_checked_against_the_model_and_the_inputs(tmp_path, capsys):
+    # A pin the model or the --inputs contradict is the option's fault: bisect had named the
+    # import as the culprit, or relayed onnxruntime's advice line without its reason.
+    source = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), source)
+    rc, _, err = run_cli(capsys, "bisect", source, "--input-shape", "input:2,3,32,32")
+    assert rc == 1 and ("input 'input' dim 0 is fixed to 1 by " in err
+                        and "cannot pin it to 2" in err), err
+    dynamic = tmp_path / "dyn.onnx"
+    onnx.save(parse_model("g (float[N, S, 8] x) => (float[N, S, 8] y) { y = Relu (x) }"),
+              dynamic)
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=np.ones((2, 3, 8), np.float32))
+    rc, _, err = run_cli(capsys, "bisect", dynamic, "--inputs", inputs,
+                         "--input-shape", "x:1,1,8")
+    assert rc == 1 and (f"--input-shape pins input 'x' to [1, 1, 8], but --inputs {inputs} "
+                        "gives it shape [2, 3, 8]") in err, err
+    rc, _, err = run_cli(capsys, "compare", dynamic, dynamic, "--input-shape", "x:7")
+    assert rc == 1 and "input 'x' has rank 3 [N,S,8], got 1 dims [7]" in err, err
+
+
+def test_onnxruntime_errors_keep_the_line_that_says_what_is_wrong():
+    from graphopt.numerics import ort_reason
+
+    error = RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions "
+                         "for input: x for the following indices\n index: 0 Got: 2 Expected: 1\n"
+                         " Please fix either the inputs/outputs or the model.")
+    assert ort_reason(error) == ("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid "
+                                 "dimensions for input: x for the following indices index: 0 "
+                                 "Got: 2 Expected: 1")
+    assert ort_reason(RuntimeError("")) == "RuntimeError"

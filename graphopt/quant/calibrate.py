@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from graphopt.errors import OptionError
 from graphopt.ir import Model, Value, to_onnx
+from graphopt.numerics import ort_reason
 from graphopt.quant.calib_data import CalibrationData
 from graphopt.quant.stats import METHODS, TensorStats
 
@@ -81,7 +82,7 @@ def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict
                 outputs = session.run(fetched, feeds) if fetched else []
             except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
                 raise OptionError(f"calibration {data.path}: the float model fails on a "
-                                  f"sample: {str(e).strip().splitlines()[-1]}") from None
+                                  f"sample: {ort_reason(e)}") from None
             arrays = dict(zip(fetched, outputs))
             arrays.update((n, feeds[n]) for n in names if n in feeds_named)
             yield arrays

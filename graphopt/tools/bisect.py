@@ -21,7 +21,8 @@ from onnx import ModelProto
 
 from graphopt import numerics
 from graphopt.errors import InputError, OptionError
-from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
+from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input_shapes,
+                                   validate_input_shapes)
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.tools.bisect_compile import (
@@ -81,7 +82,7 @@ class _Evaluator:
             self.expected = numerics.run(reference, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the explanation
             raise InputError(f"onnxruntime cannot run the original model on {inputs}: "
-                             f"{_last_line(e)}") from None
+                             f"{numerics.ort_reason(e)}") from None
 
     def __call__(self, compiled: Compiled, what: str) -> str | None:
         """How `compiled`'s outputs break tolerance, or None when they do not."""
@@ -89,7 +90,7 @@ class _Evaluator:
         try:
             actual = numerics.run(to_onnx(compiled.model), self.feeds)
         except Exception as e:  # noqa: BLE001 - a wrong rewrite may leave a model ORT refuses
-            problem = f"the optimized model does not run: {_last_line(e)}"
+            problem = f"the optimized model does not run: {numerics.ort_reason(e)}"
         else:
             mismatches = numerics.compare(self.expected, actual, self.rtol, self.atol)
             problem = "; ".join(str(m) for m in mismatches[:3]) or None
@@ -97,10 +98,6 @@ class _Evaluator:
         self.progress(f"bisect: evaluation {self.count}: {what}: {verdict}")
         return problem
 
-
-def _last_line(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[-1] if lines else type(error).__name__
 
 
 def _load(model) -> tuple[ModelProto, str]:
@@ -116,17 +113,20 @@ def _load(model) -> tuple[ModelProto, str]:
     return read_model_proto(model), os.fspath(model)
 
 
-def _feeds(reference: ModelProto, feeds, shapes: dict) -> dict:
+def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
+    from graphopt.codegen.feeds import check_feeds, typed_inputs
+
+    check_pins(shapes, typed_inputs(reference), label)
     if feeds is not None:
-        from graphopt.codegen.feeds import check_feeds, typed_inputs
         from graphopt.compiler import load_inputs  # the --inputs .npz reader of --verify
 
         arrays = load_inputs(feeds)
+        where = f"--inputs {os.fspath(feeds)}" if not isinstance(feeds, dict) else "--inputs"
         try:
             check_feeds(typed_inputs(reference), arrays)
         except InputError as e:
-            where = f" {os.fspath(feeds)}" if not isinstance(feeds, dict) else ""
-            raise InputError(f"--inputs{where}: {e}") from None
+            raise InputError(f"{where}: {e}") from None
+        check_pins_fit_feeds(shapes, arrays, where)
         return arrays
     try:
         return numerics.random_feeds(reference, seed=0, shapes=shapes)
@@ -157,7 +157,8 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4
     setup = Setup(source, label, level, target, shapes)
     inputs = f"--inputs {os.fspath(feeds)}" if isinstance(feeds, (str, os.PathLike)) else \
         "the given inputs" if feeds is not None else "seeded random inputs"
-    evaluate = _Evaluator(source, _feeds(source, feeds, shapes), rtol, atol, progress, inputs)
+    evaluate = _Evaluator(source, _feeds(source, label, feeds, shapes), rtol, atol, progress,
+                          inputs)
 
     full = compile_prefix(setup, None)
     calls = full.calls

@@ -16,8 +16,8 @@ from graphopt import numerics
 from graphopt.codegen.feeds import check_feeds, describe, load_npz, typed_inputs
 from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_read import is_om
-from graphopt.errors import GraphoptError, InputError, OptionError
-from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
+from graphopt.errors import GraphoptError, InputError
+from graphopt.input_shapes import check_pins, parse_input_shapes, validate_input_shapes
 from graphopt.nchwc_block import block_mismatch
 
 
@@ -95,9 +95,8 @@ def _run_onnx(proto: onnx.ModelProto, label: str, feeds, extra: list[str],
     try:
         return numerics.run(model, dict(feeds), level=level, **settings)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
-        lines = str(exc).strip().splitlines()
-        raise GraphoptError(f"onnxruntime cannot run {label}: "
-                            f"{lines[-1] if lines else type(exc).__name__}") from None
+        raise GraphoptError(f"onnxruntime cannot run {label}: {numerics.ort_reason(exc)}"
+                            ) from None
 
 
 def _computed(graph: onnx.GraphProto, partition: str = "") -> list[Tensor]:
@@ -266,10 +265,7 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         return arrays, label
     shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
               else validate_input_shapes(input_shapes or {}))
-    for name in shapes:
-        if name not in {e["name"] for e in reference.inputs}:
-            raise OptionError(f"--input-shape: {reference.label} has no input {name!r} "
-                              f"(inputs: {', '.join(e['name'] for e in reference.inputs) or 'none'})")
+    check_pins(shapes, reference.inputs, reference.label)
     # The random data fits both without the user repeating the candidate's pins.
     shared = shared_dims(reference, candidate)
     for entry in reference.inputs:

@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt.errors import GraphoptError, InputError, OptionError
+from graphopt.input_shapes import check_pins
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
 from graphopt.tools.profile_match import Matcher, name_nodes
@@ -319,17 +320,11 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
             raise InputError(f"{label}: {exc}") from None
         return dict(feeds)
     pinned = []
-    unknown = set(input_shapes or {}) - {e["name"] for e in signature}
-    if unknown:
-        raise OptionError(f"--input-shape: {label} has no input {min(unknown)!r} "
-                          f"(inputs: {', '.join(e['name'] for e in signature) or 'none'})")
+    check_pins(input_shapes or {}, signature, label)
     for entry in signature:
         dims = (input_shapes or {}).get(entry["name"])
         shape = entry["shape"]
         if dims is not None:
-            if shape is not None and len(shape) != len(dims):
-                raise OptionError(f"--input-shape: input {entry['name']!r} has rank {len(shape)}, "
-                                  f"got {len(dims)} dims {list(dims)}")
             shape = [d if p == -1 else p for d, p in zip(shape or dims, dims)]
         pinned.append({**entry, "shape": shape})
     try:
