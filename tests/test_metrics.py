@@ -53,6 +53,15 @@ def test_kl_divergence_of_distributions():
     assert metrics.kl_divergence([0.5, 0.5], [1.0, 0.0]) == math.inf
 
 
+def test_kl_of_rows_off_a_unit_sum_is_never_negative():
+    # Rows within 1e-3 of summing to one count as distributions; unnormalized, a candidate
+    # row of 1.0008 made the divergence -0.0008.
+    assert metrics.kl_divergence([[0.5, 0.5]], [[0.5004, 0.5004]]) == 0.0
+    p, q = np.array([0.7, 0.3]), np.array([0.6, 0.4])
+    exact = float(np.sum(p * np.log(p / q)))
+    assert metrics.kl_divergence(p, q * 1.0009) == pytest.approx(exact)
+
+
 def test_kl_is_none_unless_both_sides_are_distributions():
     assert metrics.kl_divergence([0.5, 0.6], [0.5, 0.5]) is None   # row sums 1.1
     assert metrics.kl_divergence([1.5, -0.5], [0.5, 0.5]) is None  # a negative entry

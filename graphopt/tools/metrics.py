@@ -87,9 +87,13 @@ def kl_divergence(reference, candidate) -> float | None:
     p = np.asarray(reference, dtype=np.float64)
     q = np.asarray(candidate, dtype=np.float64)
     p, q = p.reshape(-1, p.shape[-1]), q.reshape(-1, q.shape[-1])
+    # Rows count as distributions within 1e-3 of a unit sum (float16 softmax); the divergence
+    # is ≥ 0 only between distributions that each sum to one, so the rows are renormalized,
+    # and what rounding leaves below zero is zero.
+    p, q = p / p.sum(axis=-1, keepdims=True), q / q.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
-    return float(terms.sum(axis=-1).mean())
+    return float(np.maximum(terms.sum(axis=-1), 0.0).mean())
 
 
 def allclose_mismatches(reference, candidate, rtol: float, atol: float) -> int:
