@@ -395,3 +395,18 @@ def test_a_loop_body_is_counted_once_in_its_loop(tmp_path):
     assert_consistent(profile)
     assert [k.op_type for k in profile.kernels] == ["Loop"]
     assert profile.matched_share == 1.0
+
+
+def test_a_model_onnxruntime_cannot_load_gets_one_line_of_error(tmp_path, capfd):
+    # The failed session, destroyed with profiling on, had logged onnxruntime's own coloured
+    # error about the profile it could not write before graphopt's line.
+    from graphopt.cli import main
+
+    path = tmp_path / "custom.onnx"
+    proto = parse_model("g (float[2] x) => (float[2] y) { y = Foo (x) }",
+                        header='<ir_version: 8, opset_import: ["" : 17, "my.dom" : 1]>\n')
+    proto.graph.node[0].domain = "my.dom"
+    onnx.save(proto, path)
+    assert main(["profile", str(path), "--repeat", "1"]) == 1
+    err = capfd.readouterr().err
+    assert "onnxruntime cannot run it" in err and "EndProfiling" not in err, err

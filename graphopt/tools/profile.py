@@ -193,7 +193,9 @@ def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_sh
     options.graph_optimization_level = _ORT_LEVELS[level]
     if threads is not None:
         options.intra_op_num_threads = threads  # 0 lets onnxruntime choose, as for `graphopt run`
-    options.log_severity_level = 3
+    # Fatal only: a session that fails to load logs, as it is destroyed, an error about the
+    # profile it cannot write, beside the error graphopt raises for the load itself.
+    options.log_severity_level = 4
     options.enable_profiling = True
     options.profile_file_prefix = os.path.join(workdir, ONNX_PARTITION)
     try:
