@@ -117,6 +117,16 @@ def test_initializer_with_new_data_and_changed_graph_output():
         [("output y", "f32[3]", "f32[?]")]
 
 
+def test_graph_outputs_in_another_order_are_a_change():
+    # A caller that takes outputs by position would read them swapped.
+    a = parse_model("g (float[3] x) => (float[3] p, float[3] q) { p = Relu (x)  q = Neg (x) }")
+    b = parse_model("g (float[3] x) => (float[3] q, float[3] p) { p = Relu (x)  q = Neg (x) }")
+    diff = diff_models(a, b)
+    assert [(v.name, v.type_before, v.type_after) for v in diff.io_changed] == \
+        [("output order", "p, q", "q, p")]
+    assert diff_models(a, a).io_changed == []
+
+
 # ---------------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------------

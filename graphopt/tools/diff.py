@@ -268,3 +268,9 @@ def _diff_io(a: Graph, b: Graph, diff: GraphDiff) -> None:
             if types_a.get(name) != types_b.get(name):
                 diff.io_changed.append(ValueChange(f"{kind} {name}", types_a.get(name),
                                                    types_b.get(name)))
+        # The same names in another order: a caller that takes outputs by position breaks.
+        kept_a = [name for name in types_a if name in types_b]
+        kept_b = [name for name in types_b if name in types_a]
+        if kept_a != kept_b:
+            diff.io_changed.append(ValueChange(f"{kind} order", ", ".join(kept_a),
+                                               ", ".join(kept_b)))
