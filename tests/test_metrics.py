@@ -89,3 +89,18 @@ def test_allclose_mismatches_uses_atol_plus_rtol_times_reference():
 def test_nonfinite_counts():
     assert metrics.nonfinite_counts([1.0, np.nan, np.inf, -np.inf, np.nan]) == (2, 2)
     assert metrics.nonfinite_counts(np.array([1, 2])) == (0, 0)
+
+
+def test_integers_past_float64_precision_keep_their_differences():
+    a = np.array([2 ** 60, 5], np.int64)
+    b = a.copy()
+    b[0] += 1  # the same float64, a different int64
+    assert metrics.absolute_errors(a, b) == (1.0, 0.5)
+    assert metrics.rmse(a, b) == pytest.approx(math.sqrt(0.5))
+
+
+def test_rmse_of_huge_values_does_not_overflow(recwarn):
+    x = np.array([1e300, -1e300])
+    assert metrics.rmse(x, -x) == pytest.approx(2e300)
+    assert metrics.rmse([], []) == 0.0
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -44,10 +44,25 @@ def cosine_similarity(reference, candidate) -> float:
 
 def absolute_errors(reference, candidate) -> tuple[float, float]:
     """(max, mean) of |c - r|; (0, 0) for empty tensors."""
-    diff = np.abs(_f64(candidate) - _f64(reference))
+    diff = _abs_diff(reference, candidate)
     if diff.size == 0:
         return 0.0, 0.0
     return float(diff.max()), float(diff.mean())
+
+
+# Past 2**53 float64 no longer holds every integer: ids or hashes that far up differ by 1 in
+# int64 and not at all as floats, which would report a mismatch with a max error of 0.
+_EXACT_IN_FLOAT64 = 2 ** 53
+
+
+def _abs_diff(reference, candidate) -> np.ndarray:
+    r, c = np.asarray(reference).reshape(-1), np.asarray(candidate).reshape(-1)
+    if r.dtype.kind in "iu" and c.dtype.kind in "iu" and r.size and max(
+            int(np.abs(r.astype(object)).max()), int(np.abs(c.astype(object)).max())
+    ) > _EXACT_IN_FLOAT64:
+        # Python integers: exact, and no int64 overflow in the difference.
+        return np.array([float(abs(int(x) - int(y))) for x, y in zip(c, r)], np.float64)
+    return np.abs(_f64(candidate) - _f64(reference))
 
 
 def relative_errors(reference, candidate) -> tuple[float, float] | None:
@@ -61,10 +76,13 @@ def relative_errors(reference, candidate) -> tuple[float, float] | None:
 
 
 def rmse(reference, candidate) -> float:
-    diff = _f64(candidate) - _f64(reference)
-    if diff.size == 0:
+    diff = _abs_diff(reference, candidate)
+    largest = float(diff.max(initial=0.0))
+    if largest == 0.0:
         return 0.0
-    return float(np.sqrt(np.mean(diff * diff)))
+    # Scaled by the largest error first, so squares of huge ones (near 1e300) cannot overflow.
+    scaled = diff / largest
+    return float(largest * np.sqrt(np.mean(scaled * scaled)))
 
 
 def is_distribution(array, tolerance: float = DISTRIBUTION_SUM_TOLERANCE) -> bool:
