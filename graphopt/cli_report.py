@@ -85,6 +85,8 @@ def _cmd_report(args) -> int:
     out = _output_path(args)
     # A damaged .om is left to the loader, which says what is wrong with it.
     if os.path.isfile(args.model) and not is_om(args.model) and not _is_zip(args.model):
+        if not args.model.lower().endswith(".onnx"):  # neither an artifact nor a model
+            raise OptionError(f"{args.model}: not a compiled .om artifact")
         raise OptionError(f"{args.model}: not a compiled .om; compile it first: graphopt "
                           f"optimize {args.model} -o MODEL.om --target cpu")
     data = gather(args.model, reference=args.reference, inputs=args.inputs,

@@ -422,6 +422,10 @@ def test_errors_name_the_option_and_leave_the_old_page(built, capsys, tmp_path):
     assert rc == 1 and "bad.npz" in err
     rc, _, err = run_cli(capsys, "report", built["topk"], "-o", out)
     assert rc == 1 and "not a compiled .om; compile it first" in err
+    garbage = tmp_path / "garbage.om"
+    garbage.write_bytes(b"not an artifact")
+    rc, _, err = run_cli(capsys, "report", garbage, "-o", out)
+    assert rc == 1 and "not a compiled .om artifact" in err and "compile it" not in err, err
     rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", tmp_path / "no" / "r.html")
     assert rc == 1 and "does not exist" in err
     assert out.read_text() == "old"
