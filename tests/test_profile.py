@@ -410,3 +410,23 @@ def test_a_model_onnxruntime_cannot_load_gets_one_line_of_error(tmp_path, capfd)
     assert main(["profile", str(path), "--repeat", "1"]) == 1
     err = capfd.readouterr().err
     assert "onnxruntime cannot run it" in err and "EndProfiling" not in err, err
+
+
+@pytest.mark.parametrize("predicted, measured, gap", [
+    ([1.0, 2.0], [1.0, 3.0], "2 priced kernel(s), a rank correlation needs 3"),
+    ([1.0, 1.0, 1.0], [1.0, 2.0, 3.0], "predicts the same time for all 3 priced kernels"),
+    ([1.0, 2.0, 3.0], [4.0, 4.0, 4.0], "all 3 priced kernels measured the same time"),
+])
+def test_spearman_is_not_reported_where_it_says_nothing(predicted, measured, gap):
+    # Two points correlate ±1 whatever the model predicts; constant sides have no ranks.
+    from types import SimpleNamespace
+
+    from graphopt.tools.profile_stats import ProfileStats
+
+    stats = ProfileStats()
+    stats.kernels = [SimpleNamespace(predicted_us=p, mean_us=m)
+                     for p, m in zip(predicted, measured)]
+    assert math.isnan(stats.spearman()) and gap in stats.spearman_gap()
+    stats.kernels.append(SimpleNamespace(predicted_us=9.0, mean_us=9.5))
+    stats.kernels.append(SimpleNamespace(predicted_us=0.5, mean_us=0.1))
+    assert not math.isnan(stats.spearman()) and stats.spearman_gap() == ""

@@ -31,7 +31,7 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
         f"cost model: {profile.cost_model}",
         "Spearman ρ predicted vs measured µs per call: "
         + (f"{rho:.2f} over {priced} priced kernel(s)" if not math.isnan(rho)
-           else f"n/a ({priced} priced kernel(s); the CPU model prices matched host nodes)"),
+           else f"n/a ({profile.spearman_gap()})"),
     ]
     lines += [f"note: {note}" for note in profile.notes]
 

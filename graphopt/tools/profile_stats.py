@@ -10,6 +10,8 @@ import numpy as np
 
 from graphopt.tuner.cpu_model import spearman
 
+MIN_RANKED = 3  # priced kernels a rank correlation is reported over
+
 
 @dataclass(frozen=True)
 class OpStats:
@@ -100,9 +102,25 @@ class ProfileStats:
         return rows
 
     def spearman(self) -> float:
-        """Rank correlation of predicted and measured time per call over the priced kernels."""
+        """Rank correlation of predicted and measured time per call over the priced kernels;
+        NaN below MIN_RANKED of them (two points correlate ±1 whatever the model says) or
+        when either side is constant (spearman_gap says which)."""
         priced = [k for k in self.kernels if k.predicted_us is not None]
+        if len(priced) < MIN_RANKED:
+            return float("nan")
         return spearman([k.predicted_us for k in priced], [k.mean_us for k in priced])
+
+    def spearman_gap(self) -> str:
+        """Why spearman() is NaN, for the report ("" when it is not)."""
+        priced = [k for k in self.kernels if k.predicted_us is not None]
+        if len(priced) < MIN_RANKED:
+            return (f"{len(priced)} priced kernel(s), a rank correlation needs {MIN_RANKED}; "
+                    "the CPU model prices matched host nodes")
+        if len({k.predicted_us for k in priced}) == 1:
+            return f"the cost model predicts the same time for all {len(priced)} priced kernels"
+        if len({k.mean_us for k in priced}) == 1:
+            return f"all {len(priced)} priced kernels measured the same time"
+        return ""
 
     def to_json(self) -> dict:
         rho = self.spearman()
