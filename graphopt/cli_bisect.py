@@ -39,7 +39,9 @@ def add_bisect_parser(sub) -> None:
                    help="optimization level 0-3 (default 2)")
     p.add_argument("--target", type=target_name, metavar="T",
                    help="compile for a target (a built-in name or a profile .json), as "
-                        "`graphopt optimize --target` does")
+                        "`graphopt optimize --target` does; without it, for none, as "
+                        "`optimize -o x.onnx` (an .om compiled without --target used cpu: "
+                        "give --target cpu to bisect that compile)")
     p.add_argument("--input-shape", metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--inputs", metavar="NPZ",

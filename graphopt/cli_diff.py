@@ -36,7 +36,8 @@ def add_diff_parser(sub) -> None:
     p.add_argument("-O", dest="level", type=int, choices=range(4), metavar="LEVEL",
                    help="with --pass: optimization level 0-3 (default 2)")
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
-                   help="with --pass: compile for this target (`graphopt targets`)")
+                   help="with --pass: compile for this target (`graphopt targets`); "
+                        "without it, for none (an .om compiled without --target used cpu)")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--limit", type=int, default=40, metavar="N",
                    help="show at most N entries per list in the text form (0: all; default 40)")
