@@ -259,3 +259,15 @@ def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
     rc, out, err = run_cli(capsys, "diff", *[names.get(a, a) for a in argv])
     assert rc == 1 and out == ""
     assert err.startswith("graphopt: error: ") and needle in err, err
+
+
+def test_types_an_import_infers_are_not_changes():
+    # A model against its own import: the values the model left untyped are typed now.
+    text = "g (float[3] x) => (float[3] y) { t = Relu (x)  y = Neg (t) }"
+    untyped = parse_model(text)
+    typed = load_onnx(untyped)
+    infer_shapes(typed)
+    assert diff_models(untyped, typed).changed == []
+    # A type both sides know and that differs still is one.
+    half = parse_model(text.replace("float", "float16"))
+    assert [c.op_before for c in diff_models(untyped, half).changed] == ["Neg"]  # y: f32, f16
