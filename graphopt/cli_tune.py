@@ -244,7 +244,10 @@ def _cmd_kb_list(args) -> int:
 
     # A mistyped --tuning-db would otherwise become a new, empty database and an empty table.
     store = open_storage(_storage(args), option=_storage_option(args), read_only=True)
-    rows = [[r["signature"], r["trials"], us(r["default_seconds"]), us(r["best_seconds"]),
+    # A study `tune --study NAME` named shows that name beside its kernel's signature.
+    rows = [[r["signature"] if r["study"] == r["signature"]
+             else f"{r['signature']} (study {r['study']})", r["trials"],
+             us(r["default_seconds"]), us(r["best_seconds"]),
              "" if r["speedup"] is None else f"{r['speedup']:.3f}", r["tiling"] or ""]
             for r in list_kb(store)]
     print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",

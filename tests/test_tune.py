@@ -136,6 +136,25 @@ def test_kb_export_import_round_trip(a310, tmp_path):
     assert rows[SIG]["trials"] == 7 and rows[SIG]["speedup"] >= 1.0
 
 
+def test_a_study_named_by_the_user_is_found_by_its_kernel(a310, tmp_path):
+    # `tune --study NAME` stores the kernel's signature on the study: the knowledge base
+    # lists, exports and applies it as it does a study named by the signature.
+    db = f"sqlite:///{tmp_path / 'named.db'}"
+    named = tune_kernel(SHAPE, a310, target="ascend310", trials=8, storage=db,
+                        study_name="myrun")
+    (row,) = list_kb(db)
+    assert (row["signature"], row["study"], row["trials"]) == (SIG, "myrun", 8)
+    assert best_tilings(db, "ascend310")[SIG][1] == named.best[1]
+    assert export_kb(db, tmp_path / "kb.json") == 1
+    # A study tuned under the signature too: the better of the two is the kernel's.
+    tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db)
+    assert best_tilings(db, "ascend310")[SIG][1] == named.best[1]
+    # The name holds that kernel: another shape under it is refused.
+    with pytest.raises(OptionError, match="--study myrun: that study tunes " + SIG):
+        tune_kernel(GemmShape(1, 128, 256, 256, "float16"), a310, target="ascend310",
+                    trials=2, storage=db, study_name="myrun")
+
+
 def test_tuned_tilings_reach_the_kernel_records(tmp_path):
     model = optimize(conv_model(str(tmp_path / "m.onnx")), target="ascend310")
     kernels = model_kernels(model.model, model.partitioning)

@@ -43,9 +43,21 @@ FORMAT = "graphopt-kb/1"
 _COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
 
-def _signature_studies(storage, target: str | None = None) -> list[str]:
-    return sorted(name for name in optuna.get_all_study_names(storage)
-                  if is_signature(name, target))
+# The study attribute naming the kernel of a study `tune --study NAME` named otherwise.
+SIGNATURE_ATTR = "signature"
+
+
+def _kernel_studies(storage, target: str | None = None) -> list[tuple[str, str]]:
+    """(study name, kernel signature) of every operator-tuning study (of `target`'s kernels),
+    by signature: a study named by its signature, or one `--study NAME` named, which records
+    its signature as an attribute."""
+    found = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        name = summary.study_name
+        sig = name if is_signature(name) else summary.user_attrs.get(SIGNATURE_ATTR)
+        if isinstance(sig, str) and is_signature(sig, target):
+            found.append((name, sig))
+    return sorted(found, key=lambda pair: (pair[1], pair[0] != pair[1], pair[0]))
 
 
 def _completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -66,10 +78,10 @@ def best_tilings(storage: Any, target: str) -> dict[str, tuple[Tiling, float]]:
     kernels that has a completed trial."""
     storage = open_storage(storage, read_only=True)
     out = {}
-    for name in _signature_studies(storage, target):
+    for name, sig in _kernel_studies(storage, target):
         best = _best(optuna.load_study(study_name=name, storage=storage))
-        if best is not None:
-            out[name] = (trial_tiling(best), float(best.value))
+        if best is not None and (sig not in out or best.value < out[sig][1]):
+            out[sig] = (trial_tiling(best), float(best.value))
     return out
 
 
@@ -89,15 +101,16 @@ def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning) -> dic
 
 
 def list_kb(storage: Any) -> list[dict]:
-    """One row per signature: signature, trials, default_seconds (None when the default was
-    never evaluated there), best_seconds, speedup (default / best, None without a default)."""
+    """One row per operator-tuning study: signature, study (its name, which is the signature
+    unless `tune --study` named it), trials, default_seconds (None when the default was never
+    evaluated there), best_seconds, speedup (default / best, None without a default)."""
     storage = open_storage(storage, read_only=True)
     rows = []
-    for name in _signature_studies(storage):
+    for name, sig in _kernel_studies(storage):
         study = optuna.load_study(study_name=name, storage=storage)
         best, default = _best(study), _default(study)
         rows.append({
-            "signature": name, "trials": len(study.get_trials(deepcopy=False)),
+            "signature": sig, "study": name, "trials": len(study.get_trials(deepcopy=False)),
             "default_seconds": default.value if default else None,
             "best_seconds": best.value if best else None,
             "tiling": str(trial_tiling(best)) if best else None,
@@ -137,12 +150,12 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
     check_export_path(path)
     storage = open_storage(storage, read_only=True)
     kernels = {}
-    for name in _signature_studies(storage):
+    for name, sig in _kernel_studies(storage):
         study = optuna.load_study(study_name=name, storage=storage)
         best, default = _best(study), _default(study)
-        if best is None:
-            continue
-        kernels[name] = {"tiling": tiling_params(trial_tiling(best)),
+        if best is None or (sig in kernels and kernels[sig]["seconds"] <= best.value):
+            continue  # a kernel tuned in two studies exports the better one
+        kernels[sig] = {"tiling": tiling_params(trial_tiling(best)),
                          "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
                          "default_seconds": default.value if default else None,
                          "trials": len(study.get_trials(deepcopy=False))}

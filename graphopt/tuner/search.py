@@ -245,12 +245,23 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
     if not shape.has_work:
         raise OptionError(f"{shape} has a zero-size dim: no work, so no tiling to tune")
     device, target = _resolve_device(device, target)
-    study_name = study_name or signature(_target_name(target, device), op_class, shape)
+    kernel = signature(_target_name(target, device), op_class, shape)
+    study_name = study_name or kernel
     store = open_storage(storage)
     if workers > 1 and isinstance(store, optuna.storages.InMemoryStorage):
         raise OptionError("workers > 1 need a shared storage: an SQLite file or a server URL")
     choices = search_choices(shape, device)
     study = open_study(store, study_name, shape, device)
+    if study_name != kernel:  # the knowledge base finds a study named otherwise by this
+        from graphopt.tuner.kb import SIGNATURE_ATTR
+
+        held = study.user_attrs.get(SIGNATURE_ATTR)
+        stored = study.user_attrs.get("shape")
+        if held not in (None, kernel) or stored not in (
+                None, [shape.batch, shape.m, shape.k, shape.n, shape.dtype]):
+            raise OptionError(f"--study {study_name}: that study tunes "
+                              f"{held or 'another shape'}, not {kernel}")
+        study.set_user_attr(SIGNATURE_ATTR, kernel)
     done_before = len(study.get_trials(deepcopy=False))
     # Progress counts this run's trials; an enqueued default still waiting is one of them.
     started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
