@@ -497,6 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
         if os.environ.get("GRAPHOPT_DEBUG"):
             raise
+        if type(e).__module__.startswith(("optuna", "sqlalchemy")):
+            from graphopt.tuner.storage import failure_reason
+
+            reason = failure_reason(e)
+            if reason:  # the database failed under a storage that had opened
+                print(f"graphopt: error: the tuning storage failed: {reason}", file=sys.stderr)
+                return 1
         print(f"graphopt: internal error: {type(e).__name__}: {e} "
               "(set GRAPHOPT_DEBUG=1 for a traceback)", file=sys.stderr)
         return 3

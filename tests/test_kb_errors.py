@@ -98,6 +98,21 @@ def test_a_damaged_sqlite_file_is_named_too(tmp_path):
     assert kb.list_kb(open_storage(str(empty))) == []
 
 
+@pytest.mark.parametrize("command", ["tune", "kb list", "kb export", "optimize"])
+def test_a_database_damaged_inside_is_a_one_line_error(built, tmp_path, capsys, command):
+    # Its header and tables read fine; a page Optuna's queries reach is garbage. The storage
+    # opens, and the failure comes later, from inside Optuna.
+    damaged = tmp_path / "inside.db"
+    damaged.write_bytes(open(built["db"], "rb").read())
+    with open(damaged, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xff" * 4096)
+    argv = commands(built, tmp_path, "--tuning-db", str(damaged))[command]
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 1 and "internal error" not in err, err
+    assert "database disk image is malformed" in err and err.count("\n") == 1, err
+
+
 WITHOUT_STUDIES = "not a graphopt knowledge base (an SQLite file without tuning studies)"
 
 

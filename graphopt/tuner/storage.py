@@ -200,6 +200,26 @@ def _storage_errors(label: str, url: str):
         raise OptionError(f"{label}: {problem}") from None
 
 
+def failure_reason(error: BaseException) -> str | None:
+    """What went wrong in the database behind a storage error Optuna or SQLAlchemy raised
+    after the storage opened (a damaged SQLite page, a dropped server connection): the first
+    line of the innermost database error; None for any other error."""
+    if not type(error).__module__.startswith(("optuna", "sqlalchemy")):
+        return None
+    from sqlalchemy.exc import SQLAlchemyError
+
+    reason, seen = None, error
+    while seen is not None:
+        if isinstance(seen, SQLAlchemyError) or type(seen).__module__ in ("sqlite3",) or \
+                "DatabaseError" in type(seen).__name__:
+            cause = getattr(seen, "orig", None) or seen
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        seen = seen.__cause__ or seen.__context__
+    if reason is None and isinstance(error, optuna.exceptions.StorageInternalError):
+        reason = str(error).splitlines()[0]
+    return reason
+
+
 def _enable_wal(storage: optuna.storages.RDBStorage) -> None:
     from sqlalchemy import event
 
