@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import positive_seconds, target_name
+from graphopt.cli_types import positive_seconds, seed, target_name
 from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
@@ -76,7 +76,8 @@ def add_tune_parser(sub) -> None:
                    help="new trials per kernel signature, or of the subgraph study (default 50)")
     p.add_argument("--timeout", type=positive_seconds, metavar="S",
                    help="stop each kernel after S seconds")
-    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="sampler seed, 0 to 2**32 - 1 "
+                   "(default 0)")
     p.add_argument("--sampler", default="tpe", choices=("tpe", "random"),
                    help="Optuna sampler (default tpe)")
     _storage_args(p)

@@ -17,6 +17,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+SEED_LIMIT = 2 ** 32  # numpy's RandomState, which Optuna's samplers seed, takes seeds below it
+
+
+def seed(text: str) -> int:
+    """A sampler seed: an integer from 0 to 2**32 - 1."""
+    value = non_negative_int(text)
+    if value >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is too large; give 0 to {SEED_LIMIT - 1}")
+    return value
+
+
 def _finite(text: str) -> float:
     try:
         value = float(text)

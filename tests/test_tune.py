@@ -350,3 +350,16 @@ def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
     quiet = ProgressLine(enabled=False)
     quiet.update("trial 1/1", 1, 1)
     assert capsys.readouterr().err == ""
+
+
+def test_seeds_past_numpys_bound_wrap_and_the_cli_refuses_them(a310, tmp_path, capsys):
+    # A rerun seeds the sampler with seed + the trials already done: the largest seed the CLI
+    # takes, plus the enqueued default, passed numpy's 2**32 bound.
+    from helpers import run_cli
+
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    first = tune_kernel(SHAPE, a310, target="ascend310", trials=3, storage=db, seed=2**32 - 1)
+    assert first.trials == 3
+    rc, _, err = run_cli(capsys, "tune", conv_model(str(tmp_path / "m.onnx")), "--target",
+                         "ascend310", "--seed", str(2**32))
+    assert rc == 2 and "--seed: 4294967296 is too large; give 0 to 4294967295" in err, err

@@ -173,6 +173,9 @@ def _objective(shape: GemmShape, device: Device, choices: dict[str, list]):
 
 
 def _make_sampler(kind: str, seed: int) -> optuna.samplers.BaseSampler:
+    # A run's seed is the user's plus the trials already done (and 1000 per worker), which
+    # may pass numpy's 2**32 bound: wrapped, it stays deterministic.
+    seed %= 2 ** 32
     if kind == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if kind == "random":
