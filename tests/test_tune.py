@@ -363,3 +363,27 @@ def test_seeds_past_numpys_bound_wrap_and_the_cli_refuses_them(a310, tmp_path, c
     rc, _, err = run_cli(capsys, "tune", conv_model(str(tmp_path / "m.onnx")), "--target",
                          "ascend310", "--seed", str(2**32))
     assert rc == 2 and "--seed: 4294967296 is too large; give 0 to 4294967295" in err, err
+
+
+def test_workers_stop_with_the_parent_on_ctrl_c_and_failures_are_one_line():
+    # Ctrl-C reaches the parent as KeyboardInterrupt (here from the progress tick): the
+    # workers, which ignore SIGINT so none dies mid-commit, are terminated, not left running.
+    import multiprocessing
+    import sys
+
+    from graphopt.errors import GraphoptError
+    from graphopt.tuner.workers import supervise
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=time.sleep, args=(60,)) for _ in range(2)]
+    started = time.monotonic()
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        supervise(procs, interrupt, "tuning worker")
+    assert not any(p.is_alive() for p in procs) and time.monotonic() - started < 30
+    failing = [ctx.Process(target=sys.exit, args=(3,))]
+    with pytest.raises(GraphoptError, match=r"1 tuning worker\(s\) exited with status \[3\]"):
+        supervise(failing, None, "tuning worker")

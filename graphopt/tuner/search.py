@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ from graphopt.tuner.tiling import (
     feasible,
     space_size,
 )
+from graphopt.tuner.workers import supervise
 
 if TYPE_CHECKING:
     from graphopt.partition.target import Device
@@ -302,19 +302,12 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
                                                    share, timeout, sampler,
                                                    seed + 1000 * (i + 1) + done_before))
                  for i, share in enumerate(shares) if share]
-        for proc in procs:
-            proc.start()
-        while any(proc.is_alive() for proc in procs):
-            time.sleep(0.25)
-            if progress is not None:
-                now = study.get_trials(deepcopy=False)
-                progress(min(len(now) - started_before, trials), trials, _best_value(study))
-        for proc in procs:
-            proc.join()
-        failed = [proc.exitcode for proc in procs if proc.exitcode]
-        if failed:
-            raise RuntimeError(f"{len(failed)} tuning worker(s) exited with status {failed}; "
-                               "completed trials are kept in the storage")
+
+        def tick() -> None:
+            now = study.get_trials(deepcopy=False)
+            progress(min(len(now) - started_before, trials), trials, _best_value(study))
+
+        supervise(procs, tick if progress is not None else None, "tuning worker")
     return study_result(study, shape, device)
 
 

@@ -32,6 +32,7 @@ import optuna
 from graphopt.errors import OptionError
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
 from graphopt.tuner.storage import open_storage, storage_url
+from graphopt.tuner.workers import supervise
 from graphopt.tuner.subgraph_space import (
     Group,
     Recorder,
@@ -331,19 +332,12 @@ def _run_workers(study, objective, job, store, storage, name, trials, timeout, s
     procs = [ctx.Process(target=_worker, args=(job, url, name, share, timeout, sampler,
                                                seed + 1000 * (i + 1)))
              for i, share in enumerate(shares) if share]
-    for proc in procs:
-        proc.start()
-    while any(proc.is_alive() for proc in procs):
-        time.sleep(0.25)
-        if progress is not None:
-            done = len(study.get_trials(deepcopy=False)) - started_before
-            progress(min(done, trials), trials, _best_value(study))
-    for proc in procs:
-        proc.join()
-    failed = [proc.exitcode for proc in procs if proc.exitcode]
-    if failed:
-        raise RuntimeError(f"{len(failed)} subgraph tuning worker(s) exited with status "
-                           f"{failed}; completed trials are kept in the storage")
+
+    def tick() -> None:
+        done = len(study.get_trials(deepcopy=False)) - started_before
+        progress(min(done, trials), trials, _best_value(study))
+
+    supervise(procs, tick if progress is not None else None, "subgraph tuning worker")
 
 
 def _worker(job: SubgraphJob, url: str, name: str, trials: int, timeout: float | None,
