@@ -216,16 +216,29 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
     doc["kernels"]["ascend310/gemm/b1_m32_k32_n32/float16"] = dict(entry, tiling={})
     export.write_text(json.dumps(doc))
     db = tmp_path / "new.db"
-    with pytest.raises(OptionError, match=f"kernel '{name}': not an exported tiling and time "
+    with pytest.raises(OptionError, match=f"kernel '{name}': not an exported tiling "
                                           r"\(KeyError: 'base_k'\)"):
         kb.import_kb(export, f"sqlite:///{db}")
     assert not db.exists()  # checked before anything was written
-    doc["kernels"] = {name: dict(entry, tiling=good_tiling, default_seconds="fast")}
+    # A boolean where a count belongs (JSON's true is Python's 1), an unknown dtype.
+    doc["kernels"] = {name: dict(entry, tiling=dict(good_tiling, cores=True))}
     export.write_text(json.dumps(doc))
-    with pytest.raises(OptionError, match=f"kernel '{name}': default_seconds must be a number "
-                                          "> 0 or null, not 'fast'"):
+    with pytest.raises(OptionError, match=f"kernel '{name}': .*cores must be integers"):
+        kb.import_kb(export, f"sqlite:///{db}")
+    doc["kernels"] = {name.replace("float16", "float99"): dict(entry, tiling=good_tiling)}
+    export.write_text(json.dumps(doc))
+    with pytest.raises(OptionError, match="unknown dtype 'float99'"):
         kb.import_kb(export, f"sqlite:///{db}")
     assert not db.exists()
+    # The times are this cost model's: an edited 1e-12 s cannot outrank tuned tilings.
+    doc["kernels"] = {name: dict(entry, tiling=good_tiling, seconds=1e-12,
+                                 default_seconds="fast")}
+    export.write_text(json.dumps(doc))
+    assert kb.import_kb(export, f"sqlite:///{db}") == 1
+    (row,) = kb.list_kb(f"sqlite:///{db}")
+    assert row["best_seconds"] == pytest.approx(entry["seconds"])
+    assert row["default_seconds"] == pytest.approx(entry["default_seconds"])
+    db.unlink()
     export.write_text(json.dumps(dict(doc, kernels=[])))
     with pytest.raises(OptionError, match="no 'kernels' object"):
         kb.import_kb(export, f"sqlite:///{db}")

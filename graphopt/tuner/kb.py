@@ -2,8 +2,8 @@
 
 best_tilings reads it, export_kb/import_kb move it as JSON, list_kb summarizes it, and
 tuned_tilings maps a compiled model's cube nodes to the tilings it holds for their signatures.
-An imported entry becomes a completed trial of its signature's study, so later tuning of that
-signature continues from it.
+An imported entry becomes a completed trial of its signature's study, timed by this cost model,
+so later tuning of that signature continues from it.
 
     {"format": "graphopt-kb/1",
      "kernels": {"ascend310/gemm/b1_m256_k256_n256/float16":
@@ -32,6 +32,7 @@ from graphopt.tuner.search import (
     trial_tiling,
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
+from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.storage import open_storage
 from graphopt.tuner.tiling import Tiling
 
@@ -203,23 +204,25 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
                       if d.kind == "npu")
     except Exception as e:  # noqa: BLE001 - any failure names the entry
         raise OptionError(f"{path}: kernel '{name}': {e}") from None
+    from graphopt.partition.target_schema import DTYPES
+
+    if shape.dtype not in DTYPES:
+        raise OptionError(f"{path}: kernel '{name}': unknown dtype '{shape.dtype}'")
+    if not shape.has_work:
+        raise OptionError(f"{path}: kernel '{name}': a zero-size dim has no work to tile")
     try:
         fields = {key: entry["tiling"][key] for key in PARAMS}
-        if not all(isinstance(v, int) for v in fields.values()):  # bool is an int too
-            raise TypeError(f"tiling values must be integers: {fields}")
+        # bool is an int to isinstance: `"cores": true` would reach the .om as a tiling.
+        wrong = [key for key, value in fields.items()
+                 if type(value) is not (bool if key == "double_buffer" else int)]
+        if wrong:
+            raise TypeError(f"{', '.join(wrong)} must be "
+                            f"{'true or false' if wrong == ['double_buffer'] else 'integers'}"
+                            f": {fields}")
         tiling = Tiling(**fields)
-        seconds = float(entry["seconds"])
     except (KeyError, TypeError, ValueError) as e:
-        raise OptionError(f"{path}: kernel '{name}': not an exported tiling and time "
+        raise OptionError(f"{path}: kernel '{name}': not an exported tiling "
                           f"({type(e).__name__}: {e})") from None
-    if not seconds > 0:
-        raise OptionError(f"{path}: kernel '{name}': seconds must be > 0, not {seconds}")
-    default_seconds = entry.get("default_seconds")
-    if default_seconds is not None and not (isinstance(default_seconds, (int, float))
-                                            and not isinstance(default_seconds, bool)
-                                            and default_seconds > 0):
-        raise OptionError(f"{path}: kernel '{name}': default_seconds must be a number > 0 or "
-                          f"null, not {default_seconds!r}")
     choices = search_choices(shape, device)
     reason = outside_space(tiling, shape, device)
     if reason is not None:
@@ -229,9 +232,9 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
 
 def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()) -> int:
     """Add each kernel of a JSON export as a completed trial of its signature's study; a new
-    study gets the default tiling as trial 0, completed with the export's default_seconds
-    (queued to be evaluated when the export has none). A tiling the study already completed
-    is skipped. `targets`: profile files of the custom targets the export's kernels name.
+    study gets the default tiling as trial 0, completed. Both times are the cost model's
+    estimates of the tilings, not the export's numbers (which the export keeps for reading).
+    A tiling the study already completed is skipped. `targets`: profile files of the custom targets the export's kernels name.
     Returns how many tuned trials it added."""
     from graphopt.partition import load_target
 
@@ -249,23 +252,24 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     existing = set(optuna.get_all_study_names(storage))
     added = 0
     for name, entry, tiling, shape, device, choices in entries:
-        default_seconds = entry.get("default_seconds")
-        study = open_study(storage, name, shape, device, default_seconds=None
-                           if default_seconds is None else float(default_seconds))
+        # Times are the cost model's, estimated here: a file's own (another graphopt's model,
+        # or an edited 1e-12) must not outrank the tilings tuned against this one.
+        default_seconds = estimate(shape, None, device).seconds
+        study = open_study(storage, name, shape, device, default_seconds=default_seconds)
         if any(trial_tiling(t) == tiling for t in _completed(study)):
             # Already there, unless it came just now as the new study's default: the
             # export's best was the untuned default.
-            added += name not in existing and default_seconds is not None
+            added += name not in existing
             continue
         # The trial records the tiling itself; its ladder steps are the nearest ones below,
         # so the sampler learns from it even when a value lies between two rungs.
         steps = {f"{key}_step": max(i for i, v in enumerate(choices[key])
                                     if v <= getattr(tiling, key) or i == 0) for key in PARAMS}
+        result = estimate(shape, tiling, device)
         trial = optuna.trial.create_trial(
-            params=steps, value=float(entry["seconds"]), distributions=step_distributions(choices),
+            params=steps, value=result.seconds, distributions=step_distributions(choices),
             user_attrs={"imported": os.path.basename(os.fspath(path)),
-                        "tiling": tiling_params(tiling),
-                        **({"cycles": entry["cycles"]} if entry.get("cycles") else {})})
+                        "tiling": tiling_params(tiling), "cycles": result.cycles})
         study.add_trial(trial)
         added += 1
     return added
