@@ -766,6 +766,12 @@ def test_unknown_output_and_bad_options(om_path):
         OmSession(om_path, optimization_level="max")
     with pytest.raises(OptionError, match="intra_op_num_threads"):
         OmSession(om_path, intra_op_num_threads=-1)
+    with pytest.raises(OptionError, match="intra_op_num_threads .* not 1000000000000"):
+        OmSession(om_path, intra_op_num_threads=10 ** 12)  # past onnxruntime's C int
+    with pytest.raises(OptionError, match="inter_op_num_threads .* not -3"):
+        OmSession(om_path, inter_op_num_threads=-3)
+    with pytest.raises(OptionError, match="session_config must map .* not str"):
+        OmSession(om_path, session_config="abc")
     session = OmSession(om_path, intra_op_num_threads=1, optimization_level="disable")
     assert session.run({"X": x_batch()})["Y"].shape == (2, 3)
 

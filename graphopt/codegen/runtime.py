@@ -151,9 +151,16 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str,
         raise OptionError(
             f"optimization_level {optimization_level!r} is not one of: {', '.join(_OPTIMIZATION_LEVELS)}"
         )
-    threads = intra_op_num_threads
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
-        raise OptionError(f"intra_op_num_threads must be a non-negative integer, not {threads!r}")
+    for name, threads in (("intra_op_num_threads", intra_op_num_threads),
+                          ("inter_op_num_threads", inter_op_num_threads)):
+        # onnxruntime stores a thread count as a C int.
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or not 0 <= threads < 2 ** 31):
+            raise OptionError(f"{name} must be an integer from 0 to 2**31 - 1, not {threads!r}")
+    if session_config is not None and not (isinstance(session_config, Mapping) and all(
+            isinstance(key, str) for key in session_config)):
+        raise OptionError("session_config must map onnxruntime config keys (strings) to values, "
+                          f"not {type(session_config).__name__}")
     options = ort.SessionOptions()
     options.graph_optimization_level = _OPTIMIZATION_LEVELS[optimization_level]
     if intra_op_num_threads is not None:
@@ -162,7 +169,9 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str,
         options.inter_op_num_threads = inter_op_num_threads
     for key, value in (session_config or {}).items():  # e.g. session.force_spinning_stop
         options.add_session_config_entry(key, str(value))
-    options.log_severity_level = 3  # errors only: onnxruntime's warnings would clutter the CLI's output
+    # Fatal only: graphopt raises every failure with onnxruntime's message, which its log would
+    # print again first, in colour, on stderr (a run-time error such as an id out of range).
+    options.log_severity_level = 4
     return options
 
 
