@@ -273,3 +273,23 @@ def test_a_mask_filled_with_the_float32_minimum_is_not_an_overflow(tmp_path):
     graphopt.save(graphopt.optimize(proto, precision="fp16"), path)
     feeds = {"x": np.ones((2, 4), np.float32), "m": np.array([[1, 1, 0, 0]] * 2, bool)}
     assert accuracy_report(proto, path, feeds).warnings == []
+
+
+def test_per_tensor_leaves_the_output_rows_of_a_quantized_onnx_as_deployed(tmp_path,
+                                                                         monkeypatch):
+    # An intermediate exposed as an output keeps its QDQ group out of onnxruntime's int8
+    # kernel (on the dev YOLO export a Conv's: cosine 0.998939 as deployed, 0.999050 with
+    # --per-tensor): the output rows come from a run of the model as it deploys.
+    from graphopt import numerics
+    from graphopt.tools.compare import compare_models
+
+    quantized, proto = _symmetric_int8(tmp_path)
+    runs = []
+    run = numerics.run
+    monkeypatch.setattr(numerics, "run", lambda model, feeds, level="disable", **settings:
+                        runs.append((level, len(model.graph.output)))
+                        or run(model, feeds, level, **settings))
+    report = compare_models(proto, quantized, min_cosine=0.9, per_tensor=True)
+    assert "h" in {row.name for row in report.intermediates}
+    # The reference with h exposed; the candidate as deployed, then with h exposed.
+    assert runs == [("disable", 2), ("all", 2), ("all", 1)]

@@ -58,6 +58,13 @@ class Side:
             if extra:
                 values.update(self._run_partitions(feeds, set(extra)))
             return values
+        if extra and self.level != "disable":
+            # A value exposed as an output stops onnxruntime's fusions around it (a QDQ group
+            # stays float-simulated instead of an int8 kernel): the outputs come from a run of
+            # the model as deployed, the intermediates from a second one.
+            values = _run_onnx(self.proto, self.label, feeds, extra, self.level)
+            values.update(_run_onnx(self.proto, self.label, feeds, [], self.level))
+            return values
         return _run_onnx(self.proto, self.label, feeds, extra, self.level)
 
     def _run_partitions(self, feeds, wanted: set[str]) -> dict[str, np.ndarray]:
