@@ -175,3 +175,23 @@ def test_a_float_head_absorbs_the_mean_shift_of_the_quantized_layers(tmp_path, m
     without = np.abs(mean_error(compiled()[1])).max()
     assert with_correction < 1e-3 * np.abs(numerics.run(proto, {"x": data[0]})["y"]).max()
     assert with_correction < 0.05 * without, (with_correction, without)
+
+
+def test_a_float_head_keeps_its_bias_under_too_few_calibration_samples(tmp_path):
+    # One row per sample reaches the head: from one sample the correction cancels that
+    # sample's error exactly and fits noise elsewhere, while the accuracy report, which runs
+    # the first calibration sample, would read a perfect cosine.
+    rng = np.random.default_rng(5)
+    proto = parse_model(HEADED, w1=rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.1,
+                        w2=rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1,
+                        b2=np.full(8, 0.1, np.float32),
+                        w3=rng.standard_normal((10, 8)).astype(np.float32),
+                        b3=np.zeros(10, np.float32))
+    for samples, corrected in ((int8.MIN_HEAD_SAMPLES - 1, 0), (int8.MIN_HEAD_SAMPLES, 1)):
+        np.savez(tmp_path / "c.npz", x=rng.uniform(0.0, 2.0, (samples, 1, 16, 12, 12))
+                 .astype(np.float32))
+        result = graphopt.optimize(proto, pass_options={
+            "quantize": "int8", "calibration": str(tmp_path / "c.npz")})
+        stats = next(r for r in result.log.records if r.name == "QuantizeInt8").stats
+        assert stats.get("bias correction of a float layer", 0) == corrected
+        assert any("keep their bias" in note for note in result.notes) == (not corrected)
