@@ -644,3 +644,15 @@ def test_a_float16_head_under_a_mixed_mode_still_shares_its_float32_table():
     got = numerics.run(out, feeds)["logits"]
     assert got.dtype == np.float32
     assert cosine_similarity(got, expected) > 0.9999
+
+
+def test_a_compile_that_quantizes_nothing_says_why():
+    conv = parse_model("""
+    g (float[1,3,8,8] x) => (float[1,4,8,8] y) { y = Conv <pads = [1, 1, 1, 1]> (x, w) }""",
+                       w=RNG.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    result = compile_int4(conv)
+    assert any("QuantizeInt4Weights quantized nothing: the model has no MatMul or Gemm with a "
+               "constant weight" in note for note in result.notes), result.notes
+    computed = parse_model("g (float[2,8] a, float[8,4] b) => (float[2,4] y) { y = MatMul (a, b) }")
+    note = next(n for n in compile_int4(computed).notes if "quantized nothing" in n)
+    assert "1 × B is not a constant matrix" in note

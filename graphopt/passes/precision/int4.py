@@ -141,11 +141,13 @@ class QuantizeInt4Weights(Pass):
         before = after = 0
         unsupported: set[str] = set()
         jobs = []
+        left: dict[str, int] = {}  # why a MatMul or Gemm stays float -> how many
         for node in graph:
             if not quantizable(node) or not wanted(node):
                 continue
             plan = _plan(node)
             if isinstance(plan, str):
+                left[plan] = left.get(plan, 0) + 1
                 continue
             dtype = node.input(0).dtype
             if not support.has("MatMulNBits", MS, dtype):
@@ -204,6 +206,12 @@ class QuantizeInt4Weights(Pass):
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
             ctx.note(_summary(result.stats, embedded, before, after, sorted(blocks)))
+        elif not unsupported:  # a compile that quantized nothing says why
+            why = "; ".join(f"{n} × {reason}" for reason, n in sorted(left.items()))
+            ctx.note("QuantizeInt4Weights quantized nothing: " + (
+                f"no MatMul or Gemm weight it takes ({why})" if why else
+                "the model has no MatMul or Gemm with a constant weight (int4 is weight-only "
+                "for those; Conv weights stay float)"))
         if refitted:
             ctx.note(f"QuantizeInt4Weights: block {block} would pad K to a multiple of it; "
                      + ", ".join(f"{n} weight(s) use {b}" for b, n in sorted(refitted.items()))
