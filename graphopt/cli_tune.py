@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import positive_seconds, seed, target_name
+from graphopt.cli_types import (non_negative_int, positive_int, positive_seconds, seed,
+                                target_name)
 from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
@@ -68,9 +69,9 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--granularity", default="rule", choices=("rule", "shape"),
                    help="subgraph: switch alike rewrites together per rule and op (default) "
                         "or also per output shape (a finer, bigger space)")
-    p.add_argument("--repeat", type=int, default=20, metavar="N",
+    p.add_argument("--repeat", type=positive_int, default=20, metavar="N",
                    help="--objective measured: timed runs per candidate (default 20)")
-    p.add_argument("--threads", type=int, metavar="N",
+    p.add_argument("--threads", type=non_negative_int, metavar="N",
                    help="--objective measured: onnxruntime intra-op threads (default: its own)")
     p.add_argument("--trials", type=int, default=50, metavar="N",
                    help="new trials per kernel signature, or of the subgraph study (default 50)")
@@ -147,6 +148,15 @@ def _cmd_tune(args) -> int:
     if args.objective != "estimate":
         raise OptionError("--objective measured is for --job subgraph; op tuning ranks "
                           "tilings of NPU kernels, which this machine cannot time")
+    if args.granularity != "rule":
+        raise OptionError("--granularity is for --job subgraph; op tuning has a study per "
+                          "kernel signature")
+    given = [flag for flag, value, default in (("--repeat", args.repeat, 20),
+                                               ("--threads", args.threads, None))
+             if value != default]
+    if given:
+        raise OptionError(f"{' and '.join(given)} time candidates of --job subgraph "
+                          "--objective measured; op tuning ranks tilings by the cost model")
     result = optimize(args.model, level=args.level, input_shapes=args.input_shape,
                       target=args.target, pass_options=precision or None)
     partitioning = result.partitioning

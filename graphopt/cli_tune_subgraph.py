@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
 
@@ -18,10 +17,6 @@ def cmd_tune_subgraph(args, storage) -> int:
     from graphopt.tuner.subgraph import (MIN_MEASURED_GAIN, SubgraphJob, checked_target,
                                          tune_subgraph)
 
-    if args.repeat < 1:
-        raise OptionError(f"--repeat must be ≥ 1, got {args.repeat}")
-    if args.threads is not None and args.threads < 0:
-        raise OptionError(f"--threads must be ≥ 0, got {args.threads}")
     url = storage_url(storage, option="--storage" if args.storage else "--tuning-db")
     job = SubgraphJob(args.model, args.target, args.level, args.input_shape, args.objective,
                       tuning_db=url, repeat=args.repeat, threads=args.threads,

@@ -17,6 +17,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An integer ≥ 1, such as a count of runs."""
+    value = non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not allowed; give 1 or more")
+    return value
+
+
 SEED_LIMIT = 2 ** 32  # numpy's RandomState, which Optuna's samplers seed, takes seeds below it
 
 

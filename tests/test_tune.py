@@ -387,3 +387,16 @@ def test_workers_stop_with_the_parent_on_ctrl_c_and_failures_are_one_line():
     failing = [ctx.Process(target=sys.exit, args=(3,))]
     with pytest.raises(GraphoptError, match=r"1 tuning worker\(s\) exited with status \[3\]"):
         supervise(failing, None, "tuning worker")
+
+
+def test_options_of_the_measured_subgraph_job_are_refused_for_op_tuning(tmp_path, capsys):
+    from helpers import run_cli
+
+    model = conv_model(str(tmp_path / "m.onnx"))
+    for flags, message in ((["--repeat", "5"], "--repeat time candidates of --job subgraph"),
+                           (["--threads", "2"], "--threads time candidates of --job subgraph"),
+                           (["--granularity", "shape"], "--granularity is for --job subgraph")):
+        rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", *flags)
+        assert rc == 1 and message in err, err
+    rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--repeat", "0")
+    assert rc == 2 and "--repeat: 0 is not allowed" in err, err
