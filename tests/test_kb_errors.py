@@ -203,6 +203,10 @@ def test_kb_import_of_a_missing_or_unreadable_file_names_it(tmp_path, capsys):
     broken.write_text("{not json")
     with pytest.raises(InputError, match="broken.json: not a graphopt knowledge-base export"):
         kb.import_kb(broken, str(db))
+    broken.write_text('{"format": "graphopt-kb/9", "kernels": {}}')
+    with pytest.raises(OptionError, match=r"\(format graphopt-kb/1, this file says "
+                                          r"'graphopt-kb/9'\)"):
+        kb.import_kb(broken, str(db))
     assert not db.exists()  # nothing was imported, so no database was made
 
 

@@ -181,7 +181,9 @@ def _read_export(path: str | os.PathLike) -> dict:
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise InputError(f"{text}: not a graphopt knowledge-base export ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise OptionError(f"{text}: not a graphopt knowledge-base export (format {FORMAT})")
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise OptionError(f"{text}: not a graphopt knowledge-base export (format {FORMAT}"
+                          + (f", this file says {found!r})" if found is not None else ")"))
     return doc
 
 
