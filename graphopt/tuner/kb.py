@@ -22,6 +22,7 @@ import optuna
 
 from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import InputError, OptionError
+from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.search import (
     PARAMS,
     open_study,
@@ -32,7 +33,6 @@ from graphopt.tuner.search import (
     trial_tiling,
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
-from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.storage import open_storage
 from graphopt.tuner.tiling import Tiling
 
@@ -236,8 +236,8 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     """Add each kernel of a JSON export as a completed trial of its signature's study; a new
     study gets the default tiling as trial 0, completed. Both times are the cost model's
     estimates of the tilings, not the export's numbers (which the export keeps for reading).
-    A tiling the study already completed is skipped. `targets`: profile files of the custom targets the export's kernels name.
-    Returns how many tuned trials it added."""
+    A tiling the study already completed is skipped. `targets`: profile files of the custom
+    targets the export's kernels name. Returns how many tuned trials it added."""
     from graphopt.partition import load_target
 
     profiles = {}

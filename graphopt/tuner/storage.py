@@ -210,7 +210,7 @@ def failure_reason(error: BaseException) -> str | None:
 
     reason, seen = None, error
     while seen is not None:
-        if isinstance(seen, SQLAlchemyError) or type(seen).__module__ in ("sqlite3",) or \
+        if isinstance(seen, SQLAlchemyError) or type(seen).__module__ == "sqlite3" or \
                 "DatabaseError" in type(seen).__name__:
             cause = getattr(seen, "orig", None) or seen
             reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]

@@ -32,7 +32,6 @@ import optuna
 from graphopt.errors import OptionError
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
 from graphopt.tuner.storage import open_storage, storage_url
-from graphopt.tuner.workers import supervise
 from graphopt.tuner.subgraph_space import (
     Group,
     Recorder,
@@ -42,6 +41,7 @@ from graphopt.tuner.subgraph_space import (
     gate_for,
     pass_options_for,
 )
+from graphopt.tuner.workers import supervise
 
 OBJECTIVES = ("estimate", "measured")
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4

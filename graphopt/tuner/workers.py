@@ -4,6 +4,7 @@ on Ctrl-C, and say how many failed."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -19,12 +20,15 @@ def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
     and a worker interrupted inside Optuna's commit of a trial dies with a traceback and the
     trial half-told. The parent takes the KeyboardInterrupt, terminates them and re-raises; a
     trial a worker was running is marked failed by the next run's heartbeat check."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Only the main thread may set a handler; a tune run from another thread has no Ctrl-C.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
         for proc in procs:
             proc.start()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if main:
+            signal.signal(signal.SIGINT, previous)
     try:
         while any(proc.is_alive() for proc in procs):
             time.sleep(0.25)
