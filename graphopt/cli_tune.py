@@ -4,6 +4,7 @@ tuning knowledge base: list, export, import)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import (non_negative_int, positive_int, positive_seconds, seed,
@@ -234,7 +235,8 @@ def add_kb_parser(sub) -> None:
     _storage_args(ls, db_only=True)
     ls.set_defaults(func=_cmd_kb_list)
     ex = kb_sub.add_parser("export", help="write the best tilings as JSON")
-    ex.add_argument("json", metavar="FILE.json")
+    ex.add_argument("json", metavar="FILE.json", help="where to write it (- for standard "
+                    "output)")
     _storage_args(ex, db_only=True)
     ex.set_defaults(func=_cmd_kb_export)
     im = kb_sub.add_parser("import", help="add a JSON export's tilings to the knowledge base")
@@ -273,12 +275,18 @@ def _cmd_kb_list(args) -> int:
 
 
 def _cmd_kb_export(args) -> int:
-    from graphopt.tuner.kb import export_kb
+    from graphopt.tuner.kb import export_kb, export_text
     from graphopt.tuner.storage import open_storage, sqlite_path
 
-    check_output_path("kb export", args.json,
-                      {"the knowledge base": sqlite_path(_storage(args))})
+    if args.json != "-":
+        check_output_path("kb export", args.json,
+                          {"the knowledge base": sqlite_path(_storage(args))})
     store = open_storage(_storage(args), option=_storage_option(args), read_only=True)
+    if args.json == "-":  # to standard output, for a pipe; the count goes to stderr
+        text, count = export_text(store)
+        sys.stdout.write(text)
+        print(f"exported {count} kernel(s)", file=sys.stderr)
+        return 0
     print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s)")
     return 0
 

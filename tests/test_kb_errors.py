@@ -474,3 +474,10 @@ def test_kb_import_of_a_custom_targets_kernels_takes_its_profile(built, tmp_path
     rc, out, err = run_cli(capsys, "kb", "import", export, "--tuning-db", copy, "--target", board)
     assert rc == 0 and "imported 1 kernel tiling(s)" in out, err
     assert kb.best_tilings(str(copy), "myboard") == kb.best_tilings(str(source), "myboard")
+
+
+def test_kb_export_to_standard_output(built, tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "kb", "export", "-", "--tuning-db", built["db"])
+    assert rc == 0 and "exported 1 kernel(s)" in err, err
+    assert json.loads(out)["format"] == "graphopt-kb/1"
+    assert not os.path.exists("-")

@@ -149,6 +149,16 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
     """Write every signature's best trial as JSON, atomically (an existing export stays whole
     until the new one is complete); returns how many kernels it wrote."""
     check_export_path(path)
+    text, count = export_text(storage)
+    try:
+        atomic_write_bytes(path, text.encode("utf-8"))
+    except OSError as e:
+        raise OptionError(f"{os.fspath(path)}: cannot write it ({e.strerror or e})") from None
+    return count
+
+
+def export_text(storage: Any) -> tuple[str, int]:
+    """The JSON export of every signature's best trial, and how many kernels it holds."""
     storage = open_storage(storage, read_only=True)
     kernels = {}
     for name, sig in _kernel_studies(storage):
@@ -161,11 +171,7 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
                          "default_seconds": default.value if default else None,
                          "trials": len(study.get_trials(deepcopy=False))}
     text = json.dumps({"format": FORMAT, "kernels": kernels}, indent=1, sort_keys=True) + "\n"
-    try:
-        atomic_write_bytes(path, text.encode("utf-8"))
-    except OSError as e:
-        raise OptionError(f"{os.fspath(path)}: cannot write it ({e.strerror or e})") from None
-    return len(kernels)
+    return text, len(kernels)
 
 
 def _read_export(path: str | os.PathLike) -> dict:
