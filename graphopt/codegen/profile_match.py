@@ -27,6 +27,7 @@ class ProfileMatcher(Generic[Plan]):
         self._exact: dict[tuple, Plan] = {}
         self._patterns: list[tuple[tuple, Plan]] = []
         self._labels: list[str] = []
+        self._unopened: list[tuple[tuple, str]] = []  # (pattern, label): for the error only
         for entry, plan in profiles:
             shapes = {e["name"]: e["shape"] for e in entry["inputs"]}
             pattern = tuple(None if shapes[n] is None else tuple(
@@ -36,6 +37,8 @@ class ProfileMatcher(Generic[Plan]):
             else:
                 self._patterns.append((pattern, plan))
             self._labels.append(f"{entry['name']} ({dims_label(entry['dims'])})")
+            if plan is None:
+                self._unopened.append((pattern, self._labels[-1]))
 
     def select(self, feeds: Mapping[str, Any]) -> Plan:
         """The plan for `feeds` (checked against the signature already); GraphoptError naming
@@ -51,8 +54,11 @@ class ProfileMatcher(Generic[Plan]):
             return plan
         given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._names, shapes) if s is not None)
         if plan is None:
-            raise GraphoptError(f"input shapes {given} fit a shape profile this session did not "
-                                "open (load(..., profiles=[…]) chose which)")
+            label = next(label for pattern, label in self._unopened if all(
+                p is None or (len(p) == len(s) and all(d is None or d == g for d, g in zip(p, s)))
+                for p, s in zip(pattern, shapes)))
+            raise GraphoptError(f"input shapes {given} fit shape profile {label}, which this "
+                                "session did not open (load(..., profiles=[…]) chose which)")
         raise GraphoptError(f"input shapes {given} fit none of the model's "
                             f"{len(self._labels)} shape profiles: {'; '.join(self._labels)} "
                             "(compile with --dynamic-dims listing these sizes)")
