@@ -88,23 +88,14 @@ def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
     the pin propagates to the other inputs, the outputs and every inferred intermediate."""
     graph = model.graph
     inputs = {v.name: v for v in graph.inputs if not v.is_constant}
+    check_pins(shapes, [{"name": name, "shape": value.shape} for name, value in inputs.items()],
+               "the model")
     bindings: dict[str, int] = {}
     for name, dims in shapes.items():
-        value = inputs.get(name)
-        if value is None:
-            raise OptionError(f"--input-shape: the model has no input '{name}' "
-                              f"(inputs: {', '.join(inputs) or 'none'})")
-        if value.shape is not None and len(value.shape) != len(dims):
-            raise OptionError(f"--input-shape: input '{name}' has rank {len(value.shape)} "
-                              f"{_fmt(value.shape)}, got {len(dims)} dims {dims}")
+        value = inputs[name]
         old = value.shape or tuple(None for _ in dims)
-        for axis, (current, pinned) in enumerate(zip(old, dims)):
-            if pinned == -1:
-                continue
-            if isinstance(current, int) and current != pinned:
-                raise OptionError(f"--input-shape: input '{name}' dim {axis} is fixed to "
-                                  f"{current} by the model, cannot pin it to {pinned}")
-            if isinstance(current, str):
+        for current, pinned in zip(old, dims):
+            if pinned != -1 and isinstance(current, str):
                 if bindings.get(current, pinned) != pinned:
                     raise OptionError(f"--input-shape: dim '{current}' pinned to both "
                                       f"{bindings[current]} and {pinned}")

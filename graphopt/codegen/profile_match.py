@@ -47,18 +47,21 @@ class ProfileMatcher(Generic[Plan]):
         shapes = tuple(getattr(feeds[name], "shape", None) for name in self._names)
         plan = self._exact.get(shapes, _MISSING)
         if plan is _MISSING:
-            plan = next((candidate for pattern, candidate in self._patterns if all(
-                p is None or (len(p) == len(s) and all(d is None or d == g for d, g in zip(p, s)))
-                for p, s in zip(pattern, shapes))), _MISSING)
+            plan = next((candidate for pattern, candidate in self._patterns
+                         if _fits(pattern, shapes)), _MISSING)
         if plan is not None and plan is not _MISSING:
             return plan
         given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._names, shapes) if s is not None)
         if plan is None:
-            label = next(label for pattern, label in self._unopened if all(
-                p is None or (len(p) == len(s) and all(d is None or d == g for d, g in zip(p, s)))
-                for p, s in zip(pattern, shapes)))
+            label = next(label for pattern, label in self._unopened if _fits(pattern, shapes))
             raise GraphoptError(f"input shapes {given} fit shape profile {label}, which this "
                                 "session did not open (load(..., profiles=[…]) chose which)")
         raise GraphoptError(f"input shapes {given} fit none of the model's "
                             f"{len(self._labels)} shape profiles: {'; '.join(self._labels)} "
                             "(compile with --dynamic-dims listing these sizes)")
+
+
+def _fits(pattern: tuple, shapes: tuple) -> bool:
+    """Whether input `shapes` fit a profile's `pattern` (None: a dim or input left open)."""
+    return all(p is None or (len(p) == len(s) and all(d is None or d == g for d, g in zip(p, s)))
+               for p, s in zip(pattern, shapes))

@@ -20,3 +20,9 @@ def unmatched_note(checks: Iterable[tuple[str, Iterable[str], set[str]]]) -> str
         return None
     return ("; ".join(problems) + " matches nothing in the optimized graph, whose fused nodes "
             "have new names (--dump-dir shows them)")
+
+
+def op_spellings(node) -> set[str]:
+    """The names an op-type list may give `node` (a graphopt.ir Node): its bare op type (any
+    domain) and the `domain::Op` graphopt's own messages print for a contrib op."""
+    return {node.op_type, node.qualified_op}

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Value
-from graphopt.passes.unmatched import unmatched_note
+from graphopt.passes.unmatched import op_spellings, unmatched_note
 
 MS = "com.microsoft"
 INT8_OPS = {"Add": None, "Mul": None, "Concat": None, "GlobalAveragePool": (0,),
@@ -189,7 +189,7 @@ def is_end(node: Node) -> bool:
 def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
     """A note on the `quant_skip` entries that name no node and no op type of `graph` (fusions
     rename the nodes they replace), with the nearest names; None when all match."""
-    known = {name for node in graph.all_nodes() for name in (node.name, *_spellings(node))}
+    known = {name for node in graph.all_nodes() for name in (node.name, *op_spellings(node))}
     note = unmatched_note([("quant_skip", skip, known)])
     return f"{pass_name}: {note}" if note else None
 
@@ -197,11 +197,7 @@ def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
 def skipped(node: Node, skip) -> bool:
     """Whether `skip` (quant_skip) names `node`: by its name, its bare op type, or the
     `domain::Op` graphopt's messages print for a contrib op."""
-    return node.name in skip or not _spellings(node).isdisjoint(skip)
-
-
-def _spellings(node: Node) -> set[str]:
-    return {node.op_type, node.qualified_op}
+    return node.name in skip or not op_spellings(node).isdisjoint(skip)
 
 
 def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxruntime") -> Plan:

@@ -38,27 +38,21 @@ from graphopt.passes.precision.policy import (
 )
 from graphopt.passes.precision.schema import (Slots, convertible_slots, float_dtype_attrs,
                                               schema_lacks)
-from graphopt.passes.unmatched import unmatched_note
+from graphopt.passes.unmatched import op_spellings, unmatched_note
 
 
 def _unmatched_pins(graph, options) -> str | None:
     """The --keep-dtype names and --precision-allow/-deny op types that match nothing in
     `graph` (a typo, or a node a fusion renamed); None when all do."""
     names = {node.name for node in graph.all_nodes()}
-    ops = {spelling for node in graph.all_nodes() for spelling in _op_spellings(node)}
+    ops = {spelling for node in graph.all_nodes() for spelling in op_spellings(node)}
     return unmatched_note([("--keep-dtype", options.keep_dtype, names),
                            ("--precision-allow", options.precision_allow, ops),
                            ("--precision-deny", options.precision_deny, ops)])
 
 
-def _op_spellings(node: Node) -> set[str]:
-    """The names an op-type list may give `node`: its bare op type (any domain) and the
-    `domain::Op` graphopt's own messages print for a contrib op."""
-    return {node.op_type, node.qualified_op}
-
-
 def _listed(node: Node, op_types) -> bool:
-    return not _op_spellings(node).isdisjoint(op_types)
+    return not op_spellings(node).isdisjoint(op_types)
 
 
 def _listing(counts: Counter) -> str:
