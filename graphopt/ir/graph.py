@@ -106,7 +106,8 @@ class Graph:
         return node
 
     def remove(self, node: Node, *, safe: bool = True) -> None:
-        """Unlink `node` and drop its input uses. With `safe`, refuse while any output is still
+        """Unlink `node` for good: drop its input uses, and the reads its bodies make of outer
+        values (to move a node, use move_before). With `safe`, refuse while any output is still
         used or is a graph output: removing it would leave a dangling reference."""
         if node.graph is not self:
             raise ValueError(f"{node} is not in graph {self.name!r}")
@@ -115,6 +116,19 @@ class Graph:
                 if value is not None and (value.uses or value.is_graph_output):
                     raise ValueError(f"cannot remove {node}: output %{value.name} is still used")
         node.detach_inputs()
+        for sub in node.subgraphs():
+            _release_captures(sub)
+        self._unlink(node)
+
+    def move_before(self, ref: Node, node: Node) -> Node:
+        """Move linked `node` (from this graph or another, a nested one say) to just before
+        `ref`, keeping its inputs, its readers and the bodies it holds."""
+        if node.graph is None:
+            raise ValueError(f"{node} belongs to no graph")
+        node.graph._unlink(node)
+        return self.insert_before(ref, node)
+
+    def _unlink(self, node: Node) -> None:
         if node._prev is None:
             self._head = node._next
         else:
@@ -351,6 +365,16 @@ def _read_values(node: Node) -> Iterator[Value]:
             yield value
     for sub in node.subgraphs():
         yield from captured_values(sub)
+
+
+def _release_captures(graph: Graph) -> None:
+    """Drop the reads that a discarded body's nodes make of outer values: a use left behind
+    would keep those values' producers alive and count as a reader in every later pass."""
+    for inner in graph.all_graphs():
+        for node in inner.nodes():
+            for index, value in enumerate(node.inputs):
+                if value is not None and not _defined_within(value, graph):
+                    node.set_input(index, None)
 
 
 def captured_values(graph: Graph) -> list[Value]:

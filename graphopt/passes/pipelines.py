@@ -27,14 +27,16 @@ _FUSE = ("SimplifyLayout", "SimplifySlicing", "FuseConvBatchNorm", "FuseLayerNor
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.
 _FUSE_ALL = _FUSE[:-1] + ("FuseActivation", "EliminateDeadNodes")
-_FOLD = ("FoldShapes", "FoldConstants", "EliminateIdentity", "EliminateNoOps",
+# An If whose condition folds to a constant becomes its branch inside the fold loop, so the
+# branch's own nodes fold and fuse with the graph around them.
+_FOLD = ("FoldShapes", "FoldConstants", "InlineConstantIf", "EliminateIdentity", "EliminateNoOps",
          "EliminateCommonSubexpressions", "EliminateDeadNodes")
 # -O2 infers shapes once more after folding: a dim that ONNX inference left symbolic before the
 # folds (a batch of 1 broadcast against a Slice whose bounds were not yet constant, as BERT's
 # token-type ids are) is static now, and the Shape→Gather→Concat chains that read it fold here,
 # before the fusions; a sweep that finds nothing costs ~2% of a compile, less than re-inferring
 # shapes inside the first fixed point as -O3 does.
-_REFOLD = ("FoldShapes", "FoldConstants", "EliminateDeadNodes")
+_REFOLD = ("FoldShapes", "FoldConstants", "InlineConstantIf", "EliminateDeadNodes")
 # After the fusions: equal weights become one, which makes nodes that read them equal too (each
 # attention layer's fused mask Expand, say), so one of each is kept.
 _FINISH = ("MergeDuplicateInitializers", "EliminateCommonSubexpressions", "EliminateDeadNodes",
@@ -60,8 +62,8 @@ PIPELINES: dict[int, Pipeline] = {
     0: Pipeline("O0", "no passes: import, verify, export", ()),
     1: Pipeline("O1", "cleanup: constants to initializers, identities, no-ops, dead nodes",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(_CLEANUP))),
-    2: Pipeline("O2", "O1 + shape and constant folding and CSE to a fixed point, fusions, "
-                "shared weights",
+    2: Pipeline("O2", "O1 + shape and constant folding, constant-condition If inlining and "
+                "CSE to a fixed point, fusions, shared weights",
                 ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD), "InferShapes",
                  FixedPoint(_REFOLD), FixedPoint(_FUSE)) + _FINISH),
     # Elementwise chains become local functions last, once no rule needs to see inside them; -O3

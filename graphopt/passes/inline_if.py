@@ -1,0 +1,90 @@
+"""InlineConstantIf: an If whose condition is known at compile time becomes the branch it takes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import Graph, Model, Node, Value
+from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.edit import replace_value
+
+
+def constant_condition(node: Node) -> bool | None:
+    """The If's condition when it is a compile-time constant holding one element, else None."""
+    cond = node.input(0)
+    data = cond.constant() if cond is not None else None
+    if data is None or np.asarray(data).size != 1:
+        return None
+    return bool(np.asarray(data).reshape(-1)[0])
+
+
+def _branch(node: Node, taken: bool) -> Graph | None:
+    branch = node.attr("then_branch" if taken else "else_branch")
+    return branch if isinstance(branch, Graph) else None
+
+
+def _hoist(branch: Graph, node: Node) -> None:
+    """Move the branch's initializers and nodes into the If's graph, just before the If: every
+    outer value a branch node reads is defined before the If, so the order stays topological."""
+    graph = node.graph
+    for value in list(branch.initializers.values()):
+        del branch.initializers[value.name]
+        if value.name in graph.initializers:  # names are unique model-wide; stay safe anyway
+            value.name = graph.fresh_name(value.name)
+        graph.add_initializer(value)
+    for inner in branch.nodes():
+        graph.move_before(node, inner)
+
+
+def _take_over(out: Value, result: Value, before: Node) -> None:
+    """Make the If's output `out` the branch's `result`. A graph output keeps its name: when
+    `result` cannot take it over (an outer value, a weight, an output already), an Identity
+    carries it."""
+    if replace_value(out, result):
+        return
+    graph = before.graph
+    copy = graph.make_node("Identity", [result], before=before,
+                           name=graph.fresh_node_name(f"{out.name}_inlined"),
+                           dtype=out.dtype or result.dtype, shape=out.shape or result.shape)
+    copied = replace_value(out, copy.output)
+    assert copied, f"Identity could not take over graph output %{out.name}"
+
+
+def _can_inline(node: Node, branch: Graph) -> bool:
+    """Whether every If output can be given the branch result: an output the graph returns,
+    fed by a value of no tensor type, would need an Identity of a sequence or an optional,
+    which older opsets lack."""
+    if len(branch.outputs) != len(node.outputs) or branch.inputs:
+        return False
+    for out, result in zip(node.outputs, branch.outputs):
+        if out is not None and out.is_graph_output and not result.is_tensor:
+            return False
+    return True
+
+
+@register
+class InlineConstantIf(Pass):
+    name = "InlineConstantIf"
+    description = ("replace an If whose condition is a compile-time constant by the nodes of "
+                   "the branch it takes")
+
+    def run(self, model: Model, ctx: PassContext) -> PassResult:
+        result = PassResult()
+        for graph in list(model.graph.all_graphs()):
+            for node in graph:
+                if node.op_type != "If" or not node.is_onnx or node.graph is not graph:
+                    continue
+                taken = constant_condition(node)
+                branch = _branch(node, taken) if taken is not None else None
+                if branch is None or not _can_inline(node, branch):
+                    continue
+                if not ctx.allows("If", node):
+                    continue
+                outputs, results = node.outputs, list(branch.outputs)
+                _hoist(branch, node)
+                for out, value in zip(outputs, results):
+                    if out is not None:
+                        _take_over(out, value, node)
+                graph.remove(node)
+                result.count("If")
+        return result

@@ -1,0 +1,171 @@
+"""InlineConstantIf: a constant-condition If becomes its branch, in place and with equal
+outputs; a removed If releases the outer values its bodies read."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+
+import graphopt
+from graphopt import numerics
+from graphopt.ir import format_model, load_onnx, to_onnx, verify
+from graphopt.passes import PASSES, PassContext
+from graphopt.passes.options import Options
+
+HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
+
+
+def parse(text: str) -> onnx.ModelProto:
+    return onnx.parser.parse_model(HEADER + text)
+
+
+def inline(proto: onnx.ModelProto, *, gate=None):
+    model = load_onnx(proto)
+    ctx = PassContext(Options(), gate=gate)
+    stats = PASSES["InlineConstantIf"]().run(model, ctx).stats
+    verify(model)
+    return model, stats
+
+
+def ops(model, graph=None) -> list[str]:
+    return [n.op_type for n in (graph or model.graph)]
+
+
+def assert_same_outputs(original: onnx.ModelProto, model, feeds) -> None:
+    rewritten = to_onnx(model) if not isinstance(model, onnx.ModelProto) else model
+    onnx.checker.check_model(rewritten, full_check=True)
+    expected = numerics.run(original, feeds)
+    actual = numerics.run(rewritten, feeds)
+    assert list(actual) == list(expected)
+    assert numerics.compare(expected, actual, rtol=1e-6, atol=0) == []
+
+
+# The branches read an outer node output (%t), an outer weight, hold a weight of their own, and
+# the then branch nests a second If on the graph input %c.
+BRANCHY = """
+    g (float[2] x, bool c) => (float[2] y, float[2] w)
+    <bool flag = {1}, float[2] k = {2.0, 3.0}>
+    {
+      t = Exp(x)
+      y = If (flag) <
+        then_branch = g1 () => (float[2] z) {
+          a = Mul(t, k)
+          z = If (c) <then_branch = g3 () => (float[2] p) { p = Neg(a) },
+                      else_branch = g4 () => (float[2] q) { q = Abs(a) }>
+        },
+        else_branch = g2 () => (float[2] z2) <float[2] b = {7.0, 8.0}> {
+          z2 = Sub(t, b)
+        }>
+      w = Relu(y)
+    }"""
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_the_taken_branch_replaces_the_if(flag):
+    proto = parse(BRANCHY.replace("flag = {1}", f"flag = {{{int(flag)}}}"))
+    model, stats = inline(proto)
+    assert stats == {"If": 1}
+    # The nested If reads %c, known only at run time: it stays, now in the main graph.
+    assert ops(model) == (["Exp", "Mul", "If", "Relu"] if flag else ["Exp", "Sub", "Relu"])
+    for c in (True, False):
+        feeds = {"x": np.array([0.5, -1.0], np.float32), "c": np.array(c)}
+        assert_same_outputs(proto, model, feeds)
+
+
+def test_a_runtime_condition_is_left_alone():
+    proto = parse(BRANCHY.replace("<bool flag = {1}, ", "<").replace("(float[2] x, bool c)",
+                                                                      "(float[2] x, bool c, bool flag)"))
+    model, stats = inline(proto)
+    assert stats == {} and ops(model) == ["Exp", "If", "Relu"]
+
+
+def test_a_branch_returning_a_value_defined_outside_its_nodes_keeps_the_output_name():
+    # %y is a graph output; the then branch returns the graph input itself (onnxruntime refuses
+    # such a model, graphopt must not emit one), the else branch a weight of its own: an
+    # Identity keeps the name %y in both cases.
+    x = np.array([0.5, -1.0], np.float32)
+    for flag, expected in ((1, x), (0, np.array([7.0, 8.0], np.float32))):
+        proto = parse(f"""
+            g (float[2] x) => (float[2] y)
+            <bool flag = {{{flag}}}>
+            {{
+              y = If (flag) <then_branch = g1 () => (float[2] x) {{ }},
+                             else_branch = g2 () => (float[2] b) <float[2] b = {{7.0, 8.0}}> {{ }}>
+            }}""")
+        model, stats = inline(proto)
+        assert stats == {"If": 1} and ops(model) == ["Identity"]
+        assert [v.name for v in model.graph.outputs] == ["y"]
+        rewritten = to_onnx(model)
+        onnx.checker.check_model(rewritten, full_check=True)
+        np.testing.assert_array_equal(numerics.run(rewritten, {"x": x})["y"], expected)
+
+
+def test_a_condition_of_shape_one_counts():
+    proto = parse("""
+        g (float[2] x) => (float[2] y)
+        <bool[1] flag = {0}>
+        {
+          y = If (flag) <then_branch = g1 () => (float[2] a) { a = Neg(x) },
+                         else_branch = g2 () => (float[2] b) { b = Abs(x) }>
+        }""")
+    model, stats = inline(proto)
+    assert stats == {"If": 1} and ops(model) == ["Abs"]
+    assert [v.name for v in model.graph.outputs] == ["y"]
+    assert_same_outputs(proto, model, {"x": np.array([0.5, -1.0], np.float32)})
+
+
+def test_a_sequence_output_of_the_graph_is_not_inlined():
+    proto = parse("""
+        g (float[2] x) => (seq(float[2]) y)
+        <bool flag = {1}>
+        {
+          y = If (flag) <then_branch = g1 () => (seq(float[2]) a) { a = SequenceConstruct(x) },
+                         else_branch = g2 () => (seq(float[2]) b) { b = SequenceConstruct(x, x) }>
+        }""")
+    model, stats = inline(proto)
+    assert stats == {} and ops(model) == ["If"]
+
+
+def test_the_rewrite_gate_is_asked():
+    proto = parse(BRANCHY)
+    asked = []
+    model, stats = inline(proto, gate=lambda pass_name, rule, anchor: asked.append(rule) and False)
+    assert asked == ["If"] and stats == {} and ops(model) == ["Exp", "If", "Relu"]
+
+
+def test_a_shape_test_folds_and_the_if_goes_at_O2():
+    # The batch-of-one test an exporter leaves behind: known once the shape is.
+    proto = parse("""
+        g (float[1,4] x) => (float[1,4] y)
+        <int64 zero = {0}, int64 one = {1}>
+        {
+          s = Shape(x)
+          n = Gather(s, zero)
+          single = Equal(n, one)
+          y = If (single) <then_branch = g1 () => (float[1,4] a) { a = Relu(x) },
+                           else_branch = g2 () => (float[1,4] b) { b = Sigmoid(x) }>
+        }""")
+    result = graphopt.optimize(proto, level=2)
+    optimized = result.to_onnx()
+    assert [n.op_type for n in optimized.graph.node] == ["Relu"]
+    assert_same_outputs(proto, optimized, {"x": np.array([[0.5, -1.0, 2.0, -3.0]], np.float32)})
+    assert result.log.totals()["InlineConstantIf"]["rewrites"] == {"If": 1}
+
+
+def test_removing_an_if_frees_what_its_branches_read():
+    # A dead If is the last reader of %t: once the If goes, Exp has no reader either.
+    proto = parse("""
+        g (float[2] x, bool c) => (float[2] y)
+        {
+          t = Exp(x)
+          dead = If (c) <then_branch = g1 () => (float[2] a) { a = Neg(t) },
+                         else_branch = g2 () => (float[2] b) { b = Abs(t) }>
+          y = Relu(x)
+        }""")
+    model = load_onnx(proto)
+    stats = PASSES["EliminateDeadNodes"]().run(model, PassContext(Options())).stats
+    verify(model)
+    assert ops(model) == ["Relu"] and stats["node"] == 2
+    assert "Exp" not in format_model(model)
