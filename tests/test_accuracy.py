@@ -38,6 +38,42 @@ def test_top1_agreement_counts_rows_whose_argmax_matches():
     assert out.cosine < 1.0
 
 
+# A detector's head: 4 box channels in pixels, 2 class-score channels of ~0.01.
+DETECTOR = """
+g (float[1,3,16] x) => (float[1,6,16] out) {
+  out = Conv(x, w)
+}"""
+
+
+def test_a_detector_channel_the_whole_tensor_cosine_hides_is_named():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((6, 3, 1)).astype(np.float32)
+    w[:4] *= 300.0   # box coordinates
+    w[4:] *= 0.01    # class scores
+    x = {"x": rng.standard_normal((1, 3, 16)).astype(np.float32)}
+    noisy = w.copy()
+    noisy[5] = w[5] + rng.standard_normal((3, 1)).astype(np.float32) * 0.01
+    report = accuracy_report(parse_model(DETECTOR, w=w), parse_model(DETECTOR, w=noisy), x)
+    (out,) = report.outputs
+    cosine, index = out.worst_slice
+    assert out.cosine > 0.9999 and cosine < 0.99 and index == 5
+    assert "worst slice" in report.format() and "at [:,5]" in report.format()
+    (warning,) = report.warnings
+    assert warning.startswith(f"out: cosine {out.cosine:.6f} over the whole tensor but "
+                              f"{cosine:.6f} over [:,5] alone")
+
+    # Noise in proportion to every channel: the slices agree as the whole does, no warning.
+    even = w * (1 + rng.standard_normal(w.shape).astype(np.float32) * 0.01)
+    report = accuracy_report(parse_model(DETECTOR, w=w), parse_model(DETECTOR, w=even), x)
+    assert report.warnings == [] and report.outputs[0].worst_slice[0] > 0.99
+
+
+def test_outputs_below_rank_3_have_no_slice_column():
+    proto = parse_model(CLASSIFIER, w=RNG.standard_normal((8, 5)).astype(np.float32))
+    report = accuracy_report(proto, proto)
+    assert report.outputs[0].worst_slice is None and "worst slice" not in report.format()
+
+
 def test_lm_perplexity_scores_the_next_input_ids():
     table = RNG.standard_normal((7, 7)).astype(np.float32)
     noisy = table + 0.3 * RNG.standard_normal((7, 7)).astype(np.float32)

@@ -28,6 +28,20 @@ def test_cosine_of_zero_vectors_and_huge_values():
     assert metrics.cosine_similarity([1e200, 1e200], [1e200, 0]) == pytest.approx(1 / math.sqrt(2))
 
 
+def test_slice_cosines_take_each_index_of_the_axis_alone():
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((2, 4, 5))
+    cand = ref + rng.standard_normal((2, 4, 5)) * np.array([0.0, 0.1, 1.0, 3.0])[None, :, None]
+    got = metrics.slice_cosines(ref, cand, axis=1)
+    expected = [metrics.cosine_similarity(ref[:, i], cand[:, i]) for i in range(4)]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert got[0] == pytest.approx(1.0) and got[3] < got[2] < got[1] < 1.0
+    # The whole-tensor conventions hold per slice: two zero slices agree, one does not.
+    zeros = metrics.slice_cosines([[0.0, 0.0], [0.0, 0.0], [1e200, 1e200]],
+                                  [[0.0, 0.0], [0.0, 1.0], [1e200, 0.0]], axis=0)
+    np.testing.assert_allclose(zeros, [1.0, 0.0, 1 / math.sqrt(2)])
+
+
 def test_absolute_errors_and_rmse():
     assert metrics.absolute_errors([1, 2, 3], [1.5, 2, 2]) == (1.0, 0.5)
     assert metrics.absolute_errors(np.zeros(0), np.zeros(0)) == (0.0, 0.0)

@@ -5,6 +5,8 @@ They assume finite values; the caller reports NaN/Inf separately (see `nonfinite
 
 - cosine similarity of the flattened tensors. Two all-zero tensors are identical (1.0); exactly
   one all-zero tensor has no direction to agree with (0.0), so a --min-cosine rule fails it.
+- per-slice cosine along an axis (slice_cosines): the worst channel of a detector's output,
+  whose whole-tensor cosine the large box coordinates decide while its class scores are tiny.
 - absolute error |c - r|: max and mean.
 - relative error |c - r| / |r| over the elements where r != 0 (an element with r == 0 has no
   scale; absolute error covers it); None when every reference element is zero.
@@ -40,6 +42,22 @@ def cosine_similarity(reference, candidate) -> float:
         return 0.0
     # Rounding can push |cos| a hair past 1; clip so "cosine >= 1" style checks stay sane.
     return float(np.clip(np.dot(r, c) / (norm_r * norm_c), -1.0, 1.0))
+
+
+def slice_cosines(reference, candidate, axis: int = 1) -> np.ndarray:
+    """The cosine similarity of each slice along `axis` (a detector's channel, a token's
+    position), by cosine_similarity's conventions: one float64 value per index."""
+    r = np.moveaxis(np.asarray(reference, dtype=np.float64), axis, 0)
+    c = np.moveaxis(np.asarray(candidate, dtype=np.float64), axis, 0)
+    r, c = r.reshape(r.shape[0], -1), c.reshape(c.shape[0], -1)
+    scale = np.maximum(np.abs(r).max(axis=1, initial=0.0), np.abs(c).max(axis=1, initial=0.0))
+    both_zero = scale == 0.0
+    scale = np.where(both_zero, 1.0, scale)[:, None]
+    r, c = r / scale, c / scale
+    norms = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cosines = np.clip(np.einsum("ij,ij->i", r, c) / norms, -1.0, 1.0)
+    return np.where(both_zero, 1.0, np.where(norms == 0.0, 0.0, cosines))
 
 
 def absolute_errors(reference, candidate) -> tuple[float, float]:
