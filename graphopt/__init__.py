@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time, lazy_attri
 __all__ = ["OptimizeResult", "__version__", "load", "load_onnx", "optimize", "save", "to_onnx"]
 
 # Imported on first use: `graphopt --help`, or a process that only loads an .om, does not pay
-# for the compiler's passes, networkx and optuna. graphopt.zoo builds the benchmark models.
+# for the compiler's passes, networkx and optuna. graphopt.zoo builds the benchmark models;
+# graphopt.errors holds the exception classes, reachable before any call has imported them.
 __getattr__, __dir__ = lazy_attributes(__name__, {
     "load": "graphopt.codegen.loader:load",
     "optimize": "graphopt.compiler:optimize",
@@ -22,5 +23,6 @@ __getattr__, __dir__ = lazy_attributes(__name__, {
     "OptimizeResult": "graphopt.compiler:OptimizeResult",
     "load_onnx": "graphopt.ir:load_onnx",
     "to_onnx": "graphopt.ir:to_onnx",
+    "errors": "graphopt.errors",
     "zoo": "graphopt.zoo",
 }, globals())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import tempfile
 from typing import BinaryIO, Iterator
 
@@ -92,6 +93,99 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
+
+
+@contextlib.contextmanager
+def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
+    """Yield one binary file per path, for files that belong together (a model and its
+    external data): on a clean exit each replaces its path in turn, and when one of them
+    cannot, those already replaced get their old content back (or vanish when they were
+    new), so the set never mixes old and new files. On any exception all of them vanish."""
+    paths = [os.fspath(p) for p in paths]
+    temps: list[str] = []
+    files: list[BinaryIO] = []
+    try:
+        for path in paths:
+            try:
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                                           prefix="." + os.path.basename(path) + ".",
+                                           suffix=".tmp")
+            except OSError as exc:
+                raise _cannot_write(path, exc) from None
+            temps.append(tmp)
+            files.append(os.fdopen(fd, "wb"))
+        try:
+            yield files
+        except OSError as exc:
+            if exc.errno not in _WRITE_ERRORS or isinstance(exc, OutputError):
+                raise
+            raise _cannot_write(paths[0], exc) from None
+        for path, f, tmp in zip(paths, files, temps):
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+                os.chmod(tmp, _final_mode(path))
+            except OSError as exc:
+                raise _cannot_write(path, exc) from None
+        _replace_all(paths, temps)
+    except BaseException:
+        for f, tmp in zip(files, temps):
+            with contextlib.suppress(OSError):
+                f.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    for directory in {os.path.dirname(os.path.abspath(p)) for p in paths}:
+        _fsync_dir(directory)
+
+
+def _replace_all(paths: list[str], temps: list[str]) -> None:
+    """Move each temporary onto its path; on a failure, put back what was there before."""
+    done: list[tuple[str, str | None]] = []  # (path, hard link to its old content or None)
+    try:
+        for path, tmp in zip(paths, temps):
+            backup = None
+            if os.path.isfile(path):
+                backup = _link_aside(path)
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                if backup is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(backup)
+                raise _cannot_write(path, exc) from None
+            done.append((path, backup))
+    except BaseException:
+        for path, backup in reversed(done):
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, path)
+                else:
+                    os.unlink(path)
+        raise
+    for _, backup in done:
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
+
+
+def _link_aside(path: str) -> str:
+    """A second name for `path`'s current content (a hard link; a copy where links fail)."""
+    directory, base = os.path.split(os.path.abspath(path))
+    while True:
+        aside = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.old")
+        try:
+            os.link(path, aside)
+            return aside
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            try:
+                shutil.copy2(path, aside)
+                return aside
+            except OSError:
+                raise _cannot_write(path, exc) from None
 
 
 def _cannot_write(path: str, exc: OSError) -> OutputError:

@@ -39,17 +39,12 @@ EXAMPLES = """examples:
 
 def parse_size(text: str) -> int:
     """Bytes with an optional K/M/G suffix (powers of 1024)."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    text = text.strip().lower().removesuffix("b").removesuffix("i")
-    scale = units.get(text[-1:], 1)
-    number = text[:-1] if text[-1:] in units else text
+    from graphopt.api_args import parse_size as parse
+
     try:
-        size = int(float(number) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a size such as 1048576, 512K or 4M") from None
-    if size < 0:
-        raise argparse.ArgumentTypeError(f"'{text}' is negative; give a size such as 512K or 4M")
-    return size
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_optimize(sub) -> None:
@@ -151,15 +146,7 @@ def _cmd_optimize(args) -> int:
         raise OptionError(f"--dynamic-dims: -o {args.output}: the shape profiles are kept "
                           "together in an .om; ONNX holds one shape per model")
     target = args.target or ("cpu" if args.output.endswith(".om") else None)
-    gate, pass_options = None, None
-    if args.tuning_db and "://" not in args.tuning_db and not os.path.isfile(args.tuning_db):
-        raise OptionError(f"--tuning-db {args.tuning_db}: no such knowledge base (`graphopt "
-                          "tune --tuning-db FILE` creates one)")
-    if args.tuning_db:
-        gate, pass_options = _tuned_decisions(args, target)
-    precision = _precision_options(args)
-    if precision:
-        pass_options = {**(pass_options or {}), **precision}
+    pass_options = _precision_options(args) or None
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
                       switch_file=_switch_file(args), input_shapes=args.input_shape,
                       fold_size_limit=args.fold_size_limit, verify=args.verify,
@@ -168,13 +155,20 @@ def _cmd_optimize(args) -> int:
                       verify_structure=args.verify_each,
                       allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
                       target=target, memory_reorder=args.memory_reorder,
-                      rewrite_gate=gate, pass_options=pass_options,
-                      dynamic_dims=args.dynamic_dims)
-    report = precision and not args.no_accuracy_report and not args.quiet
+                      pass_options=pass_options, dynamic_dims=args.dynamic_dims,
+                      tuning_db=args.tuning_db)
+    if args.tuning_db and result.tuned_study is None and not args.quiet and \
+            not args.output.endswith(".om") and \
+            not any(note.startswith("--tuning-db holds") for note in result.notes):
+        result.notes.append(f"--tuning-db: nothing in it applies to {args.output}: no subgraph "
+                            f"decisions for this model on {target} at -O{args.level} (`graphopt "
+                            "tune --job subgraph` makes them), and kernel tilings go into an .om "
+                            "only")
+    report = bool(pass_options) and not args.no_accuracy_report and not args.quiet
     source = _overwritten_source(args) if report else None
     # Checked before the model is written: a compile that fails writes nothing.
     plots = memory_plots(result, args.memory_plot) if args.memory_plot else []
-    save(result, args.output, tuning_db=args.tuning_db)
+    save(result, args.output)  # with the tilings of the --tuning-db optimize read
     for path, plan in plots:
         draw_plan(plan, path)
         if not args.quiet:
@@ -332,31 +326,6 @@ def _print_accuracy(args, source=None) -> None:
         return
     print()
     print(report.format())
-
-
-def _tuned_decisions(args, target: str):
-    """The rewrite gate and pass options `graphopt tune --job subgraph` chose for this model,
-    target and level, from the knowledge base (None, None when it has none)."""
-    from graphopt.partition import load_target
-    from graphopt.tuner.subgraph import SubgraphJob, best_decisions, tuned_levels
-
-    job = SubgraphJob(args.model, target, args.level, args.input_shape)
-    found = best_decisions(args.tuning_db, job, load_target(target).name)
-    if found is None:
-        levels = tuned_levels(args.tuning_db, job, load_target(target).name)
-        if levels and not args.quiet:
-            print(f"note: --tuning-db holds subgraph decisions for this model on {target} at "
-                  f"{', '.join(f'-O{n}' for n in levels)}, not at -O{args.level}: they apply to "
-                  "a compile at the level they were tuned for")
-        elif not args.quiet and not args.output.endswith(".om"):
-            print(f"note: --tuning-db: nothing in it applies to {args.output}: no subgraph "
-                  f"decisions for this model on {target} at -O{args.level} (`graphopt tune "
-                  "--job subgraph` makes them), and kernel tilings go into an .om only")
-        return None, None
-    gate, pass_options, study = found
-    if not args.quiet:
-        print(f"applying the subgraph decisions of {study}")
-    return gate, pass_options
 
 
 def _add_passes(sub) -> None:

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from onnx import ModelProto
 
-from graphopt import numerics
+from graphopt import api_args, numerics
+from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisions
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.ir.onnx_io import check_no_external_references
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import tensor_references
@@ -57,6 +59,10 @@ class OptimizeResult:
     # this result being the first's, and the model's signature before any pin.
     profiles: list = field(default_factory=list)
     dynamic_signature: dict | None = None
+    # The knowledge base optimize(tuning_db=…) read, which save() takes its tilings from, and
+    # the subgraph study whose decisions the compile applied (None: none applied).
+    tuning_db: str | None = None
+    tuned_study: str | None = None
 
     @property
     def nodes_before(self) -> int:
@@ -74,17 +80,18 @@ def op_counts(nodes) -> Counter:
 def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_limit,
              verify_structure: bool, dump_dir, allow_custom_ops: bool, trace_rules,
              dump_format: str = "text") -> Options:
-    if level not in PIPELINES:
+    if api_args.integer(level, "level") not in PIPELINES:
         raise OptionError(f"optimization level {level} does not exist (use 0 to {max(PIPELINES)})")
-    if isinstance(disable_passes, str):
-        disable_passes = [disable_passes]
-    disabled = set(disable_passes or ())
+    disabled = set(api_args.names(disable_passes, "disable_passes"))
+    switch_file = api_args.path(switch_file, "switch_file")
     if switch_file:
         disabled |= read_switch_file(switch_file)
-    input_shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
-                    else validate_input_shapes(input_shapes or {}))
-    if fold_size_limit is not None and fold_size_limit < 0:
-        raise OptionError(f"--fold-size-limit must be ≥ 0 bytes, got {fold_size_limit}")
+    if isinstance(input_shapes, str):
+        input_shapes = parse_input_shapes(input_shapes)
+    else:
+        input_shapes = validate_input_shapes(api_args.mapping(input_shapes, "input_shapes"))
+    fold_size_limit = api_args.size(fold_size_limit, "--fold-size-limit")
+    dump_dir = api_args.path(dump_dir, "dump_dir")
     if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
         raise OptionError(f"--dump-dir {dump_dir}: exists and is not a directory")
     if dump_format not in DUMP_FORMATS:
@@ -93,9 +100,7 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     if dump_format != "text" and not dump_dir:
         raise OptionError(f"--dump-format {dump_format} needs --dump-dir, the directory "
                           "to dump into")
-    if isinstance(trace_rules, str):
-        trace_rules = [trace_rules]
-    trace_rules = set(trace_rules or ())
+    trace_rules = set(api_args.names(trace_rules, "trace_rules"))
     unknown = sorted(trace_rules - set(RULES))
     if unknown:
         raise OptionError(f"--trace-rule: unknown rule {', '.join(unknown)} "
@@ -161,7 +166,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              rewrite_gate=None, pass_options: dict | None = None,
              dump_format: str = "text", instruments=(), precision: str = "keep",
              quantize: str = "none", calibration: str | os.PathLike | None = None,
-             dynamic_dims=None, shared_stats=None) -> OptimizeResult:
+             dynamic_dims=None, shared_stats=None,
+             tuning_db: str | os.PathLike | None = None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
@@ -183,6 +189,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     compile a lossy precision pass changed (fp16, int8, int4) is judged by cosine instead, as
     `graphopt compare` judges it, unless `rtol` or `atol` is given.
 
+    `tuning_db` (a knowledge base file or Optuna storage URL that `graphopt tune` filled; needs
+    a target) applies the subgraph decisions `tune --job subgraph` chose for this model, target
+    and level, and `save(result, "x.om")` then gives an NPU .om's cube kernels the tilings op
+    tuning found; a note says which study applied, or at which levels the model has some.
+
     `dump_dir` receives the IR after import and after each pass, as printed IR (`dump_format`
     "text"), ONNX sharing one weights file ("onnx") or both, plus passes.json.
 
@@ -197,23 +208,33 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     """
     # Every other argument, as given, for each profile's compile under --dynamic-dims.
     arguments = {k: v for k, v in locals().items()
-                 if k not in ("model", "dynamic_dims", "shared_stats")}
+                 if k not in ("model", "dynamic_dims", "shared_stats", "tuning_db")}
     if isinstance(model, (bytearray, memoryview)):
         model = bytes(model)
     if not isinstance(model, (str, os.PathLike, ModelProto, bytes)):
         raise OptionError(f"optimize takes a path, an onnx.ModelProto or serialized bytes, not "
                           f"{type(model).__name__}")
     start = time.perf_counter()
-    if isinstance(target, (str, os.PathLike)):
-        from graphopt.partition import load_target
-        target = load_target(os.fspath(target))
+    target = api_args.target(target)
+    api_args.check_run_options(verify, inputs, rtol, atol, memory_reorder, target, instruments)
+    calibration = api_args.path(calibration, "calibration")
+    pass_options = api_args.mapping(pass_options, "pass_options")
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
+    tuned = tuned_decisions(tuning_db, model, target, level, options.input_shapes,
+                             input_shapes)
+    if tuned.gate is not None:
+        user_gate = rewrite_gate
+        rewrite_gate = tuned.gate if user_gate is None else (
+            lambda pass_name, rule, node: tuned.gate(pass_name, rule, node)
+            and user_gate(pass_name, rule, node))
+        pass_options = {**(tuned.pass_options or {}), **pass_options}
+        arguments.update(rewrite_gate=rewrite_gate, pass_options=pass_options)
     # pass_options may override; None means the default, as for every other keyword
     options.precision, options.quantize = precision or "keep", quantize or "none"
     if calibration is not None:
-        options.calibration = os.fspath(calibration)
-    for name, value in (pass_options or {}).items():
+        options.calibration = calibration
+    for name, value in pass_options.items():
         if name not in Options.names():
             raise OptionError(f"compile option '{name}' does not exist (options: "
                               f"{', '.join(Options.names())})")
@@ -231,7 +252,9 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if dynamic_dims is not None:  # the options are checked once, before any profile's compile
         from graphopt.compile_profiles import optimize_profiles
 
-        return optimize_profiles(model, dynamic_dims, arguments)
+        profiled = optimize_profiles(model, dynamic_dims, arguments)
+        record_tuning(profiled, tuning_db, tuned)
+        return profiled
     is_path = isinstance(model, (str, os.PathLike))
     label = os.fspath(model) if is_path else "<model>"
     source_sha256 = None
@@ -276,6 +299,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     _mark_lossy(ir_model, log)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
                             notes=import_notes + ctx.notes)
+    record_tuning(result, tuning_db, tuned)
     if ctx.tracer is not None:
         from graphopt.passes.rules import quiet_rule_reasons
 
@@ -409,6 +433,14 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
             check_feeds(typed_inputs(original), feeds)
         except InputError as e:
             raise InputError(f"{label}: {e}") from None
+        if options.input_shapes:  # and the pinned sizes, or the compile would take the blame
+            from graphopt.input_shapes import check_pins_fit_feeds
+
+            check_pins_fit_feeds(options.input_shapes, feeds, label.removeprefix("--verify: "))
+            try:
+                check_feeds(typed_inputs(optimized), feeds)
+            except InputError as e:
+                raise InputError(f"{label}: {e} (as --input-shape pinned it)") from None
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
@@ -472,17 +504,41 @@ def _reproducible_log(result: OptimizeResult | None) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in result.log.to_json()["passes"]]
 
 
+def _output_path(path) -> str:
+    """`path` as a str, refusing what os.fspath would turn into something else (bytes, a
+    file descriptor) or not at all."""
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        if isinstance(text, str) and text:
+            return text
+    raise OptionError(f"save: the output path must be a non-empty str or os.PathLike, got "
+                      f"{path!r}")
+
+
 def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
          tuning_db: str | None = None, external_data: bool | None = None) -> None:
     """Write `.onnx` (optimized ONNX) or `.om` (graphopt's artifact) atomically. `tuning_db`
-    (a knowledge base file or Optuna storage URL that `graphopt tune` filled) gives an NPU
-    `.om`'s cube kernels their tuned tilings. `external_data` (ONNX only): True puts large
+    (a knowledge base file or Optuna storage URL that `graphopt tune` filled; by default the
+    one the result was compiled with) gives an NPU `.om`'s cube kernels their tuned tilings. `external_data` (ONNX only): True puts large
     weights in `<path>.data`, False never does, None does when the weights pass
     graphopt.ir.external_data's threshold (1 GiB; GRAPHOPT_EXTERNAL_DATA_THRESHOLD)."""
-    path = os.fspath(path)
+    path = _output_path(path)
     result = model if isinstance(model, OptimizeResult) else None
     if isinstance(model, OptimizeResult):
         model = model.model
+    elif isinstance(model, ModelProto):
+        # External references a proto cannot locate are refused by name, as optimize refuses
+        # them, rather than written out dangling.
+        check_no_external_references(model)
+    elif not isinstance(model, Model):
+        raise OptionError(f"save: expected an OptimizeResult, a graphopt Model or an onnx "
+                          f"ModelProto to write, got {type(model).__name__}")
+    if tuning_db is None and result is not None:
+        tuning_db = result.tuning_db
+    tuning_db = knowledge_base(tuning_db)
+    if tuning_db is not None and (result is None or result.partitioning is None):
+        raise OptionError("tuning_db applies what `graphopt tune` found for a target: save "
+                          "the result of optimize(…, target=…)")
     if result is not None and result.profiles:
         if not path.endswith(".om"):
             raise OptionError(f"{path}: shape profiles (--dynamic-dims) are kept together in an "

@@ -30,6 +30,11 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
     return validate_input_shapes(shapes)
 
 
+def format_input_shapes(shapes: dict[str, list[int]]) -> str:
+    """The --input-shape text of `shapes` ("x:1,3;mask:1,128"), what parse_input_shapes reads."""
+    return ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
+
+
 def validate_input_shapes(shapes: dict) -> dict[str, list[int]]:
     """Check an {input: dims} mapping (from the API or the parser): integer dims ≥ -1."""
     checked: dict[str, list[int]] = {}

@@ -397,6 +397,27 @@ def test_missing_path_and_directory(tmp_path):
     ({"input_shapes": "x:-5,4"}, "-1"),
     ({"input_shapes": {"nosuch": [1, 2]}}, "no input 'nosuch'"),
     ({"fold_size_limit": -1}, "fold-size-limit"),
+    # Wrong types are named by argument, not met deep inside as a TypeError.
+    ({"level": True}, "level: expected an integer"),
+    ({"disable_passes": 3}, "disable_passes: expected a name or a list of names"),
+    ({"disable_passes": [1]}, "disable_passes: expected a name"),
+    ({"trace_rules": 3}, "trace_rules: expected a name"),
+    ({"input_shapes": [1, 4]}, "input_shapes: expected a dict"),
+    ({"fold_size_limit": "lots"}, "'lots' is not a size"),
+    ({"switch_file": 3}, "switch_file: expected a path"),
+    ({"dump_dir": 3}, "dump_dir: expected a path"),
+    ({"target": 3}, "target: expected a target name"),
+    ({"calibration": 3, "quantize": "int8"}, "calibration: expected a path"),
+    ({"pass_options": ["x"]}, "pass_options: expected a dict"),
+    ({"instruments": 3}, "instruments: expected a list"),
+    ({"verify": True, "inputs": [np.ones(1)]}, "inputs: expected a dict of arrays"),
+    ({"verify": True, "rtol": -1.0}, "rtol: expected a finite number ≥ 0"),
+    ({"verify": True, "atol": float("nan")}, "atol: expected a finite number"),
+    ({"verify": True, "atol": float("inf")}, "atol: expected a finite number"),
+    ({"verify": True, "rtol": "1e-3"}, "rtol: expected a number"),
+    # What the command line refuses as meaningless is refused alike, not silently ignored.
+    ({"inputs": {"x": np.ones((2, 4), np.float32)}}, "inputs: only used with verify=True"),
+    ({"memory_reorder": True}, "memory_reorder=True .* give target="),
 ])
 def test_bad_options_raise_option_error(proto, kwargs, needle):
     with pytest.raises(OptionError, match=needle):
@@ -468,6 +489,82 @@ def test_load_and_save_name_what_they_take(proto, tmp_path):
     with pytest.raises(OptionError, match=r"x.txt: save writes .onnx .* or .om"):
         graphopt.save(graphopt.optimize(proto), tmp_path / "x.txt")
     assert not (tmp_path / "x.txt").exists()
+
+
+def test_a_size_text_is_a_fold_size_limit_as_on_the_command_line(proto):
+    by_text = graphopt.optimize(proto, fold_size_limit="1K").to_onnx()
+    by_int = graphopt.optimize(proto, fold_size_limit=1024).to_onnx()
+    assert by_text.SerializeToString() == by_int.SerializeToString()
+
+
+def test_a_switch_file_given_as_a_descriptor_is_refused_and_left_open(proto, tmp_path):
+    with open(tmp_path / "log.txt", "w") as log:
+        with pytest.raises(OptionError, match="switch_file: expected a path"):
+            graphopt.optimize(proto, switch_file=log.fileno())
+        log.write("still open")  # optimize must not have read or closed the caller's file
+
+
+@pytest.mark.parametrize("model, needle", [
+    (b"serialized", "got bytes"), ("model.onnx", "got str"), (None, "got NoneType")])
+def test_save_names_a_model_it_cannot_write(tmp_path, model, needle):
+    with pytest.raises(OptionError, match=f"save: expected an OptimizeResult.*{needle}"):
+        graphopt.save(model, tmp_path / "o.onnx")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("path", [b"o.om", None, 3, ""])
+def test_save_names_a_path_it_cannot_take(proto, path):
+    with pytest.raises(OptionError, match="save: the output path must be"):
+        graphopt.save(graphopt.optimize(proto), path)
+
+
+def test_save_refuses_a_proto_whose_weights_it_cannot_locate(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [onnx.numpy_helper.from_array(np.ones((64, 64), np.float32), "W")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(proto, source / "m.onnx", save_as_external_data=True, location="m.bin",
+              size_threshold=0)
+    references = onnx.load(source / "m.onnx", load_external_data=False)
+    for name in ("m.onnx", "m.om"):
+        with pytest.raises(InputError, match="keeps its data in an external file"):
+            graphopt.save(references, tmp_path / name)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_load_onnx_and_to_onnx_name_what_they_take(proto):
+    assert graphopt.load_onnx(bytearray(proto.SerializeToString())).graph.nodes()
+    with pytest.raises(OptionError, match="load_onnx takes a path.* not NoneType"):
+        graphopt.load_onnx(None)
+    result = graphopt.optimize(proto)
+    with pytest.raises(OptionError, match=r"not OptimizeResult \(an OptimizeResult has "):
+        graphopt.to_onnx(result)
+    with pytest.raises(OptionError, match="a ModelProto is ONNX already"):
+        graphopt.to_onnx(proto)
+
+
+def test_the_errors_are_reachable_from_the_package():
+    import subprocess
+    import sys
+
+    # A fresh interpreter: any earlier test may have imported graphopt.errors already.
+    code = ("import graphopt\n"
+            "try:\n    raise OSError('x')\n"
+            "except (graphopt.errors.GraphoptError, OSError):\n    print('caught')")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout == "caught\n"
+
+
+def test_verify_inputs_that_contradict_a_pin_are_the_inputs_fault(proto):
+    pinned = {"x": [1, 4]}  # the fixture's x is [N, 4]
+    with pytest.raises(OptionError, match=r"pins input 'x' to \[1, 4\], but --inputs gives it "
+                                          r"shape \[3, 4\]"):
+        graphopt.optimize(proto, input_shapes=pinned, verify=True,
+                          inputs={"x": np.ones((3, 4), np.float32)})
 
 
 def test_the_zoo_is_reachable_from_the_package():

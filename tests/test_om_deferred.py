@@ -309,3 +309,24 @@ def test_a_session_loaded_by_relative_path_pickles_after_a_chdir(om_path, monkey
     x = RNG.standard_normal((2, 64)).astype(np.float32)
     copy = pickle.loads(pickle.dumps(session))
     np.testing.assert_array_equal(copy.run({"X": x})["Y"], session.run({"X": x})["Y"])
+
+
+@pytest.mark.parametrize("blob", [False, True])
+def test_close_releases_the_sessions_and_the_file_and_run_then_refuses(tmp_path, blob):
+    # A small artifact (checked at once, no file kept open) and a mapped weights blob (the
+    # file held open, sums on a second thread that close must let finish).
+    w = (np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5 if blob
+         else np.ones((4, 4), np.float32))
+    path = tmp_path / "m.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_model(w))])
+    x = np.ones((1, w.shape[0]), np.float32)
+    fds = len(os.listdir("/proc/self/fd"))
+    with OmSession(path) as session:
+        np.testing.assert_allclose(session.run({"X": x})["Y"], x @ w, rtol=1e-5)
+        assert len(os.listdir("/proc/self/fd")) == fds + (1 if blob else 0)
+    assert len(os.listdir("/proc/self/fd")) == fds  # closed on leaving the block, not at gc
+    with pytest.raises(runtime.GraphoptError, match="the session was closed; load the "
+                                                    "artifact again"):
+        session.run({"X": x})
+    session.close()  # again: nothing to do
+    assert session.inputs[0]["name"] == "X"  # the signature stays readable

@@ -127,3 +127,72 @@ def test_a_failed_write_of_optimize_is_a_one_line_error(files, capsys, monkeypat
         assert rc == 1, err
         assert err == f"graphopt: error: cannot write {tmp_path / output}: Read-only file system\n"
     assert os.listdir(tmp_path) == []
+
+
+# --- a model and its external data: replaced together or not at all ---------------------------
+
+
+def _matmul_model(seed: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(seed).standard_normal((64, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [numpy_helper.from_array(weight, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), weight
+
+
+def _run(path, x):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_a_failed_model_write_keeps_the_old_pair_of_files(tmp_path, monkeypatch):
+    out = tmp_path / "m.onnx"
+    first, w1 = _matmul_model(1)
+    graphopt.save(graphopt.optimize(first), out, external_data=True)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(_run(out, x), x @ w1, rtol=1e-5)
+    second, _ = _matmul_model(2)
+    result = graphopt.optimize(second)
+    replace = atomic.os.replace
+
+    def full_at_the_model(src, dst):
+        if os.path.basename(dst) == "m.onnx":  # the data file went in, the model does not
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", full_at_the_model)
+    with pytest.raises(OutputError, match="No space left on device"):
+        graphopt.save(result, out, external_data=True)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    np.testing.assert_allclose(_run(out, x), x @ w1, rtol=1e-5)  # the old weights, not w2
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+
+
+def test_a_model_path_that_cannot_be_written_leaves_no_data_file(tmp_path):
+    (tmp_path / "m.onnx").mkdir()
+    with pytest.raises(OutputError, match="it is a directory"):
+        graphopt.save(graphopt.optimize(_matmul_model(1)[0]), tmp_path / "m.onnx",
+                      external_data=True)
+    assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_saving_over_the_models_own_data_keeps_the_result_usable(tmp_path):
+    import onnx
+
+    proto, weight = _matmul_model(1)
+    source = tmp_path / "m.onnx"
+    onnx.save(proto, source, save_as_external_data=True, location="m.onnx.data",
+              size_threshold=0)
+    result = graphopt.optimize(source)
+    graphopt.save(result, source, external_data=True)  # in place: its weights' own file
+    graphopt.save(result, tmp_path / "m.om")           # reads them again, from the new file
+    graphopt.save(result, tmp_path / "copy.onnx", external_data=True)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(_run(tmp_path / "copy.onnx", x), x @ weight, rtol=1e-5)
+    np.testing.assert_allclose(graphopt.load(tmp_path / "m.om").run({"x": x})["y"], x @ weight,
+                               rtol=1e-5)

@@ -164,6 +164,50 @@ def test_cli_tunes_then_optimize_applies_the_choice(block_path, tmp_path, capsys
     assert rc == 1 and "--objective measured is for --job subgraph" in err
 
 
+def test_the_library_applies_the_decisions_the_command_line_applies(block_path, tmp_path,
+                                                                     capsys):
+    import graphopt
+
+    db = str(tmp_path / "kb.db")
+    # A tuned choice that differs from the default compile: the default with FuseMatMul's
+    # divided-MatMul rule switched off.
+    result = tune_subgraph(_job(block_path), trials=12, seed=0, storage=db)
+    assert result.chosen != result.default.params
+    cli_om, api_om = str(tmp_path / "cli.om"), str(tmp_path / "api.om")
+    rc, out, err = run_cli(capsys, "optimize", block_path, "-o", cli_om, "-O3", "--target",
+                           "ascend310", "--tuning-db", db)
+    assert rc == 0, err
+    tuned = graphopt.optimize(block_path, level=3, target="ascend310", tuning_db=db)
+    assert tuned.tuned_study == result.study_name
+    assert tuned.notes[0] == f"applying the subgraph decisions of {result.study_name}"
+    graphopt.save(tuned, api_om)  # the tilings of the same knowledge base, by default
+    untuned = graphopt.optimize(block_path, level=3, target="ascend310")
+    assert sorted(n.op_type for n in tuned.model.graph) == \
+        sorted(n.op_type for n in graphopt.load_onnx(_partition_of(cli_om)).graph)
+    assert [n.op_type for n in tuned.model.graph] != [n.op_type for n in untuned.model.graph]
+    # A model given in memory is found by its serialized bytes.
+    in_memory = graphopt.optimize(onnx.load(block_path), level=3, target="ascend310",
+                                  tuning_db=db)
+    assert in_memory.tuned_study == result.study_name
+    with pytest.raises(OptionError, match="tuning_db applies what `graphopt tune` found for a "
+                                          "target: give target="):
+        graphopt.optimize(block_path, level=3, tuning_db=db)
+    with pytest.raises(OptionError, match="no such knowledge base"):
+        graphopt.optimize(block_path, level=3, target="ascend310",
+                          tuning_db=str(tmp_path / "missing.db"))
+    with pytest.raises(OptionError, match="save the result of optimize"):
+        graphopt.save(graphopt.optimize(block_path), str(tmp_path / "x.om"), tuning_db=db)
+
+
+def _partition_of(om_path: str) -> onnx.ModelProto:
+    """The one NPU partition's model of a .om."""
+    from graphopt.codegen import load_om
+
+    artifact = load_om(om_path)
+    (name,) = [p["name"] for p in artifact.manifest["partitions"] if p["device"] != "cpu"]
+    return artifact.models.parse(name)
+
+
 def test_a_measured_best_must_beat_the_default_by_more_than_noise():
     from graphopt.tuner.subgraph import MIN_MEASURED_GAIN, Scored, SubgraphResult
     from graphopt.tuner.subgraph_space import Space

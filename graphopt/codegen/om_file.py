@@ -60,6 +60,12 @@ class OpenedFile:
             raise ArtifactError(f"{self.label} was replaced or removed while it was being "
                                 "loaded: load it again")
 
+    def close(self) -> None:
+        """Close the handle now (OmSession.close); reads afterwards fail."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
     def __del__(self) -> None:
         with contextlib.suppress(OSError, AttributeError, TypeError):
-            os.close(self.fd)
+            self.close()

@@ -35,7 +35,7 @@ from graphopt.codegen.om_manifest import (
 )
 from graphopt.codegen.om_weights import (FILE_ALIGNMENT, WEIGHTS_DIR, Blob, all_tensors, split_weights,
                                          weights_member)
-from graphopt.errors import ArtifactError, GraphoptError
+from graphopt.errors import ArtifactError, GraphoptError, OutputError
 
 # Zip entries carry a timestamp; a fixed one makes the same input give the same bytes.
 _ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
@@ -498,5 +498,7 @@ def write_om(
                 if name.startswith(WEIGHTS_DIR):
                     info.extra = _alignment_padding(f.tell(), name)
                 zf.writestr(info, data, compresslevel=None if stored else _ZIP_COMPRESSLEVEL)
-    except OSError as exc:
+    except OutputError:
+        raise  # the destination refused it: an OSError too, for callers that catch those
+    except OSError as exc:  # reading what goes in (a weights file) failed
         raise GraphoptError(f"cannot write {path}: {exc.strerror or exc}") from exc

@@ -337,6 +337,10 @@ class _DeferredCheck:
         if self._error is not None:
             raise ArtifactError(self._error)
 
+    def finish(self) -> None:
+        """Wait for the thread, whatever it found (a session being closed needs no verdict)."""
+        self._thread.join()
+
 
 def _deferred_check(artifact: OmArtifact) -> _DeferredCheck | None:
     """Start checking an unverified artifact's sums; None when they are checked already."""
@@ -492,6 +496,7 @@ class OmSession:
             return made
 
         options(None)  # bad options fail before any file is read
+        self._closed = False
         # What a pickled session reopens from in another process (multiprocessing workers).
         self._reopen = dict(intra_op_num_threads=intra_op_num_threads,
                             optimization_level=optimization_level,
@@ -607,6 +612,32 @@ class OmSession:
         # onnxruntime sessions do not pickle: the copy loads the artifact again from its path.
         return _reopened, (self._artifact.location, self._reopen)
 
+    def close(self) -> None:
+        """Release the onnxruntime sessions and the artifact file now rather than when the
+        session is collected; `run` refuses afterwards. Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._direct = None
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.finish()  # it reads through the file about to be closed
+        self._programs, self._program, self._matcher = [], None, None
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
+
+    def __enter__(self) -> "OmSession":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GraphoptError(f"{self._artifact.path}: the session was closed; load the "
+                                "artifact again to run it")
+
     @property
     def _steps(self) -> list[_Step]:
         """Every partition's session, of every profile."""
@@ -654,6 +685,7 @@ class OmSession:
     def profile_for(self, feeds: Mapping[str, Any]) -> str | None:
         """The name of the profile `run(feeds)` would take (None without profiles);
         GraphoptError when the feeds fit the signature but no profile."""
+        self._check_open()
         env = self._check_feeds(feeds)
         if self._matcher is None:
             return None
@@ -679,6 +711,7 @@ class OmSession:
                 return outputs
         if self._mapped is not None:
             self._mapped.check_unchanged()
+        self._check_open()
         if self._pending is None:
             return self._run(feeds, output_names)
         # The first runs overlap the checksums still being computed (onnxruntime releases the

@@ -7,7 +7,7 @@ import os
 
 from onnx import ModelProto, TensorProto
 
-from graphopt.atomic import atomic_write, atomic_write_bytes
+from graphopt.atomic import atomic_files, atomic_write_bytes
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir.model import Model
 from graphopt.ir.tensor import Tensor, tensor_references
@@ -45,7 +45,7 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     """Write `model` to `path` atomically. With external data (`external=True`, or None and
     the weights past `threshold()`), every main-graph initializer of 1 KiB or more goes to
     `<path>.data` (its location is that file's name, so the pair moves together) and streams
-    there tensor by tensor; the data file is replaced first, then the model."""
+    there tensor by tensor; the two files are replaced together (graphopt.atomic.atomic_files)."""
     path = os.fspath(path)
     if isinstance(model, ModelProto):
         if external is False or (external is None and model.ByteSize() <= threshold()):
@@ -67,15 +67,25 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     with tensor_references() as sources:
         proto = to_onnx(model)
         placed = _place(proto, os.path.basename(data_path), sources)
-    try:
-        with atomic_write(data_path) as f:
-            for offset, tensor in placed:
-                f.write(b"\0" * (offset - f.tell()))
-                for chunk in tensor.iter_bytes():
-                    f.write(chunk)
-    except OSError as e:
-        raise GraphoptError(f"cannot write {data_path}: {e.strerror or e}") from None
-    _write_proto(proto, path)
+    serialized = _serialize(proto, path)
+    placed_ids = {id(tensor) for _, tensor in placed}
+    moved = [(offset, tensor) for offset, tensor in placed
+             if tensor.streamable and tensor.reads(data_path)]
+    for tensor in sources.values():
+        if id(tensor) not in placed_ids and tensor.reads(data_path):
+            tensor.numpy()  # inlined (a subgraph's): mapped before its file is replaced
+    # Both files are replaced together or not at all: a model next to the other save's data
+    # would load and compute with the wrong weights.
+    with atomic_files([data_path, path]) as (data_file, model_file):
+        for offset, tensor in placed:
+            data_file.write(b"\0" * (offset - data_file.tell()))
+            for chunk in tensor.iter_bytes():
+                data_file.write(chunk)
+        model_file.write(serialized)
+    # A save over the file the model's own weights are read from (in place, -o = the input)
+    # replaced it: those weights are now at their new offsets in the new file.
+    for offset, tensor in moved:
+        tensor.follow_move(data_path, offset)
 
 
 def _place(proto: ModelProto, location: str, sources: dict[str, Tensor]
@@ -137,10 +147,13 @@ def _nested_tensors(proto: ModelProto):
                 graphs.extend(attr.graphs)
 
 
-def _write_proto(proto: ModelProto, path: str) -> None:
+def _serialize(proto: ModelProto, path: str) -> bytes:
     try:
-        data = proto.SerializeToString()
+        return proto.SerializeToString()
     except ValueError as e:  # protobuf refuses messages past 2 GB
         raise GraphoptError(f"{path}: model too large to serialize ({e}); its weights may be "
                             "in external data: save(…, external_data=True)") from None
-    atomic_write_bytes(path, data)
+
+
+def _write_proto(proto: ModelProto, path: str) -> None:
+    atomic_write_bytes(path, _serialize(proto, path))

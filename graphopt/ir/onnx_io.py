@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from onnx import (AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto,
                   ValueInfoProto, helper)
 
-from graphopt.errors import InputError
+from graphopt.errors import InputError, OptionError
 from graphopt.ir.attributes import Attr
 from graphopt.ir.collector import collection_paused
 from graphopt.ir.dtypes import DType, nbytes
@@ -75,6 +75,11 @@ def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: boo
     `user_model` marks a model a caller handed in (not a partition graphopt cut itself): given
     in memory, its external data references are refused, as they name no folder."""
     label = "<model>"
+    if isinstance(source, (bytearray, memoryview)):
+        source = bytes(source)
+    if not isinstance(source, (str, os.PathLike, ModelProto, bytes)):
+        raise OptionError(f"load_onnx takes a path, an onnx.ModelProto or serialized bytes, not "
+                          f"{type(source).__name__}")
     if isinstance(source, ModelProto):
         proto = source
     elif isinstance(source, bytes):
@@ -95,6 +100,23 @@ def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: boo
     in_memory = isinstance(source, bytes) or (user_model and isinstance(source, ModelProto))
     with collection_paused():
         return _Importer(label, external_ok=not in_memory, base_dir=base_dir).model(proto)
+
+
+def check_no_external_references(proto: ModelProto) -> None:
+    """InputError when a caller's in-memory model keeps data in an external file: the proto
+    names no folder to find it in (load_onnx refuses it the same way)."""
+    graphs = [proto.graph]
+    while graphs:
+        graph = graphs.pop()
+        tensors = list(graph.initializer)
+        for node in graph.node:
+            for attr in node.attribute:
+                tensors += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
+                graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+        for tensor in tensors:
+            if tensor.data_location == TensorProto.EXTERNAL:
+                _Importer("<model>", external_ok=False)._check_external(
+                    tensor, f"tensor {tensor.name!r}")
 
 
 class _Importer:
@@ -503,6 +525,10 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None,
     every type but not the weights. `value_infos=False` leaves the main graph's intermediate
     types out (for a check that must infer them afresh).
     """
+    if not isinstance(model, Model):
+        hint = (" (an OptimizeResult has .to_onnx())" if hasattr(model, "to_onnx")
+                else " (a ModelProto is ONNX already)" if isinstance(model, ModelProto) else "")
+        raise OptionError(f"to_onnx takes a graphopt Model, not {type(model).__name__}{hint}")
     proto = ModelProto()
     proto.ir_version = model.ir_version
     if model.ir_version < 4 and any(not v.is_input for g in model.graph.all_graphs()

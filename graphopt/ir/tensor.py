@@ -11,6 +11,7 @@ from contextvars import ContextVar
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
+from graphopt.errors import InputError
 from graphopt.ir.dtypes import DType, nbytes
 
 # Bytes per read when a tensor's data streams out of its file (hashing, writing).
@@ -22,6 +23,10 @@ _MAP_ABOVE = 1 << 20
 REFERENCE_PREFIX = "graphopt-tensor:"
 _REFERENCES: ContextVar["dict[str, Tensor] | None"] = ContextVar("graphopt_tensor_references",
                                                                  default=None)
+
+
+class ExternalDataChanged(InputError, ValueError):
+    """The file a tensor's data lives in is not the one the model was loaded with."""
 
 
 class Tensor:
@@ -79,6 +84,16 @@ class Tensor:
         tensor._external = (path, offset, length, _identity(stat))
         return tensor
 
+    def reads(self, path: str) -> bool:
+        """Whether the data still lives in the external file `path`, unread."""
+        return self.is_external and \
+            os.path.realpath(self._external[0]) == os.path.realpath(path)
+
+    def follow_move(self, path: str, offset: int) -> None:
+        """The external file this tensor reads was replaced by `path`, which holds the same
+        bytes at `offset` (a save over the model's own data file): read them there."""
+        self._external = (path, offset, self.nbytes, _identity(os.stat(path)))
+
     @property
     def streamable(self) -> bool:
         """Whether the data is plain bytes, one element after another (not strings, not packed
@@ -131,8 +146,8 @@ class Tensor:
         f = open(path, "rb")  # noqa: SIM115 - the caller closes it
         if _identity(os.fstat(f.fileno())) != identity:
             f.close()
-            raise ValueError(f"external data file {path} was replaced or changed after the "
-                             "model was loaded; load the model again")
+            raise ExternalDataChanged(f"external data file {path} was replaced or changed "
+                                      "after the model was loaded; load the model again")
         return f
 
     def _loaded_proto(self, name: str | None = None) -> TensorProto:

@@ -24,7 +24,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -64,6 +64,9 @@ class SubgraphJob:
     repeat: int = 20                      # measured: timed runs per candidate
     threads: int | None = None            # measured: onnxruntime intra-op threads
     granularity: str = "rule"             # subgraph_space.GRANULARITIES
+    # The model's serialized bytes when it was given in memory (a knowledge-base lookup from
+    # graphopt.optimize): its identity then, in place of the file's.
+    model_bytes: bytes | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -114,9 +117,12 @@ class SubgraphResult:
 def model_key(job: SubgraphJob) -> str:
     """A study's model identity: the model file's bytes and the pinned input shapes."""
     digest = hashlib.sha256()
-    with open(job.model_path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    if job.model_bytes is not None:
+        digest.update(job.model_bytes)
+    else:
+        with open(job.model_path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
     digest.update(json.dumps(job.input_shapes or "").encode())
     return digest.hexdigest()[:16]
 
@@ -407,9 +413,40 @@ def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
     """The -O levels at which the storage holds subgraph studies of the job's model and target."""
     names = set(optuna.get_all_study_names(open_storage(storage, read_only=True)))
     return [level for level in range(4) if any(
-        study_name_for(SubgraphJob(job.model_path, job.target, level, job.input_shapes,
-                                   objective, granularity=granularity), target_name) in names
+        study_name_for(replace(job, level=level, objective=objective, granularity=granularity),
+                       target_name) in names
         for objective in ("measured", "estimate") for granularity in GRANULARITIES)]
+
+
+@dataclass
+class Decisions:
+    """What a knowledge base holds for one compile: the tuned rewrite gate and pass options
+    (None when it holds none), the study they came from, and the note to show."""
+
+    gate: Any = None
+    pass_options: dict | None = None
+    study: str | None = None
+    note: str = ""
+
+
+def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int,
+                  input_shapes: str | None) -> Decisions:
+    """The subgraph decisions `graphopt tune --job subgraph` chose for this model (a file's
+    path, or its serialized bytes) with these --input-shape pins, on this target at this
+    level; when there are none but other levels have some, the note says which."""
+    job = (SubgraphJob("<model>", target_name, level, input_shapes, model_bytes=model)
+           if isinstance(model, bytes) else SubgraphJob(model, target_name, level, input_shapes))
+    found = best_decisions(storage, job, target_name)
+    if found is not None:
+        gate, pass_options, study = found
+        return Decisions(gate, pass_options, study, f"applying the subgraph decisions of {study}")
+    levels = tuned_levels(storage, job, target_name)
+    if levels:
+        return Decisions(note=(
+            f"--tuning-db holds subgraph decisions for this model on {target_name} at "
+            f"{', '.join(f'-O{n}' for n in levels)}, not at -O{level}: they apply to a compile "
+            "at the level they were tuned for"))
+    return Decisions()
 
 
 def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
@@ -420,8 +457,7 @@ def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
     store = open_storage(storage, read_only=True)
     names = set(optuna.get_all_study_names(store))
     for objective, granularity in [(o, g) for o in ("measured", "estimate") for g in GRANULARITIES]:
-        candidate = SubgraphJob(job.model_path, job.target, job.level, job.input_shapes,
-                                objective, granularity=granularity)
+        candidate = replace(job, objective=objective, granularity=granularity)
         name = study_name_for(candidate, target_name)
         if name not in names:
             continue

@@ -1,0 +1,134 @@
+"""Checks of the library's keyword arguments: a wrong type or value is an OptionError naming the
+argument, as the command line's usage errors name the flag."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from numbers import Real
+from typing import TYPE_CHECKING
+
+from graphopt.errors import OptionError
+
+if TYPE_CHECKING:
+    from graphopt.partition.target import Target
+
+_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "1048576", "512K", "4M", "1GiB" (powers of 1024). ValueError when not a size."""
+    cleaned = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = _SIZE_UNITS.get(cleaned[-1:], 1)
+    number = cleaned[:-1] if cleaned[-1:] in _SIZE_UNITS else cleaned
+    try:
+        size = int(float(number) * scale)
+    except (ValueError, OverflowError):
+        raise ValueError(f"'{text}' is not a size such as 1048576, 512K or 4M") from None
+    if size < 0:
+        raise ValueError(f"'{text}' is negative; give a size such as 512K or 4M")
+    return size
+
+
+def names(value, what: str) -> list[str]:
+    """A name or an iterable of names (None: none)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        items = list(value)
+        if all(isinstance(item, str) for item in items):
+            return items
+    raise OptionError(f"{what}: expected a name or a list of names, got {value!r}")
+
+
+def path(value, what: str) -> str | None:
+    """A file or folder path as a str (None stays None); bytes and file descriptors, which
+    os.fspath and open() would also take, are refused."""
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, str) and text:
+            return text
+    raise OptionError(f"{what}: expected a path (str or os.PathLike), got {value!r}")
+
+
+def mapping(value, what: str) -> dict:
+    """A dict of settings (None: empty)."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise OptionError(f"{what}: expected a dict, got {value!r}")
+
+
+def size(value, what: str) -> int | None:
+    """Bytes: an int ≥ 0 or a size text such as "4M" (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            raise OptionError(f"{what}: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(f"{what}: expected a number of bytes or a size such as '4M', "
+                          f"got {value!r}")
+    if value < 0:
+        raise OptionError(f"{what} must be ≥ 0 bytes, got {value}")
+    return value
+
+
+def tolerance(value, what: str) -> float | None:
+    """A finite number ≥ 0 (None stays None): inf would turn a check off, nan fail it always."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise OptionError(f"{what}: expected a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise OptionError(f"{what}: expected a finite number ≥ 0, got {value!r}")
+    return number
+
+
+def integer(value, what: str) -> int:
+    """An int (not a bool, which Python would take for 0 or 1)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(f"{what}: expected an integer, got {value!r}")
+    return value
+
+
+def target(value) -> "Target | None":
+    """A target name or profile path loaded; a loaded Target or None as given."""
+    from graphopt.partition.target import Target
+
+    if value is None or isinstance(value, Target):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        from graphopt.partition import load_target
+
+        return load_target(path(value, "target"))
+    raise OptionError(f"target: expected a target name, a profile path or a Target, got "
+                      f"{value!r}")
+
+
+def check_run_options(verify, inputs, rtol, atol, memory_reorder, loaded_target,
+                      instruments) -> None:
+    """What the command line refuses as a usage error, refused alike (OptionError)."""
+    if inputs is not None:
+        if not verify:
+            raise OptionError("inputs: only used with verify=True")
+        if not isinstance(inputs, (Mapping, str, os.PathLike)):
+            raise OptionError(f"inputs: expected a dict of arrays or an .npz path, got "
+                              f"{type(inputs).__name__}")
+    tolerance(rtol, "rtol")
+    tolerance(atol, "atol")
+    if memory_reorder and loaded_target is None:
+        raise OptionError("memory_reorder=True reorders the memory plans of a target's "
+                          "partitions: give target=")
+    if not isinstance(instruments, Iterable) or isinstance(instruments, (str, bytes)):
+        raise OptionError(f"instruments: expected a list of Instrument objects, got "
+                          f"{instruments!r}")

@@ -1,0 +1,58 @@
+"""The knowledge base in a compile: the subgraph decisions optimize(tuning_db=…) applies, as
+`graphopt optimize --tuning-db` finds them, and the file save() takes the tilings from."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from graphopt.api_args import path
+from graphopt.errors import OptionError
+from graphopt.input_shapes import format_input_shapes
+
+if TYPE_CHECKING:
+    from graphopt.compiler import OptimizeResult
+    from graphopt.tuner.subgraph import Decisions
+
+
+def tuned_decisions(tuning_db, model, target, level: int, pins: dict,
+                    input_shapes) -> "Decisions":
+    """The knowledge base's subgraph decisions for this compile (empty without tuning_db),
+    looked up as `graphopt optimize --tuning-db` does: by the model file's bytes (or the
+    serialized model given in memory), the --input-shape text, the target and the level."""
+    from graphopt.tuner.subgraph import Decisions, decisions_for
+
+    if tuning_db is None:
+        return Decisions()
+    tuning_db = knowledge_base(tuning_db)
+    if target is None:
+        raise OptionError("tuning_db applies what `graphopt tune` found for a target: give "
+                          "target=")
+    if isinstance(model, (str, os.PathLike)):
+        source = os.fspath(model)
+    else:
+        source = model if isinstance(model, bytes) else model.SerializeToString()
+    shapes = input_shapes if isinstance(input_shapes, str) else (
+        format_input_shapes(pins) if pins else None)
+    return decisions_for(tuning_db, source, target.name, level, shapes)
+
+
+def knowledge_base(tuning_db) -> str | None:
+    """`tuning_db` as a str, refused when it names a file that does not exist (a URL is
+    checked when it is opened)."""
+    tuning_db = path(tuning_db, "tuning_db")
+    if tuning_db is not None and "://" not in tuning_db and not os.path.isfile(tuning_db):
+        raise OptionError(f"--tuning-db {tuning_db}: no such knowledge base (`graphopt tune "
+                          "--tuning-db FILE` creates one)")
+    return tuning_db
+
+
+def record_tuning(result: "OptimizeResult", tuning_db, tuned) -> None:
+    """Keep the knowledge base on the result (save takes its tilings from it) and say which
+    subgraph decisions applied."""
+    if tuning_db is None:
+        return
+    result.tuning_db = os.fspath(tuning_db)
+    result.tuned_study = tuned.study
+    if tuned.note:
+        result.notes.insert(0, tuned.note)
