@@ -343,3 +343,21 @@ def test_a_feed_overriding_an_initializer_is_judged_per_side(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "compare", source, tmp_path / "opt.om", "--inputs", feeds)
     assert rc == 1 and f"'k' overrides an initializer of {source}, which {tmp_path / 'opt.om'} " \
         "holds fixed at its value" in err
+
+
+def test_a_slice_the_whole_tensor_cosine_hides_is_a_note():
+    # A detector's head: 4 box channels in pixels, 2 class-score channels of ~0.01, the last
+    # one off; the whole-output cosine still reads above 0.9999.
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((6, 3, 1)).astype(np.float32)
+    w[:4] *= 300.0
+    w[4:] *= 0.01
+    noisy = w.copy()
+    noisy[5] += rng.standard_normal((3, 1)).astype(np.float32) * 0.01
+    text = "g (float[1,3,16] x) => (float[1,6,16] out) { out = Conv(x, w) }"
+    report = compare_models(parse_model(text, w=w), parse_model(text, w=noisy),
+                            {"x": rng.standard_normal((1, 3, 16)).astype(np.float32)})
+    (row,) = report.rows
+    assert row.cosine > 0.9999
+    (note,) = [n for n in report.notes if n.startswith("out: cosine")]
+    assert "over [:,5] alone" in note

@@ -28,7 +28,6 @@ import numpy as np
 from graphopt.codegen.feeds import numpy_dtype
 from graphopt.quant.calib_data import CalibrationShapeError, InputSpec, first_sample
 from graphopt.table import format_table
-from graphopt.tools import metrics
 from graphopt.tools.compare import compare_arrays
 from graphopt.tools.compare_run import (
     Side,
@@ -40,12 +39,7 @@ from graphopt.tools.compare_run import (
 )
 from graphopt.tools.half_range import half_tensors, overflow_note, overflows
 from graphopt.tools.output_kinds import model_facts, output_kind
-
-
-# A slice of an output agreeing less than this is named under the table when the whole-tensor
-# cosine hides it: the class-score channels of a detector read 0.82-0.95 while the box
-# coordinates, up to ~500 against scores of ~0.005, held the whole output at 0.9989.
-WORST_SLICE_WARNING = 0.99
+from graphopt.tools.slices import hidden_slice_warning, worst_slice
 
 
 @dataclass
@@ -162,26 +156,6 @@ def _reference_names_of_half_tensors(reference: Side, candidate: Side) -> list[s
     return sorted({name for name in half_tensors(models).values() if name in known})
 
 
-def _judge_slices(entry: OutputAccuracy, ref: np.ndarray, cand: np.ndarray,
-                  warnings: list[str]) -> None:
-    """Set the worst [:, i] slice cosine of a float output of rank 3 or more, and warn when the
-    whole-tensor cosine hides it: far below it and under WORST_SLICE_WARNING."""
-    if ref.ndim < 3 or ref.shape[1] < 2 or ref.size == 0 or ref.dtype.kind != "f" \
-            or not (np.isfinite(ref).all() and np.isfinite(cand).all()):
-        return
-    cosines = metrics.slice_cosines(ref, cand, axis=1)
-    index = int(np.argmin(cosines))
-    worst = float(cosines[index])
-    entry.worst_slice = (worst, index)
-    if worst < WORST_SLICE_WARNING and 1.0 - worst > 10 * (1.0 - entry.cosine):
-        largest = float(np.abs(ref).max())
-        within = float(np.abs(np.take(ref, index, axis=1)).max())
-        warnings.append(
-            f"{entry.name}: cosine {entry.cosine:.6f} over the whole tensor but {worst:.6f} over "
-            f"[:,{index}] alone, whose values reach {within:.3g} against {largest:.3g} in the "
-            f"whole tensor: the whole-tensor cosine mostly measures the largest slices")
-
-
 def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
                     input_shapes: dict | str | None = None, calibration=None,
                     reference_label: str | None = None) -> AccuracyReport:
@@ -221,8 +195,12 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
         row = compare_arrays(name, ref, cand)
         entry = OutputAccuracy(name, ref.shape, output_kind(name, ref, facts, arrays),
                                row.cosine, note=row.note)
-        if cand.shape == ref.shape and row.cosine is not None:
-            _judge_slices(entry, ref, cand, report.warnings)
+        if row.cosine is not None:
+            entry.worst_slice = worst_slice(ref, cand)
+            warning = entry.worst_slice and hidden_slice_warning(name, ref, row.cosine,
+                                                                 entry.worst_slice)
+            if warning:
+                report.warnings.append(warning)
         if entry.kind != "tensor" and cand.shape == ref.shape and row.cosine is not None:
             entry.top1 = float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1)))
             if entry.kind == "lm" and ref.size:

@@ -43,6 +43,7 @@ from graphopt.tools.compare_run import (
     load_reference,
     make_feeds,
 )
+from graphopt.tools.slices import hidden_slice_warning, worst_slice
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
@@ -309,6 +310,14 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         tensor = producers.get(name)
         row.producer, row.partition = (tensor.producer, tensor.partition) if tensor else ("", "")
         report.rows.append(row)
+        ref_value, cand_value = ref_values[name], cand_values[name]
+        if row.cosine is not None and isinstance(ref_value, np.ndarray) \
+                and isinstance(cand_value, np.ndarray):
+            ref_value = widened(ref_value)
+            worst = worst_slice(ref_value, widened(cand_value))
+            warning = worst and hidden_slice_warning(name, ref_value, row.cosine, worst)
+            if warning:
+                report.notes.append(warning)
     extra = [n for n in cand_side.outputs if n not in ref_side.outputs]
     if extra:
         report.notes.append(f"outputs of {cand_side.label} not in {ref_side.label}: "
