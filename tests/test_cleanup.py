@@ -3,6 +3,7 @@ not, and leaves outputs unchanged at ORT_DISABLE_ALL."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx.parser
 import pytest
@@ -102,11 +103,33 @@ def test_dropout_with_used_mask_or_training_mode_is_kept():
     assert stats == {}
 
 
+def test_adding_a_positive_float_zero_is_kept_for_the_sign_of_minus_zero():
+    # -0.0 + 0.0 is +0.0, and 1/x tells them apart; x - (-0.0) is the same sum.
+    for body in ("z = Constant <value = float[1] {0.0}> ()\n c = Add(x, z)",
+                 "z = Constant <value = float[1] {-0.0}> ()\n c = Sub(x, z)"):
+        model, stats = run_passes(HEADER + f"""
+        g (float[3] x) => (float[3] y) {{
+            {body}
+            y = Reciprocal(c)
+        }}""", "ConstantToInitializer", "EliminateNoOps", numeric=False)
+        assert "Add" not in stats and "Sub" not in stats
+        y = numerics.run(to_onnx(model), {"x": np.array([-0.0, 2.0, 0.0], np.float32)})["y"]
+        np.testing.assert_array_equal(y, [np.inf, 0.5, np.inf])
+    # An integer zero has no sign: x + 0 is x.
+    model, stats = run_passes(HEADER + """
+    g (int64[3] x) => (int64[3] y) {
+        z = Constant <value = int64[1] {0}> ()
+        c = Add(x, z)
+        y = Neg(c)
+    }""", "ConstantToInitializer", "EliminateNoOps")
+    assert stats["Add"] == 1
+
+
 @pytest.mark.parametrize("body, rule", [
     ("c = Cast <to = 1> (x)", "Cast"),
     ("s = Constant <value_ints = [-1, 4]> ()\n c = Reshape(x, s)", "Reshape"),
     ("c = Transpose <perm = [0, 1]> (x)", "Transpose"),
-    ("z = Constant <value = float[1] {0.0}> ()\n c = Add(z, x)", "Add"),
+    ("z = Constant <value = float[1] {-0.0}> ()\n c = Add(z, x)", "Add"),
     ("z = Constant <value = float {0.0}> ()\n c = Sub(x, z)", "Sub"),
     ("o = Constant <value = float[1, 4] {1.0, 1.0, 1.0, 1.0}> ()\n c = Mul(x, o)", "Mul"),
     ("o = Constant <value = float {1.0}> ()\n c = Div(x, o)", "Div"),
@@ -215,6 +238,50 @@ def test_dead_nodes_inside_branches_are_removed():
     }""", "EliminateDeadNodes")
     assert stats == {"node": 1}
     assert "Neg" not in format_model(model)
+
+
+def test_cse_keeps_each_random_draw():
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    # Dropout in training mode, a contrib dropout, and a local function that draws noise:
+    # two of each on the same input are two draws.
+    noise = helper.make_function("local", "Noise", ["a"], ["b"], [
+        helper.make_node("RandomUniformLike", ["a"], ["r"]),
+        helper.make_node("Add", ["a", "r"], ["b"])], [helper.make_opsetid("", 17)])
+    calls = helper.make_function("local", "TwiceNoisy", ["a"], ["b"], [
+        helper.make_node("Noise", ["a"], ["b"], domain="local")],
+        [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
+    nodes = [helper.make_node("Dropout", ["x", "r", "t"], ["d1"]),
+             helper.make_node("Dropout", ["x", "r", "t"], ["d2"]),
+             helper.make_node("BiasDropout", ["x", "bias", "r", "t"], ["c1"], domain="com.microsoft"),
+             helper.make_node("BiasDropout", ["x", "bias", "r", "t"], ["c2"], domain="com.microsoft"),
+             helper.make_node("TwiceNoisy", ["x"], ["n1"], domain="local"),
+             helper.make_node("TwiceNoisy", ["x"], ["n2"], domain="local")]
+    nodes += [helper.make_node("Sub", [f"{p}1", f"{p}2"], [f"{p}_diff"]) for p in "dcn"]
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [8])],
+                              [vi(f"{p}_diff", TensorProto.FLOAT, [8]) for p in "dcn"],
+                              [helper.make_tensor("r", TensorProto.FLOAT, [], [0.5]),
+                               helper.make_tensor("t", TensorProto.BOOL, [], [True]),
+                               helper.make_tensor("bias", TensorProto.FLOAT, [8], [0.0] * 8)])
+    proto = helper.make_model(graph, functions=[noise, calls], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("local", 1),
+        helper.make_opsetid("com.microsoft", 1)])
+    model = load_onnx(proto)
+    ctx = PassContext(Options())
+    for name in ("EliminateCommonSubexpressions", "FoldConstants"):
+        assert not PASSES[name]().run(model, ctx).stats
+    assert len(ops(model)) == 9
+    # A Dropout whose mode is constant false is no draw: those merge.
+    model, stats = run_passes(HEADER + """
+    g (float[8] x) => (float[8] y) {
+        r = Constant <value = float {0.5}> ()
+        t = Constant <value = bool {0}> ()
+        d1 = Dropout(x, r, t)
+        d2 = Dropout(x, r, t)
+        y = Add(d1, d2)
+    }""", "ConstantToInitializer", "EliminateCommonSubexpressions")
+    assert stats["Dropout"] == 1
 
 
 def test_cse_merges_equal_nodes_but_not_random_or_different_attrs():

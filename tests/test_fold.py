@@ -817,3 +817,40 @@ def test_property_elementwise_chains_fold_to_onnxruntime_values(chain):
     feeds = {"x": np.zeros((2, 3), dtype=dtype)}
     expected, actual = numerics.run(proto, feeds)["y"], numerics.run(folded, feeds)["y"]
     np.testing.assert_array_equal(actual, expected)  # bit for bit: same kernels, same inputs
+
+
+def test_slice_indices_clamp_as_onnxruntime_does():
+    # Python's slice clamps a negative-step start below -size to "nothing"; ONNX to 0.
+    import itertools
+
+    from graphopt.passes.fold_shapes import slice_indices
+
+    node = helper.make_node("Slice", ["d", "s", "e", "a", "st"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.INT64, [None])
+                                            for n in ("d", "s", "e", "a", "st")],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    session = numerics.session(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]).SerializeToString())
+    for size in range(4):
+        data = np.arange(size, dtype=np.int64)
+        for start, end, step in itertools.product(range(-6, 6), range(-6, 6), (-2, -1, 1, 2)):
+            feeds = {"d": data, "s": np.array([start]), "e": np.array([end]),
+                     "a": np.array([0]), "st": np.array([step])}
+            (expected,) = session.run(None, feeds)
+            assert list(slice_indices(size, start, end, step)) == expected.tolist(), \
+                (size, start, end, step)
+
+
+def test_slice_of_a_shape_with_a_negative_step_folds_to_what_onnxruntime_computes():
+    proto = parse("""
+        g (float[4,N,8] x) => (int64[2] y)
+        <int64[1] s = {-4}, int64[1] e = {-10}, int64[1] a = {0}, int64[1] st = {-1},
+         int64[1] seven = {7}>
+        {
+          shape = Shape(x)
+          picked = Slice(shape, s, e, a, st)
+          y = Concat <axis = 0> (picked, seven)
+        }""")
+    model, stats = fold(proto)
+    assert "Slice" not in ops(model), stats
+    assert_same_outputs(proto, model, {"x": np.zeros((4, 2, 8), np.float32)})

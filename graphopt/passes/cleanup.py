@@ -11,7 +11,7 @@ from onnx import AttributeProto
 from graphopt.ir import Graph, Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import bypass, replace_value
-from graphopt.passes.facts import NONDETERMINISTIC, constant_node_tensor
+from graphopt.passes.facts import constant_node_tensor, random_functions, random_reason
 
 @register
 class ConstantToInitializer(Pass):
@@ -123,10 +123,13 @@ class EliminateCommonSubexpressions(Pass):
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
+        random_calls = random_functions(model)
         for graph in list(model.graph.all_graphs()):
             seen: dict[tuple, Node] = {}
             for node in graph:
-                if node.op_type in NONDETERMINISTIC or node.subgraphs():
+                # Two random draws on equal inputs are two different draws.
+                if node.subgraphs() or random_reason(node) \
+                        or (node.domain, node.op_type) in random_calls:
                     continue
                 attrs = _attr_key(node)
                 if attrs is None:

@@ -9,6 +9,54 @@ from graphopt.ir import DType, Node, Tensor
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                     "Multinomial", "Bernoulli"}
 
+def random_reason(node: Node) -> str | None:
+    """Why `node` draws random numbers (so two of them on equal inputs differ, and one run to
+    the next), or None: the Random* ops, Dropout in training mode (or a mode known only at
+    run time), and contrib ops named for either."""
+    op = node.op_type
+    if node.is_onnx:
+        if op in NONDETERMINISTIC:
+            return "non-deterministic"
+        if op == "Dropout" and node.input(2) is not None:
+            mode = node.input(2).constant()
+            if mode is None or bool(mode):
+                return "Dropout in training mode is random"
+        return None
+    if "Random" in op or "Dropout" in op:
+        return f"op {node.qualified_op} is random"
+    return None
+
+
+def random_functions(model) -> set[tuple[str, str]]:
+    """The (domain, name) of the model-local functions whose bodies draw random numbers,
+    directly or through another function or a subgraph: each call of one differs from the
+    next."""
+    def random_op(proto) -> bool:
+        if proto.domain in ("", "ai.onnx"):
+            # Dropout's mode is a function input here: random unless it is left out.
+            return proto.op_type in NONDETERMINISTIC or (
+                proto.op_type == "Dropout" and len(proto.input) > 2 and proto.input[2] != "")
+        return "Random" in proto.op_type or "Dropout" in proto.op_type
+
+    def nodes_of(nodes):
+        for proto in nodes:
+            yield proto
+            for attr in proto.attribute:
+                for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from nodes_of(graph.node)
+
+    calls = {(f.domain, f.name): list(nodes_of(f.node)) for f in model.functions}
+    random = {key for key, body in calls.items() if any(random_op(p) for p in body)}
+    grew = True
+    while grew:  # a function calling a random one is random too
+        grew = False
+        for key, body in calls.items():
+            if key not in random and any((p.domain, p.op_type) in random for p in body):
+                random.add(key)
+                grew = True
+    return random
+
+
 _NUMERIC_ATTRS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
                   "value_ints": np.int64}
 

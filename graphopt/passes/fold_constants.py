@@ -37,7 +37,7 @@ from graphopt.errors import InputError
 from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import Pass, PassContext, PassResult, register
-from graphopt.passes.facts import NONDETERMINISTIC, constant_node_tensor
+from graphopt.passes.facts import constant_node_tensor, random_reason
 from graphopt.passes.fold_eval import EvalError, evaluate, is_castlike
 from graphopt.passes.fold_sizes import Sizes
 
@@ -59,9 +59,10 @@ def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> s
     op = node.op_type
     if node.subgraphs():
         return "has a subgraph"
+    random = random_reason(node)
+    if random:
+        return random
     if node.is_onnx:
-        if op in NONDETERMINISTIC:
-            return "non-deterministic"
         if op.startswith(("Sequence", "Optional")) or op == "SplitToSequence":
             return "produces a sequence or optional"
         if op == "DequantizeLinear":
@@ -69,12 +70,8 @@ def _refusal(node: Node, functions: set[tuple[str, str]], pinned: set[int]) -> s
             # kernels and AMCT takes DQ weights for the NPU (ORT's own folding skips DQ too);
             # folded, the weight would be float and four times the bytes.
             return "DequantizeLinear keeps the quantized weight the int8 kernels read"
-        if op == "Dropout" and node.input(2) is not None:
-            mode = node.input(2).constant()
-            if mode is None or bool(mode):
-                return "Dropout in training mode is random"
-    elif "Random" in op or "Dropout" in op or not _ort_knows(node.domain, op):
-        return f"op {node.qualified_op} is random or unknown to onnxruntime"
+    elif not _ort_knows(node.domain, op):
+        return f"op {node.qualified_op} is unknown to onnxruntime"
     if (node.domain, op) in functions:
         return "calls a model-local function"
     for value in node.outputs:

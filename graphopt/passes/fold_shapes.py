@@ -59,9 +59,20 @@ def _gathered(node: Node, dims: Shape) -> np.ndarray | None:
     return np.array(picked, dtype=np.int64).reshape(indices.shape)
 
 
+def slice_indices(size: int, start: int, end: int, step: int) -> range:
+    """The indices ONNX Slice takes along an axis of `size`. Its clamping differs from
+    Python's for a negative step: a start below -size counts from 0 (Python: nothing)."""
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), size), min(max(end, 0), size)
+    else:
+        start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+    return range(start, end, step)
+
+
 def _sliced(node: Node, dims: Shape, opset: int) -> np.ndarray | None:
-    """Dims picked by Slice(Shape(x), ...) when all of them are static. Python slicing clamps
-    starts/ends exactly as ONNX Slice does on a 1-D tensor."""
+    """Dims picked by Slice(Shape(x), ...) when all of them are static."""
     if opset < 10:
         starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes", [0])
         steps = [1]
@@ -76,7 +87,8 @@ def _sliced(node: Node, dims: Shape, opset: int) -> np.ndarray | None:
     if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or len(steps) != 1 \
             or int(steps[0]) == 0:
         return None
-    picked = list(dims)[slice(int(starts[0]), int(ends[0]), int(steps[0]))]
+    picked = [dims[i] for i in slice_indices(len(dims), int(starts[0]), int(ends[0]),
+                                             int(steps[0]))]
     if not _static(picked):
         return None
     return np.array(picked, dtype=np.int64)

@@ -1,11 +1,13 @@
 """EliminateNoOps: remove nodes whose output provably equals one of their inputs.
 
     Cast(x: f32, to=f32) -> x          Reshape/Expand/Flatten/Squeeze/Unsqueeze to x's own shape
-    Transpose(perm = identity) -> x     Add(x, 0), Sub(x, 0), Mul(x, 1), Div(x, 1), Pow(x, 1)
+    Transpose(perm = identity) -> x     Add(x, -0.0), Sub(x, +0.0), Mul(x, 1), Div(x, 1), Pow(x, 1)
     Concat/Sum/Max/Min/Mean of one input, Split into one part, Tile by ones, Pad by zeros,
     Slice that keeps every element
 
-Arithmetic identities only fire when broadcasting leaves x's shape and dtype unchanged.
+Arithmetic identities only fire when broadcasting leaves x's shape and dtype unchanged. A float
+x + 0.0 is not x: -0.0 + 0.0 is +0.0, which 1/x or atan2 tell apart; x + (-0.0) and x - 0.0
+are (integer zeros have no sign).
 Also collapses Reshape(Reshape(x, a), b) into Reshape(x, b) when b needs no dims of the middle.
 """
 
@@ -89,9 +91,21 @@ def _arithmetic(node: Node) -> Value | None:
     candidates = [(a, b)] + ([(b, a)] if commutative else [])
     for x, c in candidates:
         if x is not None and c is not None and _all_equal(c, neutral) \
-                and _broadcast_keeps(x, c, node.output):
+                and _keeps_signed_zero(node.op_type, c) and _broadcast_keeps(x, c, node.output):
             return x
     return None
+
+
+def _keeps_signed_zero(op_type: str, zero: Value) -> bool:
+    """Whether adding (or subtracting) the float zeros `zero` leaves a -0.0 as it is: only
+    -0.0 added, or +0.0 subtracted, does."""
+    if op_type not in ("Add", "Sub"):
+        return True
+    data = _const(zero)
+    if data.dtype.kind in "biu":
+        return True
+    signs = np.signbit(data.astype(np.float64))  # bfloat16 and float8 too
+    return bool(signs.all()) if op_type == "Add" else not bool(signs.any())
 
 
 def _single_input(node: Node) -> Value | None:
