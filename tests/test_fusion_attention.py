@@ -250,7 +250,8 @@ def test_packing_refuses_weights_that_are_not_constants():
     ({"probs_output": True}, "is a graph output"),
     ({"softmax_axis": 2}, "Softmax runs over axis 2, not the key axis"),
     ({"mask": "add_keys_broadcast"}, "does not broadcast to [B or 1, N or 1, S or 1, T]"),
-    ({"mask": "causal", "fill": -5.0}, "filled with -5.0, not a large negative number"),
+    ({"mask": "causal", "fill": -5.0}, "filled with -5.0, not a number that swallows any score"),
+    ({"mask": "causal", "fill": -1e4}, "filled with -10000.0, not a number that swallows"),
     ({"shared_keys": True}, "do not line up as one batch"),
 ])
 def test_refusals_say_why(case, reason):
@@ -358,3 +359,38 @@ def test_the_layers_share_one_padding_bias():
     problems = numerics.compare(numerics.run(proto, feeds),
                                 numerics.run(to_onnx(result.model), feeds), 1e-4, 1e-4)
     assert not problems, problems
+
+
+@pytest.mark.parametrize("fill", [MIN, -np.inf, -1e4])
+def test_a_row_whose_every_key_is_masked_keeps_its_even_average(fill):
+    # Where(keep, scores, fill) with a query row that sees no key: softmax of equal fills
+    # averages V evenly. The bias form gives score + fill, which is the fill itself only when
+    # the fill swallows the score; -1e4 does not, so that model stays unfused.
+    from onnx import TensorProto, helper, numpy_helper
+
+    vi = helper.make_tensor_value_info
+    b, n, s, h = 1, 2, 3, 4
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["q", "kt"], ["sc"]), helper.make_node("Div", ["sc", "d"], ["sd"]),
+         helper.make_node("Where", ["keep", "sd", "fill"], ["ms"]),
+         helper.make_node("Softmax", ["ms"], ["p"], axis=-1),
+         helper.make_node("MatMul", ["p", "v"], ["y"])], "g",
+        [vi("q", TensorProto.FLOAT, [b, n, s, h]), vi("kt", TensorProto.FLOAT, [b, n, h, s]),
+         vi("v", TensorProto.FLOAT, [b, n, s, h]), vi("keep", TensorProto.BOOL, [1, 1, s, s])],
+        [vi("y", TensorProto.FLOAT, [b, n, s, h])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "d"),
+         numpy_helper.from_array(np.array(fill, np.float32), "fill")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(16)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32)
+             for name, shape in (("q", (b, n, s, h)), ("kt", (b, n, h, s)), ("v", (b, n, s, h)))}
+    feeds["keep"] = np.array([[[[True, False, False], [True, True, False],
+                                [False, False, False]]]])
+    optimized = graphopt.optimize(proto).to_onnx()
+    fused = MHA in [f"{node.domain}::{node.op_type}" for node in optimized.graph.node]
+    assert fused == (fill != -1e4)
+    expected, actual = numerics.run(proto, feeds), numerics.run(optimized, feeds)
+    if fill == -np.inf:  # the fully masked row is NaN on both sides
+        np.testing.assert_array_equal(np.isnan(actual["y"]), np.isnan(expected["y"]))
+        expected["y"], actual["y"] = np.nan_to_num(expected["y"]), np.nan_to_num(actual["y"])
+    np.testing.assert_allclose(actual["y"], expected["y"], rtol=1e-5, atol=1e-6)

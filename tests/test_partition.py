@@ -521,3 +521,30 @@ def test_verify_of_a_bf16_npu_compile_is_refused_up_front():
     with pytest.raises(OptionError, match=r"^--verify with --precision bf16 --target ascend910b: "
                                           r"verification runs on onnxruntime's CPU provider"):
         graphopt.optimize(proto, target="ascend910b", precision="bf16", verify=True)
+
+
+def test_a_sparse_weight_travels_with_its_readers_not_from_the_caller(tmp_path):
+    from onnx import TensorProto, helper
+
+    sparse = helper.make_sparse_tensor(
+        numpy_helper.from_array(np.array([1.5, -2.0, 3.0], np.float32), "sw"),
+        numpy_helper.from_array(np.array([1, 5, 10], np.int64), "sw_idx"), [3, 4])
+    vi = helper.make_tensor_value_info
+    # A string Identity keeps a host partition beside the NPU one.
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "sw"], ["y"]), helper.make_node("Identity", ["s"], ["so"])],
+        "g", [vi("x", TensorProto.FLOAT, [3, 4]), vi("s", TensorProto.STRING, [2])],
+        [vi("y", TensorProto.FLOAT, [3, 4]), vi("so", TensorProto.STRING, [2])])
+    graph.sparse_initializer.append(sparse)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    result = graphopt.optimize(proto, target="ascend310")
+    assert len(result.partitioning.partitions) == 2
+    path = tmp_path / "sparse.om"
+    graphopt.save(result, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU provider stands in for the NPU's
+        session = OmSession(path)
+    assert [e["name"] for e in session.inputs] == ["x", "s"]
+    feeds = {"x": np.ones((3, 4), np.float32), "s": np.array(["a", "b"], dtype=object)}
+    expected = numerics.run(proto, feeds)
+    np.testing.assert_array_equal(session.run(feeds)["y"], expected["y"])

@@ -205,10 +205,10 @@ def _partition_model(model: Model, part: Partition) -> tuple[ModelProto, dict[st
     graph.input.extend(value_info(v) for v in part.inputs)
     outputs = {id(v) for v in part.outputs}
     # An initializer the caller gets (a graph output) travels like one a node reads.
-    weights: dict[str, object] = {v.name: v for v in part.outputs if v.is_initializer}
+    weights: dict[str, object] = {v.name: v for v in part.outputs if v.is_weight}
     for node in part.nodes:
         for value in reads(node):
-            if value.const is not None and value.producer is None:
+            if value.is_weight:  # dense or sparse
                 weights.setdefault(value.name, value)
         graph.node.append(node_to_proto(node))
         for value in node.outputs:

@@ -105,6 +105,11 @@ class Value:
         return self.const is not None and self.producer is None
 
     @property
+    def is_weight(self) -> bool:
+        """An initializer, dense or sparse: data that travels with the nodes reading it."""
+        return self.producer is None and (self.const is not None or self.sparse_const is not None)
+
+    @property
     def is_constant(self) -> bool:
         """True when the data is fixed at compile time: an initializer a user cannot override."""
         return self.const is not None and not (self.is_input and self.overridable)

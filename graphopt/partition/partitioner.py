@@ -305,7 +305,7 @@ def _crossing(members: list[Node], owner: dict, index: int) -> tuple[list[Value]
     outputs: dict[int, Value] = {}
     for node in members:
         for value in reads(node):
-            if value.const is None and owner.get(value.producer) != index:
+            if not value.is_weight and owner.get(value.producer) != index:
                 inputs.setdefault(id(value), value)
         for value in node.outputs:
             if value is not None and (value.is_graph_output or any(
@@ -341,12 +341,12 @@ def _add_graph_values(parts: list[Partition], model: Model, host: str) -> None:
     taken = {id(v) for p in parts for v in p.inputs}
     made = {id(v) for p in parts for v in p.outputs}
     for value in model.graph.inputs:
-        if value.const is None and id(value) not in taken:
+        if not value.is_weight and id(value) not in taken:
             home.inputs.append(value)
             taken.add(id(value))
     part_of = {node: p for p in parts for node in p.nodes}
     for value in model.graph.outputs:
-        if value.is_initializer and id(value) not in made:
+        if value.is_weight and id(value) not in made:
             readers = [part_of[top_level(u.node)] for u in value.uses
                        if top_level(u.node) in part_of]
             min(readers, key=parts.index, default=home).outputs.append(value)

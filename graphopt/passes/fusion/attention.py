@@ -14,8 +14,9 @@ SimplifyLayout and EliminateNoOps. The scale is the product of FusedMatMul's alp
 of the scores by a scalar, and scalars multiplying Q and Kᵀ. Masks: Add(scores, M) passes M as
 `attention_bias`, expanded over the query axis when it broadcasts there (padding masks [B,1,1,T]);
 Where(keep, scores, fill) becomes the bias Where(keep, 0, fill), a constant when keep is one
-(a causal mask): softmax is the same for a masked score fill and for score + fill, fill being the
-large negative number exporters use.
+(a causal mask): score + fill is the fill itself when the fill swallows any score, as float32's
+lowest (what exporters write) or -inf does. A fill like -1e4 does not: a row whose every key is
+masked would no longer average V evenly, so it is not fused.
 
 Self-attention whose q, k, v are x·Wq + bq, x·Wk + bk, x·Wv + bv of one x with constant weights
 then packs into com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv]): one GEMM for the three.
@@ -33,6 +34,9 @@ from graphopt.passes.rules import Rule, RulePass
 MS = "com.microsoft"
 MERGE_Q = (0, 2, 1, 3)    # [B,N,S,H] → [B,S,N,H]; its own inverse
 MERGE_KT = (0, 3, 1, 2)   # Kᵀ [B,N,H,T] → [B,T,N,H]; the exporters' split is (0, 2, 3, 1)
+# A Where mask's fill at or below this swallows any score s (s + fill == fill in float32 for
+# |s| under 1e22): float32's lowest (-3.4e38), which the exporters write, and -inf.
+SWALLOWING_FILL = -1e30
 
 
 def _scalar(data) -> bool:
@@ -189,9 +193,10 @@ class ScaledDotProductAttention(Rule):
             return "Q, K and V are not all float32"
         if div is not None and float(div.reshape(-1)[0]) == 0.0:
             return "the scores are divided by zero"
-        if fill is not None and not float(fill.reshape(-1)[0]) <= -1e4:
-            return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a large " \
-                   "negative number: only then is the fill the same as a bias"
+        if fill is not None and not float(fill.reshape(-1)[0]) <= SWALLOWING_FILL:
+            return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a number " \
+                   "that swallows any score (float32's lowest): score + fill is then not " \
+                   "the fill, and a row whose every key is masked would stop averaging V evenly"
         cond = keep if keep is not None else drop
         if cond is not None and cond.constant() is None and _shape_derived(cond) \
                 and _on_cpu(target, q4, k, v4, cond):
