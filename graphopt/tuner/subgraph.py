@@ -64,9 +64,9 @@ class SubgraphJob:
     repeat: int = 20                      # measured: timed runs per candidate
     threads: int | None = None            # measured: onnxruntime intra-op threads
     granularity: str = "rule"             # subgraph_space.GRANULARITIES
-    # The model's serialized bytes when it was given in memory (a knowledge-base lookup from
-    # graphopt.optimize): its identity then, in place of the file's.
-    model_bytes: bytes | None = field(default=None, repr=False)
+    # sha256 over the serialized model when it was given in memory (a knowledge-base lookup
+    # from graphopt.optimize): its identity then, in place of the file's.
+    model_digest: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -116,15 +116,29 @@ class SubgraphResult:
 
 def model_key(job: SubgraphJob) -> str:
     """A study's model identity: the model file's bytes and the pinned input shapes."""
-    digest = hashlib.sha256()
-    if job.model_bytes is not None:
-        digest.update(job.model_bytes)
-    else:
-        with open(job.model_path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+    digest = (job.model_digest or _file_digest(job.model_path)).copy()
     digest.update(json.dumps(job.input_shapes or "").encode())
     return digest.hexdigest()[:16]
+
+
+# A lookup names a study per objective, granularity and level: the file is read once for all.
+_FILE_DIGESTS: dict[tuple, Any] = {}
+
+
+def _file_digest(path: str):
+    """sha256 over the file's bytes, kept while its size and modification time hold."""
+    info = os.stat(path)
+    key = (os.path.realpath(path), info.st_size, info.st_mtime_ns, info.st_ino)
+    digest = _FILE_DIGESTS.get(key)
+    if digest is None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if len(_FILE_DIGESTS) > 64:
+            _FILE_DIGESTS.clear()
+        _FILE_DIGESTS[key] = digest
+    return digest
 
 
 def study_name_for(job: SubgraphJob, target_name: str) -> str:
@@ -434,7 +448,8 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
     """The subgraph decisions `graphopt tune --job subgraph` chose for this model (a file's
     path, or its serialized bytes) with these --input-shape pins, on this target at this
     level; when there are none but other levels have some, the note says which."""
-    job = (SubgraphJob("<model>", target_name, level, input_shapes, model_bytes=model)
+    job = (SubgraphJob("<model>", target_name, level, input_shapes,
+                       model_digest=hashlib.sha256(model))
            if isinstance(model, bytes) else SubgraphJob(model, target_name, level, input_shapes))
     found = best_decisions(storage, job, target_name)
     if found is not None:
