@@ -8,6 +8,7 @@ import argparse
 import copy
 import json
 
+import numpy as np
 import pytest
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
@@ -234,11 +235,26 @@ def _broken(change) -> dict:
     (lambda d: d["devices"][0].__setitem__("engines", []),
      "devices[0].engines: expected an object, got an array"),
     (lambda d: d["devices"][0].__setitem__("memory_bandwidth", -1),
-     "devices[0].memory_bandwidth: expected a number > 0, got -1"),
+     "devices[0].memory_bandwidth: expected a number ≥ 1 and ≤ 1e+21, got -1"),
     (lambda d: d["transfer"].__setitem__("bandwidth", -5e9),
-     "transfer.bandwidth: expected a number > 0"),
+     "transfer.bandwidth: expected a number ≥ 1"),
     (lambda d: d["devices"][0].__setitem__("ai_cores", True),
-     "devices[0].ai_cores: expected an integer ≥ 1 or null, got true"),
+     "devices[0].ai_cores: expected an integer ≥ 1 and ≤ 1048576 or null, got true"),
+    # Figures past physical reason: estimates built from them would be inf or NaN.
+    (lambda d: d["devices"][0].__setitem__("ai_cores", 10 ** 400),
+     "devices[0].ai_cores: expected an integer ≥ 1 and ≤ 1048576 or null, got "
+     "100000000000… (401 digits)"),
+    (lambda d: d["devices"][0].__setitem__("memory_bandwidth", 1e-300),
+     "devices[0].memory_bandwidth: expected a number ≥ 1 and ≤ 1e+21, got 1e-300"),
+    (lambda d: d["devices"][0].__setitem__("launch_overhead_s", 1e308),
+     "devices[0].launch_overhead_s: expected a number ≥ 0 and ≤ 3600, got 1e+308"),
+    (lambda d: d["devices"][0].__setitem__("clock_hz", None),
+     "devices[0].clock_hz: missing or null: a device with a cube engine needs it"),
+    (lambda d: d["devices"][0].__setitem__("cube", {"int8": [16, 32, 16]}),
+     "devices[0].cube: needs a 'float16' entry"),
+    # The name goes into its partitions' names, which the artifact restricts.
+    (lambda d: d["devices"][0].__setitem__("name", "my npu"),
+     "devices[0].name: 'my npu' may hold only letters, digits"),
     (lambda d: d["devices"][0].__setitem__("colour", "red"), "devices[0].colour: unknown key"),
     (lambda d: d.pop("devices")[1], "(top level): missing key 'devices'"),
     (lambda d: d["devices"].pop(1), "devices: needs exactly one device of kind 'cpu'"),
@@ -260,18 +276,22 @@ def _broken(change) -> dict:
     (lambda d: d["devices"][0].__setitem__("ops", "onnxruntime"),
      "devices[0]: needs exactly one of 'engines'"),
     (lambda d: d["devices"][1].__setitem__("nchwc_block_size", "fast"),
-     "devices[1].nchwc_block_size: expected 'auto' or an integer ≥ 0, got 'fast'"),
+     "devices[1].nchwc_block_size: expected 'auto' or an integer ≥ 0 and ≤ 64, got 'fast'"),
     (lambda d: d.__setitem__("sources", {"npu.buffers.L2": "a datasheet"}),
      'sources["npu.buffers.L2"]: cites no figure of this profile'),
     (lambda d: d.__setitem__("schema_version", 2), "schema_version: expected 1, got 2"),
     (lambda d: d["devices"][0].pop("cube"),
-     "devices[0].cube: missing: a device with a cube engine needs it"),
+     "devices[0].cube: missing or null: a device with a cube engine needs it"),
     (lambda d: d["devices"][0]["buffers"].pop("L0C"),
      "devices[0].buffers.L0C: missing: a device with a cube engine needs it"),
     (lambda d: d["devices"][1].__setitem__("nchwc_block_size", 7),
      "devices[1].nchwc_block_size: expected 'auto', 0 (no NCHWc), 8 (AVX2) or 16 (AVX-512F)"),
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"].__setitem__("Convv", {}),
      "devices[0].engines.cube.ops.Convv: no ONNX or onnxruntime op of that name"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "attributes", {"grop": [1]}),
+     "devices[0].engines.cube.ops.Conv.attributes.grop: Conv has no attribute of that name "
+     "(it has: auto_pad, dilations, group, kernel_shape, pads, strides)"),
     # Every tiling of every kernel would overflow it: refused here, not as a compile's crash.
     (lambda d: d["devices"][0]["buffers"].__setitem__("L0A", 10),
      "devices[0].buffers.L0A: 10 bytes cannot hold the smallest float16 tile (16x16x16 needs "
@@ -281,7 +301,18 @@ def test_bad_profile_names_file_and_key(tmp_path, change, expected):
     assert expected in _error(tmp_path, _broken(change))
 
 
+def test_whole_number_floats_become_ints(tmp_path):
+    doc = _minimal()
+    doc["devices"][0]["ai_cores"] = 2.0
+    doc["devices"][0]["cube"]["float16"] = [16.0, 16, 16]
+    path = tmp_path / "floats.json"
+    path.write_text(json.dumps(doc))
+    device = load_target(str(path)).device("npu")
+    assert type(device.ai_cores) is int and all(type(d) is int for d in device.cube["float16"])
+
+
 def test_bad_json(tmp_path):
+    assert "nested too deeply" in _error(tmp_path, "[" * 100000)
     message = _error(tmp_path, '{"name": "x",\n "devices": [}')
     assert "not valid JSON" in message and "line 2" in message
     assert "appears twice" in _error(tmp_path, '{"name": "a", "name": "b"}')
@@ -411,3 +442,94 @@ def test_a_variadic_input_binds_every_value_to_its_type_parameter():
     assert not cpu_kernel_binds("Sum", "", 13, ["float32", "float32", "int8"], ["float32"])
     assert cpu_kernel_binds("Relu", "", 14, [None], ["float32"])  # an untyped value binds nothing
     assert cpu_kernel_binds("NoSuchOp", "", 17, ["float32"], ["float32"]) is None
+
+
+# --- placement by a custom profile's constraints -------------------------------------------
+
+
+def _vector_profile(tmp_path, ops: dict, name="vec.json"):
+    """_minimal() with a vector engine named 'vec' holding `ops` beside the cube's Conv."""
+    doc = _minimal()
+    doc["devices"][0]["static_shapes"] = False
+    doc["devices"][0]["peak_ops_per_s"]["float32"] = 1e12
+    doc["devices"][0]["engines"]["vec"] = {"kind": "vector", "ops": ops}
+    return _load(tmp_path, doc, name)[0]
+
+
+def test_a_float_attribute_matches_the_profiles_decimal(tmp_path):
+    import graphopt
+    from helpers import parse_model
+
+    target = _vector_profile(tmp_path, {"LeakyRelu": {"attributes": {"alpha": [0.1, 0.2]}},
+                                        "Relu": {}, "Neg": {}})
+    proto = parse_model("""
+        g (float[4, 8] x) => (float[4, 8] y) {
+            r = Relu(x)
+            l = LeakyRelu <alpha = 0.1> (r)
+            y = Neg(l)
+        }""")
+    result = graphopt.optimize(proto, target=target)
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]
+    proto = parse_model(proto_text := """
+        g (float[4, 8] x) => (float[4, 8] y) {
+            l = LeakyRelu <alpha = 0.3> (x)
+            y = Neg(l)
+        }""")
+    reasons = dict((n.op_type, r) for n, r in
+                   graphopt.optimize(proto, target=target).partitioning.fallbacks())
+    assert reasons["LeakyRelu"] == "attribute alpha=0.3 of LeakyRelu: takes 0.1, 0.2", proto_text
+
+
+def test_an_elementwise_group_meets_each_inner_ops_limits(tmp_path):
+    import graphopt
+    from helpers import parse_model
+
+    proto = parse_model("""
+        g (float[2, 3, 4, 5] x) => (float[2, 3, 4, 5] y) {
+            r = Relu(x)
+            l = LeakyRelu <alpha = 0.1> (r)
+            y = Neg(l)
+        }""")
+    rank_two = _vector_profile(tmp_path, {"LeakyRelu": {}, "Relu": {}, "Neg": {"max_rank": 2}},
+                               "rank.json")
+    alpha = _vector_profile(tmp_path, {"LeakyRelu": {"attributes": {"alpha": [0.5]}},
+                                       "Relu": {}, "Neg": {}}, "alpha.json")
+    fits = _vector_profile(tmp_path, {"LeakyRelu": {}, "Relu": {}, "Neg": {}}, "fits.json")
+    for target, expected in ((rank_two, "rank 4 above Neg's limit 2"),
+                             (alpha, "attribute alpha=0.1 of LeakyRelu: takes 0.5")):
+        result = graphopt.optimize(proto, level=3, target=target)
+        (node, reason), = result.partitioning.fallbacks()
+        assert node.op_type.startswith("elementwise_")
+        assert reason.startswith(expected) and "(inside graphopt::elementwise_" in reason
+    result = graphopt.optimize(proto, level=3, target=fits)
+    (part,) = result.partitioning.partitions
+    # The group runs on the engine its ops are on, whatever the profile calls it.
+    assert part.device == "npu" and {result.partitioning.placements[n].engine
+                                     for n in part.nodes} == {"vec"}
+
+
+def test_a_fusion_the_profile_takes_only_with_other_attributes_is_not_made(tmp_path):
+    import graphopt
+    from helpers import parse_model
+
+    doc = _minimal()
+    doc["devices"][0]["peak_ops_per_s"]["float32"] = 1e12
+    cube = doc["devices"][0]["engines"]["cube"]["ops"]
+    cube["Conv"] = {"dtypes": ["float32"]}
+    cube["com.microsoft::FusedConv"] = {"dtypes": ["float32"],
+                                        "attributes": {"activation": ["Relu"]}}
+    doc["devices"][0]["engines"]["vec"] = {"kind": "vector", "ops": {"Sigmoid": {}, "Relu": {}}}
+    target = _load(tmp_path, doc)[0]
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1, 4, 8, 8] x) => (float[1, 4, 8, 8] y) {
+            c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+            s = Sigmoid(c1)
+            c2 = Conv <pads = [1, 1, 1, 1]> (s, w2)
+            y = Relu(c2)
+        }""", w1=rng.standard_normal((4, 4, 3, 3)).astype(np.float32),
+        w2=rng.standard_normal((4, 4, 3, 3)).astype(np.float32))
+    result = graphopt.optimize(proto, level=3, target=target)
+    ops = sorted(n.qualified_op for n in result.model.graph)
+    assert ops == ["Conv", "Sigmoid", "com.microsoft::FusedConv"]  # Conv+Relu only
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]

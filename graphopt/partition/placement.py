@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+import onnx
+
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.quant_fit import qdq_problem
@@ -56,24 +59,35 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
-              or _attribute_problem(node, support)
+              or _attribute_problem(node.attr, support)
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
     return (None, reason) if reason else (support.engine, None)
 
 
 def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str | None]:
-    # The body's ops run as one fused vector kernel; each must exist for the call's dtype.
+    # The body's ops run as one fused vector kernel: each must exist for the call's dtype and
+    # take the call's rank (an elementwise body's tensors have the call's) and its attributes.
     dtype = _data_dtype(node)
+    rank = max((len(v.shape) for v in _tensors(node) if v.shape is not None), default=None)
+    engine = None
     for inner in function.node:
+        op = inner.op_type if not inner.domain else f"{inner.domain}::{inner.op_type}"
+        where = f"(inside {node.qualified_op})"
         support = device.kernel(inner.op_type, inner.domain)
         if support is None:
-            op = inner.op_type if not inner.domain else f"{inner.domain}::{inner.op_type}"
             return None, f"no {device.name} kernel for {op} inside {node.qualified_op}"
         if dtype and support.dtypes and dtype not in support.dtypes:
-            return None, f"{device.name} {inner.op_type} does not take {dtype} (inside {node.qualified_op})"
+            return None, f"{device.name} {inner.op_type} does not take {dtype} {where}"
+        if support.max_rank is not None and rank is not None and rank > support.max_rank:
+            return None, f"rank {rank} above {support.op}'s limit {support.max_rank} {where}"
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
+        problem = _attribute_problem(attrs.get, support)
+        if problem:
+            return None, f"{problem} {where}"
+        engine = engine or support.engine
     reason = _shape_problem(node, device)
-    return (None, reason) if reason else ("vector" if "vector" in device.engines else None, None)
+    return (None, reason) if reason else (engine, None)
 
 
 def _data_dtype(node: Node) -> str | None:
@@ -109,19 +123,34 @@ def _rank_problem(node: Node, support: OpSupport) -> str | None:
     return None
 
 
-def _attribute_problem(node: Node, support: OpSupport) -> str | None:
+def _attribute_problem(attr, support: OpSupport) -> str | None:
+    """Why an attribute value (`attr(name)`, None when not set) is not one the kernel takes."""
     for name, allowed in support.attributes.items():
-        value = node.attr(name)
+        value = attr(name)
         if value is None:
             continue  # the default, which a kernel table lists among the allowed values
         if isinstance(value, bytes):
             value = value.decode()
         if isinstance(value, list):
             value = tuple(value)
-        if value not in allowed and not (isinstance(value, tuple) and list(value) in allowed):
+        if not any(_same_value(value, a) for a in allowed):
             choices = ", ".join(str(a) for a in allowed)
-            return f"attribute {name}={value!r} of {support.op}: takes {choices}"
+            shown = float(str(np.float32(value))) if isinstance(value, float) else value
+            return f"attribute {name}={shown!r} of {support.op}: takes {choices}"
     return None
+
+
+def _same_value(value, allowed) -> bool:
+    """Equal as an ONNX attribute holds it: a float attribute is float32, so the profile's 0.1
+    means the float32 nearest 0.1."""
+    if isinstance(allowed, list):
+        allowed = tuple(allowed)
+    if isinstance(value, tuple) and isinstance(allowed, tuple):
+        return len(value) == len(allowed) and all(map(_same_value, value, allowed))
+    if isinstance(value, float) and isinstance(allowed, (int, float)) \
+            and not isinstance(allowed, bool):
+        return np.float32(value) == np.float32(allowed)
+    return value == allowed
 
 
 def _shape_problem(node: Node, device: Device) -> str | None:

@@ -160,6 +160,8 @@ def _load_file(path: str, label: str) -> Target:
                           f"(line {e.lineno}, column {e.colno})") from None
     except ValueError as e:
         raise OptionError(f"--target {label}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise OptionError(f"--target {label}: nested too deeply to be a target profile") from None
     try:
         check(doc)
         return _build(doc, os.path.abspath(path))
@@ -233,9 +235,12 @@ def _device(doc: dict, where: str) -> Device:
     # A cube engine's kernels are tiled against the cube's shape and the on-chip buffers.
     if "cube" in engines.values():
         for key in ("cube", "buffers", "ai_cores", "clock_hz"):
-            if key not in doc:
-                raise SchemaViolation(f"{where}.{key}", "missing: a device with a cube engine "
-                                                        "needs it")
+            if doc.get(key) is None:
+                raise SchemaViolation(f"{where}.{key}", "missing or null: a device with a cube "
+                                                        "engine needs it")
+        if "float16" not in doc["cube"]:  # the shape tiling takes for a dtype not listed
+            raise SchemaViolation(f"{where}.cube", "needs a 'float16' entry, the cube shape of "
+                                                   "any dtype without one of its own")
         for buffer in ("L0A", "L0B", "L0C", "L1", "UB"):
             if buffer not in doc["buffers"]:
                 raise SchemaViolation(f"{where}.buffers.{buffer}", "missing: a device with a "
@@ -249,17 +254,23 @@ def _device(doc: dict, where: str) -> Device:
         name=doc["name"], kind=kind, providers=tuple(doc["providers"]),
         static_shapes_only=doc.get("static_shapes", False),
         engines=MappingProxyType(engines),
-        cube=MappingProxyType({t: tuple(mkn) for t, mkn in doc["cube"].items()})
-        if "cube" in doc else None,
-        buffers=MappingProxyType(dict(doc.get("buffers", {}))),
-        ai_cores=doc.get("ai_cores"), aicpu_cores=doc.get("aicpu_cores"),
+        # JSON's 2.0 is an integer to the schema; the tiling code wants Python ints.
+        cube=MappingProxyType({t: tuple(int(d) for d in mkn) for t, mkn in doc["cube"].items()})
+        if doc.get("cube") is not None else None,
+        buffers=MappingProxyType({b: int(v) for b, v in doc.get("buffers", {}).items()}),
+        ai_cores=_int_or_none(doc.get("ai_cores")),
+        aicpu_cores=_int_or_none(doc.get("aicpu_cores")),
         clock_hz=doc.get("clock_hz"),
         peak_ops_per_s=MappingProxyType({t: float(v) for t, v in doc["peak_ops_per_s"].items()}),
         memory_bandwidth=float(doc["memory_bandwidth"]),
         launch_overhead_s=float(doc["launch_overhead_s"]),
-        nchwc_block_size=nchwc_block_size() if block == "auto" else block,
+        nchwc_block_size=nchwc_block_size() if block == "auto" else int(block),
         kernels=MappingProxyType(kernels),
         kernel_source="onnxruntime" if "ops" in doc else "profile")
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _check_smallest_tiles(doc: dict, where: str) -> None:
@@ -279,25 +290,34 @@ def _check_smallest_tiles(doc: dict, where: str) -> None:
 
 
 @functools.cache
-def known_ops() -> frozenset[str]:
-    """Every op key ('Op', 'domain::Op') ONNX or the installed onnxruntime has a schema for."""
+def known_ops() -> dict[str, frozenset[str]]:
+    """Every op key ('Op', 'domain::Op') ONNX or the installed onnxruntime has a schema for,
+    with the attribute names of any of its versions."""
     import onnx
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
-    keys = {op_key(s.name, s.domain) for s in onnx.defs.get_all_schemas_with_history()}
-    return frozenset(keys | {op_key(s.name, s.domain) for s in ort_c.get_all_operator_schema()})
+    names: dict[str, set[str]] = {}
+    for schema in [*onnx.defs.get_all_schemas_with_history(), *ort_c.get_all_operator_schema()]:
+        names.setdefault(op_key(schema.name, schema.domain), set()).update(schema.attributes)
+    return {key: frozenset(attributes) for key, attributes in names.items()}
 
 
 def _check_op_names(target: Target, label: str) -> None:
-    """Refuse an op key no schema defines: a typo ('Reluu') would silently match nothing."""
+    """Refuse an op key no schema defines, or an attribute its schema does not have: a typo
+    ('Reluu', 'storage_ordr') would silently match nothing."""
     for i, device in enumerate(target.devices):
         if device.kernel_source != "profile":
             continue
         for key, support in device.kernels.items():
+            where = key_path(f"devices[{i}].engines.{support.engine}.ops", key)
             if key not in known_ops():
-                where = key_path(f"devices[{i}].engines.{support.engine}.ops", key)
                 raise OptionError(f"--target {label}: {where}: no ONNX or onnxruntime op of "
                                   "that name")
+            for name in support.attributes:
+                if name not in known_ops()[key]:
+                    has = ", ".join(sorted(known_ops()[key])) or "none"
+                    raise OptionError(f"--target {label}: {key_path(f'{where}.attributes', name)}"
+                                      f": {key} has no attribute of that name (it has: {has})")
 
 
 def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupport]:
@@ -320,7 +340,7 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
             kernels[key] = OpSupport(
                 op=key, engine=engine,
                 dtypes=frozenset(op.get("dtypes", defaults.get("dtypes", ()))),
-                max_rank=op.get("max_rank", defaults.get("max_rank")),
+                max_rank=_int_or_none(op.get("max_rank", defaults.get("max_rank"))),
                 attributes=MappingProxyType({a: tuple(_hashable(v) for v in values)
                                              for a, values in op.get("attributes", {}).items()}),
                 note=op.get("note"),

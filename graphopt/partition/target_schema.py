@@ -19,7 +19,14 @@ DTYPES = sorted(dtype_name(v) for v in TensorProto.DataType.values() if v != Ten
 BUFFERS = ("L0A", "L0B", "L0C", "L1", "UB", "L2")
 ENGINE_KINDS = ("cube", "vector", "aicpu", "cpu")
 
-_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+# Figures stay within physical reason, so that no estimate built from them overflows to inf
+# or NaN (a bandwidth of 1e-300 bytes/s made every NPU island look free to keep).
+_RATE = {"type": "number", "minimum": 1, "maximum": 1e21}
+_SECONDS = {"type": "number", "minimum": 0, "maximum": 3600}
+_COUNT = {"type": "integer", "minimum": 1, "maximum": 1 << 20}
+_BYTES = {"type": "integer", "minimum": 1, "maximum": 1 << 50}
+# What an .om partition name may hold: a device's name becomes part of its partitions'.
+DEVICE_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 
 TARGET_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -60,9 +67,8 @@ TARGET_SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "description": "The host <-> device link; required when a target has two devices.",
             "properties": {
-                "bandwidth": {**_POSITIVE, "description": "Bytes per second, one direction."},
-                "latency_s": {"type": "number", "minimum": 0,
-                              "description": "Fixed cost of one copy, seconds."},
+                "bandwidth": {**_RATE, "description": "Bytes per second, one direction."},
+                "latency_s": {**_SECONDS, "description": "Fixed cost of one copy, seconds."},
             },
         },
         "device": {
@@ -75,8 +81,9 @@ TARGET_SCHEMA: dict[str, Any] = {
                            "(the installed onnxruntime's CPU kernel registry, read at load "
                            "time); exactly one of the two.",
             "properties": {
-                "name": {"type": "string", "minLength": 1,
-                         "description": "Device name, unique in the profile ('npu', 'cpu')."},
+                "name": {"type": "string", "minLength": 1, "pattern": DEVICE_NAME,
+                         "description": "Device name, unique in the profile ('npu', 'cpu'): "
+                                        "letters, digits, '_', '.' and '-'."},
                 "kind": {"enum": ["npu", "cpu"], "description": "'npu' or 'cpu'."},
                 "providers": {"type": "array", "minItems": 1,
                               "items": {"type": "string", "minLength": 1},
@@ -94,29 +101,29 @@ TARGET_SCHEMA: dict[str, Any] = {
                 "cube": {"type": "object", "propertyNames": {"$ref": "#/$defs/dtype"},
                          "additionalProperties": {
                              "type": "array", "minItems": 3, "maxItems": 3,
-                             "items": {"type": "integer", "minimum": 1}},
+                             "items": {**_COUNT, "maximum": 4096}},
                          "description": "dtype -> [M, K, N] of one cube instruction."},
                 "buffers": {"type": "object", "additionalProperties": False,
-                            "properties": {b: {"type": "integer", "minimum": 1,
-                                               "description": f"{b} size, bytes."}
+                            "properties": {b: {**_BYTES, "description": f"{b} size, bytes."}
                                            for b in BUFFERS},
                             "description": "On-chip buffer sizes per AI core, bytes."},
-                "ai_cores": {"type": ["integer", "null"], "minimum": 1,
+                "ai_cores": {"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 20,
                              "description": "AI (DaVinci) cores; null when not applicable."},
-                "aicpu_cores": {"type": ["integer", "null"], "minimum": 0,
+                "aicpu_cores": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20,
                                 "description": "CPU cores that run AI CPU operators."},
-                "clock_hz": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                "clock_hz": {"type": ["number", "null"], "minimum": 1, "maximum": 1e12,
                              "description": "AI core (cube) clock, Hz."},
                 "peak_ops_per_s": {"type": "object", "minProperties": 1,
                                    "propertyNames": {"$ref": "#/$defs/dtype"},
-                                   "additionalProperties": _POSITIVE,
+                                   "additionalProperties": _RATE,
                                    "description": "dtype -> peak operations per second "
                                                   "(a multiply-add counts two)."},
-                "memory_bandwidth": {**_POSITIVE, "description": "Device memory, bytes/s."},
-                "launch_overhead_s": {"type": "number", "minimum": 0,
+                "memory_bandwidth": {**_RATE, "description": "Device memory, bytes/s."},
+                "launch_overhead_s": {**_SECONDS,
                                       "description": "Fixed cost of one kernel, seconds."},
                 "nchwc_block_size": {
-                    "anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 0}],
+                    "anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 0,
+                                                  "maximum": 64}],
                     "description": "cpu only: onnxruntime's NCHWc channel block (16 with "
                                    "AVX-512F, 8 with AVX2, 0 = no NCHWc); 'auto' reads the "
                                    "flags of the CPU graphopt runs on."},
@@ -139,7 +146,7 @@ TARGET_SCHEMA: dict[str, Any] = {
             "description": "Constraints every op of the engine has unless it says otherwise.",
             "properties": {
                 "dtypes": {"$ref": "#/$defs/dtypes"},
-                "max_rank": {"type": ["integer", "null"], "minimum": 1,
+                "max_rank": {"type": ["integer", "null"], "minimum": 1, "maximum": 64,
                              "description": "Highest rank of any tensor; null = no limit."},
             },
         },
@@ -147,7 +154,7 @@ TARGET_SCHEMA: dict[str, Any] = {
             "type": "object", "additionalProperties": False,
             "properties": {
                 "dtypes": {"$ref": "#/$defs/dtypes"},
-                "max_rank": {"type": ["integer", "null"], "minimum": 1,
+                "max_rank": {"type": ["integer", "null"], "minimum": 1, "maximum": 64,
                              "description": "Highest rank of any tensor; null = no limit."},
                 "attributes": {"type": "object",
                                "additionalProperties": {"type": "array", "minItems": 1},
@@ -171,7 +178,7 @@ TARGET_SCHEMA: dict[str, Any] = {
 KEYWORDS = {"$schema", "$ref", "$defs", "title", "description", "type", "properties", "required",
             "additionalProperties", "propertyNames", "items", "minItems", "maxItems",
             "uniqueItems", "minProperties", "minLength", "enum", "const", "minimum",
-            "exclusiveMinimum", "anyOf"}
+            "maximum", "exclusiveMinimum", "anyOf", "pattern"}
 
 
 class SchemaViolation(Exception):
@@ -212,8 +219,14 @@ def _check(value: Any, schema: dict, path: str, root: dict) -> None:
             raise SchemaViolation(path, f"expected {_describe(schema)}, got {_show(value)}")
         if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
             raise SchemaViolation(path, f"expected {_describe(schema)}, got {_show(value)}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise SchemaViolation(path, f"expected {_describe(schema)}, got {_show(value)}")
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         raise SchemaViolation(path, "expected a non-empty string")
+    if isinstance(value, str) and "pattern" in schema \
+            and not re.fullmatch(schema["pattern"], value):
+        raise SchemaViolation(path, f"{_show(value)} may hold only letters, digits, '_', '.' "
+                                    "and '-' (not first)")
     if isinstance(value, list):
         _check_array(value, schema, path, root)
     if isinstance(value, dict):
@@ -289,7 +302,8 @@ def _type_ok(value: Any, types: str | list[str]) -> bool:
     for t in [types] if isinstance(types, str) else types:
         if t in _PYTHON_TYPES and isinstance(value, _PYTHON_TYPES[t]):
             return True
-        if is_number and (t == "number" or t == "integer" and float(value).is_integer()):
+        if is_number and (t == "number" or t == "integer" and (
+                isinstance(value, int) or value.is_integer())):  # float() of 10**400 overflows
             return True
     return False
 
@@ -307,6 +321,9 @@ def _describe(schema: dict) -> str:
         text += f" > {schema['exclusiveMinimum']}"
     elif "minimum" in schema:
         text += f" ≥ {schema['minimum']}"
+    if "maximum" in schema:
+        top = schema["maximum"]
+        text += f" and ≤ {top if isinstance(top, int) else format(top, 'g')}"
     return text + (" or null" if "null" in types else "")
 
 
@@ -319,4 +336,5 @@ def _show(value: Any) -> str:
         return f"'{value}'"
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}… ({len(text)} digits)"

@@ -111,6 +111,22 @@ def target_refuses(target, emits, root: Value) -> str | None:
     return None
 
 
+def target_attributes_refuse(target, root: Value, emitted: tuple[str, str],
+                             attrs: dict) -> str | None:
+    """Why the device that would run the match at `root` takes `emitted` (domain, op) but not
+    with these attribute values (a profile's FusedConv that takes activation Relu only)."""
+    if target is None:
+        return None
+    from graphopt.partition.placement import _attribute_problem
+
+    domain, op_type = emitted
+    device = placed_device(target, root)
+    dtype = _dtype_name(int(root.dtype)) if root.dtype is not None else None
+    support = device.kernel(op_type, domain, dtype)
+    problem = _attribute_problem(attrs.get, support) if support is not None else None
+    return f"target {target.name}: its {device.name} {problem}" if problem else None
+
+
 @functools.lru_cache(maxsize=None)
 def _dtype_name(dtype: int) -> str | None:
     return dtype_name(dtype)  # asked once per candidate match: the enum lookup adds up

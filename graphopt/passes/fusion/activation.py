@@ -37,7 +37,7 @@ import numpy as np
 from graphopt.ir import DType
 from graphopt.ir.pattern import Attr, Const, Optional
 from graphopt.passes.base import register
-from graphopt.passes.rules import Rule, RulePass
+from graphopt.passes.rules import Rule, RulePass, target_attributes_refuse
 
 MS = "com.microsoft"
 # The activation parameters, in the order FusedConv's activation_params lists them.
@@ -93,7 +93,10 @@ class _Fuse(Rule):
     dtypes = (DType.FLOAT,)
 
     def unsupported(self, root, target=None):
-        return super().unsupported(root, target) or runtime_refuses(self.fused, root.producer.op_type)
+        activation = root.producer.op_type
+        return (super().unsupported(root, target) or runtime_refuses(self.fused, activation)
+                or target_attributes_refuse(target, root, (MS, self.fused),
+                                            {"activation": activation}))
 
 
 class _IntoFusedConv(_Fuse):
