@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from graphopt.errors import one_line
+
 
 def format_table(headers: list[str], rows: list[list], title: str | None = None) -> str:
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    # A cell may hold a name read from a model (any byte): a newline or an escape sequence
+    # would break the table or act on the terminal, so control characters are shown escaped.
+    cells = [[one_line(str(h)) for h in headers]] + \
+        [["" if c is None else one_line(str(c)) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     numeric = [all(_is_number(r[i]) for r in cells[1:] if r[i]) for i in range(len(headers))]
 

@@ -118,3 +118,32 @@ def test_rmse_of_huge_values_does_not_overflow(recwarn):
     assert metrics.rmse(x, -x) == pytest.approx(2e300)
     assert metrics.rmse([], []) == 0.0
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_identical_tensors_have_a_cosine_of_exactly_one():
+    # The norms' rounding made this 0.9999999999999999, failing "--min-cosine 1".
+    x = np.random.default_rng(2).standard_normal(1000).astype(np.float32) * 3
+    assert metrics.cosine_similarity(x, x.copy()) == 1.0
+
+
+def test_differences_past_the_float64_limit_are_inf_not_nan(recwarn):
+    ref, cand = np.array([1e308, 1.0]), np.array([-1e308, 1.0])
+    assert metrics.absolute_errors(ref, cand)[0] == math.inf
+    assert metrics.rmse(ref, cand) == math.inf
+    assert metrics.relative_errors(ref, cand) == (2.0, 1.0)  # |c - r| / |r| = 2 and 0
+    assert metrics.allclose_mismatches(ref, cand, 1e-4, 1e-5) == 1
+    # An infinity is close to itself alone, though rtol·|inf| is inf.
+    assert metrics.allclose_mismatches([np.inf, np.inf], [np.inf, -np.inf], 1e-4, 1e-5) == 1
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_numerics_judge_infinities_without_warnings(recwarn):
+    from graphopt import numerics
+
+    expected = {"y": np.array([np.inf, -np.inf, 1.0], np.float32)}
+    assert numerics.compare(expected, {"y": expected["y"].copy()}, 1e-4, 1e-5) == []
+    (problem,) = numerics.compare(expected, {"y": np.array([-np.inf, -np.inf, 1.0],
+                                                           np.float32)}, 1e-4, 1e-5)
+    assert "1/3 element(s) beyond" in str(problem)
+    assert numerics.max_abs_error(expected, expected) == 0.0
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

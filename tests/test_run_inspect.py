@@ -258,6 +258,28 @@ def test_npz_round_trip_any_name(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.npz"]  # no temporary left behind
 
 
+def test_npz_stores_every_ml_dtype_as_raw_bits_numpy_reads_back(tmp_path):
+    import ml_dtypes
+
+    values = np.array([0.5, -2.0, 0.0], np.float32)
+    arrays = {t.__name__: values.astype(t) for t in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+                                                      ml_dtypes.float8_e5m2)}
+    path = tmp_path / "bits.npz"
+    save_npz(path, arrays)
+    with np.load(path) as stored:  # float8_e5m2 had the descr '<f1', which numpy refuses
+        for name, array in arrays.items():
+            assert stored[name].dtype.kind == "V"
+            assert stored[name].tobytes() == array.tobytes()
+
+
+def test_table_cells_show_control_characters_escaped():
+    from graphopt.table import format_table
+
+    text = format_table(["tensor"], [["evil\x1b[2J\nline\ttab"]])
+    assert "\x1b" not in text and "\t" not in text and text.count("\n") == 2
+    assert "evil\\x1b[2J\\nline\\ttab" in text
+
+
 def test_npz_refuses_pickles(tmp_path):
     path = tmp_path / "obj.npz"
     np.savez(path, x=np.array([{"a": 1}], dtype=object))

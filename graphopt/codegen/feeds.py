@@ -442,6 +442,10 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
                 array = np.asanyarray(array)
                 if array.dtype == object and all(isinstance(v, str) for v in array.flat):
                     array = array.astype(str)  # onnxruntime returns strings as objects; store them plainly
+                elif array.dtype.type.__module__.startswith("ml_dtypes"):
+                    # bfloat16 and the float8s as raw bits, which any numpy reads (float8_e5m2
+                    # would otherwise get the descr '<f1', which numpy cannot read back).
+                    array = array.view(np.dtype(f"V{array.dtype.itemsize}"))
                 with zf.open(f"{name}.npy", "w", force_zip64=True) as entry:
                     np.lib.format.write_array(entry, array, allow_pickle=False)
     except ValueError as exc:  # write_array refuses object arrays without pickling

@@ -32,6 +32,8 @@ def _f64(array) -> np.ndarray:
 
 def cosine_similarity(reference, candidate) -> float:
     r, c = _f64(reference), _f64(candidate)
+    if np.array_equal(r, c):
+        return 1.0  # exactly: rounding in the norms made identical tensors fail "cosine >= 1"
     # Scaled by the largest magnitude first, so squares of huge values cannot overflow.
     scale = max(float(np.max(np.abs(r), initial=0.0)), float(np.max(np.abs(c), initial=0.0)))
     if scale == 0.0:
@@ -80,7 +82,8 @@ def _abs_diff(reference, candidate) -> np.ndarray:
     ) > _EXACT_IN_FLOAT64:
         # Python integers: exact, and no int64 overflow in the difference.
         return np.array([float(abs(int(x) - int(y))) for x, y in zip(c, r)], np.float64)
-    return np.abs(_f64(candidate) - _f64(reference))
+    with np.errstate(over="ignore"):  # 1e308 - (-1e308) is inf: that is the difference
+        return np.abs(_f64(candidate) - _f64(reference))
 
 
 def relative_errors(reference, candidate) -> tuple[float, float] | None:
@@ -89,15 +92,21 @@ def relative_errors(reference, candidate) -> tuple[float, float] | None:
     nonzero = r != 0
     if not nonzero.any():
         return None
-    rel = np.abs(c[nonzero] - r[nonzero]) / np.abs(r[nonzero])
+    r, c = r[nonzero], c[nonzero]
+    with np.errstate(over="ignore", invalid="ignore"):
+        rel = np.abs(c - r) / np.abs(r)
+        # Where c - r overflows (both near the float64 limit), |c/r - 1| is the same ratio.
+        overflowed = np.isinf(rel)
+        if overflowed.any():
+            rel[overflowed] = np.abs(c[overflowed] / r[overflowed] - 1.0)
     return float(rel.max()), float(rel.mean())
 
 
 def rmse(reference, candidate) -> float:
     diff = _abs_diff(reference, candidate)
     largest = float(diff.max(initial=0.0))
-    if largest == 0.0:
-        return 0.0
+    if largest == 0.0 or largest == float("inf"):  # an overflowed difference: inf, not inf/inf
+        return largest
     # Scaled by the largest error first, so squares of huge ones (near 1e300) cannot overflow.
     scaled = diff / largest
     return float(largest * np.sqrt(np.mean(scaled * scaled)))
@@ -135,7 +144,10 @@ def kl_divergence(reference, candidate) -> float | None:
 def allclose_mismatches(reference, candidate, rtol: float, atol: float) -> int:
     """Elements outside numpy.allclose's bound |c - r| <= atol + rtol·|r|."""
     r, c = _f64(reference), _f64(candidate)
-    return int(np.count_nonzero(~(np.abs(c - r) <= atol + rtol * np.abs(r))))
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowed difference is beyond
+        beyond = ~((np.abs(c - r) <= atol + rtol * np.abs(r)) | (c == r))
+    # An infinity is close to itself alone: rtol·|inf| would take -inf for +inf.
+    return int(np.count_nonzero(beyond | ((np.isinf(r) | np.isinf(c)) & (c != r))))
 
 
 def nonfinite_counts(array) -> tuple[int, int]:
