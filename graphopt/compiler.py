@@ -298,7 +298,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         options.nchwc_block_size = target.device(target.primary).nchwc_block_size
     pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
-    _mark_lossy(ir_model, log)
+    _mark_lossy(ir_model, log, target)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
                             notes=import_notes + ctx.notes)
     record_tuning(result, tuning_db, tuned)
@@ -403,15 +403,18 @@ def load_inputs(inputs) -> dict[str, np.ndarray] | None:
         raise OptionError(f"--inputs {e}") from None
 
 
-def _mark_lossy(model: Model, log: PassLog) -> None:
+def _mark_lossy(model: Model, log: PassLog, target) -> None:
     """Name the lossy precision passes that changed the model in its metadata, so that compare
-    judges an optimized .onnx (which carries no pass log) as it judges an .om."""
-    from graphopt.tools.accuracy_rule import LOSSY_KEY, lossy_passes, marked_lossy
+    judges an optimized .onnx (which carries no pass log) as it judges an .om, and the kind of
+    device they were made for when it is an NPU (accuracy_rule.deployed_level)."""
+    from graphopt.tools.accuracy_rule import LOSSY_DEVICE_KEY, LOSSY_KEY, lossy_passes, marked_lossy
 
     lossy = lossy_passes(log.to_json()["passes"])
     if lossy:
         known = marked_lossy(model.metadata_props)
         model.metadata_props[LOSSY_KEY] = ",".join(dict.fromkeys(known + lossy))
+        if target is not None and target.device(target.primary).kind == "npu":
+            model.metadata_props[LOSSY_DEVICE_KEY] = "npu"
 
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,

@@ -656,3 +656,26 @@ def test_a_compile_that_quantizes_nothing_says_why():
     computed = parse_model("g (float[2,8] a, float[8,4] b) => (float[2,4] y) { y = MatMul (a, b) }")
     note = next(n for n in compile_int4(computed).notes if "quantized nothing" in n)
     assert "1 × B is not a constant matrix" in note
+
+
+def test_gptq_takes_two_layers_one_feeding_the_other(tmp_path):
+    # Rewriting the first MatMul renames its output, the second's input: its Gram matrix was
+    # looked up by the new name (a KeyError).
+    rng = np.random.default_rng(3)
+    proto = parse_model("""
+        g (float[4, 64] x) => (float[4, 32] y) {
+            h = MatMul(x, w1)
+            a = Add(h, b1)
+            y = MatMul(a, w2)
+        }""", w1=(rng.standard_normal((64, 64)) * 0.1).astype(np.float32),
+        b1=(rng.standard_normal(64) * 0.1).astype(np.float32),
+        w2=(rng.standard_normal((64, 32)) * 0.1).astype(np.float32))
+    calibration = tmp_path / "x.npz"
+    np.savez(calibration, x=rng.standard_normal((64, 4, 64)).astype(np.float32))
+    result = graphopt.optimize(proto, quantize="int4", calibration=calibration,
+                               pass_options={"int4_method": "gptq", "int4_group_size": 16})
+    model = result.to_onnx()
+    assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 2
+    feeds = {"x": rng.standard_normal((4, 64)).astype(np.float32)}
+    assert cosine_similarity(numerics.run(proto, feeds)["y"], numerics.run(model, feeds)["y"]) \
+        > 0.99

@@ -891,3 +891,51 @@ def test_symmetric_int8_keeps_its_accuracy_in_onnxruntimes_int8_kernels(tmp_path
     feeds = numerics.random_feeds(proto, seed=4)
     expected = numerics.run(proto, feeds)["y"]
     assert _cosine(expected, numerics.run(out, feeds, "all")["y"]) > MIN_COSINE
+
+
+def test_a_value_a_branch_also_reads_keeps_its_float_reader_there(tmp_path):
+    # r1 feeds a quantized Conv and is read inside an If branch: the branch keeps reading the
+    # float value (a DequantizeLinear inserted in the branch made a cycle).
+    rng = np.random.default_rng(4)
+    proto = parse_model("""
+        g (float[1, 4, 8, 8] x, bool c) => (float[1, 4, 8, 8] y, float[1, 4, 8, 8] z) {
+            c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+            r1 = Relu(c1)
+            c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
+            r2 = Relu(c2)
+            y = Conv <pads = [1, 1, 1, 1]> (r2, w3)
+            z = If (c) <then_branch = t () => (float[1, 4, 8, 8] a) { a = Neg(r1) },
+                        else_branch = e () => (float[1, 4, 8, 8] b) { b = Identity(r1) }>
+        }""", **{name: (rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32)
+                 for name in ("w1", "w2", "w3")})
+    calibration = tmp_path / "x.npz"
+    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 8, 8)).astype(np.float32),
+             c=np.ones((8,), bool))
+    result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
+                               pass_options={"quant_keep_ends": False})
+    model = result.to_onnx()
+    onnx.checker.check_model(model, full_check=True)
+    assert any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    feeds = {"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32), "c": np.array(True)}
+    expected, actual = numerics.run(proto, feeds), numerics.run(model, feeds)
+    for name in ("y", "z"):
+        a, b = expected[name].ravel().astype(np.float64), actual[name].ravel().astype(np.float64)
+        assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.999, name
+    branch = next(n for n in model.graph.node if n.op_type == "If").attribute[0].g
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    assert [n.input for n in branch.node] == [[relu.output[0]]]  # the float value itself
+
+
+def test_a_gemm_the_int8_form_cannot_take_is_named_in_a_note(tmp_path):
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[4, 32] x) => (float[4, 16] y) {
+            h = Gemm <alpha = 0.5> (x, w, c)
+            y = Relu(h)
+        }""", w=(rng.standard_normal((32, 16)) * 0.2).astype(np.float32),
+        c=(rng.standard_normal(16) * 0.1).astype(np.float32))
+    calibration = tmp_path / "x.npz"
+    np.savez(calibration, x=rng.standard_normal((8, 4, 32)).astype(np.float32))
+    result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
+                               pass_options={"quant_keep_ends": False})
+    assert "QuantizeInt8 kept in float: 1 × Gemm with alpha or beta other than 1" in result.notes

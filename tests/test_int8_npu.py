@@ -492,3 +492,30 @@ def test_quantized_ops_left_on_the_host_are_named_in_a_note(tmp_path):
                            "com.microsoft::MatMulNBits (`graphopt partition` lists every reason)")
     assert not [n for n in graphopt.optimize(mlp(), target="ascend310").notes
                 if "--quantize" in n]
+
+
+# --- judged as the NPU computes it --------------------------------------------------------
+
+
+def test_an_npu_int8_compile_is_judged_without_the_cpus_int8_kernels(tmp_path):
+    # The NPU sums int8 products in int32; the CPU provider standing in for it would fuse the
+    # Q/DQ pairs into its own int8 kernels, whose 16-bit pair sums saturate without VNNI. The
+    # .onnx says it was made for an NPU, which deployed_level reads, and the .om's NPU
+    # partition runs at "basic", where onnxruntime keeps the pairs as they are.
+    from graphopt.codegen import load_om
+    from graphopt.tools.accuracy_rule import LOSSY_DEVICE_KEY, deployed_level
+
+    proto = residual_net()
+    npu = quantized(proto, tmp_path, (1, 8, 16, 16))
+    written = npu.to_onnx()
+    props = {p.key: p.value for p in written.metadata_props}
+    assert props[LOSSY_DEVICE_KEY] == "npu" and deployed_level(written.metadata_props) == "disable"
+    cpu = quantized(proto, tmp_path, (1, 8, 16, 16), target="cpu")
+    assert deployed_level(cpu.to_onnx().metadata_props) == "all"
+    graphopt.save(npu, tmp_path / "npu.om")
+    (part,) = load_om(tmp_path / "npu.om").manifest["partitions"]
+    assert part["device"] == "npu" and part["optimization_level"] == "basic"
+    feeds = {"x": RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    simulated = numerics.run(written, feeds)["scores"]  # ORT_DISABLE_ALL: Q/DQ in float
+    np.testing.assert_allclose(run_om(npu, tmp_path, feeds)["scores"], simulated, rtol=1e-5,
+                               atol=1e-6)

@@ -51,12 +51,20 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
                                            "outputs": [v.name for v in part.outputs]}
         model = models[part.name]
         on_cpu = device.kind == "cpu"
-        level = _session_level(model, cpu_level) if on_cpu else None
+        level = _session_level(model, cpu_level) if on_cpu else _device_level(model)
         result.append(OmPartition(part.name, part.device, to_onnx(model), **cut,
                                   providers=list(device.providers), optimization_level=level,
                                   disabled_optimizers=disabled_optimizers(model),
                                   prepack_weights=not on_cpu or prepacking_pays(model)))
     return result
+
+
+def _device_level(model: Model) -> str | None:
+    """An NPU partition's level: "basic" when it holds Q/DQ pairs, which the device's provider
+    takes as they are and which the CPU provider standing in for it would otherwise fuse into
+    its own int8 kernels, whose 16-bit pair sums saturate without VNNI where the NPU's int32
+    sums do not; else onnxruntime's default."""
+    return "basic" if any(n.op_type in _QDQ and n.is_onnx for n in model.graph) else None
 
 
 def portable_partition(name: str, model: Model) -> OmPartition:

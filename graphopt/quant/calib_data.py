@@ -249,6 +249,7 @@ def _check_finite(samples: np.ndarray, spec: InputSpec, file: str) -> None:
 
 
 def _cast(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
+    array = np.asarray(array)  # a sample of a scalar input is a numpy scalar, not an array
     if array.dtype == spec.dtype:
         return array
     same_kind = (array.dtype.kind == "f" and spec.dtype.kind == "f") or (

@@ -304,8 +304,11 @@ def _scalar(graph, hint: str, value) -> Value:
 
 def _insert_qdq(graph, value: Value, p: QParams, readers: list[Node] | None = None) -> None:
     """Q after `value`'s producer, and a DQ before each reader (`readers`, default all), which
-    then reads the DQ."""
-    readers = value.consumers() if readers is None else readers
+    then reads the DQ. A reader inside a branch or loop body (it captures the value) keeps
+    reading the float value: a DQ there would sit in the body, reading a Q the body cannot
+    order itself after."""
+    readers = [r for r in (value.consumers() if readers is None else readers)
+               if r.graph is graph]
     scale = _scalar(graph, f"{value.name}_scale", p.scale)
     zero = _scalar(graph, f"{value.name}_zero_point", p.zero_point)
     q = Value(graph.fresh_name(f"{value.name}_quantized"), DType.from_numpy(p.dtype), value.shape)

@@ -153,6 +153,16 @@ def _unquantizable(node: Node) -> str | None:
         return f"{node.op_type} of {data.dtype.numpy.name} data (int8 quantizes float32 layers)"
     if node.op_type == "Conv" and weight.ndim not in (3, 4):
         return f"{weight.ndim - 2}-D Conv (graphopt quantizes 1-D and 2-D convs)"
+    if node.op_type == "Gemm":
+        bias = node.input(2)
+        if node.attr("transA", 0) != 0:
+            return "Gemm with transA (onnxruntime's QGemm form takes A as it is)"
+        if node.attr("alpha", 1.0) != 1.0 or node.attr("beta", 1.0) != 1.0:
+            return "Gemm with alpha or beta other than 1"
+        if bias is not None and (bias.constant() is None or bias.constant().ndim > 1):
+            return "Gemm whose C is not a constant vector"
+        if weight.ndim != 2:
+            return f"Gemm with a {weight.ndim}-D weight"
     return None
 
 
@@ -290,8 +300,12 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
         for node in producers:
             out = node.outputs[0]
             users = out.uses
+            # Its readers then read the DQ of the producer's Q, whose range starts at 0; a
+            # reader inside a branch or loop body gets no DQ (int8._insert_qdq) and would read
+            # the value before the activation, so such an activation stays.
             if len(users) == 1 and _foldable(users[0].node) and users[0].index == 0 \
-                    and not users[0].node.output.is_graph_output:
+                    and not users[0].node.output.is_graph_output \
+                    and all(u.node.graph is node.graph for u in users[0].node.output.uses):
                 result.folds.append((node, users[0].node))
     # A scale-keeping op runs int8 only behind an int8 producer. After a float one (the stem
     # conv that quant_keep_ends keeps) onnxruntime runs a uint8 MaxPool on a generic NCHW

@@ -13,6 +13,9 @@ LOSSY_PASSES = {"QuantizeInt8": 0.999, "ConvertPrecision": 0.999, "QuantizeInt4W
 
 # The model metadata key that names them in an optimized .onnx, which has no pass log.
 LOSSY_KEY = "graphopt.lossy_passes"
+# The kind of device a lossy compile was made for ("npu" when its target's primary device is
+# one): where its int8 layers will run.
+LOSSY_DEVICE_KEY = "graphopt.lossy_device"
 
 
 def marked_lossy(props) -> list[str]:
@@ -25,9 +28,16 @@ def marked_lossy(props) -> list[str]:
 def deployed_level(props) -> str:
     """The onnxruntime level to judge an optimized .onnx at (metadata `props` as marked_lossy
     takes them): a lossy one at ORT_ENABLE_ALL, where its QDQ pairs become the int8 kernels a
-    deployment runs (at ORT_DISABLE_ALL they are simulated in float, which hides the kernels'
-    saturation and rounding), any other at ORT_DISABLE_ALL, which isolates graphopt's rewrites."""
-    return "all" if marked_lossy(props) else "disable"
+    CPU deployment runs (at ORT_DISABLE_ALL they are simulated in float, which hides the
+    kernels' saturation and rounding), any other at ORT_DISABLE_ALL, which isolates graphopt's
+    rewrites. One compiled for an NPU (LOSSY_DEVICE_KEY) is judged at ORT_DISABLE_ALL too: the
+    NPU's int8 cube sums its products in int32 exactly, which the float simulation follows
+    closely and the CPU's 16-bit pair sums (no VNNI) do not."""
+    if not marked_lossy(props):
+        return "disable"
+    if not hasattr(props, "get"):
+        props = {p.key: p.value for p in props}
+    return "disable" if props.get(LOSSY_DEVICE_KEY) == "npu" else "all"
 
 
 def pass_log_of_onnx(model) -> list:

@@ -108,6 +108,12 @@ class _Decider:
         return True
 
 
+def _untyped(node: Node) -> bool:
+    """A node that reads float32 data and whose outputs carry no dtype."""
+    return any(v is not None and v.dtype == DType.FLOAT for v in node.inputs) and \
+        any(v is not None and v.dtype is None and v.type_proto is None for v in node.outputs)
+
+
 @register
 class ConvertPrecision(Pass):
     name = "ConvertPrecision"
@@ -136,6 +142,7 @@ class ConvertPrecision(Pass):
                   for v in captured_values(sub)}
         chosen: list[tuple[Node, Slots]] = []
         kept_by_schema: Counter = Counter()  # ops whose schema at this opset has no `half`
+        untyped: Counter = Counter()  # float32 ops whose outputs inference left untyped
         for node in graph:
             if node.op_type == "Constant" and node.is_onnx:
                 continue  # its data is converted offline where a half op reads it
@@ -143,6 +150,8 @@ class ConvertPrecision(Pass):
                 continue
             node_opset = model.opset(node.domain) if not node.is_onnx else opset
             slots = convertible_slots(node, half, node_opset)
+            if slots is None and _untyped(node):
+                untyped[node.qualified_op] += 1
             if slots is not None and decider.decide(node, slots):
                 chosen.append((node, slots))
             elif slots is None and (not decider.mixed or node.op_type in ALLOW) \
@@ -152,6 +161,9 @@ class ConvertPrecision(Pass):
             ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "
                      f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
                      "later opset may convert them)")
+        if untyped:
+            ctx.note(f"{options.precision}: kept float32, ONNX shape inference gives their "
+                     f"outputs no type, so their schema cannot be matched: {_listing(untyped)}")
         self._refuse(options.precision, decider, support)
         if not chosen:
             return result

@@ -159,6 +159,9 @@ class QuantizeInt4Weights(Pass):
         # more through the embedding than the head gained).
         grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, table in jobs
                                                 if table is None])
+        # Each layer's input by its name now: rewriting a MatMul renames its output (h → h_q4),
+        # the input of the next layer when one feeds another.
+        gram_keys = {id(node): node.input(0).name for node, _, _, _ in jobs}
         refitted: dict[int, int] = {}  # smaller block → weights that got it
         blocks: set[int] = set()  # the blocks the quantized weights and tables use
         singular = 0  # weights GPTQ could not take
@@ -179,7 +182,7 @@ class QuantizeInt4Weights(Pass):
             quant = None
             if grams is not None:
                 try:
-                    quant = gptq_quantize(plan.weight, grams[node.input(0).name], fitted,
+                    quant = gptq_quantize(plan.weight, grams[gram_keys[id(node)]], fitted,
                                           dtype.numpy)
                 except np.linalg.LinAlgError:
                     singular += 1
