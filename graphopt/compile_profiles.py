@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphopt.codegen.om_manifest import dtype_name
-from graphopt.errors import GraphoptError, OptionError
+from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx
 from graphopt.quant.calib_data import CalibrationShapeError
@@ -44,6 +44,12 @@ def optimize_profiles(model, spec, options: dict):
     pinned = (parse_input_shapes(pinned) if isinstance(pinned, str)
               else validate_input_shapes(pinned or {}))
     feeds = load_inputs(options.get("inputs")) if options.get("verify") else None
+    if feeds is not None and not any(_fits(feeds, profile) for profile in profiles):
+        given = ", ".join(f"{name} {list(np.shape(feeds.get(name)))}"
+                          for name in profiles[0].input_shapes)
+        raise InputError(f"--verify: --inputs ({given}) fit none of the shape profiles "
+                         f"({', '.join(map(_label, profiles))}): each profile is verified on "
+                         "the inputs that fit it")
     dump_dir = options.get("dump_dir")
     shapes = [_merge(pinned, profile) for profile in profiles]  # refused before any compile
     shared = SharedStats()  # int8 statistics, measured by a profile the calibration data fits

@@ -456,3 +456,47 @@ def test_a_session_may_open_only_some_profiles(mlp_om):
         graphopt.load(path, profiles=["profile9"])
     with pytest.raises(OptionError, match="non-empty list of profile names"):
         graphopt.load(path, profiles="profile1")
+
+
+def test_int8_borrowing_from_a_profile_that_corrected_no_bias(tmp_path):
+    # 8 samples at H=16 are 2 batches for N=4: that profile keeps its float head's bias, and
+    # the H=8 profile, which borrows its ranges, found no head means to take (it refused).
+    rng = np.random.default_rng(4)
+    proto = parse_model("""
+        g (float[N,3,H,H] x) => (float[N,10] logits) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1)
+            r1 = Relu(c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2)
+            r2 = Relu(c2)
+            c3 = Conv <pads = [1,1,1,1]> (r2, w2)
+            s = Add(c3, r1)
+            p = GlobalAveragePool(s)
+            f = Flatten(p)
+            logits = Gemm <transB = 1> (f, wg)
+        }""", w1=(rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32),
+        w2=(rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32),
+        wg=(rng.standard_normal((10, 16)) * 0.3).astype(np.float32))
+    calibration = tmp_path / "x.npz"
+    np.savez(calibration, x=rng.standard_normal((8, 3, 16, 16)).astype(np.float32))
+    result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
+                               dynamic_dims="N=1,H=8;N=4,H=16")
+    assert [c.profile.name for c in result.profiles] == ["profile0", "profile1"]
+    assert any("measured no input means" in note for note in result.notes)
+
+
+def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
+    proto = parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
+    with pytest.raises(GraphoptError, match=r"--verify: --inputs \(x \[5, 4\]\) fit none of the "
+                                            r"shape profiles \(profile0 \(N=1\), profile1"):
+        graphopt.optimize(proto, dynamic_dims="N:1,2", verify=True,
+                          inputs={"x": np.ones((5, 4), np.float32)})
+
+
+def test_a_one_token_profile_is_static_to_the_last_layer():
+    # Each fold made the next GPT-2 layer's dims static: one inference left layer 2 symbolic.
+    from graphopt import zoo
+
+    result = graphopt.optimize(zoo.build("gpt2_small"), input_shapes={"input_ids": [1, 1]})
+    symbolic = [v.name for v in result.model.graph.all_values()
+                if v.shape is not None and not all(isinstance(d, int) for d in v.shape)]
+    assert symbolic == []

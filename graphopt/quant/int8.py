@@ -92,6 +92,15 @@ class QuantizeInt8(Pass):
                      f"bias: correcting it takes {MIN_HEAD_SAMPLES} calibration samples or "
                      f"more, not {samples} (fewer fit the correction to those samples' noise)")
             heads = []
+        shared = ctx.shared_stats
+        if heads and ctx.calibration_mismatch is not None and shared is not None \
+                and not shared.head_means:
+            # Borrowing the ranges of the profile the data fits, which corrected no bias (too
+            # few samples at its batch size): there are no layer means to correct with.
+            ctx.note(f"QuantizeInt8: {len(heads)} float layer(s) after quantized ones keep their "
+                     f"bias: the profile whose calibration this one takes measured no input "
+                     "means for them")
+            heads = []
         params, means = self._calibrated(model, chosen, ctx, heads) \
             if chosen.needs_calibration() else ({}, {})
         graph = model.graph
