@@ -25,13 +25,17 @@ numbers = st.one_of(st.sampled_from(SPECIAL), st.floats(allow_nan=True, width=64
 @settings(max_examples=400, deadline=None)
 @given(data=numbers, literal=st.sampled_from(SPECIAL + [2.0, 0.7071, 1.4142]),
        dtype=st.sampled_from(DTYPES), rank=st.sampled_from([0, 1]))
-def test_scalar_constant_test_agrees_with_allclose(data, literal, dtype, rank):
+def test_scalar_constant_test_agrees_with_isclose(data, literal, dtype, rank):
+    # The rule: an integer constant equals the literal; a float one is within 4 ulps of its
+    # own type of the literal rounded to that type.
     with np.errstate(all="ignore"):
         array = np.array(data).astype(dtype).reshape((1,) * rank)
-    pattern = Const(literal)
-    expected = bool(np.allclose(array.astype(np.float64), literal, rtol=pattern.rtol,
-                                atol=pattern.atol))
-    assert _const_ok(pattern, array) == expected
+        if np.dtype(dtype).kind == "f":
+            rounded = np.array(literal).astype(dtype)
+            expected = bool(np.isclose(array, rounded, rtol=4 * np.finfo(dtype).eps, atol=0))
+        else:
+            expected = bool(array.astype(np.float64) == literal)
+    assert _const_ok(Const(literal), array) == expected
 
 
 @settings(max_examples=300, deadline=None)

@@ -223,7 +223,7 @@ FUSED_MATMUL_NEGATIVES = {
     "rank-5 scale": (lambda: build("g (float[4,5] a, float[5,6] b) => (float[1,1,1,4,6] y) {"
                                    " m = MatMul(a, b)\n y = Mul(m, s) }",
                                    s=weight(1, 1, 1, 1, 1)),
-                     "ScaledMatMul", "the scale has rank 5"),
+                     "ScaledMatMul", "the one-element constant %s of rank 5 meets %m of rank 2"),
     "fed divisor": (lambda: build("g (float[4,5] a, float[5,6] b, float s) => (float[4,6] y) {"
                                   " m = MatMul(a, b)\n y = Div(m, s) }"),
                     "DividedMatMul", "%s is not constant"),

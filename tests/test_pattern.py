@@ -286,17 +286,22 @@ def test_non_commutative_op_is_not_swapped():
 
 def test_float_literal_matches_close_scalars_only():
     """A literal stands for a scalar (0-d or one element): an all-equal tensor could broadcast
-    the other operand to a shape the rewrite would not produce."""
+    the other operand to a shape the rewrite would not produce. Close means within 4 float32
+    ulps (1.0000001 is one); 1.00001 is another number, which a fusion would change."""
     model = load("""
-    g (float[4] x) => (float[4] a, float[4] b, float[4] c, float[4] d) <float one = {1.00001},
+    g (float[4] x) => (float[4] a, float[4] b, float[4] c, float[4] d, float[4] e)
+            <float one = {1.0000001}, float off = {1.00001},
             float[1] one1 = {1.0}, float[4] ones = {1.0, 1.0, 1.0, 1.0},
             float[1, 1] one11 = {1.0}> {
         a = Add(x, one)
         b = Add(x, one1)
         c = Add(x, ones)
         d = Add(x, one11)
+        e = Add(x, off)
     }""")
     assert isinstance(match(TestOnlyAddOne, model, "a"), Match)
+    assert "expected constant ≈ 1.0, got [1.0000100135803223]" in \
+        match(TestOnlyAddOne, model, "e").reason
     assert isinstance(match(TestOnlyAddOne, model, "b"), Match)
     missed = match(TestOnlyAddOne, model, "c")
     assert isinstance(missed, Miss) and "expected constant ≈ 1.0, got [1.0, 1.0, 1.0, 1.0]" in \

@@ -41,14 +41,16 @@ class Var(Pattern):
 
 @dataclass(eq=False)
 class Const(Pattern):
-    """Matches a constant value: `value` (a scalar, or a one-element tensor of rank ≤ 1, close to
-    it) or `pred(array)`; binds the array under `name` when given."""
+    """Matches a constant value: `value` (a scalar, or a one-element tensor of rank ≤ 1, equal
+    to it within 4 ulps of the constant's own float type: an exporter's √2 rounded to float32
+    or float16, not a 0.5004 for ½, which would change the result) or `pred(array)`; binds
+    the array under `name` when given. `rtol`, when given, replaces the ulps; an exponent is
+    matched with rtol 0 (x^2.0000002 is NaN for a negative x, x^2 is not)."""
 
     value: float | None = None
     pred: Callable[[np.ndarray], bool] | None = None
     name: str | None = None
-    rtol: float = 1e-3
-    atol: float = 1e-6
+    rtol: float | None = None
 
     def describe(self) -> str:
         return f"constant ≈ {self.value}" if self.value is not None else "constant (predicate)"
@@ -395,6 +397,15 @@ def _bind(state: _State, name: str, value) -> _State:
     return _State(bindings, state.nodes, state.roles, state.depth)
 
 
+def _finfo(dtype):
+    try:
+        return np.finfo(dtype)
+    except ValueError:  # bfloat16 and the float8s know their limits through ml_dtypes
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dtype)
+
+
 def _const_ok(pattern: Const, data: np.ndarray) -> bool:
     if data.dtype == object:
         return pattern.pred is not None and bool(pattern.pred(data))
@@ -407,14 +418,17 @@ def _const_ok(pattern: Const, data: np.ndarray) -> bool:
     # broadcast the other operand to a new shape that the fused op does not produce.
     if data.size != 1 or data.ndim > 1:
         return False
-    if data.dtype.kind in "biuf":
-        # np.allclose's test on one number, without its ~20 µs of array machinery:
-        # |x - y| <= atol + rtol·|y| for a finite y, or x == y.
-        x, y = float(data.reshape(-1)[0]), float(pattern.value)
-        return (abs(x - y) <= pattern.atol + pattern.rtol * abs(y) and math.isfinite(y)) \
-            or x == y
-    values = data.astype(np.float64)
-    return bool(np.allclose(values, pattern.value, rtol=pattern.rtol, atol=pattern.atol))
+    x = float(np.asarray(data, dtype=np.float64).reshape(-1)[0]) if data.dtype.kind != "f" \
+        else float(data.reshape(-1)[0])
+    if data.dtype.kind in "biu":
+        return x == float(pattern.value)
+    # The literal as the constant's type holds it (√2 in float16 is 1.4140625), then within
+    # 4 of that type's ulps, or `rtol`.
+    with np.errstate(over="ignore"):  # a literal beyond the type's range rounds to inf
+        y = float(np.asarray(pattern.value, dtype=np.float64).astype(data.dtype))
+    eps = float(_finfo(data.dtype).eps)
+    rtol = 4 * eps if pattern.rtol is None else pattern.rtol
+    return x == y or (math.isfinite(y) and abs(x - y) <= rtol * abs(y))
 
 
 def _attr_equal(have, want) -> bool:

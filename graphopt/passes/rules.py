@@ -237,6 +237,26 @@ def deletable(match: Match, root_output: int) -> str | None:
     return None
 
 
+def broadcast_problem(match: Match) -> str | None:
+    """Why the match cannot be fused as written (None when it can): a one-element constant of
+    a higher rank than the tensor it meets in a matched node broadcasts that node's result to
+    its rank ([2,3,8] · [1,1,1,1] is [1,2,3,8]), which the fused op, computing on the tensor
+    alone, would not."""
+    for node in match.nodes:
+        computed = [v for v in node.inputs if v is not None and not v.is_constant]
+        for value in node.inputs:
+            data = value.constant() if value is not None else None
+            if data is None or data.size != 1 or data.ndim == 0:
+                continue
+            for other in computed:
+                if other.shape is None or len(other.shape) < data.ndim:
+                    rank = "unknown rank" if other.shape is None else f"rank {len(other.shape)}"
+                    return (f"the one-element constant %{value.name} of rank {data.ndim} meets "
+                            f"%{other.name} of {rank} in '{node.name or node.op_type}': it "
+                            "broadcasts the result to a rank the fused op would not give")
+    return None
+
+
 def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int) -> bool:
     """Run the rewrite for `match`, swap the root's output for the result, drop dead nodes."""
     builder = RewriteBuilder(model, graph, match.root, rule.name)
@@ -303,6 +323,7 @@ class RulePass(Pass):
                     match, reason = None, None
                     for candidate in matcher.matches(node):
                         reason = (deletable(candidate, pattern.output)
+                                  or broadcast_problem(candidate)
                                   or rule.unsupported(node.outputs[pattern.output], ctx.target)
                                   or call_with_bindings(rule.check,
                                                         {**candidate.bindings, "model": model,

@@ -222,7 +222,7 @@ class ScaledDotProductAttention(Rule):
         q = _merged(op, q4, MERGE_Q, n * h)
         k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h)
         v = _merged(op, v4, MERGE_Q, n * hv)
-        bias = _attention_bias(op, q4, q, mask, keep, drop, fill)
+        bias = _attention_bias(op, q4, q, v4, v, mask, keep, drop, fill)
         inputs = [q, k, v] + ([None, None, bias] if bias is not None else [])
         out = op.MultiHeadAttention(*inputs, _domain=MS, num_heads=n, scale=scale)
         out.dtype, out.shape = q4.dtype, (q4.shape[0], q4.shape[2], n * hv)
@@ -231,9 +231,11 @@ class ScaledDotProductAttention(Rule):
         return op.Transpose(heads, perm=list(MERGE_Q))
 
 
-def _attention_bias(op, q4: Value, q: Value, mask, keep, drop, fill) -> Value | None:
-    """The mask as a [B or 1, N or 1, S, T] float bias (None without a mask); q is Q's
-    [B,S,N·H] form, whose shape gives S at run time when it is not static."""
+def _attention_bias(op, q4: Value, q: Value, v4: Value, v: Value, mask, keep, drop,
+                    fill) -> Value | None:
+    """The mask as a [B or 1, N or 1, S, T] float bias (None without a mask); q and v are Q's
+    [B,S,N·H] and V's [B,T,N·Hv] forms, whose shapes give S and T at run time when they are
+    not static."""
     dtype = q4.dtype.numpy
     if keep is not None or drop is not None:
         cond = keep if keep is not None else drop
@@ -247,22 +249,27 @@ def _attention_bias(op, q4: Value, q: Value, mask, keep, drop, fill) -> Value | 
             mask.dtype, mask.shape = q4.dtype, cond.shape
     if mask is None:
         return None
-    s = q4.shape[2]
+    s, t = q4.shape[2], v4.shape[2]
     shape = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
-    if len(mask.shape) == 4 and _same(shape[2], s):
+    # MultiHeadAttention takes a bias of S rows (or 1) and exactly T columns: a key dim that is
+    # not provably T (another symbol, which may be 1 at run time) is expanded to T too.
+    rows_ok, cols_ok = len(mask.shape) == 4 and _same(shape[2], s), _same(shape[3], t)
+    if rows_ok and cols_ok:
         return mask
-    if mask.constant() is not None and isinstance(s, int):
-        target = shape[:2] + (s, shape[3])
+    wanted = (s if not rows_ok else 1, t if not cols_ok else 1)
+    if mask.constant() is not None and all(isinstance(d, int) for d in (s, t)):
         return op.const(np.ascontiguousarray(np.broadcast_to(
-            mask.constant().reshape(shape), target)))
-    if isinstance(s, int):
-        rows = op.const(np.array([1, 1, s, 1]))
-    else:  # a dynamic query length: read S from Q's shape at run time
-        s_dim = op.Gather(op.Shape(q), op.const(np.array([1])), axis=0)
-        rows = op.Concat(op.const(np.array([1, 1])), s_dim, op.const(np.array([1])), axis=0)
+            mask.constant().reshape(shape), shape[:2] + (s, t))))
+    if all(isinstance(d, int) for d in wanted):
+        target = op.const(np.array([1, 1, *wanted]))
+    else:  # a dynamic length: read S from Q's shape, T from V's, at run time
+        dims = [op.const(np.array([d])) if isinstance(d, int) else
+                op.Gather(op.Shape(x), op.const(np.array([1])), axis=0)
+                for d, x in zip(wanted, (q, v))]
+        target = op.Concat(op.const(np.array([1, 1])), *dims, axis=0)
     # Typed here: the fusion sweeps that follow (PackedSelfAttention) run before InferShapes.
-    bias = op.Expand(mask, rows)
-    bias.dtype, bias.shape = mask.dtype, shape[:2] + (s, shape[3])
+    bias = op.Expand(mask, target)
+    bias.dtype, bias.shape = mask.dtype, shape[:2] + (s, t if not cols_ok else shape[3])
     return bias
 
 

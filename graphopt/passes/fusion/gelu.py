@@ -22,6 +22,7 @@ from graphopt.passes.rules import Rule, RulePass
 MS = "com.microsoft"
 SQRT2 = math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+EXACT_3 = Const(3.0, rtol=0.0)  # x³: any other exponent is NaN for a negative x
 
 
 def _erf_part(op, x):
@@ -79,14 +80,14 @@ class GeluTanh(_ToFastGelu):
     """½ · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) with x³ as Pow(x, 3)."""
 
     def pattern(self, op, x):
-        return op.Mul(op.Mul(x, 0.5), _tanh_inner(op, x, op.Pow(x, 3.0)))
+        return op.Mul(op.Mul(x, 0.5), _tanh_inner(op, x, op.Pow(x, EXACT_3)))
 
 
 class GeluTanhHalfLast(_ToFastGelu):
     """(x · (1 + tanh(…))) · ½, also ½ · (x · (1 + tanh(…))) through the commuted Mul."""
 
     def pattern(self, op, x):
-        return op.Mul(op.Mul(x, _tanh_inner(op, x, op.Pow(x, 3.0))), 0.5)
+        return op.Mul(op.Mul(x, _tanh_inner(op, x, op.Pow(x, EXACT_3))), 0.5)
 
 
 class QuickGelu(Rule):

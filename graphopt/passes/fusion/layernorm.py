@@ -32,6 +32,7 @@ from graphopt.passes.rules import Rule, RulePass, placed_device
 MS = "com.microsoft"
 FLOATS = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE)  # what onnxruntime's CPU kernels take
 EPS = Const(pred=lambda a: a.dtype.kind == "f", name="eps")  # _problem checks it is a scalar
+EXACT_2 = Const(2.0, rtol=0.0)  # d²: any other exponent is NaN for a negative d
 
 
 def _mean(op, v, key: str):
@@ -45,7 +46,7 @@ def _norm(op, x, centre: bool = True, square: str = "pow", inverse: str = "div",
     division: Div, ·Reciprocal, ·(1 / ·) or ·Pow(·, -½); `cast`: on Cast(x → f32), cast back."""
     xf = op.Cast(x, to=Attr("cast_in")) if cast else x
     d = op.Sub(xf, _mean(op, xf, "mean")) if centre else xf
-    ms = op.Add(_mean(op, op.Pow(d, 2.0) if square == "pow" else op.Mul(d, d), "var"), EPS)
+    ms = op.Add(_mean(op, op.Pow(d, EXACT_2) if square == "pow" else op.Mul(d, d), "var"), EPS)
     y = {"div": lambda: op.Div(d, op.Sqrt(ms)),
          "reciprocal": lambda: op.Mul(d, op.Reciprocal(op.Sqrt(ms))),
          "one_over": lambda: op.Mul(d, op.Div(1.0, op.Sqrt(ms))),
