@@ -24,17 +24,21 @@ def _same_outputs(proto, feeds, fused_op: str | None = None):
     return ops
 
 
-def test_a_constant_near_but_not_at_the_patterns_value_is_not_fused():
-    # ½ written as 0.5004 is not GELU's ½: fused, 13 of 16 elements moved by up to 3e-3.
-    proto = parse_model("""
-        g (float[16] x) => (float[16] y) {
+def _erf_gelu(x: str, y: str, half: np.ndarray) -> onnx.ModelProto:
+    """x · (1 + erf(x / √2)) · `half`, GELU's erf form with its ½ given."""
+    return parse_model(f"""
+        g ({x}) => ({y}) {{
             d = Div(x, sqrt2)
             e = Erf(d)
             p = Add(e, one)
             m = Mul(x, p)
             y = Mul(m, half)
-        }""", sqrt2=np.array(np.sqrt(2), np.float32), one=np.array(1, np.float32),
-        half=np.array(0.5004, np.float32))
+        }}""", sqrt2=np.array(np.sqrt(2), np.float32), one=np.array(1, np.float32), half=half)
+
+
+def test_a_constant_near_but_not_at_the_patterns_value_is_not_fused():
+    # ½ written as 0.5004 is not GELU's ½: fused, 13 of 16 elements moved by up to 3e-3.
+    proto = _erf_gelu("float[16] x", "float[16] y", np.array(0.5004, np.float32))
     ops = _same_outputs(proto, {"x": RNG.standard_normal(16).astype(np.float32) * 3})
     assert "com.microsoft::Gelu" not in ops
 
@@ -72,15 +76,7 @@ def test_a_one_element_constant_of_a_higher_rank_keeps_its_broadcast(case):
             }""", a=np.full((1, 1, 1, 1), 1.702, np.float32))
         feeds = {"x": RNG.standard_normal((2, 3, 8)).astype(np.float32)}
     elif case == "scalar_gelu":
-        proto = parse_model("""
-            g (float x) => (float[1] y) {
-                d = Div(x, sqrt2)
-                e = Erf(d)
-                p = Add(e, one)
-                m = Mul(x, p)
-                y = Mul(m, half)
-            }""", sqrt2=np.array(np.sqrt(2), np.float32), one=np.array(1, np.float32),
-            half=np.full((1,), 0.5, np.float32))
+        proto = _erf_gelu("float x", "float[1] y", np.full((1,), 0.5, np.float32))
         feeds = {"x": np.array(0.7, np.float32)}
     else:
         proto = parse_model("""

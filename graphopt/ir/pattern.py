@@ -418,8 +418,7 @@ def _const_ok(pattern: Const, data: np.ndarray) -> bool:
     # broadcast the other operand to a new shape that the fused op does not produce.
     if data.size != 1 or data.ndim > 1:
         return False
-    x = float(np.asarray(data, dtype=np.float64).reshape(-1)[0]) if data.dtype.kind != "f" \
-        else float(data.reshape(-1)[0])
+    x = float(data.reshape(-1)[0])
     if data.dtype.kind in "biu":
         return x == float(pattern.value)
     # The literal as the constant's type holds it (√2 in float16 is 1.4140625), then within
