@@ -64,11 +64,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                                   suffix=".tmp")
-    except OSError as exc:
-        raise _cannot_write(path, exc) from None
+    fd, tmp = _temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             try:
@@ -106,12 +102,7 @@ def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
     files: list[BinaryIO] = []
     try:
         for path in paths:
-            try:
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                                           prefix="." + os.path.basename(path) + ".",
-                                           suffix=".tmp")
-            except OSError as exc:
-                raise _cannot_write(path, exc) from None
+            fd, tmp = _temporary(path)
             temps.append(tmp)
             files.append(os.fdopen(fd, "wb"))
         try:
@@ -186,6 +177,16 @@ def _link_aside(path: str) -> str:
                 return aside
             except OSError:
                 raise _cannot_write(path, exc) from None
+
+
+def _temporary(path: str) -> tuple[int, str]:
+    """(fd, name) of a new hidden file beside `path`, so the final os.replace is a rename on
+    one filesystem; OutputError naming `path` when its folder takes no file."""
+    try:
+        return tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                                prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
 
 
 def _cannot_write(path: str, exc: OSError) -> OutputError:
