@@ -18,6 +18,7 @@ from onnx import ModelProto, TensorProto
 from graphopt.codegen.feeds import random_array, random_value, typed_entry, value_label
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import GraphoptError, InputError
+from graphopt.tools import metrics
 
 LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -359,18 +360,12 @@ def _compare_tensors(name: str, exp: np.ndarray, got: np.ndarray, rtol: float,
             bad = int(np.sum(got != exp))
             return Mismatch(name, f"{bad} element(s) differ")
         return None
-    e = exp.astype(np.float64)
-    a = got.astype(np.float64)
-    both_nan = np.isnan(e) & np.isnan(a)
-    # inf - inf and NaN arithmetic are judged below, not warned about.
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(both_nan, 0.0, np.abs(a - e))
-        diff = np.where(np.isinf(e) & (a == e), 0.0, diff)
-        bound = atol + rtol * np.abs(np.where(both_nan, 0.0, e))
-        # An infinity matches only itself: rtol·|inf| would let -inf pass for +inf.
-        bad = ~(diff <= bound) | ((np.isinf(e) | np.isinf(a)) & (a != e))
-        if not bad.any():
-            return None
+    bad = metrics.beyond_tolerance(exp, got, rtol, atol)
+    if not bad.any():
+        return None
+    e, a = exp.astype(np.float64).reshape(-1), got.astype(np.float64).reshape(-1)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is judged by the mask
+        diff = np.where(np.isnan(e) & np.isnan(a), 0.0, np.abs(a - e))
         rel = diff / np.maximum(np.abs(e), 1e-30)
     return Mismatch(
         name, f"{int(bad.sum())}/{bad.size} element(s) beyond rtol={rtol} atol={atol} "

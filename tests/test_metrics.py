@@ -147,3 +147,14 @@ def test_numerics_judge_infinities_without_warnings(recwarn):
     assert "1/3 element(s) beyond" in str(problem)
     assert numerics.max_abs_error(expected, expected) == 0.0
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_verify_and_compare_share_one_tolerance_rule():
+    from graphopt import numerics
+
+    ref = np.array([1.0, np.nan, np.inf, 100.0, 0.0], np.float32)
+    cand = np.array([1.00005, np.nan, np.inf, 100.2, 2e-5], np.float32)
+    assert metrics.beyond_tolerance(ref, cand, 1e-4, 1e-5).tolist() == [
+        False, False, False, True, True]  # NaN is close to NaN, inf to itself
+    (problem,) = numerics.compare({"y": ref}, {"y": cand}, 1e-4, 1e-5)
+    assert "2/5 element(s) beyond" in str(problem) and problem.max_abs == pytest.approx(0.2, 1e-4)

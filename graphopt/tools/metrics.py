@@ -141,13 +141,21 @@ def kl_divergence(reference, candidate) -> float | None:
     return float(np.maximum(terms.sum(axis=-1), 0.0).mean())
 
 
-def allclose_mismatches(reference, candidate, rtol: float, atol: float) -> int:
-    """Elements outside numpy.allclose's bound |c - r| <= atol + rtol·|r|."""
+def beyond_tolerance(reference, candidate, rtol: float, atol: float) -> np.ndarray:
+    """Where |c - r| <= atol + rtol·|r| fails, as a flat bool mask (numpy.allclose's bound).
+
+    An infinity is close to itself alone (rtol·|inf| would take -inf for +inf), and NaN to NaN:
+    `compare` reports non-finite values on their own, `--verify` wants a NaN kept a NaN."""
     r, c = _f64(reference), _f64(candidate)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflowed difference is beyond
-        beyond = ~((np.abs(c - r) <= atol + rtol * np.abs(r)) | (c == r))
-    # An infinity is close to itself alone: rtol·|inf| would take -inf for +inf.
-    return int(np.count_nonzero(beyond | ((np.isinf(r) | np.isinf(c)) & (c != r))))
+        close = (np.abs(c - r) <= atol + rtol * np.abs(r)) | (c == r)
+    close |= np.isnan(r) & np.isnan(c)
+    return ~close | ((np.isinf(r) | np.isinf(c)) & (c != r))
+
+
+def allclose_mismatches(reference, candidate, rtol: float, atol: float) -> int:
+    """How many elements lie beyond the tolerance (see `beyond_tolerance`)."""
+    return int(np.count_nonzero(beyond_tolerance(reference, candidate, rtol, atol)))
 
 
 def nonfinite_counts(array) -> tuple[int, int]:
