@@ -483,6 +483,10 @@ NEGATIVES = {
     "MaxPool with indices": case(
         f"g ({X16}) => (float y, int64 i) {{ y, i = MaxPool<kernel_shape=[2,2]>(x) }}",
         ["MaxPool"], note="MaxPool returns indices"),
+    "AveragePool overhanging with the padding counted": case(  # 9 = 4 windows of 2 and a half
+        "g (float[1,16,9,9] x) => (float y) {"
+        " y = AveragePool<kernel_shape=[2,2], strides=[2,2], ceil_mode=1, count_include_pad=1>(x)"
+        " }", ["AveragePool"], note="ceil_mode with count_include_pad"),
     "pool over 12 channels": case(
         "g (float[1,12,8,8] x) => (float y) { y = GlobalAveragePool(x) }",
         ["GlobalAveragePool"], note="12 channels, not a multiple of the block"),

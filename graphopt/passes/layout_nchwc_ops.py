@@ -17,7 +17,8 @@ blocked replacement with `rw.add`, or folds the node into a blocked conv with `r
   Add, Sum, Mul     otherwise kept as they are on blocked inputs of equal shape and channels.
   Relu, Sigmoid, Tanh, HardSigmoid   kept as they are on a blocked input.
   Concat            axis 1, every input blocked with C a multiple of B.
-  MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool   4-D, C a multiple of B, no indices.
+  MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool   4-D, C a multiple of B, no indices;
+                    no AveragePool with both ceil_mode and count_include_pad.
   BatchNormalization on a blocked input: a 1×1 depthwise nchwc Conv (γ/√(σ²+ε), β − μ·γ/√(σ²+ε)).
   Transpose [0,2,3,1] of a blocked input: ReorderOutput(channels_last=1).
   Resize / Upsample nearest (asymmetric, floor), integer scales on H and W: nchwc.Upsample.
@@ -219,6 +220,11 @@ def pool(rw: Rewriter, node: Node) -> None:
         reason = f"{channels or 'unknown'} channels, not a multiple of the block {rw.block}"
     elif not node.op_type.startswith("Global") and len(node.attr("kernel_shape") or ()) != 2:
         reason = "not a 2-D pool"
+    elif node.op_type == "AveragePool" and node.attr("ceil_mode", 0) \
+            and node.attr("count_include_pad", 0):
+        # The blocked kernel divides a window that overhangs the end by the whole kernel; the
+        # NCHW one counts only the padding inside it (checked against onnxruntime on a grid).
+        reason = "ceil_mode with count_include_pad averages the last window differently"
     if reason:
         rw.left[f"{node.op_type}: {reason}"] += 1
         return
