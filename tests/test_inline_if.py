@@ -169,3 +169,31 @@ def test_removing_an_if_frees_what_its_branches_read():
     verify(model)
     assert ops(model) == ["Relu"] and stats["node"] == 2
     assert "Exp" not in format_model(model)
+
+
+def test_names_the_branch_shares_with_other_scopes_are_renamed():
+    # Legal in ONNX, not in one graph: two Ifs whose taken branches both define %t and name a
+    # node N, and a branch weight %m shadowing the outer node output %m.
+    proto = parse("""
+        g (float[2] x) => (float[2] z)
+        <bool flag = {1}>
+        {
+          m = Mul(x, x)
+          y1 = If (flag) <then_branch = g1 () => (float[2] t) { t = Neg(x) },
+                          else_branch = g2 () => (float[2] e) { e = Abs(x) }>
+          y2 = If (flag) <then_branch = g3 () => (float[2] t) <float[2] m = {5.0, 6.0}> {
+                            t = Add(x, m) },
+                          else_branch = g4 () => (float[2] f) { f = Abs(x) }>
+          s = Add(y1, y2)
+          z = Add(s, m)
+        }""")
+    for node in proto.graph.node:
+        if node.op_type == "If":
+            node.attribute[0].g.node[0].name = "N"  # then_branch
+    model, stats = inline(proto)
+    assert stats == {"If": 2}
+    names = [v.name for v in model.graph.all_values()]
+    assert len(names) == len(set(names))
+    node_names = [n.name for n in model.graph if n.name]
+    assert len(node_names) == len(set(node_names)) == 2
+    assert_same_outputs(proto, model, {"x": np.array([0.5, -1.0], np.float32)})

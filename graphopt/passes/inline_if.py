@@ -27,13 +27,35 @@ def _hoist(branch: Graph, node: Node) -> None:
     """Move the branch's initializers and nodes into the If's graph, just before the If: every
     outer value a branch node reads is defined before the If, so the order stays topological."""
     graph = node.graph
+    _rename_clashes(branch, graph.root)
     for value in list(branch.initializers.values()):
         del branch.initializers[value.name]
-        if value.name in graph.initializers:  # names are unique model-wide; stay safe anyway
-            value.name = graph.fresh_name(value.name)
         graph.add_initializer(value)
     for inner in branch.nodes():
         graph.move_before(node, inner)
+
+
+def _rename_clashes(branch: Graph, root: Graph) -> None:
+    """Rename the values and nodes of `branch` (nested graphs included) whose names something
+    outside it uses too. ONNX scopes a branch's names: a sibling If's branch, or a node the
+    branch's own initializer shadows, may hold the same name, which the outer graph cannot."""
+    inside_values = {id(v) for v in branch.all_values()}
+    inside_nodes = {id(n) for n in branch.all_nodes()}
+    value_names = {v.name for v in root.all_values() if id(v) not in inside_values}
+    node_names = {n.name for n in root.all_nodes() if id(n) not in inside_nodes and n.name}
+    renamed = {}
+    for value in branch.all_values():
+        if value.name in value_names:
+            renamed[value.name] = value
+            value.name = branch.fresh_name(value.name)
+    for name, value in renamed.items():  # initializers are keyed by name
+        owner = value.graph.initializers
+        if owner.get(name) is value:
+            del owner[name]
+            owner[value.name] = value
+    for inner in branch.all_nodes():
+        if inner.name and inner.name in node_names:
+            inner.name = branch.fresh_node_name(inner.name)
 
 
 def _take_over(out: Value, result: Value, before: Node) -> None:
