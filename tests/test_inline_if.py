@@ -172,20 +172,20 @@ def test_removing_an_if_frees_what_its_branches_read():
 
 
 def test_names_the_branch_shares_with_other_scopes_are_renamed():
-    # Legal in ONNX, not in one graph: two Ifs whose taken branches both define %t and name a
-    # node N, and a branch weight %m shadowing the outer node output %m.
+    # Legal in ONNX, not in one graph: two Ifs whose taken branches both define %t and %m and
+    # name a node N.
     proto = parse("""
         g (float[2] x) => (float[2] z)
         <bool flag = {1}>
         {
-          m = Mul(x, x)
-          y1 = If (flag) <then_branch = g1 () => (float[2] t) { t = Neg(x) },
+          y1 = If (flag) <then_branch = g1 () => (float[2] t) <float[2] m = {1.0, 2.0}> {
+                            t = Mul(x, m) },
                           else_branch = g2 () => (float[2] e) { e = Abs(x) }>
           y2 = If (flag) <then_branch = g3 () => (float[2] t) <float[2] m = {5.0, 6.0}> {
                             t = Add(x, m) },
                           else_branch = g4 () => (float[2] f) { f = Abs(x) }>
           s = Add(y1, y2)
-          z = Add(s, m)
+          z = Add(s, x)
         }""")
     for node in proto.graph.node:
         if node.op_type == "If":

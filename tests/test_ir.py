@@ -364,3 +364,16 @@ def test_a_subgraph_node_redefining_an_outer_value_is_refused():
                       helper.make_node("Add", ["t2", "x"], ["t_out"])])
     onnx.checker.check_model(good, full_check=True)
     load_onnx(good)
+
+
+@pytest.mark.parametrize("shadowed", ["x", "t"])  # a graph input, an outer node's output
+def test_a_subgraph_weight_named_like_an_outer_value_is_refused(shadowed):
+    # onnx.checker takes it; onnxruntime reads the outer value for a graph input's name and the
+    # weight for a node output's, the ONNX reference evaluator the reverse of one of them.
+    bad = _if_model([helper.make_node("Add", [shadowed, "x"], ["t_out"])])
+    (then,) = [a.g for a in bad.graph.node[1].attribute if a.name == "then_branch"]
+    then.initializer.append(onnx.numpy_helper.from_array(np.ones(2, np.float32), shadowed))
+    onnx.checker.check_model(bad, full_check=True)
+    with pytest.raises(InputError, match=f"initializer '{shadowed}' of subgraph 'then' has the "
+                                         "name of a value of an enclosing graph"):
+        load_onnx(bad)

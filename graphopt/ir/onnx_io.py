@@ -202,6 +202,11 @@ class _Importer:
                 value.const = initializers.pop(vi.name)
             local[vi.name] = graph.add_input(value)
         for name, tensor in initializers.items():
+            if name in outer:  # onnxruntime reads a graph input's, the reference the weight
+                raise self.error(f"initializer '{name}' of subgraph '{proto.name}' has the "
+                                 "name of a value of an enclosing graph: which of the two its "
+                                 "readers see is not defined (onnxruntime and ONNX's reference "
+                                 "evaluator disagree)")
             value = Value(name, const=tensor)
             local[name] = graph.add_initializer(value)
         for sparse in proto.sparse_initializer:
