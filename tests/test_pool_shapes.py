@@ -62,6 +62,28 @@ def test_a_pool_whose_last_window_starts_in_the_padding_folds_to_onnxruntimes_sh
     assert numerics.compare(expected, numerics.run(optimized, {"x": x}), 0, 0) == []
 
 
+def test_a_pool_inside_a_branch_keeps_onnxruntimes_shape_too():
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,1,4,4] x, bool c) => (int64[4] s) <int64[1] one = {1}> {
+          s = If (c) <
+            then_branch = g1 () => (int64[4] a) {
+              p = MaxPool <kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 1, 1],
+                           ceil_mode = 1> (x)
+              d = Shape(p)
+              a = Mul(d, one)
+            },
+            else_branch = g2 () => (int64[4] b) { b = Shape(x) }>
+        }""")
+    feeds = {"x": np.ones((1, 1, 4, 4), np.float32), "c": np.array(True)}
+    expected = numerics.run(proto, feeds)
+    assert expected["s"].tolist() == [1, 1, 2, 2]  # ONNX's inference says [1, 1, 3, 3]
+    for pins in (None, "x:1,1,4,4"):
+        optimized = graphopt.optimize(proto, level=2, input_shapes=pins).to_onnx()
+        onnx.checker.check_model(optimized, full_check=True)
+        assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
+
+
 def test_from_opset_22_inference_agrees_and_the_shape_folds():
     proto = onnx.parser.parse_model(POOLED.replace("{op}", "MaxPool").replace('"" : 18',
                                                                               '"" : 22'))

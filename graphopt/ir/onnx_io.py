@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -60,6 +60,18 @@ def read_model_proto(path: str | os.PathLike, load_external: bool = True) -> Mod
     return proto
 
 ZIP_MAGIC = b"PK\x03\x04"  # what a zip file, such as an .om, starts with
+
+
+def graph_protos(graph: GraphProto) -> Iterator[GraphProto]:
+    """`graph` and every graph nested in its nodes' attributes, outer before inner."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from graph_protos(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from graph_protos(sub)
 
 
 def _check_looks_like_model(proto: ModelProto, path: str) -> None:

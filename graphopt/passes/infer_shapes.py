@@ -9,7 +9,7 @@ import onnx
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from graphopt.ir import Model
-from graphopt.ir.onnx_io import read_type, to_onnx
+from graphopt.ir.onnx_io import graph_protos, read_type, to_onnx
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.pool_shapes import forget_disputed_sizes, hide_from_inference
 from graphopt.protowire import varint
@@ -199,7 +199,7 @@ def inferred_types(model: Model, inferred: ModelProto) -> dict[str, bytes]:
     types: dict[str, bytes] = {}
     # Walking 100k node protos for subgraphs costs more than asking the IR whether any exist.
     nested = next(islice(model.graph.all_graphs(), 1, None), None) is not None
-    for graph_proto in _all_graph_protos(inferred.graph) if nested else (inferred.graph,):
+    for graph_proto in graph_protos(inferred.graph) if nested else (inferred.graph,):
         for infos in (graph_proto.value_info, graph_proto.output):
             for info in infos:
                 raw = _type_bytes(info)
@@ -297,17 +297,6 @@ def _more_specific(new: tuple, old: tuple) -> bool:
     known_new = sum(isinstance(d, int) for d in new_shape)
     known_old = sum(isinstance(d, int) for d in old_shape)
     return known_new >= known_old
-
-
-def _all_graph_protos(graph):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_graph_protos(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _all_graph_protos(g)
 
 
 @register

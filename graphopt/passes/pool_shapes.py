@@ -13,6 +13,7 @@ import math
 import onnx
 
 from graphopt.ir import Model, Node, Value
+from graphopt.ir.onnx_io import graph_protos
 
 POOLS = ("MaxPool", "AveragePool", "LpPool")
 # From opset 22 the ONNX spec drops such a window too, and its shape inference agrees.
@@ -63,8 +64,7 @@ def disputed_pools(model: Model) -> list[Node]:
     opset = model.opset("") or 0
     if opset >= FIXED_IN_OPSET:
         return []
-    # The main graph's: hide_from_inference hides those alone (a branch's pool keeps ONNX's).
-    return [node for node in model.graph if _disputed(node, opset)]
+    return [node for node in model.graph.all_nodes() if _disputed(node, opset)]
 
 
 def forget_disputed_sizes(model: Model) -> int:
@@ -92,9 +92,10 @@ def hide_from_inference(model: Model, proto: onnx.ModelProto) -> None:
                if node.outputs[0] is not None and node.outputs[0].dtype is not None}
     if not outputs:
         return
-    for node in proto.graph.node:
-        if node.output and node.output[0] in outputs and node.domain in ("", "ai.onnx"):
-            node.domain = _HIDDEN_DOMAIN
+    for graph in graph_protos(proto.graph):  # names are unique model-wide
+        for node in graph.node:
+            if node.output and node.output[0] in outputs and node.domain in ("", "ai.onnx"):
+                node.domain = _HIDDEN_DOMAIN
     proto.opset_import.add(domain=_HIDDEN_DOMAIN, version=1)
 
 
