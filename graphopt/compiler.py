@@ -27,7 +27,7 @@ from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManage
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
 from graphopt.passes.infer_shapes import drop_unfounded_dims, infer_shapes, record_type_bytes
-from graphopt.passes.pool_shapes import forget_disputed_sizes
+from graphopt.passes.disputed_shapes import forget_disputed_sizes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
 from graphopt.switches import read_switch_file
@@ -125,7 +125,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
         if types is not None:
             drop_unfounded_dims(model, types)
             record_type_bytes(model, types, static_only=True)
-            forget_disputed_sizes(model)  # not ONNX inference's pool sizes: see pool_shapes
+            forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
 
 
 def overridable_initializers(model: Model) -> list[str]:

@@ -11,7 +11,7 @@ from onnx import ModelProto, TypeProto, ValueInfoProto
 from graphopt.ir import Model
 from graphopt.ir.onnx_io import graph_protos, read_type, to_onnx
 from graphopt.passes.base import Pass, PassContext, PassResult, register
-from graphopt.passes.pool_shapes import forget_disputed_sizes, hide_from_inference
+from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
 from graphopt.protowire import varint
 
 # Initializers at most this large keep their data during inference so that data propagation
@@ -28,8 +28,8 @@ VECTOR_PROP_LIMIT = 1 << 16
 
 def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
     """The model with weights above DATA_PROP_LIMIT bytes as typed inputs; without the
-    intermediate values' types when `value_infos` is False (with them, the pools whose size
-    onnxruntime disputes are hidden from inference: see pool_shapes)."""
+    intermediate values' types when `value_infos` is False (with them, the nodes whose size
+    onnxruntime disputes are hidden from inference: see disputed_shapes)."""
     proto = to_onnx(model, weights_as_inputs_above=DATA_PROP_LIMIT, value_infos=value_infos)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
@@ -71,8 +71,8 @@ _CONTRIB_ROUNDS = 64
 
 def infer_shapes(model: Model) -> int:
     """Run ONNX shape inference and copy the inferred types onto node outputs; past the
-    contrib ops ONNX cannot type and _carry_through_contrib_ops can, and past ceil_mode pools
-    whose size onnxruntime computes otherwise (pool_shapes), run it again from their outputs.
+    contrib ops ONNX cannot type and _carry_through_contrib_ops can, and past nodes whose size
+    onnxruntime computes otherwise (disputed_shapes), run it again from their outputs.
     Returns how many values gained or changed type information."""
     changed = 0
     for _ in range(_CONTRIB_ROUNDS):
@@ -86,7 +86,7 @@ def infer_shapes(model: Model) -> int:
         except Exception:  # noqa: BLE001 - inference is best effort; passes check what they rely on
             return changed
         changed += record_types(model, inferred)
-        # A pool whose size onnxruntime and ONNX dispute forgets the sizes inferred from
+        # A node whose size onnxruntime and ONNX dispute forgets the sizes inferred from
         # it: the next round derives them from its unknown ones, which inference keeps.
         carried = _carry_through_contrib_ops(model) + forget_disputed_sizes(model)
         if not carried:

@@ -1,0 +1,219 @@
+"""Output sizes that onnxruntime and ONNX's shape inference compute differently. The size that
+counts is onnxruntime's, so graphopt must not take inference's; it cannot write onnxruntime's
+either, since onnx.checker's strict inference would then find the model inconsistent. Such an
+output keeps its undisputed dims and leaves the disputed ones unknown, as does everything
+inferred from it, and inference is kept from filling them in again.
+
+Each dispute was measured against onnxruntime 1.32 and onnx 1.19 over a grid of attributes:
+- a `ceil_mode` pool whose last window would start in the end padding: onnxruntime drops that
+  window, inference before opset 22 keeps it;
+- Resize and Upsample by constant scales: onnxruntime sizes `int(float32(d) · scale)`, rounding
+  the product to float32 first (10 · 0.7 → 7); inference sizes `floor(d · scale)` exactly (6);
+- ConvTranspose with `auto_pad` SAME_UPPER or SAME_LOWER and an `output_padding`: onnxruntime
+  ignores the padding (`d · stride`), inference adds it.
+
+A Loop body declares the shapes of its loop-carried inputs, and inference trusts them; yet a
+carried value may change shape from one iteration to the next (onnxruntime runs that). A
+declared dim that the Loop's initial value and the body's result do not both repeat is made
+unknown, as is what the body and the Loop infer from it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from graphopt.ir import Graph, Model, Node, Value
+from graphopt.ir.onnx_io import graph_protos
+
+POOLS = ("MaxPool", "AveragePool", "LpPool")
+# From opset 22 the ONNX spec drops such a window too, and its shape inference agrees.
+POOLS_FIXED_IN_OPSET = 22
+# The domain a disputed node gets in the copy of the model shape inference reads: no schema,
+# so inference leaves its output as declared.
+_HIDDEN_DOMAIN = "graphopt.uninferred"
+
+
+def ceil_mode_size(size: int, kernel: int, stride: int, head: int, tail: int,
+                   dilation: int = 1, *, onnx_inference: bool = False) -> int:
+    """One spatial output size under ceil_mode: rounded up, less a last window that would
+    start past the input and its head padding (onnxruntime's rule; `onnx_inference`: without
+    that last step, as ONNX infers it before opset 22)."""
+    span = size + head + tail - dilation * (kernel - 1) - 1
+    out = math.ceil(span / stride) + 1
+    if not onnx_inference and (out - 1) * stride >= size + head:
+        out -= 1
+    return out
+
+
+def scaled_size(size: int, scale: float, *, onnx_inference: bool = False) -> int:
+    """One output size of Resize or Upsample by `scale` (a float32): onnxruntime's, or with
+    `onnx_inference` ONNX inference's."""
+    if onnx_inference:
+        return math.floor(size * float(np.float32(scale)))
+    return int(np.float32(size) * np.float32(scale))
+
+
+def _static_spatial(node: Node) -> tuple | None:
+    source = node.input(0)
+    if source is None or source.shape is None or len(source.shape) < 3:
+        return None
+    return tuple(source.shape[2:])
+
+
+def _pool_dims(node: Node, opset: int) -> list[int]:
+    if opset >= POOLS_FIXED_IN_OPSET or node.attr("ceil_mode", 0) != 1 \
+            or (node.attr("auto_pad") or "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return []
+    spatial, kernel = _static_spatial(node), node.attr("kernel_shape")
+    if spatial is None or not kernel or len(kernel) != len(spatial):
+        return []
+    rank = len(spatial)
+    strides = node.attr("strides") or [1] * rank
+    dilations = node.attr("dilations") or [1] * rank
+    pads = node.attr("pads") or [0] * (2 * rank)
+    return [2 + i for i, size in enumerate(spatial) if isinstance(size, int) and (
+        ceil_mode_size(size, kernel[i], strides[i], pads[i], pads[rank + i], dilations[i])
+        != ceil_mode_size(size, kernel[i], strides[i], pads[i], pads[rank + i], dilations[i],
+                          onnx_inference=True))]
+
+
+def _resize_scales(node: Node, opset: int) -> np.ndarray | None:
+    """The constant scales of a Resize or Upsample that has no `sizes`, else None."""
+    if node.op_type == "Upsample" and opset < 9:
+        scales = node.attr("scales")
+        return None if scales is None else np.asarray(scales, np.float32)
+    index = 1 if node.op_type == "Upsample" or opset < 11 else 2
+    sizes = node.input(3) if node.op_type == "Resize" and opset >= 11 else None
+    if sizes is not None and (sizes.shape is None or sizes.shape != (0,)):
+        return None
+    scales = node.input(index)
+    data = scales.constant() if scales is not None else None
+    return None if data is None or data.size == 0 else np.asarray(data, np.float32).reshape(-1)
+
+
+def _resize_dims(node: Node, opset: int) -> list[int]:
+    source, scales = node.input(0), _resize_scales(node, opset)
+    if source is None or source.shape is None or scales is None:
+        return []
+    axes = node.attr("axes") or list(range(len(source.shape)))
+    if len(axes) != len(scales):
+        return []
+    axes = [a + len(source.shape) if a < 0 else a for a in axes]
+    cropped = node.attr("coordinate_transformation_mode") in ("tf_crop_and_resize",
+                                                               b"tf_crop_and_resize")
+    return sorted(
+        axis for axis, scale in zip(axes, scales)
+        if 0 <= axis < len(source.shape) and isinstance(source.shape[axis], int)
+        and scale != 1.0 and (cropped or scaled_size(source.shape[axis], scale)
+                              != scaled_size(source.shape[axis], scale, onnx_inference=True)))
+
+
+def _conv_transpose_dims(node: Node) -> list[int]:
+    if (node.attr("auto_pad") or "NOTSET") not in ("SAME_UPPER", "SAME_LOWER", b"SAME_UPPER",
+                                                   b"SAME_LOWER") \
+            or not any(node.attr("output_padding") or ()):
+        return []
+    spatial = _static_spatial(node)
+    return [] if spatial is None else [2 + i for i in range(len(spatial))]
+
+
+def disputed_dims(node: Node, opset: int) -> list[int]:
+    """The output dims of `node` that onnxruntime and ONNX inference size differently."""
+    if not node.is_onnx:
+        return []
+    if node.op_type in POOLS:
+        return _pool_dims(node, opset)
+    if node.op_type in ("Resize", "Upsample"):
+        return _resize_dims(node, opset)
+    if node.op_type == "ConvTranspose":
+        return _conv_transpose_dims(node)
+    return []
+
+
+def disputed_nodes(model: Model) -> list[tuple[Node, list[int]]]:
+    opset = model.opset("") or 0
+    found = []
+    for node in model.graph.all_nodes():
+        dims = disputed_dims(node, opset)
+        if dims:
+            found.append((node, dims))
+    return found
+
+
+def forget_disputed_sizes(model: Model) -> int:
+    """Leave the disputed dims of each disputed node's output unknown, and the declared dims
+    of loop-carried inputs that change between iterations; forget the shapes inferred
+    downstream of them. Returns how many values changed."""
+    changed = _relax_carried_inputs(model)
+    for node, dims in disputed_nodes(model):
+        out = node.outputs[0]
+        if out is None or out.shape is None:
+            continue
+        unknown = tuple(None if i in dims else d for i, d in enumerate(out.shape))
+        if tuple(out.shape) != unknown:
+            out.shape = unknown
+            changed.append(out)
+    if changed:
+        _forget_downstream(changed)
+    return len(changed)
+
+
+def _relax_carried_inputs(model: Model) -> list[Value]:
+    """Make unknown the declared dims of Loop bodies' carried inputs that the initial value
+    and the body's result do not both repeat. Returns the values changed. (The Loop's own
+    outputs need nothing: inference gives a carried value's final form no shape, as its
+    shape may change, and a scan output must keep one shape over the iterations.)"""
+    changed: list[Value] = []
+    for node in list(model.graph.all_nodes()):
+        body = node.attr("body") if node.op_type == "Loop" and node.is_onnx else None
+        if not isinstance(body, Graph):
+            continue
+        for k, initial in enumerate(node.inputs[2:]):
+            if k + 2 >= len(body.inputs) or k + 1 >= len(body.outputs):
+                break
+            carried, result = body.inputs[k + 2], body.outputs[k + 1]
+            if carried.shape is None:
+                continue
+            steady = tuple(d if _repeats(d, i, initial) and _repeats(d, i, result) else None
+                           for i, d in enumerate(carried.shape))
+            if steady != tuple(carried.shape):
+                carried.shape = steady
+                changed.append(carried)
+    return changed
+
+
+def _repeats(dim, index: int, value: Value | None) -> bool:
+    """Whether `value` has `dim` (a declared dim of a carried input) at `index`."""
+    return dim is None or value is not None and value.shape is not None \
+        and len(value.shape) > index and value.shape[index] == dim
+
+
+def hide_from_inference(model: Model, proto: onnx.ModelProto) -> None:
+    """In `proto` (`model` exported for shape inference, value infos included), give the
+    disputed nodes whose output is typed a domain without schemas: inference then keeps the
+    output as the model declares it (unknown disputed dims) instead of its own sizes."""
+    outputs = {node.outputs[0].name for node, _ in disputed_nodes(model)
+               if node.outputs[0] is not None and node.outputs[0].dtype is not None}
+    if not outputs:
+        return
+    for graph in graph_protos(proto.graph):  # names are unique model-wide
+        for node in graph.node:
+            if node.output and node.output[0] in outputs and node.domain in ("", "ai.onnx"):
+                node.domain = _HIDDEN_DOMAIN
+    proto.opset_import.add(domain=_HIDDEN_DOMAIN, version=1)
+
+
+def _forget_downstream(values: list[Value]) -> None:
+    seen = {id(v) for v in values}
+    stack = [use.node for v in values for use in v.uses]
+    while stack:
+        node = stack.pop()
+        for out in node.outputs:
+            if out is None or id(out) in seen:
+                continue
+            seen.add(id(out))
+            out.shape = None
+            stack.extend(use.node for use in out.uses)

@@ -1,0 +1,189 @@
+"""Sizes onnxruntime and ONNX shape inference dispute: graphopt takes onnxruntime's (ceil_mode
+pools, Resize by scales, ConvTranspose SAME with output_padding, Loop-carried values that
+change shape), and the rules match onnxruntime over grids."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from onnx import TensorProto, helper
+
+import graphopt
+from graphopt import numerics
+from graphopt.passes.disputed_shapes import ceil_mode_size, scaled_size
+
+
+def test_the_rule_gives_onnxruntimes_sizes():
+    for op, (size, kernel, stride, head, tail, dilation) in itertools.product(
+            ("MaxPool", "AveragePool"),
+            itertools.product(range(3, 8), (2, 3), (1, 2, 3), (0, 1, 2), (0, 1, 2), (1, 2))):
+        if head >= kernel or tail >= kernel:
+            continue
+        node = helper.make_node(op, ["x"], ["y"], kernel_shape=[kernel], strides=[stride],
+                                pads=[head, tail], ceil_mode=1, dilations=[dilation])
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, [1, 1, size])], [helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+        try:
+            (y,) = numerics.run(model, {"x": np.ones((1, 1, size), np.float32)}).values()
+        except Exception:  # noqa: BLE001 - a negative size, which onnxruntime refuses
+            continue
+        assert y.shape[2] == ceil_mode_size(size, kernel, stride, head, tail, dilation), \
+            (op, size, kernel, stride, head, tail, dilation)
+
+
+POOLED = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[1,1,5,5] x) => (int64[4] s, float[1,?] flat) {
+  p = {op} <kernel_shape = [2, 2], strides = [2, 2], pads = [1, 1, 1, 1], ceil_mode = 1> (x)
+  s = Shape(p)
+  flat = Flatten(p)
+}"""
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_pool_whose_last_window_starts_in_the_padding_folds_to_onnxruntimes_shape(op, level):
+    proto = onnx.parser.parse_model(POOLED.replace("{op}", op))
+    x = np.random.default_rng(0).standard_normal((1, 1, 5, 5)).astype(np.float32)
+    expected = numerics.run(proto, {"x": x})
+    assert expected["s"].tolist() == [1, 1, 3, 3]  # ONNX's inference says [1, 1, 4, 4]
+    result = graphopt.optimize(proto, level=level)
+    optimized = result.to_onnx()
+    # The sizes stay unknown: onnxruntime's would contradict onnx.checker's own inference.
+    onnx.checker.check_model(optimized, full_check=True)
+    assert "Shape" in [n.op_type for n in optimized.graph.node]  # not folded to [1, 1, 4, 4]
+    flat = next(v for v in result.model.graph.outputs if v.name == "flat")
+    assert flat.dtype is not None and not isinstance(flat.shape[1], int)  # not 16
+    assert numerics.compare(expected, numerics.run(optimized, {"x": x}), 0, 0) == []
+
+
+def test_a_pool_inside_a_branch_keeps_onnxruntimes_shape_too():
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,1,4,4] x, bool c) => (int64[4] s) <int64[1] one = {1}> {
+          s = If (c) <
+            then_branch = g1 () => (int64[4] a) {
+              p = MaxPool <kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 1, 1],
+                           ceil_mode = 1> (x)
+              d = Shape(p)
+              a = Mul(d, one)
+            },
+            else_branch = g2 () => (int64[4] b) { b = Shape(x) }>
+        }""")
+    feeds = {"x": np.ones((1, 1, 4, 4), np.float32), "c": np.array(True)}
+    expected = numerics.run(proto, feeds)
+    assert expected["s"].tolist() == [1, 1, 2, 2]  # ONNX's inference says [1, 1, 3, 3]
+    for pins in (None, "x:1,1,4,4"):
+        optimized = graphopt.optimize(proto, level=2, input_shapes=pins).to_onnx()
+        onnx.checker.check_model(optimized, full_check=True)
+        assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
+
+
+def test_from_opset_22_inference_agrees_and_the_shape_folds():
+    proto = onnx.parser.parse_model(POOLED.replace("{op}", "MaxPool").replace('"" : 18',
+                                                                              '"" : 22'))
+    optimized = graphopt.optimize(proto).to_onnx()
+    assert "Shape" not in [n.op_type for n in optimized.graph.node]
+    x = np.ones((1, 1, 5, 5), np.float32)
+    assert numerics.run(optimized, {"x": x})["s"].tolist() == [1, 1, 3, 3]
+
+
+def test_the_scaled_size_rule_gives_onnxruntimes_sizes():
+    scales = (0.1, 0.15, 0.3, 0.35, 0.45, 0.55, 0.6, 0.7, 0.85, 0.9, 1.1, 1.3, 1.7, 2.3)
+    disputed = 0
+    for size, scale in itertools.product(range(1, 30), scales):
+        node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")
+        graph = helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [onnx.numpy_helper.from_array(np.array([1, scale], np.float32), "scales")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+        (y,) = numerics.run(model, {"x": np.ones((1, size), np.float32)}).values()
+        assert y.shape[1] == scaled_size(size, scale), (size, scale)
+        inferred = onnx.shape_inference.infer_shapes(model).graph.output[0]
+        assert inferred.type.tensor_type.shape.dim[1].dim_value == \
+            scaled_size(size, scale, onnx_inference=True), (size, scale)
+        disputed += scaled_size(size, scale) != scaled_size(size, scale, onnx_inference=True)
+    assert disputed  # 10 · 0.7 among them
+
+
+# Each model reads the disputed size into a Reshape, which fails at run time (or lays the data
+# out otherwise) when the size folds to inference's.
+DISPUTES = {
+    "Resize by scales": ("float[N,1,10,10] x", "y = Resize(x, , sc)",
+                         "<float[4] sc = {1.0, 1.0, 0.7, 0.7}>", (1, 1, 10, 10)),
+    "ConvTranspose SAME with output_padding": (
+        "float[N,1,5,5] x", "y = ConvTranspose <auto_pad = \"SAME_UPPER\", strides = [2, 2], "
+        "output_padding = [1, 1]> (x, w)", "<float[1,1,3,3] w = {1, 1, 1, 1, 1, 1, 1, 1, 1}>",
+        (1, 1, 5, 5)),
+    "pool with one static spatial dim": (
+        "float[N,1,4,W] x", "y = MaxPool <kernel_shape = [2, 2], strides = [2, 2], "
+        "pads = [0, 0, 1, 1], ceil_mode = 1> (x)", "", (1, 1, 4, 6)),
+}
+
+
+@pytest.mark.parametrize("name", DISPUTES)
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_disputed_size_is_not_folded(name, pinned):
+    signature, node, weights, shape = DISPUTES[name]
+    weights = weights[:-1] + ", int64[1] two = {2}, int64[1] rest = {-1}>" if weights else \
+        "<int64[1] two = {2}, int64[1] rest = {-1}>"
+    proto = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({signature}) => (float[?,?] out) {weights} {{
+          {node}
+          s = Shape(y)
+          h = Gather(s, two)
+          t = Concat <axis = 0> (h, rest)
+          out = Reshape(y, t)
+        }}""")
+    feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    pins = "x:" + ",".join(map(str, shape)) if pinned else None
+    optimized = graphopt.optimize(proto, level=2, input_shapes=pins).to_onnx()
+    onnx.checker.check_model(optimized, full_check=True)
+    assert numerics.compare(expected, numerics.run(optimized, feeds), 1e-5, 1e-6) == []
+
+
+def test_a_loop_carried_value_that_grows_is_not_taken_at_its_declared_shape():
+    # The body declares %v [1,4] (its first iteration) and appends a row to it each time.
+    body = helper.make_graph(
+        [helper.make_node("Shape", ["v"], ["vs"]),
+         helper.make_node("Gather", ["vs", "zero"], ["rows"]),
+         helper.make_node("Slice", ["v", "z1", "o1"], ["first"]),
+         helper.make_node("Concat", ["v", "first"], ["v_next"], axis=0),
+         helper.make_node("Identity", ["cond"], ["cond_next"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("cond_next", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_next", TensorProto.FLOAT, ["r", 4]),
+         helper.make_tensor_value_info("rows", TensorProto.INT64, [])],
+        [helper.make_tensor("zero", TensorProto.INT64, [], [0]),
+         helper.make_tensor("z1", TensorProto.INT64, [1], [0]),
+         helper.make_tensor("o1", TensorProto.INT64, [1], [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "x"], ["v_final", "counts"], body=body)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("trips", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("v_final", TensorProto.FLOAT, ["r", 4]),
+         helper.make_tensor_value_info("counts", TensorProto.INT64, ["t"])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.ones((1, 4), np.float32), "trips": np.array(4, np.int64)}
+    expected = numerics.run(proto, feeds)
+    assert expected["counts"].tolist() == [1, 2, 3, 4]
+    for level in (1, 2):
+        result = graphopt.optimize(proto, level=level)
+        (carried,) = [v for v in result.model.graph.nodes()[0].attr("body").inputs
+                      if v.name == "v"]
+        assert carried.shape == (None, 4)
+        optimized = result.to_onnx()
+        onnx.checker.check_model(optimized, full_check=True)
+        assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
