@@ -273,6 +273,21 @@ def test_gather_and_slice_of_static_dims_fold_when_other_dims_are_symbolic():
     assert_same_outputs(proto, model, {"x": np.zeros((5, 3, 4), np.float32)})
 
 
+def test_range_over_bounds_of_shape_one_folds_once_they_are_constants():
+    # onnxruntime runs Range on a computed [1] limit, but refuses three constant [1] bounds.
+    proto = parse("""
+        g (float[N,3,4] x) => (int64[L] y) <int64[1] two = {2}, int64[1] zero = {0},
+                                            int64[1] one = {1}> {
+          s = Shape(x)
+          limit = Gather(s, two)
+          y = Range(zero, limit, one)
+        }""")
+    model, _ = fold(proto)
+    assert "Range" not in ops(model)
+    assert init(model, "y").tolist() == [0, 1, 2, 3]
+    assert_same_outputs(proto, model, {"x": np.ones((2, 3, 4), np.float32)})
+
+
 def test_size_of_static_shape():
     proto = parse("""
         g (float[2,3] x) => (float[2,3] y)

@@ -119,6 +119,23 @@ def become_initializer(graph: Graph, value: Value, tensor: Tensor) -> Value:
     return const
 
 
+def _scalar_range_bounds(graph: Graph) -> int:
+    """Give Range a scalar for each constant one-element bound of shape [1]: onnxruntime runs
+    such a bound while it is computed, but once all three are constants its load-time shape
+    inference refuses them (and the fold's own session with them). Returns how many changed."""
+    changed = 0
+    for node in graph:
+        if node.op_type != "Range" or not node.is_onnx:
+            continue
+        for index, bound in enumerate(node.inputs):
+            data = bound.constant() if bound is not None else None
+            if data is not None and data.ndim and data.size == 1:
+                node.set_input(index, graph.make_initializer(f"{bound.name}_scalar",
+                                                             data.reshape(())))
+                changed += 1
+    return changed
+
+
 def _data_inputs(node: Node) -> list[Value]:
     """Inputs whose data the node reads; CastLike reads only the dtype of its second input."""
     inputs = node.inputs[:1] if is_castlike(node) else node.inputs
@@ -373,6 +390,7 @@ class FoldConstants(Pass):
         graphs = list(model.graph.all_graphs())
         pinned = pinned_outputs(model)
         for graph in graphs:  # outer first: inner graphs then see folded outer values as constants
+            result.count("Range:scalar bounds", _scalar_range_bounds(graph))
             for _ in range(ctx.options.max_iterations):
                 folder = _GraphFolder(model, graph, ctx.options.fold_size_limit, pinned, ctx)
                 folded = folder.run()
