@@ -206,6 +206,37 @@ def test_raising_the_opset_keeps_roialigns_mode():
     _same_numerics(proto, model)
 
 
+def _with_function(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """`proto` whose output y also goes through a local function that imports ai.onnx at
+    `opset` and holds a Div (redefined at opset 14)."""
+    function = onnx.helper.make_function("local", "Halve", ["a"], ["o"], [
+        onnx.helper.make_node("Constant", [], ["two"], value_float=2.0),
+        onnx.helper.make_node("Div", ["a", "two"], ["o"])],
+        [onnx.helper.make_opsetid("", opset)])
+    proto.functions.append(function)
+    proto.opset_import.append(onnx.helper.make_opsetid("local", 1))
+    proto.graph.node.append(onnx.helper.make_node("Halve", ["y"], ["h"], domain="local"))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT,
+                                                                 [2, 5, 8]))
+    return proto
+
+
+def test_raising_the_opset_raises_local_functions_with_it():
+    proto = _with_function(_model(LN, 13), 13)
+    onnx.checker.check_model(proto, full_check=True)
+    model, stats, _ = _fuse(proto)
+    assert stats == {"LayerNormDecomposed": 1} and model.opset("") == 17
+    assert [(o.domain, o.version) for o in model.functions[0].opset_import] == [("", 17)]
+    _same_numerics(proto, model)  # onnx.checker refused a Div of 13 in a model of 17
+
+
+def test_a_local_function_below_opset_13_keeps_the_model_at_its_opset():
+    proto = _with_function(_model(LN, 13), 12)
+    model, stats, report = _fuse(proto, trace="LayerNormDecomposed")
+    assert stats == {} and model.opset("") == 13
+    assert any("local function local::Halve imports opset 12" in line for line in report), report
+
+
 def test_runtime_gamma_leaves_the_affine_ops():
     """γ a graph input: the affine rule refuses, the bare normalization still fuses."""
     proto = _model(LN.replace("Mul(n, gamma)", "Mul(n, g)"), inputs="float[2,5,8] x, float[8] g")

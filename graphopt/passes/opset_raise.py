@@ -12,6 +12,8 @@ meaning, and the model is left at its opset.
 
 from __future__ import annotations
 
+import onnx
+
 from graphopt.ir import Model
 
 OLDEST = 13  # the oldest opset raised; see the module docstring
@@ -31,6 +33,20 @@ def raise_blocker(model: Model, target: int) -> str | None:
     if current < OLDEST:
         return f"raising opset {current} to {target} would change the meaning of ops redefined " \
                f"at {OLDEST} (Squeeze, Unsqueeze, Split, Reduce*, Softmax)"
+    for function in model.functions:
+        version = _function_opset(function)
+        if version is not None and version.version < OLDEST:
+            return f"local function {function.domain}::{function.name} imports opset " \
+                   f"{version.version}, and raising it would change the meaning of ops " \
+                   f"redefined at {OLDEST}"
+    return None
+
+
+def _function_opset(function: onnx.FunctionProto) -> onnx.OperatorSetIdProto | None:
+    """A local function's own ai.onnx import (None without one)."""
+    for entry in function.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry
     return None
 
 
@@ -44,5 +60,16 @@ def raise_opset(model: Model, target: int) -> None:
         new = _NEW_DEFAULTS.get(node.op_type) if node.is_onnx else None
         if new is not None and current < new[0] <= target and new[1] not in node.attrs:
             node.set_attr(new[1], new[2])
+    # onnx.checker wants a function's ops at the versions the model's import gives them.
+    for function in model.functions:
+        version = _function_opset(function)
+        if version is None or version.version >= target:
+            continue
+        for node in function.node:
+            new = _NEW_DEFAULTS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            if new is not None and version.version < new[0] <= target \
+                    and all(a.name != new[1] for a in node.attribute):
+                node.attribute.append(onnx.helper.make_attribute(new[1], new[2]))
+        version.version = target
     key = "ai.onnx" if "ai.onnx" in model.opset_imports and "" not in model.opset_imports else ""
     model.opset_imports[key] = target
