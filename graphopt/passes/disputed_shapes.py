@@ -56,7 +56,7 @@ def scaled_size(size: int, scale: float, *, onnx_inference: bool = False) -> int
     return int(np.float32(size) * np.float32(scale))
 
 
-def _static_spatial(node: Node) -> tuple | None:
+def _spatial_dims(node: Node) -> tuple | None:
     source = node.input(0)
     if source is None or source.shape is None or len(source.shape) < 3:
         return None
@@ -67,7 +67,7 @@ def _pool_dims(node: Node, opset: int) -> list[int]:
     if opset >= POOLS_FIXED_IN_OPSET or node.attr("ceil_mode", 0) != 1 \
             or (node.attr("auto_pad") or "NOTSET") not in ("NOTSET", b"NOTSET"):
         return []
-    spatial, kernel = _static_spatial(node), node.attr("kernel_shape")
+    spatial, kernel = _spatial_dims(node), node.attr("kernel_shape")
     if spatial is None or not kernel or len(kernel) != len(spatial):
         return []
     rank = len(spatial)
@@ -116,7 +116,7 @@ def _conv_transpose_dims(node: Node) -> list[int]:
                                                    b"SAME_LOWER") \
             or not any(node.attr("output_padding") or ()):
         return []
-    spatial = _static_spatial(node)
+    spatial = _spatial_dims(node)
     return [] if spatial is None else [2 + i for i in range(len(spatial))]
 
 
