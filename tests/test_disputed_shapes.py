@@ -187,3 +187,16 @@ def test_a_loop_carried_value_that_grows_is_not_taken_at_its_declared_shape():
         optimized = result.to_onnx()
         onnx.checker.check_model(optimized, full_check=True)
         assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
+
+
+@pytest.mark.parametrize("target", [None, "cpu", "ascend310"])
+def test_an_artifact_reading_a_disputed_shape_runs_its_partition_unoptimized(tmp_path, target):
+    # onnxruntime's constant folding ("basic" and above) folds Shape(p) to inference's size.
+    proto = onnx.parser.parse_model(POOLED.replace("{op}", "MaxPool"))
+    x = np.random.default_rng(0).standard_normal((1, 1, 5, 5)).astype(np.float32)
+    expected = numerics.run(proto, {"x": x})
+    assert numerics.run(proto, {"x": x}, "basic")["s"].tolist() == [1, 1, 4, 4]
+    path = tmp_path / "pool.om"
+    graphopt.save(graphopt.optimize(proto, level=2, target=target), path)
+    with graphopt.load(path) as session:
+        assert numerics.compare(expected, session.run({"x": x}), 0, 0) == []

@@ -12,6 +12,7 @@ from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import node_to_proto, value_info
 from graphopt.ir.tensor import Tensor, referenced, tensor_copies, tensor_references
 from graphopt.numerics import optimized_by_onnxruntime
+from graphopt.passes.disputed_shapes import shape_read_past_dispute
 from graphopt.partition.partitioner import Partition, Partitioning, reads
 
 
@@ -51,7 +52,10 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
                                            "outputs": [v.name for v in part.outputs]}
         model = models[part.name]
         on_cpu = device.kind == "cpu"
-        level = _session_level(model, cpu_level) if on_cpu else _device_level(model)
+        if shape_read_past_dispute(model):
+            level = "disable"  # onnxruntime would fold a Shape to inference's size
+        else:
+            level = _session_level(model, cpu_level) if on_cpu else _device_level(model)
         result.append(OmPartition(part.name, part.device, to_onnx(model), **cut,
                                   providers=list(device.providers), optimization_level=level,
                                   disabled_optimizers=disabled_optimizers(model),
@@ -69,7 +73,9 @@ def _device_level(model: Model) -> str | None:
 
 def portable_partition(name: str, model: Model) -> OmPartition:
     """The one partition of a model compiled for no target, which the CPU runs."""
-    return OmPartition(name, "cpu", to_onnx(model), disabled_optimizers=disabled_optimizers(model),
+    level = "disable" if shape_read_past_dispute(model) else None  # as in om_partitions
+    return OmPartition(name, "cpu", to_onnx(model), optimization_level=level,
+                       disabled_optimizers=disabled_optimizers(model),
                        prepack_weights=prepacking_pays(model))
 
 

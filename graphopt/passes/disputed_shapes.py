@@ -191,6 +191,25 @@ def _repeats(dim, index: int, value: Value | None) -> bool:
         and len(value.shape) > index and value.shape[index] == dim
 
 
+def shape_read_past_dispute(model: Model) -> bool:
+    """Whether a Shape or Size (or a node with a body, which may hold one) reads a disputed
+    node's output or something computed from it. onnxruntime's constant folding (its "basic"
+    level and above) folds such a Shape to inference's size, so only a session at
+    ORT_DISABLE_ALL computes what the model means."""
+    seen: set[int] = set()
+    stack = [use.node for node, _ in disputed_nodes(model) if node.outputs[0] is not None
+             for use in node.outputs[0].uses]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type in ("Shape", "Size") or node.subgraphs():
+            return True
+        stack.extend(use.node for out in node.outputs if out is not None for use in out.uses)
+    return False
+
+
 def hide_from_inference(model: Model, proto: onnx.ModelProto) -> None:
     """In `proto` (`model` exported for shape inference, value infos included), give the
     disputed nodes whose output is typed a domain without schemas: inference then keeps the
