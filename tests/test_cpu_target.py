@@ -274,3 +274,28 @@ def test_with_the_layout_pass_off_onnxruntime_blocks_the_convs(tmp_path):
     result = graphopt.optimize(COMPUTED_WEIGHTS, target="cpu", disable_passes=["LayoutNchwc"])
     graphopt.save(result, tmp_path / "n.om")
     assert load_om(tmp_path / "n.om").partitions[0].optimization_level == "all"
+
+
+@pytest.mark.parametrize("target", ["cpu", "ascend310"])
+def test_a_transposed_matrix_times_a_vector_skips_onnxruntimes_transpose_folding(tmp_path,
+                                                                                   target):
+    # onnxruntime's MatmulTransposeFusion turns this into a FusedMatMul that computes it wrong.
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4,3] x, float[4] v) => (float[3] y) {
+          t = Transpose <perm = [1, 0]> (x)
+          y = MatMul(t, v)
+        }""")
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 3)).astype(np.float32),
+             "v": rng.standard_normal(4).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    assert numerics.compare(expected, numerics.run(proto, feeds, "extended"))  # the bug
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, target=target), path)
+    (partition,) = load_om(path).manifest["partitions"]
+    assert partition["disabled_optimizers"] == ["MatmulTransposeFusion"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the NPU's CPU stand-in
+        with graphopt.load(path) as session:
+            assert numerics.compare(expected, session.run(feeds)) == []

@@ -84,19 +84,35 @@ def portable_partition(name: str, model: Model) -> OmPartition:
 # into an int8 kernel: a layer QuantizeInt8 left float (--quant-skip, quant_keep_ends' head)
 # would silently run in int8, less accurately than either.
 _REQUANTIZER = "WeightBiasQuantization"
+# onnxruntime's MatmulTransposeFusion ("extended" level) folds a Transpose of A into
+# FusedMatMul's transA, which then computes a wrong product against a 1-D B (1.32: off by 3.4
+# on a [4,3]ᵀ · [4]; correct with the Transpose kept, and with A 1-D or B of rank 2).
+_TRANSPOSE_FOLDER = "MatmulTransposeFusion"
 
 
 def disabled_optimizers(model: Model) -> list[str] | None:
     """The onnxruntime optimizers that would change this partition's results: None, or
-    WeightBiasQuantization when a float Conv/ConvTranspose/Gemm reads dequantized data."""
-    for node in model.graph:
+    WeightBiasQuantization when a float Conv/ConvTranspose/Gemm reads dequantized data, and
+    MatmulTransposeFusion when a MatMul of a transposed A reads a 1-D B."""
+    found = []
+    for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
                 and len(node.inputs) > 1 and node.inputs[0] is not None:
             producer, weight = node.inputs[0].producer, node.inputs[1]
             if producer is not None and producer.op_type == "DequantizeLinear" \
-                    and weight is not None and weight.producer is None:
-                return [_REQUANTIZER]
-    return None
+                    and weight is not None and weight.producer is None \
+                    and _REQUANTIZER not in found:
+                found.append(_REQUANTIZER)
+        elif node.op_type == "MatMul" and node.is_onnx and _transposed_times_vector(node) \
+                and _TRANSPOSE_FOLDER not in found:
+            found.append(_TRANSPOSE_FOLDER)
+    return found or None
+
+
+def _transposed_times_vector(node) -> bool:
+    a, b = node.input(0), node.input(1)
+    return a is not None and b is not None and a.producer is not None \
+        and a.producer.op_type == "Transpose" and (b.shape is None or len(b.shape) == 1)
 
 
 def _layout_left_to_onnxruntime(nodes: list) -> bool:
