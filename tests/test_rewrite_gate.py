@@ -67,3 +67,15 @@ agraph (float[4] x) => (float[4] y) {
     assert len(list(pairs.model.graph)) == 2
     none = optimize(model, level=3, rewrite_gate=lambda p, rule, n: p != "FuseElementwise")
     assert [n.op_type for n in none.model.graph] == ["Relu", "Sigmoid", "Neg", "Abs"]
+
+
+def test_anchor_keys_of_named_and_unnamed_nodes_keep_apart():
+    from graphopt.ir import Graph, Node, Value
+
+    graph = Graph()
+    unnamed = graph.append(Node("Relu", inputs=[Value("x")], outputs=[Value("y")]))
+    named = graph.append(Node("Relu", inputs=[Value("x")], outputs=[Value("z")], name="%y"))
+    odd = graph.append(Node("Relu", inputs=[Value("x")], outputs=[Value("w")], name="\\%y"))
+    plain = graph.append(Node("Relu", inputs=[Value("x")], outputs=[Value("v")], name="conv1"))
+    keys = [anchor_key(n) for n in (unnamed, named, odd, plain)]
+    assert keys == ["%y", "\\%y", "\\\\%y", "conv1"]

@@ -57,9 +57,11 @@ class PassContext:
 
 def anchor_key(node: "Node") -> str:
     """A stable name for a rewrite's anchor across compiles of one model: the node's name, or
-    its first output's (exporters often leave nodes unnamed; values are always named)."""
+    its first output's (exporters often leave nodes unnamed; values are always named) after a
+    "%". A name that itself starts with "%" or "\\" gets a "\\" in front, so that a node
+    named "%y" and an unnamed one making %y keep apart."""
     if node.name:
-        return node.name
+        return "\\" + node.name if node.name[0] in "%\\" else node.name
     first = next((v for v in node.outputs if v is not None), None)
     return f"%{first.name}" if first is not None else node.op_type
 
