@@ -504,3 +504,46 @@ def test_ops_inference_leaves_untyped_are_named_when_they_stay_float32():
     result = graphopt.optimize(proto, precision="fp16")
     assert any(note.startswith("fp16: kept float32, ONNX shape inference gives their outputs no "
                                "type") and "GroupNormalization" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("mode", ["fp16", "mixed-fp16"])
+def test_a_models_own_qdq_keeps_float32_scales(mode):
+    # An int16 activation's scale (1.3e-6) and a bias's (activation × weight scale, ~1e-8)
+    # are float16 subnormals or zero: the bias vanished, a Q/DQ pair disagreed on its scale.
+    proto = parse_model("""
+        g (float[2,8] x) => (float[2,8] y, float[2,8] z) {
+          xq = QuantizeLinear(x, xs, xz)
+          xd = DequantizeLinear(xq, xs, xz)
+          m = MatMul(xd, w)
+          mq = QuantizeLinear(m, ys, az)
+          y = DequantizeLinear(mq, ys, az)
+          bd = DequantizeLinear(bq, bs)
+          z = Add(xd, bd)
+        }""", header='<ir_version: 9, opset_import: ["" : 21]>\n',
+        xs=np.array(1.3e-4, np.float32), xz=np.array(0, np.int16), w=W1,
+        bq=np.arange(8, dtype=np.int32) * 1000, bs=np.array(1e-8, np.float32),
+        ys=np.array(1.3e-6, np.float32), az=np.array(0, np.int16))
+    result = compile_(proto, precision=mode)
+    for node in result.model.graph:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert node.inputs[1].dtype == DType.FLOAT, node
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    feeds = {"x": RNG.uniform(-1, 1, (2, 8)).astype(np.float32)}
+    expected, actual = numerics.run(proto, feeds), numerics.run(out, feeds)
+    assert cosine_similarity(expected["z"], actual["z"]) > 0.999
+    saturated = np.abs(expected["y"]) > 0.04  # ±32767 · 1.3e-6: exactly the scale's limit
+    np.testing.assert_allclose(actual["y"][saturated], expected["y"][saturated], rtol=1e-6)
+
+
+def test_an_integer_accumulator_is_cast_to_float32_not_half():
+    proto = parse_model("""
+        g (uint8[1,64] xq, uint8 xz) => (float[1,4] y) {
+          acc = MatMulInteger(xq, wq, xz, wz)
+          f = Cast <to = 1> (acc)
+          y = Mul(f, s)
+        }""", wq=np.full((64, 4), 127, np.int8), wz=np.array(0, np.int8),
+        s=np.array(1e-4, np.float32))
+    result = compile_(proto, precision="fp16")
+    (cast,) = [n for n in result.model.graph if n.op_type == "Cast" and n.input(0).name == "acc"]
+    assert cast.attr("to") == int(DType.FLOAT)  # 64 · 255 · 127 = 2,072,640 > 65504

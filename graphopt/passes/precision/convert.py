@@ -16,7 +16,7 @@ from collections import Counter
 
 import numpy as np
 
-from graphopt.ir import DType, Model, Node, Tensor
+from graphopt.ir import DType, Model, Node, Tensor, Value
 from graphopt.ir.graph import captured_values
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.infer_shapes import infer_shapes
@@ -73,6 +73,8 @@ class _Decider:
         op, options = node.op_type, self.options
         if node.name in options.keep_dtype or _listed(node, options.precision_deny):
             return False
+        if op == "Cast" and node.is_onnx and _accumulator(node.input(0)):
+            return False  # an int32 sum (MatMulInteger's, ConvInteger's) passes 65504
         if _listed(node, options.precision_allow) or (self.mixed and op in ALLOW):
             return True
         if self.mixed:
@@ -106,6 +108,12 @@ class _Decider:
         for i in slots.outputs:
             self.half_values.add(id(node.outputs[i]))
         return True
+
+
+def _accumulator(value: Value | None) -> bool:
+    """An int32 value: what integer GEMMs and convs sum into. (An int64 one is an index, a
+    position or a size, which float16 holds: converted, as before.)"""
+    return value is not None and value.dtype in (DType.INT32, DType.UINT32)
 
 
 def _untyped(node: Node) -> bool:

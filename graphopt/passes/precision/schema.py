@@ -30,8 +30,12 @@ _KEEP_PARAMS = {("LayerNormalization", "U"), ("SkipLayerNormalization", "U"),
 DTYPE_ATTRS = ("to", "dtype", "output_datatype")
 # Ops never converted: BitCast reinterprets its input's bits as another type of the same
 # width; the ai.onnx.ml ops' tensor attributes (TreeEnsemble's split values, …) are typed like
-# their input, and a classical-ML model has nothing to gain from half precision.
-_NEVER_CONVERTED = {("", "BitCast")}
+# their input, and a classical-ML model has nothing to gain from half precision. A model's own
+# Q/DQ nodes keep float32 scales: an int16 activation's scale, or a bias's (activation scale ×
+# weight scale, ~1e-8), is a float16 subnormal or zero, and a Q/DQ pair must share its scale.
+_NEVER_CONVERTED = {("", "BitCast"), ("", "QuantizeLinear"), ("", "DequantizeLinear"),
+                    ("", "DynamicQuantizeLinear"), ("com.microsoft", "QuantizeLinear"),
+                    ("com.microsoft", "DequantizeLinear")}
 _NEVER_CONVERTED_DOMAINS = {"ai.onnx.ml"}
 
 
