@@ -939,3 +939,40 @@ def test_a_gemm_the_int8_form_cannot_take_is_named_in_a_note(tmp_path):
     result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
                                pass_options={"quant_keep_ends": False})
     assert "QuantizeInt8 kept in float: 1 × Gemm with alpha or beta other than 1" in result.notes
+
+
+def test_a_model_quantized_already_is_not_quantized_again(tmp_path):
+    # The model's own Q/DQ (scale 0.05) sits between c1's Relu and c2.
+    proto = _conv_model()
+    scale = onnx.numpy_helper.from_array(np.array(0.05, np.float32), "s_own")
+    zero = onnx.numpy_helper.from_array(np.array(0, np.uint8), "z_own")
+    proto.graph.initializer.extend([scale, zero])
+    nodes = list(proto.graph.node)
+    (c2,) = [n for n in nodes if n.name == "conv2"]
+    c2.input[0] = "r1_own"
+    at = nodes.index(c2)
+    nodes[at:at] = [onnx.helper.make_node("QuantizeLinear", ["r1", "s_own", "z_own"], ["r1_q"]),
+                    onnx.helper.make_node("DequantizeLinear", ["r1_q", "s_own", "z_own"],
+                                          ["r1_own"])]
+    proto.graph.ClearField("node")
+    proto.graph.node.extend(nodes)
+    proto.graph.node[-2].input[1] = "c2"  # s = Add(c3, c2): r1's only reader is the model's Q
+    result, out = _int8(proto, calibration=_calibration(tmp_path), quant_keep_ends=False)
+    chain, value = [], "r1_own"
+    producers = {o: n for n in out.graph.node for o in n.output}
+    while value in producers and producers[value].op_type in ("QuantizeLinear",
+                                                              "DequantizeLinear"):
+        chain.append(producers[value].input[1])
+        value = producers[value].input[0]
+    assert chain == ["s_own", "s_own"]  # one pair, the model's: no second pair of graphopt's
+    assert any("1 × already quantized" in note for note in result.notes), result.notes
+
+
+def test_a_model_of_integer_ops_says_why_nothing_was_quantized(tmp_path):
+    from onnxruntime.quantization import quantize_dynamic
+
+    source = tmp_path / "float.onnx"
+    onnx.save(_conv_model(), source)
+    quantize_dynamic(str(source), str(tmp_path / "dynamic.onnx"))
+    result, _ = _int8(onnx.load(tmp_path / "dynamic.onnx"), calibration=_calibration(tmp_path))
+    assert any("already an integer op (ConvInteger)" in note for note in result.notes)

@@ -139,6 +139,21 @@ def _kind(node: Node, form: str) -> str | None:
     return None
 
 
+# Ops a model quantized before graphopt saw it computes with (onnxruntime's quantize_dynamic
+# and QOperator forms): their layers are int8 already.
+INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul",
+                         "DynamicQuantizeMatMul", "QAttention", "MatMulIntegerToFloat",
+                         "QGemm"})
+
+
+def _dequantized(value: Value | None) -> bool:
+    """Whether `value` comes out of a DequantizeLinear: the model quantized it itself, and
+    quantizing it again would stack a second Q/DQ pair, of another scale, on the first."""
+    producer = value.producer if value is not None else None
+    return producer is not None and producer.op_type == "DequantizeLinear" \
+        and producer.domain in ("", "ai.onnx", "com.microsoft")
+
+
 def _unquantizable(node: Node) -> str | None:
     """Why a Conv, Gemm or MatMul with a constant weight cannot be quantized at all (None for
     other nodes, and for reasons as plain as an activation weight)."""
@@ -228,6 +243,9 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
             result.kept["quant_skip"] += 1
         elif not allows(node):
             result.kept["held back by the rewrite gate"] += 1
+        elif _dequantized(node.inputs[0]):
+            result.kept["already quantized (its input comes from the model's own "
+                        "DequantizeLinear)"] += 1
         elif form == "onnxruntime" and how == "static" and node.outputs[0].is_graph_output \
                 and node.op_type != "Gemm":
             result.kept["its output is a graph output"] += 1
@@ -240,6 +258,8 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
     taken = {id(node) for node, _ in quantizable}
     for node in nodes:
         why = _unquantizable(node) if id(node) not in taken else None
+        if node.op_type in INTEGER_OPS and node.domain in ("", "ai.onnx", "com.microsoft"):
+            why = f"already an integer op ({node.op_type})"
         if why:
             result.kept[why] += 1
     result.static = [n for n, how in candidates if how == "static"]
@@ -296,8 +316,13 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
     result.int8_ops.reverse()
     result.same_scale.reverse()
     producers = [n for n in nodes if n in result.static or n in result.int8_ops]
+    # An output the model quantizes itself (its readers, past an activation, are its own
+    # QuantizeLinear) gets no Q/DQ of graphopt's: a second pair would round it twice.
+    requantized = {id(n.outputs[0]) for n in producers if _quantized_by_model(n.outputs[0])}
     if not symmetric:
         for node in producers:
+            if id(node.outputs[0]) in requantized:
+                continue
             out = node.outputs[0]
             users = out.uses
             # Its readers then read the DQ of the producer's Q, whose range starts at 0; a
@@ -327,6 +352,15 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
                 value = alias.get(id(value), value)
                 seen.setdefault(id(value), value)
             out = node.outputs[0]
-            if not out.is_graph_output:
+            if not out.is_graph_output and id(out) not in requantized:
                 seen.setdefault(id(out), out)
     result.tensors = list(seen.values())
+
+
+def _quantized_by_model(value: Value) -> bool:
+    """Whether every reader of `value`, or of the one activation that reads it, is a
+    QuantizeLinear the model holds."""
+    readers = value.consumers()
+    if len(readers) == 1 and _foldable(readers[0]) and readers[0].output is not None:
+        readers = readers[0].output.consumers()
+    return bool(readers) and all(r.op_type == "QuantizeLinear" for r in readers)
