@@ -267,3 +267,17 @@ def test_model_estimate_of_zoo_resnet50():
     assert len(convs) >= 10
     assert all(r.tiling is not None and r.seconds > 0 for r in convs)
     assert report.seconds > sum(r.seconds for r in convs)
+
+
+@pytest.mark.parametrize("attrs,a,b", [
+    ({"transBatchA": 1}, (17, 4, 64), (64, 4, 32)),
+    ({"transBatchB": 1}, (4, 17, 64), (64, 4, 32)),
+    ({"transBatchB": 1, "transB": 1}, (4, 17, 64), (32, 4, 64)),
+    ({"transBatchA": 1, "transA": 1, "transBatchB": 1, "transB": 1}, (64, 4, 17), (32, 4, 64)),
+])
+def test_fused_matmul_batch_transposes_give_onnxruntimes_gemm(attrs, a, b):
+    # onnxruntime computes [4, 17, 32] from each: 4 GEMMs of 17×64×32.
+    from graphopt.tuner.tiling import op_gemm_shape
+
+    assert op_gemm_shape("FusedMatMul", attrs, a, b, "float16") == \
+        GemmShape(4, 17, 64, 32, "float16")

@@ -153,6 +153,12 @@ def op_gemm_shape(op_type: str, attrs: dict, a: tuple, b: tuple, dtype: str,
     if op_type in CONV_OPS:
         return _conv_shape(attrs, a, b, dtype, out)
     sa, sb = list(a), list(b)
+    # FusedMatMul's transBatchA/B move dim 0 behind the batch dims (A [S, B, K] is read as
+    # [B, S, K]); its transA/transB then swap the last two, as onnxruntime applies them.
+    if attrs.get("transBatchA", 0) and len(sa) >= 3:
+        sa = sa[1:-1] + [sa[0], sa[-1]]
+    if attrs.get("transBatchB", 0) and len(sb) >= 3:
+        sb = sb[1:-1] + [sb[0], sb[-1]]
     if attrs.get("transA", 0) and len(sa) >= 2:
         sa[-2:] = sa[-2:][::-1]
     if attrs.get("transB", 0) and len(sb) >= 2:
