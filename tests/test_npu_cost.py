@@ -270,7 +270,7 @@ def test_model_estimate_of_zoo_resnet50():
 
 
 @pytest.mark.parametrize("attrs,a,b", [
-    ({"transBatchA": 1}, (17, 4, 64), (64, 4, 32)),
+    ({"transBatchA": 1}, (17, 4, 64), (4, 64, 32)),
     ({"transBatchB": 1}, (4, 17, 64), (64, 4, 32)),
     ({"transBatchB": 1, "transB": 1}, (4, 17, 64), (32, 4, 64)),
     ({"transBatchA": 1, "transA": 1, "transBatchB": 1, "transB": 1}, (64, 4, 17), (32, 4, 64)),
