@@ -153,6 +153,10 @@ def test_a_study_named_by_the_user_is_found_by_its_kernel(a310, tmp_path):
     with pytest.raises(OptionError, match="--study myrun: that study tunes " + SIG):
         tune_kernel(GemmShape(1, 128, 256, 256, "float16"), a310, target="ascend310",
                     trials=2, storage=db, study_name="myrun")
+    # A name that spells another kernel's signature would file this one's tilings there.
+    other = "ascend310/gemm/b1_m64_k128_n48/float16"
+    with pytest.raises(OptionError, match=f"--study {other}: that name is another kernel's"):
+        tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db, study_name=other)
 
 
 def test_tuned_tilings_reach_the_kernel_records(tmp_path):

@@ -55,7 +55,8 @@ def _kernel_studies(storage, target: str | None = None) -> list[tuple[str, str]]
     found = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         name = summary.study_name
-        sig = name if is_signature(name) else summary.user_attrs.get(SIGNATURE_ATTR)
+        # The recorded signature first: a name only spells one (or an older --study NAME).
+        sig = summary.user_attrs.get(SIGNATURE_ATTR) or (name if is_signature(name) else None)
         if isinstance(sig, str) and is_signature(sig, target):
             found.append((name, sig))
     return sorted(found, key=lambda pair: (pair[1], pair[0] != pair[1], pair[0]))

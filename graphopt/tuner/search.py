@@ -30,7 +30,7 @@ import optuna
 
 from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
-from graphopt.tuner.signature import signature
+from graphopt.tuner.signature import is_signature, signature
 from graphopt.tuner.storage import open_storage, storage_url
 from graphopt.tuner.tiling import (
     L1_DEPTHS,
@@ -250,6 +250,10 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
     device, target = _resolve_device(device, target)
     kernel = signature(_target_name(target, device), op_class, shape)
     study_name = study_name or kernel
+    if study_name != kernel and is_signature(study_name):
+        # The knowledge base would file this kernel's tilings under the one the name spells.
+        raise OptionError(f"--study {study_name}: that name is another kernel's signature; "
+                          f"this job tunes {kernel}")
     store = open_storage(storage)
     if workers > 1 and isinstance(store, optuna.storages.InMemoryStorage):
         raise OptionError("workers > 1 need a shared storage: an SQLite file or a server URL")
