@@ -404,3 +404,15 @@ def test_options_of_the_measured_subgraph_job_are_refused_for_op_tuning(tmp_path
         assert rc == 1 and message in err, err
     rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--repeat", "0")
     assert rc == 2 and "--repeat: 0 is not allowed" in err, err
+
+
+@pytest.mark.parametrize("recorded", [None, {"base_m": 16, "swizzle": 1}])
+def test_a_trial_graphopt_did_not_write_is_a_one_line_error(a310, tmp_path, recorded):
+    db = f"sqlite:///{tmp_path / 'edited.db'}"
+    tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db)
+    study = optuna.load_study(study_name=SIG, storage=db)
+    trial = optuna.trial.create_trial(value=1e-6, user_attrs={} if recorded is None
+                                      else {"tiling": recorded})
+    study.add_trial(trial)
+    with pytest.raises(OptionError, match="records no tiling graphopt wrote"):
+        list_kb(db)

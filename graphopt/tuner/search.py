@@ -132,8 +132,15 @@ def step_distributions(choices: dict[str, list]) -> dict:
 
 
 def trial_tiling(trial: optuna.trial.FrozenTrial) -> Tiling:
-    """The tiling a trial evaluated (its projection into the space, not the raw pick)."""
-    return Tiling(**trial.user_attrs["tiling"])
+    """The tiling a trial evaluated (its projection into the space, not the raw pick); an
+    OptionError when the trial holds none graphopt wrote (another Optuna client's, an edit)."""
+    recorded = trial.user_attrs.get("tiling")
+    try:
+        return Tiling(**recorded)
+    except TypeError:
+        raise OptionError(f"the knowledge base's trial {trial.number} records no tiling graphopt "
+                          f"wrote ({recorded!r}): tune into a fresh --tuning-db, or drop the "
+                          "trial") from None
 
 
 def project(tiling: Tiling, shape: GemmShape, device: Device,
