@@ -416,3 +416,14 @@ def test_a_trial_graphopt_did_not_write_is_a_one_line_error(a310, tmp_path, reco
     study.add_trial(trial)
     with pytest.raises(OptionError, match="records no tiling graphopt wrote"):
         list_kb(db)
+
+
+def test_tilings_off_the_search_ladders_are_outside_the_space(a310):
+    from dataclasses import replace
+
+    best = next(iter(tiling_space(SHAPE, a310)))
+    assert outside_space(best, SHAPE, a310) is None
+    assert "l1_depth 3 is not one of 1, 2, 4, 8" in outside_space(replace(best, l1_depth=3),
+                                                                  SHAPE, a310)
+    assert "base_m 1024 is not a base size for a dim of 256" in outside_space(
+        replace(best, base_m=1024), SHAPE, a310)

@@ -108,6 +108,15 @@ def outside_space(tiling: Tiling, shape: GemmShape, device: Device) -> str | Non
     reason = feasible(tiling, shape, device)
     if reason is not None:
         return reason
+    if tiling.l1_depth not in L1_DEPTHS:
+        return f"l1_depth {tiling.l1_depth} is not one of {', '.join(map(str, L1_DEPTHS))}"
+    cm, ck, cn = cube_shape(shape, device)
+    for name, size, unit in (("base_m", shape.m, cm), ("base_n", shape.n, cn),
+                             ("base_k", shape.k, ck)):
+        value, top = getattr(tiling, name), -(-size // unit) * unit
+        if value % unit or value > top:  # a larger tile only pads
+            return f"{name} {value} is not a base size for a dim of {size} (multiples of " \
+                   f"{unit} up to {top})"
     k_steps = -(-shape.k // tiling.base_k)
     if tiling.l1_depth > 1 and tiling.l1_depth // 2 >= k_steps:
         return f"l1_depth {tiling.l1_depth} loads past the {k_steps} K-step(s) there are"
