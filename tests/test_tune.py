@@ -427,3 +427,14 @@ def test_tilings_off_the_search_ladders_are_outside_the_space(a310):
                                                                   SHAPE, a310)
     assert "base_m 1024 is not a base size for a dim of 256" in outside_space(
         replace(best, base_m=1024), SHAPE, a310)
+
+
+def test_a_study_tuned_on_another_profile_of_the_name_is_refused(a310, tmp_path):
+    from dataclasses import replace
+
+    db = f"sqlite:///{tmp_path / 'kb.db'}"
+    tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db)
+    smaller = replace(a310, buffers={**a310.buffers, "L0C": a310.buffers["L0C"] // 2})
+    with pytest.raises(OptionError, match="was tuned on another profile of that name"):
+        tune_kernel(SHAPE, smaller, target="ascend310", trials=2, storage=db)
+    tune_kernel(SHAPE, a310, target="ascend310", trials=1, storage=db)  # the same one resumes

@@ -20,6 +20,8 @@ knowledge base (kb.py).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -221,6 +223,22 @@ def _target_name(target: str | None, device: Device) -> str:
     return target
 
 
+# The study attribute naming the device figures its trials were estimated on: a study is
+# found by the target's name, which an edited profile may keep.
+DEVICE_ATTR = "device"
+
+
+def device_fingerprint(device: Device) -> str:
+    """A digest of the device figures the cost model reads."""
+    figures = {"cube": dict(device.cube or {}), "buffers": dict(device.buffers),
+               "ai_cores": device.ai_cores, "clock_hz": device.clock_hz,
+               "peak_ops_per_s": dict(device.peak_ops_per_s),
+               "memory_bandwidth": device.memory_bandwidth,
+               "launch_overhead_s": device.launch_overhead_s}
+    text = json.dumps(figures, sort_keys=True, default=list)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
                sampler: optuna.samplers.BaseSampler | None = None,
                default_seconds: float | None = None) -> optuna.Study:
@@ -229,8 +247,15 @@ def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
     knowledge-base import)."""
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
+    held = study.user_attrs.get(DEVICE_ATTR)
+    if held is not None and held != device_fingerprint(device):
+        raise OptionError(f"study {study_name} was tuned on another profile of that name (its "
+                          "cube, buffers, cores or rates differ): its tilings may not fit this "
+                          "one; tune into a fresh --tuning-db, or give the edited profile a "
+                          "new name")
     if not study.get_trials(deepcopy=False):
         study.set_user_attr("shape", [shape.batch, shape.m, shape.k, shape.n, shape.dtype])
+        study.set_user_attr(DEVICE_ATTR, device_fingerprint(device))
         choices = search_choices(shape, device)
         params = step_params(default_tiling(shape, device), choices)
         if default_seconds is None:
