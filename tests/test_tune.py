@@ -438,3 +438,12 @@ def test_a_study_tuned_on_another_profile_of_the_name_is_refused(a310, tmp_path)
     with pytest.raises(OptionError, match="was tuned on another profile of that name"):
         tune_kernel(SHAPE, smaller, target="ascend310", trials=2, storage=db)
     tune_kernel(SHAPE, a310, target="ascend310", trials=1, storage=db)  # the same one resumes
+
+
+def test_an_export_whose_best_is_the_default_comes_back_identical(a310, tmp_path):
+    src, dst = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    tune_kernel(SHAPE, a310, target="ascend310", trials=1, storage=src)  # the default alone
+    export_kb(src, tmp_path / "a.json")
+    import_kb(tmp_path / "a.json", dst)
+    export_kb(dst, tmp_path / "b.json")
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()

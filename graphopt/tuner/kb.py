@@ -263,8 +263,9 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     for name, entry, tiling, shape, device, choices in entries:
         # Times are the cost model's, estimated here: a file's own (another graphopt's model,
         # or an edited 1e-12) must not outrank the tilings tuned against this one.
-        default_seconds = estimate(shape, None, device).seconds
-        study = open_study(storage, name, shape, device, default_seconds=default_seconds)
+        default = estimate(shape, None, device)
+        study = open_study(storage, name, shape, device, default_seconds=default.seconds,
+                           default_cycles=default.cycles)
         if any(trial_tiling(t) == tiling for t in _completed(study)):
             # Already there, unless it came just now as the new study's default: the
             # export's best was the untuned default.

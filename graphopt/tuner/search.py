@@ -241,10 +241,11 @@ def device_fingerprint(device: Device) -> str:
 
 def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
                sampler: optuna.samplers.BaseSampler | None = None,
-               default_seconds: float | None = None) -> optuna.Study:
+               default_seconds: float | None = None,
+               default_cycles: float | None = None) -> optuna.Study:
     """Create or load the study; a new (empty) study gets the default tiling as trial 0:
-    queued to be evaluated, or completed with `default_seconds` when that is known (a
-    knowledge-base import)."""
+    queued to be evaluated, or completed with `default_seconds` (and `default_cycles`) when
+    that is known (a knowledge-base import)."""
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
     held = study.user_attrs.get(DEVICE_ATTR)
@@ -263,7 +264,7 @@ def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
         else:
             study.add_trial(optuna.trial.create_trial(
                 params=params, value=default_seconds, distributions=step_distributions(choices),
-                user_attrs={"default": True,
+                user_attrs={"default": True, "cycles": default_cycles,
                             "tiling": tiling_params(default_tiling(shape, device))}))
     return study
 
