@@ -231,3 +231,20 @@ def test_kb_list_shows_the_subgraph_studies(block_path, tmp_path, capsys):
     assert rc == 0, err
     (row,) = [line for line in out.splitlines() if line.startswith("subgraph/cpu/")]
     assert row.split()[1] == "2"  # trials
+
+
+def test_kb_list_gives_the_cost_of_the_decisions_optimize_applies(block_path, tmp_path,
+                                                                   monkeypatch):
+    # simplify() may end on decisions cheaper than every trial (the zoo's GPT-2 at seed 3):
+    # the listing shows theirs, not the best trial's.
+    from dataclasses import replace
+
+    from graphopt.tuner import subgraph
+    from graphopt.tuner.kb import list_subgraph_studies
+
+    monkeypatch.setattr(subgraph, "simplify",
+                        lambda evaluator, space, best: replace(best, seconds=best.seconds / 2))
+    db = str(tmp_path / "sg.db")
+    result = tune_subgraph(_job(block_path), trials=6, seed=3, storage=db)
+    (row,) = list_subgraph_studies(db)
+    assert row["best_seconds"] == pytest.approx(result.default.seconds / result.speedup)

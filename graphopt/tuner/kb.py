@@ -122,7 +122,7 @@ def list_kb(storage: Any) -> list[dict]:
 
 def list_subgraph_studies(storage: Any) -> list[dict]:
     """One row per subgraph-tuning study (`graphopt tune --job subgraph`): study, trials,
-    default_seconds and best_seconds (None where absent)."""
+    default_seconds and best_seconds, the chosen decisions' (None where absent)."""
     storage = open_storage(storage, read_only=True)
     rows = []
     for name in sorted(n for n in optuna.get_all_study_names(storage)
@@ -131,7 +131,8 @@ def list_subgraph_studies(storage: Any) -> list[dict]:
         best, default = _best(study), _default(study)
         rows.append({"study": name, "trials": len(study.get_trials(deepcopy=False)),
                      "default_seconds": default.value if default else None,
-                     "best_seconds": best.value if best else None})
+                     "best_seconds": study.user_attrs.get("chosen_seconds",
+                                                          best.value if best else None)})
     return rows
 
 
