@@ -447,3 +447,17 @@ def test_an_export_whose_best_is_the_default_comes_back_identical(a310, tmp_path
     import_kb(tmp_path / "a.json", dst)
     export_kb(dst, tmp_path / "b.json")
     assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+
+
+def test_a_running_trial_that_never_beat_is_failed_after_the_grace(tmp_path, monkeypatch):
+    # A worker killed between creating its trial and its heartbeat thread's first write.
+    from graphopt.tuner import storage as storages
+
+    store = storages.open_storage(f"sqlite:///{tmp_path / 'kb.db'}")
+    study = optuna.create_study(storage=store, study_name="s")
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING))
+    assert storages.fail_silent_trials(study) == 0  # within the grace: it may yet beat
+    monkeypatch.setattr(storages, "GRACE_S", -1)
+    assert storages.fail_silent_trials(study) == 1
+    (trial,) = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.FAIL

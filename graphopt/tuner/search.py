@@ -33,7 +33,7 @@ import optuna
 from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.signature import is_signature, signature
-from graphopt.tuner.storage import open_storage, storage_url
+from graphopt.tuner.storage import fail_silent_trials, open_storage, storage_url
 from graphopt.tuner.tiling import (
     L1_DEPTHS,
     GemmShape,
@@ -248,6 +248,7 @@ def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
     that is known (a knowledge-base import)."""
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
+    fail_silent_trials(study)
     held = study.user_attrs.get(DEVICE_ATTR)
     if held is not None and held != device_fingerprint(device):
         raise OptionError(f"study {study_name} was tuned on another profile of that name (its "

@@ -230,3 +230,38 @@ def _enable_wal(storage: optuna.storages.RDBStorage) -> None:
 
     event.listen(storage.engine, "connect", on_connect)
     storage.engine.dispose()  # connections opened before the listener reopen with WAL
+
+
+def fail_silent_trials(study: optuna.Study) -> int:
+    """Mark failed the RUNNING trials that never beat a heartbeat and started more than
+    GRACE_S ago: a worker killed after creating its trial but before its heartbeat thread's
+    first write leaves one, which Optuna's own stale check (heartbeats only) never sees, and
+    which would stay RUNNING, counted, for ever. Returns how many it failed."""
+    storage = study._storage
+    # Optuna wraps an RDB storage in a cache: the query goes to the database behind it, the
+    # update through the cache, which then knows.
+    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    if engine is None:
+        return 0
+    import datetime
+
+    from sqlalchemy import text
+
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if not running:
+        return 0
+    with engine.connect() as connection:
+        beating = {row[0] for row in connection.execute(text(
+            "SELECT trial_id FROM trial_heartbeats"))}
+    now, failed = datetime.datetime.now(), 0
+    for trial in running:
+        started = trial.datetime_start
+        if trial._trial_id in beating or started is None \
+                or (now - started).total_seconds() <= GRACE_S:
+            continue
+        try:
+            failed += bool(storage.set_trial_state_values(trial._trial_id,
+                                                          optuna.trial.TrialState.FAIL))
+        except optuna.exceptions.UpdateFinishedTrialError:  # it finished meanwhile
+            continue
+    return failed

@@ -31,7 +31,7 @@ import optuna
 
 from graphopt.errors import OptionError
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
-from graphopt.tuner.storage import open_storage, storage_url
+from graphopt.tuner.storage import fail_silent_trials, open_storage, storage_url
 from graphopt.tuner.subgraph_space import (
     Group,
     Recorder,
@@ -300,6 +300,7 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
     name = study_name or study_name_for(job, evaluator.target.name)
     study = optuna.create_study(storage=store, study_name=name, direction="minimize",
                                 load_if_exists=True)
+    fail_silent_trials(study)
     if "space" in study.user_attrs:
         space = space_from_json(study.user_attrs["space"])
     else:
