@@ -461,3 +461,26 @@ def test_a_running_trial_that_never_beat_is_failed_after_the_grace(tmp_path, mon
     assert storages.fail_silent_trials(study) == 1
     (trial,) = study.get_trials()
     assert trial.state == optuna.trial.TrialState.FAIL
+
+
+def test_a_new_knowledge_base_is_set_up_by_one_process_at_a_time(a310, tmp_path):
+    # Two runs started together on a new file both created Optuna's tables (one failed) or
+    # both queued the default trial. Setting up takes the file's lock: a second run waits.
+    import multiprocessing
+    import sqlite3
+
+    from graphopt.tuner.storage import setup_lock
+
+    db = tmp_path / "new.db"
+    run = multiprocessing.get_context("spawn").Process(
+        target=tune_kernel, args=(SHAPE, "ascend310"), kwargs={"trials": 3, "storage": str(db)})
+    with setup_lock(f"sqlite:///{db}"):
+        run.start()
+        time.sleep(6)  # long enough for the run to import graphopt and reach its setup
+        tables = sqlite3.connect(db).execute("SELECT name FROM sqlite_master").fetchall()
+        assert run.is_alive() and tables == []
+    run.join(120)
+    assert run.exitcode == 0
+    study = optuna.load_study(study_name=SIG, storage=f"sqlite:///{db}")
+    assert len(study.trials) == 3
+    assert [t.number for t in study.trials if t.user_attrs.get("default")] == [0]

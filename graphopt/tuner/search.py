@@ -33,7 +33,7 @@ import optuna
 from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.signature import is_signature, signature
-from graphopt.tuner.storage import fail_silent_trials, open_storage, storage_url
+from graphopt.tuner.storage import fail_silent_trials, open_storage, setup_lock, storage_url
 from graphopt.tuner.tiling import (
     L1_DEPTHS,
     GemmShape,
@@ -246,6 +246,12 @@ def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
     """Create or load the study; a new (empty) study gets the default tiling as trial 0:
     queued to be evaluated, or completed with `default_seconds` (and `default_cycles`) when
     that is known (a knowledge-base import)."""
+    with setup_lock(getattr(storage, "url", "")):
+        return _open_study(storage, study_name, shape, device, sampler, default_seconds,
+                           default_cycles)
+
+
+def _open_study(storage, study_name, shape, device, sampler, default_seconds, default_cycles):
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
     fail_silent_trials(study)

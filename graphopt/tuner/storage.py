@@ -133,7 +133,8 @@ def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist
     liveness = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
     sqlite = url.startswith("sqlite:")
     engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite else None
-    with warnings.catch_warnings(), _storage_errors(label, url):
+    with warnings.catch_warnings(), _storage_errors(label, url), \
+            (setup_lock(url) if not read_only else contextlib.nullcontext()):
         # Heartbeats are "experimental" since Optuna 2.9, and what we need.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(url, engine_kwargs=engine, **liveness)
@@ -265,3 +266,25 @@ def fail_silent_trials(study: optuna.Study) -> int:
         except optuna.exceptions.UpdateFinishedTrialError:  # it finished meanwhile
             continue
     return failed
+
+
+@contextlib.contextmanager
+def setup_lock(url: str):
+    """Hold an exclusive lock on an SQLite knowledge base's file while a process sets it up
+    (Optuna's tables, a study's default trial): two `graphopt tune` runs started together on a
+    new file otherwise both created the tables (one failed), or both queued the default. An
+    flock, which SQLite's own byte-range locks ignore; a server URL's setup is not locked."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database if url.startswith("sqlite:") else None
+    if database in (None, "", ":memory:"):
+        yield
+        return
+    import fcntl
+
+    with open(database, "ab") as handle:  # SQLite takes an empty file as a new database
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

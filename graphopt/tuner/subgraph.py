@@ -31,7 +31,7 @@ import optuna
 
 from graphopt.errors import OptionError
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
-from graphopt.tuner.storage import fail_silent_trials, open_storage, storage_url
+from graphopt.tuner.storage import fail_silent_trials, open_storage, setup_lock, storage_url
 from graphopt.tuner.subgraph_space import (
     Group,
     Recorder,
@@ -298,18 +298,19 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
     evaluator = Evaluator(job)
     store = open_storage(storage)
     name = study_name or study_name_for(job, evaluator.target.name)
-    study = optuna.create_study(storage=store, study_name=name, direction="minimize",
-                                load_if_exists=True)
-    fail_silent_trials(study)
-    if "space" in study.user_attrs:
-        space = space_from_json(study.user_attrs["space"])
-    else:
-        space, _ = discover(evaluator)
-        study.set_user_attr("space", space_json(space))
-        study.set_user_attr("job", {"target": evaluator.target.name, "level": job.level,
-                                    "objective": job.objective,
-                                    "input_shapes": job.input_shapes})
-        study.enqueue_trial(space.default_params(), user_attrs={"default": True})
+    with setup_lock(getattr(store, "url", "")):  # one process sets a new study up
+        study = optuna.create_study(storage=store, study_name=name, direction="minimize",
+                                    load_if_exists=True)
+        fail_silent_trials(study)
+        if "space" in study.user_attrs:
+            space = space_from_json(study.user_attrs["space"])
+        else:
+            space, _ = discover(evaluator)
+            study.set_user_attr("space", space_json(space))
+            study.set_user_attr("job", {"target": evaluator.target.name, "level": job.level,
+                                        "objective": job.objective,
+                                        "input_shapes": job.input_shapes})
+            study.enqueue_trial(space.default_params(), user_attrs={"default": True})
     done_before = len(study.get_trials(deepcopy=False))
     # Progress counts this run's trials; an enqueued default still waiting is one of them.
     started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
