@@ -282,9 +282,23 @@ def setup_lock(url: str):
         return
     import fcntl
 
-    with open(database, "ab") as handle:  # SQLite takes an empty file as a new database
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    handle = _lock_handle(os.path.abspath(database))
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# One descriptor per process and file, never closed: closing any descriptor of the database
+# file drops every POSIX lock SQLite holds on it in this process (a second writer then
+# corrupted the file). A process of its own opens its own, so the flocks exclude each other.
+_LOCK_HANDLES: dict[tuple[int, str], int] = {}
+
+
+def _lock_handle(path: str) -> int:
+    key = (os.getpid(), path)
+    if key not in _LOCK_HANDLES:
+        # SQLite takes the empty file this may create as a new database.
+        _LOCK_HANDLES[key] = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    return _LOCK_HANDLES[key]
