@@ -248,3 +248,19 @@ def test_kb_list_gives_the_cost_of_the_decisions_optimize_applies(block_path, tm
     result = tune_subgraph(_job(block_path), trials=6, seed=3, storage=db)
     (row,) = list_subgraph_studies(db)
     assert row["best_seconds"] == pytest.approx(result.default.seconds / result.speedup)
+
+
+def test_resuming_an_estimate_priced_otherwise_now_is_refused(block_path, tmp_path,
+                                                              monkeypatch):
+    # Op tuning after the first run changes the knowledge base's tilings, so the cost model
+    # now prices the default compile otherwise than the study's trial 0 did.
+    from graphopt.tuner import subgraph
+
+    db = str(tmp_path / "sg.db")
+    tune_subgraph(_job(block_path), trials=2, seed=0, storage=db)
+    tune_subgraph(_job(block_path), trials=1, seed=0, storage=db)  # unchanged: resumes
+    priced = subgraph.Evaluator._estimate
+    monkeypatch.setattr(subgraph.Evaluator, "_estimate",
+                        lambda self, result: (priced(self, result)[0] * 0.9, {}))
+    with pytest.raises(OptionError, match="priced the default compile at"):
+        tune_subgraph(_job(block_path), trials=1, seed=0, storage=db)

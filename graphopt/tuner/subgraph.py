@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -311,6 +312,8 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                                         "objective": job.objective,
                                         "input_shapes": job.input_shapes})
             study.enqueue_trial(space.default_params(), user_attrs={"default": True})
+    if job.objective == "estimate":
+        _check_estimates_still_hold(study, evaluator, space)
     done_before = len(study.get_trials(deepcopy=False))
     # Progress counts this run's trials; an enqueued default still waiting is one of them.
     started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
@@ -340,6 +343,23 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
     # What the chosen decisions cost, as printed: simplify can end below every trial.
     study.set_user_attr("chosen_seconds", result.default.seconds / result.speedup)
     return result
+
+
+def _check_estimates_still_hold(study: optuna.Study, evaluator: Evaluator, space: Space) -> None:
+    """Refuse to resume an estimated study whose default compile the cost model now prices
+    otherwise: op tuning since has changed the knowledge base's tilings, and trials scored
+    with the old ones would be compared with trials scored with the new."""
+    default = next((t for t in study.get_trials(deepcopy=False, states=(
+        optuna.trial.TrialState.COMPLETE,)) if t.user_attrs.get("default")), None)
+    if default is None or default.value is None:
+        return
+    now, _ = evaluator.score(evaluator.compile(space.default_params(), space))
+    if not math.isclose(now, default.value, rel_tol=1e-9):
+        raise OptionError(
+            f"study {study.study_name} priced the default compile at {default.value * 1e6:.2f} "
+            f"µs, the knowledge base's tilings now at {now * 1e6:.2f} µs (op tuning since?): "
+            "its trials would compare with new ones unfairly; name a new study with --study, "
+            "or tune the subgraphs before the kernels")
 
 
 def _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler, seed,
