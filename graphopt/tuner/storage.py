@@ -101,9 +101,8 @@ def _check_sqlite_file(path: str, option: str, given: str, must_exist: bool) -> 
         if not os.path.isdir(os.path.dirname(path)):
             raise OptionError(f"{label}: directory {os.path.dirname(path)} does not exist")
         return
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
+    try:  # through the kept descriptor: closing one would drop SQLite's locks (file_handle)
+        head = os.pread(file_handle(path), len(SQLITE_MAGIC), 0)
     except OSError as e:
         raise OptionError(f"{label}: cannot read it ({e.strerror or e})") from None
     if head and head != SQLITE_MAGIC:  # an empty file is an empty SQLite database
@@ -282,7 +281,11 @@ def setup_lock(url: str):
         return
     import fcntl
 
-    handle = _lock_handle(os.path.abspath(database))
+    try:
+        handle = file_handle(os.path.abspath(database), create=True)
+    except OSError:  # a dangling link, an unwritable folder: Optuna's open says why
+        yield
+        return
     fcntl.flock(handle, fcntl.LOCK_EX)
     try:
         yield
@@ -293,12 +296,18 @@ def setup_lock(url: str):
 # One descriptor per process and file, never closed: closing any descriptor of the database
 # file drops every POSIX lock SQLite holds on it in this process (a second writer then
 # corrupted the file). A process of its own opens its own, so the flocks exclude each other.
-_LOCK_HANDLES: dict[tuple[int, str], int] = {}
+_HANDLES: dict[tuple[int, str], int] = {}
 
 
-def _lock_handle(path: str) -> int:
+def file_handle(path: str, create: bool = False) -> int:
+    """This process's descriptor of `path`, for flock and reads (see _HANDLES); reopened when
+    the path now names another file."""
     key = (os.getpid(), path)
-    if key not in _LOCK_HANDLES:
-        # SQLite takes the empty file this may create as a new database.
-        _LOCK_HANDLES[key] = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-    return _LOCK_HANDLES[key]
+    handle = _HANDLES.get(key)
+    if handle is not None and os.path.exists(path) \
+            and os.fstat(handle).st_ino == os.stat(path).st_ino:
+        return handle
+    # A stale descriptor stays open: its file may still carry an SQLite connection's locks.
+    # SQLite takes the empty file O_CREAT may make as a new database.
+    _HANDLES[key] = os.open(path, os.O_RDONLY | (os.O_CREAT if create else 0), 0o644)
+    return _HANDLES[key]
