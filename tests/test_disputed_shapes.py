@@ -200,3 +200,23 @@ def test_an_artifact_reading_a_disputed_shape_runs_its_partition_unoptimized(tmp
     graphopt.save(graphopt.optimize(proto, level=2, target=target), path)
     with graphopt.load(path) as session:
         assert numerics.compare(expected, session.run({"x": x}), 0, 0) == []
+
+
+def test_a_steady_loop_carried_value_keeps_its_declared_symbolic_shape():
+    body = helper.make_graph(
+        [helper.make_node("Relu", ["v"], ["v_next"]),
+         helper.make_node("Identity", ["cond"], ["cond_next"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("cond_next", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_next", TensorProto.FLOAT, ["N", 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "x"], ["v_final"], body=body)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("trips", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("v_final", TensorProto.FLOAT, ["N", 4])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = graphopt.optimize(proto, level=2)
+    (carried,) = [v for v in result.model.graph.nodes()[0].attr("body").inputs if v.name == "v"]
+    assert carried.shape == ("N", 4)

@@ -175,7 +175,9 @@ def _relax_carried_inputs(model: Model) -> list[Value]:
             if k + 2 >= len(body.inputs) or k + 1 >= len(body.outputs):
                 break
             carried, result = body.inputs[k + 2], body.outputs[k + 1]
-            if carried.shape is None:
+            # Untyped as yet (the input check keeps static types alone): the next inference
+            # round judges it.
+            if carried.shape is None or _unknown(initial) or _unknown(result):
                 continue
             steady = tuple(d if _repeats(d, i, initial) and _repeats(d, i, result) else None
                            for i, d in enumerate(carried.shape))
@@ -183,6 +185,10 @@ def _relax_carried_inputs(model: Model) -> list[Value]:
                 carried.shape = steady
                 changed.append(carried)
     return changed
+
+
+def _unknown(value: Value | None) -> bool:
+    return value is None or value.shape is None
 
 
 def _repeats(dim, index: int, value: Value | None) -> bool:
