@@ -210,7 +210,7 @@ def test_a_steady_loop_carried_value_keeps_its_declared_symbolic_shape():
          helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
          helper.make_tensor_value_info("v", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("cond_next", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_next", TensorProto.FLOAT, ["N", 4])])
+         helper.make_tensor_value_info("v_next", TensorProto.FLOAT, None)])  # untyped
     graph = helper.make_graph(
         [helper.make_node("Loop", ["trips", "", "x"], ["v_final"], body=body)], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
