@@ -228,6 +228,7 @@ def test_raising_the_opset_raises_local_functions_with_it():
     assert stats == {"LayerNormDecomposed": 1} and model.opset("") == 17
     assert [(o.domain, o.version) for o in model.functions[0].opset_import] == [("", 17)]
     _same_numerics(proto, model)  # onnx.checker refused a Div of 13 in a model of 17
+    assert proto.functions[0].opset_import[0].version == 13  # the caller's proto is as it was
 
 
 def test_a_local_function_below_opset_13_keeps_the_model_at_its_opset():

@@ -74,6 +74,12 @@ def graph_protos(graph: GraphProto) -> Iterator[GraphProto]:
                     yield from graph_protos(sub)
 
 
+def _copy(message):
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
+
+
 def _check_looks_like_model(proto: ModelProto, path: str) -> None:
     # Random or truncated bytes sometimes parse "successfully" into an empty-ish message.
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
@@ -182,7 +188,8 @@ class _Importer:
             model_version=proto.model_version,
             doc_string=proto.doc_string,
             metadata_props={p.key: p.value for p in proto.metadata_props},
-            functions=list(proto.functions),
+            # Copies: passes edit a function (opset_raise), never the caller's proto.
+            functions=[_copy(function) for function in proto.functions],
             training_info=list(proto.training_info),
             configuration=list(getattr(proto, "configuration", [])),
         )
