@@ -220,3 +220,28 @@ def test_a_steady_loop_carried_value_keeps_its_declared_symbolic_shape():
     result = graphopt.optimize(proto, level=2)
     (carried,) = [v for v in result.model.graph.nodes()[0].attr("body").inputs if v.name == "v"]
     assert carried.shape == ("N", 4)
+
+
+def test_a_flatten_reading_only_the_batch_dim_keeps_onnxruntimes_optimizer(tmp_path):
+    # torch's flatten: Shape → Gather(0) → Reshape reads the batch dim alone, which the pool
+    # does not dispute; the partition keeps its level.
+    from graphopt.codegen import load_om
+
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[1,1,5,5] x) => (float[1,?] flat) <int64 zero = {0}, int64[1] rest = {-1}> {
+          p = MaxPool <kernel_shape = [2, 2], strides = [2, 2], pads = [1, 1, 1, 1],
+                       ceil_mode = 1> (x)
+          s = Shape(p)
+          n = Gather(s, zero)
+          n1 = Unsqueeze(n, zero)
+          t = Concat <axis = 0> (n1, rest)
+          flat = Reshape(p, t)
+        }""")
+    path = tmp_path / "flat.om"
+    graphopt.save(graphopt.optimize(proto, level=1, target="cpu"), path)
+    (partition,) = load_om(path).manifest["partitions"]
+    assert partition.get("optimization_level") != "disable"
+    x = np.random.default_rng(0).standard_normal((1, 1, 5, 5)).astype(np.float32)
+    with graphopt.load(path) as session:
+        assert numerics.compare(numerics.run(proto, {"x": x}), session.run({"x": x}), 0, 0) == []

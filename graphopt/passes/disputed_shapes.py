@@ -210,10 +210,38 @@ def shape_read_past_dispute(model: Model) -> bool:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if node.op_type in ("Shape", "Size") or node.subgraphs():
+        if node.op_type in ("Shape", "Size") and _foldable_to_wrong_size(node) \
+                or node.subgraphs():
             return True
         stack.extend(use.node for out in node.outputs if out is not None for use in out.uses)
     return False
+
+
+def _foldable_to_wrong_size(node: Node) -> bool:
+    """Whether onnxruntime could fold this Shape or Size to a wrong constant: not when a dim
+    it reads is symbolic (onnxruntime cannot fold it either), nor when only Gathers of dims
+    that are static here read it (a flatten's batch dim: the folded value is right there)."""
+    shape = node.input(0).shape if node.input(0) is not None else None
+    if shape is None:
+        return True
+    dims = list(shape)
+    if node.op_type == "Shape":
+        rank = len(dims)
+        start, end = node.attr("start", 0), node.attr("end", rank)
+        dims = dims[slice(*(max(0, min(rank, i + rank if i < 0 else i)) for i in (start, end)))]
+    if any(isinstance(d, str) for d in dims):
+        return False
+    readers = node.output.consumers() if node.op_type == "Shape" else []
+    return not readers or not all(_reads_static_dim(r, dims) for r in readers)
+
+
+def _reads_static_dim(reader: Node, dims: list) -> bool:
+    index = reader.input(1).constant() if reader.op_type == "Gather" and reader.is_onnx \
+        and reader.input(1) is not None else None
+    if index is None or index.size != 1:
+        return False
+    i = int(index.reshape(-1)[0])
+    return -len(dims) <= i < len(dims) and isinstance(dims[i], int)
 
 
 def hide_from_inference(model: Model, proto: onnx.ModelProto) -> None:
