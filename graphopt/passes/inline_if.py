@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from graphopt.ir import Graph, Model, Node, Value
@@ -23,11 +25,11 @@ def _branch(node: Node, taken: bool) -> Graph | None:
     return branch if isinstance(branch, Graph) else None
 
 
-def _hoist(branch: Graph, node: Node) -> None:
+def _hoist(branch: Graph, node: Node, names: "_Names") -> None:
     """Move the branch's initializers and nodes into the If's graph, just before the If: every
     outer value a branch node reads is defined before the If, so the order stays topological."""
     graph = node.graph
-    _rename_clashes(branch, graph.root)
+    names.rename_clashes(branch)
     for value in list(branch.initializers.values()):
         del branch.initializers[value.name]
         graph.add_initializer(value)
@@ -35,27 +37,43 @@ def _hoist(branch: Graph, node: Node) -> None:
         graph.move_before(node, inner)
 
 
-def _rename_clashes(branch: Graph, root: Graph) -> None:
-    """Rename the values and nodes of `branch` (nested graphs included) whose names something
-    outside it uses too. ONNX scopes a branch's names: a sibling If's branch, or a node the
-    branch's own initializer shadows, may hold the same name, which the outer graph cannot."""
-    inside_values = {id(v) for v in branch.all_values()}
-    inside_nodes = {id(n) for n in branch.all_nodes()}
-    value_names = {v.name for v in root.all_values() if id(v) not in inside_values}
-    node_names = {n.name for n in root.all_nodes() if id(n) not in inside_nodes and n.name}
-    renamed = {}
-    for value in branch.all_values():
-        if value.name in value_names:
-            renamed[value.name] = value
-            value.name = branch.fresh_name(value.name)
-    for name, value in renamed.items():  # initializers are keyed by name
-        owner = value.graph.initializers
-        if owner.get(name) is value:
-            del owner[name]
-            owner[value.name] = value
-    for inner in branch.all_nodes():
-        if inner.name and inner.name in node_names:
-            inner.name = branch.fresh_node_name(inner.name)
+class _Names:
+    """How often each value and node name occurs in the model, counted once per pass run (a
+    count per inlined If made the pass quadratic in the Ifs)."""
+
+    def __init__(self, root: Graph):
+        self.values = Counter(v.name for v in root.all_values())
+        self.nodes = Counter(n.name for n in root.all_nodes() if n.name)
+
+    def rename_clashes(self, branch: Graph) -> None:
+        """Rename the values and nodes of `branch` (nested graphs included) whose names
+        something outside it uses too. ONNX scopes a branch's names: a sibling If's branch, or
+        a node the branch's own initializer shadows, may hold the same name, which the outer
+        graph cannot."""
+        values, nodes = list(branch.all_values()), list(branch.all_nodes())
+        inside_values = Counter(v.name for v in values)
+        inside_nodes = Counter(n.name for n in nodes if n.name)
+        for value in values:
+            if self.values[value.name] > inside_values[value.name]:
+                old = value.name
+                value.name = branch.fresh_name(old)
+                self._moved(self.values, old, value.name)
+                inside_values[old] -= 1
+                owner = value.graph.initializers  # initializers are keyed by name
+                if owner.get(old) is value:
+                    del owner[old]
+                    owner[value.name] = value
+        for inner in nodes:
+            if inner.name and self.nodes[inner.name] > inside_nodes[inner.name]:
+                old = inner.name
+                inner.name = branch.fresh_node_name(old)
+                self._moved(self.nodes, old, inner.name)
+                inside_nodes[old] -= 1
+
+    @staticmethod
+    def _moved(counts: Counter, old: str, new: str) -> None:
+        counts[old] -= 1
+        counts[new] += 1
 
 
 def _take_over(out: Value, result: Value, before: Node) -> None:
@@ -92,6 +110,7 @@ class InlineConstantIf(Pass):
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
+        names = None  # counted when a first If is inlined
         for graph in list(model.graph.all_graphs()):
             for node in graph:
                 if node.op_type != "If" or not node.is_onnx or node.graph is not graph:
@@ -103,7 +122,8 @@ class InlineConstantIf(Pass):
                 if not ctx.allows("If", node):
                     continue
                 outputs, results = node.outputs, list(branch.outputs)
-                _hoist(branch, node)
+                names = names or _Names(model.graph)
+                _hoist(branch, node, names)
                 for out, value in zip(outputs, results):
                     if out is not None:
                         _take_over(out, value, node)
