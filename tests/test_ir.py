@@ -377,3 +377,15 @@ def test_a_subgraph_weight_named_like_an_outer_value_is_refused(shadowed):
     with pytest.raises(InputError, match=f"initializer '{shadowed}' of subgraph 'then' has the "
                                          "name of a value of an enclosing graph"):
         load_onnx(bad)
+
+
+def test_a_subgraph_weight_repeating_an_outer_weight_loads():
+    # The same name and the same numbers: whichever a reader sees, it reads the same.
+    proto = _if_model([helper.make_node("Add", ["w", "x"], ["t_out"])])
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(2, np.float32), "w"))
+    (then,) = [a.g for a in proto.graph.node[1].attribute if a.name == "then_branch"]
+    then.initializer.append(onnx.numpy_helper.from_array(np.ones(2, np.float32), "w"))
+    load_onnx(proto)
+    then.initializer[0].CopyFrom(onnx.numpy_helper.from_array(np.zeros(2, np.float32), "w"))
+    with pytest.raises(InputError, match="initializer 'w' of subgraph 'then'"):
+        load_onnx(proto)

@@ -74,6 +74,16 @@ def graph_protos(graph: GraphProto) -> Iterator[GraphProto]:
                     yield from graph_protos(sub)
 
 
+def _same_weight(value: Value, tensor: Tensor) -> bool:
+    """Whether `value` is a weight holding exactly `tensor`'s data (a subgraph initializer
+    repeating it may shadow it: readers get the same numbers either way)."""
+    if value.const is None or value.is_input:
+        return False
+    return value.const.to_proto().SerializeToString() == tensor.to_proto().SerializeToString() \
+        or (value.const.dtype == tensor.dtype and value.const.shape == tensor.shape
+            and value.const.numpy().tobytes() == tensor.numpy().tobytes())
+
+
 def _copy(message):
     copy = type(message)()
     copy.CopyFrom(message)
@@ -221,7 +231,9 @@ class _Importer:
                 value.const = initializers.pop(vi.name)
             local[vi.name] = graph.add_input(value)
         for name, tensor in initializers.items():
-            if name in outer:  # onnxruntime reads a graph input's, the reference the weight
+            shadowed = outer.get(name)
+            if shadowed is not None and not _same_weight(shadowed, tensor):
+                # onnxruntime reads a graph input's, the reference evaluator the weight.
                 raise self.error(f"initializer '{name}' of subgraph '{proto.name}' has the "
                                  "name of a value of an enclosing graph: which of the two its "
                                  "readers see is not defined (onnxruntime and ONNX's reference "
