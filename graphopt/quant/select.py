@@ -363,4 +363,6 @@ def _quantized_by_model(value: Value) -> bool:
     readers = value.consumers()
     if len(readers) == 1 and _foldable(readers[0]) and readers[0].output is not None:
         readers = readers[0].output.consumers()
-    return bool(readers) and all(r.op_type == "QuantizeLinear" for r in readers)
+    return bool(readers) and all(r.op_type == "QuantizeLinear"
+                                 and r.domain in ("", "ai.onnx", "com.microsoft")
+                                 for r in readers)
