@@ -1,14 +1,14 @@
 """The estimated time of a partitioned model: one row per kernel, per host↔device copy.
 
-Partitions run one after another (no overlap between devices: an estimate's simplification).
-On an NPU partition: a cube op (MatMul/Gemm/Conv and fused forms) is npu_model.estimate under
-its tiling (`tilings[anchor_key(node)]`: the node's name, or `%output` for an unnamed one,
-as anchor_key spells them; else default_tiling; none for one with a zero-size dim, which has
-no work to tile), a graphopt:: call is one fused group (vector.group_estimate), any other op one vector kernel
-(vector.vector_estimate; Reshape-like ops and Constant have no kernel). On the host:
-partition.estimate's roofline per node. Copies: every non-constant value read by a partition
-on another device than its producer's (graph inputs live on the host), and every NPU-produced
-graph output, is one transfer_estimate.
+Partitions run one after another (no overlap between devices: an estimate's simplification). On
+an NPU partition: a cube op (MatMul/Gemm/Conv and fused forms) is npu_model.estimate under its
+tiling (`tilings[anchor_key(node)]`: the node's name, or `%output` for an unnamed one, as
+anchor_key spells them; else default_tiling; none for one with a zero-size dim, which has no
+work to tile), a graphopt:: call is one fused group (vector.group_estimate), any other op one
+vector kernel (vector.vector_estimate; Reshape-like ops and Constant have no kernel). On the
+host: partition.estimate's roofline per node. Copies: every non-constant value read by a
+partition on another device than its producer's (graph inputs live on the host), and every
+NPU-produced graph output, is one transfer_estimate.
 """
 
 from __future__ import annotations
