@@ -240,7 +240,8 @@ def add_kb_parser(sub) -> None:
     _storage_args(ex, db_only=True)
     ex.set_defaults(func=_cmd_kb_export)
     im = kb_sub.add_parser("import", help="add a JSON export's tilings to the knowledge base")
-    im.add_argument("json", metavar="FILE.json")
+    im.add_argument("json", metavar="FILE.json",
+                    help="the export to read (- for standard input, as from kb export -)")
     im.add_argument("--target", type=target_name, action="append", default=[], metavar="PROFILE.json",
                     help="the profile of a custom target whose kernels the export holds "
                          "(repeat for several; built-in targets need none)")
@@ -298,5 +299,6 @@ def _cmd_kb_import(args) -> int:
     # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
     url = storage_url(_storage(args), option=_storage_option(args))
     added = import_kb(args.json, url, targets=args.target)
-    print(f"imported {added} kernel tiling(s) from {args.json}")
+    source = "standard input" if args.json == "-" else args.json
+    print(f"imported {added} kernel tiling(s) from {source}")
     return 0

@@ -481,3 +481,17 @@ def test_kb_export_to_standard_output(built, tmp_path, capsys):
     assert rc == 0 and "exported 1 kernel(s)" in err, err
     assert json.loads(out)["format"] == "graphopt-kb/1"
     assert not os.path.exists("-")
+
+
+def test_kb_import_from_standard_input(built, tmp_path, capsys, monkeypatch):
+    import io
+
+    rc, exported, _ = run_cli(capsys, "kb", "export", "-", "--tuning-db", built["db"])
+    assert rc == 0
+    target = str(tmp_path / "piped.db")
+    monkeypatch.setattr("sys.stdin", io.StringIO(exported))
+    rc, out, err = run_cli(capsys, "kb", "import", "-", "--tuning-db", target)
+    assert rc == 0 and "imported 1 kernel tiling(s) from standard input" in out, err
+    monkeypatch.setattr("sys.stdin", io.StringIO("{}"))
+    rc, _, err = run_cli(capsys, "kb", "import", "-", "--tuning-db", target)
+    assert rc != 0 and "standard input: not a graphopt knowledge-base export" in err

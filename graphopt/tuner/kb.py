@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -180,8 +181,12 @@ def _read_export(path: str | os.PathLike) -> dict:
     """The parsed JSON of a knowledge-base export, or an InputError naming the file."""
     text = os.fspath(path)
     try:
-        with open(text, encoding="utf-8") as f:
-            doc = json.load(f)
+        if text == "-":  # standard input: `kb export - | kb import -` across machines
+            text = "standard input"
+            doc = json.load(sys.stdin)
+        else:
+            with open(text, encoding="utf-8") as f:
+                doc = json.load(f)
     except FileNotFoundError:
         raise InputError(f"{text}: no such file") from None
     except OSError as e:
