@@ -612,7 +612,12 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
     if tuning_db:
         from graphopt.tuner.kb import tuned_tilings
 
-        tilings = tuned_tilings(tuning_db, result.model, partitioning)
+        foreign: list[str] = []
+        tilings = tuned_tilings(tuning_db, result.model, partitioning, skipped=foreign)
+        if foreign:  # another Optuna client's or an edited trial: not worth failing a compile
+            result.notes.append(
+                f"--tuning-db: left out {len(foreign)} trial(s) that record no tiling graphopt "
+                f"wrote ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
     kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
     cube = [r for rows in (kernels or {}).get("partitions", {}).values() for r in rows
             if "tiling" in r]

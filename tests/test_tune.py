@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from unittest.mock import ANY
 
 import numpy as np
 import onnx
@@ -416,6 +417,30 @@ def test_a_trial_graphopt_did_not_write_is_a_one_line_error(a310, tmp_path, reco
     study.add_trial(trial)
     with pytest.raises(OptionError, match="records no tiling graphopt wrote"):
         list_kb(db)
+
+
+def test_a_compile_leaves_out_a_trial_graphopt_did_not_write(tmp_path, capsys):
+    from graphopt.cli import main
+    from graphopt.codegen import load_om
+
+    path = conv_model(str(tmp_path / "m.onnx"))
+    db = str(tmp_path / "kb.db")
+    assert main(["tune", path, "--target", "ascend310", "--trials", "3", "--tuning-db", db,
+                 "-q"]) == 0
+    [(sig, (kept, _))] = best_tilings(db, "ascend310").items()
+    study = optuna.load_study(study_name=sig, storage=f"sqlite:///{db}")
+    study.add_trial(optuna.trial.create_trial(value=1e-12, user_attrs={"tiling": {"x": 1}}))
+    with pytest.raises(OptionError, match="records no tiling graphopt wrote"):
+        best_tilings(db, "ascend310")
+    skipped = []
+    assert best_tilings(db, "ascend310", skipped=skipped) == {sig: (kept, ANY)}
+    assert skipped == [f"{sig} #3"]
+    assert main(["optimize", path, "-o", str(tmp_path / "m.om"), "--target", "ascend310",
+                 "--tuning-db", db]) == 0
+    assert f"--tuning-db: left out 1 trial(s) that record no tiling graphopt wrote ({sig} #3)" \
+        in capsys.readouterr().out
+    records = load_om(str(tmp_path / "m.om")).extra["kernels"]["partitions"]["p0_npu"]
+    assert {r["tiling_source"] for r in records if r["kind"] == "cube"} == {"tuned"}
 
 
 def test_tilings_off_the_search_ladders_are_outside_the_space(a310):

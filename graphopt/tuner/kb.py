@@ -76,27 +76,39 @@ def _default(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return next((t for t in _completed(study) if t.user_attrs.get("default")), None)
 
 
-def best_tilings(storage: Any, target: str) -> dict[str, tuple[Tiling, float]]:
+def best_tilings(storage: Any, target: str, *,
+                 skipped: list[str] | None = None) -> dict[str, tuple[Tiling, float]]:
     """signature -> (best tiling, its estimated seconds) for every study of `target`'s
-    kernels that has a completed trial."""
+    kernels that has a completed trial. A trial graphopt did not write is an OptionError, or,
+    given a `skipped` list, left out and named there ("study #number")."""
     storage = open_storage(storage, read_only=True)
     out = {}
     for name, sig in _kernel_studies(storage, target):
-        best = _best(optuna.load_study(study_name=name, storage=storage))
-        if best is not None and (sig not in out or best.value < out[sig][1]):
-            out[sig] = (trial_tiling(best), float(best.value))
+        study = optuna.load_study(study_name=name, storage=storage)
+        for trial in sorted(_completed(study), key=lambda t: (t.value, t.number)):
+            try:
+                tiling = trial_tiling(trial)
+            except OptionError:
+                if skipped is None:
+                    raise
+                skipped.append(f"{name} #{trial.number}")
+                continue
+            if sig not in out or trial.value < out[sig][1]:
+                out[sig] = (tiling, float(trial.value))
+            break
     return out
 
 
-def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning) -> dict[str, Tiling]:
+def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
+                  skipped: list[str] | None = None) -> dict[str, Tiling]:
     """node name -> tuned tiling for the NPU cube nodes of a compiled model whose signature
     the knowledge base holds; nodes it has not seen keep the default (absent here), and so do
     nodes whose stored tiling does not fit this profile's buffers (studies are keyed by the
-    target's name, which an edited copy of a profile keeps)."""
+    target's name, which an edited copy of a profile keeps). `skipped` as for best_tilings."""
     from graphopt.tuner.tiling import feasible
 
     target = partitioning.target
-    best = best_tilings(storage, target.name)
+    best = best_tilings(storage, target.name, skipped=skipped)
     return {node: best[group.signature][0] for group in model_kernels(model, partitioning)
             if group.signature in best
             and feasible(best[group.signature][0], group.shape, target.device(group.device)) is None
