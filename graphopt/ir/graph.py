@@ -23,6 +23,11 @@ class CycleError(ValueError):
         super().__init__(f"the graph has a cycle through {len(nodes)} node(s): {names}")
 
 
+# What a pickled graph keeps of itself besides its nodes (see Graph.__getstate__).
+_STATE = ("name", "doc_string", "metadata_props", "inputs", "outputs", "initializers", "parent",
+          "_len", "_holders", "_used_names")
+
+
 class Graph:
     __slots__ = ("name", "doc_string", "metadata_props", "inputs", "outputs", "initializers",
                  "parent", "_head", "_tail", "_len", "_holders", "_used_names", "__weakref__")
@@ -252,6 +257,30 @@ class Graph:
                         total += sub.count_nodes()
                 node = node._next
         return total
+
+    # -- pickling --------------------------------------------------------------------------
+    # By default pickle would follow _next from node to node and each value to its producer,
+    # one recursion level per step: a 5000-node chain overflows the stack. The nodes go as a
+    # flat list with their wiring instead; a value's producer and uses then name nodes whose
+    # own state holds no values (Node.__getstate__), one level deep.
+    def __getstate__(self) -> dict:
+        state = {slot: getattr(self, slot) for slot in _STATE}
+        state["nodes"] = nodes = self.nodes()
+        state["wiring"] = [(node._inputs, node._outputs) for node in nodes]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        nodes, wiring = state.pop("nodes"), state.pop("wiring")
+        for slot, value in state.items():
+            setattr(self, slot, value)
+        previous = None
+        for node, (inputs, outputs) in zip(nodes, wiring):
+            node._inputs, node._outputs = inputs, outputs
+            node._prev, node._next = previous, None
+            if previous is not None:
+                previous._next = node
+            previous = node
+        self._head, self._tail = (nodes[0] if nodes else None), previous
 
     # -- order -----------------------------------------------------------------------------
     def sort(self) -> None:

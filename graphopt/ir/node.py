@@ -121,6 +121,23 @@ class Node:
                 graphs.extend(attr.value)
         return graphs
 
+    # -- pickling ------------------------------------------------------------------------
+    # The graph carries an attached node's wiring and list links (see Graph.__getstate__), so
+    # that the state of a node holds no values and pickling never recurses along a chain.
+    def __getstate__(self) -> dict:
+        state = {slot: getattr(self, slot) for slot in _STATE}
+        if self.graph is None:  # a detached node keeps its own wiring
+            state["_inputs"], state["_outputs"] = self._inputs, self._outputs
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for slot, value in state.items():
+            setattr(self, slot, value)
+        # The owning graph may have been restored first and wired this node already.
+        for slot in ("_inputs", "_outputs", "_prev", "_next"):
+            if not hasattr(self, slot):
+                setattr(self, slot, [] if slot in ("_inputs", "_outputs") else None)
+
     @property
     def is_onnx(self) -> bool:
         """Whether the op is from the default ONNX domain (spelled "" or "ai.onnx")."""
@@ -133,3 +150,8 @@ class Node:
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""
         return f"<{self.qualified_op}{label}>"
+
+
+# What a pickled node keeps of itself: not its wiring, list links or weak-reference slot.
+_STATE = tuple(slot for slot in Node.__slots__
+               if slot not in ("_inputs", "_outputs", "_prev", "_next", "__weakref__"))

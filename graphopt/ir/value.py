@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping, NamedTuple
 
+from graphopt.frozen_map import FrozenMap
 from graphopt.ir.dtypes import DType
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ Shape = tuple[Dim, ...]
 # The metadata_props of nearly every node and value: one shared read-only mapping, not an empty
 # dict apiece (~64 bytes per node and per value, ~10% of a big graph's IR). Metadata is assigned
 # whole (import); writing into the shared one raises.
-NO_METADATA: Mapping[str, str] = MappingProxyType({})
+NO_METADATA: Mapping[str, str] = FrozenMap({})
 
 
 class Use(NamedTuple):

@@ -16,14 +16,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
-from types import MappingProxyType
 from typing import Any
 
 from graphopt.errors import OptionError
+from graphopt.frozen_map import FrozenMap
 from graphopt.partition.target_ort import nchwc_block_size, op_key, ort_cpu_kernels
 from graphopt.partition.target_schema import SchemaViolation, check, key_path
 
-_FROZEN: Mapping = MappingProxyType({})
+_FROZEN: Mapping = FrozenMap({})
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def _build(doc: dict, path: str) -> Target:
         primary=doc["primary"], host=doc["host"],
         transfer_bandwidth=float(transfer["bandwidth"]) if transfer else 0.0,
         transfer_latency_s=float(transfer["latency_s"]) if transfer else 0.0,
-        sources=MappingProxyType(dict(doc.get("sources", {}))))
+        sources=FrozenMap(dict(doc.get("sources", {}))))
     citable = set(target.figures()) | {f"{d.name}.ops" for d in devices}
     for key in target.sources:
         if key not in citable:
@@ -253,19 +253,19 @@ def _device(doc: dict, where: str) -> Device:
     return Device(
         name=doc["name"], kind=kind, providers=tuple(doc["providers"]),
         static_shapes_only=doc.get("static_shapes", False),
-        engines=MappingProxyType(engines),
+        engines=FrozenMap(engines),
         # JSON's 2.0 is an integer to the schema; the tiling code wants Python ints.
-        cube=MappingProxyType({t: tuple(int(d) for d in mkn) for t, mkn in doc["cube"].items()})
+        cube=FrozenMap({t: tuple(int(d) for d in mkn) for t, mkn in doc["cube"].items()})
         if doc.get("cube") is not None else None,
-        buffers=MappingProxyType({b: int(v) for b, v in doc.get("buffers", {}).items()}),
+        buffers=FrozenMap({b: int(v) for b, v in doc.get("buffers", {}).items()}),
         ai_cores=_int_or_none(doc.get("ai_cores")),
         aicpu_cores=_int_or_none(doc.get("aicpu_cores")),
         clock_hz=doc.get("clock_hz"),
-        peak_ops_per_s=MappingProxyType({t: float(v) for t, v in doc["peak_ops_per_s"].items()}),
+        peak_ops_per_s=FrozenMap({t: float(v) for t, v in doc["peak_ops_per_s"].items()}),
         memory_bandwidth=float(doc["memory_bandwidth"]),
         launch_overhead_s=float(doc["launch_overhead_s"]),
         nchwc_block_size=nchwc_block_size() if block == "auto" else int(block),
-        kernels=MappingProxyType(kernels),
+        kernels=FrozenMap(kernels),
         kernel_source="onnxruntime" if "ops" in doc else "profile")
 
 
@@ -341,10 +341,10 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                 op=key, engine=engine,
                 dtypes=frozenset(op.get("dtypes", defaults.get("dtypes", ()))),
                 max_rank=_int_or_none(op.get("max_rank", defaults.get("max_rank"))),
-                attributes=MappingProxyType({a: tuple(_hashable(v) for v in values)
+                attributes=FrozenMap({a: tuple(_hashable(v) for v in values)
                                              for a, values in op.get("attributes", {}).items()}),
                 note=op.get("note"),
-                dtype_engines=MappingProxyType(dict(op.get("engine_for", {}))))
+                dtype_engines=FrozenMap(dict(op.get("engine_for", {}))))
     return kernels
 
 
