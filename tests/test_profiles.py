@@ -500,3 +500,14 @@ def test_a_one_token_profile_is_static_to_the_last_layer():
     symbolic = [v.name for v in result.model.graph.all_values()
                 if v.shape is not None and not all(isinstance(d, int) for d in v.shape)]
     assert symbolic == []
+
+
+def test_text_inspect_shows_every_profiles_kernel_configs(tmp_path, capsys):
+    out = tmp_path / "mlp.om"
+    graphopt.save(graphopt.optimize(mlp_model(), target="ascend310",
+                                    dynamic_dims="batch=1,seq=8;batch=2,seq=16"), out)
+    rc, text, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    for profile in ("profile0", "profile1"):
+        assert f"kernel configs of profile {profile} (estimates;" in text, text
+        assert f"{profile}.p0_npu        5             2  default" in text, text

@@ -195,7 +195,7 @@ def _format_memory(plans: dict) -> str:
                          "weights", "inputs+outputs"], rows, title="memory plan")
 
 
-def _format_kernels(info: dict) -> str:
+def _format_kernels(info: dict, profile: str = "") -> str:
     """One row per NPU partition: its kernels, how many are cube kernels with a tiling."""
     rows = []
     for name, records in (info.get("partitions") or {}).items():
@@ -204,7 +204,8 @@ def _format_kernels(info: dict) -> str:
         sources = sorted({r.get("tiling_source", "?") for r in tiled}) or ["-"]
         total = sum(r.get("estimate_us", 0) for r in records if isinstance(r, dict))
         rows.append([name, len(records), len(tiled), ", ".join(sources), f"{total:.1f}"])
-    title = (f"kernel configs (estimates; whole model {info.get('estimate_us', 0):.1f} µs "
+    of = f" of profile {profile}" if profile else ""
+    title = (f"kernel configs{of} (estimates; whole model {info.get('estimate_us', 0):.1f} µs "
              "with transfers)")
     return format_table(["partition", "kernels", "cube tilings", "tiling source", "µs"], rows,
                         title=title)
@@ -244,6 +245,17 @@ def _format_profiles(artifact: OmArtifact) -> str:
     return format_table(["profile", "dims", "inputs", "partitions", "nodes", "work memory"], rows,
                         title=f"shape profiles ({len(rows)}; a run takes the one its input "
                               "shapes match, the first is the default)")
+
+
+def _profile_kernels(artifact: OmArtifact) -> dict[str, dict]:
+    """profile name -> its kernel configs, for an artifact of several shape profiles whose
+    sections all hold them; empty otherwise."""
+    sections = artifact.extra.get("profiles")
+    if len(artifact.profiles) < 2 or not isinstance(sections, dict):
+        return {}
+    kernels = {p["name"]: (sections.get(p["name"]) or {}).get("kernels")
+               for p in artifact.profiles}
+    return kernels if all(isinstance(k, dict) for k in kernels.values()) else {}
 
 
 def describe_om(artifact: OmArtifact) -> dict:
@@ -324,6 +336,7 @@ def format_om(artifact: OmArtifact) -> str:
     parts.append(_format_pass_log(artifact.pass_log))
 
     extra = dict(artifact.extra)
+    kernels = _profile_kernels(artifact)
     if artifact.profiles:
         extra.pop("profiles", None)  # in the profiles table
     plans = extra.get("memory_plan")
@@ -331,7 +344,10 @@ def format_om(artifact: OmArtifact) -> str:
         parts.append(_format_memory(extra.pop("memory_plan")))
     if isinstance(extra.get("partitioning"), dict):
         parts.append(_format_fallbacks(extra.pop("partitioning")))
-    if isinstance(extra.get("kernels"), dict):
+    if kernels:  # each profile's own shapes, tilings and estimates
+        extra.pop("kernels", None)
+        parts += [_format_kernels(info, profile) for profile, info in kernels.items()]
+    elif isinstance(extra.get("kernels"), dict):
         parts.append(_format_kernels(extra.pop("kernels")))
     if extra:
         parts.append("extra\n" + "\n".join(_extra_line(k, v) for k, v in sorted(extra.items())))
