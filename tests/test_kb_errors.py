@@ -233,6 +233,11 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
     export.write_text(json.dumps(doc))
     with pytest.raises(OptionError, match="unknown dtype 'float99'"):
         kb.import_kb(export, f"sqlite:///{db}")
+    doc["kernels"] = {name.replace("float16", "float32"): dict(entry, tiling=good_tiling)}
+    export.write_text(json.dumps(doc))
+    with pytest.raises(OptionError, match="float32 kernels compute in float16, which a "
+                                          "signature names"):
+        kb.import_kb(export, f"sqlite:///{db}")
     assert not db.exists()
     # The times are this cost model's: an edited 1e-12 s cannot outrank tuned tilings.
     doc["kernels"] = {name: dict(entry, tiling=good_tiling, seconds=1e-12,

@@ -35,7 +35,7 @@ from graphopt.tuner.search import (
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
 from graphopt.tuner.storage import open_storage
-from graphopt.tuner.tiling import Tiling
+from graphopt.tuner.tiling import Tiling, cube_dtype
 
 if TYPE_CHECKING:
     from graphopt.ir import Model
@@ -235,6 +235,9 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
 
     if shape.dtype not in DTYPES:
         raise OptionError(f"{path}: kernel '{name}': unknown dtype '{shape.dtype}'")
+    if cube_dtype(shape.dtype) != shape.dtype:  # no compile would ever look it up
+        raise OptionError(f"{path}: kernel '{name}': {shape.dtype} kernels compute in "
+                          f"{cube_dtype(shape.dtype)}, which a signature names")
     if not shape.has_work:
         raise OptionError(f"{path}: kernel '{name}': a zero-size dim has no work to tile")
     try:
