@@ -150,6 +150,10 @@ def test_a_study_named_by_the_user_is_found_by_its_kernel(a310, tmp_path):
     # A study tuned under the signature too: the better of the two is the kernel's.
     tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db)
     assert best_tilings(db, "ascend310")[SIG][1] == named.best[1]
+    # The same kernel in float32 (the cube computes it in float16) resumes the named study.
+    resumed = tune_kernel(GemmShape(1, 256, 256, 256, "float32"), a310, target="ascend310",
+                          trials=1, storage=db, study_name="myrun")
+    assert resumed.trials == 9
     # The name holds that kernel: another shape under it is refused.
     with pytest.raises(OptionError, match="--study myrun: that study tunes " + SIG):
         tune_kernel(GemmShape(1, 128, 256, 256, "float16"), a310, target="ascend310",

@@ -38,6 +38,7 @@ from graphopt.tuner.tiling import (
     L1_DEPTHS,
     GemmShape,
     Tiling,
+    cube_dtype,
     cube_shape,
     default_tiling,
     feasible,
@@ -313,8 +314,10 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
 
         held = study.user_attrs.get(SIGNATURE_ATTR)
         stored = study.user_attrs.get("shape")
-        if held not in (None, kernel) or stored not in (
-                None, [shape.batch, shape.m, shape.k, shape.n, shape.dtype]):
+        # float32 and float16 shapes are one kernel: the cube computes both in float16.
+        if held not in (None, kernel) or stored is not None and not (
+                stored[:4] == [shape.batch, shape.m, shape.k, shape.n]
+                and cube_dtype(stored[4]) == cube_dtype(shape.dtype)):
             raise OptionError(f"--study {study_name}: that study tunes "
                               f"{held or 'another shape'}, not {kernel}")
         study.set_user_attr(SIGNATURE_ATTR, kernel)
