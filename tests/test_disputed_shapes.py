@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 import graphopt
 from graphopt import numerics
-from graphopt.passes.disputed_shapes import ceil_mode_size, scaled_size
+from graphopt.passes.disputed_shapes import ceil_mode_size, disputed_nodes, scaled_size
 
 
 def test_the_rule_gives_onnxruntimes_sizes():
@@ -126,6 +126,26 @@ DISPUTES = {
         "float[N,1,4,W] x", "y = MaxPool <kernel_shape = [2, 2], strides = [2, 2], "
         "pads = [0, 0, 1, 1], ceil_mode = 1> (x)", "", (1, 1, 4, 6)),
 }
+
+
+def _conv_transpose(**attrs) -> onnx.ModelProto:
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2],
+                            auto_pad="SAME_LOWER", output_padding=[1, 1], **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_conv_transpose_with_an_output_shape_is_sized_alike_on_both_sides():
+    for output_shape in ((9, 9), (10, 10), (11, 11)):
+        model = _conv_transpose(output_shape=output_shape)
+        (y,) = numerics.run(model, {"x": np.ones((1, 1, 5, 5), np.float32)}).values()
+        inferred = onnx.shape_inference.infer_shapes(model).graph.output[0]
+        assert [d.dim_value for d in inferred.type.tensor_type.shape.dim] == list(y.shape)
+        assert disputed_nodes(graphopt.load_onnx(model)) == []
+    assert len(disputed_nodes(graphopt.load_onnx(_conv_transpose()))) == 1
 
 
 @pytest.mark.parametrize("name", DISPUTES)

@@ -9,8 +9,8 @@ Each dispute was measured against onnxruntime 1.32 and onnx 1.19 over a grid of 
   window, inference before opset 22 keeps it;
 - Resize and Upsample by constant scales: onnxruntime sizes `int(float32(d) · scale)`, rounding
   the product to float32 first (10 · 0.7 → 7); inference sizes `floor(d · scale)` exactly (6);
-- ConvTranspose with `auto_pad` SAME_UPPER or SAME_LOWER and an `output_padding`: onnxruntime
-  ignores the padding (`d · stride`), inference adds it.
+- ConvTranspose with `auto_pad` SAME_UPPER or SAME_LOWER and an `output_padding` (and no
+  `output_shape`): onnxruntime ignores the padding (`d · stride`), inference adds it.
 
 A Loop body declares the shapes of its loop-carried inputs, and inference trusts them; yet a
 carried value may change shape from one iteration to the next (onnxruntime runs that). A
@@ -112,9 +112,10 @@ def _resize_dims(node: Node, opset: int) -> list[int]:
 
 
 def _conv_transpose_dims(node: Node) -> list[int]:
+    # An explicit output_shape sizes the output on both sides.
     if (node.attr("auto_pad") or "NOTSET") not in ("SAME_UPPER", "SAME_LOWER", b"SAME_UPPER",
                                                    b"SAME_LOWER") \
-            or not any(node.attr("output_padding") or ()):
+            or not any(node.attr("output_padding") or ()) or node.attr("output_shape"):
         return []
     spatial = _spatial_dims(node)
     return [] if spatial is None else [2 + i for i in range(len(spatial))]
