@@ -301,6 +301,18 @@ def test_cse_merges_equal_nodes_but_not_random_or_different_attrs():
     assert [v.name for v in model.graph.outputs] == ["y", "z"]
 
 
+def test_cse_keeps_float_attributes_of_opposite_zero_signs_apart():
+    # LeakyRelu(-2) is -0.0 with alpha 0.0 and +0.0 with alpha -0.0: 1/y tells them apart.
+    model, stats = run_passes(HEADER + """
+    g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) {
+        a = LeakyRelu <alpha = 0.0> (x)
+        b = LeakyRelu <alpha = -0.0> (x)
+        y = Reciprocal(a)
+        z = Reciprocal(b)
+    }""", "EliminateCommonSubexpressions")
+    assert stats == {} and ops(model).count("LeakyRelu") == 2
+
+
 def test_cse_keeps_random_ops_apart():
     proto_text = HEADER + """
     g (float[N, 4] x) => (float[N, 4] y) {

@@ -288,6 +288,20 @@ def test_range_over_bounds_of_shape_one_folds_once_they_are_constants():
     assert_same_outputs(proto, model, {"x": np.ones((2, 3, 4), np.float32)})
 
 
+def test_a_range_of_infinite_length_in_a_branch_never_taken_is_left_alone():
+    # Its size estimate was an OverflowError (ceil of inf) that failed the whole compile.
+    proto = parse("""
+        g (bool c) => (float y) <float zero = {0.0}, float inf = {inf}, float one = {1.0}> {
+          y = If(c) <then_branch = g1 () => (float a) { r = Range(zero, inf, one)
+                                                       a = ReduceSum <keepdims = 0> (r) },
+                     else_branch = g2 () => (float b) { b = Identity(one) }>
+        }""")
+    model, _ = fold(proto)
+    (branch,) = [g for g in model.graph.all_graphs() if g.name == "g1"]
+    assert "Range" in [n.op_type for n in branch]
+    assert_same_outputs(proto, model, {"c": np.array(False)})
+
+
 def test_size_of_static_shape():
     proto = parse("""
         g (float[2,3] x) => (float[2,3] y)

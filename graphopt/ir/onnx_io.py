@@ -436,7 +436,8 @@ class _Importer:
         else:
             got = len(getattr(proto, field))
             unit = field
-            if dtype.bits and dtype.bits < 8:  # packed: one entry per byte
+            # Packed, one entry per byte, but for float6: one element per entry (onnx.proto).
+            if dtype.bits and dtype.bits < 8 and dtype.bits != 6:
                 expected = nbytes(dtype, count)
             elif dtype in (DType.COMPLEX64, DType.COMPLEX128):
                 expected = 2 * count

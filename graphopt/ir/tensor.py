@@ -121,7 +121,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         if self._array is None:
             self._array = (self._read_external() if self._external is not None
-                           else numpy_helper.to_array(self._proto))
+                           else _proto_array(self._proto))
         return self._array
 
     def _read_external(self) -> np.ndarray:
@@ -292,6 +292,15 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor<{self.dtype.short}{list(self.shape)}>"
+
+
+def _proto_array(proto: TensorProto) -> np.ndarray:
+    """numpy_helper.to_array, but a string tensor whose bytes are not all UTF-8 (onnx.proto
+    asks for UTF-8; onnxruntime takes any bytes) gives its elements as bytes objects."""
+    try:
+        return numpy_helper.to_array(proto)
+    except UnicodeDecodeError:
+        return np.array(list(proto.string_data), dtype=object).reshape(tuple(proto.dims))
 
 
 @contextmanager

@@ -100,6 +100,12 @@ def _is_live(node: Node) -> bool:
     return any(v is not None and (v.uses or v.is_graph_output) for v in node.outputs)
 
 
+def _float_key(value):
+    """Float attributes by their float32 bits: 0.0 == -0.0 in Python, yet LeakyRelu with
+    alpha -0.0 writes -0.0 where alpha 0.0 writes 0.0."""
+    return np.asarray(value, np.float32).tobytes()
+
+
 def _attr_key(node: Node):
     parts = []
     for name, attr in sorted(node.attrs.items()):
@@ -108,9 +114,11 @@ def _attr_key(node: Node):
             value = value.digest()
         elif attr.type == AttributeProto.TENSORS:
             value = tuple(t.digest() for t in value)
+        elif attr.type in (AttributeProto.FLOAT, AttributeProto.FLOATS):
+            value = _float_key(value)
         elif isinstance(value, list):
             value = tuple(value)
-        elif attr.type not in (AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING):
+        elif attr.type not in (AttributeProto.INT, AttributeProto.STRING):
             return None  # sparse tensors, type protos: too rare to be worth keying
         parts.append((name, attr.type, attr.ref_attr_name, value))
     return tuple(parts)

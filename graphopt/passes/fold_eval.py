@@ -68,6 +68,9 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
         raise EvalError(_first_line(e)) from None
     try:
         arrays = session.run(fetch_names, {})
+    except UnicodeDecodeError as e:  # the kernel ran; its string result is not UTF-8
+        raise EvalError(f"a string result is not UTF-8, which onnxruntime cannot return to "
+                        f"Python ({e.reason} at byte {e.start})") from None
     except Exception as e:  # noqa: BLE001 - a kernel refused its inputs
         raise EvalError(_first_line(e), at_run=True) from None
     results = {}

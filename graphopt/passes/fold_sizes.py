@@ -89,7 +89,8 @@ def _estimate_shape(node: Node, sizes: Sizes) -> tuple[int, ...] | None:
             start, limit, delta = (sizes.data(node.input(i)) for i in range(3))
             if start is None or limit is None or delta is None or float(delta) == 0:
                 return None
-            return (max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0),)
+            count = (float(limit) - float(start)) / float(delta)
+            return (max(int(math.ceil(count)), 0),) if math.isfinite(count) else None
         if op == "EyeLike":
             return shapes[0]
         if op == "Pad" and shapes[0] is not None:
