@@ -186,8 +186,9 @@ class _GraphFolder:
                 continue
             if constant:
                 tensor = constant_node_tensor(node)
-                if tensor is not None:
-                    self.results[id(node.output)] = tensor
+                if tensor is None:  # a sparse value: onnxruntime's fold session refuses 1-D
+                    continue        # ones it runs in the model, and dense it could be huge
+                self.results[id(node.output)] = tensor
             elif alias:
                 self.aliases[id(node.output)] = node.input(0)
             region.append(node)
