@@ -60,7 +60,7 @@ class Graph:
 
 
 def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fill=MIN,
-              probs_output=False, shared_keys=False):
+              probs_output=False, shared_keys=False, scale=None):
     """One self-attention block on x [B,S,D]: projections, head split, scores, mask, softmax,
     context, head merge; `form` spells the scale, `mask` the mask."""
     g = Graph()
@@ -79,7 +79,8 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
     if form == "div":
         scores = g.op("Div", g.op("MatMul", q, k), g.const(np.sqrt(H)))
     elif form == "mul":
-        scores = g.op("Mul", g.const(1 / np.sqrt(H)), g.op("MatMul", q, k))
+        factor = 1 / np.sqrt(H) if scale is None else scale
+        scores = g.op("Mul", g.const(factor), g.op("MatMul", q, k))
     elif form == "prescaled":  # q · s½ and kᵀ · s½, as the dynamo exporter scales them
         half = H ** -0.25
         scores = g.op("MatMul", g.op("Mul", q, g.const(half)), g.op("Mul", k, g.const(half)))
@@ -253,6 +254,9 @@ def test_packing_refuses_weights_that_are_not_constants():
     ({"mask": "causal", "fill": -5.0}, "filled with -5.0, not a number that swallows any score"),
     ({"mask": "causal", "fill": -1e4}, "filled with -10000.0, not a number that swallows"),
     ({"shared_keys": True}, "do not line up as one batch"),
+    # Every key weighs the same: MultiHeadAttention would read scale 0 as 1/√H.
+    ({"form": "mul", "scale": 0.0}, "the composed scale is 0, which MultiHeadAttention takes"),
+    ({"form": "mul", "scale": 1e-39}, "the composed scale 1e-39 is below float32's normal"),
 ])
 def test_refusals_say_why(case, reason):
     model, stats, trace = fuse(attention(**case), trace=True)

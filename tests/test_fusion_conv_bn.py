@@ -349,6 +349,24 @@ def test_conv_mul_refuses_non_constant_weight_and_wrong_axis():
              "is not [1, 6, 1…]")
 
 
+@pytest.mark.parametrize("scale, reason", [
+    (np.inf, "is not finite"), (3e38, "would overflow"), (1e-45, "below the normal range")])
+def test_scales_that_fold_inexactly_are_refused(scale, reason):
+    # An Inf scale made 0·∞ = NaN of a zero weight where the unfused Mul gives ±∞.
+    weight = _f32(6, 4, 3, 3, seed=5)
+    weight[0, 0, 0, 0] = 0.0
+    _refuses(_conv_affine("Mul", (1,), bias=False, w=weight, c=np.array([scale], np.float32)),
+             "ConvMulScale", reason)
+
+
+def test_batch_norm_of_zero_variance_and_epsilon_is_refused():
+    # γ/√(var + ε) is infinite.
+    text = CONV_BN.replace("<epsilon = 0.001>", "<epsilon = 0.0>").format(
+        cin=4, cout=6, cing=4, group=1, bdecl="", buse="")
+    _refuses(_model(text, w=_f32(6, 4, 3, 3, seed=5), **{**_bn(6), "var": np.zeros(6, np.float32)}),
+             "ConvBatchNorm", "is not finite")
+
+
 # -- Pad into Conv / AveragePool ----------------------------------------------------------------
 
 PAD_INTO = """

@@ -224,6 +224,15 @@ FUSED_MATMUL_NEGATIVES = {
                                    " m = MatMul(a, b)\n y = Mul(m, s) }",
                                    s=weight(1, 1, 1, 1, 1)),
                      "ScaledMatMul", "the one-element constant %s of rank 5 meets %m of rank 2"),
+    # 1/1e-40 overflows float32, 1/3e38 keeps few bits: the Div stays.
+    "denormal divisor": (lambda: build("g (float[4,5] a, float[5,6] b) => (float[4,6] y) {"
+                                       " m = MatMul(a, b)\n y = Div(m, s) }",
+                                       s=np.array(1e-40, np.float32)),
+                         "DividedMatMul", "the composed alpha 1.00001e+40 is not a finite float32"),
+    "huge divisor": (lambda: build("g (float[4,5] a, float[5,6] b) => (float[4,6] y) {"
+                                   " m = MatMul(a, b)\n y = Div(m, s) }",
+                                   s=np.array(3e38, np.float32)),
+                     "DividedMatMul", "is below float32's normal range"),
     "fed divisor": (lambda: build("g (float[4,5] a, float[5,6] b, float s) => (float[4,6] y) {"
                                   " m = MatMul(a, b)\n y = Div(m, s) }"),
                     "DividedMatMul", "%s is not constant"),

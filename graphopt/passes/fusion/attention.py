@@ -29,6 +29,7 @@ import numpy as np
 from graphopt.ir import DType, Value
 from graphopt.ir.pattern import Attr, Const, OneOf, Optional, Var
 from graphopt.passes.base import register
+from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.rules import Rule, RulePass
 
 MS = "com.microsoft"
@@ -170,6 +171,15 @@ def _merged(op, x4: Value, merge: tuple[int, ...], width: int) -> Value:
     return op.Reshape(op.Transpose(x4, perm=list(merge)), op.const(np.array([0, 0, width])))
 
 
+def _scale(alpha, q_scale, k_scale, mul, div) -> float:
+    """The one factor of the scores: FusedMatMul's alpha, the scalars Q and K were multiplied
+    by, and a Mul or Div of the scores."""
+    scale = float(alpha)
+    for factor in (q_scale, k_scale, mul):
+        scale *= 1.0 if factor is None else float(factor.reshape(-1)[0])
+    return scale / (1.0 if div is None else float(div.reshape(-1)[0]))
+
+
 class ScaledDotProductAttention(Rule):
     """softmax(s·Q·Kᵀ (+ mask)) · V on split heads → com.microsoft::MultiHeadAttention."""
 
@@ -180,8 +190,8 @@ class ScaledDotProductAttention(Rule):
         probs = op.Softmax(_masked(op, _scores(op, q4, k)), axis=Attr("axis"))
         return op.MatMul(probs, v4)
 
-    def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, mask=None, keep=None,
-              drop=None, fill=None, mul=None, div=None):
+    def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, alpha=1.0, q_scale=None,
+              k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None):
         problem = _problem(q4, k, v4, trans_b)
         if problem:
             return problem
@@ -193,6 +203,12 @@ class ScaledDotProductAttention(Rule):
             return "Q, K and V are not all float32"
         if div is not None and float(div.reshape(-1)[0]) == 0.0:
             return "the scores are divided by zero"
+        scale = _scale(alpha, q_scale, k_scale, mul, div)
+        if scale == 0:  # onnxruntime reads scale 0 as unset: 1/√head_size
+            return "the composed scale is 0, which MultiHeadAttention takes for its default"
+        problem = unsafe_scale(scale, "scale")
+        if problem:
+            return problem
         if fill is not None and not float(fill.reshape(-1)[0]) <= SWALLOWING_FILL:
             return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a number " \
                    "that swallows any score (float32's lowest): score + fill is then not " \
@@ -215,10 +231,7 @@ class ScaledDotProductAttention(Rule):
     def rewrite(self, op, q4, k, v4, trans_b=0, alpha=1.0, q_scale=None, k_scale=None,
                 mul=None, div=None, mask=None, keep=None, drop=None, fill=None, **_):
         n, h, hv = q4.shape[1], q4.shape[3], v4.shape[3]
-        scale = float(alpha)
-        for factor in (q_scale, k_scale, mul):
-            scale *= 1.0 if factor is None else float(factor.reshape(-1)[0])
-        scale /= 1.0 if div is None else float(div.reshape(-1)[0])
+        scale = _scale(alpha, q_scale, k_scale, mul, div)
         q = _merged(op, q4, MERGE_Q, n * h)
         k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h)
         v = _merged(op, v4, MERGE_Q, n * hv)

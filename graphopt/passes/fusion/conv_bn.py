@@ -55,6 +55,31 @@ def _fold_conv(op, node, x, w, b, s, t):
                                      **node.attrs)
 
 
+def _unsafe_scaling(w, s: np.ndarray, t: np.ndarray, b=None) -> str | None:
+    """Why folding s and t into the weight w and bias b would change outputs beyond rounding:
+    a scale, shift or bias that is not finite (0·∞ in a weight is NaN where the unfused product
+    is ±∞), or weights that the scale takes past the weight dtype's normal range. Magnitudes
+    only, whatever axis s runs along: extreme scales are rare enough to refuse on a bound."""
+    dtype = w.constant().dtype
+    if not np.issubdtype(dtype, np.floating):
+        return None
+    info, weight = np.finfo(dtype), np.abs(_f64(w))
+    bias = np.abs(_f64(b)).max(initial=0) if b is not None else 0.0
+    scales = np.abs(s[s != 0])
+    with np.errstate(all="ignore"):
+        folded_bias = bias * np.abs(s).max(initial=0) + np.abs(t).max(initial=0)
+    if not (np.isfinite(s).all() and np.isfinite(t).all() and folded_bias <= info.max):
+        return "the folded scale, shift or bias is not finite"
+    if not scales.size or not weight.size:
+        return None
+    smallest = weight[weight != 0].min(initial=np.inf)
+    if weight.max() * scales.max() > info.max:
+        return "the scaled weights would overflow"
+    if info.tiny <= smallest < np.inf and smallest * scales.min() < info.tiny:
+        return "the scaled weights would fall below the normal range"
+    return None
+
+
 def _bn(op, producer):
     return op.BatchNormalization(producer, Var("scale"), Var("shift"), Var("mean"), Var("var"),
                                  epsilon=Attr("eps", 1e-5), training_mode=Attr("training", 0),
@@ -67,7 +92,7 @@ class _BatchNormAfter(Rule):
     def channels(self, node, x, w) -> int | str:
         return _conv_channels(node, w)
 
-    def check(self, node, x, w, scale, shift, mean, var, training, b=None):
+    def check(self, node, x, w, scale, shift, mean, var, training, eps, b=None):
         channels, reason = self.channels(node, x, w), _not_constant(weight=w, bias=b)
         if reason or isinstance(channels, str):
             return reason or channels
@@ -78,11 +103,16 @@ class _BatchNormAfter(Rule):
             return "BatchNormalization is in training mode (training_mode=1)"
         if any(v.shape != (channels,) for v in (scale, shift, mean, var)):  # or spatial=0 (< v9)
             return f"BatchNormalization parameters are not [{channels}] vectors"
-        return None
+        return _unsafe_scaling(w, *self.affine(scale, shift, mean, var, eps), b)
+
+    @staticmethod
+    def affine(scale, shift, mean, var, eps) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(all="ignore"):  # _unsafe_scaling judges what comes out
+            s = _f64(scale) / np.sqrt(_f64(var) + eps)
+            return s, _f64(shift) - _f64(mean) * s
 
     def rewrite(self, op, node, x, w, scale, shift, mean, var, eps, b=None):
-        s = _f64(scale) / np.sqrt(_f64(var) + eps)
-        return self.fold(op, node, x, w, b, s, _f64(shift) - _f64(mean) * s)
+        return self.fold(op, node, x, w, b, *self.affine(scale, shift, mean, var, eps))
 
     fold = staticmethod(_fold_conv)
 
@@ -173,7 +203,8 @@ class ConvMulScale(ConvAddBias):
         return op.Mul(op.Conv(x, w, Optional(Var("b")), _name="node"), c)
 
     def check(self, node, w, c, b=None):
-        return super().check(node, w, c, b) or _not_constant(weight=w)
+        return super().check(node, w, c, b) or _not_constant(weight=w) \
+            or _unsafe_scaling(w, _per_channel(c, node, w), np.zeros(1), b)
 
     def rewrite(self, op, node, x, w, c, b=None):
         return _fold_conv(op, node, x, w, b, _per_channel(c, node, w), 0.0)

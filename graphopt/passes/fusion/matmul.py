@@ -27,6 +27,8 @@ composed; a FusedMatMul using them is left alone.
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphopt.ir import DType
 from graphopt.ir.pattern import Attr, Const, Optional, Var
 from graphopt.passes.base import register
@@ -131,6 +133,27 @@ class TransposeIntoGemmB(_TransposeIntoGemm):
         return op.Gemm(a, transposed, Optional(c), _name="gemm")
 
 
+def _composed_alpha(alpha: float, scale=None, divisor=None) -> float:
+    if scale is not None:
+        alpha = alpha * float(scale.reshape(-1)[0])
+    if divisor is not None:
+        alpha = alpha / float(divisor.reshape(-1)[0])
+    return float(alpha)
+
+
+def unsafe_scale(scale: float, what: str) -> str | None:
+    """Why a scale composed from the model's constants cannot stand for them as one float32
+    attribute: infinite or NaN (1/1e-40 overflows), or nonzero but below float32's normal
+    range, where it keeps too few bits."""
+    with np.errstate(over="ignore"):
+        magnitude = abs(float(np.float32(scale)))
+    if not np.isfinite(magnitude):
+        return f"the composed {what} {scale:g} is not a finite float32"
+    if 0 < magnitude < np.finfo(np.float32).tiny or (magnitude == 0 and scale != 0):
+        return f"the composed {what} {scale:g} is below float32's normal range"
+    return None
+
+
 class _IntoFusedMatMul(Rule):
     """Rewrites to FusedMatMul(A, B), composing what the match adds to what FusedMatMul had:
     a transpose of A or B (`flip`), a scale (`scale`) or a divisor (`divisor`)."""
@@ -151,7 +174,7 @@ class _IntoFusedMatMul(Rule):
         rank = _rank(transpose.input(0))
         return rank is not None and rank >= 2 and _swaps_last_two(transpose.attr("perm"), rank)
 
-    def check(self, a, b, perm=None, scale=None, divisor=None):
+    def check(self, a, b, alpha=1.0, perm=None, scale=None, divisor=None):
         ranks = (_rank(a), _rank(b))
         if None in ranks or min(ranks) < 2:
             return f"operand ranks {ranks} are not both known and at least 2"
@@ -164,14 +187,10 @@ class _IntoFusedMatMul(Rule):
             return f"the scale has rank {constant.ndim}, it would broadcast the product"
         if divisor is not None and float(divisor.reshape(-1)[0]) == 0.0:
             return "division by zero"
-        return None
+        return unsafe_scale(_composed_alpha(alpha, scale, divisor), "alpha")
 
     def rewrite(self, op, a, b, alpha=1.0, trans_a=0, trans_b=0, scale=None, divisor=None):
-        if scale is not None:
-            alpha = alpha * float(scale.reshape(-1)[0])
-        if divisor is not None:
-            alpha = alpha / float(divisor.reshape(-1)[0])
-        return op.FusedMatMul(a, b, _domain=MS, alpha=float(alpha),
+        return op.FusedMatMul(a, b, _domain=MS, alpha=_composed_alpha(alpha, scale, divisor),
                               transA=int(trans_a) ^ (self.flip == "A"),
                               transB=int(trans_b) ^ (self.flip == "B"))
 
