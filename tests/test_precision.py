@@ -303,6 +303,26 @@ def test_ops_onnxruntime_runs_only_in_float32_are_refused_in_fp16_kept_in_mixed(
     onnx.checker.check_model(mixed.to_onnx(), full_check=True)
 
 
+def test_an_npu_keeps_float32_what_its_cpu_stand_in_refuses_in_float16(tmp_path):
+    # The NPU profile lists the op in float16; onnxruntime's CPU provider, which runs the NPU
+    # partitions here, registers a float16 ScatterElements that refuses a reduction when run.
+    proto = parse_model("g (float[3,4] x, int64[3,2] idx, float[3,2] u) => (float[3,4] y) { "
+                        "r = Relu(x)\n y = ScatterElements<reduction=\"add\", axis=1>(r, idx, u) }",
+                        header='<ir_version: 8, opset_import: ["" : 18]>\n',
+                        idx=np.array([[0, 1], [1, 2], [3, 3]], np.int64))
+    result = graphopt.optimize(proto, target="ascend310", precision="fp16")
+    scatter = next(n for n in result.model.graph.all_nodes() if n.op_type == "ScatterElements")
+    assert scatter.outputs[0].dtype == DType.FLOAT
+    assert any("refuses them in f16 at run time: ScatterElements" in note
+               for note in result.notes), result.notes
+    graphopt.save(result, tmp_path / "m.om")
+    feeds = numerics.random_feeds(proto, seed=1)
+    with pytest.warns(RuntimeWarning, match="functional stand-in"):
+        session = graphopt.load(tmp_path / "m.om")
+    (actual,) = session.run(feeds).values()
+    np.testing.assert_allclose(actual, numerics.run(proto, feeds)["y"], atol=2e-3, rtol=0)
+
+
 def test_bitcast_and_classical_ml_ops_keep_their_float32():
     # BitCast reinterprets bits of one width; TreeEnsemble's split values are typed like its
     # input. Converting either gave a model onnxruntime refuses.

@@ -68,6 +68,7 @@ class _Decider:
         self.half_values: set[int] = set()
         self.refused: Counter = Counter()       # forced/allowed ops the target cannot run
         self.kept_by_target: Counter = Counter()  # mixed: ALLOW ops the target cannot run
+        self.kept_for_stand_in: Counter = Counter()  # NPU ops onnxruntime's CPU would refuse
 
     def wants(self, node: Node, slots: Slots) -> bool:
         op, options = node.op_type, self.options
@@ -98,6 +99,9 @@ class _Decider:
 
     def decide(self, node: Node, slots: Slots) -> bool:
         if not self.wants(node, slots):
+            return False
+        if self.support.stand_in_refuses(node):
+            self.kept_for_stand_in[node.qualified_op] += 1
             return False
         if not self.support.runs(node, self.half):
             if not self.mixed or _listed(node, self.options.precision_allow):
@@ -217,6 +221,10 @@ class ConvertPrecision(Pass):
         if decider.kept_by_target:
             ctx.note(f"{options.precision}: kept float32, no {half.short} kernel on the target: "
                      f"{_listing(decider.kept_by_target)}")
+        if decider.kept_for_stand_in:
+            ctx.note(f"{options.precision}: kept float32, onnxruntime's CPU provider (which runs "
+                     f"the NPU partitions where no CANN provider is installed) refuses them in "
+                     f"{half.short} at run time: {_listing(decider.kept_for_stand_in)}")
         return result
 
     @staticmethod

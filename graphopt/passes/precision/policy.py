@@ -157,6 +157,13 @@ class Support:
                 DType.BFLOAT16: "bfloat16"}.get(dtype, dtype.name.lower())
         return any(device.has_kernel(op, domain, name) for device in self.devices)
 
+    def stand_in_refuses(self, node: Node) -> bool:
+        """Whether the target's NPU would run `node` in half on a kernel that onnxruntime's
+        CPU provider, the NPU's functional stand-in, registers but refuses at run time."""
+        return _ort_cpu_half_gap(node) and any(
+            device.kind == "npu" and device.kernel_source != "onnxruntime"
+            for device in self.devices)
+
     def runs(self, node: Node, dtype: DType) -> bool:
         from graphopt.passes.precision.schema import float_dtype_attrs
 
