@@ -409,6 +409,7 @@ def test_pad_with_axes_input_folds_into_conv_pads():
 
 @pytest.mark.parametrize("kwargs,reason", [
     ({"fill": 1.0}, "Pad value is 1.0, not 0"),
+    ({"fill": -0.0}, "Pad value is -0.0, not 0"),  # Conv pads with +0.0
     ({"pads": (0, 1, 0, 0, 0, 1, 0, 0)}, "batch or channel axis"),
     ({"pads": (0, 0, -1, 0, 0, 0, 0, 0)}, "crops"),
     ({"mode": "reflect"}, "not constant"),

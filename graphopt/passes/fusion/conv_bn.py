@@ -231,7 +231,7 @@ class PadConv(Rule):
         if reason or x.shape is None:
             return f"Pad {reason}" if reason else f"the rank of %{x.name} is unknown"
         fill = value.constant() if value is not None else pad.attr("value", 0.0)
-        if np.any(np.asarray(fill) != 0):
+        if np.any(np.asarray(fill) != 0) or np.any(np.signbit(fill)):  # the pads are +0.0
             return f"Pad value is {np.ravel(fill)[0]}, not 0"
         rank = len(x.shape)
         amounts = pads.constant() if pads is not None else np.array(pad.attr("pads") or [])
