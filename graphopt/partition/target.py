@@ -342,7 +342,7 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                 dtypes=frozenset(op.get("dtypes", defaults.get("dtypes", ()))),
                 max_rank=_int_or_none(op.get("max_rank", defaults.get("max_rank"))),
                 attributes=FrozenMap({a: tuple(_hashable(v) for v in values)
-                                             for a, values in op.get("attributes", {}).items()}),
+                                      for a, values in op.get("attributes", {}).items()}),
                 note=op.get("note"),
                 dtype_engines=FrozenMap(dict(op.get("engine_for", {}))))
     return kernels
