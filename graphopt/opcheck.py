@@ -58,6 +58,7 @@ def check_ops(model: Model, label: str,
                                                           "ai.onnx.preview.training"}
     checker = _checker_context(model)
     known: dict[tuple[str, str], bool] = {}
+    checked: dict[tuple[str, str], bool] = {}  # ops onnx.checker has a schema to check with
     versions: dict[tuple[str, str], str | None] = {}  # why onnxruntime cannot run the op
     # Nodes alike in what the schema check reads (op, which inputs and outputs are present,
     # attribute names, kinds and values) get the same verdict: a 100k-node model has a few
@@ -74,7 +75,11 @@ def check_ops(model: Model, label: str,
         if is_known is None:
             is_known = known[op] = _known(domain, node.op_type, functions)
         if is_known:
-            if domain in ONNX_DOMAINS and op not in functions:
+            standard = checked.get(op)
+            if standard is None:  # onnxruntime's own ops in an ONNX domain: no ONNX schema
+                standard = checked[op] = (domain in ONNX_DOMAINS and op not in functions
+                                          and onnx.defs.has(node.op_type, domain))
+            if standard:
                 gap = versions.get(op, "")
                 if gap == "":
                     gap = versions[op] = _kernel_gap(domain, node.op_type, model)
@@ -196,6 +201,13 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
         for node in graph.node:
             if node.domain == "ai.onnx":  # an alias onnxruntime accepts, inference does not
                 node.domain = ""
+            if node.domain == "" and not onnx.defs.has(node.op_type, ""):
+                # onnxruntime's own op in the default domain (SimplifiedLayerNormalization, as
+                # its optimizer and FuseLayerNorm write it): check_ops knew it, inference has
+                # no schema and would refuse it, so it sees a domain it leaves alone.
+                node.domain = _RUNTIME_ONLY
+    if any(n.domain == _RUNTIME_ONLY for g in _graphs(proto.graph) for n in g.node):
+        proto.opset_import.add(domain=_RUNTIME_ONLY, version=1)
         for output in graph.output:
             if output.type.HasField("tensor_type"):
                 output.type.tensor_type.ClearField("shape")
@@ -226,6 +238,7 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
 
 
 _UNTYPED_INPUT = "expected to have type but instead is null"
+_RUNTIME_ONLY = "graphopt.onnxruntime_only"
 _INFERENCE_NODE = re.compile(r"\(op_type:([^,]*), node name: ([^)]*)\): (.*)")
 
 

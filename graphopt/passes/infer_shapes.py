@@ -105,9 +105,19 @@ def _carry_through_contrib_ops(model: Model) -> int:
             out = node.outputs[0] if node.outputs else None
             source = node.inputs[0] if node.inputs else None
             if out is None or source is None or source.dtype is None \
-                    or out.type_proto is not None or node.domain != "com.microsoft":
+                    or out.type_proto is not None:
                 continue
-            if node.op_type in SAME_AS_INPUT:
+            dtype = source.dtype
+            if node.domain in ("", "ai.onnx"):
+                # onnxruntime's own RMSNorm in the default domain (its optimizer's and
+                # FuseLayerNorm's below opset 23): Y has X's shape and the scale's dtype.
+                if node.op_type != "SimplifiedLayerNormalization" or len(node.inputs) < 2 \
+                        or node.inputs[1] is None or node.inputs[1].dtype is None:
+                    continue
+                dtype, shape = node.inputs[1].dtype, source.shape
+            elif node.domain != "com.microsoft":
+                continue
+            elif node.op_type in SAME_AS_INPUT:
                 shape = source.shape
             elif node.op_type in ("Attention", "MultiHeadAttention"):
                 shape = _attention_shape(node)
@@ -115,8 +125,8 @@ def _carry_through_contrib_ops(model: Model) -> int:
                 shape = _fused_matmul_shape(node)
             else:
                 continue
-            if _knows_more(source.dtype, shape, out):
-                out.dtype, out.shape = source.dtype, shape
+            if _knows_more(dtype, shape, out):
+                out.dtype, out.shape = dtype, shape
                 typed += 1
     return typed
 
