@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from graphopt.api_args import path
 from graphopt.errors import OptionError
@@ -12,18 +13,31 @@ from graphopt.input_shapes import format_input_shapes
 
 if TYPE_CHECKING:
     from graphopt.compiler import OptimizeResult
-    from graphopt.tuner.subgraph import Decisions
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What a knowledge base holds for one compile: the tuned rewrite gate and pass options
+    (None when it holds none), the study they came from, and the note to show."""
+
+    gate: Any = None
+    pass_options: dict | None = None
+    study: str | None = None
+    note: str = ""
+
+
+_NO_DECISIONS = Decisions()
 
 
 def tuned_decisions(tuning_db, model, target, level: int, pins: dict,
-                    input_shapes) -> "Decisions":
+                    input_shapes) -> Decisions:
     """The knowledge base's subgraph decisions for this compile (empty without tuning_db),
     looked up as `graphopt optimize --tuning-db` does: by the model file's bytes (or the
     serialized model given in memory), the --input-shape text, the target and the level."""
-    from graphopt.tuner.subgraph import Decisions, decisions_for
-
     if tuning_db is None:
-        return Decisions()
+        return _NO_DECISIONS
+    from graphopt.tuner.subgraph import decisions_for
+
     tuning_db = knowledge_base(tuning_db)
     if target is None:
         raise OptionError("tuning_db applies what `graphopt tune` found for a target: give "

@@ -127,3 +127,28 @@ def test_lazy_names_resolve(package, names):
         assert getattr(value, "__name__", name) == name
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
         getattr(module, "missing")
+
+
+def test_a_compile_without_a_knowledge_base_leaves_optuna_out(tmp_path):
+    source = tmp_path / "small.onnx"
+    onnx.save(parse_model(SMALL, w=np.ones((4, 3), np.float32)), source)
+    code = (f"import graphopt\n"
+            f"graphopt.save(graphopt.optimize({str(source)!r}, target='ascend310'), "
+            f"{str(tmp_path / 'small.om')!r})")
+    assert imported_after(code, ("optuna",)) == []
+
+
+def test_importing_the_tuner_keeps_no_frame_of_its_caller_alive():
+    # optuna keeps the ImportError of its optional redis backend, whose traceback held every
+    # frame above the first import: a compile's model, for the life of the process.
+    code = ("import gc\n"
+            "class Model: pass\n"
+            "def compile_():\n"
+            "    model = Model()\n"
+            "    import graphopt.tuner.subgraph\n"
+            "compile_()\n"
+            "gc.collect()\n"
+            "print(sum(isinstance(o, Model) for o in gc.get_objects()))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["0"], done.stdout + done.stderr

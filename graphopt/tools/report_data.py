@@ -191,7 +191,7 @@ def model_signatures(artifact: OmArtifact) -> Counter:
 
 
 def _study_default(study) -> float | None:
-    import optuna
+    from graphopt.tuner.optuna_import import optuna
 
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     return next((t.value for t in done if t.user_attrs.get("default") and t.value is not None),
@@ -202,7 +202,7 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
                   option: str = "--tuning-db") -> Tuning:
     """The op-tuning studies of this .om's kernel signatures and its model's subgraph study;
     `option` names the storage in errors."""
-    import optuna
+    from graphopt.tuner.optuna_import import optuna
 
     from graphopt.tuner.kb import list_kb
     from graphopt.tuner.search import history
@@ -236,7 +236,7 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
 def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None) -> None:
     """A subgraph study is keyed by the source model's bytes and pinned input shapes
     (tuner.subgraph.model_key): it can be found only with the source model at hand."""
-    import optuna
+    from graphopt.tuner.optuna_import import optuna
 
     from graphopt.tuner.search import history
     from graphopt.tuner.subgraph import SubgraphJob, model_key

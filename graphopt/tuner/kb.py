@@ -19,11 +19,10 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import optuna
-
 from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import InputError, OptionError
 from graphopt.tuner.npu_model import estimate
+from graphopt.tuner.optuna_import import optuna
 from graphopt.tuner.search import (
     PARAMS,
     open_study,

@@ -28,10 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import optuna
-
 from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
+from graphopt.tuner.optuna_import import optuna
 from graphopt.tuner.signature import is_signature, signature
 from graphopt.tuner.storage import fail_silent_trials, open_storage, setup_lock, storage_url
 from graphopt.tuner.tiling import (

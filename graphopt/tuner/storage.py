@@ -9,9 +9,8 @@ import os
 import warnings
 from typing import Any
 
-import optuna
-
 from graphopt.errors import OptionError
+from graphopt.tuner.optuna_import import optuna
 
 SQLITE_TIMEOUT_S = 60.0  # how long a worker waits for another's SQLite write lock
 HEARTBEAT_S = 10         # how often a running trial says it is alive

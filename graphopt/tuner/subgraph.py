@@ -28,9 +28,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import optuna
-
+from graphopt.compile_tuning import Decisions
 from graphopt.errors import OptionError
+from graphopt.tuner.optuna_import import optuna
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
 from graphopt.tuner.storage import fail_silent_trials, open_storage, setup_lock, storage_url
 from graphopt.tuner.subgraph_space import (
@@ -454,17 +454,6 @@ def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
         study_name_for(replace(job, level=level, objective=objective, granularity=granularity),
                        target_name) in names
         for objective in ("measured", "estimate") for granularity in GRANULARITIES)]
-
-
-@dataclass
-class Decisions:
-    """What a knowledge base holds for one compile: the tuned rewrite gate and pass options
-    (None when it holds none), the study they came from, and the note to show."""
-
-    gate: Any = None
-    pass_options: dict | None = None
-    study: str | None = None
-    note: str = ""
 
 
 def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int,
