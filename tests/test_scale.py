@@ -85,6 +85,24 @@ def test_import_keeps_external_weights_on_disk(big):
     assert model.graph.initializers["w0"].const.is_external  # the others are still untouched
 
 
+def test_fusing_matmuls_with_their_biases_leaves_external_weights_on_disk(big, tmp_path):
+    # The rules' broadcast check read every constant a match held, weights included: each one
+    # was mapped into the IR (an open descriptor each) and stayed there.
+    path, weights = big
+    proto = onnx.load(path, load_external_data=False)
+    for node in list(proto.graph.node):
+        node.output[0] += "_product"
+        proto.graph.node.append(helper.make_node("Add", [node.output[0], "bias"],
+                                                 [node.output[0][:-len("_product")]]))
+    proto.graph.initializer.append(numpy_helper.from_array(np.full(WIDTH, 0.5, np.float32),
+                                                           "bias"))
+    biased = os.path.join(os.path.dirname(path), "biased.onnx")
+    onnx.save(proto, biased)
+    result = optimize(biased)
+    assert [n.op_type for n in result.model.graph] == ["Gemm"] * LAYERS
+    assert all(result.model.graph.initializers[f"w{i}"].const.is_external for i in range(LAYERS))
+
+
 def test_external_tensor_digest_and_fingerprint_match_inline(big):
     path, weights = big
     external = load_onnx(path).graph.initializers["w1"].const

@@ -245,14 +245,17 @@ def broadcast_problem(match: Match) -> str | None:
     for node in match.nodes:
         computed = [v for v in node.inputs if v is not None and not v.is_constant]
         for value in node.inputs:
-            data = value.constant() if value is not None else None
-            if data is None or data.size != 1 or data.ndim == 0:
+            # The tensor's shape, not its data: reading a weight here would load every
+            # external one and keep a second copy of every inline one.
+            tensor = value.const if value is not None and value.is_constant else None
+            if tensor is None or tensor.size != 1 or not tensor.shape:
                 continue
+            rank = len(tensor.shape)
             for other in computed:
-                if other.shape is None or len(other.shape) < data.ndim:
-                    rank = "unknown rank" if other.shape is None else f"rank {len(other.shape)}"
-                    return (f"the one-element constant %{value.name} of rank {data.ndim} meets "
-                            f"%{other.name} of {rank} in '{node.name or node.op_type}': it "
+                if other.shape is None or len(other.shape) < rank:
+                    what = "unknown rank" if other.shape is None else f"rank {len(other.shape)}"
+                    return (f"the one-element constant %{value.name} of rank {rank} meets "
+                            f"%{other.name} of {what} in '{node.name or node.op_type}': it "
                             "broadcasts the result to a rank the fused op would not give")
     return None
 
