@@ -600,6 +600,27 @@ def test_overridable_initializers_are_named_and_what_each_output_does_with_them(
     assert not [n for n in graphopt.optimize(proto).notes if "override" in n]
 
 
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_an_overridable_shape_is_not_taken_at_its_default(level):
+    # Inference sized y from the default [2, 3]: the Reshape looked like a no-op and went,
+    # and Shape(y) folded, although the optimized model still takes `shape` as an input.
+    from onnx import numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"]),
+         helper.make_node("Shape", ["y"], ["dims"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"]),
+         helper.make_tensor_value_info("dims", TensorProto.INT64, [2])],
+        [numpy_helper.from_array(np.array([2, 3], np.int64), "shape")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "shape": np.array([3, 2])}
+    optimized = graphopt.optimize(proto, level=level).to_onnx()
+    assert [i.name for i in optimized.graph.input] == ["x", "shape"]
+    assert numerics.compare(numerics.run(proto, feeds), numerics.run(optimized, feeds), 0, 0) == []
+
+
 # An If whose branches read an outer value, so that uses cross graph boundaries.
 BRANCHES = """
 <ir_version: 9, opset_import: ["" : 17]>

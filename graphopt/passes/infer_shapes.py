@@ -33,10 +33,22 @@ def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
     proto = to_onnx(model, weights_as_inputs_above=DATA_PROP_LIMIT, value_infos=value_infos)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
+    _unbind_overridable(model, proto.graph)
     _hide_long_ranges(proto.graph)
     if value_infos:
         hide_from_inference(model, proto)
     return proto
+
+
+def _unbind_overridable(model: Model, graph: onnx.GraphProto) -> None:
+    """Drop the data of the initializers a caller may override (graph inputs with a default):
+    inference would size from the default (a Reshape to it then looks like a no-op, and its
+    Shape folds), where onnxruntime takes whatever the caller feeds."""
+    names = {v.name for v in model.graph.inputs if v.const is not None and v.overridable}
+    if names:
+        kept = [t for t in graph.initializer if t.name not in names]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
 
 
 def _hide_long_ranges(graph: onnx.GraphProto) -> None:
