@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 
 from graphopt import __version__
@@ -441,6 +443,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, docker stop, Kubernetes), raised where the command is, as Ctrl-C's
+    KeyboardInterrupt is: atomic writes then remove their temporary files, and tuning
+    stops its workers."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    def terminate(signum, frame):
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: leave signals to the embedding program
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -453,10 +477,14 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.func(args)
+        with _terminate_as_interrupt():
+            return args.func(args)
     except GraphoptError as e:
         print(f"graphopt: error: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("graphopt: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("graphopt: interrupted", file=sys.stderr)
         return 130

@@ -196,3 +196,32 @@ def test_saving_over_the_models_own_data_keeps_the_result_usable(tmp_path):
     np.testing.assert_allclose(_run(tmp_path / "copy.onnx", x), x @ weight, rtol=1e-5)
     np.testing.assert_allclose(graphopt.load(tmp_path / "m.om").run({"x": x})["y"], x @ weight,
                                rtol=1e-5)
+
+
+def test_sigterm_mid_write_leaves_no_partial_file_and_exits_143(tmp_path, capsys, monkeypatch):
+    # kill, docker stop and Kubernetes send SIGTERM: it is raised where the command is, as
+    # Ctrl-C is, so the atomic write removes its temporary file.
+    import signal
+    import time
+
+    import onnx
+
+    import graphopt.compiler
+
+    before = signal.getsignal(signal.SIGTERM)
+    source = tmp_path / "m.onnx"
+    onnx.save(graphopt.zoo.build("tiny"), source)
+
+    def killed_mid_write(result, path, *args, **kwargs):
+        with atomic.atomic_write(path) as f:
+            f.write(b"partial")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+
+    monkeypatch.setattr(graphopt.compiler, "save", killed_mid_write)
+    started = time.monotonic()
+    rc = main(["optimize", str(source), "-o", str(tmp_path / "m.om")])
+    assert rc == 143 and "graphopt: terminated" in capsys.readouterr().err
+    assert time.monotonic() - started < 10
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+    assert signal.getsignal(signal.SIGTERM) is before
