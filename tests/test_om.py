@@ -623,6 +623,21 @@ def test_truncated_zip(om_path, tmp_path):
         load_om(bad)
 
 
+def test_a_failed_load_closes_the_file_at_once(om_path, tmp_path):
+    # A caller that keeps the errors (a list of failures, a future) held one descriptor each.
+    data = om_path.read_bytes()
+    bad = tmp_path / "cut.om"
+    bad.write_bytes(data[: len(data) // 2])
+    errors = []
+    for _ in range(20):
+        with pytest.raises(ArtifactError) as caught:
+            load_om(bad)
+        errors.append(caught.value)
+    open_on_it = [fd for fd in os.listdir("/proc/self/fd")
+                  if os.path.realpath(f"/proc/self/fd/{fd}") == str(bad.resolve())]
+    assert open_on_it == [], f"{len(open_on_it)} descriptors left open on {bad}"
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ArtifactError, match="cannot read"):
         load_om(tmp_path / "nope.om")

@@ -485,10 +485,14 @@ def _load(path: str, defer: bool) -> OmArtifact:
         data = _read_all(fd, file.size) if file.size <= _READ_WHOLE_BYTES else None
     except OSError as exc:
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
-    if data is not None:
-        return _load_from(path, io.BytesIO(data), defer, file)
-    with open(fd, "rb", closefd=False) as f:
-        return _load_from(path, f, defer, file)
+    try:
+        if data is not None:
+            return _load_from(path, io.BytesIO(data), defer, file)
+        with open(fd, "rb", closefd=False) as f:
+            return _load_from(path, f, defer, file)
+    except BaseException:
+        file.close()  # now, not when a caller drops the error, whose traceback holds it
+        raise
 
 
 def _read_all(fd: int, size: int) -> bytes:
