@@ -103,6 +103,26 @@ def test_fusing_matmuls_with_their_biases_leaves_external_weights_on_disk(big, t
     assert all(result.model.graph.initializers[f"w{i}"].const.is_external for i in range(LAYERS))
 
 
+def test_mapped_weights_of_one_file_share_one_descriptor(big):
+    path, weights = big
+    data = os.path.realpath(path + ".data")
+
+    def open_on_data() -> int:
+        gc.collect()  # an earlier test's model may wait in a reference cycle
+        return sum(os.path.realpath(f"/proc/self/fd/{fd}") == data
+                   for fd in os.listdir("/proc/self/fd"))
+
+    before = open_on_data()
+    model = load_onnx(path)
+    arrays = [model.graph.initializers[f"w{i}"].const.numpy() for i in range(LAYERS)]
+    assert open_on_data() == before + 1
+    np.testing.assert_array_equal(arrays[4], weights[4])
+    arrays[4][0, 0] = 7.0  # copy on write: the file and another import keep their bytes
+    assert load_onnx(path).graph.initializers["w4"].const.numpy()[0, 0] == weights[4][0, 0]
+    del arrays, model
+    assert open_on_data() == before
+
+
 def test_external_tensor_digest_and_fingerprint_match_inline(big):
     path, weights = big
     external = load_onnx(path).graph.initializers["w1"].const

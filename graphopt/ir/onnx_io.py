@@ -155,6 +155,7 @@ class _Importer:
         self.label = label
         self.external_ok = external_ok
         self.base_dir = base_dir  # the model file's folder, where its external data lives
+        self.load = object()  # what this import's external tensors share their mappings by
 
     def error(self, message: str) -> InputError:
         return InputError(f"{self.label}: {message}")
@@ -418,7 +419,7 @@ class _Importer:
             if self.base_dir is None:
                 return Tensor.from_proto(proto)
             try:
-                return Tensor.from_external(proto, self.base_dir)
+                return Tensor.from_external(proto, self.base_dir, load=self.load)
             except ValueError as e:
                 raise self.error(f"{where}: {e}") from None
         field = helper.tensor_dtype_to_field(int(dtype))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -36,7 +39,8 @@ class Tensor:
     (raw_data vs typed fields, external data location), which is what makes round-trips lossless.
     """
 
-    __slots__ = ("_proto", "_array", "dtype", "shape", "doc_string", "_digest", "_external")
+    __slots__ = ("_proto", "_array", "dtype", "shape", "doc_string", "_digest", "_external",
+                 "_load")
 
     def __init__(self, array: np.ndarray | None = None, *, proto: TensorProto | None = None,
                  dtype: DType | None = None):
@@ -46,6 +50,7 @@ class Tensor:
         self._array = None if array is None else np.asarray(array)
         self._digest: str | None = None
         self._external: tuple[str, int, int, tuple] | None = None  # file, offset, length, id
+        self._load: object | None = None  # the import it came from: its tensors share mappings
         if proto is not None:
             self.dtype = DType(proto.data_type)
             self.shape = tuple(int(d) for d in proto.dims)
@@ -60,9 +65,11 @@ class Tensor:
         return cls(proto=proto)
 
     @classmethod
-    def from_external(cls, proto: TensorProto, base_dir: str) -> "Tensor":
+    def from_external(cls, proto: TensorProto, base_dir: str,
+                      load: object | None = None) -> "Tensor":
         """A tensor whose data stays in the external file `proto` names (relative to
-        `base_dir`) until someone reads it: then it is memory-mapped, not loaded. Raises
+        `base_dir`) until someone reads it: then it is memory-mapped, not loaded. The tensors
+        of one `load` (any object standing for one import) share one mapping per file. Raises
         ValueError when the file is missing or too short."""
         entries = {e.key: e.value for e in proto.external_data}
         path = os.path.join(base_dir, entries.get("location", ""))
@@ -82,6 +89,7 @@ class Tensor:
             raise ValueError(f"external data {entries.get('location')!r} ends at byte {size}, "
                              f"the tensor reaches byte {offset + length}")
         tensor._external = (path, offset, length, _identity(stat))
+        tensor._load = load
         return tensor
 
     def reads(self, path: str) -> bool:
@@ -134,10 +142,13 @@ class Tensor:
             if length < _MAP_ABOVE or self.size == 0:
                 array = np.fromfile(f, dtype=dtype, count=self.size, offset=offset)
                 return array.reshape(self.shape)
-            # Copy-on-write: a pass that wrote into the array would change only its own
-            # pages, never the model's file. The mapping outlives the file object.
-            return np.asarray(np.memmap(f, dtype=dtype, mode="c", offset=offset,
-                                        shape=self.shape))
+            # One copy-on-write mapping per file and import, shared by its tensors' arrays:
+            # a pass that wrote into one would change only its own pages, never the model's
+            # file or another import's. A mapping per tensor held a descriptor each, and a
+            # model of a few hundred mapped weights ran out of them ("Too many open files").
+            mapping = _file_mapping(f, (*self._external[::3], self._load or self))
+            return np.frombuffer(mapping, dtype=dtype, count=self.size,
+                                 offset=offset).reshape(self.shape)
 
     def _open_external(self):
         """The external data file, refused when it is no longer the file the model was
@@ -292,6 +303,19 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor<{self.dtype.short}{list(self.shape)}>"
+
+
+# (path, file identity, import) -> the file's mapping, while an array maps from it.
+_MAPPINGS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_MAPPINGS_LOCK = threading.Lock()
+
+
+def _file_mapping(f, key: tuple) -> mmap.mmap:
+    with _MAPPINGS_LOCK:
+        mapping = _MAPPINGS.get(key)
+        if mapping is None:
+            mapping = _MAPPINGS[key] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return mapping
 
 
 def _proto_array(proto: TensorProto) -> np.ndarray:
