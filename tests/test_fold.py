@@ -911,3 +911,26 @@ def test_a_sparse_constant_stays_a_node(dims, indices, tmp_path):
             warnings.simplefilter("ignore", RuntimeWarning)
             session = graphopt.load(tmp_path / f"{target}.om")
         assert numerics.compare(expected, session.run(feeds), 0, 0) == []
+
+
+def test_a_sparse_initializer_feeding_a_matmul_compiles(tmp_path):
+    # Strict inference left the sparse weight untyped, and refused the MatMul as rank 0.
+    values = helper.make_tensor("w", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    where = helper.make_tensor("i", TensorProto.INT64, [3], [0, 4, 8])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        sparse_initializer=[helper.make_sparse_tensor(values, where, [3, 3])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    expected = numerics.run(proto, feeds)
+    for level in (0, 1, 2, 3):
+        optimized = graphopt.optimize(proto, level=level).to_onnx()
+        assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
+    for target in ("cpu", "ascend310"):
+        graphopt.save(graphopt.optimize(proto, target=target), tmp_path / f"{target}.om")
+        with warnings.catch_warnings():  # the NPU's functional stand-in says so
+            warnings.simplefilter("ignore", RuntimeWarning)
+            session = graphopt.load(tmp_path / f"{target}.om")
+        assert numerics.compare(expected, session.run(feeds), 0, 0) == []

@@ -613,7 +613,10 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
             _fill_value_info(proto.input.add(), value)
             listed.add(id(value))
     for value in graph.initializers.values():
-        if value.sparse_const is not None:
+        if value.sparse_const is not None and weights_as_inputs_above is not None:
+            if id(value) not in listed:  # inference leaves a sparse initializer untyped
+                _fill_value_info(proto.input.add(), value)
+        elif value.sparse_const is not None:
             proto.sparse_initializer.append(value.sparse_const)
         elif weights_as_inputs_above is not None and value.const.nbytes > weights_as_inputs_above:
             if id(value) not in listed:
