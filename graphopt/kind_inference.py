@@ -87,7 +87,8 @@ class _Walk:
             self._declare(value)
         for value in graph.initializers.values():
             self._declare(value)
-            if value.const is not None and value.const.nbytes <= _DATA_LIMIT:
+            # Not an overridable one's: a caller may feed another value (see infer_shapes).
+            if value.is_constant and value.const.nbytes <= _DATA_LIMIT:
                 self.data[value.name] = value.const.to_proto(value.name)
         computed: dict[str, bytes] = {}
         if len(self.kinds) != len(graph):

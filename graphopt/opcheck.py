@@ -206,11 +206,11 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
                 # its optimizer and FuseLayerNorm write it): check_ops knew it, inference has
                 # no schema and would refuse it, so it sees a domain it leaves alone.
                 node.domain = _RUNTIME_ONLY
-    if any(n.domain == _RUNTIME_ONLY for g in _graphs(proto.graph) for n in g.node):
-        proto.opset_import.add(domain=_RUNTIME_ONLY, version=1)
         for output in graph.output:
             if output.type.HasField("tensor_type"):
                 output.type.tensor_type.ClearField("shape")
+    if any(n.domain == _RUNTIME_ONLY for g in _graphs(proto.graph) for n in g.node):
+        proto.opset_import.add(domain=_RUNTIME_ONLY, version=1)
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=True,
                                                      data_prop=False)
