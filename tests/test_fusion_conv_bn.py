@@ -460,3 +460,17 @@ def test_zoo_nets_lose_every_batch_norm(name, options):
     problems = numerics.compare(numerics.run(proto, feeds), numerics.run(after, feeds),
                                 rtol=1e-4, atol=1e-4)
     assert not problems, [str(p) for p in problems]
+
+
+def test_float16_weights_fold_however_small():
+    # float16 rounds coarser than its subnormals lose: a small first-layer weight scaled below
+    # 6.1e-5 had refused the whole fold.
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((6, 4, 3, 3)) * 0.1).astype(np.float16)
+    weight[0, 0, 0, 1] = np.float16(2e-4)
+    text = CONV_BN.replace("float[", "float16[").format(
+        cin=4, cout=6, cing=4, group=1, bdecl="", buse="")
+    bn = {k: v.astype(np.float16) for k, v in _bn(6).items()}
+    bn["var"] = rng.uniform(4, 9, 6).astype(np.float16)  # scales of 0.3 to 0.5
+    model, result, _ = _fuse(_model(text, w=weight, **bn))
+    assert dict(result.stats) == {"ConvBatchNorm": 1} and _ops(model) == ["Conv"]

@@ -55,16 +55,18 @@ def _fold_conv(op, node, x, w, b, s, t):
                                      **node.attrs)
 
 
-def _unsafe_scaling(w, s: np.ndarray, t: np.ndarray, b=None) -> str | None:
+def _unsafe_scaling(w, s: np.ndarray, t: np.ndarray, b=None, beta: float = 1.0) -> str | None:
     """Why folding s and t into the weight w and bias b would change outputs beyond rounding:
     a scale, shift or bias that is not finite (0·∞ in a weight is NaN where the unfused product
-    is ±∞), or weights that the scale takes past the weight dtype's normal range. Magnitudes
-    only, whatever axis s runs along: extreme scales are rare enough to refuse on a bound."""
+    is ±∞), weights or a bias (Gemm's times beta) the scale takes past the dtype's largest
+    value, or float32 weights it takes below float32's normal range, where they keep few bits
+    (float16 rounds coarser than its subnormals lose). Magnitudes only, whatever axis s runs
+    along: extreme scales are rare enough to refuse on a bound."""
     dtype = w.constant().dtype
     if not np.issubdtype(dtype, np.floating):
         return None
     info, weight = np.finfo(dtype), np.abs(_f64(w))
-    bias = np.abs(_f64(b)).max(initial=0) if b is not None else 0.0
+    bias = abs(beta) * np.abs(_f64(b)).max(initial=0) if b is not None else 0.0
     scales = np.abs(s[s != 0])
     with np.errstate(all="ignore"):
         folded_bias = bias * np.abs(s).max(initial=0) + np.abs(t).max(initial=0)
@@ -72,10 +74,10 @@ def _unsafe_scaling(w, s: np.ndarray, t: np.ndarray, b=None) -> str | None:
         return "the folded scale, shift or bias is not finite"
     if not scales.size or not weight.size:
         return None
-    smallest = weight[weight != 0].min(initial=np.inf)
     if weight.max() * scales.max() > info.max:
         return "the scaled weights would overflow"
-    if info.tiny <= smallest < np.inf and smallest * scales.min() < info.tiny:
+    smallest = weight[weight >= info.tiny].min(initial=np.inf)  # subnormal ones are already so
+    if info.bits >= 32 and smallest < np.inf and smallest * scales.min() < info.tiny:
         return "the scaled weights would fall below the normal range"
     return None
 
@@ -103,7 +105,8 @@ class _BatchNormAfter(Rule):
             return "BatchNormalization is in training mode (training_mode=1)"
         if any(v.shape != (channels,) for v in (scale, shift, mean, var)):  # or spatial=0 (< v9)
             return f"BatchNormalization parameters are not [{channels}] vectors"
-        return _unsafe_scaling(w, *self.affine(scale, shift, mean, var, eps), b)
+        beta = node.attr("beta", 1.0) if node.op_type == "Gemm" else 1.0
+        return _unsafe_scaling(w, *self.affine(scale, shift, mean, var, eps), b, beta)
 
     @staticmethod
     def affine(scale, shift, mean, var, eps) -> tuple[np.ndarray, np.ndarray]:
