@@ -664,7 +664,7 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
                 before = len(run.notes)
                 parts, extra = _om_plan(run, tuning_db, prefix=f"{name}.")
                 if run is not result:  # what each profile's plan noted, where it is printed
-                    result.notes.extend(run.notes[before:])
+                    result.notes.extend(n for n in run.notes[before:] if n not in result.notes)
             profiles.append(OmProfile(name, compiled.profile.dims, parts))
             sections[name] = extra
         default = sections[result.profiles[0].profile.name]

@@ -434,11 +434,15 @@ def test_a_compile_leaves_out_a_trial_graphopt_did_not_write(tmp_path, capsys):
     [(sig, (kept, _))] = best_tilings(db, "ascend310").items()
     study = optuna.load_study(study_name=sig, storage=f"sqlite:///{db}")
     study.add_trial(optuna.trial.create_trial(value=1e-12, user_attrs={"tiling": {"x": 1}}))
-    with pytest.raises(OptionError, match="records no tiling graphopt wrote"):
+    with pytest.raises(OptionError, match=f"study {sig}, trial 3 records no tiling graphopt"):
         best_tilings(db, "ascend310")
     skipped = []
     assert best_tilings(db, "ascend310", skipped=skipped) == {sig: (kept, ANY)}
     assert skipped == [f"{sig} #3"]
+    # Tuning on, op or subgraph, takes the best of the trials graphopt wrote as well.
+    for job in ("op", "subgraph"):
+        assert main(["tune", path, "--target", "ascend310", "--job", job, "--trials", "1",
+                     "--tuning-db", db, "-q"]) == 0, capsys.readouterr().err
     assert main(["optimize", path, "-o", str(tmp_path / "m.om"), "--target", "ascend310",
                  "--tuning-db", db]) == 0
     assert f"--tuning-db: left out 1 trial(s) that record no tiling graphopt wrote ({sig} #3)" \

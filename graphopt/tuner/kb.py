@@ -86,7 +86,7 @@ def best_tilings(storage: Any, target: str, *,
         study = optuna.load_study(study_name=name, storage=storage)
         for trial in sorted(_completed(study), key=lambda t: (t.value, t.number)):
             try:
-                tiling = trial_tiling(trial)
+                tiling = trial_tiling(trial, name)
             except OptionError:
                 if skipped is None:
                     raise
@@ -127,7 +127,7 @@ def list_kb(storage: Any) -> list[dict]:
             "signature": sig, "study": name, "trials": len(study.get_trials(deepcopy=False)),
             "default_seconds": default.value if default else None,
             "best_seconds": best.value if best else None,
-            "tiling": str(trial_tiling(best)) if best else None,
+            "tiling": str(trial_tiling(best, name)) if best else None,
             "speedup": default.value / best.value if best and default else None})
     return rows
 
@@ -180,7 +180,7 @@ def export_text(storage: Any) -> tuple[str, int]:
         best, default = _best(study), _default(study)
         if best is None or (sig in kernels and kernels[sig]["seconds"] <= best.value):
             continue  # a kernel tuned in two studies exports the better one
-        kernels[sig] = {"tiling": tiling_params(trial_tiling(best)),
+        kernels[sig] = {"tiling": tiling_params(trial_tiling(best, name)),
                          "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
                          "default_seconds": default.value if default else None,
                          "trials": len(study.get_trials(deepcopy=False))}
@@ -286,7 +286,7 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
         default = estimate(shape, None, device)
         study = open_study(storage, name, shape, device, default_seconds=default.seconds,
                            default_cycles=default.cycles)
-        if any(trial_tiling(t) == tiling for t in _completed(study)):
+        if any(trial_tiling(t, name) == tiling for t in _completed(study)):
             # Already there, unless it came just now as the new study's default: the
             # export's best was the untuned default.
             added += name not in existing

@@ -142,16 +142,29 @@ def step_distributions(choices: dict[str, list]) -> dict:
             for name in PARAMS}
 
 
-def trial_tiling(trial: optuna.trial.FrozenTrial) -> Tiling:
+def trial_tiling(trial: optuna.trial.FrozenTrial, study: str = "") -> Tiling:
     """The tiling a trial evaluated (its projection into the space, not the raw pick); an
-    OptionError when the trial holds none graphopt wrote (another Optuna client's, an edit)."""
+    OptionError, naming `study` when given, when the trial holds none graphopt wrote (another
+    Optuna client's, an edit)."""
     recorded = trial.user_attrs.get("tiling")
     try:
         return Tiling(**recorded)
     except TypeError:
-        raise OptionError(f"the knowledge base's trial {trial.number} records no tiling graphopt "
-                          f"wrote ({recorded!r}): tune into a fresh --tuning-db, or drop the "
-                          "trial") from None
+        where = f"study {study}, " if study else ""
+        raise OptionError(f"the knowledge base's {where}trial {trial.number} records no tiling "
+                          f"graphopt wrote ({recorded!r}): tune into a fresh --tuning-db, or "
+                          "drop the trial") from None
+
+
+def written_trials(trials) -> list[tuple[optuna.trial.FrozenTrial, Tiling]]:
+    """(trial, tiling) of the trials that record a tiling graphopt wrote, best first."""
+    found = []
+    for trial in sorted(trials, key=lambda t: (t.value, t.number)):
+        try:
+            found.append((trial, trial_tiling(trial)))
+        except OptionError:
+            continue
+    return found
 
 
 def project(tiling: Tiling, shape: GemmShape, device: Device,
@@ -403,9 +416,10 @@ def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneR
     completed = [t for t in study.get_trials(deepcopy=False,
                                              states=(optuna.trial.TrialState.COMPLETE,))
                  if t.value is not None]
-    if completed:
-        top = min(completed, key=lambda t: (t.value, t.number))
-        best = (trial_tiling(top), float(top.value))
+    written = written_trials(completed)  # another client's trial cannot be the best tiling
+    if written:
+        top, tiling = written[0]
+        best = (tiling, float(top.value))
     else:
         best = (default, estimate(shape, default, device).seconds)
     return TuneResult(study.study_name, (default, estimate(shape, default, device).seconds),

@@ -194,7 +194,9 @@ class Evaluator:
         tilings = None
         if self.job.tuning_db:
             from graphopt.tuner.kb import tuned_tilings
-            tilings = tuned_tilings(self.job.tuning_db, result.model, result.partitioning)
+            # Another client's trial is left out, as optimize --tuning-db leaves it.
+            tilings = tuned_tilings(self.job.tuning_db, result.model, result.partitioning,
+                                    skipped=[])
         estimate = model_estimate(result.model, result.partitioning, tilings)
         by_device: dict[str, float] = {}
         for row in estimate.rows:
