@@ -623,11 +623,15 @@ def test_truncated_zip(om_path, tmp_path):
         load_om(bad)
 
 
-def test_a_failed_load_closes_the_file_at_once(om_path, tmp_path):
+@pytest.mark.parametrize("kind", ["truncated", "a directory"])
+def test_a_failed_load_closes_the_file_at_once(om_path, tmp_path, kind):
     # A caller that keeps the errors (a list of failures, a future) held one descriptor each.
-    data = om_path.read_bytes()
-    bad = tmp_path / "cut.om"
-    bad.write_bytes(data[: len(data) // 2])
+    bad = tmp_path / "bad.om"
+    if kind == "truncated":
+        data = om_path.read_bytes()
+        bad.write_bytes(data[: len(data) // 2])
+    else:
+        bad.mkdir()
     errors = []
     for _ in range(20):
         with pytest.raises(ArtifactError) as caught:

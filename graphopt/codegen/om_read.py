@@ -482,8 +482,13 @@ def _load(path: str, defer: bool) -> OmArtifact:
     # every open costs at start-up, and the path may name another file by then.
     try:
         file = OpenedFile(fd, path)  # closes fd when dropped
+    except OSError as exc:
+        os.close(fd)
+        raise Malformed(f"cannot read ({exc.strerror or exc})") from None
+    try:
         data = _read_all(fd, file.size) if file.size <= _READ_WHOLE_BYTES else None
     except OSError as exc:
+        file.close()  # now, not when a caller drops the error, whose traceback holds it
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
     try:
         if data is not None:
