@@ -461,8 +461,8 @@ def _terminate_as_interrupt():
         return
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # None: a handler set outside Python, which cannot be put back
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def main(argv: list[str] | None = None) -> int:

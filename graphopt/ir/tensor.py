@@ -142,11 +142,14 @@ class Tensor:
             if length < _MAP_ABOVE or self.size == 0:
                 array = np.fromfile(f, dtype=dtype, count=self.size, offset=offset)
                 return array.reshape(self.shape)
-            # One copy-on-write mapping per file and import, shared by its tensors' arrays:
-            # a pass that wrote into one would change only its own pages, never the model's
-            # file or another import's. A mapping per tensor held a descriptor each, and a
-            # model of a few hundred mapped weights ran out of them ("Too many open files").
-            mapping = _file_mapping(f, (*self._external[::3], self._load or self))
+            # One copy-on-write mapping per file and import, shared by its tensors' arrays
+            # (a Tensor is immutable; tensors of one import stored on the same bytes share
+            # pages): a write would never reach the model's file or another import's. A
+            # mapping per tensor held a descriptor each, and a model of a few hundred mapped
+            # weights ran out of them ("Too many open files").
+            if self._load is None:  # made outside an import: a mapping of its own
+                self._load = object()
+            mapping = _file_mapping(f, (*self._external[::3], self._load))
             return np.frombuffer(mapping, dtype=dtype, count=self.size,
                                  offset=offset).reshape(self.shape)
 
