@@ -886,6 +886,20 @@ def test_slice_of_a_shape_with_a_negative_step_folds_to_what_onnxruntime_compute
     assert_same_outputs(proto, model, {"x": np.zeros((4, 2, 8), np.float32)})
 
 
+def _same_everywhere(proto: onnx.ModelProto, feeds: dict, tmp_path) -> None:
+    """The original's outputs at every level as ONNX, and from a cpu and an ascend310 .om."""
+    expected = numerics.run(proto, feeds)
+    for level in (0, 1, 2, 3):
+        optimized = graphopt.optimize(proto, level=level).to_onnx()
+        assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
+    for target in ("cpu", "ascend310"):
+        graphopt.save(graphopt.optimize(proto, target=target), tmp_path / f"{target}.om")
+        with warnings.catch_warnings():  # the NPU's functional stand-in says so
+            warnings.simplefilter("ignore", RuntimeWarning)
+            session = graphopt.load(tmp_path / f"{target}.om")
+        assert numerics.compare(expected, session.run(feeds), 0, 0) == []
+
+
 @pytest.mark.parametrize("dims, indices", [([6], [1, 4]), ([2, 3], [[0, 1], [1, 1]])])
 def test_a_sparse_constant_stays_a_node(dims, indices, tmp_path):
     # onnxruntime runs a 1-D sparse Constant in a model but refused it in the fold's own
@@ -900,17 +914,7 @@ def test_a_sparse_constant_stays_a_node(dims, indices, tmp_path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    feeds = {"x": np.arange(6, dtype=np.float32).reshape(dims)}
-    expected = numerics.run(proto, feeds)
-    for level in (1, 2, 3):
-        optimized = graphopt.optimize(proto, level=level).to_onnx()
-        assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
-    for target in ("cpu", "ascend310"):
-        graphopt.save(graphopt.optimize(proto, target=target), tmp_path / f"{target}.om")
-        with warnings.catch_warnings():  # the NPU's functional stand-in says so
-            warnings.simplefilter("ignore", RuntimeWarning)
-            session = graphopt.load(tmp_path / f"{target}.om")
-        assert numerics.compare(expected, session.run(feeds), 0, 0) == []
+    _same_everywhere(proto, {"x": np.arange(6, dtype=np.float32).reshape(dims)}, tmp_path)
 
 
 def test_a_sparse_initializer_feeding_a_matmul_compiles(tmp_path):
@@ -923,14 +927,4 @@ def test_a_sparse_initializer_feeding_a_matmul_compiles(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         sparse_initializer=[helper.make_sparse_tensor(values, where, [3, 3])])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
-    expected = numerics.run(proto, feeds)
-    for level in (0, 1, 2, 3):
-        optimized = graphopt.optimize(proto, level=level).to_onnx()
-        assert numerics.compare(expected, numerics.run(optimized, feeds), 0, 0) == []
-    for target in ("cpu", "ascend310"):
-        graphopt.save(graphopt.optimize(proto, target=target), tmp_path / f"{target}.om")
-        with warnings.catch_warnings():  # the NPU's functional stand-in says so
-            warnings.simplefilter("ignore", RuntimeWarning)
-            session = graphopt.load(tmp_path / f"{target}.om")
-        assert numerics.compare(expected, session.run(feeds), 0, 0) == []
+    _same_everywhere(proto, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, tmp_path)
