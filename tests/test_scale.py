@@ -17,7 +17,8 @@ import graphopt
 from graphopt.codegen.om_read import load_om
 from graphopt.compiler import optimize, save
 from graphopt.errors import GraphoptError, InputError, OptionError
-from graphopt.ir import load_onnx
+from graphopt import numerics
+from graphopt.ir import load_onnx, to_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.external_data import THRESHOLD_ENV, save_onnx, threshold
 from graphopt.ir.tensor import Tensor, tensor_references
@@ -198,6 +199,32 @@ def test_save_stays_inline_below_the_threshold(tmp_path, monkeypatch):
     save(model, out, external_data=True)  # forced: the 360 KB weight goes out
     assert os.path.getsize(out + ".data") == 300 * 300 * 4
     assert onnx.load(out).graph.initializer[0].raw_data == np.ones((300, 300), np.float32).tobytes()
+
+
+def test_inline_save_streams_weights_without_copying_them_all(big, tmp_path, monkeypatch):
+    # The whole ModelProto, serialized, held every weight twice more: 3x the weights at peak.
+    path, _ = big
+    model = load_onnx(path)
+    for value in model.graph.initializers.values():
+        value.const.numpy()  # in memory, as a model loaded inline has them
+    model.graph.make_initializer("small", np.arange(3, dtype=np.float32))  # stays a field
+    reference = to_onnx(model)
+    monkeypatch.setenv(THRESHOLD_ENV, str(WEIGHT_BYTES * 2))
+    out = str(tmp_path / "inline.onnx")
+    tracemalloc.start()
+    save(model, out)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < WEIGHT_BYTES / 4, f"the save allocated {peak} bytes for {WEIGHT_BYTES}"
+    assert not os.path.exists(out + ".data")
+    written = onnx.load(out)
+    for tensor in (*written.graph.initializer, *reference.graph.initializer):
+        tensor.ClearField("data_location")  # DEFAULT, spelled out or not
+    assert written == reference
+    onnx.checker.check_model(written, full_check=True)
+    feeds = {"x": np.ones((2, WIDTH), np.float32)}
+    assert numerics.compare(numerics.run(onnx.load(path), feeds), numerics.run(written, feeds),
+                            0, 0) == []
 
 
 def test_threshold_env_must_be_a_byte_count(monkeypatch):

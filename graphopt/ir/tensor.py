@@ -224,6 +224,31 @@ class Tensor:
         proto.doc_string = self.doc_string
         return proto
 
+    def described(self, name: str | None = None) -> TensorProto:
+        """The tensor's TensorProto without its data (no raw_data, no external reference):
+        what a writer that streams the bytes puts before them. Every other field of the
+        stored proto (doc string, metadata) is kept; its data is not copied."""
+        meta = TensorProto()
+        if self._proto is not None:
+            for field, value in self._proto.ListFields():
+                if field.name in ("raw_data", "external_data", "data_location"):
+                    continue
+                repeated = field.is_repeated if hasattr(field, "is_repeated") \
+                    else field.label == field.LABEL_REPEATED  # protobuf before 6
+                if repeated:
+                    getattr(meta, field.name).extend(value)
+                elif field.message_type is not None:  # segment
+                    getattr(meta, field.name).CopyFrom(value)
+                else:
+                    setattr(meta, field.name, value)
+        else:
+            meta.data_type = int(self.dtype)
+            meta.dims.extend(self.shape)
+            meta.doc_string = self.doc_string
+        if name is not None:
+            meta.name = name
+        return meta
+
     def _referable(self) -> bool:
         # What an .om moves out of its models into a weights blob: data that would be in
         # raw_data (not typed fields) and at least 1 KiB (om_weights.MIN_EXTERNAL_BYTES).
