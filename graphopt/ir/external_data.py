@@ -171,7 +171,10 @@ def _write_inline(model: Model, path: str) -> None:
         del proto.graph.initializer[:]
     head = _serialize(proto, path)
     graph = graph_span(head)
-    start, end, field_start, field_end = graph if graph is not None else (0, 0, 0, 0)
+    if graph is None:  # a graph of nothing at all: no weights either
+        atomic_write_bytes(path, head)
+        return
+    start, end, field_start, field_end = graph
     messages = [len(meta) + (0 if source is None else
                              len(_raw_header(source.nbytes)) + source.nbytes)
                 for meta, source in weights]
@@ -181,11 +184,8 @@ def _write_inline(model: Model, path: str) -> None:
             + graph_size >= 1 << 31:
         raise GraphoptError(f"{path}: model too large to serialize (past 2 GB); its weights "
                             "may be in external data: save(…, external_data=True)")
-    if graph is None and not weights:
-        atomic_write_bytes(path, head)
-        return
     with atomic_write(path) as out:
-        out.write(head[:field_start] if graph is not None else head)
+        out.write(head[:field_start])
         out.write(_field_header(MODEL_GRAPH, graph_size))
         out.write(head[start:end])
         for (meta, source), size in zip(weights, messages):
@@ -195,8 +195,7 @@ def _write_inline(model: Model, path: str) -> None:
                 out.write(_raw_header(source.nbytes))
                 for chunk in source.iter_bytes():
                     out.write(chunk)
-        if graph is not None:
-            out.write(head[field_end:])
+        out.write(head[field_end:])
 
 
 def _field_header(number: int, size: int) -> bytes:
