@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import warnings
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import non_negative_int
 from graphopt.errors import InputError, OptionError
+from graphopt.warning_scope import warnings_as
 
 DEFAULT_WARMUP = 3
 
@@ -122,8 +122,7 @@ def _cmd_run(args) -> int:
 
     warmup = _check_run_options(args)
     feeds = load_npz(args.inputs) if args.inputs else None  # a bad file fails before the slow load
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_as("always", record=True) as caught:
         # --profile opens that profile's sessions alone.
         session, load_seconds = timed(lambda: load(
             args.model, intra_op_num_threads=args.threads,

@@ -86,3 +86,72 @@ def test_eight_threads_get_the_serial_outputs(tmp_path, build, partitions):
     with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
         results = list(pool.map(worker, range(THREADS)))  # re-raises any worker's exception
     assert [w for per_thread in results for w in per_thread] == []
+
+
+def test_overlapping_compiles_leave_the_collector_on(monkeypatch):
+    # Each block saved and restored gc's switch: a thread that read "off" (another had paused
+    # collection) and switched it off after that other had switched it back on left it off
+    # for good. Here the second thread's gc.disable waits for the first to leave.
+    import gc
+
+    from graphopt.ir import collector
+
+    real_disable, first_left, second_disabling = gc.disable, threading.Event(), threading.Event()
+
+    def disable():
+        if threading.current_thread().name == "second":
+            second_disabling.set()
+            first_left.wait(2)
+        real_disable()
+
+    monkeypatch.setattr(collector.gc, "disable", disable)
+    first_inside = threading.Event()
+
+    def first():
+        with collector.collection_paused():
+            first_inside.set()
+            second_disabling.wait(0.5)  # never set where the second finds collection paused
+        first_left.set()
+
+    def second():
+        first_inside.wait(5)
+        with collector.collection_paused():
+            pass
+
+    threads = [threading.Thread(target=first, name="first"),
+               threading.Thread(target=second, name="second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    enabled = gc.isenabled()
+    gc.enable()
+    assert enabled
+
+
+def test_overlapping_warning_blocks_leave_the_filters_as_they_were():
+    # catch_warnings swaps the process-wide filter list: overlapping blocks put back each
+    # other's temporary list, and an "ignore everything" filter stayed installed.
+    from graphopt.warning_scope import warnings_as
+
+    before = list(warnings.filters)
+    finished = threading.Event()
+    first_inside = threading.Event()
+
+    def one():
+        with warnings_as("ignore"):
+            first_inside.set()
+            finished.wait(0.2)  # thread two waits for the lock meanwhile
+
+    def two():
+        first_inside.wait(5)
+        with warnings_as("error", UserWarning):
+            pass
+        finished.set()
+
+    threads = [threading.Thread(target=one), threading.Thread(target=two)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert warnings.filters == before

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from itertools import islice
 
 import onnx
@@ -13,6 +12,7 @@ from graphopt.ir.onnx_io import graph_protos, read_type, to_onnx
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
 from graphopt.protowire import varint
+from graphopt.warning_scope import warnings_as
 
 # Initializers at most this large keep their data during inference so that data propagation
 # (Shape→Gather→Concat→Reshape) can see them; larger ones go in as typed inputs to avoid copying
@@ -90,8 +90,7 @@ def infer_shapes(model: Model) -> int:
     for _ in range(_CONTRIB_ROUNDS):
         proto = weightless_proto(model)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings_as("ignore"):
                 inferred = onnx.shape_inference.infer_shapes(
                     proto, check_type=False, strict_mode=False,
                     data_prop=not _long_vectors(proto.graph))

@@ -4,7 +4,6 @@ with chosen intermediates exposed as extra outputs."""
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, parse_input_shapes, validate_input_shapes
 from graphopt.nchwc_block import block_mismatch
+from graphopt.warning_scope import warnings_as
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,7 @@ def load_candidate(model) -> Side:
     path = os.fspath(model)
     if not (path.lower().endswith(".om") or (os.path.isfile(path) and is_om(path))):
         return _deployed(_onnx_side(None, path))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_as("always", record=True) as caught:
         session = load(path)  # warns when an NPU partition stands in on the CPU provider
     artifact = session.artifact
     by_profile = {p["name"]: _om_tensors(artifact.profile(p["name"]))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
 from graphopt.tuner.cpu_model import CpuCostModel, node_work, op_class
+from graphopt.warning_scope import warnings_as
 
 _ORT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -147,8 +147,7 @@ def _cost_model(calibration) -> tuple[CpuCostModel, str, list[str]]:
         defaults = ("the cpu target profile's figures (run `graphopt calibrate --target cpu` "
                     "for this machine's)")
         return CpuCostModel(), defaults, []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_as("always", record=True) as caught:
         result = CalibrationResult.load(path)
     notes = [str(w.message) for w in caught]
     source = (f"calibration {path} ({result.threads} thread(s), "
@@ -228,8 +227,8 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
                 workdir) -> Profile:
     from graphopt.codegen.runtime import OmSession
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")  # e.g. an NPU partition standing in on the CPU provider
+    # e.g. an NPU partition standing in on the CPU provider
+    with warnings_as("always", record=True) as caught:
         session = OmSession(path, intra_op_num_threads=threads, optimization_level=level,
                             profile_dir=workdir)
     notes = [str(w.message) for w in caught]

@@ -337,14 +337,12 @@ def host_cost_model(target, device) -> CpuCostModel:
 def _calibrated(path: str, stamp: int) -> CpuCostModel | None:
     """The calibration at `path` as of `stamp`; None when it does not load (the caller falls
     back to the profile's figures: a damaged file must not stop a compile)."""
-    import warnings
-
     from graphopt.errors import GraphoptError
     from graphopt.tuner.calibrate import CalibrationResult
+    from graphopt.warning_scope import warnings_as
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a stale calibration is still the best figure here
+        with warnings_as("ignore"):  # a stale calibration is still the best figure here
             return CalibrationResult.load(path).cost_model()
     except GraphoptError:
         return None
