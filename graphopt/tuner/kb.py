@@ -31,6 +31,7 @@ from graphopt.tuner.search import (
     step_distributions,
     tiling_params,
     trial_tiling,
+    written_trials,
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
 from graphopt.tuner.storage import open_storage
@@ -84,17 +85,10 @@ def best_tilings(storage: Any, target: str, *,
     out = {}
     for name, sig in _kernel_studies(storage, target):
         study = optuna.load_study(study_name=name, storage=storage)
-        for trial in sorted(_completed(study), key=lambda t: (t.value, t.number)):
-            try:
-                tiling = trial_tiling(trial, name)
-            except OptionError:
-                if skipped is None:
-                    raise
-                skipped.append(f"{name} #{trial.number}")
-                continue
-            if sig not in out or trial.value < out[sig][1]:
-                out[sig] = (tiling, float(trial.value))
-            break
+        written = written_trials(_completed(study), name, skipped)
+        if written and (sig not in out or written[0][0].value < out[sig][1]):
+            best, tiling = written[0]
+            out[sig] = (tiling, float(best.value))
     return out
 
 

@@ -156,14 +156,19 @@ def trial_tiling(trial: optuna.trial.FrozenTrial, study: str = "") -> Tiling:
                           "drop the trial") from None
 
 
-def written_trials(trials) -> list[tuple[optuna.trial.FrozenTrial, Tiling]]:
-    """(trial, tiling) of the trials that record a tiling graphopt wrote, best first."""
+def written_trials(trials, study: str = "", skipped: list[str] | None = None
+                   ) -> list[tuple[optuna.trial.FrozenTrial, Tiling]]:
+    """(trial, tiling) of the completed `trials` of `study`, best first. A trial graphopt did
+    not write is an OptionError, or, given a `skipped` list, left out and named there
+    ("study #number")."""
     found = []
     for trial in sorted(trials, key=lambda t: (t.value, t.number)):
         try:
-            found.append((trial, trial_tiling(trial)))
+            found.append((trial, trial_tiling(trial, study)))
         except OptionError:
-            continue
+            if skipped is None:
+                raise
+            skipped.append(f"{study} #{trial.number}")
     return found
 
 
@@ -416,7 +421,8 @@ def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneR
     completed = [t for t in study.get_trials(deepcopy=False,
                                              states=(optuna.trial.TrialState.COMPLETE,))
                  if t.value is not None]
-    written = written_trials(completed)  # another client's trial cannot be the best tiling
+    # Another client's trial cannot be the best tiling.
+    written = written_trials(completed, study.study_name, skipped=[])
     if written:
         top, tiling = written[0]
         best = (tiling, float(top.value))
