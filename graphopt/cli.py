@@ -22,6 +22,7 @@ from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_types import target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError
+from graphopt.terminal_text import escaped_output
 
 EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.om
@@ -136,7 +137,7 @@ def _cmd_optimize(args) -> int:
                           "dump into")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
-    if args.memory_plot and not args.memory_plot.endswith((".png", ".svg")):
+    if args.memory_plot and not args.memory_plot.lower().endswith((".png", ".svg")):
         raise OptionError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
     if (args.memory_plot or args.memory_reorder) and not (args.target or args.output.endswith(".om")):
         raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
@@ -476,6 +477,12 @@ def main(argv: list[str] | None = None) -> int:
         extra = [text for text in extra if text.startswith("-")]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    with escaped_output():  # names from the models reach the messages: none acts on a terminal
+        return _run_command(args)
+
+
+def _run_command(args) -> int:
+    """The command's exit status; errors are reported in one line, tracebacks only on request."""
     try:
         with _terminate_as_interrupt():
             return args.func(args)

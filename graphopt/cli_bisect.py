@@ -8,6 +8,7 @@ import math
 import sys
 
 from graphopt.cli_types import target_name, tolerance
+from graphopt.errors import one_line
 
 EXAMPLES = """examples:
   graphopt bisect model.onnx                        # -O2, seeded random inputs
@@ -92,15 +93,15 @@ def format_result(result) -> str:
             where += f", fixed-point iteration {result.iteration}"
         lines.append(f"culprit pass:    {result.pass_name} ({where})")
         if result.granularity == "rewrite":
-            lines.append(f"culprit rewrite: {result.rule} at {result.anchor} (rewrite "
-                         f"{result.rewrite_in_run} of {result.rewrites_in_run} in that run, "
-                         f"{result.rewrite} of {result.total_rewrites} overall)")
+            lines.append(one_line(f"culprit rewrite: {result.rule} at {result.anchor} (rewrite "
+                                  f"{result.rewrite_in_run} of {result.rewrites_in_run} in that "
+                                  f"run, {result.rewrite} of {result.total_rewrites} overall)"))
         else:
             lines.append("culprit rewrite: none to name: the pass asks no rewrite gate, so it "
                          "has no finer granularity than the pass run")
         if result.enabled_by:
             lines.append(f"it breaks outputs only after {result.enabled_by}")
-    lines.append(f"outputs then:    {result.problem}")
+    lines.append(one_line(f"outputs then:    {result.problem}"))
     if result.granularity != "import":
         lines += [""] + _block("before (- removed, context unmarked):", result.before_lines)
         lines += _block("after (+ created):", result.after_lines)

@@ -4,6 +4,7 @@ unwritable path, and an output must never replace one of the command's own input
 from __future__ import annotations
 
 import os
+import tempfile
 
 from graphopt.errors import OptionError
 
@@ -21,6 +22,22 @@ def check_output_path(option: str, path: str, inputs: dict[str, str | None] | No
         if source is not None and _same_file(path, source):
             raise OptionError(f"{option} {path}: would overwrite {what} ({source}); write the "
                               "output elsewhere")
+    _check_writable(option, path, directory)
+
+
+def _check_writable(option: str, path: str, directory: str) -> None:
+    """OptionError when no file can be created in `directory`: found now, not after the work.
+    The output is written there as a temporary file renamed into place (graphopt.atomic), so
+    a file of that kind is what is tried; permission bits alone do not tell (root, read-only
+    mounts, /proc)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
+                                     suffix=".tmp")
+    except OSError as exc:
+        raise OptionError(f"{option} {path}: cannot create a file in {directory} "
+                          f"({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _same_file(a: str, b: str) -> bool:

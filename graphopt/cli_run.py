@@ -8,7 +8,7 @@ import os
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import non_negative_int
-from graphopt.errors import InputError, OptionError
+from graphopt.errors import InputError, OptionError, one_line
 from graphopt.warning_scope import warnings_as
 
 DEFAULT_WARMUP = 3
@@ -156,7 +156,8 @@ def _cmd_run(args) -> int:
 
         chosen = session.profile_for(feeds)
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
-        print(f"shape profile {chosen} ({dims_label(dims)}) of {len(session.artifact.profiles)}")
+        print(one_line(f"shape profile {chosen} ({dims_label(dims)}) of "
+                       f"{len(session.artifact.profiles)}"))
     types = {e["name"]: e["type"] for e in session.outputs if "type" in e}
     if args.repeat is not None:
         samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)

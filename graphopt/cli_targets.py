@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, one_line
 from graphopt.table import format_table
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` builds this parser without them
@@ -63,7 +63,7 @@ def format_targets(targets: list[Target]) -> str:
 
 
 def describe_target(t: Target) -> str:
-    lines = [f"{t.name}: {t.description}", f"file: {t.path}"]
+    lines = [one_line(f"{t.name}: {t.description}"), one_line(f"file: {t.path}")]
     if t.primary == t.host:
         lines.append(f"runs everything on {t.primary}")
     else:

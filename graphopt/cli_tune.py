@@ -115,7 +115,7 @@ def _check_plot(path: str, args) -> None:
     from graphopt.tuner.storage import sqlite_path
 
     # Checked up front: the picture is drawn after the tuning, which can take hours.
-    if not path.endswith((".png", ".svg")):
+    if not path.lower().endswith((".png", ".svg")):
         raise OptionError(f"--plot {path}: the picture must end in .png or .svg")
     check_output_path("--plot", path, {"the model": args.model,
                                        "the knowledge base": sqlite_path(_storage(args))})

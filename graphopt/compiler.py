@@ -303,11 +303,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                             notes=import_notes + ctx.notes)
     record_tuning(result, tuning_db, tuned)
     if ctx.tracer is not None:
-        from graphopt.passes.rules import quiet_rule_reasons
+        from graphopt.passes.rules import quiet_rule_reasons, rule_fire_counts
 
-        why = quiet_rule_reasons(ctx.tracer.rules, pipeline.pass_names(), log,
+        why = quiet_rule_reasons(ctx.tracer.rules, pipeline.pass_names(),
                                  set(options.disabled_passes), options.level)
-        result.traces = ctx.tracer.report(why_none=why)
+        result.traces = ctx.tracer.report(why_none=why, fired=rule_fire_counts(log))
     if source is not None:
         try:
             from graphopt.tools.accuracy_rule import accuracy_rule

@@ -15,12 +15,16 @@ class ProgressLine:
         self.terminal = enabled and sys.stderr.isatty()
         self._tenth = -1
         self._shown = False
+        self._width = 0  # of the line on screen, which a shorter update must cover
 
     def update(self, text: str, done: int, total: int) -> None:
         if not self.enabled:
             return
         if self.terminal:
-            print(f"\r{text} ", end="", file=sys.stderr, flush=True)
+            # A shorter line ("best 9.50 µs" after "best 125.43 µs") is padded over the
+            # longer one's tail, which a carriage return alone would leave on screen.
+            print(f"\r{text.ljust(self._width)}", end="", file=sys.stderr, flush=True)
+            self._width = max(self._width, len(text))
             self._shown = True
             return
         tenth = done * 10 // max(total, 1)
@@ -33,3 +37,4 @@ class ProgressLine:
         if self._shown:
             print(file=sys.stderr)
             self._shown = False
+            self._width = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from graphopt.errors import one_line
 
 
@@ -10,11 +12,11 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None)
     # would break the table or act on the terminal, so control characters are shown escaped.
     cells = [[one_line(str(h)) for h in headers]] + \
         [["" if c is None else one_line(str(c)) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
     numeric = [all(_is_number(r[i]) for r in cells[1:] if r[i]) for i in range(len(headers))]
 
     def line(row: list[str]) -> str:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric)]
+        parts = [_padded(c, w, num) for c, w, num in zip(row, widths, numeric)]
         return "  ".join(parts).rstrip()
 
     out = [title] if title else []
@@ -22,6 +24,20 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None)
     out.append("  ".join("-" * w for w in widths))
     out.extend(line(r) for r in cells[1:])
     return "\n".join(out)
+
+
+def display_width(text: str) -> int:
+    """The columns `text` takes on a terminal: two for each wide (CJK, most emoji) character,
+    none for combining marks, which draw over the character before them."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _padded(text: str, width: int, right: bool) -> str:
+    pad = " " * (width - display_width(text))
+    return pad + text if right else text + pad
 
 
 def _is_number(text: str) -> bool:

@@ -122,6 +122,8 @@ def test_a_failed_write_of_optimize_is_a_one_line_error(files, capsys, monkeypat
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(atomic.tempfile, "mkstemp", read_only)
+    # The folder passes the check before the compile (the disk fails only afterwards).
+    monkeypatch.setattr("graphopt.cli_paths._check_writable", lambda *_: None)
     for output in ("o.onnx", "o.om"):
         rc, _, err = run_cli(capsys, "optimize", files["model"], "-o", tmp_path / output, "-q")
         assert rc == 1, err

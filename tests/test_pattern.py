@@ -680,6 +680,16 @@ def test_cli_disable_pass_accepts_a_rule_name(tmp_path, capsys):
     assert "GeluTanh=1" in out
 
 
+def test_cli_trace_rule_that_fired_says_so_and_lists_no_node_it_fused(tmp_path, capsys):
+    # The Muls inside the GELU were tried as roots before the Mul that ends it matched: near-
+    # misses at nodes the rule itself then removed, which read as "the rule failed".
+    rc, out, err = cli(capsys, "optimize", save(tmp_path, GELU_PAIR), "-o",
+                       tmp_path / "out.onnx", "--trace-rule", "GeluTanh")
+    assert rc == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("trace GeluTanh:")]
+    assert lines == ["trace GeluTanh: fired 1 time(s), and no other candidate came close"], out
+
+
 def test_cli_passes_lists_rules_with_their_pass(capsys):
     rc, out, _ = cli(capsys, "passes")
     assert rc == 0

@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 from helpers import conv_classifier, conv_topk_model, parse_model, run_cli
 
@@ -245,6 +246,34 @@ def test_subgraph_study_needs_the_source_model(built, capsys, tmp_path):
     tuning = Page(section(text, "tuning")).plain
     assert "keyed by the source model's bytes: give --reference MODEL.onnx" in tuning
     assert "ascend310/gemm/b1_m1_k32_n64/float16" in tuning
+
+
+def test_a_named_study_gives_the_curve_and_the_storage_shows_as_given(capsys, tmp_path):
+    # `tune --study NAME` keeps a kernel's trials under NAME, not its signature.
+    model = tmp_path / "mm.onnx"
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+        [numpy_helper.from_array(weight(128, 64), "w")]),
+        opset_imports=[helper.make_opsetid("", 17)]), model)
+    om, db = tmp_path / "mm.om", tmp_path / "kb.db"
+    assert main(["optimize", str(model), "-o", str(om), "--target", "ascend310", "-q"]) == 0
+    assert main(["tune", str(model), "--target", "ascend310", "--trials", "3", "--tuning-db",
+                 str(db), "--study", "mine", "-q"]) == 0
+    capsys.readouterr()
+    text, _, stdout = report(capsys, tmp_path, om, "--tuning-db", db)
+    tuning = section(text, "tuning")
+    assert len(svgs(tuning)) == 1
+    assert f"storage <code>{db}</code>" in tuning  # not the read-only URL it was opened by
+    assert "tuning: 1/1 kernel signature(s) with studies" in stdout
+
+
+def test_a_database_url_is_shown_without_its_password():
+    from graphopt.tools.report_data import _shown_storage
+
+    shown = _shown_storage("postgresql://tuner:s3cret@db.example:5432/kb")
+    assert "s3cret" not in shown and shown.startswith("postgresql://tuner:")
 
 
 def test_cpu_target_has_nothing_to_op_tune(built, capsys, tmp_path):

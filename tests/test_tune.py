@@ -361,6 +361,21 @@ def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_progress_on_a_terminal_covers_a_longer_earlier_line(capsys):
+    from graphopt.progress import ProgressLine
+
+    line = ProgressLine()
+    line.terminal = True  # capsys is no terminal
+    line.update("trial 1/2, best 125.43 µs", 1, 2)
+    line.update("trial 2/2, best 9.50 µs", 2, 2)
+    line.finish()
+    err = capsys.readouterr().err
+    # What a terminal shows: the last carriage return's line, written over the first.
+    first, last = err.rstrip("\n").split("\r")[1:]
+    shown = last + first[len(last):]
+    assert shown.rstrip() == "trial 2/2, best 9.50 µs"
+
+
 def test_seeds_past_numpys_bound_wrap_and_the_cli_refuses_them(a310, tmp_path, capsys):
     # A rerun seeds the sampler with seed + the trials already done: the largest seed the CLI
     # takes, plus the enqueued default, passed numpy's 2**32 bound.

@@ -13,6 +13,7 @@ from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
+from graphopt.errors import one_line
 from graphopt.table import format_table
 
 _TOP_OPS = 4  # op types shown per partition in the text form; --json has them all
@@ -280,7 +281,7 @@ def format_om(artifact: OmArtifact) -> str:
     header = [
         ("format", (f"{m['format']} {m['format_version']}, written by {m['created_by']} "
                     f"{m['graphopt_version']}")),
-        ("source", f"{source['path'] or '(not recorded)'}"
+        ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
         ("target", m["target"]),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "

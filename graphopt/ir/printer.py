@@ -16,6 +16,24 @@ from graphopt.ir.value import Value
 
 _INDENT = "  "
 
+# Characters the printed form gives a meaning to: a name holding one (or a character that does
+# not print) is quoted, so that `Concat(%"p, %q")` never reads as two inputs.
+_SYNTAX = frozenset(' ,()%=#"<>{}\\')
+
+
+def quote_name(name: str) -> str:
+    """`name` as the printed IR shows it: as it is, or in double quotes with backslash escapes
+    where it is empty or holds syntax, spaces or characters that do not print."""
+    if name and name.isprintable() and _SYNTAX.isdisjoint(name):
+        return name
+    return '"' + "".join(_escaped(c) for c in name) + '"'
+
+
+def _escaped(char: str) -> str:
+    if char in '"\\':
+        return "\\" + char
+    return char if char.isprintable() else repr(char)[1:-1]
+
 
 def format_type(value: Value) -> str:
     if value.type_proto is not None:
@@ -53,7 +71,7 @@ def _format_type_proto(tp: TypeProto) -> str:
 
 
 def format_value(value: Value | None) -> str:
-    return "None" if value is None else f"%{value.name}"
+    return "None" if value is None else f"%{quote_name(value.name)}"
 
 
 def _format_attr_value(attr: Attr, depth: int) -> str:
@@ -75,9 +93,9 @@ def _format_attr_value(attr: Attr, depth: int) -> str:
     if kind == AttributeProto.TENSORS:
         return "[" + ",".join(_format_tensor(t) for t in value) + "]"
     if kind == AttributeProto.GRAPH:
-        return "graph " + value.name
+        return "graph " + quote_name(value.name)
     if kind == AttributeProto.GRAPHS:
-        return "[" + ",".join("graph " + g.name for g in value) + "]"
+        return "[" + ",".join("graph " + quote_name(g.name) for g in value) + "]"
     if kind in (AttributeProto.SPARSE_TENSOR, AttributeProto.SPARSE_TENSORS,
                 AttributeProto.TYPE_PROTO, AttributeProto.TYPE_PROTOS):
         data = value if isinstance(value, list) else [value]
@@ -99,39 +117,46 @@ def _format_tensor(tensor: Tensor) -> str:
     return f"{tensor.dtype.short}[{dims}]#{tensor.digest()}"
 
 
-def format_node(node: Node) -> str:
-    outputs = ", ".join(
-        "None" if v is None else f"%{v.name}<{format_type(v)}>" for v in node.outputs)
+def format_node(node: Node, *, types: bool = True, name: bool = True) -> str:
+    """The node's line; `types=False` leaves out its outputs' types, `name=False` its name."""
+    outputs = ", ".join("None" if v is None else
+                        f"%{quote_name(v.name)}" + (f"<{format_type(v)}>" if types else "")
+                        for v in node.outputs)
     inputs = ", ".join(format_value(v) for v in node.inputs)
-    line = f"{outputs} = {node.qualified_op}({inputs})"
+    line = f"{outputs} = {_op(node)}({inputs})"
     if node.attrs:
-        attrs = ", ".join(f"{name}={_format_attr_value(attr, 0)}"
-                          for name, attr in sorted(node.attrs.items()))
+        attrs = ", ".join(f"{quote_name(key)}={_format_attr_value(attr, 0)}"
+                          for key, attr in sorted(node.attrs.items()))
         line += " {" + attrs + "}"
-    if node.name:
-        line += f"  # {node.name}"
+    if node.name and name:
+        line += f"  # {quote_name(node.name)}"
     return line
+
+
+def _op(node: Node) -> str:
+    op = node.qualified_op
+    return op if op.isprintable() and _SYNTAX.isdisjoint(op) else quote_name(op)
 
 
 def format_graph(graph: Graph, depth: int = 0) -> list[str]:
     pad = _INDENT * depth
-    lines = [f"{pad}graph {graph.name} ("]
+    lines = [f"{pad}graph {quote_name(graph.name)} ("]
     for value in graph.inputs:
         default = f" = {_format_tensor(value.const)}" if value.const is not None else ""
-        lines.append(f"{pad}{_INDENT}%{value.name}<{format_type(value)}>{default}")
+        lines.append(f"{pad}{_INDENT}%{quote_name(value.name)}<{format_type(value)}>{default}")
     lines.append(f"{pad}) {{")
     for value in graph.initializers.values():
         if value.is_input:
             continue
         data = (_format_tensor(value.const) if value.const is not None
                 else "sparse")
-        lines.append(f"{pad}{_INDENT}%{value.name}<{format_type(value)}> = initializer {data}")
+        lines.append(f"{pad}{_INDENT}%{quote_name(value.name)}<{format_type(value)}> = initializer {data}")
     for node in graph:
         lines.append(pad + _INDENT + format_node(node))
         for attr in sorted(node.attrs.values(), key=lambda a: a.name):
             for sub in attr.graphs():
                 lines.extend(format_graph(sub, depth + 2))
-    outputs = ", ".join(f"%{v.name}<{format_type(v)}>" for v in graph.outputs)
+    outputs = ", ".join(f"%{quote_name(v.name)}<{format_type(v)}>" for v in graph.outputs)
     lines.append(f"{pad}{_INDENT}return {outputs}")
     lines.append(f"{pad}}}")
     return lines

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from graphopt.codegen.om_manifest import dtype_name
+from graphopt.errors import one_line
 from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
 from graphopt.ir.pattern import Match, Matcher, Miss, OpPattern, PatternBuilder, Var
 from graphopt.opcheck import runtime_schemas
@@ -203,20 +204,31 @@ class Tracer:
         if rule in self.rules:
             self.misses[rule].append(miss)
 
-    def report(self, limit: int = 5, why_none: dict[str, str] | None = None) -> list[str]:
-        """The closest near-misses of each traced rule; for a rule without any, `why_none`'s
-        reason (its pass did not run, it fired, it was switched off) or the plain fact."""
+    def report(self, limit: int = 5, why_none: dict[str, str] | None = None,
+               fired: dict[str, int] | None = None) -> list[str]:
+        """The closest near-misses of each traced rule, after how often it `fired`; for a rule
+        without any, `why_none`'s reason (its pass did not run, it was switched off) or the
+        plain fact."""
         lines = []
         for rule in sorted(self.rules):
-            # A root missed again in a later fixed-point round is one near-miss.
-            distinct = {(id(m.root), m.reason): m for m in self.misses.get(rule, [])}
+            # A root missed again in a later fixed-point round is one near-miss; a root that a
+            # rewrite removed since (a Mul inside a GELU this rule then fused) is none at all.
+            distinct = {(id(m.root), m.reason): m for m in self.misses.get(rule, [])
+                        if m.root.graph is not None}
             misses = sorted(distinct.values(), key=lambda m: -m.depth)[:limit]
-            if not misses:
+            count = (fired or {}).get(rule, 0)
+            if count:
+                lines.append(f"trace {rule}: fired {count} time(s)"
+                             + ("; the closest misses elsewhere:" if misses
+                                else ", and no other candidate came close"))
+            elif not misses:
                 reason = (why_none or {}).get(rule, "no candidate root in the graph")
                 lines.append(f"trace {rule}: {reason}")
             for miss in misses:
-                lines.append(f"trace {rule}: at {miss.root.qualified_op} '{miss.root.name}' "
-                             f"(matched {miss.depth} pattern node(s)): {miss.reason}")
+                # Names from the model, in the root's and the reason's text: one line, escaped.
+                lines.append(one_line(f"trace {rule}: at {miss.root.qualified_op} "
+                                      f"'{miss.root.name}' (matched {miss.depth} pattern "
+                                      f"node(s)): {miss.reason}"))
         return lines
 
 
@@ -362,15 +374,11 @@ def rule_passes() -> dict[str, str]:
             for rule in getattr(cls, "rules", ())}
 
 
-def quiet_rule_reasons(rules: set[str], ran: list[str], log, disabled: set[str],
+def quiet_rule_reasons(rules: set[str], ran: list[str], disabled: set[str],
                        level: int) -> dict[str, str]:
     """Why each of `rules` may have left no near-miss: its pass is not in the pipeline that
-    ran (`ran`), it or its pass was switched off, or it fired (the pass log counts it)."""
+    ran (`ran`), or it or its pass was switched off."""
     owners = rule_passes()
-    fired: dict[str, int] = defaultdict(int)
-    for record in log.records:
-        for name, count in record.stats.items():
-            fired[name] += count
     reasons = {}
     for rule in rules:
         owner = owners.get(rule)
@@ -378,6 +386,13 @@ def quiet_rule_reasons(rules: set[str], ran: list[str], log, disabled: set[str],
             reasons[rule] = f"switched off ({rule if rule in disabled else owner} is disabled)"
         elif owner is not None and owner not in ran:
             reasons[rule] = f"its pass {owner} does not run at -O{level}"
-        elif fired.get(rule):
-            reasons[rule] = f"fired {fired[rule]} time(s), and no other candidate came close"
     return reasons
+
+
+def rule_fire_counts(log) -> dict[str, int]:
+    """How many times each rule fired, as the pass log counts it."""
+    fired: dict[str, int] = defaultdict(int)
+    for record in log.records:
+        for name, count in record.stats.items():
+            fired[name] += count
+    return dict(fired)

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from graphopt.errors import one_line
 from graphopt.ir import Model, Node, Value
 from graphopt.tools.profile import Profile
 from graphopt.tools.profile_match import EXACT
@@ -220,9 +221,9 @@ def _fallbacks(profile: Profile) -> list[Hint]:
     host_share = sum(share for _, _, share in host)
     reasons = "; ".join(f"{', '.join(f'{op} ×{n}' for op, n in ops.items())}: {reason}"
                         for reason, ops in by_reason.items())
-    text = (f"{len(fallbacks)} node(s) placed on the CPU instead of the {record.get('target', '?')} "
-            f"NPU, in {len(host)} host partition(s) taking {host_us:.1f} µs/run "
-            f"({host_share:.0%} of kernel time) — {reasons}")
+    text = one_line(f"{len(fallbacks)} node(s) placed on the CPU instead of the "
+                    f"{record.get('target', '?')} NPU, in {len(host)} host partition(s) taking "
+                    f"{host_us:.1f} µs/run ({host_share:.0%} of kernel time) — {reasons}")
     return [Hint("fallback", text, {"nodes": len(fallbacks), "host_partitions": len(host),
                                     "us_per_run": host_us, "share": host_share,
                                     "reasons": {r: dict(ops) for r, ops in by_reason.items()}})]

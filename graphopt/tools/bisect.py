@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
 from graphopt import numerics
-from graphopt.errors import InputError, OptionError
+from graphopt.errors import InputError, OptionError, one_line
 from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input_shapes,
                                    validate_input_shapes)
 from graphopt.ir import to_onnx
@@ -95,7 +95,7 @@ class _Evaluator:
             mismatches = numerics.compare(self.expected, actual, self.rtol, self.atol)
             problem = "; ".join(str(m) for m in mismatches[:3]) or None
         verdict = "ok" if problem is None else f"outputs differ: {problem}"
-        self.progress(f"bisect: evaluation {self.count}: {what}: {verdict}")
+        self.progress(one_line(f"bisect: evaluation {self.count}: {what}: {verdict}"))
         return problem
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from graphopt.ir import Model, Node, Value
-from graphopt.ir.printer import _format_tensor, format_node, format_type
+from graphopt.ir.printer import _format_tensor, format_node, format_type, quote_name
 
 REMOVED, CREATED, CONTEXT = "- ", "+ ", "  "
 
@@ -32,7 +32,7 @@ def _entries(model: Model) -> list[_Entry]:
             if value.is_input or value.const is None:
                 continue
             data = _format_tensor(value.const)
-            line = f"%{value.name}<{format_type(value)}> = initializer {data}"
+            line = f"%{quote_name(value.name)}<{format_type(value)}> = initializer {data}"
             entries.append(_Entry(line, value=value))
     entries += [_Entry(format_node(node), node=node) for node in model.graph.all_nodes()]
     return entries

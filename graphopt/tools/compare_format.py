@@ -8,7 +8,7 @@ import json
 import math
 
 from graphopt.atomic import atomic_write_bytes
-from graphopt.errors import GraphoptError
+from graphopt.errors import GraphoptError, one_line
 from graphopt.table import format_table
 from graphopt.tools.compare import CompareReport, Row
 
@@ -70,9 +70,9 @@ def format_report(report: CompareReport) -> str:
         if first is not None:
             where = f" in partition {first.partition}" if first.partition else ""
             line += f"; first failure in graph order: {first.name} ({first.producer}{where})"
-        lines.append(line)
+        lines.append(one_line(line))  # names from the model: one line, escaped
     lines.append("result: PASS" if report.passed else
-                 f"result: FAIL ({', '.join(r.name for r in failed)})")
+                 one_line(f"result: FAIL ({', '.join(r.name for r in failed)})"))
     return "\n".join(lines)
 
 

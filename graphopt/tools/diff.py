@@ -121,7 +121,8 @@ def diff_models(a: Model | ModelProto, b: Model | ModelProto, *, label_a: str = 
         before, after = format_node(na), format_node(nb)
         # A new name alone is no change, nor a type one side leaves unknown (an import infers
         # every value's type: a model against its first dump would be all changes).
-        if _unnamed(before, na) != _unnamed(after, nb) and not _only_inferred(na, nb):
+        if (format_node(na, name=False) != format_node(nb, name=False)
+                and not _only_inferred(na, nb)):
             diff.changed.append(NodeChange(nb.name, na.name, na.qualified_op, nb.qualified_op,
                                            before, after, scope))
     diff.removed = [NodeEntry(n.name, n.qualified_op, format_node(n), s) for s, n in only_a]
@@ -226,18 +227,10 @@ def _likeness(a: Node, b: Node) -> tuple[int, int]:
 
 def _only_inferred(a: Node, b: Node) -> bool:
     """Whether `a` and `b` print alike but for output types one of them leaves unknown."""
-    def body(node: Node) -> str:  # the line from the op on, the outputs' types left out
-        return _unnamed(format_node(node), node).split(" = ", 1)[1]
-
-    if body(a) != body(b) or [v and v.name for v in a.outputs] != [v and v.name
-                                                                   for v in b.outputs]:
+    if format_node(a, types=False, name=False) != format_node(b, types=False, name=False):
         return False
     return all(va is None or vb is None or va.dtype is None or vb.dtype is None
                or format_type(va) == format_type(vb) for va, vb in zip(a.outputs, b.outputs))
-
-
-def _unnamed(line: str, node: Node) -> str:
-    return line.removesuffix(f"  # {node.name}") if node.name else line
 
 
 def _structure(scope: str, node: Node) -> tuple:

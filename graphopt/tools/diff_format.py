@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+from graphopt.errors import one_line
 from graphopt.table import format_table
 from graphopt.tools.diff import GraphDiff
 
 
 def format_diff(diff: GraphDiff, limit: int = 40) -> str:
     """Readable report; each list shows at most `limit` entries (0: all)."""
-    out = [f"A: {diff.label_a}  ({diff.nodes_a} nodes)",
-           f"B: {diff.label_b}  ({diff.nodes_b} nodes)"]
+    # Labels, scopes and names come from the command line and the models (any text): shown
+    # escaped, so that none can act on the terminal or pass for a line of the report.
+    out = [f"A: {one_line(diff.label_a)}  ({diff.nodes_a} nodes)",
+           f"B: {one_line(diff.label_b)}  ({diff.nodes_b} nodes)"]
     if diff.empty:
         out.append("no differences")
         return "\n".join(out)
     out.append(f"{len(diff.removed)} node(s) removed, {len(diff.added)} added, "
                f"{len(diff.changed)} changed")
 
-    sections = [("removed", diff.removed, lambda e: [f"  - {e.scope}{e.line}"]),
-                ("added", diff.added, lambda e: [f"  + {e.scope}{e.line}"]),
+    sections = [("removed", diff.removed, lambda e: [f"  - {one_line(e.scope)}{e.line}"]),
+                ("added", diff.added, lambda e: [f"  + {one_line(e.scope)}{e.line}"]),
                 ("changed", diff.changed,
-                 lambda c: [f"  {c.scope}{_renamed(c)}:", f"    - {c.before}",
+                 lambda c: [f"  {one_line(c.scope)}{_renamed(c)}:", f"    - {c.before}",
                             f"    + {c.after}"])]
     for title, entries, render in sections:
         if not entries:
@@ -61,7 +64,7 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
 
 def _renamed(change) -> str:
     before, after = change.name_before or "(unnamed)", change.name or "(unnamed)"
-    return after if before == after else f"{before} -> {after}"
+    return one_line(after if before == after else f"{before} -> {after}")
 
 
 def _types(before: str | None, after: str | None) -> str:

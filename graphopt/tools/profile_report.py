@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from graphopt.codegen.profile_match import dims_label
+from graphopt.errors import one_line
 from graphopt.table import format_table
 from graphopt.tools.advisor import Hint
 from graphopt.tools.profile import Profile
@@ -70,8 +71,8 @@ def _shape_profile(profile: Profile) -> list[str]:
     chosen = profile.shape_profile
     if not chosen:
         return []
-    return [f"shape profile {chosen['name']} ({dims_label(chosen['dims'])}) of {chosen['of']}: "
-            f"{chosen['how']}"]
+    return [one_line(f"shape profile {chosen['name']} ({dims_label(chosen['dims'])}) of "
+                     f"{chosen['of']}: {chosen['how']}")]
 
 
 def elide(name: str, width: int = 56) -> str:

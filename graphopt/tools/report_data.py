@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -210,7 +211,7 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
 
     # must_exist: a mistyped path would otherwise become an empty database with nothing tuned.
     store = open_storage(storage, option=option, read_only=True)
-    tuning = Tuning(storage=store.url)
+    tuning = Tuning(storage=_shown_storage(storage))
     manifest = artifact.manifest
     target = manifest["target"]
     signatures = model_signatures(artifact)
@@ -218,12 +219,12 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
         tuning.kernel_note = (f"this .om has no NPU cube kernel with static shapes (target "
                               f"{target}), so op tuning does not apply")
     else:
-        rows = {row["signature"]: row for row in list_kb(store)}
+        rows = _applied_studies(list_kb(store))
         for sig, count in sorted(signatures.items()):
             row = rows.get(sig)
             tuning.kernels.append({"signature": sig, "nodes": count, **(row or {"trials": 0})})
             if row and row["trials"]:
-                study = optuna.load_study(study_name=sig, storage=store)
+                study = optuna.load_study(study_name=row["study"], storage=store)
                 tuning.curves.append(Curve(sig, history(study), row["default_seconds"]))
         if not any(k["trials"] for k in tuning.kernels):
             tuning.kernel_note = (f"the storage has no study of this model's {len(signatures)} "
@@ -231,6 +232,31 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
                                   f"{target} --tuning-db FILE`")
     _gather_subgraph(tuning, store, target, source_file)
     return tuning
+
+
+def _shown_storage(storage) -> str:
+    """The storage as the user gave it (not the read-only URL it was opened by), with a
+    database URL's password masked."""
+    text = os.fspath(storage)
+    if "://" not in text:
+        return text
+    from sqlalchemy.engine import make_url
+
+    return make_url(text).render_as_string(hide_password=True)
+
+
+def _applied_studies(rows: list[dict]) -> dict[str, dict]:
+    """signature -> the knowledge-base row of the study whose best a compile applies: of
+    several studies of one kernel (`tune --study NAME` beside the default), the fastest, as
+    kb.best_tilings chooses."""
+    def best(row: dict) -> float:
+        return math.inf if row["best_seconds"] is None else row["best_seconds"]
+
+    chosen: dict[str, dict] = {}
+    for row in rows:
+        if row["signature"] not in chosen or best(row) < best(chosen[row["signature"]]):
+            chosen[row["signature"]] = row
+    return chosen
 
 
 def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None) -> None:

@@ -13,10 +13,10 @@ drawn as SVG, nodes coloured by partition, long linear chains collapsed on big g
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from html import escape
 
 import networkx as nx
 
+from graphopt.markup import escape
 from graphopt.tools.report_data import INPUT, OUTPUT, GraphData, OpNode
 
 # Partition fills, in execution order; chosen to stay apart for the few partitions a model has.

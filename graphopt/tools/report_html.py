@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import datetime
 from collections import Counter
-from html import escape
 
 from graphopt.codegen.inspect_om import format_bytes, format_ops, format_shape
 from graphopt.codegen.profile_match import dims_label
+from graphopt.markup import escape
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
 from graphopt.tools.report_graph import graph_svg, partition_colours
 from graphopt.tools.report_plan import plan_svg

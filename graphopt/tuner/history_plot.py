@@ -108,7 +108,7 @@ def histories_svg(series: Series, *, width: int = 720, height: int = 360,
     """Best-so-far cost / default cost vs trial as SVG text, one line per (name, history,
     default seconds), with ticks, axis labels and a legend; `kind` ("estimated", "measured")
     goes into the title."""
-    from html import escape
+    from graphopt.markup import escape
 
     fig = _history_figure(series, width, height, kind)
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{fig.width}" '

@@ -11,8 +11,8 @@ from __future__ import annotations
 import colorsys
 import struct
 import zlib
-from html import escape
 
+from graphopt.markup import escape
 from graphopt.passes.memory.plan import Plan
 
 _MARGIN = 24

@@ -1,0 +1,98 @@
+"""Text read from a model (names, dims) shown to a person: unambiguous, and never acting on the
+terminal or breaking the file it is written into."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import onnx
+import pytest
+from helpers import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from graphopt.cli_paths import check_output_path
+from graphopt.errors import OptionError
+from graphopt.ir import load_onnx
+from graphopt.ir.printer import format_node, quote_name
+from graphopt.table import display_width, format_table
+from graphopt.terminal_text import EscapingStream
+from graphopt.tools.diff import diff_models
+
+EVIL = "mm\x1b]0;pwned\x07\x1b[2J\nFAKE LINE \u202e"
+
+
+def concat_model(inputs: list[str], declared: list[str]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Concat", inputs, ["y"], axis=1, name="cat")], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in declared],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def evil_model(activation: str = "Relu") -> onnx.ModelProto:
+    weight = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], [EVIL], name=f"node {EVIL}"),
+         helper.make_node(activation, [EVIL], ["y"], name="act")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_names_holding_syntax_are_quoted_so_a_printed_line_reads_one_way():
+    one = load_onnx(concat_model(["p, %q"], ["p, %q"]))
+    two = load_onnx(concat_model(["p", "q"], ["p", "q"]))
+    assert format_node(next(iter(one.graph))) == '%y<f32> = Concat(%"p, %q") {axis=1}  # cat'
+    assert format_node(next(iter(two.graph))) == "%y<f32> = Concat(%p, %q) {axis=1}  # cat"
+    assert len(diff_models(one, two).changed) == 1
+    assert quote_name("/layer1/Conv_output_0") == "/layer1/Conv_output_0"
+    assert quote_name("onnx::Add_7") == "onnx::Add_7"
+    assert quote_name("") == '""'
+    assert quote_name('a"b\\c\n\x1b') == '"a\\"b\\\\c\\n\\x1b"'
+
+
+def test_the_cli_shows_control_characters_in_names_escaped(tmp_path, capsys):
+    source, other = tmp_path / "evil.onnx", tmp_path / "evil_sigmoid.onnx"
+    onnx.save(evil_model(), source)
+    onnx.save(evil_model("Sigmoid"), other)
+    rc, out, err = run_cli(capsys, "diff", source, other)
+    assert rc == 0 and "Sigmoid(%" in out
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "\u202e" not in out and "\\u202e" in out
+    assert not any(line.startswith("FAKE LINE") for line in out.splitlines())
+
+
+def test_an_escaping_stream_keeps_line_breaks_tabs_and_carriage_returns():
+    class Sink:
+        text = ""
+
+        def write(self, text):
+            self.text += text
+
+    sink = Sink()
+    stream = EscapingStream(sink)
+    assert stream.write("a\tb\r\nc\x1b[31m\x9b\u2066") == 13
+    assert sink.text == "a\tb\r\nc\\x1b[31m\\x9b\\u2066"
+
+
+def test_a_memory_plot_of_such_names_is_well_formed_svg(tmp_path, capsys):
+    source, plot = tmp_path / "evil.onnx", tmp_path / "plan.svg"
+    onnx.save(evil_model(), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "e.om",
+                         "--memory-plot", plot, "-q")
+    assert rc == 0, err
+    text = plot.read_text(encoding="utf-8")
+    ET.fromstring(text)  # XML refuses the control characters a raw name would bring
+    assert "\x1b" not in text
+
+
+def test_an_output_folder_that_takes_no_file_is_refused_before_the_work():
+    with pytest.raises(OptionError, match=r"--plot /proc/h\.png: cannot create a file in /proc"):
+        check_output_path("--plot", "/proc/h.png")
+
+
+def test_tables_pad_wide_characters_by_the_columns_they_take():
+    assert display_width("卷积") == 4 and display_width("e\u0301") == 1
+    lines = format_table(["name", "n"], [["卷积层", 1], ["conv", 22]]).splitlines()
+    assert [display_width(line) for line in lines] == [10, 10, 10, 10]
