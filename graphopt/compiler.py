@@ -18,7 +18,7 @@ from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisio
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
-from graphopt.ir.onnx_io import check_no_external_references
+from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import tensor_references
@@ -144,6 +144,27 @@ def _overridable_note(model: Model) -> list[str]:
             "fixes them at their values (it takes no such feed), as ATC fixes weights"]
 
 
+def _memory_model_sha256(model: ModelProto | bytes) -> str:
+    """The source hash the artifact records for a model given in memory: of its serialized
+    bytes; past protobuf's 2 GiB (a model onnx.load read with its external data), which no
+    one message serializes to, of its fields and main-graph elements serialized one by one."""
+    if isinstance(model, bytes):
+        return hashlib.sha256(model).hexdigest()
+    if model.ByteSize() < numerics.SERIALIZE_LIMIT:
+        return hashlib.sha256(model.SerializeToString()).hexdigest()
+    digest = hashlib.sha256()
+    for owner in (model, model.graph):
+        for descriptor, value in owner.ListFields():
+            if owner is model and descriptor.name == "graph":
+                continue
+            digest.update(descriptor.number.to_bytes(4, "little"))
+            for element in (value if is_repeated_field(descriptor) else [value]):
+                data = (element.SerializeToString()
+                        if descriptor.type == descriptor.TYPE_MESSAGE else repr(element).encode())
+                digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
 def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
     """Strict shape inference again, on the pinned model: a pin the graph cannot take (a batch of
     3 added to a [2, 4] weight) would otherwise compile, infer_shapes being best effort, into
@@ -261,8 +282,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     label = os.fspath(model) if is_path else "<model>"
     source_sha256 = None
     if not is_path:
-        data = model if isinstance(model, bytes) else model.SerializeToString()
-        source_sha256 = hashlib.sha256(data).hexdigest()
+        source_sha256 = _memory_model_sha256(model)
     ir_model = load_onnx(model, user_model=True)
     check_input(ir_model, label, options.allow_custom_ops)
     # The reference for verification, before any pin or pass; exported only when needed since

@@ -28,6 +28,10 @@ LEVELS = {
 }
 
 
+# The largest message protobuf serializes (2 GiB less one byte).
+SERIALIZE_LIMIT = (1 << 31) - 1
+
+
 def session(model: ModelProto | bytes | str, level: str = "disable", threads: int = 1,
             providers: list[str] | None = None, config: dict[str, str] | None = None,
             disabled_optimizers: list[str] | None = None) -> ort.InferenceSession:
@@ -40,6 +44,18 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     options.log_severity_level = 4  # failures raise; their log lines would only repeat them
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
+    if isinstance(model, ModelProto) and model.ByteSize() >= SERIALIZE_LIMIT:
+        # Past protobuf's 2 GiB one message cannot be serialized: onnxruntime reads the model
+        # from a file with its weights beside it, which it keeps mapped once the session is
+        # built (the folder can go then).
+        from graphopt.ir.external_data import save_onnx
+
+        with tempfile.TemporaryDirectory(prefix="graphopt-ort-") as folder:
+            path = os.path.join(folder, "model.onnx")
+            save_onnx(model, path, external=True)
+            return ort.InferenceSession(path, options,
+                                        providers=providers or ["CPUExecutionProvider"],
+                                        disabled_optimizers=disabled_optimizers or None)
     data = model.SerializeToString() if isinstance(model, ModelProto) else model
     return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"],
                                 disabled_optimizers=disabled_optimizers or None)

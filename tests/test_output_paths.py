@@ -200,6 +200,30 @@ def test_saving_over_the_models_own_data_keeps_the_result_usable(tmp_path):
                                rtol=1e-5)
 
 
+def test_saving_over_another_models_data_file_is_refused(tmp_path):
+    # in.onnx keeps its weights in out.onnx.data (a model renamed since it was saved): writing
+    # out.onnx with external data would replace them, and in.onnx would no longer load.
+    import onnx
+
+    from graphopt.errors import OptionError
+
+    proto, weight = _matmul_model(1)
+    source = tmp_path / "in.onnx"
+    onnx.save(proto, source, save_as_external_data=True, location="out.onnx.data",
+              size_threshold=0)
+    before = (tmp_path / "out.onnx.data").read_bytes()
+    result = graphopt.optimize(source)
+    with pytest.raises(OptionError, match=r"out\.onnx: saving here replaces .*out\.onnx\.data, "
+                                          r"which holds the weights of .*in\.onnx"):
+        graphopt.save(result, tmp_path / "out.onnx", external_data=True)
+    assert (tmp_path / "out.onnx.data").read_bytes() == before
+    assert not (tmp_path / "out.onnx").exists()
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(_run(source, x), x @ weight, rtol=1e-5)
+    graphopt.save(result, tmp_path / "elsewhere.onnx", external_data=True)
+    np.testing.assert_allclose(_run(tmp_path / "elsewhere.onnx", x), x @ weight, rtol=1e-5)
+
+
 def test_sigterm_mid_write_leaves_no_partial_file_and_exits_143(tmp_path, capsys, monkeypatch):
     # kill, docker stop and Kubernetes send SIGTERM: it is raised where the command is, as
     # Ctrl-C is, so the atomic write removes its temporary file.

@@ -144,6 +144,96 @@ def test_missing_or_short_external_data_is_an_input_error(tmp_path):
         load_onnx(path)
 
 
+def _one_weight_model(folder, location: str, entries: dict[str, str] | None = None,
+                      name: str = "m.onnx", shape=(4, 4)) -> str:
+    """A MatMul whose weight `w` names external data at `location` (plus `entries`)."""
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(shape))
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in {"location": location, **(entries or {})}.items():
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, shape[1]])], [tensor])
+    path = os.path.join(folder, name)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_external_data_reached_through_a_link_out_of_the_folder_is_refused(tmp_path):
+    outside, model = tmp_path / "outside", tmp_path / "model"
+    outside.mkdir()
+    model.mkdir()
+    (outside / "secret.bin").write_bytes(np.arange(16, dtype=np.float32).tobytes())
+    (model / "w.bin").symlink_to(outside / "secret.bin")
+    (model / "link").symlink_to(outside)
+    for location in ("w.bin", "link/secret.bin"):
+        path = _one_weight_model(str(model), location)
+        with pytest.raises(InputError, match=f"location '{location}' leads out of the model's "
+                                             "folder through a symbolic link"):
+            optimize(path)
+
+
+def test_a_linked_model_may_read_data_beside_the_file_it_links_to(tmp_path):
+    # A Hugging Face cache: snapshots/ holds links to the model and its data, both in blobs/.
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    blobs.mkdir()
+    snapshot.mkdir(parents=True)
+    weight = np.arange(16, dtype=np.float32).reshape(4, 4)
+    (blobs / "data").write_bytes(weight.tobytes())
+    real = _one_weight_model(str(blobs), "m.onnx.data", name="model")
+    (snapshot / "m.onnx").symlink_to(real)
+    (snapshot / "m.onnx.data").symlink_to(blobs / "data")
+    x = np.ones((2, 4), np.float32)
+    result = optimize(str(snapshot / "m.onnx"))
+    np.testing.assert_array_equal(numerics.run(to_onnx(result.model), {"x": x})["y"], x @ weight)
+
+
+def test_external_data_without_a_length_takes_what_the_tensor_needs(tmp_path):
+    # Two weights in one file, offsets only: onnx.proto makes the length optional.
+    weight = np.arange(16, dtype=np.float32).reshape(4, 4)
+    (tmp_path / "w.bin").write_bytes(b"\0" * 64 + weight.tobytes() + b"\0" * 32)
+    path = _one_weight_model(str(tmp_path), "w.bin", {"offset": "64"})
+    x = np.ones((2, 4), np.float32)
+    result = optimize(path)
+    np.testing.assert_array_equal(numerics.run(to_onnx(result.model), {"x": x})["y"], x @ weight)
+
+
+def test_external_data_that_is_a_folder_or_starts_past_the_end_is_named(tmp_path):
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(InputError, match="initializer 'w': external data location 'weights' is "
+                                         "not a file"):
+        optimize(_one_weight_model(str(tmp_path), "weights", {"length": "64"}))
+    (tmp_path / "w.bin").write_bytes(b"\0" * 64)
+    with pytest.raises(InputError, match=r"external data offset 1000 lies past the end of "
+                                         r"'w\.bin' \(64 bytes\)"):
+        optimize(_one_weight_model(str(tmp_path), "w.bin", {"offset": "1000"}))
+
+
+def test_a_model_past_protobufs_limit_is_hashed_and_run_from_a_file(tmp_path, monkeypatch):
+    # onnx.load of a model with over 2 GiB of external data gives a ModelProto that no one
+    # message serializes to: the source hash and --verify's sessions do without.
+    from graphopt import compiler
+
+    proto = onnx.load(_external_model(str(tmp_path))[0])
+    small = compiler._memory_model_sha256(proto)
+    monkeypatch.setattr(numerics, "SERIALIZE_LIMIT", 1 << 20)
+    serialize = type(proto).SerializeToString
+
+    def refused(self, **kwargs):
+        assert self is not proto, "serialized the model past the limit"
+        return serialize(self, **kwargs)
+
+    monkeypatch.setattr(type(proto), "SerializeToString", refused)
+    large = compiler._memory_model_sha256(proto)
+    assert large != small and large == compiler._memory_model_sha256(proto)
+    x = np.ones((2, WIDTH), np.float32)
+    out = numerics.run(proto, {"x": x})[f"h{LAYERS - 1}"]
+    monkeypatch.undo()
+    np.testing.assert_allclose(out, numerics.run(proto, {"x": x})[f"h{LAYERS - 1}"], rtol=0)
+
+
 def test_an_in_memory_model_with_external_data_is_refused(big, tmp_path, monkeypatch):
     # Bytes or a caller's ModelProto name no folder: its references could only resolve against
     # the working directory, where a same-named file may hold anything.

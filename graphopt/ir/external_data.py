@@ -69,6 +69,7 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     with tensor_references() as sources:
         proto = to_onnx(model)
         placed = _place(proto, os.path.basename(data_path), sources)
+    _check_no_other_models_data(path, data_path, sources.values())
     serialized = _serialize(proto, path)
     placed_ids = {id(tensor) for _, tensor in placed}
     moved = [(offset, tensor) for offset, tensor in placed
@@ -88,6 +89,21 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     # replaced it: those weights are now at their new offsets in the new file.
     for offset, tensor in moved:
         tensor.follow_move(data_path, offset)
+
+
+def _check_no_other_models_data(path: str, data_path: str, tensors) -> None:
+    """OptionError when the save would replace the data file of a model other than the one at
+    `path` (in.onnx keeping its weights in out.onnx.data, say): this compile would still run,
+    from the old file's mapped pages, but that model would no longer load. A save over the
+    model's own files (-o = the input) is fine: model and data are replaced together."""
+    for tensor in tensors:
+        owner = tensor.source_model
+        if owner is None or not tensor.reads(data_path):
+            continue
+        if os.path.realpath(owner) != os.path.realpath(path):
+            raise OptionError(f"{path}: saving here replaces {data_path}, which holds the "
+                              f"weights of {owner} (that model would no longer load); write "
+                              "the output elsewhere")
 
 
 def _place(proto: ModelProto, location: str, sources: dict[str, Tensor]

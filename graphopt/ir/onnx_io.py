@@ -19,7 +19,7 @@ from graphopt.ir.dtypes import DType, nbytes
 from graphopt.ir.graph import CycleError, Graph
 from graphopt.ir.model import Model
 from graphopt.ir.node import Node
-from graphopt.ir.tensor import Tensor
+from graphopt.ir.tensor import ExternalImport, Tensor
 from graphopt.ir.value import NO_METADATA, Value
 
 Scope = Mapping[str, Value]
@@ -155,7 +155,8 @@ class _Importer:
         self.label = label
         self.external_ok = external_ok
         self.base_dir = base_dir  # the model file's folder, where its external data lives
-        self.load = object()  # what this import's external tensors share their mappings by
+        self._roots: set[str] | None = None  # the real folders external data may lie in
+        self.load = ExternalImport(label)  # what this import's external tensors share
 
     def error(self, message: str) -> InputError:
         return InputError(f"{self.label}: {message}")
@@ -465,6 +466,20 @@ class _Importer:
             if key in entries and not (entries[key].isdigit()):
                 raise self.error(f"{where}: external data {key} {entries[key]!r} is not a "
                                  "non-negative integer")
+        if self.base_dir is not None and not self._inside_model_folder(location):
+            raise self.error(f"{where}: external data location {location!r} leads out of the "
+                             "model's folder through a symbolic link (onnxruntime refuses it "
+                             "too)")
+
+    def _inside_model_folder(self, location: str) -> bool:
+        """Whether the file `location` names, its links followed, lies in the model's folder,
+        or beside the file the model's own path links to (as onnxruntime allows: a Hugging Face
+        cache links the model and its data into one folder of blobs)."""
+        if self._roots is None:
+            self._roots = {os.path.realpath(self.base_dir),
+                           os.path.dirname(os.path.realpath(self.label))}
+        target = os.path.realpath(os.path.join(self.base_dir, location))
+        return any(os.path.commonpath([root, target]) == root for root in self._roots)
 
     def _subgraph(self, proto: GraphProto, scope: Scope, owner: Node) -> Graph:
         sub = self.graph(proto, scope)
@@ -475,12 +490,12 @@ class _Importer:
 @functools.lru_cache(maxsize=None)
 def _string_fields(descriptor) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """A message type's string fields: (singular, repeated)."""
-    fields = [(f.name, _is_repeated(f)) for f in descriptor.fields if f.type == f.TYPE_STRING]
+    fields = [(f.name, is_repeated_field(f)) for f in descriptor.fields if f.type == f.TYPE_STRING]
     return (tuple(name for name, repeated in fields if not repeated),
             tuple(name for name, repeated in fields if repeated))
 
 
-def _is_repeated(field) -> bool:
+def is_repeated_field(field) -> bool:
     # protobuf 7 dropped FieldDescriptor.label for is_repeated, which older releases lack.
     if hasattr(field, "is_repeated"):
         return field.is_repeated

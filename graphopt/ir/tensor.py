@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from stat import S_ISREG
 
 import numpy as np
 from onnx import TensorProto, numpy_helper
@@ -30,6 +31,16 @@ _REFERENCES: ContextVar["dict[str, Tensor] | None"] = ContextVar("graphopt_tenso
 
 class ExternalDataChanged(InputError, ValueError):
     """The file a tensor's data lives in is not the one the model was loaded with."""
+
+
+class ExternalImport:
+    """One import of a model file: the external tensors it makes share one mapping per data
+    file (by this object's identity), and know which model file names that data."""
+
+    __slots__ = ("model_path",)
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = model_path
 
 
 class Tensor:
@@ -72,25 +83,37 @@ class Tensor:
         of one `load` (any object standing for one import) share one mapping per file. Raises
         ValueError when the file is missing or too short."""
         entries = {e.key: e.value for e in proto.external_data}
-        path = os.path.join(base_dir, entries.get("location", ""))
+        location = entries.get("location", "")
+        path = os.path.join(base_dir, location)
         tensor = cls(proto=proto)
         offset = int(entries.get("offset") or 0)
         try:
             stat = os.stat(path)
         except OSError as e:
-            raise ValueError(f"external data file {entries.get('location')!r}: "
-                             f"{e.strerror}") from None
+            raise ValueError(f"external data file {location!r}: {e.strerror}") from None
+        if not S_ISREG(stat.st_mode):
+            raise ValueError(f"external data location {location!r} is not a file")
         size = stat.st_size
-        length = int(entries["length"]) if entries.get("length") else size - offset
+        if offset > size:
+            raise ValueError(f"external data offset {offset} lies past the end of "
+                             f"{location!r} ({size} bytes)")
+        # Without a length the tensor takes the bytes its dtype and shape need, from its
+        # offset on (onnx and onnxruntime read it so): several may share one file.
+        length = int(entries["length"]) if entries.get("length") else tensor.nbytes
         if tensor.streamable and length != tensor.nbytes:
             raise ValueError(f"external data holds {length} bytes, the tensor's dtype and "
                              f"shape need {tensor.nbytes}")
         if offset + length > size:
-            raise ValueError(f"external data {entries.get('location')!r} ends at byte {size}, "
+            raise ValueError(f"external data {location!r} ends at byte {size}, "
                              f"the tensor reaches byte {offset + length}")
         tensor._external = (path, offset, length, _identity(stat))
         tensor._load = load
         return tensor
+
+    @property
+    def source_model(self) -> str | None:
+        """The model file whose import made this external tensor (None for any other)."""
+        return self._load.model_path if isinstance(self._load, ExternalImport) else None
 
     def reads(self, path: str) -> bool:
         """Whether the data still lives in the external file `path`, unread."""
