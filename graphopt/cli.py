@@ -20,8 +20,8 @@ from graphopt.cli_report import add_report_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
-from graphopt.cli_types import target_name, tolerance
-from graphopt.errors import GraphoptError, OptionError
+from graphopt.cli_types import input_shapes, target_name, tolerance
+from graphopt.errors import GraphoptError, OptionError, UsageError
 from graphopt.terminal_text import escaped_output
 
 EXAMPLES = """examples:
@@ -68,7 +68,7 @@ def _add_optimize(sub) -> None:
     switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
     switches.add_argument("--switch-file", metavar="FILE",
                           help="file of `PassName: on|off` lines (or JSON) switching passes off")
-    p.add_argument("--input-shape", metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
     p.add_argument("--dynamic-dims", metavar="DIMS",
                    help='compile one plan per shape profile into the .om, ATC style: '
@@ -441,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     _add_passes(sub)
     _add_zoo(sub)
+    parser.commands = sub.choices  # name -> the command's parser
     return parser
 
 
@@ -475,8 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra and more:
         getattr(args, more).extend(text for text in extra if not text.startswith("-"))
         extra = [text for text in extra if text.startswith("-")]
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # reported by the command's parser: its usage, not graphopt's, is the help
+        parser.commands.get(getattr(args, "command", None), parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     with escaped_output():  # names from the models reach the messages: none acts on a terminal
         return _run_command(args)
 
@@ -486,6 +488,9 @@ def _run_command(args) -> int:
     try:
         with _terminate_as_interrupt():
             return args.func(args)
+    except UsageError as e:
+        print(f"graphopt: error: {e}", file=sys.stderr)
+        return 2
     except GraphoptError as e:
         print(f"graphopt: error: {e}", file=sys.stderr)
         return 1

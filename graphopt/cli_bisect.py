@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from graphopt.cli_types import target_name, tolerance
+from graphopt.cli_types import input_shapes, target_name, tolerance
 from graphopt.errors import one_line
 
 EXAMPLES = """examples:
@@ -43,7 +43,7 @@ def add_bisect_parser(sub) -> None:
                         "`graphopt optimize --target` does; without it, for none, as "
                         "`optimize -o x.onnx` (an .om compiled without --target used cpu: "
                         "give --target cpu to bisect that compile)")
-    p.add_argument("--input-shape", metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input, named like the input "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import non_negative_int
+from graphopt.cli_types import cosine, input_shapes, non_negative_int, tolerance
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -39,7 +39,7 @@ def add_compare_parser(sub) -> None:
                         "(default: seeded random data)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
-    p.add_argument("--input-shape", metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='dims for the random inputs\' dynamic axes: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--per-tensor", action="store_true",
                    help="also compare the intermediates both models compute (same name and shape)")
@@ -52,11 +52,11 @@ def add_compare_parser(sub) -> None:
 def add_rule_options(p, scope: str = "") -> None:
     """--rtol/--atol/--min-cosine, the rule compare and report judge outputs by; `scope` starts
     each help text (report's: "--reference: ")."""
-    p.add_argument("--rtol", type=float, metavar="R",
+    p.add_argument("--rtol", type=tolerance, metavar="R",
                    help=f"{scope}relative tolerance of the allclose rule (default 1e-4)")
-    p.add_argument("--atol", type=float, metavar="A",
+    p.add_argument("--atol", type=tolerance, metavar="A",
                    help=f"{scope}absolute tolerance of the allclose rule (default 1e-5)")
-    p.add_argument("--min-cosine", type=float, metavar="C",
+    p.add_argument("--min-cosine", type=cosine, metavar="C",
                    help=f"{scope}pass a float tensor when its cosine similarity is ≥ C, instead "
                         "of the rtol/atol rule (default for an .om whose pass log has "
                         "QuantizeInt8 or ConvertPrecision: 0.999; QuantizeInt4Weights: 0.98)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from graphopt.cli_types import target_name
-from graphopt.errors import OptionError
+from graphopt.cli_types import non_negative_int, target_name
+from graphopt.errors import UsageError
 
 EXAMPLES = """examples:
   graphopt diff model.onnx model.opt.onnx
@@ -39,7 +39,7 @@ def add_diff_parser(sub) -> None:
                    help="with --pass: compile for this target (`graphopt targets`); "
                         "without it, for none (an .om compiled without --target used cpu)")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
-    p.add_argument("--limit", type=int, default=40, metavar="N",
+    p.add_argument("--limit", type=non_negative_int, default=40, metavar="N",
                    help="show at most N entries per list in the text form (0: all; default 40)")
     p.set_defaults(func=_cmd_diff, positionals_after_options="models")
 
@@ -48,16 +48,14 @@ def _cmd_diff(args) -> int:
     from graphopt.tools.diff import diff_models, load_for_diff
     from graphopt.tools.diff_format import format_diff
 
-    if args.limit < 0:
-        raise OptionError(f"--limit must be ≥ 0, got {args.limit}")
     if args.pass_name is None:
         used = [flag for flag, on in (("--all-runs", args.all_runs),
                                       ("-O", args.level is not None),
                                       ("--target", args.target)) if on]
         if used:
-            raise OptionError(f"{', '.join(used)} only apply with --pass NAME")
+            raise UsageError(f"{', '.join(used)} only apply with --pass NAME")
         if len(args.models) != 2:
-            raise OptionError(f"diff takes two models A and B, got {len(args.models)} "
+            raise UsageError(f"diff takes two models A and B, got {len(args.models)} "
                               "(or one model with --pass NAME)")
         a, b = args.models
         diff = diff_models(load_for_diff(a), load_for_diff(b), label_a=a, label_b=b)
@@ -68,7 +66,7 @@ def _cmd_diff(args) -> int:
     from graphopt.tools.diff_pass import diff_pass
 
     if len(args.models) != 1:
-        raise OptionError(f"--pass {args.pass_name} takes one model, got {len(args.models)}")
+        raise UsageError(f"--pass {args.pass_name} takes one model, got {len(args.models)}")
     result = diff_pass(args.models[0], args.pass_name,
                        level=2 if args.level is None else args.level,
                        target=args.target, all_runs=args.all_runs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from graphopt.cli_types import target_name
+from graphopt.cli_types import input_shapes, target_name
 
 
 def add_partition_parser(sub) -> None:
@@ -24,7 +24,7 @@ def add_partition_parser(sub) -> None:
                    help="a built-in target (`graphopt targets`) or a profile .json")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level before partitioning (default 2)")
-    p.add_argument("--input-shape", metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224"; NPUs need static shapes')
     p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help="skip a pass by name; repeatable")

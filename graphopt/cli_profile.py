@@ -6,7 +6,7 @@ import argparse
 import json
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import non_negative_int
+from graphopt.cli_types import input_shapes, non_negative_int, positive_int
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -40,15 +40,15 @@ def add_profile_parser(sub) -> None:
     p.add_argument("model", help="an .onnx model or a compiled .om artifact")
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input (default: seeded random data)")
-    p.add_argument("--input-shape", metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128" '
                         "(an .om with shape profiles: by default the first profile's dims, as "
                         "`graphopt run` takes them)")
-    p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, metavar="N",
+    p.add_argument("--repeat", type=positive_int, default=DEFAULT_REPEAT, metavar="N",
                    help=f"profiled runs (default {DEFAULT_REPEAT})")
-    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="W",
+    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
                    help=f"untimed runs first, left out of the profile (default {DEFAULT_WARMUP})")
-    p.add_argument("--threads", type=int, metavar="T",
+    p.add_argument("--threads", type=non_negative_int, metavar="T",
                    help="onnxruntime intra-op threads (default: onnxruntime chooses, as "
                         "`graphopt run` does)")
     p.add_argument("--level", metavar="LEVEL",

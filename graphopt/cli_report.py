@@ -7,6 +7,7 @@ import os
 
 from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_paths import check_output_path
+from graphopt.cli_types import input_shapes
 from graphopt.errors import OptionError
 
 EXAMPLES = """examples:
@@ -38,7 +39,7 @@ def add_report_parser(sub) -> None:
     p.add_argument("--inputs", metavar="NPZ",
                    help="--reference: an .npz with one array per input (default: seeded "
                         "random data)")
-    p.add_argument("--input-shape", metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help="--reference: dims for the random inputs' dynamic axes, "
                         '"x:1,3,224,224"')
     p.add_argument("--per-tensor", action="store_true",

@@ -7,7 +7,7 @@ import json
 import os
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import non_negative_int
+from graphopt.cli_types import non_negative_int, positive_int
 from graphopt.errors import InputError, OptionError, one_line
 from graphopt.warning_scope import warnings_as
 
@@ -45,12 +45,12 @@ def add_run_parser(sub) -> None:
     p.add_argument("--outputs", metavar="NPZ",
                    help="write the outputs of the first run to this .npz, one array per output "
                         "(written atomically)")
-    p.add_argument("--repeat", type=int, metavar="N",
+    p.add_argument("--repeat", type=positive_int, metavar="N",
                    help="time N runs and print p50/p90/p99, min and mean latency")
-    p.add_argument("--warmup", type=int, metavar="N",
+    p.add_argument("--warmup", type=non_negative_int, metavar="N",
                    help=f"untimed runs before the timed ones (default {DEFAULT_WARMUP}; "
                         "needs --repeat)")
-    p.add_argument("--threads", type=int, metavar="N",
+    p.add_argument("--threads", type=non_negative_int, metavar="N",
                    help="onnxruntime intra-op threads per partition (default: onnxruntime "
                         "chooses, usually one per core)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
@@ -84,15 +84,8 @@ def add_inspect_parser(sub) -> None:
 
 def _check_run_options(args) -> int:
     """The warmup count to use; OptionError for options that cannot work together."""
-    if args.repeat is not None and args.repeat < 1:
-        raise OptionError(f"--repeat must be at least 1, got {args.repeat}")
-    if args.warmup is not None:
-        if args.repeat is None:
-            raise OptionError("--warmup is only used with --repeat")
-        if args.warmup < 0:
-            raise OptionError(f"--warmup must be 0 or more, got {args.warmup}")
-    if args.threads is not None and args.threads < 0:
-        raise OptionError(f"--threads must be 0 (onnxruntime chooses) or more, got {args.threads}")
+    if args.warmup is not None and args.repeat is None:
+        raise OptionError("--warmup is only used with --repeat")
     if args.seed is not None and args.inputs:
         raise OptionError("--seed only applies to random inputs; drop it or --inputs")
     if args.profile is not None and args.inputs:

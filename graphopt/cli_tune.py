@@ -7,8 +7,8 @@ import argparse
 import sys
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import (non_negative_int, positive_int, positive_seconds, seed,
-                                target_name)
+from graphopt.cli_types import (input_shapes, non_negative_int, positive_int, positive_seconds,
+                                seed, target_name)
 from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
@@ -57,7 +57,7 @@ def add_tune_parser(sub) -> None:
     p.add_argument("model", help="input .onnx file")
     p.add_argument("--target", type=target_name, required=True, metavar="NAME|FILE",
                    help="the target (`graphopt targets` lists them); op tuning needs an NPU")
-    p.add_argument("--input-shape", metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--job", default="op", choices=("op", "subgraph"),
                    help="op: tune each cube kernel's tiling (default); subgraph: tune which "
@@ -74,7 +74,7 @@ def add_tune_parser(sub) -> None:
                    help="--objective measured: timed runs per candidate (default 20)")
     p.add_argument("--threads", type=non_negative_int, metavar="N",
                    help="--objective measured: onnxruntime intra-op threads (default: its own)")
-    p.add_argument("--trials", type=int, default=50, metavar="N",
+    p.add_argument("--trials", type=positive_int, default=50, metavar="N",
                    help="new trials per kernel signature, or of the subgraph study (default 50)")
     p.add_argument("--timeout", type=positive_seconds, metavar="S",
                    help="stop each kernel after S seconds")
@@ -85,7 +85,7 @@ def add_tune_parser(sub) -> None:
     _storage_args(p)
     p.add_argument("--study", metavar="NAME",
                    help="study name (only with one kernel signature; default: the signature)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="local worker processes sharing the storage (default 1)")
     p.add_argument("--plot", metavar="FILE",
                    help="best-so-far cost vs trial per kernel (.png or .svg)")
@@ -128,10 +128,6 @@ def _cmd_tune(args) -> int:
     from graphopt.tuner.signature import idle_kernels, model_kernels
     from graphopt.tuner.storage import open_storage, storage_url
 
-    if args.trials < 1:
-        raise OptionError(f"--trials must be ≥ 1, got {args.trials}")
-    if args.workers < 1:
-        raise OptionError(f"--workers must be ≥ 1, got {args.workers}")
     if args.plot:
         _check_plot(args.plot, args)
     # Checked before the compile, which can take minutes, and without creating anything.

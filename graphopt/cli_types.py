@@ -19,9 +19,12 @@ def non_negative_int(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """An integer ≥ 1, such as a count of runs."""
-    value = non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 is not allowed; give 1 or more")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
     return value
 
 
@@ -52,6 +55,26 @@ def tolerance(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
     return value
+
+
+def cosine(text: str) -> float:
+    """A cosine similarity to reach, from -1 to 1 (above 1 no output could pass)."""
+    value = _finite(text)
+    if not -1 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a cosine; give -1 to 1")
+    return value
+
+
+def input_shapes(text: str) -> str:
+    """--input-shape's `name:d0,d1,…;…`, checked for its form (the model is checked later)."""
+    from graphopt.errors import OptionError
+    from graphopt.input_shapes import parse_input_shapes
+
+    try:
+        parse_input_shapes(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--input-shape: ")) from None
+    return text
 
 
 def positive_seconds(text: str) -> float:

@@ -26,6 +26,11 @@ class OptionError(GraphoptError):
     """A command-line or API option is invalid."""
 
 
+class UsageError(OptionError):
+    """A command line malformed in a way argparse cannot tell (a count of positional arguments
+    that depends on the options): exit status 2, as argparse's own usage errors."""
+
+
 class OutputError(GraphoptError, OSError):
     """An output file cannot be written (a read-only or full disk, a directory in the way).
     Also an OSError, so that code which tolerates an unwritable file (a cache) still does."""

@@ -316,10 +316,16 @@ def test_option_errors(files, tmp_path, capsys):
                          "--csv", tmp_path / "no" / "r.csv")
     assert rc == 1 and "directory" in err and "does not exist" in err
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"], "--rtol", "-1")
-    assert rc == 1 and "--rtol must be a finite number ≥ 0" in err
+    assert rc == 2 and "argument --rtol: -1.0 is negative" in err
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
+                         "--min-cosine", "2")
+    assert rc == 2 and "argument --min-cosine: 2.0 is not a cosine; give -1 to 1" in err
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
                          "--input-shape", "y:1")
-    assert rc == 1 and "has no input 'y'" in err
+    assert rc == 1 and "has no input 'y'" in err  # well formed, but not this model's
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
+                         "--input-shape", "y=1")
+    assert rc == 2 and "argument --input-shape: 'y=1' is not NAME:D0,D1,…" in err
 
 
 def test_a_feed_overriding_an_initializer_is_judged_per_side(tmp_path, capsys):

@@ -566,9 +566,12 @@ class OmSession:
         self._matcher = (ProfileMatcher(input_names, [(p, plans.get(p["name"]))
                                                       for p in artifact.profiles])
                          if artifact.profiles else None)
+        # Outputs that are graph inputs: returned as copies, as onnxruntime 1.24 and later
+        # return them (1.23 hands back the feed's own buffer: writing to it changed the feed).
+        self._passed_through = [e["name"] for e in self._outputs if e["name"] in self._expected]
         self._direct = (_direct(self._program.single, self._exact)
                         if self._matcher is None and self._mapped is None and not self._indexed
-                        and not self._counted else None)
+                        and not self._counted and not self._passed_through else None)
 
     def _open(self, artifact: OmArtifact, options, fallback: list[str],
               wanted: set[str]) -> list[_Step]:
@@ -735,7 +738,10 @@ class OmSession:
         program = self._program if self._matcher is None else self._matcher.select(env)
         if output_names is None and program.single is not None:
             step = program.single
-            return dict(zip(step.outputs, _call(step, env)))
+            outputs = dict(zip(step.outputs, _call(step, env)))
+            for name in self._passed_through:
+                outputs[name] = _copy_of(outputs[name])
+            return outputs
         if output_names is None:
             wanted, steps = program.default_plan
         else:

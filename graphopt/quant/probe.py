@@ -33,8 +33,10 @@ def int8_gemm_saturates() -> bool:
         [numpy_helper.from_array(np.full((k, 16), 127, np.int8), "w"),
          numpy_helper.from_array(np.ones(16, np.float32), "s"),
          numpy_helper.from_array(np.zeros(16, np.int8), "z")])
+    # IR 9: onnx's default is its newest IR version, which an older onnxruntime refuses.
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.microsoft", 1)])
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=9)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options,

@@ -86,6 +86,8 @@ def _not_run(pass_name: str, records: list[dict], level: int, target) -> str:
 
     ran = list(dict.fromkeys(r["pass"] for r in records))
     where = f"-O{level}" + (f" --target {getattr(target, 'name', target)}" if target else "")
-    what = "did not run" if pass_name in PASSES else "is not a pass"
     ran_text = f"passes that ran: {', '.join(ran)}" if ran else "no pass ran"
-    return f"--pass {pass_name}: {what} at {where} ({ran_text})"
+    if pass_name not in PASSES:  # at no level: `graphopt passes` lists them all
+        return (f"--pass {pass_name}: is not a pass (`graphopt passes` lists them; {ran_text} "
+                f"at {where})")
+    return f"--pass {pass_name}: did not run at {where} ({ran_text})"
