@@ -84,8 +84,7 @@ def check_ops(model: Model, label: str,
                 if gap == "":
                     gap = versions[op] = _kernel_gap(domain, node.op_type, model)
                 if gap:
-                    raise InputError(f"{_where(label, node)}: {gap}; onnx.version_converter can "
-                                     "move the model to an opset onnxruntime runs")
+                    raise InputError(f"{_where(label, node)}: {gap}")
                 key = _schema_key(node)
                 kinds.append(key)
                 if key is not None and key in fitting:
@@ -117,7 +116,7 @@ def _kernel_gap(domain: str, op_type: str, model: Model) -> str | None:
     """Why onnxruntime's CPU provider has no kernel for the op at the version the model's
     opset resolves it to (None when it has one): onnxruntime refuses such a model at load,
     as every .om partition it runs would be."""
-    from graphopt.partition.target_ort import cpu_kernel_gap
+    from graphopt.partition.target_ort import cpu_kernel_absent, cpu_kernel_gap
 
     opset = model.opset(domain)
     try:
@@ -126,7 +125,11 @@ def _kernel_gap(domain: str, op_type: str, model: Model) -> str | None:
         return None
     if schema.has_function or schema.has_context_dependent_function:
         return None  # onnxruntime expands it from the function body when it has no kernel
-    return cpu_kernel_gap(op_type, domain, schema.since_version)
+    absent = cpu_kernel_absent(op_type, domain)  # a training op such as Gradient, say
+    if absent:
+        return f"{absent} (no function body to expand either), so no session can load it"
+    gap = cpu_kernel_gap(op_type, domain, schema.since_version)
+    return gap and f"{gap}; onnx.version_converter can move the model to an opset onnxruntime runs"
 
 
 def _where(label: str, node: Node) -> str:

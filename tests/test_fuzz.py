@@ -562,6 +562,14 @@ def prelu_opset6() -> onnx.ModelProto:
                        slope=np.full(3, 0.1, np.float32))
 
 
+def training_gradient() -> onnx.ModelProto:
+    """A valid training op: no onnxruntime kernel at any version, no function body."""
+    return parse_model(
+        "g (float[2] a, float[2] b) => (float[2] da) { da = ai.onnx.preview.training.Gradient "
+        "<xs = [\"a\"], y = \"c\">(a, b) }",
+        header='<ir_version: 8, opset_import: ["" : 17, "ai.onnx.preview.training" : 1]>\n')
+
+
 def future_opset() -> onnx.ModelProto:
     """An opset newer than onnx (and so onnxruntime) knows: no schema to check its nodes."""
     model = copy.deepcopy(SEED)
@@ -585,6 +593,9 @@ def untyped_input() -> onnx.ModelProto:
     ("prelu_opset6",
      r"node '\?' \(PRelu\): onnxruntime \S+ has no CPU kernel for PRelu version 6 \(its "
      r"kernels cover versions 7-8, 9-15, 16\+\); onnx.version_converter can move the model"),
+    ("training_gradient",
+     r"\(ai.onnx.preview.training::Gradient\): onnxruntime \S+ has no CPU kernel for "
+     r"ai.onnx.preview.training::Gradient \(no function body to expand either\)"),
 ])
 def test_cli_names_the_file_and_writes_nothing(tmp_path, capsys, case, message):
     data = SEED_BYTES[:200] if case == "truncated" else globals()[case]().SerializeToString()

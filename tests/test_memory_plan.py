@@ -306,6 +306,11 @@ def test_reordering_lowers_the_peak_of_a_branchy_graph():
     plan = plan_memory(model, reorder=True)
     assert plan.schedule_method == result.method
     assert plan.arena_bytes < plan_memory(model).arena_bytes
+    # The plan says the order is provably the best, where inspect and the report read it.
+    assert plan.schedule_optimal is True and plan.to_dict()["schedule_optimal"] is True
+    assert plan.summary().endswith(f"; order {result.method}, optimal")
+    assert plan_memory(model).schedule_optimal is None  # not searched
+    assert "schedule_optimal" not in plan_memory(model).to_dict()
     verify_plan(plan, model)
     assert check_plan(model, plan).ok
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -239,6 +240,19 @@ def test_cli_text_json_and_trace(tiny, tmp_path, capsys):
     assert sum(op["total_us"] for op in doc["ops"]) == pytest.approx(
         sum(k["total_us"] for k in doc["kernels"]))
     assert {h["kind"] for h in doc["hints"]} >= {"unfused"}
+
+
+def test_a_damaged_default_calibration_leaves_the_defaults_with_a_note(tiny, tmp_path):
+    from graphopt.tuner.calibrate import default_path
+
+    os.makedirs(os.path.dirname(default_path()))
+    with open(default_path(), "w") as f:
+        f.write('{"format_version": 1}')
+    profile = profile_model(tiny[1], **RUNS)  # the cache is not the user's to fix first
+    assert "the calibration file does not load" in profile.cost_model
+    assert any("missing key 'constants'" in note for note in profile.notes)
+    with pytest.raises(OptionError, match="missing key 'constants'"):
+        profile_model(tiny[1], calibration=default_path(), **RUNS)  # named: the error
 
 
 def test_cli_errors(tiny, tmp_path, capsys):

@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.feeds import typed_entry
-from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS
+from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS, order_label
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
@@ -189,7 +189,7 @@ def _format_memory(plans: dict) -> str:
         bound = plan.get("lower_bound") or 0
         ratio = f"{plan['arena_bytes'] / bound:.3f}" if bound else "-"
         rows.append([name, format_bytes(plan["arena_bytes"]), format_bytes(bound), ratio,
-                     plan.get("strategy", "?"), plan.get("schedule_method", "original"),
+                     plan.get("strategy", "?"), order_label(plan),
                      format_bytes(plan.get("weight_bytes", 0)),
                      format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0))])
     return format_table(["partition", "work memory", "lower bound", "×", "strategy", "order",

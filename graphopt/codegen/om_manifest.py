@@ -206,6 +206,16 @@ def _onnx_element_types() -> dict[int, str]:
     return {value: name for name, value in TensorProto.DataType.items()}
 
 
+def order_label(plan: dict) -> str:
+    """A memory plan's schedule as inspect and the report show it: the method that chose the
+    order and, where the order was searched (--memory-reorder), whether it is provably the
+    lowest peak any order of the graph has."""
+    method, optimal = plan.get("schedule_method", "original"), plan.get("schedule_optimal")
+    if optimal is None:
+        return method
+    return f"{method}, {'optimal' if optimal else 'not proven optimal'}"
+
+
 def dtype_name(elem_type: int) -> str | None:
     """The manifest name of a TensorProto element type ("float32", "int64"); None if undefined."""
     if elem_type == 0:

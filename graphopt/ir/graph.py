@@ -15,12 +15,29 @@ from graphopt.ir.value import Shape, Value
 
 
 class CycleError(ValueError):
-    """The nodes cannot be ordered: `nodes` lie on or behind a cycle."""
+    """The nodes cannot be ordered: `nodes` lie on or behind a cycle, `cycle` on it."""
 
-    def __init__(self, nodes: list[Node]):
-        self.nodes = nodes
-        names = ", ".join(n.name or n.op_type for n in nodes[:5])
-        super().__init__(f"the graph has a cycle through {len(nodes)} node(s): {names}")
+    def __init__(self, nodes: list[Node], cycle: list[Node]):
+        self.nodes, self.cycle = nodes, cycle
+        path = " -> ".join(n.name or n.op_type for n in (cycle + cycle[:1])[:7])
+        more = " -> …" if len(cycle) > 6 else ""
+        behind = len(nodes) - len(cycle)
+        after = f" ({behind} more node(s) wait on it)" if behind else ""
+        super().__init__(f"the graph has a cycle of {len(cycle)} node(s): {path}{more}{after}")
+
+
+def _a_cycle(stuck: list[Node], producers: dict[int, set[int]]) -> list[Node]:
+    """One cycle among nodes that cannot be ordered, in data-flow order: every such node waits
+    on a producer that also cannot be ordered, so walking producers must come round."""
+    by_id = {id(n): n for n in stuck}
+    seen: dict[int, int] = {}
+    walk: list[Node] = []
+    node = stuck[0]
+    while id(node) not in seen:
+        seen[id(node)] = len(walk)
+        walk.append(node)
+        node = by_id[min(p for p in producers[id(node)] if p in by_id)]
+    return walk[seen[id(node)]:][::-1]
 
 
 # What a pickled graph keeps of itself besides its nodes (see Graph.__getstate__).
@@ -318,7 +335,8 @@ class Graph:
                 if pending[id(user)] == 0:
                     heapq.heappush(ready, (position[id(user)], id(user)))
         if len(order) != len(nodes):
-            raise CycleError([n for n in nodes if pending[id(n)] > 0])
+            stuck = [n for n in nodes if pending[id(n)] > 0]
+            raise CycleError(stuck, _a_cycle(stuck, deps))
         self._relink(order)
 
     def _in_order(self, nodes: list[Node]) -> bool:

@@ -114,6 +114,19 @@ def cpu_kernel_gap(op: str, domain: str, version: int) -> str | None:
             f"{version} (its kernels cover versions {spans})")
 
 
+# Ops onnxruntime runs with no kernel: it turns Constant nodes into initializers at load.
+_NO_KERNEL_NEEDED = {"Constant"}
+
+
+def cpu_kernel_absent(op: str, domain: str) -> str | None:
+    """Why onnxruntime's CPU provider cannot run the op at any version (None when it has a
+    kernel for some version, or needs none): a session of a model holding it fails to load."""
+    if op in _NO_KERNEL_NEEDED and domain in ("", "ai.onnx") \
+            or ort_cpu_kernel_versions().get(op_key(op, domain)):
+        return None
+    return f"onnxruntime {ort_version()} has no CPU kernel for {op_key(op, domain)}"
+
+
 @functools.cache
 def _cpu_kernel_defs() -> dict[str, tuple[tuple[int, int, dict[str, frozenset[str]]], ...]]:
     """Op key -> each CPU kernel's (first version, last version, {type param: dtypes})."""

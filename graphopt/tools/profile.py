@@ -147,8 +147,16 @@ def _cost_model(calibration) -> tuple[CpuCostModel, str, list[str]]:
         defaults = ("the cpu target profile's figures (run `graphopt calibrate --target cpu` "
                     "for this machine's)")
         return CpuCostModel(), defaults, []
-    with warnings_as("always", record=True) as caught:
-        result = CalibrationResult.load(path)
+    try:
+        with warnings_as("always", record=True) as caught:
+            result = CalibrationResult.load(path)
+    except OptionError as exc:
+        if calibration is not None:  # the file the user named: its problem is the error
+            raise
+        # The default file is a cache: a damaged one must not stop a profile, as it stops no
+        # estimate (tuner.cpu_model); the note says what is wrong with it.
+        defaults = "the cpu target profile's figures (the calibration file does not load)"
+        return CpuCostModel(), defaults, [str(exc)]
     notes = [str(w.message) for w in caught]
     source = (f"calibration {path} ({result.threads} thread(s), "
               f"{'quick, ' if result.quick else ''}{result.cpu_model})")

@@ -7,6 +7,7 @@ import datetime
 from collections import Counter
 
 from graphopt.codegen.inspect_om import format_bytes, format_ops, format_shape
+from graphopt.codegen.om_manifest import order_label
 from graphopt.codegen.profile_match import dims_label
 from graphopt.markup import escape
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
@@ -189,7 +190,7 @@ def _memory(data: ReportData) -> str:
         bound = plan.get("lower_bound") or 0
         rows.append([name, format_bytes(plan["arena_bytes"]), format_bytes(bound),
                      f"{plan['arena_bytes'] / bound:.3f}" if bound else "-",
-                     plan.get("strategy", "?"), plan.get("schedule_method", "original"),
+                     plan.get("strategy", "?"), order_label(plan),
                      format_bytes(plan.get("weight_bytes", 0)),
                      format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0)),
                      len(plan.get("tensors", []))])

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from graphopt.codegen.om_manifest import order_label
 from graphopt.errors import OptionError
 from graphopt.ir import Graph, Model, Node
 from graphopt.passes.memory.aliasing import Assignment, Storage, is_external_view
@@ -54,6 +55,9 @@ class Plan:
     alignment: int
     schedule: list[Node] = field(repr=False)
     schedule_method: str = "original"
+    # With reorder: whether no order of the graph has a lower peak (proven by the exact search
+    # or by meeting the one-node floor); None when the order was not searched.
+    schedule_optimal: bool | None = None
     buffers: list[Buffer] = field(default_factory=list, repr=False)
     offsets: dict[int, int] = field(default_factory=dict, repr=False)  # buffer id -> offset
     # every other tensor: name -> "input", "output" or "weight" (views of them included)
@@ -73,10 +77,12 @@ class Plan:
         return [node.name or f"{node.op_type}@{i}" for i, node in enumerate(self.schedule)]
 
     def summary(self) -> str:
+        order = "" if self.schedule_optimal is None else "; order " + order_label(
+            {"schedule_method": self.schedule_method, "schedule_optimal": self.schedule_optimal})
         return (f"work memory {self.arena_bytes:,} B ({self.strategy}, {self.ratio:.3f}x the lower "
                 f"bound {self.lower_bound:,} B); weights {self.weight_bytes:,} B, inputs "
                 f"{self.input_bytes:,} B, outputs {self.output_bytes:,} B; {len(self.tensors)} "
-                f"tensors in {len(self.buffers)} buffers over {self.steps} steps")
+                f"tensors in {len(self.buffers)} buffers over {self.steps} steps{order}")
 
     def to_dict(self) -> dict:
         return {
@@ -85,6 +91,8 @@ class Plan:
             "weight_bytes": self.weight_bytes, "input_bytes": self.input_bytes,
             "output_bytes": self.output_bytes, "strategy": self.strategy,
             "candidates": self.candidates, "schedule_method": self.schedule_method,
+            **({} if self.schedule_optimal is None
+               else {"schedule_optimal": self.schedule_optimal}),
             "schedule": self.schedule_names(),
             "tensors": [{"name": t.name, "offset": t.offset, "size": t.size, "first": t.first,
                          "last": t.last, "buffer": t.buffer,
@@ -115,11 +123,11 @@ def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
         raise OptionError(f"memory plan: unknown strategy '{unknown[0]}' "
                           f"(known: {', '.join(STRATEGIES)})")
     graph = main_graph(model)
-    method = "original"
+    method, optimal = "original", None
     if reorder:
         chosen = schedule_for_memory(graph, alignment=alignment, inplace=inplace,
                                      fold_constants=fold_constants, time_budget=time_budget)
-        schedule, method = chosen.order, chosen.method
+        schedule, method, optimal = chosen.order, chosen.method, chosen.optimal
     live = liveness(graph, schedule, fold_constants=fold_constants)
     storage = Storage(graph, live.kind, live.nbytes, alignment=alignment, inplace=inplace)
     assignment = storage.assign(live.schedule)
@@ -132,7 +140,9 @@ def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
         candidates[name] = arena_size(buffers, results[name])
     chosen_name = min((n for n in names), key=lambda n: (candidates[n], names.index(n)))
     offsets = results[chosen_name]
-    return _assemble(live, assignment, offsets, chosen_name, candidates, alignment, method)
+    plan = _assemble(live, assignment, offsets, chosen_name, candidates, alignment, method)
+    plan.schedule_optimal = optimal
+    return plan
 
 
 def _assemble(live: Liveness, assignment: Assignment, offsets: dict[int, int], strategy: str,
