@@ -150,7 +150,7 @@ def _memory_model_sha256(model: ModelProto | bytes) -> str:
     one message serializes to, of its fields and main-graph elements serialized one by one."""
     if isinstance(model, bytes):
         return hashlib.sha256(model).hexdigest()
-    if model.ByteSize() < numerics.SERIALIZE_LIMIT:
+    if numerics.serializable(model):
         return hashlib.sha256(model.SerializeToString()).hexdigest()
     digest = hashlib.sha256()
     for owner in (model, model.graph):

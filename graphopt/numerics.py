@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from google.protobuf.message import EncodeError
 from onnx import ModelProto, TensorProto
 
 from graphopt.codegen.feeds import random_array, random_value, typed_entry, value_label
@@ -32,6 +33,16 @@ LEVELS = {
 SERIALIZE_LIMIT = (1 << 31) - 1
 
 
+def serializable(model: ModelProto) -> bool:
+    """Whether `model` serializes to one message: not past protobuf's 2 GiB (onnx.load of a
+    model with more external data than that gives one that does not, and whose ByteSize
+    raises instead of answering)."""
+    try:
+        return model.ByteSize() < SERIALIZE_LIMIT
+    except EncodeError:
+        return False
+
+
 def session(model: ModelProto | bytes | str, level: str = "disable", threads: int = 1,
             providers: list[str] | None = None, config: dict[str, str] | None = None,
             disabled_optimizers: list[str] | None = None) -> ort.InferenceSession:
@@ -44,7 +55,7 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     options.log_severity_level = 4  # failures raise; their log lines would only repeat them
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
-    if isinstance(model, ModelProto) and model.ByteSize() >= SERIALIZE_LIMIT:
+    if isinstance(model, ModelProto) and not serializable(model):
         # Past protobuf's 2 GiB one message cannot be serialized: onnxruntime reads the model
         # from a file with its weights beside it, which it keeps mapped once the session is
         # built (the folder can go then).

@@ -216,16 +216,24 @@ def test_a_model_past_protobufs_limit_is_hashed_and_run_from_a_file(tmp_path, mo
     # message serializes to: the source hash and --verify's sessions do without.
     from graphopt import compiler
 
+    from google.protobuf.message import EncodeError
+
     proto = onnx.load(_external_model(str(tmp_path))[0])
     small = compiler._memory_model_sha256(proto)
-    monkeypatch.setattr(numerics, "SERIALIZE_LIMIT", 1 << 20)
-    serialize = type(proto).SerializeToString
+    serialize, size = type(proto).SerializeToString, type(proto).ByteSize
 
-    def refused(self, **kwargs):
-        assert self is not proto, "serialized the model past the limit"
+    def refused(self, **kwargs):  # what protobuf does past 2 GiB, for this model only
+        if self is proto:
+            raise EncodeError("Failed to serialize proto")
         return serialize(self, **kwargs)
 
+    def unsized(self):
+        if self is proto:
+            raise EncodeError("Failed to serialize proto")
+        return size(self)
+
     monkeypatch.setattr(type(proto), "SerializeToString", refused)
+    monkeypatch.setattr(type(proto), "ByteSize", unsized)
     large = compiler._memory_model_sha256(proto)
     assert large != small and large == compiler._memory_model_sha256(proto)
     x = np.ones((2, WIDTH), np.float32)
