@@ -684,10 +684,15 @@ def test_cli_trace_rule_that_fired_says_so_and_lists_no_node_it_fused(tmp_path, 
     # The Muls inside the GELU were tried as roots before the Mul that ends it matched: near-
     # misses at nodes the rule itself then removed, which read as "the rule failed".
     rc, out, err = cli(capsys, "optimize", save(tmp_path, GELU_PAIR), "-o",
-                       tmp_path / "out.onnx", "--trace-rule", "GeluTanh")
+                       tmp_path / "out.onnx", "--trace-rule", "GeluTanh", "--trace-rule",
+                       "GeluErf")
     assert rc == 0, err
     lines = [line for line in out.splitlines() if line.startswith("trace GeluTanh:")]
     assert lines == ["trace GeluTanh: fired 1 time(s), and no other candidate came close"], out
+    # Nodes another rule fused stay near-misses of this one: they say why it did not take them.
+    lines = [line for line in out.splitlines() if line.startswith("trace GeluErf:")]
+    assert lines[0] == "trace GeluErf: fired 1 time(s); the closest misses elsewhere:"
+    assert "expected Mul, %p comes from Pow" in out
 
 
 def test_cli_passes_lists_rules_with_their_pass(capsys):

@@ -199,10 +199,16 @@ class Tracer:
     def __init__(self, rules: set[str]):
         self.rules = rules
         self.misses: dict[str, list[Miss]] = defaultdict(list)
+        # Per rule, the nodes its own rewrites replaced (held, so that their ids stay theirs).
+        self.taken: dict[str, dict[int, Node]] = defaultdict(dict)
 
     def add(self, rule: str, miss: Miss) -> None:
         if rule in self.rules:
             self.misses[rule].append(miss)
+
+    def fired(self, rule: str, match: Match) -> None:
+        if rule in self.rules:
+            self.taken[rule].update((id(node), node) for node in match.nodes)
 
     def report(self, limit: int = 5, why_none: dict[str, str] | None = None,
                fired: dict[str, int] | None = None) -> list[str]:
@@ -211,10 +217,11 @@ class Tracer:
         plain fact."""
         lines = []
         for rule in sorted(self.rules):
-            # A root missed again in a later fixed-point round is one near-miss; a root that a
-            # rewrite removed since (a Mul inside a GELU this rule then fused) is none at all.
+            # A root missed again in a later fixed-point round is one near-miss; a root the
+            # rule itself then replaced (a Mul inside a GELU it fused) is none at all.
+            taken = self.taken.get(rule, {})
             distinct = {(id(m.root), m.reason): m for m in self.misses.get(rule, [])
-                        if m.root.graph is not None}
+                        if id(m.root) not in taken}
             misses = sorted(distinct.values(), key=lambda m: -m.depth)[:limit]
             count = (fired or {}).get(rule, 0)
             if count:
@@ -359,6 +366,8 @@ class RulePass(Pass):
                         continue
                     if apply(model, graph, rule, match, pattern.output):
                         result.count(rule.name)
+                        if tracer is not None:
+                            tracer.fired(rule.name, match)
                     elif tracer is not None:
                         tracer.add(rule.name, Miss(node, len(match.nodes),
                                                    "rewritten, undone: the result cannot take over "
