@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import io
 import os
 import shutil
+import stat
 import tempfile
 from typing import BinaryIO, Iterator
 
@@ -61,9 +64,24 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     same-filesystem rename, which is atomic on POSIX and Windows. A destination that cannot
     be written (read-only or full disk, missing folder, a directory at `path`) raises
     OutputError naming it.
+
+    A symbolic link is written through (its target is replaced, as onnx.save and cp do); a
+    destination that is no regular file (/dev/null, a FIFO) is written in place, since
+    replacing it would put a file where the device or pipe was.
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    path = destination(path)
+    directory = os.path.dirname(path)
+    if is_special_file(path):
+        # Built in memory first: a zip (.npz, .om) seeks back over what it wrote, which a
+        # device or pipe cannot do.
+        buffer = io.BytesIO()
+        yield buffer
+        try:
+            with open(path, "wb") as f:
+                f.write(buffer.getbuffer())
+        except OSError as exc:
+            raise _cannot_write(path, exc) from None
+        return
     fd, tmp = _temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -97,7 +115,7 @@ def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
     external data): on a clean exit each replaces its path in turn, and when one of them
     cannot, those already replaced get their old content back (or vanish when they were
     new), so the set never mixes old and new files. On any exception all of them vanish."""
-    paths = [os.fspath(p) for p in paths]
+    paths = [destination(p) for p in paths]
     temps: list[str] = []
     files: list[BinaryIO] = []
     try:
@@ -161,11 +179,37 @@ def _replace_all(paths: list[str], temps: list[str]) -> None:
                 os.unlink(backup)
 
 
+def destination(path: str | os.PathLike) -> str:
+    """The file a write to `path` replaces: its absolute path with symbolic links resolved
+    (a link's target; `LINK/../out.om` where LINK leads), as the kernel would open it."""
+    return os.path.realpath(os.fspath(path))
+
+
+def is_special_file(path: str) -> bool:
+    """Whether `path` exists as something other than a regular file or a folder (a device,
+    a FIFO, a socket): what a rename over it would destroy."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def side_name(path: str) -> str:
+    """The stem of the hidden files written beside `path`: its name, or for a name near the
+    filesystem's 255-byte limit (which the added prefix and suffix would pass) a digest."""
+    base = os.path.basename(path)
+    if len(os.fsencode(base)) > 200:
+        base = hashlib.sha256(os.fsencode(base)).hexdigest()[:16]
+    return "." + base
+
+
 def _link_aside(path: str) -> str:
     """A second name for `path`'s current content (a hard link; a copy where links fail)."""
-    directory, base = os.path.split(os.path.abspath(path))
+    directory = os.path.dirname(os.path.abspath(path))
     while True:
-        aside = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.old")
+        aside = os.path.join(directory,
+                             f"{side_name(path)}.{os.getpid()}.{os.urandom(4).hex()}.old")
         try:
             os.link(path, aside)
             return aside
@@ -184,7 +228,7 @@ def _temporary(path: str) -> tuple[int, str]:
     one filesystem; OutputError naming `path` when its folder takes no file."""
     try:
         return tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                                prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+                                prefix=side_name(path) + ".", suffix=".tmp")
     except OSError as exc:
         raise _cannot_write(path, exc) from None
 

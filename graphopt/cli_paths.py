@@ -6,15 +6,18 @@ from __future__ import annotations
 import os
 import tempfile
 
+from graphopt.atomic import destination, is_special_file, side_name
 from graphopt.errors import OptionError
 
 
 def check_output_path(option: str, path: str, inputs: dict[str, str | None] | None = None) -> None:
     """OptionError naming `option` when `path` cannot be written as a file, or is the same file
-    as one of `inputs` (what -> path: "the model", "--inputs", …; None entries are skipped)."""
-    if os.path.isdir(path):
+    as one of `inputs` (what -> path: "the model", "--inputs", …; None entries are skipped).
+    `path` is judged where a write to it lands: a symbolic link's target (graphopt.atomic)."""
+    target = destination(path)
+    if os.path.isdir(target):
         raise OptionError(f"{option} {path}: is a directory, expected a file path")
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(target)
     if not os.path.isdir(directory):
         problem = "is a file, not a folder" if os.path.exists(directory) else "does not exist"
         raise OptionError(f"{option} {path}: directory {directory} {problem}")
@@ -22,16 +25,21 @@ def check_output_path(option: str, path: str, inputs: dict[str, str | None] | No
         if source is not None and _same_file(path, source):
             raise OptionError(f"{option} {path}: would overwrite {what} ({source}); write the "
                               "output elsewhere")
-    _check_writable(option, path, directory)
+    _check_writable(option, path, target)
 
 
-def _check_writable(option: str, path: str, directory: str) -> None:
-    """OptionError when no file can be created in `directory`: found now, not after the work.
-    The output is written there as a temporary file renamed into place (graphopt.atomic), so
-    a file of that kind is what is tried; permission bits alone do not tell (root, read-only
-    mounts, /proc)."""
+def _check_writable(option: str, path: str, target: str) -> None:
+    """OptionError when the output cannot be written: found now, not after the work. It is
+    written as a temporary file beside `target` renamed into place (graphopt.atomic), so a file
+    of that kind is what is tried; permission bits alone do not tell (root, read-only mounts,
+    /proc). A device or FIFO is written in place: it must be writable."""
+    if is_special_file(target):
+        if not os.access(target, os.W_OK):
+            raise OptionError(f"{option} {path}: not writable")
+        return
+    directory = os.path.dirname(target)
     try:
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=side_name(target) + ".",
                                      suffix=".tmp")
     except OSError as exc:
         raise OptionError(f"{option} {path}: cannot create a file in {directory} "

@@ -251,3 +251,46 @@ def test_sigterm_mid_write_leaves_no_partial_file_and_exits_143(tmp_path, capsys
     assert time.monotonic() - started < 10
     assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- destinations that are not plain files -----------------------------------------------------
+
+
+def test_a_fifo_or_device_output_is_written_in_place(tmp_path):
+    # A rename over it would put a regular file where the pipe or /dev/null was.
+    fifo = tmp_path / "out.npz"
+    os.mkfifo(fifo)
+    received = {}
+
+    def read():
+        received["data"] = fifo.read_bytes()
+
+    import threading
+
+    reader = threading.Thread(target=read, daemon=True)  # a rename would leave it waiting
+    reader.start()
+    atomic.atomic_write_bytes(fifo, b"through the pipe")
+    reader.join(10)
+    assert received["data"] == b"through the pipe"
+    assert not fifo.is_file() and atomic.is_special_file(str(fifo))
+
+
+def test_a_symlinked_output_is_written_through_to_its_target(tmp_path):
+    (tmp_path / "shared").mkdir()
+    target = tmp_path / "shared" / "model.om"
+    target.write_bytes(b"old")
+    link = tmp_path / "deploy.om"
+    link.symlink_to(target)
+    atomic.atomic_write_bytes(link, b"new")
+    assert link.is_symlink() and target.read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path / "shared")) == ["model.om"]  # no temporary left
+
+
+def test_a_name_near_the_filesystems_limit_is_written(tmp_path, capsys):
+    # The hidden temporary beside it would pass 255 bytes with the name in it.
+    long = tmp_path / ("m" * 250 + ".om")
+    rc, _, err = run_cli(capsys, "zoo", "build", "tiny", "-o", tmp_path / "t.onnx")
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, "optimize", tmp_path / "t.onnx", "-o", long, "-q")
+    assert rc == 0, err
+    assert long.is_file() and sorted(os.listdir(tmp_path)) == sorted(["t.onnx", long.name])
