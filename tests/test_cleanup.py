@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from helpers import ops
+from helpers import IR_VERSION, ops
 
 from graphopt import numerics
 from graphopt.ir import format_model, load_onnx, to_onnx, verify
@@ -266,7 +266,7 @@ def test_cse_keeps_each_random_draw():
                                helper.make_tensor("bias", TensorProto.FLOAT, [8], [0.0] * 8)])
     proto = helper.make_model(graph, functions=[noise, calls], opset_imports=[
         helper.make_opsetid("", 17), helper.make_opsetid("local", 1),
-        helper.make_opsetid("com.microsoft", 1)])
+        helper.make_opsetid("com.microsoft", 1)], ir_version=IR_VERSION)
     model = load_onnx(proto)
     ctx = PassContext(Options())
     for name in ("EliminateCommonSubexpressions", "FoldConstants"):

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from helpers import PerturbWeights, write_calibration
+from helpers import IR_VERSION, PerturbWeights, write_calibration
 from onnx import TensorProto, helper, numpy_helper, parser
 
 import graphopt
@@ -647,7 +647,8 @@ def test_an_input_of_unknown_rank_gets_no_made_up_random_data(tmp_path, capsys):
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                   ir_version=IR_VERSION),
                  tmp_path / "unranked.onnx")
     for argv in (["compare", path, path], ["bisect", path],
                  ["optimize", path, "-o", tmp_path / "o.onnx", "--verify"]):

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model, run_cli
+from helpers import IR_VERSION, parse_model, run_cli
 
 from graphopt.compiler import optimize, save
 from graphopt.errors import InputError, OptionError
@@ -339,7 +339,8 @@ def test_a_feed_overriding_an_initializer_is_judged_per_side(tmp_path, capsys):
         [vi("x", TensorProto.FLOAT, [3]), vi("k", TensorProto.FLOAT, [3])],
         [vi("y", TensorProto.FLOAT, [3])], [numpy_helper.from_array(np.ones(3, np.float32), "k")])
     source = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=IR_VERSION), source)
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, x=np.ones(3, np.float32), k=np.full(3, 2, np.float32))
     for suffix in (".onnx", ".om"):

@@ -11,6 +11,7 @@ import onnx
 import onnx.parser
 import pytest
 from onnx import TensorProto, helper
+from helpers import IR_VERSION
 
 import graphopt
 from graphopt import numerics
@@ -28,7 +29,8 @@ def test_the_rule_gives_onnxruntimes_sizes():
         graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
             "x", TensorProto.FLOAT, [1, 1, size])], [helper.make_tensor_value_info(
                 "y", TensorProto.FLOAT, None)])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)],
+                                  ir_version=IR_VERSION)
         try:
             (y,) = numerics.run(model, {"x": np.ones((1, 1, size), np.float32)}).values()
         except Exception:  # noqa: BLE001 - a negative size, which onnxruntime refuses
@@ -103,7 +105,8 @@ def test_the_scaled_size_rule_gives_onnxruntimes_sizes():
             [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
             [onnx.numpy_helper.from_array(np.array([1, scale], np.float32), "scales")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)],
+                                  ir_version=IR_VERSION)
         (y,) = numerics.run(model, {"x": np.ones((1, size), np.float32)}).values()
         assert y.shape[1] == scaled_size(size, scale), (size, scale)
         inferred = onnx.shape_inference.infer_shapes(model).graph.output[0]
@@ -135,7 +138,8 @@ def _conv_transpose(**attrs) -> onnx.ModelProto:
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [onnx.numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "w")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_a_conv_transpose_with_an_output_shape_is_sized_alike_on_both_sides():
@@ -195,7 +199,8 @@ def test_a_loop_carried_value_that_grows_is_not_taken_at_its_declared_shape():
          helper.make_tensor_value_info("trips", TensorProto.INT64, [])],
         [helper.make_tensor_value_info("v_final", TensorProto.FLOAT, ["r", 4]),
          helper.make_tensor_value_info("counts", TensorProto.INT64, ["t"])])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     feeds = {"x": np.ones((1, 4), np.float32), "trips": np.array(4, np.int64)}
     expected = numerics.run(proto, feeds)
     assert expected["counts"].tolist() == [1, 2, 3, 4]
@@ -236,7 +241,8 @@ def test_a_steady_loop_carried_value_keeps_its_declared_symbolic_shape():
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
          helper.make_tensor_value_info("trips", TensorProto.INT64, [])],
         [helper.make_tensor_value_info("v_final", TensorProto.FLOAT, ["N", 4])])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     result = graphopt.optimize(proto, level=2)
     (carried,) = [v for v in result.model.graph.nodes()[0].attr("body").inputs if v.name == "v"]
     assert carried.shape == ("N", 4)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from helpers import IR_VERSION
 
 import graphopt
 from graphopt import numerics
@@ -360,7 +361,8 @@ def _tied_embedding(vocab: int, hidden: int = 4) -> onnx.ModelProto:
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [3, vocab])],
         [numpy_helper.from_array(table, "wte")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_shared_weight_transpose_above_the_cap_is_left_for_transb():
@@ -860,7 +862,7 @@ def test_slice_indices_clamp_as_onnxruntime_does():
                                             for n in ("d", "s", "e", "a", "st")],
                               [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
     session = numerics.session(helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 17)]).SerializeToString())
+        helper.make_opsetid("", 17)], ir_version=IR_VERSION).SerializeToString())
     for size in range(4):
         data = np.arange(size, dtype=np.int64)
         for start, end, step in itertools.product(range(-6, 6), range(-6, 6), (-2, -1, 1, 2)):
@@ -913,7 +915,8 @@ def test_a_sparse_constant_stays_a_node(dims, indices, tmp_path):
          helper.make_node("Add", ["x", "c"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                              ir_version=IR_VERSION)
     _same_everywhere(proto, {"x": np.arange(6, dtype=np.float32).reshape(dims)}, tmp_path)
 
 
@@ -926,5 +929,6 @@ def test_a_sparse_initializer_feeding_a_matmul_compiles(tmp_path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         sparse_initializer=[helper.make_sparse_tensor(values, where, [3, 3])])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     _same_everywhere(proto, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import ops
+from helpers import IR_VERSION, ops
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
@@ -56,7 +56,8 @@ class Graph:
         graph = helper.make_graph(self.nodes, "attention", self.inputs, outs, self.inits,
                                   value_info=info)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
-                                                       helper.make_opsetid("com.microsoft", 1)])
+                                                       helper.make_opsetid("com.microsoft", 1)],
+                                                       ir_version=IR_VERSION)
 
 
 def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fill=MIN,
@@ -384,7 +385,8 @@ def test_a_row_whose_every_key_is_masked_keeps_its_even_average(fill):
         [vi("y", TensorProto.FLOAT, [b, n, s, h])],
         [numpy_helper.from_array(np.array(2.0, np.float32), "d"),
          numpy_helper.from_array(np.array(fill, np.float32), "fill")])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     rng = np.random.default_rng(16)
     feeds = {name: rng.standard_normal(shape).astype(np.float32)
              for name, shape in (("q", (b, n, s, h)), ("kt", (b, n, h, s)), ("v", (b, n, s, h)))}

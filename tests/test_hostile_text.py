@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import onnx
 import pytest
-from helpers import run_cli
+from helpers import IR_VERSION, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.cli_paths import check_output_path
@@ -27,7 +27,8 @@ def concat_model(inputs: list[str], declared: list[str]) -> onnx.ModelProto:
         [helper.make_node("Concat", inputs, ["y"], axis=1, name="cat")], "g",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in declared],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def evil_model(activation: str = "Relu") -> onnx.ModelProto:
@@ -37,7 +38,8 @@ def evil_model(activation: str = "Relu") -> onnx.ModelProto:
          helper.make_node(activation, [EVIL], ["y"], name="act")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [weight])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_names_holding_syntax_are_quoted_so_a_printed_line_reads_one_way():

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model
+from helpers import IR_VERSION, parse_model
 
 import graphopt
 from graphopt import numerics
@@ -71,7 +71,8 @@ def test_loading_an_om_with_string_inputs_needs_no_onnx(tmp_path):
         [onnx.helper.make_node("StringNormalizer", ["x"], ["y"], stopwords=["ab"], locale="C")],
         "strings", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [2])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [None])])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)],
+                                   ir_version=IR_VERSION)
     source, om = tmp_path / "strings.onnx", tmp_path / "strings.om"
     onnx.save(model, source)
     graphopt.save(graphopt.optimize(str(source), target="cpu"), str(om))
@@ -92,7 +93,8 @@ def test_loading_a_blocked_conv_with_mapped_weights_needs_no_onnx(tmp_path):
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 256, 8, 8])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 256, 8, 8])],
         [onnx.numpy_helper.from_array(w, "w")])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)],
+                                   ir_version=IR_VERSION)
     source, om, out = tmp_path / "conv.onnx", tmp_path / "conv.om", tmp_path / "y.npy"
     onnx.save(model, source)
     graphopt.save(graphopt.optimize(str(source), target="cpu"), str(om))

@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from helpers import IR_VERSION
 
 from graphopt import zoo
 from graphopt.compiler import check_input, optimize
@@ -99,7 +100,8 @@ def _static_cnn() -> onnx.ModelProto:
          helper.make_node("MatMul", ["f", "fc"], ["y"])],
         "static_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def _counting_kind_inference(monkeypatch) -> list[bool]:
@@ -143,7 +145,8 @@ def _repeated_blocks(blocks: int) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "blocks", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [1, 8])], [helper.make_tensor_value_info(
         "y", TensorProto.FLOAT, [1, 8])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_a_large_graph_of_repeated_blocks_is_inferred_by_kind(monkeypatch):
@@ -196,7 +199,8 @@ def test_check_input_keeps_static_types_and_declared_dim_names():
         [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"]),
          helper.make_node("NonZero", ["r"], ["nz"])],
         "g", [x], [y, nz])
-    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                        ir_version=IR_VERSION))
     values = {v.name: v for v in model.graph.all_values()}
     assert values["r"].shape is None  # no value info for it in the file
     check_input(model, "m.onnx")
@@ -215,7 +219,8 @@ def _position_range(length: int) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [length])],
         [numpy_helper.from_array(np.array(v, np.int64), name)
          for name, v in (("zero", 0), ("limit", length), ("one", 1))])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_long_range_is_not_spelled_out_by_data_propagation():
@@ -246,7 +251,8 @@ def test_a_static_dim_the_inputs_do_not_imply_is_not_folded_in(tmp_path):
         [helper.make_node("Transpose", ["x"], ["d"]), helper.make_node("Shape", ["d"], ["ds"])],
         "stale", [vi("x", TensorProto.FLOAT, ["N", 3])], [vi("ds", TensorProto.INT64, [2])],
         value_info=[vi("d", TensorProto.FLOAT, [3, 7])])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     result = graphopt.optimize(proto)
     (d,) = [v for v in result.model.graph.all_values() if v.name == "d"] or [None]
     assert d is None or list(d.shape) == [3, "N"]
@@ -277,7 +283,8 @@ def test_types_are_carried_past_contrib_ops():
         [helper.make_tensor_value_info("r", TensorProto.FLOAT, None),
          helper.make_tensor_value_info("y2", TensorProto.FLOAT, None)], [w, qkv, bias])
     model = load_onnx(helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]))
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=IR_VERSION))
     infer_shapes(model)
     values = {v.name: v for v in model.graph.all_values()}
     for name, shape in (("f", ("B", 5, 32)), ("g", ("B", 5, 32)), ("r", ("B", 5, 32)),
@@ -297,7 +304,8 @@ def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
         [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)], [w],
         value_info=[helper.make_tensor_value_info("g", TensorProto.FLOAT, ["unk__3", 5, 32])])
     model = load_onnx(helper.make_model(graph, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]))
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=IR_VERSION))
     infer_shapes(model)
     values = {v.name: v for v in model.graph.all_values()}
     assert values["g"].shape == values["r"].shape == (2, 5, 32)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import ops, parse_model, run_cli
+from helpers import IR_VERSION, ops, parse_model, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -97,7 +97,8 @@ def _nbits_model(quant, k, n, dtype=TensorProto.FLOAT):
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", dtype, [3, k])],
                               [helper.make_tensor_value_info("y", dtype, [3, n])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid("com.microsoft", 1)])
+                                                   helper.make_opsetid("com.microsoft", 1)],
+                                                   ir_version=IR_VERSION)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])

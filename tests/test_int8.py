@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from helpers import IR_VERSION
 
 import graphopt
 from graphopt import numerics, zoo
@@ -175,7 +176,8 @@ def test_add_relu_inputs_are_cut_to_the_range_the_sum_can_show(tmp_path, shared)
     calib = _calibration(tmp_path, shape=(1, 4, 8, 8))
     _, out = _int8(proto, calibration=calib, quant_keep_ends=False)
     samples = np.load(calib)["x"]
-    probe = onnx.helper.make_model(proto.graph, opset_imports=proto.opset_import)
+    probe = onnx.helper.make_model(proto.graph, opset_imports=proto.opset_import,
+                                   ir_version=IR_VERSION)
     for name in ("a", "d"):
         probe.graph.output.append(onnx.helper.make_tensor_value_info(
             name, onnx.TensorProto.FLOAT, None))

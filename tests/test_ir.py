@@ -7,6 +7,7 @@ import onnx
 import onnx.parser
 import pytest
 from onnx import helper
+from helpers import IR_VERSION
 
 from graphopt.errors import InputError
 from graphopt.ir import (DType, Graph, Node, Tensor, Value, VerifyError, format_model, load_onnx,
@@ -224,7 +225,8 @@ def test_dtypes_round_trip_through_initializers(elem_type):
     tensor = onnx.numpy_helper.from_array(data, "w")
     out = helper.make_tensor_value_info("y", elem_type, list(data.shape))
     graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [], [out], [tensor])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)],
+                              ir_version=IR_VERSION)
     model = load_onnx(proto)
     value = model.graph.initializers["w"]
     assert value.dtype == DType(elem_type)
@@ -294,7 +296,8 @@ def test_external_data_is_loaded(tmp_path):
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])], [init])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     path = tmp_path / "ext.onnx"
     onnx.save(proto, str(path), save_as_external_data=True, location="ext.bin",
               size_threshold=0)
@@ -350,7 +353,8 @@ def _if_model(branch_nodes) -> onnx.ModelProto:
         helper.make_node("Add", ["y", "t"], ["out"]),
     ], "g", [vi("x", TensorProto.FLOAT, [2]), vi("c", TensorProto.BOOL, [])],
         [vi("out", TensorProto.FLOAT, [2])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_a_subgraph_node_redefining_an_outer_value_is_refused():
@@ -398,7 +402,8 @@ def test_sub_byte_tensors_load_as_onnx_helper_writes_them(elem_type):
     tensor = helper.make_tensor("w", elem_type, [5], vals=[0.5, -1.0, 2.0, 0.0, 3.0])
     graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
                               [helper.make_tensor_value_info("y", elem_type, [5])], [tensor])
-    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)]))
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)],
+                                        ir_version=IR_VERSION))
     data = model.graph.initializers["w"].constant()
     assert data.astype(np.float32).tolist() == \
         onnx.numpy_helper.to_array(tensor).astype(np.float32).tolist()
@@ -416,7 +421,8 @@ def test_strings_that_are_not_utf8_compile_and_keep_their_bytes():
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [4])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.BOOL, [4])], weights)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)],
+                              ir_version=IR_VERSION)
     feeds = {"x": np.array(["c", "c", "x", "c"], dtype=object)}
     expected = numerics.run(proto, feeds)
     for level in (1, 2, 3):

@@ -21,7 +21,7 @@ import pytest
 from graphopt.errors import InputError, OptionError
 from graphopt.tuner import kb
 from graphopt.tuner.storage import open_storage, storage_url
-from helpers import run_cli
+from helpers import IR_VERSION, run_cli
 
 NOT_A_DB = "not a graphopt knowledge base (SQLite: file is not a database)"
 
@@ -37,7 +37,8 @@ def conv_model(path, batch=1) -> str:
              oh.make_node("Relu", ["h"], ["r"], name="relu"),
              oh.make_node("Conv", ["r", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
     graph = oh.make_graph(nodes, "two_convs", [x], [y], weights)
-    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)],
+                            ir_version=IR_VERSION), path)
     return str(path)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from helpers import IR_VERSION
 
 from graphopt.errors import InputError
 from graphopt.ir import load_onnx
@@ -74,7 +75,8 @@ def test_the_corpus_gets_the_whole_model_inferences_types():
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17):
     graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=IR_VERSION)
 
 
 X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
@@ -187,7 +189,8 @@ def test_an_op_without_type_inference_does_not_fault_the_next(binarizers):
     graph = helper.make_graph(nodes, "ml", [vi("x", TensorProto.FLOAT, [3, 2])],
                               [vi(names[-1], TensorProto.FLOAT, [3, 2])])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+                                                    helper.make_opsetid("ai.onnx.ml", 3)],
+                                                    ir_version=IR_VERSION)
     onnx.checker.check_model(proto, full_check=True)
     x = np.array([[1, 0], [0.2, 0.7], [-1, 3]], np.float32)
     out = optimize(proto, level=2).to_onnx()

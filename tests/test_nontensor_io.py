@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import run_cli
+from helpers import IR_VERSION, run_cli
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
@@ -27,7 +27,8 @@ X = np.arange(10, dtype=np.float32).reshape(5, 2) - 4.5
 def _model(nodes, inputs, outputs, initializers=(), opsets=(("", 18),)) -> onnx.ModelProto:
     graph = h.make_graph(nodes, "g", inputs, outputs,
                          initializer=[numpy_helper.from_array(a, n) for n, a in initializers])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid(d, v) for d, v in opsets])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid(d, v) for d, v in opsets],
+                         ir_version=IR_VERSION)
     onnx.checker.check_model(model, full_check=True)
     return model
 

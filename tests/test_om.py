@@ -14,6 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from helpers import IR_VERSION
 
 from graphopt.atomic import atomic_write, atomic_write_bytes
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
@@ -767,7 +768,7 @@ def test_a_symbolic_dim_two_inputs_share_takes_one_size(tmp_path):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "L"])
     model = helper.make_model(helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])],
                                                 "g", [a, b], [y]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
     path = str(tmp_path / "add.om")
     write_om(path, [OmPartition("p0", "cpu", model)])
     session = OmSession(path)
@@ -872,7 +873,8 @@ def test_a_failing_run_names_its_partition_on_the_single_partition_path_too(tmp_
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
                               [x, shape], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     path = tmp_path / "reshape.om"
     write_om(path, [OmPartition("p0", "cpu", model)])
     session = OmSession(path)

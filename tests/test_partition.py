@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from helpers import conv_classifier, parse_model
+from helpers import IR_VERSION, conv_classifier, parse_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
@@ -323,7 +323,7 @@ def test_graph_without_nodes_is_one_partition(tmp_path):
     proto = onnx.helper.make_model(onnx.helper.make_graph(
         [], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])]),
-        opset_imports=[onnx.helper.make_opsetid("", 17)])
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=IR_VERSION)
     result, path = compile_om(proto, tmp_path, target="ascend310")
     assert devices(result) == ["npu"]
     x = np.arange(2, dtype=np.float32)
@@ -536,7 +536,8 @@ def test_a_sparse_weight_travels_with_its_readers_not_from_the_caller(tmp_path):
         "g", [vi("x", TensorProto.FLOAT, [3, 4]), vi("s", TensorProto.STRING, [2])],
         [vi("y", TensorProto.FLOAT, [3, 4]), vi("so", TensorProto.STRING, [2])])
     graph.sparse_initializer.append(sparse)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              ir_version=IR_VERSION)
     result = graphopt.optimize(proto, target="ascend310")
     assert len(result.partitioning.partitions) == 2
     path = tmp_path / "sparse.om"

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import onnx
 import pytest
-from helpers import conv_classifier, conv_topk_model, parse_model, run_cli
+from helpers import IR_VERSION, conv_classifier, conv_topk_model, parse_model, run_cli
 
 import graphopt
 from graphopt import zoo
@@ -402,7 +402,8 @@ def test_a_loop_body_is_counted_once_in_its_loop(tmp_path):
          onnx.numpy_helper.from_array(np.array(True), "c"),
          onnx.numpy_helper.from_array(RNG.standard_normal((64, 64)).astype(np.float32) * 0.1,
                                       "w")])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
     path = tmp_path / "loop.om"
     graphopt.save(graphopt.optimize(proto, target="cpu"), path)
     profile = profile_model(path, **RUNS)

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 import pytest
-from helpers import conv_classifier, conv_topk_model, parse_model, run_cli
+from helpers import IR_VERSION, conv_classifier, conv_topk_model, parse_model, run_cli
 
 import graphopt
 from graphopt import zoo
@@ -256,7 +256,7 @@ def test_a_named_study_gives_the_curve_and_the_storage_shows_as_given(capsys, tm
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
         [numpy_helper.from_array(weight(128, 64), "w")]),
-        opset_imports=[helper.make_opsetid("", 17)]), model)
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), model)
     om, db = tmp_path / "mm.om", tmp_path / "kb.db"
     assert main(["optimize", str(model), "-o", str(om), "--target", "ascend310", "-q"]) == 0
     assert main(["tune", str(model), "--target", "ascend310", "--trials", "3", "--tuning-db",

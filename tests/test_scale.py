@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model
+from helpers import IR_VERSION, parse_model
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
@@ -157,7 +157,8 @@ def _one_weight_model(folder, location: str, entries: dict[str, str] | None = No
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, shape[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, shape[1]])], [tensor])
     path = os.path.join(folder, name)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=IR_VERSION), path)
     return path
 
 
@@ -508,7 +509,7 @@ def test_text_fields_that_are_not_utf8_are_named_at_import(marker, field):
     model = helper.make_model(helper.make_graph(
         [node, helper.make_node("Relu", ["OUTNAME"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])]))
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])]), ir_version=IR_VERSION)
     with pytest.raises(InputError, match=f"field '{field}' is not valid UTF-8"):
         load_onnx(_bytes_in(model, marker))
 
@@ -522,7 +523,7 @@ def test_check_ops_judges_each_node_not_only_the_first_of_its_kind():
         return load_onnx(helper.make_model(helper.make_graph(
             list(nodes), "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
             [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 3])]),
-            opset_imports=[helper.make_opsetid("", 17)]))
+            opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION))
 
     fine = [helper.make_node("Add", ["x", "x"], ["a"], name="first"),
             helper.make_node("Add", ["a", "x"], ["b"], name="second"),

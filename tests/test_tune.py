@@ -13,6 +13,7 @@ import onnx
 import onnx.helper as oh
 import optuna
 import pytest
+from helpers import IR_VERSION
 
 from graphopt import optimize
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
@@ -46,7 +47,8 @@ def conv_model(path):
              oh.make_node("Relu", ["h"], ["r"], name="relu"),
              oh.make_node("Conv", ["r", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
     graph = oh.make_graph(nodes, "two_convs", [x], [y], [w1, w2])
-    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)],
+                            ir_version=IR_VERSION), path)
     return path
 
 
@@ -290,7 +292,7 @@ def test_tuning_one_model_serves_another_with_the_same_layer_shape(tmp_path):
              oh.make_node("Conv", ["h", "w2"], ["y"], name="new")]
     other = str(tmp_path / "b.onnx")
     onnx.save(oh.make_model(oh.make_graph(nodes, "b", [x], [y], weights),
-                            opset_imports=[oh.make_opsetid("", 17)]), other)
+                            opset_imports=[oh.make_opsetid("", 17)], ir_version=IR_VERSION), other)
     out = str(tmp_path / "b.om")
     assert main(["optimize", other, "-o", out, "--target", "ascend310", "--tuning-db", db,
                  "-q"]) == 0

@@ -19,7 +19,7 @@ from graphopt.passes.pipelines import PIPELINES, for_target
 from graphopt.partition import load_target
 from graphopt.tuner.subgraph_space import Recorder, build_space, gate_for
 
-from helpers import ops, run_cli
+from helpers import IR_VERSION, ops, run_cli
 
 # The rewrite's error is relative to the layer's outputs, not to each element (module docstring).
 SCALED_TOLERANCE = 4e-5
@@ -61,7 +61,8 @@ def conv_model(channels=128, filters=128, size=(30, 30), pads=(1, 1, 1, 1), bias
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, *size])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, filters, height, width])
     graph = helper.make_graph(nodes, "conv", [x], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=IR_VERSION)
 
 
 def run(proto: onnx.ModelProto, x: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import os
 from typing import Iterator, Mapping
 
@@ -161,6 +162,24 @@ class _Importer:
     def error(self, message: str) -> InputError:
         return InputError(f"{self.label}: {message}")
 
+    def check_sparse(self, sparse, name: str) -> None:
+        """Refuse a sparse initializer whose indices do not fit its values or its dims:
+        onnxruntime 1.23 aborts the whole process on one (std::terminate or a segfault, no
+        exception) when a session or the .om's loader opens it; 1.24.2 and later refuse it."""
+        if math.prod(sparse.dims) == 0:
+            # ONNX's checker refuses any dim 0, which onnxruntime takes for an empty tensor.
+            if math.prod(sparse.values.dims) or math.prod(sparse.indices.dims):
+                raise self.error(f"sparse initializer '{name}' has values but its dims "
+                                 f"{list(sparse.dims)} hold no element")
+            return
+        if TensorProto.EXTERNAL in (sparse.values.data_location, sparse.indices.data_location):
+            return  # the checker would look for the file relative to the working directory
+        try:
+            onnx.checker.check_sparse_tensor(sparse)
+        except onnx.checker.ValidationError as e:
+            reason = str(e).strip().splitlines()[0]
+            raise self.error(f"sparse initializer '{name}' is malformed: {reason}") from None
+
     def model(self, proto: ModelProto) -> Model:
         self.check_text(proto, "the model")
         for entry in proto.opset_import:
@@ -249,6 +268,7 @@ class _Importer:
             dtype = self.dtype(sparse.values.data_type, f"sparse initializer '{name}'")
             if any(d < 0 for d in sparse.dims):
                 raise self.error(f"sparse initializer '{name}' has a negative dim {list(sparse.dims)}")
+            self.check_sparse(sparse, name)
             value = Value(name, dtype, tuple(sparse.dims))
             value.sparse_const = sparse
             local[name] = graph.add_initializer(value)
