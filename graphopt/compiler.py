@@ -312,7 +312,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())
     if options.dump_dir:
-        instruments.append(DumpIR(options.dump_dir, options.dump_format))
+        instruments.append(DumpIR(options.dump_dir, options.dump_format,
+                                  source=label if is_path else None))
     instruments += extra_instruments
     if target is not None and not options.nchwc_block_size:
         options.nchwc_block_size = target.device(target.primary).nchwc_block_size

@@ -173,3 +173,35 @@ def test_a_second_dump_into_the_same_directory_replaces_the_first(proto, tmp_pat
     log = json.loads((directory / "passes.json").read_text())
     listed = {name for entry in [log["import"], *log["passes"]] for name in entry["dumps"]}
     assert {p.name for p in directory.iterdir()} == listed | {"passes.json", "notes.txt"}
+
+
+@pytest.mark.parametrize("name", ["weights.bin", "passes.json"])
+def test_a_dump_refuses_a_folder_holding_files_it_did_not_write(proto, tmp_path, name):
+    # A model's own weights.bin, or someone's passes.json: the dump would truncate or delete it.
+    directory = tmp_path / "dump"
+    directory.mkdir()
+    (directory / name).write_bytes(b"precious")
+    with pytest.raises(OptionError, match=f"holds a {name} that no graphopt dump wrote"):
+        graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format="onnx")
+    assert (directory / name).read_bytes() == b"precious"
+    (directory / name).unlink()
+    (directory / name).symlink_to(tmp_path / "elsewhere")  # a link is never the dump's
+    with pytest.raises(OptionError, match=f"holds a {name} that no graphopt dump wrote"):
+        graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format="onnx")
+
+
+def test_a_dump_never_overwrites_the_model_or_the_weights_it_reads(proto, tmp_path):
+    directory = tmp_path / "dump"
+    directory.mkdir()
+    model = directory / "000_import.onnx"  # the name the dump's first file takes
+    onnx.save(proto, model)
+    with pytest.raises(OptionError, match="the dump would overwrite the model"):
+        graphopt.optimize(os.fspath(model), dump_dir=os.fspath(directory))
+    assert onnx.load(model) == proto
+    # An ONNX dump compiled again with the same --dump-dir reads its weights from there.
+    first = tmp_path / "first"
+    graphopt.optimize(proto, dump_dir=os.fspath(first), dump_format="onnx")
+    (first / "model.onnx").write_bytes((first / "000_import.onnx").read_bytes())
+    with pytest.raises(OptionError, match=r"reads its weights from .*weights\.bin"):
+        graphopt.optimize(os.fspath(first / "model.onnx"), dump_dir=os.fspath(first),
+                          dump_format="onnx")

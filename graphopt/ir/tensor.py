@@ -111,6 +111,11 @@ class Tensor:
         return tensor
 
     @property
+    def external_path(self) -> str | None:
+        """The external data file the tensor's bytes are in (None when they are in memory)."""
+        return self._external[0] if self._external is not None else None
+
+    @property
     def source_model(self) -> str | None:
         """The model file whose import made this external tensor (None for any other)."""
         return self._load.model_path if isinstance(self._load, ExternalImport) else None

@@ -49,6 +49,10 @@ class VerifyAfterEachPass(Instrument):
 
 
 DUMP_FORMATS = ("text", "onnx", "both")
+INDEX_FILE = "passes.json"
+WEIGHTS_FILE = "weights.bin"  # tools.dump_onnx's: the ONNX dumps' shared external data
+# What DumpIR names its files: NNN_<label>.txt or .onnx (the label sanitized to these characters).
+_DUMP_NAME = re.compile(r"\d{3,}_[A-Za-z0-9_.-]*\.(txt|onnx)\Z")
 
 
 class DumpIR(Instrument):
@@ -56,12 +60,13 @@ class DumpIR(Instrument):
     printed IR, `NNN_<pass>.onnx` ONNX with its large weights shared in one `weights.bin`, or
     both), then passes.json with the log, each entry naming its dump files."""
 
-    def __init__(self, directory: str, format: str = "text"):
+    def __init__(self, directory: str, format: str = "text", source: str | None = None):
         if format not in DUMP_FORMATS:
             raise OptionError(f"--dump-format {format}: unknown format "
                               f"(use {', '.join(DUMP_FORMATS)})")
         self.directory = directory
         self.format = format
+        self.source = source  # the model file compiled, which the dump must not overwrite
         self.count = 0
         self.files: list[list[str]] = []  # per dump (import first, then each pass run)
         self._weights = None
@@ -87,29 +92,59 @@ class DumpIR(Instrument):
         except OSError as e:
             raise OptionError(f"--dump-dir {self.directory}: cannot create it: "
                               f"{e.strerror or e}") from None
-        self._remove_previous_dump()
+        previous = self._previous_dump()
+        self._check_directory(model, previous)
+        for name in previous or ():
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.directory, name))
         if self.format in ("onnx", "both"):
             from graphopt.tools.dump_onnx import SharedWeights
 
             self._weights = SharedWeights(self.directory)
         self._write(model, "import")
 
-    def _remove_previous_dump(self) -> None:
-        """Delete the files an earlier dump into this directory listed in its passes.json: left
-        beside the new ones, they would read as this compile's, and their ONNX files point into
-        a weights.bin this dump rewrites. Files it did not write stay."""
-        index = os.path.join(self.directory, "passes.json")
+    def _previous_dump(self) -> set[str] | None:
+        """The files an earlier graphopt dump into this directory wrote, as its passes.json
+        lists them (None when there is none): left beside the new ones, they would read as
+        this compile's, and their ONNX files point into a weights.bin this dump rewrites."""
         try:
-            with open(index, encoding="utf-8") as f:
+            with open(os.path.join(self.directory, INDEX_FILE), encoding="utf-8") as f:
                 data = json.load(f)
             entries = [data.get("import", {}), *data.get("passes", [])]
-            names = [name for entry in entries for name in entry.get("dumps", [])]
-        except (OSError, ValueError, AttributeError, TypeError):
-            return  # no earlier dump, or not one of ours
-        for name in {*names, "weights.bin", "passes.json"}:
-            if os.path.basename(name) == name:  # never a path out of the directory
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(self.directory, name))
+            names = {name for entry in entries for name in entry.get("dumps", [])}
+            kind = data["dump_format"]
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            return None  # no earlier dump, or a passes.json graphopt did not write
+        if kind not in DUMP_FORMATS or not all(isinstance(n, str) and _DUMP_NAME.match(n)
+                                               for n in names):
+            return None
+        return names | {INDEX_FILE} | ({WEIGHTS_FILE} if kind in ("onnx", "both") else set())
+
+    def _check_directory(self, model, previous: set[str] | None) -> None:
+        """OptionError when the dump would replace or delete what it did not write: a
+        passes.json or weights.bin of someone else's (a model's external data, say), a link
+        there, the compiled model itself, or weights the model still reads from the folder."""
+        folder = os.path.realpath(self.directory)
+        where = f"--dump-dir {self.directory}"
+        for name in (INDEX_FILE, WEIGHTS_FILE):
+            path = os.path.join(self.directory, name)
+            if os.path.islink(path) or (os.path.lexists(path) and name not in (previous or ())):
+                raise OptionError(f"{where}: holds a {name} that no graphopt dump wrote; dump "
+                                  "into an empty or new folder")
+        source = self.source and os.path.realpath(self.source)
+        if source and os.path.dirname(source) == folder and (
+                _DUMP_NAME.match(os.path.basename(source))
+                or os.path.basename(source) in (INDEX_FILE, WEIGHTS_FILE)):
+            raise OptionError(f"{where}: the dump would overwrite the model {self.source}; "
+                              "dump into another folder")
+        for graph in model.graph.all_graphs():
+            for value in graph.initializers.values():
+                tensor = value.const
+                if tensor is not None and tensor.is_external and os.path.dirname(
+                        os.path.realpath(tensor.external_path)) == folder:
+                    raise OptionError(f"{where}: the model reads its weights from "
+                                      f"{tensor.external_path}, in the folder the dump "
+                                      "rewrites; dump into another folder")
 
     def after_pass(self, model, record, log) -> None:
         self._write(model, record.name)
@@ -120,5 +155,5 @@ class DumpIR(Instrument):
         data["import"] = {"dumps": self.files[0]}
         for entry, names in zip(data["passes"], self.files[1:]):
             entry["dumps"] = names
-        atomic_write_bytes(os.path.join(self.directory, "passes.json"),
+        atomic_write_bytes(os.path.join(self.directory, INDEX_FILE),
                            json.dumps(data, indent=1).encode("utf-8"))
