@@ -559,6 +559,9 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
     elif not isinstance(model, Model):
         raise OptionError(f"save: expected an OptimizeResult, a graphopt Model or an onnx "
                           f"ModelProto to write, got {type(model).__name__}")
+    models = [c.result.model for c in result.profiles] if result is not None and \
+        result.profiles else [model]
+    _check_not_weights_file(models, path)
     if tuning_db is None and result is not None:
         tuning_db = result.tuning_db
     tuning_db = knowledge_base(tuning_db)
@@ -580,6 +583,22 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
         raise OptionError(f"{path}: save writes .onnx (optimized ONNX) or .om (the artifact); "
                           "name the file so")
     save_onnx(model, path, external=external_data)
+
+
+def _check_not_weights_file(models: list, path: str) -> None:
+    """OptionError when `path` is a file the models read weights from (the input's external
+    data, `-o weights.bin` say): replacing it would leave that model unloadable, or loading
+    the artifact's bytes as its weights."""
+    for model in models:
+        if not isinstance(model, Model):
+            continue
+        for graph in model.graph.all_graphs():
+            for value in graph.initializers.values():
+                tensor = value.const
+                if tensor is not None and tensor.is_external and tensor.reads(path):
+                    owner = tensor.source_model or "the model"
+                    raise OptionError(f"{path}: holds the weights of {owner} ('{value.name}' "
+                                      "and others read it); write the output elsewhere")
 
 
 def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str,

@@ -14,7 +14,7 @@ from helpers import run_cli
 import graphopt
 import graphopt.atomic as atomic
 from graphopt.cli import main
-from graphopt.errors import OutputError
+from graphopt.errors import OptionError, OutputError
 
 
 @pytest.fixture(scope="module")
@@ -205,8 +205,6 @@ def test_saving_over_another_models_data_file_is_refused(tmp_path):
     # out.onnx with external data would replace them, and in.onnx would no longer load.
     import onnx
 
-    from graphopt.errors import OptionError
-
     proto, weight = _matmul_model(1)
     source = tmp_path / "in.onnx"
     onnx.save(proto, source, save_as_external_data=True, location="out.onnx.data",
@@ -294,3 +292,22 @@ def test_a_name_near_the_filesystems_limit_is_written(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "optimize", tmp_path / "t.onnx", "-o", long, "-q")
     assert rc == 0, err
     assert long.is_file() and sorted(os.listdir(tmp_path)) == sorted(["t.onnx", long.name])
+
+
+def test_an_output_onto_the_models_own_weights_file_is_refused(tmp_path):
+    import onnx
+
+    proto, weight = _matmul_model(1)
+    source = tmp_path / "m.onnx"
+    onnx.save(proto, source, save_as_external_data=True, location="data.om", size_threshold=0)
+    before = (tmp_path / "data.om").read_bytes()
+    result = graphopt.optimize(source)
+    for out in ("data.om", "data.om.onnx"):
+        target = tmp_path / "data.om"
+        if out.endswith(".onnx"):  # the same file reached through a link named .onnx
+            (tmp_path / out).symlink_to(target)
+        with pytest.raises(OptionError, match=r"holds the weights of .*m\.onnx \('W' and others"):
+            graphopt.save(result, tmp_path / out)
+    assert (tmp_path / "data.om").read_bytes() == before
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(_run(source, x), x @ weight, rtol=1e-5)
