@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from graphopt.cli_paths import check_output_path
@@ -50,6 +51,13 @@ def _cmd_calibrate(args) -> int:
         raise OptionError(f"--threads must be ≥ 1, got {args.threads}")
     if args.output:  # checked before the benchmarks, which take seconds
         check_output_path("-o", args.output)
+    else:  # the default file's folder, created now (HOME may be unset, a file, read-only)
+        try:
+            os.makedirs(os.path.dirname(default_path()), exist_ok=True)
+        except OSError as exc:
+            raise OptionError(f"the default calibration file {default_path()}: cannot create "
+                              f"its folder ({exc.strerror or exc}); give -o FILE") from None
+        check_output_path("the default calibration file", default_path())
 
     def progress(key: str, m) -> None:
         print(f"  {key:<12} {m.name:<28} {m.seconds * 1e6:10.1f} µs  ({m.runs} runs)",

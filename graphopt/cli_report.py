@@ -95,12 +95,13 @@ def _cmd_report(args) -> int:
                   rtol=args.rtol, atol=args.atol, min_cosine=args.min_cosine,
                   tuning_db=args.storage or args.tuning_db,
                   tuning_option="--storage" if args.storage else "--tuning-db")
-    page = render_report(data)
-    atomic_write_bytes(out, page.encode("utf-8"))
+    # A file name that is not UTF-8 reaches the page as surrogate escapes: shown as \udcXX.
+    page = render_report(data).encode("utf-8", errors="backslashreplace")
+    atomic_write_bytes(out, page)
     parts = data.artifact.partitions
     # The weights' (de)quantizations are not drawn, but they are nodes of the .om all the same.
     nodes = sum(1 for n in data.graph.nodes if n.partition) + data.graph.weight_casts
-    size = len(page.encode("utf-8")) // 1024
+    size = len(page) // 1024
     lines = [f"wrote {out} ({size} KiB): {len(parts)} partition(s), {nodes} node(s)"]
     if data.accuracy is not None:
         lines.append(f"accuracy: {'PASS' if data.accuracy.passed else 'FAIL'} "

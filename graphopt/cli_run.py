@@ -143,7 +143,8 @@ def _cmd_run(args) -> int:
             raise InputError(f"--inputs {args.inputs}: {exc}") from None
 
     outputs, first_seconds = timed(lambda: session.run(feeds))
-    print(f"{args.model}: loaded in {_ms(load_seconds)}, first run {_ms(first_seconds)}")
+    print(one_line(f"{args.model}: loaded in {_ms(load_seconds)}, first run "
+                   f"{_ms(first_seconds)}"))
     if session.profiles:
         from graphopt.codegen.profile_match import dims_label
 

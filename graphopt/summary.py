@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphopt.compiler import OptimizeResult, op_counts
+from graphopt.errors import one_line
 from graphopt.table import format_table
 
 
@@ -12,7 +13,9 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
     total_after = sum(after.values())
     profiles = (f" (shape profile {result.profiles[0].profile.name} of {len(result.profiles)} "
                 "below)") if result.profiles else ""
-    head = (f"{result.source_label} -> {output or '(in memory)'}{profiles}: {result.log.pipeline}, "
+    # File names may hold any character: the line stays one line (errors.one_line).
+    head = (f"{one_line(result.source_label)} -> {one_line(output or '(in memory)')}{profiles}: "
+            f"{result.log.pipeline}, "
             f"{result.seconds:.2f} s; nodes {sum(before.values())} -> {total_after} "
             f"({total_after - sum(before.values()):+d})")
     pass_rows = []

@@ -98,3 +98,24 @@ def test_tables_pad_wide_characters_by_the_columns_they_take():
     assert display_width("卷积") == 4 and display_width("e\u0301") == 1
     lines = format_table(["name", "n"], [["卷积层", 1], ["conv", 22]]).splitlines()
     assert [display_width(line) for line in lines] == [10, 10, 10, 10]
+
+
+def test_file_names_with_line_breaks_or_odd_bytes_stay_one_line(tmp_path, capsys):
+    import os
+
+    from graphopt import zoo
+
+    source = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), source)
+    forged = tmp_path / "x\nverified: all outputs match\ny.om"
+    rc, out, err = run_cli(capsys, "optimize", source, "-o", forged)
+    assert rc == 0, err
+    assert not any(line.startswith("verified: all") for line in out.splitlines())
+    rc, out, _ = run_cli(capsys, "inspect", forged)
+    assert rc == 0 and not any(line.startswith("verified: all") for line in out.splitlines())
+    # A name that is not UTF-8 (Latin-1 bytes): the report writes it escaped, not a crash.
+    latin = tmp_path / os.fsdecode(b"mod\xe8le.om")
+    assert run_cli(capsys, "optimize", source, "-o", latin, "-q")[0] == 0
+    rc, out, err = run_cli(capsys, "report", latin, "-o", tmp_path / "r.html")
+    assert rc == 0, err
+    assert "\\udce8" in (tmp_path / "r.html").read_text(encoding="utf-8")

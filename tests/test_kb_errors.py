@@ -501,3 +501,21 @@ def test_kb_import_from_standard_input(built, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("{}"))
     rc, _, err = run_cli(capsys, "kb", "import", "-", "--tuning-db", target)
     assert rc != 0 and "standard input: not a graphopt knowledge-base export" in err
+
+
+def test_a_file_name_with_url_syntax_is_the_file_it_names(tmp_path):
+    # SQLAlchemy decodes %XX and reads ? as options: the path is quoted into the URL.
+    for name in ("p%41.db", "q?x=1.db", "a b#c.db"):
+        open_storage(str(tmp_path / name))
+        assert (tmp_path / name).is_file(), name
+    assert not (tmp_path / "pA.db").exists() and not (tmp_path / "q").exists()
+
+
+def test_a_default_knowledge_base_that_cannot_be_made_is_a_clear_error(tmp_path, capsys,
+                                                                       monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))
+    rc, out, err = run_cli(capsys, "kb", "list")
+    assert rc == 1 and "the default knowledge base" in err and "give --tuning-db FILE" in err
+    rc, out, err = run_cli(capsys, "calibrate", "--target", "cpu", "--quick")
+    assert rc == 1 and "the default calibration file" in err and "give -o FILE" in err

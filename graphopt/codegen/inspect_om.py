@@ -288,7 +288,7 @@ def format_om(artifact: OmArtifact) -> str:
                      f"({format_bytes(sum(i['size'] for i in members.values()))})")),
     ]
     width = max(len(key) for key, _ in header)
-    parts = [f"{artifact.path}\n" + "\n".join(f"  {key.ljust(width)}  {value}" for key, value in header)]
+    parts = [f"{one_line(artifact.path)}\n" + "\n".join(f"  {key.ljust(width)}  {value}" for key, value in header)]
 
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))

@@ -8,6 +8,7 @@ import contextlib
 import os
 import warnings
 from typing import Any
+from urllib.parse import quote
 
 from graphopt.errors import OptionError
 from graphopt.tuner.optuna_import import optuna
@@ -36,17 +37,27 @@ def storage_url(db_or_url: str | os.PathLike | None = None, *, option: str = "--
     the storage in errors."""
     if db_or_url is None:
         path = default_db_path()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return f"sqlite:///{path}"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:  # HOME unset, a file, or read-only
+            raise OptionError(f"the default knowledge base {path}: cannot create its folder "
+                              f"({exc.strerror or exc}); give --tuning-db FILE") from None
+        return _sqlite_url(path)
     text = os.fspath(db_or_url)
     if "://" not in text:
         path = os.path.abspath(text)
         _check_sqlite_file(path, option, text, must_exist)
-        return f"sqlite:///{path}"
+        return _sqlite_url(path)
     database = _check_url(text, option)
     if database not in (None, "", ":memory:"):
         _check_sqlite_file(os.path.abspath(database), option, text, must_exist)
     return text
+
+
+def _sqlite_url(path: str) -> str:
+    """sqlite:/// and the path, quoted: SQLAlchemy decodes %XX in a URL and reads ? as the
+    start of options, so `p%41.db` would open pA.db and `kb.db?` another file."""
+    return f"sqlite:///{quote(path, safe='/')}"
 
 
 def sqlite_path(db_or_url: str | os.PathLike | None) -> str | None:
