@@ -95,6 +95,17 @@ def test_estimate_search_beats_the_default_and_keeps_outputs(block_path):
     np.testing.assert_allclose(run(out, feeds)["y"], run(proto, feeds)["y"], rtol=1e-4, atol=1e-5)
 
 
+def test_a_model_with_external_data_is_tuned_from_its_path(block_path, tmp_path):
+    # Candidates compile from memory; a model whose weights sit beside it compiles from its path.
+    path = tmp_path / "block.onnx"
+    onnx.save(onnx.load(block_path), path, save_as_external_data=True, location="w.bin",
+              size_threshold=0)
+    for objective in ("estimate", "measured"):
+        job = SubgraphJob(str(path), "cpu", level=3, objective=objective, repeat=2)
+        result = tune_subgraph(job, trials=2, seed=0, storage=optuna.storages.InMemoryStorage())
+        assert result.default.seconds > 0
+
+
 def test_same_seed_same_choice(block_path):
     a = tune_subgraph(_job(block_path), trials=6, seed=3, storage=optuna.storages.InMemoryStorage())
     b = tune_subgraph(_job(block_path), trials=6, seed=3, storage=optuna.storages.InMemoryStorage())

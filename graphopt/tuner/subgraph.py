@@ -163,14 +163,37 @@ def checked_target(job: SubgraphJob):
     return target
 
 
+def _references_files(data: bytes) -> bool:
+    """Whether the serialized model keeps tensors in external files."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from graphopt.errors import InputError
+    from graphopt.ir.onnx_io import check_no_external_references
+
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError):
+        return False  # not a model: the compile says what is wrong with it
+    try:
+        check_no_external_references(proto)
+    except InputError:
+        return True
+    return False
+
+
 class Evaluator:
     """Compiles a job's model under given decisions and scores the result."""
 
     def __init__(self, job: SubgraphJob):
         self.job = job
         self.target = checked_target(job)
+        # Compiled from memory, read once; a model with external data from its path, since
+        # bytes name no folder to find that data in.
         with open(job.model_path, "rb") as f:
             self.data = f.read()
+        self.source = job.model_path if _references_files(self.data) else self.data
         self.feeds = self.reference = None
 
     def compile(self, params: dict | None, space: Space | None, gate=None):
@@ -180,7 +203,7 @@ class Evaluator:
             gate, options = gate_for(params, space), pass_options_for(params, space)
         else:
             options = None
-        return optimize(self.data, level=self.job.level, input_shapes=self.job.input_shapes,
+        return optimize(self.source, level=self.job.level, input_shapes=self.job.input_shapes,
                         target=self.target, rewrite_gate=gate, pass_options=options)
 
     def score(self, result) -> tuple[float, dict[str, float]]:
@@ -219,7 +242,8 @@ class Evaluator:
         if self.feeds is None:
             import onnx
 
-            proto = onnx.load_from_string(self.data)
+            proto = (onnx.load(self.source) if isinstance(self.source, str)  # with its data
+                     else onnx.load_from_string(self.data))
             shapes = None
             if self.job.input_shapes:
                 from graphopt.input_shapes import parse_input_shapes
