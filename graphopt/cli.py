@@ -135,6 +135,10 @@ def _cmd_optimize(args) -> int:
     if args.dump_format and not args.dump_dir:
         raise OptionError(f"--dump-format {args.dump_format} needs --dump-dir, the directory to "
                           "dump into")
+    for flag, path in (("-o", args.output), ("--memory-plot", args.memory_plot)):
+        if args.dump_dir and path and os.path.realpath(path) == os.path.realpath(args.dump_dir):
+            raise OptionError(f"--dump-dir {args.dump_dir}: the same path as {flag}; the dump "
+                              "is a folder of files, the output one file")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
     if args.memory_plot and not args.memory_plot.lower().endswith((".png", ".svg")):

@@ -139,12 +139,14 @@ def test_option_errors(proto, tmp_path):
     (["--dump-format", "onnx"], "--dump-format onnx needs --dump-dir"),
     (["--dump-format", "text"], "--dump-format text needs --dump-dir"),
     (["--dump-dir", "DIR", "--dump-format", "xml"], "--dump-format xml: unknown format"),
+    (["--dump-dir", "OUT"], "the same path as -o; the dump is a folder of files"),
 ])
 def test_cli_option_errors(proto, tmp_path, capsys, argv, needle):
     model = tmp_path / "m.onnx"
     onnx.save(proto, os.fspath(model))
     out = tmp_path / "out.onnx"
-    argv = [os.fspath(tmp_path / "dump") if a == "DIR" else a for a in argv]
+    argv = [os.fspath(tmp_path / "dump") if a == "DIR" else os.fspath(out) if a == "OUT" else a
+            for a in argv]
     rc, _, err = run_cli(capsys, "optimize", model, "-o", out, *argv)
     assert rc == 1 and needle in err and "Traceback" not in err
     assert not out.exists() and not (tmp_path / "dump").exists()
