@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ class OptimizeResult:
     # the subgraph study whose decisions the compile applied (None: none applied).
     tuning_db: str | None = None
     tuned_study: str | None = None
+    # The input file as compiled (device, inode, size, mtime; None: not a regular file): an
+    # .om records its sha256 only while the path still holds those bytes.
+    source_identity: tuple | None = None
 
     @property
     def nodes_before(self) -> int:
@@ -281,6 +285,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     is_path = isinstance(model, (str, os.PathLike))
     label = os.fspath(model) if is_path else "<model>"
     source_sha256 = None
+    source_identity = file_identity(label) if is_path else None
     if not is_path:
         source_sha256 = _memory_model_sha256(model)
     ir_model = load_onnx(model, user_model=True)
@@ -321,7 +326,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
     _mark_lossy(ir_model, log, target)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
-                            notes=import_notes + ctx.notes)
+                            notes=import_notes + ctx.notes, source_identity=source_identity)
     record_tuning(result, tuning_db, tuned)
     if ctx.tracer is not None:
         from graphopt.passes.rules import quiet_rule_reasons, rule_fire_counts
@@ -585,6 +590,32 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
     save_onnx(model, path, external=external_data)
 
 
+def file_identity(path: str) -> tuple | None:
+    """(device, inode, size, mtime) of a regular file; None for anything else (a pipe)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _source_sha256(result: OptimizeResult) -> str | None:
+    """The sha256 of the model the result was compiled from: of its bytes when given in memory,
+    else of the file, read now, unless the path no longer holds the file compiled (a save
+    over it, say) or never was a regular file (a pipe, which would wait for a writer): then
+    unknown (None) rather than another file's hash."""
+    if result.source_sha256 is not None:
+        return result.source_sha256
+    from graphopt.codegen.om_write import file_sha256
+
+    path = result.source_label
+    if result.source_identity is None or file_identity(path) != result.source_identity:
+        return None
+    return file_sha256(path)
+
+
 def _check_not_weights_file(models: list, path: str) -> None:
     """OptionError when `path` is a file the models read weights from (the input's external
     data, `-o weights.bin` say): replacing it would leave that model unloadable, or loading
@@ -625,7 +656,8 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
         if lossy:  # for compare: a model made lossy by an earlier compile, the pass log cannot say
             extra = {**extra, "lossy_passes": lossy}
         write_om(path, parts, source_path=result.source_label if result else None,
-                 source_bytes_sha256=result.source_sha256 if result else None,
+                 source_bytes_sha256=_source_sha256(result) if result else None,
+                 hash_source=False,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
                  inputs=inputs, outputs=outputs, weight_sources=sources)
 
@@ -714,6 +746,7 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
             else PORTABLE_TARGET
         inputs, outputs = _signature_names(result.profiles[0].result.model)
         write_om(path, [], profiles=profiles, dynamic_signature=result.dynamic_signature,
-                 source_path=result.source_label, source_bytes_sha256=result.source_sha256,
+                 source_path=result.source_label, source_bytes_sha256=_source_sha256(result),
+                 hash_source=False,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
                  inputs=inputs, outputs=outputs, weight_sources=sources)

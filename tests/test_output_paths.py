@@ -311,3 +311,23 @@ def test_an_output_onto_the_models_own_weights_file_is_refused(tmp_path):
     assert (tmp_path / "data.om").read_bytes() == before
     x = np.ones((2, 64), np.float32)
     np.testing.assert_allclose(_run(source, x), x @ weight, rtol=1e-5)
+
+
+def test_the_om_records_the_source_hash_only_while_the_path_holds_the_source(tmp_path):
+    import hashlib
+    import json
+    import zipfile
+
+    import onnx
+
+    def recorded(om):
+        return json.loads(zipfile.ZipFile(om).read("manifest.json"))["source"]["sha256"]
+
+    source = tmp_path / "m.onnx"
+    onnx.save(_matmul_model(1)[0], source)
+    result = graphopt.optimize(source)
+    graphopt.save(result, tmp_path / "a.om")
+    assert recorded(tmp_path / "a.om") == hashlib.sha256(source.read_bytes()).hexdigest()
+    graphopt.save(result, source)  # the optimized model in place: no longer what was compiled
+    graphopt.save(result, tmp_path / "b.om")
+    assert recorded(tmp_path / "b.om") is None

@@ -240,7 +240,7 @@ def _merged_signature(signatures: list[dict[str, dict]], dynamic: Mapping[str, d
 # --- writing -------------------------------------------------------------------------------
 
 
-def _file_sha256(path: str) -> str | None:
+def file_sha256(path: str) -> str | None:
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
@@ -353,6 +353,7 @@ def write_om(
     *,
     source_path: str | os.PathLike | None = None,
     source_bytes_sha256: str | None = None,
+    hash_source: bool = True,
     target: str = "cpu",
     pass_log: list | None = None,
     extra_members: dict[str, bytes] | None = None,
@@ -450,8 +451,8 @@ def write_om(
 
     if source_path is not None:
         source_path = os.fspath(source_path)
-        if source_bytes_sha256 is None:
-            source_bytes_sha256 = _file_sha256(source_path)
+        if source_bytes_sha256 is None and hash_source:
+            source_bytes_sha256 = file_sha256(source_path)
     manifest = {
         "format": FORMAT,
         "format_version": PROFILES_VERSION if profiles else 1,
