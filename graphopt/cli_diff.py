@@ -6,7 +6,7 @@ import argparse
 import json
 
 from graphopt.cli_types import non_negative_int, target_name
-from graphopt.errors import UsageError
+from graphopt.errors import OptionError, UsageError
 
 EXAMPLES = """examples:
   graphopt diff model.onnx model.opt.onnx
@@ -53,7 +53,7 @@ def _cmd_diff(args) -> int:
                                       ("-O", args.level is not None),
                                       ("--target", args.target)) if on]
         if used:
-            raise UsageError(f"{', '.join(used)} only apply with --pass NAME")
+            raise OptionError(f"{', '.join(used)} only apply with --pass NAME")
         if len(args.models) != 2:
             raise UsageError(f"diff takes two models A and B, got {len(args.models)} "
                               "(or one model with --pass NAME)")

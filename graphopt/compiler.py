@@ -154,8 +154,9 @@ def _memory_model_sha256(model: ModelProto | bytes) -> str:
     one message serializes to, of its fields and main-graph elements serialized one by one."""
     if isinstance(model, bytes):
         return hashlib.sha256(model).hexdigest()
-    if numerics.serializable(model):
-        return hashlib.sha256(model.SerializeToString()).hexdigest()
+    data = numerics.serialized(model)
+    if data is not None:
+        return hashlib.sha256(data).hexdigest()
     digest = hashlib.sha256()
     for owner in (model, model.graph):
         for descriptor, value in owner.ListFields():
@@ -628,8 +629,8 @@ def _check_not_weights_file(models: list, path: str) -> None:
                 tensor = value.const
                 if tensor is not None and tensor.is_external and tensor.reads(path):
                     owner = tensor.source_model or "the model"
-                    raise OptionError(f"{path}: holds the weights of {owner} ('{value.name}' "
-                                      "and others read it); write the output elsewhere")
+                    raise OptionError(f"{path}: holds the weights of {owner} (initializer "
+                                      f"'{value.name}', at least); write the output elsewhere")
 
 
 def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str,

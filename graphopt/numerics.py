@@ -29,18 +29,14 @@ LEVELS = {
 }
 
 
-# The largest message protobuf serializes (2 GiB less one byte).
-SERIALIZE_LIMIT = (1 << 31) - 1
-
-
-def serializable(model: ModelProto) -> bool:
-    """Whether `model` serializes to one message: not past protobuf's 2 GiB (onnx.load of a
-    model with more external data than that gives one that does not, and whose ByteSize
-    raises instead of answering)."""
+def serialized(model: ModelProto) -> bytes | None:
+    """The model's bytes; None past protobuf's 2 GiB, which no one message serializes to
+    (onnx.load of a model with more external data than that gives such a proto). Serialized
+    once: ByteSize would serialize it too, to tell."""
     try:
-        return model.ByteSize() < SERIALIZE_LIMIT
-    except EncodeError:
-        return False
+        return model.SerializeToString()
+    except (EncodeError, ValueError):
+        return None
 
 
 def session(model: ModelProto | bytes | str, level: str = "disable", threads: int = 1,
@@ -55,7 +51,8 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     options.log_severity_level = 4  # failures raise; their log lines would only repeat them
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
-    if isinstance(model, ModelProto) and not serializable(model):
+    data = serialized(model) if isinstance(model, ModelProto) else model
+    if data is None:
         # Past protobuf's 2 GiB one message cannot be serialized: onnxruntime reads the model
         # from a file with its weights beside it, which it keeps mapped once the session is
         # built (the folder can go then).
@@ -67,7 +64,6 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
             return ort.InferenceSession(path, options,
                                         providers=providers or ["CPUExecutionProvider"],
                                         disabled_optimizers=disabled_optimizers or None)
-    data = model.SerializeToString() if isinstance(model, ModelProto) else model
     return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"],
                                 disabled_optimizers=disabled_optimizers or None)
 

@@ -261,7 +261,7 @@ def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
     needle = needle.replace("MISSING", names["MISSING"])
     rc, out, err = run_cli(capsys, "diff", *[names.get(a, a) for a in argv])
     # A count of models the options do not take is a usage error (2), as argparse's are.
-    assert rc == (2 if "model" in needle or "apply with" in needle else 1) and out == ""
+    assert rc == (2 if "model" in needle else 1) and out == ""
     assert err.startswith("graphopt: error: ") and needle in err, err
 
 

@@ -207,3 +207,17 @@ def test_a_dump_never_overwrites_the_model_or_the_weights_it_reads(proto, tmp_pa
     with pytest.raises(OptionError, match=r"reads its weights from .*weights\.bin"):
         graphopt.optimize(os.fspath(first / "model.onnx"), dump_dir=os.fspath(first),
                           dump_format="onnx")
+
+
+def test_a_dump_cut_short_is_recognised_by_the_next(proto, tmp_path):
+    # A compile that fails (or is interrupted) never reaches finish(): its index of the dumps
+    # so far still marks the folder as a graphopt dump, which the next run replaces.
+    from graphopt.passes.instruments import DumpIR
+
+    directory = tmp_path / "dump"
+    cut = DumpIR(os.fspath(directory), "onnx")
+    cut.start(load_onnx(proto))
+    assert (directory / WEIGHTS_FILE).exists()
+    graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format="onnx")
+    log = json.loads((directory / "passes.json").read_text())
+    assert log["import"]["dumps"] == ["000_import.onnx"] and log["passes"]

@@ -54,6 +54,20 @@ def test_names_holding_syntax_are_quoted_so_a_printed_line_reads_one_way():
     assert quote_name('a"b\\c\n\x1b') == '"a\\"b\\\\c\\n\\x1b"'
 
 
+def test_dim_names_holding_syntax_are_quoted_too():
+    def relu(dims):
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+        return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                           ir_version=IR_VERSION))
+
+    one, two = relu(["a,b"]), relu(["a", "b"])  # rank 1 against rank 2
+    assert format_node(next(iter(one.graph))) == '%y<f32["a,b"]> = Relu(%x)  # r'
+    assert not diff_models(one, two).empty
+
+
 def test_the_cli_shows_control_characters_in_names_escaped(tmp_path, capsys):
     source, other = tmp_path / "evil.onnx", tmp_path / "evil_sigmoid.onnx"
     onnx.save(evil_model(), source)

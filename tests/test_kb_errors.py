@@ -505,9 +505,10 @@ def test_kb_import_from_standard_input(built, tmp_path, capsys, monkeypatch):
 
 def test_a_file_name_with_url_syntax_is_the_file_it_names(tmp_path):
     # SQLAlchemy decodes %XX and reads ? as options: the path is quoted into the URL.
-    for name in ("p%41.db", "q?x=1.db", "a b#c.db"):
+    for name in ("p%41.db", "q?x=1.db", "a b#c.db", "r%253F.db"):
         open_storage(str(tmp_path / name))
         assert (tmp_path / name).is_file(), name
+        assert kb.list_kb(str(tmp_path / name)) == []  # read-only, as kb list opens it
     assert not (tmp_path / "pA.db").exists() and not (tmp_path / "q").exists()
 
 

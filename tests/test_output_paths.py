@@ -306,7 +306,7 @@ def test_an_output_onto_the_models_own_weights_file_is_refused(tmp_path):
         target = tmp_path / "data.om"
         if out.endswith(".onnx"):  # the same file reached through a link named .onnx
             (tmp_path / out).symlink_to(target)
-        with pytest.raises(OptionError, match=r"holds the weights of .*m\.onnx \('W' and others"):
+        with pytest.raises(OptionError, match=r"holds the weights of .*m\.onnx \(initializer 'W', at least\)"):
             graphopt.save(result, tmp_path / out)
     assert (tmp_path / "data.om").read_bytes() == before
     x = np.ones((2, 64), np.float32)

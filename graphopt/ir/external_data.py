@@ -7,7 +7,8 @@ import os
 
 from onnx import ModelProto, TensorProto
 
-from graphopt.atomic import atomic_files, atomic_write, atomic_write_bytes
+from graphopt.atomic import (atomic_files, atomic_write, atomic_write_bytes, destination,
+                             is_special_file)
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir.model import Model
 from graphopt.ir.tensor import Tensor, tensor_references
@@ -65,6 +66,12 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     if not external:
         _write_inline(model, path)
         return
+    if is_special_file(destination(path)):
+        raise OptionError(f"{path}: external data needs a file beside the model, and this is "
+                          "a pipe or device; write the model to a file")
+    # Named after `path` as given, beside it: through a link the model is written to the link's
+    # target (graphopt.atomic) and the data beside the link, where onnx.save puts it and where
+    # onnxruntime looks when the model is opened by the link's name.
     data_path = path + ".data"
     with tensor_references() as sources:
         proto = to_onnx(model)

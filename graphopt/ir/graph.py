@@ -22,21 +22,22 @@ class CycleError(ValueError):
         path = " -> ".join(n.name or n.op_type for n in (cycle + cycle[:1])[:7])
         more = " -> …" if len(cycle) > 6 else ""
         behind = len(nodes) - len(cycle)
-        after = f" ({behind} more node(s) wait on it)" if behind else ""
+        # Nodes after it, or on another cycle: none of them can be ordered either.
+        after = f" ({behind} more node(s) cannot be ordered)" if behind else ""
         super().__init__(f"the graph has a cycle of {len(cycle)} node(s): {path}{more}{after}")
 
 
 def _a_cycle(stuck: list[Node], producers: dict[int, set[int]]) -> list[Node]:
     """One cycle among nodes that cannot be ordered, in data-flow order: every such node waits
     on a producer that also cannot be ordered, so walking producers must come round."""
-    by_id = {id(n): n for n in stuck}
+    position = {id(n): i for i, n in enumerate(stuck)}  # graph order: the same cycle each run
     seen: dict[int, int] = {}
     walk: list[Node] = []
     node = stuck[0]
     while id(node) not in seen:
         seen[id(node)] = len(walk)
         walk.append(node)
-        node = by_id[min(p for p in producers[id(node)] if p in by_id)]
+        node = stuck[min(position[p] for p in producers[id(node)] if p in position)]
     return walk[seen[id(node)]:][::-1]
 
 

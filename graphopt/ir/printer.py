@@ -26,7 +26,11 @@ def quote_name(name: str) -> str:
     where it is empty or holds syntax, spaces or characters that do not print."""
     if name and name.isprintable() and _SYNTAX.isdisjoint(name):
         return name
-    return '"' + "".join(_escaped(c) for c in name) + '"'
+    return _quoted(name)
+
+
+def _quoted(text: str) -> str:
+    return '"' + "".join(_escaped(c) for c in text) + '"'
 
 
 def _escaped(char: str) -> str:
@@ -41,8 +45,21 @@ def format_type(value: Value) -> str:
     dtype = value.dtype.short if value.dtype is not None else "?"
     if value.shape is None:
         return dtype
-    dims = ",".join("?" if d is None else str(d) for d in value.shape)
+    dims = ",".join(_dim(d) for d in value.shape)
     return f"{dtype}[{dims}]"
+
+
+# A dim's name is quoted where it holds what the brackets give a meaning to as well.
+_DIM_SYNTAX = _SYNTAX | set("[]?")
+
+
+def _dim(dim) -> str:
+    if dim is None:
+        return "?"
+    if isinstance(dim, int):
+        return str(dim)
+    text = str(dim)
+    return text if text and text.isprintable() and _DIM_SYNTAX.isdisjoint(text) else _quoted(text)
 
 
 def _format_type_proto(tp: TypeProto) -> str:
@@ -65,7 +82,8 @@ def _format_type_proto(tp: TypeProto) -> str:
     if which == "sparse_tensor_type":
         from graphopt.ir.dtypes import DType
 
-        dims = ",".join(str(d.dim_value or d.dim_param or "?") for d in tp.sparse_tensor_type.shape.dim)
+        dims = ",".join(_dim(d.dim_value if d.HasField("dim_value") else d.dim_param or None)
+                        for d in tp.sparse_tensor_type.shape.dim)
         return f"sparse<{DType(tp.sparse_tensor_type.elem_type).short}[{dims}]>"
     return "?"
 
@@ -123,7 +141,7 @@ def format_node(node: Node, *, types: bool = True, name: bool = True) -> str:
                         f"%{quote_name(v.name)}" + (f"<{format_type(v)}>" if types else "")
                         for v in node.outputs)
     inputs = ", ".join(format_value(v) for v in node.inputs)
-    line = f"{outputs} = {_op(node)}({inputs})"
+    line = f"{outputs} = {quote_name(node.qualified_op)}({inputs})"
     if node.attrs:
         attrs = ", ".join(f"{quote_name(key)}={_format_attr_value(attr, 0)}"
                           for key, attr in sorted(node.attrs.items()))
@@ -132,10 +150,6 @@ def format_node(node: Node, *, types: bool = True, name: bool = True) -> str:
         line += f"  # {quote_name(node.name)}"
     return line
 
-
-def _op(node: Node) -> str:
-    op = node.qualified_op
-    return op if op.isprintable() and _SYNTAX.isdisjoint(op) else quote_name(op)
 
 
 def format_graph(graph: Graph, depth: int = 0) -> list[str]:

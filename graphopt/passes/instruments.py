@@ -85,6 +85,11 @@ class DumpIR(Instrument):
             write_onnx_dump(model, os.path.join(self.directory, names[-1]), self._weights)
         self.files.append(names)
         self.count += 1
+        # An index of the dumps so far, which finish() replaces with the whole log: a compile
+        # that fails or is interrupted leaves a folder the next dump recognises as its own.
+        atomic_write_bytes(os.path.join(self.directory, INDEX_FILE), json.dumps({
+            "dump_format": self.format, "complete": False, "import": {"dumps": self.files[0]},
+            "passes": [{"dumps": later} for later in self.files[1:]]}).encode("utf-8"))
 
     def start(self, model) -> None:
         try:

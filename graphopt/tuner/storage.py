@@ -184,7 +184,8 @@ def _read_only_url(url: str, label: str) -> str:
     if not _OPTUNA_TABLES <= tables:
         raise OptionError(f"{label}: not a graphopt knowledge base (an SQLite file without "
                           "tuning studies)")
-    return f"sqlite:///file:{path}?{flags}&uri=true"
+    # Decoded twice, by SQLAlchemy and then by SQLite's URI parser: quoted twice.
+    return f"sqlite:///file:{quote(path, safe='/')}?{flags}&uri=true"
 
 
 @contextlib.contextmanager
