@@ -200,6 +200,28 @@ def test_saving_over_the_models_own_data_keeps_the_result_usable(tmp_path):
                                rtol=1e-5)
 
 
+def test_a_result_saved_over_its_own_data_saves_again_for_a_target(tmp_path):
+    # For a target the partition models hold tensors of their own, reading the model's data
+    # lazily: the in-place save replaced that file under them.
+    import onnx
+
+    from graphopt import zoo
+
+    source = tmp_path / "m.onnx"
+    onnx.save(zoo.build("tiny"), source, save_as_external_data=True, location="m.onnx.data",
+              size_threshold=0)
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    expected = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x})[0]
+    result = graphopt.optimize(source, target="cpu")
+    graphopt.save(result, source, external_data=True)
+    graphopt.save(result, tmp_path / "m.om")
+    got = graphopt.load(tmp_path / "m.om").run({"input": x})
+    np.testing.assert_allclose(next(iter(got.values())), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_saving_over_another_models_data_file_is_refused(tmp_path):
     # in.onnx keeps its weights in out.onnx.data (a model renamed since it was saved): writing
     # out.onnx with external data would replace them, and in.onnx would no longer load.

@@ -11,7 +11,7 @@ from graphopt.atomic import (atomic_files, atomic_write, atomic_write_bytes, des
                              is_special_file)
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir.model import Model
-from graphopt.ir.tensor import Tensor, tensor_references
+from graphopt.ir.tensor import Tensor, retain_before_replacing, tensor_references
 from graphopt.protowire import (GRAPH_INITIALIZER, LEN, MODEL_GRAPH, TENSOR_RAW_DATA,
                                 encode_varint, graph_span)
 
@@ -84,6 +84,8 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     for tensor in sources.values():
         if id(tensor) not in placed_ids and tensor.reads(data_path):
             tensor.numpy()  # inlined (a subgraph's): mapped before its file is replaced
+    if moved:  # other tensors of the model (a partition's, say) may still read the old bytes
+        retain_before_replacing(data_path)
     # Both files are replaced together or not at all: a model next to the other save's data
     # would load and compute with the wrong weights.
     with atomic_files([data_path, path]) as (data_file, model_file):

@@ -188,6 +188,9 @@ class Tensor:
         f = open(path, "rb")  # noqa: SIM115 - the caller closes it
         if _identity(os.fstat(f.fileno())) != identity:
             f.close()
+            kept = _reopen_retained(identity)
+            if kept is not None:  # graphopt's own save replaced it: the old bytes are kept
+                return kept
             raise ExternalDataChanged(f"external data file {path} was replaced or changed "
                                       "after the model was loaded; load the model again")
         return f
@@ -364,6 +367,39 @@ class Tensor:
 # (path, file identity, import) -> the file's mapping, while an array maps from it.
 _MAPPINGS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _MAPPINGS_LOCK = threading.Lock()
+
+
+# Data files a save of graphopt's replaced while tensors of the model may still read them (a
+# model saved over its own .data, then saved again as an .om): the old file, kept open, by the
+# identity those tensors recorded. Its disk space is freed when the process ends.
+_RETAINED: dict[tuple, int] = {}
+_RETAINED_LOCK = threading.Lock()
+
+
+def retain_before_replacing(path: str) -> None:
+    """Keep the current content of the file at `path` readable by the tensors that recorded
+    it, through the rename that is about to replace it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    identity = _identity(os.fstat(fd))
+    with _RETAINED_LOCK:
+        if identity in _RETAINED:
+            os.close(fd)
+        else:
+            _RETAINED[identity] = fd
+
+
+def _reopen_retained(identity: tuple):
+    with _RETAINED_LOCK:
+        fd = _RETAINED.get(identity)
+    if fd is None:
+        return None
+    try:  # a file description of its own (offset included), where /proc offers one
+        return open(f"/proc/self/fd/{fd}", "rb")  # noqa: SIM115 - the caller closes it
+    except OSError:
+        return os.fdopen(os.dup(fd), "rb")
 
 
 def _file_mapping(f, key: tuple) -> mmap.mmap:
