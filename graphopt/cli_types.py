@@ -6,12 +6,16 @@ import argparse
 import math
 
 
-def non_negative_int(text: str) -> int:
-    """An integer ≥ 0, such as a seed."""
+def _integer(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+
+
+def non_negative_int(text: str) -> int:
+    """An integer ≥ 0, such as a seed."""
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
     return value
@@ -19,10 +23,7 @@ def non_negative_int(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """An integer ≥ 1, such as a count of runs."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
     return value
