@@ -60,12 +60,12 @@ def plain_zip(fp: io.BytesIO) -> MemoryZip | None:
     NUL in a name, no extra field in the directory: a weights blob's alignment padding makes
     one, and a small artifact has no blob); None for anything else, which zipfile then reads,
     accepts or refuses as it always did. This costs a few struct calls where zipfile builds a
-    ZipInfo per member, on the start-up path of every small artifact."""
-    data = fp.getbuffer()
-    try:
-        return _plain_zip(fp, data)
-    finally:
-        data.release()
+    ZipInfo per member, on the start-up path of every small artifact. The bytes are parsed
+    through a view of getvalue(), the very bytes fp was made from: getbuffer would copy a
+    buffer fp shares (a fresh allocation of the file's size, whose page faults cost more than
+    the parse)."""
+    with memoryview(fp.getvalue()) as view:
+        return _plain_zip(fp, view)
 
 
 def _plain_zip(fp: io.BytesIO, data: memoryview) -> MemoryZip | None:
