@@ -22,7 +22,7 @@ from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
-from graphopt.ir.tensor import tensor_references
+from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
 from graphopt.opcheck import check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
@@ -592,14 +592,12 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
 
 
 def file_identity(path: str) -> tuple | None:
-    """(device, inode, size, mtime) of a regular file; None for anything else (a pipe)."""
+    """tensor.stat_identity of a regular file; None for anything else (a pipe)."""
     try:
         info = os.stat(path)
     except OSError:
         return None
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+    return stat_identity(info) if stat.S_ISREG(info.st_mode) else None
 
 
 def _source_sha256(result: OptimizeResult) -> str | None:
@@ -624,13 +622,11 @@ def _check_not_weights_file(models: list, path: str) -> None:
     for model in models:
         if not isinstance(model, Model):
             continue
-        for graph in model.graph.all_graphs():
-            for value in graph.initializers.values():
-                tensor = value.const
-                if tensor is not None and tensor.is_external and tensor.reads(path):
-                    owner = tensor.source_model or "the model"
-                    raise OptionError(f"{path}: holds the weights of {owner} (initializer "
-                                      f"'{value.name}', at least); write the output elsewhere")
+        for name, tensor in external_initializers(model):
+            if tensor.reads(path):
+                owner = tensor.source_model or "the model"
+                raise OptionError(f"{path}: holds the weights of {owner} (initializer "
+                                  f"'{name}', at least); write the output elsewhere")
 
 
 def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str,

@@ -106,7 +106,7 @@ class Tensor:
         if offset + length > size:
             raise ValueError(f"external data {location!r} ends at byte {size}, "
                              f"the tensor reaches byte {offset + length}")
-        tensor._external = (path, offset, length, _identity(stat))
+        tensor._external = (path, offset, length, stat_identity(stat))
         tensor._load = load
         return tensor
 
@@ -128,7 +128,7 @@ class Tensor:
     def follow_move(self, path: str, offset: int) -> None:
         """The external file this tensor reads was replaced by `path`, which holds the same
         bytes at `offset` (a save over the model's own data file): read them there."""
-        self._external = (path, offset, self.nbytes, _identity(os.stat(path)))
+        self._external = (path, offset, self.nbytes, stat_identity(os.stat(path)))
 
     @property
     def streamable(self) -> bool:
@@ -186,7 +186,7 @@ class Tensor:
         loaded with (saved over since, say): its offsets would point at other bytes."""
         path, _, _, identity = self._external
         f = open(path, "rb")  # noqa: SIM115 - the caller closes it
-        if _identity(os.fstat(f.fileno())) != identity:
+        if stat_identity(os.fstat(f.fileno())) != identity:
             f.close()
             kept = _reopen_retained(identity)
             if kept is not None:  # graphopt's own save replaced it: the old bytes are kept
@@ -383,7 +383,7 @@ def retain_before_replacing(path: str) -> None:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
-    identity = _identity(os.fstat(fd))
+    identity = stat_identity(os.fstat(fd))
     with _RETAINED_LOCK:
         if identity in _RETAINED:
             os.close(fd)
@@ -442,8 +442,18 @@ def referenced(tensor: Tensor, references: dict[str, Tensor]) -> Tensor | None:
     return None
 
 
-def _identity(stat: os.stat_result) -> tuple:
+def stat_identity(stat: os.stat_result) -> tuple:
+    """What tells one file's content from another's at a path: device, inode, size, mtime."""
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def external_initializers(model) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) of every initializer of `model` (nested graphs included) whose data
+    still lives in an external file."""
+    for graph in model.graph.all_graphs():
+        for value in graph.initializers.values():
+            if value.const is not None and value.const.is_external:
+                yield value.name, value.const
 
 
 @contextmanager

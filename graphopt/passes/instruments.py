@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import OptionError, PassError
 from graphopt.ir import format_model, verify
+from graphopt.ir.tensor import external_initializers
 from graphopt.ir.verify import VerifyError
 
 if TYPE_CHECKING:
@@ -142,14 +143,11 @@ class DumpIR(Instrument):
                 or os.path.basename(source) in (INDEX_FILE, WEIGHTS_FILE)):
             raise OptionError(f"{where}: the dump would overwrite the model {self.source}; "
                               "dump into another folder")
-        for graph in model.graph.all_graphs():
-            for value in graph.initializers.values():
-                tensor = value.const
-                if tensor is not None and tensor.is_external and os.path.dirname(
-                        os.path.realpath(tensor.external_path)) == folder:
-                    raise OptionError(f"{where}: the model reads its weights from "
-                                      f"{tensor.external_path}, in the folder the dump "
-                                      "rewrites; dump into another folder")
+        for _, tensor in external_initializers(model):
+            if os.path.dirname(os.path.realpath(tensor.external_path)) == folder:
+                raise OptionError(f"{where}: the model reads its weights from "
+                                  f"{tensor.external_path}, in the folder the dump rewrites; "
+                                  "dump into another folder")
 
     def after_pass(self, model, record, log) -> None:
         self._write(model, record.name)
