@@ -23,7 +23,7 @@ from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
-from graphopt.opcheck import check_ops
+from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
@@ -130,6 +130,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
             drop_unfounded_dims(model, types)
             record_type_bytes(model, types, static_only=True)
             forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
+        check_kernel_dtypes(model, label)
 
 
 def overridable_initializers(model: Model) -> list[str]:

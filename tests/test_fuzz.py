@@ -570,6 +570,12 @@ def training_gradient() -> onnx.ModelProto:
         header='<ir_version: 8, opset_import: ["" : 17, "ai.onnx.preview.training" : 1]>\n')
 
 
+def cast_to_float4() -> onnx.ModelProto:
+    """A Cast onnxruntime has CPU kernels for, none of which writes float4e2m1."""
+    return parse_model("g (float[4] x) => (float4e2m1[4] y) { y = Cast <to = 23> (x) }",
+                       header='<ir_version: 11, opset_import: ["" : 23]>\n')
+
+
 def future_opset() -> onnx.ModelProto:
     """An opset newer than onnx (and so onnxruntime) knows: no schema to check its nodes."""
     model = copy.deepcopy(SEED)
@@ -593,6 +599,9 @@ def untyped_input() -> onnx.ModelProto:
     ("prelu_opset6",
      r"node '\?' \(PRelu\): onnxruntime \S+ has no CPU kernel for PRelu version 6 \(its "
      r"kernels cover versions 7-8, 9-15, 16\+\); onnx.version_converter can move the model"),
+    ("cast_to_float4",
+     r"node '\?' \(Cast\): onnxruntime's CPU provider has no Cast-23 kernel for these dtypes "
+     r"\(x float32, y float4e2m1\), so no session can load it"),
     ("training_gradient",
      r"\(ai.onnx.preview.training::Gradient\): onnxruntime \S+ has no CPU kernel for "
      r"ai.onnx.preview.training::Gradient \(no function body to expand either\)"),

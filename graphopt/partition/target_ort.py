@@ -101,17 +101,37 @@ def ort_cpu_kernel_versions() -> dict[str, tuple[tuple[int, int], ...]]:
     return {key: tuple(sorted(ranges)) for key, ranges in table.items()}
 
 
-def cpu_kernel_gap(op: str, domain: str, version: int) -> str | None:
-    """Why onnxruntime's CPU provider cannot run version `version` of an op it has kernels for
-    at other versions (None when it can, or when it has none at all: that op is judged
-    elsewhere, e.g. one onnxruntime expands from its schema's function body)."""
+def cpu_kernel_gap(op: str, domain: str, since_version: int) -> str | None:
+    """Why onnxruntime's CPU provider cannot run the op's schema version `since_version` when it
+    has kernels for other versions (None when it can, or when it has none at all: that op is
+    judged elsewhere, e.g. one onnxruntime expands from its schema's function body)."""
     ranges = ort_cpu_kernel_versions().get(op_key(op, domain))
-    if not ranges or any(first <= version <= last for first, last in ranges):
+    if not ranges or any(kernel_takes_version(first, last, since_version)
+                         for first, last in ranges):
         return None
-    spans = ", ".join(f"{a}+" if b >= 2 ** 30 else (f"{a}" if a == b else f"{a}-{b}")
+    spans = ", ".join(f"{a}+" if b == OPEN_ENDED else (f"{a}" if a == b else f"{a}-{b}")
                       for a, b in ranges)
     return (f"onnxruntime {ort_version()} has no CPU kernel for {op_key(op, domain)} version "
-            f"{version} (its kernels cover versions {spans})")
+            f"{since_version} (its kernels cover versions {spans})")
+
+
+# The last version of a kernel registered without one ("version 25 on").
+OPEN_ENDED = 2 ** 31 - 1
+
+
+def kernel_takes_version(first: int, last: int, since_version: int) -> bool:
+    """Whether a kernel registered for versions first..last runs a node whose schema dates from
+    `since_version`, as onnxruntime's kernel registry decides: a kernel without a last version
+    runs only the schema version it was written for, as that schema may have been replaced
+    since (DequantizeLinear's kernel "25 on" does not run DequantizeLinear-28)."""
+    return first == since_version or first < since_version <= last != OPEN_ENDED
+
+
+def ort_since_version(op: str, domain: str, opset: int) -> int | None:
+    """The schema version onnxruntime resolves the op to at the model's opset, by its own
+    schema registry (None when it has no schema for the op up to that opset)."""
+    schemas = [s for s in _schemas().get(op_key(op, domain), ()) if s.since_version <= opset]
+    return schemas[-1].since_version if schemas else None
 
 
 # Ops onnxruntime runs with no kernel: it turns Constant nodes into initializers at load.
@@ -154,9 +174,9 @@ def _schemas() -> dict[str, tuple]:
     return {key: tuple(sorted(s, key=lambda x: x.since_version)) for key, s in table.items()}
 
 
-def cpu_kernel_binds(op: str, domain: str, version: int, inputs: list[str | None],
+def cpu_kernel_binds(op: str, domain: str, opset: int, inputs: list[str | None],
                      outputs: list[str | None]) -> bool | None:
-    """Whether onnxruntime's CPU provider has a kernel for version `version` of an op whose
+    """Whether onnxruntime's CPU provider has a kernel for the op at the model's `opset` whose
     inputs and outputs have these dtypes (names as in DTYPES; None for an absent or untyped
     value), matched as its kernel registry matches: every type parameter of one kernel
     definition takes the dtypes bound to it. The union of dtypes over all versions and
@@ -165,7 +185,7 @@ def cpu_kernel_binds(op: str, domain: str, version: int, inputs: list[str | None
     (onnxruntime may expand it from its schema's function body)."""
     key = op_key(op, domain)
     defs = _cpu_kernel_defs().get(key)
-    schemas = [s for s in _schemas().get(key, ()) if s.since_version <= version]
+    schemas = [s for s in _schemas().get(key, ()) if s.since_version <= opset]
     if not defs or not schemas:
         return None
     bound: dict[str, set[str]] = {}
@@ -183,4 +203,6 @@ def cpu_kernel_binds(op: str, domain: str, version: int, inputs: list[str | None
         return all(param not in allowed or dtypes <= allowed[param]
                    for param, dtypes in bound.items())
 
-    return any(first <= version <= last and fits(allowed) for first, last, allowed in defs)
+    since = schemas[-1].since_version
+    return any(kernel_takes_version(first, last, since) and fits(allowed)
+               for first, last, allowed in defs)

@@ -1,0 +1,100 @@
+"""The import check of what onnxruntime's CPU provider can load: its kernel registry's version
+rule, the dtypes a kernel binds, and the cases onnxruntime runs without a matching kernel
+(float16 through inserted Casts, ops whose ONNX function body only ONNX's inference refuses)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from helpers import parse_model
+
+import graphopt
+from graphopt.errors import GraphoptError
+from graphopt.partition.target_ort import OPEN_ENDED, kernel_takes_version, ort_cpu_kernels
+
+RTOL, ATOL = 1e-6, 1e-6
+
+
+def _ort_loads(model: onnx.ModelProto) -> bool:
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal is what the test asks about
+        return False
+    return True
+
+
+def _compiled_run(model: onnx.ModelProto, feeds: dict, folder) -> list[np.ndarray]:
+    """`model` compiled into an .om, loaded and run on `feeds`; the ONNX result checked."""
+    result = graphopt.optimize(model)
+    onnx.checker.check_model(result.to_onnx())
+    path = folder / "model.om"
+    graphopt.save(result, path)
+    return list(graphopt.load(path).run(feeds).values())
+
+
+def _reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def test_an_open_ended_kernel_runs_only_the_schema_version_it_was_written_for():
+    # As onnxruntime's kernel registry decides: "version 25 on" means version 25 itself, since
+    # a later schema of the op may differ; a closed range covers every version in it.
+    assert kernel_takes_version(25, OPEN_ENDED, 25)
+    assert not kernel_takes_version(25, OPEN_ENDED, 28)
+    assert kernel_takes_version(13, 18, 17) and kernel_takes_version(13, 18, 18)
+    assert not kernel_takes_version(13, 18, 19) and not kernel_takes_version(13, 18, 12)
+
+
+@pytest.mark.skipif(onnx.defs.onnx_opset_version() < 28, reason="this onnx has no opset 28")
+def test_a_schema_newer_than_every_kernel_is_refused_at_import():
+    model = parse_model(
+        "g (int8[4] x) => (float[4] y) { y = DequantizeLinear (x, s) }",
+        header='<ir_version: 11, opset_import: ["" : 28]>\n', s=np.float32(0.5))
+    if _ort_loads(model):
+        pytest.skip("this onnxruntime has a kernel for DequantizeLinear-28")
+    with pytest.raises(GraphoptError, match=r"no CPU kernel for DequantizeLinear version 28 "
+                                            r"\(its kernels cover versions .*\d+\+\)"):
+        graphopt.optimize(model)
+
+
+def test_a_float16_node_without_a_float16_kernel_compiles_as_onnxruntime_runs_it(tmp_path):
+    # onnxruntime computes it in float32 between Casts it inserts at load.
+    if "float16" in ort_cpu_kernels()["Div"]:
+        pytest.skip("this onnxruntime has a float16 Div kernel on the CPU")
+    model = parse_model("g (float16[2,3] a, float16[2,3] b) => (float16[2,3] y) "
+                        "{ y = Div (a, b) }")
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((2, 3)).astype(np.float16),
+             "b": rng.uniform(1, 2, (2, 3)).astype(np.float16)}
+    np.testing.assert_allclose(_compiled_run(model, feeds, tmp_path)[0],
+                               _reference(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_a_bfloat16_node_without_a_bfloat16_kernel_is_refused_by_node_and_dtypes():
+    if "bfloat16" in ort_cpu_kernels()["Div"]:
+        pytest.skip("this onnxruntime has a bfloat16 Div kernel on the CPU")
+    model = parse_model("g (bfloat16[2] a, bfloat16[2] b) => (bfloat16[2] y) "
+                        "{ y = Div (a, b) }")
+    assert not _ort_loads(model)
+    with pytest.raises(GraphoptError, match=r"node '\?' \(Div\): onnxruntime's CPU provider has "
+                                            r"no Div-14 kernel for these dtypes \(a bfloat16, "
+                                            r"b bfloat16, y bfloat16\)"):
+        graphopt.optimize(model)
+
+
+def test_an_error_inside_onnxs_own_function_body_is_not_the_models_fault(tmp_path):
+    # ONNX's strict inference refuses MeanVarianceNormalization-13 through the Constant of its
+    # schema's function body; onnxruntime runs the op with its own kernel.
+    model = parse_model("g (float[2,3,4,4] x) => (float[2,3,4,4] y) "
+                        "{ y = MeanVarianceNormalization (x) }",
+                        header='<ir_version: 7, opset_import: ["" : 13]>\n')
+    assert _ort_loads(model)
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 3, 4, 4)).astype(np.float32)}
+    np.testing.assert_allclose(_compiled_run(model, feeds, tmp_path)[0],
+                               _reference(model, feeds)[0], rtol=1e-5, atol=1e-5)
