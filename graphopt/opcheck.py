@@ -94,6 +94,15 @@ def check_ops(model: Model, label: str,
                     raise InputError(f"{_where(label, node)}: {problem}")
                 if key is not None:
                     fitting.add(key)
+            elif op not in functions:  # an onnxruntime op: its own schema is the judge
+                key = _schema_key(node)
+                if key is not None and key in fitting:
+                    continue
+                problem = _runtime_schema_problem(node, model.opset(domain) or 1)
+                if problem:
+                    raise InputError(f"{_where(label, node)}: {problem}")
+                if key is not None:
+                    fitting.add(key)
             continue
         where = _where(label, node)
         if domain in known_domains or not allow_custom_ops:
@@ -245,6 +254,37 @@ def _schema_problem(node: Node, ctx) -> str | None:
         # onnx's message, first line only: the rest repeats the node in protobuf text form.
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         return lines[0] if lines else "does not match its ONNX schema"
+    return None
+
+
+def _runtime_schema_problem(node: Node, opset: int) -> str | None:
+    """Why `node` does not fit the schema onnxruntime registers for its op at the model's
+    opset (input and output counts, attribute names and kinds), which onnxruntime checks when
+    it loads the model (None when it fits, or when onnxruntime has no schema for it)."""
+    from graphopt.partition.target_ort import op_key, runtime_schema
+
+    schema = runtime_schema(node.op_type, node.domain, opset)
+    if schema is None:
+        return None
+    name = f"{op_key(node.op_type, node.domain)}-{schema.since_version}"
+    for what, count, low, high in (("input", len(node._inputs), schema.min_input, schema.max_input),
+                                   ("output", len(node._outputs), schema.min_output,
+                                    schema.max_output)):
+        if not low <= count <= high:
+            wanted = f"{low}" if low == high else f"{low} to {high}"
+            return f"{count} {what}(s) where {name} takes {wanted}"
+    declared = schema.attributes
+    for attr in node.attrs.values():
+        formal = declared.get(attr.name)
+        if formal is None:
+            return f"{name} has no attribute '{attr.name}'"
+        kind = formal.type.name
+        given = AttributeProto.AttributeType.Name(attr.type)
+        if not attr.ref_attr_name and kind != "UNDEFINED" and given != kind:
+            return f"attribute '{attr.name}' is {given} where {name} takes {kind}"
+    missing = sorted(n for n, formal in declared.items() if formal.required and n not in node.attrs)
+    if missing:
+        return f"{name} requires attribute(s) {', '.join(missing)}"
     return None
 
 

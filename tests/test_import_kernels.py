@@ -1,6 +1,7 @@
 """The import check of what onnxruntime's CPU provider can load: its kernel registry's version
-rule, the dtypes a kernel binds, and the cases onnxruntime runs without a matching kernel
-(float16 through inserted Casts, ops whose ONNX function body only ONNX's inference refuses)."""
+rule, the dtypes a kernel binds, its own schemas for its contrib ops, and the cases onnxruntime
+runs without a matching kernel (float16 through inserted Casts, ops whose ONNX function body
+only ONNX's inference refuses)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,32 @@ def test_an_error_inside_onnxs_own_function_body_is_not_the_models_fault(tmp_pat
     feeds = {"x": np.random.default_rng(1).standard_normal((2, 3, 4, 4)).astype(np.float32)}
     np.testing.assert_allclose(_compiled_run(model, feeds, tmp_path)[0],
                                _reference(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+CONTRIB = '<ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
+
+
+@pytest.mark.parametrize("body, message", [
+    ("y = com.microsoft.BiasGelu (x)",
+     r"\(com.microsoft::BiasGelu\): 1 input\(s\) where com.microsoft::BiasGelu-1 takes 2$"),
+    ("y = com.microsoft.BiasGelu <bogus = 3> (x, b)",
+     r"com.microsoft::BiasGelu-1 has no attribute 'bogus'$"),
+    ("y = com.microsoft.FusedConv <group = \"1\"> (x, b)",
+     r"attribute 'group' is STRING where com.microsoft::FusedConv-1 takes INT$"),
+])
+def test_an_onnxruntime_op_is_checked_against_onnxruntimes_schema(body, message):
+    model = parse_model(f"g (float[1,1,4,4] x, float[1,1,1,1] b) => (float[1,1,4,4] y) {{ {body} }}",
+                        header=CONTRIB)
+    assert not _ort_loads(model)
+    with pytest.raises(GraphoptError, match=message):
+        graphopt.optimize(model)
+
+
+def test_an_onnxruntime_op_that_fits_its_schema_compiles(tmp_path):
+    model = parse_model("g (float[2,4] x, float[4] b) => (float[2,4] y) "
+                        "{ y = com.microsoft.BiasGelu (x, b) }", header=CONTRIB)
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32),
+             "b": rng.standard_normal(4).astype(np.float32)}
+    np.testing.assert_allclose(_compiled_run(model, feeds, tmp_path)[0],
+                               _reference(model, feeds)[0], rtol=RTOL, atol=ATOL)

@@ -130,8 +130,15 @@ def kernel_takes_version(first: int, last: int, since_version: int) -> bool:
 def ort_since_version(op: str, domain: str, opset: int) -> int | None:
     """The schema version onnxruntime resolves the op to at the model's opset, by its own
     schema registry (None when it has no schema for the op up to that opset)."""
+    schema = runtime_schema(op, domain, opset)
+    return schema.since_version if schema is not None else None
+
+
+def runtime_schema(op: str, domain: str, opset: int):
+    """The schema onnxruntime's registry resolves the op to at the model's opset (None when
+    it has none up to that opset)."""
     schemas = [s for s in _schemas().get(op_key(op, domain), ()) if s.since_version <= opset]
-    return schemas[-1].since_version if schemas else None
+    return schemas[-1] if schemas else None
 
 
 # Ops onnxruntime runs with no kernel: it turns Constant nodes into initializers at load.
@@ -185,11 +192,11 @@ def cpu_kernel_binds(op: str, domain: str, opset: int, inputs: list[str | None],
     (onnxruntime may expand it from its schema's function body)."""
     key = op_key(op, domain)
     defs = _cpu_kernel_defs().get(key)
-    schemas = [s for s in _schemas().get(key, ()) if s.since_version <= opset]
-    if not defs or not schemas:
+    schema = runtime_schema(op, domain, opset)
+    if not defs or schema is None:
         return None
     bound: dict[str, set[str]] = {}
-    for formals, dtypes in ((schemas[-1].inputs, inputs), (schemas[-1].outputs, outputs)):
+    for formals, dtypes in ((schema.inputs, inputs), (schema.outputs, outputs)):
         for index, dtype in enumerate(dtypes):
             if not formals or dtype is None:
                 continue
@@ -203,6 +210,5 @@ def cpu_kernel_binds(op: str, domain: str, opset: int, inputs: list[str | None],
         return all(param not in allowed or dtypes <= allowed[param]
                    for param, dtypes in bound.items())
 
-    since = schemas[-1].since_version
-    return any(kernel_takes_version(first, last, since) and fits(allowed)
+    return any(kernel_takes_version(first, last, schema.since_version) and fits(allowed)
                for first, last, allowed in defs)
