@@ -22,10 +22,38 @@ def check_output_path(option: str, path: str, inputs: dict[str, str | None] | No
         problem = "is a file, not a folder" if os.path.exists(directory) else "does not exist"
         raise OptionError(f"{option} {path}: directory {directory} {problem}")
     for what, source in (inputs or {}).items():
-        if source is not None and _same_file(path, source):
+        if source is None:
+            continue
+        if _same_file(path, source):
             raise OptionError(f"{option} {path}: would overwrite {what} ({source}); write the "
                               "output elsewhere")
+        if _reads_weights_from(source, target):
+            raise OptionError(f"{option} {path}: holds the weights of {what} ({source}); write "
+                              "the output elsewhere")
     _check_writable(option, path, target)
+
+
+def _reads_weights_from(model_path: str, target: str) -> bool:
+    """Whether the ONNX model at `model_path` keeps weights in the existing file `target`
+    (its external data). Only a file inside the model's folder can be one, which is all
+    that needs the model's protobuf read (without its weights)."""
+    from graphopt.errors import GraphoptError
+    from graphopt.ir.onnx_io import graph_protos, read_model_proto
+
+    folder = os.path.dirname(os.path.realpath(model_path))
+    if not (os.path.isfile(target) and os.path.isfile(model_path)
+            and os.path.realpath(target).startswith(folder + os.sep)):
+        return False
+    try:
+        proto = read_model_proto(model_path, load_external=False)
+    except GraphoptError:
+        return False  # not an ONNX model (an .om, a .npz): the command itself says what is wrong
+    for graph in graph_protos(proto.graph):
+        for tensor in graph.initializer:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
+            if location and _same_file(os.path.join(folder, location), target):
+                return True
+    return False
 
 
 def _check_writable(option: str, path: str, target: str) -> None:

@@ -335,6 +335,28 @@ def test_an_output_onto_the_models_own_weights_file_is_refused(tmp_path):
     np.testing.assert_allclose(_run(source, x), x @ weight, rtol=1e-5)
 
 
+@pytest.mark.parametrize("option", ["compare --csv", "report -o", "profile --trace",
+                                    "optimize --memory-plot"])
+def test_no_other_output_lands_on_the_models_weights_file(tmp_path, capsys, option):
+    import onnx
+
+    proto, _ = _matmul_model(2)
+    source, data = tmp_path / "m.onnx", tmp_path / "m.data"
+    onnx.save(proto, source, save_as_external_data=True, location="m.data", size_threshold=0)
+    om = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(source), om)
+    before = data.read_bytes()
+    argv = {"compare --csv": ["compare", source, om, "--csv", data],
+            "report -o": ["report", om, "--reference", source, "-o", data],
+            "profile --trace": ["profile", source, "--repeat", "1", "--trace", data],
+            "optimize --memory-plot": ["optimize", source, "-o", tmp_path / "o.om",
+                                       "--memory-plot", data]}[option]
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 1 and err.count("\n") == 1, err
+    assert f"{option.split()[1]} {data}: holds the weights of " in err and "m.onnx" in err, err
+    assert data.read_bytes() == before
+
+
 def test_the_om_records_the_source_hash_only_while_the_path_holds_the_source(tmp_path):
     import hashlib
     import json
