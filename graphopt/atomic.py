@@ -83,26 +83,28 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             raise _cannot_write(path, exc) from None
         return
     fd, tmp = _temporary(path)
+    # No `with` on the file: its close flushes again, and on a full disk that second failure
+    # would replace the OutputError below with a bare OSError.
+    f = os.fdopen(fd, "wb")
     try:
-        with os.fdopen(fd, "wb") as f:
-            try:
-                yield f
-            except OSError as exc:
-                if exc.errno not in _WRITE_ERRORS or isinstance(exc, OutputError):
-                    raise
-                raise _cannot_write(path, exc) from None
-            try:
-                f.flush()
-                os.fsync(f.fileno())
-            except OSError as exc:
-                raise _cannot_write(path, exc) from None
         try:
+            yield f
+        except OSError as exc:
+            if exc.errno not in _WRITE_ERRORS or isinstance(exc, OutputError):
+                raise
+            raise _cannot_write(path, exc) from None
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
             os.chmod(tmp, _final_mode(path))
             os.replace(tmp, path)
         except OSError as exc:
             raise _cannot_write(path, exc) from None
     except BaseException:
         # BaseException too: a KeyboardInterrupt mid-write must not leave a stray temp file.
+        with contextlib.suppress(OSError):
+            f.close()  # closes the descriptor even when its flush fails
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

@@ -5,6 +5,7 @@ naming it, with nothing left behind."""
 from __future__ import annotations
 
 import errno
+import io
 import os
 
 import numpy as np
@@ -87,7 +88,7 @@ def test_calibrate_checks_its_output_before_measuring(files, capsys, monkeypatch
 # --- destinations that refuse the write ------------------------------------------------------
 
 
-@pytest.mark.parametrize("failing", ["mkstemp", "write", "replace"])
+@pytest.mark.parametrize("failing", ["mkstemp", "write", "flush", "replace"])
 def test_an_unwritable_destination_is_an_output_error(tmp_path, monkeypatch, failing):
     path = tmp_path / "out.bin"
     path.write_bytes(b"old")
@@ -96,8 +97,15 @@ def test_an_unwritable_destination_is_an_output_error(tmp_path, monkeypatch, fai
     def fail(*_, **__):
         raise full
 
+    class FullDisk(io.FileIO):
+        def write(self, data):
+            raise full
+
     if failing == "mkstemp":
         monkeypatch.setattr(atomic.tempfile, "mkstemp", fail)
+    elif failing == "flush":  # a write small enough to sit in the buffer until the flush
+        monkeypatch.setattr(atomic.os, "fdopen",
+                            lambda fd, mode: io.BufferedWriter(FullDisk(fd, "wb")))
     elif failing == "replace":
         monkeypatch.setattr(atomic.os, "replace", fail)
     with pytest.raises(OutputError, match=f"cannot write {path}: No space left on device"):
