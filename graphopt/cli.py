@@ -22,7 +22,7 @@ from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_types import input_shapes, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError
-from graphopt.terminal_text import escaped_output
+from graphopt.terminal_text import ClosedStreamError, escaped_output
 
 EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.om
@@ -472,6 +472,18 @@ def _terminate_as_interrupt():
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Names from the models reach the messages: none acts on a terminal, and no character an
+    # encoding lacks (nor a closed stdout) fails a command; --help included.
+    with escaped_output():
+        try:
+            args = _parse(argv)
+        except KeyboardInterrupt:
+            print("graphopt: interrupted", file=sys.stderr)
+            return 130
+        return _run_command(args)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse ends a nargs="+" positional at the first option: `diff A --json B` leaves B
@@ -483,8 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # reported by the command's parser: its usage, not graphopt's, is the help
         parser.commands.get(getattr(args, "command", None), parser).error(
             f"unrecognized arguments: {' '.join(extra)}")
-    with escaped_output():  # names from the models reach the messages: none acts on a terminal
-        return _run_command(args)
+    return args
 
 
 def _run_command(args) -> int:
@@ -507,6 +518,9 @@ def _run_command(args) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         sys.stderr.close()
         return 0
+    except ClosedStreamError as e:  # started with `>&-`: as `cat` says, the write failed
+        print(f"graphopt: error: {e.strerror}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
         if os.environ.get("GRAPHOPT_DEBUG"):
             raise

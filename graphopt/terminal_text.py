@@ -1,4 +1,6 @@
-"""Standard streams that show control characters escaped while a command runs.
+"""Standard streams as a command sees them: control characters escaped, characters the
+stream's encoding lacks written as backslash escapes, and a stream the process was started
+without an error on use.
 
 A name read from a model, a manifest or a target file may hold any character. Printed raw, an
 escape sequence in it acts on the user's terminal (retitles it, clears it, recolours what
@@ -10,6 +12,9 @@ carriage returns (the progress line) pass as they are: graphopt's own text uses 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
+import os
 import sys
 from collections.abc import Iterator
 
@@ -42,12 +47,57 @@ class EscapingStream:
         return getattr(self._stream, name)
 
 
+class ClosedStreamError(OSError):
+    """A read or write on a standard stream the process was started without (`>&-`)."""
+
+
+class ClosedStream(io.TextIOBase):
+    """Stands in for a closed standard stream: any read or write raises ClosedStreamError,
+    as a write to a closed descriptor fails for `cat`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _closed(self, *_args, **_kwargs):
+        raise ClosedStreamError(errno.EBADF, f"standard {self.name} is closed")
+
+    write = read = readline = fileno = _closed
+
+    @property
+    def buffer(self):
+        return self
+
+    def isatty(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def escaped_output() -> Iterator[None]:
-    """sys.stdout and sys.stderr escape control characters inside the block."""
-    saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = EscapingStream(sys.stdout), EscapingStream(sys.stderr)
+    """Inside the block sys.stdout and sys.stderr escape control characters, and characters
+    their encoding cannot write (µ, ×, a model's non-ASCII names under PYTHONIOENCODING=ascii
+    or a cp1252 console) come out as backslash escapes instead of failing the command. A
+    stream the process was started without is a ClosedStream (stdin, stdout) or, for stderr,
+    where nothing could report it, os.devnull."""
+    saved = sys.stdin, sys.stdout, sys.stderr
+    errors = {}
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict" \
+                and stream not in errors:
+            errors[stream] = stream.errors
+            stream.reconfigure(errors="backslashreplace")
+    devnull = open(os.devnull, "w") if sys.stderr is None else None  # noqa: SIM115
+    sys.stdin = sys.stdin or ClosedStream("input")
+    sys.stdout = EscapingStream(sys.stdout or ClosedStream("output"))
+    sys.stderr = EscapingStream(sys.stderr or devnull)
     try:
         yield
     finally:
-        sys.stdout, sys.stderr = saved
+        sys.stdin, sys.stdout, sys.stderr = saved
+        for stream, mode in errors.items():
+            with contextlib.suppress(ValueError, OSError):  # closed meanwhile (a broken pipe)
+                stream.reconfigure(errors=mode)
+        if devnull is not None:
+            devnull.close()

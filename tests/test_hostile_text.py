@@ -3,6 +3,10 @@ terminal or breaking the file it is written into."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -133,3 +137,43 @@ def test_file_names_with_line_breaks_or_odd_bytes_stay_one_line(tmp_path, capsys
     rc, out, err = run_cli(capsys, "report", latin, "-o", tmp_path / "r.html")
     assert rc == 0, err
     assert "\\udce8" in (tmp_path / "r.html").read_text(encoding="utf-8")
+
+
+def _graphopt(*argv, env=None, shell_redirect: str = "",
+              encoding: str = "utf-8") -> subprocess.CompletedProcess:
+    """`python -m graphopt ARGV` in a subprocess (with `shell_redirect` applied by a shell)."""
+    command = " ".join(shlex.quote(os.fspath(a))
+                       for a in (sys.executable, "-m", "graphopt", *argv))
+    return subprocess.run(f"{command} {shell_redirect}", shell=True,
+                          capture_output=not shell_redirect, encoding=encoding, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "cp1252"])
+def test_an_encoding_without_graphopts_characters_escapes_them(tmp_path, encoding):
+    # µ, ×, ≥ and a model's non-ASCII names: a Windows console or PYTHONIOENCODING=ascii.
+    model = tmp_path / "modèle_µ.onnx"
+    onnx.save(evil_model(), model)
+    env = {"PYTHONIOENCODING": encoding}
+    done = _graphopt("optimize", model, "-o", tmp_path / "m.om", env=env, encoding=encoding)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    # cp1252 has è and µ; ASCII shows them escaped.
+    name = "modèle_µ.onnx" if encoding == "cp1252" else "mod\\xe8le_\\xb5.onnx"
+    assert f"{name} -> " in done.stdout, done.stdout
+    shown = _graphopt("optimize", "--help", env=env, encoding=encoding)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert "\\u2265 16" in shown.stdout  # "≥ 16" of --int4-group-size's help
+
+
+def test_a_closed_stdout_or_stdin_is_a_one_line_error(tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(evil_model(), model)
+    err = tmp_path / "err.txt"
+    done = _graphopt("optimize", model, "-o", tmp_path / "m.om", shell_redirect=f">&- 2>{err}")
+    assert done.returncode == 1 and (tmp_path / "m.om").exists()  # the work is done, not shown
+    assert err.read_text() == "graphopt: error: standard output is closed\n"
+    done = _graphopt("kb", "import", "-", "--tuning-db", tmp_path / "kb.db",
+                     shell_redirect=f"<&- 2>{err}")
+    assert done.returncode == 1
+    assert err.read_text() == ("graphopt: error: standard input: cannot read it (standard input "
+                               "is closed)\n")
