@@ -4,6 +4,11 @@ model's outputs, and `optimize --tuning-db` applies it."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import optuna
@@ -275,3 +280,19 @@ def test_resuming_an_estimate_priced_otherwise_now_is_refused(block_path, tmp_pa
                         lambda self, result: (priced(self, result)[0] * 0.9, {}))
     with pytest.raises(OptionError, match="priced the default compile at"):
         tune_subgraph(_job(block_path), trials=1, seed=0, storage=db)
+
+
+def test_the_tuning_file_a_tune_leaves_stands_alone(block_path, tmp_path):
+    # The job's results are in the .db itself, not in a -wal journal beside it that `cp` of the
+    # .db would leave behind (the last connection, a read-only one, cannot checkpoint it).
+    db = tmp_path / "kb.db"
+    done = subprocess.run([sys.executable, "-m", "graphopt", "tune", block_path, "--target",
+                           "ascend310", "--job", "subgraph", "-O3", "--trials", "3", "-q",
+                           "--tuning-db", db], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["kb.db"]
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(db, copy / "kb.db")
+    summaries = optuna.get_all_study_summaries(f"sqlite:///{copy / 'kb.db'}")
+    assert [s.n_trials for s in summaries] == [3]

@@ -4,9 +4,11 @@ read-only for commands that only read the knowledge base."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import warnings
+import weakref
 from typing import Any
 from urllib.parse import quote
 
@@ -147,9 +149,35 @@ def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist
         # Heartbeats are "experimental" since Optuna 2.9, and what we need.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(url, engine_kwargs=engine, **liveness)
-    if sqlite and not read_only:
-        _enable_wal(storage)
+    if sqlite:
+        _OPEN_SQLITE[storage.engine] = read_only
+        if not read_only:
+            _enable_wal(storage)
     return storage
+
+
+# Every SQLite engine this process opened -> whether read-only, for _checkpoint_at_exit.
+_OPEN_SQLITE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _checkpoint_at_exit() -> None:
+    """Move what the WAL journal holds into the database file and close every connection, so
+    the .db a tune leaves stands alone: `cp tuning.db` copies all of it, and a read-only
+    folder (which gets no -shm file, so ignores the journal) reads it whole. SQLite does this
+    when the last connection closes, unless that one is read-only, as the connections that
+    read back the results are; and pooled connections are not closed at exit at all."""
+    engines = list(_OPEN_SQLITE.items())
+    for engine, read_only in engines:
+        if read_only:
+            with contextlib.suppress(Exception):
+                engine.dispose()
+    for engine, read_only in engines:
+        if not read_only:
+            with contextlib.suppress(Exception):  # busy: the last writer to close checkpoints
+                with engine.connect() as connection:
+                    connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                engine.dispose()
 
 
 # What every Optuna RDB storage has; a file without them is not a knowledge base.
