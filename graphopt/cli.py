@@ -498,6 +498,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) whose unwinding raised `error`, if any: a library's cleanup can
+    fail on the state the interrupt left (Optuna's trial runner reads a variable the
+    interrupted code never set), and that error is then what reaches the command."""
+    seen = error.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__context__
+    return None
+
+
 def _run_command(args) -> int:
     """The command's exit status; errors are reported in one line, tracebacks only on request."""
     try:
@@ -524,6 +536,13 @@ def _run_command(args) -> int:
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
         if os.environ.get("GRAPHOPT_DEBUG"):
             raise
+        interrupt = _interrupt_behind(e)
+        if isinstance(interrupt, Terminated):
+            print("graphopt: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
+        if interrupt is not None:
+            print("graphopt: interrupted", file=sys.stderr)
+            return 130
         if type(e).__module__.startswith(("optuna", "sqlalchemy")):
             from graphopt.tuner.storage import failure_reason
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import onnx
@@ -15,6 +16,7 @@ from helpers import IR_VERSION, PerturbWeights, write_calibration
 from onnx import TensorProto, helper, numpy_helper, parser
 
 import graphopt
+import graphopt.cli as cli_module
 from graphopt import numerics
 from graphopt.cli import main
 from graphopt.codegen import OmSession
@@ -936,3 +938,20 @@ def test_calibration_that_does_not_fit_fails_before_the_compile(tmp_path, capsys
                        "--calibration", calib)
     assert_clean_error(rc, out, err, f"calibration {calib}:", *needles, output=out_path)
     assert "pass " not in err and "Error:" not in err
+
+
+@pytest.mark.parametrize("interrupt, message, status", [
+    (KeyboardInterrupt, "graphopt: interrupted\n", 130),
+    (cli_module.Terminated, "graphopt: terminated\n", 143)])
+def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
+        capsys, interrupt, message, status):
+    # As Optuna's trial runner does: its cleanup reads a variable the interrupted code never
+    # set, and the UnboundLocalError, not the KeyboardInterrupt, reaches the command.
+    def command(_args):
+        try:
+            raise interrupt
+        finally:
+            raise UnboundLocalError("cannot access local variable 'updated_state'")
+
+    assert cli_module._run_command(types.SimpleNamespace(func=command)) == status
+    assert capsys.readouterr().err == message

@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 
 PARAMS = ("base_m", "base_n", "base_k", "l1_depth", "double_buffer", "cores")
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+# Errors only: a trial that fails (Ctrl-C, say) is reported by graphopt in one line; Optuna's
+# warning would print the traceback first.
+optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 Progress = Callable[[int, int, float], None]  # (trials done, trials asked for, best seconds)
 _STARTED = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE,
@@ -388,7 +390,7 @@ def _worker(url: str, study_name: str, shape: GemmShape, target: str, device_nam
             trials: int, timeout: float | None, sampler: str, seed: int) -> None:
     from graphopt.partition import load_target
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     device = load_target(target).device(device_name)
     study = optuna.load_study(study_name=study_name, storage=open_storage(url),
                               sampler=_make_sampler(sampler, seed))

@@ -412,7 +412,7 @@ def _run_workers(study, objective, job, store, storage, name, trials, timeout, s
 
 def _worker(job: SubgraphJob, url: str, name: str, trials: int, timeout: float | None,
             sampler: str, seed: int) -> None:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.load_study(study_name=name, storage=open_storage(url),
                               sampler=_make_sampler(sampler, seed))
     space = space_from_json(study.user_attrs["space"])
