@@ -80,7 +80,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             with open(path, "wb") as f:
                 f.write(buffer.getbuffer())
         except OSError as exc:
-            raise _cannot_write(path, exc) from None
+            raise cannot_write(path, exc) from None
         return
     fd, tmp = _temporary(path)
     # No `with` on the file: its close flushes again, and on a full disk that second failure
@@ -92,7 +92,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
         except OSError as exc:
             if exc.errno not in _WRITE_ERRORS or isinstance(exc, OutputError):
                 raise
-            raise _cannot_write(path, exc) from None
+            raise cannot_write(path, exc) from None
         try:
             f.flush()
             os.fsync(f.fileno())
@@ -100,7 +100,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             os.chmod(tmp, _final_mode(path))
             os.replace(tmp, path)
         except OSError as exc:
-            raise _cannot_write(path, exc) from None
+            raise cannot_write(path, exc) from None
     except BaseException:
         # BaseException too: a KeyboardInterrupt mid-write must not leave a stray temp file.
         with contextlib.suppress(OSError):
@@ -130,7 +130,7 @@ def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
         except OSError as exc:
             if exc.errno not in _WRITE_ERRORS or isinstance(exc, OutputError):
                 raise
-            raise _cannot_write(paths[0], exc) from None
+            raise cannot_write(paths[0], exc) from None
         for path, f, tmp in zip(paths, files, temps):
             try:
                 f.flush()
@@ -138,7 +138,7 @@ def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
                 f.close()
                 os.chmod(tmp, _final_mode(path))
             except OSError as exc:
-                raise _cannot_write(path, exc) from None
+                raise cannot_write(path, exc) from None
         _replace_all(paths, temps)
     except BaseException:
         for f, tmp in zip(files, temps):
@@ -165,7 +165,7 @@ def _replace_all(paths: list[str], temps: list[str]) -> None:
                 if backup is not None:
                     with contextlib.suppress(OSError):
                         os.unlink(backup)
-                raise _cannot_write(path, exc) from None
+                raise cannot_write(path, exc) from None
             done.append((path, backup))
     except BaseException:
         for path, backup in reversed(done):
@@ -222,7 +222,7 @@ def _link_aside(path: str) -> str:
                 shutil.copy2(path, aside)
                 return aside
             except OSError:
-                raise _cannot_write(path, exc) from None
+                raise cannot_write(path, exc) from None
 
 
 def _temporary(path: str) -> tuple[int, str]:
@@ -232,10 +232,11 @@ def _temporary(path: str) -> tuple[int, str]:
         return tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
                                 prefix=side_name(path) + ".", suffix=".tmp")
     except OSError as exc:
-        raise _cannot_write(path, exc) from None
+        raise cannot_write(path, exc) from None
 
 
-def _cannot_write(path: str, exc: OSError) -> OutputError:
+def cannot_write(path: str, exc: OSError) -> OutputError:
+    """The one-line OutputError for a write to `path` that failed with `exc`."""
     directory = os.path.dirname(os.path.abspath(path))
     if isinstance(exc, IsADirectoryError) or os.path.isdir(path):
         reason = "it is a directory"

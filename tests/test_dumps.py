@@ -221,3 +221,29 @@ def test_a_dump_cut_short_is_recognised_by_the_next(proto, tmp_path):
     graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format="onnx")
     log = json.loads((directory / "passes.json").read_text())
     assert log["import"]["dumps"] == ["000_import.onnx"] and log["passes"]
+
+
+@pytest.mark.parametrize("failing_mode", ["wb", "ab"])
+def test_a_weights_file_the_disk_refuses_is_a_one_line_error(proto, tmp_path, monkeypatch,
+                                                             failing_mode):
+    # The weights file grows pass by pass (no atomic rename): a full disk is named, and what
+    # was appended in part is cut away again.
+    import builtins
+
+    import graphopt.tools.dump_onnx as dump_onnx
+    from graphopt.errors import OutputError
+
+    def full_disk(path, mode="r", *args, **kwargs):
+        if mode == failing_mode and os.path.basename(path) == WEIGHTS_FILE:
+            handle = builtins.open(path, mode, *args, **kwargs)
+            handle.write(b"partial")  # what reached the disk before it filled up
+            handle.close()
+            raise OSError(28, "No space left on device")
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(dump_onnx, "open", full_disk, raising=False)
+    weights = tmp_path / "dump_onnx" / WEIGHTS_FILE
+    with pytest.raises(OutputError, match=f"cannot write {weights}: No space left on device"):
+        _dump(proto, tmp_path, "onnx")
+    if failing_mode == "ab":
+        assert weights.stat().st_size == 0  # the first weight failed: nothing points past 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from onnx import TensorProto, numpy_helper
 
-from graphopt.atomic import atomic_write_bytes
+from graphopt.atomic import atomic_write_bytes, cannot_write
 from graphopt.ir import DType, Model, Tensor, to_onnx
 
 WEIGHTS_FILE = "weights.bin"
@@ -23,8 +24,11 @@ class SharedWeights:
         self.placed: dict[str, tuple[int, int] | None] = {}
         self.size = 0
         # A new compile starts a new file: offsets recorded by an earlier run mean nothing now.
-        with open(self.path, "wb"):
-            pass
+        try:
+            with open(self.path, "wb"):
+                pass
+        except OSError as exc:
+            raise cannot_write(self.path, exc) from None
 
     def place(self, tensor: Tensor) -> tuple[int, int] | None:
         """(offset, length) of the tensor's bytes in the file, appended on first sight; None
@@ -37,11 +41,22 @@ class SharedWeights:
                 self.placed[key] = None
             else:
                 pad = -self.size % _ALIGN
-                with open(self.path, "ab") as f:
-                    f.write(b"\0" * pad + raw)
+                self._append(b"\0" * pad + raw)
                 self.placed[key] = (self.size + pad, len(raw))
                 self.size += pad + len(raw)
         return self.placed[key]
+
+
+    def _append(self, data: bytes) -> None:
+        """Append `data`; a write the disk refuses (full, read-only) is an OutputError, and
+        the file is cut back to what the dumps written so far point into."""
+        try:
+            with open(self.path, "ab") as f:
+                f.write(data)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, self.size)
+            raise cannot_write(self.path, exc) from None
 
 
 def write_onnx_dump(model: Model, path: str, weights: SharedWeights) -> None:
