@@ -139,7 +139,8 @@ def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
                 os.chmod(tmp, _final_mode(path))
             except OSError as exc:
                 raise cannot_write(path, exc) from None
-        _replace_all(paths, temps)
+        with _folder_locks(paths):
+            _replace_all(paths, temps)
     except BaseException:
         for f, tmp in zip(files, temps):
             with contextlib.suppress(OSError):
@@ -149,6 +150,33 @@ def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
         raise
     for directory in {os.path.dirname(os.path.abspath(p)) for p in paths}:
         _fsync_dir(directory)
+
+
+@contextlib.contextmanager
+def _folder_locks(paths: list[str]) -> Iterator[None]:
+    """Hold an exclusive lock on each destination folder while a set of files moves in: two
+    processes saving the same model at once each move in a whole set, rather than one's
+    model beside the other's data. A folder that cannot be locked (no flock there) is moved
+    into without one."""
+    import fcntl
+
+    held = []
+    try:
+        for folder in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
+            try:
+                fd = os.open(folder, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                os.close(fd)
+                continue
+            held.append(fd)
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)  # closing releases the lock
 
 
 def _replace_all(paths: list[str], temps: list[str]) -> None:

@@ -383,3 +383,30 @@ def test_the_om_records_the_source_hash_only_while_the_path_holds_the_source(tmp
     graphopt.save(result, source)  # the optimized model in place: no longer what was compiled
     graphopt.save(result, tmp_path / "b.om")
     assert recorded(tmp_path / "b.om") is None
+
+
+def test_a_set_of_files_moves_in_under_a_lock_on_its_folder(tmp_path, monkeypatch):
+    # Two processes saving one model with external data at once must not leave one's model
+    # beside the other's data: each set moves in while holding the folder's lock.
+    import fcntl
+
+    seen = []
+    replace = os.replace
+
+    def replace_while_probing(src, dst):
+        probe = os.open(tmp_path, os.O_RDONLY)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append("unlocked")
+        except BlockingIOError:
+            seen.append("locked")
+        finally:
+            os.close(probe)
+        replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", replace_while_probing)
+    with atomic.atomic_files([str(tmp_path / "m.onnx"), str(tmp_path / "m.onnx.data")]) as files:
+        for f in files:
+            f.write(b"new")
+    assert seen == ["locked", "locked"]
+    assert (tmp_path / "m.onnx").read_bytes() == (tmp_path / "m.onnx.data").read_bytes() == b"new"
