@@ -14,7 +14,7 @@ from graphopt.ir import DType, Graph, Model, Value
 from graphopt.passes.memory import (REUSE_STRATEGIES, STRATEGIES, Buffer, check_plan,
                                     lower_bound, plan_memory, schedule_for_memory, schedule_peak,
                                     verify_plan)
-from graphopt.passes.memory.buffers import align_up, arena_size
+from graphopt.passes.memory.buffers import align_up, arena_size, conflicts, count_conflicts
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -55,6 +55,14 @@ def test_strategies_never_overlap_live_buffers_and_respect_the_bound(buffers):
     assert sizes["naive"] == sum(b.size for b in buffers)
     assert sizes["greedy_by_size"] <= sizes["naive"]
     assert sizes["greedy_search"] <= sizes["greedy_by_size"]
+
+
+@FAST
+@given(interval_sets())
+def test_pairs_are_counted_as_conflicts_lists_them(buffers):
+    listed = sum(len(met) for met in conflicts(buffers).values()) // 2
+    assert count_conflicts(buffers) == listed == sum(
+        a.meets(b) for a, b in itertools.combinations(buffers, 2))
 
 
 # -- random graphs ----------------------------------------------------------------------------

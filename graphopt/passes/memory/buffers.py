@@ -89,3 +89,16 @@ def conflicts(buffers: Sequence[Buffer]) -> dict[int, list[Buffer]]:
             result[b.id].append(a)
         active.append(b)
     return result
+
+
+def count_conflicts(buffers: Sequence[Buffer]) -> int:
+    """How many pairs of buffers live at a common step (what conflicts() would list, counted
+    in O(n log n) without listing them)."""
+    import bisect
+
+    lasts: list[int] = []  # last steps of the buffers started so far, sorted
+    pairs = 0
+    for b in sorted(buffers, key=lambda b: (b.first, b.id)):
+        pairs += len(lasts) - bisect.bisect_left(lasts, b.first)  # those still live at b.first
+        bisect.insort(lasts, b.last)
+    return pairs

@@ -12,11 +12,12 @@ from graphopt.errors import OptionError
 from graphopt.ir import Graph, Model, Node
 from graphopt.passes.memory.aliasing import Assignment, Storage, is_external_view
 from graphopt.passes.memory.buffers import (DEFAULT_ALIGNMENT, Buffer, arena_size, conflicts,
-                                            lower_bound)
+                                            count_conflicts, lower_bound)
 from graphopt.passes.memory.liveness import (INPUT, WEIGHT, Liveness, liveness, main_graph,
                                              tensor_bytes)
 from graphopt.passes.memory.schedule import schedule_for_memory
-from graphopt.passes.memory.strategies import REUSE_STRATEGIES, STRATEGIES
+from graphopt.passes.memory.strategies import (MAX_PAIRS, PAIRWISE_STRATEGIES, REUSE_STRATEGIES,
+                                               STRATEGIES)
 
 PLAN_FORMAT = 1
 
@@ -132,7 +133,14 @@ def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
     storage = Storage(graph, live.kind, live.nbytes, alignment=alignment, inplace=inplace)
     assignment = storage.assign(live.schedule)
     buffers = assignment.buffers
-    meets = conflicts(buffers)  # shared: the pairs of buffers live at a common step
+    notes = []
+    pairs = count_conflicts(buffers)
+    if strategies is None and pairs > MAX_PAIRS:
+        names = [n for n in names if n not in PAIRWISE_STRATEGIES]
+        notes.append(f"{pairs:,} pairs of tensors live at a common step: placed by "
+                     f"{' and '.join(names)} alone (the greedy strategies go pair by pair)")
+    # Shared: the pairs of buffers live at a common step, for the strategies that use them.
+    meets = conflicts(buffers) if any(n in PAIRWISE_STRATEGIES for n in names) else None
     candidates = {}
     results = {}
     for name in dict.fromkeys(["naive", *names]):
@@ -142,6 +150,7 @@ def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
     offsets = results[chosen_name]
     plan = _assemble(live, assignment, offsets, chosen_name, candidates, alignment, method)
     plan.schedule_optimal = optimal
+    plan.notes[:0] = notes
     return plan
 
 

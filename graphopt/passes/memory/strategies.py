@@ -241,3 +241,10 @@ STRATEGIES: dict[str, Strategy] = {
 # plan_memory keeps the smallest of these; on a tie, the earlier one (the plain strategies first,
 # so a figure credited to the search is one no single strategy reached).
 REUSE_STRATEGIES = ("greedy_by_size", "greedy_by_breadth", "best_fit", "same_size", "greedy_search")
+# The strategies that place each buffer around the placed ones it meets in time: their cost
+# grows with the pairs of buffers live at a common step, the square of how many live at once.
+PAIRWISE_STRATEGIES = ("greedy_by_size", "greedy_by_breadth", "greedy_search")
+# Above this many pairs (1,400 tensors live at once: an unrolled RNN's step outputs before
+# their Concat) plan_memory's default set leaves the pairwise strategies out; they took 17 s
+# at 8 M pairs and 95 s at 32 M, for arenas the sweep-based best_fit matches there.
+MAX_PAIRS = 1_000_000
