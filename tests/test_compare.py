@@ -212,13 +212,25 @@ def test_shape_and_dtype_mismatches_fail_with_a_note():
     assert row.passed and row.note == "dtype f16 vs reference f32" and row.cosine == 1.0
 
 
-def test_nan_and_inf_fail_and_are_counted():
+def test_nan_and_inf_unlike_the_reference_fail_and_are_counted():
     ref = np.array([1.0, 2.0, np.nan, 4.0], np.float32)
     cand = np.array([1.0, np.inf, np.nan, 4.0], np.float32)
     row = compare_arrays("y", ref, cand)
     assert not row.passed
     assert row.note == "reference has 1 NaN; candidate has 1 NaN and 1 Inf"
-    assert row.mismatches == 2 and row.max_abs == 0.0 and row.cosine == 1.0  # over [1, 4]
+    # The NaN both have counts as alike; the Inf against 2.0 does not.
+    assert row.mismatches == 1 and row.max_abs == 0.0 and row.cosine == 1.0  # over [1, 4]
+
+
+def test_nan_and_inf_alike_on_both_sides_pass():
+    # A log of 0, a mask's -inf: reproduced exactly, as allclose(equal_nan=True) judges it.
+    ref = np.array([1.0, -np.inf, np.nan, np.inf], np.float32)
+    row = compare_arrays("y", ref, ref.copy())
+    assert row.passed and row.mismatches == 0 and row.note == "3 NaN/Inf in both, alike"
+    flipped = ref.copy()
+    flipped[1] = np.inf  # the sign of an infinity matters
+    row = compare_arrays("y", ref, flipped)
+    assert not row.passed and row.mismatches == 1
 
 
 def test_integer_and_bool_outputs_need_exact_equality():

@@ -9,8 +9,10 @@ Each compared tensor becomes a Row with msaccucmp's metrics (graphopt.tools.metr
   match and every value passes, an empty optional (None) when the other is empty too; the row
   is labelled by its type (`seq(map(int64,float32))[3]`, `optional(None)`); its cosine is its
   lowest element's, its other metrics those of all the values it holds together.
-- float tensors: any NaN or Inf in either side fails the row (they are counted in the note and the
-  metrics cover the elements finite in both). Otherwise the rule is allclose, every element
+- float tensors: a NaN or Inf on either side fails the row unless the other side has the same
+  there (NaN for NaN, an infinity of the same sign), as numpy's allclose with equal_nan judges
+  them; they are counted in the note, and the metrics cover the elements finite in both.
+  Otherwise the rule is allclose, every element
   within |c - r| <= atol + rtol·|r| (rtol 1e-4, atol 1e-5 by default), or, when `min_cosine` is
   given instead, cosine similarity >= min_cosine. `mismatches` always counts the elements
   outside rtol/atol. Empty tensors pass. KL divergence is filled in only for probability
@@ -133,14 +135,22 @@ def compare_arrays(name: str, reference, candidate, *, rtol: float = DEFAULT_RTO
         ref, cand = (np.stack([a.real, a.imag], axis=-1) for a in (ref, cand))
     notes = [row.note] if row.note else []
     finite = np.isfinite(ref) & np.isfinite(cand)
-    bad = ref.size - int(np.count_nonzero(finite))
-    if bad:
-        for side, array in (("reference", ref), ("candidate", cand)):
-            nan, inf = metrics.nonfinite_counts(array)
-            counts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n]
-            if counts:
-                notes.append(f"{side} has {' and '.join(counts)}")
-        row.passed = False
+    nonfinite = ref.size - int(np.count_nonzero(finite))
+    bad = 0
+    if nonfinite:
+        # NaN where the reference has NaN, an infinity of the same sign where it has one:
+        # the candidate reproduces the reference there (a log of 0, a mask's -inf).
+        same = (np.isnan(ref) & np.isnan(cand)) | (ref == cand)
+        bad = int(np.count_nonzero(~finite & ~same))
+        if bad:
+            for side, array in (("reference", ref), ("candidate", cand)):
+                nan, inf = metrics.nonfinite_counts(array)
+                counts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n]
+                if counts:
+                    notes.append(f"{side} has {' and '.join(counts)}")
+            row.passed = False
+        else:
+            notes.append(f"{nonfinite} NaN/Inf in both, alike")
         kept_ref, kept_cand = ref[finite], cand[finite]
     else:
         kept_ref, kept_cand = ref, cand
@@ -152,7 +162,7 @@ def compare_arrays(name: str, reference, candidate, *, rtol: float = DEFAULT_RTO
     row.max_abs, row.mean_abs = metrics.absolute_errors(kept_ref, kept_cand)
     row.max_rel, row.mean_rel = metrics.relative_errors(kept_ref, kept_cand) or (None, None)
     row.rmse = metrics.rmse(kept_ref, kept_cand)
-    if not bad:
+    if not nonfinite:
         row.kl = metrics.kl_divergence(ref, cand)
     within = row.mismatches == 0 if min_cosine is None else row.cosine >= min_cosine
     row.passed = row.passed and within
