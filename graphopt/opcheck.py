@@ -158,16 +158,20 @@ def check_kernel_dtypes(model: Model, label: str) -> None:
 
     verdicts: dict[tuple, bool | None] = {}
     for node in model.graph.all_nodes():
-        version = model.opset(node.domain)
-        if version is None or _expandable(node.op_type, node.domain, version):
-            continue
-        key = (node.op_type, node.domain, version, names(node.inputs), names(node.outputs))
+        # Keyed by the dtypes as they are: a large model has a few hundred kinds of node.
+        key = (node.op_type, node.domain, tuple(v and v.dtype for v in node.inputs),
+               tuple(v and v.dtype for v in node.outputs))
         binds = verdicts.get(key, "")
         if binds == "":
-            binds = verdicts[key] = _binds(node.op_type, node.domain, version, key[3], key[4])
+            version = model.opset(node.domain)
+            binds = verdicts[key] = None if version is None or _expandable(
+                node.op_type, node.domain, version) else _binds(
+                node.op_type, node.domain, version, names(node.inputs), names(node.outputs))
         if binds is False:
+            version = model.opset(node.domain)
             typed = ", ".join(f"{v.name} {dtype}" for v, dtype in
-                              zip((*node.inputs, *node.outputs), (*key[3], *key[4]))
+                              zip((*node.inputs, *node.outputs),
+                                  (*names(node.inputs), *names(node.outputs)))
                               if v is not None and dtype is not None)
             since = ort_since_version(node.op_type, node.domain, version)
             raise InputError(f"{_where(label, node)}: onnxruntime's CPU provider has no "
