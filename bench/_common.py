@@ -155,7 +155,14 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
                       *map(line, rows)])
 
 
+def summary(doc: str) -> str:
+    """A script docstring's first paragraph, for its --help (its first line may end mid-sentence)."""
+    return doc.split("\n\n")[0]
+
+
 def write_json(path: str, data: dict) -> None:
+    """`data` as JSON at `path`, its folder made first (`--json out/x.json` in a fresh clone)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(_strict(data), f, indent=2, allow_nan=False, default=str)
         f.write("\n")

@@ -79,6 +79,17 @@ def light_models(quick: bool, wanted: Wanted) -> Iterator[BenchModel]:
         yield BenchModel(f"light/{name}", path, _random_feeds(path))
 
 
+def check_folder(parser, folder: str | None, option: str = "--shared") -> None:
+    """parser.error (exit 2) before any measuring when `folder` is no folder of .onnx models:
+    found in the middle of a run, it would end it and lose what was measured."""
+    if folder is None:
+        return
+    if not os.path.isdir(folder):
+        parser.error(f"{option} {folder}: not a directory")
+    if not glob.glob(os.path.join(folder, "*.onnx")):
+        parser.error(f"{option} {folder}: no .onnx files there")
+
+
 def folder_models(folder: str, wanted: Wanted) -> Iterator[BenchModel]:
     """Every *.onnx in `folder`; NAME.inputs.npz beside a model is its feed when present."""
     paths = sorted(glob.glob(os.path.join(folder, "*.onnx")))

@@ -29,7 +29,7 @@ import graphopt.kind_inference as kind_inference  # noqa: E402
 from graphopt import opcheck  # noqa: E402
 from graphopt.compiler import check_input  # noqa: E402
 from graphopt.ir import load_onnx  # noqa: E402
-from _common import markdown_table, write_json  # noqa: E402
+from _common import markdown_table, summary, write_json  # noqa: E402
 from _models import LIGHT_DIR, ZOO_QUICK, sized_zoo_models  # noqa: E402
 from scale import NODES_PER_LAYER, transformer_model  # noqa: E402
 
@@ -69,8 +69,9 @@ def models(workdir: str, wanted) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=11, help="timed checks per model and way")
+    p = argparse.ArgumentParser(description=summary(__doc__))
+    p.add_argument("--runs", type=int, default=11,
+                   help="timed checks per model and way (default 11)")
     p.add_argument("--only", help="rows whose name contains this text")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = p.parse_args(argv)

@@ -32,19 +32,36 @@ def _feeding(model, op_type: str, consumer: str) -> int:
                and any(c.op_type == consumer for c in n.output.consumers()))
 
 
+# ../shared/models beside the repository, wherever the check is run from.
+DEFAULT_FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                              "models")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("folder", nargs="?", default="../shared/models")
-    parser.add_argument("-O", dest="level", type=int, default=2)
-    parser.add_argument("--rtol", type=float, default=1e-4)
-    parser.add_argument("--atol", type=float, default=1e-5)
+    parser.add_argument("folder", nargs="?", default=os.path.normpath(DEFAULT_FOLDER),
+                        help="models, each with NAME.inputs.npz and NAME.ref.npz beside it "
+                             "(default: %(default)s)")
+    parser.add_argument("-O", dest="level", type=int, default=2,
+                        help="optimization level (default 2)")
+    parser.add_argument("--rtol", type=float, default=1e-4, help="default 1e-4")
+    parser.add_argument("--atol", type=float, default=1e-5, help="default 1e-5")
     parser.add_argument("--strict", action="store_true",
                         help="also fail when a decomposed LayerNorm, GELU or attention block "
                              "(a Softmax) is left unfused")
     args = parser.parse_args()
+    paths = sorted(glob.glob(os.path.join(args.folder, "*.onnx")))
+    if not paths:  # a check of nothing must not pass
+        parser.error(f"{args.folder}: no .onnx models there")
     rows, failures = [], 0
-    for path in sorted(glob.glob(os.path.join(args.folder, "*.onnx"))):
+    for path in paths:
         stem = path[: -len(".onnx")]
+        missing = [f for f in (stem + ".inputs.npz", stem + ".ref.npz") if not os.path.exists(f)]
+        if missing:
+            print(f"{os.path.basename(path)}: no {', '.join(map(os.path.basename, missing))} "
+                  "beside it: not checked", file=sys.stderr)
+            failures += 1
+            continue
         with np.load(stem + ".inputs.npz") as f:
             feeds = {k: f[k] for k in f.files}
         with np.load(stem + ".ref.npz") as f:

@@ -22,7 +22,7 @@ import onnxruntime as ort
 from _common import (ATOL, RTOL, THREADS, Check, Stats, check_outputs, geomean, markdown_table,
                      megabytes, node_count, run_model, short_reason, write_json)
 from _compilers import Compiler, compilers
-from _models import BenchModel, folder_models, light_models, zoo_models
+from _models import BenchModel, check_folder, folder_models, light_models, zoo_models
 
 DESCRIPTION = """\
 Time graphopt's optimize (default -O2, no tuning; optimize + save to .onnx) beside onnxsim
@@ -297,8 +297,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.runs = 3 if args.quick else 5
     if args.runs < 1:
         p.error("--runs must be at least 1")
-    if args.shared and not os.path.isdir(args.shared):
-        p.error(f"--shared {args.shared}: not a directory")
+    check_folder(p, args.shared)
     return args
 
 

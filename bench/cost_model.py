@@ -22,6 +22,8 @@ from _common import THREADS, geomean, markdown_table, session_options, write_jso
 from _models import sized_zoo_models
 
 import graphopt
+from graphopt.cli_paths import check_output_path
+from graphopt.errors import GraphoptError
 from graphopt.ir import load_onnx
 from graphopt.tuner.calibrate import default_path, load_or_calibrate
 from graphopt.tuner.cpu_model import CpuCostModel, op_class, spearman
@@ -47,13 +49,20 @@ def parse_args(argv):
     p.add_argument("--runs", type=int, default=20, metavar="N",
                    help="profiled and timed runs per model (default 20, after 3 warm-ups)")
     p.add_argument("--calibration", metavar="FILE",
-                   help=f"calibration JSON (default {default_path()}; measured --quick if absent)")
+                   help=f"calibration JSON (default {default_path()}); if absent, measured "
+                        "--quick and saved there first")
     p.add_argument("--level", default="all", choices=("disable", "basic", "extended", "all"),
                    help="onnxruntime optimization level of the profiled session (default all)")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="only models whose row name contains TEXT; repeatable")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.calibration and not os.path.exists(args.calibration):
+        try:  # it will be written after the measuring: its folder must take a file now
+            check_output_path("--calibration", args.calibration)
+        except GraphoptError as e:
+            p.error(str(e))
+    return args
 
 
 def optimized(path: str, feeds, out_path: str, int8: bool) -> onnx.ModelProto:

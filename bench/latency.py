@@ -38,7 +38,8 @@ from _latency_variants import (
     open_runner,
     versions,
 )
-from _models import ZOO_QUICK, BenchModel, folder_models, light_models, sized_zoo_models
+from _models import (ZOO_QUICK, BenchModel, check_folder, folder_models, light_models,
+                     sized_zoo_models)
 
 DESCRIPTION = """\
 Time inference of graphopt's compiled model (its optimized .onnx at ORT_ENABLE_ALL and its .om
@@ -475,8 +476,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--dims {args.dims}: expected NAME=N pairs separated by commas")
     if any(n < 1 for n in args.dim_values.values()):
         p.error(f"--dims {args.dims}: dims must be at least 1")
-    if args.shared and not os.path.isdir(args.shared):
-        p.error(f"--shared {args.shared}: not a directory")
+    check_folder(p, args.shared)
     return args
 
 

@@ -24,7 +24,7 @@ from graphopt.passes.memory import (MemoryPlanError, check_plan, plan_memory, sc
                                     verify_plan)
 
 from _common import geomean, markdown_table, short_reason, write_json
-from _models import BenchModel, folder_models, light_models, zoo_models
+from _models import BenchModel, check_folder, folder_models, light_models, zoo_models
 
 DESCRIPTION = """\
 Plan the work buffer (CANN's work memory: the arena holding every intermediate tensor) of each
@@ -283,6 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="only models whose row name contains TEXT; repeatable")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
+    check_folder(p, args.shared)
     if args.quick:
         args.runs = 1
     return args

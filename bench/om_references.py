@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graphopt  # noqa: E402
 from graphopt.codegen import load_om, om_refs  # noqa: E402
 from graphopt.codegen.om_weights import point_into  # noqa: E402
-from _common import Stats, markdown_table, write_json  # noqa: E402
+from _common import Stats, markdown_table, summary, write_json  # noqa: E402
 from _models import ZOO_FULL, sized_zoo_models  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def bench(model, runs: int, workdir: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--runs", type=int, default=30, help="interleaved rounds (default 30)")
     parser.add_argument("--only", action="append", default=[],
                         help="rows whose name contains this (repeatable)")

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from _common import Stats, markdown_table, session_options, short_reason, write_json
+from _models import check_folder
 
 import graphopt
 from graphopt import zoo
@@ -392,6 +393,7 @@ def parse_args(argv):
     args.thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()})
     if args.runs < 1 or args.samples < 1 or args.calibration_samples < 1:
         p.error("--runs, --samples and --calibration-samples must be at least 1")
+    check_folder(p, args.shared)
     return args
 
 

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from _common import markdown_table, session_options, write_json
+from _common import markdown_table, session_options, summary, write_json
 from onnx import numpy_helper
 
 import graphopt
@@ -76,25 +76,28 @@ def time_interleaved(sessions: dict, feeds: dict, runs: int, warmup: int = 3) ->
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--seq", type=int, nargs="+", default=[1, 64])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
+    parser.add_argument("--runs", type=int, default=30, help="interleaved rounds (default 30)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="intra-op thread counts to time (default 1 2)")
+    parser.add_argument("--seq", type=int, nargs="+", default=[1, 64],
+                        help="sequence lengths to time (default 1 64)")
     parser.add_argument("--group-size", type=int, default=32, metavar="N",
                         help="weights per scale (--int4-group-size) of the int4 variants")
     parser.add_argument("--seeds", type=int, default=8,
                         help="seeded token-id sets the cosine is taken over (default 8)")
-    parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
 
     original = zoo.build("gpt2_small")
-    calibration = os.path.join(tempfile.mkdtemp(), "gpt2_small_ids.npz")
-    ids = np.random.default_rng(CALIBRATION_SEED).integers(0, 1000, (32, 64))
-    np.savez(calibration, input_ids=ids)
-    extra = {"int4_group_size": args.group_size, "calibration": calibration}
-    compiled = {name: graphopt.optimize(original, level=2, pass_options={
-                    **opts, **(extra if "quantize" in opts else {})}).to_onnx()
-                for name, opts in VARIANTS.items()}
+    with tempfile.TemporaryDirectory() as folder:
+        calibration = os.path.join(folder, "gpt2_small_ids.npz")
+        ids = np.random.default_rng(CALIBRATION_SEED).integers(0, 1000, (32, 64))
+        np.savez(calibration, input_ids=ids)
+        extra = {"int4_group_size": args.group_size, "calibration": calibration}
+        compiled = {name: graphopt.optimize(original, level=2, pass_options={
+                        **opts, **(extra if "quantize" in opts else {})}).to_onnx()
+                    for name, opts in VARIANTS.items()}
     sizes = {name: matmul_weight_bytes(p) for name, p in compiled.items()}
     totals = {name: weight_bytes(p) for name, p in compiled.items()}
     print(markdown_table(["variant", "MatMul weights MiB", "all weights MiB", "below fp16"], [

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.sessions} session creations and {args.runs} runs per variant, interleaved; "
           "run × = unpacked / packed\n")
     print(markdown_table(["case", "create packed ms", "create unpacked ms", "run packed ms",
-                          "run unpacked ms", "run ×", "max |Δ|"], table))
+                          "run unpacked ms", "run ×", "max abs Δ"], table))
     if args.json:
         write_json(args.json, {"onnxruntime": ort.__version__, "threads": args.threads,
                                "rows": results})

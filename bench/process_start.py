@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graphopt  # noqa: E402
 from _common import (Stats, compare_outputs, geomean, markdown_table, run_model,  # noqa: E402
-                     short_reason, write_json)
+                     short_reason, summary, write_json)
 from _models import ZOO_FULL, sized_zoo_models  # noqa: E402
 
 # The children: argv[1] model or .om, argv[2] input .npz, argv[3] where to write the outputs ("" to
@@ -74,13 +74,19 @@ COMMANDS = {  # rows without a model: what the imports alone cost
 }
 
 
-PYCACHE = tempfile.mkdtemp(prefix="graphopt-process-start-pycache-")
+_PYCACHE: list[str] = []  # the children's bytecode folder, made on first use, removed by main
+
+
+def pycache() -> str:
+    if not _PYCACHE:
+        _PYCACHE.append(tempfile.mkdtemp(prefix="graphopt-process-start-pycache-"))
+    return _PYCACHE[0]
 
 
 def timed(command: list[str], pythonpath: str | None = None) -> float:
     """Wall seconds of one child process; RuntimeError with its stderr when it fails."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = os.path.join(PYCACHE, "extra" if pythonpath else "plain")
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(pycache(), "extra" if pythonpath else "plain")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     start = time.perf_counter()
@@ -151,7 +157,7 @@ def bench_model(model, runs: int, workdir: str, pythonpath: str | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--runs", type=int, default=20, help="timed children per variant (20)")
     parser.add_argument("--only", action="append", default=[],
                         help="zoo models whose name contains this; repeatable (the import rows "
@@ -178,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(_line(row), flush=True)
     finally:
-        shutil.rmtree(PYCACHE, ignore_errors=True)
+        for folder in _PYCACHE:
+            shutil.rmtree(folder, ignore_errors=True)
     print()
     print(format_rows(rows, args.runs, args.pythonpath))
     if args.json:
@@ -225,7 +232,7 @@ def format_rows(rows: list[dict], runs: int, pythonpath: str | None) -> str:
     headers = ["model", "onnxruntime process ms", "graphopt .om process ms", "×"]
     if pythonpath:
         headers.append(".om, PYTHONPATH ms (×)")
-    return head + "\n\n" + markdown_table(headers + ["max |Δ| vs original"], table)
+    return head + "\n\n" + markdown_table(headers + ["max abs Δ vs original"], table)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def format_model(result: dict, runs: int) -> str:
         "",
         markdown_table(["batch×seq", "profile", "ORT ENABLE_ALL ms", "profiled .om ms",
                         "single-shape .om ms", "ORT / profiled", "profiled / single",
-                        "max |Δ| vs original"], table),
+                        "max abs Δ vs original"], table),
     ]
     return "\n".join(lines)
 

@@ -340,7 +340,8 @@ def measure_sizes(node_counts: list[int], workdir: str, runs: int,
     than on whichever size ran then. Per size: each stage's median seconds and highest peak,
     the median e2e, every run, and per round the ratio of its total to the smallest size's
     (median of that round's runs of it). With `baseline` (another checkout), each staged
-    compile is followed by one with that checkout's code: the side-by-side totals."""
+    compile is paired with one with that checkout's code, the two taking turns to go first:
+    the side-by-side totals."""
     sizes = [_write_model(n, workdir) for n in node_counts]
     runs_of = {id(s): [] for s in sizes}
     e2e_of = {id(s): [] for s in sizes}
@@ -353,8 +354,12 @@ def measure_sizes(node_counts: list[int], workdir: str, runs: int,
             repeat = SMALL_RUNS_FACTOR if size["nodes"] < SMALL_NODES else 1
             totals = []
             for _ in range(repeat):
+                # Which checkout goes first alternates: the second finds caches the first warmed.
+                baseline_first = baseline and len(runs_of[id(size)]) % 2 == 1
+                if baseline_first:
+                    baseline_of[id(size)].append(_staged_baseline(size, workdir, baseline))
                 staged, e2e = _compile_once(size, workdir)
-                if baseline:
+                if baseline and not baseline_first:
                     baseline_of[id(size)].append(_staged_baseline(size, workdir, baseline))
                 runs_of[id(size)].append(staged)
                 e2e_of[id(size)].append(e2e)

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, session_options, shape_list  # noqa: E402
+from _common import markdown_table, session_options, shape_list, write_json  # noqa: E402
 
 SHAPES = ((1, 128, 768), (1, 64, 768), (1, 128, 256))
 
@@ -77,14 +77,19 @@ def main(argv: list[str] | None = None) -> int:
                         default=list(SHAPES),
                         help="BxSxC shapes, comma-separated (default 1x128x768,1x64x768,1x128x256)")
     parser.add_argument("--runs", type=int, default=300, help="timed calls per variant (300)")
+    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be ≥ 1")
     rows = [bench(shape, args.runs) for shape in args.shapes]
     print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_DISABLE_ALL, "
           f"onnxruntime {ort.__version__}\n")
-    print(markdown_table(["shape", "SkipLayerNormalization µs", "Add + LayerNormalization µs",
-                          "×", "max |Δ|"], rows))
+    columns = ["shape", "SkipLayerNormalization µs", "Add + LayerNormalization µs", "×",
+               "max abs Δ"]
+    print(markdown_table(columns, rows))
+    if args.json:
+        write_json(args.json, {"runs": args.runs, "onnxruntime": ort.__version__,
+                               "columns": columns, "rows": rows})
     return 0
 
 

@@ -34,7 +34,7 @@ import graphopt  # noqa: E402
 from graphopt.cli import parse_size  # noqa: E402
 from graphopt.codegen import load_om  # noqa: E402
 from _common import (ATOL, Stats, compare_outputs, geomean, markdown_table,  # noqa: E402
-                     run_model, session_options, short_reason, write_json)
+                     run_model, session_options, short_reason, summary, write_json)
 from _models import ZOO_FULL, light_models, sized_zoo_models  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
@@ -153,7 +153,7 @@ def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--runs", type=int, default=20,
                         help=f"cold starts per variant (20; at least {QUICK_RUNS} for models that "
                              f"start in under {QUICK_SECONDS * 1e3:.0f} ms)")
@@ -227,7 +227,7 @@ def format_rows(rows: list[dict], runs: int) -> str:
     return head + "\n\n" + markdown_table(
         ["model", "ORT ENABLE_ALL session + 1st run ms (session)",
          ".om load + 1st run ms (load)", "×", "load ×", "floor ×", "packed ×",
-         "max |Δ| vs original"], table)
+         "max abs Δ vs original"], table)
 
 
 def _ms(value: float) -> str:

@@ -20,7 +20,7 @@ import time
 import optuna
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import markdown_table, write_json
+from _common import markdown_table, summary, write_json
 
 from graphopt.partition.target import load_target
 from graphopt.tuner import (
@@ -47,8 +47,9 @@ def _trial_counts(text: str) -> list[int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser = argparse.ArgumentParser(description=summary(__doc__))
+    parser.add_argument("--seeds", type=int, default=5,
+                        help="tuner seeds per trial budget, 0 to N-1 (default 5)")
     parser.add_argument("--trials", type=_trial_counts, default=_trial_counts(TRIALS),
                         metavar="N[,N...]", help=f"trial budgets to run TPE with ({TRIALS})")
     parser.add_argument("--sampler", default="tpe", choices=("tpe", "random"))

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, session_options, shape_list  # noqa: E402
+from _common import markdown_table, session_options, shape_list, write_json  # noqa: E402
 
 import graphopt  # noqa: E402
 from graphopt.ir import onnx_io  # noqa: E402
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="CxHxW layer shapes (as many filters as channels), comma-separated")
     parser.add_argument("--runs", type=int, default=15, help="timed calls per variant (15)")
     parser.add_argument("--batch", type=int, default=1, help="images per call (1)")
+    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.batch < 1:
         parser.error("--runs and --batch must be ≥ 1")
@@ -109,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes:
         rows.append(bench(shape, args.runs, args.batch))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
-    print(markdown_table(["C×H×W", "tiles", "rule", "direct ms", "winograd ms", "×", "error"],
-                         rows))
+    columns = ["C×H×W", "tiles", "rule", "direct ms", "winograd ms", "×", "error"]
+    print(markdown_table(columns, rows))
+    if args.json:
+        write_json(args.json, {"runs": args.runs, "batch": args.batch,
+                               "onnxruntime": ort.__version__, "columns": columns, "rows": rows})
     return 0
 
 
