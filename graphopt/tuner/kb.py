@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 FORMAT = "graphopt-kb/1"
 _COMPLETE = (optuna.trial.TrialState.COMPLETE,)
+# Trials that ran to an answer (a cost, or a tiling outside the space): what a study's trial
+# count shows. One a worker was killed in (FAIL), or still running, did no work to count.
+_EVALUATED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
 # The study attribute naming the kernel of a study `tune --study NAME` named otherwise.
@@ -108,6 +111,10 @@ def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
             for node in group.nodes}
 
 
+def _evaluated(study) -> int:
+    return len(study.get_trials(deepcopy=False, states=_EVALUATED))
+
+
 def list_kb(storage: Any) -> list[dict]:
     """One row per operator-tuning study: signature, study (its name, which is the signature
     unless `tune --study` named it), trials, default_seconds (None when the default was never
@@ -118,7 +125,7 @@ def list_kb(storage: Any) -> list[dict]:
         study = optuna.load_study(study_name=name, storage=storage)
         best, default = _best(study), _default(study)
         rows.append({
-            "signature": sig, "study": name, "trials": len(study.get_trials(deepcopy=False)),
+            "signature": sig, "study": name, "trials": _evaluated(study),
             "default_seconds": default.value if default else None,
             "best_seconds": best.value if best else None,
             "tiling": str(trial_tiling(best, name)) if best else None,
@@ -135,7 +142,7 @@ def list_subgraph_studies(storage: Any) -> list[dict]:
                        if n.startswith("subgraph/")):
         study = optuna.load_study(study_name=name, storage=storage)
         best, default = _best(study), _default(study)
-        rows.append({"study": name, "trials": len(study.get_trials(deepcopy=False)),
+        rows.append({"study": name, "trials": _evaluated(study),
                      "default_seconds": default.value if default else None,
                      "best_seconds": study.user_attrs.get("chosen_seconds",
                                                           best.value if best else None)})
@@ -177,7 +184,7 @@ def export_text(storage: Any) -> tuple[str, int]:
         kernels[sig] = {"tiling": tiling_params(trial_tiling(best, name)),
                          "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
                          "default_seconds": default.value if default else None,
-                         "trials": len(study.get_trials(deepcopy=False))}
+                         "trials": _evaluated(study)}
     text = json.dumps({"format": FORMAT, "kernels": kernels}, indent=1, sort_keys=True) + "\n"
     return text, len(kernels)
 
