@@ -6,9 +6,10 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 from helpers import IR_VERSION
 
+from graphopt import numerics
 from graphopt.errors import InputError
 from graphopt.ir import (DType, Graph, Node, Tensor, Value, VerifyError, format_model, load_onnx,
                          to_onnx, verify)
@@ -412,7 +413,6 @@ def test_sub_byte_tensors_load_as_onnx_helper_writes_them(elem_type):
 def test_strings_that_are_not_utf8_compile_and_keep_their_bytes():
     # onnx.proto asks for UTF-8, onnxruntime takes any bytes; numpy_helper cannot decode them.
     import graphopt
-    from graphopt import numerics
 
     odd = [b"\xff\xfe", b"c"]
     weights = [helper.make_tensor(name, onnx.TensorProto.STRING, [2], odd) for name in "ab"]
@@ -434,3 +434,23 @@ def test_strings_that_are_not_utf8_compile_and_keep_their_bytes():
     # -O2 merged the twin initializers, and left the Concat whose result Python cannot read.
     assert len(optimized.graph.initializer) == 1
     assert any("a string result is not UTF-8" in note for note in result.notes), result.notes
+
+
+def test_a_node_name_used_twice_is_made_unique():
+    # onnx.checker allows it; onnxruntime too for Constants, which it folds before it checks
+    # (silero-vad's fifteen Constants named 'F0::anon'). A later holder gets a name of its own,
+    # past any name the file already uses.
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("Constant", [], ["c1"], name="anon", value_float=1.0),
+         helper.make_node("Constant", [], ["c2"], name="anon", value_float=2.0),
+         helper.make_node("Add", ["x", "c1"], ["a"], name="anon_1"),
+         helper.make_node("Add", ["a", "c2"], ["y"], name="anon")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    model = load_onnx(proto)
+    assert [n.name for n in model.graph] == ["anon", "anon_2", "anon_1", "anon_3"]
+    exported = to_onnx(model)
+    onnx.checker.check_model(exported)
+    x = np.arange(2, dtype=np.float32)
+    np.testing.assert_array_equal(numerics.run(exported, {"x": x})["y"], x + 3)

@@ -275,6 +275,8 @@ class _Importer:
 
         created: list[tuple[Node, NodeProto, list[str]]] = []
         node_names: set[str] = set()
+        given_names: set[str] | None = None  # every node's name in the file, once one repeats
+        suffixes: dict[str, int] = {}
         for node_proto in proto.node:
             # Each string field is read once; one that is not text (bytes: invalid UTF-8) or
             # metadata to look into sends the node to check_text, which says which field.
@@ -289,8 +291,12 @@ class _Importer:
                 self.check_text(node_proto, f"a {op_type!r} node")
             if name:
                 if name in node_names:
-                    raise self.error(f"node name '{name}' is used by two nodes "
-                                     f"(again by a {op_type})")
+                    # Names only label nodes (onnx.checker allows the same twice; onnxruntime
+                    # refuses it but for Constants, which it folds first, as silero-vad's
+                    # fifteen 'F0::anon' are): a later holder gets a name of its own.
+                    if given_names is None:
+                        given_names = {n.name for n in proto.node}
+                    name = _unused_name(name, node_names, given_names, suffixes)
                 node_names.add(name)
             outputs = []
             for out_name in out_names:
@@ -520,6 +526,16 @@ def is_repeated_field(field) -> bool:
     if hasattr(field, "is_repeated"):
         return field.is_repeated
     return field.label == field.LABEL_REPEATED
+
+
+def _unused_name(name: str, taken: set[str], given: set[str], suffixes: dict[str, int]) -> str:
+    """`name`_1, `name`_2, …: the first that no node has in the file (`given`) nor was given
+    since (`taken`); `suffixes` remembers where the search for `name` stopped."""
+    suffix = suffixes.get(name, 1)
+    while f"{name}_{suffix}" in taken or f"{name}_{suffix}" in given:
+        suffix += 1
+    suffixes[name] = suffix + 1
+    return f"{name}_{suffix}"
 
 
 def _where(node: Node) -> str:
