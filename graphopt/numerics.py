@@ -18,6 +18,7 @@ from onnx import ModelProto, TensorProto
 
 from graphopt.codegen.feeds import random_array, random_value, typed_entry, value_label
 from graphopt.codegen.om_manifest import dtype_name
+from graphopt.dims import read_dim
 from graphopt.errors import GraphoptError, InputError
 from graphopt.tools import metrics
 
@@ -108,10 +109,9 @@ def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
     for axis, dim in enumerate(info.type.tensor_type.shape.dim):
         if pinned is not None and axis < len(pinned) and pinned[axis] >= 0:
             shape.append(int(pinned[axis]))
-        elif dim.HasField("dim_value"):
-            shape.append(int(dim.dim_value))
-        else:
-            shape.append(int(dims.get(dim.dim_param, 1)))
+        else:  # a size, else the size a name is bound to, else 1 (-1 and "?" are unknown)
+            read = read_dim(dim)
+            shape.append(read if isinstance(read, int) else int(dims.get(read, 1)))
     return shape
 
 
@@ -127,8 +127,9 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
     # A symbol pinned on one input binds it on every other input too (as --input-shape does).
     for info in model.graph.input:
         for dim, pinned in zip(info.type.tensor_type.shape.dim, (shapes or {}).get(info.name, ())):
-            if dim.dim_param and pinned >= 0:
-                dims.setdefault(dim.dim_param, int(pinned))
+            name = read_dim(dim)
+            if isinstance(name, str) and pinned >= 0:
+                dims.setdefault(name, int(pinned))
     feeds = {}
     for info in model.graph.input:
         if info.name in initialized:

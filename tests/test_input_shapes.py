@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx.parser
+from onnx import numpy_helper
 
 import graphopt
 from graphopt import numerics
@@ -71,3 +72,33 @@ def test_a_pin_the_graph_cannot_take_is_refused_naming_the_node():
     with pytest.raises(InputError, match=r"^shape profile profile1 \(N=3\): <model>: node 'add'"):
         graphopt.optimize(proto, dynamic_dims="N:2,3")
     assert graphopt.optimize(proto, input_shapes="x:2,4").model.graph.outputs[0].shape == (2, 4)
+
+
+def _paddle_style_model() -> onnx.ModelProto:
+    """A paddle2onnx export's input: -1 for the batch and "?" for every other unknown axis."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3])
+    graph = helper.make_graph([helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)],
+                              "g", [x], [y], [numpy_helper.from_array(np.array([2, 3]), "axes")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_question_mark_dims_are_unknown_not_one_shared_name(tmp_path, capsys):
+    # "?" axes take different sizes (rapidocr's classifier runs 48 x 192), as onnxruntime
+    # reads them; -1 is unknown too, in the .om's signature and in compare's reference.
+    from helpers import run_cli
+
+    source, om, feeds = tmp_path / "m.onnx", tmp_path / "m.om", tmp_path / "x.npz"
+    onnx.save(_paddle_style_model(), source)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 6)).astype(np.float32)
+    np.savez(feeds, x=x)
+    graphopt.save(graphopt.optimize(str(source)), om)
+    session = graphopt.load(om)
+    assert session.inputs[0]["shape"] == [None, 3, None, None]
+    np.testing.assert_allclose(session.run({"x": x})["y"], x.mean(axis=(2, 3)), rtol=1e-6)
+    rc, out, err = run_cli(capsys, "compare", source, om, "--inputs", feeds)
+    assert rc == 0 and "result: PASS" in out, err
+    pinned = graphopt.optimize(str(source), input_shapes={"x": [2, 3, 4, 6]})
+    assert [v.shape for v in pinned.model.graph.inputs] == [(2, 3, 4, 6)]

@@ -35,6 +35,7 @@ from graphopt.codegen.om_manifest import (
 )
 from graphopt.codegen.om_weights import (FILE_ALIGNMENT, WEIGHTS_DIR, Blob, all_tensors, split_weights,
                                          weights_member)
+from graphopt.dims import read_dim
 from graphopt.errors import ArtifactError, GraphoptError, OutputError
 
 # Zip entries carry a timestamp; a fixed one makes the same input give the same bytes.
@@ -54,11 +55,7 @@ def _signature_entry(value_info: onnx.ValueInfoProto) -> dict:
     if tensor_type.HasField("shape"):
         shape = []
         for dim in tensor_type.shape.dim:
-            which = dim.WhichOneof("value")
-            if which == "dim_value":
-                shape.append(dim.dim_value)
-            else:
-                shape.append(dim.dim_param if which == "dim_param" else None)
+            shape.append(read_dim(dim))  # as the importer reads it: -1 and "?" are unknown
     return {"name": value_info.name, "dtype": dtype_name(tensor_type.elem_type), "shape": shape}
 
 

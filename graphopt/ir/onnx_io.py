@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 from onnx import (AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto,
                   ValueInfoProto, helper)
 
+from graphopt.dims import read_dim
 from graphopt.errors import InputError, OptionError
 from graphopt.ir.attributes import Attr
 from graphopt.ir.collector import collection_paused
@@ -577,7 +578,7 @@ def read_type(tp: TypeProto) -> tuple[DType | None, tuple | None, TypeProto | No
         dtype = (_DTYPES.get(elem) or DType(elem)) if elem else None
         if tensor_type.HasField("shape"):
             # A positive dim_value is set (unset reads 0): one field read for most dims.
-            return dtype, tuple([v if (v := d.dim_value) > 0 else _dim(d)
+            return dtype, tuple([v if (v := d.dim_value) > 0 else read_dim(d)
                                  for d in tensor_type.shape.dim]), None
         return dtype, None, None
     if which is None:
@@ -589,17 +590,6 @@ def read_type(tp: TypeProto) -> tuple[DType | None, tuple | None, TypeProto | No
 
 # DType(n) goes through the enum machinery; shape inference reads one per value.
 _DTYPES = {int(d): d for d in DType}
-
-
-def _dim(dim) -> int | str | None:
-    which = dim.WhichOneof("value")
-    if which == "dim_value":
-        # Some exporters write -1 for "unknown", as onnxruntime reads it; no tensor has it.
-        value = dim.dim_value
-        return int(value) if value >= 0 else None
-    if which == "dim_param":
-        return dim.dim_param
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
