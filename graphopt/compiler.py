@@ -16,7 +16,7 @@ from onnx import ModelProto
 
 from graphopt import api_args, numerics
 from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisions
-from graphopt.errors import InputError, OptionError, VerificationError
+from graphopt.errors import InputError, OptionError, VerificationError, one_line
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
@@ -180,8 +180,44 @@ def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) 
     try:
         check_inference(model, label)
     except InputError as exc:
-        pins = ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
-        raise InputError(f"{exc} (with the pinned shapes {pins})") from None
+        raise InputError(f"{exc} (with the pinned shapes {_pins(shapes)})") from None
+
+
+def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
+    """InputError when onnxruntime refuses the compiled model that the pins made static (its
+    caller knows it loaded the model before them). ONNX's inference does not see all that
+    onnxruntime's does: silero-vad pinned to [1, 512] makes the If branch for the other
+    sample rate, which those inputs never take, give its LSTM a rank-4 input once the shapes
+    fold."""
+    refusal = onnxruntime_refusal(model)
+    if refusal and onnxruntime_refusal(model, weightless=False):  # weights in place: surely
+        raise InputError(f"{label}: with the pinned shapes {_pins(shapes)}, onnxruntime cannot "
+                         f"load the compiled model: {refusal}. A pin can give a shape to a "
+                         "branch the inputs never take that it cannot have: leave such an "
+                         "input's dims open (no --input-shape for it)")
+
+
+def _pins(shapes: dict[str, list[int]]) -> str:
+    return ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
+
+
+def onnxruntime_refusal(model: Model, weightless: bool = True) -> str | None:
+    """Why onnxruntime refuses to load `model` (None when it loads it), as a session without
+    graph optimizations sees it. `weightless`: weights above 1 KiB are passed as graph inputs
+    of their type and shape, so the check copies no weight and costs milliseconds (a kernel
+    that needs a constant weight, MatMulNBits', then refuses what it would load)."""
+    import onnxruntime as ort
+
+    data = to_onnx(model, weights_as_inputs_above=1024 if weightless else None,
+                   value_infos=False).SerializeToString()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's refusals have no common type
+        return one_line(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+    return None
 
 
 def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
@@ -297,6 +333,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     source = to_onnx(ir_model) if verify else None
     ops_before = op_counts(ir_model.graph.all_nodes())
     import_notes = _overridable_note(ir_model)
+    # Whether onnxruntime loads the model before any pin: then it must after (check_compiled_loads).
+    loaded_unpinned = bool(options.input_shapes) and onnxruntime_refusal(ir_model) is None
     if options.input_shapes:
         pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
@@ -327,6 +365,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
     _mark_lossy(ir_model, log, target)
+    if loaded_unpinned:
+        check_compiled_loads(ir_model, label, options.input_shapes)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
                             notes=import_notes + ctx.notes, source_identity=source_identity)
     record_tuning(result, tuning_db, tuned)

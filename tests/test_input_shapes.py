@@ -102,3 +102,47 @@ def test_question_mark_dims_are_unknown_not_one_shared_name(tmp_path, capsys):
     assert rc == 0 and "result: PASS" in out, err
     pinned = graphopt.optimize(str(source), input_shapes={"x": [2, 3, 4, 6]})
     assert [v.shape for v in pinned.model.graph.inputs] == [(2, 3, 4, 6)]
+
+
+def _branchy_model() -> onnx.ModelProto:
+    """An If whose then-branch takes x of 768 samples ([3, 256] rows, plus a [3, 4] bias) and
+    whose else-branch takes 512 (a [512, 4] weight), as silero-vad's per-sample-rate branches
+    do: onnxruntime loads it with x's length open, and runs each branch on its own length."""
+    from onnx import TensorProto, helper
+
+    def weight(name, array):
+        return numpy_helper.from_array(np.asarray(array), name)
+
+    then = helper.make_graph([
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["n"]),
+        helper.make_node("Div", ["n", "k"], ["q"]),
+        helper.make_node("Concat", ["q", "k"], ["rows"], axis=0),
+        helper.make_node("Reshape", ["x", "rows"], ["r"]),
+        helper.make_node("MatMul", ["r", "w256"], ["m"]),
+        helper.make_node("Add", ["m", "bias"], ["yt"])], "then", [],
+        [helper.make_tensor_value_info("yt", TensorProto.FLOAT, None)],
+        [weight("one", [1]), weight("k", [256]), weight("w256", np.ones((256, 4), np.float32)),
+         weight("bias", np.ones((3, 4), np.float32))])
+    other = helper.make_graph([helper.make_node("MatMul", ["x", "w512"], ["ye"])], "else", [],
+                              [helper.make_tensor_value_info("ye", TensorProto.FLOAT, None)],
+                              [weight("w512", np.ones((512, 4), np.float32))])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_pin_that_leaves_onnxruntime_unable_to_load_the_compile_is_refused():
+    # Pinned to 512 samples, the folded then-branch adds a [2, 4] product to its [3, 4] bias:
+    # ONNX's inference, before the folding, cannot see it; onnxruntime refuses the compile.
+    import pytest
+
+    from graphopt.errors import InputError
+
+    with pytest.raises(InputError, match=r"with the pinned shapes x:1,512, onnxruntime cannot "
+                                         r"load the compiled model: .*Incompatible dimensions"):
+        graphopt.optimize(_branchy_model(), input_shapes={"x": [1, 512]})
+    graphopt.optimize(_branchy_model())  # open, it compiles
