@@ -567,3 +567,29 @@ def test_an_integer_accumulator_is_cast_to_float32_not_half():
     result = compile_(proto, precision="fp16")
     (cast,) = [n for n in result.model.graph if n.op_type == "Cast" and n.input(0).name == "acc"]
     assert cast.attr("to") == int(DType.FLOAT)  # 64 · 255 · 127 = 2,072,640 > 65504
+
+
+def test_work_inside_an_if_is_named_in_a_note_as_left_as_it_is():
+    # The precision passes convert the main graph: a model whose MatMuls sit in an If's
+    # branches (silero-vad's whole network) must not compile unchanged without a word.
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(name):
+        w = numpy_helper.from_array(np.ones((64, 64), np.float32), f"w_{name}")
+        return helper.make_graph([helper.make_node("MatMul", ["x", f"w_{name}"], [f"y_{name}"])],
+                                 name, [], [helper.make_tensor_value_info(f"y_{name}",
+                                                                          TensorProto.FLOAT, None)],
+                                 [w])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("a"), else_branch=branch("b"))],
+        "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    fp16 = graphopt.optimize(model, precision="fp16")
+    assert "fp16: 2 node(s) inside the subgraphs of If stay as they are (MatMul ×2): the pass " \
+           "works on the main graph" in fp16.notes
+    int4 = graphopt.optimize(model, quantize="int4")
+    assert any(n.startswith("QuantizeInt4Weights: 2 node(s) inside the subgraphs of If")
+               for n in int4.notes), int4.notes

@@ -39,6 +39,7 @@ from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
+from graphopt.passes.precision.nested import nested_note
 from graphopt.quant.calib_data import model_inputs, read_calibration
 from graphopt.quant.calibrate import calibrate
 from graphopt.quant.probe import int8_gemm_saturates
@@ -81,6 +82,10 @@ class QuantizeInt8(Pass):
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:
             ctx.note(missing)
+        nested = nested_note(model.graph, "QuantizeInt8",
+                             lambda node: node.op_type in ("Conv", "MatMul", "Gemm"))
+        if nested:
+            ctx.note(nested)
         if chosen.kept:
             ctx.note("QuantizeInt8 kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))

@@ -26,6 +26,7 @@ from graphopt.passes.precision.casts import (
     constant_data,
     to_half_array,
 )
+from graphopt.passes.precision.nested import nested_note
 from graphopt.passes.precision.policy import (
     ALLOW,
     DENY,
@@ -53,6 +54,11 @@ def _unmatched_pins(graph, options) -> str | None:
 
 def _listed(node: Node, op_types) -> bool:
     return not op_spellings(node).isdisjoint(op_types)
+
+
+def _computes_float(node: Node) -> bool:
+    return node.op_type != "Constant" and any(
+        v is not None and v.dtype == DType.FLOAT for v in node.outputs)
 
 
 def _listing(counts: Counter) -> str:
@@ -173,6 +179,9 @@ class ConvertPrecision(Pass):
             ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "
                      f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
                      "later opset may convert them)")
+        nested = nested_note(graph, options.precision, _computes_float)
+        if nested:
+            ctx.note(nested)
         if untyped:
             ctx.note(f"{options.precision}: kept float32, ONNX shape inference gives their "
                      f"outputs no type, so their schema cannot be matched: {_listing(untyped)}")

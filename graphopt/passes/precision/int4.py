@@ -38,6 +38,7 @@ from graphopt.passes.precision.int4_tables import (
     rewrite_gathers,
     tied_table,
 )
+from graphopt.passes.precision.nested import nested_note
 from graphopt.passes.precision.policy import Support, check_options
 from graphopt.quant.calib_data import read_calibration
 from graphopt.quant.calibrate import gram_matrices
@@ -131,6 +132,9 @@ class QuantizeInt4Weights(Pass):
         missing = unmatched_skips(graph, skip, self.name)
         if missing:
             ctx.note(missing)
+        nested = nested_note(graph, self.name, lambda node: node.op_type in ("MatMul", "Gemm"))
+        if nested:
+            ctx.note(nested)
 
         def wanted(node: Node) -> bool:
             return not skipped(node, skip) and ctx.allows(node.op_type, node)
