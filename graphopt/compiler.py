@@ -517,8 +517,10 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
+        hint = (" (on seeded random inputs, open dims 1: give real inputs with --inputs, or "
+                "sizes with --input-shape)" if inputs is None else "")
         raise VerificationError(f"--verify: onnxruntime cannot run the original model: "
-                                f"{numerics.ort_reason(e)}") from None
+                                f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level
 
     try:

@@ -380,3 +380,24 @@ def test_a_slice_the_whole_tensor_cosine_hides_is_a_note():
     assert row.cosine > 0.9999
     (note,) = [n for n in report.notes if n.startswith("out: cosine")]
     assert "over [:,5] alone" in note
+
+
+def test_random_inputs_the_reference_cannot_run_get_a_hint(tmp_path):
+    # Open dims become 1 in random inputs; a reflect pad of 2 needs 3: the inputs are at fault.
+    import graphopt
+    from graphopt.errors import GraphoptError, VerificationError
+
+    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 18]>\n'
+                                    'g (float[1,n] x) => (float[1,m] y) '
+                                    '{ p = Constant<value = int64[4] {0, 2, 0, 2}>()\n'
+                                    '  y = Pad<mode = "reflect">(x, p) }')
+    hint = r"\(on seeded random .*inputs, open dims 1: give real inputs with --inputs"
+    with pytest.raises(VerificationError, match=hint):
+        graphopt.optimize(model, verify=True)
+    source, om = tmp_path / "m.onnx", tmp_path / "m.om"
+    onnx.save(model, source)
+    graphopt.save(graphopt.optimize(model), om)
+    with pytest.raises(GraphoptError, match=hint):
+        compare_models(str(source), str(om))
+    x = {"x": np.arange(6, dtype=np.float32).reshape(1, 6)}
+    assert compare_models(str(source), str(om), x).passed

@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 
 from graphopt.codegen.feeds import output_label, proto_type, type_label
-from graphopt.errors import OptionError
+from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir.dtypes import DType
 from graphopt.numerics import Mismatch, paired, widened
 from graphopt.tools import metrics
@@ -301,7 +301,14 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
         shared = [t for t in cand_tensors if t.name in computed]
     names = [t.name for t in shared]
-    ref_values, cand_values = ref_side.run(arrays, names), cand_side.run(arrays, names)
+    try:
+        ref_values = ref_side.run(arrays, names)
+    except GraphoptError as exc:
+        if feeds is None:  # the reference itself refuses them: the inputs, not the compile
+            raise GraphoptError(f"{exc} (on {source} inputs, open dims 1: give real inputs "
+                                "with --inputs, or sizes with --input-shape)") from None
+        raise
+    cand_values = cand_side.run(arrays, names)
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]
 
     judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}
