@@ -136,7 +136,7 @@ class _Walk:
             if value.name in self.data:
                 data_inputs.append(value.name)
         if kind is None:  # tensor, graph or type attributes: the node itself is the kind
-            kind = _anonymous(node).SerializeToString()
+            kind = anonymous_node(node).SerializeToString()
         key = (kind, tuple(in_types))
         if not data_inputs:
             answer = self.answers.get(key)
@@ -163,7 +163,7 @@ class _Walk:
              quiet: bool = False) -> tuple:
         """The output types ONNX infers for `node` (serialized, None where untyped)."""
         self.asked += 1
-        proto = _anonymous(node)
+        proto = anonymous_node(node)
         types = {f"i{i}": TypeProto.FromString(raw) for i, raw in enumerate(in_types)
                  if raw is not None}
         try:
@@ -226,7 +226,7 @@ class _Walk:
                     f"({producer.qualified_op}) computes {TensorProto.DataType.Name(elem)}")
 
 
-def _anonymous(node: Node) -> NodeProto:
+def anonymous_node(node: Node) -> NodeProto:
     """`node` as ONNX sees it, with inputs i0, i1, … and outputs o0, o1, … (omitted ones
     empty) and no name: equal for every node of a kind."""
     proto = node_to_proto(node)

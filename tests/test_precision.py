@@ -593,3 +593,52 @@ def test_work_inside_an_if_is_named_in_a_note_as_left_as_it_is():
     int4 = graphopt.optimize(model, quantize="int4")
     assert any(n.startswith("QuantizeInt4Weights: 2 node(s) inside the subgraphs of If")
                for n in int4.notes), int4.notes
+
+
+def test_an_op_onnxruntime_expands_converts_only_when_its_body_loads_in_half(tmp_path):
+    # No float16 kernel: onnxruntime runs the op from its ONNX function body, not behind
+    # Casts. Mish's body takes float16; MeanVarianceNormalization's adds a float32 epsilon
+    # (an .om no session could load), so fp16 refuses it by name and mixed keeps it float32.
+    mish = parse_model("g (float[2,3] x) => (float[2,3] y) { y = Mish (x) }",
+                       header='<ir_version: 8, opset_import: ["" : 18]>\n')
+    result = graphopt.optimize(mish, precision="fp16")
+    assert DType.FLOAT16 in {v.dtype for n in result.model.graph for v in n.outputs}
+    graphopt.save(result, tmp_path / "mish.om")
+    x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    y = graphopt.load(tmp_path / "mish.om").run({"x": x})["y"]
+    np.testing.assert_allclose(y, x * np.tanh(np.log1p(np.exp(x))), atol=5e-3)
+    mvn = parse_model("g (float[2,3,4,4] x) => (float[2,3,4,4] y) "
+                      "{ y = MeanVarianceNormalization (x) }",
+                      header='<ir_version: 8, opset_import: ["" : 13]>\n')  # 17's body loads
+    with pytest.raises(OptionError, match="no float16 kernel for MeanVarianceNormalization"):
+        graphopt.optimize(mvn, precision="fp16")
+    graphopt.save(graphopt.optimize(mvn, precision="mixed-fp16"), tmp_path / "mvn.om")
+    graphopt.load(tmp_path / "mvn.om")
+
+
+def test_training_mode_batchnorm_and_qlinear_ops_stay_float32(tmp_path):
+    # onnxruntime runs a float16 training-mode BatchNormalization in float32 and writes its
+    # running statistics over the caller's mean and var; QLinearMatMul's scales are a Q/DQ
+    # pair's, which never convert.
+    bn = parse_model(
+        "g (float[2,3,2] x, float[3] s, float[3] b, float[3] mean, float[3] var) => "
+        "(float[2,3,2] y, float[3] rm, float[3] rv) "
+        "{ y, rm, rv = BatchNormalization <training_mode = 1> (x, s, b, mean, var) }",
+        header='<ir_version: 8, opset_import: ["" : 15]>\n')
+    graphopt.save(graphopt.optimize(bn, precision="fp16"), tmp_path / "bn.om")
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 3, 2)).astype(np.float32),
+             "s": np.ones(3, np.float32), "b": np.zeros(3, np.float32),
+             "mean": rng.standard_normal(3).astype(np.float32),
+             "var": rng.uniform(1, 2, 3).astype(np.float32)}
+    kept = {name: array.copy() for name, array in feeds.items()}
+    graphopt.load(tmp_path / "bn.om").run(feeds)
+    for name, array in kept.items():
+        np.testing.assert_array_equal(feeds[name], array, err_msg=name)
+    qmm = parse_model(
+        "g (uint8[2,4] a, uint8[4,3] b) => (uint8[2,3] y) "
+        "{ y = QLinearMatMul (a, sa, za, b, sb, zb, sy, zy) }",
+        header='<ir_version: 8, opset_import: ["" : 17]>\n',
+        sa=np.float32(0.1), za=np.uint8(0), sb=np.float32(0.2), zb=np.uint8(0),
+        sy=np.float32(0.5), zy=np.uint8(0))
+    assert ops(graphopt.optimize(qmm, precision="fp16").model) == ["QLinearMatMul"]

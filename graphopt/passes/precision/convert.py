@@ -150,7 +150,7 @@ class ConvertPrecision(Pass):
         infer_shapes(model)
         graph = model.graph
         graph.sort()
-        support = Support(ctx.target)
+        support = Support(ctx.target, model.opset(""))
         unmatched = _unmatched_pins(graph, options)
         if unmatched:
             ctx.note(f"ConvertPrecision: {unmatched}")

@@ -21,8 +21,11 @@ pins single nodes to their dtype. The lists are checked before the pass runs.
 
 from __future__ import annotations
 
+import functools
+
 from graphopt.errors import OptionError, PassError
 from graphopt.ir import DType, Node
+from graphopt.kind_inference import anonymous_node
 from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
 
 # Matrix and convolution work: the reason to run in half precision at all.
@@ -141,7 +144,8 @@ class Support:
     in Casts to float32 (its InsertCastTransformer), so the op runs, in float32, and `emulated`
     records it. It has no such fallback for bfloat16."""
 
-    def __init__(self, target):
+    def __init__(self, target, opset: int | None = None):
+        self.opset = opset  # the model's default-domain opset, for probes of function bodies
         if target is None:
             from graphopt.partition import load_target
             target = load_target("cpu")
@@ -174,11 +178,18 @@ class Support:
             return True
         if _expanded_by_onnxruntime(node, self.devices):
             return True
-        # Emulation: onnxruntime casts the half inputs and outputs of a float32-only kernel
-        # around it. Not an output whose dtype an attribute sets (HannWindow's
-        # output_datatype, EyeLike's dtype): the kernel is looked up by that dtype, and fails.
+        # Not an output whose dtype an attribute sets (HannWindow's output_datatype, EyeLike's
+        # dtype): the kernel is looked up by that dtype, and fails.
         if gap or float_dtype_attrs(node, None):
             return False
+        if dtype == DType.FLOAT16 and self.opset and _has_function_body(node) and any(
+                device.kernel_source == "onnxruntime" for device in self.devices):
+            # No half kernel: onnxruntime expands the op from its ONNX function body rather
+            # than cast around its float32 kernel, and that body must type-check in half.
+            return _body_loads(anonymous_node(node).SerializeToString(),
+                               tuple(_half_type(v, dtype) for v in node.inputs), self.opset)
+        # Emulation: onnxruntime casts the half inputs and outputs of a float32-only kernel
+        # around it.
         for device in self.devices:
             if (device.kernel_source == "onnxruntime" and dtype == DType.FLOAT16
                     and device.has_kernel(node.op_type, node.domain, "float32")):
@@ -192,6 +203,52 @@ def _ort_cpu_half_gap(node: Node) -> bool:
     attributes at run time: ScatterND and ScatterElements reduce in float32 and double only."""
     return node.op_type in ("ScatterND", "ScatterElements") and node.is_onnx \
         and node.attr("reduction", "none") not in ("none", b"none")
+
+
+def _has_function_body(node: Node) -> bool:
+    import onnx
+
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if domain != "" or not onnx.defs.has(node.op_type, domain):
+        return False
+    schema = onnx.defs.get_schema(node.op_type, domain)
+    return schema.has_function or schema.has_context_dependent_function
+
+
+def _half_type(value, dtype: DType) -> tuple[int, tuple] | None:
+    """(element type, shape) an input of a converted node gets: float32 becomes `dtype`."""
+    if value is None or value.dtype is None:
+        return None
+    elem = int(dtype) if value.dtype == DType.FLOAT else int(value.dtype)
+    return elem, tuple(value.shape) if value.shape is not None else None
+
+
+@functools.cache
+def _body_loads(node: bytes, inputs: tuple, opset: int) -> bool:
+    """Whether onnxruntime loads a model of this one node (anonymous_node's form) with these
+    input types, once per kind of node: MeanVarianceNormalization's body adds a float32
+    epsilon to its input, so in float16 no session loads it."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    proto = onnx.NodeProto.FromString(node)
+    values = [helper.make_tensor_value_info(f"i{i}", *held) for i, held in enumerate(inputs)
+              if held is not None]
+    graph = helper.make_graph([proto], "probe", values,
+                              [onnx.ValueInfoProto(name=name) for name in proto.output if name])
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets,
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    try:
+        ort.InferenceSession(model.SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal means the converted model would not load
+        return False
+    return True
 
 
 def _expanded_by_onnxruntime(node: Node, devices) -> bool:

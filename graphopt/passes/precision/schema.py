@@ -32,10 +32,16 @@ DTYPE_ATTRS = ("to", "dtype", "output_datatype")
 # width; the ai.onnx.ml ops' tensor attributes (TreeEnsemble's split values, …) are typed like
 # their input, and a classical-ML model has nothing to gain from half precision. A model's own
 # Q/DQ nodes keep float32 scales: an int16 activation's scale, or a bias's (activation scale ×
-# weight scale, ~1e-8), is a float16 subnormal or zero, and a Q/DQ pair must share its scale.
+# weight scale, ~1e-8), is a float16 subnormal or zero, and a Q/DQ pair must share its scale;
+# so do the QLinear ops, whose scales are the same (and which the CPU runs in float32 only).
 _NEVER_CONVERTED = {("", "BitCast"), ("", "QuantizeLinear"), ("", "DequantizeLinear"),
                     ("", "DynamicQuantizeLinear"), ("com.microsoft", "QuantizeLinear"),
-                    ("com.microsoft", "DequantizeLinear")}
+                    ("com.microsoft", "DequantizeLinear"), ("", "QLinearMatMul"),
+                    ("", "QLinearConv"), ("com.microsoft", "QLinearAdd"),
+                    ("com.microsoft", "QLinearMul"), ("com.microsoft", "QLinearConcat"),
+                    ("com.microsoft", "QLinearSigmoid"), ("com.microsoft", "QLinearLeakyRelu"),
+                    ("com.microsoft", "QLinearGlobalAveragePool"),
+                    ("com.microsoft", "QLinearAveragePool"), ("com.microsoft", "QLinearSoftmax")}
 _NEVER_CONVERTED_DOMAINS = {"ai.onnx.ml"}
 
 
@@ -177,6 +183,10 @@ def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | Non
     optional of float32 among its values)."""
     domain = "" if node.domain == "ai.onnx" else node.domain
     if (domain, node.op_type) in _NEVER_CONVERTED or domain in _NEVER_CONVERTED_DOMAINS:
+        return None
+    if node.op_type == "BatchNormalization" and domain == "" and node.attr("training_mode", 0):
+        # onnxruntime runs a float16 training-mode BatchNormalization in float32 and writes
+        # its running statistics over the caller's mean and var arrays.
         return None
     signature = _signature(node.op_type, node.domain, opset)
     if signature is None:
