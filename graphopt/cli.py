@@ -480,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("graphopt: interrupted", file=sys.stderr)
             return 130
+        except ClosedStreamError as e:  # --help into a closed stdout
+            print(f"graphopt: error: {e}", file=sys.stderr)
+            return 1
         return _run_command(args)
 
 
@@ -531,7 +534,7 @@ def _run_command(args) -> int:
         sys.stderr.close()
         return 0
     except ClosedStreamError as e:  # started with `>&-`: as `cat` says, the write failed
-        print(f"graphopt: error: {e.strerror}", file=sys.stderr)
+        print(f"graphopt: error: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
         if os.environ.get("GRAPHOPT_DEBUG"):

@@ -35,25 +35,26 @@ def check_output_path(option: str, path: str, inputs: dict[str, str | None] | No
 
 def _reads_weights_from(model_path: str, target: str) -> bool:
     """Whether the ONNX model at `model_path` keeps weights in the existing file `target`
-    (its external data). Only a file inside the model's folder can be one, which is all
+    (its external data, found as the loader finds it: beside the path as given). Only a file
+    under that folder, or the folder a link to the model lands in, can be one, which is all
     that needs the model's protobuf read (without its weights)."""
+    from graphopt.codegen.om_weights import external_tensors
     from graphopt.errors import GraphoptError
-    from graphopt.ir.onnx_io import graph_protos, read_model_proto
+    from graphopt.ir.onnx_io import read_model_proto
 
-    folder = os.path.dirname(os.path.realpath(model_path))
+    folder = os.path.dirname(os.path.abspath(model_path))
+    roots = {os.path.realpath(folder), os.path.dirname(os.path.realpath(model_path))}
+    real = os.path.realpath(target)
     if not (os.path.isfile(target) and os.path.isfile(model_path)
-            and os.path.realpath(target).startswith(folder + os.sep)):
+            and any(real.startswith(root + os.sep) for root in roots)):
         return False
     try:
         proto = read_model_proto(model_path, load_external=False)
     except GraphoptError:
         return False  # not an ONNX model (an .om, a .npz): the command itself says what is wrong
-    for graph in graph_protos(proto.graph):
-        for tensor in graph.initializer:
-            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
-            if location and _same_file(os.path.join(folder, location), target):
-                return True
-    return False
+    locations = {entry.value for tensor in external_tensors(proto)
+                 for entry in tensor.external_data if entry.key == "location"}
+    return any(_same_file(os.path.join(folder, location), target) for location in locations)
 
 
 def _check_writable(option: str, path: str, target: str) -> None:

@@ -16,7 +16,7 @@ from onnx import ModelProto
 
 from graphopt import api_args, numerics
 from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisions
-from graphopt.errors import InputError, OptionError, VerificationError, one_line
+from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
@@ -202,22 +202,14 @@ def _pins(shapes: dict[str, list[int]]) -> str:
 
 
 def onnxruntime_refusal(model: Model, weightless: bool = True) -> str | None:
-    """Why onnxruntime refuses to load `model` (None when it loads it), as a session without
-    graph optimizations sees it. `weightless`: weights above 1 KiB are passed as graph inputs
-    of their type and shape, so the check copies no weight and costs milliseconds (a kernel
-    that needs a constant weight, MatMulNBits', then refuses what it would load)."""
-    import onnxruntime as ort
-
-    data = to_onnx(model, weights_as_inputs_above=1024 if weightless else None,
-                   value_infos=False).SerializeToString()
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - onnxruntime's refusals have no common type
-        return one_line(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
-    return None
+    """Why onnxruntime refuses to load `model` (None when it loads it, or when it cannot be
+    asked: a model past protobuf's 2 GiB with its weights), as a session without graph
+    optimizations sees it. `weightless`: weights above 1 KiB are passed as graph inputs of
+    their type and shape, so the check copies no weight and costs milliseconds (a kernel that
+    needs a constant weight, MatMulNBits', then refuses what it would load)."""
+    data = numerics.serialized(to_onnx(model, weights_as_inputs_above=1024 if weightless
+                                       else None, value_infos=False))
+    return numerics.load_refusal(data) if data is not None else None
 
 
 def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
@@ -517,8 +509,10 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
-        hint = (" (on seeded random inputs, open dims 1: give real inputs with --inputs, or "
-                "sizes with --input-shape)" if inputs is None else "")
+        hint = "" if inputs is not None else (
+            " (on seeded random inputs: give real inputs with --inputs)" if options.input_shapes
+            else " (on seeded random inputs, open dims 1: give real inputs with --inputs, or "
+                 "sizes with --input-shape)")
         raise VerificationError(f"--verify: onnxruntime cannot run the original model: "
                                 f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level

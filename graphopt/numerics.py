@@ -73,6 +73,16 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
 _BOILERPLATE = ("Please fix either the inputs/outputs or the model.",)
 
 
+def load_refusal(model: bytes) -> str | None:
+    """Why onnxruntime's CPU provider refuses to load the serialized `model` with no graph
+    optimizations (one line), or None when it loads it."""
+    try:
+        session(model)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's refusals have no common type
+        return ort_reason(exc)
+    return None
+
+
 def ort_reason(error: Exception, limit: int = 400) -> str:
     """onnxruntime's error as one line: its lines joined (an invalid-dimension error names the
     index and both sizes on lines of their own), without the advice it ends some with."""

@@ -164,7 +164,7 @@ def check_kernel_dtypes(model: Model, label: str) -> None:
         binds = verdicts.get(key, "")
         if binds == "":
             version = model.opset(node.domain)
-            binds = verdicts[key] = None if version is None or _expandable(
+            binds = verdicts[key] = None if version is None or expandable(
                 node.op_type, node.domain, version) else _binds(
                 node.op_type, node.domain, version, names(node.inputs), names(node.outputs))
         if binds is False:
@@ -192,9 +192,9 @@ def _binds(op_type: str, domain: str, version: int, inputs: tuple, outputs: tupl
 
 
 @functools.cache
-def _expandable(op_type: str, domain: str, version: int) -> bool:
-    """Whether onnxruntime can run the op from its ONNX schema's function body when no kernel
-    takes the node's dtypes."""
+def expandable(op_type: str, domain: str, version: int) -> bool:
+    """Whether the op's ONNX schema at this opset has a function body, from which onnxruntime
+    runs it when no kernel takes the node's dtypes."""
     domain = "" if domain == "ai.onnx" else domain
     try:
         schema = onnx.defs.get_schema(op_type, version, domain)
@@ -281,6 +281,8 @@ def _runtime_schema_problem(node: Node, opset: int) -> str | None:
     for attr in node.attrs.values():
         formal = declared.get(attr.name)
         if formal is None:
+            if attr.name.startswith("__"):  # an internal symbol, which schema checks skip
+                continue
             return f"{name} has no attribute '{attr.name}'"
         kind = formal.type.name
         given = AttributeProto.AttributeType.Name(attr.type)
@@ -357,7 +359,7 @@ def _has_schema_function(model: Model, op_type: str) -> bool:
     opset (a model-local function of that name is the model's own)."""
     if ("", op_type) in model.function_keys() or not onnx.defs.has(op_type, ""):
         return False
-    return _expandable(op_type, "", model.opset("") or 1)
+    return expandable(op_type, "", model.opset("") or 1)
 _RUNTIME_ONLY = "graphopt.onnxruntime_only"
 _INFERENCE_NODE = re.compile(r"\(op_type:([^,)]*)(?:, node name: ([^)]*))?\): (.*)")
 

@@ -12,7 +12,6 @@ carriage returns (the progress line) pass as they are: graphopt's own text uses 
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
 import sys
@@ -47,8 +46,10 @@ class EscapingStream:
         return getattr(self._stream, name)
 
 
-class ClosedStreamError(OSError):
-    """A read or write on a standard stream the process was started without (`>&-`)."""
+class ClosedStreamError(Exception):
+    """A read or write on a standard stream the process was started without (`>&-`). Not an
+    OSError: argparse's help, and readers that report a file's OSErrors, would take it for
+    one of theirs (--help printed nothing and exited 0)."""
 
 
 class ClosedStream(io.TextIOBase):
@@ -59,7 +60,7 @@ class ClosedStream(io.TextIOBase):
         self.name = name
 
     def _closed(self, *_args, **_kwargs):
-        raise ClosedStreamError(errno.EBADF, f"standard {self.name} is closed")
+        raise ClosedStreamError(f"standard {self.name} is closed")
 
     write = read = readline = fileno = _closed
 
@@ -84,8 +85,10 @@ def escaped_output() -> Iterator[None]:
     saved = sys.stdin, sys.stdout, sys.stderr
     errors = {}
     for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict" \
-                and stream not in errors:
+        # surrogateescape too (PYTHONIOENCODING=ascii:surrogateescape, a C locale without
+        # UTF-8 mode): it writes back only the bytes a file name brought, no other character.
+        if isinstance(stream, io.TextIOWrapper) and stream not in errors \
+                and stream.errors in ("strict", "surrogateescape"):
             errors[stream] = stream.errors
             stream.reconfigure(errors="backslashreplace")
     devnull = open(os.devnull, "w") if sys.stderr is None else None  # noqa: SIM115

@@ -128,3 +128,11 @@ def test_an_onnxruntime_op_that_fits_its_schema_compiles(tmp_path):
              "b": rng.standard_normal(4).astype(np.float32)}
     np.testing.assert_allclose(_compiled_run(model, feeds, tmp_path)[0],
                                _reference(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_an_internal_attribute_of_an_onnxruntime_op_passes_as_onnxruntime_lets_it():
+    # Schema checks skip attribute names starting with "__" (internal symbols).
+    model = parse_model("g (float[2,4] x, float[4] b) => (float[2,4] y) "
+                        "{ y = com.microsoft.BiasGelu <__internal = 1> (x, b) }", header=CONTRIB)
+    assert _ort_loads(model)
+    graphopt.optimize(model)

@@ -365,6 +365,32 @@ def test_no_other_output_lands_on_the_models_weights_file(tmp_path, capsys, opti
     assert data.read_bytes() == before
 
 
+def test_weights_found_as_the_loader_finds_them_are_protected_too(tmp_path, capsys):
+    # Beside a link to the model (not its target), and held by a Constant node.
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["w"], value=weight),
+         helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    onnx.save(proto, tmp_path / "a" / "m.onnx", save_as_external_data=True, location="m.data",
+              size_threshold=0, convert_attribute=True)
+    (tmp_path / "a" / "m.onnx").rename(tmp_path / "b" / "m.onnx")
+    (tmp_path / "a" / "m.onnx").symlink_to(tmp_path / "b" / "m.onnx")
+    data = tmp_path / "a" / "m.data"
+    before = data.read_bytes()
+    rc, _, err = run_cli(capsys, "profile", tmp_path / "a" / "m.onnx", "--repeat", "1",
+                         "--trace", data)
+    assert rc == 1 and "holds the weights of the model" in err, err
+    assert data.read_bytes() == before
+
+
 def test_the_om_records_the_source_hash_only_while_the_path_holds_the_source(tmp_path):
     import hashlib
     import json

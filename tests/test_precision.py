@@ -642,3 +642,13 @@ def test_training_mode_batchnorm_and_qlinear_ops_stay_float32(tmp_path):
         sa=np.float32(0.1), za=np.uint8(0), sb=np.float32(0.2), zb=np.uint8(0),
         sy=np.float32(0.5), zy=np.uint8(0))
     assert ops(graphopt.optimize(qmm, precision="fp16").model) == ["QLinearMatMul"]
+
+
+def test_an_op_whose_function_body_is_a_later_versions_is_emulated_as_before():
+    # LeakyRelu has a function body from opset 16 on: at 13 onnxruntime casts around its
+    # float32 kernel, and the note says so.
+    model = parse_model("g (float[2,4] x) => (float[2,4] y) { m = MatMul (x, w)\n"
+                        " y = LeakyRelu (m) }", header='<ir_version: 7, opset_import: ["" : 13]>\n',
+                        w=np.ones((4, 4), np.float32))
+    notes = graphopt.optimize(model, precision="fp16").notes
+    assert any("no float16 kernel for LeakyRelu, MatMul;" in n for n in notes), notes

@@ -305,8 +305,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         ref_values = ref_side.run(arrays, names)
     except GraphoptError as exc:
         if feeds is None:  # the reference itself refuses them: the inputs, not the compile
-            raise GraphoptError(f"{exc} (on {source} inputs, open dims 1: give real inputs "
-                                "with --inputs, or sizes with --input-shape)") from None
+            more = ("" if input_shapes else ", open dims 1") + ": give real inputs with --inputs" \
+                + ("" if input_shapes else ", or sizes with --input-shape")
+            raise GraphoptError(f"{exc} (on {source} inputs{more})") from None
         raise
     cand_values = cand_side.run(arrays, names)
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]

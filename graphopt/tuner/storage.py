@@ -174,8 +174,11 @@ def _checkpoint_at_exit() -> None:
                 engine.dispose()
     for engine, read_only in engines:
         if not read_only:
-            with contextlib.suppress(Exception):  # busy: the last writer to close checkpoints
+            with contextlib.suppress(Exception):
                 with engine.connect() as connection:
+                    # Other workers still at it: no waiting on them (the connection's 60 s
+                    # lock timeout); the last one to finish checkpoints.
+                    connection.exec_driver_sql("PRAGMA busy_timeout = 100")
                     connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
                 engine.dispose()
 

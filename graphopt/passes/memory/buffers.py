@@ -93,12 +93,11 @@ def conflicts(buffers: Sequence[Buffer]) -> dict[int, list[Buffer]]:
 
 def count_conflicts(buffers: Sequence[Buffer]) -> int:
     """How many pairs of buffers live at a common step (what conflicts() would list, counted
-    in O(n log n) without listing them)."""
+    in O(n log n) without listing them): in (first, id) order, the i-th buffer meets the i
+    before it but those whose last step comes before its first, and every buffer that ends
+    before its first step also starts before it, so those are counted from all the ends."""
     import bisect
 
-    lasts: list[int] = []  # last steps of the buffers started so far, sorted
-    pairs = 0
-    for b in sorted(buffers, key=lambda b: (b.first, b.id)):
-        pairs += len(lasts) - bisect.bisect_left(lasts, b.first)  # those still live at b.first
-        bisect.insort(lasts, b.last)
-    return pairs
+    lasts = sorted(b.last for b in buffers)
+    order = sorted(buffers, key=lambda b: (b.first, b.id))
+    return sum(i - bisect.bisect_left(lasts, b.first) for i, b in enumerate(order))

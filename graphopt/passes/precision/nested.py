@@ -23,8 +23,11 @@ def nested_note(graph: Graph, what: str, counted: Callable[[Node], bool]) -> str
             ops.update(n.qualified_op for n in inner)
     if not ops:
         return None
-    listing = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in ops.most_common(6))
     more = " …" if len(ops) > 6 else ""
-    return (f"{what}: {sum(ops.values())} node(s) inside the subgraphs of "
-            f"{', '.join(f'{op} ×{n}' if n > 1 else op for op, n in holders.most_common())} "
-            f"stay as they are ({listing}{more}): the pass works on the main graph")
+    return (f"{what}: {sum(ops.values())} node(s) inside the subgraphs of {listing(holders)} "
+            f"stay as they are ({listing(ops, 6)}{more}): the pass works on the main graph")
+
+
+def listing(counts: Counter, most: int | None = None) -> str:
+    """"MatMul ×2, Conv": op counts as notes show them, the commonest first."""
+    return ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in counts.most_common(most))

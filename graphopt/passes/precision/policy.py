@@ -26,6 +26,7 @@ import functools
 from graphopt.errors import OptionError, PassError
 from graphopt.ir import DType, Node
 from graphopt.kind_inference import anonymous_node
+from graphopt.opcheck import expandable
 from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
 
 # Matrix and convolution work: the reason to run in half precision at all.
@@ -182,8 +183,9 @@ class Support:
         # dtype): the kernel is looked up by that dtype, and fails.
         if gap or float_dtype_attrs(node, None):
             return False
-        if dtype == DType.FLOAT16 and self.opset and _has_function_body(node) and any(
-                device.kernel_source == "onnxruntime" for device in self.devices):
+        if dtype == DType.FLOAT16 and self.opset and node.domain in ("", "ai.onnx") \
+                and expandable(node.op_type, "", self.opset) \
+                and any(device.kernel_source == "onnxruntime" for device in self.devices):
             # No half kernel: onnxruntime expands the op from its ONNX function body rather
             # than cast around its float32 kernel, and that body must type-check in half.
             return _body_loads(anonymous_node(node).SerializeToString(),
@@ -205,16 +207,6 @@ def _ort_cpu_half_gap(node: Node) -> bool:
         and node.attr("reduction", "none") not in ("none", b"none")
 
 
-def _has_function_body(node: Node) -> bool:
-    import onnx
-
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    if domain != "" or not onnx.defs.has(node.op_type, domain):
-        return False
-    schema = onnx.defs.get_schema(node.op_type, domain)
-    return schema.has_function or schema.has_context_dependent_function
-
-
 def _half_type(value, dtype: DType) -> tuple[int, tuple] | None:
     """(element type, shape) an input of a converted node gets: float32 becomes `dtype`."""
     if value is None or value.dtype is None:
@@ -226,11 +218,12 @@ def _half_type(value, dtype: DType) -> tuple[int, tuple] | None:
 @functools.cache
 def _body_loads(node: bytes, inputs: tuple, opset: int) -> bool:
     """Whether onnxruntime loads a model of this one node (anonymous_node's form) with these
-    input types, once per kind of node: MeanVarianceNormalization's body adds a float32
+    input types, once per kind of node: MeanVarianceNormalization-13's body adds a float32
     epsilon to its input, so in float16 no session loads it."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper
+
+    from graphopt.numerics import load_refusal
 
     proto = onnx.NodeProto.FromString(node)
     values = [helper.make_tensor_value_info(f"i{i}", *held) for i, held in enumerate(inputs)
@@ -240,15 +233,7 @@ def _body_loads(node: bytes, inputs: tuple, opset: int) -> bool:
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets,
                               ir_version=helper.find_min_ir_version_for(opsets))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(model.SerializeToString(), options,
-                             providers=["CPUExecutionProvider"])
-    except Exception:  # noqa: BLE001 - any refusal means the converted model would not load
-        return False
-    return True
+    return load_refusal(model.SerializeToString()) is None
 
 
 def _expanded_by_onnxruntime(node: Node, devices) -> bool:
