@@ -1,7 +1,7 @@
 """ONNX's own operator test cases (onnx.backend.test.case.node, generated from the installed
 onnx): one case per op type, compiled into an .om, must give what onnxruntime gives on the
 original at ORT_DISABLE_ALL. Every case onnxruntime runs is checked locally by setting
-GRAPHOPT_NODE_CASES=all (about 10 minutes)."""
+GRAPHOPT_NODE_CASES=all (about a minute more)."""
 
 from __future__ import annotations
 
