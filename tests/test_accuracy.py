@@ -329,3 +329,26 @@ def test_per_tensor_leaves_the_output_rows_of_a_quantized_onnx_as_deployed(tmp_p
     assert "h" in {row.name for row in report.intermediates}
     # The reference with h exposed; the candidate as deployed, then with h exposed.
     assert runs == [("disable", 2), ("all", 2), ("all", 1)]
+
+
+def test_a_map_output_is_labelled_with_its_declared_value_type(tmp_path):
+    # ZipMap's scores come back as Python floats (float64 to numpy); the model says float32.
+    import onnx
+    from onnx import TensorProto, helper
+
+    import graphopt
+
+    scores = helper.make_sequence_type_proto(helper.make_map_type_proto(
+        TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    graph = helper.make_graph(
+        [helper.make_node("ZipMap", ["x"], ["y"], domain="ai.onnx.ml", classlabels_int64s=[0, 1])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_value_info("y", scores)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)],
+                              ir_version=8)
+    source, om = tmp_path / "m.onnx", tmp_path / "m.om"
+    onnx.save(model, source)
+    graphopt.save(graphopt.optimize(str(source)), om)
+    report = accuracy_report(str(source), str(om))
+    assert [(o.name, o.kind) for o in report.outputs] == [("y", "seq(map(int64,float32))")]

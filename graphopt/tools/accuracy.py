@@ -28,7 +28,7 @@ import numpy as np
 from graphopt.codegen.feeds import numpy_dtype
 from graphopt.quant.calib_data import CalibrationShapeError, InputSpec, first_sample
 from graphopt.table import format_table
-from graphopt.tools.compare import compare_arrays
+from graphopt.tools.compare import compare_arrays, declared_types
 from graphopt.tools.compare_run import (
     Side,
     check_signatures,
@@ -181,9 +181,11 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
     note = overflow_note(overflows({name: expected[name] for name in half if name in expected}))
     if note:
         report.warnings.append(note)
+    declared = declared_types(ref_side.proto)  # a sequence's or map's type, as the model says
     for name in ref_side.outputs:
         if not isinstance(expected[name], np.ndarray):  # a sequence, map or optional
-            row = compare_arrays(name, expected[name], actual.get(name))
+            row = compare_arrays(name, expected[name], actual.get(name),
+                                 declared=declared.get(name))
             report.outputs.append(OutputAccuracy(name, None, row.dtype, row.cosine, note=row.note))
             continue
         ref = np.asarray(expected[name])
