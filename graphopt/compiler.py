@@ -509,10 +509,8 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
-        hint = "" if inputs is not None else (
-            " (on seeded random inputs: give real inputs with --inputs)" if options.input_shapes
-            else " (on seeded random inputs, open dims 1: give real inputs with --inputs, or "
-                 "sizes with --input-shape)")
+        hint = "" if inputs is not None else numerics.random_inputs_hint(
+            "seeded random", bool(options.input_shapes))
         raise VerificationError(f"--verify: onnxruntime cannot run the original model: "
                                 f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level

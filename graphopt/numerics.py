@@ -125,6 +125,15 @@ def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
     return shape
 
 
+def random_inputs_hint(source: str, pinned: bool) -> str:
+    """What to say when the original model cannot run on `source` (seeded random) inputs:
+    their open dims are 1 unless `pinned`, so real inputs, or sizes, are the way out."""
+    if pinned:
+        return f" (on {source} inputs: give real inputs with --inputs)"
+    return (f" (on {source} inputs, open dims 1: give real inputs with --inputs, or sizes "
+            "with --input-shape)")
+
+
 def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None = None,
                  shapes: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
     """Seeded inputs for every graph input that has no initializer: normal floats, small

@@ -37,7 +37,7 @@ import onnx
 from graphopt.codegen.feeds import output_label, proto_type, type_label
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir.dtypes import DType
-from graphopt.numerics import Mismatch, paired, widened
+from graphopt.numerics import Mismatch, paired, random_inputs_hint, widened
 from graphopt.tools import metrics
 from graphopt.tools.compare_run import (
     check_signatures,
@@ -305,9 +305,8 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         ref_values = ref_side.run(arrays, names)
     except GraphoptError as exc:
         if feeds is None:  # the reference itself refuses them: the inputs, not the compile
-            more = ("" if input_shapes else ", open dims 1") + ": give real inputs with --inputs" \
-                + ("" if input_shapes else ", or sizes with --input-shape")
-            raise GraphoptError(f"{exc} (on {source} inputs{more})") from None
+            hint = random_inputs_hint(source, bool(input_shapes))
+            raise GraphoptError(f"{exc}{hint}") from None
         raise
     cand_values = cand_side.run(arrays, names)
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]
