@@ -210,6 +210,16 @@ def test_printer_is_one_line_per_node_with_types_and_attributes():
     assert "%y<f32[1,4,8,8]> = Conv(%x, %w) {pads=[1,1,1,1], strides=[1,1]}" in text
 
 
+def test_printer_reads_sparse_dims_as_the_importer_does():
+    """-1 and "?" say "unknown" on a sparse value as on a dense one, and print as ?."""
+    from graphopt.ir.printer import format_type
+
+    sparse = helper.make_sparse_tensor_value_info("s", TensorProto.FLOAT, [-1, "?", "n", 4])
+    value = Value("s")
+    value.type_proto = sparse.type
+    assert format_type(value) == "sparse<f32[?,?,n,4]>"
+
+
 @pytest.mark.parametrize("elem_type", [
     onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8,
     onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.BOOL,

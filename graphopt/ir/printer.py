@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from onnx import AttributeProto, TypeProto
 
+from graphopt.dims import read_dim
 from graphopt.ir.attributes import Attr
 from graphopt.ir.graph import Graph
 from graphopt.ir.model import Model
@@ -82,8 +83,7 @@ def _format_type_proto(tp: TypeProto) -> str:
     if which == "sparse_tensor_type":
         from graphopt.ir.dtypes import DType
 
-        dims = ",".join(_dim(d.dim_value if d.HasField("dim_value") else d.dim_param or None)
-                        for d in tp.sparse_tensor_type.shape.dim)
+        dims = ",".join(_dim(read_dim(d)) for d in tp.sparse_tensor_type.shape.dim)
         return f"sparse<{DType(tp.sparse_tensor_type.elem_type).short}[{dims}]>"
     return "?"
 
