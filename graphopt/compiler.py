@@ -23,6 +23,7 @@ from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
+from graphopt.deprecated_ops import replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
@@ -120,10 +121,12 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     return options
 
 
-def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> None:
+def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> list[str]:
     """check_ops on the imported model (InputError naming the node at fault), keeping the
     static types its shape inference found: a static model is then typed in full, and the
-    pipeline's InferShapes passes have nothing left to do."""
+    pipeline's InferShapes passes have nothing left to do. Deprecated ops onnxruntime still
+    runs are rewritten first; returns the notes saying so."""
+    notes = replace_deprecated_ops(model)
     with heap_frozen():  # the IR is long-lived: no full collection should walk it again
         types = check_ops(model, label, allow_custom_ops)
         if types is not None:
@@ -131,6 +134,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> Non
             record_type_bytes(model, types, static_only=True)
             forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
         check_kernel_dtypes(model, label)
+    return notes
 
 
 def overridable_initializers(model: Model) -> list[str]:
@@ -319,12 +323,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if not is_path:
         source_sha256 = _memory_model_sha256(model)
     ir_model = load_onnx(model, user_model=True)
-    check_input(ir_model, label, options.allow_custom_ops)
+    import_notes = check_input(ir_model, label, options.allow_custom_ops)
     # The reference for verification, before any pin or pass; exported only when needed since
     # it copies every weight.
     source = to_onnx(ir_model) if verify else None
     ops_before = op_counts(ir_model.graph.all_nodes())
-    import_notes = _overridable_note(ir_model)
+    import_notes += _overridable_note(ir_model)
     # Whether onnxruntime loads the model before any pin: then it must after (check_compiled_loads).
     loaded_unpinned = bool(options.input_shapes) and onnxruntime_refusal(ir_model) is None
     if options.input_shapes:
