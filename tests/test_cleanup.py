@@ -177,20 +177,37 @@ def test_reshape_of_reshape_collapses():
 
 def test_reshape_of_reshape_collapses_with_allowzero_when_no_dim_is_zero():
     model, stats = run_passes(HEADER + """
-    g (float[2, 3, 4] x) => (float[4, 6] y, float[4, 3, 2] z) {
+    g (float[2, 3, 4] x) => (float[4, 6] y) {
         a = Constant <value_ints = [6, 4]> ()
         b = Constant <value_ints = [4, -1]> ()
-        c = Constant <value_ints = [4, 6]> ()
-        d = Constant <value_ints = [0, 3, -1]> ()
         r1 = Reshape <allowzero = 1> (x, a)
         y = Reshape <allowzero = 1> (r1, b)
+    }""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
+    # y's shape has no 0: allowzero is moot and the pair collapses.
+    assert stats["ReshapeOfReshape"] == 1 and ops(model) == ["Reshape"]
+
+
+def test_reshape_of_reshape_resolves_a_zero_the_middle_fixes_or_shares_with_x():
+    model, stats = run_passes(HEADER + """
+    g (float[2, 3, 4] x, float[N, 3, 4] v) => (float[4, 3, 2] z, float[N, 3, 4] w,
+                                               float[M, 3, 2] u) {
+        c = Constant <value_ints = [4, 6]> ()
+        d = Constant <value_ints = [0, 3, -1]> ()
+        e = Constant <value_ints = [0, 12]> ()
+        f = Constant <value_ints = [-1, 6]> ()
         r2 = Reshape (x, c)
         z = Reshape (r2, d)
+        r3 = Reshape (v, e)
+        w = Reshape (r3, d)
+        r4 = Reshape (v, f)
+        u = Reshape (r4, d)
     }""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
-    # y's shape has no 0: allowzero is moot and the pair collapses. z's [0, 3, -1] copies
-    # r2's dim 0 (4, not x's 2): that pair must stay.
-    assert stats["ReshapeOfReshape"] == 1
-    assert ops(model) == ["Reshape", "Reshape", "Reshape"]
+    # z's 0 copies r2's dim 0, which is 4: it becomes a 4. w's copies r3's dim 0, which is v's
+    # own (e has a 0 there): it stays a 0. u's copies r4's dim 0, 2N, which v does not give.
+    assert stats["ReshapeOfReshape"] == 2
+    shapes = {n.output.name: n.input(1).constant().tolist() for n in model.graph
+              if n.op_type == "Reshape" and n.output.name in ("z", "w")}
+    assert shapes == {"z": [4, 3, -1], "w": [0, 3, -1]}
 
 
 def test_dead_nodes_and_initializers_go_graph_outputs_stay():

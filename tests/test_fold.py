@@ -325,6 +325,80 @@ def test_shape_of_unknown_or_symbolic_shape_stays():
     assert stats == {} and ops(model) == ["Shape", "Identity"]
 
 
+# A Reshape's shape read from its own input's dims (reshape_own_dims): B and S stay open.
+OWN_DIMS_FEEDS = [{"x": np.random.default_rng(seed).standard_normal((b, s, 8)).astype(np.float32),
+                   "other": np.zeros((b, s, 8), np.float32)}
+                  for seed, (b, s) in enumerate([(1, 7), (3, 5), (2, 1), (0, 4)])]
+OWN_DIMS_WEIGHTS = {"i0": 0, "i1": 1, "ax": [0], "c2": [2], "c4": [4], "m1": [-1],
+                    "first2": [0, 1], "st0": [0], "en2": [2]}
+
+
+def _own_dims_model(nodes: list[str], concat: list[str], axis: int = 0, allowzero: int = 0,
+                    rank: int = 4) -> onnx.ModelProto:
+    """Reshape(x, Concat(concat)) of x[B,S,8], after `nodes` ("out = Op(in, …)"; Shape with
+    start/end as "Shape:start:end")."""
+    made = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Shape", ["other"], ["so"]),
+            helper.make_node("Gather", ["s", "i0"], ["g0"]),
+            helper.make_node("Gather", ["s", "i1"], ["g1"]),
+            helper.make_node("Gather", ["so", "i0"], ["o0"])]
+    for text in nodes:
+        out, call = text.split(" = ")
+        op, args = call.rstrip(")").split("(")
+        op, *bounds = op.split(":")
+        attrs = {key: int(b) for key, b in zip(("start", "end"), bounds) if b}
+        made.append(helper.make_node(op, args.split(", "), [out], **attrs))
+    made += [helper.make_node("Concat", concat, ["t"], axis=axis),
+             helper.make_node("Reshape", ["x", "t"], ["y"], allowzero=allowzero)]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "S", 8])
+              for n in ("x", "other")]
+    weights = [numpy_helper.from_array(np.array(v, np.int64), n)
+               for n, v in OWN_DIMS_WEIGHTS.items()]
+    graph = helper.make_graph(made, "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                             [None] * rank)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+@pytest.mark.parametrize("nodes, concat, expected", [
+    # Unsqueeze(Gather(Shape(x), i)) at position i, as torch exports x.view(x.size(0), …)
+    (["b = Unsqueeze(g0, ax)", "q = Unsqueeze(g1, ax)"], ["b", "q", "c2", "c4"], [0, 0, 2, 4]),
+    (["b = Unsqueeze(g0, ax)"], ["b", "m1", "c4"], [0, -1, 4]),
+    # a 1-D Gather, a Slice and a Shape with start/end, each covering the positions it lands on
+    (["b = Gather(s, first2)"], ["b", "c2", "c4"], [0, 0, 2, 4]),
+    (["b = Slice(s, st0, en2)"], ["b", "c2", "c4"], [0, 0, 2, 4]),
+    (["b = Shape::-1(x)"], ["b", "c2", "c4"], [0, 0, 2, 4]),
+    (["b = Shape::1(x)"], ["b", "m1"], [0, -1]),
+])
+def test_a_reshape_shape_built_from_its_own_dims_becomes_a_constant(nodes, concat, expected):
+    proto = _own_dims_model(nodes, concat, rank=len(expected))
+    model, stats = fold(proto)
+    assert stats["ReshapeOwnDims"] == 1
+    (reshape,) = [n for n in model.graph if n.op_type == "Reshape"]
+    assert reshape.input(1).constant().tolist() == expected
+    from graphopt.passes.cleanup import EliminateDeadNodes
+    run_passes(model, EliminateDeadNodes())
+    assert ops(model) == ["Reshape"]
+    for feeds in OWN_DIMS_FEEDS:
+        if -1 in expected and feeds["x"].size == 0:
+            continue  # a -1 beside a 0 dim has no size: onnxruntime refuses both models
+        assert_same_outputs(proto, model, feeds)
+
+
+@pytest.mark.parametrize("nodes, concat, allowzero", [
+    (["b = Unsqueeze(g1, ax)"], ["b", "m1", "c4"], 0),  # dim 1 at position 0
+    (["b = Unsqueeze(g0, ax)"], ["m1", "b", "c4"], 0),  # dim 0 at position 1
+    (["b = Unsqueeze(o0, ax)"], ["b", "m1", "c4"], 0),  # another value's dim, equal or not
+    (["b = Unsqueeze(g0, ax)", "n = Neg(m1)"], ["b", "n", "c4"], 0),  # a computed entry
+    (["b = Unsqueeze(g0, ax)"], ["b", "m1", "c4"], 1),  # allowzero: a 0 is a size
+])
+def test_a_reshape_shape_with_an_entry_not_its_own_dim_there_stays(nodes, concat, allowzero):
+    proto = _own_dims_model(nodes, concat, allowzero=allowzero, rank=3)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    assert "ReshapeOwnDims" not in run_passes(model, FoldShapes())
+
+
 # -------------------------------------------------------------------------------------------
 # what must not fold
 # -------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ MODEL = onnx.parser.parse_model("""
 g (float[batch, seq, 8] x, float[batch, seq] mask) => (float[batch, seq8] y) {
     m = Unsqueeze(mask, axes)
     h = Mul(x, m)
-    s = Shape(h)
+    s = Shape(x)  # x's dims, not the Reshape's own h: open, they stay read at run time
     b = Gather <axis = 0> (s, zero)
     b1 = Unsqueeze(b, axes0)
     shape = Concat <axis = 0> (b1, minus_one)

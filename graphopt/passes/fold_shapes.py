@@ -4,6 +4,8 @@
     %n = Size(%x<f32[2,64]>)                    →   %n = initializer i64[] 128
     %d = Gather(Shape(%x<f32[N,64]>), 1)        →   %d = initializer i64[] 64   (N stays symbolic)
     %t = Slice(Shape(%x<f32[N,64,8]>), [1], [3]) →  %t = initializer i64[2] [64, 8]
+    %y = Reshape(%x, Concat(Shape(%x)[0], [12, 64])) → %y = Reshape(%x, [0, 12, 64])
+                                                       (see reshape_own_dims)
 
 FoldConstants then finishes Shape → Gather → Unsqueeze → Concat → Reshape chains. Values must
 have shapes (run InferShapes first). A main-graph output becomes an initializer of its name (as
@@ -20,6 +22,7 @@ from graphopt.ir import Graph, Model, Node, Tensor, Value
 from graphopt.ir.value import Shape
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.fold_constants import become_initializer, fits_output, pinned_outputs
+from graphopt.passes.reshape_own_dims import own_dims_shape
 
 
 def _shape_dims(node: Node) -> Shape | None:
@@ -112,7 +115,8 @@ def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int], ctx:
 @register
 class FoldShapes(Pass):
     name = "FoldShapes"
-    description = "replace Shape/Size (and Gather/Slice of static dims) with int64 initializers"
+    description = "replace Shape/Size (and Gather/Slice of static dims) with int64 initializers; " \
+                  "a Reshape shape built from its input's own dims becomes a constant"
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
@@ -131,6 +135,11 @@ class FoldShapes(Pass):
                             result.count("Size")
                 elif node.op_type == "Shape":
                     self._shape(graph, node, pinned, opset, result, ctx)
+                elif node.op_type == "Reshape":
+                    shape = own_dims_shape(node, opset)
+                    if shape is not None and ctx.allows("ReshapeOwnDims", node):
+                        node.set_input(1, graph.make_initializer("shape", shape))
+                        result.count("ReshapeOwnDims")
         return result
 
     @staticmethod

@@ -153,21 +153,42 @@ RULES: dict[str, Callable[[Node], Value | None]] = {
 
 
 def _collapse_reshape(node: Node, ctx: PassContext) -> bool:
-    """Reshape(Reshape(x, a), b) -> Reshape(x, b) when b has no 0 dims. A 0 copies a dim of
-    the input (or, with allowzero, is a real 0), so it ties the result to a; without one,
-    allowzero changes nothing, and the dynamo exporter sets it on every Reshape."""
+    """Reshape(Reshape(x, a), b) -> Reshape(x, b') when b needs no dim of the middle that x
+    does not give as well (_collapsed_shape); allowzero changes nothing then, and the dynamo
+    exporter sets it on every Reshape."""
     inner = node.inputs[0].producer
     if inner is None or inner.op_type != "Reshape" or not inner.is_onnx:
         return False
-    shape = _const(node.input(1))
-    if shape is None or (shape == 0).any():
+    shape = _collapsed_shape(node, inner)
+    if shape is None or not ctx.allows("ReshapeOfReshape", node):
         return False
-    if not ctx.allows("ReshapeOfReshape", node):
-        return False
+    if not np.array_equal(shape, _const(node.input(1))):
+        node.set_input(1, node.graph.make_initializer("shape", shape))
     node.set_input(0, inner.inputs[0])
     if not inner.output.uses and not inner.output.is_graph_output:
         inner.graph.remove(inner)
     return True
+
+
+def _collapsed_shape(node: Node, inner: Node) -> np.ndarray | None:
+    """The shape b' with Reshape(x, b') = Reshape(Reshape(x, a), b), or None. Without
+    allowzero a 0 in b copies the middle's dim there: it stays a 0 where a has a 0 at the same
+    place (the middle's dim is x's), becomes the middle's dim where that is static, and
+    otherwise ties the result to a."""
+    shape = _const(node.input(1))
+    if shape is None or node.attr("allowzero", 0) or not (shape == 0).any():
+        return shape
+    inner_shape = None if inner.attr("allowzero", 0) else _const(inner.input(1))
+    middle = inner.output.shape
+    resolved = shape.astype(np.int64)
+    for i in np.flatnonzero(shape == 0):
+        if inner_shape is not None and i < inner_shape.size and inner_shape[i] == 0:
+            continue
+        dim = middle[i] if middle is not None and i < len(middle) else None
+        if not isinstance(dim, int) or dim <= 0:  # a 0 in b' would copy x's dim instead
+            return None
+        resolved[i] = dim
+    return resolved
 
 
 @register
