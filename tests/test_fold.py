@@ -389,6 +389,7 @@ def test_a_reshape_shape_built_from_its_own_dims_becomes_a_constant(nodes, conca
     (["b = Unsqueeze(g1, ax)"], ["b", "m1", "c4"], 0),  # dim 1 at position 0
     (["b = Unsqueeze(g0, ax)"], ["m1", "b", "c4"], 0),  # dim 0 at position 1
     (["b = Unsqueeze(o0, ax)"], ["b", "m1", "c4"], 0),  # another value's dim, equal or not
+    (["b = Gather(so, first2)"], ["b", "c4"], 0),  # another value's dims, by a 1-D Gather
     (["b = Unsqueeze(g0, ax)", "n = Neg(m1)"], ["b", "n", "c4"], 0),  # a computed entry
     (["b = Unsqueeze(g0, ax)"], ["b", "m1", "c4"], 1),  # allowzero: a 0 is a size
 ])

@@ -78,7 +78,8 @@ def _own_dims(piece: Value, x: Value, position: int, rank: int | None,
         if index is None or index.ndim != 1:
             return None
         dims = _gathered_dims(node, x, rank, [int(i) for i in index])
-        return len(dims) if dims == list(range(position, position + len(dims))) else None
+        return len(dims) if dims and dims == list(range(position, position + len(dims))) \
+            else None
     if node.op_type == "Slice":
         dims = _sliced_dims(node, x, rank, opset)
         return len(dims) if dims and dims == list(range(position, position + len(dims))) \
