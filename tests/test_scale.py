@@ -561,3 +561,38 @@ def test_passes_and_memory_plans_run_without_collections(monkeypatch):
     result = compiler.optimize(zoo.build("tiny"), target="cpu", instruments=[Probe()])
     assert result.memory_plans and during and not any(during)
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_dropped_result_is_collected_before_the_next_import(monkeypatch):
+    """freeze + unfreeze moves the IR into the oldest generation without CPython counting it,
+    so its own rule would never start the full collection a dropped (cyclic) result needs:
+    graphopt counts what it moved and collects before the next import once that passes a
+    quarter of the oldest generation."""
+    import weakref
+
+    from graphopt import compiler, zoo
+    from graphopt.ir import collector
+
+    model = zoo.build("tiny")
+    dropped = weakref.ref(compiler.optimize(model))
+    assert collector._moved > 0
+    monkeypatch.setattr(collector, "_long_lived", 0)  # due: the next import collects
+    kept = compiler.optimize(model)
+    assert dropped() is None and kept.model is not None
+
+
+def test_no_collection_when_the_caller_turned_the_collector_off(monkeypatch):
+    from graphopt import compiler, zoo
+    from graphopt.ir import collector
+
+    collections = []
+    monkeypatch.setattr(collector.gc, "collect", lambda *a: collections.append(a))
+    monkeypatch.setattr(collector, "_long_lived", 0)
+    monkeypatch.setattr(collector, "_moved", 10)
+    gc.disable()
+    try:
+        compiler.optimize(zoo.build("tiny"))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert collections == []

@@ -16,7 +16,7 @@ from onnx import (AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 from graphopt.dims import read_dim
 from graphopt.errors import InputError, OptionError
 from graphopt.ir.attributes import Attr
-from graphopt.ir.collector import collection_paused
+from graphopt.ir.collector import collect_if_due, collection_paused
 from graphopt.ir.dtypes import DType, nbytes
 from graphopt.ir.graph import CycleError, Graph
 from graphopt.ir.model import Model
@@ -128,6 +128,7 @@ def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: boo
     # resolve against the working directory: refuse it rather than read whatever file happens
     # to be there. (graphopt's own partition protos reference its weight files by design.)
     in_memory = isinstance(source, bytes) or (user_model and isinstance(source, ModelProto))
+    collect_if_due()
     with collection_paused():
         return _Importer(label, external_ok=not in_memory, base_dir=base_dir).model(proto)
 
