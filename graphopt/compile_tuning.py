@@ -66,7 +66,9 @@ def record_tuning(result: "OptimizeResult", tuning_db, tuned) -> None:
     subgraph decisions applied."""
     if tuning_db is None:
         return
-    result.tuning_db = os.fspath(tuning_db)
+    text = os.fspath(tuning_db)
+    # A path is kept absolute: save() may run after a chdir, or in another process.
+    result.tuning_db = text if "://" in text else os.path.abspath(text)
     result.tuned_study = tuned.study
     if tuned.note:
         result.notes.insert(0, tuned.note)

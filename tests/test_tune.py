@@ -4,6 +4,7 @@ workers share one SQLite storage, and the knowledge base round-trips through JSO
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from unittest.mock import ANY
@@ -73,6 +74,24 @@ def test_default_is_trial_zero_and_tpe_beats_it(a310):
     assert outside_space(result.best[0], SHAPE, a310) is None
     assert result.best[0] in set(tiling_space(SHAPE, a310))
     assert result.space_size == 25784
+
+
+def test_tuning_keeps_optuna_quiet_and_leaves_the_callers_verbosity(a310, tmp_path):
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("optuna").addHandler(handler)
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    try:
+        tune_kernel(SHAPE, a310, target="ascend310", trials=3, seed=0,
+                    storage=str(tmp_path / "kb.db"))
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO
+        assert not [r.getMessage() for r in records]  # no line per trial from Optuna
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        logging.getLogger("optuna").removeHandler(handler)
 
 
 def test_trial_zero_is_the_default_in_the_storage(a310, tmp_path):
@@ -273,6 +292,49 @@ def test_optimize_with_the_knowledge_base_writes_tuned_tilings(tmp_path, capsys)
     assert main(["optimize", path, "-o", out, "--tuning-db", str(tmp_path / "none.db")]) == 1
     assert "no such knowledge base" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "none.db")
+
+
+def test_compiles_with_the_knowledge_base_leave_no_handles_on_it(tmp_path):
+    # Each read of the knowledge base opened an engine whose pooled connections stayed open
+    # until a full collection: 8 descriptors a compile, until "unable to open database file".
+    import graphopt
+
+    path = conv_model(str(tmp_path / "m.onnx"))
+    db = str(tmp_path / "kb.db")
+    assert _cli(["tune", path, "--target", "ascend310", "--trials", "4", "--tuning-db", db,
+                 "-q"]) == 0
+
+    def handles() -> int:
+        folder = "/proc/self/fd"
+        return sum(1 for fd in os.listdir(folder)
+                   if os.path.realpath(os.path.join(folder, fd)).startswith(db))
+
+    gc.disable()  # no collection may close them instead
+    try:
+        graphopt.save(graphopt.optimize(path, target="ascend310", tuning_db=db),
+                      str(tmp_path / "m.om"))
+        after_one = handles()
+        for _ in range(4):
+            graphopt.save(graphopt.optimize(path, target="ascend310", tuning_db=db),
+                          str(tmp_path / "m.om"))
+        assert handles() == after_one
+    finally:
+        gc.enable()
+
+
+def test_a_result_finds_its_knowledge_base_after_a_chdir(tmp_path, monkeypatch):
+    import graphopt
+
+    path = conv_model(str(tmp_path / "m.onnx"))
+    assert _cli(["tune", path, "--target", "ascend310", "--trials", "4", "--tuning-db",
+                 str(tmp_path / "kb.db"), "-q"]) == 0
+    monkeypatch.chdir(tmp_path)
+    result = graphopt.optimize(path, target="ascend310", tuning_db="kb.db")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    graphopt.save(result, "m.om")  # took "kb.db" from the new folder, where there is none
+    assert os.path.exists(elsewhere / "m.om")
 
 
 def test_tuning_one_model_serves_another_with_the_same_layer_shape(tmp_path):

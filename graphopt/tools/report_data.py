@@ -203,14 +203,19 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
                   option: str = "--tuning-db") -> Tuning:
     """The op-tuning studies of this .om's kernel signatures and its model's subgraph study;
     `option` names the storage in errors."""
+    from graphopt.tuner.storage import opened
+
+    # must_exist: a mistyped path would otherwise become an empty database with nothing tuned.
+    with opened(storage, option=option, read_only=True) as store:
+        return _gather_tuning(store, storage, artifact, source_file)
+
+
+def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str | None) -> Tuning:
     from graphopt.tuner.optuna_import import optuna
 
     from graphopt.tuner.kb import list_kb
     from graphopt.tuner.search import history
-    from graphopt.tuner.storage import open_storage
 
-    # must_exist: a mistyped path would otherwise become an empty database with nothing tuned.
-    store = open_storage(storage, option=option, read_only=True)
     tuning = Tuning(storage=_shown_storage(storage))
     manifest = artifact.manifest
     target = manifest["target"]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import InputError, OptionError
 from graphopt.tuner.npu_model import estimate
-from graphopt.tuner.optuna_import import optuna
+from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import (
     PARAMS,
     open_study,
@@ -34,7 +34,7 @@ from graphopt.tuner.search import (
     written_trials,
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
-from graphopt.tuner.storage import open_storage
+from graphopt.tuner.storage import opened
 from graphopt.tuner.tiling import Tiling, cube_dtype
 
 if TYPE_CHECKING:
@@ -84,14 +84,14 @@ def best_tilings(storage: Any, target: str, *,
     """signature -> (best tiling, its estimated seconds) for every study of `target`'s
     kernels that has a completed trial. A trial graphopt did not write is an OptionError, or,
     given a `skipped` list, left out and named there ("study #number")."""
-    storage = open_storage(storage, read_only=True)
     out = {}
-    for name, sig in _kernel_studies(storage, target):
-        study = optuna.load_study(study_name=name, storage=storage)
-        written = written_trials(_completed(study), name, skipped)
-        if written and (sig not in out or written[0][0].value < out[sig][1]):
-            best, tiling = written[0]
-            out[sig] = (tiling, float(best.value))
+    with opened(storage, read_only=True) as store:
+        for name, sig in _kernel_studies(store, target):
+            study = optuna.load_study(study_name=name, storage=store)
+            written = written_trials(_completed(study), name, skipped)
+            if written and (sig not in out or written[0][0].value < out[sig][1]):
+                best, tiling = written[0]
+                out[sig] = (tiling, float(best.value))
     return out
 
 
@@ -119,33 +119,33 @@ def list_kb(storage: Any) -> list[dict]:
     """One row per operator-tuning study: signature, study (its name, which is the signature
     unless `tune --study` named it), trials, default_seconds (None when the default was never
     evaluated there), best_seconds, speedup (default / best, None without a default)."""
-    storage = open_storage(storage, read_only=True)
     rows = []
-    for name, sig in _kernel_studies(storage):
-        study = optuna.load_study(study_name=name, storage=storage)
-        best, default = _best(study), _default(study)
-        rows.append({
-            "signature": sig, "study": name, "trials": _evaluated(study),
-            "default_seconds": default.value if default else None,
-            "best_seconds": best.value if best else None,
-            "tiling": str(trial_tiling(best, name)) if best else None,
-            "speedup": default.value / best.value if best and default else None})
+    with opened(storage, read_only=True) as store:
+        for name, sig in _kernel_studies(store):
+            study = optuna.load_study(study_name=name, storage=store)
+            best, default = _best(study), _default(study)
+            rows.append({
+                "signature": sig, "study": name, "trials": _evaluated(study),
+                "default_seconds": default.value if default else None,
+                "best_seconds": best.value if best else None,
+                "tiling": str(trial_tiling(best, name)) if best else None,
+                "speedup": default.value / best.value if best and default else None})
     return rows
 
 
 def list_subgraph_studies(storage: Any) -> list[dict]:
     """One row per subgraph-tuning study (`graphopt tune --job subgraph`): study, trials,
     default_seconds and best_seconds, the chosen decisions' (None where absent)."""
-    storage = open_storage(storage, read_only=True)
     rows = []
-    for name in sorted(n for n in optuna.get_all_study_names(storage)
-                       if n.startswith("subgraph/")):
-        study = optuna.load_study(study_name=name, storage=storage)
-        best, default = _best(study), _default(study)
-        rows.append({"study": name, "trials": _evaluated(study),
-                     "default_seconds": default.value if default else None,
-                     "best_seconds": study.user_attrs.get("chosen_seconds",
-                                                          best.value if best else None)})
+    with opened(storage, read_only=True) as store:
+        for name in sorted(n for n in optuna.get_all_study_names(store)
+                           if n.startswith("subgraph/")):
+            study = optuna.load_study(study_name=name, storage=store)
+            best, default = _best(study), _default(study)
+            rows.append({"study": name, "trials": _evaluated(study),
+                         "default_seconds": default.value if default else None,
+                         "best_seconds": study.user_attrs.get("chosen_seconds",
+                                                              best.value if best else None)})
     return rows
 
 
@@ -174,17 +174,17 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
 
 def export_text(storage: Any) -> tuple[str, int]:
     """The JSON export of every signature's best trial, and how many kernels it holds."""
-    storage = open_storage(storage, read_only=True)
     kernels = {}
-    for name, sig in _kernel_studies(storage):
-        study = optuna.load_study(study_name=name, storage=storage)
-        best, default = _best(study), _default(study)
-        if best is None or (sig in kernels and kernels[sig]["seconds"] <= best.value):
-            continue  # a kernel tuned in two studies exports the better one
-        kernels[sig] = {"tiling": tiling_params(trial_tiling(best, name)),
-                         "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
-                         "default_seconds": default.value if default else None,
-                         "trials": _evaluated(study)}
+    with opened(storage, read_only=True) as store:
+        for name, sig in _kernel_studies(store):
+            study = optuna.load_study(study_name=name, storage=store)
+            best, default = _best(study), _default(study)
+            if best is None or (sig in kernels and kernels[sig]["seconds"] <= best.value):
+                continue  # a kernel tuned in two studies exports the better one
+            kernels[sig] = {"tiling": tiling_params(trial_tiling(best, name)),
+                            "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
+                            "default_seconds": default.value if default else None,
+                            "trials": _evaluated(study)}
     text = json.dumps({"format": FORMAT, "kernels": kernels}, indent=1, sort_keys=True) + "\n"
     return text, len(kernels)
 
@@ -278,29 +278,29 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
         raise OptionError(f"{path}: no 'kernels' object (write one with graphopt kb export)")
     # Every entry is checked before any is added: a bad one must not leave half an import.
     entries = [_import_entry(path, name, entry, profiles) for name, entry in sorted(kernels.items())]
-    storage = open_storage(storage)
-    existing = set(optuna.get_all_study_names(storage))
     added = 0
-    for name, entry, tiling, shape, device, choices in entries:
-        # Times are the cost model's, estimated here: a file's own (another graphopt's model,
-        # or an edited 1e-12) must not outrank the tilings tuned against this one.
-        default = estimate(shape, None, device)
-        study = open_study(storage, name, shape, device, default_seconds=default.seconds,
-                           default_cycles=default.cycles)
-        if any(trial_tiling(t, name) == tiling for t in _completed(study)):
-            # Already there, unless it came just now as the new study's default: the
-            # export's best was the untuned default.
-            added += name not in existing
-            continue
-        # The trial records the tiling itself; its ladder steps are the nearest ones below,
-        # so the sampler learns from it even when a value lies between two rungs.
-        steps = {f"{key}_step": max(i for i, v in enumerate(choices[key])
-                                    if v <= getattr(tiling, key) or i == 0) for key in PARAMS}
-        result = estimate(shape, tiling, device)
-        trial = optuna.trial.create_trial(
-            params=steps, value=result.seconds, distributions=step_distributions(choices),
-            user_attrs={"imported": os.path.basename(os.fspath(path)),
-                        "tiling": tiling_params(tiling), "cycles": result.cycles})
-        study.add_trial(trial)
-        added += 1
+    with opened(storage) as store, optuna_quiet():
+        existing = set(optuna.get_all_study_names(store))
+        for name, entry, tiling, shape, device, choices in entries:
+            # Times are the cost model's, estimated here: a file's own (another graphopt's model,
+            # or an edited 1e-12) must not outrank the tilings tuned against this one.
+            default = estimate(shape, None, device)
+            study = open_study(store, name, shape, device, default_seconds=default.seconds,
+                               default_cycles=default.cycles)
+            if any(trial_tiling(t, name) == tiling for t in _completed(study)):
+                # Already there, unless it came just now as the new study's default: the
+                # export's best was the untuned default.
+                added += name not in existing
+                continue
+            # The trial records the tiling itself; its ladder steps are the nearest ones below,
+            # so the sampler learns from it even when a value lies between two rungs.
+            steps = {f"{key}_step": max(i for i, v in enumerate(choices[key])
+                                        if v <= getattr(tiling, key) or i == 0) for key in PARAMS}
+            result = estimate(shape, tiling, device)
+            trial = optuna.trial.create_trial(
+                params=steps, value=result.seconds, distributions=step_distributions(choices),
+                user_attrs={"imported": os.path.basename(os.fspath(path)),
+                            "tiling": tiling_params(tiling), "cycles": result.cycles})
+            study.add_trial(trial)
+            added += 1
     return added

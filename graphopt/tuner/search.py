@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
-from graphopt.tuner.optuna_import import optuna
+from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.signature import is_signature, signature
-from graphopt.tuner.storage import fail_silent_trials, open_storage, setup_lock, storage_url
+from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened, setup_lock,
+                                     storage_url)
 from graphopt.tuner.tiling import (
     L1_DEPTHS,
     GemmShape,
@@ -49,10 +50,6 @@ if TYPE_CHECKING:
     from graphopt.partition.target import Device
 
 PARAMS = ("base_m", "base_n", "base_k", "l1_depth", "double_buffer", "cores")
-
-# Errors only: a trial that fails (Ctrl-C, say) is reported by graphopt in one line; Optuna's
-# warning would print the traceback first.
-optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 Progress = Callable[[int, int, float], None]  # (trials done, trials asked for, best seconds)
 _STARTED = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE,
@@ -323,67 +320,68 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
         # The knowledge base would file this kernel's tilings under the one the name spells.
         raise OptionError(f"--study {study_name}: that name is another kernel's signature; "
                           f"this job tunes {kernel}")
-    store = open_storage(storage)
-    if workers > 1 and isinstance(store, optuna.storages.InMemoryStorage):
-        raise OptionError("workers > 1 need a shared storage: an SQLite file or a server URL")
-    choices = search_choices(shape, device)
-    study = open_study(store, study_name, shape, device)
-    if study_name != kernel:  # the knowledge base finds a study named otherwise by this
-        from graphopt.tuner.kb import SIGNATURE_ATTR
+    with opened(storage) as store, optuna_quiet():
+        if workers > 1 and isinstance(store, optuna.storages.InMemoryStorage):
+            raise OptionError("workers > 1 need a shared storage: an SQLite file or a server URL")
+        choices = search_choices(shape, device)
+        study = open_study(store, study_name, shape, device)
+        if study_name != kernel:  # the knowledge base finds a study named otherwise by this
+            from graphopt.tuner.kb import SIGNATURE_ATTR
 
-        held = study.user_attrs.get(SIGNATURE_ATTR)
-        stored = study.user_attrs.get("shape")
-        # float32 and float16 shapes are one kernel: the cube computes both in float16.
-        if held not in (None, kernel) or stored is not None and not (
-                stored[:4] == [shape.batch, shape.m, shape.k, shape.n]
-                and cube_dtype(stored[4]) == cube_dtype(shape.dtype)):
-            raise OptionError(f"--study {study_name}: that study tunes "
-                              f"{held or 'another shape'}, not {kernel}")
-        study.set_user_attr(SIGNATURE_ATTR, kernel)
-    done_before = len(study.get_trials(deepcopy=False))
-    # Progress counts this run's trials; an enqueued default still waiting is one of them.
-    started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
-    best_so_far = [_best_value(study)]
+            held = study.user_attrs.get(SIGNATURE_ATTR)
+            stored = study.user_attrs.get("shape")
+            # float32 and float16 shapes are one kernel: the cube computes both in float16.
+            if held not in (None, kernel) or stored is not None and not (
+                    stored[:4] == [shape.batch, shape.m, shape.k, shape.n]
+                    and cube_dtype(stored[4]) == cube_dtype(shape.dtype)):
+                raise OptionError(f"--study {study_name}: that study tunes "
+                                  f"{held or 'another shape'}, not {kernel}")
+            study.set_user_attr(SIGNATURE_ATTR, kernel)
+        done_before = len(study.get_trials(deepcopy=False))
+        # Progress counts this run's trials; an enqueued default still waiting is one of them.
+        started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
+        best_so_far = [_best_value(study)]
 
-    if workers == 1:
-        study.sampler = _make_sampler(sampler, seed + done_before)
+        if workers == 1:
+            study.sampler = _make_sampler(sampler, seed + done_before)
 
-        def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-            if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
-                best_so_far[0] = min(best_so_far[0], trial.value)
-            if progress is not None:
-                progress(trial.number + 1 - started_before, trials, best_so_far[0])
+            def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+                if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+                    best_so_far[0] = min(best_so_far[0], trial.value)
+                if progress is not None:
+                    progress(trial.number + 1 - started_before, trials, best_so_far[0])
 
-        study.optimize(_objective(shape, device, choices), n_trials=trials, timeout=timeout,
-                       callbacks=[callback], gc_after_trial=False)
-    else:
-        if target is None:
-            raise OptionError("workers > 1 need `target` (a target name or profile path): "
-                              "each worker process reloads the device")
-        url = store.url if isinstance(store, optuna.storages.RDBStorage) else storage_url(storage)
-        # The enqueued default runs here first: two workers popping the one waiting trial at
-        # the same moment can both run it on SQLite, which would lose a trial of the count.
-        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        if waiting and trials:
-            first = min(len(waiting), trials)
-            study.optimize(_objective(shape, device, choices), n_trials=first,
-                           gc_after_trial=False)
-            trials_left = trials - first
+            study.optimize(_objective(shape, device, choices), n_trials=trials, timeout=timeout,
+                           callbacks=[callback], gc_after_trial=False)
         else:
-            trials_left = trials
-        shares = [trials_left // workers + (i < trials_left % workers) for i in range(workers)]
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_worker, args=(url, study_name, shape, target, device.name,
-                                                   share, timeout, sampler,
-                                                   seed + 1000 * (i + 1) + done_before))
-                 for i, share in enumerate(shares) if share]
+            if target is None:
+                raise OptionError("workers > 1 need `target` (a target name or profile path): "
+                                  "each worker process reloads the device")
+            url = store.url if isinstance(store, optuna.storages.RDBStorage) \
+                else storage_url(storage)
+            # The enqueued default runs here first: two workers popping the one waiting trial at
+            # the same moment can both run it on SQLite, which would lose a trial of the count.
+            waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+            if waiting and trials:
+                first = min(len(waiting), trials)
+                study.optimize(_objective(shape, device, choices), n_trials=first,
+                               gc_after_trial=False)
+                trials_left = trials - first
+            else:
+                trials_left = trials
+            shares = [trials_left // workers + (i < trials_left % workers) for i in range(workers)]
+            ctx = multiprocessing.get_context("spawn")
+            procs = [ctx.Process(target=_worker, args=(url, study_name, shape, target, device.name,
+                                                       share, timeout, sampler,
+                                                       seed + 1000 * (i + 1) + done_before))
+                     for i, share in enumerate(shares) if share]
 
-        def tick() -> None:
-            now = study.get_trials(deepcopy=False)
-            progress(min(len(now) - started_before, trials), trials, _best_value(study))
+            def tick() -> None:
+                now = study.get_trials(deepcopy=False)
+                progress(min(len(now) - started_before, trials), trials, _best_value(study))
 
-        supervise(procs, tick if progress is not None else None, "tuning worker")
-    return study_result(study, shape, device)
+            supervise(procs, tick if progress is not None else None, "tuning worker")
+        return study_result(study, shape, device)
 
 
 def _worker(url: str, study_name: str, shape: GemmShape, target: str, device_name: str,

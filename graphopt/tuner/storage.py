@@ -7,13 +7,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 from graphopt.errors import OptionError
 from graphopt.tuner.optuna_import import optuna
+from graphopt.warning_scope import warnings_as
 
 SQLITE_TIMEOUT_S = 60.0  # how long a worker waits for another's SQLite write lock
 HEARTBEAT_S = 10         # how often a running trial says it is alive
@@ -144,10 +145,10 @@ def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist
     liveness = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
     sqlite = url.startswith("sqlite:")
     engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite else None
-    with warnings.catch_warnings(), _storage_errors(label, url), \
-            (setup_lock(url) if not read_only else contextlib.nullcontext()):
+    with _storage_errors(label, url), \
+            (setup_lock(url) if not read_only else contextlib.nullcontext()), \
+            warnings_as("ignore", optuna.exceptions.ExperimentalWarning):
         # Heartbeats are "experimental" since Optuna 2.9, and what we need.
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         storage = optuna.storages.RDBStorage(url, engine_kwargs=engine, **liveness)
     if sqlite:
         _OPEN_SQLITE[storage.engine] = read_only
@@ -156,7 +157,33 @@ def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist
     return storage
 
 
-# Every SQLite engine this process opened -> whether read-only, for _checkpoint_at_exit.
+@contextlib.contextmanager
+def opened(storage: Any = None, **options) -> Iterator[optuna.storages.BaseStorage]:
+    """open_storage(storage, **options) for the block: a storage it opened is closed after it
+    (its pooled connections, and file handles, released; an SQLite file's journal
+    checkpointed), so that a process that compiles with `tuning_db` again and again holds no
+    more open files than one compile; a storage object the caller gave stays open."""
+    store = open_storage(storage, **options)
+    try:
+        yield store
+    finally:
+        if store is not storage:
+            _close(store)
+
+
+def _close(storage: optuna.storages.BaseStorage) -> None:
+    engine = getattr(storage, "engine", None)
+    if engine is None:
+        return
+    read_only = _OPEN_SQLITE.pop(engine, None)
+    if read_only is False:
+        _checkpoint(engine)
+    with contextlib.suppress(Exception):
+        engine.dispose()
+
+
+# Every SQLite engine this process opened and has not closed -> whether read-only, for
+# _checkpoint_at_exit.
 _OPEN_SQLITE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -174,13 +201,19 @@ def _checkpoint_at_exit() -> None:
                 engine.dispose()
     for engine, read_only in engines:
         if not read_only:
+            _checkpoint(engine)
             with contextlib.suppress(Exception):
-                with engine.connect() as connection:
-                    # Other workers still at it: no waiting on them (the connection's 60 s
-                    # lock timeout); the last one to finish checkpoints.
-                    connection.exec_driver_sql("PRAGMA busy_timeout = 100")
-                    connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
                 engine.dispose()
+
+
+def _checkpoint(engine) -> None:
+    """The WAL journal moved into the database file, if no other connection is at it."""
+    with contextlib.suppress(Exception):
+        with engine.connect() as connection:
+            # Other workers still at it: no waiting on them (the connection's 60 s lock
+            # timeout); the last one to finish checkpoints.
+            connection.exec_driver_sql("PRAGMA busy_timeout = 100")
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 # What every Optuna RDB storage has; a file without them is not a knowledge base.

@@ -30,9 +30,10 @@ from typing import Any
 
 from graphopt.compile_tuning import Decisions
 from graphopt.errors import OptionError
-from graphopt.tuner.optuna_import import optuna
+from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
-from graphopt.tuner.storage import fail_silent_trials, open_storage, setup_lock, storage_url
+from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened, setup_lock,
+                                     storage_url)
 from graphopt.tuner.subgraph_space import (
     Group,
     Recorder,
@@ -323,52 +324,53 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                           "side by side on one machine disturb each other's timings; use one "
                           "worker per machine with a shared --storage")
     evaluator = Evaluator(job)
-    store = open_storage(storage)
-    name = study_name or study_name_for(job, evaluator.target.name)
-    with setup_lock(getattr(store, "url", "")):  # one process sets a new study up
-        study = optuna.create_study(storage=store, study_name=name, direction="minimize",
-                                    load_if_exists=True)
-        fail_silent_trials(study)
-        if "space" in study.user_attrs:
-            space = space_from_json(study.user_attrs["space"])
+    with opened(storage) as store, optuna_quiet():
+        name = study_name or study_name_for(job, evaluator.target.name)
+        with setup_lock(getattr(store, "url", "")):  # one process sets a new study up
+            study = optuna.create_study(storage=store, study_name=name, direction="minimize",
+                                        load_if_exists=True)
+            fail_silent_trials(study)
+            if "space" in study.user_attrs:
+                space = space_from_json(study.user_attrs["space"])
+            else:
+                space, _ = discover(evaluator)
+                study.set_user_attr("space", space_json(space))
+                study.set_user_attr("job", {"target": evaluator.target.name, "level": job.level,
+                                            "objective": job.objective,
+                                            "input_shapes": job.input_shapes})
+                study.enqueue_trial(space.default_params(), user_attrs={"default": True})
+        if job.objective == "estimate":
+            _check_estimates_still_hold(study, evaluator, space)
+        done_before = len(study.get_trials(deepcopy=False))
+        # Progress counts this run's trials; an enqueued default still waiting is one of them.
+        started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
+        objective = _objective(evaluator, space)
+        best = [_best_value(study)]
+
+        def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+                best[0] = min(best[0], trial.value)
+            if progress is not None:
+                progress(trial.number + 1 - started_before, trials, best[0])
+
+        if workers == 1:
+            study.sampler = _make_sampler(sampler, seed + done_before)
+            study.optimize(objective, n_trials=trials, timeout=timeout, callbacks=[callback],
+                           gc_after_trial=False)
         else:
-            space, _ = discover(evaluator)
-            study.set_user_attr("space", space_json(space))
-            study.set_user_attr("job", {"target": evaluator.target.name, "level": job.level,
-                                        "objective": job.objective,
-                                        "input_shapes": job.input_shapes})
-            study.enqueue_trial(space.default_params(), user_attrs={"default": True})
-    if job.objective == "estimate":
-        _check_estimates_still_hold(study, evaluator, space)
-    done_before = len(study.get_trials(deepcopy=False))
-    # Progress counts this run's trials; an enqueued default still waiting is one of them.
-    started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
-    objective = _objective(evaluator, space)
-    best = [_best_value(study)]
-
-    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
-            best[0] = min(best[0], trial.value)
-        if progress is not None:
-            progress(trial.number + 1 - started_before, trials, best[0])
-
-    if workers == 1:
-        study.sampler = _make_sampler(sampler, seed + done_before)
-        study.optimize(objective, n_trials=trials, timeout=timeout, callbacks=[callback],
-                       gc_after_trial=False)
-    else:
-        _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler,
-                     seed + done_before, workers, progress, started_before)
-    result = _result(study, space)
-    if job.objective == "estimate":
-        result.best = simplify(evaluator, space, result.best)
-    if job.objective == "measured" and confirm_rounds and result.best.params != result.default.params:
-        result.confirmed = confirm(evaluator, space, result.default.params, result.best.params,
-                                   confirm_rounds)
-    study.set_user_attr("chosen", result.chosen)
-    # What the chosen decisions cost, as printed: simplify can end below every trial.
-    study.set_user_attr("chosen_seconds", result.default.seconds / result.speedup)
-    return result
+            _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler,
+                         seed + done_before, workers, progress, started_before)
+        result = _result(study, space)
+        if job.objective == "estimate":
+            result.best = simplify(evaluator, space, result.best)
+        if job.objective == "measured" and confirm_rounds \
+                and result.best.params != result.default.params:
+            result.confirmed = confirm(evaluator, space, result.default.params, result.best.params,
+                                       confirm_rounds)
+        study.set_user_attr("chosen", result.chosen)
+        # What the chosen decisions cost, as printed: simplify can end below every trial.
+        study.set_user_attr("chosen_seconds", result.default.seconds / result.speedup)
+        return result
 
 
 def _check_estimates_still_hold(study: optuna.Study, evaluator: Evaluator, space: Space) -> None:
@@ -475,7 +477,8 @@ def confirm(evaluator: Evaluator, space: Space, default: dict, best: dict,
 
 def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
     """The -O levels at which the storage holds subgraph studies of the job's model and target."""
-    names = set(optuna.get_all_study_names(open_storage(storage, read_only=True)))
+    with opened(storage, read_only=True) as store:
+        names = set(optuna.get_all_study_names(store))
     return [level for level in range(4) if any(
         study_name_for(replace(job, level=level, objective=objective, granularity=granularity),
                        target_name) in names
@@ -508,7 +511,11 @@ def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
     and level), preferring a measured study to an estimated one and the rule granularity's to
     the shape one's; None when the storage has no such study. The gate and options go to
     optimize(rewrite_gate=…, pass_options=…)."""
-    store = open_storage(storage, read_only=True)
+    with opened(storage, read_only=True) as store:
+        return _best_decisions(store, job, target_name)
+
+
+def _best_decisions(store, job: SubgraphJob, target_name: str):
     names = set(optuna.get_all_study_names(store))
     for objective, granularity in [(o, g) for o in ("measured", "estimate") for g in GRANULARITIES]:
         candidate = replace(job, objective=objective, granularity=granularity)
