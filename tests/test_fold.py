@@ -385,6 +385,57 @@ def test_a_reshape_shape_built_from_its_own_dims_becomes_a_constant(nodes, conca
         assert_same_outputs(proto, model, feeds)
 
 
+def test_a_reshape_to_its_own_shape_reads_zeros():
+    proto = parse("""
+        g (float[B,S,8] x) => (float[B,S,8] y) { s = Shape(x)
+                                                y = Reshape(x, s) }""")
+    model, stats = fold(proto)
+    assert stats["ReshapeOwnDims"] == 1
+    assert model.graph.nodes()[-1].input(1).constant().tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("opset, rank, pieces, shape_attrs", [
+    (13, 2, ["u0", "u1"], {}),                        # every dim: Shape(x)
+    (13, 3, ["u0", "u1", "u2"], {}),
+    (17, 3, ["u0", "u1"], {"start": 0, "end": 2}),    # some: start/end, from opset 15
+    (17, 3, ["u1", "last"], {"start": 1, "end": 3}),  # a 1-D Gather continues the run
+    (13, 3, ["u0", "u1"], None),                      # some, before opset 15
+    (13, 2, ["u0", "u1", "first"], None),             # not consecutive
+    (13, 2, ["u0", "o1"], None),                      # another value's dim
+])
+def test_a_concat_of_consecutive_dims_is_one_shape(opset, rank, pieces, shape_attrs):
+    dims = ["B", "S", "T"][:rank]
+    made = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Shape", ["other"], ["so"])]
+    for i in range(rank):
+        made += [helper.make_node("Gather", ["s", f"i{i}"], [f"g{i}"]),
+                 helper.make_node("Unsqueeze", [f"g{i}", "ax"], [f"u{i}"])]
+    made += [helper.make_node("Gather", ["so", "i1"], ["og"]),
+             helper.make_node("Unsqueeze", ["og", "ax"], ["o1"]),
+             helper.make_node("Gather", ["s", "lastdim"], ["last"]),
+             helper.make_node("Gather", ["s", "ax"], ["first"]),
+             helper.make_node("Concat", pieces, ["y"], axis=0)]
+    weights = {"i0": 0, "i1": 1, "i2": 2, "ax": [0], "lastdim": [rank - 1]}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in ("x", "other")]
+    graph = helper.make_graph(
+        made, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.INT64, [None])],
+        [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in weights.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=IR_VERSION)
+    model, stats = fold(proto)
+    if shape_attrs is None:
+        assert "ConcatOfShapeDims" not in stats
+        return
+    assert stats["ConcatOfShapeDims"] == 1
+    from graphopt.passes.cleanup import EliminateDeadNodes
+    run_passes(model, EliminateDeadNodes())
+    (shape,) = model.graph.nodes()
+    assert shape.op_type == "Shape" and shape.input(0).name == "x"
+    assert {key: shape.attr(key) for key in shape.attrs} == shape_attrs
+    for sizes in [(2, 3, 4), (1, 1, 1), (0, 5, 2)]:
+        feeds = {name: np.zeros(sizes[:rank], np.float32) for name in ("x", "other")}
+        assert_same_outputs(proto, model, feeds)
+
+
 @pytest.mark.parametrize("nodes, concat, allowzero", [
     (["b = Unsqueeze(g1, ax)"], ["b", "m1", "c4"], 0),  # dim 1 at position 0
     (["b = Unsqueeze(g0, ax)"], ["m1", "b", "c4"], 0),  # dim 0 at position 1

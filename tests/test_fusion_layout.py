@@ -147,6 +147,32 @@ def test_squeeze_of_unsqueeze_cancels(opset):
     assert stats == {"SqueezeOfUnsqueeze": 1} and ops(model) == ["Relu"]
 
 
+@pytest.mark.parametrize("opset", [11, 13, 17])
+@pytest.mark.parametrize("inner, outer, shape, merged", [
+    ("[1]", "[2]", "N, 4", [1, 2]),          # BERT's mask: [B, S] -> [B, 1, 1, S]
+    ("[0]", "[0]", "N, 4", [0, 1]),
+    ("[1]", "[0]", "N, 4", [0, 2]),
+    ("[-1]", "[1, -1]", "N, 4", [1, 3, 4]),  # negative axes, against each step's rank
+    ("[0, 2]", "[4]", "2, N, 3", [0, 2, 4]),
+])
+def test_two_unsqueezes_become_one(opset, inner, outer, shape, merged):
+    model, stats, _ = run(squeeze_pair(opset, "Unsqueeze", "Unsqueeze", inner, outer,
+                                       shape=shape), "SimplifyLayout")
+    assert stats == {"UnsqueezeOfUnsqueeze": 1} and ops(model) == ["Unsqueeze", "Relu"]
+    unsqueeze = node(model, "Unsqueeze")
+    axes = unsqueeze.attr("axes") if opset < 13 else ints(unsqueeze.input(1))
+    assert list(axes) == merged
+
+
+def test_unsqueezes_with_repeated_axes_stay():
+    # onnxruntime refuses the outer one when it runs; one merged node must not hide that.
+    text = squeeze_pair(17, "Unsqueeze", "Unsqueeze", "[1]", "[2, 2]", shape="N, 4")
+    model = load_onnx(onnx.parser.parse_model(text))
+    ctx = PassContext(Options())
+    PASSES["ConstantToInitializer"]().run(model, ctx)
+    assert "UnsqueezeOfUnsqueeze" not in PASSES["SimplifyLayout"]().run(model, ctx).stats
+
+
 def test_unsqueeze_of_squeeze_without_axes_on_a_static_shape():
     model, stats, _ = run(header() + """
     g (float[2, 1, 4, 1] x) => (float[2, 1, 4, 1] y) <int64[2] a = {1, 3}> {

@@ -6,6 +6,7 @@
     %t = Slice(Shape(%x<f32[N,64,8]>), [1], [3]) →  %t = initializer i64[2] [64, 8]
     %y = Reshape(%x, Concat(Shape(%x)[0], [12, 64])) → %y = Reshape(%x, [0, 12, 64])
                                                        (see reshape_own_dims)
+    %s = Concat(Shape(%x)[0], Shape(%x)[1])     →   %s = Shape(%x)   (x of rank 2)
 
 FoldConstants then finishes Shape → Gather → Unsqueeze → Concat → Reshape chains. Values must
 have shapes (run InferShapes first). A main-graph output becomes an initializer of its name (as
@@ -22,7 +23,9 @@ from graphopt.ir import Graph, Model, Node, Tensor, Value
 from graphopt.ir.value import Shape
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.fold_constants import become_initializer, fits_output, pinned_outputs
+from graphopt.passes.edit import replace_value
 from graphopt.passes.reshape_own_dims import own_dims_shape
+from graphopt.passes.shape_pieces import dims_read, known_rank
 
 
 def _shape_dims(node: Node) -> Shape | None:
@@ -116,7 +119,8 @@ def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int], ctx:
 class FoldShapes(Pass):
     name = "FoldShapes"
     description = "replace Shape/Size (and Gather/Slice of static dims) with int64 initializers; " \
-                  "a Reshape shape built from its input's own dims becomes a constant"
+                  "a Reshape shape built from its input's own dims becomes a constant; a Concat " \
+                  "of consecutive dims of one Shape becomes that Shape"
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
@@ -135,12 +139,41 @@ class FoldShapes(Pass):
                             result.count("Size")
                 elif node.op_type == "Shape":
                     self._shape(graph, node, pinned, opset, result, ctx)
+                elif node.op_type == "Concat":
+                    self._concat_of_dims(graph, node, opset, result, ctx)
                 elif node.op_type == "Reshape":
                     shape = own_dims_shape(node, opset)
                     if shape is not None and ctx.allows("ReshapeOwnDims", node):
                         node.set_input(1, graph.make_initializer("shape", shape))
                         result.count("ReshapeOwnDims")
         return result
+
+    @staticmethod
+    def _concat_of_dims(graph: Graph, concat: Node, opset: int, result: PassResult,
+                        ctx: PassContext) -> None:
+        """Concat of pieces that read x's dims a, a+1, …, b-1 in order → Shape(x) {a, b}."""
+        if concat.attr("axis") not in (0, -1) or len(concat.inputs) < 2:
+            return
+        x, dims = None, []
+        for piece in concat.inputs:
+            read = dims_read(piece, opset) if piece is not None else None
+            if read is None or (x is not None and read[0] is not x):
+                return
+            x = read[0]
+            dims += read[1]
+        if not dims or dims != list(range(dims[0], dims[0] + len(dims))):
+            return
+        start, end = dims[0], dims[-1] + 1
+        whole = (start, end) == (0, known_rank(x))
+        if (not whole and opset < 15) or not ctx.allows("ConcatOfShapeDims", concat):
+            return  # start and end came with opset 15
+        attrs = {} if whole else {"start": start, "end": end}
+        shape = graph.make_node("Shape", [x], attrs, before=concat, dtype=concat.output.dtype,
+                                shape=(len(dims),), name=graph.fresh_node_name("shape"))
+        if replace_value(concat.output, shape.output):
+            result.count("ConcatOfShapeDims")
+        else:
+            graph.remove(shape)
 
     @staticmethod
     def _shape(graph: Graph, node: Node, pinned: set[int], opset: int, result: PassResult,

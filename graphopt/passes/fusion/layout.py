@@ -8,6 +8,7 @@ Reshape of Flatten/Squeeze/Unsqueeze); none of them changes an element, so neith
 
     Unsqueeze(Squeeze(x, A), A) = x    when every dim of x in A is 1 (x's shape is known)
     Squeeze(Unsqueeze(x, A), A) = x    (A normalized against the same rank on both sides)
+    Unsqueeze(Unsqueeze(x, A), B) = Unsqueeze(x, C)    e.g. A = [1], B = [2]: C = [1, 2]
 
         x[2,1,5] ──Squeeze [1]──▶ [2,5] ──Unsqueeze [1]──▶ [2,1,5]    ⇒    x
 
@@ -19,6 +20,8 @@ Axes come from the `axes` attribute before opset 13 and from a constant input fr
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from graphopt.ir import Node, Value
 from graphopt.ir.pattern import Attr, Optional, Var
@@ -131,6 +134,45 @@ class SqueezeOfUnsqueeze(Rule):
         return x
 
 
+class UnsqueezeOfUnsqueeze(Rule):
+    """Unsqueeze(Unsqueeze(x, A), B) → Unsqueeze(x, C): B's axes, and A's placed among the
+    axes B leaves (A counts in the middle rank, B in the final one)."""
+
+    def pattern(self, op, x, inner_axes, outer_axes):
+        inserted = op.Unsqueeze(x, Optional(inner_axes), axes=Attr("inner_attr"))
+        return op.Unsqueeze(inserted, Optional(outer_axes), axes=Attr("outer_attr"),
+                            _name="root")
+
+    def check(self, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
+        return None if _merged_unsqueeze(x, _axes(inner_axes, inner_attr),
+                                         _axes(outer_axes, outer_attr)) is not None \
+            else "the axes are not constant, repeat, or are negative with x's rank unknown"
+
+    def rewrite(self, op, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
+        axes = _merged_unsqueeze(x, _axes(inner_axes, inner_attr), _axes(outer_axes, outer_attr))
+        if (op.model.opset("") or 1) >= 13:
+            return op.Unsqueeze(x, op.const(np.array(axes, np.int64)))
+        return op.Unsqueeze(x, axes=axes)
+
+
+def _merged_unsqueeze(x: Value, inner: list[int] | None,
+                      outer: list[int] | None) -> list[int] | None:
+    """The axes of one Unsqueeze doing both, sorted, or None when they cannot be known."""
+    if inner is None or outer is None:
+        return None
+    rank = None if x.shape is None else len(x.shape)
+    middle = _normalized(inner, None if rank is None else rank + len(inner))
+    final = _normalized(outer, None if rank is None else rank + len(inner) + len(outer))
+    if middle is None or final is None or len(middle) != len(inner) \
+            or len(final) != len(outer):
+        return None
+    # The middle's axes land, in order, on the final positions B does not take.
+    free = (position for position in range(len(middle) + len(final) + max(middle | final) + 1)
+            if position not in final)
+    placed = dict(zip(range(max(middle) + 1), free))
+    return sorted(final | {placed[a] for a in middle})
+
+
 def _reshape_of(op, inner: str, x, shape):
     source = getattr(op, inner)(x, Optional(Var("inner_axes")))
     return op.Reshape(source, shape, allowzero=Attr("allowzero", 0))
@@ -173,10 +215,10 @@ class ReshapeOfUnsqueeze(_ReshapeOfElementOrderKeeper):
 @register
 class SimplifyLayout(RulePass):
     name = "SimplifyLayout"
-    description = "compose Transpose chains, cancel Squeeze/Unsqueeze pairs, skip layout ops " \
-                  "feeding a Reshape"
-    rules = (TransposeOfTranspose, UnsqueezeOfSqueeze, SqueezeOfUnsqueeze, ReshapeOfFlatten,
-             ReshapeOfSqueeze, ReshapeOfUnsqueeze)
+    description = "compose Transpose chains, cancel Squeeze/Unsqueeze pairs, merge Unsqueezes, " \
+                  "skip layout ops feeding a Reshape"
+    rules = (TransposeOfTranspose, UnsqueezeOfSqueeze, SqueezeOfUnsqueeze, UnsqueezeOfUnsqueeze,
+             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze)
 
 
 __all__ = ["SimplifyLayout"]

@@ -1,0 +1,102 @@
+"""Which dims of which value a piece of a shape computation reads: Shape(x) and what picks from it.
+
+    Shape(x) {start, end}, Gather(Shape(x), i) (scalar or 1-D i), Unsqueeze(Gather(…, i), [0])
+    and Slice(Shape(x), a, b) with step 1
+
+each stand for a list of x's dims, which FoldShapes compares with positions (a Reshape's own
+dims, see reshape_own_dims) or joins (a Concat of consecutive dims is one Shape).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import Node, Value
+
+
+def dims_read(piece: Value, opset: int) -> tuple[Value, list[int]] | None:
+    """(x, the indices of x's dims that `piece` holds, in order), or None when it is not one
+    of the forms above or x's rank is needed and unknown."""
+    node = piece.producer
+    if node is None or not node.is_onnx:
+        return None
+    if node.op_type == "Shape":
+        return _shape_range(node)
+    if node.op_type == "Unsqueeze":  # of a scalar Gather: one dim
+        axes = ints(node.input(1)) if opset >= 13 else node.attr("axes")
+        inner = node.input(0)
+        if axes is None or list(axes) not in ([0], [-1]) or inner is None:
+            return None
+        gather = inner.producer
+        if gather is None or not gather.is_onnx or gather.op_type != "Gather":
+            return None
+        index = ints(gather.input(1))
+        return None if index is None or index.ndim != 0 else _gathered(gather, [int(index)])
+    if node.op_type == "Gather":
+        index = ints(node.input(1))
+        return None if index is None or index.ndim != 1 else \
+            _gathered(node, [int(i) for i in index])
+    if node.op_type == "Slice":
+        return _sliced(node, opset)
+    return None
+
+
+def ints(value: Value | None) -> np.ndarray | None:
+    """A constant integer input as int64, or None."""
+    data = value.constant() if value is not None else None
+    return data.astype(np.int64) if data is not None and data.dtype.kind in "iu" else None
+
+
+def known_rank(x: Value) -> int | None:
+    return len(x.shape) if x.shape is not None and x.type_proto is None else None
+
+
+def _shape_range(shape: Node | None) -> tuple[Value, list[int]] | None:
+    """(x, the dims Shape(x) returns with its start/end), or None."""
+    if shape is None or not shape.is_onnx or shape.op_type != "Shape" or shape.input(0) is None:
+        return None
+    x = shape.input(0)
+    rank = known_rank(x)
+    if rank is None:  # where a start or end counted from the back falls
+        return None
+    start, end = shape.attr("start", 0), shape.attr("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return x, list(range(start, end))
+
+
+def _gathered(gather: Node, indices: list[int]) -> tuple[Value, list[int]] | None:
+    """(x, the dims Gather(Shape(x), indices) picks), or None."""
+    source = gather.input(0)
+    if gather.attr("axis", 0) not in (0, -1) or source is None:
+        return None
+    read = _shape_range(source.producer)
+    if read is None:
+        return None
+    x, dims = read
+    if any(not -len(dims) <= i < len(dims) for i in indices):
+        return None
+    return x, [dims[i] for i in indices]
+
+
+def _sliced(node: Node, opset: int) -> tuple[Value, list[int]] | None:
+    """(x, the dims Slice(Shape(x), a, b) with step 1 picks), or None."""
+    from graphopt.passes.fold_shapes import slice_indices
+
+    if opset < 10:
+        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes", [0])
+        steps = [1]
+    else:
+        starts, ends = ints(node.input(1)), ints(node.input(2))
+        axes = ints(node.input(3)) if node.input(3) is not None else [0]
+        steps = ints(node.input(4)) if node.input(4) is not None else [1]
+    source = node.input(0)
+    if source is None or starts is None or ends is None or axes is None or steps is None:
+        return None
+    if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or list(steps) != [1]:
+        return None
+    read = _shape_range(source.producer)
+    if read is None:
+        return None
+    x, dims = read
+    return x, [dims[i] for i in slice_indices(len(dims), int(starts[0]), int(ends[0]), 1)]
