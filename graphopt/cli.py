@@ -22,7 +22,9 @@ from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_types import input_shapes, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError
-from graphopt.terminal_text import ClosedStreamError, escaped_output
+from graphopt.help_format import HelpFormatter
+from graphopt.terminal_text import (ClosedStreamError, OutputFailed, ReaderGone, escaped_output,
+                                    silence_stdout)
 
 EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.om
@@ -56,7 +58,7 @@ def _add_optimize(sub) -> None:
         description="Import an ONNX model, run an optimization pipeline and write the result: "
                     "optimized ONNX for `-o x.onnx`, graphopt's artifact for `-o x.om`. "
                     "Ends with a summary of passes and op-type changes.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("model", help="input .onnx file (external data next to it is loaded)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="output path: .onnx for ONNX, .om for the graphopt artifact")
@@ -376,6 +378,7 @@ def _add_zoo(sub) -> None:
                        description="Deterministic model builders (no downloads) that look like "
                                    "PyTorch exports.")
     zoo_sub = p.add_subparsers(dest="zoo_command", required=True, metavar="{list,build}")
+    p.commands = zoo_sub.choices  # for errors: `zoo build`'s usage, not zoo's
     zoo_sub.add_parser("list", help="list the models").set_defaults(func=_cmd_zoo_list)
     build = zoo_sub.add_parser("build", help="build one model into an .onnx file")
     build.add_argument("name", help="model name from `graphopt zoo list`")
@@ -412,7 +415,13 @@ def _cmd_zoo_build(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with graphopt's one-line error format (exit status 2 for usage errors)."""
+    """argparse with graphopt's one-line error format (exit status 2 for usage errors), and
+    without abbreviated options: `run --output y.npz` quietly meant `--outputs`, and a later
+    option sharing a prefix would change what a script's abbreviation means."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         if self.prog == "graphopt":  # no or unknown command: the usage line is the best help
@@ -426,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="graphopt",
         description="graphopt: an ahead-of-time graph compiler for ONNX models.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
     parser.add_argument("--version", action="version", version=f"graphopt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser)
@@ -476,14 +485,27 @@ def main(argv: list[str] | None = None) -> int:
     # encoding lacks (nor a closed stdout) fails a command; --help included.
     with escaped_output():
         try:
-            args = _parse(argv)
+            try:
+                args = _parse(argv)
+            finally:  # --help's text: a reader gone is found here, not at the interpreter's exit
+                sys.stdout.flush()
         except KeyboardInterrupt:
             print("graphopt: interrupted", file=sys.stderr)
             return 130
-        except ClosedStreamError as e:  # --help into a closed stdout
+        except (ClosedStreamError, OutputFailed) as e:  # --help into a closed stdout
             print(f"graphopt: error: {e}", file=sys.stderr)
             return 1
+        except ReaderGone:
+            return _reader_gone()
         return _run_command(args)
+
+
+def _reader_gone() -> int:
+    """The exit status of a command whose output's reader went away (`| head -1`): as a
+    program killed by SIGPIPE, which is what a shell's pipeline status (and `set -o
+    pipefail`) expect; what is still buffered goes nowhere."""
+    silence_stdout()
+    return 128 + signal.SIGPIPE
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -496,8 +518,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         getattr(args, more).extend(text for text in extra if not text.startswith("-"))
         extra = [text for text in extra if text.startswith("-")]
     if extra:  # reported by the command's parser: its usage, not graphopt's, is the help
-        parser.commands.get(getattr(args, "command", None), parser).error(
-            f"unrecognized arguments: {' '.join(extra)}")
+        command = parser.commands.get(getattr(args, "command", None), parser)
+        nested = getattr(command, "commands", {})  # kb export, zoo build: theirs
+        command = nested.get(getattr(args, f"{args.command}_command", None), command)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 
@@ -517,7 +541,9 @@ def _run_command(args) -> int:
     """The command's exit status; errors are reported in one line, tracebacks only on request."""
     try:
         with _terminate_as_interrupt():
-            return args.func(args)
+            status = args.func(args)
+            sys.stdout.flush()  # a reader gone, a full disk: reported here, not at exit
+            return status
     except UsageError as e:
         print(f"graphopt: error: {e}", file=sys.stderr)
         return 2
@@ -530,10 +556,9 @@ def _run_command(args) -> int:
     except KeyboardInterrupt:
         print("graphopt: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
-        sys.stderr.close()
-        return 0
-    except ClosedStreamError as e:  # started with `>&-`: as `cat` says, the write failed
+    except ReaderGone:  # output piped into `head` and the like: stop quietly
+        return _reader_gone()
+    except (ClosedStreamError, OutputFailed) as e:  # started with `>&-`, or a full disk
         print(f"graphopt: error: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 
 from graphopt.cli_types import input_shapes, target_name, tolerance
 from graphopt.errors import one_line
+from graphopt.help_format import HelpFormatter
 
 EXAMPLES = """examples:
   graphopt bisect model.onnx                        # -O2, seeded random inputs
@@ -34,7 +34,7 @@ def add_bisect_parser(sub) -> None:
                     "break. Prints that rewrite's pass run, rule and anchor node, and the printed\n"
                     "IR around it before and after. A pass that breaks outputs without asking\n"
                     "the rewrite gate is reported at pass granularity.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("model", help="the .onnx model whose optimized outputs are wrong")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level 0-3 (default 2)")

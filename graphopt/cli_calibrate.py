@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import target_name
+from graphopt.cli_types import positive_thread_count, target_name
 from graphopt.errors import OptionError
+from graphopt.help_format import HelpFormatter
 from graphopt.table import format_table
 
 
@@ -20,7 +20,7 @@ def add_calibrate_parser(sub) -> None:
                     "ORT_ENABLE_ALL, "
                     "fits peak GFLOP/s, bandwidth and per-node overhead per op class, prints "
                     "them and writes them as JSON, which the CPU cost model then reads.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="examples:\n"
                "  graphopt calibrate --target cpu\n"
                "  graphopt calibrate --target cpu --quick -o calib.json --threads 2\n")
@@ -28,7 +28,7 @@ def add_calibrate_parser(sub) -> None:
                    help="the target to calibrate; only 'cpu' (the machine this runs on)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write the JSON (default: ~/.cache/graphopt/calibration-cpu.json)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
+    p.add_argument("--threads", type=positive_thread_count, default=1, metavar="N",
                    help="onnxruntime intra-op threads (default 1, as the benches report)")
     p.add_argument("--quick", action="store_true",
                    help="smaller kernels and a ~3 s budget instead of ~12 s")
@@ -47,8 +47,6 @@ def _cmd_calibrate(args) -> int:
             "run on the machine graphopt runs on, and no NPU device is attached here; an NPU "
             "target's figures come from its profile (`graphopt targets "
             f"{args.target}`)")
-    if args.threads < 1:
-        raise OptionError(f"--threads must be ≥ 1, got {args.threads}")
     if args.output:  # checked before the benchmarks, which take seconds
         check_output_path("-o", args.output)
     else:  # the default file's folder, created now (HOME may be unset, a file, read-only)
@@ -67,12 +65,12 @@ def _cmd_calibrate(args) -> int:
           f"{' (quick)' if args.quick else ''}…", file=sys.stderr, flush=True)
     result = calibrate(threads=args.threads, seconds_budget=3.0 if args.quick else 12.0,
                        quick=args.quick, progress=progress)
+    path = result.save(args.output or default_path())  # before the table: `| head` stops there
     rows = [[cls, f"{c.peak_gflops:.1f}", f"{c.bandwidth_gbs:.1f}", f"{c.overhead_us:.2f}"]
             for cls, c in result.constants.items()]
     print(format_table(["op class", "peak GFLOP/s", "bandwidth GB/s", "overhead µs"], rows,
                        title=f"cpu: {result.cpu_model}, onnxruntime {result.onnxruntime_version}, "
                              f"{result.threads} thread(s)"))
     print(f"fixed cost per session run: {result.run_overhead_us:.1f} µs")
-    path = result.save(args.output or default_path())
     print(f"wrote {path}")
     return 0

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import cosine, input_shapes, non_negative_int, tolerance
 from graphopt.errors import OptionError
+from graphopt.help_format import HelpFormatter
 
 EXAMPLES = """examples:
   graphopt compare model.onnx model.om                       # outputs on seeded random inputs
@@ -31,7 +31,7 @@ def add_compare_parser(sub) -> None:
                     "compute under the same name with the same shape, in the candidate's order.\n"
                     "A candidate .onnx that graphopt quantized or cast to half runs at\n"
                     "ORT_ENABLE_ALL, as deployed: its QDQ pairs become int8 kernels only there.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("reference", help="the reference .onnx model")
     p.add_argument("candidate", help="the model to check: .onnx or a compiled .om")
     p.add_argument("--inputs", metavar="NPZ",
@@ -113,13 +113,13 @@ def _cmd_compare(args) -> int:
     report = compare_models(
         reference, candidate, args.inputs, per_tensor=args.per_tensor, **judge,
         seed=0 if args.seed is None else args.seed, input_shapes=args.input_shape)
+    if args.csv:  # before the report: a reader that stops early (`| head`) must not cost it
+        write_csv(report, args.csv)
     print(report_json(report) if args.json else format_report(report))
     if note and not args.json:
         print(f"note: {note}")
     if not report.passed and not args.json and args.min_cosine is None:
         _winograd_note(pass_log)
-    if args.csv:
-        write_csv(report, args.csv)
-        if not args.json:
-            print(f"wrote {args.csv}")
+    if args.csv and not args.json:
+        print(f"wrote {args.csv}")
     return 0 if report.passed else 1

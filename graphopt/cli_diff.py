@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from graphopt.cli_types import non_negative_int, target_name
 from graphopt.errors import OptionError, UsageError
+from graphopt.help_format import HelpFormatter
 
 EXAMPLES = """examples:
   graphopt diff model.onnx model.opt.onnx
   graphopt optimize model.onnx -o out.onnx --dump-dir dump --dump-format onnx
-  graphopt diff dump/011_SimplifySlicing.onnx dump/012_FuseConvBatchNorm.onnx
+  ls dump                           # one file per pass run, numbered in order
+  graphopt diff dump/023_SimplifySlicing.onnx dump/024_FuseConvBatchNorm.onnx
   graphopt diff model.onnx --pass FuseConvBatchNorm
   graphopt diff model.onnx --pass FoldConstants --all-runs -O3 --json
 """
@@ -25,7 +26,7 @@ def add_diff_parser(sub) -> None:
                     "initializers, and op-type counts. With --pass, compile one model and "
                     "compare its graph right before and right after the first run of that "
                     "pass that changed it.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("models", nargs="+", metavar="MODEL",
                    help="two .onnx files (A, then B), or one with --pass")
     p.add_argument("--pass", dest="pass_name", metavar="NAME",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from graphopt.cli_types import input_shapes, target_name
+from graphopt.help_format import HelpFormatter
 
 
 def add_partition_parser(sub) -> None:
@@ -15,7 +15,7 @@ def add_partition_parser(sub) -> None:
                     "of the target and print the partition table and, for every node left on the "
                     "host CPU, the reason (unsupported op, dtype, rank, attribute, dynamic shape, "
                     "or an NPU island whose transfers cost more than it saves).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="examples:\n"
                "  graphopt partition yolo.onnx --target ascend310\n"
                '  graphopt partition bert.onnx --target ascend910b --input-shape "input_ids:1,128"\n')

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import input_shapes, non_negative_int, positive_int
-from graphopt.errors import OptionError
+from graphopt.cli_types import input_shapes, non_negative_int, positive_int, thread_count
+from graphopt.help_format import HelpFormatter
 
 EXAMPLES = """examples:
   graphopt profile model.om                         # the levels and partitions `graphopt run` uses
@@ -36,7 +35,7 @@ def add_profile_parser(sub) -> None:
                     "(Spearman rank correlation over kernels); then advice: bottleneck op types\n"
                     "(memory-, compute- or overhead-bound by the roofline), fusable patterns left\n"
                     "unfused, nodes that fell back to the CPU and layout conversions.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("model", help="an .onnx model or a compiled .om artifact")
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input (default: seeded random data)")
@@ -48,14 +47,14 @@ def add_profile_parser(sub) -> None:
                    help=f"profiled runs (default {DEFAULT_REPEAT})")
     p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
                    help=f"untimed runs first, left out of the profile (default {DEFAULT_WARMUP})")
-    p.add_argument("--threads", type=non_negative_int, metavar="T",
+    p.add_argument("--threads", type=thread_count, metavar="T",
                    help="onnxruntime intra-op threads (default: onnxruntime chooses, as "
                         "`graphopt run` does)")
-    p.add_argument("--level", metavar="LEVEL",
+    p.add_argument("--level", metavar="LEVEL", choices=LEVELS,
                    help=f"onnxruntime optimization level: {', '.join(LEVELS)} (default: for an "
                         ".om each partition's recorded level, as `graphopt run` uses; all for "
                         "an .onnx)")
-    p.add_argument("--top", type=int, default=10, metavar="K",
+    p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="kernels listed in the top table (default 10)")
     p.add_argument("--calibration", metavar="FILE",
                    help="cost-model constants from `graphopt calibrate` (default: its default "
@@ -77,8 +76,6 @@ def _cmd_profile(args) -> int:
     from graphopt.tools.profile import profile_model
     from graphopt.tools.profile_report import format_profile
 
-    if args.top < 1:
-        raise OptionError(f"--top must be at least 1, got {args.top}")
     if args.trace:
         check_output_path("--trace", args.trace, {"the model": args.model,
                                                   "--inputs": args.inputs,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import input_shapes
 from graphopt.errors import OptionError
+from graphopt.help_format import HelpFormatter
 
 EXAMPLES = """examples:
   graphopt report model.om -o report.html
@@ -29,7 +29,7 @@ def add_report_parser(sub) -> None:
                     "the graph coloured by partition, the pass log, the memory plans, placement\n"
                     "and fallbacks, NPU kernel configs, and optionally the tuning history\n"
                     "(--tuning-db) and an accuracy check against the source model (--reference).",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("model", help="the compiled .om")
     p.add_argument("-o", "--output", metavar="FILE.html",
                    help="where to write the page (default: the .om's name with .html)")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import non_negative_int, positive_int
+from graphopt.cli_types import non_negative_int, positive_int, thread_count
 from graphopt.errors import InputError, OptionError, one_line
+from graphopt.help_format import HelpFormatter
 from graphopt.warning_scope import warnings_as
 
 DEFAULT_WARMUP = 3
@@ -37,7 +37,7 @@ def add_run_parser(sub) -> None:
                     "many runs after a warmup and print latency percentiles instead.\n\n"
                     "Without --inputs the inputs are seeded random data shaped by the artifact's\n"
                     "signature, which needs every input dim to be static.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES)
+        formatter_class=HelpFormatter, epilog=RUN_EXAMPLES)
     p.add_argument("model", help="the compiled .om artifact")
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input, named like the input (default: "
@@ -50,7 +50,7 @@ def add_run_parser(sub) -> None:
     p.add_argument("--warmup", type=non_negative_int, metavar="N",
                    help=f"untimed runs before the timed ones (default {DEFAULT_WARMUP}; "
                         "needs --repeat)")
-    p.add_argument("--threads", type=non_negative_int, metavar="N",
+    p.add_argument("--threads", type=thread_count, metavar="N",
                    help="onnxruntime intra-op threads per partition (default: onnxruntime "
                         "chooses, usually one per core)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
@@ -72,7 +72,7 @@ def add_inspect_parser(sub) -> None:
                     "member's checksum is verified first.\n\n"
                     "Given an .onnx model instead, print its signature, opsets, op counts and\n"
                     "weight bytes.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=INSPECT_EXAMPLES)
+        formatter_class=HelpFormatter, epilog=INSPECT_EXAMPLES)
     p.add_argument("model", help="an .om artifact or an .onnx model")
     p.add_argument("--json", action="store_true",
                    help="print JSON: for an .om the manifest plus per-partition op counts")
@@ -143,6 +143,9 @@ def _cmd_run(args) -> int:
             raise InputError(f"--inputs {args.inputs}: {exc}") from None
 
     outputs, first_seconds = timed(lambda: session.run(feeds))
+    types = {e["name"]: e["type"] for e in session.outputs if "type" in e}
+    # Written before anything is printed: a reader that stops early (`| head`) must not cost it.
+    written = _write_outputs(args.outputs, outputs, types) if args.outputs else None
     print(one_line(f"{args.model}: loaded in {_ms(load_seconds)}, first run "
                    f"{_ms(first_seconds)}"))
     if session.profiles:
@@ -152,7 +155,6 @@ def _cmd_run(args) -> int:
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
         print(one_line(f"shape profile {chosen} ({dims_label(dims)}) of "
                        f"{len(session.artifact.profiles)}"))
-    types = {e["name"]: e["type"] for e in session.outputs if "type" in e}
     if args.repeat is not None:
         samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
         threads = "onnxruntime's default threads" if not args.threads else f"{args.threads} thread(s)"
@@ -161,25 +163,26 @@ def _cmd_run(args) -> int:
     else:
         print()
         print(format_outputs(outputs, types))
-    if args.outputs:
-        _write_outputs(args.outputs, outputs, types)
+    if written is not None:
+        print(written)
     return 0
 
 
-def _write_outputs(path: str, outputs: dict, types: dict[str, str]) -> None:
-    """Save the tensor outputs to an .npz; a sequence, map or empty optional, which an .npz
-    cannot hold, is named as left out."""
+def _write_outputs(path: str, outputs: dict, types: dict[str, str]) -> str:
+    """Save the tensor outputs to an .npz; returns the lines that say so, naming a sequence,
+    map or empty optional, which an .npz cannot hold, as left out."""
     import numpy as np
 
     from graphopt.codegen.feeds import output_label, save_npz
 
     arrays = {name: value for name, value in outputs.items() if isinstance(value, np.ndarray)}
     save_npz(path, arrays)
-    print(f"\nwrote {path}: {', '.join(arrays) or 'no tensors'}")
+    text = f"\nwrote {path}: {', '.join(arrays) or 'no tensors'}"
     left = [f"{name} ({output_label(value, types.get(name))})" for name, value in outputs.items()
             if name not in arrays]
     if left:
-        print(f"note: not written, an .npz holds only tensors: {', '.join(left)}")
+        text += f"\nnote: not written, an .npz holds only tensors: {', '.join(left)}"
+    return text
 
 
 def _profile_signature(session) -> list[dict]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import TYPE_CHECKING
 
 from graphopt.errors import OptionError, one_line
+from graphopt.help_format import HelpFormatter
 from graphopt.table import format_table
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` builds this parser without them
@@ -19,7 +19,7 @@ def add_targets_parser(sub) -> None:
         description="Without an argument, a table of the built-in targets. With a name or a "
                     "profile .json, its devices, engines, buffers, cube shapes, figures (each "
                     "with its source) and op table by engine.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="examples:\n"
                "  graphopt targets\n"
                "  graphopt targets ascend310\n"

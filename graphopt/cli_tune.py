@@ -3,13 +3,13 @@ tuning knowledge base: list, export, import)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import (input_shapes, non_negative_int, positive_int, positive_seconds,
-                                seed, target_name)
+from graphopt.cli_types import (input_shapes, positive_int, positive_seconds, seed,
+                                target_name, thread_count)
 from graphopt.errors import OptionError
+from graphopt.help_format import HelpFormatter
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
 
@@ -53,7 +53,7 @@ def add_tune_parser(sub) -> None:
                     "NPU cost model. Subgraph tuning: one study over the compile's fusion and "
                     "layout decisions. Results go to the knowledge base that `graphopt "
                     "optimize --tuning-db` reads.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TUNE_EXAMPLES)
+        formatter_class=HelpFormatter, epilog=TUNE_EXAMPLES)
     p.add_argument("model", help="input .onnx file")
     p.add_argument("--target", type=target_name, required=True, metavar="NAME|FILE",
                    help="the target (`graphopt targets` lists them); op tuning needs an NPU")
@@ -72,7 +72,7 @@ def add_tune_parser(sub) -> None:
                         "or also per output shape (a finer, bigger space)")
     p.add_argument("--repeat", type=positive_int, default=20, metavar="N",
                    help="--objective measured: timed runs per candidate (default 20)")
-    p.add_argument("--threads", type=non_negative_int, metavar="N",
+    p.add_argument("--threads", type=thread_count, metavar="N",
                    help="--objective measured: onnxruntime intra-op threads (default: its own)")
     p.add_argument("--trials", type=positive_int, default=50, metavar="N",
                    help="new trials per kernel signature, or of the subgraph study (default 50)")
@@ -178,17 +178,17 @@ def _cmd_tune(args) -> int:
     store = open_storage(url, option=_storage_option(args))
     line = ProgressLine(not args.quiet)
     results = []
-    for i, group in enumerate(kernels, 1):
-        def progress(done: int, total: int, best: float, i=i) -> None:
-            line.update(f"kernel {i}/{len(kernels)}  trial {done}/{total}  "
-                        f"best {best * 1e6:.2f} µs", done, total)
+    with line:  # ended on Ctrl-C too: "graphopt: interrupted" gets a line of its own
+        for i, group in enumerate(kernels, 1):
+            def progress(done: int, total: int, best: float, i=i) -> None:
+                line.update(f"kernel {i}/{len(kernels)}  trial {done}/{total}  "
+                            f"best {best * 1e6:.2f} µs", done, total)
 
-        results.append(tune_kernel(
-            group.shape, partitioning.target.device(group.device), trials=args.trials,
-            timeout=args.timeout, seed=args.seed, storage=store, study_name=args.study,
-            sampler=args.sampler, progress=progress, target=args.target,
-            op_class=group.signature.split("/")[1], workers=args.workers))
-    line.finish()
+            results.append(tune_kernel(
+                group.shape, partitioning.target.device(group.device), trials=args.trials,
+                timeout=args.timeout, seed=args.seed, storage=store, study_name=args.study,
+                sampler=args.sampler, progress=progress, target=args.target,
+                op_class=group.signature.split("/")[1], workers=args.workers))
     rows = [[g.signature, len(g.nodes), f"{r.default[1] * 1e6:.2f}", f"{r.best[1] * 1e6:.2f}",
              f"{r.speedup:.3f}", r.trials, str(r.best[0])] for g, r in zip(kernels, results)]
     print(format_table(["kernel signature", "nodes", "default µs", "tuned µs", "speedup",
@@ -227,6 +227,7 @@ def add_kb_parser(sub) -> None:
                                    "kernel signature. Export writes each signature's best "
                                    "tiling as JSON; import adds them as completed trials.")
     kb_sub = p.add_subparsers(dest="kb_command", required=True, metavar="{list,export,import}")
+    p.commands = kb_sub.choices  # for errors: `kb export`'s usage, not kb's
     ls = kb_sub.add_parser("list", help="one row per kernel signature")
     _storage_args(ls, db_only=True)
     ls.set_defaults(func=_cmd_kb_list)

@@ -31,10 +31,10 @@ def cmd_tune_subgraph(args, storage) -> int:
     checked_target(job)  # before saying that the work starts
     if not args.quiet:
         print(f"recording the default compile's decisions ({args.objective})…", file=sys.stderr)
-    result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
-                           storage=url, study_name=args.study, sampler=args.sampler,
-                           progress=progress, workers=args.workers)
-    line.finish()
+    with line:  # ended on Ctrl-C too: "graphopt: interrupted" gets a line of its own
+        result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
+                               storage=url, study_name=args.study, sampler=args.sampler,
+                               progress=progress, workers=args.workers)
     print(format_table(["partition", "decision", "rewrites", "default", "tuned"],
                        _decision_rows(result),
                        title=f"subgraph tuning on {args.target} -O{args.level} "

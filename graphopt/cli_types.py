@@ -29,6 +29,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+# onnxruntime starts every thread it is asked for: 100000 took 16 GB and ignored SIGTERM.
+THREAD_LIMIT = 1024
+
+
+def thread_count(text: str) -> int:
+    """onnxruntime's intra-op threads: 0 (its default) to THREAD_LIMIT."""
+    value = non_negative_int(text)
+    if value > THREAD_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is too many; give 0 to {THREAD_LIMIT}")
+    return value
+
+
+def positive_thread_count(text: str) -> int:
+    """A thread count from 1 to THREAD_LIMIT."""
+    value = _integer(text)
+    if not 1 <= value <= THREAD_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 to {THREAD_LIMIT}")
+    return value
+
+
 SEED_LIMIT = 2 ** 32  # numpy's RandomState, which Optuna's samplers seed, takes seeds below it
 
 

@@ -7,8 +7,9 @@ import sys
 
 
 class ProgressLine:
-    """`update(text, done, total)` as the work advances, `finish()` after it; silent when
-    `enabled` is False (--quiet)."""
+    """`update(text, done, total)` as the work advances, `finish()` after it (or the work in a
+    `with` block, which finishes however it ends); silent when `enabled` is False
+    (--quiet)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -27,10 +28,18 @@ class ProgressLine:
             self._width = max(self._width, len(text))
             self._shown = True
             return
+        # Workers' progress is polled: the same count comes again and again, the last
+        # one included, and is shown once.
         tenth = done * 10 // max(total, 1)
-        if tenth != self._tenth or done >= total:
+        if tenth != self._tenth:
             self._tenth = tenth
             print(text, file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "ProgressLine":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.finish()
 
     def finish(self) -> None:
         """End a terminal's updating line: what follows starts on a line of its own."""

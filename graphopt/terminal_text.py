@@ -1,6 +1,6 @@
 """Standard streams as a command sees them: control characters escaped, characters the
-stream's encoding lacks written as backslash escapes, and a stream the process was started
-without an error on use.
+stream's encoding lacks written as backslash escapes, a stream the process was started
+without an error on use, and a failed write to standard output an error of its own.
 
 A name read from a model, a manifest or a target file may hold any character. Printed raw, an
 escape sequence in it acts on the user's terminal (retitles it, clears it, recolours what
@@ -28,21 +28,51 @@ def escape_controls(text: str) -> str:
     return text.translate(_ESCAPES)
 
 
-class EscapingStream:
-    """A text stream's stand-in that escapes control characters in what is written to it."""
+class ReaderGone(Exception):
+    """Standard output's reader went away (`graphopt … | head -1`). Not an OSError, which a
+    command's own file handling would take for a failure of its files."""
 
-    def __init__(self, stream) -> None:
+
+class OutputFailed(Exception):
+    """A write to standard output failed (a full disk behind `> out.txt`). Not an OSError, as
+    for ReaderGone."""
+
+
+class EscapingStream:
+    """A text stream's stand-in that escapes control characters in what is written to it;
+    for standard output (`checked`), a failed write raises ReaderGone or OutputFailed."""
+
+    def __init__(self, stream, checked: bool = False) -> None:
         self._stream = stream
+        self._checked = checked
 
     def write(self, text: str) -> int:
-        self._stream.write(text.translate(_ESCAPES))
+        with self._failures():
+            self._stream.write(text.translate(_ESCAPES))
         return len(text)
+
+    def flush(self) -> None:
+        with self._failures():
+            self._stream.flush()
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        if not self._checked:
+            yield
+            return
+        try:
+            yield
+        except BrokenPipeError:
+            raise ReaderGone from None
+        except OSError as exc:
+            raise OutputFailed(f"cannot write to standard output: {exc.strerror or exc}") \
+                from None
 
     def writelines(self, lines) -> None:
         for line in lines:
             self.write(line)
 
-    def __getattr__(self, name: str):  # flush, isatty, fileno, encoding, buffer, close, …
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, buffer, close, …
         return getattr(self._stream, name)
 
 
@@ -93,7 +123,7 @@ def escaped_output() -> Iterator[None]:
             stream.reconfigure(errors="backslashreplace")
     devnull = open(os.devnull, "w") if sys.stderr is None else None  # noqa: SIM115
     sys.stdin = sys.stdin or ClosedStream("input")
-    sys.stdout = EscapingStream(sys.stdout or ClosedStream("output"))
+    sys.stdout = EscapingStream(sys.stdout or ClosedStream("output"), checked=True)
     sys.stderr = EscapingStream(sys.stderr or devnull)
     try:
         yield
@@ -104,3 +134,12 @@ def escaped_output() -> Iterator[None]:
                 stream.reconfigure(errors=mode)
         if devnull is not None:
             devnull.close()
+
+
+def silence_stdout() -> None:
+    """Point standard output at os.devnull, so that what is still buffered for a reader that
+    went away is not written (and failed) again when the interpreter exits."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+        os.close(devnull)

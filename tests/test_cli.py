@@ -955,3 +955,38 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
 
     assert cli_module._run_command(types.SimpleNamespace(func=command)) == status
     assert capsys.readouterr().err == message
+
+
+@pytest.mark.parametrize("argv, message", [
+    # an abbreviation is not an option: --output is not run's --outputs
+    (["run", "m.om", "--output", "y.npz"], "run: unrecognized arguments: --output y.npz "
+                                           "(see graphopt run --help)"),
+    (["optimize", "m.onnx", "-o", "m.om", "--tuning", "kb.db"],
+     "optimize: unrecognized arguments: --tuning kb.db"),
+    # a nested command's error points at its own help
+    (["kb", "export", "k.json", "--bogus"], "kb export: unrecognized arguments: --bogus "
+                                            "(see graphopt kb export --help)"),
+    (["zoo", "build", "tiny", "--bogus"], "(see graphopt zoo build --help)"),
+    # onnxruntime starts every thread asked for
+    (["run", "m.om", "--threads", "100000"], "argument --threads: 100000 is too many; give 0 "
+                                             "to 1024"),
+    (["calibrate", "--threads", "0"], "argument --threads: 0 is not allowed; give 1 to 1024"),
+])
+def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
+    from helpers import run_cli
+
+    status, _, err = run_cli(capsys, *argv)
+    assert status == 2 and message in err, err
+
+
+def test_help_wraps_to_the_terminal_and_keeps_the_examples(monkeypatch):
+    from graphopt.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = build_parser()
+    for name, command in parser.commands.items():
+        text = command.format_help()
+        described = text.partition("examples:")[0]
+        assert max(map(len, described.splitlines())) <= 80, name
+        for line in (command.epilog or "").splitlines():  # laid out by hand: kept as written
+            assert line in text.splitlines(), (name, line)

@@ -180,3 +180,51 @@ def test_a_closed_stdout_or_stdin_is_a_one_line_error(tmp_path):
     done = _graphopt("--help", shell_redirect=f">&- 2>{err}")  # argparse swallows OSErrors
     assert done.returncode == 1 and err.read_text() == ("graphopt: error: standard output is "
                                                         "closed\n")
+
+
+def _graphopt_reader_gone(*argv, env: dict) -> tuple[int, str]:
+    """`python -m graphopt ARGV` whose standard output's reader has gone before it writes:
+    (exit status, standard error)."""
+    process = subprocess.Popen([sys.executable, "-m", "graphopt", *map(os.fspath, argv)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, **env})
+    process.stdout.close()
+    _, err = process.communicate(timeout=120)
+    return process.returncode, err.decode()
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_reader_that_goes_away_ends_the_command_as_sigpipe_would(tmp_path, unbuffered):
+    # `graphopt … | head -1`: no "Exception ignored" at exit (status 120), no status 0 that
+    # hides a failed check, and the files the command writes are written first.
+    model = tmp_path / "m.onnx"
+    onnx.save(evil_model(), model)
+    assert _graphopt("optimize", model, "-o", tmp_path / "m.om").returncode == 0
+    env = {"PYTHONUNBUFFERED": unbuffered}
+    for argv in (["passes"], ["--help"], ["inspect", tmp_path / "m.om"]):
+        assert _graphopt_reader_gone(*argv, env=env) == (141, ""), argv
+    status, err = _graphopt_reader_gone("run", tmp_path / "m.om", "--outputs",
+                                        tmp_path / "y.npz", "--inputs", _feeds(tmp_path),
+                                        env=env)
+    assert (status, err) == (141, "") and (tmp_path / "y.npz").exists()
+
+
+def _feeds(folder) -> str:
+    import numpy as np
+
+    from graphopt import numerics
+
+    path = os.path.join(folder, "x.npz")
+    np.savez(path, **numerics.random_feeds(evil_model(), seed=0))
+    return path
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_a_full_disk_behind_stdout_is_a_one_line_error(tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(evil_model(), model)
+    err = tmp_path / "err.txt"
+    done = _graphopt("inspect", model, shell_redirect=f">/dev/full 2>{err}")
+    assert done.returncode == 1
+    assert err.read_text() == ("graphopt: error: cannot write to standard output: No space left "
+                               "on device\n")

@@ -259,7 +259,9 @@ def test_cli_errors(tiny, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "profile", tmp_path / "missing.onnx")
     assert rc == 1 and "missing.onnx: no such file" in err
     rc, _, err = run_cli(capsys, "profile", tiny[0], "--level", "fast")
-    assert rc == 1 and "--level 'fast' is not one of" in err
+    assert rc == 2 and "argument --level: invalid choice: 'fast'" in err  # a usage error
+    rc, _, err = run_cli(capsys, "profile", tiny[0], "--top", "0")
+    assert rc == 2 and "argument --top: 0 is not allowed" in err
     rc, _, err = run_cli(capsys, "profile", tiny[0], "--trace", tmp_path / "no" / "t.json")
     assert rc == 1 and "--trace" in err and "does not exist" in err
     junk = tmp_path / "junk.om"

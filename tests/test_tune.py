@@ -420,6 +420,9 @@ def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
     err = capsys.readouterr().err
     assert "\r" not in err
     assert err.splitlines() == [f"trial {done}/100" for done in (1, *range(10, 101, 10))]
+    for _ in range(3):  # workers' progress is polled: the last count comes again
+        line.update("trial 100/100", 100, 100)
+    assert capsys.readouterr().err == ""
     quiet = ProgressLine(enabled=False)
     quiet.update("trial 1/1", 1, 1)
     assert capsys.readouterr().err == ""
@@ -438,6 +441,17 @@ def test_progress_on_a_terminal_covers_a_longer_earlier_line(capsys):
     first, last = err.rstrip("\n").split("\r")[1:]
     shown = last + first[len(last):]
     assert shown.rstrip() == "trial 2/2, best 9.50 µs"
+
+
+def test_progress_on_a_terminal_ends_its_line_when_the_work_is_interrupted(capsys):
+    from graphopt.progress import ProgressLine
+
+    line = ProgressLine()
+    line.terminal = True
+    with pytest.raises(KeyboardInterrupt), line:
+        line.update("trial 9/200", 9, 200)
+        raise KeyboardInterrupt
+    assert capsys.readouterr().err.endswith("trial 9/200\n")  # "interrupted" starts a line
 
 
 def test_seeds_past_numpys_bound_wrap_and_the_cli_refuses_them(a310, tmp_path, capsys):
