@@ -441,6 +441,7 @@ def test_a_concat_of_consecutive_dims_is_one_shape(opset, rank, pieces, shape_at
     (["b = Unsqueeze(g0, ax)"], ["m1", "b", "c4"], 0),  # dim 0 at position 1
     (["b = Unsqueeze(o0, ax)"], ["b", "m1", "c4"], 0),  # another value's dim, equal or not
     (["b = Gather(so, first2)"], ["b", "c4"], 0),  # another value's dims, by a 1-D Gather
+    (["b = Slice(s, i0, i1)"], ["b", "m1", "c4"], 0),  # scalar bounds, where ONNX wants lists
     (["b = Unsqueeze(g0, ax)", "n = Neg(m1)"], ["b", "n", "c4"], 0),  # a computed entry
     (["b = Unsqueeze(g0, ax)"], ["b", "m1", "c4"], 1),  # allowzero: a 0 is a size
 ])

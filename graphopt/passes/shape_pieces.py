@@ -23,7 +23,7 @@ def dims_read(piece: Value, opset: int) -> tuple[Value, list[int]] | None:
     if node.op_type == "Shape":
         return _shape_range(node)
     if node.op_type == "Unsqueeze":  # of a scalar Gather: one dim
-        axes = ints(node.input(1)) if opset >= 13 else node.attr("axes")
+        axes = _list(node.input(1)) if opset >= 13 else node.attr("axes")
         inner = node.input(0)
         if axes is None or list(axes) not in ([0], [-1]) or inner is None:
             return None
@@ -45,6 +45,13 @@ def ints(value: Value | None) -> np.ndarray | None:
     """A constant integer input as int64, or None."""
     data = value.constant() if value is not None else None
     return data.astype(np.int64) if data is not None and data.dtype.kind in "iu" else None
+
+
+def _list(value: Value | None) -> list[int] | None:
+    """A constant 1-D integer input as a list, or None (a scalar where ONNX wants a list
+    included: the rewrite is not worth guessing what a runtime makes of it)."""
+    data = ints(value)
+    return None if data is None or data.ndim != 1 else [int(v) for v in data]
 
 
 def known_rank(x: Value) -> int | None:
@@ -87,9 +94,9 @@ def _sliced(node: Node, opset: int) -> tuple[Value, list[int]] | None:
         starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes", [0])
         steps = [1]
     else:
-        starts, ends = ints(node.input(1)), ints(node.input(2))
-        axes = ints(node.input(3)) if node.input(3) is not None else [0]
-        steps = ints(node.input(4)) if node.input(4) is not None else [1]
+        starts, ends = _list(node.input(1)), _list(node.input(2))
+        axes = _list(node.input(3)) if node.input(3) is not None else [0]
+        steps = _list(node.input(4)) if node.input(4) is not None else [1]
     source = node.input(0)
     if source is None or starts is None or ends is None or axes is None or steps is None:
         return None
