@@ -90,6 +90,8 @@ def _sliced(node: Node, dims: Shape, opset: int) -> np.ndarray | None:
         steps = _constant_ints(node.input(4)) if node.input(4) is not None else [1]
         if starts is None or ends is None or axes is None or steps is None:
             return None
+    if any(np.ndim(v) != 1 for v in (starts, ends, axes, steps)):
+        return None  # a scalar where ONNX wants a list
     if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or len(steps) != 1 \
             or int(steps[0]) == 0:
         return None
