@@ -23,6 +23,7 @@ from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_types import input_shapes, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError
 from graphopt.help_format import HelpFormatter
+from graphopt.option_names import command_line
 from graphopt.terminal_text import (ClosedStreamError, OutputFailed, ReaderGone, escaped_output,
                                     silence_stdout)
 
@@ -482,8 +483,9 @@ def _terminate_as_interrupt():
 
 def main(argv: list[str] | None = None) -> int:
     # Names from the models reach the messages: none acts on a terminal, and no character an
-    # encoding lacks (nor a closed stdout) fails a command; --help included.
-    with escaped_output():
+    # encoding lacks (nor a closed stdout) fails a command; --help included. Messages name the
+    # flags (--input-shape), where the library's name its keyword arguments (input_shapes).
+    with escaped_output(), command_line():
         try:
             try:
                 args = _parse(argv)

@@ -32,6 +32,7 @@ def add_targets_parser(sub) -> None:
 
 
 def _cmd_targets(args) -> int:
+    from graphopt.option_names import command_line
     from graphopt.partition.target import builtin_targets, load_target
 
     if args.target is None:
@@ -42,7 +43,8 @@ def _cmd_targets(args) -> int:
             print(format_targets(targets))
         return 0
     try:
-        target = load_target(args.target)
+        with command_line():  # as under graphopt.cli.main, whoever runs the command
+            target = load_target(args.target)
     except OptionError as e:  # the loader speaks of --target; here the name is an argument
         raise OptionError(str(e).removeprefix("--target ")) from None
     print(json.dumps(target_json(target), indent=2) if args.json else describe_target(target))

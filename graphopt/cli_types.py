@@ -90,9 +90,11 @@ def input_shapes(text: str) -> str:
     """--input-shape's `name:d0,d1,…;…`, checked for its form (the model is checked later)."""
     from graphopt.errors import OptionError
     from graphopt.input_shapes import parse_input_shapes
+    from graphopt.option_names import command_line
 
     try:
-        parse_input_shapes(text)
+        with command_line():  # its message speaks of --input-shape, whoever parses
+            parse_input_shapes(text)
     except OptionError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--input-shape: ")) from None
     return text

@@ -16,6 +16,7 @@ from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx
+from graphopt.option_names import option
 from graphopt.quant.calib_data import CalibrationShapeError
 from graphopt.quant.shared_stats import SharedStats
 from graphopt.shape_profiles import ShapeProfile, expand_profiles
@@ -47,7 +48,7 @@ def optimize_profiles(model, spec, options: dict):
     if feeds is not None and not any(_fits(feeds, profile) for profile in profiles):
         given = ", ".join(f"{name} {list(np.shape(feeds.get(name)))}"
                           for name in profiles[0].input_shapes)
-        raise InputError(f"--verify: --inputs ({given}) fit none of the shape profiles "
+        raise InputError(f"{option('verify')}: {option('inputs')} ({given}) fit none of the shape profiles "
                          f"({', '.join(map(_label, profiles))}): each profile is verified on "
                          "the inputs that fit it")
     dump_dir = options.get("dump_dir")
@@ -116,14 +117,15 @@ def _merge(pinned: dict[str, list[int]], profile: ShapeProfile) -> dict[str, lis
             merged[name] = list(dims)
             continue
         if len(base) != len(dims):
-            raise OptionError(f"--input-shape gives input '{name}' {len(base)} dims, the model "
+            raise OptionError(f"{option('input_shapes')} gives input '{name}' {len(base)} dims, "
+                              f"the model "
                               f"has {len(dims)}")
         for axis, (fixed, size) in enumerate(zip(base, dims)):
             if size == -1:
                 continue
             if fixed not in (-1, size):
-                raise OptionError(f"--input-shape pins input '{name}' dim {axis} to {fixed}, "
-                                  f"--dynamic-dims {profile.label} to {size}")
+                raise OptionError(f"{option('input_shapes')} pins input '{name}' dim {axis} to "
+                                  f"{fixed}, {option('dynamic_dims')} {profile.label} to {size}")
             base[axis] = size
     return merged
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from graphopt.api_args import path
 from graphopt.errors import OptionError
 from graphopt.input_shapes import format_input_shapes
+from graphopt.option_names import from_command_line, setting
 
 if TYPE_CHECKING:
     from graphopt.compiler import OptimizeResult
@@ -56,8 +57,9 @@ def knowledge_base(tuning_db) -> str | None:
     checked when it is opened)."""
     tuning_db = path(tuning_db, "tuning_db")
     if tuning_db is not None and "://" not in tuning_db and not os.path.isfile(tuning_db):
-        raise OptionError(f"--tuning-db {tuning_db}: no such knowledge base (`graphopt tune "
-                          "--tuning-db FILE` creates one)")
+        tune = "graphopt tune --tuning-db FILE" if from_command_line() else "graphopt tune"
+        raise OptionError(f"{setting('tuning_db', tuning_db)}: no such knowledge base (`{tune}` "
+                          "creates one)")
     return tuning_db
 
 

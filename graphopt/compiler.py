@@ -25,6 +25,7 @@ from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
 from graphopt.deprecated_ops import replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
+from graphopt.option_names import from_command_line, option, setting
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
@@ -91,25 +92,25 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     disabled = set(api_args.names(disable_passes, "disable_passes"))
     switch_file = api_args.path(switch_file, "switch_file")
     if switch_file:
-        disabled |= read_switch_file(switch_file)
+        disabled |= read_switch_file(switch_file, option("switch_file"))
     if isinstance(input_shapes, str):
         input_shapes = parse_input_shapes(input_shapes)
     else:
         input_shapes = validate_input_shapes(api_args.mapping(input_shapes, "input_shapes"))
-    fold_size_limit = api_args.size(fold_size_limit, "--fold-size-limit")
+    fold_size_limit = api_args.size(fold_size_limit, option("fold_size_limit"))
     dump_dir = api_args.path(dump_dir, "dump_dir")
     if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
-        raise OptionError(f"--dump-dir {dump_dir}: exists and is not a directory")
+        raise OptionError(f"{setting('dump_dir', dump_dir)}: exists and is not a directory")
     if dump_format not in DUMP_FORMATS:
-        raise OptionError(f"--dump-format {dump_format}: unknown format "
+        raise OptionError(f"{setting('dump_format', dump_format)}: unknown format "
                           f"(use {', '.join(DUMP_FORMATS)})")
     if dump_format != "text" and not dump_dir:
-        raise OptionError(f"--dump-format {dump_format} needs --dump-dir, the directory "
-                          "to dump into")
+        raise OptionError(f"{setting('dump_format', dump_format)} needs "
+                          f"{option('dump_dir')}, the directory to dump into")
     trace_rules = set(api_args.names(trace_rules, "trace_rules"))
     unknown = sorted(trace_rules - set(RULES))
     if unknown:
-        raise OptionError(f"--trace-rule: unknown rule {', '.join(unknown)} "
+        raise OptionError(f"{option('trace_rules')}: unknown rule {', '.join(unknown)} "
                           "(`graphopt passes` lists the rules)")
     options = Options(level=level, disabled_passes=disabled, input_shapes=input_shapes,
                       dump_dir=dump_dir, allow_custom_ops=allow_custom_ops,
@@ -198,7 +199,7 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
         raise InputError(f"{label}: with the pinned shapes {_pins(shapes)}, onnxruntime cannot "
                          f"load the compiled model: {refusal}. A pin can give a shape to a "
                          "branch the inputs never take that it cannot have: leave such an "
-                         "input's dims open (no --input-shape for it)")
+                         f"input's dims open (no {option('input_shapes')} for it)")
 
 
 def _pins(shapes: dict[str, list[int]]) -> str:
@@ -306,8 +307,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     check_precision_options(options)
     if verify and "bf16" in options.precision and target is not None \
             and target.device(target.primary).kind != "cpu":
-        raise OptionError(f"--verify with --precision {options.precision} --target "
-                          f"{target.name}: verification runs on onnxruntime's CPU provider, "
+        raise OptionError(f"{setting('verify')} with {setting('precision', options.precision)} "
+                          f"{setting('target', target.name)}: verification runs on onnxruntime's CPU provider, "
                           "which has no bfloat16 kernel for most ops; compare on a machine with "
                           "the CANN provider (graphopt compare), or compile with fp16")
     if dynamic_dims is not None:  # the options are checked once, before any profile's compile
@@ -377,7 +378,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             from graphopt.tools.accuracy_rule import accuracy_rule
 
             judge, result.verify_note = accuracy_rule(
-                log.to_json()["passes"], rtol, atol, choose="--rtol/--atol judge by allclose")
+                log.to_json()["passes"], rtol, atol, choose=f"{option('rtol')}/{option('atol')} judge by allclose")
             result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options,
                                                   judge)
         except VerificationError as exc:
@@ -464,7 +465,7 @@ def load_inputs(inputs) -> dict[str, np.ndarray] | None:
     try:
         return load_npz(inputs)
     except InputError as e:
-        raise OptionError(f"--inputs {e}") from None
+        raise OptionError(f"{option('inputs')} {e}") from None
 
 
 def _mark_lossy(model: Model, log: PassLog, target) -> None:
@@ -492,12 +493,12 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         try:
             feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
         except ValueError as e:
-            raise VerificationError(f"--verify: {e} (give --inputs)") from None
+            raise VerificationError(f"{option('verify')}: {e} (give {option('inputs')})") from None
     else:  # a file that does not fit is the file's fault, not the model's
         from graphopt.codegen.feeds import check_feeds, typed_inputs
 
-        label = "--verify: --inputs" + (f" {os.fspath(inputs)}" if not isinstance(inputs, dict)
-                                        else "")
+        given = option("inputs") if isinstance(inputs, dict) else setting("inputs", inputs)
+        label = f"{option('verify')}: {given}"
         try:
             check_feeds(typed_inputs(original), feeds)
         except InputError as e:
@@ -505,31 +506,31 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         if options.input_shapes:  # and the pinned sizes, or the compile would take the blame
             from graphopt.input_shapes import check_pins_fit_feeds
 
-            check_pins_fit_feeds(options.input_shapes, feeds, label.removeprefix("--verify: "))
+            check_pins_fit_feeds(options.input_shapes, feeds, given)
             try:
                 check_feeds(typed_inputs(optimized), feeds)
             except InputError as e:
-                raise InputError(f"{label}: {e} (as --input-shape pinned it)") from None
+                raise InputError(f"{label}: {e} (as {option('input_shapes')} pinned it)") from None
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
         hint = "" if inputs is not None else numerics.random_inputs_hint(
             "seeded random", bool(options.input_shapes))
-        raise VerificationError(f"--verify: onnxruntime cannot run the original model: "
+        raise VerificationError(f"{option('verify')}: onnxruntime cannot run the original model: "
                                 f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level
 
     try:
         actual = numerics.run(optimized, feeds, deployed_level(optimized.metadata_props))
     except Exception as e:  # noqa: BLE001
-        raise VerificationError(f"--verify: onnxruntime cannot run the optimized model: "
+        raise VerificationError(f"{option('verify')}: onnxruntime cannot run the optimized model: "
                                 f"{numerics.ort_reason(e)}") from None
     if judge["min_cosine"] is None:
         problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
     else:
         problems = _below_cosine(expected, actual, judge)
     if problems:
-        raise VerificationError("--verify: optimized model differs from the original: "
+        raise VerificationError(f"{option('verify')}: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3]))
     _check_loads_at_all(original, optimized)
     # Over every tensor a sequence or map holds too; 0 for outputs without floats.
@@ -547,7 +548,7 @@ def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:
             numerics.session(original, "all")
         except Exception:  # noqa: BLE001 - the original fails there too: not the compile's doing
             return
-        raise VerificationError(f"--verify: onnxruntime cannot load the optimized model at "
+        raise VerificationError(f"{option('verify')}: onnxruntime cannot load the optimized model at "
                                 f"ORT_ENABLE_ALL, where it loads the original: {numerics.ort_reason(e)}"
                                 ) from None
 
@@ -615,8 +616,9 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
                           "the result of optimize(…, target=…)")
     if result is not None and result.profiles:
         if not path.endswith(".om"):
-            raise OptionError(f"{path}: shape profiles (--dynamic-dims) are kept together in an "
-                              ".om; ONNX holds one shape per model (write -o model.om)")
+            write = "write -o model.om" if from_command_line() else "save to a path ending in .om"
+            raise OptionError(f"{path}: shape profiles ({option('dynamic_dims')}) are kept "
+                              f"together in an .om; ONNX holds one shape per model ({write})")
         with heap_frozen():
             _save_profiles_om(result, path, tuning_db)
         return
@@ -724,7 +726,7 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
         tilings = tuned_tilings(tuning_db, result.model, partitioning, skipped=foreign)
         if foreign:  # another Optuna client's or an edited trial: not worth failing a compile
             result.notes.append(
-                f"--tuning-db: left out {len(foreign)} trial(s) that record no tiling graphopt "
+                f"{option('tuning_db')}: left out {len(foreign)} trial(s) that record no tiling graphopt "
                 f"wrote ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
     kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
     cube = [r for rows in (kernels or {}).get("partitions", {}).values() for r in rows
@@ -732,7 +734,7 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
     if tuning_db and cube:  # say what the knowledge base gave, also when it gave nothing
         tuned = sum(r.get("tiling_source") == SOURCE_TUNED for r in cube)
         where = f" in shape profile {prefix[:-1]}" if prefix else ""
-        result.notes.append(f"--tuning-db: tuned tilings for {tuned} of {len(cube)} NPU cube "
+        result.notes.append(f"{option('tuning_db')}: tuned tilings for {tuned} of {len(cube)} NPU cube "
                             f"kernel(s) on {partitioning.target.name}{where}"
                             + ("" if tuned else
                                " (graphopt tune … --target with the same profile and shapes "

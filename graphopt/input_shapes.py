@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphopt.errors import OptionError
+from graphopt.option_names import option
 from graphopt.ir import Model
 
 
@@ -17,16 +18,18 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
         name, sep, dims = entry.rpartition(":")
         name = name.strip()
         if not sep or not name:
-            raise OptionError(f"--input-shape: '{entry}' is not NAME:D0,D1,… (e.g. input:1,3,224,224)")
+            raise OptionError(f"{option('input_shapes')}: '{entry}' is not NAME:D0,D1,… (e.g. "
+                              f"input:1,3,224,224)")
         try:
             values = [int(d) for d in dims.split(",")] if dims.strip() else []
         except ValueError:
-            raise OptionError(f"--input-shape: '{entry}': dims must be integers, got '{dims}'") from None
+            raise OptionError(f"{option('input_shapes')}: '{entry}': dims must be integers, got "
+                              f"'{dims}'") from None
         if name in shapes:
-            raise OptionError(f"--input-shape: input '{name}' is given twice")
+            raise OptionError(f"{option('input_shapes')}: input '{name}' is given twice")
         shapes[name] = values
     if not shapes:
-        raise OptionError("--input-shape: no shapes given")
+        raise OptionError(f"{option('input_shapes')}: no shapes given")
     return validate_input_shapes(shapes)
 
 
@@ -42,13 +45,14 @@ def validate_input_shapes(shapes: dict) -> dict[str, list[int]]:
         if not isinstance(name, str) or not isinstance(dims, (list, tuple)):
             raise OptionError(f"input shapes: expected {{name: [dims]}}, got {name!r}: {dims!r}")
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-            raise OptionError(f"--input-shape: input '{name}': dims must be integers, got {list(dims)}")
-        if any(d < -1 for d in dims):
-            raise OptionError(f"--input-shape: input '{name}': a dim must be ≥ 0 or -1 (dynamic), "
+            raise OptionError(f"{option('input_shapes')}: input '{name}': dims must be integers, "
                               f"got {list(dims)}")
+        if any(d < -1 for d in dims):
+            raise OptionError(f"{option('input_shapes')}: input '{name}': a dim must be ≥ 0 "
+                              f"or -1 (dynamic), got {list(dims)}")
         if any(d > MAX_DIM for d in dims):
-            raise OptionError(f"--input-shape: input '{name}': a dim must be at most 2**63 - 1 "
-                              f"(ONNX's int64), got {list(dims)}")
+            raise OptionError(f"{option('input_shapes')}: input '{name}': a dim must be at most "
+                              f"2**63 - 1 (ONNX's int64), got {list(dims)}")
         checked[name] = [int(d) for d in dims]
     return checked
 
@@ -62,18 +66,18 @@ def check_pins(shapes: dict[str, list[int]], signature: list[dict], label: str) 
     for name, dims in shapes.items():
         entry = entries.get(name)
         if entry is None:
-            raise OptionError(f"--input-shape: {label} has no input {name!r} "
+            raise OptionError(f"{option('input_shapes')}: {label} has no input {name!r} "
                               f"(inputs: {', '.join(entries) or 'none'})")
         shape = entry.get("shape")
         if shape is None:
             continue
         if len(shape) != len(dims):
-            raise OptionError(f"--input-shape: input '{name}' has rank {len(shape)} "
+            raise OptionError(f"{option('input_shapes')}: input '{name}' has rank {len(shape)} "
                               f"{_fmt(shape)}, got {len(dims)} dims {dims}")
         for axis, (current, pinned) in enumerate(zip(shape, dims)):
             if pinned != -1 and isinstance(current, int) and current != pinned:
-                raise OptionError(f"--input-shape: input '{name}' dim {axis} is fixed to "
-                                  f"{current} by {label}, cannot pin it to {pinned}")
+                raise OptionError(f"{option('input_shapes')}: input '{name}' dim {axis} is fixed "
+                                  f"to {current} by {label}, cannot pin it to {pinned}")
 
 
 def check_pins_fit_feeds(shapes: dict[str, list[int]], feeds: dict, where: str) -> None:
@@ -84,8 +88,8 @@ def check_pins_fit_feeds(shapes: dict[str, list[int]], feeds: dict, where: str) 
             continue
         got = list(feeds[name].shape)
         if len(got) != len(dims) or any(p not in (-1, g) for p, g in zip(dims, got)):
-            raise OptionError(f"--input-shape pins input '{name}' to {dims}, but {where} gives "
-                              f"it shape {got}")
+            raise OptionError(f"{option('input_shapes')} pins input '{name}' to {dims}, but "
+                              f"{where} gives it shape {got}")
 
 
 def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
@@ -102,7 +106,7 @@ def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
         for current, pinned in zip(old, dims):
             if pinned != -1 and isinstance(current, str):
                 if bindings.get(current, pinned) != pinned:
-                    raise OptionError(f"--input-shape: dim '{current}' pinned to both "
+                    raise OptionError(f"{option('input_shapes')}: dim '{current}' pinned to both "
                                       f"{bindings[current]} and {pinned}")
                 bindings[current] = pinned
         value.shape = tuple(d if p == -1 else p for d, p in zip(old, dims))

@@ -20,6 +20,7 @@ from graphopt.codegen.feeds import random_array, random_value, typed_entry, valu
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.dims import read_dim
 from graphopt.errors import GraphoptError, InputError
+from graphopt.option_names import from_command_line, option
 from graphopt.tools import metrics
 
 LEVELS = {
@@ -112,9 +113,13 @@ def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
     if not info.type.tensor_type.HasField("shape"):  # unknown rank: a guess would be rank 0
         if pinned is not None and all(d >= 0 for d in pinned):
             return [int(d) for d in pinned]
+        if from_command_line():
+            ways = f"inputs (--inputs x.npz) or its whole shape (--input-shape \"{info.name}:…\")"
+        else:
+            ways = f"inputs= (a dict or an .npz path) or its whole shape in input_shapes=" \
+                   f"{{{info.name!r}: […]}}"
         raise InputError(f"input {info.name!r} has an unknown rank, so random data cannot be "
-                         "made for it; pass inputs (--inputs x.npz) or its whole shape "
-                         f"(--input-shape \"{info.name}:…\")")
+                         f"made for it; pass {ways}")
     shape = []
     for axis, dim in enumerate(info.type.tensor_type.shape.dim):
         if pinned is not None and axis < len(pinned) and pinned[axis] >= 0:
@@ -129,9 +134,9 @@ def random_inputs_hint(source: str, pinned: bool) -> str:
     """What to say when the original model cannot run on `source` (seeded random) inputs:
     their open dims are 1 unless `pinned`, so real inputs, or sizes, are the way out."""
     if pinned:
-        return f" (on {source} inputs: give real inputs with --inputs)"
-    return (f" (on {source} inputs, open dims 1: give real inputs with --inputs, or sizes "
-            "with --input-shape)")
+        return f" (on {source} inputs: give real inputs with {option('inputs')})"
+    return (f" (on {source} inputs, open dims 1: give real inputs with {option('inputs')}, or "
+            f"sizes with {option('input_shapes')})")
 
 
 def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None = None,

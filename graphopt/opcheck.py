@@ -15,6 +15,7 @@ from onnx import AttributeProto, GraphProto, NodeProto
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node
 from graphopt.ir.onnx_io import attribute_to_proto
+from graphopt.option_names import setting
 
 ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 # From this many nodes the check infers types once per kind of node (kind_inference), below it
@@ -111,7 +112,8 @@ def check_ops(model: Model, label: str,
                                  f"'{domain or 'ai.onnx'}' (no ONNX or onnxruntime schema, no model "
                                  "function)")
             raise InputError(f"{where}: unknown domain '{domain}' (no schema or model function "
-                             "defines its ops); pass --allow-custom-ops to keep custom ops as they are")
+                             f"defines its ops); pass {setting('allow_custom_ops')} to keep custom "
+                             "ops as they are")
     if len(kinds) == len(model.graph) >= BY_KIND_NODES:  # ONNX ops only, no nested graphs
         from graphopt.kind_inference import infer_by_kind
 

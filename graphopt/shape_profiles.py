@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from graphopt.codegen.profile_match import dims_label
 from graphopt.errors import OptionError
+from graphopt.option_names import option
 from graphopt.ir import Model
 
 MAX_PROFILES = 64  # each profile is a whole compile and a set of sessions at load time
@@ -35,7 +36,8 @@ def parse_dynamic_dims(text: str) -> list[dict[str, int]] | dict[str, list[int]]
     of the model's inputs (`batch`) or an input's axis (`input_ids[1]`)."""
     entries = [e.strip() for e in text.split(";") if e.strip()]
     if not entries:
-        raise OptionError("--dynamic-dims: no dims given (e.g. \"batch:1,4,8;seq:128,512\")")
+        raise OptionError(f"{option('dynamic_dims')}: no dims given "
+                          "(e.g. \"batch:1,4,8;seq:128,512\")")
     if all("=" in e for e in entries):
         return [_parse_listed(entry) for entry in entries]
     grid: dict[str, list[int]] = {}
@@ -43,10 +45,10 @@ def parse_dynamic_dims(text: str) -> list[dict[str, int]] | dict[str, list[int]]
         key, sep, values = entry.rpartition(":")
         key = key.strip()
         if not sep or not key or "=" in entry:
-            raise OptionError(f"--dynamic-dims: '{entry}' is not DIM:V1,V2,… (e.g. batch:1,4,8) "
-                              "— or write every entry as DIM=V,DIM=V for listed profiles")
+            raise OptionError(f"{option('dynamic_dims')}: '{entry}' is not DIM:V1,V2,… (e.g. "
+                              "batch:1,4,8) — or write every entry as DIM=V,DIM=V for listed profiles")
         if key in grid:
-            raise OptionError(f"--dynamic-dims: dim '{key}' is given twice")
+            raise OptionError(f"{option('dynamic_dims')}: dim '{key}' is given twice")
         grid[key] = [_dim_value(key, v) for v in values.split(",")]
     return grid
 
@@ -58,24 +60,26 @@ def _parse_listed(entry: str) -> dict[str, int]:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise OptionError(f"--dynamic-dims: '{pair}' in '{entry}' is not DIM=VALUE")
+            raise OptionError(f"{option('dynamic_dims')}: '{pair}' in '{entry}' is not DIM=VALUE")
         if key in profile:
-            raise OptionError(f"--dynamic-dims: dim '{key}' is given twice in '{entry}'")
+            raise OptionError(f"{option('dynamic_dims')}: dim '{key}' is given twice in '{entry}'")
         profile[key] = _dim_value(key, value)
     return profile
 
 
 def _dim_value(key: str, text) -> int:
     if isinstance(text, bool):
-        raise OptionError(f"--dynamic-dims: dim '{key}': {text!r} is not a dim size")
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': {text!r} is not a dim size")
     try:
         value = int(text.strip()) if isinstance(text, str) else int(text)
     except (TypeError, ValueError):
-        raise OptionError(f"--dynamic-dims: dim '{key}': '{text}' is not an integer") from None
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': '{text}' is not an "
+                          "integer") from None
     if value < 1:
-        raise OptionError(f"--dynamic-dims: dim '{key}': sizes must be ≥ 1, got {value}")
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': sizes must be ≥ 1, "
+                          f"got {value}")
     if value > 2 ** 63 - 1:
-        raise OptionError(f"--dynamic-dims: dim '{key}': sizes must be at most 2**63 - 1 "
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': sizes must be at most 2**63 - 1 "
                           f"(ONNX's int64), got {value}")
     return value
 
@@ -103,7 +107,7 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
     if isinstance(spec, dict):
         grid = {str(k): _values(k, v) for k, v in spec.items()}
         if not grid:
-            raise OptionError("--dynamic-dims: no dims given")
+            raise OptionError(f"{option('dynamic_dims')}: no dims given")
         combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     elif isinstance(spec, (list, tuple)) and all(isinstance(p, dict) for p in spec) and spec:
         combos = [{str(k): _dim_value(str(k), v) for k, v in p.items()} for p in spec]
@@ -111,16 +115,18 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
         raise OptionError(f"dynamic_dims: expected 'DIM:V1,V2;…', {{dim: [values]}} or "
                           f"[{{dim: value}}, …], got {spec!r}")
     if len(combos) > MAX_PROFILES:
-        raise OptionError(f"--dynamic-dims: {len(combos)} profiles, more than {MAX_PROFILES} "
+        raise OptionError(f"{option('dynamic_dims')}: {len(combos)} profiles, more than "
+                          f"{MAX_PROFILES} "
                           "(each is a compile of its own); list fewer values or name the "
                           "profiles one by one (DIM=V,DIM=V;…)")
     found = dynamic_dims(model)
     keys = list(dict.fromkeys(k for combo in combos for k in combo))
     places = {key: _places(key, found, label) for key in keys}
     if any(set(combo) != set(keys) for combo in combos):
-        raise OptionError(f"--dynamic-dims: every profile must set the same dims ({', '.join(keys)})")
+        raise OptionError(f"{option('dynamic_dims')}: every profile must set the same dims "
+                          f"({', '.join(keys)})")
     if len({tuple(sorted(c.items())) for c in combos}) != len(combos):
-        raise OptionError("--dynamic-dims: a profile is listed twice")
+        raise OptionError(f"{option('dynamic_dims')}: a profile is listed twice")
     _check_overlap(keys, places)
     ranks = {v.name: len(v.shape) for v in model.graph.inputs if v.shape is not None}
     profiles = []
@@ -144,7 +150,7 @@ def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str
         for spots in found.values():
             if place in spots:  # a named dim there is that dim everywhere it appears
                 return list(spots)
-    raise OptionError(f"--dynamic-dims: {label} has no dynamic input dim '{key}' "
+    raise OptionError(f"{option('dynamic_dims')}: {label} has no dynamic input dim '{key}' "
                       f"({_describe(found)})")
 
 
@@ -153,9 +159,9 @@ def _values(key, values) -> list[int]:
         values = [values]
     result = [_dim_value(str(key), v) for v in values]
     if not result:
-        raise OptionError(f"--dynamic-dims: dim '{key}' has no values")
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}' has no values")
     if len(set(result)) != len(result):
-        raise OptionError(f"--dynamic-dims: dim '{key}' lists a value twice: {result}")
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}' lists a value twice: {result}")
     return result
 
 
@@ -164,7 +170,8 @@ def _check_overlap(keys: list[str], places: dict[str, list[tuple[str, int]]]) ->
     for key in keys:
         for place in places[key]:
             if place in seen:
-                raise OptionError(f"--dynamic-dims: '{key}' and '{seen[place]}' name the same dim")
+                raise OptionError(f"{option('dynamic_dims')}: '{key}' and '{seen[place]}' name "
+                                  f"the same dim")
             seen[place] = key
 
 

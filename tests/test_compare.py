@@ -391,7 +391,7 @@ def test_random_inputs_the_reference_cannot_run_get_a_hint(tmp_path):
                                     'g (float[1,n] x) => (float[1,m] y) '
                                     '{ p = Constant<value = int64[4] {0, 2, 0, 2}>()\n'
                                     '  y = Pad<mode = "reflect">(x, p) }')
-    hint = r"\(on seeded random .*inputs, open dims 1: give real inputs with --inputs"
+    hint = r"\(on seeded random .*inputs, open dims 1: give real inputs with inputs"
     with pytest.raises(VerificationError, match=hint):
         graphopt.optimize(model, verify=True)
     source, om = tmp_path / "m.onnx", tmp_path / "m.om"

@@ -128,9 +128,9 @@ def test_a_second_run_into_the_same_directory_starts_a_new_weights_file(proto, t
 
 
 def test_option_errors(proto, tmp_path):
-    with pytest.raises(OptionError, match="--dump-format xml: unknown format"):
+    with pytest.raises(OptionError, match="dump_format='xml': unknown format"):
         graphopt.optimize(proto, dump_dir=os.fspath(tmp_path / "d"), dump_format="xml")
-    with pytest.raises(OptionError, match="--dump-format onnx needs --dump-dir"):
+    with pytest.raises(OptionError, match="dump_format='onnx' needs dump_dir"):
         graphopt.optimize(proto, dump_format="onnx")
     assert not (tmp_path / "d").exists()
 

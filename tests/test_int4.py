@@ -178,7 +178,7 @@ def test_quant_skip_by_name_and_op_type_and_what_is_left_alone():
 def test_bad_group_sizes_are_refused():
     proto = parse_model(MATMUL_ADD, w=np.ones((64, 16), np.float32), b=np.ones(16, np.float32))
     for size in (8, 48):
-        with pytest.raises(OptionError, match=f"--int4-group-size {size}: must be a power of 2"):
+        with pytest.raises(OptionError, match=f"int4_group_size={size}: must be a power of 2"):
             compile_int4(proto, int4_group_size=size)
 
 
@@ -445,7 +445,7 @@ def test_accuracy_level_4_multiplies_int8_activations_and_stays_close():
     fast = numerics.run(result.to_onnx(), {"x": x})["y"]
     assert not np.array_equal(fast, exact)  # A really went through int8
     assert cosine_similarity(exact, fast) > 0.999
-    with pytest.raises(OptionError, match="--int4-accuracy-level 5: must be"):
+    with pytest.raises(OptionError, match="int4_accuracy_level=5: must be"):
         compile_int4(proto, int4_accuracy_level=5)
 
 
@@ -529,9 +529,9 @@ def test_gptq_keeps_the_outputs_closer_than_rounding(k, n, block):
 def test_int4_method_gptq_needs_calibration_and_uses_it(tmp_path):
     w = RNG.standard_normal((64, 16)).astype(np.float32)
     proto = parse_model(MATMUL_ADD, w=w, b=RNG.standard_normal(16).astype(np.float32))
-    with pytest.raises(OptionError, match="--int4-method gptq needs --calibration"):
+    with pytest.raises(OptionError, match="int4_method='gptq' needs calibration="):
         compile_int4(proto, int4_method="gptq")
-    with pytest.raises(OptionError, match="--int4-method newton: unknown"):
+    with pytest.raises(OptionError, match="int4_method='newton': unknown"):
         compile_int4(proto, int4_method="newton")
     mix = RNG.standard_normal((64, 64)) / 8
     # 256 rows for 64 features: fewer than the features would fit their subspace alone.

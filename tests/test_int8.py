@@ -455,7 +455,7 @@ def test_int8_needs_calibration_that_fits(tmp_path):
 @pytest.mark.parametrize("precision", ["fp16", "mixed-fp16", "bf16"])
 def test_int8_with_a_half_precision_mode_is_refused(tmp_path, precision):
     # ConvertPrecision would leave QuantizeInt8 no float32 layer: silently a float16 compile.
-    with pytest.raises(OptionError, match=f"--quantize int8 with --precision {precision}: "):
+    with pytest.raises(OptionError, match=f"quantize='int8' with precision='{precision}': "):
         graphopt.optimize(_conv_model(), precision=precision, quantize="int8",
                           calibration=_calibration(tmp_path))
 

@@ -483,10 +483,10 @@ def test_quantized_weights_are_converted_offline_not_by_transdata(tmp_path):
 def test_quantized_ops_left_on_the_host_are_named_in_a_note(tmp_path):
     # INT4's MatMulNBits is onnxruntime's own: no NPU kernel.
     result = graphopt.optimize(mlp(), target="ascend310", quantize="int4")
-    (note,) = [n for n in result.notes if n.startswith("--quantize int4 --target ascend310")]
+    (note,) = [n for n in result.notes if n.startswith("quantize='int4' target='ascend310'")]
     placed = result.partitioning.placements
     host = sum(p.device == "cpu" for p in placed.values())
-    assert note.startswith(f"--quantize int4 --target ascend310: {host} of {len(placed)} node(s) "
+    assert note.startswith(f"quantize='int4' target='ascend310': {host} of {len(placed)} node(s) "
                            "run on the host CPU, 3 of them quantized ops "
                            "(com.microsoft::MatMulNBits), e.g.: no npu kernel for "
                            "com.microsoft::MatMulNBits (`graphopt partition` lists every reason)")

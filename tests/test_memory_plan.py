@@ -111,7 +111,7 @@ def test_unknown_size_raises_naming_the_value():
         a = Relu(x)
         y = Neg(a)
     }""")
-    with pytest.raises(MemoryPlanError, match=r"%x .*graph input.* shape \[N,4\].*--input-shape"):
+    with pytest.raises(MemoryPlanError, match=r"%x .*graph input.* shape \[N,4\].*input_shapes"):
         plan_memory(model)
 
 

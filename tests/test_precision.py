@@ -191,7 +191,7 @@ def test_bf16_on_the_cpu_target_is_refused_naming_the_ops():
     with pytest.raises(OptionError, match=r"target cpu has no bfloat16 kernel for MatMul ×2, "
                                           r"Relu, Softmax"):
         compile_(proto, precision="bf16")
-    with pytest.raises(OptionError, match=r"mixed-bf16: target cpu runs none .* \(MatMul ×2\)"):
+    with pytest.raises(OptionError, match=r"mixed-bf16': target cpu runs none .* \(MatMul ×2\)"):
         compile_(proto, precision="mixed-bf16")
 
 
@@ -228,8 +228,8 @@ def test_pins_that_match_nothing_are_named_in_a_note():
     result = graphopt.optimize(proto, level=1, precision="mixed-fp16", pass_options={
         "keep_dtype": {"no_such_node"}, "precision_deny": {"Softmx"}})
     note = next(n for n in result.notes if "matches nothing" in n)
-    assert "--keep-dtype 'no_such_node'" in note
-    assert "--precision-deny 'Softmx' (nearest: 'Softmax')" in note
+    assert "keep_dtype 'no_such_node'" in note and "(dump_dir shows them)" in note
+    assert "precision_deny 'Softmx' (nearest: 'Softmax')" in note
 
 
 def test_dtype_sensitive_inputs_and_attributes():
@@ -462,11 +462,11 @@ def test_gpt2_mixed_fp16_keeps_logits_close_and_sensitive_ops_float32():
 
 def test_options_are_checked_before_anything_runs():
     proto = parse_model(CHAIN, w1=W1, w2=W2)
-    with pytest.raises(OptionError, match="--precision fp8: unknown mode"):
+    with pytest.raises(OptionError, match="precision='fp8': unknown mode"):
         compile_(proto, precision="fp8")
     with pytest.raises(OptionError, match="adjust a precision mode"):
         compile_(proto, keep_dtype={"first"})
-    with pytest.raises(OptionError, match="--precision-allow only applies to mixed modes"):
+    with pytest.raises(OptionError, match="precision_allow only applies to mixed modes"):
         compile_(proto, precision="fp16", precision_allow={"Softmax"})
 
 

@@ -204,7 +204,7 @@ def test_feeds_and_dynamic_inputs(tmp_path):
     assert given.kernels[0].calls == RUNS["repeat"]
     with pytest.raises(InputError, match="dtype"):
         profile_model(proto, {"x": np.ones((2, 16), np.float64)}, **RUNS)
-    with pytest.raises(OptionError, match="--input-shape.*no input 'q'"):
+    with pytest.raises(OptionError, match="input_shapes.*no input 'q'"):
         profile_model(proto, input_shapes={"q": [1]}, **RUNS)
 
 

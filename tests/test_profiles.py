@@ -237,7 +237,7 @@ def test_input_shape_pins_combine_with_profiles(tmp_path):
                                                                 {"x": [-1, 16, -1]}]
     (x,) = [v for v in result.profiles[1].result.model.graph.inputs if v.name == "x"]
     assert list(x.shape) == [2, 16, 512]
-    with pytest.raises(OptionError, match="pins input 'x' dim 1 to 4, --dynamic-dims seq=8 to 8"):
+    with pytest.raises(OptionError, match="pins input 'x' dim 1 to 4, dynamic_dims seq=8 to 8"):
         graphopt.optimize(mlp_model(), dynamic_dims="seq:8", input_shapes="x:2,4,512")
     # A conflict in a later profile is refused before the first profile is compiled.
     calls = []
@@ -274,7 +274,7 @@ def test_verify_checks_every_profile_and_options_are_checked_once():
     result = graphopt.optimize(model, dynamic_dims="batch:1,2", input_shapes="x:-1,4,512",
                                verify=True)
     assert all(c.result.max_abs_error is not None for c in result.profiles)
-    with pytest.raises(OptionError, match=r"^--fold-size-limit must be ≥ 0 bytes, got -1$"):
+    with pytest.raises(OptionError, match=r"^fold_size_limit must be ≥ 0 bytes, got -1$"):
         graphopt.optimize(model, dynamic_dims="seq:8", fold_size_limit=-1)
 
 
@@ -486,7 +486,7 @@ def test_int8_borrowing_from_a_profile_that_corrected_no_bias(tmp_path):
 
 def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
     proto = parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
-    with pytest.raises(GraphoptError, match=r"--verify: --inputs \(x \[5, 4\]\) fit none of the "
+    with pytest.raises(GraphoptError, match=r"verify: inputs \(x \[5, 4\]\) fit none of the "
                                             r"shape profiles \(profile0 \(N=1\), profile1"):
         graphopt.optimize(proto, dynamic_dims="N:1,2", verify=True,
                           inputs={"x": np.ones((5, 4), np.float32)})

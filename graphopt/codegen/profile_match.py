@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 from graphopt.errors import GraphoptError
+from graphopt.option_names import option
 
 Plan = TypeVar("Plan")
 _MISSING = object()
@@ -58,7 +59,7 @@ class ProfileMatcher(Generic[Plan]):
                                 "session did not open (load(..., profiles=[…]) chose which)")
         raise GraphoptError(f"input shapes {given} fit none of the model's "
                             f"{len(self._labels)} shape profiles: {'; '.join(self._labels)} "
-                            "(compile with --dynamic-dims listing these sizes)")
+                            f"(compile with {option('dynamic_dims')} listing these sizes)")
 
 
 def _fits(pattern: tuple, shapes: tuple) -> bool:

@@ -8,6 +8,7 @@ from collections import Counter
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import OptionError
 from graphopt.ir import DType
+from graphopt.option_names import option, setting
 from graphopt.partition.target_ort import cpu_kernel_binds
 
 # Ops the quantization passes write. The NPU profiles list QuantizeLinear and DequantizeLinear
@@ -40,10 +41,10 @@ def check_host_bfloat16(partitioning, options, model) -> None:
     if missing:
         ops = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(missing.items()))
         raise OptionError(
-            f"--precision {options.precision} --target {target.name}: {sum(missing.values())} "
-            f"bfloat16 op(s) run on the host CPU, which has no bfloat16 kernel for {ops} (the "
-            "partitioner placed them there: `graphopt partition` says why); --precision-deny "
-            "them, or use fp16")
+            f"{setting('precision', options.precision)} {setting('target', target.name)}: "
+            f"{sum(missing.values())} bfloat16 op(s) run on the host CPU, which has no bfloat16 "
+            f"kernel for {ops} (the partitioner placed them there: `graphopt partition` says "
+            f"why); {option('precision_deny')} them, or use fp16")
 
 
 def quantized_fallback_note(partitioning, options) -> str:
@@ -61,7 +62,8 @@ def quantized_fallback_note(partitioning, options) -> str:
         return ""
     ops = sorted({node.qualified_op for node, _ in quantized})
     why = next((p.reason for _, p in quantized if p.reason), "")
-    return (f"--quantize {options.quantize} --target {target.name}: {len(host)} of {len(placed)} "
+    return (f"{setting('quantize', options.quantize)} {setting('target', target.name)}: "
+            f"{len(host)} of {len(placed)} "
             f"node(s) run on the host CPU, {len(quantized)} of them quantized ops "
             f"({', '.join(ops)}), e.g.: {why} (`graphopt partition` lists every reason)")
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from graphopt.errors import OptionError
 from graphopt.frozen_map import FrozenMap
+from graphopt.option_names import setting
 from graphopt.partition.target_ort import nchwc_block_size, op_key, ort_cpu_kernels
 from graphopt.partition.target_schema import SchemaViolation, check, key_path
 
@@ -128,8 +129,8 @@ def load_target(name_or_path: str | os.PathLike) -> Target:
         target = _load_file(text, text)
         _check_op_names(target, text)  # the shipped profiles' are checked by the tests
         return target
-    raise OptionError(f"--target {text}: unknown target (built-in: {', '.join(builtin_targets())};"
-                      " or give a profile .json file)")
+    raise OptionError(f"{setting('target', text)}: unknown target (built-in: "
+                      f"{', '.join(builtin_targets())}; or give a profile .json file)")
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -150,23 +151,24 @@ def _load_file(path: str, label: str) -> Target:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError:
-        raise OptionError(f"--target {label}: not UTF-8 text") from None
+        raise OptionError(f"{setting('target', label)}: not UTF-8 text") from None
     except OSError as e:
-        raise OptionError(f"--target {label}: cannot read it: {e.strerror or e}") from None
+        raise OptionError(f"{setting('target', label)}: cannot read it: {e.strerror or e}") from None
     try:
         doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
-        raise OptionError(f"--target {label}: not valid JSON: {e.msg} "
+        raise OptionError(f"{setting('target', label)}: not valid JSON: {e.msg} "
                           f"(line {e.lineno}, column {e.colno})") from None
     except ValueError as e:
-        raise OptionError(f"--target {label}: not valid JSON: {e}") from None
+        raise OptionError(f"{setting('target', label)}: not valid JSON: {e}") from None
     except RecursionError:
-        raise OptionError(f"--target {label}: nested too deeply to be a target profile") from None
+        raise OptionError(f"{setting('target', label)}: nested too deeply to be a target "
+                          "profile") from None
     try:
         check(doc)
         return _build(doc, os.path.abspath(path))
     except SchemaViolation as e:
-        raise OptionError(f"--target {label}: {e}") from None
+        raise OptionError(f"{setting('target', label)}: {e}") from None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
@@ -311,12 +313,12 @@ def _check_op_names(target: Target, label: str) -> None:
         for key, support in device.kernels.items():
             where = key_path(f"devices[{i}].engines.{support.engine}.ops", key)
             if key not in known_ops():
-                raise OptionError(f"--target {label}: {where}: no ONNX or onnxruntime op of "
+                raise OptionError(f"{setting('target', label)}: {where}: no ONNX or onnxruntime op of "
                                   "that name")
             for name in support.attributes:
                 if name not in known_ops()[key]:
                     has = ", ".join(sorted(known_ops()[key])) or "none"
-                    raise OptionError(f"--target {label}: {key_path(f'{where}.attributes', name)}"
+                    raise OptionError(f"{setting('target', label)}: {key_path(f'{where}.attributes', name)}"
                                       f": {key} has no attribute of that name (it has: {has})")
 
 

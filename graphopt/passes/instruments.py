@@ -14,6 +14,7 @@ from graphopt.errors import OptionError, PassError
 from graphopt.ir import format_model, verify
 from graphopt.ir.tensor import external_initializers
 from graphopt.ir.verify import VerifyError
+from graphopt.option_names import setting
 
 if TYPE_CHECKING:
     from graphopt.ir import Model
@@ -63,7 +64,7 @@ class DumpIR(Instrument):
 
     def __init__(self, directory: str, format: str = "text", source: str | None = None):
         if format not in DUMP_FORMATS:
-            raise OptionError(f"--dump-format {format}: unknown format "
+            raise OptionError(f"{setting('dump_format', format)}: unknown format "
                               f"(use {', '.join(DUMP_FORMATS)})")
         self.directory = directory
         self.format = format
@@ -96,7 +97,7 @@ class DumpIR(Instrument):
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as e:
-            raise OptionError(f"--dump-dir {self.directory}: cannot create it: "
+            raise OptionError(f"{setting('dump_dir', self.directory)}: cannot create it: "
                               f"{e.strerror or e}") from None
         previous = self._previous_dump()
         self._check_directory(model, previous)
@@ -131,7 +132,7 @@ class DumpIR(Instrument):
         passes.json or weights.bin of someone else's (a model's external data, say), a link
         there, the compiled model itself, or weights the model still reads from the folder."""
         folder = os.path.realpath(self.directory)
-        where = f"--dump-dir {self.directory}"
+        where = setting("dump_dir", self.directory)
         for name in (INDEX_FILE, WEIGHTS_FILE):
             path = os.path.join(self.directory, name)
             if os.path.islink(path) or (os.path.lexists(path) and name not in (previous or ())):

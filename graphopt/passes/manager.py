@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from graphopt.errors import GraphoptError, OptionError, PassError
 from graphopt.ir import Model
 from graphopt.ir.collector import collection_paused, heap_frozen
+from graphopt.option_names import option
 from graphopt.passes.base import PASSES, PassContext
 from graphopt.passes.instruments import Instrument
 from graphopt.passes.pipelines import FixedPoint, Pipeline
@@ -70,7 +71,7 @@ class PassManager:
         # of the whole graph, twice per pass, otherwise); instruments may edit, so with them
         # every count is taken afresh.
         self._count: int | None = None
-        check_pass_names(ctx.options.disabled_passes, "--disable-pass")
+        check_pass_names(ctx.options.disabled_passes, option("disable_passes"))
 
     def run(self, model: Model) -> PassLog:
         # The IR is long-lived: frozen, it is not walked again by each full collection the

@@ -6,20 +6,22 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from graphopt.option_names import option
+
 
 def unmatched_note(checks: Iterable[tuple[str, Iterable[str], set[str]]]) -> str | None:
     """For each (option, entries, names it may match), the entries outside those names, each
     with its nearest names; None when every entry matches."""
     problems = []
-    for option, entries, known in checks:
+    for name, entries, known in checks:
         for entry in sorted(set(entries) - known):
             near = difflib.get_close_matches(entry, known, n=2, cutoff=0.6)
-            problems.append(f"{option} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
+            problems.append(f"{name} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
                                                      if near else ""))
     if not problems:
         return None
     return ("; ".join(problems) + " matches nothing in the optimized graph, whose fused nodes "
-            "have new names (--dump-dir shows them)")
+            f"have new names ({option('dump_dir')} shows them)")
 
 
 def op_spellings(node) -> set[str]:

@@ -44,6 +44,7 @@ import math
 import numpy as np
 
 from graphopt.ir import DType, Model, Node
+from graphopt.option_names import from_command_line, option
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 
@@ -53,10 +54,16 @@ MIN_CHANNELS = 128           # below, the transforms cost more than the GEMMs sa
 MIN_TILE_CHANNELS = 8192     # tiles × min(C, K): below, the 36 GEMMs are too thin
 
 
-def tolerance_hint(rewrites: int, option: str = "--atol") -> str:
-    """What a failed elementwise comparison of a compile with `rewrites` Winograd convs says."""
-    return (f"-O3 rewrote {rewrites} conv(s) as Winograd, exact to ~2e-5 of each one's largest "
-            f"output; pass a looser {option}, or compile with --disable-pass WinogradConv")
+def tolerance_hint(rewrites: int, tolerance: str | None = None) -> str:
+    """What a failed elementwise comparison of a compile with `rewrites` Winograd convs says;
+    `tolerance` names the option to loosen (by default atol, as the caller names options)."""
+    if from_command_line():
+        level, disable = "-O3", "--disable-pass WinogradConv"
+    else:
+        level, disable = "level=3", "disable_passes=['WinogradConv']"
+    return (f"{level} rewrote {rewrites} conv(s) as Winograd, exact to ~2e-5 of each one's "
+            f"largest output; pass a looser {tolerance or option('atol')}, or compile with "
+            f"{disable}")
 
 
 @functools.cache

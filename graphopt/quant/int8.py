@@ -37,6 +37,7 @@ import numpy as np
 
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
+from graphopt.option_names import setting
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.precision.nested import nested_note
@@ -129,7 +130,7 @@ class QuantizeInt8(Pass):
             result.count(node.op_type)
         if form == "amct" and options.per_channel \
                 and any(n.op_type in ("Gemm", "MatMul") for n in chosen.static):
-            ctx.note(f"QuantizeInt8 (--target {ctx.target.name}): Gemm and MatMul weights get "
+            ctx.note(f"QuantizeInt8 ({setting('target', ctx.target.name)}): Gemm and MatMul weights get "
                      "one scale per tensor, the only form AMCT converts for the NPU")
         if narrowed:
             ctx.note(f"QuantizeInt8: onnxruntime's int8 GEMM saturates 16-bit pair sums on this "

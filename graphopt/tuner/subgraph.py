@@ -30,6 +30,7 @@ from typing import Any
 
 from graphopt.compile_tuning import Decisions
 from graphopt.errors import OptionError
+from graphopt.option_names import option
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
 from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened, setup_lock,
@@ -500,7 +501,7 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
     levels = tuned_levels(storage, job, target_name)
     if levels:
         return Decisions(note=(
-            f"--tuning-db holds subgraph decisions for this model on {target_name} at "
+            f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
             f"{', '.join(f'-O{n}' for n in levels)}, not at -O{level}: they apply to a compile "
             "at the level they were tuned for"))
     return Decisions()

@@ -28,6 +28,7 @@ import numpy as np
 
 from graphopt.ir import DType, Value
 from graphopt.ir.pattern import Attr, Const, OneOf, Optional, Var
+from graphopt.option_names import option
 from graphopt.passes.base import register
 from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.rules import Rule, RulePass
@@ -219,7 +220,8 @@ class ScaledDotProductAttention(Rule):
             return "the Where condition is a mask sliced to the sequence at run time, so the " \
                    "bias would be built on every run: onnxruntime's CPU MultiHeadAttention " \
                    "with it runs slower than the MatMul + Softmax it replaces (pin the " \
-                   "sequence with --input-shape or --dynamic-dims to make the mask a constant)"
+                   f"sequence with {option('input_shapes')} or {option('dynamic_dims')} to make " \
+                   "the mask a constant)"
         if mask is not None and mask.dtype != DType.FLOAT:
             return f"the additive mask %{mask.name} is not float32"
         if cond is not None and cond.dtype != DType.BOOL:

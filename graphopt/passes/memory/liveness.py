@@ -26,6 +26,7 @@ from graphopt.errors import GraphoptError
 from graphopt.ir import Graph, Model, Node, Value
 from graphopt.ir.dtypes import DType, nbytes
 from graphopt.ir.graph import captured_values
+from graphopt.option_names import option
 
 ARENA, INPUT, OUTPUT, WEIGHT = "arena", "input", "output", "weight"
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -99,7 +100,8 @@ def tensor_bytes(value: Value) -> int:
         dims = "unknown rank" if value.shape is None else \
             "[" + ",".join("?" if d is None else str(d) for d in value.shape) + "]"
         reason = f"has shape {dims}"
-        hint = ("; pin the input shapes (--input-shape), and let -O2's shape folding run (a "
+        hint = (f"; pin the input shapes ({option('input_shapes')}), and let -O2's shape "
+                "folding run (a "
                 "shape computed at run time stays unknown at -O0/-O1 or with FoldConstants off)")
     if reason:
         raise MemoryPlanError(f"cannot plan memory: {describe(value)} {reason}{hint}")

@@ -18,6 +18,7 @@ import numpy as np
 
 from graphopt.ir import DType, Model, Node, Tensor, Value
 from graphopt.ir.graph import captured_values
+from graphopt.option_names import option, setting, usage
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.casts import (
@@ -47,9 +48,9 @@ def _unmatched_pins(graph, options) -> str | None:
     `graph` (a typo, or a node a fusion renamed); None when all do."""
     names = {node.name for node in graph.all_nodes()}
     ops = {spelling for node in graph.all_nodes() for spelling in op_spellings(node)}
-    return unmatched_note([("--keep-dtype", options.keep_dtype, names),
-                           ("--precision-allow", options.precision_allow, ops),
-                           ("--precision-deny", options.precision_deny, ops)])
+    return unmatched_note([(option("keep_dtype"), options.keep_dtype, names),
+                           (option("precision_allow"), options.precision_allow, ops),
+                           (option("precision_deny"), options.precision_deny, ops)])
 
 
 def _listed(node: Node, op_types) -> bool:
@@ -242,12 +243,12 @@ class ConvertPrecision(Pass):
         dtype = "float16" if "fp16" in mode else "bfloat16"
         if decider.refused:
             raise PrecisionError(
-                f"--precision {mode}: target {target} has no {dtype} kernel for "
-                f"{_listing(decider.refused)}; keep them float32 with --precision-deny OPS or "
-                f"--keep-dtype NODES")
+                f"{setting('precision', mode)}: target {target} has no {dtype} kernel for "
+                f"{_listing(decider.refused)}; keep them float32 with "
+                f"{usage('precision_deny', 'OPS')} or {usage('keep_dtype', 'NODES')}")
         if decider.kept_by_target and not decider.half_values:
             raise PrecisionError(
-                f"--precision {mode}: target {target} runs none of the ops mixed precision "
+                f"{setting('precision', mode)}: target {target} runs none of the ops mixed precision "
                 f"converts in {dtype} ({_listing(decider.kept_by_target)}); nothing would change")
 
 

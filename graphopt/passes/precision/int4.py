@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphopt.ir import DType, Model, Node, Tensor, Value
+from graphopt.option_names import setting
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
@@ -251,7 +252,7 @@ def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> d
     short = sorted(name for name, gram in grams.items() if rows[name] < len(gram))
     if short:
         # XᵀX then has rank below K: GPTQ fits the rounding to the inputs' subspace alone.
-        ctx.note(f"QuantizeInt4Weights: --int4-method gptq: the calibration data gives fewer "
+        ctx.note(f"QuantizeInt4Weights: {setting('int4_method', 'gptq')}: the calibration data gives fewer "
                  f"rows than features for {len(short)} layer input(s) (e.g. %{short[0]}: "
                  f"{rows[short[0]]} for {len(grams[short[0]])}); more samples would fit them "
                  "better")

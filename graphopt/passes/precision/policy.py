@@ -27,6 +27,7 @@ from graphopt.errors import OptionError, PassError
 from graphopt.ir import DType, Node
 from graphopt.kind_inference import anonymous_node
 from graphopt.opcheck import expandable
+from graphopt.option_names import option, setting, usage
 from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
 
 # Matrix and convolution work: the reason to run in half precision at all.
@@ -78,63 +79,73 @@ def is_mixed(mode: str) -> bool:
 def check_options(options) -> None:
     """Refuse precision/quantization option values no pass can honour, before anything runs."""
     if options.precision not in MODES:
-        raise OptionError(f"--precision {options.precision}: unknown mode (use {', '.join(MODES)})")
+        raise OptionError(f"{setting('precision', options.precision)}: unknown mode "
+                          f"(use {', '.join(MODES)})")
     if options.quantize not in QUANTIZE:
-        raise OptionError(f"--quantize {options.quantize}: unknown scheme "
+        raise OptionError(f"{setting('quantize', options.quantize)}: unknown scheme "
                           f"(use {', '.join(QUANTIZE)})")
     both = sorted(set(options.precision_allow) & set(options.precision_deny))
     if both:
-        raise OptionError(f"--precision-allow and --precision-deny both name {', '.join(both)}")
+        raise OptionError(f"{option('precision_allow')} and {option('precision_deny')} both "
+                          f"name {', '.join(both)}")
     listed = options.precision_allow or options.precision_deny or options.keep_dtype
     if listed and options.precision == "keep":
-        raise OptionError("--precision-allow/--precision-deny/--keep-dtype adjust a precision "
-                          "mode: give --precision fp16|bf16|mixed-fp16|mixed-bf16")
+        raise OptionError(f"{option('precision_allow')}/{option('precision_deny')}/"
+                          f"{option('keep_dtype')} adjust a precision mode: give "
+                          f"{usage('precision', 'fp16|bf16|mixed-fp16|mixed-bf16')}")
     if options.precision_allow and not is_mixed(options.precision):
-        raise OptionError(f"--precision-allow only applies to mixed modes; --precision "
-                          f"{options.precision} converts every op it can already")
+        raise OptionError(f"{option('precision_allow')} only applies to mixed modes; "
+                          f"{setting('precision', options.precision)} converts every op it can "
+                          "already")
     size = options.int4_group_size
     if not isinstance(size, int) or size < 16 or size & (size - 1):
-        raise OptionError(f"--int4-group-size {size}: must be a power of 2 ≥ 16 "
+        raise OptionError(f"{setting('int4_group_size', size)}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
     if options.quantize != "int4":  # from Python: the CLI refuses these flags itself
         defaults = type(options)()
         for name in ("int4_group_size", "int4_embeddings", "int4_method", "int4_accuracy_level"):
             if getattr(options, name) != getattr(defaults, name):
-                raise OptionError(f"--{name.replace('_', '-')} applies to --quantize int4")
+                raise OptionError(f"{option(name)} applies to {setting('quantize', 'int4')}")
     if options.int4_method not in INT4_METHODS:
-        raise OptionError(f"--int4-method {options.int4_method}: unknown (use "
+        raise OptionError(f"{setting('int4_method', options.int4_method)}: unknown (use "
                           f"{', '.join(INT4_METHODS)})")
     if options.quantize == "int4" and options.int4_method == "gptq" and not options.calibration:
-        raise OptionError("--int4-method gptq needs --calibration FILE.npz|DIR: it weighs each "
-                          "weight's rounding by the inputs the layer sees")
+        raise OptionError(f"{setting('int4_method', 'gptq')} needs "
+                          f"{usage('calibration', 'FILE.npz|DIR')}: it weighs each weight's "
+                          "rounding by the inputs the layer sees")
     level = options.int4_accuracy_level
     if not isinstance(level, int) or not 0 <= level <= 4:
-        raise OptionError(f"--int4-accuracy-level {level}: must be 0 (float activations), "
+        raise OptionError(f"{setting('int4_accuracy_level', level)}: must be 0 (float activations), "
                           "1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8)")
-    asked = {"ConvertPrecision": f"--precision {options.precision}"} \
+    asked = {"ConvertPrecision": setting("precision", options.precision)} \
         if options.precision != "keep" else {}
     if options.quantize != "none":
         asked[{"int8": "QuantizeInt8", "int4": "QuantizeInt4Weights"}[options.quantize]] = \
-            f"--quantize {options.quantize}"
+            setting("quantize", options.quantize)
     for name, flag in asked.items():
         if name in options.disabled_passes:  # the compile would silently stay float32
-            raise OptionError(f"{flag} needs the {name} pass, which --disable-pass or a switch "
-                              "file turns off; drop one or the other")
+            raise OptionError(f"{flag} needs the {name} pass, which "
+                              f"{option('disable_passes')} or a switch file turns off; drop one "
+                              "or the other")
     if options.quantize == "int8" and options.precision != "keep":
         # ConvertPrecision runs first and QuantizeInt8 quantizes float32 layers: none would be
         # left, and the compile would silently be a float16 one.
-        raise OptionError(f"--quantize int8 with --precision {options.precision}: int8 quantizes "
+        raise OptionError(f"{setting('quantize', 'int8')} with "
+                          f"{setting('precision', options.precision)}: int8 quantizes "
                           "the float32 layers that the precision mode would already have "
                           "converted; choose one (layers int8 skips stay float32)")
     if options.calibration and options.quantize == "none" and options.precision == "keep":
-        raise OptionError("--calibration applies to --quantize (activation ranges, GPTQ) and "
-                          "--precision (the accuracy report's inputs); a float32 compile reads "
-                          "none of it (--verify takes its inputs from --inputs)")
+        raise OptionError(f"{option('calibration')} applies to {option('quantize')} "
+                          f"(activation ranges, GPTQ) and {option('precision')} (the accuracy "
+                          "report's inputs); a float32 compile reads none of it "
+                          f"({setting('verify')} takes its inputs from {option('inputs')})")
     if options.quantize == "int8" and not options.calibration:
-        raise OptionError("--quantize int8 needs --calibration FILE.npz|DIR: activation ranges "
-                          "come from representative inputs")
+        raise OptionError(f"{setting('quantize', 'int8')} needs "
+                          f"{usage('calibration', 'FILE.npz|DIR')}: activation ranges come from "
+                          "representative inputs")
     if options.calibration_method not in CALIBRATION_METHODS:
-        raise OptionError(f"--calibration-method {options.calibration_method}: unknown "
+        raise OptionError(f"{setting('calibration_method', options.calibration_method)}: "
+                          "unknown "
                           f"(use {', '.join(CALIBRATION_METHODS)})")
 
 
