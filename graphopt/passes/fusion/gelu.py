@@ -1,7 +1,8 @@
 """FuseGelu: GELU as exporters decompose it, into onnxruntime's Gelu/FastGelu/BiasGelu/QuickGelu.
 
     erf form    y = x · ½ · (1 + erf(x / √2))                         → com.microsoft::Gelu
-                Div(x, √2) → Erf → Add 1 → Mul x → Mul ½   (½ may come first: (x·½)·(1+erf))
+                Div(x, √2) → Erf → Add 1 → Mul x → Mul ½   (½ may come first: (x·½)·(1+erf);
+                the Div may be a Mul by 1/√2, as TensorFlow writes it)
     tanh form   y = ½ · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))   → com.microsoft::FastGelu
     QuickGelu   y = x · sigmoid(1.702 · x)                             → com.microsoft::QuickGelu
     bias        Gelu(Add(x, b)) with b a 1-D constant over the last axis → BiasGelu(x, b)
@@ -62,6 +63,14 @@ class GeluErfMulForm(_ToGelu):
 
     def pattern(self, op, x):
         return op.Mul(op.Mul(x, _erf_part_mul(op, x)), 0.5)
+
+
+class GeluErfHalfFirstMulForm(_ToGelu):
+    """(x · ½) · (1 + erf(x · 1/√2)), as tf2onnx writes Keras's `gelu` (TensorFlow folds the
+    division into a multiplication by its reciprocal)."""
+
+    def pattern(self, op, x):
+        return op.Mul(op.Mul(x, 0.5), _erf_part_mul(op, x))
 
 
 def _tanh_inner(op, x, cube):
@@ -150,8 +159,8 @@ class FastGeluBias(BiasGelu):
 class FuseGelu(RulePass):
     name = "FuseGelu"
     description = "GELU (erf and tanh forms, QuickGelu, with bias) into onnxruntime's fused ops"
-    rules = (GeluErf, GeluErfHalfFirst, GeluErfMulForm, GeluTanh, GeluTanhHalfLast,
-             QuickGelu, BiasGelu, FastGeluBias)
+    rules = (GeluErf, GeluErfHalfFirst, GeluErfMulForm, GeluErfHalfFirstMulForm, GeluTanh,
+             GeluTanhHalfLast, QuickGelu, BiasGelu, FastGeluBias)
 
 
 __all__ = ["FuseGelu"]
