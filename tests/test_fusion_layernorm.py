@@ -248,6 +248,193 @@ def test_runtime_gamma_leaves_the_affine_ops():
     _same_numerics(proto, model)
 
 
+# -- TensorFlow's batchnorm form (tf2onnx's Keras LayerNormalization) -------------------------
+
+def _keras(shape=(2, 5, 8), opset: int = 15, mean: str = "pool", inverse: str = "reciprocal",
+           square: str = "mul", gamma=None, runtime_gamma: bool = False, eps: float = 1e-3,
+           extra: str | None = None) -> onnx.ModelProto:
+    """Keras's LayerNormalization(axis=-1) as tf2onnx exports it: the moments, then
+    g = γ·rsqrt(var + ε) and y = x·g + (β - μ·g). `mean`: GlobalAveragePool ("pool") or
+    ReduceMean over axis -1 ("axes": the attribute below opset 18, the input from 18);
+    `inverse`: rsqrt as Reciprocal(Sqrt), Div(1, Sqrt) or Pow(·, -0.5); `extra`: an
+    intermediate of shape [..., 1] also read by a Mul outside the pattern."""
+    make, d = onnx.helper.make_node, shape[-1]
+    rng = np.random.default_rng(3)
+    inits = {"beta": rng.uniform(-0.5, 0.5, d).astype(np.float32),
+             "eps": np.array(eps, np.float32), "two": np.array(2.0, np.float32),
+             "one": np.array(1.0, np.float32), "half": np.array(-0.5, np.float32),
+             "axes": np.array([-1], np.int64)}
+    if not runtime_gamma:
+        inits["gamma"] = rng.uniform(0.5, 1.5, d).astype(np.float32) if gamma is None else gamma
+
+    def reduce(src, out):
+        if mean == "pool":
+            return make("GlobalAveragePool", [src], [out])
+        if opset >= 18:
+            return make("ReduceMean", [src, "axes"], [out], keepdims=1)
+        return make("ReduceMean", [src], [out], axes=[-1], keepdims=1)
+
+    nodes = [reduce("x", "mean"), make("Sub", ["x", "mean"], ["d"]),
+             make("Mul", ["d", "d"], ["sq"]) if square == "mul" else
+             make("Pow", ["d", "two"], ["sq"]),
+             reduce("sq", "var"), make("Add", ["var", "eps"], ["ve"])]
+    nodes += {"reciprocal": [make("Sqrt", ["ve"], ["std"]), make("Reciprocal", ["std"], ["rs"])],
+              "one_over": [make("Sqrt", ["ve"], ["std"]), make("Div", ["one", "std"], ["rs"])],
+              "pow": [make("Pow", ["ve", "half"], ["rs"])]}[inverse]
+    nodes += [make("Mul", ["rs", "gamma"], ["g"]), make("Mul", ["mean", "g"], ["mg"]),
+              make("Sub", ["beta", "mg"], ["b"]), make("Mul", ["x", "g"], ["xg"]),
+              make("Add", ["xg", "b"], ["y"])]
+    info = onnx.helper.make_tensor_value_info
+    inputs = [info("x", onnx.TensorProto.FLOAT, list(shape))]
+    if runtime_gamma:
+        inputs.append(info("gamma", onnx.TensorProto.FLOAT, [d]))
+    outputs = [info("y", onnx.TensorProto.FLOAT, list(shape))]
+    if extra:
+        nodes.append(make("Mul", [extra, "two"], ["also"]))
+        outputs.append(info("also", onnx.TensorProto.FLOAT, [*shape[:-1], 1]))
+    graph = onnx.helper.make_graph(nodes, "keras_layernorm", inputs, outputs,
+                                   [numpy_helper.from_array(a, k) for k, a in inits.items()])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
+                                   ir_version=8)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+KERAS_FORMS = {  # _keras arguments
+    "pool-op15": {},
+    "pool-op13": {"opset": 13},
+    "pool-op17": {"opset": 17},
+    "reducemean-attr-op13": {"mean": "axes", "opset": 13},
+    "reducemean-input-op18": {"mean": "axes", "opset": 18},
+    "one-over-sqrt": {"inverse": "one_over"},
+    "pow-minus-half": {"inverse": "pow"},
+    "pow-square": {"square": "pow"},
+    "gamma-1x1xC": {"gamma": np.linspace(0.5, 1.5, 8, dtype=np.float32).reshape(1, 1, 8)},
+    "rank-4-reducemean": {"shape": (2, 3, 5, 8), "mean": "axes", "opset": 17},
+}
+
+
+@pytest.mark.parametrize("form", KERAS_FORMS)
+def test_keras_batchnorm_layernorm_becomes_one_op(form):
+    """Numerics at rtol = atol = 1e-5 against the decomposed graph (seen ≤ 1e-6) on unit-scale
+    inputs; the large-mean case is the test below."""
+    proto = _keras(**KERAS_FORMS[form])
+    model, stats, _ = _fuse(proto)
+    assert stats == {"LayerNormBatchnorm": 1}
+    assert _ops(model) == ["LayerNormalization"] and model.opset("") >= 17
+    node = next(iter(model.graph))
+    assert [v.name for v in node.inputs][0] == "x" and node.inputs[1].shape == (8,)
+    assert node.attr("axis") == -1 and abs(node.attr("epsilon") - 1e-3) < 1e-9
+    _same_numerics(proto, model, 1e-5)
+
+
+def test_keras_layernorm_structure():
+    model, _, _ = _fuse(_keras())
+    assert _lines(model) == [
+        "%y<f32[2,5,8]> = LayerNormalization(%x, %gamma, %beta) "
+        "{axis=-1, epsilon=0.0010000000474974513}"]
+
+
+@pytest.mark.parametrize("shift", [0.0, 1000.0])
+def test_keras_layernorm_numerics_with_a_large_mean(shift):
+    """The batchnorm form computes x·g + (β - μ·g): for a large mean the two terms cancel
+    (x + 1000 at σ = 1: 3e-4 off the float64 result). LayerNormalization subtracts the mean
+    first: its error is the float32 rounding of μ itself, half an ulp of |μ| times γ/σ
+    (≤ 5e-5 at |μ| = 1000). Tolerance: 1e-5 against the decomposed graph at shift 0; at either
+    shift, against float64 numpy, atol = 1e-5 + spacing(|μ|)·max|γ|/min σ, and never further
+    from it than the decomposed graph."""
+    proto = _keras(shape=(2, 64, 128))
+    model, stats, _ = _fuse(proto)
+    assert stats == {"LayerNormBatchnorm": 1}
+    x = (np.random.default_rng(7).standard_normal((2, 64, 128)) + shift).astype(np.float32)
+    before = numerics.run(proto, {"x": x})["y"]
+    after = numerics.run(to_onnx(model), {"x": x})["y"]
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    x64 = x.astype(np.float64)
+    mu, sigma = x64.mean(-1, keepdims=True), x64.std(-1, keepdims=True)
+    exact = (x64 - mu) / np.sqrt(sigma ** 2 + 1e-3) * inits["gamma"] + inits["beta"]
+    if shift == 0.0:
+        np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
+    atol = 1e-5 + float(np.spacing(np.float32(shift))) * np.abs(inits["gamma"]).max() / sigma.min()
+    np.testing.assert_allclose(after, exact, rtol=1e-5, atol=atol)
+    assert np.abs(after - exact).max() <= np.abs(before - exact).max()
+
+
+KERAS_REFUSALS = {  # _keras arguments, the refusal reason traced
+    "rank-4-pool": ({"shape": (2, 3, 5, 8)}, "of rank 4 over every axis from 2 on"),
+    "runtime-gamma": ({"runtime_gamma": True}, "gamma %gamma is not a constant"),
+    "gamma-over-another-axis": ({"gamma": np.linspace(0.5, 1.5, 5, dtype=np.float32)
+                                 .reshape(5, 1)}, "does not broadcast to exactly [8]"),
+    "rsqrt-also-read": ({"extra": "rs"}, "%rs (from '') is also read by Mul"),
+    "mean-also-read": ({"extra": "mean"}, "%mean (from '') is also read by Mul"),
+    "eps-zero": ({"eps": 0.0}, "epsilon 0.0 is not positive"),
+    "opset-12": ({"opset": 12}, "would change the meaning of ops redefined at 13"),
+}
+
+
+@pytest.mark.parametrize("case", KERAS_REFUSALS)
+def test_keras_layernorm_refusals_leave_the_graph(case):
+    arguments, reason = KERAS_REFUSALS[case]
+    proto = _keras(**arguments)
+    before = [n.op_type for n in proto.graph.node]
+    model, stats, report = _fuse(proto, trace="LayerNormBatchnorm")
+    assert stats == {} and _ops(model) == before
+    assert any(reason in line for line in report), report
+    _same_numerics(proto, model, 1e-5)
+
+
+def test_tf2onnx_keras_transformer_block_end_to_end():
+    """A block as tf2onnx writes a Keras encoder (opset 15): residual Add, LayerNorm in the
+    batchnorm form over GlobalAveragePool, Dense, residual Add, LayerNorm again; the two
+    LayerNorms share their ε, γ and β initializers, as tf2onnx deduplicates equal constants.
+    The full pipeline fuses both and declares the model at opset 17."""
+    make, rng = onnx.helper.make_node, np.random.default_rng(11)
+    nodes, d = [], 16
+
+    def layernorm(x, p):
+        nodes.extend([
+            make("GlobalAveragePool", [x], [f"{p}/moments/mean:0"]),
+            make("Sub", [x, f"{p}/moments/mean:0"], [f"{p}/moments/SquaredDifference:0"]),
+            make("Mul", [f"{p}/moments/SquaredDifference:0"] * 2, [f"{p}/moments/sq:0"]),
+            make("GlobalAveragePool", [f"{p}/moments/sq:0"], [f"{p}/moments/variance:0"]),
+            make("Add", [f"{p}/moments/variance:0", "batchnorm/add/y:0"], [f"{p}/add:0"]),
+            make("Sqrt", [f"{p}/add:0"], [f"{p}/Rsqrt:0"]),
+            make("Reciprocal", [f"{p}/Rsqrt:0"], [f"{p}/Rsqrt__1:0"]),
+            make("Mul", [f"{p}/Rsqrt__1:0", "batchnorm/mul/ReadVariableOp:0"], [f"{p}/mul:0"]),
+            make("Mul", [f"{p}/moments/mean:0", f"{p}/mul:0"], [f"{p}/mul_2:0"]),
+            make("Sub", ["batchnorm/ReadVariableOp:0", f"{p}/mul_2:0"], [f"{p}/sub:0"]),
+            make("Mul", [x, f"{p}/mul:0"], [f"{p}/mul_1:0"]),
+            make("Add", [f"{p}/mul_1:0", f"{p}/sub:0"], [f"{p}/add_1:0"])])
+        return f"{p}/add_1:0"
+
+    nodes.append(make("MatMul", ["x", "attention/W:0"], ["attention/out:0"]))
+    nodes.append(make("Add", ["x", "attention/out:0"], ["add/AddV2:0"]))
+    h = layernorm("add/AddV2:0", "layer_normalization/batchnorm")
+    nodes.append(make("MatMul", [h, "dense/W:0"], ["dense/out:0"]))
+    nodes.append(make("Add", [h, "dense/out:0"], ["add_1/AddV2:0"]))
+    nodes.append(make("Identity", [layernorm("add_1/AddV2:0", "layer_normalization_1/batchnorm")],
+                      ["y"]))
+    inits = {"attention/W:0": rng.standard_normal((d, d)) / 4, "dense/W:0":
+             rng.standard_normal((d, d)) / 4, "batchnorm/add/y:0": np.array(1e-3),
+             "batchnorm/mul/ReadVariableOp:0": rng.uniform(0.5, 1.5, d),
+             "batchnorm/ReadVariableOp:0": rng.uniform(-0.5, 0.5, d)}
+    info = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        nodes, "tf2onnx", [info("x", onnx.TensorProto.FLOAT, [1, 12, d])],
+        [info("y", onnx.TensorProto.FLOAT, [1, 12, d])],
+        [numpy_helper.from_array(np.asarray(a, np.float32), k) for k, a in inits.items()])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 15)],
+                                   ir_version=8)
+    onnx.checker.check_model(proto, full_check=True)
+    assert len(proto.graph.node) == 29
+    result = graphopt.optimize(proto)
+    ops = Counter(_ops(result.model))
+    assert ops["LayerNormalization"] == 2 and result.model.opset("") == 17
+    assert not {"GlobalAveragePool", "Reciprocal", "Sqrt", "Sub"} & set(ops), ops
+    assert sum(ops.values()) <= 7, ops
+    _same_numerics(proto, result.model, 1e-5)
+
+
 # -- SkipLayerNormalization ------------------------------------------------------------------
 
 @pytest.mark.parametrize("opset", [14, 17])

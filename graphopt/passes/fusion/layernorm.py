@@ -15,6 +15,9 @@
 
 ReduceMean's axes (an attribute before opset 18, an input from 18) must be the last axis only;
 fp16 exports compute between Cast(x → f32) and a Cast back; γ, β are constants broadcasting to [C].
+TensorFlow's batchnorm form (tf2onnx's Keras LayerNormalization) folds γ into the scale first:
+g = γ · rsqrt(σ² + ε), y = x·g + (β - μ·g), its means GlobalAveragePool at rank 3
+(LayerNormBatchnorm).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import DType, Value
-from graphopt.ir.pattern import Attr, Const, Optional
+from graphopt.ir.pattern import Attr, Const, OneOf, Optional
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import register
 from graphopt.passes.opset_raise import raise_blocker, raise_opset
@@ -150,6 +153,38 @@ class LayerNormNoAffine(_LayerNorm):
         return _norm(op, x)
 
 
+def _mean_or_pool(op, v, key: str):
+    """The last-axis mean as ReduceMean or as GlobalAveragePool (binding `<key>_pool`), which
+    tf2onnx writes for a keepdims mean over every axis from 2 on: the last axis at rank 3."""
+    return OneOf(op.GlobalAveragePool(v, _name=f"{key}_pool"), _mean(op, v, key))
+
+
+class LayerNormBatchnorm(_LayerNorm):
+    """TensorFlow's batchnorm form, as tf2onnx exports Keras's LayerNormalization:
+    g = γ · rsqrt(mean((x - μ)²) + ε), y = x·g + (β - μ·g); the means GlobalAveragePool (rank 3)
+    or ReduceMean, rsqrt as Reciprocal(√·), 1 / √· or ·^-½, the square Mul(d, d) or Pow(d, 2).
+    LayerNormalization computes (x - μ)·g + β, without the batchnorm form's cancellation of
+    x·g against μ·g for a large mean: it is closer to the exact result, not further."""
+
+    def pattern(self, op, x, gamma, beta):
+        mean = _mean_or_pool(op, x, "mean")
+        d = op.Sub(x, mean)
+        ve = op.Add(_mean_or_pool(op, OneOf(op.Mul(d, d), op.Pow(d, EXACT_2)), "var"), EPS)
+        std = op.Sqrt(ve)
+        g = op.Mul(OneOf(op.Reciprocal(std), op.Div(1.0, std), op.Pow(ve, -0.5)), gamma)
+        return op.Add(op.Mul(x, g), op.Sub(beta, op.Mul(mean, g)))
+
+    def check(self, x, model, eps, **b):
+        pooled = [k for k in ("mean", "var") if b.get(f"{k}_pool") is not None]
+        if pooled and (x.shape is None or len(x.shape) != 3):
+            rank = "unknown rank" if x.shape is None else f"rank {len(x.shape)}"
+            return f"GlobalAveragePool averages %{x.name} of {rank} over every axis from 2 on, " \
+                   "the last axis only at rank 3"
+        if eps.size == 1 and not float(eps.ravel()[0]) > 0:
+            return f"epsilon {float(eps.ravel()[0])} is not positive"
+        return super().check(x, model, eps=eps, **b)
+
+
 class _Skip(Rule):
     emits = ((MS, "SkipLayerNormalization"),)
     dtypes = (DType.FLOAT,)
@@ -255,8 +290,8 @@ class FuseLayerNorm(RulePass):
     description = "LayerNorm and RMSNorm (decomposed, with Casts, after a residual Add) into one op"
     # Skip…Decomposed rules precede their LayerNorm twins: the residual Add fuses in the same run.
     rules = (SkipLayerNormDecomposed, LayerNormDecomposed, LayerNormMulSquare, LayerNormCast,
-             SkipLayerNormNoAffine, LayerNormNoAffine, SkipLayerNorm, RmsNormDiv,
-             RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormCast)
+             LayerNormBatchnorm, SkipLayerNormNoAffine, LayerNormNoAffine, SkipLayerNorm,
+             RmsNormDiv, RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormCast)
 
 
 __all__ = ["FuseLayerNorm"]
