@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.ir import DType, Model, Node
+from graphopt.ir import Model, Node
 
 # GroupNormalization-18 takes one scale and one bias per group; ONNX deprecated it for
 # GroupNormalization-21, which takes them per channel. onnx.checker refuses the old version,
 # and onnx.version_converter's move to opset 21 leaves the per-group operands in place, where
-# onnxruntime refuses them. The same computation in ops of opset 18: normalizing [N, G, rest]
-# per (n, g) with scale[g] and bias[g] is InstanceNormalization on the grouped view.
+# onnxruntime refuses them. onnxruntime runs it as the function ONNX gives its schema; the
+# rewrite is that function, op for op, so the results are onnxruntime's to the bit (an
+# InstanceNormalization over the grouped view, which computes the same in exact arithmetic,
+# was 1e-4 off onnxruntime where a group holds one element and epsilon is tiny).
 _GROUP_NORM_OPSETS = range(18, 21)
-# The dtypes onnxruntime's InstanceNormalization takes (float16 through its inserted Casts).
-_GROUP_NORM_DTYPES = (DType.FLOAT, DType.FLOAT16)
 
 
 def replace_deprecated_ops(model: Model) -> list[str]:
@@ -25,43 +25,61 @@ def replace_deprecated_ops(model: Model) -> list[str]:
                    if node.op_type == "GroupNormalization" and node.domain in ("", "ai.onnx")
                    and _rewritable(node)]
     for node in group_norms:
-        _group_norm_as_instance_norm(node)
+        _group_norm_as_its_function(node)
     if not group_norms:
         return []
-    return [f"{len(group_norms)} GroupNormalization node(s) of opset "
-            f"{model.opset('')} (deprecated by ONNX: scale and bias per group) rewritten as "
-            "Reshape, InstanceNormalization, Reshape, which compute the same"]
+    return [f"{len(group_norms)} GroupNormalization node(s) of opset {model.opset('')} "
+            "(deprecated by ONNX: scale and bias per group) rewritten as the function ONNX "
+            "defines it by, which onnxruntime runs"]
+
+
+def _dtype(node: Node):
+    """The element type T of x, scale, bias and y: an input's at import is known for graph
+    inputs and weights, not yet for a value another node computes."""
+    return next((v.dtype for v in node.inputs if v is not None and v.dtype is not None), None)
 
 
 def _rewritable(node: Node) -> bool:
-    """Whether the rewrite applies: the operands present and of a dtype InstanceNormalization
-    takes. Anything else is left for the import check to report."""
+    """Whether the rewrite applies: the three operands present and T known. Anything else is
+    left for the import check to report."""
     if len(node.inputs) != 3 or any(v is None for v in node.inputs) or \
             len(node.outputs) != 1 or node.outputs[0] is None:
         return False
     if node.attr("num_groups") is None or set(node.attrs) - {"num_groups", "epsilon"}:
         return False
-    return node.input(0).dtype in _GROUP_NORM_DTYPES
+    return _dtype(node) is not None
 
 
-def _group_norm_as_instance_norm(node: Node) -> None:
-    """y = Reshape(InstanceNormalization(Reshape(x, [0, G, -1]), scale, bias), Shape(x)).
+def _group_norm_as_its_function(node: Node) -> None:
+    """GroupNormalization-18's function body on X viewed as [N, G, rest]:
+        mean = ReduceMean(X3D, [2]); var = ReduceMean(X3D²) - mean²
+        Y = Reshape(scale[1,G,1] · (X3D - mean) / √(var + ε) + bias[1,G,1], Shape(X))
     The node itself becomes the last Reshape, so its output keeps its name and readers."""
     graph = node.graph
     x, scale, bias = node.inputs
-    groups = int(node.attr("num_groups"))
-    epsilon = float(node.attr("epsilon", 1e-5))
+    dtype = _dtype(node)
     name = node.name or graph.fresh_node_name("GroupNormalization")
-    grouped_shape = graph.make_initializer(f"{name}_grouped_shape",
-                                           np.array([0, groups, -1], np.int64))
-    shape = graph.make_node("Shape", [x], name=graph.fresh_node_name(f"{name}_shape"),
-                            before=node, dtype=DType.INT64)
-    grouped = graph.make_node("Reshape", [x, grouped_shape],
-                              name=graph.fresh_node_name(f"{name}_group"), before=node,
-                              dtype=x.dtype)
-    normed = graph.make_node("InstanceNormalization", [grouped.output, scale, bias],
-                             {"epsilon": epsilon}, name=graph.fresh_node_name(f"{name}_norm"),
-                             before=node, dtype=x.dtype)
+
+    def const(hint: str, array) -> object:
+        return graph.make_initializer(f"{name}_{hint}", np.asarray(array))
+
+    def step(op: str, *inputs) -> object:
+        made = graph.make_node(op, inputs, name=graph.fresh_node_name(f"{name}_{op}"),
+                               before=node, dtype=dtype if op != "Shape" else None)
+        return made.output
+
+    groups = int(node.attr("num_groups"))
+    epsilon = np.array([node.attr("epsilon", 1e-5)], np.float32).astype(dtype.numpy)
+    axis = const("axis", np.array([2], np.int64))
+    grouped = step("Reshape", x, const("grouped", np.array([0, groups, -1], np.int64)))
+    mean = step("ReduceMean", grouped, axis)
+    mean_of_square = step("ReduceMean", step("Mul", grouped, grouped), axis)
+    variance = step("Sub", mean_of_square, step("Mul", mean, mean))
+    deviation = step("Div", step("Sub", grouped, mean),
+                     step("Sqrt", step("Add", variance, const("epsilon", epsilon))))
+    per_group = const("per_group", np.array([1, -1, 1], np.int64))
+    scaled = step("Mul", step("Reshape", scale, per_group), deviation)
+    shifted = step("Add", scaled, step("Reshape", bias, per_group))
     node.op_type = "Reshape"
     node.attrs = {}
-    node.set_inputs([normed.output, shape.output])
+    node.set_inputs([shifted, step("Shape", x)])
