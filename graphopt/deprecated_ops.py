@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.ir import Model, Node
+from graphopt.ir import DType, Model, Node
 
 # GroupNormalization-18 takes one scale and one bias per group; ONNX deprecated it for
 # GroupNormalization-21, which takes them per channel. onnx.checker refuses the old version,
@@ -40,18 +40,23 @@ def _dtype(node: Node):
 
 
 def _rewritable(node: Node) -> bool:
-    """Whether the rewrite applies: the three operands present and T known. Anything else is
-    left for the import check to report."""
+    """Whether the rewrite applies: the three operands present, T known, and groups that
+    divide the channels where those are static. Anything else is left for the import check
+    to report."""
     if len(node.inputs) != 3 or any(v is None for v in node.inputs) or \
             len(node.outputs) != 1 or node.outputs[0] is None:
         return False
     if node.attr("num_groups") is None or set(node.attrs) - {"num_groups", "epsilon"}:
         return False
+    x = node.input(0)
+    channels = x.shape[1] if x.shape is not None and len(x.shape) > 1 else None
+    if isinstance(channels, int) and channels % max(int(node.attr("num_groups")), 1):
+        return False  # no input runs it; the later passes could drop the failing Reshape
     return _dtype(node) is not None
 
 
 def _group_norm_as_its_function(node: Node) -> None:
-    """GroupNormalization-18's function body on X viewed as [N, G, rest]:
+    """GroupNormalization-18's function body on X viewed as [N, G, C/G · rest]:
         mean = ReduceMean(X3D, [2]); var = ReduceMean(X3D²) - mean²
         Y = Reshape(scale[1,G,1] · (X3D - mean) / √(var + ε) + bias[1,G,1], Shape(X))
     The node itself becomes the last Reshape, so its output keeps its name and readers."""
@@ -63,15 +68,22 @@ def _group_norm_as_its_function(node: Node) -> None:
     def const(hint: str, array) -> object:
         return graph.make_initializer(f"{name}_{hint}", np.asarray(array))
 
-    def step(op: str, *inputs) -> object:
-        made = graph.make_node(op, inputs, name=graph.fresh_node_name(f"{name}_{op}"),
-                               before=node, dtype=dtype if op != "Shape" else None)
+    def step(op: str, *inputs, sizes: bool = False, **attrs) -> object:
+        """A node of the function; `sizes`: of its shape arithmetic (int64), else of T."""
+        made = graph.make_node(op, inputs, attrs, name=graph.fresh_node_name(f"{name}_{op}"),
+                               before=node, dtype=DType.INT64 if sizes else dtype)
         return made.output
 
-    groups = int(node.attr("num_groups"))
+    groups = const("groups", np.array([int(node.attr("num_groups"))], np.int64))
     epsilon = np.array([node.attr("epsilon", 1e-5)], np.float32).astype(dtype.numpy)
     axis = const("axis", np.array([2], np.int64))
-    grouped = step("Reshape", x, const("grouped", np.array([0, groups, -1], np.int64)))
+    # [N, G, C / G, rest…] first, as the function has it: a C that G does not divide fails
+    # there, at run time, as onnxruntime fails it ([N, G, -1] would mix channels of two groups).
+    group_size = step("Div", step("Shape", x, start=1, end=2, sizes=True), groups, sizes=True)
+    split = step("Concat", step("Shape", x, start=0, end=1, sizes=True), groups, group_size,
+                 step("Shape", x, start=2, sizes=True), axis=0, sizes=True)
+    grouped = step("Reshape", step("Reshape", x, split),
+                   const("grouped", np.array([0, 0, -1], np.int64)))
     mean = step("ReduceMean", grouped, axis)
     mean_of_square = step("ReduceMean", step("Mul", grouped, grouped), axis)
     variance = step("Sub", mean_of_square, step("Mul", mean, mean))
@@ -82,4 +94,4 @@ def _group_norm_as_its_function(node: Node) -> None:
     shifted = step("Add", scaled, step("Reshape", bias, per_group))
     node.op_type = "Reshape"
     node.attrs = {}
-    node.set_inputs([shifted, step("Shape", x)])
+    node.set_inputs([shifted, step("Shape", x, sizes=True)])

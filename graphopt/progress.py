@@ -7,7 +7,8 @@ import sys
 
 
 class ProgressLine:
-    """`update(text, done, total)` as the work advances, `finish()` after it (or the work in a
+    """`update(text, done, total)` as the work advances (`begin()` before each of several
+    pieces), `finish()` after it (or the work in a
     `with` block, which finishes however it ends); silent when `enabled` is False
     (--quiet)."""
 
@@ -34,6 +35,11 @@ class ProgressLine:
         if tenth != self._tenth:
             self._tenth = tenth
             print(text, file=sys.stderr, flush=True)
+
+    def begin(self) -> None:
+        """The next piece of work (tune's next kernel): its progress is shown from its start,
+        also when its first report is its last."""
+        self._tenth = -1
 
     def __enter__(self) -> "ProgressLine":
         return self

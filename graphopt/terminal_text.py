@@ -137,9 +137,11 @@ def escaped_output() -> Iterator[None]:
 
 
 def silence_stdout() -> None:
-    """Point standard output at os.devnull, so that what is still buffered for a reader that
-    went away is not written (and failed) again when the interpreter exits."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
+    """Point the descriptor under sys.stdout (the stream whose reader went away, which need
+    not be the process's own) at os.devnull, so that what is still buffered for it is not
+    written, and failed, again when the interpreter exits."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        fd = sys.stdout.fileno()
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.__stdout__.fileno())
+        os.dup2(devnull, fd)
         os.close(devnull)

@@ -164,9 +164,12 @@ def test_two_unsqueezes_become_one(opset, inner, outer, shape, merged):
     assert list(axes) == merged
 
 
-def test_unsqueezes_with_repeated_axes_stay():
-    # onnxruntime refuses the outer one when it runs; one merged node must not hide that.
-    text = squeeze_pair(17, "Unsqueeze", "Unsqueeze", "[1]", "[2, 2]", shape="N, 4")
+@pytest.mark.parametrize("outer", ["[2, 2]", "[]"])
+def test_unsqueezes_with_repeated_or_no_axes_stay(outer):
+    # Repeated: onnxruntime refuses the outer one when it runs, which one merged node must not
+    # hide. None: a no-op, EliminateNoOps' to remove (it crashed the merge).
+    text = squeeze_pair(17, "Unsqueeze", "Unsqueeze", "[1]", outer, shape="N, 4") \
+        .replace("<value_ints = []>", "<value_ints: ints = []>")
     model = load_onnx(onnx.parser.parse_model(text))
     ctx = PassContext(Options())
     PASSES["ConstantToInitializer"]().run(model, ctx)

@@ -130,6 +130,16 @@ def test_deprecated_group_normalization_18_compiles_to_what_onnxruntime_computes
     np.testing.assert_array_equal(actual[0], _reference(model, feeds)[0])
 
 
+def test_group_normalization_18_whose_groups_do_not_divide_the_channels_stays_refused():
+    # No input runs it; rewritten, later passes could drop the Reshape that fails.
+    model = parse_model("g (float[N,6,2] x) => (float[N,6,2] y) "
+                        "{ y = GroupNormalization <num_groups = 4> (x, s, b) }",
+                        header='<ir_version: 8, opset_import: ["" : 18]>\n',
+                        s=np.ones(4, np.float32), b=np.zeros(4, np.float32))
+    with pytest.raises(GraphoptError, match="GroupNormalization is deprecated"):
+        graphopt.optimize(model)
+
+
 CONTRIB = '<ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
 
 

@@ -423,6 +423,9 @@ def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
     for _ in range(3):  # workers' progress is polled: the last count comes again
         line.update("trial 100/100", 100, 100)
     assert capsys.readouterr().err == ""
+    line.begin()
+    line.update("kernel 2: trial 1/1", 1, 1)  # the next kernel, done at its first report
+    assert capsys.readouterr().err == "kernel 2: trial 1/1\n"
     quiet = ProgressLine(enabled=False)
     quiet.update("trial 1/1", 1, 1)
     assert capsys.readouterr().err == ""

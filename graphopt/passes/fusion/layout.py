@@ -146,7 +146,8 @@ class UnsqueezeOfUnsqueeze(Rule):
     def check(self, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
         return None if _merged_unsqueeze(x, _axes(inner_axes, inner_attr),
                                          _axes(outer_axes, outer_attr)) is not None \
-            else "the axes are not constant, repeat, or are negative with x's rank unknown"
+            else "the axes are not constant, repeat, are empty, or are negative with x's rank " \
+            "unknown"
 
     def rewrite(self, op, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
         axes = _merged_unsqueeze(x, _axes(inner_axes, inner_attr), _axes(outer_axes, outer_attr))
@@ -163,9 +164,8 @@ def _merged_unsqueeze(x: Value, inner: list[int] | None,
     rank = None if x.shape is None else len(x.shape)
     middle = _normalized(inner, None if rank is None else rank + len(inner))
     final = _normalized(outer, None if rank is None else rank + len(inner) + len(outer))
-    if middle is None or final is None or len(middle) != len(inner) \
-            or len(final) != len(outer):
-        return None
+    if not middle or not final or len(middle) != len(inner) or len(final) != len(outer):
+        return None  # unknown, repeated, or none at all (a no-op: EliminateNoOps' job)
     # The middle's axes land, in order, on the final positions B does not take.
     free = (position for position in range(len(middle) + len(final) + max(middle | final) + 1)
             if position not in final)
