@@ -3,6 +3,7 @@ tuning knowledge base: list, export, import)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from graphopt.cli_paths import check_output_path
@@ -230,6 +231,9 @@ def add_kb_parser(sub) -> None:
     kb_sub = p.add_subparsers(dest="kb_command", required=True, metavar="{list,export,import}")
     p.commands = kb_sub.choices  # for errors: `kb export`'s usage, not kb's
     ls = kb_sub.add_parser("list", help="one row per kernel signature")
+    ls.add_argument("--json", action="store_true",
+                    help="print {\"kernels\": [...], \"subgraph_studies\": [...]} as JSON "
+                         "(times in seconds) instead of the tables")
     _storage_args(ls, db_only=True)
     ls.set_defaults(func=_cmd_kb_list)
     ex = kb_sub.add_parser("export", help="write the best tilings as JSON")
@@ -256,15 +260,18 @@ def _cmd_kb_list(args) -> int:
 
     # A mistyped --tuning-db would otherwise become a new, empty database and an empty table.
     store = open_storage(_storage(args), option=_storage_option(args), read_only=True)
+    kernels, studies = list_kb(store), list_subgraph_studies(store)
+    if args.json:
+        print(json.dumps({"kernels": kernels, "subgraph_studies": studies}, indent=2))
+        return 0
     # A study `tune --study NAME` named shows that name beside its kernel's signature.
     rows = [[r["signature"] if r["study"] == r["signature"]
              else f"{r['signature']} (study {r['study']})", r["trials"],
              us(r["default_seconds"]), us(r["best_seconds"]),
              "" if r["speedup"] is None else f"{r['speedup']:.3f}", r["tiling"] or ""]
-            for r in list_kb(store)]
+            for r in kernels]
     print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",
                         "best tiling"], rows))
-    studies = list_subgraph_studies(store)
     if studies:  # the fusion decisions `tune --job subgraph` chose, one study per model
         print()
         print(format_table(["subgraph study", "trials", "default µs", "best µs"],

@@ -5,6 +5,7 @@ workers share one SQLite storage, and the knowledge base round-trips through JSO
 from __future__ import annotations
 
 import gc
+import json
 import os
 import time
 from unittest.mock import ANY
@@ -269,6 +270,11 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert _cli(["kb", "list", "--tuning-db", db]) == 0
     assert "b1_m1024_k144_n16" in capsys.readouterr().out
+    assert _cli(["kb", "list", "--tuning-db", db, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)  # one document, for scripts
+    (kernel,) = listed["kernels"]
+    assert kernel["signature"].endswith("b1_m1024_k144_n16/float16") and kernel["trials"] == 5
+    assert listed["subgraph_studies"] == []
     assert _cli(["kb", "export", str(tmp_path / "kb.json"), "--tuning-db", db]) == 0
 
 
