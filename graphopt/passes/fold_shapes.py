@@ -19,13 +19,14 @@ import math
 
 import numpy as np
 
-from graphopt.ir import Graph, Model, Node, Tensor, Value
+from graphopt.ir import Graph, Model, Node, Tensor
 from graphopt.ir.value import Shape
 from graphopt.passes.base import Pass, PassContext, PassResult, register
-from graphopt.passes.fold_constants import become_initializer, fits_output, pinned_outputs
 from graphopt.passes.edit import replace_value
+from graphopt.passes.fold_constants import become_initializer, fits_output, pinned_outputs
 from graphopt.passes.reshape_own_dims import own_dims_shape
-from graphopt.passes.shape_pieces import dims_read, known_rank
+from graphopt.passes.shape_pieces import (dims_read, ints, known_rank, slice_bounds,
+                                          slice_indices)
 
 
 def _shape_dims(node: Node) -> Shape | None:
@@ -44,16 +45,9 @@ def _static(dims) -> bool:
     return all(isinstance(d, int) and d >= 0 for d in dims)
 
 
-def _constant_ints(value: Value | None) -> np.ndarray | None:
-    data = value.constant() if value is not None else None
-    if data is None or data.dtype.kind not in "iu":
-        return None
-    return data.astype(np.int64)
-
-
 def _gathered(node: Node, dims: Shape) -> np.ndarray | None:
     """Dims picked by Gather(Shape(x), indices) when all of them are static."""
-    indices = _constant_ints(node.input(1))
+    indices = ints(node.input(1))
     if indices is None or node.attr("axis", 0) not in (0, -1):
         return None
     rank = len(dims)
@@ -65,38 +59,12 @@ def _gathered(node: Node, dims: Shape) -> np.ndarray | None:
     return np.array(picked, dtype=np.int64).reshape(indices.shape)
 
 
-def slice_indices(size: int, start: int, end: int, step: int) -> range:
-    """The indices ONNX Slice takes along an axis of `size`. Its clamping differs from
-    Python's for a negative step: a start below -size counts from 0 (Python: nothing)."""
-    start = start + size if start < 0 else start
-    end = end + size if end < 0 else end
-    if step > 0:
-        start, end = min(max(start, 0), size), min(max(end, 0), size)
-    else:
-        start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
-    return range(start, end, step)
-
-
 def _sliced(node: Node, dims: Shape, opset: int) -> np.ndarray | None:
     """Dims picked by Slice(Shape(x), ...) when all of them are static."""
-    if opset < 10:
-        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes", [0])
-        steps = [1]
-        if starts is None or ends is None:
-            return None
-    else:
-        starts, ends = _constant_ints(node.input(1)), _constant_ints(node.input(2))
-        axes = _constant_ints(node.input(3)) if node.input(3) is not None else [0]
-        steps = _constant_ints(node.input(4)) if node.input(4) is not None else [1]
-        if starts is None or ends is None or axes is None or steps is None:
-            return None
-    if any(np.ndim(v) != 1 for v in (starts, ends, axes, steps)):
-        return None  # a scalar where ONNX wants a list
-    if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or len(steps) != 1 \
-            or int(steps[0]) == 0:
+    bounds = slice_bounds(node, opset)
+    if bounds is None:
         return None
-    picked = [dims[i] for i in slice_indices(len(dims), int(starts[0]), int(ends[0]),
-                                             int(steps[0]))]
+    picked = [dims[i] for i in slice_indices(len(dims), *bounds)]
     if not _static(picked):
         return None
     return np.array(picked, dtype=np.int64)

@@ -4,7 +4,8 @@
     and Slice(Shape(x), a, b) with step 1
 
 each stand for a list of x's dims, which FoldShapes compares with positions (a Reshape's own
-dims, see reshape_own_dims) or joins (a Concat of consecutive dims is one Shape).
+dims, see reshape_own_dims), joins (a Concat of consecutive dims is one Shape) or, where they
+are static, folds. Slice's bounds and ONNX's clamping of them are read here for all three.
 """
 
 from __future__ import annotations
@@ -88,8 +89,21 @@ def _gathered(gather: Node, indices: list[int]) -> tuple[Value, list[int]] | Non
 
 def _sliced(node: Node, opset: int) -> tuple[Value, list[int]] | None:
     """(x, the dims Slice(Shape(x), a, b) with step 1 picks), or None."""
-    from graphopt.passes.fold_shapes import slice_indices
+    bounds = slice_bounds(node, opset)
+    source = node.input(0)
+    if bounds is None or bounds[2] != 1 or source is None:
+        return None
+    read = _shape_range(source.producer)
+    if read is None:
+        return None
+    x, dims = read
+    return x, [dims[i] for i in slice_indices(len(dims), *bounds)]
 
+
+def slice_bounds(node: Node, opset: int) -> tuple[int, int, int] | None:
+    """(start, end, step) of a Slice along axis 0 of a 1-D input (a shape), from its
+    attributes before opset 10 and its constant inputs from 10 on; None for anything else (a
+    scalar where ONNX wants a list included)."""
     if opset < 10:
         starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes", [0])
         steps = [1]
@@ -97,13 +111,21 @@ def _sliced(node: Node, opset: int) -> tuple[Value, list[int]] | None:
         starts, ends = _list(node.input(1)), _list(node.input(2))
         axes = _list(node.input(3)) if node.input(3) is not None else [0]
         steps = _list(node.input(4)) if node.input(4) is not None else [1]
-    source = node.input(0)
-    if source is None or starts is None or ends is None or axes is None or steps is None:
+    if starts is None or ends is None or axes is None or steps is None:
         return None
-    if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or list(steps) != [1]:
+    if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or len(steps) != 1 \
+            or int(steps[0]) == 0:
         return None
-    read = _shape_range(source.producer)
-    if read is None:
-        return None
-    x, dims = read
-    return x, [dims[i] for i in slice_indices(len(dims), int(starts[0]), int(ends[0]), 1)]
+    return int(starts[0]), int(ends[0]), int(steps[0])
+
+
+def slice_indices(size: int, start: int, end: int, step: int) -> range:
+    """The indices ONNX Slice takes along an axis of `size`. Its clamping differs from
+    Python's for a negative step: a start below -size counts from 0 (Python: nothing)."""
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), size), min(max(end, 0), size)
+    else:
+        start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+    return range(start, end, step)
