@@ -18,6 +18,7 @@ from graphopt.cli_paths import check_output_path
 from graphopt.cli_profile import add_profile_parser
 from graphopt.cli_report import add_report_parser
 from graphopt.cli_run import add_inspect_parser, add_run_parser
+from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_types import input_shapes, target_name, tolerance
@@ -25,7 +26,7 @@ from graphopt.errors import GraphoptError, OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import command_line
 from graphopt.terminal_text import (ClosedStreamError, OutputFailed, ReaderGone, escaped_output,
-                                    silence_stdout)
+                                    paths_shown_as, silence_stdout)
 
 EXAMPLES = """examples:
   graphopt optimize model.onnx -o model.om
@@ -541,8 +542,14 @@ def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
 
 def _run_command(args) -> int:
     """The command's exit status; errors are reported in one line, tracebacks only on request."""
+    copies: dict[str, str] = {}  # inputs read from pipes: their files, as the user named them
+    with paths_shown_as(copies):
+        return _run_guarded(args, copies)
+
+
+def _run_guarded(args, copies: dict[str, str]) -> int:
     try:
-        with _terminate_as_interrupt():
+        with _terminate_as_interrupt(), streams_as_files(args, copies):
             status = args.func(args)
             sys.stdout.flush()  # a reader gone, a full disk: reported here, not at exit
             return status

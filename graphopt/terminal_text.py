@@ -22,6 +22,9 @@ _CONTROLS = ([chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7F, 0xA0)]
              + [chr(c) for c in range(0x202A, 0x202F)] + [chr(c) for c in range(0x2066, 0x206A)])
 _ESCAPES = str.maketrans({c: repr(c)[1:-1] for c in _CONTROLS if c not in _KEPT})
 
+# Temporary paths a command works on, and the paths the user gave for them (graphopt.cli_streams).
+_shown_as: dict[str, str] = {}
+
 
 def escape_controls(text: str) -> str:
     """`text` with terminal control characters (but tab, line feed, carriage return) escaped."""
@@ -47,8 +50,11 @@ class EscapingStream:
         self._checked = checked
 
     def write(self, text: str) -> int:
+        shown = text
+        for path, given in _shown_as.items():
+            shown = shown.replace(path, given)
         with self._failures():
-            self._stream.write(text.translate(_ESCAPES))
+            self._stream.write(shown.translate(_ESCAPES))
         return len(text)
 
     def flush(self) -> None:
@@ -134,6 +140,18 @@ def escaped_output() -> Iterator[None]:
                 stream.reconfigure(errors=mode)
         if devnull is not None:
             devnull.close()
+
+
+@contextlib.contextmanager
+def paths_shown_as(paths: dict[str, str]) -> Iterator[None]:
+    """Inside the block, what is written names each key of `paths` as its value (a temporary
+    copy as the path the user gave); `paths` is read as the block fills it."""
+    global _shown_as
+    saved, _shown_as = _shown_as, paths
+    try:
+        yield
+    finally:
+        _shown_as = saved
 
 
 def silence_stdout() -> None:

@@ -1,0 +1,56 @@
+"""Input files given as pipes (`/dev/stdin`, a shell's `<(…)`) are copied to a temporary file
+first: an .om or .npz is a zip read by seeking, and `inspect` sniffs a model before it parses
+it, neither of which a pipe allows."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+from graphopt.atomic import is_special_file
+from graphopt.errors import OptionError
+
+# The commands' arguments that name files they read (an output, like `kb export`'s, is not one).
+_INPUT_ARGUMENTS = ("model", "models", "reference", "candidate", "inputs", "calibration",
+                    "switch_file")
+
+
+@contextlib.contextmanager
+def streams_as_files(args, copies: dict[str, str]) -> Iterator[None]:
+    """Inside the block, each input path of `args` that names a pipe or a device is a
+    temporary copy of what it delivered, and `copies` maps each copy's path to the path as
+    given (for messages: terminal_text.paths_shown_as)."""
+    with contextlib.ExitStack() as stack:
+        folder = None
+        for argument in _INPUT_ARGUMENTS:
+            value = getattr(args, argument, None)
+            paths = value if isinstance(value, list) else [value]
+            if not any(_is_stream(path) for path in paths):
+                continue
+            if folder is None:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="graphopt-"))
+            files = [_copy(path, folder, copies) if _is_stream(path) else path for path in paths]
+            setattr(args, argument, files if isinstance(value, list) else files[0])
+        yield
+
+
+def _is_stream(path) -> bool:
+    return isinstance(path, str) and is_special_file(path)
+
+
+def _copy(path: str, folder: str, copies: dict[str, str]) -> str:
+    # Under the name as given (stdin, 63): a command that shows only a file's name shows that,
+    # and one that tells an .om from an .onnx by the extension still can.
+    subfolder = os.path.join(folder, str(len(copies)))
+    os.mkdir(subfolder)
+    copy = os.path.join(subfolder, os.path.basename(path) or "stream")
+    try:
+        with open(path, "rb") as source, open(copy, "wb") as target:
+            shutil.copyfileobj(source, target, 1 << 20)
+    except OSError as exc:
+        raise OptionError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    copies[copy] = path
+    return copy
