@@ -115,6 +115,7 @@ def test_a_database_damaged_inside_is_a_one_line_error(built, tmp_path, capsys, 
 
 
 WITHOUT_STUDIES = "not a graphopt knowledge base (an SQLite file without tuning studies)"
+EMPTY = "an empty knowledge base, with no tuning results yet"
 
 
 @pytest.mark.parametrize("command", ["kb list", "kb export", "report", "optimize"])
@@ -127,10 +128,10 @@ def test_reading_an_sqlite_file_without_studies_is_refused_and_leaves_it_alone(
         db.execute("CREATE TABLE users (id INTEGER)")
         db.commit()
     empty.touch()
-    for path in (other, empty):
+    for path, problem in ((other, WITHOUT_STUDIES), (empty, EMPTY)):
         before = path.read_bytes()
         rc, _, err = run_cli(capsys, *commands(built, tmp_path, "--tuning-db", str(path))[command])
-        assert_user_error(rc, err, f"--tuning-db {path}: {WITHOUT_STUDIES}")
+        assert_user_error(rc, err, f"--tuning-db {path}: {problem}")
         assert path.read_bytes() == before
 
 

@@ -245,6 +245,9 @@ def _read_only_url(url: str, label: str) -> str:
             raise OptionError(f"{label}: not a graphopt knowledge base (SQLite: {e})") from None
     else:
         raise OptionError(f"{label}: cannot open the storage ({problem})")
+    if not tables:  # what a tune interrupted before Optuna made its tables leaves
+        raise OptionError(f"{label}: an empty knowledge base, with no tuning results yet "
+                          "(`graphopt tune` fills it; an interrupted one can leave it empty)")
     if not _OPTUNA_TABLES <= tables:
         raise OptionError(f"{label}: not a graphopt knowledge base (an SQLite file without "
                           "tuning studies)")
