@@ -185,7 +185,7 @@ def _cmd_tune(args) -> int:
                 line.update(f"kernel {i}/{len(kernels)}  trial {done}/{total}  "
                             f"best {best * 1e6:.2f} µs", done, total)
 
-            line.begin()
+            line.begin(len(kernels))
             results.append(tune_kernel(
                 group.shape, partitioning.target.device(group.device), trials=args.trials,
                 timeout=args.timeout, seed=args.seed, storage=store, study_name=args.study,

@@ -1,21 +1,27 @@
 """The progress line of long work (tuning): rewritten in place on a terminal; in a log, where
-carriage returns would join every update into one line, a line per tenth of the work."""
+carriage returns would join every update into one line, a line per tenth of the work, or
+for work in several pieces (tune's kernels) a line as each piece ends."""
 
 from __future__ import annotations
 
 import sys
+import time
+
+# In a log, a piece of several still shows it is alive this often (seconds).
+HEARTBEAT_S = 30.0
 
 
 class ProgressLine:
-    """`update(text, done, total)` as the work advances (`begin()` before each of several
-    pieces), `finish()` after it (or the work in a
-    `with` block, which finishes however it ends); silent when `enabled` is False
-    (--quiet)."""
+    """`update(text, done, total)` as the work advances (`begin(pieces)` before each of
+    several pieces), `finish()` after it (or the work in a `with` block, which finishes
+    however it ends); silent when `enabled` is False (--quiet)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.terminal = enabled and sys.stderr.isatty()
         self._tenth = -1
+        self._pieces = 1
+        self._printed_at = time.monotonic()
         self._shown = False
         self._width = 0  # of the line on screen, which a shorter update must cover
 
@@ -32,14 +38,22 @@ class ProgressLine:
         # Workers' progress is polled: the same count comes again and again, the last
         # one included, and is shown once.
         tenth = done * 10 // max(total, 1)
-        if tenth != self._tenth:
+        if tenth == self._tenth:
+            return
+        now = time.monotonic()
+        # Of many pieces, a tenth of each would be ten lines a kernel: its end says enough,
+        # and a heartbeat that a slow one still runs.
+        if self._pieces == 1 or done >= total or now - self._printed_at >= HEARTBEAT_S:
             self._tenth = tenth
+            self._printed_at = now
             print(text, file=sys.stderr, flush=True)
 
-    def begin(self) -> None:
-        """The next piece of work (tune's next kernel): its progress is shown from its start,
-        also when its first report is its last."""
+    def begin(self, pieces: int = 1) -> None:
+        """The next of `pieces` pieces of work (tune's next kernel): its progress is shown
+        from its start, also when its first report is its last."""
         self._tenth = -1
+        self._pieces = pieces
+        self._printed_at = time.monotonic()
 
     def __enter__(self) -> "ProgressLine":
         return self

@@ -437,6 +437,23 @@ def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_progress_of_many_kernels_in_a_log_is_a_line_per_kernel_and_a_heartbeat(
+        capsys, monkeypatch):
+    import graphopt.progress as progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    line = progress.ProgressLine()
+    for kernel in (1, 2):
+        line.begin(2)
+        for done in range(1, 51):
+            clock[0] += 1.0 if kernel == 1 else 0.1  # the first kernel's trials take a second
+            line.update(f"kernel {kernel}/2  trial {done}/50", done, 50)
+        line.update(f"kernel {kernel}/2  trial 50/50", 50, 50)  # polled again
+    assert capsys.readouterr().err.splitlines() == [
+        "kernel 1/2  trial 30/50", "kernel 1/2  trial 50/50", "kernel 2/2  trial 50/50"]
+
+
 def test_progress_on_a_terminal_covers_a_longer_earlier_line(capsys):
     from graphopt.progress import ProgressLine
 
