@@ -31,7 +31,7 @@ def streams_as_files(args, copies: dict[str, str]) -> Iterator[None]:
             if not any(_is_stream(path) for path in paths):
                 continue
             if folder is None:
-                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="graphopt-"))
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="graphopt-stream-"))
             files = [_copy(path, folder, copies) if _is_stream(path) else path for path in paths]
             setattr(args, argument, files if isinstance(value, list) else files[0])
         yield

@@ -34,7 +34,8 @@ def _piped(data: bytes, *argv) -> subprocess.CompletedProcess:
 
 
 def _leftovers() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("graphopt-")}
+    return {name for name in os.listdir(tempfile.gettempdir())
+            if name.startswith("graphopt-stream-")}
 
 
 @pytest.mark.parametrize(("argv", "shows"), [
@@ -49,7 +50,7 @@ def test_an_om_from_a_pipe_is_read_once_and_named_as_given(files, argv, shows):
     assert done.returncode == 0, done.stderr
     assert shows in done.stdout
     assert b"/dev/stdin" in done.stdout + done.stderr
-    copies = os.path.join(tempfile.gettempdir(), "graphopt-")
+    copies = os.path.join(tempfile.gettempdir(), "graphopt-stream-")
     assert os.fsencode(copies) not in done.stdout + done.stderr  # no temporary copy named
     assert _leftovers() <= before
 
