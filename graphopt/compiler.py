@@ -456,8 +456,9 @@ def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
     return written
 
 
-def load_inputs(inputs) -> dict[str, np.ndarray] | None:
-    """--inputs as feeds: a dict as given, an .npz path read (OptionError if it cannot be)."""
+def load_inputs(inputs, name: str | None = None) -> dict[str, np.ndarray] | None:
+    """--inputs as feeds: a dict as given, an .npz path read (OptionError if it cannot be,
+    naming the option `name`, by default optimize's)."""
     if inputs is None or isinstance(inputs, dict):
         return inputs
     from graphopt.codegen.feeds import load_npz
@@ -465,7 +466,7 @@ def load_inputs(inputs) -> dict[str, np.ndarray] | None:
     try:
         return load_npz(inputs)
     except InputError as e:
-        raise OptionError(f"{option('inputs')} {e}") from None
+        raise OptionError(f"{name or option('inputs')} {e}") from None
 
 
 def _mark_lossy(model: Model, log: PassLog, target) -> None:

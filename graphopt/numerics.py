@@ -109,15 +109,15 @@ def optimized_by_onnxruntime(model: ModelProto, level: str) -> ModelProto:
 
 
 def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
-                    pinned: list[int] | None) -> list[int]:
+                    pinned: list[int] | None, feeds_keyword: str = "inputs") -> list[int]:
     if not info.type.tensor_type.HasField("shape"):  # unknown rank: a guess would be rank 0
         if pinned is not None and all(d >= 0 for d in pinned):
             return [int(d) for d in pinned]
         if from_command_line():
             ways = f"inputs (--inputs x.npz) or its whole shape (--input-shape \"{info.name}:…\")"
         else:
-            ways = f"inputs= (a dict or an .npz path) or its whole shape in input_shapes=" \
-                   f"{{{info.name!r}: […]}}"
+            ways = (f"{feeds_keyword}= (a dict or an .npz path) or its whole shape in "
+                    f"input_shapes={{{info.name!r}: […]}}")
         raise InputError(f"input {info.name!r} has an unknown rank, so random data cannot be "
                          f"made for it; pass {ways}")
     shape = []
@@ -130,21 +130,25 @@ def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
     return shape
 
 
-def random_inputs_hint(source: str, pinned: bool) -> str:
+def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None) -> str:
     """What to say when the original model cannot run on `source` (seeded random) inputs:
-    their open dims are 1 unless `pinned`, so real inputs, or sizes, are the way out."""
+    their open dims are 1 unless `pinned`, so real inputs, or sizes, are the way out. `feeds`
+    names the caller's option for real inputs (by default optimize's)."""
+    feeds = feeds or option("inputs")
     if pinned:
-        return f" (on {source} inputs: give real inputs with {option('inputs')})"
-    return (f" (on {source} inputs, open dims 1: give real inputs with {option('inputs')}, or "
+        return f" (on {source} inputs: give real inputs with {feeds})"
+    return (f" (on {source} inputs, open dims 1: give real inputs with {feeds}, or "
             f"sizes with {option('input_shapes')})")
 
 
 def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None = None,
-                 shapes: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
+                 shapes: dict[str, list[int]] | None = None,
+                 feeds_keyword: str = "inputs") -> dict[str, np.ndarray]:
     """Seeded inputs for every graph input that has no initializer: normal floats, small
     non-negative integers (safe as indices into any non-empty axis), random booleans.
     A dim comes from `shapes[input][axis]` (ATC-style pins, -1 = not pinned), else the model,
-    else `dims[symbol]`, else 1."""
+    else `dims[symbol]`, else 1. An input of unknown rank is an InputError that names the
+    caller's keyword for real inputs, `feeds_keyword` (optimize's by default)."""
     rng = np.random.default_rng(seed)
     dims = dict(dims or {})
     initialized = {t.name for t in model.graph.initializer}
@@ -163,7 +167,7 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
             feeds[info.name] = _random_held(info, rng, dims)
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-        shape = _concrete_shape(info, dims, (shapes or {}).get(info.name))
+        shape = _concrete_shape(info, dims, (shapes or {}).get(info.name), feeds_keyword)
         feeds[info.name] = random_array(info.name, shape, dtype, rng)
     return feeds
 

@@ -3,13 +3,14 @@ came from `graphopt …`, the keyword argument (`input_shapes`) when it came fro
 
 The CLI's entry runs its command inside `command_line()`; library code that names an option in
 a message writes `option("input_shapes")`, or `setting("precision", mode)` when it shows the
-value too (`--precision fp8` on the command line, `precision='fp8'` in Python)."""
+value too (`--precision fp8` on the command line, `precision='fp8'` in Python). A tool function
+names its own keywords by its own table: `option("repeat", PROFILE_FLAGS)`."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 
 # Keyword argument (of optimize, save, or a pass_options key) -> the CLI flag that sets it.
@@ -42,6 +43,57 @@ FLAGS = {
     "verify": "--verify",
 }
 
+# The inspection tools' keyword arguments -> the flag of their command, a table per tool: the
+# same flag may have another keyword there (compare_models' feeds is --inputs, optimize's
+# inputs), and the same keyword another flag (profile_model's level is onnxruntime's --level,
+# optimize's and bisect's -O).
+COMPARE_FLAGS = {  # compare_models, and accuracy_report, which takes its feeds alike
+    "atol": "--atol",
+    "feeds": "--inputs",
+    "input_shapes": "--input-shape",
+    "min_cosine": "--min-cosine",
+    "per_tensor": "--per-tensor",
+    "rtol": "--rtol",
+    "seed": "--seed",
+}
+BISECT_FLAGS = {
+    "atol": "--atol",
+    "feeds": "--inputs",
+    "input_shapes": "--input-shape",
+    "level": "-O",
+    "rtol": "--rtol",
+    "target": "--target",
+}
+PROFILE_FLAGS = {
+    "calibration": "--calibration",
+    "feeds": "--inputs",
+    "input_shapes": "--input-shape",
+    "level": "--level",
+    "repeat": "--repeat",
+    "seed": "--seed",
+    "threads": "--threads",
+    "warmup": "--warmup",
+}
+DIFF_PASS_FLAGS = {
+    "all_runs": "--all-runs",
+    "level": "-O",
+    "pass_name": "--pass",
+    "target": "--target",
+}
+REPORT_FLAGS = {  # tools.report_data.gather
+    "atol": "--atol",
+    "input_shapes": "--input-shape",
+    "inputs": "--inputs",
+    "min_cosine": "--min-cosine",
+    "per_tensor": "--per-tensor",
+    "reference": "--reference",
+    "rtol": "--rtol",
+    "tuning_db": "--tuning-db",
+}
+CALIBRATE_FLAGS = {  # tuner.calibrate.calibrate
+    "threads": "--threads",
+}
+
 _from_command_line: ContextVar[bool] = ContextVar("graphopt_from_command_line", default=False)
 
 
@@ -59,23 +111,28 @@ def from_command_line() -> bool:
     return _from_command_line.get()
 
 
-def option(keyword: str) -> str:
-    """The option's name for a message: `--input-shape` under the CLI, `input_shapes` else."""
-    return FLAGS[keyword] if _from_command_line.get() else keyword
+def option(keyword: str, flags: Mapping[str, str] = FLAGS) -> str:
+    """The option's name for a message: `--input-shape` under the CLI, `input_shapes` else;
+    `flags` is the table of the function that took the keyword."""
+    return flags[keyword] if _from_command_line.get() else keyword
 
 
-def setting(keyword: str, value: object = True) -> str:
-    """The option as given: `--precision fp8` / `precision='fp8'`, `--verify` / `verify=True`."""
+def setting(keyword: str, value: object = True, flags: Mapping[str, str] = FLAGS) -> str:
+    """The option as given: `--precision fp8` / `precision='fp8'`, `--verify` / `verify=True`.
+    A one-letter flag takes its value attached, as it is written: `-O3` / `level=3`."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if _from_command_line.get():
-        return FLAGS[keyword] if value is True else f"{FLAGS[keyword]} {value}"
+        flag = flags[keyword]
+        if value is True:
+            return flag
+        return f"{flag}{value}" if len(flag) == 2 else f"{flag} {value}"
     return f"{keyword}={value!r}"
 
 
-def usage(keyword: str, metavar: str) -> str:
+def usage(keyword: str, metavar: str, flags: Mapping[str, str] = FLAGS) -> str:
     """The option with a placeholder for its value: `--calibration FILE.npz|DIR` /
     `calibration=FILE.npz|DIR`."""
     if _from_command_line.get():
-        return f"{FLAGS[keyword]} {metavar}"
+        return f"{flags[keyword]} {metavar}"
     return f"{keyword}={metavar}"

@@ -3,6 +3,7 @@ cosine where a lossy precision pass changed the graph and the user gave no rule.
 
 from __future__ import annotations
 
+from graphopt.option_names import COMPARE_FLAGS, option, usage
 from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL
 
 # The cosine an output must keep after a lossy precision pass when no rule is given: below what
@@ -62,12 +63,12 @@ def lossy_passes(pass_log: list) -> list[str]:
 
 
 def accuracy_rule(pass_log: list, rtol: float | None = None, atol: float | None = None,
-                  min_cosine: float | None = None,
-                  choose: str = "--min-cosine C or --rtol/--atol choose the rule"
+                  min_cosine: float | None = None, choose: str | None = None
                   ) -> tuple[dict, str]:
     """compare_models' rtol/atol/min_cosine, and a note when the rule is not the one given: with
     neither --min-cosine nor --rtol/--atol, an .om a lossy precision pass changed is judged by
-    cosine (allclose's defaults bound every element, which rounding to int8 exceeds by design)."""
+    cosine (allclose's defaults bound every element, which rounding to int8 exceeds by design).
+    `choose` ends the note: how to give a rule (by default, compare's options)."""
     judge = {"rtol": DEFAULT_RTOL if rtol is None else rtol,
              "atol": DEFAULT_ATOL if atol is None else atol, "min_cosine": min_cosine}
     lossy = lossy_passes(pass_log)
@@ -75,6 +76,9 @@ def accuracy_rule(pass_log: list, rtol: float | None = None, atol: float | None 
         return judge, ""
     loosest = min(lossy, key=LOSSY_PASSES.__getitem__)
     judge["min_cosine"] = LOSSY_PASSES[loosest]
+    if choose is None:
+        choose = (f"{usage('min_cosine', 'C', COMPARE_FLAGS)} or {option('rtol', COMPARE_FLAGS)}/"
+                  f"{option('atol', COMPARE_FLAGS)} choose the rule")
     note = (f"compiled with {' and '.join(lossy)}, lossy by design: outputs are judged by "
             f"cosine >= {judge['min_cosine']:g} (the default after {loosest}) instead of "
             f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g}); {choose}")

@@ -25,6 +25,7 @@ from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input
                                    validate_input_shapes)
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
+from graphopt.option_names import BISECT_FLAGS, option, setting
 from graphopt.tools.bisect_compile import (
     Compiled,
     GateCall,
@@ -120,8 +121,9 @@ def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
     if feeds is not None:
         from graphopt.compiler import load_inputs  # the --inputs .npz reader of --verify
 
-        arrays = load_inputs(feeds)
-        where = f"--inputs {os.fspath(feeds)}" if not isinstance(feeds, dict) else "--inputs"
+        arrays = load_inputs(feeds, option("feeds", BISECT_FLAGS))
+        where = (option("feeds", BISECT_FLAGS) if isinstance(feeds, dict)
+                 else setting("feeds", feeds, BISECT_FLAGS))
         try:
             check_feeds(typed_inputs(reference), arrays)
         except InputError as e:
@@ -129,9 +131,10 @@ def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
         check_pins_fit_feeds(shapes, arrays, where)
         return arrays
     try:
-        return numerics.random_feeds(reference, seed=0, shapes=shapes)
+        return numerics.random_feeds(reference, seed=0, shapes=shapes,
+                                     feeds_keyword="feeds")
     except ValueError as e:
-        raise OptionError(f"bisect: {e} (give --inputs)") from None
+        raise OptionError(f"bisect: {e} (give {option('feeds', BISECT_FLAGS)})") from None
 
 
 def _prefix(k: int, calls: list[GateCall]) -> str:
@@ -155,8 +158,8 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4
     shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
               else validate_input_shapes(input_shapes or {}))
     setup = Setup(source, label, level, target, shapes)
-    inputs = f"--inputs {os.fspath(feeds)}" if isinstance(feeds, (str, os.PathLike)) else \
-        "the given inputs" if feeds is not None else "seeded random inputs"
+    inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
+        else "the given inputs" if feeds is not None else "seeded random inputs"
     evaluate = _Evaluator(source, _feeds(source, label, feeds, shapes), rtol, atol, progress,
                           inputs)
 

@@ -38,6 +38,7 @@ from graphopt.codegen.feeds import output_label, proto_type, type_label
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir.dtypes import DType
 from graphopt.numerics import Mismatch, paired, random_inputs_hint, widened
+from graphopt.option_names import COMPARE_FLAGS, option
 from graphopt.tools import metrics
 from graphopt.tools.compare_run import (
     check_signatures,
@@ -265,13 +266,15 @@ class CompareReport:
 
 
 def _check_tolerances(rtol: float, atol: float, min_cosine: float | None) -> str:
-    for option, value in (("rtol", rtol), ("atol", atol)):
+    for keyword, value in (("rtol", rtol), ("atol", atol)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise OptionError(f"--{option} must be a finite number ≥ 0, got {value!r}")
+            raise OptionError(f"{option(keyword, COMPARE_FLAGS)} must be a finite number ≥ 0, "
+                              f"got {value!r}")
     if min_cosine is None:
         return f"allclose(rtol={rtol:g}, atol={atol:g})"
     if not (isinstance(min_cosine, (int, float)) and -1.0 <= min_cosine <= 1.0):
-        raise OptionError(f"--min-cosine must be between -1 and 1, got {min_cosine!r}")
+        raise OptionError(f"{option('min_cosine', COMPARE_FLAGS)} must be between -1 and 1, "
+                          f"got {min_cosine!r}")
     return f"cosine >= {min_cosine:g}"
 
 
@@ -305,7 +308,7 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         ref_values = ref_side.run(arrays, names)
     except GraphoptError as exc:
         if feeds is None:  # the reference itself refuses them: the inputs, not the compile
-            hint = random_inputs_hint(source, bool(input_shapes))
+            hint = random_inputs_hint(source, bool(input_shapes), option("feeds", COMPARE_FLAGS))
             raise GraphoptError(f"{exc}{hint}") from None
         raise
     cand_values = cand_side.run(arrays, names)

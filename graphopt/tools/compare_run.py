@@ -18,6 +18,7 @@ from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, parse_input_shapes, validate_input_shapes
 from graphopt.nchwc_block import block_mismatch
+from graphopt.option_names import COMPARE_FLAGS, option
 from graphopt.warning_scope import warnings_as
 
 
@@ -283,12 +284,14 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         if any(p >= 0 for p in pins):
             shapes[entry["name"]] = pins
     try:
-        arrays = numerics.random_feeds(reference.proto, seed=seed, shapes=shapes)
+        arrays = numerics.random_feeds(reference.proto, seed=seed, shapes=shapes,
+                                       feeds_keyword="feeds")
     except ValueError as exc:
         raise InputError(f"{reference.label}: {exc}") from None
     try:
         check_feeds(candidate.inputs, arrays)
     except InputError as exc:
         raise InputError(f"random inputs made for {reference.label} do not fit {candidate.label}: "
-                         f"{exc}; pin the dims with --input-shape or pass --inputs") from None
+                         f"{exc}; pin the dims with {option('input_shapes', COMPARE_FLAGS)} or "
+                         f"pass {option('feeds', COMPARE_FLAGS)}") from None
     return arrays, f"seeded random (seed {seed})"

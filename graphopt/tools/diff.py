@@ -12,6 +12,7 @@ from onnx import ModelProto
 from graphopt.errors import InputError
 from graphopt.ir import Graph, Model, Node, Value, format_node, load_onnx
 from graphopt.ir.printer import format_type
+from graphopt.option_names import setting
 
 
 @dataclass
@@ -102,7 +103,8 @@ def load_for_diff(path: str | os.PathLike) -> Model:
     path = os.fspath(path)
     if path.endswith(".txt"):
         raise InputError(f"{path}: a printed-IR dump cannot be read back; dump with "
-                         "`--dump-format onnx` (or both) and diff the .onnx files")
+                         f"`{setting('dump_format', 'onnx')}` (or both) and diff the .onnx "
+                         "files")
     return load_onnx(path)
 
 

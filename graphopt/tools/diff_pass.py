@@ -8,6 +8,7 @@ import tempfile
 from dataclasses import dataclass
 
 from graphopt.errors import OptionError
+from graphopt.option_names import DIFF_PASS_FLAGS, from_command_line, setting
 from graphopt.tools.diff import GraphDiff, diff_models, load_for_diff
 
 
@@ -85,9 +86,13 @@ def _not_run(pass_name: str, records: list[dict], level: int, target) -> str:
     from graphopt.passes import PASSES
 
     ran = list(dict.fromkeys(r["pass"] for r in records))
-    where = f"-O{level}" + (f" --target {getattr(target, 'name', target)}" if target else "")
+    compiled = [setting("level", level, DIFF_PASS_FLAGS)]
+    if target:
+        compiled.append(setting("target", getattr(target, "name", target), DIFF_PASS_FLAGS))
+    # `-O2 --target cpu` as a command line reads, `level=2, target='cpu'` as a call does.
+    where = (" " if from_command_line() else ", ").join(compiled)
     ran_text = f"passes that ran: {', '.join(ran)}" if ran else "no pass ran"
+    given = setting("pass_name", pass_name, DIFF_PASS_FLAGS)
     if pass_name not in PASSES:  # at no level: `graphopt passes` lists them all
-        return (f"--pass {pass_name}: is not a pass (`graphopt passes` lists them; {ran_text} "
-                f"at {where})")
-    return f"--pass {pass_name}: did not run at {where} ({ran_text})"
+        return f"{given}: is not a pass (`graphopt passes` lists them; {ran_text} at {where})"
+    return f"{given}: did not run at {where} ({ran_text})"

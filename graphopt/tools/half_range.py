@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from graphopt.option_names import from_command_line, option
+
 FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -60,7 +62,9 @@ def overflow_note(found: list[tuple[str, float]]) -> str:
         return ""
     shown = ", ".join(f"{name} (max {peak:.3g})" for name, peak in found[:5])
     more = f", and {len(found) - 5} more" if len(found) > 5 else ""
+    keep = (f"{option('keep_dtype')} the nodes that make them" if from_command_line()
+            else f"list the nodes that make them in {option('keep_dtype')}")
     return (f"float16 overflow: {len(found)} tensor(s) the model holds in float16 exceed "
             f"±{FP16_MAX:g} on this input: {shown}{more}. float16 hardware makes them inf; "
-            "onnxruntime's CPU provider computed them in float32, which hides it. --keep-dtype "
-            "the nodes that make them, or use bf16 (float32's range)")
+            f"onnxruntime's CPU provider computed them in float32, which hides it. {keep}, or "
+            "use bf16 (float32's range)")

@@ -17,6 +17,7 @@ from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import check_pins
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
+from graphopt.option_names import PROFILE_FLAGS, option
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
@@ -122,16 +123,21 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
     return profile
 
 
+def _option(keyword: str) -> str:
+    return option(keyword, PROFILE_FLAGS)
+
+
 def _check_options(repeat, warmup, threads, level) -> None:
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise OptionError(f"--repeat must be at least 1, got {repeat!r}")
+        raise OptionError(f"{_option('repeat')} must be at least 1, got {repeat!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise OptionError(f"--warmup must be 0 or more, got {warmup!r}")
+        raise OptionError(f"{_option('warmup')} must be 0 or more, got {warmup!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 0):
-        raise OptionError(f"--threads must be 0 (onnxruntime chooses) or more, got {threads!r}")
+        raise OptionError(f"{_option('threads')} must be 0 (onnxruntime chooses) or more, got "
+                          f"{threads!r}")
     if level is not None and level not in LEVELS:
-        raise OptionError(f"--level {level!r} is not one of: {', '.join(LEVELS)}")
+        raise OptionError(f"{_option('level')} {level!r} is not one of: {', '.join(LEVELS)}")
 
 
 def _is_om(path: str) -> bool:
@@ -251,7 +257,7 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
         how = ("the first, which random inputs take as in `graphopt run`"
                if random and not input_shapes
-               else "the first that --input-shape fits" if random
+               else f"the first that {_option('input_shapes')} fits" if random
                else "the one the inputs' shapes fit")
         shape_profile = {"name": chosen, "dims": dims, "of": len(session.profiles), "how": how}
     # The first run also returns every tensor passed between partitions: their shapes pin the
@@ -322,7 +328,8 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
 
     if feeds is not None:
         if input_shapes:
-            raise OptionError("--input-shape shapes random inputs; drop it or --inputs")
+            raise OptionError(f"{_option('input_shapes')} shapes random inputs; drop it or "
+                              f"{_option('feeds')}")
         try:
             check_feeds(signature, feeds)
         except InputError as exc:
@@ -340,7 +347,8 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
         return random_feeds(pinned, seed=seed)
     except InputError as exc:
         # An .npz holds arrays: a sequence or map can only be fed from Python.
-        hint = ("pin it with --input-shape or pass --inputs" if all(map(npz_holds, signature))
+        hint = (f"pin it with {_option('input_shapes')} or pass {_option('feeds')}"
+                if all(map(npz_holds, signature))
                 else "pass feeds from Python: graphopt.tools.profile.profile_model(path, feeds)")
         raise InputError(f"{label}: {exc}; {hint}") from None
 

@@ -14,6 +14,7 @@ from graphopt.codegen.inspect_om import describe_om, pass_totals
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.ir import load_onnx
 from graphopt.ir.printer import format_type
+from graphopt.option_names import REPORT_FLAGS, option, usage
 from graphopt.tools.accuracy_rule import accuracy_rule, pass_log_of_om
 
 INPUT, OUTPUT = "input", "output"  # the op of the graph's input and output nodes
@@ -200,13 +201,14 @@ def _study_default(study) -> float | None:
 
 
 def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *,
-                  option: str = "--tuning-db") -> Tuning:
+                  named: str | None = None) -> Tuning:
     """The op-tuning studies of this .om's kernel signatures and its model's subgraph study;
-    `option` names the storage in errors."""
+    `named` names the storage in errors (by default as gather's tuning_db)."""
     from graphopt.tuner.storage import opened
 
     # must_exist: a mistyped path would otherwise become an empty database with nothing tuned.
-    with opened(storage, option=option, read_only=True) as store:
+    with opened(storage, option=named or option("tuning_db", REPORT_FLAGS),
+                read_only=True) as store:
         return _gather_tuning(store, storage, artifact, source_file)
 
 
@@ -282,8 +284,8 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
     if source_file is None:
         tuning.subgraph_note = (f"the storage has {len(names)} subgraph study(ies) for {target}, "
                                 "but they are keyed by the source model's bytes: give "
-                                "--reference MODEL.onnx (or put the source model next to the "
-                                ".om) to find this model's")
+                                f"{usage('reference', 'MODEL.onnx', REPORT_FLAGS)} (or put the "
+                                "source model next to the .om) to find this model's")
         return
     for name in sorted(names):
         study = optuna.load_study(study_name=name, storage=store)
@@ -311,11 +313,12 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
 
 def gather(om_path: str, *, reference: str | None = None, inputs: str | None = None,
            input_shapes: str | None = None, per_tensor: bool = False,
-           tuning_db: str | None = None, tuning_option: str = "--tuning-db",
+           tuning_db: str | None = None, tuning_option: str | None = None,
            rtol: float | None = None, atol: float | None = None,
            min_cosine: float | None = None) -> ReportData:
     """Load and verify the .om and collect every section's data; the optional parts are
-    None when not asked for. The accuracy rule is `accuracy_rule`'s."""
+    None when not asked for. The accuracy rule is `accuracy_rule`'s. `tuning_option` names
+    the storage in errors (by default as this function's tuning_db)."""
     artifact = load_om(om_path)
     stat = os.stat(om_path)
     modified = datetime.datetime.fromtimestamp(stat.st_mtime, datetime.timezone.utc)
@@ -325,7 +328,7 @@ def gather(om_path: str, *, reference: str | None = None, inputs: str | None = N
                       partition_ops=describe_om(artifact)["partition_ops"])
     data.source_file = locate_source(artifact.manifest, om_path, [reference])
     if tuning_db is not None:
-        data.tuning = gather_tuning(tuning_db, artifact, data.source_file, option=tuning_option)
+        data.tuning = gather_tuning(tuning_db, artifact, data.source_file, named=tuning_option)
     if reference is not None:
         from graphopt.tools.compare import compare_models
 

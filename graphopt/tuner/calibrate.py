@@ -38,6 +38,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.errors import OptionError
+from graphopt.option_names import CALIBRATE_FLAGS, option
 from graphopt.tuner.cpu_model import (
     INT8_CLASSES,
     OP_CLASSES,
@@ -335,7 +336,7 @@ def calibrate(threads: int = 1, seconds_budget: float = 12.0, quick: bool = Fals
     """Runs the micro-benchmarks for about `seconds_budget` seconds of timed runs (sessions and
     warm-ups come on top) and fits the constants. `progress(key, measurement)` follows each one."""
     if threads < 1:
-        raise OptionError(f"--threads must be ≥ 1, got {threads}")
+        raise OptionError(f"{option('threads', CALIBRATE_FLAGS)} must be ≥ 1, got {threads}")
     if not seconds_budget > 0:
         raise OptionError(f"the calibration budget must be > 0 seconds, got {seconds_budget}")
     kernels = benchmarks(quick)
