@@ -18,7 +18,31 @@ _GROUP_NORM_OPSETS = range(18, 21)
 
 def replace_deprecated_ops(model: Model) -> list[str]:
     """Rewrite the deprecated ops onnxruntime runs (GroupNormalization-18) into the same
-    computation in ops of the model's opset; returns a note per kind of rewrite."""
+    computation in ops of the model's opset, and raise the opset of a model that uses
+    LayerNormalization before ONNX defined it; returns a note per kind of rewrite."""
+    return _early_layer_norm(model) + _group_norms(model)
+
+
+def _early_layer_norm(model: Model) -> list[str]:
+    """onnxruntime registers LayerNormalization in the ONNX domain for opsets 1 to 16 as well,
+    with opset 17's meaning, and its transformer optimizer writes it into models of those
+    opsets; ONNX defines it from 17 only, so such a model gets opset 17 where that changes no
+    other node's meaning (passes.opset_raise)."""
+    from graphopt.passes.opset_raise import raise_blocker, raise_opset
+
+    opset = model.opset("")
+    if opset is None or opset >= 17 or not any(
+            node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx")
+            for node in model.graph.all_nodes()):
+        return []
+    if raise_blocker(model, 17) is not None:
+        return []  # the input check then names the node ONNX cannot run at this opset
+    raise_opset(model, 17)
+    return [f"LayerNormalization at opset {opset} (onnxruntime's own before ONNX defined it at "
+            "17): the model's opset is raised to 17, which changes no other node's meaning"]
+
+
+def _group_norms(model: Model) -> list[str]:
     if model.opset("") not in _GROUP_NORM_OPSETS:
         return []
     group_norms = [node for node in model.graph.all_nodes()

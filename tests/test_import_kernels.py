@@ -140,6 +140,38 @@ def test_group_normalization_18_whose_groups_do_not_divide_the_channels_stays_re
         graphopt.optimize(model)
 
 
+@pytest.mark.parametrize("opset", [13, 14, 16])
+@pytest.mark.parametrize("target", [None, "ascend310"])
+def test_layer_normalization_before_opset_17_gets_opset_17(tmp_path, opset, target):
+    # onnxruntime's transformer optimizer writes LayerNormalization into models of older
+    # opsets, and onnxruntime runs it there: its own kernel, registered for opsets 1 to 16.
+    rng = np.random.default_rng(3)
+    model = parse_model("g (float[2,5,8] x) => (float[2,5,8] y) "
+                        "{ r = Relu (x)\n y = LayerNormalization <epsilon = 0.00001> (r, s, b) }",
+                        header=f'<ir_version: 8, opset_import: ["" : {opset}]>\n',
+                        s=rng.standard_normal(8).astype(np.float32),
+                        b=rng.standard_normal(8).astype(np.float32))
+    assert _ort_loads(model)
+    feeds = {"x": rng.standard_normal((2, 5, 8)).astype(np.float32)}
+    result = graphopt.optimize(model, target=target)
+    assert any(f"LayerNormalization at opset {opset}" in note for note in result.notes)
+    proto = result.to_onnx()
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 17
+    onnx.checker.check_model(proto, full_check=True)
+    graphopt.save(result, tmp_path / "model.om")
+    actual = list(graphopt.load(tmp_path / "model.om").run(feeds).values())
+    np.testing.assert_allclose(actual[0], _reference(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_layer_normalization_at_an_opset_that_cannot_be_raised_is_refused_naming_it():
+    model = parse_model("g (float[2,8] x) => (float[2,8] y) "
+                        "{ y = LayerNormalization (x, s, b) }",
+                        header='<ir_version: 7, opset_import: ["" : 12]>\n',
+                        s=np.ones(8, np.float32), b=np.zeros(8, np.float32))
+    with pytest.raises(GraphoptError, match=r"\(LayerNormalization\): .*domain_version of 12"):
+        graphopt.optimize(model)
+
+
 CONTRIB = '<ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
 
 

@@ -292,6 +292,27 @@ def test_types_are_carried_past_contrib_ops():
         assert (values[name].dtype, values[name].shape) == (DType.FLOAT, shape), name
 
 
+def test_the_sum_a_skip_layer_norm_passes_on_is_typed():
+    # Its fourth output carries the residual path on; untyped, a partition boundary on it
+    # made a graph input without a type.
+    gamma = numpy_helper.from_array(np.ones(8, np.float32), "gamma")
+    nodes = [helper.make_node("SkipLayerNormalization", ["x", "skip", "gamma"],
+                              ["y", "", "", "sum"], domain="com.microsoft", epsilon=1e-5),
+             helper.make_node("Relu", ["sum"], ["r"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["B", 5, 8])
+                     for name in ("x", "skip")],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "r")],
+        [gamma])
+    model = load_onnx(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=IR_VERSION))
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    for name in ("y", "sum", "r"):
+        assert (values[name].dtype, values[name].shape) == (DType.FLOAT, ("B", 5, 8)), name
+
+
 def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
     """A model onnxruntime's optimizer saved declares its contrib outputs with symbolic dims
     ("unk__3"); pinned inputs make them static, and the values after them too."""

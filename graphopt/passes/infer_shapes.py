@@ -106,6 +106,11 @@ def infer_shapes(model: Model) -> int:
     return changed
 
 
+# Skip(Simplified)LayerNormalization's fourth output, the sum of input, skip and bias, which a
+# residual path reads on: its first input's type and shape too.
+_SKIP_SUM_OUTPUT = 3
+
+
 def _carry_through_contrib_ops(model: Model) -> int:
     """Type the first output of each contrib op InferShapes knows from its inputs, where that
     says more than the output carries (nothing, or a model's own value info with symbolic dims
@@ -113,10 +118,14 @@ def _carry_through_contrib_ops(model: Model) -> int:
     typed = 0
     for graph in model.graph.all_graphs():
         for node in graph.nodes():
-            out = node.outputs[0] if node.outputs else None
             source = node.inputs[0] if node.inputs else None
-            if out is None or source is None or source.dtype is None \
-                    or out.type_proto is not None:
+            if source is None or source.dtype is None:
+                continue
+            if node.op_type in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization") \
+                    and node.domain == "com.microsoft":
+                typed += _type_skip_sum(node, source)
+            out = node.outputs[0] if node.outputs else None
+            if out is None or out.type_proto is not None:
                 continue
             dtype = source.dtype
             if node.domain in ("", "ai.onnx"):
@@ -140,6 +149,15 @@ def _carry_through_contrib_ops(model: Model) -> int:
                 out.dtype, out.shape = dtype, shape
                 typed += 1
     return typed
+
+
+def _type_skip_sum(node, source) -> int:
+    out = node.outputs[_SKIP_SUM_OUTPUT] if len(node.outputs) > _SKIP_SUM_OUTPUT else None
+    if out is None or out.type_proto is not None or not _knows_more(source.dtype, source.shape,
+                                                                     out):
+        return 0
+    out.dtype, out.shape = source.dtype, source.shape
+    return 1
 
 
 def _knows_more(dtype, shape, value) -> bool:
