@@ -978,3 +978,37 @@ def test_a_model_of_integer_ops_says_why_nothing_was_quantized(tmp_path):
     quantize_dynamic(str(source), str(tmp_path / "dynamic.onnx"))
     result, _ = _int8(onnx.load(tmp_path / "dynamic.onnx"), calibration=_calibration(tmp_path))
     assert any("already an integer op (ConvInteger)" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_a_bias_too_large_for_int32_at_a_tiny_input_scale_keeps_its_value(tmp_path, per_channel):
+    # Activations near 1e-9 give a bias scale near 1e-13: a bias of 0.5 clipped to int32's
+    # range lost its value (torchvision's DeepLabV3 head at random init output all zeros).
+    # The weight scale widens until the bias fits.
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        agraph (float[1, 3, 16, 16] x) => (float[1, 8, 16, 16] y) {
+            c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+            m = Mul(c1, tiny)
+            c2 = Conv (m, w2, b2)
+            y = Conv (c2, w3, b3)
+        }""", w1=rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+        b1=rng.standard_normal(8).astype(np.float32) * 0.1, tiny=np.array(1e-9, np.float32),
+        w2=rng.standard_normal((8, 8, 1, 1)).astype(np.float32) * 0.3,
+        b2=np.full(8, 0.5, np.float32),
+        w3=rng.standard_normal((8, 8, 1, 1)).astype(np.float32) * 0.3,
+        b3=rng.standard_normal(8).astype(np.float32) * 0.1)
+    _, out = _int8(proto, calibration=_calibration(tmp_path), quant_keep_ends=False,
+                   per_channel=per_channel)
+    biases = {i.name: onnx.numpy_helper.to_array(i) for i in out.graph.initializer
+              if i.data_type == onnx.TensorProto.INT32}
+    assert "b2_quantized" in biases  # the layer is quantized, its bias with it
+    assert np.abs(biases["b2_quantized"]).max() < np.iinfo(np.int32).max
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(proto.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    actual = ort.InferenceSession(out.SerializeToString(), options,
+                                  providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert _cosine(actual, expected) > 0.9999

@@ -47,6 +47,7 @@ from graphopt.quant.probe import int8_gemm_saturates
 from graphopt.quant.qparams import (
     QParams,
     activation_params,
+    bias_fitting_scale,
     dequantize_weight,
     quantize_bias,
     quantize_weight,
@@ -387,10 +388,11 @@ def _quantize_weights(graph, node: Node, x: QParams, per_channel: bool,
         axis = 1  # [K, N]
     else:
         axis = 0
-    wq, w_scale = quantize_weight(w, axis if per_channel else None, limit)
-    node.set_input(1, _dequantized(graph, node, w_value.name, wq, w_scale, axis))
     bias = node.input(2)
     b = bias.constant() if bias is not None else np.zeros(w.shape[axis], np.float32)
+    fitting = bias_fitting_scale(b, x.scale) if bias is not None else None
+    wq, w_scale = quantize_weight(w, axis if per_channel else None, limit, fitting)
+    node.set_input(1, _dequantized(graph, node, w_value.name, wq, w_scale, axis))
     reads = w.shape[0] if node.op_type in ("Gemm", "MatMul") and not node.attr("transB", 0) \
         else w.shape[1] * int(node.attr("group", 1))  # the input channels the weight reads
     if x_mean is not None and x_mean.shape == (reads,):

@@ -36,21 +36,25 @@ def activation_params(lo: float, hi: float, symmetric: bool) -> QParams:
     return QParams(np.float32(scale), np.uint8(zero_point))
 
 
-def quantize_weight(w: np.ndarray, axis: int | None, limit: int = 127
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(w: np.ndarray, axis: int | None, limit: int = 127,
+                    min_scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 in [-limit, limit] (±127 by default, which keeps zero point 0 exact on
     both sides): the quantized weight and its scale, one per index of `axis` (None: one
-    scalar)."""
+    scalar), at least `min_scale` (bias_fitting_scale; per index of `axis`)."""
     w = w.astype(np.float32)
     if axis is None:
         bound = np.float32(np.max(np.abs(w))) if w.size else np.float32(0)
         scale = np.float32(bound / limit) if bound > 0 else np.float32(1.0)
+        if min_scale is not None:
+            scale = np.float32(max(scale, np.max(min_scale, initial=0.0)))
         q = np.clip(np.round(w / scale), -limit, limit).astype(np.int8)
         return q, np.asarray(scale, np.float32)
     others = tuple(i for i in range(w.ndim) if i != axis)
     bound = np.max(np.abs(w), axis=others) if w.size else np.zeros(w.shape[axis], np.float32)
     # An all-zero channel quantizes to zeros under any scale; 1 avoids dividing by zero.
     scale = np.where(bound > 0, bound / limit, 1.0).astype(np.float32)
+    if min_scale is not None:
+        scale = np.maximum(scale, min_scale).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
     q = np.clip(np.round(w / scale.reshape(shape)), -limit, limit).astype(np.int8)
@@ -64,6 +68,16 @@ def dequantize_weight(q: np.ndarray, scale: np.ndarray, axis: int | None) -> np.
     shape = [1] * q.ndim
     shape[axis] = -1
     return q.astype(np.float32) * scale.reshape(shape)
+
+
+def bias_fitting_scale(b: np.ndarray, input_scale: np.float32) -> np.ndarray:
+    """The smallest weight scale per output channel at which the bias `b` fits int32 at scale
+    input_scale × weight scale, with room for twice its size (bias correction moves it). An
+    input of tiny range (activations near 1e-10) otherwise gives a bias scale near 1e-15, at
+    which the clipped int32 bias loses its value; a wider weight scale costs only weight
+    precision, whose products with such inputs are as tiny. onnxruntime's quantizer widens
+    the weight scale alike."""
+    return (2.0 * np.abs(b.astype(np.float64)) / (float(input_scale) * INT32_MAX)).astype(np.float32)
 
 
 def quantize_bias(b: np.ndarray, input_scale: np.float32, weight_scale: np.ndarray
