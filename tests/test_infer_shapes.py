@@ -313,6 +313,41 @@ def test_the_sum_a_skip_layer_norm_passes_on_is_typed():
         assert (values[name].dtype, values[name].shape) == (DType.FLOAT, ("B", 5, 8)), name
 
 
+def test_embed_layer_norm_and_qlinear_ops_are_typed():
+    # onnxruntime's BERT optimizer starts the model with EmbedLayerNormalization, and its
+    # QOperator quantizer writes QLinearAdd: untyped, nothing after them was quantized,
+    # converted or planned, and a partition boundary made an untyped graph input.
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((50, 8)).astype(np.float32), "words")
+    positions = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "pos")
+    gamma = numpy_helper.from_array(np.ones(8, np.float32), "gamma")
+    beta = numpy_helper.from_array(np.zeros(8, np.float32), "beta")
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "scale")
+    zero = numpy_helper.from_array(np.array(128, np.uint8), "zero")
+    nodes = [helper.make_node("EmbedLayerNormalization",
+                              ["ids", "", "words", "pos", "", "gamma", "beta"],
+                              ["e", "mask_index"], domain="com.microsoft", epsilon=1e-5),
+             helper.make_node("QuantizeLinear", ["e", "scale", "zero"], ["q"]),
+             helper.make_node("QLinearAdd", ["q", "scale", "zero", "q", "scale", "zero",
+                                             "scale", "zero"], ["s"], domain="com.microsoft"),
+             helper.make_node("DequantizeLinear", ["s", "scale", "zero"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["B", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("mask_index", TensorProto.INT32, None)],
+        [table, positions, gamma, beta, scale, zero])
+    model = load_onnx(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=IR_VERSION))
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    for name, dtype, shape in (("e", DType.FLOAT, ("B", 16, 8)), ("mask_index", DType.INT32,
+                                                                  ("B",)),
+                               ("s", DType.UINT8, ("B", 16, 8)), ("y", DType.FLOAT,
+                                                                  ("B", 16, 8))):
+        assert (values[name].dtype, values[name].shape) == (dtype, shape), name
+
+
 def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
     """A model onnxruntime's optimizer saved declares its contrib outputs with symbolic dims
     ("unk__3"); pinned inputs make them static, and the values after them too."""

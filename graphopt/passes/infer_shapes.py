@@ -7,7 +7,7 @@ from itertools import islice
 import onnx
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
-from graphopt.ir import Model
+from graphopt.ir import DType, Model
 from graphopt.ir.onnx_io import graph_protos, read_type, to_onnx
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
@@ -124,6 +124,9 @@ def _carry_through_contrib_ops(model: Model) -> int:
             if node.op_type in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization") \
                     and node.domain == "com.microsoft":
                 typed += _type_skip_sum(node, source)
+            if node.domain == "com.microsoft" and node.op_type in _TYPED_BY_RULE:
+                typed += _type_outputs(node, _TYPED_BY_RULE[node.op_type](node))
+                continue
             out = node.outputs[0] if node.outputs else None
             if out is None or out.type_proto is not None:
                 continue
@@ -148,6 +151,76 @@ def _carry_through_contrib_ops(model: Model) -> int:
             if _knows_more(dtype, shape, out):
                 out.dtype, out.shape = dtype, shape
                 typed += 1
+    return typed
+
+
+def _embed_layer_norm_types(node) -> list:
+    """EmbedLayerNormalization(input_ids [B, S], …, word_embedding [V, H], …): the embedding
+    [B, S, H] in the table's dtype, mask_index int32 [B], and the optional sum of embeddings
+    before the normalization, like the first."""
+    ids, table = node.inputs[0], node.input(2)
+    if table is None or table.dtype is None or ids.shape is None or len(ids.shape) != 2 \
+            or table.shape is None or len(table.shape) != 2:
+        return []
+    embedded = (*ids.shape, table.shape[1])
+    return [(0, table.dtype, embedded), (1, DType.INT32, (ids.shape[0],)),
+            (2, table.dtype, embedded)]
+
+
+def _qlinear_binary_types(node) -> list:
+    """QLinearAdd/QLinearMul(A, A_scale, A_zero, B, B_scale, B_zero, C_scale, C_zero): A and
+    B broadcast, in C's zero point's dtype (A's without one)."""
+    a, b = node.inputs[0], node.input(3)
+    zero = node.input(7)
+    dtype = zero.dtype if zero is not None else a.dtype
+    if b is None or dtype is None:
+        return []
+    return [(0, dtype, _broadcast_shape(a.shape, b.shape))]
+
+
+def _qlinear_unary_types(node) -> list:
+    """QLinearSigmoid/QLinearLeakyRelu(X, X_scale, X_zero, Y_scale, Y_zero): X's shape, in
+    Y's zero point's dtype (X's without one)."""
+    zero = node.input(4)
+    dtype = zero.dtype if zero is not None else node.inputs[0].dtype
+    return [] if dtype is None else [(0, dtype, node.inputs[0].shape)]
+
+
+def _broadcast_shape(a, b) -> tuple | None:
+    """Numpy broadcasting of two shapes whose dims are ints or names; None when unknown."""
+    if a is None or b is None:
+        return None
+    width = max(len(a), len(b))
+    a = (1,) * (width - len(a)) + tuple(a)
+    b = (1,) * (width - len(b)) + tuple(b)
+    dims = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            dims.append(x)
+        elif x == 1:
+            dims.append(y)
+        else:
+            return None
+    return tuple(dims)
+
+
+# onnxruntime contrib ops typed by a rule of their own: op -> [(output index, dtype, shape)].
+_TYPED_BY_RULE = {
+    "EmbedLayerNormalization": _embed_layer_norm_types,
+    "QLinearAdd": _qlinear_binary_types,
+    "QLinearMul": _qlinear_binary_types,
+    "QLinearSigmoid": _qlinear_unary_types,
+    "QLinearLeakyRelu": _qlinear_unary_types,
+}
+
+
+def _type_outputs(node, types: list) -> int:
+    typed = 0
+    for index, dtype, shape in types:
+        out = node.outputs[index] if index < len(node.outputs) else None
+        if out is not None and out.type_proto is None and _knows_more(dtype, shape, out):
+            out.dtype, out.shape = dtype, shape
+            typed += 1
     return typed
 
 
@@ -184,19 +257,8 @@ def _fused_matmul_shape(node) -> tuple | None:
         return None
     rows = a[-1] if node.attr("transA", 0) else a[-2]
     cols = b[-2] if node.attr("transB", 0) else b[-1]
-    batch_a, batch_b = a[:-2], b[:-2]
-    width = max(len(batch_a), len(batch_b))
-    batch_a = (1,) * (width - len(batch_a)) + tuple(batch_a)
-    batch_b = (1,) * (width - len(batch_b)) + tuple(batch_b)
-    batch = []
-    for x, y in zip(batch_a, batch_b):
-        if x == y or y == 1:
-            batch.append(x)
-        elif x == 1:
-            batch.append(y)
-        else:
-            return None
-    return (*batch, rows, cols)
+    batch = _broadcast_shape(a[:-2], b[:-2])
+    return None if batch is None else (*batch, rows, cols)
 
 
 def _attention_shape(node) -> tuple | None:
