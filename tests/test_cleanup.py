@@ -351,3 +351,16 @@ def test_duplicate_initializers_merge_but_overridable_inputs_do_not():
     }""", "MergeDuplicateInitializers")
     assert stats == {"initializer": 1}
     assert set(model.graph.initializers) == {"o", "a"}
+
+
+def test_where_of_not_swaps_its_branches():
+    # masked_fill(~mask, v) exports as Where(Not(mask), v, x); onnxruntime's basic level
+    # drops the Not the same way.
+    text = HEADER + """
+    g (bool[2, 1, 4] m, float[2, 3, 4] x, float[4] v) => (float[2, 3, 4] y, float[2, 3, 4] z) {
+        n = Not(m)
+        y = Where(n, v, x)
+        z = Where(n, x, v)
+    }"""
+    model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
+    assert stats["WhereOfNot"] == 2 and ops(model) == ["Where", "Where"]  # outputs checked

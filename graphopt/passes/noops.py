@@ -8,7 +8,8 @@
 Arithmetic identities only fire when broadcasting leaves x's shape and dtype unchanged. A float
 x + 0.0 is not x: -0.0 + 0.0 is +0.0, which 1/x or atan2 tell apart; x + (-0.0) and x - 0.0
 are (integer zeros have no sign).
-Also collapses Reshape(Reshape(x, a), b) into Reshape(x, b) when b needs no dims of the middle.
+Also collapses Reshape(Reshape(x, a), b) into Reshape(x, b) when b needs no dims of the middle,
+and reads Where(Not(c), a, b) as Where(c, b, a).
 """
 
 from __future__ import annotations
@@ -191,6 +192,17 @@ def _collapsed_shape(node: Node, inner: Node) -> np.ndarray | None:
     return resolved
 
 
+def _where_of_not(node: Node, ctx: PassContext) -> bool:
+    """Where(Not(c), a, b) -> Where(c, b, a), exactly (the broadcast shape is the same): what
+    `masked_fill(~mask, …)` exports to. The Not is dropped once nothing else reads it."""
+    negation = node.inputs[0].producer
+    if negation is None or negation.op_type != "Not" or not negation.is_onnx \
+            or len(node.inputs) != 3 or not ctx.allows("WhereOfNot", node):
+        return False
+    node.set_inputs([negation.inputs[0], node.inputs[2], node.inputs[1]])
+    return True
+
+
 @register
 class EliminateNoOps(Pass):
     name = "EliminateNoOps"
@@ -205,6 +217,9 @@ class EliminateNoOps(Pass):
                 continue
             if node.op_type == "Reshape" and _collapse_reshape(node, ctx):
                 result.count("ReshapeOfReshape")
+            if node.op_type == "Where" and _where_of_not(node, ctx):
+                result.count("WhereOfNot")
+                continue
             rule = RULES.get(node.op_type)
             if rule is None or (len(node.outputs) > 1 and node.op_type != "Split"):
                 continue
