@@ -215,13 +215,15 @@ class ScaledDotProductAttention(Rule):
                    "that swallows any score (float32's lowest): score + fill is then not " \
                    "the fill, and a row whose every key is masked would stop averaging V evenly"
         cond = keep if keep is not None else drop
-        if cond is not None and cond.constant() is None and _shape_derived(cond) \
-                and _on_cpu(target, q4, k, v4, cond):
-            return "the Where condition is a mask sliced to the sequence at run time, so the " \
-                   "bias would be built on every run: onnxruntime's CPU MultiHeadAttention " \
-                   "with it runs slower than the MatMul + Softmax it replaces (pin the " \
-                   f"sequence with {option('input_shapes')} or {option('dynamic_dims')} to make " \
-                   "the mask a constant)"
+        built = cond if cond is not None else mask
+        if built is not None and built.constant() is None and _shape_derived(built) \
+                and _on_cpu(target, q4, k, v4, built):
+            what = "Where condition" if cond is not None else "additive mask"
+            return f"the {what} is a mask built to the sequence at run time, so the bias " \
+                   "would be built on every run: onnxruntime's CPU MultiHeadAttention with it " \
+                   "runs slower than the MatMul + Softmax it replaces (pin the sequence with " \
+                   f"{option('input_shapes')} or {option('dynamic_dims')} to make the mask a " \
+                   "constant)"
         if mask is not None and mask.dtype != DType.FLOAT:
             return f"the additive mask %{mask.name} is not float32"
         if cond is not None and cond.dtype != DType.BOOL:
