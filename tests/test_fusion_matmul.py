@@ -69,8 +69,25 @@ def test_matmul_add_becomes_gemm(body, bias):
     model, stats = fuse(proto)
     assert stats == {"MatMulAddToGemm": 1}
     assert ops(model) == ["Gemm"]
-    assert [v.name for v in node(model, "Gemm").inputs] == ["x", "w", "b"]
+    x, w, c = node(model, "Gemm").inputs
+    assert (x.name, w.name) == ("x", "w")
+    # A bias row becomes the vector it broadcasts as, the bias QuantizeInt8 takes.
+    assert c.name == "b" if bias == "16" else c.constant().shape == (16,)
     same_outputs(proto, model)
+
+
+def test_a_gemm_from_a_bias_row_is_quantized_to_int8(tmp_path):
+    # skl2onnx's MLPs add [1, N] rows: the Gemm they fused into had stayed float.
+    proto = build("g (float[4,8] x) => (float[4,16] y) "
+                  "{ m = MatMul(x, w)\n a = Add(m, b)\n r = Relu(a)\n h = MatMul(r, w2)\n"
+                  " y = Add(h, b2) }",
+                  w=weight(8, 16), b=weight(1, 16), w2=weight(16, 16), b2=weight(1, 16))
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(0).standard_normal((8, 4, 8))
+             .astype(np.float32))
+    result = optimize(proto, pass_options={"quantize": "int8", "quant_keep_ends": False,
+                                           "calibration": str(tmp_path / "c.npz")})
+    counts = Counter(n.op_type for n in result.model.graph)
+    assert counts["Gemm"] == 2 and counts["DequantizeLinear"] >= 4, counts
 
 
 def refusal(proto: onnx.ModelProto, rule: str) -> str:

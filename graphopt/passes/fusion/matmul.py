@@ -91,6 +91,10 @@ class MatMulAddToGemm(Rule):
         return None
 
     def rewrite(self, op, a, w, b):
+        # A bias row [1, N] becomes the vector [N] it broadcasts as: what QuantizeInt8 takes
+        # for a Gemm's bias (skl2onnx's MLPs add [1, N] rows).
+        if len(b.shape) == 2:
+            b = op.const(b.constant().reshape(-1))
         return op.Gemm(a, w, b)
 
 
