@@ -1012,3 +1012,19 @@ def test_a_bias_too_large_for_int32_at_a_tiny_input_scale_keeps_its_value(tmp_pa
     actual = ort.InferenceSession(out.SerializeToString(), options,
                                   providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert _cosine(actual, expected) > 0.9999
+
+
+def test_calibration_takes_a_string_input_as_numpys_strings(tmp_path):
+    # np.savez writes a string input as '<U' (an object array needs pickle, which graphopt
+    # does not load): calibrating skl2onnx's pipelines with a categorical column was refused.
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        agraph (float[N, 8] x, string[N, 1] s) => (float[N, 4] y, string[N, 1] t) {
+            y = Gemm(x, w, b)
+            t = Identity(s)
+        }""", w=rng.standard_normal((8, 4)).astype(np.float32),
+        b=rng.standard_normal(4).astype(np.float32))
+    np.savez(tmp_path / "c.npz", x=rng.standard_normal((4, 2, 8)).astype(np.float32),
+             s=np.array([[["a"], ["bc"]]] * 4))
+    _, out = _int8(proto, calibration=str(tmp_path / "c.npz"), quant_keep_ends=False)
+    assert any(n.op_type == "DequantizeLinear" for n in out.graph.node)

@@ -252,8 +252,11 @@ def _cast(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
     array = np.asarray(array)  # a sample of a scalar input is a numpy scalar, not an array
     if array.dtype == spec.dtype:
         return array
+    # A string input (object) is saved as numpy's fixed-width strings: an .npz holds no
+    # object array, as `run --inputs` takes it too.
     same_kind = (array.dtype.kind == "f" and spec.dtype.kind == "f") or (
-        array.dtype.kind in "iu" and spec.dtype.kind in "iu")
+        array.dtype.kind in "iu" and spec.dtype.kind in "iu") or (
+        array.dtype.kind in "US" and spec.dtype.kind == "O")
     if not same_kind:
         raise OptionError(f"calibration {file}: input '{spec.name}' is {array.dtype}; the model "
                           f"expects {spec.dtype}")
