@@ -10,7 +10,7 @@ import re
 
 import onnx
 import onnx.checker
-from onnx import AttributeProto, GraphProto, NodeProto
+from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node
@@ -164,8 +164,12 @@ def check_kernel_dtypes(model: Model, label: str) -> None:
         key = (node.op_type, node.domain, tuple(v and v.dtype for v in node.inputs),
                tuple(v and v.dtype for v in node.outputs))
         binds = verdicts.get(key, "")
-        if binds == "":
+        if binds == "":  # a new kind of node
             version = model.opset(node.domain)
+            fixed = _fixed_output_problem(node, version)
+            if fixed:
+                raise InputError(f"{_where(label, node)}: {fixed}; onnxruntime refuses the "
+                                 "model")
             binds = verdicts[key] = None if version is None or expandable(
                 node.op_type, node.domain, version) else _binds(
                 node.op_type, node.domain, version, names(node.inputs), names(node.outputs))
@@ -179,6 +183,31 @@ def check_kernel_dtypes(model: Model, label: str) -> None:
             raise InputError(f"{_where(label, node)}: onnxruntime's CPU provider has no "
                              f"{node.op_type}-{since} kernel for these dtypes ({typed}), "
                              "so no session can load it")
+
+
+def _fixed_output_problem(node: Node, version: int | None) -> str | None:
+    """An output declared with another element type than the one its schema fixes (ai.onnx.ml's
+    TreeEnsembleRegressor always writes float: skl2onnx declares double for a float64 tree,
+    which onnx.checker and onnxruntime refuse, and ONNX's inference has no rule to say so)."""
+    if version is None:
+        return None
+    try:
+        schema = onnx.defs.get_schema(node.op_type, version,
+                                      "" if node.domain == "ai.onnx" else node.domain)
+    except onnx.defs.SchemaError:
+        return None
+    for formal, value in zip(schema.outputs, node.outputs):
+        fixed = _FIXED_TENSOR.fullmatch(formal.type_str)
+        if value is None or value.dtype is None or fixed is None:
+            continue
+        expected = getattr(TensorProto, fixed[1].upper(), None)
+        if expected is not None and int(value.dtype) != expected:
+            return (f"output '{value.name}' is declared {value.dtype.name}, but the op always "
+                    f"writes {TensorProto.DataType.Name(expected)}")
+    return None
+
+
+_FIXED_TENSOR = re.compile(r"tensor\((\w+)\)")
 
 
 def _binds(op_type: str, domain: str, version: int, inputs: tuple, outputs: tuple) -> bool | None:

@@ -207,3 +207,21 @@ def test_an_internal_attribute_of_an_onnxruntime_op_passes_as_onnxruntime_lets_i
                         "{ y = com.microsoft.BiasGelu <__internal = 1> (x, b) }", header=CONTRIB)
     assert _ort_loads(model)
     graphopt.optimize(model)
+
+
+def test_an_output_declared_with_another_type_than_its_op_writes_is_refused():
+    # skl2onnx declares a float64 tree's output double (at ai.onnx.ml 1, which ONNX's
+    # inference does not type); TreeEnsembleRegressor always writes float, and onnxruntime
+    # refuses the model (the .om compiled, then failed to load).
+    model = parse_model(
+        "g (double[N,2] x) => (double[N,1] y) "
+        "{ y = ai.onnx.ml.TreeEnsembleRegressor <n_targets = 1, nodes_featureids = [0], "
+        "nodes_modes = [\"LEAF\"], nodes_nodeids = [0], nodes_treeids = [0], "
+        "nodes_truenodeids = [0], nodes_falsenodeids = [0], nodes_values = [0.0], "
+        "target_ids = [0], target_nodeids = [0], target_treeids = [0], "
+        "target_weights = [1.5]> (x) }",
+        header='<ir_version: 8, opset_import: ["" : 17, "ai.onnx.ml" : 1]>\n')
+    assert not _ort_loads(model)
+    with pytest.raises(GraphoptError, match=r"output 'y' is declared DOUBLE, but the op always "
+                                            r"writes FLOAT"):
+        graphopt.optimize(model)
