@@ -1028,3 +1028,18 @@ def test_calibration_takes_a_string_input_as_numpys_strings(tmp_path):
              s=np.array([[["a"], ["bc"]]] * 4))
     _, out = _int8(proto, calibration=str(tmp_path / "c.npz"), quant_keep_ends=False)
     assert any(n.op_type == "DequantizeLinear" for n in out.graph.node)
+
+
+def test_an_old_opset_is_noted_only_where_there_is_a_layer_to_quantize(tmp_path):
+    # A lone tree ensemble at opset 9 (skl2onnx's default for it) has nothing to quantize.
+    relu = parse_model("agraph (float[2, 4] x) => (float[2, 4] y) { y = Relu(x) }",
+                       header='<ir_version: 7, opset_import: ["" : 9]>\n')
+    gemm = parse_model("agraph (float[2, 4] x) => (float[2, 3] y) { y = Gemm(x, w, b) }",
+                       header='<ir_version: 7, opset_import: ["" : 9]>\n',
+                       w=np.ones((4, 3), np.float32), b=np.zeros(3, np.float32))
+    calibration = _calibration(tmp_path, shape=(2, 4))
+    notes = [" ".join(graphopt.optimize(p, pass_options={"quantize": "int8",
+                                                         "calibration": calibration}).notes)
+             for p in (relu, gemm)]
+    assert "DequantizeLinear needs 13" not in notes[0]
+    assert "DequantizeLinear needs 13" in notes[1]

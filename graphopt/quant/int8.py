@@ -58,6 +58,10 @@ from graphopt.quant.stats import METHODS
 MIN_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
 
 
+# The ops QuantizeInt8 quantizes: a model without any has nothing to say about its opset.
+_LAYER_OPS = frozenset({"Conv", "FusedConv", "Gemm", "MatMul", "Attention"})
+
+
 @register
 class QuantizeInt8(Pass):
     name = "QuantizeInt8"
@@ -75,6 +79,8 @@ class QuantizeInt8(Pass):
                               f"(use {', '.join(METHODS)})")
         opset = model.opset("") or 0
         if opset < MIN_OPSET:
+            if not any(node.op_type in _LAYER_OPS for node in model.graph.all_nodes()):
+                return result  # nothing it would quantize (a tree ensemble): nothing to say
             ctx.note(f"QuantizeInt8: the model imports ONNX opset {opset}; per-channel "
                      f"DequantizeLinear needs {MIN_OPSET}: left in float")
             return result
