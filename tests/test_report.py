@@ -592,3 +592,16 @@ def test_the_page_renders_in_headless_chromium(built, capsys, tmp_path):
     # and the coloured graph give hundreds of distinct values across the scanlines.
     assert len(set(raw)) > 100
     assert os.path.getsize(shot) > 20_000
+
+
+def test_the_summary_names_a_sequence_outputs_type(tmp_path, capsys):
+    # A ZipMap's seq(map(…)) or a sequence output has no dtype in the manifest: the summary
+    # read "??" where inspect shows the type from the partition model.
+    model = parse_model("g (float[2,3] x) => (seq(float[2,3]) s, float[2,3] y) "
+                        "{ s = SequenceConstruct(x, x)\n y = Relu(x) }",
+                        header='<ir_version: 8, opset_import: ["" : 17]>\n')
+    graphopt.save(graphopt.optimize(model), tmp_path / "m.om")
+    rc, _, err = run_cli(capsys, "report", tmp_path / "m.om", "-o", tmp_path / "r.html")
+    assert rc == 0, err
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "x float32[2,3] → s seq(float32) ([2,3] each); y float32[2,3]" in page

@@ -79,7 +79,7 @@ def signature_cells(entry: dict) -> list[str]:
     return [entry["type"], format_shape(element["shape"]) + each]
 
 
-def _typed_signature(artifact: OmArtifact, entries: list[dict]) -> list[dict]:
+def typed_signature(artifact: OmArtifact, entries: list[dict]) -> list[dict]:
     """The manifest's signature entries, those without a dtype (sequences, maps, optionals)
     typed from the partition models that take or return them."""
     untyped = {e["name"] for e in entries if e["dtype"] is None}
@@ -292,7 +292,7 @@ def format_om(artifact: OmArtifact) -> str:
 
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))
-                 for e in _typed_signature(artifact, entries)]
+                 for e in typed_signature(artifact, entries)]
     columns = ["role", "tensor", "dtype", "shape"]
     if any(INDEX_ROWS in e or INDEX_DIMS in e for e in m["inputs"]):  # checked by the runtime
         columns.append("bounds")

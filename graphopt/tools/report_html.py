@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime
 from collections import Counter
 
-from graphopt.codegen.inspect_om import format_bytes, format_ops, format_shape
+from graphopt.codegen.inspect_om import (format_bytes, format_ops, signature_cells,
+                                         typed_signature)
 from graphopt.codegen.om_manifest import order_label
 from graphopt.codegen.profile_match import dims_label
 from graphopt.markup import escape
@@ -78,6 +79,15 @@ def _us(seconds: float | None) -> str:
 # --- sections ------------------------------------------------------------------------------
 
 
+def _signature_entry(entry: dict) -> str:
+    """`name float32[1,3]`, or `name seq(map(int64,float32))` for a value that is no tensor
+    (as inspect shows them)."""
+    kind, shape = signature_cells(entry)
+    if not entry.get("type"):
+        return f"{entry['name']} {kind}{shape}"
+    return f"{entry['name']} {kind}" + ("" if shape == "-" else f" ({shape})")
+
+
 def _summary(data: ReportData) -> str:
     m = data.manifest
     source = m["source"]
@@ -100,10 +110,9 @@ def _summary(data: ReportData) -> str:
         ("partitions", escape(f"{len(parts)}: " + ", ".join(f"{n} on {d}"
                                                             for d, n in devices.items())
                               + f"; {len(fallbacks)} node(s) fell back to the host")),
-        ("signature", escape("; ".join(
-            f"{e['name']} {e['dtype'] or '?'}{format_shape(e['shape'])}" for e in m["inputs"])
-            + " → " + "; ".join(f"{e['name']} {e['dtype'] or '?'}{format_shape(e['shape'])}"
-                                for e in m["outputs"]))),
+        ("signature", escape(" → ".join(
+            "; ".join(_signature_entry(e) for e in typed_signature(data.artifact, m[side]))
+            for side in ("inputs", "outputs")))),
         *([("shape profiles", escape(
             f"{len(data.artifact.profiles)}, a run takes the one its input shapes match; the "
             f"default {data.artifact.profiles[0]['name']} is shown below: " + "; ".join(
