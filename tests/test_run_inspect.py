@@ -306,7 +306,7 @@ def test_format_outputs_summarizes_each_output():
     assert lines[0].split() == ["output", "dtype", "shape", "min", "max", "mean", "nan/inf"]
     assert lines[2].split() == ["y", "float32", "[2,2]", "-1", "3", "1", "1"]
     assert lines[3].split()[:3] == ["ok", "bool", "[2]"]
-    assert lines[4].split() == ["s", "object", "[1]"]
+    assert lines[4].split() == ["s", "string", "[1]"]  # ONNX's name, not numpy's object
 
 
 # --- graphopt run --------------------------------------------------------------------------

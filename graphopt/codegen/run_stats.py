@@ -135,7 +135,8 @@ def _shape_cell(value: Any) -> str:
 
 def _dtype_cell(value: Any, declared: str | None) -> str:
     if isinstance(value, np.ndarray):
-        return str(value.dtype)
+        # onnxruntime returns a string tensor as an array of Python str objects
+        return "string" if value.dtype == object else str(value.dtype)
     if isinstance(value, (list, tuple, Mapping)) or value is None:
         return output_label(value, declared)
     return str(np.asarray(value).dtype)
