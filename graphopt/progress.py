@@ -22,6 +22,8 @@ class ProgressLine:
         self._tenth = -1
         self._pieces = 1
         self._printed_at = time.monotonic()
+        self._unshown: str | None = None  # the last update, when a log did not get it
+        self._printed: str | None = None
         self._shown = False
         self._width = 0  # of the line on screen, which a shorter update must cover
 
@@ -38,19 +40,29 @@ class ProgressLine:
         # Workers' progress is polled: the same count comes again and again, the last
         # one included, and is shown once.
         tenth = done * 10 // max(total, 1)
-        if tenth == self._tenth:
-            return
         now = time.monotonic()
-        # Of many pieces, a tenth of each would be ten lines a kernel: its end says enough,
-        # and a heartbeat that a slow one still runs.
-        if self._pieces == 1 or done >= total or now - self._printed_at >= HEARTBEAT_S:
+        if self._pieces == 1:
+            due = tenth != self._tenth
+        else:  # of many pieces, a tenth of each would be ten lines a kernel: its end says
+            # enough, and a heartbeat that a slow one still runs
+            due = (done >= total and tenth != self._tenth) or now - self._printed_at >= HEARTBEAT_S
+        self._unshown = None if due or text == self._printed else text
+        if due:
             self._tenth = tenth
             self._printed_at = now
+            self._printed = text
             print(text, file=sys.stderr, flush=True)
+
+    def _show_last(self) -> None:
+        """A piece that ended short of its total (tune's --timeout) still gets its line."""
+        if not self.terminal and self._unshown is not None:
+            print(self._unshown, file=sys.stderr, flush=True)
+        self._unshown = None
 
     def begin(self, pieces: int = 1) -> None:
         """The next of `pieces` pieces of work (tune's next kernel): its progress is shown
         from its start, also when its first report is its last."""
+        self._show_last()
         self._tenth = -1
         self._pieces = pieces
         self._printed_at = time.monotonic()
@@ -62,7 +74,10 @@ class ProgressLine:
         self.finish()
 
     def finish(self) -> None:
-        """End a terminal's updating line: what follows starts on a line of its own."""
+        """End a terminal's updating line: what follows starts on a line of its own; in a
+        log, show the last update if it was held back."""
+        if self.enabled:
+            self._show_last()
         if self._shown:
             print(file=sys.stderr)
             self._shown = False

@@ -81,3 +81,10 @@ def test_inputs_from_a_fifo(files, tmp_path, capsys):
     assert rc == 0, err
     expected = graphopt.load(str(files["om"])).run(dict(np.load(files["inputs"])))
     np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["logits"], expected["logits"])
+
+
+def test_a_report_of_a_piped_model_asks_for_its_output_path(files):
+    # By default the page goes beside the model: a pipe's copy sits in a folder removed after.
+    done = _piped(files["om"].read_bytes(), "report", "/dev/stdin")
+    assert done.returncode == 1
+    assert b"needs -o FILE.html" in done.stderr

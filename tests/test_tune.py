@@ -636,3 +636,17 @@ def test_a_new_knowledge_base_is_set_up_by_one_process_at_a_time(a310, tmp_path)
     study = optuna.load_study(study_name=SIG, storage=f"sqlite:///{db}")
     assert len(study.trials) == 3
     assert [t.number for t in study.trials if t.user_attrs.get("default")] == [0]
+
+
+def test_a_kernel_stopped_short_in_a_log_still_gets_its_line(capsys):
+    # tune --timeout ends a study before its trial count: its last progress is shown anyway.
+    from graphopt.progress import ProgressLine
+
+    line = ProgressLine()
+    with line:
+        for kernel in (1, 2):
+            line.begin(2)
+            for done in range(1, 21):
+                line.update(f"kernel {kernel}/2  trial {done}/50", done, 50)
+    assert capsys.readouterr().err.splitlines() == ["kernel 1/2  trial 20/50",
+                                                    "kernel 2/2  trial 20/50"]

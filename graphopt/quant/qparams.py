@@ -77,7 +77,10 @@ def bias_fitting_scale(b: np.ndarray, input_scale: np.float32) -> np.ndarray:
     which the clipped int32 bias loses its value; a wider weight scale costs only weight
     precision, whose products with such inputs are as tiny. onnxruntime's quantizer widens
     the weight scale alike."""
-    return (2.0 * np.abs(b.astype(np.float64)) / (float(input_scale) * INT32_MAX)).astype(np.float32)
+    if not float(input_scale) > 0 or not np.isfinite(input_scale):  # quantize_bias's scale 1
+        return np.zeros(b.shape, np.float32)
+    need = 2.0 * np.abs(np.nan_to_num(b.astype(np.float64))) / (float(input_scale) * INT32_MAX)
+    return need.astype(np.float32)
 
 
 def quantize_bias(b: np.ndarray, input_scale: np.float32, weight_scale: np.ndarray
