@@ -43,6 +43,11 @@ _REFOLD = ("FoldShapes", "FoldConstants", "InlineConstantIf", "EliminateDeadNode
 # attention layer's fused mask Expand, say), so one of each is kept.
 _FINISH = ("MergeDuplicateInitializers", "EliminateCommonSubexpressions", "EliminateDeadNodes",
            "InferShapes")
+# Every level starts here. Names onnxruntime generated in a model it optimized are renamed while
+# every one of them is still there to tell its bare base (gemm_input_shape) from a weight's name:
+# after MergeDuplicateInitializers, which keeps the first of equal weights, the bare name may be
+# all that is left of them, and onnxruntime, loading the output, generates it again.
+_IMPORT = ("InferShapes", "ConstantToInitializer", "RenameOrtGeneratedInitializers")
 
 
 @dataclass(frozen=True)
@@ -62,20 +67,21 @@ class Pipeline:
 
 PIPELINES: dict[int, Pipeline] = {
     0: Pipeline("O0", "no passes: import, verify, export", ()),
-    1: Pipeline("O1", "cleanup: constants to initializers, identities, no-ops, dead nodes",
-                ("InferShapes", "ConstantToInitializer", FixedPoint(_CLEANUP))),
+    1: Pipeline("O1", "cleanup: constants to initializers, identities, no-ops, dead nodes, "
+                "initializer names onnxruntime generated",
+                _IMPORT + (FixedPoint(_CLEANUP),)),
     2: Pipeline("O2", "O1 + shape and constant folding, constant-condition If inlining and "
                 "CSE to a fixed point, fusions, shared weights",
-                ("InferShapes", "ConstantToInitializer", FixedPoint(_FOLD),
-                 FixedPoint(("InferShapes",) + _REFOLD), FixedPoint(_FUSE)) + _FINISH),
+                _IMPORT + (FixedPoint(_FOLD), FixedPoint(("InferShapes",) + _REFOLD),
+                           FixedPoint(_FUSE)) + _FINISH),
     # Elementwise chains become local functions last, once no rule needs to see inside them; -O3
     # only: onnxruntime inlines local functions when it loads a model, so on the CPU they change
     # nothing, but a target that runs a group as one kernel (and the cost model) sees the groups.
     3: Pipeline("O3", "O2 with shape inference re-run inside the fixed point, so folding "
                 "sees shapes that only earlier folds reveal, activations fused into "
                 "FusedConv/FusedGemm, and elementwise chains into graphopt:: local functions",
-                ("InferShapes", "ConstantToInitializer", FixedPoint(("InferShapes",) + _FOLD),
-                 "InferShapes", FixedPoint(_FUSE_ALL), "FuseElementwise") + _FINISH),
+                _IMPORT + (FixedPoint(("InferShapes",) + _FOLD), "InferShapes",
+                           FixedPoint(_FUSE_ALL), "FuseElementwise") + _FINISH),
 }
 
 DEFAULT_LEVEL = 2
