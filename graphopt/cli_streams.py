@@ -21,7 +21,7 @@ _INPUT_ARGUMENTS = ("model", "models", "reference", "candidate", "inputs", "cali
 
 @contextlib.contextmanager
 def streams_as_files(args, copies: dict[str, str]) -> Iterator[None]:
-    """Inside the block, each input path of `args` that names a pipe or a device is a
+    """Inside the block, each input path of `args` that names a pipe or a socket is a
     temporary copy of what it delivered, and `copies` maps each copy's path to the path as
     given (for messages: terminal_text.paths_shown_as)."""
     if getattr(args, "command", None) == "report" and _is_stream(getattr(args, "model", None)) \

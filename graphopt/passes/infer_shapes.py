@@ -123,7 +123,7 @@ def _carry_through_contrib_ops(model: Model) -> int:
                 continue
             if node.op_type in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization") \
                     and node.domain == "com.microsoft":
-                typed += _type_skip_sum(node, source)
+                typed += _type_outputs(node, [(_SKIP_SUM_OUTPUT, source.dtype, source.shape)])
             if node.domain == "com.microsoft" and node.op_type in _TYPED_BY_RULE:
                 typed += _type_outputs(node, _TYPED_BY_RULE[node.op_type](node))
                 continue
@@ -222,15 +222,6 @@ def _type_outputs(node, types: list) -> int:
             out.dtype, out.shape = dtype, shape
             typed += 1
     return typed
-
-
-def _type_skip_sum(node, source) -> int:
-    out = node.outputs[_SKIP_SUM_OUTPUT] if len(node.outputs) > _SKIP_SUM_OUTPUT else None
-    if out is None or out.type_proto is not None or not _knows_more(source.dtype, source.shape,
-                                                                     out):
-        return 0
-    out.dtype, out.shape = source.dtype, source.shape
-    return 1
 
 
 def _knows_more(dtype, shape, value) -> bool:
