@@ -105,6 +105,24 @@ def test_calibrate_streams_one_npz_and_a_directory_alike(tmp_path):
     assert ranges["y"][1] == pytest.approx(2 * float(samples.max()))
 
 
+@pytest.mark.parametrize("method", ["minmax", "percentile", "entropy", "mse"])
+def test_nan_and_inf_among_finite_values_are_missing_data_left_out_of_the_ranges(tmp_path,
+                                                                               method):
+    """A missing value (NaN, what an Imputer fills) is data: each range covers the finite
+    values of every sample, and the statistics count the samples that held others."""
+    samples = np.array([[[1, -2, np.nan, 3]], [[0.5, 4, 1, -1]], [[np.inf, 2, -3, 1]]],
+                       np.float32)
+    np.savez(tmp_path / "c.npz", x=samples)
+    model = load_onnx(_relu_model())
+    stats = calibrate(model, ["x", "y"], read_calibration(tmp_path / "c.npz", model.graph),
+                      method)
+    assert stats["x"].nonfinite_samples == 2 and stats["y"].nonfinite_samples == 2
+    assert (stats["x"].lo, stats["x"].hi) == (-3.0, 4.0)
+    assert (stats["y"].lo, stats["y"].hi) == (0.0, 8.0)
+    lo, hi = stats["x"].range(method)
+    assert np.isfinite([lo, hi]).all() and -3.0 <= lo < 0 < hi <= 4.0
+
+
 def test_single_file_of_the_inputs_own_rank_is_split_along_axis_0(tmp_path):
     np.savez(tmp_path / "c.npz", x=np.arange(12, dtype=np.float64).reshape(3, 4))
     data = read_calibration(tmp_path / "c.npz", load_onnx(_relu_model()).graph)
@@ -170,14 +188,13 @@ def test_inputs_holding_different_sample_counts(tmp_path):
 
 
 @pytest.mark.parametrize("array, message", [
-    (np.full((3, 1, 4), np.nan, np.float32), "input 'x' sample 0 holds NaN or Inf"),
-    (np.r_[np.zeros((2, 1, 4)), [[[0, np.inf, 0, 0]]]].astype(np.float32),
-     "input 'x' sample 2 holds NaN or Inf"),
+    (np.full((3, 1, 4), np.nan, np.float32), "input 'x' holds only NaN or Inf"),
     (np.r_[np.zeros((1, 1, 4)), [[[0, 1e39, 0, 0]]]],  # float64 beyond float32's range
-     "sample 1 holds NaN, Inf or values beyond float32"),
-    (np.full((1, 4), np.nan, np.float32), "input 'x' holds NaN or Inf"),
+     "input 'x' sample 1 holds values beyond float32"),
+    (np.full((1, 4), np.inf, np.float32), "input 'x' holds only NaN or Inf"),
 ])
-def test_nan_or_inf_samples_are_refused_naming_the_file_and_input(tmp_path, array, message):
+def test_data_without_a_measurable_range_is_refused_naming_the_file_and_input(tmp_path, array,
+                                                                             message):
     path = tmp_path / "c.npz"
     np.savez(path, x=array)
     with pytest.raises(OptionError, match=message) as info:
@@ -190,9 +207,9 @@ def test_check_calibration_reads_every_file_of_a_directory(tmp_path):
     for i in range(3):
         np.savez(tmp_path / f"{i}.npz", x=np.zeros((1, 4), np.float32))
     assert len(check_calibration(tmp_path, graph)) == 3
-    np.savez(tmp_path / "2.npz", x=np.array([[0, np.nan, 0, 0]], np.float32))
+    np.savez(tmp_path / "2.npz", x=np.full((1, 4), np.nan, np.float32))
     read_calibration(tmp_path, graph)  # only the first file is read up front
-    with pytest.raises(OptionError, match=r"2.npz: input 'x' holds NaN or Inf"):
+    with pytest.raises(OptionError, match=r"2.npz: input 'x' holds only NaN or Inf"):
         check_calibration(tmp_path, graph)
     np.savez(tmp_path / "2.npz", banana=np.zeros((1, 4), np.float32))
     with pytest.raises(OptionError, match=r"2.npz: no array for model input 'x'"):

@@ -6,8 +6,9 @@ Layouts, for a model input `x` of rank R:
     input's first dim is 1 or symbolic, then each slice x[i:i+1] is a sample;
   * a directory: every `*.npz` in it (sorted by name) is one sample, `x` of rank R.
 Every non-initializer input needs an array, dims the model fixes must match, float values must
-be finite in the input's type, and a float (or integer) array is cast to the input's float (or
-integer) type; anything else is an error that names the file and the input.
+fit the input's type (a NaN or Inf among finite values is data: a missing value an Imputer
+fills), and a float (or integer) array is cast to the input's float (or integer) type; anything
+else is an error that names the file and the input.
 
 An input whose first dim the model (or a shape profile) fixes at B > 1 takes samples of batch 1
 too: B consecutive samples are stacked into one, the last batch wrapping around to the first
@@ -234,18 +235,24 @@ def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
 
 
 def _check_finite(samples: np.ndarray, spec: InputSpec, file: str) -> None:
-    """Refuse a NaN or Inf, or a value beyond the input's float type (float64 data for a float32
-    input), in `samples` (stacked along axis 0): the ranges calibration measures would not be."""
+    """Refuse float data with no finite value at all, or with finite values beyond the input's
+    float type (float64 data for a float32 input), in `samples` (stacked along axis 0): no
+    range could be measured from it. A NaN or Inf among finite values is data (a missing value
+    an Imputer fills): calibration measures ranges over the finite values."""
     if samples.dtype.kind != "f" or spec.dtype.kind != "f" or not samples.size:
         return
-    limit = np.finfo(spec.dtype).max
-    bad = ~(np.abs(samples) <= limit).reshape(len(samples), -1).all(axis=1)
-    if bad.any():
-        where = f" sample {int(np.argmax(bad))}" if len(samples) > 1 else ""
-        what = ("NaN or Inf" if samples.dtype == spec.dtype
-                else f"NaN, Inf or values beyond {spec.dtype}")
-        raise OptionError(f"calibration {file}: input '{spec.name}'{where} holds {what}; "
+    finite = np.isfinite(samples)
+    if not finite.any():
+        raise OptionError(f"calibration {file}: input '{spec.name}' holds only NaN or Inf; "
                           "calibration needs finite values")
+    if samples.dtype.itemsize <= spec.dtype.itemsize:
+        return
+    limit = np.finfo(spec.dtype).max
+    beyond = (finite & (np.abs(samples) > limit)).reshape(len(samples), -1).any(axis=1)
+    if beyond.any():
+        where = f" sample {int(np.argmax(beyond))}" if len(samples) > 1 else ""
+        raise OptionError(f"calibration {file}: input '{spec.name}'{where} holds values beyond "
+                          f"{spec.dtype}; calibration needs them to fit the input's type")
 
 
 def _cast(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:

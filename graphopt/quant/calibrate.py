@@ -92,9 +92,8 @@ def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict
 
 
 def _check_ranges(stats: dict[str, TensorStats], path: str) -> None:
-    """Refuse a tensor without a finite range: the inputs are finite (calib_data checks them),
-    so the float model itself made it NaN or Inf on every sample (a NaN anywhere in a sample
-    leaves that sample out of the range), and no scale can cover it."""
+    """Refuse a tensor without a finite range: every value it held on every sample was NaN or
+    Inf (the range covers a tensor's finite values), and no scale can cover it."""
     for name, s in stats.items():
         if not (np.isfinite(s.lo) and np.isfinite(s.hi)):
             raise OptionError(f"calibration {path}: the float model's tensor '{name}' has no "

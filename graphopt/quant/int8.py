@@ -195,6 +195,7 @@ class QuantizeInt8(Pass):
             if name != value.name:
                 lo = max(lo, 0.0)  # a folded Relu/Clip(0, …): the range starts at 0
             ranges[id(value)] = (lo, hi)
+        _note_nonfinite(chosen, stats, ctx)
         if not options.activation_symmetric:
             _tighten_add_inputs(chosen, ranges)
         params: dict[int, QParams] = {}
@@ -205,6 +206,19 @@ class QuantizeInt8(Pass):
             params[id(value)] = activation_params(*ranges[id(value)],
                                                   options.activation_symmetric)
         return params, means
+
+
+def _note_nonfinite(chosen: Plan, stats: dict, ctx: PassContext) -> None:
+    """Name the quantized tensors that held a NaN or Inf on some calibration sample: their
+    ranges cover the finite values only, and at run time such a value does not survive Q/DQ."""
+    seen = sorted({(name, stats[name].nonfinite_samples, stats[name].samples)
+                   for name in map(chosen.stats_name, chosen.tensors)
+                   if name is not None and stats[name].nonfinite_samples})
+    if seen:
+        shown = ", ".join(f"'{name}' ({bad} of {total})" for name, bad, total in seen[:3])
+        more = f" and {len(seen) - 3} more" if len(seen) > 3 else ""
+        ctx.note(f"QuantizeInt8: {len(seen)} quantized tensor(s) held NaN or Inf on calibration "
+                 f"samples: {shown}{more}; their ranges cover the finite values")
 
 
 def _statistics(model: Model, names: list[str], channels: set[str], ctx: PassContext) -> dict:

@@ -36,11 +36,20 @@ class TensorStats:
     channels: bool = False              # also track the mean of each index of axis 1
     channel_sum: np.ndarray | None = None
     channel_count: int = 0
+    nonfinite_samples: int = 0          # samples in which the tensor held a NaN or Inf
 
     def observe_range(self, x: np.ndarray) -> None:
         if x.size:
-            self.lo = min(self.lo, float(np.min(x)))
-            self.hi = max(self.hi, float(np.max(x)))
+            finite = np.isfinite(x)
+            seen = x
+            if not finite.all():
+                # A NaN or Inf is a missing value (an Imputer's input) or a sample the float
+                # model cannot compute: the range covers the finite values, the count tells.
+                self.nonfinite_samples += 1
+                seen, x = x[finite], np.where(finite, x, 0)
+            if seen.size:
+                self.lo = min(self.lo, float(np.min(seen)))
+                self.hi = max(self.hi, float(np.max(seen)))
             if self.channels and x.ndim >= 2:
                 axes = (0, *range(2, x.ndim))
                 sums = np.sum(x, axis=axes, dtype=np.float64)
