@@ -111,10 +111,29 @@ def from_command_line() -> bool:
     return _from_command_line.get()
 
 
+_caller_keywords: ContextVar[Mapping[str, str]] = ContextVar("graphopt_caller_keywords",
+                                                             default={})
+
+
+@contextlib.contextmanager
+def caller_keywords(renamed: Mapping[str, str]) -> Iterator[None]:
+    """Messages raised inside name keywords as the Python caller spelled them: a tool that
+    passes its own `inputs` on as another's `feeds` wraps that call in {"feeds": "inputs"}."""
+    token = _caller_keywords.set({**_caller_keywords.get(), **renamed})
+    try:
+        yield
+    finally:
+        _caller_keywords.reset(token)
+
+
+def _keyword(keyword: str) -> str:
+    return _caller_keywords.get().get(keyword, keyword)
+
+
 def option(keyword: str, flags: Mapping[str, str] = FLAGS) -> str:
     """The option's name for a message: `--input-shape` under the CLI, `input_shapes` else;
     `flags` is the table of the function that took the keyword."""
-    return flags[keyword] if _from_command_line.get() else keyword
+    return flags[keyword] if _from_command_line.get() else _keyword(keyword)
 
 
 def setting(keyword: str, value: object = True, flags: Mapping[str, str] = FLAGS) -> str:
@@ -127,7 +146,7 @@ def setting(keyword: str, value: object = True, flags: Mapping[str, str] = FLAGS
         if value is True:
             return flag
         return f"{flag}{value}" if len(flag) == 2 else f"{flag} {value}"
-    return f"{keyword}={value!r}"
+    return f"{_keyword(keyword)}={value!r}"
 
 
 def usage(keyword: str, metavar: str, flags: Mapping[str, str] = FLAGS) -> str:
@@ -135,4 +154,4 @@ def usage(keyword: str, metavar: str, flags: Mapping[str, str] = FLAGS) -> str:
     `calibration=FILE.npz|DIR`."""
     if _from_command_line.get():
         return f"{flags[keyword]} {metavar}"
-    return f"{keyword}={metavar}"
+    return f"{_keyword(keyword)}={metavar}"

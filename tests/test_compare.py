@@ -399,5 +399,9 @@ def test_random_inputs_the_reference_cannot_run_get_a_hint(tmp_path):
     graphopt.save(graphopt.optimize(model), om)
     with pytest.raises(GraphoptError, match=hint.format("feeds")):  # compare_models' keyword
         compare_models(str(source), str(om))
+    from graphopt.tools.report_data import gather
+
+    with pytest.raises(GraphoptError, match=hint.format("inputs")):  # the report's keyword
+        gather(str(om), reference=str(source))
     x = {"x": np.arange(6, dtype=np.float32).reshape(1, 6)}
     assert compare_models(str(source), str(om), x).passed

@@ -14,7 +14,7 @@ from graphopt.codegen.inspect_om import describe_om, pass_totals
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.ir import load_onnx
 from graphopt.ir.printer import format_type
-from graphopt.option_names import REPORT_FLAGS, option, usage
+from graphopt.option_names import REPORT_FLAGS, caller_keywords, option, usage
 from graphopt.tools.accuracy_rule import accuracy_rule, pass_log_of_om
 
 INPUT, OUTPUT = "input", "output"  # the op of the graph's input and output nodes
@@ -334,8 +334,9 @@ def gather(om_path: str, *, reference: str | None = None, inputs: str | None = N
 
         judge, data.accuracy_note = accuracy_rule(pass_log_of_om(artifact), rtol, atol,
                                                   min_cosine)
-        data.accuracy = compare_models(reference, om_path, inputs, per_tensor=per_tensor,
-                                       input_shapes=input_shapes, **judge)
+        with caller_keywords({"feeds": "inputs"}):  # compare's feeds are gather's inputs
+            data.accuracy = compare_models(reference, om_path, inputs, per_tensor=per_tensor,
+                                           input_shapes=input_shapes, **judge)
     return data
 
 
