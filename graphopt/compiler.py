@@ -23,7 +23,7 @@ from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
-from graphopt.deprecated_ops import replace_deprecated_ops
+from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
@@ -127,9 +127,15 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> lis
     static types its shape inference found: a static model is then typed in full, and the
     pipeline's InferShapes passes have nothing left to do. Deprecated ops onnxruntime still
     runs are rewritten first; returns the notes saying so."""
-    notes = replace_deprecated_ops(model)
+    notes = replace_deprecated_ops(model, label)
     with heap_frozen():  # the IR is long-lived: no full collection should walk it again
-        types = check_ops(model, label, allow_custom_ops)
+        try:
+            types = check_ops(model, label, allow_custom_ops)
+        except InputError as exc:
+            if "LayerNormalization" in str(exc) and any(
+                    n.startswith("LayerNormalization at opset") for n in notes):
+                raise InputError(f"{exc}; {EARLY_LAYER_NORM_HINT}") from None
+            raise
         if types is not None:
             drop_unfounded_dims(model, types)
             record_type_bytes(model, types, static_only=True)

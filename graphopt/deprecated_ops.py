@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.errors import InputError
 from graphopt.ir import DType, Model, Node
 
 # GroupNormalization-18 takes one scale and one bias per group; ONNX deprecated it for
@@ -16,14 +17,14 @@ from graphopt.ir import DType, Model, Node
 _GROUP_NORM_OPSETS = range(18, 21)
 
 
-def replace_deprecated_ops(model: Model) -> list[str]:
+def replace_deprecated_ops(model: Model, label: str = "model") -> list[str]:
     """Rewrite the deprecated ops onnxruntime runs (GroupNormalization-18) into the same
     computation in ops of the model's opset, and raise the opset of a model that uses
     LayerNormalization before ONNX defined it; returns a note per kind of rewrite."""
-    return _early_layer_norm(model) + _group_norms(model)
+    return _early_layer_norm(model, label) + _group_norms(model)
 
 
-def _early_layer_norm(model: Model) -> list[str]:
+def _early_layer_norm(model: Model, label: str) -> list[str]:
     """onnxruntime registers LayerNormalization in the ONNX domain for opsets 1 to 16 as well,
     with opset 17's meaning, and its transformer optimizer writes it into models of those
     opsets; ONNX defines it from 17 only, so such a model gets opset 17 where that changes no
@@ -38,8 +39,120 @@ def _early_layer_norm(model: Model) -> list[str]:
     if raise_blocker(model, 17) is not None:
         return []  # the input check then names the node ONNX cannot run at this opset
     raise_opset(model, 17)
-    return [f"LayerNormalization at opset {opset} (onnxruntime's own before ONNX defined it at "
-            "17): the model's opset is raised to 17, which changes no other node's meaning"]
+    if _mixes_float_types(model):
+        _type_layer_norm_inputs(model)
+    mixed = [node for node in model.graph.all_nodes() if _mixed_layer_norm(node)]
+    for node in mixed:
+        declared = node.output.dtype
+        if declared is not None and declared != node.input(1).dtype:
+            raise InputError(
+                f"{label}: node '{node.name or '?'}' (LayerNormalization): X is "
+                f"{node.input(0).dtype.name.lower()} and its scale "
+                f"{node.input(1).dtype.name.lower()}, so onnxruntime's LayerNormalization before "
+                f"opset 17 writes Y in the scale's type, but the model declares Y "
+                f"{declared.name.lower()} (onnxruntime refuses the model too)")
+    for node in mixed:
+        _one_type_layer_norm(node)
+    note = (f"LayerNormalization at opset {opset} (onnxruntime's own before ONNX defined it at "
+            "17): the model's opset is raised to 17, which changes no other node's meaning")
+    if mixed:
+        note += (f"; {len(mixed)} of them, with a scale of another type than X, compute in the "
+                 "wider type between Casts, as onnxruntime's did")
+    return [note]
+
+
+# The message the import check adds when ONNX's inference refuses a LayerNormalization of a
+# raised model: one whose X type is known only after import cannot be rewritten as above.
+EARLY_LAYER_NORM_HINT = (
+    "the model's opset was raised to 17 for its LayerNormalization nodes (onnxruntime's own "
+    "before 17, which took a scale and bias of another type than X and wrote Y in the scale's "
+    "type); ONNX's takes X, scale and bias of one type: Cast the scale and bias to X's type")
+
+
+def _mixes_float_types(model: Model) -> bool:
+    """Whether the graph inputs, weights and Casts use more than one float type: otherwise no
+    LayerNormalization can have a scale of another type than X."""
+    graph = model.graph
+    seen = {v.dtype for v in [*graph.inputs, *graph.initializers.values()]}
+    seen |= {n.attr("to") for n in graph.nodes() if n.op_type == "Cast"}
+    return len(seen & _NORM_TYPES) > 1  # DType is an IntEnum: Cast's int `to` compares
+
+
+def _type_layer_norm_inputs(model: Model) -> None:
+    """Type the X of every main-graph LayerNormalization whose scale type is known but X's is
+    not (X computed by another node): one shape inference of the model, where each such node
+    stands in as Cast(X) to the scale's type, the type onnxruntime's kernel writes Y in, so
+    one LayerNormalization's Y types the next one's X."""
+    import onnx
+
+    from graphopt.ir.onnx_io import to_onnx
+
+    norms = {node.output.name: node for node in model.graph.nodes()  # by Y: always named
+             if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx")
+             and len(node.inputs) > 1 and node.input(0) is not None and node.outputs
+             and node.outputs[0] is not None
+             and node.input(1) is not None and node.input(1).dtype is not None}
+    untyped = {node.input(0).name: node for node in norms.values()
+               if node.input(0).dtype is None}
+    if not untyped:
+        return
+    proto = to_onnx(model, weights_as_inputs_above=0)
+    for stand_in in proto.graph.node:
+        if stand_in.op_type == "LayerNormalization" and stand_in.output[0] in norms:
+            scale = norms[stand_in.output[0]].input(1).dtype
+            stand_in.op_type, stand_in.domain = "Cast", ""
+            del stand_in.input[1:], stand_in.output[1:], stand_in.attribute[:]
+            stand_in.attribute.append(onnx.helper.make_attribute("to", int(scale)))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, data_prop=False)
+    except (onnx.shape_inference.InferenceError, ValueError, RuntimeError):
+        return  # the import check reports what inference refuses
+    for info in inferred.graph.value_info:
+        node = untyped.get(info.name)
+        if node is not None and info.type.tensor_type.elem_type:
+            node.input(0).dtype = DType(info.type.tensor_type.elem_type)
+
+
+def _mixed_layer_norm(node: Node) -> bool:
+    """An early LayerNormalization whose scale (and bias) type V differs from X's type T, both
+    known at import; its only output Y is then of type V, as onnxruntime's kernel writes it."""
+    if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+        return False
+    if len(node.outputs) != 1 or len(node.inputs) < 2 or any(v is None for v in node.inputs):
+        return False
+    types = {v.dtype for v in node.inputs}
+    return None not in types and len(types) == 2 and node.input(0).dtype != node.input(1).dtype \
+        and len({v.dtype for v in node.inputs[1:]}) == 1 and types <= _NORM_TYPES
+
+
+_NORM_TYPES = {DType.FLOAT16, DType.BFLOAT16, DType.FLOAT, DType.DOUBLE}
+_WIDTH = {DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT: 4, DType.DOUBLE: 8}
+
+
+def _one_type_layer_norm(node: Node) -> None:
+    """LayerNormalization(X: T, scale: V, bias: V) → Y: V as ONNX-17's of one type C, the wider
+    of T and V (float for float16 with bfloat16): the narrower operands Cast up, exactly, and Y
+    Cast to V. onnxruntime's kernel computed in float from the same values, so only a double
+    operand computes differently, more precisely. The node becomes the Cast to V, so Y keeps
+    its name and readers."""
+    graph = node.graph
+    t, v = node.input(0).dtype, node.input(1).dtype
+    wider = max((t, v), key=_WIDTH.get) if _WIDTH[t] != _WIDTH[v] else DType.FLOAT
+    name = node.name or graph.fresh_node_name("LayerNormalization")
+
+    def as_wider(value):  # a Cast of a weight is folded by FoldConstants
+        if value.dtype == wider:
+            return value
+        return graph.make_node("Cast", [value], {"to": int(wider)}, before=node, dtype=wider,
+                               name=graph.fresh_node_name(f"{name}_cast")).output
+
+    norm = graph.make_node("LayerNormalization", [as_wider(x) for x in node.inputs],
+                           dict(node.attrs), name=name, before=node, dtype=wider,
+                           shape=node.output.shape)
+    node.name = graph.fresh_node_name(f"{name}_cast")
+    node.op_type, node.attrs = "Cast", {}
+    node.set_attr("to", int(v))
+    node.set_inputs([norm.output])
 
 
 def _group_norms(model: Model) -> list[str]:

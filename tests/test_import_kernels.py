@@ -163,6 +163,74 @@ def test_layer_normalization_before_opset_17_gets_opset_17(tmp_path, opset, targ
     np.testing.assert_allclose(actual[0], _reference(model, feeds)[0], rtol=1e-5, atol=1e-6)
 
 
+MIXED_NORMS = """
+    g (float[2,5,8] x) => (OUT[2,5,8] y) {
+        a = Add (x, x)
+        n1 = LayerNormalization <epsilon = 0.00001> (FIRST, s1, b1)
+        h = Add (n1, c)
+        y = LayerNormalization <epsilon = 0.00001> (h, s2, b2)
+    }"""
+
+
+@pytest.mark.parametrize("first, wide, narrow", [
+    ("x", np.float32, np.float16),   # X known at import: a graph input
+    ("a", np.float32, np.float16),   # X computed: typed by one inference at import
+    ("a", np.float32, np.float64),   # a wider scale: the norm computes in double
+])
+def test_early_layer_normalization_with_a_scale_of_another_type(tmp_path, first, wide, narrow):
+    """onnxruntime's LayerNormalization before opset 17 takes a scale and bias of another type
+    V than X and writes Y in V (a float16 model that kept float32 inputs). ONNX-17's takes one
+    type: the raised model computes in the wider type between Casts, as onnxruntime did."""
+    rng = np.random.default_rng(5)
+    names = {np.float16: "float16", np.float64: "double"}
+    model = parse_model(MIXED_NORMS.replace("FIRST", first).replace("OUT", names[narrow]),
+                        header='<ir_version: 8, opset_import: ["" : 16]>\n',
+                        s1=(rng.random(8) + 0.5).astype(narrow), b1=rng.random(8).astype(narrow),
+                        c=rng.random(8).astype(narrow), s2=(rng.random(8) + 0.5).astype(narrow),
+                        b2=rng.random(8).astype(narrow))
+    assert _ort_loads(model)
+    feeds = {"x": rng.standard_normal((2, 5, 8)).astype(np.float32)}
+    result = graphopt.optimize(model)
+    (note,) = [n for n in result.notes if "LayerNormalization at opset 16" in n]
+    assert "1 of them, with a scale of another type than X" in note
+    onnx.checker.check_model(result.to_onnx(), full_check=True)
+    graphopt.save(result, tmp_path / "model.om")
+    (actual,) = graphopt.load(tmp_path / "model.om").run(feeds).values()
+    (expected,) = _reference(model, feeds)
+    assert actual.dtype == expected.dtype == narrow
+    tolerance = 1e-3 if narrow == np.float16 else 1e-6
+    np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_early_layer_normalization_of_mixed_types_declared_wrongly_is_refused():
+    # onnxruntime refuses Y declared in X's type; graphopt says why.
+    model = parse_model("g (float[2,8] x) => (float[2,8] y) "
+                        "{ y = LayerNormalization (x, s, b) }",
+                        header='<ir_version: 8, opset_import: ["" : 16]>\n',
+                        s=np.ones(8, np.float16), b=np.zeros(8, np.float16))
+    model.graph.node[0].name = "n1"
+    assert not _ort_loads(model)
+    with pytest.raises(GraphoptError, match=r"node 'n1' \(LayerNormalization\): X is float and "
+                       r"its scale float16, so .* writes Y in the scale's type, but the model "
+                       r"declares Y float \(onnxruntime refuses"):
+        graphopt.optimize(model)
+
+
+def test_early_mixed_layer_normalization_inside_a_branch_is_refused_with_the_way_out():
+    # A branch's X is computed there, where the import's typing does not reach: onnxruntime
+    # runs it, ONNX-17's inference refuses it, and the message says what the raise changed.
+    model = parse_model("""g (float[2,8] x, bool c) => (float16[2,8] y) {
+        y = If (c) <then_branch = t () => (float16[2,8] ty) { a = Add (x, x)
+                                                             ty = LayerNormalization (a, s, b) },
+                    else_branch = e () => (float16[2,8] ey) { ey = Cast <to = 10> (x) }>
+    }""", header='<ir_version: 8, opset_import: ["" : 16]>\n', s=np.ones(8, np.float16),
+        b=np.zeros(8, np.float16))
+    assert _ort_loads(model)
+    with pytest.raises(GraphoptError, match=r"the model's opset was raised to 17 for its "
+                       r"LayerNormalization nodes .*: Cast the scale and bias to X's type$"):
+        graphopt.optimize(model)
+
+
 def test_layer_normalization_at_an_opset_that_cannot_be_raised_is_refused_naming_it():
     model = parse_model("g (float[2,8] x) => (float[2,8] y) "
                         "{ y = LayerNormalization (x, s, b) }",
@@ -187,7 +255,24 @@ def test_an_onnxruntime_op_is_checked_against_onnxruntimes_schema(body, message)
     model = parse_model(f"g (float[1,1,4,4] x, float[1,1,1,1] b) => (float[1,1,4,4] y) {{ {body} }}",
                         header=CONTRIB)
     assert not _ort_loads(model)
-    with pytest.raises(GraphoptError, match=message):
+    with pytest.raises(GraphoptError, match=r"node 'n1' \(LayerNormalization\): X is float and "
+                       r"its scale float16, so .* writes Y in the scale's type, but the model "
+                       r"declares Y float \(onnxruntime refuses"):
+        graphopt.optimize(model)
+
+
+def test_early_mixed_layer_normalization_inside_a_branch_is_refused_with_the_way_out():
+    # A branch's X is computed there, where the import's typing does not reach: onnxruntime
+    # runs it, ONNX-17's inference refuses it, and the message says what the raise changed.
+    model = parse_model("""g (float[2,8] x, bool c) => (float16[2,8] y) {
+        y = If (c) <then_branch = t () => (float16[2,8] ty) { a = Add (x, x)
+                                                             ty = LayerNormalization (a, s, b) },
+                    else_branch = e () => (float16[2,8] ey) { ey = Cast <to = 10> (x) }>
+    }""", header='<ir_version: 8, opset_import: ["" : 16]>\n', s=np.ones(8, np.float16),
+        b=np.zeros(8, np.float16))
+    assert _ort_loads(model)
+    with pytest.raises(GraphoptError, match=r"the model's opset was raised to 17 for its "
+                       r"LayerNormalization nodes .*: Cast the scale and bias to X's type$"):
         graphopt.optimize(model)
 
 
