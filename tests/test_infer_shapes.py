@@ -348,6 +348,59 @@ def test_embed_layer_norm_and_qlinear_ops_are_typed():
         assert (values[name].dtype, values[name].shape) == (dtype, shape), name
 
 
+def test_ai_onnx_ml_outputs_are_typed_and_the_casts_after_them_go():
+    """ONNX's inference types no Normalizer, Scaler, regressor or classifier score: typed by
+    their spec, the float Casts skl2onnx writes after them are no-ops and go, and the ops
+    after them are typed too."""
+    ml = "ai.onnx.ml"
+    nodes = [helper.make_node("Normalizer", ["x"], ["n"], domain=ml, norm="L2"),
+             helper.make_node("Scaler", ["n"], ["s"], domain=ml, offset=[0.5] * 4,
+                              scale=[2.0] * 4),
+             helper.make_node("Cast", ["s"], ["sc"], to=TensorProto.FLOAT),
+             helper.make_node("LinearRegressor", ["sc"], ["r"], domain=ml,
+                              coefficients=[1.0, 2, 3, 4, 4, 3, 2, 1], targets=2),
+             helper.make_node("Cast", ["r"], ["rc"], to=TensorProto.FLOAT),
+             helper.make_node("Relu", ["rc"], ["y"]),
+             helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ml,
+                              nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2],
+                              nodes_featureids=[1, 0, 0], nodes_values=[0.0, 0.0, 0.0],
+                              nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"],
+                              nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+                              class_treeids=[0, 0, 0, 0], class_nodeids=[1, 1, 2, 2],
+                              class_ids=[0, 1, 0, 1], class_weights=[0.8, 0.2, 0.3, 0.7],
+                              classlabels_int64s=[3, 5]),
+             helper.make_node("Cast", ["scores"], ["z"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info(name, dtype, None) for name, dtype in (
+            ("y", TensorProto.FLOAT), ("label", TensorProto.INT64), ("z", TensorProto.FLOAT))])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ml, 1)],
+                              ir_version=IR_VERSION)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    for name, dtype, shape in (("n", DType.FLOAT, ("N", 4)), ("s", DType.FLOAT, ("N", 4)),
+                               ("r", DType.FLOAT, ("N", 2)), ("y", DType.FLOAT, ("N", 2)),
+                               ("label", DType.INT64, ("N",)),
+                               ("scores", DType.FLOAT, ("N", None))):
+        assert (values[name].dtype, values[name].shape) == (dtype, shape), name
+    optimized = optimize(proto).to_onnx()
+    assert [n.op_type for n in optimized.graph.node] == [
+        "Normalizer", "Scaler", "LinearRegressor", "Relu", "TreeEnsembleClassifier"]
+    feeds = {"x": np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+    def run(model):
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        return session.run(None, feeds)
+
+    for expected, actual in zip(run(proto), run(optimized)):
+        np.testing.assert_array_equal(actual, expected)
+
+
 def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
     """A model onnxruntime's optimizer saved declares its contrib outputs with symbolic dims
     ("unk__3"); pinned inputs make them static, and the values after them too."""

@@ -11,6 +11,7 @@ from graphopt.ir import DType, Model
 from graphopt.ir.onnx_io import graph_protos, read_type, to_onnx
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
+from graphopt.passes.ml_types import ML_TYPED_BY_RULE
 from graphopt.protowire import varint
 from graphopt.warning_scope import warnings_as
 
@@ -126,6 +127,9 @@ def _carry_through_contrib_ops(model: Model) -> int:
                 typed += _type_outputs(node, [(_SKIP_SUM_OUTPUT, source.dtype, source.shape)])
             if node.domain == "com.microsoft" and node.op_type in _TYPED_BY_RULE:
                 typed += _type_outputs(node, _TYPED_BY_RULE[node.op_type](node))
+                continue
+            if node.domain == "ai.onnx.ml" and node.op_type in ML_TYPED_BY_RULE:
+                typed += _type_outputs(node, ML_TYPED_BY_RULE[node.op_type](node))
                 continue
             out = node.outputs[0] if node.outputs else None
             if out is None or out.type_proto is not None:

@@ -1,0 +1,63 @@
+"""Output types of the ai.onnx.ml ops ONNX's shape inference leaves untyped, from their spec.
+
+scikit-learn's exports end in these ops (a Normalizer, a tree ensemble's scores); untyped, the
+Cast or Identity after them cannot be judged a no-op, and nothing downstream is typed either.
+Each rule maps a node to [(output index, dtype, shape)]; a dim it cannot tell is None.
+"""
+
+from __future__ import annotations
+
+from graphopt.ir import DType, Node
+
+
+def _rows(node: Node) -> tuple | None:
+    """(N,): the batch dim of X ([N, C], or [C] as one row), or None when X's rank is not one
+    of those (unknown)."""
+    shape = node.inputs[0].shape
+    if shape is None or len(shape) not in (1, 2):
+        return None
+    return (shape[0],) if len(shape) == 2 else (1,)
+
+
+def _same_as_input(dtype: DType | None = None):
+    """Y of X's shape, in `dtype` (X's own when None)."""
+    def rule(node: Node) -> list:
+        x = node.inputs[0]
+        return [(0, dtype or x.dtype, x.shape)]
+    return rule
+
+
+def _scores(targets_attr: str | None, default: int | None):
+    """Y float [N, targets], the targets count from an attribute (or `default`)."""
+    def rule(node: Node) -> list:
+        rows = _rows(node)
+        if rows is None:
+            return []
+        targets = node.attr(targets_attr, default) if targets_attr else default
+        return [(0, DType.FLOAT, (*rows, targets if isinstance(targets, int) else None))]
+    return rule
+
+
+def _classifier(node: Node) -> list:
+    """Y the labels [N] (int64 or string, by which class label list the node has), Z the
+    float scores [N, classes]: a binary classifier's column count differs between runtimes,
+    so the classes dim stays unknown."""
+    rows = _rows(node)
+    if rows is None:
+        return []
+    labels = DType.STRING if node.attr("classlabels_strings") else DType.INT64
+    return [(0, labels, rows), (1, DType.FLOAT, (*rows, None))]
+
+
+ML_TYPED_BY_RULE = {
+    "Normalizer": _same_as_input(DType.FLOAT),
+    "Scaler": _same_as_input(DType.FLOAT),
+    "Binarizer": _same_as_input(),
+    "Imputer": _same_as_input(),
+    "LinearRegressor": _scores("targets", 1),
+    "TreeEnsembleRegressor": _scores("n_targets", None),
+    "SVMRegressor": _scores(None, 1),
+    "TreeEnsembleClassifier": _classifier,
+    "LinearClassifier": _classifier,
+    "SVMClassifier": _classifier,
+}
