@@ -27,6 +27,7 @@ from graphopt.ir import Node, Value
 from graphopt.ir.pattern import Attr, Optional, Var
 from graphopt.passes.base import register
 from graphopt.passes.edit import can_take_over
+from graphopt.passes.fusion.layout_chain import ReshapeChain, TransposeChain
 from graphopt.passes.rules import Rule, RulePass
 
 
@@ -216,9 +217,10 @@ class ReshapeOfUnsqueeze(_ReshapeOfElementOrderKeeper):
 class SimplifyLayout(RulePass):
     name = "SimplifyLayout"
     description = "compose Transpose chains, cancel Squeeze/Unsqueeze pairs, merge Unsqueezes, " \
-                  "skip layout ops feeding a Reshape"
+                  "skip layout ops feeding a Reshape, shorten Reshape/Transpose chains that " \
+                  "split and merge axes"
     rules = (TransposeOfTranspose, UnsqueezeOfSqueeze, SqueezeOfUnsqueeze, UnsqueezeOfUnsqueeze,
-             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze)
+             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze, ReshapeChain, TransposeChain)
 
 
 __all__ = ["SimplifyLayout"]
