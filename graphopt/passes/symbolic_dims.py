@@ -110,8 +110,7 @@ def substituted(d: Dim, known: dict[str, int]) -> Dim:
 Dims = Callable[[Value], "list[Dim] | None"]
 
 
-def shape_tensor(value: Value, dims_of: Dims, opset: int,
-                 depth: int = 12) -> tuple[list[Dim], bool] | None:
+def shape_tensor(value: Value, dims_of: Dims, depth: int = 12) -> tuple[list[Dim], bool] | None:
     """(the entries of the int64 tensor `value`, whether it is a scalar), evaluated as dims, or
     None when it is computed some other way. `dims_of(v)` gives the dims Shape(v) reads."""
     data = ints(value)
@@ -124,7 +123,7 @@ def shape_tensor(value: Value, dims_of: Dims, opset: int,
 
     def arg(i: int):
         x = node.input(i)
-        return None if x is None else shape_tensor(x, dims_of, opset, depth - 1)
+        return None if x is None else shape_tensor(x, dims_of, depth - 1)
 
     op = node.op_type
     if op == "Shape":
@@ -149,7 +148,8 @@ def shape_tensor(value: Value, dims_of: Dims, opset: int,
             return None
         return [entries[int(i)] for i in index.reshape(-1)], index.ndim == 0
     if op == "Slice":
-        got, bounds = arg(0), slice_bounds(node, opset)
+        # Its bounds are attributes before opset 10, inputs from 10 on.
+        got, bounds = arg(0), slice_bounds(node, 10 if len(node.inputs) > 1 else 1)
         if got is None or got[1] or bounds is None:
             return None
         return [got[0][i] for i in slice_indices(len(got[0]), *bounds)], False

@@ -120,10 +120,10 @@ def _regroup(atoms: _Atoms, target: list[Dim]) -> list[list[int]] | None:
     return groups if k == len(flat) else None
 
 
-def _reshape(atoms: _Atoms, node: Node, dims_of, opset: int) -> str | None:
+def _reshape(atoms: _Atoms, node: Node, dims_of) -> str | None:
     """Apply Reshape `node` to the atoms, or say why it is no split or merge of the current
     axes."""
-    got = shape_tensor(node.input(1), dims_of, opset) if node.input(1) is not None else None
+    got = shape_tensor(node.input(1), dims_of) if node.input(1) is not None else None
     if got is None or got[1]:
         return f"the target shape of '{node.name}' is computed in a way not followed"
     current = atoms.dims(atoms.axes)
@@ -178,7 +178,7 @@ class _Plan:
                 self.moved != self.out_dims)
 
 
-def _follow(chain: list[Node], opset: int) -> _Plan | str:
+def _follow(chain: list[Node]) -> _Plan | str:
     """How chain[0]'s input becomes the last node's output, or why it cannot be followed."""
     x = chain[0].input(0)
     dims = value_dims(x) if x is not None else None
@@ -204,60 +204,69 @@ def _follow(chain: list[Node], opset: int) -> _Plan | str:
                 return f"the perm of '{node.name}' does not fit rank {len(atoms.axes)}"
             atoms.axes = [atoms.axes[p] for p in perm]
         else:
-            problem = _reshape(atoms, node, dims_of, opset)
+            problem = _reshape(atoms, node, dims_of)
             if problem:
                 return problem
         atoms.seen[i] = [list(axis) for axis in atoms.axes]
-    made = {i: atoms.dims(atoms.seen[i]) for i, node in enumerate(chain)
-            if node.op_type == "Reshape"}
-    plans = [plan for plan in (_blocks(chain, atoms, made, cut) for cut in _CUTS)
-             if plan is not None]
-    if not plans:
-        return "a new Reshape would need more than one symbolic dim that its input does " \
-               "not have at the same place, and no Reshape of the chain made those dims"
-    return min(plans, key=lambda plan: sum(plan.steps))
+    return _best_plan(chain, atoms)
 
 
-# Where blocks may end besides where the atoms' order breaks: nowhere else (fewest blocks), at
-# the ends of x's axes (no first Reshape where x's axes move whole), of the output's (no last
-# Reshape where its axes come whole), or both.
-_CUTS = ((False, False), (True, False), (False, True), (True, True))
-
-
-def _blocks(chain: list[Node], atoms: _Atoms, made: dict[int, list[Dim]],
-            cut: tuple[bool, bool]) -> _Plan | None:
-    """The plan whose blocks are runs of atoms adjacent in x and in the output, also cut at
-    the ends of x's axes and the output's as `cut` says; None when a Reshape it needs has no
-    shape that can be written."""
-    order = [a for axis in atoms.source for a in axis]
-    final = [a for axis in atoms.axes for a in axis]
-    place = {a: i for i, a in enumerate(final)}
-    ends = {axis[-1] for axis in atoms.source if axis and cut[0]} \
-        | {axis[-1] for axis in atoms.axes if axis and cut[1]}
+def _runs(atoms: _Atoms, order: list[int], place: dict[int, int], x_ends: bool,
+          out_ends: bool) -> list[list[int]]:
+    """Runs of atoms adjacent in x and in the output, also ended at the ends of x's axes
+    and of the output's where asked."""
+    ends = {axis[-1] for axis in atoms.source if axis and x_ends} \
+        | {axis[-1] for axis in atoms.axes if axis and out_ends}
     runs: list[list[int]] = []
     for a in order:
         if runs and place[a] == place[runs[-1][-1]] + 1 and runs[-1][-1] not in ends:
             runs[-1].append(a)
         else:
             runs.append([a])
-    perm = sorted(range(len(runs)), key=lambda r: place[runs[r][0]])
+    return runs
+
+
+def _best_plan(chain: list[Node], atoms: _Atoms) -> _Plan | str:
+    """The plan with the fewest nodes, fewer than the chain's, whose Reshapes have shapes that
+    can be written; or why there is none. Blocks may end where the atoms' order breaks only
+    (fewest blocks), also at the ends of x's axes (no first Reshape where x's axes move
+    whole), of the output's (no last Reshape where its axes come whole), or at both."""
+    order = [a for axis in atoms.source for a in axis]
+    final = [a for axis in atoms.axes for a in axis]
     x_dims, out_dims = atoms.dims(atoms.source), atoms.dims(atoms.axes)
+    made: dict[int, list[Dim]] = {}
+
+    def made_by(i: int) -> list[Dim]:
+        if i not in made:
+            made[i] = atoms.dims(atoms.seen[i])
+        return made[i]
+
     if order == final:  # the atoms keep their order: one Reshape, or none
-        target = _target(chain, made, x_dims, out_dims) if x_dims != out_dims else None
-        plan = _Plan(atoms, x_dims, x_dims, list(range(len(x_dims))), out_dims,
-                     (None, target))
-        return plan if x_dims == out_dims or target is not None else None
-    plan = _Plan(atoms, x_dims, [product(atoms.size[a] for a in run) for run in runs], perm,
-                 out_dims)
-    reshape, _, final_reshape = plan.steps
-    plan.targets = (_target(chain, made, plan.x_dims, plan.blocks) if reshape else None,
-                    _target(chain, made, plan.moved, plan.out_dims) if final_reshape else None)
-    if (reshape and plan.targets[0] is None) or (final_reshape and plan.targets[1] is None):
-        return None
-    return plan
+        plans = [_Plan(atoms, x_dims, x_dims, list(range(len(x_dims))), out_dims)]
+    else:
+        place = {a: i for i, a in enumerate(final)}
+        distinct = {tuple(map(tuple, _runs(atoms, order, place, x_ends, out_ends))): None
+                    for x_ends in (False, True) for out_ends in (False, True)}
+        plans = []
+        for runs in distinct:
+            perm = sorted(range(len(runs)), key=lambda r: place[runs[r][0]])
+            blocks = [product(atoms.size[a] for a in run) for run in runs]
+            plans.append(_Plan(atoms, x_dims, blocks, perm, out_dims))
+    for plan in sorted(plans, key=lambda plan: sum(plan.steps)):
+        if sum(plan.steps) >= len(chain):
+            return f"its {len(chain)} nodes would become {sum(plan.steps)}"
+        reshape, _, final_reshape = plan.steps
+        plan.targets = (_target(chain, made_by, plan.x_dims, plan.blocks) if reshape else None,
+                        _target(chain, made_by, plan.moved, plan.out_dims)
+                        if final_reshape else None)
+        if not (reshape and plan.targets[0] is None
+                or final_reshape and plan.targets[1] is None):
+            return plan
+    return "a new Reshape would need more than one symbolic dim that its input does not " \
+           "have at the same place, and no Reshape of the chain made those dims"
 
 
-def _target(chain: list[Node], made: dict[int, list[Dim]], given: list[Dim],
+def _target(chain: list[Node], made_by, given: list[Dim],
             wanted: list[Dim]) -> tuple[np.ndarray | Value, int] | None:
     """(shape, allowzero) for a Reshape from `given` dims to `wanted`, or None: a constant
     with a 0 for each dim `given` has at the same place and a -1 for one other symbolic dim,
@@ -274,27 +283,24 @@ def _target(chain: list[Node], made: dict[int, list[Dim]], given: list[Dim],
             open_ += 1
     if open_ <= 1:
         return np.array(entries, dtype=np.int64), 0
-    for i, dims in made.items():
-        node = chain[i]
+    for i, node in enumerate(chain):
+        if node.op_type != "Reshape" or made_by(i) != wanted:
+            continue
         data = node.input(1).constant()
-        if dims == wanted and (node.attr("allowzero", 0) or data is None
-                               or not (data == 0).any()):
+        if node.attr("allowzero", 0) or data is None or not (data == 0).any():
             return node.input(1), node.attr("allowzero", 0)
     return None
 
 
-def best_tail(chain: list[Node], opset: int) -> tuple[int, _Plan] | str:
+def best_tail(chain: list[Node]) -> tuple[int, _Plan] | str:
     """The longest tail of `chain` that can be followed and becomes fewer nodes: (where it
     starts, its plan), or why there is none."""
     reason = ""
     for start in range(len(chain) - 1):
-        plan = _follow(chain[start:], opset)
-        if isinstance(plan, str):
-            reason = plan
-        elif sum(plan.steps) >= len(chain) - start:
-            reason = f"its {len(chain) - start} nodes would become {sum(plan.steps)}"
-        else:
+        plan = _follow(chain[start:])
+        if not isinstance(plan, str):
             return start, plan
+        reason = reason or plan
     return reason
 
 
@@ -320,6 +326,21 @@ def _emit(op, plan: _Plan, x: Value) -> Value:
     if final:
         y = reshaped(y, plan.targets[1])
     return y
+
+
+def _one_node_could_do(pair: list[Node]) -> bool:
+    """Whether a Reshape and a Transpose (in either order) might become one node: a Reshape
+    when the Transpose keeps its axes other than 1s in order, a Transpose when the Reshape only
+    adds or drops 1s. A cheap test for the most common pairs (a conv net's, a batch-1 ViT's),
+    which would otherwise be followed in full on every sweep for nothing; unknown shapes pass."""
+    transpose, reshape = sorted(pair, key=lambda n: n.op_type != "Transpose")
+    shape, perm = transpose.input(0).shape, transpose.attr("perm")
+    before, after = reshape.input(0).shape, reshape.output.shape
+    if shape is None or perm is None or before is None or after is None \
+            or None in before or None in after:
+        return True
+    kept = [p for p in perm if p < len(shape) and shape[p] != 1]
+    return kept == sorted(kept) or [d for d in before if d != 1] == [d for d in after if d != 1]
 
 
 class _LayoutChain(Rule):
@@ -367,22 +388,24 @@ class _LayoutChain(Rule):
             chain.insert(0, before)
         if len(chain) < 2:
             return Miss(node, 1, "no other Reshape or Transpose feeds it alone")
-        return Match(node, {"chain": chain, "root": node}, chain[::-1])
-
-    def check(self, chain, root, model):
-        found = best_tail(chain, model.opset("") or 1)
+        if len(chain) == 2 and {n.op_type for n in chain} == set(LAYOUT_OPS) \
+                and not _one_node_could_do(chain):
+            return Miss(node, 2, "a Reshape and a Transpose that no single node can replace")
+        found = best_tail(chain)
         if isinstance(found, str):
-            return found
+            return Miss(node, len(chain), found)
         start, plan = found
-        x = chain[start].input(0)
+        return Match(node, {"x": chain[start].input(0), "plan": plan, "root": node},
+                     chain[start:][::-1])
+
+    def check(self, x, plan, root):
         if not any(plan.steps) and root.output.is_graph_output \
                 and not can_take_over(x, root.output):
             return f"%{root.output.name} is a graph output and %{x.name} cannot take over its name"
         return None
 
-    def rewrite(self, op, chain):
-        start, plan = best_tail(chain, op.model.opset("") or 1)
-        return _emit(op, plan, chain[start].input(0))
+    def rewrite(self, op, x, plan):
+        return _emit(op, plan, x)
 
 
 class ReshapeChain(_LayoutChain):
