@@ -3,9 +3,11 @@
 Per model: the original at ORT_ENABLE_ALL, graphopt -O2 with FuseAttention switched off, and
 graphopt -O2, each run at ORT_ENABLE_ALL in onnxruntime's CPU provider at 1 thread, the calls
 interleaved, medians of the per-call wall time, node counts beside them, outputs compared with
-the original at ORT_DISABLE_ALL. Inputs are random (seed 0); a symbolic dim takes the size
---dims gives it, a bool input (a padding mask) is False but for its last quarter in the last
-row. --extra adds already compiled files (another graphopt's output, say) to the same runs.
+the original at ORT_DISABLE_ALL. Without --dims the inputs are MODEL.npz beside the model
+(as exported), if there is one; otherwise graphopt's seeded random feeds, each symbolic dim
+the size --dims gives it (else 1), with a bool input (a key padding mask) False and an input
+named like a mask 1, but for the last quarter of the last row. --extra adds already compiled
+files (another graphopt's output, say) to the same runs.
 
     python bench/attention_layout.py tenc_sf.dyn18.onnx --dims seq=128,batch=4
     python bench/attention_layout.py a.onnx b.onnx --dims seq=64,batch=2 --extra before=a.old.onnx
@@ -27,28 +29,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import graphopt  # noqa: E402
+from graphopt import numerics  # noqa: E402
 from _common import markdown_table, run_model, session_options  # noqa: E402
 
 
 def _feeds(path: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
+    saved = os.path.splitext(path)[0] + ".npz"
+    if not dims and os.path.exists(saved):  # the inputs it was exported with
+        return dict(np.load(saved))
     model = onnx.load(path, load_external_data=False)
-    weights = {i.name for i in model.graph.initializer}
-    feeds = {}
-    for value in model.graph.input:
-        if value.name in weights:
-            continue
-        tensor = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else dims[d.dim_param]
-                 for d in tensor.shape.dim]
-        if tensor.elem_type == onnx.TensorProto.BOOL:
-            mask = np.zeros(shape, bool)
-            if mask.ndim == 2:
-                mask[-1, shape[1] - shape[1] // 4:] = True
-            feeds[value.name] = mask
-        else:
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    feeds = numerics.random_feeds(model, seed=0, dims=dims)
+    for name, value in feeds.items():
+        if value.dtype == bool:  # a key padding mask (True: padding)
+            value[...] = False
+            if value.ndim == 2:
+                value[-1, value.shape[1] - value.shape[1] // 4:] = True
+        elif "mask" in name:  # an attention mask (1: attend)
+            value[...] = 1
+            if value.ndim == 2:
+                value[-1, value.shape[1] - value.shape[1] // 4:] = 0
     return feeds
 
 
@@ -89,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", help="ONNX models")
-    parser.add_argument("--dims", default="", help="sizes of symbolic dims: seq=128,batch=4")
+    parser.add_argument("--dims", default="", help="sizes of symbolic dims: seq=128,batch=4 "
+                        "(default: the inputs in MODEL.npz, else 1)")
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=FILE",
                         help="a compiled file to run beside the others (one model only)")
     parser.add_argument("--runs", type=int, default=200, help="timed calls per variant (200)")

@@ -283,13 +283,33 @@ def _target(chain: list[Node], made_by, given: list[Dim],
             open_ += 1
     if open_ <= 1:
         return np.array(entries, dtype=np.int64), 0
+    inside = {id(node.output) for node in chain}
     for i, node in enumerate(chain):
         if node.op_type != "Reshape" or made_by(i) != wanted:
             continue
         data = node.input(1).constant()
-        if node.attr("allowzero", 0) or data is None or not (data == 0).any():
+        if (node.attr("allowzero", 0) or data is None or not (data == 0).any()) \
+                and not _reads(node.input(1), inside):
             return node.input(1), node.attr("allowzero", 0)
     return None
+
+
+def _reads(value: Value, outputs: set[int], limit: int = 32) -> bool:
+    """Whether computing `value` reads one of `outputs` (or takes more than `limit` nodes to
+    tell): a target read off the chain's own values (Shape of one) would keep the chain alive."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in outputs:
+            return True
+        node = v.producer
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if len(seen) > limit:
+            return True
+        stack.extend(i for i in node.inputs if i is not None)
+    return False
 
 
 def best_tail(chain: list[Node]) -> tuple[int, _Plan] | str:
@@ -383,7 +403,7 @@ class _LayoutChain(Rule):
             x = chain[0].input(0)
             before = x.producer if x is not None else None
             if before is None or before.op_type not in LAYOUT_OPS or not before.is_onnx \
-                    or x.is_graph_output or len(x.uses) != 1:
+                    or x.is_graph_output or len(x.uses) != 1 or before.graph is not node.graph:
                 break
             chain.insert(0, before)
         if len(chain) < 2:
