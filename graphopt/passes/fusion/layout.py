@@ -16,6 +16,9 @@ Reshape of Flatten/Squeeze/Unsqueeze); none of them changes an element, so neith
         and count, so only s matters, unless s has a 0 (copy that dim of F(x)) without allowzero.
     (Reshape(Reshape(x)), identity Transposes and same-shape Reshapes are EliminateNoOps' job.)
 
+Longer chains of Reshapes and Transposes that only split and merge axes (ReshapeChain,
+TransposeChain) are shortened in layout_chain.
+
 Axes come from the `axes` attribute before opset 13 and from a constant input from opset 13 on.
 """
 
