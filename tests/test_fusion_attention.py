@@ -410,3 +410,68 @@ def test_a_row_whose_every_key_is_masked_keeps_its_even_average(fill):
         np.testing.assert_array_equal(np.isnan(actual["y"]), np.isnan(expected["y"]))
         expected["y"], actual["y"] = np.nan_to_num(expected["y"]), np.nan_to_num(actual["y"])
     np.testing.assert_allclose(actual["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
+def sequence_first_attention():
+    """nn.MultiheadAttention as the dynamo exporter writes it, sequence-first with symbolic
+    sequence and batch: x [S,B,D] projected, each head split as [S, B·N, H] → Transpose(1,0,2)
+    → [B,N,S,H] with every target read from x's shape at run time; the context goes back as
+    Transpose(2,0,1,3) → [S·B, D] → Gemm → [S,B,D]."""
+    g = Graph()
+    x = g.input("x", TensorProto.FLOAT, ["seq", "batch", D])
+    mask = g.input("mask", TensorProto.FLOAT, ["batch", 1, 1, "seq"])
+    shape = g.op("Shape", x)
+    zero = g.const([0], np.int64)
+    seq = g.op("Unsqueeze", g.op("Gather", shape, g.const(0, np.int64), axis=0), zero)
+    batch = g.op("Unsqueeze", g.op("Gather", shape, g.const(1, np.int64), axis=0), zero)
+    rows = g.op("Mul", batch, g.const([N], np.int64))
+    split = g.op("Concat", seq, rows, g.const([H], np.int64), axis=0)
+    heads = g.op("Concat", batch, g.const([N], np.int64), seq, g.const([H], np.int64), axis=0)
+
+    def project():
+        y = g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, D)) * 0.3)),
+                 g.const(g.rng.standard_normal(D) * 0.1))
+        front = g.op("Transpose", g.op("Reshape", y, split, allowzero=1), perm=[1, 0, 2])
+        return g.op("Reshape", front, heads, allowzero=1)
+
+    q, k, v = project(), project(), project()
+    scores = g.op("Div", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
+                  g.const(np.sqrt(H)))
+    probs = g.op("Softmax", g.op("Add", scores, mask), axis=-1)
+    ctx = g.op("Transpose", g.op("MatMul", probs, v), perm=[2, 0, 1, 3])
+    flat = g.op("Reshape", ctx, g.const([-1, D], np.int64), allowzero=1)
+    out = g.op("Gemm", flat, g.const(g.rng.standard_normal((D, D)) * 0.3),
+               g.const(g.rng.standard_normal(D) * 0.1), transB=1)
+    back = g.op("Concat", seq, batch, g.const([D], np.int64), axis=0)
+    y = g.op("Reshape", out, back, allowzero=1)
+    graph = helper.make_graph(g.nodes, "mha_sequence_first", g.inputs,
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT,
+                                                             ["seq", "batch", D])], g.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                             ir_version=IR_VERSION)
+
+
+def test_sequence_first_attention_fuses_into_fewer_nodes_than_the_export():
+    """The head splits around MultiHeadAttention reduce to one Transpose per input (and one
+    before the output projection), proven from the run-time shapes: before, the fused model
+    had more nodes than the export (Reshape → Transpose → Reshape → Transpose → Reshape per
+    input)."""
+    proto = sequence_first_attention()
+    result = graphopt.optimize(proto, level=2)
+    out = to_onnx(result.model)
+    onnx.checker.check_model(out, full_check=True)
+    names = [n.qualified_op for n in result.model.graph]
+    assert names.count(MHA) == 1 and "Softmax" not in names
+    assert len(names) < len(proto.graph.node)
+    assert names.count("Transpose") == 4 and names.count("Reshape") == 2, names
+    (mha,) = [n for n in result.model.graph if n.qualified_op == MHA]
+    for value in mha.inputs[:3]:
+        assert value.producer.op_type == "Transpose" and value.producer.attr("perm") == [1, 0, 2]
+        assert value.producer.inputs[0].producer.op_type == "Add"
+    after = mha.output.uses[0].node
+    assert after.op_type == "Transpose" and after.attr("perm") == [1, 0, 2]
+    for dims in ({"seq": 6, "batch": 2}, {"seq": 1, "batch": 1}, {"seq": 5, "batch": 3}):
+        feeds = numerics.random_feeds(proto, seed=5, dims=dims)
+        problems = numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds),
+                                    1e-4, 1e-5)
+        assert not problems, (dims, problems)

@@ -520,3 +520,146 @@ def test_rules_can_be_switched_off_by_name():
     ctx = PassContext(Options(disabled_passes={"ConcatOfSplit", "TransposeOfTranspose"}))
     PassManager(Pipeline("t", "", ("ConstantToInitializer", "SimplifySlicing")), ctx).run(model)
     assert "Split" in ops(model)
+
+
+# -- Reshape/Transpose chains that split and merge axes ---------------------------------------
+
+# nn.MultiheadAttention's head split, sequence-first: q [S,B,8] → [S, B·2, 4] with the target
+# read from q's own shape at run time, heads to the front, then split to [B,2,S,4]; FuseAttention
+# then merges the heads back ([B,S,2,4] → [B,S,8]).
+SEQUENCE_FIRST_SPLIT = """
+        s = Shape(x)
+        s0 = Gather <axis = 0> (s, zero)
+        seq = Unsqueeze(s0, zero1)
+        s1 = Gather <axis = 0> (s, one)
+        batch = Unsqueeze(s1, zero1)
+        heads = Mul(batch, two)
+        t1 = Concat <axis = 0> ({seq_piece}, heads, four)
+        v1 = Reshape(x, t1)
+        u1 = Transpose <perm = [1, 0, 2]> (v1)
+        t2 = Concat <axis = 0> (batch, two, {seq_piece}, four)
+        v2 = Reshape(u1, t2)
+"""
+CHAIN_CONSTANTS = """
+        zero = Constant <value = int64 {0}> ()
+        one = Constant <value = int64 {1}> ()
+        zero1 = Constant <value_ints = [0]> ()
+        two = Constant <value_ints = [2]> ()
+        four = Constant <value_ints = [4]> ()
+        ten = Constant <value_ints = [10]> ()
+        merged = Constant <value_ints = [0, 0, 8]> ()
+"""
+
+
+def sequence_first_chain(seq_piece: str = "seq", x_type: str = "float[S, B, 8]") -> str:
+    return header() + f"""
+    g ({x_type} x) => (float[?, ?, 8] y) {{
+        {CHAIN_CONSTANTS}
+        {SEQUENCE_FIRST_SPLIT.format(seq_piece=seq_piece)}
+        u2 = Transpose <perm = [0, 2, 1, 3]> (v2)
+        m = Reshape(u2, merged)
+        y = Relu(m)
+    }}"""
+
+
+@pytest.mark.parametrize("dims", [{"S": 5, "B": 3}, {"S": 1, "B": 1}, {"S": 7, "B": 2}])
+def test_sequence_first_head_split_and_merge_is_one_transpose(dims):
+    """Five layout nodes whose shapes are read at run time: the split/merge is proven from
+    the symbolic dims, and all that is left is [S,B,8] → [B,S,8]."""
+    model, stats, _ = run(sequence_first_chain(), "SimplifyLayout", dims=dims)
+    assert stats == {"ReshapeChain": 1}
+    assert ops(model) == ["Transpose", "Relu"]
+    transpose = node(model, "Transpose")
+    assert transpose.inputs[0].name == "x" and transpose.attr("perm") == [1, 0, 2]
+
+
+def test_a_number_a_reshape_proves_stands_for_the_name():
+    """A TorchScript trace bakes the sequence (10) into the key's Reshape of [S, B, 8]: the
+    Reshape only runs where S is 10, so the chain is still one Transpose."""
+    model, stats, _ = run(sequence_first_chain("ten"), "SimplifyLayout",
+                          dims={"S": 10, "B": 3})
+    assert stats == {"ReshapeChain": 1} and ops(model) == ["Transpose", "Relu"]
+    assert node(model, "Transpose").output.shape == ("B", 10, 8)
+
+
+def test_head_merge_after_the_fused_attention_keeps_a_transpose_and_the_last_reshape():
+    """MultiHeadAttention's [B,S,8] → [B,S,2,4] → (S,B,2,4) → [S·B, 8] for the output
+    projection: Transpose [S,B,8], then the chain's own [-1, 8]."""
+    model, stats, _ = run(header() + """
+    g (float[B, S, 8] x) => (float[?, 8] y) {
+        split = Constant <value_ints = [0, 0, 2, 4]> ()
+        rows = Constant <value_ints = [-1, 8]> ()
+        h = Reshape(x, split)
+        t = Transpose <perm = [1, 0, 2, 3]> (h)
+        y = Reshape(t, rows)
+    }""", "SimplifyLayout", dims={"S": 5, "B": 3})
+    assert stats == {"ReshapeChain": 1} and ops(model) == ["Transpose", "Reshape"]
+    assert node(model, "Transpose").attr("perm") == [1, 0, 2]
+    assert ints(node(model, "Reshape").inputs[1]) == [-1, 8]
+    assert model.graph.outputs[0].name == "y"
+
+
+def test_reshapes_back_to_the_input_dims_vanish():
+    """The padding mask's [B,2,1,S] → [B·2, 1, S] → [B, 2, -1, S]: x itself."""
+    model, stats, _ = run(header() + """
+    g (float[B, 2, 1, S] x) => (float[B, 2, 1, S] y) {
+        s = Shape(x)
+        c0 = Constant <value_ints = [0]> ()
+        c1 = Constant <value_ints = [1]> ()
+        c2 = Constant <value_ints = [2]> ()
+        c3 = Constant <value_ints = [3]> ()
+        c4 = Constant <value_ints = [4]> ()
+        c2m = Constant <value_ints = [2, -1]> ()
+        b = Slice(s, c0, c1)
+        n = Slice(s, c3, c4)
+        rows = Mul(b, c2)
+        t1 = Concat <axis = 0> (rows, c1, n)
+        r1 = Reshape <allowzero = 1> (x, t1)
+        t2 = Concat <axis = 0> (b, c2m, n)
+        r2 = Reshape(r1, t2)
+        y = Relu(r2)
+    }""", "SimplifyLayout", dims={"S": 5, "B": 3})
+    assert stats == {"ReshapeChain": 1} and ops(model) == ["Relu"]
+    assert node(model, "Relu").inputs[0].name == "x"
+
+
+def test_bert_head_split_is_already_as_short_as_it_gets():
+    model, stats, trace = run(header() + """
+    g (float[B, S, 8] x) => (float[?, ?, ?, ?] y) {
+        split = Constant <value_ints = [0, 0, 2, 4]> ()
+        h = Reshape(x, split)
+        t = Transpose <perm = [0, 2, 1, 3]> (h)
+        y = Relu(t)
+    }""", "SimplifyLayout", dims={"S": 5, "B": 3}, trace="TransposeChain")
+    assert stats == {} and ops(model) == ["Reshape", "Transpose", "Relu"]
+    assert any("no single node can replace" in line for line in trace), trace
+
+
+def test_dims_under_other_names_are_not_proven_equal():
+    """The chain reads the sequence from another input z, whose dim is named T, not S: the
+    Reshape of [S, B, 8] to [T, B·2, 4] is not proven a split."""
+    text = header() + f"""
+    g (float[S, B, 8] x, float[T] z) => (float[?, ?, 8] y) {{
+        {CHAIN_CONSTANTS}
+        seqz = Shape(z)
+        {SEQUENCE_FIRST_SPLIT.format(seq_piece="seqz")}
+        u2 = Transpose <perm = [0, 2, 1, 3]> (v2)
+        m = Reshape(u2, merged)
+        y = Relu(m)
+    }}"""
+    model, stats, trace = run(text, "SimplifyLayout", dims={"S": 5, "B": 3, "T": 5},
+                              trace="ReshapeChain")
+    assert stats == {} and ops(model).count("Reshape") == 3
+    assert any("element counts not proven equal" in line for line in trace), trace
+
+
+def test_a_chain_value_read_elsewhere_ends_the_chain_there():
+    """u1 is also an output: the chain starts after it, at a value whose first dim ONNX
+    inference leaves unnamed (unk__0), so the split of it into [B, 2] is not proven."""
+    text = sequence_first_chain().replace("y = Relu(m)", "y = Relu(m)\n        w = Relu(u1)")
+    text = text.replace("=> (float[?, ?, 8] y)", "=> (float[?, ?, 8] y, float[?, ?, 4] w)")
+    model, stats, trace = run(text, "SimplifyLayout", dims={"S": 5, "B": 3},
+                              trace="ReshapeChain")
+    assert stats == {} and ops(model).count("Transpose") == 2
+    assert any("matched 3 pattern node(s)" in line and "not proven equal" in line
+               for line in trace), trace

@@ -16,6 +16,9 @@ Reshape of Flatten/Squeeze/Unsqueeze); none of them changes an element, so neith
         and count, so only s matters, unless s has a 0 (copy that dim of F(x)) without allowzero.
     (Reshape(Reshape(x)), identity Transposes and same-shape Reshapes are EliminateNoOps' job.)
 
+Longer chains of Reshapes and Transposes that only split and merge axes (ReshapeChain,
+TransposeChain) are shortened in layout_chain.
+
 Axes come from the `axes` attribute before opset 13 and from a constant input from opset 13 on.
 """
 
@@ -27,6 +30,7 @@ from graphopt.ir import Node, Value
 from graphopt.ir.pattern import Attr, Optional, Var
 from graphopt.passes.base import register
 from graphopt.passes.edit import can_take_over
+from graphopt.passes.fusion.layout_chain import ReshapeChain, TransposeChain
 from graphopt.passes.rules import Rule, RulePass
 
 
@@ -216,9 +220,10 @@ class ReshapeOfUnsqueeze(_ReshapeOfElementOrderKeeper):
 class SimplifyLayout(RulePass):
     name = "SimplifyLayout"
     description = "compose Transpose chains, cancel Squeeze/Unsqueeze pairs, merge Unsqueezes, " \
-                  "skip layout ops feeding a Reshape"
+                  "skip layout ops feeding a Reshape, shorten Reshape/Transpose chains that " \
+                  "split and merge axes"
     rules = (TransposeOfTranspose, UnsqueezeOfSqueeze, SqueezeOfUnsqueeze, UnsqueezeOfUnsqueeze,
-             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze)
+             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze, ReshapeChain, TransposeChain)
 
 
 __all__ = ["SimplifyLayout"]

@@ -1,0 +1,112 @@
+"""A model with attention, compiled with and without FuseAttention, against the original.
+
+Per model: the original at ORT_ENABLE_ALL, graphopt -O2 with FuseAttention switched off, and
+graphopt -O2, each run at ORT_ENABLE_ALL in onnxruntime's CPU provider at 1 thread, the calls
+interleaved, medians of the per-call wall time, node counts beside them, outputs compared with
+the original at ORT_DISABLE_ALL. Without --dims the inputs are MODEL.npz beside the model
+(as exported), if there is one; otherwise graphopt's seeded random feeds, each symbolic dim
+the size --dims gives it (else 1), with a bool input (a key padding mask) False and an input
+named like a mask 1, but for the last quarter of the last row. --extra adds already compiled
+files (another graphopt's output, say) to the same runs.
+
+    python bench/attention_layout.py tenc_sf.dyn18.onnx --dims seq=128,batch=4
+    python bench/attention_layout.py a.onnx b.onnx --dims seq=64,batch=2 --extra before=a.old.onnx
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import graphopt  # noqa: E402
+from graphopt import numerics  # noqa: E402
+from _common import markdown_table, run_model, session_options  # noqa: E402
+
+
+def _feeds(path: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    saved = os.path.splitext(path)[0] + ".npz"
+    if not dims and os.path.exists(saved):  # the inputs it was exported with
+        return dict(np.load(saved))
+    model = onnx.load(path, load_external_data=False)
+    feeds = numerics.random_feeds(model, seed=0, dims=dims)
+    for name, value in feeds.items():
+        if value.dtype == bool:  # a key padding mask (True: padding)
+            value[...] = False
+            if value.ndim == 2:
+                value[-1, value.shape[1] - value.shape[1] // 4:] = True
+        elif "mask" in name:  # an attention mask (1: attend)
+            value[...] = 1
+            if value.ndim == 2:
+                value[-1, value.shape[1] - value.shape[1] // 4:] = 0
+    return feeds
+
+
+def bench(path: str, dims: dict[str, int], extra: dict[str, str], runs: int,
+          folder: str) -> list[list[str]]:
+    files = {"original": path}
+    for name, disabled in (("-O2 without FuseAttention", {"FuseAttention"}), ("-O2", set())):
+        out = os.path.join(folder, f"{len(files)}.onnx")
+        graphopt.save(graphopt.optimize(path, level=2, disable_passes=disabled), out)
+        files[name] = out
+    files.update(extra)
+    feeds = _feeds(path, dims)
+    want = run_model(path, feeds)
+    sessions = {name: ort.InferenceSession(file, session_options("all"),
+                                           providers=["CPUExecutionProvider"])
+                for name, file in files.items()}
+    times: dict[str, list[float]] = {name: [] for name in files}
+    for i in range(runs + 10):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            session.run(None, feeds)
+            if i >= 10:
+                times[name].append(time.perf_counter() - start)
+    base = float(np.median(times["original"]))
+    rows = []
+    for name, file in files.items():
+        got = run_model(file, feeds)
+        diff = max(float(np.max(np.abs(want[k] - got[k]))) for k in want)
+        median = float(np.median(times[name]))
+        rows.append([os.path.basename(path), name,
+                     str(len(onnx.load(file, load_external_data=False).graph.node)),
+                     f"{median * 1e6:.0f}", f"{median / base:.2f}", f"{diff:.1e}"])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="+", help="ONNX models")
+    parser.add_argument("--dims", default="", help="sizes of symbolic dims: seq=128,batch=4 "
+                        "(default: the inputs in MODEL.npz, else 1)")
+    parser.add_argument("--extra", action="append", default=[], metavar="NAME=FILE",
+                        help="a compiled file to run beside the others (one model only)")
+    parser.add_argument("--runs", type=int, default=200, help="timed calls per variant (200)")
+    args = parser.parse_args(argv)
+    dims = {k: int(v) for k, v in (p.split("=") for p in args.dims.split(",") if p)}
+    extra = dict(p.split("=", 1) for p in args.extra)
+    if extra and len(args.models) > 1:
+        parser.error("--extra goes with one model")
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for path in args.models:
+            rows += bench(path, dims, extra, args.runs, folder)
+    print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_ENABLE_ALL, "
+          f"onnxruntime {ort.__version__}, dims {args.dims or 'as exported'}\n")
+    print(markdown_table(["model", "variant", "nodes", "µs", "× original", "max abs Δ"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
