@@ -652,3 +652,39 @@ def test_an_op_whose_function_body_is_a_later_versions_is_emulated_as_before():
                         w=np.ones((4, 4), np.float32))
     notes = graphopt.optimize(model, precision="fp16").notes
     assert any("no float16 kernel for LeakyRelu, MatMul;" in n for n in notes), notes
+
+
+def test_a_half_matmul_of_a_batch_swap_is_written_in_a_form_onnxruntime_loads(tmp_path):
+    """onnxruntime 1.32 segfaults loading, at ORT_ENABLE_ALL, a float16 Transpose(1, 0, 2)
+    feeding a float16 MatMul with a constant weight (a sequence-first projection). The
+    conversion moves the Transpose after the MatMul: the same products, in a form it loads."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(7)
+    model = parse_model("""
+        g (float[S, B, 32] x) => (float[B, S, 16] y) {
+            r = Relu (x)
+            t = Transpose <perm = [1, 0, 2]> (r)
+            m = MatMul (t, w)
+            y = Relu (m)
+        }""", w=rng.standard_normal((32, 16)).astype(np.float32))
+    result = graphopt.optimize(model, pass_options={"precision": "fp16"})
+    assert ops(result.model) == ["Cast", "Relu", "MatMul", "Transpose", "Relu", "Cast"]
+    path = tmp_path / "half.onnx"
+    graphopt.save(result, path)
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    x = rng.standard_normal((5, 2, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    # In a child: on the unmoved form the load kills the process.
+    script = ("import sys, numpy as np, onnxruntime as ort\n"
+              "options = ort.SessionOptions()\n"
+              "options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL\n"
+              "session = ort.InferenceSession(sys.argv[1], options, "
+              "providers=['CPUExecutionProvider'])\n"
+              "np.save(sys.argv[3], session.run(None, {'x': np.load(sys.argv[2])})[0])\n")
+    child = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "x.npy"),
+                            str(tmp_path / "y.npy")], capture_output=True, text=True)
+    assert child.returncode == 0, (child.returncode, child.stderr[-500:])
+    expected = numerics.run(model, {"x": x})["y"]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=2e-2, atol=2e-2)

@@ -28,6 +28,7 @@ from graphopt.passes.precision.casts import (
     to_half_array,
 )
 from graphopt.passes.precision.nested import nested_note
+from graphopt.passes.precision.ort_half_crash import move_batch_swaps_after_half_matmuls
 from graphopt.passes.precision.policy import (
     ALLOW,
     DENY,
@@ -212,6 +213,9 @@ class ConvertPrecision(Pass):
             # (opset 13: the first with bfloat16 Casts).
             model.opset_imports[""] = 13
         removed = collapse_cast_pairs(graph)
+        if half == DType.FLOAT16 and "MatMul" in support.emulated:
+            # onnxruntime's CPU provider runs these MatMuls, and crashes on one form of them
+            result.count("transposes_moved", move_batch_swaps_after_half_matmuls(graph))
         result.count("nodes_converted", len(chosen))
         result.count("casts_inserted", boundaries.casts_inserted)
         result.count("casts_removed", removed)
