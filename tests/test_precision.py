@@ -688,3 +688,21 @@ def test_a_half_matmul_of_a_batch_swap_is_written_in_a_form_onnxruntime_loads(tm
     assert child.returncode == 0, (child.returncode, child.stderr[-500:])
     expected = numerics.run(model, {"x": x})["y"]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_the_accuracy_report_runs_on_the_inputs_verify_runs_on(tmp_path, capsys):
+    # A model that runs at its own sizes only (the Reshape to 2×16): random data with open
+    # dims at 1 fails it, so without --inputs there was no report.
+    src, out, feeds = tmp_path / "m.onnx", tmp_path / "m16.onnx", tmp_path / "x.npz"
+    onnx.save(parse_model("""
+        g (float[N, 8] x) => (float[2, 16] y) {
+            m = MatMul (x, w)
+            y = Reshape (m, shape)
+        }""", w=W1[:8, :8], shape=np.array([2, 16], np.int64)), src)
+    np.savez(feeds, x=np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32))
+    rc, stdout, err = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16",
+                              "--verify", "--inputs", feeds)
+    assert rc == 0, err
+    assert f"accuracy vs {src} on {feeds}" in stdout and "no accuracy report" not in err
+    rc, stdout, err = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16")
+    assert rc == 0 and "no accuracy report" in err
