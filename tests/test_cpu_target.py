@@ -238,6 +238,55 @@ def test_session_level_of_a_residual_layernorm(case, level):
     assert _session_level(model, None) is None  # unfused compiles keep onnxruntime's default
 
 
+@pytest.mark.parametrize("case, level, disabled", [
+    ("add-ln", None, ["SkipLayerNormFusion"]),     # a compile for no target
+    ("add-ln", "all", ["SkipLayerNormFusion"]),    # convs left for onnxruntime to block
+    ("add-ln", "basic", None),                     # "basic" fuses no LayerNorm
+    ("qdq", "extended", ["SkipLayerNormFusion"]),  # kept for its QLinear fusions
+    ("sum-read-twice", "all", None),               # nothing onnxruntime would fuse
+])
+def test_partitions_at_extended_or_above_skip_onnxruntimes_skip_layernorm_fusion(case, level,
+                                                                                 disabled):
+    from graphopt.codegen.split import disabled_optimizers
+    from graphopt.ir import load_onnx
+
+    extra, tail = {
+        "add-ln": ("", "y = Identity(n)"),
+        "sum-read-twice": (", float[1,4,8] x", "y = Identity(n)"),
+        "qdq": ("", "q = QuantizeLinear(n, s, z)\n    y = DequantizeLinear(q, s, z)"),
+    }[case]
+    model = load_onnx(onnx.parser.parse_model(ADD_LN.format(extra=extra, tail=tail)))
+    assert disabled_optimizers(model, level) == disabled
+
+
+def test_a_partition_left_at_all_runs_add_and_layernorm_as_written(tmp_path):
+    """A conv net with a transformer tail (wav2vec2) compiled for no target runs at
+    onnxruntime's default level, which must not fuse the residual Adds into
+    SkipLayerNormalization."""
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 4, 16] x) => (float[1, 16, 8] y) {
+            c = Conv <pads = [1, 1]> (x, w)
+            t = Transpose <perm = [0, 2, 1]> (c)
+            a = Add (t, r)
+            y = LayerNormalization <epsilon = 1e-5> (a, gamma, beta)
+        }""")
+    rng = np.random.default_rng(4)
+    weights = {"w": rng.standard_normal((8, 4, 3)), "r": rng.standard_normal((1, 16, 8)),
+               "gamma": rng.random(8) + 0.5, "beta": rng.standard_normal(8)}
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(v.astype(np.float32), k)
+                                   for k, v in weights.items())
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto), path)  # for no target: onnxruntime's default level
+    (part,) = load_om(path).partitions
+    assert part.optimization_level is None and part.disabled_optimizers == ["SkipLayerNormFusion"]
+    assert "SkipLayerNormalization" in _optimized_ops(part.model, "all")  # the premise
+    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32)}
+    with graphopt.load(path) as session:
+        np.testing.assert_allclose(session.run(feeds)["y"], numerics.run(proto, feeds)["y"],
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_a_small_partition_onnxruntime_would_leave_as_it_is_runs_at_disable():
     from graphopt.codegen.split import _session_level
     from graphopt.ir import load_onnx

@@ -58,7 +58,7 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
             level = _session_level(model, cpu_level) if on_cpu else _device_level(model)
         result.append(OmPartition(part.name, part.device, to_onnx(model), **cut,
                                   providers=list(device.providers), optimization_level=level,
-                                  disabled_optimizers=disabled_optimizers(model),
+                                  disabled_optimizers=disabled_optimizers(model, level),
                                   prepack_weights=not on_cpu or prepacking_pays(model)))
     return result
 
@@ -75,7 +75,7 @@ def portable_partition(name: str, model: Model) -> OmPartition:
     """The one partition of a model compiled for no target, which the CPU runs."""
     level = "disable" if shape_read_past_dispute(model) else None  # as in om_partitions
     return OmPartition(name, "cpu", to_onnx(model), optimization_level=level,
-                       disabled_optimizers=disabled_optimizers(model),
+                       disabled_optimizers=disabled_optimizers(model, level),
                        prepack_weights=prepacking_pays(model))
 
 
@@ -88,13 +88,25 @@ _REQUANTIZER = "WeightBiasQuantization"
 # FusedMatMul's transA, which then computes a wrong product against a 1-D B (1.32: off by 3.4
 # on a [4,3]ᵀ · [4]; correct with the Transpose kept, and with A 1-D or B of rank 2).
 _TRANSPOSE_FOLDER = "MatmulTransposeFusion"
+# onnxruntime's SkipLayerNormFusion ("extended" level) turns Add + LayerNormalization back into
+# the SkipLayerNormalization graphopt's fusions avoid on the CPU (see _session_level).
+_SKIP_FUSER = "SkipLayerNormFusion"
 
 
-def disabled_optimizers(model: Model) -> list[str] | None:
-    """The onnxruntime optimizers that would change this partition's results: None, or
-    WeightBiasQuantization when a float Conv/ConvTranspose/Gemm reads dequantized data, and
-    MatmulTransposeFusion when a MatMul of a transposed A reads a 1-D B."""
+def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | None:
+    """The onnxruntime optimizers that would change this partition's results or slow it, at
+    its session `level` (None: onnxruntime's default, "all"): None, or WeightBiasQuantization
+    when a float Conv/ConvTranspose/Gemm reads dequantized data, MatmulTransposeFusion when a
+    MatMul of a transposed A reads a 1-D B, and SkipLayerNormFusion where a partition left at
+    "extended" or above (Q/DQ, whose QLinear fusions live there; convs left for onnxruntime to
+    block; a compile for no target) has an Add + LayerNormalization it would fuse: a wav2vec2
+    export's .om, its convs left to onnxruntime, ran 1.28× the original's time with four
+    SkipLayerNormalizations, 1.01× without."""
     found = []
+    if level in (None, "all", "extended"):
+        functions = {(f.domain, f.name): f for f in model.functions}
+        if any(_refusable_skip_layernorm(n, functions) for n in model.graph):
+            found.append(_SKIP_FUSER)
     for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
                 and len(node.inputs) > 1 and node.inputs[0] is not None:
