@@ -42,6 +42,7 @@ from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.precision.nested import nested_note
 from graphopt.quant.calib_data import model_inputs, read_calibration
+from graphopt.quant.unfused_activations import join_float_activations, split_activations
 from graphopt.quant.calibrate import calibrate
 from graphopt.quant.probe import int8_gemm_saturates
 from graphopt.quant.qparams import (
@@ -86,6 +87,7 @@ class QuantizeInt8(Pass):
             return result
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
+        splits = split_activations(model.graph, opset) if form == "onnxruntime" else []
         chosen = plan(model.graph, options, lambda node: ctx.allows(self.name, node), form)
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:
@@ -165,6 +167,9 @@ class QuantizeInt8(Pass):
             graph.sort()
             if heads:
                 _correct_float_layers(model, heads, means, ctx, result)
+        if splits:  # after the bias correction, which reads the float convs as Convs
+            join_float_activations(graph, splits, {id(n) for n in chosen.static})
+        if result.changed or splits:
             _drop_unused_initializers(graph)
         return result
 
