@@ -399,12 +399,16 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         from graphopt.codegen.split import partition_ir
         from graphopt.partition import partition
         from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
+        from graphopt.partition.report import dynamic_hint
 
         result.partitioning = partition(ir_model, target)
         check_host_bfloat16(result.partitioning, options, ir_model)
         note = quantized_fallback_note(result.partitioning, options)
         if note:
             result.notes.append(note)
+        dynamic = dynamic_hint(ir_model, result.partitioning)
+        if dynamic:  # ATC takes static shapes only: say why the NPU got less than it could
+            result.notes.append(f"{setting('target', target.name)}: {dynamic}")
         result.partition_models = partition_ir(ir_model, result.partitioning)
         result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
     result.seconds = time.perf_counter() - start

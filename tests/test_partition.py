@@ -159,9 +159,13 @@ def test_dynamic_input_keeps_the_model_on_the_host_until_pinned():
     result = graphopt.optimize(proto, target="ascend310")
     assert devices(result) == ["cpu"]
     assert reason_of(result, "Gemm") == "dynamic shape: %x [N,8]"
+    # The compile says so, as `graphopt partition` does: an all-host .om is no surprise.
+    assert "target='ascend310': 1 node(s) fell back to the cpu for dynamic shapes; pin the " \
+        "dynamic input(s) 'x' [N,8] with input_shapes, e.g. input_shapes='x:<N>,8'" in result.notes
     pinned = graphopt.optimize(proto, target="ascend310", input_shapes={"x": [4, 8]})
     assert devices(pinned) == ["npu"]
     assert not pinned.partitioning.fallbacks()
+    assert not any("fell back" in note for note in pinned.notes)
 
 
 def test_dtype_reason_names_the_value_and_the_accepted_types():

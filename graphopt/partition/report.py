@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from graphopt.option_names import from_command_line
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.layouts import layout_summary
 from graphopt.partition.partitioner import Partition, Partitioning, is_constant_node
@@ -106,6 +107,10 @@ def dynamic_hint(model, partitioning: Partitioning) -> str:
     named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape)}]" if v.shape is not None
                                         else "(rank unknown)") for v in inputs)
     example = ";".join(f"{v.name}:{_example_dims(v.shape)}" for v in inputs if v.shape is not None)
+    if not from_command_line():
+        return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
+                f"dynamic input(s) {named} with input_shapes"
+                + (f", e.g. input_shapes={example!r}" if example else ""))
     return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
             f"dynamic input(s) {named} with --input-shape NAME:dims"
             + (f', e.g. --input-shape "{example}"' if example else ""))
