@@ -475,3 +475,108 @@ def test_sequence_first_attention_fuses_into_fewer_nodes_than_the_export():
         problems = numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds),
                                     1e-4, 1e-5)
         assert not problems, (dims, problems)
+
+
+def dynamic_attention(style="torchscript", key_batch_from=None):
+    """One self-attention block over x [batch, seq, D] with every head split and merge read
+    from x's shape at run time, as the exporters write it with dynamic axes.
+
+    torchscript: x.view(B, -1, N, H) with B = Shape(x)[0]: ONNX's inference names each -1 (the
+    sequence of Q, K and V) afresh. bart: x.view(B, S, -1, H) with allowzero (the dynamo
+    exporter's): the head count is the unknown. `key_batch_from` names another input whose
+    Shape gives K's B instead, which proves nothing about K's sequence."""
+    g = Graph()
+    x = g.input("x", TensorProto.FLOAT, ["batch", "seq", D])
+    mask = g.input("mask", TensorProto.FLOAT, ["batch", 1, 1, "seq"])
+    zero = g.const([0], np.int64)
+
+    def dim(value, i):
+        if style == "bart":
+            return g.op("Shape", value, start=i, end=i + 1)
+        return g.op("Unsqueeze", g.op("Gather", g.op("Shape", value), g.const(i, np.int64),
+                                      axis=0), zero)
+
+    def split(value, batch_of=x):
+        if style == "bart":
+            target = g.op("Concat", dim(batch_of, 0), dim(x, 1), g.const([-1], np.int64),
+                          g.const([H], np.int64), axis=0)
+            return g.op("Reshape", value, target, allowzero=1)
+        target = g.op("Concat", dim(batch_of, 0), g.const([-1], np.int64),
+                      g.const([N], np.int64), g.const([H], np.int64), axis=0)
+        return g.op("Reshape", value, target)
+
+    def project():
+        return g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, D)) * 0.3)),
+                    g.const(g.rng.standard_normal(D) * 0.1))
+
+    other = g.input(key_batch_from, TensorProto.FLOAT, ["other", D]) if key_batch_from else x
+    q = g.op("Transpose", split(project()), perm=[0, 2, 1, 3])
+    k = g.op("Transpose", split(project(), other), perm=[0, 2, 3, 1])
+    v = g.op("Transpose", split(project()), perm=[0, 2, 1, 3])
+    scores = g.op("Add", g.op("Div", g.op("MatMul", q, k), g.const(np.sqrt(H))), mask)
+    ctx = g.op("Transpose", g.op("MatMul", g.op("Softmax", scores, axis=-1), v),
+               perm=[0, 2, 1, 3])
+    last = g.const([-1], np.int64) if style == "bart" else g.const([D], np.int64)
+    y = g.op("Reshape", ctx, g.op("Concat", dim(x, 0), dim(x, 1), last, axis=0),
+             **({"allowzero": 1} if style == "bart" else {}))
+    graph = helper.make_graph(g.nodes, f"attention_{style}", g.inputs,
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT,
+                                                             ["batch", "seq", D])], g.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(
+        "", 18 if style == "bart" else 17)], ir_version=IR_VERSION)
+
+
+def check_at_two_sizes(proto, optimized):
+    """The optimized model against the original at ORT_DISABLE_ALL at two sizes, the second
+    sequence padded at its end; and onnx.checker's full check."""
+    out = to_onnx(optimized)
+    onnx.checker.check_model(out, full_check=True)
+    for batch, seq in ((2, 6), (3, 5)):
+        feeds = numerics.random_feeds(proto, seed=batch, dims={"batch": batch, "seq": seq,
+                                                              "other": batch})
+        feeds["mask"] = np.zeros((batch, 1, 1, seq), np.float32)
+        feeds["mask"][1, ..., seq - 2:] = MIN
+        problems = numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds),
+                                    1e-4, 1e-5)
+        assert not problems, (batch, seq, problems)
+
+
+@pytest.mark.parametrize("style,unproven", [
+    # ONNX's inference gives Q, K and V's sequences three different names.
+    ("torchscript", lambda q, k, v: len({q[2], k[3], v[2]}) == 3),
+    # ONNX's inference leaves the head count, the Reshape's -1, unknown.
+    ("bart", lambda q, k, v: not isinstance(q[1], int)),
+])
+def test_attention_whose_dims_the_head_split_proves_fuses_at_dynamic_shapes(style, unproven):
+    """x.view(B, -1, N, H) (TorchScript) and x.view(B, S, -1, H) (dynamo's BART and Marian)
+    with B and S read from x's own Shape: the Reshape computes the -1 as x's element count
+    over the other entries, which proves Q, K and V one batch of N heads over x's sequence.
+    Fused, and packed, as when the shapes are pinned."""
+    proto = dynamic_attention(style)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    (softmax,) = [n for n in model.graph if n.op_type == "Softmax"]
+    (attend,) = softmax.output.consumers()
+    q = softmax.inputs[0].producer.inputs[0].producer.inputs[0].producer.inputs[0]
+    k = q.uses[0].node.inputs[1]
+    assert unproven(q.shape, k.shape, attend.inputs[1].shape), (q.shape, k.shape)
+    result = graphopt.optimize(proto, level=2)
+    names = [n.qualified_op for n in result.model.graph]
+    assert names.count("com.microsoft::Attention") == 1, names
+    assert "Softmax" not in names and "Transpose" not in names
+    (packed,) = [n for n in result.model.graph if n.op_type == "Attention"]
+    assert packed.inputs[0].name == "x" and packed.attr("num_heads") == N
+    check_at_two_sizes(proto, result.model)
+
+
+def test_a_head_split_read_from_another_input_proves_nothing():
+    """K's B comes from the Shape of another input: the -1 of its Reshape is then not x's
+    sequence (batch · seq · D over other · D does not divide), so K and V are not proven to
+    line up, and the block stays unfused, whatever the names inference invents."""
+    proto = dynamic_attention("torchscript", key_batch_from="memory")
+    model, stats, trace = fuse(proto, trace=True)
+    assert stats == {} and "Softmax" in ops(model)
+    assert any("do not line up as one batch of 2 heads" in line for line in trace), trace
+    result = graphopt.optimize(proto, level=2)
+    assert "Softmax" in [n.op_type for n in result.model.graph]
+    check_at_two_sizes(proto, result.model)

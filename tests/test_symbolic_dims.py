@@ -8,7 +8,9 @@ from helpers import OPSET17
 
 from graphopt.ir import load_onnx
 from graphopt.passes import PASSES, Options, PassContext
-from graphopt.passes.symbolic_dims import over, shape_tensor, solved, value_dims
+from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.passes.symbolic_dims import (Equalities, over, proven_dims, shape_tensor, solved,
+                                           value_dims)
 
 
 def evaluated(body: str, x_type: str = "float[S, B, 64]"):
@@ -66,3 +68,71 @@ def test_an_unnamed_dim_equals_only_itself():
 ])
 def test_equal_element_counts_give_a_name_its_size(left, right, found):
     assert solved(left, right) == found
+
+
+def proven(inputs: str, body: str):
+    """proven_dims of the graph's output `y` after shape inference, and the equalities found."""
+    proto = onnx.parser.parse_model(OPSET17 + f"""
+    g ({inputs}) => (float[?, ?, ?, ?] y) {{
+        {body}
+    }}""")
+    model = load_onnx(proto)
+    PASSES["ConstantToInitializer"]().run(model, PassContext(Options()))
+    infer_shapes(model)
+    (y,) = model.graph.outputs
+    equal = Equalities()
+    return proven_dims(y, equal), equal, value_dims(y)
+
+
+HEAD_SPLIT = """
+        zero = Constant <value = int64 {0}> ()
+        axes = Constant <value_ints = [0]> ()
+        rest = Constant <value_ints = [-1, 4, 16]> ()
+        s = Shape(SOURCE)
+        g = Gather <axis = 0> (s, zero)
+        b = Unsqueeze(g, axes)
+        t = Concat <axis = 0> (b, rest)
+        y = Reshape(x, t)"""
+
+
+def test_a_reshapes_minus_one_is_the_input_over_the_other_entries():
+    # x.view(x.size(0), -1, 4, 16): inference names the -1 afresh; it is S.
+    dims, equal, inferred = proven("float[B, S, 64] x", HEAD_SPLIT.replace("SOURCE", "x"))
+    assert dims == [(1, ("B",)), (1, ("S",)), (4, ()), (16, ())]
+    assert inferred[1] != (1, ("S",)) and equal.same(inferred[1], (1, ("S",)))
+    assert equal.entry(inferred[1]) == "S"
+
+
+def test_a_minus_one_over_another_inputs_dim_is_not_proven():
+    # B · S · 64 over C · 64 does not divide: the -1 keeps the name inference gave it.
+    dims, equal, inferred = proven("float[B, S, 64] x, float[C, 64] z",
+                                   HEAD_SPLIT.replace("SOURCE", "z"))
+    assert dims[0] == (1, ("C",)) and dims[1] == inferred[1]
+    assert not equal.same(dims[1], (1, ("S",)))
+
+
+def test_the_head_count_a_minus_one_stands_for_is_a_number():
+    body = """
+        heads = Constant <value_ints = [-1, 16]> ()
+        s = Shape <end = 2> (x)
+        t = Concat <axis = 0> (s, heads)
+        y = Reshape <allowzero = 1> (x, t)"""
+    dims, _, inferred = proven("float[B, S, 64] x", body)
+    assert dims[2] == (4, ()) and inferred[2] != (4, ())
+
+
+def test_a_concat_joins_its_inputs_dims_off_its_axis():
+    # Concat runs only where its inputs agree off the axis: P is B and Q is S (rotary
+    # embeddings concatenate a rotated half, whose dims inference lost, with a kept half).
+    dims, equal, _ = proven("float[P, Q, 4, 8] r, float[B, S, 4, 8] a",
+                            "y = Concat <axis = -1> (r, a)")
+    assert equal.same((1, ("P",)), (1, ("B",))) and equal.same((1, ("Q",)), (1, ("S",)))
+    assert not equal.same((1, ("B",)), (1, ("S",)))
+    assert dims[3] == (16, ())
+
+
+def test_two_numbers_are_never_joined():
+    equal = Equalities()
+    equal.join((1, ("N",)), (4, ()))
+    equal.join((1, ("N",)), (8, ()))
+    assert equal.number((1, ("N",))) == 4 and not equal.same((4, ()), (8, ()))

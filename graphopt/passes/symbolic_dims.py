@@ -9,7 +9,11 @@ are equal at run time: a name stands for one size wherever the model uses it (as
 inference, and the attention fusion, read the names), and a dim no one named is named after its
 value and position, so it equals only itself. Shape tensors built from Shape, Gather, Slice,
 Concat, Unsqueeze, Squeeze, Reshape, Mul and exact Div evaluate to lists of such dims, which
-lets a pass prove that a Reshape whose target is computed at run time splits or merges axes.
+lets a pass prove that a Reshape whose target is computed at run time splits or merges axes,
+and what a Reshape's -1 is where ONNX's inference names it afresh (`proven_dims`):
+
+    %q<f32[B,S,64]> → Reshape(%q, Concat([B], [-1], [4], [16]))  inferred [B, unk__14, 4, 16]
+                                                                 proven   [B, S, 4, 16]
 """
 
 from __future__ import annotations
@@ -41,6 +45,14 @@ def value_dims(value: Value) -> list[Dim] | None:
     if value.shape is None or value.type_proto is not None:
         return None
     return [dim(d, value, i) for i, d in enumerate(value.shape)]
+
+
+def describe(d: Dim) -> str:
+    """A Dim as a reader would write it: 16, seq, 4·seq, or ? for a dim nobody named."""
+    c, names = d
+    if any(name.startswith(_UNNAMED) for name in names):
+        return "?"
+    return "·".join(([str(c)] if c != 1 or not names else []) + list(names))
 
 
 def as_entry(d: Dim) -> int | str | None:
@@ -185,3 +197,134 @@ def shape_tensor(value: Value, dims_of: Dims, depth: int = 12) -> tuple[list[Dim
         quotients = [over(x, y) for x, y in pairs]
         return (None if any(q is None for q in quotients) else (quotients, a[1] and b[1]))
     return None
+
+
+class Equalities:
+    """Classes of dims proven equal (union-find). ONNX's inference names a dim afresh wherever
+    its inputs do not tell it the size (a Reshape's -1, a broadcast of two names), so one size
+    may carry several names; the ops that computed a value can show that they are one."""
+
+    def __init__(self):
+        self._parent: dict[Dim, Dim] = {}
+
+    def find(self, d: Dim) -> Dim:
+        while self._parent.get(d, d) != d:
+            d = self._parent[d]
+        return d
+
+    def join(self, a: Dim, b: Dim) -> None:
+        """Record a = b. The root of the class is a number where it has one, else a's root
+        unless only b's is a name; two different numbers are not joined (the model cannot
+        run where they meet, and nothing is learnt from it)."""
+        a, b = self.find(a), self.find(b)
+        if a == b or not a[1] and not b[1]:
+            return
+        if not b[1] or as_entry(a) is None and as_entry(b) is not None:
+            a, b = b, a
+        self._parent[b] = a
+
+    def same(self, a: Dim, b: Dim) -> bool:
+        return self.find(a) == self.find(b)
+
+    def number(self, d: Dim) -> int | None:
+        """The size of d's class when it is a number."""
+        root = self.find(d)
+        return None if root[1] else root[0]
+
+    def entry(self, d: Dim) -> int | str | None:
+        """A shape entry for d's class: its number, else a name one of its dims has."""
+        root = self.find(d)
+        found = as_entry(root)
+        if found is not None:
+            return found
+        names = sorted(as_entry(m) for m in self._parent
+                       if as_entry(m) is not None and self.find(m) == root)
+        return names[0] if names else None
+
+
+def proven_dims(value: Value, equal: Equalities, depth: int = 8) -> list[Dim] | None:
+    """`value`'s dims as the ops that computed it prove them, None when its rank is unknown;
+    each proven dim is joined in `equal` to the one inference found there. A Transpose's dims
+    are its input's, permuted; a Reshape's are its target's, evaluated by shape_tensor (a 0
+    copies the input's dim unless allowzero, a -1 is the input's element count over the other
+    entries where that divides exactly, which is what the Reshape computes: x.view(B, -1, 4,
+    16) of x [B, S, 64] is [B, S, 4, 16]); a Concat runs only where its inputs agree off its
+    axis, so their dims there are joined. A number inference found stands, as does an inferred
+    dim the producers prove nothing about. Dims of a tensor with no elements are not modelled
+    (a 0 read from a shape would copy a dim there)."""
+    inferred = value_dims(value)
+    node = value.producer
+    if depth == 0 or node is None or not node.is_onnx or node.input(0) is None:
+        return inferred
+    if node.op_type == "Transpose":
+        x = proven_dims(node.input(0), equal, depth - 1)
+        perm = node.attr("perm")
+        if x is not None and perm is None:
+            perm = list(range(len(x)))[::-1]
+        found = [x[p] for p in perm] if x is not None and sorted(perm) == list(range(len(x))) \
+            else None
+    elif node.op_type == "Reshape":
+        found = _reshaped(node, proven_dims(node.input(0), equal, depth - 1),
+                          lambda v: proven_dims(v, equal, depth - 1))
+    elif node.op_type == "Concat":
+        found = _concatenated(node, [None if v is None else proven_dims(v, equal, depth - 1)
+                                     for v in node.inputs], equal)
+    else:
+        return inferred
+    if found is None or inferred is not None and len(inferred) != len(found):
+        return inferred
+    if inferred is None:
+        return [d if d is not None else dim(None, value, i) for i, d in enumerate(found)]
+    for d, p in zip(inferred, found):
+        if p is not None:  # the proven dim, which names its source's size, leads
+            equal.join(p, d)
+    return [d if not d[1] or p is None else p for d, p in zip(inferred, found)]
+
+
+def _concatenated(node, parts: list, equal: Equalities) -> list[Dim | None] | None:
+    """The output dims of Concat `node` over inputs of dims `parts`: off the axis, the first
+    input's, joined to the others' (the Concat fails where they differ); on it, their sum
+    where all are numbers. None when a rank is unknown or differs."""
+    if not parts or any(p is None or len(p) != len(parts[0]) for p in parts):
+        return None
+    rank = len(parts[0])
+    axis = node.attr("axis")
+    if axis is None or not -rank <= axis < rank:
+        return None
+    axis %= rank
+    out: list[Dim | None] = []
+    for i in range(rank):
+        column = [p[i] for p in parts]
+        if i == axis:
+            out.append((sum(d[0] for d in column), ()) if all(not d[1] for d in column)
+                       else None)
+            continue
+        for d in column[1:]:
+            equal.join(column[0], d)
+        out.append(column[0])
+    return out
+
+
+def _reshaped(node, x: list[Dim] | None, dims_of: Dims) -> list[Dim | None] | None:
+    """The output dims of Reshape `node` whose input has dims `x` (None: unknown), each None
+    where it is not proven; None when the target cannot be read or would be refused."""
+    target = node.input(1)
+    got = shape_tensor(target, dims_of) if target is not None else None
+    if got is None or got[1]:
+        return None
+    out: list[Dim | None] = []
+    infer = None
+    for i, d in enumerate(got[0]):
+        if d == (0, ()) and not node.attr("allowzero", 0):
+            out.append(x[i] if x is not None and i < len(x) else None)
+        elif d == (-1, ()) and infer is None:
+            infer = i
+            out.append(None)
+        elif d[0] < 0:
+            return None
+        else:
+            out.append(d)
+    if infer is not None and x is not None and all(d is not None for d in out[:infer]
+                                                   + out[infer + 1:]):
+        out[infer] = over(product(x), product(d for i, d in enumerate(out) if i != infer))
+    return out

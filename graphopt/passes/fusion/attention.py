@@ -18,6 +18,10 @@ Where(keep, scores, fill) becomes the bias Where(keep, 0, fill), a constant when
 lowest (what exporters write) or -inf does. A fill like -1e4 does not: a row whose every key is
 masked would no longer average V evenly, so it is not fused.
 
+Q, K and V must be one batch of N heads: by their inferred shapes or, where ONNX's inference
+named one size twice (the -1 of each x.view(B, -1, N, H) afresh), by the dims the ops that split
+the heads prove (symbolic_dims.proven_dims); a number of heads and head sizes either way.
+
 Self-attention whose q, k, v are x·Wq + bq, x·Wk + bk, x·Wv + bv of one x with constant weights
 then packs into com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv]): one GEMM for the three.
 """
@@ -32,6 +36,8 @@ from graphopt.option_names import option
 from graphopt.passes.base import register
 from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.rules import Rule, RulePass
+from graphopt.passes.symbolic_dims import (Dim, Equalities, describe, proven_dims,
+                                           value_dims)
 
 MS = "com.microsoft"
 MERGE_Q = (0, 2, 1, 3)    # [B,N,S,H] → [B,S,N,H]; its own inverse
@@ -76,20 +82,45 @@ def _same(a, b) -> bool:
     return a is not None and a == b
 
 
-def _problem(q4: Value, k: Value, v4: Value, trans_b: int) -> str | None:
-    """Why Q, K(ᵀ), V are not [B,N,S,H], [B,N,H,T] (or [B,N,T,H]), [B,N,T,Hv] with N, H known."""
+def _rank_problem(q4: Value, k: Value, v4: Value) -> str | None:
     shapes = [x.shape for x in (q4, k, v4)]
     if any(s is None or len(s) != 4 for s in shapes):
         return f"Q, K, V are not all of rank 4 (shapes {shapes}; run InferShapes)"
-    (b, n, s, h), ks, (vb, vn, t, hv) = shapes
-    kb, kn, kh, kt = (ks[0], ks[1], ks[3], ks[2]) if trans_b else ks
-    if not all(isinstance(d, int) for d in (n, h, hv)):
-        return f"the head count and head sizes ({n}, {h}, {hv}) are not static"
-    if not (_same(b, kb) and _same(b, vb) and _same(n, kn) and _same(n, vn)
-            and _same(h, kh) and _same(kt, t)):
-        return f"Q {list(shapes[0])}, K {list(ks)}, V {list(shapes[2])} do not line up as " \
-               f"one batch of {n} heads without broadcasting"
     return None
+
+
+def _problem(dims: list[list[Dim]], trans_b: int, equal: Equalities) -> str | None:
+    """Why Q, K(ᵀ), V with `dims` are not [B,N,S,H], [B,N,H,T] (or [B,N,T,H]), [B,N,T,Hv]
+    with N, H known, dims in one class of `equal` being the same."""
+    (b, n, s, h), ks, (vb, vn, t, hv) = dims
+    kb, kn, kh, kt = (ks[0], ks[1], ks[3], ks[2]) if trans_b else ks
+    if any(equal.number(d) is None for d in (n, h, hv)):
+        return f"the head count and head sizes ({describe(n)}, {describe(h)}, " \
+               f"{describe(hv)}) are not static"
+    same = equal.same
+    if not (same(b, kb) and same(b, vb) and same(n, kn) and same(n, vn) and same(h, kh)
+            and same(kt, t)):
+        q_, k_, v_ = ([describe(d) for d in x] for x in dims)
+        return f"Q {q_}, K {k_}, V {v_} do not line up as one batch of {equal.number(n)} " \
+               "heads without broadcasting"
+    return None
+
+
+def _head_dims(q4: Value, k: Value, v4: Value,
+               trans_b: int) -> tuple[list[list[Dim]], Equalities] | str:
+    """The dims of Q, K, V as their inferred shapes give them or, where those do not line up,
+    as the ops that split the heads prove them (with the classes of dims proven equal); or why
+    they are not one batch of heads. ONNX's inference names the -1 of each x.view(B, -1, N, H)
+    afresh (Q's sequence unk__14, K's unk__15, V's unk__16), or the head count where the -1 is
+    there: the target read from x's own Shape proves them x's sequence, or N."""
+    problem = _rank_problem(q4, k, v4)
+    if problem:
+        return problem
+    dims, equal = [value_dims(x) for x in (q4, k, v4)], Equalities()
+    if _problem(dims, trans_b, equal) is None:
+        return dims, equal
+    dims = [proven_dims(x, equal) for x in (q4, k, v4)]
+    return _problem(dims, trans_b, equal) or (dims, equal)
 
 
 def _fits(dim, want) -> bool:
@@ -142,9 +173,10 @@ def _on_cpu(target, *values: Value) -> bool:
     return device.kind == "cpu"
 
 
-def _bias_problem(m: Value, q4: Value, t) -> str | None:
-    """Why M cannot be MultiHeadAttention's attention_bias [B or 1, N or 1, S, T]."""
-    b, n, s = q4.shape[0], q4.shape[1], q4.shape[2]
+def _bias_problem(m: Value, bns: list, t) -> str | None:
+    """Why M cannot be MultiHeadAttention's attention_bias [B or 1, N or 1, S, T] (`bns` the
+    entries B, N, S)."""
+    b, n, s = bns
     if m.shape is None or len(m.shape) > 4:
         return f"the mask %{m.name} has shape {m.shape}, not of rank ≤ 4"
     mb, mn, ms, mt = (1,) * (4 - len(m.shape)) + tuple(m.shape)
@@ -155,20 +187,22 @@ def _bias_problem(m: Value, q4: Value, t) -> str | None:
     return None
 
 
-def _merged(op, x4: Value, merge: tuple[int, ...], width: int) -> Value:
+def _merged(op, x4: Value, merge: tuple[int, ...], width: int, equal: Equalities) -> Value:
     """x4 with its heads merged, [B,S,N·H]: the model's own x3 when x4 = Transpose(Reshape(x3))
-    splits exactly that, else Reshape(Transpose(x4, merge))."""
+    splits exactly that (the Reshape's leading dims are x3's, as inferred or proven), else
+    Reshape(Transpose(x4, merge))."""
     split = x4.producer
     split_perm = tuple(int(i) for i in np.argsort(merge))
     if split is not None and split.op_type == "Transpose" and split.is_onnx \
             and tuple(split.attr("perm") or ()) == split_perm:
         reshape = split.inputs[0].producer
         x3 = reshape.inputs[0] if reshape is not None and reshape.op_type == "Reshape" else None
-        r = split.inputs[0].shape
-        if x3 is not None and reshape.is_onnx and x3.shape is not None and r is not None \
-                and len(x3.shape) == 3 and _same(x3.shape[0], r[0]) \
-                and _same(x3.shape[1], r[1]) and x3.shape[2] == width:
-            return x3
+        if x3 is not None and reshape.is_onnx and x3.shape is not None \
+                and len(x3.shape) == 3 and x3.shape[2] == width:
+            own = value_dims(x3)[:2]
+            for r in (value_dims(split.inputs[0]), proven_dims(split.inputs[0], equal)):
+                if r is not None and all(equal.same(a, b) for a, b in zip(r[:2], own)):
+                    return x3
     return op.Reshape(op.Transpose(x4, perm=list(merge)), op.const(np.array([0, 0, width])))
 
 
@@ -193,9 +227,10 @@ class ScaledDotProductAttention(Rule):
 
     def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, alpha=1.0, q_scale=None,
               k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None):
-        problem = _problem(q4, k, v4, trans_b)
-        if problem:
-            return problem
+        found = _head_dims(q4, k, v4, trans_b)
+        if isinstance(found, str):
+            return found
+        dims, equal = found
         if axis is None and (model.opset("") or 1) < 13:
             return "Softmax has no axis: before opset 13 that means axis 1"
         if axis not in (None, -1, 3):
@@ -230,30 +265,34 @@ class ScaledDotProductAttention(Rule):
             return f"the Where condition %{cond.name} is not bool"
         if mask is None and cond is None:
             return None
-        return _bias_problem(mask if mask is not None else cond, q4, v4.shape[2])
+        return _bias_problem(mask if mask is not None else cond,
+                             [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2]))
 
     def rewrite(self, op, q4, k, v4, trans_b=0, alpha=1.0, q_scale=None, k_scale=None,
                 mul=None, div=None, mask=None, keep=None, drop=None, fill=None, **_):
-        n, h, hv = q4.shape[1], q4.shape[3], v4.shape[3]
+        dims, equal = _head_dims(q4, k, v4, trans_b)
+        (b, n, s, h), _, (_, _, t, hv) = dims
+        b, s, t = equal.entry(b), equal.entry(s), equal.entry(t)
+        n, h, hv = equal.number(n), equal.number(h), equal.number(hv)
         scale = _scale(alpha, q_scale, k_scale, mul, div)
-        q = _merged(op, q4, MERGE_Q, n * h)
-        k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h)
-        v = _merged(op, v4, MERGE_Q, n * hv)
-        bias = _attention_bias(op, q4, q, v4, v, mask, keep, drop, fill)
+        q = _merged(op, q4, MERGE_Q, n * h, equal)
+        k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h, equal)
+        v = _merged(op, v4, MERGE_Q, n * hv, equal)
+        bias = _attention_bias(op, q4.dtype, (s, t), q, v, mask, keep, drop, fill)
         inputs = [q, k, v] + ([None, None, bias] if bias is not None else [])
         out = op.MultiHeadAttention(*inputs, _domain=MS, num_heads=n, scale=scale)
-        out.dtype, out.shape = q4.dtype, (q4.shape[0], q4.shape[2], n * hv)
+        out.dtype, out.shape = q4.dtype, (b, s, n * hv)
         heads = op.Reshape(out, op.const(np.array([0, 0, n, hv])))
-        heads.dtype, heads.shape = q4.dtype, (q4.shape[0], q4.shape[2], n, hv)
+        heads.dtype, heads.shape = q4.dtype, (b, s, n, hv)
         return op.Transpose(heads, perm=list(MERGE_Q))
 
 
-def _attention_bias(op, q4: Value, q: Value, v4: Value, v: Value, mask, keep, drop,
+def _attention_bias(op, dtype: DType, lengths: tuple, q: Value, v: Value, mask, keep, drop,
                     fill) -> Value | None:
-    """The mask as a [B or 1, N or 1, S, T] float bias (None without a mask); q and v are Q's
-    [B,S,N·H] and V's [B,T,N·Hv] forms, whose shapes give S and T at run time when they are
-    not static."""
-    dtype = q4.dtype.numpy
+    """The mask as a [B or 1, N or 1, S, T] float bias (None without a mask), `lengths` the
+    (S, T) shape entries; q and v are Q's [B,S,N·H] and V's [B,T,N·Hv] forms, whose shapes
+    give S and T at run time when they are not static."""
+    float_type, dtype = dtype, dtype.numpy
     if keep is not None or drop is not None:
         cond = keep if keep is not None else drop
         zero, big = np.array(0, dtype), np.array(fill.reshape(-1)[0], dtype)
@@ -263,10 +302,10 @@ def _attention_bias(op, q4: Value, q: Value, v4: Value, v: Value, mask, keep, dr
         else:
             pair = (op.const(zero), op.const(big))
             mask = op.Where(cond, *(pair if keep is not None else pair[::-1]))
-            mask.dtype, mask.shape = q4.dtype, cond.shape
+            mask.dtype, mask.shape = float_type, cond.shape
     if mask is None:
         return None
-    s, t = q4.shape[2], v4.shape[2]
+    s, t = lengths
     shape = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
     # MultiHeadAttention takes a bias of S rows (or 1) and exactly T columns: a key dim that is
     # not provably T (another symbol, which may be 1 at run time) is expanded to T too.
@@ -281,13 +320,31 @@ def _attention_bias(op, q4: Value, q: Value, v4: Value, v: Value, mask, keep, dr
         target = op.const(np.array([1, 1, *wanted]))
     else:  # a dynamic length: read S from Q's shape, T from V's, at run time
         dims = [op.const(np.array([d])) if isinstance(d, int) else
-                op.Gather(op.Shape(x), op.const(np.array([1])), axis=0)
+                op.Gather(op.Shape(_rows_of(x)), op.const(np.array([1])), axis=0)
                 for d, x in zip(wanted, (q, v))]
         target = op.Concat(op.const(np.array([1, 1])), *dims, axis=0)
     # Typed here: the fusion sweeps that follow (PackedSelfAttention) run before InferShapes.
     bias = op.Expand(mask, target)
     bias.dtype, bias.shape = mask.dtype, shape[:2] + (s, t if not cols_ok else shape[3])
     return bias
+
+
+def _rows_of(x3: Value) -> Value:
+    """A value whose first two dims are x3's: the input x of a projection x3 = x·W (+ b), W a
+    matrix and b a vector, else x3 itself. Reading the sequence there leaves the projection
+    to PackedSelfAttention, which packs it only when nothing else reads it."""
+    node = x3.producer
+    if node is not None and node.is_onnx and node.op_type == "Add":
+        bias = [v for v in node.inputs if v is not None and v.shape is not None
+                and len(v.shape) <= 1]
+        rest = [v for v in node.inputs if v is not None and v not in bias]
+        node = rest[0].producer if len(bias) == 1 and len(rest) == 1 else None
+    if node is not None and node.is_onnx and node.op_type == "MatMul":
+        x, w = node.inputs
+        if x.shape is not None and len(x.shape) == 3 and w.shape is not None \
+                and len(w.shape) == 2:
+            return x
+    return x3
 
 
 def _projection(op, x, w, b):
