@@ -216,7 +216,8 @@ class FastGeluBias(BiasGelu):
 @register
 class FuseGelu(RulePass):
     name = "FuseGelu"
-    description = "GELU (erf and tanh forms, QuickGelu, SiLU, with bias) into onnxruntime's fused ops"
+    description = ("GELU (erf and tanh forms, QuickGelu, SiLU, with bias) into onnxruntime's "
+                   "fused ops")
     rules = (GeluErf, GeluErfHalfFirst, GeluErfMulForm, GeluErfHalfFirstMulForm,
              GeluErfHalfInside, GeluTanh, GeluTanhHalfLast, GeluTanhHalfInside, QuickGelu, Silu,
              BiasGelu, FastGeluBias)

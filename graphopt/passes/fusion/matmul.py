@@ -22,9 +22,10 @@
 Attention's scores q·kᵀ/√d become one FusedMatMul, also where the scale is applied to q and kᵀ
 (√(1/√d) on each, as torch's sdpa decomposition exports it; DeBERTa divides kᵀ). A scaled
 operand times a constant (a weight) stays a MatMul, which the quantizers and onnxruntime's
-MatMul fusions take. (Exports that split heads and transpose k in
-one Transpose, perm [0,2,3,1], cannot use transB; only their scale folds.) A transpose of a constant weight is folded by
-FoldConstants before this pass runs, so only transposes of computed values meet these rules.
+MatMul fusions take. (Exports that split heads and transpose k in one Transpose, perm
+[0,2,3,1], cannot use transB; only their scale folds.) A transpose of a constant weight is
+folded by FoldConstants before this pass runs, so only transposes of computed values meet these
+rules.
 MatMul + Add with A of rank > 2 stays as it is: Gemm takes matrices only, and onnxruntime's own
 MatMulAddFusion handles that pair when it loads the model. FusedMatMul's transBatchA/B are never
 composed; a FusedMatMul using them is left alone.
