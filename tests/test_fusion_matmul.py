@@ -298,5 +298,117 @@ def test_bert_attention_scale_is_fused():
                                 rtol=1e-4, atol=1e-4)
 
 
+# -- Scales on the operands into FusedMatMul -----------------------------------------------------
+
+SDPA = ("g (float[2,4,8,16] q, float[2,4,16,8] kt, float s, float[1] d) => (float[2,4,8,8] y) "
+        "{{ {body} }}")
+SCALES = {"s": np.array(0.5, np.float32), "d": np.array([8.0], np.float32)}
+
+
+@pytest.mark.parametrize("body,alpha", [
+    # torch's sdpa decomposition as the dynamo exporter writes it: √scale on each side.
+    ("qs = Mul(q, s)\n ks = Mul(kt, s)\n y = MatMul(qs, ks)", 0.25),
+    ("qs = Mul(s, q)\n y = MatMul(qs, kt)", 0.5),
+    # DeBERTa: kᵀ divided by √(d·scale_factor).
+    ("ks = Div(kt, d)\n y = MatMul(q, ks)", 0.125),
+    ("qs = Mul(q, s)\n ks = Div(kt, d)\n y = MatMul(qs, ks)", 0.0625),
+])
+def test_scaled_operands_become_alpha(body, alpha):
+    proto = build(SDPA.format(body=body), **SCALES)
+    model, stats = fuse(proto)
+    assert stats == {"ScaledOperandsMatMul": 1}
+    assert ops(model) == ["com.microsoft::FusedMatMul"]
+    fused = node(model, "FusedMatMul")
+    assert [v.name for v in fused.inputs] == ["q", "kt"]
+    assert (fused.attr("transA"), fused.attr("transB")) == (0, 0)
+    assert fused.attr("alpha") == pytest.approx(alpha)
+    same_outputs(proto, model)
+
+
+def test_llama_scores_scaled_on_both_sides_are_one_fused_matmul():
+    """Llama's dynamo export: Mul(q, s) and Mul(Transpose(k), s): both scales go into alpha,
+    then the transpose into transB."""
+    proto = build("g (float[2,4,8,16] q, float[2,4,8,16] k, float s) => (float[2,4,8,8] y) {"
+                  " kt = Transpose<perm=[0,1,3,2]>(k)\n qs = Mul(q, s)\n ks = Mul(kt, s)\n"
+                  " y = MatMul(qs, ks) }", s=np.array(0.5, np.float32))
+    model, stats = fuse(proto)
+    assert stats == {"ScaledOperandsMatMul": 1, "TransposeIntoFusedMatMulB": 1}
+    assert ops(model) == ["com.microsoft::FusedMatMul"]
+    fused = node(model, "FusedMatMul")
+    assert [v.name for v in fused.inputs] == ["q", "k"]
+    assert (fused.attr("transB"), fused.attr("alpha")) == (1, 0.25)
+    same_outputs(proto, model)
+
+
+def test_scaled_operands_of_a_fused_matmul():
+    """k scaled before its Transpose: the transpose makes the FusedMatMul, then the scales fold."""
+    proto = build("g (float[2,4,8,16] q, float[2,4,8,16] k, float s) => (float[2,4,8,8] y) {"
+                  " ks = Mul(k, s)\n kt = Transpose<perm=[0,1,3,2]>(ks)\n qs = Mul(q, s)\n"
+                  " y = MatMul(qs, kt) }", s=np.array(0.5, np.float32))
+    model, stats = fuse(proto)
+    assert stats == {"TransposeIntoMatMulB": 1, "ScaledOperandsFusedMatMul": 1}
+    fused = node(model, "FusedMatMul")
+    assert ops(model) == ["com.microsoft::FusedMatMul"]
+    assert [v.name for v in fused.inputs] == ["q", "k"]
+    assert (fused.attr("transB"), fused.attr("alpha")) == (1, 0.25)
+    same_outputs(proto, model)
+
+
+def test_a_scaled_operand_read_elsewhere_keeps_its_scale():
+    """q·s is also a graph output: only kᵀ's scale folds."""
+    proto = build(SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n y = MatMul(qs, ks)")
+                  .replace("=> (float[2,4,8,8] y)", "=> (float[2,4,8,8] y, float[2,4,8,16] qs)"),
+                  **SCALES)
+    model, stats = fuse(proto)
+    assert stats == {"ScaledOperandsMatMul": 1}
+    assert sorted(ops(model)) == ["Mul", "com.microsoft::FusedMatMul"]
+    fused = node(model, "FusedMatMul")
+    assert [v.name for v in fused.inputs] == ["qs", "kt"] and fused.attr("alpha") == 0.5
+    same_outputs(proto, model)
+
+
+SCALED_OPERAND_NEGATIVES = {
+    # A weight's MatMul stays one, for the quantizers and onnxruntime's MatMul fusions.
+    "weight operand": (lambda: build("g (float[2,8,16] x, float s) => (float[2,8,4] y) {"
+                                     " xs = Mul(x, s)\n y = MatMul(xs, w) }",
+                                     s=np.array(0.5, np.float32), w=weight(16, 4)),
+                       "%w is a constant"),
+    "vector scale": (lambda: build(SDPA.replace("float s,", "float[16] s,").format(
+        body="qs = Mul(q, s)\n y = MatMul(qs, kt)"), s=weight(16), d=SCALES["d"]),
+        "neither operand is scaled by a scalar constant"),
+    "fed scale": (lambda: build(SDPA.format(body="qs = Mul(q, s)\n y = MatMul(qs, kt)"),
+                                d=SCALES["d"]),
+                  "neither operand is scaled by a scalar constant"),
+    "division by zero": (lambda: build(SDPA.format(body="ks = Div(kt, d)\n y = MatMul(q, ks)"),
+                                       s=SCALES["s"], d=np.array([0.0], np.float32)),
+                         "division by zero"),
+    "alpha below float32's range": (lambda: build(
+        SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n y = MatMul(qs, ks)"),
+        s=np.array(1e-30, np.float32), d=SCALES["d"]),
+        "the composed alpha 1e-60 is below float32's normal range"),
+    "float16": (lambda: build(SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n"
+                                          " y = MatMul(qs, ks)").replace("float", "float16"),
+                              s=np.array(0.5, np.float16), d=np.array([8.0], np.float16)),
+                "does not take f16"),
+}
+
+
+@pytest.mark.parametrize("case", SCALED_OPERAND_NEGATIVES)
+def test_scaled_operand_negatives(case):
+    make, reason = SCALED_OPERAND_NEGATIVES[case]
+    proto = make()
+    if case == "alpha below float32's range":
+        # One scale alone is a normal float32 and folds; the second would take alpha below
+        # the normal range, so it stays a Mul.
+        model, stats = fuse(proto)
+        assert stats == {"ScaledOperandsMatMul": 1} and "Mul" in ops(model)
+        same_outputs(proto, model)
+        tracer = Tracer({"ScaledOperandsFusedMatMul"})
+        assert not FuseMatMul().run(model, PassContext(Options(), tracer=tracer)).changed
+        assert reason in "\n".join(tracer.report())
+        return
+    assert reason in refusal(proto, "ScaledOperandsMatMul")
+
+
 def test_pass_is_registered():
     assert PASSES["FuseMatMul"] is FuseMatMul

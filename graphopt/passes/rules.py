@@ -342,7 +342,7 @@ class RulePass(Pass):
                         continue
                     if quick and _refused_anyway(rule, node, pattern.output, ctx.target):
                         continue
-                    match, reason = None, None
+                    match, refused = None, None
                     for candidate in matcher.matches(node):
                         reason = (deletable(candidate, pattern.output)
                                   or broadcast_problem(candidate)
@@ -353,11 +353,17 @@ class RulePass(Pass):
                         if not reason:
                             match = candidate
                             break
+                        # The refusal worth reporting is the closest candidate's (most nodes;
+                        # the first of those): a rule whose operands may also bind bare (an
+                        # OneOf ending in the plain variable) would otherwise report its
+                        # barest binding last.
+                        if refused is None or len(candidate.nodes) > refused[0]:
+                            refused = (len(candidate.nodes), reason)
                     if match is None:
                         if tracer is not None:
-                            tracer.add(rule.name, matcher.miss(node) if reason is None else
-                                       Miss(node, len(candidate.nodes),
-                                            f"pattern matched, refused: {reason}"))
+                            tracer.add(rule.name, matcher.miss(node) if refused is None else
+                                       Miss(node, refused[0],
+                                            f"pattern matched, refused: {refused[1]}"))
                         continue
                     if not ctx.allows(rule.name, node):
                         if tracer is not None:

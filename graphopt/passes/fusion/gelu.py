@@ -1,10 +1,14 @@
 """FuseGelu: GELU as exporters decompose it, into onnxruntime's Gelu/FastGelu/BiasGelu/QuickGelu.
 
     erf form    y = x · ½ · (1 + erf(x / √2))                         → com.microsoft::Gelu
-                Div(x, √2) → Erf → Add 1 → Mul x → Mul ½   (½ may come first: (x·½)·(1+erf);
-                the Div may be a Mul by 1/√2, as TensorFlow writes it)
+                Div(x, √2) → Erf → Add 1 → Mul x → Mul ½   (½ may come first: (x·½)·(1+erf),
+                or inside: x·(½·(1+erf)) as the dynamo exporter writes it; the Div may be a Mul
+                by 1/√2, as TensorFlow writes it)
     tanh form   y = ½ · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))   → com.microsoft::FastGelu
+                (½ first, last or inside, as for erf; x³ as Pow(x, 3) or x·x·x; the argument
+                also as BLOOM factors it, (√(2/π)·x) · (1 + 0.044715·x·x))
     QuickGelu   y = x · sigmoid(1.702 · x)                             → com.microsoft::QuickGelu
+    SiLU        y = x · sigmoid(x)                                     → QuickGelu(alpha=1)
     bias        Gelu(Add(x, b)) with b a 1-D constant over the last axis → BiasGelu(x, b)
                 FastGelu(Add(x, b)) likewise → FastGelu(x, b), its optional bias input
 """
@@ -16,7 +20,7 @@ import math
 import numpy as np
 
 from graphopt.ir import DType
-from graphopt.ir.pattern import Const
+from graphopt.ir.pattern import Const, OneOf
 from graphopt.passes.base import register
 from graphopt.passes.rules import Rule, RulePass
 
@@ -34,6 +38,10 @@ def _erf_part(op, x):
 
 def _erf_part_mul(op, x):
     return op.Add(op.Erf(op.Mul(x, 1.0 / SQRT2)), 1.0)
+
+
+def _erf_part_either(op, x):
+    return op.Add(op.Erf(OneOf(op.Div(x, SQRT2), op.Mul(x, 1.0 / SQRT2))), 1.0)
 
 
 class _ToGelu(Rule):
@@ -73,8 +81,23 @@ class GeluErfHalfFirstMulForm(_ToGelu):
         return op.Mul(op.Mul(x, 0.5), _erf_part_mul(op, x))
 
 
-def _tanh_inner(op, x, cube):
-    return op.Add(op.Tanh(op.Mul(op.Add(x, op.Mul(cube, 0.044715)), SQRT_2_OVER_PI)), 1.0)
+class GeluErfHalfInside(_ToGelu):
+    """x · (½ · (1 + erf(x/√2))), as the dynamo exporter writes `gelu` (onnxscript's
+    aten_gelu); x/√2 also as x · 1/√2."""
+
+    def pattern(self, op, x):
+        return op.Mul(x, op.Mul(_erf_part_either(op, x), 0.5))
+
+
+def _tanh_inner(op, x):
+    """1 + tanh(√(2/π) · (x + 0.044715 · x³)), x³ as Pow(x, 3) or x·(x·x) (`x * x * x`, either
+    association, through the commuted Mul); or with the argument factored as BLOOM writes it,
+    (x · √(2/π)) · (1 + 0.044715·x·x): the same polynomial, c·x + c·k·x³."""
+    cube = OneOf(op.Pow(x, EXACT_3), op.Mul(x, op.Mul(x, x)))
+    polynomial = op.Mul(op.Add(x, op.Mul(cube, 0.044715)), SQRT_2_OVER_PI)
+    square = OneOf(op.Mul(op.Mul(x, 0.044715), x), op.Mul(op.Mul(x, x), 0.044715))
+    factored = op.Mul(op.Mul(x, SQRT_2_OVER_PI), op.Add(square, 1.0))
+    return op.Add(op.Tanh(OneOf(polynomial, factored)), 1.0)
 
 
 class _ToFastGelu(Rule):
@@ -86,17 +109,26 @@ class _ToFastGelu(Rule):
 
 
 class GeluTanh(_ToFastGelu):
-    """½ · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) with x³ as Pow(x, 3)."""
+    """(x · ½) · (1 + tanh(√(2/π) · (x + 0.044715 · x³))), also BLOOM's
+    (x · ½) · (1 + tanh((x · √(2/π)) · (1 + (0.044715 · x) · x)))."""
 
     def pattern(self, op, x):
-        return op.Mul(op.Mul(x, 0.5), _tanh_inner(op, x, op.Pow(x, EXACT_3)))
+        return op.Mul(op.Mul(x, 0.5), _tanh_inner(op, x))
 
 
 class GeluTanhHalfLast(_ToFastGelu):
     """(x · (1 + tanh(…))) · ½, also ½ · (x · (1 + tanh(…))) through the commuted Mul."""
 
     def pattern(self, op, x):
-        return op.Mul(op.Mul(x, _tanh_inner(op, x, op.Pow(x, EXACT_3))), 0.5)
+        return op.Mul(op.Mul(x, _tanh_inner(op, x)), 0.5)
+
+
+class GeluTanhHalfInside(_ToFastGelu):
+    """x · (½ · (1 + tanh(…))), as the dynamo exporter writes `gelu(approximate="tanh")`
+    (Gemma's gelu_pytorch_tanh)."""
+
+    def pattern(self, op, x):
+        return op.Mul(x, op.Mul(_tanh_inner(op, x), 0.5))
 
 
 class QuickGelu(Rule):
@@ -118,6 +150,32 @@ class QuickGelu(Rule):
 
 def _scalar(data: np.ndarray) -> bool:
     return data.size == 1
+
+
+class Silu(Rule):
+    """x · sigmoid(x) (SiLU, Swish) → QuickGelu(x, alpha=1), as onnxruntime's QuickGeluFusion
+    makes it: one pass over x instead of two, and the same numbers (both run MLAS's logistic).
+    A conv's output is left alone: LayoutNchwc keeps Sigmoid and Mul in the blocked layout,
+    where onnxruntime fuses them itself, and would have to reorder around a QuickGelu."""
+
+    emits = ((MS, "QuickGelu"),)
+    dtypes = (DType.FLOAT,)
+
+    def pattern(self, op, x):
+        return op.Mul(x, op.Sigmoid(x))
+
+    def check(self, x):
+        producer = x.producer
+        if producer is not None and producer.op_type in CONVS:
+            return f"x comes from {producer.op_type} '{producer.name}', whose SiLU the " \
+                   "NCHWc layout keeps blocked"
+        return None
+
+    def rewrite(self, op, x):
+        return op.QuickGelu(x, _domain=MS, alpha=1.0)
+
+
+CONVS = ("Conv", "FusedConv", "ConvTranspose")
 
 
 class BiasGelu(Rule):
@@ -158,9 +216,11 @@ class FastGeluBias(BiasGelu):
 @register
 class FuseGelu(RulePass):
     name = "FuseGelu"
-    description = "GELU (erf and tanh forms, QuickGelu, with bias) into onnxruntime's fused ops"
-    rules = (GeluErf, GeluErfHalfFirst, GeluErfMulForm, GeluErfHalfFirstMulForm, GeluTanh,
-             GeluTanhHalfLast, QuickGelu, BiasGelu, FastGeluBias)
+    description = ("GELU (erf and tanh forms, QuickGelu, SiLU, with bias) into onnxruntime's "
+                   "fused ops")
+    rules = (GeluErf, GeluErfHalfFirst, GeluErfMulForm, GeluErfHalfFirstMulForm,
+             GeluErfHalfInside, GeluTanh, GeluTanhHalfLast, GeluTanhHalfInside, QuickGelu, Silu,
+             BiasGelu, FastGeluBias)
 
 
 __all__ = ["FuseGelu"]

@@ -6,6 +6,8 @@
                 MatMul(A, Bᵀ)             → FusedMatMul(A, B, transB=1)  (likewise for A; ᵀ swaps
                                                                 the last two axes only)
     scale       (A · B) · s,  (A · B) / s → FusedMatMul(A, B, alpha=s or 1/s), s a scalar const
+                (A · s) · (B · t)          → FusedMatMul(A, B, alpha=s·t)  (either side, or both;
+                                                                each a Mul or a Div by a scalar)
 
                   q     k                           q     k
                   │     │                           │     │
@@ -17,9 +19,13 @@
                     │
                     ▼
 
-Attention's scores q·kᵀ/√d become one FusedMatMul. (Exports that split heads and transpose k in
-one Transpose, perm [0,2,3,1], cannot use transB; only their scale folds.) A transpose of a constant weight is folded by
-FoldConstants before this pass runs, so only transposes of computed values meet these rules.
+Attention's scores q·kᵀ/√d become one FusedMatMul, also where the scale is applied to q and kᵀ
+(√(1/√d) on each, as torch's sdpa decomposition exports it; DeBERTa divides kᵀ). A scaled
+operand times a constant (a weight) stays a MatMul, which the quantizers and onnxruntime's
+MatMul fusions take. (Exports that split heads and transpose k in one Transpose, perm
+[0,2,3,1], cannot use transB; only their scale folds.) A transpose of a constant weight is
+folded by FoldConstants before this pass runs, so only transposes of computed values meet these
+rules.
 MatMul + Add with A of rank > 2 stays as it is: Gemm takes matrices only, and onnxruntime's own
 MatMulAddFusion handles that pair when it loads the model. FusedMatMul's transBatchA/B are never
 composed; a FusedMatMul using them is left alone.
@@ -30,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import DType
-from graphopt.ir.pattern import Attr, Const, Optional, Var
+from graphopt.ir.pattern import Attr, Const, OneOf, Optional, Var
 from graphopt.passes.base import register
 from graphopt.passes.rules import Rule, RulePass
 
@@ -251,6 +257,72 @@ class DividedFusedMatMul(_IntoFusedMatMul):
         return op.Div(_fused(op, a, b), Const(pred=_scalar, name="divisor"))
 
 
+def _scaled(op, x, side: str):
+    """x, x · s or x / s for a scalar constant s, bound as `<side>_scale` or `<side>_divisor`."""
+    return OneOf(op.Mul(x, Const(pred=_scalar, name=f"{side}_scale")),
+                 op.Div(x, Const(pred=_scalar, name=f"{side}_divisor")), x)
+
+
+def _scaled_by_constant(value) -> bool:
+    """Whether `value` is a Mul or Div of something by a one-element constant."""
+    node = value.producer if value is not None else None
+    if node is None or node.op_type not in ("Mul", "Div") or not node.is_onnx:
+        return False
+    operands = node.inputs if node.op_type == "Mul" else node.inputs[1:]
+    return any(v is not None and v.is_constant and v.const.size == 1 for v in operands)
+
+
+class _ScaledOperands(_IntoFusedMatMul):
+    """Scalar scales on the operands move into alpha: (A·s)·(B·t) = s·t·(A·B), transposed or
+    not. Each operand binds bare as well, so one rule takes a scale on either side or both."""
+
+    def plausible(self, root):
+        return _scaled_by_constant(root.input(0)) or _scaled_by_constant(root.input(1))
+
+    def check(self, a, b, alpha=1.0, a_scale=None, a_divisor=None, b_scale=None,
+              b_divisor=None):
+        if a_scale is None and a_divisor is None and b_scale is None and b_divisor is None:
+            return "neither operand is scaled by a scalar constant"
+        if a.is_constant or b.is_constant:
+            return f"%{(a if a.is_constant else b).name} is a constant: a weight's MatMul " \
+                   "stays one for the quantizers and onnxruntime's MatMul fusions"
+        ranks = (_rank(a), _rank(b))
+        if None in ranks or min(ranks) < 2:
+            return f"operand ranks {ranks} are not both known and at least 2"
+        for constant, rank in ((a_scale, ranks[0]), (a_divisor, ranks[0]),
+                               (b_scale, ranks[1]), (b_divisor, ranks[1])):
+            if constant is not None and constant.ndim > rank:
+                return f"a scale of rank {constant.ndim} would broadcast an operand of rank {rank}"
+        if any(d is not None and float(d.reshape(-1)[0]) == 0.0 for d in (a_divisor, b_divisor)):
+            return "division by zero"
+        return unsafe_scale(_operands_alpha(alpha, a_scale, a_divisor, b_scale, b_divisor),
+                            "alpha")
+
+    def rewrite(self, op, a, b, alpha=1.0, trans_a=0, trans_b=0, a_scale=None, a_divisor=None,
+                b_scale=None, b_divisor=None):
+        return op.FusedMatMul(a, b, _domain=MS,
+                              alpha=_operands_alpha(alpha, a_scale, a_divisor, b_scale,
+                                                    b_divisor),
+                              transA=int(trans_a), transB=int(trans_b))
+
+
+def _operands_alpha(alpha, a_scale, a_divisor, b_scale, b_divisor) -> float:
+    return _composed_alpha(_composed_alpha(alpha, a_scale, a_divisor), b_scale, b_divisor)
+
+
+class ScaledOperandsMatMul(_ScaledOperands):
+    """MatMul(q · s, kᵀ · s), as the dynamo exporter writes sdpa's scores (Llama, Mistral,
+    Qwen2, Gemma, Phi, Falcon, BART, Marian); MatMul(q, kᵀ / s) as DeBERTa writes them."""
+
+    def pattern(self, op, a, b):
+        return op.MatMul(_scaled(op, a, "a"), _scaled(op, b, "b"))
+
+
+class ScaledOperandsFusedMatMul(_ScaledOperands):
+    def pattern(self, op, a, b):
+        return _fused(op, _scaled(op, a, "a"), _scaled(op, b, "b"))
+
+
 @register
 class FuseMatMul(RulePass):
     name = "FuseMatMul"
@@ -259,7 +331,8 @@ class FuseMatMul(RulePass):
     # MatMul, and the Mul/Div roots see FusedMatMuls the transpose rules made moments earlier.
     rules = (MatMulAddToGemm, TransposeIntoGemmA, TransposeIntoGemmB, TransposeIntoMatMulA,
              TransposeIntoMatMulB, ScaledMatMul, DividedMatMul, ScaledFusedMatMul,
-             DividedFusedMatMul, TransposeIntoFusedMatMulA, TransposeIntoFusedMatMulB)
+             DividedFusedMatMul, ScaledOperandsMatMul, ScaledOperandsFusedMatMul,
+             TransposeIntoFusedMatMulA, TransposeIntoFusedMatMulB)
 
 
 __all__ = ["FuseMatMul"]
