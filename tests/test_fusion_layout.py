@@ -663,3 +663,26 @@ def test_a_chain_value_read_elsewhere_ends_the_chain_there():
     assert stats == {} and ops(model).count("Transpose") == 2
     assert any("matched 3 pattern node(s)" in line and "not proven equal" in line
                for line in trace), trace
+
+
+@pytest.mark.parametrize("last", [16, -1])
+def test_a_run_time_target_holding_a_zero_is_not_reused_on_another_input(last):
+    """A target built at run time, Concat([0], 4·T, [16]), copies dim 0 of its own Reshape's
+    input (B·S here). Reused for a new Reshape of x's transposed dims, its 0 would copy B:
+    onnxruntime refused the result, or (with -1 last) it ran with the wrong shape."""
+    model, _, _ = run(header() + f"""
+        g (float[T, B, S, 64] x) => (float[?, ?, 16] y)
+        <int64[4] c1 = {{0, -1, 4, 16}}, int64 zi = {{0}}, int64[1] ax = {{0}},
+         int64[1] four = {{4}}, int64[1] zero = {{0}}, int64[1] end = {{{last}}}> {{
+            r1 = Reshape (x, c1)
+            t1 = Transpose <perm = [1, 0, 2, 3]> (r1)
+            s = Shape (x)
+            tt = Gather <axis = 0> (s, zi)
+            tu = Unsqueeze (tt, ax)
+            t4 = Mul (tu, four)
+            tgt = Concat <axis = 0> (zero, t4, end)
+            r3 = Reshape (t1, tgt)
+            y = Relu (r3)
+        }}""",
+                      "SimplifyLayout", dims={"T": 3, "B": 2, "S": 5})
+    assert ops(model).count("Reshape") == 2  # the chain stays: no target it could reuse

@@ -256,8 +256,9 @@ def _best_plan(chain: list[Node], atoms: _Atoms) -> _Plan | str:
         if sum(plan.steps) >= len(chain):
             return f"its {len(chain)} nodes would become {sum(plan.steps)}"
         reshape, _, final_reshape = plan.steps
-        plan.targets = (_target(chain, made_by, plan.x_dims, plan.blocks) if reshape else None,
-                        _target(chain, made_by, plan.moved, plan.out_dims)
+        plan.targets = (_target(chain, made_by, x_dims, plan.x_dims, plan.blocks)
+                        if reshape else None,
+                        _target(chain, made_by, x_dims, plan.moved, plan.out_dims)
                         if final_reshape else None)
         if not (reshape and plan.targets[0] is None
                 or final_reshape and plan.targets[1] is None):
@@ -266,12 +267,14 @@ def _best_plan(chain: list[Node], atoms: _Atoms) -> _Plan | str:
            "have at the same place, and no Reshape of the chain made those dims"
 
 
-def _target(chain: list[Node], made_by, given: list[Dim],
+def _target(chain: list[Node], made_by, x_dims: list[Dim], given: list[Dim],
             wanted: list[Dim]) -> tuple[np.ndarray | Value, int] | None:
     """(shape, allowzero) for a Reshape from `given` dims to `wanted`, or None: a constant
     with a 0 for each dim `given` has at the same place and a -1 for one other symbolic dim,
     else the target of a Reshape of the chain that made `wanted` (a -1 in it resolves the
-    same; a constant 0 there would copy a dim of another input)."""
+    same). A 0 there copies a dim of that Reshape's own input: its target is taken only when
+    it holds no 0 (a constant one), or when that input had the `given` dims (one computed at
+    run time may hold a 0 this does not see: Concat([0], …))."""
     entries, open_ = [], 0
     for i, d in enumerate(wanted):
         if not d[1]:
@@ -288,7 +291,8 @@ def _target(chain: list[Node], made_by, given: list[Dim],
         if node.op_type != "Reshape" or made_by(i) != wanted:
             continue
         data = node.input(1).constant()
-        if (node.attr("allowzero", 0) or data is None or not (data == 0).any()) \
+        copies_nothing = node.attr("allowzero", 0) or (data is not None and not (data == 0).any())
+        if (copies_nothing or (made_by(i - 1) if i else x_dims) == given) \
                 and not _reads(node.input(1), inside):
             return node.input(1), node.attr("allowzero", 0)
     return None
