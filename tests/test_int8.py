@@ -1113,3 +1113,27 @@ def test_convs_o3_fused_with_an_activation_quantize_as_at_o2(tmp_path, activatio
             > MIN_COSINE
     assert counts[3]["QuantizeLinear"] == counts[2]["QuantizeLinear"] > 0
     assert counts[3]["Conv"] == counts[2]["Conv"] - 2 and counts[3]["FusedConv"] == 2
+
+
+def test_a_fused_conv_with_a_residual_input_is_not_split(tmp_path):
+    """onnxruntime's FusedConv takes a fourth input Z (a residual sum its ConvAddActivation
+    fusion adds), which no Conv takes: the split for the quantizer leaves it whole."""
+    rng = np.random.default_rng(0)
+    proto = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+         onnx.helper.make_node("Relu", ["c0"], ["r0"]),
+         onnx.helper.make_node("FusedConv", ["r0", "w1", "b1", "r0"], ["f1"],
+                               domain="com.microsoft", activation="Sigmoid", pads=[1, 1, 1, 1]),
+         onnx.helper.make_node("Relu", ["f1"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 16, 16])],
+        [onnx.numpy_helper.from_array(a.astype(np.float32), name) for name, a in (
+            ("w0", rng.standard_normal((8, 3, 3, 3)) * 0.3), ("b0", np.zeros(8)),
+            ("w1", rng.standard_normal((8, 8, 3, 3)) * 0.2), ("b1", np.zeros(8)))]),
+        opset_imports=[onnx.helper.make_opsetid("", 17),
+                       onnx.helper.make_opsetid("com.microsoft", 1)], ir_version=8)
+    result, out = _int8(proto, calibration=_calibration(tmp_path), quant_keep_ends=False)
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops["FusedConv"] == 1 and ops["Conv"] == 1 and ops["QuantizeLinear"] >= 2
+    feeds = numerics.random_feeds(proto, seed=5)
+    assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > MIN_COSINE

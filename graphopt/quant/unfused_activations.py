@@ -37,8 +37,8 @@ def split_activations(graph: Graph, opset: int) -> list[Split]:
         params = list(node.attr("activation_params") or [])
         if node.domain != MS or node.op_type != "FusedConv" or activation in (None, "Relu") \
                 or _PARAM_COUNTS.get(activation) != len(params) \
-                or (activation == "Clip" and opset < 11):
-            continue
+                or (activation == "Clip" and opset < 11) or node.input(3) is not None:
+            continue  # a fourth input Z (a residual sum onnxruntime adds) is no Conv's
         attrs, out = dict(node.attrs), node.output
         conv = graph.make_node(
             "Conv", node.inputs, {k: v for k, v in attrs.items()
@@ -46,7 +46,8 @@ def split_activations(graph: Graph, opset: int) -> list[Split]:
             name=node.name, before=node, dtype=out.dtype, shape=out.shape)
         inputs, act_attrs = [conv.output], {}
         if activation == "Clip":
-            inputs += [graph.make_initializer(f"{out.name}_{bound}", np.float32(v))
+            inputs += [graph.make_initializer(f"{out.name}_{bound}",
+                                              np.asarray(v, out.dtype.numpy))
                        for bound, v in zip(("min", "max"), params)]
         elif params:
             act_attrs = dict(zip(("alpha", "beta"), params))
@@ -59,10 +60,9 @@ def split_activations(graph: Graph, opset: int) -> list[Split]:
     return splits
 
 
-def join_float_activations(graph: Graph, splits: list[Split], quantized: set[int]) -> int:
+def join_float_activations(graph: Graph, splits: list[Split], quantized: set[int]) -> None:
     """Join again each split whose Conv stayed float (not in `quantized`, ids of nodes, and its
-    output read by its activation alone); returns how many."""
-    joined = 0
+    output read by its activation alone)."""
     for split in splits:
         conv, act = split.conv, split.activation
         pre = conv.output
@@ -73,8 +73,6 @@ def join_float_activations(graph: Graph, splits: list[Split], quantized: set[int
         act.name = conv.name
         act.set_inputs(list(conv.inputs))
         graph.remove(conv)
-        joined += 1
-    return joined
 
 
 # The activations this module writes as ONNX ops, with the parameters FusedConv lists for them.
