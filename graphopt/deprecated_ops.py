@@ -39,6 +39,7 @@ def _early_layer_norm(model: Model, label: str) -> list[str]:
     if raise_blocker(model, 17) is not None:
         return []  # the input check then names the node ONNX cannot run at this opset
     raise_opset(model, 17)
+    _type_constant_operands(model)
     if _mixes_float_types(model):
         _type_layer_norm_inputs(model)
     mixed = [node for node in model.graph.all_nodes() if _mixed_layer_norm(node)]
@@ -56,8 +57,8 @@ def _early_layer_norm(model: Model, label: str) -> list[str]:
     note = (f"LayerNormalization at opset {opset} (onnxruntime's own before ONNX defined it at "
             "17): the model's opset is raised to 17, which changes no other node's meaning")
     if mixed:
-        note += (f"; {len(mixed)} of them, with a scale of another type than X, compute in the "
-                 "wider type between Casts, as onnxruntime's did")
+        note += (f"; {len(mixed)} of them (a scale of another type than X) now compute in "
+                 "the wider type between Casts, as onnxruntime's did")
     return [note]
 
 
@@ -66,7 +67,23 @@ def _early_layer_norm(model: Model, label: str) -> list[str]:
 EARLY_LAYER_NORM_HINT = (
     "the model's opset was raised to 17 for its LayerNormalization nodes (onnxruntime's own "
     "before 17, which took a scale and bias of another type than X and wrote Y in the scale's "
-    "type); ONNX's takes X, scale and bias of one type: Cast the scale and bias to X's type")
+    "type); ONNX's takes X, scale and bias of one type: Cast the narrower of X and the scale "
+    "and bias to the wider type, and Y to the scale's type, as onnxruntime computed it")
+
+
+def _type_constant_operands(model: Model) -> None:
+    """Type the outputs of the Constant nodes a LayerNormalization reads (its scale and bias,
+    as exporters may write them) from their tensors: at import, before ConstantToInitializer
+    runs, a Constant's output has no type yet."""
+    for node in model.graph.all_nodes():
+        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        for value in node.inputs[1:]:
+            maker = value.producer if value is not None else None
+            tensor = maker.attr("value") if maker is not None and maker.op_type == "Constant" \
+                and maker.is_onnx else None
+            if value.dtype is None and tensor is not None and getattr(tensor, "dtype", None):
+                value.dtype = DType(int(tensor.dtype))
 
 
 def _mixes_float_types(model: Model) -> bool:
@@ -75,6 +92,7 @@ def _mixes_float_types(model: Model) -> bool:
     graph = model.graph
     seen = {v.dtype for v in [*graph.inputs, *graph.initializers.values()]}
     seen |= {n.attr("to") for n in graph.nodes() if n.op_type == "Cast"}
+    seen |= {n.output.dtype for n in graph.nodes() if n.op_type == "Constant" and n.outputs}
     return len(seen & _NORM_TYPES) > 1  # DType is an IntEnum: Cast's int `to` compares
 
 

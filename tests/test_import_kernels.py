@@ -12,6 +12,7 @@ import pytest
 from helpers import parse_model
 
 import graphopt
+from graphopt import numerics
 from graphopt.errors import GraphoptError
 from graphopt.partition.target_ort import OPEN_ENDED, kernel_takes_version, ort_cpu_kernels
 
@@ -192,7 +193,7 @@ def test_early_layer_normalization_with_a_scale_of_another_type(tmp_path, first,
     feeds = {"x": rng.standard_normal((2, 5, 8)).astype(np.float32)}
     result = graphopt.optimize(model)
     (note,) = [n for n in result.notes if "LayerNormalization at opset 16" in n]
-    assert "1 of them, with a scale of another type than X" in note
+    assert "1 of them (a scale of another type than X) now compute in the wider type" in note
     onnx.checker.check_model(result.to_onnx(), full_check=True)
     graphopt.save(result, tmp_path / "model.om")
     (actual,) = graphopt.load(tmp_path / "model.om").run(feeds).values()
@@ -200,6 +201,24 @@ def test_early_layer_normalization_with_a_scale_of_another_type(tmp_path, first,
     assert actual.dtype == expected.dtype == narrow
     tolerance = 1e-3 if narrow == np.float16 else 1e-6
     np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_early_mixed_layer_normalization_with_constant_node_operands():
+    # Exporters may write the scale and bias as Constant nodes, untyped at import.
+    model = parse_model("""g (float16[2,8] x) => (float[2,8] y) {
+        s = Constant <value = float[8] {0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2}> ()
+        b = Constant <value = float[8] {-1, -0.5, 0, 0.5, 1, 1.5, 2, 2.5}> ()
+        r = Relu (x)
+        y = LayerNormalization (r, s, b)
+    }""", header='<ir_version: 8, opset_import: ["" : 16]>\n')
+    assert _ort_loads(model)
+    feeds = {"x": np.random.default_rng(2).standard_normal((2, 8)).astype(np.float16)}
+    result = graphopt.optimize(model)
+    onnx.checker.check_model(result.to_onnx(), full_check=True)
+    (actual,) = numerics.run(result.to_onnx(), feeds).values()
+    (expected,) = _reference(model, feeds)
+    assert actual.dtype == expected.dtype == np.float32
+    np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_early_layer_normalization_of_mixed_types_declared_wrongly_is_refused():
@@ -227,7 +246,8 @@ def test_early_mixed_layer_normalization_inside_a_branch_is_refused_with_the_way
         b=np.zeros(8, np.float16))
     assert _ort_loads(model)
     with pytest.raises(GraphoptError, match=r"the model's opset was raised to 17 for its "
-                       r"LayerNormalization nodes .*: Cast the scale and bias to X's type$"):
+                       r"LayerNormalization nodes .*: Cast the narrower of X and the scale and "
+                       r"bias to the wider type, and Y to the scale's type"):
         graphopt.optimize(model)
 
 
