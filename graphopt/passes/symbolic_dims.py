@@ -148,8 +148,8 @@ def shape_tensor(value: Value, dims_of: Dims, depth: int = 12) -> tuple[list[Dim
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = min(max(end + rank if end < 0 else end, 0), rank)
         return found[start:end], False
-    if op in ("Identity", "Cast"):
-        return arg(0)
+    if op == "Identity" or (op == "Cast" and node.attr("to") in (7, 6)):  # INT64, INT32
+        return arg(0)  # a Cast to a float or a narrower int could round or wrap a size
     if op == "Gather":
         got, index = arg(0), ints(node.input(1))
         if got is None or got[1] or index is None or index.ndim > 1 \
