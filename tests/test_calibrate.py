@@ -115,8 +115,10 @@ def test_nan_and_inf_among_finite_values_are_missing_data_left_out_of_the_ranges
     np.savez(tmp_path / "c.npz", x=samples)
     model = load_onnx(_relu_model())
     stats = calibrate(model, ["x", "y"], read_calibration(tmp_path / "c.npz", model.graph),
-                      method)
+                      method, channels={"x"})
     assert stats["x"].nonfinite_samples == 2 and stats["y"].nonfinite_samples == 2
+    finite = np.where(np.isfinite(samples), samples, np.nan)  # each channel's mean, NaN aside
+    np.testing.assert_allclose(stats["x"].channel_mean, np.nanmean(finite, axis=(0, 1)))
     assert (stats["x"].lo, stats["x"].hi) == (-3.0, 4.0)
     assert (stats["y"].lo, stats["y"].hi) == (0.0, 8.0)
     lo, hi = stats["x"].range(method)

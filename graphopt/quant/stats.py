@@ -35,7 +35,7 @@ class TensorStats:
     samples: int = field(default=0)
     channels: bool = False              # also track the mean of each index of axis 1
     channel_sum: np.ndarray | None = None
-    channel_count: int = 0
+    channel_count: int | np.ndarray = 0   # values summed per channel (an array after a NaN)
     nonfinite_samples: int = 0          # samples in which the tensor held a NaN or Inf
 
     def observe_range(self, x: np.ndarray) -> None:
@@ -54,7 +54,9 @@ class TensorStats:
                 axes = (0, *range(2, x.ndim))
                 sums = np.sum(x, axis=axes, dtype=np.float64)
                 self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
-                self.channel_count += x.size // x.shape[1]
+                # per channel, the finite values the sums hold (a NaN was summed as 0)
+                self.channel_count = self.channel_count + (
+                    x.size // x.shape[1] if seen is x else np.sum(finite, axis=axes))
         self.samples += 1
 
     @property
@@ -62,7 +64,7 @@ class TensorStats:
         """The mean of each channel (axis 1) over every sample, when `channels` tracked it."""
         if self.channel_sum is None:
             return None
-        return self.channel_sum / max(self.channel_count, 1)
+        return self.channel_sum / np.maximum(self.channel_count, 1)
 
     def start_histogram(self) -> None:
         self.hist_lo, self.hist_hi = self.lo, self.hi
