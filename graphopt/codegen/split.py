@@ -105,7 +105,7 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
     found = []
     if level in (None, "all", "extended"):
         functions = {(f.domain, f.name): f for f in model.functions}
-        if any(_refusable_skip_layernorm(n, functions) for n in model.graph):
+        if any(_refusable_skip_layernorm(n, functions) for n in model.graph.all_nodes()):
             found.append(_SKIP_FUSER)
     for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
