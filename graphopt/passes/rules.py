@@ -84,6 +84,42 @@ class Rule:
         return target_refuses(target, self.emits, root)
 
 
+class HandMatchedRule(Rule):
+    """A rule whose structure `match(node) -> Match | Miss` states by hand, where a pattern
+    cannot: a root of variadic inputs (Concat), a chain of any length. Patterns give an op a
+    fixed list of inputs. `root_op` is the op type the pass dispatches it on; `check`,
+    `rewrite` and the machinery's `deletable` and `apply` work on its bindings as for any Rule.
+    Every subclass but those marked `base = True` registers as a rule."""
+
+    base = True
+    root_op = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("base", False):  # Rule registers classes with a pattern only
+            cls.name = cls.__dict__.get("name") or cls.__name__
+            assert cls.name not in RULES, f"rule {cls.name} defined twice"
+            RULES[cls.name] = cls
+
+    def build_pattern(self) -> OpPattern:  # the root alone: what the pass dispatches on
+        return OpPattern(self.root_op, "", [], {})
+
+    def match(self, node: Node) -> Match | Miss:
+        raise NotImplementedError
+
+    # The matcher protocol RulePass uses: this rule is its own matcher.
+    def matcher(self, pattern: OpPattern) -> "HandMatchedRule":
+        return self
+
+    def matches(self, node: Node):
+        self._outcome = self.match(node)
+        if isinstance(self._outcome, Match):
+            yield self._outcome
+
+    def miss(self, node: Node) -> Miss:
+        return self._outcome if isinstance(self._outcome, Miss) else Miss(node, 0, "")
+
+
 def placed_device(target, root: Value):
     """The device of `target` that would run the match at `root`: the primary device (the NPU)
     when it has the op that computes the root, else the host."""

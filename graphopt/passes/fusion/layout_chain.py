@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.ir import Node, Value
-from graphopt.ir.pattern import Match, Miss, OpPattern
+from graphopt.ir.pattern import Match, Miss
 from graphopt.passes.edit import can_take_over
-from graphopt.passes.rules import RULES, Rule
+from graphopt.passes.rules import HandMatchedRule
 from graphopt.passes.symbolic_dims import (ONE, Dim, as_entry, over, product, shape_tensor,
                                            solved, substituted, value_dims)
 
@@ -367,32 +367,11 @@ def _one_node_could_do(pair: list[Node]) -> bool:
     return kept == sorted(kept) or [d for d in before if d != 1] == [d for d in after if d != 1]
 
 
-class _LayoutChain(Rule):
+class _LayoutChain(HandMatchedRule):
     """A chain of Reshapes and Transposes ending at a node of `root_op`, each value between
     them read by the next node alone (see the module docstring)."""
 
-    root_op = ""
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.root_op:  # Rule registers classes with a `pattern`: these state their match
-            cls.name = cls.__dict__.get("name") or cls.__name__
-            assert cls.name not in RULES, f"rule {cls.name} defined twice"
-            RULES[cls.name] = cls
-
-    def build_pattern(self) -> OpPattern:  # the root alone: what the pass dispatches on
-        return OpPattern(self.root_op, "", [], {})
-
-    def matcher(self, pattern: OpPattern) -> "_LayoutChain":
-        return self
-
-    def matches(self, node: Node):
-        self._outcome = self.match(node)
-        if isinstance(self._outcome, Match):
-            yield self._outcome
-
-    def miss(self, node: Node) -> Miss:
-        return self._outcome if isinstance(self._outcome, Miss) else Miss(node, 0, "")
+    base = True
 
     def match(self, node: Node) -> Match | Miss:
         out = node.output

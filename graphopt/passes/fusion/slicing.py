@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import Node, Value
-from graphopt.ir.pattern import Match, Miss, OpPattern, Optional
+from graphopt.ir.pattern import Match, Miss, Optional
 from graphopt.passes.base import register
 from graphopt.passes.fusion.layout import cannot_stand_in
-from graphopt.passes.rules import RULES, Rule, RulePass
+from graphopt.passes.rules import HandMatchedRule, Rule, RulePass
 
 
 def _axis(axis: int, rank: int | None) -> int | None:
@@ -192,39 +192,10 @@ class SequenceAtOfSplit(Rule):
         return op.Squeeze(piece, bounds[2])
 
 
-class VariadicRule(Rule):
-    """A rule rooted at a Concat, whose inputs are variadic. Patterns give an op a fixed list of
-    inputs, so `match(node) -> Match | Miss` states the structure by hand; `check`, `rewrite` and
-    the machinery's `deletable` and `apply` work on its bindings as for any Rule."""
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "match" in cls.__dict__:  # Rule registers classes with a `pattern`: these have none
-            cls.name = cls.__dict__.get("name") or cls.__name__
-            assert cls.name not in RULES, f"rule {cls.name} defined twice"
-            RULES[cls.name] = cls
-
-    def build_pattern(self) -> OpPattern:  # the root alone: what the pass dispatches on
-        return OpPattern("Concat", "", [], {})
-
-    def match(self, node: Node) -> Match | Miss:
-        raise NotImplementedError
-
-    # The matcher protocol RulePass uses: this rule is its own matcher.
-    def matcher(self, pattern: OpPattern) -> "VariadicRule":
-        return self
-
-    def matches(self, node: Node):
-        self._outcome = self.match(node)
-        if isinstance(self._outcome, Match):
-            yield self._outcome
-
-    def miss(self, node: Node) -> Miss:
-        return self._outcome if isinstance(self._outcome, Miss) else Miss(node, 0, "")
-
-
-class ConcatOfSlices(VariadicRule):
+class ConcatOfSlices(HandMatchedRule):
     """Concat of Slices of one x covering a contiguous range → one Slice of x (x if all of it)."""
+
+    root_op = "Concat"  # its inputs are variadic
 
     def match(self, node):
         slices = [v.producer if v is not None else None for v in node.inputs]
@@ -257,8 +228,10 @@ class ConcatOfSlices(VariadicRule):
                              for v, what in ((start, "starts"), (end, "ends"), (along, "axes"))))
 
 
-class ConcatOfSplit(VariadicRule):
+class ConcatOfSplit(HandMatchedRule):
     """Concat(every output of Split(x) in order, same axis) → x."""
+
+    root_op = "Concat"
 
     def match(self, node):
         split = node.inputs[0].producer if node.inputs and node.inputs[0] is not None else None
