@@ -152,6 +152,10 @@ def _scalar(data: np.ndarray) -> bool:
     return data.size == 1
 
 
+# The convs whose output a SiLU stays decomposed after (see Silu).
+CONVS = ("Conv", "FusedConv", "ConvTranspose")
+
+
 class Silu(Rule):
     """x · sigmoid(x) (SiLU, Swish) → QuickGelu(x, alpha=1), as onnxruntime's QuickGeluFusion
     makes it: one pass over x instead of two, and the same numbers (both run MLAS's logistic).
@@ -173,9 +177,6 @@ class Silu(Rule):
 
     def rewrite(self, op, x):
         return op.QuickGelu(x, _domain=MS, alpha=1.0)
-
-
-CONVS = ("Conv", "FusedConv", "ConvTranspose")
 
 
 class BiasGelu(Rule):
