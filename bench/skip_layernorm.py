@@ -11,18 +11,15 @@ rewritten), medians of the per-call wall time, with their outputs compared.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, session_options, shape_list, write_json  # noqa: E402
+from _fused_kernel import compare, main  # noqa: E402
 
 SHAPES = ((1, 128, 768), (1, 64, 768), (1, 128, 256))
 
@@ -47,51 +44,13 @@ def _model(fused: bool, shape: tuple[int, ...]):
     return helper.make_model(graph, opset_imports=opsets).SerializeToString()
 
 
-def bench(shape: tuple[int, ...], runs: int, warmup: int = 20) -> list:
+def row(shape: tuple[int, ...], runs: int) -> list[str]:
     rng = np.random.default_rng(1)
     feeds = {n: rng.standard_normal(shape).astype(np.float32) for n in "xs"}
-    sessions = {name: ort.InferenceSession(_model(fused, shape), session_options("disable"),
-                                           providers=["CPUExecutionProvider"])
-                for name, fused in (("SkipLayerNormalization", True),
-                                    ("Add + LayerNormalization", False))}
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    outputs = {}
-    for i in range(warmup + runs):
-        for name, session in sessions.items():
-            start = time.perf_counter()
-            outputs[name] = session.run(None, feeds)[0]
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    fused, unfused = (float(np.median(t)) * 1e6 for t in times.values())
-    diff = float(np.max(np.abs(outputs["SkipLayerNormalization"]
-                                - outputs["Add + LayerNormalization"])))
-    return ["x".join(map(str, shape)), f"{fused:.1f}", f"{unfused:.1f}",
-            f"{fused / unfused:.2f}", f"{diff:.1e}"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", type=shape_list("BxSxC", "1x128x768,1x64x768"),
-                        default=list(SHAPES),
-                        help="BxSxC shapes, comma-separated (default 1x128x768,1x64x768,1x128x256)")
-    parser.add_argument("--runs", type=int, default=300, help="timed calls per variant (300)")
-    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
-    rows = [bench(shape, args.runs) for shape in args.shapes]
-    print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_DISABLE_ALL, "
-          f"onnxruntime {ort.__version__}\n")
-    columns = ["shape", "SkipLayerNormalization µs", "Add + LayerNormalization µs", "×",
-               "max abs Δ"]
-    print(markdown_table(columns, rows))
-    if args.json:
-        write_json(args.json, {"runs": args.runs, "onnxruntime": ort.__version__,
-                               "columns": columns, "rows": rows})
-    return 0
+    return compare(shape, {"SkipLayerNormalization": _model(True, shape),
+                           "Add + LayerNormalization": _model(False, shape)}, feeds, runs)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, ("SkipLayerNormalization", "Add + LayerNormalization"), SHAPES,
+                  "1x128x768,1x64x768", row))

@@ -219,13 +219,9 @@ g (float[1,4,8] a, float[1,4,8] b) => (float[1,4,8] y{extra}) <float[8] gamma = 
 }}"""
 
 
-@pytest.mark.parametrize("case, level", [
-    ("add-ln", "basic"),
-    ("sum-read-twice", "extended"),  # onnxruntime fuses an Add only when LN alone reads it
-    ("qdq", "extended"),             # QLinear fusions live in "extended"
-])
-def test_session_level_of_a_residual_layernorm(case, level):
-    from graphopt.codegen.split import _session_level
+def _add_ln(case: str):
+    """ADD_LN as `case` has it: the sum read by the LayerNormalization alone ("add-ln"), also
+    returned ("sum-read-twice"), or the LayerNormalization's output quantized ("qdq")."""
     from graphopt.ir import load_onnx
 
     extra, tail = {
@@ -233,7 +229,18 @@ def test_session_level_of_a_residual_layernorm(case, level):
         "sum-read-twice": (", float[1,4,8] x", "y = Identity(n)"),
         "qdq": ("", "q = QuantizeLinear(n, s, z)\n    y = DequantizeLinear(q, s, z)"),
     }[case]
-    model = load_onnx(onnx.parser.parse_model(ADD_LN.format(extra=extra, tail=tail)))
+    return load_onnx(onnx.parser.parse_model(ADD_LN.format(extra=extra, tail=tail)))
+
+
+@pytest.mark.parametrize("case, level", [
+    ("add-ln", "basic"),
+    ("sum-read-twice", "extended"),  # onnxruntime fuses an Add only when LN alone reads it
+    ("qdq", "extended"),             # QLinear fusions live in "extended"
+])
+def test_session_level_of_a_residual_layernorm(case, level):
+    from graphopt.codegen.split import _session_level
+
+    model = _add_ln(case)
     assert _session_level(model, "extended") == level
     assert _session_level(model, None) is None  # unfused compiles keep onnxruntime's default
 
@@ -248,14 +255,8 @@ def test_session_level_of_a_residual_layernorm(case, level):
 def test_partitions_at_extended_or_above_skip_onnxruntimes_skip_layernorm_fusion(case, level,
                                                                                  disabled):
     from graphopt.codegen.split import disabled_optimizers
-    from graphopt.ir import load_onnx
 
-    extra, tail = {
-        "add-ln": ("", "y = Identity(n)"),
-        "sum-read-twice": (", float[1,4,8] x", "y = Identity(n)"),
-        "qdq": ("", "q = QuantizeLinear(n, s, z)\n    y = DequantizeLinear(q, s, z)"),
-    }[case]
-    model = load_onnx(onnx.parser.parse_model(ADD_LN.format(extra=extra, tail=tail)))
+    model = _add_ln(case)
     assert disabled_optimizers(model, level) == disabled
 
 
