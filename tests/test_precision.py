@@ -569,28 +569,110 @@ def test_an_integer_accumulator_is_cast_to_float32_not_half():
     assert cast.attr("to") == int(DType.FLOAT)  # 64 · 255 · 127 = 2,072,640 > 65504
 
 
-def test_work_inside_an_if_is_named_in_a_note_as_left_as_it_is():
-    # The precision passes convert the main graph: a model whose MatMuls sit in an If's
-    # branches (silero-vad's whole network) must not compile unchanged without a word.
+def _if_of_matmuls():
+    """y = If(c, x·w then Relu, x·w then Tanh): the work sits in the branches (silero-vad's
+    whole network does), reading the main graph's x and w."""
     from onnx import TensorProto, helper, numpy_helper
 
-    def branch(name):
-        w = numpy_helper.from_array(np.ones((64, 64), np.float32), f"w_{name}")
-        return helper.make_graph([helper.make_node("MatMul", ["x", f"w_{name}"], [f"y_{name}"])],
-                                 name, [], [helper.make_tensor_value_info(f"y_{name}",
-                                                                          TensorProto.FLOAT, None)],
-                                 [w])
+    def branch(name, activation):
+        nodes = [helper.make_node("MatMul", ["x", "w"], [f"m_{name}"]),
+                 helper.make_node(activation, [f"m_{name}"], [f"y_{name}"])]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(
+            f"y_{name}", TensorProto.FLOAT, None)])
 
     graph = helper.make_graph(
-        [helper.make_node("If", ["c"], ["y"], then_branch=branch("a"), else_branch=branch("b"))],
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("a", "Relu"),
+                          else_branch=branch("b", "Tanh"))],
         "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
               helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    fp16 = graphopt.optimize(model, precision="fp16")
-    assert "fp16: 2 node(s) inside the subgraphs of If stay as they are (MatMul ×2): the pass " \
-           "works on the main graph" in fp16.notes
-    int4 = graphopt.optimize(model, quantize="int4")
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(RNG.normal(0, 0.1, (64, 64)).astype(np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _loop_of_an_rnn_cell():
+    """h ← tanh(h·w + xs[i]) for n steps, with softmax(h) scanned out: a recurrence written as
+    a Loop whose body reads the main graph's w and xs."""
+    from onnx import TensorProto, helper, numpy_helper
+    f32 = TensorProto.FLOAT
+    body = helper.make_graph([
+        helper.make_node("Gather", ["xs", "i"], ["xi"], axis=0),
+        helper.make_node("MatMul", ["h", "w"], ["hw"]),
+        helper.make_node("Add", ["hw", "xi"], ["s"]),
+        helper.make_node("Tanh", ["s"], ["h2"]),
+        helper.make_node("Softmax", ["h2"], ["p"], axis=-1),
+        helper.make_node("Identity", ["cond"], ["cond2"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h", f32, [1, 16])],
+        [helper.make_tensor_value_info("cond2", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h2", f32, [1, 16]),
+         helper.make_tensor_value_info("p", f32, [1, 16])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "", "h0"], ["hN", "ps"], body=body)], "g",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, []),
+         helper.make_tensor_value_info("h0", f32, [1, 16]),
+         helper.make_tensor_value_info("xs", f32, [8, 1, 16])],
+        [helper.make_tensor_value_info("hN", f32, [1, 16]),
+         helper.make_tensor_value_info("ps", f32, [8, 1, 16])],
+        [numpy_helper.from_array(RNG.normal(0, 0.3, (16, 16)).astype(np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _body_ops(model) -> list[tuple[str, int | None]]:
+    """(op, output elem type) of every node inside the model's subgraphs."""
+    from onnx import AttributeProto
+    found = []
+
+    def walk(graph, nested):
+        types = {v.name: v.type.tensor_type.elem_type
+                 for v in list(graph.value_info) + list(graph.output)}
+        for node in graph.node:
+            if nested:
+                found.append((node.op_type, types.get(node.output[0])))
+            for attr in node.attribute:
+                if attr.type == AttributeProto.GRAPH:
+                    walk(attr.g, True)
+    walk(model.graph, False)
+    return found
+
+
+@pytest.mark.parametrize("mode", ["fp16", "mixed-fp16"])
+def test_work_inside_if_branches_and_loop_bodies_converts_behind_casts(mode):
+    # Each body converts within itself: its inputs, outputs and captured values keep their
+    # dtypes (Casts inside the body), so the If/Loop node and the model's signature do not change.
+    half = onnx.TensorProto.FLOAT16
+    cases = [(_if_of_matmuls(), [{"c": np.array(flag), "x": RNG.normal(size=(2, 64))
+                                  .astype(np.float32)} for flag in (True, False)]),
+             (_loop_of_an_rnn_cell(), [{"n": np.array(8), "h0": RNG.normal(size=(1, 16))
+                                        .astype(np.float32),
+                                        "xs": RNG.normal(size=(8, 1, 16)).astype(np.float32)}])]
+    for proto, feeds_list in cases:
+        result = graphopt.optimize(proto, precision=mode)
+        out = result.to_onnx()
+        onnx.checker.check_model(out, full_check=True)
+        assert not any("inside the subgraphs" in note for note in result.notes), result.notes
+        inferred = onnx.shape_inference.infer_shapes(out)
+        assert ("MatMul", half) in _body_ops(inferred), _body_ops(inferred)
+        assert [i.type for i in out.graph.input] == [i.type for i in proto.graph.input]
+        assert [o.type.tensor_type.elem_type for o in out.graph.output] == \
+            [o.type.tensor_type.elem_type for o in proto.graph.output]
+        assert {t.data_type for t in out.graph.initializer} == {half}  # w converted once
+        for feeds in feeds_list:
+            expected, actual = numerics.run(proto, feeds), numerics.run(out, feeds)
+            for name, value in expected.items():
+                assert actual[name].dtype == value.dtype
+                np.testing.assert_allclose(actual[name], value, atol=2e-3, rtol=0)
+
+
+def test_mixed_precision_keeps_a_loop_bodys_softmax_float32():
+    result = graphopt.optimize(_loop_of_an_rnn_cell(), precision="mixed-fp16")
+    body = onnx.shape_inference.infer_shapes(result.to_onnx())
+    assert ("Softmax", onnx.TensorProto.FLOAT) in _body_ops(body)
+
+
+def test_int4_names_the_matmuls_inside_an_if_it_leaves_as_they_are():
+    int4 = graphopt.optimize(_if_of_matmuls(), quantize="int4")
     assert any(n.startswith("QuantizeInt4Weights: 2 node(s) inside the subgraphs of If")
                for n in int4.notes), int4.notes
 

@@ -47,22 +47,24 @@ def to_half_array(array: np.ndarray, dtype: DType) -> tuple[np.ndarray, int]:
 
 
 class Boundaries:
-    """Casts and converted constants for one graph, each made once and shared."""
+    """Casts and converted constants for one graph, each made once and shared. `constants`
+    may be shared with the Boundaries of other graphs of the model: a weight that a nested
+    graph reads is converted once, in the graph that holds it."""
 
-    def __init__(self, graph: Graph, half: DType):
+    def __init__(self, graph: Graph, half: DType, constants: dict[int, Value] | None = None):
         self.graph, self.half = graph, half
         self._casts: dict[tuple[int, DType], Value] = {}
-        self._consts: dict[int, Value] = {}
+        self._consts: dict[int, Value] = {} if constants is None else constants
         self.casts_inserted = 0
         self.constants_converted = 0
         self.constants_clipped = 0
 
     def half_constant(self, value: Value, data: np.ndarray) -> Value:
-        """A half-dtype initializer holding `value`'s data."""
+        """A half-dtype initializer holding `value`'s data, beside `value`."""
         if id(value) not in self._consts:
             array, clipped = to_half_array(data, self.half)
             self.constants_clipped += clipped
-            converted = self.graph.make_initializer(f"{value.name}_{self.half.short}",
+            converted = (value.graph or self.graph).make_initializer(f"{value.name}_{self.half.short}",
                                                     Tensor(array))
             self._consts[id(value)] = converted
             self.constants_converted += 1

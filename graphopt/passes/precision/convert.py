@@ -6,8 +6,9 @@
 Decisions are made in graph order (policy.py has the lists and the FOLLOW rule), then every
 converted slot is rewired: a half producer feeding it needs nothing, a weight becomes a half
 initializer, anything else gets the value's one shared Cast; float32 readers of a half value
-share one Cast back. Nested graphs (If/Loop/Scan bodies) and ops without a schema keep their
-dtypes, and so does any node producing a value a nested graph reads.
+share one Cast back. Each If/Loop/Scan body converts within itself, behind Casts at its
+inputs, outputs and captured values; the node holding it, ops without a schema and any node
+producing a value a nested graph reads keep their dtypes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from graphopt.passes.precision.casts import (
     constant_data,
     to_half_array,
 )
-from graphopt.passes.precision.nested import nested_note
 from graphopt.passes.precision.ort_half_crash import move_batch_swaps_after_half_matmuls
 from graphopt.passes.precision.policy import (
     ALLOW,
@@ -150,78 +150,61 @@ class ConvertPrecision(Pass):
         # Fusions leave the values they create untyped until the pipeline's last InferShapes;
         # the schema's type parameters are matched against dtypes, so they must be known.
         infer_shapes(model)
-        graph = model.graph
-        graph.sort()
         support = Support(ctx.target, model.opset(""))
-        unmatched = _unmatched_pins(graph, options)
+        unmatched = _unmatched_pins(model.graph, options)
         if unmatched:
             ctx.note(f"ConvertPrecision: {unmatched}")
         decider = _Decider(options, half, support)
-        opset = model.opset("")
-        pinned = {id(v) for node in graph for sub in node.subgraphs()
-                  for v in captured_values(sub)}
-        chosen: list[tuple[Node, Slots]] = []
         kept_by_schema: Counter = Counter()  # ops whose schema at this opset has no `half`
         untyped: Counter = Counter()  # float32 ops whose outputs inference left untyped
-        for node in graph:
-            if node.op_type == "Constant" and node.is_onnx:
-                continue  # its data is converted offline where a half op reads it
-            if node.subgraphs() or any(id(v) in pinned for v in node.outputs if v is not None):
-                continue
-            node_opset = model.opset(node.domain) if not node.is_onnx else opset
-            slots = convertible_slots(node, half, node_opset)
-            if slots is None and _untyped(node):
-                untyped[node.qualified_op] += 1
-            if slots is not None and decider.decide(node, slots):
-                chosen.append((node, slots))
-            elif slots is None and (not decider.mixed or node.op_type in ALLOW) \
-                    and schema_lacks(node, half, node_opset):
-                kept_by_schema[node.qualified_op] += 1
+        # The main graph and every If/Loop/Scan body, each converted within itself: a body's
+        # inputs, outputs and captured values keep their dtypes, so the node holding it does.
+        choices = []
+        for graph in list(model.graph.all_graphs()):
+            graph.sort()
+            chosen = _choose(graph, model, decider, kept_by_schema, untyped)
+            if chosen:
+                choices.append((graph, chosen))
+        opset = model.opset("")
         if kept_by_schema:
             ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "
                      f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
                      "later opset may convert them)")
-        nested = nested_note(graph, options.precision, _computes_float)
-        if nested:
-            ctx.note(nested)
         if untyped:
             ctx.note(f"{options.precision}: kept float32, ONNX shape inference gives their "
                      f"outputs no type, so their schema cannot be matched: {_listing(untyped)}")
         self._refuse(options.precision, decider, support)
-        if not chosen:
+        if not choices:
             return result
-        boundaries = Boundaries(graph, half)
-        for node, slots in chosen:
-            node_opset = model.opset(node.domain) if not node.is_onnx else opset
-            _convert(node, slots, half, boundaries, decider.half_values, node_opset)
-        # float32 readers of values that became half: graph outputs, unconverted nodes, and
-        # unconverted slots of converted nodes.
-        converted_in = {(id(n), i) for n, s in chosen for i in s.inputs}
-        for node, slots in chosen:
-            for i in slots.outputs:
-                value = node.outputs[i]
-                for use in list(value.uses):
-                    if (id(use.node), use.index) not in converted_in:
-                        use.node.set_input(use.index, boundaries.cast(value, DType.FLOAT))
-                if value.is_graph_output:
-                    boundaries.cast(value, DType.FLOAT)
-        for value in list(graph.initializers.values()):
-            if not value.uses and not value.is_graph_output and not value.is_input:
-                graph.remove_initializer(value)
-        if boundaries.casts_inserted and model.opset("") is None:
+        constants: dict[int, Value] = {}  # one half copy of a weight, whichever graph reads it
+        boundaries = [Boundaries(graph, half, constants) for graph, _ in choices]
+        removed = moved = 0
+        for (graph, chosen), graph_boundaries in zip(choices, boundaries):
+            _convert_graph(graph, chosen, half, graph_boundaries, decider.half_values, model)
+            removed += collapse_cast_pairs(graph)
+            if half == DType.FLOAT16 and "MatMul" in support.emulated:
+                # onnxruntime's CPU provider runs these MatMuls, and crashes on one form of them
+                moved += move_batch_swaps_after_half_matmuls(graph)
+        for graph in model.graph.all_graphs():
+            for value in list(graph.initializers.values()):
+                if not value.uses and not value.is_graph_output and not value.is_input:
+                    graph.remove_initializer(value)
+        if any(b.casts_inserted for b in boundaries) and model.opset("") is None:
             # A model of contrib ops alone imports no default domain, which its Casts need
             # (opset 13: the first with bfloat16 Casts).
             model.opset_imports[""] = 13
-        removed = collapse_cast_pairs(graph)
         if half == DType.FLOAT16 and "MatMul" in support.emulated:
-            # onnxruntime's CPU provider runs these MatMuls, and crashes on one form of them
-            result.count("transposes_moved", move_batch_swaps_after_half_matmuls(graph))
-        result.count("nodes_converted", len(chosen))
-        result.count("casts_inserted", boundaries.casts_inserted)
+            result.count("transposes_moved", moved)
+        chosen_count = sum(len(chosen) for _, chosen in choices)
+        inserted = sum(b.casts_inserted for b in boundaries)
+        converted = sum(b.constants_converted for b in boundaries)
+        clipped = sum(b.constants_clipped for b in boundaries)
+        result.count("nodes_converted", chosen_count)
+        result.count("casts_inserted", inserted)
         result.count("casts_removed", removed)
-        result.count("weights_converted", boundaries.constants_converted)
-        if boundaries.constants_clipped:
-            ctx.note(f"ConvertPrecision: {boundaries.constants_clipped} constant element(s) beyond "
+        result.count("weights_converted", converted)
+        if clipped:
+            ctx.note(f"ConvertPrecision: {clipped} constant element(s) beyond "
                      f"the {half.short} range clipped to its largest finite value")
         if support.emulated:
             ctx.note(f"{options.precision}: onnxruntime's CPU provider has no float16 kernel for "
@@ -255,6 +238,50 @@ class ConvertPrecision(Pass):
                 f"{setting('precision', mode)}: target {target} runs none of the ops mixed precision "
                 f"converts in {dtype} ({_listing(decider.kept_by_target)}); nothing would change")
 
+
+def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
+            untyped: Counter) -> list[tuple[Node, Slots]]:
+    """The nodes of `graph` (not of its nested graphs) that go to half, with their slots. A
+    node holding a nested graph keeps its dtypes, and so does one producing a value a nested
+    graph reads."""
+    opset = model.opset("")
+    pinned = {id(v) for node in graph for sub in node.subgraphs()
+              for v in captured_values(sub)}
+    chosen: list[tuple[Node, Slots]] = []
+    for node in graph:
+        if node.op_type == "Constant" and node.is_onnx:
+            continue  # its data is converted offline where a half op reads it
+        if node.subgraphs() or any(id(v) in pinned for v in node.outputs if v is not None):
+            continue
+        node_opset = model.opset(node.domain) if not node.is_onnx else opset
+        slots = convertible_slots(node, decider.half, node_opset)
+        if slots is None and _untyped(node):
+            untyped[node.qualified_op] += 1
+        if slots is not None and decider.decide(node, slots):
+            chosen.append((node, slots))
+        elif slots is None and (not decider.mixed or node.op_type in ALLOW) \
+                and schema_lacks(node, decider.half, node_opset):
+            kept_by_schema[node.qualified_op] += 1
+    return chosen
+
+
+def _convert_graph(graph, chosen: list[tuple[Node, Slots]], half: DType,
+                   boundaries: Boundaries, half_values: set[int], model: Model) -> None:
+    """Convert the `chosen` nodes of `graph`, then give float32 readers of the values that
+    became half (graph outputs, unconverted nodes, unconverted slots) a Cast back."""
+    opset = model.opset("")
+    for node, slots in chosen:
+        node_opset = model.opset(node.domain) if not node.is_onnx else opset
+        _convert(node, slots, half, boundaries, half_values, node_opset)
+    converted_in = {(id(n), i) for n, s in chosen for i in s.inputs}
+    for node, slots in chosen:
+        for i in slots.outputs:
+            value = node.outputs[i]
+            for use in list(value.uses):
+                if (id(use.node), use.index) not in converted_in:
+                    use.node.set_input(use.index, boundaries.cast(value, DType.FLOAT))
+            if value.is_graph_output:
+                boundaries.cast(value, DType.FLOAT)
 
 
 def _convert(node: Node, slots: Slots, half: DType, boundaries: Boundaries,
