@@ -1059,3 +1059,35 @@ def test_a_sparse_initializer_feeding_a_matmul_compiles(tmp_path):
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                               ir_version=IR_VERSION)
     _same_everywhere(proto, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, tmp_path)
+
+
+def test_a_chain_of_computed_pads_folds_whole_past_the_iteration_cap():
+    # Swin pads each stage's width up to its window with pads computed from the width (w % 8 …):
+    # a stage's Pad is typed only in the sweep after its pads fold, so a chain of twelve needs
+    # twelve sweeps, past the cap of 8 (swinv2_tiny needs nine). Sweeps that remove nodes go on.
+    nodes, inputs = [], {"one": [1], "window": [8], "zeros": [0, 0, 0]}
+    previous = "x"
+    for k in range(12):
+        nodes += [
+            helper.make_node("Shape", [previous], [f"shape{k}"]),
+            helper.make_node("Gather", [f"shape{k}", "one"], [f"width{k}"], axis=0),
+            helper.make_node("Mod", [f"width{k}", "window"], [f"rem{k}"]),
+            helper.make_node("Sub", ["window", f"rem{k}"], [f"short{k}"]),
+            helper.make_node("Mod", [f"short{k}", "window"], [f"pad{k}"]),
+            helper.make_node("Add", [f"pad{k}", "one"], [f"grow{k}"]),
+            helper.make_node("Concat", ["zeros", f"grow{k}"], [f"pads{k}"], axis=0),
+            helper.make_node("Pad", [previous, f"pads{k}"], [f"padded{k}"]),
+            helper.make_node("Relu", [f"padded{k}"], [f"y{k}"])]
+        previous = f"y{k}"
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(previous, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in inputs.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    result = graphopt.optimize(proto)
+    assert not any("fixed point" in note for note in result.notes), result.notes
+    assert Counter(n.op_type for n in result.model.graph) == {"Pad": 12, "Relu": 12}
+    feeds = {"x": np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)}
+    expected, actual = numerics.run(proto, feeds), numerics.run(result.to_onnx(), feeds)
+    np.testing.assert_array_equal(actual[previous], expected[previous])

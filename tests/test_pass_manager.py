@@ -39,6 +39,19 @@ class RemoveOneIdentity(Pass):
         return PassResult()
 
 
+class RenameRelu(Pass):
+    """Test pass: renames the Relu on every run, a change that never settles nor shrinks."""
+
+    name = "RenameRelu"
+    description = "test only"
+
+    def run(self, model, ctx):
+        for node in model.graph:
+            if node.op_type == "Relu":
+                node.name += "'"
+        return PassResult(changed=True)
+
+
 class BreakUseLists(Pass):
     name = "BreakUseLists"
     description = "test only"
@@ -58,7 +71,7 @@ class Explode(Pass):
 
 @pytest.fixture
 def test_passes(monkeypatch):
-    for cls in (RemoveOneIdentity, BreakUseLists, Explode):
+    for cls in (RemoveOneIdentity, RenameRelu, BreakUseLists, Explode):
         monkeypatch.setitem(PASSES, cls.name, cls)
 
 
@@ -81,9 +94,37 @@ def test_fixed_point_repeats_until_nothing_changes(test_passes):
 def test_iteration_cap_is_noted(test_passes):
     ctx = PassContext(Options(max_iterations=2))
     model = load_onnx(MODEL)
+    pipeline = Pipeline("t", "t", (FixedPoint(("RenameRelu",)),))
+    log = PassManager(pipeline, ctx).run(model)
+    assert [r.iteration for r in log.records] == [1, 2]
+    assert ctx.notes == ["fixed point of RenameRelu not reached in 2 iterations"]
+
+
+def test_sweeps_that_remove_nodes_go_on_past_the_cap(test_passes):
+    # Progress, not a cycle (a chain of computed pads types one stage per sweep): the group
+    # runs until it settles, without a note.
+    ctx = PassContext(Options(max_iterations=2))
+    model = load_onnx(MODEL)
+    pipeline = Pipeline("t", "t", (FixedPoint(("RemoveOneIdentity",)),))
+    log = PassManager(pipeline, ctx).run(model)
+    assert [n.op_type for n in model.graph] == ["Relu"]
+    assert [r.iteration for r in log.records] == [1, 2, 3, 4]
+    assert ctx.notes == []
+
+
+def test_sweeps_that_remove_nodes_stop_at_a_ceiling(test_passes):
+    # Six Identities take six sweeps; with a cap of 1 the ceiling is 4 × 1.
+    chain = "\n".join(f"    i{k + 1} = Identity(i{k})" for k in range(6))
+    model = load_onnx(onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] i0) => (float[2] y) {{
+        {chain}
+            y = Relu(i6)
+        }}"""))
+    ctx = PassContext(Options(max_iterations=1))
     PassManager(Pipeline("t", "t", (FixedPoint(("RemoveOneIdentity",)),)), ctx).run(model)
-    assert len(model.graph) == 2
-    assert any("fixed point" in note for note in ctx.notes)
+    assert len(model.graph) == 3
+    assert ctx.notes == ["fixed point of RemoveOneIdentity not reached in 4 iterations"]
 
 
 def test_disabled_pass_does_not_run(test_passes):

@@ -15,6 +15,9 @@ from graphopt.passes.base import PASSES, PassContext
 from graphopt.passes.instruments import Instrument
 from graphopt.passes.pipelines import FixedPoint, Pipeline
 
+# A fixed point that keeps removing nodes may run this many times `max_iterations` sweeps.
+_PROGRESS_CEILING = 4
+
 
 @dataclass
 class PassRecord:
@@ -96,14 +99,24 @@ class PassManager:
         return log
 
     def _fixed_point(self, model: Model, step: FixedPoint, log: PassLog) -> None:
-        for iteration in range(1, self.ctx.options.max_iterations + 1):
+        cap = self.ctx.options.max_iterations
+        # Past the cap, a sweep that still removes nodes is progress, not a cycle: each sweep
+        # types one more stage of a chain of computed pads (a Swin model's windows), so those
+        # sweeps go on, up to a ceiling that bounds the compile time.
+        nodes = model.graph.count_nodes()
+        iteration = 0
+        while iteration < _PROGRESS_CEILING * cap:
+            iteration += 1
             changed = False
             for name in step.passes:
                 changed |= self._run_pass(model, name, iteration, log)
             if not changed:
                 return
+            before, nodes = nodes, model.graph.count_nodes()
+            if iteration >= cap and nodes >= before:
+                break
         self.ctx.note(f"fixed point of {', '.join(step.passes)} not reached in "
-                      f"{self.ctx.options.max_iterations} iterations")
+                      f"{iteration} iterations")
 
     def _run_pass(self, model: Model, name: str, iteration: int, log: PassLog) -> bool:
         if name in self.ctx.options.disabled_passes:
