@@ -736,7 +736,28 @@ def test_an_op_whose_function_body_is_a_later_versions_is_emulated_as_before():
     assert any("no float16 kernel for LeakyRelu, MatMul;" in n for n in notes), notes
 
 
-def test_a_half_matmul_of_a_batch_swap_is_written_in_a_form_onnxruntime_loads(tmp_path):
+_ONE_PROJECTION = ("""
+        g (float[S, B, 32] x) => (float[B, S, 16] y) {
+            r = Relu (x)
+            t = Transpose <perm = [1, 0, 2]> (r)
+            m = MatMul (t, w)
+            y = Relu (m)
+        }""", ["Cast", "Relu", "MatMul", "Transpose", "Relu", "Cast"])
+# A bidirectional RNN's two projections (DeepSpeech's dynamo export) read one Transpose.
+_TWO_PROJECTIONS = ("""
+        g (float[S, B, 32] x) => (float[B, S, 16] y) {
+            r = Relu (x)
+            t = Transpose <perm = [1, 0, 2]> (r)
+            m = MatMul (t, w)
+            n = MatMul (t, w2)
+            y = Add (m, n)
+        }""", ["Cast", "Relu", "MatMul", "Transpose", "MatMul", "Transpose", "Add", "Cast"])
+
+
+@pytest.mark.parametrize("text, expected_ops", [_ONE_PROJECTION, _TWO_PROJECTIONS],
+                         ids=["one reader", "two readers"])
+def test_a_half_matmul_of_a_batch_swap_is_written_in_a_form_onnxruntime_loads(
+        tmp_path, text, expected_ops):
     """onnxruntime 1.32 segfaults loading, at ORT_ENABLE_ALL, a float16 Transpose(1, 0, 2)
     feeding a float16 MatMul with a constant weight (a sequence-first projection). The
     conversion moves the Transpose after the MatMul: the same products, in a form it loads."""
@@ -744,15 +765,11 @@ def test_a_half_matmul_of_a_batch_swap_is_written_in_a_form_onnxruntime_loads(tm
     import sys
 
     rng = np.random.default_rng(7)
-    model = parse_model("""
-        g (float[S, B, 32] x) => (float[B, S, 16] y) {
-            r = Relu (x)
-            t = Transpose <perm = [1, 0, 2]> (r)
-            m = MatMul (t, w)
-            y = Relu (m)
-        }""", w=rng.standard_normal((32, 16)).astype(np.float32))
+    weights = {name: rng.standard_normal((32, 16)).astype(np.float32)
+               for name in ("w", "w2") if f", {name})" in text}
+    model = parse_model(text, **weights)
     result = graphopt.optimize(model, pass_options={"precision": "fp16"})
-    assert ops(result.model) == ["Cast", "Relu", "MatMul", "Transpose", "Relu", "Cast"]
+    assert ops(result.model) == expected_ops
     path = tmp_path / "half.onnx"
     graphopt.save(result, path)
     onnx.checker.check_model(onnx.load(path), full_check=True)

@@ -21,8 +21,10 @@ _BATCH_SWAP = [1, 0, 2]
 
 
 def _swapped_input(matmul: Node) -> Node | None:
-    """The Transpose(perm=[1, 0, 2]) that only `matmul` reads, as its first input, when the
-    MatMul is float16 with a constant 2-D weight; else None."""
+    """The Transpose(perm=[1, 0, 2]) that `matmul` reads as its first input, when the MatMul
+    is float16 with a constant 2-D weight; else None. The Transpose may have other readers
+    (a bidirectional RNN's two projections): each such MatMul moves, and the Transpose goes
+    with the last of them."""
     if matmul.op_type != "MatMul" or not matmul.is_onnx or matmul.output.dtype != DType.FLOAT16:
         return None
     a, w = matmul.inputs
@@ -30,8 +32,7 @@ def _swapped_input(matmul: Node) -> Node | None:
         return None
     transpose = a.producer if a is not None else None
     if transpose is None or transpose.op_type != "Transpose" or not transpose.is_onnx \
-            or list(transpose.attr("perm") or []) != _BATCH_SWAP \
-            or len(a.uses) != 1 or a.is_graph_output:
+            or list(transpose.attr("perm") or []) != _BATCH_SWAP:
         return None
     return transpose
 
@@ -53,6 +54,7 @@ def move_batch_swaps_after_half_matmuls(graph: Graph) -> int:
         matmul.op_type, matmul.attrs = "Transpose", {}
         matmul.set_attr("perm", list(_BATCH_SWAP))
         matmul.set_inputs([product.output])
-        graph.remove(transpose)
+        if not transpose.output.uses and not transpose.output.is_graph_output:
+            graph.remove(transpose)
         moved += 1
     return moved
