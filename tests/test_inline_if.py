@@ -197,3 +197,36 @@ def test_names_the_branch_shares_with_other_scopes_are_renamed():
     node_names = [n.name for n in model.graph if n.name]
     assert len(node_names) == len(set(node_names)) == 2
     assert_same_outputs(proto, model, {"x": np.array([0.5, -1.0], np.float32)})
+
+
+def test_shapes_declared_for_both_branches_are_inferred_again_after_inlining():
+    # An exporter traces both branches and declares one rank for both: here rank 1, true of the
+    # Reshape branch only (torch_geometric's scatter aggregation writes this). Inferred from the
+    # If, the Relu after it was rank 1 too; kept after inlining the Identity branch, the Gemm
+    # reading it made onnxruntime and onnx.checker refuse the model.
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(name, node):
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(
+            f"{name}_y", TensorProto.FLOAT, ["n"])])
+
+    graph = helper.make_graph([
+        helper.make_node("Equal", ["k", "k2"], ["c"]),
+        helper.make_node("If", ["c"], ["y"],
+                         then_branch=branch("then", helper.make_node(
+                             "Reshape", ["x", "flat"], ["then_y"])),
+                         else_branch=branch("else", helper.make_node(
+                             "Identity", ["x"], ["else_y"]))),
+        helper.make_node("Relu", ["y"], ["r"]),
+        helper.make_node("Gemm", ["r", "w"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(np.array(1, np.int64), "k"),
+         numpy_helper.from_array(np.array(2, np.int64), "k2"),
+         numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+         numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    result = graphopt.optimize(proto)
+    assert "If" not in ops(result.model)
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}
+    assert_same_outputs(proto, result.to_onnx(), feeds)

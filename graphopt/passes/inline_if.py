@@ -35,6 +35,31 @@ def _hoist(branch: Graph, node: Node, names: "_Names") -> None:
         graph.add_initializer(value)
     for inner in branch.nodes():
         graph.move_before(node, inner)
+        _forget_shapes(inner)
+
+
+def _forget_shapes(node: Node) -> None:
+    for value in node.outputs:
+        if value is not None and not value.is_graph_output:
+            value.shape = None
+
+
+def _forget_shapes_downstream(values: list[Value]) -> None:
+    """Clear the shapes of the nodes that read `values`, and of their readers in turn: they
+    were inferred from the If's outputs, whose shapes merge both branches' declarations, and
+    a declaration may hold only for the branch not taken (torch_geometric's scatter
+    aggregation declares rank 1 for a rank-2 result). Trusted after inlining, a wrong rank
+    makes onnxruntime refuse the model; the next inference computes them anew."""
+    seen: set[int] = set()
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        for use in value.uses:
+            if id(use.node) in seen:
+                continue
+            seen.add(id(use.node))
+            _forget_shapes(use.node)
+            stack.extend(v for v in use.node.outputs if v is not None)
 
 
 class _Names:
@@ -127,6 +152,7 @@ class InlineConstantIf(Pass):
                 for out, value in zip(outputs, results):
                     if out is not None:
                         _take_over(out, value, node)
+                _forget_shapes_downstream(results)
                 graph.remove(node)
                 result.count("If")
         return result
