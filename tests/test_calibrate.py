@@ -189,6 +189,28 @@ def test_inputs_holding_different_sample_counts(tmp_path):
         read_calibration(tmp_path / "c.npz", load_onnx(proto).graph)
 
 
+def test_arrays_of_their_inputs_own_shapes_with_unequal_first_axes_are_one_sample(tmp_path):
+    # A graph net: node features [nodes, 16] and edges [2, edges]. Neither first axis is a
+    # sample axis; the file is one feed, as --inputs reads it.
+    proto = parse_model("""
+        agraph (float[N, 16] x, int64[2, E] edge_index) => (float[N, 16] y) {
+            y = Identity(x)
+        }""")
+    x = np.arange(30 * 16, dtype=np.float32).reshape(30, 16)
+    edges = np.array([[0, 1, 2], [1, 2, 0]], np.int64)
+    np.savez(tmp_path / "g.npz", x=x, edge_index=edges)
+    data = read_calibration(tmp_path / "g.npz", load_onnx(proto).graph)
+    (feed,) = list(data)
+    np.testing.assert_array_equal(feed["x"], x)
+    np.testing.assert_array_equal(feed["edge_index"], edges)
+    # Inputs that share their first dim have a sample axis: unequal counts stay an error.
+    shared = parse_model("""
+        agraph (float[N, 4] a, float[N, 4] b) => (float[N, 4] y) { y = Add(a, b) }""")
+    np.savez(tmp_path / "c.npz", a=np.zeros((3, 4), np.float32), b=np.zeros((2, 4), np.float32))
+    with pytest.raises(OptionError, match="different sample counts"):
+        read_calibration(tmp_path / "c.npz", load_onnx(shared).graph)
+
+
 @pytest.mark.parametrize("array, message", [
     (np.full((3, 1, 4), np.nan, np.float32), "input 'x' holds only NaN or Inf"),
     (np.r_[np.zeros((1, 1, 4)), [[[0, 1e39, 0, 0]]]],  # float64 beyond float32's range

@@ -3,7 +3,9 @@ files (one sample each), check them against the model's inputs, yield one feed d
 
 Layouts, for a model input `x` of rank R:
   * one file `calib.npz`: `x` has rank R + 1, samples along its first axis; or rank R when the
-    input's first dim is 1 or symbolic, then each slice x[i:i+1] is a sample;
+    input's first dim is 1 or symbolic, then each slice x[i:i+1] is a sample; but when every
+    array has its input's rank, their first axes differ and so do the inputs' first dims
+    (a graph net's [nodes, 16] and [2, edges]), the file is one sample;
   * a directory: every `*.npz` in it (sorted by name) is one sample, `x` of rank R.
 Every non-initializer input needs an array, dims the model fixes must match, float values must
 fit the input's type (a NaN or Inf among finite values is data: a missing value an Imputer
@@ -117,6 +119,10 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         for i in range(min(1, array.shape[0])):
             _checked(array[i], s, path)
         batch[s.name], counts[s.name] = array, array.shape[0]
+    if len(set(counts.values())) > 1 and _no_common_sample_axis(arrays, specs):
+        # A graph net's x of [nodes, features] beside edge_index of [2, edges]: the file is one
+        # sample, as `--inputs` reads it.
+        return _one_sample(path, specs, arrays)
     if len(set(counts.values())) > 1:
         raise OptionError(f"calibration {path}: inputs hold different sample counts "
                           f"({', '.join(f'{k}: {v}' for k, v in counts.items())})")
@@ -124,6 +130,22 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     if count == 0:
         raise OptionError(f"calibration {path}: no samples (the arrays' first axis is empty)")
     return CalibrationData(path, specs, [], batch, count)
+
+
+def _no_common_sample_axis(arrays, specs: list[InputSpec]) -> bool:
+    """Whether every array has its input's own rank and the inputs' first dims are no one
+    dim (not one symbol, nor 1 everywhere) that samples could be stacked along."""
+    if not all(s.shape and np.asarray(arrays[s.name]).ndim == len(s.shape) for s in specs):
+        return False
+    return len({s.shape[0] for s in specs}) > 1
+
+
+def _one_sample(path: str, specs: list[InputSpec], arrays) -> CalibrationData:
+    batch = {}
+    for s in specs:
+        _checked(np.asarray(arrays[s.name]), s, path)
+        batch[s.name] = np.asarray(arrays[s.name])[None]
+    return CalibrationData(path, specs, [], batch, 1)
 
 
 def _batch_of(spec: InputSpec) -> int:
