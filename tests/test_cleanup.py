@@ -164,6 +164,40 @@ def test_no_op_rules_refuse_real_work(body):
     assert not any(k in stats for k in ("Mul", "Sub", "Cast", "Transpose")), stats
 
 
+def test_a_reshape_whose_target_restates_its_input_goes():
+    # Inference names the -1 dim afresh ([B, unk, 64]), so only the target tells: a 0 copies
+    # the dim, 64 is x's own, and the one -1 is then the dim left over. Dynamo exports write
+    # [0, -1, C] on attention keys.
+    model, _ = run_passes(HEADER + """
+    g (float[B, S, 64] x, float[2, S, 64] z) => (float[B, S, 64] y, float[2, S, 64] w,
+                                                 float[B, S, 64] v, float[B, S, 64] u) {
+        t = Constant <value_ints = [0, -1, 64]> ()
+        k = Constant <value_ints = [2, -1, 64]> ()
+        p = Constant <value_ints = [-1, 0, 64]> ()
+        e = Constant <value_ints = [0, 0, -1]> ()
+        r = Reshape (x, t)
+        y = Relu (r)
+        q = Reshape (z, k)
+        w = Relu (q)
+        o = Reshape (x, p)
+        v = Relu (o)
+        l = Reshape (x, e)
+        u = Relu (l)
+    }""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
+    assert ops(model) == ["Relu"] * 4
+
+
+@pytest.mark.parametrize("target", [[0, -1, 32], [0, 64, -1], [-1, 0, 0, 1]])
+def test_a_reshape_whose_target_may_change_the_shape_stays(target):
+    model, _ = run_passes(HEADER + f"""
+    g (float[B, S, 64] x) => (float y) {{
+        t = Constant <value_ints = {target}> ()
+        r = Reshape (x, t)
+        y = Relu (r)
+    }}""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes", numeric=False)
+    assert "Reshape" in ops(model)
+
+
 def test_reshape_of_reshape_collapses():
     model, stats = run_passes(HEADER + """
     g (float[2, 3, 4] x) => (float[4, 6] y) {

@@ -580,3 +580,61 @@ def test_a_head_split_read_from_another_input_proves_nothing():
     result = graphopt.optimize(proto, level=2)
     assert "Softmax" in [n.op_type for n in result.model.graph]
     check_at_two_sizes(proto, result.model)
+
+
+def _dynamo_single_head_self_attention(channels=16):
+    """Self-attention as the dynamo exporter writes diffusers' one-head SDPA (a VAE's middle
+    block): the key goes [B, S, C] → [B, S, 1, C] → Transpose → [-1, S, C] → Transpose →
+    [B, 1, C, S], each Reshape's target read from run-time Shapes, and the output comes back
+    through Reshape(…, [0, -1, C])."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.1, (channels, channels)).astype(
+        np.float32), f"W{n}") for n in "qkv"]
+    weights += [numpy_helper.from_array(rng.normal(0, 0.1, channels).astype(np.float32),
+                                        f"b{n}") for n in "qkv"]
+    ints = {"m1": [-1], "one": [1], "cC": [channels], "m2": [-2], "big": [2 ** 63 - 1],
+            "small": [-2 ** 63], "s3": [0, -1, channels]}
+    weights += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
+    weights.append(numpy_helper.from_array(np.array(channels ** -0.25, np.float32), "sqs"))
+    node = helper.make_node
+    nodes = [node("Shape", ["x"], ["shx"], start=0, end=1),
+             node("Concat", ["shx", "m1", "one", "cC"], ["s4"], axis=0)]
+    for n in "qkv":
+        nodes += [node("MatMul", ["x", f"W{n}"], [f"{n}m"]),
+                  node("Add", [f"{n}m", f"b{n}"], [n]),
+                  node("Reshape", [n, "s4"], [f"{n}4"], allowzero=1),
+                  node("Transpose", [f"{n}4"], [f"{n}t"], perm=[0, 2, 1, 3])]
+    nodes += [node("Shape", ["kt"], ["shk"]),
+              node("Slice", ["shk", "m2", "m1"], ["d_s"]),
+              node("Slice", ["shk", "m1", "big"], ["d_c"]),
+              node("Slice", ["shk", "small", "m2"], ["d_bh"]),
+              node("Concat", ["m1", "d_s", "d_c"], ["s_flat"], axis=0),
+              node("Reshape", ["kt", "s_flat"], ["k3"]),
+              node("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
+              node("Concat", ["d_bh", "d_c", "d_s"], ["s_back"], axis=0),
+              node("Reshape", ["k3t", "s_back"], ["kT"]),
+              node("Mul", ["qt", "sqs"], ["qs"]), node("Mul", ["kT", "sqs"], ["ks"]),
+              node("MatMul", ["qs", "ks"], ["sc"]), node("Softmax", ["sc"], ["p"], axis=-1),
+              node("MatMul", ["p", "vt"], ["o4"]),
+              node("Transpose", ["o4"], ["ot"], perm=[0, 2, 1, 3]),
+              node("Reshape", ["ot", "s3"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", channels])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", channels])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                             ir_version=IR_VERSION)
+
+
+def test_a_dynamo_key_path_packs_into_one_attention():
+    # The key chain reduces to Reshape(k, [0, -1, C]) on [B, S, C], a no-op that shape
+    # inference cannot see (the -1 dim is named afresh): left, it kept the three projections
+    # apart, as MultiHeadAttention, in every dynamo export of a diffusers VAE or UNet.
+    proto = _dynamo_single_head_self_attention()
+    result = graphopt.optimize(proto)
+    assert [n.qualified_op for n in result.model.graph] == ["com.microsoft::Attention"]
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    for size in (5, 9):
+        feeds = {"x": np.random.default_rng(size).normal(size=(2, size, 16)).astype(np.float32)}
+        np.testing.assert_allclose(numerics.run(out, feeds)["y"],
+                                   numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)

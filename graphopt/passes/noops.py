@@ -1,6 +1,7 @@
 """EliminateNoOps: remove nodes whose output provably equals one of their inputs.
 
     Cast(x: f32, to=f32) -> x          Reshape/Expand/Flatten/Squeeze/Unsqueeze to x's own shape
+                                        (a Reshape's by its target too: [0, -1, C] on [B, S, C])
     Transpose(perm = identity) -> x     Add(x, -0.0), Sub(x, +0.0), Mul(x, 1), Div(x, 1), Pow(x, 1)
     Concat/Sum/Max/Min/Mean of one input, Split into one part, Tile by ones, Pad by zeros,
     Slice that keeps every element
@@ -75,6 +76,26 @@ def _same_shape_op(node: Node) -> Value | None:
     return x if _same_shape(x, node.output) and _same_type(x, node.output) else None
 
 
+def _reshape(node: Node) -> Value | None:
+    """A Reshape to x's own shape: the inferred shapes say so, or the target does, dim by dim:
+    each entry a 0 (x's dim there, without allowzero), x's own static dim, or the one -1,
+    which then is x's dim too, the element count being kept. Shape inference names a -1 dim
+    afresh, so [0, -1, C] on [B, S, C] compares unequal (dynamo exports write it on the key
+    path of every attention)."""
+    same = _same_shape_op(node)
+    if same is not None:
+        return same
+    x, target = node.inputs[0], _const(node.input(1))
+    # (A Reshape's output has its input's type: no dtype check, as a value a rewrite just made
+    # has none until the next inference.)
+    if target is None or x.shape is None or target.ndim != 1 or len(target) != len(x.shape) \
+            or node.attr("allowzero", 0):
+        return None
+    free = [t for d, t in zip(x.shape, target.tolist())
+            if not (t == 0 or (isinstance(d, int) and t == d))]
+    return x if free in ([], [-1]) else None
+
+
 def _transpose(node: Node) -> Value | None:
     perm = node.attr("perm")
     if perm is not None and list(perm) == list(range(len(perm))):
@@ -142,7 +163,7 @@ def _slice(node: Node) -> Value | None:
 
 RULES: dict[str, Callable[[Node], Value | None]] = {
     "Cast": _cast, "CastLike": _cast,
-    "Reshape": _same_shape_op, "Expand": _same_shape_op, "Flatten": _same_shape_op,
+    "Reshape": _reshape, "Expand": _same_shape_op, "Flatten": _same_shape_op,
     "Squeeze": _same_shape_op, "Unsqueeze": _same_shape_op,
     "Transpose": _transpose,
     "Add": _arithmetic, "Sub": _arithmetic, "Mul": _arithmetic, "Div": _arithmetic,
