@@ -115,6 +115,21 @@ def test_unknown_size_raises_naming_the_value():
         plan_memory(model)
 
 
+def test_a_size_read_from_input_values_is_not_blamed_on_open_input_shapes():
+    # Every input is static; the Resize's sizes are the values of `hw` (SAM's original image
+    # size). Pinning input shapes cannot help, and the message says so.
+    model = parse(HEADER + """
+    g (float[1, 1, 4, 4] x, int64[2] hw) => (float[1, 1, H, W] y) {
+        one = Constant <value_ints = [1, 1]> ()
+        sizes = Concat <axis = 0> (one, hw)
+        y = Resize <mode = "nearest"> (x, , , sizes)
+    }""")
+    with pytest.raises(MemoryPlanError) as info:
+        plan_memory(model)
+    message = str(info.value)
+    assert "every input is static already" in message and "pin the input shapes" not in message
+
+
 def test_strings_and_sequences_are_unplannable_without_a_pin_hint():
     # Their bytes are only known at run time: pinning shapes would not help.
     model = parse(HEADER + """

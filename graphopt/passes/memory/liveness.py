@@ -100,12 +100,24 @@ def tensor_bytes(value: Value) -> int:
         dims = "unknown rank" if value.shape is None else \
             "[" + ",".join("?" if d is None else str(d) for d in value.shape) + "]"
         reason = f"has shape {dims}"
-        hint = (f"; pin the input shapes ({option('input_shapes')}), and let -O2's shape "
-                "folding run (a "
-                "shape computed at run time stays unknown at -O0/-O1 or with FoldConstants off)")
+        hint = _dynamic_shape_hint(value)
     if reason:
         raise MemoryPlanError(f"cannot plan memory: {describe(value)} {reason}{hint}")
     return nbytes(value.dtype, math.prod(value.static_shape))
+
+
+def _dynamic_shape_hint(value: Value) -> str:
+    """What would size `value`: pinning the model's open inputs, or nothing a caller can pin
+    when every input is static already (a Resize to sizes read from an input's values)."""
+    root = value.graph.root if value.graph is not None else None
+    if root is not None and all(v.static_shape is not None or v.is_constant
+                                for v in root.inputs):
+        return (f"; every input is static already: the shape depends on values the model "
+                f"computes at run time, which {option('input_shapes')} cannot pin (at -O0/-O1 "
+                "or with FoldConstants off, -O2's shape folding may still size it)")
+    return (f"; pin the input shapes ({option('input_shapes')}), and let -O2's shape folding "
+            "run (a shape computed at run time stays unknown at -O0/-O1 or with FoldConstants "
+            "off)")
 
 
 def node_reads(node: Node) -> list[Value]:
