@@ -97,10 +97,10 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
     """The onnxruntime optimizers that would change this partition's results or slow it, at
     its session `level` (None: onnxruntime's default, "all"): None, or WeightBiasQuantization
     when a float Conv/ConvTranspose/Gemm reads dequantized data, MatmulTransposeFusion when a
-    MatMul of a transposed A reads a 1-D B, and SkipLayerNormFusion where a partition left at
-    "extended" or above (Q/DQ, whose QLinear fusions live there; convs left for onnxruntime to
-    block; a compile for no target) has an Add + LayerNormalization it would fuse: a wav2vec2
-    export's .om, its convs left to onnxruntime, ran 1.28× the original's time with four
+    MatMul of a transposed A reads a 1-D B, and SkipLayerNormFusion where a partition at
+    "extended" or above (a fused float one, Q/DQ, convs left for onnxruntime to block, a
+    compile for no target) has an Add + LayerNormalization it would fuse: a wav2vec2 export's
+    .om, its convs left to onnxruntime, ran 1.28× the original's time with four
     SkipLayerNormalizations, 1.01× without."""
     found = []
     if level in (None, "all", "extended"):
@@ -151,20 +151,15 @@ def _session_level(model: Model, fused_level: str | None) -> str | None:
     QLinearConv, and "all" adds the NHWC layout (com.microsoft QLinearConv) that onnxruntime's
     int8 convs run fastest in.
 
-    A fused float partition where "extended" would turn Add + LayerNormalization back into
-    com.microsoft SkipLayerNormalization, whose CPU kernel graphopt's fusions avoid (6× slower,
-    fusion/layernorm.py), runs at "basic": the transformer fusions "extended" adds besides are
-    graphopt's own by then (Gelu, BiasGelu, FastGelu, Attention, FusedMatMul), and "basic"
-    still turns MatMul + Add into Gemm. Measured (1 thread, CPU time of 15-40 interleaved runs):
-    BERT-base at 4 layers, seq 128, 3.4-5.4% faster than at "extended"; the zoo GPT-2 at batch
-    4, seq 64, 2-4%. Q/DQ partitions keep "extended", whose QLinear fusions they need."""
+    A fused float partition with Add + LayerNormalization keeps "extended", with onnxruntime's
+    SkipLayerNormFusion disabled (`disabled_optimizers`): its CPU SkipLayerNormalization is what
+    graphopt's fusions avoid (6× slower, fusion/layernorm.py). Such a partition used to run at
+    "basic", which loses the rewrites "extended" makes beyond graphopt's own: an XLNet export's
+    .om ran 1.13× its original at "basic" and 0.97× at "extended" (its Gather→Split and Range
+    merges); BERT and GPT-2 get the same graph at both."""
     nodes = list(model.graph)
     if fused_level is not None and _layout_left_to_onnxruntime(nodes):
         return "all"
-    functions = {(f.domain, f.name): f for f in model.functions}
-    if fused_level == "extended" and any(_refusable_skip_layernorm(n, functions) for n in nodes) \
-            and not any(n.op_type in _QDQ and n.is_onnx for n in nodes):
-        return "basic"
     if fused_level == "extended" and _nothing_left_for(model, nodes):
         return "disable"
     return fused_level
