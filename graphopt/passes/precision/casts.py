@@ -46,6 +46,15 @@ def to_half_array(array: np.ndarray, dtype: DType) -> tuple[np.ndarray, int]:
     return np.asarray(array).astype(target), clipped
 
 
+def _flushed_to_zero(data: np.ndarray, half: np.ndarray) -> tuple[int, int]:
+    """How many nonzero elements of `data` its half copy holds as zero (float16's smallest
+    step is 6e-8), and how many are nonzero."""
+    if data.dtype.kind != "f" or not data.size:
+        return 0, 0
+    nonzero = data != 0
+    return int(np.count_nonzero((half == 0) & nonzero)), int(np.count_nonzero(nonzero))
+
+
 class Boundaries:
     """Casts and converted constants for one graph, each made once and shared. `constants`
     may be shared with the Boundaries of other graphs of the model: a weight that a nested
@@ -58,12 +67,19 @@ class Boundaries:
         self.casts_inserted = 0
         self.constants_converted = 0
         self.constants_clipped = 0
+        # Weights that lost over 1% of their nonzero elements below the half range (now
+        # zeros): (name, elements lost, nonzero elements). A few tiny values in a trained
+        # weight matter little; a weight initialized at 1e-10 vanishes whole.
+        self.weights_flushed: list[tuple[str, int, int]] = []
 
     def half_constant(self, value: Value, data: np.ndarray) -> Value:
         """A half-dtype initializer holding `value`'s data, beside `value`."""
         if id(value) not in self._consts:
             array, clipped = to_half_array(data, self.half)
             self.constants_clipped += clipped
+            flushed, nonzero = _flushed_to_zero(data, array)
+            if flushed > nonzero // 100:
+                self.weights_flushed.append((value.name, flushed, nonzero))
             converted = (value.graph or self.graph).make_initializer(f"{value.name}_{self.half.short}",
                                                     Tensor(array))
             self._consts[id(value)] = converted

@@ -199,6 +199,7 @@ class ConvertPrecision(Pass):
         inserted = sum(b.casts_inserted for b in boundaries)
         converted = sum(b.constants_converted for b in boundaries)
         clipped = sum(b.constants_clipped for b in boundaries)
+        flushed = [entry for b in boundaries for entry in b.weights_flushed]
         result.count("nodes_converted", chosen_count)
         result.count("casts_inserted", inserted)
         result.count("casts_removed", removed)
@@ -206,6 +207,8 @@ class ConvertPrecision(Pass):
         if clipped:
             ctx.note(f"ConvertPrecision: {clipped} constant element(s) beyond "
                      f"the {half.short} range clipped to its largest finite value")
+        if flushed:
+            ctx.note(_flushed_note(flushed, half))
         if support.emulated:
             ctx.note(f"{options.precision}: onnxruntime's CPU provider has no float16 kernel for "
                      f"{', '.join(sorted(support.emulated))}; it runs them in float32 behind "
@@ -237,6 +240,17 @@ class ConvertPrecision(Pass):
             raise PrecisionError(
                 f"{setting('precision', mode)}: target {target} runs none of the ops mixed precision "
                 f"converts in {dtype} ({_listing(decider.kept_by_target)}); nothing would change")
+
+
+def _flushed_note(flushed: list[tuple[str, int, int]], half: DType) -> str:
+    """Names the weights whose values fell below the half range, worst first."""
+    flushed = sorted(flushed, key=lambda entry: entry[1] / entry[2], reverse=True)
+    shown = ", ".join(f"'{name}' ({'all' if lost == nonzero else f'{lost} of {nonzero}'})"
+                      for name, lost, nonzero in flushed[:3])
+    more = f" and {len(flushed) - 3} more" if len(flushed) > 3 else ""
+    return (f"ConvertPrecision: {len(flushed)} weight(s) lost over 1% of their nonzero values "
+            f"below the {half.short} range, now 0: {shown}{more}; keep their readers float32 "
+            f"with {usage('keep_dtype', 'NODES')} or {usage('precision_deny', 'OPS')}")
 
 
 def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
