@@ -1,8 +1,8 @@
 """accuracy_report: what a precision change (fp16, bf16, mixed, int8, int4) cost, per output.
 
-Both models run on the same feeds (given; the first sample of calibration data, read as
-calibration reads it; or seeded random data in the reference's signature, as `graphopt compare`
-makes them); per output:
+Both models run on the same feeds (given; the first samples of calibration data, read as
+calibration reads them, each output reported on the sample where it agrees least; or seeded
+random data in the reference's signature, as `graphopt compare` makes them); per output:
 - cosine similarity of candidate vs reference (graphopt.tools.compare.compare_arrays);
 - for a float output of rank 3 or more, the worst cosine of its slices along axis 1 (a
   detector's channels, a sequence's positions), with a warning when the whole-tensor cosine
@@ -20,13 +20,14 @@ makes them); per output:
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from graphopt.codegen.feeds import numpy_dtype
-from graphopt.quant.calib_data import CalibrationShapeError, InputSpec, first_sample
+from graphopt.quant.calib_data import CalibrationShapeError, InputSpec, read_calibration
 from graphopt.table import format_table
 from graphopt.tools.compare import compare_arrays, declared_types
 from graphopt.tools.compare_run import (
@@ -120,11 +121,19 @@ def _lm_targets(ref: np.ndarray, feeds: dict) -> tuple[slice, np.ndarray, str]:
     return slice(0, seq), ref.argmax(axis=-1), "reference argmax"
 
 
-def calibration_feeds(path, reference: Side, candidate: Side) -> tuple[dict, str]:
-    """The first sample of the calibration data at `path` (an .npz or a directory, in any layout
-    calibration takes), cast to the inputs' dtypes as calibration casts it, and its label. The
-    dims are the reference's, with those the candidate pins where the reference's are open: of
-    the first of its shape profiles the data fits, when it has several."""
+# The report runs on this many calibration samples at most and shows each output's worst: one
+# sample can hide a flip (Mask2Former's fp16 mask threshold: cosine 0.999998 on the first image,
+# 0.89 on the second).
+REPORT_SAMPLES = 8
+
+
+def calibration_feeds(path, reference: Side, candidate: Side,
+                      limit: int = REPORT_SAMPLES) -> tuple[list[dict], str]:
+    """The first `limit` samples of the calibration data at `path` (an .npz or a directory, in
+    any layout calibration takes), cast to the inputs' dtypes as calibration casts them, and
+    their label. The dims are the reference's, with those the candidate pins where the
+    reference's are open: of the first of its shape profiles the data fits, when it has
+    several."""
     profiles = getattr(candidate.session, "profiles", None) or [None]
     mismatch = None
     for index in range(len(profiles)):
@@ -137,12 +146,18 @@ def calibration_feeds(path, reference: Side, candidate: Side) -> tuple[dict, str
                 specs.append(InputSpec(entry["name"], dtype,
                                        None if shape is None else tuple(shape)))
         try:
-            sample, count = first_sample(path, specs)
+            data = read_calibration(path, specs)
+            samples = list(itertools.islice(data, limit))
         except CalibrationShapeError as exc:
             mismatch = mismatch or exc
             continue
-        path = os.fspath(path)
-        return sample, path if count == 1 else f"{path} (sample 1 of {count})"
+        path, count = os.fspath(path), len(data)
+        if count == 1:
+            return samples, path
+        if len(samples) == 1:
+            return samples, f"{path} (sample 1 of {count})"
+        return samples, (f"{path} (samples 1-{len(samples)} of {count}, each output's worst "
+                         "shown)")
     raise mismatch
 
 
@@ -160,7 +175,7 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
                     input_shapes: dict | str | None = None, calibration=None,
                     reference_label: str | None = None) -> AccuracyReport:
     """Run `reference` and `candidate` (.onnx paths or ModelProtos; the candidate may be an .om
-    path) on `feeds` (a dict or an .npz path), or on the first sample of `calibration` (an .npz
+    path) on `feeds` (a dict or an .npz path), or on the first samples of `calibration` (an .npz
     or a directory of them, as the calibration option takes), or else on seeded random data
     (`input_shapes` pinning dynamic dims), and measure each output as this module's docstring
     says. `reference_label` names a reference given as a ModelProto in the report."""
@@ -169,10 +184,30 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
         ref_side.label = reference_label
     check_signatures(ref_side, cand_side)
     if feeds is None and calibration is not None:
-        feeds, source = calibration_feeds(calibration, ref_side, cand_side)
-        arrays, _ = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
-    else:
-        arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
+        samples, source = calibration_feeds(calibration, ref_side, cand_side)
+        reports = [_measure(ref_side, cand_side, make_feeds(ref_side, cand_side, sample, seed,
+                                                            input_shapes)[0], source)
+                   for sample in samples]
+        return _worst_of(reports)
+    arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
+    return _measure(ref_side, cand_side, arrays, source)
+
+
+def _worst_of(reports: list[AccuracyReport]) -> AccuracyReport:
+    """One report of several samples': each output's row from the sample where its cosine is
+    lowest, and every warning once."""
+    merged = reports[0]
+    for report in reports[1:]:
+        for index, entry in enumerate(report.outputs):
+            kept = merged.outputs[index]
+            if entry.cosine is not None and (kept.cosine is None or entry.cosine < kept.cosine):
+                merged.outputs[index] = entry
+        merged.warnings.extend(w for w in report.warnings if w not in merged.warnings)
+    return merged
+
+
+def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> AccuracyReport:
+    """Run both sides on `arrays` and measure each output as this module's docstring says."""
     half = _reference_names_of_half_tensors(ref_side, cand_side)
     expected = ref_side.run(arrays, [n for n in half if n not in ref_side.outputs])
     actual = cand_side.run(arrays, [])
