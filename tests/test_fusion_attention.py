@@ -638,3 +638,74 @@ def test_a_dynamo_key_path_packs_into_one_attention():
         feeds = {"x": np.random.default_rng(size).normal(size=(2, size, 16)).astype(np.float32)}
         np.testing.assert_allclose(numerics.run(out, feeds)["y"],
                                    numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def _bmm_attention(batch=2, seq=10, heads=4, head=16, bias=False):
+    """Attention as torch.bmm writes it (DETR, SpeechT5, BART-style eager attention): the heads
+    merged into the batch, [batch·heads, seq, head], and the scores biased in that form (a
+    relative-position bias) when `bias`."""
+    rng = np.random.default_rng(5)
+    width = heads * head
+    weights = [numpy_helper.from_array((rng.standard_normal((width, width)) * 0.1).astype(
+        np.float32), f"W{n}") for n in "qkv"]
+    shapes = {"s4": [batch, seq, heads, head], "s3": [batch * heads, seq, head],
+              "s4h": [batch, heads, seq, head], "s3o": [batch, seq, width]}
+    weights += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in shapes.items()]
+    weights.append(numpy_helper.from_array(np.array(head ** -0.5, np.float32), "scale"))
+    node = helper.make_node
+    nodes = []
+    for n in "qkv":
+        nodes += [node("MatMul", ["x", f"W{n}"], [f"{n}0"]),
+                  node("Reshape", [f"{n}0", "s4"], [f"{n}1"]),
+                  node("Transpose", [f"{n}1"], [f"{n}2"], perm=[0, 2, 1, 3]),
+                  node("Reshape", [f"{n}2", "s3"], [f"{n}3"])]
+    nodes += [node("Mul", ["q3", "scale"], ["qs"]),
+              node("Transpose", ["k3"], ["kT"], perm=[0, 2, 1]),
+              node("MatMul", ["qs", "kT"], ["scores"])]
+    if bias:
+        weights.append(numpy_helper.from_array(rng.standard_normal(
+            (batch * heads, seq, seq)).astype(np.float32), "position_bias"))
+        nodes.append(node("Add", ["scores", "position_bias"], ["biased"]))
+    nodes += [node("Softmax", ["biased" if bias else "scores"], ["p"], axis=-1),
+              node("MatMul", ["p", "v3"], ["ctx"]),
+              node("Reshape", ["ctx", "s4h"], ["c1"]),
+              node("Transpose", ["c1"], ["c2"], perm=[0, 2, 1, 3]),
+              node("Reshape", ["c2", "s3o"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "bmm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, width])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_attention_over_merged_heads_fuses_once_the_heads_are_unmerged(bias):
+    # [batch·heads, seq, head] tensors are written on the [batch, heads, seq, head] ones they
+    # were merged from (SimplifyLayout's batched_heads rules), which the attention rules read.
+    proto = _bmm_attention(bias=bias)
+    result = graphopt.optimize(proto)
+    assert [n.qualified_op for n in result.model.graph] == ["com.microsoft::Attention"]
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    feeds = {"x": np.random.default_rng(6).normal(size=(2, 10, 64)).astype(np.float32)}
+    np.testing.assert_allclose(numerics.run(out, feeds)["y"], numerics.run(proto, feeds)["y"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_merged_heads_stay_merged_where_their_shapes_are_not_static():
+    # The batch open: the merge cannot be proven from static shapes.
+    proto = _bmm_attention()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "B"
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "B"
+    targets = {"s4": [0, 0, 4, 16], "s3": [-1, 10, 16], "s4h": [-1, 4, 10, 16], "s3o": [0, 0, 64]}
+    for tensor in proto.graph.initializer:
+        if tensor.name in targets:
+            tensor.CopyFrom(numpy_helper.from_array(np.array(targets[tensor.name], np.int64),
+                                                    tensor.name))
+    result = graphopt.optimize(proto)
+    assert "Softmax" in [n.op_type for n in result.model.graph]
+    rewrites = result.log.totals()["SimplifyLayout"]["rewrites"]
+    assert not any(rule.endswith("MergedHeads") for rule in rewrites), rewrites
+    feeds = {"x": np.random.default_rng(6).normal(size=(3, 10, 64)).astype(np.float32)}
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
+                               numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,210 @@
+"""Attention over merged heads, unmerged: the [batch·heads, seq, dim] form of `torch.bmm`
+attention (DETR, SpeechT5, BART-style `view(bsz * num_heads, -1, head_dim)`) written on the
+[batch, heads, seq, dim] tensors the merge came from, which FuseAttention's rules read.
+
+    MatMul(Reshape(a[p,q,m,k] → [p·q,m,k]), Reshape(b[p,q,k,n] → [p·q,k,n]))
+        = Reshape(MatMul(a, b) → [p·q,m,n])
+    Transpose(Reshape(x[p,q,n,k] → [p·q,n,k]), [0,2,1]) = Reshape(Transpose(x, [0,1,3,2]))
+    Softmax(Reshape(x[p,q,m,n] → [p·q,m,n]), last axis) = Reshape(Softmax(x, last axis))
+    Mul/Div(Reshape(x[p,q,m,n] → [p·q,m,n]), scalar) = Reshape(Mul/Div(x, scalar))
+    Add(Reshape(x[p,q,m,n] → [p·q,m,n]), bias) = Reshape(Add(x, bias split into [p,q,…]))
+
+Each merges only the two leading dims, which row-major order keeps together, and each op works
+on the trailing axes alone, so it commutes with the merge: the same numbers, bit for bit. The
+Reshapes move towards the output, where the one that splits the heads again cancels them
+(EliminateNoOps), and the rank-4 attention that remains fuses. Shapes must be static (a pinned
+model's): the merge is proven from them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import Value
+from graphopt.ir.pattern import Const
+from graphopt.passes.rules import Rule
+
+
+def _merged_heads(x: Value, shape: Value, allowzero: int) -> tuple[int, ...] | None:
+    """x's static [p, q, m, n] when Reshape(x, shape) gives [p·q, m, n]; else None."""
+    dims, target = x.static_shape, shape.constant()
+    if dims is None or len(dims) != 4 or target is None or target.ndim != 1 or len(target) != 3:
+        return None
+    wanted = (dims[0] * dims[1], dims[2], dims[3])
+    resolved = [dims[i] if t == 0 and not allowzero else int(t) for i, t in enumerate(target)]
+    if resolved.count(-1) == 1:
+        known = int(np.prod([d for d in resolved if d != -1]))
+        if known == 0:
+            return None
+        resolved[resolved.index(-1)] = int(np.prod(dims)) // known
+    return tuple(dims) if tuple(resolved) == wanted else None
+
+
+def _merge_of(op, x, shape, name: str):
+    return op.Reshape(x, shape, _name=name)
+
+
+def _scalar(data: np.ndarray) -> bool:
+    return data.size == 1 and data.ndim <= 1
+
+
+def _merge_back(op, value: Value, dims: tuple[int, ...], hint: str, like: Value) -> Value:
+    """`value` [p, q, m, n] (of `like`'s dtype) as [p·q, m, n]. Both are typed here: the rules
+    read static shapes, and a fusion sweep infers none for the values it makes."""
+    value.shape, value.dtype = tuple(dims), like.dtype
+    merged = (dims[0] * dims[1], dims[2], dims[3])
+    out = op.Reshape(value, op.const(np.array(merged, np.int64), f"{hint}_merged_heads"))
+    out.shape, out.dtype = merged, like.dtype
+    return out
+
+
+class _OnMergedHeads(Rule):
+    """Checks shared by the rules: the Reshape bound as `merge` merges x's two leading dims."""
+
+    def check(self, x, into, merge):
+        if _merged_heads(x, into, merge.attr("allowzero", 0)) is None:
+            return "the Reshape does not merge the two leading dims of a static rank-4 tensor"
+        return None
+
+
+def _merge_source(value: Value) -> tuple[Value, tuple[int, ...]] | None:
+    """(x, x's static [p, q, m, n]) when `value` is Reshape(x) merging x's two leading dims."""
+    node = value.producer
+    if node is None or node.op_type != "Reshape" or not node.is_onnx:
+        return None
+    dims = _merged_heads(node.inputs[0], node.inputs[1], node.attr("allowzero", 0))
+    return None if dims is None else (node.inputs[0], dims)
+
+
+def _heads(a: Value, b: Value) -> tuple[int, int] | None:
+    """(p, q) of the operand that merges heads, when both operands are static rank-3 tensors
+    with p·q in their leading dim."""
+    shapes = a.static_shape, b.static_shape
+    if any(s is None or len(s) != 3 for s in shapes) or shapes[0][0] != shapes[1][0]:
+        return None
+    for value in (a, b):
+        source = _merge_source(value)
+        if source is not None:
+            return source[1][:2]
+    return None
+
+
+def _unmerged(op, value: Value, p: int, q: int) -> Value:
+    """`value` [p·q, m, n] as [p, q, m, n]: the tensor it was merged from, or a Reshape."""
+    source = _merge_source(value)
+    if source is not None and source[1][:2] == (p, q):
+        return source[0]
+    dims = (p, q, *value.static_shape[1:])
+    data = value.constant()
+    if data is not None:  # a weight (a bias table) is split now, not by a Reshape at run time
+        return op.const(data.reshape(dims), f"{value.name}_unmerged")
+    out = op.Reshape(value, op.const(np.array(dims, np.int64), "unmerged_heads"))
+    out.shape, out.dtype = dims, value.dtype
+    return out
+
+
+class MatMulOfMergedHeads(Rule):
+    """A batched MatMul where an operand merges heads → the rank-4 MatMul, merged after. The
+    other operand may have come by any way to its [p·q, k, n] (a key's Transpose-then-Reshape
+    that TransposeChain shortened): it is split into [p, q, k, n] by a Reshape."""
+
+    def pattern(self, op, a, b):
+        return op.MatMul(a, b)
+
+    def plausible(self, root):
+        return any(v is not None and v.producer is not None and v.producer.op_type == "Reshape"
+                   for v in root.inputs)
+
+    def check(self, a, b):
+        if _heads(a, b) is None:
+            return "neither operand is a Reshape merging the two leading dims of a static " \
+                   "rank-4 tensor, with both operands static and of rank 3"
+        return None
+
+    def rewrite(self, op, a, b):
+        p, q = _heads(a, b)
+        product = op.MatMul(_unmerged(op, a, p, q), _unmerged(op, b, p, q))
+        return _merge_back(op, product, (p, q, a.static_shape[1], b.static_shape[2]), "matmul",
+                           a)
+
+
+class TransposeOfMergedHeads(_OnMergedHeads):
+    """Transpose(merged heads, [0, 2, 1]) → the rank-4 Transpose of the last two axes, merged."""
+
+    def pattern(self, op, x, into):
+        return op.Transpose(_merge_of(op, x, into, "merge"), perm=[0, 2, 1])
+
+    def rewrite(self, op, x):
+        p, q, m, n = x.static_shape
+        return _merge_back(op, op.Transpose(x, perm=[0, 1, 3, 2]), (p, q, n, m), "transpose", x)
+
+
+class SoftmaxOfMergedHeads(_OnMergedHeads):
+    """Softmax over the last axis of merged heads → the rank-4 Softmax, merged."""
+
+    def pattern(self, op, x, into):
+        return op.Softmax(_merge_of(op, x, into, "merge"), _name="root")
+
+    def check(self, x, into, merge, root, model):
+        # Before opset 13 Softmax flattens from `axis` (default 1); axis 2 of rank 3 is the last
+        # axis alone either way, as is axis -1 from opset 13 (its default).
+        axis = root.attr("axis")
+        if axis not in (2, -1) and not (axis is None and (model.opset("") or 1) >= 13):
+            return f"Softmax over axis {axis}, not the last"
+        return super().check(x, into, merge)
+
+    def rewrite(self, op, x):
+        return _merge_back(op, op.Softmax(x, axis=-1), x.static_shape, "softmax", x)
+
+
+class ScaledMergedHeads(_OnMergedHeads):
+    """Merged heads times or over a scalar → the rank-4 product or quotient, merged."""
+
+    def pattern(self, op, x, into):
+        return op.Mul(_merge_of(op, x, into, "merge"), Const(pred=_scalar, name="scale"))
+
+    def rewrite(self, op, x, scale):
+        return _merge_back(op, op.Mul(x, op.const(scale, "heads_scale")), x.static_shape,
+                           "scaled", x)
+
+
+class DividedMergedHeads(ScaledMergedHeads):
+    """Merged heads over a scalar → the rank-4 quotient, merged."""
+
+    def pattern(self, op, x, into):
+        return op.Div(_merge_of(op, x, into, "merge"), Const(pred=_scalar, name="scale"))
+
+    def rewrite(self, op, x, scale):
+        return _merge_back(op, op.Div(x, op.const(scale, "heads_scale")), x.static_shape,
+                           "divided", x)
+
+
+class BiasOnMergedHeads(_OnMergedHeads):
+    """Merged heads plus a bias (SpeechT5's relative positions) → the rank-4 sum, merged. A
+    bias of [p·q, m, n] is split into [p, q, m, n]; one of [1, m, n] or of rank 2 or less
+    broadcasts over rank 4 as it did over rank 3."""
+
+    def pattern(self, op, x, into, bias):
+        return op.Add(_merge_of(op, x, into, "merge"), bias)
+
+    def check(self, x, into, merge, bias):
+        problem = super().check(x, into, merge)
+        if problem is not None:
+            return problem
+        p, q, m, n = x.static_shape
+        shape = bias.static_shape
+        if shape is None or not (len(shape) <= 2 or shape[0] in (1, p * q) and len(shape) == 3):
+            return f"the bias's shape {shape} is not [p·q, …], [1, …] or of rank 2 or less"
+        if np.broadcast_shapes(shape, (p * q, m, n)) != (p * q, m, n):
+            return f"the bias's shape {shape} would broadcast the sum beyond [{p * q}, {m}, {n}]"
+        return None
+
+    def rewrite(self, op, x, bias):
+        p, q = x.static_shape[:2]
+        shape = bias.static_shape
+        split = _unmerged(op, bias, p, q) if len(shape) == 3 and shape[0] == p * q > 1 else bias
+        return _merge_back(op, op.Add(x, split), x.static_shape, "biased", x)
+
+
+RULES = (MatMulOfMergedHeads, TransposeOfMergedHeads, SoftmaxOfMergedHeads, ScaledMergedHeads,
+         DividedMergedHeads, BiasOnMergedHeads)
