@@ -709,3 +709,19 @@ def test_merged_heads_stay_merged_where_their_shapes_are_not_static():
     feeds = {"x": np.random.default_rng(6).normal(size=(3, 10, 64)).astype(np.float32)}
     np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
                                numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_refusal_of_merged_heads_at_open_shapes_says_how_to_unmerge_them():
+    proto = _bmm_attention()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "B"
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "B"
+    targets = {"s4": [0, 0, 4, 16], "s3": [-1, 10, 16]}
+    for tensor in proto.graph.initializer:
+        if tensor.name in targets:
+            tensor.CopyFrom(numpy_helper.from_array(np.array(targets[tensor.name], np.int64),
+                                                    tensor.name))
+    _, stats, trace = fuse(proto, trace=True)
+    assert stats == {}
+    assert any("are unmerged first where the shapes are static (pin them with input_shapes)"
+               in line for line in trace), trace
+    assert not any("run InferShapes" in line for line in trace), trace

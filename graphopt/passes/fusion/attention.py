@@ -84,8 +84,12 @@ def _same(a, b) -> bool:
 
 def _rank_problem(q4: Value, k: Value, v4: Value) -> str | None:
     shapes = [x.shape for x in (q4, k, v4)]
-    if any(s is None or len(s) != 4 for s in shapes):
-        return f"Q, K, V are not all of rank 4 (shapes {shapes}; run InferShapes)"
+    if any(s is None for s in shapes):
+        return f"the rank of Q, K or V is unknown (shapes {shapes}; run InferShapes)"
+    if any(len(s) != 4 for s in shapes):
+        return (f"Q, K, V are not all of rank 4 (shapes {shapes}); heads merged into the batch "
+                "([batch·heads, seq, dim]) are unmerged first where the shapes are static "
+                f"(pin them with {option('input_shapes')})")
     return None
 
 
