@@ -371,3 +371,16 @@ def test_a_map_output_is_labelled_with_its_declared_value_type(tmp_path):
     graphopt.save(graphopt.optimize(str(source)), om)
     report = accuracy_report(str(source), str(om))
     assert [(o.name, o.kind) for o in report.outputs] == [("y", "seq(map(int64,float32))")]
+
+
+@pytest.mark.parametrize("order", [[0, 1], [1, 0], [0, 2]])
+def test_a_sample_with_non_finite_outputs_is_the_one_reported(tmp_path, order):
+    # Log(Exp(x)) overflows to inf past x = 88: a row without a cosine, or with a note, ranks
+    # below any clean one, so the sample that broke is the one shown.
+    ref = parse_model("g (float[1,4] x) => (float[1,4] y) { y = Identity(x) }")
+    cand = parse_model("g (float[1,4] x) => (float[1,4] y) { e = Exp(x)\n y = Log(e) }")
+    samples = np.array([[[0.1, 0.2, 0.3, 0.4]], [[200., 300., 400., 500.]],
+                        [[0.5, 300., 0.7, 0.8]]], np.float32)
+    np.savez(tmp_path / "c.npz", x=samples[order])
+    (row,) = accuracy_report(ref, cand, calibration=tmp_path / "c.npz").outputs
+    assert "Inf" in row.note

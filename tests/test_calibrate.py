@@ -203,12 +203,18 @@ def test_arrays_of_their_inputs_own_shapes_with_unequal_first_axes_are_one_sampl
     (feed,) = list(data)
     np.testing.assert_array_equal(feed["x"], x)
     np.testing.assert_array_equal(feed["edge_index"], edges)
-    # Inputs that share their first dim have a sample axis: unequal counts stay an error.
-    shared = parse_model("""
-        agraph (float[N, 4] a, float[N, 4] b) => (float[N, 4] y) { y = Add(a, b) }""")
-    np.savez(tmp_path / "c.npz", a=np.zeros((3, 4), np.float32), b=np.zeros((2, 4), np.float32))
-    with pytest.raises(OptionError, match="different sample counts"):
-        read_calibration(tmp_path / "c.npz", load_onnx(shared).graph)
+    # Batch dims, shared or named apart (torch's *_dynamic_axes_1), with no fixed first dim
+    # beside them: samples are stacked, and unequal counts stay an error.
+    for dims in ("N, N", "N, M"):
+        first, second = dims.split(", ")
+        batched = parse_model(f"""
+            agraph (float[{first}, 4] a, float[{second}, 4] b) => (float[{first}, 4] y) {{
+                y = Identity(a)
+            }}""")
+        np.savez(tmp_path / "c.npz", a=np.zeros((3, 4), np.float32),
+                 b=np.zeros((2, 4), np.float32))
+        with pytest.raises(OptionError, match="different sample counts"):
+            read_calibration(tmp_path / "c.npz", load_onnx(batched).graph)
 
 
 @pytest.mark.parametrize("array, message", [

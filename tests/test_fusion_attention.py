@@ -678,16 +678,17 @@ def _bmm_attention(batch=2, seq=10, heads=4, head=16, bias=False):
                              ir_version=IR_VERSION)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_attention_over_merged_heads_fuses_once_the_heads_are_unmerged(bias):
+@pytest.mark.parametrize("bias, batch", [(False, 2), (True, 2), (False, 1), (True, 1)])
+def test_attention_over_merged_heads_fuses_once_the_heads_are_unmerged(bias, batch):
     # [batch·heads, seq, head] tensors are written on the [batch, heads, seq, head] ones they
     # were merged from (SimplifyLayout's batched_heads rules), which the attention rules read.
-    proto = _bmm_attention(bias=bias)
+    # At batch 1 ReshapeChain would fold each merge into its head split first.
+    proto = _bmm_attention(batch=batch, bias=bias)
     result = graphopt.optimize(proto)
     assert [n.qualified_op for n in result.model.graph] == ["com.microsoft::Attention"]
     out = result.to_onnx()
     onnx.checker.check_model(out, full_check=True)
-    feeds = {"x": np.random.default_rng(6).normal(size=(2, 10, 64)).astype(np.float32)}
+    feeds = {"x": np.random.default_rng(6).normal(size=(batch, 10, 64)).astype(np.float32)}
     np.testing.assert_allclose(numerics.run(out, feeds)["y"], numerics.run(proto, feeds)["y"],
                                rtol=1e-5, atol=1e-6)
 
@@ -704,8 +705,7 @@ def test_merged_heads_stay_merged_where_their_shapes_are_not_static():
                                                     tensor.name))
     result = graphopt.optimize(proto)
     assert "Softmax" in [n.op_type for n in result.model.graph]
-    rewrites = result.log.totals()["SimplifyLayout"]["rewrites"]
-    assert not any(rule.endswith("MergedHeads") for rule in rewrites), rewrites
+    assert not result.log.totals().get("UnmergeHeads", {}).get("rewrites")
     feeds = {"x": np.random.default_rng(6).normal(size=(3, 10, 64)).astype(np.float32)}
     np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
                                numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)

@@ -693,8 +693,9 @@ def test_work_inside_if_branches_and_loop_bodies_converts_behind_casts(mode):
 
 def test_mixed_precision_keeps_a_loop_bodys_softmax_float32():
     result = graphopt.optimize(_loop_of_an_rnn_cell(), precision="mixed-fp16")
-    body = onnx.shape_inference.infer_shapes(result.to_onnx())
-    assert ("Softmax", onnx.TensorProto.FLOAT) in _body_ops(body)
+    body = _body_ops(onnx.shape_inference.infer_shapes(result.to_onnx()))
+    assert ("MatMul", onnx.TensorProto.FLOAT16) in body  # the body converts …
+    assert ("Softmax", onnx.TensorProto.FLOAT) in body  # … by mixed precision's lists
 
 
 def test_int4_names_the_matmuls_inside_an_if_it_leaves_as_they_are():
@@ -831,3 +832,40 @@ def test_the_accuracy_report_runs_on_the_inputs_verify_runs_on(tmp_path, capsys)
     assert f"accuracy vs {src} on {feeds}" in stdout and "no accuracy report" not in err
     rc, stdout, err = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16")
     assert rc == 0 and "no accuracy report" in err
+
+
+def test_a_body_matmul_reading_a_transpose_of_the_main_graph_leaves_it_there():
+    # The crash rewrite runs in each graph it converted; a body's float16 MatMul whose
+    # Transpose(1, 0, 2) sits in the main graph is no pair to rewrite (the compile failed with
+    # "not in graph" removing the outer Transpose from the branch).
+    from onnx import TensorProto, helper, numpy_helper
+    f16 = TensorProto.FLOAT16
+    w = numpy_helper.from_array((RNG.standard_normal((32, 16)) * 0.1).astype(np.float16), "w")
+
+    def branch(name):
+        nodes = [helper.make_node("MatMul", ["t", "w"], [f"m_{name}"]),
+                 helper.make_node("Relu", ["z"], [f"r_{name}"]),  # float32 work in the body
+                 helper.make_node("Cast", [f"r_{name}"], [f"h_{name}"], to=f16),
+                 helper.make_node("ReduceSum", [f"h_{name}"], [f"s_{name}"], keepdims=0),
+                 helper.make_node("Add", [f"m_{name}", f"s_{name}"], [f"y_{name}"])]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(
+            f"y_{name}", f16, [2, 5, 16])])
+
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+         helper.make_node("MatMul", ["z", "v"], ["u"]),  # float32 work for the pass to convert
+         helper.make_node("If", ["c"], ["y"], then_branch=branch("a"), else_branch=branch("b"))],
+        "g", [helper.make_tensor_value_info("x", f16, [5, 2, 32]),
+              helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("y", f16, [2, 5, 16]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [3, 4])],
+        [w, numpy_helper.from_array(np.eye(4, dtype=np.float32), "v")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    out = graphopt.optimize(proto, precision="fp16").to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    feeds = {"x": RNG.standard_normal((5, 2, 32)).astype(np.float16), "c": np.array(True),
+             "z": RNG.standard_normal((3, 4)).astype(np.float32)}
+    expected, actual = numerics.run(proto, feeds), numerics.run(out, feeds)
+    np.testing.assert_allclose(actual["y"].astype(np.float32), expected["y"].astype(np.float32),
+                               rtol=2e-2, atol=2e-2)

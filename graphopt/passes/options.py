@@ -15,7 +15,7 @@ class Options:
     level: int = 2                        # optimization level, -O0 … -O3
     disabled_passes: set[str] = field(default_factory=set)
     fold_size_limit: int = 1 << 20        # bytes: FoldConstants never materializes more per value
-    max_iterations: int = 8               # cap on fixed-point sweeps that remove no node
+    max_iterations: int = 8               # fixed-point sweeps; then only ones that remove nodes
     input_shapes: dict[str, list[int]] = field(default_factory=dict)  # ATC-style pins
     # Structural verification after every pass; GRAPHOPT_VERIFY_PASSES=1 turns it on everywhere
     # (the test suite does).

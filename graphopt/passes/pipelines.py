@@ -21,7 +21,9 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # becomes Gemm before Gemm+Relu does, the residual Add fuses into SkipLayerNormalization.
 # Attention follows FuseMatMul, whose FusedMatMul already carries the scale; the Transpose and
 # Reshape pairs it leaves cancel in the next sweep's SimplifyLayout and EliminateNoOps.
-_FUSE = ("SimplifyLayout", "SimplifySlicing", "FuseConvBatchNorm", "FuseLayerNorm", "FuseGelu",
+# UnmergeHeads comes first: at batch 1 SimplifyLayout's ReshapeChain folds a heads merge into
+# the head split, which leaves no rank-4 tensor to unmerge to.
+_FUSE = ("UnmergeHeads", "SimplifyLayout", "SimplifySlicing", "FuseConvBatchNorm", "FuseLayerNorm", "FuseGelu",
          "FuseMatMul", "FuseAttention", "EliminateNoOps", "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs

@@ -4,8 +4,8 @@ files (one sample each), check them against the model's inputs, yield one feed d
 Layouts, for a model input `x` of rank R:
   * one file `calib.npz`: `x` has rank R + 1, samples along its first axis; or rank R when the
     input's first dim is 1 or symbolic, then each slice x[i:i+1] is a sample; but when every
-    array has its input's rank, their first axes differ and so do the inputs' first dims
-    (a graph net's [nodes, 16] and [2, edges]), the file is one sample;
+    array has its input's rank, their first axes differ, and an input's first dim is a fixed
+    size above 1 (a graph net's [nodes, 16] beside [2, edges]), the file is one sample;
   * a directory: every `*.npz` in it (sorted by name) is one sample, `x` of rank R.
 Every non-initializer input needs an array, dims the model fixes must match, float values must
 fit the input's type (a NaN or Inf among finite values is data: a missing value an Imputer
@@ -133,11 +133,15 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
 
 
 def _no_common_sample_axis(arrays, specs: list[InputSpec]) -> bool:
-    """Whether every array has its input's own rank and the inputs' first dims are no one
-    dim (not one symbol, nor 1 everywhere) that samples could be stacked along."""
+    """Whether every array has its input's own rank, the inputs' first dims differ, and one
+    of them is a fixed size above 1 that its array has (edge_index's 2): a first axis no
+    samples are stacked along. Two batch dims of other names (torch's `*_dynamic_axes_1`)
+    with unequal counts stay an error."""
     if not all(s.shape and np.asarray(arrays[s.name]).ndim == len(s.shape) for s in specs):
         return False
-    return len({s.shape[0] for s in specs}) > 1
+    fixed = any(isinstance(s.shape[0], int) and s.shape[0] > 1
+                and np.asarray(arrays[s.name]).shape[0] == s.shape[0] for s in specs)
+    return fixed and len({s.shape[0] for s in specs}) > 1
 
 
 def _one_sample(path: str, specs: list[InputSpec], arrays) -> CalibrationData:

@@ -193,14 +193,21 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
     return _measure(ref_side, cand_side, arrays, source)
 
 
+def _badness(entry: OutputAccuracy) -> tuple[int, float]:
+    """How badly a row agrees, for picking each output's worst sample: a row with a note
+    (non-finite values, a shape or dtype mismatch, a missing output) or a tensor without a
+    cosine ranks below any clean one; then the lower cosine is the worse."""
+    flagged = bool(entry.note) or (entry.cosine is None and entry.shape is not None)
+    return int(flagged), -(entry.cosine if entry.cosine is not None else -1.0)
+
+
 def _worst_of(reports: list[AccuracyReport]) -> AccuracyReport:
-    """One report of several samples': each output's row from the sample where its cosine is
-    lowest, and every warning once."""
+    """One report of several samples': each output's row from the sample where it agrees
+    least (`_badness`), and every warning once."""
     merged = reports[0]
     for report in reports[1:]:
         for index, entry in enumerate(report.outputs):
-            kept = merged.outputs[index]
-            if entry.cosine is not None and (kept.cosine is None or entry.cosine < kept.cosine):
+            if _badness(entry) > _badness(merged.outputs[index]):
                 merged.outputs[index] = entry
         merged.warnings.extend(w for w in report.warnings if w not in merged.warnings)
     return merged

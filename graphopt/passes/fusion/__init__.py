@@ -1,4 +1,5 @@
 """Fusion rule families, one per module; importing this package registers their passes."""
 
 from graphopt.passes.fusion import (  # noqa: F401
-    activation, attention, conv_bn, elementwise, gelu, layernorm, layout, matmul, slicing)
+    activation, attention, batched_heads, conv_bn, elementwise, gelu, layernorm, layout, matmul,
+    slicing)

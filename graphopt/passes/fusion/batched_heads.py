@@ -1,6 +1,6 @@
-"""Attention over merged heads, unmerged: the [batch·heads, seq, dim] form of `torch.bmm`
-attention (DETR, SpeechT5, BART-style `view(bsz * num_heads, -1, head_dim)`) written on the
-[batch, heads, seq, dim] tensors the merge came from, which FuseAttention's rules read.
+"""UnmergeHeads: the [batch·heads, seq, dim] form of `torch.bmm` attention (DETR, SpeechT5,
+BART-style `view(bsz * num_heads, -1, head_dim)`) written on the [batch, heads, seq, dim]
+tensors the merge came from, which FuseAttention's rules read.
 
     MatMul(Reshape(a[p,q,m,k] → [p·q,m,k]), Reshape(b[p,q,k,n] → [p·q,k,n]))
         = Reshape(MatMul(a, b) → [p·q,m,n])
@@ -13,7 +13,9 @@ Each merges only the two leading dims, which row-major order keeps together, and
 on the trailing axes alone, so it commutes with the merge: the same numbers, bit for bit. The
 Reshapes move towards the output, where the one that splits the heads again cancels them
 (EliminateNoOps), and the rank-4 attention that remains fuses. Shapes must be static (a pinned
-model's): the merge is proven from them.
+model's): the merge is proven from them. The pass runs first in each fusion sweep: at batch 1,
+SimplifyLayout's ReshapeChain would otherwise fold the merge into the head split before these
+rules see it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import Value
-from graphopt.ir.pattern import Const
-from graphopt.passes.rules import Rule
+from graphopt.ir.pattern import Const, Match, Miss
+from graphopt.passes.base import register
+from graphopt.passes.rules import HandMatchedRule, Rule, RulePass
 
 
 def _merged_heads(x: Value, shape: Value, allowzero: int) -> tuple[int, ...] | None:
@@ -40,8 +43,9 @@ def _merged_heads(x: Value, shape: Value, allowzero: int) -> tuple[int, ...] | N
     return tuple(dims) if tuple(resolved) == wanted else None
 
 
-def _merge_of(op, x, shape, name: str):
-    return op.Reshape(x, shape, _name=name)
+def _merge_of(op, x, shape, bound_as: str):
+    """A Reshape pattern (of x to shape) whose node the match binds as `bound_as`."""
+    return op.Reshape(x, shape, _name=bound_as)
 
 
 def _scalar(data: np.ndarray) -> bool:
@@ -103,22 +107,31 @@ def _unmerged(op, value: Value, p: int, q: int) -> Value:
     return out
 
 
-class MatMulOfMergedHeads(Rule):
+class MatMulOfMergedHeads(HandMatchedRule):
     """A batched MatMul where an operand merges heads → the rank-4 MatMul, merged after. The
     other operand may have come by any way to its [p·q, k, n] (a key's Transpose-then-Reshape
-    that TransposeChain shortened): it is split into [p, q, k, n] by a Reshape."""
+    that TransposeChain shortened): it is split into [p, q, k, n] by a Reshape. The merging
+    Reshapes only the MatMul reads belong to the match, so they go with it: left for the
+    sweep's EliminateDeadNodes, a merge of a scaled query would still read the Mul, which
+    FuseAttention then could not take into the attention's scale."""
 
-    def pattern(self, op, a, b):
-        return op.MatMul(a, b)
+    root_op = "MatMul"
 
-    def plausible(self, root):
-        return any(v is not None and v.producer is not None and v.producer.op_type == "Reshape"
-                   for v in root.inputs)
+    def match(self, node):
+        if not node.is_onnx or len(node.inputs) != 2 or None in node.inputs:
+            return Miss(node, 0, "not an ONNX MatMul of two inputs")
+        merges = [value.producer for value in node.inputs if _merge_source(value) is not None]
+        if not merges:
+            return Miss(node, 1, "neither operand is a Reshape merging the two leading dims of a "
+                                 "static rank-4 tensor")
+        owned = [m for m in dict.fromkeys(merges)
+                 if len(m.output.uses) == 1 and not m.output.is_graph_output]
+        a, b = node.inputs
+        return Match(node, {"a": a, "b": b, "root": node}, [node] + owned)
 
     def check(self, a, b):
         if _heads(a, b) is None:
-            return "neither operand is a Reshape merging the two leading dims of a static " \
-                   "rank-4 tensor, with both operands static and of rank 3"
+            return "the operands are not both static and of rank 3 with one leading dim"
         return None
 
     def rewrite(self, op, a, b):
@@ -206,5 +219,13 @@ class BiasOnMergedHeads(_OnMergedHeads):
         return _merge_back(op, op.Add(x, split), x.static_shape, "biased", x)
 
 
-RULES = (MatMulOfMergedHeads, TransposeOfMergedHeads, SoftmaxOfMergedHeads, ScaledMergedHeads,
-         DividedMergedHeads, BiasOnMergedHeads)
+@register
+class UnmergeHeads(RulePass):
+    name = "UnmergeHeads"
+    description = ("write attention over merged heads ([batch·heads, seq, dim], torch.bmm's) on "
+                   "the [batch, heads, seq, dim] tensors it was merged from (static shapes)")
+    rules = (MatMulOfMergedHeads, TransposeOfMergedHeads, SoftmaxOfMergedHeads,
+             ScaledMergedHeads, DividedMergedHeads, BiasOnMergedHeads)
+
+
+__all__ = ["UnmergeHeads"]

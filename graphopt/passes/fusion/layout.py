@@ -18,7 +18,7 @@ Reshape of Flatten/Squeeze/Unsqueeze); none of them changes an element, so neith
 
 Longer chains of Reshapes and Transposes that only split and merge axes (ReshapeChain,
 TransposeChain) are shortened in layout_chain. Attention over merged heads ([batch·heads, seq,
-dim], torch.bmm's form) is written on the unmerged tensors in batched_heads.
+dim], torch.bmm's form) is unmerged before, by UnmergeHeads (batched_heads).
 
 Axes come from the `axes` attribute before opset 13 and from a constant input from opset 13 on.
 """
@@ -31,7 +31,6 @@ from graphopt.ir import Node, Value
 from graphopt.ir.pattern import Attr, Optional, Var
 from graphopt.passes.base import register
 from graphopt.passes.edit import can_take_over
-from graphopt.passes.fusion import batched_heads
 from graphopt.passes.fusion.layout_chain import ReshapeChain, TransposeChain
 from graphopt.passes.rules import Rule, RulePass
 
@@ -223,10 +222,9 @@ class SimplifyLayout(RulePass):
     name = "SimplifyLayout"
     description = "compose Transpose chains, cancel Squeeze/Unsqueeze pairs, merge Unsqueezes, " \
                   "skip layout ops feeding a Reshape, shorten Reshape/Transpose chains that " \
-                  "split and merge axes, unmerge the heads of bmm-style attention"
+                  "split and merge axes"
     rules = (TransposeOfTranspose, UnsqueezeOfSqueeze, SqueezeOfUnsqueeze, UnsqueezeOfUnsqueeze,
-             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze, ReshapeChain,
-             TransposeChain) + batched_heads.RULES
+             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze, ReshapeChain, TransposeChain)
 
 
 __all__ = ["SimplifyLayout"]

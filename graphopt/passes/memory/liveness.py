@@ -113,8 +113,8 @@ def _dynamic_shape_hint(value: Value) -> str:
     if root is not None and all(v.static_shape is not None or v.is_constant
                                 for v in root.inputs):
         return (f"; every input is static already: the shape depends on values the model "
-                f"computes at run time, which {option('input_shapes')} cannot pin (at -O0/-O1 "
-                "or with FoldConstants off, -O2's shape folding may still size it)")
+                f"computes at run time, which {option('input_shapes')} cannot pin (unless the "
+                "compile left shapes unfolded: -O0/-O1, or FoldConstants off)")
     return (f"; pin the input shapes ({option('input_shapes')}), and let -O2's shape folding "
             "run (a shape computed at run time stays unknown at -O0/-O1 or with FoldConstants "
             "off)")

@@ -80,8 +80,8 @@ class Boundaries:
             flushed, nonzero = _flushed_to_zero(data, array)
             if flushed > nonzero // 100:
                 self.weights_flushed.append((value.name, flushed, nonzero))
-            converted = (value.graph or self.graph).make_initializer(f"{value.name}_{self.half.short}",
-                                                    Tensor(array))
+            owner = value.graph or self.graph
+            converted = owner.make_initializer(f"{value.name}_{self.half.short}", Tensor(array))
             self._consts[id(value)] = converted
             self.constants_converted += 1
         return self._consts[id(value)]

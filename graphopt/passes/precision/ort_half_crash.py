@@ -31,7 +31,9 @@ def _swapped_input(matmul: Node) -> Node | None:
     if w is None or w.const is None or w.shape is None or len(w.shape) != 2:
         return None
     transpose = a.producer if a is not None else None
-    if transpose is None or transpose.op_type != "Transpose" or not transpose.is_onnx \
+    # A Transpose of an enclosing graph (a body's MatMul reading it) stays where it is.
+    if transpose is None or transpose.graph is not matmul.graph \
+            or transpose.op_type != "Transpose" or not transpose.is_onnx \
             or list(transpose.attr("perm") or []) != _BATCH_SWAP:
         return None
     return transpose
