@@ -58,11 +58,6 @@ def _listed(node: Node, op_types) -> bool:
     return not op_spellings(node).isdisjoint(op_types)
 
 
-def _computes_float(node: Node) -> bool:
-    return node.op_type != "Constant" and any(
-        v is not None and v.dtype == DType.FLOAT for v in node.outputs)
-
-
 def _listing(counts: Counter) -> str:
     return ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(counts.items()))
 
