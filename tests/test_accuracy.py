@@ -181,9 +181,11 @@ def test_an_output_is_reported_on_the_sample_where_it_agrees_least(tmp_path):
     samples[0, 0, 0] = 0.0
     np.savez(tmp_path / "c.npz", x=samples)
     report = accuracy_report(ref, cand, calibration=tmp_path / "c.npz")
-    assert report.outputs[0].cosine < 0.99
+    assert report.outputs[0].cosine < 0.99 and report.outputs[0].sample == 2
+    assert "sample" in report.format().splitlines()[1]  # the column names the row's sample
     first_only = accuracy_report(ref, cand, {"x": samples[0]})
     assert first_only.outputs[0].cosine == pytest.approx(1.0)
+    assert first_only.outputs[0].sample is None and "sample" not in first_only.format()
 
 
 def test_reference_label_names_a_reference_given_as_a_proto():

@@ -54,6 +54,7 @@ class OutputAccuracy:
     targets: str = ""                  # "input_ids" or "reference argmax"
     note: str = ""
     worst_slice: tuple[float, int] | None = None  # (cosine, index) of the worst [:, i]
+    sample: int | None = None          # which calibration sample the row is from (1-based)
 
     @property
     def perplexity_change(self) -> float | None:
@@ -88,9 +89,10 @@ class AccuracyReport:
                 f"{o.worst_slice[0]:.6f} at [:,{o.worst_slice[1]}]"
             rows.append([o.name, shape, o.kind,
                          "" if o.cosine is None else f"{o.cosine:.6f}", worst,
-                         "" if o.top1 is None else f"{100 * o.top1:.1f}%", ppl, o.note])
+                         "" if o.top1 is None else f"{100 * o.top1:.1f}%", ppl,
+                         "" if o.sample is None else str(o.sample), o.note])
         headers = ["output", "shape", "kind", "cosine", "worst slice", "top-1 agree",
-                   "perplexity", "note"]
+                   "perplexity", "sample", "note"]
         # The other columns only where some output has one (top-1 not for a detector's).
         kept = [i for i in range(len(headers)) if i < 4 or any(r[i] for r in rows)]
         headers, rows = [headers[i] for i in kept], [[r[i] for i in kept] for r in rows]
@@ -188,7 +190,7 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
         reports = [_measure(ref_side, cand_side, make_feeds(ref_side, cand_side, sample, seed,
                                                             input_shapes)[0], source)
                    for sample in samples]
-        return _worst_of(reports)
+        return _worst_of(reports) if len(reports) > 1 else reports[0]
     arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
     return _measure(ref_side, cand_side, arrays, source)
 
@@ -203,7 +205,12 @@ def _badness(entry: OutputAccuracy) -> tuple[int, float]:
 
 def _worst_of(reports: list[AccuracyReport]) -> AccuracyReport:
     """One report of several samples': each output's row from the sample where it agrees
-    least (`_badness`), and every warning once."""
+    least (`_badness`), numbered, and every sample's warnings, each naming its sample."""
+    for number, report in enumerate(reports, 1):
+        for entry in report.outputs:
+            entry.sample = number
+        # A warning names its sample: it speaks of that sample's row, which may not be shown.
+        report.warnings[:] = [f"sample {number}: {w}" for w in report.warnings]
     merged = reports[0]
     for report in reports[1:]:
         for index, entry in enumerate(report.outputs):
