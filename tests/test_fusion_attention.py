@@ -693,20 +693,42 @@ def test_attention_over_merged_heads_fuses_once_the_heads_are_unmerged(bias, bat
                                rtol=1e-5, atol=1e-6)
 
 
-def test_merged_heads_stay_merged_where_their_shapes_are_not_static():
-    # The batch open: the merge cannot be proven from static shapes.
-    proto = _bmm_attention()
+def _open_batch(proto, targets):
+    """`proto` with its batch open and the Reshape targets `targets` (0s and -1s)."""
     proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "B"
     proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "B"
-    targets = {"s4": [0, 0, 4, 16], "s3": [-1, 10, 16], "s4h": [-1, 4, 10, 16], "s3o": [0, 0, 64]}
     for tensor in proto.graph.initializer:
         if tensor.name in targets:
             tensor.CopyFrom(numpy_helper.from_array(np.array(targets[tensor.name], np.int64),
                                                     tensor.name))
+    return proto
+
+
+def test_attention_over_merged_heads_at_an_open_batch_fuses_whole():
+    # The merges and the split are proven from the targets ([-1, 10, 16] of [B, 4, 10, 16] is
+    # [4·B, 10, 16]): MergedHeadsAttention writes the whole attention on the rank-4 tensors,
+    # where the op-by-op rules would need run-time targets to merge back.
+    proto = _open_batch(_bmm_attention(), {"s4": [0, 0, 4, 16], "s3": [-1, 10, 16],
+                                           "s4h": [-1, 4, 10, 16], "s3o": [0, 0, 64]})
     result = graphopt.optimize(proto)
-    assert "Softmax" in [n.op_type for n in result.model.graph]
+    assert result.log.totals()["UnmergeHeads"]["rewrites"] == {"MergedHeadsAttention": 1}
+    assert "Softmax" not in [n.op_type for n in result.model.graph]
+    assert any("Attention" in n.op_type for n in result.model.graph)
+    for batch in (1, 3):
+        feeds = {"x": np.random.default_rng(batch).normal(size=(batch, 10, 64)).astype(
+            np.float32)}
+        np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
+                                   numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_split_that_does_not_match_the_merge_stays():
+    # The context split as [B, 2, 20, 16] is no inverse of the [4·B, 10, 16] merge.
+    proto = _open_batch(_bmm_attention(), {"s4": [0, 0, 4, 16], "s3": [-1, 10, 16],
+                                           "s4h": [-1, 2, 20, 16], "s3o": [0, -1, 64]})
+    proto.graph.node[-2].attribute[0].ints[:] = [0, 2, 1, 3]
+    result = graphopt.optimize(proto)
     assert not result.log.totals().get("UnmergeHeads", {}).get("rewrites")
-    feeds = {"x": np.random.default_rng(6).normal(size=(3, 10, 64)).astype(np.float32)}
+    feeds = {"x": np.random.default_rng(6).normal(size=(2, 10, 64)).astype(np.float32)}
     np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
                                numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)
 
@@ -725,3 +747,66 @@ def test_a_refusal_of_merged_heads_at_open_shapes_says_how_to_unmerge_them():
     assert any("are unmerged first where the shapes are static (pin them with input_shapes)"
                in line for line in trace), trace
     assert not any("run InferShapes" in line for line in trace), trace
+
+
+def _masked_bmm_attention(batch=2, seq=10, heads=4, head=16):
+    """BART-style eager attention at an open batch: the merged scores split to
+    [B, heads, seq, seq] by a run-time target, a padding mask added there, merged back."""
+    proto = _open_batch(_bmm_attention(batch, seq, heads, head),
+                        {"s4": [0, 0, heads, head], "s3": [-1, seq, head],
+                         "s4h": [-1, heads, seq, head], "s3o": [0, 0, heads * head]})
+    graph = proto.graph
+    node = helper.make_node
+    scores_at = [i for i, n in enumerate(graph.node) if n.output[0] == "scores"][0]
+    graph.node.insert(scores_at + 1, node("Reshape", ["scores", "split4"], ["scores4"]))
+    graph.node.insert(scores_at + 2, node("Add", ["scores4", "mask"], ["masked4"]))
+    graph.node.insert(scores_at + 3, node("Reshape", ["masked4", "merge3"], ["masked"]))
+    for n in graph.node:
+        if n.op_type == "Softmax":
+            n.input[0] = "masked"
+    graph.node.insert(0, node("Shape", ["x"], ["xshape"], start=0, end=1))
+    graph.node.insert(1, node("Mul", ["xshape", "heads"], ["bh"]))
+    graph.node.insert(2, node("Concat", ["xshape", "tail4"], ["split4"], axis=0))
+    graph.node.insert(3, node("Concat", ["bh", "tail3"], ["merge3"], axis=0))
+    graph.input.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT,
+                                                     ["B", 1, 1, seq]))
+    graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+                              {"heads": [heads], "tail4": [heads, seq, seq],
+                               "tail3": [seq, seq]}.items()])
+    return proto
+
+
+def test_masked_attention_over_merged_heads_at_an_open_batch_fuses_whole():
+    proto = _masked_bmm_attention()
+    onnx.checker.check_model(proto, full_check=True)
+    result = graphopt.optimize(proto)
+    assert result.log.totals()["UnmergeHeads"]["rewrites"] == {"MergedHeadsAttention": 1}
+    assert "Softmax" not in [n.op_type for n in result.model.graph]
+    for batch in (1, 3):
+        rng = np.random.default_rng(batch)
+        mask = np.zeros((batch, 1, 1, 10), np.float32)
+        mask[..., 7:] = MIN  # padding keys
+        feeds = {"x": rng.normal(size=(batch, 10, 64)).astype(np.float32), "mask": mask}
+        np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
+                                   numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("open_batch", [False, True])
+def test_a_softmax_over_more_than_the_last_axis_stays_merged(open_batch):
+    # Opset 12's Softmax without an axis flattens from axis 1: over both seq axes of the
+    # merged [batch·heads, seq, seq] scores, which no rank-4 Softmax over the last axis is.
+    proto = _bmm_attention()
+    if open_batch:
+        proto = _open_batch(proto, {"s4": [0, 0, 4, 16], "s3": [-1, 10, 16],
+                                    "s4h": [-1, 4, 10, 16], "s3o": [0, 0, 64]})
+    proto.opset_import[0].version = 12
+    for n in proto.graph.node:
+        if n.op_type == "Softmax":
+            del n.attribute[:]
+    result = graphopt.optimize(proto)
+    rewrites = result.log.totals().get("UnmergeHeads", {}).get("rewrites", {})
+    assert "SoftmaxOfMergedHeads" not in rewrites and "MergedHeadsAttention" not in rewrites
+    assert "Softmax" in [n.op_type for n in result.model.graph]
+    feeds = {"x": np.random.default_rng(6).normal(size=(2, 10, 64)).astype(np.float32)}
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
+                               numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)

@@ -264,7 +264,7 @@ def proven_dims(value: Value, equal: Equalities, depth: int = 8) -> list[Dim] | 
         found = [x[p] for p in perm] if x is not None and sorted(perm) == list(range(len(x))) \
             else None
     elif node.op_type == "Reshape":
-        found = _reshaped(node, proven_dims(node.input(0), equal, depth - 1),
+        found = reshaped(node, proven_dims(node.input(0), equal, depth - 1),
                           lambda v: proven_dims(v, equal, depth - 1))
     elif node.op_type == "Concat":
         found = _concatenated(node, [None if v is None else proven_dims(v, equal, depth - 1)
@@ -305,7 +305,7 @@ def _concatenated(node, parts: list, equal: Equalities) -> list[Dim | None] | No
     return out
 
 
-def _reshaped(node, x: list[Dim] | None, dims_of: Dims) -> list[Dim | None] | None:
+def reshaped(node, x: list[Dim] | None, dims_of: Dims) -> list[Dim | None] | None:
     """The output dims of Reshape `node` whose input has dims `x` (None: unknown), each None
     where it is not proven; None when the target cannot be read or would be refused."""
     target = node.input(1)

@@ -26,6 +26,7 @@ from graphopt.ir import Value
 from graphopt.ir.pattern import Const, Match, Miss
 from graphopt.passes.base import register
 from graphopt.passes.rules import HandMatchedRule, Rule, RulePass
+from graphopt.passes.symbolic_dims import Equalities, proven_dims, reshaped, times
 
 
 def _merged_heads(x: Value, shape: Value, allowzero: int) -> tuple[int, ...] | None:
@@ -60,6 +61,16 @@ def _merge_back(op, value: Value, dims: tuple[int, ...], hint: str, like: Value)
     out = op.Reshape(value, op.const(np.array(merged, np.int64), f"{hint}_merged_heads"))
     out.shape, out.dtype = merged, like.dtype
     return out
+
+
+def _not_last_axis(softmax, model) -> str | None:
+    """Why a Softmax of a rank-3 tensor is not over its last axis alone (None when it is).
+    Before opset 13 Softmax flattens from `axis` (default 1); axis 2 of rank 3 is the last
+    axis alone either way, as is -1 (the default from opset 13)."""
+    axis = softmax.attr("axis")
+    if axis in (2, -1) or axis is None and (model.opset("") or 1) >= 13:
+        return None
+    return f"the Softmax runs over axis {axis}, not the last"
 
 
 class _OnMergedHeads(Rule):
@@ -159,12 +170,7 @@ class SoftmaxOfMergedHeads(_OnMergedHeads):
         return op.Softmax(_merge_of(op, x, into, "merge"), _name="root")
 
     def check(self, x, into, merge, root, model):
-        # Before opset 13 Softmax flattens from `axis` (default 1); axis 2 of rank 3 is the last
-        # axis alone either way, as is axis -1 from opset 13 (its default).
-        axis = root.attr("axis")
-        if axis not in (2, -1) and not (axis is None and (model.opset("") or 1) >= 13):
-            return f"Softmax over axis {axis}, not the last"
-        return super().check(x, into, merge)
+        return _not_last_axis(root, model) or super().check(x, into, merge)
 
     def rewrite(self, op, x):
         return _merge_back(op, op.Softmax(x, axis=-1), x.static_shape, "softmax", x)
@@ -219,13 +225,163 @@ class BiasOnMergedHeads(_OnMergedHeads):
         return _merge_back(op, op.Add(x, split), x.static_shape, "biased", x)
 
 
+def _proven_merge(value: Value, equal: Equalities) -> tuple[Value, list] | None:
+    """(x, x's dims) when `value` is Reshape(x) merging the two leading dims of a rank-4 x, as
+    the ops that computed the target prove it: open dims too (symbolic_dims)."""
+    node = value.producer
+    if node is None or node.op_type != "Reshape" or not node.is_onnx:
+        return None
+    x = node.inputs[0]
+    dims, out = proven_dims(x, equal), proven_dims(value, equal)
+    if dims is None or out is None or len(dims) != 4 or len(out) != 3:
+        return None
+    if equal.same(out[0], times(dims[0], dims[1])) and equal.same(out[1], dims[2]) \
+            and equal.same(out[2], dims[3]):
+        return x, dims
+    return None
+
+
+def _producer(value: Value | None, op_type: str):
+    """The ONNX `op_type` node computing `value`, or None."""
+    node = value.producer if value is not None else None
+    return node if node is not None and node.op_type == op_type and node.is_onnx else None
+
+
+def _split_dims(reshape, merged: list, equal: Equalities) -> list | None:
+    """The dims of `reshape`'s output, its input's being `merged` (derived, where inference
+    named the product's dims afresh): a -1 is resolved against them."""
+    found = reshaped(reshape, merged, lambda v: proven_dims(v, equal))
+    return None if found is None or any(d is None for d in found) else found
+
+
+def _scaled_by(value: Value) -> tuple[str, Value, Value] | None:
+    """(op type, scalar constant, x) when `value` is x · s (either order) or x / s."""
+    node = value.producer
+    if node is None or not node.is_onnx or node.op_type not in ("Mul", "Div"):
+        return None
+    order = [(0, 1), (1, 0)] if node.op_type == "Mul" else [(0, 1)]
+    for x, s in order:
+        data = node.inputs[s].constant()
+        if data is not None and data.size == 1 and data.ndim <= 1:
+            return node.op_type, node.inputs[s], node.inputs[x]
+    return None
+
+
+def _splits(out, heads, merged, equal: Equalities) -> bool:
+    """Whether dims `out` are [p, q, m, n] for `heads`' p, q and `merged`'s [p·q, m, n]."""
+    return out is not None and merged is not None and len(out) == 4 and len(merged) == 3 \
+        and equal.same(out[0], heads[0]) and equal.same(out[1], heads[1]) \
+        and equal.same(out[2], merged[1]) and equal.same(out[3], merged[2])
+
+
+class MergedHeadsAttention(HandMatchedRule):
+    """A whole attention over merged heads, from the Reshape that splits its context back into
+    [batch, heads, seq, dim], written on the rank-4 tensors: for open dims, which the op-by-op
+    rules cannot merge back without run-time targets. Merges and the split are proven from the
+    Shape arithmetic that builds their targets.
+
+        Reshape(MatMul(Softmax([Reshape(Add(Reshape(S), mask))] | S), merge(V)))  →
+            MatMul(Softmax([Add(S4, mask)] | S4), V),  S = MatMul(merge(Q)[·s], Transpose(merge(K)))
+                                                       S4 = MatMul(Q[·s], Transpose(K, [0,1,3,2]))
+    """
+
+    root_op = "Reshape"
+
+    def match(self, node):
+        found = self._structure(node)
+        if isinstance(found, str):
+            return Miss(node, 0, found)
+        return Match(node, found, [node])
+
+    @staticmethod
+    def _structure(node) -> dict | str:
+        if not node.is_onnx:
+            return "not an ONNX Reshape"
+        context = _producer(node.inputs[0], "MatMul")
+        if context is None:
+            return "the Reshape does not split a MatMul's product"
+        weights, v3 = context.inputs
+        softmax = _producer(weights, "Softmax")
+        if softmax is None:
+            return "the product's left operand is not a Softmax"
+        scores, mask, merged_scores, split_scores = softmax.inputs[0], None, None, None
+        remerge = _producer(scores, "Reshape")
+        add = _producer(remerge.inputs[0], "Add") if remerge is not None else None
+        if add is not None:  # scores split to [B, N, S, T], masked there, and merged again
+            split = next((_producer(v, "Reshape") for v in add.inputs
+                          if _producer(v, "Reshape") is not None), None)
+            if split is None:
+                return "the masked scores are not a split of merged scores"
+            mask = add.inputs[1] if add.inputs[0] is split.output else add.inputs[0]
+            merged_scores, split_scores, scores = remerge.output, split.output, split.inputs[0]
+        product = _producer(scores, "MatMul")
+        if product is None:
+            return "the scores are not a MatMul"
+        q3, kt3 = product.inputs
+        q_scale = _scaled_by(q3)
+        if q_scale is not None:  # q·s or q/s, s a scalar constant
+            q3 = q_scale[2]
+        transpose = _producer(kt3, "Transpose")
+        if transpose is None or list(transpose.attr("perm") or []) != [0, 2, 1]:
+            return "the key is not transposed by [0, 2, 1]"
+        return {"root": node, "q3": q3, "q_scale": q_scale, "k3": transpose.inputs[0], "v3": v3,
+                "softmax": softmax, "mask": mask,
+                "scores": scores, "split_scores": split_scores, "merged_scores": merged_scores,
+                "context": context.output}
+
+    def check(self, root, q3, k3, v3, softmax, mask, split_scores, merged_scores, model):
+        problem = _not_last_axis(softmax, model)
+        if problem:
+            return problem
+        equal = Equalities()
+        merges = [_proven_merge(v, equal) for v in (q3, k3, v3)]
+        if any(m is None for m in merges):
+            return "Q, K or V is not a Reshape proven to merge a rank-4 tensor's leading dims"
+        (_, qd), (_, kd), (_, vd) = merges
+        if not all(equal.same(a[i], b[i]) for a, b in ((qd, kd), (qd, vd)) for i in (0, 1)):
+            return "Q, K and V do not merge the same batch and heads"
+        # The products' dims follow from their operands' (a MatMul runs only where they agree).
+        heads = times(qd[0], qd[1])
+        context_dims, score_dims = [heads, qd[2], vd[3]], [heads, qd[2], kd[2]]
+        if not _splits(_split_dims(root, context_dims, equal), qd, context_dims, equal):
+            return "the Reshape does not split the context into the merged batch and heads"
+        if mask is None:
+            return None
+        if not _splits(_split_dims(split_scores.producer, score_dims, equal), qd, score_dims,
+                       equal):
+            return "the masked scores are not split into the merged batch and heads"
+        # Merged back to the scores' own dims, the masked sum has their element count: the mask
+        # broadcast nothing, so it adds to the rank-4 scores as it did.
+        merged = proven_dims(merged_scores, equal)
+        if merged is None or len(merged) != 3 or not all(equal.same(a, b)
+                                                         for a, b in zip(merged, score_dims)):
+            return "the masked scores are not merged back to the scores' own dims"
+        return None
+
+    def rewrite(self, op, root, q3, q_scale, k3, v3, mask, context):
+        equal = Equalities()
+        q4, k4, v4 = (_proven_merge(v, equal)[0] for v in (q3, k3, v3))
+        if q_scale is not None:
+            op_type, scale, _ = q_scale
+            q4 = getattr(op, op_type)(q4, scale)
+        kt4 = op.Transpose(k4, perm=[0, 1, 3, 2])
+        if k4.shape is not None:
+            kt4.shape, kt4.dtype = (*k4.shape[:2], k4.shape[3], k4.shape[2]), k4.dtype
+        scores = op.MatMul(q4, kt4)
+        if mask is not None:
+            scores = op.Add(scores, mask)
+        out = op.MatMul(op.Softmax(scores, axis=-1), v4)
+        out.dtype = context.dtype
+        return out
+
+
 @register
 class UnmergeHeads(RulePass):
     name = "UnmergeHeads"
     description = ("write attention over merged heads ([batch·heads, seq, dim], torch.bmm's) on "
                    "the [batch, heads, seq, dim] tensors it was merged from (static shapes)")
-    rules = (MatMulOfMergedHeads, TransposeOfMergedHeads, SoftmaxOfMergedHeads,
-             ScaledMergedHeads, DividedMergedHeads, BiasOnMergedHeads)
+    rules = (MergedHeadsAttention, MatMulOfMergedHeads, TransposeOfMergedHeads,
+             SoftmaxOfMergedHeads, ScaledMergedHeads, DividedMergedHeads, BiasOnMergedHeads)
 
 
 __all__ = ["UnmergeHeads"]
