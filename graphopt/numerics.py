@@ -94,9 +94,11 @@ def ort_reason(error: Exception, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def optimized_by_onnxruntime(model: ModelProto, level: str) -> ModelProto:
-    """`model` as onnxruntime's CPU provider rewrites it at `level` (its optimized model, read
-    back; weights included, so only for models small enough to copy)."""
+def optimized_by_onnxruntime(model: ModelProto, level: str,
+                             disabled_optimizers: list[str] | None = None) -> ModelProto:
+    """`model` as onnxruntime's CPU provider rewrites it at `level`, without the
+    `disabled_optimizers` (its optimized model, read back; weights included, so only for
+    models small enough to copy)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = LEVELS[level]
     options.intra_op_num_threads = options.inter_op_num_threads = 1
@@ -104,7 +106,8 @@ def optimized_by_onnxruntime(model: ModelProto, level: str) -> ModelProto:
     with tempfile.TemporaryDirectory(prefix="graphopt-ort-") as folder:
         options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
         ort.InferenceSession(model.SerializeToString(), options,
-                             providers=["CPUExecutionProvider"])
+                             providers=["CPUExecutionProvider"],
+                             disabled_optimizers=disabled_optimizers or None)
         return onnx.load(options.optimized_model_filepath)
 
 

@@ -9,7 +9,7 @@ import pytest
 from graphopt.errors import OptionError
 from graphopt.ir import load_onnx
 from graphopt.quant import calibrate, read_calibration
-from graphopt.quant.calib_data import check_calibration, first_sample, model_inputs
+from graphopt.quant.calib_data import check_calibration, model_inputs
 from graphopt.quant.stats import TensorStats, entropy_threshold, mse_range, percentile_range
 from tests.helpers import parse_model
 
@@ -257,7 +257,8 @@ def test_first_sample_of_every_layout_cast_as_calibration_casts(tmp_path, layout
     else:
         np.savez(path, x=samples if layout == "samples" else samples[:, 0])
     specs = model_inputs(load_onnx(_relu_model()).graph)
-    sample, count = first_sample(path, specs)
+    data = read_calibration(path, specs)
+    sample, count = next(iter(data)), len(data)
     assert count == 4 and sample["x"].dtype == np.float32
     np.testing.assert_array_equal(sample["x"], samples[0].astype(np.float32))
 

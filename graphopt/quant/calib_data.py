@@ -204,13 +204,6 @@ def check_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
     return data
 
 
-def first_sample(path: str | os.PathLike, specs: list[InputSpec]) -> tuple[dict, int]:
-    """The first sample of calibration data for inputs `specs`, read and cast as calibration
-    reads it, and the number of samples."""
-    data = read_calibration(path, specs)
-    return next(iter(data)), len(data)
-
-
 def _load(file: str) -> dict[str, np.ndarray]:
     try:
         data = np.load(file, allow_pickle=False)

@@ -177,25 +177,23 @@ class SoftmaxOfMergedHeads(_OnMergedHeads):
 
 
 class ScaledMergedHeads(_OnMergedHeads):
-    """Merged heads times or over a scalar → the rank-4 product or quotient, merged."""
+    """Merged heads times a scalar → the rank-4 product, merged."""
+
+    op_type = "Mul"
 
     def pattern(self, op, x, into):
-        return op.Mul(_merge_of(op, x, into, "merge"), Const(pred=_scalar, name="scale"))
+        return getattr(op, self.op_type)(_merge_of(op, x, into, "merge"),
+                                         Const(pred=_scalar, name="scale"))
 
     def rewrite(self, op, x, scale):
-        return _merge_back(op, op.Mul(x, op.const(scale, "heads_scale")), x.static_shape,
-                           "scaled", x)
+        scaled = getattr(op, self.op_type)(x, op.const(scale, "heads_scale"))
+        return _merge_back(op, scaled, x.static_shape, self.op_type.lower(), x)
 
 
 class DividedMergedHeads(ScaledMergedHeads):
     """Merged heads over a scalar → the rank-4 quotient, merged."""
 
-    def pattern(self, op, x, into):
-        return op.Div(_merge_of(op, x, into, "merge"), Const(pred=_scalar, name="scale"))
-
-    def rewrite(self, op, x, scale):
-        return _merge_back(op, op.Div(x, op.const(scale, "heads_scale")), x.static_shape,
-                           "divided", x)
+    op_type = "Div"
 
 
 class BiasOnMergedHeads(_OnMergedHeads):
@@ -262,7 +260,7 @@ def _scaled_by(value: Value) -> tuple[str, Value, Value] | None:
     order = [(0, 1), (1, 0)] if node.op_type == "Mul" else [(0, 1)]
     for x, s in order:
         data = node.inputs[s].constant()
-        if data is not None and data.size == 1 and data.ndim <= 1:
+        if data is not None and _scalar(data):
             return node.op_type, node.inputs[s], node.inputs[x]
     return None
 
@@ -325,9 +323,8 @@ class MergedHeadsAttention(HandMatchedRule):
         if transpose is None or list(transpose.attr("perm") or []) != [0, 2, 1]:
             return "the key is not transposed by [0, 2, 1]"
         return {"root": node, "q3": q3, "q_scale": q_scale, "k3": transpose.inputs[0], "v3": v3,
-                "softmax": softmax, "mask": mask,
-                "scores": scores, "split_scores": split_scores, "merged_scores": merged_scores,
-                "context": context.output}
+                "softmax": softmax, "mask": mask, "split_scores": split_scores,
+                "merged_scores": merged_scores, "context": context.output}
 
     def check(self, root, q3, k3, v3, softmax, mask, split_scores, merged_scores, model):
         problem = _not_last_axis(softmax, model)
