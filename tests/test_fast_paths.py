@@ -109,8 +109,8 @@ def test_exact_feeds_shortcut_agrees_with_the_general_checks(tmp_path):
     graphopt.save(graphopt.optimize(proto, target="cpu"), tmp_path / "m.om")
     fast = graphopt.load(tmp_path / "m.om")
     slow = graphopt.load(tmp_path / "m.om")
-    slow._exact = slow._direct = None
-    assert fast._exact is not None and fast._direct is not None
+    slow._plain = slow._direct = None
+    assert fast._plain is not None and fast._direct is not None
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 4
     for name, make in FEED_VARIANTS.items():
         outcomes = []
@@ -120,3 +120,47 @@ def test_exact_feeds_shortcut_agrees_with_the_general_checks(tmp_path):
             except GraphoptError as exc:
                 outcomes.append(str(exc))
         assert outcomes[0] == outcomes[1], name
+
+
+OPEN_FEED_VARIANTS = {
+    "plain": lambda x, y: {"x": x, "y": y},
+    "other sizes": lambda x, y: {"x": x[:1], "y": y[:1, :2]},
+    "empty batch": lambda x, y: {"x": x[:0], "y": y[:0]},
+    "batch disagrees": lambda x, y: {"x": x[:1], "y": y},
+    "numbered dim": lambda x, y: {"x": x[:, :3], "y": y},
+    "rank": lambda x, y: {"x": x[None], "y": y},
+    "dtype": lambda x, y: {"x": x, "y": y.astype(np.float64)},
+    "list": lambda x, y: {"x": x.tolist(), "y": y},  # float64 to numpy
+    "missing": lambda x, y: {"x": x},
+    "extra": lambda x, y: {"x": x, "y": y, "z": y},
+}
+
+
+def test_plain_feeds_shortcut_at_open_dims_agrees_with_the_general_checks(tmp_path):
+    # At symbolic dims, the shortcut checks rank, numbered dims and the dims two inputs name
+    # alike; whatever it lets through or sends on must meet what the general checks decide.
+    import graphopt
+    from graphopt.errors import GraphoptError
+
+    proto = parse_model("""
+        g (float[N,4] x, float[N,M] y) => (float[N,4] s, float[N,M] t) {
+            s = Relu(x)
+            t = Neg(y)
+        }""")
+    graphopt.save(graphopt.optimize(proto, target="cpu"), tmp_path / "m.om")
+    fast = graphopt.load(tmp_path / "m.om")
+    slow = graphopt.load(tmp_path / "m.om")
+    slow._plain = slow._direct = None
+    assert fast._plain is not None and fast._direct is not None
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 4
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for name, make in OPEN_FEED_VARIANTS.items():
+        outcomes = []
+        for session in (fast, slow):
+            try:
+                outcomes.append({k: v.tolist() for k, v in session.run(make(x, y)).items()})
+            except GraphoptError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1], name
+        refused = {"batch disagrees", "numbered dim", "rank", "dtype", "list", "missing", "extra"}
+        assert isinstance(outcomes[0], str) == (name in refused), name

@@ -254,7 +254,7 @@ def test_bf16_runs_in_the_runtime_and_numerics_as_onnxruntime_does(bf16):
     onnx_path, om_path = bf16
     expected = _bf16_reference(_bf16(), BF16_X)
     session = graphopt.load(om_path)
-    assert session._exact is not None  # the exact-feeds shortcut still applies
+    assert session._plain is not None  # the plain-feeds shortcut still applies
     got = session.run({"x": BF16_X})["y"]
     assert got.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
