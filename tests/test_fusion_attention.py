@@ -61,7 +61,7 @@ class Graph:
 
 
 def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fill=MIN,
-              probs_output=False, shared_keys=False, scale=None):
+              probs_output=False, shared_keys=False, scale=None, nan_guard=False):
     """One self-attention block on x [B,S,D]: projections, head split, scores, mask, softmax,
     context, head merge; `form` spells the scale, `mask` the mask."""
     g = Graph()
@@ -112,7 +112,22 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
         lower = g.op("Equal", g.op("Trilu", ones, upper=0), g.const(np.ones(()), np.float32))
         scores = g.op("Add", scores, g.op("Where", lower, g.const(np.zeros(()), np.float32),
                                           g.const(fill)))
+    elif mask == "always_true":  # transformers' mask for a model without one, at the batch
+        batch = g.op("Shape", x, start=0, end=1)
+        keep = g.op("Expand", g.const(np.ones((1, 1, S, 1)), np.bool_),
+                    g.op("Concat", batch, g.const([1, S, S], np.int64), axis=0))
+        scores = g.op("Add", scores, g.op("Where", keep, g.const(0.0), g.const(fill)))
+    elif mask.startswith("positions_from"):  # its audio models': position >= 0, at run time
+        start = int(mask.rsplit("_", 1)[1])
+        seq = g.op("Gather", g.op("Shape", x), g.const(1, np.int64), axis=0)
+        positions = g.op("Range", g.const(start, np.int64),
+                         g.op("Add", seq, g.const(start, np.int64)), g.const(1, np.int64))
+        keep = g.op("GreaterOrEqual", g.op("Unsqueeze", positions, g.const([0, 1, 2], np.int64)),
+                    g.const(0, np.int64))
+        scores = g.op("Add", scores, g.op("Where", keep, g.const(0.0), g.const(fill)))
     probs = g.op("Softmax", scores, axis=softmax_axis)
+    if nan_guard:  # PyTorch's scaled_dot_product_attention export
+        probs = g.op("Where", g.op("IsNaN", probs), g.const(0.0), probs)
     ctx = g.op("Transpose", g.op("MatMul", probs, v), perm=[0, 2, 1, 3])
     y = g.op("Reshape", ctx, g.const([B, S, D], np.int64))
     return g.model([y, probs] if probs_output else [y])
@@ -477,14 +492,16 @@ def test_sequence_first_attention_fuses_into_fewer_nodes_than_the_export():
         assert not problems, (dims, problems)
 
 
-def dynamic_attention(style="torchscript", key_batch_from=None):
+def dynamic_attention(style="torchscript", key_batch_from=None, seq_from_heads=False):
     """One self-attention block over x [batch, seq, D] with every head split and merge read
     from x's shape at run time, as the exporters write it with dynamic axes.
 
     torchscript: x.view(B, -1, N, H) with B = Shape(x)[0]: ONNX's inference names each -1 (the
     sequence of Q, K and V) afresh. bart: x.view(B, S, -1, H) with allowzero (the dynamo
     exporter's): the head count is the unknown. `key_batch_from` names another input whose
-    Shape gives K's B instead, which proves nothing about K's sequence."""
+    Shape gives K's B instead, which proves nothing about K's sequence. `seq_from_heads` reads
+    the merge's sequence length off Q's split heads, as the TorchScript export of
+    scaled_dot_product_attention does."""
     g = Graph()
     x = g.input("x", TensorProto.FLOAT, ["batch", "seq", D])
     mask = g.input("mask", TensorProto.FLOAT, ["batch", 1, 1, "seq"])
@@ -517,7 +534,9 @@ def dynamic_attention(style="torchscript", key_batch_from=None):
     ctx = g.op("Transpose", g.op("MatMul", g.op("Softmax", scores, axis=-1), v),
                perm=[0, 2, 1, 3])
     last = g.const([-1], np.int64) if style == "bart" else g.const([D], np.int64)
-    y = g.op("Reshape", ctx, g.op("Concat", dim(x, 0), dim(x, 1), last, axis=0),
+    seq = dim(x, 1) if not seq_from_heads else g.op(
+        "Unsqueeze", g.op("Gather", g.op("Shape", q), g.const(2, np.int64), axis=0), zero)
+    y = g.op("Reshape", ctx, g.op("Concat", dim(x, 0), seq, last, axis=0),
              **({"allowzero": 1} if style == "bart" else {}))
     graph = helper.make_graph(g.nodes, f"attention_{style}", g.inputs,
                               [helper.make_tensor_value_info(y, TensorProto.FLOAT,
@@ -810,3 +829,110 @@ def test_a_softmax_over_more_than_the_last_axis_stays_merged(open_batch):
     feeds = {"x": np.random.default_rng(6).normal(size=(2, 10, 64)).astype(np.float32)}
     np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
                                numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def _guarded_heads(b=2, n=2, s=3, h=4):
+    """softmax(Q·Kᵀ/2 + M), its NaN rows zeroed as PyTorch's SDPA export does, times V; Q, K,
+    V and the additive mask M are inputs, so no projection can be packed."""
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["q", "kt"], ["sc"]),
+         helper.make_node("Div", ["sc", "d"], ["sd"]), helper.make_node("Add", ["sd", "m"], ["ms"]),
+         helper.make_node("Softmax", ["ms"], ["p"], axis=-1),
+         helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pz"]),
+         helper.make_node("MatMul", ["pz", "v"], ["y"])], "g",
+        [vi("q", TensorProto.FLOAT, [b, n, s, h]), vi("kt", TensorProto.FLOAT, [b, n, h, s]),
+         vi("v", TensorProto.FLOAT, [b, n, s, h]), vi("m", TensorProto.FLOAT, [b, 1, 1, s])],
+        [vi("y", TensorProto.FLOAT, [b, n, s, h])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "d"),
+         numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+def _op_counts(proto) -> dict[str, int]:
+    from collections import Counter
+
+    return Counter(f"{node.domain}::{node.op_type}" for node in proto.graph.node)
+
+
+def _assert_same_with_nans(expected, actual):
+    for name, want in expected.items():
+        got = actual[name]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
+        np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-5,
+                                   atol=1e-5, err_msg=name)
+
+
+NAN_GUARD_CASES = ["plain", "every key masked", "NaN query", "NaN value", "inf value"]
+
+
+@pytest.mark.parametrize("case", NAN_GUARD_CASES)
+def test_a_nan_guarded_softmax_fuses_and_keeps_its_zero_rows(case):
+    # Where(IsNaN(P), 0, P) · V: a row whose every key is masked with -inf (or whose scores
+    # hold a NaN) is 0, not NaN; the fused op's NaN there is zeroed again, unless V's column
+    # holds a NaN or ±inf, where the guarded P·V is NaN as well (0·inf).
+    proto = _guarded_heads()
+    optimized = graphopt.optimize(proto).to_onnx()
+    counts = _op_counts(optimized)
+    assert counts[MHA] == 1 and "::Softmax" not in counts, counts
+    rng = np.random.default_rng(21)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32)
+             for name, shape in (("q", (2, 2, 3, 4)), ("kt", (2, 2, 4, 3)), ("v", (2, 2, 3, 4)))}
+    feeds["m"] = np.zeros((2, 1, 1, 3), np.float32)
+    if case == "every key masked":
+        feeds["m"][1] = -np.inf
+    elif case == "NaN query":
+        feeds["q"][0, 1, 2, 0] = np.nan
+    elif case == "NaN value":
+        feeds["v"][1, 0, 1, 3] = np.nan
+        feeds["m"][1, ..., 1:] = -np.inf  # the NaN's key masked: P·V is still NaN (0·NaN)
+    elif case == "inf value":
+        feeds["v"][0, 1, 0, 2] = np.inf
+        feeds["m"][0] = -np.inf  # every row of batch 0 zeroed: 0·inf is NaN in that column
+    expected = numerics.run(proto, feeds)
+    if case != "plain":
+        assert np.isnan(numerics.run(proto, feeds)["y"]).any() == case.endswith("value")
+    _assert_same_with_nans(expected, numerics.run(optimized, feeds))
+
+
+@pytest.mark.parametrize("case", ["plain", "every key masked", "NaN input"])
+def test_a_nan_guarded_self_attention_packs_its_projections(case):
+    # The packed Attention computes V inside: the guard reads it from the `present` output.
+    proto = attention("div", "add", nan_guard=True)
+    optimized = graphopt.optimize(proto).to_onnx()
+    counts = _op_counts(optimized)
+    assert counts["com.microsoft::Attention"] == 1 and MHA not in counts, counts
+    feeds = feeds_for(proto)
+    if case == "every key masked":
+        feeds["mask"][1] = -np.inf
+    elif case == "NaN input":
+        feeds["x"][0, 2, 1] = np.nan
+    _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
+
+
+@pytest.mark.parametrize("mask, dropped", [("always_true", True), ("positions_from_0", True),
+                                           ("positions_from_-1", False)])
+def test_a_mask_that_masks_nothing_is_dropped(mask, dropped):
+    # A mask built at run time is left unfused on the CPU (building the bias costs more than
+    # the fusion saves), unless it provably adds 0 to every score: then there is nothing to
+    # build. Range(-1, …) ≥ 0 masks the first key, so it is a real mask.
+    proto = attention("div", mask, nan_guard=True)
+    for axis, name in enumerate(("batch", "seq")):  # a mask folds to a constant at static dims
+        proto.graph.input[0].type.tensor_type.shape.dim[axis].dim_param = name
+    optimized = graphopt.optimize(proto).to_onnx()
+    counts = _op_counts(optimized)
+    assert (counts[MHA] + counts["com.microsoft::Attention"] == 1) == dropped, counts
+    if dropped:  # the one Where left zeroes NaN rows (the guard)
+        assert not {"::Expand", "::Range"} & set(counts) and counts["::Where"] == 1, counts
+    feeds = {"x": np.random.default_rng(5).standard_normal((B, S, D)).astype(np.float32)}
+    _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
+
+
+def test_a_sequence_read_off_the_split_heads_still_lets_the_projections_pack():
+    # ReadShapesUpstream reads it off x instead: nothing else keeps Q's projection alive.
+    proto = dynamic_attention("torchscript", seq_from_heads=True)
+    optimized = graphopt.optimize(proto).model
+    counts = _op_counts(to_onnx(optimized))
+    assert counts["com.microsoft::Attention"] == 1 and counts["::MatMul"] == 0, counts
+    check_at_two_sizes(proto, optimized)

@@ -136,3 +136,43 @@ def test_two_numbers_are_never_joined():
     equal.join((1, ("N",)), (4, ()))
     equal.join((1, ("N",)), (8, ()))
     assert equal.number((1, ("N",))) == 4 and not equal.same((4, ()), (8, ()))
+
+
+ROTARY = """
+        heads = Constant <value_ints = [-1, 16]> ()
+        s = Shape <end = 2> (x)
+        t = Concat <axis = 0> (s, heads)
+        split = Reshape <allowzero = 1> (x, t)
+        q = Transpose <perm = [0, 2, 1, 3]> (split)
+        lo = Constant <value_ints = [0]> ()
+        mid = Constant <value_ints = [8]> ()
+        hi = Constant <value_ints = [16]> ()
+        last = Constant <value_ints = [3]> ()
+        first_half = Slice(q, lo, mid, last)
+        second_half = Slice(q, mid, hi, last)
+        negated = Neg(second_half)
+        rotated = Concat <axis = -1> (negated, first_half)
+        a = Mul(q, cos)
+        b = Mul(rotated, sin)
+        y = Add(a, b)"""
+
+
+def test_rotary_embeddings_keep_the_head_count_of_the_split():
+    # Llama's dynamo export: inference loses the head count through Slice, Neg, Mul and Add
+    # (each names it afresh); the elementwise ops keep or broadcast their inputs' dims.
+    dims, equal, inferred = proven("float[B, S, 64] x, float[1, 1, S, 16] cos, "
+                                   "float[1, 1, S, 16] sin", ROTARY)
+    assert dims == [(1, ("B",)), (4, ()), (1, ("S",)), (16, ())]
+    assert inferred[1] != (4, ()) and equal.number(inferred[1]) == 4
+
+
+@pytest.mark.parametrize("cos_type, known", [
+    ("float[1, 1, S, 16] cos", True),
+    ("float[1, H, S, 16] cos", True),    # H is 1 or 4 where the model runs: the sum has 4
+    ("float[1, 1, T, 16] cos", False),   # S or T could be 1 at run time: the sum's is unknown
+])
+def test_a_broadcast_dim_is_known_where_no_input_may_widen_it(cos_type, known):
+    dims, _, _ = proven(f"float[B, S, 64] x, {cos_type}, float[1, 1, S, 16] sin",
+                        ROTARY.replace("y = Add(a, b)", "y = Mul(q, cos)"))
+    assert dims[1] == (4, ())
+    assert (dims[2] == (1, ("S",))) == known

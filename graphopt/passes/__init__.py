@@ -1,7 +1,7 @@
 """Passes, pipelines and the pass manager; importing this package registers every pass."""
 
 from graphopt.passes import cleanup, fold_constants, fold_shapes, fusion, infer_shapes, inline_if, layout_nchwc, noops  # noqa: F401,E501
-from graphopt.passes import ort_names, precision, winograd  # noqa: F401
+from graphopt.passes import ort_names, precision, shape_upstream, winograd  # noqa: F401
 from graphopt.passes.base import PASSES, Pass, PassContext, PassResult, register
 from graphopt.passes.manager import PassLog, PassManager, PassRecord
 from graphopt.passes.options import Options

@@ -78,6 +78,29 @@ def _masked(op, scores):
                  op.Where(Var("drop"), fill, scores), scores)
 
 
+def _nan_guarded(op, probs):
+    """probs, or Where(IsNaN(probs), 0, probs), bound as `nan_guard`: PyTorch's export of
+    scaled_dot_product_attention zeroes the probabilities of a row that came out NaN (every key
+    masked with -inf, or a NaN score), so that row of P·V is 0 rather than NaN."""
+    return OneOf(op.Where(op.IsNaN(probs), Const(0.0), probs, _name="nan_guard"), probs)
+
+
+def _zero_nan_rows(op, out: Value, v: Value) -> Value:
+    """The fused attention's `out` [B,S,N·Hv] as the guarded P·V gives it: where a row of
+    probabilities was NaN, out is NaN, and P·V is 0 there, or NaN where V's column (over the
+    keys) holds a NaN or ±inf (0·inf). z = Σ_T 0·V is exactly that, 0 or NaN per column, so
+    Where(IsNaN(out), z, out). Elsewhere out is the same P·V."""
+    zeros = op.Mul(v, op.const(np.array(0, out.dtype.numpy)))
+    zeros.dtype, zeros.shape = out.dtype, v.shape  # read by PackedGuardedSelfAttention's checks
+    if (op.model.opset("") or 1) >= 13:
+        column = op.ReduceSum(zeros, op.const(np.array([1])), keepdims=1)
+    else:
+        column = op.ReduceSum(zeros, axes=[1], keepdims=1)
+    guarded = op.Where(op.IsNaN(out), column, out)
+    guarded.dtype, guarded.shape = out.dtype, out.shape
+    return guarded
+
+
 def _same(a, b) -> bool:
     return a is not None and a == b
 
@@ -155,6 +178,68 @@ def _shape_derived(value: Value, limit: int = 64) -> bool:
     return True
 
 
+# Ops whose output holds only values of their first input (rearranged, repeated).
+_REARRANGING = ("Expand", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Transpose")
+
+
+def _at_least(value: Value, bound: float, depth: int = 8) -> bool:
+    """Whether every element of `value` is provably ≥ bound: a constant, or a Range from a
+    start ≥ bound upwards (positions), through ops that only rearrange it."""
+    data = value.constant()
+    if data is not None:
+        return data.dtype.kind in "iuf" and bool(np.all(data >= bound))
+    node = value.producer
+    if depth == 0 or node is None or not node.is_onnx:
+        return False
+    if node.op_type in _REARRANGING:
+        return node.input(0) is not None and _at_least(node.input(0), bound, depth - 1)
+    if node.op_type == "Range":
+        start, delta = (v.constant() if v is not None else None for v in
+                        (node.input(0), node.input(2)))
+        return start is not None and delta is not None and start.size == delta.size == 1 \
+            and float(start.reshape(-1)[0]) >= bound and float(delta.reshape(-1)[0]) > 0
+    return False
+
+
+def _all_true(value: Value, depth: int = 8) -> bool:
+    """Whether a bool `value` is provably true everywhere: a constant, x ≥ c where x is at
+    least c (a padding mask over positions that never pads, as transformers builds for models
+    without one), an And of such, through ops that only rearrange it."""
+    data = value.constant()
+    if data is not None:
+        return data.dtype == np.bool_ and bool(np.all(data))
+    node = value.producer
+    if depth == 0 or node is None or not node.is_onnx:
+        return False
+    if node.op_type in _REARRANGING:
+        return node.input(0) is not None and _all_true(node.input(0), depth - 1)
+    if node.op_type == "And":
+        return all(v is not None and _all_true(v, depth - 1) for v in node.inputs)
+    if node.op_type == "GreaterOrEqual":
+        bound = node.input(1).constant() if node.input(1) is not None else None
+        return bound is not None and bound.size == 1 and bound.dtype.kind in "iuf" \
+            and _at_least(node.input(0), float(bound.reshape(-1)[0]), depth - 1)
+    return False
+
+
+def _adds_nothing(mask: Value | None, keep: Value | None) -> bool:
+    """Whether the mask leaves every score as it is: an additive mask that is 0 everywhere
+    (Where(always true, 0, fill), or a zero constant), or a Where keeping every score. Adding
+    0 before Softmax changes nothing, not even a -0.0 (exp(±0) = 1)."""
+    if keep is not None:
+        return _all_true(keep)
+    if mask is None:
+        return False
+    data = mask.constant()
+    if data is not None:
+        return bool(np.all(data == 0))
+    node = mask.producer
+    if node is None or not node.is_onnx or node.op_type != "Where" or node.input(0) is None:
+        return False
+    zero = node.input(1).constant() if node.input(1) is not None else None
+    return zero is not None and bool(np.all(zero == 0)) and _all_true(node.input(0))
+
+
 def _on_cpu(target, *values: Value) -> bool:
     """Whether onnxruntime's CPU provider would run a MultiHeadAttention over `values`: without
     a target, or when the target's device for it is a CPU. That is its primary device if it has
@@ -227,7 +312,7 @@ class ScaledDotProductAttention(Rule):
 
     def pattern(self, op, q4, k, v4):
         probs = op.Softmax(_masked(op, _scores(op, q4, k)), axis=Attr("axis"))
-        return op.MatMul(probs, v4)
+        return op.MatMul(_nan_guarded(op, probs), v4)
 
     def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, alpha=1.0, q_scale=None,
               k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None):
@@ -249,6 +334,9 @@ class ScaledDotProductAttention(Rule):
         problem = unsafe_scale(scale, "scale")
         if problem:
             return problem
+        if _adds_nothing(mask, keep):  # fused without it, where it broadcasts no further
+            return _bias_problem(mask if mask is not None else keep,
+                                 [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2]))
         if fill is not None and not float(fill.reshape(-1)[0]) <= SWALLOWING_FILL:
             return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a number " \
                    "that swallows any score (float32's lowest): score + fill is then not " \
@@ -273,7 +361,8 @@ class ScaledDotProductAttention(Rule):
                              [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2]))
 
     def rewrite(self, op, q4, k, v4, trans_b=0, alpha=1.0, q_scale=None, k_scale=None,
-                mul=None, div=None, mask=None, keep=None, drop=None, fill=None, **_):
+                mul=None, div=None, mask=None, keep=None, drop=None, fill=None, nan_guard=None,
+                **_):
         dims, equal = _head_dims(q4, k, v4, trans_b)
         (b, n, s, h), _, (_, _, t, hv) = dims
         b, s, t = equal.entry(b), equal.entry(s), equal.entry(t)
@@ -282,10 +371,14 @@ class ScaledDotProductAttention(Rule):
         q = _merged(op, q4, MERGE_Q, n * h, equal)
         k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h, equal)
         v = _merged(op, v4, MERGE_Q, n * hv, equal)
+        if _adds_nothing(mask, keep):
+            mask = keep = None
         bias = _attention_bias(op, q4.dtype, (s, t), q, v, mask, keep, drop, fill)
         inputs = [q, k, v] + ([None, None, bias] if bias is not None else [])
         out = op.MultiHeadAttention(*inputs, _domain=MS, num_heads=n, scale=scale)
         out.dtype, out.shape = q4.dtype, (b, s, n * hv)
+        if nan_guard is not None:
+            out = _zero_nan_rows(op, out, v)
         heads = op.Reshape(out, op.const(np.array([0, 0, n, hv])))
         heads.dtype, heads.shape = q4.dtype, (b, s, n, hv)
         return op.Transpose(heads, perm=list(MERGE_Q))
@@ -356,6 +449,16 @@ def _projection(op, x, w, b):
     return OneOf(op.Add(op.MatMul(x, w), b), op.MatMul(x, w))
 
 
+def _self_attention(op, x, wq, wk, wv, bq, bk, bv, bias, v=None):
+    """MultiHeadAttention over x's projections (`v`, when given, the V projection's pattern)."""
+    return op.MultiHeadAttention(
+        _projection(op, x, wq, bq), _projection(op, x, wk, bk),
+        v if v is not None else _projection(op, x, wv, bv),
+        None, None, Optional(bias), _domain=MS, num_heads=Attr("heads"),
+        scale=Attr("scale"), unidirectional=Attr("causal", 0),
+        mask_filter_value=Attr("filter", None, pred=lambda v: v is None))
+
+
 class PackedSelfAttention(Rule):
     """MultiHeadAttention over x·Wq, x·Wk, x·Wv (+ biases) → Attention with [Wq|Wk|Wv] packed.
 
@@ -365,11 +468,7 @@ class PackedSelfAttention(Rule):
     dtypes = (DType.FLOAT,)
 
     def pattern(self, op, x, wq, wk, wv, bq, bk, bv, bias):
-        return op.MultiHeadAttention(
-            _projection(op, x, wq, bq), _projection(op, x, wk, bk), _projection(op, x, wv, bv),
-            None, None, Optional(bias), _domain=MS, num_heads=Attr("heads"),
-            scale=Attr("scale"), unidirectional=Attr("causal", 0),
-            mask_filter_value=Attr("filter", None, pred=lambda v: v is None))
+        return _self_attention(op, x, wq, wk, wv, bq, bk, bv, bias)
 
     def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
         if x.shape is None or len(x.shape) != 3:
@@ -385,7 +484,11 @@ class PackedSelfAttention(Rule):
         return None
 
     def rewrite(self, op, x, wq, wk, wv, heads, scale, causal, bq=None, bk=None, bv=None,
-                bias=None):
+                bias=None, **_):
+        return self.packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias)
+
+    @staticmethod
+    def packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias, outputs=1):
         weights = np.concatenate([w.constant() for w in (wq, wk, wv)], axis=1)
         biases = np.concatenate([np.zeros(w.shape[1], weights.dtype) if b is None
                                  else b.constant() for w, b in ((wq, bq), (wk, bk), (wv, bv))])
@@ -393,7 +496,42 @@ class PackedSelfAttention(Rule):
             if wv.shape[1] != wq.shape[1] else {}
         extra = [None, None, bias] if bias is not None else []
         return op.Attention(x, op.const(weights), op.const(biases), *extra, _domain=MS,
-                            num_heads=heads, scale=scale, unidirectional=causal, **sizes)
+                            _outputs=outputs, num_heads=heads, scale=scale,
+                            unidirectional=causal, **sizes)
+
+
+class PackedGuardedSelfAttention(PackedSelfAttention):
+    """PackedSelfAttention where the NaN rows of the MultiHeadAttention are zeroed from V's
+    columns (_zero_nan_rows): V, which the packed Attention computes inside, comes from its
+    `present` output ([2, B, N, T, H], K then V), so the guard stays exact."""
+
+    def pattern(self, op, x, wq, wk, wv, bq, bk, bv, bias, axes):
+        v = _projection(op, x, wv, bv)
+        attention = _self_attention(op, x, wq, wk, wv, bq, bk, bv, bias, v=v)
+        zeros = op.Mul(v, Const(0.0))
+        column = OneOf(op.ReduceSum(zeros, Var("axes", const=True), keepdims=1),
+                       op.ReduceSum(zeros, axes=[1], keepdims=1))
+        return op.Where(op.IsNaN(attention), column, attention)
+
+    def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None, axes=None):
+        if axes is not None and axes.constant().reshape(-1).tolist() != [1]:
+            return f"the guard sums V over axes {axes.constant().tolist()}, not the keys' [1]"
+        return super().check(x, wq, wk, wv, bq, bk, bv)
+
+    def rewrite(self, op, x, wq, wk, wv, heads, scale, causal, bq=None, bk=None, bv=None,
+                bias=None, **_):
+        out, present = self.packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias,
+                                   outputs=2)
+        v = op.Gather(present, op.const(np.array(1)), axis=0)  # [B, N, T, H]
+        zeros = op.Mul(v, op.const(np.array(0, wv.dtype.numpy)))
+        if (op.model.opset("") or 1) >= 13:
+            column = op.ReduceSum(zeros, op.const(np.array([2])), keepdims=1)
+        else:
+            column = op.ReduceSum(zeros, axes=[2], keepdims=1)
+        # [B, N, 1, H] → [B, 1, N·H], beside out's [B, S, N·H]
+        merged = op.Reshape(op.Transpose(column, perm=list(MERGE_Q)),
+                            op.const(np.array([0, 0, wv.shape[1]])))
+        return op.Where(op.IsNaN(out), merged, out)
 
 
 @register
@@ -401,7 +539,7 @@ class FuseAttention(RulePass):
     name = "FuseAttention"
     description = "scaled dot-product attention (scale, padding/causal masks) into " \
                   "MultiHeadAttention; Q/K/V projections packed into Attention"
-    rules = (ScaledDotProductAttention, PackedSelfAttention)
+    rules = (ScaledDotProductAttention, PackedGuardedSelfAttention, PackedSelfAttention)
 
 
 __all__ = ["FuseAttention"]
