@@ -91,14 +91,17 @@ def _zero_nan_rows(op, out: Value, v: Value) -> Value:
     keys) holds a NaN or ±inf (0·inf). z = Σ_T 0·V is exactly that, 0 or NaN per column, so
     Where(IsNaN(out), z, out). Elsewhere out is the same P·V."""
     zeros = op.Mul(v, op.const(np.array(0, out.dtype.numpy)))
-    zeros.dtype, zeros.shape = out.dtype, v.shape  # read by PackedGuardedSelfAttention's checks
-    if (op.model.opset("") or 1) >= 13:
-        column = op.ReduceSum(zeros, op.const(np.array([1])), keepdims=1)
-    else:
-        column = op.ReduceSum(zeros, axes=[1], keepdims=1)
-    guarded = op.Where(op.IsNaN(out), column, out)
+    zeros.dtype, zeros.shape = out.dtype, v.shape  # the rule framework's broadcast check reads it
+    guarded = op.Where(op.IsNaN(out), _summed(op, zeros, 1), out)
     guarded.dtype, guarded.shape = out.dtype, out.shape
     return guarded
+
+
+def _summed(op, x: Value, axis: int) -> Value:
+    """ReduceSum of x over `axis`, kept: its axes are an input from opset 13 on."""
+    if (op.model.opset("") or 1) >= 13:
+        return op.ReduceSum(x, op.const(np.array([axis])), keepdims=1)
+    return op.ReduceSum(x, axes=[axis], keepdims=1)
 
 
 def _same(a, b) -> bool:
@@ -276,10 +279,9 @@ def _bias_problem(m: Value, bns: list, t) -> str | None:
     return None
 
 
-def _merged(op, x4: Value, merge: tuple[int, ...], width: int, equal: Equalities) -> Value:
-    """x4 with its heads merged, [B,S,N·H]: the model's own x3 when x4 = Transpose(Reshape(x3))
-    splits exactly that (the Reshape's leading dims are x3's, as inferred or proven), else
-    Reshape(Transpose(x4, merge))."""
+def _own_merge(x4: Value, merge: tuple[int, ...], width: int, equal: Equalities) -> Value | None:
+    """The model's own x3 [B,S,N·H] when x4 = Transpose(Reshape(x3)) splits exactly that (the
+    Reshape's leading dims are x3's, as inferred or proven), else None."""
     split = x4.producer
     split_perm = tuple(int(i) for i in np.argsort(merge))
     if split is not None and split.op_type == "Transpose" and split.is_onnx \
@@ -292,7 +294,50 @@ def _merged(op, x4: Value, merge: tuple[int, ...], width: int, equal: Equalities
             for r in (value_dims(split.inputs[0]), proven_dims(split.inputs[0], equal)):
                 if r is not None and all(equal.same(a, b) for a, b in zip(r[:2], own)):
                     return x3
+    return None
+
+
+def _widening(m: Value, bnst: list) -> str | None:
+    """Why a mask of zeros cannot just be dropped: it would broadcast the scores
+    [B, N, S, T] (`bnst` their entries) to more dims or larger ones."""
+    if m.shape is None or len(m.shape) > 4 or not all(
+            dim == 1 or _fits(dim, want)
+            for dim, want in zip(m.shape, bnst[4 - len(m.shape):])):
+        return f"the mask %{m.name} of shape {m.shape} adds 0, but broadcasts the scores " \
+               f"[{', '.join(map(str, bnst))}] further"
+    return None
+
+
+def _merged(op, x4: Value, merge: tuple[int, ...], width: int, equal: Equalities) -> Value:
+    """x4 with its heads merged, [B,S,N·H]: the model's own (_own_merge), else
+    Reshape(Transpose(x4, merge))."""
+    own = _own_merge(x4, merge, width, equal)
+    if own is not None:
+        return own
     return op.Reshape(op.Transpose(x4, perm=list(merge)), op.const(np.array([0, 0, width])))
+
+
+def _projected_from(x3: Value | None) -> Value | None:
+    """x when x3 = x·W (+ b) with W a constant matrix (and b a constant vector), else None."""
+    node = x3.producer if x3 is not None else None
+    if node is not None and node.is_onnx and node.op_type == "Add":
+        consts = [v for v in node.inputs if v is not None and v.is_constant]
+        rest = [v for v in node.inputs if v is not None and not v.is_constant]
+        node = rest[0].producer if len(consts) == 1 and len(rest) == 1 else None
+    if node is None or not node.is_onnx or node.op_type != "MatMul":
+        return None
+    x, w = node.inputs
+    return x if w.is_constant and w.shape is not None and len(w.shape) == 2 else None
+
+
+def _packs(q4: Value, k: Value, v4: Value, trans_b: int, widths: tuple[int, int],
+           equal: Equalities) -> bool:
+    """Whether Q, K and V are split from projections of one x with constant weights, which
+    PackedSelfAttention will pack into one Attention."""
+    qk, hv = widths
+    sources = [_projected_from(_own_merge(x4, merge, width, equal)) for x4, merge, width in
+               ((q4, MERGE_Q, qk), (k, MERGE_Q if trans_b else MERGE_KT, qk), (v4, MERGE_Q, hv))]
+    return sources[0] is not None and all(x is sources[0] for x in sources)
 
 
 def _scale(alpha, q_scale, k_scale, mul, div) -> float:
@@ -315,7 +360,8 @@ class ScaledDotProductAttention(Rule):
         return op.MatMul(_nan_guarded(op, probs), v4)
 
     def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, alpha=1.0, q_scale=None,
-              k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None):
+              k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None,
+              nan_guard=None):
         found = _head_dims(q4, k, v4, trans_b)
         if isinstance(found, str):
             return found
@@ -334,9 +380,15 @@ class ScaledDotProductAttention(Rule):
         problem = unsafe_scale(scale, "scale")
         if problem:
             return problem
+        n, h, hv = (equal.number(d) for d in (dims[0][1], dims[0][3], dims[2][3]))
+        if nan_guard is not None and _on_cpu(target, q4, k, v4) and (h != hv \
+                or not _packs(q4, k, v4, trans_b, (n * h, n * hv), equal)):
+            return "on the CPU, MultiHeadAttention and the pass that keeps the guard's zero " \
+                   "rows run slower than the MatMul + Softmax they replace, unless Q, K and V " \
+                   "pack into one Attention (projections of one input by constant weights)"
         if _adds_nothing(mask, keep):  # fused without it, where it broadcasts no further
-            return _bias_problem(mask if mask is not None else keep,
-                                 [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2]))
+            return _widening(mask if mask is not None else keep,
+                             [equal.entry(d) for d in (*dims[0][:3], dims[2][2])])
         if fill is not None and not float(fill.reshape(-1)[0]) <= SWALLOWING_FILL:
             return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a number " \
                    "that swallows any score (float32's lowest): score + fill is then not " \
@@ -516,18 +568,19 @@ class PackedGuardedSelfAttention(PackedSelfAttention):
     def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None, axes=None):
         if axes is not None and axes.constant().reshape(-1).tolist() != [1]:
             return f"the guard sums V over axes {axes.constant().tolist()}, not the keys' [1]"
-        return super().check(x, wq, wk, wv, bq, bk, bv)
+        problem = super().check(x, wq, wk, wv, bq, bk, bv)
+        if problem is None and wv.shape[1] != wq.shape[1]:
+            # Attention's present holds K and V alike: [2, B, N, T, H].
+            return f"V's width {wv.shape[1]} is not Q's {wq.shape[1]}, and the guard reads V " \
+                   "from Attention's present output, which holds K and V of one width"
+        return problem
 
     def rewrite(self, op, x, wq, wk, wv, heads, scale, causal, bq=None, bk=None, bv=None,
                 bias=None, **_):
         out, present = self.packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias,
                                    outputs=2)
         v = op.Gather(present, op.const(np.array(1)), axis=0)  # [B, N, T, H]
-        zeros = op.Mul(v, op.const(np.array(0, wv.dtype.numpy)))
-        if (op.model.opset("") or 1) >= 13:
-            column = op.ReduceSum(zeros, op.const(np.array([2])), keepdims=1)
-        else:
-            column = op.ReduceSum(zeros, axes=[2], keepdims=1)
+        column = _summed(op, op.Mul(v, op.const(np.array(0, wv.dtype.numpy))), 2)
         # [B, N, 1, H] → [B, 1, N·H], beside out's [B, S, N·H]
         merged = op.Reshape(op.Transpose(column, perm=list(MERGE_Q)),
                             op.const(np.array([0, 0, wv.shape[1]])))
