@@ -318,16 +318,22 @@ def _merged(op, x4: Value, merge: tuple[int, ...], width: int, equal: Equalities
 
 
 def _projected_from(x3: Value | None) -> Value | None:
-    """x when x3 = x·W (+ b) with W a constant matrix (and b a constant vector), else None."""
+    """x when x3 = x·W (+ b) with W a constant matrix (and b a constant vector of its width),
+    the projections PackedSelfAttention packs; else None."""
     node = x3.producer if x3 is not None else None
+    bias = None
     if node is not None and node.is_onnx and node.op_type == "Add":
         consts = [v for v in node.inputs if v is not None and v.is_constant]
         rest = [v for v in node.inputs if v is not None and not v.is_constant]
         node = rest[0].producer if len(consts) == 1 and len(rest) == 1 else None
+        bias = consts[0] if consts else None
     if node is None or not node.is_onnx or node.op_type != "MatMul":
         return None
     x, w = node.inputs
-    return x if w.is_constant and w.shape is not None and len(w.shape) == 2 else None
+    if not w.is_constant or w.shape is None or len(w.shape) != 2 \
+            or bias is not None and tuple(bias.shape or ()) != (w.shape[1],):
+        return None
+    return x
 
 
 def _packs(q4: Value, k: Value, v4: Value, trans_b: int, widths: tuple[int, int],
