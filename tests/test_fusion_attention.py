@@ -112,19 +112,6 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
         lower = g.op("Equal", g.op("Trilu", ones, upper=0), g.const(np.ones(()), np.float32))
         scores = g.op("Add", scores, g.op("Where", lower, g.const(np.zeros(()), np.float32),
                                           g.const(fill)))
-    elif mask == "always_true":  # transformers' mask for a model without one, at the batch
-        batch = g.op("Shape", x, start=0, end=1)
-        keep = g.op("Expand", g.const(np.ones((1, 1, S, 1)), np.bool_),
-                    g.op("Concat", batch, g.const([1, S, S], np.int64), axis=0))
-        scores = g.op("Add", scores, g.op("Where", keep, g.const(0.0), g.const(fill)))
-    elif mask.startswith("positions_from"):  # its audio models': position >= 0, at run time
-        start = int(mask.rsplit("_", 1)[1])
-        seq = g.op("Gather", g.op("Shape", x), g.const(1, np.int64), axis=0)
-        positions = g.op("Range", g.const(start, np.int64),
-                         g.op("Add", seq, g.const(start, np.int64)), g.const(1, np.int64))
-        keep = g.op("GreaterOrEqual", g.op("Unsqueeze", positions, g.const([0, 1, 2], np.int64)),
-                    g.const(0, np.int64))
-        scores = g.op("Add", scores, g.op("Where", keep, g.const(0.0), g.const(fill)))
     probs = g.op("Softmax", scores, axis=softmax_axis)
     if nan_guard:  # PyTorch's scaled_dot_product_attention export
         probs = g.op("Where", g.op("IsNaN", probs), g.const(0.0), probs)
