@@ -269,15 +269,6 @@ def proven_dims(value: Value, equal: Equalities, depth: int = 8) -> list[Dim] | 
     elif node.op_type == "Concat":
         found = _concatenated(node, [None if v is None else proven_dims(v, equal, depth - 1)
                                      for v in node.inputs], equal)
-    elif node.op_type in _SAME_SHAPE:
-        found = proven_dims(node.input(0), equal, depth - 1)
-    elif node.op_type in _BROADCASTING:
-        found = _broadcast([None if v is None else proven_dims(v, equal, depth - 1)
-                            for v in node.inputs], equal)
-    elif node.op_type == "Slice":  # the axes it slices are inferred or unknown, the rest kept
-        x = proven_dims(node.input(0), equal, depth - 1)
-        axes = _sliced_axes(node, len(x)) if x is not None else None
-        found = None if axes is None else [None if i in axes else d for i, d in enumerate(x)]
     else:
         return inferred
     if found is None or inferred is not None and len(inferred) != len(found):
@@ -288,54 +279,6 @@ def proven_dims(value: Value, equal: Equalities, depth: int = 8) -> list[Dim] | 
         if p is not None:  # the proven dim, which names its source's size, leads
             equal.join(p, d)
     return [d if not d[1] or p is None else p for d, p in zip(inferred, found)]
-
-
-# Elementwise ops of one input, whose output has its dims; and those that broadcast theirs.
-_SAME_SHAPE = ("Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal",
-               "Erf", "Sin", "Cos", "Identity", "Cast", "Softmax", "Gelu", "LeakyRelu")
-_BROADCASTING = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
-
-
-def _broadcast(parts: list, equal: Equalities) -> list[Dim | None] | None:
-    """The output dims of inputs of dims `parts` broadcast together (aligned from the right):
-    at each position a number above 1 where an input has one (the others must be 1 or it),
-    else the one class every input's dim other than 1 is in, else unknown (a symbolic dim may
-    be 1 at run time and broadcast). None when a rank is unknown."""
-    if not parts or any(p is None for p in parts):
-        return None
-    rank = max(len(p) for p in parts)
-    out: list[Dim | None] = []
-    for i in range(rank):
-        column = [p[i - rank + len(p)] for p in parts if i - rank + len(p) >= 0]
-        others = [d for d in column if d != ONE]
-        numbers = {d[0] for d in others if not d[1]}
-        if len(numbers) > 1:
-            return None  # the model cannot run
-        if numbers:
-            out.append((numbers.pop(), ()))
-        elif not others:
-            out.append(ONE)
-        else:
-            first = others[0]
-            out.append(first if all(equal.same(d, first) for d in others) else None)
-    return out
-
-
-def _sliced_axes(node, rank: int) -> set[int] | None:
-    """The axes a Slice may shorten, or None when they cannot be read."""
-    if node.attr("starts") is not None:  # before opset 10
-        axes = node.attr("axes")
-        axes = list(range(len(node.attr("starts")))) if axes is None else list(axes)
-    else:
-        given = node.input(3)
-        starts = ints(node.input(1))
-        if starts is None and given is None:
-            return None
-        axes = ints(given).reshape(-1).tolist() if given is not None and ints(given) is not None \
-            else (list(range(starts.size)) if given is None else None)
-    if axes is None or any(not -rank <= a < rank for a in axes):
-        return None
-    return {a % rank for a in axes}
 
 
 def _concatenated(node, parts: list, equal: Equalities) -> list[Dim | None] | None:
