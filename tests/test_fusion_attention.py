@@ -905,8 +905,8 @@ def test_a_nan_guarded_softmax_fuses_and_keeps_its_zero_rows(case):
 
 
 def test_a_nan_guarded_attention_that_cannot_pack_stays_unfused_on_the_cpu():
-    # Unpacked MultiHeadAttention plus the guard's pass over V and the output ran slower than
-    # the export on onnxruntime's CPU (a 2-layer Llama 1.18x, GPT-2 1.08x).
+    # Unpacked MultiHeadAttention plus the guard's pass over V and the output ran slower on
+    # onnxruntime's CPU than the block left unfused (a 2-layer Llama 1.18x, GPT-2 1.08x).
     model, stats, trace = fuse(_guarded_heads(), trace=True, target="cpu")
     assert stats == {} and "Softmax" in ops(model)
     assert any("unless Q, K and V pack into one Attention" in line for line in trace), trace

@@ -24,6 +24,12 @@ the heads prove (symbolic_dims.proven_dims); a number of heads and head sizes ei
 
 Self-attention whose q, k, v are x·Wq + bq, x·Wk + bk, x·Wv + bv of one x with constant weights
 then packs into com.microsoft::Attention(x, [Wq|Wk|Wv], [bq|bk|bv]): one GEMM for the three.
+
+PyTorch's export of scaled_dot_product_attention zeroes NaN probabilities, Where(IsNaN(P), 0, P),
+so a row whose every key is masked gives 0: the fused output keeps that with
+Where(IsNaN(out), Σ_T 0·V, out) (_zero_nan_rows). On the CPU that extra pass pays only where the
+projections pack, so a guarded attention fuses there only then (_cpu_loss). A mask that provably
+adds 0 (transformers' mask for a model without padding) is dropped (attention_masks).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from graphopt.ir import DType, Value
 from graphopt.ir.pattern import Attr, Const, OneOf, Optional, Var
 from graphopt.option_names import option
 from graphopt.passes.base import register
+from graphopt.passes.fusion.attention_masks import adds_nothing
 from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.rules import Rule, RulePass
 from graphopt.passes.symbolic_dims import (Dim, Equalities, describe, proven_dims,
@@ -181,68 +188,6 @@ def _shape_derived(value: Value, limit: int = 64) -> bool:
     return True
 
 
-# Ops whose output holds only values of their first input (rearranged, repeated).
-_REARRANGING = ("Expand", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Transpose")
-
-
-def _at_least(value: Value, bound: float, depth: int = 8) -> bool:
-    """Whether every element of `value` is provably ≥ bound: a constant, or a Range from a
-    start ≥ bound upwards (positions), through ops that only rearrange it."""
-    data = value.constant()
-    if data is not None:
-        return data.dtype.kind in "iuf" and bool(np.all(data >= bound))
-    node = value.producer
-    if depth == 0 or node is None or not node.is_onnx:
-        return False
-    if node.op_type in _REARRANGING:
-        return node.input(0) is not None and _at_least(node.input(0), bound, depth - 1)
-    if node.op_type == "Range":
-        start, delta = (v.constant() if v is not None else None for v in
-                        (node.input(0), node.input(2)))
-        return start is not None and delta is not None and start.size == delta.size == 1 \
-            and float(start.reshape(-1)[0]) >= bound and float(delta.reshape(-1)[0]) > 0
-    return False
-
-
-def _all_true(value: Value, depth: int = 8) -> bool:
-    """Whether a bool `value` is provably true everywhere: a constant, x ≥ c where x is at
-    least c (a padding mask over positions that never pads, as transformers builds for models
-    without one), an And of such, through ops that only rearrange it."""
-    data = value.constant()
-    if data is not None:
-        return data.dtype == np.bool_ and bool(np.all(data))
-    node = value.producer
-    if depth == 0 or node is None or not node.is_onnx:
-        return False
-    if node.op_type in _REARRANGING:
-        return node.input(0) is not None and _all_true(node.input(0), depth - 1)
-    if node.op_type == "And":
-        return all(v is not None and _all_true(v, depth - 1) for v in node.inputs)
-    if node.op_type == "GreaterOrEqual":
-        bound = node.input(1).constant() if node.input(1) is not None else None
-        return bound is not None and bound.size == 1 and bound.dtype.kind in "iuf" \
-            and _at_least(node.input(0), float(bound.reshape(-1)[0]), depth - 1)
-    return False
-
-
-def _adds_nothing(mask: Value | None, keep: Value | None) -> bool:
-    """Whether the mask leaves every score as it is: an additive mask that is 0 everywhere
-    (Where(always true, 0, fill), or a zero constant), or a Where keeping every score. Adding
-    0 before Softmax changes nothing, not even a -0.0 (exp(±0) = 1)."""
-    if keep is not None:
-        return _all_true(keep)
-    if mask is None:
-        return False
-    data = mask.constant()
-    if data is not None:
-        return bool(np.all(data == 0))
-    node = mask.producer
-    if node is None or not node.is_onnx or node.op_type != "Where" or node.input(0) is None:
-        return False
-    zero = node.input(1).constant() if node.input(1) is not None else None
-    return zero is not None and bool(np.all(zero == 0)) and _all_true(node.input(0))
-
-
 def _on_cpu(target, *values: Value) -> bool:
     """Whether onnxruntime's CPU provider would run a MultiHeadAttention over `values`: without
     a target, or when the target's device for it is a CPU. That is its primary device if it has
@@ -336,6 +281,19 @@ def _projected_from(x3: Value | None) -> Value | None:
     return x
 
 
+def _cpu_loss(q4: Value, k: Value, v4: Value, trans_b: int, widths: tuple[int, int],
+              equal: Equalities) -> str | None:
+    """Why a NaN-guarded attention would run slower fused on onnxruntime's CPU provider: its
+    guard's pass over V and the output (_zero_nan_rows) is paid back only where Q, K and V
+    pack into one Attention (a 2-layer Llama 1.18x, GPT-2 1.08x the unfused block)."""
+    qk, hv = widths
+    if qk != hv or not _packs(q4, k, v4, trans_b, widths, equal):
+        return "on the CPU, MultiHeadAttention and the pass that keeps the guard's zero " \
+               "rows run slower than the MatMul + Softmax they replace, unless Q, K and V " \
+               "pack into one Attention (projections of one input by constant weights)"
+    return None
+
+
 def _packs(q4: Value, k: Value, v4: Value, trans_b: int, widths: tuple[int, int],
            equal: Equalities) -> bool:
     """Whether Q, K and V are split from projections of one x with constant weights, which
@@ -387,12 +345,11 @@ class ScaledDotProductAttention(Rule):
         if problem:
             return problem
         n, h, hv = (equal.number(d) for d in (dims[0][1], dims[0][3], dims[2][3]))
-        if nan_guard is not None and _on_cpu(target, q4, k, v4) and (h != hv \
-                or not _packs(q4, k, v4, trans_b, (n * h, n * hv), equal)):
-            return "on the CPU, MultiHeadAttention and the pass that keeps the guard's zero " \
-                   "rows run slower than the MatMul + Softmax they replace, unless Q, K and V " \
-                   "pack into one Attention (projections of one input by constant weights)"
-        if _adds_nothing(mask, keep):  # fused without it, where it broadcasts no further
+        if nan_guard is not None and _on_cpu(target, q4, k, v4):
+            problem = _cpu_loss(q4, k, v4, trans_b, (n * h, n * hv), equal)
+            if problem:
+                return problem
+        if adds_nothing(mask, keep):  # fused without it, where it broadcasts no further
             return _widening(mask if mask is not None else keep,
                              [equal.entry(d) for d in (*dims[0][:3], dims[2][2])])
         if fill is not None and not float(fill.reshape(-1)[0]) <= SWALLOWING_FILL:
@@ -429,7 +386,7 @@ class ScaledDotProductAttention(Rule):
         q = _merged(op, q4, MERGE_Q, n * h, equal)
         k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h, equal)
         v = _merged(op, v4, MERGE_Q, n * hv, equal)
-        if _adds_nothing(mask, keep):
+        if adds_nothing(mask, keep):
             mask = keep = None
         bias = _attention_bias(op, q4.dtype, (s, t), q, v, mask, keep, drop, fill)
         inputs = [q, k, v] + ([None, None, bias] if bias is not None else [])
