@@ -110,6 +110,9 @@ def infer_shapes(model: Model) -> int:
 # Skip(Simplified)LayerNormalization's fourth output, the sum of input, skip and bias, which a
 # residual path reads on: its first input's type and shape too.
 _SKIP_SUM_OUTPUT = 3
+# Attention's second output, `present`: K and V in [2, B, N, T, H], which PackedGuardedSelfAttention
+# reads V from.
+_PRESENT_OUTPUT = 1
 
 
 def _carry_through_contrib_ops(model: Model) -> int:
@@ -125,6 +128,9 @@ def _carry_through_contrib_ops(model: Model) -> int:
             if node.op_type in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization") \
                     and node.domain == "com.microsoft":
                 typed += _type_outputs(node, [(_SKIP_SUM_OUTPUT, source.dtype, source.shape)])
+            if node.op_type == "Attention" and node.domain == "com.microsoft":
+                typed += _type_outputs(node, [(_PRESENT_OUTPUT, source.dtype,
+                                               _present_shape(node))])
             if node.domain == "com.microsoft" and node.op_type in _TYPED_BY_RULE:
                 typed += _type_outputs(node, _TYPED_BY_RULE[node.op_type](node))
                 continue
@@ -271,6 +277,24 @@ def _attention_shape(node) -> tuple | None:
         value = node.input(2).shape if node.input(2) is not None else None
         width = value[2] if value is not None and len(value) == 3 else None
     return None if width is None else (query[0], query[1], width)
+
+
+def _present_shape(node) -> tuple | None:
+    """[2, B, N, S, H] of an Attention's `present` (K then V) without past state; None when
+    unknown, or when K and V differ in width and so cannot share one tensor."""
+    query, heads = node.inputs[0].shape, node.attr("num_heads")
+    if query is None or len(query) != 3 or not isinstance(heads, int) or heads <= 0 \
+            or node.input(4) is not None:
+        return None
+    sizes = node.attr("qkv_hidden_sizes")
+    weight = node.input(1).shape if node.input(1) is not None else None
+    if sizes:
+        width = sizes[1] if sizes[1] == sizes[2] else None
+    else:
+        width = weight[1] // 3 if weight and isinstance(weight[1], int) else None
+    if width is None or width % heads:
+        return None
+    return (2, query[0], heads, query[1], width // heads)
 
 
 def _long_vectors(graph: onnx.GraphProto) -> bool:

@@ -43,6 +43,7 @@ from graphopt.passes.edit import replace_value
 from graphopt.passes.precision.nested import nested_note
 from graphopt.quant.calib_data import model_inputs, read_calibration
 from graphopt.quant.unfused_activations import join_float_activations, split_activations
+from graphopt.quant.attention_split import split_attention
 from graphopt.quant.calibrate import calibrate
 from graphopt.quant.probe import int8_gemm_saturates
 from graphopt.quant.qparams import (
@@ -523,27 +524,13 @@ def _dynamic_attention(graph, node: Node, per_channel: bool) -> None:
     """Attention(x, Wqkv, bqkv, attention_bias=M) → the packed QKV GEMM dynamically quantized,
     split into q, k, v, and MultiHeadAttention(q, k, v, attention_bias=M) in float."""
     x, w_value, bias = node.inputs[0], node.inputs[1], node.inputs[2]
-    out = node.outputs[0]
-    width = w_value.shape[1] // 3
-    shape = None if x.shape is None else (*x.shape[:-1], 3 * width)
-    qkv = Value(graph.fresh_name(f"{out.name}_qkv"), DType.FLOAT, shape)
-    graph.insert_before(node, Node(
-        "DynamicQuantizeMatMul", [x, *_matmul_weight(graph, node, w_value, per_channel), bias],
-        domain=MS, name=graph.fresh_node_name(f"{node.name or out.name}/QKV"), outputs=[qkv]))
-    parts = [Value(graph.fresh_name(f"{out.name}_{p}"), DType.FLOAT,
-                   None if shape is None else (*shape[:-1], width)) for p in "qkv"]
-    sizes = graph.make_initializer(f"{out.name}_qkv_sizes", np.array([width] * 3, np.int64))
-    graph.insert_before(node, Node("Split", [qkv, sizes], {"axis": -1}, outputs=parts,
-                                   name=graph.fresh_node_name(f"{node.name or out.name}/Split")))
-    attrs = {k: a.value for k, a in node.attrs.items()
-             if k in ("num_heads", "scale", "mask_filter_value")}
-    attention_bias = node.input(5)
-    inputs = [*parts] + ([None, None, attention_bias] if attention_bias is not None else [])
-    mha = Node("MultiHeadAttention", inputs, attrs, domain=MS, name=node.name, outputs=[Value(
-        graph.fresh_name(f"{out.name}_mha"), DType.FLOAT, out.shape)])
-    graph.insert_before(node, mha)
-    replace_value(out, mha.outputs[0])
-    graph.remove(node)
+
+    def gemm(qkv: Value) -> Node:
+        return Node("DynamicQuantizeMatMul",
+                    [x, *_matmul_weight(graph, node, w_value, per_channel), bias], domain=MS,
+                    name=graph.fresh_node_name(f"{node.name or qkv.name}/QKV"), outputs=[qkv])
+
+    split_attention(graph, node, gemm)
 
 
 def _drop_unused_initializers(graph) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Value
 from graphopt.passes.unmatched import op_spellings, unmatched_note
+from graphopt.quant import attention_split
 
 MS = "com.microsoft"
 INT8_OPS = {"Add": None, "Mul": None, "Concat": None, "GlobalAveragePool": (0,),
@@ -132,9 +133,7 @@ def _kind(node: Node, form: str) -> str | None:
         return "dynamic"
     if node.domain == MS and node.op_type == "Attention" and _float(ins[0]) \
             and _const(ins[1], 2) is not None and len(ins) > 2 and _const(ins[2], 1) is not None \
-            and all(node.input(i) is None for i in (3, 4, 6)) and len(node.outputs) == 1 \
-            and not node.attr("unidirectional", 0) and node.attr("qkv_hidden_sizes") is None \
-            and not node.attr("do_rotary", 0) and not node.attr("past_present_share_buffer", 0):
+            and attention_split.refusal(node) is None:
         return "dynamic"
     return None
 

@@ -1,6 +1,7 @@
-"""QuantizeInt4Weights: weight-only block-wise INT4 of MatMul, Gemm and FusedMatMul into
-com.microsoft's MatMulNBits (packing and math in blockwise.py), and of embedding tables into
-GatherBlockQuantized, a tied output head sharing its table's bytes (int4_tables.py).
+"""QuantizeInt4Weights: weight-only block-wise INT4 of MatMul, Gemm, FusedMatMul and Attention's
+packed QKV into com.microsoft's MatMulNBits (packing and math in blockwise.py; an Attention
+becomes MatMulNBits, a Split and MultiHeadAttention: attention_split.py), and of embedding
+tables into GatherBlockQuantized, a tied output head sharing its table's bytes (int4_tables.py).
 
     A ─ MatMul(A, W[K,N]) ─ Add(b[N]) ─▶      A ─ MatMulNBits(A, q, scales, zero_points, b) ─▶
     A ─ Gemm(A, W, C) {alpha, beta, transB}   (W' = alpha·(transB ? Wᵀ : W), bias = beta·C)
@@ -41,6 +42,8 @@ from graphopt.passes.precision.int4_tables import (
 )
 from graphopt.passes.precision.nested import nested_note
 from graphopt.passes.precision.policy import Support, check_options
+from graphopt.quant import attention_split
+from graphopt.quant.attention_split import split_attention
 from graphopt.quant.calib_data import read_calibration
 from graphopt.quant.calibrate import gram_matrices
 from graphopt.quant.select import skipped, unmatched_skips
@@ -59,10 +62,11 @@ class _Plan:
 
 
 def quantizable(node: Node) -> bool:
-    """MatMul, Gemm, or onnxruntime's FusedMatMul (FuseMatMul's form of a MatMul that reads a
-    transposed weight, such as GPT-2's head reading its token table)."""
+    """MatMul, Gemm, onnxruntime's FusedMatMul (FuseMatMul's form of a MatMul that reads a
+    transposed weight, such as GPT-2's head reading its token table), or its Attention (whose
+    packed QKV weight becomes MatMulNBits before a MultiHeadAttention: attention_split.py)."""
     return (node.op_type in ("MatMul", "Gemm") and node.is_onnx) \
-        or (node.op_type == "FusedMatMul" and node.domain == MS)
+        or (node.op_type in ("FusedMatMul", "Attention") and node.domain == MS)
 
 
 def _b_data(node: Node) -> np.ndarray | None:
@@ -82,6 +86,8 @@ def _b_data(node: Node) -> np.ndarray | None:
 
 def _plan(node: Node) -> _Plan | str:
     """How to quantize `node`, or why it cannot be."""
+    if node.op_type == "Attention":
+        return _attention_plan(node)
     a, w = node.input(0), node.input(1)
     data = _b_data(node)
     if data is None or data.ndim != 2:
@@ -113,6 +119,24 @@ def _plan(node: Node) -> _Plan | str:
         if bias is not None and bias.shape == (n,) and other.dtype == a.dtype:
             return _Plan(data, bias, absorbed=add)
     return _Plan(data)
+
+
+def _attention_plan(node: Node) -> _Plan | str:
+    """An Attention's packed QKV weight and bias as one GEMM's, or why they cannot be."""
+    why = attention_split.refusal(node)
+    if why is not None:
+        return f"Attention: {why}"
+    a, w, b = node.input(0), node.input(1), node.input(2)
+    data = constant_data(w)
+    if data is None or data.ndim != 2 or data.shape[1] % 3:
+        return "Attention: its QKV weight is not a constant matrix of three equal parts"
+    if a.dtype not in _FLOATS or w.dtype != a.dtype:
+        return f"Attention: input is {a.dtype.short if a.dtype else 'untyped'}, QKV weight " \
+               f"{w.dtype.short}"
+    bias = None if b is None else constant_data(b)
+    if b is not None and (bias is None or bias.shape != (data.shape[1],)):
+        return "Attention: its QKV bias is not a constant vector"
+    return _Plan(data, bias)
 
 
 @register
@@ -213,7 +237,8 @@ class QuantizeInt4Weights(Pass):
                 graph.remove_initializer(value)
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
-            ctx.note(_summary(result.stats, embedded, before, after, sorted(blocks)))
+            ctx.note(_summary(result.stats, embedded, before, after, sorted(blocks))
+                     + _float_weights_left(graph))
         elif not unsupported:  # a compile that quantized nothing says why
             why = "; ".join(f"{n} × {reason}" for reason, n in sorted(left.items()))
             ctx.note("QuantizeInt4Weights quantized nothing: " + (
@@ -262,7 +287,8 @@ def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> d
 def _summary(stats: dict, tables: int, before: int, after: int, blocks: list[int]) -> str:
     """The note on what was quantized and the bytes it saved."""
     weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized",
-                                            "FusedMatMul_quantized", "tied_head"))
+                                            "FusedMatMul_quantized", "Attention_quantized",
+                                            "tied_head"))
     parts = [f"{weights} weight(s)"] if weights else []
     if tables:
         tied = stats.get("tied_head", 0)
@@ -273,6 +299,26 @@ def _summary(stats: dict, tables: int, before: int, after: int, blocks: list[int
     return (f"QuantizeInt4Weights: {' and '.join(parts)}, {before / 2**20:.2f} MiB → "
             f"{after / 2**20:.2f} MiB ({change}; block{'s' if len(blocks) > 1 else ''} "
             f"{', '.join(map(str, blocks))}, with scales and zero points)")
+
+
+def _float_weights_left(graph) -> str:
+    """What the summary's figures leave out: the bytes of float weights (constants of rank ≥ 2)
+    that stay as they were, by the ops that read them, e.g. "; 2.10 MiB of float weights
+    stay (Conv ×12, Gather)"; "" when none do."""
+    left, readers = 0, {}
+    for value in graph.initializers.values():
+        tensor = value.const
+        if value.dtype not in _FLOATS or tensor is None or len(tensor.shape) < 2:
+            continue
+        left += tensor.nbytes
+        for reader, _ in value.uses:
+            readers[reader.op_type] = readers.get(reader.op_type, 0) + 1
+    if not left:
+        return ""
+    ops = sorted(readers.items(), key=lambda item: (-item[1], item[0]))
+    named = ", ".join(op if n == 1 else f"{op} ×{n}" for op, n in ops[:4])
+    more = f", +{len(ops) - 4} op type(s)" if len(ops) > 4 else ""
+    return f"; {left / 2**20:.2f} MiB of float weights stay ({named}{more})"
 
 
 def block_for(k: int, group: int, scale_bytes: int) -> int:
@@ -296,21 +342,32 @@ def _initializers(graph, w: Value, quant) -> tuple[Value, Value, Value | None]:
             else graph.make_initializer(f"{w.name}_zero_points", quant.zero_points))
 
 
-def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType, weights,
-             accuracy_level: int) -> None:
-    """Replace `node` (and the bias Add it absorbs) by MatMulNBits reading `weights`."""
+def _nbits(graph, node: Node, plan: _Plan, block: int, dtype: DType, weights,
+           accuracy_level: int, out: Value) -> Node:
+    """MatMulNBits of `node`'s input by `weights` (+ the plan's bias) into `out`."""
     k, n = plan.weight.shape
     inputs = [node.input(0), *weights]
     if plan.bias is not None:
         inputs += [None, graph.make_initializer(f"{node.input(1).name}_bias",
                                                 Tensor(np.asarray(plan.bias, dtype.numpy)))]
-    replaced = plan.absorbed or node
-    out = Value(graph.fresh_name(f"{replaced.output.name}_q4"), dtype, replaced.output.shape)
     attrs = {"K": k, "N": n, "bits": 4, "block_size": block}
     if accuracy_level:
         attrs["accuracy_level"] = accuracy_level
-    q_node = Node("MatMulNBits", inputs, attrs,
-                  domain=MS, outputs=[out], name=graph.fresh_node_name(f"{node.name or 'matmul'}_q4"))
+    return Node("MatMulNBits", inputs, attrs, domain=MS, outputs=[out],
+                name=graph.fresh_node_name(f"{node.name or 'matmul'}_q4"))
+
+
+def _rewrite(graph, node: Node, plan: _Plan, block: int, dtype: DType, weights,
+             accuracy_level: int) -> None:
+    """Replace `node` (and the bias Add it absorbs) by MatMulNBits reading `weights`; an
+    Attention by MatMulNBits, a Split and a MultiHeadAttention."""
+    if node.op_type == "Attention":
+        split_attention(graph, node, lambda qkv: _nbits(graph, node, plan, block, dtype,
+                                                        weights, accuracy_level, qkv))
+        return
+    replaced = plan.absorbed or node
+    out = Value(graph.fresh_name(f"{replaced.output.name}_q4"), dtype, replaced.output.shape)
+    q_node = _nbits(graph, node, plan, block, dtype, weights, accuracy_level, out)
     graph.insert_before(node, q_node)
     if plan.add_after is not None:
         c = plan.add_after
