@@ -103,7 +103,7 @@ def _ms(seconds: float) -> str:
 
 
 def _cmd_run(args) -> int:
-    from graphopt.codegen.feeds import check_feeds, load_npz, npz_holds, random_feeds
+    from graphopt.codegen.feeds import check_feeds, inputs_npz, npz_holds, random_feeds
     from graphopt.codegen.loader import load
     from graphopt.codegen.run_stats import (
         LatencyStats,
@@ -114,7 +114,7 @@ def _cmd_run(args) -> int:
     )
 
     warmup = _check_run_options(args)
-    feeds = load_npz(args.inputs) if args.inputs else None  # a bad file fails before the slow load
+    feeds = inputs_npz(args.inputs) if args.inputs else None  # a bad file fails before the slow load
     with warnings_as("always", record=True) as caught:
         # --profile opens that profile's sessions alone.
         session, load_seconds = timed(lambda: load(

@@ -179,11 +179,16 @@ def test_disable_passes_and_options(proto):
     ({"dump_dir": 3}, "'dump_dir' takes a path or None, not 3"),
     ({"int4_embeddings": True}, "int4_embeddings applies to quantize='int4'"),
     ({"int4_accuracy_level": 4}, "int4_accuracy_level applies to quantize='int4'"),
+    ({"quant_keep_ends": False}, "quant_keep_ends applies to quantize='int8'"),
+    ({"quantize": "int4", "calibration_method": "mse"},
+     "calibration_method applies to quantize='int8'"),
+    ({"per_channel": False}, "per_channel applies to quantize='int8'"),
 ])
 def test_pass_options_of_the_wrong_type_or_without_their_mode_are_refused(proto, options,
                                                                            message):
     # A mistyped value would pass unnoticed: a string of names read as its characters, "no"
-    # as true, an int4 option ignored without int4.
+    # as true, an int4 or int8 option ignored without its scheme (as the command line refuses
+    # its flags).
     with pytest.raises(OptionError, match=re.escape(message)):
         graphopt.optimize(proto, pass_options=options)
 

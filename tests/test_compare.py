@@ -266,6 +266,12 @@ def test_missing_files_are_named(files, tmp_path, capsys):
     assert rc == 1 and f"{tmp_path / 'nope.onnx'}: no such file" in err
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], tmp_path / "nope.om")
     assert rc == 1 and f"{tmp_path / 'nope.om'}: no such file" in err
+    # Which of the three files: the feeds' file is named by its option.
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"], "--inputs",
+                         tmp_path / "nope.npz")
+    assert rc == 1 and f"--inputs {tmp_path / 'nope.npz'}: no such file" in err
+    with pytest.raises(InputError, match=r"^feeds \S*nope.npz: no such file"):
+        compare_models(files["ref.onnx"], files["opt.onnx"], feeds=tmp_path / "nope.npz")
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     with pytest.raises(InputError, match="junk.onnx"):
         compare_models(files["ref.onnx"], tmp_path / "junk.onnx")

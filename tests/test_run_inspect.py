@@ -367,8 +367,8 @@ def test_run_bad_inputs(compiled, npz, tmp_path, capsys):
         (npz("z.npz", Z=x_batch()), ["--inputs", "unknown input 'Z'; the model's inputs are: X"]),
         (npz("f64.npz", X=x_batch().astype(np.float64)), ["input 'X' has dtype float64, expected float32[2,4]"]),
         (npz("batch3.npz", X=x_batch(3)), ["input 'X' has shape [3, 4]", "dim 0 must be 2"]),
-        (os.fspath(not_npz), ["x.txt: not an .npz archive"]),
-        (os.fspath(tmp_path / "none.npz"), ["none.npz: no such file"]),
+        (os.fspath(not_npz), ["--inputs ", "x.txt: not an .npz archive"]),
+        (os.fspath(tmp_path / "none.npz"), ["--inputs ", "none.npz: no such file"]),
     ]
     out_path = tmp_path / "y.npz"
     for inputs, needles in cases:

@@ -427,6 +427,15 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return arrays
 
 
+def inputs_npz(path: str | os.PathLike, flag: str = "--inputs") -> dict[str, np.ndarray]:
+    """load_npz for a command's option: its InputError names the option too, as in
+    "--inputs x.npz: no such file" (a command may read several files)."""
+    try:
+        return load_npz(path)
+    except InputError as exc:
+        raise InputError(f"{flag} {exc}") from None
+
+
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
     """Write arrays to an .npz atomically: `path` ends up complete or as it was.
 

@@ -255,8 +255,13 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
     checked against both signatures, else seeded random data in the reference's signature."""
     if feeds is not None:
         label = os.fspath(feeds) if isinstance(feeds, (str, os.PathLike)) else "feeds"
-        arrays = (load_npz(feeds) if isinstance(feeds, (str, os.PathLike))
-                  else {name: _fed(value) for name, value in feeds.items()})
+        if isinstance(feeds, (str, os.PathLike)):
+            try:
+                arrays = load_npz(feeds)
+            except InputError as exc:  # which of the two files the message is about
+                raise InputError(f"{option('feeds', COMPARE_FLAGS)} {exc}") from None
+        else:
+            arrays = {name: _fed(value) for name, value in feeds.items()}
         overridable = _overridable(reference.proto)
         for side in (reference, candidate):
             own = _overridable(side.proto)  # an optimized .onnx keeps them overridable too

@@ -101,11 +101,16 @@ def check_options(options) -> None:
     if not isinstance(size, int) or size < 16 or size & (size - 1):
         raise OptionError(f"{setting('int4_group_size', size)}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
-    if options.quantize != "int4":  # from Python: the CLI refuses these flags itself
-        defaults = type(options)()
-        for name in ("int4_group_size", "int4_embeddings", "int4_method", "int4_accuracy_level"):
+    defaults = type(options)()
+    for scheme, names in (("int8", ("calibration_method", "calibration_percentile",
+                                    "per_channel", "activation_symmetric", "quant_keep_ends")),
+                          ("int4", ("int4_group_size", "int4_embeddings", "int4_method",
+                                    "int4_accuracy_level"))):
+        if options.quantize == scheme:  # from Python: the CLI refuses these flags itself
+            continue
+        for name in names:
             if getattr(options, name) != getattr(defaults, name):
-                raise OptionError(f"{option(name)} applies to {setting('quantize', 'int4')}")
+                raise OptionError(f"{option(name)} applies to {setting('quantize', scheme)}")
     if options.int4_method not in INT4_METHODS:
         raise OptionError(f"{setting('int4_method', options.int4_method)}: unknown (use "
                           f"{', '.join(INT4_METHODS)})")
