@@ -85,8 +85,8 @@ def _add_optimize(sub) -> None:
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
                         "seeded inputs; fail and write nothing if outputs differ, or if the "
                         "optimized model does not load at ORT_ENABLE_ALL")
-    p.add_argument("--inputs", metavar="NPZ", help="inputs for --verify (and the accuracy "
-                   "report, without --calibration) instead of random data")
+    p.add_argument("--inputs", metavar="NPZ", help="inputs for --verify and the accuracy "
+                   "report instead of random data (or the report's calibration samples)")
     p.add_argument("--rtol", type=tolerance, metavar="R",
                    help="relative tolerance for --verify (1e-4; after a lossy precision pass "
                         "--verify judges by cosine unless --rtol/--atol is given)")
@@ -324,23 +324,29 @@ def _overwritten_source(args):
 
 def _print_accuracy(args, source=None) -> None:
     """The accuracy report of the written model against the input (`source`, its proto as read
-    before the output overwrote it, when it did), on the first calibration sample, --verify's
-    inputs or seeded random data; a failure to run it is a warning, the model is written."""
+    before the output overwrote it, when it did), on --verify's inputs, the first calibration
+    samples or seeded random data; a failure to run it is a warning, the model is written."""
     from graphopt.errors import GraphoptError
     from graphopt.tools.accuracy import accuracy_report
 
+    # What --verify ran on (inputs the user chose, which a quantization may not have seen),
+    # else the first calibration samples, else random data.
+    calibration = None if args.inputs else args.calibration
     try:
-        # The first calibration sample, else what --verify ran on, else random data.
-        feeds = None if args.calibration else args.inputs
-        report = accuracy_report(args.model if source is None else source, args.output, feeds,
-                                 calibration=args.calibration, reference_label=args.model,
-                                 input_shapes=None if args.calibration or feeds
+        report = accuracy_report(args.model if source is None else source, args.output,
+                                 args.inputs, calibration=calibration,
+                                 reference_label=args.model,
+                                 input_shapes=None if calibration or args.inputs
                                  else args.input_shape)
     except GraphoptError as e:
         print(f"graphopt: warning: no accuracy report: {e}", file=sys.stderr)
         return
     print()
     print(report.format())
+    if calibration and (args.quantize == "int8" or args.int4_method == "gptq"):
+        fitted = "its int8 ranges" if args.quantize == "int8" else "GPTQ's rounding"
+        print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
+              "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
 
 
 def _add_passes(sub) -> None:

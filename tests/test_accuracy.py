@@ -386,3 +386,29 @@ def test_a_sample_with_non_finite_outputs_is_the_one_reported(tmp_path, order):
     np.savez(tmp_path / "c.npz", x=samples[order])
     (row,) = accuracy_report(ref, cand, calibration=tmp_path / "c.npz").outputs
     assert "Inf" in row.note
+
+
+def test_the_report_runs_on_the_inputs_given_and_says_when_it_ran_on_fitted_data(tmp_path,
+                                                                                capsys):
+    # int8 ranges fitted to the calibration data read better on it than on inputs they did
+    # not see: the report takes --verify's inputs when given, and otherwise says so.
+    import onnx
+    from helpers import run_cli
+
+    proto = parse_model("g (float[4,64] x) => (float[4,32] y) { y = MatMul(x, w) }",
+                        w=RNG.standard_normal((64, 32)).astype(np.float32))
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    calibration = tmp_path / "calibration.npz"  # three samples of x, stacked
+    np.savez(calibration, x=RNG.standard_normal((3, 4, 64)).astype(np.float32))
+    held_out = tmp_path / "held_out.npz"
+    np.savez(held_out, x=RNG.standard_normal((4, 64)).astype(np.float32))
+    common = ["--quantize", "int8", "--calibration", calibration, "--quantize-ends"]
+    rc, out, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "a.onnx", *common)
+    assert rc == 0, err
+    assert "accuracy vs" in out and "calibration" in out.split("accuracy vs")[1].splitlines()[0]
+    assert "note: measured on the calibration data, which its int8 ranges were fitted to" in out
+    rc, out, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "b.onnx", *common,
+                           "--verify", "--inputs", held_out)
+    assert rc == 0, err
+    assert f"on {held_out}\n" in out and "note: measured on the calibration data" not in out
