@@ -66,7 +66,7 @@ class Boundaries:
         self._consts: dict[int, Value] = {} if constants is None else constants
         self.casts_inserted = 0
         self.constants_converted = 0
-        self.constants_clipped = 0
+        self.constants_clipped: list[tuple[str, int]] = []  # (name, elements clipped)
         # Weights that lost over 1% of their nonzero elements below the half range (now
         # zeros): (name, elements lost, nonzero elements). A few tiny values in a trained
         # weight matter little; a weight initialized at 1e-10 vanishes whole.
@@ -76,7 +76,8 @@ class Boundaries:
         """A half-dtype initializer holding `value`'s data, beside `value`."""
         if id(value) not in self._consts:
             array, clipped = to_half_array(data, self.half)
-            self.constants_clipped += clipped
+            if clipped:
+                self.constants_clipped.append((value.name, clipped))
             flushed, nonzero = _flushed_to_zero(data, array)
             if flushed > nonzero // 100:
                 self.weights_flushed.append((value.name, flushed, nonzero))

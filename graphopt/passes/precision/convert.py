@@ -193,15 +193,16 @@ class ConvertPrecision(Pass):
         chosen_count = sum(len(chosen) for _, chosen in choices)
         inserted = sum(b.casts_inserted for b in boundaries)
         converted = sum(b.constants_converted for b in boundaries)
-        clipped = sum(b.constants_clipped for b in boundaries)
+        clipped = [entry for b in boundaries for entry in b.constants_clipped]
         flushed = [entry for b in boundaries for entry in b.weights_flushed]
         result.count("nodes_converted", chosen_count)
         result.count("casts_inserted", inserted)
         result.count("casts_removed", removed)
         result.count("weights_converted", converted)
         if clipped:
-            ctx.note(f"ConvertPrecision: {clipped} constant element(s) beyond "
-                     f"the {half.short} range clipped to its largest finite value")
+            names = ", ".join(name for name, _ in clipped[:3]) + (", …" if len(clipped) > 3 else "")
+            ctx.note(f"ConvertPrecision: {sum(n for _, n in clipped)} constant element(s) beyond "
+                     f"the {half.short} range clipped to its largest finite value (in {names})")
         if flushed:
             ctx.note(_flushed_note(flushed, half))
         if support.emulated:
@@ -234,7 +235,10 @@ class ConvertPrecision(Pass):
         if decider.kept_by_target and not decider.half_values:
             raise PrecisionError(
                 f"{setting('precision', mode)}: target {target} runs none of the ops mixed precision "
-                f"converts in {dtype} ({_listing(decider.kept_by_target)}); nothing would change")
+                f"converts in {dtype} ({_listing(decider.kept_by_target)}); nothing would change"
+                + (f" (mixed-fp16 converts them for this target; bfloat16 needs a target with "
+                   f"its kernels, such as {setting('target', 'ascend910b')})"
+                   if dtype == "bfloat16" else ""))
 
 
 def _flushed_note(flushed: list[tuple[str, int, int]], half: DType) -> str:
