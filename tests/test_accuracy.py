@@ -412,3 +412,19 @@ def test_the_report_runs_on_the_inputs_given_and_says_when_it_ran_on_fitted_data
                            "--verify", "--inputs", held_out)
     assert rc == 0, err
     assert f"on {held_out}\n" in out and "note: measured on the calibration data" not in out
+
+
+def test_random_inputs_say_which_open_dims_they_set_to_1():
+    # A dynamic sequence filled with one token says little about attention: the label says so,
+    # and says nothing of a batch of one.
+    lm = parse_model(LM.replace("int64[1,6] input_ids", "int64[batch,seq] input_ids")
+                     .replace("float[1,6,7] logits", "float[batch,seq,7] logits"),
+                     table=RNG.standard_normal((7, 7)).astype(np.float32))
+    report = accuracy_report(lm, lm)
+    assert report.inputs == "seeded random (seed 0; open dims set to 1: input_ids [1,1])"
+    assert accuracy_report(lm, lm, input_shapes={"input_ids": [1, 6]}).inputs == \
+        "seeded random (seed 0)"
+    batch_only = parse_model(CLASSIFIER.replace("float[4,8] x", "float[n,8] x")
+                             .replace("float[4,5] y", "float[n,5] y"),
+                             w=RNG.standard_normal((8, 5)).astype(np.float32))
+    assert accuracy_report(batch_only, batch_only).inputs == "seeded random (seed 0)"

@@ -299,4 +299,25 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         raise InputError(f"random inputs made for {reference.label} do not fit {candidate.label}: "
                          f"{exc}; pin the dims with {option('input_shapes', COMPARE_FLAGS)} or "
                          f"pass {option('feeds', COMPARE_FLAGS)}") from None
-    return arrays, f"seeded random (seed {seed})"
+    return arrays, f"seeded random (seed {seed}{_open_dims_note(reference, shapes, arrays)})"
+
+
+def _open_dims_note(reference: Side, shapes: dict, arrays: dict) -> str:
+    """"; open dims set to 1: input_ids [1,1]" for the inputs with an open dim beyond the
+    batch (axis 0) that nothing pinned, which random data fills with 1: a sequence of one
+    token says little about attention. A batch of one goes unsaid."""
+    opened = []
+    for entry in reference.inputs:
+        shape, pins = entry.get("shape"), shapes.get(entry["name"]) or []
+        array = arrays.get(entry["name"])
+        if shape is None or array is None or not hasattr(array, "shape"):
+            continue
+        open_axes = [axis for axis, dim in enumerate(shape) if not isinstance(dim, int)
+                     and (axis >= len(pins) or pins[axis] < 0)]
+        if any(axis > 0 for axis in open_axes) \
+                and all(array.shape[axis] == 1 for axis in open_axes):
+            opened.append(f"{entry['name']} [{','.join(map(str, array.shape))}]")
+    if not opened:
+        return ""
+    more = f", +{len(opened) - 3} more" if len(opened) > 3 else ""
+    return f"; open dims set to 1: {', '.join(opened[:3])}{more}"
