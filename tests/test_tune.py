@@ -517,6 +517,35 @@ def test_workers_stop_with_the_parent_on_ctrl_c_and_failures_are_one_line():
         supervise(failing, None, "tuning worker")
 
 
+def test_a_ctrl_c_while_the_workers_start_is_taken_once_they_have(monkeypatch):
+    # The parent used to ignore SIGINT while it started the workers (for them to inherit), so
+    # a Ctrl-C that came then was lost and the run went on to the end. Now it waits until
+    # every worker has started, and all are terminated; the workers themselves block it.
+    import multiprocessing
+    import os
+    import signal
+    from multiprocessing import process
+
+    from graphopt.tuner.workers import supervise
+
+    start = process.BaseProcess.start
+
+    def start_then_ctrl_c(self):
+        start(self)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(process.BaseProcess, "start", start_then_ctrl_c)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=time.sleep, args=(5,)) for _ in range(2)]
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        supervise(procs, None, "tuning worker")
+    assert [p.exitcode for p in procs] == [-signal.SIGTERM] * 2
+    assert time.monotonic() - started < 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
 def test_options_of_the_measured_subgraph_job_are_refused_for_op_tuning(tmp_path, capsys):
     from helpers import run_cli
 

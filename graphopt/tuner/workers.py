@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 
 from graphopt.errors import GraphoptError
 
@@ -15,29 +16,44 @@ def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
     """Start `procs` (spawned processes), call `tick` every 0.25 s until they end, and raise
     GraphoptError when any exits with an error (`what` names them: "tuning worker").
 
-    The workers start with SIGINT ignored (an ignored signal stays ignored across the spawn,
-    and Python then installs no handler of its own): Ctrl-C reaches the whole process group,
-    and a worker interrupted inside Optuna's commit of a trial dies with a traceback and the
-    trial half-told. The parent takes the KeyboardInterrupt, terminates them and re-raises; a
-    trial a worker was running is marked failed by the next run's heartbeat check."""
-    # Only the main thread may set a handler; a tune run from another thread has no Ctrl-C.
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    The workers start with SIGINT blocked, a mask a spawned process inherits (multiprocessing
+    protects its resource tracker so), since Ctrl-C reaches the whole process group, and a worker
+    interrupted inside Optuna's commit of a trial dies with a traceback and the trial
+    half-told. The parent takes the KeyboardInterrupt, terminates them and re-raises; a trial
+    a worker was running is marked failed by the next run's heartbeat check.
+
+    While it starts them, the parent only notes a Ctrl-C and takes it once they have all
+    started, so that none is left running untracked. (Ignoring SIGINT for the children's sake,
+    as this did before, dropped a Ctrl-C that came then: the run went on and ended as done.)"""
+    # Only the main thread takes Ctrl-C; a tune run from another thread has none to take.
+    main = threading.current_thread() is threading.main_thread() \
+        and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # as a background job's is
+    noted: list[int] = []
+    if main:
+        # Starting a process starts the resource tracker once, and that start unblocks
+        # SIGINT when it is done: start it first, so the block below holds.
+        resource_tracker.ensure_running()
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        for proc in procs:
-            proc.start()
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
-    try:
+        try:
+            for proc in procs:
+                proc.start()
+        finally:
+            if main:  # a Ctrl-C still pending goes to the restored handler
+                signal.signal(signal.SIGINT, previous)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if noted:
+            raise KeyboardInterrupt
         while any(proc.is_alive() for proc in procs):
             time.sleep(0.25)
             if tick is not None:
                 tick()
     except KeyboardInterrupt:
-        for proc in procs:
+        started = [proc for proc in procs if proc.pid is not None]
+        for proc in started:
             proc.terminate()
-        for proc in procs:
+        for proc in started:
             proc.join()
         raise
     for proc in procs:
