@@ -127,7 +127,7 @@ def _cmd_tune(args) -> int:
     from graphopt.tuner.model import model_estimate
     from graphopt.tuner.search import tune_kernel
     from graphopt.tuner.signature import idle_kernels, model_kernels
-    from graphopt.tuner.storage import open_storage, storage_url
+    from graphopt.tuner.storage import opened, storage_url
 
     if args.plot:
         _check_plot(args.plot, args)
@@ -175,11 +175,12 @@ def _cmd_tune(args) -> int:
     if args.study and len(kernels) > 1:
         raise OptionError(f"--study {args.study}: the model has {len(kernels)} kernel "
                           "signatures, each needs its own study; drop --study")
-    # Opened here, so that a server that refuses the connection is named by the flag given.
-    store = open_storage(url, option=_storage_option(args))
     line = ProgressLine(not args.quiet)
     results = []
-    with line:  # ended on Ctrl-C too: "graphopt: interrupted" gets a line of its own
+    # Opened here, so that a server that refuses the connection is named by the flag given;
+    # closed after, leaving an SQLite file at rest. The line ends on Ctrl-C too: "graphopt:
+    # interrupted" gets a line of its own.
+    with opened(url, option=_storage_option(args)) as store, line:
         for i, group in enumerate(kernels, 1):
             def progress(done: int, total: int, best: float, i=i) -> None:
                 line.update(f"kernel {i}/{len(kernels)}  trial {done}/{total}  "
@@ -253,14 +254,14 @@ def add_kb_parser(sub) -> None:
 
 def _cmd_kb_list(args) -> int:
     from graphopt.tuner.kb import list_kb, list_subgraph_studies
-    from graphopt.tuner.storage import open_storage
+    from graphopt.tuner.storage import opened
 
     def us(seconds):
         return "" if seconds is None else f"{seconds * 1e6:.2f}"
 
     # A mistyped --tuning-db would otherwise become a new, empty database and an empty table.
-    store = open_storage(_storage(args), option=_storage_option(args), read_only=True)
-    kernels, studies = list_kb(store), list_subgraph_studies(store)
+    with opened(_storage(args), option=_storage_option(args), read_only=True) as store:
+        kernels, studies = list_kb(store), list_subgraph_studies(store)
     if args.json:
         print(json.dumps({"kernels": kernels, "subgraph_studies": studies}, indent=2))
         return 0
@@ -282,18 +283,18 @@ def _cmd_kb_list(args) -> int:
 
 def _cmd_kb_export(args) -> int:
     from graphopt.tuner.kb import export_kb, export_text
-    from graphopt.tuner.storage import open_storage, sqlite_path
+    from graphopt.tuner.storage import opened, sqlite_path
 
     if args.json != "-":
         check_output_path("kb export", args.json,
                           {"the knowledge base": sqlite_path(_storage(args))})
-    store = open_storage(_storage(args), option=_storage_option(args), read_only=True)
-    if args.json == "-":  # to standard output, for a pipe; the count goes to stderr
-        text, count = export_text(store)
-        sys.stdout.write(text)
-        print(f"exported {count} kernel(s)", file=sys.stderr)
-        return 0
-    print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s)")
+    with opened(_storage(args), option=_storage_option(args), read_only=True) as store:
+        if args.json == "-":  # to standard output, for a pipe; the count goes to stderr
+            text, count = export_text(store)
+            sys.stdout.write(text)
+            print(f"exported {count} kernel(s)", file=sys.stderr)
+            return 0
+        print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s)")
     return 0
 
 

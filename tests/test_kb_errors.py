@@ -521,3 +521,24 @@ def test_a_default_knowledge_base_that_cannot_be_made_is_a_clear_error(tmp_path,
     assert rc == 1 and "the default knowledge base" in err and "give --tuning-db FILE" in err
     rc, out, err = run_cli(capsys, "calibrate", "--target", "cpu", "--quick")
     assert rc == 1 and "the default calibration file" in err and "give -o FILE" in err
+
+
+def test_reading_a_tuned_knowledge_base_leaves_no_journal_files_beside_it(tmp_path, capsys):
+    # A tune leaves its file in rollback-journal mode: in WAL mode every read-only reader
+    # (kb list, a compile with --tuning-db, report) left -wal and -shm files beside it.
+    from graphopt.cli import main
+
+    model = conv_model(tmp_path / "m.onnx")
+    folder = tmp_path / "kb"
+    folder.mkdir()
+    db = str(folder / "kb.db")
+    assert main(["tune", model, "--target", "ascend310", "--trials", "2", "--tuning-db", db,
+                 "-q"]) == 0
+    assert os.listdir(folder) == ["kb.db"]
+    for argv in (["kb", "list", "--tuning-db", db],
+                 ["optimize", model, "-o", str(tmp_path / "m.om"), "--target", "ascend310",
+                  "--tuning-db", db, "-q"]):
+        assert main(argv) == 0, argv
+        assert os.listdir(folder) == ["kb.db"], argv
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("delete",)

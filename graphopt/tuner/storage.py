@@ -168,18 +168,20 @@ def opened(storage: Any = None, **options) -> Iterator[optuna.storages.BaseStora
         yield store
     finally:
         if store is not storage:
-            _close(store)
+            close_storage(store)
 
 
-def _close(storage: optuna.storages.BaseStorage) -> None:
+def close_storage(storage: optuna.storages.BaseStorage) -> None:
+    """Release the connections of a storage open_storage opened, leaving an SQLite file it
+    wrote at rest (_at_rest)."""
     engine = getattr(storage, "engine", None)
     if engine is None:
         return
     read_only = _OPEN_SQLITE.pop(engine, None)
-    if read_only is False:
-        _checkpoint(engine)
     with contextlib.suppress(Exception):
         engine.dispose()
+    if read_only is False:
+        _at_rest(engine)
 
 
 # Every SQLite engine this process opened and has not closed -> whether read-only, for
@@ -189,31 +191,34 @@ _OPEN_SQLITE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 @atexit.register
 def _checkpoint_at_exit() -> None:
-    """Move what the WAL journal holds into the database file and close every connection, so
+    """Close every connection and leave each file this process wrote at rest (_at_rest), so
     the .db a tune leaves stands alone: `cp tuning.db` copies all of it, and a read-only
-    folder (which gets no -shm file, so ignores the journal) reads it whole. SQLite does this
-    when the last connection closes, unless that one is read-only, as the connections that
-    read back the results are; and pooled connections are not closed at exit at all."""
+    folder (which gets no -shm file, so ignores the journal) reads it whole. Pooled
+    connections are not closed at exit otherwise."""
     engines = list(_OPEN_SQLITE.items())
-    for engine, read_only in engines:
-        if read_only:
-            with contextlib.suppress(Exception):
-                engine.dispose()
+    for engine, _ in engines:
+        with contextlib.suppress(Exception):
+            engine.dispose()
     for engine, read_only in engines:
         if not read_only:
-            _checkpoint(engine)
-            with contextlib.suppress(Exception):
-                engine.dispose()
+            _at_rest(engine)
 
 
-def _checkpoint(engine) -> None:
-    """The WAL journal moved into the database file, if no other connection is at it."""
-    with contextlib.suppress(Exception):
-        with engine.connect() as connection:
-            # Other workers still at it: no waiting on them (the connection's 60 s lock
-            # timeout); the last one to finish checkpoints.
-            connection.exec_driver_sql("PRAGMA busy_timeout = 100")
-            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+def _at_rest(engine) -> None:
+    """The WAL journal moved into the database file and the file back in rollback-journal
+    mode, if no other connection is at it (the last worker out does it). In WAL mode even a
+    read-only reader (`kb list`, a compile with --tuning-db) leaves -wal and -shm files
+    beside it, which only a writer removes; a file at rest in the default mode gets none."""
+    import sqlite3
+
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return
+    with contextlib.suppress(Exception), contextlib.closing(sqlite3.connect(database)) as db:
+        # Other workers still at it: no waiting on them (the connection's 60 s lock timeout).
+        db.execute("PRAGMA busy_timeout = 100")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode = DELETE")
 
 
 # What every Optuna RDB storage has; a file without them is not a knowledge base.
