@@ -26,7 +26,7 @@ def add_calibrate_parser(sub) -> None:
                "  graphopt calibrate --target cpu --quick -o calib.json --threads 2\n")
     p.add_argument("--target", type=target_name, default="cpu", metavar="NAME",
                    help="the target to calibrate; only 'cpu' (the machine this runs on)")
-    p.add_argument("-o", "--output", metavar="FILE",
+    p.add_argument("-o", "--output", metavar="FILE.json",
                    help="where to write the JSON (default: ~/.cache/graphopt/calibration-cpu.json)")
     p.add_argument("--threads", type=positive_thread_count, default=1, metavar="N",
                    help="onnxruntime intra-op threads (default 1, as the benches report)")
@@ -49,6 +49,8 @@ def _cmd_calibrate(args) -> int:
             f"{args.target}`)")
     if args.output:  # checked before the benchmarks, which take seconds
         check_output_path("-o", args.output)
+        if not args.output.lower().endswith(".json"):  # a model given by mistake stays whole
+            raise OptionError(f"-o {args.output}: calibrate writes JSON (name it .json)")
     else:  # the default file's folder, created now (HOME may be unset, a file, read-only)
         try:
             os.makedirs(os.path.dirname(default_path()), exist_ok=True)

@@ -83,6 +83,10 @@ def test_calibrate_checks_its_output_before_measuring(files, capsys, monkeypatch
     assert rc == 1 and "is a file, not a folder" in err, err
     rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", files["root"])
     assert rc == 1 and "is a directory" in err, err
+    before = open(files["model"], "rb").read()  # a model named by mistake is left whole
+    rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", files["model"])
+    assert rc == 1 and "calibrate writes JSON (name it .json)" in err, err
+    assert open(files["model"], "rb").read() == before
 
 
 # --- destinations that refuse the write ------------------------------------------------------
