@@ -50,6 +50,9 @@ def add_bisect_parser(sub) -> None:
                         "(default: seeded random data)")
     p.add_argument("--rtol", type=tolerance, default=1e-4, help="relative tolerance (1e-4)")
     p.add_argument("--atol", type=tolerance, default=1e-5, help="absolute tolerance (1e-5)")
+    p.add_argument("--allow-custom-ops", action="store_true",
+                   help="keep ops of unknown custom domains in the compiles (onnxruntime must "
+                        "still run them, with their library registered)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_bisect)
 
@@ -59,7 +62,7 @@ def _cmd_bisect(args) -> int:
 
     result = bisect(args.model, level=args.level, target=args.target, feeds=args.inputs,
                     rtol=args.rtol, atol=args.atol, input_shapes=args.input_shape,
-                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+                    allow_custom_ops=args.allow_custom_ops, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(result.to_json(), indent=1) if args.json else format_result(result))
     return 1 if result.found else 0
 

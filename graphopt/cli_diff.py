@@ -39,6 +39,9 @@ def add_diff_parser(sub) -> None:
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="with --pass: compile for this target (`graphopt targets`); "
                         "without it, for none (an .om compiled without --target used cpu)")
+    p.add_argument("--allow-custom-ops", action="store_true",
+                   help="with --pass: keep ops of unknown custom domains instead of refusing "
+                        "the model")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--limit", type=non_negative_int, default=40, metavar="N",
                    help="show at most N entries per list in the text form (0: all; default 40)")
@@ -70,7 +73,8 @@ def _cmd_diff(args) -> int:
         raise UsageError(f"--pass {args.pass_name} takes one model, got {len(args.models)}")
     result = diff_pass(args.models[0], args.pass_name,
                        level=2 if args.level is None else args.level,
-                       target=args.target, all_runs=args.all_runs)
+                       target=args.target, all_runs=args.all_runs,
+                       allow_custom_ops=args.allow_custom_ops)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:

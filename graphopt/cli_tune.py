@@ -90,6 +90,9 @@ def add_tune_parser(sub) -> None:
                    help="local worker processes sharing the storage (default 1)")
     p.add_argument("--plot", metavar="FILE",
                    help="best-so-far cost vs trial per kernel (.png or .svg)")
+    p.add_argument("--allow-custom-ops", action="store_true",
+                   help="keep ops of unknown custom domains instead of refusing the model "
+                        "(they stay on the host CPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     from graphopt.cli import _add_precision_args
 
@@ -156,7 +159,8 @@ def _cmd_tune(args) -> int:
         raise OptionError(f"{' and '.join(given)} time candidates of --job subgraph "
                           "--objective measured; op tuning ranks tilings by the cost model")
     result = optimize(args.model, level=args.level, input_shapes=args.input_shape,
-                      target=args.target, pass_options=precision or None)
+                      target=args.target, pass_options=precision or None,
+                      allow_custom_ops=args.allow_custom_ops)
     partitioning = result.partitioning
     if not any(partitioning.target.device(p.device).kind == "npu"
                for p in partitioning.partitions):

@@ -20,7 +20,7 @@ def cmd_tune_subgraph(args, storage) -> int:
     url = storage_url(storage, option="--storage" if args.storage else "--tuning-db")
     job = SubgraphJob(args.model, args.target, args.level, args.input_shape, args.objective,
                       tuning_db=url, repeat=args.repeat, threads=args.threads,
-                      granularity=args.granularity)
+                      granularity=args.granularity, allow_custom_ops=args.allow_custom_ops)
     line = ProgressLine(not args.quiet)
     unit = "ms" if args.objective == "measured" else "µs"
 

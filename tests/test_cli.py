@@ -408,6 +408,26 @@ def test_custom_domain_with_allow_custom_ops_is_written(tmp_path, capsys):
     assert [(n.domain, n.op_type) for n in written.graph.node] == [("my.custom", "Frobnicate")]
 
 
+def test_every_command_that_suggests_allow_custom_ops_takes_it(tmp_path, capsys):
+    # The refusal of a custom domain says "pass --allow-custom-ops": diff --pass, tune (both
+    # jobs) and bisect compile the model too, and used to refuse the flag they were told of.
+    path = _save(_custom_op_model(imported=True), tmp_path / "custom.onnx")
+    db = tmp_path / "kb.db"
+    commands = {"diff": ["diff", path, "--pass", "EliminateDeadNodes"],
+                "tune": ["tune", path, "--target", "ascend310", "--job", "subgraph",
+                         "--trials", "1", "-q", "--tuning-db", db],
+                "bisect": ["bisect", path]}
+    for name, argv in commands.items():
+        rc, _, err = cli(capsys, *argv)
+        assert rc == 1 and "my.custom" in err, (name, err)
+        rc, out, err = cli(capsys, *argv, "--allow-custom-ops")
+        assert "unknown domain" not in err and "unrecognized arguments" not in err, (name, err)
+        if name == "bisect":  # the original has no kernel in onnxruntime: its own error
+            assert rc == 1 and "onnxruntime cannot run the original model" in err, err
+        else:
+            assert rc == 0, (name, err)
+
+
 def test_output_may_replace_an_existing_file(foldable, tmp_path, capsys):
     out_path = tmp_path / "out.onnx"
     out_path.write_bytes(b"old")

@@ -144,11 +144,12 @@ def _prefix(k: int, calls: list[GateCall]) -> str:
 
 
 def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4,
-           atol: float = 1e-5, input_shapes=None,
+           atol: float = 1e-5, input_shapes=None, allow_custom_ops: bool = False,
            progress: Callable[[str], None] | None = None) -> BisectResult:
     """Find what breaks `model`'s outputs (path, bytes or ModelProto) at -O`level`, against
     onnxruntime at ORT_DISABLE_ALL on `feeds` (a dict, an .npz path, or seeded random inputs
-    shaped by `input_shapes`). `progress` receives one line per evaluation."""
+    shaped by `input_shapes`); `allow_custom_ops` keeps ops of unknown domains in the
+    compiles, as optimize's does. `progress` receives one line per evaluation."""
     progress = progress or (lambda line: None)
     source, label = _load(model)
     if isinstance(target, (str, os.PathLike)):
@@ -157,7 +158,8 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4
         target = load_target(os.fspath(target))
     shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
               else validate_input_shapes(input_shapes or {}))
-    setup = Setup(source, label, level, target, shapes)
+    setup = Setup(source, label, level, target, shapes,
+                  pass_options={"allow_custom_ops": True} if allow_custom_ops else {})
     inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
         else "the given inputs" if feeds is not None else "seeded random inputs"
     evaluate = _Evaluator(source, _feeds(source, label, feeds, shapes), rtol, atol, progress,

@@ -67,6 +67,7 @@ class SubgraphJob:
     repeat: int = 20                      # measured: timed runs per candidate
     threads: int | None = None            # measured: onnxruntime intra-op threads
     granularity: str = "rule"             # subgraph_space.GRANULARITIES
+    allow_custom_ops: bool = False        # keep ops of unknown domains, as optimize's does
     # sha256 over the serialized model when it was given in memory (a knowledge-base lookup
     # from graphopt.optimize): its identity then, in place of the file's.
     model_digest: Any = field(default=None, repr=False, compare=False)
@@ -206,7 +207,8 @@ class Evaluator:
         else:
             options = None
         return optimize(self.source, level=self.job.level, input_shapes=self.job.input_shapes,
-                        target=self.target, rewrite_gate=gate, pass_options=options)
+                        target=self.target, rewrite_gate=gate, pass_options=options,
+                        allow_custom_ops=self.job.allow_custom_ops)
 
     def score(self, result) -> tuple[float, dict[str, float]]:
         if self.job.objective == "measured":
