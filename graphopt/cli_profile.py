@@ -70,7 +70,6 @@ def add_profile_parser(sub) -> None:
 
 def _cmd_profile(args) -> int:
     from graphopt.atomic import atomic_write_bytes
-    from graphopt.codegen.feeds import inputs_npz
     from graphopt.input_shapes import parse_input_shapes
     from graphopt.tools.advisor import advise
     from graphopt.tools.profile import profile_model
@@ -81,7 +80,7 @@ def _cmd_profile(args) -> int:
                                                   "--inputs": args.inputs,
                                                   "--calibration": args.calibration})
     shapes = parse_input_shapes(args.input_shape) if args.input_shape else None
-    feeds = inputs_npz(args.inputs) if args.inputs else None
+    feeds = args.inputs  # profile_model reads it, and names it when it does not fit
     profile = profile_model(args.model, feeds, repeat=args.repeat, warmup=args.warmup,
                             threads=args.threads, level=args.level, input_shapes=shapes,
                             calibration=args.calibration, seed=args.seed)

@@ -90,10 +90,12 @@ def _cmd_report(args) -> int:
             raise OptionError(f"{args.model}: not a compiled .om artifact")
         raise OptionError(f"{args.model}: not a compiled .om; compile it first: graphopt "
                           f"optimize {args.model} -o MODEL.om --target cpu")
+    from graphopt.cli_tune import named_storage  # --storage: a URL only, as for tune
+
     data = gather(args.model, reference=args.reference, inputs=args.inputs,
                   input_shapes=args.input_shape, per_tensor=args.per_tensor,
                   rtol=args.rtol, atol=args.atol, min_cosine=args.min_cosine,
-                  tuning_db=args.storage or args.tuning_db,
+                  tuning_db=named_storage(args),
                   tuning_option="--storage" if args.storage else "--tuning-db")
     # A file name that is not UTF-8 reaches the page as surrogate escapes: shown as \udcXX.
     page = render_report(data).encode("utf-8", errors="backslashreplace")

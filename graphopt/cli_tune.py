@@ -100,7 +100,7 @@ def add_tune_parser(sub) -> None:
     p.set_defaults(func=_cmd_tune)
 
 
-def _storage(args):
+def named_storage(args):
     """The storage the user named, None for the default file (storage.default_db_path)."""
     if args.storage is not None and "://" not in args.storage:
         from graphopt.tuner.storage import STORAGE_URLS
@@ -122,7 +122,7 @@ def _check_plot(path: str, args) -> None:
     if not path.lower().endswith((".png", ".svg")):
         raise OptionError(f"--plot {path}: the picture must end in .png or .svg")
     check_output_path("--plot", path, {"the model": args.model,
-                                       "the knowledge base": sqlite_path(_storage(args))})
+                                       "the knowledge base": sqlite_path(named_storage(args))})
 
 
 def _cmd_tune(args) -> int:
@@ -135,7 +135,7 @@ def _cmd_tune(args) -> int:
     if args.plot:
         _check_plot(args.plot, args)
     # Checked before the compile, which can take minutes, and without creating anything.
-    url = storage_url(_storage(args), option=_storage_option(args))
+    url = storage_url(named_storage(args), option=_storage_option(args))
     from graphopt.cli import _precision_options
 
     precision = _precision_options(args)
@@ -264,7 +264,7 @@ def _cmd_kb_list(args) -> int:
         return "" if seconds is None else f"{seconds * 1e6:.2f}"
 
     # A mistyped --tuning-db would otherwise become a new, empty database and an empty table.
-    with opened(_storage(args), option=_storage_option(args), read_only=True) as store:
+    with opened(named_storage(args), option=_storage_option(args), read_only=True) as store:
         kernels, studies = list_kb(store), list_subgraph_studies(store)
     if args.json:
         print(json.dumps({"kernels": kernels, "subgraph_studies": studies}, indent=2))
@@ -291,8 +291,8 @@ def _cmd_kb_export(args) -> int:
 
     if args.json != "-":
         check_output_path("kb export", args.json,
-                          {"the knowledge base": sqlite_path(_storage(args))})
-    with opened(_storage(args), option=_storage_option(args), read_only=True) as store:
+                          {"the knowledge base": sqlite_path(named_storage(args))})
+    with opened(named_storage(args), option=_storage_option(args), read_only=True) as store:
         if args.json == "-":  # to standard output, for a pipe; the count goes to stderr
             text, count = export_text(store)
             sys.stdout.write(text)
@@ -307,7 +307,7 @@ def _cmd_kb_import(args) -> int:
     from graphopt.tuner.storage import storage_url
 
     # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
-    url = storage_url(_storage(args), option=_storage_option(args))
+    url = storage_url(named_storage(args), option=_storage_option(args))
     added = import_kb(args.json, url, targets=args.target)
     source = "standard input" if args.json == "-" else args.json
     print(f"imported {added} kernel tiling(s) from {source}")

@@ -56,6 +56,9 @@ def knowledge_base(tuning_db) -> str | None:
     """`tuning_db` as a str, refused when it names a file that does not exist (a URL is
     checked when it is opened)."""
     tuning_db = path(tuning_db, "tuning_db")
+    if tuning_db is not None and "://" not in tuning_db and os.path.isdir(tuning_db):
+        raise OptionError(f"{setting('tuning_db', tuning_db)}: is a directory, expected a "
+                          "knowledge-base file")
     if tuning_db is not None and "://" not in tuning_db and not os.path.isfile(tuning_db):
         tune = "graphopt tune --tuning-db FILE" if from_command_line() else "graphopt tune"
         raise OptionError(f"{setting('tuning_db', tuning_db)}: no such knowledge base (`{tune}` "

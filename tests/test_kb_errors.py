@@ -316,9 +316,28 @@ def test_reading_a_missing_knowledge_base_is_refused(built, tmp_path, capsys, co
     assert "creates it" in err and not missing.exists()
 
 
-def test_a_directory_is_no_knowledge_base(tmp_path, capsys):
+def test_a_directory_is_no_knowledge_base(built, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "kb", "list", "--tuning-db", tmp_path)
     assert_user_error(rc, err, f"--tuning-db {tmp_path}: is a directory")
+    # optimize called it "no such knowledge base", as if it did not exist
+    rc, _, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "m.om",
+                         "--target", "ascend310", "--tuning-db", tmp_path)
+    assert_user_error(rc, err, f"--tuning-db {tmp_path}: is a directory")
+
+
+def test_a_file_where_the_tuning_db_folder_should_be_is_named_as_such(built, tmp_path, capsys):
+    (tmp_path / "afile").touch()
+    db = tmp_path / "afile" / "t.db"
+    rc, _, err = run_cli(capsys, "tune", built["model"], "--target", "ascend310",
+                         "--tuning-db", db)
+    assert_user_error(rc, err, f"--tuning-db {db}: directory {db.parent} is a file, not a folder")
+
+
+def test_report_storage_takes_a_url_only(built, tmp_path, capsys):
+    # A plain name was read as a file path and called missing, where tune says what --storage is.
+    rc, _, err = run_cli(capsys, "report", built["om"], "-o", tmp_path / "r.html",
+                         "--storage", "bad")
+    assert_user_error(rc, err, "--storage bad: not a storage URL")
 
 
 def test_a_plot_into_a_missing_directory_is_refused_before_tuning(built, tmp_path, capsys):

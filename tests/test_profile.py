@@ -269,6 +269,13 @@ def test_cli_errors(tiny, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "profile", junk)
     assert rc == 1 and "junk.om" in err
     assert not list(tmp_path.glob("*.json"))
+    # Feeds that do not fit are named by their file, not by the model.
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, z=np.zeros(3, np.float32))
+    rc, _, err = run_cli(capsys, "profile", tiny[0], "--inputs", wrong)
+    assert rc == 1 and f"--inputs {wrong}: unknown input 'z'" in err, err
+    with pytest.raises(InputError, match=r"^feeds='\S*wrong.npz': unknown input 'z'"):
+        profile_model(tiny[0], wrong, **RUNS)
 
 
 # --- onnxruntime's replacement names, INT8 kernels, shape profiles, long names -------------

@@ -1,8 +1,8 @@
 """Attention → its packed QKV GEMM, a Split and MultiHeadAttention: the form in which the int8
 and int4 passes quantize an Attention's weights.
 
-    x ─ Attention(Wqkv, b) ─┬─ y              x ─ GEMM(Wqkv, b) ─ Split ─ MultiHeadAttention ─┬─ y
-                            └─ present ─ Gather(1) ─ …      ⇒                                 └─ present_value ─ …
+    x ─ Attention(Wqkv, b) ─ y            x ─ GEMM(Wqkv, b) ─ Split ─ MultiHeadAttention ─ y
+          └─ present ─ Gather(1) ─ …   ⇒                          present_value ─ …
 
 onnxruntime's CPU Attention has no form that reads quantized weights, and its
 MultiHeadAttention no packed-QKV one ("Packed QKV of shape (B, L, N, 3, H) not implemented for

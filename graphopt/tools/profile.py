@@ -17,7 +17,7 @@ from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import check_pins
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
-from graphopt.option_names import PROFILE_FLAGS, option
+from graphopt.option_names import PROFILE_FLAGS, option, setting
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
@@ -88,7 +88,7 @@ class Profile(ProfileStats):
 
 
 def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
-                  feeds: Mapping[str, np.ndarray] | None = None, *,
+                  feeds: Mapping[str, np.ndarray] | str | os.PathLike | None = None, *,
                   repeat: int = DEFAULT_REPEAT, warmup: int = DEFAULT_WARMUP,
                   threads: int | None = None, level: str | None = None,
                   input_shapes: Mapping[str, list[int]] | None = None,
@@ -96,12 +96,15 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
     """Run a model `repeat` times after `warmup` untimed runs with onnxruntime's profiler on.
 
     `level` is onnxruntime's graph optimization level (default: what `graphopt run` uses, the
-    level each .om partition recorded; "all" for an .onnx). Without `feeds`, seeded random
-    inputs shaped by the model's signature with `input_shapes` pinning dynamic dims.
+    level each .om partition recorded; "all" for an .onnx). `feeds` is a dict or an .npz path;
+    without it, seeded random inputs shaped by the model's signature with `input_shapes`
+    pinning dynamic dims.
     `calibration` is a `graphopt calibrate` JSON (default: its default path when present, else
     the `cpu` target profile's figures).
     """
     _check_options(repeat, warmup, threads, level)
+    if isinstance(feeds, (str, os.PathLike)):  # its errors name the file, not the model
+        feeds = _NamedFeeds(feeds)
     cost, source, notes = _cost_model(calibration)
     is_proto = isinstance(path_or_proto, onnx.ModelProto)
     label = "<model>" if is_proto else os.fspath(path_or_proto)
@@ -322,6 +325,19 @@ def _signature(proto: onnx.ModelProto) -> list[dict]:
     return typed_inputs(proto)
 
 
+class _NamedFeeds(dict):
+    """Feeds read from an .npz, which a mismatch with the model names."""
+
+    def __init__(self, path: str | os.PathLike):
+        from graphopt.codegen.feeds import load_npz
+
+        self.label = setting("feeds", os.fspath(path), PROFILE_FLAGS)
+        try:
+            super().__init__(load_npz(path))
+        except InputError as exc:
+            raise InputError(f"{option('feeds', PROFILE_FLAGS)} {exc}") from None
+
+
 def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]:
     """The caller's feeds checked against the signature, or seeded random ones."""
     from graphopt.codegen.feeds import check_feeds, npz_holds, random_feeds
@@ -333,7 +349,7 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
         try:
             check_feeds(signature, feeds)
         except InputError as exc:
-            raise InputError(f"{label}: {exc}") from None
+            raise InputError(f"{getattr(feeds, 'label', label)}: {exc}") from None
         return dict(feeds)
     pinned = []
     check_pins(input_shapes or {}, signature, label)

@@ -111,8 +111,10 @@ def _check_sqlite_file(path: str, option: str, given: str, must_exist: bool) -> 
             flag = "--storage" if "://" in given else "--tuning-db"
             raise OptionError(f"{label}: no such file (`graphopt tune … {flag} {given}` "
                               "creates it)")
-        if not os.path.isdir(os.path.dirname(path)):
-            raise OptionError(f"{label}: directory {os.path.dirname(path)} does not exist")
+        folder = os.path.dirname(path)
+        if not os.path.isdir(folder):
+            problem = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+            raise OptionError(f"{label}: directory {folder} {problem}")
         return
     try:  # through the kept descriptor: closing one would drop SQLite's locks (file_handle)
         head = os.pread(file_handle(path), len(SQLITE_MAGIC), 0)

@@ -40,9 +40,13 @@ def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
             for proc in procs:
                 proc.start()
         finally:
-            if main:  # a Ctrl-C still pending goes to the restored handler
-                signal.signal(signal.SIGINT, previous)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            if main:
+                # A Ctrl-C still pending is noted, or raised by the restored handler, whose
+                # KeyboardInterrupt may come right after it is back: so it goes back last.
+                try:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                finally:
+                    signal.signal(signal.SIGINT, previous)
         if noted:
             raise KeyboardInterrupt
         while any(proc.is_alive() for proc in procs):
