@@ -174,7 +174,7 @@ class _Walk:
             if quiet:
                 return ()  # the answer without data differs from any real answer
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InputError(f"{self.label}: node '{node.name or '?'}' ({node.qualified_op}): "
+            raise InputError(f"{self.label}: node {node.label} ({node.qualified_op}): "
                              f"shape inference refuses it: {first}") from None
         except (onnx.checker.ValidationError, ValueError, RuntimeError):
             raise _WholeModel from None  # a type check the whole-model run does not make
@@ -222,7 +222,7 @@ class _Walk:
                 producer = value.producer
                 raise InputError(
                     f"{self.label}: graph output '{value.name}' is declared "
-                    f"{value.dtype.name}, but node '{producer.name or '?'}' "
+                    f"{value.dtype.name}, but node {producer.label} "
                     f"({producer.qualified_op}) computes {TensorProto.DataType.Name(elem)}")
 
 

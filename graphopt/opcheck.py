@@ -235,7 +235,7 @@ def expandable(op_type: str, domain: str, version: int) -> bool:
 
 
 def _where(label: str, node: Node) -> str:
-    return f"{label}: node '{node.name or '?'}' ({node.qualified_op})"
+    return f"{label}: node {node.label} ({node.qualified_op})"
 
 
 _PLAIN_KINDS = {AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,

@@ -372,7 +372,7 @@ def test_a_subgraph_node_redefining_an_outer_value_is_refused():
     # SSA spans scopes: onnx.checker and onnxruntime refuse it; graphopt wrote it out invalid.
     bad = _if_model([helper.make_node("Neg", ["x"], ["t"]),
                      helper.make_node("Add", ["t", "x"], ["t_out"])])
-    with pytest.raises(InputError, match=r"value 't' is defined twice: node '\?' \(Neg\) of "
+    with pytest.raises(InputError, match=r"value 't' is defined twice: an unnamed node \(Neg\) of "
                                          r"subgraph 'then' redefines a value of an enclosing graph"):
         load_onnx(bad)
     good = _if_model([helper.make_node("Neg", ["x"], ["t2"]),

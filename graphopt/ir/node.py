@@ -147,6 +147,12 @@ class Node:
     def qualified_op(self) -> str:
         return self.op_type if self.is_onnx else f"{self.domain}::{self.op_type}"
 
+    @property
+    def label(self) -> str:
+        """How messages name the node after "node ": its name quoted, or, for the many exports
+        whose nodes have none, the value it writes (`writing 'y'`)."""
+        return unnamed_label(self.name, [v.name for v in self.outputs if v is not None])
+
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""
         return f"<{self.qualified_op}{label}>"
@@ -155,3 +161,12 @@ class Node:
 # What a pickled node keeps of itself: not its wiring, list links or weak-reference slot.
 _STATE = tuple(slot for slot in Node.__slots__
                if slot not in ("_inputs", "_outputs", "_prev", "_next", "__weakref__"))
+
+
+def unnamed_label(name: str, outputs: list[str]) -> str:
+    """Node.label for a node's name and output names: `'conv1'`, `writing 'y'`, or `(unnamed)`
+    when it has neither."""
+    if name:
+        return f"'{name}'"
+    written = next((out for out in outputs if out), None)
+    return f"writing '{written}'" if written else "(unnamed)"

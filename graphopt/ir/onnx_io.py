@@ -306,10 +306,12 @@ class _Importer:
                     outputs.append(None)
                     continue
                 if out_name in local:
-                    raise self.error(f"value '{out_name}' is defined twice (again by node "
-                                     f"'{name}' ({op_type}))")
+                    who = f"node '{name}'" if name else "an unnamed node"
+                    raise self.error(f"value '{out_name}' is defined twice (again by {who} "
+                                     f"({op_type}))")
                 if out_name in outer:  # SSA spans scopes: onnxruntime refuses the shadowing
-                    raise self.error(f"value '{out_name}' is defined twice: node '{name or '?'}' "
+                    who = f"node '{name}'" if name else "an unnamed node"
+                    raise self.error(f"value '{out_name}' is defined twice: {who} "
                                      f"({op_type}) of subgraph '{proto.name}' redefines a value "
                                      "of an enclosing graph")
                 value = local[out_name] = Value(out_name)
@@ -334,7 +336,7 @@ class _Importer:
                 # The local dict first: ChainMap.get costs several dict lookups.
                 value = local.get(in_name) or scope.get(in_name)
                 if value is None:
-                    raise self.error(f"node '{node.name or '?'}' ({node.op_type}) reads undefined "
+                    raise self.error(f"node {node.label} ({node.op_type}) reads undefined "
                                      f"value '{in_name}'")
                 inputs.append(value)
             node.set_inputs(inputs)
@@ -541,7 +543,7 @@ def _unused_name(name: str, taken: set[str], given: set[str], suffixes: dict[str
 
 
 def _where(node: Node) -> str:
-    return f"node '{node.name or '?'}' ({node.op_type})"
+    return f"node {node.label} ({node.op_type})"
 
 
 def _decode(data: bytes) -> str | bytes:
