@@ -16,9 +16,11 @@ from graphopt.errors import InputError
 from graphopt.table import format_table
 
 
-def read_onnx(path: str | os.PathLike) -> onnx.ModelProto:
-    """Parse an .onnx file without its external data (inspection needs only the weights' dims)."""
+def read_onnx(path: str | os.PathLike, om_too: bool = True) -> onnx.ModelProto:
+    """Parse an .onnx file without its external data (inspection needs only the weights' dims).
+    `om_too`: the caller took an .om as well, which a bad file's message then says it is not."""
     path = os.fspath(path)
+    what = "neither an .om artifact nor a valid ONNX model" if om_too else "not a valid ONNX model"
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -32,11 +34,11 @@ def read_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise InputError(f"{path}: neither an .om artifact nor a valid ONNX model ({exc})") from None
+        raise InputError(f"{path}: {what} ({exc})") from None
     # Random bytes sometimes parse "successfully" into an empty-ish message.
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
-        raise InputError(f"{path}: neither an .om artifact nor a valid ONNX model (no ir_version, "
-                         "graph or opset_import; the file may be truncated)")
+        raise InputError(f"{path}: {what} (no ir_version, graph or opset_import; the file may "
+                         "be truncated)")
     return model
 
 

@@ -117,8 +117,8 @@ def _computed(graph: onnx.GraphProto, partition: str = "") -> list[Tensor]:
     return tensors
 
 
-def _read_onnx(path: str) -> onnx.ModelProto:
-    model = read_onnx(path)
+def _read_onnx(path: str, om_too: bool) -> onnx.ModelProto:
+    model = read_onnx(path, om_too)
     try:
         load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
     except (OSError, ValueError) as exc:
@@ -126,8 +126,9 @@ def _read_onnx(path: str) -> onnx.ModelProto:
     return model
 
 
-def _onnx_side(model, label: str) -> Side:
-    proto = model if isinstance(model, onnx.ModelProto) else _read_onnx(label)
+def _onnx_side(model, label: str, om_too: bool = True) -> Side:
+    """`om_too`: an .om would have been taken in its place (a bad file is neither)."""
+    proto = model if isinstance(model, onnx.ModelProto) else _read_onnx(label, om_too)
     # A model LayoutNchwc blocked for another CPU: say so, not onnxruntime's shape error.
     problem = block_mismatch({p.key: p.value for p in proto.metadata_props})
     if problem:
@@ -145,7 +146,7 @@ def load_reference(model) -> Side:
     path = os.fspath(model)
     if os.path.isfile(path) and is_om(path):
         raise InputError(f"{path}: the reference must be an .onnx model, not an .om artifact")
-    return _onnx_side(None, path)
+    return _onnx_side(None, path, om_too=False)
 
 
 def load_candidate(model) -> Side:
@@ -296,6 +297,9 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
     try:
         check_feeds(candidate.inputs, arrays)
     except InputError as exc:
+        if input_shapes:  # the user's pins: what they ask for does not fit, nothing to add
+            raise InputError(f"{option('input_shapes', COMPARE_FLAGS)} shapes inputs that do "
+                             f"not fit {candidate.label}: {exc}") from None
         raise InputError(f"random inputs made for {reference.label} do not fit {candidate.label}: "
                          f"{exc}; pin the dims with {option('input_shapes', COMPARE_FLAGS)} or "
                          f"pass {option('feeds', COMPARE_FLAGS)}") from None
