@@ -410,6 +410,8 @@ def _cmd_zoo_build(args) -> int:
     from graphopt import zoo
     from graphopt.atomic import atomic_write_bytes
 
+    if os.path.isdir(args.output):
+        raise OptionError(f"-o {args.output}: is a directory, expected a file path")
     if not args.output.endswith(".onnx"):
         raise OptionError(f"-o {args.output}: zoo build writes ONNX (name it .onnx); compile it "
                           "to an .om with graphopt optimize")

@@ -57,7 +57,8 @@ def _cmd_diff(args) -> int:
                                       ("-O", args.level is not None),
                                       ("--target", args.target)) if on]
         if used:
-            raise OptionError(f"{', '.join(used)} only apply with --pass NAME")
+            raise OptionError(f"{', '.join(used)} {'apply' if len(used) > 1 else 'applies'} "
+                              "only with --pass NAME")
         if len(args.models) != 2:
             raise UsageError(f"diff takes two models A and B, got {len(args.models)} "
                               "(or one model with --pass NAME)")

@@ -14,6 +14,8 @@ def check_output_path(option: str, path: str, inputs: dict[str, str | None] | No
     """OptionError naming `option` when `path` cannot be written as a file, or is the same file
     as one of `inputs` (what -> path: "the model", "--inputs", …; None entries are skipped).
     `path` is judged where a write to it lands: a symbolic link's target (graphopt.atomic)."""
+    if not os.fspath(path):
+        raise OptionError(f"{option}: an empty path, expected a file name")
     target = destination(path)
     if os.path.isdir(target):
         raise OptionError(f"{option} {path}: is a directory, expected a file path")

@@ -34,6 +34,7 @@ FLAGS = {
     "precision": "--precision",
     "precision_allow": "--precision-allow",
     "precision_deny": "--precision-deny",
+    "quant_skip": "--quant-skip",
     "quantize": "--quantize",
     "rtol": "--rtol",
     "switch_file": "--switch-file",

@@ -428,6 +428,23 @@ def test_every_command_that_suggests_allow_custom_ops_takes_it(tmp_path, capsys)
             assert rc == 0, (name, err)
 
 
+def test_small_mistakes_get_messages_that_say_what_to_do(foldable, tmp_path, capsys):
+    rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "x.om", "--disable-pass",
+                     "foldconstants")
+    assert rc == 1 and "unknown pass or rule foldconstants (did you mean FoldConstants?" in err
+    rc, _, err = cli(capsys, "optimize", foldable, "-o", "")  # was "-o : is a directory"
+    assert rc == 1 and "-o: an empty path, expected a file name" in err, err
+    (tmp_path / "adir").mkdir()
+    rc, _, err = cli(capsys, "zoo", "build", "tiny", "-o", tmp_path / "adir")
+    assert rc == 1 and "is a directory, expected a file path" in err, err
+    calibration = tmp_path / "c.npz"
+    np.savez(calibration, **numerics.random_feeds(onnx.load(foldable), seed=0))
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "q.onnx", "--quantize",
+                       "int8", "--calibration", calibration, "--quant-skip", "NoSuchThing")
+    assert rc == 0, err
+    assert "--quant-skip 'NoSuchThing' matches nothing" in out + err, out + err
+
+
 def test_output_may_replace_an_existing_file(foldable, tmp_path, capsys):
     out_path = tmp_path / "out.onnx"
     out_path.write_bytes(b"old")

@@ -251,7 +251,7 @@ def test_zoo_model_pass_mode_pairs_every_rebuilt_conv(tmp_path, capsys):
     (["MODEL"], "diff takes two models A and B, got 1"),
     (["MODEL", "MODEL", "MODEL"], "diff takes two models A and B, got 3"),
     (["MODEL", "MODEL", "--pass", "FuseGelu"], "--pass FuseGelu takes one model, got 2"),
-    (["MODEL", "MODEL", "--all-runs", "-O", "3"], "--all-runs, -O only apply with --pass NAME"),
+    (["MODEL", "MODEL", "--all-runs", "-O", "3"], "--all-runs, -O apply only with --pass NAME"),
 ])
 def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
     txt = tmp_path / "000_import.txt"

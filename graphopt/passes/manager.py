@@ -60,7 +60,11 @@ def check_pass_names(names, what: str) -> None:
 
     unknown = sorted(set(names) - set(PASSES) - set(RULES))
     if unknown:
-        raise OptionError(f"{what}: unknown pass or rule {', '.join(unknown)} (passes: "
+        # Names are case-sensitive: `foldconstants` is FoldConstants mistyped.
+        by_case = {name.lower(): name for name in (*PASSES, *RULES)}
+        meant = [by_case[name.lower()] for name in unknown if name.lower() in by_case]
+        hint = f"did you mean {', '.join(meant)}? " if meant else ""
+        raise OptionError(f"{what}: unknown pass or rule {', '.join(unknown)} ({hint}passes: "
                           f"{', '.join(sorted(PASSES))}; `graphopt passes` lists the rules)")
 
 

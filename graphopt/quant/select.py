@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Value
+from graphopt.option_names import option
 from graphopt.passes.unmatched import op_spellings, unmatched_note
 from graphopt.quant import attention_split
 
@@ -214,7 +215,7 @@ def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
     """A note on the `quant_skip` entries that name no node and no op type of `graph` (fusions
     rename the nodes they replace), with the nearest names; None when all match."""
     known = {name for node in graph.all_nodes() for name in (node.name, *op_spellings(node))}
-    note = unmatched_note([("quant_skip", skip, known)])
+    note = unmatched_note([(option("quant_skip"), skip, known)])
     return f"{pass_name}: {note}" if note else None
 
 
