@@ -115,7 +115,8 @@ def bench_model(label: str, name: str, options: dict, batches, seqs, runs: int,
                      **{k: vars(v) for k, v in stats.items()}})
         print(f"{label} {batch}×{seq}: ORT {stats['onnxruntime'].median * 1e3:.2f} ms, profiled "
               f"{stats['profiled .om'].median * 1e3:.2f} ms, single "
-              f"{stats['single-shape .om'].median * 1e3:.2f} ms, {check.cell()}", flush=True)
+              f"{stats['single-shape .om'].median * 1e3:.2f} ms, {check.cell()}", flush=True,
+              file=sys.stderr)  # progress: stdout carries the tables alone
         del alone
     first = (batches[0], seqs[0])
     feeds = zoo.sample_inputs(proto, seed=0, dims={"batch_size": first[0],
