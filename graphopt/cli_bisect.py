@@ -62,7 +62,8 @@ def _cmd_bisect(args) -> int:
 
     result = bisect(args.model, level=args.level, target=args.target, feeds=args.inputs,
                     rtol=args.rtol, atol=args.atol, input_shapes=args.input_shape,
-                    allow_custom_ops=args.allow_custom_ops, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                    allow_custom_ops=args.allow_custom_ops,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(result.to_json(), indent=1) if args.json else format_result(result))
     return 1 if result.found else 0
 

@@ -114,7 +114,8 @@ def _cmd_run(args) -> int:
     )
 
     warmup = _check_run_options(args)
-    feeds = inputs_npz(args.inputs) if args.inputs else None  # a bad file fails before the slow load
+    # A bad file fails before the slow load.
+    feeds = inputs_npz(args.inputs) if args.inputs else None
     with warnings_as("always", record=True) as caught:
         # --profile opens that profile's sessions alone.
         session, load_seconds = timed(lambda: load(

@@ -126,6 +126,15 @@ def test_present_read_as_a_whole_keeps_the_attention_float():
     result = QuantizeInt4Weights().run(model, PassContext(Options(quantize="int4")))
     assert [n.op_type for n in model.graph if n.op_type == "Attention"] == ["Attention"]
     assert "Attention_quantized" not in result.stats
+    # The same once the guard is gone: the model's output is the only reader left.
+    model = graphopt.optimize(_guarded_attention()).model
+    (attention,) = [n for n in model.graph if n.op_type == "Attention"]
+    present = attention.outputs[1]
+    for reader, _ in list(present.uses):
+        reader.set_inputs([None if v is present else v for v in reader.inputs])
+    model.graph.outputs.append(present)
+    QuantizeInt4Weights().run(model, PassContext(Options(quantize="int4")))
+    assert [n.op_type for n in model.graph if n.op_type == "Attention"] == ["Attention"]
 
 
 def test_int4_names_the_float_weights_it_leaves(tmp_path):

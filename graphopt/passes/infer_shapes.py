@@ -110,8 +110,8 @@ def infer_shapes(model: Model) -> int:
 # Skip(Simplified)LayerNormalization's fourth output, the sum of input, skip and bias, which a
 # residual path reads on: its first input's type and shape too.
 _SKIP_SUM_OUTPUT = 3
-# Attention's second output, `present`: K and V in [2, B, N, T, H], which PackedGuardedSelfAttention
-# reads V from.
+# Attention's second output, `present`: K and V in [2, B, N, T, H], which
+# PackedGuardedSelfAttention reads V from.
 _PRESENT_OUTPUT = 1
 
 

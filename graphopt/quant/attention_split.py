@@ -1,8 +1,8 @@
 """Attention → its packed QKV GEMM, a Split and MultiHeadAttention: the form in which the int8
 and int4 passes quantize an Attention's weights.
 
-    x ─ Attention(Wqkv, b) ─ y            x ─ GEMM(Wqkv, b) ─ Split ─ MultiHeadAttention ─ y
-          └─ present ─ Gather(1) ─ …   ⇒                          present_value ─ …
+    x ─ Attention(Wqkv, b) ─ y          x ─ GEMM(Wqkv, b) ─ Split ─ MultiHeadAttention ─ y
+          └─ present ─ Gather(1) ─ …  ⇒                        └─ present_value ─ …
 
 onnxruntime's CPU Attention has no form that reads quantized weights, and its
 MultiHeadAttention no packed-QKV one ("Packed QKV of shape (B, L, N, 3, H) not implemented for
@@ -41,14 +41,16 @@ def refusal(node: Node) -> str | None:
 
 def _present_reads(present: Value) -> list[tuple[Node, int]] | None:
     """(reader, 0 for K or 1 for V) for each reader of `present`, when each is a Gather of a
-    constant scalar index on axis 0; None otherwise."""
+    constant scalar index on axis 0; None otherwise (a present the model returns too)."""
+    if present.is_graph_output:
+        return None
     reads = []
     for reader, slot in present.uses:
         index = reader.input(1)
         data = index.constant() if reader.op_type == "Gather" and reader.is_onnx and slot == 0 \
             and index is not None and index.is_constant else None
         if data is None or np.ndim(data) != 0 or int(data) not in (0, 1, -1, -2) \
-                or reader.attr("axis", 0) != 0 or present.is_graph_output:
+                or reader.attr("axis", 0) != 0:
             return None
         reads.append((reader, int(data) % 2))
     return reads

@@ -200,7 +200,8 @@ class ConvertPrecision(Pass):
         result.count("casts_removed", removed)
         result.count("weights_converted", converted)
         if clipped:
-            names = ", ".join(name for name, _ in clipped[:3]) + (", …" if len(clipped) > 3 else "")
+            names = ", ".join(name for name, _ in clipped[:3]) \
+                + (", …" if len(clipped) > 3 else "")
             ctx.note(f"ConvertPrecision: {sum(n for _, n in clipped)} constant element(s) beyond "
                      f"the {half.short} range clipped to its largest finite value (in {names})")
         if flushed:
