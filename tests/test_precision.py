@@ -319,8 +319,9 @@ def test_an_npu_keeps_float32_what_its_cpu_stand_in_refuses_in_float16(tmp_path)
                for note in result.notes), result.notes
     graphopt.save(result, tmp_path / "m.om")
     feeds = numerics.random_feeds(proto, seed=1)
-    with pytest.warns(RuntimeWarning, match="functional stand-in"):
+    with pytest.warns(RuntimeWarning, match="functional stand-in") as caught:
         session = graphopt.load(tmp_path / "m.om")
+    assert caught[0].filename == __file__  # the caller's line, not graphopt's own
     (actual,) = session.run(feeds).values()
     np.testing.assert_allclose(actual, numerics.run(proto, feeds)["y"], atol=2e-3, rtol=0)
 

@@ -6,6 +6,7 @@ import copy
 import os
 import platform
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Mapping
@@ -128,6 +129,16 @@ def _direct(step: _Step | None, spec: PlainFeeds | None, mapped: OpenedFile | No
             raise _failed(step, exc) from None
 
     return direct
+
+
+def _outside_graphopt() -> int:
+    """The warnings stacklevel of the first caller outside the graphopt package: the user's
+    line that loaded the artifact, through graphopt.load or OmSession alike."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _first_line(exc: BaseException) -> str:
@@ -526,7 +537,7 @@ class OmSession:
                 f"{' or '.join(sorted(wanted))} not installed: {', '.join(fallback)} "
                 "run on the CPU provider as a functional stand-in",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=_outside_graphopt(),
             )
         self._artifact = artifact
         self._inputs = _typed(artifact, artifact.inputs)

@@ -77,7 +77,9 @@ def conv_kind(rw: Rewriter, node: Node) -> str:
     x, w, b = node.input(0), node.input(1), node.input(2)
     if node.input(3) is not None:
         return "-FusedConv adds a Z input"
-    if w is None or not w.is_constant or w.dtype != DType.FLOAT or len(w.shape or ()) != 4:
+    if w is not None and w.shape is not None and len(w.shape) != 4:
+        return f"-a {len(w.shape) - 2}-D conv (NCHWc blocks 2-D convs)"
+    if w is None or not w.is_constant or w.dtype != DType.FLOAT or w.shape is None:
         return "-the weight is not a constant float32 [O, I, kh, kw] tensor"
     o, i = w.shape[:2]
     if b is not None and not (b.is_constant and b.dtype == DType.FLOAT and b.shape == (o,)):
@@ -214,7 +216,9 @@ def pool(rw: Rewriter, node: Node) -> None:
     reason = None
     if any(v is not None for v in node.outputs[1:]):
         reason = "MaxPool returns indices"
-    elif x.dtype != DType.FLOAT or x.shape is None or len(x.shape) != 4:
+    elif x.shape is not None and len(x.shape) != 4:
+        reason = f"a {len(x.shape) - 2}-D pool (NCHWc blocks 2-D pools)"
+    elif x.dtype != DType.FLOAT or x.shape is None:
         reason = "the input is not a known float32 4-D tensor"
     elif channels is None or channels % rw.block:
         reason = f"{channels or 'unknown'} channels, not a multiple of the block {rw.block}"
