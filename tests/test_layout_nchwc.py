@@ -479,7 +479,7 @@ NEGATIVES = {
         ["Conv"], note="depthwise over 6 channels, not a multiple of 4", k=w(6, 1, 3, 3)),
     "1-D conv": case(
         "g (float[1,16,8] x, float[16,16,3] k) => (float y) { y = Conv(x, k) }",
-        ["Conv"], note="[O, I, kh, kw]", k=w(16, 16, 3)),
+        ["Conv"], note="a 1-D conv (NCHWc blocks 2-D convs)", k=w(16, 16, 3)),
     "MaxPool with indices": case(
         f"g ({X16}) => (float y, int64 i) {{ y, i = MaxPool<kernel_shape=[2,2]>(x) }}",
         ["MaxPool"], note="MaxPool returns indices"),
