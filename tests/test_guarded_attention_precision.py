@@ -25,9 +25,10 @@ D = N * H
 MIN = float(np.finfo(np.float32).min)
 
 
-def _guarded_attention(present_output: bool = False) -> onnx.ModelProto:
+def guarded_attention(B: int = B, S: int = S, N: int = N, H: int = H) -> onnx.ModelProto:
     """One self-attention block on x [B,S,D] with a padding mask, as PyTorch exports
     scaled_dot_product_attention: Where(IsNaN(P), 0, P) after the Softmax."""
+    D = N * H
     rng = np.random.default_rng(11)
     nodes, inits = [], []
 
@@ -91,7 +92,7 @@ def test_guarded_attention_is_converted_and_keeps_its_zero_rows(tmp_path, mode):
     options, min_cosine = MODES[mode]
     if mode == "int8":
         options = {**options, "calibration": _calibration(tmp_path)}
-    proto = _guarded_attention()
+    proto = guarded_attention()
     out = graphopt.optimize(proto, pass_options=options).to_onnx()
     onnx.checker.check_model(out)
     ops = _counts(out)
@@ -118,7 +119,7 @@ def test_guarded_attention_is_converted_and_keeps_its_zero_rows(tmp_path, mode):
 def test_present_read_as_a_whole_keeps_the_attention_float():
     # A reader of `present` that is no Gather of K or V (here: the model's output) has no
     # counterpart in MultiHeadAttention's outputs, so the Attention stays as it is.
-    model = graphopt.optimize(_guarded_attention()).model
+    model = graphopt.optimize(guarded_attention()).model
     (attention,) = [n for n in model.graph if n.op_type == "Attention"]
     present = attention.outputs[1]
     assert present.dtype == DType.FLOAT and present.shape == (2, B, N, S, H)  # typed for fp16
@@ -127,7 +128,7 @@ def test_present_read_as_a_whole_keeps_the_attention_float():
     assert [n.op_type for n in model.graph if n.op_type == "Attention"] == ["Attention"]
     assert "Attention_quantized" not in result.stats
     # The same once the guard is gone: the model's output is the only reader left.
-    model = graphopt.optimize(_guarded_attention()).model
+    model = graphopt.optimize(guarded_attention()).model
     (attention,) = [n for n in model.graph if n.op_type == "Attention"]
     present = attention.outputs[1]
     for reader, _ in list(present.uses):

@@ -117,7 +117,11 @@ def _dtype_problem(node: Node, support: OpSupport) -> str | None:
 def _rank_problem(node: Node, support: OpSupport) -> str | None:
     if support.max_rank is None:
         return None
-    for value in _tensors(node):
+    # The inputs and the result: a later output is a by-product in the layout onnxruntime's
+    # contrib op packs it, such as Attention's present ([2, B, N, S, H], K and V stacked),
+    # which a device computes as the K and V it has anyway.
+    checked = [v for v in [*node.inputs, *node.outputs[:1]] if v is not None and v.is_tensor]
+    for value in checked:
         if value.shape is not None and len(value.shape) > support.max_rank:
             return f"rank {len(value.shape)} of {_describe(value)} above {support.op}'s limit {support.max_rank}"
     return None
