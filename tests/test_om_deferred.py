@@ -332,3 +332,68 @@ def test_close_releases_the_sessions_and_the_file_and_run_then_refuses(tmp_path,
         session.run({"X": x})
     session.close()  # again: nothing to do
     assert session.inputs[0]["name"] == "X"  # the signature stays readable
+
+
+def test_a_run_that_a_close_overtakes_says_the_session_was_closed(tmp_path):
+    # run() on one thread, close() on another: a run past its first checks found the
+    # artifact's file closed under it, and raised OSError (EBADF) from its in-place check.
+    w = np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5  # mapped: a blob
+    path = tmp_path / "m.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_model(w))])
+    x = {"X": np.ones((1, 512), np.float32)}
+    session = OmSession(path)
+    session.run(x)
+    direct, mapped = session._direct, session._mapped  # as a racing run holds them
+    assert direct is not None and mapped is not None
+    session.close()
+    with pytest.raises(runtime.GraphoptError, match="the session was closed"):
+        direct(x)
+    session._mapped = mapped  # read by run() before close() cleared it
+    with pytest.raises(runtime.GraphoptError, match="the session was closed"):
+        session.run(x)
+
+
+def test_a_process_forked_before_the_sums_are_done_checks_them_itself(tmp_path, monkeypatch):
+    # A pre-fork server loads in its master and forks: the checking thread does not come
+    # along, and the child used to take its join for a pass and return results computed from
+    # tampered weights.
+    import threading
+
+    w = np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5  # 1 MiB: a blob
+    path = tmp_path / "big.om"
+    write_om(path, [OmPartition("p0", "cpu", matmul_model(w))])
+    bad = flip_byte_of(path, w.tobytes()[4096:4112], tmp_path / "bad.om")  # a weight's bits
+    started, release = threading.Event(), threading.Event()
+    verify = runtime.OmArtifact.verify_weights
+
+    parent = os.getpid()
+
+    def held(self, *args, **kwargs):  # the parent's check still running when it forks
+        if os.getpid() == parent:
+            started.set()
+            release.wait(30)
+        return verify(self, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.OmArtifact, "verify_weights", held)
+    session = OmSession(bad)
+    assert started.wait(30)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what its run did, then leave at once
+        try:
+            session.run({"X": np.ones((1, 512), np.float32)})
+            verdict = b"returned"
+        except ArtifactError as exc:
+            verdict = b"refused" if b"sha256" in str(exc).encode() else b"other"
+        except BaseException:  # noqa: BLE001
+            verdict = b"other"
+        os.write(write, verdict)
+        os._exit(0)
+    os.close(write)
+    release.set()
+    _, status = os.waitpid(pid, 0)
+    verdict = os.read(read, 64)
+    os.close(read)
+    assert status == 0 and verdict == b"refused", verdict
+    with pytest.raises(ArtifactError, match="fails its sha256 check"):
+        session.run({"X": np.ones((1, 512), np.float32)})

@@ -103,7 +103,7 @@ def _failed(step: _Step, exc: Exception) -> GraphoptError:
     return GraphoptError(f"partition {step.name!r} failed in onnxruntime: {_first_line(exc)}")
 
 
-def _direct(step: _Step | None, spec: PlainFeeds | None, mapped: OpenedFile | None):
+def _direct(step: _Step | None, spec: PlainFeeds | None, mapped: OpenedFile | None, path: str):
     """run()'s shortcut for one partition fed plainly its inputs (plain_feeds.plain): feeds ->
     outputs, or None when the feeds need the full checks. The general path's frames and checks
     cost 1.5 µs more a call on zoo/tiny (a 60–125 µs run) and ~10 µs on a 0.5 ms GPT-2 at open
@@ -119,7 +119,10 @@ def _direct(step: _Step | None, spec: PlainFeeds | None, mapped: OpenedFile | No
         if not plain(feeds, spec):
             return None
         if unchanged is not None:
-            unchanged()
+            try:
+                unchanged()
+            except OSError:  # its file closed by a close() on another thread
+                raise _closed(path) from None
         try:
             results = run(outputs, feeds, None) if run is not None else call(outputs, feeds)
             return dict(zip(outputs, results))
@@ -139,6 +142,10 @@ def _outside_graphopt() -> int:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _closed(path: str) -> GraphoptError:
+    return GraphoptError(f"{path}: the session was closed; load the artifact again to run it")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -317,6 +324,8 @@ class _DeferredCheck:
 
     def __init__(self, artifact: OmArtifact) -> None:
         self._error: str | None = None
+        self._artifact = artifact
+        self._done = False  # set by the check itself, which a forked child's copy never ran
         self._thread = threading.Thread(target=self._check, args=(artifact,), daemon=True,
                                         name="graphopt-om-check")
         # threading's start() returns only once the thread runs, so it is under way before
@@ -333,9 +342,16 @@ class _DeferredCheck:
             self._error = (f"{artifact.path}: checksums could not be verified "
                            f"({str(exc) or type(exc).__name__}; was the file changed after it "
                            "was opened?)")
+        finally:
+            self._done = True
 
     def wait(self) -> None:
         self._thread.join()
+        if not self._done:
+            # A process forked from the loading one before the check ended (a pre-fork server
+            # that loads in its master): the thread did not come along, and its join returns
+            # at once. The child checks the sums itself before trusting a result.
+            self._check(self._artifact)
         if self._error is not None:
             raise ArtifactError(self._error)
 
@@ -567,7 +583,8 @@ class OmSession:
         # Outputs that are graph inputs: returned as copies, as onnxruntime 1.24 and later
         # return them (1.23 hands back the feed's own buffer: writing to it changed the feed).
         self._passed_through = [e["name"] for e in self._outputs if e["name"] in self._expected]
-        self._direct = (_direct(self._program.single, self._plain, self._mapped)
+        self._direct = (_direct(self._program.single, self._plain, self._mapped,
+                                artifact.path)
                         if self._matcher is None and not self._indexed and not self._counted
                         and not self._passed_through else None)
 
@@ -634,10 +651,22 @@ class OmSession:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    def _file_unchanged(self) -> None:
+        """The mapped artifact's in-place-rewrite check (OpenedFile.check_unchanged), which a
+        close() on another thread may overtake: its closed file then says the session was
+        closed, not EBADF."""
+        mapped = self._mapped
+        if mapped is None:
+            return
+        try:
+            mapped.check_unchanged()
+        except OSError:
+            self._check_open()
+            raise
+
     def _check_open(self) -> None:
         if self._closed:
-            raise GraphoptError(f"{self._artifact.path}: the session was closed; load the "
-                                "artifact again to run it")
+            raise _closed(self._artifact.path)
 
     @property
     def _steps(self) -> list[_Step]:
@@ -710,8 +739,7 @@ class OmSession:
             outputs = direct(feeds)
             if outputs is not None:
                 return outputs
-        if self._mapped is not None:
-            self._mapped.check_unchanged()
+        self._file_unchanged()
         self._check_open()
         if self._pending is None:
             return self._run(feeds, output_names)
