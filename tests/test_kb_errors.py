@@ -561,3 +561,26 @@ def test_reading_a_tuned_knowledge_base_leaves_no_journal_files_beside_it(tmp_pa
         assert os.listdir(folder) == ["kb.db"], argv
     with contextlib.closing(sqlite3.connect(db)) as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
+def test_compiles_with_many_knowledge_bases_keep_none_of_them_open(built, tmp_path):
+    # A compile service that rotates its knowledge base (a copy per release, or a new file
+    # renamed over the old) kept a descriptor of each file, deleted ones too, for good.
+    import shutil
+
+    import graphopt
+
+    def open_files() -> list[str]:
+        return sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                      if os.path.exists(f"/proc/self/fd/{fd}")
+                      and str(tmp_path) in os.readlink(f"/proc/self/fd/{fd}"))
+
+    live = tmp_path / "live.db"
+    for i in range(3):
+        copy = tmp_path / f"kb{i}.db"
+        shutil.copy(built["db"], copy)
+        shutil.copy(built["db"], tmp_path / "next.db")
+        os.replace(tmp_path / "next.db", live)
+        for db in (copy, live):
+            graphopt.optimize(built["model"], target="ascend310", tuning_db=str(db))
+            assert open_files() == [], open_files()

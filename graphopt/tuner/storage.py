@@ -184,6 +184,8 @@ def close_storage(storage: optuna.storages.BaseStorage) -> None:
         engine.dispose()
     if read_only is False:
         _at_rest(engine)
+    if read_only is not None:
+        _release_handle(_database_file(engine))
 
 
 # Every SQLite engine this process opened and has not closed -> whether read-only, for
@@ -396,7 +398,36 @@ def file_handle(path: str, create: bool = False) -> int:
     if handle is not None and os.path.exists(path) \
             and os.fstat(handle).st_ino == os.stat(path).st_ino:
         return handle
-    # A stale descriptor stays open: its file may still carry an SQLite connection's locks.
-    # SQLite takes the empty file O_CREAT may make as a new database.
+    if handle is not None and not _in_use(path):  # the file it names was replaced
+        os.close(_HANDLES.pop(key))
+    # A stale descriptor that an open storage may still use stays open: its file may carry an
+    # SQLite connection's locks. SQLite takes the empty file O_CREAT may make as a new database.
     _HANDLES[key] = os.open(path, os.O_RDONLY | (os.O_CREAT if create else 0), 0o644)
     return _HANDLES[key]
+
+
+def _database_file(engine) -> str | None:
+    """The absolute path of the SQLite file behind `engine` (a plain or a `file:` URI URL)."""
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    if database.startswith("file:"):
+        from urllib.parse import unquote
+
+        database = unquote(database[len("file:"):].partition("?")[0])
+    return os.path.abspath(database)
+
+
+def _in_use(path: str) -> bool:
+    """Whether a storage this process opened, and has not closed, reads the file at `path`."""
+    return any(_database_file(engine) == path for engine in list(_OPEN_SQLITE))
+
+
+def _release_handle(path: str | None) -> None:
+    """Close this process's descriptor of `path` once no storage it opened reads the file: a
+    compile service that rotates its knowledge base would otherwise keep one per file."""
+    if path is None or _in_use(path):
+        return
+    handle = _HANDLES.pop((os.getpid(), path), None)
+    if handle is not None:
+        os.close(handle)
