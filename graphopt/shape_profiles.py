@@ -171,7 +171,8 @@ def _check_overlap(keys: list[str], places: dict[str, list[tuple[str, int]]]) ->
         for place in places[key]:
             if place in seen:
                 raise OptionError(f"{option('dynamic_dims')}: '{key}' and '{seen[place]}' name "
-                                  f"the same dim")
+                                  f"the same dim, {place[0]}[{place[1]}]'s (inputs that share "
+                                  "a dim name share its size): give it once")
             seen[place] = key
 
 

@@ -113,7 +113,9 @@ def test_an_axis_key_on_a_named_dim_stands_for_that_dim_everywhere():
     profiles = expand_profiles(model, "a[0]:1,2")
     assert [p.input_shapes for p in profiles] == [{"a": [1, -1], "b": [1, -1]},
                                                   {"a": [2, -1], "b": [2, -1]}]
-    with pytest.raises(OptionError, match=r"'b\[0\]' and 'a\[0\]' name the same dim"):
+    with pytest.raises(OptionError, match=r"'b\[0\]' and 'a\[0\]' name the same dim, a\[0\]'s "
+                                          r"\(inputs that share a dim name share its size\): "
+                                          r"give it once"):
         expand_profiles(model, "a[0]:1,2;b[0]:1,2")
 
 
