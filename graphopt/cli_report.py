@@ -56,6 +56,8 @@ def _output_path(args) -> str:
     out = args.output or os.path.splitext(args.model)[0] + ".html"
     check_output_path("-o", out, {"the .om itself": args.model, "--reference": args.reference,
                                   "--inputs": args.inputs, "--tuning-db": args.tuning_db})
+    if not out.lower().endswith((".html", ".htm")):  # a file named by mistake stays whole
+        raise OptionError(f"-o {out}: report writes an HTML page (name it .html)")
     return out
 
 

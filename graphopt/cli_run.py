@@ -94,6 +94,8 @@ def _check_run_options(args) -> int:
     if args.outputs:
         check_output_path("--outputs", args.outputs, {"the model": args.model,
                                                       "--inputs": args.inputs})
+        if not args.outputs.lower().endswith(".npz"):  # a file named by mistake stays whole
+            raise OptionError(f"--outputs {args.outputs}: run writes an .npz (name it .npz)")
     return DEFAULT_WARMUP if args.warmup is None else args.warmup
 
 

@@ -89,6 +89,19 @@ def test_calibrate_checks_its_output_before_measuring(files, capsys, monkeypatch
     assert open(files["model"], "rb").read() == before
 
 
+def test_run_and_report_write_only_files_named_for_what_they_write(files, capsys, tmp_path):
+    # Another file named by mistake (a model, a script) would have been replaced whole.
+    victim = tmp_path / "notes.txt"
+    victim.write_text("keep me")
+    for argv, message in ((["run", files["om"], "--outputs", victim],
+                           "run writes an .npz (name it .npz)"),
+                          (["report", files["om"], "-o", victim],
+                           "report writes an HTML page (name it .html)")):
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 1 and message in err, err
+        assert victim.read_text() == "keep me"
+
+
 # --- destinations that refuse the write ------------------------------------------------------
 
 
