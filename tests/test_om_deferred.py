@@ -302,6 +302,24 @@ def test_a_session_over_a_file_replaced_since_load_om_is_refused(tmp_path):
     np.testing.assert_allclose(OmSession(live).run({"X": x})["Y"], x @ (big * 2), rtol=1e-4)
 
 
+def test_a_pickled_session_refuses_an_artifact_replaced_since(om_path, tmp_path):
+    # A worker that unpickles a session after a deploy renamed another model over the path
+    # would run that model under the old one's name.
+    import pickle
+
+    session = graphopt.load(om_path)
+    blob = pickle.dumps(session)
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_array_equal(pickle.loads(blob).run({"X": x})["Y"],
+                                  session.run({"X": x})["Y"])
+    other = tmp_path / "other.om"
+    write_om(other, [OmPartition("p0", "cpu", matmul_model(W * 2))])
+    os.replace(other, om_path)
+    with pytest.raises(ArtifactError, match="holds another artifact than the session that was "
+                                            "pickled or copied"):
+        pickle.loads(blob)
+
+
 def test_a_session_loaded_by_relative_path_pickles_after_a_chdir(om_path, monkeypatch):
     import pickle
 

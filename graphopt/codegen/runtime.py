@@ -380,9 +380,17 @@ def _copy_of(value: Any) -> Any:
     return copy.deepcopy(value)  # a sequence or map fed through
 
 
-def _reopened(path: str, options: dict) -> "OmSession":
-    """An unpickled OmSession: the artifact at `path` loaded with the original's options."""
-    return OmSession(path, **options)
+def _reopened(path: str, options: dict, members: dict | None = None) -> "OmSession":
+    """An unpickled OmSession: the artifact at `path` loaded with the original's options,
+    refused when the file there is no longer the artifact the original ran (`members`, its
+    manifest's checksums): a worker would otherwise run another model under the same name."""
+    session = OmSession(path, **options)
+    if members is not None and session._artifact.manifest["members"] != members:
+        session.close()
+        raise ArtifactError(f"{path}: holds another artifact than the session that was "
+                            "pickled or copied (replaced since it was loaded); load it again "
+                            "to run the new one")
+    return session
 
 
 def _check_blocking(artifact: OmArtifact, name: str, metadata: Mapping[str, str]) -> None:
@@ -628,7 +636,8 @@ class OmSession:
 
     def __reduce__(self):
         # onnxruntime sessions do not pickle: the copy loads the artifact again from its path.
-        return _reopened, (self._artifact.location, self._reopen)
+        return _reopened, (self._artifact.location, self._reopen,
+                           self._artifact.manifest["members"])
 
     def close(self) -> None:
         """Release the onnxruntime sessions and the artifact file now rather than when the
