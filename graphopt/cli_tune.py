@@ -269,6 +269,10 @@ def _cmd_kb_list(args) -> int:
     if args.json:
         print(json.dumps({"kernels": kernels, "subgraph_studies": studies}, indent=2))
         return 0
+    if not kernels and not studies:  # a table of headers alone reads as a failure
+        print("no tuning results in it yet (`graphopt tune MODEL --target NAME "
+              f"{_storage_option(args)} …` adds them)")
+        return 0
     # A study `tune --study NAME` named shows that name beside its kernel's signature.
     rows = [[r["signature"] if r["study"] == r["signature"]
              else f"{r['signature']} (study {r['study']})", r["trials"],

@@ -502,6 +502,16 @@ def test_kb_import_of_a_custom_targets_kernels_takes_its_profile(built, tmp_path
     assert kb.best_tilings(str(copy), "myboard") == kb.best_tilings(str(source), "myboard")
 
 
+def test_kb_list_of_an_empty_knowledge_base_says_so(tmp_path, capsys, monkeypatch):
+    import io
+
+    db = str(tmp_path / "empty.db")
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"format": "graphopt-kb/1", "kernels": {}}'))
+    assert run_cli(capsys, "kb", "import", "-", "--tuning-db", db)[0] == 0
+    rc, out, _ = run_cli(capsys, "kb", "list", "--tuning-db", db)
+    assert rc == 0 and out.startswith("no tuning results in it yet"), out  # not a bare header
+
+
 def test_kb_export_to_standard_output(built, tmp_path, capsys):
     rc, out, err = run_cli(capsys, "kb", "export", "-", "--tuning-db", built["db"])
     assert rc == 0 and "exported 1 kernel(s)" in err, err

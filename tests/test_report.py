@@ -605,3 +605,16 @@ def test_the_summary_names_a_sequence_outputs_type(tmp_path, capsys):
     assert rc == 0, err
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "x float32[2,3] → s seq(float32) ([2,3] each); y float32[2,3]" in page
+
+
+def test_a_partitions_size_counts_its_weights_blob(capsys, tmp_path):
+    # As `graphopt inspect` shows it: the model's bytes alone made a 2 MiB model look 1 KiB.
+    rng = np.random.default_rng(4)
+    proto = parse_model("g (float[4,512] x) => (float[4,1024] y) { y = MatMul(x, w) }",
+                        w=rng.standard_normal((512, 1024)).astype(np.float32))
+    om = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, target="cpu"), om)
+    text, _, _ = report(capsys, tmp_path, om)
+    assert re.search(r"B \+ 2\.0 MiB weights", Page(section(text, "partitions")).plain)
+    rc, out, _ = run_cli(capsys, "inspect", om)
+    assert rc == 0 and "+ 2.0 MiB weights" in out

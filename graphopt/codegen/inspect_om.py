@@ -171,7 +171,7 @@ def _extra_line(name: str, value: Any) -> str:
     return f"  {name}: {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def _partition_size(members: dict, member: str, partition: str) -> str:
+def partition_size(members: dict, member: str, partition: str) -> str:
     """The model's bytes, and its weights blob's when it has one."""
     size = format_bytes(members[member]["size"])
     blob = members.get(weights_member(partition))
@@ -322,7 +322,7 @@ def format_om(artifact: OmArtifact) -> str:
         if with_session:
             row.append(_session_cell(entry))
         row += [sum(counts.values()), format_ops(counts), _names(part.inputs), _names(part.outputs),
-                _partition_size(members, entry["member"], part.name)]
+                partition_size(members, entry["member"], part.name)]
         rows.append(row)
     headers = ["#", "partition", "device"] + (["providers"] if with_providers else [])
     headers += ["session"] if with_session else []

@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime
 from collections import Counter
 
-from graphopt.codegen.inspect_om import (format_bytes, format_ops, signature_cells,
-                                         typed_signature)
+from graphopt.codegen.inspect_om import (format_bytes, format_ops, partition_size,
+                                         signature_cells, typed_signature)
 from graphopt.codegen.om_manifest import order_label
 from graphopt.codegen.profile_match import dims_label
 from graphopt.markup import escape
@@ -138,7 +138,8 @@ def _partitions(data: ReportData) -> str:
                      ", ".join(entry.get("providers", [])) or "-", ops[part.name]["nodes"],
                      format_ops(Counter(ops[part.name]["ops"]), top=6),
                      ", ".join(part.inputs), ", ".join(part.outputs),
-                     format_bytes(member["size"]), member["sha256"][:12]])
+                     partition_size(m["members"], entry["member"], part.name),
+                     member["sha256"][:12]])
     body = table(["#", "partition", "device", "providers", "nodes", "ops", "inputs", "outputs",
                   "size", "sha256"], rows, numeric={0, 4, 8}, raw={1})
     routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
