@@ -122,8 +122,9 @@ def _cmd_report(args) -> int:
         lines.append("tuning: no storage given (add --tuning-db FILE)")
     else:
         tuned = sum(1 for k in data.tuning.kernels if k.get("trials"))
-        lines.append(f"tuning: {tuned}/{len(data.tuning.kernels)} kernel signature(s) with "
-                     f"studies; subgraph study: "
+        kernels = (f"{tuned}/{len(data.tuning.kernels)} kernel signature(s) with studies"
+                   if data.tuning.kernels else "no NPU cube kernel to tune")
+        lines.append(f"tuning: {kernels}; subgraph study: "
                      f"{data.tuning.subgraph['study'] if data.tuning.subgraph else 'none'}")
     print("\n".join(lines))
     return 0

@@ -277,10 +277,11 @@ def test_a_database_url_is_shown_without_its_password():
 
 
 def test_cpu_target_has_nothing_to_op_tune(built, capsys, tmp_path):
-    text, _, _ = report(capsys, tmp_path, built["tiny_om"], "--tuning-db", built["db"])
+    text, _, stdout = report(capsys, tmp_path, built["tiny_om"], "--tuning-db", built["db"])
     tuning = Page(section(text, "tuning")).plain
     assert "no NPU cube kernel with static shapes (target cpu)" in tuning
     assert "no subgraph study for target cpu" in tuning
+    assert "tuning: no NPU cube kernel to tune; subgraph study: none" in stdout  # not "0/0"
 
 
 # --- INT8: weights in another dtype, and the accuracy rule of a lossy compile ---------------
