@@ -91,3 +91,18 @@ def test_host_partitions_have_no_formats():
     result = graphopt.optimize(build("""
         g (float[8] x) => (float[8] y) { y = Relu (x) }"""), target="cpu")
     assert result.partitioning.layouts == {}
+
+
+def test_cancelling_never_ends_with_more_conversions_than_the_naive_placement():
+    # NZ carried into the Add would convert the bias computed at run time to NZ and the sum
+    # back to ND for the Softmax: two conversions for the one it saves (T5's attention).
+    layout = layout_of(build("""
+        g (float[1,64,64] a, float[1,64,64] b, float[1,64,64] m) => (float[1,64,64] y) {
+          s = MatMul(a, b)
+          bias = Relu(m)
+          t = Add(s, bias)
+          y = Softmax(t)
+        }"""))
+    assert layout.naive_transdata == 3
+    assert len(layout.transdata) == 3
+    assert ("s", FRACTAL_NZ, "ND") in conversions(layout)

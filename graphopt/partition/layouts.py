@@ -63,9 +63,16 @@ def assign_layouts(partitioning: Partitioning) -> dict[str, PartitionLayout]:
 def _layout(part: Partition) -> PartitionLayout:
     layout = PartitionLayout(part.name)
     naive = _formats(part, propagate=False)
-    layout.naive_transdata = len(_conversions(part, *naive))
+    naive_conversions = _conversions(part, *naive)
+    layout.naive_transdata = len(naive_conversions)
     stored, wanted = _formats(part, propagate=True)
     layout.transdata = _conversions(part, stored, wanted)
+    if len(layout.transdata) > len(naive_conversions):
+        # Propagating a format into an elementwise op whose other operand is ND converts that
+        # operand and the result back (a score matrix plus a bias computed at run time, before
+        # a Softmax): two conversions for the one it saved. GE keeps the cheaper placement.
+        stored, wanted = naive
+        layout.transdata = naive_conversions
     layout.formats = {v.name: f for v, f in stored.items() if f != ND}
     for node in part.nodes:
         for index, value in enumerate(node.inputs):
