@@ -181,8 +181,8 @@ def _cmd_optimize(args) -> int:
     # Checked before the model is written: a compile that fails writes nothing.
     plots = memory_plots(result, args.memory_plot) if args.memory_plot else []
     save(result, args.output)  # with the tilings of the --tuning-db optimize read
-    for path, plan in plots:
-        draw_plan(plan, path)
+    for path, title, plan in plots:
+        draw_plan(plan, path, title=title)
         if not args.quiet:
             print(f"wrote {path}")
     if not args.quiet:

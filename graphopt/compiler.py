@@ -437,21 +437,28 @@ def _plan_memory(model: Model, reorder: bool):
     return plan
 
 
-def memory_plots(result: OptimizeResult, path: str) -> list[tuple[str, object]]:
-    """(file, plan) of each planned partition's memory picture: `path` when there is one,
-    else `stem.<partition>.ext` (a shape profile's partitions carry its name). OptionError,
-    before anything is written, when no partition has a plan."""
-    runs = [(c.profile.name + ".", c.result) for c in result.profiles] or [("", result)]
-    plans = {prefix + name: plan for prefix, run in runs for name, plan in
-             run.memory_plans.items() if not isinstance(plan, str)}
+def memory_plots(result: OptimizeResult, path: str) -> list[tuple[str, str, object]]:
+    """(file, title, plan) of each planned partition's memory picture: `path` when there is
+    one, else `stem.<partition>.ext` (a shape profile's partitions carry its name); the title
+    names the partition and the profile's dims. A partition without work memory gets none.
+    OptionError, before anything is written, when no partition has a picture."""
+    runs = [(c.profile.name + ".", f" ({c.profile.label})", c.result)
+            for c in result.profiles] or [("", "", result)]
+    planned = {prefix + name: (prefix + name + dims, plan) for prefix, dims, run in runs
+               for name, plan in run.memory_plans.items() if not isinstance(plan, str)}
+    # A partition whose every tensor is an input, output or weight has nothing to draw.
+    plans = {name: entry for name, entry in planned.items() if entry[1].tensors}
+    if planned and not plans:
+        raise OptionError("--memory-plot: no partition has work memory to draw (every tensor "
+                          "is an input, an output or a weight)")
     if not plans:
         reasons = "; ".join(dict.fromkeys(
-            f"{prefix}{name}: {plan}" for prefix, run in runs
+            f"{prefix}{name}: {plan}" for prefix, _, run in runs
             for name, plan in run.memory_plans.items())) or "no target was given"
         raise OptionError(f"--memory-plot: no partition has a memory plan ({reasons})")
     stem, ext = os.path.splitext(path)
-    return [(path if len(plans) == 1 else f"{stem}.{name}{ext}", plan)
-            for name, plan in plans.items()]
+    return [(path if len(plans) == 1 else f"{stem}.{name}{ext}", title, plan)
+            for name, (title, plan) in plans.items()]
 
 
 def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
@@ -460,8 +467,8 @@ def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
     from graphopt.passes.memory import draw_plan
 
     written = []
-    for target, plan in memory_plots(result, path):
-        draw_plan(plan, target)
+    for target, title, plan in memory_plots(result, path):
+        draw_plan(plan, target, title=title)
         written.append(target)
     return written
 

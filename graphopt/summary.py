@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphopt.compiler import OptimizeResult, op_counts
 from graphopt.errors import one_line
-from graphopt.table import format_table
+from graphopt.table import format_bytes, format_table
 
 
 def format_summary(result: OptimizeResult, output: str | None = None) -> str:
@@ -61,15 +61,18 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
 
 def format_profiles(result: OptimizeResult) -> str:
     """One row per shape profile: the sizes it pins, what its compile made and its memory."""
-    rows = []
+    rows, sizes = [], []
     for compiled in result.profiles:
         run = compiled.result
         plans = [p for p in run.memory_plans.values() if not isinstance(p, str)]
-        memory = (f"{sum(p.arena_bytes for p in plans):,} B" if plans and len(plans) ==
-                  len(run.memory_plans) else "-")
+        planned = bool(plans) and len(plans) == len(run.memory_plans)
+        sizes.append(sum(p.arena_bytes for p in plans) if planned else None)
         parts = len(run.partitioning.partitions) if run.partitioning is not None else 1
         rows.append([compiled.profile.name, compiled.profile.label,
-                     sum(op_counts(run.model.graph.all_nodes()).values()), parts, memory,
+                     sum(op_counts(run.model.graph.all_nodes()).values()), parts,
+                     "-" if sizes[-1] is None else format_bytes(sizes[-1]),
                      f"{run.seconds:.2f}"])
+    if len(rows) > 1 and None not in sizes:  # what to size a buffer by
+        rows[sizes.index(max(sizes))][4] += " (largest)"
     return format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
                         rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")

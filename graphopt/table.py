@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from graphopt.errors import one_line
@@ -40,9 +41,28 @@ def _padded(text: str, width: int, right: bool) -> str:
     return pad + text if right else text + pad
 
 
+# A number with a unit after it ("980.0 KiB", "12.5 ms", "1.38×"): aligned as a number.
+_UNITS = re.compile(r"\s?(B|KiB|MiB|GiB|TiB|ns|µs|us|ms|s|%|×)")
+
+
 def _is_number(text: str) -> bool:
+    text = text.replace(",", "").lstrip("+")
+    unit = _UNITS.search(text)
+    if unit is not None and unit.end() == len(text) and unit.start() > 0:
+        text = text[:unit.start()]
     try:
-        float(text.replace(",", "").lstrip("+"))
+        float(text)
         return True
     except ValueError:
         return False
+
+
+def format_bytes(size: int) -> str:
+    """`512 B`, `980.0 KiB`, `1.8 MiB`, `2.10 GiB`."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1 << 20:
+        return f"{size / 1024:.1f} KiB"
+    if size < 1 << 30:
+        return f"{size / (1 << 20):.1f} MiB"
+    return f"{size / (1 << 30):.2f} GiB"

@@ -13,6 +13,7 @@ from helpers import IR_VERSION, parse_model, run_cli
 from graphopt.compiler import optimize, save
 from graphopt.errors import InputError, OptionError
 from graphopt.tools.compare import compare_arrays, compare_models
+from graphopt.tools.compare_format import format_report
 
 # Relu -> Mul(scale) -> Add(bias) -> Softmax: an output that is a distribution, and named nodes.
 MODEL = """
@@ -176,6 +177,11 @@ def test_min_cosine_rule_replaces_allclose(files, capsys):
     (row,) = report.rows
     assert report.passed and row.mismatches > 0  # beyond rtol/atol, but close in direction
     assert report.rule == "cosine >= 0.99"
+    # The count of elements outside rtol/atol is shown but is not called a mismatch there.
+    text = format_report(report)
+    assert "beyond tol" in text.splitlines()[6] and "mismatch" not in text
+    assert "note: beyond tol: the elements outside rtol=0.0001, atol=1e-05" in text
+    assert "mismatch" in format_report(compare_models(files["ref.onnx"], files["bad.onnx"]))
     assert not compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=0.999999).passed
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"],
                          "--min-cosine", "0.9", "--atol", "1")

@@ -16,6 +16,7 @@ from graphopt.cli import main
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
 from graphopt.errors import ArtifactError
 from graphopt.nchwc_block import METADATA_KEY, detect_block_size
+from helpers import conv_topk_model
 
 BLOCK = detect_block_size()
 needs_nchwc = pytest.mark.skipif(not BLOCK, reason="this CPU has neither AVX2 nor AVX-512F, "
@@ -87,6 +88,24 @@ def test_memory_plot_draws_every_shape_profile(tmp_path):
                  "--memory-plot", str(tmp_path / "plan.svg")]) == 0
     assert sorted(p.name for p in tmp_path.glob("plan.*.svg")) == [
         "plan.profile0.p0_cpu.svg", "plan.profile1.p0_cpu.svg"]
+    # Each picture names its partition and profile, and says what its axes span.
+    text = (tmp_path / "plan.profile1.p0_cpu.svg").read_text()
+    assert "profile1.p0_cpu (batch_size=2): work memory " in text
+    assert "address ↑ (0 to " in text and "step →  (0 to " in text
+
+
+def test_memory_plot_leaves_out_partitions_without_work_memory(tmp_path, capsys):
+    # The TopK partition on the host reads a partition edge and writes the graph's outputs.
+    source = tmp_path / "model.onnx"
+    onnx.save(conv_topk_model(), source)
+    assert main(["optimize", str(source), "-o", str(tmp_path / "m.om"), "--target",
+                 "ascend310", "--memory-plot", str(tmp_path / "plan.png")]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan p1_cpu: no work memory (every tensor is an input, an output or a " \
+           "weight); weights 8 B, inputs 256 B, outputs 48 B" in out
+    assert "memory plan p0_npu: work memory 256.0 KiB (262,144 B; greedy_by_size" in out
+    # One picture, so under the name given.
+    assert [p.name for p in tmp_path.glob("plan*")] == ["plan.png"]
 
 
 BRANCHES = onnx.parser.parse_model("""

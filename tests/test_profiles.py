@@ -18,6 +18,7 @@ from graphopt.errors import ArtifactError, GraphoptError, OptionError
 from graphopt.ir import load_onnx
 from graphopt.passes.instruments import Instrument
 from graphopt.shape_profiles import expand_profiles, parse_dynamic_dims
+from graphopt.table import format_bytes
 from helpers import conv_topk_model, parse_model, run_cli
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -378,6 +379,7 @@ def test_compare_and_profile_use_the_profile_the_inputs_run_on(tmp_path, capsys)
     rc, text, err = run_cli(capsys, "compare", source, out, "--inputs", inputs, "--per-tensor")
     assert rc == 0, err
     assert "result: PASS" in text and "f32[2,4,8]" in text
+    assert "mlp.om ran its shape profile profile1 (batch=2, seq=4), one of 2\n" in text
     rc, text, err = run_cli(capsys, "profile", out, "--inputs", inputs, "--repeat", "2")
     assert rc == 0, err
     assert "1 partition(s)" in text and "MatMul" in text
@@ -395,7 +397,15 @@ def test_report_names_the_profiles(mlp_om, tmp_path, capsys):
     assert rc == 0, err
     html = page.read_text()
     assert "shape profiles</th><td>4, a run takes the one its input shapes match" in html
-    assert "profile3 batch=4, seq=32" in html
+    assert "<td>profile3</td><td>batch=4, seq=32</td>" in html
+    # Every profile's memory plan is there, and the largest is named: buffers are sized by it.
+    artifact = load_om(path)
+    sizes = {name: sum(p["arena_bytes"] for p in section["memory_plan"].values())
+             for name, section in artifact.extra["profiles"].items()}
+    largest = max(sizes, key=sizes.get)
+    assert largest != "profile0" and f"{largest} needs the most work memory" in html
+    assert all(f"<td>{name}</td><td>{name}.p0_cpu</td>" in html for name in sizes)
+    assert f"{format_bytes(sizes[largest])} (largest)</td>" in html
 
 
 def test_write_om_refuses_profiles_that_cannot_share_an_artifact(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import run_cli
+from helpers import parse_model, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
@@ -272,6 +272,38 @@ def test_npz_stores_every_ml_dtype_as_raw_bits_numpy_reads_back(tmp_path):
             assert stored[name].tobytes() == array.tobytes()
 
 
+def test_table_aligns_numbers_with_units_to_the_right():
+    from graphopt.table import format_table
+
+    text = format_table(["size", "name"], [["980.0 KiB", "a"], ["1.8 MiB", "12 B"],
+                                           ["12,345 B", "1.5 ms"]])
+    lines = text.splitlines()
+    assert lines[2].startswith("980.0 KiB") and lines[3].startswith("  1.8 MiB")
+    assert lines[4].startswith(" 12,345 B")
+    # A column that also holds words stays left-aligned.
+    assert lines[3].endswith("12 B") and lines[2].split()[-1] == "a"
+
+
+def test_inspect_names_the_precision_and_the_weights_by_type(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    model = parse_model("g (float[4,64] x, float[64,64] w) => (float[4,64] y) "
+                        "{ y = MatMul (x, w) }",
+                        w=rng.standard_normal((64, 64)).astype(np.float32))
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "cal.npz", x=rng.standard_normal((4, 64)).astype(np.float32))
+    lines = {}
+    for name, flags in (("float", []), ("int8", ["--quantize", "int8", "--quantize-ends",
+                                                 "--calibration", tmp_path / "cal.npz"])):
+        path = tmp_path / f"{name}.om"
+        rc, _, err = cli(capsys, "optimize", tmp_path / "m.onnx", "-o", path, *flags)
+        assert rc == 0, err
+        rc, out, err = cli(capsys, "inspect", path)
+        lines[name] = next(line for line in out.splitlines() if line.startswith("  precision"))
+    assert lines["float"].endswith("as the source (no lossy precision pass); weights f32 16.0 KiB")
+    # The int8 weight and its zero points; float32 scales per column.
+    assert lines["int8"].endswith("QuantizeInt8 (lossy); weights i8 4.1 KiB, f32 256 B")
+
+
 def test_table_cells_show_control_characters_escaped():
     from graphopt.table import format_table
 
@@ -418,7 +450,7 @@ def test_run_turns_the_cpu_stand_in_warning_into_a_note(tmp_path, capsys):
     assert rc == 0 and err == ""  # no Python warning text on stderr
     assert "note: CANNExecutionProvider not installed: p1 (npu) run on the CPU provider" in out
     rc, out, err = cli(capsys, "inspect", path)
-    assert rc == 0 and "target   ascend310" in out
+    assert rc == 0 and "target     ascend310" in out
     assert any(line.split()[:4] == ["1", "p1", "npu", "CANNExecutionProvider"]
                for line in out.splitlines())
 
@@ -459,7 +491,7 @@ def test_inspect_shows_how_each_partition_session_is_set_up(tmp_path, capsys):
 def test_inspect_compiled_shows_the_pass_log(compiled, capsys):
     rc, out, err = cli(capsys, "inspect", compiled)
     assert rc == 0 and err == ""
-    assert "source   model.onnx  sha256 " in out and "target   none" in out  # compiled without a target
+    assert "source     model.onnx  sha256 " in out and "target     none" in out  # compiled without a target
     assert "input   X       float32  [2,4]" in out
     assert "pass log:" in out and "nodes 6 -> " in out
     no_ops = next(line for line in out.splitlines() if line.startswith("EliminateNoOps"))

@@ -14,7 +14,8 @@ from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
 from graphopt.errors import one_line
-from graphopt.table import format_table
+from graphopt.ir.dtypes import DType, nbytes
+from graphopt.table import format_bytes, format_table
 
 _TOP_OPS = 4  # op types shown per partition in the text form; --json has them all
 _TOP_NAMES = 3  # tensor names shown per partition input/output cell
@@ -49,16 +50,6 @@ def format_ops(counts: Counter, top: int = _TOP_OPS) -> str:
     shown = ", ".join(f"{op}={n}" for op, n in ranked[:top])
     rest = sum(n for _, n in ranked[top:])
     return f"{shown}, +{rest}" if rest else shown or "-"
-
-
-def format_bytes(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    if size < 1 << 20:
-        return f"{size / 1024:.1f} KiB"
-    if size < 1 << 30:
-        return f"{size / (1 << 20):.1f} MiB"
-    return f"{size / (1 << 30):.2f} GiB"
 
 
 def format_shape(shape: list | None) -> str:
@@ -171,6 +162,42 @@ def _extra_line(name: str, value: Any) -> str:
     return f"  {name}: {text if len(text) <= 60 else text[:57] + '...'}"
 
 
+def weight_bytes_by_dtype(artifact: OmArtifact) -> Counter:
+    """Bytes of the partitions' initializers per element type (`f32`, `i8`, `u4`…), read
+    from their declared dims (no weight data is read); shape profiles share theirs."""
+    totals: Counter = Counter()
+    seen: set[tuple] = set()
+    for name, model in artifact.models.items():
+        for init in model.graph.initializer:
+            # A profile's partitions (`profile1.p0_cpu`) point into the default's blob.
+            where = {e.key: e.value for e in init.external_data}
+            key = ((where.get("location"), where.get("offset")) if "location" in where
+                   else (name, init.name))
+            if key in seen:
+                continue
+            seen.add(key)
+            dtype = DType(init.data_type)
+            count = 1
+            for d in init.dims:
+                count *= d
+            totals[dtype.short] += nbytes(dtype, count)
+    return totals
+
+
+def precision_line(artifact: OmArtifact) -> str:
+    """The lossy precision passes the .om went through and its weights by element type:
+    `QuantizeInt8 (lossy); weights i8 22.9 MiB, f32 112.0 KiB`."""
+    from graphopt.tools.accuracy_rule import lossy_passes, pass_log_of_om
+
+    lossy = lossy_passes(pass_log_of_om(artifact))
+    head = f"{' and '.join(lossy)} (lossy)" if lossy else "as the source (no lossy precision pass)"
+    weights = weight_bytes_by_dtype(artifact)
+    if not weights:
+        return head
+    ranked = sorted(weights.items(), key=lambda item: -item[1])
+    return head + "; weights " + ", ".join(f"{dtype} {format_bytes(n)}" for dtype, n in ranked)
+
+
 def partition_size(members: dict, member: str, partition: str) -> str:
     """The model's bytes, and its weights blob's when it has one."""
     size = format_bytes(members[member]["size"])
@@ -224,26 +251,66 @@ def _format_fallbacks(info: dict) -> str:
                         title=f"placement: {len(fallbacks)} node(s) fell back to the host")
 
 
-def _format_profiles(artifact: OmArtifact) -> str:
-    """One row per shape profile: the sizes it pins, its inputs, partitions and memory."""
-    by_name = {p["name"]: p for p in artifact.manifest["partitions"]}
+def profile_memory_plans(artifact: OmArtifact) -> list[tuple[str | None, dict]]:
+    """(profile name, its partitions' memory plans) per shape profile, default first; one
+    (None, plans) pair for an artifact without profiles. Plans missing or malformed: {}."""
+    if not artifact.profiles:
+        plans = artifact.extra.get("memory_plan")
+        return [(None, plans if isinstance(plans, dict) else {})]
     sections = artifact.extra.get("profiles")
     sections = sections if isinstance(sections, dict) else {}
+    pairs = []
+    for profile in artifact.profiles:
+        section = sections.get(profile["name"])
+        plans = section.get("memory_plan") if isinstance(section, dict) else None
+        pairs.append((profile["name"], plans if isinstance(plans, dict) else {}))
+    return pairs
+
+
+def work_bytes(plans: dict) -> int | None:
+    """The work memory of a profile's partitions together; None if any is not planned."""
+    arenas = [p.get("arena_bytes") if isinstance(p, dict) else None for p in plans.values()]
+    return sum(arenas) if arenas and all(isinstance(a, int) for a in arenas) else None
+
+
+def profile_rows(artifact: OmArtifact) -> list[dict]:
+    """Per shape profile: name, dims and inputs labels, partition count and devices, nodes,
+    and work memory in bytes (None when not planned)."""
+    by_name = {p["name"]: p for p in artifact.manifest["partitions"]}
+    plans = dict(profile_memory_plans(artifact))
     rows = []
     for profile in artifact.profiles:
         order = profile["execution_order"]
-        nodes = sum(sum(op_counts(artifact.models[name]).values()) for name in order
-                    if name in artifact.models)
-        plans = (sections.get(profile["name"]) or {}).get("memory_plan")
-        plans = plans if isinstance(plans, dict) else {}
-        arena = [p.get("arena_bytes") for p in plans.values() if isinstance(p, dict)]
-        memory = (format_bytes(sum(arena)) if arena and all(isinstance(a, int) for a in arena)
-                  else "-")
-        devices = sorted({by_name[name]["device"] for name in order if name in by_name})
-        rows.append([profile["name"], dims_label(profile["dims"]),
-                     "; ".join(f"{e['name']}{format_shape(e['shape'])}" for e in profile["inputs"]),
-                     f"{len(order)} ({', '.join(devices)})", nodes, memory])
-    return format_table(["profile", "dims", "inputs", "partitions", "nodes", "work memory"], rows,
+        rows.append({
+            "name": profile["name"], "dims": dims_label(profile["dims"]),
+            "inputs": "; ".join(f"{e['name']}{format_shape(e['shape'])}"
+                                for e in profile["inputs"]),
+            "partitions": len(order),
+            "devices": sorted({by_name[name]["device"] for name in order if name in by_name}),
+            "nodes": sum(sum(op_counts(artifact.models[name]).values()) for name in order
+                         if name in artifact.models),
+            "work_bytes": work_bytes(plans[profile["name"]])})
+    return rows
+
+
+def largest_profile(rows: list[dict]) -> str | None:
+    """The profile needing the most work memory, when there are several and all are planned."""
+    sizes = [r["work_bytes"] for r in rows]
+    if len(rows) < 2 or None in sizes:
+        return None
+    return max(rows, key=lambda r: r["work_bytes"])["name"]
+
+
+def _format_profiles(artifact: OmArtifact) -> str:
+    """One row per shape profile: the sizes it pins, its inputs, partitions and memory."""
+    rows = profile_rows(artifact)
+    largest = largest_profile(rows)
+    cells = [[r["name"], r["dims"], r["inputs"],
+              f"{r['partitions']} ({', '.join(r['devices'])})", r["nodes"],
+              ("-" if r["work_bytes"] is None else format_bytes(r["work_bytes"]))
+              + (" (largest)" if r["name"] == largest else "")]
+             for r in rows]
+    return format_table(["profile", "dims", "inputs", "partitions", "nodes", "work memory"], cells,
                         title=f"shape profiles ({len(rows)}; a run takes the one its input "
                               "shapes match, the first is the default)")
 
@@ -284,6 +351,7 @@ def format_om(artifact: OmArtifact) -> str:
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
         ("target", m["target"]),
+        ("precision", precision_line(artifact)),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "
                      f"({format_bytes(sum(i['size'] for i in members.values()))})")),
     ]

@@ -300,6 +300,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     outputs = set(ref_side.outputs) | set(cand_side.outputs)
     shared = []
     cand_tensors = cand_side.tensors_for(arrays)  # an .om: of the shape profile the feeds run
+    ran = cand_side.profile_note(arrays)
+    if ran:
+        report.notes.append(ran)
     if per_tensor:
         computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
         shared = [t for t in cand_tensors if t.name in computed]
@@ -315,6 +318,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]
 
     judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}
+    if min_cosine is not None:
+        report.notes.append(f"beyond tol: the elements outside rtol={rtol:g}, atol={atol:g}, "
+                            "for information; the cosine rule decides each row")
     producers = {t.name: t for t in cand_tensors}
     # The candidate's output order; reference outputs it lacks come last, as failures.
     ordered = ([n for n in cand_side.outputs if n in ref_side.outputs]

@@ -52,6 +52,18 @@ class Side:
             return self.profile_tensors[self.session.profile_for(feeds)]
         return self.tensors
 
+    def profile_note(self, feeds: Mapping[str, object]) -> str | None:
+        """Which of an .om's shape profiles `feeds` run on; None for a model without."""
+        profiles = self.session.artifact.profiles if self.session is not None else []
+        if not profiles:
+            return None
+        from graphopt.codegen.profile_match import dims_label
+
+        chosen = self.session.profile_for(feeds)
+        dims = next(p["dims"] for p in profiles if p["name"] == chosen)
+        return (f"{self.label} ran its shape profile {chosen} ({dims_label(dims)}), one of "
+                f"{len(profiles)}")
+
     def run(self, feeds: Mapping[str, object], extra: list[str]) -> dict[str, object]:
         """The outputs and the `extra` intermediates (those this side computes)."""
         if self.session is not None:

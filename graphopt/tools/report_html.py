@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime
 from collections import Counter
 
-from graphopt.codegen.inspect_om import (format_bytes, format_ops, partition_size,
-                                         signature_cells, typed_signature)
+from graphopt.codegen.inspect_om import (format_bytes, format_ops, largest_profile,
+                                         partition_size, precision_line, profile_memory_plans,
+                                         profile_rows, signature_cells, typed_signature)
 from graphopt.codegen.om_manifest import order_label
-from graphopt.codegen.profile_match import dims_label
 from graphopt.markup import escape
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
 from graphopt.tools.report_graph import graph_svg, partition_colours
@@ -30,11 +30,12 @@ nav{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:6
 nav a{margin-right:14px;text-decoration:none;color:#2060a0}
 table{border-collapse:collapse;margin:6px 0 10px;background:#fff}
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.kv th{width:160px}code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 .missing{background:#fff8e1;border:1px solid #f0d48a;padding:8px 12px;border-radius:4px}
 .fail{color:#b00020;font-weight:bold}.pass{color:#1b7f3b;font-weight:bold}
 .scroll{overflow:auto;max-height:900px;border:1px solid #ddd;background:#fff}
+.wide{overflow-x:auto;max-width:100%}.wide table{margin-right:2px}
 .plot svg{max-width:100%;height:auto;border:1px solid #ddd}
 .swatch{display:inline-block;width:12px;height:12px;border:1px solid #333;margin-right:4px;vertical-align:-1px}
 .note{color:#555;font-size:13px}
@@ -46,7 +47,8 @@ table.kv th{width:160px}code,.mono{font-family:ui-monospace,Menlo,Consolas,monos
 
 def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(),
           raw: set[int] = frozenset()) -> str:
-    """An HTML table; columns in `numeric` are right-aligned, those in `raw` already HTML."""
+    """An HTML table; columns in `numeric` are right-aligned, those in `raw` already HTML. It
+    scrolls sideways on its own when wider than the page."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
@@ -56,7 +58,8 @@ def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(),
             align = ' class="n"' if i in numeric else ""
             cells.append(f"<td{align}>{text if i in raw else escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f'<div class="wide"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 def _kv(pairs: list[tuple[str, str]]) -> str:
@@ -103,6 +106,7 @@ def _summary(data: ReportData) -> str:
         ("model source", source_text),
         ("source sha256", f"<code>{escape(source['sha256'] or '(not recorded)')}</code>"),
         ("target", f"<b>{escape(m['target'])}</b>"),
+        ("precision", escape(precision_line(data.artifact))),
         ("written by", escape(f"{m['created_by']} {m['graphopt_version']} "
                               f"({m['format']} format {m['format_version']})")),
         ("compiled", ("not recorded in the .om (its bytes are reproducible, so it holds no "
@@ -114,14 +118,35 @@ def _summary(data: ReportData) -> str:
             "; ".join(_signature_entry(e) for e in typed_signature(data.artifact, m[side]))
             for side in ("inputs", "outputs")))),
         *([("shape profiles", escape(
-            f"{len(data.artifact.profiles)}, a run takes the one its input shapes match; the "
-            f"default {data.artifact.profiles[0]['name']} is shown below: " + "; ".join(
-                f"{p['name']} {dims_label(p['dims'])}"
-                for p in data.artifact.profiles)))] if data.artifact.profiles else []),
+            f"{len(data.artifact.profiles)}, a run takes the one its input shapes match (table "
+            f"below); the graph shows the default, {data.artifact.profiles[0]['name']}"))]
+          if data.artifact.profiles else []),
         ("report written", datetime.datetime.now(datetime.timezone.utc)
          .strftime("%Y-%m-%d %H:%M:%S UTC")),
     ]
-    return _kv(pairs)
+    return _kv(pairs) + _profiles(data)
+
+
+def _profiles(data: ReportData) -> str:
+    """One row per shape profile, the one needing the most work memory marked."""
+    rows = profile_rows(data.artifact)
+    if not rows:
+        return ""
+    largest = largest_profile(rows)
+    cells = [[r["name"] + (" (default)" if i == 0 else ""), r["dims"], r["inputs"],
+              f"{r['partitions']} ({', '.join(r['devices'])})", r["nodes"],
+              "-" if r["work_bytes"] is None else
+              format_bytes(r["work_bytes"]) + (" (largest)" if r["name"] == largest else "")]
+             for i, r in enumerate(rows)]
+    return "<h3>shape profiles</h3>" + table(
+        ["profile", "dims", "inputs", "partitions", "nodes", "work memory"], cells,
+        numeric={4, 5})
+
+
+def _views(data: ReportData) -> list:
+    """The artifact as each shape profile sees it, default first; the artifact alone without."""
+    artifact = data.artifact
+    return [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
 
 
 def _partitions(data: ReportData) -> str:
@@ -130,20 +155,25 @@ def _partitions(data: ReportData) -> str:
     by_name = {p["name"]: p for p in m["partitions"]}
     ops = {p["name"]: p for p in data.partition_ops}
     rows = []
-    for i, part in enumerate(data.artifact.partitions):
-        entry = by_name[part.name]
-        member = m["members"][entry["member"]]
-        swatch = f'<span class="swatch" style="background:{colours[part.name]}"></span>'
-        rows.append([i, swatch + escape(part.name), part.device,
-                     ", ".join(entry.get("providers", [])) or "-", ops[part.name]["nodes"],
-                     format_ops(Counter(ops[part.name]["ops"]), top=6),
-                     ", ".join(part.inputs), ", ".join(part.outputs),
-                     partition_size(m["members"], entry["member"], part.name),
-                     member["sha256"][:12]])
+    for view in _views(data):
+        for i, part in enumerate(view.partitions):
+            entry = by_name[part.name]
+            member = m["members"][entry["member"]]
+            colour = colours.get(part.name)  # the graph draws the default profile's only
+            swatch = (f'<span class="swatch" style="background:{colour}"></span>'
+                      if colour else "")
+            rows.append([i, swatch + escape(part.name), part.device,
+                         ", ".join(entry.get("providers", [])) or "-", ops[part.name]["nodes"],
+                         format_ops(Counter(ops[part.name]["ops"]), top=6),
+                         ", ".join(part.inputs), ", ".join(part.outputs),
+                         partition_size(m["members"], entry["member"], part.name),
+                         member["sha256"][:12]])
     body = table(["#", "partition", "device", "providers", "nodes", "ops", "inputs", "outputs",
                   "size", "sha256"], rows, numeric={0, 4, 8}, raw={1})
     routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
-    body += "<details><summary>routing (" + str(len(routing)) + " edges)</summary>"
+    default = f" of the default profile {data.artifact.profiles[0]['name']}" \
+        if data.artifact.profiles else ""
+    body += f"<details><summary>routing{default} ({len(routing)} edges)</summary>"
     body += table(["tensor", "from", "to"], routing) + "</details>"
     return body
 
@@ -186,34 +216,55 @@ def _passes(data: ReportData) -> str:
 
 
 def _memory(data: ReportData) -> str:
-    plans = data.artifact.extra.get("memory_plan")
-    if not isinstance(plans, dict) or not plans:
+    profiles = profile_memory_plans(data.artifact)
+    if not any(plans for _, plans in profiles):
         return missing("No memory plan in this .om:", "plans are made for compiles with a "
                        "target: <code>graphopt optimize MODEL.onnx -o MODEL.om --target "
                        "cpu</code> (or an NPU target).")
+    largest = largest_profile(profile_rows(data.artifact))
     rows, pictures = [], []
-    for name, plan in plans.items():
-        if not isinstance(plan, dict) or "arena_bytes" not in plan:
-            reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
-            rows.append([name, "-", "-", "-", f"not planned: {reason}", "", "", "", ""])
-            continue
-        bound = plan.get("lower_bound") or 0
-        rows.append([name, format_bytes(plan["arena_bytes"]), format_bytes(bound),
-                     f"{plan['arena_bytes'] / bound:.3f}" if bound else "-",
-                     plan.get("strategy", "?"), order_label(plan),
-                     format_bytes(plan.get("weight_bytes", 0)),
-                     format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0)),
-                     len(plan.get("tensors", []))])
-        if plan.get("tensors"):
-            pictures.append(f"<h3>{escape(name)}</h3><div class=\"plot\">{plan_svg(plan)}</div>")
-        else:
-            pictures.append(f'<p class="note">{escape(name)}: no work memory (every tensor is an '
-                            "input, an output or a weight)</p>")
-    body = table(["partition", "work memory", "lower bound", "×", "strategy", "order", "weights",
-                  "inputs+outputs", "tensors"], rows, numeric={1, 2, 3, 6, 7, 8})
+    for index, (profile, plans) in enumerate(profiles):
+        shown = []
+        for name, plan in plans.items():
+            row, picture = _plan_row(name, plan)
+            rows.append(([profile] if profile else []) + row)
+            shown.append(picture)
+        if profile is None or index == 0 or profile == largest:
+            pictures += shown
+        elif shown:  # the other profiles' pictures stay folded
+            pictures.append(f"<details><summary>{escape(profile)}'s plan</summary>"
+                            + "".join(shown) + "</details>")
+    headers = ["partition", "work memory", "lower bound", "×", "strategy", "order", "weights",
+               "inputs+outputs", "tensors"]
+    numeric = {1, 2, 3, 6, 7, 8}
+    if profiles[0][0] is not None:
+        headers, numeric = ["profile"] + headers, {i + 1 for i in numeric}
+    body = table(headers, rows, numeric=numeric)
+    if largest:
+        body += (f'<p class="note">Each shape profile has its own plan; {escape(largest)} needs '
+                 "the most work memory, so size buffers by it. The default's and its pictures "
+                 "are open.</p>")
     body += ('<p class="note">Each picture: tensors as boxes over execution steps (x) and '
              "work-memory address (y); the dashed red line is the lower bound.</p>")
     return body + "".join(pictures)
+
+
+def _plan_row(name: str, plan) -> tuple[list, str]:
+    """A partition's row of the memory table and its picture (or a note saying why none)."""
+    if not isinstance(plan, dict) or "arena_bytes" not in plan:
+        reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
+        return [name, "-", "-", "-", f"not planned: {reason}", "", "", "", ""], ""
+    bound = plan.get("lower_bound") or 0
+    row = [name, format_bytes(plan["arena_bytes"]), format_bytes(bound),
+           f"{plan['arena_bytes'] / bound:.3f}" if bound else "-",
+           plan.get("strategy", "?"), order_label(plan),
+           format_bytes(plan.get("weight_bytes", 0)),
+           format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0)),
+           len(plan.get("tensors", []))]
+    if plan.get("tensors"):
+        return row, f"<h3>{escape(name)}</h3><div class=\"plot\">{plan_svg(plan)}</div>"
+    return row, (f'<p class="note">{escape(name)}: no work memory (every tensor is an '
+                 "input, an output or a weight)</p>")
 
 
 def _placement(data: ReportData) -> str:
@@ -335,7 +386,7 @@ def _accuracy(data: ReportData) -> str:
                        "<code>--inputs FEEDS.npz</code> for real data instead of seeded random "
                        "inputs) to run the source model and this .om on the same inputs and "
                        "compare every output, as <code>graphopt compare</code> does.")
-    from graphopt.tools.compare_format import HEADERS, _cells
+    from graphopt.tools.compare_format import _cells, headers
 
     verdict = ('<span class="pass">PASS</span>' if report.passed
                else '<span class="fail">FAIL</span>')
@@ -354,7 +405,8 @@ def _accuracy(data: ReportData) -> str:
             c[10] = ('<span class="pass">pass</span>' if row.passed
                      else '<span class="fail">FAIL</span>')
             cells.append(c)
-        body += f"<h3>{title}</h3>" + table(HEADERS, cells, numeric=set(range(2, 10)), raw={10})
+        body += f"<h3>{title}</h3>" + table(headers(report), cells, numeric=set(range(2, 10)),
+                                            raw={10})
     first = report.first_failing_intermediate
     if first is not None:
         where = f" in partition {first.partition}" if first.partition else ""

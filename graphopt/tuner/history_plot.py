@@ -111,8 +111,10 @@ def histories_svg(series: Series, *, width: int = 720, height: int = 360,
     from graphopt.markup import escape
 
     fig = _history_figure(series, width, height, kind)
+    # The viewBox lets a page shrink the picture to fit, not crop it.
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{fig.width}" '
-              f'height="{fig.height}" font-family="sans-serif" font-size="10">'),
+              f'height="{fig.height}" viewBox="0 0 {fig.width} {fig.height}" '
+              'font-family="sans-serif" font-size="10">'),
              f'<rect width="{fig.width}" height="{fig.height}" fill="white"/>']
     for x0, y0, x1, y1, rgb, dashed in fig.lines:
         dash = ' stroke-dasharray="4 4"' if dashed else ""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from graphopt.codegen.om_manifest import order_label
 from graphopt.errors import OptionError
 from graphopt.ir import Graph, Model, Node
+from graphopt.table import format_bytes
 from graphopt.passes.memory.aliasing import Assignment, Storage, is_external_view
 from graphopt.passes.memory.buffers import (DEFAULT_ALIGNMENT, Buffer, arena_size, conflicts,
                                             count_conflicts, lower_bound)
@@ -80,10 +81,14 @@ class Plan:
     def summary(self) -> str:
         order = "" if self.schedule_optimal is None else "; order " + order_label(
             {"schedule_method": self.schedule_method, "schedule_optimal": self.schedule_optimal})
-        return (f"work memory {self.arena_bytes:,} B ({self.strategy}, {self.ratio:.3f}x the lower "
-                f"bound {self.lower_bound:,} B); weights {self.weight_bytes:,} B, inputs "
-                f"{self.input_bytes:,} B, outputs {self.output_bytes:,} B; {len(self.tensors)} "
-                f"tensors in {len(self.buffers)} buffers over {self.steps} steps{order}")
+        sizes = (f"weights {format_bytes(self.weight_bytes)}, inputs "
+                 f"{format_bytes(self.input_bytes)}, outputs {format_bytes(self.output_bytes)}")
+        if not self.tensors:
+            return f"no work memory (every tensor is an input, an output or a weight); {sizes}"
+        return (f"work memory {format_bytes(self.arena_bytes)} ({self.arena_bytes:,} B; "
+                f"{self.strategy}, {self.ratio:.3f}x the lower bound "
+                f"{format_bytes(self.lower_bound)}); {sizes}; {len(self.tensors)} tensors in "
+                f"{len(self.buffers)} buffers over {self.steps} steps{order}")
 
     def to_dict(self) -> dict:
         return {

@@ -14,6 +14,7 @@ import zlib
 
 from graphopt.markup import escape
 from graphopt.passes.memory.plan import Plan
+from graphopt.table import format_bytes
 
 _MARGIN = 24
 
@@ -50,7 +51,7 @@ _FONT = {
     "=": "00001f001f000000", ">": "0804020102040800", "?": "0e11010204000400",
     "[": "0e08080808080e00", "]": "0e02020202020e00", "_": "000000000000001f",
     "|": "0404040404040400", "×": "00110a040a110000", "…": "0000000000001500",
-    "→": "0004021f02040000",
+    "→": "0004021f02040000", "↑": "040e150404040400",
 }
 GLYPH_W = 6  # a glyph's advance in pixels, the gap to the next one included
 
@@ -115,15 +116,17 @@ class _Canvas:
                 + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
 
 
-def draw_plan(plan: Plan, path: str, *, width: int = 960, height: int = 540) -> None:
-    """Write the plan as a picture: SVG when `path` ends in .svg, else PNG."""
+def draw_plan(plan: Plan, path: str, *, width: int = 960, height: int = 540,
+              title: str = "") -> None:
+    """Write the plan as a picture: SVG when `path` ends in .svg, else PNG. `title` (the
+    partition, and its shape profile) heads it."""
     from graphopt.atomic import atomic_write_bytes
 
-    data = _svg(plan, width, height) if path.lower().endswith(".svg") else _png(plan, width, height)
-    atomic_write_bytes(path, data)
+    draw = _svg if path.lower().endswith(".svg") else _png
+    atomic_write_bytes(path, draw(plan, width, height, title))
 
 
-def _png(plan: Plan, width: int, height: int) -> bytes:
+def _png(plan: Plan, width: int, height: int, title: str = "") -> bytes:
     canvas = _Canvas(width, height)
     for x0, y0, x1, y1, i in _boxes(plan, width, height):
         rgb = _colour(i)
@@ -135,24 +138,29 @@ def _png(plan: Plan, width: int, height: int) -> bytes:
     canvas.fill(_MARGIN - 1, _MARGIN, _MARGIN, height - _MARGIN + 1, (0, 0, 0))     # address axis
     canvas.fill(_MARGIN - 1, height - _MARGIN, width - _MARGIN, height - _MARGIN + 1, (0, 0, 0))
     black = (0, 0, 0)
-    for text, x, y in _captions(plan, width, height):
+    for text, x, y in _captions(plan, width, height, title):
         canvas.text(x, y - 8, text, black)  # the SVG's baseline is the glyphs' bottom row
     return canvas.png()
 
 
-def _captions(plan: Plan, width: int, height: int) -> list[tuple[str, int, int]]:
-    """(text, x, baseline y) of the axis and header lines both pictures carry."""
-    return [(f"step →  ({plan.steps} steps)", _MARGIN, height - 8),
-            (f"{plan.arena_bytes:,} B ({plan.strategy}; lower bound {plan.lower_bound:,} B)",
-             4, _MARGIN - 8)]
+def _captions(plan: Plan, width: int, height: int,
+              title: str = "") -> list[tuple[str, int, int]]:
+    """(text, x, baseline y) of the axis and header lines both pictures carry: the address
+    axis spans the work memory, from 0 at the bottom to the arena's size at the top."""
+    head = (f"work memory {format_bytes(plan.arena_bytes)} ({plan.arena_bytes:,} B), "
+            f"{plan.strategy}; lower bound (dashed) {format_bytes(plan.lower_bound)}")
+    return [(f"step →  (0 to {max(plan.steps - 1, 0)})", _MARGIN, height - 8),
+            ((f"{title}: " if title else "") + head, 4, _MARGIN - 12),
+            (f"address ↑ (0 to {format_bytes(plan.arena_bytes)})", 4, _MARGIN - 2)]
 
 
-def _svg(plan: Plan, width: int, height: int) -> bytes:
+def _svg(plan: Plan, width: int, height: int, title: str = "") -> bytes:
     names: dict[int, list[str]] = {}
     for t in plan.tensors.values():
         names.setdefault(t.buffer, []).append(t.name)
+    # The viewBox lets a page shrink the picture to fit, not crop it.
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="10">',
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="10">',
              f'<rect width="{width}" height="{height}" fill="white"/>']
     for x0, y0, x1, y1, i in _boxes(plan, width, height):
         b = plan.buffers[i]
@@ -171,7 +179,7 @@ def _svg(plan: Plan, width: int, height: int) -> bytes:
     bottom = height - _MARGIN
     axes = f"{_MARGIN},{_MARGIN} {_MARGIN},{bottom} {width - _MARGIN},{bottom}"
     parts.append(f'<polyline points="{axes}" fill="none" stroke="black"/>')
-    for text, x, y in _captions(plan, width, height):
+    for text, x, y in _captions(plan, width, height, title):
         parts.append(f'<text x="{x}" y="{y}">{escape(text)}</text>')
     parts.append("</svg>")
     return "\n".join(parts).encode()
