@@ -357,6 +357,7 @@ def _add_passes(sub) -> None:
 
 
 def _cmd_passes(args) -> int:
+    from graphopt.help_format import first_sentence
     from graphopt.passes import PASSES, PIPELINES, FixedPoint
     from graphopt.table import format_table
 
@@ -366,8 +367,7 @@ def _cmd_passes(args) -> int:
     rule_rows = []
     for name, cls in sorted(PASSES.items()):
         for rule in getattr(cls, "rules", ()):
-            doc = (rule.__doc__ or "").strip().splitlines()
-            rule_rows.append([rule.name, name, doc[0] if doc else ""])
+            rule_rows.append([rule.name, name, first_sentence(rule.__doc__ or "")])
     if rule_rows:
         print(format_table(["rule", "pass", "matches"], rule_rows))
     print()

@@ -57,11 +57,12 @@ def format_targets(targets: list[Target]) -> str:
     for t in targets:
         primary = t.device(t.primary)
         dtype = next((d for d in ("float16", "float32") if d in primary.peak_ops_per_s), None)
-        peak = f"{_rate(primary.peak_ops_per_s[dtype])} {dtype}" if dtype else ""
+        peak = f"{_rate(primary.peak_ops_per_s[dtype], dtype)} {dtype}" if dtype else ""
         npu_cores = sum(d.ai_cores or 0 for d in t.devices if d.kind == "npu") or None
         rows.append([t.name, "+".join(d.name for d in t.devices), npu_cores, peak,
                      _bandwidth(primary.memory_bandwidth), ", ".join(primary.providers)])
-    return format_table(["target", "devices", "NPU cores", "peak", "memory", "providers"], rows)
+    return format_table(["target", "devices", "NPU cores", "peak", "memory bandwidth",
+                         "providers"], rows)
 
 
 def describe_target(t: Target) -> str:
@@ -98,9 +99,9 @@ def _describe_device(d: Device) -> list[str]:
         cores.append(f"clock {d.clock_hz / 1e9:g} GHz")
     if cores:
         lines.append("  " + ", ".join(cores))
-    lines.append("  peak: " + ", ".join(f"{dtype} {_rate(v)}"
+    lines.append("  peak: " + ", ".join(f"{dtype} {_rate(v, dtype)}"
                                         for dtype, v in d.peak_ops_per_s.items()))
-    lines.append(f"  memory {_bandwidth(d.memory_bandwidth)}, "
+    lines.append(f"  memory bandwidth {_bandwidth(d.memory_bandwidth)}, "
                  f"launch overhead {_seconds(d.launch_overhead_s)}")
     if d.cube:
         lines.append("  cube M×K×N: " + ", ".join(f"{dtype} {'×'.join(map(str, mkn))}"
@@ -191,7 +192,7 @@ def _figure(key: str, value) -> str:
     if ".buffers." in key:
         return _bytes(value)
     if ".peak_ops_per_s." in key:
-        return _rate(value)
+        return _rate(value, key.rsplit(".", 1)[-1])
     if key.endswith("bandwidth"):
         return _bandwidth(value)
     if key.endswith("_s"):
@@ -203,11 +204,13 @@ def _figure(key: str, value) -> str:
     return str(value)
 
 
-def _rate(ops_per_s: float) -> str:
-    for scale, unit in ((1e15, "POPS"), (1e12, "TOPS"), (1e9, "GOPS"), (1e6, "MOPS")):
+def _rate(ops_per_s: float, dtype: str = "") -> str:
+    """`8 TFLOPS` for a float type, `16 TOPS` for an integer one."""
+    kind = "FLOPS" if dtype.startswith(("float", "bfloat")) else "OPS"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
         if ops_per_s >= scale:
-            return f"{ops_per_s / scale:.3g} {unit}"
-    return f"{ops_per_s:.3g} ops/s"
+            return f"{ops_per_s / scale:.3g} {prefix}{kind}"
+    return f"{ops_per_s:.3g} {kind}"
 
 
 def _bandwidth(bytes_per_s: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -15,3 +16,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "\n" in text.strip():
             return super()._fill_text(text, width, indent)
         return argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
+def first_sentence(doc: str, limit: int = 110) -> str:
+    """A docstring's first sentence on one line (its first paragraph, up to the first full
+    stop that ends a sentence), cut at a word with `…` beyond `limit` characters."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    match = re.search(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)\.(?=\s|$)", paragraph)
+    sentence = paragraph[:match.end()] if match else paragraph
+    if len(sentence) <= limit:
+        return sentence
+    return sentence[:sentence.rfind(" ", 0, limit)] + " …"

@@ -14,8 +14,10 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
     profiles = (f" (shape profile {result.profiles[0].profile.name} of {len(result.profiles)} "
                 "below)") if result.profiles else ""
     # File names may hold any character: the line stays one line (errors.one_line).
+    target = (f"target {result.partitioning.target.name}, "
+              if result.partitioning is not None else "")
     head = (f"{one_line(result.source_label)} -> {one_line(output or '(in memory)')}{profiles}: "
-            f"{result.log.pipeline}, "
+            f"{target}{result.log.pipeline}, "
             f"{result.seconds:.2f} s; nodes {sum(before.values())} -> {total_after} "
             f"({total_after - sum(before.values()):+d})")
     pass_rows = []

@@ -167,6 +167,22 @@ def test_passes_lists_every_pass_and_level(capsys):
     for level in PIPELINES:
         assert f"-O{level}" in out
     assert "repeat until no change" in out
+    # Each rule says what it matches in a whole sentence, cut at a word when long.
+    rules = out.split("\nrule ")[1].split("\n\n")[0].splitlines()[2:]
+    assert len(rules) == sum(len(getattr(cls, "rules", ())) for cls in PASSES.values())
+    for row in rules:
+        matches = row.split(None, 2)[2]
+        assert matches.endswith((".", " …", "½", ")", "γ")), row
+
+
+def test_first_sentence_of_a_docstring():
+    from graphopt.help_format import first_sentence
+
+    assert first_sentence("Gemm(A, B) → Gemm, e.g. a bias.\n    More here.") == \
+        "Gemm(A, B) → Gemm, e.g. a bias."
+    assert first_sentence("One line\n    wrapped. Second.") == "One line wrapped."
+    assert first_sentence("word " * 40, limit=20) == "word word word word …"
+    assert first_sentence("") == ""
 
 
 def test_zoo_list(capsys):

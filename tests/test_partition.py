@@ -512,6 +512,10 @@ def test_partition_command_prints_the_table_and_reasons(tmp_path, capsys):
     assert main(["partition", str(model_path), "--target", "ascend310", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [p["device"] for p in data["partitions"]] == ["npu", "cpu"]
+    # The compile's summary line names the target it compiled for.
+    assert main(["optimize", str(model_path), "-o", str(tmp_path / "m.om"), "--target",
+                 "ascend310"]) == 0
+    assert "m.om: target ascend310, O2, " in capsys.readouterr().out.splitlines()[0]
 
 
 def test_partition_of_a_dynamic_model_says_which_inputs_to_pin(tmp_path, capsys):
@@ -523,6 +527,12 @@ def test_partition_of_a_dynamic_model_says_which_inputs_to_pin(tmp_path, capsys)
     assert "hint: " in out and "pin the dynamic input(s) 'x' [batch,8,32,32]" in out
     assert 'e.g. --input-shape "x:1,8,32,32"' in out
     assert "note: " not in out  # the returned islands are the table's rows already
+    # The size of a dynamic input is unknown, not 0 KiB.
+    row = next(line.split() for line in out.splitlines() if line.startswith("p0_cpu"))
+    assert row[4:6] == ["1", "?"] and row[6:8] == ["1", "?"]
+    assert main(["partition", str(model_path), "--target", "ascend310", "--json"]) == 0
+    (part,) = json.loads(capsys.readouterr().out)["partitions"]
+    assert part["inputs"] == [{"name": "x", "bytes": None}]
 
 
 def test_unknown_target_is_a_clear_error(tmp_path, capsys):

@@ -141,6 +141,24 @@ def test_advisor_finds_matmul_add_left_unfused_at_O0(tmp_path):
     assert "separate kernels" in hint.message
 
 
+def test_a_stalled_call_does_not_make_its_op_a_bottleneck(tiny):
+    import dataclasses
+
+    profile = profile_model(tiny[1], **RUNS)
+    bottlenecks = {h.numbers["op"] for h in advise(profile) if h.kind == "bottleneck"}
+    smallest = min(profile.kernels, key=lambda k: k.total_us)
+    assert smallest.op_type not in bottlenecks and smallest.median_us > 0
+    # One of its calls took as long as all the other kernels together, ten times over.
+    smallest.total_us += 10 * profile.total_us
+    assert profile.by_op()[0].op_type == smallest.op_type  # the measured totals say so
+    stalled = {h.numbers["op"] for h in advise(profile) if h.kind == "bottleneck"}
+    assert stalled == bottlenecks  # the advisor, counting each kernel at its median, does not
+    # A kernel without a median counts at its mean.
+    kernel = dataclasses.replace(smallest, median_us=0.0)
+    profile.kernels[profile.kernels.index(smallest)] = kernel
+    assert smallest.op_type in {h.numbers["op"] for h in advise(profile) if h.kind == "bottleneck"}
+
+
 def test_advisor_leaves_fused_graphs_alone(tmp_path):
     proto = parse_model(MATMUL_ADD, w=weight(16, 8), b=weight(8))
     fused = graphopt.optimize(proto, level=2, target="cpu")

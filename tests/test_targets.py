@@ -386,7 +386,7 @@ def test_cli_table(capsys):
     out = _run(["targets"], capsys)
     for name in builtin_targets():
         assert name in out
-    assert "CANNExecutionProvider" in out and "8 TOPS float16" in out and "1.6 TB/s" in out
+    assert "CANNExecutionProvider" in out and "8 TFLOPS float16" in out and "1.6 TB/s" in out
 
 
 def test_cli_describe(capsys):

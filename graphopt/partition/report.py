@@ -50,8 +50,8 @@ def partitioning_json(partitioning: Partitioning) -> dict:
                 "name": p.name, "device": p.device, "nodes": p.node_count(),
                 "engines": dict(sorted(_engine_counts(partitioning, p).items())),
                 "ops": dict(sorted(p.op_counts().items())),
-                "inputs": [{"name": v.name, "bytes": value_bytes(v)} for v in p.inputs],
-                "outputs": [{"name": v.name, "bytes": value_bytes(v)} for v in p.outputs],
+                "inputs": [{"name": v.name, "bytes": _bytes(v)} for v in p.inputs],
+                "outputs": [{"name": v.name, "bytes": _bytes(v)} for v in p.outputs],
             }
             for p in partitioning.partitions
         ],
@@ -83,7 +83,15 @@ def _ops(part: Partition) -> str:
     return f"{shown}, +{rest}" if rest else shown
 
 
+def _bytes(value) -> int | None:
+    """A value's bytes, None (JSON null) when its shape is dynamic."""
+    return None if value.static_shape is None else value_bytes(value)
+
+
 def _kib(values) -> str:
+    """The values' KiB; `?` when a shape is dynamic (its size is unknown, not 0)."""
+    if any(v is not None and v.static_shape is None for v in values):
+        return "?"
     return f"{sum(value_bytes(v) for v in values) / 1024:.1f}"
 
 

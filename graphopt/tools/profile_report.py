@@ -36,22 +36,28 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
     ]
     lines += [f"note: {note}" for note in profile.notes]
 
+    # Without a priced kernel (an NPU .om: the CPU cost model prices CPU kernels) the
+    # predicted columns would be blank: they are left out.
     rows = [[r.op_type, r.kernels, r.calls, f"{r.total_us / 1e3:.3f}", f"{r.mean_us:.1f}",
-             f"{r.share * 100:.1f}", _num(r.predicted_us), _num(r.measured_predicted_us),
-             r.bound] for r in profile.by_op()]
-    lines += ["", format_table(
-        ["op", "kernels", "calls", "total ms", "mean µs", "% time", "predicted µs/run",
-         "measured µs/run", "bound"], rows,
-        title="per op type (predicted/measured: the kernels the cost model priced)")]
+             f"{r.share * 100:.1f}"] + ([_num(r.predicted_us), _num(r.measured_predicted_us),
+                                         r.bound] if priced else [])
+            for r in profile.by_op()]
+    headers = ["op", "kernels", "calls", "total ms", "mean µs", "% time"]
+    title = "per op type"
+    if priced:
+        headers += ["predicted µs/run", "measured µs/run", "bound"]
+        title += " (predicted/measured: the kernels the cost model priced)"
+    lines += ["", format_table(headers, rows, title=title)]
 
     total = profile.total_us or 1.0
     rows = [[k.partition, elide(k.name), k.op_type, f"{k.mean_us:.1f}",
-             f"{k.median_us:.1f}", f"{k.total_us / total * 100:.1f}", _num(k.predicted_us),
-             elide(k.node) + (f" ({k.how})" if k.how != "name" else "") if k.node
-             else "(unmatched)"] for k in profile.top(top)]
-    lines += ["", format_table(["partition", "kernel", "op", "mean µs", "median µs", "% time",
-                                "predicted µs", "graph node"], rows,
-                               title=f"top {len(rows)} kernel(s)")]
+             f"{k.median_us:.1f}", f"{k.total_us / total * 100:.1f}"]
+            + ([_num(k.predicted_us)] if priced else [])
+            + [elide(k.node) + (f" ({k.how})" if k.how != "name" else "") if k.node
+               else "(unmatched)"] for k in profile.top(top)]
+    headers = ["partition", "kernel", "op", "mean µs", "median µs", "% time"]
+    headers += (["predicted µs"] if priced else []) + ["graph node"]
+    lines += ["", format_table(headers, rows, title=f"top {len(rows)} kernel(s)")]
 
     if profile.kind == "om":
         rows = [[i, p.name, p.device, p.level, ", ".join(p.providers), p.nodes, n,

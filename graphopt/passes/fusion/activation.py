@@ -154,86 +154,120 @@ def _bound(name):
 
 
 class ConvRelu(_IntoFusedConv):
+    """Conv + Relu → FusedConv with activation Relu."""
+
     def pattern(self, op, x, w, b):
         return op.Relu(_conv(op, x, w, b))
 
 
 class ConvLeakyRelu(_IntoFusedConv):
+    """Conv + LeakyRelu → FusedConv with activation LeakyRelu."""
+
     def pattern(self, op, x, w, b):
         return _leaky_relu(op, _conv(op, x, w, b))
 
 
 class ConvSigmoid(_IntoFusedConv):
+    """Conv + Sigmoid → FusedConv with activation Sigmoid."""
+
     def pattern(self, op, x, w, b):
         return op.Sigmoid(_conv(op, x, w, b))
 
 
 class ConvTanh(_IntoFusedConv):
+    """Conv + Tanh → FusedConv with activation Tanh."""
+
     def pattern(self, op, x, w, b):
         return op.Tanh(_conv(op, x, w, b))
 
 
 class ConvClip(_IntoFusedConv):
+    """Conv + Clip → FusedConv with activation Clip."""
+
     def pattern(self, op, x, w, b):
         return _clip(op, _conv(op, x, w, b))
 
 
 class ConvHardSigmoid(_IntoFusedConv):
+    """Conv + HardSigmoid → FusedConv with activation HardSigmoid."""
+
     def pattern(self, op, x, w, b):
         return _hard_sigmoid(op, _conv(op, x, w, b))
 
 
 class ConvHardSwish(_IntoFusedConv):
+    """Conv + HardSwish → FusedConv with activation HardSwish."""
+
     def pattern(self, op, x, w, b):
         return op.HardSwish(_conv(op, x, w, b))
 
 
 class GemmRelu(_IntoFusedGemm):
+    """Gemm + Relu → FusedGemm with activation Relu."""
+
     def pattern(self, op, a, b, c):
         return op.Relu(_gemm(op, a, b, c))
 
 
 class GemmLeakyRelu(_IntoFusedGemm):
+    """Gemm + LeakyRelu → FusedGemm with activation LeakyRelu."""
+
     def pattern(self, op, a, b, c):
         return _leaky_relu(op, _gemm(op, a, b, c))
 
 
 class GemmSigmoid(_IntoFusedGemm):
+    """Gemm + Sigmoid → FusedGemm with activation Sigmoid."""
+
     def pattern(self, op, a, b, c):
         return op.Sigmoid(_gemm(op, a, b, c))
 
 
 class GemmTanh(_IntoFusedGemm):
+    """Gemm + Tanh → FusedGemm with activation Tanh."""
+
     def pattern(self, op, a, b, c):
         return op.Tanh(_gemm(op, a, b, c))
 
 
 class GemmHardSigmoid(_IntoFusedGemm):
+    """Gemm + HardSigmoid → FusedGemm with activation HardSigmoid."""
+
     def pattern(self, op, a, b, c):
         return _hard_sigmoid(op, _gemm(op, a, b, c))
 
 
 class MatMulRelu(_IntoFusedGemm):
+    """MatMul of two matrices + Relu → FusedGemm with activation Relu."""
+
     def pattern(self, op, a, b):
         return op.Relu(op.MatMul(a, b))
 
 
 class MatMulLeakyRelu(_IntoFusedGemm):
+    """MatMul of two matrices + LeakyRelu → FusedGemm with activation LeakyRelu."""
+
     def pattern(self, op, a, b):
         return _leaky_relu(op, op.MatMul(a, b))
 
 
 class MatMulSigmoid(_IntoFusedGemm):
+    """MatMul of two matrices + Sigmoid → FusedGemm with activation Sigmoid."""
+
     def pattern(self, op, a, b):
         return op.Sigmoid(op.MatMul(a, b))
 
 
 class MatMulTanh(_IntoFusedGemm):
+    """MatMul of two matrices + Tanh → FusedGemm with activation Tanh."""
+
     def pattern(self, op, a, b):
         return op.Tanh(op.MatMul(a, b))
 
 
 class MatMulHardSigmoid(_IntoFusedGemm):
+    """MatMul of two matrices + HardSigmoid → FusedGemm with activation HardSigmoid."""
+
     def pattern(self, op, a, b):
         return _hard_sigmoid(op, op.MatMul(a, b))
 

@@ -127,6 +127,8 @@ def _perm_2d(perm) -> bool:
 
 
 class TransposeIntoGemmA(_TransposeIntoGemm):
+    """Gemm(Transpose(A), B) → Gemm with transA flipped."""
+
     flip = "transA"
 
     def pattern(self, op, a, b, c):
@@ -136,6 +138,8 @@ class TransposeIntoGemmA(_TransposeIntoGemm):
 
 
 class TransposeIntoGemmB(_TransposeIntoGemm):
+    """Gemm(A, Transpose(B)) → Gemm with transB flipped."""
+
     flip = "transB"
 
     def pattern(self, op, a, b, c):
@@ -206,6 +210,8 @@ class _IntoFusedMatMul(Rule):
 
 
 class TransposeIntoMatMulA(_IntoFusedMatMul):
+    """MatMul(A with its last two axes swapped, B) → FusedMatMul with transA."""
+
     flip = "A"
 
     def pattern(self, op, a, b):
@@ -222,6 +228,8 @@ class TransposeIntoMatMulB(_IntoFusedMatMul):
 
 
 class TransposeIntoFusedMatMulA(_IntoFusedMatMul):
+    """FusedMatMul(A with its last two axes swapped, B): transA flipped."""
+
     flip = "A"
 
     def pattern(self, op, a, b):
@@ -229,6 +237,8 @@ class TransposeIntoFusedMatMulA(_IntoFusedMatMul):
 
 
 class TransposeIntoFusedMatMulB(_IntoFusedMatMul):
+    """FusedMatMul(A, B with its last two axes swapped): transB flipped."""
+
     flip = "B"
 
     def pattern(self, op, a, b):
@@ -236,6 +246,8 @@ class TransposeIntoFusedMatMulB(_IntoFusedMatMul):
 
 
 class ScaledMatMul(_IntoFusedMatMul):
+    """MatMul(A, B) · s for a scalar constant s → FusedMatMul with alpha s."""
+
     def pattern(self, op, a, b):
         return op.Mul(op.MatMul(a, b), Const(pred=_scalar, name="scale"))
 
@@ -248,11 +260,15 @@ class DividedMatMul(_IntoFusedMatMul):
 
 
 class ScaledFusedMatMul(_IntoFusedMatMul):
+    """FusedMatMul(A, B) · s for a scalar constant s: s into alpha."""
+
     def pattern(self, op, a, b):
         return op.Mul(_fused(op, a, b), Const(pred=_scalar, name="scale"))
 
 
 class DividedFusedMatMul(_IntoFusedMatMul):
+    """FusedMatMul(A, B) / s for a scalar constant s: 1/s into alpha."""
+
     def pattern(self, op, a, b):
         return op.Div(_fused(op, a, b), Const(pred=_scalar, name="divisor"))
 
@@ -319,6 +335,8 @@ class ScaledOperandsMatMul(_ScaledOperands):
 
 
 class ScaledOperandsFusedMatMul(_ScaledOperands):
+    """FusedMatMul(A · s, B · t): the scalar scales into alpha."""
+
     def pattern(self, op, a, b):
         return _fused(op, _scaled(op, a, "a"), _scaled(op, b, "b"))
 
