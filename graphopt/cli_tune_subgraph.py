@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from graphopt.progress import ProgressLine
@@ -60,8 +61,9 @@ def cmd_tune_subgraph(args, storage) -> int:
         from graphopt.tuner.history_plot import draw_histories
 
         kind = "measured" if args.objective == "measured" else "estimated"
-        draw_histories([(result.study_name, result.history, result.default.seconds)], args.plot,
-                       kind=kind)
+        # Named by what was tuned: the study's own name keys the model by a hash of its bytes.
+        name = f"{os.path.basename(args.model)} on {args.target} -O{args.level}"
+        draw_histories([(name, result.history, result.default.seconds)], args.plot, kind=kind)
         print(f"wrote {args.plot}")
     return 0
 

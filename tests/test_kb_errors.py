@@ -412,6 +412,25 @@ def test_png_plot_has_a_title_ticks_axis_labels_and_a_legend(tmp_path):
     assert dark(pixels, width, 70, 360, width, height) > 200    # legend text
 
 
+def test_plot_names_every_curve_in_its_own_style_and_ends_short_of_the_frame():
+    import xml.etree.ElementTree as ET
+
+    from graphopt.tuner.history_plot import histories_svg
+
+    series = [(f"k{i}", [2.0, 2.0, 1.0 + i / 100], 2.0) for i in range(12)]
+    root = ET.fromstring(histories_svg(series))
+    svg = "{http://www.w3.org/2000/svg}"
+    texts = [t.text for t in root.iter(f"{svg}text")]
+    assert all(any(t.startswith(f"k{i}: ") for t in texts) for i in range(12))
+    lines = list(root.iter(f"{svg}polyline"))
+    styles = {(p.get("stroke"), p.get("stroke-dasharray")) for p in lines}
+    assert len(styles) == 12  # ten hues, then the first two again dashed
+    # A gain on the last trial is drawn inside the plot, not on its right edge.
+    frame_right = max(int(line.get("x2")) for line in root.iter(f"{svg}line"))
+    last_x = max(int(point.split(",")[0]) for p in lines for point in p.get("points").split())
+    assert last_x < frame_right - 50
+
+
 def test_canvas_text_draws_the_glyphs():
     from graphopt.passes.memory.plot import _FONT, GLYPH_W, _Canvas
 
@@ -434,7 +453,9 @@ def test_svg_plot_has_the_same_labels(tmp_path):
     svg = histories_svg(SERIES, kind="measured")
     texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
     assert texts[0].startswith("best measured cost so far / default cost")
-    assert {"cost / default", "trial", "default", "1.00", "0"} <= set(texts)
+    # Trials count from 1, as the progress line counts them.
+    assert {"cost / default", "trial", "default", "1.00", "1"} <= set(texts)
+    assert "0" not in texts
     legend = [t for t in texts if t.startswith("ascend310/")]
     assert legend == ["ascend310/gemm/b1_m256_k256_n256/float16: default 29.00 µs, best "
                       "24.00 µs (1.208x)",

@@ -237,6 +237,10 @@ def test_tuning_db_gives_each_signature_its_study_and_curve(built, capsys, tmp_p
     assert "subgraph/ascend310/" in Page(tuning).plain
     assert "tuning: 3/3 kernel signature(s) with studies; subgraph study: subgraph/ascend310/" \
         in stdout
+    # How many decisions differ from the default compile's, not how many were recorded.
+    changed = re.search(r"<td class=\"n\">(\d+) of (\d+)</td></tr>", tuning)
+    assert changed
+    assert (int(changed[1]) == 0) == ("No decision differs from the default" in tuning)
 
 
 def test_subgraph_study_needs_the_source_model(built, capsys, tmp_path):

@@ -296,12 +296,15 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
         values = [v for v in history(study) if v != float("inf")]
         default = _study_default(study)
         chosen = study.user_attrs.get("chosen") or {}
+        baseline = next((t.params for t in study.get_trials(deepcopy=False)
+                         if t.user_attrs.get("default")), {})
         tuning.subgraph = {
             "study": name, "trials": len(study.get_trials(deepcopy=False)),
             "objective": job.get("objective", "?"), "level": job.get("level", "?"),
             "input_shapes": job.get("input_shapes"), "default_seconds": default,
             "best_seconds": min(values) if values else None,
-            "chosen": chosen}
+            "chosen": chosen,
+            "changed": sum(1 for key, value in chosen.items() if baseline.get(key) != value)}
         tuning.subgraph_curve = Curve(name, history(study), default)
         return
     tuning.subgraph_note = (f"none of the {len(names)} subgraph study(ies) for {target} is of "

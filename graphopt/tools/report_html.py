@@ -369,11 +369,15 @@ def _tuning(data: ReportData) -> str:
     speedup = (s["default_seconds"] / s["best_seconds"]
                if s["default_seconds"] and s["best_seconds"] else None)
     body += table(["study", "objective", "level", "input shapes", "trials", "default µs",
-                   "best µs", "speedup", "decisions chosen"],
+                   "best µs", "speedup", "decisions changed"],
                   [[s["study"], s["objective"], s["level"], s["input_shapes"] or "-", s["trials"],
                     _us(s["default_seconds"]), _us(s["best_seconds"]),
-                    f"{speedup:.3f}" if speedup else "", len(s["chosen"])]],
+                    f"{speedup:.3f}" if speedup else "",
+                    f"{s['changed']} of {len(s['chosen'])}"]],
                   numeric={4, 5, 6, 7, 8})
+    if not s["changed"]:
+        body += (f'<p class="note">No decision differs from the default compile\'s: '
+                 f"{s['trials']} trial(s) found nothing better.</p>")
     if tuning.subgraph_curve is not None:
         body += _curve_svg([tuning.subgraph_curve])
     return body

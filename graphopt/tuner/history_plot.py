@@ -5,15 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Series = list[tuple[str, list[float], float]]  # (name, best seconds so far per trial, default)
-_LEGEND_ROWS = 8           # legend lines under the plot; more series end in "… and N more"
+_LEGEND_ROWS = 24          # legend lines under the plot; more series end in "… and N more"
 _GREY, _GRID, _BLACK = (120, 120, 120), (225, 225, 225), (0, 0, 0)
+# Ten hues told apart at a glance (Tableau's); the next ten series repeat them dashed.
+_PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+            (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
 
 
 @dataclass
 class _Figure:
     """A plot as primitives both writers draw: axis-parallel lines (x0, y0, x1, y1, rgb,
     dashed), boxes (x0, y0, x1, y1, rgb), texts (x, top y, text, rgb, anchor start|middle|end)
-    and step curves (name, points, rgb)."""
+    and step curves (name, points, rgb, dashed)."""
 
     width: int
     height: int
@@ -33,24 +36,22 @@ def _nice_step(span: float, most: int, steps: tuple) -> float:
 
 
 def _history_figure(series: Series, width: int, height: int, kind: str | None) -> _Figure:
-    """Best-so-far cost / default cost (capped at 1.0) vs trial number in a width × height
-    plot, one step curve per series, with the legend's rows below it."""
-    from graphopt.passes.memory.plot import _colour
-
+    """Best-so-far cost / default cost (capped at 1.0) vs trial number (from 1, as the
+    progress counts them) in a width × height plot, one step curve per series ending in a
+    square, with the legend's rows below it."""
     points = [[(i, min(v / default, 1.0)) for i, v in enumerate(hist) if v != float("inf")]
               for _, hist, default in series]
     n = max((len(hist) for _, hist, _ in series), default=1)
     low = min(min((v for curve in points for _, v in curve), default=0.5), 0.95) - 0.02
     y_step = _nice_step(1.0 - low, 5, (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0))
     low = 1.0 - -(-(1.0 - low) // y_step) * y_step          # the bottom is a tick
-    x_step = int(_nice_step(max(n - 1, 1), 8, tuple(m * 10 ** e for e in range(7)
-                                                     for m in (1, 2, 5))))
+    x_step = int(_nice_step(n, 8, tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))))
     left, right, top, bottom = 52, width - 16, 36, height - 36
     rows = min(len(series), _LEGEND_ROWS) + (len(series) > _LEGEND_ROWS)
     fig = _Figure(width, height + 12 * rows)
 
-    def x(i: int) -> int:
-        return left + i * (right - left) // max(n - 1, 1)
+    def x(i: int) -> int:  # trial i + 1; the last one short of the frame, so a gain there shows
+        return left + i * (right - left) // n
 
     def y(v: float) -> int:
         return top + round((1.0 - v) / (1.0 - low) * (bottom - top))
@@ -65,15 +66,19 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
         v = 1.0 - k * y_step
         fig.lines.append((left, y(v), right, y(v), _GRID, False))
         fig.texts.append((left - 4, y(v) - 4, f"{v:.2f}", _BLACK, "end"))
-    for i in range(0, n, x_step):
-        fig.lines.append((x(i), bottom, x(i), bottom + 3, _BLACK, False))
-        fig.texts.append((x(i), bottom + 6, str(i), _BLACK, "middle"))
+    for trial in sorted({1, *range(x_step, n + 1, x_step)}):
+        fig.lines.append((x(trial - 1), bottom, x(trial - 1), bottom + 3, _BLACK, False))
+        fig.texts.append((x(trial - 1), bottom + 6, str(trial), _BLACK, "middle"))
     fig.lines += [(left, top, right, top, _GREY, True),          # the default: 1.0
                   (left, top, left, bottom, _BLACK, False),
                   (left, bottom, right, bottom, _BLACK, False)]
-    colours = [tuple(c * 3 // 4 for c in _colour(k)) for k in range(len(series))]
-    for (name, _, _), curve, rgb in zip(series, points, colours):
-        fig.curves.append((name, [(x(i), y(v)) for i, v in _corners(curve)], rgb))
+    colours = [_PALETTE[k % len(_PALETTE)] for k in range(len(series))]
+    for k, ((name, _, _), curve, rgb) in enumerate(zip(series, points, colours)):
+        corners = [(x(i), y(v)) for i, v in _corners(curve)]
+        fig.curves.append((name, corners, rgb, k // len(_PALETTE) % 2 == 1))
+        if corners:  # where it ends: two curves that meet stay apart there
+            end_x, end_y = corners[-1]
+            fig.boxes.append((end_x - 2, end_y - 2, end_x + 3, end_y + 3, rgb))
     _add_legend(fig, series, colours, left, height)
     return fig
 
@@ -83,7 +88,11 @@ def _add_legend(fig: _Figure, series: Series, colours: list, left: int, top: int
     for k, ((name, hist, default), rgb) in enumerate(zip(series[:_LEGEND_ROWS], colours)):
         row = top + 12 * k
         best = min((v for v in hist if v != float("inf")), default=default)
-        fig.boxes.append((left, row + 3, left + 16, row + 6, rgb))
+        if k // len(_PALETTE) % 2:  # a dashed curve's swatch is dashed too
+            fig.boxes += [(left, row + 3, left + 6, row + 6, rgb),
+                          (left + 10, row + 3, left + 16, row + 6, rgb)]
+        else:
+            fig.boxes.append((left, row + 3, left + 16, row + 6, rgb))
         fig.texts.append((left + 22, row, f"{name}: default {_duration(default)}, best "
                           f"{_duration(best)} ({default / best:.3f}x)", _BLACK, "start"))
     if len(series) > _LEGEND_ROWS:
@@ -122,10 +131,11 @@ def histories_svg(series: Series, *, width: int = 720, height: int = 360,
     for x0, y0, x1, y1, rgb in fig.boxes:
         parts.append(f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" '
                      f'fill="rgb{rgb}"/>')
-    for name, points, rgb in fig.curves:
+    for name, points, rgb, dashed in fig.curves:
         text = " ".join(f"{px},{py}" for px, py in points)
+        dash = ' stroke-dasharray="6 4"' if dashed else ""
         parts.append(f'<polyline points="{text}" fill="none" stroke="rgb{rgb}" '
-                     f'stroke-width="2"><title>{escape(name)}</title></polyline>')
+                     f'stroke-width="2"{dash}><title>{escape(name)}</title></polyline>')
     for px, py, text, rgb, anchor in fig.texts:
         parts.append(f'<text x="{px}" y="{py + 8}" text-anchor="{anchor}" fill="rgb{rgb}">'
                      f"{escape(text)}</text>")
@@ -148,14 +158,27 @@ def histories_png(series: Series, *, width: int = 720, height: int = 360,
             canvas.fill(x0, y0, x1 + 1, y1 + 1, rgb)
     for x0, y0, x1, y1, rgb in fig.boxes:
         canvas.fill(x0, y0, x1, y1, rgb)
-    for _, points, rgb in fig.curves:
+    for _, points, rgb, dashed in fig.curves:
         for (x0, y0), (x1, y1) in zip(points, points[1:]):  # each piece is flat or upright
-            canvas.fill(min(x0, x1) - 1, min(y0, y1) - 1, max(x0, x1) + 1, max(y0, y1) + 1, rgb)
+            _segment(canvas, min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1), rgb, dashed)
     for px, py, text, rgb, anchor in fig.texts:
         span = len(text) * GLYPH_W - 1
         shift = {"start": 0, "middle": span // 2, "end": span}[anchor]
         canvas.text(px - shift, py, text, rgb)
     return canvas.png()
+
+
+def _segment(canvas, x0: int, y0: int, x1: int, y1: int, rgb, dashed: bool) -> None:
+    """A flat or upright piece of a curve, 2 px wide; dashed: 6 px drawn, 4 left out."""
+    if not dashed:
+        canvas.fill(x0 - 1, y0 - 1, x1 + 1, y1 + 1, rgb)
+        return
+    flat = y0 == y1
+    for start in range(x0 if flat else y0, (x1 if flat else y1) + 1, 10):
+        if flat:
+            canvas.fill(start - 1, y0 - 1, min(start + 6, x1 + 1), y0 + 1, rgb)
+        else:
+            canvas.fill(x0 - 1, start - 1, x0 + 1, min(start + 6, y1 + 1), rgb)
 
 
 def draw_histories(series: Series, path: str, *, width: int = 720, height: int = 360,
