@@ -623,3 +623,33 @@ def test_a_partitions_size_counts_its_weights_blob(capsys, tmp_path):
     assert re.search(r"B \+ 2\.0 MiB weights", Page(section(text, "partitions")).plain)
     rc, out, _ = run_cli(capsys, "inspect", om)
     assert rc == 0 and "+ 2.0 MiB weights" in out
+
+
+def test_box_labels_name_domains_chains_and_fit_the_box():
+    from graphopt.tools.report_graph import graph_svg
+
+    graph = chain_graph(5)
+    graph.nodes[1].op = "com.microsoft.nchwc::Conv"
+    graph.nodes[2].op = "com.microsoft::SkipLayerNormalization"
+    svg, _ = graph_svg(graph, collapse=False)
+    texts = {t.text: t for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")}
+    assert "nchwc::Conv" in texts  # not the standard Conv it is not
+    squeezed = texts["SkipLayerNormalization"]  # whole, its glyphs narrowed to the box
+    assert squeezed.get("textLength") == str(NODE_W - 8)
+    assert texts["Relu"].get("textLength") is None
+    svg, _ = graph_svg(chain_graph(5), collapse=True)
+    texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    assert "Relu → Relu: 5 ops" in texts  # a chain, not five of one op
+
+
+def test_the_inputs_start_at_the_left_of_a_wide_picture(tmp_path):
+    from graphopt import zoo
+    from graphopt.codegen import load_om
+    from graphopt.tools.report_data import build_graph
+
+    # The zoo's UNet: its barycenter layout put the input right of the middle.
+    path = tmp_path / "unet.om"
+    graphopt.save(graphopt.optimize(zoo.build("unet"), target="ascend310"), path)
+    placed = layout(build_graph(load_om(path)))
+    (first,) = [b for b in placed.boxes.values() if b.head.op == "input"]
+    assert first.x <= placed.width / 2

@@ -170,6 +170,11 @@ def layout(graph: GraphData, *, collapse: bool | None = None) -> Layout:
             position.update({v: i for i, v in enumerate(layer)})
     xs = _coordinates(layers, up)
     width = max((xs[v] + _width(v) / 2 for v in xs), default=0) + MARGIN
+    # A page shows a wide picture from its left edge: the inputs, where a reader starts,
+    # should be there, not at the far right of the scroll (mirroring keeps every crossing).
+    starts = [xs[v] for v in layers[0] if not v.startswith("~")] if layers else []
+    if starts and sum(starts) / len(starts) > width / 2:
+        xs = {v: width - x for v, x in xs.items()}
     for v, box in boxes.items():
         box.x = xs[v]
     edges = []
@@ -223,8 +228,20 @@ def _coordinates(layers: list[list[str]], up: dict[str, list[str]]) -> dict[str,
 # --- drawing -------------------------------------------------------------------------------
 
 
-def _short(text: str, limit: int = 19) -> str:
+LABEL_FITS = 19       # characters a box holds at the font's size
+LABEL_SQUEEZED = 28   # characters a box holds with its glyphs narrowed; more are cut with …
+
+
+def _short(text: str, limit: int = LABEL_SQUEEZED) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _op_label(op: str) -> str:
+    """`Conv`, and `nchwc::Conv` for a domain whose op shares a standard op's name (a
+    com.microsoft op's name is its own: FusedConv, Attention)."""
+    domain, _, name = op.rpartition("::")
+    tail = domain.rsplit(".", 1)[-1]
+    return f"{tail}::{name}" if domain and tail not in ("microsoft", "onnx", "ml") else name
 
 
 def _label(box: Box) -> str:
@@ -232,9 +249,17 @@ def _label(box: Box) -> str:
     if head.op in (INPUT, OUTPUT):
         return _short(f"{head.op} {head.name}")
     if len(box.members) == 1:
-        return _short(head.op.split("::")[-1])
-    return _short(f"{head.op.split('::')[-1]} … {box.members[-1].op.split('::')[-1]}", 15) + \
-        f" ×{len(box.members)}"
+        return _short(_op_label(head.op))
+    first, last = _op_label(head.op), _op_label(box.members[-1].op)
+    return f"{_short(first, 11)} → {_short(last, 8)}: {len(box.members)} ops"
+
+
+def _text(x: float, y: float, label: str) -> str:
+    """A box's label, its glyphs narrowed to the box when it is longer than fits."""
+    fit = (f' textLength="{NODE_W - 8}" lengthAdjust="spacingAndGlyphs"'
+           if len(label) > LABEL_FITS else "")
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="middle"{fit}>{escape(label)}</text>'
+
 
 
 def _node_tip(node: OpNode) -> str:
@@ -285,7 +310,6 @@ def graph_svg(graph: GraphData, *, collapse: bool | None = None) -> tuple[str, l
         parts.append(f'<g><title>{escape(_tip(box))}</title>'
                      f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{NODE_W}" height="{NODE_H}" '
                      f'rx="{rx}" fill="{fill}" stroke="#333"{stroke}/>'
-                     f'<text x="{box.x:.1f}" y="{y0 + NODE_H / 2 + 4:.1f}" '
-                     f'text-anchor="middle">{escape(_label(box))}</text></g>')
+                     + _text(box.x, y0 + NODE_H / 2 + 4, _label(box)) + "</g>")
     parts.append("</svg>")
     return "\n".join(parts), placed.notes

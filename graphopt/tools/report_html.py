@@ -39,6 +39,7 @@ table.kv th{width:160px}code,.mono{font-family:ui-monospace,Menlo,Consolas,monos
 .plot svg{max-width:100%;height:auto;border:1px solid #ddd}
 .swatch{display:inline-block;width:12px;height:12px;border:1px solid #333;margin-right:4px;vertical-align:-1px}
 .note{color:#555;font-size:13px}
+@media print{.scroll,.wide{max-height:none;overflow:visible}nav{position:static}}
 """
 
 
