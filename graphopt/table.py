@@ -3,28 +3,71 @@
 from __future__ import annotations
 
 import re
+import shutil
+import sys
 import unicodedata
 
 from graphopt.errors import one_line
 
 
-def format_table(headers: list[str], rows: list[list], title: str | None = None) -> str:
+MIN_WRAPPED = 24  # the narrowest last column worth wrapping into; below it lines stay long
+
+
+def format_table(headers: list[str], rows: list[list], title: str | None = None,
+                 width: int | None = None) -> str:
+    """The table as text. `width` (default: the terminal's, when standard output is one)
+    wraps a last text column that would run past it onto lines of its own, indented to the
+    column; piped output keeps one line per row, for grep and scripts."""
     # A cell may hold a name read from a model (any byte): a newline or an escape sequence
     # would break the table or act on the terminal, so control characters are shown escaped.
     cells = [[one_line(str(h)) for h in headers]] + \
         [["" if c is None else one_line(str(c)) for c in row] for row in rows]
     widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
     numeric = [all(_is_number(r[i]) for r in cells[1:] if r[i]) for i in range(len(headers))]
+    width = terminal_width() if width is None else width
+    indent = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    room = (width - indent) if width else 0
+    wrap = bool(width) and not numeric[-1] and widths[-1] > room >= MIN_WRAPPED
+    if wrap:
+        widths[-1] = room
 
     def line(row: list[str]) -> str:
-        parts = [_padded(c, w, num) for c, w, num in zip(row, widths, numeric)]
-        return "  ".join(parts).rstrip()
+        if not wrap:
+            parts = [_padded(c, w, num) for c, w, num in zip(row, widths, numeric)]
+            return "  ".join(parts).rstrip()
+        head, *rest = _wrapped(row[-1], room)
+        parts = [_padded(c, w, num) for c, w, num in zip(row[:-1], widths, numeric)]
+        return "\n".join(["  ".join(parts + [head]).rstrip()]
+                         + [" " * indent + piece for piece in rest])
 
     out = [title] if title else []
     out.append(line(cells[0]))
     out.append("  ".join("-" * w for w in widths))
     out.extend(line(r) for r in cells[1:])
     return "\n".join(out)
+
+
+def terminal_width() -> int | None:
+    """The terminal's columns when standard output is one (COLUMNS overrides), else None."""
+    try:
+        if not sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):  # replaced or closed stdout
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def _wrapped(text: str, room: int) -> list[str]:
+    """`text` in lines of at most `room` columns, broken at spaces (a longer word alone)."""
+    lines, current = [], ""
+    for word in text.split(" "):
+        candidate = f"{current} {word}" if current else word
+        if current and display_width(candidate) > room:
+            lines.append(current)
+            current = word
+        else:
+            current = candidate
+    return lines + [current]
 
 
 def display_width(text: str) -> int:

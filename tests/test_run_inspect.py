@@ -284,6 +284,24 @@ def test_table_aligns_numbers_with_units_to_the_right():
     assert lines[3].endswith("12 B") and lines[2].split()[-1] == "a"
 
 
+def test_table_wraps_its_last_column_to_a_terminal_width_only():
+    from graphopt.table import format_table
+
+    note = "float32 runs in float16 on the cube under ATC's default precision mode"
+    rows = [["Conv", "5", note], ["Add", "8", "int64 on aicpu"]]
+    text = format_table(["op", "rank", "note"], rows, width=40)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 40
+    assert lines[2] == "Conv     5  float32 runs in float16 on"
+    assert [line[:12] for line in lines[3:5]] == [" " * 12] * 2  # indented to the column
+    assert " ".join(line.strip() for line in lines[2:5]).endswith(note)
+    assert lines[-1] == "Add      8  int64 on aicpu"
+    # Piped (no terminal), as tests and scripts read it: one line per row.
+    assert format_table(["op", "rank", "note"], rows).splitlines()[2].endswith(note)
+    # Too little room left for the column: lines stay whole rather than wrap into a sliver.
+    assert format_table(["op", "rank", "note"], rows, width=20).splitlines()[2].endswith(note)
+
+
 def test_inspect_names_the_precision_and_the_weights_by_type(tmp_path, capsys):
     rng = np.random.default_rng(0)
     model = parse_model("g (float[4,64] x, float[64,64] w) => (float[4,64] y) "
