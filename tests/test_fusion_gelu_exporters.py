@@ -8,10 +8,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.parser
+import onnx.printer
 import pytest
 from helpers import ops
 from test_fusion_gelu import HEADER, WIDTH, check_numerics, fuse, to_float16
 
+import graphopt
 from graphopt.ir import format_model
 
 ERF = {"s": 1.4142135, "one": 1.0, "half": 0.5}
@@ -153,6 +155,21 @@ def test_silu_of_a_conv_is_left_to_the_nchwc_layout():
     model, stats, traces = fuse(proto, trace=("Silu",))
     assert stats == {} and ops(model) == ["Conv", "Sigmoid", "Mul"]
     assert any("refused: x comes from Conv" in line for line in traces), traces
+    # On an NPU the conv keeps its own device format: the SiLU is one vector kernel there.
+    for target in ("ascend310", "ascend910b"):
+        result = graphopt.optimize(proto, target=target)
+        assert [n.op_type for n in result.model.graph] == ["Conv", "QuickGelu"], target
+        check_numerics(proto, result.model)
+    # At -O3 the QuickGelu still joins the residual Add after it in one elementwise call.
+    residual = onnx.parser.parse_model(onnx.printer.to_text(proto).replace(
+        "y = Mul (c, sg)", "a = Mul (c, sg)\n   y = Add (a, x)"))
+    result = graphopt.optimize(residual, target="ascend310", level=3)
+    assert [n.op_type for n in result.model.graph] == ["Conv", "elementwise_0"]
+    (body,) = result.model.functions
+    assert [n.op_type for n in body.node] == ["QuickGelu", "Add"]
+    check_numerics(residual, result.model)
+    cpu = [n.op_type for n in graphopt.optimize(proto, target="cpu").model.graph]
+    assert "QuickGelu" not in cpu and {"Sigmoid", "Mul"} <= set(cpu)  # blocked NCHWc ops
 
 
 def test_dynamo_gelu_after_a_linear_becomes_bias_gelu():

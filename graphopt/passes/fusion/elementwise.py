@@ -12,7 +12,7 @@ calls a model-local ONNX function ("super operator", domain `graphopt`), after T
      Sigmoid ──→ y
 
 Rules: a node joins a group when it is a default-domain elementwise/broadcast op (ELEMENTWISE;
-Clip only with constant or omitted bounds) without subgraphs; groups grow along producer →
+Clip only with constant or omitted bounds; also QuickGelu, a fused SiLU) without subgraphs; groups grow along producer →
 consumer edges, in node order, so a group is connected. Merging two groups is refused when
   * the union would exceed `max_group_size` nodes, or
   * a path leaves the union and re-enters it (through other ops or other groups, which become
@@ -48,14 +48,21 @@ ELEMENTWISE = frozenset("""
 """.split())
 
 
+# Elementwise ops of other domains that FuseGelu makes of default-domain ones: a SiLU becomes
+# QuickGelu on an NPU, and must still join the Add after it as the Sigmoid and Mul would have.
+CONTRIB_ELEMENTWISE = frozenset({("com.microsoft", "QuickGelu")})
+
+
 def _single_output_op(node: Node, graph: Graph) -> bool:
-    """A default-domain node of `graph` with one output and no subgraphs."""
-    return node.graph is graph and node.is_onnx and not node.subgraphs() \
+    """A node of `graph` with one output and no subgraphs."""
+    return node.graph is graph and not node.subgraphs() \
         and len(node.outputs) == 1 and node.outputs[0] is not None
 
 
 def _eligible(node: Node, graph: Graph) -> bool:
-    if node.op_type not in ELEMENTWISE or not _single_output_op(node, graph):
+    elementwise = (node.op_type in ELEMENTWISE if node.is_onnx
+                   else (node.domain, node.op_type) in CONTRIB_ELEMENTWISE)
+    if not elementwise or not _single_output_op(node, graph):
         return False
     # Clip's bounds are inputs since opset 11; fused only when fixed at compile time (TVM
     # treats clip as elementwise with attribute bounds).
@@ -67,7 +74,7 @@ def _eligible(node: Node, graph: Graph) -> bool:
 def _anchor(node: Node, graph: Graph) -> bool:
     """A compute op whose elementwise consumers may join it as its epilogue (TVM's
     out-elementwise-fusable: conv2d or dense followed by bias, activation, residual)."""
-    return node.op_type in ANCHORS and _single_output_op(node, graph)
+    return node.is_onnx and node.op_type in ANCHORS and _single_output_op(node, graph)
 
 
 def _lift(node: Node, graph: Graph) -> Node | None:

@@ -22,7 +22,7 @@ import numpy as np
 from graphopt.ir import DType
 from graphopt.ir.pattern import Const, OneOf
 from graphopt.passes.base import register
-from graphopt.passes.rules import Rule, RulePass
+from graphopt.passes.rules import Rule, RulePass, placed_device
 
 MS = "com.microsoft"
 SQRT2 = math.sqrt(2.0)
@@ -159,8 +159,10 @@ CONVS = ("Conv", "FusedConv", "ConvTranspose")
 class Silu(Rule):
     """x · sigmoid(x) (SiLU, Swish) → QuickGelu(x, alpha=1), as onnxruntime's QuickGeluFusion
     makes it: one pass over x instead of two, and the same numbers (both run MLAS's logistic).
-    A conv's output is left alone: LayoutNchwc keeps Sigmoid and Mul in the blocked layout,
-    where onnxruntime fuses them itself, and would have to reorder around a QuickGelu."""
+    A conv's output on the CPU is left alone: LayoutNchwc keeps Sigmoid and Mul in the blocked
+    layout, where onnxruntime fuses them itself, and would have to reorder around a QuickGelu.
+    On an NPU, whose convs keep their own device format, the pair is one vector kernel (CANN's
+    Swish) like any other SiLU."""
 
     emits = ((MS, "QuickGelu"),)
     dtypes = (DType.FLOAT,)
@@ -168,9 +170,10 @@ class Silu(Rule):
     def pattern(self, op, x):
         return op.Mul(x, op.Sigmoid(x))
 
-    def check(self, x):
+    def check(self, x, target):
         producer = x.producer
-        if producer is not None and producer.op_type in CONVS:
+        on_npu = target is not None and placed_device(target, x).kind == "npu"
+        if producer is not None and producer.op_type in CONVS and not on_npu:
             return f"x comes from {producer.op_type} '{producer.name}', whose SiLU the " \
                    "NCHWc layout keeps blocked"
         return None
