@@ -20,7 +20,7 @@ import graphopt
 from graphopt import numerics, zoo
 from graphopt.cli import main
 from graphopt.codegen import OmSession
-from graphopt.errors import OptionError
+from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir import Graph, Model, Node, Value, load_onnx
 from graphopt.partition import Placement, load_target, partition
 from graphopt.partition.partitioner import _cluster, _merge, reads, top_level
@@ -210,6 +210,36 @@ def test_bf16_ops_returned_to_the_host_are_refused_naming_them():
         graphopt.optimize(proto, target="ascend910b", precision="bf16")
     result = graphopt.optimize(proto, target="ascend910b", precision="fp16")  # the host runs it
     assert devices(result) == ["cpu"]
+
+
+def test_bf16_in_the_body_of_control_flow_the_npu_cannot_run():
+    # A Loop runs on the host, and its body with it: a bfloat16 Add there would compile and
+    # then fail to load (the host has no such kernel). Strict bf16 refuses it, naming where;
+    # mixed-bf16 keeps the body float32, and the .om loads and runs as the original.
+    proto = parse_model("""
+        g (float[4] x, int64 n) => (float[4] y) {
+            t = Constant <value_int = 1> ()
+            c = Cast <to = 9> (t)
+            y = Loop (n, c, x) <body = step (int64 i, bool cond, float[4] acc)
+                => (bool cond_out, float[4] acc_out) {
+                cond_out = Identity (cond)
+                acc_out = Add (acc, acc)
+            }>
+            }""")
+    with pytest.raises(GraphoptError, match=r"no bfloat16 kernel for Add \(inside Loop, on the "
+                                            r"host\)"):
+        graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    forced = {"precision_allow": ["Add"]}
+    with pytest.raises(GraphoptError, match=r"no bfloat16 kernel for Add \(inside Loop, on the "
+                                            r"host\)"):
+        graphopt.optimize(proto, target="ascend910b", precision="mixed-bf16",
+                          pass_options=forced)
+    # With fp16, which the host runs (in float32 behind Casts), the body converts.
+    result = graphopt.optimize(proto, target="ascend910b", precision="fp16")
+    (loop,) = [n for n in result.model.graph if n.op_type == "Loop"]
+    (body,) = loop.subgraphs()
+    assert [v.dtype.short for v in body.outputs] == ["bool", "f32"]  # its signature keeps
+    assert "f16" in {v.dtype.short for n in body for v in n.outputs if v.dtype is not None}
 
 
 def test_cpu_target_is_one_partition(tmp_path):

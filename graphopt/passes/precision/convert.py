@@ -72,6 +72,7 @@ class _Decider:
         self.refused: Counter = Counter()       # forced/allowed ops the target cannot run
         self.kept_by_target: Counter = Counter()  # mixed: ALLOW ops the target cannot run
         self.kept_for_stand_in: Counter = Counter()  # NPU ops onnxruntime's CPU would refuse
+        self.where = ""  # how the counts name the graph being decided: "" for the main one
 
     def wants(self, node: Node, slots: Slots) -> bool:
         op, options = node.op_type, self.options
@@ -108,9 +109,9 @@ class _Decider:
             return False
         if not self.support.runs(node, self.half):
             if not self.mixed or _listed(node, self.options.precision_allow):
-                self.refused[node.qualified_op] += 1
+                self.refused[node.qualified_op + self.where] += 1
             else:
-                self.kept_by_target[node.qualified_op] += 1
+                self.kept_by_target[node.qualified_op + self.where] += 1
             return False
         for i in slots.outputs:
             self.half_values.add(id(node.outputs[i]))
@@ -154,12 +155,22 @@ class ConvertPrecision(Pass):
         untyped: Counter = Counter()  # float32 ops whose outputs inference left untyped
         # The main graph and every If/Loop/Scan body, each converted within itself: a body's
         # inputs, outputs and captured values keep their dtypes, so the node holding it does.
+        # The bodies of control flow the NPU cannot run go to the host with it: their ops
+        # convert only where the host has the half kernel.
+        host = support.host_only()
+        hosted = {id(sub): node.qualified_op for node in model.graph
+                  if host is not None and node.subgraphs() and support.on_host(node)
+                  for top in node.subgraphs() for sub in top.all_graphs()}
         choices = []
         for graph in list(model.graph.all_graphs()):
             graph.sort()
+            holder = hosted.get(id(graph))
+            decider.support = support if holder is None else host
+            decider.where = "" if holder is None else f" (inside {holder}, on the host)"
             chosen = _choose(graph, model, decider, kept_by_schema, untyped)
             if chosen:
                 choices.append((graph, chosen))
+        decider.support, decider.where = support, ""
         opset = model.opset("")
         if kept_by_schema:
             ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "

@@ -172,6 +172,20 @@ class Support:
             self.devices.append(target.device(target.host))
         self.emulated: set[str] = set()
 
+    def host_only(self) -> "Support | None":
+        """This support with the host's kernels alone, for the bodies of control flow the
+        primary device cannot run (an NPU has no Loop or Scan: their bodies run on the host);
+        None when the primary device is the host."""
+        if len(self.devices) == 1:
+            return None
+        host = Support(self.target, self.opset)
+        host.devices, host.emulated = self.devices[1:], self.emulated
+        return host
+
+    def on_host(self, node: Node) -> bool:
+        """Whether `node` of the main graph runs on the host: no primary-device kernel."""
+        return len(self.devices) > 1 and self.devices[0].kernel(node.op_type, node.domain) is None
+
     def has(self, op: str, domain: str, dtype: DType) -> bool:
         """Whether the primary device or the host has a native `dtype` kernel for the op."""
         name = {DType.FLOAT: "float32", DType.FLOAT16: "float16",
