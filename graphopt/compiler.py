@@ -330,7 +330,18 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if not is_path:
         source_sha256 = _memory_model_sha256(model)
     ir_model = load_onnx(model, user_model=True)
-    import_notes = check_input(ir_model, label, options.allow_custom_ops)
+    pinned_first = False
+    try:
+        import_notes = check_input(ir_model, label, options.allow_custom_ops)
+    except InputError:
+        if not options.input_shapes:
+            raise
+        # A model whose dynamic form shape inference refuses (a Resize `sizes` of unknown
+        # length) may be valid once pinned: the pins come first then.
+        ir_model = load_onnx(model, user_model=True)
+        pin_input_shapes(ir_model, options.input_shapes)
+        import_notes = check_input(ir_model, label, options.allow_custom_ops)
+        pinned_first = True
     # The reference for verification, before any pin or pass; exported only when needed since
     # it copies every weight.
     source = to_onnx(ir_model) if verify else None
@@ -339,7 +350,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     # Whether onnxruntime loads the model before any pin: then it must after (check_compiled_loads).
     loaded_unpinned = bool(options.input_shapes) and onnxruntime_refusal(ir_model) is None
     if options.input_shapes:
-        pin_input_shapes(ir_model, options.input_shapes)
+        if not pinned_first:
+            pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
         check_pinned_shapes(ir_model, label, options.input_shapes)
     calibration = mismatch = None

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx.parser
+import pytest
+from helpers import parse_model
 from onnx import numpy_helper
 
 import graphopt
 from graphopt import numerics
+from graphopt.errors import GraphoptError
 
 MODEL = onnx.parser.parse_model("""
 <ir_version: 8, opset_import: ["" : 17]>
@@ -146,3 +149,19 @@ def test_a_pin_that_leaves_onnxruntime_unable_to_load_the_compile_is_refused():
                                          r"load the compiled model: .*Incompatible dimensions"):
         graphopt.optimize(_branchy_model(), input_shapes={"x": [1, 512]})
     graphopt.optimize(_branchy_model())  # open, it compiles
+
+
+def test_pins_make_valid_a_model_whose_dynamic_form_shape_inference_refuses():
+    # Resize's `sizes` of unknown length: ONNX shape inference cannot tell its axes.
+    proto = parse_model("""
+        g (float[N, C, H, W] x, int64[S] sizes) => (float[N, C, A, B] y) {
+            y = Resize <mode = "nearest"> (x, , , sizes)
+        }""")
+    with pytest.raises(GraphoptError, match="shape inference refuses it"):
+        graphopt.optimize(proto)
+    pins = "x:1,1,2,4;sizes:4"
+    result = graphopt.optimize(proto, input_shapes=pins)
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(1, 1, 2, 4),
+             "sizes": np.array([1, 1, 1, 2], np.int64)}
+    (y,) = numerics.run(result.to_onnx(), feeds).values()
+    np.testing.assert_array_equal(y, [[[[0.0, 2.0]]]])
