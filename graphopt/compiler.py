@@ -748,12 +748,13 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
     from graphopt.tuner.records import SOURCE_TUNED, kernel_records
 
     partitioning = result.partitioning
-    tilings = None
+    tilings, no_gain = None, []
     if tuning_db:
         from graphopt.tuner.kb import tuned_tilings
 
         foreign: list[str] = []
-        tilings = tuned_tilings(tuning_db, result.model, partitioning, skipped=foreign)
+        tilings = tuned_tilings(tuning_db, result.model, partitioning, skipped=foreign,
+                                no_gain=no_gain)
         if foreign:  # another Optuna client's or an edited trial: not worth failing a compile
             result.notes.append(
                 f"{option('tuning_db')}: left out {len(foreign)} trial(s) that record no tiling graphopt "
@@ -764,9 +765,11 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
     if tuning_db and cube:  # say what the knowledge base gave, also when it gave nothing
         tuned = sum(r.get("tiling_source") == SOURCE_TUNED for r in cube)
         where = f" in shape profile {prefix[:-1]}" if prefix else ""
+        kept = (f"; {len(no_gain)} keep the default tiling, which this cost model prices no "
+                "slower than the best it holds for their shapes" if no_gain else "")
         result.notes.append(f"{option('tuning_db')}: tuned tilings for {tuned} of {len(cube)} NPU cube "
-                            f"kernel(s) on {partitioning.target.name}{where}"
-                            + ("" if tuned else
+                            f"kernel(s) on {partitioning.target.name}{where}{kept}"
+                            + ("" if tuned or no_gain else
                                " (graphopt tune … --target with the same profile and shapes "
                                "fills it)"))
     layout = partitioning_json(partitioning)

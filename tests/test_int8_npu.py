@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -224,9 +225,15 @@ def test_tune_quantizes_as_optimize_does_and_optimize_finds_the_int8_tilings(tmp
     rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "net.om", *flags,
                            "--tuning-db", db)
     assert rc == 0, err
+    # Every cube kernel's signature, int8 ones included, is found: a tuned tiling, or the
+    # default where the few trials found none faster.
+    note = next(line for line in out.splitlines() if "--tuning-db: tuned tilings" in line)
+    found = re.search(r"for (\d+) of (\d+) NPU cube kernel\(s\) on ascend310(?:; (\d+) keep)?",
+                      note)
+    assert int(found[1]) + int(found[3] or 0) == int(found[2]) and int(found[1]) > 0, note
     kernels = graphopt.codegen.load_om(tmp_path / "net.om").extra["kernels"]["partitions"]
-    assert {k["tiling_source"] for rows in kernels.values() for k in rows
-            if k["kind"] == "cube"} == {"tuned"}
+    assert sum(k.get("tiling_source") == "tuned" for rows in kernels.values()
+               for k in rows) == int(found[1])
     rc, out, err = run_cli(capsys, "tune", model, *flags, "--job", "subgraph")
     assert rc != 0 and "--precision/--quantize apply to --job op" in err
 

@@ -464,8 +464,12 @@ def test_svg_plot_has_the_same_labels(tmp_path):
 
 
 def test_optimize_says_what_the_knowledge_base_gave(built, tmp_path, capsys):
-    for target, expected in (("ascend310", "tuned tilings for 2 of 2 NPU cube kernel(s) on "
-                                           "ascend310"),
+    # 4 trials found no tiling faster than the default for the two convs' one shape: they
+    # keep it, and the note says why the knowledge base gave nothing.
+    for target, expected in (("ascend310", "tuned tilings for 0 of 2 NPU cube kernel(s) on "
+                                           "ascend310; 2 keep the default tiling, which this "
+                                           "cost model prices no slower than the best it "
+                                           "holds for their shapes\n"),
                              ("ascend910b", "tuned tilings for 0 of 2 NPU cube kernel(s) on "
                                             "ascend910b (graphopt tune")):
         rc, out, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "m.om",
@@ -482,8 +486,8 @@ def test_the_tuning_note_is_said_per_shape_profile_and_not_without_cube_kernels(
     rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "d.om", "--target",
                            "ascend310", "--dynamic-dims", "N:1,2", "--tuning-db", built["db"])
     assert rc == 0, err
-    assert "tuned tilings for 2 of 2 NPU cube kernel(s) on ascend310 in shape profile profile0" \
-        in out
+    assert "tuned tilings for 0 of 2 NPU cube kernel(s) on ascend310 in shape profile " \
+           "profile0; 2 keep the default tiling" in out
     assert "tuned tilings for 0 of 2 NPU cube kernel(s) on ascend310 in shape profile profile1" \
         in out
     rc, out, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "c.om",

@@ -121,6 +121,47 @@ def test_rerun_resumes(a310, tmp_path):
     assert second.best[1] <= first.best[1]
 
 
+def test_a_default_trial_stopped_midway_is_evaluated_again(a310, tmp_path):
+    from graphopt.tuner.search import open_study
+
+    url = f"sqlite:///{tmp_path / 'stopped.db'}"
+    study = open_study(url, SIG, SHAPE, a310)
+    trial = study.ask()  # the queued default, which a Ctrl-C then stopped
+    assert trial.user_attrs.get("default")
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    result = tune_kernel(SHAPE, a310, target="ascend310", trials=3, storage=url)
+    default_seconds = estimate(SHAPE, None, a310).seconds
+    assert result.default[1] == pytest.approx(default_seconds)
+    assert result.best[1] <= default_seconds  # never a random tiling slower than the default
+    study = optuna.load_study(study_name=SIG, storage=url)
+    defaults = [t.state.name for t in study.trials if t.user_attrs.get("default")]
+    assert defaults == ["FAIL", "COMPLETE"]
+    (row,) = list_kb(url)
+    assert row["default_seconds"] == pytest.approx(default_seconds)
+
+
+def test_a_stored_tiling_this_cost_model_prices_slower_is_not_applied(a310, tmp_path):
+    from graphopt import zoo
+    from graphopt.tuner.search import (search_choices, step_distributions, step_params,
+                                       tiling_params)
+
+    # A knowledge base another graphopt filled (another cost model) holds as its best a
+    # tiling today's model prices slowest of all.
+    url = f"sqlite:///{tmp_path / 'stale.db'}"
+    tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=url)
+    slow = max(tiling_space(SHAPE, a310), key=lambda t: estimate(SHAPE, t, a310).seconds)
+    choices = search_choices(SHAPE, a310)
+    study = optuna.load_study(study_name=SIG, storage=url)
+    study.add_trial(optuna.trial.create_trial(
+        params=step_params(slow, choices), distributions=step_distributions(choices),
+        value=1e-9, user_attrs={"tiling": tiling_params(slow)}))
+    assert best_tilings(url, "ascend310")[SIG][0] == slow
+    result = optimize(zoo.build("matmul256"), target="ascend310")
+    no_gain: list[str] = []
+    assert tuned_tilings(url, result.model, result.partitioning, no_gain=no_gain) == {}
+    assert no_gain == ["/MatMul"]  # the node that keeps its default
+
+
 def test_two_workers_share_one_sqlite_storage(tmp_path):
     url = f"sqlite:///{tmp_path / 'workers.db'}"
     result = tune_kernel(SHAPE, "ascend310", trials=12, storage=url, workers=2)
@@ -577,23 +618,24 @@ def test_a_compile_leaves_out_a_trial_graphopt_did_not_write(tmp_path, capsys):
 
     path = conv_model(str(tmp_path / "m.onnx"))
     db = str(tmp_path / "kb.db")
-    assert main(["tune", path, "--target", "ascend310", "--trials", "3", "--tuning-db", db,
+    # Enough trials to find a tiling faster than the default: only such a one is applied.
+    assert main(["tune", path, "--target", "ascend310", "--trials", "8", "--tuning-db", db,
                  "-q"]) == 0
     [(sig, (kept, _))] = best_tilings(db, "ascend310").items()
     study = optuna.load_study(study_name=sig, storage=f"sqlite:///{db}")
     study.add_trial(optuna.trial.create_trial(value=1e-12, user_attrs={"tiling": {"x": 1}}))
-    with pytest.raises(OptionError, match=f"study {sig}, trial 3 records no tiling graphopt"):
+    with pytest.raises(OptionError, match=f"study {sig}, trial 8 records no tiling graphopt"):
         best_tilings(db, "ascend310")
     skipped = []
     assert best_tilings(db, "ascend310", skipped=skipped) == {sig: (kept, ANY)}
-    assert skipped == [f"{sig} #3"]
+    assert skipped == [f"{sig} #8"]
     # Tuning on, op or subgraph, takes the best of the trials graphopt wrote as well.
     for job in ("op", "subgraph"):
         assert main(["tune", path, "--target", "ascend310", "--job", job, "--trials", "1",
                      "--tuning-db", db, "-q"]) == 0, capsys.readouterr().err
     assert main(["optimize", path, "-o", str(tmp_path / "m.om"), "--target", "ascend310",
                  "--tuning-db", db]) == 0
-    assert f"--tuning-db: left out 1 trial(s) that record no tiling graphopt wrote ({sig} #3)" \
+    assert f"--tuning-db: left out 1 trial(s) that record no tiling graphopt wrote ({sig} #8)" \
         in capsys.readouterr().out
     records = load_om(str(tmp_path / "m.om")).extra["kernels"]["partitions"]["p0_npu"]
     assert {r["tiling_source"] for r in records if r["kind"] == "cube"} == {"tuned"}

@@ -102,19 +102,36 @@ def best_tilings(storage: Any, target: str, *,
 
 
 def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
-                  skipped: list[str] | None = None) -> dict[str, Tiling]:
+                  skipped: list[str] | None = None,
+                  no_gain: list[str] | None = None) -> dict[str, Tiling]:
     """node name -> tuned tiling for the NPU cube nodes of a compiled model whose signature
     the knowledge base holds; nodes it has not seen keep the default (absent here), and so do
     nodes whose stored tiling does not fit this profile's buffers (studies are keyed by the
-    target's name, which an edited copy of a profile keeps). `skipped` as for best_tilings."""
-    from graphopt.tuner.tiling import feasible
-
+    target's name, which an edited copy of a profile keeps) or that this cost model does not
+    price below the default; those nodes go into `no_gain`. `skipped` as for best_tilings."""
     target = partitioning.target
     best = best_tilings(storage, target.name, skipped=skipped)
-    return {node: best[group.signature][0] for group in model_kernels(model, partitioning)
-            if group.signature in best
-            and feasible(best[group.signature][0], group.shape, target.device(group.device)) is None
-            for node in group.nodes}
+    tilings = {}
+    for group in model_kernels(model, partitioning):
+        if group.signature not in best:
+            continue
+        tiling = best[group.signature][0]
+        if _beats_default(tiling, group.shape, target.device(group.device)):
+            tilings.update({node: tiling for node in group.nodes})
+        elif no_gain is not None:
+            no_gain.extend(group.nodes)
+    return tilings
+
+
+def _beats_default(tiling: Tiling, shape, device) -> bool:
+    """Whether a stored tiling fits `device` and this cost model prices it below the default:
+    a knowledge base another graphopt's model filled, or one tuned on an edited profile of the
+    same name, must not ship a tiling slower than the one it replaces."""
+    from graphopt.tuner.tiling import feasible
+
+    if feasible(tiling, shape, device) is not None:
+        return False
+    return estimate(shape, tiling, device).seconds < estimate(shape, None, device).seconds
 
 
 def _evaluated(study) -> int:

@@ -278,12 +278,18 @@ def _open_study(storage, study_name, shape, device, sampler, default_seconds, de
                           "cube, buffers, cores or rates differ): its tilings may not fit this "
                           "one; tune into a fresh --tuning-db, or give the edited profile a "
                           "new name")
-    if not study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    if not trials:
         study.set_user_attr("shape", [shape.batch, shape.m, shape.k, shape.n, shape.dtype])
         study.set_user_attr(DEVICE_ATTR, device_fingerprint(device))
+    # The default is every study's yardstick: a run stopped during its trial (Ctrl-C, a kill)
+    # left it failed, and without it the best of a few random tilings passed as tuned.
+    pending = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING,
+               optuna.trial.TrialState.RUNNING)
+    if not any(t.user_attrs.get("default") and t.state in pending for t in trials):
         choices = search_choices(shape, device)
         params = step_params(default_tiling(shape, device), choices)
-        if default_seconds is None:
+        if default_seconds is None or trials:
             study.enqueue_trial(params, user_attrs={"default": True})
         else:
             study.add_trial(optuna.trial.create_trial(
