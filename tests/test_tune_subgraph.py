@@ -296,3 +296,18 @@ def test_the_tuning_file_a_tune_leaves_stands_alone(block_path, tmp_path):
     shutil.copy(db, copy / "kb.db")
     summaries = optuna.get_all_study_summaries(f"sqlite:///{copy / 'kb.db'}")
     assert [s.n_trials for s in summaries] == [3]
+
+
+def test_the_same_pins_written_otherwise_name_the_same_study(block_path):
+    from graphopt.tuner.subgraph import _study_names, model_key
+
+    spellings = ["x:1,8;mask:1,4", "mask:1,4; x:1,8", " x : 1,8 ;mask:1,4;",
+                 {"mask": [1, 4], "x": [1, 8]}]
+    keys = {model_key(SubgraphJob(block_path, "ascend310", 2, pins)) for pins in spellings}
+    assert len(keys) == 1
+    # A study an earlier graphopt named by the text as given is still found.
+    job = SubgraphJob(block_path, "ascend310", 2, "x:1,8;mask:1,4")
+    names = _study_names(job, "ascend310")
+    assert len(names) == 2 and model_key(job, legacy=True) in names[1]
+    assert model_key(SubgraphJob(block_path, "ascend310", 2, None)) in _study_names(
+        SubgraphJob(block_path, "ascend310", 2, None), "ascend310")[0]

@@ -290,8 +290,8 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
     for name in sorted(names):
         study = optuna.load_study(study_name=name, storage=store)
         job = study.user_attrs.get("job") or {}
-        key = model_key(SubgraphJob(source_file, target, input_shapes=job.get("input_shapes")))
-        if name.split("/")[2] != key:
+        of_model = SubgraphJob(source_file, target, input_shapes=job.get("input_shapes"))
+        if name.split("/")[2] not in {model_key(of_model), model_key(of_model, legacy=True)}:
             continue
         values = [v for v in history(study) if v != float("inf")]
         default = _study_default(study)

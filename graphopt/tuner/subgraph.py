@@ -118,11 +118,31 @@ class SubgraphResult:
                 for name, value in defaults.items() if self.chosen.get(name, value) != value]
 
 
-def model_key(job: SubgraphJob) -> str:
-    """A study's model identity: the model file's bytes and the pinned input shapes."""
+def model_key(job: SubgraphJob, legacy: bool = False) -> str:
+    """A study's model identity: the model file's bytes and the pinned input shapes, these in
+    one spelling (`x:1,3;y:1,2` in name order) so that the same pins written in another order
+    or with spaces find the same study. `legacy`: the key of a study an earlier graphopt
+    named by the pins' text as given."""
     digest = (job.model_digest or _file_digest(job.model_path)).copy()
-    digest.update(json.dumps(job.input_shapes or "").encode())
+    pins = job.input_shapes or ""
+    digest.update(json.dumps(pins if legacy else _canonical_pins(pins)).encode())
     return digest.hexdigest()[:16]
+
+
+def _canonical_pins(pins) -> str:
+    """The --input-shape pins (text or mapping) as sorted `name:dims` text; the text as given
+    when it does not parse (the compile refuses it with the reason)."""
+    from graphopt.input_shapes import (format_input_shapes, parse_input_shapes,
+                                       validate_input_shapes)
+
+    if not pins:
+        return ""
+    try:
+        shapes = parse_input_shapes(pins) if isinstance(pins, str) else \
+            validate_input_shapes(pins)
+    except OptionError:
+        return pins if isinstance(pins, str) else json.dumps(pins, sort_keys=True)
+    return format_input_shapes(dict(sorted(shapes.items())))
 
 
 # A lookup names a study per objective, granularity and level: the file is read once for all.
@@ -145,9 +165,16 @@ def _file_digest(path: str):
     return digest
 
 
-def study_name_for(job: SubgraphJob, target_name: str) -> str:
+def study_name_for(job: SubgraphJob, target_name: str, legacy: bool = False) -> str:
     fine = "" if job.granularity == "rule" else f"+{job.granularity}"
-    return f"subgraph/{target_name}/{model_key(job)}/O{job.level}/{job.objective}{fine}"
+    return (f"subgraph/{target_name}/{model_key(job, legacy)}/O{job.level}/"
+            f"{job.objective}{fine}")
+
+
+def _study_names(job: SubgraphJob, target_name: str) -> list[str]:
+    """The names a study of `job` may have: today's, then an earlier graphopt's."""
+    return list(dict.fromkeys(study_name_for(job, target_name, legacy)
+                              for legacy in (False, True)))
 
 
 def checked_target(job: SubgraphJob):
@@ -483,9 +510,10 @@ def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
     with opened(storage, read_only=True) as store:
         names = set(optuna.get_all_study_names(store))
     return [level for level in range(4) if any(
-        study_name_for(replace(job, level=level, objective=objective, granularity=granularity),
-                       target_name) in names
-        for objective in ("measured", "estimate") for granularity in GRANULARITIES)]
+        name in names
+        for objective in ("measured", "estimate") for granularity in GRANULARITIES
+        for name in _study_names(replace(job, level=level, objective=objective,
+                                         granularity=granularity), target_name))]
 
 
 def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int,
@@ -520,9 +548,10 @@ def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
 
 def _best_decisions(store, job: SubgraphJob, target_name: str):
     names = set(optuna.get_all_study_names(store))
-    for objective, granularity in [(o, g) for o in ("measured", "estimate") for g in GRANULARITIES]:
-        candidate = replace(job, objective=objective, granularity=granularity)
-        name = study_name_for(candidate, target_name)
+    candidates = [name for o in ("measured", "estimate") for g in GRANULARITIES
+                  for name in _study_names(replace(job, objective=o, granularity=g),
+                                           target_name)]
+    for name in candidates:
         if name not in names:
             continue
         study = optuna.load_study(study_name=name, storage=store)
