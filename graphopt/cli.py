@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 
 from graphopt import __version__
 from graphopt.cli_bisect import add_bisect_parser
@@ -559,9 +560,47 @@ def _run_command(args) -> int:
         return _run_guarded(args, copies)
 
 
+def _storage_error_behind(error: BaseException) -> BaseException | None:
+    """The Optuna or SQLAlchemy error `error` is or was raised while handling: Optuna's trial
+    loop, cleaning up after a database that went away, raises an UnboundLocalError or an
+    AssertionError of its own on top of the storage's error."""
+    seen, hops = error, 0
+    while seen is not None and hops < 20:
+        if type(seen).__module__.startswith(("optuna", "sqlalchemy")):
+            return seen
+        seen, hops = seen.__cause__ or seen.__context__, hops + 1
+    return None
+
+
+@contextlib.contextmanager
+def _thread_storage_errors_in_one_line():
+    """A storage error in one of Optuna's threads (the heartbeat of a running trial, when the
+    database is locked or gone) is one line on standard error, not a page of traceback; the
+    trial loop then fails with the same error, which the command reports."""
+    default = threading.excepthook
+
+    def hook(info) -> None:
+        storage_error = _storage_error_behind(info.exc_value) if info.exc_value else None
+        if storage_error is None or os.environ.get("GRAPHOPT_DEBUG"):
+            default(info)
+            return
+        from graphopt.tuner.storage import failure_reason
+
+        reason = failure_reason(storage_error) or type(storage_error).__name__
+        print(f"graphopt: warning: the tuning storage failed in a background thread: {reason}",
+              file=sys.stderr)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = default
+
+
 def _run_guarded(args, copies: dict[str, str]) -> int:
     try:
-        with _terminate_as_interrupt(), streams_as_files(args, copies):
+        with _terminate_as_interrupt(), streams_as_files(args, copies), \
+                _thread_storage_errors_in_one_line():
             status = args.func(args)
             sys.stdout.flush()  # a reader gone, a full disk: reported here, not at exit
             return status
@@ -592,10 +631,11 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
         if interrupt is not None:
             print("graphopt: interrupted", file=sys.stderr)
             return 130
-        if type(e).__module__.startswith(("optuna", "sqlalchemy")):
+        storage_error = _storage_error_behind(e)
+        if storage_error is not None:
             from graphopt.tuner.storage import failure_reason
 
-            reason = failure_reason(e)
+            reason = failure_reason(storage_error)
             if reason:  # the database failed under a storage that had opened
                 print(f"graphopt: error: the tuning storage failed: {reason}", file=sys.stderr)
                 return 1

@@ -114,6 +114,51 @@ def test_a_database_damaged_inside_is_a_one_line_error(built, tmp_path, capsys, 
     assert "database disk image is malformed" in err and err.count("\n") == 1, err
 
 
+def test_an_error_optuna_raises_while_cleaning_up_after_the_database_is_named(
+        built, tmp_path, capsys, monkeypatch):
+    # A server that went away mid-trial: Optuna's trial loop raises an UnboundLocalError of
+    # its own from its `finally`, on top of the storage's error.
+    import sqlalchemy.exc
+
+    def cleanup_fails(*_, **__):
+        try:
+            try:
+                raise sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception(
+                    "server closed the connection unexpectedly"))
+            except sqlalchemy.exc.OperationalError as exc:
+                raise optuna.exceptions.StorageInternalError("An exception is raised during "
+                                                             "the commit") from exc
+        finally:
+            raise UnboundLocalError("cannot access local variable 'updated_state'")
+
+    monkeypatch.setattr(kb, "list_kb", cleanup_fails)
+    rc, _, err = run_cli(capsys, "kb", "list", "--tuning-db", built["db"])
+    assert_user_error(rc, err, "the tuning storage failed: server closed the connection "
+                               "unexpectedly")
+
+
+def test_a_storage_error_in_a_background_thread_is_one_line(built, capsys, monkeypatch):
+    import threading
+
+    import sqlalchemy.exc
+
+    def beat():
+        raise sqlalchemy.exc.OperationalError("INSERT INTO trial_heartbeats", {},
+                                              Exception("database is locked"))
+
+    def list_with_a_heartbeat(*args, **kwargs):
+        thread = threading.Thread(target=beat)
+        thread.start()
+        thread.join()
+        return []
+
+    monkeypatch.setattr(kb, "list_kb", list_with_a_heartbeat)
+    rc, _, err = run_cli(capsys, "kb", "list", "--tuning-db", built["db"])
+    assert rc == 0
+    assert err == ("graphopt: warning: the tuning storage failed in a background thread: "
+                   "database is locked\n")
+
+
 WITHOUT_STUDIES = "not a graphopt knowledge base (an SQLite file without tuning studies)"
 EMPTY = "an empty knowledge base, with no tuning results yet"
 
