@@ -177,6 +177,24 @@ def test_workers_need_a_shared_storage(a310):
         tune_kernel(SHAPE, a310, target="ascend310", trials=4, storage=memory(), workers=2)
 
 
+def test_kb_import_is_all_or_nothing(a310, tmp_path):
+    from graphopt.tuner.search import DEVICE_ATTR
+
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    small = GemmShape(1, 128, 128, 128, "float16")
+    tune_kernel(SHAPE, a310, target="ascend310", trials=3, storage=src)
+    tune_kernel(small, a310, target="ascend310", trials=3, storage=src)
+    export_kb(src, tmp_path / "kb.json")
+    # The destination's study of one of them was tuned on another profile of the name.
+    dst = f"sqlite:///{tmp_path / 'dst.db'}"
+    tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=dst)
+    optuna.load_study(study_name=SIG, storage=dst).set_user_attr(DEVICE_ATTR, "another board")
+    with pytest.raises(OptionError, match=f"kernel {SIG}: .* another profile of that name .*"
+                                          "nothing was imported"):
+        import_kb(tmp_path / "kb.json", dst)
+    assert optuna.get_all_study_names(dst) == [SIG]  # the other kernel was not added first
+
+
 def test_kb_export_import_round_trip(a310, tmp_path):
     src, dst = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
     tune_kernel(SHAPE, a310, target="ascend310", trials=15, storage=src)

@@ -25,7 +25,9 @@ from graphopt.errors import InputError, OptionError
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import (
+    DEVICE_ATTR,
     PARAMS,
+    device_fingerprint,
     open_study,
     outside_space,
     search_choices,
@@ -283,6 +285,24 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     return name, entry, tiling, shape, device, choices
 
 
+def _check_studies(path, store, existing: set[str], entries: list) -> None:
+    """Refuse, before anything is added, an import into studies that cannot take it: one
+    tuned on another profile of the target's name, or one holding a trial graphopt did not
+    write."""
+    for name, _, _, _, device, _ in entries:
+        if name not in existing:
+            continue
+        study = optuna.load_study(study_name=name, storage=store)
+        held = study.user_attrs.get(DEVICE_ATTR)
+        if held is not None and held != device_fingerprint(device):
+            raise OptionError(f"{path}: kernel {name}: the knowledge base's study of it was "
+                              "tuned on another profile of that name (its cube, buffers, cores "
+                              "or rates differ); nothing was imported: import into another "
+                              "knowledge base, or give the edited profile a new name")
+        for trial in _completed(study):
+            trial_tiling(trial, name)  # OptionError naming the trial
+
+
 def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()) -> int:
     """Add each kernel of a JSON export as a completed trial of its signature's study; a new
     study gets the default tiling as trial 0, completed. Both times are the cost model's
@@ -304,6 +324,7 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     added = 0
     with opened(storage) as store, optuna_quiet():
         existing = set(optuna.get_all_study_names(store))
+        _check_studies(path, store, existing, entries)
         for name, entry, tiling, shape, device, choices in entries:
             # Times are the cost model's, estimated here: a file's own (another graphopt's model,
             # or an edited 1e-12) must not outrank the tilings tuned against this one.
