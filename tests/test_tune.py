@@ -133,6 +133,7 @@ def test_a_default_trial_stopped_midway_is_evaluated_again(a310, tmp_path):
     default_seconds = estimate(SHAPE, None, a310).seconds
     assert result.default[1] == pytest.approx(default_seconds)
     assert result.best[1] <= default_seconds  # never a random tiling slower than the default
+    assert result.trials == 3  # evaluated, as kb list counts them: not the stopped one
     study = optuna.load_study(study_name=SIG, storage=url)
     defaults = [t.state.name for t in study.trials if t.user_attrs.get("default")]
     assert defaults == ["FAIL", "COMPLETE"]

@@ -434,6 +434,8 @@ def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneR
         best = (tiling, float(top.value))
     else:
         best = (default, estimate(shape, default, device).seconds)
+    # Trials evaluated, as `kb list` counts them: not one a Ctrl-C or a kill stopped.
+    evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                         optuna.trial.TrialState.PRUNED))
     return TuneResult(study.study_name, (default, estimate(shape, default, device).seconds),
-                      best, len(study.get_trials(deepcopy=False)), space_size(shape, device),
-                      history(study))
+                      best, len(evaluated), space_size(shape, device), history(study))
