@@ -89,6 +89,18 @@ def test_a_file_that_is_no_database_is_named(built, tmp_path, capsys, command):
     assert not (tmp_path / "x.om").exists() and not (tmp_path / "kb.json").exists()
 
 
+def test_another_programs_database_is_not_given_tables(built, tmp_path, capsys):
+    app = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(app)) as db:
+        db.execute("CREATE TABLE users (id INTEGER)")
+        db.commit()
+    before = app.read_bytes()
+    rc, _, err = run_cli(capsys, "tune", built["model"], "--target", "ascend310", "--trials", "1",
+                         "--tuning-db", app)
+    assert rc == 1 and "another program's SQLite database (tables users)" in err, err
+    assert app.read_bytes() == before
+
+
 def test_a_damaged_sqlite_file_is_named_too(tmp_path):
     damaged = tmp_path / "damaged.db"
     damaged.write_bytes(b"SQLite format 3\x00" + b"\x01" * 200)  # the header, then garbage

@@ -141,6 +141,8 @@ def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist
     label = f"{option} {url if storage is None else os.fspath(storage)}"
     if read_only and url.startswith("sqlite:"):
         url = _read_only_url(url, label)
+    elif url.startswith("sqlite:"):
+        _refuse_another_programs_database(url, label)
     # Workers beat a heartbeat: a trial whose worker was killed stops beating, and the next
     # worker to start marks it failed instead of leaving it RUNNING for ever. Completed trials
     # are never touched, so a restarted job loses nothing.
@@ -227,6 +229,31 @@ def _at_rest(engine) -> None:
 
 # What every Optuna RDB storage has; a file without them is not a knowledge base.
 _OPTUNA_TABLES = {"studies", "trials", "version_info"}
+
+
+def _refuse_another_programs_database(url: str, label: str) -> None:
+    """An SQLite file that holds tables but not Optuna's is another program's database: Optuna
+    would add its own tables to it (a mistyped `--tuning-db app.db` altered app.db)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if database in (None, "", ":memory:") or not os.path.isfile(database) or \
+            os.path.getsize(database) == 0:
+        return
+    path = quote(os.path.abspath(database))
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return  # open_storage's own attempt says what is wrong with it
+    if tables and not _OPTUNA_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:4]) + (", …" if len(tables) > 4 else "")
+        raise OptionError(f"{label}: another program's SQLite database (tables {shown}), not a "
+                          "graphopt knowledge base: it is left as it is; name a new file")
 
 
 def _read_only_url(url: str, label: str) -> str:
