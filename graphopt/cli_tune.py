@@ -173,9 +173,12 @@ def _cmd_tune(args) -> int:
         if not kernels:  # a model that compiles fine, whose cube kernels have no work
             return 0
     if not kernels:
+        dynamic = any(v.static_shape is None for v in result.model.graph.inputs)
         raise OptionError(f"{args.model}: no NPU cube kernel (MatMul/Gemm/Conv with static "
-                          "shapes) to tune" + (_hint(result)
-                                               or "; pin dynamic dims with --input-shape"))
+                          "shapes) to tune" + (_hint(result) or (
+                              "; pin dynamic dims with --input-shape" if dynamic else
+                              "; its NPU ops run on the vector units, whose kernels have no "
+                              "tiling to tune (--job subgraph tunes fusion decisions)")))
     if args.study and len(kernels) > 1:
         raise OptionError(f"--study {args.study}: the model has {len(kernels)} kernel "
                           "signatures, each needs its own study; drop --study")

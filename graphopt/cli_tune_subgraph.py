@@ -55,6 +55,10 @@ def cmd_tune_subgraph(args, storage) -> int:
         print(f"re-timed side by side, the search's best was {gain:.3f}x the default's speed, "
               f"under the {MIN_MEASURED_GAIN:.0%} a measured choice must gain over noise: the "
               "default decisions are kept")
+    elif result.space.size <= 1:
+        print(f"nothing to tune: the compile on {args.target} at -O{args.level} makes no "
+              "decision to switch (no rewrite of a tunable pass fires, no knob applies); the "
+              "default compile was priced once")
     elif not result.changes():
         print("the default decisions are the best found")
     if args.plot:

@@ -311,3 +311,19 @@ def test_the_same_pins_written_otherwise_name_the_same_study(block_path):
     assert len(names) == 2 and model_key(job, legacy=True) in names[1]
     assert model_key(SubgraphJob(block_path, "ascend310", 2, None)) in _study_names(
         SubgraphJob(block_path, "ascend310", 2, None), "ascend310")[0]
+
+
+def test_a_model_without_decisions_is_priced_once_and_said_so(tmp_path, capsys):
+    model = tmp_path / "relu.onnx"
+    onnx.save(parse_model("g (float[4,64] x) => (float[4,64] y) { y = Relu (x) }"), model)
+    db = tmp_path / "kb.db"
+    for _ in range(2):  # the rerun adds nothing either
+        rc, out, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--job",
+                               "subgraph", "--trials", "5", "--tuning-db", db)
+        assert rc == 0, err
+        assert "(estimate; 1 combinations, 1 trials;" in out
+        assert "nothing to tune: the compile on ascend310 at -O2 makes no decision" in out
+    # The op job says there is no cube kernel, not that dims need pinning: none are dynamic.
+    rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--tuning-db", db)
+    assert rc == 1 and "its NPU ops run on the vector units" in err
+    assert "pin dynamic dims" not in err

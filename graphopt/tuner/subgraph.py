@@ -371,6 +371,8 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                 study.enqueue_trial(space.default_params(), user_attrs={"default": True})
         if job.objective == "estimate":
             _check_estimates_still_hold(study, evaluator, space)
+        if space.size <= 1:  # no decision to switch: the default compile, priced once, is all
+            trials = 0 if _best_value(study) < math.inf else min(trials, 1)
         done_before = len(study.get_trials(deepcopy=False))
         # Progress counts this run's trials; an enqueued default still waiting is one of them.
         started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
