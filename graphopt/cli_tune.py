@@ -130,12 +130,13 @@ def _cmd_tune(args) -> int:
     from graphopt.tuner.model import model_estimate
     from graphopt.tuner.search import tune_kernel
     from graphopt.tuner.signature import idle_kernels, model_kernels
-    from graphopt.tuner.storage import opened, storage_url
+    from graphopt.tuner.storage import check_writable, opened, storage_url
 
     if args.plot:
         _check_plot(args.plot, args)
     # Checked before the compile, which can take minutes, and without creating anything.
     url = storage_url(named_storage(args), option=_storage_option(args))
+    check_writable(named_storage(args), _storage_option(args))
     from graphopt.cli import _precision_options
 
     precision = _precision_options(args)
@@ -311,10 +312,11 @@ def _cmd_kb_export(args) -> int:
 
 def _cmd_kb_import(args) -> int:
     from graphopt.tuner.kb import import_kb
-    from graphopt.tuner.storage import storage_url
+    from graphopt.tuner.storage import check_writable, storage_url
 
     # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
     url = storage_url(named_storage(args), option=_storage_option(args))
+    check_writable(named_storage(args), _storage_option(args))
     added = import_kb(args.json, url, targets=args.target)
     source = "standard input" if args.json == "-" else args.json
     print(f"imported {added} kernel tiling(s) from {source}")

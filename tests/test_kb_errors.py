@@ -101,6 +101,26 @@ def test_another_programs_database_is_not_given_tables(built, tmp_path, capsys):
     assert app.read_bytes() == before
 
 
+def test_a_read_only_knowledge_base_is_refused_before_the_compile(built, tmp_path, capsys,
+                                                                   monkeypatch):
+    import graphopt.compiler
+    from graphopt.tuner import storage
+
+    # As on a read-only mount (root may write a 0444 file, so access is what is asked).
+    real = storage.os.access
+    monkeypatch.setattr(storage.os, "access", lambda path, mode: False
+                        if os.fspath(path) == built["db"] and mode == os.W_OK
+                        else real(path, mode))
+    compiled = []
+    monkeypatch.setattr(graphopt.compiler, "optimize", lambda *a, **k: compiled.append(1))
+    for argv in (["tune", built["model"], "--target", "ascend310", "--trials", "1"],
+                 ["kb", "import", tmp_path / "kb.json"]):
+        rc, _, err = run_cli(capsys, *argv, "--tuning-db", built["db"])
+        assert_user_error(rc, err, f"--tuning-db {built['db']}: read-only; tuning writes its "
+                                   "trials into it")
+    assert compiled == []
+
+
 def test_a_damaged_sqlite_file_is_named_too(tmp_path):
     damaged = tmp_path / "damaged.db"
     damaged.write_bytes(b"SQLite format 3\x00" + b"\x01" * 200)  # the header, then garbage

@@ -231,6 +231,21 @@ def _at_rest(engine) -> None:
 _OPTUNA_TABLES = {"studies", "trials", "version_info"}
 
 
+def check_writable(storage, option: str = "--tuning-db") -> None:
+    """Refuse, before any work, an SQLite knowledge base this process cannot write: the file
+    read-only, or its folder (SQLite writes its journal beside it)."""
+    path = sqlite_path(storage)
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise OptionError(f"{option} {path}: read-only; tuning writes its trials into it "
+                          "(copy it somewhere writable, or name a new file)")
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK):
+        raise OptionError(f"{option} {path}: its folder {folder} is read-only, and SQLite "
+                          "writes its journal beside the file")
+
+
 def _refuse_another_programs_database(url: str, label: str) -> None:
     """An SQLite file that holds tables but not Optuna's is another program's database: Optuna
     would add its own tables to it (a mistyped `--tuning-db app.db` altered app.db)."""
