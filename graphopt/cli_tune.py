@@ -4,6 +4,7 @@ tuning knowledge base: list, export, import)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from graphopt.cli_paths import check_output_path
@@ -312,12 +313,14 @@ def _cmd_kb_export(args) -> int:
 
 def _cmd_kb_import(args) -> int:
     from graphopt.tuner.kb import import_kb
-    from graphopt.tuner.storage import check_writable, storage_url
+    from graphopt.tuner.storage import check_writable, sqlite_path, storage_url
 
     # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
     url = storage_url(named_storage(args), option=_storage_option(args))
     check_writable(named_storage(args), _storage_option(args))
     added = import_kb(args.json, url, targets=args.target)
     source = "standard input" if args.json == "-" else args.json
-    print(f"imported {added} kernel tiling(s) from {source}")
+    print(f"imported {added} kernel tiling(s) from {source}"
+          + ("" if added or os.path.exists(sqlite_path(url) or "") else
+             " (it holds none: no knowledge base was created)"))
     return 0

@@ -772,6 +772,11 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
                             + ("" if tuned or no_gain else
                                " (graphopt tune … --target with the same profile and shapes "
                                "fills it)"))
+    elif tuning_db and partitioning.target.device(partitioning.target.primary).kind == "npu":
+        where = f" in shape profile {prefix[:-1]}" if prefix else ""
+        result.notes.append(f"{option('tuning_db')}: no NPU cube kernel in this compile{where} "
+                            "to apply tilings to (none of its MatMul/Gemm/Conv runs on the "
+                            f"{partitioning.target.primary} with static shapes)")
     layout = partitioning_json(partitioning)
     for entry in layout["partitions"]:
         entry["name"] = prefix + entry["name"]

@@ -16,6 +16,7 @@ import zlib
 import numpy as np
 import onnx
 import onnx.helper as oh
+import optuna
 import pytest
 
 from graphopt.errors import InputError, OptionError
@@ -609,7 +610,10 @@ def test_kb_list_of_an_empty_knowledge_base_says_so(tmp_path, capsys, monkeypatc
 
     db = str(tmp_path / "empty.db")
     monkeypatch.setattr("sys.stdin", io.StringIO('{"format": "graphopt-kb/1", "kernels": {}}'))
-    assert run_cli(capsys, "kb", "import", "-", "--tuning-db", db)[0] == 0
+    rc, out, _ = run_cli(capsys, "kb", "import", "-", "--tuning-db", db)
+    assert rc == 0 and "(it holds none: no knowledge base was created)" in out
+    assert not os.path.exists(db)
+    optuna.storages.RDBStorage(f"sqlite:///{db}").engine.dispose()  # Optuna's tables, no study
     rc, out, _ = run_cli(capsys, "kb", "list", "--tuning-db", db)
     assert rc == 0 and out.startswith("no tuning results in it yet"), out  # not a bare header
 

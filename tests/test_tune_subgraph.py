@@ -327,3 +327,8 @@ def test_a_model_without_decisions_is_priced_once_and_said_so(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--tuning-db", db)
     assert rc == 1 and "its NPU ops run on the vector units" in err
     assert "pin dynamic dims" not in err
+    # Compiled with that knowledge base, the note says why no tiling applies.
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "r.om", "--target",
+                           "ascend310", "--tuning-db", db)
+    assert rc == 0 and "--tuning-db: no NPU cube kernel in this compile to apply tilings to" \
+        in out

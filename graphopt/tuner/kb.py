@@ -319,6 +319,8 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     kernels = doc.get("kernels") if isinstance(doc, dict) else None
     if not isinstance(kernels, dict):
         raise OptionError(f"{path}: no 'kernels' object (write one with graphopt kb export)")
+    if not kernels:  # nothing to add: no empty knowledge base is made of it
+        return 0
     # Every entry is checked before any is added: a bad one must not leave half an import.
     entries = [_import_entry(path, name, entry, profiles) for name, entry in sorted(kernels.items())]
     added = 0

@@ -418,8 +418,9 @@ def _check_estimates_still_hold(study: optuna.Study, evaluator: Evaluator, space
         raise OptionError(
             f"study {study.study_name} priced the default compile at {default.value * 1e6:.2f} "
             f"µs, the knowledge base's tilings now at {now * 1e6:.2f} µs (op tuning since?): "
-            "its trials would compare with new ones unfairly; name a new study with --study, "
-            "or tune the subgraphs before the kernels")
+            "its trials would compare with new ones unfairly; name a new study with --study "
+            "(op tuning first, then subgraph tuning, prices every trial with the tuned "
+            "tilings)")
 
 
 def _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler, seed,
