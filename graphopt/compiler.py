@@ -3,6 +3,7 @@ shapes, run a pipeline, optionally verify numerically, save ONNX or `.om`."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import stat
@@ -291,6 +292,16 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
     tuned = tuned_decisions(tuning_db, model, target, level, options.input_shapes,
                              input_shapes)
+    # As keywords, or as pass options (the command line's flags arrive so).
+    converting = [setting(key, value) for key, value in (
+                      ("precision", pass_options.get("precision", precision)),
+                      ("quantize", pass_options.get("quantize", quantize)))
+                  if value not in (None, "keep", "none")]
+    if tuned.gate is not None and converting:  # subgraph tuning prices the float compile
+        tuned = dataclasses.replace(tuned, note=(
+            f"{tuned.note}, which were tuned on the float compile: {', '.join(converting)} "
+            "changes what they were priced on (write the converted model and tune it to price "
+            "them for it)"))
     if tuned.gate is not None:
         user_gate = rewrite_gate
         rewrite_gate = tuned.gate if user_gate is None else (

@@ -150,6 +150,19 @@ def test_epilogue_never_closes_a_cycle():
     assert body_ops(model, second) == ["MatMul", "Add", "Sigmoid"]
 
 
+def test_nothing_computing_an_operand_joins_its_kernel():
+    """c = Cast(x); MatMul(c, w) → Relu → Mul(·, c): the Mul would take the MatMul as its
+    kernel and the Cast too, which runs before it (a precision pass's Cast, say); the cube
+    kernel reads its operands from outside its group, so the Cast stays out of it."""
+    proto = parse(MM, ["c = Cast <to = 1> (x)", "m = MatMul(c, w)", "r = Relu(m)",
+                       "y = Mul(r, c)"])
+    model, stats = fuse(proto, epilogues=True)
+    assert stats == {"groups": 1, "fused_nodes": 3}
+    (node,) = fused_nodes(model)
+    assert body_ops(model, node) == ["MatMul", "Relu", "Mul"]
+    assert "Cast" in ops(model)
+
+
 def test_intermediate_graph_output_and_outside_reader_become_function_outputs():
     sig = "(float[N, 4] x, float[4, 4] w) => (float[N, 4] y, float[N, 4] r, float[N, 4] z)"
     proto = parse(sig, ["a = Add(x, x)", "r = Relu(a)", "e = Exp(r)", "y = Sigmoid(e)",

@@ -169,6 +169,12 @@ def test_cli_tunes_then_optimize_applies_the_choice(block_path, tmp_path, capsys
                            "ascend310", "--tuning-db", db)
     assert rc == 0, err
     assert "applying the subgraph decisions of subgraph/ascend310/" in out
+    # A converting compile applies them too, saying they were priced on the float one.
+    rc, out, err = run_cli(capsys, "optimize", block_path, "-o", om, "-O3", "--target",
+                           "ascend310", "--tuning-db", db, "--precision", "fp16")
+    assert rc == 0, err
+    assert "which were tuned on the float compile: --precision fp16 changes what they were " \
+           "priced on" in out
     # At another level they do not apply: said, rather than silently compiling without them.
     rc, out, err = run_cli(capsys, "optimize", block_path, "-o", om, "-O2", "--target",
                            "ascend310", "--tuning-db", db)

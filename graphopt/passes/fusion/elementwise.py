@@ -18,7 +18,8 @@ consumer edges, in node order, so a group is connected. Merging two groups is re
   * a path leaves the union and re-enters it (through other ops or other groups, which become
     single nodes too): the fused node would then be its own ancestor — a cycle.
 With `epilogues`, a Conv, ConvTranspose, MatMul or Gemm also joins the group of its
-elementwise consumers as the kernel they are the epilogue of, one such op per group.
+elementwise consumers as the kernel they are the epilogue of, one such op per group, and
+nothing that computes its operands (a Cast before it) joins that group.
 A group needs ≥ 2 nodes. Every value it reads from outside (graph inputs, initializers,
 other nodes' outputs) is a function input; every value it defines that is a graph output or
 read outside the group (even an intermediate) is a function output, so no node is refused for
@@ -141,9 +142,20 @@ class FuseElementwise(Pass):
                     continue
                 if self.anchors[a] + self.anchors[b] > 1:
                     continue  # one compute op per kernel: its epilogue, not a second GEMM
+                if self.anchors[a] + self.anchors[b] and self._feeds_anchor(a, b):
+                    continue  # an epilogue follows its kernel: nothing of it runs before
                 if not self._creates_cycle({a, b}, self.pos[id(node)]):
                     self._merge(a, b)
         return [sorted(m, key=lambda n: self.pos[id(n)]) for m in self.members.values()]
+
+    def _feeds_anchor(self, a: int, b: int) -> bool:
+        """Whether the union of groups a and b would compute an input of its anchor (a Cast
+        before a MatMul, and a Mul reading both): the cube kernel reads its operands from
+        outside its epilogue group."""
+        union = self.members[a] + self.members[b]
+        inside = {id(n) for n in union}
+        anchor = next(n for n in union if _anchor(n, self.graph))
+        return any(v is not None and id(v.producer) in inside for v in anchor.inputs)
 
     def _merge(self, a: int, b: int) -> None:
         self.anchors[a] += self.anchors.pop(b)
