@@ -157,6 +157,9 @@ def test_a_stored_tiling_this_cost_model_prices_slower_is_not_applied(a310, tmp_
         params=step_params(slow, choices), distributions=step_distributions(choices),
         value=1e-9, user_attrs={"tiling": tiling_params(slow)}))
     assert best_tilings(url, "ascend310")[SIG][0] == slow
+    # Resumed, the study's result is priced by this cost model: the stale figure is not it.
+    resumed = tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url)
+    assert resumed.best[0] != slow and resumed.best[1] <= resumed.default[1]
     result = optimize(zoo.build("matmul256"), target="ascend310")
     no_gain: list[str] = []
     assert tuned_tilings(url, result.model, result.partitioning, no_gain=no_gain) == {}

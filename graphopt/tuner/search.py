@@ -427,15 +427,18 @@ def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneR
     completed = [t for t in study.get_trials(deepcopy=False,
                                              states=(optuna.trial.TrialState.COMPLETE,))
                  if t.value is not None]
-    # Another client's trial cannot be the best tiling.
+    # Another client's trial cannot be the best tiling, and the best is priced by this cost
+    # model: a study another graphopt filled may hold a stale figure no trial can now beat.
     written = written_trials(completed, study.study_name, skipped=[])
-    if written:
-        top, tiling = written[0]
-        best = (tiling, float(top.value))
-    else:
-        best = (default, estimate(shape, default, device).seconds)
+    default_seconds = estimate(shape, default, device).seconds
+    best = (default, default_seconds)
+    for tiling in dict.fromkeys(tiling for _, tiling in written):
+        if feasible(tiling, shape, device) is None:
+            seconds = estimate(shape, tiling, device).seconds
+            if seconds < best[1]:
+                best = (tiling, seconds)
     # Trials evaluated, as `kb list` counts them: not one a Ctrl-C or a kill stopped.
     evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                          optuna.trial.TrialState.PRUNED))
-    return TuneResult(study.study_name, (default, estimate(shape, default, device).seconds),
-                      best, len(evaluated), space_size(shape, device), history(study))
+    return TuneResult(study.study_name, (default, default_seconds), best, len(evaluated),
+                      space_size(shape, device), history(study))
