@@ -212,6 +212,19 @@ def test_bf16_ops_returned_to_the_host_are_refused_naming_them():
     assert devices(result) == ["cpu"]
 
 
+def test_bf16_for_an_npu_compiles_with_pinned_shapes():
+    # The pins' check loads the compile in onnxruntime's CPU provider, which has no bfloat16
+    # Add: that is not the pins' doing, and the compile must not be refused for it.
+    proto = parse_model("""
+        g (float[N,64] x) => (float[N,64] y) {
+            h = MatMul (x, w)
+            y = Add (h, x)
+        }""", w=RNG.standard_normal((64, 64)).astype(np.float32))
+    result = graphopt.optimize(proto, target="ascend910b", precision="bf16",
+                               input_shapes="x:8,64")
+    assert devices(result) == ["npu"]
+
+
 def test_bf16_in_the_body_of_control_flow_the_npu_cannot_run():
     # A Loop runs on the host, and its body with it: a bfloat16 Add there would compile and
     # then fail to load (the host has no such kernel). Strict bf16 refuses it, naming where;
