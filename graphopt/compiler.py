@@ -412,8 +412,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
 
             judge, result.verify_note = accuracy_rule(
                 log.to_json()["passes"], rtol, atol, choose=f"{option('rtol')}/{option('atol')} judge by allclose")
+            rounding: list[str] = []
             result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options,
-                                                  judge)
+                                                  judge, rounding)
+            result.verify_note = "; ".join(filter(None, [result.verify_note, *rounding]))
         except VerificationError as exc:
             winograd = log.totals().get("WinogradConv", {}).get("rewrites", {})
             if not sum(winograd.values()):
@@ -528,11 +530,13 @@ def _mark_lossy(model: Model, log: PassLog, target) -> None:
 
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
-                   judge: dict) -> dict[str, float]:
+                   judge: dict, notes: list[str] | None = None) -> dict[str, float]:
     """Run both models with onnxruntime at ORT_DISABLE_ALL (the optimized one where a lossy pass
     changed it at the level accuracy_rule.deployed_level says); raise VerificationError on any
-    output `judge` fails (accuracy_rule's rtol/atol, or min_cosine when set). Returns the max
-    absolute error per output."""
+    output `judge` fails (accuracy_rule's rtol/atol, or min_cosine when set), unless under
+    rtol/atol it is no further from the original than onnxruntime's own optimizer takes the
+    original (ORT_ENABLE_ALL), which `notes` then says. Returns the max absolute error per
+    output."""
     feeds = load_inputs(inputs)
     if feeds is None:
         try:
@@ -572,6 +576,9 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                 f"{numerics.ort_reason(e)}") from None
     if judge["min_cosine"] is None:
         problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
+        if problems:
+            problems = _beyond_onnxruntimes_own(original, feeds, expected, actual, judge,
+                                                notes if notes is not None else [])
     else:
         problems = _below_cosine(expected, actual, judge)
     if problems:
@@ -580,6 +587,33 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     _check_loads_at_all(original, optimized)
     # Over every tensor a sequence or map holds too; 0 for outputs without floats.
     return {name: numerics.max_abs_error(exp, actual[name]) for name, exp in expected.items()}
+
+
+def _beyond_onnxruntimes_own(original: ModelProto, feeds, expected: dict, actual: dict,
+                             judge: dict, notes: list[str]) -> list:
+    """The outputs outside rtol/atol that also differ from the original more than twice as
+    much as onnxruntime's optimizer makes the original itself differ: the NCHWc convolutions
+    of a cpu compile accumulate in onnxruntime's order at ORT_ENABLE_ALL, and through a
+    detector's box decoding that can pass 1e-4 (YOLO: 0.035 on 900-pixel coordinates)."""
+    problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
+    try:
+        own = numerics.run(original, feeds, "all")
+    except Exception:  # noqa: BLE001 - no baseline: the allclose verdict stands
+        return problems
+    worst, baseline = 0.0, 0.0
+    for name, reference in expected.items():
+        if not numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
+                                judge["atol"]):
+            continue
+        ours = numerics.max_abs_error(reference, actual[name])
+        theirs = numerics.max_abs_error(reference, own[name])
+        if not theirs or ours > 2 * theirs:
+            return problems
+        worst, baseline = max(worst, ours), max(baseline, theirs)
+    notes.append(f"outputs differ from the original at ORT_DISABLE_ALL by up to {worst:.3g}, "
+                 "beyond rtol/atol but within what onnxruntime's own optimizer gives the "
+                 f"original ({baseline:.3g} at ORT_ENABLE_ALL): the same kernels' rounding")
+    return []
 
 
 def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:

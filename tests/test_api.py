@@ -16,8 +16,8 @@ import graphopt
 from graphopt import numerics
 from graphopt.codegen import OmSession, is_om, load_om
 from graphopt.errors import GraphoptError, InputError, OptionError, VerificationError
-from graphopt.ir import Model
-from graphopt.passes import PASSES, PIPELINES, Pipeline
+from graphopt.ir import Model, Tensor
+from graphopt.passes import PASSES, PIPELINES, PassResult, Pipeline
 
 # Constant nodes, an Identity, a Mul by 1, a foldable Constant+Constant Add, and a
 # Shape->Gather->Unsqueeze->Concat->Reshape chain over a symbolic batch dim.
@@ -316,6 +316,49 @@ def test_verify_raises_on_a_wrong_optimization(monkeypatch):
         graphopt.optimize(model, level=3, verify=True)
     result = graphopt.optimize(model, level=3)  # without verify the miscompile goes through
     assert result.log.records[0].stats == {"perturbed": 2}
+
+
+def test_verify_takes_onnxruntimes_own_rounding_as_the_bound(monkeypatch):
+    """A compile whose outputs are off by no more than onnxruntime's own optimizer takes the
+    original (its NCHWc convs accumulate in another order) passes, saying so; twice that
+    fails."""
+    import graphopt.compiler
+    from graphopt import numerics
+
+    class Nudge(PerturbWeights):
+        name = "TestNudgeWeights"
+
+        def run(self, model, ctx):
+            for value in model.graph.initializers.values():
+                array = value.constant()
+                if array is not None and array.dtype.kind == "f":
+                    value.const = Tensor((array * (1 + self.scale)).astype(array.dtype))
+            return PassResult()
+
+    monkeypatch.setitem(PASSES, Nudge.name, Nudge)
+    monkeypatch.setitem(graphopt.compiler.PIPELINES, 3,
+                        Pipeline("O3-nudged", "rounds", (Nudge.name,)))
+    model = parser.parse_model(AFFINE)
+    nudged_by = {}
+    real_run = numerics.run
+
+    def run(proto, feeds, level="disable", **settings):
+        if level != "all":
+            return real_run(proto, feeds, level, **settings)
+        Nudge.scale = nudged_by["onnxruntime"]  # the original as onnxruntime optimizes it
+        try:
+            return real_run(graphopt.optimize(proto, level=3).to_onnx(), feeds)
+        finally:
+            Nudge.scale = nudged_by["graphopt"]
+
+    monkeypatch.setattr(graphopt.compiler.numerics, "run", run)
+    nudged_by.update(graphopt=1e-3, onnxruntime=1e-3)
+    Nudge.scale = 1e-3
+    result = graphopt.optimize(model, level=3, verify=True)
+    assert "within what onnxruntime's own optimizer gives the original" in result.verify_note
+    nudged_by.update(onnxruntime=1e-5)
+    with pytest.raises(VerificationError, match="differs.*'y'"):
+        graphopt.optimize(model, level=3, verify=True)
 
 
 # ---------------------------------------------------------------------------------------------
