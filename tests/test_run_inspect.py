@@ -509,7 +509,8 @@ def test_inspect_shows_how_each_partition_session_is_set_up(tmp_path, capsys):
 def test_inspect_compiled_shows_the_pass_log(compiled, capsys):
     rc, out, err = cli(capsys, "inspect", compiled)
     assert rc == 0 and err == ""
-    assert "source     model.onnx  sha256 " in out and "target     none" in out  # compiled without a target
+    # Compiled without a target.
+    assert "source     model.onnx  sha256 " in out and "target     none" in out
     assert "input   X       float32  [2,4]" in out
     assert "pass log:" in out and "nodes 6 -> " in out
     no_ops = next(line for line in out.splitlines() if line.startswith("EliminateNoOps"))
