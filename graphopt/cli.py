@@ -368,7 +368,7 @@ def _cmd_passes(args) -> int:
     rule_rows = []
     for name, cls in sorted(PASSES.items()):
         for rule in getattr(cls, "rules", ()):
-            rule_rows.append([rule.name, name, first_sentence(rule.__doc__ or "")])
+            rule_rows.append([rule.name, name, first_sentence(rule.__doc__ or "", 160)])
     if rule_rows:
         print(format_table(["rule", "pass", "matches"], rule_rows))
     print()

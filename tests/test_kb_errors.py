@@ -483,7 +483,7 @@ def test_png_plot_has_a_title_ticks_axis_labels_and_a_legend(tmp_path):
     path = tmp_path / "h.png"
     draw_histories(SERIES, str(path))
     width, height, pixels = read_png(path.read_bytes())
-    assert (width, height) == (720, 360 + 12 * len(SERIES))   # legend rows under the plot
+    assert (width, height) == (720, 360 + 12 * len(SERIES) + 4)  # legend rows under the plot
     assert dark(pixels, width, 0, 0, width, 30) > 100           # title and y-axis label
     assert dark(pixels, width, 0, 40, 30, 320) > 20             # y tick values left of the axis
     assert dark(pixels, width, 60, 328, width, 356) > 30        # x tick values and "trial"

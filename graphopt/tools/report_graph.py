@@ -228,8 +228,9 @@ def _coordinates(layers: list[list[str]], up: dict[str, list[str]]) -> dict[str,
 # --- drawing -------------------------------------------------------------------------------
 
 
-LABEL_FITS = 19       # characters a box holds at the font's size
-LABEL_SQUEEZED = 28   # characters a box holds with its glyphs narrowed; more are cut with …
+FONT_PX = 11
+LABEL_FITS = 19       # characters a box holds at FONT_PX
+LABEL_SQUEEZED = 28   # characters a box holds in a smaller font; more are cut with …
 
 
 def _short(text: str, limit: int = LABEL_SQUEEZED) -> str:
@@ -251,15 +252,15 @@ def _label(box: Box) -> str:
     if len(box.members) == 1:
         return _short(_op_label(head.op))
     first, last = _op_label(head.op), _op_label(box.members[-1].op)
-    return f"{_short(first, 11)} → {_short(last, 8)}: {len(box.members)} ops"
+    return f"{_short(first, 10)} → {_short(last, 10)}: {len(box.members)} ops"
 
 
 def _text(x: float, y: float, label: str) -> str:
-    """A box's label, its glyphs narrowed to the box when it is longer than fits."""
-    fit = (f' textLength="{NODE_W - 8}" lengthAdjust="spacingAndGlyphs"'
-           if len(label) > LABEL_FITS else "")
-    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="middle"{fit}>{escape(label)}</text>'
-
+    """A box's label, in a smaller font when it is longer than the box holds at FONT_PX (a
+    smaller font never stretches a label the estimate took for long)."""
+    size = (f' font-size="{FONT_PX * LABEL_FITS / len(label):.1f}"'
+            if len(label) > LABEL_FITS else "")
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="middle"{size}>{escape(label)}</text>'
 
 
 def _node_tip(node: OpNode) -> str:
@@ -287,7 +288,7 @@ def graph_svg(graph: GraphData, *, collapse: bool | None = None) -> tuple[str, l
     colours = partition_colours(graph.partitions)
     w, h = int(placed.width + 0.5), int(placed.height + 0.5)
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{w}" height="{h}" '
-              f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">')]
+              f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="{FONT_PX}">')]
     for a, b, tensors, bends in placed.edges:
         src, dst = placed.boxes[a], placed.boxes[b]
         points = [(src.x, _y(src.layer) + NODE_H), *bends, (dst.x, _y(dst.layer))]

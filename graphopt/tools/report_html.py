@@ -171,6 +171,10 @@ def _partitions(data: ReportData) -> str:
                          member["sha256"][:12]])
     body = table(["#", "partition", "device", "providers", "nodes", "ops", "inputs", "outputs",
                   "size", "sha256"], rows, numeric={0, 4, 8}, raw={1})
+    if data.artifact.profiles:
+        body += ('<p class="note">Shape profiles share one copy of the weights they have in '
+                 "common: a weights blob is counted with the partition that stores it, which "
+                 "the others' read.</p>")
     routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
     default = f" of the default profile {data.artifact.profiles[0]['name']}" \
         if data.artifact.profiles else ""
@@ -242,9 +246,9 @@ def _memory(data: ReportData) -> str:
         headers, numeric = ["profile"] + headers, {i + 1 for i in numeric}
     body = table(headers, rows, numeric=numeric)
     if largest:
-        body += (f'<p class="note">Each shape profile has its own plan; {escape(largest)} needs '
-                 "the most work memory, so size buffers by it. The default's and its pictures "
-                 "are open.</p>")
+        body += (f'<p class="note">Each shape profile has its own plan. {escape(largest)} needs '
+                 "the most work memory: size buffers by it. The pictures of the default profile "
+                 f"and of {escape(largest)} are open.</p>")
     body += ('<p class="note">Each picture: tensors as boxes over execution steps (x) and '
              "work-memory address (y); the dashed red line is the lower bound.</p>")
     return body + "".join(pictures)

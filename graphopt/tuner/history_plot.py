@@ -48,7 +48,7 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
     x_step = int(_nice_step(n, 8, tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))))
     left, right, top, bottom = 52, width - 16, 36, height - 36
     rows = min(len(series), _LEGEND_ROWS) + (len(series) > _LEGEND_ROWS)
-    fig = _Figure(width, height + 12 * rows)
+    fig = _Figure(width, height + 12 * rows + 4)  # the last legend row clear of the edge
 
     def x(i: int) -> int:  # trial i + 1; the last one short of the frame, so a gain there shows
         return left + i * (right - left) // n
@@ -66,7 +66,8 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
         v = 1.0 - k * y_step
         fig.lines.append((left, y(v), right, y(v), _GRID, False))
         fig.texts.append((left - 4, y(v) - 4, f"{v:.2f}", _BLACK, "end"))
-    for trial in sorted({1, *range(x_step, n + 1, x_step)}):
+    # Trial 1, then every x_step; a tick too close to 1 would crowd its label.
+    for trial in [1] + [t for t in range(x_step, n + 1, x_step) if t - 1 >= x_step / 2 + 0.5]:
         fig.lines.append((x(trial - 1), bottom, x(trial - 1), bottom + 3, _BLACK, False))
         fig.texts.append((x(trial - 1), bottom + 6, str(trial), _BLACK, "middle"))
     fig.lines += [(left, top, right, top, _GREY, True),          # the default: 1.0

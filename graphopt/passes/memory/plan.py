@@ -87,8 +87,9 @@ class Plan:
             return f"no work memory (every tensor is an input, an output or a weight); {sizes}"
         return (f"work memory {format_bytes(self.arena_bytes)} ({self.arena_bytes:,} B; "
                 f"{self.strategy}, {self.ratio:.3f}x the lower bound "
-                f"{format_bytes(self.lower_bound)}); {sizes}; {len(self.tensors)} tensors in "
-                f"{len(self.buffers)} buffers over {self.steps} steps{order}")
+                f"{format_bytes(self.lower_bound)}); {sizes}; "
+                f"{_count(len(self.tensors), 'tensor')} in {_count(len(self.buffers), 'buffer')} "
+                f"over {_count(self.steps, 'step')}{order}")
 
     def to_dict(self) -> dict:
         return {
@@ -192,3 +193,6 @@ def _assemble(live: Liveness, assignment: Assignment, offsets: dict[int, int], s
         schedule=live.schedule, schedule_method=method, buffers=buffers, offsets=dict(offsets),
         external=external, notes=notes)
 
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
