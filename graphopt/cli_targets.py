@@ -86,7 +86,10 @@ def describe_target(t: Target) -> str:
     rows += [[key, "", f"[{cited.setdefault(source, len(cited) + 1)}]"]
              for key, source in t.sources.items() if key.endswith(".ops")]
     lines += ["", format_table(["figure", "value", "source"], rows, title="figures")]
-    lines += ["", "sources"] + [f"[{n}] {source}" for source, n in cited.items()]
+    # A table, so that a terminal wraps the long citations.
+    lines += ["", format_table(["ref", "source"], [[f"[{n}]", source]
+                                                   for source, n in cited.items()],
+                               title="sources")]
     return "\n".join(lines)
 
 

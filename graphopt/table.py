@@ -10,14 +10,15 @@ import unicodedata
 from graphopt.errors import one_line
 
 
-MIN_WRAPPED = 24  # the narrowest last column worth wrapping into; below it lines stay long
+MIN_WRAPPED = 12  # the narrowest a text column is wrapped to; a table needing less stays wide
 
 
 def format_table(headers: list[str], rows: list[list], title: str | None = None,
                  width: int | None = None) -> str:
     """The table as text. `width` (default: the terminal's, when standard output is one)
-    wraps a last text column that would run past it onto lines of its own, indented to the
-    column; piped output keeps one line per row, for grep and scripts."""
+    wraps the widest text columns of a table that would run past it onto continuation lines
+    (a row's cells side by side, line by line); piped output keeps one line per row, for grep
+    and scripts."""
     # A cell may hold a name read from a model (any byte): a newline or an escape sequence
     # would break the table or act on the terminal, so control characters are shown escaped.
     cells = [[one_line(str(h)) for h in headers]] + \
@@ -25,26 +26,40 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None,
     widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
     numeric = [all(_is_number(r[i]) for r in cells[1:] if r[i]) for i in range(len(headers))]
     width = terminal_width() if width is None else width
-    indent = sum(widths[:-1]) + 2 * (len(widths) - 1)
-    room = (width - indent) if width else 0
-    wrap = bool(width) and not numeric[-1] and widths[-1] > room >= MIN_WRAPPED
-    if wrap:
-        widths[-1] = room
+    if width:
+        widths = _fitted(widths, numeric, width)
 
     def line(row: list[str]) -> str:
-        if not wrap:
-            parts = [_padded(c, w, num) for c, w, num in zip(row, widths, numeric)]
-            return "  ".join(parts).rstrip()
-        head, *rest = _wrapped(row[-1], room)
-        parts = [_padded(c, w, num) for c, w, num in zip(row[:-1], widths, numeric)]
-        return "\n".join(["  ".join(parts + [head]).rstrip()]
-                         + [" " * indent + piece for piece in rest])
+        pieces = [_wrapped(c, w) if display_width(c) > w else [c] for c, w in zip(row, widths)]
+        lines = []
+        for k in range(max(len(p) for p in pieces)):
+            parts = [_padded(p[k] if k < len(p) else "", w, num)
+                     for p, w, num in zip(pieces, widths, numeric)]
+            lines.append("  ".join(parts).rstrip())
+        return "\n".join(lines)
 
     out = [title] if title else []
     out.append(line(cells[0]))
     out.append("  ".join("-" * w for w in widths))
     out.extend(line(r) for r in cells[1:])
     return "\n".join(out)
+
+
+def _fitted(widths: list[int], numeric: list[bool], width: int) -> list[int]:
+    """Column widths within `width`, taken from the widest text columns, none below
+    MIN_WRAPPED (numbers are never wrapped); the natural widths when that cannot fit."""
+    fitted = list(widths)
+    excess = sum(fitted) + 2 * (len(fitted) - 1) - width
+    while excess > 0:
+        wrappable = [i for i, w in enumerate(fitted) if not numeric[i] and w > MIN_WRAPPED]
+        if not wrappable:
+            return widths
+        widest = max(wrappable, key=lambda i: fitted[i])
+        others = max((fitted[i] for i in wrappable if i != widest), default=MIN_WRAPPED)
+        cut = min(excess, fitted[widest] - max(others, MIN_WRAPPED)) or 1
+        fitted[widest] -= cut
+        excess -= cut
+    return fitted
 
 
 def terminal_width() -> int | None:
@@ -58,9 +73,15 @@ def terminal_width() -> int | None:
 
 
 def _wrapped(text: str, room: int) -> list[str]:
-    """`text` in lines of at most `room` columns, broken at spaces (a longer word alone)."""
+    """`text` in lines of at most `room` columns, broken at spaces; a longer word is cut."""
     lines, current = [], ""
     for word in text.split(" "):
+        while display_width(word) > room:  # a name without spaces: cut it where it must be
+            if current:
+                lines.append(current)
+                current = ""
+            lines.append(word[:room])
+            word = word[room:]
         candidate = f"{current} {word}" if current else word
         if current and display_width(candidate) > room:
             lines.append(current)

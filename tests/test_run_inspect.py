@@ -300,6 +300,14 @@ def test_table_wraps_its_last_column_to_a_terminal_width_only():
     assert format_table(["op", "rank", "note"], rows).splitlines()[2].endswith(note)
     # Too little room left for the column: lines stay whole rather than wrap into a sliver.
     assert format_table(["op", "rank", "note"], rows, width=20).splitlines()[2].endswith(note)
+    # Two wide text columns: the widest gives way first, each cell wrapped in its column.
+    rows = [["MatMul", "activation in Relu/LeakyRelu/Sigmoid/Tanh", note]]
+    assert format_table(["op", "constraints", "note"], rows, width=60).splitlines() == [
+        "op      constraints                note",
+        "------  -------------------------  -------------------------",
+        "MatMul  activation in              float32 runs in float16",
+        "        Relu/LeakyRelu/Sigmoid/Ta  on the cube under ATC's",
+        "        nh                         default precision mode"]
 
 
 def test_inspect_names_the_precision_and_the_weights_by_type(tmp_path, capsys):
