@@ -479,6 +479,31 @@ def test_two_workers_share_a_postgresql_study(a310):
     optuna.delete_study(study_name=study, storage=POSTGRES)
 
 
+@pytest.mark.skipif(not POSTGRES, reason="no PostgreSQL server: GRAPHOPT_TEST_POSTGRES_URL is "
+                                         "unset (.ci/run starts one with .ci/postgres.sh)")
+def test_setting_a_study_up_on_postgresql_is_one_process_at_a_time():
+    # Two runs started together on a server both queued the default trial.
+    import threading
+
+    from graphopt.tuner.storage import setup_lock
+
+    held, order = threading.Event(), []
+
+    def second():
+        held.wait()
+        with setup_lock(POSTGRES):
+            order.append("second")
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with setup_lock(POSTGRES):
+        held.set()
+        time.sleep(0.5)  # the other thread is waiting on the lock by now
+        order.append("first")
+    thread.join(timeout=30)
+    assert order == ["first", "second"]
+
+
 def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
     from graphopt.progress import ProgressLine
 

@@ -402,12 +402,16 @@ def fail_silent_trials(study: optuna.Study) -> int:
 
 @contextlib.contextmanager
 def setup_lock(url: str):
-    """Hold an exclusive lock on an SQLite knowledge base's file while a process sets it up
-    (Optuna's tables, a study's default trial): two `graphopt tune` runs started together on a
-    new file otherwise both created the tables (one failed), or both queued the default. An
-    flock, which SQLite's own byte-range locks ignore; a server URL's setup is not locked."""
+    """Hold an exclusive lock on a knowledge base while a process sets it up (Optuna's
+    tables, a study's default trial): two `graphopt tune` runs started together otherwise
+    both created the tables (one failed), or both queued the default. On an SQLite file an
+    flock, which SQLite's own byte-range locks ignore; on a PostgreSQL server an advisory
+    lock of the database's; other servers' setup is not locked."""
     from sqlalchemy.engine import make_url
 
+    if url.startswith("postgresql"):
+        yield from _postgres_setup_lock(url)
+        return
     database = make_url(url).database if url.startswith("sqlite:") else None
     if database in (None, "", ":memory:"):
         yield
@@ -424,6 +428,37 @@ def setup_lock(url: str):
         yield
     finally:
         fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# The advisory lock's key: "graphopt" in ASCII, as a signed 64-bit integer.
+_SETUP_LOCK_KEY = int.from_bytes(b"graphopt", "big", signed=True)
+
+
+def _postgres_setup_lock(url: str):
+    """pg_advisory_lock for the setup, on a connection of its own; no lock when the server
+    cannot be reached (opening the storage then says why)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    engine = None
+    try:
+        engine = create_engine(url, poolclass=NullPool)
+        connection = engine.connect()
+        connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _SETUP_LOCK_KEY})
+    except (SQLAlchemyError, ImportError):
+        if engine is not None:
+            engine.dispose()
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(SQLAlchemyError):
+            connection.execute(text("SELECT pg_advisory_unlock(:key)"),
+                               {"key": _SETUP_LOCK_KEY})
+        connection.close()
+        engine.dispose()
 
 
 # One descriptor per process and file, never closed: closing any descriptor of the database
