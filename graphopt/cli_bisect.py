@@ -77,13 +77,17 @@ def _block(title: str, lines: list[str]) -> list[str]:
 
 def format_result(result) -> str:
     n = result.total_rewrites
-    head = f"{result.model} at {result.pipeline}"
+    head = f"{result.model} at {result.pipeline}" + (
+        f" for target {result.target}" if result.target else "") + (
+        f", on {result.inputs}" if result.inputs else "")
     if not result.found:
         return (f"{head}: the full compile is within tolerance, nothing to bisect\n"
                 f"1 evaluation: the full compile ({n} rewrite(s) in {result.pass_runs} pass runs)")
-    bound = math.ceil(math.log2(n)) if n > 1 else 0
+    # The search tells n + 1 answers apart: the import itself, or one of the n rewrites.
+    bound = math.ceil(math.log2(n + 1))
     counts = (f"{result.evaluations} evaluations: the full compile, then a binary search over "
-              f"{n} rewrite(s) in {result.pass_runs} pass runs (ceil(log2 {n}) = {bound})")
+              f"{n} rewrite(s) in {result.pass_runs} pass runs (at most ceil(log2 {n + 1}) = "
+              f"{bound})")
     lines = [f"{head}: outputs break tolerance", counts, ""]
     if result.granularity == "import":
         lines.append("culprit: the import itself (the model breaks before any pass runs)")

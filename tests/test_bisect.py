@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import onnx
@@ -156,6 +157,8 @@ def test_cli_reports_the_culprit_and_exits_1(mobilenet, wrong_clip, tmp_path, ca
     assert f"culprit rewrite: TestBisectWrongClip at {anchor}" in out
     assert "- " in out and "+ " in out and "Sigmoid" in out
     assert "bisect: evaluation 1: full compile" in err
+    n = int(re.search(r"binary search over (\d+) rewrite", out)[1])  # n + 1 answers to tell
+    assert f"(at most ceil(log2 {n + 1}) = {math.ceil(math.log2(n + 1))})" in out
     rc, out, err = run_cli(capsys, "bisect", path, "--json")
     assert rc == 1
     data = json.loads(out)
@@ -173,6 +176,10 @@ def test_clean_model_has_no_culprit(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "bisect", path, "-O", "3")
     assert rc == 0, err
     assert "within tolerance" in out and "1 evaluation: the full compile" in out
+    # The head says what was compiled and what it ran on.
+    rc, out, err = run_cli(capsys, "bisect", path, "--target", "ascend310")
+    assert rc == 0, err
+    assert "tiny.onnx at O2 for target ascend310, on seeded random inputs: " in out
 
 
 def test_errors_name_the_option(tmp_path, capsys):

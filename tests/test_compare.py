@@ -422,3 +422,17 @@ def test_random_inputs_the_reference_cannot_run_get_a_hint(tmp_path):
         gather(str(om), reference=str(source))
     x = {"x": np.arange(6, dtype=np.float32).reshape(1, 6)}
     assert compare_models(str(source), str(om), x).passed
+
+
+def test_a_model_whose_external_weights_are_missing_is_named(tmp_path, capsys):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    proto = parse_model("g (float[2,64] x) => (float[2,64] y) { y = MatMul (x, w) }",
+                        w=rng.standard_normal((64, 64)).astype(np.float32))
+    onnx.save(proto, tmp_path / "m.onnx", save_as_external_data=True, location="m.bin",
+              size_threshold=0)
+    (tmp_path / "m.bin").unlink()  # a dump copied without its weights file
+    rc, _, err = run_cli(capsys, "compare", tmp_path / "m.onnx", tmp_path / "m.onnx")
+    assert rc == 1 and "internal error" not in err
+    assert "m.onnx: cannot load the model's external data" in err

@@ -67,6 +67,8 @@ class BisectResult:
     enabled_by: str | None = None  # a pass culprit that only breaks after this rewrite
     before_lines: list[str] = field(default_factory=list)  # "- " removed, "  " context
     after_lines: list[str] = field(default_factory=list)   # "+ " created, "  " context
+    target: str | None = None    # the target compiled for (None: no target)
+    inputs: str = ""             # what the outputs were compared on
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -167,7 +169,8 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4
 
     full = compile_prefix(setup, None)
     calls = full.calls
-    result = BisectResult(label, full.pipeline, False, len(calls), len(full.runs))
+    result = BisectResult(label, full.pipeline, False, len(calls), len(full.runs),
+                          target=target.name if target is not None else None, inputs=inputs)
     problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass runs")
     if problem is None:
         result.evaluations = evaluate.count

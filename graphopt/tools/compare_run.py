@@ -133,7 +133,7 @@ def _read_onnx(path: str, om_too: bool) -> onnx.ModelProto:
     model = read_onnx(path, om_too)
     try:
         load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise InputError(f"{path}: cannot load the model's external data ({exc})") from None
     return model
 
