@@ -206,8 +206,14 @@ def test_cli_pass_mode_all_runs_and_a_pass_that_changed_nothing(conv_bn_path, ca
     assert data["first_run"] == 1 and data["last_run"] == data["runs"] > 1
     rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseGelu")
     assert rc == 0, err
-    assert "FuseGelu ran 2 time(s) and never changed the graph" in out
+    assert "FuseGelu ran 2 time(s) and never changed the graph; showing its run 1\n" in out
     assert out.rstrip().endswith("no differences")
+    # Its first run to its last: what other passes changed between them is named, not blamed.
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseGelu", "--all-runs")
+    assert rc == 0, err
+    head = out.splitlines()[0]
+    assert head.startswith("FuseGelu ran 2 time(s) and never changed the graph; showing its "
+                           "runs 1-2; the diff also holds what ") and "changed between them" in head
 
 
 def test_cli_diff_of_onnx_dumps_equals_pass_mode(conv_bn_path, tmp_path, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphopt.errors import OptionError
 from graphopt.option_names import DIFF_PASS_FLAGS, from_command_line, setting
@@ -21,17 +21,21 @@ class PassDiff:
     last_run: int
     rewrites: dict[str, int]  # summed over the diffed runs
     diff: GraphDiff
+    between: list[str] = field(default_factory=list)  # other passes that changed the graph
+                                                       # between first_run and last_run
 
     @property
     def note(self) -> str:
-        if self.changed_runs == 0:
-            return (f"{self.pass_name} ran {self.runs} time(s) and never changed the graph; "
-                    "showing its first run")
         runs = (f"run {self.first_run}" if self.first_run == self.last_run
                 else f"runs {self.first_run}-{self.last_run}")
+        others = (f"; the diff also holds what {', '.join(self.between)} changed between "
+                  "them" if self.between else "")
+        if self.changed_runs == 0:
+            return (f"{self.pass_name} ran {self.runs} time(s) and never changed the graph; "
+                    f"showing its {runs}{others}")
         rewrites = ", ".join(f"{k}={v}" for k, v in sorted(self.rewrites.items())) or "none"
         return (f"{self.pass_name} {runs} of {self.runs} ({self.changed_runs} changed the "
-                f"graph); rewrites: {rewrites}")
+                f"graph); rewrites: {rewrites}{others}")
 
     def to_json(self) -> dict:
         return {"pass": {"name": self.pass_name, "runs": self.runs,
@@ -75,8 +79,11 @@ def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, targe
         if first <= i <= last:
             for rule, count in records[i]["rewrites"].items():
                 rewrites[rule] = rewrites.get(rule, 0) + count
+    # With all runs, the window also spans the passes that ran between them.
+    between = list(dict.fromkeys(records[i]["pass"] for i in range(first, last + 1)
+                                 if i not in runs and records[i]["changed"]))
     return PassDiff(pass_name, len(runs), len(changed), runs.index(first) + 1,
-                    runs.index(last) + 1, rewrites, diff)
+                    runs.index(last) + 1, rewrites, diff, between)
 
 
 def _step(dump_name: str) -> str:
