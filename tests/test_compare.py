@@ -436,3 +436,17 @@ def test_a_model_whose_external_weights_are_missing_is_named(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "compare", tmp_path / "m.onnx", tmp_path / "m.onnx")
     assert rc == 1 and "internal error" not in err
     assert "m.onnx: cannot load the model's external data" in err
+
+
+def test_an_output_without_elements_is_said_to_be_uncompared(tmp_path, capsys):
+    import graphopt
+
+    proto = parse_model("g (float[N,4] x) => (float[N,4] y) { y = Relu (x) }")
+    onnx.save(proto, tmp_path / "m.onnx")
+    result = graphopt.optimize(tmp_path / "m.onnx", input_shapes="x:0,4", verify=True)
+    assert "output(s) y hold no element at these input shapes" in result.verify_note
+    onnx.save(result.to_onnx(), tmp_path / "o.onnx")
+    rc, out, _ = run_cli(capsys, "compare", tmp_path / "m.onnx", tmp_path / "o.onnx",
+                         "--input-shape", "x:0,4")
+    assert rc == 0 and "note: output(s) y hold no element at these input shapes: nothing " \
+        "of them was compared" in out
