@@ -25,15 +25,14 @@ from graphopt.errors import InputError, OptionError
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import (
-    DEVICE_ATTR,
     PARAMS,
-    device_fingerprint,
     open_study,
     outside_space,
     search_choices,
     step_distributions,
     tiling_params,
     trial_tiling,
+    tuned_on_another_profile,
     written_trials,
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
@@ -293,8 +292,7 @@ def _check_studies(path, store, existing: set[str], entries: list) -> None:
         if name not in existing:
             continue
         study = optuna.load_study(study_name=name, storage=store)
-        held = study.user_attrs.get(DEVICE_ATTR)
-        if held is not None and held != device_fingerprint(device):
+        if tuned_on_another_profile(study, device):
             raise OptionError(f"{path}: kernel {name}: the knowledge base's study of it was "
                               "tuned on another profile of that name (its cube, buffers, cores "
                               "or rates differ); nothing was imported: import into another "

@@ -268,12 +268,18 @@ def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
                            default_cycles)
 
 
+def tuned_on_another_profile(study: optuna.Study, device: Device) -> bool:
+    """Whether the study recorded other device figures than `device`'s: a profile edited
+    under the same name, whose tilings may not fit."""
+    held = study.user_attrs.get(DEVICE_ATTR)
+    return held is not None and held != device_fingerprint(device)
+
+
 def _open_study(storage, study_name, shape, device, sampler, default_seconds, default_cycles):
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
     fail_silent_trials(study)
-    held = study.user_attrs.get(DEVICE_ATTR)
-    if held is not None and held != device_fingerprint(device):
+    if tuned_on_another_profile(study, device):
         raise OptionError(f"study {study_name} was tuned on another profile of that name (its "
                           "cube, buffers, cores or rates differ): its tilings may not fit this "
                           "one; tune into a fresh --tuning-db, or give the edited profile a "
