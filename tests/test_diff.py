@@ -169,7 +169,7 @@ def test_cli_json_schema(tmp_path, capsys):
     assert rc == 0, err
     data = json.loads(out)
     assert set(data) == {"a", "b", "nodes", "removed", "added", "changed", "initializers",
-                         "io_changed", "op_counts"}
+                         "io_changed", "op_counts", "unrelated"}
     assert data["nodes"] == {"a": 3, "b": 2}
     assert data["removed"] == [{"name": "/b/BatchNormalization", "op": "BatchNormalization",
                                 "scope": "", "line": data["removed"][0]["line"]}]
@@ -281,3 +281,17 @@ def test_types_an_import_infers_are_not_changes():
     # A type both sides know and that differs still is one.
     half = parse_model(text.replace("float", "float16"))
     assert [c.op_before for c in diff_models(untyped, half).changed] == ["Neg"]  # y: f32, f16
+
+
+def test_two_models_without_an_input_or_output_in_common_are_said_to_be_unrelated(tmp_path,
+                                                                                  capsys):
+    a = parse_model("g (float[4] x) => (float[4] y) { y = Relu (x) }")
+    b = parse_model("g (float[4] p) => (float[4] q) { q = Relu (p) }")
+    onnx.save(a, tmp_path / "a.onnx")
+    onnx.save(b, tmp_path / "b.onnx")
+    rc, out, err = run_cli(capsys, "diff", tmp_path / "a.onnx", tmp_path / "b.onnx")
+    assert rc == 0, err
+    assert "note: A and B share no input or output name: they may be two different models" \
+        in out
+    rc, out, _ = run_cli(capsys, "diff", tmp_path / "a.onnx", tmp_path / "a.onnx")
+    assert "share no input" not in out

@@ -72,6 +72,7 @@ class GraphDiff:
     initializers_changed: list[ValueChange] = field(default_factory=list)  # new data or type
     io_changed: list[ValueChange] = field(default_factory=list)  # "input x" / "output y"
     op_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    unrelated: bool = False  # no input and no output name in common: maybe two models
 
     @property
     def empty(self) -> bool:
@@ -93,6 +94,7 @@ class GraphDiff:
                              "added": [v.to_json() for v in self.initializers_added],
                              "changed": [v.to_json() for v in self.initializers_changed]},
             "io_changed": [v.to_json() for v in self.io_changed],
+            "unrelated": self.unrelated,
             "op_counts": [{"op": op, "a": a, "b": b, "delta": b - a}
                           for op, (a, b) in sorted(self.op_counts.items())],
         }
@@ -269,6 +271,8 @@ def _diff_initializers(a: Model, b: Model, diff: GraphDiff) -> None:
 
 
 def _diff_io(a: Graph, b: Graph, diff: GraphDiff) -> None:
+    shared = {v.name for v in (*a.inputs, *a.outputs)} & {v.name for v in (*b.inputs, *b.outputs)}
+    diff.unrelated = not shared and bool(a.inputs or a.outputs) and bool(b.inputs or b.outputs)
     for kind, values_a, values_b in (("input", a.inputs, b.inputs),
                                      ("output", a.outputs, b.outputs)):
         types_a = {v.name: format_type(v) for v in values_a}

@@ -13,6 +13,9 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
     # escaped, so that none can act on the terminal or pass for a line of the report.
     out = [f"A: {one_line(diff.label_a)}  ({diff.nodes_a} nodes)",
            f"B: {one_line(diff.label_b)}  ({diff.nodes_b} nodes)"]
+    if diff.unrelated:
+        out.append("note: A and B share no input or output name: they may be two different "
+                   "models, and the pairs of nodes below unrelated")
     if diff.empty:
         out.append("no differences")
         return "\n".join(out)
