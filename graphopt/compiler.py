@@ -564,7 +564,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
         hint = "" if inputs is not None else numerics.random_inputs_hint(
-            "seeded random", bool(options.input_shapes))
+            "seeded random", bool(options.input_shapes), reason=str(e))
         raise VerificationError(f"{option('verify')}: onnxruntime cannot run the original model: "
                                 f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level

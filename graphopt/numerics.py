@@ -133,10 +133,19 @@ def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
     return shape
 
 
-def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None) -> str:
+# onnxruntime's words for a model it cannot run on any input: an op or kernel it lacks.
+_NOT_THE_INPUTS = ("NOT_IMPLEMENTED", "Could not find an implementation",
+                   "is not a registered function/op")
+
+
+def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
+                       reason: str = "") -> str:
     """What to say when the original model cannot run on `source` (seeded random) inputs:
     their open dims are 1 unless `pinned`, so real inputs, or sizes, are the way out. `feeds`
-    names the caller's option for real inputs (by default optimize's)."""
+    names the caller's option for real inputs (by default optimize's). Nothing when
+    onnxruntime's `reason` is a missing kernel or op, which no input changes."""
+    if any(words in reason for words in _NOT_THE_INPUTS):
+        return ""
     feeds = feeds or option("inputs")
     if pinned:
         return f" (on {source} inputs: give real inputs with {feeds})"

@@ -450,3 +450,19 @@ def test_an_output_without_elements_is_said_to_be_uncompared(tmp_path, capsys):
                          "--input-shape", "x:0,4")
     assert rc == 0 and "note: output(s) y hold no element at these input shapes: nothing " \
         "of them was compared" in out
+
+
+def test_a_model_onnxruntime_has_no_op_for_gets_no_hint_about_inputs(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]),
+         helper.make_node("Foo", ["r"], ["y"], domain="my.dom")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("my.dom", 1)]),
+              tmp_path / "custom.onnx")
+    rc, _, err = run_cli(capsys, "compare", tmp_path / "custom.onnx", tmp_path / "custom.onnx")
+    assert rc == 1 and "my.dom:Foo(-1) is not a registered function/op" in err
+    assert "random" not in err  # no input would make it run

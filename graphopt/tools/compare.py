@@ -311,7 +311,8 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         ref_values = ref_side.run(arrays, names)
     except GraphoptError as exc:
         if feeds is None:  # the reference itself refuses them: the inputs, not the compile
-            hint = random_inputs_hint(source, bool(input_shapes), option("feeds", COMPARE_FLAGS))
+            hint = random_inputs_hint(source, bool(input_shapes), option("feeds", COMPARE_FLAGS),
+                                      reason=str(exc))
             raise GraphoptError(f"{exc}{hint}") from None
         raise
     cand_values = cand_side.run(arrays, names)
