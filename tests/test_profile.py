@@ -125,6 +125,19 @@ def test_partitions_of_an_npu_om_with_a_fallback(tmp_path):
                 and h.numbers.get("pattern") == "Conv + activation"]
 
 
+def test_an_all_npu_om_names_no_cost_model_and_no_predictions(tmp_path):
+    from graphopt.tools.profile_report import format_profile
+
+    path = tmp_path / "npu.om"
+    graphopt.save(graphopt.optimize(conv_classifier("", "float[1,64] scores"),
+                                    target="ascend310"), path)
+    profile = profile_model(path, **RUNS)
+    assert {p.device for p in profile.partitions} == {"npu"}
+    text = format_profile(profile, advise(profile))
+    assert "cost model: not used (it prices host partitions" in text
+    assert "Spearman" not in text and "predicted" not in text
+
+
 def test_advisor_finds_matmul_add_left_unfused_at_O0(tmp_path):
     proto = parse_model(MATMUL_ADD, w=weight(16, 8), b=weight(8))
     path = tmp_path / "mm.om"

@@ -29,11 +29,15 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
          f"({kernel / wall:.0%} of wall); {len(profile.kernels)} kernel(s), "
          f"{profile.matched_share:.0%} of kernel time matched to graph nodes"),
         *_shape_profile(profile),
-        f"cost model: {profile.cost_model}",
-        "Spearman ρ predicted vs measured µs per call: "
-        + (f"{rho:.2f} over {priced} priced kernel(s)" if not math.isnan(rho)
-           else f"n/a ({profile.spearman_gap()})"),
     ]
+    if priced or any(p.device == "cpu" for p in profile.partitions):
+        lines += [f"cost model: {profile.cost_model}",
+                  "Spearman ρ predicted vs measured µs per call: "
+                  + (f"{rho:.2f} over {priced} priced kernel(s)" if not math.isnan(rho)
+                     else f"n/a ({profile.spearman_gap()})")]
+    else:  # an all-NPU .om on the stand-in: nothing the CPU cost model prices
+        lines.append("cost model: not used (it prices host partitions, and every partition "
+                     "here is an NPU's)")
     lines += [f"note: {note}" for note in profile.notes]
 
     # Without a priced kernel (an NPU .om: the CPU cost model prices CPU kernels) the
