@@ -301,16 +301,29 @@ def largest_profile(rows: list[dict]) -> str | None:
     return max(rows, key=lambda r: r["work_bytes"])["name"]
 
 
+PROFILE_HEADERS = ["profile", "dims", "inputs", "partitions", "nodes", "work memory"]
+
+
+def profile_cells(rows: list[dict], mark_default: bool = False) -> list[list]:
+    """profile_rows as table cells under PROFILE_HEADERS, the largest work memory marked (and
+    the default profile, the first, when `mark_default`)."""
+    largest = largest_profile(rows)
+    return [[r["name"] + (" (default)" if mark_default and i == 0 else ""), r["dims"],
+             r["inputs"], f"{r['partitions']} ({', '.join(r['devices'])})", r["nodes"],
+             ("-" if r["work_bytes"] is None else format_bytes(r["work_bytes"]))
+             + (" (largest)" if r["name"] == largest else "")]
+            for i, r in enumerate(rows)]
+
+
+def profile_views(artifact: OmArtifact) -> list[OmArtifact]:
+    """The artifact as each shape profile sees it, default first; the artifact alone without."""
+    return [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
+
+
 def _format_profiles(artifact: OmArtifact) -> str:
     """One row per shape profile: the sizes it pins, its inputs, partitions and memory."""
     rows = profile_rows(artifact)
-    largest = largest_profile(rows)
-    cells = [[r["name"], r["dims"], r["inputs"],
-              f"{r['partitions']} ({', '.join(r['devices'])})", r["nodes"],
-              ("-" if r["work_bytes"] is None else format_bytes(r["work_bytes"]))
-              + (" (largest)" if r["name"] == largest else "")]
-             for r in rows]
-    return format_table(["profile", "dims", "inputs", "partitions", "nodes", "work memory"], cells,
+    return format_table(PROFILE_HEADERS, profile_cells(rows),
                         title=f"shape profiles ({len(rows)}; a run takes the one its input "
                               "shapes match, the first is the default)")
 
@@ -330,8 +343,7 @@ def describe_om(artifact: OmArtifact) -> dict:
     """`graphopt inspect --json`: the manifest with the details member's pass log and extras
     in it, plus each partition's node and op counts."""
     partitions = []
-    views = [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
-    for part in (part for view in views for part in view.partitions):
+    for part in (part for view in profile_views(artifact) for part in view.partitions):
         counts = op_counts(part.model)
         partitions.append({"name": part.name, "nodes": sum(counts.values()),
                            "ops": dict(sorted(counts.items()))})

@@ -6,9 +6,10 @@ from __future__ import annotations
 import datetime
 from collections import Counter
 
-from graphopt.codegen.inspect_om import (format_bytes, format_ops, largest_profile,
-                                         partition_size, precision_line, profile_memory_plans,
-                                         profile_rows, signature_cells, typed_signature)
+from graphopt.codegen.inspect_om import (PROFILE_HEADERS, format_bytes, format_ops,
+                                         largest_profile, partition_size, precision_line,
+                                         profile_cells, profile_memory_plans, profile_rows,
+                                         profile_views, signature_cells, typed_signature)
 from graphopt.codegen.om_manifest import order_label
 from graphopt.markup import escape
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
@@ -133,21 +134,8 @@ def _profiles(data: ReportData) -> str:
     rows = profile_rows(data.artifact)
     if not rows:
         return ""
-    largest = largest_profile(rows)
-    cells = [[r["name"] + (" (default)" if i == 0 else ""), r["dims"], r["inputs"],
-              f"{r['partitions']} ({', '.join(r['devices'])})", r["nodes"],
-              "-" if r["work_bytes"] is None else
-              format_bytes(r["work_bytes"]) + (" (largest)" if r["name"] == largest else "")]
-             for i, r in enumerate(rows)]
     return "<h3>shape profiles</h3>" + table(
-        ["profile", "dims", "inputs", "partitions", "nodes", "work memory"], cells,
-        numeric={4, 5})
-
-
-def _views(data: ReportData) -> list:
-    """The artifact as each shape profile sees it, default first; the artifact alone without."""
-    artifact = data.artifact
-    return [artifact.profile(p["name"]) for p in artifact.profiles] or [artifact]
+        PROFILE_HEADERS, profile_cells(rows, mark_default=True), numeric={4, 5})
 
 
 def _partitions(data: ReportData) -> str:
@@ -156,7 +144,7 @@ def _partitions(data: ReportData) -> str:
     by_name = {p["name"]: p for p in m["partitions"]}
     ops = {p["name"]: p for p in data.partition_ops}
     rows = []
-    for view in _views(data):
+    for view in profile_views(data.artifact):
         for i, part in enumerate(view.partitions):
             entry = by_name[part.name]
             member = m["members"][entry["member"]]

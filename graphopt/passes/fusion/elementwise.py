@@ -13,7 +13,8 @@ calls a model-local ONNX function ("super operator", domain `graphopt`), after T
 
 Rules: a node joins a group when it is a default-domain elementwise/broadcast op (ELEMENTWISE;
 Clip only with constant or omitted bounds; also QuickGelu, a fused SiLU) without subgraphs;
-groups grow along producer → consumer edges, in node order, so a group is connected. Merging two groups is refused when
+groups grow along producer → consumer edges, in node order, so a group is connected. Merging
+two groups is refused when
   * the union would exceed `max_group_size` nodes, or
   * a path leaves the union and re-enters it (through other ops or other groups, which become
     single nodes too): the fused node would then be its own ancestor — a cycle.
