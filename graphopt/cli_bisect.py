@@ -6,7 +6,9 @@ import json
 import math
 import sys
 
-from graphopt.cli_types import input_shapes, target_name, tolerance
+from graphopt.cli_compare import check_rule_options
+from graphopt.cli_precision import add_precision_args, precision_options
+from graphopt.cli_types import cosine, input_shapes, target_name, tolerance
 from graphopt.errors import one_line
 from graphopt.help_format import HelpFormatter
 
@@ -48,21 +50,31 @@ def add_bisect_parser(sub) -> None:
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
-    p.add_argument("--rtol", type=tolerance, default=1e-4, help="relative tolerance (1e-4)")
-    p.add_argument("--atol", type=tolerance, default=1e-5, help="absolute tolerance (1e-5)")
+    p.add_argument("--rtol", type=tolerance, metavar="R",
+                   help="relative tolerance of the allclose rule (default 1e-4)")
+    p.add_argument("--atol", type=tolerance, metavar="A",
+                   help="absolute tolerance of the allclose rule (default 1e-5)")
+    p.add_argument("--min-cosine", type=cosine, metavar="C",
+                   help="outputs break when a float tensor's cosine similarity falls below C, "
+                        "instead of the rtol/atol rule (default when a precision pass changed "
+                        "the full compile: 0.999 after QuantizeInt8 or ConvertPrecision, 0.98 "
+                        "after QuantizeInt4Weights)")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains in the compiles (onnxruntime must "
                         "still run them, with their library registered)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_precision_args(p, report=False)
     p.set_defaults(func=_cmd_bisect)
 
 
 def _cmd_bisect(args) -> int:
     from graphopt.tools.bisect import bisect
 
+    check_rule_options(args)
     result = bisect(args.model, level=args.level, target=args.target, feeds=args.inputs,
-                    rtol=args.rtol, atol=args.atol, input_shapes=args.input_shape,
-                    allow_custom_ops=args.allow_custom_ops,
+                    rtol=args.rtol, atol=args.atol, min_cosine=args.min_cosine,
+                    input_shapes=args.input_shape, allow_custom_ops=args.allow_custom_ops,
+                    pass_options=precision_options(args),
                     progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(result.to_json(), indent=1) if args.json else format_result(result))
     return 1 if result.found else 0
@@ -81,14 +93,16 @@ def format_result(result) -> str:
         f" for target {result.target}" if result.target else "") + (
         f", on {result.inputs}" if result.inputs else "")
     if not result.found:
-        return (f"{head}: the full compile is within tolerance, nothing to bisect\n"
-                f"1 evaluation: the full compile ({n} rewrite(s) in {result.pass_runs} pass runs)")
+        return "\n".join(
+            [f"{head}: the full compile is within {result.judged_by}, nothing to bisect",
+             f"1 evaluation: the full compile ({n} rewrite(s) in {result.pass_runs} pass runs)"]
+            + ([f"note: {result.rule_note}"] if result.rule_note else []))
     # The search tells n + 1 answers apart: the import itself, or one of the n rewrites.
     bound = math.ceil(math.log2(n + 1))
     counts = (f"{result.evaluations} evaluations: the full compile, then a binary search over "
               f"{n} rewrite(s) in {result.pass_runs} pass runs (at most ceil(log2 {n + 1}) = "
               f"{bound})")
-    lines = [f"{head}: outputs break tolerance", counts, ""]
+    lines = [f"{head}: outputs break {result.judged_by}", counts, ""]
     if result.granularity == "import":
         lines.append("culprit: the import itself (the model breaks before any pass runs)")
     else:
@@ -110,6 +124,8 @@ def format_result(result) -> str:
         if result.enabled_by:
             lines.append(f"it breaks outputs only after {result.enabled_by}")
     lines.append(one_line(f"outputs then:    {result.problem}"))
+    if result.rule_note:
+        lines.append(f"note: {result.rule_note}")
     if result.granularity != "import":
         lines += [""] + _block("before (- removed, context unmarked):", result.before_lines)
         lines += _block("after (+ created):", result.after_lines)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from graphopt.cli_types import non_negative_int, target_name
+from graphopt.cli_precision import add_precision_args, precision_options
+from graphopt.cli_types import input_shapes, non_negative_int, target_name
 from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 
@@ -15,6 +16,7 @@ EXAMPLES = """examples:
   graphopt diff dump/023_SimplifySlicing.onnx dump/024_FuseConvBatchNorm.onnx
   graphopt diff model.onnx --pass FuseConvBatchNorm
   graphopt diff model.onnx --pass FoldConstants --all-runs -O3 --json
+  graphopt diff model.onnx --pass QuantizeInt8 --quantize int8 --calibration calib.npz
 """
 
 
@@ -39,12 +41,15 @@ def add_diff_parser(sub) -> None:
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="with --pass: compile for this target (`graphopt targets`); "
                         "without it, for none (an .om compiled without --target used cpu)")
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+                   help='with --pass: pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="with --pass: keep ops of unknown custom domains instead of refusing "
                         "the model")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--limit", type=non_negative_int, default=40, metavar="N",
                    help="show at most N entries per list in the text form (0: all; default 40)")
+    add_precision_args(p, report=False, scope="with --pass: ")
     p.set_defaults(func=_cmd_diff, positionals_after_options="models")
 
 
@@ -52,10 +57,14 @@ def _cmd_diff(args) -> int:
     from graphopt.tools.diff import diff_models, load_for_diff
     from graphopt.tools.diff_format import format_diff
 
+    precision = precision_options(args)
     if args.pass_name is None:
         used = [flag for flag, on in (("--all-runs", args.all_runs),
                                       ("-O", args.level is not None),
-                                      ("--target", args.target)) if on]
+                                      ("--target", args.target),
+                                      ("--input-shape", args.input_shape),
+                                      ("--allow-custom-ops", args.allow_custom_ops),
+                                      ("--precision/--quantize/--calibration", precision)) if on]
         if used:
             raise OptionError(f"{', '.join(used)} {'apply' if len(used) > 1 else 'applies'} "
                               "only with --pass NAME")
@@ -75,7 +84,8 @@ def _cmd_diff(args) -> int:
     result = diff_pass(args.models[0], args.pass_name,
                        level=2 if args.level is None else args.level,
                        target=args.target, all_runs=args.all_runs,
-                       allow_custom_ops=args.allow_custom_ops)
+                       allow_custom_ops=args.allow_custom_ops, input_shapes=args.input_shape,
+                       pass_options=precision or None)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:

@@ -95,9 +95,9 @@ def add_tune_parser(sub) -> None:
                    help="keep ops of unknown custom domains instead of refusing the model "
                         "(they stay on the host CPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
-    from graphopt.cli import _add_precision_args
+    from graphopt.cli_precision import add_precision_args
 
-    _add_precision_args(p, report=False)
+    add_precision_args(p, report=False)
     p.set_defaults(func=_cmd_tune)
 
 
@@ -138,9 +138,9 @@ def _cmd_tune(args) -> int:
     # Checked before the compile, which can take minutes, and without creating anything.
     url = storage_url(named_storage(args), option=_storage_option(args))
     check_writable(named_storage(args), _storage_option(args))
-    from graphopt.cli import _precision_options
+    from graphopt.cli_precision import precision_options
 
-    precision = _precision_options(args)
+    precision = precision_options(args)
     if precision and args.job == "subgraph":
         raise OptionError("--precision/--quantize apply to --job op; for subgraph tuning, "
                           "write the converted model first (graphopt optimize … -o "

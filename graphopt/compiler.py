@@ -580,7 +580,9 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
             problems = _beyond_onnxruntimes_own(original, feeds, expected, actual, judge,
                                                 notes if notes is not None else [])
     else:
-        problems = _below_cosine(expected, actual, judge)
+        from graphopt.tools.accuracy_rule import below_cosine
+
+        problems = below_cosine(expected, actual, judge)
     if problems:
         raise VerificationError(f"{option('verify')}: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3]))
@@ -635,22 +637,6 @@ def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:
         raise VerificationError(f"{option('verify')}: onnxruntime cannot load the optimized model at "
                                 f"ORT_ENABLE_ALL, where it loads the original: {numerics.ort_reason(e)}"
                                 ) from None
-
-
-def _below_cosine(expected: dict, actual: dict, judge: dict) -> list[str]:
-    """The outputs compare's rows fail under a cosine rule (exact match for non-floats)."""
-    from graphopt.tools.compare import compare_arrays
-
-    problems = []
-    for name, reference in expected.items():
-        row = compare_arrays(name, reference, actual[name], **judge)
-        if not row.passed:
-            why = f"cosine {row.cosine:.6f} < {judge['min_cosine']:g}" \
-                if row.cosine is not None and row.cosine < judge["min_cosine"] \
-                else row.note or f"{row.mismatches} element(s) differ"
-            problems.append(f"output '{name}': {why}")
-    return problems
-
 
 
 def _reproducible_log(result: OptimizeResult | None) -> list[dict]:

@@ -62,6 +62,7 @@ BISECT_FLAGS = {
     "feeds": "--inputs",
     "input_shapes": "--input-shape",
     "level": "-O",
+    "min_cosine": "--min-cosine",
     "rtol": "--rtol",
     "target": "--target",
 }

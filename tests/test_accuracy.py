@@ -227,15 +227,24 @@ def test_verify_judges_a_lossy_compile_by_cosine_unless_told_otherwise(tmp_path,
 
 
 def test_verify_by_cosine_still_fails_a_broken_output():
-    from graphopt.compiler import _below_cosine
+    from graphopt.tools.accuracy_rule import below_cosine
 
     y = RNG.standard_normal((4, 8))
     judge = {"rtol": 1e-4, "atol": 1e-5, "min_cosine": 0.999}
-    assert _below_cosine({"y": y}, {"y": y + 1e-3}, judge) == []
-    (problem,) = _below_cosine({"y": y}, {"y": -y}, judge)
+    assert below_cosine({"y": y}, {"y": y + 1e-3}, judge) == []
+    (problem,) = below_cosine({"y": y}, {"y": -y}, judge)
     assert problem == "output 'y': cosine -1.000000 < 0.999"
-    (problem,) = _below_cosine({"i": np.arange(3)}, {"i": np.arange(3)[::-1]}, judge)
+    (problem,) = below_cosine({"i": np.arange(3)}, {"i": np.arange(3)[::-1]}, judge)
     assert problem == "output 'i': 2 element(s) differ"
+    # A cosine just below the rule is printed with the digits that show it below.
+    z = np.array([1.0, 0.0])
+    near = np.array([1.0, 0.0015])  # cosine 0.99999887…
+    (problem,) = below_cosine({"z": z}, {"z": near}, {**judge, "min_cosine": 0.999999})
+    assert problem == "output 'z': cosine 0.9999989 < 0.999999"
+    # A sequence's tensors are judged one by one; a missing output is named.
+    assert below_cosine({"s": [y, y]}, {"s": [y, -y]}, judge) == [
+        "output 's[1]': cosine -1.000000 < 0.999"]
+    assert below_cosine({"y": y}, {}, judge) == ["output 'y': missing"]
 
 
 SATURATING_GEMM = """

@@ -175,7 +175,8 @@ def test_clean_model_has_no_culprit(tmp_path, capsys):
     assert not result.found and result.evaluations == 1 and result.total_rewrites > 10
     rc, out, err = run_cli(capsys, "bisect", path, "-O", "3")
     assert rc == 0, err
-    assert "within tolerance" in out and "1 evaluation: the full compile" in out
+    assert "within allclose(rtol=0.0001, atol=1e-05), nothing to bisect" in out
+    assert "1 evaluation: the full compile" in out
     # The head says what was compiled and what it ran on.
     rc, out, err = run_cli(capsys, "bisect", path, "--target", "ascend310")
     assert rc == 0, err
@@ -190,6 +191,50 @@ def test_errors_name_the_option(tmp_path, capsys):
     (tmp_path / "bad.npz").write_text("not npz")
     rc, out, err = run_cli(capsys, "bisect", path, "--inputs", tmp_path / "bad.npz")
     assert rc == 1 and "--inputs" in err and not out
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision compiles
+# ---------------------------------------------------------------------------------------------
+def test_a_lossy_compile_is_judged_by_cosine_unless_a_rule_is_given(tmp_path, capsys):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), path)
+    # fp16 rounds every output past allclose(1e-4, 1e-5) by design; cosine 0.999 holds.
+    result = bisect(path, precision="fp16")
+    assert not result.found and result.judged_by == "cosine >= 0.999"
+    assert "ConvertPrecision, lossy by design" in result.rule_note
+    rc, out, err = run_cli(capsys, "bisect", path, "--precision", "fp16")
+    assert rc == 0, err
+    assert "at O2+ConvertPrecision, on seeded random inputs: the full compile is within " \
+           "cosine >= 0.999, nothing to bisect" in out
+    assert "note: compiled with ConvertPrecision" in out and "--min-cosine C or --rtol" in out
+    # A rule given is the rule: ConvertPrecision asks no gate, so it is named by its pass run.
+    rc, out, err = run_cli(capsys, "bisect", path, "--precision", "fp16", "--rtol", "1e-5",
+                           "--json")
+    assert rc == 1, err
+    data = json.loads(out)
+    assert data["judged_by"] == "allclose(rtol=1e-05, atol=1e-05)" and not data["rule_note"]
+    assert (data["granularity"], data["pass_name"]) == ("pass", "ConvertPrecision")
+    rc, out, err = run_cli(capsys, "bisect", path, "--precision", "fp16", "--min-cosine", "0.9",
+                           "--atol", "1")
+    assert rc == 1 and "--min-cosine replaces the --rtol/--atol rule" in err
+
+
+def test_int8_rewrites_are_bisected_to_the_layer(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), path)
+    calibration = tmp_path / "calibration.npz"
+    feeds = random_feeds(zoo.build("tiny"), seed=1)
+    np.savez(calibration, **feeds)
+    result = bisect(path, quantize="int8", calibration=calibration, feeds=feeds)
+    assert not result.found and result.judged_by == "cosine >= 0.999"
+    # Under a rule no int8 layer keeps, the first layer QuantizeInt8 asks the gate for is it.
+    strict = bisect(path, quantize="int8", calibration=calibration, feeds=feeds,
+                    min_cosine=0.9999999)
+    assert strict.found and strict.granularity == "rewrite"
+    assert strict.pass_name == "QuantizeInt8" and strict.rule == "QuantizeInt8"
+    assert strict.rewrite_in_run == 1
+    assert any("QuantizeLinear" in line for line in strict.after_lines)
 
 
 # ---------------------------------------------------------------------------------------------

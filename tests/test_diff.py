@@ -14,6 +14,7 @@ from helpers import parse_model, run_cli
 import graphopt
 from graphopt import zoo
 from graphopt.ir import load_onnx
+from graphopt.numerics import random_feeds
 from graphopt.passes import Options, PassContext
 from graphopt.passes.fusion.conv_bn import FuseConvBatchNorm
 from graphopt.passes.infer_shapes import infer_shapes
@@ -245,6 +246,32 @@ def test_zoo_model_pass_mode_pairs_every_rebuilt_conv(tmp_path, capsys):
     assert len(convs) == fused and all("_fused" in c["after"] for c in convs)
 
 
+def test_pass_mode_compiles_with_the_precision_flags_and_pins(tmp_path, capsys):
+    path = tmp_path / "tiny.onnx"
+    model = zoo.build("tiny")
+    onnx.save(model, os.fspath(path))
+    calibration = tmp_path / "calibration.npz"
+    np.savez(calibration, **random_feeds(model, seed=1))
+    rc, out, err = run_cli(capsys, "diff", path, "--pass", "QuantizeInt8", "--quantize", "int8",
+                           "--calibration", calibration, "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["pass"]["changed_runs"] == 1 and data["pass"]["rewrites"]["QuantizeLinear"] >= 1
+    added = {e["op"] for e in data["added"]}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= added
+    rc, out, err = run_cli(capsys, "diff", path, "--pass", "ConvertPrecision", "--precision",
+                           "fp16", "--json")
+    assert rc == 0, err
+    assert "f16" in json.dumps(json.loads(out)["changed"])
+    # Pins reach the compile: the dumps of a model with a symbolic batch hold the pinned one.
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(model, os.fspath(path))
+    rc, out, err = run_cli(capsys, "diff", path, "--pass", "FuseConvBatchNorm", "--input-shape",
+                           "input:2,3,32,32")
+    assert rc == 0, err
+    assert "Conv(" in out and "<f32[2,16,32,32]>" in out and "batch" not in out
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["MISSING", "MODEL"], "MISSING: no such file"),
     (["DUMP.txt", "MODEL"], "printed-IR dump cannot be read back; dump with `--dump-format onnx`"),
@@ -258,6 +285,9 @@ def test_zoo_model_pass_mode_pairs_every_rebuilt_conv(tmp_path, capsys):
     (["MODEL", "MODEL", "MODEL"], "diff takes two models A and B, got 3"),
     (["MODEL", "MODEL", "--pass", "FuseGelu"], "--pass FuseGelu takes one model, got 2"),
     (["MODEL", "MODEL", "--all-runs", "-O", "3"], "--all-runs, -O apply only with --pass NAME"),
+    (["MODEL", "MODEL", "--precision", "fp16"],
+     "--precision/--quantize/--calibration applies only with --pass NAME"),
+    (["MODEL", "MODEL", "--input-shape", "x:1,3"], "--input-shape applies only with --pass NAME"),
 ])
 def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
     txt = tmp_path / "000_import.txt"

@@ -4,7 +4,7 @@ cosine where a lossy precision pass changed the graph and the user gave no rule.
 from __future__ import annotations
 
 from graphopt.option_names import COMPARE_FLAGS, option, usage
-from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL
+from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_arrays
 
 # The cosine an output must keep after a lossy precision pass when no rule is given: below what
 # README's Precision section measures (INT8 ResNet-50 0.99993 at worst and BERT 0.99963, fp16
@@ -83,3 +83,38 @@ def accuracy_rule(pass_log: list, rtol: float | None = None, atol: float | None 
             f"cosine >= {judge['min_cosine']:g} (the default after {loosest}) instead of "
             f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g}); {choose}")
     return judge, note
+
+
+def below_cosine(expected: dict, actual: dict, judge: dict) -> list[str]:
+    """The outputs compare's rows fail under a cosine rule (exact match for non-floats); a
+    sequence's or map's tensors one by one, as numerics.compare pairs them."""
+    from graphopt import numerics
+
+    problems = []
+    for name, value in expected.items():
+        if name not in actual:
+            problems.append(f"output '{name}': missing")
+            continue
+        for pair in numerics.paired(name, value, actual[name]):
+            if isinstance(pair, numerics.Mismatch):
+                problems.append(str(pair))
+                continue
+            label, reference, got = pair
+            row = compare_arrays(label, reference, got, **judge)
+            if not row.passed:
+                why = f"cosine {_below(row.cosine, judge['min_cosine'])} < " \
+                      f"{judge['min_cosine']:g}" \
+                    if row.cosine is not None and row.cosine < judge["min_cosine"] \
+                    else row.note or f"{row.mismatches} element(s) differ"
+                problems.append(f"output '{label}': {why}")
+    return problems
+
+
+def _below(cosine: float, threshold: float) -> str:
+    """`cosine` with 6 decimals, or as many more as it takes to read below `threshold`
+    (0.9999994 against 0.999999 is not "0.999999 < 0.999999")."""
+    for digits in range(6, 17):
+        text = f"{cosine:.{digits}f}"
+        if float(text) < threshold:
+            return text
+    return repr(cosine)

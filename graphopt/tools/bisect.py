@@ -25,7 +25,7 @@ from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input
                                    validate_input_shapes)
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
-from graphopt.option_names import BISECT_FLAGS, option, setting
+from graphopt.option_names import BISECT_FLAGS, option, setting, usage
 from graphopt.tools.bisect_compile import (
     Compiled,
     GateCall,
@@ -34,7 +34,9 @@ from graphopt.tools.bisect_compile import (
     check_same_calls,
     compile_prefix,
 )
+from graphopt.tools.accuracy_rule import accuracy_rule, below_cosine
 from graphopt.tools.bisect_diff import rewrite_lines
+from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL
 
 # Passes that cannot change outputs by design; a run of theirs after the culprit's needs no check.
 SAFE_PASSES = frozenset({"EliminateDeadNodes", "InferShapes"})
@@ -69,6 +71,8 @@ class BisectResult:
     after_lines: list[str] = field(default_factory=list)   # "+ " created, "  " context
     target: str | None = None    # the target compiled for (None: no target)
     inputs: str = ""             # what the outputs were compared on
+    judged_by: str = ""          # the rule: "allclose(rtol=…, atol=…)" or "cosine >= …"
+    rule_note: str = ""          # why the rule is cosine when none was given (a lossy compile)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -77,9 +81,10 @@ class BisectResult:
 class _Evaluator:
     """Runs compiled models against the original's outputs, counting and reporting each run."""
 
-    def __init__(self, reference: ModelProto, feeds: dict, rtol: float, atol: float,
-                 progress: Callable[[str], None], inputs: str = "seeded random inputs"):
-        self.feeds, self.rtol, self.atol, self.progress = feeds, rtol, atol, progress
+    def __init__(self, reference: ModelProto, feeds: dict, progress: Callable[[str], None],
+                 inputs: str = "seeded random inputs"):
+        self.feeds, self.progress = feeds, progress
+        self.judge = {"rtol": DEFAULT_RTOL, "atol": DEFAULT_ATOL, "min_cosine": None}
         self.count = 0
         try:
             self.expected = numerics.run(reference, feeds)
@@ -95,7 +100,10 @@ class _Evaluator:
         except Exception as e:  # noqa: BLE001 - a wrong rewrite may leave a model ORT refuses
             problem = f"the optimized model does not run: {numerics.ort_reason(e)}"
         else:
-            mismatches = numerics.compare(self.expected, actual, self.rtol, self.atol)
+            judge = self.judge
+            mismatches = (below_cosine(self.expected, actual, judge) if judge["min_cosine"]
+                          else numerics.compare(self.expected, actual, judge["rtol"],
+                                                judge["atol"]))
             problem = "; ".join(str(m) for m in mismatches[:3]) or None
         verdict = "ok" if problem is None else f"outputs differ: {problem}"
         self.progress(one_line(f"bisect: evaluation {self.count}: {what}: {verdict}"))
@@ -139,20 +147,37 @@ def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
         raise OptionError(f"bisect: {e} (give {option('feeds', BISECT_FLAGS)})") from None
 
 
+def _rule_text(judge: dict) -> str:
+    if judge["min_cosine"] is not None:
+        return f"cosine >= {judge['min_cosine']:g}"
+    return f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g})"
+
+
 def _prefix(k: int, calls: list[GateCall]) -> str:
     if k == 0:
         return f"no rewrite of {len(calls)} allowed"
     return f"first {k} of {len(calls)} rewrites (last: {calls[k - 1].describe()})"
 
 
-def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4,
-           atol: float = 1e-5, input_shapes=None, allow_custom_ops: bool = False,
+def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None = None,
+           atol: float | None = None, min_cosine: float | None = None, input_shapes=None,
+           allow_custom_ops: bool = False, precision: str = "keep", quantize: str = "none",
+           calibration: str | os.PathLike | None = None, pass_options: dict | None = None,
            progress: Callable[[str], None] | None = None) -> BisectResult:
     """Find what breaks `model`'s outputs (path, bytes or ModelProto) at -O`level`, against
     onnxruntime at ORT_DISABLE_ALL on `feeds` (a dict, an .npz path, or seeded random inputs
     shaped by `input_shapes`); `allow_custom_ops` keeps ops of unknown domains in the
-    compiles, as optimize's does. `progress` receives one line per evaluation."""
+    compiles, as optimize's does. `progress` receives one line per evaluation.
+
+    `precision`, `quantize`, `calibration` and `pass_options` compile as optimize's do. The
+    outputs break when they fail allclose(`rtol`, `atol`) (1e-4, 1e-5) or, given `min_cosine`,
+    a cosine below it; a compile a lossy precision pass changed is judged by cosine when no
+    rule is given, as `graphopt compare` judges it."""
     progress = progress or (lambda line: None)
+    if min_cosine is not None and (rtol is not None or atol is not None):
+        raise OptionError(f"{option('min_cosine', BISECT_FLAGS)} replaces the "
+                          f"{option('rtol', BISECT_FLAGS)}/{option('atol', BISECT_FLAGS)} rule; "
+                          "give one or the other")
     source, label = _load(model)
     if isinstance(target, (str, os.PathLike)):
         from graphopt.partition import load_target
@@ -160,17 +185,28 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float = 1e-4
         target = load_target(os.fspath(target))
     shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
               else validate_input_shapes(input_shapes or {}))
-    setup = Setup(source, label, level, target, shapes,
-                  pass_options={"allow_custom_ops": True} if allow_custom_ops else {})
+    options = {**(pass_options or {}), **({"allow_custom_ops": True} if allow_custom_ops
+                                          else {})}
+    for keyword, value, default in (("precision", precision, "keep"),
+                                    ("quantize", quantize, "none"),
+                                    ("calibration", calibration, None)):
+        if value not in (None, default):
+            options[keyword] = os.fspath(value) if keyword == "calibration" else value
+    setup = Setup(source, label, level, target, shapes, pass_options=options)
     inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
         else "the given inputs" if feeds is not None else "seeded random inputs"
-    evaluate = _Evaluator(source, _feeds(source, label, feeds, shapes), rtol, atol, progress,
-                          inputs)
+    evaluate = _Evaluator(source, _feeds(source, label, feeds, shapes), progress, inputs)
 
     full = compile_prefix(setup, None)
     calls = full.calls
+    choose = (f"{usage('min_cosine', 'C', BISECT_FLAGS)} or {option('rtol', BISECT_FLAGS)}/"
+              f"{option('atol', BISECT_FLAGS)} choose the rule")
+    evaluate.judge, rule_note = accuracy_rule(
+        [{"pass": run.name, "changed": run.changed} for run in full.runs], rtol, atol,
+        min_cosine, choose)
     result = BisectResult(label, full.pipeline, False, len(calls), len(full.runs),
-                          target=target.name if target is not None else None, inputs=inputs)
+                          target=target.name if target is not None else None, inputs=inputs,
+                          judged_by=_rule_text(evaluate.judge), rule_note=rule_note)
     problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass runs")
     if problem is None:
         result.evaluations = evaluate.count

@@ -45,17 +45,23 @@ class PassDiff:
 
 
 def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, target=None,
-              all_runs: bool = False, allow_custom_ops: bool = False) -> PassDiff:
+              all_runs: bool = False, allow_custom_ops: bool = False, input_shapes=None,
+              precision: str = "keep", quantize: str = "none",
+              calibration: str | os.PathLike | None = None,
+              pass_options: dict | None = None) -> PassDiff:
     """Diff the graph right before and right after the first run of `pass_name` that changed
     it (its first run if none did); `all_runs`: before its first run, after its last run.
-    `allow_custom_ops` keeps ops of unknown domains, as optimize's does."""
+    `allow_custom_ops`, `input_shapes`, `precision`, `quantize`, `calibration` and
+    `pass_options` compile as optimize's do."""
     from graphopt.compiler import optimize
 
     label = os.path.basename(os.fspath(model))
     with tempfile.TemporaryDirectory(prefix="graphopt-diff-") as directory:
         # The ONNX dumps are the snapshots: one per pass run, weights shared on disk.
         optimize(model, level=level, target=target, dump_dir=directory, dump_format="onnx",
-                 allow_custom_ops=allow_custom_ops)
+                 allow_custom_ops=allow_custom_ops, input_shapes=input_shapes,
+                 precision=precision, quantize=quantize, calibration=calibration,
+                 pass_options=pass_options)
         with open(os.path.join(directory, "passes.json"), encoding="utf-8") as f:
             log = json.load(f)
         records = log["passes"]

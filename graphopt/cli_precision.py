@@ -1,0 +1,122 @@
+"""The precision and quantization flags of the commands that compile (optimize, tune, bisect,
+diff --pass), and the compile options they set."""
+
+from __future__ import annotations
+
+import os
+
+from graphopt.errors import OptionError
+
+
+def _comma_list(values) -> set[str]:
+    return {item.strip() for value in values or () for item in value.split(",") if item.strip()}
+
+
+def add_precision_args(p, report: bool = True, scope: str = "") -> None:
+    """The precision flags; `report`: with --no-accuracy-report (commands that compile and
+    write a model print the report); `scope` heads the group's description (diff's
+    "with --pass: ")."""
+    from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
+
+    g = p.add_argument_group("precision and quantization",
+                             f"{scope}compile as `graphopt optimize` does with these flags"
+                             if scope else None)
+    g.add_argument("--precision", choices=MODES, default="keep",
+                   help="fp16/bf16: every float32 op the target runs in half; mixed-fp16/"
+                        "mixed-bf16: matrix work in half, sensitive ops (softmax, reductions, "
+                        "normalizations, exp/log/pow/sqrt/div) float32 (default keep)")
+    g.add_argument("--precision-allow", action="append", metavar="OPS",
+                   help="op types converted under a mixed mode; comma list, repeatable")
+    g.add_argument("--precision-deny", action="append", metavar="OPS",
+                   help="op types kept in their dtype; comma list, repeatable")
+    g.add_argument("--keep-dtype", action="append", metavar="NODES",
+                   help="node names kept in their dtype; comma list, repeatable")
+    g.add_argument("--quantize", choices=QUANTIZE, default="none",
+                   help="int8: static INT8 with calibration; int4: weight-only block-wise INT4 "
+                        "of MatMul/Gemm weights (com.microsoft::MatMulNBits)")
+    g.add_argument("--calibration", metavar="FILE.npz|DIR",
+                   help="representative inputs (int8 ranges; the accuracy report's first sample)")
+    g.add_argument("--calibration-method", choices=CALIBRATION_METHODS,
+                   help="int8 activation range method (default minmax)")
+    g.add_argument("--calibration-percentile", type=float, metavar="P",
+                   help="int8 percentile method: the clipping percentile (default 99.999)")
+    scales = g.add_mutually_exclusive_group()
+    scales.add_argument("--per-channel", dest="per_channel", action="store_true", default=None,
+                        help="int8: one weight scale per output channel (the default)")
+    scales.add_argument("--per-tensor", dest="per_channel", action="store_false",
+                        help="int8: one weight scale per tensor")
+    g.add_argument("--activation-symmetric", action="store_true",
+                   help="int8: symmetric int8 activations instead of asymmetric uint8")
+    g.add_argument("--quant-skip", action="append", metavar="NAMES_OR_OPS",
+                   help="node names or op types left float; comma list, repeatable")
+    g.add_argument("--quantize-ends", action="store_true",
+                   help="int8: quantize the end layers too (kept float by default: those that read "
+                        "a graph input or write a graph output, e.g. a classifier's stem and "
+                        "head, a language model's vocabulary head)")
+    g.add_argument("--int4-group-size", type=int, metavar="N",
+                   help="int4: weights per scale along K, a power of 2 ≥ 16 (default 32)")
+    g.add_argument("--int4-embeddings", action="store_true",
+                   help="int4: quantize embedding tables too (com.microsoft::"
+                        "GatherBlockQuantized); a tied output head shares its table's bytes")
+    g.add_argument("--int4-method", choices=INT4_METHODS,
+                   help="int4: rtn rounds each block to its fitted range (default); gptq also "
+                        "moves each weight's rounding error onto the weights not yet rounded, "
+                        "to keep the layer's outputs on the --calibration inputs (slower)")
+    g.add_argument("--int4-accuracy-level", type=int, metavar="L",
+                   help="int4: what MatMulNBits computes in: 0 float activations (default), "
+                        "4 activations quantized to int8 on the fly (faster token-by-token "
+                        "decoding on the CPU, slightly less accurate)")
+    if report:
+        g.add_argument("--no-accuracy-report", action="store_true",
+                       help="skip the accuracy report printed after a converted or quantized "
+                            "compile")
+
+
+def precision_options(args) -> dict:
+    """The Options fields the precision flags set ({} when none is used); flags that only one
+    scheme reads are refused with the others."""
+    int8_only = {"--calibration-method": args.calibration_method,
+                 "--calibration-percentile": args.calibration_percentile,
+                 "--per-channel/--per-tensor": args.per_channel,
+                 "--activation-symmetric": args.activation_symmetric or None,
+                 "--quantize-ends": args.quantize_ends or None}
+    for flag, value in int8_only.items():
+        if value is not None and args.quantize != "int8":
+            raise OptionError(f"{flag} applies to --quantize int8")
+    for flag, value in {"--int4-group-size": args.int4_group_size,
+                        "--int4-embeddings": args.int4_embeddings or None,
+                        "--int4-accuracy-level": args.int4_accuracy_level,
+                        "--int4-method": args.int4_method}.items():
+        if value is not None and args.quantize != "int4":
+            raise OptionError(f"{flag} applies to --quantize int4")
+    if args.quant_skip and args.quantize == "none":
+        raise OptionError("--quant-skip applies to --quantize int8|int4")
+    if args.calibration and not (os.path.isdir(args.calibration)
+                                 or (os.path.isfile(args.calibration)
+                                     and args.calibration.endswith(".npz"))):
+        raise OptionError(f"--calibration {args.calibration}: not an .npz file or a directory")
+    if args.calibration_percentile is not None and args.calibration_method != "percentile":
+        raise OptionError("--calibration-percentile applies to --calibration-method percentile "
+                          f"(the ranges here come from {args.calibration_method or 'minmax'})")
+    if args.calibration_percentile is not None and not 50 < args.calibration_percentile <= 100:
+        raise OptionError(f"--calibration-percentile {args.calibration_percentile}: must be in "
+                          "(50, 100] (99.999 clips the top 0.001% of each tensor)")
+    options = {"precision": args.precision, "quantize": args.quantize,
+               "precision_allow": _comma_list(args.precision_allow),
+               "precision_deny": _comma_list(args.precision_deny),
+               "keep_dtype": _comma_list(args.keep_dtype),
+               "quant_skip": _comma_list(args.quant_skip),
+               "calibration": args.calibration,
+               "calibration_method": args.calibration_method,
+               "calibration_percentile": args.calibration_percentile,
+               "per_channel": args.per_channel,
+               "activation_symmetric": args.activation_symmetric or None,
+               "quant_keep_ends": False if args.quantize_ends else None,
+               "int4_group_size": args.int4_group_size,
+               "int4_embeddings": args.int4_embeddings or None,
+               "int4_accuracy_level": args.int4_accuracy_level,
+               "int4_method": args.int4_method}
+    options = {k: v for k, v in options.items() if v not in (None, set())}
+    if options == {"precision": "keep", "quantize": "none"} and not args.calibration:
+        return {}
+    return options
