@@ -22,6 +22,7 @@ from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.errors import OptionError
 from graphopt.partition.target import load_target
 from graphopt.tuner import GemmShape, default_tiling, estimate, tiling_space
+from graphopt.tuner.tiling import feasible
 from graphopt.tuner.kb import best_tilings, export_kb, import_kb, list_kb, tuned_tilings
 from graphopt.tuner.records import kernel_records
 from graphopt.tuner.search import outside_space, trial_tiling, tune_kernel
@@ -162,8 +163,45 @@ def test_a_stored_tiling_this_cost_model_prices_slower_is_not_applied(a310, tmp_
     assert resumed.best[0] != slow and resumed.best[1] <= resumed.default[1]
     result = optimize(zoo.build("matmul256"), target="ascend310")
     no_gain: list[str] = []
-    assert tuned_tilings(url, result.model, result.partitioning, no_gain=no_gain) == {}
-    assert no_gain == ["/MatMul"]  # the node that keeps its default
+    applied = tuned_tilings(url, result.model, result.partitioning, no_gain=no_gain)
+    if resumed.best[0] == resumed.default[0]:
+        assert applied == {} and no_gain == ["/MatMul"]  # the node that keeps its default
+    else:  # the random trial beat the default: the compile applies what the table shows
+        assert applied == {"/MatMul": resumed.best[0]} and no_gain == []
+    # Only the stale tiling stored: the node keeps its default, and says so.
+    only_slow = f"sqlite:///{tmp_path / 'only_slow.db'}"
+    study = optuna.create_study(study_name=SIG, storage=only_slow)
+    study.add_trial(optuna.trial.create_trial(
+        params=step_params(slow, choices), distributions=step_distributions(choices),
+        value=1e-9, user_attrs={"tiling": tiling_params(slow)}))
+    no_gain = []
+    assert tuned_tilings(only_slow, result.model, result.partitioning, no_gain=no_gain) == {}
+    assert no_gain == ["/MatMul"]
+
+
+def test_a_compile_applies_the_stored_tiling_this_cost_model_prices_fastest(a310, tmp_path):
+    from graphopt import zoo
+    from graphopt.tuner.search import (search_choices, step_distributions, step_params,
+                                       tiling_params)
+
+    # Stored best first a stale one, then one this model prices below the default: the
+    # compile applies the second, the tiling tune's table shows as the study's best.
+    space = sorted(tiling_space(SHAPE, a310), key=lambda t: estimate(SHAPE, t, a310).seconds)
+    fast, slow = space[0], space[-1]
+    assert estimate(SHAPE, fast, a310).seconds < estimate(SHAPE, None, a310).seconds
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    choices = search_choices(SHAPE, a310)
+    study = optuna.create_study(study_name=SIG, storage=url)
+    for tiling, value in ((slow, 1e-9), (fast, 2e-9)):
+        study.add_trial(optuna.trial.create_trial(
+            params=step_params(tiling, choices), distributions=step_distributions(choices),
+            value=value, user_attrs={"tiling": tiling_params(tiling)}))
+    result = optimize(zoo.build("matmul256"), target="ascend310")
+    no_gain: list[str] = []
+    assert tuned_tilings(url, result.model, result.partitioning, no_gain=no_gain) == {
+        "/MatMul": fast}
+    assert no_gain == []
+    assert tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url).best[0] == fast
 
 
 def test_two_workers_share_one_sqlite_storage(tmp_path):
@@ -280,7 +318,17 @@ def test_a_stored_tiling_that_an_edited_profile_cannot_hold_is_not_applied(tmp_p
     edited = tmp_path / "ascend310_small_l0c.json"
     edited.write_text(json.dumps(profile))
     small = optimize(source, target=str(edited))
-    assert tuned_tilings(url, small.model, small.partitioning) == {}
+    (kernel,) = model_kernels(small.model, small.partitioning)
+    device = small.partitioning.target.device(kernel.device)
+    stored_best = best_tilings(url, "ascend310")[group.signature][0]
+    assert feasible(stored_best, kernel.shape, device) is not None  # L0C too small for it
+    applied = tuned_tilings(url, small.model, small.partitioning)
+    # What applies there, if anything, is another stored tiling that fits and beats the default.
+    assert stored_best not in applied.values()
+    for tiling in applied.values():
+        assert feasible(tiling, kernel.shape, device) is None
+        assert estimate(kernel.shape, tiling, device).seconds < \
+            estimate(kernel.shape, None, device).seconds
     assert tuned_tilings(url, tuned.model, tuned.partitioning)
 
 

@@ -253,9 +253,9 @@ def _shown_storage(storage) -> str:
 
 
 def _applied_studies(rows: list[dict]) -> dict[str, dict]:
-    """signature -> the knowledge-base row of the study whose best a compile applies: of
-    several studies of one kernel (`tune --study NAME` beside the default), the fastest, as
-    kb.best_tilings chooses."""
+    """signature -> the knowledge-base row shown for a kernel: of several studies of one
+    kernel (`tune --study NAME` beside the default), the one with the fastest stored best, as
+    kb.best_tilings chooses (a compile re-prices every stored tiling: kb.tuned_tilings)."""
     def best(row: dict) -> float:
         return math.inf if row["best_seconds"] is None else row["best_seconds"]
 

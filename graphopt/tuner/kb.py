@@ -26,6 +26,7 @@ from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import (
     PARAMS,
+    best_priced,
     open_study,
     outside_space,
     search_choices,
@@ -37,7 +38,7 @@ from graphopt.tuner.search import (
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
 from graphopt.tuner.storage import opened
-from graphopt.tuner.tiling import Tiling, cube_dtype
+from graphopt.tuner.tiling import Tiling, cube_dtype, default_tiling
 
 if TYPE_CHECKING:
     from graphopt.ir import Model
@@ -102,37 +103,42 @@ def best_tilings(storage: Any, target: str, *,
     return out
 
 
+def stored_tilings(storage: Any, target: str, *,
+                   skipped: list[str] | None = None) -> dict[str, list[Tiling]]:
+    """signature -> every tiling the completed trials of `target`'s studies of that kernel
+    hold, stored best first. `skipped` as for best_tilings."""
+    out: dict[str, list[Tiling]] = {}
+    with opened(storage, read_only=True) as store:
+        for name, sig in _kernel_studies(store, target):
+            study = optuna.load_study(study_name=name, storage=store)
+            written = written_trials(_completed(study), name, skipped)
+            out.setdefault(sig, []).extend(tiling for _, tiling in written)
+    return {sig: tilings for sig, tilings in out.items() if tilings}
+
+
 def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
                   skipped: list[str] | None = None,
                   no_gain: list[str] | None = None) -> dict[str, Tiling]:
     """node name -> tuned tiling for the NPU cube nodes of a compiled model whose signature
-    the knowledge base holds; nodes it has not seen keep the default (absent here), and so do
-    nodes whose stored tiling does not fit this profile's buffers (studies are keyed by the
-    target's name, which an edited copy of a profile keeps) or that this cost model does not
-    price below the default; those nodes go into `no_gain`. `skipped` as for best_tilings."""
+    the knowledge base holds: of its stored tilings, the one this cost model prices lowest
+    (search.best_priced, as tune's table). Nodes it has not seen keep the default (absent
+    here), and so do nodes none of whose stored tilings fits this profile's buffers (studies
+    are keyed by the target's name, which an edited copy of a profile keeps) and beats the
+    default under this cost model; those nodes go into `no_gain`. `skipped` as for
+    best_tilings."""
     target = partitioning.target
-    best = best_tilings(storage, target.name, skipped=skipped)
+    stored = stored_tilings(storage, target.name, skipped=skipped)
     tilings = {}
     for group in model_kernels(model, partitioning):
-        if group.signature not in best:
+        if group.signature not in stored:
             continue
-        tiling = best[group.signature][0]
-        if _beats_default(tiling, group.shape, target.device(group.device)):
+        device = target.device(group.device)
+        tiling, _ = best_priced(stored[group.signature], group.shape, device)
+        if tiling != default_tiling(group.shape, device):
             tilings.update({node: tiling for node in group.nodes})
         elif no_gain is not None:
             no_gain.extend(group.nodes)
     return tilings
-
-
-def _beats_default(tiling: Tiling, shape, device) -> bool:
-    """Whether a stored tiling fits `device` and this cost model prices it below the default:
-    a knowledge base another graphopt's model filled, or one tuned on an edited profile of the
-    same name, must not ship a tiling slower than the one it replaces."""
-    from graphopt.tuner.tiling import feasible
-
-    if feasible(tiling, shape, device) is not None:
-        return False
-    return estimate(shape, tiling, device).seconds < estimate(shape, None, device).seconds
 
 
 def _evaluated(study) -> int:

@@ -428,21 +428,30 @@ def history(study: optuna.Study) -> list[float]:
     return out
 
 
+def best_priced(tilings, shape: GemmShape, device: Device) -> tuple[Tiling, float]:
+    """(tiling, seconds) that this cost model prices lowest among the default and the stored
+    `tilings` that fit `device`: what a compile applies and what tune's table shows. The
+    figures stored with the tilings are not used: a study another graphopt's cost model
+    filled, or one tuned on an edited profile of the same name, may hold stale ones."""
+    default = default_tiling(shape, device)
+    best = (default, estimate(shape, default, device).seconds)
+    for tiling in dict.fromkeys(tilings):
+        if feasible(tiling, shape, device) is None:
+            seconds = estimate(shape, tiling, device).seconds
+            if seconds < best[1]:
+                best = (tiling, seconds)
+    return best
+
+
 def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneResult:
     default = default_tiling(shape, device)
     completed = [t for t in study.get_trials(deepcopy=False,
                                              states=(optuna.trial.TrialState.COMPLETE,))
                  if t.value is not None]
-    # Another client's trial cannot be the best tiling, and the best is priced by this cost
-    # model: a study another graphopt filled may hold a stale figure no trial can now beat.
+    # Another client's trial cannot be the best tiling.
     written = written_trials(completed, study.study_name, skipped=[])
     default_seconds = estimate(shape, default, device).seconds
-    best = (default, default_seconds)
-    for tiling in dict.fromkeys(tiling for _, tiling in written):
-        if feasible(tiling, shape, device) is None:
-            seconds = estimate(shape, tiling, device).seconds
-            if seconds < best[1]:
-                best = (tiling, seconds)
+    best = best_priced((tiling for _, tiling in written), shape, device)
     # Trials evaluated, as `kb list` counts them: not one a Ctrl-C or a kill stopped.
     evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                          optuna.trial.TrialState.PRUNED))
