@@ -96,7 +96,9 @@ def format_result(result) -> str:
         return "\n".join(
             [f"{head}: the full compile is within {result.judged_by}, nothing to bisect",
              f"1 evaluation: the full compile ({n} rewrite(s) in {result.pass_runs} pass runs)"]
-            + ([f"note: {result.rule_note}"] if result.rule_note else []))
+            + ([f"note: {result.rule_note}"] if result.rule_note else [])
+            + ([f"note: output(s) {', '.join(result.empty_outputs)} hold no element at these "
+                "input shapes: nothing of them was compared"] if result.empty_outputs else []))
     # The search tells n + 1 answers apart: the import itself, or one of the n rewrites.
     bound = math.ceil(math.log2(n + 1))
     counts = (f"{result.evaluations} evaluations: the full compile, then a binary search over "

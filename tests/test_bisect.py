@@ -183,6 +183,23 @@ def test_clean_model_has_no_culprit(tmp_path, capsys):
     assert "tiny.onnx at O2 for target ascend310, on seeded random inputs: " in out
 
 
+def test_outputs_with_no_element_are_said_to_be_uncompared(tmp_path, capsys):
+    path = tmp_path / "relu.onnx"
+    onnx.save(parse_model("""
+agraph (float[N,4] x) => (float[N,4] y) {
+    h = Relu (x)
+    y = Relu (h)
+}
+"""), path)
+    result = bisect(path, input_shapes={"x": [0, 4]})
+    assert not result.found and result.empty_outputs == ["y"]
+    rc, out, err = run_cli(capsys, "bisect", path, "--input-shape", "x:0,4")
+    assert rc == 0, err
+    assert "note: output(s) y hold no element at these input shapes: nothing of them was " \
+           "compared" in out
+    assert bisect(path, input_shapes={"x": [2, 4]}).empty_outputs == []
+
+
 def test_errors_name_the_option(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "bisect", tmp_path / "missing.onnx")
     assert rc == 1 and "missing.onnx" in err and not out

@@ -92,6 +92,29 @@ def test_om_candidate_per_tensor(files, capsys):
     assert rc == 0 and "intermediates (the candidate's graph order)" in out
 
 
+def test_intermediates_without_a_counterpart_are_counted(tmp_path):
+    # The candidate computes `scaled` under another name: it and what follows it from there
+    # cannot be paired, and the note says how many the reference had that were not compared.
+    cand = parse_model("""
+agraph (float[2,8] x) => (float[2,8] probs) {
+  [relu] act = Relu(x)
+  [scale] renamed = Mul(act, w)
+  [shift] shifted = Add(renamed, bias)
+  [softmax] probs = Softmax <axis = -1> (shifted)
+}
+""", w=W + 0.05, bias=BIAS)
+    onnx.save(_model(), tmp_path / "ref.onnx")
+    onnx.save(cand, tmp_path / "cand.onnx")
+    report = compare_models(tmp_path / "ref.onnx", tmp_path / "cand.onnx", per_tensor=True)
+    assert [r.name for r in report.intermediates] == ["act", "shifted"]
+    assert report.first_failing_intermediate.name == "shifted"  # downstream of the real one
+    (note,) = [n for n in report.notes if "intermediates of" in n]
+    assert note.startswith("1 of the 3 intermediates of ") and "not compared; the first " \
+        "failing one compared may lie downstream" in note
+    same = compare_models(tmp_path / "ref.onnx", tmp_path / "ref.onnx", per_tensor=True)
+    assert not [n for n in same.notes if "intermediates of" in n]
+
+
 def test_om_candidate_intermediates_fail_where_the_weights_changed(files, tmp_path):
     save(optimize(str(files["bad.onnx"]), level=0, target="cpu"), str(tmp_path / "bad.om"))
     report = compare_models(files["ref.onnx"], tmp_path / "bad.om", per_tensor=True)

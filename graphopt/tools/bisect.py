@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
@@ -73,6 +74,8 @@ class BisectResult:
     inputs: str = ""             # what the outputs were compared on
     judged_by: str = ""          # the rule: "allclose(rtol=…, atol=…)" or "cosine >= …"
     rule_note: str = ""          # why the rule is cosine when none was given (a lossy compile)
+    empty_outputs: list[str] = field(default_factory=list)  # outputs holding no element, which
+                                                            # no rule can fail
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -210,6 +213,10 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
     problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass runs")
     if problem is None:
         result.evaluations = evaluate.count
+        empty = [name for name, value in evaluate.expected.items()
+                 if isinstance(value, np.ndarray) and value.size == 0]
+        if empty:  # "within tolerance" over no element says nothing: say so
+            result.empty_outputs = empty
         return result
     result.found = True
     lo, hi, at_hi = 0, len(calls), full  # invariant: prefix hi breaks, prefix lo-1 does not

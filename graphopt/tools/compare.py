@@ -303,6 +303,7 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     ran = cand_side.profile_note(arrays)
     if ran:
         report.notes.append(ran)
+    computed: set[str] = set()
     if per_tensor:
         computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
         shared = [t for t in cand_tensors if t.name in computed]
@@ -367,6 +368,13 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     if skipped:
         shown = ", ".join(skipped[:3]) + (", …" if len(skipped) > 3 else "")
         report.notes.append(f"{len(skipped)} shared name(s) skipped, the shapes differ: {shown}")
+    unmatched = len(computed) - len(shared)
+    if unmatched:  # a failure among them shows first downstream, at a value both compute
+        where = ("; the first failing one compared may lie downstream of where the values "
+                 "start to drift" if report.first_failing_intermediate else "")
+        report.notes.append(f"{unmatched} of the {len(computed)} intermediates of "
+                            f"{ref_side.label} have no value of their name in "
+                            f"{cand_side.label} (fused, folded or renamed): not compared{where}")
     return report
 
 
