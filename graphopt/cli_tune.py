@@ -286,6 +286,12 @@ def _cmd_kb_list(args) -> int:
             for r in kernels]
     print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",
                         "best tiling"], rows))
+    stale = sum(bool(r.get("stale")) for r in kernels)
+    if stale:
+        print(f"note: {stale} kernel(s) hold figures another cost model priced (a knowledge "
+              "base another graphopt version filled, or one tuned on an edited profile of "
+              "the same name); the table shows this graphopt's prices of the default and of "
+              "the stored tiling a compile applies (--json has the stored figures too)")
     if studies:  # the fusion decisions `tune --job subgraph` chose, one study per model
         print()
         print(format_table(["subgraph study", "trials", "default µs", "best µs"],

@@ -140,9 +140,11 @@ def test_a_default_trial_stopped_midway_is_evaluated_again(a310, tmp_path):
     assert defaults == ["FAIL", "COMPLETE"]
     (row,) = list_kb(url)
     assert row["default_seconds"] == pytest.approx(default_seconds)
+    assert row["repriced"] and not row["stale"]  # tuned by this cost model
 
 
-def test_a_stored_tiling_this_cost_model_prices_slower_is_not_applied(a310, tmp_path):
+def test_a_stored_tiling_this_cost_model_prices_slower_is_not_applied(a310, tmp_path,
+                                                                         capsys):
     from graphopt import zoo
     from graphopt.tuner.search import (search_choices, step_distributions, step_params,
                                        tiling_params)
@@ -161,6 +163,16 @@ def test_a_stored_tiling_this_cost_model_prices_slower_is_not_applied(a310, tmp_
     # Resumed, the study's result is priced by this cost model: the stale figure is not it.
     resumed = tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url)
     assert resumed.best[0] != slow and resumed.best[1] <= resumed.default[1]
+    # kb list shows the same prices, and keeps the stored ones beside them.
+    (row,) = list_kb(url)
+    assert row["stale"] and row["stored"]["best_seconds"] == 1e-9
+    assert row["best_seconds"] == pytest.approx(resumed.best[1])
+    assert row["tiling"] == str(resumed.best[0])
+    assert row["default_seconds"] == pytest.approx(resumed.default[1])
+    assert _cli(["kb", "list", "--tuning-db", url]) == 0
+    out = capsys.readouterr().out
+    assert f"{resumed.best[1] * 1e6:.2f}" in out and "note: 1 kernel(s) hold figures another " \
+        "cost model priced" in out
     result = optimize(zoo.build("matmul256"), target="ascend310")
     no_gain: list[str] = []
     applied = tuned_tilings(url, result.model, result.partitioning, no_gain=no_gain)

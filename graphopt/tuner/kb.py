@@ -147,20 +147,60 @@ def _evaluated(study) -> int:
 
 def list_kb(storage: Any) -> list[dict]:
     """One row per operator-tuning study: signature, study (its name, which is the signature
-    unless `tune --study` named it), trials, default_seconds (None when the default was never
-    evaluated there), best_seconds, speedup (default / best, None without a default)."""
+    unless `tune --study` named it), trials, default_seconds, best_seconds, tiling and speedup
+    (default / best). For a built-in target's kernel these are this cost model's prices of the
+    default and of the stored tiling a compile applies (search.best_priced), "repriced" True,
+    "stored" the figures the study holds and "stale" whether they differ (another graphopt's
+    cost model filled it). For another target's, the stored figures: default_seconds None
+    when the default was never evaluated there, speedup None without a default."""
     rows = []
+    devices: dict[str, Any] = {}
     with opened(storage, read_only=True) as store:
         for name, sig in _kernel_studies(store):
             study = optuna.load_study(study_name=name, storage=store)
             best, default = _best(study), _default(study)
-            rows.append({
+            row = {
                 "signature": sig, "study": name, "trials": _evaluated(study),
                 "default_seconds": default.value if default else None,
                 "best_seconds": best.value if best else None,
                 "tiling": str(trial_tiling(best, name)) if best else None,
-                "speedup": default.value / best.value if best and default else None})
+                "speedup": default.value / best.value if best and default else None,
+                "repriced": False}
+            device = _builtin_device(sig, devices)
+            if device is not None and best is not None:
+                _reprice(row, study, device)
+            rows.append(row)
     return rows
+
+
+def _builtin_device(sig: str, cache: dict) -> Any:
+    """The cube device of a built-in target's kernel signature, None for another target's."""
+    from graphopt.partition.target import builtin_targets, load_target
+
+    target_name = parse_signature(sig)[0]
+    if target_name not in cache:
+        target = load_target(target_name) if target_name in builtin_targets() else None
+        cache[target_name] = target.device(target.primary) if target else None
+    return cache[target_name]
+
+
+def _reprice(row: dict, study: optuna.Study, device) -> None:
+    """Row figures priced by this cost model, as a compile applies them."""
+    shape = parse_signature(row["signature"])[2]
+    written = written_trials(_completed(study), row["study"], skipped=[])
+    tiling, seconds = best_priced((t for _, t in written), shape, device)
+    default_seconds = estimate(shape, None, device).seconds
+    stored = {key: row[key] for key in ("default_seconds", "best_seconds", "tiling")}
+    row.update(default_seconds=default_seconds, best_seconds=seconds, tiling=str(tiling),
+               speedup=default_seconds / seconds, repriced=True, stored=stored)
+    row["stale"] = stored["tiling"] != row["tiling"] or not _close(stored["best_seconds"],
+                                                                   seconds) \
+        or (stored["default_seconds"] is not None
+            and not _close(stored["default_seconds"], default_seconds))
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
 
 
 def list_subgraph_studies(storage: Any) -> list[dict]:
