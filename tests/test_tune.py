@@ -173,6 +173,11 @@ def test_a_stored_tiling_this_cost_model_prices_slower_is_not_applied(a310, tmp_
     out = capsys.readouterr().out
     assert f"{resumed.best[1] * 1e6:.2f}" in out and "note: 1 kernel(s) hold figures another " \
         "cost model priced" in out
+    # An export carries that tiling too, not the stale one.
+    export_kb(url, tmp_path / "kb.json")
+    exported = json.loads((tmp_path / "kb.json").read_text())["kernels"][SIG]
+    assert exported["tiling"] == tiling_params(resumed.best[0])
+    assert exported["seconds"] == pytest.approx(resumed.best[1])
     result = optimize(zoo.build("matmul256"), target="ascend310")
     no_gain: list[str] = []
     applied = tuned_tilings(url, result.model, result.partitioning, no_gain=no_gain)

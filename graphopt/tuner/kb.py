@@ -243,18 +243,32 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
 
 
 def export_text(storage: Any) -> tuple[str, int]:
-    """The JSON export of every signature's best trial, and how many kernels it holds."""
+    """The JSON export of every signature's best trial, and how many kernels it holds; a
+    built-in target's kernel exports the tiling a compile applies (list_kb's prices)."""
     kernels = {}
+    devices: dict[str, Any] = {}
     with opened(storage, read_only=True) as store:
         for name, sig in _kernel_studies(store):
             study = optuna.load_study(study_name=name, storage=store)
             best, default = _best(study), _default(study)
-            if best is None or (sig in kernels and kernels[sig]["seconds"] <= best.value):
+            if best is None:
+                continue
+            entry = {"tiling": tiling_params(trial_tiling(best, name)), "seconds": best.value,
+                     "cycles": best.user_attrs.get("cycles"),
+                     "default_seconds": default.value if default else None,
+                     "trials": _evaluated(study)}
+            device = _builtin_device(sig, devices)
+            if device is not None:  # what a compile here applies, at this cost model's prices
+                shape = parse_signature(sig)[2]
+                written = written_trials(_completed(study), name, skipped=[])
+                tiling, _ = best_priced((t for _, t in written), shape, device)
+                priced = estimate(shape, tiling, device)
+                entry.update(tiling=tiling_params(tiling), seconds=priced.seconds,
+                             cycles=priced.cycles,
+                             default_seconds=estimate(shape, None, device).seconds)
+            if sig in kernels and kernels[sig]["seconds"] <= entry["seconds"]:
                 continue  # a kernel tuned in two studies exports the better one
-            kernels[sig] = {"tiling": tiling_params(trial_tiling(best, name)),
-                            "seconds": best.value, "cycles": best.user_attrs.get("cycles"),
-                            "default_seconds": default.value if default else None,
-                            "trials": _evaluated(study)}
+            kernels[sig] = entry
     text = json.dumps({"format": FORMAT, "kernels": kernels}, indent=1, sort_keys=True) + "\n"
     return text, len(kernels)
 
