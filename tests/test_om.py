@@ -16,8 +16,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from helpers import IR_VERSION
 
+import graphopt
 from graphopt.atomic import atomic_write, atomic_write_bytes
-from graphopt.codegen import OmPartition, OmSession, load_om, write_om
+from graphopt.codegen import OmPartition, OmSession, load_om, om_read, write_om
 from graphopt.codegen.om import DETAILS_SCHEMA, MANIFEST_SCHEMA, is_om
 from graphopt.errors import ArtifactError, GraphoptError, OptionError
 
@@ -266,7 +267,7 @@ def test_runtime_without_the_folder_setting_copies_the_weights_in(tmp_path, monk
     assert copied == ["p0"]
 
 
-def test_large_blobs_are_checked_chunk_by_chunk(tmp_path):
+def test_large_blobs_are_checked_chunk_by_chunk(tmp_path, monkeypatch):
     w = np.random.default_rng(0).standard_normal((1536, 1536)).astype(np.float32)  # 9 MiB
     model = _model([helper.make_node("MatMul", ["X", "W"], ["Y"])], [_tensor("X", ["N", 1536])],
                    [_tensor("Y", ["N", 1536])], [numpy_helper.from_array(w, "W")])
@@ -285,6 +286,16 @@ def test_large_blobs_are_checked_chunk_by_chunk(tmp_path):
 
     with pytest.raises(ArtifactError, match="malformed chunk checksums"):
         load_om(rewrite(path, tmp_path / "short.om", shorten))
+
+    def wrong_whole_sum(manifest, members):  # the chunks' sums right, the blob's not
+        manifest["members"]["weights/p0.bin"]["sha256"] = "0" * 64
+
+    # A full check (inspect, the tools) refuses it on any number of cores.
+    edited = rewrite(path, tmp_path / "whole.om", wrong_whole_sum)
+    for cores in (1, 2, 8):
+        monkeypatch.setattr(om_read, "cpu_count", lambda cores=cores: cores)
+        with pytest.raises(ArtifactError, match="weights/p0.bin' fails its sha256 check"):
+            load_om(edited)
 
 
 def test_tampered_weights_blob_fails_the_first_run(tmp_path, reference_reader):
@@ -579,6 +590,42 @@ def test_partition_model_that_does_not_match_the_manifest_is_refused(om_path, tm
     bad = rewrite(om_path, tmp_path / "bad.om", swap_partition(renamed(matmul_relu(), old, new)))
     with pytest.raises(ArtifactError, match=message):
         OmSession(bad)
+
+
+def _declare(key, **entry):
+    def mutate(manifest, members):
+        manifest[key][0].update(entry)
+    return mutate
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (_declare("outputs", dtype="int64"), r"declares output 'Y' as int64\['N', 3\], but "
+                                         r"partition 'p0' returns float32\[N,3\]"),
+    (_declare("outputs", shape=["N", 3, 3]), r"declares output 'Y' as float32\['N', 3, 3\]"),
+    (_declare("outputs", shape=["N", 5]), r"declares output 'Y' as float32\['N', 5\]"),
+    (_declare("inputs", dtype="float16"), r"declares input 'X' as float16\['N', 4\], but "
+                                          r"partition 'p0' takes float32\[N,4\]"),
+])
+def test_a_signature_the_partition_models_do_not_have_is_refused(om_path, tmp_path, mutate,
+                                                                  message):
+    # The manifest holds no checksum of its own: what it declares is checked against what
+    # onnxruntime loads, so inputs and outputs never say other than what run returns.
+    bad = rewrite(om_path, tmp_path / "bad.om", mutate)
+    with pytest.raises(ArtifactError, match=message):
+        OmSession(bad)
+    OmSession(rewrite(om_path, tmp_path / "named.om", _declare("outputs", shape=["M", 3])))
+
+
+def test_a_profile_signature_the_artifact_does_not_admit_is_refused(tmp_path):
+    path = tmp_path / "profiles.om"
+    graphopt.save(graphopt.optimize(matmul_relu(), dynamic_dims="N:1,4"), path)
+
+    def retyped(manifest, members):
+        manifest["profiles"][1]["outputs"][0]["dtype"] = "int64"
+
+    with pytest.raises(ArtifactError, match=r"profile 'profile1' output 'Y' is int64\[4, 3\], "
+                                            r"which the artifact's float32\['N', 3\] does not"):
+        load_om(rewrite(path, tmp_path / "bad.om", retyped))
 
 
 def test_partition_input_nothing_routes_to_is_refused(om_path, tmp_path):

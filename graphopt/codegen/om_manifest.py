@@ -494,6 +494,17 @@ def _check_edges(routing: list, where: str) -> None:
         _field(edge, "to", (str, type(None)), where)
 
 
+def _fits(own: dict, whole: dict) -> bool:
+    """Whether a profile's signature entry is one the artifact's admits: the same dtype, and
+    the same rank and numbers where the artifact's dims are numbers."""
+    if own["dtype"] != whole["dtype"]:
+        return False
+    if own["shape"] is None or whole["shape"] is None:
+        return True
+    return len(own["shape"]) == len(whole["shape"]) and all(
+        not isinstance(b, int) or a == b for a, b in zip(own["shape"], whole["shape"]))
+
+
 def _check_profiles(manifest: dict) -> list[list[str]]:
     """The profiles' structure; returns each one's execution order."""
     profiles = _field(manifest, "profiles", list)
@@ -515,6 +526,11 @@ def _check_profiles(manifest: dict) -> list[list[str]]:
             _check_signature(_field(profile, key, list, where), f"profile {name!r} {key}")
             if [e["name"] for e in profile[key]] != [e["name"] for e in manifest[key]]:
                 raise Malformed(f"{where} {key} are not the artifact's")
+            for own, whole in zip(profile[key], manifest[key]):
+                if not _fits(own, whole):
+                    raise Malformed(f"{where} {key[:-1]} {own['name']!r} is "
+                                    f"{own['dtype']}{own['shape']}, which the artifact's "
+                                    f"{whole['dtype']}{whole['shape']} does not admit")
         _check_edges(_field(profile, "routing", list, where), f"{where} routing")
         orders.append(_str_list(profile, "execution_order", where))
     return orders

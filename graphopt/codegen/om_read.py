@@ -174,7 +174,7 @@ def _check_sha256(name: str, data, expected: dict) -> None:
 
 
 def _check_file_range(file: OpenedFile, name: str, span: tuple[int, int], expected: dict,
-                      workers: int) -> None:
+                      workers: int, every_sum: bool = False) -> None:
     offset, size = span
     if size == 0:
         _check_sha256(name, b"", expected)
@@ -184,21 +184,28 @@ def _check_file_range(file: OpenedFile, name: str, span: tuple[int, int], expect
             if offset + size > len(mapped):
                 raise Malformed(f"member {name!r} ends past the end of the file (truncated?)")
             with memoryview(mapped) as view:
-                good = _sums_match(view[offset:offset + size], expected, workers)
+                good = _sums_match(view[offset:offset + size], expected, workers, every_sum)
     except (OSError, ValueError) as exc:  # ValueError: mmap of a file emptied since
         raise Malformed(f"cannot read member {name!r} ({getattr(exc, 'strerror', None) or exc})") from None
     if not good:
         raise Malformed(f"member {name!r} fails its sha256 check (tampered or corrupt)")
 
 
-def _sums_match(data: memoryview, expected: dict, workers: int) -> bool:
+def _sums_match(data: memoryview, expected: dict, workers: int, every_sum: bool = False
+                ) -> bool:
     """Whether `data` has the member's checksums: per chunk on `workers` threads when the
-    manifest has chunk sums, else the whole sha256 in one call. Releases `data`.
+    manifest has chunk sums, else the whole sha256 in one call; `every_sum`: both, so that a
+    manifest whose two disagree (written by hand) is refused whatever the core count. Releases
+    `data`.
 
     One call hashes without the GIL from start to end; a thread hashing chunk after chunk
     needs the GIL between them, and onnxruntime keeps it while it builds a session."""
     with data:
         chunks = expected.get("chunk_sha256")
+        if every_sum and chunks and len(chunks) > 1:
+            if sha256(data) != expected["sha256"]:
+                return False
+            workers = max(workers, 2)  # the chunks too, even on one core
         if not chunks or workers <= 1 or len(chunks) == 1:
             return sha256(data) == expected["sha256"]
         import concurrent.futures  # with logging, ~6 ms a process; only large blobs need it
@@ -405,11 +412,15 @@ class OmArtifact:
 
     def verify_weights(self, workers: int | None = None) -> None:
         """Check the weights blobs, read from the file, against the manifest's sha256, on
-        `workers` threads (default: one per core)."""
+        `workers` threads. By default on one per core and against every sum the manifest
+        gives (the whole blob's and its chunks'): a full check, for inspect and the tools,
+        where the runtime's check on the side of session creation verifies one of them."""
+        every_sum = workers is None
         workers = workers or cpu_count()
         try:
             for name, span in sorted(self.spans.items()):
-                _check_file_range(self.file, name, span, self.manifest["members"][name], workers)
+                _check_file_range(self.file, name, span, self.manifest["members"][name], workers,
+                                  every_sum)
         except Malformed as exc:
             raise ArtifactError(f"{self.path}: {exc}") from None
 

@@ -298,7 +298,8 @@ def _load_failure(exc: Exception) -> str:
 
 def _check_signature(artifact: OmArtifact, part: dict, session: ort.InferenceSession) -> None:
     """The partition's model, as onnxruntime loaded it, takes and returns what the manifest
-    routes, and every input it takes is routed to it."""
+    routes, every input it takes is routed to it, and the model's inputs and outputs that are
+    the artifact's have the element type and static dims the manifest declares for them."""
     inputs = [i.name for i in session.get_inputs()]
     problem = routing_mismatch(part, inputs, {o.name for o in session.get_outputs()})
     if problem:
@@ -307,6 +308,48 @@ def _check_signature(artifact: OmArtifact, part: dict, session: ort.InferenceSes
     if unfed:
         raise ArtifactError(f"{artifact.path}: partition {part['name']!r} needs input "
                             f"{unfed[0]!r}, which nothing routes to it")
+    for kind, declared, args in (("input", artifact.inputs, session.get_inputs()),
+                                 ("output", artifact.outputs, session.get_outputs())):
+        entries = {e["name"]: e for e in declared}
+        for arg in args:
+            entry = entries.get(arg.name)
+            problem = entry and _declared_otherwise(entry, arg)
+            if problem:
+                raise ArtifactError(f"{artifact.path}: the manifest declares {kind} "
+                                    f"{arg.name!r} {problem}, but partition {part['name']!r} "
+                                    f"{'takes' if kind == 'input' else 'returns'} "
+                                    f"{_arg_label(arg)}")
+
+
+# onnxruntime's names of element types whose manifest name differs (the rest are the same).
+_ORT_DTYPE_NAMES = {"float": "float32", "double": "float64"}
+
+
+def _declared_otherwise(entry: dict, arg) -> str:
+    """How the manifest's signature `entry` disagrees with onnxruntime's `arg` (its dtype, its
+    rank, a dim both give as a number), or "" when it does not."""
+    element = _ELEMENT.fullmatch(arg.type)
+    shape = entry.get("shape")
+    label = f"{entry.get('dtype')}{list(shape) if shape is not None else ''}"
+    if entry.get("dtype") is None or element is None:  # a sequence, map or optional
+        return ""
+    if _ORT_DTYPE_NAMES.get(element[1], element[1]) != entry["dtype"]:
+        return f"as {label}"
+    dims = arg.shape
+    if shape is None or dims is None:
+        return ""
+    if len(dims) != len(shape) or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                      for a, b in zip(dims, shape)):
+        return f"as {label}"
+    return ""
+
+
+def _arg_label(arg) -> str:
+    element = _ELEMENT.fullmatch(arg.type)
+    dtype = _ORT_DTYPE_NAMES.get(element[1], element[1]) if element else arg.type
+    dims = "" if arg.shape is None else \
+        "[" + ",".join("?" if d is None else str(d) for d in arg.shape) + "]"
+    return f"{dtype}{dims}"
 
 
 # Below this many bytes the deferred checksums are computed at once (~0.6 ms at most). A thread
