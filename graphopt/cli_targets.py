@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from graphopt.errors import OptionError, one_line
 from graphopt.help_format import HelpFormatter
-from graphopt.table import format_table
+from graphopt.table import format_table, wrap_to_terminal
 
 if TYPE_CHECKING:  # imported where used: `graphopt --help` builds this parser without them
     from graphopt.partition.target import Device, OpSupport, Target
@@ -47,7 +47,10 @@ def _cmd_targets(args) -> int:
             target = load_target(args.target)
     except OptionError as e:  # the loader speaks of --target; here the name is an argument
         raise OptionError(str(e).removeprefix("--target ")) from None
-    print(json.dumps(target_json(target), indent=2) if args.json else describe_target(target))
+    if args.json:
+        print(json.dumps(target_json(target), indent=2))
+    else:
+        print(describe_target(target))
     return 0
 
 
@@ -66,6 +69,7 @@ def format_targets(targets: list[Target]) -> str:
 
 
 def describe_target(t: Target) -> str:
+    """The profile in full; its prose lines wrap on a terminal, as its tables do."""
     lines = [one_line(f"{t.name}: {t.description}"), one_line(f"file: {t.path}")]
     if t.primary == t.host:
         lines.append(f"runs everything on {t.primary}")
@@ -90,7 +94,8 @@ def describe_target(t: Target) -> str:
     lines += ["", format_table(["ref", "source"], [[f"[{n}]", source]
                                                    for source, n in cited.items()],
                                title="sources")]
-    return "\n".join(lines)
+    # Tables fit themselves; a line of prose (one that holds no line break) wraps here.
+    return "\n".join(line if "\n" in line else wrap_to_terminal(line, "  ") for line in lines)
 
 
 def _describe_device(d: Device) -> list[str]:

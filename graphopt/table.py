@@ -72,6 +72,19 @@ def terminal_width() -> int | None:
     return shutil.get_terminal_size().columns
 
 
+def wrap_to_terminal(line: str, hang: str = "") -> str:
+    """A line of prose broken at spaces to the terminal's width, its continuation lines
+    indented as its own first line is plus `hang`; as it is when standard output is not a
+    terminal (a pipe or a file keeps one line per entry, for grep)."""
+    width = terminal_width()
+    if width is None or display_width(line) <= width:
+        return line
+    lead = line[:len(line) - len(line.lstrip(" "))]
+    room = max(width - len(lead) - len(hang), 20)
+    first, *rest = _wrapped(line.strip(" "), room)
+    return "\n".join([lead + first] + [lead + hang + part for part in rest])
+
+
 def _wrapped(text: str, room: int) -> list[str]:
     """`text` in lines of at most `room` columns, broken at spaces; a longer word is cut."""
     lines, current = [], ""

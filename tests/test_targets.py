@@ -397,6 +397,22 @@ def test_cli_describe(capsys):
     assert "kernels: the CPU kernels of the installed onnxruntime" in out
 
 
+def test_cli_describe_wraps_its_prose_on_a_terminal_only(capsys, monkeypatch):
+    from graphopt import table
+
+    piped = _run(["targets", "ascend310"], capsys).splitlines()
+    assert piped[0].startswith("ascend310: Ascend 310 (") and piped[0].endswith("x86 host")
+    monkeypatch.setattr(table, "terminal_width", lambda: 60)
+    lines = _run(["targets", "ascend310"], capsys).splitlines()
+    head = lines[:lines.index("file: " + load_target("ascend310").path)]
+    assert len(head) > 1 and all(len(line) <= 60 for line in head)
+    assert head[1].startswith("  ")  # continuation lines hang under the first
+    assert " ".join(line.strip() for line in head) == piped[0]
+    device = lines.index("device npu (npu) via CANNExecutionProvider,")
+    assert lines[device + 1] == "  CPUExecutionProvider; static shapes only"
+    assert "    L1 1 MiB, UB 256 KiB" in lines  # an indented line hangs under its own indent
+
+
 def test_cli_json_round_trips(tmp_path, capsys):
     doc = json.loads(_run(["targets", "ascend910b", "--json"], capsys))
     assert doc["name"] == "ascend910b" and doc["devices"][0]["buffers"]["UB"] == 192 * KIB
