@@ -29,7 +29,7 @@ def cmd_tune_subgraph(args, storage) -> int:
         line.update(f"subgraph trial {done}/{total}  best {_ms(best, args.objective)} {unit}",
                     done, total)
 
-    checked_target(job)  # before saying that the work starts
+    target = checked_target(job)  # before saying that the work starts
     if not args.quiet:
         print(f"recording the default compile's decisions ({args.objective})…", file=sys.stderr)
     with line:  # ended on Ctrl-C too: "graphopt: interrupted" gets a line of its own
@@ -44,6 +44,9 @@ def cmd_tune_subgraph(args, storage) -> int:
     costs = _cost_rows(result, args)
     if costs:
         print(format_table(["where", f"default {unit}", f"tuned {unit}"], costs))
+        note = host_note(result, target.primary, target.host)
+        if note:
+            print(note)
     what = "measured, interleaved medians" if result.confirmed else args.objective
     default, best = result.confirmed or (result.default.seconds, result.best.seconds)
     # When the default is kept, the best candidate is only what the search found, not the result.
@@ -81,6 +84,25 @@ def _decision_rows(result) -> list[list]:
     for knob, choices in result.space.knobs.items():
         rows.append(["*", knob, "", choices[0], tuned.get(knob, choices[0])])
     return rows
+
+
+def host_note(result, primary: str, host: str) -> str:
+    """A note when the chosen decisions win by moving work off the target's device onto its
+    host: the cost model prices host kernels by the host profile's figures, and a deployment
+    that counts on the device should know ("" otherwise)."""
+    default, tuned = result.default.by_device, result.best.by_device
+    if result.kept_default or result.chosen == result.default.params or primary == host:
+        return ""
+    if not (tuned.get(host, 0.0) > default.get(host, 0.0)
+            and tuned.get(primary, 0.0) < default.get(primary, 0.0)):
+        return ""
+    moved = "all of the work" if not tuned.get(primary) else "work"
+    return (f"note: the tuned decisions move {moved} from {primary} to {host} ({primary} "
+            f"{default.get(primary, 0.0) * 1e6:.2f} → {tuned.get(primary, 0.0) * 1e6:.2f} µs, "
+            f"{host} {default.get(host, 0.0) * 1e6:.2f} → {tuned.get(host, 0.0) * 1e6:.2f} µs): "
+            f"the cost model prices it lower there, by the {host} profile's figures; "
+            "`graphopt optimize --tuning-db` then `graphopt inspect` shows where each "
+            "partition runs")
 
 
 def _cost_rows(result, args) -> list[list]:

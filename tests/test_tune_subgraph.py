@@ -244,6 +244,24 @@ def test_a_measured_best_must_beat_the_default_by_more_than_noise():
     assert real.speedup == pytest.approx(1 + 2 * MIN_MEASURED_GAIN)
 
 
+def test_decisions_that_move_work_to_the_host_are_noted():
+    from graphopt.cli_tune_subgraph import host_note
+    from graphopt.tuner.subgraph import Scored, SubgraphResult
+    from graphopt.tuner.subgraph_space import Space
+
+    space = Space([], {}, "rule")
+    default = Scored({"a": True}, 100e-6, {"npu": 80e-6, "cpu": 5e-6, "transfers": 15e-6})
+    to_host = Scored({"a": False}, 60e-6, {"cpu": 60e-6})
+    note = host_note(SubgraphResult("s", space, default, to_host, 5, []), "npu", "cpu")
+    assert note.startswith("note: the tuned decisions move all of the work from npu to cpu "
+                           "(npu 80.00 → 0.00 µs, cpu 5.00 → 60.00 µs)")
+    # A win on the device itself, or the default kept, says nothing.
+    on_device = Scored({"a": False}, 90e-6, {"npu": 70e-6, "cpu": 5e-6, "transfers": 15e-6})
+    assert host_note(SubgraphResult("s", space, default, on_device, 5, []), "npu", "cpu") == ""
+    kept = SubgraphResult("s", space, default, default, 5, [])
+    assert host_note(kept, "npu", "cpu") == ""
+
+
 def test_kb_list_shows_the_subgraph_studies(block_path, tmp_path, capsys):
     from helpers import run_cli
 
