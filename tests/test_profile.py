@@ -208,6 +208,34 @@ def test_patterns_in_decomposed_layernorm_and_gelu():
     assert len(found["decomposed Gelu (Erf, Add, Mul)"]) == 1
 
 
+@pytest.mark.parametrize("inner, outer", [("Mul (c, p)", "Add (x, m)"),
+                                          ("Mul (p, c)", "Add (m, x)")])
+@pytest.mark.parametrize("constants", ["initializers", "Constant nodes"])
+def test_tanh_gelu_is_found_in_either_operand_order(inner, outer, constants):
+    # GPT-2's export: x comes from a MatMul + Add, its constants are Constant nodes, and the
+    # Add's operands may come in either order; the walk follows the branch that reaches Pow.
+    names = {"three": 3.0, "c": 0.044715, "k": math.sqrt(2 / math.pi)}
+    header = '<ir_version: 8, opset_import: ["" : 13]>\n'
+    if constants == "initializers":
+        consts, kwargs = "", {n: np.float32(v) for n, v in names.items()}
+    else:
+        consts = "".join(f"{n} = Constant <value = float {{{v}}}> ()\n" for n, v in names.items())
+        kwargs = {}
+    proto = parse_model(f"""
+        g (float[2,8] a) => (float[2,8] t) {{
+            {consts}
+            mm = MatMul (a, w)
+            x = Add (mm, b)
+            p = Pow (x, three)
+            m = {inner}
+            s = {outer}
+            u = Mul (k, s)
+            t = Tanh (u)
+        }}""", header=header, w=weight(8, 8), b=weight(8), **kwargs)
+    (chain,) = find_patterns(load_onnx(proto))["decomposed tanh Gelu (Pow … Tanh)"]
+    assert [n.op_type for n in chain] == ["Pow", "Mul", "Add", "Mul", "Tanh"]
+
+
 def test_matcher_names():
     model = load_onnx(parse_model(MATMUL_ADD, w=weight(16, 8), b=weight(8)))
     name_nodes(model)

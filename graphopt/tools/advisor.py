@@ -141,17 +141,32 @@ def _gelu_erf(node: Node) -> list[Node] | None:
 
 
 def _gelu_tanh(node: Node) -> list[Node] | None:
+    """Pow(x, 3) → Mul(0.044715) → Add(x, ·) → Mul(√(2/π)) → Tanh, whichever operand order
+    the exporter wrote and whether its constants are initializers or Constant nodes."""
     if node.op_type != "Tanh":
         return None
-    chain, current = [node], node
-    for _ in range(4):  # Tanh ← Mul(√(2/π)) ← Add(x, ·) ← Mul(0.044715) ← Pow(x, 3)
-        producers = [v.producer for v in current.inputs if v is not None and v.producer]
-        if not producers:
-            return None
-        current = next((p for p in producers if p.op_type == "Pow"), producers[0])
-        chain.append(current)
-        if current.op_type == "Pow":
-            return chain[::-1]
+    chain = _path_to_pow(node, 4)
+    if chain is None or len(chain) != 5:
+        return None
+    pow_node, add = chain[0], chain[2]
+    base = pow_node.inputs[0] if pow_node.inputs else None
+    return chain if add.op_type == "Add" and base is not None and base in add.inputs else None
+
+
+def _path_to_pow(node: Node, depth: int) -> list[Node] | None:
+    """The nodes from a Pow up to `node`, at most `depth` producers back along computed
+    values (not Constant nodes), or None."""
+    if node.op_type == "Pow":
+        return [node]
+    if depth == 0:
+        return None
+    for value in node.inputs:
+        producer = value.producer if value is not None else None
+        if producer is None or producer.op_type == "Constant":
+            continue
+        path = _path_to_pow(producer, depth - 1)
+        if path is not None:
+            return path + [node]
     return None
 
 
