@@ -164,8 +164,12 @@ def test_a_stalled_call_does_not_make_its_op_a_bottleneck(tiny):
     # One of its calls took as long as all the other kernels together, ten times over.
     smallest.total_us += 10 * profile.total_us
     assert profile.by_op()[0].op_type == smallest.op_type  # the measured totals say so
-    stalled = {h.numbers["op"] for h in advise(profile) if h.kind == "bottleneck"}
+    hints = [h for h in advise(profile) if h.kind == "bottleneck"]
+    stalled = {h.numbers["op"] for h in hints}
     assert stalled == bottlenecks  # the advisor, counting each kernel at its median, does not
+    # Its shares then part from the table's, which count every call: each says which it is.
+    assert all(re.search(r"of kernel time at each kernel's median call \(\d+% counting every "
+                         r"call, as the table does\)", h.message) for h in hints), hints
     # A kernel without a median counts at its mean.
     kernel = dataclasses.replace(smallest, median_us=0.0)
     profile.kernels[profile.kernels.index(smallest)] = kernel

@@ -73,7 +73,11 @@ def _bottlenecks(profile: Profile, min_share: float) -> list[Hint]:
     hints = []
     for row in rows[:MAX_BOTTLENECKS]:
         share, per_run = typical[row.op_type] / total, typical[row.op_type] / profile.runs
-        text = (f"{row.op_type}: {share:.0%} of kernel time, {per_run:.1f} µs/run over "
+        # The table and the other hints count every call; say so where a stalled call made
+        # the two bases part.
+        basis = (f" at each kernel's median call ({row.share:.0%} counting every call, as the "
+                 "table does)" if abs(share - row.share) >= 0.05 else "")
+        text = (f"{row.op_type}: {share:.0%} of kernel time{basis}, {per_run:.1f} µs/run over "
                 f"{row.kernels} kernel(s)")
         numbers = {"op": row.op_type, "share": share, "us_per_run": per_run,
                    "kernels": row.kernels, "bound": row.bound}
