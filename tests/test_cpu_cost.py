@@ -233,6 +233,15 @@ def test_broken_calibration_is_an_option_error(calibration, tmp_path):
         CalibrationResult.load(path)
     with pytest.raises(OptionError, match="cannot read"):
         CalibrationResult.load(tmp_path / "missing.json")
+    # A rate of 0 would price a side of the roofline at nothing: refused like a negative one.
+    for key, value, message in (("peak_gflops", 0, "must be above 0"),
+                                ("bandwidth_gbs", 0, "must be above 0"),
+                                ("overhead_us", -1, "finite and ≥ 0")):
+        doc = calibration.to_json()
+        doc["constants"]["gemm"][key] = value
+        path.write_text(json.dumps(doc))
+        with pytest.raises(OptionError, match=f"constants.gemm: .*{message}"):
+            CalibrationResult.load(path)
 
 
 def test_a_calibration_without_int8_classes_derives_them(calibration, tmp_path):

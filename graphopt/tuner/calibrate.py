@@ -118,8 +118,13 @@ class CalibrationResult:
                 constants[name] = ClassConstants(float(c["peak_gflops"]),
                                                  float(c["bandwidth_gbs"]),
                                                  float(c["overhead_us"]))
-                if not all(math.isfinite(v) and v >= 0 for v in vars(constants[name]).values()):
+                c = constants[name]
+                if not all(math.isfinite(v) and v >= 0 for v in vars(c).values()):
                     raise ValueError(f"constants.{name}: figures must be finite and ≥ 0")
+                # A rate of 0 would price all of that side of the roofline at nothing.
+                if c.peak_gflops == 0 or c.bandwidth_gbs == 0:
+                    raise ValueError(f"constants.{name}: peak_gflops and bandwidth_gbs must "
+                                     "be above 0")
             for int8, float_class in INT8_CLASSES.items():
                 if int8 not in constants and float_class in constants:
                     c = constants[float_class]
