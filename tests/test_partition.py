@@ -386,9 +386,20 @@ def test_graph_without_nodes_is_one_partition(tmp_path):
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])]),
         opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=IR_VERSION)
     result, path = compile_om(proto, tmp_path, target="ascend310")
-    assert devices(result) == ["npu"]
+    assert devices(result) == ["cpu"]  # no device kernel has anything to do: no device session
     x = np.arange(2, dtype=np.float32)
     np.testing.assert_array_equal(run_om(path, {"x": x})["x"], x)
+    # A graph whose every node folds away (its output an initializer) alike.
+    shape = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Shape", ["x"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [2])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    (tmp_path / "shape").mkdir()
+    result, path = compile_om(shape, tmp_path / "shape", target="ascend310")
+    assert devices(result) == ["cpu"]
+    got = run_om(path, {"x": np.zeros((2, 3), np.float32)})["y"]
+    np.testing.assert_array_equal(got, [2, 3])
 
 
 # --- islands -------------------------------------------------------------------------------

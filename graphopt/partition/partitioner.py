@@ -97,8 +97,9 @@ def _partition(model: Model, target: Target, return_islands: bool) -> Partitioni
             returned.append(f"{len(members)} node(s) from {_label(members[0])}: {reason}")
             for node in members:
                 placements[node] = Placement(target.host, None, reason)
-    if not nodes:  # a graph that passes its inputs straight through still runs somewhere
-        parts = [Partition(f"p0_{target.primary}", target.primary, [],
+    if not nodes:  # a graph that passes its inputs (or constants) through still runs
+        # somewhere: on the host, since no device kernel has anything to do
+        parts = [Partition(f"p0_{target.host}", target.host, [],
                            list(model.graph.inputs), list(model.graph.outputs))]
     else:
         parts = _partitions(clusters, placements, position)
