@@ -46,7 +46,8 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--repeat", type=positive_int, default=DEFAULT_REPEAT, metavar="N",
                    help=f"profiled runs (default {DEFAULT_REPEAT})")
     p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
-                   help=f"untimed runs first, left out of the profile (default {DEFAULT_WARMUP})")
+                   help=f"untimed runs first, left out of the profile (default {DEFAULT_WARMUP}; "
+                        "the first run checks the outputs and is left out even at 0)")
     p.add_argument("--threads", type=thread_count, metavar="T",
                    help="onnxruntime intra-op threads (default: onnxruntime chooses, as "
                         "`graphopt run` does)")

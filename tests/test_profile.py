@@ -303,6 +303,11 @@ def test_cli_text_json_and_trace(tiny, tmp_path, capsys):
     assert sum(op["total_us"] for op in doc["ops"]) == pytest.approx(
         sum(k["total_us"] for k in doc["kernels"]))
     assert {h["kind"] for h in doc["hints"]} >= {"unfused"}
+    rc, out, err = run_cli(capsys, "profile", tiny[0], "--repeat", "2", "--warmup", "0",
+                           "--threads", "1")
+    assert rc == 0, err
+    # The first run checks the outputs and is never timed, even at --warmup 0.
+    assert "2 profiled run(s) after 1 untimed check run (--warmup 0), 1 thread(s)" in out
 
 
 def test_a_damaged_default_calibration_leaves_the_defaults_with_a_note(tiny, tmp_path):

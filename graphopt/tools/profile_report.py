@@ -15,6 +15,11 @@ def _num(value: float | None, spec: str = ".1f") -> str | None:
     return None if value is None else format(value, spec)
 
 
+def _untimed(warmup: int) -> str:
+    # The first run checks the outputs and is never timed: with --warmup 0 it is still dropped.
+    return "1 untimed check run (--warmup 0)" if warmup == 0 else f"{warmup} warmup"
+
+
 def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
     runs = profile.runs
     threads = ("onnxruntime's default threads" if not profile.threads
@@ -24,7 +29,7 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
     priced = sum(k.predicted_us is not None for k in profile.kernels)
     lines = [
         (f"{profile.path}: {len(profile.partitions)} partition(s), {runs} profiled run(s) "
-         f"after {profile.warmup} warmup, {threads}"),
+         f"after {_untimed(profile.warmup)}, {threads}"),
         (f"per run: wall {wall:.1f} µs (profiler on), kernels {kernel:.1f} µs "
          f"({kernel / wall:.0%} of wall); {len(profile.kernels)} kernel(s), "
          f"{profile.matched_share:.0%} of kernel time matched to graph nodes"),
