@@ -220,6 +220,9 @@ def test_a_lossy_compile_is_judged_by_cosine_unless_a_rule_is_given(tmp_path, ca
     result = bisect(path, precision="fp16")
     assert not result.found and result.judged_by == "cosine >= 0.999"
     assert "ConvertPrecision, lossy by design" in result.rule_note
+    # A bound of 0 is a cosine rule too, not "no rule".
+    loose = bisect(path, precision="fp16", min_cosine=0.0)
+    assert not loose.found and loose.judged_by == "cosine >= 0" and not loose.rule_note
     rc, out, err = run_cli(capsys, "bisect", path, "--precision", "fp16")
     assert rc == 0, err
     assert "at O2+ConvertPrecision, on seeded random inputs: the full compile is within " \

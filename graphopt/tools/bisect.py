@@ -27,6 +27,7 @@ from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import BISECT_FLAGS, option, setting, usage
+from graphopt.tools.accuracy_rule import accuracy_rule, below_cosine
 from graphopt.tools.bisect_compile import (
     Compiled,
     GateCall,
@@ -35,7 +36,6 @@ from graphopt.tools.bisect_compile import (
     check_same_calls,
     compile_prefix,
 )
-from graphopt.tools.accuracy_rule import accuracy_rule, below_cosine
 from graphopt.tools.bisect_diff import rewrite_lines
 from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL
 
@@ -104,9 +104,11 @@ class _Evaluator:
             problem = f"the optimized model does not run: {numerics.ort_reason(e)}"
         else:
             judge = self.judge
-            mismatches = (below_cosine(self.expected, actual, judge) if judge["min_cosine"]
-                          else numerics.compare(self.expected, actual, judge["rtol"],
-                                                judge["atol"]))
+            if judge["min_cosine"] is not None:
+                mismatches = below_cosine(self.expected, actual, judge)
+            else:
+                mismatches = numerics.compare(self.expected, actual, judge["rtol"],
+                                              judge["atol"])
             problem = "; ".join(str(m) for m in mismatches[:3]) or None
         verdict = "ok" if problem is None else f"outputs differ: {problem}"
         self.progress(one_line(f"bisect: evaluation {self.count}: {what}: {verdict}"))
