@@ -189,6 +189,25 @@ def test_manifest_holds_the_profiles_and_shares_the_weights(mlp_om):
         artifact.profile("nope")
 
 
+def test_profiles_share_weights_that_add_up_to_less_than_a_blob(tmp_path):
+    # 256×960 float32 (983 KB): alone it stays inline in its partition, but eight profiles
+    # must not carry eight copies.
+    rng = np.random.default_rng(0)
+    model = parse_model("g (float[N,256] x) => (float[N,960] y) { y = MatMul (x, w) }",
+                        w=rng.standard_normal((256, 960)).astype(np.float32))
+    one, eight = tmp_path / "one.om", tmp_path / "eight.om"
+    graphopt.save(graphopt.optimize(model, dynamic_dims="N:1"), one)
+    graphopt.save(graphopt.optimize(model, dynamic_dims="N:" + ",".join(map(str, range(1, 9)))),
+                  eight)
+    assert not [n for n in load_om(one).manifest["members"] if n.startswith("weights/")]
+    assert eight.stat().st_size < one.stat().st_size + 100_000
+    session = graphopt.load(eight)
+    for batch in (1, 5, 8):
+        x = rng.standard_normal((batch, 256)).astype(np.float32)
+        np.testing.assert_allclose(session.run({"x": x})["y"], numerics.run(model, {"x": x})["y"],
+                                   rtol=1e-4, atol=1e-4)
+
+
 def test_one_session_serves_all_profiles_from_many_threads(mlp_om):
     model, _, path = mlp_om
     session = graphopt.load(path)

@@ -74,7 +74,8 @@ def split_weights(model: onnx.ModelProto, member: str,
 
     `shared` ({} to start, then passed to every call for one artifact) stores each distinct
     tensor once: a tensor whose content an earlier call already put in a blob references that
-    blob instead (the blob may then be None)."""
+    blob instead (the blob may then be None). With it, tensors move however few bytes they
+    add up to."""
     sources = sources or {}
     sizes: dict[int, int] = {}  # initializer index -> bytes, for the tensors to move
     for index, tensor in enumerate(model.graph.initializer):
@@ -84,7 +85,9 @@ def split_weights(model: onnx.ModelProto, member: str,
         if length is not None and length >= MIN_EXTERNAL_BYTES:
             sizes[index] = length
     referenced = any(_source_length(t, sources) is not None for t in all_tensors(model.graph))
-    if sum(sizes.values()) < MIN_BLOB_BYTES:
+    # Shared across profiles, a tensor is stored once whatever the partition's total: inline,
+    # every profile's partition would carry its own copy.
+    if sum(sizes.values()) < MIN_BLOB_BYTES and shared is None:
         if not referenced:
             return model, None
         sizes = {}

@@ -407,7 +407,7 @@ def write_om(
     members: dict[str, bytes | Blob] = {}
     weight_sources = weight_sources or {}
     # With profiles, a weight every profile holds is stored once, in the first blob that has it.
-    shared_weights: dict | None = {} if profiles else None
+    shared_weights: dict | None = {} if profiles and len(profiles) > 1 else None
     for part in partitions:
         if uses_external_data(part.model, weight_sources):
             raise ValueError(
