@@ -23,7 +23,7 @@ from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
-from graphopt.cli_types import input_shapes, target_name, tolerance
+from graphopt.cli_types import dynamic_dims, input_shapes, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import command_line
@@ -76,7 +76,7 @@ def _add_optimize(sub) -> None:
                           help="file of `PassName: on|off` lines (or JSON) switching passes off")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
-    p.add_argument("--dynamic-dims", metavar="DIMS",
+    p.add_argument("--dynamic-dims", type=dynamic_dims, metavar="DIMS",
                    help='compile one plan per shape profile into the .om, ATC style: '
                         '"batch:1,4,8;seq:128,512" (every combination) or '
                         '"batch=1,seq=512;batch=8,seq=128" (listed); a dim is a symbolic input '

@@ -86,6 +86,21 @@ def cosine(text: str) -> float:
     return value
 
 
+def dynamic_dims(text: str) -> str:
+    """--dynamic-dims' `DIM:v1,v2;…` or `DIM=v,DIM=v;…`, checked for its form (the model is
+    checked later), so a malformed value is a usage error before any file is read."""
+    from graphopt.errors import OptionError
+    from graphopt.option_names import command_line
+    from graphopt.shape_profiles import parse_dynamic_dims
+
+    try:
+        with command_line():  # its message speaks of --dynamic-dims, whoever parses
+            parse_dynamic_dims(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--dynamic-dims: ")) from None
+    return text
+
+
 def input_shapes(text: str) -> str:
     """--input-shape's `name:d0,d1,…;…`, checked for its form (the model is checked later)."""
     from graphopt.errors import OptionError

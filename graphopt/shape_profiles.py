@@ -4,6 +4,7 @@ expanding them against a model's dynamic input dims into one set of pinned shape
 from __future__ import annotations
 
 import itertools
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -70,6 +71,10 @@ def _parse_listed(entry: str) -> dict[str, int]:
 def _dim_value(key: str, text) -> int:
     if isinstance(text, bool):
         raise OptionError(f"{option('dynamic_dims')}: dim '{key}': {text!r} is not a dim size")
+    # An integer (numpy's too) or its text; a float is refused, not truncated (1.5 is no size).
+    if not isinstance(text, str) and not isinstance(text, numbers.Integral):
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': {text!r} is not an "
+                          "integer")
     try:
         value = int(text.strip()) if isinstance(text, str) else int(text)
     except (TypeError, ValueError):
@@ -155,8 +160,11 @@ def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str
 
 
 def _values(key, values) -> list[int]:
-    if isinstance(values, (int, str)):
+    if isinstance(values, (numbers.Integral, str)):
         values = [values]
+    if isinstance(values, (bytes, dict)) or not hasattr(values, "__iter__"):
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': expected a size or a list "
+                          f"of sizes, got {values!r}")
     result = [_dim_value(str(key), v) for v in values]
     if not result:
         raise OptionError(f"{option('dynamic_dims')}: dim '{key}' has no values")

@@ -103,6 +103,9 @@ def test_expand_by_axis_and_listed():
     model = load_onnx(mlp_model())
     (only,) = expand_profiles(model, "x[1]:7")
     assert only.input_shapes == {"x": [-1, 7, -1]}
+    # numpy's integers are sizes too, alone or in an array
+    assert [p.dims for p in expand_profiles(model, {"batch": np.int64(4), "seq": np.arange(
+        1, 3)})] == [{"batch": 4, "seq": 1}, {"batch": 4, "seq": 2}]
     listed = expand_profiles(model, [{"batch": 2, "seq": 3}, {"batch": 5, "seq": 3}])
     assert [p.input_shapes["x"] for p in listed] == [[2, 3, -1], [5, 3, -1]]
 
@@ -129,6 +132,10 @@ def test_an_axis_key_on_a_named_dim_stands_for_that_dim_everywhere():
     ("batch=1;batch=1", "a profile is listed twice"),
     ("batch:" + ",".join(map(str, range(1, 10))) + ";seq:" + ",".join(map(str, range(1, 9))),
      "72 profiles, more than 64"),
+    # From Python: sizes are integers, never truncated floats.
+    ({"batch": [1.5]}, "dim 'batch': 1.5 is not an integer"),
+    ([{"batch": 2.7, "seq": 3}], "dim 'batch': 2.7 is not an integer"),
+    ({"batch": None}, "dim 'batch': expected a size or a list of sizes, got None"),
 ])
 def test_expand_refuses_what_cannot_be_compiled(spec, message):
     with pytest.raises(OptionError, match=message):
@@ -386,6 +393,10 @@ def test_cli_compiles_inspects_and_runs_profiles(tmp_path, capsys):
     assert rc == 1 and "kept together in an .om" in err
     rc, _, err = run_cli(capsys, "optimize", source, "-o", out, "--dynamic-dims", "b:1")
     assert rc == 1 and "no dynamic input dim 'b'" in err
+    # A value of the wrong form is a usage error, found before the model is read.
+    rc, _, err = run_cli(capsys, "optimize", tmp_path / "missing.onnx", "-o", out,
+                         "--dynamic-dims", "batch:a")
+    assert rc == 2 and "argument --dynamic-dims: dim 'batch': 'a' is not an integer" in err
 
 
 def test_compare_and_profile_use_the_profile_the_inputs_run_on(tmp_path, capsys):
