@@ -544,6 +544,46 @@ def test_a_one_token_profile_is_static_to_the_last_layer():
     assert symbolic == []
 
 
+def conv_topk_hw() -> onnx.ModelProto:
+    """Two convs and a TopK over an open H×W: small sizes stay on the host on ascend310 (the
+    copies cost more than the NPU saves), large ones put the convs on the NPU."""
+    rng = np.random.default_rng(0)
+    return parse_model("""
+        g (float[1,8,H,W] x) => (float[1,3] vals, int64[1,3] idx) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1, b1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2, b2)
+            a = Add (c2, r1)
+            r2 = Relu (a)
+            g = GlobalAveragePool (r2)
+            f = Flatten (g)
+            vals, idx = TopK (f, k)
+        }""", w1=0.1 * rng.standard_normal((64, 8, 3, 3)).astype(np.float32),
+        b1=np.zeros(64, np.float32), w2=0.1 * rng.standard_normal((64, 64, 3, 3)).astype(
+            np.float32), b2=np.zeros(64, np.float32), k=np.array([3], np.int64))
+
+
+def test_inspect_and_report_show_each_profiles_placement_and_kernels(tmp_path, capsys):
+    out = tmp_path / "ct.om"
+    graphopt.save(graphopt.optimize(conv_topk_hw(), target="ascend310",
+                                    dynamic_dims="H:2,128;W:2,128"), out)
+    rc, text, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    assert "placement of profile0: 8 node(s) fell back to the host" in text
+    assert "placement of profile3: 1 node(s) fell back to the host" in text
+    assert "kernel configs of profile3 (estimates;" in text
+    assert "kernel configs: none in profile0, which run(s) every node on the host" in text
+    page = tmp_path / "ct.html"
+    rc, _, err = run_cli(capsys, "report", out, "-o", page)
+    assert rc == 0, err
+    html = page.read_text()
+    assert "No kernel configs" not in html
+    assert "<h3>shape profile profile3</h3>" in html and "profile3.p0_npu" in html
+    assert "No NPU kernel in profile0: every node of those profiles runs on the host" in html
+    assert "profile0 1 (1 on cpu; 8 fell back); " in html
+    assert "profile3 2 (1 on npu, 1 on cpu; 1 fell back)" in html
+
+
 def test_text_inspect_shows_every_profiles_kernel_configs(tmp_path, capsys):
     out = tmp_path / "mlp.om"
     graphopt.save(graphopt.optimize(mlp_model(), target="ascend310",
@@ -551,5 +591,5 @@ def test_text_inspect_shows_every_profiles_kernel_configs(tmp_path, capsys):
     rc, text, err = run_cli(capsys, "inspect", out)
     assert rc == 0, err
     for profile in ("profile0", "profile1"):
-        assert f"kernel configs of profile {profile} (estimates;" in text, text
+        assert f"kernel configs of {profile} (estimates;" in text, text
         assert f"{profile}.p0_npu        5             2  default" in text, text

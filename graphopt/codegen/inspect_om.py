@@ -232,23 +232,38 @@ def _format_kernels(info: dict, profile: str = "") -> str:
         sources = sorted({r.get("tiling_source", "?") for r in tiled}) or ["-"]
         total = sum(r.get("estimate_us", 0) for r in records if isinstance(r, dict))
         rows.append([name, len(records), len(tiled), ", ".join(sources), f"{total:.1f}"])
-    of = f" of profile {profile}" if profile else ""
+    of = f" of {profile}" if profile else ""
     title = (f"kernel configs{of} (estimates; whole model {info.get('estimate_us', 0):.1f} µs "
              "with transfers)")
     return format_table(["partition", "kernels", "cube tilings", "tiling source", "µs"], rows,
                         title=title)
 
 
-def _format_fallbacks(info: dict) -> str:
+def _format_fallbacks(info: dict, scope: str = "") -> str:
+    """The placement's fallbacks by reason; `scope` names the shape profile(s) it is of."""
     fallbacks = info.get("fallbacks") or []
+    of = f" of {scope}" if scope else ""
     if not fallbacks:
-        return f"placement: every node on the target's primary device ({info.get('target', '?')})"
+        return (f"placement{of}: every node on the target's primary device "
+                f"({info.get('target', '?')})")
     reasons: dict[str, int] = {}
     for entry in fallbacks:
         reasons[entry.get("reason", "?")] = reasons.get(entry.get("reason", "?"), 0) + 1
     rows = [[reason, n] for reason, n in sorted(reasons.items(), key=lambda r: -r[1])[:10]]
     return format_table(["reason", "nodes"], rows,
-                        title=f"placement: {len(fallbacks)} node(s) fell back to the host")
+                        title=f"placement{of}: {len(fallbacks)} node(s) fell back to the host")
+
+
+def _format_placements(artifact: OmArtifact, default: dict) -> list[str]:
+    """The placement of each shape profile (one table when they all place alike), or the
+    artifact's own."""
+    sections = _profile_sections(artifact, "partitioning")
+    if not sections or not all(isinstance(info, dict) for info in sections.values()):
+        return [_format_fallbacks(default)]
+    tables = {name: _format_fallbacks(info) for name, info in sections.items()}
+    if len(set(tables.values())) == 1:
+        return [_format_fallbacks(default, "every shape profile")]
+    return [_format_fallbacks(info, name) for name, info in sections.items()]
 
 
 def profile_memory_plans(artifact: OmArtifact) -> list[tuple[str | None, dict]]:
@@ -328,15 +343,34 @@ def _format_profiles(artifact: OmArtifact) -> str:
                               "shapes match, the first is the default)")
 
 
-def _profile_kernels(artifact: OmArtifact) -> dict[str, dict]:
-    """profile name -> its kernel configs, for an artifact of several shape profiles whose
-    sections all hold them; empty otherwise."""
+def profile_kernel_configs(artifact: OmArtifact) -> list[tuple[str | None, dict]]:
+    """(profile name, its kernel configs) for every shape profile with NPU kernels, default
+    first; (None, configs) for an artifact without profiles that has some; [] when none."""
+    if artifact.profiles:
+        sections = artifact.extra.get("profiles")
+        sections = sections if isinstance(sections, dict) else {}
+        found = [(p["name"], (sections.get(p["name"]) or {}).get("kernels"))
+                 for p in artifact.profiles]
+    else:
+        found = [(None, artifact.extra.get("kernels"))]
+    return [(name, info) for name, info in found
+            if isinstance(info, dict) and info.get("partitions")]
+
+
+def _profile_sections(artifact: OmArtifact, key: str) -> dict:
+    """profile name -> what its section of the extras holds under `key` (None where absent),
+    for an artifact of several shape profiles; empty otherwise."""
     sections = artifact.extra.get("profiles")
     if len(artifact.profiles) < 2 or not isinstance(sections, dict):
         return {}
-    kernels = {p["name"]: (sections.get(p["name"]) or {}).get("kernels")
-               for p in artifact.profiles}
-    return kernels if all(isinstance(k, dict) for k in kernels.values()) else {}
+    return {p["name"]: (sections.get(p["name"]) or {}).get(key) for p in artifact.profiles}
+
+
+def _profile_kernels(artifact: OmArtifact) -> dict[str, dict]:
+    """profile name -> its kernel configs, for the shape profiles whose NPU partitions have
+    some (a profile that runs all on the host has none); empty without profiles."""
+    return {name: kernels for name, kernels in _profile_sections(artifact, "kernels").items()
+            if isinstance(kernels, dict)}
 
 
 def describe_om(artifact: OmArtifact) -> dict:
@@ -424,10 +458,14 @@ def format_om(artifact: OmArtifact) -> str:
     if isinstance(plans, dict) and plans and all(isinstance(p, dict) for p in plans.values()):
         parts.append(_format_memory(extra.pop("memory_plan")))
     if isinstance(extra.get("partitioning"), dict):
-        parts.append(_format_fallbacks(extra.pop("partitioning")))
+        parts += _format_placements(artifact, extra.pop("partitioning"))
     if kernels:  # each profile's own shapes, tilings and estimates
         extra.pop("kernels", None)
         parts += [_format_kernels(info, profile) for profile, info in kernels.items()]
+        without = [p["name"] for p in artifact.profiles if p["name"] not in kernels]
+        if without:
+            parts.append(f"kernel configs: none in {', '.join(without)}, which run(s) "
+                         "every node on the host")
     elif isinstance(extra.get("kernels"), dict):
         parts.append(_format_kernels(extra.pop("kernels")))
     if extra:

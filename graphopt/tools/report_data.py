@@ -173,9 +173,14 @@ def locate_source(manifest: dict, om_path: str, candidates: list[str | None]) ->
 
 
 def _npu_partitions(artifact: OmArtifact) -> list[str]:
-    kernels = artifact.extra.get("kernels")
-    parts = kernels.get("partitions") if isinstance(kernels, dict) else None
-    return list(parts) if isinstance(parts, dict) else []
+    """The NPU partitions with kernel configs, of every shape profile."""
+    from graphopt.codegen.inspect_om import profile_kernel_configs
+
+    names: list[str] = []
+    for _, info in profile_kernel_configs(artifact):
+        parts = info.get("partitions")
+        names += list(parts) if isinstance(parts, dict) else []
+    return names
 
 
 def model_signatures(artifact: OmArtifact) -> Counter:

@@ -8,8 +8,9 @@ from collections import Counter
 
 from graphopt.codegen.inspect_om import (PROFILE_HEADERS, format_bytes, format_ops,
                                          largest_profile, partition_size, precision_line,
-                                         profile_cells, profile_memory_plans, profile_rows,
-                                         profile_views, signature_cells, typed_signature)
+                                         profile_cells, profile_kernel_configs,
+                                         profile_memory_plans, profile_rows, profile_views,
+                                         signature_cells, typed_signature)
 from graphopt.codegen.om_manifest import order_label
 from graphopt.markup import escape
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
@@ -113,9 +114,7 @@ def _summary(data: ReportData) -> str:
                               f"({m['format']} format {m['format_version']})")),
         ("compiled", ("not recorded in the .om (its bytes are reproducible, so it holds no "
                       f"date); the file was last modified {escape(data.modified)}")),
-        ("partitions", escape(f"{len(parts)}: " + ", ".join(f"{n} on {d}"
-                                                            for d, n in devices.items())
-                              + f"; {len(fallbacks)} node(s) fell back to the host")),
+        ("partitions", escape(_partition_line(data.artifact, parts, devices, fallbacks))),
         ("signature", escape(" → ".join(
             "; ".join(_signature_entry(e) for e in typed_signature(data.artifact, m[side]))
             for side in ("inputs", "outputs")))),
@@ -127,6 +126,25 @@ def _summary(data: ReportData) -> str:
          .strftime("%Y-%m-%d %H:%M:%S UTC")),
     ]
     return _kv(pairs) + _profiles(data)
+
+
+def _partition_line(artifact, parts, devices: Counter, fallbacks: list) -> str:
+    """How many partitions run where, and how many nodes fell back; of each shape profile when
+    the artifact has several."""
+    line = (f"{len(parts)}: " + ", ".join(f"{n} on {d}" for d, n in devices.items())
+            + f"; {len(fallbacks)} node(s) fell back to the host")
+    sections = artifact.extra.get("profiles")
+    if len(artifact.profiles) < 2 or not isinstance(sections, dict):
+        return line
+    entries = []
+    for profile, view in zip(artifact.profiles, profile_views(artifact)):
+        name = profile["name"]
+        own = Counter(p.device for p in view.partitions)
+        placed = (sections.get(name) or {}).get("partitioning") or {}
+        entries.append(f"{name} {len(view.partitions)} (" + ", ".join(
+            f"{n} on {d}" for d, n in own.items()) + f"; {len(placed.get('fallbacks') or [])} "
+            "fell back)")
+    return "; ".join(entries)
 
 
 def _profiles(data: ReportData) -> str:
@@ -294,11 +312,30 @@ def _tiling(tiling: dict | None) -> str:
 
 
 def _kernels(data: ReportData) -> str:
-    info = data.artifact.extra.get("kernels")
-    if not isinstance(info, dict) or not info.get("partitions"):
-        return missing(f"No kernel configs for target {data.manifest['target']}:",
-                       "they are recorded for NPU partitions only (compile with an NPU "
-                       "target, e.g. <code>--target ascend310</code>).")
+    """Each shape profile's kernel configs (the artifact's own without profiles)."""
+    found = profile_kernel_configs(data.artifact)
+    target = data.manifest["target"]
+    if not found:
+        hint = ("compile with an NPU target, e.g. <code>--target ascend310</code>"
+                if target == "cpu" else
+                f"on {escape(target)}, every node of this .om runs on the host"
+                + (" in every shape profile" if data.artifact.profiles else ""))
+        return missing(f"No kernel configs for target {escape(target)}:",
+                       f"they are recorded for NPU partitions only ({hint}).")
+    if found[0][0] is None:
+        return _kernel_tables(found[0][1])
+    body = ""
+    for name, info in found:
+        body += f"<h3>shape profile {escape(name)}</h3>" + _kernel_tables(info)
+    without = [p["name"] for p in data.artifact.profiles
+               if p["name"] not in {name for name, _ in found}]
+    if without:
+        body += (f"<p class=\"note\">No NPU kernel in {escape(', '.join(without))}: every "
+                 "node of those profiles runs on the host.</p>")
+    return body
+
+
+def _kernel_tables(info: dict) -> str:
     body = (f"<p>Estimated whole-model time {info.get('estimate_us', 0):.1f} µs with "
             "transfers (cost-model estimates, not measurements).</p>")
     summary, details = [], []
