@@ -194,6 +194,8 @@ def test_manifest_holds_the_profiles_and_shares_the_weights(mlp_om):
     assert [p.name for p in view.partitions] == manifest["profiles"][3]["execution_order"]
     with pytest.raises(KeyError, match="no shape profile 'nope'"):
         artifact.profile("nope")
+    with pytest.raises(KeyError, match=r"no partition 'p0_cpu' \(partitions: profile0.p0_cpu, "):
+        artifact.partition_model("p0_cpu")
 
 
 def test_profiles_share_weights_that_add_up_to_less_than_a_blob(tmp_path):

@@ -437,7 +437,12 @@ class OmArtifact:
         return self.members[name]
 
     def partition_model(self, name: str) -> onnx.ModelProto:
-        """Partition `name`'s model with its weights inside it: a standalone ONNX model."""
+        """Partition `name`'s model with its weights inside it: a standalone ONNX model.
+        KeyError naming the partitions there are for a name that is not one of them (in an
+        artifact with shape profiles they are named `profile0.p0_cpu`)."""
+        if name not in {p["name"] for p in self.manifest["partitions"]}:
+            known = ", ".join(p["name"] for p in self.manifest["partitions"])
+            raise KeyError(f"{self.path} has no partition {name!r} (partitions: {known})")
         return with_weights(self.models[name], self.member)
 
     @property
