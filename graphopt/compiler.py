@@ -187,12 +187,16 @@ def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) 
     """Strict shape inference again, on the pinned model: a pin the graph cannot take (a batch of
     3 added to a [2, 4] weight) would otherwise compile, infer_shapes being best effort, into
     an artifact onnxruntime refuses to load. InputError naming the node and the pins."""
+    from graphopt.input_shapes import reshape_conflict
     from graphopt.opcheck import check_inference
 
     try:
         check_inference(model, label)
     except InputError as exc:
         raise InputError(f"{exc} (with the pinned shapes {_pins(shapes)})") from None
+    conflict = reshape_conflict(model)
+    if conflict:  # inference lets a static element count through that the kernel refuses
+        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes)}")
 
 
 def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
@@ -201,6 +205,12 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
     onnxruntime's does: silero-vad pinned to [1, 512] makes the If branch for the other
     sample rate, which those inputs never take, give its LSTM a rank-4 input once the shapes
     fold."""
+    from graphopt.input_shapes import reshape_conflict
+
+    conflict = reshape_conflict(model)  # a target folded from Concat/Shape only now
+    if conflict:
+        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes)}: the "
+                         "model fixes that size, so it cannot run at these shapes")
     refusal = onnxruntime_refusal(model)
     # A missing kernel is about types, which pins do not change: a bfloat16 compile for an
     # NPU the CPU provider has no kernels for (it runs where the CANN provider is).

@@ -117,3 +117,43 @@ def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
 
 def _fmt(shape) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def reshape_conflict(model: Model) -> str | None:
+    """The first Reshape of the main graph whose input has a static shape its constant target
+    cannot hold (a pinned batch of 3 reaching a target of [1, 512]): ONNX's inference and
+    onnxruntime's load both let it pass, and it fails at the first run. None when there is
+    none."""
+    import math
+
+    # The main graph only: a branch the pinned inputs never take may hold a Reshape they
+    # could not (silero-vad's other sample rate).
+    for node in model.graph:
+        if node.op_type != "Reshape" or len(node.inputs) < 2 or node.inputs[0] is None:
+            continue
+        dims, target = node.inputs[0].shape, _constant(node.inputs[1])
+        if dims is None or target is None or not all(isinstance(d, int) for d in dims):
+            continue
+        target = [int(t) for t in target.reshape(-1)]
+        if not node.attr("allowzero", 0):  # 0 copies the input's dim at that place
+            target = [dims[i] if t == 0 and i < len(dims) else t for i, t in enumerate(target)]
+        count, known = math.prod(dims), math.prod(t for t in target if t != -1)
+        fits = (count == known if -1 not in target
+                else target.count(-1) == 1 and known != 0 and count % known == 0)
+        if not fits:
+            name = node.name or node.op_type
+            return (f"node {name!r} (Reshape) cannot make its input of shape {_fmt(dims)} "
+                    f"({count} elements) into {_fmt(target)}")
+    return None
+
+
+def _constant(value):
+    """A value's data when it is fixed: an initializer's or a Constant node's."""
+    if value is None:
+        return None
+    if value.producer is None:
+        return value.constant()
+    if value.producer.op_type == "Constant":
+        tensor = value.producer.attr("value")
+        return tensor.numpy() if hasattr(tensor, "numpy") else None
+    return None

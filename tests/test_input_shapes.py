@@ -138,6 +138,34 @@ def _branchy_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+@pytest.mark.parametrize("target", ["constant", "computed"])
+def test_a_pin_a_fixed_reshape_cannot_take_is_refused_naming_the_node(target):
+    # A classifier head reshaped to a fixed [1, 512]: inference and onnxruntime's load let a
+    # batch of 3 through, and the first run failed. A target computed from constants (a
+    # dynamo export's Concat) is seen once folding made it one.
+    from graphopt.errors import InputError
+
+    shape = ("shape = Concat <axis = 0> (one, width)" if target == "computed"
+             else "shape = Identity (fixed)")
+    proto = parse_model(f"""
+        g (float[N, 512, 1, 1] x) => (float[1, 512] y) {{
+            {shape}
+            y = Reshape (x, shape)
+        }}""", one=np.array([1], np.int64), width=np.array([512], np.int64),
+        fixed=np.array([1, 512], np.int64))
+    proto.graph.node[-1].name = "node_view"
+    if target == "constant":  # the target an initializer from the start
+        proto.graph.node[-1].input[1] = "fixed"
+        del proto.graph.node[0]
+    with pytest.raises(InputError, match=r"^<model>: node 'node_view' \(Reshape\) cannot make "
+                                         r"its input of shape \[3,512,1,1\] \(1536 elements\) "
+                                         r"into \[1,512\] with the pinned shapes x:3,512,1,1"):
+        graphopt.optimize(proto, input_shapes="x:3,512,1,1")
+    with pytest.raises(InputError, match=r"^shape profile profile1 \(N=3\): "):
+        graphopt.optimize(proto, dynamic_dims="N:1,3")
+    graphopt.optimize(proto, input_shapes="x:1,512,1,1", verify=True)  # the size it takes
+
+
 def test_a_pin_that_leaves_onnxruntime_unable_to_load_the_compile_is_refused():
     # Pinned to 512 samples, the folded then-branch adds a [2, 4] product to its [3, 4] bias:
     # ONNX's inference, before the folding, cannot see it; onnxruntime refuses the compile.
