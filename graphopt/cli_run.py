@@ -58,7 +58,8 @@ def add_run_parser(sub) -> None:
     p.add_argument("--profile", metavar="NAME",
                    help="an artifact with shape profiles (--dynamic-dims): open this profile "
                         "alone and shape the random inputs for it (default: every profile, "
-                        "random inputs for the first); with --inputs their shapes choose")
+                        "random inputs for the first); not with --inputs, whose shapes "
+                        "choose the profile")
     p.set_defaults(func=_cmd_run)
 
 

@@ -438,6 +438,12 @@ def test_report_names_the_profiles(mlp_om, tmp_path, capsys):
     assert largest != "profile0" and f"{largest} needs the most work memory" in html
     assert all(f"<td>{name}</td><td>{name}.p0_cpu</td>" in html for name in sizes)
     assert f"{format_bytes(sizes[largest])} (largest)</td>" in html
+    # Profiles that tie for the most memory have no one largest.
+    from graphopt.codegen.inspect_om import largest_profile
+
+    rows = [{"name": f"p{i}", "work_bytes": size} for i, size in enumerate((0, 0, 0))]
+    assert largest_profile(rows) is None
+    assert largest_profile(rows[:2] + [{"name": "p2", "work_bytes": 5}]) == "p2"
 
 
 def test_write_om_refuses_profiles_that_cannot_share_an_artifact(tmp_path):

@@ -309,10 +309,11 @@ def profile_rows(artifact: OmArtifact) -> list[dict]:
 
 
 def largest_profile(rows: list[dict]) -> str | None:
-    """The profile needing the most work memory, when there are several and all are planned."""
+    """The profile needing the most work memory, when there are several, all are planned and
+    one needs more than every other."""
     sizes = [r["work_bytes"] for r in rows]
-    if len(rows) < 2 or None in sizes:
-        return None
+    if len(rows) < 2 or None in sizes or sizes.count(max(sizes)) > 1:
+        return None  # a tie (every profile 0 B, say) has no one largest
     return max(rows, key=lambda r: r["work_bytes"])["name"]
 
 
