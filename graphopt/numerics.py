@@ -102,7 +102,7 @@ def optimized_by_onnxruntime(model: ModelProto, level: str,
     options = ort.SessionOptions()
     options.graph_optimization_level = LEVELS[level]
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # a refusal is the caller's to report, not a log line
     with tempfile.TemporaryDirectory(prefix="graphopt-ort-") as folder:
         options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
         ort.InferenceSession(model.SerializeToString(), options,

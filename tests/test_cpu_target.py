@@ -373,3 +373,42 @@ def test_a_transposed_matrix_times_a_vector_skips_onnxruntimes_transpose_folding
         warnings.simplefilter("ignore", RuntimeWarning)  # the NPU's CPU stand-in
         with graphopt.load(path) as session:
             assert numerics.compare(expected, session.run(feeds)) == []
+
+
+NORM = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[2,4,8] x, float[2,4,8] skip) => (float[2,4,8] y) {
+      r = Add (x, skip)
+      m = ReduceMean <axes = [-1]> (r)
+      d = Sub (r, m)
+      d2 = Pow (d, p)
+      v = ReduceMean <axes = [-1]> (d2)
+      ve = Add (v, eps)
+      s = Sqrt (ve)
+      y = Div (d, s)
+    }"""
+
+
+@pytest.mark.parametrize("exponent, epsilon", [(0.0, 1e-5), (3.0, 1e-5), (2.0, 0.0),
+                                               (2.0, -1e-5), (2.0, float("nan"))])
+@pytest.mark.parametrize("level", [1, 2])
+def test_norms_onnxruntime_would_misread_are_left_as_written(tmp_path, exponent, epsilon,
+                                                             level):
+    # onnxruntime's LayerNormFusion reads no Pow exponent (a Pow(d, 0) became a LayerNorm, off
+    # by 0.2), and its (Skip)LayerNormalization kernels refuse an epsilon ≤ 0 or NaN at load:
+    # neither graphopt's FuseLayerNorm nor the session's fusions may take such a norm.
+    proto = onnx.parser.parse_model(NORM)
+    proto.graph.initializer.extend([
+        onnx.numpy_helper.from_array(np.array(exponent, np.float32), "p"),
+        onnx.numpy_helper.from_array(np.array(epsilon, np.float32), "eps")])
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal((2, 4, 8)).astype(np.float32) for name in ("x", "skip")}
+    expected = numerics.run(proto, feeds)
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, level=level, target="cpu"), path)
+    (partition,) = load_om(path).manifest["partitions"]
+    assert partition.get("optimization_level", "all") == "disable" \
+        or "LayerNormFusionL2" in (partition.get("disabled_optimizers") or [])
+    with graphopt.load(path) as session:
+        actual = session.run(feeds)
+    np.testing.assert_allclose(actual["y"], expected["y"], rtol=1e-5, atol=1e-6)

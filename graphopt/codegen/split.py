@@ -91,13 +91,22 @@ _TRANSPOSE_FOLDER = "MatmulTransposeFusion"
 # onnxruntime's SkipLayerNormFusion ("extended" level) turns Add + LayerNormalization back into
 # the SkipLayerNormalization graphopt's fusions avoid on the CPU (see _session_level).
 _SKIP_FUSER = "SkipLayerNormFusion"
+# onnxruntime's LayerNormFusion ("basic" level from opset 17, "extended" before; named by its
+# level since 1.2x) and SimplifiedLayerNormFusion match a decomposed LayerNorm or RMSNorm
+# without reading the Pow's exponent (1.32: Pow(d, 0) fused as a LayerNorm, off by 0.2 to 0.6),
+# and build a (Skip)LayerNormalization from any epsilon, whose kernel then refuses one ≤ 0 or
+# NaN at load.
+_NORM_FUSERS = ("LayerNormFusionL1", "LayerNormFusionL2", "LayerNormFusion",
+                "SimplifiedLayerNormFusion")
 
 
 def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | None:
     """The onnxruntime optimizers that would change this partition's results or slow it, at
     its session `level` (None: onnxruntime's default, "all"): None, or WeightBiasQuantization
     when a float Conv/ConvTranspose/Gemm reads dequantized data, MatmulTransposeFusion when a
-    MatMul of a transposed A reads a 1-D B, and SkipLayerNormFusion where a partition at
+    MatMul of a transposed A reads a 1-D B, the norm fusions where a Pow's exponent or an
+    epsilon is one they would misread (_misfused_norm_part), and SkipLayerNormFusion where a
+    partition at
     "extended" or above (a fused float one, Q/DQ, convs left for onnxruntime to block, a
     compile for no target) has an Add + LayerNormalization it would fuse: a wav2vec2 export's
     .om, its convs left to onnxruntime, ran 1.28× the original's time with four
@@ -107,6 +116,8 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
         functions = {(f.domain, f.name): f for f in model.functions}
         if any(_refusable_skip_layernorm(n, functions) for n in model.graph.all_nodes()):
             found.append(_SKIP_FUSER)
+    if level != "disable" and any(_misfused_norm_part(n) for n in model.graph.all_nodes()):
+        found += [name for name in (*_NORM_FUSERS, _SKIP_FUSER) if name not in found]
     for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
                 and len(node.inputs) > 1 and node.inputs[0] is not None:
@@ -119,6 +130,33 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
                 and _TRANSPOSE_FOLDER not in found:
             found.append(_TRANSPOSE_FOLDER)
     return found or None
+
+
+def _misfused_norm_part(node) -> bool:
+    """A node onnxruntime's norm fusions would misread: a Pow whose constant exponent is not
+    2, an Add of a constant ≤ 0 or NaN into a Sqrt (a decomposed norm's epsilon), or a
+    LayerNormalization whose epsilon is ≤ 0 or NaN."""
+    import math
+
+    import numpy as np
+
+    if not node.is_onnx:
+        return False
+    if node.op_type == "LayerNormalization":
+        epsilon = node.attr("epsilon", 1e-5)
+        return not (isinstance(epsilon, (int, float)) and epsilon > 0)  # NaN > 0 is False
+    if node.op_type == "Pow" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        exponent = node.inputs[1].constant()
+        return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) != 2
+    if node.op_type == "Add" and any(use.op_type == "Sqrt" for out in node.outputs
+                                     if out is not None for use in out.consumers()):
+        for value in node.inputs:
+            data = value.constant() if value is not None else None
+            if data is not None and data.size == 1 and np.issubdtype(data.dtype, np.floating):
+                epsilon = float(data.reshape(-1)[0])
+                if math.isnan(epsilon) or epsilon <= 0:
+                    return True
+    return False
 
 
 def _transposed_times_vector(node) -> bool:

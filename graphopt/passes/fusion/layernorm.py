@@ -70,6 +70,9 @@ def _problem(x: Value, b: dict) -> str | None:
                    f"{b[f'{key}_keep']}, not over the last axis only with keepdims=1"
     if b["eps"].size != 1 or b["eps"].ndim > rank:  # a [1,1,1,1] ε would add an axis
         return f"epsilon has shape {list(b['eps'].shape)}, not a scalar"
+    if not float(b["eps"].ravel()[0]) > 0:  # NaN too
+        return f"epsilon {float(b['eps'].ravel()[0])} is not positive, which onnxruntime's " \
+               "(Skip)LayerNormalization kernels refuse"
     if "cast_in" in b and (b["cast_in"] != DType.FLOAT or b["cast_out"] != x.dtype):
         return "the Casts do not go from x's type to f32 and back"
     for role, p in [(r, b[r]) for r in ("gamma", "beta") if b.get(r) is not None]:
@@ -221,7 +224,9 @@ class SkipLayerNorm(_Skip):
         return op.LayerNormalization(op.Add(x, skip), gamma, Optional(beta),
                                      axis=Attr("axis", -1), epsilon=Attr("epsilon", 1e-5))
 
-    def check(self, x, skip, gamma, axis, beta=None):
+    def check(self, x, skip, gamma, axis, epsilon, beta=None):
+        if not epsilon > 0:  # NaN too: SkipLayerNormalization's kernel refuses it at load
+            return f"epsilon {epsilon} is not positive"
         shapes = {tuple(p.shape or ()) for p in (gamma, beta) if p is not None}
         problem = _same_shape(x, skip)
         if problem is None and (axis not in (-1, 2) or shapes != {(x.shape[-1],)}):
