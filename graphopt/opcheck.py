@@ -14,6 +14,7 @@ from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node
+from graphopt.ir.node import unnamed_label
 from graphopt.ir.onnx_io import attribute_to_proto
 from graphopt.option_names import setting
 
@@ -332,11 +333,16 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
     from graphopt.passes.infer_shapes import inferred_types, weightless_proto
 
     proto = weightless_proto(model, value_infos=False)
+    # Unnamed nodes get a name for the error to give, mapped back to how messages name them.
+    labels: dict[str, str] = {}
     # Only the nodes are judged: a declared output or intermediate shape that disagrees with
     # the inferred one is a stale annotation onnxruntime overrides with a warning.
     for graph in _graphs(proto.graph):
         del graph.value_info[:]
         for node in graph.node:
+            if not node.name:
+                node.name = f"graphopt-unnamed-{len(labels)}"
+                labels[node.name] = unnamed_label("", [o for o in node.output if o])
             if node.domain == "ai.onnx":  # an alias onnxruntime accepts, inference does not
                 node.domain = ""
             if node.domain == "" and not onnx.defs.has(node.op_type, ""):
@@ -344,8 +350,11 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
                 # its optimizer and FuseLayerNorm write it): check_ops knew it, inference has
                 # no schema and would refuse it, so it sees a domain it leaves alone.
                 node.domain = _RUNTIME_ONLY
+        # An input returned as it is keeps its shape: cleared, it would leave inference
+        # blind to the shape of the input itself.
+        inputs = {i.name for i in graph.input}
         for output in graph.output:
-            if output.type.HasField("tensor_type"):
+            if output.type.HasField("tensor_type") and output.name not in inputs:
                 output.type.tensor_type.ClearField("shape")
     if any(n.domain == _RUNTIME_ONLY for g in _graphs(proto.graph) for n in g.node):
         proto.opset_import.add(domain=_RUNTIME_ONLY, version=1)
@@ -370,7 +379,8 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
             inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, data_prop=False)
             return inferred_types(model, inferred)
         if node:  # worded as inference by kind words it
-            raise InputError(f"{label}: node '{node[2] or '?'}' ({node[1]}): shape inference "
+            named = labels.get(node[2] or "") or f"'{node[2] or '?'}'"
+            raise InputError(f"{label}: node {named} ({node[1]}): shape inference "
                              f"refuses it: {node[3]}") from None
         raise InputError(f"{label}: shape inference refuses the model: "
                          f"{first or type(exc).__name__}") from None

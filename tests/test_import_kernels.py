@@ -313,3 +313,26 @@ def test_an_output_declared_with_another_type_than_its_op_writes_is_refused():
     with pytest.raises(GraphoptError, match=r"output 'y' is declared DOUBLE, but the op always "
                                             r"writes FLOAT"):
         graphopt.optimize(model)
+
+
+@pytest.mark.parametrize("returned", [False, True])
+def test_shape_inference_names_an_unnamed_node_by_its_output_even_beside_a_returned_input(
+        returned):
+    # An empty `dilations` no Conv kernel takes. Returning the input x as an output too used
+    # to hide it (the check cleared every output's shape, x's with them), and an unnamed node
+    # was named '?'.
+    dilations = onnx.helper.make_attribute("dilations", [], attr_type=onnx.AttributeProto.INTS)
+    conv = onnx.helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3])
+    conv.attribute.append(dilations)
+    info = onnx.helper.make_tensor_value_info
+    outputs = [info("y", onnx.TensorProto.FLOAT, [1, 4, 3, 3])]
+    if returned:
+        outputs.append(info("x", onnx.TensorProto.FLOAT, [1, 2, 5, 5]))
+    graph = onnx.helper.make_graph(
+        [conv], "g", [info("x", onnx.TensorProto.FLOAT, [1, 2, 5, 5])], outputs,
+        [onnx.numpy_helper.from_array(np.ones((4, 2, 3, 3), np.float32), "w")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with pytest.raises(GraphoptError, match=r"^<model>: node writing 'y' \(Conv\): shape "
+                                            r"inference refuses it: .*dilations"):
+        graphopt.optimize(model)

@@ -262,6 +262,27 @@ def test_a_static_dim_the_inputs_do_not_imply_is_not_folded_in(tmp_path):
     assert graphopt.load(tmp_path / "m.om").run({"x": x})["ds"].tolist() == [3, 2]
 
 
+@pytest.mark.parametrize("declared", [[1, 24], ["a", "b"]])
+def test_a_declared_rank_the_node_does_not_compute_gives_way(tmp_path, declared):
+    # A Softmax of [1,2,3,4] declared as output [1,24]: onnxruntime warns and returns
+    # [1,2,3,4]. The .om's signature (and any Shape of it) must say what is returned.
+    import graphopt
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=1)], "stale",
+        [vi("x", TensorProto.FLOAT, [1, 2, 3, 4])], [vi("y", TensorProto.FLOAT, declared)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              ir_version=IR_VERSION)
+    result = graphopt.optimize(proto, target="cpu")
+    assert result.model.graph.outputs[0].shape == (1, 2, 3, 4)
+    graphopt.save(result, tmp_path / "m.om")
+    session = graphopt.load(tmp_path / "m.om")
+    assert session.outputs[0]["shape"] == [1, 2, 3, 4]
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    assert session.run({"x": x})["y"].shape == (1, 2, 3, 4)
+
+
 def test_types_are_carried_past_contrib_ops():
     """ONNX shape inference types no com.microsoft op: InferShapes types FusedMatMul,
     Attention and the elementwise ones itself and infers on from there."""

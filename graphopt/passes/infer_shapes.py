@@ -365,18 +365,25 @@ def drop_unfounded_dims(model: Model, types: dict[str, bytes]) -> int:
     inference from the inputs finds a dim that is not that number (symbolic, unknown, or
     another size): a tracer's leftover, [3, 7] for what is [3, N]. Folding Shape on it would
     bake in 7, and onnxruntime itself gives the declared or the computed size depending on its
-    optimization level. Returns how many values were corrected."""
+    optimization level. A declared rank the node does not compute ([1, 24] for a Softmax's
+    [1, 2, 3, 4]) gives way to the inferred shape whole. Returns how many values were
+    corrected."""
     corrected = 0
     shapes: dict[bytes, tuple | None] = {}  # a model has a few distinct types: read each once
     for value in model.graph.all_values():
         raw = types.get(value.name) if value.producer is not None else None
-        if raw is None or value.shape is None or value.type_proto is not None \
-                or all(type(d) is not int for d in value.shape):
+        if raw is None or value.shape is None or value.type_proto is not None:
             continue
         if raw not in shapes:
             shapes[raw] = read_type(TypeProto.FromString(raw))[1]
         inferred = shapes[raw]
-        if inferred is None or len(inferred) != len(value.shape):
+        if inferred is None:
+            continue
+        if len(inferred) != len(value.shape):  # a declared rank the node does not compute
+            value.shape = tuple(inferred)       # (onnxruntime warns, and returns what it
+            corrected += 1                      # computes): a Shape of it must not fold
+            continue
+        if all(type(d) is not int for d in value.shape):
             continue
         fixed = tuple(found if type(declared) is int and found != declared else declared
                       for declared, found in zip(value.shape, inferred))
