@@ -619,3 +619,18 @@ def test_report_on_a_damaged_om_says_what_is_wrong_with_it(compiled, tmp_path, c
     damaged.write_bytes(open(compiled, "rb").read()[:300])
     rc, _, err = cli(capsys, "report", str(damaged), "-o", str(tmp_path / "r.html"))
     assert rc == 1 and "truncated or corrupt zip archive" in err and "compile it first" not in err
+
+
+@pytest.mark.parametrize("elem_type, shown", [(99, "elem_type 99"), (-1, "elem_type -1")])
+def test_inspect_of_an_onnx_with_an_undefined_element_type_says_so(tmp_path, capsys, elem_type,
+                                                                   shown):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", elem_type, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    for extra in ([], ["--json"]):
+        rc, out, err = run_cli(capsys, "inspect", tmp_path / "m.onnx", *extra)
+        assert rc == 1 and not out
+        assert f"value 'x' has an element type ONNX does not define ({shown})" in err, err

@@ -42,6 +42,19 @@ def read_onnx(path: str | os.PathLike, om_too: bool = True) -> onnx.ModelProto:
     return model
 
 
+def _elem_types(type_proto) -> str:
+    """The element type numbers a (possibly nested) TypeProto names, for a message."""
+    kind = type_proto.WhichOneof("value")
+    inner = getattr(type_proto, kind) if kind else None
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        return f"elem_type {inner.elem_type}"
+    if kind in ("sequence_type", "optional_type"):
+        return _elem_types(inner.elem_type)
+    if kind == "map_type":
+        return f"key_type {inner.key_type}, {_elem_types(inner.value_type)}"
+    return "no type"
+
+
 def _tensor_bytes(tensor: onnx.TensorProto) -> int:
     if tensor.data_type == TensorProto.STRING:
         return sum(len(s) for s in tensor.string_data)
@@ -57,6 +70,12 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
     """`graphopt inspect model.onnx --json`: signature, opsets, node and op counts, weights."""
     weights = list(model.graph.initializer) + [s.values for s in model.graph.sparse_initializer]
     counts = op_counts(model)
+    for info in (*model.graph.input, *model.graph.output):
+        try:
+            typed_entry(info)
+        except ValueError:  # an element type number ONNX does not define, maybe nested
+            raise InputError(f"{path}: value {info.name!r} has an element type ONNX does not "
+                             f"define ({_elem_types(info.type)})") from None
     return {
         "file": path,
         "ir_version": model.ir_version,
