@@ -590,8 +590,28 @@ def untyped_input() -> onnx.ModelProto:
     return model
 
 
+def default_domain_twice() -> onnx.ModelProto:
+    """'' at 13 and 'ai.onnx' at 1: onnxruntime reads the nodes at one, graphopt at the other
+    (an fp16 compile's Casts then load as Cast-1)."""
+    model = copy.deepcopy(SEED)
+    model.opset_import.add(domain="ai.onnx", version=1)
+    return model
+
+
+def initializer_unlike_its_input() -> onnx.ModelProto:
+    """A graph input whose initializer (its default value) has another shape."""
+    model = parse_model("g (float[1,4] x) => (float[1,4] y) { y = Relu (x) }")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros((2, 2), np.float32),
+                                                                "x"))
+    return model
+
+
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
+    ("default_domain_twice", r"opset_import names the default domain twice, as '' \(version "
+                             r"\d+\) and 'ai.onnx' \(version 1\)"),
+    ("initializer_unlike_its_input", r"graph input 'x' is declared with shape \[1, 4\], its "
+                                     r"initializer \[2, 2\]"),
     ("future_opset", r"opset 99 of the default domain is newer than any this onnx \S+ knows"),
     ("untyped_input", r"graph input '\w+' has no type"),
     ("negative_kernel",

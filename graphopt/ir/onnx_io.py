@@ -198,11 +198,19 @@ class _Importer:
                 # No schema to check its nodes against; onnxruntime refuses it at load.
                 raise self.error(f"opset {entry.version} of the default domain is newer than "
                                  f"any this onnx {onnx.__version__} knows (up to {newest})")
-        weights = {t.name for t in proto.graph.initializer}
+        versions = {entry.domain: entry.version for entry in proto.opset_import
+                    if entry.domain in ("", "ai.onnx")}
+        if len(set(versions.values())) > 1:
+            raise self.error(f"opset_import names the default domain twice, as '' (version "
+                             f"{versions['']}) and 'ai.onnx' (version {versions['ai.onnx']}): "
+                             "onnxruntime reads the nodes at one and the other; give it once")
+        weights = {t.name: t for t in proto.graph.initializer}
         for vi in proto.graph.input:  # a subgraph's may leave theirs to the outer graph
             if vi.name not in weights and vi.type.WhichOneof("value") is None:
                 raise self.error(f"graph input '{vi.name}' has no type: a caller cannot know "
                                  "what to feed (onnxruntime refuses the model)")
+            if vi.name in weights:
+                self._check_default(vi, weights[vi.name])
         graph = self.graph(proto.graph, {})
         if not graph.outputs:
             raise self.error(f"graph '{proto.graph.name}' has no outputs (nothing to compute)")
@@ -226,6 +234,29 @@ class _Importer:
             training_info=list(proto.training_info),
             configuration=list(getattr(proto, "configuration", [])),
         )
+
+    def _check_default(self, vi: ValueInfoProto, tensor) -> None:
+        """An input whose initializer is its default value must be of the declared type and
+        shape (onnxruntime refuses the model otherwise: "Shape of initializer x does not
+        match")."""
+        if vi.type.WhichOneof("value") != "tensor_type":
+            return
+        declared = vi.type.tensor_type
+        dims = list(tensor.dims)
+        if declared.elem_type and declared.elem_type != tensor.data_type:
+            problem = f"element type {declared.elem_type}, its initializer {tensor.data_type}"
+        elif declared.HasField("shape") and (
+                len(declared.shape.dim) != len(dims) or any(
+                    d.HasField("dim_value") and d.dim_value != n
+                    for d, n in zip(declared.shape.dim, dims))):
+            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in declared.shape.dim]
+            problem = f"shape {shape}, its initializer {dims}"
+        else:
+            return
+        raise self.error(f"graph input '{vi.name}' is declared with {problem}: the "
+                         "initializer of an input's name is its default value, and must match "
+                         "it (onnxruntime refuses the model)")
 
     def graph(self, proto: GraphProto, outer: Scope) -> Graph:
         self.check_text(proto, "a graph")
