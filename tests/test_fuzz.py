@@ -590,6 +590,20 @@ def untyped_input() -> onnx.ModelProto:
     return model
 
 
+def no_opset_import() -> onnx.ModelProto:
+    """A model whose only fault is an empty opset_import: the message names the field."""
+    model = copy.deepcopy(SEED)
+    del model.opset_import[:]
+    return model
+
+
+def opset_zero() -> onnx.ModelProto:
+    """Default-domain opset 0, which never was."""
+    model = copy.deepcopy(SEED)
+    model.opset_import[0].version = 0
+    return model
+
+
 def default_domain_twice() -> onnx.ModelProto:
     """'' at 13 and 'ai.onnx' at 1: onnxruntime reads the nodes at one, graphopt at the other
     (an fp16 compile's Casts then load as Cast-1)."""
@@ -608,6 +622,8 @@ def initializer_unlike_its_input() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
+    ("no_opset_import", r"not a valid ONNX model: it has no opset_import \(an exporter "),
+    ("opset_zero", r"opset_import of domain 'ai.onnx' has version 0"),
     ("default_domain_twice", r"opset_import names the default domain twice, as '' \(version "
                              r"\d+\) and 'ai.onnx' \(version 1\)"),
     ("initializer_unlike_its_input", r"graph input 'x' is declared with shape \[1, 4\], its "

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from graphopt.codegen.feeds import typed_entry, typed_inputs
 from graphopt.codegen.inspect_om import format_bytes, op_counts, signature_cells
 from graphopt.errors import InputError
+from graphopt.ir.onnx_io import check_looks_like_model
 from graphopt.table import format_table
 
 
@@ -35,10 +36,7 @@ def read_onnx(path: str | os.PathLike, om_too: bool = True) -> onnx.ModelProto:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise InputError(f"{path}: {what} ({exc})") from None
-    # Random bytes sometimes parse "successfully" into an empty-ish message.
-    if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
-        raise InputError(f"{path}: {what} (no ir_version, graph or opset_import; the file may "
-                         "be truncated)")
+    check_looks_like_model(model, path, what)
     return model
 
 

@@ -52,7 +52,7 @@ def read_model_proto(path: str | os.PathLike, load_external: bool = True) -> Mod
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InputError(f"{path}: not a valid ONNX model (protobuf parse failed: {e})") from None
-    _check_looks_like_model(proto, path)
+    check_looks_like_model(proto, path)
     if not load_external:
         return proto
     try:
@@ -92,11 +92,21 @@ def _copy(message):
     return copy
 
 
-def _check_looks_like_model(proto: ModelProto, path: str) -> None:
-    # Random or truncated bytes sometimes parse "successfully" into an empty-ish message.
-    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
-        raise InputError(f"{path}: not a valid ONNX model (no ir_version, graph or opset_import; "
-                         "the file may be truncated or not ONNX)")
+def check_looks_like_model(proto: ModelProto, path: str,
+                           what: str = "not a valid ONNX model") -> None:
+    """InputError naming what a model lacks. Random or truncated bytes sometimes parse
+    "successfully" into an empty-ish message: lacking all three, the file is that."""
+    missing = [field for field, present in (("ir_version", proto.ir_version > 0),
+                                            ("graph", proto.HasField("graph")),
+                                            ("opset_import", bool(proto.opset_import)))
+               if not present]
+    if len(missing) == 3:
+        raise InputError(f"{path}: {what} (no ir_version, graph or opset_import; the file may "
+                         "be truncated or not ONNX)")
+    if missing:
+        raise InputError(f"{path}: {what}: it has no {' and no '.join(missing)}"
+                         + (" (an exporter writes the opset its nodes follow there)"
+                            if "opset_import" in missing else ""))
 
 
 def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: bool = False) -> Model:
@@ -118,7 +128,7 @@ def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: boo
             proto.ParseFromString(source)
         except (DecodeError, RuntimeError, ValueError) as e:
             raise InputError(f"{label}: not a valid ONNX model ({e})") from None
-        _check_looks_like_model(proto, label)
+        check_looks_like_model(proto, label)
     else:
         label = os.fspath(source)
         # External data stays on disk: the IR maps each tensor when (and if) it is read.
@@ -190,7 +200,9 @@ class _Importer:
             raise self.error(f"IR version {proto.ir_version} is not one this onnx "
                              f"{onnx.__version__} reads (1 to {onnx.IR_VERSION})")
         for entry in proto.opset_import:
-            if not 0 <= entry.version < 2 ** 31:  # the checker and onnxruntime take int32
+            # The checker and onnxruntime take int32; no default-domain opset 0 was ever.
+            if not 0 <= entry.version < 2 ** 31 or (entry.version == 0
+                                                    and entry.domain in ("", "ai.onnx")):
                 raise self.error(f"opset_import of domain '{entry.domain or 'ai.onnx'}' has "
                                  f"version {entry.version}")
             newest = onnx.defs.onnx_opset_version()
