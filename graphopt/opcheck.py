@@ -381,7 +381,7 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
         if node:  # worded as inference by kind words it
             named = labels.get(node[2] or "") or f"'{node[2] or '?'}'"
             raise InputError(f"{label}: node {named} ({node[1]}): shape inference "
-                             f"refuses it: {node[3]}") from None
+                             f"refuses it: {_elem_type_names(node[3])}") from None
         raise InputError(f"{label}: shape inference refuses the model: "
                          f"{first or type(exc).__name__}") from None
     except onnx.checker.ValidationError as exc:  # the model as a whole: recursive functions, …
@@ -389,6 +389,27 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
     except (ValueError, RuntimeError):
         return None  # inference could not run at all (a model past 2 GB); onnxruntime will judge
     return inferred_types(model, inferred)
+
+
+_ELEM_TYPES_DIFFER = re.compile(r"Inferred elem type differs from existing elem type: "
+                                r"\((\d+)\) vs \((\d+)\)")
+
+
+def _elem_type_names(reason: str) -> str:
+    """Inference's element type numbers as names: what the node computes against what the
+    model declares for its output (a graph output's declared type)."""
+    def named(match: re.Match) -> str:
+        computed, declared = (_type_name(int(match[i])) for i in (1, 2))
+        return f"it computes {computed} where the model declares {declared} for its output"
+
+    return _ELEM_TYPES_DIFFER.sub(named, reason)
+
+
+def _type_name(elem_type: int) -> str:
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
+    except (KeyError, TypeError, ValueError):
+        return f"element type {elem_type}"
 
 
 _UNTYPED_INPUT = "expected to have type but instead is null"

@@ -590,6 +590,11 @@ def untyped_input() -> onnx.ModelProto:
     return model
 
 
+def output_declared_int64() -> onnx.ModelProto:
+    """A float Relu whose graph output is declared int64: the message names both types."""
+    return parse_model("g (float[2] x) => (int64[2] y) { y = Relu (x) }")
+
+
 def no_opset_import() -> onnx.ModelProto:
     """A model whose only fault is an empty opset_import: the message names the field."""
     model = copy.deepcopy(SEED)
@@ -622,6 +627,9 @@ def initializer_unlike_its_input() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
+    ("output_declared_int64", r"node writing 'y' \(Relu\): shape inference refuses it: "
+                              r".*it computes float32 where the model declares int64 for its "
+                              r"output"),
     ("no_opset_import", r"not a valid ONNX model: it has no opset_import \(an exporter "),
     ("opset_zero", r"opset_import of domain 'ai.onnx' has version 0"),
     ("default_domain_twice", r"opset_import names the default domain twice, as '' \(version "
