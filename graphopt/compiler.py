@@ -30,7 +30,8 @@ from graphopt.option_names import from_command_line, option, setting
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
-from graphopt.passes.infer_shapes import drop_unfounded_dims, infer_shapes, record_type_bytes
+from graphopt.passes.infer_shapes import (drop_unfounded_declarations, infer_shapes,
+                                          record_type_bytes)
 from graphopt.passes.disputed_shapes import forget_disputed_sizes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.rules import RULES, Tracer
@@ -138,7 +139,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> lis
                 raise InputError(f"{exc}; {EARLY_LAYER_NORM_HINT}") from None
             raise
         if types is not None:
-            drop_unfounded_dims(model, types)
+            drop_unfounded_declarations(model, types)
             record_type_bytes(model, types, static_only=True)
             forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
         check_kernel_dtypes(model, label)

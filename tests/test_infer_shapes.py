@@ -283,6 +283,25 @@ def test_a_declared_rank_the_node_does_not_compute_gives_way(tmp_path, declared)
     assert session.run({"x": x})["y"].shape == (1, 2, 3, 4)
 
 
+@pytest.mark.parametrize("dim", ["N", 2])
+def test_a_declared_dtype_the_node_does_not_compute_gives_way(tmp_path, dim):
+    # The exporter's value_info says r is int64[1]; Relu computes float. Kept, the .om's
+    # partition did not load ("Type (tensor(int64)) of output arg (r) does not match").
+    import graphopt
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+        "stale", [vi("x", TensorProto.FLOAT, [dim, 3])], [vi("y", TensorProto.FLOAT, [dim, 3])],
+        value_info=[vi("r", TensorProto.INT64, [1])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    graphopt.save(graphopt.optimize(proto, target="cpu"), tmp_path / "m.om")
+    x = np.array([[1, -2, 3], [-4, 5, -6]], np.float32)
+    np.testing.assert_array_equal(graphopt.load(tmp_path / "m.om").run({"x": x})["y"],
+                                  -np.maximum(x, 0))
+
+
 def test_types_are_carried_past_contrib_ops():
     """ONNX shape inference types no com.microsoft op: InferShapes types FusedMatMul,
     Attention and the elementwise ones itself and infers on from there."""

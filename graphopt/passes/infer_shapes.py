@@ -360,24 +360,28 @@ def record_type_bytes(model: Model, types: dict[str, bytes], static_only: bool =
     return changed
 
 
-def drop_unfounded_dims(model: Model, types: dict[str, bytes]) -> int:
+def drop_unfounded_declarations(model: Model, types: dict[str, bytes]) -> int:
     """Undo the static dims a model's own value infos declare for computed values where
     inference from the inputs finds a dim that is not that number (symbolic, unknown, or
     another size): a tracer's leftover, [3, 7] for what is [3, N]. Folding Shape on it would
     bake in 7, and onnxruntime itself gives the declared or the computed size depending on its
     optimization level. A declared rank the node does not compute ([1, 24] for a Softmax's
-    [1, 2, 3, 4]) gives way to the inferred shape whole. Returns how many values were
-    corrected."""
+    [1, 2, 3, 4]) gives way to the inferred shape whole, and a declared dtype the node does
+    not compute to the inferred one. Returns how many values were corrected."""
     corrected = 0
-    shapes: dict[bytes, tuple | None] = {}  # a model has a few distinct types: read each once
+    read: dict[bytes, tuple] = {}  # a model has a few distinct types: read each once
     for value in model.graph.all_values():
         raw = types.get(value.name) if value.producer is not None else None
-        if raw is None or value.shape is None or value.type_proto is not None:
+        if raw is None or value.type_proto is not None:
             continue
-        if raw not in shapes:
-            shapes[raw] = read_type(TypeProto.FromString(raw))[1]
-        inferred = shapes[raw]
-        if inferred is None:
+        if raw not in read:
+            read[raw] = read_type(TypeProto.FromString(raw))
+        dtype, inferred, type_proto = read[raw]
+        if type_proto is None and dtype is not None and value.dtype is not None \
+                and dtype != value.dtype:  # a stale dtype: onnxruntime refuses the node
+            value.dtype = dtype
+            corrected += 1
+        if inferred is None or value.shape is None:
             continue
         if len(inferred) != len(value.shape):  # a declared rank the node does not compute
             value.shape = tuple(inferred)       # (onnxruntime warns, and returns what it
