@@ -301,7 +301,8 @@ def profile_rows(artifact: OmArtifact) -> list[dict]:
             "inputs": "; ".join(f"{e['name']}{format_shape(e['shape'])}"
                                 for e in profile["inputs"]),
             "partitions": len(order),
-            "devices": sorted({by_name[name]["device"] for name in order if name in by_name}),
+            "devices": list(dict.fromkeys(by_name[name]["device"] for name in order
+                                          if name in by_name)),  # in execution order
             "nodes": sum(sum(op_counts(artifact.models[name]).values()) for name in order
                          if name in artifact.models),
             "work_bytes": work_bytes(plans[profile["name"]])})
