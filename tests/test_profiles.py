@@ -581,6 +581,7 @@ def test_inspect_and_report_show_each_profiles_placement_and_kernels(tmp_path, c
     assert "placement of profile3: 1 node(s) fell back to the host" in text
     assert "kernel configs of profile3 (estimates;" in text
     assert "kernel configs: none in profile0, which run(s) every node on the host" in text
+    assert "2 (npu, cpu)" in text  # devices in execution order
     page = tmp_path / "ct.html"
     rc, _, err = run_cli(capsys, "report", out, "-o", page)
     assert rc == 0, err
