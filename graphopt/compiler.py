@@ -224,8 +224,39 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
                          f"input's dims open (no {option('input_shapes')} for it)")
 
 
+def check_loads(model: Model, label: str, given: bytes) -> str | None:
+    """InputError when onnxruntime cannot load the compiled model where it loads the original
+    (`given`, weightless_bytes of the model as given): a model it loads but cannot run, or a
+    rewrite gone wrong. A note when it loads neither: the model as given is one onnxruntime
+    refuses, and so will the output be. None when it loads. A missing kernel is about types,
+    which the CPU provider may lack for a device's compile (bfloat16), and is left to the
+    artifact's runtime."""
+    refusal = onnxruntime_refusal(model)
+    if refusal and "NOT_IMPLEMENTED" not in refusal:
+        # Some kernels take only constant weights, which the weightless check passes as inputs.
+        refusal = onnxruntime_refusal(model, weightless=False)
+    if not refusal or "NOT_IMPLEMENTED" in refusal:
+        return None
+    if numerics.load_refusal(given) is None:
+        # Either a model onnxruntime loads but can never run (a Reshape to a size its data
+        # does not have), whose contradiction folding made static, or a rewrite gone wrong.
+        raise InputError(f"{label}: onnxruntime cannot load the compiled model, where it loads "
+                         f"the original: {refusal}. If the original runs, this is a graphopt "
+                         "bug (--disable-pass on the pass that made the node, or -O0, compiles "
+                         "without it); a model onnxruntime loads but cannot run fails so once "
+                         "its shapes fold")
+    return (f"onnxruntime cannot load the model as given, nor its compile: {refusal} (the "
+            "output will not load where this onnxruntime runs)")
+
+
 def _pins(shapes: dict[str, list[int]]) -> str:
     return ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
+
+
+def weightless_bytes(model: Model) -> bytes | None:
+    """The model serialized with weights above 1 KiB as graph inputs of their type and shape,
+    as onnxruntime_refusal has onnxruntime judge it; None past protobuf's 2 GiB."""
+    return numerics.serialized(to_onnx(model, weights_as_inputs_above=1024, value_infos=False))
 
 
 def onnxruntime_refusal(model: Model, weightless: bool = True) -> str | None:
@@ -374,7 +405,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     ops_before = op_counts(ir_model.graph.all_nodes())
     import_notes += _overridable_note(ir_model)
     # Whether onnxruntime loads the model before any pin: then it must after (check_compiled_loads).
-    loaded_unpinned = bool(options.input_shapes) and onnxruntime_refusal(ir_model) is None
+    # The model as given, weightless, for onnxruntime to judge if its compile does not load
+    # (serialized now, loaded only then: a session costs ~10% of a small model's compile).
+    given = None if options.allow_custom_ops else weightless_bytes(ir_model)
+    loaded_unpinned = bool(options.input_shapes) and given is not None \
+        and numerics.load_refusal(given) is None
     if options.input_shapes:
         if not pinned_first:
             pin_input_shapes(ir_model, options.input_shapes)
@@ -408,6 +443,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     _mark_lossy(ir_model, log, target)
     if loaded_unpinned:
         check_compiled_loads(ir_model, label, options.input_shapes)
+    elif given is not None and not options.input_shapes:
+        note = check_loads(ir_model, label, given)
+        if note:
+            ctx.notes.append(note)
     result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
                             notes=import_notes + ctx.notes, source_identity=source_identity)
     record_tuning(result, tuning_db, tuned)

@@ -904,3 +904,29 @@ def test_large_weight_of_the_wrong_length_is_refused_at_import():
                        match=r"initializer 'w': float tensor of shape \[512, 512\] needs "
                              r"1048576 bytes of data, has 1048572"):
         optimize(model.SerializeToString())
+
+
+def test_a_model_onnxruntime_cannot_load_compiles_with_a_note_saying_so():
+    # A Pad mode no kernel takes: onnxruntime refuses the model at load, and would refuse the
+    # compile; the compile says so rather than writing an artifact that silently cannot load.
+    model = parse_model('g (float[2,3] x) => (float[4,5] y) { y = Pad <mode = "bogus"> (x, p) }',
+                        p=np.array([1, 1, 1, 1], np.int64))
+    result = graphopt.optimize(model)
+    (note,) = [n for n in result.notes if "cannot load the model as given" in n]
+    assert "Invalid 'mode' attribute value" in note and "will not load" in note
+
+
+def test_a_compile_onnxruntime_cannot_load_where_it_loads_the_original_is_refused(monkeypatch):
+    import graphopt.compiler as compiler
+
+    real = compiler.onnxruntime_refusal
+    broken = "[ONNXRuntimeError] : 1 : FAIL : Node () Op (Add) Incompatible dimensions"
+    monkeypatch.setattr(compiler, "onnxruntime_refusal",
+                        lambda model, weightless=True: broken if model.graph.nodes() else
+                        real(model, weightless))
+    model = parse_model("g (float[2,3] x) => (float[2,3] y) { y = Relu (x) }")
+    with pytest.raises(GraphoptError, match=r"^<model>: onnxruntime cannot load the compiled "
+                                            r"model, where it loads the original: .*Incompatible"
+                                            r" dimensions\. If the original runs, this is a "
+                                            r"graphopt bug"):
+        graphopt.optimize(model)
