@@ -653,24 +653,72 @@ def _beyond_onnxruntimes_own(original: ModelProto, feeds, expected: dict, actual
     of a cpu compile accumulate in onnxruntime's order at ORT_ENABLE_ALL, and through a
     detector's box decoding that can pass 1e-4 (YOLO: 0.035 on 900-pixel coordinates)."""
     problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
+    failing = [name for name, reference in expected.items()
+               if numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
+                                   judge["atol"])]
     try:
         own = numerics.run(original, feeds, "all")
-    except Exception:  # noqa: BLE001 - no baseline: the allclose verdict stands
-        return problems
+    except Exception:  # noqa: BLE001 - no baseline: only the scale rule below can excuse them
+        own = None
     worst, baseline = 0.0, 0.0
-    for name, reference in expected.items():
-        if not numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
-                                judge["atol"]):
-            continue
-        ours = numerics.max_abs_error(reference, actual[name])
-        theirs = numerics.max_abs_error(reference, own[name])
+    for name in failing if own is not None else ():
+        ours = numerics.max_abs_error(expected[name], actual[name])
+        theirs = numerics.max_abs_error(expected[name], own[name])
         if not theirs or ours > 2 * theirs:
-            return problems
+            break
         worst, baseline = max(worst, ours), max(baseline, theirs)
+    else:
+        if own is not None:
+            notes.append(f"outputs differ from the original at ORT_DISABLE_ALL by up to "
+                         f"{worst:.3g}, beyond rtol/atol but within what onnxruntime's own "
+                         f"optimizer gives the original ({baseline:.3g} at ORT_ENABLE_ALL): the "
+                         "same kernels' rounding")
+            return []
+    scaled = [_rounding_at_scale(expected[name], actual[name], judge) for name in failing]
+    if not all(scaled):
+        return problems
+    worst = max(error for error, _ in scaled)
+    scale = max(largest for _, largest in scaled)
     notes.append(f"outputs differ from the original at ORT_DISABLE_ALL by up to {worst:.3g}, "
-                 "beyond rtol/atol but within what onnxruntime's own optimizer gives the "
-                 f"original ({baseline:.3g} at ORT_ENABLE_ALL): the same kernels' rounding")
+                 f"beyond rtol/atol in under 1% of their elements, and within rtol of the "
+                 f"output's largest magnitude ({scale:.3g}): sums taken in another order "
+                 "(NCHWc blocks, BatchNorm as a depthwise conv) round so")
     return []
+
+
+def _rounding_at_scale(expected, actual, judge: dict) -> tuple[float, float] | None:
+    """(largest error, largest |expected|) when an output fails allclose in under 1% of its
+    elements, each off by no more than rtol times the output's largest magnitude: how the
+    rounding of a sum reordered shows through a detector's box decoding, where elements near
+    0 come from terms of hundreds (YOLO's 0.017 on 896-pixel coordinates, where onnxruntime's
+    own optimizer changes nothing). None otherwise, a miscompile's systematic error included."""
+    error, largest, beyond, total = 0.0, 0.0, 0, 0
+    for pair in numerics.paired("", expected, actual):
+        if isinstance(pair, numerics.Mismatch):
+            return None
+        _, exp, got = pair
+        exp, got = numerics.widened(exp), numerics.widened(got)
+        if exp.dtype.kind != "f" or exp.shape != got.shape:
+            if not np.array_equal(exp, got):
+                return None
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(got.astype(np.float64) - exp)
+            ok = (diff <= judge["atol"] + judge["rtol"] * np.abs(exp)) | (
+                np.isnan(exp) & np.isnan(got))
+        if not np.isfinite(exp).all() and not ok[~np.isfinite(exp)].all():
+            return None
+        finite = np.isfinite(exp)
+        if not np.isfinite(diff[finite]).all():  # a NaN or inf where the original has a number
+            return None
+        if finite.any():
+            largest = max(largest, float(np.abs(exp[finite]).max()))
+            error = max(error, float(diff[finite].max()))
+        beyond += int((~ok).sum())
+        total += exp.size
+    if not total or beyond > total // 100 or error > judge["rtol"] * largest:
+        return None
+    return error, largest
 
 
 def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:

@@ -756,3 +756,26 @@ def test_a_stale_declared_output_shape_is_not_the_models_fault():
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                               ir_version=IR_VERSION)
     assert [n.op_type for n in graphopt.optimize(proto).model.graph] == ["Relu"]
+
+
+def test_verify_excuses_reordered_rounding_at_the_output_scale_only():
+    # A detector's box decoding: a few elements near 0 computed from terms of hundreds, off by
+    # a reordered sum's rounding, under rtol of the output's largest magnitude.
+    from graphopt.compiler import _rounding_at_scale
+
+    judge = {"rtol": 1e-4, "atol": 1e-5, "min_cosine": None}
+    expected = np.linspace(-896, 896, 6300).astype(np.float32)
+    expected[::500] = 0.01
+    actual = expected.copy()
+    actual[::500] += 0.0166
+    assert _rounding_at_scale(expected, actual, judge) == pytest.approx((0.0166, 896), rel=1e-3)
+    # A miscompile's systematic error: many elements off.
+    assert _rounding_at_scale(expected, expected * 1.001, judge) is None
+    # One element off by more than rtol of the scale.
+    far = expected.copy()
+    far[7] += 0.1
+    assert _rounding_at_scale(expected, far, judge) is None
+    # A NaN where the original has a number.
+    broken = expected.copy()
+    broken[3] = np.nan
+    assert _rounding_at_scale(expected, broken, judge) is None
