@@ -23,7 +23,7 @@ from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
-from graphopt.cli_types import dynamic_dims, input_shapes, target_name, tolerance
+from graphopt.cli_types import dynamic_dims, input_shapes, path_text, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import command_line
@@ -72,7 +72,7 @@ def _add_optimize(sub) -> None:
     p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help="skip a pass by name; repeatable")
     switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
-    switches.add_argument("--switch-file", metavar="FILE",
+    switches.add_argument("--switch-file", type=path_text, metavar="FILE",
                           help="file of `PassName: on|off` lines (or JSON) switching passes off")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
@@ -94,7 +94,7 @@ def _add_optimize(sub) -> None:
                         "--verify judges by cosine unless --rtol/--atol is given)")
     p.add_argument("--atol", type=tolerance, metavar="A",
                    help="absolute tolerance for --verify (1e-5)")
-    p.add_argument("--dump-dir", metavar="DIR",
+    p.add_argument("--dump-dir", type=path_text, metavar="DIR",
                    help="write the IR after import and after each pass, plus passes.json")
     p.add_argument("--dump-format", metavar="text|onnx|both",
                    help="--dump-dir files: printed IR (text, the default), ONNX that Netron "
@@ -104,7 +104,7 @@ def _add_optimize(sub) -> None:
                    help="verify the graph's structure after every pass")
     p.add_argument("--trace-rule", action="append", default=[], metavar="RULE",
                    help="report why RULE did not fire at its closest near-misses; repeatable")
-    switches.add_argument("--fusion-switch-file", metavar="FILE",
+    switches.add_argument("--fusion-switch-file", type=path_text, metavar="FILE",
                           help="same as --switch-file (ATC's spelling)")
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
@@ -115,7 +115,7 @@ def _add_optimize(sub) -> None:
                         "kernel configs")
     p.add_argument("--memory-reorder", action="store_true",
                    help="reorder each partition's nodes to lower its peak work memory")
-    p.add_argument("--memory-plot", metavar="FILE",
+    p.add_argument("--memory-plot", type=path_text, metavar="FILE",
                    help="draw each partition's memory plan, tensors over time × address "
                         "(.png or .svg; one file per partition when there are several)")
     p.add_argument("--allow-custom-ops", action="store_true",

@@ -21,6 +21,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def path_text(text: str) -> str:
+    """A file or folder path: not empty (`--switch-file "$CFG"` with CFG unset would otherwise
+    read as the option not given)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
+
+
 def positive_int(text: str) -> int:
     """An integer ≥ 1, such as a count of runs."""
     value = _integer(text)

@@ -112,8 +112,15 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     trace_rules = set(api_args.names(trace_rules, "trace_rules"))
     unknown = sorted(trace_rules - set(RULES))
     if unknown:
+        from graphopt.passes import PASSES
+        from graphopt.passes.manager import did_you_mean
+
+        passes = [name for name in unknown if name in PASSES]
+        what = (f"; {', '.join(passes)} is a pass, which runs rules: trace one of them"
+                if passes else "")
         raise OptionError(f"{option('trace_rules')}: unknown rule {', '.join(unknown)} "
-                          "(`graphopt passes` lists the rules)")
+                          f"({did_you_mean(unknown, RULES)}`graphopt passes` lists the "
+                          f"rules{what})")
     options = Options(level=level, disabled_passes=disabled, input_shapes=input_shapes,
                       dump_dir=dump_dir, allow_custom_ops=allow_custom_ops,
                       trace_rules=trace_rules)

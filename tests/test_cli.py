@@ -783,6 +783,17 @@ def test_unknown_pass_in_disable_pass(foldable, tmp_path, capsys):
     ("broken.json", '{"FoldConstants": ', ["invalid JSON"]),
     ("array.json", '["FoldConstants"]', ["expected a JSON object of pass: state, got list"]),
     ("colon.txt", "FoldConstants off\n", ["line 1: expected 'PassName: off'"]),
+    # The line at fault, the state as written, a pass given twice, a close misspelling.
+    ("line.txt", "# off\nFoldConstants: off\n\nFuseGelu: Of\n",
+     ["line 4: FuseGelu: state must be on or off, got 'Of'"]),
+    ("twice.txt", "FoldConstants: off\nFoldConstants: on\n",
+     ["line 2: FoldConstants is switched already at line 1"]),
+    ("twice.json", '{"FoldConstants": "off", "FoldConstants": "on"}',
+     ["FoldConstants given twice"]),
+    ("typo.txt", "FuseLayrNorm: off\n", ["line 1: unknown pass or rule FuseLayrNorm",
+                                        "did you mean FuseLayerNorm?"]),
+    ("atc.json", '{"Switch": {"GraphFusion": {"ConvBatchnormFusionPass": "off"}}}',
+     ["key 'Switch' holds an object", "at the top level"]),
 ])
 def test_bad_switch_file(foldable, tmp_path, capsys, name, text, needles):
     switch = tmp_path / name
@@ -803,6 +814,26 @@ def test_fusion_switch_file_errors_name_it_and_take_the_place_of_switch_file(
     rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file", switch,
                        "--fusion-switch-file", switch)
     assert rc == 2 and "not allowed with argument --switch-file" in err
+
+
+def test_switch_file_with_a_byte_order_mark_too_large_or_empty(foldable, tmp_path, capsys):
+    out_path = tmp_path / "out.onnx"
+    for name, data in (("bom.txt", b"\xef\xbb\xbfFoldConstants: off\n"),
+                       ("bom.json", b'\xef\xbb\xbf{"FoldConstants": "off"}')):
+        (tmp_path / name).write_bytes(data)  # as Windows editors write UTF-8
+        rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "--switch-file",
+                           tmp_path / name)
+        assert rc == 0, err
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"#" * (2 << 20))
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "big.onnx",
+                       "--switch-file", big)
+    assert_clean_error(rc, out, err, "--switch-file", "big.txt", "over 1 MiB",
+                       output=tmp_path / "big.onnx")
+    # An empty path (a shell variable left unset) is not "no switch file".
+    for flag in ("--switch-file", "--fusion-switch-file", "--dump-dir", "--memory-plot"):
+        rc, out, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "x.om", flag, "")
+        assert rc == 2 and f"argument {flag}: an empty path" in err, err
 
 
 def test_switch_file_missing(foldable, tmp_path, capsys):

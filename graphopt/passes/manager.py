@@ -60,12 +60,23 @@ def check_pass_names(names, what: str) -> None:
 
     unknown = sorted(set(names) - set(PASSES) - set(RULES))
     if unknown:
-        # Names are case-sensitive: `foldconstants` is FoldConstants mistyped.
-        by_case = {name.lower(): name for name in (*PASSES, *RULES)}
-        meant = [by_case[name.lower()] for name in unknown if name.lower() in by_case]
-        hint = f"did you mean {', '.join(meant)}? " if meant else ""
+        hint = did_you_mean(unknown, (*PASSES, *RULES))
         raise OptionError(f"{what}: unknown pass or rule {', '.join(unknown)} ({hint}passes: "
                           f"{', '.join(sorted(PASSES))}; `graphopt passes` lists the rules)")
+
+
+def did_you_mean(unknown, known) -> str:
+    """"did you mean X? " for names that are a known one in another case (`foldconstants`) or
+    close to one (`FuseLayrNorm`), else ""."""
+    import difflib
+
+    by_case = {name.lower(): name for name in known}
+    meant = []
+    for name in unknown:
+        close = [by_case[name.lower()]] if name.lower() in by_case else \
+            difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+        meant += [m for m in close if m not in meant]
+    return f"did you mean {', '.join(meant)}? " if meant else ""
 
 
 class PassManager:
