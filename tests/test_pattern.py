@@ -724,3 +724,25 @@ def test_cli_trace_rule_says_why_a_rule_left_no_near_miss(tmp_path, capsys, rule
                        "--trace-rule", rule, *extra)
     assert rc == 0, err
     assert f"trace {rule}: {reason}" in out
+
+
+def test_a_miss_names_every_alternative_that_failed_on_the_same_value():
+    # Relu(Mul | Div | x) at a Relu of a Sigmoid: "x" binds, so use a OneOf of ops alone.
+    class MulOrDiv(Rule):
+        __test__ = False
+
+        def pattern(self, op, x):
+            scale = Const(pred=lambda a: a.size == 1, name="c")
+            return op.Relu(OneOf(op.Mul(x, scale), op.Div(x, scale)))
+
+        def rewrite(self, op, x, c=None):
+            return op.Relu(x)
+
+    model = load("""
+    g (float[2, 8] x) => (float[2, 8] y) {
+        s = Sigmoid(x)
+        y = Relu(s)
+    }""")
+    miss = Matcher(MulOrDiv().build_pattern()).match(producer(model, "y"))
+    assert isinstance(miss, Miss)
+    assert "expected Mul or Div, %s comes from Sigmoid" in miss.reason, miss.reason

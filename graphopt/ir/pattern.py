@@ -157,6 +157,10 @@ class Matcher:
         self.root = root
         self.best_miss: tuple[int, str] = (-1, "")
         self.best_score: tuple[int, bool] = (-1, False)
+        # The op types expected of one value at the best failure so far, and what it came
+        # from: alternatives (OneOf) that each fail on it are named together.
+        self._expected: list[str] = []
+        self._found: tuple[str, str] | None = None
 
     def match(self, node: Node) -> Match | Miss:
         """The first match at `node`, or why there is none."""
@@ -169,6 +173,7 @@ class Matcher:
         `limit`; after the last one, `miss(node)` tells why no further binding worked."""
         self.best_miss = (-1, "")
         self.best_score = (-1, False)
+        self._expected, self._found = [], None
         out = node.outputs[self.root.output] if self.root.output < len(node.outputs) else None
         if out is None:
             self.best_miss = (0, f"{node} has no output {self.root.output}")
@@ -201,6 +206,27 @@ class Matcher:
         if score > self.best_score:
             self.best_score = score
             self.best_miss = (state.depth, reason() if callable(reason) else reason)
+            self._expected, self._found = [], None
+
+    def _fail_op(self, state: _State, pattern: "OpPattern", value: Value, node: Node) -> None:
+        """`value` comes from `node`, not from `pattern`'s op. At the depth of the best failure
+        so far on the same value, the expected ops add up: "expected Where or Softmax"."""
+        found = (value.name, f"{node.qualified_op} '{node.name}'")
+        if (state.depth, True) == self.best_score and self._found == found:
+            expected = pattern.describe()
+            if expected not in self._expected:
+                self._expected.append(expected)
+                self.best_miss = (state.depth, self._op_reason())
+            return
+        before = self.best_score
+        self._fail(state, lambda: f"expected {pattern.describe()}, %{value.name} comes from "
+                                  f"{found[1]}", structural=True)
+        if self.best_score != before:
+            self._expected, self._found = [pattern.describe()], found
+
+    def _op_reason(self) -> str:
+        return (f"expected {' or '.join(self._expected)}, %{self._found[0]} comes from "
+                f"{self._found[1]}")
 
     def _value(self, pattern: Pattern | None, value: Value | None, state: _State
                ) -> Iterator[_State]:
@@ -259,8 +285,7 @@ class Matcher:
                                       "graph input or constant")
             return
         if node.op_type != pattern.op_type or (node.domain or "") not in _domains(pattern.domain):
-            self._fail(state, lambda: f"expected {pattern.describe()}, %{value.name} comes "
-                                      f"from {node.qualified_op} '{node.name}'", structural=True)
+            self._fail_op(state, pattern, value, node)
             return
         # Failure messages are built only when reported (lambdas): most never are.
         if value.index != pattern.output:
