@@ -97,29 +97,28 @@ def cosine(text: str) -> float:
 def dynamic_dims(text: str) -> str:
     """--dynamic-dims' `DIM:v1,v2;…` or `DIM=v,DIM=v;…`, checked for its form (the model is
     checked later), so a malformed value is a usage error before any file is read."""
-    from graphopt.errors import OptionError
-    from graphopt.option_names import command_line
     from graphopt.shape_profiles import parse_dynamic_dims
 
-    try:
-        with command_line():  # its message speaks of --dynamic-dims, whoever parses
-            parse_dynamic_dims(text)
-    except OptionError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--dynamic-dims: ")) from None
-    return text
+    return _form_checked(text, parse_dynamic_dims, "--dynamic-dims")
 
 
 def input_shapes(text: str) -> str:
     """--input-shape's `name:d0,d1,…;…`, checked for its form (the model is checked later)."""
-    from graphopt.errors import OptionError
     from graphopt.input_shapes import parse_input_shapes
+
+    return _form_checked(text, parse_input_shapes, "--input-shape")
+
+
+def _form_checked(text: str, parse, flag: str) -> str:
+    """`text` once `parse` takes it; its OptionError, which names `flag`, as argparse's."""
+    from graphopt.errors import OptionError
     from graphopt.option_names import command_line
 
     try:
-        with command_line():  # its message speaks of --input-shape, whoever parses
-            parse_input_shapes(text)
+        with command_line():  # its message speaks of the flag, whoever parses
+            parse(text)
     except OptionError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--input-shape: ")) from None
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag}: ")) from None
     return text
 
 
