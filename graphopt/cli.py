@@ -191,6 +191,12 @@ def _cmd_optimize(args) -> int:
         print(format_summary(result, args.output))
         if report:
             _print_accuracy(args, source)
+    else:  # "print nothing on success": an output that will not load is not quite that
+        from graphopt.compiler import UNLOADABLE_NOTE
+
+        for note in result.notes:
+            if note.startswith(UNLOADABLE_NOTE):
+                print(f"graphopt: warning: {note}", file=sys.stderr)
     return 0
 
 

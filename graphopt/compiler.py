@@ -252,8 +252,12 @@ def check_loads(model: Model, label: str, given: bytes) -> str | None:
                          "bug (--disable-pass on the pass that made the node, or -O0, compiles "
                          "without it); a model onnxruntime loads but cannot run fails so once "
                          "its shapes fold")
-    return (f"onnxruntime cannot load the model as given, nor its compile: {refusal} (the "
-            "output will not load where this onnxruntime runs)")
+    return (f"{UNLOADABLE_NOTE}, nor its compile: {refusal} (the output will not load where "
+            "this onnxruntime runs)")
+
+
+# How check_loads' note starts: `optimize -q` still prints it, as a warning.
+UNLOADABLE_NOTE = "onnxruntime cannot load the model as given"
 
 
 def _pins(shapes: dict[str, list[int]]) -> str:

@@ -930,3 +930,13 @@ def test_a_compile_onnxruntime_cannot_load_where_it_loads_the_original_is_refuse
                                             r" dimensions\. If the original runs, this is a "
                                             r"graphopt bug"):
         graphopt.optimize(model)
+
+
+def test_optimize_quiet_still_warns_of_an_output_that_will_not_load(tmp_path, capsys):
+    model = parse_model('g (float[2,3] x) => (float[4,5] y) { y = Pad <mode = "bogus"> (x, p) }',
+                        p=np.array([1, 1, 1, 1], np.int64))
+    onnx.save(model, tmp_path / "pad.onnx")
+    rc, out, err = run_cli(capsys, "optimize", tmp_path / "pad.onnx", "-o", tmp_path / "pad.om",
+                           "-q")
+    assert rc == 0 and not out
+    assert err.startswith("graphopt: warning: onnxruntime cannot load the model as given"), err
