@@ -395,14 +395,21 @@ _ELEM_TYPES_DIFFER = re.compile(r"Inferred elem type differs from existing elem 
                                 r"\((\d+)\) vs \((\d+)\)")
 
 
+_TYPE_CASES_DIFFER = re.compile(r"type case mismatch\. existing=(\w+)_type "
+                                r"inferred=(\w+)_type")
+
+
 def _elem_type_names(reason: str) -> str:
-    """Inference's element type numbers as names: what the node computes against what the
-    model declares for its output (a graph output's declared type)."""
+    """Inference's element type numbers and type cases in words: what the node computes
+    against what the model declares for the value (a graph input's or output's type)."""
     def named(match: re.Match) -> str:
         computed, declared = (_type_name(int(match[i])) for i in (1, 2))
         return f"it computes {computed} where the model declares {declared} for its output"
 
-    return _ELEM_TYPES_DIFFER.sub(named, reason)
+    def cased(match: re.Match) -> str:
+        return f"it takes or computes a {match[2]} where the model declares a {match[1]}"
+
+    return _TYPE_CASES_DIFFER.sub(cased, _ELEM_TYPES_DIFFER.sub(named, reason))
 
 
 def _type_name(elem_type: int) -> str:

@@ -595,6 +595,14 @@ def output_declared_int64() -> onnx.ModelProto:
     return parse_model("g (float[2] x) => (int64[2] y) { y = Relu (x) }")
 
 
+def sequence_into_relu() -> onnx.ModelProto:
+    """A sequence input fed to Relu, which takes a tensor."""
+    model = parse_model("g (float[2] x) => (float[2] y) { y = Relu (x) }")
+    model.graph.input[0].type.CopyFrom(onnx.helper.make_sequence_type_proto(
+        onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None)))
+    return model
+
+
 def no_opset_import() -> onnx.ModelProto:
     """A model whose only fault is an empty opset_import: the message names the field."""
     model = copy.deepcopy(SEED)
@@ -630,6 +638,8 @@ def initializer_unlike_its_input() -> onnx.ModelProto:
     ("output_declared_int64", r"node writing 'y' \(Relu\): shape inference refuses it: "
                               r".*it computes float32 where the model declares int64 for its "
                               r"output"),
+    ("sequence_into_relu", r"node writing 'y' \(Relu\): shape inference refuses it: .*it "
+                           r"takes or computes a sequence where the model declares a tensor"),
     ("no_opset_import", r"not a valid ONNX model: it has no opset_import \(an exporter "),
     ("opset_zero", r"opset_import of domain 'ai.onnx' has version 0"),
     ("default_domain_twice", r"opset_import names the default domain twice, as '' \(version "
