@@ -141,8 +141,7 @@ def reshape_conflict(model: Model) -> str | None:
         fits = (count == known if -1 not in target
                 else target.count(-1) == 1 and known != 0 and count % known == 0)
         if not fits:
-            name = node.name or node.op_type
-            return (f"node {name!r} (Reshape) cannot make its input of shape {_fmt(dims)} "
+            return (f"node {node.label} (Reshape) cannot make its input of shape {_fmt(dims)} "
                     f"({count} elements) into {_fmt(target)}")
     return None
 

@@ -381,7 +381,7 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
         if node:  # worded as inference by kind words it
             named = labels.get(node[2] or "") or f"'{node[2] or '?'}'"
             raise InputError(f"{label}: node {named} ({node[1]}): shape inference "
-                             f"refuses it: {_elem_type_names(node[3])}") from None
+                             f"refuses it: {_in_words(node[3])}") from None
         raise InputError(f"{label}: shape inference refuses the model: "
                          f"{first or type(exc).__name__}") from None
     except onnx.checker.ValidationError as exc:  # the model as a whole: recursive functions, …
@@ -393,13 +393,11 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
 
 _ELEM_TYPES_DIFFER = re.compile(r"Inferred elem type differs from existing elem type: "
                                 r"\((\d+)\) vs \((\d+)\)")
-
-
 _TYPE_CASES_DIFFER = re.compile(r"type case mismatch\. existing=(\w+)_type "
                                 r"inferred=(\w+)_type")
 
 
-def _elem_type_names(reason: str) -> str:
+def _in_words(reason: str) -> str:
     """Inference's element type numbers and type cases in words: what the node computes
     against what the model declares for the value (a graph input's or output's type)."""
     def named(match: re.Match) -> str:

@@ -617,6 +617,13 @@ def opset_zero() -> onnx.ModelProto:
     return model
 
 
+def initializer_of_another_type() -> onnx.ModelProto:
+    """A float input whose initializer holds int64."""
+    model = parse_model("g (float[2] x) => (float[2] y) { y = Relu (x) }")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(2, np.int64), "x"))
+    return model
+
+
 def default_domain_twice() -> onnx.ModelProto:
     """'' at 13 and 'ai.onnx' at 1: onnxruntime reads the nodes at one, graphopt at the other
     (an fp16 compile's Casts then load as Cast-1)."""
@@ -640,6 +647,8 @@ def initializer_unlike_its_input() -> onnx.ModelProto:
                               r"output"),
     ("sequence_into_relu", r"node writing 'y' \(Relu\): shape inference refuses it: .*it "
                            r"takes or computes a sequence where the model declares a tensor"),
+    ("initializer_of_another_type", r"graph input 'x' is declared with element type FLOAT, "
+                                    r"its initializer INT64"),
     ("no_opset_import", r"not a valid ONNX model: it has no opset_import \(an exporter "),
     ("opset_zero", r"opset_import of domain 'ai.onnx' has version 0"),
     ("default_domain_twice", r"opset_import names the default domain twice, as '' \(version "

@@ -109,6 +109,14 @@ def check_looks_like_model(proto: ModelProto, path: str,
                             if "opset_import" in missing else ""))
 
 
+def _type_name(elem_type: int) -> str:
+    """An element type number as ONNX names it (`FLOAT`), or the number ONNX does not define."""
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return str(elem_type)
+
+
 def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: bool = False) -> Model:
     """Import an ONNX model from a path, serialized bytes or a ModelProto into graphopt's IR.
 
@@ -256,7 +264,8 @@ class _Importer:
         declared = vi.type.tensor_type
         dims = list(tensor.dims)
         if declared.elem_type and declared.elem_type != tensor.data_type:
-            problem = f"element type {declared.elem_type}, its initializer {tensor.data_type}"
+            problem = (f"element type {_type_name(declared.elem_type)}, its initializer "
+                       f"{_type_name(tensor.data_type)}")
         elif declared.HasField("shape") and (
                 len(declared.shape.dim) != len(dims) or any(
                     d.HasField("dim_value") and d.dim_value != n
