@@ -257,7 +257,7 @@ def _format_fallbacks(info: dict, scope: str = "") -> str:
 def _format_placements(artifact: OmArtifact, default: dict) -> list[str]:
     """The placement of each shape profile (one table when they all place alike), or the
     artifact's own."""
-    sections = _profile_sections(artifact, "partitioning")
+    sections = profile_sections(artifact, "partitioning")
     if not sections or not all(isinstance(info, dict) for info in sections.values()):
         return [_format_fallbacks(default)]
     tables = {name: _format_fallbacks(info) for name, info in sections.items()}
@@ -359,20 +359,13 @@ def profile_kernel_configs(artifact: OmArtifact) -> list[tuple[str | None, dict]
             if isinstance(info, dict) and info.get("partitions")]
 
 
-def _profile_sections(artifact: OmArtifact, key: str) -> dict:
+def profile_sections(artifact: OmArtifact, key: str) -> dict:
     """profile name -> what its section of the extras holds under `key` (None where absent),
     for an artifact of several shape profiles; empty otherwise."""
     sections = artifact.extra.get("profiles")
     if len(artifact.profiles) < 2 or not isinstance(sections, dict):
         return {}
     return {p["name"]: (sections.get(p["name"]) or {}).get(key) for p in artifact.profiles}
-
-
-def _profile_kernels(artifact: OmArtifact) -> dict[str, dict]:
-    """profile name -> its kernel configs, for the shape profiles whose NPU partitions have
-    some (a profile that runs all on the host has none); empty without profiles."""
-    return {name: kernels for name, kernels in _profile_sections(artifact, "kernels").items()
-            if isinstance(kernels, dict)}
 
 
 def describe_om(artifact: OmArtifact) -> dict:
@@ -453,7 +446,8 @@ def format_om(artifact: OmArtifact) -> str:
     parts.append(_format_pass_log(artifact.pass_log))
 
     extra = dict(artifact.extra)
-    kernels = _profile_kernels(artifact)
+    # Each profile's own shapes, tilings and estimates, when there are several.
+    kernels = dict(profile_kernel_configs(artifact)) if len(artifact.profiles) > 1 else {}
     if artifact.profiles:
         extra.pop("profiles", None)  # in the profiles table
     plans = extra.get("memory_plan")

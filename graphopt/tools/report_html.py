@@ -9,8 +9,8 @@ from collections import Counter
 from graphopt.codegen.inspect_om import (PROFILE_HEADERS, format_bytes, format_ops,
                                          largest_profile, partition_size, precision_line,
                                          profile_cells, profile_kernel_configs,
-                                         profile_memory_plans, profile_rows, profile_views,
-                                         signature_cells, typed_signature)
+                                         profile_memory_plans, profile_rows, profile_sections,
+                                         profile_views, signature_cells, typed_signature)
 from graphopt.codegen.om_manifest import order_label
 from graphopt.markup import escape
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
@@ -133,14 +133,14 @@ def _partition_line(artifact, parts, devices: Counter, fallbacks: list) -> str:
     the artifact has several."""
     line = (f"{len(parts)}: " + ", ".join(f"{n} on {d}" for d, n in devices.items())
             + f"; {len(fallbacks)} node(s) fell back to the host")
-    sections = artifact.extra.get("profiles")
-    if len(artifact.profiles) < 2 or not isinstance(sections, dict):
+    placements = profile_sections(artifact, "partitioning")
+    if not placements:
         return line
     entries = []
     for profile, view in zip(artifact.profiles, profile_views(artifact)):
         name = profile["name"]
         own = Counter(p.device for p in view.partitions)
-        placed = (sections.get(name) or {}).get("partitioning") or {}
+        placed = placements[name] if isinstance(placements[name], dict) else {}
         entries.append(f"{name} {len(view.partitions)} (" + ", ".join(
             f"{n} on {d}" for d, n in own.items()) + f"; {len(placed.get('fallbacks') or [])} "
             "fell back)")
