@@ -184,12 +184,19 @@ def _builtin_device(sig: str, cache: dict) -> Any:
     return cache[target_name]
 
 
+def _applied(study: optuna.Study, name: str, sig: str, device) -> tuple[Tiling, Any, float]:
+    """(tiling, its estimate, the default's seconds) of the stored tiling a compile applies
+    for a study's kernel, all priced by this cost model."""
+    shape = parse_signature(sig)[2]
+    written = written_trials(_completed(study), name, skipped=[])
+    tiling, _ = best_priced((t for _, t in written), shape, device)
+    return tiling, estimate(shape, tiling, device), estimate(shape, None, device).seconds
+
+
 def _reprice(row: dict, study: optuna.Study, device) -> None:
     """Row figures priced by this cost model, as a compile applies them."""
-    shape = parse_signature(row["signature"])[2]
-    written = written_trials(_completed(study), row["study"], skipped=[])
-    tiling, seconds = best_priced((t for _, t in written), shape, device)
-    default_seconds = estimate(shape, None, device).seconds
+    tiling, priced, default_seconds = _applied(study, row["study"], row["signature"], device)
+    seconds = priced.seconds
     stored = {key: row[key] for key in ("default_seconds", "best_seconds", "tiling")}
     row.update(default_seconds=default_seconds, best_seconds=seconds, tiling=str(tiling),
                speedup=default_seconds / seconds, repriced=True, stored=stored)
@@ -259,13 +266,9 @@ def export_text(storage: Any) -> tuple[str, int]:
                      "trials": _evaluated(study)}
             device = _builtin_device(sig, devices)
             if device is not None:  # what a compile here applies, at this cost model's prices
-                shape = parse_signature(sig)[2]
-                written = written_trials(_completed(study), name, skipped=[])
-                tiling, _ = best_priced((t for _, t in written), shape, device)
-                priced = estimate(shape, tiling, device)
+                tiling, priced, default_seconds = _applied(study, name, sig, device)
                 entry.update(tiling=tiling_params(tiling), seconds=priced.seconds,
-                             cycles=priced.cycles,
-                             default_seconds=estimate(shape, None, device).seconds)
+                             cycles=priced.cycles, default_seconds=default_seconds)
             if sig in kernels and kernels[sig]["seconds"] <= entry["seconds"]:
                 continue  # a kernel tuned in two studies exports the better one
             kernels[sig] = entry
