@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   graphopt bisect model.onnx                        # -O2, seeded random inputs
   graphopt bisect model.onnx -O3 --inputs x.npz --rtol 1e-3 --atol 1e-4
   graphopt bisect model.onnx --target cpu --input-shape "x:1,3,224,224" --json
+  graphopt bisect model.onnx --quantize int8 --calibration calib.npz --min-cosine 0.9999
 
 The exit status is 0 when the full compile is within tolerance (nothing to find) and 1 when
 a culprit is found, so a CI step fails exactly when the compile breaks accuracy. Errors also
