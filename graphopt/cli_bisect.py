@@ -6,9 +6,9 @@ import json
 import math
 import sys
 
-from graphopt.cli_compare import check_rule_options
+from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_precision import add_precision_args, precision_options
-from graphopt.cli_types import cosine, input_shapes, target_name, tolerance
+from graphopt.cli_types import input_shapes, target_name
 from graphopt.errors import one_line
 from graphopt.help_format import HelpFormatter
 
@@ -51,15 +51,7 @@ def add_bisect_parser(sub) -> None:
     p.add_argument("--inputs", metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
-    p.add_argument("--rtol", type=tolerance, metavar="R",
-                   help="relative tolerance of the allclose rule (default 1e-4)")
-    p.add_argument("--atol", type=tolerance, metavar="A",
-                   help="absolute tolerance of the allclose rule (default 1e-5)")
-    p.add_argument("--min-cosine", type=cosine, metavar="C",
-                   help="outputs break when a float tensor's cosine similarity falls below C, "
-                        "instead of the rtol/atol rule (default when a precision pass changed "
-                        "the full compile: 0.999 after QuantizeInt8 or ConvertPrecision, 0.98 "
-                        "after QuantizeInt4Weights)")
+    add_rule_options(p, lossy="a compile whose passes include")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains in the compiles (onnxruntime must "
                         "still run them, with their library registered)")

@@ -49,17 +49,18 @@ def add_compare_parser(sub) -> None:
     p.set_defaults(func=_cmd_compare)
 
 
-def add_rule_options(p, scope: str = "") -> None:
-    """--rtol/--atol/--min-cosine, the rule compare and report judge outputs by; `scope` starts
-    each help text (report's: "--reference: ")."""
+def add_rule_options(p, scope: str = "", lossy: str = "an .om whose pass log has") -> None:
+    """--rtol/--atol/--min-cosine, the rule compare, report and bisect judge outputs by; `scope`
+    starts each help text (report's: "--reference: "), `lossy` says where cosine is the
+    default (bisect's: "a compile whose passes include")."""
     p.add_argument("--rtol", type=tolerance, metavar="R",
                    help=f"{scope}relative tolerance of the allclose rule (default 1e-4)")
     p.add_argument("--atol", type=tolerance, metavar="A",
                    help=f"{scope}absolute tolerance of the allclose rule (default 1e-5)")
     p.add_argument("--min-cosine", type=cosine, metavar="C",
                    help=f"{scope}pass a float tensor when its cosine similarity is ≥ C, instead "
-                        "of the rtol/atol rule (default for an .om whose pass log has "
-                        "QuantizeInt8 or ConvertPrecision: 0.999; QuantizeInt4Weights: 0.98)")
+                        f"of the rtol/atol rule (default for {lossy} QuantizeInt8 or "
+                        "ConvertPrecision: 0.999; QuantizeInt4Weights: 0.98)")
 
 
 def check_rule_options(args) -> None:
