@@ -70,7 +70,8 @@ def format_targets(targets: list[Target]) -> str:
 
 def describe_target(t: Target) -> str:
     """The profile in full; its prose lines wrap on a terminal, as its tables do."""
-    lines = [one_line(f"{t.name}: {t.description}"), one_line(f"file: {t.path}")]
+    file_line = one_line(f"file: {t.path}")
+    lines = [one_line(f"{t.name}: {t.description}"), file_line]
     if t.primary == t.host:
         lines.append(f"runs everything on {t.primary}")
     else:
@@ -94,8 +95,10 @@ def describe_target(t: Target) -> str:
     lines += ["", format_table(["ref", "source"], [[f"[{n}]", source]
                                                    for source, n in cited.items()],
                                title="sources")]
-    # Tables fit themselves; a line of prose (one that holds no line break) wraps here.
-    return "\n".join(line if "\n" in line else wrap_to_terminal(line, "  ") for line in lines)
+    # Tables fit themselves; a line of prose (one that holds no line break) wraps here. The
+    # path stays whole: a path cut in two cannot be copied.
+    return "\n".join(line if "\n" in line or line == file_line else wrap_to_terminal(line, "  ")
+                     for line in lines)
 
 
 def _describe_device(d: Device) -> list[str]:

@@ -411,6 +411,8 @@ def test_cli_describe_wraps_its_prose_on_a_terminal_only(capsys, monkeypatch):
     device = lines.index("device npu (npu) via CANNExecutionProvider,")
     assert lines[device + 1] == "  CPUExecutionProvider; static shapes only"
     assert "    L1 1 MiB, UB 256 KiB" in lines  # an indented line hangs under its own indent
+    monkeypatch.setattr(table, "terminal_width", lambda: 20)  # narrower than any path
+    assert "file: " + load_target("ascend310").path in _run(["targets", "ascend310"], capsys)
 
 
 def test_cli_json_round_trips(tmp_path, capsys):
