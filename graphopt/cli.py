@@ -494,6 +494,9 @@ def _thread_storage_errors_in_one_line():
 
 
 def _run_guarded(args, copies: dict[str, str]) -> int:
+    # compare and bisect exit 1 when the check fails, so their errors exit 2, as cmp's and
+    # diff's do: a CI step can tell a broken model from a missing file.
+    error_status = getattr(args, "error_status", 1)
     try:
         with _terminate_as_interrupt(), streams_as_files(args, copies), \
                 _thread_storage_errors_in_one_line():
@@ -505,7 +508,7 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
         return 2
     except GraphoptError as e:
         print(f"graphopt: error: {e}", file=sys.stderr)
-        return 1
+        return error_status
     except Terminated:
         print("graphopt: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -516,7 +519,7 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
         return _reader_gone()
     except (ClosedStreamError, OutputFailed) as e:  # started with `>&-`, or a full disk
         print(f"graphopt: error: {e}", file=sys.stderr)
-        return 1
+        return error_status
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
         if os.environ.get("GRAPHOPT_DEBUG"):
             raise

@@ -19,9 +19,9 @@ EXAMPLES = """examples:
   graphopt bisect model.onnx --quantize int8 --calibration calib.npz --min-cosine 0.9999
 
 The exit status is 0 when the full compile is within tolerance (nothing to find) and 1 when
-a culprit is found, so a CI step fails exactly when the compile breaks accuracy. Errors also
-exit 1, after a `graphopt: error: ...` line on stderr; the report goes to stdout only when
-the search ran. Progress, one line per evaluated model, goes to stderr.
+a culprit is found, so a CI step fails exactly when the compile breaks accuracy. Errors exit
+2, as cmp's and diff's do, after a `graphopt: error: ...` line on stderr; the report goes to
+stdout only when the search ran. Progress, one line per evaluated model, goes to stderr.
 """
 
 MAX_LINES = 40  # per side in the text report; --json carries every line
@@ -57,7 +57,7 @@ def add_bisect_parser(sub) -> None:
                         "still run them, with their library registered)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_precision_args(p, report=False)
-    p.set_defaults(func=_cmd_bisect)
+    p.set_defaults(func=_cmd_bisect, error_status=2)
 
 
 def _cmd_bisect(args) -> int:

@@ -14,9 +14,10 @@ EXAMPLES = """examples:
   graphopt compare model.onnx model.om --inputs x.npz --csv report.csv
   graphopt compare model.onnx model_fp16.onnx --min-cosine 0.999 --json
 
-The exit status is 0 when every output passes and 1 when any fails. Intermediates are
-informative: their failures are listed, and the first one in graph order is named (that is
-where the accuracy broke), but they never change the exit status.
+The exit status is 0 when every output passes, 1 when any fails and 2 on an error (an
+unreadable model, bad --inputs), as cmp's and diff's are. Intermediates are informative:
+their failures are listed, and the first one in graph order is named (that is where the
+accuracy broke), but they never change the exit status.
 """
 
 
@@ -46,7 +47,7 @@ def add_compare_parser(sub) -> None:
     add_rule_options(p)
     p.add_argument("--csv", metavar="FILE", help="also write the rows to FILE (atomically)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead")
-    p.set_defaults(func=_cmd_compare)
+    p.set_defaults(func=_cmd_compare, error_status=2)
 
 
 def add_rule_options(p, scope: str = "", lossy: str = "an .om whose pass log has") -> None:

@@ -202,12 +202,12 @@ agraph (float[N,4] x) => (float[N,4] y) {
 
 def test_errors_name_the_option(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "bisect", tmp_path / "missing.onnx")
-    assert rc == 1 and "missing.onnx" in err and not out
+    assert rc == 2 and "missing.onnx" in err and not out
     path = tmp_path / "tiny.onnx"
     onnx.save(zoo.build("tiny"), path)
     (tmp_path / "bad.npz").write_text("not npz")
     rc, out, err = run_cli(capsys, "bisect", path, "--inputs", tmp_path / "bad.npz")
-    assert rc == 1 and "--inputs" in err and not out
+    assert rc == 2 and "--inputs" in err and not out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def test_a_lossy_compile_is_judged_by_cosine_unless_a_rule_is_given(tmp_path, ca
     assert (data["granularity"], data["pass_name"]) == ("pass", "ConvertPrecision")
     rc, out, err = run_cli(capsys, "bisect", path, "--precision", "fp16", "--min-cosine", "0.9",
                            "--atol", "1")
-    assert rc == 1 and "--min-cosine replaces the --rtol/--atol rule" in err
+    assert rc == 2 and "--min-cosine replaces the --rtol/--atol rule" in err
 
 
 def test_int8_rewrites_are_bisected_to_the_layer(tmp_path):
@@ -385,7 +385,8 @@ def test_inputs_that_do_not_fit_name_the_file_and_the_input(tmp_path, capsys):
     np.savez(inputs, input=np.zeros((1, 3, 8, 8), np.float32))
     for command in (["bisect", source], ["optimize", source, "-o", tmp_path / "x.onnx", "--verify"]):
         rc, _, err = run_cli(capsys, *command, "--inputs", inputs)
-        assert rc == 1 and f"--inputs {inputs}: input 'input' has shape [1, 3, 8, 8]" in err, err
+        status = 2 if command[0] == "bisect" else 1  # bisect's 1 says it found a culprit
+        assert rc == status and f"--inputs {inputs}: input 'input' has shape [1, 3, 8, 8]" in err
 
 
 def test_pins_are_checked_against_the_model_and_the_inputs(tmp_path, capsys):
@@ -394,7 +395,7 @@ def test_pins_are_checked_against_the_model_and_the_inputs(tmp_path, capsys):
     source = tmp_path / "tiny.onnx"
     onnx.save(zoo.build("tiny"), source)
     rc, _, err = run_cli(capsys, "bisect", source, "--input-shape", "input:2,3,32,32")
-    assert rc == 1 and ("input 'input' dim 0 is fixed to 1 by " in err
+    assert rc == 2 and ("input 'input' dim 0 is fixed to 1 by " in err
                         and "cannot pin it to 2" in err), err
     dynamic = tmp_path / "dyn.onnx"
     onnx.save(parse_model("g (float[N, S, 8] x) => (float[N, S, 8] y) { y = Relu (x) }"),
@@ -403,10 +404,10 @@ def test_pins_are_checked_against_the_model_and_the_inputs(tmp_path, capsys):
     np.savez(inputs, x=np.ones((2, 3, 8), np.float32))
     rc, _, err = run_cli(capsys, "bisect", dynamic, "--inputs", inputs,
                          "--input-shape", "x:1,1,8")
-    assert rc == 1 and (f"--input-shape pins input 'x' to [1, 1, 8], but --inputs {inputs} "
+    assert rc == 2 and (f"--input-shape pins input 'x' to [1, 1, 8], but --inputs {inputs} "
                         "gives it shape [2, 3, 8]") in err, err
     rc, _, err = run_cli(capsys, "compare", dynamic, dynamic, "--input-shape", "x:7")
-    assert rc == 1 and "input 'x' has rank 3 [N,S,8], got 1 dims [7]" in err, err
+    assert rc == 2 and "input 'x' has rank 3 [N,S,8], got 1 dims [7]" in err, err
 
 
 def test_onnxruntime_errors_keep_the_line_that_says_what_is_wrong():

@@ -208,7 +208,7 @@ def test_min_cosine_rule_replaces_allclose(files, capsys):
     assert not compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=0.999999).passed
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"],
                          "--min-cosine", "0.9", "--atol", "1")
-    assert rc == 1 and "--min-cosine replaces the --rtol/--atol rule" in err
+    assert rc == 2 and "--min-cosine replaces the --rtol/--atol rule" in err
     with pytest.raises(OptionError, match="^min_cosine must be between -1 and 1"):
         compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=2)
 
@@ -292,13 +292,13 @@ def test_table_shows_a_dash_where_a_metric_is_not_meaningful(tmp_path, capsys):
 
 def test_missing_files_are_named(files, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "compare", tmp_path / "nope.onnx", files["opt.onnx"])
-    assert rc == 1 and f"{tmp_path / 'nope.onnx'}: no such file" in err
+    assert rc == 2 and f"{tmp_path / 'nope.onnx'}: no such file" in err
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], tmp_path / "nope.om")
-    assert rc == 1 and f"{tmp_path / 'nope.om'}: no such file" in err
+    assert rc == 2 and f"{tmp_path / 'nope.om'}: no such file" in err
     # Which of the three files: the feeds' file is named by its option.
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"], "--inputs",
                          tmp_path / "nope.npz")
-    assert rc == 1 and f"--inputs {tmp_path / 'nope.npz'}: no such file" in err
+    assert rc == 2 and f"--inputs {tmp_path / 'nope.npz'}: no such file" in err
     with pytest.raises(InputError, match=r"^feeds \S*nope.npz: no such file"):
         compare_models(files["ref.onnx"], files["opt.onnx"], feeds=tmp_path / "nope.npz")
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
@@ -315,7 +315,7 @@ def test_npz_lacking_an_input(files, tmp_path, capsys):
     np.savez(tmp_path / "x.npz", other=np.zeros((2, 8), np.float32))
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"],
                          "--inputs", tmp_path / "x.npz")
-    assert rc == 1 and f"{tmp_path / 'x.npz'}: unknown input 'other'" in err
+    assert rc == 2 and f"{tmp_path / 'x.npz'}: unknown input 'other'" in err
     with pytest.raises(InputError, match="feeds: missing input 'x'"):
         compare_models(files["ref.onnx"], files["opt.onnx"], feeds={})
     with pytest.raises(InputError, match=r"input 'x' has shape \[2, 4\]"):
@@ -366,7 +366,7 @@ def test_random_inputs_follow_dims_the_candidate_pinned(tmp_path):
 def test_option_errors(files, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
                          "--csv", tmp_path / "no" / "r.csv")
-    assert rc == 1 and "directory" in err and "does not exist" in err
+    assert rc == 2 and "directory" in err and "does not exist" in err
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"], "--rtol", "-1")
     assert rc == 2 and "argument --rtol: -1.0 is negative" in err
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
@@ -374,7 +374,7 @@ def test_option_errors(files, tmp_path, capsys):
     assert rc == 2 and "argument --min-cosine: 2.0 is not a cosine; give -1 to 1" in err
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
                          "--input-shape", "y:1")
-    assert rc == 1 and "has no input 'y'" in err  # well formed, but not this model's
+    assert rc == 2 and "has no input 'y'" in err  # well formed, but not this model's
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["opt.onnx"],
                          "--input-shape", "y=1")
     assert rc == 2 and "argument --input-shape: 'y=1' is not NAME:D0,D1,…" in err
@@ -400,7 +400,7 @@ def test_a_feed_overriding_an_initializer_is_judged_per_side(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "compare", source, tmp_path / "opt.onnx", "--inputs", feeds)
     assert rc == 0 and "result: PASS" in out, err
     rc, _, err = run_cli(capsys, "compare", source, tmp_path / "opt.om", "--inputs", feeds)
-    assert rc == 1 and f"'k' overrides an initializer of {source}, which {tmp_path / 'opt.om'} " \
+    assert rc == 2 and f"'k' overrides an initializer of {source}, which {tmp_path / 'opt.om'} " \
         "holds fixed at its value" in err
 
 
@@ -457,7 +457,7 @@ def test_a_model_whose_external_weights_are_missing_is_named(tmp_path, capsys):
               size_threshold=0)
     (tmp_path / "m.bin").unlink()  # a dump copied without its weights file
     rc, _, err = run_cli(capsys, "compare", tmp_path / "m.onnx", tmp_path / "m.onnx")
-    assert rc == 1 and "internal error" not in err
+    assert rc == 2 and "internal error" not in err
     assert "m.onnx: cannot load the model's external data" in err
 
 
@@ -487,5 +487,5 @@ def test_a_model_onnxruntime_has_no_op_for_gets_no_hint_about_inputs(tmp_path, c
                                                       helper.make_opsetid("my.dom", 1)]),
               tmp_path / "custom.onnx")
     rc, _, err = run_cli(capsys, "compare", tmp_path / "custom.onnx", tmp_path / "custom.onnx")
-    assert rc == 1 and "my.dom:Foo(-1) is not a registered function/op" in err
+    assert rc == 2 and "my.dom:Foo(-1) is not a registered function/op" in err
     assert "random" not in err  # no input would make it run
