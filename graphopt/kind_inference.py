@@ -31,6 +31,7 @@ import onnx.defs
 import onnx.shape_inference
 from onnx import NodeProto, OperatorSetIdProto, TensorProto, TypeProto
 
+from graphopt.codegen.om_manifest import type_label
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node, Value
 from graphopt.ir.onnx_io import node_to_proto, type_proto
@@ -222,8 +223,8 @@ class _Walk:
                 producer = value.producer
                 raise InputError(
                     f"{self.label}: graph output '{value.name}' is declared "
-                    f"{value.dtype.name}, but node {producer.label} "
-                    f"({producer.qualified_op}) computes {TensorProto.DataType.Name(elem)}")
+                    f"{type_label(int(value.dtype))}, but node {producer.label} "
+                    f"({producer.qualified_op}) computes {type_label(elem)}")
 
 
 def anonymous_node(node: Node) -> NodeProto:

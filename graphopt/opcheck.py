@@ -12,6 +12,7 @@ import onnx
 import onnx.checker
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
+from graphopt.codegen.om_manifest import type_label
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node
 from graphopt.ir.node import unnamed_label
@@ -203,8 +204,8 @@ def _fixed_output_problem(node: Node, version: int | None) -> str | None:
             continue
         expected = getattr(TensorProto, fixed[1].upper(), None)
         if expected is not None and int(value.dtype) != expected:
-            return (f"output '{value.name}' is declared {value.dtype.name}, but the op always "
-                    f"writes {TensorProto.DataType.Name(expected)}")
+            return (f"output '{value.name}' is declared {type_label(int(value.dtype))}, but the "
+                    f"op always writes {type_label(expected)}")
     return None
 
 
@@ -401,20 +402,13 @@ def _in_words(reason: str) -> str:
     """Inference's element type numbers and type cases in words: what the node computes
     against what the model declares for the value (a graph input's or output's type)."""
     def named(match: re.Match) -> str:
-        computed, declared = (_type_name(int(match[i])) for i in (1, 2))
+        computed, declared = (type_label(int(match[i])) for i in (1, 2))
         return f"it computes {computed} where the model declares {declared} for its output"
 
     def cased(match: re.Match) -> str:
         return f"it takes or computes a {match[2]} where the model declares a {match[1]}"
 
     return _TYPE_CASES_DIFFER.sub(cased, _ELEM_TYPES_DIFFER.sub(named, reason))
-
-
-def _type_name(elem_type: int) -> str:
-    try:
-        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
-    except (KeyError, TypeError, ValueError):
-        return f"element type {elem_type}"
 
 
 _UNTYPED_INPUT = "expected to have type but instead is null"

@@ -647,8 +647,8 @@ def initializer_unlike_its_input() -> onnx.ModelProto:
                               r"output"),
     ("sequence_into_relu", r"node writing 'y' \(Relu\): shape inference refuses it: .*it "
                            r"takes or computes a sequence where the model declares a tensor"),
-    ("initializer_of_another_type", r"graph input 'x' is declared with element type FLOAT, "
-                                    r"its initializer INT64"),
+    ("initializer_of_another_type", r"graph input 'x' is declared with element type float32, "
+                                    r"its initializer int64"),
     ("no_opset_import", r"not a valid ONNX model: it has no opset_import \(an exporter "),
     ("opset_zero", r"opset_import of domain 'ai.onnx' has version 0"),
     ("default_domain_twice", r"opset_import names the default domain twice, as '' \(version "
@@ -920,7 +920,7 @@ def test_large_weight_of_the_wrong_length_is_refused_at_import():
     model = big_matmul()
     model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
     with pytest.raises(graphopt.errors.InputError,
-                       match=r"initializer 'w': float tensor of shape \[512, 512\] needs "
+                       match=r"initializer 'w': float32 tensor of shape \[512, 512\] needs "
                              r"1048576 bytes of data, has 1048572"):
         optimize(model.SerializeToString())
 

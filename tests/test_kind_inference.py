@@ -136,7 +136,7 @@ def test_a_declared_output_type_that_differs_is_refused():
                    [_y(TensorProto.INT64)])
     error, _ = _checked(proto, whole=False)
     assert isinstance(error, InputError)
-    assert "graph output 'y' is declared INT64" in str(error) and "'r' (Relu)" in str(error)
+    assert "graph output 'y' is declared int64" in str(error) and "'r' (Relu)" in str(error)
     assert _checked(proto, whole=True)[0] is not None
 
 

@@ -229,6 +229,15 @@ def dtype_name(elem_type: int) -> str | None:
     return _DTYPE_RENAMES.get(name, name.lower())
 
 
+def type_label(elem_type: int) -> str:
+    """An element type as messages name it: its manifest name ("float32"), "undefined" for 0,
+    "element type N" for a number ONNX does not define."""
+    try:
+        return dtype_name(elem_type) or "undefined"
+    except ValueError:
+        return f"element type {elem_type}"
+
+
 def dtype_from_name(name: str) -> int:
     """The TensorProto element type of a manifest dtype name; KeyError if unknown."""
     value = _DTYPE_BY_NAME.get(name)

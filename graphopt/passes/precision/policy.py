@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 
+from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import OptionError, PassError
 from graphopt.ir import DType, Node
 from graphopt.kind_inference import anonymous_node
@@ -188,8 +189,7 @@ class Support:
 
     def has(self, op: str, domain: str, dtype: DType) -> bool:
         """Whether the primary device or the host has a native `dtype` kernel for the op."""
-        name = {DType.FLOAT: "float32", DType.FLOAT16: "float16",
-                DType.BFLOAT16: "bfloat16"}.get(dtype, dtype.name.lower())
+        name = dtype_name(int(dtype))
         return any(device.has_kernel(op, domain, name) for device in self.devices)
 
     def stand_in_refuses(self, node: Node) -> bool:
