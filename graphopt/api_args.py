@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
-from numbers import Real
+from numbers import Integral, Real
 from typing import TYPE_CHECKING
 
 from graphopt.errors import OptionError
@@ -31,6 +31,13 @@ def parse_size(text: str) -> int:
     return size
 
 
+def shown(value) -> str:
+    """`value` as a message shows it: its repr, or its type where the repr is long (a dict of
+    arrays given where a path goes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"a {type(value).__name__} ({text[:60]}…)"
+
+
 def names(value, what: str) -> list[str]:
     """A name or an iterable of names (None: none)."""
     if value is None:
@@ -41,7 +48,7 @@ def names(value, what: str) -> list[str]:
         items = list(value)
         if all(isinstance(item, str) for item in items):
             return items
-    raise OptionError(f"{what}: expected a name or a list of names, got {value!r}")
+    raise OptionError(f"{what}: expected a name or a list of names, got {shown(value)}")
 
 
 def path(value, what: str) -> str | None:
@@ -53,7 +60,7 @@ def path(value, what: str) -> str | None:
         text = os.fspath(value)
         if isinstance(text, str) and text:
             return text
-    raise OptionError(f"{what}: expected a path (str or os.PathLike), got {value!r}")
+    raise OptionError(f"{what}: expected a path (str or os.PathLike), got {shown(value)}")
 
 
 def mapping(value, what: str) -> dict:
@@ -62,7 +69,7 @@ def mapping(value, what: str) -> dict:
         return {}
     if isinstance(value, Mapping):
         return dict(value)
-    raise OptionError(f"{what}: expected a dict, got {value!r}")
+    raise OptionError(f"{what}: expected a dict, got {shown(value)}")
 
 
 def size(value, what: str) -> int | None:
@@ -74,12 +81,12 @@ def size(value, what: str) -> int | None:
             return parse_size(value)
         except ValueError as exc:
             raise OptionError(f"{what}: {exc}") from None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise OptionError(f"{what}: expected a number of bytes or a size such as '4M', "
-                          f"got {value!r}")
+                          f"got {shown(value)}")
     if value < 0:
         raise OptionError(f"{what} must be ≥ 0 bytes, got {value}")
-    return value
+    return int(value)
 
 
 def tolerance(value, what: str) -> float | None:
@@ -87,17 +94,29 @@ def tolerance(value, what: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise OptionError(f"{what}: expected a number, got {value!r}")
+        raise OptionError(f"{what}: expected a number, got {shown(value)}")
     number = float(value)
     if not math.isfinite(number) or number < 0:
-        raise OptionError(f"{what}: expected a finite number ≥ 0, got {value!r}")
+        raise OptionError(f"{what}: expected a finite number ≥ 0, got {shown(value)}")
     return number
 
 
+def is_integer(value) -> bool:
+    """An int or a NumPy integer, not a bool (which Python would take for 0 or 1)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 def integer(value, what: str) -> int:
-    """An int (not a bool, which Python would take for 0 or 1)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise OptionError(f"{what}: expected an integer, got {value!r}")
+    """An int, or a NumPy integer as an int."""
+    if not is_integer(value):
+        raise OptionError(f"{what}: expected an integer, got {shown(value)}")
+    return int(value)
+
+
+def flag(value, what: str) -> bool:
+    """True or False: a string such as "no" would otherwise read as true, and [] as false."""
+    if not isinstance(value, bool):
+        raise OptionError(f"{what}: expected True or False, got {shown(value)}")
     return value
 
 
@@ -112,12 +131,13 @@ def target(value) -> "Target | None":
 
         return load_target(path(value, "target"))
     raise OptionError(f"target: expected a target name, a profile path or a Target, got "
-                      f"{value!r}")
+                      f"{shown(value)}")
 
 
-def check_run_options(verify, inputs, rtol, atol, memory_reorder, loaded_target,
-                      instruments) -> None:
+def check_run_options(verify, inputs, rtol, atol, memory_reorder, loaded_target) -> None:
     """What the command line refuses as a usage error, refused alike (OptionError)."""
+    flag(verify, "verify")
+    flag(memory_reorder, "memory_reorder")
     if inputs is not None:
         if not verify:
             raise OptionError("inputs: only used with verify=True")
@@ -129,6 +149,15 @@ def check_run_options(verify, inputs, rtol, atol, memory_reorder, loaded_target,
     if memory_reorder and loaded_target is None:
         raise OptionError("memory_reorder=True reorders the memory plans of a target's "
                           "partitions: give target=")
-    if not isinstance(instruments, Iterable) or isinstance(instruments, (str, bytes)):
-        raise OptionError(f"instruments: expected a list of Instrument objects, got "
-                          f"{instruments!r}")
+
+
+def instrument_list(value) -> tuple:
+    """Instruments (graphopt.passes.instruments.Instrument or alike) as a tuple: a generator
+    is read once, here, and each profile's compile of dynamic_dims sees them all."""
+    items = tuple(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) \
+        else None
+    if items is None or any(not callable(getattr(item, hook, None)) for item in items
+                            for hook in ("start", "after_pass", "finish")):
+        raise OptionError(f"instruments: expected a list of Instrument objects "
+                          f"(graphopt.passes.instruments), got {shown(value)}")
+    return items

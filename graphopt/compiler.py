@@ -80,6 +80,19 @@ class OptimizeResult:
     def to_onnx(self) -> ModelProto:
         return to_onnx(self.model)
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's own would print the model and every pass record)."""
+        nodes = self.model.graph.count_nodes()
+        parts = [self.source_label, f"{self.log.pipeline}",
+                 f"nodes {self.nodes_before} -> {nodes}", f"{self.seconds:.2f} s"]
+        if self.partitioning is not None:
+            parts.append(f"partitions {', '.join(self.partition_models)}")
+        if self.profiles:
+            parts.append(f"{len(self.profiles)} shape profiles")
+        if self.notes:
+            parts.append(f"{len(self.notes)} note{'s' * (len(self.notes) != 1)}")
+        return f"<OptimizeResult {', '.join(parts)}>"
+
 
 def op_counts(nodes) -> Counter:
     """Nodes per op type, as the summary names them (`domain::Op` outside the default domain)."""
@@ -89,8 +102,7 @@ def op_counts(nodes) -> Counter:
 def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_limit,
              verify_structure: bool, dump_dir, allow_custom_ops: bool, trace_rules,
              dump_format: str = "text") -> Options:
-    if api_args.integer(level, "level") not in PIPELINES:
-        raise OptionError(f"optimization level {level} does not exist (use 0 to {max(PIPELINES)})")
+    level = api_args.integer(level, "level")
     disabled = set(api_args.names(disable_passes, "disable_passes"))
     switch_file = api_args.path(switch_file, "switch_file")
     if switch_file:
@@ -100,7 +112,32 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     else:
         input_shapes = validate_input_shapes(api_args.mapping(input_shapes, "input_shapes"))
     fold_size_limit = api_args.size(fold_size_limit, option("fold_size_limit"))
-    dump_dir = api_args.path(dump_dir, "dump_dir")
+    if not isinstance(dump_format, str):
+        raise OptionError(f"dump_format: expected a string, got {dump_format!r}")
+    options = Options(level=level, disabled_passes=disabled, input_shapes=input_shapes,
+                      dump_dir=api_args.path(dump_dir, "dump_dir"),
+                      allow_custom_ops=api_args.flag(allow_custom_ops, "allow_custom_ops"),
+                      trace_rules=set(api_args.names(trace_rules, "trace_rules")))
+    options.dump_format = dump_format
+    options.verify_structure |= api_args.flag(verify_structure, "verify_structure")
+    if fold_size_limit is not None:
+        options.fold_size_limit = fold_size_limit
+    return options
+
+
+def _check_values(options: Options) -> None:
+    """The values of the settings, checked once the keywords and `pass_options` (which may set
+    them too, their types checked by Options.coerce) are both in."""
+    if options.level not in PIPELINES:
+        raise OptionError(f"optimization level {options.level} does not exist (use 0 to "
+                          f"{max(PIPELINES)})")
+    for name, least in (("fold_size_limit", 0), ("max_iterations", 1),
+                        ("elementwise_max_group", 1)):
+        if getattr(options, name) < least:
+            raise OptionError(f"{option(name)} must be ≥ {least}, got {getattr(options, name)}")
+    input_shapes = validate_input_shapes(options.input_shapes)
+    options.input_shapes = input_shapes
+    dump_dir, dump_format = options.dump_dir, options.dump_format
     if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
         raise OptionError(f"{setting('dump_dir', dump_dir)}: exists and is not a directory")
     if dump_format not in DUMP_FORMATS:
@@ -109,8 +146,7 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     if dump_format != "text" and not dump_dir:
         raise OptionError(f"{setting('dump_format', dump_format)} needs "
                           f"{option('dump_dir')}, the directory to dump into")
-    trace_rules = set(api_args.names(trace_rules, "trace_rules"))
-    unknown = sorted(trace_rules - set(RULES))
+    unknown = sorted(options.trace_rules - set(RULES))
     if unknown:
         from graphopt.passes import PASSES
         from graphopt.passes.manager import did_you_mean
@@ -121,14 +157,6 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
         raise OptionError(f"{option('trace_rules')}: unknown rule {', '.join(unknown)} "
                           f"({did_you_mean(unknown, RULES)}`graphopt passes` lists the "
                           f"rules{what})")
-    options = Options(level=level, disabled_passes=disabled, input_shapes=input_shapes,
-                      dump_dir=dump_dir, allow_custom_ops=allow_custom_ops,
-                      trace_rules=trace_rules)
-    options.dump_format = dump_format
-    options.verify_structure |= verify_structure
-    if fold_size_limit is not None:
-        options.fold_size_limit = int(fold_size_limit)
-    return options
 
 
 def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> list[str]:
@@ -284,11 +312,11 @@ def onnxruntime_refusal(model: Model, weightless: bool = True) -> str | None:
 def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              disable_passes=(), switch_file: str | None = None,
              input_shapes: dict[str, list[int]] | str | None = None,
-             fold_size_limit: int | None = None, verify: bool = False,
+             fold_size_limit: int | str | None = None, verify: bool = False,
              inputs: dict[str, np.ndarray] | str | None = None, rtol: float | None = None,
              atol: float | None = None, dump_dir: str | None = None, verify_structure: bool = False,
              allow_custom_ops: bool = False, trace_rules=(),
-             target: "str | Target | None" = None, memory_reorder: bool = False,
+             target: str | Target | None = None, memory_reorder: bool = False,
              rewrite_gate=None, pass_options: dict | None = None,
              dump_format: str = "text", instruments=(), precision: str = "keep",
              quantize: str = "none", calibration: str | os.PathLike | None = None,
@@ -296,24 +324,37 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              tuning_db: str | os.PathLike | None = None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
+    Each keyword is the command line's flag of the same name (`graphopt optimize --help`);
+    a value of the wrong type or out of range raises OptionError naming it.
+
+    Passes: `level` 0-3 (the -O levels); `disable_passes` (names of passes or rules) and
+    `switch_file` (a file of `Name: off` lines) switch some off; `trace_rules` reports why the
+    named rules did not match; `fold_size_limit` caps the bytes FoldConstants makes per value
+    (an int, or "4M"); `allow_custom_ops=True` keeps ops of domains no schema knows.
+    `input_shapes` pins input dims, ATC style ({"x": [1, 3, 224, 224]} or "x:1,3,224,224";
+    -1 keeps a dim open).
+
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
     every node on a device of the target and cuts the graph into device partitions, which
     `save(…, "x.om")` writes as separate models, each with its static memory plan (shapes
     permitting); `memory_reorder=True` first reorders each partition to lower its peak memory.
 
-    `rewrite_gate(pass, rule, node) -> bool` may hold single rewrites back (subgraph tuning,
-    bisection); `pass_options` sets further Options fields by name (elementwise_max_group, …);
-    `instruments` (passes.instruments.Instrument) run around every pass after the built-in ones.
     `precision` (fp16, bf16, mixed-fp16, mixed-bf16) and `quantize` (int8, int4) add the
     precision passes (ConvertPrecision, QuantizeInt8, QuantizeInt4Weights); int8 takes its
     activation ranges from `calibration` (an .npz file or a directory of them), and the other
     precision settings are `pass_options` (calibration_method, quant_skip, keep_dtype, …).
+    `pass_options` sets any field of graphopt.passes.options.Options by name, checked as the
+    keywords are (elementwise_max_group, max_iterations, nchwc_block_size, …).
 
     `verify=True` runs the original and the optimized model on seeded random inputs (or
     `inputs`, a dict or an .npz path) with onnxruntime at ORT_DISABLE_ALL and raises
-    VerificationError when any output differs beyond `rtol`/`atol` (default 1e-4 / 1e-5). A
-    compile a lossy precision pass changed (fp16, int8, int4) is judged by cosine instead, as
-    `graphopt compare` judges it, unless `rtol` or `atol` is given.
+    VerificationError when any output differs beyond `rtol`/`atol` (default 1e-4 / 1e-5),
+    except by what summation order explains: no more than twice what onnxruntime's own
+    optimizer changes the original by, or in under 1% of the elements, each within rtol of the
+    output's largest magnitude (`result.verify_note` then says which). A compile a lossy
+    precision pass changed (fp16, int8, int4) is judged by cosine instead, as `graphopt
+    compare` judges it, unless `rtol` or `atol` is given. `verify_structure=True` checks the
+    graph's structure after every pass.
 
     `tuning_db` (a knowledge base file or Optuna storage URL that `graphopt tune` filled; needs
     a target) applies the subgraph decisions `tune --job subgraph` chose for this model, target
@@ -331,7 +372,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     profiles share int8 calibration statistics through `shared_stats`
     (quant.shared_stats.SharedStats): one the calibration data does not fit takes those of one
     it fits.
+
+    For tools built on the compiler: `rewrite_gate(pass, rule, node) -> bool` may hold single
+    rewrites back (subgraph tuning, bisection); `instruments`
+    (graphopt.passes.instruments.Instrument) run around every pass after the built-in ones.
     """
+    instruments = api_args.instrument_list(instruments)
     # Every other argument, as given, for each profile's compile under --dynamic-dims.
     arguments = {k: v for k, v in locals().items()
                  if k not in ("model", "dynamic_dims", "shared_stats", "tuning_db")}
@@ -340,11 +386,18 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if not isinstance(model, (str, os.PathLike, ModelProto, bytes)):
         raise OptionError(f"optimize takes a path, an onnx.ModelProto or serialized bytes, not "
                           f"{type(model).__name__}")
+    if isinstance(model, (str, os.PathLike)) and not os.fspath(model):
+        raise OptionError("optimize: the model path is empty")
     start = time.perf_counter()
     target = api_args.target(target)
-    api_args.check_run_options(verify, inputs, rtol, atol, memory_reorder, target, instruments)
+    api_args.check_run_options(verify, inputs, rtol, atol, memory_reorder, target)
     calibration = api_args.path(calibration, "calibration")
     pass_options = api_args.mapping(pass_options, "pass_options")
+    if "level" in pass_options:  # one level picks the pipeline and the knowledge base's entry
+        raise OptionError("pass_options: 'level' is optimize's own keyword; give level=")
+    if rewrite_gate is not None and not callable(rewrite_gate):
+        raise OptionError(f"rewrite_gate: expected a function (pass, rule, node) -> bool, "
+                          f"got {rewrite_gate!r}")
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
     tuned = tuned_decisions(tuning_db, model, target, level, options.input_shapes,
@@ -378,6 +431,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             setattr(options, name, Options.coerce(name, value))
         except ValueError as exc:
             raise OptionError(f"compile option '{name}' {exc}") from None
+    _check_values(options)
     check_precision_options(options)
     if verify and "bf16" in options.precision and target is not None \
             and target.device(target.primary).kind != "cpu":
@@ -782,10 +836,16 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
          tuning_db: str | None = None, external_data: bool | None = None) -> None:
     """Write `.onnx` (optimized ONNX) or `.om` (graphopt's artifact) atomically. `tuning_db`
     (a knowledge base file or Optuna storage URL that `graphopt tune` filled; by default the
-    one the result was compiled with) gives an NPU `.om`'s cube kernels their tuned tilings. `external_data` (ONNX only): True puts large
-    weights in `<path>.data`, False never does, None does when the weights pass
+    one the result was compiled with) gives an NPU `.om`'s cube kernels their tuned tilings.
+    `external_data` (ONNX only; an .om keeps large weights in a blob of its own): True puts
+    large weights in `<path>.data`, False never does, None does when the weights pass
     graphopt.ir.external_data's threshold (1 GiB; GRAPHOPT_EXTERNAL_DATA_THRESHOLD)."""
     path = _output_path(path)
+    if external_data is not None:
+        api_args.flag(external_data, "external_data")
+        if path.endswith(".om"):
+            raise OptionError(f"{path}: external_data is for ONNX files; an .om keeps large "
+                              "weights in a blob of its own")
     result = model if isinstance(model, OptimizeResult) else None
     if isinstance(model, OptimizeResult):
         model = model.model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from graphopt.api_args import is_integer
 from graphopt.errors import OptionError
 from graphopt.option_names import option
 from graphopt.ir import Model
@@ -43,8 +44,9 @@ def validate_input_shapes(shapes: dict) -> dict[str, list[int]]:
     checked: dict[str, list[int]] = {}
     for name, dims in shapes.items():
         if not isinstance(name, str) or not isinstance(dims, (list, tuple)):
-            raise OptionError(f"input shapes: expected {{name: [dims]}}, got {name!r}: {dims!r}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+            raise OptionError(f"{option('input_shapes')}: expected {{name: [dims]}}, got "
+                              f"{name!r}: {dims!r}")
+        if not all(is_integer(d) for d in dims):
             raise OptionError(f"{option('input_shapes')}: input '{name}': dims must be integers, "
                               f"got {list(dims)}")
         if any(d < -1 for d in dims):

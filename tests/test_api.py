@@ -489,6 +489,23 @@ def test_missing_path_and_directory(tmp_path):
     # What the command line refuses as meaningless is refused alike, not silently ignored.
     ({"inputs": {"x": np.ones((2, 4), np.float32)}}, "inputs: only used with verify=True"),
     ({"memory_reorder": True}, "memory_reorder=True .* give target="),
+    # A flag takes True or False: "no" would read as true, [] as false.
+    ({"verify": "no"}, "^verify: expected True or False"),
+    ({"verify_structure": "no"}, "^verify_structure: expected True or False"),
+    ({"allow_custom_ops": "false"}, "^allow_custom_ops: expected True or False"),
+    ({"memory_reorder": "no", "target": "cpu"}, "^memory_reorder: expected True or False"),
+    ({"instruments": [1]}, "^instruments: expected a list of Instrument objects"),
+    ({"rewrite_gate": 5}, "^rewrite_gate: expected a function"),
+    ({"calibration": {"x": np.zeros((64, 64))}, "quantize": "int8"},
+     r"^calibration: expected a path \(str or os.PathLike\), got a dict \("),
+    # pass_options meet the keywords' value checks, and cannot pick another level.
+    ({"pass_options": {"level": 3}}, "'level' is optimize's own keyword"),
+    ({"pass_options": {"fold_size_limit": -5}}, "^fold_size_limit must be ≥ 0"),
+    ({"pass_options": {"max_iterations": 0}}, "^max_iterations must be ≥ 1"),
+    ({"pass_options": {"elementwise_max_group": -3}}, "^elementwise_max_group must be ≥ 1"),
+    ({"pass_options": {"dump_format": "bogus"}}, "unknown format"),
+    ({"pass_options": {"trace_rules": ["Nope"]}}, "unknown rule Nope"),
+    ({"pass_options": {"input_shapes": {"x": [-5, 4]}}}, "a dim must be ≥ 0 or -1"),
 ])
 def test_bad_options_raise_option_error(proto, kwargs, needle):
     with pytest.raises(OptionError, match=needle):
@@ -779,3 +796,67 @@ def test_verify_excuses_reordered_rounding_at_the_output_scale_only():
     broken = expected.copy()
     broken[3] = np.nan
     assert _rounding_at_scale(expected, broken, judge) is None
+
+
+def test_numpy_integers_are_integers(proto, tmp_path):
+    # A shape or a count read from an array arrives as a NumPy integer.
+    result = graphopt.optimize(proto, level=np.int64(2), fold_size_limit=np.int64(1 << 20),
+                               input_shapes={"x": list(np.array([3, 4]))},
+                               pass_options={"max_iterations": np.int32(4)})
+    assert result.model.graph.inputs[0].static_shape == (3, 4)
+    assert all(type(d) is int for d in result.model.graph.inputs[0].static_shape)
+    graphopt.save(result, tmp_path / "m.om")
+    with graphopt.load(tmp_path / "m.om", intra_op_num_threads=np.int64(1)) as session:
+        assert session.run({"x": np.ones((3, 4), np.float32)})["y"].shape == (3, 4)
+
+
+def test_a_generator_of_instruments_serves_every_profile(proto):
+    from graphopt.passes.instruments import Instrument
+
+    class Count(Instrument):
+        starts = 0
+
+        def start(self, model) -> None:
+            Count.starts += 1
+
+    graphopt.optimize(proto, instruments=(Count() for _ in range(1)),
+                      dynamic_dims={"N": [1, 2]})
+    assert Count.starts == 2  # one per profile: the generator was read once, up front
+
+
+def test_an_empty_model_path_is_named(proto):
+    with pytest.raises(OptionError, match="^optimize: the model path is empty$"):
+        graphopt.optimize("")
+
+
+def test_save_refuses_flags_it_cannot_use(proto, tmp_path):
+    result = graphopt.optimize(proto)
+    with pytest.raises(OptionError, match="^external_data: expected True or False"):
+        graphopt.save(result, tmp_path / "m.onnx", external_data="yes")
+    with pytest.raises(OptionError, match="external_data is for ONNX files"):
+        graphopt.save(result, tmp_path / "m.om", external_data=True)
+    assert not os.listdir(tmp_path)
+
+
+def test_results_and_sessions_print_in_one_line(proto, tmp_path):
+    result = graphopt.optimize(proto, target="cpu")
+    text = repr(result)
+    assert text.startswith("<OptimizeResult <model>, O2") and "\n" not in text, text
+    assert f"nodes {FOLDABLE_NODES} -> " in text and "partitions p0_cpu" in text
+    graphopt.save(result, tmp_path / "m.om")
+    session = graphopt.load(tmp_path / "m.om")
+    assert repr(session) == (f"<OmSession {os.fspath(tmp_path / 'm.om')!r}: (x: float32[N,4]) "
+                             "-> (y: float32[N,4], z: float32[N,4]), partitions p0_cpu>")
+    session.close()
+    assert repr(session).endswith(", closed>")
+
+
+def test_a_bad_feed_is_an_input_error(proto, tmp_path):
+    graphopt.save(graphopt.optimize(proto), tmp_path / "m.om")
+    with graphopt.load(tmp_path / "m.om") as session:
+        for feeds in ({}, {"x": np.ones((2, 4), np.int64)}, {"x": np.ones((2, 5), np.float32)},
+                      {"x": np.ones(4, np.float32)}, {"x": np.ones((2, 4)), "w": 1}):
+            with pytest.raises(InputError):
+                session.run(feeds)
+        with pytest.raises(OptionError, match="unknown output 'nope'"):
+            session.run({"x": np.ones((2, 4), np.float32)}, output_names=["nope"])

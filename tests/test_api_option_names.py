@@ -186,3 +186,23 @@ def test_option_setting_usage():
                 usage("calibration", "FILE")) == \
             ("--input-shape", "--precision fp8", "--verify", "--calibration FILE")
     assert all(flag.startswith("--") for flag in FLAGS.values())
+
+
+def test_an_artifact_is_the_same_bytes_from_python_and_from_the_command_line(tmp_path, capsys):
+    # The .om stores the reason a partition has no memory plan: it names the option both ways,
+    # not in the spelling of the caller that compiled it.
+    import zipfile
+
+    source = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model("""
+        <ir_version: 9, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }"""), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "cli.om", "-q")
+    assert rc == 0, err
+    graphopt.save(graphopt.optimize(source, target="cpu"), tmp_path / "api.om")
+    members = []
+    for name in ("cli.om", "api.om"):
+        with zipfile.ZipFile(tmp_path / name) as z:
+            members.append({info.filename: z.read(info) for info in z.infolist()})
+    assert members[0] == members[1]
+    assert b"(--input-shape, or input_shapes in Python)" in members[0]["details.json"]

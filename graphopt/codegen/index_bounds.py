@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import InputError
 
 if TYPE_CHECKING:
     import onnx
@@ -121,7 +121,7 @@ def check_ids(name: str, ids: np.ndarray, rows: int) -> None:
         return
     first = int(np.flatnonzero((ids < -rows) | (ids >= rows))[0])
     where = [int(i) for i in np.unravel_index(first, ids.shape)]
-    raise GraphoptError(f"input {name!r} holds {ids.flat[first]} at {where}: the embedding table "
+    raise InputError(f"input {name!r} holds {ids.flat[first]} at {where}: the embedding table "
                         f"it indexes has {rows} rows (ids {-rows} to {rows - 1})")
 
 
@@ -129,6 +129,6 @@ def check_dim(name: str, array: np.ndarray, axis: int, rows: int) -> None:
     """Refuse input `name` when its dim `axis` counts more positions than the table has rows."""
     if array.ndim > axis and array.shape[axis] > rows:
         count = array.shape[axis]
-        raise GraphoptError(f"input {name!r} has {count} along axis {axis}: positions 0 to "
+        raise InputError(f"input {name!r} has {count} along axis {axis}: positions 0 to "
                             f"{count - 1} index an embedding table of {rows} rows (at most {rows} "
                             "along that axis)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
-from graphopt.errors import GraphoptError
+from graphopt.errors import InputError
 from graphopt.option_names import option
 
 Plan = TypeVar("Plan")
@@ -55,9 +55,9 @@ class ProfileMatcher(Generic[Plan]):
         given = ", ".join(f"{n}{list(s)}" for n, s in zip(self._names, shapes) if s is not None)
         if plan is None:
             label = next(label for pattern, label in self._unopened if _fits(pattern, shapes))
-            raise GraphoptError(f"input shapes {given} fit shape profile {label}, which this "
+            raise InputError(f"input shapes {given} fit shape profile {label}, which this "
                                 "session did not open (load(..., profiles=[…]) chose which)")
-        raise GraphoptError(f"input shapes {given} fit none of the model's "
+        raise InputError(f"input shapes {given} fit none of the model's "
                             f"{len(self._labels)} shape profiles: {'; '.join(self._labels)} "
                             f"(compile with {option('dynamic_dims')} listing these sizes)")
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import onnxruntime as ort
 
+from graphopt.api_args import is_integer
 from graphopt.codegen import om_refs
 from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
                                     shared_dim_clash, shared_dims, typed_entry)
@@ -26,7 +27,7 @@ from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_refere
 from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
 from graphopt.codegen.plain_feeds import PlainFeeds, plain, plain_feeds
 from graphopt.codegen.profile_match import ProfileMatcher
-from graphopt.errors import ArtifactError, GraphoptError, OptionError
+from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError
 from graphopt.nchwc_block import METADATA_KEY, block_mismatch
 
 if TYPE_CHECKING:
@@ -163,8 +164,7 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str,
     for name, threads in (("intra_op_num_threads", intra_op_num_threads),
                           ("inter_op_num_threads", inter_op_num_threads)):
         # onnxruntime stores a thread count as a C int.
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                    or not 0 <= threads < 2 ** 31):
+        if threads is not None and (not is_integer(threads) or not 0 <= threads < 2 ** 31):
             raise OptionError(f"{name} must be an integer from 0 to 2**31 - 1, not {threads!r}")
     if session_config is not None and not (isinstance(session_config, Mapping) and all(
             isinstance(key, str) for key in session_config)):
@@ -173,9 +173,9 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str,
     options = ort.SessionOptions()
     options.graph_optimization_level = _OPTIMIZATION_LEVELS[optimization_level]
     if intra_op_num_threads is not None:
-        options.intra_op_num_threads = intra_op_num_threads  # 0 lets onnxruntime choose
+        options.intra_op_num_threads = int(intra_op_num_threads)  # 0: onnxruntime chooses
     if inter_op_num_threads is not None:
-        options.inter_op_num_threads = inter_op_num_threads
+        options.inter_op_num_threads = int(inter_op_num_threads)
     for key, value in (session_config or {}).items():  # e.g. session.force_spinning_stop
         options.add_session_config_entry(key, str(value))
     # Fatal only: graphopt raises every failure with onnxruntime's message, which its log would
@@ -518,8 +518,8 @@ class _Program:
                 also = (f"; tensors passed between partitions may be named too: "
                         f"{', '.join(between[:8])}{', …' if len(between) > 8 else ''}"
                         if between else "")
-                raise GraphoptError(f"unknown output {name!r}; the model's outputs are: "
-                                    f"{', '.join(self._outputs)}{also}")
+                raise OptionError(f"unknown output {name!r}; the model's outputs are: "
+                                  f"{', '.join(self._outputs)}{also}")
         needed = set(wanted)
         chosen = []
         for step in reversed(self.steps):
@@ -697,6 +697,20 @@ class OmSession:
             self._mapped.close()
             self._mapped = None
 
+    def __repr__(self) -> str:
+        """One line: the artifact, its signature, partitions and profiles (not the sessions)."""
+        def signature(entries: list[dict]) -> str:
+            return ", ".join(f"{e['name']}: {describe(e)}" for e in entries)
+
+        if self._closed:
+            state = "closed"
+        else:  # the partitions of the first profile, which every profile cuts alike or nearly
+            state = f"partitions {', '.join(step.name for step in self._program.steps)}"
+        if self._opened:
+            state += f", {len(self._opened)} shape profiles"
+        return (f"<OmSession {self._artifact.path!r}: ({signature(self._inputs)}) -> "
+                f"({signature(self._outputs)}), {state}>")
+
     def __enter__(self) -> "OmSession":
         return self
 
@@ -784,7 +798,7 @@ class OmSession:
         """Run the artifact; returns the requested outputs (default: all) by name.
 
         `output_names` may also name tensors passed between partitions, which helps debugging.
-        Bad feeds raise GraphoptError naming the input.
+        Bad feeds raise InputError (a GraphoptError) naming the input.
         """
         direct = self._direct
         if direct is not None and output_names is None and self._pending is None:
@@ -824,7 +838,7 @@ class OmSession:
             wanted, steps = program.default_plan
         else:
             if isinstance(output_names, str):  # list("logits") would ask for 'l', 'o', …
-                raise GraphoptError(f"output_names must be a list of names, not the string "
+                raise OptionError(f"output_names must be a list of names, not the string "
                                     f"{output_names!r} (write [{output_names!r}])")
             wanted = list(output_names)
             steps = program.plan(wanted)
@@ -842,15 +856,15 @@ class OmSession:
         if self._plain is not None and plain(feeds, self._plain):
             return dict(feeds)  # run() adds partition outputs to its env
         if not isinstance(feeds, Mapping):
-            raise GraphoptError(f"feeds must map input names to arrays, not {type(feeds).__name__}")
+            raise InputError(f"feeds must map input names to arrays, not {type(feeds).__name__}")
         for name in feeds:
             if name not in self._expected:
                 expected_names = ", ".join(self._expected) or "(none)"
-                raise GraphoptError(f"unknown input {name!r}; the model's inputs are: {expected_names}")
+                raise InputError(f"unknown input {name!r}; the model's inputs are: {expected_names}")
         env: dict[str, Any] = {}
         for name, (entry, dtype) in self._expected.items():
             if name not in feeds:
-                raise GraphoptError(f"missing input {name!r} ({describe(entry)})")
+                raise InputError(f"missing input {name!r} ({describe(entry)})")
             value = feeds[name]
             if "type" in entry:  # a sequence, map or optional: onnxruntime takes it as it is
                 env[name] = fitted_value(entry, value)
@@ -863,19 +877,19 @@ class OmSession:
             else:
                 ok = dtype is None or array.dtype == dtype
             if not ok:
-                raise GraphoptError(
+                raise InputError(
                     f"input {name!r} has dtype {array.dtype}, expected {describe(entry)}"
                 )
             shape = entry["shape"]
             if shape is not None and array.shape != self._static_shapes.get(name):
                 if array.ndim != len(shape):
-                    raise GraphoptError(
+                    raise InputError(
                         f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}), "
                         f"expected {describe(entry)}"
                     )
                 for axis, (got, want) in enumerate(zip(array.shape, shape)):
                     if isinstance(want, int) and got != want:
-                        raise GraphoptError(
+                        raise InputError(
                             f"input {name!r} has shape {list(array.shape)}, expected {describe(entry)} "
                             f"(dim {axis} must be {want})"
                         )
@@ -884,5 +898,5 @@ class OmSession:
             clash = shared_dim_clash(self._shared_dims, {n: np.shape(v) for n, v in env.items()
                                                          if "type" not in self._expected[n][0]})
             if clash:
-                raise GraphoptError(clash)
+                raise InputError(clash)
         return env

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
+from numbers import Integral, Real
 
 
 def _env_flag(name: str) -> bool:
@@ -64,10 +65,11 @@ class Options:
             if not isinstance(value, bool):
                 raise ValueError(f"takes True or False, not {value!r}")
         elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, Integral):
                 raise ValueError(f"takes an integer, not {value!r}")
+            value = int(value)
         elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, Real):
                 raise ValueError(f"takes a number, not {value!r}")
             value = float(value)
         elif isinstance(default, str):

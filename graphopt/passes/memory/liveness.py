@@ -26,7 +26,6 @@ from graphopt.errors import GraphoptError
 from graphopt.ir import Graph, Model, Node, Value
 from graphopt.ir.dtypes import DType, nbytes
 from graphopt.ir.graph import captured_values
-from graphopt.option_names import option
 
 ARENA, INPUT, OUTPUT, WEIGHT = "arena", "input", "output", "weight"
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -108,16 +107,18 @@ def tensor_bytes(value: Value) -> int:
 
 def _dynamic_shape_hint(value: Value) -> str:
     """What would size `value`: pinning the model's open inputs, or nothing a caller can pin
-    when every input is static already (a Resize to sizes read from an input's values)."""
+    when every input is static already (a Resize to sizes read from an input's values). The
+    .om stores the text, so it names the option both ways: an artifact compiled from Python
+    and one compiled by the command line are the same bytes."""
     root = value.graph.root if value.graph is not None else None
     if root is not None and all(v.static_shape is not None or v.is_constant
                                 for v in root.inputs):
-        return (f"; every input is static already: the shape depends on values the model "
-                f"computes at run time, which {option('input_shapes')} cannot pin (unless the "
+        return ("; every input is static already: the shape depends on values the model "
+                "computes at run time, which pinning the input shapes cannot fix (unless the "
                 "compile left shapes unfolded: -O0/-O1, or FoldConstants off)")
-    return (f"; pin the input shapes ({option('input_shapes')}), and let -O2's shape folding "
-            "run (a shape computed at run time stays unknown at -O0/-O1 or with FoldConstants "
-            "off)")
+    return ("; pin the input shapes (--input-shape, or input_shapes in Python), and let -O2's "
+            "shape folding run (a shape computed at run time stays unknown at -O0/-O1 or with "
+            "FoldConstants off)")
 
 
 def node_reads(node: Node) -> list[Value]:
