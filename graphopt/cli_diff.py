@@ -8,6 +8,7 @@ from graphopt.cli_precision import add_precision_args, precision_options
 from graphopt.cli_types import input_shapes, non_negative_int, target_name
 from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
+from graphopt.option_names import FLAGS
 
 EXAMPLES = """examples:
   graphopt diff model.onnx model.opt.onnx
@@ -17,6 +18,10 @@ EXAMPLES = """examples:
   graphopt diff model.onnx --pass FuseConvBatchNorm
   graphopt diff model.onnx --pass FoldConstants --all-runs -O3 --json
   graphopt diff model.onnx --pass QuantizeInt8 --quantize int8 --calibration calib.npz
+  graphopt diff golden.onnx model.opt.onnx --exit-code   # in CI: fail when they differ
+
+The exit status is 0 (with --exit-code: 0 when the models are the same, 1 when they differ)
+and 2 on an error, as diff's.
 """
 
 
@@ -25,7 +30,8 @@ def add_diff_parser(sub) -> None:
         "diff", help="compare two models or dumps, or show what one pass did",
         description="Compare two ONNX models (or `--dump-format onnx` dumps): nodes removed, "
                     "added and changed (matched by name, then by op, inputs and outputs), "
-                    "initializers, and op-type counts. With --pass, compile one model and "
+                    "initializers, graph inputs and outputs, opset imports, model-local "
+                    "functions, and op-type counts. With --pass, compile one model and "
                     "compare its graph right before and right after the first run of that "
                     "pass that changed it.",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
@@ -47,10 +53,12 @@ def add_diff_parser(sub) -> None:
                    help="with --pass: keep ops of unknown custom domains instead of refusing "
                         "the model")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
+    p.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when the models differ, as git diff --exit-code does")
     p.add_argument("--limit", type=non_negative_int, default=40, metavar="N",
                    help="show at most N entries per list in the text form (0: all; default 40)")
     add_precision_args(p, report=False, scope="with --pass: ")
-    p.set_defaults(func=_cmd_diff, positionals_after_options="models")
+    p.set_defaults(func=_cmd_diff, positionals_after_options="models", error_status=2)
 
 
 def _cmd_diff(args) -> int:
@@ -64,7 +72,9 @@ def _cmd_diff(args) -> int:
                                       ("--target", args.target),
                                       ("--input-shape", args.input_shape),
                                       ("--allow-custom-ops", args.allow_custom_ops),
-                                      ("--precision/--quantize/--calibration", precision)) if on]
+                                      *((FLAGS.get(key, key), True)
+                                        for key, value in precision.items()
+                                        if value not in ("keep", "none"))) if on]
         if used:
             raise OptionError(f"{', '.join(used)} {'apply' if len(used) > 1 else 'applies'} "
                               "only with --pass NAME")
@@ -75,7 +85,7 @@ def _cmd_diff(args) -> int:
         diff = diff_models(load_for_diff(a), load_for_diff(b), label_a=a, label_b=b)
         print(json.dumps(diff.to_json(), indent=1) if args.json
               else format_diff(diff, args.limit))
-        return 0
+        return int(args.exit_code and not diff.empty)
 
     from graphopt.tools.diff_pass import diff_pass
 
@@ -91,4 +101,4 @@ def _cmd_diff(args) -> int:
     else:
         print(result.note)
         print(format_diff(result.diff, args.limit))
-    return 0
+    return int(args.exit_code and not result.diff.empty)

@@ -15,10 +15,12 @@ from contextvars import ContextVar
 
 # Keyword argument (of optimize, save, or a pass_options key) -> the CLI flag that sets it.
 FLAGS = {
+    "activation_symmetric": "--activation-symmetric",
     "allow_custom_ops": "--allow-custom-ops",
     "atol": "--atol",
     "calibration": "--calibration",
     "calibration_method": "--calibration-method",
+    "calibration_percentile": "--calibration-percentile",
     "disable_passes": "--disable-pass",
     "dump_dir": "--dump-dir",
     "dump_format": "--dump-format",
@@ -31,9 +33,11 @@ FLAGS = {
     "int4_group_size": "--int4-group-size",
     "int4_method": "--int4-method",
     "keep_dtype": "--keep-dtype",
+    "per_channel": "--per-channel",
     "precision": "--precision",
     "precision_allow": "--precision-allow",
     "precision_deny": "--precision-deny",
+    "quant_keep_ends": "--quantize-ends",
     "quant_skip": "--quant-skip",
     "quantize": "--quantize",
     "rtol": "--rtol",

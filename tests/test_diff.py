@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import parse_model, run_cli
+from onnx import TensorProto, helper
 
 import graphopt
 from graphopt import zoo
@@ -170,7 +171,8 @@ def test_cli_json_schema(tmp_path, capsys):
     assert rc == 0, err
     data = json.loads(out)
     assert set(data) == {"a", "b", "nodes", "removed", "added", "changed", "initializers",
-                         "io_changed", "op_counts", "unrelated"}
+                         "io_changed", "opsets_changed", "functions_changed", "op_counts",
+                         "unrelated"}
     assert data["nodes"] == {"a": 3, "b": 2}
     assert data["removed"] == [{"name": "/b/BatchNormalization", "op": "BatchNormalization",
                                 "scope": "", "line": data["removed"][0]["line"]}]
@@ -286,7 +288,7 @@ def test_pass_mode_compiles_with_the_precision_flags_and_pins(tmp_path, capsys):
     (["MODEL", "MODEL", "--pass", "FuseGelu"], "--pass FuseGelu takes one model, got 2"),
     (["MODEL", "MODEL", "--all-runs", "-O", "3"], "--all-runs, -O apply only with --pass NAME"),
     (["MODEL", "MODEL", "--precision", "fp16"],
-     "--precision/--quantize/--calibration applies only with --pass NAME"),
+     "--precision applies only with --pass NAME"),
     (["MODEL", "MODEL", "--input-shape", "x:1,3"], "--input-shape applies only with --pass NAME"),
 ])
 def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
@@ -296,8 +298,8 @@ def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
              "DUMP.txt": os.fspath(txt)}
     needle = needle.replace("MISSING", names["MISSING"])
     rc, out, err = run_cli(capsys, "diff", *[names.get(a, a) for a in argv])
-    # A count of models the options do not take is a usage error (2), as argparse's are.
-    assert rc == (2 if "model" in needle else 1) and out == ""
+    # diff's errors exit 2, as GNU diff's: with --exit-code, 1 says the models differ.
+    assert rc == 2 and out == ""
     assert err.startswith("graphopt: error: ") and needle in err, err
 
 
@@ -325,3 +327,51 @@ def test_two_models_without_an_input_or_output_in_common_are_said_to_be_unrelate
         in out
     rc, out, _ = run_cli(capsys, "diff", tmp_path / "a.onnx", tmp_path / "a.onnx")
     assert "share no input" not in out
+
+
+def _function_model(op: str, opset: int = 17) -> onnx.ModelProto:
+    body = helper.make_function("local", "MyAct", ["a"], ["b"],
+                                [helper.make_node(op, ["a"], ["b"])],
+                                [helper.make_opsetid("", opset)])
+    graph = helper.make_graph(
+        [helper.make_node("MyAct", ["x"], ["y"], domain="local", name="act")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    helper.make_opsetid("local", 1)],
+                              functions=[body])
+    model.ir_version = 8
+    return model
+
+
+def test_function_bodies_and_opset_imports_are_compared(tmp_path, capsys):
+    # The graphs alike, the models compute different things: a local function's body (a
+    # dynamo export's, FuseElementwise's) or the opset the nodes follow.
+    paths = {}
+    for name, op, opset in (("relu", "Relu", 17), ("sigmoid", "Sigmoid", 17),
+                            ("relu13", "Relu", 13)):
+        paths[name] = os.fspath(tmp_path / f"{name}.onnx")
+        onnx.save(_function_model(op, opset), paths[name])
+    diff = diff_models(onnx.load(paths["relu"]), onnx.load(paths["sigmoid"]))
+    assert not diff.empty and not (diff.changed or diff.opsets_changed)
+    [change] = diff.functions_changed
+    assert (change.name, change.change) == ("local::MyAct", "changed")
+    assert change.lines == ["- b = Relu (a)", "+ b = Sigmoid (a)"]
+    diff = diff_models(onnx.load(paths["relu13"]), onnx.load(paths["relu"]))
+    assert [(v.name, v.type_before, v.type_after) for v in diff.opsets_changed] == \
+        [("ai.onnx", "13", "17")]
+    rc, out, err = run_cli(capsys, "diff", paths["relu"], paths["sigmoid"])
+    assert rc == 0 and "model-local functions (1):\n  changed local::MyAct\n" in out, err
+    rc, out, _ = run_cli(capsys, "diff", paths["relu13"], paths["relu"], "--json")
+    data = json.loads(out)
+    assert data["opsets_changed"] == [{"domain": "ai.onnx", "a": "13", "b": "17"}]
+    assert data["functions_changed"][0]["change"] == "changed"  # the body's opset moved too
+
+
+def test_exit_code_says_whether_the_models_differ(tmp_path, capsys):
+    a, b = _saved_pair(tmp_path)
+    assert run_cli(capsys, "diff", a, b)[0] == 0
+    assert run_cli(capsys, "diff", a, b, "--exit-code")[0] == 1
+    assert run_cli(capsys, "diff", a, a, "--exit-code")[0] == 0
+    rc, _, err = run_cli(capsys, "diff", a, os.fspath(tmp_path / "missing.onnx"), "--exit-code")
+    assert rc == 2 and "no such file" in err

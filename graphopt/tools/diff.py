@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from onnx import ModelProto
+from onnx import FunctionProto, ModelProto
 
 from graphopt.errors import InputError
 from graphopt.ir import Graph, Model, Node, Value, format_node, load_onnx
@@ -59,6 +60,18 @@ class ValueChange:
 
 
 @dataclass
+class FunctionChange:
+    """A model-local function only one side has, or whose body or signature differs."""
+
+    name: str                 # domain::name, with ":overload" when it has one
+    change: str               # "removed", "added" or "changed"
+    lines: list[str] = field(default_factory=list)  # a changed one's printed lines, -/+
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "change": self.change, "lines": self.lines}
+
+
+@dataclass
 class GraphDiff:
     label_a: str
     label_b: str
@@ -71,13 +84,18 @@ class GraphDiff:
     initializers_added: list[ValueChange] = field(default_factory=list)
     initializers_changed: list[ValueChange] = field(default_factory=list)  # new data or type
     io_changed: list[ValueChange] = field(default_factory=list)  # "input x" / "output y"
+    # Opset versions by domain ("" is ai.onnx): the same node means another op at another
+    # version; None: the side imports no such domain.
+    opsets_changed: list[ValueChange] = field(default_factory=list)
+    functions_changed: list[FunctionChange] = field(default_factory=list)
     op_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     unrelated: bool = False  # no input and no output name in common: maybe two models
 
     @property
     def empty(self) -> bool:
         return not (self.removed or self.added or self.changed or self.initializers_removed
-                    or self.initializers_added or self.initializers_changed or self.io_changed)
+                    or self.initializers_added or self.initializers_changed or self.io_changed
+                    or self.opsets_changed or self.functions_changed)
 
     def op_deltas(self) -> list[tuple[str, int, int, int]]:
         """(op, count A, count B, B - A) for the op types whose count differs."""
@@ -94,6 +112,9 @@ class GraphDiff:
                              "added": [v.to_json() for v in self.initializers_added],
                              "changed": [v.to_json() for v in self.initializers_changed]},
             "io_changed": [v.to_json() for v in self.io_changed],
+            "opsets_changed": [{"domain": v.name, "a": v.type_before, "b": v.type_after}
+                               for v in self.opsets_changed],
+            "functions_changed": [f.to_json() for f in self.functions_changed],
             "unrelated": self.unrelated,
             "op_counts": [{"op": op, "a": a, "b": b, "delta": b - a}
                           for op, (a, b) in sorted(self.op_counts.items())],
@@ -133,6 +154,8 @@ def diff_models(a: Model | ModelProto, b: Model | ModelProto, *, label_a: str = 
     diff.added = [NodeEntry(n.name, n.qualified_op, format_node(n), s) for s, n in only_b]
     _diff_initializers(a, b, diff)
     _diff_io(a.graph, b.graph, diff)
+    _diff_opsets(a, b, diff)
+    _diff_functions(a, b, diff)
     count_a = Counter(n.qualified_op for _, n in nodes_a)
     count_b = Counter(n.qualified_op for _, n in nodes_b)
     diff.op_counts = {op: (count_a[op], count_b[op]) for op in count_a.keys() | count_b.keys()}
@@ -287,3 +310,43 @@ def _diff_io(a: Graph, b: Graph, diff: GraphDiff) -> None:
         if kept_a != kept_b:
             diff.io_changed.append(ValueChange(f"{kind} order", ", ".join(kept_a),
                                                ", ".join(kept_b)))
+
+
+def _diff_opsets(a: Model, b: Model, diff: GraphDiff) -> None:
+    def versions(model: Model) -> dict[str, int]:
+        return {("" if domain == "ai.onnx" else domain): version
+                for domain, version in model.opset_imports.items()}
+
+    versions_a, versions_b = versions(a), versions(b)
+    for domain in sorted(versions_a.keys() | versions_b.keys()):
+        before, after = versions_a.get(domain), versions_b.get(domain)
+        if before != after:
+            diff.opsets_changed.append(ValueChange(
+                domain or "ai.onnx", None if before is None else str(before),
+                None if after is None else str(after)))
+
+
+def _diff_functions(a: Model, b: Model, diff: GraphDiff) -> None:
+    """Model-local functions by (domain, name, overload): a body that differs is a change,
+    shown as the lines of its printed form that differ."""
+    def by_key(model: Model) -> dict[str, FunctionProto]:
+        return {f"{f.domain}::{f.name}" + (f":{f.overload}" if f.overload else ""): f
+                for f in model.functions}
+
+    functions_a, functions_b = by_key(a), by_key(b)
+    for name in list(functions_a) + [n for n in functions_b if n not in functions_a]:
+        fa, fb = functions_a.get(name), functions_b.get(name)
+        if fb is None:
+            diff.functions_changed.append(FunctionChange(name, "removed"))
+        elif fa is None:
+            diff.functions_changed.append(FunctionChange(name, "added"))
+        elif fa.SerializeToString(deterministic=True) != fb.SerializeToString(deterministic=True):
+            lines = [line for line in difflib.ndiff(_printed(fa), _printed(fb))
+                     if line[:1] in "-+"]
+            diff.functions_changed.append(FunctionChange(name, "changed", lines))
+
+
+def _printed(function: FunctionProto) -> list[str]:
+    import onnx.printer
+
+    return [line.strip() for line in onnx.printer.to_text(function).splitlines() if line.strip()]

@@ -55,6 +55,21 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
             [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
              for v in diff.io_changed]).splitlines())
 
+    if diff.opsets_changed:
+        out += ["", "opset imports:"]
+        out.extend("  " + line for line in format_table(
+            ["domain", "A", "B"],
+            [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
+             for v in diff.opsets_changed]).splitlines())
+
+    if diff.functions_changed:
+        out += ["", f"model-local functions ({len(diff.functions_changed)}):"]
+        for change in _head(diff.functions_changed, limit):
+            out.append(f"  {change.change} {one_line(change.name)}")
+            out.extend(f"    {one_line(line)}" for line in _head(change.lines, limit))
+            out.extend("  " + line for line in _more(change.lines, limit))
+        out.extend(_more(diff.functions_changed, limit))
+
     deltas = diff.op_deltas()
     if deltas:
         rows = [[op, a, b, f"{d:+d}"] for op, a, b, d in deltas]
