@@ -213,6 +213,21 @@ def test_min_cosine_rule_replaces_allclose(files, capsys):
         compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=2)
 
 
+def test_a_threshold_reads_as_given_and_a_failing_cosine_below_it(files):
+    # :g printed 0.9999999 as 1 and .6f a failing cosine as 1.000000: a FAIL nobody could read.
+    cosine = compare_models(files["ref.onnx"], files["bad.onnx"]).rows[0].cosine
+    threshold = cosine + 1e-12  # a hair above: 6 decimals read the same for both
+    assert f"{cosine:.6f}" == f"{threshold:.6f}"
+    report = compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=threshold)
+    assert not report.passed and report.rule == f"cosine >= {threshold!r}"
+    row = format_report(report).splitlines()[8].split()
+    assert row[-1] == "FAIL" and float(row[2]) < threshold, row
+    assert compare_models(files["ref.onnx"], files["ref.onnx"], min_cosine=1.0).rule == \
+        "cosine >= 1"
+    assert compare_models(files["ref.onnx"], files["ref.onnx"], rtol=1.5e-7,
+                          atol=0.00012345678).rule == "allclose(rtol=1.5e-07, atol=0.00012345678)"
+
+
 def test_api_takes_protos_and_feed_dicts():
     x = np.array([[1.0, -1.0] * 4, [0.5] * 8], np.float32)
     report = compare_models(_model(), _model(W + 0.05), {"x": x}, per_tensor=True)

@@ -40,6 +40,7 @@ from graphopt.tools.compare_run import (
 )
 from graphopt.tools.half_range import half_tensors, overflow_note, overflows
 from graphopt.tools.output_kinds import model_facts, output_kind
+from graphopt.tools.rule_text import cosine_text
 from graphopt.tools.slices import hidden_slice_warning, worst_slice
 
 
@@ -86,9 +87,9 @@ class AccuracyReport:
                        f"({100 * o.perplexity_change:+.2f}%, on {o.targets})")
             shape = "" if o.shape is None else "[" + ",".join(map(str, o.shape)) + "]"
             worst = "" if o.worst_slice is None else \
-                f"{o.worst_slice[0]:.6f} at [:,{o.worst_slice[1]}]"
+                f"{cosine_text(o.worst_slice[0])} at [:,{o.worst_slice[1]}]"
             rows.append([o.name, shape, o.kind,
-                         "" if o.cosine is None else f"{o.cosine:.6f}", worst,
+                         "" if o.cosine is None else cosine_text(o.cosine), worst,
                          "" if o.top1 is None else f"{100 * o.top1:.1f}%", ppl,
                          "" if o.sample is None else str(o.sample), o.note])
         headers = ["output", "shape", "kind", "cosine", "worst slice", "top-1 agree",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from graphopt.option_names import COMPARE_FLAGS, option, usage
 from graphopt.tools.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_arrays
+from graphopt.tools.rule_text import cosine_text, exact, rule_text
 
 # The cosine an output must keep after a lossy precision pass when no rule is given: below what
 # README's Precision section measures (INT8 ResNet-50 0.99993 at worst and BERT 0.99963, fp16
@@ -80,8 +81,8 @@ def accuracy_rule(pass_log: list, rtol: float | None = None, atol: float | None 
         choose = (f"{usage('min_cosine', 'C', COMPARE_FLAGS)} or {option('rtol', COMPARE_FLAGS)}/"
                   f"{option('atol', COMPARE_FLAGS)} choose the rule")
     note = (f"compiled with {' and '.join(lossy)}, lossy by design: outputs are judged by "
-            f"cosine >= {judge['min_cosine']:g} (the default after {loosest}) instead of "
-            f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g}); {choose}")
+            f"{rule_text(0, 0, judge['min_cosine'])} (the default after {loosest}) instead of "
+            f"{rule_text(judge['rtol'], judge['atol'], None)}; {choose}")
     return judge, note
 
 
@@ -102,19 +103,9 @@ def below_cosine(expected: dict, actual: dict, judge: dict) -> list[str]:
             label, reference, got = pair
             row = compare_arrays(label, reference, got, **judge)
             if not row.passed:
-                why = f"cosine {_below(row.cosine, judge['min_cosine'])} < " \
-                      f"{judge['min_cosine']:g}" \
+                why = f"cosine {cosine_text(row.cosine, judge['min_cosine'])} < " \
+                      f"{exact(judge['min_cosine'])}" \
                     if row.cosine is not None and row.cosine < judge["min_cosine"] \
                     else row.note or f"{row.mismatches} element(s) differ"
                 problems.append(f"output '{label}': {why}")
     return problems
-
-
-def _below(cosine: float, threshold: float) -> str:
-    """`cosine` with 6 decimals, or as many more as it takes to read below `threshold`
-    (0.9999994 against 0.999999 is not "0.999999 < 0.999999")."""
-    for digits in range(6, 17):
-        text = f"{cosine:.{digits}f}"
-        if float(text) < threshold:
-            return text
-    return repr(cosine)

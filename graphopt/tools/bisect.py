@@ -28,6 +28,7 @@ from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import BISECT_FLAGS, option, setting, usage
 from graphopt.tools.accuracy_rule import accuracy_rule, below_cosine
+from graphopt.tools.rule_text import rule_text
 from graphopt.tools.bisect_compile import (
     Compiled,
     GateCall,
@@ -153,9 +154,7 @@ def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
 
 
 def _rule_text(judge: dict) -> str:
-    if judge["min_cosine"] is not None:
-        return f"cosine >= {judge['min_cosine']:g}"
-    return f"allclose(rtol={judge['rtol']:g}, atol={judge['atol']:g})"
+    return rule_text(judge["rtol"], judge["atol"], judge["min_cosine"])
 
 
 def _prefix(k: int, calls: list[GateCall]) -> str:

@@ -46,6 +46,7 @@ from graphopt.tools.compare_run import (
     load_reference,
     make_feeds,
 )
+from graphopt.tools.rule_text import cosine_text, exact, rule_text
 from graphopt.tools.slices import hidden_slice_warning, worst_slice
 
 DEFAULT_RTOL = 1e-4
@@ -203,7 +204,8 @@ def _why(row: Row, judge: dict) -> str:
     if row.note:
         return row.note
     if judge["min_cosine"] is not None and row.cosine is not None:
-        return f"cosine {row.cosine:.6f} < {judge['min_cosine']:g}"
+        return f"cosine {cosine_text(row.cosine, judge['min_cosine'])} < " \
+               f"{exact(judge['min_cosine'])}"
     return f"{row.mismatches} mismatch(es)"
 
 
@@ -239,6 +241,7 @@ class CompareReport:
     inputs: str                    # where the feeds came from
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    min_cosine: float | None = None  # the rule's threshold, when it is a cosine rule
 
     @property
     def outputs(self) -> list[Row]:
@@ -271,11 +274,11 @@ def _check_tolerances(rtol: float, atol: float, min_cosine: float | None) -> str
             raise OptionError(f"{option(keyword, COMPARE_FLAGS)} must be a finite number ≥ 0, "
                               f"got {value!r}")
     if min_cosine is None:
-        return f"allclose(rtol={rtol:g}, atol={atol:g})"
+        return rule_text(rtol, atol, None)
     if not (isinstance(min_cosine, (int, float)) and -1.0 <= min_cosine <= 1.0):
         raise OptionError(f"{option('min_cosine', COMPARE_FLAGS)} must be between -1 and 1, "
                           f"got {min_cosine!r}")
-    return f"cosine >= {min_cosine:g}"
+    return rule_text(rtol, atol, min_cosine)
 
 
 def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False,
@@ -296,7 +299,8 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     ref_side, cand_side = load_reference(reference), load_candidate(candidate)
     check_signatures(ref_side, cand_side)
     arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
-    report = CompareReport(ref_side.label, cand_side.label, rule, source, notes=list(cand_side.notes))
+    report = CompareReport(ref_side.label, cand_side.label, rule, source,
+                           notes=list(cand_side.notes), min_cosine=min_cosine)
     outputs = set(ref_side.outputs) | set(cand_side.outputs)
     shared = []
     cand_tensors = cand_side.tensors_for(arrays)  # an .om: of the shape profile the feeds run
@@ -321,7 +325,7 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
 
     judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}
     if min_cosine is not None:
-        report.notes.append(f"beyond tol: the elements outside rtol={rtol:g}, atol={atol:g}, "
+        report.notes.append(f"beyond tol: the elements outside rtol={exact(rtol)}, atol={exact(atol)}, "
                             "for information; the cosine rule decides each row")
     producers = {t.name: t for t in cand_tensors}
     # The candidate's output order; reference outputs it lacks come last, as failures.

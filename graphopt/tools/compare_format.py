@@ -11,6 +11,7 @@ from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import GraphoptError, one_line
 from graphopt.table import format_table
 from graphopt.tools.compare import CompareReport, Row
+from graphopt.tools.rule_text import cosine_text
 
 NOT_MEANINGFUL = "—"
 BEYOND_TOLERANCE = "beyond tol"
@@ -29,12 +30,13 @@ def _number(value: float | None, digits: str = ".3g") -> str:
     return format(value, digits)
 
 
-def _cells(row: Row) -> list[str]:
+def row_cells(row: Row, min_cosine: float | None) -> list[str]:
     shape = row.dtype  # an empty optional's `optional(None)`: `[]` would say a scalar
     if row.shape is not None:
         shape += f"[{','.join(str(d) for d in row.shape)}]"
     mismatch = NOT_MEANINGFUL if row.mismatches is None else str(row.mismatches)
-    return [row.name, shape, _number(row.cosine, ".6f"), _number(row.max_abs),
+    cosine = NOT_MEANINGFUL if row.cosine is None else cosine_text(row.cosine, min_cosine)
+    return [row.name, shape, cosine, _number(row.max_abs),
             _number(row.mean_abs), _number(row.max_rel), _number(row.mean_rel),
             _number(row.rmse), _number(row.kl), mismatch, "pass" if row.passed else "FAIL", row.note]
 
@@ -47,8 +49,8 @@ def headers(report: CompareReport) -> list[str]:
     return HEADERS
 
 
-def _table(rows: list[Row], title: str, names: list[str]) -> str:
-    cells = [_cells(r) for r in rows]
+def _table(rows: list[Row], title: str, names: list[str], min_cosine: float | None) -> str:
+    cells = [row_cells(r, min_cosine) for r in rows]
     for column in _NUMERIC:
         width = max(len(c[column]) for c in cells)
         for c in cells:
@@ -66,9 +68,10 @@ def format_report(report: CompareReport) -> str:
              f"rule:      {report.rule}", ""]
     outputs, intermediates = report.outputs, report.intermediates
     names = headers(report)
-    lines.append(_table(outputs, "outputs", names))
+    lines.append(_table(outputs, "outputs", names, report.min_cosine))
     if intermediates:
-        lines += ["", _table(intermediates, "intermediates (the candidate's graph order)", names)]
+        lines += ["", _table(intermediates, "intermediates (the candidate's graph order)", names,
+                             report.min_cosine)]
     lines.append("")
     lines.extend(f"note: {note}" for note in report.notes)
     failed = [r for r in outputs if not r.passed]

@@ -420,7 +420,7 @@ def _accuracy(data: ReportData) -> str:
                        "<code>--inputs FEEDS.npz</code> for real data instead of seeded random "
                        "inputs) to run the source model and this .om on the same inputs and "
                        "compare every output, as <code>graphopt compare</code> does.")
-    from graphopt.tools.compare_format import _cells, headers
+    from graphopt.tools.compare_format import headers, row_cells
 
     verdict = ('<span class="pass">PASS</span>' if report.passed
                else '<span class="fail">FAIL</span>')
@@ -435,7 +435,7 @@ def _accuracy(data: ReportData) -> str:
             continue
         cells = []
         for row in rows:
-            c = _cells(row)  # the text `graphopt compare` prints, cell by cell
+            c = row_cells(row, report.min_cosine)  # the text `graphopt compare` prints
             c[10] = ('<span class="pass">pass</span>' if row.passed
                      else '<span class="fail">FAIL</span>')
             cells.append(c)
