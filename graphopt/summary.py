@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from graphopt.compiler import OptimizeResult, op_counts
 from graphopt.errors import one_line
 from graphopt.table import format_bytes, format_table
@@ -47,7 +49,11 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
     if result.partitioning is not None and len(result.partitioning.partitions) > 1:
         from graphopt.partition.report import format_partitioning
 
-        parts.append(format_partitioning(result.partitioning))
+        source = shlex.quote(result.source_label) if result.source_label != "<model>" else "MODEL"
+        parts.append(format_partitioning(
+            result.partitioning, more=f"graphopt partition {source} --target "
+                                      f"{shlex.quote(result.partitioning.target.name)} "
+                                      "--all-fallbacks lists them all"))
     if result.profiles:
         parts.append(format_profiles(result))
     else:

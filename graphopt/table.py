@@ -134,6 +134,12 @@ def _is_number(text: str) -> bool:
         return False
 
 
+def natural_key(text: str) -> list:
+    """Sorts numbers inside names by value: `p2_cpu` before `p10_npu` (execution order),
+    `m49_…` before `m3136_…`, `k256` before `k2304`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
 def format_bytes(size: int) -> str:
     """`512 B`, `980.0 KiB`, `1.8 MiB`, `2.10 GiB`."""
     if size < 1024:

@@ -703,7 +703,7 @@ def test_compiles_with_many_knowledge_bases_keep_none_of_them_open(built, tmp_pa
 
 
 def test_kernel_signatures_sort_by_their_numbers():
-    from graphopt.tuner.kb import natural_key
+    from graphopt.table import natural_key
 
     names = ["ascend310/gemm/b1_m3136_k64_n256/float16", "ascend310/gemm/b1_m49_k2304_n512/float16",
              "ascend310/gemm/b1_m49_k256_n512/float16"]

@@ -634,3 +634,41 @@ def test_inspect_of_an_onnx_with_an_undefined_element_type_says_so(tmp_path, cap
         rc, out, err = run_cli(capsys, "inspect", tmp_path / "m.onnx", *extra)
         assert rc == 1 and not out
         assert f"value 'x' has an element type ONNX does not define ({shown})" in err, err
+
+
+def _float64_chain(blocks: int, width: int = 256, rows: int = 128) -> onnx.ModelProto:
+    """MatMul -> Relu -> Cast(float64) -> Sqrt -> Cast(float32), `blocks` times: each float64
+    node falls back to the host for its own reason (the value it reads is named in it)."""
+    rng = np.random.default_rng(0)
+    nodes, weights, current = [], [], "x"
+    for i in range(blocks):
+        weights.append(numpy_helper.from_array(
+            (rng.standard_normal((width, width)) * 0.2).astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("MatMul", [current, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"]),
+                  helper.make_node("Cast", [f"r{i}"], [f"d{i}"], to=TensorProto.DOUBLE),
+                  helper.make_node("Sqrt", [f"d{i}"], [f"s{i}"]),
+                  helper.make_node("Cast", [f"s{i}"], [f"f{i}"], to=TensorProto.FLOAT)]
+        current = f"f{i}"
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+        [helper.make_tensor_value_info(current, TensorProto.FLOAT, [rows, width])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_inspect_lists_partitions_in_execution_order_and_says_what_it_leaves_out(tmp_path,
+                                                                                  capsys):
+    from graphopt.codegen.inspect_om import by_partition
+    from graphopt.partition.report import format_partitioning
+
+    assert [name for name, _ in by_partition({"p10_npu": 0, "p2_cpu": 0, "p1_npu": 0})] == \
+        ["p1_npu", "p2_cpu", "p10_npu"]
+    result = graphopt.optimize(_float64_chain(8), target="ascend310")
+    graphopt.save(result, tmp_path / "chain.om")
+    rc, out, err = run_cli(capsys, "inspect", tmp_path / "chain.om")
+    assert rc == 0, err
+    placement = out[out.index("placement: 40 node(s) fell back"):].splitlines()
+    assert placement[13] == "… and 15 more reason(s) (--json lists every node's)", placement
+    # The compile's summary points at the command that takes --all-fallbacks.
+    text = format_partitioning(result.partitioning, more="graphopt partition m.onnx …")
+    assert text.endswith("… and 5 more reason(s) (graphopt partition m.onnx …)")

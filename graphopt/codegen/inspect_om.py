@@ -15,7 +15,7 @@ from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
 from graphopt.errors import one_line
 from graphopt.ir.dtypes import DType, nbytes
-from graphopt.table import format_bytes, format_table
+from graphopt.table import format_bytes, format_table, natural_key
 
 _TOP_OPS = 4  # op types shown per partition in the text form; --json has them all
 _TOP_NAMES = 3  # tensor names shown per partition input/output cell
@@ -205,10 +205,16 @@ def partition_size(members: dict, member: str, partition: str) -> str:
     return size if blob is None else f"{size} + {format_bytes(blob['size'])} weights"
 
 
+def by_partition(entries: dict) -> list[tuple]:
+    """A dict keyed by partition name, in execution order: p2 before p10 (the manifest's
+    sorted keys put p10 first)."""
+    return sorted(entries.items(), key=lambda item: natural_key(item[0]))
+
+
 def _format_memory(plans: dict) -> str:
     """One row per partition: its work memory beside the lower bound, and the other pools."""
     rows = []
-    for name, plan in plans.items():
+    for name, plan in by_partition(plans):
         if not isinstance(plan, dict) or "arena_bytes" not in plan:
             reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
             rows.append([name, "-", "-", "-", f"not planned: {reason}", "", "", ""])
@@ -226,7 +232,7 @@ def _format_memory(plans: dict) -> str:
 def _format_kernels(info: dict, profile: str = "") -> str:
     """One row per NPU partition: its kernels, how many are cube kernels with a tiling."""
     rows = []
-    for name, records in (info.get("partitions") or {}).items():
+    for name, records in by_partition(info.get("partitions") or {}):
         records = records if isinstance(records, list) else []
         tiled = [r for r in records if isinstance(r, dict) and "tiling" in r]
         sources = sorted({r.get("tiling_source", "?") for r in tiled}) or ["-"]
@@ -239,6 +245,9 @@ def _format_kernels(info: dict, profile: str = "") -> str:
                         title=title)
 
 
+_REASONS_SHOWN = 10  # the most frequent fallback reasons inspect lists
+
+
 def _format_fallbacks(info: dict, scope: str = "") -> str:
     """The placement's fallbacks by reason; `scope` names the shape profile(s) it is of."""
     fallbacks = info.get("fallbacks") or []
@@ -249,9 +258,12 @@ def _format_fallbacks(info: dict, scope: str = "") -> str:
     reasons: dict[str, int] = {}
     for entry in fallbacks:
         reasons[entry.get("reason", "?")] = reasons.get(entry.get("reason", "?"), 0) + 1
-    rows = [[reason, n] for reason, n in sorted(reasons.items(), key=lambda r: -r[1])[:10]]
-    return format_table(["reason", "nodes"], rows,
-                        title=f"placement{of}: {len(fallbacks)} node(s) fell back to the host")
+    ranked = sorted(reasons.items(), key=lambda r: -r[1])
+    table = format_table(["reason", "nodes"], [list(row) for row in ranked[:_REASONS_SHOWN]],
+                         title=f"placement{of}: {len(fallbacks)} node(s) fell back to the host")
+    hidden = len(ranked) - _REASONS_SHOWN
+    return table + (f"\n… and {hidden} more reason(s) (--json lists every node's)"
+                    if hidden > 0 else "")
 
 
 def _format_placements(artifact: OmArtifact, default: dict) -> list[str]:

@@ -13,8 +13,10 @@ from graphopt.table import format_table
 _TOP_OPS = 4  # op types named per partition row; the rest are counted
 
 
-def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = False) -> str:
-    """The partition table, then each fallback reason with the nodes it applies to."""
+def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = False,
+                        more: str = "--all-fallbacks") -> str:
+    """The partition table, then each fallback reason with the nodes it applies to (the first
+    20 unless `all_fallbacks`; `more` says how to see the rest)."""
     target = partitioning.target
     rows = [[p.name, p.device, p.node_count(), _engines(partitioning, p), len(p.inputs),
              _kib(p.inputs), len(p.outputs), _kib(p.outputs), _ops(p)]
@@ -37,7 +39,7 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
         rows = [[reason, len(nodes), _names(nodes)] for reason, nodes in shown.items()]
         lines.append(format_table(["reason", "nodes", "names"], rows))
         if len(shown) < len(by_reason):
-            lines.append(f"… and {len(by_reason) - len(shown)} more reason(s) (--all-fallbacks)")
+            lines.append(f"… and {len(by_reason) - len(shown)} more reason(s) ({more})")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from collections import Counter
 
-from graphopt.codegen.inspect_om import (PROFILE_HEADERS, format_bytes, format_ops,
+from graphopt.codegen.inspect_om import (PROFILE_HEADERS, by_partition, format_bytes, format_ops,
                                          largest_profile, partition_size, precision_line,
                                          profile_cells, profile_kernel_configs,
                                          profile_memory_plans, profile_rows, profile_sections,
@@ -236,7 +236,7 @@ def _memory(data: ReportData) -> str:
     rows, pictures = [], []
     for index, (profile, plans) in enumerate(profiles):
         shown = []
-        for name, plan in plans.items():
+        for name, plan in by_partition(plans):
             row, picture = _plan_row(name, plan)
             rows.append(([profile] if profile else []) + row)
             shown.append(picture)
@@ -339,7 +339,7 @@ def _kernel_tables(info: dict) -> str:
     body = (f"<p>Estimated whole-model time {info.get('estimate_us', 0):.1f} µs with "
             "transfers (cost-model estimates, not measurements).</p>")
     summary, details = [], []
-    for name, records in info["partitions"].items():
+    for name, records in by_partition(info["partitions"]):
         records = [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
         tiled = [r for r in records if "tiling" in r]
         sources = Counter(r.get("tiling_source", "?") for r in tiled)

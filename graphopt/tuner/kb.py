@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import InputError, OptionError
+from graphopt.table import natural_key
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import (
@@ -67,11 +67,6 @@ def _kernel_studies(storage, target: str | None = None) -> list[tuple[str, str]]
         if isinstance(sig, str) and is_signature(sig, target):
             found.append((name, sig))
     return sorted(found, key=lambda pair: (natural_key(pair[1]), pair[0] != pair[1], pair[0]))
-
-
-def natural_key(text: str) -> list:
-    """Sorts numbers inside names by value: `m49_…` before `m3136_…`, `k256` before `k2304`."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
 def _completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
