@@ -17,6 +17,7 @@ from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx
 from graphopt.option_names import option
+from graphopt.passes.instruments import start_profile_dumps
 from graphopt.quant.calib_data import CalibrationShapeError
 from graphopt.quant.shared_stats import SharedStats
 from graphopt.shape_profiles import ShapeProfile, expand_profiles
@@ -53,6 +54,10 @@ def optimize_profiles(model, spec, options: dict):
                          "the inputs that fit it")
     dump_dir = options.get("dump_dir")
     shapes = [_merge(pinned, profile) for profile in profiles]  # refused before any compile
+    if dump_dir:
+        dump_dir = os.fspath(dump_dir)
+        start_profile_dumps(dump_dir, [profile.name for profile in profiles],
+                            options.get("dump_format", "text"))
     shared = SharedStats()  # int8 statistics, measured by a profile the calibration data fits
     results: dict[str, "OptimizeResult"] = {}  # noqa: F821
     waiting: list[tuple[ShapeProfile, dict, CalibrationShapeError]] = []

@@ -177,6 +177,26 @@ def test_a_second_dump_into_the_same_directory_replaces_the_first(proto, tmp_pat
     assert {p.name for p in directory.iterdir()} == listed | {"passes.json", "notes.txt"}
 
 
+def test_a_profiled_dump_and_a_flat_one_replace_each_other(tmp_path):
+    # A compile with shape profiles dumps into a folder per profile: the next dump into the
+    # folder, with profiles or without, used to leave the other kind's files beside its own.
+    dynamic = parse_model("agraph (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
+    directory = tmp_path / "dump"
+    graphopt.optimize(dynamic, dump_dir=directory, dynamic_dims={"N": [1, 2]},
+                      dump_format="onnx")
+    assert json.loads((directory / "passes.json").read_text())["profiles"] == \
+        ["profile0", "profile1"]
+    (directory / "profile1" / "notes.txt").write_text("mine")  # not the dump's: stays
+    graphopt.optimize(dynamic, dump_dir=directory)
+    log = json.loads((directory / "passes.json").read_text())
+    listed = {name for entry in [log["import"], *log["passes"]] for name in entry["dumps"]}
+    assert {p.name for p in directory.iterdir()} == listed | {"passes.json", "profile1"}
+    assert [p.name for p in (directory / "profile1").iterdir()] == ["notes.txt"]
+    graphopt.optimize(dynamic, dump_dir=directory, dynamic_dims={"N": [3]})
+    assert {p.name for p in directory.iterdir()} == {"passes.json", "profile0", "profile1"}
+    assert (directory / "profile0" / "passes.json").exists()
+
+
 @pytest.mark.parametrize("name", ["weights.bin", "passes.json"])
 def test_a_dump_refuses_a_folder_holding_files_it_did_not_write(proto, tmp_path, name):
     # A model's own weights.bin, or someone's passes.json: the dump would truncate or delete it.

@@ -55,6 +55,7 @@ INDEX_FILE = "passes.json"
 WEIGHTS_FILE = "weights.bin"  # tools.dump_onnx's: the ONNX dumps' shared external data
 # What DumpIR names its files: NNN_<label>.txt or .onnx (the label sanitized to these characters).
 _DUMP_NAME = re.compile(r"\d{3,}_[A-Za-z0-9_.-]*\.(txt|onnx)\Z")
+_PROFILE_FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*\Z")  # no "..", no separator
 
 
 class DumpIR(Instrument):
@@ -94,50 +95,20 @@ class DumpIR(Instrument):
             "passes": [{"dumps": later} for later in self.files[1:]]}).encode("utf-8"))
 
     def start(self, model) -> None:
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-        except OSError as e:
-            raise OptionError(f"{setting('dump_dir', self.directory)}: cannot create it: "
-                              f"{e.strerror or e}") from None
-        previous = self._previous_dump()
-        self._check_directory(model, previous)
-        for name in previous or ():
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(self.directory, name))
+        previous = _claimed(self.directory)
+        self._check_directory(model)
+        _clear(self.directory, previous)
         if self.format in ("onnx", "both"):
             from graphopt.tools.dump_onnx import SharedWeights
 
             self._weights = SharedWeights(self.directory)
         self._write(model, "import")
 
-    def _previous_dump(self) -> set[str] | None:
-        """The files an earlier graphopt dump into this directory wrote, as its passes.json
-        lists them (None when there is none): left beside the new ones, they would read as
-        this compile's, and their ONNX files point into a weights.bin this dump rewrites."""
-        try:
-            with open(os.path.join(self.directory, INDEX_FILE), encoding="utf-8") as f:
-                data = json.load(f)
-            entries = [data.get("import", {}), *data.get("passes", [])]
-            names = {name for entry in entries for name in entry.get("dumps", [])}
-            kind = data["dump_format"]
-        except (OSError, ValueError, AttributeError, TypeError, KeyError):
-            return None  # no earlier dump, or a passes.json graphopt did not write
-        if kind not in DUMP_FORMATS or not all(isinstance(n, str) and _DUMP_NAME.match(n)
-                                               for n in names):
-            return None
-        return names | {INDEX_FILE} | ({WEIGHTS_FILE} if kind in ("onnx", "both") else set())
-
-    def _check_directory(self, model, previous: set[str] | None) -> None:
-        """OptionError when the dump would replace or delete what it did not write: a
-        passes.json or weights.bin of someone else's (a model's external data, say), a link
-        there, the compiled model itself, or weights the model still reads from the folder."""
+    def _check_directory(self, model) -> None:
+        """OptionError when the dump would overwrite the compiled model itself, or weights the
+        model still reads from the folder."""
         folder = os.path.realpath(self.directory)
         where = setting("dump_dir", self.directory)
-        for name in (INDEX_FILE, WEIGHTS_FILE):
-            path = os.path.join(self.directory, name)
-            if os.path.islink(path) or (os.path.lexists(path) and name not in (previous or ())):
-                raise OptionError(f"{where}: holds a {name} that no graphopt dump wrote; dump "
-                                  "into an empty or new folder")
         source = self.source and os.path.realpath(self.source)
         if source and os.path.dirname(source) == folder and (
                 _DUMP_NAME.match(os.path.basename(source))
@@ -161,3 +132,81 @@ class DumpIR(Instrument):
             entry["dumps"] = names
         atomic_write_bytes(os.path.join(self.directory, INDEX_FILE),
                            json.dumps(data, indent=1).encode("utf-8"))
+
+
+def start_profile_dumps(directory: str, profiles: list[str], format: str) -> None:
+    """Ready `directory` for one dump folder per shape profile: an earlier dump there (flat or
+    by profile) goes, and a passes.json naming the profile folders takes its place, by which
+    the next dump into the folder removes them in turn."""
+    previous = _claimed(directory)
+    _clear(directory, previous)
+    atomic_write_bytes(os.path.join(directory, INDEX_FILE), json.dumps(
+        {"dump_format": format, "profiles": profiles}, indent=1).encode("utf-8"))
+
+
+def _claimed(directory: str) -> dict | None:
+    """Create `directory` if need be and read the passes.json an earlier graphopt dump left
+    there (None: none). OptionError when the folder holds a passes.json or weights.bin no dump
+    wrote (a model's external data, say), or a link there: the dump would replace it."""
+    where = setting("dump_dir", directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise OptionError(f"{where}: cannot create it: {e.strerror or e}") from None
+    previous = _index(directory)
+    owned = _owned(previous)
+    for name in (INDEX_FILE, WEIGHTS_FILE):
+        path = os.path.join(directory, name)
+        if os.path.islink(path) or (os.path.lexists(path) and name not in owned):
+            raise OptionError(f"{where}: holds a {name} that no graphopt dump wrote; dump "
+                              "into an empty or new folder")
+    return previous
+
+
+def _index(directory: str) -> dict | None:
+    """The passes.json of an earlier graphopt dump into `directory`: a flat dump's (its files
+    listed per pass) or a profiled compile's (its profile folders); None for none, or for a
+    passes.json graphopt did not write."""
+    try:
+        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+        if data["dump_format"] not in DUMP_FORMATS:
+            return None
+        if "profiles" in data:
+            folders = data["profiles"]
+            return data if isinstance(folders, list) and all(
+                isinstance(n, str) and _PROFILE_FOLDER.match(n) for n in folders) else None
+        entries = [data.get("import", {}), *data.get("passes", [])]
+        names = [name for entry in entries for name in entry.get("dumps", [])]
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return None
+    return data if all(isinstance(n, str) and _DUMP_NAME.match(n) for n in names) else None
+
+
+def _owned(index: dict | None) -> set[str]:
+    """The files of `directory` an earlier dump's index says graphopt wrote."""
+    if index is None:
+        return set()
+    if "profiles" in index:
+        return {INDEX_FILE}
+    entries = [index.get("import", {}), *index.get("passes", [])]
+    names = {name for entry in entries for name in entry.get("dumps", [])}
+    weights = {WEIGHTS_FILE} if index["dump_format"] in ("onnx", "both") else set()
+    return names | {INDEX_FILE} | weights
+
+
+def _clear(directory: str, index: dict | None) -> None:
+    """Remove what an earlier dump left in `directory` (its `index`): left beside the new
+    files, they would read as this compile's, and their ONNX files point into a weights.bin
+    the new dump rewrites. A profiled compile's folders go too, once empty."""
+    if index is None:
+        return
+    for folder in index.get("profiles", ()):
+        path = os.path.join(directory, folder)
+        if os.path.isdir(path) and not os.path.islink(path):
+            _clear(path, _index(path))
+            with contextlib.suppress(OSError):
+                os.rmdir(path)  # a file of the user's inside keeps the folder
+    for name in _owned(index):
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(directory, name))
