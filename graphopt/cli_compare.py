@@ -81,14 +81,14 @@ def _check_options(args) -> None:
                                               "--inputs": args.inputs})
 
 
-def _winograd_note(pass_log: list) -> None:
-    """Say so when the candidate is an .om whose -O3 Winograd convs explain small differences."""
+def _winograd_note(pass_log: list) -> str | None:
+    """What to say when the candidate is an .om whose -O3 Winograd convs explain small
+    differences."""
     from graphopt.codegen.inspect_om import winograd_rewrites
     from graphopt.passes.winograd import tolerance_hint
 
     rewrites = winograd_rewrites(pass_log)
-    if rewrites:
-        print(f"note: {tolerance_hint(rewrites, '--atol (or --min-cosine)')}")
+    return tolerance_hint(rewrites, "--atol (or --min-cosine)") if rewrites else None
 
 
 def _pass_log(candidate) -> list:
@@ -115,13 +115,13 @@ def _cmd_compare(args) -> int:
     report = compare_models(
         reference, candidate, args.inputs, per_tensor=args.per_tensor, **judge,
         seed=0 if args.seed is None else args.seed, input_shapes=args.input_shape)
+    # The rule's own note, and what explains a failure, in the notes --json carries too.
+    report.notes += [text for text in (
+        note, None if report.passed or args.min_cosine is not None else _winograd_note(pass_log))
+        if text]
     if args.csv:  # before the report: a reader that stops early (`| head`) must not cost it
         write_csv(report, args.csv)
     print(report_json(report) if args.json else format_report(report))
-    if note and not args.json:
-        print(f"note: {note}")
-    if not report.passed and not args.json and args.min_cosine is None:
-        _winograd_note(pass_log)
     if args.csv and not args.json:
         print(f"wrote {args.csv}")
     return 0 if report.passed else 1

@@ -899,7 +899,7 @@ def _source_sha256(result: OptimizeResult) -> str | None:
     unknown (None) rather than another file's hash."""
     if result.source_sha256 is not None:
         return result.source_sha256
-    from graphopt.codegen.om_write import file_sha256
+    from graphopt.codegen.om_manifest import file_sha256
 
     path = result.source_label
     if result.source_identity is None or file_identity(path) != result.source_identity:

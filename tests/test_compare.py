@@ -504,3 +504,16 @@ def test_a_model_onnxruntime_has_no_op_for_gets_no_hint_about_inputs(tmp_path, c
     rc, _, err = run_cli(capsys, "compare", tmp_path / "custom.onnx", tmp_path / "custom.onnx")
     assert rc == 2 and "my.dom:Foo(-1) is not a registered function/op" in err
     assert "random" not in err  # no input would make it run
+
+
+def test_a_reference_that_is_not_the_oms_source_is_named(files):
+    # An .om records its source's sha256: judged against another model, a FAIL says nothing
+    # about the compile, and the report said "model source ref.onnx" beside it.
+    report = compare_models(files["bad.onnx"], files["model.om"])
+    note = f"{files['bad.onnx']} is not the model {files['model.om']} was compiled from (its " \
+           "manifest records ref.onnx with sha256 "
+    assert any(n.startswith(note) for n in report.notes), report.notes
+    assert not any("is not the model" in n
+                   for n in compare_models(files["ref.onnx"], files["model.om"]).notes)
+    assert not any("is not the model" in n  # an .onnx candidate records no source
+                   for n in compare_models(files["bad.onnx"], files["opt.onnx"]).notes)

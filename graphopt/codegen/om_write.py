@@ -30,6 +30,7 @@ from graphopt.codegen.om_manifest import (
     PROFILES_VERSION,
     check_member_name,
     dtype_name,
+    file_sha256,
     route,
     sha256,
 )
@@ -235,17 +236,6 @@ def _merged_signature(signatures: list[dict[str, dict]], dynamic: Mapping[str, d
 
 
 # --- writing -------------------------------------------------------------------------------
-
-
-def file_sha256(path: str) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 def _json_value(what: str, value: Any) -> Any:

@@ -45,6 +45,7 @@ from graphopt.tools.compare_run import (
     load_candidate,
     load_reference,
     make_feeds,
+    source_note,
 )
 from graphopt.tools.rule_text import cosine_text, exact, rule_text
 from graphopt.tools.slices import hidden_slice_warning, worst_slice
@@ -301,6 +302,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
     report = CompareReport(ref_side.label, cand_side.label, rule, source,
                            notes=list(cand_side.notes), min_cosine=min_cosine)
+    other_source = source_note(ref_side, cand_side)
+    if other_source:
+        report.notes.append(other_source)
     outputs = set(ref_side.outputs) | set(cand_side.outputs)
     shared = []
     cand_tensors = cand_side.tensors_for(arrays)  # an .om: of the shape profile the feeds run

@@ -14,6 +14,7 @@ from onnx.external_data_helper import load_external_data_for_model
 from graphopt import numerics
 from graphopt.codegen.feeds import check_feeds, describe, load_npz, typed_inputs
 from graphopt.codegen.inspect_onnx import read_onnx
+from graphopt.codegen.om_manifest import file_sha256
 from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, parse_input_shapes, validate_input_shapes
@@ -180,6 +181,20 @@ def load_candidate(model) -> Side:
     return Side(path, session.inputs, [o["name"] for o in session.outputs], session=session,
                 tensors=_om_tensors(artifact), notes=[str(w.message) for w in caught],
                 profile_tensors=by_profile)
+
+
+def source_note(reference: Side, candidate: Side) -> str | None:
+    """A note when the candidate is an .om whose manifest records a source model other than
+    the reference file (by sha256): its outputs may differ for that reason alone."""
+    if candidate.session is None or not os.path.isfile(reference.label):
+        return None
+    source = candidate.session.artifact.manifest.get("source")
+    expected = source.get("sha256") if isinstance(source, dict) else None
+    if not isinstance(expected, str) or file_sha256(reference.label) == expected:
+        return None
+    return (f"{reference.label} is not the model {candidate.label} was compiled from (its "
+            f"manifest records {source.get('path', '?')} with sha256 {expected[:12]}…): the "
+            "outputs may differ for that reason alone")
 
 
 def _deployed(side: Side) -> Side:

@@ -4,13 +4,13 @@ placement, kernel configs, and (when given) the tuning storage's studies and an 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 
 from graphopt.codegen.inspect_om import describe_om, pass_totals
+from graphopt.codegen.om_manifest import file_sha256
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.ir import load_onnx
 from graphopt.ir.printer import format_type
@@ -77,14 +77,6 @@ class ReportData:
     @property
     def manifest(self) -> dict:
         return self.artifact.manifest
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- the graph -----------------------------------------------------------------------------
