@@ -24,7 +24,7 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None,
     cells = [[one_line(str(h)) for h in headers]] + \
         [["" if c is None else one_line(str(c)) for c in row] for row in rows]
     widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [all(_is_number(r[i]) for r in cells[1:] if r[i]) for i in range(len(headers))]
+    numeric = [_numeric([r[i] for r in cells[1:]]) for i in range(len(headers))]
     width = terminal_width() if width is None else width
     if width:
         widths = _fitted(widths, numeric, width)
@@ -120,6 +120,17 @@ def _padded(text: str, width: int, right: bool) -> str:
 
 # A number with a unit after it ("980.0 KiB", "12.5 ms", "1.38×"): aligned as a number.
 _UNITS = re.compile(r"\s?(B|KiB|MiB|GiB|TiB|ns|µs|us|ms|s|%|×)")
+
+
+# What a numeric column shows where a metric does not apply.
+_PLACEHOLDERS = ("—", "-")
+
+
+def _numeric(column: list[str]) -> bool:
+    """Whether a column holds numbers, aligned right with its header: every cell a number,
+    empty or a placeholder, and one at least a number."""
+    values = [c for c in column if c and c not in _PLACEHOLDERS]
+    return bool(values) and all(_is_number(c) for c in values)
 
 
 def _is_number(text: str) -> bool:

@@ -282,6 +282,9 @@ def test_table_aligns_numbers_with_units_to_the_right():
     assert lines[4].startswith(" 12,345 B")
     # A column that also holds words stays left-aligned.
     assert lines[3].endswith("12 B") and lines[2].split()[-1] == "a"
+    # One that holds numbers and "—" where a metric does not apply is numeric, its header too.
+    text = format_table(["KL", "x"], [["—", "a"], ["0.00123", "b"]])
+    assert text.splitlines()[:3] == ["     KL  x", "-------  -", "      —  a"]
 
 
 def test_table_wraps_its_last_column_to_a_terminal_width_only():

@@ -15,7 +15,7 @@ from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
 from graphopt.errors import one_line
 from graphopt.ir.dtypes import DType, nbytes
-from graphopt.table import format_bytes, format_table, natural_key
+from graphopt.table import format_bytes, format_table, natural_key, wrap_to_terminal
 
 _TOP_OPS = 4  # op types shown per partition in the text form; --json has them all
 _TOP_NAMES = 3  # tensor names shown per partition input/output cell
@@ -213,11 +213,13 @@ def by_partition(entries: dict) -> list[tuple]:
 
 def _format_memory(plans: dict) -> str:
     """One row per partition: its work memory beside the lower bound, and the other pools."""
-    rows = []
+    rows, unplanned = [], []
     for name, plan in by_partition(plans):
         if not isinstance(plan, dict) or "arena_bytes" not in plan:
+            # A sentence, under the table: in a cell it widened the whole table.
             reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
-            rows.append([name, "-", "-", "-", f"not planned: {reason}", "", "", ""])
+            rows.append([name, "-", "-", "-", "not planned (below)", "", "", ""])
+            unplanned.append(f"{name}: {reason}")
             continue
         bound = plan.get("lower_bound") or 0
         ratio = f"{plan['arena_bytes'] / bound:.3f}" if bound else "-"
@@ -225,8 +227,9 @@ def _format_memory(plans: dict) -> str:
                      plan.get("strategy", "?"), order_label(plan),
                      format_bytes(plan.get("weight_bytes", 0)),
                      format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0))])
-    return format_table(["partition", "work memory", "lower bound", "×", "strategy", "order",
-                         "weights", "inputs+outputs"], rows, title="memory plan")
+    table = format_table(["partition", "work memory", "lower bound", "×", "strategy", "order",
+                          "weights", "inputs+outputs"], rows, title="memory plan")
+    return "\n".join([table, *(wrap_to_terminal(line, "  ") for line in unplanned)])
 
 
 def _format_kernels(info: dict, profile: str = "") -> str:
@@ -253,8 +256,10 @@ def _format_fallbacks(info: dict, scope: str = "") -> str:
     fallbacks = info.get("fallbacks") or []
     of = f" of {scope}" if scope else ""
     if not fallbacks:
-        return (f"placement{of}: every node on the target's primary device "
-                f"({info.get('target', '?')})")
+        devices = {p.get("device") for p in info.get("partitions") or [] if isinstance(p, dict)}
+        device = devices.pop() if len(devices) == 1 else "the primary device"
+        return (f"placement{of}: every node on {device}, the primary device of target "
+                f"{info.get('target', '?')}")
     reasons: dict[str, int] = {}
     for entry in fallbacks:
         reasons[entry.get("reason", "?")] = reasons.get(entry.get("reason", "?"), 0) + 1

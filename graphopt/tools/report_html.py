@@ -255,8 +255,9 @@ def _memory(data: ReportData) -> str:
         body += (f'<p class="note">Each shape profile has its own plan. {escape(largest)} needs '
                  "the most work memory: size buffers by it. The pictures of the default profile "
                  f"and of {escape(largest)} are open.</p>")
-    body += ('<p class="note">Each picture: tensors as boxes over execution steps (x) and '
-             "work-memory address (y); the dashed red line is the lower bound.</p>")
+    if any(pictures):
+        body += ('<p class="note">Each picture: tensors as boxes over execution steps (x) and '
+                 "work-memory address (y); the dashed red line is the lower bound.</p>")
     return body + "".join(pictures)
 
 
