@@ -50,7 +50,8 @@ def add_compare_parser(sub) -> None:
     p.set_defaults(func=_cmd_compare, error_status=2)
 
 
-def add_rule_options(p, scope: str = "", lossy: str = "an .om whose pass log has") -> None:
+def add_rule_options(p, scope: str = "",
+                     lossy: str = "a candidate (.om or .onnx) graphopt compiled with") -> None:
     """--rtol/--atol/--min-cosine, the rule compare, report and bisect judge outputs by; `scope`
     starts each help text (report's: "--reference: "), `lossy` says where cosine is the
     default (bisect's: "a compile whose passes include")."""

@@ -44,7 +44,7 @@ def add_report_parser(sub) -> None:
                         '"x:1,3,224,224"')
     p.add_argument("--per-tensor", action="store_true",
                    help="--reference: also compare the intermediates both models compute")
-    add_rule_options(p, "--reference: ")
+    add_rule_options(p, "--reference: ", lossy="an .om compiled with")
     storage = p.add_mutually_exclusive_group()
     storage.add_argument("--tuning-db", metavar="FILE.db",
                          help="the tuning knowledge base `graphopt tune` filled")

@@ -52,6 +52,10 @@ def test_optimized_model_passes_with_every_metric(files, capsys):
     assert float(cells[2]) > 0.999999  # cosine
     assert all(c != "—" for c in cells[2:9])  # a softmax output gets a KL value too
     assert "result: PASS" in out
+    # The header says how each side ran.
+    assert f"candidate: {files['opt.onnx']} (onnxruntime, optimizations disabled)\n" in out
+    rc, out, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"], "--json")
+    assert json.loads(out)["candidate_run"] == "graphopt's .om runtime", err
 
 
 def test_perturbed_copy_fails_and_names_the_perturbed_node(files, capsys):

@@ -243,6 +243,7 @@ class CompareReport:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     min_cosine: float | None = None  # the rule's threshold, when it is a cosine rule
+    candidate_run: str = ""          # how the candidate ran: "graphopt's .om runtime", …
 
     @property
     def outputs(self) -> list[Row]:
@@ -263,7 +264,8 @@ class CompareReport:
 
     def to_dict(self) -> dict:
         first = self.first_failing_intermediate
-        return {"reference": self.reference, "candidate": self.candidate, "rule": self.rule,
+        return {"reference": self.reference, "candidate": self.candidate,
+                "candidate_run": self.candidate_run, "rule": self.rule,
                 "inputs": self.inputs, "passed": self.passed,
                 "first_failing_intermediate": first.name if first else None,
                 "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
@@ -302,6 +304,10 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
     report = CompareReport(ref_side.label, cand_side.label, rule, source,
                            notes=list(cand_side.notes), min_cosine=min_cosine)
+    report.candidate_run = (
+        "graphopt's .om runtime" if cand_side.session is not None
+        else "onnxruntime, optimizations disabled" if cand_side.level == "disable"
+        else "onnxruntime at ORT_ENABLE_ALL, where its int8 kernels run")
     other_source = source_note(ref_side, cand_side)
     if other_source:
         report.notes.append(other_source)

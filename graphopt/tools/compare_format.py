@@ -63,7 +63,8 @@ def _table(rows: list[Row], title: str, names: list[str], min_cosine: float | No
 def format_report(report: CompareReport) -> str:
     """The header lines, the outputs table, the intermediates table and the verdict."""
     lines = [f"reference: {report.reference} (onnxruntime, optimizations disabled)",
-             f"candidate: {report.candidate}",
+             f"candidate: {report.candidate}"
+             + (f" ({report.candidate_run})" if report.candidate_run else ""),
              f"inputs:    {report.inputs}",
              f"rule:      {report.rule}", ""]
     outputs, intermediates = report.outputs, report.intermediates

@@ -427,7 +427,8 @@ def _accuracy(data: ReportData) -> str:
                else '<span class="fail">FAIL</span>')
     body = _kv([("reference", escape(f"{report.reference} (onnxruntime, optimizations "
                                      "disabled)")),
-                ("candidate", escape(report.candidate)), ("inputs", escape(report.inputs)),
+                ("candidate", escape(f"{report.candidate} ({report.candidate_run})")),
+                ("inputs", escape(report.inputs)),
                 ("rule", escape(report.rule)), ("result", verdict)])
     if data.accuracy_note:
         body += f'<p class="note">note: {escape(data.accuracy_note)}</p>'
