@@ -134,8 +134,9 @@ def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],
 
 
 # onnxruntime's words for a model it cannot run on any input: an op or kernel it lacks.
-_NOT_THE_INPUTS = ("NOT_IMPLEMENTED", "Could not find an implementation",
-                   "is not a registered function/op")
+# onnxruntime's words for a failure while running, which other inputs may avoid; a model it
+# cannot load (a missing kernel or op, two nodes of one name, no outputs) fails on any input.
+_WHILE_RUNNING = ("RUNTIME_EXCEPTION", "while running", "INVALID_ARGUMENT")
 
 
 def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
@@ -143,8 +144,9 @@ def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
     """What to say when the original model cannot run on `source` (seeded random) inputs:
     their open dims are 1 unless `pinned`, so real inputs, or sizes, are the way out. `feeds`
     names the caller's option for real inputs (by default optimize's). Nothing when
-    onnxruntime's `reason` is a missing kernel or op, which no input changes."""
-    if any(words in reason for words in _NOT_THE_INPUTS):
+    onnxruntime's `reason` is not a failure while running (a model it cannot load fails on any
+    input)."""
+    if not any(words in reason for words in _WHILE_RUNNING):
         return ""
     feeds = feeds or option("inputs")
     if pinned:

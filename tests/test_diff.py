@@ -278,8 +278,10 @@ def test_pass_mode_compiles_with_the_precision_flags_and_pins(tmp_path, capsys):
     (["MISSING", "MODEL"], "MISSING: no such file"),
     (["DUMP.txt", "MODEL"], "printed-IR dump cannot be read back; dump with `--dump-format onnx`"),
     (["MODEL", "--pass", "NoSuchPass"],
-     "--pass NoSuchPass: is not a pass (`graphopt passes` lists them; passes that ran: "
+     "--pass NoSuchPass: no such pass (`graphopt passes` lists them; passes that ran: "
      "InferShapes, "),
+    (["MODEL", "--pass", "foldconstants"],
+     "--pass foldconstants: no such pass (did you mean FoldConstants? `graphopt passes` "),
     (["MODEL", "--pass", "FuseConvBatchNorm", "-O", "1"],
      "--pass FuseConvBatchNorm: did not run at -O1 (passes that ran: InferShapes, "),
     (["MODEL", "--pass", "FuseConvBatchNorm", "-O", "0"], "did not run at -O0 (no pass ran)"),

@@ -187,10 +187,10 @@ CASES = {
                             "pass inputs (--inputs x.npz) or its whole shape "
                             "(--input-shape \"x:…\")"),
     "diff_no_such_pass": (lambda m: diff_pass(m["static"], "NoSuchPass"),
-                          "pass_name='NoSuchPass': is not a pass (`graphopt passes` lists them; "
+                          "pass_name='NoSuchPass': no such pass (`graphopt passes` lists them; "
                           "passes that ran: ",
                           lambda m: ["diff", m["static"], "--pass", "NoSuchPass"],
-                          "--pass NoSuchPass: is not a pass (`graphopt passes` lists them; "
+                          "--pass NoSuchPass: no such pass (`graphopt passes` lists them; "
                           "passes that ran: "),
     "diff_not_run": (lambda m: diff_pass(m["static"], "FuseConvBatchNorm", level=1,
                                          target="cpu"),

@@ -109,5 +109,8 @@ def _not_run(pass_name: str, records: list[dict], level: int, target) -> str:
     ran_text = f"passes that ran: {', '.join(ran)}" if ran else "no pass ran"
     given = setting("pass_name", pass_name, DIFF_PASS_FLAGS)
     if pass_name not in PASSES:  # at no level: `graphopt passes` lists them all
-        return f"{given}: is not a pass (`graphopt passes` lists them; {ran_text} at {where})"
+        from graphopt.passes.manager import did_you_mean
+
+        return (f"{given}: no such pass ({did_you_mean([pass_name], PASSES)}`graphopt passes` "
+                f"lists them; {ran_text} at {where})")
     return f"{given}: did not run at {where} ({ran_text})"
