@@ -148,6 +148,19 @@ def test_the_cli_refuses_a_measured_npu_job_before_saying_it_starts(block_path, 
     assert rc == 1 and err.startswith("graphopt: error: --objective measured"), err
 
 
+def test_a_model_the_subgraph_job_cannot_read_is_named(tmp_path, capsys):
+    # The job read the file itself: a missing one was an internal error, a foreign one "<model>".
+    from helpers import run_cli
+
+    (tmp_path / "junk.onnx").write_bytes(b"junk")
+    for model, message in (("missing.onnx", "missing.onnx: no such file"),
+                           ("", f"{tmp_path}: is a directory"),
+                           ("junk.onnx", "junk.onnx: not a valid ONNX model")):
+        rc, _, err = run_cli(capsys, "tune", tmp_path / model, "--target", "cpu", "--job",
+                             "subgraph", "--trials", "1", "--tuning-db", tmp_path / "kb.db")
+        assert rc == 1 and message in err and "internal error" not in err, err
+
+
 def test_two_workers_share_the_subgraph_study(block_path, tmp_path):
     db = str(tmp_path / "w.db")
     result = tune_subgraph(_job(block_path), trials=5, seed=0, storage=db, workers=2)

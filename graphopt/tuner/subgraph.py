@@ -30,6 +30,7 @@ from typing import Any
 
 from graphopt.compile_tuning import Decisions
 from graphopt.errors import OptionError
+from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import option
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
@@ -220,7 +221,10 @@ class Evaluator:
         self.job = job
         self.target = checked_target(job)
         # Compiled from memory, read once; a model with external data from its path, since
-        # bytes name no folder to find that data in.
+        # bytes name no folder to find that data in. Parsed first, so that a missing, empty or
+        # foreign file is named by its path (the bytes are the file's own: the knowledge base
+        # finds a model by their sha256, as optimize --tuning-db hashes the file).
+        read_model_proto(job.model_path, load_external=False)
         with open(job.model_path, "rb") as f:
             self.data = f.read()
         self.source = job.model_path if _references_files(self.data) else self.data
