@@ -304,6 +304,23 @@ def test_a_study_named_by_the_user_is_found_by_its_kernel(a310, tmp_path):
         tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db, study_name=other)
 
 
+def test_a_named_study_that_is_not_op_tunings_is_left_alone(a310, tmp_path):
+    # Another program's study, or a subgraph study: op trials appended to it mixed with its
+    # own, and a subgraph study was then read as a tuned compile priced at a tiling's cost.
+    db = f"sqlite:///{tmp_path / 'mixed.db'}"
+    foreign = optuna.create_study(storage=db, study_name="my-hpo")
+    foreign.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=3)
+    subgraph = optuna.create_study(storage=db, study_name="subgraph/ascend310/abc/O2/estimate")
+    subgraph.set_user_attr("job", {"target": "ascend310", "level": 2})
+    for name, message in (("my-hpo", "holds trials graphopt's op tuning did not make"),
+                          (subgraph.study_name, "is a subgraph tuning study")):
+        with pytest.raises(OptionError, match=f"--study {name}: that .*{message}"):
+            tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db, study_name=name)
+        study = optuna.load_study(study_name=name, storage=db)
+        assert len(study.trials) == (3 if name == "my-hpo" else 0)
+        assert "signature" not in study.user_attrs and "shape" not in study.user_attrs
+
+
 def test_tuned_tilings_reach_the_kernel_records(tmp_path):
     model = optimize(conv_model(str(tmp_path / "m.onnx")), target="ascend310")
     kernels = model_kernels(model.model, model.partitioning)

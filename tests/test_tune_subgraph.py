@@ -369,3 +369,45 @@ def test_a_model_without_decisions_is_priced_once_and_said_so(tmp_path, capsys):
                            "ascend310", "--tuning-db", db)
     assert rc == 0 and "--tuning-db: no NPU cube kernel in this compile to apply tilings to" \
         in out
+
+
+def test_a_named_study_is_found_and_a_foreign_one_refused(block_path, tmp_path):
+    # A stale study's refusal says to name a new one: the knowledge base then has to find it.
+    from graphopt.tuner.kb import list_subgraph_studies
+
+    db = str(tmp_path / "named.db")
+    named = tune_subgraph(_job(block_path), trials=6, seed=0, storage=db, study_name="after_op")
+    assert [row["study"] for row in list_subgraph_studies(db)] == ["after_op"]
+    found = best_decisions(db, _job(block_path), "ascend310")
+    assert found is not None and found[2] == "after_op" and named.changes()
+    # Newer than the study under the job's own name: it is the one that applies.
+    tune_subgraph(_job(block_path), trials=1, seed=0, storage=db)
+    tune_subgraph(_job(block_path), trials=1, seed=0, storage=db, study_name="newest")
+    assert best_decisions(db, _job(block_path), "ascend310")[2] == "newest"
+    # Another job's study, an op study or another program's is not resumed under this one.
+    tune_subgraph(_job(block_path, input_shapes="x:1,64,256"), trials=1, storage=db,
+                  study_name="pinned")
+    with pytest.raises(OptionError, match="--study pinned: that study tunes subgraph/ascend310/"
+                                          ".*, not subgraph/ascend310/"):
+        tune_subgraph(_job(block_path), trials=1, storage=db, study_name="pinned")
+    optuna.create_study(storage=f"sqlite:///{db}", study_name="hpo").optimize(
+        lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    with pytest.raises(OptionError, match="--study hpo: that study holds trials graphopt's "
+                                          "subgraph tuning did not make"):
+        tune_subgraph(_job(block_path), trials=1, storage=db, study_name="hpo")
+    op = optuna.create_study(storage=f"sqlite:///{db}", study_name="op")
+    op.set_user_attr("shape", [1, 64, 256, 256, "float16"])
+    with pytest.raises(OptionError, match="--study op: that is an op tuning study"):
+        tune_subgraph(_job(block_path), trials=1, storage=db, study_name="op")
+
+
+def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path):
+    # A measured run stopped before its side-by-side re-timing left a best won by noise.
+    db = str(tmp_path / "m.db")
+    job = SubgraphJob(block_path, "cpu", level=3, objective="measured", repeat=2, threads=1)
+    tune_subgraph(job, trials=2, seed=0, storage=db, confirm_rounds=1)
+    assert best_decisions(db, SubgraphJob(block_path, "cpu", level=3), "cpu") is not None
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
+    study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}")
+    study._storage.set_study_user_attr(study._study_id, "chosen", None)  # as if interrupted
+    assert best_decisions(db, SubgraphJob(block_path, "cpu", level=3), "cpu") is None

@@ -210,8 +210,9 @@ def list_subgraph_studies(storage: Any) -> list[dict]:
     default_seconds and best_seconds, the chosen decisions' (None where absent)."""
     rows = []
     with opened(storage, read_only=True) as store:
-        for name in sorted(n for n in optuna.get_all_study_names(store)
-                           if n.startswith("subgraph/")):
+        # By the space they hold: a study named otherwise (--study NAME) is one too.
+        for name in sorted(s.study_name for s in optuna.get_all_study_summaries(
+                store, include_best_trial=False) if "space" in s.user_attrs):
             study = optuna.load_study(study_name=name, storage=store)
             best, default = _best(study), _default(study)
             rows.append({"study": name, "trials": _evaluated(study),

@@ -259,13 +259,37 @@ def device_fingerprint(device: Device) -> str:
 def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
                sampler: optuna.samplers.BaseSampler | None = None,
                default_seconds: float | None = None,
-               default_cycles: float | None = None) -> optuna.Study:
+               default_cycles: float | None = None, kernel: str | None = None) -> optuna.Study:
     """Create or load the study; a new (empty) study gets the default tiling as trial 0:
     queued to be evaluated, or completed with `default_seconds` (and `default_cycles`) when
-    that is known (a knowledge-base import)."""
+    that is known (a knowledge-base import). `kernel`, the signature of a study named
+    otherwise (--study NAME), is checked against what the study holds and recorded on it."""
     with setup_lock(getattr(storage, "url", "")):
         return _open_study(storage, study_name, shape, device, sampler, default_seconds,
-                           default_cycles)
+                           default_cycles, kernel)
+
+
+def _check_named_study(study: optuna.Study, kernel: str, shape: GemmShape) -> None:
+    """OptionError unless the study of a --study NAME is new or op tuning's of this kernel: a
+    study of another kernel, a subgraph study or another program's would be mixed with these
+    tilings (and a subgraph study then read as tuned)."""
+    from graphopt.tuner.kb import SIGNATURE_ATTR
+
+    name = study.study_name
+    held, stored = study.user_attrs.get(SIGNATURE_ATTR), study.user_attrs.get("shape")
+    if "job" in study.user_attrs:
+        raise OptionError(f"--study {name}: that is a subgraph tuning study, not {kernel}'s; "
+                          "name a new study")
+    # float32 and float16 shapes are one kernel: the cube computes both in float16.
+    if held not in (None, kernel) or stored is not None and not (
+            isinstance(stored, list) and len(stored) == 5
+            and stored[:4] == [shape.batch, shape.m, shape.k, shape.n]
+            and cube_dtype(stored[4]) == cube_dtype(shape.dtype)):
+        raise OptionError(f"--study {name}: that study tunes {held or 'another shape'}, not "
+                          f"{kernel}")
+    if stored is None and study.get_trials(deepcopy=False):
+        raise OptionError(f"--study {name}: that study holds trials graphopt's op tuning did "
+                          "not make (another program's?); name a new study")
 
 
 def tuned_on_another_profile(study: optuna.Study, device: Device) -> bool:
@@ -275,9 +299,12 @@ def tuned_on_another_profile(study: optuna.Study, device: Device) -> bool:
     return held is not None and held != device_fingerprint(device)
 
 
-def _open_study(storage, study_name, shape, device, sampler, default_seconds, default_cycles):
+def _open_study(storage, study_name, shape, device, sampler, default_seconds, default_cycles,
+                kernel):
     study = optuna.create_study(storage=storage, study_name=study_name, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
+    if kernel is not None:  # before anything is written to it
+        _check_named_study(study, kernel, shape)
     fail_silent_trials(study)
     if tuned_on_another_profile(study, device):
         raise OptionError(f"study {study_name} was tuned on another profile of that name (its "
@@ -288,6 +315,10 @@ def _open_study(storage, study_name, shape, device, sampler, default_seconds, de
     if not trials:
         study.set_user_attr("shape", [shape.batch, shape.m, shape.k, shape.n, shape.dtype])
         study.set_user_attr(DEVICE_ATTR, device_fingerprint(device))
+    if kernel is not None:
+        from graphopt.tuner.kb import SIGNATURE_ATTR
+
+        study.set_user_attr(SIGNATURE_ATTR, kernel)
     # The default is every study's yardstick: a run stopped during its trial (Ctrl-C, a kill)
     # left it failed, and without it the best of a few random tilings passed as tuned.
     pending = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING,
@@ -336,19 +367,9 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
         if workers > 1 and isinstance(store, optuna.storages.InMemoryStorage):
             raise OptionError("workers > 1 need a shared storage: an SQLite file or a server URL")
         choices = search_choices(shape, device)
-        study = open_study(store, study_name, shape, device)
-        if study_name != kernel:  # the knowledge base finds a study named otherwise by this
-            from graphopt.tuner.kb import SIGNATURE_ATTR
-
-            held = study.user_attrs.get(SIGNATURE_ATTR)
-            stored = study.user_attrs.get("shape")
-            # float32 and float16 shapes are one kernel: the cube computes both in float16.
-            if held not in (None, kernel) or stored is not None and not (
-                    stored[:4] == [shape.batch, shape.m, shape.k, shape.n]
-                    and cube_dtype(stored[4]) == cube_dtype(shape.dtype)):
-                raise OptionError(f"--study {study_name}: that study tunes "
-                                  f"{held or 'another shape'}, not {kernel}")
-            study.set_user_attr(SIGNATURE_ATTR, kernel)
+        # The knowledge base finds a study named otherwise by the signature it records.
+        study = open_study(store, study_name, shape, device,
+                           kernel=kernel if study_name != kernel else None)
         done_before = len(study.get_trials(deepcopy=False))
         # Progress counts this run's trials; an enqueued default still waiting is one of them.
         started_before = len(study.get_trials(deepcopy=False, states=_STARTED))

@@ -166,6 +166,10 @@ def _file_digest(path: str):
     return digest
 
 
+# The user attribute of a subgraph study naming the job it tunes (its default study name).
+STANDS_FOR = "stands_for"
+
+
 def study_name_for(job: SubgraphJob, target_name: str, legacy: bool = False) -> str:
     fine = "" if job.granularity == "rule" else f"+{job.granularity}"
     return (f"subgraph/{target_name}/{model_key(job, legacy)}/O{job.level}/"
@@ -359,19 +363,25 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                           "worker per machine with a shared --storage")
     evaluator = Evaluator(job)
     with opened(storage) as store, optuna_quiet():
-        name = study_name or study_name_for(job, evaluator.target.name)
+        key = study_name_for(job, evaluator.target.name)
+        name = study_name or key
         with setup_lock(getattr(store, "url", "")):  # one process sets a new study up
             study = optuna.create_study(storage=store, study_name=name, direction="minimize",
                                         load_if_exists=True)
+            recorded = {"target": evaluator.target.name, "level": job.level,
+                        "objective": job.objective, "input_shapes": job.input_shapes}
+            if name != key:
+                _check_named_study(study, key, recorded)
             fail_silent_trials(study)
             if "space" in study.user_attrs:
                 space = space_from_json(study.user_attrs["space"])
             else:
                 space, _ = discover(evaluator)
                 study.set_user_attr("space", space_json(space))
-                study.set_user_attr("job", {"target": evaluator.target.name, "level": job.level,
-                                            "objective": job.objective,
-                                            "input_shapes": job.input_shapes})
+                study.set_user_attr("job", recorded)
+                # What a study named otherwise (--study NAME) holds: the knowledge base finds
+                # it by this, as it finds a study under this name.
+                study.set_user_attr(STANDS_FOR, key)
                 study.enqueue_trial(space.default_params(), user_attrs={"default": True})
         if job.objective == "estimate":
             _check_estimates_still_hold(study, evaluator, space)
@@ -407,6 +417,32 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
         # What the chosen decisions cost, as printed: simplify can end below every trial.
         study.set_user_attr("chosen_seconds", result.default.seconds / result.speedup)
         return result
+
+
+def _check_named_study(study: optuna.Study, key: str, job: dict) -> None:
+    """OptionError unless the study of a --study NAME is new or a subgraph study of this job
+    (model, pins, target, level, objective): another job's decisions, an op study's tilings
+    or another program's trials would be mixed with these."""
+    name, attrs = study.study_name, study.user_attrs
+    if "shape" in attrs:
+        raise OptionError(f"--study {name}: that is an op tuning study (a kernel's tilings); "
+                          "name a new study")
+    if "space" not in attrs:
+        if study.get_trials(deepcopy=False):
+            raise OptionError(f"--study {name}: that study holds trials graphopt's subgraph "
+                              "tuning did not make (another program's?); name a new study")
+        return
+    held = attrs.get(STANDS_FOR)
+    if held is None and _same_job(attrs.get("job"), job):  # an earlier graphopt's study
+        study.set_user_attr(STANDS_FOR, key)
+    elif held != key:
+        raise OptionError(f"--study {name}: that study tunes "
+                          f"{held or 'another model, target or level'}, not {key}; name a "
+                          "new study")
+
+
+def _same_job(recorded, job: dict) -> bool:
+    return isinstance(recorded, dict) and all(recorded.get(k) == v for k, v in job.items())
 
 
 def _check_estimates_still_hold(study: optuna.Study, evaluator: Evaluator, space: Space) -> None:
@@ -515,7 +551,7 @@ def confirm(evaluator: Evaluator, space: Space, default: dict, best: dict,
 def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
     """The -O levels at which the storage holds subgraph studies of the job's model and target."""
     with opened(storage, read_only=True) as store:
-        names = set(optuna.get_all_study_names(store))
+        names = set(_studies_by_job(store))
     return [level for level in range(4) if any(
         name in names
         for objective in ("measured", "estimate") for granularity in GRANULARITIES
@@ -554,23 +590,35 @@ def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
 
 
 def _best_decisions(store, job: SubgraphJob, target_name: str):
-    names = set(optuna.get_all_study_names(store))
+    standing = _studies_by_job(store)
     candidates = [name for o in ("measured", "estimate") for g in GRANULARITIES
                   for name in _study_names(replace(job, objective=o, granularity=g),
                                            target_name)]
-    for name in candidates:
-        if name not in names:
-            continue
-        study = optuna.load_study(study_name=name, storage=store)
-        completed = [t for t in study.get_trials(deepcopy=False,
-                                                 states=(optuna.trial.TrialState.COMPLETE,))
-                     if t.value is not None]
-        if not completed or "space" not in study.user_attrs:
-            continue
-        # The last run's choice: its best, unless re-timing showed the default was as fast.
-        chosen = study.user_attrs.get("chosen") or \
-            min(completed, key=lambda t: (t.value, t.number)).params
-        space = space_from_json(study.user_attrs["space"])
-        return gate_for(chosen, space), pass_options_for(chosen, space), name
+    for key in candidates:
+        for name in reversed(standing.get(key, [])):  # the newest first
+            study = optuna.load_study(study_name=name, storage=store)
+            completed = [t for t in study.get_trials(deepcopy=False,
+                                                     states=(optuna.trial.TrialState.COMPLETE,))
+                         if t.value is not None]
+            if not completed or "space" not in study.user_attrs:
+                continue
+            # The last run's choice: its best, unless re-timing showed the default was as fast.
+            chosen = study.user_attrs.get("chosen")
+            if chosen is None and key.rsplit("/", 1)[-1].startswith("measured"):
+                # A run stopped before its re-timing: a best by noise, unconfirmed.
+                continue
+            chosen = chosen or min(completed, key=lambda t: (t.value, t.number)).params
+            space = space_from_json(study.user_attrs["space"])
+            return gate_for(chosen, space), pass_options_for(chosen, space), name
     return None
+
+
+def _studies_by_job(store) -> dict[str, list[str]]:
+    """Per default study name (study_name_for), the studies tuning that job: the one of that
+    name and those named otherwise (--study NAME), in the order they were created."""
+    by_job: dict[str, list[tuple[int, str]]] = {}
+    for summary in optuna.get_all_study_summaries(store, include_best_trial=False):
+        key = summary.user_attrs.get(STANDS_FOR, summary.study_name)
+        by_job.setdefault(key, []).append((summary._study_id, summary.study_name))
+    return {key: [name for _, name in sorted(studies)] for key, studies in by_job.items()}
 
