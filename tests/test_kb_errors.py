@@ -9,6 +9,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import sqlite3
 import struct
 import zlib
@@ -318,6 +319,18 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
     with pytest.raises(OptionError, match="float32 kernels compute in float16, which a "
                                           "signature names"):
         kb.import_kb(export, f"sqlite:///{db}")
+    # A dtype the cube lacks, a name no compile looks up, a dim no kernel has, no cube at all.
+    for kernel, message in (
+            (name.replace("float16", "bfloat16"), "the ascend310 cube computes float16, int8, "
+                                                  "not bfloat16"),
+            (name.replace("_m", "_m0"), "not the signature graphopt writes for that kernel "
+                                        f"\\({re.escape(name)}\\)"),
+            (re.sub(r"_m\d+", "_m99999999999999999999", name), "a dim above 2147483647"),
+            (name.replace("ascend310", "cpu"), "target cpu has no NPU cube")):
+        doc["kernels"] = {kernel: dict(entry, tiling=good_tiling)}
+        export.write_text(json.dumps(doc))
+        with pytest.raises(OptionError, match=f"kernel '{re.escape(kernel)}': {message}"):
+            kb.import_kb(export, f"sqlite:///{db}")
     assert not db.exists()
     # The times are this cost model's: an edited 1e-12 s cannot outrank tuned tilings.
     doc["kernels"] = {name: dict(entry, tiling=good_tiling, seconds=1e-12,

@@ -729,7 +729,15 @@ def test_options_of_the_measured_subgraph_job_are_refused_for_op_tuning(tmp_path
     assert rc == 2 and "--repeat: 0 is not allowed" in err, err
 
 
-@pytest.mark.parametrize("recorded", [None, {"base_m": 16, "swizzle": 1}])
+@pytest.mark.parametrize("recorded", [
+    None, {"base_m": 16, "swizzle": 1},
+    # Every field there, of the wrong type: a crash in a comparison, or `cores: True` in an .om.
+    {"base_m": "128", "base_n": 256, "base_k": 64, "l1_depth": 1, "double_buffer": True,
+     "cores": 2},
+    {"base_m": 128.0, "base_n": 256, "base_k": 64, "l1_depth": 1, "double_buffer": True,
+     "cores": 2},
+    {"base_m": 128, "base_n": 256, "base_k": 64, "l1_depth": 1, "double_buffer": 1,
+     "cores": True}])
 def test_a_trial_graphopt_did_not_write_is_a_one_line_error(a310, tmp_path, recorded):
     db = f"sqlite:///{tmp_path / 'edited.db'}"
     tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db)

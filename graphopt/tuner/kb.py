@@ -36,9 +36,9 @@ from graphopt.tuner.search import (
     tuned_on_another_profile,
     written_trials,
 )
-from graphopt.tuner.signature import is_signature, model_kernels, parse_signature
+from graphopt.tuner.signature import is_signature, model_kernels, parse_signature, signature
 from graphopt.tuner.storage import opened
-from graphopt.tuner.tiling import Tiling, cube_dtype, default_tiling
+from graphopt.tuner.tiling import Tiling, cube_dtype, default_tiling, tiling_from
 
 if TYPE_CHECKING:
     from graphopt.ir import Model
@@ -53,6 +53,7 @@ _EVALUATED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 # The study attribute naming the kernel of a study `tune --study NAME` named otherwise.
 SIGNATURE_ATTR = "signature"
+MAX_DIM = 2 ** 31 - 1  # the largest kernel dim an import takes: CANN's tilings index in int32
 
 
 def _kernel_studies(storage, target: str | None = None) -> list[tuple[str, str]]:
@@ -302,7 +303,7 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     from graphopt.partition import builtin_targets, load_target
 
     try:
-        target_name, _, shape = parse_signature(name)
+        target_name, op_class, shape = parse_signature(name)
     except Exception as e:  # noqa: BLE001 - any failure names the entry
         raise OptionError(f"{path}: kernel '{name}': {e}") from None
     target = profiles.get(target_name)
@@ -310,10 +311,13 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
         raise OptionError(f"{path}: kernel '{name}': target '{target_name}' is not built in: "
                           f"pass its profile (--target {target_name}.json)")
     try:
-        device = next(d for d in (target or load_target(target_name)).devices
-                      if d.kind == "npu")
+        devices = (target or load_target(target_name)).devices
     except Exception as e:  # noqa: BLE001 - any failure names the entry
         raise OptionError(f"{path}: kernel '{name}': {e}") from None
+    device = next((d for d in devices if d.kind == "npu" and d.cube), None)
+    if device is None:
+        raise OptionError(f"{path}: kernel '{name}': target {target_name} has no NPU cube, "
+                          "whose kernels are what tilings are for")
     from graphopt.partition.target_schema import DTYPES
 
     if shape.dtype not in DTYPES:
@@ -321,18 +325,20 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     if cube_dtype(shape.dtype) != shape.dtype:  # no compile would ever look it up
         raise OptionError(f"{path}: kernel '{name}': {shape.dtype} kernels compute in "
                           f"{cube_dtype(shape.dtype)}, which a signature names")
+    if shape.dtype not in device.cube:
+        raise OptionError(f"{path}: kernel '{name}': the {target_name} cube computes "
+                          f"{', '.join(device.cube)}, not {shape.dtype}")
+    canonical = signature(target_name, op_class, shape)
+    if canonical != name:  # `b01_m0256`: the same kernel, under a name no compile looks up
+        raise OptionError(f"{path}: kernel '{name}': not the signature graphopt writes for "
+                          f"that kernel ({canonical})")
     if not shape.has_work:
         raise OptionError(f"{path}: kernel '{name}': a zero-size dim has no work to tile")
+    if max(shape.batch, shape.m, shape.k, shape.n) > MAX_DIM:
+        raise OptionError(f"{path}: kernel '{name}': a dim above {MAX_DIM} (2**31 - 1), which "
+                          "no cube kernel's tiling indexes")
     try:
-        fields = {key: entry["tiling"][key] for key in PARAMS}
-        # bool is an int to isinstance: `"cores": true` would reach the .om as a tiling.
-        wrong = [key for key, value in fields.items()
-                 if type(value) is not (bool if key == "double_buffer" else int)]
-        if wrong:
-            raise TypeError(f"{', '.join(wrong)} must be "
-                            f"{'true or false' if wrong == ['double_buffer'] else 'integers'}"
-                            f": {fields}")
-        tiling = Tiling(**fields)
+        tiling = tiling_from({key: entry["tiling"][key] for key in PARAMS})
     except (KeyError, TypeError, ValueError) as e:
         raise OptionError(f"{path}: kernel '{name}': not an exported tiling "
                           f"({type(e).__name__}: {e})") from None
@@ -379,7 +385,8 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     if not kernels:  # nothing to add: no empty knowledge base is made of it
         return 0
     # Every entry is checked before any is added: a bad one must not leave half an import.
-    entries = [_import_entry(path, name, entry, profiles) for name, entry in sorted(kernels.items())]
+    entries = [_import_entry(path, name, entry, profiles)
+               for name, entry in sorted(kernels.items())]
     added = 0
     with opened(storage) as store, optuna_quiet():
         existing = set(optuna.get_all_study_names(store))

@@ -43,6 +43,7 @@ from graphopt.tuner.tiling import (
     default_tiling,
     feasible,
     space_size,
+    tiling_from,
 )
 from graphopt.tuner.workers import supervise
 
@@ -147,7 +148,7 @@ def trial_tiling(trial: optuna.trial.FrozenTrial, study: str = "") -> Tiling:
     Optuna client's, an edit)."""
     recorded = trial.user_attrs.get("tiling")
     try:
-        return Tiling(**recorded)
+        return tiling_from(recorded)
     except TypeError:
         where = f"study {study}, " if study else ""
         raise OptionError(f"the knowledge base's {where}trial {trial.number} records no tiling "

@@ -78,6 +78,26 @@ class Tiling:
                 f"db={'on' if self.double_buffer else 'off'} cores={self.cores}")
 
 
+def tiling_from(fields) -> Tiling:
+    """The Tiling a stored record holds (a trial's user attribute, an export's entry);
+    TypeError saying what is wrong when it is not one graphopt writes: a field missing or
+    unknown, a count that is not an integer (bool is one to isinstance: `"cores": true` would
+    reach the .om as a tiling), double_buffer not true or false."""
+    if not isinstance(fields, dict):
+        raise TypeError(f"a tiling is an object of base_m, base_n, …, not {fields!r}")
+    wrong = [key for key, value in fields.items() if key in _TILING_TYPES
+             and type(value) is not _TILING_TYPES[key]]
+    if wrong:
+        raise TypeError(f"{', '.join(wrong)} must be "
+                        f"{'true or false' if wrong == ['double_buffer'] else 'integers'}: "
+                        f"{fields}")
+    return Tiling(**fields)  # TypeError for a field missing or unknown
+
+
+_TILING_TYPES = {"base_m": int, "base_n": int, "base_k": int, "l1_depth": int,
+                 "double_buffer": bool, "cores": int}
+
+
 # --- shapes ---------------------------------------------------------------------------------
 
 
