@@ -687,6 +687,48 @@ def test_workers_stop_with_the_parent_on_ctrl_c_and_failures_are_one_line():
         supervise(failing, None, "tuning worker")
 
 
+def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
+    # kill -9 (an OOM kill, a container's grace period) gives the parent no chance to stop
+    # its workers: they went on tuning on their own, racing the rerun.
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import multiprocessing, time\n"
+        "from graphopt.tuner.workers import end_with_parent\n"
+        "def worker():\n"
+        "    end_with_parent(0.05)\n"
+        f"    open({str(tmp_path / 'ready')!r}, 'w').close()\n"
+        "    time.sleep(60)\n"
+        "if __name__ == '__main__':\n"
+        "    proc = multiprocessing.get_context('spawn').Process(target=worker)\n"
+        "    proc.start()\n"
+        "    print(proc.pid, flush=True)\n"
+        "    time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+
+    def running(pid: int) -> bool:  # a zombie nobody reaped has ended too
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the worker is up and watching
+    assert running(worker)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(worker)
+
+
 def test_a_ctrl_c_while_the_workers_start_is_taken_once_they_have(monkeypatch):
     # The parent used to ignore SIGINT while it started the workers (for them to inherit), so
     # a Ctrl-C that came then was lost and the run went on to the end. Now it waits until

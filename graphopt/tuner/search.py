@@ -45,7 +45,7 @@ from graphopt.tuner.tiling import (
     space_size,
     tiling_from,
 )
-from graphopt.tuner.workers import supervise
+from graphopt.tuner.workers import end_with_parent, supervise
 
 if TYPE_CHECKING:
     from graphopt.partition.target import Device
@@ -422,6 +422,7 @@ def _worker(url: str, study_name: str, shape: GemmShape, target: str, device_nam
             trials: int, timeout: float | None, sampler: str, seed: int) -> None:
     from graphopt.partition import load_target
 
+    end_with_parent()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     device = load_target(target).device(device_name)
     study = optuna.load_study(study_name=study_name, storage=open_storage(url),

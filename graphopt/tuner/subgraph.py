@@ -45,7 +45,7 @@ from graphopt.tuner.subgraph_space import (
     gate_for,
     pass_options_for,
 )
-from graphopt.tuner.workers import supervise
+from graphopt.tuner.workers import end_with_parent, supervise
 
 OBJECTIVES = ("estimate", "measured")
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
@@ -487,6 +487,7 @@ def _run_workers(study, objective, job, store, storage, name, trials, timeout, s
 
 def _worker(job: SubgraphJob, url: str, name: str, trials: int, timeout: float | None,
             sampler: str, seed: int) -> None:
+    end_with_parent()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.load_study(study_name=name, storage=open_storage(url),
                               sampler=_make_sampler(sampler, seed))

@@ -3,6 +3,8 @@ on Ctrl-C, and say how many failed."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -66,3 +68,19 @@ def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
     if failed:
         raise GraphoptError(f"{len(failed)} {what}(s) exited with status {failed}; completed "
                             "trials are kept in the storage")
+
+
+def end_with_parent(poll_seconds: float = 0.5) -> None:
+    """Called first in a worker: end this process when the parent that started it is gone.
+    Killed outright (kill -9, the OOM killer, a container's grace period running out), the
+    parent cannot stop its workers, which went on tuning, and racing the rerun, on their own.
+    A trial left running is failed by the next run's heartbeat check, as after Ctrl-C."""
+    started_by = multiprocessing.parent_process()  # gone already: the process is adopted
+    parent = started_by.pid if started_by is not None else os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:  # an orphan is adopted by init or a subreaper
+            time.sleep(poll_seconds)
+        os._exit(1)  # no cleanup to wait for: the storage keeps what was committed
+
+    threading.Thread(target=watch, name="graphopt-parent-watch", daemon=True).start()
