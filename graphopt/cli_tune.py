@@ -254,8 +254,8 @@ def add_kb_parser(sub) -> None:
     im = kb_sub.add_parser("import", help="add a JSON export's tilings to the knowledge base")
     im.add_argument("json", metavar="FILE.json",
                     help="the export to read (- for standard input, as from kb export -)")
-    im.add_argument("--target", type=target_name, action="append", default=[], metavar="PROFILE.json",
-                    help="the profile of a custom target whose kernels the export holds "
+    im.add_argument("--target", type=target_name, action="append", default=[],
+                    metavar="PROFILE.json", help="the profile of a custom target whose kernels the export holds "
                          "(repeat for several; built-in targets need none)")
     _storage_args(im, db_only=True)
     im.set_defaults(func=_cmd_kb_import)
@@ -318,15 +318,31 @@ def _cmd_kb_export(args) -> int:
 
 
 def _cmd_kb_import(args) -> int:
-    from graphopt.tuner.kb import import_kb
+    from graphopt.tuner.kb import ImportInterrupted, import_kb
     from graphopt.tuner.storage import check_writable, sqlite_path, storage_url
 
     # Checked, not opened: a JSON file import_kb refuses must not leave a new database behind.
     url = storage_url(named_storage(args), option=_storage_option(args))
     check_writable(named_storage(args), _storage_option(args))
-    added = import_kb(args.json, url, targets=args.target)
     source = "standard input" if args.json == "-" else args.json
-    print(f"imported {added} kernel tiling(s) from {source}"
-          + ("" if added or os.path.exists(sqlite_path(url) or "") else
-             " (it holds none: no knowledge base was created)"))
+    from graphopt.partition import builtin_targets
+
+    built_in = [name for name in args.target if name in builtin_targets()]
+    if built_in:  # it would change nothing: a built-in target's kernels need no profile
+        raise OptionError(f"--target {built_in[0]}: kb import takes the profile files of "
+                          "custom targets the export names; built-in targets need none")
+    counts: dict = {}
+    try:
+        added = import_kb(args.json, url, targets=args.target, counts=counts)
+    except ImportInterrupted as stopped:
+        print(f"graphopt: interrupted after importing {stopped.added} of {stopped.total} "
+              f"kernel(s) from {source}; run the import again to add the rest (kernels the "
+              "knowledge base holds already are skipped)", file=sys.stderr)
+        return 130
+    if added or not counts.get("kernels"):
+        why = "" if added or os.path.exists(sqlite_path(url) or "") else \
+            " (it holds none: no knowledge base was created)"
+    else:
+        why = f" (the knowledge base holds the tilings of all {counts['kernels']} already)"
+    print(f"imported {added} kernel tiling(s) from {source}{why}")
     return 0

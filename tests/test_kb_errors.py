@@ -721,3 +721,39 @@ def test_kernel_signatures_sort_by_their_numbers():
     names = ["ascend310/gemm/b1_m3136_k64_n256/float16", "ascend310/gemm/b1_m49_k2304_n512/float16",
              "ascend310/gemm/b1_m49_k256_n512/float16"]
     assert sorted(names, key=natural_key) == [names[2], names[1], names[0]]
+
+
+def test_an_interrupted_import_says_how_far_it_got_and_a_rerun_adds_the_rest(
+        built, tmp_path, capsys, monkeypatch):
+    # A storage commits trial by trial: Ctrl-C midway leaves what was added, and the rerun,
+    # which skips what a study holds already, completes it.
+    export = tmp_path / "kb.json"
+    kb.export_kb(built["db"], export)
+    doc = json.loads(export.read_text())
+    (name, entry), = doc["kernels"].items()
+    second = name.replace("b1_", "b2_")
+    doc["kernels"][second] = entry
+    export.write_text(json.dumps(doc))
+    db = tmp_path / "new.db"
+    add = kb._add_entry
+
+    def interrupted_at_the_second(path, store, existing, kernel, *rest):
+        if kernel == second:
+            raise KeyboardInterrupt
+        return add(path, store, existing, kernel, *rest)
+
+    monkeypatch.setattr(kb, "_add_entry", interrupted_at_the_second)
+    rc, _, err = run_cli(capsys, "kb", "import", export, "--tuning-db", db)
+    assert rc == 130 and err == (f"graphopt: interrupted after importing 1 of 2 kernel(s) from "
+                                 f"{export}; run the import again to add the rest (kernels the "
+                                 "knowledge base holds already are skipped)\n")
+    assert [row["signature"] for row in kb.list_kb(str(db))] == [name]
+    monkeypatch.setattr(kb, "_add_entry", add)
+    rc, out, err = run_cli(capsys, "kb", "import", export, "--tuning-db", db)
+    assert rc == 0 and out == f"imported 1 kernel tiling(s) from {export}\n", err
+    rc, out, err = run_cli(capsys, "kb", "import", export, "--tuning-db", db)
+    assert rc == 0 and out == (f"imported 0 kernel tiling(s) from {export} (the knowledge base "
+                               "holds the tilings of all 2 already)\n"), err
+    rc, _, err = run_cli(capsys, "kb", "import", export, "--tuning-db", db, "--target", "cpu")
+    assert_user_error(rc, err, "--target cpu: kb import takes the profile files of custom "
+                               "targets")

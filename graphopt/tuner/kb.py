@@ -366,12 +366,14 @@ def _check_studies(path, store, existing: set[str], entries: list) -> None:
             trial_tiling(trial, name)  # OptionError naming the trial
 
 
-def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()) -> int:
+def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = (),
+              counts: dict | None = None) -> int:
     """Add each kernel of a JSON export as a completed trial of its signature's study; a new
     study gets the default tiling as trial 0, completed. Both times are the cost model's
     estimates of the tilings, not the export's numbers (which the export keeps for reading).
     A tiling the study already completed is skipped. `targets`: profile files of the custom
-    targets the export's kernels name. Returns how many tuned trials it added."""
+    targets the export's kernels name. Returns how many tuned trials it added; `counts`, when
+    given, receives the file's number of kernels ("kernels")."""
     from graphopt.partition import load_target
 
     profiles = {}
@@ -382,6 +384,8 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     kernels = doc.get("kernels") if isinstance(doc, dict) else None
     if not isinstance(kernels, dict):
         raise OptionError(f"{path}: no 'kernels' object (write one with graphopt kb export)")
+    if counts is not None:
+        counts["kernels"] = len(kernels)
     if not kernels:  # nothing to add: no empty knowledge base is made of it
         return 0
     # Every entry is checked before any is added: a bad one must not leave half an import.
@@ -391,26 +395,43 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     with opened(storage) as store, optuna_quiet():
         existing = set(optuna.get_all_study_names(store))
         _check_studies(path, store, existing, entries)
-        for name, entry, tiling, shape, device, choices in entries:
-            # Times are the cost model's, estimated here: a file's own (another graphopt's model,
-            # or an edited 1e-12) must not outrank the tilings tuned against this one.
-            default = estimate(shape, None, device)
-            study = open_study(store, name, shape, device, default_seconds=default.seconds,
-                               default_cycles=default.cycles)
-            if any(trial_tiling(t, name) == tiling for t in _completed(study)):
-                # Already there, unless it came just now as the new study's default: the
-                # export's best was the untuned default.
-                added += name not in existing
-                continue
-            # The trial records the tiling itself; its ladder steps are the nearest ones below,
-            # so the sampler learns from it even when a value lies between two rungs.
-            steps = {f"{key}_step": max(i for i, v in enumerate(choices[key])
-                                        if v <= getattr(tiling, key) or i == 0) for key in PARAMS}
-            result = estimate(shape, tiling, device)
-            trial = optuna.trial.create_trial(
-                params=steps, value=result.seconds, distributions=step_distributions(choices),
-                user_attrs={"imported": os.path.basename(os.fspath(path)),
-                            "tiling": tiling_params(tiling), "cycles": result.cycles})
-            study.add_trial(trial)
-            added += 1
+        try:
+            for name, _, tiling, shape, device, choices in entries:
+                added += _add_entry(path, store, existing, name, tiling, shape, device, choices)
+        except KeyboardInterrupt:
+            raise ImportInterrupted(added, len(entries)) from None
     return added
+
+
+class ImportInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an import, after `added` of `total` kernels: what was added stays (an
+    Optuna storage commits trial by trial), and running the import again adds the rest."""
+
+    def __init__(self, added: int, total: int):
+        super().__init__(added, total)
+        self.added, self.total = added, total
+
+
+def _add_entry(path, store, existing: set[str], name: str, tiling: Tiling, shape, device,
+               choices) -> int:
+    """1 when the kernel's tiling was added (or its study made), 0 when the study held it."""
+    # Times are the cost model's, estimated here: a file's own (another graphopt's model,
+    # or an edited 1e-12) must not outrank the tilings tuned against this one.
+    default = estimate(shape, None, device)
+    study = open_study(store, name, shape, device, default_seconds=default.seconds,
+                       default_cycles=default.cycles)
+    if any(trial_tiling(t, name) == tiling for t in _completed(study)):
+        # Already there, unless it came just now as the new study's default: the
+        # export's best was the untuned default.
+        return int(name not in existing)
+    # The trial records the tiling itself; its ladder steps are the nearest ones below,
+    # so the sampler learns from it even when a value lies between two rungs.
+    steps = {f"{key}_step": max(i for i, v in enumerate(choices[key])
+                                if v <= getattr(tiling, key) or i == 0) for key in PARAMS}
+    result = estimate(shape, tiling, device)
+    trial = optuna.trial.create_trial(
+        params=steps, value=result.seconds, distributions=step_distributions(choices),
+        user_attrs={"imported": os.path.basename(os.fspath(path)),
+                    "tiling": tiling_params(tiling), "cycles": result.cycles})
+    study.add_trial(trial)
+    return 1
