@@ -379,11 +379,14 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
         if workers == 1:
             study.sampler = _make_sampler(sampler, seed + done_before)
 
+            ran = [0]  # this run's trials: another run on the study numbers trials too
+
             def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+                ran[0] += 1
                 if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
                     best_so_far[0] = min(best_so_far[0], trial.value)
                 if progress is not None:
-                    progress(trial.number + 1 - started_before, trials, best_so_far[0])
+                    progress(ran[0], trials, best_so_far[0])
 
             study.optimize(_objective(shape, device, choices), n_trials=trials, timeout=timeout,
                            callbacks=[callback], gc_after_trial=False)

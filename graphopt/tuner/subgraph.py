@@ -392,12 +392,14 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
         started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
         objective = _objective(evaluator, space)
         best = [_best_value(study)]
+        ran = [0]  # this run's trials: another run on the study numbers trials too
 
         def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            ran[0] += 1
             if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
                 best[0] = min(best[0], trial.value)
             if progress is not None:
-                progress(trial.number + 1 - started_before, trials, best[0])
+                progress(ran[0], trials, best[0])
 
         if workers == 1:
             study.sampler = _make_sampler(sampler, seed + done_before)
@@ -517,8 +519,11 @@ def _result(study: optuna.Study, space: Space) -> SubgraphResult:
     top = min(completed, key=lambda t: (t.value, t.number))
     if default is not None and top.params == default.params:
         top = default  # the sampler came back to the default: a faster timing of it is noise
+    # Trials evaluated, as kb list counts them: not those failed or left running by a Ctrl-C.
+    evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                         optuna.trial.TrialState.PRUNED))
     return SubgraphResult(study.study_name, space, _scored(default or top), _scored(top),
-                          len(study.get_trials(deepcopy=False)), history(study))
+                          len(evaluated), history(study))
 
 
 def simplify(evaluator: Evaluator, space: Space, best: Scored) -> Scored:
