@@ -250,6 +250,23 @@ def test_a_storage_that_is_no_url_is_refused(built, tmp_path, capsys, monkeypatc
         storage_url("://x", option="--storage")
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+@pytest.mark.parametrize("command", ["tune", "kb list", "kb import"])
+def test_an_in_memory_sqlite_url_is_refused(built, tmp_path, capsys, command, url):
+    # Each connection sees its own empty database: "no such table: studies", or nothing kept.
+    argv = {"tune": ["tune", built["model"], "--target", "ascend310", "--trials", "1"],
+            "kb list": ["kb", "list"], "kb import": ["kb", "import", tmp_path / "x.json"]}
+    (tmp_path / "x.json").write_text('{"format": "graphopt-kb/1", "kernels": {}}')
+    rc, _, err = run_cli(capsys, *argv[command], "--storage", url)
+    assert_user_error(rc, err, f"--storage {url}: an in-memory SQLite database lasts as long "
+                               "as its connection")
+
+
+def test_an_empty_tuning_db_is_named(built, capsys):
+    rc, _, err = run_cli(capsys, "kb", "list", "--tuning-db", "")
+    assert_user_error(rc, err, "--tuning-db: empty; give a knowledge-base file or a storage URL")
+
+
 def test_a_server_that_refuses_the_connection_is_an_option_error():
     # Port 1 on the loopback: refused at once (or, without the driver, a missing driver).
     url = "postgresql://graphopt@127.0.0.1:1/kb"

@@ -47,12 +47,19 @@ def storage_url(db_or_url: str | os.PathLike | None = None, *, option: str = "--
                               f"({exc.strerror or exc}); give --tuning-db FILE") from None
         return _sqlite_url(path)
     text = os.fspath(db_or_url)
+    if not text:  # an unset shell variable: abspath("") would name the working folder
+        raise OptionError(f"{option}: empty; give a knowledge-base file or a storage URL")
     if "://" not in text:
         path = os.path.abspath(text)
         _check_sqlite_file(path, option, text, must_exist)
         return _sqlite_url(path)
     database = _check_url(text, option)
-    if database not in (None, "", ":memory:"):
+    if database in ("", ":memory:") or (database or "").startswith("file::memory:"):
+        # Each connection would see its own empty database: nothing would outlive it.
+        raise OptionError(f"{option} {text}: an in-memory SQLite database lasts as long as "
+                          "its connection, so nothing tuned there would be kept; give a file "
+                          "(sqlite:///path/tuning.db)")
+    if database is not None:
         _check_sqlite_file(os.path.abspath(database), option, text, must_exist)
     return text
 
@@ -83,8 +90,9 @@ def sqlite_path(db_or_url: str | os.PathLike | None) -> str | None:
 
 
 def _check_url(url: str, option: str) -> str | None:
-    """The SQLite database path of `url` (None for a server); refuses a URL SQLAlchemy, which
-    Optuna's storages build on, cannot load a dialect for."""
+    """The SQLite database path of `url` (None for a server, "" for an in-memory SQLite
+    database); refuses a URL SQLAlchemy, which Optuna's storages build on, cannot load a
+    dialect for."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -97,7 +105,8 @@ def _check_url(url: str, option: str) -> str | None:
     except NoSuchModuleError:
         raise OptionError(f"{option} {url}: unknown storage scheme '{parsed.drivername}' "
                           f"(use {STORAGE_URLS})") from None
-    return parsed.database if parsed.get_backend_name() == "sqlite" else None
+    # SQLite without a database ("sqlite://") is an in-memory one: "".
+    return (parsed.database or "") if parsed.get_backend_name() == "sqlite" else None
 
 
 def _check_sqlite_file(path: str, option: str, given: str, must_exist: bool) -> None:
