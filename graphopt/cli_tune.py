@@ -8,8 +8,8 @@ import os
 import sys
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import (input_shapes, positive_int, positive_seconds, seed,
-                                target_name, thread_count)
+from graphopt.cli_types import (input_shapes, name_text, path_text, positive_int,
+                                positive_seconds, seed, target_name, thread_count)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 from graphopt.progress import ProgressLine
@@ -85,11 +85,11 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--sampler", default="tpe", choices=("tpe", "random"),
                    help="Optuna sampler (default tpe)")
     _storage_args(p)
-    p.add_argument("--study", metavar="NAME",
+    p.add_argument("--study", type=name_text, metavar="NAME",
                    help="study name (only with one kernel signature; default: the signature)")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="local worker processes sharing the storage (default 1)")
-    p.add_argument("--plot", metavar="FILE",
+    p.add_argument("--plot", type=path_text, metavar="FILE",
                    help="best-so-far cost vs trial per kernel (.png or .svg)")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model "
@@ -171,7 +171,8 @@ def _cmd_tune(args) -> int:
     kernels = model_kernels(result.model, partitioning)
     idle = idle_kernels(result.model, partitioning)
     if idle:
-        print(_idle_note(idle) + ("" if kernels else "; nothing to tune"))
+        print(_idle_note(idle) + ("" if kernels else "; nothing to tune"
+                                  + (f", so no --plot {args.plot}" if args.plot else "")))
         if not kernels:  # a model that compiles fine, whose cube kernels have no work
             return 0
     if not kernels:
@@ -301,19 +302,24 @@ def _cmd_kb_list(args) -> int:
 
 
 def _cmd_kb_export(args) -> int:
-    from graphopt.tuner.kb import export_kb, export_text
+    from graphopt.tuner.kb import export_kb, export_text, list_subgraph_studies
     from graphopt.tuner.storage import opened, sqlite_path
 
     if args.json != "-":
         check_output_path("kb export", args.json,
                           {"the knowledge base": sqlite_path(named_storage(args))})
     with opened(named_storage(args), option=_storage_option(args), read_only=True) as store:
+        subgraph = len(list_subgraph_studies(store))
+        # Said, not left to be found: moving a knowledge base by export and import keeps the
+        # tilings only.
+        left = (f" (not its {subgraph} subgraph study(ies): their decisions are keyed by the "
+                "model file and tuned again with it)" if subgraph else "")
         if args.json == "-":  # to standard output, for a pipe; the count goes to stderr
             text, count = export_text(store)
             sys.stdout.write(text)
-            print(f"exported {count} kernel(s)", file=sys.stderr)
+            print(f"exported {count} kernel(s){left}", file=sys.stderr)
             return 0
-        print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s)")
+        print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s){left}")
     return 0
 
 

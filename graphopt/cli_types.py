@@ -29,6 +29,14 @@ def path_text(text: str) -> str:
     return text
 
 
+def name_text(text: str) -> str:
+    """A name, such as a study's: not empty (an unset shell variable would otherwise read as the
+    option not given)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty name")
+    return text
+
+
 def positive_int(text: str) -> int:
     """An integer ≥ 1, such as a count of runs."""
     value = _integer(text)

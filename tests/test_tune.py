@@ -767,6 +767,15 @@ def test_options_of_the_measured_subgraph_job_are_refused_for_op_tuning(tmp_path
                            (["--granularity", "shape"], "--granularity is for --job subgraph")):
         rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", *flags)
         assert rc == 1 and message in err, err
+    # Nor by the estimated subgraph job, which prices candidates: they were ignored there.
+    for flags in (["--repeat", "5"], ["--threads", "2"]):
+        rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--job",
+                             "subgraph", *flags)
+        assert rc == 1 and f"{flags[0]} time candidates of --objective measured" in err, err
+    # An empty name or path (an unset shell variable) is not the option left out.
+    for flag in ("--study", "--plot"):
+        rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", flag, "")
+        assert rc == 2 and f"argument {flag}: an empty" in err, err
     rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--repeat", "0")
     assert rc == 2 and "--repeat: 0 is not allowed" in err, err
 

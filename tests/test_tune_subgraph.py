@@ -371,13 +371,17 @@ def test_a_model_without_decisions_is_priced_once_and_said_so(tmp_path, capsys):
         in out
 
 
-def test_a_named_study_is_found_and_a_foreign_one_refused(block_path, tmp_path):
+def test_a_named_study_is_found_and_a_foreign_one_refused(block_path, tmp_path, capsys):
     # A stale study's refusal says to name a new one: the knowledge base then has to find it.
     from graphopt.tuner.kb import list_subgraph_studies
 
     db = str(tmp_path / "named.db")
     named = tune_subgraph(_job(block_path), trials=6, seed=0, storage=db, study_name="after_op")
     assert [row["study"] for row in list_subgraph_studies(db)] == ["after_op"]
+    rc, out, err = run_cli(capsys, "kb", "export", tmp_path / "kb.json", "--tuning-db", db)
+    assert rc == 0 and out == (f"wrote {tmp_path / 'kb.json'}: 0 kernel(s) (not its 1 "
+                               "subgraph study(ies): their decisions are keyed by the model "
+                               "file and tuned again with it)\n"), err
     found = best_decisions(db, _job(block_path), "ascend310")
     assert found is not None and found[2] == "after_op" and named.changes()
     # Newer than the study under the job's own name: it is the one that applies.
