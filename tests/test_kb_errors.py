@@ -207,7 +207,13 @@ def test_reading_an_sqlite_file_without_studies_is_refused_and_leaves_it_alone(
         db.execute("CREATE TABLE users (id INTEGER)")
         db.commit()
     empty.touch()
-    for path, problem in ((other, WITHOUT_STUDIES), (empty, EMPTY)):
+    # Tables made, but the schema's version not stamped yet: a tune killed mid-setup.
+    unstamped = tmp_path / "unstamped.db"
+    optuna.create_study(storage=f"sqlite:///{unstamped}")
+    with contextlib.closing(sqlite3.connect(unstamped)) as db:
+        db.execute("DELETE FROM alembic_version")
+        db.commit()
+    for path, problem in ((other, WITHOUT_STUDIES), (empty, EMPTY), (unstamped, EMPTY)):
         before = path.read_bytes()
         rc, _, err = run_cli(capsys, *commands(built, tmp_path, "--tuning-db", str(path))[command])
         assert_user_error(rc, err, f"--tuning-db {path}: {problem}")

@@ -298,6 +298,10 @@ def _read_only_url(url: str, label: str) -> str:
             with contextlib.closing(sqlite3.connect(f"file:{path}?{flags}", uri=True)) as db:
                 tables = {row[0] for row in db.execute(
                     "SELECT name FROM sqlite_master WHERE type = 'table'")}
+                # Optuna stamps the schema's version last: a tune killed before then left
+                # tables that Optuna, opened read-only, would try to finish setting up.
+                stamped = "alembic_version" in tables and db.execute(
+                    "SELECT count(*) FROM alembic_version").fetchone()[0] > 0
             break
         except sqlite3.OperationalError as e:
             problem = str(e)
@@ -305,7 +309,8 @@ def _read_only_url(url: str, label: str) -> str:
             raise OptionError(f"{label}: not a graphopt knowledge base (SQLite: {e})") from None
     else:
         raise OptionError(f"{label}: cannot open the storage ({problem})")
-    if not tables:  # what a tune interrupted before Optuna made its tables leaves
+    # What a tune interrupted before Optuna made its tables, or finished them, leaves.
+    if not tables or _OPTUNA_TABLES <= tables and not stamped:
         raise OptionError(f"{label}: an empty knowledge base, with no tuning results yet "
                           "(`graphopt tune` fills it; an interrupted one can leave it empty)")
     if not _OPTUNA_TABLES <= tables:
