@@ -430,6 +430,17 @@ def test_reading_a_missing_knowledge_base_is_refused(built, tmp_path, capsys, co
     assert "creates it" in err and not missing.exists()
 
 
+def test_reading_the_default_knowledge_base_before_any_tune_says_so(tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    default = tmp_path / "cache" / "graphopt" / "tuning.db"
+    for argv in (["kb", "list"], ["kb", "export", tmp_path / "kb.json"]):
+        rc, _, err = run_cli(capsys, *argv)
+        assert_user_error(rc, err, f"the default knowledge base {default} does not exist yet "
+                                   "(`graphopt tune` creates it")
+    assert not default.exists()
+
+
 def test_a_directory_is_no_knowledge_base(built, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "kb", "list", "--tuning-db", tmp_path)
     assert_user_error(rc, err, f"--tuning-db {tmp_path}: is a directory")

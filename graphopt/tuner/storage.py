@@ -40,6 +40,9 @@ def storage_url(db_or_url: str | os.PathLike | None = None, *, option: str = "--
     the storage in errors."""
     if db_or_url is None:
         path = default_db_path()
+        if must_exist and not os.path.isfile(path):
+            raise OptionError(f"the default knowledge base {path} does not exist yet "
+                              "(`graphopt tune` creates it; --tuning-db FILE names another)")
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         except OSError as exc:  # HOME unset, a file, or read-only
