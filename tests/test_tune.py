@@ -909,3 +909,30 @@ def test_a_kernel_stopped_short_in_a_log_still_gets_its_line(capsys):
                 line.update(f"kernel {kernel}/2  trial {done}/50", done, 50)
     assert capsys.readouterr().err.splitlines() == ["kernel 1/2  trial 20/50",
                                                     "kernel 2/2  trial 20/50"]
+
+
+def test_a_ctrl_c_in_optunas_bookkeeping_leaves_the_trial_failed(a310, tmp_path, monkeypatch):
+    # Optuna fails the trial whose objective Ctrl-C interrupts, not one interrupted while it
+    # records the result: that one stayed RUNNING, and a rerun within the heartbeat's grace
+    # period did not queue the default again.
+    db = f"sqlite:///{tmp_path / 'kb.db'}"
+    record = optuna.storages.RDBStorage.set_trial_state_values
+    interrupted = []
+
+    def ctrl_c_while_recording(self, trial_id, state, values=None):
+        if state == optuna.trial.TrialState.COMPLETE and not interrupted:
+            interrupted.append(trial_id)
+            raise KeyboardInterrupt
+        return record(self, trial_id, state, values)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values",
+                        ctrl_c_while_recording)
+    with pytest.raises(BaseException) as raised:  # Optuna's own error on top of it
+        tune_kernel(SHAPE, a310, target="ascend310", trials=3, storage=db)
+    assert isinstance(raised.value, KeyboardInterrupt) \
+        or isinstance(raised.value.__context__, KeyboardInterrupt)
+    (trial,) = optuna.load_study(study_name=SIG, storage=db).trials
+    assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["default"]
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", record)
+    again = tune_kernel(SHAPE, a310, target="ascend310", trials=1, storage=db)
+    assert again.default[1] > 0  # the default was queued again and evaluated

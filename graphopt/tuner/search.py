@@ -32,8 +32,8 @@ from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.signature import is_signature, signature
-from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened, setup_lock,
-                                     storage_url)
+from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened,
+                                     optimize_failing_on_interrupt, setup_lock, storage_url)
 from graphopt.tuner.tiling import (
     L1_DEPTHS,
     GemmShape,
@@ -388,8 +388,9 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
                 if progress is not None:
                     progress(ran[0], trials, best_so_far[0])
 
-            study.optimize(_objective(shape, device, choices), n_trials=trials, timeout=timeout,
-                           callbacks=[callback], gc_after_trial=False)
+            optimize_failing_on_interrupt(study, _objective(shape, device, choices),
+                                          n_trials=trials, timeout=timeout,
+                                          callbacks=[callback], gc_after_trial=False)
         else:
             if target is None:
                 raise OptionError("workers > 1 need `target` (a target name or profile path): "

@@ -378,6 +378,42 @@ def _enable_wal(storage: optuna.storages.RDBStorage) -> None:
     storage.engine.dispose()  # connections opened before the listener reopen with WAL
 
 
+def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> None:
+    """study.optimize(objective, **options); on Ctrl-C, a trial this process started and left
+    running is marked failed. Optuna fails the trial whose objective Ctrl-C interrupts, but
+    not one interrupted in its own bookkeeping around it (sampling, the storage's commits),
+    which then stayed RUNNING until the heartbeat grace period, and a rerun within it did
+    not queue the default again."""
+    started: list[int] = []
+
+    def tracked(trial):
+        started.append(trial._trial_id)
+        return objective(trial)
+
+    try:
+        study.optimize(tracked, **options)
+    except BaseException as exc:
+        # Optuna, interrupted while it records a trial, raises an error of its own on top
+        # (UnboundLocalError): the KeyboardInterrupt is behind it.
+        if not _interrupted(exc):
+            raise
+        for trial_id in started:
+            with contextlib.suppress(Exception):  # the storage may be what failed
+                if study._storage.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING:
+                    study._storage.set_trial_state_values(trial_id,
+                                                          optuna.trial.TrialState.FAIL)
+        raise
+
+
+def _interrupted(error: BaseException) -> bool:
+    seen, hops = error, 0
+    while seen is not None and hops < 20:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen, hops = seen.__cause__ or seen.__context__, hops + 1
+    return False
+
+
 def fail_silent_trials(study: optuna.Study) -> int:
     """Mark failed the RUNNING trials that never beat a heartbeat and started more than
     GRACE_S ago: a worker killed after creating its trial but before its heartbeat thread's

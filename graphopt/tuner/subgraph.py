@@ -34,8 +34,8 @@ from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import option
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
-from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened, setup_lock,
-                                     storage_url)
+from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened,
+                                     optimize_failing_on_interrupt, setup_lock, storage_url)
 from graphopt.tuner.subgraph_space import (
     Group,
     Recorder,
@@ -403,8 +403,8 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
 
         if workers == 1:
             study.sampler = _make_sampler(sampler, seed + done_before)
-            study.optimize(objective, n_trials=trials, timeout=timeout, callbacks=[callback],
-                           gc_after_trial=False)
+            optimize_failing_on_interrupt(study, objective, n_trials=trials, timeout=timeout,
+                                          callbacks=[callback], gc_after_trial=False)
         else:
             _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler,
                          seed + done_before, workers, progress, started_before)
