@@ -675,3 +675,18 @@ def test_inspect_lists_partitions_in_execution_order_and_says_what_it_leaves_out
     # The compile's summary points at the command that takes --all-fallbacks.
     text = format_partitioning(result.partitioning, more="graphopt partition m.onnx …")
     assert text.endswith("… and 5 more reason(s) (graphopt partition m.onnx …)")
+
+
+def test_inspect_of_an_onnx_names_external_data_that_is_missing(tmp_path, capsys):
+    # inspect reads the weights' dims only, so it showed such a model as whole, while
+    # compare, diff and optimize refuse it.
+    path = tmp_path / "m.onnx"
+    onnx.save(graphopt.zoo.build("tiny"), path, save_as_external_data=True, location="m.bin",
+              size_threshold=0)
+    rc, out, err = run_cli(capsys, "inspect", path)
+    assert rc == 0 and "missing beside the model" not in out, err
+    (tmp_path / "m.bin").unlink()
+    rc, out, err = run_cli(capsys, "inspect", path)
+    assert rc == 0 and "; missing beside the model: m.bin (it will not load without them)" in out
+    rc, out, _ = run_cli(capsys, "inspect", path, "--json")
+    assert json.loads(out)["missing_external_files"] == ["m.bin"]

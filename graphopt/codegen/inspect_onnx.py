@@ -86,7 +86,17 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
         "initializers": len(weights),
         "weight_bytes": sum(_tensor_bytes(t) for t in weights),
         "external_data": any(t.data_location == TensorProto.EXTERNAL for t in weights),
+        # Files the weights point to that are not beside the model: inspect reads dims only,
+        # but the model will not load (compare, diff and optimize refuse it).
+        "missing_external_files": _missing_external_files(weights, path),
     }
+
+
+def _missing_external_files(weights, path: str) -> list[str]:
+    folder = os.path.dirname(os.path.abspath(path))
+    named = {entry.value for t in weights if t.data_location == TensorProto.EXTERNAL
+             for entry in t.external_data if entry.key == "location"}
+    return sorted(name for name in named if not os.path.isfile(os.path.join(folder, name)))
 
 
 def format_onnx(summary: dict) -> str:
@@ -94,6 +104,10 @@ def format_onnx(summary: dict) -> str:
     weights = f"{summary['initializers']} initializers, {format_bytes(summary['weight_bytes'])}"
     if summary["external_data"]:
         weights += " (some in external data)"
+    missing = summary.get("missing_external_files")
+    if missing:
+        weights += (f"; missing beside the model: {', '.join(missing)} (it will not load "
+                    "without them)")
     header = [
         ("format", f"ONNX, IR version {summary['ir_version']}"
                    + (f", produced by {summary['producer']}" if summary["producer"] else "")),
