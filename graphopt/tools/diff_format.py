@@ -48,19 +48,14 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
             [list(row) for row in _head(inits, limit)]).splitlines())
         out.extend(_more(inits, limit))
 
-    if diff.io_changed:
-        out += ["", "graph inputs/outputs:"]
-        out.extend("  " + line for line in format_table(
-            ["value", "A", "B"],
-            [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
-             for v in diff.io_changed]).splitlines())
-
-    if diff.opsets_changed:
-        out += ["", "opset imports:"]
-        out.extend("  " + line for line in format_table(
-            ["domain", "A", "B"],
-            [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
-             for v in diff.opsets_changed]).splitlines())
+    for title, column, changes in (("graph inputs/outputs", "value", diff.io_changed),
+                                   ("opset imports", "domain", diff.opsets_changed)):
+        if changes:
+            out += ["", f"{title}:"]
+            out.extend("  " + line for line in format_table(
+                [column, "A", "B"],
+                [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
+                 for v in changes]).splitlines())
 
     if diff.functions_changed:
         out += ["", f"model-local functions ({len(diff.functions_changed)}):"]
