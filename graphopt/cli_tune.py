@@ -256,7 +256,8 @@ def add_kb_parser(sub) -> None:
     im.add_argument("json", metavar="FILE.json",
                     help="the export to read (- for standard input, as from kb export -)")
     im.add_argument("--target", type=target_name, action="append", default=[],
-                    metavar="PROFILE.json", help="the profile of a custom target whose kernels the export holds "
+                    metavar="PROFILE.json",
+                    help="the profile of a custom target whose kernels the export holds "
                          "(repeat for several; built-in targets need none)")
     _storage_args(im, db_only=True)
     im.set_defaults(func=_cmd_kb_import)

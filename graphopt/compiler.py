@@ -843,7 +843,7 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
     path = _output_path(path)
     if external_data is not None:
         api_args.flag(external_data, "external_data")
-        if path.endswith(".om"):
+        if external_data and path.endswith(".om"):
             raise OptionError(f"{path}: external_data is for ONNX files; an .om keeps large "
                               "weights in a blob of its own")
     result = model if isinstance(model, OptimizeResult) else None

@@ -860,7 +860,8 @@ class OmSession:
         for name in feeds:
             if name not in self._expected:
                 expected_names = ", ".join(self._expected) or "(none)"
-                raise InputError(f"unknown input {name!r}; the model's inputs are: {expected_names}")
+                raise InputError(f"unknown input {name!r}; the model's inputs are: "
+                                 f"{expected_names}")
         env: dict[str, Any] = {}
         for name, (entry, dtype) in self._expected.items():
             if name not in feeds:

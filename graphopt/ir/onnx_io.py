@@ -521,8 +521,8 @@ class _Importer:
             else:
                 expected = count
         if got != expected:
-            raise self.error(f"{where}: {type_label(int(dtype))} tensor of shape {list(proto.dims)} "
-                             f"needs {expected} {unit} of data, has {got}")
+            raise self.error(f"{where}: {type_label(int(dtype))} tensor of shape "
+                             f"{list(proto.dims)} needs {expected} {unit} of data, has {got}")
         return Tensor.from_proto(proto)
 
     def _check_external(self, proto: TensorProto, where: str) -> None:

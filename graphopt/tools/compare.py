@@ -335,8 +335,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
 
     judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}
     if min_cosine is not None:
-        report.notes.append(f"beyond tol: the elements outside rtol={exact(rtol)}, atol={exact(atol)}, "
-                            "for information; the cosine rule decides each row")
+        report.notes.append(f"beyond tol: the elements outside rtol={exact(rtol)}, "
+                            f"atol={exact(atol)}, for information; the cosine rule decides "
+                            "each row")
     producers = {t.name: t for t in cand_tensors}
     # The candidate's output order; reference outputs it lacks come last, as failures.
     ordered = ([n for n in cand_side.outputs if n in ref_side.outputs]
