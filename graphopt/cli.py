@@ -500,6 +500,10 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
     try:
         with _terminate_as_interrupt(), streams_as_files(args, copies), \
                 _thread_storage_errors_in_one_line():
+            # A command that will print its report finds a closed standard output first, not
+            # after its work: a compile would write its file, then fail (`>&-`, as cat does).
+            if getattr(sys.stdout, "closed_stream", False) and not getattr(args, "quiet", False):
+                raise ClosedStreamError("standard output is closed")
             status = args.func(args)
             sys.stdout.flush()  # a reader gone, a full disk: reported here, not at exit
             return status

@@ -49,6 +49,11 @@ class EscapingStream:
         self._stream = stream
         self._checked = checked
 
+    @property
+    def closed_stream(self) -> bool:
+        """Whether the process was started without this stream (`>&-`)."""
+        return isinstance(self._stream, ClosedStream)
+
     def write(self, text: str) -> int:
         shown = text
         for path, given in _shown_as.items():
