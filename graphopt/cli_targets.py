@@ -164,8 +164,8 @@ def _device_json(d: Device) -> dict:
         out["buffers"] = dict(d.buffers)
     out.update(peak_ops_per_s=dict(d.peak_ops_per_s), memory_bandwidth=d.memory_bandwidth,
                launch_overhead_s=d.launch_overhead_s)
-    if d.kind == "cpu":
-        out["nchwc_block_size"] = d.nchwc_block_size
+    if d.kind == "cpu":  # "auto" stays auto: a dump read on another CPU takes that CPU's block
+        out["nchwc_block_size"] = "auto" if d.nchwc_auto else d.nchwc_block_size
     out["engines"] = {engine: {"kind": kind,
                                "ops": {s.op: _op_json(s) for s in d.engine_ops(engine)}}
                       for engine, kind in d.engines.items()}

@@ -435,10 +435,13 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     check_precision_options(options)
     if verify and "bf16" in options.precision and target is not None \
             and target.device(target.primary).kind != "cpu":
+        from graphopt.partition.target import as_given
+
         raise OptionError(f"{setting('verify')} with {setting('precision', options.precision)} "
-                          f"{setting('target', target.name)}: verification runs on onnxruntime's CPU provider, "
-                          "which has no bfloat16 kernel for most ops; compare on a machine with "
-                          "the CANN provider (graphopt compare), or compile with fp16")
+                          f"{setting('target', as_given(target))}: verification runs on "
+                          "onnxruntime's CPU provider, which has no bfloat16 kernel for most "
+                          "ops; compare on a machine with the CANN provider (graphopt compare), "
+                          "or compile with fp16")
     if dynamic_dims is not None:  # the options are checked once, before any profile's compile
         from graphopt.compile_profiles import optimize_profiles
 
@@ -545,6 +548,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         from graphopt.partition import partition
         from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
         from graphopt.partition.report import dynamic_hint
+        from graphopt.partition.target import as_given
 
         result.partitioning = partition(ir_model, target)
         check_host_bfloat16(result.partitioning, options, ir_model)
@@ -553,7 +557,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             result.notes.append(note)
         dynamic = dynamic_hint(ir_model, result.partitioning)
         if dynamic:  # ATC takes static shapes only: say why the NPU got less than it could
-            result.notes.append(f"{setting('target', target.name)}: {dynamic}")
+            result.notes.append(f"{setting('target', as_given(target))}: {dynamic}")
         result.partition_models = partition_ir(ir_model, result.partitioning)
         result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
     result.seconds = time.perf_counter() - start
@@ -645,6 +649,21 @@ def _mark_lossy(model: Model, log: PassLog, target) -> None:
             model.metadata_props[LOSSY_DEVICE_KEY] = "npu"
 
 
+def not_runnable_here(model: ModelProto, what: str) -> str | None:
+    """Why `what` (--verify, bisect) cannot run a compile on this machine: convs blocked for
+    another CPU's NCHWc block (a target profile's nchwc_block_size), which onnxruntime here
+    would run wrong, so the outputs would differ by that alone."""
+    from graphopt.nchwc_block import foreign_block
+
+    blocks = foreign_block({p.key: p.value for p in model.metadata_props})
+    if blocks is None:
+        return None
+    return (f"{what}: the compile blocks its convs by {blocks[0]} channels (the target's "
+            f"nchwc_block_size) and onnxruntime here by {blocks[1] or 'none'}: the result runs "
+            "wrong on this machine, so it cannot be compared here; check it where it will run "
+            "(graphopt compare)")
+
+
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
                    judge: dict, notes: list[str] | None = None) -> dict[str, float]:
     """Run both models with onnxruntime at ORT_DISABLE_ALL (the optimized one where a lossy pass
@@ -653,6 +672,9 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     rtol/atol it is no further from the original than onnxruntime's own optimizer takes the
     original (ORT_ENABLE_ALL), which `notes` then says. Returns the max absolute error per
     output."""
+    not_here = not_runnable_here(optimized, option("verify"))
+    if not_here:
+        raise OptionError(not_here)
     feeds = load_inputs(inputs)
     if feeds is None:
         try:

@@ -137,14 +137,23 @@ def _remember(key: str, block: int) -> None:
         pass
 
 
-def block_mismatch(metadata: dict[str, str]) -> str | None:
-    """Why a model LayoutNchwc rewrote cannot run on this machine's onnxruntime, or None. A
-    model blocked by another size loads and runs there, silently wrong, so a runtime loading
-    blocked models should ask this first."""
+def foreign_block(metadata: dict[str, str]) -> tuple[int, int] | None:
+    """(the block a model LayoutNchwc rewrote is in, onnxruntime's here) when they differ; None
+    when the model is not blocked or runs here."""
     wanted = metadata.get(METADATA_KEY)
     here = onnxruntime_block_size() if wanted else 0
     if not wanted or int(wanted) == here:
         return None
-    return (f"the model is in NCHWc blocks of {wanted} channels but onnxruntime blocks by "
-            f"{here or 'nothing'} on this CPU, which would give wrong results: compile it "
+    return int(wanted), here
+
+
+def block_mismatch(metadata: dict[str, str]) -> str | None:
+    """Why a model LayoutNchwc rewrote cannot run on this machine's onnxruntime, or None. A
+    model blocked by another size loads and runs there, silently wrong, so a runtime loading
+    blocked models should ask this first."""
+    blocks = foreign_block(metadata)
+    if blocks is None:
+        return None
+    return (f"the model is in NCHWc blocks of {blocks[0]} channels but onnxruntime blocks by "
+            f"{blocks[1] or 'nothing'} on this CPU, which would give wrong results: compile it "
             "again for this CPU")

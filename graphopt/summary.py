@@ -6,6 +6,7 @@ import shlex
 
 from graphopt.compiler import OptimizeResult, op_counts
 from graphopt.errors import one_line
+from graphopt.partition.target import as_given
 from graphopt.table import format_bytes, format_table
 
 
@@ -52,7 +53,7 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
         source = shlex.quote(result.source_label) if result.source_label != "<model>" else "MODEL"
         parts.append(format_partitioning(
             result.partitioning, more=f"graphopt partition {source} --target "
-                                      f"{shlex.quote(result.partitioning.target.name)} "
+                                      f"{shlex.quote(as_given(result.partitioning.target))} "
                                       "--all-fallbacks lists them all"))
     if result.profiles:
         parts.append(format_profiles(result))

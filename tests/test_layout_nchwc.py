@@ -27,6 +27,7 @@ from graphopt.ir import load_onnx, to_onnx, verify
 from graphopt.nchwc_block import block_mismatch, detect_block_size, onnxruntime_block_size
 from graphopt.passes import Options, PassContext, PassManager, Pipeline, layout_nchwc
 from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.partition.target import load_target
 from graphopt.passes.layout_nchwc import NCHWC, LayoutNchwc
 from graphopt.tools.compare import compare_models
 from graphopt.passes.layout_nchwc_weights import (
@@ -632,3 +633,28 @@ def test_graphopt_reads_its_blocked_output_back():
     blocked = to_onnx(model)
     again = optimize(blocked, level=3, verify=True)
     assert op_counts(again.to_onnx(), NCHWC) == op_counts(blocked, NCHWC)
+
+
+def test_verify_and_bisect_refuse_a_compile_blocked_for_another_cpu(tmp_path, capsys):
+    # A profile may force the other block size (a cross-compile); run here, its convs come
+    # out wrong, and --verify and bisect blamed LayoutNchwc for a miscompile.
+    from helpers import run_cli
+
+    here = onnxruntime_block_size()
+    if here not in (8, 16):
+        pytest.skip("this CPU runs no NCHWc block")
+    profile = json.loads(open(load_target("cpu").path, encoding="utf-8").read())
+    profile["name"] = "other_cpu"
+    profile["devices"][0]["nchwc_block_size"] = 24 - here  # 8 <-> 16
+    target = tmp_path / "other_cpu.json"
+    target.write_text(json.dumps(profile))
+    model = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), model)
+    message = (f"the compile blocks its convs by {24 - here} channels (the target's "
+               f"nchwc_block_size) and onnxruntime here by {here}: the result runs wrong on "
+               "this machine")
+    rc, _, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "t.om", "--target", target,
+                         "--verify")
+    assert rc == 1 and f"--verify: {message}" in err and not (tmp_path / "t.om").exists(), err
+    rc, out, err = run_cli(capsys, "bisect", model, "--target", target)
+    assert rc == 2 and f"bisect: {message}" in err and "culprit" not in out, err

@@ -293,6 +293,18 @@ def _broken(change) -> dict:
         "attributes", {"grop": [1]}),
      "devices[0].engines.cube.ops.Conv.attributes.grop: Conv has no attribute of that name "
      "(it has: auto_pad, dilations, group, kernel_shape, pads, strides)"),
+    # A value of another type matched no node: every Conv fell back, "takes 1" its reason.
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "attributes", {"group": ["1"]}),
+     "devices[0].engines.cube.ops.Conv.attributes.group[0]: Conv's group is INT, got '1'"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "attributes", {"pads": [1]}),
+     "devices[0].engines.cube.ops.Conv.attributes.pads[0]: Conv's pads is INTS, got 1"),
+    # The runtime takes a device named cpu for the host: an NPU so named lost its provider.
+    (lambda d: (d["devices"][0].__setitem__("name", "cpu"),
+                d["devices"][1].__setitem__("name", "host"), d.update(primary="cpu", host="host")),
+     "devices[0].name: 'cpu' names the host; a device of kind 'npu' needs another name"),
+    (lambda d: d.__setitem__("name", "a\nb"), "name: 'a\\nb' holds a control character"),
     # Every tiling of every kernel would overflow it: refused here, not as a compile's crash.
     (lambda d: d["devices"][0]["buffers"].__setitem__("L0A", 10),
      "devices[0].buffers.L0A: 10 bytes cannot hold the smallest float16 tile (16x16x16 needs "
@@ -552,3 +564,71 @@ def test_a_fusion_the_profile_takes_only_with_other_attributes_is_not_made(tmp_p
     ops = sorted(n.qualified_op for n in result.model.graph)
     assert ops == ["Conv", "Sigmoid", "com.microsoft::FusedConv"]  # Conv+Relu only
     assert [p.device for p in result.partitioning.partitions] == ["npu"]
+
+
+def test_a_profile_reads_as_json_does(tmp_path):
+    # One number type (schema_version 1.0 is 1), a byte order mark (Windows Notepad's) read
+    # past, "auto" dumped as auto (another CPU reads its own block), a size cap (/dev/zero).
+    doc = _minimal()
+    doc["schema_version"] = 1.0
+    doc["devices"][1]["nchwc_block_size"] = "auto"
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(doc).encode())
+    target = load_target(str(path))
+    assert target.name == "board" and target.device("cpu").nchwc_auto
+    from graphopt.cli_targets import target_json
+
+    assert target_json(target)["devices"][1]["nchwc_block_size"] == "auto"
+    import graphopt.partition.target as target_module
+
+    big = tmp_path / "big.json"
+    big.write_text(" " * 2048 + json.dumps(doc))
+    original = target_module._MAX_PROFILE_BYTES
+    try:
+        target_module._MAX_PROFILE_BYTES = 1024
+        with pytest.raises(OptionError, match="larger than 0 MiB, more than a target profile"):
+            load_target(str(big))
+    finally:
+        target_module._MAX_PROFILE_BYTES = original
+
+
+def test_a_custom_profile_is_told_from_the_builtin_of_its_name(tmp_path):
+    # A user's file named cpu got this machine's calibration, and hints named it by its name,
+    # which --target then read as the built-in.
+    from graphopt.partition.target import as_given, is_builtin
+
+    builtin = load_target("cpu")
+    assert is_builtin(builtin) and as_given(builtin) == "cpu"
+    doc = json.loads(open(builtin.path, encoding="utf-8").read())
+    custom, path = _load(tmp_path, doc, "cpu.json")
+    assert custom.name == "cpu" and not is_builtin(custom) and as_given(custom) == path
+
+
+def test_an_npu_without_a_cube_prices_its_matmuls_on_their_engine(tmp_path, capsys):
+    # The cost model took every MatMul for a cube op: "internal error: ValueError: device
+    # 'npu' has no cube unit" from optimize, tune and partition.
+    import onnx
+    from helpers import run_cli
+    from onnx import TensorProto, helper, numpy_helper
+
+    doc = _minimal()
+    npu = doc["devices"][0]
+    for key in ("cube", "buffers", "ai_cores", "clock_hz"):
+        npu.pop(key)
+    npu["engines"] = {"vector": {"kind": "vector",
+                                 "ops": {"MatMul": {"dtypes": ["float16", "float32"]}}}}
+    _, profile = _load(tmp_path, doc)
+    weight = numpy_helper.from_array(np.full((64, 64), 0.01, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])],
+                              [weight])
+    model = tmp_path / "mm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), model)
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "mm.om", "--target",
+                           profile, "--verify")
+    assert rc == 0 and "internal error" not in err, err
+    rc, _, err = run_cli(capsys, "tune", model, "--target", profile, "--trials", "1",
+                         "--tuning-db", tmp_path / "kb.db")
+    assert rc == 1 and "no NPU cube kernel" in err and "internal error" not in err, err

@@ -9,6 +9,7 @@ from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import OptionError
 from graphopt.ir import DType
 from graphopt.option_names import option, setting
+from graphopt.partition.target import as_given
 from graphopt.partition.target_ort import cpu_kernel_binds
 
 # Ops the quantization passes write. The NPU profiles list QuantizeLinear and DequantizeLinear
@@ -41,7 +42,7 @@ def check_host_bfloat16(partitioning, options, model) -> None:
     if missing:
         ops = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(missing.items()))
         raise OptionError(
-            f"{setting('precision', options.precision)} {setting('target', target.name)}: "
+            f"{setting('precision', options.precision)} {setting('target', as_given(target))}: "
             f"{sum(missing.values())} bfloat16 op(s) run on the host CPU, which has no bfloat16 "
             f"kernel for {ops} (the partitioner placed them there: `graphopt partition` says "
             f"why); {option('precision_deny')} them, or use fp16")
@@ -62,7 +63,7 @@ def quantized_fallback_note(partitioning, options) -> str:
         return ""
     ops = sorted({node.qualified_op for node, _ in quantized})
     why = next((p.reason for _, p in quantized if p.reason), "")
-    return (f"{setting('quantize', options.quantize)} {setting('target', target.name)}: "
+    return (f"{setting('quantize', options.quantize)} {setting('target', as_given(target))}: "
             f"{len(host)} of {len(placed)} "
             f"node(s) run on the host CPU, {len(quantized)} of them quantized ops "
             f"({', '.join(ops)}), e.g.: {why} (`graphopt partition` lists every reason)")

@@ -56,6 +56,7 @@ class Device:
     nchwc_block_size: int            # cpu only; 0 = no NCHWc
     kernels: Mapping[str, OpSupport] = field(default_factory=dict, repr=False)  # op key -> support
     kernel_source: str = "profile"   # "profile", or "onnxruntime" for the installed CPU table
+    nchwc_auto: bool = False         # nchwc_block_size was "auto": this CPU's, read at load
 
     def kernel(self, op: str, domain: str = "", dtype: str | None = None) -> OpSupport | None:
         """The device's kernel for `op` (None: it has none); with `dtype`, on the engine that
@@ -136,6 +137,16 @@ def load_target(name_or_path: str | os.PathLike) -> Target:
 # --- loading -------------------------------------------------------------------------------
 
 
+def is_builtin(target: "Target") -> bool:
+    """Whether `target` is the shipped profile of its name, not a user's file named so."""
+    return target.name in builtin_targets() and target.path == _load_builtin(target.name).path
+
+
+def as_given(target: "Target") -> str:
+    """What --target takes for `target`: a built-in's name, a custom profile's file."""
+    return target.name if is_builtin(target) else target.path
+
+
 def _targets_dir():
     return resources.files("graphopt.partition") / "targets"
 
@@ -146,10 +157,17 @@ def _load_builtin(name: str) -> Target:
         return _load_file(os.fspath(path), name)
 
 
+_MAX_PROFILE_BYTES = 64 << 20  # characters: a profile listing every op is a few MB
+
+
 def _load_file(path: str, label: str) -> Target:
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        # utf-8-sig: a byte order mark (Windows Notepad writes one) is read past.
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read(_MAX_PROFILE_BYTES + 1)
+        if len(text) > _MAX_PROFILE_BYTES:  # /dev/zero, or a wrong file, read without end
+            raise OptionError(f"{setting('target', label)}: larger than "
+                              f"{_MAX_PROFILE_BYTES >> 20} MiB, more than a target profile holds")
     except UnicodeDecodeError:
         raise OptionError(f"{setting('target', label)}: not UTF-8 text") from None
     except OSError as e:
@@ -192,6 +210,14 @@ def _build(doc: dict, path: str) -> Target:
         if name in names[:i]:
             raise SchemaViolation(f"devices[{i}].name", f"a second device named '{name}'")
     cpus = [d.name for d in devices if d.kind == "cpu"]
+    for i, device in enumerate(devices):
+        # The runtime, the advisor and the pre-packing choice take a partition of a device
+        # named cpu for one the CPU provider runs: an NPU of that name would lose its provider.
+        if device.name == "cpu" and device.kind != "cpu":
+            raise SchemaViolation(f"devices[{i}].name", f"'cpu' names the host; a device of "
+                                                        f"kind '{device.kind}' needs another name")
+    if not doc["name"].isprintable():
+        raise SchemaViolation("name", f"{doc['name']!r} holds a control character")
     if len(cpus) != 1:
         raise SchemaViolation("devices", f"needs exactly one device of kind 'cpu' (the host), "
                                          f"found {len(cpus)}")
@@ -267,6 +293,7 @@ def _device(doc: dict, where: str) -> Device:
         memory_bandwidth=float(doc["memory_bandwidth"]),
         launch_overhead_s=float(doc["launch_overhead_s"]),
         nchwc_block_size=nchwc_block_size() if block == "auto" else int(block),
+        nchwc_auto=block == "auto",
         kernels=FrozenMap(kernels),
         kernel_source="onnxruntime" if "ops" in doc else "profile")
 
@@ -304,6 +331,36 @@ def known_ops() -> dict[str, frozenset[str]]:
     return {key: frozenset(attributes) for key, attributes in names.items()}
 
 
+@functools.cache
+def attribute_kinds() -> dict[str, dict[str, set[str]]]:
+    """Per op key, the ONNX attribute types ("INT", "FLOATS", …) each attribute has in any of
+    its schemas' versions."""
+    import onnx
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    kinds: dict[str, dict[str, set[str]]] = {}
+    for schema in [*onnx.defs.get_all_schemas_with_history(), *ort_c.get_all_operator_schema()]:
+        of_op = kinds.setdefault(op_key(schema.name, schema.domain), {})
+        for name, attribute in schema.attributes.items():
+            of_op.setdefault(name, set()).add(attribute.type.name)
+    return kinds
+
+
+def _is_kind(value, kind: str) -> bool:
+    """Whether a profile's allowed value (JSON, lists as tuples) has ONNX attribute type
+    `kind`; a type a profile cannot spell (TENSOR, GRAPH) takes anything."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    single = {"INT": lambda v: number(v) and float(v).is_integer(), "FLOAT": number,
+              "STRING": lambda v: isinstance(v, str)}
+    if kind in single:
+        return single[kind](value)
+    if kind.endswith("S") and kind[:-1] in single:
+        return isinstance(value, (list, tuple)) and all(single[kind[:-1]](v) for v in value)
+    return True
+
+
 def _check_op_names(target: Target, label: str) -> None:
     """Refuse an op key no schema defines, or an attribute its schema does not have: a typo
     ('Reluu', 'storage_ordr') would silently match nothing."""
@@ -315,11 +372,20 @@ def _check_op_names(target: Target, label: str) -> None:
             if key not in known_ops():
                 raise OptionError(f"{setting('target', label)}: {where}: no ONNX or onnxruntime op of "
                                   "that name")
-            for name in support.attributes:
+            for name, values in support.attributes.items():
+                at = key_path(f"{where}.attributes", name)
                 if name not in known_ops()[key]:
                     has = ", ".join(sorted(known_ops()[key])) or "none"
-                    raise OptionError(f"{setting('target', label)}: {key_path(f'{where}.attributes', name)}"
-                                      f": {key} has no attribute of that name (it has: {has})")
+                    raise OptionError(f"{setting('target', label)}: {at}: {key} has no "
+                                      f"attribute of that name (it has: {has})")
+                kinds = attribute_kinds()[key].get(name, set())
+                for j, value in enumerate(values):
+                    if kinds and not any(_is_kind(value, kind) for kind in kinds):
+                        # A value of another type matches no node: `"1"` for an INT group
+                        # made every Conv fall back, its reason reading like a real mismatch.
+                        raise OptionError(
+                            f"{setting('target', label)}: {at}[{j}]: {key}'s {name} is "
+                            f"{' or '.join(sorted(kinds))}, got {value!r}")
 
 
 def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupport]:

@@ -207,7 +207,7 @@ def _check(value: Any, schema: dict, path: str, root: dict) -> None:
     if "anyOf" in schema and not any(_passes(value, alt, root) for alt in schema["anyOf"]):
         choices = " or ".join(_describe(a) for a in schema["anyOf"])
         raise SchemaViolation(path, f"expected {choices}, got {_show(value)}")
-    if "const" in schema and (value != schema["const"] or type(value) is not type(schema["const"])):
+    if "const" in schema and not _equals(value, schema["const"]):
         raise SchemaViolation(path, f"expected {_describe(schema)}, got {_show(value)}")
     if "enum" in schema and value not in schema["enum"]:
         raise SchemaViolation(path, f"expected one of {', '.join(map(str, schema['enum']))}, "
@@ -294,6 +294,15 @@ _TYPE_NAMES = {"object": "an object", "array": "an array", "string": "a string",
 
 _PYTHON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool,
                  "null": type(None)}
+
+
+def _equals(value: Any, const: Any) -> bool:
+    """JSON's equality: 1.0 is 1 (one number type), true is not 1, "1" is not 1."""
+    if isinstance(const, bool) or isinstance(value, bool):
+        return value is const
+    if isinstance(const, (int, float)):
+        return isinstance(value, (int, float)) and value == const
+    return type(value) is type(const) and value == const
 
 
 def _type_ok(value: Any, types: str | list[str]) -> bool:

@@ -140,8 +140,11 @@ class QuantizeInt8(Pass):
             result.count(node.op_type)
         if form == "amct" and options.per_channel \
                 and any(n.op_type in ("Gemm", "MatMul") for n in chosen.static):
-            ctx.note(f"QuantizeInt8 ({setting('target', ctx.target.name)}): Gemm and MatMul weights get "
-                     "one scale per tensor, the only form AMCT converts for the NPU")
+            from graphopt.partition.target import as_given
+
+            ctx.note(f"QuantizeInt8 ({setting('target', as_given(ctx.target))}): Gemm and "
+                     "MatMul weights get one scale per tensor, the only form AMCT converts for "
+                     "the NPU")
         if narrowed:
             ctx.note(f"QuantizeInt8: onnxruntime's int8 GEMM saturates 16-bit pair sums on this "
                      f"CPU (no VNNI); {narrowed} layer(s) whose input codes sit high (symmetric "

@@ -99,8 +99,14 @@ class _Evaluator:
     def __call__(self, compiled: Compiled, what: str) -> str | None:
         """How `compiled`'s outputs break tolerance, or None when they do not."""
         self.count += 1
+        from graphopt.compiler import not_runnable_here
+
+        proto = to_onnx(compiled.model)
+        not_here = not_runnable_here(proto, "bisect")
+        if not_here:  # every compile would "break" the outputs, each by the same layout pass
+            raise OptionError(not_here)
         try:
-            actual = numerics.run(to_onnx(compiled.model), self.feeds)
+            actual = numerics.run(proto, self.feeds)
         except Exception as e:  # noqa: BLE001 - a wrong rewrite may leave a model ORT refuses
             problem = f"the optimized model does not run: {numerics.ort_reason(e)}"
         else:

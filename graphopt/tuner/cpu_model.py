@@ -317,8 +317,10 @@ def spearman(a, b) -> float:
 def host_cost_model(target, device) -> CpuCostModel:
     """The cost model of a target's cpu device: for the `cpu` target (this machine), the
     constants `graphopt calibrate` measured here when there are any; otherwise, and for an NPU
-    board's host CPU, the profile's figures."""
-    if target.name == "cpu":
+    board's host CPU, the profile's figures (also a custom profile that took the name cpu)."""
+    from graphopt.partition.target import is_builtin
+
+    if target.name == "cpu" and is_builtin(target):
         from graphopt.tuner.calibrate import default_path
 
         path = default_path()

@@ -74,7 +74,7 @@ def node_estimate(node: Node, device, model: Model | None = None,
     functions = {(f.domain, f.name): f for f in model.functions} if model is not None else {}
     if (node.domain, node.op_type) in functions:
         return "group", group_estimate([node], device, model), None
-    if node.op_type in CUBE_OPS:
+    if node.op_type in CUBE_OPS and device.cube:  # a profile may run them on another engine
         try:
             shape = gemm_shape(node)
         except ValueError:

@@ -93,7 +93,8 @@ def _npu_cube_nodes(model: Model, partitioning: Partitioning):
     # A graphopt:: fused group is one kernel of its own (model.node_estimate), not tunable here.
     functions = {(f.domain, f.name) for f in model.functions}
     for part in partitioning.partitions:
-        if target.device(part.device).kind != "npu":
+        device = target.device(part.device)
+        if device.kind != "npu" or not device.cube:  # no cube: no tiling to tune
             continue
         for node in part.nodes:
             if (node.domain, node.op_type) in functions:
