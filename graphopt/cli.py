@@ -494,8 +494,9 @@ def _thread_storage_errors_in_one_line():
 
 
 def _run_guarded(args, copies: dict[str, str]) -> int:
-    # compare and bisect exit 1 when the check fails, so their errors exit 2, as cmp's and
-    # diff's do: a CI step can tell a broken model from a missing file.
+    # compare, bisect and diff exit 1 when the check fails (diff --exit-code: the models
+    # differ), so their errors exit 2, as cmp's and diff's do: a CI step can tell a broken
+    # model from a missing file.
     error_status = getattr(args, "error_status", 1)
     try:
         with _terminate_as_interrupt(), streams_as_files(args, copies), \

@@ -839,7 +839,7 @@ class OmSession:
         else:
             if isinstance(output_names, str):  # list("logits") would ask for 'l', 'o', …
                 raise OptionError(f"output_names must be a list of names, not the string "
-                                    f"{output_names!r} (write [{output_names!r}])")
+                                  f"{output_names!r} (write [{output_names!r}])")
             wanted = list(output_names)
             steps = program.plan(wanted)
         for step in steps:
