@@ -212,6 +212,10 @@ def _cmd_tune(args) -> int:
     after = model_estimate(result.model, partitioning, tuned).seconds
     print(f"whole model (estimate): default {before * 1e6:.2f} µs, tuned {after * 1e6:.2f} µs, "
           f"{before / after:.3f}x")
+    foreign = [name for r in results for name in r.foreign]
+    if foreign:  # another Optuna client's or an edited trial: counted, never the best
+        print(f"note: left out {len(foreign)} trial(s) that record no tiling graphopt wrote "
+              f"({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
     if args.plot:
         from graphopt.tuner.history_plot import draw_histories
 

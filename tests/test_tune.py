@@ -817,10 +817,14 @@ def test_a_compile_leaves_out_a_trial_graphopt_did_not_write(tmp_path, capsys):
     skipped = []
     assert best_tilings(db, "ascend310", skipped=skipped) == {sig: (kept, ANY)}
     assert skipped == [f"{sig} #8"]
-    # Tuning on, op or subgraph, takes the best of the trials graphopt wrote as well.
+    # Tuning on, op or subgraph, takes the best of the trials graphopt wrote as well; op
+    # tuning says which it left out.
     for job in ("op", "subgraph"):
         assert main(["tune", path, "--target", "ascend310", "--job", job, "--trials", "1",
                      "--tuning-db", db, "-q"]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert job == "subgraph" or ("note: left out 1 trial(s) that record no tiling graphopt "
+                                     f"wrote ({sig} #8)") in out, out
     assert main(["optimize", path, "-o", str(tmp_path / "m.om"), "--target", "ascend310",
                  "--tuning-db", db]) == 0
     assert f"--tuning-db: left out 1 trial(s) that record no tiling graphopt wrote ({sig} #8)" \

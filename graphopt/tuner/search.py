@@ -65,6 +65,8 @@ class TuneResult:
     trials: int                          # trials in the study (all runs, pruned included)
     space_size: int                      # points in tiling_space
     history: list[float] = field(default_factory=list)  # best seconds so far, per trial number
+    # Completed trials recording no tiling graphopt wrote ("study #number"), left out.
+    foreign: list[str] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
@@ -476,11 +478,12 @@ def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneR
                                              states=(optuna.trial.TrialState.COMPLETE,))
                  if t.value is not None]
     # Another client's trial cannot be the best tiling.
-    written = written_trials(completed, study.study_name, skipped=[])
+    foreign: list[str] = []
+    written = written_trials(completed, study.study_name, skipped=foreign)
     default_seconds = estimate(shape, default, device).seconds
     best = best_priced((tiling for _, tiling in written), shape, device)
     # Trials evaluated, as `kb list` counts them: not one a Ctrl-C or a kill stopped.
     evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                          optuna.trial.TrialState.PRUNED))
     return TuneResult(study.study_name, (default, default_seconds), best, len(evaluated),
-                      space_size(shape, device), history(study))
+                      space_size(shape, device), history(study), foreign)
