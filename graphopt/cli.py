@@ -87,8 +87,8 @@ def _add_optimize(sub) -> None:
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
                         "seeded inputs; fail and write nothing if outputs differ, or if the "
                         "optimized model does not load at ORT_ENABLE_ALL")
-    p.add_argument("--inputs", metavar="NPZ", help="inputs for --verify and the accuracy "
-                   "report instead of random data (or the report's calibration samples)")
+    p.add_argument("--inputs", metavar="NPZ", help="with --verify: its inputs instead of random "
+                   "data, and the accuracy report's (instead of the calibration samples)")
     p.add_argument("--rtol", type=tolerance, metavar="R",
                    help="relative tolerance for --verify (1e-4; after a lossy precision pass "
                         "--verify judges by cosine unless --rtol/--atol is given)")

@@ -313,6 +313,8 @@ def test_fp16_overflow_the_cpu_provider_hides_is_a_warning(tmp_path, suffix):
             r = Relu(h)
             y = MatMul(r, w2)
         }""", w1=np.full((8, 16), 2e4, np.float32), w2=np.full((16, 4), 1e-5, np.float32))
+    for node, name in zip(proto.graph.node, ("mm1", "relu", "mm2")):
+        node.name = name  # what --keep-dtype takes, which the warning names
     x = {"x": np.ones((2, 8), np.float32)}
     path = tmp_path / f"m16{suffix}"
     graphopt.save(graphopt.optimize(proto, precision="fp16"), path)
@@ -320,7 +322,8 @@ def test_fp16_overflow_the_cpu_provider_hides_is_a_warning(tmp_path, suffix):
     assert report.outputs[0].cosine == pytest.approx(1.0, abs=1e-6)
     (warning,) = report.warnings
     assert warning.startswith("float16 overflow: 2 tensor(s) the model holds in float16 exceed "
-                              "±65504 on this input: h (max 1.6e+05), r (max 1.6e+05).")
+                              "±65504 on this input: h (max 1.6e+05, node mm1), r (max 1.6e+05, "
+                              "node relu).")
     assert "warning: float16 overflow" in report.format()
     small = {"x": np.full((2, 8), 1e-3, np.float32)}  # h stays in range on this input
     assert accuracy_report(proto, path, small).warnings == []

@@ -183,6 +183,9 @@ def test_disable_passes_and_options(proto):
     ({"quantize": "int4", "calibration_method": "mse"},
      "calibration_method applies to quantize='int8'"),
     ({"per_channel": False}, "per_channel applies to quantize='int8'"),
+    # ConvertPrecision runs first: MatMulNBits takes no bfloat16, and nothing was quantized.
+    ({"quantize": "int4", "precision": "mixed-bf16"},
+     "quantize='int4' with precision='mixed-bf16': MatMulNBits takes float32 or float16"),
 ])
 def test_pass_options_of_the_wrong_type_or_without_their_mode_are_refused(proto, options,
                                                                            message):

@@ -228,7 +228,10 @@ def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> Accu
     actual = cand_side.run(arrays, [])
     facts = model_facts(ref_side.proto)
     report = AccuracyReport(ref_side.label, cand_side.label, source)
-    note = overflow_note(overflows({name: expected[name] for name in half if name in expected}))
+    makers = {out: node.name for node in ref_side.proto.graph.node for out in node.output
+              if node.name}
+    note = overflow_note(overflows({name: expected[name] for name in half if name in expected}),
+                         makers)
     if note:
         report.warnings.append(note)
     declared = declared_types(ref_side.proto)  # a sequence's or map's type, as the model says

@@ -57,14 +57,23 @@ def overflows(values: dict[str, np.ndarray]) -> list[tuple[str, float]]:
     return sorted(found, key=lambda item: -item[1])
 
 
-def overflow_note(found: list[tuple[str, float]]) -> str:
+def overflow_note(found: list[tuple[str, float]], makers: dict[str, str] | None = None) -> str:
+    """The warning for `found` (overflows' list); `makers` names each tensor's node, which is
+    what --keep-dtype takes."""
     if not found:
         return ""
-    shown = ", ".join(f"{name} (max {peak:.3g})" for name, peak in found[:5])
+    makers = makers or {}
+
+    def shown_one(name: str, peak: float) -> str:
+        maker = makers.get(name)
+        return f"{name} (max {peak:.3g}" + (f", node {maker})" if maker else ")")
+
+    shown = ", ".join(shown_one(name, peak) for name, peak in found[:5])
     more = f", and {len(found) - 5} more" if len(found) > 5 else ""
     keep = (f"{option('keep_dtype')} the nodes that make them" if from_command_line()
             else f"list the nodes that make them in {option('keep_dtype')}")
     return (f"float16 overflow: {len(found)} tensor(s) the model holds in float16 exceed "
             f"±{FP16_MAX:g} on this input: {shown}{more}. float16 hardware makes them inf; "
             f"onnxruntime's CPU provider computed them in float32, which hides it. {keep}, or "
-            "use bf16 (float32's range)")
+            "use a bf16 mode (float32's range) on a target with bfloat16 kernels (ascend910b; "
+            "not cpu or ascend310)")

@@ -140,6 +140,13 @@ def check_options(options) -> None:
                           f"{setting('precision', options.precision)}: int8 quantizes "
                           "the float32 layers that the precision mode would already have "
                           "converted; choose one (layers int8 skips stay float32)")
+    if options.quantize == "int4" and "bf16" in options.precision:
+        # ConvertPrecision runs first: every MatMul would read bfloat16, which onnxruntime's
+        # MatMulNBits does not take, and the compile quantized nothing with a note only.
+        raise OptionError(f"{setting('quantize', 'int4')} with "
+                          f"{setting('precision', options.precision)}: MatMulNBits takes "
+                          "float32 or float16 activations, so no MatMul would be quantized; use "
+                          "fp16 or mixed-fp16 (or keep)")
     if options.calibration and options.quantize == "none" and options.precision == "keep":
         raise OptionError(f"{option('calibration')} applies to {option('quantize')} "
                           f"(activation ranges, GPTQ) and {option('precision')} (the accuracy "
