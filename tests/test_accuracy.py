@@ -400,6 +400,19 @@ def test_a_sample_with_non_finite_outputs_is_the_one_reported(tmp_path, order):
     assert "Inf" in row.note
 
 
+def test_a_sample_the_reference_itself_cannot_compute_hides_no_other(tmp_path):
+    # An input of inf on one sample: the float model makes NaN there, which measured nothing,
+    # and that blank row stood for every sample.
+    model = parse_model("g (float[1,4] x) => (float[1,1] y) { s = ReduceSum(x)\n"
+                        "  y = Sub(s, s) }")
+    samples = np.array([[[np.inf, 1, 2, 3]], [[0.5, 0.6, 0.7, 0.8]]], np.float32)
+    np.savez(tmp_path / "c.npz", x=samples)
+    report = accuracy_report(model, model, calibration=tmp_path / "c.npz")
+    (row,) = report.outputs
+    assert row.sample == 2 and not row.note and row.cosine == 1.0
+    assert report.warnings == ["sample 1: output 'y' not measured: 1 NaN/Inf in both, alike"]
+
+
 def test_the_report_runs_on_the_inputs_given_and_says_when_it_ran_on_fitted_data(tmp_path,
                                                                                 capsys):
     # int8 ranges fitted to the calibration data read better on it than on inputs they did

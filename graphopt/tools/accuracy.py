@@ -212,13 +212,29 @@ def _worst_of(reports: list[AccuracyReport]) -> AccuracyReport:
             entry.sample = number
         # A warning names its sample: it speaks of that sample's row, which may not be shown.
         report.warnings[:] = [f"sample {number}: {w}" for w in report.warnings]
+    spoiled = [(number, index, entry) for number, report in enumerate(reports, 1)
+               for index, entry in enumerate(report.outputs) if _spoiled(entry)]
     merged = reports[0]
     for report in reports[1:]:
         for index, entry in enumerate(report.outputs):
-            if _badness(entry) > _badness(merged.outputs[index]):
+            shown = merged.outputs[index]
+            # A sample on which the float model itself made NaN/Inf measures nothing: another
+            # sample's figure is shown, and that sample named, rather than every row blank.
+            if _spoiled(shown) and not _spoiled(entry) \
+                    or not _spoiled(entry) and _badness(entry) > _badness(shown):
                 merged.outputs[index] = entry
         merged.warnings.extend(w for w in report.warnings if w not in merged.warnings)
+    for number, index, entry in spoiled:
+        if merged.outputs[index] is not entry:
+            merged.warnings.append(f"sample {number}: output '{entry.name}' not measured: "
+                                   f"{entry.note}")
     return merged
+
+
+def _spoiled(entry: OutputAccuracy) -> bool:
+    """Whether a row measured nothing because the reference held NaN/Inf on its sample."""
+    return entry.cosine is None and entry.shape is not None \
+        and ("reference has" in entry.note or "in both, alike" in entry.note)
 
 
 def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> AccuracyReport:
