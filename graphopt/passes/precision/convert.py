@@ -40,7 +40,7 @@ from graphopt.passes.precision.policy import (
     is_mixed,
 )
 from graphopt.passes.precision.schema import (Slots, convertible_slots, float_dtype_attrs,
-                                              schema_lacks)
+                                              in_qdq_group, never_converted, schema_lacks)
 from graphopt.passes.unmatched import op_spellings, unmatched_note
 
 
@@ -153,6 +153,7 @@ class ConvertPrecision(Pass):
         decider = _Decider(options, half, support)
         kept_by_schema: Counter = Counter()  # ops whose schema at this opset has no `half`
         untyped: Counter = Counter()  # float32 ops whose outputs inference left untyped
+        kept_int8: Counter = Counter()  # layers of the model's own Q/DQ groups
         # The main graph and every If/Loop/Scan body, each converted within itself: a body's
         # inputs, outputs and captured values keep their dtypes, so the node holding it does.
         # The bodies of control flow the NPU cannot run go to the host with it: their ops
@@ -167,7 +168,7 @@ class ConvertPrecision(Pass):
             holder = hosted.get(id(graph))
             decider.support = support if holder is None else host
             decider.where = "" if holder is None else f" (inside {holder}, on the host)"
-            chosen = _choose(graph, model, decider, kept_by_schema, untyped)
+            chosen = _choose(graph, model, decider, kept_by_schema, untyped, kept_int8)
             if chosen:
                 choices.append((graph, chosen))
         decider.support, decider.where = support, ""
@@ -176,6 +177,10 @@ class ConvertPrecision(Pass):
             ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "
                      f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
                      "later opset may convert them)")
+        if kept_int8:
+            ctx.note(f"{options.precision}: kept the model's own int8 layers (between its "
+                     f"DequantizeLinear and QuantizeLinear nodes, which onnxruntime runs as one "
+                     f"int8 kernel): {_listing(kept_int8)}")
         if untyped:
             ctx.note(f"{options.precision}: kept float32, ONNX shape inference gives their "
                      f"outputs no type, so their schema cannot be matched: {_listing(untyped)}")
@@ -265,7 +270,7 @@ def _flushed_note(flushed: list[tuple[str, int, int]], half: DType) -> str:
 
 
 def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
-            untyped: Counter) -> list[tuple[Node, Slots]]:
+            untyped: Counter, kept_int8: Counter) -> list[tuple[Node, Slots]]:
     """The nodes of `graph` (not of its nested graphs) that go to half, with their slots. A
     node holding a nested graph keeps its dtypes, and so does one producing a value a nested
     graph reads."""
@@ -278,6 +283,9 @@ def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
             continue  # its data is converted offline where a half op reads it
         if node.subgraphs() or any(id(v) in pinned for v in node.outputs if v is not None):
             continue
+        if in_qdq_group(node):  # the model's own int8 layers stay int8
+            kept_int8[node.qualified_op] += 1
+            continue
         node_opset = model.opset(node.domain) if not node.is_onnx else opset
         slots = convertible_slots(node, decider.half, node_opset)
         if slots is None and _untyped(node):
@@ -285,7 +293,7 @@ def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
         if slots is not None and decider.decide(node, slots):
             chosen.append((node, slots))
         elif slots is None and (not decider.mixed or node.op_type in ALLOW) \
-                and schema_lacks(node, decider.half, node_opset):
+                and not never_converted(node) and schema_lacks(node, decider.half, node_opset):
             kept_by_schema[node.qualified_op] += 1
     return chosen
 

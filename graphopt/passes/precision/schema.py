@@ -177,12 +177,29 @@ def _float_container(value, types: frozenset[str]) -> bool:
                                        for t in types)
 
 
+def never_converted(node: Node) -> bool:
+    """Whether `node` keeps float32 by design (a Q/DQ op, BitCast, an ai.onnx.ml op), not for
+    want of a half schema."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    return (domain, node.op_type) in _NEVER_CONVERTED or domain in _NEVER_CONVERTED_DOMAINS
+
+
+def in_qdq_group(node: Node) -> bool:
+    """Whether `node` sits between a model's own DequantizeLinear and QuantizeLinear, the group
+    onnxruntime runs as one int8 kernel (QLinearConv, QLinearMatMul, …): in float16, Casts
+    would come between and the layer would run in float16 instead of int8."""
+    reads_dq = any(v is not None and v.producer is not None
+                   and v.producer.op_type == "DequantizeLinear" for v in node.inputs)
+    return reads_dq and any(consumer.op_type == "QuantizeLinear" for v in node.outputs
+                            if v is not None for consumer in v.consumers())
+
+
 def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | None:
     """The slots of `node` that become `half` if the node is converted; None when none would
     (no schema, no float32 slot, no float32-bound parameter admitting `half`, or a sequence or
     optional of float32 among its values)."""
     domain = "" if node.domain == "ai.onnx" else node.domain
-    if (domain, node.op_type) in _NEVER_CONVERTED or domain in _NEVER_CONVERTED_DOMAINS:
+    if never_converted(node):
         return None
     if node.op_type == "BatchNormalization" and domain == "" and node.attr("training_mode", 0):
         # onnxruntime runs a float16 training-mode BatchNormalization in float32 and writes
