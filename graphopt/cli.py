@@ -240,10 +240,31 @@ def _print_accuracy(args, source=None) -> None:
         return
     print()
     print(report.format())
+    _below_the_rule(args, report)
     if calibration and (args.quantize == "int8" or args.int4_method == "gptq"):
         fitted = "its int8 ranges" if args.quantize == "int8" else "GPTQ's rounding"
         print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
+
+
+def _below_the_rule(args, report) -> None:
+    """Warn of an output whose cosine is below the rule compare and --verify judge this lossy
+    compile by (0.999, 0.98 after int4): the table shows the figure, but an exit 0 read as
+    fine (entropy ranges took a random-weight MobileNetV2 to 0.96)."""
+    from graphopt.tools.accuracy_rule import LOSSY_PASSES
+    from graphopt.tools.rule_text import cosine_text, exact
+
+    threshold = LOSSY_PASSES["QuantizeInt4Weights" if args.quantize == "int4" else
+                             "QuantizeInt8"]
+    low = [o for o in report.outputs if o.cosine is not None and o.cosine < threshold]
+    if not low:
+        return
+    hint = ("; another --calibration-method may keep more (minmax is the default)"
+            if args.quantize == "int8" and args.calibration_method not in (None, "minmax")
+            else "")
+    shown = ", ".join(f"'{o.name}' {cosine_text(o.cosine, threshold)}" for o in low[:5])
+    print(f"warning: cosine below {exact(threshold)}, the rule `graphopt compare` and --verify "
+          f"judge this compile by: {shown}{hint}")
 
 
 def _add_passes(sub) -> None:

@@ -453,3 +453,27 @@ def test_random_inputs_say_which_open_dims_they_set_to_1():
                              .replace("float[4,5] y", "float[n,5] y"),
                              w=RNG.standard_normal((8, 5)).astype(np.float32))
     assert accuracy_report(batch_only, batch_only).inputs == "seeded random (seed 0)"
+
+
+def test_an_output_below_the_rule_gets_a_warning_under_the_report(capsys):
+    # The table showed 0.96 and the compile exited 0: nothing said it fails compare's rule.
+    from types import SimpleNamespace
+
+    from graphopt.cli import _below_the_rule
+    from graphopt.tools.accuracy import AccuracyReport, OutputAccuracy
+
+    report = AccuracyReport("m.onnx", "m.om", "calibration")
+    report.outputs = [OutputAccuracy("logits", (1, 10), "classifier", 0.959743),
+                      OutputAccuracy("aux", (1, 4), "tensor", 0.99995)]
+    args = SimpleNamespace(quantize="int8", calibration_method="entropy")
+    _below_the_rule(args, report)
+    assert capsys.readouterr().out == (
+        "warning: cosine below 0.999, the rule `graphopt compare` and --verify judge this "
+        "compile by: 'logits' 0.959743; another --calibration-method may keep more (minmax "
+        "is the default)\n")
+    args = SimpleNamespace(quantize="int4", calibration_method=None)
+    _below_the_rule(args, report)  # 0.98 after int4: 0.96 still fails, 0.99995 passes
+    assert "'logits' 0.959743\n" in capsys.readouterr().out
+    report.outputs = report.outputs[1:]
+    _below_the_rule(args, report)
+    assert capsys.readouterr().out == ""
