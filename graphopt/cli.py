@@ -161,6 +161,9 @@ def _cmd_optimize(args) -> int:
                           "together in an .om; ONNX holds one shape per model")
     target = args.target or ("cpu" if args.output.endswith(".om") else None)
     pass_options = precision_options(args) or None
+    if args.no_accuracy_report and not pass_options:  # it would change nothing
+        raise OptionError("--no-accuracy-report applies to a --precision or --quantize compile "
+                          "(a float32 compile prints no accuracy report)")
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
                       switch_file=_switch_file(args), input_shapes=args.input_shape,
                       fold_size_limit=args.fold_size_limit, verify=args.verify,

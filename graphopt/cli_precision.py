@@ -8,8 +8,13 @@ import os
 from graphopt.errors import OptionError
 
 
-def _comma_list(values) -> set[str]:
-    return {item.strip() for value in values or () for item in value.split(",") if item.strip()}
+def _comma_list(values, flag: str = "") -> set[str]:
+    """The names of a repeatable comma-list flag; an empty one (`--keep-dtype ""`, an unset
+    shell variable, a stray comma alone) is refused rather than read as none."""
+    names = {item.strip() for value in values or () for item in value.split(",") if item.strip()}
+    if values and not names:
+        raise OptionError(f"{flag}: no name given")
+    return names
 
 
 def add_precision_args(p, report: bool = True, scope: str = "") -> None:
@@ -102,10 +107,10 @@ def precision_options(args) -> dict:
         raise OptionError(f"--calibration-percentile {args.calibration_percentile}: must be in "
                           "(50, 100] (99.999 clips the top 0.001% of each tensor)")
     options = {"precision": args.precision, "quantize": args.quantize,
-               "precision_allow": _comma_list(args.precision_allow),
-               "precision_deny": _comma_list(args.precision_deny),
-               "keep_dtype": _comma_list(args.keep_dtype),
-               "quant_skip": _comma_list(args.quant_skip),
+               "precision_allow": _comma_list(args.precision_allow, "--precision-allow"),
+               "precision_deny": _comma_list(args.precision_deny, "--precision-deny"),
+               "keep_dtype": _comma_list(args.keep_dtype, "--keep-dtype"),
+               "quant_skip": _comma_list(args.quant_skip, "--quant-skip"),
                "calibration": args.calibration,
                "calibration_method": args.calibration_method,
                "calibration_percentile": args.calibration_percentile,

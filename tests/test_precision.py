@@ -520,6 +520,12 @@ def test_cli_flags_compile_report_and_refuse(tmp_path, capsys):
     assert rc == 1 and "power of 2 ≥ 16" in err
     rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--per-tensor")
     assert rc == 1 and "--per-channel/--per-tensor applies to --quantize int8" in err
+    # Flags that would change nothing: no report to skip, no name to keep.
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--no-accuracy-report")
+    assert rc == 1 and "--no-accuracy-report applies to a --precision or --quantize" in err
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16",
+                         "--keep-dtype", "")
+    assert rc == 1 and "--keep-dtype: no name given" in err
     rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--int4-embeddings")
     assert rc == 1 and "--int4-embeddings applies to --quantize int4" in err
     rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--int4-method", "gptq")
