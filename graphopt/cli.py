@@ -24,7 +24,7 @@ from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_types import dynamic_dims, input_shapes, path_text, target_name, tolerance
-from graphopt.errors import GraphoptError, OptionError, UsageError
+from graphopt.errors import GraphoptError, OptionError, UsageError, interrupt_behind
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import command_line
 from graphopt.terminal_text import (ClosedStreamError, OutputFailed, ReaderGone, escaped_output,
@@ -461,18 +461,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C (or SIGTERM) whose unwinding raised `error`, if any: a library's cleanup can
-    fail on the state the interrupt left (Optuna's trial runner reads a variable the
-    interrupted code never set), and that error is then what reaches the command."""
-    seen = error.__context__
-    while seen is not None:
-        if isinstance(seen, KeyboardInterrupt):
-            return seen
-        seen = seen.__context__
-    return None
-
-
 def _run_command(args) -> int:
     """The command's exit status; errors are reported in one line, tracebacks only on request."""
     copies: dict[str, str] = {}  # inputs read from pipes: their files, as the user named them
@@ -552,7 +540,7 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
         if os.environ.get("GRAPHOPT_DEBUG"):
             raise
-        interrupt = _interrupt_behind(e)
+        interrupt = interrupt_behind(e)
         if isinstance(interrupt, Terminated):
             print("graphopt: terminated", file=sys.stderr)
             return 128 + signal.SIGTERM

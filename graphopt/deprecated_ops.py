@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.codegen.om_manifest import type_label
+from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.errors import InputError
 from graphopt.ir import DType, Model, Node
 
@@ -49,10 +49,10 @@ def _early_layer_norm(model: Model, label: str) -> list[str]:
         if declared is not None and declared != node.input(1).dtype:
             raise InputError(
                 f"{label}: node {node.label} (LayerNormalization): X is "
-                f"{type_label(int(node.input(0).dtype))} and its scale "
-                f"{type_label(int(node.input(1).dtype))}, so onnxruntime's LayerNormalization "
+                f"{elem_type_label(int(node.input(0).dtype))} and its scale "
+                f"{elem_type_label(int(node.input(1).dtype))}, so onnxruntime's LayerNormalization "
                 f"before opset 17 writes Y in the scale's type, but the model declares Y "
-                f"{type_label(int(declared))} (onnxruntime refuses the model too)")
+                f"{elem_type_label(int(declared))} (onnxruntime refuses the model too)")
     for node in mixed:
         _one_type_layer_norm(node)
     note = (f"LayerNormalization at opset {opset} (onnxruntime's own before ONNX defined it at "

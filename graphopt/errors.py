@@ -49,3 +49,15 @@ class VerificationError(GraphoptError):
 
 class PassError(GraphoptError):
     """A pass failed or left the graph structurally invalid."""
+
+
+def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) `error` is, or whose unwinding raised it: a library's cleanup
+    can fail on the state the interrupt left (Optuna's trial runner reads a variable the
+    interrupted code never set), and that error is then what reaches the caller."""
+    seen, hops = error, 0
+    while seen is not None and hops < 20:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen, hops = seen.__cause__ or seen.__context__, hops + 1
+    return None

@@ -31,7 +31,7 @@ import onnx.defs
 import onnx.shape_inference
 from onnx import NodeProto, OperatorSetIdProto, TensorProto, TypeProto
 
-from graphopt.codegen.om_manifest import type_label
+from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node, Value
 from graphopt.ir.onnx_io import node_to_proto, type_proto
@@ -223,8 +223,8 @@ class _Walk:
                 producer = value.producer
                 raise InputError(
                     f"{self.label}: graph output '{value.name}' is declared "
-                    f"{type_label(int(value.dtype))}, but node {producer.label} "
-                    f"({producer.qualified_op}) computes {type_label(elem)}")
+                    f"{elem_type_label(int(value.dtype))}, but node {producer.label} "
+                    f"({producer.qualified_op}) computes {elem_type_label(elem)}")
 
 
 def anonymous_node(node: Node) -> NodeProto:

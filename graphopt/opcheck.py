@@ -12,7 +12,7 @@ import onnx
 import onnx.checker
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
-from graphopt.codegen.om_manifest import type_label
+from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node
 from graphopt.ir.node import unnamed_label
@@ -204,8 +204,8 @@ def _fixed_output_problem(node: Node, version: int | None) -> str | None:
             continue
         expected = getattr(TensorProto, fixed[1].upper(), None)
         if expected is not None and int(value.dtype) != expected:
-            return (f"output '{value.name}' is declared {type_label(int(value.dtype))}, but the "
-                    f"op always writes {type_label(expected)}")
+            return (f"output '{value.name}' is declared {elem_type_label(int(value.dtype))}, "
+                    f"but the op always writes {elem_type_label(expected)}")
     return None
 
 
@@ -402,7 +402,7 @@ def _in_words(reason: str) -> str:
     """Inference's element type numbers and type cases in words: what the node computes
     against what the model declares for the value (a graph input's or output's type)."""
     def named(match: re.Match) -> str:
-        computed, declared = (type_label(int(match[i])) for i in (1, 2))
+        computed, declared = (elem_type_label(int(match[i])) for i in (1, 2))
         return f"it computes {computed} where the model declares {declared} for its output"
 
     def cased(match: re.Match) -> str:

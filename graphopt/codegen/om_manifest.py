@@ -229,7 +229,7 @@ def dtype_name(elem_type: int) -> str | None:
     return _DTYPE_RENAMES.get(name, name.lower())
 
 
-def type_label(elem_type: int) -> str:
+def elem_type_label(elem_type: int) -> str:
     """An element type as messages name it: its manifest name ("float32"), "undefined" for 0,
     "element type N" for a number ONNX does not define."""
     try:

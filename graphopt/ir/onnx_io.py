@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 from onnx import (AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto,
                   ValueInfoProto, helper)
 
-from graphopt.codegen.om_manifest import type_label
+from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.dims import read_dim
 from graphopt.errors import InputError, OptionError
 from graphopt.ir.attributes import Attr
@@ -257,8 +257,8 @@ class _Importer:
         declared = vi.type.tensor_type
         dims = list(tensor.dims)
         if declared.elem_type and declared.elem_type != tensor.data_type:
-            problem = (f"element type {type_label(declared.elem_type)}, its initializer "
-                       f"{type_label(tensor.data_type)}")
+            problem = (f"element type {elem_type_label(declared.elem_type)}, its initializer "
+                       f"{elem_type_label(tensor.data_type)}")
         elif declared.HasField("shape") and (
                 len(declared.shape.dim) != len(dims) or any(
                     d.HasField("dim_value") and d.dim_value != n
@@ -504,7 +504,7 @@ class _Importer:
                 raise self.error(f"{where}: a string tensor cannot have raw_data")
             expected, unit = nbytes(dtype, count), "bytes"
             if expected > _MAX_RAW_BYTES:  # more than any protobuf holds: no need to look
-                raise self.error(f"{where}: {type_label(int(dtype))} tensor of shape "
+                raise self.error(f"{where}: {elem_type_label(int(dtype))} tensor of shape "
                                  f"{list(proto.dims)} needs {expected} bytes of data, more than "
                                  "an ONNX file can hold inline")
             # Reading raw_data copies it (BERT-base: +130 ms on a 2 s compile), but a wrong
@@ -521,7 +521,7 @@ class _Importer:
             else:
                 expected = count
         if got != expected:
-            raise self.error(f"{where}: {type_label(int(dtype))} tensor of shape "
+            raise self.error(f"{where}: {elem_type_label(int(dtype))} tensor of shape "
                              f"{list(proto.dims)} needs {expected} {unit} of data, has {got}")
         return Tensor.from_proto(proto)
 

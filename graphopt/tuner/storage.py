@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, interrupt_behind
 from graphopt.tuner.optuna_import import optuna
 from graphopt.warning_scope import warnings_as
 
@@ -395,7 +395,7 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
     except BaseException as exc:
         # Optuna, interrupted while it records a trial, raises an error of its own on top
         # (UnboundLocalError): the KeyboardInterrupt is behind it.
-        if not _interrupted(exc):
+        if interrupt_behind(exc) is None:
             raise
         for trial_id in started:
             with contextlib.suppress(Exception):  # the storage may be what failed
@@ -403,15 +403,6 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
                     study._storage.set_trial_state_values(trial_id,
                                                           optuna.trial.TrialState.FAIL)
         raise
-
-
-def _interrupted(error: BaseException) -> bool:
-    seen, hops = error, 0
-    while seen is not None and hops < 20:
-        if isinstance(seen, KeyboardInterrupt):
-            return True
-        seen, hops = seen.__cause__ or seen.__context__, hops + 1
-    return False
 
 
 def fail_silent_trials(study: optuna.Study) -> int:
