@@ -173,6 +173,40 @@ def test_quant_skip_by_name_and_op_type_and_what_is_left_alone():
     assert ops(compile_int4(proto, quant_skip={"MatMul"}).model) == ["MatMul"] * 3
     assert any("'keep-me' (nearest: 'keep_me')" in note
                for note in compile_int4(proto, quant_skip={"keep-me"}).notes)
+    # The notes count the layers skipped that the pass would have taken (not the live B).
+    assert "QuantizeInt4Weights kept in float: 1 × named by quant_skip" in result.notes
+    notes = compile_int4(proto, quant_skip={"MatMul"}).notes
+    assert "QuantizeInt4Weights quantized nothing: no MatMul or Gemm weight it takes " \
+           "(2 × named by quant_skip)" in notes, notes
+
+
+def test_the_command_line_names_what_quant_skip_kept_float(tmp_path, capsys):
+    proto = parse_model(MATMUL_ADD, w=RNG.standard_normal((64, 16)).astype(np.float32),
+                        b=RNG.standard_normal(16).astype(np.float32))
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    rc, stdout, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", "--quantize",
+                              "int4", "--quant-skip", "MatMul")
+    assert rc == 0, err
+    assert "QuantizeInt4Weights quantized nothing: no MatMul or Gemm weight it takes (1 × named " \
+           "by --quant-skip)" in stdout
+
+
+def test_int4_embeddings_says_which_tables_stay_float_and_why():
+    proto, _, _ = _tied_lm(width=40)  # no block of 16 or more divides 40
+    notes = compile_int4(proto, int4_embeddings=True).notes
+    note = next(n for n in notes if "int4_embeddings" in n)
+    assert "2 embedding table(s) stay float, none quantized" in note
+    assert "%wpe is 40 wide, which no block of 16 or more divides" in note
+    skipped = compile_int4(_tied_lm()[0], int4_embeddings=True, quant_skip={"Gather"}).notes
+    assert any("%wte is read by a Gather that is skipped" in n for n in skipped), skipped
+    plain = compile_int4(parse_model(MATMUL_ADD, w=np.ones((64, 16), np.float32),
+                                     b=np.ones(16, np.float32)), int4_embeddings=True).notes
+    assert any("int4_embeddings: the model has no embedding table" in n for n in plain), plain
+    # Without the option, or with every table quantized, there is nothing to say.
+    for notes in (compile_int4(proto).notes, compile_int4(_tied_lm()[0],
+                                                          int4_embeddings=True).notes):
+        assert not any("embedding table(s) stay float" in n for n in notes), notes
 
 
 def test_bad_group_sizes_are_refused():

@@ -317,7 +317,8 @@ def test_an_activation_before_the_output_keeps_the_last_layer_an_end(tmp_path, a
         b=rng.standard_normal(32).astype(np.float32) * 0.1)
     result, out = _int8(proto, calibration=_calibration(tmp_path, (2, 16, 32)))
     assert "DynamicQuantizeMatMul" not in {n.op_type for n in out.graph.node}
-    assert any("2 × quant_keep_ends" in note for note in result.notes), result.notes
+    assert any("2 × a first or last layer (reads a graph input or writes a graph output; "
+               "quant_keep_ends=False quantizes it)" in note for note in result.notes), result.notes
 
 
 def test_keep_ends_quantizes_an_encoder_whole_and_keeps_an_lm_head_float(tmp_path):
@@ -569,6 +570,18 @@ def test_compare_judges_an_om_of_an_int8_onnx_by_cosine(tmp_path, capsys):
     assert graphopt.codegen.load_om(tmp_path / "q.om").extra["lossy_passes"] == ["QuantizeInt8"]
     rc, out, err = run_cli(capsys, "compare", tmp_path / "q.onnx", tmp_path / "q.om")
     assert "rule:      cosine >= 0.999" in out and rc == 0, out + err
+
+
+def test_the_command_line_names_the_flag_that_quantizes_the_ends(tmp_path, capsys):
+    model = tmp_path / "conv.onnx"
+    onnx.save(_conv_model(), model)
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "q.onnx", "--quantize",
+                           "int8", "--calibration", _calibration(tmp_path), "--quant-skip", "conv2",
+                           "--no-accuracy-report")
+    assert rc == 0, err
+    assert "QuantizeInt8 kept in float: 1 × a first or last layer (reads a graph input or " \
+           "writes a graph output; --quantize-ends quantizes it); 1 × named by --quant-skip" \
+           in out, out
 
 
 def test_quantize_none_and_precision_none_mean_the_defaults():

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Value
-from graphopt.option_names import option
+from graphopt.option_names import from_command_line, option
 from graphopt.passes.unmatched import op_spellings, unmatched_note
 from graphopt.quant import attention_split
 
@@ -219,6 +219,21 @@ def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
     return f"{pass_name}: {note}" if note else None
 
 
+KEPT_BY_GATE = "held back by the rewrite gate"
+# The ends quant_keep_ends keeps, named by how a user quantizes them after all.
+_KEPT_END = "a first or last layer (reads a graph input or writes a graph output; {} quantizes it)"
+
+
+def kept_by_skip() -> str:
+    """Why a layer stays float, for the layers quant_skip names, in the caller's spelling."""
+    return f"named by {option('quant_skip')}"
+
+
+def kept_end() -> str:
+    """Why a first or last layer stays float, with the option that quantizes it."""
+    return _KEPT_END.format("--quantize-ends" if from_command_line() else "quant_keep_ends=False")
+
+
 def skipped(node: Node, skip) -> bool:
     """Whether `skip` (quant_skip) names `node`: by its name, its bare op type, or the
     `domain::Op` graphopt's messages print for a contrib op."""
@@ -238,11 +253,11 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
     candidates = []
     for node, how in quantizable:
         if id(node) in ends:
-            result.kept["quant_keep_ends (reads a graph input or writes a graph output)"] += 1
+            result.kept[kept_end()] += 1
         elif skipped(node, options.quant_skip):
-            result.kept["quant_skip"] += 1
+            result.kept[kept_by_skip()] += 1
         elif not allows(node):
-            result.kept["held back by the rewrite gate"] += 1
+            result.kept[KEPT_BY_GATE] += 1
         elif _dequantized(node.inputs[0]):
             result.kept["already quantized (its input comes from the model's own "
                         "DequantizeLinear)"] += 1

@@ -21,12 +21,13 @@ as in token-by-token decoding). `int4_embeddings` quantizes embedding tables too
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from graphopt.ir import DType, Model, Node, Tensor, Value
-from graphopt.option_names import setting
+from graphopt.option_names import option, setting
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
@@ -46,7 +47,7 @@ from graphopt.quant import attention_split
 from graphopt.quant.attention_split import split_attention
 from graphopt.quant.calib_data import read_calibration
 from graphopt.quant.calibrate import gram_matrices
-from graphopt.quant.select import skipped, unmatched_skips
+from graphopt.quant.select import KEPT_BY_GATE, kept_by_skip, skipped, unmatched_skips
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
@@ -161,20 +162,30 @@ class QuantizeInt4Weights(Pass):
         if nested:
             ctx.note(nested)
 
-        def wanted(node: Node) -> bool:
-            return not skipped(node, skip) and ctx.allows(node.op_type, node)
+        def held_back(node: Node) -> str | None:
+            """Why the options keep `node` float, or None."""
+            if skipped(node, skip):
+                return kept_by_skip()
+            return None if ctx.allows(node.op_type, node) else KEPT_BY_GATE
 
+        refused: dict[str, str] = {}  # embedding table -> why it stays float
         tables = {} if not options.int4_embeddings else embedding_tables(
-            graph, block, lambda node: wanted(node) and support.has(
-                "GatherBlockQuantized", MS, node.input(0).dtype))
+            graph, block, lambda node: held_back(node) is None and support.has(
+                "GatherBlockQuantized", MS, node.input(0).dtype), refused)
         before = after = 0
         unsupported: set[str] = set()
         jobs = []
         left: dict[str, int] = {}  # why a MatMul or Gemm stays float -> how many
+        kept: Counter = Counter()  # why a layer the pass could take stays float -> how many
         for node in graph:
-            if not quantizable(node) or not wanted(node):
+            if not quantizable(node):
                 continue
+            held = held_back(node)
             plan = _plan(node)
+            if held is not None:
+                if not isinstance(plan, str):  # one it could not take anyway goes unmentioned
+                    kept[held] += 1
+                continue
             if isinstance(plan, str):
                 left[plan] = left.get(plan, 0) + 1
                 continue
@@ -224,6 +235,8 @@ class QuantizeInt4Weights(Pass):
         embedded = 0
         for table in tables.values():
             if not only_gathered(table):
+                refused[table.value.name] = "is read by other ops too (it would be stored " \
+                                            "twice)"
                 continue
             embedded += 1
             before += table.data.nbytes
@@ -240,11 +253,18 @@ class QuantizeInt4Weights(Pass):
             ctx.note(_summary(result.stats, embedded, before, after, sorted(blocks))
                      + _float_weights_left(graph))
         elif not unsupported:  # a compile that quantized nothing says why
-            why = "; ".join(f"{n} × {reason}" for reason, n in sorted(left.items()))
+            reasons = sorted(left.items()) + kept.most_common()
+            kept.clear()  # said here
+            why = "; ".join(f"{n} × {reason}" for reason, n in reasons)
             ctx.note("QuantizeInt4Weights quantized nothing: " + (
                 f"no MatMul or Gemm weight it takes ({why})" if why else
                 "the model has no MatMul or Gemm with a constant weight (int4 is weight-only "
                 "for those; Conv weights stay float)"))
+        if kept:
+            ctx.note("QuantizeInt4Weights kept in float: " + "; ".join(
+                f"{n} × {why}" for why, n in kept.most_common()))
+        if options.int4_embeddings and (refused or not embedded):
+            ctx.note(_tables_note(refused, embedded))
         if refitted:
             ctx.note(f"QuantizeInt4Weights: block {block} would pad K to a multiple of it; "
                      + ", ".join(f"{n} weight(s) use {b}" for b, n in sorted(refitted.items()))
@@ -256,6 +276,20 @@ class QuantizeInt4Weights(Pass):
             ctx.note("QuantizeInt4Weights: the target has no MatMulNBits kernel for "
                      f"{', '.join(sorted(unsupported))} activations; those weights stay float")
         return result
+
+
+def _tables_note(refused: dict[str, str], embedded: int) -> str:
+    """What int4_embeddings left float: each table with its reason (the first three), or that
+    the model has none."""
+    flag = option("int4_embeddings")
+    if not refused:
+        return f"QuantizeInt4Weights: {flag}: the model has no embedding table (a constant " \
+               "float matrix that Gathers index along its rows)"
+    named = sorted(refused.items())
+    listed = "; ".join(f"%{name} {why}" for name, why in named[:3])
+    more = f"; {len(named) - 3} more" if len(named) > 3 else ""
+    return (f"QuantizeInt4Weights: {flag}: {len(named)} embedding table(s) stay float"
+            f"{'' if embedded else ', none quantized'}: {listed}{more}")
 
 
 def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> dict | None:

@@ -62,25 +62,40 @@ def table_block(width: int, group: int) -> int | None:
     return None
 
 
-def embedding_tables(graph: Graph, group: int, wanted) -> dict[str, Table]:
+def embedding_tables(graph: Graph, group: int, wanted,
+                     refused: dict[str, str] | None = None) -> dict[str, Table]:
     """The candidate tables, by value name: constant 2-D float tables that axis-0 Gathers
     read, each of which `wanted(node)` accepts (quant_skip, the rewrite gate, the target's
     kernels). Other readers may remain: a tied head, which the pass rewrites before it turns to
-    the Gathers (only_gathered then says whether the table can go)."""
+    the Gathers (only_gathered then says whether the table can go). `refused` collects why
+    each other constant matrix that a Gather indexes is no candidate, by value name."""
     tables: dict[str, Table] = {}
+    refused = {} if refused is None else refused
     for node in graph:
-        if not _embedding_gather(node) or node.input(0).name in tables:
-            continue
-        source = node.input(0)
-        if source.is_graph_output or source.dtype not in (DType.FLOAT, DType.FLOAT16):
+        source = node.input(0) if _embedding_gather(node) else None
+        if source is None or source.name in tables or source.name in refused:
             continue
         data = constant_data(source)
-        block = None if data is None or data.ndim != 2 else table_block(data.shape[1], group)
+        if data is None or data.ndim != 2:
+            continue  # not a table: Gathers of computed data or of shapes are no embeddings
+        if source.is_graph_output:
+            refused[source.name] = "is a graph output"
+            continue
+        if source.dtype not in (DType.FLOAT, DType.FLOAT16):
+            refused[source.name] = f"is {source.dtype.short}, not a float table"
+            continue
+        block = table_block(data.shape[1], group)
         # A Gather in a Loop or If body that captures the table is no reader this pass rewrites
         # (only_gathered then keeps the table float).
         gathers = [user for user, index in source.uses
                    if index == 0 and _embedding_gather(user) and user.graph is graph]
-        if block is not None and all(wanted(g) for g in gathers):
+        if block is None:
+            refused[source.name] = f"is {data.shape[1]} wide, which no block of 16 or more " \
+                                   "divides (GatherBlockQuantized does not pad)"
+        elif not all(wanted(g) for g in gathers):
+            refused[source.name] = "is read by a Gather that is skipped, held back or has " \
+                                   "no 4-bit kernel on the target"
+        else:
             tables[source.name] = Table(source, data, block, gathers)
     return tables
 
