@@ -116,6 +116,8 @@ def _cmd_report(args) -> int:
         rewrites = winograd_rewrites(data.artifact.pass_log)
         if not data.accuracy.passed and rewrites:
             lines.append(f"  ({tolerance_hint(rewrites)})")
+    elif data.accuracy_skipped:
+        lines.append(f"accuracy: not checked: {data.accuracy_skipped}")
     else:
         lines.append("accuracy: not checked (add --reference MODEL.onnx)")
     if data.tuning is None:

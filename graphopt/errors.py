@@ -43,6 +43,12 @@ class ArtifactError(GraphoptError):
     """An .om artifact is malformed, tampered with or from an incompatible version."""
 
 
+class StandInError(ArtifactError):
+    """A sound artifact that this machine cannot run: the CPU provider standing in for a device
+    provider that is not installed has no kernel for an op compiled for the device (bfloat16
+    ops for an NPU)."""
+
+
 class VerificationError(GraphoptError):
     """The optimized model does not reproduce the original's outputs."""
 

@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 import pytest
 from helpers import IR_VERSION, conv_classifier, conv_topk_model, parse_model, run_cli
@@ -219,6 +220,23 @@ def test_a_different_reference_fails_in_the_table(built, capsys, tmp_path):
     text, _, stdout = report(capsys, tmp_path, built["topk_om"], "--reference", wrong)
     assert "accuracy: FAIL" in stdout
     assert '<span class="fail">FAIL</span>' in section(text, "accuracy")
+
+
+def test_an_om_this_machine_cannot_run_gets_its_page_with_the_check_not_run(capsys, tmp_path):
+    if "CANNExecutionProvider" in ort.get_available_providers():
+        pytest.skip("the CANN provider runs the partition")
+    proto = parse_model("""
+    g (float[2,64] x) => (float[2,16] y) { y = MatMul(x, w) }""",
+                        w=np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32))
+    source, om = tmp_path / "m.onnx", tmp_path / "bf16.om"
+    onnx.save(proto, source)
+    graphopt.save(graphopt.optimize(proto, target="ascend910b", precision="bf16"), om)
+    text, page, stdout = report(capsys, tmp_path, om, "--reference", source)
+    assert "accuracy: not checked: " in stdout and "CANNExecutionProvider, which is not " \
+        "installed" in stdout, stdout
+    accuracy = Page(section(text, "accuracy")).plain
+    assert "Not checked on this machine:" in accuracy and "graphopt compare" in accuracy
+    assert "partitions" in page.plain  # the rest of the page is there
 
 
 def test_tuning_db_gives_each_signature_its_study_and_curve(built, capsys, tmp_path):

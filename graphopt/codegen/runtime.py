@@ -27,7 +27,7 @@ from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_refere
 from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
 from graphopt.codegen.plain_feeds import PlainFeeds, plain, plain_feeds
 from graphopt.codegen.profile_match import ProfileMatcher
-from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError
+from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError, StandInError
 from graphopt.nchwc_block import METADATA_KEY, block_mismatch
 
 if TYPE_CHECKING:
@@ -664,12 +664,13 @@ class OmSession:
                 if checked.model is None:
                     artifact.models.parse(name)  # a model that does not parse says so
                 # E.g. bfloat16 ops compiled for an NPU, which the CPU provider has no kernel for.
-                hint = (f" (the CPU provider stands in for {' or '.join(missing)}, which is not "
-                        "installed, and cannot run every op compiled for the device)"
-                        if missing else "")
-                raise ArtifactError(
-                    f"{artifact.path}: onnxruntime cannot load partition {name!r}: "
-                    f"{_load_failure(exc)}{hint}") from None
+                message = f"{artifact.path}: onnxruntime cannot load partition {name!r}: " \
+                          f"{_load_failure(exc)}"
+                if not missing:
+                    raise ArtifactError(message) from None
+                raise StandInError(
+                    f"{message} (the CPU provider stands in for {' or '.join(missing)}, which "
+                    "is not installed, and cannot run every op compiled for the device)") from None
             del checked  # onnxruntime has its own copy
             _check_signature(artifact, part, session)
             _check_blocking(artifact, name, session.get_modelmeta().custom_metadata_map)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from graphopt.codegen.inspect_om import describe_om, pass_totals
 from graphopt.codegen.om_manifest import file_sha256
 from graphopt.codegen.om_read import OmArtifact, load_om
+from graphopt.errors import StandInError
 from graphopt.ir import load_onnx
 from graphopt.ir.printer import format_type
 from graphopt.option_names import REPORT_FLAGS, caller_keywords, option, usage
@@ -72,6 +73,7 @@ class ReportData:
     tuning: Tuning | None = None
     accuracy: object | None = None         # a tools.compare.CompareReport
     accuracy_note: str = ""                # why outputs are judged by cosine unasked
+    accuracy_skipped: str = ""             # why the asked-for check could not run here
     partition_ops: list[dict] = field(default_factory=list)  # describe_om's partition_ops
 
     @property
@@ -334,9 +336,14 @@ def gather(om_path: str, *, reference: str | None = None, inputs: str | None = N
 
         judge, data.accuracy_note = accuracy_rule(pass_log_of_om(artifact), rtol, atol,
                                                   min_cosine)
-        with caller_keywords({"feeds": "inputs"}):  # compare's feeds are gather's inputs
-            data.accuracy = compare_models(reference, om_path, inputs, per_tensor=per_tensor,
-                                           input_shapes=input_shapes, **judge)
+        try:
+            with caller_keywords({"feeds": "inputs"}):  # compare's feeds are gather's inputs
+                data.accuracy = compare_models(reference, om_path, inputs,
+                                               per_tensor=per_tensor, input_shapes=input_shapes,
+                                               **judge)
+        except StandInError as exc:
+            # Compiled for a device this machine lacks: the page still shows the compile.
+            data.accuracy_skipped = str(exc)
     return data
 
 

@@ -416,6 +416,10 @@ def _tuning(data: ReportData) -> str:
 
 def _accuracy(data: ReportData) -> str:
     report = data.accuracy
+    if data.accuracy_skipped:
+        return missing("Not checked on this machine:", escape(data.accuracy_skipped) +
+                       ". Run <code>graphopt compare</code> where the target's execution "
+                       "provider is installed.")
     if report is None:
         return missing("No accuracy check:", "add <code>--reference MODEL.onnx</code> (and "
                        "<code>--inputs FEEDS.npz</code> for real data instead of seeded random "
