@@ -30,7 +30,8 @@ from graphopt.passes.memory import plan_memory
 from graphopt.codegen.om_read import load_om
 from graphopt.tools.accuracy_rule import accuracy_rule
 from graphopt.tools.report_data import GraphData, OpNode, build_graph
-from graphopt.tools.report_graph import CHAIN_MIN, MAX_BOXES, NODE_SEP, NODE_W, layout
+from graphopt.tools.report_graph import (CHAIN_MIN, IO_FILL, MAX_BOXES, NODE_SEP, NODE_W, PALETTE,
+                                         layout, partition_colours)
 from graphopt.tools.report_html import SECTIONS
 from graphopt.tools.report_plan import StoredPlan
 
@@ -539,6 +540,15 @@ def test_big_graphs_collapse_chains_and_cap_the_boxes():
     assert len(capped.boxes) == MAX_BOXES
     assert any(f"only the first {MAX_BOXES} of {MAX_BOXES + 21} boxes" in n
                for n in capped.notes)
+
+
+def test_every_partition_gets_a_fill_of_its_own():
+    partitions = [(f"p{i}", "npu" if i % 2 else "cpu") for i in range(100)]
+    fills = partition_colours(partitions)
+    assert len(set(fills.values())) == 100  # the palette has 10
+    assert all(re.fullmatch(r"#[0-9a-f]{6}", fill) for fill in fills.values())
+    assert fills["p0"] == PALETTE[0] and fills["p9"] == PALETTE[9]  # the palette first
+    assert IO_FILL not in fills.values()
 
 
 def test_stored_plan_rebuilds_the_planned_buffers():

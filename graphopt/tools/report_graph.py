@@ -12,6 +12,7 @@ drawn as SVG, nodes coloured by partition, long linear chains collapsed on big g
 
 from __future__ import annotations
 
+import colorsys
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -35,7 +36,18 @@ MAX_BOXES = 400       # boxes drawn at most; the rest are left out with a note
 
 
 def partition_colours(partitions: list[tuple[str, str]]) -> dict[str, str]:
-    return {name: PALETTE[i % len(PALETTE)] for i, (name, _) in enumerate(partitions)}
+    """A fill per partition, none repeated: the palette, then pastel hues a golden angle
+    apart (a model that falls back to the host many times has dozens of partitions)."""
+    return {name: PALETTE[i] if i < len(PALETTE) else _pastel(i - len(PALETTE))
+            for i, (name, _) in enumerate(partitions)}
+
+
+def _pastel(index: int) -> str:
+    """The index-th extra fill: hue steps of 137.5° never land on the same hue twice, and the
+    lightness alternates so that neighbours in hue still differ; hex for SVG and CSS."""
+    red, green, blue = colorsys.hls_to_rgb((index * 0.381966) % 1.0,
+                                           (0.78, 0.70, 0.86)[index % 3], 0.55)
+    return "#" + "".join(f"{round(c * 255):02x}" for c in (red, green, blue))
 
 
 @dataclass
