@@ -170,6 +170,35 @@ def test_two_workers_share_the_subgraph_study(block_path, tmp_path):
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
 
 
+def test_a_compile_with_other_pins_than_the_study_says_which_it_was_tuned_with(
+        block_path, tmp_path, capsys):
+    db = str(tmp_path / "kb.db")
+    tune_subgraph(_job(block_path, input_shapes="x:1,64,256"), trials=2, seed=0, storage=db)
+    om = str(tmp_path / "b.om")
+    # The pin equals the model's own dims, but the study is keyed by it: said, not silent.
+    rc, out, err = run_cli(capsys, "optimize", block_path, "-o", om, "-O3", "--target",
+                           "ascend310", "--tuning-db", db)
+    assert rc == 0, err
+    assert "note: --tuning-db holds subgraph decisions for this model on ascend310 at -O3 " \
+           "tuned with --input-shape x:1,64,256, not with these pins" in out, out
+    rc, out, err = run_cli(capsys, "optimize", block_path, "-o", om, "-O3", "--target",
+                           "ascend310", "--tuning-db", db, "--input-shape", "x: 1,64,256")
+    assert rc == 0, err
+    assert "applying the subgraph decisions of subgraph/ascend310/" in out
+    tune_subgraph(_job(block_path), trials=2, seed=0, storage=db)
+    result = optimize(block_path, level=3, target="ascend310", tuning_db=db,
+                      input_shapes="x:-1,64,256")
+    assert any("tuned with no input_shapes / input_shapes='x:1,64,256', not with these pins"
+               in note for note in result.notes), result.notes
+    # Another model's studies are no such hint.
+    other = tmp_path / "other.onnx"
+    proto = onnx.load(block_path)
+    proto.graph.node[0].name = "renamed"
+    onnx.save(proto, other)
+    result = optimize(str(other), level=3, target="ascend310", tuning_db=db)
+    assert not any("tuning_db" in note for note in result.notes), result.notes
+
+
 def test_cli_tunes_then_optimize_applies_the_choice(block_path, tmp_path, capsys):
     db = str(tmp_path / "kb.db")
     rc, out, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--job",

@@ -31,7 +31,7 @@ from typing import Any
 from graphopt.compile_tuning import Decisions
 from graphopt.errors import OptionError
 from graphopt.ir.onnx_io import read_model_proto
-from graphopt.option_names import option
+from graphopt.option_names import option, setting
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
 from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened,
@@ -583,7 +583,39 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
             f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
             f"{', '.join(f'-O{n}' for n in levels)}, not at -O{level}: they apply to a compile "
             "at the level they were tuned for"))
+    pins = tuned_pins(storage, job, target_name)
+    if pins:
+        given = [setting("input_shapes", p) if p else f"no {option('input_shapes')}"
+                 for p in pins]
+        return Decisions(note=(
+            f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
+            f"-O{level} tuned with {' / '.join(given)}, not with these pins: they apply to a "
+            "compile with the pins they were tuned with"))
     return Decisions()
+
+
+def tuned_pins(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
+    """The --input-shape pins ("" for none) of the storage's subgraph studies of the job's model,
+    target and level under other pins than the job's: a study's key hashes the model with its
+    pins, so each recorded pin set is tried with this model."""
+    own = {model_key(job, legacy) for legacy in (False, True)}
+    found: dict[str, None] = {}
+    with opened(storage, read_only=True) as store:
+        for summary in optuna.get_all_study_summaries(store, include_best_trial=False):
+            recorded = summary.user_attrs.get("job")
+            name = summary.user_attrs.get(STANDS_FOR, summary.study_name)
+            parts = name.split("/") if isinstance(name, str) else []
+            if not isinstance(recorded, dict) or len(parts) < 5 or parts[0] != "subgraph" \
+                    or "/".join(parts[1:-3]) != target_name or parts[-2] != f"O{job.level}":
+                continue
+            pins = recorded.get("input_shapes")
+            if pins is not None and not isinstance(pins, str):
+                continue  # not a study graphopt wrote
+            theirs = replace(job, input_shapes=pins)
+            if parts[-3] not in own and parts[-3] in {model_key(theirs, legacy)
+                                                      for legacy in (False, True)}:
+                found[pins or ""] = None
+    return sorted(found)
 
 
 def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
