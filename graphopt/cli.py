@@ -394,25 +394,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (kill, docker stop, Kubernetes), raised where the command is, as Ctrl-C's
-    KeyboardInterrupt is: atomic writes then remove their temporary files, and tuning
-    stops its workers."""
+    """SIGTERM (kill, docker stop, Kubernetes), SIGHUP (a closed terminal, a dropped SSH
+    session) or SIGQUIT, raised where the command is, as Ctrl-C's KeyboardInterrupt is: atomic
+    writes then remove their temporary files, and tuning stops its workers."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def message(self) -> str:
+        named = "" if self.signum == signal.SIGTERM else f" ({signal.Signals(self.signum).name})"
+        return f"graphopt: terminated{named}"
+
+
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @contextlib.contextmanager
 def _terminate_as_interrupt():
     def terminate(signum, frame):
-        raise Terminated
+        raise Terminated(signum)
 
+    replaced = {}
     try:
-        previous = signal.signal(signal.SIGTERM, terminate)
+        for signum in _TERMINATING:
+            # An ignored signal stays ignored: `nohup graphopt tune …` must outlive its terminal.
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                replaced[signum] = signal.signal(signum, terminate)
     except ValueError:  # not the main thread: leave signals to the embedding program
         yield
         return
     try:
         yield
     finally:  # None: a handler set outside Python, which cannot be put back
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        for signum, previous in replaced.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -526,9 +543,9 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
     except GraphoptError as e:
         print(f"graphopt: error: {e}", file=sys.stderr)
         return error_status
-    except Terminated:
-        print("graphopt: terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except Terminated as e:
+        print(e.message, file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("graphopt: interrupted", file=sys.stderr)
         return 130
@@ -542,8 +559,8 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
             raise
         interrupt = interrupt_behind(e)
         if isinstance(interrupt, Terminated):
-            print("graphopt: terminated", file=sys.stderr)
-            return 128 + signal.SIGTERM
+            print(interrupt.message, file=sys.stderr)
+            return 128 + interrupt.signum
         if interrupt is not None:
             print("graphopt: interrupted", file=sys.stderr)
             return 130

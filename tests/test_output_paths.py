@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -274,33 +275,62 @@ def test_saving_over_another_models_data_file_is_refused(tmp_path):
     np.testing.assert_allclose(_run(tmp_path / "elsewhere.onnx", x), x @ weight, rtol=1e-5)
 
 
-def test_sigterm_mid_write_leaves_no_partial_file_and_exits_143(tmp_path, capsys, monkeypatch):
-    # kill, docker stop and Kubernetes send SIGTERM: it is raised where the command is, as
-    # Ctrl-C is, so the atomic write removes its temporary file.
-    import signal
+@pytest.mark.parametrize("signum, message", [
+    (signal.SIGTERM, "graphopt: terminated\n"),
+    (signal.SIGHUP, "graphopt: terminated (SIGHUP)\n"),
+    (signal.SIGQUIT, "graphopt: terminated (SIGQUIT)\n")])
+def test_a_kill_mid_write_leaves_no_partial_file(tmp_path, capsys, monkeypatch, signum, message):
+    # kill, docker stop and Kubernetes send SIGTERM, a closed terminal or a dropped SSH session
+    # SIGHUP: each is raised where the command is, as Ctrl-C is, so the atomic write removes
+    # its temporary file.
     import time
 
     import onnx
 
     import graphopt.compiler
 
-    before = signal.getsignal(signal.SIGTERM)
+    before = signal.getsignal(signum)
     source = tmp_path / "m.onnx"
     onnx.save(graphopt.zoo.build("tiny"), source)
 
     def killed_mid_write(result, path, *args, **kwargs):
         with atomic.atomic_write(path) as f:
             f.write(b"partial")
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
             time.sleep(10)
 
     monkeypatch.setattr(graphopt.compiler, "save", killed_mid_write)
     started = time.monotonic()
     rc = main(["optimize", str(source), "-o", str(tmp_path / "m.om")])
-    assert rc == 143 and "graphopt: terminated" in capsys.readouterr().err
+    assert rc == 128 + signum and capsys.readouterr().err.endswith(message)
     assert time.monotonic() - started < 10
     assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signum) is before
+
+
+def test_an_ignored_hangup_stays_ignored(tmp_path, monkeypatch):
+    # `nohup graphopt tune …` ignores SIGHUP so that the job outlives its terminal.
+    import onnx
+
+    import graphopt.compiler
+
+    source = tmp_path / "m.onnx"
+    onnx.save(graphopt.zoo.build("tiny"), source)
+    seen = []
+    real_save = graphopt.compiler.save
+
+    def save(*args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGHUP))
+        os.kill(os.getpid(), signal.SIGHUP)  # ignored: the compile goes on
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(graphopt.compiler, "save", save)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert main(["optimize", str(source), "-o", str(tmp_path / "m.om"), "-q"]) == 0
+        assert seen == [signal.SIG_IGN] and (tmp_path / "m.om").is_file()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 # --- destinations that are not plain files -----------------------------------------------------
