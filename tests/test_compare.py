@@ -117,6 +117,12 @@ agraph (float[2,8] x) => (float[2,8] probs) {
         "failing one compared may lie downstream" in note
     same = compare_models(tmp_path / "ref.onnx", tmp_path / "ref.onnx", per_tensor=True)
     assert not [n for n in same.notes if "intermediates of" in n]
+    # Models given in memory get their intermediates as outputs for the run only.
+    before = [cand.SerializeToString(deterministic=True), _model()]
+    given = compare_models(before[1], cand, per_tensor=True)
+    assert [r.name for r in given.intermediates] == ["act", "shifted"]
+    assert cand.SerializeToString(deterministic=True) == before[0]
+    assert [o.name for o in before[1].graph.output] == ["probs"]
 
 
 def test_om_candidate_intermediates_fail_where_the_weights_changed(files, tmp_path):

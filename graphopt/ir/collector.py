@@ -51,6 +51,18 @@ def collect_if_due() -> None:
         _moved, _long_lived = 0, len(gc.get_objects(generation=2))
 
 
+def collect_dropped() -> None:
+    """A full collection now, unless collection is off or paused: a large model was just
+    dropped (its IR is cyclic, so only a collection frees it) and the memory is wanted before
+    the next one is built or run, which collect_if_due's count may not yet call due."""
+    global _moved, _long_lived
+    with _LOCK:
+        if _paused or _frozen or not gc.isenabled():
+            return
+        gc.collect()
+        _moved, _long_lived = 0, len(gc.get_objects(generation=2))
+
+
 @contextmanager
 def collection_paused() -> Iterator[None]:
     """No cyclic collection inside the block. Importing a model allocates millions of objects
