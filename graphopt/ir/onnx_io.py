@@ -22,6 +22,7 @@ from graphopt.ir.dtypes import DType, nbytes
 from graphopt.ir.graph import CycleError, Graph
 from graphopt.ir.model import Model
 from graphopt.ir.node import Node
+from graphopt.ir.shared_parse import parsed
 from graphopt.ir.tensor import ExternalImport, Tensor
 from graphopt.ir.value import NO_METADATA, Value
 
@@ -133,7 +134,7 @@ def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: boo
     else:
         label = os.fspath(source)
         # External data stays on disk: the IR maps each tensor when (and if) it is read.
-        proto = read_model_proto(source, load_external=False)
+        proto = parsed(label, lambda path: read_model_proto(path, load_external=False))
     base_dir = os.path.dirname(os.path.abspath(label)) if label != "<model>" else None
     # Bytes and a caller's ModelProto come from no folder, so an external reference could only
     # resolve against the working directory: refuse it rather than read whatever file happens
