@@ -213,6 +213,30 @@ def test_ops_whose_schema_lacks_bfloat16_stay_float32_with_a_note():
                for note in result.notes)
 
 
+def test_an_allowed_op_whose_schema_lacks_the_half_type_is_named_too():
+    pools = parse_model("""
+        g (float[1,3,8,8] x) => (float[1,3,4,4] y) {
+          m = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+          y = Relu(m)
+        }""")
+    result = graphopt.optimize(pools, target="ascend910b", precision="mixed-bf16",
+                               pass_options={"precision_allow": {"MaxPool"}})
+    assert any("mixed-bf16: kept float32, their ONNX schema at opset 17 has no bf16: MaxPool"
+               in note for note in result.notes), result.notes
+    # Without the allow list, mixed precision has nothing to start from: said, not silent.
+    for mode, target in (("mixed-bf16", "ascend910b"), ("mixed-fp16", "cpu")):
+        notes = graphopt.optimize(pools, target=target, precision=mode).notes
+        assert any(note.startswith("ConvertPrecision converted nothing: mixed precision starts "
+                                   "from Conv, ConvTranspose, MatMul") for note in notes), notes
+    ints = parse_model("g (int64[4] x) => (int64[4] y) { y = Add(x, x) }")
+    notes = graphopt.optimize(ints, precision="fp16").notes
+    assert "ConvertPrecision converted nothing: the model has no float32 op that converts " \
+           "(apart from any keep_dtype and precision_deny keep float32)" in notes, notes
+    # A compile that converts something, or says why not otherwise, has no such note.
+    assert not any("converted nothing" in n for n in graphopt.optimize(
+        conv_then("Relu"), target="ascend910b", precision="bf16").notes)
+
+
 def test_bf16_npu_partitions_need_the_device_provider(tmp_path):
     result = graphopt.optimize(conv_then("Sigmoid"), target="ascend910b", precision="bf16")
     assert any("the NPU partitions run where the CANN provider is installed" in note

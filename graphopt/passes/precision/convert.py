@@ -118,6 +118,16 @@ class _Decider:
         return True
 
 
+def _nothing_to_convert(decider: _Decider) -> str:
+    """Why a mode found no node to convert, when no other note says."""
+    kept = f"{option('keep_dtype')} and {option('precision_deny')} keep"
+    if decider.mixed:
+        return ("mixed precision starts from Conv, ConvTranspose, MatMul, Gemm, Einsum and the "
+                f"attention ops, and from the ops {option('precision_allow')} names; the model "
+                f"has none that converts (apart from any {kept} float32)")
+    return f"the model has no float32 op that converts (apart from any {kept} float32)"
+
+
 def _accumulator(value: Value | None) -> bool:
     """An int32 value: what integer GEMMs and convs sum into. (An int64 one is an index, a
     position or a size, which float16 holds: converted, as before.)"""
@@ -186,6 +196,10 @@ class ConvertPrecision(Pass):
                      f"outputs no type, so their schema cannot be matched: {_listing(untyped)}")
         self._refuse(options.precision, decider, support)
         if not choices:
+            explained = kept_by_schema or kept_int8 or untyped or decider.kept_by_target \
+                or decider.kept_for_stand_in
+            if not explained:  # a compile that converted nothing says why
+                ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider)}")
             return result
         constants: dict[int, Value] = {}  # one half copy of a weight, whichever graph reads it
         boundaries = [Boundaries(graph, half, constants) for graph, _ in choices]
@@ -292,7 +306,8 @@ def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
             untyped[node.qualified_op] += 1
         if slots is not None and decider.decide(node, slots):
             chosen.append((node, slots))
-        elif slots is None and (not decider.mixed or node.op_type in ALLOW) \
+        elif slots is None and (not decider.mixed or node.op_type in ALLOW
+                                or _listed(node, decider.options.precision_allow)) \
                 and not never_converted(node) and schema_lacks(node, decider.half, node_opset):
             kept_by_schema[node.qualified_op] += 1
     return chosen
