@@ -34,7 +34,7 @@ from graphopt.passes.infer_shapes import (drop_unfounded_declarations, infer_sha
                                           record_type_bytes)
 from graphopt.passes.disputed_shapes import forget_disputed_sizes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
-from graphopt.passes.rules import RULES, Tracer
+from graphopt.passes.rules import RULES, Tracer, idle_switches
 from graphopt.switches import read_switch_file
 
 if TYPE_CHECKING:
@@ -508,6 +508,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if target is not None and not options.nchwc_block_size:
         options.nchwc_block_size = target.device(target.primary).nchwc_block_size
     pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
+    idle = idle_switches(options.disabled_passes, pipeline.pass_names())
+    if idle:
+        ctx.note(f"{option('disable_passes')} {', '.join(idle)}: not in this compile's pipeline "
+                 f"({pipeline.name}), so switching {'it' if len(idle) == 1 else 'them'} off "
+                 "changes nothing")
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
     _mark_lossy(ir_model, log, target)
     if loaded_unpinned:

@@ -169,6 +169,18 @@ def test_disable_passes_and_options(proto):
     names = {r.name for r in result.log.records}
     assert "EliminateIdentity" not in names and "FoldConstants" not in names
     assert "Identity" in [n.op_type for n in result.to_onnx().graph.node]
+    assert not any("disable_passes" in note for note in result.notes)
+
+
+def test_switching_off_what_the_compile_does_not_run_is_noted(proto):
+    # FuseAttention (and its rules) runs from -O2, WinogradConv at -O3, QuantizeInt8 when asked.
+    notes = graphopt.optimize(proto, level=1, disable_passes=[
+        "FuseAttention", "PackedSelfAttention", "WinogradConv", "QuantizeInt8",
+        "EliminateIdentity"]).notes
+    assert "disable_passes FuseAttention, PackedSelfAttention, QuantizeInt8, WinogradConv: not " \
+           "in this compile's pipeline (O1), so switching them off changes nothing" in notes, notes
+    notes = graphopt.optimize(proto, level=2, disable_passes=["PackedSelfAttention"]).notes
+    assert not any("disable_passes" in note for note in notes), notes
 
 
 @pytest.mark.parametrize("options,message", [

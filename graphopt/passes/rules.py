@@ -440,6 +440,14 @@ def quiet_rule_reasons(rules: set[str], ran: list[str], disabled: set[str],
     return reasons
 
 
+def idle_switches(disabled: set[str], ran: list[str]) -> list[str]:
+    """The names of `disabled` (passes, rules) that switch off nothing in a compile whose
+    pipeline is `ran`: a pass not in it, or a rule whose pass is not."""
+    owners = rule_passes()
+    return sorted(name for name in disabled
+                  if name not in ran and owners.get(name, name) not in ran)
+
+
 def rule_fire_counts(log) -> dict[str, int]:
     """How many times each rule fired, as the pass log counts it."""
     fired: dict[str, int] = defaultdict(int)
