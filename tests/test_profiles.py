@@ -219,7 +219,7 @@ def test_profiles_share_weights_that_add_up_to_less_than_a_blob(tmp_path):
 
 def test_the_profiles_of_a_model_file_share_one_parse_of_it(tmp_path, monkeypatch):
     # Each profile imports the model afresh; one parse lets them share the weights' bytes
-    # (BERT-base with 6 profiles peaked at 3.45 GB with a parse each, 1.24 GB with one).
+    # (BERT-base with 6 profiles peaked at 3.54 GB with a parse each, 1.24 GB with one).
     import contextlib
 
     import graphopt.ir.onnx_io as onnx_io

@@ -11,7 +11,7 @@ from onnx import ModelProto
 
 # The IR keeps each initializer's TensorProto (for lossless export) and no pass writes to one,
 # so imports of one parsed proto share the weights' bytes: --dynamic-dims imports the model once
-# per profile, and BERT-base with 6 profiles peaked at 3.45 GB of RSS with a parse each, 1.21 GB
+# per profile, and BERT-base with 6 profiles peaked at 3.54 GB of RSS with a parse each, 1.24 GB
 # with one (the .om is the same, byte for byte).
 _PARSES: ContextVar[dict | None] = ContextVar("graphopt_shared_parses", default=None)
 

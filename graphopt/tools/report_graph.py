@@ -36,8 +36,9 @@ MAX_BOXES = 400       # boxes drawn at most; the rest are left out with a note
 
 
 def partition_colours(partitions: list[tuple[str, str]]) -> dict[str, str]:
-    """A fill per partition, none repeated: the palette, then pastel hues a golden angle
-    apart (a model that falls back to the host many times has dozens of partitions)."""
+    """A fill per partition: the palette, then pastel hues a golden angle apart, distinct for
+    the first hundred partitions and more (a model that falls back to the host many times has
+    dozens)."""
     return {name: PALETTE[i] if i < len(PALETTE) else _pastel(i - len(PALETTE))
             for i, (name, _) in enumerate(partitions)}
 
