@@ -129,6 +129,46 @@ def test_overlapping_compiles_leave_the_collector_on(monkeypatch):
     assert enabled
 
 
+@pytest.mark.parametrize("block", ["collection_paused", "heap_frozen"])
+def test_a_child_forked_while_another_thread_compiles_gets_the_collector_back(block):
+    # The other thread's block never closes in the child: its count stayed above 0 there, and
+    # the collector off (or the heap frozen) for the child's life.
+    import gc
+    import os
+
+    from graphopt.ir import collector
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def compiling():
+        with getattr(collector, block)():
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=compiling)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread came along
+            ok = gc.isenabled() and not gc.get_freeze_count() \
+                and collector._paused == collector._frozen == 0
+            with collector.collection_paused(), collector.heap_frozen():  # the lock is free
+                pass
+            ok = ok and gc.isenabled() and not gc.get_freeze_count()
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+        os.close(write)
+        verdict = os.read(read, 1)
+        os.waitpid(pid, 0)
+        assert verdict == b"1"
+    finally:
+        leave.set()
+        thread.join(10)
+    assert gc.isenabled() and not gc.get_freeze_count()
+
+
 def test_overlapping_warning_blocks_leave_the_filters_as_they_were():
     # catch_warnings swaps the process-wide filter list: overlapping blocks put back each
     # other's temporary list, and an "ignore everything" filter stayed installed.

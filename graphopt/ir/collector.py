@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +19,10 @@ _paused = 0                # collection_paused blocks open, all threads together
 _enable_after = False      # whether the first of them found collection on
 _frozen = 0                # heap_frozen blocks open
 _unfreeze_after = False    # whether the first of them froze the heap (a caller had not)
+# The blocks open per thread: a child forked mid-compile keeps only the forking thread, and
+# the others' blocks never close there (_after_fork_in_child).
+_paused_in: Counter = Counter()
+_frozen_in: Counter = Counter()
 
 # Objects that freeze + unfreeze moved from the young generations into the oldest one. CPython
 # starts a full collection only once the objects that reached the oldest generation by aging
@@ -74,11 +80,13 @@ def collection_paused() -> Iterator[None]:
             _enable_after = gc.isenabled()
             gc.disable()
         _paused += 1
+        _paused_in[threading.get_ident()] += 1
     try:
         yield
     finally:
         with _LOCK:
             _paused -= 1
+            _paused_in[threading.get_ident()] -= 1
             if _paused == 0:
                 if not gc.get_freeze_count():
                     # What the block built would otherwise wait in the youngest generation
@@ -107,10 +115,34 @@ def heap_frozen() -> Iterator[None]:
             if _unfreeze_after:
                 _freeze()
         _frozen += 1
+        _frozen_in[threading.get_ident()] += 1
     try:
         yield
     finally:
         with _LOCK:
             _frozen -= 1
+            _frozen_in[threading.get_ident()] -= 1
             if _frozen == 0 and _unfreeze_after:
                 gc.unfreeze()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while other threads compiled (a fork-based multiprocessing pool beside a
+    thread pool) has only the forking thread: the blocks the others had open never close
+    there, so the collector is put back as their closing would have left it, instead of
+    staying off (or the heap frozen) for the child's life."""
+    global _LOCK, _paused, _frozen
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    me = threading.get_ident()
+    paused, frozen = _paused_in[me], _frozen_in[me]
+    _paused_in.clear()
+    _frozen_in.clear()
+    _paused_in[me], _frozen_in[me] = paused, frozen
+    if _frozen and not frozen and _unfreeze_after:
+        gc.unfreeze()
+    if _paused and not paused and _enable_after:
+        gc.enable()
+    _paused, _frozen = paused, frozen
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
