@@ -9,7 +9,7 @@ from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import non_negative_int, positive_int, thread_count
 from graphopt.errors import InputError, OptionError, one_line
 from graphopt.help_format import HelpFormatter
-from graphopt.warning_scope import warnings_as
+from graphopt.warning_scope import kept_notices
 
 DEFAULT_WARMUP = 3
 
@@ -119,13 +119,13 @@ def _cmd_run(args) -> int:
     warmup = _check_run_options(args)
     # A bad file fails before the slow load.
     feeds = inputs_npz(args.inputs) if args.inputs else None
-    with warnings_as("always", record=True) as caught:
+    with kept_notices() as notes:
         # --profile opens that profile's sessions alone.
         session, load_seconds = timed(lambda: load(
             args.model, intra_op_num_threads=args.threads,
             profiles=None if args.profile is None else [args.profile]))
-    for warning in caught:  # e.g. an NPU partition standing in on the CPU provider
-        print(f"note: {warning.message}")
+    for note in notes:  # e.g. an NPU partition standing in on the CPU provider
+        print(f"note: {note}")
 
     if feeds is None:
         seed = 0 if args.seed is None else args.seed

@@ -169,6 +169,30 @@ def test_a_child_forked_while_another_thread_compiles_gets_the_collector_back(bl
     assert gc.isenabled() and not gc.get_freeze_count()
 
 
+def test_kept_notices_are_this_threads_alone():
+    # compare and profile caught warnings around load with catch_warnings, which is
+    # process-wide: another thread's stand-in warning became a note of their report (and was
+    # lost to that thread).
+    from graphopt.warning_scope import kept_notices, notice
+
+    inside, done = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait(5)
+        notice("the other thread's", RuntimeWarning)
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with pytest.warns(RuntimeWarning, match="the other thread's"):
+        with kept_notices() as kept:
+            inside.set()
+            done.wait(5)
+            notice("this thread's", RuntimeWarning)
+    thread.join(10)
+    assert kept == ["this thread's"]
+
+
 def test_overlapping_warning_blocks_leave_the_filters_as_they_were():
     # catch_warnings swaps the process-wide filter list: overlapping blocks put back each
     # other's temporary list, and an "ignore everything" filter stayed installed.

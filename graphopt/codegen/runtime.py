@@ -8,7 +8,6 @@ import platform
 import re
 import sys
 import threading
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -29,6 +28,7 @@ from graphopt.codegen.plain_feeds import PlainFeeds, plain, plain_feeds
 from graphopt.codegen.profile_match import ProfileMatcher
 from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError, StandInError
 from graphopt.nchwc_block import METADATA_KEY, block_mismatch
+from graphopt.warning_scope import notice
 
 if TYPE_CHECKING:
     import onnx
@@ -600,7 +600,7 @@ class OmSession:
                 self._pending.wait()  # a failed checksum explains a refused partition best
             raise
         if fallback:
-            warnings.warn(
+            notice(
                 f"{' or '.join(sorted(wanted))} not installed: {', '.join(fallback)} "
                 "run on the CPU provider as a functional stand-in",
                 RuntimeWarning,

@@ -20,7 +20,7 @@ from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, parse_input_shapes, validate_input_shapes
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
-from graphopt.warning_scope import warnings_as
+from graphopt.warning_scope import kept_notices
 
 
 @dataclass(frozen=True)
@@ -175,13 +175,13 @@ def load_candidate(model) -> Side:
     path = os.fspath(model)
     if not (path.lower().endswith(".om") or (os.path.isfile(path) and is_om(path))):
         return _deployed(_onnx_side(None, path))
-    with warnings_as("always", record=True) as caught:
+    with kept_notices() as caught:
         session = load(path)  # warns when an NPU partition stands in on the CPU provider
     artifact = session.artifact
     by_profile = {p["name"]: _om_tensors(artifact.profile(p["name"]))
                   for p in artifact.profiles}
     return Side(path, session.inputs, [o["name"] for o in session.outputs], session=session,
-                tensors=_om_tensors(artifact), notes=[str(w.message) for w in caught],
+                tensors=_om_tensors(artifact), notes=caught,
                 profile_tensors=by_profile)
 
 

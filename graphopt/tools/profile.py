@@ -22,7 +22,7 @@ from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
 from graphopt.tuner.cpu_model import CpuCostModel, node_work, op_class
-from graphopt.warning_scope import warnings_as
+from graphopt.warning_scope import kept_notices
 
 _ORT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -157,7 +157,7 @@ def _cost_model(calibration) -> tuple[CpuCostModel, str, list[str]]:
                     "for this machine's)")
         return CpuCostModel(), defaults, []
     try:
-        with warnings_as("always", record=True) as caught:
+        with kept_notices() as notes:
             result = CalibrationResult.load(path)
     except OptionError as exc:
         if calibration is not None:  # the file the user named: its problem is the error
@@ -166,7 +166,6 @@ def _cost_model(calibration) -> tuple[CpuCostModel, str, list[str]]:
         # estimate (tuner.cpu_model); the note says what is wrong with it.
         defaults = "the cpu target profile's figures (the calibration file does not load)"
         return CpuCostModel(), defaults, [str(exc)]
-    notes = [str(w.message) for w in caught]
     source = (f"calibration {path} ({result.threads} thread(s), "
               f"{'quick, ' if result.quick else ''}{result.cpu_model})")
     return result.cost_model(), source, notes
@@ -245,10 +244,9 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     from graphopt.codegen.runtime import OmSession
 
     # e.g. an NPU partition standing in on the CPU provider
-    with warnings_as("always", record=True) as caught:
+    with kept_notices() as notes:
         session = OmSession(path, intra_op_num_threads=threads, optimization_level=level,
                             profile_dir=workdir)
-    notes = [str(w.message) for w in caught]
     random = feeds is None
     signature = _random_signature(session, input_shapes) if random else session.inputs
     feeds = _feeds(signature, feeds, input_shapes, seed, path)

@@ -28,7 +28,6 @@ import os
 import platform
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +45,7 @@ from graphopt.tuner.cpu_model import (
     CpuCostModel,
     int8_speedup,
 )
+from graphopt.warning_scope import notice
 
 FORMAT_VERSION = 1
 OVERHEAD_CHAIN = 65
@@ -161,9 +161,9 @@ class CalibrationResult:
         for what, theirs, ours in (("onnxruntime", result.onnxruntime_version, ort.__version__),
                                    ("CPU", result.cpu_model, cpu_model_name())):
             if theirs != ours:
-                warnings.warn(f"calibration {path} was measured with {what} {theirs}, this is "
-                              f"{ours}: re-run `graphopt calibrate --target cpu` for figures "
-                              "that hold here", StaleCalibrationWarning, stacklevel=2)
+                notice(f"calibration {path} was measured with {what} {theirs}, this is "
+                       f"{ours}: re-run `graphopt calibrate --target cpu` for figures that hold "
+                       "here", StaleCalibrationWarning, stacklevel=2)
         return result
 
 
