@@ -34,6 +34,7 @@ from graphopt.passes.infer_shapes import (drop_unfounded_declarations, infer_sha
                                           record_type_bytes)
 from graphopt.passes.disputed_shapes import forget_disputed_sizes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
+from graphopt.passes.output_declarations import correct_output_declarations
 from graphopt.passes.rules import RULES, Tracer, idle_switches
 from graphopt.switches import read_switch_file
 
@@ -514,6 +515,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                  f"({pipeline.name}), so switching {'it' if len(idle) == 1 else 'them'} off "
                  "changes nothing")
     log = PassManager(pipeline, ctx, instruments).run(ir_model)
+    corrected = correct_output_declarations(ir_model)
+    if corrected:
+        ctx.note(f"graph output(s) declared otherwise than computed, now declared as computed "
+                 f"(onnxruntime warns of such a declaration and returns what it computes): "
+                 f"{'; '.join(corrected)}")
     _mark_lossy(ir_model, log, target)
     if loaded_unpinned:
         check_compiled_loads(ir_model, label, options.input_shapes)

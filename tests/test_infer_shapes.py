@@ -476,3 +476,49 @@ def test_a_bert_onnxruntime_already_optimized_is_typed_and_fuses_every_attention
     assert not [v.name for v in result.model.graph.all_values()
                 if v.producer is not None and v.dtype is None]
     assert [n.op_type for n in result.model.graph].count("Attention") == 2
+
+
+
+def _stale_output_declaration() -> onnx.ModelProto:
+    """A Reshape of x [1, S, 8] to [S, 1, -1], declared [1, seqlen]: a stale export whose
+    output onnxruntime runs (warning) as what it computes."""
+    nodes = [helper.make_node("Transpose", ["x"], ["h"], perm=[1, 0, 2]),
+             helper.make_node("Shape", ["h"], ["s"]),
+             helper.make_node("Gather", ["s", "i0"], ["d0"], axis=0),
+             helper.make_node("Unsqueeze", ["d0"], ["u0"], axes=[0]),
+             helper.make_node("Gather", ["s", "i1"], ["d1"], axis=0),
+             helper.make_node("Unsqueeze", ["d1"], ["u1"], axes=[0]),
+             helper.make_node("Concat", ["u0", "u1", "last"], ["target"], axis=0),
+             helper.make_node("Reshape", ["h", "target"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "stale", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seqlen"])],
+        [numpy_helper.from_array(np.array(0, np.int64), "i0"),
+         numpy_helper.from_array(np.array(1, np.int64), "i1"),
+         numpy_helper.from_array(np.array([-1], np.int64), "last")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)],
+                             ir_version=IR_VERSION)
+
+
+def test_a_stale_output_declaration_is_found_from_its_node_alone():
+    # The whole model's inference keeps a graph output's declaration; where nothing else
+    # corrects it (a captcha recognizer's LSTM: [1, seqlen] for [20, 1, 8210]), its .om
+    # recorded the declaration as its signature and refused to load, the partition returning
+    # the real shape. The output's node, inferred alone, tells.
+    from graphopt.passes.output_declarations import correct_output_declarations
+
+    model = load_onnx(_stale_output_declaration())
+    infer_shapes(model)  # types the Reshape's inputs; the declared output stays
+    assert correct_output_declarations(model) == ["'y' declared [1, seqlen] computes [?, ?, ?]"]
+    assert len(model.graph.outputs[0].shape) == 3
+    assert correct_output_declarations(model) == []  # as computed now
+    # Pinned and folded, the target is a constant: inference then gives the sizes too.
+    folded = helper.make_model(helper.make_graph(
+        [helper.make_node("Reshape", ["x", "target"], ["y"])], "folded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seqlen"])],
+        [numpy_helper.from_array(np.array([5, 1, -1], np.int64), "target")]),
+        opset_imports=[helper.make_opsetid("", 12)], ir_version=IR_VERSION)
+    model = load_onnx(folded)
+    assert correct_output_declarations(model) == ["'y' declared [1, seqlen] computes [5, 1, 8]"]
+
