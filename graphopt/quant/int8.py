@@ -83,8 +83,10 @@ class QuantizeInt8(Pass):
         if opset < MIN_OPSET:
             if not any(node.op_type in _LAYER_OPS for node in model.graph.all_nodes()):
                 return result  # nothing it would quantize (a tree ensemble): nothing to say
-            ctx.note(f"QuantizeInt8: the model imports ONNX opset {opset}; per-channel "
-                     f"DequantizeLinear needs {MIN_OPSET}: left in float")
+            ctx.note(f"QuantizeInt8 quantized nothing: the model imports ONNX opset {opset}, "
+                     f"and its int8 form needs {MIN_OPSET} (per-channel DequantizeLinear, "
+                     "Split's sizes as an input), per-tensor too; convert the model first, e.g. "
+                     f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
             return result
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
