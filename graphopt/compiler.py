@@ -36,6 +36,7 @@ from graphopt.passes.disputed_shapes import forget_disputed_sizes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.output_declarations import correct_output_declarations
 from graphopt.passes.rules import RULES, Tracer, idle_switches
+from graphopt.quant.opset_upgrade import int8_ready
 from graphopt.switches import read_switch_file
 
 if TYPE_CHECKING:
@@ -455,7 +456,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     source_identity = file_identity(label) if is_path else None
     if not is_path:
         source_sha256 = _memory_model_sha256(model)
-    ir_model = load_onnx(model, user_model=True)
+    ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options.quantize)
     pinned_first = False
     try:
         import_notes = check_input(ir_model, label, options.allow_custom_ops)
@@ -464,10 +465,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             raise
         # A model whose dynamic form shape inference refuses (a Resize `sizes` of unknown
         # length) may be valid once pinned: the pins come first then.
-        ir_model = load_onnx(model, user_model=True)
+        ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options.quantize)
         pin_input_shapes(ir_model, options.input_shapes)
         import_notes = check_input(ir_model, label, options.allow_custom_ops)
         pinned_first = True
+    if upgraded:
+        import_notes.append(upgraded)
     # The reference for verification, before any pin or pass; exported only when needed since
     # it copies every weight.
     source = to_onnx(ir_model) if verify else None
