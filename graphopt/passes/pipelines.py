@@ -23,9 +23,10 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # Reshape pairs it leaves cancel in the next sweep's SimplifyLayout and EliminateNoOps.
 # UnmergeHeads comes first: at batch 1 SimplifyLayout's ReshapeChain folds a heads merge into
 # the head split, which leaves no rank-4 tensor to unmerge to.
-_FUSE = ("UnmergeHeads", "SimplifyLayout", "SimplifySlicing", "FuseConvBatchNorm", "FuseLayerNorm",
-         "FuseGelu", "FuseMatMul", "FuseAttention", "ReadShapesUpstream", "EliminateNoOps",
-         "EliminateDeadNodes")
+# SinkTransposes precedes SimplifyLayout, which cancels the Transpose pairs it brings together.
+_FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
+         "FuseConvBatchNorm", "FuseLayerNorm", "FuseGelu", "FuseMatMul", "FuseAttention",
+         "ReadShapesUpstream", "EliminateNoOps", "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.

@@ -7,8 +7,8 @@ before them; zero Pads folded into the pads of the Conv or AveragePool after the
 
 s runs along axis 0 of a Conv weight (any group), axis 1 of each group's block of a ConvTranspose
 weight [C_in, C_out/group, k…], the output columns of Gemm's B and of a MatMul's 2-D weight (for
-an [N, C] product only: BN normalizes axis 1). Add c is s = 1, t = c; Mul c is s = c, t = 0 (c
-along axis 1 only). Folds are computed in float64, cast to the weight's dtype and stored as new
+an [N, C] product only: BN normalizes axis 1). Add c is s = 1, t = c; Sub c is s = 1, t = −c;
+Mul c is s = c, t = 0 (c along axis 1 only). Folds are computed in float64, cast to the weight's dtype and stored as new
 initializers: the originals may be shared, and are never modified.
 
     x ─ Pad(constant 0, spatial axes) ─ Conv / AveragePool(count_include_pad=1)  →  pads += Pad's
@@ -199,6 +199,19 @@ class ConvAddBias(Rule):
                        **node.attrs)
 
 
+class ConvSubBias(ConvAddBias):
+    """Conv − constant [1, C, 1, 1] / [C, 1, 1] / scalar → the constant taken from Conv's bias
+    (a BatchNorm's mean as NHWC exporters spell it: Sub, then Mul, then Add)."""
+
+    def pattern(self, op, x, w, c):
+        return op.Sub(op.Conv(x, w, Optional(Var("b")), _name="node"), c)
+
+    def rewrite(self, op, node, x, w, c, b=None):
+        bias = (_f64(b) if b is not None else 0.0) - _per_channel(c, node, w)
+        return op.Conv(x, w, op.const(bias.astype(c.constant().dtype), f"{w.name}_b"),
+                       **node.attrs)
+
+
 class ConvMulScale(ConvAddBias):
     """Conv · constant [1, C, 1, 1] / [C, 1, 1] / scalar → W and b scaled per output channel."""
 
@@ -278,7 +291,7 @@ class FuseConvBatchNorm(RulePass):
     description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
     rules = (PadConv, PadAveragePool, ConvBatchNorm, ConvTransposeBatchNorm, GemmBatchNorm,
-             MatMulBatchNorm, ConvAddBias, ConvMulScale)
+             MatMulBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale)
 
 
 __all__ = ["FuseConvBatchNorm"]

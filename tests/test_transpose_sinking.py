@@ -1,0 +1,135 @@
+"""SinkTransposes: Transposes moved below elementwise ops meet their inverse, exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from helpers import parse_model
+
+import graphopt
+from graphopt import numerics
+from graphopt.ir import load_onnx, to_onnx, verify
+from graphopt.passes import PASSES, Options, PassContext
+from graphopt.passes.infer_shapes import infer_shapes
+
+RNG = np.random.default_rng(0)
+
+
+def ops(proto) -> list[str]:
+    return [n.op_type for n in proto.graph.node]
+
+# tf2onnx's form of Conv → BatchNorm → Relu → Conv: NHWC between the convs.
+NHWC_BLOCK = """
+g (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y) {
+  c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+  t1 = Transpose <perm = [0, 2, 3, 1]> (c1)
+  a = Add(t1, bias)
+  s = Sub(a, mean)
+  m = Mul(s, scale)
+  r = Relu(m)
+  t2 = Transpose <perm = [0, 3, 1, 2]> (r)
+  y = Conv <pads = [1, 1, 1, 1]> (t2, w2)
+}"""
+
+
+def _block():
+    return parse_model(NHWC_BLOCK, w1=RNG.standard_normal((4, 3, 3, 3)).astype(np.float32),
+                       w2=RNG.standard_normal((4, 4, 3, 3)).astype(np.float32),
+                       bias=RNG.standard_normal(4).astype(np.float32),
+                       mean=RNG.standard_normal(4).astype(np.float32),
+                       scale=RNG.standard_normal((1, 1, 4)).astype(np.float32))
+
+
+def _sunk(proto):
+    """The model after SinkTransposes alone, checked to compute exactly what it did."""
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options())
+    stats = dict(PASSES["SinkTransposes"]().run(model, ctx).stats)
+    verify(model)
+    out = to_onnx(model)
+    onnx.checker.check_model(out)
+    feeds = numerics.random_feeds(proto, seed=0, dims={"N": 2})
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 0, 0)
+    return out, stats
+
+
+def test_a_transpose_sinks_to_its_inverse_through_the_nhwc_arithmetic():
+    out, stats = _sunk(_block())
+    assert stats == {"Transpose": 4}  # past Add, Sub, Mul and Relu
+    assert ops(out) == ["Conv", "Add", "Sub", "Mul", "Relu", "Transpose", "Transpose", "Conv"]
+    # The constants now broadcast over NCHW: [C] → [C, 1, 1]; [1, 1, C] → [1, C, 1, 1].
+    shapes = {t.name: list(t.dims) for t in out.graph.initializer}
+    assert sorted(shapes[n.input[1]] for n in out.graph.node if n.op_type in ("Add", "Mul")) \
+        == [[1, 4, 1, 1], [1, 4, 1, 1]]
+
+
+def test_the_compile_folds_the_block_into_its_convs():
+    proto = _block()
+    result = graphopt.optimize(proto, level=2)
+    assert ops(result.to_onnx()) == ["Conv", "Relu", "Conv"]
+    feeds = numerics.random_feeds(proto, seed=1, dims={"N": 2})
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(result.to_onnx(), feeds),
+                                1e-5, 1e-5)
+
+
+def test_a_residual_add_of_two_transposed_branches_moves_them_as_one():
+    # ... and an activation two convs read, in NHWC between them, loses both pairs.
+    proto = parse_model("""
+    g (float[2, 4, 5, 6] a, float[2, 4, 5, 6] b) => (float[2, 4, 5, 6] y, float[2, 4, 5, 6] z) {
+      ta = Transpose <perm = [0, 2, 3, 1]> (a)
+      tb = Transpose <perm = [0, 2, 3, 1]> (b)
+      s = Add(ta, tb)
+      r = Relu(s)
+      u = Transpose <perm = [0, 3, 1, 2]> (r)
+      v = Transpose <perm = [0, 3, 1, 2]> (r)
+      y = Sigmoid(u)
+      z = Tanh(v)
+    }""")
+    out, stats = _sunk(proto)
+    assert stats == {"Transpose": 2, "fanned-out pair": 2}
+    assert ops(out) == ["Add", "Relu", "Sigmoid", "Tanh"]
+
+
+def test_a_transpose_that_would_not_meet_its_inverse_stays():
+    # An attention's Q, transposed to heads and scaled: moving gains nothing there.
+    out, stats = _sunk(parse_model("""
+    g (float[2, 5, 4, 8] q) => (float[2, 4, 5, 8] y) {
+      t = Transpose <perm = [0, 2, 1, 3]> (q)
+      y = Mul(t, scale)
+    }""", scale=np.array(0.35, np.float32)))
+    assert stats == {} and ops(out) == ["Transpose", "Mul"]
+    # Out of a conv to NHWC, past a per-channel constant and an activation it moves (those
+    # then fold and fuse into the conv), but not past a constant over the other axes (a
+    # position embedding, which a LayerNorm after it may fuse with).
+    out, stats = _sunk(parse_model("""
+    g (float[1, 4, 6] x) => (float[1, 6, 4] y) {
+      t = Transpose <perm = [0, 2, 1]> (x)
+      b = Add(t, bias)
+      r = Relu(b)
+      y = Add(r, position)
+    }""", bias=RNG.standard_normal(4).astype(np.float32),
+        position=RNG.standard_normal((1, 6, 4)).astype(np.float32)))
+    assert stats == {"Transpose": 2} and ops(out) == ["Add", "Relu", "Transpose", "Add"]
+
+
+def test_what_must_stay_in_place_stays():
+    # A second reader needs the transposed tensor; an input in the other layout pins the op;
+    # two perms cannot become one.
+    for text in ("""
+    g (float[2, 4, 5, 6] x) => (float[2, 5, 6, 4] y, float[2, 5, 6, 4] z) {
+      t = Transpose <perm = [0, 2, 3, 1]> (x)
+      y = Relu(t)
+      z = Sigmoid(t)
+    }""", """
+    g (float[2, 4, 5, 6] x, float[2, 5, 6, 4] b) => (float[2, 5, 6, 4] y) {
+      t = Transpose <perm = [0, 2, 3, 1]> (x)
+      y = Add(t, b)
+    }""", """
+    g (float[2, 4, 4, 4] a, float[2, 4, 4, 4] b) => (float[2, 4, 4, 4] y) {
+      ta = Transpose <perm = [0, 2, 3, 1]> (a)
+      tb = Transpose <perm = [0, 3, 1, 2]> (b)
+      y = Add(ta, tb)
+    }"""):
+        out, stats = _sunk(parse_model(text))
+        assert stats == {}, text
