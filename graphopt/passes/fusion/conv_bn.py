@@ -8,8 +8,9 @@ before them; zero Pads folded into the pads of the Conv or AveragePool after the
 s runs along axis 0 of a Conv weight (any group), axis 1 of each group's block of a ConvTranspose
 weight [C_in, C_out/group, k…], the output columns of Gemm's B and of a MatMul's 2-D weight (for
 an [N, C] product only: BN normalizes axis 1). Add c is s = 1, t = c; Sub c is s = 1, t = −c;
-Mul c is s = c, t = 0 (c along axis 1 only). Folds are computed in float64, cast to the weight's dtype and stored as new
-initializers: the originals may be shared, and are never modified.
+Mul c is s = c, t = 0 (c along axis 1 only). Folds are computed in float64, cast to the
+weight's dtype and stored as new initializers: the originals may be shared, and are never
+modified.
 
     x ─ Pad(constant 0, spatial axes) ─ Conv / AveragePool(count_include_pad=1)  →  pads += Pad's
     (never into MaxPool: it pads with −∞, not 0)

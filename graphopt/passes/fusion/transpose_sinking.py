@@ -22,9 +22,9 @@ tensor too); an op with several transposed inputs moves them only when all have 
 (a residual Add of two NHWC branches). And it moves only when it would go on to meet readers
 that undo it, or when it takes a conv's output to NHWC (past the bias and the activation, those
 fold and fuse into the conv): elsewhere a move gains nothing, and would reshape what other
-fusions look for (an attention's scaled Q). Where every reader of a Transpose undoes it (an NHWC activation that two
-convs read), the readers read its input instead, which SimplifyLayout, pairing one Transpose
-with one reader, does not do.
+fusions look for (an attention's scaled Q). Where every reader of a Transpose undoes it (an
+NHWC activation that two convs read), the readers read its input instead, which
+SimplifyLayout, pairing one Transpose with one reader, does not do.
 """
 
 from __future__ import annotations
