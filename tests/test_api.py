@@ -793,7 +793,7 @@ def test_a_stale_declared_output_shape_is_not_the_models_fault():
 def test_verify_excuses_reordered_rounding_at_the_output_scale_only():
     # A detector's box decoding: a few elements near 0 computed from terms of hundreds, off by
     # a reordered sum's rounding, under rtol of the output's largest magnitude.
-    from graphopt.compiler import _rounding_at_scale
+    from graphopt.rounding import _rounding_at_scale
 
     judge = {"rtol": 1e-4, "atol": 1e-5, "min_cosine": None}
     expected = np.linspace(-896, 896, 6300).astype(np.float32)
