@@ -77,6 +77,8 @@ ZOO_DEFAULT: dict[str, tuple[dict, str]] = {
     "tiny": ({}, ""), "matmul256": ({}, ""), "resnet50": ({}, ""),
     # zero conv biases computed at run time, BatchNorm unfused: what onnxruntime cannot fold
     "resnet50@raw": ({"raw_dynamo": True}, "raw dynamo export"),
+    # NHWC between Transpose pairs around every conv, BatchNorm as Sub/Mul/Add: tf2onnx's form
+    "resnet50@nhwc": ({"nhwc": True}, "NHWC, as tf2onnx exports"),
     "mobilenetv2": ({}, ""),
     "bert_base": ({"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024},
                   "4 layers, hidden 256"),

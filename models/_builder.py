@@ -60,6 +60,9 @@ class GraphBuilder:
         # The dynamo exporter without its optimizer computes a bias-free Conv's zero bias at run
         # time (Shape of the weight, CastLike, Expand): conv() writes that form when set.
         self.runtime_zero_bias = runtime_zero_bias
+        # tf2onnx's form of a TensorFlow conv net: activations NHWC, each Conv between a
+        # Transpose pair, BatchNorm as per-channel Sub/Mul/Add; conv() and bn() write it when set.
+        self.nhwc = False
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:
@@ -171,8 +174,11 @@ def conv(gb: GraphBuilder, x: str, part: str, pname: str, cin: int, cout: int, k
         if gb.runtime_zero_bias:
             channels = gb.op("Expand", gb.op("Shape", w, start=0, end=1), gb.const([1]))
             bias = [gb.op("Expand", gb.op("CastLike", gb.const(0.0), x), channels)]
-        return gb.op("Conv", x, w, *bias, dilations=[1, 1], group=group, kernel_shape=[k, k],
-                     pads=[(k - 1) // 2] * 4, strides=[stride, stride])
+        if gb.nhwc:
+            x = gb.op("Transpose", x, perm=[0, 3, 1, 2])
+        y = gb.op("Conv", x, w, *bias, dilations=[1, 1], group=group, kernel_shape=[k, k],
+                  pads=[(k - 1) // 2] * 4, strides=[stride, stride])
+        return gb.op("Transpose", y, perm=[0, 2, 3, 1]) if gb.nhwc else y
 
 
 def bn(gb: GraphBuilder, x: str, part: str, pname: str, c: int, gamma: float = 1.0) -> str:
@@ -185,6 +191,8 @@ def bn(gb: GraphBuilder, x: str, part: str, pname: str, c: int, gamma: float = 1
         scale = gb.param(f"{pname}.weight", [c], std=0.1 * gamma, mean=gamma)
         bias = gb.param(f"{pname}.bias", [c], std=0.1)
         mean = gb.param(f"{pname}.running_mean", [c], std=0.1)
+        if gb.nhwc:  # over the last axis, γ/√(σ²+ε) stored as one scale, as tf2onnx leaves it
+            return gb.op("Add", gb.op("Mul", gb.op("Sub", x, mean), scale), bias)
         var = gb.uniform(f"{pname}.running_var", [c], 0.5, 1.5)
         return gb.op("BatchNormalization", x, scale, bias, mean, var, epsilon=1e-5, momentum=0.9)
 

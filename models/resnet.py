@@ -34,19 +34,27 @@ def _bottleneck(gb: GraphBuilder, x: str, p: str, cin: int, planes: int, stride:
 
 def build_resnet50(*, blocks: Sequence[int] = (3, 4, 6, 3), width: float = 1.0,
                    image_size: int = 224, num_classes: int = 1000,
-                   raw_dynamo: bool = False) -> onnx.ModelProto:
+                   raw_dynamo: bool = False, nhwc: bool = False) -> onnx.ModelProto:
     """ResNet-50 (25,557,032 parameters at defaults); `blocks` per stage, `width` on channels;
     `raw_dynamo`: every Conv's zero bias computed at run time, as the dynamo exporter writes it
-    before its optimizer runs (same weights)."""
+    before its optimizer runs (same weights); `nhwc`: as tf2onnx exports a TensorFlow ResNet,
+    NHWC input and activations, each Conv and the max pool between Transposes, BatchNorm as
+    Sub/Mul/Add over the channels and the average pool a ReduceMean."""
     gb = GraphBuilder(seed=50, runtime_zero_bias=raw_dynamo)
+    gb.nhwc = nhwc
     stem = max(1, round(64 * width))
-    x = gb.input("input", FLOAT, ["batch_size", 3, image_size, image_size])
+    x = gb.input("input", FLOAT, ["batch_size", image_size, image_size, 3] if nhwc
+                 else ["batch_size", 3, image_size, image_size])
     x = bn(gb, conv(gb, x, "conv1", "conv1", 3, stem, 7, stride=2), "bn1", "bn1", stem)
     with gb.scope("relu"):
         x = gb.op("Relu", x)
     with gb.scope("maxpool"):
+        if nhwc:
+            x = gb.op("Transpose", x, perm=[0, 3, 1, 2])
         x = gb.op("MaxPool", x, ceil_mode=0, dilations=[1, 1], kernel_shape=[3, 3],
                   pads=[1, 1, 1, 1], strides=[2, 2])
+        if nhwc:
+            x = gb.op("Transpose", x, perm=[0, 2, 3, 1])
     cin = stem
     for stage, n in enumerate(blocks):
         planes = max(1, round(64 * 2 ** stage * width))
@@ -57,8 +65,12 @@ def build_resnet50(*, blocks: Sequence[int] = (3, 4, 6, 3), width: float = 1.0,
                 x = _bottleneck(gb, x, p, cin, planes, 2 if i == 0 and stage > 0 else 1)
             cin = planes * EXPANSION
     with gb.scope("avgpool"):
-        x = gb.op("GlobalAveragePool", x)
-    x = gb.op("Flatten", x, axis=1)
+        if nhwc:
+            x = gb.op("ReduceMean", x, axes=[1, 2], keepdims=0)
+        else:
+            x = gb.op("GlobalAveragePool", x)
+    if not nhwc:
+        x = gb.op("Flatten", x, axis=1)
     with gb.scope("fc"):
         w = gb.uniform("fc.weight", [num_classes, cin], -cin ** -0.5, cin ** -0.5)
         b = gb.uniform("fc.bias", [num_classes], -cin ** -0.5, cin ** -0.5)

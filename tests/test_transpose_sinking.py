@@ -7,7 +7,7 @@ import onnx
 from helpers import parse_model
 
 import graphopt
-from graphopt import numerics
+from graphopt import numerics, zoo
 from graphopt.ir import load_onnx, to_onnx, verify
 from graphopt.passes import PASSES, Options, PassContext
 from graphopt.passes.infer_shapes import infer_shapes
@@ -133,3 +133,16 @@ def test_what_must_stay_in_place_stays():
     }"""):
         out, stats = _sunk(parse_model(text))
         assert stats == {}, text
+
+
+def test_a_tensorflow_style_resnet_compiles_to_convs_without_their_transposes():
+    # The zoo's ResNet as tf2onnx exports it: 2 Transposes around each conv and the max pool.
+    proto = zoo.build("resnet50", blocks=(1, 1, 1, 1), width=0.125, image_size=64, nhwc=True)
+    before = ops(proto).count("Transpose")
+    result = graphopt.optimize(proto, target="cpu")
+    out = result.to_onnx()
+    assert before == 2 * 17 + 2 and ops(out).count("Transpose") <= 2  # 17 convs; in, and out
+    assert "Sub" not in ops(out) and "Mul" not in ops(out)             # of the last block
+    feeds = numerics.random_feeds(proto, seed=0, dims={"batch_size": 2})
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds, "all"),
+                                1e-4, 1e-4)
