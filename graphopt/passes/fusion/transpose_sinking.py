@@ -66,31 +66,15 @@ class SinkTransposes(Pass):
 
 def _movable(node: Node) -> list[int] | None:
     """The perm of the Transposes feeding `node` that can move below it, or None."""
-    if not node.is_onnx or len(node.outputs) != 1 or node.output is None \
-            or node.op_type not in _UNARY | _BINARY:
+    perms = {tuple(value.producer.attr("perm") or ()) for value in node.inputs
+             if value is not None and value.producer is not None
+             and value.producer.op_type == "Transpose"}
+    if len(perms) != 1:
         return None
-    perm, constants = None, 0
-    for value in node.inputs:
-        if value is None:
-            continue
-        source = value.producer
-        if source is not None and source.op_type == "Transpose" and source.is_onnx \
-                and len(value.uses) == 1 and not value.is_graph_output:
-            given = source.attr("perm")
-            if given is None or (perm is not None and list(given) != perm):
-                return None
-            perm = list(given)
-        elif value.constant() is not None:
-            constants += 1
-        else:
-            return None  # an input in the other layout: the op must stay where it is
-    if perm is None or perm == list(range(len(perm))):
+    perm = list(perms.pop())
+    if not perm or perm == list(range(len(perm))) or not _carries(node, None, perm):
         return None
-    rank = len(perm)
-    if any(v is not None and v.constant() is not None and v.constant().ndim > rank
-           for v in node.inputs):
-        return None
-    if _channels_last(perm) and all(_per_channel(v, rank) for v in node.inputs):
+    if _channels_last(perm) and all(_per_channel(v, len(perm)) for v in node.inputs):
         return perm
     return perm if _meets_inverse(node, perm) else None
 
@@ -132,7 +116,9 @@ def _meets_inverse(node: Node, perm: list[int]) -> bool:
 
 
 def _carries(node: Node, moving, perm: list[int]) -> bool:
-    """Whether the Transpose arriving on `moving` could move past `node` too."""
+    """Whether Transposes by `perm` could move past `node`: it is elementwise, and its inputs
+    (but `moving`, on which one arrives) are constants or such Transposes' outputs that only
+    it reads."""
     if not node.is_onnx or len(node.outputs) != 1 or node.output is None \
             or node.op_type not in _UNARY | _BINARY:
         return False
