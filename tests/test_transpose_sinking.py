@@ -73,6 +73,20 @@ def test_the_compile_folds_the_block_into_its_convs():
                                 1e-5, 1e-5)
 
 
+def test_clip_bounds_stay_as_they_are():
+    # A [1] bound brought to [1, 1, 1, 1] made onnxruntime refuse the Clip ("min should be a
+    # scalar").
+    out, stats = _sunk(parse_model("""
+    g (float[2, 4, 5, 6] x) => (float[2, 4, 5, 6] y) {
+      t = Transpose <perm = [0, 2, 3, 1]> (x)
+      c = Clip(t, low, high)
+      y = Transpose <perm = [0, 3, 1, 2]> (c)
+    }""", low=np.array([-0.5], np.float32), high=np.array([0.7], np.float32)))
+    assert stats == {"Transpose": 1}
+    clip = next(n for n in out.graph.node if n.op_type == "Clip")
+    assert list(clip.input[1:]) == ["low", "high"]
+
+
 def test_a_residual_add_of_two_transposed_branches_moves_them_as_one():
     # ... and an activation two convs read, in NHWC between them, loses both pairs.
     proto = parse_model("""

@@ -182,7 +182,8 @@ def _sink(graph, node: Node, perm: list[int]) -> None:
         if data is None:  # a Transpose's output
             sources.append(value.producer)
             node.set_input(index, value.producer.input(0))
-        elif data.ndim > 0:
+        elif data.ndim > 0 and not (node.op_type == "Clip" and index > 0):
+            # (Clip's bounds are single values, which its kernel wants as they are: [1] too.)
             full = data.reshape((1,) * (rank - data.ndim) + data.shape)
             permuted = np.ascontiguousarray(np.transpose(full, inverse))
             node.set_input(index, graph.make_initializer(value.name + "_sunk", permuted))
