@@ -22,9 +22,14 @@ tensor too); an op with several transposed inputs moves them only when all have 
 (a residual Add of two NHWC branches). And it moves only when it would go on to meet readers
 that undo it, or when it takes a conv's output to NHWC (past the bias and the activation, those
 fold and fuse into the conv): elsewhere a move gains nothing, and would reshape what other
-fusions look for (an attention's scaled Q). Where every reader of a Transpose undoes it (an
-NHWC activation that two convs read), the readers read its input instead, which
-SimplifyLayout, pairing one Transpose with one reader, does not do.
+fusions look for (an attention's scaled Q). A reader of a Transpose that undoes it reads its
+input instead, also where the Transpose has other readers (an NHWC activation that a conv and
+a residual Add read), which SimplifyLayout, pairing a Transpose with its one reader, does not
+do; the Transpose then left with one reader may move on. An elementwise op that reads a
+Transpose and, as it is, a value another reader brings back with the inverse Transpose (a
+residual Add whose NHWC skip a conv reads in NCHW) reads that value as a Transpose of the NCHW
+copy, so that its inputs move below it as one. A Pad moves too, its amounts permuted (BlazeFace
+pads the channels of its skip path in NHWC).
 """
 
 from __future__ import annotations
@@ -45,22 +50,26 @@ _MAX_STEPS = 64  # ops a Transpose is followed past before it is judged not to m
 @register
 class SinkTransposes(Pass):
     name = "SinkTransposes"
-    description = ("move a Transpose below the elementwise ops reading it (constants permuted "
-                   "to match), where it meets the Transpose that undoes it")
+    description = ("move a Transpose below the elementwise ops and Pads reading it (constants "
+                   "and amounts permuted to match), where it meets the Transpose that undoes it")
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         for graph in list(model.graph.all_graphs()):
-            moved = True
-            while moved:  # each move may bring a Transpose to the next op
-                moved = False
+            changed = True
+            while changed:  # a move brings a Transpose to the next op; a bypass frees one
+                changed = False
                 for node in list(graph.nodes()):
                     perm = _movable(node) if node.graph is graph else None
                     if perm is not None and ctx.allows(self.name, node):
                         _sink(graph, node, perm)
                         result.count("Transpose")
-                        moved = True
-            result.count("fanned-out pair", _cancel_fanned_out(graph))
+                        changed = True
+                bypassed = _bypass_inverses(graph)
+                result.count("inverse bypassed", bypassed)
+                borrowed = _borrow_inverses(graph)
+                result.count("inverse borrowed", borrowed)
+                changed = changed or bool(bypassed) or bool(borrowed)
         return result
 
 
@@ -74,7 +83,8 @@ def _movable(node: Node) -> list[int] | None:
     perm = list(perms.pop())
     if not perm or perm == list(range(len(perm))) or not _carries(node, None, perm):
         return None
-    if _channels_last(perm) and all(_per_channel(v, len(perm)) for v in node.inputs):
+    data = node.inputs[:1] if node.op_type == "Pad" else node.inputs
+    if _channels_last(perm) and all(_per_channel(v, len(perm)) for v in data):
         return perm
     return perm if _meets_inverse(node, perm) else None
 
@@ -98,7 +108,7 @@ def _per_channel(value, rank: int) -> bool:
 
 
 def _meets_inverse(node: Node, perm: list[int]) -> bool:
-    """Whether a Transpose moved below `node` would go on, op by op, to readers that undo it:
+    """Whether a Transpose moved below `node` would go on, op by op, to a reader that undoes it:
     otherwise it is left where it is, since moving it gains nothing and would reshape what
     other fusions look for (the scaled Q of an attention)."""
     inverse = _inverse(perm)
@@ -107,8 +117,8 @@ def _meets_inverse(node: Node, perm: list[int]) -> bool:
         uses = [use for use, _ in value.uses]
         if value.is_graph_output or not uses:
             return False
-        if all(_is_transpose(use, inverse) for use in uses):
-            return True
+        if any(_is_transpose(use, inverse) for use in uses):
+            return True  # that reader reads x then (_bypass_inverses)
         if len(uses) != 1 or not _carries(uses[0], value, perm):
             return False
         value = uses[0].output
@@ -120,8 +130,14 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
     (but `moving`, on which one arrives) are constants or such Transposes' outputs that only
     it reads."""
     if not node.is_onnx or len(node.outputs) != 1 or node.output is None \
-            or node.op_type not in _UNARY | _BINARY:
+            or node.op_type not in _UNARY | _BINARY | {"Pad"}:
         return False
+    if node.op_type == "Pad":  # the data alone moves; the amounts are permuted
+        data = node.input(0)
+        arriving = data is moving if moving is not None else (
+            data.producer is not None and _is_transpose(data.producer, perm)
+            and len(data.uses) == 1 and not data.is_graph_output)
+        return arriving and _pads_movable(node, len(perm))
     for value in node.inputs:
         if value is None or value is moving:
             continue
@@ -133,6 +149,27 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
                   and not value.is_graph_output):
             return False
     return True
+
+
+def _pads_movable(node: Node, rank: int) -> bool:
+    """A Pad whose amounts are known (the attribute before opset 11, a constant input after)
+    for every axis (no `axes` input), and whose fill value is a constant: its amounts can be
+    permuted with the Transpose."""
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        return False
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    if value is not None and value.constant() is None:
+        return False
+    pads = _pads(node)
+    return pads is not None and len(pads) == 2 * rank
+
+
+def _pads(node: Node) -> list[int] | None:
+    if node.attr("pads") is not None:
+        return [int(p) for p in node.attr("pads")]
+    given = node.inputs[1] if len(node.inputs) > 1 else None
+    data = None if given is None else given.constant()
+    return None if data is None or data.ndim != 1 else [int(p) for p in data]
 
 
 def _is_transpose(node: Node, perm: list[int]) -> bool:
@@ -147,27 +184,63 @@ def _inverse(perm: list[int]) -> list[int]:
     return inverse
 
 
-def _cancel_fanned_out(graph) -> int:
-    """A Transpose every reader of which is its inverse Transpose (an activation that two
-    convs read, in NHWC between them): the readers read its input instead. (SimplifyLayout
-    cancels a pair only where the first Transpose has one reader.) Returns how many went."""
-    cancelled = 0
+def _borrow_inverses(graph) -> int:
+    """An elementwise op reading a Transpose(·, p) and, as it is, a value that another reader
+    brings back with the inverse Transpose (a residual Add in NHWC, whose skip input a conv
+    reads in NCHW): the op reads that value as Transpose(the NCHW copy, p) instead, the same
+    tensor, so that both of its inputs arrive by Transposes alike and move below it as one.
+    Returns how many inputs were rewired."""
+    rewired = 0
+    for node in list(graph.nodes()):
+        if node.graph is not graph or not node.is_onnx or node.op_type not in _BINARY:
+            continue
+        perms = {tuple(v.producer.attr("perm") or ()) for v in node.inputs
+                 if v is not None and v.producer is not None
+                 and v.producer.op_type == "Transpose"}
+        if len(perms) != 1:
+            continue
+        perm = list(perms.pop())
+        inverse = _inverse(perm) if perm else []
+        for index, value in enumerate(node.inputs):
+            if value is None or value.constant() is not None or (
+                    value.producer is not None and value.producer.op_type == "Transpose"):
+                continue
+            back = next((use for use, _ in value.uses if _is_transpose(use, inverse)), None)
+            if back is None:
+                continue
+            again = Node("Transpose", [back.output], {"perm": perm},
+                         name=graph.fresh_node_name("SinkTransposes"))
+            graph.insert_before(node, again)
+            again.output.name = graph.fresh_name(value.name + "_t")
+            again.output.dtype, again.output.shape = value.dtype, value.shape
+            node.set_input(index, again.output)
+            if _movable(node) is None:  # only worth a Transpose where the op then moves
+                node.set_input(index, value)
+                graph.remove(again)
+                continue
+            rewired += 1
+    return rewired
+
+
+def _bypass_inverses(graph) -> int:
+    """Readers of a Transpose that undo it read its input instead; the Transpose stays for its
+    other readers, if any. An NHWC activation a conv and a residual Add both read keeps one
+    Transpose, for the Add, and the conv reads NCHW (SimplifyLayout pairs a Transpose with its
+    inverse only where that is its one reader). Returns how many readers went."""
+    bypassed = 0
     for node in list(graph.nodes()):
         if node.graph is not graph or node.op_type != "Transpose" or not node.is_onnx \
-                or node.attr("perm") is None or node.output.is_graph_output:
+                or node.attr("perm") is None:
             continue
-        readers = [use for use, _ in node.output.uses]
         inverse = _inverse(list(node.attr("perm")))
-        if len(readers) < 2 or not all(_is_transpose(r, inverse) for r in readers):
-            continue
         source = node.input(0)
-        for reader in readers:
+        for reader in [use for use, _ in node.output.uses if _is_transpose(use, inverse)]:
             if replace_value(reader.output, source):
                 graph.remove(reader)
-                cancelled += 1
-        if not node.output.uses:
+                bypassed += 1
+        if not node.output.uses and not node.output.is_graph_output:
             graph.remove(node)
-    return cancelled
+    return bypassed
 
 
 def _sink(graph, node: Node, perm: list[int]) -> None:
@@ -175,7 +248,19 @@ def _sink(graph, node: Node, perm: list[int]) -> None:
     rank = len(perm)
     inverse = _inverse(perm)
     sources = []
-    for index, value in enumerate(node.inputs):
+    if node.op_type == "Pad":  # its amounts per axis follow the axes: begins, then ends
+        pads = _pads(node)
+        moved_pads = [pads[inverse[k]] for k in range(rank)] + \
+            [pads[rank + inverse[k]] for k in range(rank)]
+        source = node.input(0).producer
+        sources.append(source)
+        node.set_input(0, source.input(0))
+        if node.attr("pads") is not None:
+            node.set_attr("pads", moved_pads)
+        else:
+            node.set_input(1, graph.make_initializer(node.input(1).name + "_sunk",
+                                                     np.array(moved_pads, np.int64)))
+    for index, value in enumerate(node.inputs if node.op_type != "Pad" else ()):
         if value is None:
             continue
         data = value.constant()
