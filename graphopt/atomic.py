@@ -10,6 +10,8 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import BinaryIO, Iterator
 
 from graphopt.errors import OutputError
@@ -56,6 +58,23 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+# A check of a finished file before it replaces its destination (--verify runs the .om it
+# wrote): raising leaves the destination as it was.
+_BEFORE_REPLACE: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "graphopt_before_replace", default=None)
+
+
+@contextlib.contextmanager
+def checked_before_replace(check: Callable[[str], None]) -> Iterator[None]:
+    """Inside the block, atomic_write calls `check(temporary path)` on each complete file
+    before the rename that puts it in place; an exception from it removes the file instead."""
+    token = _BEFORE_REPLACE.set(check)
+    try:
+        yield
+    finally:
+        _BEFORE_REPLACE.reset(token)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Yield a binary file; on a clean exit it replaces `path`, on any exception it vanishes.
@@ -97,6 +116,12 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
             f.close()
+        except OSError as exc:
+            raise cannot_write(path, exc) from None
+        check = _BEFORE_REPLACE.get()
+        if check is not None:
+            check(tmp)
+        try:
             os.chmod(tmp, _final_mode(path))
             os.replace(tmp, path)
         except OSError as exc:

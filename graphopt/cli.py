@@ -186,7 +186,14 @@ def _cmd_optimize(args) -> int:
     source = _overwritten_source(args) if report else None
     # Checked before the model is written: a compile that fails writes nothing.
     plots = memory_plots(result, args.memory_plot) if args.memory_plot else []
-    save(result, args.output)  # with the tilings of the --tuning-db optimize read
+    if args.verify and args.output.endswith(".om"):  # the artifact itself is run before it lands
+        from graphopt.atomic import checked_before_replace
+        from graphopt.cli_verify_om import artifact_check
+
+        with checked_before_replace(artifact_check(args)):
+            save(result, args.output)
+    else:
+        save(result, args.output)  # with the tilings of the --tuning-db optimize read
     for path, title, plan in plots:
         draw_plan(plan, path, title=title)
         if not args.quiet:

@@ -488,3 +488,45 @@ def test_a_set_of_files_moves_in_under_a_lock_on_its_folder(tmp_path, monkeypatc
             f.write(b"new")
     assert seen == ["locked", "locked"]
     assert (tmp_path / "m.onnx").read_bytes() == (tmp_path / "m.onnx.data").read_bytes() == b"new"
+
+
+
+def test_verify_runs_the_om_as_written_before_it_replaces_the_output(tmp_path, capsys,
+                                                                    monkeypatch):
+    # The compiled model is verified, but not what only the artifact holds: an exporter's stale
+    # output declaration once made a verified compile into an .om that did not load. The
+    # artifact is now loaded and run before it lands; a failure leaves -o as it was.
+    import onnx
+
+    import graphopt.tools.compare as compare
+    from graphopt.errors import ArtifactError
+    from graphopt.tools.compare import CompareReport, Row
+
+    source, out = tmp_path / "m.onnx", tmp_path / "m.om"
+    onnx.save(graphopt.zoo.build("tiny"), source)
+    real = compare.compare_models
+    checked = []
+
+    def unloadable(reference, candidate, *args, **kwargs):
+        checked.append(candidate)
+        raise ArtifactError(f"{candidate}: the manifest declares output 'y' otherwise")
+
+    def differing(reference, candidate, *args, **kwargs):
+        report = CompareReport(str(reference), str(candidate), "allclose", "seeded random")
+        report.rows.append(Row("logits", "output", "f32", (1, 10), passed=False, max_abs=0.5))
+        return report
+
+    for fake, message in ((unloadable, "as written does not run: "),
+                          (differing, "as written differs from the original: logits (max abs "
+                                      "0.5); nothing written")):
+        out.write_bytes(b"the old artifact")
+        monkeypatch.setattr(compare, "compare_models", fake)
+        rc, _, err = run_cli(capsys, "optimize", source, "-o", out, "--verify")
+        assert rc == 1 and f"--verify: {out} {message}" in err, err
+        assert out.read_bytes() == b"the old artifact"
+        assert sorted(os.listdir(tmp_path)) == ["m.om", "m.onnx"]  # no temporary file left
+    assert os.path.dirname(checked[0]) == str(tmp_path)  # the file about to be renamed
+    monkeypatch.setattr(compare, "compare_models", real)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", out, "--verify")
+    assert rc == 0, err
+    assert graphopt.load(out).run({"input": np.zeros((1, 3, 32, 32), np.float32)})

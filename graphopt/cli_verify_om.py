@@ -1,0 +1,38 @@
+"""--verify of an .om: the artifact as written is loaded and run before it replaces -o."""
+
+from __future__ import annotations
+
+from graphopt.errors import StandInError, VerificationError
+
+
+def artifact_check(args):
+    """The check atomic_write runs on the written .om before it replaces `-o`: the source model
+    and the artifact, loaded by graphopt's runtime, on --verify's inputs, judged by the rule
+    --verify applies. The compiled model was verified already, but not what only the artifact
+    holds: its signature, its partitions' sessions (an exporter's stale output declaration
+    made a verified compile into an .om that did not load)."""
+    def check(path: str) -> None:
+        from graphopt.codegen.om_read import is_om, load_om
+        from graphopt.tools.accuracy_rule import accuracy_rule, pass_log_of_om
+        from graphopt.tools.compare import compare_models
+
+        if not is_om(path):
+            return
+        judge, _ = accuracy_rule(pass_log_of_om(load_om(path)), args.rtol, args.atol)
+        try:
+            report = compare_models(args.model, path, args.inputs,
+                                    input_shapes=args.input_shape, **judge)
+        except StandInError:
+            return  # compiled for a device this machine lacks: the compiled model was verified
+        except VerificationError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to load or run the artifact
+            raise VerificationError(f"--verify: {args.output} as written does not run: "
+                                    f"{exc}") from None
+        failing = [row for row in report.outputs if not row.passed]
+        if failing:
+            worst = ", ".join(f"{row.name} (max abs {row.max_abs:.3g})" if row.max_abs is not None
+                              else f"{row.name} ({row.note or 'differs'})" for row in failing[:3])
+            raise VerificationError(f"--verify: {args.output} as written differs from the "
+                                    f"original: {worst}; nothing written")
+    return check
