@@ -4,6 +4,7 @@ sequences, maps and optionals, and the tensor types numpy knows only through ml_
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -449,8 +450,13 @@ def max_abs_error(expected: Any, actual: Any) -> float:
         _, exp, got = pair
         exp, got = widened(exp), widened(got)
         if exp.dtype.kind in "fc" and exp.size and exp.shape == got.shape:
-            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN: reported
+            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN
                 diff = np.abs(got.astype(np.complex128 if exp.dtype.kind == "c" else np.float64)
                               - exp)
+                # Equal infinities and NaN against NaN agree; a NaN against a number is
+                # infinitely off (max() would drop it: max(0.0, nan) is 0.0).
+                diff = np.where((got == exp) | (np.isnan(got) & np.isnan(exp)), 0.0, diff)
+            if np.isnan(diff).any():
+                return math.inf
             largest = max(largest, float(np.max(diff)))
     return largest

@@ -551,3 +551,21 @@ def test_the_default_rule_passes_outputs_off_by_rounding_alone_as_verify_does(tm
     far[0, 100] += 5.0  # beyond rounding at any scale
     assert not compare_models(reference, parse_model(
         "g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }", v=far), feeds).passed
+
+
+def test_a_nan_against_a_number_is_never_rounding():
+    # max() dropped a NaN difference (max(0.0, nan) is 0.0): an output with a NaN where the
+    # reference has a number passed as "rounding" under the default tolerances.
+    from graphopt.numerics import max_abs_error
+
+    assert max_abs_error(np.array([1.0, 2.0]), np.array([1.0, np.nan])) == float("inf")
+    assert max_abs_error(np.array([np.nan, np.inf]), np.array([np.nan, np.inf])) == 0.0
+    values = np.linspace(-900, 900, 200, dtype=np.float32).reshape(1, 200)
+    reference = parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",
+                            v=values)
+    broken = values.copy()
+    broken[0, 100] = np.nan
+    candidate = parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",
+                            v=broken)
+    report = compare_models(reference, candidate, {"x": np.zeros((1, 200), np.float32)})
+    assert not report.passed and report.outputs[0].note != "rounding (see note)"

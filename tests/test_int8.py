@@ -1134,8 +1134,29 @@ def test_an_old_opset_is_converted_where_there_is_a_layer_to_quantize(tmp_path, 
     assert "opset" not in notes[0]
     assert "QuantizeInt8 quantized nothing: the model imports ONNX opset 9, and its int8 form " \
            "needs 13 (per-channel DequantizeLinear, Split's sizes as an input), per-tensor " \
-           "too; convert the model first, e.g. onnx.version_converter.convert_version(model, " \
-           "13)" in notes[1], notes[1]
+           "too" in notes[1], notes[1]
+    assert "QuantizeInt8: ONNX's version converter cannot take the model from opset 9 to 13 " \
+           "(no adapter)" in notes[1], notes[1]
+
+
+def test_a_conversion_that_changes_the_outputs_is_not_used(tmp_path):
+    # The converter passes Hardmax through from 11 to 13, where it works over one axis instead
+    # of over all from it on: the conversion is checked against the model on seeded inputs.
+    rng = np.random.default_rng(3)
+    proto = parse_model("""
+    agraph (float[2, 3, 4] x) => (float[2, 3, 4] y) {
+      m = MatMul(x, w)
+      y = Hardmax <axis = 1> (m)
+    }""", header='<ir_version: 7, opset_import: ["" : 11]>\n',
+                        w=rng.standard_normal((4, 4)).astype(np.float32))
+    np.savez(tmp_path / "c.npz", x=rng.standard_normal((4, 2, 3, 4)).astype(np.float32))
+    result = graphopt.optimize(proto, pass_options={"quantize": "int8",
+                                                    "calibration": tmp_path / "c.npz"})
+    assert any("cannot take the model from opset 11 to 13: its conversion computes other "
+               "outputs" in note for note in result.notes), result.notes
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(numerics.run(result.to_onnx(), {"x": x})["y"],
+                                  numerics.run(proto, {"x": x})["y"])
 
 
 @pytest.mark.parametrize("activation", ["HardSwish", "LeakyRelu", "HardSigmoid", "Clip"])

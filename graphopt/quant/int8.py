@@ -85,8 +85,7 @@ class QuantizeInt8(Pass):
                 return result  # nothing it would quantize (a tree ensemble): nothing to say
             ctx.note(f"QuantizeInt8 quantized nothing: the model imports ONNX opset {opset}, "
                      f"and its int8 form needs {MIN_OPSET} (per-channel DequantizeLinear, "
-                     "Split's sizes as an input), per-tensor too; convert the model first, e.g. "
-                     f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
+                     "Split's sizes as an input), per-tensor too")
             return result
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"

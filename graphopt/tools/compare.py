@@ -412,7 +412,8 @@ def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,
     if note is None:
         return
     for row in failing:
-        row.passed, row.note = True, "rounding (see note)"
+        row.passed = True
+        row.note = f"{row.note}; rounding (see note)" if row.note else "rounding (see note)"
     report.notes.append(note)
 
 

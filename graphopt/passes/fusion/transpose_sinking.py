@@ -67,9 +67,11 @@ class SinkTransposes(Pass):
                         changed = True
                 bypassed = _bypass_inverses(graph)
                 result.count("inverse bypassed", bypassed)
-                borrowed = _borrow_inverses(graph)
+                borrowed = _borrow_inverses(graph, lambda node: ctx.allows(self.name, node))
                 result.count("inverse borrowed", borrowed)
                 changed = changed or bool(bypassed) or bool(borrowed)
+                if borrowed:
+                    graph.sort()  # a borrowed NCHW copy may be computed after the op reading it
         return result
 
 
@@ -184,12 +186,13 @@ def _inverse(perm: list[int]) -> list[int]:
     return inverse
 
 
-def _borrow_inverses(graph) -> int:
+def _borrow_inverses(graph, allows) -> int:
     """An elementwise op reading a Transpose(·, p) and, as it is, a value that another reader
     brings back with the inverse Transpose (a residual Add in NHWC, whose skip input a conv
     reads in NCHW): the op reads that value as Transpose(the NCHW copy, p) instead, the same
-    tensor, so that both of its inputs arrive by Transposes alike and move below it as one.
-    Returns how many inputs were rewired."""
+    tensor, so that both of its inputs arrive by Transposes alike and move below it as one;
+    only where `allows(op)` lets it move (else the next bypass would undo the rewiring and the
+    next borrow redo it, for ever). Returns how many inputs were rewired."""
     rewired = 0
     for node in list(graph.nodes()):
         if node.graph is not graph or not node.is_onnx or node.op_type not in _BINARY:
@@ -214,7 +217,7 @@ def _borrow_inverses(graph) -> int:
             again.output.name = graph.fresh_name(value.name + "_t")
             again.output.dtype, again.output.shape = value.dtype, value.shape
             node.set_input(index, again.output)
-            if _movable(node) is None:  # only worth a Transpose where the op then moves
+            if _movable(node) is None or not allows(node):  # worth it where the op moves
                 node.set_input(index, value)
                 graph.remove(again)
                 continue
