@@ -54,14 +54,9 @@ from graphopt.quant.qparams import (
     quantize_bias,
     quantize_weight,
 )
+from graphopt.quant.opset_upgrade import INT8_OPSET, LAYER_OPS
 from graphopt.quant.select import MS, Plan, kind, plan, reads_graph_input, unmatched_skips
 from graphopt.quant.stats import METHODS
-
-MIN_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
-
-
-# The ops QuantizeInt8 quantizes: a model without any has nothing to say about its opset.
-_LAYER_OPS = frozenset({"Conv", "FusedConv", "Gemm", "MatMul", "Attention"})
 
 
 @register
@@ -80,11 +75,11 @@ class QuantizeInt8(Pass):
             raise OptionError(f"calibration_method {options.calibration_method!r}: unknown "
                               f"(use {', '.join(METHODS)})")
         opset = model.opset("") or 0
-        if opset < MIN_OPSET:
-            if not any(node.op_type in _LAYER_OPS for node in model.graph.all_nodes()):
+        if opset < INT8_OPSET:
+            if not any(node.op_type in LAYER_OPS for node in model.graph.all_nodes()):
                 return result  # nothing it would quantize (a tree ensemble): nothing to say
             ctx.note(f"QuantizeInt8 quantized nothing: the model imports ONNX opset {opset}, "
-                     f"and its int8 form needs {MIN_OPSET} (per-channel DequantizeLinear, "
+                     f"and its int8 form needs {INT8_OPSET} (per-channel DequantizeLinear, "
                      "Split's sizes as an input), per-tensor too")
             return result
         form = "amct" if ctx.target is not None \

@@ -8,7 +8,8 @@ from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.warning_scope import warnings_as
 
 INT8_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
-_LAYER_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+# The layers QuantizeInt8 quantizes (after fusion, the fused forms too).
+LAYER_OPS = frozenset({"Conv", "FusedConv", "Gemm", "MatMul", "Attention"})
 
 
 def int8_ready(model: Model, quantize: str | None) -> tuple[Model, str | None]:
@@ -19,7 +20,7 @@ def int8_ready(model: Model, quantize: str | None) -> tuple[Model, str | None]:
     changes its outputs, the note saying so (QuantizeInt8 then quantizes nothing)."""
     opset = model.opset("")
     if quantize != "int8" or opset is None or opset >= INT8_OPSET or not any(
-            node.op_type in _LAYER_OPS and node.is_onnx for node in model.graph.all_nodes()):
+            node.op_type in LAYER_OPS for node in model.graph.all_nodes()):
         return model, None
     import onnx.version_converter
 

@@ -77,18 +77,21 @@ class SinkTransposes(Pass):
 
 def _movable(node: Node) -> list[int] | None:
     """The perm of the Transposes feeding `node` that can move below it, or None."""
-    perms = {tuple(value.producer.attr("perm") or ()) for value in node.inputs
-             if value is not None and value.producer is not None
-             and value.producer.op_type == "Transpose"}
-    if len(perms) != 1:
-        return None
-    perm = list(perms.pop())
+    perm = _fed_perm(node)
     if not perm or perm == list(range(len(perm))) or not _carries(node, None, perm):
         return None
     data = node.inputs[:1] if node.op_type == "Pad" else node.inputs
     if _channels_last(perm) and all(_per_channel(v, len(perm)) for v in data):
         return perm
     return perm if _meets_inverse(node, perm) else None
+
+
+def _fed_perm(node: Node) -> list[int] | None:
+    """The perm of the Transposes among `node`'s inputs when they all have one, else None."""
+    perms = {tuple(value.producer.attr("perm") or ()) for value in node.inputs
+             if value is not None and value.producer is not None
+             and value.producer.op_type == "Transpose"}
+    return list(perms.pop()) if len(perms) == 1 else None
 
 
 def _channels_last(perm: list[int]) -> bool:
@@ -197,13 +200,10 @@ def _borrow_inverses(graph, allows) -> int:
     for node in list(graph.nodes()):
         if node.graph is not graph or not node.is_onnx or node.op_type not in _BINARY:
             continue
-        perms = {tuple(v.producer.attr("perm") or ()) for v in node.inputs
-                 if v is not None and v.producer is not None
-                 and v.producer.op_type == "Transpose"}
-        if len(perms) != 1:
+        perm = _fed_perm(node)
+        if not perm:
             continue
-        perm = list(perms.pop())
-        inverse = _inverse(perm) if perm else []
+        inverse = _inverse(perm)
         for index, value in enumerate(node.inputs):
             if value is None or value.constant() is not None or (
                     value.producer is not None and value.producer.op_type == "Transpose"):
