@@ -40,8 +40,9 @@ def _block():
                        scale=RNG.standard_normal((1, 1, 4)).astype(np.float32))
 
 
-def _sunk(proto):
-    """The model after SinkTransposes alone, checked to compute exactly what it did."""
+def _sunk(proto, tolerance=0.0):
+    """The model after SinkTransposes alone, checked to compute what it did: exactly, or
+    within `tolerance` where a reduction now sums in another order."""
     model = load_onnx(proto)
     infer_shapes(model)
     ctx = PassContext(Options())
@@ -50,7 +51,8 @@ def _sunk(proto):
     out = to_onnx(model)
     onnx.checker.check_model(out)
     feeds = numerics.random_feeds(proto, seed=0, dims={"N": 2})
-    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 0, 0)
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds),
+                                tolerance, tolerance)
     return out, stats
 
 
@@ -203,6 +205,84 @@ def test_a_pad_moves_with_its_amounts_permuted():
             proto = parse_model(text, header='<ir_version: 7, opset_import: ["" : 10]>\n')
         out, stats = _sunk(proto)
         assert ops(out) == ["Pad"] and stats["Transpose"] == 1, text
+
+
+def test_a_transpose_two_ops_read_is_copied_for_each_when_both_take_it_to_its_inverse():
+    # An NHWC max pool's output that two residual Adds read (tf2onnx with its own transpose
+    # optimizer off): each Add gets a copy, which moves below it and cancels.
+    both = """
+    g (float[1, 4, 6, 6] x, float[1, 4, 3, 3] a, float[1, 4, 3, 3] b)
+        => (float[1, 4, 3, 3] y, float[1, 4, 3, 3] z) {
+      p = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+      t = Transpose <perm = [0, 2, 3, 1]> (p)
+      ta = Transpose <perm = [0, 2, 3, 1]> (a)
+      tb = Transpose <perm = [0, 2, 3, 1]> (b)
+      s1 = Add(t, ta)
+      s2 = Add(t, tb)
+      y = Transpose <perm = [0, 3, 1, 2]> (s1)
+      z = Transpose <perm = [0, 3, 1, 2]> (s2)
+    }"""
+    out, stats = _sunk(parse_model(both))
+    assert stats["Transpose copied for a reader"] == 1
+    assert ops(out) == ["MaxPool", "Add", "Add"]
+    # Where one reader keeps NHWC (a graph output), the other's copy would not cancel it.
+    out, stats = _sunk(parse_model(both.replace("float[1, 4, 3, 3] z", "float[1, 3, 3, 4] s2")
+                                   .replace("z = Transpose <perm = [0, 3, 1, 2]> (s2)", "")))
+    assert "Transpose copied for a reader" not in stats
+    assert ops(out).count("Transpose") == 4
+
+
+def test_a_reduction_over_the_transposed_axes_drops_the_transpose():
+    # An NHWC global average pool reduces H and W of NHWC: reducing them in NCHW gives the
+    # same [N, C]; so does reducing the channels (the same [N, H, W]). opset 18 takes the
+    # axes as an input.
+    for axes, keep, shape in (([1, 2], 0, "[1, 8]"), ([-1], 0, "[1, 5, 5]")):
+        proto = parse_model(f"""
+        g (float[1, 8, 5, 5] x) => (float{shape} y) {{
+          r = Relu(x)
+          t = Transpose <perm = [0, 2, 3, 1]> (r)
+          y = ReduceMean <axes = {axes}, keepdims = {keep}> (t)
+        }}""")
+        out, stats = _sunk(proto, tolerance=1e-6)
+        assert ops(out) == ["Relu", "ReduceMean"] and stats == {"Transpose": 1}, axes
+    out, stats = _sunk(parse_model("""
+    g (float[1, 8, 5, 5] x) => (float[1, 8] y) {
+      t = Transpose <perm = [0, 2, 3, 1]> (x)
+      y = ReduceSum <keepdims = 0> (t, axes)
+    }""", header='<ir_version: 8, opset_import: ["" : 18]>\n',
+        axes=np.array([1, 2], np.int64)), tolerance=1e-5)
+    assert ops(out) == ["ReduceSum"]
+    given = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert list(given[out.graph.node[0].input[1]]) == [2, 3]
+
+
+def test_a_reduction_keeping_its_axes_moves_the_transpose_only_to_its_inverse():
+    text = """
+    g (float[1, 8, 5, 5] x) => (float[1, 8, 1, 1] y) {
+      t = Transpose <perm = [0, 2, 3, 1]> (x)
+      m = ReduceMax <axes = [1, 2]> (t)
+      y = Transpose <perm = [0, 3, 1, 2]> (m)
+    }"""
+    out, _ = _sunk(parse_model(text))
+    assert ops(out) == ["ReduceMax"]
+    out, stats = _sunk(parse_model(text.replace("float[1, 8, 1, 1] y", "float[1, 1, 1, 8] m")
+                                   .replace("y = Transpose <perm = [0, 3, 1, 2]> (m)", "")))
+    assert stats == {} and ops(out) == ["Transpose", "ReduceMax"]
+
+
+def test_a_concat_of_transposed_branches_joins_them_untransposed():
+    out, stats = _sunk(parse_model("""
+    g (float[1, 3, 4, 4] a, float[1, 5, 4, 4] b) => (float[1, 10, 4, 4] y) {
+      ta = Transpose <perm = [0, 2, 3, 1]> (a)
+      tb = Transpose <perm = [0, 2, 3, 1]> (b)
+      c = Concat <axis = -1> (ta, tb, extra)
+      y = Transpose <perm = [0, 3, 1, 2]> (c)
+    }""", extra=RNG.standard_normal((1, 4, 4, 2)).astype(np.float32)))
+    assert ops(out) == ["Concat"] and stats == {"Transpose": 1, "inverse bypassed": 1}
+    concat = out.graph.node[0]
+    assert concat.attribute[0].i == 1
+    dims = {t.name: list(t.dims) for t in out.graph.initializer}
+    assert dims[concat.input[2]] == [1, 2, 4, 4]
 
 
 BORROWED_LATER = """

@@ -29,7 +29,12 @@ do; the Transpose then left with one reader may move on. An elementwise op that 
 Transpose and, as it is, a value another reader brings back with the inverse Transpose (a
 residual Add whose NHWC skip a conv reads in NCHW) reads that value as a Transpose of the NCHW
 copy, so that its inputs move below it as one. A Pad moves too, its amounts permuted (BlazeFace
-pads the channels of its skip path in NHWC).
+pads the channels of its skip path in NHWC), and a Concat of Transposes alike, joining on the
+permuted axis. A Transpose that several ops read is copied for each where every one of them
+would take its copy on to the inverse (an NHWC max pool's output that two residual Adds read).
+A reduction reads the Transpose's input over the permuted axes: the Transpose goes where the
+result is the same in either layout (an NHWC global average pool: [N, C] both ways), and
+otherwise moves below the reduction where it would meet its inverse.
 """
 
 from __future__ import annotations
@@ -44,32 +49,48 @@ _UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Neg", "Abs", "Sqrt"
                     "Erf", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus",
                     "Softsign", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Cast", "Clip"})
 _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu"})
+_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+                         "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+                         "ReduceSumSquare"})
 _MAX_STEPS = 64  # ops a Transpose is followed past before it is judged not to meet its inverse
 
 
 @register
 class SinkTransposes(Pass):
     name = "SinkTransposes"
-    description = ("move a Transpose below the elementwise ops and Pads reading it (constants "
-                   "and amounts permuted to match), where it meets the Transpose that undoes it")
+    description = ("move a Transpose below the elementwise ops, Pads, Concats and reductions "
+                   "reading it (constants, amounts and axes permuted to match), where it meets "
+                   "the Transpose that undoes it")
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
+
+        def allows(node: Node) -> bool:
+            return ctx.allows(self.name, node)
+
         for graph in list(model.graph.all_graphs()):
             changed = True
             while changed:  # a move brings a Transpose to the next op; a bypass frees one
                 changed = False
                 for node in list(graph.nodes()):
-                    perm = _movable(node) if node.graph is graph else None
-                    if perm is not None and ctx.allows(self.name, node):
+                    if node.graph is not graph:
+                        continue
+                    perm, reduced = _movable(node), _reduction_move(node)
+                    if perm is not None and allows(node):
                         _sink(graph, node, perm)
-                        result.count("Transpose")
-                        changed = True
+                    elif reduced is not None and allows(node):
+                        _sink_reduction(graph, node, *reduced)
+                    else:
+                        continue
+                    result.count("Transpose")
+                    changed = True
+                split = _split_fanouts(graph, allows)
+                result.count("Transpose copied for a reader", split)
                 bypassed = _bypass_inverses(graph)
                 result.count("inverse bypassed", bypassed)
-                borrowed = _borrow_inverses(graph, lambda node: ctx.allows(self.name, node))
+                borrowed = _borrow_inverses(graph, allows)
                 result.count("inverse borrowed", borrowed)
-                changed = changed or bool(bypassed) or bool(borrowed)
+                changed = changed or bool(split) or bool(bypassed) or bool(borrowed)
                 if borrowed:
                     graph.sort()  # a borrowed NCHW copy may be computed after the op reading it
         return result
@@ -135,7 +156,9 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
     (but `moving`, on which one arrives) are constants or such Transposes' outputs that only
     it reads."""
     if not node.is_onnx or len(node.outputs) != 1 or node.output is None \
-            or node.op_type not in _UNARY | _BINARY | {"Pad"}:
+            or node.op_type not in _UNARY | _BINARY | {"Pad", "Concat"}:
+        return False
+    if node.op_type == "Concat" and node.attr("axis") is None:
         return False
     if node.op_type == "Pad":  # the data alone moves; the amounts are permuted
         data = node.input(0)
@@ -275,15 +298,130 @@ def _sink(graph, node: Node, perm: list[int]) -> None:
             full = data.reshape((1,) * (rank - data.ndim) + data.shape)
             permuted = np.ascontiguousarray(np.transpose(full, inverse))
             node.set_input(index, graph.make_initializer(value.name + "_sunk", permuted))
+    if node.op_type == "Concat":  # the axis it joins on, in the untransposed layout
+        node.set_attr("axis", perm[int(node.attr("axis")) % rank])
+    _transpose_output(graph, node, perm)
+    _remove_unread(graph, sources)
+
+
+def _transpose_output(graph, node: Node, perm: list[int]) -> None:
+    """`node`, now computing its output untransposed, hands it to its readers through a
+    Transpose by `perm` (which takes over the name of a graph output)."""
     out = node.output
+    inverse = _inverse(perm)
     moved = Node("Transpose", (), {"perm": perm}, name=graph.fresh_node_name("SinkTransposes"))
     graph.insert_after(node, moved)
     moved.output.dtype, moved.output.shape = out.dtype, out.shape
     moved.output.name = graph.fresh_name(out.name + "_t")
-    replace_value(out, moved.output)  # a graph output: the Transpose takes over its name
+    replace_value(out, moved.output)
     moved.set_inputs([out])
-    if out.shape is not None and len(out.shape) == rank:
-        out.shape = tuple(out.shape[inverse[k]] for k in range(rank))
-    for source in sources:
-        if not any(v is not None and (v.uses or v.is_graph_output) for v in source.outputs):
-            graph.remove(source)
+    if out.shape is not None and len(out.shape) == len(perm):
+        out.shape = tuple(out.shape[inverse[k]] for k in range(len(perm)))
+
+
+def _remove_unread(graph, nodes) -> None:
+    for node in nodes:
+        if not any(v is not None and (v.uses or v.is_graph_output) for v in node.outputs):
+            graph.remove(node)
+
+
+def _reduction_move(node: Node) -> tuple[list[int], list[int]] | None:
+    """For a reduction over known axes of a Transpose that only it reads: the axes of the
+    Transpose's input to reduce instead, and the perm left for its output, empty or the
+    identity where the Transpose goes altogether (an NHWC global average pool, whose
+    [N, C] result is the same in either layout); None where the Transpose stays, which is
+    unless it goes or would meet its inverse."""
+    if node.op_type not in _REDUCTIONS or not node.is_onnx or len(node.outputs) != 1 \
+            or node.output is None or node.input(0) is None:
+        return None
+    value = node.input(0)
+    source = value.producer
+    if source is None or source.op_type != "Transpose" or not source.is_onnx \
+            or source.attr("perm") is None or len(value.uses) != 1 or value.is_graph_output:
+        return None
+    perm = list(source.attr("perm"))
+    axes = _reduced_axes(node, len(perm))
+    if not axes:
+        return None
+    reduced = sorted(perm[a] for a in axes)
+    if node.attr("keepdims") is None or int(node.attr("keepdims")):
+        left = perm
+    else:  # the axes kept, in their order after the Transpose, among those kept before it
+        kept = [axis for axis in range(len(perm)) if axis not in reduced]
+        left = [kept.index(perm[a]) for a in range(len(perm)) if a not in axes]
+    if left == list(range(len(left))) or _meets_inverse(node, left):
+        return reduced, left
+    return None
+
+
+def _reduced_axes(node: Node, rank: int) -> list[int] | None:
+    """The axes a reduction reduces (all of them when it names none), or None when they are
+    not known or it reduces none (`noop_with_empty_axes`)."""
+    given = node.attr("axes")
+    if given is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        data = node.inputs[1].constant()
+        if data is None or data.ndim != 1:
+            return None
+        given = data.tolist()
+    if not given:
+        return None if node.attr("noop_with_empty_axes") else list(range(rank))
+    return sorted({int(a) % rank for a in given})
+
+
+def _sink_reduction(graph, node: Node, reduced: list[int], left: list[int]) -> None:
+    """Reduce(Transpose(x, p), axes) → Transpose(Reduce(x, p[axes]), left), the Transpose
+    dropped where `left` keeps every axis in place."""
+    source = node.input(0).producer
+    node.set_input(0, source.input(0))
+    if node.attr("axes") is not None:
+        node.set_attr("axes", reduced)
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        node.set_input(1, graph.make_initializer(node.input(1).name + "_sunk",
+                                                 np.array(reduced, np.int64)))
+    if left != list(range(len(left))):
+        _transpose_output(graph, node, left)
+    _remove_unread(graph, [source])
+
+
+def _split_fanouts(graph, allows) -> int:
+    """A Transpose that several ops read, each of which would take it on to its inverse (an
+    NHWC max pool's output that two residual Adds read): each reader gets a Transpose of its
+    own, which then moves below it. Where one reader would not, the readers keep sharing it,
+    so that no copy is made that would not cancel. Returns how many copies were made."""
+    copies = 0
+    for node in list(graph.nodes()):
+        if node.graph is not graph or node.op_type != "Transpose" or not node.is_onnx \
+                or node.attr("perm") is None or node.output.is_graph_output:
+            continue
+        out, perm = node.output, list(node.attr("perm"))
+        readers = list(dict.fromkeys(use for use, _ in out.uses))
+        if len(readers) < 2:
+            continue
+        made = []
+        for reader in readers[1:]:
+            copy = Node("Transpose", [node.input(0)], {"perm": perm},
+                        name=graph.fresh_node_name("SinkTransposes"))
+            graph.insert_after(node, copy)
+            copy.output.name = graph.fresh_name(out.name + "_c")
+            copy.output.dtype, copy.output.shape = out.dtype, out.shape
+            for index, value in enumerate(reader.inputs):
+                if value is out:
+                    reader.set_input(index, copy.output)
+            made.append((reader, copy))
+        if all(_cancels_below(reader, perm) and allows(reader) for reader in readers):
+            copies += len(made)
+            continue
+        for reader, copy in made:
+            for index, value in enumerate(reader.inputs):
+                if value is copy.output:
+                    reader.set_input(index, out)
+            graph.remove(copy)
+    return copies
+
+
+def _cancels_below(reader: Node, perm: list[int]) -> bool:
+    """Whether a Transpose by `perm` that `reader` alone reads would move below it and go on
+    to meet its inverse, or go in a reduction."""
+    if _movable(reader) is not None:
+        return _meets_inverse(reader, perm)
+    return _reduction_move(reader) is not None
