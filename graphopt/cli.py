@@ -252,7 +252,10 @@ def _print_accuracy(args, source=None) -> None:
                                  input_shapes=None if calibration or args.inputs
                                  else args.input_shape)
     except GraphoptError as e:
-        print(f"graphopt: warning: no accuracy report: {e}", file=sys.stderr)
+        seeded = "" if calibration or args.inputs else (
+            " (on seeded random inputs, open dims set to 1; --calibration FILE.npz or --verify "
+            "--inputs FILE.npz give it inputs the model runs on)")
+        print(f"graphopt: warning: no accuracy report: {e}{seeded}", file=sys.stderr)
         return
     print()
     print(report.format())
@@ -279,8 +282,9 @@ def _below_the_rule(args, report) -> None:
             if args.quantize == "int8" and args.calibration_method not in (None, "minmax")
             else "")
     shown = ", ".join(f"'{o.name}' {cosine_text(o.cosine, threshold)}" for o in low[:5])
+    more = f", and {len(low) - 5} more (in the table)" if len(low) > 5 else ""
     print(f"warning: cosine below {exact(threshold)}, the rule `graphopt compare` and --verify "
-          f"judge this compile by: {shown}{hint}")
+          f"judge this compile by: {shown}{more}{hint}")
 
 
 def _add_passes(sub) -> None:

@@ -474,6 +474,11 @@ def test_an_output_below_the_rule_gets_a_warning_under_the_report(capsys):
     args = SimpleNamespace(quantize="int4", calibration_method=None)
     _below_the_rule(args, report)  # 0.98 after int4: 0.96 still fails, 0.99995 passes
     assert "'logits' 0.959743\n" in capsys.readouterr().out
-    report.outputs = report.outputs[1:]
+    # Past five, it says how many more the table shows.
+    first = report.outputs[0]
+    report.outputs = [OutputAccuracy(f"o{i}", (1, 4), "tensor", 0.9) for i in range(7)]
+    _below_the_rule(args, report)
+    assert "'o4' 0.900000, and 2 more (in the table)\n" in capsys.readouterr().out
+    report.outputs = [first, OutputAccuracy("aux", (1, 4), "tensor", 0.99995)][1:]
     _below_the_rule(args, report)
     assert capsys.readouterr().out == ""

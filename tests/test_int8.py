@@ -789,6 +789,61 @@ def test_maxpool_behind_a_float_conv_stays_float(tmp_path):
     assert blocked["com.microsoft.nchwc::MaxPool"] == 1 and blocked["Conv"] == 1  # c2 stays QDQ
 
 
+CHANNEL_PADDING = """
+    agraph (float[1, 3, 8, 8] x) => (float[1, 8, 8, 8] y) {
+        c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+        r1 = Relu(c1)
+        p = Pad <mode = "MODE"> (r1, pads, fill)
+        c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
+        s = Add(c2, p)
+        c3 = Conv <pads = [1, 1, 1, 1]> (s, w3)
+        y = Relu(c3)
+    }"""
+
+
+@pytest.mark.parametrize("mode, fill, on_codes", [("constant", 0.0, True),
+                                                  ("reflect", 0.0, True),
+                                                  ("constant", 0.5, False)])
+def test_a_pad_of_zeros_runs_on_the_codes(tmp_path, mode, fill, on_codes):
+    # BlazeFace pads the channels of its skip path with zeros; onnxruntime keeps the Q/DQ
+    # around a Pad and runs it in float between them (11 Pads of 1.1 ms). Zeros are the zero
+    # point's code, and a reflected edge is codes already; a fill of 0.5 is neither.
+    rng = np.random.default_rng(6)
+    pads = [0, 0, 0, 0, 0, 4, 0, 0] if mode == "constant" else [0, 0, 1, 1, 0, 0, 1, 1]
+    text = CHANNEL_PADDING.replace("MODE", mode)
+    if mode == "reflect":
+        text = text.replace("float[1, 3, 8, 8] x) => (float[1, 8, 8, 8] y",
+                            "float[1, 3, 8, 8] x) => (float[1, 4, 10, 10] y")
+        text = text.replace("c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)",
+                            "c2 = Conv <pads = [2, 2, 2, 2]> (r1, w2)")
+    channels = 8 if mode == "constant" else 4
+    proto = parse_model(text, w1=rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3,
+                        w2=rng.standard_normal((channels, 4, 3, 3)).astype(np.float32) * 0.2,
+                        w3=rng.standard_normal((channels, channels, 3, 3)).astype(np.float32)
+                        * 0.2, pads=np.array(pads, np.int64), fill=np.array(fill, np.float32))
+    if mode == "reflect":  # reflect takes no fill
+        proto = parse_model(text.replace("(r1, pads, fill)", "(r1, pads)"), **{
+            t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer
+            if t.name != "fill"})
+    result, out = _int8(proto, calibration=_calibration(tmp_path, shape=(1, 3, 8, 8)),
+                        quant_keep_ends=False)
+    producers = {o: n for n in out.graph.node for o in n.output}
+    pad = next(n for n in out.graph.node if n.op_type == "Pad")
+    stats = result.log.totals()["QuantizeInt8"]["rewrites"]
+    if on_codes:
+        assert producers[pad.input[0]].op_type == "QuantizeLinear" and stats["Pad on codes"] == 1
+        readers = [n.op_type for n in out.graph.node if pad.output[0] in n.input]
+        assert readers == ["DequantizeLinear"]
+        if mode == "constant":  # it fills with the zero point, the code of 0
+            assert pad.input[2] == producers[pad.input[0]].input[2]
+        assert _loaded_ops(out, tmp_path)["QuantizeLinear"] == 1  # the input's alone
+    else:
+        assert producers[pad.input[0]].op_type == "DequantizeLinear"
+        assert "Pad on codes" not in stats
+    feeds = numerics.random_feeds(proto, seed=5)
+    assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > MIN_COSINE
+
+
 def test_fused_conv_at_o3_is_quantized_as_conv(tmp_path):
     proto = _conv_model()
     result = graphopt.optimize(proto, level=3, pass_options={

@@ -872,6 +872,10 @@ def test_the_accuracy_report_runs_on_the_inputs_verify_runs_on(tmp_path, capsys)
     assert f"accuracy vs {src} on {feeds}" in stdout and "no accuracy report" not in err
     rc, stdout, err = run_cli(capsys, "optimize", src, "-o", out, "--precision", "fp16")
     assert rc == 0 and "no accuracy report" in err
+    # It says what would give it inputs the model runs on (the way it named, --inputs alone,
+    # is refused without --verify).
+    assert "on seeded random inputs, open dims set to 1; --calibration FILE.npz or --verify " \
+        "--inputs FILE.npz give it inputs the model runs on" in err
 
 
 def test_a_body_matmul_reading_a_transpose_of_the_main_graph_leaves_it_there():

@@ -150,6 +150,7 @@ class QuantizeInt8(Pass):
             readers = [n for n in value.consumers() if n in static] if form == "amct" else None
             _insert_qdq(graph, value, params[id(value)], readers)
             result.count("QuantizeLinear")
+        result.count("Pad on codes", _pads_on_codes(graph, chosen))
         per_column = options.per_channel
         if chosen.dynamic and per_column and int8_gemm_saturates():
             per_column = False
@@ -367,6 +368,44 @@ def _insert_qdq(graph, value: Value, p: QParams, readers: list[Node] | None = No
         for index, read in enumerate(reader.inputs):
             if read is value:
                 reader.set_input(index, dq)
+
+
+def _pads_on_codes(graph, chosen: Plan) -> int:
+    """A Pad that keeps its input's scale reads that input's codes and writes its own, which
+    its readers dequantize: DQ → Pad → Q, run in float between two conversions by
+    onnxruntime, becomes one Pad of 8-bit values, filling with the zero point (the code of 0)
+    where it fills. Returns how many."""
+    done = 0
+    for pad in chosen.same_scale:
+        dq = pad.input(0).producer if pad.op_type == "Pad" else None
+        quantize = [r for r in pad.output.consumers() if r.op_type == "QuantizeLinear"]
+        if dq is None or dq.op_type != "DequantizeLinear" or len(quantize) != 1 \
+                or pad.output.is_graph_output or len(pad.output.uses) != 1 \
+                or not _same_params(dq, quantize[0]):
+            continue
+        codes, zero = dq.input(0), dq.input(2)
+        pad.set_input(0, codes)
+        if pad.attr("mode", "constant") == "constant":
+            while len(pad.inputs) < 3:
+                pad.set_inputs([*pad.inputs, None])
+            pad.set_input(2, zero)
+        pad.output.dtype = codes.dtype
+        replace_value(quantize[0].output, pad.output)
+        graph.remove(quantize[0])
+        if not dq.output.uses:
+            graph.remove(dq)
+        done += 1
+    return done
+
+
+def _same_params(dq: Node, q: Node) -> bool:
+    """Whether a DequantizeLinear and a QuantizeLinear take one scale and zero point."""
+    given = [node.inputs[1:3] for node in (dq, q)]
+    if any(len(pair) != 2 or None in pair for pair in given):
+        return False
+    return all(a.constant() is not None and b.constant() is not None
+               and a.constant().dtype == b.constant().dtype
+               and np.array_equal(a.constant(), b.constant()) for a, b in zip(*given))
 
 
 def _dequantized(graph, before: Node, hint: str, data: np.ndarray, scale: np.ndarray,

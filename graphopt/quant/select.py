@@ -8,7 +8,8 @@ DequantizeLinear pairs.
   * int8 in between, when a quantized node reads their output: Add, Mul (QLinearAdd/Mul),
     Concat, GlobalAveragePool, AveragePool, and the ops that keep their input's scale (MaxPool,
     Reshape, Transpose, Flatten, Squeeze, Unsqueeze: onnxruntime drops their Q/DQ and runs them
-    on int8); a Relu or Clip(0, …) right after a quantized op folds into its uint8 range (zero
+    on int8; and a Pad that fills with zeros or by reflecting or repeating its edge, which
+    QuantizeInt8 then runs on the codes itself, since onnxruntime keeps its Q/DQ); a Relu or Clip(0, …) right after a quantized op folds into its uint8 range (zero
     point 0 clamps as Relu does).
 
 Marking runs backwards (an op is int8 only when a reader wants int8), so a tail that ends in a
@@ -45,7 +46,7 @@ from graphopt.quant import attention_split
 MS = "com.microsoft"
 INT8_OPS = {"Add": None, "Mul": None, "Concat": None, "GlobalAveragePool": (0,),
             "AveragePool": (0,)}  # op → its activation inputs (None: all)
-SAME_SCALE = {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"}
+SAME_SCALE = {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Pad"}
 # What may sit between a graph input or output and a layer that still counts as the model's first
 # or last: ops of one computed input (the arithmetic ones when their other inputs are constant:
 # input normalization, a bias, a temperature).
@@ -296,6 +297,21 @@ def _activations(node: Node) -> list[Value]:
     return [node.inputs[0]]  # Conv, FusedConv, Gemm: the data input
 
 
+def codes_padded(node: Node) -> bool:
+    """Whether `node`, if a Pad, computes the same on its input's 8-bit codes: it repeats or
+    reflects the edge, or fills with 0, the zero point's value (a DQ → Pad → Q that
+    onnxruntime would run in float). Any other op: True."""
+    if node.op_type != "Pad":
+        return True
+    if node.attr("mode", "constant") in ("reflect", "edge", "wrap"):
+        return True
+    fill = node.inputs[2] if len(node.inputs) > 2 else None
+    if fill is None:
+        return node.attr("value", 0.0) == 0.0  # opset < 11 keeps it as an attribute
+    data = fill.constant()
+    return data is not None and data.size == 1 and float(data.reshape(())) == 0.0
+
+
 def _foldable(node: Node) -> bool:
     """Relu, or Clip whose low bound is a constant 0: a uint8 range starting at 0 clamps the
     same."""
@@ -320,7 +336,7 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
             continue
         if not any(id(c) in wanted or id(c) in passing for c in out.consumers()):
             continue
-        if node.op_type in INT8_OPS or node.op_type in SAME_SCALE:
+        if node.op_type in INT8_OPS or node.op_type in SAME_SCALE and codes_padded(node):
             acts = _activations(node)
             if all(_float(v) and not v.is_constant for v in acts):
                 wanted.add(id(node))

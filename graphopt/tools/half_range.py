@@ -74,6 +74,7 @@ def overflow_note(found: list[tuple[str, float]], makers: dict[str, str] | None 
             else f"list the nodes that make them in {option('keep_dtype')}")
     return (f"float16 overflow: {len(found)} tensor(s) the model holds in float16 exceed "
             f"±{FP16_MAX:g} on this input: {shown}{more}. float16 hardware makes them inf; "
-            f"onnxruntime's CPU provider computed them in float32, which hides it. {keep}, or "
+            f"onnxruntime's CPU provider computes many float16 ops in float32, so its outputs "
+            f"need not show it. {keep}, or "
             "use a bf16 mode (float32's range) on a target with bfloat16 kernels (ascend910b; "
             "not cpu or ascend310)")
