@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from helpers import parse_model
 
 import graphopt
@@ -283,6 +284,26 @@ def test_a_concat_of_transposed_branches_joins_them_untransposed():
     assert concat.attribute[0].i == 1
     dims = {t.name: list(t.dims) for t in out.graph.initializer}
     assert dims[concat.input[2]] == [1, 2, 4, 4]
+
+
+@pytest.mark.parametrize("branch", ["""
+      r = Relu(t)
+      o1 = Transpose <perm = [0, 3, 1, 2]> (r)""", """
+      m = ReduceMean <axes = [1, 2]> (t)
+      o1 = Transpose <perm = [0, 3, 1, 2]> (m)"""], ids=["elementwise", "reduction"])
+def test_a_branch_reading_a_transpose_of_the_main_graph_leaves_it_there(branch):
+    # The pass removed the moved Transpose from the branch's graph, where it is not
+    # ("<Transpose> is not in graph 'then'"); it works within one graph.
+    shape = "[1, 3, 1, 1]" if "Reduce" in branch else "[1, 3, 4, 5]"
+    out, stats = _sunk(parse_model(f"""
+    g (float[1, 3, 4, 5] x, float{shape} w, bool cond) => (float{shape} z) {{
+      t = Transpose <perm = [0, 2, 3, 1]> (x)
+      z = If (cond) <then_branch = then () => (float{shape} o1) {{{branch}
+      }}, else_branch = else () => (float{shape} o2) {{
+      o2 = Identity(w)
+      }}>
+    }}"""))
+    assert ops(out) == ["Transpose", "If"]
 
 
 BORROWED_LATER = """

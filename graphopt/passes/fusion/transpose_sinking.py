@@ -111,7 +111,7 @@ def _fed_perm(node: Node) -> list[int] | None:
     """The perm of the Transposes among `node`'s inputs when they all have one, else None."""
     perms = {tuple(value.producer.attr("perm") or ()) for value in node.inputs
              if value is not None and value.producer is not None
-             and value.producer.op_type == "Transpose"}
+             and value.producer.op_type == "Transpose" and value.producer.graph is node.graph}
     return list(perms.pop()) if len(perms) == 1 else None
 
 
@@ -141,8 +141,8 @@ def _meets_inverse(node: Node, perm: list[int]) -> bool:
     value = node.output
     for _ in range(_MAX_STEPS):
         uses = [use for use, _ in value.uses]
-        if value.is_graph_output or not uses:
-            return False
+        if value.is_graph_output or not uses or any(use.graph is not node.graph for use in uses):
+            return False  # (a branch's reader: the pass works within one graph)
         if any(_is_transpose(use, inverse) for use in uses):
             return True  # that reader reads x then (_bypass_inverses)
         if len(uses) != 1 or not _carries(uses[0], value, perm):
@@ -164,7 +164,7 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
         data = node.input(0)
         arriving = data is moving if moving is not None else (
             data.producer is not None and _is_transpose(data.producer, perm)
-            and len(data.uses) == 1 and not data.is_graph_output)
+            and data.producer.graph is node.graph and len(data.uses) == 1 and not data.is_graph_output)
         return arriving and _pads_movable(node, len(perm))
     for value in node.inputs:
         if value is None or value is moving:
@@ -173,7 +173,8 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
         if value.constant() is not None:
             if value.constant().ndim > len(perm):
                 return False
-        elif not (source is not None and _is_transpose(source, perm) and len(value.uses) == 1
+        elif not (source is not None and _is_transpose(source, perm)
+                  and source.graph is node.graph and len(value.uses) == 1
                   and not value.is_graph_output):
             return False
     return True
@@ -231,7 +232,8 @@ def _borrow_inverses(graph, allows) -> int:
             if value is None or value.constant() is not None or (
                     value.producer is not None and value.producer.op_type == "Transpose"):
                 continue
-            back = next((use for use, _ in value.uses if _is_transpose(use, inverse)), None)
+            back = next((use for use, _ in value.uses
+                         if _is_transpose(use, inverse) and use.graph is graph), None)
             if back is None:
                 continue
             again = Node("Transpose", [back.output], {"perm": perm},
@@ -260,7 +262,8 @@ def _bypass_inverses(graph) -> int:
             continue
         inverse = _inverse(list(node.attr("perm")))
         source = node.input(0)
-        for reader in [use for use, _ in node.output.uses if _is_transpose(use, inverse)]:
+        for reader in [use for use, _ in node.output.uses
+                       if _is_transpose(use, inverse) and use.graph is graph]:
             if replace_value(reader.output, source):
                 graph.remove(reader)
                 bypassed += 1
@@ -337,7 +340,8 @@ def _reduction_move(node: Node) -> tuple[list[int], list[int]] | None:
     value = node.input(0)
     source = value.producer
     if source is None or source.op_type != "Transpose" or not source.is_onnx \
-            or source.attr("perm") is None or len(value.uses) != 1 or value.is_graph_output:
+            or source.attr("perm") is None or len(value.uses) != 1 or value.is_graph_output \
+            or source.graph is not node.graph:
         return None
     perm = list(source.attr("perm"))
     axes = _reduced_axes(node, len(perm))
@@ -395,7 +399,7 @@ def _split_fanouts(graph, allows) -> int:
             continue
         out, perm = node.output, list(node.attr("perm"))
         readers = list(dict.fromkeys(use for use, _ in out.uses))
-        if len(readers) < 2:
+        if len(readers) < 2 or any(reader.graph is not graph for reader in readers):
             continue
         made = []
         for reader in readers[1:]:
