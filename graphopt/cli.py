@@ -264,6 +264,46 @@ def _print_accuracy(args, source=None) -> None:
         fitted = "its int8 ranges" if args.quantize == "int8" else "GPTQ's rounding"
         print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
+    if _runs_on_this_cpu(args):
+        _print_speed(args, args.model if source is None else source, report.feeds)
+
+
+def _runs_on_this_cpu(args) -> bool:
+    """Whether the written model runs on this machine's CPU as it would deployed: an .onnx, or
+    an .om for a CPU target (an NPU target's partitions run on a stand-in here)."""
+    if not args.target:
+        return True
+    from graphopt.partition.target import load_target
+
+    target = load_target(args.target)
+    return target.device(target.primary).kind == "cpu"
+
+
+def _print_speed(args, source, feeds) -> None:
+    """The written model's run time against the source's, and a warning when it is slower: a
+    quantization that runs slower than float (onnxruntime's int8 depthwise convolutions, a
+    float first layer between int8 ones) said nothing of it."""
+    from graphopt.tools.speed_check import speed_check
+
+    try:
+        check = speed_check(source, args.output, feeds)
+    except Exception as e:  # noqa: BLE001 -- a check after the model is written warns only
+        print(f"graphopt: warning: no speed check: {type(e).__name__}: {e}", file=sys.stderr)
+        return
+    print(check.format(args.model, args.output))
+    if not check.slower:
+        return
+    if args.quantize == "int8":
+        why = ("onnxruntime's int8 kernels gain on large convolutions and GEMMs, less on "
+               "depthwise convolutions and small layers, and a layer left float next to int8 "
+               "ones adds conversions (--quant-skip keeps more layers float, --quantize-ends "
+               "quantizes the first and last)")
+    elif args.quantize == "int4":
+        why = "4-bit weights save memory; their unpacking can cost time on small layers"
+    else:
+        why = ("onnxruntime's CPU provider computes many half-precision ops through casts to "
+               "float32; the mode pays off on hardware with half-precision kernels")
+    print(f"warning: {args.output} runs slower than {args.model} on this machine: {why}")
 
 
 def _below_the_rule(args, report) -> None:

@@ -74,7 +74,7 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
     if report:
         g.add_argument("--no-accuracy-report", action="store_true",
                        help="skip the accuracy report printed after a converted or quantized "
-                            "compile")
+                            "compile, and its speed line")
 
 
 def precision_options(args) -> dict:

@@ -72,6 +72,7 @@ class AccuracyReport:
     inputs: str                        # where the feeds came from
     outputs: list[OutputAccuracy] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # printed under the table
+    feeds: dict | None = None  # what the (first) sample fed, for a speed check on the same
 
     @property
     def min_cosine(self) -> float | None:
@@ -243,7 +244,7 @@ def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> Accu
     expected = ref_side.run(arrays, [n for n in half if n not in ref_side.outputs])
     actual = cand_side.run(arrays, [])
     facts = model_facts(ref_side.proto)
-    report = AccuracyReport(ref_side.label, cand_side.label, source)
+    report = AccuracyReport(ref_side.label, cand_side.label, source, feeds=arrays)
     makers = {out: node.name for node in ref_side.proto.graph.node for out in node.output
               if node.name}
     note = overflow_note(overflows({name: expected[name] for name in half if name in expected}),
