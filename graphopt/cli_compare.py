@@ -115,7 +115,8 @@ def _cmd_compare(args) -> int:
     judge, note = accuracy_rule(pass_log, args.rtol, args.atol, args.min_cosine)
     report = compare_models(
         reference, candidate, args.inputs, per_tensor=args.per_tensor, **judge,
-        seed=0 if args.seed is None else args.seed, input_shapes=args.input_shape)
+        seed=0 if args.seed is None else args.seed, input_shapes=args.input_shape,
+        rounding=args.rtol is None and args.atol is None)  # tolerances given apply as given
     # The rule's own note, and what explains a failure, in the notes --json carries too.
     report.notes += [text for text in (
         note, None if report.passed or args.min_cosine is not None else _winograd_note(pass_log))

@@ -21,7 +21,8 @@ def artifact_check(args):
         judge, _ = accuracy_rule(pass_log_of_om(load_om(path)), args.rtol, args.atol)
         try:
             report = compare_models(args.model, path, args.inputs,
-                                    input_shapes=args.input_shape, **judge)
+                                    input_shapes=args.input_shape, **judge,
+                                    rounding=True)  # as --verify allows it, given or not
         except StandInError:
             return  # compiled for a device this machine lacks: the compiled model was verified
         except Exception as exc:  # noqa: BLE001 - any failure to load or run the artifact

@@ -529,7 +529,7 @@ def test_a_reference_that_is_not_the_oms_source_is_named(files):
                    for n in compare_models(files["bad.onnx"], files["opt.onnx"]).notes)
 
 
-def test_the_default_rule_passes_outputs_off_by_rounding_alone_as_verify_does(tmp_path):
+def test_the_default_rule_passes_outputs_off_by_rounding_alone_as_verify_does(tmp_path, capsys):
     # A compile's NCHWc convolutions sum in another order: PaddleOCR's text detector compiled
     # at -O2 failed compare (228 of 307,200 elements past 1e-4, by 1.3e-4) where --verify, on
     # the same artifact, passed it with a note. One element off at the output's scale stands
@@ -547,6 +547,16 @@ def test_the_default_rule_passes_outputs_off_by_rounding_alone_as_verify_does(tm
     assert any("within rtol of the output's largest magnitude" in n for n in report.notes)
     strict = compare_models(reference, candidate, feeds, rtol=1e-5, atol=1e-6)
     assert not strict.passed and not strict.outputs[0].note
+    # Tolerances given equal to the defaults are given too: the command line applies them as
+    # given (compare_models could not tell them from the defaults; `rounding` says).
+    onnx.save(reference, tmp_path / "ref.onnx")
+    onnx.save(candidate, tmp_path / "cand.onnx")
+    np.savez(tmp_path / "x.npz", **feeds)
+    argv = ["compare", tmp_path / "ref.onnx", tmp_path / "cand.onnx", "--inputs",
+            tmp_path / "x.npz"]
+    assert run_cli(capsys, *argv)[0] == 0
+    assert run_cli(capsys, *argv, "--rtol", "1e-4", "--atol", "1e-5")[0] == 1
+    assert not compare_models(reference, candidate, feeds, rounding=False).passed
     far = values.copy()
     far[0, 100] += 5.0  # beyond rounding at any scale
     assert not compare_models(reference, parse_model(

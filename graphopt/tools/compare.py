@@ -288,13 +288,17 @@ def _check_tolerances(rtol: float, atol: float, min_cosine: float | None) -> str
 def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False,
                    rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
                    min_cosine: float | None = None, seed: int = 0,
-                   input_shapes: dict | str | None = None) -> CompareReport:
+                   input_shapes: dict | str | None = None,
+                   rounding: bool | None = None) -> CompareReport:
     """Run `reference` (an .onnx path or ModelProto, onnxruntime at ORT_DISABLE_ALL) and
     `candidate` (an .onnx path or ModelProto run the same way, or an .om path run by graphopt's
     runtime) on `feeds` (a dict or an .npz path; default: seeded random data, `input_shapes`
     pinning dynamic dims) and compare their outputs, and with `per_tensor` their shared
-    intermediates. `min_cosine` replaces the rtol/atol rule. Either model may also be the
-    Side load_reference or load_candidate made of it, so a caller that read it reads it once.
+    intermediates. `min_cosine` replaces the rtol/atol rule. `rounding`: whether outputs off
+    by rounding alone pass, as --verify passes them (None: under the default rtol and atol
+    only; a caller that filled in the defaults for tolerances not given says True). Either
+    model may also be the Side load_reference or load_candidate made of it, so a caller that
+    read it reads it once.
 
     Raises InputError for a missing or unreadable file, feeds lacking or mismatching an input,
     or models whose inputs differ; OptionError for bad tolerances.
@@ -362,7 +366,10 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
             warning = worst and hidden_slice_warning(name, ref_value, row.cosine, worst)
             if warning:
                 report.notes.append(warning)
-    _allow_rounding(report, ref_side, arrays, ref_values, cand_values, judge)
+    if rounding is None:
+        rounding = (rtol, atol) == (DEFAULT_RTOL, DEFAULT_ATOL)
+    if rounding:
+        _allow_rounding(report, ref_side, arrays, ref_values, cand_values, judge)
     empty = [r.name for r in report.outputs if r.shape is not None and 0 in r.shape
              and not _structured(ref_values.get(r.name))]
     if empty:  # a pass over no element proves nothing: a dim pinned or fed as 0, say
@@ -397,13 +404,11 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
 
 def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,
                     cand_values: dict, judge: dict) -> None:
-    """Under the default tolerances, pass the failing outputs that rounding alone explains, as
-    --verify does, with its note: a compile's NCHWc convolutions sum in another order, which
-    onnxruntime's own optimizer does to the original too. Tolerances given, or a cosine rule,
-    are applied as given."""
+    """Pass the failing outputs that rounding alone explains, as --verify does, with its note:
+    a compile's NCHWc convolutions sum in another order, which onnxruntime's own optimizer does
+    to the original too. A cosine rule is applied as given."""
     failing = [r for r in report.outputs if not r.passed]
     if not failing or judge["min_cosine"] is not None or ref_side.proto is None \
-            or (judge["rtol"], judge["atol"]) != (DEFAULT_RTOL, DEFAULT_ATOL) \
             or any(r.name not in ref_values or r.name not in cand_values for r in failing):
         return
     names = [r.name for r in failing]

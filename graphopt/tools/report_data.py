@@ -340,7 +340,7 @@ def gather(om_path: str, *, reference: str | None = None, inputs: str | None = N
             with caller_keywords({"feeds": "inputs"}):  # compare's feeds are gather's inputs
                 data.accuracy = compare_models(reference, om_path, inputs,
                                                per_tensor=per_tensor, input_shapes=input_shapes,
-                                               **judge)
+                                               rounding=rtol is None and atol is None, **judge)
         except StandInError as exc:
             # Compiled for a device this machine lacks: the page still shows the compile.
             data.accuracy_skipped = str(exc)
