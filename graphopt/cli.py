@@ -240,22 +240,22 @@ def _print_accuracy(args, source=None) -> None:
     before the output overwrote it, when it did), on --verify's inputs, the first calibration
     samples or seeded random data; a failure to run it is a warning, the model is written."""
     from graphopt.errors import GraphoptError
-    from graphopt.tools.accuracy import accuracy_report
+    from graphopt.tools.accuracy import SeededInputsRefused, accuracy_report
 
     # What --verify ran on (inputs the user chose, which a quantization may not have seen),
     # else the first calibration samples, else random data.
     calibration = None if args.inputs else args.calibration
+    reference = args.model if source is None else source
     try:
-        report = accuracy_report(args.model if source is None else source, args.output,
+        report = accuracy_report(reference, args.output,
                                  args.inputs, calibration=calibration,
                                  reference_label=args.model,
                                  input_shapes=None if calibration or args.inputs
                                  else args.input_shape)
     except GraphoptError as e:
-        seeded = "" if calibration or args.inputs else (
-            " (on seeded random inputs, open dims set to 1; --calibration FILE.npz or --verify "
-            "--inputs FILE.npz give it inputs the model runs on)")
-        print(f"graphopt: warning: no accuracy report: {e}{seeded}", file=sys.stderr)
+        hint = ("; --calibration FILE.npz or --verify --inputs FILE.npz give it inputs the model "
+                "runs on" if isinstance(e, SeededInputsRefused) else "")
+        print(f"graphopt: warning: no accuracy report: {e}{hint}", file=sys.stderr)
         return
     print()
     print(report.format())
@@ -265,12 +265,12 @@ def _print_accuracy(args, source=None) -> None:
         print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
     if _runs_on_this_cpu(args):
-        _print_speed(args, args.model if source is None else source, report.feeds)
+        _print_speed(args, reference, report.feeds)
 
 
 def _runs_on_this_cpu(args) -> bool:
-    """Whether the written model runs on this machine's CPU as it would deployed: an .onnx, or
-    an .om for a CPU target (an NPU target's partitions run on a stand-in here)."""
+    """Whether the written model runs on this machine's CPU as it would deployed: compiled for
+    a CPU target or for none (an NPU target's form runs on a stand-in here)."""
     if not args.target:
         return True
     from graphopt.partition.target import load_target
@@ -290,7 +290,9 @@ def _print_speed(args, source, feeds) -> None:
     except Exception as e:  # noqa: BLE001 -- a check after the model is written warns only
         print(f"graphopt: warning: no speed check: {type(e).__name__}: {e}", file=sys.stderr)
         return
-    print(check.format(args.model, args.output))
+    source_label = args.model if isinstance(source, (str, os.PathLike)) else \
+        f"{args.model} as it was before -o replaced it"
+    print(check.format(source_label, args.output))
     if not check.slower:
         return
     if args.quantize == "int8":

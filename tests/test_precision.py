@@ -874,8 +874,8 @@ def test_the_accuracy_report_runs_on_the_inputs_verify_runs_on(tmp_path, capsys)
     assert rc == 0 and "no accuracy report" in err
     # It says what would give it inputs the model runs on (the way it named, --inputs alone,
     # is refused without --verify).
-    assert "on seeded random inputs, open dims set to 1; --calibration FILE.npz or --verify " \
-        "--inputs FILE.npz give it inputs the model runs on" in err
+    assert "(on seeded random inputs, their open dims set to 1); --calibration FILE.npz or " \
+        "--verify --inputs FILE.npz give it inputs the model runs on" in err
 
 
 def test_a_body_matmul_reading_a_transpose_of_the_main_graph_leaves_it_there():

@@ -233,6 +233,25 @@ def test_a_transpose_two_ops_read_is_copied_for_each_when_both_take_it_to_its_in
     assert ops(out).count("Transpose") == 4
 
 
+def test_no_copy_is_made_for_readers_the_rewrite_gate_stops_short_of_the_inverse():
+    # Each copy moved one op down and stopped before the op the gate held back: 3 Transposes
+    # became 4.
+    model = load_onnx(parse_model("""
+    g (float[1, 4, 3, 3] x) => (float[1, 4, 3, 3] y, float[1, 4, 3, 3] z) {
+      t = Transpose <perm = [0, 2, 3, 1]> (x)
+      r1 = Relu(t)
+      q1 = Neg(r1)
+      y = Transpose <perm = [0, 3, 1, 2]> (q1)
+      r2 = Sigmoid(t)
+      q2 = Neg(r2)
+      z = Transpose <perm = [0, 3, 1, 2]> (q2)
+    }"""))
+    infer_shapes(model)
+    gate = PassContext(Options(), gate=lambda pass_name, rule, node: node.op_type != "Neg")
+    stats = dict(PASSES["SinkTransposes"]().run(model, gate).stats)
+    assert stats == {} and [n.op_type for n in model.graph].count("Transpose") == 3
+
+
 def test_a_reduction_over_the_transposed_axes_drops_the_transpose():
     # An NHWC global average pool reduces H and W of NHWC: reducing them in NCHW gives the
     # same [N, C]; so does reducing the channels (the same [N, H, W]). opset 18 takes the

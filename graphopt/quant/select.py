@@ -9,8 +9,9 @@ DequantizeLinear pairs.
     Concat, GlobalAveragePool, AveragePool, and the ops that keep their input's scale (MaxPool,
     Reshape, Transpose, Flatten, Squeeze, Unsqueeze: onnxruntime drops their Q/DQ and runs them
     on int8; and a Pad that fills with zeros or by reflecting or repeating its edge, which
-    QuantizeInt8 then runs on the codes itself, since onnxruntime keeps its Q/DQ); a Relu or Clip(0, …) right after a quantized op folds into its uint8 range (zero
-    point 0 clamps as Relu does).
+    QuantizeInt8 then runs on the codes itself, since onnxruntime keeps its Q/DQ); a Relu or
+    Clip(0, …) right after a quantized op folds into its uint8 range (zero point 0 clamps as
+    Relu does).
 
 Marking runs backwards (an op is int8 only when a reader wants int8), so a tail that ends in a
 float layer stays float instead of paying a quantize/dequantize for nothing.

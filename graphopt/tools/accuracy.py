@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.codegen.feeds import numpy_dtype
+from graphopt.errors import GraphoptError
 from graphopt.quant.calib_data import CalibrationShapeError, InputSpec, read_calibration
 from graphopt.table import format_table
 from graphopt.tools.compare import compare_arrays, declared_types
@@ -194,7 +195,30 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
                    for sample in samples]
         return _worst_of(reports) if len(reports) > 1 else reports[0]
     arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
-    return _measure(ref_side, cand_side, arrays, source)
+    try:
+        return _measure(ref_side, cand_side, arrays, source)
+    except GraphoptError as exc:
+        if feeds is None and _filled_open_dims(ref_side, arrays):  # what the model cannot run
+            raise SeededInputsRefused(f"{exc} (on seeded random inputs, their open dims set to "
+                                      "1)") from None
+        raise
+
+
+def _filled_open_dims(side: Side, arrays: dict) -> bool:
+    """Whether seeded random `arrays` set an open dim of an input of `side` to 1."""
+    for entry in side.inputs:
+        array = arrays.get(entry["name"])
+        if entry.get("shape") is None or not hasattr(array, "shape"):
+            continue
+        if any(not isinstance(dim, int) and size == 1
+               for dim, size in zip(entry["shape"], array.shape)):
+            return True
+    return False
+
+
+class SeededInputsRefused(GraphoptError):
+    """The models could not run on the seeded random inputs, with open dims set to 1: other
+    inputs may well run."""
 
 
 def _badness(entry: OutputAccuracy) -> tuple[int, float]:

@@ -43,7 +43,7 @@ class SpeedCheck:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
 
 
 def _onnx_runner(model):

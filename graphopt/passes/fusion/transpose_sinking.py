@@ -75,7 +75,8 @@ class SinkTransposes(Pass):
                 for node in list(graph.nodes()):
                     if node.graph is not graph:
                         continue
-                    perm, reduced = _movable(node), _reduction_move(node)
+                    perm = _movable(node)
+                    reduced = _reduction_move(node) if perm is None else None
                     if perm is not None and allows(node):
                         _sink(graph, node, perm)
                     elif reduced is not None and allows(node):
@@ -133,10 +134,11 @@ def _per_channel(value, rank: int) -> bool:
     return all(d == 1 for d in shape[:-1])
 
 
-def _meets_inverse(node: Node, perm: list[int]) -> bool:
+def _meets_inverse(node: Node, perm: list[int], allows=None) -> bool:
     """Whether a Transpose moved below `node` would go on, op by op, to a reader that undoes it:
     otherwise it is left where it is, since moving it gains nothing and would reshape what
-    other fusions look for (the scaled Q of an attention)."""
+    other fusions look for (the scaled Q of an attention). With `allows`, only past ops it
+    lets the Transpose move below (the rewrite gate)."""
     inverse = _inverse(perm)
     value = node.output
     for _ in range(_MAX_STEPS):
@@ -145,7 +147,8 @@ def _meets_inverse(node: Node, perm: list[int]) -> bool:
             return False  # (a branch's reader: the pass works within one graph)
         if any(_is_transpose(use, inverse) for use in uses):
             return True  # that reader reads x then (_bypass_inverses)
-        if len(uses) != 1 or not _carries(uses[0], value, perm):
+        if len(uses) != 1 or not _carries(uses[0], value, perm) \
+                or allows is not None and not allows(uses[0]):
             return False
         value = uses[0].output
     return False
@@ -164,7 +167,8 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
         data = node.input(0)
         arriving = data is moving if moving is not None else (
             data.producer is not None and _is_transpose(data.producer, perm)
-            and data.producer.graph is node.graph and len(data.uses) == 1 and not data.is_graph_output)
+            and data.producer.graph is node.graph and len(data.uses) == 1
+            and not data.is_graph_output)
         return arriving and _pads_movable(node, len(perm))
     for value in node.inputs:
         if value is None or value is moving:
@@ -412,7 +416,7 @@ def _split_fanouts(graph, allows) -> int:
                 if value is out:
                     reader.set_input(index, copy.output)
             made.append((reader, copy))
-        if all(_cancels_below(reader, perm) and allows(reader) for reader in readers):
+        if all(_cancels_below(reader, perm, allows) for reader in readers):
             copies += len(made)
             continue
         for reader, copy in made:
@@ -423,9 +427,15 @@ def _split_fanouts(graph, allows) -> int:
     return copies
 
 
-def _cancels_below(reader: Node, perm: list[int]) -> bool:
+def _cancels_below(reader: Node, perm: list[int], allows) -> bool:
     """Whether a Transpose by `perm` that `reader` alone reads would move below it and go on
-    to meet its inverse, or go in a reduction."""
+    to meet its inverse, or go in a reduction, past ops `allows` lets it move below."""
+    if not allows(reader):
+        return False
     if _movable(reader) is not None:
-        return _meets_inverse(reader, perm)
-    return _reduction_move(reader) is not None
+        return _meets_inverse(reader, perm, allows)
+    moved = _reduction_move(reader)
+    if moved is None:
+        return False
+    left = moved[1]
+    return left == list(range(len(left))) or _meets_inverse(reader, left, allows)
