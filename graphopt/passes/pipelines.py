@@ -24,9 +24,11 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # UnmergeHeads comes first: at batch 1 SimplifyLayout's ReshapeChain folds a heads merge into
 # the head split, which leaves no rank-4 tensor to unmerge to.
 # SinkTransposes precedes SimplifyLayout, which cancels the Transpose pairs it brings together.
+# LowerPRelu follows SinkTransposes, which moves Transposes past a PRelu as one op, and comes
+# before FuseActivation, which takes the LeakyRelu a one-slope PRelu becomes into the conv.
 _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
-         "FuseConvBatchNorm", "FuseLayerNorm", "FuseGelu", "FuseMatMul", "FuseAttention",
-         "ReadShapesUpstream", "EliminateNoOps", "EliminateDeadNodes")
+         "FuseConvBatchNorm", "LowerPRelu", "FuseLayerNorm", "FuseGelu", "FuseMatMul",
+         "FuseAttention", "ReadShapesUpstream", "EliminateNoOps", "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.

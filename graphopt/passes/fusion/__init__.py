@@ -2,4 +2,4 @@
 
 from graphopt.passes.fusion import (  # noqa: F401
     activation, attention, batched_heads, conv_bn, elementwise, gelu, layernorm, layout, matmul,
-    slicing, transpose_sinking)
+    prelu, slicing, transpose_sinking)
