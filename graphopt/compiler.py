@@ -24,6 +24,7 @@ from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
+from graphopt.portable_types import residual_types_kept
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
@@ -81,7 +82,7 @@ class OptimizeResult:
         return sum(self.ops_before.values())
 
     def to_onnx(self) -> ModelProto:
-        return to_onnx(self.model)
+        return to_onnx(self.model, value_infos=residual_types_kept(self.model))
 
     def __repr__(self) -> str:
         """One line (the dataclass's own would print the model and every pass record)."""
@@ -846,7 +847,8 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
     if not path.endswith(".onnx"):
         raise OptionError(f"{path}: save writes .onnx (optimized ONNX) or .om (the artifact); "
                           "name the file so")
-    save_onnx(model, path, external=external_data)
+    save_onnx(model, path, external=external_data,
+              value_infos=residual_types_kept(model) if isinstance(model, Model) else True)
 
 
 def file_identity(path: str) -> tuple | None:

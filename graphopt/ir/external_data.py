@@ -44,11 +44,12 @@ def weight_bytes(model: Model) -> int:
 
 
 def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
-              external: bool | None = None) -> None:
+              external: bool | None = None, value_infos=True) -> None:
     """Write `model` to `path` atomically. With external data (`external=True`, or None and
     the weights past `threshold()`), every main-graph initializer of 1 KiB or more goes to
     `<path>.data` (its location is that file's name, so the pair moves together) and streams
-    there tensor by tensor; the two files are replaced together (graphopt.atomic.atomic_files)."""
+    there tensor by tensor; the two files are replaced together (graphopt.atomic.atomic_files).
+    `value_infos` is to_onnx's, for a graphopt Model."""
     path = os.fspath(path)
     if isinstance(model, ModelProto):
         if external is False or (external is None and model.ByteSize() <= threshold()):
@@ -64,7 +65,7 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     if external is None:
         external = weight_bytes(model) > threshold()
     if not external:
-        _write_inline(model, path)
+        _write_inline(model, path, value_infos)
         return
     if is_special_file(destination(path)):
         raise OptionError(f"{path}: external data needs a file beside the model, and this is "
@@ -74,7 +75,7 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
     # onnxruntime looks when the model is opened by the link's name.
     data_path = path + ".data"
     with tensor_references() as sources:
-        proto = to_onnx(model)
+        proto = to_onnx(model, value_infos=value_infos)
         placed = _place(proto, os.path.basename(data_path), sources)
     _check_no_other_models_data(path, data_path, sources.values())
     serialized = _serialize(proto, path)
@@ -177,7 +178,7 @@ def _serialize(proto: ModelProto, path: str) -> bytes:
                             "in external data: save(…, external_data=True)") from None
 
 
-def _write_inline(model: Model, path: str) -> None:
+def _write_inline(model: Model, path: str, value_infos=True) -> None:
     """Write the model with its weights inline, one weight in memory at a time: the model is
     serialized without the main graph's initializers, and they stream into its graph field
     after the other fields (protobuf reads fields in any order), each as its description then
@@ -186,7 +187,7 @@ def _write_inline(model: Model, path: str) -> None:
     from graphopt.ir.onnx_io import to_onnx
 
     with tensor_references() as sources:
-        proto = to_onnx(model)  # the large weights as references, not copies
+        proto = to_onnx(model, value_infos=value_infos)  # weights as references, not copies
         _inline_nested(proto, sources)
         weights = []  # (serialized description or whole small tensor, streamed source)
         for tensor in proto.graph.initializer:

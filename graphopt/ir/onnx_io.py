@@ -6,7 +6,7 @@ import collections
 import functools
 import math
 import os
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -645,13 +645,14 @@ _DTYPES = {int(d): d for d in DType}
 # writing
 # ---------------------------------------------------------------------------------------------
 def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None,
-            value_infos: bool = True) -> ModelProto:
+            value_infos: bool | Callable[[Value], bool] = True) -> ModelProto:
     """Export the IR as a ModelProto (no external data; `graphopt.save` decides how to write).
 
     `weights_as_inputs_above`: main-graph initializers larger than this many bytes are emitted
     as typed graph inputs without data — a cheap model for analyses (shape inference) that need
     every type but not the weights. `value_infos=False` leaves the main graph's intermediate
-    types out (for a check that must infer them afresh).
+    types out (for a check that must infer them afresh); a predicate keeps the types of the
+    values it accepts.
     """
     if not isinstance(model, Model):
         hint = (" (an OptimizeResult has .to_onnx())" if hasattr(model, "to_onnx")
@@ -689,10 +690,12 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None,
 
 def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
                    weights_as_inputs_above: int | None = None,
-                   list_fixed_weights: bool = True, value_infos: bool = True) -> GraphProto:
+                   list_fixed_weights: bool = True,
+                   value_infos: bool | Callable[[Value], bool] = True) -> GraphProto:
     """Fill `proto` (a fresh GraphProto by default) in place, which avoids copying weights.
     `list_fixed_weights=False` leaves pre-IR-4 weights (non-overridable) out of the inputs;
-    `value_infos=False` leaves the types of intermediate values out."""
+    `value_infos=False` leaves the types of intermediate values out, a predicate those of the
+    values it refuses."""
     proto = GraphProto() if proto is None else proto
     proto.name = graph.name
     proto.doc_string = graph.doc_string
@@ -723,7 +726,8 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
         if outputs is None:
             continue
         for value in node._outputs:
-            if value is not None and id(value) not in outputs and _has_type(value):
+            if value is not None and id(value) not in outputs and _has_type(value) \
+                    and (value_infos is True or value_infos(value)):
                 _fill_value_info(infos.add(), value)
     for value in graph.outputs:
         _fill_value_info(proto.output.add(), value)

@@ -1,0 +1,40 @@
+"""Which intermediate types a portable .onnx leaves out: those that let onnxruntime re-fuse a
+residual Add and LayerNormalization into its slow CPU SkipLayerNormalization."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from graphopt.ir import Model, Node, Value
+
+# onnxruntime's SkipLayerNormFusion (its extended level) fuses Add (→ bias Add) →
+# LayerNormalization where the first Add's inputs are known to have one shape. The types
+# graphopt infers prove it where onnxruntime's own inference of an exporter's symbolic dims does
+# not, and the fused CPU kernel runs 3-5× slower than the ops it replaces (bench/
+# skip_layernorm.py): a session at ORT_ENABLE_ALL ran graphopt's 4-layer BERT at 1.04× the
+# original's time with those types, 0.96× without. Left untyped, onnxruntime infers them itself
+# and leaves the ops apart, as it does for the original.
+
+
+def residual_types_kept(model: Model) -> Callable[[Value], bool]:
+    """A to_onnx value_infos predicate: False for the inputs and output of each Add that feeds a
+    LayerNormalization directly or through a second Add (its bias)."""
+    untyped: set[int] = set()
+    for node in model.graph:
+        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        for add in _adds_before(node):
+            untyped.update(id(v) for v in (*add.inputs, add.output) if v is not None)
+    return lambda value: id(value) not in untyped
+
+
+def _adds_before(norm: Node) -> list[Node]:
+    first = norm.input(0).producer if norm.input(0) is not None else None
+    if first is None or first.op_type != "Add" or not first.is_onnx:
+        return []
+    adds = [first]
+    for value in first.inputs:
+        if value is not None and value.producer is not None \
+                and value.producer.op_type == "Add" and value.producer.is_onnx:
+            adds.append(value.producer)
+    return adds
