@@ -28,6 +28,14 @@ UPSTREAM_CASES = {
                                   t = MatMul(x, xt)""", "{1}", ("t", [1])),
     "merged dims": ("""flat = Concat<axis = 0>(m1, c2, c4)
                        t = Reshape(x, flat)""", "{0}", ("t", [0])),
+    # A transformer layer's output, read for each layer's attention mask: through its
+    # LayerNormalization, its residual Add, to the sequence the first layer read.
+    "layer norm": ("t = LayerNormalization<axis = -1>(x, g8, b8)", "{1}", ("x", [1])),
+    "residual add": ("""r = Relu(x)
+                        t = Add(r, x)""", "{0, 1}", ("x", [0, 1])),
+    "broadcast add": ("""v = ReduceMean<axes = [1]>(x)
+                         t = Add(v, x)""", "{1}", ("x", [1])),  # v's 1 is not the sequence
+    "gather": ("t = Gather<axis = 1>(x, rows)", "{0, 3}", ("x", [0, 2])),
 }
 
 
@@ -40,7 +48,9 @@ def test_a_symbolic_dim_is_read_where_it_comes_from(case):
         g (float[B,S,8] x) => (int64[{len(dims)}] y)
         <int64[4] split = {{0, 0, 2, 4}}, int64[1] m1 = {{-1}}, int64[1] c2 = {{2}},
          int64[1] c4 = {{4}}, int64[1] ax = {{0}}, int64 i0 = {{0}}, int64[{len(dims)}] at = {indices},
-         float[8, 16] w = {{{", ".join(["0.5"] * 128)}}}, float[16] bias = {{{", ".join(["1.0"] * 16)}}}>
+         float[8, 16] w = {{{", ".join(["0.5"] * 128)}}}, float[16] bias = {{{", ".join(["1.0"] * 16)}}},
+         float[8] g8 = {{{", ".join(["1.5"] * 8)}}}, float[8] b8 = {{{", ".join(["0.5"] * 8)}}},
+         int64[2, 1] rows = {{1, 0}}>
         {{
           s0 = Shape(x)
           g0 = Gather(s0, i0)
@@ -59,3 +69,18 @@ def test_a_symbolic_dim_is_read_where_it_comes_from(case):
         assert ops(model) == ["Shape", "Gather"]
     for batch, seq in [(1, 3), (3, 5)]:
         assert_same_outputs(proto, model, {"x": np.ones((batch, seq, 8), np.float32)})
+
+
+def test_every_bert_layer_reads_one_attention_mask():
+    # Each layer expanded the mask to Shape(its input)[1]: read back through the layers'
+    # LayerNormalizations, residual Adds, projections and attention to the ids, the sequence
+    # is one dim, and the layers' Shape → Gather → Concat → Expand become one.
+    import graphopt
+    from graphopt import numerics, zoo
+
+    proto = zoo.build("bert_base", layers=3, hidden=64, heads=2, intermediate=128, vocab=100)
+    out = graphopt.optimize(proto).to_onnx()
+    masks = {n.input[5] for n in out.graph.node if n.op_type == "Attention"}
+    assert len([n for n in out.graph.node if n.op_type == "Attention"]) == 3 and len(masks) == 1
+    feeds = zoo.sample_inputs(proto, seed=0, dims={"batch_size": 2, "sequence_length": 7})
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-4, 1e-5)

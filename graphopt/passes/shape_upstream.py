@@ -9,8 +9,13 @@ mask, or the context's merge). Once attention is fused, those reads are all that
 head split and the separate Q/K/V projections alive, and they stop the projections from being
 packed into one GEMM. The dim is followed back through Transposes (which permute dims),
 Reshapes whose target proves it a dim of their input (a 0, a dim read from the input's Shape,
-or a -1 that can only be it: symbolic_dims), MatMuls by a matrix (all but the last dim) and
-elementwise ops with a constant that broadcasts along none of the dims read (a bias). It runs
+or a -1 that can only be it: symbolic_dims), MatMuls by a matrix (all but the last dim),
+elementwise ops with a constant that broadcasts along none of the dims read (a bias), those of
+two computed inputs through one proven to have the dims read (a residual Add), ops whose output
+has their input's shape (LayerNormalization, activations, onnxruntime's BiasGelu; Attention's
+batch and sequence) and Gather (to its data or its indices). A BERT export builds each layer's
+attention mask from Shape(the layer's input)[1]: read back to the token ids, the sequence is
+one dim, and the layers' mask Expands become one (onnxruntime ran twelve). It runs
 among the fusions, not with FoldShapes: a Reshape whose target reads its own input's dims must
 first become a constant target (ReshapeOwnDims), which a read moved upstream would prevent.
 """
@@ -25,6 +30,17 @@ from graphopt.passes.shape_pieces import ints, known_rank
 from graphopt.passes.symbolic_dims import Equalities, proven_dims, reshaped
 
 _BROADCAST = ("Add", "Sub", "Mul", "Div")
+# Ops whose output has their first input's shape.
+_SAME_SHAPE = frozenset({"LayerNormalization", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf",
+                         "Gelu", "Softmax", "LogSoftmax", "Cast", "Neg", "Sqrt", "Exp",
+                         "Identity", "Dropout", "Clip", "HardSigmoid", "HardSwish", "Softplus",
+                         "Elu", "Selu", "Celu", "Mish", "Abs"})
+# onnxruntime's ops whose output has their first input's shape (None), or its leading n dims
+# (Attention: [batch, sequence] of its input, its own hidden size).
+_CONTRIB_SHAPED = {("com.microsoft", "BiasGelu"): None, ("com.microsoft", "FastGelu"): None,
+                   ("com.microsoft", "Gelu"): None, ("com.microsoft", "QuickGelu"): None,
+                   ("com.microsoft", "SkipLayerNormalization"): None,
+                   ("com.microsoft", "Attention"): 2}
 
 
 def _beside_constant(node: Node) -> tuple[Value | None, Value | None]:
@@ -52,12 +68,21 @@ def _reshaped_from(node: Node, source: Value, indices: list[int],
 def source_dims(x: Value, indices: list[int]) -> tuple[Value, list[int]]:
     """The value upstream of x, and the indices of its dims, that x's dims `indices` equal."""
     equal = Equalities()
-    while (node := x.producer) is not None and node.is_onnx and node.input(0) is not None:
+    while (node := x.producer) is not None and node.input(0) is not None \
+            and (node.is_onnx or (node.domain, node.op_type) in _CONTRIB_SHAPED):
         rank, source = known_rank(x), node.input(0)
         if rank is None or not all(-rank <= i < rank for i in indices):
             break
         indices = [i % rank for i in indices]
-        if node.op_type == "Transpose":
+        if not node.is_onnx:  # a contrib op whose output has its first input's leading dims
+            kept = _CONTRIB_SHAPED[(node.domain, node.op_type)]
+            moved = indices if known_rank(source) == rank and (
+                kept is None or all(i < kept for i in indices)) else None
+        elif node.op_type in _SAME_SHAPE:
+            moved = indices if known_rank(source) == rank else None
+        elif node.op_type == "Gather":
+            source, moved = _gathered_from(node, indices, rank)
+        elif node.op_type == "Transpose":
             perm = node.attr("perm")
             if perm is None:
                 break
@@ -70,15 +95,48 @@ def source_dims(x: Value, indices: list[int]) -> tuple[Value, list[int]]:
                 and known_rank(source) == rank and rank - 1 not in indices else None
         elif node.op_type in _BROADCAST:
             source, other = _beside_constant(node)
-            moved = indices if source is not None and known_rank(source) == rank and all(
-                other.shape[i - rank + len(other.shape)] == 1 for i in indices
-                if i - rank + len(other.shape) >= 0) else None
+            if source is None:  # two computed inputs (a residual Add): one that shows the dims
+                source = _showing(node, x, indices, equal)
+                moved = indices if source is not None else None
+            else:
+                moved = indices if known_rank(source) == rank and all(
+                    other.shape[i - rank + len(other.shape)] == 1 for i in indices
+                    if i - rank + len(other.shape) >= 0) else None
         else:
             moved = None
         if moved is None:
             break
         x, indices = source, moved
     return x, indices
+
+
+def _showing(node: Node, x: Value, indices: list[int], equal: Equalities) -> Value | None:
+    """The input of an elementwise op of two computed inputs whose dims `indices` are proven
+    to be its output's (not a 1 the other input broadcasts), or None."""
+    out = proven_dims(x, equal)
+    for candidate in node.inputs[:2]:
+        dims = None if candidate is None else proven_dims(candidate, equal)
+        if out is not None and dims is not None and len(dims) == len(out) and all(
+                out[i] is not None and dims[i] is not None and equal.same(out[i], dims[i])
+                for i in indices):
+            return candidate
+    return None
+
+
+def _gathered_from(node: Node, indices: list[int], rank: int
+                   ) -> tuple[Value | None, list[int] | None]:
+    """Gather's output dims come from its data (before and after the axis) or from its
+    indices (at the axis): the input all of `indices` come from, and their dims there."""
+    data, picked = node.input(0), node.input(1)
+    data_rank, picked_rank = known_rank(data), None if picked is None else known_rank(picked)
+    if data_rank is None or picked_rank is None or data_rank + picked_rank - 1 != rank:
+        return None, None
+    axis = int(node.attr("axis", 0)) % data_rank
+    if all(axis <= i < axis + picked_rank for i in indices):
+        return picked, [i - axis for i in indices]
+    if all(i < axis or i >= axis + picked_rank for i in indices):
+        return data, [i if i < axis else i - picked_rank + 1 for i in indices]
+    return None, None
 
 
 def _moved(graph: Graph, shape: Node, gather: Node, ctx: PassContext) -> bool:
