@@ -432,7 +432,10 @@ def _compare_tensors(name: str, exp: np.ndarray, got: np.ndarray, rtol: float,
         return None
     e, a = exp.astype(np.float64).reshape(-1), got.astype(np.float64).reshape(-1)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is judged by the mask
-        diff = np.where(np.isnan(e) & np.isnan(a), 0.0, np.abs(a - e))
+        # NaN against NaN agrees; NaN against a number is infinitely off (nanmax would drop
+        # it, and the message read "max abs err 0" beside elements beyond the tolerances).
+        diff = np.where(np.isnan(e) & np.isnan(a), 0.0,
+                        np.where(np.isnan(e) | np.isnan(a), np.inf, np.abs(a - e)))
         rel = diff / np.maximum(np.abs(e), 1e-30)
     return Mismatch(
         name, f"{int(bad.sum())}/{bad.size} element(s) beyond rtol={rtol} atol={atol} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphopt.ir import Model, Node, Value
+from graphopt.passes.fusion.elementwise import DOMAIN as FUNCTIONS
 
 # onnxruntime's SkipLayerNormFusion (its extended level) fuses Add (→ bias Add) →
 # LayerNormalization where the first Add's inputs are known to have one shape. The types
@@ -18,7 +19,8 @@ from graphopt.ir import Model, Node, Value
 
 def residual_types_kept(model: Model) -> Callable[[Value], bool]:
     """A to_onnx value_infos predicate: False for the inputs and output of each Add that feeds a
-    LayerNormalization directly or through a second Add (its bias)."""
+    LayerNormalization directly or through a second Add (its bias), or of the elementwise
+    function that holds them at -O3 (onnxruntime inlines it before it fuses)."""
     untyped: set[int] = set()
     for node in model.graph:
         if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
@@ -30,6 +32,8 @@ def residual_types_kept(model: Model) -> Callable[[Value], bool]:
 
 def _adds_before(norm: Node) -> list[Node]:
     first = norm.input(0).producer if norm.input(0) is not None else None
+    if first is not None and first.domain == FUNCTIONS:
+        return [first]
     if first is None or first.op_type != "Add" or not first.is_onnx:
         return []
     adds = [first]

@@ -569,6 +569,12 @@ def test_a_nan_against_a_number_is_never_rounding():
     from graphopt.numerics import max_abs_error
 
     assert max_abs_error(np.array([1.0, 2.0]), np.array([1.0, np.nan])) == float("inf")
+    # And --verify's message said "max abs err 0" beside the element it found beyond.
+    from graphopt.numerics import compare
+
+    (problem,) = compare({"y": np.array([1.0, 2.0], np.float32)},
+                         {"y": np.array([1.0, np.nan], np.float32)}, 1e-4, 1e-5)
+    assert "1/2 element(s) beyond" in str(problem) and "(max abs err inf)" in str(problem)
     assert max_abs_error(np.array([np.nan, np.inf]), np.array([np.nan, np.inf])) == 0.0
     values = np.linspace(-900, 900, 200, dtype=np.float32).reshape(1, 200)
     reference = parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",

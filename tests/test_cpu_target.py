@@ -241,6 +241,9 @@ def test_a_portable_onnx_leaves_onnxruntime_no_residual_add_to_refuse_into_skip_
     proto = zoo.build("bert_base", **BERT_SMALL)
     result = graphopt.optimize(proto)
     typed = graphopt.to_onnx(result.model)  # every type, as the IR holds them
+    # -O3 holds the Adds in elementwise functions, which onnxruntime inlines before it fuses.
+    assert "SkipLayerNormalization" not in _optimized_ops(
+        graphopt.optimize(proto, level=3).to_onnx(), "all")
     assert "SkipLayerNormalization" in _optimized_ops(typed, "all")  # the premise
     path = tmp_path / "bert.onnx"
     graphopt.save(result, path)

@@ -36,7 +36,9 @@ def _feeds():
     (np.array([-1.0, 0.3, 3.5, 0.0], np.float32).reshape(4, 1, 1),
      ["Relu", "Min", "Mul", "Add"]),
     (np.array([0.1, -0.2, 0.3, 0.4, 0.5], np.float32), None),  # along W: still per element
-], ids=["one", "unit", "zero", "steep", "mixed", "last-axis"])
+    (np.full((4, 1, 1), 0.25, np.float32), ["LeakyRelu"]),  # per channel, all alike
+    (np.array([np.inf], np.float32), ["LeakyRelu"]),
+], ids=["one", "unit", "zero", "steep", "mixed", "last-axis", "alike", "infinite"])
 def test_each_slope_takes_its_form_and_computes_what_prelu_does(slope, ops):
     text = PRELU
     if slope.shape == (5,):
@@ -77,7 +79,18 @@ def test_what_lowering_leaves_as_it_is():
       y = PRelu(x, s)
     }""")
     half = parse_model(PRELU.replace("float", "float16"), slope=slope.astype(np.float16))
+    # Several slopes with an infinity or a NaN (0·inf is NaN where PRelu passes x ≥ 0 as
+    # it is); opset 7, whose Min does not broadcast the zero.
+    infinite = parse_model(PRELU, slope=np.array([0.5, np.inf, 1, 2], np.float32)
+                           .reshape(4, 1, 1))
+    nan = parse_model(PRELU, slope=np.array([0.5, np.nan, 1, 2], np.float32).reshape(4, 1, 1))
+    old = parse_model(PRELU, header='<ir_version: 3, opset_import: ["" : 7]>\n', slope=slope)
     for proto, target in ((given, None), (half, None), (parse_model(PRELU, slope=slope),
-                                                        "ascend310")):
+                                                        "ascend310"),
+                          (infinite, None), (nan, None), (old, None)):
         result = graphopt.optimize(proto, target=target)
         assert [n.op_type for n in result.model.graph] == ["PRelu"], target
+        feeds = _feeds() if proto is not half else {"x": _feeds()["x"].astype(np.float16)}
+        if proto is not given:
+            assert np.array_equal(numerics.run(proto, feeds)["y"],
+                                  numerics.run(result.to_onnx(), feeds)["y"], equal_nan=True)

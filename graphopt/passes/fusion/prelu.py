@@ -6,12 +6,14 @@ onnxruntime 1.32). MediaPipe's landmark and palm models spend about half
 their time in it. Each form computes every element as PRelu does, bit for bit (±0 aside: a
 zero comes out +0 where PRelu may give -0); NaN and ±inf go through alike:
 
-    slope of one value a        LeakyRelu(x, alpha=a)
+    one slope value a           LeakyRelu(x, alpha=a)   (also a per-channel slope all a)
     every slope in (0, 1]       Max(x, x·a)          (x ≥ 0: x ≥ x·a; x < 0: x·a ≥ x)
     every slope ≥ 1             Min(x, x·a)
     other slopes                Relu(x) + Min(x, 0)·a
 
-(A slope of 0 takes the last form: x·0 is NaN at x = +inf, which Max would pass on.)
+(A slope of 0 takes the last form: x·0 is NaN at x = +inf, which Max would pass on. Slopes of
+several values with a NaN or an infinity stay PRelu, as below opset 8, where Max and Min do not
+broadcast, and a slope that does not broadcast to x as PRelu's must.)
 
 A target whose device for the PRelu is not a CPU (an NPU, which has a PRelu kernel) keeps it.
 """
@@ -30,6 +32,10 @@ def _prelu(op, x):
     return op.PRelu(x, Const(pred=lambda data: data.dtype == np.float32, name="slope"))
 
 
+def _one_value(slope: np.ndarray) -> bool:
+    return bool(np.all(slope == slope.reshape(-1)[0]))  # NaN equals nothing: not one value
+
+
 class _Lowered(Rule):
     dtypes = (DType.FLOAT,)
 
@@ -37,6 +43,20 @@ class _Lowered(Rule):
         if target is not None and placed_device(target, root).kind != "cpu":
             return f"target {target.name}: its {placed_device(target, root).name} runs PRelu"
         return super().unsupported(root, target)
+
+    def refusal(self, x, slope, model) -> str | None:
+        """Why no form fits: an opset before 8, whose Max and Min do not broadcast; a slope
+        that does not broadcast to x as PRelu's must (the model fails where it runs); a slope
+        of several values with a NaN or an infinity (0·inf is NaN in every form but one)."""
+        if (model.opset("") or 0) < 8:
+            return "Max and Min broadcast from opset 8 on"
+        if x.shape is not None and (slope.ndim > len(x.shape) or any(
+                s != 1 and isinstance(d, int) and d != s
+                for s, d in zip(slope.shape[::-1], x.shape[::-1]))):
+            return f"slope {list(slope.shape)} does not broadcast to {list(x.shape)}"
+        if not _one_value(slope) and not np.isfinite(slope).all():
+            return "a slope of several values holds a NaN or an infinity"
+        return None
 
 
 class PReluScalarSlope(_Lowered):
@@ -47,8 +67,9 @@ class PReluScalarSlope(_Lowered):
     def pattern(self, op, x):
         return _prelu(op, x)
 
-    def check(self, slope, **_):
-        return None if slope.size == 1 else "the slope has more than one value"
+    def check(self, x, slope, model, **_):
+        return self.refusal(x, slope, model) or (
+            None if _one_value(slope) else "the slope has more than one value")
 
     def rewrite(self, op, x, slope, **_):
         return op.LeakyRelu(x, alpha=float(slope.reshape(-1)[0]))
@@ -62,12 +83,11 @@ class PReluUnitSlopes(_Lowered):
     def pattern(self, op, x):
         return _prelu(op, x)
 
-    def check(self, slope, **_):
-        if slope.size == 1:
+    def check(self, x, slope, model, **_):
+        if _one_value(slope):
             return "one slope: PReluScalarSlope's"
-        finite = np.isfinite(slope).all()
-        return None if finite and slope.min() > 0 and slope.max() <= 1 else \
-            "a slope outside (0, 1]"
+        return self.refusal(x, slope, model) or (
+            None if slope.min() > 0 and slope.max() <= 1 else "a slope outside (0, 1]")
 
     def rewrite(self, op, x, slope, **_):
         return op.Max(x, op.Mul(x, op.const(slope, "prelu_slope")))
@@ -81,10 +101,11 @@ class PReluSteepSlopes(_Lowered):
     def pattern(self, op, x):
         return _prelu(op, x)
 
-    def check(self, slope, **_):
-        if slope.size == 1:
+    def check(self, x, slope, model, **_):
+        if _one_value(slope):
             return "one slope: PReluScalarSlope's"
-        return None if np.isfinite(slope).all() and slope.min() >= 1 else "a slope below 1"
+        return self.refusal(x, slope, model) or (
+            None if slope.min() >= 1 else "a slope below 1")
 
     def rewrite(self, op, x, slope, **_):
         return op.Min(x, op.Mul(x, op.const(slope, "prelu_slope")))
@@ -98,13 +119,13 @@ class PReluDecomposed(_Lowered):
     def pattern(self, op, x):
         return _prelu(op, x)
 
-    def check(self, slope, **_):
-        if slope.size == 1:
+    def check(self, x, slope, model, **_):
+        if _one_value(slope):
             return "one slope: PReluScalarSlope's"
-        finite = np.isfinite(slope).all()
-        if finite and (slope.min() > 0 and slope.max() <= 1 or slope.min() >= 1):
+        refused = self.refusal(x, slope, model)
+        if refused is None and (slope.min() > 0 and slope.max() <= 1 or slope.min() >= 1):
             return "its slopes take a two-op form (PReluUnitSlopes, PReluSteepSlopes)"
-        return None
+        return refused
 
     def rewrite(self, op, x, slope, **_):
         negative = op.Min(x, op.const(np.zeros((), np.float32), "zero"))
