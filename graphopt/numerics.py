@@ -434,9 +434,9 @@ def _compare_tensors(name: str, exp: np.ndarray, got: np.ndarray, rtol: float,
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is judged by the mask
         # NaN against NaN agrees; NaN against a number is infinitely off (nanmax would drop
         # it, and the message read "max abs err 0" beside elements beyond the tolerances).
-        diff = np.where(np.isnan(e) & np.isnan(a), 0.0,
-                        np.where(np.isnan(e) | np.isnan(a), np.inf, np.abs(a - e)))
-        rel = diff / np.maximum(np.abs(e), 1e-30)
+        one_nan = np.isnan(e) != np.isnan(a)
+        diff = np.where(np.isnan(e) & np.isnan(a), 0.0, np.where(one_nan, np.inf, np.abs(a - e)))
+        rel = np.where(one_nan, np.inf, diff / np.maximum(np.abs(e), 1e-30))
     return Mismatch(
         name, f"{int(bad.sum())}/{bad.size} element(s) beyond rtol={rtol} atol={atol} "
         f"(max abs err {float(np.nanmax(diff)):.3g})",

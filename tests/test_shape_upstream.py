@@ -31,6 +31,9 @@ UPSTREAM_CASES = {
     # A transformer layer's output, read for each layer's attention mask: through its
     # LayerNormalization, its residual Add, to the sequence the first layer read.
     "layer norm": ("t = LayerNormalization<axis = -1>(x, g8, b8)", "{1}", ("x", [1])),
+    # Its Mean output has 1s from the axis on: not x's dims.
+    "layer norm mean": ("z, t = LayerNormalization<axis = -1>(x, g8, b8)", "{1, 2}",
+                        ("t", [1, 2])),
     "residual add": ("""r = Relu(x)
                         t = Add(r, x)""", "{0, 1}", ("x", [0, 1])),
     "broadcast add": ("""v = ReduceMean<axes = [1]>(x)
@@ -48,7 +51,8 @@ def test_a_symbolic_dim_is_read_where_it_comes_from(case):
         g (float[B,S,8] x) => (int64[{len(dims)}] y)
         <int64[4] split = {{0, 0, 2, 4}}, int64[1] m1 = {{-1}}, int64[1] c2 = {{2}},
          int64[1] c4 = {{4}}, int64[1] ax = {{0}}, int64 i0 = {{0}}, int64[{len(dims)}] at = {indices},
-         float[8, 16] w = {{{", ".join(["0.5"] * 128)}}}, float[16] bias = {{{", ".join(["1.0"] * 16)}}},
+         float[8, 16] w = {{{", ".join(["0.5"] * 128)}}},
+         float[16] bias = {{{", ".join(["1.0"] * 16)}}},
          float[8] g8 = {{{", ".join(["1.5"] * 8)}}}, float[8] b8 = {{{", ".join(["0.5"] * 8)}}},
          int64[2, 1] rows = {{1, 0}}>
         {{

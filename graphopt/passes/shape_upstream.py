@@ -71,7 +71,8 @@ def source_dims(x: Value, indices: list[int]) -> tuple[Value, list[int]]:
     while (node := x.producer) is not None and node.input(0) is not None \
             and (node.is_onnx or (node.domain, node.op_type) in _CONTRIB_SHAPED):
         rank, source = known_rank(x), node.input(0)
-        if rank is None or not all(-rank <= i < rank for i in indices):
+        if rank is None or not all(-rank <= i < rank for i in indices) \
+                or x is not node.outputs[0]:  # (a LayerNormalization's Mean: 1s from its axis)
             break
         indices = [i % rank for i in indices]
         if not node.is_onnx:  # a contrib op whose output has its first input's leading dims
@@ -161,7 +162,8 @@ def _moved(graph: Graph, shape: Node, gather: Node, ctx: PassContext) -> bool:
 class ReadShapesUpstream(Pass):
     name = "ReadShapesUpstream"
     description = "a dim picked from a value's Shape is read from the value it comes from " \
-                  "(through Transposes, Reshapes, projections), so the value can go"
+                  "(through Transposes, Reshapes, projections, normalizations, activations, " \
+                  "residual Adds and Gathers), so the value can go"
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()

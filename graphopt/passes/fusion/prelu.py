@@ -13,7 +13,7 @@ zero comes out +0 where PRelu may give -0); NaN and ±inf go through alike:
 
 (A slope of 0 takes the last form: x·0 is NaN at x = +inf, which Max would pass on. Slopes of
 several values with a NaN or an infinity stay PRelu, as below opset 8, where Max and Min do not
-broadcast, and a slope that does not broadcast to x as PRelu's must.)
+broadcast, and a slope not proven to broadcast to x's known shape as PRelu's must.)
 
 A target whose device for the PRelu is not a CPU (an NPU, which has a PRelu kernel) keeps it.
 """
@@ -46,14 +46,15 @@ class _Lowered(Rule):
 
     def refusal(self, x, slope, model) -> str | None:
         """Why no form fits: an opset before 8, whose Max and Min do not broadcast; a slope
-        that does not broadcast to x as PRelu's must (the model fails where it runs); a slope
-        of several values with a NaN or an infinity (0·inf is NaN in every form but one)."""
+        not proven to broadcast to x as PRelu's must, x's shape unchanged (onnxruntime's
+        PRelu broadcasts both ways, which LeakyRelu would not); a slope of several values
+        with a NaN or an infinity (0·inf is NaN in every form but one)."""
         if (model.opset("") or 0) < 8:
             return "Max and Min broadcast from opset 8 on"
-        if x.shape is not None and (slope.ndim > len(x.shape) or any(
-                s != 1 and isinstance(d, int) and d != s
-                for s, d in zip(slope.shape[::-1], x.shape[::-1]))):
-            return f"slope {list(slope.shape)} does not broadcast to {list(x.shape)}"
+        if x.shape is None or slope.ndim > len(x.shape) or any(
+                s != 1 and d != s for s, d in zip(slope.shape[::-1], x.shape[::-1])):
+            shape = "an unknown shape" if x.shape is None else list(x.shape)
+            return f"slope {list(slope.shape)} is not proven to broadcast to {shape}"
         if not _one_value(slope) and not np.isfinite(slope).all():
             return "a slope of several values holds a NaN or an infinity"
         return None
