@@ -32,7 +32,8 @@ _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.
-_FUSE_ALL = _FUSE[:-1] + ("FuseActivation", "EliminateDeadNodes")
+# LowerSoftplus changes results within 3e-6 (the kernels' exp and log against Exp and Log): -O3.
+_FUSE_ALL = _FUSE[:-1] + ("LowerSoftplus", "FuseActivation", "EliminateDeadNodes")
 # An If whose condition folds to a constant becomes its branch inside the fold loop, so the
 # branch's own nodes fold and fuse with the graph around them.
 _FOLD = ("FoldShapes", "FoldConstants", "InlineConstantIf", "EliminateIdentity", "EliminateNoOps",
@@ -84,8 +85,9 @@ PIPELINES: dict[int, Pipeline] = {
     # only: onnxruntime inlines local functions when it loads a model, so on the CPU they change
     # nothing, but a target that runs a group as one kernel (and the cost model) sees the groups.
     3: Pipeline("O3", "O2 with shape inference re-run inside the fixed point, so folding "
-                "sees shapes that only earlier folds reveal, activations fused into "
-                "FusedConv/FusedGemm, and elementwise chains into graphopt:: local functions",
+                "sees shapes that only earlier folds reveal, Softplus and Mish as Exp and Log, "
+                "activations fused into FusedConv/FusedGemm, and elementwise chains into "
+                "graphopt:: local functions",
                 _IMPORT + (FixedPoint(("InferShapes",) + _FOLD), "InferShapes",
                            FixedPoint(_FUSE_ALL), "FuseElementwise") + _FINISH),
 }

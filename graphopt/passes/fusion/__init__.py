@@ -2,4 +2,4 @@
 
 from graphopt.passes.fusion import (  # noqa: F401
     activation, attention, batched_heads, conv_bn, elementwise, gelu, layernorm, layout, matmul,
-    prelu, slicing, transpose_sinking)
+    prelu, slicing, softplus, transpose_sinking)
