@@ -27,8 +27,9 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # LowerPRelu follows SinkTransposes, which moves Transposes past a PRelu as one op, and comes
 # before FuseActivation, which takes the LeakyRelu a one-slope PRelu becomes into the conv.
 _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
-         "FuseConvBatchNorm", "LowerPRelu", "FuseLayerNorm", "FuseGelu", "FuseMatMul",
-         "FuseAttention", "ReadShapesUpstream", "EliminateNoOps", "EliminateDeadNodes")
+         "FuseConvBatchNorm", "LowerPRelu", "LowerLRN", "FuseLayerNorm", "FuseGelu",
+         "FuseMatMul", "FuseAttention", "ReadShapesUpstream", "EliminateNoOps",
+         "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.
