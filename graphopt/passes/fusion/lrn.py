@@ -12,8 +12,8 @@ within a few units in the last place of float32 (the sum runs in another order, 
 through Pow), onnxruntime's own rounding differences, so at -O2. A NaN or an infinity in the
 input reaches the outputs of its own window only, as ONNX defines LRN; onnxruntime's kernel,
 which slides one running sum along the channels, spreads it to every channel after it. Inputs
-of rank 4 and odd window sizes (onnxruntime's kernel takes no others); a target whose device for LRN is not a CPU
-keeps it (the Ascend profiles have its kernel).
+of rank 4 and odd window sizes (onnxruntime's kernel takes no others); a target whose device
+for LRN is not a CPU keeps it (the Ascend profiles have its kernel).
 """
 
 from __future__ import annotations
