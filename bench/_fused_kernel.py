@@ -44,21 +44,31 @@ def main(doc: str, names: tuple[str, str], shapes: tuple[tuple[int, ...], ...], 
          row: Callable[[tuple[int, ...], int], list[str]], argv: list[str] | None = None) -> int:
     """The bench's command line (--shapes, --runs, --json) over `row(shape, runs)`; `names`
     head the fused and the unfused columns."""
+    columns = ["shape", f"{names[0]} µs", f"{names[1]} µs", "×", "max abs Δ"]
+    return table_main(doc, columns, shapes, "BxSxC", example,
+                      lambda shape, runs: [row(shape, runs)], argv=argv)
+
+
+def table_main(doc: str, columns: list[str], shapes: tuple[tuple[int, ...], ...], dims: str,
+               example: str, rows_of: Callable[[tuple[int, ...], int], list[list[str]]],
+               runs: int = 300, argv: list[str] | None = None) -> int:
+    """A one-op bench's command line (--shapes of `dims`, --runs, --json): the table of
+    `rows_of(shape, runs)` over the shapes, under `columns`."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     default = ",".join("x".join(map(str, shape)) for shape in shapes)
-    parser.add_argument("--shapes", type=shape_list("BxSxC", example), default=list(shapes),
-                        help=f"BxSxC shapes, comma-separated (default {default})")
-    parser.add_argument("--runs", type=int, default=300, help="timed calls per variant (300)")
+    parser.add_argument("--shapes", type=shape_list(dims, example), default=list(shapes),
+                        help=f"{dims} shapes, comma-separated (default {default})")
+    parser.add_argument("--runs", type=int, default=runs,
+                        help=f"timed calls per variant ({runs})")
     parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be ≥ 1")
-    rows = [row(shape, args.runs) for shape in args.shapes]
+    rows = [r for shape in args.shapes for r in rows_of(shape, args.runs)]
     print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_DISABLE_ALL, "
           f"onnxruntime {ort.__version__}\n")
-    columns = ["shape", f"{names[0]} µs", f"{names[1]} µs", "×", "max abs Δ"]
     print(markdown_table(columns, rows))
     if args.json:
         write_json(args.json, {"runs": args.runs, "onnxruntime": ort.__version__,

@@ -11,18 +11,15 @@ their outputs compared. The default shapes are where the onnx wheel's light CNNs
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, shape_list, write_json  # noqa: E402
-from _fused_kernel import compare  # noqa: E402
+from _fused_kernel import compare, table_main  # noqa: E402
 
 import graphopt  # noqa: E402
 
@@ -37,36 +34,15 @@ def _model(shape: tuple[int, ...]):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def row(shape: tuple[int, ...], runs: int) -> list[str]:
+def rows(shape: tuple[int, ...], runs: int) -> list[list[str]]:
     feeds = {"x": (np.random.default_rng(0).standard_normal(shape) * 30).astype(np.float32)}
     model = _model(shape)
     lowered = graphopt.optimize(model).to_onnx()
-    return compare(shape, {"LRN": model.SerializeToString(),
-                           "lowered": lowered.SerializeToString()}, feeds, runs)
+    return [compare(shape, {"LRN": model.SerializeToString(),
+                            "lowered": lowered.SerializeToString()}, feeds, runs)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    default = ",".join("x".join(map(str, shape)) for shape in SHAPES)
-    parser.add_argument("--shapes", type=shape_list("NxCxHxW", "1x64x56x56"),
-                        default=list(SHAPES), help=f"NxCxHxW shapes (default {default})")
-    parser.add_argument("--runs", type=int, default=100, help="timed calls per variant (100)")
-    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
-    table = [row(shape, args.runs) for shape in args.shapes]
-    print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_DISABLE_ALL, "
-          f"onnxruntime {ort.__version__}\n")
-    columns = ["shape", "LRN µs", "lowered µs", "×", "max abs Δ"]
-    print(markdown_table(columns, table))
-    if args.json:
-        write_json(args.json, {"runs": args.runs, "onnxruntime": ort.__version__,
-                               "columns": columns, "rows": table})
-    return 0
-
+COLUMNS = ["shape", "LRN µs", "lowered µs", "×", "max abs Δ"]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(table_main(__doc__, COLUMNS, SHAPES, "NxCxHxW", "1x64x56x56", rows, runs=100))

@@ -11,18 +11,15 @@ of the per-call wall time, with their outputs compared.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, shape_list, write_json  # noqa: E402
-from _fused_kernel import compare  # noqa: E402
+from _fused_kernel import compare, table_main  # noqa: E402
 
 import graphopt  # noqa: E402
 
@@ -56,28 +53,7 @@ def rows(shape: tuple[int, ...], runs: int) -> list[list[str]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    default = ",".join("x".join(map(str, shape)) for shape in SHAPES)
-    parser.add_argument("--shapes", type=shape_list("NxCxHxW", "1x48x64x64"),
-                        default=list(SHAPES), help=f"NxCxHxW shapes (default {default})")
-    parser.add_argument("--runs", type=int, default=300, help="timed calls per variant (300)")
-    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
-    table = [r for shape in args.shapes for r in rows(shape, args.runs)]
-    print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_DISABLE_ALL, "
-          f"onnxruntime {ort.__version__}\n")
-    columns = ["shape", "slope", "graphopt's form", "PRelu µs", "form µs", "×", "max abs Δ"]
-    print(markdown_table(columns, table))
-    if args.json:
-        write_json(args.json, {"runs": args.runs, "onnxruntime": ort.__version__,
-                               "columns": columns, "rows": table})
-    return 0
-
+COLUMNS = ["shape", "slope", "graphopt's form", "PRelu µs", "form µs", "×", "max abs Δ"]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(table_main(__doc__, COLUMNS, SHAPES, "NxCxHxW", "1x48x64x64", rows, runs=300))

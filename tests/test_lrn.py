@@ -58,3 +58,43 @@ def test_a_nan_reaches_its_own_window_only():
 def test_a_target_whose_device_has_lrn_keeps_it():
     result = graphopt.optimize(_model(), target="ascend310")
     assert "LRN" in [n.op_type for n in result.model.graph]
+
+
+def test_squares_past_float32s_range_are_scaled_before_they_are_summed():
+    # Five values of 1e19: their squares sum past float32's range, and x / inf was 0 where
+    # onnxruntime's kernel (alpha/size times each square, then the sum) gives 3-5e-7.
+    proto = _model()
+    out = graphopt.optimize(proto).to_onnx()
+    x = np.zeros((2, 7, 5, 6), np.float32)
+    x[0, :5, 0, 0] = 1e19
+    expected, actual = numerics.run(proto, {"x": x})["y"], numerics.run(out, {"x": x})["y"]
+    assert (actual[0, :5, 0, 0] > 3e-7).all()
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-12)
+
+
+def test_what_lowering_leaves_as_lrn():
+    # An alpha or beta onnxruntime's kernel refuses; a compile that converts precision, where
+    # a mixed mode keeps LRN in float32 and would not keep its lowered squares so (float16
+    # overflows from 256).
+    for proto, precision in ((_model(alpha=0.0), "keep"), (_model(beta=-0.5), "keep"),
+                             (_model(), "mixed-fp16")):
+        result = graphopt.optimize(proto, precision=precision)
+        assert "LRN" in [n.op_type for n in result.model.graph], precision
+
+
+def test_an_om_of_a_conv_net_with_lrn_keeps_its_memory_plan(tmp_path):
+    # The lowered ops' values were untyped when LayoutNchwc blocked the convs around them, and
+    # a Reorder of an untyped value left the partition without a memory plan.
+    from graphopt.codegen import load_om
+
+    rng = np.random.default_rng(2)
+    proto = parse_model("""
+    g (float[1, 3, 16, 16] x) => (float[1, 16, 16, 16] y) {
+      c = Conv <pads = [1, 1, 1, 1]> (x, w1)
+      n = LRN <size = 5> (c)
+      y = Conv <pads = [1, 1, 1, 1]> (n, w2)
+    }""", w1=rng.standard_normal((16, 3, 3, 3)).astype(np.float32),
+        w2=rng.standard_normal((16, 16, 3, 3)).astype(np.float32))
+    graphopt.save(graphopt.optimize(proto, target="cpu"), tmp_path / "m.om")
+    (plan,) = load_om(tmp_path / "m.om").extra["memory_plan"].values()
+    assert plan["arena_bytes"] > 0 and not plan.get("unplanned")

@@ -32,6 +32,7 @@ from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.nchwc_block import BLOCK_SIZES, METADATA_KEY, detect_block_size
 from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.layout_nchwc_ops import HANDLERS, NCHWC, Blocked
 from graphopt.passes.layout_nchwc_weights import padded
 
@@ -190,6 +191,10 @@ class LayoutNchwc(Pass):
                      f"(e.g. the one making %{computed[0].outputs[0].name}); the layout is left "
                      "to onnxruntime's layout level")
             return result
+        if any(v is not None and v.dtype is None for n in model.graph for v in n.outputs):
+            # Values the fusions' rewrites made untyped (LowerLRN's x², say): a Reorder takes
+            # its input's type, and the memory plan needs every value's.
+            infer_shapes(model)
         rewriter = Rewriter(model, block, result, lambda node: ctx.allows(self.name, node)
                             and not _in_qdq_unit(node))
         rewriter.run()

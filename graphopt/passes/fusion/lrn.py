@@ -2,7 +2,7 @@ r"""LowerLRN: local response normalization as ops onnxruntime's CPU provider run
 
     LRN(x)[n, c, …] = x / (bias + alpha/size · Σ x[n, i, …]²)^beta,
                        i over the `size` channels around c (fewer at the edges)
-      →  x / Pow(bias + alpha · AveragePool(x², window size × 1 × …, zeros padded), beta)
+      →  x / Pow(bias + AveragePool(alpha · x², window size × 1 × …, zeros padded), beta)
 
 The channel window is a pool over a view of the squares with the channels as a spatial axis
 (Unsqueeze at 1): its average over `size` places, the padding counted as zeros, is the window's
@@ -13,7 +13,14 @@ through Pow), onnxruntime's own rounding differences, so at -O2. A NaN or an inf
 input reaches the outputs of its own window only, as ONNX defines LRN; onnxruntime's kernel,
 which slides one running sum along the channels, spreads it to every channel after it. Inputs
 of rank 4 and odd window sizes (onnxruntime's kernel takes no others); a target whose device
-for LRN is not a CPU keeps it (the Ascend profiles have its kernel).
+for LRN is not a CPU keeps it (the Ascend profiles have its kernel). A compile that converts precision keeps LRN
+too: as a normalization it stays float32 under a mixed mode, where the squares of its lowered
+form would not (float16 overflows from |x| = 256).
+
+Where a window's values span many orders of magnitude, this form is the closer of the two to
+the exact result: onnxruntime's running sum adds and subtracts large squares (relative error
+1e-3 at size 1 on inputs near 1e6, against graphopt's 1.5e-7), so `compare` against onnxruntime
+may flag such inputs.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import numpy as np
 
 from graphopt.ir import DType
 from graphopt.ir.pattern import Attr
-from graphopt.passes.base import register
+from graphopt.passes.base import PassResult, register
 from graphopt.passes.rules import Rule, RulePass, placed_device
 
 
@@ -42,11 +49,12 @@ class LRNDecomposed(Rule):
             return f"target {target.name}: its {placed_device(target, root).name} runs LRN"
         return super().unsupported(root, target)
 
-    def check(self, x, size, model, **_):
+    def check(self, x, size, alpha, beta, model, **_):
         if x.shape is None or len(x.shape) != 4:
             return "the input is not known to be of rank 4"
-        if size is None or int(size) < 1 or int(size) % 2 == 0:
-            return "no odd window size (onnxruntime's kernel refuses an even one)"
+        if size is None or int(size) < 1 or int(size) % 2 == 0 or alpha <= 0 or beta <= 0:
+            return "an even window or a non-positive alpha or beta (onnxruntime's kernel " \
+                   "refuses those)"
         if (model.opset("") or 0) < 7:
             return "AveragePool counts padding from opset 7 on"
         return None
@@ -56,7 +64,7 @@ class LRNDecomposed(Rule):
         before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
         spatial = len(x.shape) - 2  # the pool's axes: the channels, then the input's own
         new_axes = (op.model.opset("") or 0) >= 13  # Unsqueeze/Squeeze take axes as an input
-        one = op.const(np.array([1], np.int64), "channel_axis")
+        one = op.const(np.array([1], np.int64), "channel_axis") if new_axes else None
 
         def unsqueezed(value):
             return op.Unsqueeze(value, one) if new_axes else op.Unsqueeze(value, axes=[1])
@@ -64,20 +72,27 @@ class LRNDecomposed(Rule):
         def squeezed(value):
             return op.Squeeze(value, one) if new_axes else op.Squeeze(value, axes=[1])
 
-        pooled = op.AveragePool(unsqueezed(op.Mul(x, x)), kernel_shape=[size] + [1] * spatial,
+        # alpha scales the squares before they are summed, as onnxruntime's kernel does: the
+        # sum of a window's squares alone passes float32's range from |x| ≈ 1.8e19/√size on.
+        squares = op.Mul(op.Mul(x, x), op.const(np.array(alpha, np.float32), "lrn_alpha"))
+        pooled = op.AveragePool(unsqueezed(squares), kernel_shape=[size] + [1] * spatial,
                                 pads=[before] + [0] * spatial + [after] + [0] * spatial,
                                 count_include_pad=1)
-        scaled = op.Mul(squeezed(pooled), op.const(np.array(alpha, np.float32), "lrn_alpha"))
-        base = op.Add(scaled, op.const(np.array(bias, np.float32), "lrn_bias"))
+        base = op.Add(squeezed(pooled), op.const(np.array(bias, np.float32), "lrn_bias"))
         return op.Div(x, op.Pow(base, op.const(np.array(beta, np.float32), "lrn_beta")))
 
 
 @register
 class LowerLRN(RulePass):
     name = "LowerLRN"
-    description = ("LRN as x / Pow(bias + alpha · AveragePool of x² over the channels, beta): "
+    description = ("LRN as x / Pow(bias + AveragePool of alpha · x² over the channels, beta): "
                    "onnxruntime's CPU LRN kernel is about 3× slower")
     rules = (LRNDecomposed,)
+
+    def run(self, model, ctx):
+        if ctx.options.precision != "keep":
+            return PassResult()  # (the module docstring says why)
+        return super().run(model, ctx)
 
 
 __all__ = ["LowerLRN"]

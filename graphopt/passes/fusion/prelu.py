@@ -76,40 +76,52 @@ class PReluScalarSlope(_Lowered):
         return op.LeakyRelu(x, alpha=float(slope.reshape(-1)[0]))
 
 
-class PReluUnitSlopes(_Lowered):
+class _OneSided(_Lowered):
+    """Slopes all on one side of 1 (above 0): x and x·slope then bound each other, and the
+    larger (Max, slopes in (0, 1]) or the smaller (Min, slopes ≥ 1) of the two is PRelu's."""
+
+    combine: str                 # "Max" or "Min"
+    outside: str                 # the refusal when a slope is not on that side
+
+    @staticmethod
+    def holds(slope: np.ndarray) -> bool:
+        raise NotImplementedError
+
+    def check(self, x, slope, model, **_):
+        if _one_value(slope):
+            return "one slope: PReluScalarSlope's"
+        return self.refusal(x, slope, model) or (None if self.holds(slope) else self.outside)
+
+    def rewrite(self, op, x, slope, **_):
+        return getattr(op, self.combine)(x, op.Mul(x, op.const(slope, "prelu_slope")))
+
+
+class PReluUnitSlopes(_OneSided):
     """PRelu whose slopes all lie in (0, 1] → Max(x, x·slope)."""
 
     emits = (("", "Max"), ("", "Mul"))
+    combine, outside = "Max", "a slope outside (0, 1]"
 
     def pattern(self, op, x):
         return _prelu(op, x)
 
-    def check(self, x, slope, model, **_):
-        if _one_value(slope):
-            return "one slope: PReluScalarSlope's"
-        return self.refusal(x, slope, model) or (
-            None if slope.min() > 0 and slope.max() <= 1 else "a slope outside (0, 1]")
-
-    def rewrite(self, op, x, slope, **_):
-        return op.Max(x, op.Mul(x, op.const(slope, "prelu_slope")))
+    @staticmethod
+    def holds(slope):
+        return slope.min() > 0 and slope.max() <= 1
 
 
-class PReluSteepSlopes(_Lowered):
+class PReluSteepSlopes(_OneSided):
     """PRelu whose slopes are all 1 or more → Min(x, x·slope)."""
 
     emits = (("", "Min"), ("", "Mul"))
+    combine, outside = "Min", "a slope below 1"
 
     def pattern(self, op, x):
         return _prelu(op, x)
 
-    def check(self, x, slope, model, **_):
-        if _one_value(slope):
-            return "one slope: PReluScalarSlope's"
-        return self.refusal(x, slope, model) or (
-            None if slope.min() >= 1 else "a slope below 1")
-
-    def rewrite(self, op, x, slope, **_):
-        return op.Min(x, op.Mul(x, op.const(slope, "prelu_slope")))
+    @staticmethod
+    def holds(slope):
+        return slope.min() >= 1
 
 
 class PReluDecomposed(_Lowered):
@@ -124,7 +136,8 @@ class PReluDecomposed(_Lowered):
         if _one_value(slope):
             return "one slope: PReluScalarSlope's"
         refused = self.refusal(x, slope, model)
-        if refused is None and (slope.min() > 0 and slope.max() <= 1 or slope.min() >= 1):
+        if refused is None and any(form.holds(slope)
+                                   for form in (PReluUnitSlopes, PReluSteepSlopes)):
             return "its slopes take a two-op form (PReluUnitSlopes, PReluSteepSlopes)"
         return refused
 
