@@ -34,7 +34,7 @@ from graphopt.passes.rules import Rule, RulePass, placed_device
 
 
 class LRNDecomposed(Rule):
-    """LRN → x / Pow(bias + alpha · AveragePool over channels of x², beta)."""
+    """LRN → x / Pow(bias + AveragePool over the channels of alpha · x², beta)."""
 
     dtypes = (DType.FLOAT,)
     emits = (("", "Mul"), ("", "Unsqueeze"), ("", "AveragePool"), ("", "Squeeze"), ("", "Add"),
