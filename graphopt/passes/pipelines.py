@@ -28,7 +28,7 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # before FuseActivation, which takes the LeakyRelu a one-slope PRelu becomes into the conv.
 _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
          "FuseConvBatchNorm", "LowerPRelu", "LowerLRN", "FuseLayerNorm", "FuseGelu",
-         "FuseMatMul", "FuseAttention", "ReadShapesUpstream", "EliminateNoOps",
+         "FuseHardSwish", "FuseMatMul", "FuseAttention", "ReadShapesUpstream", "EliminateNoOps",
          "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
