@@ -11,7 +11,9 @@ they force around the blocked convolutions), where HardSwish is one pass that Fu
 (-O3) or onnxruntime's own NCHWc fusion takes into the conv. The detector runs at 0.74× the
 original's time with it, against 0.89× without (1 thread, ORT_ENABLE_ALL). HardSwish computes
 x · clamp(x/6 + ½, 0, 1), which rounds differently from (x + 3)/6 by a unit in the last place
-or so: onnxruntime's own rounding differences, so at -O2, as FuseGelu.
+or so: onnxruntime's own rounding differences, so at -O2, as FuseGelu. And where the export
+multiplies x by 6 before dividing (the first two forms), an x beyond float32's largest value
+over 6 (about 5.7e37) overflowed to +inf there; HardSwish gives x, the exact result.
 """
 
 from __future__ import annotations
