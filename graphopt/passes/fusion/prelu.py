@@ -2,9 +2,9 @@ r"""LowerPRelu: PRelu with a constant slope into ops onnxruntime's CPU provider 
 
 onnxruntime's CPU PRelu kernel is slow: at [1,48,64,64] it takes 0.85 ms where a LeakyRelu of
 the same shape takes 0.07 ms and the other forms below 0.10–0.18 ms (bench/prelu.py: 1 thread,
-onnxruntime 1.32). MediaPipe's landmark and palm models spend about half
-their time in it. Each form computes every element as PRelu does, bit for bit (±0 aside: a
-zero comes out +0 where PRelu may give -0); NaN and ±inf go through alike:
+onnxruntime 1.32). MediaPipe's landmark and palm models spend about half their time in it.
+Each form computes every element as PRelu does, bit for bit (±0 aside: a zero comes out +0
+where PRelu may give -0); NaN and ±inf go through alike:
 
     one slope value a           LeakyRelu(x, alpha=a)   (also a per-channel slope all a)
     every slope in (0, 1]       Max(x, x·a)          (x ≥ 0: x ≥ x·a; x < 0: x·a ≥ x)
