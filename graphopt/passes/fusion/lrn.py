@@ -29,11 +29,11 @@ import numpy as np
 
 from graphopt.ir import DType
 from graphopt.ir.pattern import Attr
-from graphopt.passes.base import PassResult, register
-from graphopt.passes.rules import Rule, RulePass, placed_device
+from graphopt.passes.base import register
+from graphopt.passes.fusion.lowering import FloatOnlyLowering, OnTheCpu
 
 
-class LRNDecomposed(Rule):
+class LRNDecomposed(OnTheCpu):
     """LRN → x / Pow(bias + AveragePool over the channels of alpha · x², beta)."""
 
     dtypes = (DType.FLOAT,)
@@ -43,11 +43,6 @@ class LRNDecomposed(Rule):
     def pattern(self, op, x):
         return op.LRN(x, size=Attr("size"), alpha=Attr("alpha", 1e-4), beta=Attr("beta", 0.75),
                       bias=Attr("bias", 1.0))
-
-    def unsupported(self, root, target=None):
-        if target is not None and placed_device(target, root).kind != "cpu":
-            return f"target {target.name}: its {placed_device(target, root).name} runs LRN"
-        return super().unsupported(root, target)
 
     def check(self, x, size, alpha, beta, model, **_):
         if x.shape is None or len(x.shape) != 4:
@@ -83,16 +78,11 @@ class LRNDecomposed(Rule):
 
 
 @register
-class LowerLRN(RulePass):
+class LowerLRN(FloatOnlyLowering):
     name = "LowerLRN"
     description = ("LRN as x / Pow(bias + AveragePool of alpha · x² over the channels, beta): "
                    "onnxruntime's CPU LRN kernel is about 3× slower")
     rules = (LRNDecomposed,)
-
-    def run(self, model, ctx):
-        if ctx.options.precision != "keep":
-            return PassResult()  # (the module docstring says why)
-        return super().run(model, ctx)
 
 
 __all__ = ["LowerLRN"]

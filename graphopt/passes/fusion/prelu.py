@@ -25,7 +25,8 @@ import numpy as np
 from graphopt.ir import DType
 from graphopt.ir.pattern import Const
 from graphopt.passes.base import register
-from graphopt.passes.rules import Rule, RulePass, placed_device
+from graphopt.passes.fusion.lowering import OnTheCpu
+from graphopt.passes.rules import RulePass
 
 
 def _prelu(op, x):
@@ -36,13 +37,8 @@ def _one_value(slope: np.ndarray) -> bool:
     return bool(np.all(slope == slope.reshape(-1)[0]))  # NaN equals nothing: not one value
 
 
-class _Lowered(Rule):
+class _Lowered(OnTheCpu):
     dtypes = (DType.FLOAT,)
-
-    def unsupported(self, root, target=None):
-        if target is not None and placed_device(target, root).kind != "cpu":
-            return f"target {target.name}: its {placed_device(target, root).name} runs PRelu"
-        return super().unsupported(root, target)
 
     def refusal(self, x, slope, model) -> str | None:
         """Why no form fits: an opset before 8, whose Max and Min do not broadcast; a slope

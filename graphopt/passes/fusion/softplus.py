@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import DType
-from graphopt.passes.base import PassResult, register
-from graphopt.passes.rules import Rule, RulePass, placed_device
+from graphopt.passes.base import register
+from graphopt.passes.fusion.lowering import FloatOnlyLowering, OnTheCpu
 
 
 def _softplus(op, x):
@@ -34,15 +34,9 @@ def _softplus(op, x):
     return op.Add(op.Relu(x), tail)
 
 
-class _OnTheCpu(Rule):
+class _Decomposed(OnTheCpu):
     dtypes = (DType.FLOAT,)
     emits = (("", "Relu"), ("", "Abs"), ("", "Neg"), ("", "Exp"), ("", "Add"), ("", "Log"))
-
-    def unsupported(self, root, target=None):
-        if target is not None and placed_device(target, root).kind != "cpu":
-            device = placed_device(target, root).name
-            return f"target {target.name}: its {device} runs {root.producer.op_type}"
-        return super().unsupported(root, target)
 
     def check(self, model, **_):
         # Before opset 7, Add broadcasts the 1 only with an attribute onnxruntime has no
@@ -50,7 +44,7 @@ class _OnTheCpu(Rule):
         return "Add broadcasts from opset 7 on" if (model.opset("") or 0) < 7 else None
 
 
-class SoftplusDecomposed(_OnTheCpu):
+class SoftplusDecomposed(_Decomposed):
     """Softplus(x) → Relu(x) + Log(1 + Exp(-|x|))."""
 
     def pattern(self, op, x):
@@ -60,10 +54,10 @@ class SoftplusDecomposed(_OnTheCpu):
         return _softplus(op, x)
 
 
-class MishDecomposed(_OnTheCpu):
+class MishDecomposed(_Decomposed):
     """Mish(x) → x · Tanh(Relu(x) + Log(1 + Exp(-|x|)))."""
 
-    emits = _OnTheCpu.emits + (("", "Tanh"), ("", "Mul"))
+    emits = _Decomposed.emits + (("", "Tanh"), ("", "Mul"))
 
     def pattern(self, op, x):
         return op.Mish(x)
@@ -73,16 +67,11 @@ class MishDecomposed(_OnTheCpu):
 
 
 @register
-class LowerSoftplus(RulePass):
+class LowerSoftplus(FloatOnlyLowering):
     name = "LowerSoftplus"
     description = ("Softplus and Mish as Relu(x) + Log(1 + Exp(-|x|)) (and x · Tanh of it): "
                    "onnxruntime's CPU kernels are about 3× slower; within 4e-6, so -O3 only")
     rules = (SoftplusDecomposed, MishDecomposed)
-
-    def run(self, model, ctx):
-        if ctx.options.precision != "keep":
-            return PassResult()  # (the module docstring says why)
-        return super().run(model, ctx)
 
 
 __all__ = ["LowerSoftplus"]
