@@ -40,8 +40,14 @@ from graphopt.ir import DType, Model, Node, Value
 from graphopt.option_names import setting
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
+from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.nested import nested_note
 from graphopt.quant.calib_data import model_inputs, read_calibration
+from graphopt.quant.hard_sigmoid import (
+    hard_sigmoids_on_codes,
+    join_float_hard_swishes,
+    split_hard_swishes,
+)
 from graphopt.quant.unfused_activations import join_float_activations, split_activations
 from graphopt.quant.attention_split import split_attention
 from graphopt.quant.calibrate import calibrate
@@ -82,9 +88,15 @@ class QuantizeInt8(Pass):
                      f"and its int8 form needs {INT8_OPSET} (per-channel DequantizeLinear, "
                      "Split's sizes as an input), per-tensor too")
             return result
+        if any(v is not None and v.dtype is None for n in model.graph for v in n.outputs):
+            # Fusions leave the values they create untyped until the pipeline's last
+            # InferShapes, and only float32 values quantize: FuseHardSwish's HardSigmoid output
+            # kept 93 of PicoDet's 95 hard-swish Muls float (DQ → Mul → Q, not QLinearMul).
+            infer_shapes(model)
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
         splits = split_activations(model.graph, opset) if form == "onnxruntime" else []
+        swishes = split_hard_swishes(model.graph) if form == "onnxruntime" else []
         chosen = plan(model.graph, options, lambda node: ctx.allows(self.name, node), form)
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:
@@ -151,6 +163,7 @@ class QuantizeInt8(Pass):
             _insert_qdq(graph, value, params[id(value)], readers)
             result.count("QuantizeLinear")
         result.count("Pad on codes", _pads_on_codes(graph, chosen))
+        result.count("HardSigmoid on codes", hard_sigmoids_on_codes(graph))
         per_column = options.per_channel
         if chosen.dynamic and per_column and int8_gemm_saturates():
             per_column = False
@@ -168,6 +181,7 @@ class QuantizeInt8(Pass):
             graph.sort()
             if heads:
                 _correct_float_layers(model, heads, means, ctx, result)
+        join_float_hard_swishes(graph, swishes)
         if splits:  # after the bias correction, which reads the float convs as Convs
             join_float_activations(graph, splits, {id(n) for n in chosen.static})
         if result.changed or splits:

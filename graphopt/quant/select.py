@@ -185,11 +185,28 @@ def _unquantizable(node: Node) -> str | None:
 
 def _through(node: Node) -> Value | None:
     """The one computed input `node` passes on, or None when it is not a THROUGH op."""
+    if node.is_onnx and node.op_type == "Mul" and len(node.outputs) == 1:
+        gated = _gated(node)
+        if gated is not None:
+            return gated
     known = THROUGH if node.is_onnx else THROUGH_CONTRIB if node.domain == MS else ()
     if node.op_type not in known or len(node.outputs) != 1:
         return None
     computed = [v for v in node.inputs if v is not None and not v.is_constant]
     return computed[0] if len(computed) == 1 else None
+
+
+def _gated(mul: Node) -> Value | None:
+    """x, when `mul` is x · f(x) with f a THROUGH op of x alone: an activation in two ops
+    (x · Sigmoid(x) is SiLU; x · HardSigmoid(x) hard-swish, as QuantizeInt8 splits it)."""
+    if len(mul.inputs) != 2:
+        return None
+    for x, gate in (mul.inputs, mul.inputs[::-1]):
+        producer = gate.producer if gate is not None else None
+        if x is not None and producer is not None and producer.op_type != "Mul" \
+                and _through(producer) is x:
+            return x
+    return None
 
 
 def reads_graph_input(value: Value) -> bool:
