@@ -316,8 +316,8 @@ def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int
         if shift.shape != b.shape:
             continue
         name = bias.name if bias is not None else f"{node.inputs[1].name}_bias"
-        node.set_inputs([*node.inputs[:2],
-                         graph.make_initializer(f"{name}_corrected", (b - shift).astype(np.float32))])
+        corrected = graph.make_initializer(f"{name}_corrected", (b - shift).astype(np.float32))
+        node.set_inputs([*node.inputs[:2], corrected])
         result.count("bias correction of a float layer")
 
 
