@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Value
+from graphopt.quant.constant_codes import dequantized_constant
 
 SIXTH = 1.0 / 6.0
 
@@ -92,12 +93,13 @@ def hard_sigmoids_on_codes(graph: Graph) -> int:
         alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
         codes_dtype = node.inputs[0].producer.inputs[2].constant().dtype
         lowest = np.iinfo(codes_dtype).min  # the zero point at which the codes start at 0
-        shift = _dequantized_constant(graph, node, beta / alpha, codes_dtype)
+        shift = dequantized_constant(graph, node, beta / alpha, codes_dtype,
+                                     f"{node.output.name}_offset")
         node.op_type, node.attrs = "Add", {}
         node.set_inputs([node.inputs[0], shift])
         name = node.output.name
-        quantize.set_input(1, _scalar(graph, f"{name}_shift_scale", 1.0 / (255.0 * alpha)))
-        quantize.set_input(2, _scalar(graph, f"{name}_shift_zero_point", lowest, codes_dtype))
+        quantize.set_input(1, _scalar(graph, f"{name}_sigmoid_scale", 1.0 / (255.0 * alpha)))
+        quantize.set_input(2, _scalar(graph, f"{name}_sigmoid_zero_point", lowest, codes_dtype))
         gate_scale = _scalar(graph, f"{name}_gate_scale", 1.0 / 255.0)
         gate_zero = _scalar(graph, f"{name}_gate_zero_point", lowest, codes_dtype)
         for dequantize in quantize.output.consumers():
@@ -147,21 +149,6 @@ def _per_tensor(node: Node) -> bool:
     scale, zero = node.inputs[1].constant(), node.inputs[2].constant()
     return scale is not None and zero is not None and scale.size == 1 and zero.size == 1 \
         and zero.dtype in (np.uint8, np.int8)
-
-
-def _dequantized_constant(graph: Graph, before: Node, value: float, dtype) -> Value:
-    """`value` as 8-bit codes of `dtype` behind a DequantizeLinear inserted before `before`,
-    exactly: one code at scale |value| (0 and a zero point of 1 for a negative one), so that
-    onnxruntime's QLinearAdd takes it as its second input."""
-    code, zero, scale = (1, 0, value) if value > 0 else (0, 1, -value) if value < 0 else (0, 0, 1.0)
-    hint = f"{before.output.name}_shift"
-    dequantize = graph.make_node(
-        "DequantizeLinear",
-        [graph.make_initializer(f"{hint}_code", np.asarray(code, dtype)),
-         _scalar(graph, f"{hint}_scale", scale), _scalar(graph, f"{hint}_zero_point", zero, dtype)],
-        name=graph.fresh_node_name(f"{hint}/DequantizeLinear"), before=before,
-        dtype=before.output.dtype, shape=())
-    return dequantize.output
 
 
 def _scalar(graph: Graph, hint: str, value, dtype=np.float32):

@@ -43,6 +43,7 @@ from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.nested import nested_note
 from graphopt.quant.calib_data import model_inputs, read_calibration
+from graphopt.quant.constant_codes import dequantized_constant, scalar_constant
 from graphopt.quant.hard_sigmoid import (
     hard_sigmoids_on_codes,
     join_float_hard_swishes,
@@ -164,6 +165,7 @@ class QuantizeInt8(Pass):
             result.count("QuantizeLinear")
         result.count("Pad on codes", _pads_on_codes(graph, chosen))
         result.count("HardSigmoid on codes", hard_sigmoids_on_codes(graph))
+        result.count("constant operand as codes", _constants_on_codes(graph, chosen))
         per_column = options.per_channel
         if chosen.dynamic and per_column and int8_gemm_saturates():
             per_column = False
@@ -408,6 +410,31 @@ def _pads_on_codes(graph, chosen: Plan) -> int:
         graph.remove(quantize[0])
         if not dq.output.uses:
             graph.remove(dq)
+        done += 1
+    return done
+
+
+def _constants_on_codes(graph, chosen: Plan) -> int:
+    """Give each int8 Add or Mul that takes a constant number (select._scalar_operand) that
+    number as an exact code behind a DequantizeLinear of its other input's code type: with both
+    inputs dequantized, onnxruntime runs it as QLinearAdd or QLinearMul, where a float constant
+    kept it in float between a DQ and a Q. Returns how many."""
+    done = 0
+    for node in chosen.int8_ops:
+        if node.op_type not in ("Add", "Mul") or len(node.inputs) != 2:
+            continue
+        numbers = [scalar_constant(v) if v is not None and v.is_constant else None
+                   for v in node.inputs]
+        dequantized = [v.producer for v in node.inputs if v is not None and v.producer is not None
+                       and v.producer.op_type == "DequantizeLinear"]
+        if numbers.count(None) != 1 or len(dequantized) != 1:
+            continue
+        index = 0 if numbers[0] is not None else 1
+        codes = dequantized[0].inputs[2].constant()
+        if codes is None:
+            continue
+        node.set_input(index, dequantized_constant(graph, node, numbers[index], codes.dtype,
+                                                   f"{node.inputs[index].name}_as_codes"))
         done += 1
     return done
 

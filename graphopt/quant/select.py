@@ -5,13 +5,15 @@ DequantizeLinear pairs.
     onnxruntime fuses DQ → Conv → Q into QLinearConv and DQ → Gemm (→ Q) into QGemm;
   * dynamic (activations quantized per run): MatMul with a constant 2-D weight, and
     com.microsoft::Attention; no calibration needed;
-  * int8 in between, when a quantized node reads their output: Add, Mul (QLinearAdd/Mul),
-    Concat, GlobalAveragePool, AveragePool, and the ops that keep their input's scale (MaxPool,
+  * int8 in between, when a quantized node reads their output: Add, Mul (QLinearAdd/Mul; of
+    two computed inputs, or of one and a constant number, which becomes an exact code), Concat,
+    GlobalAveragePool, AveragePool, and the ops that keep their input's scale (MaxPool,
     Reshape, Transpose, Flatten, Squeeze, Unsqueeze: onnxruntime drops their Q/DQ and runs them
     on int8; and a Pad that fills with zeros or by reflecting or repeating its edge, which
     QuantizeInt8 then runs on the codes itself, since onnxruntime keeps its Q/DQ); a Relu or
     Clip(0, …) right after a quantized op folds into its uint8 range (zero point 0 clamps as
-    Relu does).
+    Relu does); a HardSigmoid whose output an int8 op reads runs on the codes too (hard-swish
+    is x · HardSigmoid(x): hard_sigmoid.py).
 
 Marking runs backwards (an op is int8 only when a reader wants int8), so a tail that ends in a
 float layer stays float instead of paying a quantize/dequantize for nothing.
@@ -43,6 +45,7 @@ from graphopt.ir import DType, Graph, Node, Value
 from graphopt.option_names import from_command_line, option
 from graphopt.passes.unmatched import op_spellings, unmatched_note
 from graphopt.quant import attention_split
+from graphopt.quant.constant_codes import scalar_constant
 
 MS = "com.microsoft"
 INT8_OPS = {"Add": None, "Mul": None, "Concat": None, "GlobalAveragePool": (0,),
@@ -315,6 +318,14 @@ def _activations(node: Node) -> list[Value]:
     return [node.inputs[0]]  # Conv, FusedConv, Gemm: the data input
 
 
+def _scalar_operand(node: Node, value: Value | None) -> bool:
+    """Whether `value` is a constant number that `node`, an Add or Mul, takes beside a computed
+    input: onnxruntime's QLinearAdd and QLinearMul take it as one exact code (a scale, a shift:
+    PP-LCNetV3's learnable affine after each hard-swish)."""
+    return node.op_type in ("Add", "Mul") and scalar_constant(value) is not None \
+        and any(v is not None and not v.is_constant for v in node.inputs)
+
+
 def codes_padded(node: Node) -> bool:
     """Whether `node`, if a Pad, computes the same on its input's 8-bit codes: it repeats or
     reflects the edge, or fills with 0, the zero point's value (a DQ → Pad → Q that
@@ -355,8 +366,8 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
         if not any(id(c) in wanted or id(c) in passing for c in out.consumers()):
             continue
         if node.op_type in INT8_OPS or node.op_type in SAME_SCALE and codes_padded(node):
-            acts = _activations(node)
-            if all(_float(v) and not v.is_constant for v in acts):
+            acts = [v for v in _activations(node) if not _scalar_operand(node, v)]
+            if acts and all(_float(v) and not v.is_constant for v in acts):
                 wanted.add(id(node))
                 (result.same_scale if node.op_type in SAME_SCALE else result.int8_ops
                  ).append(node)
@@ -398,6 +409,8 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
     for node in nodes:
         if node in result.static or node in result.int8_ops or node in result.same_scale:
             for value in _activations(node):
+                if _scalar_operand(node, value):
+                    continue  # it becomes exact codes (int8.constants_on_codes)
                 value = alias.get(id(value), value)
                 seen.setdefault(id(value), value)
             out = node.outputs[0]
