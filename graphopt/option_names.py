@@ -37,6 +37,7 @@ FLAGS = {
     "precision": "--precision",
     "precision_allow": "--precision-allow",
     "precision_deny": "--precision-deny",
+    "quant_keep_sensitive": "--quantize-sensitive",
     "quant_keep_ends": "--quantize-ends",
     "quant_skip": "--quant-skip",
     "quantize": "--quantize",

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 import graphopt
 from graphopt import numerics
 from graphopt.ir import onnx_io
-from graphopt.quant.hard_sigmoid import hard_sigmoids_on_codes
+from graphopt.quant.hard_sigmoid import dequantized_constant, hard_sigmoids_on_codes
 
 # These seeded 4-layer nets, ends quantized too, keep 0.9986-0.9994 of their float outputs
 # cosine, with the gate run on codes and with it in float alike (the same codes come out).
@@ -133,10 +133,10 @@ def test_a_hard_swish_before_a_float_layer_stays_one_op(tmp_path):
     proto = parse_model(HARD_SWISH_NET, **_weights())
     result, out = _int8(proto, tmp_path)
     ops = Counter(n.op_type for n in out.graph.node)
-    assert ops["HardSwish"] == 1 and ops["HardSigmoid"] == 0 and ops["Mul"] == 2
-    # The first two still run on codes: the stem conv stays float, but its output is
-    # quantized for the int8 Mul that reads it.
-    assert result.log.totals()["QuantizeInt8"]["rewrites"]["HardSigmoid on codes"] == 2
+    assert ops["HardSwish"] == 2 and ops["HardSigmoid"] == 0 and ops["Mul"] == 1
+    # The stem conv stays float too, and a hard-swish of its float output alone would only
+    # quantize that output twice more: it stays float, quantized once after.
+    assert result.log.totals()["QuantizeInt8"]["rewrites"]["HardSigmoid on codes"] == 1
     assert _agrees(proto, out) > MIN_COSINE
 
 
@@ -180,13 +180,14 @@ def test_symmetric_activations_start_the_gate_at_the_lowest_int8_code(tmp_path):
     assert _agrees(proto, out, level="all") > 0.997
 
 
-def _gate_model(alpha: float, beta: float, codes: int, scale: float, zero: int):
+def _gate_model(alpha: float, beta: float, codes: int, scale: float, zero: int,
+                top: float = 1.0):
     """Every code of an 8-bit tensor (uint8 for codes == TensorProto.UINT8, int8 otherwise)
-    through DQ → HardSigmoid → Q → DQ, the Q at a calibrated [0, 1]."""
+    through DQ → HardSigmoid → Q → DQ, the Q at a calibrated [0, top]."""
     dtype = helper.tensor_dtype_to_np_dtype(codes)
     low = np.iinfo(dtype).min
     init = [onnx.numpy_helper.from_array(np.asarray(v, t), n) for n, v, t in (
-        ("s", scale, np.float32), ("z", zero, dtype), ("gs", 1 / 255, np.float32),
+        ("s", scale, np.float32), ("z", zero, dtype), ("gs", top / 255, np.float32),
         ("gz", low, dtype))]
     nodes = [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["x"]),
              helper.make_node("HardSigmoid", ["x"], ["g"], alpha=alpha, beta=beta),
@@ -198,33 +199,65 @@ def _gate_model(alpha: float, beta: float, codes: int, scale: float, zero: int):
                              ir_version=8)
 
 
+def _rewrite(proto) -> tuple[int, onnx.ModelProto]:
+    """hard_sigmoids_on_codes on `proto`, its gate 'g' counting as QuantizeInt8's."""
+    model = onnx_io.load_onnx(proto)
+    ours = {id(v) for v in model.graph.all_values() if v.name == "g"}
+    done = hard_sigmoids_on_codes(model.graph, ours)
+    rewritten = onnx_io.to_onnx(model)
+    onnx.checker.check_model(rewritten)
+    return done, rewritten
+
+
 @pytest.mark.parametrize("alpha, beta", [(1 / 6, 0.5), (0.2, 0.5), (0.5, 0.0), (0.25, -0.5),
                                          (3.0, 2.0)])
 @pytest.mark.parametrize("codes, zero", [(TensorProto.UINT8, 100), (TensorProto.INT8, -20)])
-def test_the_saturating_add_computes_hard_sigmoid_to_half_a_step(alpha, beta, codes, zero):
-    scale = 0.05
-    proto = _gate_model(alpha, beta, codes, scale, zero)
-    model = onnx_io.load_onnx(proto)
-    assert hard_sigmoids_on_codes(model.graph) == 1
-    rewritten = onnx_io.to_onnx(model)
-    onnx.checker.check_model(rewritten)
-    assert [n.op_type for n in rewritten.graph.node].count("HardSigmoid") == 0
+@pytest.mark.parametrize("top", [1.0, 0.6])
+def test_the_saturating_add_gives_the_codes_of_the_calibrated_gate(alpha, beta, codes, zero,
+                                                                   top):
+    # A gate whose calibrated range stops at 0.6 (one that never opens fully) keeps its finer
+    # step: the codes are those its calibrated Q gave, not those of a [0, 1] range.
+    scale = 0.0473  # a step that puts few codes of x on a tie of the gate's rounding
+    proto = _gate_model(alpha, beta, codes, scale, zero, top)
+    done, rewritten = _rewrite(proto)
+    assert done == 1 and "HardSigmoid" not in [n.op_type for n in rewritten.graph.node]
     dtype = helper.tensor_dtype_to_np_dtype(codes)
     q = np.arange(256).astype(np.int64) + np.iinfo(dtype).min
-    exact = np.clip(alpha * (q - zero) * scale + beta, 0, 1)
+    exact = np.clip(alpha * (q - zero) * scale + beta, 0, top)
     feeds = {"q": q.astype(dtype)}
+    calibrated = numerics.run(proto, feeds)["y"]
+    step = np.float32(top / 255)
     for level in ("disable", "all"):  # the float reading and onnxruntime's QLinearAdd
         got = numerics.run(rewritten, feeds, level=level)["y"]
-        assert np.max(np.abs(got - exact)) <= 0.5 / 255 + 1e-6
-    assert np.max(np.abs(numerics.run(rewritten, feeds)["y"] - exact)) > 0  # rounded, not exact
+        assert np.max(np.abs(got - exact)) <= step / 2 + 1e-6
+        # the same codes, but where float rounding tips a tie the other way
+        assert np.mean(got == calibrated) > 0.98
+        assert np.max(np.abs(got - calibrated)) <= step * 1.0001
 
 
 def test_a_gate_read_by_a_float_op_is_left_alone():
     proto = _gate_model(0.2, 0.5, TensorProto.UINT8, 0.05, 100)
     proto.graph.node.append(helper.make_node("Relu", ["g"], ["r"]))
     proto.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [256]))
-    model = onnx_io.load_onnx(proto)
-    assert hard_sigmoids_on_codes(model.graph) == 0
+    assert _rewrite(proto)[0] == 0
+
+
+def test_a_gate_the_model_quantized_itself_is_left_alone():
+    # The model's own DQ → HardSigmoid → Q: its scale is the model's, not a range QuantizeInt8
+    # calibrated.
+    model = onnx_io.load_onnx(_gate_model(0.2, 0.5, TensorProto.UINT8, 0.05, 100))
+    assert hard_sigmoids_on_codes(model.graph, set()) == 0
+
+
+@pytest.mark.parametrize("alpha, beta", [(1e-39, 0.5), (1e-42, 0.0), (0.0, 0.5), (-0.2, 0.5)])
+def test_an_alpha_whose_scales_float32_cannot_hold_is_left_alone(alpha, beta):
+    assert _rewrite(_gate_model(alpha, beta, TensorProto.UINT8, 0.05, 100))[0] == 0
+
+
+def test_quant_skip_naming_hard_swish_finds_it(tmp_path):
+    proto = parse_model(HARD_SWISH_NET, **_weights())
+    result, _ = _int8(proto, tmp_path, quant_skip={"HardSwish"})
+    assert not any("matches nothing" in note for note in result.notes), result.notes
 
 
 @pytest.mark.parametrize("gate", ["Sigmoid", "HardSigmoid", "HardSwish"])
@@ -238,3 +271,25 @@ def test_a_gated_activation_before_the_output_keeps_the_last_layer_an_end(tmp_pa
     assert any("2 × a first or last layer" in note for note in result.notes), result.notes
     last_conv = [n for n in out.graph.node if n.op_type == "Conv"][-1]
     assert last_conv.input[1] == "w4"  # the float weight, not a DequantizeLinear's output
+
+
+def test_a_long_activation_chain_before_the_output_is_walked_without_recursion(tmp_path):
+    chain = "\n".join(f"r{i} = Relu({'c4' if i == 0 else f'r{i - 1}'})" for i in range(1500))
+    text = HARD_SWISH_NET.replace("y = Relu(c4)", f"{chain}\n y = Identity(r1499)")
+    result, _ = _int8(parse_model(text, **_weights()), tmp_path)
+    assert any("2 × a first or last layer" in note for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize("value", [1.7, -0.4, 0.0, 3.0e-8, -2.5e30, 1 / 3])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_the_offset_dequantizes_to_the_float32_number_exactly(value, dtype):
+    model = onnx_io.load_onnx(parse_model("""
+        agraph (float[1] x) => (float[1] y) {
+            y = Identity(x)
+        }"""))
+    identity = next(iter(model.graph))
+    identity.set_input(0, dequantized_constant(model.graph, identity, value, np.dtype(dtype), "c"))
+    out = onnx_io.to_onnx(model)
+    onnx.checker.check_model(out)
+    got = numerics.run(out, {"x": np.zeros(1, np.float32)})["y"]
+    assert got.reshape(()) == np.float32(value)

@@ -8,12 +8,14 @@ the dequantize, the two float ops and the quantize took 58 of 92 ms, where the i
 
     HardSigmoid(x) = clip(α·x + β, 0, 1) = clip(α·(x + β/α), 0, 1)
 
-is a shift and a scale followed by the clip, which a QuantizeLinear of x + β/α at scale
-1/(255·α) and the lowest code as zero point does by saturating: its codes are
-round(255 · clip(α·x + β, 0, 1)), which a DequantizeLinear at scale 1/255 reads as
-HardSigmoid(x) to half a step of 1/255, the step a calibrated [0, 1] range has too. onnxruntime
-fuses `DQ(x), DQ(β/α) → Add → Q` into QLinearAdd, and HardSwish(x) = x · HardSigmoid(x, 1/6, ½)
-then multiplies in QLinearMul, as the int8 plan already does for x · HardSigmoid(x).
+is a shift and a scale followed by the clip, which a QuantizeLinear of x + β/α at scale s/α,
+with the lowest code as zero point, does by saturating: its codes are
+round(clip(α·x + β, 0, top) / s), which a DequantizeLinear at scale s reads as HardSigmoid(x)
+to half a step. With s = top/255, top the high end of the range calibration gave the gate (1,
+or less for a gate that never opens fully), those are the codes the calibrated Q gave the
+HardSigmoid's output: the same int8 model, with no float op in it. onnxruntime fuses
+`DQ(x), DQ(β/α) → Add → Q` into QLinearAdd, and HardSwish(x) = x · HardSigmoid(x, 1/6, ½) then
+multiplies in QLinearMul, as the int8 plan already does for x · HardSigmoid(x).
 
 The Q and the DQ on the sigmoid's codes take different scales, a rescale in one tensor: valid
 QDQ, whose float reading (onnxruntime at ORT_DISABLE_ALL) computes the same values.
@@ -26,7 +28,6 @@ import math
 import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Value
-from graphopt.quant.constant_codes import dequantized_constant
 
 SIXTH = 1.0 / 6.0
 
@@ -81,26 +82,31 @@ def _same_input(a: Value, b: Value) -> bool:
         and _is(db, "DequantizeLinear") and da.inputs == db.inputs
 
 
-def hard_sigmoids_on_codes(graph: Graph) -> int:
-    """Rewrite each `DQ → HardSigmoid → Q` of `graph` whose Q feeds DequantizeLinears alone as
-    `DQ(x), DQ(β/α) → Add → Q(1/(255α))` read at scale 1/255 (see the module docstring).
-    Returns how many."""
+def hard_sigmoids_on_codes(graph: Graph, quantized: set[int]) -> int:
+    """Rewrite each `DQ → HardSigmoid → Q` of `graph` whose output QuantizeInt8 quantized (ids
+    of values in `quantized`), and whose Q feeds DequantizeLinears alone, as
+    `DQ(x), DQ(β/α) → Add → Q(s/α)` read at scale s (see the module docstring). s is the step
+    of the gate's calibrated range [0, top]: the codes are those the calibrated Q gives the
+    HardSigmoid's output. Returns how many."""
     done = 0
     for node in list(graph.nodes()):
-        quantize = _rewritable(node)
+        quantize = _rewritable(node, quantized)
         if quantize is None:
             continue
         alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
-        codes_dtype = node.inputs[0].producer.inputs[2].constant().dtype
+        codes_dtype = quantize.inputs[2].constant().dtype
+        step = _gate_step(quantize)
+        if not 0 < np.float32(step / alpha) < np.inf:
+            continue
         lowest = np.iinfo(codes_dtype).min  # the zero point at which the codes start at 0
         shift = dequantized_constant(graph, node, beta / alpha, codes_dtype,
                                      f"{node.output.name}_offset")
         node.op_type, node.attrs = "Add", {}
         node.set_inputs([node.inputs[0], shift])
         name = node.output.name
-        quantize.set_input(1, _scalar(graph, f"{name}_sigmoid_scale", 1.0 / (255.0 * alpha)))
+        quantize.set_input(1, _scalar(graph, f"{name}_sigmoid_scale", step / alpha))
         quantize.set_input(2, _scalar(graph, f"{name}_sigmoid_zero_point", lowest, codes_dtype))
-        gate_scale = _scalar(graph, f"{name}_gate_scale", 1.0 / 255.0)
+        gate_scale = _scalar(graph, f"{name}_gate_scale", step)
         gate_zero = _scalar(graph, f"{name}_gate_zero_point", lowest, codes_dtype)
         for dequantize in quantize.output.consumers():
             dequantize.set_input(1, gate_scale)
@@ -109,15 +115,31 @@ def hard_sigmoids_on_codes(graph: Graph) -> int:
     return done
 
 
-def _rewritable(node: Node) -> Node | None:
-    """The QuantizeLinear after `node` when `node` is a HardSigmoid this module rewrites: it
-    reads a per-tensor DequantizeLinear, an α > 0 and finite β, and its output goes to that one
-    Q alone, whose readers are DequantizeLinears alone."""
-    if not node.is_onnx or node.op_type != "HardSigmoid" or len(node.inputs) != 1:
+def _gate_step(quantize: Node) -> float:
+    """The step that puts the lowest code at 0 and the highest at the top of the range the
+    gate's Q was calibrated to (at most 1, HardSigmoid's top; 1 when the range has none)."""
+    scale = float(quantize.inputs[1].constant().reshape(()))
+    zero = quantize.inputs[2].constant()
+    top = (int(np.iinfo(zero.dtype).max) - int(zero.reshape(()))) * scale
+    top = min(top, 1.0) if top > 0 and math.isfinite(top) else 1.0
+    return top / 255.0
+
+
+def _rewritable(node: Node, quantized: set[int]) -> Node | None:
+    """The QuantizeLinear after `node` when `node` is a HardSigmoid this module rewrites: its
+    output is in `quantized`, it reads a per-tensor DequantizeLinear, α > 0 with β/α and 1/α
+    finite in float32, and its output goes to that one Q alone, whose readers are
+    DequantizeLinears alone."""
+    if not node.is_onnx or node.op_type != "HardSigmoid" or len(node.inputs) != 1 \
+            or id(node.output) not in quantized:
         return None
     alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
-    if not (alpha > 0 and math.isfinite(alpha) and math.isfinite(beta / alpha)):
+    if not alpha > 0:
         return None
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        shift, reciprocal = np.float32(beta / alpha), np.float32(1.0 / alpha)
+    if not (np.isfinite(shift) and np.isfinite(reciprocal)):
+        return None  # the scales are float32: an α of 1e-39 made one inf
     dequantize = node.inputs[0].producer if node.inputs[0] is not None else None
     if dequantize is None or not _is(dequantize, "DequantizeLinear") \
             or not _per_tensor(dequantize):
@@ -149,6 +171,23 @@ def _per_tensor(node: Node) -> bool:
     scale, zero = node.inputs[1].constant(), node.inputs[2].constant()
     return scale is not None and zero is not None and scale.size == 1 and zero.size == 1 \
         and zero.dtype in (np.uint8, np.int8)
+
+
+def dequantized_constant(graph: Graph, before: Node, value: float, dtype: np.dtype,
+                         hint: str) -> Value:
+    """`value` as one code of `dtype` (uint8 or int8) behind a DequantizeLinear inserted before
+    `before`: code 1 at scale `value` (code 0 with zero point 1 at scale -`value` for a negative
+    one, code 0 at scale 1 for 0), so that it dequantizes to float32(`value`) exactly."""
+    code, zero, scale = (1, 0, value) if value > 0 else (0, 1, -value) if value < 0 \
+        else (0, 0, 1.0)
+    dequantize = graph.make_node(
+        "DequantizeLinear",
+        [graph.make_initializer(f"{hint}_code", np.asarray(code, dtype)),
+         graph.make_initializer(f"{hint}_scale", np.asarray(scale, np.float32)),
+         graph.make_initializer(f"{hint}_zero_point", np.asarray(zero, dtype))],
+        name=graph.fresh_node_name(f"{hint}/DequantizeLinear"), before=before,
+        dtype=before.output.dtype, shape=())
+    return dequantize.output
 
 
 def _scalar(graph: Graph, hint: str, value, dtype=np.float32):

@@ -32,18 +32,18 @@ static too, calibrated like the convs, and Gemm/MatMul weights get one scale eac
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
-from graphopt.option_names import setting
+from graphopt.option_names import from_command_line, setting
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.nested import nested_note
 from graphopt.quant.calib_data import model_inputs, read_calibration
-from graphopt.quant.constant_codes import dequantized_constant, scalar_constant
 from graphopt.quant.hard_sigmoid import (
     hard_sigmoids_on_codes,
     join_float_hard_swishes,
@@ -63,7 +63,19 @@ from graphopt.quant.qparams import (
 )
 from graphopt.quant.opset_upgrade import INT8_OPSET, LAYER_OPS
 from graphopt.quant.select import MS, Plan, kind, plan, reads_graph_input, unmatched_skips
-from graphopt.quant.stats import METHODS
+from graphopt.quant.sensitivity import Drowned, drowned_layers
+from graphopt.quant.stats import METHODS, TensorStats
+
+
+@dataclass
+class _Planned:
+    chosen: Plan
+    params: dict[int, QParams]          # by id of each tensor that gets a Q/DQ pair
+    means: dict[int, np.ndarray]        # per-channel input means, by id of layer
+    heads: list[Node]                   # float layers after quantized ones, bias corrected
+    head_notes: list[str]               # why some such layers keep their bias
+    drowned: list[Drowned]              # what the sensitivity guard kept float
+    stats: dict[str, TensorStats]       # the calibration statistics, by tensor name
 
 
 @register
@@ -97,37 +109,26 @@ class QuantizeInt8(Pass):
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
         splits = split_activations(model.graph, opset) if form == "onnxruntime" else []
-        swishes = split_hard_swishes(model.graph) if form == "onnxruntime" else []
-        chosen = plan(model.graph, options, lambda node: ctx.allows(self.name, node), form)
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:
             ctx.note(missing)
+        # After that check, which would not find a HardSwish that quant_skip names.
+        swishes = split_hard_swishes(model.graph) if form == "onnxruntime" else []
         nested = nested_note(model.graph, "QuantizeInt8",
                              lambda node: node.op_type in ("Conv", "MatMul", "Gemm"))
         if nested:
             ctx.note(nested)
+        planned = self._planned(model, ctx, form)
+        chosen, params, means, heads = planned.chosen, planned.params, planned.means, planned.heads
         if chosen.kept:
             ctx.note("QuantizeInt8 kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))
-        heads = _float_layers_after_quantized(model.graph, chosen) \
-            if chosen.needs_calibration() else []
-        samples = len(ctx.calibration) if heads and ctx.calibration is not None else None
-        if samples is not None and samples < MIN_HEAD_SAMPLES:
-            ctx.note(f"QuantizeInt8: {len(heads)} float layer(s) after quantized ones keep their "
-                     f"bias: correcting it takes {MIN_HEAD_SAMPLES} calibration samples or "
-                     f"more, not {samples} (fewer fit the correction to those samples' noise)")
-            heads = []
-        shared = ctx.shared_stats
-        if heads and ctx.calibration_mismatch is not None and shared is not None \
-                and not shared.head_means:
-            # Borrowing the ranges of the profile the data fits, which corrected no bias (too
-            # few samples at its batch size): there are no layer means to correct with.
-            ctx.note(f"QuantizeInt8: {len(heads)} float layer(s) after quantized ones keep their "
-                     f"bias: the profile whose calibration this one takes measured no input "
-                     "means for them")
-            heads = []
-        params, means = self._calibrated(model, chosen, ctx, heads) \
-            if chosen.needs_calibration() else ({}, {})
+        if planned.drowned:
+            ctx.note(_drowned_note(planned.drowned))
+        if chosen.needs_calibration():
+            _note_nonfinite(chosen, planned.stats, ctx)
+        for note in planned.head_notes:
+            ctx.note(note)
         graph = model.graph
         for producer, act in chosen.folds:
             replace_value(act.output, producer.outputs[0])
@@ -164,8 +165,9 @@ class QuantizeInt8(Pass):
             _insert_qdq(graph, value, params[id(value)], readers)
             result.count("QuantizeLinear")
         result.count("Pad on codes", _pads_on_codes(graph, chosen))
-        result.count("HardSigmoid on codes", hard_sigmoids_on_codes(graph))
-        result.count("constant operand as codes", _constants_on_codes(graph, chosen))
+        if form == "onnxruntime":
+            quantized = {id(v) for v in chosen.tensors}
+            result.count("HardSigmoid on codes", hard_sigmoids_on_codes(graph, quantized))
         per_column = options.per_channel
         if chosen.dynamic and per_column and int8_gemm_saturates():
             per_column = False
@@ -190,11 +192,48 @@ class QuantizeInt8(Pass):
             _drop_unused_initializers(graph)
         return result
 
-    def _calibrated(self, model: Model, chosen: Plan, ctx: PassContext, heads: list[Node] = ()
+    def _planned(self, model: Model, ctx: PassContext, form: str) -> _Planned:
+        """The plan and its calibration; with the sensitivity guard on, made again once with
+        the layers it found drowned (and those computing their inputs) kept float."""
+        options = ctx.options
+        allowed: dict[int, bool] = {}
+
+        def allows(node: Node) -> bool:
+            # Once per node: a plan made again must not ask the rewrite gate twice.
+            if id(node) not in allowed:
+                allowed[id(node)] = ctx.allows(self.name, node)
+            return allowed[id(node)]
+
+        held: dict[int, str] = {}  # layers kept float for the sensitivity guard, by id
+        drowned: list[Drowned] = []
+        known: dict[str, TensorStats] = {}  # statistics by tensor name, for every plan
+        while True:  # twice at most: the guard's measure is local, one look finds them all
+            chosen = plan(model.graph, options, allows, form, held)
+            heads, head_notes = _heads(model, chosen, ctx)
+            params, means = self._calibrated(model, chosen, ctx, heads, known) \
+                if chosen.needs_calibration() else ({}, {})
+            if drowned or not _guarded(options, form, chosen, ctx):
+                break
+            drowned = drowned_layers(model, chosen.static, params,
+                                     calibration_data(ctx, model.graph))
+            if not drowned:
+                break
+            switch = "--quantize-sensitive" if from_command_line() \
+                else "quant_keep_sensitive=False"
+            for layer in drowned:
+                held[id(layer.node)] = KEPT_DROWNED.format(switch)
+            for layer in drowned:
+                for upstream in layer.upstream:
+                    held.setdefault(id(upstream), KEPT_FEEDING_DROWNED.format(switch))
+        return _Planned(chosen, params, means, heads, head_notes, drowned, known)
+
+    def _calibrated(self, model: Model, chosen: Plan, ctx: PassContext, heads: list[Node] = (),
+                    known: dict[str, TensorStats] | None = None
                     ) -> tuple[dict[int, QParams], dict[int, np.ndarray]]:
         """Quantization parameters per id(value) of every tensor that gets a Q/DQ pair, and the
         per-channel mean of each static node's input (and of each layer in `heads`), by
-        id(node)."""
+        id(node). `known` holds statistics measured for an earlier plan of the same float
+        graph, by tensor name: only the others are measured, and added to it."""
         options = ctx.options
         if not options.calibration:
             raise OptionError(
@@ -204,7 +243,14 @@ class QuantizeInt8(Pass):
         names = sorted({n for n in map(chosen.stats_name, chosen.tensors) if n is not None})
         # Read before any rewrite: each static node's input is still its float tensor.
         inputs = {id(node): node.inputs[0].name for node in [*chosen.static, *heads]}
-        stats = _statistics(model, names, set(inputs.values()), ctx)
+        known = {} if known is None else known
+        channels = set(inputs.values())
+        missing = [n for n in sorted(set(names) | channels)
+                   if n not in known or (n in channels and not known[n].channels)]
+        if missing:
+            known.update(_statistics(model, [n for n in missing if n in names],
+                                     channels & set(missing), ctx))
+        stats = known
         means = {key: stats[name].channel_mean for key, name in inputs.items()}
         ranges: dict[int, tuple[float, float]] = {}
         for value in chosen.tensors:
@@ -217,7 +263,6 @@ class QuantizeInt8(Pass):
             if name != value.name:
                 lo = max(lo, 0.0)  # a folded Relu/Clip(0, …): the range starts at 0
             ranges[id(value)] = (lo, hi)
-        _note_nonfinite(chosen, stats, ctx)
         if not options.activation_symmetric:
             _tighten_add_inputs(chosen, ranges)
         params: dict[int, QParams] = {}
@@ -267,6 +312,51 @@ def calibration_data(ctx: PassContext, graph):
             and data.specs == model_inputs(graph):
         return data
     return read_calibration(ctx.options.calibration, graph)
+
+
+def _heads(model: Model, chosen: Plan, ctx: PassContext) -> tuple[list[Node], list[str]]:
+    """The float layers after quantized ones whose bias is corrected (see
+    _correct_float_layers), and the notes on those that cannot be."""
+    heads = _float_layers_after_quantized(model.graph, chosen) \
+        if chosen.needs_calibration() else []
+    samples = len(ctx.calibration) if heads and ctx.calibration is not None else None
+    if samples is not None and samples < MIN_HEAD_SAMPLES:
+        return [], [f"QuantizeInt8: {len(heads)} float layer(s) after quantized ones keep "
+                    f"their bias: correcting it takes {MIN_HEAD_SAMPLES} calibration samples or "
+                    f"more, not {samples} (fewer fit the correction to those samples' noise)"]
+    shared = ctx.shared_stats
+    if heads and ctx.calibration_mismatch is not None and shared is not None \
+            and not shared.head_means:
+        # Borrowing the ranges of the profile the data fits, which corrected no bias (too
+        # few samples at its batch size): there are no layer means to correct with.
+        return [], [f"QuantizeInt8: {len(heads)} float layer(s) after quantized ones keep "
+                    f"their bias: the profile whose calibration this one takes measured no "
+                    "input means for them"]
+    return heads, []
+
+
+def _guarded(options, form: str, chosen: Plan, ctx: PassContext) -> bool:
+    """Whether the sensitivity guard (sensitivity.py) looks at this plan: on onnxruntime's
+    form, with static layers, calibration data this very model runs on (a shape profile that
+    borrows another's ranges has none), and quant_keep_sensitive on."""
+    return options.quant_keep_sensitive and form == "onnxruntime" and bool(chosen.static) \
+        and ctx.calibration_mismatch is None
+
+
+KEPT_DROWNED = ("a layer whose int8 input would drown its output in rounding error (simulated "
+                "on the calibration data; {} quantizes it)")
+KEPT_FEEDING_DROWNED = ("a layer computing such a layer's input (its output's one scale would "
+                        "crush the same channels; {} quantizes it)")
+
+
+def _drowned_note(drowned: list[Drowned]) -> str:
+    """Which layers the sensitivity guard kept float, and by how much their outputs drowned."""
+    worst = sorted(drowned, key=lambda d: -d.error)
+    shown = ", ".join(f"'{d.node.name or d.node.outputs[0].name}' (error energy "
+                      f"{d.error:.2g}× its output's)" for d in worst[:3])
+    more = f" and {len(drowned) - 3} more" if len(drowned) > 3 else ""
+    return (f"QuantizeInt8: int8 inputs would drown {len(drowned)} layer(s) in rounding error, "
+            f"kept float with the layers computing their inputs: {shown}{more}")
 
 
 def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
@@ -410,31 +500,6 @@ def _pads_on_codes(graph, chosen: Plan) -> int:
         graph.remove(quantize[0])
         if not dq.output.uses:
             graph.remove(dq)
-        done += 1
-    return done
-
-
-def _constants_on_codes(graph, chosen: Plan) -> int:
-    """Give each int8 Add or Mul that takes a constant number (select._scalar_operand) that
-    number as an exact code behind a DequantizeLinear of its other input's code type: with both
-    inputs dequantized, onnxruntime runs it as QLinearAdd or QLinearMul, where a float constant
-    kept it in float between a DQ and a Q. Returns how many."""
-    done = 0
-    for node in chosen.int8_ops:
-        if node.op_type not in ("Add", "Mul") or len(node.inputs) != 2:
-            continue
-        numbers = [scalar_constant(v) if v is not None and v.is_constant else None
-                   for v in node.inputs]
-        dequantized = [v.producer for v in node.inputs if v is not None and v.producer is not None
-                       and v.producer.op_type == "DequantizeLinear"]
-        if numbers.count(None) != 1 or len(dequantized) != 1:
-            continue
-        index = 0 if numbers[0] is not None else 1
-        codes = dequantized[0].inputs[2].constant()
-        if codes is None:
-            continue
-        node.set_input(index, dequantized_constant(graph, node, numbers[index], codes.dtype,
-                                                   f"{node.inputs[index].name}_as_codes"))
         done += 1
     return done
 

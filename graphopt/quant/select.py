@@ -5,9 +5,8 @@ DequantizeLinear pairs.
     onnxruntime fuses DQ → Conv → Q into QLinearConv and DQ → Gemm (→ Q) into QGemm;
   * dynamic (activations quantized per run): MatMul with a constant 2-D weight, and
     com.microsoft::Attention; no calibration needed;
-  * int8 in between, when a quantized node reads their output: Add, Mul (QLinearAdd/Mul; of
-    two computed inputs, or of one and a constant number, which becomes an exact code), Concat,
-    GlobalAveragePool, AveragePool, and the ops that keep their input's scale (MaxPool,
+  * int8 in between, when a quantized node reads their output: Add, Mul (QLinearAdd/Mul),
+    Concat, GlobalAveragePool, AveragePool, and the ops that keep their input's scale (MaxPool,
     Reshape, Transpose, Flatten, Squeeze, Unsqueeze: onnxruntime drops their Q/DQ and runs them
     on int8; and a Pad that fills with zeros or by reflecting or repeating its edge, which
     QuantizeInt8 then runs on the codes itself, since onnxruntime keeps its Q/DQ); a Relu or
@@ -16,7 +15,9 @@ DequantizeLinear pairs.
     is x · HardSigmoid(x): hard_sigmoid.py).
 
 Marking runs backwards (an op is int8 only when a reader wants int8), so a tail that ends in a
-float layer stays float instead of paying a quantize/dequantize for nothing.
+float layer stays float instead of paying a quantize/dequantize for nothing; and an op in
+between runs int8 only where an int8 value reaches it (_fed_int8), so one fed float values
+alone rounds once, in float.
 
 For an NPU target the plan takes AMCT's form instead (`form="amct"`), the QDQ that AMCT's
 convert_qat_model turns into AscendQuant → int8 cube kernel → AscendDequant for ATC: Conv, Gemm
@@ -45,7 +46,6 @@ from graphopt.ir import DType, Graph, Node, Value
 from graphopt.option_names import from_command_line, option
 from graphopt.passes.unmatched import op_spellings, unmatched_note
 from graphopt.quant import attention_split
-from graphopt.quant.constant_codes import scalar_constant
 
 MS = "com.microsoft"
 INT8_OPS = {"Add": None, "Mul": None, "Concat": None, "GlobalAveragePool": (0,),
@@ -200,14 +200,14 @@ def _through(node: Node) -> Value | None:
 
 
 def _gated(mul: Node) -> Value | None:
-    """x, when `mul` is x · f(x) with f a THROUGH op of x alone: an activation in two ops
-    (x · Sigmoid(x) is SiLU; x · HardSigmoid(x) hard-swish, as QuantizeInt8 splits it)."""
+    """x, when `mul` is x · Sigmoid(x) (SiLU) or x · HardSigmoid(x) (hard-swish, as
+    QuantizeInt8 splits it): an activation in two ops."""
     if len(mul.inputs) != 2:
         return None
     for x, gate in (mul.inputs, mul.inputs[::-1]):
         producer = gate.producer if gate is not None else None
-        if x is not None and producer is not None and producer.op_type != "Mul" \
-                and _through(producer) is x:
+        if x is not None and producer is not None and producer.is_onnx \
+                and producer.op_type in ("Sigmoid", "HardSigmoid") and producer.inputs[0] is x:
             return x
     return None
 
@@ -221,10 +221,19 @@ def reads_graph_input(value: Value) -> bool:
 
 
 def _writes_output(value: Value) -> bool:
-    if value.is_graph_output:
-        return True
-    return any(_through(use.node) is value and _writes_output(use.node.outputs[0])
-               for use in value.uses)
+    """Whether `value` is a graph output, or reaches one through THROUGH ops alone (a loop,
+    not recursion: a chain of thousands of activations is a model too)."""
+    stack, seen = [value], set()
+    while stack:
+        value = stack.pop()
+        if value.is_graph_output:
+            return True
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        stack.extend(use.node.outputs[0] for use in value.uses
+                     if _through(use.node) is value and use.node.outputs[0] is not None)
+    return False
 
 
 def is_end(node: Node) -> bool:
@@ -262,10 +271,12 @@ def skipped(node: Node, skip) -> bool:
     return node.name in skip or not op_spellings(node).isdisjoint(skip)
 
 
-def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxruntime") -> Plan:
+def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxruntime",
+         held: dict[int, str] | None = None) -> Plan:
     """The quantization plan for the main graph under `options` (quant_skip, quant_keep_ends,
     activation_symmetric), in `form`: "onnxruntime" (its int8 CPU kernels) or "amct" (an NPU
-    target's)."""
+    target's); the layers in `held` (by id) stay float, for the reason given there."""
+    held = held or {}
     if form not in FORMS:
         raise ValueError(f"quantization form {form!r}: expected one of {', '.join(FORMS)}")
     result = Plan(form=form)
@@ -278,6 +289,8 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
             result.kept[kept_end()] += 1
         elif skipped(node, options.quant_skip):
             result.kept[kept_by_skip()] += 1
+        elif id(node) in held:
+            result.kept[held[id(node)]] += 1
         elif not allows(node):
             result.kept[KEPT_BY_GATE] += 1
         elif _dequantized(node.inputs[0]):
@@ -316,14 +329,6 @@ def _activations(node: Node) -> list[Value]:
         which = INT8_OPS[node.op_type]
         return list(node.inputs) if which is None else [node.inputs[i] for i in which]
     return [node.inputs[0]]  # Conv, FusedConv, Gemm: the data input
-
-
-def _scalar_operand(node: Node, value: Value | None) -> bool:
-    """Whether `value` is a constant number that `node`, an Add or Mul, takes beside a computed
-    input: onnxruntime's QLinearAdd and QLinearMul take it as one exact code (a scale, a shift:
-    PP-LCNetV3's learnable affine after each hard-swish)."""
-    return node.op_type in ("Add", "Mul") and scalar_constant(value) is not None \
-        and any(v is not None and not v.is_constant for v in node.inputs)
 
 
 def codes_padded(node: Node) -> bool:
@@ -366,8 +371,8 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
         if not any(id(c) in wanted or id(c) in passing for c in out.consumers()):
             continue
         if node.op_type in INT8_OPS or node.op_type in SAME_SCALE and codes_padded(node):
-            acts = [v for v in _activations(node) if not _scalar_operand(node, v)]
-            if acts and all(_float(v) and not v.is_constant for v in acts):
+            acts = _activations(node)
+            if all(_float(v) and not v.is_constant for v in acts):
                 wanted.add(id(node))
                 (result.same_scale if node.op_type in SAME_SCALE else result.int8_ops
                  ).append(node)
@@ -375,6 +380,11 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
             passing.add(id(node))
     result.int8_ops.reverse()
     result.same_scale.reverse()
+    while True:  # an op pruned for want of int8 input may leave another no int8 reader
+        kept = _read_as_int8(nodes, result, _fed_int8(nodes, result), symmetric)
+        if len(kept) == len(result.int8_ops):
+            break
+        result.int8_ops = kept
     producers = [n for n in nodes if n in result.static or n in result.int8_ops]
     # An output the model quantizes itself (its readers, past an activation, are its own
     # QuantizeLinear) gets no Q/DQ of graphopt's: a second pair would round it twice.
@@ -409,14 +419,59 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
     for node in nodes:
         if node in result.static or node in result.int8_ops or node in result.same_scale:
             for value in _activations(node):
-                if _scalar_operand(node, value):
-                    continue  # it becomes exact codes (int8.constants_on_codes)
                 value = alias.get(id(value), value)
                 seen.setdefault(id(value), value)
             out = node.outputs[0]
             if not out.is_graph_output and id(out) not in requantized:
                 seen.setdefault(id(out), out)
     result.tensors = list(seen.values())
+
+
+def _fed_int8(nodes: list[Node], result: Plan) -> list[Node]:
+    """The int8 ops of `result` that read at least one int8 value: the output of a static
+    layer, of such an op or of a scale-keeping op behind one, directly or through a Relu or
+    Clip(0, …) that will fold into it (its only reader). One fed float values alone would
+    quantize each of them, add their codes and quantize the sum, where the float op rounds once
+    and no slower: LowerPRelu's Relu(x) + Min(x, 0) · a after a conv (x read twice) took
+    MediaPipe's palm detector from cosine 0.994 to 0.980."""
+    int8 = {id(n.outputs[0]) for n in result.static}
+    ops, scale_keeping, kept = set(map(id, result.int8_ops)), set(map(id, result.same_scale)), []
+
+    def is_int8(value: Value | None) -> bool:
+        if value is None or id(value) in int8:
+            return value is not None
+        producer = value.producer
+        return producer is not None and _foldable(producer) \
+            and producer.inputs[0] is not None and id(producer.inputs[0]) in int8 \
+            and len(producer.inputs[0].uses) == 1
+
+    for node in nodes:
+        if id(node) in ops:
+            if any(is_int8(v) for v in _activations(node)):
+                kept.append(node)
+                int8.add(id(node.outputs[0]))
+        elif id(node) in scale_keeping and is_int8(node.inputs[0]):
+            int8.add(id(node.outputs[0]))
+    return kept
+
+
+def _read_as_int8(nodes: list[Node], result: Plan, ops: list[Node], symmetric: bool
+                  ) -> list[Node]:
+    """The int8 ops of `ops` that a static layer, another of `ops` or a scale-keeping op reads
+    (through a Relu or Clip(0, …) that folds), as _mark wanted them before _fed_int8 pruned
+    some: a residual Add whose only int8 reader was LowerPRelu's sum quantized its output for
+    float readers alone, one more rounding for nothing."""
+    kept, scale_keeping = set(map(id, ops)), set(map(id, result.same_scale))
+    wanted, passing = {id(n) for n in result.static}, set()
+    for node in reversed(nodes):
+        if len(node.outputs) != 1 or node.outputs[0] is None:
+            continue
+        read = any(id(c) in wanted or id(c) in passing for c in node.outputs[0].consumers())
+        if read and (id(node) in kept or id(node) in scale_keeping):
+            wanted.add(id(node))
+        elif read and not symmetric and _foldable(node):
+            passing.add(id(node))
+    return [n for n in ops if id(n) in wanted]
 
 
 def _quantized_by_model(value: Value) -> bool:

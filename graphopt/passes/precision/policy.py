@@ -104,7 +104,8 @@ def check_options(options) -> None:
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
     defaults = type(options)()
     for scheme, names in (("int8", ("calibration_method", "calibration_percentile",
-                                    "per_channel", "activation_symmetric", "quant_keep_ends")),
+                                    "per_channel", "activation_symmetric", "quant_keep_ends",
+                                    "quant_keep_sensitive")),
                           ("int4", ("int4_group_size", "int4_embeddings", "int4_method",
                                     "int4_accuracy_level"))):
         if options.quantize == scheme:  # from Python: the CLI refuses these flags itself

