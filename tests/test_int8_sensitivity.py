@@ -108,3 +108,46 @@ def test_the_command_line_quantizes_drowned_layers_on_request(tmp_path, capsys):
 def test_the_option_without_int8_is_refused():
     with pytest.raises(OptionError, match="quant_keep_sensitive applies to quantize='int8'"):
         graphopt.optimize(_model(gain=1.0), pass_options={"quant_keep_sensitive": False})
+
+
+def test_the_layers_behind_a_concat_that_crush_the_channel_stay_float_too(tmp_path):
+    # A Concat between the conv that quantizes the narrow channel and the depthwise conv that
+    # amplifies it: the guard follows the chain through it.
+    text = NET.replace("""        c2 = Conv <pads = [1, 1, 1, 1], group = 8> (r1, w2)""",
+                       """        c0 = Conv <pads = [1, 1, 1, 1]> (x, w0)
+        r0 = Relu(c0)
+        cat = Concat <axis = 1> (r1, r0)
+        c2 = Conv <pads = [1, 1, 1, 1], group = 16> (cat, w2)""")
+    base = _model(gain=400.0)
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in base.graph.initializer}
+    rng = np.random.default_rng(4)
+    weights["w0"] = (rng.standard_normal((8, 3, 3, 3)) * 0.5).astype(np.float32)
+    weights["w2"] = np.concatenate([weights["w2"], weights["w2"][1:2].repeat(8, 0)])
+    weights["w3"] = (rng.standard_normal((8, 16, 3, 3)) * 0.2).astype(np.float32)
+    proto = parse_model(text, **weights)
+    result, out = _int8(proto, tmp_path)
+    assert {"c1", "c2"} <= set(_float_convs(out)), result.notes
+    _, unguarded = _int8(proto, tmp_path, quant_keep_sensitive=False)
+    assert _cosine(proto, unguarded) < 0.99 < 0.999 < _cosine(proto, out)
+
+
+def test_names_like_the_copies_do_not_collide(tmp_path):
+    text = NET.replace("y = Relu(c3)", "r1__local1 = Relu(c3)\n y = Identity(r1__local1)")
+    proto = parse_model(text, **{t.name: onnx.numpy_helper.to_array(t)
+                                 for t in _model(gain=400.0).graph.initializer})
+    _, out = _int8(proto, tmp_path)
+    assert _float_convs(out) == ["c1", "c2"]
+
+
+def test_every_shape_profile_keeps_the_layers_the_measuring_one_found(tmp_path):
+    text = NET.replace("float[1, 3, 12, 12] x", "float[1, 3, H, H] x").replace(
+        "float[1, 8, 12, 12] y", "float[1, 8, H, H] y")
+    proto = parse_model(text, **{t.name: onnx.numpy_helper.to_array(t)
+                                 for t in _model(gain=400.0).graph.initializer})
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    result = graphopt.optimize(str(path), quantize="int8", calibration=_calibration(tmp_path),
+                               pass_options={"quant_keep_ends": False},
+                               dynamic_dims={"H": [12, 16]})
+    for compiled in result.profiles:  # the data fits H=12; H=16 borrows its statistics
+        assert _float_convs(compiled.result.to_onnx()) == ["c1", "c2"], compiled.profile.dims

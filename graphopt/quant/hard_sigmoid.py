@@ -12,8 +12,9 @@ is a shift and a scale followed by the clip, which a QuantizeLinear of x + β/α
 with the lowest code as zero point, does by saturating: its codes are
 round(clip(α·x + β, 0, top) / s), which a DequantizeLinear at scale s reads as HardSigmoid(x)
 to half a step. With s = top/255, top the high end of the range calibration gave the gate (1,
-or less for a gate that never opens fully), those are the codes the calibrated Q gave the
-HardSigmoid's output: the same int8 model, with no float op in it. onnxruntime fuses
+or less for a gate that never opens fully), those are the codes the calibrated uint8 Q gave
+the HardSigmoid's output: the same int8 model, with no float op in it. (Symmetric int8 codes,
+calibrated over ±top, cover [0, top] here at half their step.) onnxruntime fuses
 `DQ(x), DQ(β/α) → Add → Q` into QLinearAdd, and HardSwish(x) = x · HardSigmoid(x, 1/6, ½) then
 multiplies in QLinearMul, as the int8 plan already does for x · HardSigmoid(x).
 

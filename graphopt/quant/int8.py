@@ -39,7 +39,7 @@ import numpy as np
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.option_names import from_command_line, setting
-from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.base import Pass, PassContext, PassResult, anchor_key, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.nested import nested_note
@@ -204,7 +204,12 @@ class QuantizeInt8(Pass):
                 allowed[id(node)] = ctx.allows(self.name, node)
             return allowed[id(node)]
 
+        shared = ctx.shared_stats
         held: dict[int, str] = {}  # layers kept float for the sensitivity guard, by id
+        if shared is not None and shared.held and ctx.calibration_mismatch is not None \
+                and options.quant_keep_sensitive:
+            held = {id(n): shared.held[anchor_key(n)] for n in model.graph
+                    if anchor_key(n) in shared.held}
         drowned: list[Drowned] = []
         known: dict[str, TensorStats] = {}  # statistics by tensor name, for every plan
         while True:  # twice at most: the guard's measure is local, one look finds them all
@@ -225,6 +230,8 @@ class QuantizeInt8(Pass):
             for layer in drowned:
                 for upstream in layer.upstream:
                     held.setdefault(id(upstream), KEPT_FEEDING_DROWNED.format(switch))
+        if shared is not None and shared.held is None and ctx.calibration_mismatch is None:
+            shared.held = {anchor_key(n): held[id(n)] for n in model.graph if id(n) in held}
         return _Planned(chosen, params, means, heads, head_notes, drowned, known)
 
     def _calibrated(self, model: Model, chosen: Plan, ctx: PassContext, heads: list[Node] = (),
@@ -355,14 +362,16 @@ def _drowned_note(drowned: list[Drowned]) -> str:
     shown = ", ".join(f"'{d.node.name or d.node.outputs[0].name}' (error energy "
                       f"{d.error:.2g}× its output's)" for d in worst[:3])
     more = f" and {len(drowned) - 3} more" if len(drowned) > 3 else ""
+    upstream = len({id(u) for d in drowned for u in d.upstream})
+    besides = f", and {upstream} layer(s) computing their inputs" if upstream else ""
     return (f"QuantizeInt8: int8 inputs would drown {len(drowned)} layer(s) in rounding error, "
-            f"kept float with the layers computing their inputs: {shown}{more}")
+            f"kept float{besides}: {shown}{more}")
 
 
 def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
-    """The Conv/Gemm layers that stay float (quant_keep_ends' last layer, quant_skip) and read a
-    computed tensor rather than a graph input: what the quantized layers before them shift,
-    their bias can take back (see _correct_float_layers)."""
+    """The Conv/Gemm layers that stay float (quant_keep_ends' last layer, quant_skip, the
+    sensitivity guard's) and read a computed tensor rather than a graph input: what the
+    quantized layers before them shift, their bias can take back (see _correct_float_layers)."""
     static = {id(n) for n in chosen.static}
     # A MatMul has no bias input to take a correction.
     return [node for node in graph if kind(node, chosen.form) == "static"

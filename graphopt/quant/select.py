@@ -381,7 +381,8 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
     result.int8_ops.reverse()
     result.same_scale.reverse()
     while True:  # an op pruned for want of int8 input may leave another no int8 reader
-        kept = _read_as_int8(nodes, result, _fed_int8(nodes, result), symmetric)
+        fed, scale_keeping = _fed_int8(nodes, result, symmetric)
+        kept = _read_as_int8(nodes, result, fed, scale_keeping, symmetric)
         if len(kept) == len(result.int8_ops):
             break
         result.int8_ops = kept
@@ -427,23 +428,25 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
     result.tensors = list(seen.values())
 
 
-def _fed_int8(nodes: list[Node], result: Plan) -> list[Node]:
+def _fed_int8(nodes: list[Node], result: Plan, symmetric: bool) -> tuple[list[Node], set[int]]:
     """The int8 ops of `result` that read at least one int8 value: the output of a static
     layer, of such an op or of a scale-keeping op behind one, directly or through a Relu or
-    Clip(0, …) that will fold into it (its only reader). One fed float values alone would
-    quantize each of them, add their codes and quantize the sum, where the float op rounds once
-    and no slower: LowerPRelu's Relu(x) + Min(x, 0) · a after a conv (x read twice) took
-    MediaPipe's palm detector from cosine 0.994 to 0.980."""
+    Clip(0, …) that will fold into it (its only reader; asymmetric ranges only). One fed float
+    values alone would quantize each of them, add their codes and quantize the sum, where the
+    float op rounds once and no slower: LowerPRelu's Relu(x) + Min(x, 0) · a (x read twice,
+    so no Relu folds) quantized its two terms on MediaPipe's palm detector. Also the ids of
+    the scale-keeping ops that read an int8 value (the others are pruned later)."""
     int8 = {id(n.outputs[0]) for n in result.static}
     ops, scale_keeping, kept = set(map(id, result.int8_ops)), set(map(id, result.same_scale)), []
+    kept_scale_keeping: set[int] = set()
 
     def is_int8(value: Value | None) -> bool:
         if value is None or id(value) in int8:
             return value is not None
         producer = value.producer
-        return producer is not None and _foldable(producer) \
+        return not symmetric and producer is not None and _foldable(producer) \
             and producer.inputs[0] is not None and id(producer.inputs[0]) in int8 \
-            and len(producer.inputs[0].uses) == 1
+            and len(producer.inputs[0].uses) == 1 and not value.is_graph_output
 
     for node in nodes:
         if id(node) in ops:
@@ -451,17 +454,18 @@ def _fed_int8(nodes: list[Node], result: Plan) -> list[Node]:
                 kept.append(node)
                 int8.add(id(node.outputs[0]))
         elif id(node) in scale_keeping and is_int8(node.inputs[0]):
+            kept_scale_keeping.add(id(node))
             int8.add(id(node.outputs[0]))
-    return kept
+    return kept, kept_scale_keeping
 
 
-def _read_as_int8(nodes: list[Node], result: Plan, ops: list[Node], symmetric: bool
-                  ) -> list[Node]:
-    """The int8 ops of `ops` that a static layer, another of `ops` or a scale-keeping op reads
-    (through a Relu or Clip(0, …) that folds), as _mark wanted them before _fed_int8 pruned
-    some: a residual Add whose only int8 reader was LowerPRelu's sum quantized its output for
-    float readers alone, one more rounding for nothing."""
-    kept, scale_keeping = set(map(id, ops)), set(map(id, result.same_scale))
+def _read_as_int8(nodes: list[Node], result: Plan, ops: list[Node], scale_keeping: set[int],
+                  symmetric: bool) -> list[Node]:
+    """The int8 ops of `ops` that a static layer, another of `ops` or a scale-keeping op of
+    `scale_keeping` (ids) reads, through a Relu or Clip(0, …) that folds, as _mark wanted them
+    before _fed_int8 pruned some: a residual Add whose only int8 reader was LowerPRelu's sum
+    quantized its output for float readers alone, one more rounding for nothing."""
+    kept = set(map(id, ops))
     wanted, passing = {id(n) for n in result.static}, set()
     for node in reversed(nodes):
         if len(node.outputs) != 1 or node.outputs[0] is None:

@@ -13,10 +13,13 @@ conv's output (1.9 steps wide), which the layers after it amplify: cosine 0.70.
 The measure is local, so that the error a drowned layer passes on does not hide the next one:
 the float model gets, for every layer the plan quantizes, a copy of that layer that reads its
 input as the int8 model would compute it from the float tensors before it. That is the chain
-of elementwise ops (activations, gates such as x · HardSigmoid(x), constant arithmetic,
-layout) back to the layers and graph inputs that compute it, with a Q/DQ pair at the plan's
-parameters on every tensor of the chain the plan quantizes (so a conv output quantized before
-its hard-swish counts, as PaddleOCR's does). In-graph sums give, per layer, the energy of the
+of elementwise and data-movement ops (activations, gates such as x · HardSigmoid(x), constant
+arithmetic, layout, Concat, Resize, pooling) back to the layers and graph inputs that compute
+it, with a Q/DQ pair at the plan's parameters on every tensor of the chain the plan quantizes
+(so a conv output quantized before its hard-swish counts, as PaddleOCR's does). The copies
+keep their float weights: per-channel weight scales are not what drowns these layers, and a
+weight rounding error the guard does not see (one row of a Gemm 4000 times the others, under
+per-tensor scales) stays the user's to find with the accuracy report. In-graph sums give, per layer, the energy of the
 copy's error against the energy of the float output: one run of one session per sample. A
 layer is drowned when that ratio passes TOLERATED (15 dB); it stays float, and so do the layers
 that compute its input through that chain, whose one output scale would crush the same
@@ -43,7 +46,9 @@ MAX_SAMPLES = 8   # the first samples of a large calibration set show a drowned 
 # The ops of the chain that computes a layer's input (see the module docstring).
 _ELEMENTWISE = {"Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu", "Tanh",
                 "Mul", "Add", "Sub", "Div", "Reshape", "Transpose", "Pad", "MaxPool",
-                "Identity", "Flatten", "Squeeze", "Unsqueeze"}
+                "AveragePool", "GlobalAveragePool", "Concat", "Split", "Slice", "Resize",
+                "Upsample", "DepthToSpace", "SpaceToDepth", "Identity", "Flatten", "Squeeze",
+                "Unsqueeze"}
 
 
 @dataclass
@@ -63,10 +68,12 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
     proto = to_onnx(model)
     wanted = {id(n) for n in static}
     protos = {n.output[0]: n for n in proto.graph.node if n.output}
+    tag = _unused_tag(proto.graph)
     sums = []
     for index, layer in enumerate(layers):
         chain, leaves = _chain(layer.inputs[0], wanted)
-        sums.append(_add_local_copy(proto.graph, protos, layer, index, chain, leaves, params))
+        sums.append(_add_local_copy(proto.graph, protos, layer, f"{tag}{index}", chain, leaves,
+                                    params))
     session = _session(proto)
     del proto
     names = [name for pair in sums for name in pair]
@@ -75,7 +82,8 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
         totals += np.asarray([float(v) for v in session.run(names, feeds)], np.float64)
     found = []
     for layer, (error, energy) in zip(layers, totals.reshape(-1, 2)):
-        ratio = error / energy if energy > 0 else 0.0
+        with np.errstate(all="ignore"):
+            ratio = error / energy if energy > 0 else 0.0
         if ratio > TOLERATED:  # NaN compares False: a layer without finite sums stays int8
             found.append(Drowned(layer, float(ratio), _computing(layer.inputs[0], wanted)))
     return found
@@ -107,13 +115,23 @@ def _computing(value: Value, wanted: set[int]) -> list[Node]:
     return [v.producer for v in leaves if v.producer is not None and id(v.producer) in wanted]
 
 
+def _unused_tag(graph: onnx.GraphProto) -> str:
+    """A suffix no name of `graph` contains, for the names of the copies."""
+    names = {n for node in graph.node for n in (*node.input, *node.output, node.name)}
+    names |= {t.name for t in graph.initializer} | {v.name for v in graph.input}
+    tag = "__local"
+    while any(tag in name for name in names):
+        tag = f"_{tag}"
+    return tag
+
+
 def _add_local_copy(graph: onnx.GraphProto, protos: dict[str, onnx.NodeProto], layer: Node,
-                    index: int, chain: list[Node], leaves: list[Value],
+                    tag: str, chain: list[Node], leaves: list[Value],
                     params: dict[int, QParams]) -> tuple[str, str]:
     """Add to `graph` a copy of `layer` reading its input through a copy of `chain` whose every
-    quantized tensor passes a Q/DQ pair, and the sums of its error and of the float output's
-    energy; returns their names."""
-    tag = f"__local{index}"
+    quantized tensor passes a Q/DQ pair, and the sums (in float64: float32 overflows past 1e19
+    a value) of its error and of the float output's energy; returns their names. `tag` ends
+    every name the copy adds."""
     renamed: dict[str, str] = {}
 
     def quantized(value: Value) -> str:
@@ -122,7 +140,7 @@ def _add_local_copy(graph: onnx.GraphProto, protos: dict[str, onnx.NodeProto], l
         p = params.get(id(value))
         if p is None:
             return name
-        base = f"{value.name}{tag}"
+        base = f"{value.name}_simulated{tag}"
         graph.initializer.extend([
             onnx.numpy_helper.from_array(np.asarray(p.scale, np.float32), f"{base}_scale"),
             onnx.numpy_helper.from_array(np.asarray(p.zero_point), f"{base}_zero")])
@@ -155,13 +173,16 @@ def _add_local_copy(graph: onnx.GraphProto, protos: dict[str, onnx.NodeProto], l
     copy.output[:] = [f"{out}{tag}"] + [""] * (len(copy.output) - 1)
     copy.name = f"{out}{tag}"
     graph.node.append(copy)
-    error, energy = f"{out}{tag}_error", f"{out}{tag}_energy"
+    error, energy = f"{out}_error{tag}", f"{out}_energy{tag}"
+    double = onnx.TensorProto.DOUBLE
     graph.node.extend([
-        helper.make_node("Sub", [f"{out}{tag}", out], [f"{out}{tag}_difference"]),
-        helper.make_node("ReduceSumSquare", [f"{out}{tag}_difference"], [error], keepdims=0),
-        helper.make_node("ReduceSumSquare", [out], [energy], keepdims=0)])
-    graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [])
-                        for n in (error, energy))
+        helper.make_node("Cast", [f"{out}{tag}"], [f"{out}_copy_double{tag}"], to=double),
+        helper.make_node("Cast", [out], [f"{out}_double{tag}"], to=double),
+        helper.make_node("Sub", [f"{out}_copy_double{tag}", f"{out}_double{tag}"],
+                         [f"{out}_difference{tag}"]),
+        helper.make_node("ReduceSumSquare", [f"{out}_difference{tag}"], [error], keepdims=0),
+        helper.make_node("ReduceSumSquare", [f"{out}_double{tag}"], [energy], keepdims=0)])
+    graph.output.extend(helper.make_tensor_value_info(n, double, []) for n in (error, energy))
     return error, energy
 
 

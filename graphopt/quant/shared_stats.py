@@ -38,6 +38,9 @@ class SharedStats:
     stats: dict[str, TensorStats] = field(default_factory=dict)
     head_means: dict[str, np.ndarray | None] = field(default_factory=dict)
     grams: dict[str, np.ndarray] = field(default_factory=dict)  # GPTQ's XᵀX per MatMul input
+    # The layers the sensitivity guard kept float, by anchor key, with why: a profile that
+    # borrows the statistics cannot run the guard, and keeps the same layers float.
+    held: dict[str, str] | None = None
     measured: str = "the activation ranges"  # what the measuring profile took from the data
     by_pass: str = "QuantizeInt8"
 
