@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+
 import numpy as np
 import onnx
 from helpers import parse_model
@@ -27,19 +31,28 @@ NET = """
     }"""
 
 
-def test_an_add_of_float_values_alone_stays_float(tmp_path):
+def _int8(text: str, inputs: dict[int, int]):
+    """The seeded model of `text` (weights w1… of 8 output channels, 8 input channels but
+    where `inputs` says otherwise, a PReLU slope) and its int8 compile, ends quantized."""
     rng = np.random.default_rng(0)
-    weights = {f"w{i}": (rng.standard_normal((8, 4 if i == 1 else 8, 3, 3)) * 0.3)
-               .astype(np.float32) for i in (1, 2, 3, 4)}
-    proto = parse_model(NET, zero=np.zeros(1, np.float32),
+    count = max(int(n) for n in re.findall(r"\bw(\d+)\b", text))
+    weights = {f"w{i}": (rng.standard_normal((8, inputs.get(i, 8), 3, 3)) * 0.3)
+               .astype(np.float32) for i in range(1, count + 1)}
+    proto = parse_model(text, zero=np.zeros(1, np.float32),
                         slope=np.linspace(0.1, 0.3, 8, dtype=np.float32).reshape(1, 8, 1, 1),
                         **weights)
-    calibration = tmp_path / "calib.npz"
-    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 12, 12)).astype(np.float32))
-    result = graphopt.optimize(proto, pass_options={
-        "quantize": "int8", "calibration": str(calibration), "quant_keep_ends": False})
+    with tempfile.TemporaryDirectory() as folder:
+        calibration = os.path.join(folder, "calib.npz")
+        np.savez(calibration, x=rng.standard_normal((8, 1, 4, 12, 12)).astype(np.float32))
+        result = graphopt.optimize(proto, pass_options={
+            "quantize": "int8", "calibration": calibration, "quant_keep_ends": False})
     out = graphopt.to_onnx(result.model)
     onnx.checker.check_model(out)
+    return proto, out
+
+
+def test_an_add_of_float_values_alone_stays_float():
+    proto, out = _int8(NET, inputs={1: 4})
     producers = {o: n for n in out.graph.node for o in n.output}
     adds = {n.output[0]: [producers[i].op_type for i in n.input]
             for n in out.graph.node if n.op_type == "Add"}
@@ -67,21 +80,10 @@ RESIDUAL_PRELU = """
     }"""
 
 
-def test_an_add_whose_readers_all_stay_float_is_not_quantized(tmp_path):
+def test_an_add_whose_readers_all_stay_float_is_not_quantized():
     # The PRelu sum, fed float values alone, stays float; then nothing int8 reads the residual
     # sum, and quantizing it would round what the float PRelu reads (palm: cosine 0.991, 0.994
     # without).
-    rng = np.random.default_rng(0)
-    weights = {f"w{i}": (rng.standard_normal((8, 4 if i < 3 else 8, 3, 3)) * 0.3)
-               .astype(np.float32) for i in (1, 2, 3)}
-    proto = parse_model(RESIDUAL_PRELU, zero=np.zeros(1, np.float32),
-                        slope=np.linspace(0.1, 0.3, 8, dtype=np.float32).reshape(1, 8, 1, 1),
-                        **weights)
-    calibration = tmp_path / "calib.npz"
-    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 12, 12)).astype(np.float32))
-    result = graphopt.optimize(proto, pass_options={
-        "quantize": "int8", "calibration": str(calibration), "quant_keep_ends": False})
-    out = graphopt.to_onnx(result.model)
-    onnx.checker.check_model(out)
+    _, out = _int8(RESIDUAL_PRELU, inputs={1: 4, 2: 4})
     readers = {r.op_type for r in out.graph.node if "s" in r.input}
     assert readers == {"Relu", "Min"}  # the float sum itself, not a DequantizeLinear of it

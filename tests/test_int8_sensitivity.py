@@ -151,3 +151,17 @@ def test_every_shape_profile_keeps_the_layers_the_measuring_one_found(tmp_path):
                                dynamic_dims={"H": [12, 16]})
     for compiled in result.profiles:  # the data fits H=12; H=16 borrows its statistics
         assert _float_convs(compiled.result.to_onnx()) == ["c1", "c2"], compiled.profile.dims
+
+
+def test_a_split_whose_halves_meet_again_is_copied_once(tmp_path):
+    # YOLO's C2f blocks split a conv's output and concatenate both halves again before the
+    # next conv: the chain of that conv's input reaches the Split twice.
+    text = NET.replace("""        c2 = Conv <pads = [1, 1, 1, 1], group = 8> (r1, w2)""",
+                       """        a, b = Split <axis = 1> (r1, halves)
+        cat = Concat <axis = 1> (b, a)
+        c2 = Conv <pads = [1, 1, 1, 1], group = 8> (cat, w2)""")
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in _model(gain=1.0).graph.initializer}
+    proto = parse_model(text, halves=np.array([4, 4], np.int64), **weights)
+    result, out = _int8(proto, tmp_path)
+    assert not any("int8 inputs would drown" in n for n in result.notes)
+    assert _cosine(proto, out) > 0.999

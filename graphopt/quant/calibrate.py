@@ -111,6 +111,12 @@ def _session(model: Model, fetched: list[str], dtypes: dict | None = None
             dtype = (dtypes or {}).get(name)
             proto.graph.output.append(onnx.helper.make_tensor_value_info(
                 name, onnx.TensorProto.FLOAT if dtype is None else int(dtype), None))
+    return plain_session(proto)
+
+
+def plain_session(proto: onnx.ModelProto) -> ort.InferenceSession:
+    """`proto` in onnxruntime at ORT_DISABLE_ALL (its fusions would hide or rename the tensors
+    fetched), on every core, quiet."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = os.cpu_count() or 1

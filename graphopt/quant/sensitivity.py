@@ -28,17 +28,16 @@ channels (PaddleOCR's did).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from itertools import islice
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper
 
 from graphopt.ir import Model, Node, Value, to_onnx
 from graphopt.quant.calib_data import CalibrationData
+from graphopt.quant.calibrate import plain_session
 from graphopt.quant.qparams import QParams
 
 TOLERATED = 0.03  # error energy over the float output's energy: 15 dB
@@ -74,7 +73,7 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
         chain, leaves = _chain(layer.inputs[0], wanted)
         sums.append(_add_local_copy(proto.graph, protos, layer, f"{tag}{index}", chain, leaves,
                                     params))
-    session = _session(proto)
+    session = plain_session(proto)
     del proto
     names = [name for pair in sums for name in pair]
     totals = np.zeros(len(names))
@@ -103,6 +102,9 @@ def _chain(value: Value, wanted: set[int]) -> tuple[list[Node], list[Value]]:
                 or producer.op_type not in _ELEMENTWISE or producer.graph is not value.graph:
             leaves.append(v)
             continue
+        if id(producer) in seen:
+            continue  # a Split both of whose outputs the chain reads: one copy
+        seen.add(id(producer))
         nodes.append(producer)
         stack.extend(i for i in producer.inputs if i is not None and not i.is_constant)
     order = {id(n): i for i, n in enumerate(value.graph)}
@@ -191,12 +193,3 @@ def _copied(protos: dict[str, onnx.NodeProto], node: Node) -> onnx.NodeProto:
     copy = onnx.NodeProto()
     copy.CopyFrom(protos[node.outputs[0].name])
     return copy
-
-
-def _session(proto: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = os.cpu_count() or 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(proto.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
