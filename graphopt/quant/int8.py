@@ -38,7 +38,7 @@ import numpy as np
 
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
-from graphopt.option_names import from_command_line, setting
+from graphopt.option_names import setting
 from graphopt.passes.base import Pass, PassContext, PassResult, anchor_key, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
@@ -63,7 +63,7 @@ from graphopt.quant.qparams import (
 )
 from graphopt.quant.opset_upgrade import INT8_OPSET, LAYER_OPS
 from graphopt.quant.select import MS, Plan, kind, plan, reads_graph_input, unmatched_skips
-from graphopt.quant.sensitivity import Drowned, drowned_layers
+from graphopt.quant.sensitivity import Drowned, drowned_layers, drowned_note, guarded, kept_float
 from graphopt.quant.stats import METHODS, TensorStats
 
 
@@ -124,7 +124,7 @@ class QuantizeInt8(Pass):
             ctx.note("QuantizeInt8 kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))
         if planned.drowned:
-            ctx.note(_drowned_note(planned.drowned))
+            ctx.note(drowned_note(planned.drowned))
         if chosen.needs_calibration():
             _note_nonfinite(chosen, planned.stats, ctx)
         for note in planned.head_notes:
@@ -217,19 +217,13 @@ class QuantizeInt8(Pass):
             heads, head_notes = _heads(model, chosen, ctx)
             params, means = self._calibrated(model, chosen, ctx, heads, known) \
                 if chosen.needs_calibration() else ({}, {})
-            if drowned or not _guarded(options, form, chosen, ctx):
+            if drowned or not guarded(options, form, chosen, ctx):
                 break
             drowned = drowned_layers(model, chosen.static, params,
                                      calibration_data(ctx, model.graph))
             if not drowned:
                 break
-            switch = "--quantize-sensitive" if from_command_line() \
-                else "quant_keep_sensitive=False"
-            for layer in drowned:
-                held[id(layer.node)] = KEPT_DROWNED.format(switch)
-            for layer in drowned:
-                for upstream in layer.upstream:
-                    held.setdefault(id(upstream), KEPT_FEEDING_DROWNED.format(switch))
+            held.update(kept_float(drowned))
         if shared is not None and shared.held is None and ctx.calibration_mismatch is None:
             shared.held = {anchor_key(n): held[id(n)] for n in model.graph if id(n) in held}
         return _Planned(chosen, params, means, heads, head_notes, drowned, known)
@@ -340,32 +334,6 @@ def _heads(model: Model, chosen: Plan, ctx: PassContext) -> tuple[list[Node], li
                     f"their bias: the profile whose calibration this one takes measured no "
                     "input means for them"]
     return heads, []
-
-
-def _guarded(options, form: str, chosen: Plan, ctx: PassContext) -> bool:
-    """Whether the sensitivity guard (sensitivity.py) looks at this plan: on onnxruntime's
-    form, with static layers, calibration data this very model runs on (a shape profile that
-    borrows another's ranges has none), and quant_keep_sensitive on."""
-    return options.quant_keep_sensitive and form == "onnxruntime" and bool(chosen.static) \
-        and ctx.calibration_mismatch is None
-
-
-KEPT_DROWNED = ("a layer whose int8 input would drown its output in rounding error (simulated "
-                "on the calibration data; {} quantizes it)")
-KEPT_FEEDING_DROWNED = ("a layer computing such a layer's input (its output's one scale would "
-                        "crush the same channels; {} quantizes it)")
-
-
-def _drowned_note(drowned: list[Drowned]) -> str:
-    """Which layers the sensitivity guard kept float, and by how much their outputs drowned."""
-    worst = sorted(drowned, key=lambda d: -d.error)
-    shown = ", ".join(f"'{d.node.name or d.node.outputs[0].name}' (error energy "
-                      f"{d.error:.2g}× its output's)" for d in worst[:3])
-    more = f" and {len(drowned) - 3} more" if len(drowned) > 3 else ""
-    upstream = len({id(u) for d in drowned for u in d.upstream})
-    besides = f", and {upstream} layer(s) computing their inputs" if upstream else ""
-    return (f"QuantizeInt8: int8 inputs would drown {len(drowned)} layer(s) in rounding error, "
-            f"kept float{besides}: {shown}{more}")
 
 
 def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:

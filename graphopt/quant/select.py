@@ -473,8 +473,9 @@ def _read_as_int8(nodes: list[Node], result: Plan, ops: list[Node], scale_keepin
         read = any(id(c) in wanted or id(c) in passing for c in node.outputs[0].consumers())
         if read and (id(node) in kept or id(node) in scale_keeping):
             wanted.add(id(node))
-        elif read and not symmetric and _foldable(node):
-            passing.add(id(node))
+        elif read and not symmetric and _foldable(node) and node.inputs[0] is not None \
+                and len(node.inputs[0].uses) == 1 and not node.outputs[0].is_graph_output:
+            passing.add(id(node))  # it folds into its input's range, as _fed_int8 counts it
     return [n for n in ops if id(n) in wanted]
 
 

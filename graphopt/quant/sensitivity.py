@@ -38,12 +38,14 @@ from onnx import helper
 from graphopt.ir import Model, Node, Value, to_onnx
 from graphopt.quant.calib_data import CalibrationData
 from graphopt.quant.calibrate import plain_session
+from graphopt.option_names import from_command_line
 from graphopt.quant.qparams import QParams
 
 TOLERATED = 0.03  # error energy over the float output's energy: 15 dB
 MAX_SAMPLES = 8   # the first samples of a large calibration set show a drowned layer
-# The ops of the chain that computes a layer's input (see the module docstring).
-_ELEMENTWISE = {"Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu", "Tanh",
+# The ops of the chain that computes a layer's input (see the module docstring): elementwise
+# and data movement.
+_CHAIN_OPS = {"Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu", "Tanh",
                 "Mul", "Add", "Sub", "Div", "Reshape", "Transpose", "Pad", "MaxPool",
                 "AveragePool", "GlobalAveragePool", "Concat", "Split", "Slice", "Resize",
                 "Upsample", "DepthToSpace", "SpaceToDepth", "Identity", "Flatten", "Squeeze",
@@ -68,11 +70,13 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
     wanted = {id(n) for n in static}
     protos = {n.output[0]: n for n in proto.graph.node if n.output}
     tag = _unused_tag(proto.graph)
-    sums = []
+    sums, starts = [], []
     for index, layer in enumerate(layers):
         chain, leaves = _chain(layer.inputs[0], wanted)
         sums.append(_add_local_copy(proto.graph, protos, layer, f"{tag}{index}", chain, leaves,
                                     params))
+        starts.append([v.producer for v in leaves if v.producer is not None
+                       and id(v.producer) in wanted])
     session = plain_session(proto)
     del proto
     names = [name for pair in sums for name in pair]
@@ -80,16 +84,53 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
     for feeds in islice(iter(data), MAX_SAMPLES):
         totals += np.asarray([float(v) for v in session.run(names, feeds)], np.float64)
     found = []
-    for layer, (error, energy) in zip(layers, totals.reshape(-1, 2)):
+    for layer, (error, energy), upstream in zip(layers, totals.reshape(-1, 2), starts):
         with np.errstate(all="ignore"):
             ratio = error / energy if energy > 0 else 0.0
         if ratio > TOLERATED:  # NaN compares False: a layer without finite sums stays int8
-            found.append(Drowned(layer, float(ratio), _computing(layer.inputs[0], wanted)))
+            found.append(Drowned(layer, float(ratio), upstream))
     return found
 
 
+def guarded(options, form: str, chosen, ctx) -> bool:
+    """Whether the guard looks at a plan (`chosen`): on onnxruntime's
+    form, with static layers, calibration data this very model runs on (a shape profile that
+    borrows another's ranges has none), and quant_keep_sensitive on."""
+    return options.quant_keep_sensitive and form == "onnxruntime" and bool(chosen.static) \
+        and ctx.calibration_mismatch is None
+
+
+_KEPT_DROWNED = ("a layer whose int8 input would drown its output in rounding error "
+                 "(simulated on the calibration data; {} quantizes it)")
+_KEPT_FEEDING = ("a layer computing such a layer's input (its output's one scale would crush "
+                 "the same channels; {} quantizes it)")
+
+
+def kept_float(drowned: list[Drowned]) -> dict[int, str]:
+    """Why each layer the guard keeps float stays so, by id: the drowned layers, and the layers
+    computing their inputs; in the spelling of the option that quantizes them anyway."""
+    switch = "--quantize-sensitive" if from_command_line() else "quant_keep_sensitive=False"
+    held = {id(d.node): _KEPT_DROWNED.format(switch) for d in drowned}
+    for d in drowned:
+        for upstream in d.upstream:
+            held.setdefault(id(upstream), _KEPT_FEEDING.format(switch))
+    return held
+
+
+def drowned_note(drowned: list[Drowned]) -> str:
+    """Which layers the sensitivity guard kept float, and by how much their outputs drowned."""
+    worst = sorted(drowned, key=lambda d: -d.error)
+    shown = ", ".join(f"'{d.node.name or d.node.outputs[0].name}' (error energy "
+                      f"{d.error:.2g}× its output's)" for d in worst[:3])
+    more = f" and {len(drowned) - 3} more" if len(drowned) > 3 else ""
+    upstream = len({id(u) for d in drowned for u in d.upstream})
+    besides = f", and {upstream} layer(s) computing their inputs" if upstream else ""
+    return (f"QuantizeInt8: int8 inputs would drown {len(drowned)} layer(s) in rounding error, "
+            f"kept float{besides}: {shown}{more}")
+
+
 def _chain(value: Value, wanted: set[int]) -> tuple[list[Node], list[Value]]:
-    """The _ELEMENTWISE nodes of the main graph that compute `value` (in graph order) and the
+    """The _CHAIN_OPS nodes of the main graph that compute `value` (in graph order) and the
     values they start from: outputs of `wanted` layers and of other ops, graph inputs."""
     nodes, leaves, seen, stack = [], [], set(), [value]
     while stack:
@@ -99,7 +140,7 @@ def _chain(value: Value, wanted: set[int]) -> tuple[list[Node], list[Value]]:
         seen.add(id(v))
         producer = v.producer
         if producer is None or id(producer) in wanted or not producer.is_onnx \
-                or producer.op_type not in _ELEMENTWISE or producer.graph is not value.graph:
+                or producer.op_type not in _CHAIN_OPS or producer.graph is not value.graph:
             leaves.append(v)
             continue
         if id(producer) in seen:
@@ -109,12 +150,6 @@ def _chain(value: Value, wanted: set[int]) -> tuple[list[Node], list[Value]]:
         stack.extend(i for i in producer.inputs if i is not None and not i.is_constant)
     order = {id(n): i for i, n in enumerate(value.graph)}
     return sorted(nodes, key=lambda n: order[id(n)]), leaves
-
-
-def _computing(value: Value, wanted: set[int]) -> list[Node]:
-    """The `wanted` layers whose outputs start `value`'s chain."""
-    _, leaves = _chain(value, wanted)
-    return [v.producer for v in leaves if v.producer is not None and id(v.producer) in wanted]
 
 
 def _unused_tag(graph: onnx.GraphProto) -> str:
