@@ -279,6 +279,16 @@ def check_loads(model: Model, label: str, given: bytes) -> str | None:
     if numerics.load_refusal(given) is None:
         # Either a model onnxruntime loads but can never run (a Reshape to a size its data
         # does not have), whose contradiction folding made static, or a rewrite gone wrong.
+        basic = numerics.load_refusal(given, level="basic")
+        if basic is not None:
+            # Its own optimizer, which infers shapes into the branches, refuses the original
+            # too: the model is what breaks once shapes are known, not graphopt's rewrite.
+            raise InputError(f"{label}: onnxruntime loads the original only with its graph "
+                             f"optimizations off (ORT_DISABLE_ALL; at ORT_ENABLE_BASIC: "
+                             f"{basic}); graphopt infers and folds shapes as that optimizer "
+                             f"does, and the compiled model meets the same refusal: {refusal}. "
+                             "The model is at fault (a node that cannot take the shapes "
+                             "inference gives it), not a rewrite")
         raise InputError(f"{label}: onnxruntime cannot load the compiled model, where it loads "
                          f"the original: {refusal}. If the original runs, this is a graphopt "
                          "bug (--disable-pass on the pass that made the node, or -O0, compiles "

@@ -75,11 +75,11 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
 _BOILERPLATE = ("Please fix either the inputs/outputs or the model.",)
 
 
-def load_refusal(model: bytes) -> str | None:
-    """Why onnxruntime's CPU provider refuses to load the serialized `model` with no graph
-    optimizations (one line), or None when it loads it."""
+def load_refusal(model: bytes, level: str = "disable") -> str | None:
+    """Why onnxruntime's CPU provider refuses to load the serialized `model` at optimization
+    `level` (no graph optimizations by default; one line), or None when it loads it."""
     try:
-        session(model)
+        session(model, level)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's refusals have no common type
         return ort_reason(exc)
     return None

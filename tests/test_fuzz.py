@@ -951,6 +951,31 @@ def test_a_compile_onnxruntime_cannot_load_where_it_loads_the_original_is_refuse
         graphopt.optimize(model)
 
 
+def test_a_model_onnxruntime_loads_only_with_its_optimizer_off_is_blamed_not_the_compile():
+    # The Reshape's rank is unknown until its shape folds (a Slice to a computed end); then the
+    # LSTM in the If's branch reads rank 2. onnxruntime loads this only at ORT_DISABLE_ALL, its
+    # optimizer folds the shape and refuses it, and so does the compile, which folds it too.
+    hidden = 4
+    lstm = helper.make_graph(
+        [helper.make_node("LSTM", ["y", "W", "R"], ["h"], hidden_size=hidden)], "then", [],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)])
+    same = helper.make_graph([helper.make_node("Identity", ["y"], ["e"])], "else", [],
+                             [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    model = parse_model(
+        "g (float[6] x, bool c, int64[3] vec, int64[1] one, int64[1] zero, float[1,16,3] W,"
+        " float[1,16,4] R) => (float out) {"
+        " end = Add (one, one) shape = Slice (vec, zero, end) y = Reshape (x, shape) }",
+        vec=np.array([2, 3, 1], np.int64), one=np.array([1], np.int64),
+        zero=np.array([0], np.int64), W=np.ones((1, 4 * hidden, 3), np.float32),
+        R=np.ones((1, 4 * hidden, hidden), np.float32))
+    model.graph.node.append(helper.make_node("If", ["c"], ["out"], then_branch=lstm,
+                                             else_branch=same))
+    with pytest.raises(GraphoptError, match=r"^<model>: onnxruntime loads the original only "
+                                            r"with its graph optimizations off .*First input "
+                                            r"tensor must have rank 3.*The model is at fault"):
+        graphopt.optimize(model)
+
+
 def test_optimize_quiet_still_warns_of_an_output_that_will_not_load(tmp_path, capsys):
     model = parse_model('g (float[2,3] x) => (float[4,5] y) { y = Pad <mode = "bogus"> (x, p) }',
                         p=np.array([1, 1, 1, 1], np.int64))
