@@ -3,6 +3,7 @@ kernels onnxruntime picks at load, quant_skip / quant_keep_ends, and calibration
 
 from __future__ import annotations
 
+import zipfile
 from collections import Counter
 
 import numpy as np
@@ -787,6 +788,50 @@ def test_maxpool_behind_a_float_conv_stays_float(tmp_path):
         "quantize": "int8", "calibration": _calibration(tmp_path)})
     blocked = Counter(n.qualified_op for n in result.model.graph)
     assert blocked["com.microsoft.nchwc::MaxPool"] == 1 and blocked["Conv"] == 1  # c2 stays QDQ
+
+
+def test_a_float_first_layer_hands_its_codes_to_the_int8_trunk_channels_last(tmp_path):
+    """BlazeFace's shape: the float stem's output is read by a depthwise int8 conv and by the
+    residual Add. onnxruntime runs int8 convs in NHWC and cancels the Transposes around them
+    only where one reaches the stem: with its codes written NCHW behind the blocked stem conv,
+    a Transpose pair stayed around every int8 conv and the MaxPool ran on uint8 in NCHW."""
+    rng = np.random.default_rng(3)
+
+    def w(o, i, k=3):
+        return (rng.standard_normal((o, i, k, k)) * np.sqrt(2 / (k * k * i))).astype(np.float32)
+
+    proto = parse_model("""
+        agraph (float[1, 3, 32, 32] x) => (float[1, 16, 8, 8] y) {
+            c0 = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, w0)
+            r0 = Relu(c0)
+            d1 = Conv <pads = [1, 1, 1, 1], group = 16> (r0, dw1)
+            p1 = Conv (d1, pw1)
+            a1 = Add(p1, r0)
+            r1 = Relu(a1)
+            m = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (r1)
+            d2 = Conv <pads = [1, 1, 1, 1], group = 16> (m, dw2)
+            p2 = Conv (d2, pw2)
+            a2 = Add(p2, m)
+            r2 = Relu(a2)
+            y = Conv (r2, head)
+        }""", w0=w(16, 3), dw1=w(16, 1), pw1=w(16, 16, 1), dw2=w(16, 1), pw2=w(16, 16, 1),
+        head=w(16, 16, 1))
+    calibration = _calibration(tmp_path, shape=(1, 3, 32, 32))
+    result = graphopt.optimize(proto, target="cpu", pass_options={
+        "quantize": "int8", "calibration": calibration})
+    (layout,) = [r for r in result.log.to_json()["passes"] if r["pass"] == "LayoutNchwc"]
+    assert layout["rewrites"]["ReorderOutput to NHWC before QuantizeLinear"] == 1
+    graphopt.save(result, tmp_path / "m.om")
+    (member,) = [n for n in zipfile.ZipFile(tmp_path / "m.om").namelist()
+                 if n.startswith("partitions/")]
+    partition = onnx.load_from_string(zipfile.ZipFile(tmp_path / "m.om").read(member))
+    loaded = Counter(n.op_type for n in numerics.optimized_by_onnxruntime(partition, "all")
+                     .graph.node)
+    assert loaded["QLinearConv"] == 4 and loaded["Transpose"] <= 2, loaded  # in, out
+    assert loaded["MaxPool"] == 0 and loaded["NhwcMaxPool"] == 1, loaded
+    feeds = numerics.random_feeds(proto, seed=5)
+    expected = numerics.run(proto, feeds)["y"]
+    assert _cosine(expected, graphopt.load(str(tmp_path / "m.om")).run(feeds)["y"]) > MIN_COSINE
 
 
 CHANNEL_PADDING = """
