@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from helpers import IR_VERSION
+from helpers import IR_VERSION, parse_model
 
 from graphopt import zoo
 from graphopt.compiler import check_input, optimize
@@ -281,6 +281,39 @@ def test_a_declared_rank_the_node_does_not_compute_gives_way(tmp_path, declared)
     assert session.outputs[0]["shape"] == [1, 2, 3, 4]
     x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
     assert session.run({"x": x})["y"].shape == (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "mixed-fp16"])
+def test_a_stale_output_declaration_gives_way_behind_the_cast_back_to_float32(tmp_path,
+                                                                             precision):
+    # ddddocr's form: [1, seqlen] declared for a Reshape to [T, 1, 6] whose target is built
+    # at run time. -O2 corrects it (the rank is the target's length); in a half-precision
+    # compile the Cast back to float32 took the output's name and the declaration with it,
+    # inference of that Cast alone found the two agreeing, and the .om refused to load.
+    import graphopt
+
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[T, 1, 4] x) => (float[1, seqlen] y) {
+            s = Shape (x)
+            d0 = Gather <axis = 0> (s, i0)
+            d1 = Gather <axis = 0> (s, i1)
+            u0 = Unsqueeze (d0, axes)
+            u1 = Unsqueeze (d1, axes)
+            target = Concat <axis = 0> (u0, u1, six)
+            flat = Reshape (x, rows)
+            g = Gemm <transB = 1> (flat, w, b)
+            y = Reshape (g, target)
+        }""", i0=np.array(0, np.int64), i1=np.array(1, np.int64),
+        axes=np.array([0], np.int64), six=np.array([6], np.int64),
+        rows=np.array([-1, 4], np.int64), w=rng.standard_normal((6, 4)).astype(np.float32),
+        b=rng.standard_normal(6).astype(np.float32),
+        header='<ir_version: 7, opset_import: ["" : 13]>\n')
+    result = graphopt.optimize(proto, target="cpu", precision=precision)
+    assert len(result.model.graph.outputs[0].shape) == 3
+    graphopt.save(result, tmp_path / "m.om")
+    x = np.ones((5, 1, 4), np.float32)
+    assert graphopt.load(tmp_path / "m.om").run({"x": x})["y"].shape == (5, 1, 6)
 
 
 @pytest.mark.parametrize("dim", ["N", 2])

@@ -23,17 +23,33 @@ def correct_output_declarations(model: Model) -> list[str]:
     one "'name' declared … computes …" per output corrected."""
     corrected = []
     for value in model.graph.outputs:
-        node = value.producer
+        carried = _cast_chain(value)  # the output, and what the Casts before it cast
+        source = carried[-1]
+        node = source.producer
         if value.shape is None or node is None or not node.is_onnx \
                 or disputed_dims(node, model.opset("") or 0):  # onnxruntime sizes these
             continue
-        computed = _computed_shape(model, node, value.index)
+        computed = _computed_shape(model, node, source.index)
         if computed is None or not _contradicts(value.shape, computed):
             continue
         corrected.append(f"'{value.name}' declared {_text(value.shape)} computes "
                          f"{_text(computed)}")
-        value.shape = tuple(computed)
+        for each in carried:
+            each.shape = tuple(computed)
     return corrected
+
+
+def _cast_chain(value) -> list:
+    """`value`, then the input of each Cast before it: a precision pass hands an output's
+    name to the Cast back to float32, which copies the stale declaration from the value it
+    casts, where inference of the Cast alone would find it agreeing."""
+    chain = [value]
+    node = value.producer
+    while node is not None and node.op_type == "Cast" and node.is_onnx and node.inputs \
+            and node.inputs[0] is not None and node.inputs[0].producer is not None:
+        chain.append(node.inputs[0])
+        node = node.inputs[0].producer
+    return chain
 
 
 def _computed_shape(model: Model, node: Node, index: int) -> tuple | None:
