@@ -414,6 +414,48 @@ NORM = """
     }"""
 
 
+def test_a_mixed_precision_norm_behind_a_cast_loads_at_onnxruntimes_full_level(tmp_path):
+    # A decomposed LayerNorm graphopt cannot fuse (its last dim comes from a Reshape to a
+    # shape built at run time, as paddle2onnx writes PaddleOCR's recognizer) runs in float32
+    # behind a Cast from the float16 MatMul: onnxruntime's LayerNormFusion fused it into a
+    # LayerNormalization of the float16 input and the float32 scale, and refused the .om.
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, T, 16] x) => (float y) {
+          mm = MatMul (x, w)
+          a = Add (mm, b)
+          sx = Shape (x)
+          sx2 = Slice (sx, s0, s2)
+          target = Concat <axis = 0> (sx2, m1)
+          r = Reshape (a, target)
+          mean = ReduceMean <axes = [-1]> (r)
+          d = Sub (r, mean)
+          sq = Pow (d, two)
+          var = ReduceMean <axes = [-1]> (sq)
+          ve = Add (var, eps)
+          std = Sqrt (ve)
+          n = Div (d, std)
+          ng = Mul (n, gamma)
+          y = Add (ng, beta)
+        }""")
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in {
+        "w": rng.standard_normal((16, 16)).astype(np.float32),
+        "b": rng.standard_normal(16).astype(np.float32),
+        "gamma": rng.standard_normal(16).astype(np.float32),
+        "beta": rng.standard_normal(16).astype(np.float32),
+        "two": np.float32(2), "eps": np.float32(1e-5), "s0": np.array([0], np.int64),
+        "s2": np.array([2], np.int64), "m1": np.array([-1], np.int64)}.items())
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, target="cpu", precision="mixed-fp16"), path)
+    (partition,) = load_om(path).manifest["partitions"]
+    assert "LayerNormFusionL2" in (partition.get("disabled_optimizers") or [])
+    feeds = {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)}
+    with graphopt.load(path) as session:
+        actual = session.run(feeds)["y"]
+    np.testing.assert_allclose(actual, numerics.run(proto, feeds)["y"], rtol=0.02, atol=0.02)
+
+
 @pytest.mark.parametrize("exponent, epsilon", [(0.0, 1e-5), (3.0, 1e-5), (2.0, 0.0),
                                                (2.0, -1e-5), (2.0, float("nan"))])
 @pytest.mark.parametrize("level", [1, 2])

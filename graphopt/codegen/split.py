@@ -8,7 +8,7 @@ from onnx import ModelProto
 
 from graphopt.codegen.om_write import OmPartition
 from graphopt.codegen.prepacking import prepacking_pays
-from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.ir import DType, Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import node_to_proto, value_info
 from graphopt.ir.tensor import Tensor, referenced, tensor_copies, tensor_references
 from graphopt.numerics import optimized_by_onnxruntime
@@ -134,14 +134,21 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
 
 def _misfused_norm_part(node) -> bool:
     """A node onnxruntime's norm fusions would misread: a Pow whose constant exponent is not
-    2, an Add of a constant ≤ 0 or NaN into a Sqrt (a decomposed norm's epsilon), or a
-    LayerNormalization whose epsilon is ≤ 0 or NaN."""
+    2, an Add of a constant ≤ 0 or NaN into a Sqrt (a decomposed norm's epsilon), a
+    LayerNormalization whose epsilon is ≤ 0 or NaN, or a ReduceMean of a Cast from half
+    precision (a decomposed norm that a mixed-precision compile runs in float32 behind a Cast:
+    onnxruntime 1.32 fuses it into a LayerNormalization of the float16 input and the float32
+    scale, which it then refuses to load, "Type parameter (T) … bound to different types")."""
     import math
 
     import numpy as np
 
     if not node.is_onnx:
         return False
+    if node.op_type == "ReduceMean" and node.inputs and node.inputs[0] is not None:
+        cast = node.inputs[0].producer
+        source = cast.inputs[0] if cast is not None and cast.op_type == "Cast" else None
+        return source is not None and source.dtype in (DType.FLOAT16, DType.BFLOAT16)
     if node.op_type == "LayerNormalization":
         epsilon = node.attr("epsilon", 1e-5)
         return not (isinstance(epsilon, (int, float)) and epsilon > 0)  # NaN > 0 is False
