@@ -50,6 +50,20 @@ def _minmax_squared_error(w: np.ndarray, block: int) -> np.ndarray:
     return np.square((q - zero) * scale - blocks).sum(-1)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_block_scale_below_float16s_smallest_step_is_not_divided_by_zero(symmetric):
+    # A column of weights near 1e-7 (a layer its training barely used): its blocks' scales are
+    # positive in float64 and 0 in float16, the scale type of an fp16 compile. Dividing by that
+    # 0 made NaN levels (numpy's RuntimeWarnings on stderr) and a column read as zeros.
+    w = RNG.standard_normal((64, 4)).astype(np.float32)
+    w[:, 1] = RNG.standard_normal(64).astype(np.float32) * 1e-7
+    with np.errstate(divide="raise", invalid="raise"):
+        quant = quantize(w, 32, symmetric, scale_dtype=np.float16)
+    restored = dequantize(quant)
+    assert np.all(np.isfinite(restored)) and np.any(restored[:, 1] != 0)
+    np.testing.assert_allclose(restored[:, 1], w[:, 1], atol=1.5e-7)
+
+
 @pytest.mark.parametrize("k,n,block,symmetric", [(64, 8, 16, False), (100, 5, 32, True),
                                                  (80, 3, 32, False), (256, 4, 128, False)])
 def test_quantization_error_is_at_most_half_a_step_inside_the_range(k, n, block, symmetric):

@@ -92,8 +92,13 @@ _SEARCH_ELEMENTS = 1 << 16
 
 
 def stored_scale(scale: np.ndarray, scale_dtype) -> np.ndarray:
-    """`scale` as the kernel reads it (an all-zero block takes 1), back in float64."""
-    return np.where(scale == 0.0, 1.0, scale).astype(scale_dtype).astype(np.float64)
+    """`scale` as the kernel reads it, back in float64: an all-zero block takes 1, and a
+    block whose scale rounds to 0 in `scale_dtype` (float16's smallest step is 6e-8) the
+    smallest it holds, which rounds its weights coarsely rather than dividing them by 0."""
+    stored = scale.astype(scale_dtype)
+    smallest = np.finfo(scale_dtype).smallest_subnormal
+    stored = np.where(scale == 0.0, 1.0, np.where(stored == 0, smallest, stored))
+    return stored.astype(scale_dtype).astype(np.float64)
 
 
 def levels(blocks: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
