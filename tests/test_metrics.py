@@ -28,6 +28,21 @@ def test_cosine_of_zero_vectors_and_huge_values():
     assert metrics.cosine_similarity([1e200, 1e200], [1e200, 0]) == pytest.approx(1 / math.sqrt(2))
 
 
+def test_a_one_element_tensor_is_judged_by_its_relative_error():
+    # Its cosine is only its sign: a probability of 0.028 read as 0.492 scored 1.0, and an
+    # int4 compile of such a model passed --verify. It scores what a vector with an error of
+    # that relative size across it would: 1/sqrt(1 + e^2).
+    assert metrics.cosine_similarity([0.028], [0.492]) == pytest.approx(
+        1 / math.hypot(1, 0.464 / 0.028))
+    assert metrics.cosine_similarity([[0.5]], [[0.52]]) == pytest.approx(1 / math.hypot(1, 0.04))
+    assert metrics.cosine_similarity([0.5], [0.52]) > 0.999 > metrics.cosine_similarity(
+        [0.5], [0.53])
+    assert metrics.cosine_similarity([-2.0], [-2.0]) == 1.0
+    assert metrics.cosine_similarity([2.0], [-2.0]) == pytest.approx(1 / math.sqrt(5))
+    assert metrics.cosine_similarity([0.0], [1e-9]) == 0.0
+    assert metrics.cosine_similarity([3e300], [-3e300]) == pytest.approx(1 / math.sqrt(5))
+
+
 def test_slice_cosines_take_each_index_of_the_axis_alone():
     rng = np.random.default_rng(3)
     ref = rng.standard_normal((2, 4, 5))
