@@ -43,6 +43,9 @@ from graphopt.passes.precision.schema import (Slots, convertible_slots, float_dt
                                               in_qdq_group, never_converted, schema_lacks)
 from graphopt.passes.unmatched import op_spellings, unmatched_note
 
+# The first opset whose Cast takes bfloat16.
+BFLOAT16_CASTS = 13
+
 
 def _unmatched_pins(graph, options) -> str | None:
     """The --keep-dtype names and --precision-allow/-deny op types that match nothing in
@@ -153,6 +156,15 @@ class ConvertPrecision(Pass):
         if options.precision == "keep":
             return result
         half = half_dtype(options.precision)
+        opset = model.opset("")
+        if half == DType.BFLOAT16 and opset is not None and opset < BFLOAT16_CASTS:
+            # Every conversion needs Casts at its boundaries, and raising the opset would
+            # change what ops redefined at 13 compute (see opset_raise).
+            ctx.note(f"{options.precision}: kept float32: a Cast to or from bfloat16 takes "
+                     f"opset {BFLOAT16_CASTS}, and the model imports opset {opset}, below which "
+                     "ONNX redefined Squeeze, Unsqueeze, Split, the Reduce ops and Softmax "
+                     "(an export at opset 13 or later converts)")
+            return result
         # Fusions leave the values they create untyped until the pipeline's last InferShapes;
         # the schema's type parameters are matched against dtypes, so they must be known.
         infer_shapes(model)
@@ -182,7 +194,6 @@ class ConvertPrecision(Pass):
             if chosen:
                 choices.append((graph, chosen))
         decider.support, decider.where = support, ""
-        opset = model.opset("")
         if kept_by_schema:
             ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "
                      f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
