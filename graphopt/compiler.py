@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import stat
 import time
 from collections import Counter
@@ -254,7 +255,7 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
     refusal = onnxruntime_refusal(model)
     # A missing kernel is about types, which pins do not change: a bfloat16 compile for an
     # NPU the CPU provider has no kernels for (it runs where the CANN provider is).
-    if refusal and "NOT_IMPLEMENTED" in refusal:
+    if refusal and _missing_kernel(refusal, model):
         return
     if refusal and onnxruntime_refusal(model, weightless=False):  # weights in place: surely
         raise InputError(f"{label}: with the pinned shapes {_pins(shapes)}, onnxruntime cannot "
@@ -271,10 +272,10 @@ def check_loads(model: Model, label: str, given: bytes) -> str | None:
     which the CPU provider may lack for a device's compile (bfloat16), and is left to the
     artifact's runtime."""
     refusal = onnxruntime_refusal(model)
-    if refusal and "NOT_IMPLEMENTED" not in refusal:
+    if refusal and not _missing_kernel(refusal, model):
         # Some kernels take only constant weights, which the weightless check passes as inputs.
         refusal = onnxruntime_refusal(model, weightless=False)
-    if not refusal or "NOT_IMPLEMENTED" in refusal:
+    if not refusal or _missing_kernel(refusal, model):
         return None
     if numerics.load_refusal(given) is None:
         # Either a model onnxruntime loads but can never run (a Reshape to a size its data
@@ -296,6 +297,20 @@ def check_loads(model: Model, label: str, given: bytes) -> str | None:
                          "its shapes fold")
     return (f"{UNLOADABLE_NOTE}, nor its compile: {refusal} (the output will not load where "
             "this onnxruntime runs)")
+
+
+def _missing_kernel(refusal: str, model: Model) -> bool:
+    """Whether onnxruntime's CPU provider refuses the model for a kernel it lacks: none for an
+    op's types (NOT_IMPLEMENTED), or, where it has none for a function op's (bfloat16 Clip),
+    a type its expansion's ops refuse: the type error then names an op the model does not
+    hold (Clip's body's Where). Both are the CPU provider's gaps, which the device a compile
+    targets does not share, and are left to the artifact's runtime."""
+    if "NOT_IMPLEMENTED" in refusal:
+        return True
+    found = re.search(r"Type Error: Type 'tensor\(\w+\)' of input parameter \(.*?\) of "
+                      r"operator \((\w+)\)", refusal)
+    return found is not None and found.group(1) not in {
+        node.op_type for node in model.graph.all_nodes()}
 
 
 # How check_loads' note starts: `optimize -q` still prints it, as a warning.

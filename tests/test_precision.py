@@ -270,6 +270,23 @@ def test_bf16_npu_partitions_need_the_device_provider(tmp_path):
         graphopt.load(tmp_path / "bf16.om")
 
 
+def test_a_bf16_op_the_cpu_provider_expands_into_ops_without_bf16_is_its_gap(tmp_path):
+    # onnxruntime's CPU provider has no bfloat16 Clip kernel and expands Clip's function body,
+    # whose Where (opset 9) takes no bfloat16: a type error the compile took for its own bug.
+    proto = parse_model("""
+        g (float[1, 16] x) => (float[1, 16] y) {
+          m = MatMul (x, w)
+          y = Clip (m, lo, hi)
+        }""", header='<ir_version: 8, opset_import: ["" : 13]>\n',
+        w=RNG.standard_normal((16, 16)).astype(np.float32), lo=np.float32(-1),
+        hi=np.float32(1))
+    result = graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    assert any("the NPU partitions run where the CANN provider is installed" in note
+               for note in result.notes)
+    onnx.checker.check_model(result.to_onnx(), full_check=True)
+    graphopt.save(result, tmp_path / "clip.om")
+
+
 def test_pins_that_match_nothing_are_named_in_a_note():
     proto = parse_model(CHAIN, w1=W1, w2=W2)
     result = graphopt.optimize(proto, level=1, precision="mixed-fp16", pass_options={
