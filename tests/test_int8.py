@@ -724,6 +724,16 @@ def test_a_tensor_the_float_model_makes_nan_is_refused_naming_it(tmp_path):
     assert "ValueError" not in str(info.value)
 
 
+@pytest.mark.parametrize("samples, noted", [(4, True), (8, False)])
+def test_ranges_from_few_calibration_samples_are_noted(tmp_path, samples, noted):
+    result, _ = _int8(_conv_model(), calibration=_calibration(tmp_path, n=samples),
+                      quant_keep_ends=False)
+    few = [n for n in result.notes if "the activation ranges come from" in n]
+    assert bool(few) == noted, result.notes
+    if noted:
+        assert f"come from {samples} calibration sample(s)" in few[0]
+
+
 def test_om_for_the_cpu_runs_int8_with_nchwc_left_to_float_convs(tmp_path):
     proto = _conv_model()
     result = graphopt.optimize(proto, target="cpu", pass_options={
