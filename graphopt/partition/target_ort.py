@@ -4,6 +4,11 @@ A cpu device that says `"ops": "onnxruntime"` gets exactly the kernels the insta
 registers for CPUExecutionProvider, so the table can never drift from the runtime that will
 execute the partition. An op's dtypes are those its kernels bind to the type parameter of the
 op's first input and first output (for FusedConv, T = float: no float16 kernel).
+
+An ONNX op that onnxruntime has no kernel for but defines by a function body (HardSwish is
+HardSigmoid and Mul) runs too: the session inlines the body. Such an op is in the table with
+the dtypes every op of its body has a kernel for; one whose body depends on the node
+(GroupNormalization's) is not, since its ops cannot be listed ahead.
 """
 
 from __future__ import annotations
@@ -38,7 +43,31 @@ def ort_cpu_kernels() -> dict[str, frozenset[str]]:
                 name = _dtype(type_str)
                 if name is not None:
                     dtypes.add(name)
-    return {key: frozenset(dtypes) for key, dtypes in sorted(table.items())}
+    kernels = {key: frozenset(dtypes) for key, dtypes in table.items()}
+    kernels.update(_inlined_functions(kernels))
+    return dict(sorted(kernels.items()))
+
+
+def _inlined_functions(kernels: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    """ONNX ops without a CPU kernel whose fixed function body onnxruntime inlines: op key ->
+    the dtypes all the body's ops take (empty = any), where that leaves any."""
+    import onnx.defs
+
+    found = {}
+    for schema in onnx.defs.get_all_schemas():
+        key = op_key(schema.name, schema.domain)
+        if key in kernels or schema.domain not in ("", "ai.onnx") or not schema.has_function:
+            continue
+        body = {op_key(node.op_type, node.domain) for node in schema.function_body.node}
+        if any(op not in kernels for op in body):
+            continue
+        dtypes = None  # any, until a body op narrows it
+        for op in body:
+            if kernels[op]:
+                dtypes = kernels[op] if dtypes is None else dtypes & kernels[op]
+        if dtypes is None or dtypes:
+            found[key] = dtypes or frozenset()
+    return found
 
 
 def ort_version() -> str:
