@@ -506,10 +506,23 @@ def test_stays_nchw(tmp_path, name):
 
 
 PARTIAL = {  # converted, but what follows the conv reads NCHW
-    "bias add broadcasts": case(
-        f"g ({X16}, float[16,16,1,1] k, float[1,16,1,1] c) => (float y) {{"
+    "add broadcasts over the channels": case(
+        f"g ({X16}, float[16,16,1,1] k, float[1,1,8,8] c) => (float y) {{"
         " a = Conv(x, k)\n y = Add(a, c) }",
-        [IN, "nchwc.Conv", OUT, "Add"], k=w(16, 16, 1, 1), c=w(1, 16, 1, 1)),
+        [IN, "nchwc.Conv", OUT, "Add"], k=w(16, 16, 1, 1), c=w(1, 1, 8, 8)),
+    "a number over the blocked tensor": case(  # its padded channels' 0s would divide it
+        f"g ({X16}, float[16,16,1,1] k, float two) => (float y) {{"
+        " a = Conv(x, k)\n y = Div(two, a) }",
+        [IN, "nchwc.Conv", OUT, "Div"], k=w(16, 16, 1, 1), two=scalar(2)),
+    "a division by 0": case(
+        f"g ({X16}, float[16,16,1,1] k, float zero) => (float y) {{"
+        " a = Conv(x, k)\n y = Div(a, zero) }",
+        [IN, "nchwc.Conv", OUT, "Div"], k=w(16, 16, 1, 1), zero=scalar(0)),
+    "a division of two blocked tensors": case(  # 0/0 in the padded channels would be NaN
+        "g (float[1,16,8,8] x, float[12,16,1,1] k1, float[12,16,1,1] k2) => (float y) {"
+        " a = Conv(x, k1)\n b = Conv(x, k2)\n y = Div(a, b) }",
+        [IN, "nchwc.Conv", OUT, "nchwc.Conv", OUT, "Div"], k1=w(12, 16, 1, 1),
+        k2=w(12, 16, 1, 1, seed=1)),
     "add of a blocked and an NCHW tensor": case(
         f"g ({X16}, float[16,16,1,1] k) => (float y) {{ a = Conv(x, k)\n y = Add(a, x) }}",
         [IN, "nchwc.Conv", OUT, "Add"], k=w(16, 16, 1, 1)),
@@ -517,10 +530,10 @@ PARTIAL = {  # converted, but what follows the conv reads NCHW
         f"g ({X16}, float[16,16,1,1] k, float hi) => (float y) {{"
         ' a = Conv(x, k)\n y = Clip(a, "", hi) }',
         [IN, "nchwc.Conv", OUT, "Clip"], k=w(16, 16, 1, 1)),
-    "conv read twice: Relu kept apart, LeakyRelu reads NCHW": case(
+    "conv read twice: Relu kept apart, Elu reads NCHW": case(
         f"g ({X16}, float[16,16,1,1] k) => (float y, float z) {{"
-        " a = Conv(x, k)\n y = Relu(a)\n z = LeakyRelu(a) }",
-        [IN, "nchwc.Conv", OUT, "Relu", OUT, "LeakyRelu"], k=w(16, 16, 1, 1)),
+        " a = Conv(x, k)\n y = Relu(a)\n z = Elu(a) }",
+        [IN, "nchwc.Conv", OUT, "Relu", OUT, "Elu"], k=w(16, 16, 1, 1)),
     "both addends activated": case(
         f"g ({X16}, float[16,16,1,1] k1, float[16,16,1,1] k2) => (float y) {{"
         " a = Conv(x, k1)\n r = Relu(a)\n b = Conv(x, k2)\n s = Sigmoid(b)\n y = Add(r, s) }",
@@ -532,6 +545,42 @@ PARTIAL = {  # converted, but what follows the conv reads NCHW
         [IN, "nchwc.Conv", OUT, "nchwc.Conv", OUT, "Concat"],
         k1=w(16, 16, 1, 1), k2=w(12, 16, 1, 1)),
 }
+
+
+# Beyond onnxruntime's transformer: elementwise ops with a constant, kept in the layout.
+BEYOND = {
+    "PRelu as LowerPRelu writes it": case(  # 20 channels: padded with a block of 8 or 16
+        "g (float[1,16,8,8] x, float[20,16,1,1] k, float zero, float[20,1,1] slope,"
+        " float[20,20,3,3] k2) => (float y) {"
+        " c = Conv(x, k)\n r = Relu(c)\n m = Min(c, zero)\n s = Mul(m, slope)\n"
+        " p = Add(r, s)\n y = Conv<pads=[1,1,1,1]>(p, k2) }",
+        [IN, "nchwc.Conv", "Relu", "Min", "nchwc.Conv", "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 2, "Relu kept blocked": 1, "Min of a number kept blocked": 1,
+         "Mul by channel:depthwise": 1, "Add into Conv's Sum": 1, "ReorderOutput": 1},
+        k=w(20, 16, 1, 1), zero=scalar(0), slope=w(20, 1, 1) * 0.1, k2=w(20, 20, 3, 3)),
+    "a learned scale and shift": case(  # PP-LCNet's, after each hard-swish
+        f"g ({X16}, float[16,16,1,1] k, float[1] a, float b, float[1,16,1,1] c,"
+        " float[16,1,1] d) => (float y) {"
+        " h = Conv(x, k)\n s = HardSwish(h)\n m = Mul(a, s)\n t = Sub(m, b)\n"
+        " u = Div(t, a)\n v = Max(u, b)\n e = Mul(v, c)\n y = Add(e, d) }",
+        [IN, "nchwc.Conv", "Mul", "Sub", "Div", "Max", "nchwc.Conv", "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 1, "activation into Conv": 1,
+         "Mul of a number kept blocked": 1, "Sub of a number kept blocked": 1,
+         "Div of a number kept blocked": 1, "Max of a number kept blocked": 1,
+         "Mul by channel:depthwise": 1, "Add by channel:depthwise": 1, "ReorderOutput": 1},
+        k=w(16, 16, 1, 1), a=np.array([1.5], np.float32), b=scalar(-0.25),
+        c=w(1, 16, 1, 1), d=w(16, 1, 1)),
+}
+
+
+@needs_nchwc
+@pytest.mark.parametrize("name", BEYOND)
+def test_keeps_elementwise_ops_with_constants_in_the_layout(tmp_path, name):
+    proto = BEYOND[name].model()
+    model, stats, _ = rewrite(proto)
+    assert ops(model) == BEYOND[name].ops
+    assert stats == BEYOND[name].stats
+    check(proto, model, tmp_path, like_ort=False)
 
 
 @needs_nchwc

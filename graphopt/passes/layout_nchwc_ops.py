@@ -14,8 +14,15 @@ blocked replacement with `rw.add`, or folds the node into a blocked conv with `r
                     y = act(conv(x) + b + sum), MLAS's order.
   Add, Sum (2)      into a single-reader, activation-free conv as its Sum input (accumulated
                     in place), the first addend's conv first;
-  Add, Sum, Mul     otherwise kept as they are on blocked inputs of equal shape and channels.
-  Relu, Sigmoid, Tanh, HardSigmoid   kept as they are on a blocked input.
+  Add, Sum, Mul, Sub, Min, Max   otherwise kept as they are on blocked inputs of equal shape
+                    and channels;
+  Add, Sub, Mul, Div, Min, Max   of a blocked input and a finite constant number (not a number
+                    over the blocked input, nor a division by 0): kept as they are (graphopt's
+                    own, beyond onnxruntime's rules);
+  Add, Mul          of a blocked input and a constant per channel ([C,1,1] or [1,C,1,1]): a 1×1
+                    depthwise nchwc Conv, weights (Mul) or bias (Add) the constant (graphopt's).
+  Relu, Sigmoid, Tanh, HardSigmoid   kept as they are on a blocked input; so are HardSwish and
+                    LeakyRelu (graphopt's).
   Concat            axis 1, every input blocked with C a multiple of B.
   MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool   4-D, C a multiple of B, no indices;
                     no AveragePool with both ceil_mode and count_include_pad.
@@ -51,7 +58,8 @@ if TYPE_CHECKING:
 NCHWC = "com.microsoft.nchwc"
 MS = "com.microsoft"
 POOLS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
-KEPT_UNARY = ("Relu", "Sigmoid", "Tanh", "HardSigmoid")  # onnxruntime's: map 0 to a finite value
+# Map 0 to a finite value (onnxruntime's four, and HardSwish and LeakyRelu, which map it to 0)
+KEPT_UNARY = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu")
 FUSED_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip", "HardSwish")
 ACTIVATION_DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
 
@@ -182,6 +190,58 @@ def binary(rw: Rewriter, node: Node) -> None:
     rw.result.count(f"{node.op_type} kept blocked")
 
 
+def elementwise(rw: Rewriter, node: Node) -> None:
+    """Add, Sub, Mul, Div, Min, Max of two blocked inputs (`binary`, but no Div: 0/0 in the
+    padded channels would be NaN, which a conv's zero weight there does not cancel), or of a
+    blocked input and a constant: a number (the op kept as it is), or one per channel for Add
+    and Mul (a 1×1 depthwise conv, as BatchNormalization becomes). onnxruntime's transformer
+    takes neither, and each such op cost a ReorderOutput and a ReorderInput: a PRelu that
+    LowerPRelu made Relu(x) + Min(x, 0)·slope, the learned scale of PP-LCNet's blocks."""
+    inputs = node.inputs
+    blocked = [rw.blocked.get(id(v)) if v is not None else None for v in inputs]
+    if len(inputs) != 2 or None not in blocked:
+        if node.op_type != "Div":
+            binary(rw, node)
+        return
+    if blocked == [None, None]:
+        return
+    index = 0 if blocked[0] is not None else 1
+    source, other = blocked[index], inputs[1 - index]
+    data = other.constant() if other is not None and other.is_constant else None
+    if data is None or other.dtype != DType.FLOAT or not np.all(np.isfinite(data)):
+        return
+    if data.size == 1 and data.ndim <= 4:
+        if node.op_type == "Div" and (index != 0 or float(data.reshape(-1)[0]) == 0.0):
+            return  # a number over the padded channels' 0s, or a division by 0
+        rw.add(node, node.op_type, [source.value, other] if index == 0 else
+               [other, source.value], dict(node.attrs), source.channels, domain=node.domain)
+        rw.result.count(f"{node.op_type} of a number kept blocked")
+        return
+    per_channel = _per_channel(data, source.channels)
+    if per_channel is None or node.op_type not in ("Add", "Mul"):
+        return
+    ones = np.ones_like(per_channel)
+    weight, bias = (per_channel, None) if node.op_type == "Mul" else (ones, per_channel)
+    name = node.output.name
+    conv_inputs = [source.value, rw.graph.make_initializer(
+        f"{name}_by_channel", padded_vector(weight, rw.block).reshape(-1, 1, 1, 1))]
+    if bias is not None:
+        conv_inputs.append(rw.graph.make_initializer(f"{name}_by_channel_bias",
+                                                     padded_vector(bias, rw.block)))
+    rw.add(node, "Conv", conv_inputs, {"group": padded(source.channels, rw.block)},
+           source.channels)
+    rw.result.count(f"{node.op_type} by channel:depthwise")
+
+
+def _per_channel(data: np.ndarray, channels: int) -> np.ndarray | None:
+    """The [C] vector of a constant that broadcasts over N, H and W alone ([C,1,1] or
+    [1,C,1,1]) against [N, C, H, W], else None."""
+    shape = data.shape
+    if shape in ((channels, 1, 1), (1, channels, 1, 1)):
+        return data.reshape(channels).astype(np.float32)
+    return None
+
+
 def concat(rw: Rewriter, node: Node) -> None:
     sources = [rw.blocked.get(id(v)) if v is not None else None for v in node.inputs]
     if node.attr("axis") not in (1, -3) or not sources or None in sources \
@@ -273,7 +333,8 @@ HANDLERS = {
     ("", "Conv"): conv, (MS, "FusedConv"): conv,
     **{("", op): pool for op in POOLS},
     **{("", op): activation for op in FUSED_ACTIVATIONS},
-    **{("", op): binary for op in ("Add", "Sum", "Mul")},
+    ("", "Sum"): binary,
+    **{("", op): elementwise for op in ("Add", "Sub", "Mul", "Div", "Min", "Max")},
     ("", "Concat"): concat, ("", "BatchNormalization"): batchnorm,
     ("", "Transpose"): transpose,
     ("", "Resize"): resize, ("", "Upsample"): resize,
