@@ -570,6 +570,15 @@ BEYOND = {
          "Mul by channel:depthwise": 1, "Add by channel:depthwise": 1, "ReorderOutput": 1},
         k=w(16, 16, 1, 1), a=np.array([1.5], np.float32), b=scalar(-0.25),
         c=w(1, 16, 1, 1), d=w(16, 1, 1)),
+    "a residual whose skip path left the layout": case(  # BlazeNet pads channels in NCHW
+        "g (float[1,16,8,8] x, float[16,16,1,1] k1, int64[8] pads, float[32,16,1,1] k2,"
+        " float[32,32,1,1] k3) => (float y) {"
+        " c = Conv(x, k1)\n p = Pad(c, pads)\n d = Conv(c, k2)\n a = Add(d, p)\n"
+        " y = Conv(a, k3) }",
+        [IN, "nchwc.Conv", OUT, "Pad", IN, "nchwc.Conv", "nchwc.Conv", OUT],
+        {"ReorderInput": 2, "Conv": 3, "Add into Conv's Sum": 1, "ReorderOutput": 2},
+        k1=w(16, 16, 1, 1), pads=np.array([0, 0, 0, 0, 0, 16, 0, 0], np.int64),
+        k2=w(32, 16, 1, 1), k3=w(32, 32, 1, 1)),
 }
 
 

@@ -170,6 +170,8 @@ def fusable_activation(node: Node, source: Blocked) -> list[float] | None:
 # -- elementwise, Concat, BatchNormalization ------------------------------------------------------
 def binary(rw: Rewriter, node: Node) -> None:
     sources = [rw.blocked.get(id(v)) if v is not None else None for v in node.inputs]
+    if len(sources) == 2 and sources.count(None) == 1:
+        sources = _reordered_other(rw, node, sources)
     if not sources or None in sources:
         return
     shapes = {_full_shape(v) for v in node.inputs}
@@ -190,6 +192,38 @@ def binary(rw: Rewriter, node: Node) -> None:
     rw.result.count(f"{node.op_type} kept blocked")
 
 
+def _reordered_other(rw: Rewriter, node: Node, sources: list) -> list:
+    """`sources` with the NCHW input of a blocked one's Add (Mul, …) reordered into the layout
+    too, where it has the same [N, C, H, W] (C a multiple of 4, ReorderInput's unit): one
+    reorder either way, but the result stays blocked. Else `sources`. onnxruntime's rule, both
+    inputs blocked, reorders the result back, and a residual's skip path that left the layout
+    once (BlazeNet pads its channels with an NCHW Pad) then kept every later block out of it:
+    MediaPipe's palm detector had 15 such Adds."""
+    index = sources.index(None)
+    other, known = node.inputs[index], sources[1 - index]
+    shape = _full_shape(other) if other is not None and not other.is_constant else None
+    if shape is None or other.dtype != DType.FLOAT or shape != _full_shape(node.inputs[1 - index]) \
+            or shape[1] != known.channels or known.channels % 4 \
+            or not any(_reads_blocked(use.node) for use in node.output.uses):
+        return sources
+    reordered = rw.blocked_input(node, other, known.channels)
+    return [known if i != index else Blocked(reordered, known.channels, reordered.producer, False)
+            for i in range(2)]
+
+
+def _reads_blocked(reader: Node) -> bool:
+    """Whether `reader` can take a blocked input (by its op alone): a 2-D conv, an activation
+    or elementwise op kept in the layout. A sum whose readers all go back to NCHW (a Concat of
+    channels off the block, PaddleOCR's FPN) is better left NCHW: reordering its NCHW input in
+    would add a reorder, not move one."""
+    if reader.op_type in ("Conv", "FusedConv"):
+        weight = reader.input(1)
+        return weight is not None and weight.shape is not None and len(weight.shape) == 4
+    return reader.is_onnx and reader.op_type in (*KEPT_UNARY, *FUSED_ACTIVATIONS, "Add", "Sum",
+                                                 "Sub", "Mul", "Min", "Max",
+                                                 "BatchNormalization")
+
+
 def elementwise(rw: Rewriter, node: Node) -> None:
     """Add, Sub, Mul, Div, Min, Max of two blocked inputs (`binary`, but no Div: 0/0 in the
     padded channels would be NaN, which a conv's zero weight there does not cancel), or of a
@@ -207,6 +241,9 @@ def elementwise(rw: Rewriter, node: Node) -> None:
         return
     index = 0 if blocked[0] is not None else 1
     source, other = blocked[index], inputs[1 - index]
+    if other is not None and not other.is_constant and node.op_type != "Div":
+        binary(rw, node)  # which may reorder the other input in
+        return
     data = other.constant() if other is not None and other.is_constant else None
     if data is None or other.dtype != DType.FLOAT or not np.all(np.isfinite(data)):
         return
