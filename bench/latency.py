@@ -80,6 +80,7 @@ ZOO_DEFAULT: dict[str, tuple[dict, str]] = {
     # NHWC between Transpose pairs around every conv, BatchNorm as Sub/Mul/Add: tf2onnx's form
     "resnet50@nhwc": ({"nhwc": True}, "NHWC, as tf2onnx exports"),
     "mobilenetv2": ({}, ""),
+    "blazepalm": ({}, ""),
     "bert_base": ({"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024},
                   "4 layers, hidden 256"),
     "gpt2_small": ({}, ""),

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 
 from ._builder import shapes_only
 from .bert import build_bert_base
+from .blazepalm import build_blazepalm
 from .gpt2 import build_gpt2_small
 from .matmul import build_matmul
 from .mobilenet import build_mobilenetv2
@@ -25,6 +26,8 @@ ZOO: dict[str, tuple[Callable[..., onnx.ModelProto], str]] = {
     "matmul256": (build_matmul, "single 256x256 float32 MatMul, the seed benchmark"),
     "resnet50": (build_resnet50, "ResNet-50 v1.5, Conv + unfused BatchNorm, 25.6M params"),
     "mobilenetv2": (build_mobilenetv2, "MobileNetV2, depthwise convs and Clip(0,6), 3.5M params"),
+    "blazepalm": (build_blazepalm, "BlazePalm-style detector: depthwise blocks, PReLU, "
+                                   "channel-padded residuals"),
     "unet": (build_unet, "segmentation UNet, 4 down/up stages, long skip Concats, 31.0M params"),
     "bert_base": (build_bert_base, "BERT-base encoder, decomposed LayerNorm/GELU, 109M params"),
     "gpt2_small": (build_gpt2_small, "small GPT-2 decoder (2 layers, hidden 256), tanh GELU"),
