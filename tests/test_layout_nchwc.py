@@ -518,6 +518,14 @@ PARTIAL = {  # converted, but what follows the conv reads NCHW
         f"g ({X16}, float[16,16,1,1] k, float zero) => (float y) {{"
         " a = Conv(x, k)\n y = Div(a, zero) }",
         [IN, "nchwc.Conv", OUT, "Div"], k=w(16, 16, 1, 1), zero=scalar(0)),
+    "a chain that reaches no blocked reader, beside a graph output": case(
+        # The conv leaves the layout for its graph output anyway: keeping Max and Mul blocked
+        # would only add a second ReorderOutput (1.14x the time on this shape).
+        "g (float[1,16,8,8] x, float[32,16,1,1] k, float lo, float half, int64[2] flat)"
+        " => (float c, float y) {"
+        " c = Conv(x, k)\n m = Max(c, lo)\n h = Mul(m, half)\n y = Reshape(h, flat) }",
+        [IN, "nchwc.Conv", OUT, "Max", "Mul", "Reshape"], k=w(32, 16, 1, 1), lo=scalar(0.2),
+        half=scalar(0.5), flat=np.array([1, -1], np.int64)),
     "a division of two blocked tensors": case(  # 0/0 in the padded channels would be NaN
         "g (float[1,16,8,8] x, float[12,16,1,1] k1, float[12,16,1,1] k2) => (float y) {"
         " a = Conv(x, k1)\n b = Conv(x, k2)\n y = Div(a, b) }",
@@ -716,3 +724,25 @@ def test_verify_and_bisect_refuse_a_compile_blocked_for_another_cpu(tmp_path, ca
     assert rc == 1 and f"--verify: {message}" in err and not (tmp_path / "t.om").exists(), err
     rc, out, err = run_cli(capsys, "bisect", model, "--target", target)
     assert rc == 2 and f"bisect: {message}" in err and "culprit" not in out, err
+
+
+@needs_nchwc
+def test_a_block_quantized_quantize_linear_keeps_its_layout(tmp_path):
+    # A one-element scale of rank 4 with block_size (opset 21) passed the per-tensor test, and
+    # the QuantizeLinear moved to the NHWC tensor, where blocked quantization's shape check
+    # failed at every run.
+    proto = parse_model(
+        "g (float[1,3,1,1] x, float[16,3,1,1] k, int8[16,16,1,1] wq, float ws,"
+        " float[1,1,1,1] sb, uint8[1,1,1,1] zb) => (float[1,16,1,1] y) {"
+        " c = Conv(x, k)\n r = Relu(c)\n qr = QuantizeLinear<axis=1, block_size=16>(r, sb, zb)"
+        "\n d = DequantizeLinear<axis=1, block_size=16>(qr, sb, zb)\n"
+        " wd = DequantizeLinear(wq, ws)\n y = Conv(d, wd) }",
+        '<ir_version: 10, opset_import: ["" : 21]>\n', k=w(16, 3, 1, 1),
+        wq=np.random.default_rng(0).integers(-100, 100, (16, 16, 1, 1)).astype(np.int8),
+        ws=np.array(0.01, np.float32), sb=np.full((1, 1, 1, 1), 0.05, np.float32),
+        zb=np.full((1, 1, 1, 1), 128, np.uint8))
+    model, stats, _ = rewrite(proto)
+    assert "ReorderOutput to NHWC before QuantizeLinear" not in stats
+    feeds = numerics.random_feeds(proto, seed=0)
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(to_onnx(model), feeds),
+                                RTOL, ATOL)

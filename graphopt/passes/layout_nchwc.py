@@ -188,6 +188,7 @@ def _quantized_for_int8_convs(value: Value) -> list[Node] | None:
         scale = q.input(1)
         if q.op_type != "QuantizeLinear" or q.inputs[0] is not value or not q.is_onnx \
                 or scale is None or scale.shape is None or math.prod(scale.shape) != 1 \
+                or len(scale.shape) > 1 or q.attr("block_size", 0) \
                 or len(q.outputs) != 1 or q.outputs[0].is_graph_output:
             return None
     dequantized = [use.node.outputs[0] for q in quantizers for use in q.outputs[0].uses

@@ -144,7 +144,8 @@ def activation(rw: Rewriter, node: Node) -> None:
             conv.set_attr("activation_params", params)
         rw.adopt(node, source.value, source.channels, conv)
         rw.result.count("activation into Conv")
-    elif node.op_type in KEPT_UNARY:
+    elif node.op_type in KEPT_UNARY and (node.op_type not in ("HardSwish", "LeakyRelu")
+                                         or _keep_own(rw, node, source.channels)):
         rw.add(node, node.op_type, [source.value], dict(node.attrs), source.channels,
                domain=node.domain)
         rw.result.count(f"{node.op_type} kept blocked")
@@ -167,12 +168,75 @@ def fusable_activation(node: Node, source: Blocked) -> list[float] | None:
     return activation_params(node.op_type, **attrs, **bounds)
 
 
+# graphopt's own keep-blocked rules (beyond onnxruntime's) pay only where the value goes on to a
+# blocked consumer: otherwise the op runs on padded channels and, when its input leaves the
+# layout for another reader too, costs a second ReorderOutput.
+_ELEMENTWISE = ("Add", "Sum", "Sub", "Mul", "Div", "Min", "Max", *KEPT_UNARY, *FUSED_ACTIVATIONS,
+                "BatchNormalization")
+
+
+def _reaches_blocked(value, transpose_ok: bool = True, depth: int = 12) -> bool:
+    """Whether `value` reaches, through at most `depth` elementwise ops, a reader that takes a
+    blocked input: a 2-D conv, a pool, Concat, Resize, or (`transpose_ok`) a Transpose, which
+    a ReorderOutput to channels-last replaces."""
+    frontier, seen = [value], set()
+    for _ in range(depth + 1):
+        following = []
+        for current in frontier:
+            for use in current.uses:
+                reader = use.node
+                if id(reader) in seen:
+                    continue
+                seen.add(id(reader))
+                if reader.op_type in ("Conv", "FusedConv"):
+                    weight = reader.input(1)
+                    if weight is not None and weight.shape is not None \
+                            and len(weight.shape) == 4:
+                        return True
+                elif not reader.is_onnx:
+                    continue
+                elif reader.op_type in (*POOLS, "Concat", "Resize", "Upsample") \
+                        or transpose_ok and reader.op_type == "Transpose":
+                    return True
+                elif reader.op_type in _ELEMENTWISE and reader.outputs \
+                        and reader.outputs[0] is not None:
+                    following.append(reader.outputs[0])
+        frontier = following
+    return False
+
+
+def _keep_own(rw, node, channels: int) -> bool:
+    """Whether one of graphopt's own keep-blocked rules should apply to `node`: where its value
+    goes on to a blocked consumer; or, on unpadded channels, where keeping it moves the
+    ReorderOutput down rather than adding one (no other reader takes its input in NCHW)."""
+    if _reaches_blocked(node.outputs[0], transpose_ok=channels % rw.block == 0):
+        return True
+    if channels % rw.block:
+        return False
+    for value in node.inputs:
+        if value is None or value.is_constant:
+            continue
+        if value.is_graph_output:
+            return False
+        for use in value.uses:
+            other = use.node
+            if other is node:
+                continue
+            layout_reader = other.op_type in ("Conv", "FusedConv") or other.is_onnx \
+                and other.op_type in (*_ELEMENTWISE, *POOLS, "Concat")
+            if not layout_reader:
+                return False  # it leaves the layout anyway: a second ReorderOutput
+    return True
+
+
 # -- elementwise, Concat, BatchNormalization ------------------------------------------------------
 def binary(rw: Rewriter, node: Node) -> None:
     sources = [rw.blocked.get(id(v)) if v is not None else None for v in node.inputs]
     if len(sources) == 2 and sources.count(None) == 1:
         sources = _reordered_other(rw, node, sources)
     if not sources or None in sources:
+        return
+    if node.op_type in ("Sub", "Min", "Max") and not _keep_own(rw, node, sources[0].channels):
         return
     shapes = {_full_shape(v) for v in node.inputs}
     if len({s.channels for s in sources}) != 1 or len(shapes) != 1 or None in shapes:
@@ -205,6 +269,8 @@ def _reordered_other(rw: Rewriter, node: Node, sources: list) -> list:
     if shape is None or other.dtype != DType.FLOAT or shape != _full_shape(node.inputs[1 - index]) \
             or shape[1] != known.channels or known.channels % 4 \
             or not any(_reads_blocked(use.node) for use in node.output.uses):
+        return sources
+    if not _keep_own(rw, node, known.channels):
         return sources
     reordered = rw.blocked_input(node, other, known.channels)
     return [known if i != index else Blocked(reordered, known.channels, reordered.producer, False)
@@ -245,6 +311,8 @@ def elementwise(rw: Rewriter, node: Node) -> None:
         binary(rw, node)  # which may reorder the other input in
         return
     data = other.constant() if other is not None and other.is_constant else None
+    if not _keep_own(rw, node, source.channels):
+        return
     if data is None or other.dtype != DType.FLOAT or not np.all(np.isfinite(data)):
         return
     if data.size == 1 and data.ndim <= 4:
