@@ -38,9 +38,9 @@ def test_a_one_element_tensor_is_judged_by_its_relative_error():
     assert metrics.cosine_similarity([0.5], [0.52]) > 0.999 > metrics.cosine_similarity(
         [0.5], [0.53])
     assert metrics.cosine_similarity([-2.0], [-2.0]) == 1.0
-    assert metrics.cosine_similarity([2.0], [-2.0]) == pytest.approx(1 / math.sqrt(5))
+    assert metrics.cosine_similarity([2.0], [-2.0]) == pytest.approx(-1 / math.sqrt(5))
     assert metrics.cosine_similarity([0.0], [1e-9]) == 0.0
-    assert metrics.cosine_similarity([3e300], [-3e300]) == pytest.approx(1 / math.sqrt(5))
+    assert metrics.cosine_similarity([3e300], [-3e300]) == pytest.approx(-1 / math.sqrt(5))
 
 
 def test_slice_cosines_take_each_index_of_the_axis_alone():

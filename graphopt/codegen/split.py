@@ -148,7 +148,11 @@ def _misfused_norm_part(node) -> bool:
     if node.op_type == "ReduceMean" and node.inputs and node.inputs[0] is not None:
         cast = node.inputs[0].producer
         source = cast.inputs[0] if cast is not None and cast.op_type == "Cast" else None
-        return source is not None and source.dtype in (DType.FLOAT16, DType.BFLOAT16)
+        if source is None or source.dtype not in (DType.FLOAT16, DType.BFLOAT16):
+            return False
+        # A norm's: x - mean(x) follows (a mean pooled for its own sake leaves the fusions on).
+        centred = {id(use.node) for use in node.outputs[0].uses if use.node.op_type == "Sub"}
+        return any(id(use.node) in centred for use in node.inputs[0].uses)
     if node.op_type == "LayerNormalization":
         epsilon = node.attr("epsilon", 1e-5)
         return not (isinstance(epsilon, (int, float)) and epsilon > 0)  # NaN > 0 is False

@@ -8,7 +8,7 @@ They assume finite values; the caller reports NaN/Inf separately (see `nonfinite
   A one-element tensor (a wake word's or a voice detector's probability) has no direction but
   its sign, so its cosine would read 1.0 for 0.028 against 0.492: it scores 1/√(1 + e²), e
   its relative error, the cosine a vector has with an error of that relative size across it
-  (0.999 is an error of 4.5%, 0.98 one of 20%).
+  (0.999 is an error of 4.5%, 0.98 one of 20%), negated where the sign flips.
 - per-slice cosine along an axis (slice_cosines): the worst channel of a detector's output,
   whose whole-tensor cosine the large box coordinates decide while its class scores are tiny.
 - absolute error |c - r|: max and mean.
@@ -46,7 +46,8 @@ def cosine_similarity(reference, candidate) -> float:
     if r.size == 1:
         if r[0] == 0.0:
             return 0.0
-        return float(1.0 / np.hypot(1.0, (c[0] - r[0]) / r[0]))
+        agreement = float(1.0 / np.hypot(1.0, (c[0] - r[0]) / r[0]))
+        return agreement if c[0] * r[0] >= 0.0 else -agreement  # a flipped sign, as a vector's
     norm_r, norm_c = float(np.linalg.norm(r)), float(np.linalg.norm(c))
     if norm_r == 0.0 or norm_c == 0.0:
         return 0.0
