@@ -734,6 +734,17 @@ def test_ranges_from_few_calibration_samples_are_noted(tmp_path, samples, noted)
         assert f"come from {samples} calibration sample(s)" in few[0]
 
 
+def test_a_fixed_batch_counts_the_samples_its_feeds_hold(tmp_path):
+    # 32 images for a model fixed at batch 8: four feeds, 32 samples, no note.
+    proto = _conv_model()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 8
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 8
+    result, _ = _int8(proto, calibration=_calibration(tmp_path, n=32), quant_keep_ends=False)
+    assert not [n for n in result.notes if "the activation ranges come from" in n], result.notes
+    result, _ = _int8(proto, calibration=_calibration(tmp_path, n=4), quant_keep_ends=False)
+    assert [n for n in result.notes if "come from 4 calibration sample(s)" in n], result.notes
+
+
 def test_om_for_the_cpu_runs_int8_with_nchwc_left_to_float_convs(tmp_path):
     proto = _conv_model()
     result = graphopt.optimize(proto, target="cpu", pass_options={

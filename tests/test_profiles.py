@@ -541,8 +541,9 @@ def test_a_session_may_open_only_some_profiles(mlp_om):
 
 
 def test_int8_borrowing_from_a_profile_that_corrected_no_bias(tmp_path):
-    # 8 samples at H=16 are 2 batches for N=4: that profile keeps its float head's bias, and
-    # the H=8 profile, which borrows its ranges, found no head means to take (it refused).
+    # 4 samples at H=16 are 1 batch for N=4, fewer than the 8 a correction takes: that profile
+    # keeps its float head's bias, and the H=8 profile, which borrows its ranges, found no head
+    # means to take (it refused).
     rng = np.random.default_rng(4)
     proto = parse_model("""
         g (float[N,3,H,H] x) => (float[N,10] logits) {
@@ -559,7 +560,7 @@ def test_int8_borrowing_from_a_profile_that_corrected_no_bias(tmp_path):
         w2=(rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32),
         wg=(rng.standard_normal((10, 16)) * 0.3).astype(np.float32))
     calibration = tmp_path / "x.npz"
-    np.savez(calibration, x=rng.standard_normal((8, 3, 16, 16)).astype(np.float32))
+    np.savez(calibration, x=rng.standard_normal((4, 3, 16, 16)).astype(np.float32))
     result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
                                dynamic_dims="N=1,H=8;N=4,H=16")
     assert [c.profile.name for c in result.profiles] == ["profile0", "profile1"]

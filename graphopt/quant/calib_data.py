@@ -64,9 +64,18 @@ class CalibrationData:
     batch: dict | None      # single-file layout: name -> array with samples along axis 0
     count: int
     stack: int = 1          # directory layout: files stacked into one batch (see the docstring)
+    given: int = 0          # samples of batch 1 the data holds, when stacked into batches
 
     def __len__(self) -> int:
         return self.count
+
+    @property
+    def samples(self) -> int:
+        """How many samples of batch 1 the data holds: as given, where they were stacked into
+        the batches of a model fixed at batch B > 1; B a feed, where the feeds came batched."""
+        if self.given:
+            return self.given
+        return self.count * max((_batch_of(s) for s in self.specs), default=1)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         if self.batch is not None:
@@ -97,18 +106,20 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         _check_names(arrays, specs, files[0])
         stack = _stack_size(arrays, specs)
         _file_sample(files[0], specs, stack, arrays)
-        return CalibrationData(path, specs, files, None, -(-len(files) // stack), stack)
+        return CalibrationData(path, specs, files, None, -(-len(files) // stack), stack,
+                               len(files) if stack > 1 else 0)
     if not os.path.exists(path):
         raise OptionError(f"calibration {path}: no such file or directory")
     arrays = _load(path)
     _check_names(arrays, specs, path)
-    batch, counts = {}, {}
+    batch, counts, given = {}, {}, 0
     for s in specs:
         array = arrays[s.name]
         if s.shape is not None and array.ndim == len(s.shape) and len(s.shape):
             array = array[:, None]  # [S, …] → S samples of [1, …]
         stack = _batch_of(s)
         if stack > 1 and array.ndim == len(s.shape) + 1 and array.shape[1] == 1:
+            given = max(given, array.shape[0])
             array = _stacked(array, stack)
         if s.shape is not None and array.ndim != len(s.shape) + 1:
             raise OptionError(
@@ -129,7 +140,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     count = next(iter(counts.values()))
     if count == 0:
         raise OptionError(f"calibration {path}: no samples (the arrays' first axis is empty)")
-    return CalibrationData(path, specs, [], batch, count)
+    return CalibrationData(path, specs, [], batch, count, given=given)
 
 
 def _no_common_sample_axis(arrays, specs: list[InputSpec]) -> bool:

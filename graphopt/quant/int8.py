@@ -323,7 +323,7 @@ def _heads(model: Model, chosen: Plan, ctx: PassContext) -> tuple[list[Node], li
     _correct_float_layers), and the notes on those that cannot be."""
     heads = _float_layers_after_quantized(model.graph, chosen) \
         if chosen.needs_calibration() else []
-    samples = len(ctx.calibration) if heads and ctx.calibration is not None else None
+    samples = ctx.calibration.samples if heads and ctx.calibration is not None else None
     if samples is not None and samples < MIN_HEAD_SAMPLES:
         return [], [f"QuantizeInt8: {len(heads)} float layer(s) after quantized ones keep "
                     f"their bias: correcting it takes {MIN_HEAD_SAMPLES} calibration samples or "
@@ -375,7 +375,7 @@ MIN_RANGE_SAMPLES = 8
 
 def _few_samples_note(ctx: PassContext) -> str | None:
     """A note when the ranges come from fewer than MIN_RANGE_SAMPLES calibration samples."""
-    samples = len(ctx.calibration) if ctx.calibration is not None else None
+    samples = ctx.calibration.samples if ctx.calibration is not None else None
     if samples is None or samples >= MIN_RANGE_SAMPLES or ctx.calibration_mismatch is not None:
         return None
     return (f"QuantizeInt8: the activation ranges come from {samples} calibration sample(s); "
