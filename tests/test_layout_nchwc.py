@@ -587,7 +587,43 @@ BEYOND = {
         {"ReorderInput": 2, "Conv": 3, "Add into Conv's Sum": 1, "ReorderOutput": 2},
         k1=w(16, 16, 1, 1), pads=np.array([0, 0, 0, 0, 0, 16, 0, 0], np.int64),
         k2=w(32, 16, 1, 1), k3=w(32, 32, 1, 1)),
+    "a channel Pad within the last block": case(  # 20 → 24 channels: one block of 8 or 16
+        "g (float[1,16,8,8] x, float[20,16,1,1] k1, int64[8] pads, float[24,24,3,3] k2)"
+        " => (float y) { c = Conv(x, k1)\n r = Relu(c)\n p = Pad(r, pads)\n"
+        " y = Conv<pads=[1,1,1,1]>(p, k2) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 2, "activation into Conv": 1,
+         "channel Pad within the block": 1, "ReorderOutput": 1},
+        k1=w(20, 16, 1, 1), pads=np.array([0, 0, 0, 0, 0, 4, 0, 0], np.int64),
+        k2=w(24, 24, 3, 3)),
 }
+
+PADS_KEPT_NCHW = {  # the padded channels would not read 0 (or the Pad leaves the block)
+    "after a Sigmoid": ("s = Sigmoid(c)", [0, 0, 0, 0, 0, 4, 0, 0], None),
+    "with a fill of 1": ("s = Relu(c)", [0, 0, 0, 0, 0, 4, 0, 0], 1.0),
+    "past the block": ("s = Relu(c)", [0, 0, 0, 0, 0, 20, 0, 0], None),
+    "before the channels": ("s = Relu(c)", [0, 4, 0, 0, 0, 0, 0, 0], None),
+}
+
+
+@needs_nchwc
+@pytest.mark.parametrize("name", PADS_KEPT_NCHW)
+def test_a_channel_pad_that_would_not_read_zeros_stays_nchw(tmp_path, name):
+    activation, pads, fill = PADS_KEPT_NCHW[name]
+    extra = sum(pads)
+    weights = {"k1": w(20, 16, 1, 1), "pads": np.array(pads, np.int64),
+               "k2": w(20 + extra, 20 + extra, 1, 1)}
+    fill_text = ""
+    if fill is not None:
+        weights["fill"], fill_text = scalar(fill), ", fill"
+    proto = build(
+        f"g (float[1,16,8,8] x, float[20,16,1,1] k1, int64[8] pads,"
+        f" float[{20 + extra},{20 + extra},1,1] k2{', float fill' if fill is not None else ''})"
+        f" => (float y) {{ c = Conv(x, k1)\n {activation}\n p = Pad(s, pads{fill_text})\n"
+        " y = Conv(p, k2) }", **weights)
+    model, stats, _ = rewrite(proto)
+    assert "channel Pad within the block" not in stats and "Pad" in ops(model)
+    check(proto, model, tmp_path, like_ort=False)
 
 
 @needs_nchwc

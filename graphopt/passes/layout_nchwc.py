@@ -68,22 +68,25 @@ class Rewriter:
 
     # -- building blocks -----------------------------------------------------------------------
     def add(self, node: Node, op: str, inputs, attrs: dict, channels: int, *,
-            domain: str = NCHWC) -> Node:
-        """A node computing `node`'s output in blocked form, inserted before it."""
+            domain: str = NCHWC, zero_pads: bool = False) -> Node:
+        """A node computing `node`'s output in blocked form, inserted before it; `zero_pads`:
+        it leaves 0 in the padded channels."""
         out = node.outputs[0]
         value = Value(self.graph.fresh_name(f"{out.name}_nchwc"), DType.FLOAT,
                       _with_channels(out.shape, padded(channels, self.block)))
         new = Node(op, inputs, attrs, domain=domain, outputs=[value],
                    name=self.graph.fresh_node_name(f"{node.name or out.name}/nchwc"))
         self.graph.insert_before(node, new)
-        self.adopt(node, value, channels, new)
+        self.adopt(node, value, channels, new, zero_pads)
         return new
 
-    def adopt(self, node: Node, value: Value, channels: int, producer: Node) -> None:
+    def adopt(self, node: Node, value: Value, channels: int, producer: Node,
+              zero_pads: bool = False) -> None:
         """`value` (made by `producer`) now stands for `node`'s output; `node` goes at the end."""
         out = node.outputs[0]
         self.blocked[id(out)] = Blocked(value, channels, producer,
-                                        len(out.uses) == 1 and not out.is_graph_output)
+                                        len(out.uses) == 1 and not out.is_graph_output,
+                                        zero_pads)
         self.originals.append(out)
         self.replaced.append(node)
 

@@ -61,6 +61,7 @@ POOLS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
 # Map 0 to a finite value (onnxruntime's four, and HardSwish and LeakyRelu, which map it to 0)
 KEPT_UNARY = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu")
 FUSED_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip", "HardSwish")
+ZERO_AT_ZERO = ("Relu", "Tanh", "LeakyRelu", "HardSwish")  # f(0) = 0: padded 0s stay 0
 ACTIVATION_DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
 
 
@@ -72,6 +73,7 @@ class Blocked:
     channels: int     # C, what ReorderOutput restores
     node: Node        # the nchwc node computing it (a conv may take an activation or a Sum)
     exclusive: bool   # the NCHW value had one reader and is no graph output
+    zero_pads: bool = False  # 0 in the padded channels, as a conv, a pool or a Relu leaves them
 
 
 def _full_shape(value: Value) -> tuple | None:
@@ -127,7 +129,9 @@ def conv(rw: Rewriter, node: Node) -> None:
         attrs["group"] = padded(o, block)
     channels = o if kind == "depthwise" else w.shape[1] * node.attr("group", 1)
     source = x if kind == "nchw" else rw.blocked_input(node, x, channels)
-    rw.add(node, "Conv", [source, weight] + ([b] if b is not None else []), attrs, o)
+    # The filter's and the bias's padded output channels are 0, and so are their results.
+    rw.add(node, "Conv", [source, weight] + ([b] if b is not None else []), attrs, o,
+           zero_pads=True)
     rw.result.count(node.op_type if kind == "blocked" else f"{node.op_type}:{kind}")
 
 
@@ -142,12 +146,13 @@ def activation(rw: Rewriter, node: Node) -> None:
         conv.set_attr("activation", node.op_type)
         if params:
             conv.set_attr("activation_params", params)
-        rw.adopt(node, source.value, source.channels, conv)
+        rw.adopt(node, source.value, source.channels, conv,
+                 source.zero_pads and node.op_type in ZERO_AT_ZERO)
         rw.result.count("activation into Conv")
     elif node.op_type in KEPT_UNARY and (node.op_type not in ("HardSwish", "LeakyRelu")
                                          or _keep_own(rw, node, source.channels)):
         rw.add(node, node.op_type, [source.value], dict(node.attrs), source.channels,
-               domain=node.domain)
+               domain=node.domain, zero_pads=source.zero_pads and node.op_type in ZERO_AT_ZERO)
         rw.result.count(f"{node.op_type} kept blocked")
 
 
@@ -248,11 +253,13 @@ def binary(rw: Rewriter, node: Node) -> None:
                     and conv.attr("activation") is None):
                 conv.set_inputs(list(conv.inputs) + [None] * (3 - len(conv.inputs))
                                 + [other.value])
-                rw.adopt(node, target.value, target.channels, conv)
+                rw.adopt(node, target.value, target.channels, conv,
+                         target.zero_pads and other.zero_pads)
                 rw.result.count("Add into Conv's Sum")
                 return
     rw.add(node, node.op_type, [s.value for s in sources], dict(node.attrs),
-           sources[0].channels, domain=node.domain)
+           sources[0].channels, domain=node.domain,
+           zero_pads=all(s.zero_pads for s in sources))  # 0 + 0, 0 · 0, max(0, 0): 0
     rw.result.count(f"{node.op_type} kept blocked")
 
 
@@ -273,7 +280,8 @@ def _reordered_other(rw: Rewriter, node: Node, sources: list) -> list:
     if not _keep_own(rw, node, known.channels):
         return sources
     reordered = rw.blocked_input(node, other, known.channels)
-    return [known if i != index else Blocked(reordered, known.channels, reordered.producer, False)
+    return [known if i != index else Blocked(reordered, known.channels, reordered.producer,
+                                             False, True)  # ReorderInput pads with 0s
             for i in range(2)]
 
 
@@ -319,7 +327,8 @@ def elementwise(rw: Rewriter, node: Node) -> None:
         if node.op_type == "Div" and (index != 0 or float(data.reshape(-1)[0]) == 0.0):
             return  # a number over the padded channels' 0s, or a division by 0
         rw.add(node, node.op_type, [source.value, other] if index == 0 else
-               [other, source.value], dict(node.attrs), source.channels, domain=node.domain)
+               [other, source.value], dict(node.attrs), source.channels, domain=node.domain,
+               zero_pads=source.zero_pads and _zero_at_zero(node.op_type, data))
         rw.result.count(f"{node.op_type} of a number kept blocked")
         return
     per_channel = _per_channel(data, source.channels)
@@ -334,8 +343,15 @@ def elementwise(rw: Rewriter, node: Node) -> None:
         conv_inputs.append(rw.graph.make_initializer(f"{name}_by_channel_bias",
                                                      padded_vector(bias, rw.block)))
     rw.add(node, "Conv", conv_inputs, {"group": padded(source.channels, rw.block)},
-           source.channels)
+           source.channels, zero_pads=True)  # padded weights and bias are 0
     rw.result.count(f"{node.op_type} by channel:depthwise")
+
+
+def _zero_at_zero(op: str, number: np.ndarray) -> bool:
+    """Whether the op of 0 and `number` (either side) is 0."""
+    c = float(number.reshape(-1)[0])
+    return op in ("Mul", "Div") or op in ("Add", "Sub") and c == 0.0 \
+        or op == "Min" and c >= 0.0 or op == "Max" and c <= 0.0
 
 
 def _per_channel(data: np.ndarray, channels: int) -> np.ndarray | None:
@@ -353,7 +369,7 @@ def concat(rw: Rewriter, node: Node) -> None:
             or any(s.channels % rw.block for s in sources):
         return
     rw.add(node, "Concat", [s.value for s in sources], {"axis": 1},
-           sum(s.channels for s in sources), domain=node.domain)
+           sum(s.channels for s in sources), domain=node.domain, zero_pads=True)  # none
     rw.result.count("Concat kept blocked")
 
 
@@ -370,7 +386,8 @@ def batchnorm(rw: Rewriter, node: Node) -> None:
                                           node.attr("epsilon", 1e-5), rw.block)
     rw.add(node, "Conv", [source.value, rw.graph.make_initializer(
         f"{node.output.name}_bn_scale", weight), rw.graph.make_initializer(
-        f"{node.output.name}_bn_shift", bias)], {"group": weight.shape[0]}, source.channels)
+        f"{node.output.name}_bn_shift", bias)], {"group": weight.shape[0]}, source.channels,
+        zero_pads=True)
     rw.result.count("BatchNormalization:depthwise")
 
 
@@ -397,9 +414,34 @@ def pool(rw: Rewriter, node: Node) -> None:
     if reason:
         rw.left[f"{node.op_type}: {reason}"] += 1
         return
+    source = rw.blocked.get(id(x))
     rw.add(node, node.op_type, [rw.blocked_input(node, x, channels)], dict(node.attrs),
-           channels)
+           channels, zero_pads=source is None or source.zero_pads)  # a pool of 0s is 0
     rw.result.count(node.op_type)
+
+
+def channel_pad(rw: Rewriter, node: Node) -> None:
+    """A Pad of zeros after the channels of a blocked tensor whose padded channels hold 0s,
+    within its last block: the blocked tensor already is the result, with more channels
+    counted (graphopt's own rule). BlazeNet pads its residuals' skip path so, and the NCHW Pad
+    cost a reorder pair at every block that widens."""
+    source = rw.blocked.get(id(node.input(0)))
+    pads, fill = node.input(1), node.input(2)
+    if source is None or not source.zero_pads or node.attr("mode", "constant") != "constant" \
+            or node.input(3) is not None or pads is None or not pads.is_constant:
+        return
+    if fill is not None and (not fill.is_constant or np.any(fill.constant() != 0)):
+        return
+    amounts = np.asarray(pads.constant()).reshape(-1)
+    if amounts.shape != (8,) or np.any(np.delete(amounts, 5)) or amounts[5] <= 0:
+        return
+    channels = source.channels + int(amounts[5])
+    if padded(channels, rw.block) != padded(source.channels, rw.block):
+        return
+    # Its own node as producer: no activation or Sum may fuse into the conv behind, whose
+    # output other readers may take unpadded.
+    rw.adopt(node, source.value, channels, node, True)
+    rw.result.count("channel Pad within the block")
 
 
 def transpose(rw: Rewriter, node: Node) -> None:
@@ -430,7 +472,8 @@ def resize(rw: Rewriter, node: Node) -> None:
     if factors.shape != (4,) or np.any(whole != factors) or list(whole[:2]) != [1, 1] \
             or np.any(whole < 1):
         return
-    rw.add(node, "Upsample", [source.value], {"scales": whole.tolist()}, source.channels)
+    rw.add(node, "Upsample", [source.value], {"scales": whole.tolist()}, source.channels,
+           zero_pads=source.zero_pads)
     rw.result.count(f"{node.op_type}:Upsample")
 
 
@@ -441,6 +484,6 @@ HANDLERS = {
     ("", "Sum"): binary,
     **{("", op): elementwise for op in ("Add", "Sub", "Mul", "Div", "Min", "Max")},
     ("", "Concat"): concat, ("", "BatchNormalization"): batchnorm,
-    ("", "Transpose"): transpose,
+    ("", "Transpose"): transpose, ("", "Pad"): channel_pad,
     ("", "Resize"): resize, ("", "Upsample"): resize,
 }
