@@ -321,11 +321,6 @@ CASES = {
         [IN, "nchwc.Conv", OUT, "Relu", OUT],
         {"ReorderInput": 1, "Conv": 1, "Relu kept blocked": 1, "ReorderOutput": 2},
         k=w(16, 16, 1, 1)),
-    "unaligned channels leave before MaxPool": case(
-        f"g ({X16}, float[12,16,1,1] k) => (float y) {{"
-        " c = Conv(x, k)\n y = MaxPool<kernel_shape=[2,2], strides=[2,2]>(c) }",
-        [IN, "nchwc.Conv", OUT, "MaxPool"], {"ReorderInput": 1, "Conv": 1, "ReorderOutput": 1},
-        note="MaxPool: 12 channels, not a multiple", k=w(12, 16, 1, 1)),
     "concat along channels": case(
         f"g ({X16}, float[16,16,1,1] k1, float[16,16,3,3] k2) => (float y) {{"
         " a = Conv(x, k1)\n b = Conv<pads=[1,1,1,1]>(x, k2)\n y = Concat<axis=1>(a, b) }",
@@ -587,6 +582,11 @@ BEYOND = {
         {"ReorderInput": 2, "Conv": 3, "Add into Conv's Sum": 1, "ReorderOutput": 2},
         k1=w(16, 16, 1, 1), pads=np.array([0, 0, 0, 0, 0, 16, 0, 0], np.int64),
         k2=w(32, 16, 1, 1), k3=w(32, 32, 1, 1)),
+    "a blocked tensor of unaligned channels pools in the layout": case(  # onnxruntime reorders
+        f"g ({X16}, float[12,16,1,1] k) => (float y) {{"
+        " c = Conv(x, k)\n y = MaxPool<kernel_shape=[2,2], strides=[2,2]>(c) }",
+        [IN, "nchwc.Conv", "nchwc.MaxPool", OUT],
+        {"ReorderInput": 1, "Conv": 1, "MaxPool": 1, "ReorderOutput": 1}, k=w(12, 16, 1, 1)),
     "a channel Pad within the last block": case(  # 20 → 24 channels: one block of 8 or 16
         "g (float[1,16,8,8] x, float[20,16,1,1] k1, int64[8] pads, float[24,24,3,3] k2)"
         " => (float y) { c = Conv(x, k1)\n r = Relu(c)\n p = Pad(r, pads)\n"

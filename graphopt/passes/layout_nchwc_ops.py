@@ -402,7 +402,9 @@ def pool(rw: Rewriter, node: Node) -> None:
         reason = f"a {len(x.shape) - 2}-D pool (NCHWc blocks 2-D pools)"
     elif x.dtype != DType.FLOAT or x.shape is None:
         reason = "the input is not a known float32 4-D tensor"
-    elif channels is None or channels % rw.block:
+    elif channels is None or channels % rw.block and id(x) not in rw.blocked:
+        # onnxruntime's rule; a tensor already blocked pools its padded channels apart, harmlessly
+        # (graphopt's own: BlazeFace's MaxPools over 28, 42 and 88 channels)
         reason = f"{channels or 'unknown'} channels, not a multiple of the block {rw.block}"
     elif not node.op_type.startswith("Global") and len(node.attr("kernel_shape") or ()) != 2:
         reason = "not a 2-D pool"
