@@ -745,6 +745,17 @@ def test_a_fixed_batch_counts_the_samples_its_feeds_hold(tmp_path):
     assert [n for n in result.notes if "come from 4 calibration sample(s)" in n], result.notes
 
 
+def test_a_state_input_of_fixed_first_dim_is_no_batch_of_samples(tmp_path):
+    # silero-vad's state is [2, 1, 128]: its 2 is no batch, so 4 samples stay 4.
+    from graphopt.quant.calib_data import InputSpec, read_calibration
+
+    path = tmp_path / "c.npz"
+    np.savez(path, x=np.ones((4, 1, 8), np.float32), state=np.zeros((4, 2, 1, 4), np.float32))
+    specs = [InputSpec("x", np.dtype(np.float32), (1, 8)),
+             InputSpec("state", np.dtype(np.float32), (2, 1, 4))]
+    assert read_calibration(path, specs).samples == 4
+
+
 def test_om_for_the_cpu_runs_int8_with_nchwc_left_to_float_convs(tmp_path):
     proto = _conv_model()
     result = graphopt.optimize(proto, target="cpu", pass_options={

@@ -607,6 +607,21 @@ PADS_KEPT_NCHW = {  # the padded channels would not read 0 (or the Pad leaves th
 
 
 @needs_nchwc
+@pytest.mark.parametrize("activation", ["Sigmoid", "HardSigmoid"])
+def test_a_channel_pad_behind_a_fused_conv_of_sigmoid_stays(tmp_path, activation):
+    # -O3 fuses the activation into a FusedConv before the layout: its padded channels hold
+    # act(0) = 0.5, which the Pad would have made real channels.
+    proto = build(
+        "g (float[1,16,8,8] x, float[20,16,1,1] k1, int64[8] pads) => (float y) {"
+        f" c = Conv(x, k1)\n s = {activation}(c)\n y = Pad(s, pads) }}",
+        k1=w(20, 16, 1, 1), pads=np.array([0, 0, 0, 0, 0, 4, 0, 0], np.int64))
+    result = optimize(proto, level=3, target="cpu")
+    feeds = numerics.random_feeds(proto, seed=0)
+    assert not numerics.compare(numerics.run(proto, feeds),
+                                numerics.run(result.to_onnx(), feeds), RTOL, ATOL)
+
+
+@needs_nchwc
 @pytest.mark.parametrize("name", PADS_KEPT_NCHW)
 def test_a_channel_pad_that_would_not_read_zeros_stays_nchw(tmp_path, name):
     activation, pads, fill = PADS_KEPT_NCHW[name]

@@ -129,9 +129,10 @@ def conv(rw: Rewriter, node: Node) -> None:
         attrs["group"] = padded(o, block)
     channels = o if kind == "depthwise" else w.shape[1] * node.attr("group", 1)
     source = x if kind == "nchw" else rw.blocked_input(node, x, channels)
-    # The filter's and the bias's padded output channels are 0, and so are their results.
+    # The filter's and the bias's padded output channels are 0, and so are their results,
+    # unless a FusedConv's activation (-O3 fuses them first) maps 0 elsewhere (Sigmoid).
     rw.add(node, "Conv", [source, weight] + ([b] if b is not None else []), attrs, o,
-           zero_pads=True)
+           zero_pads=node.attr("activation") in (None, *ZERO_AT_ZERO))
     rw.result.count(node.op_type if kind == "blocked" else f"{node.op_type}:{kind}")
 
 

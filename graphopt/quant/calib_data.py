@@ -72,10 +72,9 @@ class CalibrationData:
     @property
     def samples(self) -> int:
         """How many samples of batch 1 the data holds: as given, where they were stacked into
-        the batches of a model fixed at batch B > 1; B a feed, where the feeds came batched."""
-        if self.given:
-            return self.given
-        return self.count * max((_batch_of(s) for s in self.specs), default=1)
+        the batches of a model fixed at batch B > 1; else one a feed (a first dim fixed above
+        1 may be no batch at all: silero-vad's state is [2, 1, 128])."""
+        return self.given or self.count
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         if self.batch is not None:
