@@ -195,9 +195,7 @@ def _reaches_blocked(value, transpose_ok: bool = True, depth: int = 12) -> bool:
                     continue
                 seen.add(id(reader))
                 if reader.op_type in ("Conv", "FusedConv"):
-                    weight = reader.input(1)
-                    if weight is not None and weight.shape is not None \
-                            and len(weight.shape) == 4:
+                    if _conv_2d(reader):
                         return True
                 elif not reader.is_onnx:
                     continue
@@ -292,11 +290,14 @@ def _reads_blocked(reader: Node) -> bool:
     channels off the block, PaddleOCR's FPN) is better left NCHW: reordering its NCHW input in
     would add a reorder, not move one."""
     if reader.op_type in ("Conv", "FusedConv"):
-        weight = reader.input(1)
-        return weight is not None and weight.shape is not None and len(weight.shape) == 4
-    return reader.is_onnx and reader.op_type in (*KEPT_UNARY, *FUSED_ACTIVATIONS, "Add", "Sum",
-                                                 "Sub", "Mul", "Min", "Max",
-                                                 "BatchNormalization")
+        return _conv_2d(reader)
+    return reader.is_onnx and reader.op_type in _ELEMENTWISE and reader.op_type != "Div"
+
+
+def _conv_2d(conv: Node) -> bool:
+    """Whether a Conv or FusedConv has a 4-D weight: a 2-D conv, which NCHWc blocks."""
+    weight = conv.input(1)
+    return weight is not None and weight.shape is not None and len(weight.shape) == 4
 
 
 def elementwise(rw: Rewriter, node: Node) -> None:
@@ -320,9 +321,8 @@ def elementwise(rw: Rewriter, node: Node) -> None:
         binary(rw, node)  # which may reorder the other input in
         return
     data = other.constant() if other is not None and other.is_constant else None
-    if not _keep_own(rw, node, source.channels):
-        return
-    if data is None or other.dtype != DType.FLOAT or not np.all(np.isfinite(data)):
+    if data is None or other.dtype != DType.FLOAT or not np.all(np.isfinite(data)) \
+            or not _keep_own(rw, node, source.channels):
         return
     if data.size == 1 and data.ndim <= 4:
         if node.op_type == "Div" and (index != 0 or float(data.reshape(-1)[0]) == 0.0):
