@@ -26,10 +26,12 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # SinkTransposes precedes SimplifyLayout, which cancels the Transpose pairs it brings together.
 # LowerPRelu follows SinkTransposes, which moves Transposes past a PRelu as one op, and comes
 # before FuseActivation, which takes the LeakyRelu a one-slope PRelu becomes into the conv.
+# FoldInputAffine follows the activation fusions, whose patterns end in the Mul or Div by a
+# constant it would otherwise take into the next Conv (hard-swish's / 6).
 _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
          "FuseConvBatchNorm", "LowerPRelu", "LowerLRN", "FuseLayerNorm", "FuseGelu",
-         "FuseHardSwish", "FuseMatMul", "FuseAttention", "ReadShapesUpstream", "EliminateNoOps",
-         "EliminateDeadNodes")
+         "FuseHardSwish", "FoldInputAffine", "FuseMatMul", "FuseAttention", "ReadShapesUpstream",
+         "EliminateNoOps", "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.

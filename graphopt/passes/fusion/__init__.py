@@ -1,5 +1,5 @@
 """Fusion rule families, one per module; importing this package registers their passes."""
 
 from graphopt.passes.fusion import (  # noqa: F401
-    activation, attention, batched_heads, conv_bn, elementwise, gelu, hardswish, layernorm,
-    layout, lrn, matmul, prelu, slicing, softplus, transpose_sinking)
+    activation, attention, batched_heads, conv_affine_input, conv_bn, elementwise, gelu,
+    hardswish, layernorm, layout, lrn, matmul, prelu, slicing, softplus, transpose_sinking)

@@ -1,0 +1,136 @@
+"""FoldInputAffine: a per-channel Mul, Div or Add on a Conv's input goes into the Conv's weights
+and bias where that is exact to rounding, and stays where the Conv's zero padding would read
+the shift."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import ops, parse_model
+
+import graphopt
+from graphopt import numerics
+
+RNG = np.random.default_rng(0)
+SCALE = (RNG.uniform(0.5, 2.0, (1, 8, 1, 1)) * RNG.choice([-1, 1], (1, 8, 1, 1))).astype(
+    np.float32)
+SHIFT = RNG.standard_normal((1, 8, 1, 1)).astype(np.float32)
+
+
+def _model(body: str, group: int = 1, kernel: int = 3, pads: int = 1, **extra) -> onnx.ModelProto:
+    text = f"""
+    g (float[2, 8, 9, 9] x) => (float[2, 8, {9 + 2 * pads - kernel + 1}, \
+{9 + 2 * pads - kernel + 1}] y) {{
+      {body}
+      y = Conv<group = {group}, pads = [{pads}, {pads}, {pads}, {pads}]>(h, w, b)
+    }}"""
+    weights = {"w": RNG.standard_normal((8, 8 // group, kernel, kernel)).astype(np.float32),
+               "b": RNG.standard_normal(8).astype(np.float32)}
+    declared = "".join(f", float{list(a.shape)} {n}" for n, a in {**weights, **extra}.items())
+    text = text.replace("float[2, 8, 9, 9] x", "float[2, 8, 9, 9] x" + declared)
+    return parse_model(text, **weights, **extra)
+
+
+def _compiled(proto) -> list[str]:
+    """The compiled model's ops, once its outputs are checked against the original's."""
+    result = graphopt.optimize(proto)
+    out = result.to_onnx()
+    onnx.checker.check_model(out)
+    feeds = {"x": RNG.standard_normal((2, 8, 9, 9)).astype(np.float32) * 3}
+    expected, actual = numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    return ops(result.model)
+
+
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("order", ["h = Mul(x, s)", "h = Mul(s, x)"])
+def test_a_scale_goes_into_any_conv(group, order):
+    # Padded or not: the padding's 0 times s is 0. Each group scales its own input channels.
+    assert _compiled(_model(order, group=group, s=SCALE)) == ["Conv"]
+
+
+def test_a_scalar_scale_and_a_divisor_go_in():
+    assert _compiled(_model("h = Mul(x, s)", s=np.array(-1.5, np.float32))) == ["Conv"]
+    assert _compiled(_model("h = Div(x, s)", s=SCALE)) == ["Conv"]
+
+
+def test_a_shift_goes_into_an_unpadded_conv_only():
+    assert _compiled(_model("h = Add(x, t)", kernel=1, pads=0, t=SHIFT)) == ["Conv"]
+    assert _compiled(_model("h = Add(t, x)", group=8, kernel=3, pads=0, t=SHIFT)) == ["Conv"]
+    # Padded, the border outputs would gain W·t over the taps that read the padding.
+    assert _compiled(_model("h = Add(x, t)", t=SHIFT)) == ["Add", "Conv"]
+
+
+def test_scale_and_shift_before_an_unpadded_conv_both_go_in():
+    body = "m = Mul(x, s)\n      h = Add(m, t)"
+    assert _compiled(_model(body, kernel=1, pads=0, s=SCALE, t=SHIFT)) == ["Conv"]
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_before_a_padded_conv_the_scale_goes_in_and_the_shift_stays(group):
+    # h·s + t = (h + t/s)·s: the Add stays outside, with t/s, and the Mul goes into W.
+    body = "m = Mul(s, x)\n      h = Add(m, t)"
+    assert _compiled(_model(body, group=group, s=SCALE, t=SHIFT)) == ["Add", "Conv"]
+    scalars = {"s": np.array(0.25, np.float32), "t": np.array(3.0, np.float32)}
+    out = graphopt.optimize(_model(body, **scalars)).to_onnx()
+    moved = {i.name: onnx.numpy_helper.to_array(i) for i in out.graph.initializer}
+    assert moved[out.graph.node[0].input[1]].shape == ()  # still a scalar: t/s = 12
+    assert float(moved[out.graph.node[0].input[1]]) == 12.0
+
+
+def test_what_stays_outside():
+    zero = SCALE.copy()
+    zero[0, 3] = 0
+    body = "m = Mul(x, s)\n      h = Add(m, t)"
+    # t/s has no value where s is 0: the Mul and Add stay as they are.
+    assert _compiled(_model(body, s=zero, t=SHIFT)) == ["Mul", "Add", "Conv"]
+    # A constant over the spatial axes is not per channel.
+    spatial = RNG.standard_normal((1, 1, 9, 9)).astype(np.float32)
+    assert _compiled(_model("h = Mul(x, s)", s=spatial)) == ["Mul", "Conv"]
+    # An input that is not a constant.
+    text = """
+    g (float[2, 8, 9, 9] x, float[1, 8, 1, 1] s, float[4, 8, 1, 1] w) => (float[2, 4, 9, 9] y) {
+      h = Mul(x, s)
+      y = Conv(h, w)
+    }"""
+    proto = parse_model(text, w=RNG.standard_normal((4, 8, 1, 1)).astype(np.float32))
+    assert [n.op_type for n in graphopt.optimize(proto).to_onnx().graph.node] == ["Mul", "Conv"]
+
+
+def test_a_scaled_value_another_op_reads_stays():
+    text = """
+    g (float[2, 8, 9, 9] x, float[4, 8, 1, 1] w) => (float[2, 4, 9, 9] y, float[2, 8, 9, 9] h) {
+      h = Mul(x, s)
+      y = Conv(h, w)
+    }"""
+    proto = parse_model(text, s=SCALE, w=RNG.standard_normal((4, 8, 1, 1)).astype(np.float32))
+    assert [n.op_type for n in graphopt.optimize(proto).to_onnx().graph.node] == ["Mul", "Conv"]
+
+
+def test_auto_pad_same_keeps_the_shift():
+    text = """
+    g (float[2, 8, 9, 9] x, float[4, 8, 3, 3] w) => (float[2, 4, 9, 9] y) {
+      h = Add(x, t)
+      y = Conv<auto_pad = "SAME_UPPER">(h, w)
+    }"""
+    proto = parse_model(text, t=SHIFT, w=RNG.standard_normal((4, 8, 3, 3)).astype(np.float32))
+    assert _compiled(proto) == ["Add", "Conv"]
+
+
+def test_a_hard_swish_keeps_its_sixth():
+    # The / 6 that ends PaddlePaddle's hard-swish is a scale on the next Conv's input too:
+    # FoldInputAffine runs after FuseHardSwish, which takes it first.
+    text = """
+    g (float[2, 8, 9, 9] x, float[8, 8, 1, 1] w) => (float[2, 8, 9, 9] y) {
+      a = Add(x, three)
+      r = Clip(a, zero, six)
+      p = Mul(x, r)
+      h = Div(p, six)
+      y = Conv(h, w)
+    }"""
+    constants = {"three": np.array(3.0, np.float32), "zero": np.array(0.0, np.float32),
+                 "six": np.array(6.0, np.float32)}
+    proto = parse_model(text, w=RNG.standard_normal((8, 8, 1, 1)).astype(np.float32),
+                        **constants)
+    assert _compiled(proto) == ["HardSwish", "Conv"]
