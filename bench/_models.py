@@ -17,13 +17,13 @@ LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "dat
 # name -> (builder options, how the row names the size when it is not the default)
 ZOO_FULL: dict[str, tuple[dict, str]] = {
     name: ({}, "") for name in
-    ("tiny", "matmul256", "resnet50", "mobilenetv2", "blazepalm", "unet", "gpt2_small",
-     "bert_base")}
+    ("tiny", "matmul256", "resnet50", "mobilenetv2", "blazepalm", "lcnetv3", "unet",
+     "gpt2_small", "bert_base")}
 # --quick keeps every architecture but shrinks the two big ones: the graph patterns stay, the
 # 100 MB and 440 MB of weights that dominate load and save times go.
 ZOO_QUICK: dict[str, tuple[dict, str]] = {
     "tiny": ({}, ""), "matmul256": ({}, ""), "gpt2_small": ({}, ""), "mobilenetv2": ({}, ""),
-    "blazepalm": ({}, ""),
+    "blazepalm": ({}, ""), "lcnetv3": ({}, ""),
     "resnet50": ({"width": 0.25}, "width 0.25"),
     "unet": ({"base_channels": 16, "image_size": 128}, "base 16, 128x128"),
     "bert_base": ({"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512, "vocab": 1000},

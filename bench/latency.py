@@ -81,6 +81,7 @@ ZOO_DEFAULT: dict[str, tuple[dict, str]] = {
     "resnet50@nhwc": ({"nhwc": True}, "NHWC, as tf2onnx exports"),
     "mobilenetv2": ({}, ""),
     "blazepalm": ({}, ""),
+    "lcnetv3": ({}, ""),
     "bert_base": ({"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024},
                   "4 layers, hidden 256"),
     "gpt2_small": ({}, ""),

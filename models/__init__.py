@@ -13,6 +13,7 @@ from ._builder import shapes_only
 from .bert import build_bert_base
 from .blazepalm import build_blazepalm
 from .gpt2 import build_gpt2_small
+from .lcnet import build_lcnetv3
 from .matmul import build_matmul
 from .mobilenet import build_mobilenetv2
 from .resnet import build_resnet50
@@ -28,6 +29,8 @@ ZOO: dict[str, tuple[Callable[..., onnx.ModelProto], str]] = {
     "mobilenetv2": (build_mobilenetv2, "MobileNetV2, depthwise convs and Clip(0,6), 3.5M params"),
     "blazepalm": (build_blazepalm, "BlazePalm-style detector: depthwise blocks, PReLU, "
                                    "channel-padded residuals"),
+    "lcnetv3": (build_lcnetv3, "PP-LCNetV3-style backbone (PaddleOCR v4) as Paddle2ONNX exports "
+                               "it: hard-swish, learned scale and shift after each activation"),
     "unet": (build_unet, "segmentation UNet, 4 down/up stages, long skip Concats, 31.0M params"),
     "bert_base": (build_bert_base, "BERT-base encoder, decomposed LayerNorm/GELU, 109M params"),
     "gpt2_small": (build_gpt2_small, "small GPT-2 decoder (2 layers, hidden 256), tanh GELU"),

@@ -23,6 +23,7 @@ SMALL = {
     "resnet50": {"blocks": (1, 2, 1, 1), "width": 0.25, "image_size": 64, "num_classes": 10},
     "mobilenetv2": {"width": 0.25, "image_size": 64, "num_classes": 10},
     "blazepalm": {"image_size": 64, "width": 0.5},
+    "lcnetv3": {"image_size": 64, "scale": 0.5},
     "unet": {"base_channels": 8, "image_size": 64},
     "bert_base": {"layers": 2, "hidden": 64, "heads": 4, "intermediate": 128, "vocab": 100,
                   "max_positions": 32},
@@ -31,7 +32,7 @@ SMALL = {
 DIMS = {"batch_size": 2, "sequence_length": 8}
 EXPECTED_SHAPE = {
     "tiny": (1, 10), "matmul256": (64, 64), "resnet50": (2, 10), "mobilenetv2": (2, 10),
-    "blazepalm": (2, 32, 17),
+    "blazepalm": (2, 32, 17), "lcnetv3": (2, 1, 2, 2),
     "bert_base": (2, 8, 64), "gpt2_small": (2, 8, 100), "unet": (2, 2, 64, 64),
 }
 NAMES = list(SMALL)
@@ -298,7 +299,7 @@ def test_sample_inputs():
 # Exact torch parameter counts (torchvision / HF without BERT's pooler), read from dims only.
 DEFAULT_PARAMS = {"resnet50": 25_557_032, "mobilenetv2": 3_504_872, "bert_base": 108_891_648,
                   "gpt2_small": 1_868_800, "tiny": 5_466, "matmul256": 65_536,
-                  "unet": 31_037_698, "blazepalm": 92_842}
+                  "unet": 31_037_698, "blazepalm": 92_842, "lcnetv3": 659_267}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,104 @@
+"""FoldInputAffine on conv nets that scale and shift an activation before the next conv.
+
+Per model (the zoo's lcnetv3 by default, or ONNX files given with --model and their inputs
+with --inputs), graphopt's .om for the cpu target compiled with FoldInputAffine switched off
+and on, run through graphopt's runtime at 1 thread, interleaved (off, on, off, on, ...),
+medians of the per-call wall time, their ratio, the ops each leaves, and the largest
+difference of the two .om's outputs from the original's at ORT_DISABLE_ALL.
+
+    python bench/input_affine.py
+    python bench/input_affine.py --runs 200 --image-size 640
+    python bench/input_affine.py --model det.onnx --inputs det_inputs.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import markdown_table, run_model  # noqa: E402
+
+import graphopt  # noqa: E402
+from graphopt import zoo  # noqa: E402
+
+VARIANTS = {"off": ["FoldInputAffine"], "on": []}
+
+
+def _ops(result) -> int:
+    return sum(1 for node in result.model.graph if node.op_type in ("Mul", "Add", "Div"))
+
+
+def row(label: str, path: str, feeds: dict[str, np.ndarray], runs: int, folder: str) -> list:
+    expected = run_model(path, feeds)
+    sessions, counts, errors = {}, {}, {}
+    for key, disabled in VARIANTS.items():
+        result = graphopt.optimize(path, target="cpu", disable_passes=disabled)
+        counts[key] = _ops(result)
+        om = os.path.join(folder, f"{key}.om")
+        graphopt.save(result, om)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sessions[key] = graphopt.load(om, intra_op_num_threads=1)
+        actual = sessions[key].run(feeds)
+        errors[key] = max(float(np.max(np.abs(actual[name] - value)))
+                          for name, value in expected.items())
+    times = {key: [] for key in sessions}
+    for _ in range(5):  # warm-up
+        for session in sessions.values():
+            session.run(feeds)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(runs):
+            for key, session in sessions.items():
+                start = time.perf_counter()
+                session.run(feeds)
+                times[key].append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    off, on = (float(np.median(times[k])) * 1e3 for k in ("off", "on"))
+    return [label, f"{counts['off']} → {counts['on']}", f"{off:.2f}", f"{on:.2f}",
+            f"{on / off:.2f}", f"{errors['off']:.1e} / {errors['on']:.1e}"]
+
+
+COLUMNS = ["model", "Mul/Add/Div ops", "off ms", "on ms", "on / off",
+           "max abs Δ vs original (off / on)"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=100, help="timed calls of each (default 100)")
+    parser.add_argument("--image-size", type=int, default=320,
+                        help="lcnetv3's input size, a multiple of 32 (default 320)")
+    parser.add_argument("--model", help="an ONNX file instead of the zoo's lcnetv3")
+    parser.add_argument("--inputs", help="the .npz of --model's inputs (default: seed-0 inputs)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        if args.model:
+            path, label = args.model, os.path.basename(args.model)
+        else:
+            path, label = os.path.join(folder, "lcnetv3.onnx"), f"zoo/lcnetv3 {args.image_size}"
+            onnx.save(zoo.build("lcnetv3", image_size=args.image_size), path)
+        if args.inputs:
+            feeds = dict(np.load(args.inputs))
+        else:
+            feeds = zoo.sample_inputs(onnx.load(path, load_external_data=False))
+        table = [row(label, path, feeds, args.runs, folder)]
+    print(markdown_table(COLUMNS, table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
