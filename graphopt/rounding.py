@@ -18,8 +18,10 @@ def within_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
     changes nothing, they are off at the output's scale only (_rounding_at_scale).
 
     A tensor of rank 3 or more is judged slice by slice along axis 1, as its worst slice is
-    reported: a detector's class scores (up to 0.006) beside its box coordinates (up to 545)
-    are held to their own scale, so an error the coordinates' rounding would excuse (0.05 on
+    reported: onnxruntime's worst error relative to a slice's largest magnitude bounds ours in
+    every slice at that slice's scale, and the second rule takes each slice's own largest
+    magnitude. A detector's class scores (up to 0.006) beside its box coordinates (up to 545)
+    are so held to their own scale: an error the coordinates' rounding would excuse (0.05 on
     scores) is not."""
     return _within_onnxruntimes_own(original, feeds, expected, actual, failing, judge) \
         or _within_output_scale(expected, actual, failing, judge)
@@ -48,7 +50,6 @@ def _within_onnxruntimes_own(original: ModelProto, feeds, expected: dict, actual
         if not max(theirs):
             return None
         ours = [numerics.max_abs_error(exp, got) for exp, got, _ in slices]
-        # onnxruntime's worst error relative to its slice's scale bounds ours in every slice.
         scales = [_scale(exp) for exp, _, _ in slices]
         relative = max((t / s for t, s in zip(theirs, scales) if s), default=0.0)
         for (exp, got, _), error, scale in zip(slices, ours, scales):
