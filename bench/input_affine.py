@@ -9,6 +9,7 @@ difference of the two .om's outputs from the original's at ORT_DISABLE_ALL.
     python bench/input_affine.py
     python bench/input_affine.py --runs 200 --image-size 640
     python bench/input_affine.py --model det.onnx --inputs det_inputs.npz
+    python bench/input_affine.py --json out/input_affine.json
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, run_model  # noqa: E402
+from _common import Stats, markdown_table, run_model, write_json  # noqa: E402
 
 import graphopt  # noqa: E402
 from graphopt import zoo  # noqa: E402
@@ -38,7 +39,7 @@ def _ops(result) -> int:
     return sum(1 for node in result.model.graph if node.op_type in ("Mul", "Add", "Div"))
 
 
-def row(label: str, path: str, feeds: dict[str, np.ndarray], runs: int, folder: str) -> list:
+def row(label: str, path: str, feeds: dict[str, np.ndarray], runs: int, folder: str) -> dict:
     expected = run_model(path, feeds)
     sessions, counts, errors = {}, {}, {}
     for key, disabled in VARIANTS.items():
@@ -66,12 +67,21 @@ def row(label: str, path: str, feeds: dict[str, np.ndarray], runs: int, folder: 
                 times[key].append(time.perf_counter() - start)
     finally:
         gc.enable()
-    off, on = (float(np.median(times[k])) * 1e3 for k in ("off", "on"))
-    return [label, f"{counts['off']} → {counts['on']}", f"{off:.2f}", f"{on:.2f}",
-            f"{on / off:.2f}", f"{errors['off']:.1e} / {errors['on']:.1e}"]
+    stats = {key: Stats.of([t * 1e3 for t in times[key]]) for key in times}
+    return {"model": label, "runs": runs, "ops": counts, "max_abs_error": errors,
+            "ms": {key: {"median": s.median, "min": s.low, "max": s.high}
+                   for key, s in stats.items()},
+            "ratio": stats["on"].median / stats["off"].median}
 
 
-COLUMNS = ["model", "Mul/Add/Div ops", "off ms", "on ms", "on / off",
+def cells(result: dict) -> list[str]:
+    ops, err = result["ops"], result["max_abs_error"]
+    return [result["model"], f"{ops['off']} → {ops['on']}",
+            *(Stats(t["median"], t["min"], t["max"]).cell() for t in result["ms"].values()),
+            f"{result['ratio']:.2f}", f"{err['off']:.1e} / {err['on']:.1e}"]
+
+
+COLUMNS = ["model", "Mul/Add/Div ops", "off ms (min–max)", "on ms (min–max)", "on / off",
            "max abs Δ vs original (off / on)"]
 
 
@@ -84,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="lcnetv3's input size, a multiple of 32 (default 320)")
     parser.add_argument("--model", help="an ONNX file instead of the zoo's lcnetv3")
     parser.add_argument("--inputs", help="the .npz of --model's inputs (default: seed-0 inputs)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         if args.model:
@@ -95,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             feeds = dict(np.load(args.inputs))
         else:
             feeds = zoo.sample_inputs(onnx.load(path, load_external_data=False))
-        table = [row(label, path, feeds, args.runs, folder)]
-    print(markdown_table(COLUMNS, table))
+        result = row(label, path, feeds, args.runs, folder)
+    print(markdown_table(COLUMNS, [cells(result)]))
+    if args.json:
+        write_json(args.json, result)
     return 0
 
 
