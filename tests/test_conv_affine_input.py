@@ -134,3 +134,21 @@ def test_a_hard_swish_keeps_its_sixth():
     proto = parse_model(text, w=RNG.standard_normal((8, 8, 1, 1)).astype(np.float32),
                         **constants)
     assert _compiled(proto) == ["HardSwish", "Conv"]
+
+
+def test_an_input_normalized_before_an_unpadded_conv_folds_entirely():
+    # (x − mean) / std before a ViT-style patch embedding (a 3×3 stride-3 Conv, no padding).
+    text = """
+    g (float[2, 8, 9, 9] x, float[8, 8, 3, 3] w) => (float[2, 8, 3, 3] y) {
+      c = Sub(x, mean)
+      h = Div(c, std)
+      y = Conv<strides = [3, 3]>(h, w)
+    }"""
+    proto = parse_model(text, mean=SHIFT, std=np.abs(SCALE),
+                        w=RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
+    assert _compiled(proto) == ["Conv"]
+    # Sub(t, x) is −x + t: not a shift of x, and it stays.
+    flipped = parse_model(text.replace("Sub(x, mean)", "Sub(mean, x)"), mean=SHIFT,
+                          std=np.abs(SCALE), w=RNG.standard_normal((8, 8, 3, 3)).astype(
+                              np.float32))
+    assert _compiled(flipped) == ["Sub", "Conv"]

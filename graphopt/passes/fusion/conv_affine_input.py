@@ -1,8 +1,8 @@
-r"""FoldInputAffine: per-channel Mul/Div/Add on a Conv's input folded into that Conv
+r"""FoldInputAffine: per-channel Mul/Div/Add/Sub on a Conv's input folded into that Conv
 (FuseConvBatchNorm folds those that follow a Conv into it).
 
     h · s ─ Conv(W, b)         →  h ─ Conv(W · s, b)          (any pads; h / s as h · 1/s)
-    h + t ─ Conv(W, b)         →  h ─ Conv(W, b + Σ W · t)    (no padding)
+    h + t ─ Conv(W, b)         →  h ─ Conv(W, b + Σ W · t)    (no padding; h − t as h + −t)
     h · s + t ─ Conv(W, b)     →  h + t/s ─ Conv(W · s, b)    (padded, s ≠ 0 in every channel)
 
 s and t run along the input's channel axis (scalar, [C] as [1, C, 1, 1] or [C, 1, 1]), so W is
@@ -121,20 +121,35 @@ class ShiftIntoConv(Rule):
     def pattern(self, op, h, t):
         return _conv_of(op, op.Add(h, t))
 
+    def shift(self, t, w, group: int) -> np.ndarray | str:
+        return _channel_vector(t, w, group)
+
     def check(self, conv, w, t, b=None, **_):
         group = _checked_weights(conv, w, b)
         if isinstance(group, str):
             return group
-        shift = _channel_vector(t, w, group)
+        shift = self.shift(t, w, group)
         if isinstance(shift, str):
             return shift
         return _unpadded(conv) or _unsafe_shift(w, shift, group, b)
 
     def rewrite(self, op, conv, h, w, t, b=None):
         group = conv.attr("group", 1)
-        bias = _shifted_bias(w, _channel_vector(t, w, group), group, b)
+        bias = _shifted_bias(w, self.shift(t, w, group), group, b)
         dtype = w.constant().dtype
         return op.Conv(h, w, op.const(bias.astype(dtype), f"{w.name}_b"), **conv.attrs)
+
+
+class ShiftSubtractedIntoConv(ShiftIntoConv):
+    """h − t → Conv without padding: the bias takes −Σ W · t (an input less its mean, before
+    a patch embedding's unpadded Conv)."""
+
+    def pattern(self, op, h, t):
+        return _conv_of(op, op.Sub(h, t))
+
+    def shift(self, t, w, group: int) -> np.ndarray | str:
+        shift = _channel_vector(t, w, group)
+        return shift if isinstance(shift, str) else -shift
 
 
 class ScaleDividedIntoConv(ScaleIntoConv):
@@ -192,8 +207,10 @@ class AffineIntoPaddedConv(Rule):
 @register
 class FoldInputAffine(RulePass):
     name = "FoldInputAffine"
-    description = "fold per-channel Mul/Div/Add on a Conv's input into the Conv's weights and bias"
-    rules = (ShiftIntoConv, ScaleIntoConv, ScaleDividedIntoConv, AffineIntoPaddedConv)
+    description = ("fold per-channel Mul/Div/Add/Sub on a Conv's input into the Conv's weights "
+                   "and bias")
+    rules = (ShiftIntoConv, ShiftSubtractedIntoConv, ScaleIntoConv, ScaleDividedIntoConv,
+             AffineIntoPaddedConv)
 
 
 __all__ = ["FoldInputAffine"]
