@@ -88,6 +88,9 @@ def test_what_stays_outside():
     # A constant over the spatial axes is not per channel.
     spatial = RNG.standard_normal((1, 1, 9, 9)).astype(np.float32)
     assert _compiled(_model("h = Mul(x, s)", s=spatial)) == ["Mul", "Conv"]
+    # A vector broadcasts along the last axis (the width), not the channels.
+    along_width = RNG.standard_normal(9).astype(np.float32)
+    assert _compiled(_model("h = Mul(x, s)", s=along_width)) == ["Mul", "Conv"]
     # An input that is not a constant.
     text = """
     g (float[2, 8, 9, 9] x, float[1, 8, 1, 1] s, float[4, 8, 1, 1] w) => (float[2, 4, 9, 9] y) {
