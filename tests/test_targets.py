@@ -281,6 +281,9 @@ def _broken(change) -> dict:
      "devices[0].engines.vector.ops.Conv: also listed under engine 'cube'"),
     (lambda d: d["devices"][0].__setitem__("ops", "onnxruntime"),
      "devices[0]: needs exactly one of 'engines'"),
+    (lambda d: d["devices"][1].__setitem__("static_shapes", True),
+     "devices[1].static_shapes: the cpu device is the host, which runs every node the others "
+     "cannot, dynamic shapes included: only an npu device takes true"),
     (lambda d: d["devices"][1].__setitem__("nchwc_block_size", "fast"),
      "devices[1].nchwc_block_size: expected 'auto' or an integer ≥ 0 and ≤ 64, got 'fast'"),
     (lambda d: d.__setitem__("sources", {"npu.buffers.L2": "a datasheet"}),
