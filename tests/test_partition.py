@@ -401,6 +401,12 @@ def test_if_node_falls_back_and_gets_its_outer_values(tmp_path):
 
     artifact = load_om(path)
     assert listed == [sum(op_counts(p.model).values()) for p in artifact.partitions] == [1, 3]
+    # The fallback header counts the If alone, and says how many it holds as the table counts.
+    from graphopt.partition.report import format_partitioning
+
+    text = format_partitioning(result.partitioning)
+    assert "1 node(s) on cpu instead of npu (3 with the nodes inside their subgraphs, as the " \
+        "partition table counts them):" in text, text
 
 
 def test_graph_without_nodes_is_one_partition(tmp_path):

@@ -7,7 +7,7 @@ from collections import Counter
 from graphopt.option_names import from_command_line
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.layouts import layout_summary
-from graphopt.partition.partitioner import Partition, Partitioning, is_constant_node
+from graphopt.partition.partitioner import Partition, Partitioning, _with_nested, is_constant_node
 from graphopt.table import format_table
 
 _TOP_OPS = 4  # op types named per partition row; the rest are counted
@@ -31,7 +31,13 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
     fallbacks = partitioning.fallbacks()
     if fallbacks:
         lines.append("")
-        lines.append(f"{len(fallbacks)} node(s) on {target.host} instead of {target.primary}:")
+        # The table counts the nodes inside If/Loop/Scan bodies too; the reasons are the
+        # main graph's nodes, whose bodies go with them.
+        nested = sum(1 for _ in _with_nested(node for node, _ in fallbacks))
+        within = f" ({nested} with the nodes inside their subgraphs, as the partition table " \
+                 "counts them)" if nested != len(fallbacks) else ""
+        lines.append(f"{len(fallbacks)} node(s) on {target.host} instead of {target.primary}"
+                     f"{within}:")
         by_reason: dict[str, list[str]] = {}
         for node, reason in fallbacks:
             by_reason.setdefault(reason, []).append(node.name or node.op_type)
