@@ -47,7 +47,7 @@ def _cmd_partition(args) -> int:
         print(json.dumps(partitioning_json(result.partitioning), indent=2))
     else:
         print(format_partitioning(result.partitioning, all_fallbacks=args.all_fallbacks))
-        hint = dynamic_hint(result.model, result.partitioning)
+        hint = dynamic_hint(result.model, result.partitioning, result.log)
         if hint:
             print(f"hint: {hint}")
     return 0

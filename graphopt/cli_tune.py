@@ -234,7 +234,7 @@ def _idle_note(nodes: list[str]) -> str:
 def _hint(result) -> str:
     from graphopt.partition.report import dynamic_hint
 
-    hint = dynamic_hint(result.model, result.partitioning)
+    hint = dynamic_hint(result.model, result.partitioning, result.log)
     return f": {hint}" if hint else ""
 
 

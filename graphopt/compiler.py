@@ -602,7 +602,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         note = quantized_fallback_note(result.partitioning, options)
         if note:
             result.notes.append(note)
-        dynamic = dynamic_hint(ir_model, result.partitioning)
+        dynamic = dynamic_hint(ir_model, result.partitioning, log)
         if dynamic:  # ATC takes static shapes only: say why the NPU got less than it could
             result.notes.append(f"{setting('target', as_given(target))}: {dynamic}")
         result.partition_models = partition_ir(ir_model, result.partitioning)

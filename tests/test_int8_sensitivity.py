@@ -165,3 +165,62 @@ def test_a_split_whose_halves_meet_again_is_copied_once(tmp_path):
     result, out = _int8(proto, tmp_path)
     assert not any("int8 inputs would drown" in n for n in result.notes)
     assert _cosine(proto, out) > 0.999
+
+
+def _npu_int8(proto, tmp_path, **options):
+    result = graphopt.optimize(proto, target="ascend310", quantize="int8",
+                               calibration=_calibration(tmp_path),
+                               pass_options={"quant_keep_ends": False, **options})
+    return result, graphopt.to_onnx(result.model)
+
+
+def _npu_cosine(proto, out) -> float:
+    # An NPU target's int8 model runs as the NPU computes it: the Q/DQ pairs in float.
+    feeds = numerics.random_feeds(proto, seed=5)
+    a = numerics.run(proto, feeds)["y"].ravel().astype(np.float64)
+    b = numerics.run(out, feeds)["y"].ravel().astype(np.float64)
+    if not b.any():
+        return 0.0  # every weight that mattered rounded to 0
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_an_npu_target_keeps_the_drowned_layer_float_alone(tmp_path):
+    # AMCT's form quantizes c2's input for c2 alone: c1's output stays float, so c1 may stay
+    # int8 once c2 is float.
+    proto = _model(gain=400.0)
+    result, guarded = _npu_int8(proto, tmp_path)
+    assert _float_convs(guarded) == ["c2"], result.notes
+    assert any("int8 inputs would drown 1 layer(s)" in n and "'c2'" in n for n in result.notes)
+    _, unguarded = _npu_int8(proto, tmp_path, quant_keep_sensitive=False)
+    assert _float_convs(unguarded) == []
+    assert _npu_cosine(proto, unguarded) < 0.99 < 0.999 < _npu_cosine(proto, guarded)
+
+
+def test_an_npu_target_measures_the_weights_as_amct_rounds_them(tmp_path):
+    # One input row of h1's weight 4000 times the others, on a channel that is always 0: the
+    # float output never sees it, but AMCT's one weight scale per MatMul rounds every other row
+    # to 0. The input's Q/DQ pair alone would not show it.
+    w0 = (np.random.default_rng(2).standard_normal((12, 16)) * 0.3).astype(np.float32)
+    w0[:, 0] = 0.0
+    w1 = (np.random.default_rng(3).standard_normal((16, 16)) * 0.3).astype(np.float32)
+    w1[0] *= 4000.0
+    w2 = (np.random.default_rng(4).standard_normal((16, 8)) * 0.3).astype(np.float32)
+    proto = parse_model("""
+        agraph (float[1, 3, 12, 12] x) => (float[1, 3, 12, 8] y) {
+            h0 = MatMul (x, w0)
+            r0 = Relu (h0)
+            h1 = MatMul (r0, w1)
+            r1 = Relu (h1)
+            y = MatMul (r1, w2)
+        }""", w0=w0, w1=w1, w2=w2)
+    initializers = ("w0", "w1", "w2")
+
+    def float_matmuls(out):
+        return [n.output[0] for n in out.graph.node
+                if n.op_type == "MatMul" and n.input[1] in initializers]
+
+    result, guarded = _npu_int8(proto, tmp_path)
+    assert float_matmuls(guarded) == ["h1"], result.notes
+    _, unguarded = _npu_int8(proto, tmp_path, quant_keep_sensitive=False)
+    assert float_matmuls(unguarded) == []
+    assert _npu_cosine(proto, unguarded) < 0.99 < 0.999 < _npu_cosine(proto, guarded)

@@ -3,6 +3,8 @@ matmul operands, and TransData only where formats really change once pairs that 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx.parser
 from helpers import parse_model
@@ -10,6 +12,7 @@ from helpers import parse_model
 import graphopt
 from graphopt import zoo
 from graphopt.partition.layouts import FRACTAL_NZ, FRACTAL_Z, NC1HWC0
+from graphopt.partition.report import format_partitioning
 
 RNG = np.random.default_rng(3)
 
@@ -91,6 +94,31 @@ def test_host_partitions_have_no_formats():
     result = graphopt.optimize(build("""
         g (float[8] x) => (float[8] y) { y = Relu (x) }"""), target="cpu")
     assert result.partitioning.layouts == {}
+
+
+def test_an_npu_without_a_cube_engine_keeps_its_tensors_nd(tmp_path):
+    # The formats are the cube's: a profile whose convs run on a vector engine has none.
+    profile = tmp_path / "nocube.json"
+    profile.write_text(json.dumps({
+        "schema_version": 1, "name": "nocube", "primary": "npu", "host": "cpu",
+        "transfer": {"bandwidth": 1e9, "latency_s": 1e-5},
+        "devices": [
+            {"name": "npu", "kind": "npu", "providers": ["CANNExecutionProvider"],
+             "static_shapes": True, "peak_ops_per_s": {"float32": 1e12},
+             "memory_bandwidth": 1e10, "launch_overhead_s": 1e-5,
+             "engines": {"vec": {"kind": "vector", "ops": {"Conv": {}, "Relu": {}}}}},
+            {"name": "cpu", "kind": "cpu", "providers": ["CPUExecutionProvider"],
+             "ops": "onnxruntime", "peak_ops_per_s": {"float32": 1e11},
+             "memory_bandwidth": 1e10, "launch_overhead_s": 1e-6}]}))
+    proto = build("""
+        g (float[1,32,28,28] x) => (float[1,32,28,28] y) {
+            a = Conv <pads = [1,1,1,1]> (x, w1)
+            y = Relu (a)
+        }""", w1=weight(32, 32, 3, 3))
+    result = graphopt.optimize(proto, target=str(profile), level=1)
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]
+    assert result.partitioning.layouts == {}
+    assert "device formats" not in format_partitioning(result.partitioning)
 
 
 def test_cancelling_never_ends_with_more_conversions_than_the_naive_placement():

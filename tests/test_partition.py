@@ -182,6 +182,29 @@ def test_dynamic_input_keeps_the_model_on_the_host_until_pinned():
     assert not any("fell back" in note for note in pinned.notes)
 
 
+def test_shapes_left_unfolded_point_to_shape_folding_not_to_pins(capsys, tmp_path):
+    # Every input is static: -O1 leaves the Reshape's computed target unknown, -O2 folds it.
+    proto = build("""
+        g (float[2, 8] x) => (float[16] y) {
+            s = Shape (x)
+            n = ReduceProd <keepdims = 1> (s)
+            f = Reshape (x, n)
+            y = Relu (f)
+        }""")
+    result = graphopt.optimize(proto, level=1, target="ascend310")
+    assert reason_of(result, "Relu").startswith("dynamic shape")
+    assert "target='ascend310': 2 node(s) fell back to the cpu for dynamic shapes the model " \
+        "computes; the compile left shapes unfolded (level=0/1, or FoldShapes or FoldConstants " \
+        "off): level=2's shape folding may make them static" in result.notes
+    assert not graphopt.optimize(proto, level=2, target="ascend310").partitioning.fallbacks()
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    assert main(["partition", str(path), "--target", "ascend310", "-O", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "(-O0/-O1, or FoldShapes or FoldConstants off): -O2's shape folding" in out
+    assert "--input-shape cannot pin" not in out
+
+
 def test_dtype_reason_names_the_value_and_the_accepted_types():
     proto = build("""
         g (double[4,8] x) => (double[4,8] y) {
@@ -378,6 +401,12 @@ def test_if_node_falls_back_and_gets_its_outer_values(tmp_path):
 
     artifact = load_om(path)
     assert listed == [sum(op_counts(p.model).values()) for p in artifact.partitions] == [1, 3]
+    # The fallback header counts the If alone, and says how many it holds as the table counts.
+    from graphopt.partition.report import format_partitioning
+
+    text = format_partitioning(result.partitioning)
+    assert "1 node(s) on cpu instead of npu (3 with the nodes inside their subgraphs, as the " \
+        "partition table counts them):" in text, text
 
 
 def test_graph_without_nodes_is_one_partition(tmp_path):

@@ -281,6 +281,9 @@ def _broken(change) -> dict:
      "devices[0].engines.vector.ops.Conv: also listed under engine 'cube'"),
     (lambda d: d["devices"][0].__setitem__("ops", "onnxruntime"),
      "devices[0]: needs exactly one of 'engines'"),
+    (lambda d: d["devices"][1].__setitem__("static_shapes", True),
+     "devices[1].static_shapes: the cpu device is the host, which runs every node the others "
+     "cannot, dynamic shapes included: only an npu device takes true"),
     (lambda d: d["devices"][1].__setitem__("nchwc_block_size", "fast"),
      "devices[1].nchwc_block_size: expected 'auto' or an integer ≥ 0 and ≤ 64, got 'fast'"),
     (lambda d: d.__setitem__("sources", {"npu.buffers.L2": "a datasheet"}),
@@ -569,6 +572,66 @@ def test_a_fusion_the_profile_takes_only_with_other_attributes_is_not_made(tmp_p
     ops = sorted(n.qualified_op for n in result.model.graph)
     assert ops == ["Conv", "Sigmoid", "com.microsoft::FusedConv"]  # Conv+Relu only
     assert [p.device for p in result.partitioning.partitions] == ["npu"]
+
+
+def _fused_params_profile(tmp_path):
+    """A cube engine whose FusedConv and FusedGemm take LeakyRelu with alpha 0.1 only; its
+    vector engine takes LeakyRelu of any alpha."""
+    doc = _minimal()
+    doc["devices"][0]["static_shapes"] = False
+    doc["devices"][0]["peak_ops_per_s"]["float32"] = 1e12
+    cube = doc["devices"][0]["engines"]["cube"]["ops"]
+    cube["Conv"] = cube["Gemm"] = {"dtypes": ["float32"]}
+    cube["com.microsoft::FusedConv"] = {
+        "dtypes": ["float32"],
+        "attributes": {"activation": ["Relu", "LeakyRelu"], "activation_params": [[0.1]]}}
+    cube["com.microsoft::FusedGemm"] = {
+        "dtypes": ["float32"],
+        "attributes": {"activation": ["Relu", "LeakyRelu"], "activation_alpha": [0.1]}}
+    doc["devices"][0]["engines"]["vec"] = {"kind": "vector", "ops": {"LeakyRelu": {}}}
+    return _load(tmp_path, doc)[0]
+
+
+@pytest.mark.parametrize("alpha, fused", [(0.1, True), (0.2, False)])
+def test_a_fusion_is_not_made_with_activation_parameters_the_profile_refuses(
+        tmp_path, alpha, fused):
+    import graphopt
+    from helpers import parse_model
+
+    target = _fused_params_profile(tmp_path)
+    rng = np.random.default_rng(0)
+    proto = parse_model(f"""
+        g (float[1, 4, 8, 8] x, float[2, 16] a) => (float[1, 4, 8, 8] y, float[2, 16] z) {{
+            c = Conv <pads = [1, 1, 1, 1]> (x, w)
+            y = LeakyRelu <alpha = {alpha}> (c)
+            m = Gemm <transB = 1> (a, k, bias)
+            z = LeakyRelu <alpha = {alpha}> (m)
+        }}""", w=rng.standard_normal((4, 4, 3, 3)).astype(np.float32),
+        k=rng.standard_normal((16, 16)).astype(np.float32),
+        bias=rng.standard_normal(16).astype(np.float32))
+    result = graphopt.optimize(proto, level=3, target=target)
+    ops = sorted(n.qualified_op for n in result.model.graph)
+    expected = ["com.microsoft::FusedConv", "com.microsoft::FusedGemm"] if fused \
+        else ["Conv", "Gemm", "LeakyRelu", "LeakyRelu"]
+    assert ops == expected
+    assert result.partitioning.fallbacks() == []
+
+
+def test_a_refused_float_list_attribute_reads_as_its_decimals(tmp_path):
+    import graphopt
+    from helpers import parse_model
+
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1, 4, 8, 8] x) => (float[1, 4, 8, 8] y) {
+            y = com.microsoft.FusedConv <activation = "LeakyRelu", activation_params = [0.2],
+                                         pads = [1, 1, 1, 1]> (x, w)
+        }""", header='<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n',
+        w=rng.standard_normal((4, 4, 3, 3)).astype(np.float32))
+    result = graphopt.optimize(proto, level=1, target=_fused_params_profile(tmp_path))
+    (_, reason), = result.partitioning.fallbacks()
+    assert reason == ("attribute activation_params=(0.2,) of com.microsoft::FusedConv: "
+                      "takes (0.1,)")
 
 
 def test_a_profile_reads_as_json_does(tmp_path):

@@ -8,7 +8,8 @@ cube and pooling op (the naive form); then format-agnostic ops (elementwise on e
 a constant operand) take the format their inputs arrive in, which cancels each pair of
 conversions that meet across them — GE's TransData elimination. Weights are converted once at
 compile time. onnxruntime cannot run these formats, so they stay annotations in the artifact: the
-partition models keep ND tensors and the stand-in provider runs them unchanged.
+partition models keep ND tensors and the stand-in provider runs them unchanged. An NPU whose
+profile has no cube engine gets no formats: they are the cube's.
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ class PartitionLayout:
 
 
 def assign_layouts(partitioning: Partitioning) -> dict[str, PartitionLayout]:
-    """The format plan of every NPU partition (host partitions stay ND), by partition name."""
+    """The format plan of every partition of an NPU with a cube engine, by partition name: the
+    formats are the cube's, so host partitions, and those of an NPU without one, stay ND."""
+    target = partitioning.target
     return {part.name: _layout(part) for part in partitioning.partitions
-            if partitioning.target.device(part.device).kind == "npu"}
+            if target.device(part.device).kind == "npu"
+            and "cube" in target.device(part.device).engines.values()}
 
 
 def _layout(part: Partition) -> PartitionLayout:

@@ -139,9 +139,16 @@ def _attribute_problem(attr, support: OpSupport) -> str | None:
             value = tuple(value)
         if not any(_same_value(value, a) for a in allowed):
             choices = ", ".join(str(a) for a in allowed)
-            shown = float(str(np.float32(value))) if isinstance(value, float) else value
+            shown = tuple(map(_as_written, value)) if isinstance(value, tuple) \
+                else _as_written(value)
             return f"attribute {name}={shown!r} of {support.op}: takes {choices}"
     return None
+
+
+def _as_written(value):
+    """A float attribute (float32) as the decimal that reads back to it: 0.2, not
+    0.20000000298023224."""
+    return float(str(np.float32(value))) if isinstance(value, float) else value
 
 
 def _same_value(value, allowed) -> bool:

@@ -7,7 +7,7 @@ from collections import Counter
 from graphopt.option_names import from_command_line
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.layouts import layout_summary
-from graphopt.partition.partitioner import Partition, Partitioning, is_constant_node
+from graphopt.partition.partitioner import Partition, Partitioning, _with_nested, is_constant_node
 from graphopt.table import format_table
 
 _TOP_OPS = 4  # op types named per partition row; the rest are counted
@@ -31,7 +31,13 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
     fallbacks = partitioning.fallbacks()
     if fallbacks:
         lines.append("")
-        lines.append(f"{len(fallbacks)} node(s) on {target.host} instead of {target.primary}:")
+        # The table counts the nodes inside If/Loop/Scan bodies too; the reasons are the
+        # main graph's nodes, whose bodies go with them.
+        nested = sum(1 for _ in _with_nested(node for node, _ in fallbacks))
+        within = f" ({nested} with the nodes inside their subgraphs, as the partition table " \
+                 "counts them)" if nested != len(fallbacks) else ""
+        lines.append(f"{len(fallbacks)} node(s) on {target.host} instead of {target.primary}"
+                     f"{within}:")
         by_reason: dict[str, list[str]] = {}
         for node, reason in fallbacks:
             by_reason.setdefault(reason, []).append(node.name or node.op_type)
@@ -102,16 +108,30 @@ def _names(names: list[str], shown: int = 2, width: int = 48) -> str:
     return ", ".join(short) + (f", +{len(names) - shown}" if len(names) > shown else "")
 
 
-def dynamic_hint(model, partitioning: Partitioning) -> str:
+# The passes that make the shapes a model computes from static inputs static (-O2 and up).
+_SHAPE_FOLDS = frozenset({"FoldShapes", "FoldConstants"})
+
+
+def dynamic_hint(model, partitioning: Partitioning, log=None) -> str:
     """'' when no node fell back for a dynamic shape, else how many did and the --input-shape
-    that pins the model's dynamic inputs (a batch dim shown as 1, others as <name> to fill in)."""
+    that pins the model's dynamic inputs (a batch dim shown as 1, others as <name> to fill in),
+    and, when the compile's pass log (`log`) shows no shape folding, that -O2 folds them."""
     dynamic = [node for node, reason in partitioning.fallbacks()
                if reason.startswith("dynamic shape")]
     if not dynamic:
         return ""
     host = partitioning.target.host
     inputs = [v for v in model.graph.inputs if not v.is_constant and v.static_shape is None]
+    # At -O0/-O1 a shape computed from static inputs (Shape → Gather → Concat → Reshape) stays
+    # unknown: pins cannot help there, the folding does.
+    unfolded = log is not None and not _SHAPE_FOLDS <= {r.name for r in log.records}
+    low, high = ("-O0/-O1", "-O2") if from_command_line() else ("level=0/1", "level=2")
+    fold = (f"; the compile left shapes unfolded ({low}, or FoldShapes or FoldConstants off): "
+            f"{high}'s shape folding may make them static") if unfolded else ""
     if not inputs:
+        if unfolded:
+            return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
+                    f"model computes{fold}")
         return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
                 "model computes, which --input-shape cannot pin")
     named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape)}]" if v.shape is not None
@@ -120,10 +140,10 @@ def dynamic_hint(model, partitioning: Partitioning) -> str:
     if not from_command_line():
         return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
                 f"dynamic input(s) {named} with input_shapes"
-                + (f", e.g. input_shapes={example!r}" if example else ""))
+                + (f", e.g. input_shapes={example!r}" if example else "") + fold)
     return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
             f"dynamic input(s) {named} with --input-shape NAME:dims"
-            + (f', e.g. --input-shape "{example}"' if example else ""))
+            + (f', e.g. --input-shape "{example}"' if example else "") + fold)
 
 
 def _dims(shape) -> str:

@@ -253,6 +253,13 @@ def _device(doc: dict, where: str) -> Device:
                               "only a cpu device takes its kernels from onnxruntime")
     if "nchwc_block_size" in doc and kind != "cpu":
         raise SchemaViolation(f"{where}.nchwc_block_size", "only a cpu device has an NCHWc block")
+    if doc.get("static_shapes") and kind == "cpu":
+        # The host takes every node the other devices refuse, dynamic shapes among them:
+        # nothing is left to run a node it would refuse too.
+        raise SchemaViolation(f"{where}.static_shapes", "the cpu device is the host, which "
+                                                        "runs every node the others cannot, "
+                                                        "dynamic shapes included: only an npu "
+                                                        "device takes true")
     if "ops" in doc:
         engines = {"cpu": "cpu"}
         kernels = {key: OpSupport(key, "cpu", dtypes, None, _FROZEN, None)

@@ -91,7 +91,8 @@ TARGET_SCHEMA: dict[str, Any] = {
                                              "device's partitions, preferred first."},
                 "static_shapes": {"type": "boolean",
                                   "description": "Every tensor of a kernel must have a static "
-                                                 "shape (default false)."},
+                                                 "shape (default false; npu only: the cpu "
+                                                 "host runs what the others refuse)."},
                 "ops": {"const": "onnxruntime",
                         "description": "cpu only: take the kernels of the installed "
                                        "onnxruntime's CPU provider instead of 'engines'."},

@@ -220,10 +220,11 @@ class QuantizeInt8(Pass):
             heads, head_notes = _heads(model, chosen, ctx)
             params, means = self._calibrated(model, chosen, ctx, heads, known) \
                 if chosen.needs_calibration() else ({}, {})
-            if drowned or not guarded(options, form, chosen, ctx):
+            if drowned or not guarded(options, chosen, ctx):
                 break
             drowned = drowned_layers(model, chosen.static, params,
-                                     calibration_data(ctx, model.graph))
+                                     calibration_data(ctx, model.graph), form,
+                                     options.per_channel)
             if not drowned:
                 break
             held.update(kept_float(drowned))

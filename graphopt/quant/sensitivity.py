@@ -24,6 +24,13 @@ copy's error against the energy of the float output: one run of one session per 
 layer is drowned when that ratio passes TOLERATED (15 dB); it stays float, and so do the layers
 that compute its input through that chain, whose one output scale would crush the same
 channels (PaddleOCR's did).
+
+AMCT's form (an NPU target, select.py) quantizes less: one Q/DQ pair on a layer's input, read
+by that layer alone, with the chain before it and the layers computing it left float. So there
+the copy reads its own input through that one pair, a drowned layer stays float alone (no
+upstream output scale crushes anything), and the copy's weight is the one AMCT converts: per
+output channel for a Conv under `per_channel`, one scale per tensor for a Gemm or MatMul,
+which the user cannot change on that form.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from graphopt.ir import Model, Node, Value, to_onnx
 from graphopt.quant.calib_data import CalibrationData
 from graphopt.quant.calibrate import plain_session
 from graphopt.option_names import from_command_line
-from graphopt.quant.qparams import QParams
+from graphopt.quant.qparams import QParams, dequantize_weight, quantize_weight
 
 TOLERATED = 0.03  # error energy over the float output's energy: 15 dB
 MAX_SAMPLES = 8   # the first samples of a large calibration set show a drowned layer
@@ -60,9 +67,11 @@ class Drowned:
 
 
 def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
-                   data: CalibrationData) -> list[Drowned]:
+                   data: CalibrationData, form: str = "onnxruntime",
+                   per_channel: bool = True) -> list[Drowned]:
     """The layers of `static` that their int8 inputs (Q/DQ pairs at `params`, by id of the
-    tensor) drown, over the first MAX_SAMPLES samples of `data`."""
+    tensor) drown, over the first MAX_SAMPLES samples of `data`, in `form` (select.FORMS;
+    `per_channel` as the pass quantizes AMCT's Conv weights)."""
     layers = [n for n in static if n.graph is model.graph and n.outputs[0] is not None]
     if not layers:
         return []
@@ -71,12 +80,15 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
     protos = {n.output[0]: n for n in proto.graph.node if n.output}
     tag = _unused_tag(proto.graph)
     sums, starts = [], []
+    amct = form == "amct"
     for index, layer in enumerate(layers):
-        chain, leaves = _chain(layer.inputs[0], wanted)
+        # AMCT's chain stays float: only the layer's own input passes a Q/DQ pair.
+        chain, leaves = _chain(layer.inputs[0], wanted) if not amct else ([], [layer.inputs[0]])
+        weight = _amct_weight(layer, per_channel) if amct else None
         sums.append(_add_local_copy(proto.graph, protos, layer, f"{tag}{index}", chain, leaves,
-                                    params))
+                                    params, weight))
         starts.append([v.producer for v in leaves if v.producer is not None
-                       and id(v.producer) in wanted])
+                       and id(v.producer) in wanted and not amct])
     session = plain_session(proto)
     del proto
     names = [name for pair in sums for name in pair]
@@ -92,12 +104,23 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
     return found
 
 
-def guarded(options, form: str, chosen, ctx) -> bool:
-    """Whether the guard looks at a plan (`chosen`): on onnxruntime's
-    form, with static layers, calibration data this very model runs on (a shape profile that
-    borrows another's ranges has none), and quant_keep_sensitive on."""
-    return options.quant_keep_sensitive and form == "onnxruntime" and bool(chosen.static) \
+def guarded(options, chosen, ctx) -> bool:
+    """Whether the guard looks at a plan (`chosen`), in either form: with static layers,
+    calibration data this very model runs on (a shape profile that borrows another's ranges
+    has none), and quant_keep_sensitive on."""
+    return options.quant_keep_sensitive and bool(chosen.static) \
         and ctx.calibration_mismatch is None
+
+
+def _amct_weight(layer: Node, per_channel: bool) -> np.ndarray | None:
+    """`layer`'s weight as AMCT's form rounds it (int8.py: _quantize_weights without the
+    bias fitting, which only widens a scale for a huge bias), or None when it has no constant
+    weight."""
+    w = layer.inputs[1].constant() if len(layer.inputs) > 1 and layer.inputs[1] else None
+    if w is None:
+        return None
+    axis = 0 if layer.op_type in ("Conv", "FusedConv") and per_channel else None
+    return dequantize_weight(*quantize_weight(w, axis), axis)
 
 
 _KEPT_DROWNED = ("a layer whose int8 input would drown its output in rounding error "
@@ -164,11 +187,12 @@ def _unused_tag(graph: onnx.GraphProto) -> str:
 
 def _add_local_copy(graph: onnx.GraphProto, protos: dict[str, onnx.NodeProto], layer: Node,
                     tag: str, chain: list[Node], leaves: list[Value],
-                    params: dict[int, QParams]) -> tuple[str, str]:
+                    params: dict[int, QParams], weight: np.ndarray | None = None
+                    ) -> tuple[str, str]:
     """Add to `graph` a copy of `layer` reading its input through a copy of `chain` whose every
-    quantized tensor passes a Q/DQ pair, and the sums (in float64: float32 overflows past 1e19
-    a value) of its error and of the float output's energy; returns their names. `tag` ends
-    every name the copy adds."""
+    quantized tensor passes a Q/DQ pair (and `weight` for its own, when given), and the sums
+    (in float64: float32 overflows past 1e19 a value) of its error and of the float output's
+    energy; returns their names. `tag` ends every name the copy adds."""
     renamed: dict[str, str] = {}
 
     def quantized(value: Value) -> str:
@@ -209,6 +233,9 @@ def _add_local_copy(graph: onnx.GraphProto, protos: dict[str, onnx.NodeProto], l
     out = layer.outputs[0].name
     copy.output[:] = [f"{out}{tag}"] + [""] * (len(copy.output) - 1)
     copy.name = f"{out}{tag}"
+    if weight is not None:
+        graph.initializer.append(onnx.numpy_helper.from_array(weight, f"{out}_weight{tag}"))
+        copy.input[1] = f"{out}_weight{tag}"
     graph.node.append(copy)
     error, energy = f"{out}_error{tag}", f"{out}_energy{tag}"
     double = onnx.TensorProto.DOUBLE

@@ -42,6 +42,8 @@ from graphopt.passes.rules import Rule, RulePass, target_attributes_refuse
 MS = "com.microsoft"
 # The activation parameters, in the order FusedConv's activation_params lists them.
 PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"), "Clip": ("min", "max")}
+# ONNX's defaults of those that are attributes.
+DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
 FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
@@ -93,21 +95,46 @@ class _Fuse(Rule):
     dtypes = (DType.FLOAT,)
 
     def unsupported(self, root, target=None):
-        activation = root.producer.op_type
-        return (super().unsupported(root, target) or runtime_refuses(self.fused, activation)
-                or target_attributes_refuse(target, root, (MS, self.fused),
-                                            {"activation": activation}))
+        act = root.producer
+        refusal = super().unsupported(root, target) or runtime_refuses(self.fused, act.op_type)
+        if refusal:
+            return refusal
+        # A profile may take the fused op with some attribute values only (a FusedConv whose
+        # activation_params are [0.1]): ask about every one the fused node would carry.
+        layer = act.inputs[0].producer if act.inputs and act.inputs[0] is not None else None
+        layer_attrs = {name: a.value for name, a in layer.attrs.items()} \
+            if layer is not None and layer.op_type in ("Conv", "Gemm") else {}
+        attrs = self.attributes(layer_attrs, act.op_type, **_matched_params(act))
+        return target_attributes_refuse(target, root, (MS, self.fused), attrs)
+
+    def attributes(self, layer_attrs: dict, activation: str, **params) -> dict:
+        """The fused node's attributes: the layer's, and the activation with its parameters."""
+        raise NotImplementedError
+
+
+def _matched_params(act) -> dict:
+    """The activation node's parameters, by the names the patterns bind them to."""
+    params = {name: act.attr(name, default)
+              for name, default in DEFAULTS.get(act.op_type, {}).items()}
+    if act.op_type == "Clip":
+        bounds = [act.input(i).constant() if act.input(i) is not None else None for i in (1, 2)]
+        params.update(min=bounds[0], max=bounds[1], min_attr=act.attr("min"),
+                      max_attr=act.attr("max"))
+    return params
 
 
 class _IntoFusedConv(_Fuse):
     fused = "FusedConv"
     emits = ((MS, "FusedConv"),)
 
-    def rewrite(self, op, x, w, conv, b=None, **params):
-        activation = op.root.op_type
-        attrs = dict(conv.attrs, activation=activation)
+    def attributes(self, layer_attrs, activation, **params):
+        attrs = dict(layer_attrs, activation=activation)
         if activation in PARAMS:
             attrs["activation_params"] = activation_params(activation, **params)
+        return attrs
+
+    def rewrite(self, op, x, w, conv, b=None, **params):
+        attrs = self.attributes(conv.attrs, op.root.op_type, **params)
         return op.FusedConv(*((x, w) if b is None else (x, w, b)), _domain=MS, **attrs)
 
 
@@ -120,11 +147,15 @@ class _IntoFusedGemm(_Fuse):
             return "MatMul operands are not both known to be matrices (Gemm takes rank 2 only)"
         return None
 
-    def rewrite(self, op, a, b, gemm=None, c=None, **params):
-        activation = op.root.op_type
-        attrs = dict(gemm.attrs if gemm is not None else {}, activation=activation)
+    def attributes(self, layer_attrs, activation, **params):
+        attrs = dict(layer_attrs, activation=activation)
         values = activation_params(activation, **params)
         attrs.update({f"activation_{n}": v for n, v in zip(PARAMS.get(activation, ()), values)})
+        return attrs
+
+    def rewrite(self, op, a, b, gemm=None, c=None, **params):
+        attrs = self.attributes(gemm.attrs if gemm is not None else {}, op.root.op_type,
+                                **params)
         return op.FusedGemm(*((a, b) if c is None else (a, b, c)), _domain=MS, **attrs)
 
 
@@ -137,11 +168,13 @@ def _gemm(op, a, b, c):
 
 
 def _leaky_relu(op, y):
-    return op.LeakyRelu(y, alpha=Attr("alpha", 0.01))
+    return op.LeakyRelu(y, alpha=Attr("alpha", DEFAULTS["LeakyRelu"]["alpha"]))
 
 
 def _hard_sigmoid(op, y):
-    return op.HardSigmoid(y, alpha=Attr("alpha", 0.2), beta=Attr("beta", 0.5))
+    defaults = DEFAULTS["HardSigmoid"]
+    return op.HardSigmoid(y, alpha=Attr("alpha", defaults["alpha"]),
+                          beta=Attr("beta", defaults["beta"]))
 
 
 def _clip(op, y):
