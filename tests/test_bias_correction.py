@@ -187,7 +187,7 @@ def test_a_float_head_keeps_its_bias_under_too_few_calibration_samples(tmp_path)
                         b2=np.full(8, 0.1, np.float32),
                         w3=rng.standard_normal((10, 8)).astype(np.float32),
                         b3=np.zeros(10, np.float32))
-    for samples, corrected in ((int8.MIN_HEAD_SAMPLES - 1, 0), (int8.MIN_HEAD_SAMPLES, 1)):
+    for samples, corrected in ((int8.MIN_HEAD_VALUES - 1, 0), (int8.MIN_HEAD_VALUES, 1)):
         np.savez(tmp_path / "c.npz", x=rng.uniform(0.0, 2.0, (samples, 1, 16, 12, 12))
                  .astype(np.float32))
         result = graphopt.optimize(proto, pass_options={
@@ -235,3 +235,36 @@ def test_chained_float_layers_are_corrected_in_waves(tmp_path):
                      for x in data], axis=(0, 1, 3, 4))
     # 1e-8 of the output's magnitude in waves; 9e-5 measured once for both.
     assert np.abs(error).max() < 1e-6 * np.abs(numerics.run(proto, {"x": data[0]})["y"]).max()
+
+
+CONV_HEAD = """
+    agraph (float[1, 8, S, S] x) => (float[1, 4, S, S] y) {
+        c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+        r1 = Relu(c1)
+        c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2, b2)
+        r2 = Relu(c2)
+        y = Conv (r2, w3, b3)
+    }"""
+
+
+@pytest.mark.parametrize("size, corrected", [(12, 1), (2, 0)])
+def test_a_float_conv_counts_its_map_positions_as_values(tmp_path, size, corrected):
+    # The last Conv stays float (quant_keep_ends) behind the quantized middle one. Its input
+    # mean runs over every position of its map: one 12x12 sample gives 144 values per
+    # channel, enough (PaddleOCR's detector on 3 images: held-out cosine 0.74 uncorrected,
+    # 0.96 corrected); a 2x2 map gives 4, too few.
+    rng = np.random.default_rng(2)
+    proto = parse_model(CONV_HEAD.replace("S", str(size)),
+                        w1=rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2,
+                        b1=np.full(8, 0.1, np.float32),
+                        w2=rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2,
+                        b2=np.full(8, 0.1, np.float32),
+                        w3=rng.standard_normal((4, 8, 1, 1)).astype(np.float32),
+                        b3=np.zeros(4, np.float32))
+    np.savez(tmp_path / "c.npz", x=rng.uniform(0.0, 2.0, (1, 1, 8, size, size))
+             .astype(np.float32))
+    result = graphopt.optimize(proto, pass_options={
+        "quantize": "int8", "calibration": str(tmp_path / "c.npz")})
+    stats = next(r for r in result.log.records if r.name == "QuantizeInt8").stats
+    assert stats.get("bias correction of a float layer", 0) == corrected
+    assert any("keep their bias" in note for note in result.notes) == (not corrected)
