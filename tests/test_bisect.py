@@ -227,6 +227,19 @@ def test_outputs_off_by_rounding_alone_pass_the_default_rule_as_under_verify(mon
     assert rc == 1 and "culprit pass:    TestBisectNudgeOneWeight" in out
 
 
+def test_open_dims_set_to_1_are_said_as_compare_says_them(tmp_path, capsys):
+    # PaddleOCR's recognizer ran on a 1×1 image and reported "nothing to bisect", unsaid.
+    path = tmp_path / "dyn.onnx"
+    onnx.save(parse_model("g (float[N, S, 8] x) => (float[N, S, 8] y) { y = Relu (x) }"), path)
+    assert bisect(path).inputs == "seeded random inputs (open dims set to 1: x [1,1,8])"
+    rc, out, err = run_cli(capsys, "bisect", path)
+    assert rc == 0, err
+    assert "dyn.onnx at O2, on seeded random inputs (open dims set to 1: x [1,1,8]): " in out
+    # Pinned, or a batch of one only, there is nothing to say.
+    assert bisect(path, input_shapes={"x": [1, 4, 8]}).inputs == "seeded random inputs"
+    assert bisect(path, input_shapes={"x": [-1, 4, 8]}).inputs == "seeded random inputs"
+
+
 def test_outputs_with_no_element_are_said_to_be_uncompared(tmp_path, capsys):
     path = tmp_path / "relu.onnx"
     onnx.save(parse_model("""

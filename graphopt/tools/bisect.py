@@ -225,9 +225,16 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
         if value not in (None, default):
             options[keyword] = os.fspath(value) if keyword == "calibration" else value
     setup = Setup(source, label, level, target, shapes, pass_options=options)
+    arrays = _feeds(source, label, feeds, shapes)
     inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
         else "the given inputs" if feeds is not None else "seeded random inputs"
-    evaluate = _Evaluator(source, _feeds(source, label, feeds, shapes), progress, inputs,
+    if feeds is None:  # a 1×1 image or a one-token sequence says little: say so, as compare does
+        from graphopt.codegen.feeds import typed_inputs
+        from graphopt.tools.compare_run import open_dims_note
+
+        opened = open_dims_note(typed_inputs(source), shapes, arrays)
+        inputs += f" ({opened})" if opened else ""
+    evaluate = _Evaluator(source, arrays, progress, inputs,
                           rounding=rtol is None and atol is None)
 
     full = compile_prefix(setup, None)

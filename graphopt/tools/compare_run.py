@@ -332,15 +332,16 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         raise InputError(f"random inputs made for {reference.label} do not fit {candidate.label}: "
                          f"{exc}; pin the dims with {option('input_shapes', COMPARE_FLAGS)} or "
                          f"pass {option('feeds', COMPARE_FLAGS)}") from None
-    return arrays, f"seeded random (seed {seed}{_open_dims_note(reference, shapes, arrays)})"
+    opened = open_dims_note(reference.inputs, shapes, arrays)
+    return arrays, f"seeded random (seed {seed}{opened and f'; {opened}'})"
 
 
-def _open_dims_note(reference: Side, shapes: dict, arrays: dict) -> str:
-    """"; open dims set to 1: input_ids [1,1]" for the inputs with an open dim beyond the
-    batch (axis 0) that nothing pinned, which random data fills with 1: a sequence of one
-    token says little about attention. A batch of one goes unsaid."""
+def open_dims_note(inputs: list[dict], shapes: dict, arrays: dict) -> str:
+    """"open dims set to 1: input_ids [1,1]" for the `inputs` (signature entries) with an
+    open dim beyond the batch (axis 0) that nothing pinned, which random data fills with 1: a
+    sequence of one token says little about attention. A batch of one goes unsaid."""
     opened = []
-    for entry in reference.inputs:
+    for entry in inputs:
         shape, pins = entry.get("shape"), shapes.get(entry["name"]) or []
         array = arrays.get(entry["name"])
         if shape is None or array is None or not hasattr(array, "shape"):
@@ -353,4 +354,4 @@ def _open_dims_note(reference: Side, shapes: dict, arrays: dict) -> str:
     if not opened:
         return ""
     more = f", +{len(opened) - 3} more" if len(opened) > 3 else ""
-    return f"; open dims set to 1: {', '.join(opened[:3])}{more}"
+    return f"open dims set to 1: {', '.join(opened[:3])}{more}"
