@@ -63,6 +63,31 @@ def path(value, what: str) -> str | None:
     raise OptionError(f"{what}: expected a path (str or os.PathLike), got {shown(value)}")
 
 
+def model(value, what: str, takes: str = "an .onnx path, a ModelProto or its bytes"):
+    """A model argument as a path (str) or a ModelProto: serialized ONNX bytes are parsed, as
+    graphopt.optimize takes them (InputError naming `what` when they are no ONNX model), and
+    anything else is refused, saying what `what` `takes`."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(value, onnx.ModelProto):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(value))
+        except DecodeError as exc:
+            from graphopt.errors import InputError
+
+            raise InputError(f"{what}: the {len(value)} bytes given are not an ONNX model "
+                             f"({exc})") from None
+        return proto
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+        return os.fspath(value)
+    # The type, not the value: a loaded OmSession or a dict of arrays says nothing by its repr.
+    raise OptionError(f"{what}: expected {takes}, not {type(value).__name__}")
+
+
 def mapping(value, what: str) -> dict:
     """A dict of settings (None: empty)."""
     if value is None:

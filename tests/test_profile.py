@@ -282,6 +282,14 @@ def test_bad_options(tiny, options, message):
         profile_model(tiny[0], **options)
 
 
+def test_a_model_as_bytes_is_profiled_and_other_types_named_in_one_line(tiny):
+    # Bytes had been taken for a path: an InputError holding the model's whole repr.
+    assert profile_model(tiny[0].read_bytes(), **RUNS).kernels
+    with pytest.raises(OptionError, match="^path_or_proto: expected an .onnx or .om path, a "
+                                          "ModelProto or an .onnx's bytes, not dict$"):
+        profile_model({"x": 1})
+
+
 def test_cli_text_json_and_trace(tiny, tmp_path, capsys):
     trace = tmp_path / "trace.json"
     rc, out, err = run_cli(capsys, "profile", tiny[1], "--repeat", "2", "--warmup", "1",

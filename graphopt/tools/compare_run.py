@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
-from graphopt import numerics
+from graphopt import api_args, numerics
 from graphopt.codegen.feeds import check_feeds, describe, load_npz, typed_inputs
 from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_manifest import file_sha256
@@ -153,26 +153,31 @@ def _onnx_side(model, label: str, om_too: bool = True) -> Side:
 
 
 def load_reference(model) -> Side:
-    """The reference: an .onnx path, a ModelProto, or a Side this function returned."""
+    """The reference: an .onnx path, a ModelProto or its bytes, or a Side this function
+    returned."""
     if isinstance(model, Side):
         return model
+    model = api_args.model(model, "reference")
     if isinstance(model, onnx.ModelProto):
         return _onnx_side(model, "<reference>")
-    path = os.fspath(model)
+    path = model
     if os.path.isfile(path) and is_om(path):
         raise InputError(f"{path}: the reference must be an .onnx model, not an .om artifact")
     return _onnx_side(None, path, om_too=False)
 
 
 def load_candidate(model) -> Side:
-    """The candidate: an .onnx or .om path, a ModelProto, or a Side this function returned."""
+    """The candidate: an .onnx or .om path, a ModelProto or an .onnx's bytes, or a Side this
+    function returned."""
     from graphopt.codegen.loader import load
 
     if isinstance(model, Side):
         return model
+    model = api_args.model(model, "candidate", "an .onnx or .om path, a ModelProto or an "
+                           ".onnx's bytes (a loaded .om: its path)")
     if isinstance(model, onnx.ModelProto):
         return _deployed(_onnx_side(model, "<candidate>"))
-    path = os.fspath(model)
+    path = model
     if not (path.lower().endswith(".om") or (os.path.isfile(path) and is_om(path))):
         return _deployed(_onnx_side(None, path))
     with kept_notices() as caught:

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from graphopt import api_args
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import check_pins
 from graphopt.ir import Model, load_onnx
@@ -87,13 +88,14 @@ class Profile(ProfileStats):
     trace: list[dict] = field(default_factory=list, repr=False)  # chrome-trace events
 
 
-def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
+def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto | bytes,
                   feeds: Mapping[str, np.ndarray] | str | os.PathLike | None = None, *,
                   repeat: int = DEFAULT_REPEAT, warmup: int = DEFAULT_WARMUP,
                   threads: int | None = None, level: str | None = None,
                   input_shapes: Mapping[str, list[int]] | None = None,
                   calibration: str | os.PathLike | None = None, seed: int = 0) -> Profile:
-    """Run a model `repeat` times after `warmup` untimed runs with onnxruntime's profiler on.
+    """Run a model (an .onnx or .om path, a ModelProto or an .onnx's bytes) `repeat` times
+    after `warmup` untimed runs with onnxruntime's profiler on.
 
     `level` is onnxruntime's graph optimization level (default: what `graphopt run` uses, the
     level each .om partition recorded; "all" for an .onnx). `feeds` is a dict or an .npz path;
@@ -106,8 +108,10 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
     if isinstance(feeds, (str, os.PathLike)):  # its errors name the file, not the model
         feeds = _NamedFeeds(feeds)
     cost, source, notes = _cost_model(calibration)
+    path_or_proto = api_args.model(path_or_proto, "path_or_proto",
+                                   "an .onnx or .om path, a ModelProto or an .onnx's bytes")
     is_proto = isinstance(path_or_proto, onnx.ModelProto)
-    label = "<model>" if is_proto else os.fspath(path_or_proto)
+    label = "<model>" if is_proto else path_or_proto
     if not is_proto:
         if not os.path.exists(label):
             raise InputError(f"{label}: no such file")
