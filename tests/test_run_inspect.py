@@ -546,11 +546,11 @@ def test_inspect_onnx(tmp_path, capsys):
     rc, out, err = cli(capsys, "inspect", path)
     assert rc == 0 and err == ""
     assert "ai.onnx 17" in out and "nodes    6 (6 op types)" in out
-    assert f"2 initializers, {W.nbytes + B.nbytes} B" in out
+    assert f"2 initializers, 1 Constant node tensor(s), {W.nbytes + B.nbytes + 4} B\n" in out
     assert "input   X       float32  [N,4]" in out
     rc, out, err = cli(capsys, "inspect", path, "--json")
     data = json.loads(out)
-    assert data["nodes"] == 6 and data["ops"]["MatMul"] == 1 and data["weight_bytes"] == 60
+    assert data["nodes"] == 6 and data["ops"]["MatMul"] == 1 and data["weight_bytes"] == 64
     assert data["opsets"] == {"ai.onnx": 17} and data["inputs"][0]["shape"] == ["N", 4]
 
 
@@ -569,6 +569,35 @@ def test_inspect_errors(compiled, tmp_path, capsys):
     for path, needles in cases:
         rc, out, err = cli(capsys, "inspect", path)
         assert_clean_error(rc, out, err, *needles)
+
+
+def test_inspect_counts_the_weights_inside_if_branches(tmp_path, capsys):
+    # silero-vad keeps its 2.1 MiB of float weights in If branches: inspect said "0
+    # initializers, 0 B" of the .onnx and "weights i64 8 B" of the .om.
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w_then")
+    then = helper.make_graph([helper.make_node("MatMul", ["X", "w_then"], ["T"])], "then", [],
+                             [_tensor("T", [4, 64])], [weight])
+    other = helper.make_graph([
+        helper.make_node("Constant", [], ["w_else"], value=numpy_helper.from_array(
+            rng.standard_normal((64, 64)).astype(np.float32))),
+        helper.make_node("MatMul", ["X", "w_else"], ["E"])], "else", [], [_tensor("E", [4, 64])])
+    model = _model([helper.make_node("If", ["C"], ["Y"], then_branch=then, else_branch=other)],
+                   [_tensor("C", [], TensorProto.BOOL), _tensor("X", [4, 64])],
+                   [_tensor("Y", [4, 64])])
+    onnx.save(model, tmp_path / "if.onnx")
+    rc, out, err = cli(capsys, "inspect", tmp_path / "if.onnx")
+    assert rc == 0, err
+    assert "weights  1 initializers, 1 Constant node tensor(s), 32.0 KiB (32.0 KiB of it inside " \
+           "If/Loop/Scan bodies)" in out
+    rc, out, err = cli(capsys, "inspect", tmp_path / "if.onnx", "--json")
+    data = json.loads(out)
+    assert (data["initializers"], data["constant_tensors"], data["weight_bytes"],
+            data["nested_weight_bytes"]) == (1, 1, 32768, 32768)
+    rc, _, err = cli(capsys, "optimize", tmp_path / "if.onnx", "-o", tmp_path / "if.om")
+    assert rc == 0, err
+    rc, out, err = cli(capsys, "inspect", tmp_path / "if.om")
+    assert rc == 0 and "(no lossy precision pass); weights f32 32.0 KiB\n" in out, out
 
 
 def test_pass_totals_tolerate_a_free_form_log():
