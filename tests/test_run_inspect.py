@@ -420,6 +420,33 @@ def test_run_dynamic_inputs_need_an_npz(dynamic, npz, capsys):
     assert rc == 0 and "[5,3]" in out
 
 
+def test_run_time_refusals_name_the_om_and_the_inputs_file(tmp_path, capsys):
+    # "input shapes … fit none of …" and "partition 'p0' failed in onnxruntime" named
+    # neither the artifact nor the --inputs file, as run, profile and compare printed them.
+    source = parse_model("g (float[N,2] x) => (float[N,2] y) { y = Relu (x) }")
+    onnx.save(source, tmp_path / "relu.onnx")
+    om = tmp_path / "relu.om"
+    graphopt.save(graphopt.optimize(source, dynamic_dims={"N": [1, 5]}), om)
+    unfit = tmp_path / "three.npz"
+    np.savez(unfit, x=np.ones((3, 2), np.float32))
+    for argv, status in ((["run", om], 1), (["profile", om], 1),
+                         (["compare", tmp_path / "relu.onnx", om], 2)):
+        rc, _, err = cli(capsys, *argv, "--inputs", unfit)
+        assert rc == status and f"error: {om} on --inputs {unfit}: input shapes x[3, 2] fit " \
+                                "none of the model's 2 shape profiles" in err, (argv, err)
+    reshape = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                                [_tensor("x", [2, 3]), _tensor("shape", [2], TensorProto.INT64)],
+                                [_tensor("y", None)])
+    failing = tmp_path / "reshape.om"
+    write_om(failing, [OmPartition("p0", "cpu", helper.make_model(
+        reshape, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))])
+    np.savez(tmp_path / "bad_shape.npz", x=np.ones((2, 3), np.float32),
+             shape=np.array([4, 2], np.int64))
+    rc, _, err = cli(capsys, "run", failing, "--inputs", tmp_path / "bad_shape.npz")
+    assert rc == 1 and f"error: {failing} on --inputs {tmp_path / 'bad_shape.npz'}: partition " \
+                       "'p0' failed in onnxruntime: " in err, err
+
+
 def test_run_bad_inputs(compiled, npz, tmp_path, capsys):
     not_npz = tmp_path / "x.txt"
     not_npz.write_text("1 2 3\n")

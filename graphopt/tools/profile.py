@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt import api_args
-from graphopt.errors import GraphoptError, InputError, OptionError
+from graphopt.errors import GraphoptError, InputError, OptionError, naming
 from graphopt.input_shapes import check_pins
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
@@ -252,12 +252,14 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
         session = OmSession(path, intra_op_num_threads=threads, optimization_level=level,
                             profile_dir=workdir)
     random = feeds is None
+    where = path + (f" on {feeds.label}" if isinstance(feeds, _NamedFeeds) else "")
     signature = _random_signature(session, input_shapes) if random else session.inputs
     feeds = _feeds(signature, feeds, input_shapes, seed, path)
     artifact = session.artifact
     shape_profile = None
     if artifact.profiles:  # the shape profile these feeds run on; the others' sessions idle
-        chosen = session.profile_for(feeds)
+        with naming(where):
+            chosen = session.profile_for(feeds)
         artifact = artifact.profile(chosen)
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
         how = ("the first, which random inputs take as in `graphopt run`"
@@ -268,14 +270,15 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     # The first run also returns every tensor passed between partitions: their shapes pin the
     # partitions' inputs for the cost model. It is dropped like a warmup.
     routed = [t for p in artifact.partitions for t in (*p.inputs, *p.outputs)]
-    values = session.run(feeds, list(dict.fromkeys(routed)))
     skip = max(warmup, 1)
 
     def run():
         return session.run(feeds)
 
-    _timed_runs(run, skip - 1)
-    wall = _timed_runs(run, repeat)
+    with naming(where):
+        values = session.run(feeds, list(dict.fromkeys(routed)))
+        _timed_runs(run, skip - 1)
+        wall = _timed_runs(run, repeat)
     ran = set(artifact.execution_order)
     traces = {name: read_trace(file) for name, file in session.end_profiling().items()
               if file and name in ran}
