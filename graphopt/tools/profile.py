@@ -140,9 +140,9 @@ def _check_options(repeat, warmup, threads, level) -> None:
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise OptionError(f"{_option('warmup')} must be 0 or more, got {warmup!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 0):
-        raise OptionError(f"{_option('threads')} must be 0 (onnxruntime chooses) or more, got "
-                          f"{threads!r}")
+                                or not 0 <= threads <= api_args.THREAD_LIMIT):
+        raise OptionError(f"{_option('threads')} must be 0 (onnxruntime chooses) to "
+                          f"{api_args.THREAD_LIMIT}, got {threads!r}")
     if level is not None and level not in LEVELS:
         raise OptionError(f"{_option('level')} {level!r} is not one of: {', '.join(LEVELS)}")
 
