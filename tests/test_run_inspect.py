@@ -287,6 +287,24 @@ def test_table_aligns_numbers_with_units_to_the_right():
     assert text.splitlines()[:3] == ["     KL  x", "-------  -", "      —  a"]
 
 
+def test_names_made_of_digits_stay_left_aligned(tmp_path, capsys):
+    # Older PyTorch exports name outputs by number (`387`): run and compare right-aligned
+    # such a name under the left-aligned "output"/"tensor" header, as a number.
+    from graphopt.table import format_table
+
+    text = format_table(["tensor", "n"], [["387", 5], ["12", 100]], names={0})
+    assert text.splitlines() == ["tensor    n", "------  ---", "387       5", "12      100"]
+    lines = format_outputs({"387": np.ones(2, np.float32)}).splitlines()
+    assert lines[0].startswith("output  dtype") and lines[2].startswith("387     float32")
+    source = parse_model("g (float[2] x) => (float[2] y) { y = Relu (x) }")
+    source.graph.node[0].output[0] = source.graph.output[0].name = "387"
+    onnx.save(source, tmp_path / "digits.onnx")
+    rc, out, err = cli(capsys, "compare", tmp_path / "digits.onnx", tmp_path / "digits.onnx")
+    assert rc == 0 and "\n387     f32[2]" in out, out
+    rc, out, err = cli(capsys, "inspect", tmp_path / "digits.onnx")
+    assert "\noutput  387     float32  [2]" in out, out
+
+
 def test_table_wraps_its_last_column_to_a_terminal_width_only():
     from graphopt.table import format_table
 

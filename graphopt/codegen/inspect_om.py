@@ -453,7 +453,7 @@ def format_om(artifact: OmArtifact) -> str:
             cell = [f"ids {-rows} to {rows - 1}"] if rows else []
             cell += [f"dim {axis} ≤ {limit}" for axis, limit in entry.get(INDEX_DIMS, ())]
             row.append(", ".join(cell))
-    parts.append(format_table(columns, signature, title="signature"))
+    parts.append(format_table(columns, signature, title="signature", names={1}))
 
     if artifact.profiles:
         parts.append(_format_profiles(artifact))
@@ -482,7 +482,8 @@ def format_om(artifact: OmArtifact) -> str:
                                                    "execution order)"))
 
     routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
-    parts.append(format_table(["tensor", "from", "to"], routing, title=f"routing{default}"))
+    parts.append(format_table(["tensor", "from", "to"], routing, title=f"routing{default}",
+                              names={0}))
 
     parts.append(_format_pass_log(artifact.pass_log))
 

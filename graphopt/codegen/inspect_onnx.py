@@ -130,7 +130,8 @@ def format_onnx(summary: dict) -> str:
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", summary["inputs"]), ("output", summary["outputs"]))
                  for e in entries]
-    parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))
+    parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature",
+                              names={1}))
     ops = sorted(summary["ops"].items(), key=lambda item: (-item[1], item[0]))
     parts.append(format_table(["op type", "count"], [list(item) for item in ops], title="op types"))
     return "\n\n".join(parts)
