@@ -495,6 +495,14 @@ def test_a_loop_body_is_counted_once_in_its_loop(tmp_path):
     assert_consistent(profile)
     assert [k.op_type for k in profile.kernels] == ["Loop"]
     assert profile.matched_share == 1.0
+    # Its time is its body's: not priced as one small kernel, whose 1 µs of overhead made the
+    # advisor call silero-vad's If "bound by per-kernel overhead" (fusion would help).
+    assert profile.kernels[0].predicted_us is None and profile.by_op()[0].bound is None
+    hint = next(h for h in advise(profile) if h.kind == "bottleneck")
+    assert hint.message.startswith("Loop: 100% of kernel time") and hint.numbers["control_flow"]
+    assert hint.message.endswith("; control flow: its time is that of the kernels its branches "
+                                 "or body ran, counted within it, so no per-kernel verdict "
+                                 "applies"), hint.message
 
 
 def test_a_model_onnxruntime_cannot_load_gets_one_line_of_error(tmp_path, capfd):

@@ -21,7 +21,7 @@ from graphopt.numerics import typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
-from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
+from graphopt.tools.profile_trace import CONTROL_FLOW, kernel_events, merge_traces, read_trace
 from graphopt.tuner.cpu_model import CpuCostModel, node_work, op_class
 from graphopt.warning_scope import kept_notices
 
@@ -425,13 +425,18 @@ def _collect(profile: Profile, traces: dict[str, list[dict]], skip: int) -> None
 
 def _price(profile: Profile, cost: CpuCostModel) -> None:
     """The cost model's time and roofline sides for every matched kernel on a host partition
-    (the CPU model prices host nodes only; an NPU partition's stand-in run is not its target)."""
+    (the CPU model prices host nodes only; an NPU partition's stand-in run is not its target).
+    An If, Loop or Scan is not priced: its time is the kernels its bodies ran (kernel_events
+    counts them within it), which the model's cost of the node itself (1 µs of overhead for
+    silero-vad's If around its whole network) does not describe."""
     host = {p.name: {n.name: n for n in profile.models[p.name].graph}
             for p in profile.partitions if p.device == "cpu"}
     for kernel in profile.kernels:
         if kernel.node is None or kernel.partition not in host:
             continue
         node = host[kernel.partition][kernel.node]
+        if node.op_type in CONTROL_FLOW:
+            continue
         c = cost.constants[op_class(node)]
         flops, moved = node_work(node)
         kernel.predicted_us = cost.node_seconds(node) * 1e6
