@@ -87,9 +87,12 @@ def format_result(result) -> str:
         f", on {result.inputs}" if result.inputs else "")
     if not result.found:
         return "\n".join(
-            [f"{head}: the full compile is within {result.judged_by}, nothing to bisect",
+            [f"{head}: the full compile is within {result.judged_by}"
+             + (" but for rounding (see note)" if result.rounding_note else "")
+             + ", nothing to bisect",
              f"1 evaluation: the full compile ({n} rewrite(s) in {result.pass_runs} pass runs)"]
             + ([f"note: {result.rule_note}"] if result.rule_note else [])
+            + ([f"note: {result.rounding_note}"] if result.rounding_note else [])
             + ([f"note: output(s) {', '.join(result.empty_outputs)} hold no element at these "
                 "input shapes: nothing of them was compared"] if result.empty_outputs else []))
     # The search tells n + 1 answers apart: the import itself, or one of the n rewrites.

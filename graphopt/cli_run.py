@@ -7,7 +7,7 @@ import os
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import non_negative_int, positive_int, thread_count
-from graphopt.errors import InputError, OptionError, one_line
+from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
 from graphopt.warning_scope import kept_notices
 
@@ -146,7 +146,9 @@ def _cmd_run(args) -> int:
         except InputError as exc:
             raise InputError(f"--inputs {args.inputs}: {exc}") from None
 
-    outputs, first_seconds = timed(lambda: session.run(feeds))
+    where = args.model + (f" on --inputs {args.inputs}" if args.inputs else "")
+    with naming(where):
+        outputs, first_seconds = timed(lambda: session.run(feeds))
     types = {e["name"]: e["type"] for e in session.outputs if "type" in e}
     # Written before anything is printed: a reader that stops early (`| head`) must not cost it.
     written = _write_outputs(args.outputs, outputs, types) if args.outputs else None
@@ -160,7 +162,8 @@ def _cmd_run(args) -> int:
         print(one_line(f"shape profile {chosen} ({dims_label(dims)}) of "
                        f"{len(session.artifact.profiles)}"))
     if args.repeat is not None:
-        samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
+        with naming(where):
+            samples = time_runs(lambda: session.run(feeds), args.repeat, warmup)
         threads = "onnxruntime's default threads" if not args.threads else f"{args.threads} thread(s)"
         print(f"\nlatency of {args.repeat} run(s) after {warmup} warmup, {threads}")
         print(format_latency(LatencyStats.from_samples(samples)))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from graphopt.api_args import THREAD_LIMIT  # the API's bound on onnxruntime threads
+
 
 def _integer(text: str) -> int:
     try:
@@ -43,10 +45,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
     return value
-
-
-# onnxruntime starts every thread it is asked for: 100000 took 16 GB and ignored SIGTERM.
-THREAD_LIMIT = 1024
 
 
 def thread_count(text: str) -> int:

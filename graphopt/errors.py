@@ -1,5 +1,8 @@
 """User-facing errors: one line that names the file, node, op or option at fault."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class GraphoptError(Exception):
     """An error graphopt reports to the user as one line, with a non-zero exit."""
@@ -67,3 +70,17 @@ def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
             return seen
         seen, hops = seen.__cause__ or seen.__context__, hops + 1
     return None
+
+
+@contextmanager
+def naming(where: str) -> Iterator[None]:
+    """Refusals of a run made while the block runs, led by `where` (the artifact, and the
+    inputs file it ran on), as the other input errors name the file at fault: "input shapes
+    … fit none of the model's shape profiles" and "partition 'p0_cpu' failed in onnxruntime"
+    named neither. An ArtifactError or another subclass says where it is already."""
+    try:
+        yield
+    except GraphoptError as exc:
+        if type(exc) not in (GraphoptError, InputError):
+            raise
+        raise type(exc)(f"{where}: {exc}") from None

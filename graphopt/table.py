@@ -6,6 +6,7 @@ import re
 import shutil
 import sys
 import unicodedata
+from collections.abc import Collection
 
 from graphopt.errors import one_line
 
@@ -14,17 +15,19 @@ MIN_WRAPPED = 12  # the narrowest a text column is wrapped to; a table needing l
 
 
 def format_table(headers: list[str], rows: list[list], title: str | None = None,
-                 width: int | None = None) -> str:
+                 width: int | None = None, names: Collection[int] = ()) -> str:
     """The table as text. `width` (default: the terminal's, when standard output is one)
     wraps the widest text columns of a table that would run past it onto continuation lines
     (a row's cells side by side, line by line); piped output keeps one line per row, for grep
-    and scripts."""
+    and scripts. `names` are the columns of names (tensors, nodes, kernels), left-aligned as
+    text even when every name is digits: older PyTorch exports name outputs `387`."""
     # A cell may hold a name read from a model (any byte): a newline or an escape sequence
     # would break the table or act on the terminal, so control characters are shown escaped.
     cells = [[one_line(str(h)) for h in headers]] + \
         [["" if c is None else one_line(str(c)) for c in row] for row in rows]
     widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [_numeric([r[i] for r in cells[1:]]) for i in range(len(headers))]
+    numeric = [i not in names and _numeric([r[i] for r in cells[1:]])
+               for i in range(len(headers))]
     width = terminal_width() if width is None else width
     if width:
         widths = _fitted(widths, numeric, width)

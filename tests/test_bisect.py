@@ -15,7 +15,7 @@ from helpers import PerturbWeights, parse_model, run_cli
 
 from graphopt import zoo
 from graphopt.compiler import optimize
-from graphopt.ir import format_model, to_onnx
+from graphopt.ir import Tensor, format_model, to_onnx
 from graphopt.numerics import compare, random_feeds, run
 from graphopt.passes import PASSES, FixedPoint, Pass, PassResult, Pipeline, pipelines
 from graphopt.passes.base import anchor_key
@@ -92,6 +92,25 @@ class FlakyGate(Pass):
         if ctx.allows("Flaky", nodes[next(_flaky_runs) % len(nodes)]):
             return PerturbWeights().run(model, ctx)
         return PassResult()
+
+
+class NudgeOneWeight(Pass):
+    """Test-only, off by rounding alone: one element of the Add's constant, 4.5 among values
+    up to 900, moves by 0.01 (1.1e-5 of the largest; past rtol 1e-4 of the element)."""
+
+    name = "TestBisectNudgeOneWeight"
+    description = "move one weight by a rounding's worth at the output's scale"
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        for node in model.graph:
+            value = node.inputs[1]
+            if node.op_type == "Add" and ctx.allows("Nudge", node):
+                array = value.constant().copy()
+                array[0, 100] += 0.01
+                value.const = Tensor(array)
+                result.count("Nudge")
+        return result
 
 
 def _with_pipeline(monkeypatch, steps, *passes) -> None:
@@ -181,6 +200,44 @@ def test_clean_model_has_no_culprit(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "bisect", path, "--target", "ascend310")
     assert rc == 0, err
     assert "tiny.onnx at O2 for target ascend310, on seeded random inputs: " in out
+
+
+def test_outputs_off_by_rounding_alone_pass_the_default_rule_as_under_verify(monkeypatch,
+                                                                             tmp_path, capsys):
+    # PaddleOCR's detector compiled for cpu passed --verify and compare by the rounding
+    # allowance while bisect named LayoutNchwc as the culprit and exited 1.
+    _with_pipeline(monkeypatch, ("InferShapes", NudgeOneWeight.name), NudgeOneWeight)
+    values = np.linspace(-900, 900, 200, dtype=np.float32).reshape(1, 200)
+    path = tmp_path / "add.onnx"
+    onnx.save(parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",
+                          v=values), path)
+    result = bisect(path)
+    assert not result.found and result.total_rewrites == 1
+    assert "within rtol of the output's largest magnitude" in result.rounding_note
+    rc, out, err = run_cli(capsys, "bisect", path)
+    assert rc == 0, out
+    assert "the full compile is within allclose(rtol=0.0001, atol=1e-05) but for rounding " \
+           "(see note), nothing to bisect" in out
+    assert "note: outputs differ from the original" in out
+    assert "evaluation 1: full compile, 1 rewrites in 2 pass runs: ok (rounding alone" in err
+    # Tolerances given apply as given, even at the defaults' values, as compare applies them.
+    strict = bisect(path, rtol=1e-4, atol=1e-5)
+    assert strict.found and strict.rule == "Nudge" and not strict.rounding_note
+    rc, out, _ = run_cli(capsys, "bisect", path, "--rtol", "1e-4", "--atol", "1e-5")
+    assert rc == 1 and "culprit pass:    TestBisectNudgeOneWeight" in out
+
+
+def test_open_dims_set_to_1_are_said_as_compare_says_them(tmp_path, capsys):
+    # PaddleOCR's recognizer ran on a 1×1 image and reported "nothing to bisect", unsaid.
+    path = tmp_path / "dyn.onnx"
+    onnx.save(parse_model("g (float[N, S, 8] x) => (float[N, S, 8] y) { y = Relu (x) }"), path)
+    assert bisect(path).inputs == "seeded random inputs (open dims set to 1: x [1,1,8])"
+    rc, out, err = run_cli(capsys, "bisect", path)
+    assert rc == 0, err
+    assert "dyn.onnx at O2, on seeded random inputs (open dims set to 1: x [1,1,8]): " in out
+    # Pinned, or a batch of one only, there is nothing to say.
+    assert bisect(path, input_shapes={"x": [1, 4, 8]}).inputs == "seeded random inputs"
+    assert bisect(path, input_shapes={"x": [-1, 4, 8]}).inputs == "seeded random inputs"
 
 
 def test_outputs_with_no_element_are_said_to_be_uncompared(tmp_path, capsys):

@@ -58,6 +58,27 @@ def test_optimized_model_passes_with_every_metric(files, capsys):
     assert json.loads(out)["candidate_run"] == "graphopt's .om runtime", err
 
 
+def test_models_as_bytes_are_taken_and_other_types_named_in_one_line(files):
+    # Bytes had been taken for a path: an InputError holding the model's whole repr (7.9 MB
+    # for BERT) or a raw TypeError; None and a loaded OmSession raised TypeErrors.
+    from graphopt import load
+
+    data = files["ref.onnx"].read_bytes()
+    assert compare_models(data, files["model.om"]).passed
+    assert compare_models(files["ref.onnx"], data).passed
+    for reference, candidate, message in (
+            (None, files["model.om"], "^reference: expected an .onnx path, a ModelProto or its "
+                                      "bytes, not NoneType$"),
+            (files["ref.onnx"], load(files["model.om"]),
+             "^candidate: expected .* not OmSession$"),
+            (files["ref.onnx"], 3, "^candidate: .* not int$")):
+        with pytest.raises(OptionError, match=message):
+            compare_models(reference, candidate)
+    with pytest.raises(InputError, match=r"^reference: the 9 bytes given are not an ONNX model "
+                                         r"\([^\n]+\)$"):
+        compare_models(b"\xff garbage", files["model.om"])
+
+
 def test_perturbed_copy_fails_and_names_the_perturbed_node(files, capsys):
     rc, out, _ = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"], "--per-tensor")
     assert rc == 1

@@ -835,6 +835,13 @@ def test_unknown_output_and_bad_options(om_path):
         OmSession(om_path, intra_op_num_threads=-1)
     with pytest.raises(OptionError, match="intra_op_num_threads .* not 1000000000000"):
         OmSession(om_path, intra_op_num_threads=10 ** 12)  # past onnxruntime's C int
+    # Bounded as --threads is: 3000 started 3000 threads, a 1 ms BERT run then took 2 s.
+    with pytest.raises(OptionError, match=r"^intra_op_num_threads must be an integer from 0 to "
+                                          r"1024 \(onnxruntime starts every thread it is asked "
+                                          r"for\), not 3000$"):
+        graphopt.load(om_path, intra_op_num_threads=3000)
+    with pytest.raises(OptionError, match="inter_op_num_threads .* not 1025"):
+        OmSession(om_path, inter_op_num_threads=1025)
     with pytest.raises(OptionError, match="inter_op_num_threads .* not -3"):
         OmSession(om_path, inter_op_num_threads=-3)
     with pytest.raises(OptionError, match="session_config must map .* not str"):

@@ -276,10 +276,19 @@ def test_feeds_and_dynamic_inputs(tmp_path):
     ({"repeat": 0}, "^repeat must be at least 1"),
     ({"warmup": -1}, "^warmup must be 0 or more"),
     ({"threads": -2}, "^threads must be 0"),
+    ({"threads": 3000}, r"^threads must be 0 \(onnxruntime chooses\) to 1024, got 3000$"),
 ])
 def test_bad_options(tiny, options, message):
     with pytest.raises(OptionError, match=message):
         profile_model(tiny[0], **options)
+
+
+def test_a_model_as_bytes_is_profiled_and_other_types_named_in_one_line(tiny):
+    # Bytes had been taken for a path: an InputError holding the model's whole repr.
+    assert profile_model(tiny[0].read_bytes(), **RUNS).kernels
+    with pytest.raises(OptionError, match="^path_or_proto: expected an .onnx or .om path, a "
+                                          "ModelProto or an .onnx's bytes, not dict$"):
+        profile_model({"x": 1})
 
 
 def test_cli_text_json_and_trace(tiny, tmp_path, capsys):
@@ -486,6 +495,14 @@ def test_a_loop_body_is_counted_once_in_its_loop(tmp_path):
     assert_consistent(profile)
     assert [k.op_type for k in profile.kernels] == ["Loop"]
     assert profile.matched_share == 1.0
+    # Its time is its body's: not priced as one small kernel, whose 1 µs of overhead made the
+    # advisor call silero-vad's If "bound by per-kernel overhead" (fusion would help).
+    assert profile.kernels[0].predicted_us is None and profile.by_op()[0].bound is None
+    hint = next(h for h in advise(profile) if h.kind == "bottleneck")
+    assert hint.message.startswith("Loop: 100% of kernel time") and hint.numbers["control_flow"]
+    assert hint.message.endswith("; control flow: its time is that of the kernels its branches "
+                                 "or body ran, counted within it, so no per-kernel verdict "
+                                 "applies"), hint.message
 
 
 def test_a_model_onnxruntime_cannot_load_gets_one_line_of_error(tmp_path, capfd):

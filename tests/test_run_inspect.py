@@ -287,6 +287,24 @@ def test_table_aligns_numbers_with_units_to_the_right():
     assert text.splitlines()[:3] == ["     KL  x", "-------  -", "      —  a"]
 
 
+def test_names_made_of_digits_stay_left_aligned(tmp_path, capsys):
+    # Older PyTorch exports name outputs by number (`387`): run and compare right-aligned
+    # such a name under the left-aligned "output"/"tensor" header, as a number.
+    from graphopt.table import format_table
+
+    text = format_table(["tensor", "n"], [["387", 5], ["12", 100]], names={0})
+    assert text.splitlines() == ["tensor    n", "------  ---", "387       5", "12      100"]
+    lines = format_outputs({"387": np.ones(2, np.float32)}).splitlines()
+    assert lines[0].startswith("output  dtype") and lines[2].startswith("387     float32")
+    source = parse_model("g (float[2] x) => (float[2] y) { y = Relu (x) }")
+    source.graph.node[0].output[0] = source.graph.output[0].name = "387"
+    onnx.save(source, tmp_path / "digits.onnx")
+    rc, out, err = cli(capsys, "compare", tmp_path / "digits.onnx", tmp_path / "digits.onnx")
+    assert rc == 0 and "\n387     f32[2]" in out, out
+    rc, out, err = cli(capsys, "inspect", tmp_path / "digits.onnx")
+    assert "\noutput  387     float32  [2]" in out, out
+
+
 def test_table_wraps_its_last_column_to_a_terminal_width_only():
     from graphopt.table import format_table
 
@@ -420,6 +438,33 @@ def test_run_dynamic_inputs_need_an_npz(dynamic, npz, capsys):
     assert rc == 0 and "[5,3]" in out
 
 
+def test_run_time_refusals_name_the_om_and_the_inputs_file(tmp_path, capsys):
+    # "input shapes … fit none of …" and "partition 'p0' failed in onnxruntime" named
+    # neither the artifact nor the --inputs file, as run, profile and compare printed them.
+    source = parse_model("g (float[N,2] x) => (float[N,2] y) { y = Relu (x) }")
+    onnx.save(source, tmp_path / "relu.onnx")
+    om = tmp_path / "relu.om"
+    graphopt.save(graphopt.optimize(source, dynamic_dims={"N": [1, 5]}), om)
+    unfit = tmp_path / "three.npz"
+    np.savez(unfit, x=np.ones((3, 2), np.float32))
+    for argv, status in ((["run", om], 1), (["profile", om], 1),
+                         (["compare", tmp_path / "relu.onnx", om], 2)):
+        rc, _, err = cli(capsys, *argv, "--inputs", unfit)
+        assert rc == status and f"error: {om} on --inputs {unfit}: input shapes x[3, 2] fit " \
+                                "none of the model's 2 shape profiles" in err, (argv, err)
+    reshape = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                                [_tensor("x", [2, 3]), _tensor("shape", [2], TensorProto.INT64)],
+                                [_tensor("y", None)])
+    failing = tmp_path / "reshape.om"
+    write_om(failing, [OmPartition("p0", "cpu", helper.make_model(
+        reshape, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))])
+    np.savez(tmp_path / "bad_shape.npz", x=np.ones((2, 3), np.float32),
+             shape=np.array([4, 2], np.int64))
+    rc, _, err = cli(capsys, "run", failing, "--inputs", tmp_path / "bad_shape.npz")
+    assert rc == 1 and f"error: {failing} on --inputs {tmp_path / 'bad_shape.npz'}: partition " \
+                       "'p0' failed in onnxruntime: " in err, err
+
+
 def test_run_bad_inputs(compiled, npz, tmp_path, capsys):
     not_npz = tmp_path / "x.txt"
     not_npz.write_text("1 2 3\n")
@@ -546,11 +591,11 @@ def test_inspect_onnx(tmp_path, capsys):
     rc, out, err = cli(capsys, "inspect", path)
     assert rc == 0 and err == ""
     assert "ai.onnx 17" in out and "nodes    6 (6 op types)" in out
-    assert f"2 initializers, {W.nbytes + B.nbytes} B" in out
+    assert f"2 initializers, 1 Constant node tensor(s), {W.nbytes + B.nbytes + 4} B\n" in out
     assert "input   X       float32  [N,4]" in out
     rc, out, err = cli(capsys, "inspect", path, "--json")
     data = json.loads(out)
-    assert data["nodes"] == 6 and data["ops"]["MatMul"] == 1 and data["weight_bytes"] == 60
+    assert data["nodes"] == 6 and data["ops"]["MatMul"] == 1 and data["weight_bytes"] == 64
     assert data["opsets"] == {"ai.onnx": 17} and data["inputs"][0]["shape"] == ["N", 4]
 
 
@@ -569,6 +614,35 @@ def test_inspect_errors(compiled, tmp_path, capsys):
     for path, needles in cases:
         rc, out, err = cli(capsys, "inspect", path)
         assert_clean_error(rc, out, err, *needles)
+
+
+def test_inspect_counts_the_weights_inside_if_branches(tmp_path, capsys):
+    # silero-vad keeps its 2.1 MiB of float weights in If branches: inspect said "0
+    # initializers, 0 B" of the .onnx and "weights i64 8 B" of the .om.
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w_then")
+    then = helper.make_graph([helper.make_node("MatMul", ["X", "w_then"], ["T"])], "then", [],
+                             [_tensor("T", [4, 64])], [weight])
+    other = helper.make_graph([
+        helper.make_node("Constant", [], ["w_else"], value=numpy_helper.from_array(
+            rng.standard_normal((64, 64)).astype(np.float32))),
+        helper.make_node("MatMul", ["X", "w_else"], ["E"])], "else", [], [_tensor("E", [4, 64])])
+    model = _model([helper.make_node("If", ["C"], ["Y"], then_branch=then, else_branch=other)],
+                   [_tensor("C", [], TensorProto.BOOL), _tensor("X", [4, 64])],
+                   [_tensor("Y", [4, 64])])
+    onnx.save(model, tmp_path / "if.onnx")
+    rc, out, err = cli(capsys, "inspect", tmp_path / "if.onnx")
+    assert rc == 0, err
+    assert "weights  1 initializers, 1 Constant node tensor(s), 32.0 KiB (32.0 KiB of it inside " \
+           "If/Loop/Scan bodies)" in out
+    rc, out, err = cli(capsys, "inspect", tmp_path / "if.onnx", "--json")
+    data = json.loads(out)
+    assert (data["initializers"], data["constant_tensors"], data["weight_bytes"],
+            data["nested_weight_bytes"]) == (1, 1, 32768, 32768)
+    rc, _, err = cli(capsys, "optimize", tmp_path / "if.onnx", "-o", tmp_path / "if.om")
+    assert rc == 0, err
+    rc, out, err = cli(capsys, "inspect", tmp_path / "if.om")
+    assert rc == 0 and "(no lossy precision pass); weights f32 32.0 KiB\n" in out, out
 
 
 def test_pass_totals_tolerate_a_free_form_log():

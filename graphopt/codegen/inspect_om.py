@@ -35,6 +35,29 @@ def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                 yield from _all_nodes(sub)
 
 
+def weight_tensors(graph: onnx.GraphProto, nested: bool = False
+                   ) -> Iterator[tuple[onnx.TensorProto, bool, bool]]:
+    """(tensor, from a Constant node, inside an If/Loop/Scan body) for every weight `graph`
+    holds: its initializers (a sparse one's values) and its Constant nodes' tensors, nested
+    graphs included. An export may keep all of its weights in branches (silero-vad's 2.1 MiB
+    in If branches, as initializers or as Constant nodes): the top level alone showed 8 B."""
+    for init in graph.initializer:
+        yield init, False, nested
+    for sparse in graph.sparse_initializer:
+        yield sparse.values, False, nested
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                if attr.HasField("t"):
+                    yield attr.t, True, nested
+                elif attr.HasField("sparse_tensor"):
+                    yield attr.sparse_tensor.values, True, nested
+            if attr.HasField("g"):
+                yield from weight_tensors(attr.g, True)
+            for sub in attr.graphs:
+                yield from weight_tensors(sub, True)
+
+
 def op_counts(model: onnx.ModelProto) -> Counter:
     """Nodes per op type, nested graphs included; `domain::Op` outside the default domain (as
     `graphopt optimize`'s summary names them)."""
@@ -163,16 +186,17 @@ def _extra_line(name: str, value: Any) -> str:
 
 
 def weight_bytes_by_dtype(artifact: OmArtifact) -> Counter:
-    """Bytes of the partitions' initializers per element type (`f32`, `i8`, `u4`…), read
-    from their declared dims (no weight data is read); shape profiles share theirs."""
+    """Bytes of the partitions' weights per element type (`f32`, `i8`, `u4`…): initializers
+    and Constant nodes' tensors, in If/Loop/Scan bodies too, read from their declared dims (no
+    weight data is read); shape profiles share theirs."""
     totals: Counter = Counter()
     seen: set[tuple] = set()
     for name, model in artifact.models.items():
-        for init in model.graph.initializer:
+        for index, (init, _, _) in enumerate(weight_tensors(model.graph)):
             # A profile's partitions (`profile1.p0_cpu`) point into the default's blob.
             where = {e.key: e.value for e in init.external_data}
             key = ((where.get("location"), where.get("offset")) if "location" in where
-                   else (name, init.name))
+                   else (name, index))
             if key in seen:
                 continue
             seen.add(key)
@@ -429,7 +453,7 @@ def format_om(artifact: OmArtifact) -> str:
             cell = [f"ids {-rows} to {rows - 1}"] if rows else []
             cell += [f"dim {axis} ≤ {limit}" for axis, limit in entry.get(INDEX_DIMS, ())]
             row.append(", ".join(cell))
-    parts.append(format_table(columns, signature, title="signature"))
+    parts.append(format_table(columns, signature, title="signature", names={1}))
 
     if artifact.profiles:
         parts.append(_format_profiles(artifact))
@@ -458,7 +482,8 @@ def format_om(artifact: OmArtifact) -> str:
                                                    "execution order)"))
 
     routing = [[e["tensor"], e["from"] or "(caller)", e["to"] or "(caller)"] for e in m["routing"]]
-    parts.append(format_table(["tensor", "from", "to"], routing, title=f"routing{default}"))
+    parts.append(format_table(["tensor", "from", "to"], routing, title=f"routing{default}",
+                              names={0}))
 
     parts.append(_format_pass_log(artifact.pass_log))
 

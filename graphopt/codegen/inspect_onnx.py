@@ -11,7 +11,8 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from graphopt.codegen.feeds import typed_entry, typed_inputs
-from graphopt.codegen.inspect_om import format_bytes, op_counts, signature_cells
+from graphopt.codegen.inspect_om import (format_bytes, op_counts, signature_cells,
+                                         weight_tensors)
 from graphopt.errors import InputError
 from graphopt.ir.onnx_io import check_looks_like_model
 from graphopt.table import format_table
@@ -66,7 +67,8 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
 
 def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
     """`graphopt inspect model.onnx --json`: signature, opsets, node and op counts, weights."""
-    weights = list(model.graph.initializer) + [s.values for s in model.graph.sparse_initializer]
+    held = list(weight_tensors(model.graph))
+    weights = [tensor for tensor, _, _ in held]
     counts = op_counts(model)
     for info in (*model.graph.input, *model.graph.output):
         try:
@@ -83,8 +85,10 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
         "outputs": [typed_entry(vi) for vi in model.graph.output],
         "nodes": sum(counts.values()),
         "ops": dict(sorted(counts.items())),
-        "initializers": len(weights),
-        "weight_bytes": sum(_tensor_bytes(t) for t in weights),
+        "initializers": sum(not constant for _, constant, _ in held),  # nested ones too
+        "constant_tensors": sum(constant for _, constant, _ in held),  # of Constant nodes
+        "weight_bytes": sum(_tensor_bytes(t) for t in weights),  # of both
+        "nested_weight_bytes": sum(_tensor_bytes(t) for t, _, nested in held if nested),
         "external_data": any(t.data_location == TensorProto.EXTERNAL for t in weights),
         # Files the weights point to that are not beside the model: inspect reads dims only,
         # but the model will not load (compare, diff and optimize refuse it).
@@ -101,7 +105,13 @@ def _missing_external_files(weights, path: str) -> list[str]:
 
 def format_onnx(summary: dict) -> str:
     """The describe_onnx summary for a person."""
-    weights = f"{summary['initializers']} initializers, {format_bytes(summary['weight_bytes'])}"
+    constants = summary.get("constant_tensors", 0)
+    weights = f"{summary['initializers']} initializers, " + (
+        f"{constants} Constant node tensor(s), " if constants else "") + \
+        format_bytes(summary["weight_bytes"])
+    nested = summary.get("nested_weight_bytes", 0)
+    if nested:
+        weights += f" ({format_bytes(nested)} of it inside If/Loop/Scan bodies)"
     if summary["external_data"]:
         weights += " (some in external data)"
     missing = summary.get("missing_external_files")
@@ -120,7 +130,8 @@ def format_onnx(summary: dict) -> str:
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", summary["inputs"]), ("output", summary["outputs"]))
                  for e in entries]
-    parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature"))
+    parts.append(format_table(["role", "tensor", "dtype", "shape"], signature, title="signature",
+                              names={1}))
     ops = sorted(summary["ops"].items(), key=lambda item: (-item[1], item[0]))
     parts.append(format_table(["op type", "count"], [list(item) for item in ops], title="op types"))
     return "\n\n".join(parts)

@@ -150,4 +150,5 @@ def format_outputs(outputs: Mapping[str, Any], types: Mapping[str, str] | None =
     for name, value in outputs.items():
         rows.append([name, _dtype_cell(value, (types or {}).get(name)), _shape_cell(value),
                      *_stats(_numbers(value))])
-    return format_table(["output", "dtype", "shape", "min", "max", "mean", "nan/inf"], rows)
+    return format_table(["output", "dtype", "shape", "min", "max", "mean", "nan/inf"], rows,
+                        names={0})

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import onnxruntime as ort
 
-from graphopt.api_args import is_integer
+from graphopt.api_args import THREAD_LIMIT, is_integer
 from graphopt.codegen import om_refs
 from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
                                     shared_dim_clash, shared_dims, typed_entry)
@@ -163,9 +163,11 @@ def _session_options(intra_op_num_threads: int | None, optimization_level: str,
         )
     for name, threads in (("intra_op_num_threads", intra_op_num_threads),
                           ("inter_op_num_threads", inter_op_num_threads)):
-        # onnxruntime stores a thread count as a C int.
-        if threads is not None and (not is_integer(threads) or not 0 <= threads < 2 ** 31):
-            raise OptionError(f"{name} must be an integer from 0 to 2**31 - 1, not {threads!r}")
+        # Bounded as --threads is (api_args.THREAD_LIMIT): onnxruntime starts every thread.
+        if threads is not None and (not is_integer(threads)
+                                    or not 0 <= threads <= THREAD_LIMIT):
+            raise OptionError(f"{name} must be an integer from 0 to {THREAD_LIMIT} (onnxruntime "
+                              f"starts every thread it is asked for), not {threads!r}")
     if session_config is not None and not (isinstance(session_config, Mapping) and all(
             isinstance(key, str) for key in session_config)):
         raise OptionError("session_config must map onnxruntime config keys (strings) to values, "

@@ -99,7 +99,8 @@ class AccuracyReport:
         # The other columns only where some output has one (top-1 not for a detector's).
         kept = [i for i in range(len(headers)) if i < 4 or any(r[i] for r in rows)]
         headers, rows = [headers[i] for i in kept], [[r[i] for i in kept] for r in rows]
-        table = format_table(headers, rows, title=f"accuracy vs {self.reference} on {self.inputs}")
+        table = format_table(headers, rows, title=f"accuracy vs {self.reference} on {self.inputs}",
+                             names={0})
         return "\n".join([table, *(f"warning: {w}" for w in self.warnings)])
 
 

@@ -20,6 +20,7 @@ from graphopt.errors import one_line
 from graphopt.ir import Model, Node, Value
 from graphopt.tools.profile import Profile
 from graphopt.tools.profile_match import EXACT
+from graphopt.tools.profile_trace import CONTROL_FLOW
 
 BOTTLENECK_SHARE = 0.10   # an op type at or above this share of kernel time is a bottleneck
 MAX_BOTTLENECKS = 3
@@ -81,7 +82,11 @@ def _bottlenecks(profile: Profile, min_share: float) -> list[Hint]:
                 f"{row.kernels} kernel(s)")
         numbers = {"op": row.op_type, "share": share, "us_per_run": per_run,
                    "kernels": row.kernels, "bound": row.bound}
-        if row.bound is not None:
+        if row.op_type in CONTROL_FLOW:  # no kernel of its own to speed up or fuse
+            text += ("; control flow: its time is that of the kernels its branches or body "
+                     "ran, counted within it, so no per-kernel verdict applies")
+            numbers["control_flow"] = True
+        elif row.bound is not None:
             numbers.update(compute_us=row.compute_us, memory_us=row.memory_us,
                            predicted_us=row.predicted_us)
             sides = (f"roofline compute {row.compute_us:.1f} µs vs memory {row.memory_us:.1f} µs "

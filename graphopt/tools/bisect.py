@@ -27,6 +27,7 @@ from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import BISECT_FLAGS, option, setting, usage
+from graphopt.rounding import within_rounding
 from graphopt.tools.accuracy_rule import accuracy_rule, below_cosine
 from graphopt.tools.rule_text import rule_text
 from graphopt.tools.bisect_compile import (
@@ -75,6 +76,8 @@ class BisectResult:
     inputs: str = ""             # what the outputs were compared on
     judged_by: str = ""          # the rule: "allclose(rtol=…, atol=…)" or "cosine >= …"
     rule_note: str = ""          # why the rule is cosine when none was given (a lossy compile)
+    rounding_note: str = ""      # the full compile passed the default rule by rounding alone:
+                                 # which allowance it met (rounding.within_rounding)
     empty_outputs: list[str] = field(default_factory=list)  # outputs holding no element, which
                                                             # no rule can fail
 
@@ -86,9 +89,13 @@ class _Evaluator:
     """Runs compiled models against the original's outputs, counting and reporting each run."""
 
     def __init__(self, reference: ModelProto, feeds: dict, progress: Callable[[str], None],
-                 inputs: str = "seeded random inputs"):
-        self.feeds, self.progress = feeds, progress
+                 inputs: str = "seeded random inputs", rounding: bool = True):
+        self.reference, self.feeds, self.progress = reference, feeds, progress
         self.judge = {"rtol": DEFAULT_RTOL, "atol": DEFAULT_ATOL, "min_cosine": None}
+        # Outputs off by rounding alone pass, as under --verify and compare (rounding.py);
+        # False where the user gave tolerances, which apply as given.
+        self.rounding = rounding
+        self.rounding_note: str | None = None  # of the last evaluation that passed by it
         self.count = 0
         try:
             self.expected = numerics.run(reference, feeds)
@@ -99,6 +106,7 @@ class _Evaluator:
     def __call__(self, compiled: Compiled, what: str) -> str | None:
         """How `compiled`'s outputs break tolerance, or None when they do not."""
         self.count += 1
+        self.rounding_note = None
         from graphopt.compiler import not_runnable_here
 
         proto = to_onnx(compiled.model)
@@ -114,13 +122,25 @@ class _Evaluator:
             if judge["min_cosine"] is not None:
                 mismatches = below_cosine(self.expected, actual, judge)
             else:
-                mismatches = numerics.compare(self.expected, actual, judge["rtol"],
-                                              judge["atol"])
+                mismatches = self._beyond_rounding(actual, judge)
             problem = "; ".join(str(m) for m in mismatches[:3]) or None
-        verdict = "ok" if problem is None else f"outputs differ: {problem}"
+        verdict = ("ok" + (" (rounding alone, see note)" if self.rounding_note else "")
+                   if problem is None else f"outputs differ: {problem}")
         self.progress(one_line(f"bisect: evaluation {self.count}: {what}: {verdict}"))
         return problem
 
+    def _beyond_rounding(self, actual: dict, judge: dict) -> list:
+        """The outputs outside rtol/atol, none when rounding explains them all (as --verify's
+        compiler._beyond_rounding judges; the note says which allowance they met)."""
+        mismatches = numerics.compare(self.expected, actual, judge["rtol"], judge["atol"])
+        if not mismatches or not self.rounding or set(self.expected) - set(actual):
+            return mismatches
+        failing = [name for name, reference in self.expected.items()
+                   if numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
+                                       judge["atol"])]
+        self.rounding_note = within_rounding(self.reference, self.feeds, self.expected, actual,
+                                             failing, judge)
+        return [] if self.rounding_note else mismatches
 
 
 def _load(model) -> tuple[ModelProto, str]:
@@ -182,7 +202,9 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
     `precision`, `quantize`, `calibration` and `pass_options` compile as optimize's do. The
     outputs break when they fail allclose(`rtol`, `atol`) (1e-4, 1e-5) or, given `min_cosine`,
     a cosine below it; a compile a lossy precision pass changed is judged by cosine when no
-    rule is given, as `graphopt compare` judges it."""
+    rule is given, as `graphopt compare` judges it. With neither `rtol` nor `atol` given,
+    outputs off by rounding alone do not break, as under --verify and compare
+    (rounding.within_rounding); tolerances given apply as given."""
     progress = progress or (lambda line: None)
     if min_cosine is not None and (rtol is not None or atol is not None):
         raise OptionError(f"{option('min_cosine', BISECT_FLAGS)} replaces the "
@@ -203,9 +225,17 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
         if value not in (None, default):
             options[keyword] = os.fspath(value) if keyword == "calibration" else value
     setup = Setup(source, label, level, target, shapes, pass_options=options)
+    arrays = _feeds(source, label, feeds, shapes)
     inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
         else "the given inputs" if feeds is not None else "seeded random inputs"
-    evaluate = _Evaluator(source, _feeds(source, label, feeds, shapes), progress, inputs)
+    if feeds is None:  # a 1×1 image or a one-token sequence says little: say so, as compare does
+        from graphopt.codegen.feeds import typed_inputs
+        from graphopt.tools.compare_run import open_dims_note
+
+        opened = open_dims_note(typed_inputs(source), shapes, arrays)
+        inputs += f" ({opened})" if opened else ""
+    evaluate = _Evaluator(source, arrays, progress, inputs,
+                          rounding=rtol is None and atol is None)
 
     full = compile_prefix(setup, None)
     calls = full.calls
@@ -220,6 +250,7 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
     problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass runs")
     if problem is None:
         result.evaluations = evaluate.count
+        result.rounding_note = evaluate.rounding_note or ""
         empty = [name for name, value in evaluate.expected.items()
                  if isinstance(value, np.ndarray) and value.size == 0]
         if empty:  # "within tolerance" over no element says nothing: say so

@@ -27,6 +27,7 @@ broke. A shared name whose shapes differ (a layout change, say) is skipped and c
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -35,10 +36,10 @@ import numpy as np
 import onnx
 
 from graphopt.codegen.feeds import output_label, proto_type, type_label
-from graphopt.errors import GraphoptError, OptionError
+from graphopt.errors import GraphoptError, OptionError, naming
 from graphopt.ir.dtypes import DType
 from graphopt.numerics import Mismatch, paired, random_inputs_hint, widened
-from graphopt.option_names import COMPARE_FLAGS, option
+from graphopt.option_names import COMPARE_FLAGS, option, setting
 from graphopt.rounding import within_rounding
 from graphopt.tools import metrics
 from graphopt.tools.compare_run import (
@@ -318,7 +319,11 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         report.notes.append(other_source)
     outputs = set(ref_side.outputs) | set(cand_side.outputs)
     shared = []
-    cand_tensors = cand_side.tensors_for(arrays)  # an .om: of the shape profile the feeds run
+    # The .om's refusals of these feeds (no shape profile fits, a partition fails) name it.
+    candidate_run = cand_side.label + (f" on {setting('feeds', feeds, COMPARE_FLAGS)}"
+                                       if isinstance(feeds, (str, os.PathLike)) else "")
+    with naming(candidate_run):
+        cand_tensors = cand_side.tensors_for(arrays)  # an .om: of the profile the feeds run
     ran = cand_side.profile_note(arrays)
     if ran:
         report.notes.append(ran)
@@ -335,7 +340,8 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
                                       reason=str(exc))
             raise GraphoptError(f"{exc}{hint}") from None
         raise
-    cand_values = cand_side.run(arrays, names)
+    with naming(candidate_run):
+        cand_values = cand_side.run(arrays, names)
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]
 
     judge = {"rtol": rtol, "atol": atol, "min_cosine": min_cosine}

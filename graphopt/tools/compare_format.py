@@ -56,8 +56,8 @@ def _table(rows: list[Row], title: str, names: list[str], min_cosine: float | No
         for c in cells:
             c[column] = c[column].rjust(width)
     if not any(r.note for r in rows):  # an empty last column would only widen the table
-        return format_table(names[:-1], [c[:-1] for c in cells], title=title)
-    return format_table(names, cells, title=title)
+        return format_table(names[:-1], [c[:-1] for c in cells], title=title, names={0})
+    return format_table(names, cells, title=title, names={0})
 
 
 def format_report(report: CompareReport) -> str:

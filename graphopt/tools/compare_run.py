@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
-from graphopt import numerics
+from graphopt import api_args, numerics
 from graphopt.codegen.feeds import check_feeds, describe, load_npz, typed_inputs
 from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_manifest import file_sha256
@@ -153,26 +153,31 @@ def _onnx_side(model, label: str, om_too: bool = True) -> Side:
 
 
 def load_reference(model) -> Side:
-    """The reference: an .onnx path, a ModelProto, or a Side this function returned."""
+    """The reference: an .onnx path, a ModelProto or its bytes, or a Side this function
+    returned."""
     if isinstance(model, Side):
         return model
+    model = api_args.model(model, "reference")
     if isinstance(model, onnx.ModelProto):
         return _onnx_side(model, "<reference>")
-    path = os.fspath(model)
+    path = model
     if os.path.isfile(path) and is_om(path):
         raise InputError(f"{path}: the reference must be an .onnx model, not an .om artifact")
     return _onnx_side(None, path, om_too=False)
 
 
 def load_candidate(model) -> Side:
-    """The candidate: an .onnx or .om path, a ModelProto, or a Side this function returned."""
+    """The candidate: an .onnx or .om path, a ModelProto or an .onnx's bytes, or a Side this
+    function returned."""
     from graphopt.codegen.loader import load
 
     if isinstance(model, Side):
         return model
+    model = api_args.model(model, "candidate", "an .onnx or .om path, a ModelProto or an "
+                           ".onnx's bytes (a loaded .om: its path)")
     if isinstance(model, onnx.ModelProto):
         return _deployed(_onnx_side(model, "<candidate>"))
-    path = os.fspath(model)
+    path = model
     if not (path.lower().endswith(".om") or (os.path.isfile(path) and is_om(path))):
         return _deployed(_onnx_side(None, path))
     with kept_notices() as caught:
@@ -332,15 +337,16 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         raise InputError(f"random inputs made for {reference.label} do not fit {candidate.label}: "
                          f"{exc}; pin the dims with {option('input_shapes', COMPARE_FLAGS)} or "
                          f"pass {option('feeds', COMPARE_FLAGS)}") from None
-    return arrays, f"seeded random (seed {seed}{_open_dims_note(reference, shapes, arrays)})"
+    opened = open_dims_note(reference.inputs, shapes, arrays)
+    return arrays, f"seeded random (seed {seed}{opened and f'; {opened}'})"
 
 
-def _open_dims_note(reference: Side, shapes: dict, arrays: dict) -> str:
-    """"; open dims set to 1: input_ids [1,1]" for the inputs with an open dim beyond the
-    batch (axis 0) that nothing pinned, which random data fills with 1: a sequence of one
-    token says little about attention. A batch of one goes unsaid."""
+def open_dims_note(inputs: list[dict], shapes: dict, arrays: dict) -> str:
+    """"open dims set to 1: input_ids [1,1]" for the `inputs` (signature entries) with an
+    open dim beyond the batch (axis 0) that nothing pinned, which random data fills with 1: a
+    sequence of one token says little about attention. A batch of one goes unsaid."""
     opened = []
-    for entry in reference.inputs:
+    for entry in inputs:
         shape, pins = entry.get("shape"), shapes.get(entry["name"]) or []
         array = arrays.get(entry["name"])
         if shape is None or array is None or not hasattr(array, "shape"):
@@ -353,4 +359,4 @@ def _open_dims_note(reference: Side, shapes: dict, arrays: dict) -> str:
     if not opened:
         return ""
     more = f", +{len(opened) - 3} more" if len(opened) > 3 else ""
-    return f"; open dims set to 1: {', '.join(opened[:3])}{more}"
+    return f"open dims set to 1: {', '.join(opened[:3])}{more}"

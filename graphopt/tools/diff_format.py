@@ -45,7 +45,7 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
                      f"{len(diff.initializers_changed)} changed")]
         out.extend("  " + line for line in format_table(
             ["initializer", "change", "type"],
-            [list(row) for row in _head(inits, limit)]).splitlines())
+            [list(row) for row in _head(inits, limit)], names={0}).splitlines())
         out.extend(_more(inits, limit))
 
     for title, column, changes in (("graph inputs/outputs", "value", diff.io_changed),
@@ -55,7 +55,7 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
             out.extend("  " + line for line in format_table(
                 [column, "A", "B"],
                 [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
-                 for v in changes]).splitlines())
+                 for v in changes], names={0}).splitlines())
 
     if diff.functions_changed:
         out += ["", f"model-local functions ({len(diff.functions_changed)}):"]

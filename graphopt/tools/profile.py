@@ -13,14 +13,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from graphopt.errors import GraphoptError, InputError, OptionError
+from graphopt import api_args
+from graphopt.errors import GraphoptError, InputError, OptionError, naming
 from graphopt.input_shapes import check_pins
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
-from graphopt.tools.profile_trace import kernel_events, merge_traces, read_trace
+from graphopt.tools.profile_trace import CONTROL_FLOW, kernel_events, merge_traces, read_trace
 from graphopt.tuner.cpu_model import CpuCostModel, node_work, op_class
 from graphopt.warning_scope import kept_notices
 
@@ -87,13 +88,14 @@ class Profile(ProfileStats):
     trace: list[dict] = field(default_factory=list, repr=False)  # chrome-trace events
 
 
-def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
+def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto | bytes,
                   feeds: Mapping[str, np.ndarray] | str | os.PathLike | None = None, *,
                   repeat: int = DEFAULT_REPEAT, warmup: int = DEFAULT_WARMUP,
                   threads: int | None = None, level: str | None = None,
                   input_shapes: Mapping[str, list[int]] | None = None,
                   calibration: str | os.PathLike | None = None, seed: int = 0) -> Profile:
-    """Run a model `repeat` times after `warmup` untimed runs with onnxruntime's profiler on.
+    """Run a model (an .onnx or .om path, a ModelProto or an .onnx's bytes) `repeat` times
+    after `warmup` untimed runs with onnxruntime's profiler on.
 
     `level` is onnxruntime's graph optimization level (default: what `graphopt run` uses, the
     level each .om partition recorded; "all" for an .onnx). `feeds` is a dict or an .npz path;
@@ -106,8 +108,10 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto,
     if isinstance(feeds, (str, os.PathLike)):  # its errors name the file, not the model
         feeds = _NamedFeeds(feeds)
     cost, source, notes = _cost_model(calibration)
+    path_or_proto = api_args.model(path_or_proto, "path_or_proto",
+                                   "an .onnx or .om path, a ModelProto or an .onnx's bytes")
     is_proto = isinstance(path_or_proto, onnx.ModelProto)
-    label = "<model>" if is_proto else os.fspath(path_or_proto)
+    label = "<model>" if is_proto else path_or_proto
     if not is_proto:
         if not os.path.exists(label):
             raise InputError(f"{label}: no such file")
@@ -136,9 +140,9 @@ def _check_options(repeat, warmup, threads, level) -> None:
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise OptionError(f"{_option('warmup')} must be 0 or more, got {warmup!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 0):
-        raise OptionError(f"{_option('threads')} must be 0 (onnxruntime chooses) or more, got "
-                          f"{threads!r}")
+                                or not 0 <= threads <= api_args.THREAD_LIMIT):
+        raise OptionError(f"{_option('threads')} must be 0 (onnxruntime chooses) to "
+                          f"{api_args.THREAD_LIMIT}, got {threads!r}")
     if level is not None and level not in LEVELS:
         raise OptionError(f"{_option('level')} {level!r} is not one of: {', '.join(LEVELS)}")
 
@@ -248,12 +252,14 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
         session = OmSession(path, intra_op_num_threads=threads, optimization_level=level,
                             profile_dir=workdir)
     random = feeds is None
+    where = path + (f" on {feeds.label}" if isinstance(feeds, _NamedFeeds) else "")
     signature = _random_signature(session, input_shapes) if random else session.inputs
     feeds = _feeds(signature, feeds, input_shapes, seed, path)
     artifact = session.artifact
     shape_profile = None
     if artifact.profiles:  # the shape profile these feeds run on; the others' sessions idle
-        chosen = session.profile_for(feeds)
+        with naming(where):
+            chosen = session.profile_for(feeds)
         artifact = artifact.profile(chosen)
         dims = next(p["dims"] for p in session.profiles if p["name"] == chosen)
         how = ("the first, which random inputs take as in `graphopt run`"
@@ -264,14 +270,15 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     # The first run also returns every tensor passed between partitions: their shapes pin the
     # partitions' inputs for the cost model. It is dropped like a warmup.
     routed = [t for p in artifact.partitions for t in (*p.inputs, *p.outputs)]
-    values = session.run(feeds, list(dict.fromkeys(routed)))
     skip = max(warmup, 1)
 
     def run():
         return session.run(feeds)
 
-    _timed_runs(run, skip - 1)
-    wall = _timed_runs(run, repeat)
+    with naming(where):
+        values = session.run(feeds, list(dict.fromkeys(routed)))
+        _timed_runs(run, skip - 1)
+        wall = _timed_runs(run, repeat)
     ran = set(artifact.execution_order)
     traces = {name: read_trace(file) for name, file in session.end_profiling().items()
               if file and name in ran}
@@ -418,13 +425,18 @@ def _collect(profile: Profile, traces: dict[str, list[dict]], skip: int) -> None
 
 def _price(profile: Profile, cost: CpuCostModel) -> None:
     """The cost model's time and roofline sides for every matched kernel on a host partition
-    (the CPU model prices host nodes only; an NPU partition's stand-in run is not its target)."""
+    (the CPU model prices host nodes only; an NPU partition's stand-in run is not its target).
+    An If, Loop or Scan is not priced: its time is the kernels its bodies ran (kernel_events
+    counts them within it), which the model's cost of the node itself (1 µs of overhead for
+    silero-vad's If around its whole network) does not describe."""
     host = {p.name: {n.name: n for n in profile.models[p.name].graph}
             for p in profile.partitions if p.device == "cpu"}
     for kernel in profile.kernels:
         if kernel.node is None or kernel.partition not in host:
             continue
         node = host[kernel.partition][kernel.node]
+        if node.op_type in CONTROL_FLOW:
+            continue
         c = cost.constants[op_class(node)]
         flops, moved = node_work(node)
         kernel.predicted_us = cost.node_seconds(node) * 1e6

@@ -66,7 +66,8 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
                else "(unmatched)"] for k in profile.top(top)]
     headers = ["partition", "kernel", "op", "mean µs", "median µs", "% time"]
     headers += (["predicted µs"] if priced else []) + ["graph node"]
-    lines += ["", format_table(headers, rows, title=f"top {len(rows)} kernel(s)")]
+    lines += ["", format_table(headers, rows, title=f"top {len(rows)} kernel(s)",
+                               names={1, len(headers) - 1})]
 
     if profile.kind == "om":
         rows = [[i, p.name, p.device, p.level, ", ".join(p.providers), p.nodes, n,
