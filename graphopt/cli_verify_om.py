@@ -22,7 +22,7 @@ def artifact_check(args):
         try:
             report = compare_models(args.model, path, args.inputs,
                                     input_shapes=args.input_shape, **judge,
-                                    rounding=True)  # as --verify allows it, given or not
+                                    rounding=args.rtol is None and args.atol is None)
         except StandInError:
             return  # compiled for a device this machine lacks: the compiled model was verified
         except Exception as exc:  # noqa: BLE001 - any failure to load or run the artifact

@@ -386,7 +386,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     VerificationError when any output differs beyond `rtol`/`atol` (default 1e-4 / 1e-5),
     except by what summation order explains: no more than twice what onnxruntime's own
     optimizer changes the original by, or in under 1% of the elements, each within rtol of the
-    output's largest magnitude (`result.verify_note` then says which). A compile a lossy
+    output's largest magnitude (`result.verify_note` then says which), when neither `rtol` nor
+    `atol` is given (given, they apply as given, as in compare). A compile a lossy
     precision pass changed (fp16, int8, int4) is judged by cosine instead, as `graphopt
     compare` judges it, unless `rtol` or `atol` is given. `verify_structure=True` checks the
     graph's structure after every pass.
@@ -577,10 +578,13 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             from graphopt.tools.accuracy_rule import accuracy_rule
 
             judge, result.verify_note = accuracy_rule(
-                log.to_json()["passes"], rtol, atol, choose=f"{option('rtol')}/{option('atol')} judge by allclose")
+                log.to_json()["passes"], rtol, atol,
+                choose=f"{option('rtol')}/{option('atol')} judge by allclose")
             rounding: list[str] = []
+            # Tolerances given apply as given, as in compare and bisect.
             result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options,
-                                                  judge, rounding)
+                                                  judge, rounding,
+                                                  allow_rounding=rtol is None and atol is None)
             result.verify_note = "; ".join(filter(None, [result.verify_note, *rounding]))
         except VerificationError as exc:
             winograd = log.totals().get("WinogradConv", {}).get("rewrites", {})
@@ -712,13 +716,13 @@ def not_runnable_here(model: ModelProto, what: str) -> str | None:
 
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
-                   judge: dict, notes: list[str] | None = None) -> dict[str, float]:
+                   judge: dict, notes: list[str] | None = None,
+                   allow_rounding: bool = True) -> dict[str, float]:
     """Run both models with onnxruntime at ORT_DISABLE_ALL (the optimized one where a lossy pass
     changed it at the level accuracy_rule.deployed_level says); raise VerificationError on any
     output `judge` fails (accuracy_rule's rtol/atol, or min_cosine when set), unless under
-    rtol/atol it is no further from the original than onnxruntime's own optimizer takes the
-    original (ORT_ENABLE_ALL), which `notes` then says. Returns the max absolute error per
-    output."""
+    rtol/atol and `allow_rounding` rounding explains it (rounding.within_rounding), which
+    `notes` then says. Returns the max absolute error per output."""
     not_here = not_runnable_here(optimized, option("verify"))
     if not_here:
         raise OptionError(not_here)
@@ -761,7 +765,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                 f"{numerics.ort_reason(e)}") from None
     if judge["min_cosine"] is None:
         problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
-        if problems:
+        if problems and allow_rounding:
             problems = _beyond_rounding(original, feeds, expected, actual, judge,
                                         notes if notes is not None else [])
     else:

@@ -371,6 +371,9 @@ def test_verify_takes_onnxruntimes_own_rounding_as_the_bound(monkeypatch):
     Nudge.scale = 1e-3
     result = graphopt.optimize(model, level=3, verify=True)
     assert "within what onnxruntime's own optimizer gives the original" in result.verify_note
+    # Tolerances given apply as given, as in compare and bisect, even at the defaults' values.
+    with pytest.raises(VerificationError, match="differs.*'y'"):
+        graphopt.optimize(model, level=3, verify=True, rtol=1e-4, atol=1e-5)
     nudged_by.update(onnxruntime=1e-5)
     with pytest.raises(VerificationError, match="differs.*'y'"):
         graphopt.optimize(model, level=3, verify=True)
