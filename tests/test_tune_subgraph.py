@@ -444,3 +444,31 @@ def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path):
     study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}")
     study._storage.set_study_user_attr(study._study_id, "chosen", None)  # as if interrupted
     assert best_decisions(db, SubgraphJob(block_path, "cpu", level=3), "cpu") is None
+
+
+def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_path,
+                                                             monkeypatch):
+    # Without it the next run passed its best trial off as the default (1.000x), `kb list`
+    # had no default cost, and a measured best skipped its side-by-side re-timing.
+    from graphopt.tuner import subgraph
+    from graphopt.tuner.kb import list_subgraph_studies
+
+    db = str(tmp_path / "sg.db")
+    objective = subgraph._objective
+
+    def interrupted(evaluator, space):
+        def stopped(trial):
+            raise KeyboardInterrupt
+        return stopped
+
+    monkeypatch.setattr(subgraph, "_objective", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
+    monkeypatch.setattr(subgraph, "_objective", objective)
+    result = tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
+    fresh = tune_subgraph(_job(block_path), trials=6, seed=0,
+                          storage=optuna.storages.InMemoryStorage())
+    assert result.default.params == result.space.default_params()
+    assert result.default.seconds == pytest.approx(fresh.default.seconds)
+    (row,) = list_subgraph_studies(db)
+    assert row["default_seconds"] == pytest.approx(fresh.default.seconds)

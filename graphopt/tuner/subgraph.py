@@ -382,6 +382,10 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                 # What a study named otherwise (--study NAME) holds: the knowledge base finds
                 # it by this, as it finds a study under this name.
                 study.set_user_attr(STANDS_FOR, key)
+            # The default is the study's yardstick: a run stopped during its trial (Ctrl-C, a
+            # kill) left it failed, and without it the best trial passed as the default (1.000x)
+            # and a measured best skipped its side-by-side re-timing.
+            if _default_trial(study, _DEFAULT_PENDING) is None:
                 study.enqueue_trial(space.default_params(), user_attrs={"default": True})
         if job.objective == "estimate":
             _check_estimates_still_hold(study, evaluator, space)
@@ -451,8 +455,7 @@ def _check_estimates_still_hold(study: optuna.Study, evaluator: Evaluator, space
     """Refuse to resume an estimated study whose default compile the cost model now prices
     otherwise: op tuning since has changed the knowledge base's tilings, and trials scored
     with the old ones would be compared with trials scored with the new."""
-    default = next((t for t in study.get_trials(deepcopy=False, states=(
-        optuna.trial.TrialState.COMPLETE,)) if t.user_attrs.get("default")), None)
+    default = _default_trial(study, (optuna.trial.TrialState.COMPLETE,))
     if default is None or default.value is None:
         return
     now, _ = evaluator.score(evaluator.compile(space.default_params(), space))
@@ -504,6 +507,16 @@ def _best_value(study: optuna.Study) -> float:
     return min((v for v in values if v is not None), default=float("inf"))
 
 
+# A default trial in these states has run or will: one failed (interrupted) is queued again.
+_DEFAULT_PENDING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING,
+                    optuna.trial.TrialState.RUNNING)
+
+
+def _default_trial(study: optuna.Study, states) -> optuna.trial.FrozenTrial | None:
+    return next((t for t in study.get_trials(deepcopy=False, states=states)
+                 if t.user_attrs.get("default")), None)
+
+
 def _scored(trial: optuna.trial.FrozenTrial) -> Scored:
     return Scored(dict(trial.params), float(trial.value), dict(trial.user_attrs.get("by_device", {})))
 
@@ -515,14 +528,20 @@ def _result(study: optuna.Study, space: Space) -> SubgraphResult:
     if not completed:
         raise OptionError(f"study {study.study_name}: no trial completed (see the pruned "
                           "trials' reasons in the storage)")
-    default = next((t for t in completed if t.user_attrs.get("default")), None)
+    default = next((t for t in completed if t.user_attrs.get("default")), None) or next(
+        (t for t in completed if t.params == space.default_params()), None)  # the same compile
+    if default is None:
+        # Another run on the storage took the queued default and has not finished it: the
+        # best trial is no yardstick for itself.
+        raise OptionError(f"study {study.study_name}: its default compile has not completed "
+                          "(another run on the storage is scoring it?); run again when it has")
     top = min(completed, key=lambda t: (t.value, t.number))
-    if default is not None and top.params == default.params:
+    if top.params == default.params:
         top = default  # the sampler came back to the default: a faster timing of it is noise
     # Trials evaluated, as kb list counts them: not those failed or left running by a Ctrl-C.
     evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                          optuna.trial.TrialState.PRUNED))
-    return SubgraphResult(study.study_name, space, _scored(default or top), _scored(top),
+    return SubgraphResult(study.study_name, space, _scored(default), _scored(top),
                           len(evaluated), history(study))
 
 
