@@ -18,7 +18,7 @@ from graphopt import optimize
 from graphopt.errors import OptionError
 from graphopt.ir import to_onnx
 from graphopt.numerics import random_feeds, run
-from graphopt.tuner.subgraph import SubgraphJob, best_decisions, tune_subgraph
+from graphopt.tuner.subgraph import SubgraphJob, best_decisions, decisions_for, tune_subgraph
 from graphopt.tuner.subgraph_space import Recorder, build_space, gate_for
 from tests.helpers import parse_model, run_cli
 
@@ -444,6 +444,10 @@ def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path):
     study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}")
     study._storage.set_study_user_attr(study._study_id, "chosen", None)  # as if interrupted
     assert best_decisions(db, SubgraphJob(block_path, "cpu", level=3), "cpu") is None
+    # The compile's note says why, not that the study is at another level ("at -O3, not -O3").
+    note = decisions_for(db, block_path, "cpu", 3, None).note
+    assert f"subgraph study {summary.study_name} is not confirmed: its measured run stopped " \
+        "before the side-by-side re-timing" in note and "not at -O3" not in note
 
 
 def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_path,
@@ -464,6 +468,8 @@ def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_pat
     monkeypatch.setattr(subgraph, "_objective", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
+    note = decisions_for(db, block_path, "ascend310", 3, None).note
+    assert "has no completed trial" in note and "not at -O3" not in note
     monkeypatch.setattr(subgraph, "_objective", objective)
     result = tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
     fresh = tune_subgraph(_job(block_path), trials=6, seed=0,

@@ -592,11 +592,16 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
     job = (SubgraphJob("<model>", target_name, level, input_shapes,
                        model_digest=hashlib.sha256(model))
            if isinstance(model, bytes) else SubgraphJob(model, target_name, level, input_shapes))
-    found = best_decisions(storage, job, target_name)
+    passed_over: list[str] = []
+    found = best_decisions(storage, job, target_name, passed_over)
     if found is not None:
         gate, pass_options, study = found
         return Decisions(gate, pass_options, study, f"applying the subgraph decisions of {study}")
-    levels = tuned_levels(storage, job, target_name)
+    if passed_over:  # a study at this very level: saying another level holds it would mislead
+        return Decisions(note=(
+            f"{option('tuning_db')}: subgraph study {passed_over[0]}; no subgraph decisions "
+            "apply to this compile (running its tune again completes the study)"))
+    levels = [n for n in tuned_levels(storage, job, target_name) if n != level]
     if levels:
         return Decisions(note=(
             f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
@@ -637,16 +642,20 @@ def tuned_pins(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
     return sorted(found)
 
 
-def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
+def best_decisions(storage: Any, job: SubgraphJob, target_name: str,
+                   passed_over: list[str] | None = None):
     """(rewrite gate, pass options, study name) of the job's tuned decisions (its model, target
     and level), preferring a measured study to an estimated one and the rule granularity's to
     the shape one's; None when the storage has no such study. The gate and options go to
-    optimize(rewrite_gate=…, pass_options=…)."""
+    optimize(rewrite_gate=…, pass_options=…). `passed_over` gets "<study> <why>" for each
+    study of the job that was not applied (no completed trial, or a measured run stopped
+    before its re-timing)."""
     with opened(storage, read_only=True) as store:
-        return _best_decisions(store, job, target_name)
+        return _best_decisions(store, job, target_name,
+                               passed_over if passed_over is not None else [])
 
 
-def _best_decisions(store, job: SubgraphJob, target_name: str):
+def _best_decisions(store, job: SubgraphJob, target_name: str, passed_over: list[str]):
     standing = _studies_by_job(store)
     candidates = [name for o in ("measured", "estimate") for g in GRANULARITIES
                   for name in _study_names(replace(job, objective=o, granularity=g),
@@ -657,12 +666,19 @@ def _best_decisions(store, job: SubgraphJob, target_name: str):
             completed = [t for t in study.get_trials(deepcopy=False,
                                                      states=(optuna.trial.TrialState.COMPLETE,))
                          if t.value is not None]
-            if not completed or "space" not in study.user_attrs:
+            if "space" not in study.user_attrs:
+                continue
+            if not completed:
+                passed_over.append(f"{name} has no completed trial (its run stopped before "
+                                   "the default compile was scored)")
                 continue
             # The last run's choice: its best, unless re-timing showed the default was as fast.
             chosen = study.user_attrs.get("chosen")
             if chosen is None and key.rsplit("/", 1)[-1].startswith("measured"):
                 # A run stopped before its re-timing: a best by noise, unconfirmed.
+                passed_over.append(f"{name} is not confirmed: its measured run stopped before "
+                                   "the side-by-side re-timing, and a best that may have won "
+                                   "by noise alone is not applied")
                 continue
             chosen = chosen or min(completed, key=lambda t: (t.value, t.number)).params
             space = space_from_json(study.user_attrs["space"])
