@@ -334,6 +334,48 @@ def test_tuned_tilings_reach_the_kernel_records(tmp_path):
     assert len(cube) == 2 and {r["tiling_source"] for r in cube} == {"tuned"}
 
 
+def gated_model(path):
+    """Two MatMuls of one signature: with epilogue fusion the first heads a graphopt:: group
+    (its Sigmoid and Mul), the second stays alone."""
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 256])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64, 256])
+    w1 = onnx.numpy_helper.from_array(np.full((256, 256), 0.01, "float32"), "w1")
+    w2 = onnx.numpy_helper.from_array(np.full((256, 256), 0.02, "float32"), "w2")
+    nodes = [oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             oh.make_node("Sigmoid", ["h"], ["s"], name="sigmoid"),
+             oh.make_node("Mul", ["s", "x"], ["g"], name="gate"),
+             oh.make_node("MatMul", ["g", "w2"], ["y"], name="mm2")]
+    graph = oh.make_graph(nodes, "gated", [x], [y], [w1, w2])
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)],
+                            ir_version=IR_VERSION), path)
+    return path
+
+
+def test_a_cube_kernel_heading_an_epilogue_group_keeps_its_tuned_tiling(tmp_path):
+    # It was priced at the default tiling and written to the .om without one, so a subgraph
+    # study turning epilogues on compared an untuned fused kernel with a tuned lone one.
+    from graphopt.tuner.model import model_estimate
+
+    fused = optimize(gated_model(str(tmp_path / "m.onnx")), target="ascend310", level=3,
+                     pass_options={"elementwise_epilogues": True})
+    (call,) = [n for n in fused.model.graph if n.domain == "graphopt"]
+    (kernel,) = model_kernels(fused.model, fused.partitioning)
+    assert kernel.nodes == [call.name, "mm2"]
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    tune_kernel(kernel.shape, "ascend310", trials=10, storage=url)
+    tilings = tuned_tilings(url, fused.model, fused.partitioning)
+    assert set(tilings) == {call.name, "mm2"}
+    records = kernel_records(fused.model, fused.partitioning, tilings, source="tuned")
+    tiled = {r["node"]: r for rows in records["partitions"].values() for r in rows
+             if "tiling" in r}
+    assert tiled[call.name]["kind"] == "group" and tiled[call.name]["tiling_source"] == "tuned"
+    assert tiled[call.name]["tiling"] == tiled["mm2"]["tiling"]
+    group_us = {tuned: next(row.seconds for row in model_estimate(
+        fused.model, fused.partitioning, tilings if tuned else None).rows if row.name == call.name)
+        for tuned in (False, True)}
+    assert group_us[True] < group_us[False]
+
+
 def test_a_stored_tiling_that_an_edited_profile_cannot_hold_is_not_applied(tmp_path):
     # Studies are keyed by the target's name, which an edited copy of a profile keeps.
     import json
