@@ -221,6 +221,27 @@ def test_a_compile_applies_the_stored_tiling_this_cost_model_prices_fastest(a310
     assert tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url).best[0] == fast
 
 
+def test_the_history_a_plot_draws_prices_the_trials_as_the_table_does(a310, tmp_path):
+    # --plot drew the stored figures, which another cost model may have left (a stale 1 ns
+    # here), beside a table that re-prices the same tilings.
+    from graphopt.tuner.search import (search_choices, step_distributions, step_params,
+                                       tiling_params)
+
+    space = sorted(tiling_space(SHAPE, a310), key=lambda t: estimate(SHAPE, t, a310).seconds)
+    url = f"sqlite:///{tmp_path / 'stale.db'}"
+    choices = search_choices(SHAPE, a310)
+    study = optuna.create_study(study_name=SIG, storage=url)
+    for tiling, value in ((space[-1], 1e-9), (space[0], 2e-9)):
+        study.add_trial(optuna.trial.create_trial(
+            params=step_params(tiling, choices), distributions=step_distributions(choices),
+            value=value, user_attrs={"tiling": tiling_params(tiling)}))
+    result = tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url)
+    assert result.best == (space[0], estimate(SHAPE, space[0], a310).seconds)
+    # The default this run added is trial 2: the best stays the second trial's.
+    assert result.history == [estimate(SHAPE, space[-1], a310).seconds, result.best[1],
+                              result.best[1]]
+
+
 def test_two_workers_share_one_sqlite_storage(tmp_path):
     url = f"sqlite:///{tmp_path / 'workers.db'}"
     result = tune_kernel(SHAPE, "ascend310", trials=12, storage=url, workers=2)
