@@ -290,8 +290,9 @@ def _cmd_kb_list(args) -> int:
              us(r["default_seconds"]), us(r["best_seconds"]),
              "" if r["speedup"] is None else f"{r['speedup']:.3f}", r["tiling"] or ""]
             for r in kernels]
-    print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",
-                        "best tiling"], rows))
+    if rows:  # subgraph studies alone: no headers-only kernel table above theirs
+        print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",
+                            "best tiling"], rows))
     stale = sum(bool(r.get("stale")) for r in kernels)
     if stale:
         print(f"note: {stale} kernel(s) hold figures another cost model priced (a knowledge "
@@ -299,7 +300,8 @@ def _cmd_kb_list(args) -> int:
               "the same name); the table shows this graphopt's prices of the default and of "
               "the stored tiling a compile applies (--json has the stored figures too)")
     if studies:  # the fusion decisions `tune --job subgraph` chose, one study per model
-        print()
+        if rows:
+            print()
         print(format_table(["subgraph study", "trials", "default µs", "best µs"],
                            [[r["study"], r["trials"], us(r["default_seconds"]),
                              us(r["best_seconds"])] for r in studies]))

@@ -727,6 +727,53 @@ def test_reading_a_tuned_knowledge_base_leaves_no_journal_files_beside_it(tmp_pa
         assert connection.execute("PRAGMA journal_mode").fetchone() == ("delete",)
 
 
+# A reader (kb list, a compile with --tuning-db) that holds the knowledge base open until told.
+READER = """
+import sys
+
+import optuna
+
+from graphopt.tuner.storage import opened
+
+with opened(sys.argv[1], read_only=True) as store:
+    optuna.get_all_study_summaries(store)
+    print("reading", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_reader_that_leaves_last_puts_the_knowledge_base_at_rest(tmp_path):
+    # The writer that leaves while a reader has the file open cannot take it out of WAL mode;
+    # the reader, last out, left -wal and -shm beside it and the file in WAL mode.
+    import subprocess
+    import sys
+
+    import graphopt
+    from graphopt.tuner.storage import close_storage
+
+    folder = tmp_path / "kb"
+    folder.mkdir()
+    db = str(folder / "kb.db")
+    writer = open_storage(db)
+    optuna.create_study(storage=writer, study_name="s").add_trial(
+        optuna.trial.create_trial(value=1.0))
+    root = os.path.dirname(os.path.dirname(graphopt.__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    reader = subprocess.Popen([sys.executable, "-c", READER, db], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert reader.stdout.readline() == "reading\n"
+        close_storage(writer)
+        assert os.path.exists(f"{db}-wal")  # the reader kept the writer from it
+    finally:
+        reader.communicate("\n", timeout=120)
+    assert reader.returncode == 0
+    assert os.listdir(folder) == ["kb.db"]
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
 def test_compiles_with_many_knowledge_bases_keep_none_of_them_open(built, tmp_path):
     # A compile service that rotates its knowledge base (a copy per release, or a new file
     # renamed over the old) kept a descriptor of each file, deleted ones too, for good.

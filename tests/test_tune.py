@@ -221,6 +221,27 @@ def test_a_compile_applies_the_stored_tiling_this_cost_model_prices_fastest(a310
     assert tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url).best[0] == fast
 
 
+def test_the_history_a_plot_draws_prices_the_trials_as_the_table_does(a310, tmp_path):
+    # --plot drew the stored figures, which another cost model may have left (a stale 1 ns
+    # here), beside a table that re-prices the same tilings.
+    from graphopt.tuner.search import (search_choices, step_distributions, step_params,
+                                       tiling_params)
+
+    space = sorted(tiling_space(SHAPE, a310), key=lambda t: estimate(SHAPE, t, a310).seconds)
+    url = f"sqlite:///{tmp_path / 'stale.db'}"
+    choices = search_choices(SHAPE, a310)
+    study = optuna.create_study(study_name=SIG, storage=url)
+    for tiling, value in ((space[-1], 1e-9), (space[0], 2e-9)):
+        study.add_trial(optuna.trial.create_trial(
+            params=step_params(tiling, choices), distributions=step_distributions(choices),
+            value=value, user_attrs={"tiling": tiling_params(tiling)}))
+    result = tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url)
+    assert result.best == (space[0], estimate(SHAPE, space[0], a310).seconds)
+    # The default this run added is trial 2: the best stays the second trial's.
+    assert result.history == [estimate(SHAPE, space[-1], a310).seconds, result.best[1],
+                              result.best[1]]
+
+
 def test_two_workers_share_one_sqlite_storage(tmp_path):
     url = f"sqlite:///{tmp_path / 'workers.db'}"
     result = tune_kernel(SHAPE, "ascend310", trials=12, storage=url, workers=2)
@@ -332,6 +353,48 @@ def test_tuned_tilings_reach_the_kernel_records(tmp_path):
     records = kernel_records(model.model, model.partitioning, tilings, source="tuned")
     cube = [r for rows in records["partitions"].values() for r in rows if "tiling" in r]
     assert len(cube) == 2 and {r["tiling_source"] for r in cube} == {"tuned"}
+
+
+def gated_model(path):
+    """Two MatMuls of one signature: with epilogue fusion the first heads a graphopt:: group
+    (its Sigmoid and Mul), the second stays alone."""
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 256])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64, 256])
+    w1 = onnx.numpy_helper.from_array(np.full((256, 256), 0.01, "float32"), "w1")
+    w2 = onnx.numpy_helper.from_array(np.full((256, 256), 0.02, "float32"), "w2")
+    nodes = [oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             oh.make_node("Sigmoid", ["h"], ["s"], name="sigmoid"),
+             oh.make_node("Mul", ["s", "x"], ["g"], name="gate"),
+             oh.make_node("MatMul", ["g", "w2"], ["y"], name="mm2")]
+    graph = oh.make_graph(nodes, "gated", [x], [y], [w1, w2])
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)],
+                            ir_version=IR_VERSION), path)
+    return path
+
+
+def test_a_cube_kernel_heading_an_epilogue_group_keeps_its_tuned_tiling(tmp_path):
+    # It was priced at the default tiling and written to the .om without one, so a subgraph
+    # study turning epilogues on compared an untuned fused kernel with a tuned lone one.
+    from graphopt.tuner.model import model_estimate
+
+    fused = optimize(gated_model(str(tmp_path / "m.onnx")), target="ascend310", level=3,
+                     pass_options={"elementwise_epilogues": True})
+    (call,) = [n for n in fused.model.graph if n.domain == "graphopt"]
+    (kernel,) = model_kernels(fused.model, fused.partitioning)
+    assert kernel.nodes == [call.name, "mm2"]
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    tune_kernel(kernel.shape, "ascend310", trials=10, storage=url)
+    tilings = tuned_tilings(url, fused.model, fused.partitioning)
+    assert set(tilings) == {call.name, "mm2"}
+    records = kernel_records(fused.model, fused.partitioning, tilings, source="tuned")
+    tiled = {r["node"]: r for rows in records["partitions"].values() for r in rows
+             if "tiling" in r}
+    assert tiled[call.name]["kind"] == "group" and tiled[call.name]["tiling_source"] == "tuned"
+    assert tiled[call.name]["tiling"] == tiled["mm2"]["tiling"]
+    group_us = {tuned: next(row.seconds for row in model_estimate(
+        fused.model, fused.partitioning, tilings if tuned else None).rows if row.name == call.name)
+        for tuned in (False, True)}
+    assert group_us[True] < group_us[False]
 
 
 def test_a_stored_tiling_that_an_edited_profile_cannot_hold_is_not_applied(tmp_path):

@@ -18,7 +18,7 @@ from graphopt import optimize
 from graphopt.errors import OptionError
 from graphopt.ir import to_onnx
 from graphopt.numerics import random_feeds, run
-from graphopt.tuner.subgraph import SubgraphJob, best_decisions, tune_subgraph
+from graphopt.tuner.subgraph import SubgraphJob, best_decisions, decisions_for, tune_subgraph
 from graphopt.tuner.subgraph_space import Recorder, build_space, gate_for
 from tests.helpers import parse_model, run_cli
 
@@ -313,6 +313,8 @@ def test_kb_list_shows_the_subgraph_studies(block_path, tmp_path, capsys):
     assert rc == 0, err
     (row,) = [line for line in out.splitlines() if line.startswith("subgraph/cpu/")]
     assert row.split()[1] == "2"  # trials
+    # No op study: no kernel table of headers alone, which reads as a failure.
+    assert out.startswith("subgraph study") and "kernel signature" not in out
 
 
 def test_kb_list_gives_the_cost_of_the_decisions_optimize_applies(block_path, tmp_path,
@@ -444,3 +446,37 @@ def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path):
     study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}")
     study._storage.set_study_user_attr(study._study_id, "chosen", None)  # as if interrupted
     assert best_decisions(db, SubgraphJob(block_path, "cpu", level=3), "cpu") is None
+    # The compile's note says why, not that the study is at another level ("at -O3, not -O3").
+    note = decisions_for(db, block_path, "cpu", 3, None).note
+    assert f"subgraph study {summary.study_name} is not confirmed: its measured run stopped " \
+        "before the side-by-side re-timing" in note and "not at -O3" not in note
+
+
+def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_path,
+                                                             monkeypatch):
+    # Without it the next run passed its best trial off as the default (1.000x), `kb list`
+    # had no default cost, and a measured best skipped its side-by-side re-timing.
+    from graphopt.tuner import subgraph
+    from graphopt.tuner.kb import list_subgraph_studies
+
+    db = str(tmp_path / "sg.db")
+    objective = subgraph._objective
+
+    def interrupted(evaluator, space):
+        def stopped(trial):
+            raise KeyboardInterrupt
+        return stopped
+
+    monkeypatch.setattr(subgraph, "_objective", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
+    note = decisions_for(db, block_path, "ascend310", 3, None).note
+    assert "has no completed trial" in note and "not at -O3" not in note
+    monkeypatch.setattr(subgraph, "_objective", objective)
+    result = tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
+    fresh = tune_subgraph(_job(block_path), trials=6, seed=0,
+                          storage=optuna.storages.InMemoryStorage())
+    assert result.default.params == result.space.default_params()
+    assert result.default.seconds == pytest.approx(fresh.default.seconds)
+    (row,) = list_subgraph_studies(db)
+    assert row["default_seconds"] == pytest.approx(fresh.default.seconds)

@@ -4,8 +4,9 @@ Partitions run one after another (no overlap between devices: an estimate's simp
 an NPU partition: a cube op (MatMul/Gemm/Conv and fused forms) is npu_model.estimate under its
 tiling (`tilings[anchor_key(node)]`: the node's name, or `%output` for an unnamed one, as
 anchor_key spells them; else default_tiling; none for one with a zero-size dim, which has no
-work to tile), a graphopt:: call is one fused group (vector.group_estimate), any other op one
-vector kernel (vector.vector_estimate; Reshape-like ops and Constant have no kernel). On the
+work to tile), a graphopt:: call is one fused group (vector.group_estimate; the cube kernel
+heading one is tiled as a lone one, by `tilings[anchor_key(call)]` or the default), any other
+op one vector kernel (vector.vector_estimate; Reshape-like ops and Constant have no kernel). On the
 host: partition.estimate's roofline per node. Copies: every non-constant value read by a
 partition on another device than its producer's (graph inputs live on the host), and every
 NPU-produced graph output, is one transfer_estimate.
@@ -20,7 +21,8 @@ from graphopt.partition.estimate import value_bytes
 from graphopt.passes.base import anchor_key
 from graphopt.tuner.cpu_model import host_cost_model
 from graphopt.tuner.npu_model import Estimate, estimate
-from graphopt.tuner.tiling import CUBE_OPS, Tiling, default_tiling, gemm_shape
+from graphopt.tuner.tiling import (CUBE_OPS, GemmShape, Tiling, default_tiling, gemm_shape,
+                                   group_anchor_shape)
 from graphopt.tuner.vector import group_estimate, transfer_estimate, vector_estimate
 
 if TYPE_CHECKING:
@@ -72,7 +74,15 @@ def node_estimate(node: Node, device, model: Model | None = None,
                   tiling: Tiling | None = None) -> tuple[str, Estimate, Tiling | None]:
     """(kind, estimate, tiling) of one node on an NPU device."""
     functions = {(f.domain, f.name): f for f in model.functions} if model is not None else {}
-    if (node.domain, node.op_type) in functions:
+    function = functions.get((node.domain, node.op_type))
+    if function is not None:
+        # The cube kernel heading an elementwise group (epilogue fusion) keeps the tiling a
+        # lone one of its shape gets: priced and recorded as such, so that a compile with
+        # epilogues compares with one without like for like.
+        shape = _group_cube_shape(node, function, device)
+        if shape is not None:
+            tiling = tiling or default_tiling(shape, device)
+            return "group", group_estimate([node], device, model, tiling), tiling
         return "group", group_estimate([node], device, model), None
     if node.op_type in CUBE_OPS and device.cube:  # a profile may run them on another engine
         try:
@@ -85,6 +95,18 @@ def node_estimate(node: Node, device, model: Model | None = None,
             tiling = tiling or default_tiling(shape, device)
             return "cube", estimate(shape, tiling, device), tiling
     return "vector", vector_estimate(node, device, functions), None
+
+
+def _group_cube_shape(call: Node, function, device) -> GemmShape | None:
+    """The GEMM of the cube kernel heading a graphopt:: group call, when it has one to tile on
+    this device (a cube, static shapes, work)."""
+    if not device.cube:
+        return None
+    try:
+        found = group_anchor_shape(call, function)
+    except ValueError:
+        return None
+    return found[1] if found is not None and found[1].has_work else None
 
 
 def model_estimate(model: Model, partitioning: Partitioning,

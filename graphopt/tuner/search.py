@@ -64,7 +64,8 @@ class TuneResult:
     best: tuple[Tiling, float]           # the best completed trial's tiling and seconds
     trials: int                          # trials in the study (all runs, pruned included)
     space_size: int                      # points in tiling_space
-    history: list[float] = field(default_factory=list)  # best seconds so far, per trial number
+    # Best seconds so far, per trial number, as this cost model prices the trials' tilings.
+    history: list[float] = field(default_factory=list)
     # Completed trials recording no tiling graphopt wrote ("study #number"), left out.
     foreign: list[str] = field(default_factory=list)
 
@@ -457,6 +458,28 @@ def history(study: optuna.Study) -> list[float]:
     return out
 
 
+def priced_history(study: optuna.Study, shape: GemmShape, device: Device) -> list[float]:
+    """history(study) with each completed trial's tiling priced by this cost model, as
+    best_priced prices it for tune's table, not by the figure stored with it (a study another
+    graphopt's cost model filled holds stale ones, and --plot drew those beside the table's).
+    A trial with no tiling graphopt wrote, or one this profile cannot hold, adds nothing, as
+    neither can be the table's best."""
+    prices: dict[Tiling, float] = {}
+    best, out = float("inf"), []
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+            try:
+                tiling = trial_tiling(trial)
+            except OptionError:
+                tiling = None
+            if tiling is not None and tiling not in prices \
+                    and feasible(tiling, shape, device) is None:
+                prices[tiling] = estimate(shape, tiling, device).seconds
+            best = min(best, prices.get(tiling, float("inf")))
+        out.append(best)
+    return out
+
+
 def best_priced(tilings, shape: GemmShape, device: Device) -> tuple[Tiling, float]:
     """(tiling, seconds) that this cost model prices lowest among the default and the stored
     `tilings` that fit `device`: what a compile applies and what tune's table shows. The
@@ -486,4 +509,5 @@ def study_result(study: optuna.Study, shape: GemmShape, device: Device) -> TuneR
     evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                          optuna.trial.TrialState.PRUNED))
     return TuneResult(study.study_name, (default, default_seconds), best, len(evaluated),
-                      space_size(shape, device), history(study), foreign)
+                      space_size(shape, device), priced_history(study, shape, device),
+                      foreign)

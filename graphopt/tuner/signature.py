@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from graphopt.tuner.tiling import CONV_OPS, GemmShape, cube_dtype, gemm_shape
+from graphopt.tuner.tiling import CONV_OPS, GemmShape, cube_dtype, gemm_shape, group_anchor_shape
 
 from graphopt.passes.base import anchor_key
 
@@ -90,15 +90,29 @@ def idle_kernels(model: Model, partitioning: Partitioning) -> list[str]:
 def _npu_cube_nodes(model: Model, partitioning: Partitioning):
     """(partition, node, signature) of every cube node with static shapes on an NPU."""
     target = partitioning.target
-    # A graphopt:: fused group is one kernel of its own (model.node_estimate), not tunable here.
-    functions = {(f.domain, f.name) for f in model.functions}
+    # A graphopt:: fused group is one kernel of its own (model.node_estimate): one headed by a
+    # cube kernel (epilogue fusion) takes that kernel's tuning, under the call's name.
+    functions = {(f.domain, f.name): f for f in model.functions}
     for part in partitioning.partitions:
         device = target.device(part.device)
         if device.kind != "npu" or not device.cube:  # no cube: no tiling to tune
             continue
         for node in part.nodes:
-            if (node.domain, node.op_type) in functions:
-                continue
-            sig = node_signature(node, target.name)
+            function = functions.get((node.domain, node.op_type))
+            sig = (node_signature(node, target.name) if function is None
+                   else _group_signature(node, function, target.name))
             if sig is not None:
                 yield part, node, sig
+
+
+def _group_signature(call: Node, function, target: str) -> str | None:
+    """The signature of the cube kernel heading a graphopt:: group call, None when it has none
+    or its shapes are not static."""
+    try:
+        found = group_anchor_shape(call, function)
+    except ValueError:
+        return None
+    if found is None:
+        return None
+    op_type, shape = found
+    return signature(target, "conv" if op_type in CONV_OPS else "gemm", shape)

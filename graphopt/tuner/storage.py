@@ -197,7 +197,9 @@ def close_storage(storage: optuna.storages.BaseStorage) -> None:
     with contextlib.suppress(Exception):
         engine.dispose()
     if read_only is False:
-        _at_rest(engine)
+        _at_rest(_database_file(engine))
+    elif read_only:
+        _READ.add(_database_file(engine))
     if read_only is not None:
         _release_handle(_database_file(engine))
 
@@ -205,6 +207,10 @@ def close_storage(storage: optuna.storages.BaseStorage) -> None:
 # Every SQLite engine this process opened and has not closed -> whether read-only, for
 # _checkpoint_at_exit.
 _OPEN_SQLITE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The SQLite files this process read (and closed): a reader open when the last writer left
+# kept that writer from putting the file at rest, so a reader that is the last process out
+# does it at exit.
+_READ: set[str | None] = set()
 
 
 @atexit.register
@@ -218,25 +224,40 @@ def _checkpoint_at_exit() -> None:
         with contextlib.suppress(Exception):
             engine.dispose()
     for engine, read_only in engines:
-        if not read_only:
-            _at_rest(engine)
+        (_READ.add if read_only else _at_rest)(_database_file(engine))
+    for path in _READ:
+        # Only a file writers left in WAL mode, and only where this process may write: a
+        # reader on a read-only disk or of another user's file cannot, and need not, change it.
+        if path is not None and os.path.exists(f"{path}-wal") and os.access(path, os.W_OK) \
+                and os.access(os.path.dirname(path), os.W_OK):
+            _at_rest(path)
 
 
-def _at_rest(engine) -> None:
+def _at_rest(database: str | None) -> None:
     """The WAL journal moved into the database file and the file back in rollback-journal
-    mode, if no other connection is at it (the last worker out does it). In WAL mode even a
-    read-only reader (`kb list`, a compile with --tuning-db) leaves -wal and -shm files
-    beside it, which only a writer removes; a file at rest in the default mode gets none."""
+    mode, if no other connection is at it (the last process out does it: a writer as it
+    closes its storage, a reader at exit). In WAL mode even a read-only reader (`kb list`, a
+    compile with --tuning-db) leaves -wal and -shm files beside it; a file at rest in the
+    default mode gets none."""
+    import random
     import sqlite3
+    import time
 
-    database = engine.url.database
-    if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+    if database is None:
         return
-    with contextlib.suppress(Exception), contextlib.closing(sqlite3.connect(database)) as db:
-        # Other workers still at it: no waiting on them (the connection's 60 s lock timeout).
-        db.execute("PRAGMA busy_timeout = 100")
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        db.execute("PRAGMA journal_mode = DELETE")
+    for attempt in range(2):
+        if attempt:
+            # Two processes leaving at once each keep the other's attempt from changing the
+            # mode: the one that tries again after a random pause finds the other gone.
+            time.sleep(random.uniform(0.05, 0.2))
+        with contextlib.suppress(Exception), \
+                contextlib.closing(sqlite3.connect(database)) as db:
+            # Another process still at it does it as it leaves: no waiting on it (the
+            # connection's 60 s lock timeout).
+            db.execute("PRAGMA busy_timeout = 100")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if db.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",):
+                return
 
 
 # What every Optuna RDB storage has; a file without them is not a knowledge base.

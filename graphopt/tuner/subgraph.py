@@ -382,6 +382,10 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                 # What a study named otherwise (--study NAME) holds: the knowledge base finds
                 # it by this, as it finds a study under this name.
                 study.set_user_attr(STANDS_FOR, key)
+            # The default is the study's yardstick: a run stopped during its trial (Ctrl-C, a
+            # kill) left it failed, and without it the best trial passed as the default (1.000x)
+            # and a measured best skipped its side-by-side re-timing.
+            if _default_trial(study, _DEFAULT_PENDING) is None:
                 study.enqueue_trial(space.default_params(), user_attrs={"default": True})
         if job.objective == "estimate":
             _check_estimates_still_hold(study, evaluator, space)
@@ -451,8 +455,7 @@ def _check_estimates_still_hold(study: optuna.Study, evaluator: Evaluator, space
     """Refuse to resume an estimated study whose default compile the cost model now prices
     otherwise: op tuning since has changed the knowledge base's tilings, and trials scored
     with the old ones would be compared with trials scored with the new."""
-    default = next((t for t in study.get_trials(deepcopy=False, states=(
-        optuna.trial.TrialState.COMPLETE,)) if t.user_attrs.get("default")), None)
+    default = _default_trial(study, (optuna.trial.TrialState.COMPLETE,))
     if default is None or default.value is None:
         return
     now, _ = evaluator.score(evaluator.compile(space.default_params(), space))
@@ -504,6 +507,16 @@ def _best_value(study: optuna.Study) -> float:
     return min((v for v in values if v is not None), default=float("inf"))
 
 
+# A default trial in these states has run or will: one failed (interrupted) is queued again.
+_DEFAULT_PENDING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING,
+                    optuna.trial.TrialState.RUNNING)
+
+
+def _default_trial(study: optuna.Study, states) -> optuna.trial.FrozenTrial | None:
+    return next((t for t in study.get_trials(deepcopy=False, states=states)
+                 if t.user_attrs.get("default")), None)
+
+
 def _scored(trial: optuna.trial.FrozenTrial) -> Scored:
     return Scored(dict(trial.params), float(trial.value), dict(trial.user_attrs.get("by_device", {})))
 
@@ -515,14 +528,20 @@ def _result(study: optuna.Study, space: Space) -> SubgraphResult:
     if not completed:
         raise OptionError(f"study {study.study_name}: no trial completed (see the pruned "
                           "trials' reasons in the storage)")
-    default = next((t for t in completed if t.user_attrs.get("default")), None)
+    default = next((t for t in completed if t.user_attrs.get("default")), None) or next(
+        (t for t in completed if t.params == space.default_params()), None)  # the same compile
+    if default is None:
+        # Another run on the storage took the queued default and has not finished it: the
+        # best trial is no yardstick for itself.
+        raise OptionError(f"study {study.study_name}: its default compile has not completed "
+                          "(another run on the storage is scoring it?); run again when it has")
     top = min(completed, key=lambda t: (t.value, t.number))
-    if default is not None and top.params == default.params:
+    if top.params == default.params:
         top = default  # the sampler came back to the default: a faster timing of it is noise
     # Trials evaluated, as kb list counts them: not those failed or left running by a Ctrl-C.
     evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                          optuna.trial.TrialState.PRUNED))
-    return SubgraphResult(study.study_name, space, _scored(default or top), _scored(top),
+    return SubgraphResult(study.study_name, space, _scored(default), _scored(top),
                           len(evaluated), history(study))
 
 
@@ -573,11 +592,16 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
     job = (SubgraphJob("<model>", target_name, level, input_shapes,
                        model_digest=hashlib.sha256(model))
            if isinstance(model, bytes) else SubgraphJob(model, target_name, level, input_shapes))
-    found = best_decisions(storage, job, target_name)
+    passed_over: list[str] = []
+    found = best_decisions(storage, job, target_name, passed_over)
     if found is not None:
         gate, pass_options, study = found
         return Decisions(gate, pass_options, study, f"applying the subgraph decisions of {study}")
-    levels = tuned_levels(storage, job, target_name)
+    if passed_over:  # a study at this very level: saying another level holds it would mislead
+        return Decisions(note=(
+            f"{option('tuning_db')}: subgraph study {passed_over[0]}; no subgraph decisions "
+            "apply to this compile (running its tune again completes the study)"))
+    levels = [n for n in tuned_levels(storage, job, target_name) if n != level]
     if levels:
         return Decisions(note=(
             f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
@@ -618,16 +642,20 @@ def tuned_pins(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
     return sorted(found)
 
 
-def best_decisions(storage: Any, job: SubgraphJob, target_name: str):
+def best_decisions(storage: Any, job: SubgraphJob, target_name: str,
+                   passed_over: list[str] | None = None):
     """(rewrite gate, pass options, study name) of the job's tuned decisions (its model, target
     and level), preferring a measured study to an estimated one and the rule granularity's to
     the shape one's; None when the storage has no such study. The gate and options go to
-    optimize(rewrite_gate=…, pass_options=…)."""
+    optimize(rewrite_gate=…, pass_options=…). `passed_over` gets "<study> <why>" for each
+    study of the job that was not applied (no completed trial, or a measured run stopped
+    before its re-timing)."""
     with opened(storage, read_only=True) as store:
-        return _best_decisions(store, job, target_name)
+        return _best_decisions(store, job, target_name,
+                               passed_over if passed_over is not None else [])
 
 
-def _best_decisions(store, job: SubgraphJob, target_name: str):
+def _best_decisions(store, job: SubgraphJob, target_name: str, passed_over: list[str]):
     standing = _studies_by_job(store)
     candidates = [name for o in ("measured", "estimate") for g in GRANULARITIES
                   for name in _study_names(replace(job, objective=o, granularity=g),
@@ -638,12 +666,19 @@ def _best_decisions(store, job: SubgraphJob, target_name: str):
             completed = [t for t in study.get_trials(deepcopy=False,
                                                      states=(optuna.trial.TrialState.COMPLETE,))
                          if t.value is not None]
-            if not completed or "space" not in study.user_attrs:
+            if "space" not in study.user_attrs:
+                continue
+            if not completed:
+                passed_over.append(f"{name} has no completed trial (its run stopped before "
+                                   "the default compile was scored)")
                 continue
             # The last run's choice: its best, unless re-timing showed the default was as fast.
             chosen = study.user_attrs.get("chosen")
             if chosen is None and key.rsplit("/", 1)[-1].startswith("measured"):
                 # A run stopped before its re-timing: a best by noise, unconfirmed.
+                passed_over.append(f"{name} is not confirmed: its measured run stopped before "
+                                   "the side-by-side re-timing, and a best that may have won "
+                                   "by noise alone is not applied")
                 continue
             chosen = chosen or min(completed, key=lambda t: (t.value, t.number)).params
             space = space_from_json(study.user_attrs["space"])

@@ -146,6 +146,25 @@ def gemm_shape(node: Node) -> GemmShape:
                          out.static_shape if out is not None else None)
 
 
+def group_anchor_shape(call: Node, function) -> tuple[str, GemmShape] | None:
+    """(op type, GEMM) of the cube kernel heading a graphopt:: elementwise group (the call of
+    `function`, an onnx.FunctionProto FuseElementwise(epilogues=True) made); None for a group
+    without one. ValueError when the kernel's input shapes are not static."""
+    import onnx
+
+    anchor = next((n for n in function.node if n.op_type in ANCHORS_OF_GROUPS and not n.domain),
+                  None)
+    if anchor is None:
+        return None
+    by_name = dict(zip(function.input, call.inputs))
+    a, b = by_name.get(anchor.input[0]), by_name.get(anchor.input[1])
+    if a is None or b is None or a.static_shape is None or b.static_shape is None:
+        raise ValueError(f"{call!r}: the {anchor.op_type} inside needs static input shapes")
+    attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in anchor.attribute}
+    return anchor.op_type, op_gemm_shape(anchor.op_type, attrs, a.static_shape,
+                                         b.static_shape, operand_dtype(a, b))
+
+
 def operand_dtype(a: Value, b: Value) -> str:
     """The dtype a cube op computes in from its operands: int8 when both are 8-bit tensors
     dequantized right before it (the QDQ form of an int8 kernel: the cube reads them as they

@@ -22,7 +22,8 @@ A fused group (a graphopt:: call made by FuseElementwise, or a list of nodes) is
 its intermediates stay in the Unified Buffer, so `memory` counts only the values it reads from
 outside and the values read after it (graph outputs included), and it pays one launch. A group
 with a Conv/MatMul/Gemm kernel (FuseElementwise(epilogues=True)) costs that cube kernel
-(npu_model.estimate, default tiling) plus its epilogue's vector compute and the extra inputs
+(npu_model.estimate, under the tiling of its signature, as a lone one: the default unless the
+knowledge base has one) plus its epilogue's vector compute and the extra inputs
 the epilogue reads. A host↔device copy: transfer_latency_s + bytes / transfer_bandwidth.
 """
 
@@ -36,12 +37,13 @@ import onnx
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.quant_fit import qdq_problem, reads
 from graphopt.tuner.npu_model import Estimate, estimate
-from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CUBE_OPS, dequantized_8bit, op_gemm_shape,
-                                   operand_dtype)
+from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CUBE_OPS, dequantized_8bit,
+                                   group_anchor_shape)
 
 if TYPE_CHECKING:
     from graphopt.ir import Model, Node, Value
     from graphopt.partition.target import Device, Target
+    from graphopt.tuner.tiling import Tiling
 
 VECTOR_BYTES_PER_CYCLE = 256
 OP_COST = {  # vector instructions per output element (estimates)
@@ -135,16 +137,18 @@ def _absorbed_dequantize(node: Node, functions: dict | None = None) -> str | Non
     return None
 
 
-def group_estimate(nodes: list[Node] | Node, device: Device, model: Model | None = None) -> Estimate:
+def group_estimate(nodes: list[Node] | Node, device: Device, model: Model | None = None,
+                   tiling: Tiling | None = None) -> Estimate:
     """One fused kernel for `nodes` (its intermediates never reach GM), or for a graphopt::
-    function call (`model` supplies the function body)."""
+    function call (`model` supplies the function body; `tiling`, that of the cube kernel
+    heading it, the default tiling when None)."""
     if not isinstance(nodes, (list, tuple)):
         nodes = [nodes]
     if len(nodes) == 1 and model is not None:
         function = {(f.domain, f.name): f for f in model.functions}.get(
             (nodes[0].domain, nodes[0].op_type))
         if function is not None:
-            return _call_estimate(nodes[0], function, device)
+            return _call_estimate(nodes[0], function, device, tiling)
     members = set(nodes)
     reads, writes, work = [], [], 0.0
     for node in nodes:
@@ -163,7 +167,8 @@ def group_estimate(nodes: list[Node] | Node, device: Device, model: Model | None
                    fused_nodes=len(nodes))
 
 
-def _call_estimate(call: Node, function: onnx.FunctionProto, device: Device) -> Estimate:
+def _call_estimate(call: Node, function: onnx.FunctionProto, device: Device,
+                   tiling: Tiling | None = None) -> Estimate:
     ins = [v for v in call.inputs if v is not None]
     outs = [v for v in call.outputs if v is not None]
     elems = max((elements(v) for v in outs), default=0)
@@ -177,12 +182,8 @@ def _call_estimate(call: Node, function: onnx.FunctionProto, device: Device) -> 
     # The cube kernel reads its own operands; the epilogue adds the other inputs it reads.
     by_name = dict(zip(function.input, call.inputs))
     a, b = by_name.get(anchor.input[0]), by_name.get(anchor.input[1])
-    if a is None or b is None or a.static_shape is None or b.static_shape is None:
-        raise ValueError(f"{call!r}: the {anchor.op_type} inside needs static input shapes")
-    attrs = {attr.name: onnx.helper.get_attribute_value(attr) for attr in anchor.attribute}
-    shape = op_gemm_shape(anchor.op_type, attrs, a.static_shape, b.static_shape,
-                          operand_dtype(a, b))
-    cube = estimate(shape, None, device)
+    _, shape = group_anchor_shape(call, function)
+    cube = estimate(shape, tiling, device)
     bias = by_name.get(anchor.input[2]) if len(anchor.input) > 2 else None
     extra = [v for v in ins if v is not a and v is not b and v is not bias]
     extra_s = sum(value_bytes(v) for v in extra) / device.memory_bandwidth
