@@ -189,6 +189,18 @@ def test_advisor_leaves_fused_graphs_alone(tmp_path):
     assert not find_patterns(load_onnx(shared))
 
 
+def test_a_bias_behind_an_identity_is_a_constant_bias():
+    # TorchScript exports route 11 of BERT's 12 shared projection biases through an Identity,
+    # which onnxruntime's MatMulAddFusion sees past: the advisor counted 1 place of 12.
+    proto = parse_model("""
+        g (float[4,16] x) => (float[4,8] y) {
+            c = Identity (b)
+            m = MatMul (x, w)
+            y = Add (m, c)
+        }""", w=weight(16, 8), b=weight(8))
+    assert len(find_patterns(load_onnx(proto))["MatMul + Add"]) == 1
+
+
 def test_patterns_in_decomposed_layernorm_and_gelu():
     proto = parse_model("""
         g (float[2,8] x) => (float[2,8] y) {

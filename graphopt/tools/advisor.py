@@ -117,9 +117,18 @@ def _matmul_add(node: Node) -> list[Node] | None:
     if node.op_type != "MatMul":
         return None
     add = _only_consumer(node.output, {"Add"})
-    if add is None or not any(v is not None and v.is_constant for v in add.inputs):
+    if add is None or not any(_constant(v) for v in add.inputs):
         return None
     return [node, add]
+
+
+def _constant(value: Value | None) -> bool:
+    """A constant, or an Identity of one (TorchScript exports route 11 of BERT's 12 shared
+    projection biases through an Identity, which onnxruntime's MatMulAddFusion sees past)."""
+    while value is not None and not value.is_constant and value.producer is not None \
+            and value.producer.op_type == "Identity":
+        value = value.producer.inputs[0]
+    return value is not None and value.is_constant
 
 
 def _conv_bn(node: Node) -> list[Node] | None:
