@@ -235,6 +235,12 @@ def test_the_history_a_plot_draws_prices_the_trials_as_the_table_does(a310, tmp_
         study.add_trial(optuna.trial.create_trial(
             params=step_params(tiling, choices), distributions=step_distributions(choices),
             value=value, user_attrs={"tiling": tiling_params(tiling)}))
+    # The HTML report's curve too, beside kb list's re-priced row.
+    from graphopt.tuner.kb import kernel_history, list_kb
+
+    (row,) = list_kb(url)
+    assert kernel_history(optuna.load_study(study_name=SIG, storage=url), row, {}) == [
+        estimate(SHAPE, space[-1], a310).seconds, estimate(SHAPE, space[0], a310).seconds]
     result = tune_kernel(SHAPE, a310, target="ascend310", trials=0, storage=url)
     assert result.best == (space[0], estimate(SHAPE, space[0], a310).seconds)
     # The default this run added is trial 2: the best stays the second trial's.

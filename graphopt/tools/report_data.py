@@ -214,8 +214,7 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
 def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str | None) -> Tuning:
     from graphopt.tuner.optuna_import import optuna
 
-    from graphopt.tuner.kb import list_kb
-    from graphopt.tuner.search import history
+    from graphopt.tuner.kb import kernel_history, list_kb
 
     tuning = Tuning(storage=_shown_storage(storage))
     manifest = artifact.manifest
@@ -225,13 +224,15 @@ def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str |
         tuning.kernel_note = (f"this .om has no NPU cube kernel with static shapes (target "
                               f"{target}), so op tuning does not apply")
     else:
-        rows = _applied_studies(list_kb(store))
+        rows, devices = _applied_studies(list_kb(store)), {}
         for sig, count in sorted(signatures.items()):
             row = rows.get(sig)
             tuning.kernels.append({"signature": sig, "nodes": count, **(row or {"trials": 0})})
             if row and row["trials"]:
                 study = optuna.load_study(study_name=row["study"], storage=store)
-                tuning.curves.append(Curve(sig, history(study), row["default_seconds"]))
+                # Priced as the row beside it is: stored figures may be another cost model's.
+                tuning.curves.append(Curve(sig, kernel_history(study, row, devices),
+                                           row["default_seconds"]))
         if not any(k["trials"] for k in tuning.kernels):
             tuning.kernel_note = (f"the storage has no study of this model's {len(signatures)} "
                                   f"kernel signature(s); run `graphopt tune MODEL.onnx --target "

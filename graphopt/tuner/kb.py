@@ -169,6 +169,18 @@ def list_kb(storage: Any) -> list[dict]:
     return rows
 
 
+def kernel_history(study: optuna.Study, row: dict, devices: dict) -> list[float]:
+    """The best seconds after each trial of a list_kb row's study, priced as the row is: by
+    this cost model for a built-in target's kernel (search.priced_history, as tune's --plot
+    draws it), the stored figures otherwise."""
+    from graphopt.tuner.search import history, priced_history
+
+    if not row.get("repriced"):
+        return history(study)
+    sig = row["signature"]
+    return priced_history(study, parse_signature(sig)[2], _builtin_device(sig, devices))
+
+
 def _builtin_device(sig: str, cache: dict) -> Any:
     """The cube device of a built-in target's kernel signature, None for another target's."""
     from graphopt.partition.target import builtin_targets, load_target
