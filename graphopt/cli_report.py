@@ -105,8 +105,12 @@ def _cmd_report(args) -> int:
     parts = data.artifact.partitions
     # The weights' (de)quantizations are not drawn, but they are nodes of the .om all the same.
     nodes = sum(1 for n in data.graph.nodes if n.partition) + data.graph.weight_casts
+    # The partition table counts the nodes inside If/Loop/Scan bodies too: say how many.
+    nested = sum(p["nodes"] for p in data.partition_ops
+                 if p["name"] in {part.name for part in parts}) - nodes
+    inside = f" and {nested} inside If/Loop/Scan bodies" if nested > 0 else ""
     size = len(page) // 1024
-    lines = [f"wrote {out} ({size} KiB): {len(parts)} partition(s), {nodes} node(s)"]
+    lines = [f"wrote {out} ({size} KiB): {len(parts)} partition(s), {nodes} node(s){inside}"]
     if data.accuracy is not None:
         lines.append(f"accuracy: {'PASS' if data.accuracy.passed else 'FAIL'} "
                      f"({sum(r.passed for r in data.accuracy.outputs)}/"

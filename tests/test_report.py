@@ -686,3 +686,29 @@ def test_the_inputs_start_at_the_left_of_a_wide_picture(tmp_path):
     placed = layout(build_graph(load_om(path)))
     (first,) = [b for b in placed.boxes.values() if b.head.op == "input"]
     assert first.x <= placed.width / 2
+
+
+def test_an_if_that_holds_the_network_is_drawn_with_what_its_branches_read(capsys, tmp_path):
+    # silero-vad's If holds the whole network: its branches read the model's inputs, which
+    # were drawn with no edge, and the summary line counted 2 nodes where the table has 154.
+    branch = lambda name, op: helper.make_graph(  # noqa: E731 - two one-line bodies
+        [helper.make_node(op, ["x"], [f"{name}_y"])], name, [],
+        [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [2, 3])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("then", "Relu"),
+                          else_branch=branch("else", "Neg"))], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    om = tmp_path / "if.om"
+    graphopt.save(graphopt.optimize(helper.make_model(
+        graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", 17)])), om)
+    from graphopt.codegen.om_read import load_om
+    from graphopt.tools.report_data import build_graph
+
+    drawn = build_graph(load_om(om))
+    (node,) = [n.id for n in drawn.nodes if n.op == "If"]
+    edges = {(u, v) for u, v, _ in drawn.edges}
+    assert ("in:x", node) in edges and ("in:c", node) in edges
+    _, _, stdout = report(capsys, tmp_path, om)
+    assert "1 partition(s), 1 node(s) and 2 inside If/Loop/Scan bodies" in stdout

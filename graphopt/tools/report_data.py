@@ -14,6 +14,7 @@ from graphopt.codegen.om_manifest import file_sha256
 from graphopt.codegen.om_read import OmArtifact, load_om
 from graphopt.errors import StandInError
 from graphopt.ir import load_onnx
+from graphopt.ir.graph import captured_values
 from graphopt.ir.printer import format_type
 from graphopt.option_names import REPORT_FLAGS, caller_keywords, option, usage
 from graphopt.tools.accuracy_rule import accuracy_rule, pass_log_of_om
@@ -115,8 +116,11 @@ def build_graph(artifact: OmArtifact) -> GraphData:
                                 [(v.name, format_type(v)) for v in outs]))
             for v in outs:
                 producer[v.name] = node_id
+            # An If/Loop/Scan reads what its bodies capture from this graph as well (silero-vad's
+            # If holds the network: its input and state had no edge at all).
+            captured = [v for sub in node.subgraphs() for v in captured_values(sub)]
             # Weights and folded constants are not drawn: only values some node computes.
-            reads.append((node_id, [v.name for v in ins
+            reads.append((node_id, [v.name for v in ins + captured
                                     if not v.is_constant and v.name not in weights]))
     edges = []
     for node_id, names in reads:
