@@ -550,3 +550,20 @@ def test_spearman_is_not_reported_where_it_says_nothing(predicted, measured, gap
     stats.kernels.append(SimpleNamespace(predicted_us=9.0, mean_us=9.5))
     stats.kernels.append(SimpleNamespace(predicted_us=0.5, mean_us=0.1))
     assert not math.isnan(stats.spearman()) and stats.spearman_gap() == ""
+
+
+def test_the_trace_puts_every_partition_on_one_clock(tmp_path):
+    # Each partition's session starts its profiler clock when it is created: kept apart, the
+    # last partition's kernels came before the first's on the viewers' shared time axis.
+    path = tmp_path / "topk.om"
+    graphopt.save(graphopt.optimize(conv_topk_model(k=4), target="ascend310"), path)
+    profile = profile_model(path, **RUNS)
+    first: dict[str, float] = {}
+    for event in profile.trace:
+        if event.get("cat") == "Node":
+            partition = event["args"]["partition"]
+            first[partition] = min(first.get(partition, math.inf), event["ts"])
+    from graphopt.codegen.om_read import load_om
+
+    order = load_om(path).execution_order
+    assert len(order) == 2 and sorted(first, key=first.get) == order

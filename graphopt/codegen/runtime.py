@@ -746,6 +746,11 @@ class OmSession:
         """Stop profiling (sessions made with `profile_dir`): each partition's trace file."""
         return {step.name: step.session.end_profiling() for step in self._steps}
 
+    def profiling_starts_ns(self) -> dict[str, int]:
+        """When each partition's profiler clock started (ns since the epoch): its trace's
+        times count from there."""
+        return {step.name: step.session.get_profiling_start_time_ns() for step in self._steps}
+
     @property
     def artifact(self) -> OmArtifact:
         """The loaded artifact, once its checksums passed (ArtifactError otherwise)."""

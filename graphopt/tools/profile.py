@@ -280,6 +280,7 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
         _timed_runs(run, skip - 1)
         wall = _timed_runs(run, repeat)
     ran = set(artifact.execution_order)
+    starts = session.profiling_starts_ns()
     traces = {name: read_trace(file) for name, file in session.end_profiling().items()
               if file and name in ran}
     shapes = _tensor_shapes({**feeds, **values})
@@ -296,7 +297,8 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     profile = Profile(path=path, kind="om", runs=repeat, warmup=warmup, threads=threads,
                       partitions=partitions, kernels=[], wall_s=wall, cost_model="",
                       models=models, partitioning=artifact.extra.get("partitioning"),
-                      notes=notes, trace=merge_traces(traces), shape_profile=shape_profile)
+                      notes=notes, trace=merge_traces(traces, starts),
+                      shape_profile=shape_profile)
     _collect(profile, traces, skip)
     return profile
 

@@ -91,14 +91,20 @@ def _in_control_flow(kernels: list[dict]) -> set[int]:
     return inside
 
 
-def merge_traces(traces: dict[str, list[dict]]) -> list[dict]:
-    """One chrome trace from several sessions' (one per .om partition). Each session's clock
-    starts at its own creation, so each partition gets a process track of its own, named by a
-    metadata event, rather than one timeline that would misplace them against each other."""
+def merge_traces(traces: dict[str, list[dict]],
+                 starts_ns: dict[str, int] | None = None) -> list[dict]:
+    """One chrome trace from several sessions' (one per .om partition), each partition on a
+    process track of its own, named by a metadata event. Each session's clock starts at its
+    own creation: `starts_ns` (when each started) puts them on the earliest one's, so the
+    viewers' shared time axis shows the partitions in the order they ran (the last one's
+    kernels had come 5 ms before the first's)."""
+    first = min(starts_ns.values()) if starts_ns else 0
     merged: list[dict] = []
     for pid, (partition, events) in enumerate(traces.items(), start=1):
+        shift = ((starts_ns or {}).get(partition, first) - first) / 1000  # µs, as "ts" is
         merged.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                        "args": {"name": f"partition {partition}"}})
-        merged.extend({**e, "pid": pid, "args": {**e.get("args", {}), "partition": partition}}
+        merged.extend({**e, "pid": pid, "args": {**e.get("args", {}), "partition": partition},
+                       **({"ts": e["ts"] + shift} if "ts" in e else {})}
                       for e in events)
     return merged
