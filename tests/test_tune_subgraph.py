@@ -52,7 +52,6 @@ def _job(path, **kw):
 
 
 def test_space_groups_alike_rewrites_and_the_gate_switches_them_off():
-    rng = np.random.default_rng(1)
     layers = "\n".join(f"    e{i} = Erf (d{i})\n    p{i} = Add (e{i}, one)\n"
                        f"    m{i} = Mul (x{i}, p{i})\n    x{i + 1} = Mul (m{i}, half)\n"
                        f"    d{i + 1} = Div (x{i + 1}, sqrt2)" for i in range(3))

@@ -518,7 +518,8 @@ def _default_trial(study: optuna.Study, states) -> optuna.trial.FrozenTrial | No
 
 
 def _scored(trial: optuna.trial.FrozenTrial) -> Scored:
-    return Scored(dict(trial.params), float(trial.value), dict(trial.user_attrs.get("by_device", {})))
+    return Scored(dict(trial.params), float(trial.value),
+                  dict(trial.user_attrs.get("by_device", {})))
 
 
 def _result(study: optuna.Study, space: Space) -> SubgraphResult:
