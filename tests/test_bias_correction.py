@@ -190,11 +190,17 @@ def test_a_float_head_keeps_its_bias_under_too_few_calibration_samples(tmp_path)
     for samples, corrected in ((int8.MIN_HEAD_VALUES - 1, 0), (int8.MIN_HEAD_VALUES, 1)):
         np.savez(tmp_path / "c.npz", x=rng.uniform(0.0, 2.0, (samples, 1, 16, 12, 12))
                  .astype(np.float32))
-        result = graphopt.optimize(proto, pass_options={
-            "quantize": "int8", "calibration": str(tmp_path / "c.npz")})
-        stats = next(r for r in result.log.records if r.name == "QuantizeInt8").stats
-        assert stats.get("bias correction of a float layer", 0) == corrected
-        assert any("keep their bias" in note for note in result.notes) == (not corrected)
+        _assert_corrected(proto, tmp_path / "c.npz", corrected)
+
+
+def _assert_corrected(proto, calibration, corrected: int) -> None:
+    """An INT8 compile on `calibration` corrects `corrected` float layers' bias, and says
+    when it keeps them."""
+    result = graphopt.optimize(proto, pass_options={
+        "quantize": "int8", "calibration": str(calibration)})
+    stats = next(r for r in result.log.records if r.name == "QuantizeInt8").stats
+    assert stats.get("bias correction of a float layer", 0) == corrected
+    assert any("keep their bias" in note for note in result.notes) == (not corrected)
 
 
 CHAINED = """
@@ -263,8 +269,4 @@ def test_a_float_conv_counts_its_map_positions_as_values(tmp_path, size, correct
                         b3=np.zeros(4, np.float32))
     np.savez(tmp_path / "c.npz", x=rng.uniform(0.0, 2.0, (1, 1, 8, size, size))
              .astype(np.float32))
-    result = graphopt.optimize(proto, pass_options={
-        "quantize": "int8", "calibration": str(tmp_path / "c.npz")})
-    stats = next(r for r in result.log.records if r.name == "QuantizeInt8").stats
-    assert stats.get("bias correction of a float layer", 0) == corrected
-    assert any("keep their bias" in note for note in result.notes) == (not corrected)
+    _assert_corrected(proto, tmp_path / "c.npz", corrected)
