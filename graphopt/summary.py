@@ -71,8 +71,12 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
 def format_profiles(result: OptimizeResult) -> str:
     """One row per shape profile: the sizes it pins, what its compile made and its memory."""
     rows, sizes = [], []
+    unplanned: dict[str, list[str]] = {}  # reason -> the partitions it keeps unplanned
     for compiled in result.profiles:
         run = compiled.result
+        for name, plan in run.memory_plans.items():
+            if isinstance(plan, str):
+                unplanned.setdefault(plan, []).append(f"{compiled.profile.name}.{name}")
         plans = [p for p in run.memory_plans.values() if not isinstance(p, str)]
         planned = bool(plans) and len(plans) == len(run.memory_plans)
         sizes.append(sum(p.arena_bytes for p in plans) if planned else None)
@@ -83,5 +87,8 @@ def format_profiles(result: OptimizeResult) -> str:
                      f"{run.seconds:.2f}"])
     if len(rows) > 1 and None not in sizes:  # what to size a buffer by
         rows[sizes.index(max(sizes))][4] += " (largest)"
-    return format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
-                        rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")
+    table = format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
+                         rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")
+    # A "-" alone does not say why; profiles that fail alike (every one at -O1) share a line.
+    return "\n".join([table] + [f"memory plan {', '.join(names)}: none ({reason})"
+                                for reason, names in unplanned.items()])

@@ -635,3 +635,48 @@ def test_text_inspect_shows_every_profiles_kernel_configs(tmp_path, capsys):
     for profile in ("profile0", "profile1"):
         assert f"kernel configs of {profile} (estimates;" in text, text
         assert f"{profile}.p0_npu        5             2  default" in text, text
+
+
+
+def nonzero_unless_one_model() -> onnx.ModelProto:
+    """x[N, 4] through Relu when N is 1, else through NonZero, whose output size depends on
+    x's values: profile N=1 has a memory plan, N=2 cannot have one."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(name: str, nodes: list) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)
+        return helper.make_graph(nodes, name, [], [out])
+
+    then_branch = branch("then", [helper.make_node("Relu", ["x"], ["t"])])
+    else_branch = branch("else", [helper.make_node("NonZero", ["x"], ["nz"]),
+                                  helper.make_node("Cast", ["nz"], ["e"], to=TensorProto.FLOAT)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"]),
+             helper.make_node("Equal", ["n", "one"], ["one_row"]),
+             helper.make_node("If", ["one_row"], ["picked"], then_branch=then_branch,
+                              else_branch=else_branch),
+             helper.make_node("Sigmoid", ["picked"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_profile_without_a_memory_plan_says_why(tmp_path, capsys):
+    from graphopt.summary import format_summary
+
+    result = graphopt.optimize(nonzero_unless_one_model(), target="cpu", dynamic_dims="N:1,2")
+    text = format_summary(result)
+    # The table's "-" alone gave no reason; a single-shape compile gives it.
+    assert "\nmemory plan profile1.p0_cpu: none (cannot plan memory: %nz (output 0 of " \
+           "NonZero)" in text, text
+    assert "memory plan profile0" not in text
+    out = tmp_path / "nz.om"
+    graphopt.save(result, out)
+    rc, text, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    # inspect's memory plan showed the default profile's alone.
+    assert "\nprofile0.p0_cpu         64 B" in text, text
+    assert "\nprofile1.p0_cpu: cannot plan memory: %nz (output 0 of NonZero)" in text, text

@@ -493,8 +493,12 @@ def format_om(artifact: OmArtifact) -> str:
     if artifact.profiles:
         extra.pop("profiles", None)  # in the profiles table
     plans = extra.get("memory_plan")
+    if artifact.profiles:  # the extras' plans are the default profile's: show every profile's
+        plans = {name: plan for _, section in profile_memory_plans(artifact)
+                 for name, plan in section.items()}
     if isinstance(plans, dict) and plans and all(isinstance(p, dict) for p in plans.values()):
-        parts.append(_format_memory(extra.pop("memory_plan")))
+        extra.pop("memory_plan", None)
+        parts.append(_format_memory(plans))
     if isinstance(extra.get("partitioning"), dict):
         parts += _format_placements(artifact, extra.pop("partitioning"))
     if kernels:  # each profile's own shapes, tilings and estimates
