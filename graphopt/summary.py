@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from graphopt.codegen.inspect_om import largest_index
 from graphopt.compiler import OptimizeResult, op_counts
 from graphopt.errors import one_line
 from graphopt.partition.target import as_given
@@ -85,8 +86,9 @@ def format_profiles(result: OptimizeResult) -> str:
                      sum(op_counts(run.model.graph.all_nodes()).values()), parts,
                      "-" if sizes[-1] is None else format_bytes(sizes[-1]),
                      f"{run.seconds:.2f}"])
-    if len(rows) > 1 and None not in sizes:  # what to size a buffer by
-        rows[sizes.index(max(sizes))][4] += " (largest)"
+    largest = largest_index(sizes)  # what to size a buffer by; as inspect marks it
+    if largest is not None:
+        rows[largest][4] += " (largest)"
     table = format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
                          rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")
     # A "-" alone does not say why; profiles that fail alike (every one at -O1) share a line.

@@ -680,3 +680,17 @@ def test_a_profile_without_a_memory_plan_says_why(tmp_path, capsys):
     # inspect's memory plan showed the default profile's alone.
     assert "\nprofile0.p0_cpu         64 B" in text, text
     assert "\nprofile1.p0_cpu: cannot plan memory: %nz (output 0 of NonZero)" in text, text
+
+
+def test_the_summary_marks_no_largest_profile_on_a_tie():
+    from graphopt.summary import format_profiles
+
+    # batch 2 × seq 8 and batch 1 × seq 16 need the same memory: neither is the one to size
+    # buffers by, as inspect has it (the summary marked the first).
+    result = graphopt.optimize(mlp_model(), target="cpu",
+                               dynamic_dims="batch=1,seq=8;batch=2,seq=8;batch=1,seq=16")
+    text = format_profiles(result)
+    assert "(largest)" not in text and text.count("32.5 KiB") == 2, text
+    result = graphopt.optimize(mlp_model(), target="cpu",
+                               dynamic_dims="batch=1,seq=8;batch=2,seq=8")
+    assert "32.5 KiB (largest)" in format_profiles(result)

@@ -350,13 +350,20 @@ def profile_rows(artifact: OmArtifact) -> list[dict]:
     return rows
 
 
+def largest_index(sizes: list[int | None]) -> int | None:
+    """Where the one largest of several sizes is, when all are known and it is above every
+    other; None otherwise. Buffers are sized by the profile it marks, and a tie (every profile
+    0 B, say) has no one largest."""
+    if len(sizes) < 2 or None in sizes or sizes.count(max(sizes)) > 1:
+        return None
+    return sizes.index(max(sizes))
+
+
 def largest_profile(rows: list[dict]) -> str | None:
     """The profile needing the most work memory, when there are several, all are planned and
     one needs more than every other."""
-    sizes = [r["work_bytes"] for r in rows]
-    if len(rows) < 2 or None in sizes or sizes.count(max(sizes)) > 1:
-        return None  # a tie (every profile 0 B, say) has no one largest
-    return max(rows, key=lambda r: r["work_bytes"])["name"]
+    index = largest_index([r["work_bytes"] for r in rows])
+    return None if index is None else rows[index]["name"]
 
 
 PROFILE_HEADERS = ["profile", "dims", "inputs", "partitions", "nodes", "work memory"]
