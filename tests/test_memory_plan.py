@@ -166,6 +166,23 @@ def test_subgraph_reads_of_outer_values_extend_their_lifetimes():
     assert check_plan(model, plan, feeds).ok
 
 
+def test_the_summary_says_the_bodies_of_control_flow_are_not_planned():
+    # All the work inside a branch: the arena holds the outer tensors alone, and its size
+    # (silero-vad's 128 B) is not the memory the model needs.
+    model = parse(HEADER + """
+    g (float[64] x, bool c) => (float[64] y) {
+        a = Relu(x)
+        z = If(c) <then_branch = then_g () => (float[64] t) { u = Neg(a)\n t = Exp(u) },
+                   else_branch = else_g () => (float[64] e) { v = Abs(a)\n e = Exp(v) }>
+        y = Sigmoid(z)
+    }""")
+    assert plan_memory(model).summary().endswith(
+        "over 3 steps; not counted: memory inside the bodies of 1 control-flow node (If), "
+        "which the runtime allocates as they run")
+    flat = parse(HEADER + "g (float[64] x) => (float[64] y) { a = Relu(x)\n y = Exp(a) }")
+    assert "not counted" not in plan_memory(flat).summary()
+
+
 def test_a_schedule_out_of_order_is_refused():
     model = parse(HEADER + """
     g (float[4] x) => (float[4] y) {
