@@ -142,6 +142,27 @@ def test_expand_refuses_what_cannot_be_compiled(spec, message):
         expand_profiles(load_onnx(mlp_model()), spec)
 
 
+def test_an_input_of_unknown_rank_is_not_called_static():
+    # x has no shape at all: its dims are unknown, not static, and no key can name them.
+    from onnx import TensorProto, helper
+
+    def model_of(*inputs: onnx.ValueInfoProto):
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", list(inputs),
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                           ir_version=8))
+
+    unranked = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    model = model_of(unranked, helper.make_tensor_value_info("m", TensorProto.FLOAT, ["N"]))
+    with pytest.raises(OptionError, match=r"no dynamic input dim 'x\[0\]' \(its dynamic dims: "
+                                          r"N \(m\[0\]\); input 'x' of unknown rank \(no shape "
+                                          r"in the model\), whose dims no key can name; "
+                                          r"input_shapes can pin a shape for one compile\)$"):
+        expand_profiles(model, "x[0]:1,2")
+    with pytest.raises(OptionError, match=r"\(input 'x' of unknown rank"):  # not all static
+        expand_profiles(model_of(unranked), "x[0]:1,2")
+
+
 # --- compile, artifact, runtime -------------------------------------------------------------
 
 
