@@ -120,10 +120,13 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
         raise OptionError(f"dynamic_dims: expected 'DIM:V1,V2;…', {{dim: [values]}} or "
                           f"[{{dim: value}}, …], got {spec!r}")
     if len(combos) > MAX_PROFILES:
+        # Listing the profiles one by one is no way around it: the limit counts profiles.
+        fewer = ("list fewer values per dim, or name only the profiles you serve one by one "
+                 "(DIM=V,DIM=V;…)" if isinstance(spec, dict) else "list fewer profiles")
         raise OptionError(f"{option('dynamic_dims')}: {len(combos)} profiles, more than "
-                          f"{MAX_PROFILES} "
-                          "(each is a compile of its own); list fewer values or name the "
-                          "profiles one by one (DIM=V,DIM=V;…)")
+                          f"{MAX_PROFILES} (each is a compile of its own; the limit holds for "
+                          f"the combinations of DIM:V1,V2 and the listed DIM=V form alike): "
+                          f"{fewer}")
     found = dynamic_dims(model)
     unranked = [v.name for v in model.graph.inputs if not v.is_constant and v.shape is None]
     keys = list(dict.fromkeys(k for combo in combos for k in combo))
