@@ -409,8 +409,13 @@ def _forged_profile_routing(manifest):
     manifest["profiles"][2]["routing"][0]["from"] = "profile0.p0"
 
 
+def _dims_order_of_other_dims(manifest):
+    manifest["profiles"][0]["dims_order"] = ["batch", "sequence"]
+
+
 @pytest.mark.parametrize("mutate, message", [
     (_drop_profiles, "manifest has no 'profiles'"),
+    (_dims_order_of_other_dims, "profile 'profile0' dims_order must list its dims' keys once"),
     (_version_1, "manifest has profiles, which need format_version 2"),
     (_partition_in_two_profiles, "every partition exactly once across the profiles"),
     (_wrong_profile_inputs, "manifest profile 'profile1' inputs are not the artifact's"),
@@ -720,3 +725,22 @@ def test_the_summary_marks_no_largest_profile_on_a_tie():
     result = graphopt.optimize(mlp_model(), target="cpu",
                                dynamic_dims="batch=1,seq=8;batch=2,seq=8")
     assert "32.5 KiB (largest)" in format_profiles(result)
+
+
+def test_a_profiles_dims_keep_the_order_they_were_given_in(tmp_path, capsys):
+    # The manifest's JSON sorts its keys: inspect, run and the runtime's errors showed
+    # batch before seq where the command line, and the compile summary, gave seq first.
+    out = tmp_path / "mlp.om"
+    graphopt.save(graphopt.optimize(mlp_model(), dynamic_dims="seq:4;batch:1,2"), out)
+    assert [list(p["dims"]) for p in load_om(out).profiles] == [["seq", "batch"]] * 2
+    rc, text, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    assert "profile1  seq=4, batch=2" in text, text
+    session = graphopt.load(out)
+    with pytest.raises(GraphoptError, match=r"profile0 \(seq=4, batch=1\); profile1 \(seq=4, "):
+        session.run(feeds_for(3, 4))
+    # An artifact without dims_order (written before it) keeps its dims as stored.
+    old = _rewrite(out, tmp_path / "old.om",
+                   lambda m: [p.pop("dims_order") for p in m["profiles"]])
+    assert list(load_om(old).profiles[0]["dims"]) == ["batch", "seq"]
+
