@@ -37,8 +37,16 @@ def optimize_profiles(model, spec, options: dict):
     """Compile `model` once per profile of `spec` with graphopt.optimize's `options`; returns the
     first profile's OptimizeResult, whose `profiles` lists every profile's. A model file is
     parsed once: the profiles' imports share its weights."""
-    with shared_parses():
-        return _optimize_profiles(model, spec, options)
+    from graphopt.compiler import PIN_OPTIONS
+
+    # A refusal of a pin names the options that pinned: --dynamic-dims (and --input-shape).
+    token = PIN_OPTIONS.set(("dynamic_dims", "input_shapes") if options.get("input_shapes")
+                            else ("dynamic_dims",))
+    try:
+        with shared_parses():
+            return _optimize_profiles(model, spec, options)
+    finally:
+        PIN_OPTIONS.reset(token)
 
 
 def _optimize_profiles(model, spec, options: dict):

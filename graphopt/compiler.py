@@ -11,6 +11,7 @@ import stat
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -234,10 +235,10 @@ def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) 
     try:
         check_inference(model, label)
     except InputError as exc:
-        raise InputError(f"{exc} (with the pinned shapes {_pins(shapes)})") from None
+        raise InputError(f"{exc} (with the pinned shapes {_pins(shapes, model)})") from None
     conflict = reshape_conflict(model)
     if conflict:  # inference lets a static element count through that the kernel refuses
-        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes)}")
+        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes, model)}")
 
 
 def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
@@ -250,7 +251,7 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
 
     conflict = reshape_conflict(model)  # a target folded from Concat/Shape only now
     if conflict:
-        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes)}: the "
+        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes, model)}: the "
                          "model fixes that size, so it cannot run at these shapes")
     refusal = onnxruntime_refusal(model)
     # A missing kernel is about types, which pins do not change: a bfloat16 compile for an
@@ -258,10 +259,18 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
     if refusal and _missing_kernel(refusal, model):
         return
     if refusal and onnxruntime_refusal(model, weightless=False):  # weights in place: surely
-        raise InputError(f"{label}: with the pinned shapes {_pins(shapes)}, onnxruntime cannot "
-                         f"load the compiled model: {refusal}. A pin can give a shape to a "
+        raise InputError(f"{label}: with the pinned shapes {_pins(shapes, model)}, onnxruntime "
+                         f"cannot load the compiled model: {refusal}. A pin can give a shape to a "
                          "branch the inputs never take that it cannot have: leave such an "
-                         f"input's dims open (no {option('input_shapes')} for it)")
+                         f"input's dims open ({_unpinned_advice()})")
+
+
+def _unpinned_advice() -> str:
+    """How to leave an input's dims open, in terms of the options that pinned them."""
+    given = PIN_OPTIONS.get()
+    advice = (f"no {option('dynamic_dims')} key on its dims" if "dynamic_dims" in given
+              else f"no {option('input_shapes')} for it")
+    return advice + (f", nor {option('input_shapes')}" if len(given) > 1 else "")
 
 
 def check_loads(model: Model, label: str, given: bytes) -> str | None:
@@ -323,8 +332,24 @@ def _missing_kernel(refusal: str, model: Model) -> bool:
 UNLOADABLE_NOTE = "onnxruntime cannot load the model as given"
 
 
-def _pins(shapes: dict[str, list[int]]) -> str:
-    return ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
+def _pins(shapes: dict[str, list[int]], model: Model) -> str:
+    """The pinned input shapes as --input-shape writes them, with the sizes `model` has where a
+    pin keeps a dim (-1): a shape profile's pins keep the dims the model fixes, which were
+    quoted as -1 (x:3,-1 of an x[B, 4])."""
+    inputs = {v.name: v.shape for v in model.graph.inputs}
+    quoted = []
+    for name, dims in shapes.items():
+        shape = inputs.get(name) or ()
+        sizes = [held if pinned == -1 and isinstance(held, int) else pinned
+                 for pinned, held in zip(dims, [*shape, *[None] * (len(dims) - len(shape))])]
+        quoted.append(f"{name}:{','.join(map(str, sizes))}")
+    return ";".join(quoted)
+
+
+# The options that pinned the input shapes of the compile under way, as the user gave them:
+# a shape profile's compile (compile_profiles) sets them, since its pins come from
+# --dynamic-dims, and advice to drop an --input-shape the user never gave misleads.
+PIN_OPTIONS: ContextVar[tuple[str, ...]] = ContextVar("PIN_OPTIONS", default=("input_shapes",))
 
 
 def weightless_bytes(model: Model) -> bytes | None:

@@ -120,13 +120,17 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
         raise OptionError(f"dynamic_dims: expected 'DIM:V1,V2;…', {{dim: [values]}} or "
                           f"[{{dim: value}}, …], got {spec!r}")
     if len(combos) > MAX_PROFILES:
+        # Listing the profiles one by one is no way around it: the limit counts profiles.
+        fewer = ("list fewer values per dim, or name only the profiles you serve one by one "
+                 "(DIM=V,DIM=V;…)" if isinstance(spec, dict) else "list fewer profiles")
         raise OptionError(f"{option('dynamic_dims')}: {len(combos)} profiles, more than "
-                          f"{MAX_PROFILES} "
-                          "(each is a compile of its own); list fewer values or name the "
-                          "profiles one by one (DIM=V,DIM=V;…)")
+                          f"{MAX_PROFILES} (each is a compile of its own; the limit holds for "
+                          f"the combinations of DIM:V1,V2 and the listed DIM=V form alike): "
+                          f"{fewer}")
     found = dynamic_dims(model)
+    unranked = [v.name for v in model.graph.inputs if not v.is_constant and v.shape is None]
     keys = list(dict.fromkeys(k for combo in combos for k in combo))
-    places = {key: _places(key, found, label) for key in keys}
+    places = {key: _places(key, found, label, unranked) for key in keys}
     if any(set(combo) != set(keys) for combo in combos):
         raise OptionError(f"{option('dynamic_dims')}: every profile must set the same dims "
                           f"({', '.join(keys)})")
@@ -144,9 +148,10 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
     return profiles
 
 
-def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str
-            ) -> list[tuple[str, int]]:
-    """Where `key` (a symbolic name, or `input[axis]` for any dynamic dim) is in the inputs."""
+def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str,
+            unranked: list[str]) -> list[tuple[str, int]]:
+    """Where `key` (a symbolic name, or `input[axis]` for any dynamic dim) is in the inputs;
+    `unranked` are the inputs without a shape, whose dims no key can name."""
     if key in found:
         return found[key]
     match = _AXIS_KEY.match(key)
@@ -156,7 +161,7 @@ def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str
             if place in spots:  # a named dim there is that dim everywhere it appears
                 return list(spots)
     raise OptionError(f"{option('dynamic_dims')}: {label} has no dynamic input dim '{key}' "
-                      f"({_describe(found)})")
+                      f"({_describe(found, unranked)})")
 
 
 def _values(key, values) -> list[int]:
@@ -184,8 +189,15 @@ def _check_overlap(keys: list[str], places: dict[str, list[tuple[str, int]]]) ->
             seen[place] = key
 
 
-def _describe(places: dict[str, list[tuple[str, int]]]) -> str:
+def _describe(places: dict[str, list[tuple[str, int]]], unranked: list[str]) -> str:
+    # An input without a shape has dims of its own, just none a key can name: it is not static.
+    # The profiles are read off the model as given, so an --input-shape pin does not give
+    # them dims to name: it gives one shape, for a compile of its own.
+    names = ", ".join(f"'{name}'" for name in unranked)
+    unknown = (f"input{'s' * (len(unranked) > 1)} {names} of unknown rank (no shape in the "
+               f"model), whose dims no key can name; {option('input_shapes')} can pin "
+               "a shape for one compile") if unranked else ""
     if not places:
-        return "its inputs are all static"
+        return unknown or "its inputs are all static"
     where = [f"{key} ({', '.join(f'{n}[{a}]' for n, a in spots)})" for key, spots in places.items()]
-    return "its dynamic dims: " + "; ".join(where)
+    return "its dynamic dims: " + "; ".join(where) + (f"; {unknown}" if unknown else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from graphopt.codegen.inspect_om import largest_index
 from graphopt.compiler import OptimizeResult, op_counts
 from graphopt.errors import one_line
 from graphopt.partition.target import as_given
@@ -71,8 +72,12 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
 def format_profiles(result: OptimizeResult) -> str:
     """One row per shape profile: the sizes it pins, what its compile made and its memory."""
     rows, sizes = [], []
+    unplanned: dict[str, list[str]] = {}  # reason -> the partitions it keeps unplanned
     for compiled in result.profiles:
         run = compiled.result
+        for name, plan in run.memory_plans.items():
+            if isinstance(plan, str):
+                unplanned.setdefault(plan, []).append(f"{compiled.profile.name}.{name}")
         plans = [p for p in run.memory_plans.values() if not isinstance(p, str)]
         planned = bool(plans) and len(plans) == len(run.memory_plans)
         sizes.append(sum(p.arena_bytes for p in plans) if planned else None)
@@ -81,7 +86,11 @@ def format_profiles(result: OptimizeResult) -> str:
                      sum(op_counts(run.model.graph.all_nodes()).values()), parts,
                      "-" if sizes[-1] is None else format_bytes(sizes[-1]),
                      f"{run.seconds:.2f}"])
-    if len(rows) > 1 and None not in sizes:  # what to size a buffer by
-        rows[sizes.index(max(sizes))][4] += " (largest)"
-    return format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
-                        rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")
+    largest = largest_index(sizes)  # what to size a buffer by; as inspect marks it
+    if largest is not None:
+        rows[largest][4] += " (largest)"
+    table = format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
+                         rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")
+    # A "-" alone does not say why; profiles that fail alike (every one at -O1) share a line.
+    return "\n".join([table] + [f"memory plan {', '.join(names)}: none ({reason})"
+                                for reason, names in unplanned.items()])

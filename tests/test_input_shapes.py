@@ -72,7 +72,9 @@ def test_a_pin_the_graph_cannot_take_is_refused_naming_the_node():
                                          r"it: .*Incompatible dimensions \(with the pinned shapes "
                                          r"x:3,4\)$"):
         graphopt.optimize(proto, input_shapes="x:3,4")
-    with pytest.raises(InputError, match=r"^shape profile profile1 \(N=3\): <model>: node 'add'"):
+    # The profile pins N alone: x's dim 1 is the model's own 4, not an open -1.
+    with pytest.raises(InputError, match=r"^shape profile profile1 \(N=3\): <model>: node 'add'"
+                                         r".*\(with the pinned shapes x:3,4\)$"):
         graphopt.optimize(proto, dynamic_dims="N:2,3")
     assert graphopt.optimize(proto, input_shapes="x:2,4").model.graph.outputs[0].shape == (2, 4)
 
@@ -177,6 +179,27 @@ def test_a_pin_that_leaves_onnxruntime_unable_to_load_the_compile_is_refused():
                                          r"load the compiled model: .*Incompatible dimensions"):
         graphopt.optimize(_branchy_model(), input_shapes={"x": [1, 512]})
     graphopt.optimize(_branchy_model())  # open, it compiles
+
+
+def test_a_refused_profile_pin_names_dynamic_dims_and_the_dims_the_model_fixes(tmp_path,
+                                                                               capsys):
+    # The pin came from --dynamic-dims alone: advice about --input-shape, which the user never
+    # gave, misled; and x's fixed dim 0 was quoted as -1 (x:-1,512), as if left open.
+    from graphopt.errors import InputError
+    from helpers import run_cli
+
+    source = tmp_path / "branchy.onnx"
+    onnx.save(_branchy_model(), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "b.om",
+                         "--dynamic-dims", "n:512")
+    assert rc == 1 and "with the pinned shapes x:1,512, onnxruntime cannot load" in err, err
+    assert err.rstrip().endswith("leave such an input's dims open (no --dynamic-dims key on "
+                                 "its dims)"), err
+    with pytest.raises(InputError, match=r"\(no dynamic_dims key on its dims, nor "
+                                         r"input_shapes\)$"):
+        graphopt.optimize(_branchy_model(), dynamic_dims="n:512", input_shapes="x:1,-1")
+    with pytest.raises(InputError, match=r"\(no input_shapes for it\)$"):  # as it was
+        graphopt.optimize(_branchy_model(), input_shapes="x:-1,512")
 
 
 def test_pins_make_valid_a_model_whose_dynamic_form_shape_inference_refuses():

@@ -166,6 +166,23 @@ def test_subgraph_reads_of_outer_values_extend_their_lifetimes():
     assert check_plan(model, plan, feeds).ok
 
 
+def test_the_summary_says_the_bodies_of_control_flow_are_not_planned():
+    # All the work inside a branch: the arena holds the outer tensors alone, and its size
+    # (silero-vad's 128 B) is not the memory the model needs.
+    model = parse(HEADER + """
+    g (float[64] x, bool c) => (float[64] y) {
+        a = Relu(x)
+        z = If(c) <then_branch = then_g () => (float[64] t) { u = Neg(a)\n t = Exp(u) },
+                   else_branch = else_g () => (float[64] e) { v = Abs(a)\n e = Exp(v) }>
+        y = Sigmoid(z)
+    }""")
+    assert plan_memory(model).summary().endswith(
+        "over 3 steps; not counted: memory inside the bodies of 1 control-flow node (If), "
+        "which the runtime allocates as they run")
+    flat = parse(HEADER + "g (float[64] x) => (float[64] y) { a = Relu(x)\n y = Exp(a) }")
+    assert "not counted" not in plan_memory(flat).summary()
+
+
 def test_a_schedule_out_of_order_is_refused():
     model = parse(HEADER + """
     g (float[4] x) => (float[4] y) {
@@ -355,12 +372,12 @@ def test_exact_search_on_a_wide_graph_respects_its_time_budget():
 
 
 # -- verification and the arena executor ----------------------------------------------------
-def _zoo(name: str, **options):
+def _zoo(name: str, precision: str = "keep", **options):
     proto = zoo.build(name, **options)
     pins = {i.name: [d.dim_value or (1 if k == 0 else 16)
                      for k, d in enumerate(i.type.tensor_type.shape.dim)]
             for i in proto.graph.input}
-    model = graphopt.optimize(proto, level=2, input_shapes=pins).model
+    model = graphopt.optimize(proto, level=2, input_shapes=pins, precision=precision).model
     return model, zoo.sample_inputs(proto, seed=0)
 
 
@@ -427,6 +444,42 @@ def test_a_corrupted_plan_is_caught_statically_and_by_the_executor():
         verify_plan(plan)
     check = check_plan(model, plan)
     assert not check.ok and check.max_abs["y"] > 0.1
+
+
+def test_check_plan_passes_a_correct_fp16_plan_and_fails_a_wrong_one():
+    # Each node's own session rounds to float16 where onnxruntime's whole-model run need not:
+    # every fp16 compile failed float32's tolerances, even with nothing shared.
+    proto = zoo.build("tiny")
+    model = graphopt.optimize(proto, level=2, precision="fp16").model
+    feeds = zoo.sample_inputs(proto, seed=0)
+    for strategies in (["naive"], None):
+        check = check_plan(model, plan_memory(model, strategies=strategies), feeds)
+        assert check.ok, check.mismatches
+    assert not check_plan(model, plan_memory(model), feeds, rtol=1e-4, atol=1e-5).ok  # as asked
+    # b overwrites a, which the last Add reads: the looser tolerances do not hide it.
+    model = parse(HEADER + """
+    g (float16[64] x) => (float16[64] y) {
+        a = Relu(x)
+        b = Sigmoid(x)
+        c = Add(a, b)
+        y = Add(c, a)
+    }""")
+    plan = plan_memory(model, inplace=False)
+    assert check_plan(model, plan).ok
+    plan.tensors["b"].offset = plan.tensors["a"].offset
+    assert not check_plan(model, plan).ok
+
+
+def test_a_corrupted_fp16_mobilenet_plan_is_caught_within_float16s_rounding():
+    # Clobbering an early conv's output moves the logits by 1.3e-3 of the largest: within
+    # float16 tolerances of onnxruntime's run, but not of the same nodes run unshared.
+    model, feeds = _zoo("mobilenetv2", precision="fp16", width=0.5, image_size=64)
+    plan = plan_memory(model)
+    assert check_plan(model, plan, feeds).ok
+    early, late = _clobber(plan)
+    check = check_plan(model, plan, feeds)
+    assert not check.ok, f"clobbering %{early.name} with %{late.name} went unnoticed"
+    assert "no tensor sharing bytes" in check.mismatches[0]
 
 
 def test_a_corrupted_mobilenet_plan_changes_its_outputs():

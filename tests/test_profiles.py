@@ -131,7 +131,12 @@ def test_an_axis_key_on_a_named_dim_stands_for_that_dim_everywhere():
     ("batch=1;seq=2", "every profile must set the same dims"),
     ("batch=1;batch=1", "a profile is listed twice"),
     ("batch:" + ",".join(map(str, range(1, 10))) + ";seq:" + ",".join(map(str, range(1, 9))),
-     "72 profiles, more than 64"),
+     r"72 profiles, more than 64 \(.*\): list fewer values per dim, or name only the profiles "
+     r"you serve one by one \(DIM=V,DIM=V;…\)$"),
+    # Listed one by one already: that form is no way around the limit.
+    (";".join(f"batch={n},seq=1" for n in range(1, 66)),
+     r"65 profiles, more than 64 \(each is a compile of its own; the limit holds for the "
+     r"combinations of DIM:V1,V2 and the listed DIM=V form alike\): list fewer profiles$"),
     # From Python: sizes are integers, never truncated floats.
     ({"batch": [1.5]}, "dim 'batch': 1.5 is not an integer"),
     ([{"batch": 2.7, "seq": 3}], "dim 'batch': 2.7 is not an integer"),
@@ -140,6 +145,27 @@ def test_an_axis_key_on_a_named_dim_stands_for_that_dim_everywhere():
 def test_expand_refuses_what_cannot_be_compiled(spec, message):
     with pytest.raises(OptionError, match=message):
         expand_profiles(load_onnx(mlp_model()), spec)
+
+
+def test_an_input_of_unknown_rank_is_not_called_static():
+    # x has no shape at all: its dims are unknown, not static, and no key can name them.
+    from onnx import TensorProto, helper
+
+    def model_of(*inputs: onnx.ValueInfoProto):
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", list(inputs),
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                           ir_version=8))
+
+    unranked = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    model = model_of(unranked, helper.make_tensor_value_info("m", TensorProto.FLOAT, ["N"]))
+    with pytest.raises(OptionError, match=r"no dynamic input dim 'x\[0\]' \(its dynamic dims: "
+                                          r"N \(m\[0\]\); input 'x' of unknown rank \(no shape "
+                                          r"in the model\), whose dims no key can name; "
+                                          r"input_shapes can pin a shape for one compile\)$"):
+        expand_profiles(model, "x[0]:1,2")
+    with pytest.raises(OptionError, match=r"\(input 'x' of unknown rank"):  # not all static
+        expand_profiles(model_of(unranked), "x[0]:1,2")
 
 
 # --- compile, artifact, runtime -------------------------------------------------------------
@@ -383,8 +409,13 @@ def _forged_profile_routing(manifest):
     manifest["profiles"][2]["routing"][0]["from"] = "profile0.p0"
 
 
+def _dims_order_of_other_dims(manifest):
+    manifest["profiles"][0]["dims_order"] = ["batch", "sequence"]
+
+
 @pytest.mark.parametrize("mutate, message", [
     (_drop_profiles, "manifest has no 'profiles'"),
+    (_dims_order_of_other_dims, "profile 'profile0' dims_order must list its dims' keys once"),
     (_version_1, "manifest has profiles, which need format_version 2"),
     (_partition_in_two_profiles, "every partition exactly once across the profiles"),
     (_wrong_profile_inputs, "manifest profile 'profile1' inputs are not the artifact's"),
@@ -635,3 +666,81 @@ def test_text_inspect_shows_every_profiles_kernel_configs(tmp_path, capsys):
     for profile in ("profile0", "profile1"):
         assert f"kernel configs of {profile} (estimates;" in text, text
         assert f"{profile}.p0_npu        5             2  default" in text, text
+
+
+
+def nonzero_unless_one_model() -> onnx.ModelProto:
+    """x[N, 4] through Relu when N is 1, else through NonZero, whose output size depends on
+    x's values: profile N=1 has a memory plan, N=2 cannot have one."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def branch(name: str, nodes: list) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)
+        return helper.make_graph(nodes, name, [], [out])
+
+    then_branch = branch("then", [helper.make_node("Relu", ["x"], ["t"])])
+    else_branch = branch("else", [helper.make_node("NonZero", ["x"], ["nz"]),
+                                  helper.make_node("Cast", ["nz"], ["e"], to=TensorProto.FLOAT)])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"]),
+             helper.make_node("Equal", ["n", "one"], ["one_row"]),
+             helper.make_node("If", ["one_row"], ["picked"], then_branch=then_branch,
+                              else_branch=else_branch),
+             helper.make_node("Sigmoid", ["picked"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_profile_without_a_memory_plan_says_why(tmp_path, capsys):
+    from graphopt.summary import format_summary
+
+    result = graphopt.optimize(nonzero_unless_one_model(), target="cpu", dynamic_dims="N:1,2")
+    text = format_summary(result)
+    # The table's "-" alone gave no reason; a single-shape compile gives it.
+    assert "\nmemory plan profile1.p0_cpu: none (cannot plan memory: %nz (output 0 of " \
+           "NonZero)" in text, text
+    assert "memory plan profile0" not in text
+    out = tmp_path / "nz.om"
+    graphopt.save(result, out)
+    rc, text, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    # inspect's memory plan showed the default profile's alone.
+    assert "\nprofile0.p0_cpu         64 B" in text, text
+    assert "\nprofile1.p0_cpu: cannot plan memory: %nz (output 0 of NonZero)" in text, text
+
+
+def test_the_summary_marks_no_largest_profile_on_a_tie():
+    from graphopt.summary import format_profiles
+
+    # batch 2 × seq 8 and batch 1 × seq 16 need the same memory: neither is the one to size
+    # buffers by, as inspect has it (the summary marked the first).
+    result = graphopt.optimize(mlp_model(), target="cpu",
+                               dynamic_dims="batch=1,seq=8;batch=2,seq=8;batch=1,seq=16")
+    text = format_profiles(result)
+    assert "(largest)" not in text and text.count("32.5 KiB") == 2, text
+    result = graphopt.optimize(mlp_model(), target="cpu",
+                               dynamic_dims="batch=1,seq=8;batch=2,seq=8")
+    assert "32.5 KiB (largest)" in format_profiles(result)
+
+
+def test_a_profiles_dims_keep_the_order_they_were_given_in(tmp_path, capsys):
+    # The manifest's JSON sorts its keys: inspect, run and the runtime's errors showed
+    # batch before seq where the command line, and the compile summary, gave seq first.
+    out = tmp_path / "mlp.om"
+    graphopt.save(graphopt.optimize(mlp_model(), dynamic_dims="seq:4;batch:1,2"), out)
+    assert [list(p["dims"]) for p in load_om(out).profiles] == [["seq", "batch"]] * 2
+    rc, text, err = run_cli(capsys, "inspect", out)
+    assert rc == 0, err
+    assert "profile1  seq=4, batch=2" in text, text
+    session = graphopt.load(out)
+    with pytest.raises(GraphoptError, match=r"profile0 \(seq=4, batch=1\); profile1 \(seq=4, "):
+        session.run(feeds_for(3, 4))
+    # An artifact without dims_order (written before it) keeps its dims as stored.
+    old = _rewrite(out, tmp_path / "old.om",
+                   lambda m: [p.pop("dims_order") for p in m["profiles"]])
+    assert list(load_om(old).profiles[0]["dims"]) == ["batch", "seq"]
+

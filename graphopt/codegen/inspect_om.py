@@ -350,13 +350,20 @@ def profile_rows(artifact: OmArtifact) -> list[dict]:
     return rows
 
 
+def largest_index(sizes: list[int | None]) -> int | None:
+    """Where the one largest of several sizes is, when all are known and it is above every
+    other; None otherwise. Buffers are sized by the profile it marks, and a tie (every profile
+    0 B, say) has no one largest."""
+    if len(sizes) < 2 or None in sizes or sizes.count(max(sizes)) > 1:
+        return None
+    return sizes.index(max(sizes))
+
+
 def largest_profile(rows: list[dict]) -> str | None:
     """The profile needing the most work memory, when there are several, all are planned and
     one needs more than every other."""
-    sizes = [r["work_bytes"] for r in rows]
-    if len(rows) < 2 or None in sizes or sizes.count(max(sizes)) > 1:
-        return None  # a tie (every profile 0 B, say) has no one largest
-    return max(rows, key=lambda r: r["work_bytes"])["name"]
+    index = largest_index([r["work_bytes"] for r in rows])
+    return None if index is None else rows[index]["name"]
 
 
 PROFILE_HEADERS = ["profile", "dims", "inputs", "partitions", "nodes", "work memory"]
@@ -493,8 +500,12 @@ def format_om(artifact: OmArtifact) -> str:
     if artifact.profiles:
         extra.pop("profiles", None)  # in the profiles table
     plans = extra.get("memory_plan")
+    if artifact.profiles:  # the extras' plans are the default profile's: show every profile's
+        plans = {name: plan for _, section in profile_memory_plans(artifact)
+                 for name, plan in section.items()}
     if isinstance(plans, dict) and plans and all(isinstance(p, dict) for p in plans.values()):
-        parts.append(_format_memory(extra.pop("memory_plan")))
+        extra.pop("memory_plan", None)
+        parts.append(_format_memory(plans))
     if isinstance(extra.get("partitioning"), dict):
         parts += _format_placements(artifact, extra.pop("partitioning"))
     if kernels:  # each profile's own shapes, tilings and estimates

@@ -142,6 +142,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.-]*$"},
                     "dims": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    # Optional: the dims' keys in the order they were given (dims is sorted).
+                    "dims_order": {"type": "array", "items": {"type": "string"}},
                     "inputs": _SIGNATURE_SCHEMA,
                     "outputs": _SIGNATURE_SCHEMA,
                     "execution_order": {"type": "array", "items": {"type": "string"}},
@@ -543,6 +545,10 @@ def _check_profiles(manifest: dict) -> list[list[str]]:
         dims = _field(profile, "dims", dict, where)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in dims.values()):
             raise Malformed(f"{where} dims must be integers")
+        order = profile.get("dims_order", list(dims))
+        if not (isinstance(order, list) and all(isinstance(key, str) for key in order)
+                and sorted(order) == sorted(dims)):
+            raise Malformed(f"{where} dims_order must list its dims' keys once each")
         for key in ("inputs", "outputs"):
             _check_signature(_field(profile, key, list, where), f"profile {name!r} {key}")
             if [e["name"] for e in profile[key]] != [e["name"] for e in manifest[key]]:
@@ -555,3 +561,12 @@ def _check_profiles(manifest: dict) -> list[list[str]]:
         _check_edges(_field(profile, "routing", list, where), f"{where} routing")
         orders.append(_str_list(profile, "execution_order", where))
     return orders
+
+
+def order_profile_dims(manifest: dict) -> None:
+    """Each profile's dims in the order they were given (its dims_order), for a checked
+    manifest: JSON with sorted keys stores them sorted."""
+    for profile in manifest.get("profiles") or []:
+        order = profile.get("dims_order")
+        if order is not None:
+            profile["dims"] = {key: profile["dims"][key] for key in order}

@@ -24,6 +24,7 @@ from graphopt.codegen.om_manifest import (
     check_details,
     check_manifest,
     check_member_name,
+    order_profile_dims,
     route,
     sha256,
 )
@@ -572,6 +573,7 @@ def _load_from(path: str, f, defer: bool, file: OpenedFile) -> OmArtifact:
                 OSError) as exc:  # OSError: a corrupt header offset makes zipfile seek before 0
             raise Malformed(f"{MANIFEST_NAME} is corrupt ({exc})") from None
         check_manifest(manifest)
+        order_profile_dims(manifest)
         listed = manifest["members"]
         for name in listed:
             try:

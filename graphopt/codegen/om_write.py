@@ -456,7 +456,9 @@ def write_om(
         "execution_order": [p.name for p in (profiles[0].partitions if profiles else partitions)],
         "routing": routing,
         **({"profiles": [
-            {"name": profile.name, "dims": profile.dims,
+            # The manifest's keys are sorted (stable bytes): dims_order keeps the order the
+            # dims were given in, which inspect, run and the runtime's errors show.
+            {"name": profile.name, "dims": profile.dims, "dims_order": list(profile.dims),
              "inputs": [sig[t] for t in top_inputs], "outputs": [sig[t] for t in top_outputs],
              "execution_order": [p.name for p in profile.partitions], "routing": edges}
             for (profile, _, _, edges), sig in zip(plans, signatures)]} if plans else {}),

@@ -4,6 +4,7 @@ buffer (CANN's work memory), next to weight, input and output bytes and the lowe
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -83,13 +84,27 @@ class Plan:
             {"schedule_method": self.schedule_method, "schedule_optimal": self.schedule_optimal})
         sizes = (f"weights {format_bytes(self.weight_bytes)}, inputs "
                  f"{format_bytes(self.input_bytes)}, outputs {format_bytes(self.output_bytes)}")
+        bodies = self.bodies_note()
+        bodies = f"; {bodies}" if bodies else ""
         if not self.tensors:
-            return f"no work memory (every tensor is an input, an output or a weight); {sizes}"
+            return (f"no work memory (every tensor is an input, an output or a weight); "
+                    f"{sizes}{bodies}")
         return (f"work memory {format_bytes(self.arena_bytes)} ({self.arena_bytes:,} B; "
                 f"{self.strategy}, {self.ratio:.3f}x the lower bound "
                 f"{format_bytes(self.lower_bound)}); {sizes}; "
                 f"{_count(len(self.tensors), 'tensor')} in {_count(len(self.buffers), 'buffer')} "
-                f"over {_count(self.steps, 'step')}{order}")
+                f"over {_count(self.steps, 'step')}{bodies}{order}")
+
+    def bodies_note(self) -> str:
+        """What the plan leaves out: the values inside If/Loop/Scan bodies are the runtime's
+        (liveness plans a holder as one step), and a model whose work is all in a branch
+        (silero-vad's If) would otherwise show a work memory of a few bytes as the whole."""
+        holders = Counter(node.qualified_op for node in self.schedule if node.subgraphs())
+        if not holders:
+            return ""
+        return (f"not counted: memory inside the bodies of "
+                f"{_count(sum(holders.values()), 'control-flow node')} "
+                f"({', '.join(sorted(holders))}), which the runtime allocates as they run")
 
     def to_dict(self) -> dict:
         return {
