@@ -66,9 +66,9 @@ def _optimize_profiles(model, spec, options: dict):
     if feeds is not None and not any(_fits(feeds, profile) for profile in profiles):
         given = ", ".join(f"{name} {list(np.shape(feeds.get(name)))}"
                           for name in profiles[0].input_shapes)
-        raise InputError(f"{option('verify')}: {option('inputs')} ({given}) fit none of the shape profiles "
-                         f"({', '.join(map(_label, profiles))}): each profile is verified on "
-                         "the inputs that fit it")
+        raise InputError(f"{option('verify')}: {option('inputs')} ({given}) fit none of the "
+                         f"shape profiles ({', '.join(map(_label, profiles))}): each profile is "
+                         "verified on the inputs that fit it")
     dump_dir = options.get("dump_dir")
     shapes = [_merge(pinned, profile) for profile in profiles]  # refused before any compile
     if dump_dir:

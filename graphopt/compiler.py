@@ -10,8 +10,8 @@ import re
 import stat
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -836,9 +836,9 @@ def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:
             numerics.session(original, "all")
         except Exception:  # noqa: BLE001 - the original fails there too: not the compile's doing
             return
-        raise VerificationError(f"{option('verify')}: onnxruntime cannot load the optimized model at "
-                                f"ORT_ENABLE_ALL, where it loads the original: {numerics.ort_reason(e)}"
-                                ) from None
+        raise VerificationError(f"{option('verify')}: onnxruntime cannot load the optimized "
+                                "model at ORT_ENABLE_ALL, where it loads the original: "
+                                f"{numerics.ort_reason(e)}") from None
 
 
 def _reproducible_log(result: OptimizeResult | None) -> list[dict]:
@@ -1006,8 +1006,8 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
                                 no_gain=no_gain)
         if foreign:  # another Optuna client's or an edited trial: not worth failing a compile
             result.notes.append(
-                f"{option('tuning_db')}: left out {len(foreign)} trial(s) that record no tiling graphopt "
-                f"wrote ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
+                f"{option('tuning_db')}: left out {len(foreign)} trial(s) that record no tiling "
+                "graphopt wrote ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
     kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
     cube = [r for rows in (kernels or {}).get("partitions", {}).values() for r in rows
             if "tiling" in r]
@@ -1016,8 +1016,8 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
         where = f" in shape profile {prefix[:-1]}" if prefix else ""
         kept = (f"; {len(no_gain)} keep the default tiling, which this cost model prices no "
                 "slower than the best it holds for their shapes" if no_gain else "")
-        result.notes.append(f"{option('tuning_db')}: tuned tilings for {tuned} of {len(cube)} NPU cube "
-                            f"kernel(s) on {partitioning.target.name}{where}{kept}"
+        result.notes.append(f"{option('tuning_db')}: tuned tilings for {tuned} of {len(cube)} "
+                            f"NPU cube kernel(s) on {partitioning.target.name}{where}{kept}"
                             + ("" if tuned or no_gain else
                                " (graphopt tune … --target with the same profile and shapes "
                                "fills it)"))

@@ -47,7 +47,8 @@ def parse_dynamic_dims(text: str) -> list[dict[str, int]] | dict[str, list[int]]
         key = key.strip()
         if not sep or not key or "=" in entry:
             raise OptionError(f"{option('dynamic_dims')}: '{entry}' is not DIM:V1,V2,… (e.g. "
-                              "batch:1,4,8) — or write every entry as DIM=V,DIM=V for listed profiles")
+                              "batch:1,4,8) — or write every entry as DIM=V,DIM=V for listed "
+                              "profiles")
         if key in grid:
             raise OptionError(f"{option('dynamic_dims')}: dim '{key}' is given twice")
         grid[key] = [_dim_value(key, v) for v in values.split(",")]

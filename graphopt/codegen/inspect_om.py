@@ -1,4 +1,5 @@
-"""What `graphopt inspect` shows of an .om: header, signature, partitions, routing, pass log, extras."""
+"""What `graphopt inspect` shows of an .om: header, signature, partitions, routing, pass log,
+extras."""
 
 from __future__ import annotations
 
@@ -445,7 +446,8 @@ def format_om(artifact: OmArtifact) -> str:
                      f"({format_bytes(sum(i['size'] for i in members.values()))})")),
     ]
     width = max(len(key) for key, _ in header)
-    parts = [f"{one_line(artifact.path)}\n" + "\n".join(f"  {key.ljust(width)}  {value}" for key, value in header)]
+    parts = [f"{one_line(artifact.path)}\n"
+             + "\n".join(f"  {key.ljust(width)}  {value}" for key, value in header)]
 
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))
