@@ -1007,7 +1007,7 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
         if foreign:  # another Optuna client's or an edited trial: not worth failing a compile
             result.notes.append(
                 f"{option('tuning_db')}: left out {len(foreign)} trial(s) that record no tiling "
-                "graphopt wrote ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
+                f"graphopt wrote ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
     kernels = kernel_records(result.model, partitioning, tilings, source=SOURCE_TUNED)
     cube = [r for rows in (kernels or {}).get("partitions", {}).values() for r in rows
             if "tiling" in r]
