@@ -121,6 +121,40 @@ def test_auto_pad_same_keeps_the_shift():
     assert _compiled(proto) == ["Add", "Conv"]
 
 
+@pytest.mark.parametrize("x_type, op", [("float[2, 1, 9, 9]", "Add"),
+                                         ("float[2, C, 9, 9]", "Mul"),
+                                         ("float[8, 9, 9]", "Mul")])
+def test_a_constant_that_widens_the_input_stays(x_type, op):
+    # x · s broadcasts x's one channel (or its missing axis) to the Conv's eight: the Conv
+    # alone, with s in W, would read x as it is.
+    text = f"""
+    g ({x_type} x, float[4, 8, 1, 1] w) => (float[2, 4, 9, 9] y) {{
+      h = {op}(x, s)
+      y = Conv(h, w)
+    }}"""
+    proto = parse_model(text, s=SCALE, w=RNG.standard_normal((4, 8, 1, 1)).astype(np.float32))
+    out = graphopt.optimize(proto).to_onnx()
+    assert [n.op_type for n in out.graph.node] == [op, "Conv"]
+    x = RNG.standard_normal((2, 1, 9, 9) if "8, 9" not in x_type else (8, 9, 9))
+    feeds = {"x": x.astype(np.float32)}
+    np.testing.assert_allclose(numerics.run(out, feeds)["y"], numerics.run(proto, feeds)["y"],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_float16_weights_stay_unfolded():
+    # W · s rounded to float16 once differs from x · s rounded per element by an ulp in a
+    # fifth of the outputs: more than --verify allows, so 16-bit models keep their Mul/Add.
+    text = """
+    g (float16[1, 8, 9, 9] x, float16[4, 8, 3, 3] w) => (float16[1, 4, 7, 7] y) {
+      h = Add(x, t)
+      y = Conv(h, w)
+    }"""
+    proto = parse_model(text, t=(SHIFT * 10).astype(np.float16),
+                        w=RNG.standard_normal((4, 8, 3, 3)).astype(np.float16))
+    result = graphopt.optimize(proto, verify=True)
+    assert ops(result.model) == ["Add", "Conv"]
+
+
 def test_a_hard_swish_keeps_its_sixth():
     # The / 6 that ends PaddlePaddle's hard-swish is a scale on the next Conv's input too:
     # FoldInputAffine runs after FuseHardSwish, which takes it first.

@@ -50,3 +50,39 @@ def test_onnxruntimes_own_rounding_excuses_only_the_slices_it_moves(monkeypatch,
     note = rounding._within_onnxruntimes_own(None, {}, {"y": expected}, {"y": actual}, ["y"],
                                              JUDGE)
     assert (note is not None) == excused
+
+
+def _own_run(monkeypatch, own: np.ndarray) -> None:
+    monkeypatch.setattr(rounding.numerics, "run", lambda *args, **kwargs: {"y": own})
+
+
+def test_a_slice_near_zero_excuses_no_other_slice(monkeypatch):
+    # Channel 0 holds values near 0 that onnxruntime's own optimizer moves by half their size
+    # (a Conv + BatchNorm cancelling 1e4): that excuses its own error, not 10% on channel 1.
+    rng = np.random.default_rng(1)
+    expected = np.stack([rng.uniform(-1e-3, 1e-3, (9, 9)), rng.uniform(-18, 18, (9, 9))])[None]
+    expected = expected.astype(np.float32)
+    own = expected.copy()
+    own[0, 0] += 4.9e-4
+    _own_run(monkeypatch, own)
+    judged = dict(expected={"y": expected}, failing=["y"], judge=JUDGE)
+    near_zero = expected.copy()
+    near_zero[0, 0] += 8e-4  # within twice onnxruntime's own error in that channel
+    assert rounding._within_onnxruntimes_own(None, {}, actual={"y": near_zero}, **judged)
+    scaled = expected.copy()
+    scaled[0, 1] *= 1.1
+    assert rounding._within_onnxruntimes_own(None, {}, actual={"y": scaled}, **judged) is None
+
+
+def test_logits_of_one_element_slices_off_by_a_percent_fail(monkeypatch):
+    # [1, 64, 1, 1] logits: each slice is one logit, and one near 0 has a relative error near
+    # 1 from onnxruntime's rounding; every logit 1% off is still a miscompile.
+    rng = np.random.default_rng(2)
+    expected = rng.uniform(-3, 3, (1, 64, 1, 1)).astype(np.float32)
+    expected[0, 5] = 2e-8
+    own = expected.copy()
+    own[0, 5] += 4.8e-7
+    _own_run(monkeypatch, own)
+    actual = expected * np.float32(1.01)
+    assert rounding.within_rounding(None, {}, {"y": expected}, {"y": actual}, ["y"],
+                                    JUDGE) is None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from graphopt.ir.dtypes import DType
 from graphopt.ir.pattern import Optional, Var
 from graphopt.passes.fusion.conv_bn import _f64, _not_constant, _unsafe_scaling
 from graphopt.passes.base import register
@@ -38,6 +39,17 @@ def _channel_vector(c, w, group: int) -> np.ndarray | str:
     if shape[:1] + shape[2:] != (1,) * (rank - 1) or shape[1] not in (1, channels):
         return f"constant {list(data.shape)} is not [1, {channels}, 1…] over the Conv's input"
     return np.broadcast_to(data.astype(np.float64).reshape(-1), (channels,))
+
+
+def _input_reason(h, w, group: int) -> str | None:
+    """Why the Conv's input `h` may not be what the constant broadcasts against: its rank and
+    channel count must be the Conv's own, or the constant widens it (h [N, 1, H, W] · s [1, C,
+    1, 1] feeds a C-channel Conv that h alone cannot)."""
+    channels = w.shape[1] * group
+    if h.shape is None or len(h.shape) != len(w.shape) or h.shape[1] != channels:
+        shape = "unknown" if h.shape is None else list(h.shape)
+        return f"%{h.name} ({shape}) is not the Conv's {channels}-channel input by itself"
+    return None
 
 
 def _per_weight(vector: np.ndarray, w, group: int) -> np.ndarray:
@@ -65,11 +77,19 @@ def _conv_of(op, producer):
     return op.Conv(producer, Var("w"), Optional(Var("b")), _name="conv")
 
 
+# Folded into 16-bit weights, W · s and Σ W · t round once where the original rounds h · s
+# per element: a float16 model's outputs would move by an ulp in a fifth of their elements.
+_FOLDED_TYPES = (DType.FLOAT, DType.DOUBLE)
+
+
 def _checked_weights(conv, w, b=None) -> int | str:
     """The Conv's group, or why its weights cannot take a fold."""
     reason = _not_constant(weight=w, bias=b)
     group = conv.attr("group", 1)
-    if reason is None and (w.shape is None or w.shape[0] % group):
+    if reason is None and w.dtype not in _FOLDED_TYPES:
+        reason = f"weight %{w.name} is {w.dtype.short if w.dtype else 'of unknown type'}: " \
+                 "folded, it would round otherwise than the original (float32 and 64 only)"
+    if reason is None and (w.shape is None or len(w.shape) < 3 or w.shape[0] % group):
         reason = f"the shape of weight %{w.name} does not divide into {group} groups"
     return reason or group
 
@@ -83,12 +103,14 @@ class ScaleIntoConv(Rule):
     def scale(self, s, w, group: int) -> np.ndarray | str:
         return _channel_vector(s, w, group)
 
-    def check(self, conv, w, s, b=None, **_):
+    def check(self, conv, h, w, s, b=None, **_):
         group = _checked_weights(conv, w, b)
         if isinstance(group, str):
             return group
         scale = self.scale(s, w, group)
-        return scale if isinstance(scale, str) else _unsafe_scaling(w, scale, np.zeros(1))
+        if isinstance(scale, str):
+            return scale
+        return _input_reason(h, w, group) or _unsafe_scaling(w, scale, np.zeros(1))
 
     def rewrite(self, op, conv, h, w, s, b=None):
         group = conv.attr("group", 1)
@@ -124,14 +146,14 @@ class ShiftIntoConv(Rule):
     def shift(self, t, w, group: int) -> np.ndarray | str:
         return _channel_vector(t, w, group)
 
-    def check(self, conv, w, t, b=None, **_):
+    def check(self, conv, h, w, t, b=None, **_):
         group = _checked_weights(conv, w, b)
         if isinstance(group, str):
             return group
         shift = self.shift(t, w, group)
         if isinstance(shift, str):
             return shift
-        return _unpadded(conv) or _unsafe_shift(w, shift, group, b)
+        return _input_reason(h, w, group) or _unpadded(conv) or _unsafe_shift(w, shift, group, b)
 
     def rewrite(self, op, conv, h, w, t, b=None):
         group = conv.attr("group", 1)
