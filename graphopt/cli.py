@@ -25,7 +25,7 @@ from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_types import dynamic_dims, input_shapes, path_text, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError, interrupt_behind
-from graphopt.help_format import HelpFormatter
+from graphopt.help_format import CommandsHelpFormatter, HelpFormatter
 from graphopt.option_names import command_line
 from graphopt.terminal_text import (ClosedStreamError, OutputFailed, ReaderGone, escaped_output,
                                     paths_shown_as, silence_stdout)
@@ -429,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="graphopt",
         description="graphopt: an ahead-of-time graph compiler for ONNX models.",
-        formatter_class=HelpFormatter, epilog=EXAMPLES)
+        formatter_class=CommandsHelpFormatter, epilog=EXAMPLES)
     parser.add_argument("--version", action="version", version=f"graphopt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=_Parser)

@@ -18,6 +18,19 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return argparse.HelpFormatter._fill_text(self, text, width, indent)
 
 
+class CommandsHelpFormatter(HelpFormatter):
+    """The top-level `--help`: every command's summary on the command's line. argparse sizes
+    the column by the commands' names without the indent it lists them at, so the two longest
+    (`partition`, `calibrate`) had theirs on the line below."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        indent = self._current_indent + self._indent_increment
+        for command in getattr(action, "_choices_actions", ()):
+            width = len(self._format_action_invocation(command)) + indent
+            self._action_max_length = max(self._action_max_length, width)
+
+
 def first_sentence(doc: str, limit: int = 110) -> str:
     """A docstring's first sentence on one line (its first paragraph, up to the first full
     stop that ends a sentence), cut at a word with `…` beyond `limit` characters."""

@@ -675,6 +675,17 @@ def test_help(capsys, command, needles):
         assert needle in out
 
 
+def test_every_command_has_its_summary_on_its_own_line(capsys):
+    from graphopt.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = capsys.readouterr().out.split("COMMAND\n", 1)[1].split("\n\n", 1)[0]
+    commands = [line.split() for line in listing.splitlines() if line[4] != " "]
+    assert {"optimize", "partition", "calibrate", "zoo"} <= {words[0] for words in commands}
+    assert all(len(words) > 1 for words in commands), listing
+
+
 def test_registered_with_graphopt_main(compiled, capsys):
     from graphopt.cli import main
 
