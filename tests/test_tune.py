@@ -947,6 +947,26 @@ def test_a_running_trial_that_never_beat_is_failed_after_the_grace(tmp_path, mon
     assert trial.state == optuna.trial.TrialState.FAIL
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+def test_a_running_trial_whose_heartbeat_stopped_is_failed_before_any_trial(tmp_path,
+                                                                             monkeypatch):
+    # A worker killed mid-trial: Optuna fails it only inside study.optimize, and a rerun
+    # deciding before that whether to queue the default again saw it RUNNING.
+    from graphopt.tuner import storage as storages
+
+    monkeypatch.setattr(storages, "GRACE_S", 1)
+    monkeypatch.setattr(storages, "HEARTBEAT_S", 1)
+    store = storages.open_storage(f"sqlite:///{tmp_path / 'kb.db'}")
+    study = optuna.create_study(storage=store, study_name="s")
+    trial = study.ask()
+    store.record_heartbeat(trial._trial_id)
+    storages.fail_silent_trials(study)
+    assert study.get_trials()[0].state == optuna.trial.TrialState.RUNNING  # it may yet beat
+    time.sleep(2.5)  # the heartbeat's time is stored to the second
+    storages.fail_silent_trials(study)
+    assert study.get_trials()[0].state == optuna.trial.TrialState.FAIL
+
+
 def test_a_new_knowledge_base_is_set_up_by_one_process_at_a_time(a310, tmp_path):
     # Two runs started together on a new file both created Optuna's tables (one failed) or
     # both queued the default trial. Setting up takes the file's lock: a second run waits.

@@ -427,10 +427,16 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
 
 
 def fail_silent_trials(study: optuna.Study) -> int:
-    """Mark failed the RUNNING trials that never beat a heartbeat and started more than
-    GRACE_S ago: a worker killed after creating its trial but before its heartbeat thread's
-    first write leaves one, which Optuna's own stale check (heartbeats only) never sees, and
-    which would stay RUNNING, counted, for ever. Returns how many it failed."""
+    """Mark failed the RUNNING trials whose worker is plainly dead: those whose heartbeat
+    stopped more than GRACE_S ago, and those that never beat one and started more than
+    GRACE_S ago (a worker killed after creating its trial but before its heartbeat thread's
+    first write, which Optuna's own stale check never sees, and which would stay RUNNING,
+    counted, for ever). Returns how many never beat.
+
+    Optuna fails the stale ones itself, but only inside study.optimize: a rerun deciding
+    beforehand whether the default trial is still pending saw a killed one as RUNNING."""
+    with warnings_as("ignore", optuna.exceptions.ExperimentalWarning):
+        optuna.storages.fail_stale_trials(study)
     storage = study._storage
     # Optuna wraps an RDB storage in a cache: the query goes to the database behind it, the
     # update through the cache, which then knows.
