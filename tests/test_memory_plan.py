@@ -470,6 +470,15 @@ def test_check_plan_passes_a_correct_fp16_plan_and_fails_a_wrong_one():
     assert not check_plan(model, plan).ok
 
 
+def test_a_correct_fp16_plan_of_a_detector_passes_at_each_outputs_scale():
+    # blazepalm's fp16 detections: values of 0.02 beside 31.5, which a node's own session
+    # rounds 0.03 apart from the whole model's run, with nothing shared.
+    model, feeds = _zoo("blazepalm", precision="fp16")
+    for strategies in (["naive"], None):
+        check = check_plan(model, plan_memory(model, strategies=strategies), feeds)
+        assert check.ok, check.mismatches
+
+
 def test_a_corrupted_fp16_mobilenet_plan_is_caught_within_float16s_rounding():
     # Clobbering an early conv's output moves the logits by 1.3e-3 of the largest: within
     # float16 tolerances of onnxruntime's run, but not of the same nodes run unshared.

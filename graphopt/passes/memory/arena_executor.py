@@ -133,7 +133,8 @@ def check_plan(model: Model, plan: Plan, feeds: dict[str, np.ndarray] | None = N
     """Run `model` through its plan in the arena executor and compare every output with
     onnxruntime's whole-model run at ORT_DISABLE_ALL (seeded random feeds by default), within
     `rtol`/`atol`: by default 1e-4 / 1e-5, looser for a model that computes in float16 or
-    bfloat16 (SIXTEEN_BIT_TOLERANCES). Then the outputs must also match, within 1e-4 / 1e-5,
+    bfloat16 (SIXTEEN_BIT_TOLERANCES, with atol grown by rtol times each output's largest
+    magnitude). Then the outputs must also match, within 1e-4 / 1e-5,
     the same nodes run with no tensor sharing bytes with another: the looser bounds alone let
     a clobbered fp16 MobileNet through (off by 1.3e-3 of its largest logit)."""
     proto = to_onnx(model)
@@ -152,10 +153,27 @@ def check_plan(model: Model, plan: Plan, feeds: dict[str, np.ndarray] | None = N
     default_rtol, default_atol = sixteen_bit or FLOAT32_TOLERANCES
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
-    mismatches = [str(m) for m in numerics.compare(expected, actual, rtol, atol)]
+    if sixteen_bit:
+        # Each output at its own scale: a per-node session's 16-bit rounding of an element
+        # near 0 follows from terms of the output's size (blazepalm's fp16 detections, 0.03
+        # off on values of 0.02 beside 31.5), and _unshared_mismatches below is what holds
+        # the plan itself to 1e-4.
+        mismatches = [str(m) for name, exp in expected.items()
+                      for m in numerics.compare({name: exp}, actual, rtol,
+                                                atol + rtol * _largest(exp))]
+    else:
+        mismatches = [str(m) for m in numerics.compare(expected, actual, rtol, atol)]
     if sixteen_bit and not mismatches:
         mismatches = _unshared_mismatches(model, plan, executor, feeds, actual)
     return ArenaCheck(max_abs, mismatches)
+
+
+def _largest(value) -> float:
+    """The largest finite magnitude of a float tensor (0 for anything else)."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or not value.size:
+        return 0.0
+    finite = np.abs(value[np.isfinite(value)].astype(np.float64))
+    return float(finite.max()) if finite.size else 0.0
 
 
 def _sixteen_bit_tolerances(model: Model) -> tuple[float, float] | None:
