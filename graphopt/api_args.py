@@ -85,11 +85,28 @@ def model(value, what: str, takes: str = "an .onnx path, a ModelProto or its byt
 
             raise InputError(f"{what}: the {len(value)} bytes given are not an ONNX model "
                              f"({exc})") from None
+        from graphopt.ir.onnx_io import check_looks_like_model
+
+        # b"" and a few stray bytes parse into an empty ModelProto, which onnxruntime would
+        # then report as a model with no graph or no inputs.
+        check_looks_like_model(proto, what, f"the {len(value)} bytes given are not an ONNX model")
         return proto
-    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
-        return os.fspath(value)
+    if isinstance(value, (str, os.PathLike)):
+        if os.fspath(value):
+            return os.fspath(value)
+        raise OptionError(f"{what}: expected {takes}, got an empty path")
     # The type, not the value: a loaded OmSession or a dict of arrays says nothing by its repr.
     raise OptionError(f"{what}: expected {takes}, not {type(value).__name__}")
+
+
+def feeds(value, what: str):
+    """Input arrays as a tool takes them: a dict of name → array, an .npz path, or None."""
+    if value is None or isinstance(value, Mapping):
+        return value
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+        return value
+    raise OptionError(f"{what}: expected a dict of input arrays or an .npz path, "
+                      f"got {shown(value)}")
 
 
 def mapping(value, what: str) -> dict:

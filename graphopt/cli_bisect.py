@@ -124,6 +124,8 @@ def format_result(result) -> str:
     lines.append(one_line(f"outputs then:    {result.problem}"))
     if result.rule_note:
         lines.append(f"note: {result.rule_note}")
+    if result.rounding_note:  # an evaluation on the way passed as "ok (rounding alone)"
+        lines.append(f"note: an evaluation passed by rounding alone: {result.rounding_note}")
     if result.granularity != "import":
         lines += [""] + _block("before (- removed, context unmarked):", result.before_lines)
         lines += _block("after (+ created):", result.after_lines)

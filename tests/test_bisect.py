@@ -113,6 +113,21 @@ class NudgeOneWeight(Pass):
         return result
 
 
+class ShiftTheAdd(Pass):
+    """Test-only miscompile, gated: the Add's constant moves by 1."""
+
+    name = "TestBisectShiftTheAdd"
+    description = "add 1 to the Add's constant (a deliberate miscompile)"
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        for node in model.graph:
+            if node.op_type == "Add" and ctx.allows("Shift", node):
+                node.inputs[1].const = Tensor(node.inputs[1].constant() + 1)
+                result.count("Shift")
+        return result
+
+
 def _with_pipeline(monkeypatch, steps, *passes) -> None:
     for cls in passes:
         monkeypatch.setitem(PASSES, cls.name, cls)
@@ -225,6 +240,22 @@ def test_outputs_off_by_rounding_alone_pass_the_default_rule_as_under_verify(mon
     assert strict.found and strict.rule == "Nudge" and not strict.rounding_note
     rc, out, _ = run_cli(capsys, "bisect", path, "--rtol", "1e-4", "--atol", "1e-5")
     assert rc == 1 and "culprit pass:    TestBisectNudgeOneWeight" in out
+
+
+def test_a_culprits_report_keeps_the_note_an_evaluation_passed_by(monkeypatch, tmp_path,
+                                                                   capsys):
+    # The search's progress said "ok (rounding alone, see note)" of the nudge's prefix, and
+    # the report of the culprit after it had no note to see.
+    _with_pipeline(monkeypatch, ("InferShapes", NudgeOneWeight.name, ShiftTheAdd.name),
+                   NudgeOneWeight, ShiftTheAdd)
+    values = np.linspace(-900, 900, 200, dtype=np.float32).reshape(1, 200)
+    path = tmp_path / "add.onnx"
+    onnx.save(parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",
+                          v=values), path)
+    rc, out, err = run_cli(capsys, "bisect", path)
+    assert rc == 1 and "culprit rewrite: Shift at %y" in out
+    assert "ok (rounding alone, see note)" in err
+    assert "note: an evaluation passed by rounding alone: outputs differ" in out
 
 
 def test_open_dims_set_to_1_are_said_as_compare_says_them(tmp_path, capsys):

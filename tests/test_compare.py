@@ -77,6 +77,16 @@ def test_models_as_bytes_are_taken_and_other_types_named_in_one_line(files):
     with pytest.raises(InputError, match=r"^reference: the 9 bytes given are not an ONNX model "
                                          r"\([^\n]+\)$"):
         compare_models(b"\xff garbage", files["model.om"])
+    # b"" and stray bytes parse into an empty ModelProto, which onnxruntime then blamed.
+    for junk in (b"", b"\x08\x01"):
+        with pytest.raises(InputError, match=r"^reference: the \d bytes given are not an ONNX "
+                                             r"model"):
+            compare_models(junk, files["model.om"])
+    with pytest.raises(OptionError, match="^reference: expected .*, got an empty path$"):
+        compare_models("", files["model.om"])
+    with pytest.raises(OptionError, match=r"^feeds: expected a dict of input arrays or an "
+                                          r"\.npz path, got \[1\]$"):
+        compare_models(files["ref.onnx"], files["model.om"], [1])
 
 
 def test_perturbed_copy_fails_and_names_the_perturbed_node(files, capsys):

@@ -289,6 +289,7 @@ def test_feeds_and_dynamic_inputs(tmp_path):
     ({"warmup": -1}, "^warmup must be 0 or more"),
     ({"threads": -2}, "^threads must be 0"),
     ({"threads": 3000}, r"^threads must be 0 \(onnxruntime chooses\) to 1024, got 3000$"),
+    ({"feeds": 5}, r"^feeds: expected a dict of input arrays or an \.npz path, got 5$"),
 ])
 def test_bad_options(tiny, options, message):
     with pytest.raises(OptionError, match=message):

@@ -93,6 +93,9 @@ def _calibrate(m):
 
     with pytest.raises(OptionError, match="from 1 to 1024, got 3000"):  # as the runtime's
         calibrate(threads=3000)
+    for odd in (2.5, "4", True):  # onnxruntime's TypeError, or True taken for 1
+        with pytest.raises(OptionError, match=f"from 1 to 1024, got {odd!r}$"):
+            calibrate(threads=odd)
     return calibrate(threads=0)
 
 

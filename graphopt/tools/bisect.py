@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
-from graphopt import numerics
+from graphopt import api_args, numerics
 from graphopt.errors import InputError, OptionError, one_line
 from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input_shapes,
                                    validate_input_shapes)
@@ -76,8 +75,9 @@ class BisectResult:
     inputs: str = ""             # what the outputs were compared on
     judged_by: str = ""          # the rule: "allclose(rtol=…, atol=…)" or "cosine >= …"
     rule_note: str = ""          # why the rule is cosine when none was given (a lossy compile)
-    rounding_note: str = ""      # the full compile passed the default rule by rounding alone:
-                                 # which allowance it met (rounding.within_rounding)
+    rounding_note: str = ""      # the full compile (or, once found, an evaluation on the
+                                 # way) passed the default rule by rounding alone: which
+                                 # allowance it met (rounding.within_rounding)
     empty_outputs: list[str] = field(default_factory=list)  # outputs holding no element, which
                                                             # no rule can fail
 
@@ -95,7 +95,8 @@ class _Evaluator:
         # Outputs off by rounding alone pass, as under --verify and compare (rounding.py);
         # False where the user gave tolerances, which apply as given.
         self.rounding = rounding
-        self.rounding_note: str | None = None  # of the last evaluation that passed by it
+        self.rounding_note: str | None = None  # of the last evaluation, if it passed by it
+        self.passed_by_rounding = ""  # the note of the last evaluation that did
         self.count = 0
         try:
             self.expected = numerics.run(reference, feeds)
@@ -140,20 +141,15 @@ class _Evaluator:
                                        judge["atol"])]
         self.rounding_note = within_rounding(self.reference, self.feeds, self.expected, actual,
                                              failing, judge)
+        self.passed_by_rounding = self.rounding_note or self.passed_by_rounding
         return [] if self.rounding_note else mismatches
 
 
 def _load(model) -> tuple[ModelProto, str]:
+    model = api_args.model(model, "model")
     if isinstance(model, ModelProto):
         return model, "<model>"
-    if isinstance(model, bytes):
-        proto = ModelProto()
-        try:
-            proto.ParseFromString(model)
-        except DecodeError as e:
-            raise InputError(f"<model>: not a valid ONNX model ({e})") from None
-        return proto, "<model>"
-    return read_model_proto(model), os.fspath(model)
+    return read_model_proto(model), model
 
 
 def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
@@ -272,6 +268,7 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
     else:
         _blame_rewrite(result, setup, evaluate, calls, hi, at_hi, problem)
     result.evaluations = evaluate.count
+    result.rounding_note = evaluate.passed_by_rounding  # what "see note" in the progress meant
     return result
 
 

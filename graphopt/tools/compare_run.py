@@ -288,6 +288,7 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
                input_shapes) -> tuple[dict[str, np.ndarray], str]:
     """The feeds both sides run on, and how to describe them: `feeds` (a dict or an .npz path)
     checked against both signatures, else seeded random data in the reference's signature."""
+    feeds = api_args.feeds(feeds, option("feeds", COMPARE_FLAGS))
     if feeds is not None:
         label = os.fspath(feeds) if isinstance(feeds, (str, os.PathLike)) else "feeds"
         if isinstance(feeds, (str, os.PathLike)):

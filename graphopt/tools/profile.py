@@ -105,6 +105,7 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto | bytes,
     the `cpu` target profile's figures).
     """
     _check_options(repeat, warmup, threads, level)
+    feeds = api_args.feeds(feeds, option("feeds", PROFILE_FLAGS))
     if isinstance(feeds, (str, os.PathLike)):  # its errors name the file, not the model
         feeds = _NamedFeeds(feeds)
     cost, source, notes = _cost_model(calibration)

@@ -36,7 +36,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from graphopt.api_args import THREAD_LIMIT
+from graphopt.api_args import THREAD_LIMIT, is_integer
 from graphopt.errors import OptionError
 from graphopt.option_names import CALIBRATE_FLAGS, option
 from graphopt.tuner.cpu_model import (
@@ -341,9 +341,11 @@ def calibrate(threads: int = 1, seconds_budget: float = 12.0, quick: bool = Fals
               progress: Progress | None = None) -> CalibrationResult:
     """Runs the micro-benchmarks for about `seconds_budget` seconds of timed runs (sessions and
     warm-ups come on top) and fits the constants. `progress(key, measurement)` follows each one."""
-    if not 1 <= threads <= THREAD_LIMIT:  # onnxruntime starts every thread it is asked for
+    # An integer (onnxruntime's option takes no 2.5, True would pass as 1), bounded as
+    # onnxruntime starts every thread it is asked for.
+    if not is_integer(threads) or not 1 <= threads <= THREAD_LIMIT:
         raise OptionError(f"{option('threads', CALIBRATE_FLAGS)} must be from 1 to "
-                          f"{THREAD_LIMIT}, got {threads}")
+                          f"{THREAD_LIMIT}, got {threads!r}")
     if not seconds_budget > 0:
         raise OptionError(f"the calibration budget must be > 0 seconds, got {seconds_budget}")
     kernels = benchmarks(quick)
