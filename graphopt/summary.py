@@ -92,5 +92,9 @@ def format_profiles(result: OptimizeResult) -> str:
     table = format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
                          rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")
     # A "-" alone does not say why; profiles that fail alike (every one at -O1) share a line.
+    bodies = dict.fromkeys(note for compiled in result.profiles
+                           for plan in compiled.result.memory_plans.values()
+                           if not isinstance(plan, str) and (note := plan.bodies_note()))
     return "\n".join([table] + [f"memory plan {', '.join(names)}: none ({reason})"
-                                for reason, names in unplanned.items()])
+                                for reason, names in unplanned.items()]
+                      + [f"work memory: {note}" for note in bodies])

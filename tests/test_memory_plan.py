@@ -183,6 +183,31 @@ def test_the_summary_says_the_bodies_of_control_flow_are_not_planned():
     assert "not counted" not in plan_memory(flat).summary()
 
 
+def test_the_om_tables_say_the_bodies_are_not_planned(tmp_path, capsys):
+    # inspect's memory plan table and both shape-profile tables showed the outer arena alone.
+    from helpers import run_cli
+
+    proto = onnx.parser.parse_model(HEADER + """
+    g (float[N, 64] x, bool c) => (float[N, 64] y) {
+        a = Relu(x)
+        y = If(c) <then_branch = then_g () => (float[N, 64] t) { t = Exp(a) },
+                   else_branch = else_g () => (float[N, 64] e) { e = Neg(a) }>
+    }""")
+    onnx.save(proto, tmp_path / "if.onnx")
+    note = "work memory: not counted: memory inside the bodies of 1 control-flow node (If)"
+    for argv in (["--dynamic-dims", "N:1,2"], ["--input-shape", "x:2,64"]):
+        rc, out, err = run_cli(capsys, "optimize", tmp_path / "if.onnx", "-o",
+                               tmp_path / "if.om", *argv)
+        assert rc == 0, err
+        assert (note in out) == ("--dynamic-dims" in argv)  # the plan's own line says it else
+        rc, out, _ = run_cli(capsys, "inspect", tmp_path / "if.om")
+        assert rc == 0 and "not counted: memory inside the bodies" in out
+        if "--dynamic-dims" in argv:
+            assert note in " ".join(out.split())  # under the shape profiles table
+        else:
+            assert "p0_cpu: not counted" in out  # under the memory plan table
+
+
 def test_a_schedule_out_of_order_is_refused():
     model = parse(HEADER + """
     g (float[4] x) => (float[4] y) {

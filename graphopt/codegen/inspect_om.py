@@ -240,6 +240,8 @@ def _format_memory(plans: dict) -> str:
     """One row per partition: its work memory beside the lower bound, and the other pools."""
     rows, unplanned = [], []
     for name, plan in by_partition(plans):
+        if isinstance(plan, dict) and isinstance(plan.get("not_counted"), str):
+            unplanned.append(f"{name}: {plan['not_counted']}")  # control-flow bodies
         if not isinstance(plan, dict) or "arena_bytes" not in plan:
             # A sentence, under the table: in a cell it widened the whole table.
             reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
@@ -389,9 +391,18 @@ def profile_views(artifact: OmArtifact) -> list[OmArtifact]:
 def _format_profiles(artifact: OmArtifact) -> str:
     """One row per shape profile: the sizes it pins, its inputs, partitions and memory."""
     rows = profile_rows(artifact)
-    return format_table(PROFILE_HEADERS, profile_cells(rows),
-                        title=f"shape profiles ({len(rows)}; a run takes the one its input "
-                              "shapes match, the first is the default)")
+    table = format_table(PROFILE_HEADERS, profile_cells(rows),
+                         title=f"shape profiles ({len(rows)}; a run takes the one its input "
+                               "shapes match, the first is the default)")
+    return "\n".join([table] + [wrap_to_terminal(f"work memory: {note}", "  ")
+                                for note in uncounted_notes(profile_memory_plans(artifact))])
+
+
+def uncounted_notes(profile_plans: list[tuple[str, dict]]) -> list[str]:
+    """The plans' notes on memory they leave out (control-flow bodies), each once."""
+    notes = [plan.get("not_counted") for _, plans in profile_plans for plan in plans.values()
+             if isinstance(plan, dict)]
+    return list(dict.fromkeys(note for note in notes if isinstance(note, str)))
 
 
 def profile_kernel_configs(artifact: OmArtifact) -> list[tuple[str | None, dict]]:

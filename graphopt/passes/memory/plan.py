@@ -122,6 +122,8 @@ class Plan:
                          **({"inplace_of": t.inplace_of} if t.inplace_of else {})}
                         for t in self.tensors.values()],
             "notes": self.notes,
+            # inspect's tables show it beside the work memory, which would read as the whole.
+            **({"not_counted": note} if (note := self.bodies_note()) else {}),
         }
 
     def to_json(self, indent: int | None = None) -> str:
