@@ -80,6 +80,8 @@ def cmd_tune_subgraph(args, storage) -> int:
         kind = "measured" if args.objective == "measured" else "estimated"
         # Named by what was tuned: the study's own name keys the model by a hash of its bytes.
         name = f"{os.path.basename(args.model)} on {args.target} -O{args.level}"
+        if result.kept_default:  # the curve is the search's; the verdict came after it
+            name += f" (re-timed, its best {gain:.3f}x: default kept)"
         draw_histories([(name, result.history, result.default.seconds)], args.plot, kind=kind)
         print(f"wrote {args.plot}")
     return 0

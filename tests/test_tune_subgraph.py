@@ -285,6 +285,31 @@ def test_a_measured_best_must_beat_the_default_by_more_than_noise():
     assert real.speedup == pytest.approx(1 + 2 * MIN_MEASURED_GAIN)
 
 
+def test_the_plot_of_a_kept_default_says_so(block_path, tmp_path, monkeypatch, capsys):
+    # Its legend showed the search's best as a 1.05x gain where the verdict, re-timed side by
+    # side, kept the default.
+    from helpers import run_cli
+
+    import graphopt.cli_tune_subgraph as cli
+    import graphopt.tuner.history_plot as plot
+    from graphopt.tuner.subgraph import Scored, SubgraphResult
+    from graphopt.tuner.subgraph_space import Space
+
+    default, best = Scored({"a": True}, 1.0, {}), Scored({"a": False}, 0.95, {})
+    kept = SubgraphResult("s", Space([], {}, "rule"), default, best, 5, [1.0, 0.95],
+                          confirmed=(1.0, 0.995))
+    monkeypatch.setattr("graphopt.tuner.subgraph.tune_subgraph", lambda *a, **k: kept)
+    monkeypatch.setattr(cli, "_cost_rows", lambda *a: [])
+    drawn = []
+    monkeypatch.setattr(plot, "draw_histories", lambda series, *a, **k: drawn.extend(series))
+    rc, out, err = run_cli(capsys, "tune", block_path, "--job", "subgraph", "--target", "cpu",
+                           "--objective", "measured", "--tuning-db", tmp_path / "kb.db",
+                           "--plot", tmp_path / "h.png")
+    assert rc == 0, err
+    assert "the default decisions are kept" in out
+    assert drawn[0][0].endswith("(re-timed, its best 1.005x: default kept)")
+
+
 def test_decisions_that_move_work_to_the_host_are_noted():
     from graphopt.cli_tune_subgraph import host_note
     from graphopt.tuner.subgraph import Scored, SubgraphResult
