@@ -189,7 +189,9 @@ def _extra_line(name: str, value: Any) -> str:
 def weight_bytes_by_dtype(artifact: OmArtifact) -> Counter:
     """Bytes of the partitions' weights per element type (`f32`, `i8`, `u4`…): initializers
     and Constant nodes' tensors, in If/Loop/Scan bodies too, read from their declared dims (no
-    weight data is read); shape profiles share theirs."""
+    weight data is read). Shape profiles share the weights of their main graphs, which point
+    into one blob, and are counted once; a body's weights are stored inline in each profile's
+    partition, and counted as often as they are stored."""
     totals: Counter = Counter()
     seen: set[tuple] = set()
     for name, model in artifact.models.items():
