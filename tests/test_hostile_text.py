@@ -100,6 +100,22 @@ def test_run_names_the_outputs_it_wrote_escaped(tmp_path, capsys):
     assert wrote.endswith("y.npz: mm\\x1b]0;pwned\\x07\\x1b[2J\\nFAKE LINE \\u202e")
 
 
+def test_the_hint_to_pin_dynamic_inputs_stays_one_line(tmp_path, capsys):
+    # The hint quotes the input's name and its dims' names, which printed a line break as is.
+    graph = helper.make_graph(
+        [helper.make_node("Relu", [EVIL], ["y"])], "g",
+        [helper.make_tensor_value_info(EVIL, TensorProto.FLOAT, [EVIL, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [EVIL, 4])])
+    source = tmp_path / "evil_dims.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=IR_VERSION), source)
+    for command in (("partition", source), ("optimize", source, "-o", tmp_path / "m.om")):
+        rc, out, err = run_cli(capsys, *command, "--target", "ascend310")
+        assert rc == 0, err
+        assert "fell back to the cpu for dynamic shapes" in out + err
+        assert not any(line.startswith("FAKE LINE") for line in (out + err).splitlines())
+
+
 def test_an_escaping_stream_keeps_line_breaks_tabs_and_carriage_returns():
     class Sink:
         text = ""
