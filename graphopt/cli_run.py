@@ -184,11 +184,14 @@ def _write_outputs(path: str, outputs: dict, types: dict[str, str]) -> str:
 
     arrays = {name: value for name, value in outputs.items() if isinstance(value, np.ndarray)}
     save_npz(path, arrays)
-    text = f"\nwrote {path}: {', '.join(arrays) or 'no tensors'}"
+    # one_line: an output's name comes from the model and may hold a line break, which would
+    # print a line of the model's making (the table above escapes it already).
+    text = "\n" + one_line(f"wrote {path}: {', '.join(arrays) or 'no tensors'}")
     left = [f"{name} ({output_label(value, types.get(name))})" for name, value in outputs.items()
             if name not in arrays]
     if left:
-        text += f"\nnote: not written, an .npz holds only tensors: {', '.join(left)}"
+        text += "\n" + one_line(f"note: not written, an .npz holds only tensors: "
+                                f"{', '.join(left)}")
     return text
 
 

@@ -297,7 +297,8 @@ class TypedRunner:
         if name not in self._bits:
             return value
         elem_type, bits = self._bits[name]
-        array = np.ascontiguousarray(value)
+        # Not ascontiguousarray, which makes a 0-d array 1-d: a scalar came back as [1].
+        array = np.asarray(value, order="C")
         plain_bits = array.dtype.kind == "V" and array.dtype.names is None  # from an .npz
         if array.dtype.itemsize != bits.itemsize or not (plain_bits or array.dtype in _ML_DTYPES):
             raise GraphoptError(f"input {name!r} has dtype {array.dtype}, expected "
@@ -323,7 +324,7 @@ def _ort_value(name: str, value: Any) -> ort.OrtValue:
         raise GraphoptError(f"input {name!r} is {value_label(value)}, which onnxruntime's "
                             "Python binding cannot take beside a bfloat16 or float8 output of "
                             "the same model")
-    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
+    return ort.OrtValue.ortvalue_from_numpy(np.asarray(value, order="C"))  # keeps 0-d 0-d
 
 
 def _from_bits(value: ort.OrtValue, dtype: np.dtype) -> np.ndarray:

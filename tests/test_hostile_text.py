@@ -83,6 +83,39 @@ def test_the_cli_shows_control_characters_in_names_escaped(tmp_path, capsys):
     assert not any(line.startswith("FAKE LINE") for line in out.splitlines())
 
 
+def test_run_names_the_outputs_it_wrote_escaped(tmp_path, capsys):
+    # The output's name is the model's: its line break printed a line of the model's making.
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], [EVIL])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info(EVIL, TensorProto.FLOAT, [2])])
+    source, om = tmp_path / "evil_out.onnx", tmp_path / "evil_out.om"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=IR_VERSION), source)
+    assert run_cli(capsys, "optimize", source, "-o", om, "-q")[0] == 0
+    rc, out, err = run_cli(capsys, "run", om, "--outputs", tmp_path / "y.npz")
+    assert rc == 0, err
+    assert not any(line.startswith("FAKE LINE") for line in out.splitlines())
+    (wrote,) = [line for line in out.splitlines() if line.startswith("wrote ")]
+    assert wrote.endswith("y.npz: mm\\x1b]0;pwned\\x07\\x1b[2J\\nFAKE LINE \\u202e")
+
+
+def test_the_hint_to_pin_dynamic_inputs_stays_one_line(tmp_path, capsys):
+    # The hint quotes the input's name and its dims' names, which printed a line break as is.
+    graph = helper.make_graph(
+        [helper.make_node("Relu", [EVIL], ["y"])], "g",
+        [helper.make_tensor_value_info(EVIL, TensorProto.FLOAT, [EVIL, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [EVIL, 4])])
+    source = tmp_path / "evil_dims.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=IR_VERSION), source)
+    for command in (("partition", source), ("optimize", source, "-o", tmp_path / "m.om")):
+        rc, out, err = run_cli(capsys, *command, "--target", "ascend310")
+        assert rc == 0, err
+        assert "fell back to the cpu for dynamic shapes" in out + err
+        assert not any(line.startswith("FAKE LINE") for line in (out + err).splitlines())
+
+
 def test_an_escaping_stream_keeps_line_breaks_tabs_and_carriage_returns():
     class Sink:
         text = ""

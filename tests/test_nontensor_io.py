@@ -267,6 +267,21 @@ def test_bf16_runs_in_the_runtime_and_numerics_as_onnxruntime_does(bf16):
         session.run({"x": BF16_X.astype(np.float32)})
 
 
+def test_bf16_scalars_keep_their_shape(tmp_path):
+    # A 0-d bfloat16 feed, and a 0-d float32 one beside a bfloat16 output, went to onnxruntime
+    # as [1] (numpy's ascontiguousarray makes 0-d arrays 1-d), so the scalar came back as [1].
+    model = _model([h.make_node("Cast", ["x"], ["xf"], to=T.FLOAT),
+                    h.make_node("Mul", ["xf", "s"], ["m"]),
+                    h.make_node("Cast", ["m"], ["y"], to=T.BFLOAT16)],
+                   [h.make_tensor_value_info("x", T.BFLOAT16, []),
+                    h.make_tensor_value_info("s", T.FLOAT, [])],
+                   [h.make_tensor_value_info("y", T.BFLOAT16, [])])
+    feeds = {"x": np.array(1.5, ml_dtypes.bfloat16), "s": np.array(2, np.float32)}
+    got = graphopt.load(_om(model, tmp_path / "scalar.om")).run(feeds)["y"]
+    assert got.shape == () and got.dtype == ml_dtypes.bfloat16 and float(got) == 3.0
+    assert numerics.run(model, feeds)["y"].shape == ()
+
+
 def test_bf16_verifies_compares_profiles_and_bisects(bf16, tmp_path, capsys):
     onnx_path, om_path = bf16
     rc, out, err = run_cli(capsys, "optimize", onnx_path, "-o", tmp_path / "v.onnx", "--verify")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from graphopt.errors import one_line
 from graphopt.option_names import from_command_line
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.layouts import layout_summary
@@ -116,6 +117,11 @@ def dynamic_hint(model, partitioning: Partitioning, log=None) -> str:
     """'' when no node fell back for a dynamic shape, else how many did and the --input-shape
     that pins the model's dynamic inputs (a batch dim shown as 1, others as <name> to fill in),
     and, when the compile's pass log (`log`) shows no shape folding, that -O2 folds them."""
+    # One line: it quotes input and dim names, which the model chose (a line break too).
+    return one_line(_dynamic_hint(model, partitioning, log))
+
+
+def _dynamic_hint(model, partitioning: Partitioning, log=None) -> str:
     dynamic = [node for node, reason in partitioning.fallbacks()
                if reason.startswith("dynamic shape")]
     if not dynamic:
