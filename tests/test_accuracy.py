@@ -226,6 +226,30 @@ def test_verify_judges_a_lossy_compile_by_cosine_unless_told_otherwise(tmp_path,
     assert not (tmp_path / "strict.onnx").exists()
 
 
+def test_verify_on_seeded_inputs_says_so_when_it_fails(tmp_path):
+    # Ranges fitted to small positive inputs clip the seeded standard normal ones: the
+    # report on the calibration data reads fine while --verify fails, and its error said
+    # nothing of what it had run on.
+    import graphopt
+    from graphopt.errors import VerificationError
+
+    proto = parse_model("""
+        g (float[1,64] x) => (float[1,16] y) {
+            h = Relu (x)
+            y = Gemm <transB = 1> (h, w, b)
+        }""", w=RNG.standard_normal((16, 64)).astype(np.float32), b=np.zeros(16, np.float32))
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "c.npz", x=rng.uniform(0, 0.05, (8, 1, 64)).astype(np.float32))
+    options = {"quantize": "int8", "calibration": tmp_path / "c.npz",
+               "pass_options": {"quant_keep_ends": False}}
+    with pytest.raises(VerificationError, match=r"cosine [\d.]+ < 0\.999 \(on seeded random "
+                       r"inputs: standard normal values, which the int8 ranges fitted to "
+                       r"calibration may clip; give inputs like the deployment's with inputs\)"):
+        graphopt.optimize(proto, verify=True, **options)
+    np.savez(tmp_path / "real.npz", x=rng.uniform(0, 0.05, (1, 64)).astype(np.float32))
+    graphopt.optimize(proto, verify=True, inputs=tmp_path / "real.npz", **options)
+
+
 def test_verify_by_cosine_still_fails_a_broken_output():
     from graphopt.tools.accuracy_rule import below_cosine
 
