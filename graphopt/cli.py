@@ -203,9 +203,12 @@ def _cmd_optimize(args) -> int:
         if report:
             # The model is written: its IR's memory goes to the report's onnxruntime sessions
             # (0.6 GB less at the peak on a BERT-base --precision fp16 compile).
+            from graphopt.tools.accuracy_rule import lossy_passes
+
+            changed = lossy_passes(result.log.to_json()["passes"])
             del result, plots
             collect_dropped()
-            _print_accuracy(args, source)
+            _print_accuracy(args, source, changed)
             return 0
     else:  # "print nothing on success": an output that will not load is not quite that
         from graphopt.compiler import UNLOADABLE_NOTE
@@ -235,10 +238,12 @@ def _overwritten_source(args):
     return load_reference(args.model).proto
 
 
-def _print_accuracy(args, source=None) -> None:
+def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weights")) -> None:
     """The accuracy report of the written model against the input (`source`, its proto as read
     before the output overwrote it, when it did), on --verify's inputs, the first calibration
-    samples or seeded random data; a failure to run it is a warning, the model is written."""
+    samples or seeded random data; a failure to run it is a warning, the model is written.
+    `changed`: the lossy passes that changed the model (a note says what was fitted to the
+    calibration data only when something was)."""
     from graphopt.errors import GraphoptError
     from graphopt.tools.accuracy import SeededInputsRefused, accuracy_report
 
@@ -260,7 +265,9 @@ def _print_accuracy(args, source=None) -> None:
     print()
     print(report.format())
     _below_the_rule(args, report)
-    if calibration and (args.quantize == "int8" or args.int4_method == "gptq"):
+    pass_name = "QuantizeInt8" if args.quantize == "int8" else "QuantizeInt4Weights"
+    if calibration and (args.quantize == "int8" or args.int4_method == "gptq") \
+            and pass_name in changed:
         fitted = "its int8 ranges" if args.quantize == "int8" else "GPTQ's rounding"
         print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")

@@ -1348,3 +1348,26 @@ def test_a_fused_conv_with_a_residual_input_is_not_split(tmp_path):
     assert ops["FusedConv"] == 1 and ops["Conv"] == 1 and ops["QuantizeLinear"] >= 2
     feeds = numerics.random_feeds(proto, seed=5)
     assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > MIN_COSINE
+
+
+def test_a_compile_with_no_layer_to_quantize_says_it_quantized_nothing(tmp_path, capsys):
+    # int4 said so; int8 wrote the float model with no note, and the report's note spoke of
+    # int8 ranges fitted to the calibration data. A weight the model lets a caller override
+    # is an input: its MatMul is no layer with a constant weight.
+    from helpers import run_cli
+
+    relu = parse_model("agraph (float[2, 4] x) => (float[2, 4] y) { y = Relu(x) }")
+    overridable = parse_model("agraph (float[2, 4] x, float[4, 3] w) => (float[2, 3] y) "
+                              "{ y = MatMul(x, w) }")
+    weight = onnx.numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    overridable.graph.initializer.append(weight)
+    calibration = _calibration(tmp_path, shape=(2, 4))
+    for proto in (relu, overridable):
+        result, _ = _int8(proto, calibration=calibration, quant_keep_ends=False)
+        assert "QuantizeInt8 quantized nothing: the model has no Conv, Gemm or MatMul with a " \
+               "constant weight" in " ".join(result.notes)
+    onnx.save(relu, tmp_path / "relu.onnx")
+    rc, out, err = run_cli(capsys, "optimize", tmp_path / "relu.onnx", "-o", tmp_path / "q.onnx",
+                           "--quantize", "int8", "--calibration", calibration)
+    assert rc == 0, err
+    assert "quantized nothing" in out and "int8 ranges were fitted to" not in out
