@@ -300,3 +300,18 @@ def test_samples_of_the_pinned_batch_are_taken_as_they_are(tmp_path):
     np.savez(path, x=np.ones((3, 2, 4), np.float32))
     data = read_calibration(path, _batch2_graph())
     assert len(data) == 3 and {feed["x"].shape for feed in data} == {(2, 4)}
+
+
+def test_a_tensor_without_a_finite_range_names_the_inputs_that_held_nan(tmp_path):
+    # One NaN pixel of a single image spreads to every value after a global mean: the error
+    # blamed the model's tensor and sent the user to skip layers, not to the data.
+    model = load_onnx(parse_model(
+        "g (float[1, 4] x) => (float[1, 1] y) { y = ReduceMean <keepdims = 1> (x) }"))
+    samples = np.array([[[1, np.nan, 3, 4]]], np.float32)
+    np.savez(tmp_path / "c.npz", x=samples)
+    data = read_calibration(tmp_path / "c.npz", model.graph)
+    with pytest.raises(OptionError, match=r"tensor 'y' has no finite range over the samples "
+                       r"\(NaN or Inf\); the data's input\(s\) 'x' hold NaN or Inf, which the "
+                       r"model carries there: give samples without them, or quant_skip the "
+                       r"layers that read it"):
+        calibrate(model, ["y"], data)
