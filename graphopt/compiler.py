@@ -557,6 +557,11 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             if shared_stats is None:
                 raise
             mismatch = exc  # a shape profile the data does not fit: QuantizeInt8 borrows
+            shared_stats.misfit = shared_stats.misfit or \
+                f"shape profile {shared_stats.profile}: {exc}"
+        else:
+            if shared_stats is not None:
+                shared_stats.fitted = True
 
     ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
                       target=target, gate=rewrite_gate, calibration=calibration,

@@ -638,6 +638,24 @@ def test_profiles_no_calibration_sample_fits_are_refused_naming_the_first(tmp_pa
             "quantize": "int8", "calibration": _calibration(tmp_path, n=2)})
 
 
+@pytest.mark.parametrize("options", [{"quantize": "int8"}, {"precision": "fp16"}],
+                         ids=["dynamic-int8", "fp16"])
+def test_profiles_no_calibration_sample_fits_are_refused_where_no_pass_needs_ranges(
+        tmp_path, options):
+    # A MatMul quantizes dynamically and fp16 reads the data for its report only: no pass
+    # asked for statistics, so data that fit no profile compiled, without a report.
+    proto = parse_model("g (float[1, S, 8] x) => (float[1, S, 4] y) { y = MatMul (x, w) }",
+                        w=np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    calibration = _calibration(tmp_path, shape=(1, 5, 8), n=2)
+    with pytest.raises(OptionError, match=r"^the calibration data fits none of the 2 shape "
+                                          r"profiles \(profile0 \(S=2\), profile1 \(S=3\)\); "
+                                          r"shape profile profile0 \(S=2\): calibration "):
+        graphopt.optimize(proto, target="cpu", dynamic_dims="S:2,3",
+                          pass_options={**options, "calibration": calibration})
+    graphopt.optimize(proto, target="cpu", dynamic_dims="S:2,5",
+                      pass_options={**options, "calibration": calibration})
+
+
 class _PassesRun(Instrument):
     def __init__(self):
         self.started, self.names = False, []
