@@ -324,6 +324,11 @@ def _below_the_rule(args, report) -> None:
 
     threshold = LOSSY_PASSES["QuantizeInt4Weights" if args.quantize == "int4" else
                              "QuantizeInt8"]
+    changed = [o for o in report.outputs if o.differ]
+    if changed:  # compare and --verify require these equal: a class id that flipped fails
+        shown = ", ".join(f"'{o.name}' {o.note}" for o in changed[:5])
+        print(f"warning: output(s) of integers, bools or strings changed, which `graphopt "
+              f"compare` and --verify require equal: {shown}")
     low = [o for o in report.outputs if o.cosine is not None and o.cosine < threshold]
     if not low:
         return

@@ -529,3 +529,34 @@ def test_a_model_that_fails_on_seeded_inputs_says_whether_their_open_dims_may_be
     with pytest.raises(GraphoptError) as caught:
         accuracy_report(unknown, unknown)
     assert not isinstance(caught.value, SeededInputsRefused)
+
+
+def test_an_integer_output_says_how_many_elements_differ(tmp_path, capsys):
+    # A classifier's ArgMax flipped under int8 and its row was blank: no cosine, no note, and
+    # the sample shown was the first, where it had not flipped.
+    from types import SimpleNamespace
+
+    from graphopt.cli import _below_the_rule
+
+    text = """
+        g (float[1,8] x) => (int64[1] cls, float[1,5] y) {
+            y = MatMul(x, w)
+            cls = ArgMax <axis = 1, keepdims = 0> (y)
+        }"""
+    w = np.zeros((8, 5), np.float32)
+    w[0, 1], w[1, 2] = 1.0, 1.0
+    changed = w.copy()
+    changed[1, 3] = 2.0  # class 3 wins wherever x[1] is positive
+    ref, cand = parse_model(text, w=w), parse_model(text, w=changed)
+    samples = np.zeros((2, 1, 8), np.float32)
+    samples[0, 0, 0], samples[1, 0, 1] = 1.0, 1.0
+    np.savez(tmp_path / "c.npz", x=samples)
+    report = accuracy_report(ref, cand, calibration=tmp_path / "c.npz")
+    cls = report.outputs[0]
+    assert (cls.differ, cls.note, cls.sample) == (1, "1 of 1 element(s) differ", 2)
+    assert "1 of 1 element(s) differ" in report.format()
+    same = accuracy_report(ref, ref, calibration=tmp_path / "c.npz").outputs[0]
+    assert (same.differ, same.note) == (0, "all elements equal")
+    _below_the_rule(SimpleNamespace(quantize="int8", calibration_method=None), report)
+    assert "changed, which `graphopt compare` and --verify require equal: 'cls' 1 of 1 " \
+           "element(s) differ" in capsys.readouterr().out
