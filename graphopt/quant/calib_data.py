@@ -215,11 +215,17 @@ def check_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
 
 
 def _load(file: str) -> dict[str, np.ndarray]:
+    # Not a zip, numpy tries it as a pickle and says to "load it unsafely": never the advice.
+    with open(file, "rb") as handle:
+        head = handle.read(6)
+    if not head.startswith((b"\x93NUMPY", b"PK")):  # a damaged zip gets numpy's reason
+        raise OptionError(f"calibration {file}: not an .npz archive of named arrays (write one "
+                          "with np.savez(path, input_name=array, …))")
     try:
         data = np.load(file, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise OptionError(f"calibration {file}: cannot read as .npz of named arrays ({e})"
-                          ) from None
+        raise OptionError(f"calibration {file}: cannot read as .npz of named arrays "
+                          f"({_unpickling(e)})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise OptionError(f"calibration {file}: one unnamed array (.npy); the inputs go in an "
                           ".npz by name: np.savez(path, input_name=array, …)")
@@ -230,9 +236,17 @@ def _load(file: str) -> dict[str, np.ndarray]:
             try:
                 arrays[name] = data[name]
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-                raise OptionError(f"calibration {file}: cannot read array '{name}' ({e})"
-                                  ) from None
+                raise OptionError(f"calibration {file}: cannot read array '{name}' "
+                                  f"({_unpickling(e)})") from None
         return arrays
+
+
+def _unpickling(error: Exception) -> str:
+    """numpy's reason, unless it speaks of allow_pickle, a knob the user does not have."""
+    if "pickle" not in str(error):
+        return str(error)
+    return ("it holds object arrays, which would need unpickling; strings go in as numpy's "
+            "strings: np.array(values, dtype=str)")
 
 
 def _check_names(arrays: dict, specs: list[InputSpec], file: str) -> None:
