@@ -272,7 +272,7 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
         print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
     if _runs_on_this_cpu(args):
-        _print_speed(args, reference, report.feeds)
+        _print_speed(args, reference, report.feeds, changed)
 
 
 def _runs_on_this_cpu(args) -> bool:
@@ -286,10 +286,12 @@ def _runs_on_this_cpu(args) -> bool:
     return target.device(target.primary).kind == "cpu"
 
 
-def _print_speed(args, source, feeds) -> None:
+def _print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weights",
+                                               "ConvertPrecision")) -> None:
     """The written model's run time against the source's, and a warning when it is slower: a
     quantization that runs slower than float (onnxruntime's int8 depthwise convolutions, a
-    float first layer between int8 ones) said nothing of it."""
+    float first layer between int8 ones) said nothing of it. The reason given is the precision
+    pass's only where it changed the model (`changed`, the lossy passes that did)."""
     from graphopt.tools.speed_check import speed_check
 
     try:
@@ -302,12 +304,15 @@ def _print_speed(args, source, feeds) -> None:
     print(check.format(source_label, args.output))
     if not check.slower:
         return
-    if args.quantize == "int8":
+    if not changed:  # 4-bit unpacking blamed on a model with no 4-bit weight
+        why = ("no precision pass changed the model, so the precision mode is not why (small "
+               "models' times vary from run to run)")
+    elif "QuantizeInt8" in changed:
         why = ("onnxruntime's int8 kernels gain on large convolutions and GEMMs, less on "
                "depthwise convolutions and small layers, and a layer left float next to int8 "
                "ones adds conversions (--quant-skip keeps more layers float, --quantize-ends "
                "quantizes the first and last)")
-    elif args.quantize == "int4":
+    elif "QuantizeInt4Weights" in changed:
         why = "4-bit weights save memory; their unpacking can cost time on small layers"
     else:
         why = ("onnxruntime's CPU provider computes many half-precision ops through casts to "
