@@ -320,3 +320,17 @@ def test_a_tensor_without_a_finite_range_names_the_inputs_that_held_nan(tmp_path
                        r"model carries there: give samples without them, or quant_skip the "
                        r"layers that read it"):
         calibrate(model, ["y"], data)
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse"])
+@pytest.mark.parametrize("values", [[1.0, 1.0], [1000.0, 1000.01], [0.99999, 1.0], [-7.0, -7.0]],
+                         ids=["constant-one", "narrow-far-from-0", "saturated-sigmoid",
+                              "constant-negative"])
+def test_a_range_of_a_few_float32_steps_histograms(method, values):
+    # numpy made float32 bin edges for float32 data and refused 2048 of them over a range of
+    # a few float32 steps: a conv over a constant image failed QuantizeInt8 with a ValueError.
+    x = np.linspace(*values, 64).astype(np.float32)
+    s = _stats([x])
+    assert s.hist.sum() == x.size
+    lo, hi = s.range(method)
+    assert np.isfinite([lo, hi]).all() and lo <= float(x.max()) and hi >= float(x.min())
