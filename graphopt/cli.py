@@ -268,8 +268,8 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
     pass_name = "QuantizeInt8" if args.quantize == "int8" else "QuantizeInt4Weights"
     if calibration and (args.quantize == "int8" or args.int4_method == "gptq") \
             and pass_name in changed:
-        fitted = "its int8 ranges" if args.quantize == "int8" else "GPTQ's rounding"
-        print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
+        fitted = "its int8 ranges were" if args.quantize == "int8" else "GPTQ's rounding was"
+        print(f"note: measured on the calibration data, which {fitted} fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
     if _runs_on_this_cpu(args):
         _print_speed(args, reference, report.feeds, changed)

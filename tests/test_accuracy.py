@@ -461,6 +461,10 @@ def test_the_report_runs_on_the_inputs_given_and_says_when_it_ran_on_fitted_data
                            "--verify", "--inputs", held_out)
     assert rc == 0, err
     assert f"on {held_out}\n" in out and "note: measured on the calibration data" not in out
+    rc, out, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "c.onnx", "--quantize",
+                           "int4", "--int4-method", "gptq", "--calibration", calibration)
+    assert rc == 0, err
+    assert "note: measured on the calibration data, which GPTQ's rounding was fitted to" in out
 
 
 def test_random_inputs_say_which_open_dims_they_set_to_1():
