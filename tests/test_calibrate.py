@@ -334,3 +334,29 @@ def test_a_range_of_a_few_float32_steps_histograms(method, values):
     assert s.hist.sum() == x.size
     lo, hi = s.range(method)
     assert np.isfinite([lo, hi]).all() and lo <= float(x.max()) and hi >= float(x.min())
+
+
+@pytest.mark.parametrize("layout", ["stacked", "directory"])
+def test_integers_beyond_the_inputs_integer_type_are_refused(tmp_path, layout):
+    # int64 token ids past 2**31 for an int32 input wrapped round to other ids in the cast,
+    # silently; --inputs refuses int64 for an int32 input outright.
+    graph = load_onnx(parse_model(
+        "g (int32[1, 4] ids) => (float[1, 4, 2] y) { y = Gather(table, ids) }",
+        table=np.ones((8, 2), np.float32))).graph
+    ids = np.zeros((3, 1, 4), np.int64)
+    ids[2, 0, 1] = 2**32 + 5
+    if layout == "stacked":
+        np.savez(tmp_path / "c.npz", ids=ids)
+        path = tmp_path / "c.npz"
+    else:
+        path = tmp_path / "d"
+        path.mkdir()
+        for i, sample in enumerate(ids):
+            np.savez(path / f"{i}.npz", ids=sample)
+    with pytest.raises(OptionError, match=r"input 'ids' holds 4294967301, beyond int32 "
+                                          r"\(-2147483648 to 2147483647\)"):
+        list(read_calibration(path, graph))
+    ids[2, 0, 1] = 7  # int64 values int32 holds are cast, as before
+    np.savez(tmp_path / "ok.npz", ids=ids)
+    assert [s["ids"].dtype for s in read_calibration(tmp_path / "ok.npz", graph)] == \
+        [np.int32] * 3

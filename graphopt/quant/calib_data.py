@@ -126,6 +126,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
                 f"samples × {_shape_text(s.shape)} (rank {len(s.shape) + 1}), or the input's "
                 "own shape when its first dim is 1 or symbolic")
         _check_finite(array, s, path)
+        _check_integer_range(array, s, path)
         for i in range(min(1, array.shape[0])):
             _checked(array[i], s, path)
         batch[s.name], counts[s.name] = array, array.shape[0]
@@ -274,7 +275,24 @@ def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
                 f"calibration {file}: input '{spec.name}' sample has shape "
                 f"{list(array.shape)}; the model expects {_shape_text(spec.shape)}")
     _check_finite(array[None], spec, file)
+    _check_integer_range(array, spec, file)
     return _cast(array, spec, file)
+
+
+def _check_integer_range(array: np.ndarray, spec: InputSpec, file: str) -> None:
+    """Refuse integers the input's integer type cannot hold (int64 token ids past 2³¹ for an
+    int32 input, a negative id for a uint8 one): the cast wrapped them round to other ids, and
+    the model calibrated on those without a word."""
+    if array.dtype.kind not in "iu" or spec.dtype.kind not in "iu" or not array.size \
+            or np.can_cast(array.dtype, spec.dtype):
+        return
+    info = np.iinfo(spec.dtype)
+    low, high = array.min(), array.max()
+    if low < info.min or high > info.max:
+        value = low if low < info.min else high
+        raise OptionError(f"calibration {file}: input '{spec.name}' holds {value}, beyond "
+                          f"{spec.dtype} ({info.min} to {info.max}); calibration needs values "
+                          "that fit the input's type")
 
 
 def _check_finite(samples: np.ndarray, spec: InputSpec, file: str) -> None:
