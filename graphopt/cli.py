@@ -203,9 +203,12 @@ def _cmd_optimize(args) -> int:
         if report:
             # The model is written: its IR's memory goes to the report's onnxruntime sessions
             # (0.6 GB less at the peak on a BERT-base --precision fp16 compile).
+            from graphopt.tools.accuracy_rule import lossy_passes
+
+            changed = lossy_passes(result.log.to_json()["passes"])
             del result, plots
             collect_dropped()
-            _print_accuracy(args, source)
+            _print_accuracy(args, source, changed)
             return 0
     else:  # "print nothing on success": an output that will not load is not quite that
         from graphopt.compiler import UNLOADABLE_NOTE
@@ -235,10 +238,12 @@ def _overwritten_source(args):
     return load_reference(args.model).proto
 
 
-def _print_accuracy(args, source=None) -> None:
+def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weights")) -> None:
     """The accuracy report of the written model against the input (`source`, its proto as read
     before the output overwrote it, when it did), on --verify's inputs, the first calibration
-    samples or seeded random data; a failure to run it is a warning, the model is written."""
+    samples or seeded random data; a failure to run it is a warning, the model is written.
+    `changed`: the lossy passes that changed the model (a note says what was fitted to the
+    calibration data only when something was)."""
     from graphopt.errors import GraphoptError
     from graphopt.tools.accuracy import SeededInputsRefused, accuracy_report
 
@@ -260,12 +265,14 @@ def _print_accuracy(args, source=None) -> None:
     print()
     print(report.format())
     _below_the_rule(args, report)
-    if calibration and (args.quantize == "int8" or args.int4_method == "gptq"):
-        fitted = "its int8 ranges" if args.quantize == "int8" else "GPTQ's rounding"
-        print(f"note: measured on the calibration data, which {fitted} were fitted to; inputs "
+    pass_name = "QuantizeInt8" if args.quantize == "int8" else "QuantizeInt4Weights"
+    if calibration and (args.quantize == "int8" or args.int4_method == "gptq") \
+            and pass_name in changed:
+        fitted = "its int8 ranges were" if args.quantize == "int8" else "GPTQ's rounding was"
+        print(f"note: measured on the calibration data, which {fitted} fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
     if _runs_on_this_cpu(args):
-        _print_speed(args, reference, report.feeds)
+        _print_speed(args, reference, report.feeds, changed)
 
 
 def _runs_on_this_cpu(args) -> bool:
@@ -279,10 +286,12 @@ def _runs_on_this_cpu(args) -> bool:
     return target.device(target.primary).kind == "cpu"
 
 
-def _print_speed(args, source, feeds) -> None:
+def _print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weights",
+                                               "ConvertPrecision")) -> None:
     """The written model's run time against the source's, and a warning when it is slower: a
     quantization that runs slower than float (onnxruntime's int8 depthwise convolutions, a
-    float first layer between int8 ones) said nothing of it."""
+    float first layer between int8 ones) said nothing of it. The reason given is the precision
+    pass's only where it changed the model (`changed`, the lossy passes that did)."""
     from graphopt.tools.speed_check import speed_check
 
     try:
@@ -295,12 +304,15 @@ def _print_speed(args, source, feeds) -> None:
     print(check.format(source_label, args.output))
     if not check.slower:
         return
-    if args.quantize == "int8":
+    if not changed:  # 4-bit unpacking blamed on a model with no 4-bit weight
+        why = ("no precision pass changed the model, so the precision mode is not why (small "
+               "models' times vary from run to run)")
+    elif "QuantizeInt8" in changed:
         why = ("onnxruntime's int8 kernels gain on large convolutions and GEMMs, less on "
                "depthwise convolutions and small layers, and a layer left float next to int8 "
                "ones adds conversions (--quant-skip keeps more layers float, --quantize-ends "
                "quantizes the first and last)")
-    elif args.quantize == "int4":
+    elif "QuantizeInt4Weights" in changed:
         why = "4-bit weights save memory; their unpacking can cost time on small layers"
     else:
         why = ("onnxruntime's CPU provider computes many half-precision ops through casts to "
@@ -317,6 +329,11 @@ def _below_the_rule(args, report) -> None:
 
     threshold = LOSSY_PASSES["QuantizeInt4Weights" if args.quantize == "int4" else
                              "QuantizeInt8"]
+    changed = [o for o in report.outputs if o.differ]
+    if changed:  # compare and --verify require these equal: a class id that flipped fails
+        shown = ", ".join(f"'{o.name}' {o.note}" for o in changed[:5])
+        print(f"warning: output(s) of integers, bools or strings changed, which `graphopt "
+              f"compare` and --verify require equal: {shown}")
     low = [o for o in report.outputs if o.cosine is not None and o.cosine < threshold]
     if not low:
         return

@@ -95,6 +95,12 @@ def _optimize_profiles(model, spec, options: dict):
                 f"the calibration data fits none of the {len(profiles)} shape profiles "
                 f"({labels}); {_in_profile(exc, profile)}") from None
         results[profile.name] = _compile(optimize, model, run, profile, shared)
+    if not shared.fitted and shared.misfit is not None:
+        # No pass needed its statistics (a transformer's dynamic int8 MatMuls, fp16's report)
+        # and each profile let the data go: refused as when a pass needs them.
+        raise CalibrationShapeError(
+            f"the calibration data fits none of the {len(profiles)} shape profiles "
+            f"({', '.join(map(_label, profiles))}); {shared.misfit}")
     compiled = [CompiledProfile(profile, results[profile.name]) for profile in profiles]
     head = compiled[0].result
     borrowed = shared.note([_label(profile) for profile in profiles])

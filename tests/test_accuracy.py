@@ -226,6 +226,30 @@ def test_verify_judges_a_lossy_compile_by_cosine_unless_told_otherwise(tmp_path,
     assert not (tmp_path / "strict.onnx").exists()
 
 
+def test_verify_on_seeded_inputs_says_so_when_it_fails(tmp_path):
+    # Ranges fitted to small positive inputs clip the seeded standard normal ones: the
+    # report on the calibration data reads fine while --verify fails, and its error said
+    # nothing of what it had run on.
+    import graphopt
+    from graphopt.errors import VerificationError
+
+    proto = parse_model("""
+        g (float[1,64] x) => (float[1,16] y) {
+            h = Relu (x)
+            y = Gemm <transB = 1> (h, w, b)
+        }""", w=RNG.standard_normal((16, 64)).astype(np.float32), b=np.zeros(16, np.float32))
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "c.npz", x=rng.uniform(0, 0.05, (8, 1, 64)).astype(np.float32))
+    options = {"quantize": "int8", "calibration": tmp_path / "c.npz",
+               "pass_options": {"quant_keep_ends": False}}
+    with pytest.raises(VerificationError, match=r"cosine [\d.]+ < 0\.999 \(on seeded random "
+                       r"inputs: standard normal values, which the int8 ranges fitted to "
+                       r"calibration may clip; give inputs like the deployment's with inputs\)"):
+        graphopt.optimize(proto, verify=True, **options)
+    np.savez(tmp_path / "real.npz", x=rng.uniform(0, 0.05, (1, 64)).astype(np.float32))
+    graphopt.optimize(proto, verify=True, inputs=tmp_path / "real.npz", **options)
+
+
 def test_verify_by_cosine_still_fails_a_broken_output():
     from graphopt.tools.accuracy_rule import below_cosine
 
@@ -437,6 +461,10 @@ def test_the_report_runs_on_the_inputs_given_and_says_when_it_ran_on_fitted_data
                            "--verify", "--inputs", held_out)
     assert rc == 0, err
     assert f"on {held_out}\n" in out and "note: measured on the calibration data" not in out
+    rc, out, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "c.onnx", "--quantize",
+                           "int4", "--int4-method", "gptq", "--calibration", calibration)
+    assert rc == 0, err
+    assert "note: measured on the calibration data, which GPTQ's rounding was fitted to" in out
 
 
 def test_random_inputs_say_which_open_dims_they_set_to_1():
@@ -505,3 +533,34 @@ def test_a_model_that_fails_on_seeded_inputs_says_whether_their_open_dims_may_be
     with pytest.raises(GraphoptError) as caught:
         accuracy_report(unknown, unknown)
     assert not isinstance(caught.value, SeededInputsRefused)
+
+
+def test_an_integer_output_says_how_many_elements_differ(tmp_path, capsys):
+    # A classifier's ArgMax flipped under int8 and its row was blank: no cosine, no note, and
+    # the sample shown was the first, where it had not flipped.
+    from types import SimpleNamespace
+
+    from graphopt.cli import _below_the_rule
+
+    text = """
+        g (float[1,8] x) => (int64[1] cls, float[1,5] y) {
+            y = MatMul(x, w)
+            cls = ArgMax <axis = 1, keepdims = 0> (y)
+        }"""
+    w = np.zeros((8, 5), np.float32)
+    w[0, 1], w[1, 2] = 1.0, 1.0
+    changed = w.copy()
+    changed[1, 3] = 2.0  # class 3 wins wherever x[1] is positive
+    ref, cand = parse_model(text, w=w), parse_model(text, w=changed)
+    samples = np.zeros((2, 1, 8), np.float32)
+    samples[0, 0, 0], samples[1, 0, 1] = 1.0, 1.0
+    np.savez(tmp_path / "c.npz", x=samples)
+    report = accuracy_report(ref, cand, calibration=tmp_path / "c.npz")
+    cls = report.outputs[0]
+    assert (cls.differ, cls.note, cls.sample) == (1, "1 of 1 element(s) differ", 2)
+    assert "1 of 1 element(s) differ" in report.format()
+    same = accuracy_report(ref, ref, calibration=tmp_path / "c.npz").outputs[0]
+    assert (same.differ, same.note) == (0, "all elements equal")
+    _below_the_rule(SimpleNamespace(quantize="int8", calibration_method=None), report)
+    assert "changed, which `graphopt compare` and --verify require equal: 'cls' 1 of 1 " \
+           "element(s) differ" in capsys.readouterr().out

@@ -158,9 +158,12 @@ def test_missing_or_empty_calibration_paths(tmp_path):
     np.save(tmp_path / "one.npy", np.zeros((1, 4), np.float32))
     with pytest.raises(OptionError, match="one unnamed array"):
         read_calibration(tmp_path / "one.npy", graph)
-    (tmp_path / "junk.npz").write_text("not a zip")
-    with pytest.raises(OptionError, match="cannot read as .npz"):
-        read_calibration(tmp_path / "junk.npz", graph)
+    # Not a zip, numpy read it as a pickle and its message said to "load it unsafely".
+    for junk in (b"not a zip", bytes(range(7, 107)), b""):
+        (tmp_path / "junk.npz").write_bytes(junk)
+        with pytest.raises(OptionError, match=r"junk.npz: not an .npz archive of named arrays "
+                                              r"\(write one with np.savez"):
+            read_calibration(tmp_path / "junk.npz", graph)
     # A truncated archive, and an object array (pickled): errors naming the file, not
     # numpy's exceptions from the lazy member read.
     np.savez(tmp_path / "whole.npz", x=np.zeros((64, 1, 4), np.float32))
@@ -169,7 +172,9 @@ def test_missing_or_empty_calibration_paths(tmp_path):
     with pytest.raises(OptionError, match=r"cut.npz: cannot read"):
         read_calibration(tmp_path / "cut.npz", graph)
     np.savez(tmp_path / "obj.npz", x=np.array([None, 1], dtype=object))
-    with pytest.raises(OptionError, match=r"obj.npz: cannot read array 'x'"):
+    with pytest.raises(OptionError, match=r"obj.npz: cannot read array 'x' \(it holds object "
+                                          r"arrays, which would need unpickling; strings go in "
+                                          r"as numpy's strings"):
         read_calibration(tmp_path / "obj.npz", graph)
     bad = tmp_path / "dir"
     bad.mkdir()
@@ -300,3 +305,58 @@ def test_samples_of_the_pinned_batch_are_taken_as_they_are(tmp_path):
     np.savez(path, x=np.ones((3, 2, 4), np.float32))
     data = read_calibration(path, _batch2_graph())
     assert len(data) == 3 and {feed["x"].shape for feed in data} == {(2, 4)}
+
+
+def test_a_tensor_without_a_finite_range_names_the_inputs_that_held_nan(tmp_path):
+    # One NaN pixel of a single image spreads to every value after a global mean: the error
+    # blamed the model's tensor and sent the user to skip layers, not to the data.
+    model = load_onnx(parse_model(
+        "g (float[1, 4] x) => (float[1, 1] y) { y = ReduceMean <keepdims = 1> (x) }"))
+    samples = np.array([[[1, np.nan, 3, 4]]], np.float32)
+    np.savez(tmp_path / "c.npz", x=samples)
+    data = read_calibration(tmp_path / "c.npz", model.graph)
+    with pytest.raises(OptionError, match=r"tensor 'y' has no finite range over the samples "
+                       r"\(NaN or Inf\); the data's input\(s\) 'x' hold NaN or Inf, which the "
+                       r"model carries there: give samples without them, or quant_skip the "
+                       r"layers that read it"):
+        calibrate(model, ["y"], data)
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse"])
+@pytest.mark.parametrize("values", [[1.0, 1.0], [1000.0, 1000.01], [0.99999, 1.0], [-7.0, -7.0]],
+                         ids=["constant-one", "narrow-far-from-0", "saturated-sigmoid",
+                              "constant-negative"])
+def test_a_range_of_a_few_float32_steps_histograms(method, values):
+    # numpy made float32 bin edges for float32 data and refused 2048 of them over a range of
+    # a few float32 steps: a conv over a constant image failed QuantizeInt8 with a ValueError.
+    x = np.linspace(*values, 64).astype(np.float32)
+    s = _stats([x])
+    assert s.hist.sum() == x.size
+    lo, hi = s.range(method)
+    assert np.isfinite([lo, hi]).all() and lo <= float(x.max()) and hi >= float(x.min())
+
+
+@pytest.mark.parametrize("layout", ["stacked", "directory"])
+def test_integers_beyond_the_inputs_integer_type_are_refused(tmp_path, layout):
+    # int64 token ids past 2**31 for an int32 input wrapped round to other ids in the cast,
+    # silently; --inputs refuses int64 for an int32 input outright.
+    graph = load_onnx(parse_model(
+        "g (int32[1, 4] ids) => (float[1, 4, 2] y) { y = Gather(table, ids) }",
+        table=np.ones((8, 2), np.float32))).graph
+    ids = np.zeros((3, 1, 4), np.int64)
+    ids[2, 0, 1] = 2**32 + 5
+    if layout == "stacked":
+        np.savez(tmp_path / "c.npz", ids=ids)
+        path = tmp_path / "c.npz"
+    else:
+        path = tmp_path / "d"
+        path.mkdir()
+        for i, sample in enumerate(ids):
+            np.savez(path / f"{i}.npz", ids=sample)
+    with pytest.raises(OptionError, match=r"input 'ids' holds 4294967301, beyond int32 "
+                                          r"\(-2147483648 to 2147483647\)"):
+        list(read_calibration(path, graph))
+    ids[2, 0, 1] = 7  # int64 values int32 holds are cast, as before
+    np.savez(tmp_path / "ok.npz", ids=ids)
+    assert [s["ids"].dtype for s in read_calibration(tmp_path / "ok.npz", graph)] == \
+        [np.int32] * 3

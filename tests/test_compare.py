@@ -616,3 +616,18 @@ def test_a_nan_against_a_number_is_never_rounding():
                             v=broken)
     report = compare_models(reference, candidate, {"x": np.zeros((1, 200), np.float32)})
     assert not report.passed and report.outputs[0].note != "rounding (see note)"
+
+
+def test_an_onnx_compiled_for_an_npu_that_the_cpu_cannot_run_says_so(tmp_path):
+    # bf16 for the 910B: the CPU provider has no bfloat16 Relu, and the error named the Relu
+    # alone, where an .om's partition says the CPU provider stands in for the device's.
+    import graphopt
+    from graphopt.errors import GraphoptError
+
+    proto = parse_model("g (float[1, 8] x) => (float[1, 4] y) { h = MatMul(x, w) y = Relu(h) }",
+                        w=np.ones((8, 4), np.float32))
+    path = tmp_path / "bf.onnx"
+    graphopt.save(graphopt.optimize(proto, target="ascend910b", precision="bf16"), path)
+    with pytest.raises(GraphoptError, match=r"NOT_IMPLEMENTED .* \(compiled for an NPU target: "
+                                            r"onnxruntime's CPU provider here has no kernel"):
+        compare_models(proto, path)

@@ -638,6 +638,24 @@ def test_profiles_no_calibration_sample_fits_are_refused_naming_the_first(tmp_pa
             "quantize": "int8", "calibration": _calibration(tmp_path, n=2)})
 
 
+@pytest.mark.parametrize("options", [{"quantize": "int8"}, {"precision": "fp16"}],
+                         ids=["dynamic-int8", "fp16"])
+def test_profiles_no_calibration_sample_fits_are_refused_where_no_pass_needs_ranges(
+        tmp_path, options):
+    # A MatMul quantizes dynamically and fp16 reads the data for its report only: no pass
+    # asked for statistics, so data that fit no profile compiled, without a report.
+    proto = parse_model("g (float[1, S, 8] x) => (float[1, S, 4] y) { y = MatMul (x, w) }",
+                        w=np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    calibration = _calibration(tmp_path, shape=(1, 5, 8), n=2)
+    with pytest.raises(OptionError, match=r"^the calibration data fits none of the 2 shape "
+                                          r"profiles \(profile0 \(S=2\), profile1 \(S=3\)\); "
+                                          r"shape profile profile0 \(S=2\): calibration "):
+        graphopt.optimize(proto, target="cpu", dynamic_dims="S:2,3",
+                          pass_options={**options, "calibration": calibration})
+    graphopt.optimize(proto, target="cpu", dynamic_dims="S:2,5",
+                      pass_options={**options, "calibration": calibration})
+
+
 class _PassesRun(Instrument):
     def __init__(self):
         self.started, self.names = False, []
@@ -1348,3 +1366,26 @@ def test_a_fused_conv_with_a_residual_input_is_not_split(tmp_path):
     assert ops["FusedConv"] == 1 and ops["Conv"] == 1 and ops["QuantizeLinear"] >= 2
     feeds = numerics.random_feeds(proto, seed=5)
     assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > MIN_COSINE
+
+
+def test_a_compile_with_no_layer_to_quantize_says_it_quantized_nothing(tmp_path, capsys):
+    # int4 said so; int8 wrote the float model with no note, and the report's note spoke of
+    # int8 ranges fitted to the calibration data. A weight the model lets a caller override
+    # is an input: its MatMul is no layer with a constant weight.
+    from helpers import run_cli
+
+    relu = parse_model("agraph (float[2, 4] x) => (float[2, 4] y) { y = Relu(x) }")
+    overridable = parse_model("agraph (float[2, 4] x, float[4, 3] w) => (float[2, 3] y) "
+                              "{ y = MatMul(x, w) }")
+    weight = onnx.numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    overridable.graph.initializer.append(weight)
+    calibration = _calibration(tmp_path, shape=(2, 4))
+    for proto in (relu, overridable):
+        result, _ = _int8(proto, calibration=calibration, quant_keep_ends=False)
+        assert "QuantizeInt8 quantized nothing: the model has no Conv, Gemm or MatMul with a " \
+               "constant weight" in " ".join(result.notes)
+    onnx.save(relu, tmp_path / "relu.onnx")
+    rc, out, err = run_cli(capsys, "optimize", tmp_path / "relu.onnx", "-o", tmp_path / "q.onnx",
+                           "--quantize", "int8", "--calibration", calibration)
+    assert rc == 0, err
+    assert "quantized nothing" in out and "int8 ranges were fitted to" not in out

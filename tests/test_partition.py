@@ -632,6 +632,11 @@ def test_verify_of_a_bf16_npu_compile_is_refused_up_front():
     with pytest.raises(OptionError, match=r"^verify=True with precision='bf16' target='ascend910b': "
                                           r"verification runs on onnxruntime's CPU provider"):
         graphopt.optimize(proto, target="ascend910b", precision="bf16", verify=True)
+    # A device without bfloat16 kernels refuses the mode itself, naming the ops, rather than
+    # sending the user to verify on a machine whose NPU has none either.
+    with pytest.raises(OptionError, match=r"^precision='bf16': target ascend310 has no "
+                                          r"bfloat16 kernel for "):
+        graphopt.optimize(proto, target="ascend310", precision="bf16", verify=True)
 
 
 def test_a_sparse_weight_travels_with_its_readers_not_from_the_caller(tmp_path):

@@ -115,3 +115,20 @@ def test_a_model_the_check_cannot_run_gets_a_warning_not_a_traceback(tmp_path, c
     assert rc == 0 and "accuracy vs" in stdout
     assert "graphopt: warning: no speed check: RuntimeError: [ONNXRuntimeError] : 1 : FAIL : " \
         "out of memory" in err
+
+
+def test_a_slower_compile_is_blamed_on_the_precision_pass_only_where_it_changed_the_model(
+        tmp_path, capsys, monkeypatch):
+    # A max-pool model with no weight "ran slower" under --quantize int4 by timing noise, and
+    # the warning blamed the unpacking of 4-bit weights it did not have.
+    from graphopt import cli
+
+    monkeypatch.setattr(module, "speed_check", lambda *a, **k: SpeedCheck(1e-3, 2e-3, 25))
+    args = type("Args", (), {"output": "q.onnx", "model": "m.onnx", "quantize": "int4"})()
+    cli._print_speed(args, "m.onnx", {}, ["QuantizeInt4Weights"])
+    assert "4-bit weights save memory" in capsys.readouterr().out
+    cli._print_speed(args, "m.onnx", {}, [])
+    out = capsys.readouterr().out
+    assert "4-bit" not in out and "no precision pass changed the model" in out
+    cli._print_speed(args, "m.onnx", {}, ["ConvertPrecision"])  # int4 with fp16: fp16's doing
+    assert "half-precision ops through casts" in capsys.readouterr().out

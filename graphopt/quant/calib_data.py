@@ -126,6 +126,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
                 f"samples × {_shape_text(s.shape)} (rank {len(s.shape) + 1}), or the input's "
                 "own shape when its first dim is 1 or symbolic")
         _check_finite(array, s, path)
+        _check_integer_range(array, s, path)
         for i in range(min(1, array.shape[0])):
             _checked(array[i], s, path)
         batch[s.name], counts[s.name] = array, array.shape[0]
@@ -215,11 +216,17 @@ def check_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
 
 
 def _load(file: str) -> dict[str, np.ndarray]:
+    # Not a zip, numpy tries it as a pickle and says to "load it unsafely": never the advice.
+    with open(file, "rb") as handle:
+        head = handle.read(6)
+    if not head.startswith((b"\x93NUMPY", b"PK")):  # a damaged zip gets numpy's reason
+        raise OptionError(f"calibration {file}: not an .npz archive of named arrays (write one "
+                          "with np.savez(path, input_name=array, …))")
     try:
         data = np.load(file, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise OptionError(f"calibration {file}: cannot read as .npz of named arrays ({e})"
-                          ) from None
+        raise OptionError(f"calibration {file}: cannot read as .npz of named arrays "
+                          f"({_unpickling(e)})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise OptionError(f"calibration {file}: one unnamed array (.npy); the inputs go in an "
                           ".npz by name: np.savez(path, input_name=array, …)")
@@ -230,9 +237,17 @@ def _load(file: str) -> dict[str, np.ndarray]:
             try:
                 arrays[name] = data[name]
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-                raise OptionError(f"calibration {file}: cannot read array '{name}' ({e})"
-                                  ) from None
+                raise OptionError(f"calibration {file}: cannot read array '{name}' "
+                                  f"({_unpickling(e)})") from None
         return arrays
+
+
+def _unpickling(error: Exception) -> str:
+    """numpy's reason, unless it speaks of allow_pickle, a knob the user does not have."""
+    if "pickle" not in str(error):
+        return str(error)
+    return ("it holds object arrays, which would need unpickling; strings go in as numpy's "
+            "strings: np.array(values, dtype=str)")
 
 
 def _check_names(arrays: dict, specs: list[InputSpec], file: str) -> None:
@@ -260,7 +275,24 @@ def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
                 f"calibration {file}: input '{spec.name}' sample has shape "
                 f"{list(array.shape)}; the model expects {_shape_text(spec.shape)}")
     _check_finite(array[None], spec, file)
+    _check_integer_range(array, spec, file)
     return _cast(array, spec, file)
+
+
+def _check_integer_range(array: np.ndarray, spec: InputSpec, file: str) -> None:
+    """Refuse integers the input's integer type cannot hold (int64 token ids past 2³¹ for an
+    int32 input, a negative id for a uint8 one): the cast wrapped them round to other ids, and
+    the model calibrated on those without a word."""
+    if array.dtype.kind not in "iu" or spec.dtype.kind not in "iu" or not array.size \
+            or np.can_cast(array.dtype, spec.dtype):
+        return
+    info = np.iinfo(spec.dtype)
+    low, high = array.min(), array.max()
+    if low < info.min or high > info.max:
+        value = low if low < info.min else high
+        raise OptionError(f"calibration {file}: input '{spec.name}' holds {value}, beyond "
+                          f"{spec.dtype} ({info.min} to {info.max}); calibration needs values "
+                          "that fit the input's type")
 
 
 def _check_finite(samples: np.ndarray, spec: InputSpec, file: str) -> None:

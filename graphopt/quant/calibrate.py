@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from graphopt.errors import OptionError
 from graphopt.ir import Model, Value, to_onnx
+from graphopt.option_names import option
 from graphopt.numerics import ort_reason
 from graphopt.quant.calib_data import CalibrationData
 from graphopt.quant.stats import METHODS, TensorStats
@@ -33,7 +34,8 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
     if not names:
         return stats
     sweeps = ("range",) if method == "minmax" else ("range", "histogram")
-    sample_arrays = _sampler(model, names, data)
+    nonfinite_inputs: set[str] = set()
+    sample_arrays = _sampler(model, names, data, nonfinite_inputs=nonfinite_inputs)
     for sweep in sweeps:
         if sweep == "histogram":
             for s in stats.values():
@@ -45,7 +47,7 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
                 else:
                     stats[name].observe_histogram(array)
         if sweep == "range":
-            _check_ranges(stats, data.path)
+            _check_ranges(stats, data.path, nonfinite_inputs)
     return stats
 
 
@@ -67,17 +69,23 @@ def gram_matrices(model: Model, values: list[Value], data: CalibrationData
     return grams, rows_seen
 
 
-def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict | None = None):
+def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict | None = None,
+             nonfinite_inputs: set[str] | None = None):
     """A function whose every call sweeps the samples of `data` once, yielding per sample the
     arrays of `names` (graph inputs from the feeds, the rest computed by one session that
     outputs them, float32 unless `dtypes` says otherwise). Each sample's arrays are dropped
-    before the next is read."""
+    before the next is read. The float inputs that held a NaN or Inf are added to
+    `nonfinite_inputs`."""
     feeds_named = {s.name for s in data.specs}
     fetched = [n for n in names if n not in feeds_named]
     session = _session(model, fetched, dtypes)
 
     def sweep():
         for feeds in data:
+            if nonfinite_inputs is not None:
+                nonfinite_inputs.update(
+                    name for name, array in feeds.items() if isinstance(array, np.ndarray)
+                    and array.dtype.kind == "f" and not np.isfinite(array).all())
             try:
                 outputs = session.run(fetched, feeds) if fetched else []
             except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
@@ -91,14 +99,20 @@ def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict
     return sweep
 
 
-def _check_ranges(stats: dict[str, TensorStats], path: str) -> None:
+def _check_ranges(stats: dict[str, TensorStats], path: str,
+                  nonfinite_inputs: set[str] = frozenset()) -> None:
     """Refuse a tensor without a finite range: every value it held on every sample was NaN or
-    Inf (the range covers a tensor's finite values), and no scale can cover it."""
+    Inf (the range covers a tensor's finite values), and no scale can cover it. Where inputs of
+    the data held such values, say so: one NaN pixel of a single image spreads to every value
+    after a global pool, and the layers to skip are not the fix."""
     for name, s in stats.items():
         if not (np.isfinite(s.lo) and np.isfinite(s.hi)):
+            held = ", ".join(f"'{n}'" for n in sorted(nonfinite_inputs))
+            cause = (f"; the data's input(s) {held} hold NaN or Inf, which the model carries "
+                     "there: give samples without them, or" if held else ";")
             raise OptionError(f"calibration {path}: the float model's tensor '{name}' has no "
-                              "finite range over the samples (NaN or Inf); quant_skip the "
-                              "layers that read it")
+                              f"finite range over the samples (NaN or Inf){cause} "
+                              f"{option('quant_skip')} the layers that read it")
 
 
 def _session(model: Model, fetched: list[str], dtypes: dict | None = None

@@ -67,6 +67,11 @@ from graphopt.quant.sensitivity import Drowned, drowned_layers, drowned_note, gu
 from graphopt.quant.stats import METHODS, TensorStats
 
 
+NOTHING_TO_QUANTIZE = ("QuantizeInt8 quantized nothing: the model has no Conv, Gemm or MatMul "
+                       "with a constant weight (int8 quantizes those layers, and the ops between "
+                       "them)")
+
+
 @dataclass
 class _Planned:
     chosen: Plan
@@ -96,7 +101,8 @@ class QuantizeInt8(Pass):
         opset = model.opset("") or 0
         if opset < INT8_OPSET:
             if not any(node.op_type in LAYER_OPS for node in model.graph.all_nodes()):
-                return result  # nothing it would quantize (a tree ensemble): nothing to say
+                ctx.note(NOTHING_TO_QUANTIZE)  # a tree ensemble: the opset is not why
+                return result
             ctx.note(f"QuantizeInt8 quantized nothing: the model imports ONNX opset {opset}, "
                      f"and its int8 form needs {INT8_OPSET} (per-channel DequantizeLinear, "
                      "Split's sizes as an input), per-tensor too")
@@ -123,6 +129,8 @@ class QuantizeInt8(Pass):
         if chosen.kept:
             ctx.note("QuantizeInt8 kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))
+        elif not (chosen.static or chosen.dynamic):  # a compile that quantized nothing says why
+            ctx.note(NOTHING_TO_QUANTIZE)
         if planned.drowned:
             ctx.note(drowned_note(planned.drowned))
         if chosen.needs_calibration():

@@ -42,6 +42,10 @@ class SharedStats:
     # borrows the statistics cannot run the guard, and keeps the same layers float.
     held: dict[str, str] | None = None
     measured: str = "the activation ranges"  # what the measuring profile took from the data
+    # Whether the calibration data fit some profile's inputs, and the first profile's refusal
+    # of it: data that fits none is refused even where no pass needed statistics from it.
+    fitted: bool = False
+    misfit: str | None = None
     by_pass: str = "QuantizeInt8"
 
     @property

@@ -70,10 +70,16 @@ class TensorStats:
         self.hist_lo, self.hist_hi = self.lo, self.hi
         if not self.hist_hi > self.hist_lo:
             self.hist_hi = self.hist_lo + 1e-12  # a constant tensor: one bin holds it all
+        # Bins float64 tells apart at the range's magnitude (a constant 1.0 got none).
+        least = BINS * 4 * float(np.spacing(max(abs(self.hist_lo), abs(self.hist_hi))))
+        self.hist_hi = max(self.hist_hi, self.hist_lo + least)
         self.hist = np.zeros(BINS, np.int64)
 
     def observe_histogram(self, x: np.ndarray) -> None:
-        counts, _ = np.histogram(x, BINS, (self.hist_lo, self.hist_hi))
+        # The range as float64 scalars: Python floats would let numpy make float32 edges for
+        # float32 data, too coarse for a range of a few thousand float32 steps (a conv over a
+        # constant image, a sigmoid saturated near 1), and np.histogram refused the tensor.
+        counts, _ = np.histogram(x, BINS, (np.float64(self.hist_lo), np.float64(self.hist_hi)))
         self.hist += counts
         self.count += x.size
 

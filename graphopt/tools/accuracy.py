@@ -10,6 +10,8 @@ random data in the reference's signature, as `graphopt compare` makes them); per
 - top-1 agreement for outputs that are plausibly classifier scores [batch, classes] or LM logits
   [batch, seq, vocab] (graphopt.tools.output_kinds says when): the fraction of rows
   (batch × positions) whose argmax over the last axis is the same;
+- for an integer, bool or string output (class ids, masks), how many elements differ: such
+  outputs have no cosine, and `compare` and `--verify` require them equal;
 - for LM-like outputs, perplexity exp(mean over positions of −log softmax(logits)[target]) of
   each model and the relative change cand/ref − 1. The targets are the next tokens of an
   integer [batch, seq] input named `input_ids` (position t predicts input_ids[:, t+1]) when
@@ -57,6 +59,7 @@ class OutputAccuracy:
     note: str = ""
     worst_slice: tuple[float, int] | None = None  # (cosine, index) of the worst [:, i]
     sample: int | None = None          # which calibration sample the row is from (1-based)
+    differ: int | None = None          # an integer, bool or string output: elements not equal
 
     @property
     def perplexity_change(self) -> float | None:
@@ -226,6 +229,8 @@ def _badness(entry: OutputAccuracy) -> tuple[int, float]:
     """How badly a row agrees, for picking each output's worst sample: a row with a note
     (non-finite values, a shape or dtype mismatch, a missing output) or a tensor without a
     cosine ranks below any clean one; then the lower cosine is the worse."""
+    if entry.differ is not None:  # exact outputs: the sample with the most elements changed
+        return int(entry.differ > 0), entry.differ / max(1, int(np.prod(entry.shape)))
     flagged = bool(entry.note) or (entry.cosine is None and entry.shape is not None)
     return int(flagged), -(entry.cosine if entry.cosine is not None else -1.0)
 
@@ -292,6 +297,11 @@ def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> Accu
         row = compare_arrays(name, ref, cand)
         entry = OutputAccuracy(name, ref.shape, output_kind(name, ref, facts, arrays),
                                row.cosine, note=row.note)
+        if ref.dtype.kind not in "fc" and not row.note and row.mismatches is not None:
+            # Class ids, masks, token ids: no cosine, and a flip showed as a blank row.
+            entry.differ = row.mismatches
+            entry.note = (f"{row.mismatches} of {ref.size} element(s) differ" if row.mismatches
+                          else "all elements equal")
         if row.cosine is not None:
             entry.worst_slice = worst_slice(ref, cand)
             warning = entry.worst_slice and hidden_slice_warning(name, ref, row.cosine,

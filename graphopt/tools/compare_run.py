@@ -117,9 +117,22 @@ def _run_onnx(proto: onnx.ModelProto, label: str, feeds, extra: list[str],
         return numerics.run(proto, dict(feeds), level=level, **settings)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
         raise GraphoptError(f"onnxruntime cannot run {label}: {numerics.ort_reason(exc)}"
-                            ) from None
+                            f"{_npu_compile_hint(proto, exc)}") from None
     finally:
         del outputs[declared:]
+
+
+def _npu_compile_hint(proto: onnx.ModelProto, exc: Exception) -> str:
+    """Why an .onnx compiled for an NPU target may lack a kernel here: a bf16 compile for the
+    910B loads on the NPU's provider, not on the CPU's, and the bare "no implementation for
+    Relu" said nothing of it (an .om's partitions say so already)."""
+    from graphopt.tools.accuracy_rule import LOSSY_DEVICE_KEY
+
+    npu = any(p.key == LOSSY_DEVICE_KEY and p.value == "npu" for p in proto.metadata_props)
+    if not npu or "NOT_IMPLEMENTED" not in str(exc):
+        return ""
+    return (" (compiled for an NPU target: onnxruntime's CPU provider here has no kernel for "
+            "every op compiled for the device; run it where the device's provider is installed)")
 
 
 def _computed(graph: onnx.GraphProto, partition: str = "") -> list[Tensor]:
