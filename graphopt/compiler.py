@@ -988,6 +988,7 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
         else:
             target = result.partitioning.target.name
             parts, extra = _om_plan(result, tuning_db)
+            extra = {**extra, **_profile_file(result.partitioning.target)}
         inputs, outputs = _signature_names(model)
         from graphopt.tools.accuracy_rule import marked_lossy
 
@@ -999,6 +1000,15 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
                  hash_source=False,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
                  inputs=inputs, outputs=outputs, weight_sources=sources)
+
+
+def _profile_file(target) -> dict:
+    """The extra section naming a custom target's profile file: the manifest's `target` is the
+    profile's own name, which may be a built-in's (a copy of ascend910b edited under its name
+    read as the built-in in inspect)."""
+    from graphopt.partition.target import is_builtin
+
+    return {} if is_builtin(target) else {"target_file": os.path.basename(target.path)}
 
 
 def _signature_names(model: Model | ModelProto) -> tuple[list[str], list[str]]:
@@ -1091,6 +1101,8 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
         extra = {**default, "profiles": sections}
         target = result.partitioning.target.name if result.partitioning is not None \
             else PORTABLE_TARGET
+        if result.partitioning is not None:
+            extra.update(_profile_file(result.partitioning.target))
         inputs, outputs = _signature_names(result.profiles[0].result.model)
         write_om(path, [], profiles=profiles, dynamic_signature=result.dynamic_signature,
                  source_path=result.source_label, source_bytes_sha256=_source_sha256(result),

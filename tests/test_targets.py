@@ -672,6 +672,27 @@ def test_a_custom_profile_is_told_from_the_builtin_of_its_name(tmp_path):
     assert custom.name == "cpu" and not is_builtin(custom) and as_given(custom) == path
 
 
+def test_an_om_of_a_custom_profile_named_as_a_builtin_says_so(tmp_path, capsys):
+    # Its manifest's target is the profile's name: inspect read it as the built-in 910B.
+    from helpers import run_cli
+
+    from graphopt import zoo
+
+    doc = json.loads(open(load_target("ascend910b").path, encoding="utf-8").read())
+    _, path = _load(tmp_path, doc, "my910.json")
+    onnx_path = tmp_path / "tiny.onnx"
+    import onnx
+
+    onnx.save(zoo.build("tiny"), onnx_path)
+    for target, shown in ((path, "ascend910b (profile file my910.json, not the built-in of "
+                                 "that name)"), ("ascend910b", "ascend910b\n")):
+        rc, _, err = run_cli(capsys, "optimize", onnx_path, "-o", tmp_path / "t.om",
+                             "--target", target, "--input-shape", "input:1,3,32,32")
+        assert rc == 0, err
+        rc, out, _ = run_cli(capsys, "inspect", tmp_path / "t.om")
+        assert rc == 0 and f"target     {shown}" in out, out
+
+
 def test_an_npu_without_a_cube_prices_its_matmuls_on_their_engine(tmp_path, capsys):
     # The cost model took every MatMul for a cube op: "internal error: ValueError: device
     # 'npu' has no cube unit" from optimize, tune and partition.

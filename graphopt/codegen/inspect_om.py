@@ -442,6 +442,18 @@ def describe_om(artifact: OmArtifact) -> dict:
             "manifest": {**artifact.manifest, **artifact.details}, "partition_ops": partitions}
 
 
+def target_line(artifact: OmArtifact) -> str:
+    """The target's name, and the profile file of a custom one (whose name may be a
+    built-in's)."""
+    name, profile_file = artifact.manifest["target"], artifact.extra.get("target_file")
+    if not isinstance(profile_file, str):
+        return name
+    from graphopt.partition.target import builtin_targets
+
+    clash = ", not the built-in of that name" if name in builtin_targets() else ""
+    return f"{name} (profile file {one_line(profile_file)}{clash})"
+
+
 def format_om(artifact: OmArtifact) -> str:
     """The artifact for a person: what it was built from and for, what it takes and returns,
     what runs where and in which order, and what the compiler did."""
@@ -453,7 +465,7 @@ def format_om(artifact: OmArtifact) -> str:
                     f"{m['graphopt_version']}")),
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
-        ("target", m["target"]),
+        ("target", target_line(artifact)),
         ("precision", precision_line(artifact)),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "
                      f"({format_bytes(sum(i['size'] for i in members.values()))})")),
