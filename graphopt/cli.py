@@ -206,9 +206,10 @@ def _cmd_optimize(args) -> int:
             from graphopt.tools.accuracy_rule import lossy_passes
 
             changed = lossy_passes(result.log.to_json()["passes"])
+            fitted = _fitted_ranges(result)
             del result, plots
             collect_dropped()
-            _print_accuracy(args, source, changed)
+            _print_accuracy(args, source, changed, fitted)
             return 0
     else:  # "print nothing on success": an output that will not load is not quite that
         from graphopt.compiler import UNLOADABLE_NOTE
@@ -238,7 +239,15 @@ def _overwritten_source(args):
     return load_reference(args.model).proto
 
 
-def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weights")) -> None:
+def _fitted_ranges(result) -> bool:
+    """Whether int8 fitted activation ranges to the calibration data: a static layer's
+    QuantizeLinear holds one, where a dynamic MatMul measures its input on every run."""
+    return any(record.name == "QuantizeInt8" and record.stats.get("QuantizeLinear")
+               for record in result.log.records)
+
+
+def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weights"),
+                    fitted_ranges: bool = True) -> None:
     """The accuracy report of the written model against the input (`source`, its proto as read
     before the output overwrote it, when it did), on --verify's inputs, the first calibration
     samples or seeded random data; a failure to run it is a warning, the model is written.
@@ -267,7 +276,7 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
     _below_the_rule(args, report)
     pass_name = "QuantizeInt8" if args.quantize == "int8" else "QuantizeInt4Weights"
     if calibration and (args.quantize == "int8" or args.int4_method == "gptq") \
-            and pass_name in changed:
+            and pass_name in changed and (fitted_ranges or args.quantize != "int8"):
         fitted = "its int8 ranges were" if args.quantize == "int8" else "GPTQ's rounding was"
         print(f"note: measured on the calibration data, which {fitted} fitted to; inputs "
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")

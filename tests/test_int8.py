@@ -1389,3 +1389,19 @@ def test_a_compile_with_no_layer_to_quantize_says_it_quantized_nothing(tmp_path,
                            "--quantize", "int8", "--calibration", calibration)
     assert rc == 0, err
     assert "quantized nothing" in out and "int8 ranges were fitted to" not in out
+
+
+def test_a_model_of_dynamic_matmuls_alone_has_no_ranges_fitted_to_the_data(tmp_path, capsys):
+    # Its MatMuls measure their input's range on every run: the report's note that int8
+    # ranges were fitted to the calibration data was not so.
+    from helpers import run_cli
+
+    proto = parse_model("agraph (float[2, 4] x) => (float[2, 3] y) { y = MatMul(x, w) }",
+                        w=np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+    onnx.save(proto, tmp_path / "mm.onnx")
+    calibration = _calibration(tmp_path, shape=(2, 4))
+    rc, out, err = run_cli(capsys, "optimize", tmp_path / "mm.onnx", "-o", tmp_path / "q.onnx",
+                           "--quantize", "int8", "--calibration", calibration,
+                           "--quantize-ends")
+    assert rc == 0, err
+    assert "QuantizeInt8" in out and "int8 ranges were fitted to" not in out
