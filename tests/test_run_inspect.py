@@ -622,6 +622,26 @@ def test_inspect_onnx(tmp_path, capsys):
     assert data["opsets"] == {"ai.onnx": 17} and data["inputs"][0]["shape"] == ["N", 4]
 
 
+def test_inspect_onnx_names_its_model_local_functions(tmp_path, capsys):
+    # -O3's FuseElementwise calls local functions: `nodes 1` alone hid the body's 2 ops.
+    body = helper.make_function("graphopt", "elementwise_0", ["a"], ["c"],
+                                [helper.make_node("Relu", ["a"], ["b"]),
+                                 helper.make_node("Neg", ["b"], ["c"])],
+                                [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(
+        [helper.make_node("elementwise_0", ["x"], ["y"], domain="graphopt")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, functions=[body], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("graphopt", 1)]), path)
+    rc, out, err = cli(capsys, "inspect", path)
+    assert rc == 0, err
+    assert "  functions  1 model-local: graphopt::elementwise_0 (2 nodes)\n" in out
+    rc, out, err = cli(capsys, "inspect", path, "--json")
+    assert json.loads(out)["functions"] == [{"name": "graphopt::elementwise_0", "nodes": 2}]
+
+
 def test_inspect_errors(compiled, tmp_path, capsys):
     bad = tamper(compiled, os.fspath(tmp_path / "bad.om"))
     junk = tmp_path / "junk.bin"

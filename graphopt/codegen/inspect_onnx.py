@@ -85,6 +85,10 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
         "outputs": [typed_entry(vi) for vi in model.graph.output],
         "nodes": sum(counts.values()),
         "ops": dict(sorted(counts.items())),
+        # Model-local functions (FuseElementwise's, a dynamo export's): a node that calls one
+        # is counted above under its name, the nodes of its body are not.
+        "functions": [{"name": f"{f.domain}::{f.name}" if f.domain else f.name,
+                       "nodes": len(f.node)} for f in model.functions],
         "initializers": sum(not constant for _, constant, _ in held),  # nested ones too
         "constant_tensors": sum(constant for _, constant, _ in held),  # of Constant nodes
         "weight_bytes": sum(_tensor_bytes(t) for t in weights),  # of both
@@ -129,6 +133,11 @@ def format_onnx(summary: dict) -> str:
         ("nodes", f"{summary['nodes']} ({len(summary['ops'])} op types)"),
         ("weights", weights),
     ]
+    functions = summary.get("functions")
+    if functions:
+        shown = ", ".join(f"{one_line(f['name'])} ({f['nodes']} nodes)" for f in functions[:3])
+        more = f", +{len(functions) - 3}" if len(functions) > 3 else ""
+        header.insert(3, ("functions", f"{len(functions)} model-local: {shown}{more}"))
     width = max(len(key) for key, _ in header)
     parts = [f"{one_line(summary['file'])}\n"
              + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in header)]
