@@ -71,8 +71,8 @@ def add_inspect_parser(sub) -> None:
                     "execution order (device, node and op counts, tensors in and out, size), the\n"
                     "routing of tensors between them, the pass log and any extra sections. Every\n"
                     "member's checksum is verified first.\n\n"
-                    "Given an .onnx model instead, print its signature, opsets, op counts and\n"
-                    "weight bytes.",
+                    "Given an .onnx model instead, print its signature, opsets, op counts,\n"
+                    "model-local functions and weight bytes.",
         formatter_class=HelpFormatter, epilog=INSPECT_EXAMPLES)
     p.add_argument("model", help="an .om artifact or an .onnx model")
     p.add_argument("--json", action="store_true",

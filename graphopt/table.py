@@ -122,7 +122,7 @@ def _padded(text: str, width: int, right: bool) -> str:
 
 
 # A number with a unit after it ("980.0 KiB", "12.5 ms", "1.38×"): aligned as a number.
-_UNITS = re.compile(r"\s?(B|KiB|MiB|GiB|TiB|ns|µs|us|ms|s|%|×)")
+_UNITS = re.compile(r"\s?(B|KiB|MiB|GiB|TiB|PiB|EiB|ZiB|YiB|ns|µs|us|ms|s|%|×)")
 
 
 # What a numeric column shows where a metric does not apply.
@@ -155,11 +155,18 @@ def natural_key(text: str) -> list:
 
 
 def format_bytes(size: int) -> str:
-    """`512 B`, `980.0 KiB`, `1.8 MiB`, `2.10 GiB`."""
+    """`512 B`, `980.0 KiB`, `1.8 MiB`, `2.10 GiB`, `16.00 EiB`, `16.00 YiB`."""
     if size < 1024:
         return f"{size} B"
     if size < 1 << 20:
         return f"{size / 1024:.1f} KiB"
     if size < 1 << 30:
         return f"{size / (1 << 20):.1f} MiB"
+    # Past GiB too: a model's declared dims (2**40 × 2**40, say) had read
+    # `18014398509481984.00 GiB`; past a float's range the division failed.
+    if isinstance(size, int) and size.bit_length() > 1000:
+        return f"2^{size.bit_length() - 1}+ B"
+    for power, unit in ((80, "YiB"), (70, "ZiB"), (60, "EiB"), (50, "PiB"), (40, "TiB")):
+        if size >= 1 << power:
+            return f"{size / (1 << power):.2f} {unit}"
     return f"{size / (1 << 30):.2f} GiB"

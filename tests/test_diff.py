@@ -283,8 +283,19 @@ def test_pass_mode_compiles_with_the_precision_flags_and_pins(tmp_path, capsys):
     (["MODEL", "--pass", "foldconstants"],
      "--pass foldconstants: no such pass (did you mean FoldConstants? `graphopt passes` "),
     (["MODEL", "--pass", "FuseConvBatchNorm", "-O", "1"],
-     "--pass FuseConvBatchNorm: did not run at -O1 (passes that ran: InferShapes, "),
-    (["MODEL", "--pass", "FuseConvBatchNorm", "-O", "0"], "did not run at -O0 (no pass ran)"),
+     "--pass FuseConvBatchNorm: did not run at -O1; it runs at -O2, -O3 (passes that ran: "
+     "InferShapes, "),
+    (["MODEL", "--pass", "FuseConvBatchNorm", "-O", "0"],
+     "did not run at -O0; it runs at -O2, -O3 (no pass ran)"),
+    # A pass an option or a target adds: trying other levels would not make it run.
+    (["MODEL", "--pass", "QuantizeInt8", "-O", "3"],
+     "--pass QuantizeInt8: did not run at -O3; it runs only with --quantize int8 ("),
+    (["MODEL", "--pass", "ConvertPrecision"], "it runs only with --precision MODE ("),
+    (["MODEL", "--pass", "WinogradConv", "-O", "3"],
+     "did not run at -O3; it runs only with -O3 and --target cpu ("),
+    (["MODEL", "--pass", "LayoutNchwc", "--target", "ascend310"],
+     "did not run at -O2 --target ascend310; it runs only with --target cpu, on a CPU with "
+     "AVX2 or AVX-512F, at -O2 or -O3 ("),
     (["MODEL"], "diff takes two models A and B, got 1"),
     (["MODEL", "MODEL", "MODEL"], "diff takes two models A and B, got 3"),
     (["MODEL", "MODEL", "--pass", "FuseGelu"], "--pass FuseGelu takes one model, got 2"),

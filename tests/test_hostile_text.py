@@ -83,6 +83,27 @@ def test_the_cli_shows_control_characters_in_names_escaped(tmp_path, capsys):
     assert not any(line.startswith("FAKE LINE") for line in out.splitlines())
 
 
+def test_inspect_of_an_onnx_shows_its_producer_opsets_and_data_files_escaped(tmp_path, capsys):
+    # The header's values are the model's text: a line break in one printed a line of the
+    # model's making under `format` or `opsets`.
+    model = evil_model()
+    model.producer_name = EVIL
+    model.opset_import.add(domain=EVIL, version=1)
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")  # a file that is not there: inspect names it
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value=EVIL)
+    path = tmp_path / "evil.onnx"
+    onnx.save(model, path)
+    rc, out, err = run_cli(capsys, "inspect", path)
+    assert rc == 0, err
+    assert not any(line.startswith("FAKE LINE") for line in out.splitlines())
+    head = out.splitlines()[1:5]
+    assert head[0].endswith("produced by mm\\x1b]0;pwned\\x07\\x1b[2J\\nFAKE LINE \\u202e")
+    assert head[1].endswith(", mm\\x1b]0;pwned\\x07\\x1b[2J\\nFAKE LINE \\u202e 1")
+    assert "missing beside the model: mm\\x1b]0;pwned\\x07\\x1b[2J\\nFAKE LINE" in head[3]
+
+
 def test_run_names_the_outputs_it_wrote_escaped(tmp_path, capsys):
     # The output's name is the model's: its line break printed a line of the model's making.
     graph = helper.make_graph(

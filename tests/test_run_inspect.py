@@ -287,6 +287,29 @@ def test_table_aligns_numbers_with_units_to_the_right():
     assert text.splitlines()[:3] == ["     KL  x", "-------  -", "      —  a"]
 
 
+def test_format_bytes_past_gib_stays_readable(tmp_path, capsys):
+    from graphopt.table import format_bytes
+
+    assert format_bytes(3 << 30) == "3.00 GiB" and format_bytes(1536 << 30) == "1.50 TiB"
+    assert format_bytes(16 << 60) == "16.00 EiB" and format_bytes(1 << 84) == "16.00 YiB"
+    # Dims past a float's range: the division had failed inspect with an internal error.
+    assert format_bytes(1 << 1240) == "2^1240+ B"
+    # A model may declare any dims; inspect reads them, not the data: 2**40 × 2**40 floats.
+    weight = onnx.TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[1 << 40, 1 << 40],
+                              data_location=TensorProto.EXTERNAL)
+    weight.external_data.add(key="location", value="w.bin")
+    giant = onnx.TensorProto(name="G", data_type=TensorProto.FLOAT, dims=[1 << 62] * 20,
+                             data_location=TensorProto.EXTERNAL)
+    giant.external_data.add(key="location", value="w.bin")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["W", "G"], ["y"])], "g", [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight, giant])
+    path = tmp_path / "huge.onnx"
+    onnx.save(helper.make_model(graph), path)
+    rc, out, err = run_cli(capsys, "inspect", path)
+    assert rc == 0 and "2 initializers, 2^1242+ B (some in external data)" in out, err
+
+
 def test_names_made_of_digits_stay_left_aligned(tmp_path, capsys):
     # Older PyTorch exports name outputs by number (`387`): run and compare right-aligned
     # such a name under the left-aligned "output"/"tensor" header, as a number.
@@ -597,6 +620,26 @@ def test_inspect_onnx(tmp_path, capsys):
     data = json.loads(out)
     assert data["nodes"] == 6 and data["ops"]["MatMul"] == 1 and data["weight_bytes"] == 64
     assert data["opsets"] == {"ai.onnx": 17} and data["inputs"][0]["shape"] == ["N", 4]
+
+
+def test_inspect_onnx_names_its_model_local_functions(tmp_path, capsys):
+    # -O3's FuseElementwise calls local functions: `nodes 1` alone hid the body's 2 ops.
+    body = helper.make_function("graphopt", "elementwise_0", ["a"], ["c"],
+                                [helper.make_node("Relu", ["a"], ["b"]),
+                                 helper.make_node("Neg", ["b"], ["c"])],
+                                [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(
+        [helper.make_node("elementwise_0", ["x"], ["y"], domain="graphopt")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "f.onnx"
+    onnx.save(helper.make_model(graph, functions=[body], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("graphopt", 1)]), path)
+    rc, out, err = cli(capsys, "inspect", path)
+    assert rc == 0, err
+    assert "  functions  1 model-local: graphopt::elementwise_0 (2 nodes)\n" in out
+    rc, out, err = cli(capsys, "inspect", path, "--json")
+    assert json.loads(out)["functions"] == [{"name": "graphopt::elementwise_0", "nodes": 2}]
 
 
 def test_inspect_errors(compiled, tmp_path, capsys):

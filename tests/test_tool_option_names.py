@@ -199,10 +199,16 @@ CASES = {
                           "passes that ran: "),
     "diff_not_run": (lambda m: diff_pass(m["static"], "FuseConvBatchNorm", level=1,
                                          target="cpu"),
-                     "pass_name='FuseConvBatchNorm': did not run at level=1, target='cpu' (",
+                     "pass_name='FuseConvBatchNorm': did not run at level=1, target='cpu'; "
+                     "it runs at level=2, level=3 (",
                      lambda m: ["diff", m["static"], "--pass", "FuseConvBatchNorm", "-O", "1",
                                 "--target", "cpu"],
-                     "--pass FuseConvBatchNorm: did not run at -O1 --target cpu ("),
+                     "--pass FuseConvBatchNorm: did not run at -O1 --target cpu; it runs at "
+                     "-O2, -O3 ("),
+    "diff_not_run_quantize": (lambda m: diff_pass(m["static"], "QuantizeInt8"),
+                              "did not run at level=2; it runs only with quantize='int8' (",
+                              lambda m: ["diff", m["static"], "--pass", "QuantizeInt8"],
+                              "did not run at -O2; it runs only with --quantize int8 ("),
     "diff_text_dump": (lambda m: load_for_diff(m["tmp"] / "dump.txt"),
                        "dump with `dump_format='onnx'` (or both)",
                        lambda m: ["diff", m["tmp"] / "dump.txt", m["static"]],

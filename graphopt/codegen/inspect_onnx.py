@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from graphopt.codegen.feeds import typed_entry, typed_inputs
 from graphopt.codegen.inspect_om import (format_bytes, op_counts, signature_cells,
                                          weight_tensors)
-from graphopt.errors import InputError
+from graphopt.errors import InputError, one_line
 from graphopt.ir.onnx_io import check_looks_like_model
 from graphopt.table import format_table
 
@@ -85,6 +85,10 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
         "outputs": [typed_entry(vi) for vi in model.graph.output],
         "nodes": sum(counts.values()),
         "ops": dict(sorted(counts.items())),
+        # Model-local functions (FuseElementwise's, a dynamo export's): a node that calls one
+        # is counted above under its name, the nodes of its body are not.
+        "functions": [{"name": f"{f.domain}::{f.name}" if f.domain else f.name,
+                       "nodes": len(f.node)} for f in model.functions],
         "initializers": sum(not constant for _, constant, _ in held),  # nested ones too
         "constant_tensors": sum(constant for _, constant, _ in held),  # of Constant nodes
         "weight_bytes": sum(_tensor_bytes(t) for t in weights),  # of both
@@ -118,15 +122,25 @@ def format_onnx(summary: dict) -> str:
     if missing:
         weights += (f"; missing beside the model: {', '.join(missing)} (it will not load "
                     "without them)")
+    # The producer, the opset domains and the external data's file names are the model's
+    # text (any byte): a line break in one printed a line of the model's making.
+    weights = one_line(weights)
     header = [
         ("format", f"ONNX, IR version {summary['ir_version']}"
-                   + (f", produced by {summary['producer']}" if summary["producer"] else "")),
-        ("opsets", ", ".join(f"{d} {v}" for d, v in summary["opsets"].items())),
+                   + (f", produced by {one_line(summary['producer'])}"
+                      if summary["producer"] else "")),
+        ("opsets", ", ".join(f"{one_line(d)} {v}" for d, v in summary["opsets"].items())),
         ("nodes", f"{summary['nodes']} ({len(summary['ops'])} op types)"),
         ("weights", weights),
     ]
+    functions = summary.get("functions")
+    if functions:
+        shown = ", ".join(f"{one_line(f['name'])} ({f['nodes']} nodes)" for f in functions[:3])
+        more = f", +{len(functions) - 3}" if len(functions) > 3 else ""
+        header.insert(3, ("functions", f"{len(functions)} model-local: {shown}{more}"))
     width = max(len(key) for key, _ in header)
-    parts = [f"{summary['file']}\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in header)]
+    parts = [f"{one_line(summary['file'])}\n"
+             + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in header)]
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", summary["inputs"]), ("output", summary["outputs"]))
                  for e in entries]

@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from graphopt.errors import OptionError
-from graphopt.option_names import DIFF_PASS_FLAGS, from_command_line, setting
+from graphopt.option_names import DIFF_PASS_FLAGS, from_command_line, setting, usage
 from graphopt.tools.diff import GraphDiff, diff_models, load_for_diff
 
 
@@ -113,4 +113,24 @@ def _not_run(pass_name: str, records: list[dict], level: int, target) -> str:
 
         return (f"{given}: no such pass ({did_you_mean([pass_name], PASSES)}`graphopt passes` "
                 f"lists them; {ran_text} at {where})")
-    return f"{given}: did not run at {where} ({ran_text})"
+    return f"{given}: did not run at {where}{_runs_when(pass_name)} ({ran_text})"
+
+
+def _runs_when(pass_name: str) -> str:
+    """What makes `pass_name` run, for a pass the compile left out: `did not run at -O2`
+    alone sent a user of QuantizeInt8 or LayoutNchwc to try other levels, where it did not
+    run either."""
+    from graphopt.passes.pipelines import PIPELINES, PRECISION_PASSES
+
+    cpu = setting("target", "cpu", DIFF_PASS_FLAGS)
+    o2, o3 = (setting("level", n, DIFF_PASS_FLAGS) for n in (2, 3))
+    asked = {"ConvertPrecision": usage("precision", "MODE"),
+             **{name: setting("quantize", mode) for mode, name in PRECISION_PASSES.items()},
+             # pipelines.for_target adds these two for a CPU target only.
+             "WinogradConv": f"{o3} and {cpu}",
+             "LayoutNchwc": f"{cpu}, on a CPU with AVX2 or AVX-512F, at {o2} or {o3}"}
+    if pass_name in asked:
+        return f"; it runs only with {asked[pass_name]}"
+    levels = [setting("level", n, DIFF_PASS_FLAGS) for n, pipeline in PIPELINES.items()
+              if pass_name in pipeline.pass_names()]
+    return f"; it runs at {', '.join(levels)}" if levels else ""
