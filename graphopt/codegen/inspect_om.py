@@ -445,9 +445,9 @@ def describe_om(artifact: OmArtifact) -> dict:
 def target_line(artifact: OmArtifact) -> str:
     """The target's name, and the profile file of a custom one (whose name may be a
     built-in's)."""
-    name, profile_file = artifact.manifest["target"], artifact.extra.get("target_file")
+    name, profile_file = one_line(artifact.manifest["target"]), artifact.extra.get("target_file")
     if not isinstance(profile_file, str):
-        return name
+        return name  # escaped: a hand-edited manifest may hold a line break there
     from graphopt.partition.target import builtin_targets
 
     clash = ", not the built-in of that name" if name in builtin_targets() else ""
