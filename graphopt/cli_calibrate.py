@@ -6,7 +6,7 @@ import os
 import sys
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import positive_thread_count, target_name
+from graphopt.cli_types import path_text, positive_thread_count, target_name
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 from graphopt.table import format_table
@@ -26,7 +26,9 @@ def add_calibrate_parser(sub) -> None:
                "  graphopt calibrate --target cpu --quick -o calib.json --threads 2\n")
     p.add_argument("--target", type=target_name, default="cpu", metavar="NAME",
                    help="the target to calibrate; only 'cpu' (the machine this runs on)")
-    p.add_argument("-o", "--output", metavar="FILE.json",
+    # path_text: an empty -o (an unset shell variable) read as no -o, and the calibration
+    # went over the default file every estimate reads.
+    p.add_argument("-o", "--output", type=path_text, metavar="FILE.json",
                    help="where to write the JSON (default: ~/.cache/graphopt/calibration-cpu.json)")
     p.add_argument("--threads", type=positive_thread_count, default=1, metavar="N",
                    help="onnxruntime intra-op threads (default 1, as the benches report)")

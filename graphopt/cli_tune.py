@@ -257,7 +257,7 @@ def add_kb_parser(sub) -> None:
     _storage_args(ex, db_only=True)
     ex.set_defaults(func=_cmd_kb_export)
     im = kb_sub.add_parser("import", help="add a JSON export's tilings to the knowledge base")
-    im.add_argument("json", metavar="FILE.json",
+    im.add_argument("json", type=path_text, metavar="FILE.json",  # '' said ": no such file"
                     help="the export to read (- for standard input, as from kb export -)")
     im.add_argument("--target", type=target_name, action="append", default=[],
                     metavar="PROFILE.json",

@@ -303,6 +303,8 @@ def test_kb_import_of_a_missing_or_unreadable_file_names_it(tmp_path, capsys):
     assert_user_error(rc, err, f"{tmp_path / 'nonexist.json'}: no such file")
     rc, _, err = run_cli(capsys, "kb", "import", tmp_path, "--tuning-db", db)
     assert_user_error(rc, err, f"{tmp_path}: cannot read it")
+    rc, _, err = run_cli(capsys, "kb", "import", "", "--tuning-db", db)  # an unset variable
+    assert rc == 2 and "argument FILE.json: an empty path" in err, err
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     with pytest.raises(InputError, match="broken.json: not a graphopt knowledge-base export"):

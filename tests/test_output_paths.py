@@ -93,6 +93,9 @@ def test_calibrate_checks_its_output_before_measuring(files, capsys, monkeypatch
     rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", files["model"])
     assert rc == 1 and "calibrate writes JSON (name it .json)" in err, err
     assert open(files["model"], "rb").read() == before
+    # An empty -o (an unset shell variable) read as no -o: the default file was replaced.
+    rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", "")
+    assert rc == 2 and "argument -o/--output: an empty path" in err, err
 
 
 def test_run_and_report_write_only_files_named_for_what_they_write(files, capsys, tmp_path):
