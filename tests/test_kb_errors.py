@@ -316,6 +316,20 @@ def test_kb_import_of_a_missing_or_unreadable_file_names_it(tmp_path, capsys):
     assert not db.exists()  # nothing was imported, so no database was made
 
 
+def test_kb_import_of_a_kernel_listed_twice_is_refused(built, tmp_path):
+    # json kept the last of the two entries silently: one tiling was dropped unsaid.
+    export = tmp_path / "kb.json"
+    kb.export_kb(built["db"], export)
+    (name, entry), = json.loads(export.read_text())["kernels"].items()
+    other = dict(entry, tiling=dict(entry["tiling"], base_k=16))
+    export.write_text('{"format": "graphopt-kb/1", "kernels": {%s: %s, %s: %s}}' % (
+        json.dumps(name), json.dumps(entry), json.dumps(name), json.dumps(other)))
+    db = tmp_path / "new.db"
+    with pytest.raises(InputError, match=f"kb.json: '{name}' is given twice"):
+        kb.import_kb(export, f"sqlite:///{db}")
+    assert not db.exists()
+
+
 def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_path):
     export = tmp_path / "kb.json"
     kb.export_kb(built["db"], export)

@@ -285,16 +285,34 @@ def export_text(storage: Any) -> tuple[str, int]:
     return text, len(kernels)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's dict, refusing a key given twice: json keeps the last silently, so a
+    kernel listed twice (two exports merged by hand) lost one of its tilings unsaid."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _read_export(path: str | os.PathLike) -> dict:
     """The parsed JSON of a knowledge-base export, or an InputError naming the file."""
     text = os.fspath(path)
     try:
         if text == "-":  # standard input: `kb export - | kb import -` across machines
             text = "standard input"
-            doc = json.load(sys.stdin)
+            doc = json.load(sys.stdin, object_pairs_hook=_unique_keys)
         else:
             with open(text, encoding="utf-8") as f:
-                doc = json.load(f)
+                doc = json.load(f, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise InputError(f"{text}: '{e.args[0]}' is given twice in one object (JSON would keep "
+                         "the last alone); keep one of them") from None
     except FileNotFoundError:
         raise InputError(f"{text}: no such file") from None
     except OSError as e:
