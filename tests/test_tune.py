@@ -348,6 +348,17 @@ def test_a_named_study_that_is_not_op_tunings_is_left_alone(a310, tmp_path):
         assert "signature" not in study.user_attrs and "shape" not in study.user_attrs
 
 
+def test_a_study_named_as_subgraph_tuning_names_its_own_is_refused(a310, tmp_path):
+    # Made as an op study, it was loaded by the subgraph job of that default name, which set
+    # its decision space on it and refused it as priced by other tilings.
+    db = tmp_path / "clash.db"
+    name = "subgraph/ascend310/36e57623054c0a61/O3/estimate"
+    with pytest.raises(OptionError, match=f"--study {name}: that name is a subgraph tuning "
+                                          "study's; this job tunes ascend310/gemm/"):
+        tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=str(db), study_name=name)
+    assert not db.exists() or optuna.get_all_study_names(f"sqlite:///{db}") == []
+
+
 def test_tuned_tilings_reach_the_kernel_records(tmp_path):
     model = optimize(conv_model(str(tmp_path / "m.onnx")), target="ascend310")
     kernels = model_kernels(model.model, model.partitioning)

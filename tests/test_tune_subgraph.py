@@ -504,3 +504,24 @@ def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_pat
     assert result.default.seconds == pytest.approx(fresh.default.seconds)
     (row,) = list_subgraph_studies(db)
     assert row["default_seconds"] == pytest.approx(fresh.default.seconds)
+
+
+def test_a_study_named_as_another_job_names_its_own_is_refused(block_path, tmp_path):
+    # A subgraph study named by a kernel's signature was loaded by that kernel's op tuning,
+    # which appended its tilings to the decisions; one named by another model's default name
+    # would be resumed by that model's subgraph tuning.
+    from graphopt.tuner.signature import is_subgraph_study_name
+
+    db = tmp_path / "clash.db"
+    sig = "ascend310/gemm/b1_m256_k256_n256/float16"
+    with pytest.raises(OptionError, match=f"--study {sig}: that name is a kernel's signature"):
+        tune_subgraph(_job(block_path), trials=1, storage=str(db), study_name=sig)
+    other = "subgraph/ascend310/0123456789abcdef/O3/estimate"
+    with pytest.raises(OptionError, match=f"--study {other}: that name is another subgraph "
+                                          "job's study"):
+        tune_subgraph(_job(block_path), trials=1, storage=str(db), study_name=other)
+    assert not db.exists()
+    own = tune_subgraph(_job(block_path), trials=1, storage=str(db))  # its default name
+    assert is_subgraph_study_name(own.study_name)
+    assert tune_subgraph(_job(block_path), trials=1, storage=str(db),
+                         study_name=own.study_name).trials == 2

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
-from graphopt.tuner.signature import is_signature, signature
+from graphopt.tuner.signature import is_signature, is_subgraph_study_name, signature
 from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened,
                                      optimize_failing_on_interrupt, setup_lock, storage_url)
 from graphopt.tuner.tiling import (
@@ -366,6 +366,11 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
     if study_name != kernel and is_signature(study_name):
         # The knowledge base would file this kernel's tilings under the one the name spells.
         raise OptionError(f"--study {study_name}: that name is another kernel's signature; "
+                          f"this job tunes {kernel}")
+    if is_subgraph_study_name(study_name):
+        # A subgraph tune of that job would load this study by its default name and mix its
+        # decisions with these tilings.
+        raise OptionError(f"--study {study_name}: that name is a subgraph tuning study's; "
                           f"this job tunes {kernel}")
     with opened(storage) as store, optuna_quiet():
         if workers > 1 and isinstance(store, optuna.storages.InMemoryStorage):

@@ -49,6 +49,15 @@ def is_signature(text: str, target: str | None = None) -> bool:
     return match is not None and (target is None or match["target"] == target)
 
 
+# The name a subgraph study gets by default (subgraph.study_name_for).
+_SUBGRAPH_NAME = re.compile(r"^subgraph/.+/[0-9a-f]{16}/O\d+/(estimate|measured)(\+\w+)?$")
+
+
+def is_subgraph_study_name(text: str) -> bool:
+    """Whether `text` is the default name of a subgraph study (`tune --job subgraph`)."""
+    return _SUBGRAPH_NAME.match(text) is not None
+
+
 def node_signature(node: Node, target: str) -> str | None:
     """The signature of a cube node, None when it is not one or its shapes are not static."""
     try:

@@ -34,6 +34,7 @@ from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import option, setting
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
+from graphopt.tuner.signature import is_signature, is_subgraph_study_name
 from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened,
                                      optimize_failing_on_interrupt, setup_lock, storage_url)
 from graphopt.tuner.subgraph_space import (
@@ -362,9 +363,15 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                           "side by side on one machine disturb each other's timings; use one "
                           "worker per machine with a shared --storage")
     evaluator = Evaluator(job)
+    key = study_name_for(job, evaluator.target.name)
+    name = study_name or key
+    if name not in _study_names(job, evaluator.target.name) and (
+            is_signature(name) or is_subgraph_study_name(name)):
+        # The job that names its study so by default (op tuning of that kernel, subgraph
+        # tuning of that model) would load this one and mix its trials with this job's.
+        what = "a kernel's signature" if is_signature(name) else "another subgraph job's study"
+        raise OptionError(f"--study {name}: that name is {what}; this job tunes {key}")
     with opened(storage) as store, optuna_quiet():
-        key = study_name_for(job, evaluator.target.name)
-        name = study_name or key
         with setup_lock(getattr(store, "url", "")):  # one process sets a new study up
             study = optuna.create_study(storage=store, study_name=name, direction="minimize",
                                         load_if_exists=True)
