@@ -525,3 +525,26 @@ def test_a_study_named_as_another_job_names_its_own_is_refused(block_path, tmp_p
     assert is_subgraph_study_name(own.study_name)
     assert tune_subgraph(_job(block_path), trials=1, storage=str(db),
                          study_name=own.study_name).trials == 2
+
+
+def test_a_default_left_running_by_a_kill_is_named_as_a_possible_cause(block_path, tmp_path,
+                                                                       monkeypatch):
+    # Within the heartbeat's grace a killed run's default looks like a live run's: it is not
+    # queued twice (workers on other machines would each score it), and the refusal at the
+    # end names both causes.
+    from graphopt.tuner import subgraph
+
+    db = str(tmp_path / "sg.db")
+    run = subgraph.optimize_failing_on_interrupt
+
+    def killed(study, objective, **options):
+        study.ask()  # the queued default, taken, then the process dies: no FAIL is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subgraph, "optimize_failing_on_interrupt", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tune_subgraph(_job(block_path), trials=3, seed=0, storage=db)
+    monkeypatch.setattr(subgraph, "optimize_failing_on_interrupt", run)
+    with pytest.raises(OptionError, match=r"its default compile has not completed \(another "
+                                          r"run .* or a run killed less than 30 s"):
+        tune_subgraph(_job(block_path), trials=2, seed=0, storage=db)

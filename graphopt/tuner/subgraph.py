@@ -541,8 +541,14 @@ def _result(study: optuna.Study, space: Space) -> SubgraphResult:
     if default is None:
         # Another run on the storage took the queued default and has not finished it: the
         # best trial is no yardstick for itself.
+        # A killed run's trial stays RUNNING, as a live run's does, until its heartbeat's
+        # grace has passed: only then can a run tell the two apart and queue it again.
+        from graphopt.tuner.storage import GRACE_S
+
         raise OptionError(f"study {study.study_name}: its default compile has not completed "
-                          "(another run on the storage is scoring it?); run again when it has")
+                          "(another run on the storage is scoring it, or a run killed less "
+                          f"than {GRACE_S} s before this one started left it running); run "
+                          "again when it has, or after that time")
     top = min(completed, key=lambda t: (t.value, t.number))
     if top.params == default.params:
         top = default  # the sampler came back to the default: a faster timing of it is noise
