@@ -527,6 +527,7 @@ def test_a_study_named_as_another_job_names_its_own_is_refused(block_path, tmp_p
                          study_name=own.study_name).trials == 2
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
 def test_a_default_left_running_by_a_kill_is_named_as_a_possible_cause(block_path, tmp_path,
                                                                        monkeypatch):
     # Within the heartbeat's grace a killed run's default looks like a live run's: it is not
