@@ -12,8 +12,11 @@ from graphopt.table import format_table
 
 def _ms(seconds: float, objective: str) -> str:
     # Measured: four significant digits, which tell 0.03112 ms from 0.03084 where three
-    # decimals printed 0.031 for both.
-    return f"{seconds * 1e3:.4g}" if objective == "measured" else f"{seconds * 1e6:.2f}"
+    # decimals printed 0.031 for both; trailing zeros kept, so that 0.03700 sits beside
+    # 0.03802 as the same precision.
+    if objective == "measured":
+        return f"{seconds * 1e3:#.4g}".rstrip(".")
+    return f"{seconds * 1e6:.2f}"
 
 
 def cmd_tune_subgraph(args, storage) -> int:

@@ -549,3 +549,12 @@ def test_a_default_left_running_by_a_kill_is_named_as_a_possible_cause(block_pat
     with pytest.raises(OptionError, match=r"its default compile has not completed \(another "
                                           r"run .* or a run killed less than 30 s"):
         tune_subgraph(_job(block_path), trials=2, seed=0, storage=db)
+
+
+def test_measured_times_print_at_one_precision():
+    # 0.037 beside 0.03802 read as a less precise figure; 1234.5 ms must not end in a point.
+    from graphopt.cli_tune_subgraph import _ms
+
+    assert [_ms(s, "measured") for s in (0.000037, 0.00003802, 1.2345)] == \
+        ["0.03700", "0.03802", "1234"]
+    assert _ms(0.000037, "estimate") == "37.00"
