@@ -29,12 +29,12 @@ import onnx
 import onnx.checker
 import onnx.defs
 import onnx.shape_inference
-from onnx import NodeProto, OperatorSetIdProto, TensorProto, TypeProto
+from onnx import OperatorSetIdProto, TensorProto, TypeProto
 
 from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node, Value
-from graphopt.ir.onnx_io import node_to_proto, type_proto
+from graphopt.ir.onnx_io import anonymous_node, type_proto
 from graphopt.opcheck import ONNX_DOMAINS
 from graphopt.passes.facts import constant_node_tensor
 from graphopt.passes.infer_shapes import DATA_PROP_LIMIT as _DATA_LIMIT
@@ -225,18 +225,3 @@ class _Walk:
                     f"{self.label}: graph output '{value.name}' is declared "
                     f"{elem_type_label(int(value.dtype))}, but node {producer.label} "
                     f"({producer.qualified_op}) computes {elem_type_label(elem)}")
-
-
-def anonymous_node(node: Node) -> NodeProto:
-    """`node` as ONNX sees it, with inputs i0, i1, … and outputs o0, o1, … (omitted ones
-    empty) and no name: equal for every node of a kind."""
-    proto = node_to_proto(node)
-    proto.name = ""
-    proto.doc_string = ""
-    if proto.domain == "ai.onnx":
-        proto.domain = ""
-    del proto.input[:]
-    del proto.output[:]
-    proto.input.extend(f"i{i}" if v is not None else "" for i, v in enumerate(node._inputs))
-    proto.output.extend(f"o{i}" if v is not None else "" for i, v in enumerate(node._outputs))
-    return proto

@@ -196,3 +196,14 @@ def test_an_op_without_type_inference_does_not_fault_the_next(binarizers):
     out = optimize(proto, level=2).to_onnx()
     np.testing.assert_array_equal(numerics.run(out, {"x": x})[names[-1]],
                                   numerics.run(proto, {"x": x})[names[-1]])
+
+
+def test_it_imports_as_the_first_graphopt_module():
+    # kind_inference → passes.facts → passes → precision.policy → kind_inference: a process
+    # whose first graphopt import was this module failed with an ImportError.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import graphopt.kind_inference"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

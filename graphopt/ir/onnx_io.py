@@ -738,6 +738,21 @@ def node_to_proto(node: Node) -> NodeProto:
     return _fill_node(NodeProto(), node)
 
 
+def anonymous_node(node: Node) -> NodeProto:
+    """`node` as ONNX sees it, with inputs i0, i1, … and outputs o0, o1, … (omitted ones
+    empty) and no name: equal for every node of a kind."""
+    proto = node_to_proto(node)
+    proto.name = ""
+    proto.doc_string = ""
+    if proto.domain == "ai.onnx":
+        proto.domain = ""
+    del proto.input[:]
+    del proto.output[:]
+    proto.input.extend(f"i{i}" if v is not None else "" for i, v in enumerate(node._inputs))
+    proto.output.extend(f"o{i}" if v is not None else "" for i, v in enumerate(node._outputs))
+    return proto
+
+
 def _fill_node(proto: NodeProto, node: Node) -> NodeProto:
     proto.op_type = node.op_type
     proto.domain = node.domain
