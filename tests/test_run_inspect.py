@@ -767,6 +767,22 @@ def test_inspect_of_an_onnx_with_an_undefined_element_type_says_so(tmp_path, cap
         assert f"value 'x' has an element type ONNX does not define ({shown})" in err, err
 
 
+def test_inspect_of_an_onnx_with_a_negative_weight_dim_says_so(tmp_path, capsys):
+    # Its weight bytes read "-16 B".
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[-4, 1])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1])],
+                              [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    for extra in ([], ["--json"]):
+        rc, out, err = run_cli(capsys, "inspect", tmp_path / "m.onnx", *extra)
+        assert rc == 1 and not out
+        assert "weight 'w' has a negative dim [-4, 1]; not a valid ONNX model" in err, err
+
+
 def _float64_chain(blocks: int, width: int = 256, rows: int = 128) -> onnx.ModelProto:
     """MatMul -> Relu -> Cast(float64) -> Sqrt -> Cast(float32), `blocks` times: each float64
     node falls back to the host for its own reason (the value it reads is named in it)."""

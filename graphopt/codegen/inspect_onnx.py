@@ -70,6 +70,10 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
     held = list(weight_tensors(model.graph))
     weights = [tensor for tensor, _, _ in held]
     counts = op_counts(model)
+    for tensor in weights:  # an invalid model: its weight bytes would read negative
+        if any(dim < 0 for dim in tensor.dims):
+            raise InputError(f"{path}: weight {one_line(tensor.name)!r} has a negative dim "
+                             f"{list(tensor.dims)}; not a valid ONNX model")
     for info in (*model.graph.input, *model.graph.output):
         try:
             typed_entry(info)
