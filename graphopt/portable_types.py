@@ -21,12 +21,19 @@ def residual_types_kept(model: Model) -> Callable[[Value], bool]:
     """A to_onnx value_infos predicate: False for the inputs and output of each Add that feeds a
     LayerNormalization directly or through a second Add (its bias), or of the elementwise
     function that holds them at -O3 (onnxruntime inlines it before it fuses)."""
+    # ONNX inference cannot see through a function whose body holds a contrib op (a SiLU's
+    # QuickGelu): its outputs keep their types, or onnx.checker's full check refuses the
+    # nodes that read them.
+    opaque = {f.name for f in model.functions if f.domain == FUNCTIONS
+              and any(n.domain not in ("", "ai.onnx") for n in f.node)}
     untyped: set[int] = set()
     for node in model.graph:
         if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
             continue
         for add in _adds_before(node):
-            untyped.update(id(v) for v in (*add.inputs, add.output) if v is not None)
+            untyped.update(id(v) for v in (*add.inputs, add.output) if v is not None
+                           and not (v.producer is not None and v.producer.domain == FUNCTIONS
+                                    and v.producer.op_type in opaque))
     return lambda value: id(value) not in untyped
 
 

@@ -479,3 +479,19 @@ def test_norms_onnxruntime_would_misread_are_left_as_written(tmp_path, exponent,
     with graphopt.load(path) as session:
         actual = session.run(feeds)
     np.testing.assert_allclose(actual["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_portable_onnx_keeps_the_types_onnx_cannot_infer_through_a_function():
+    # At -O3 the SiLU's QuickGelu and the residual Add share one elementwise function: ONNX
+    # inference cannot see through a contrib op, so the sum left untyped failed
+    # onnx.checker's full check at the LayerNormalization reading it.
+    proto = onnx.parser.parse_model(ADD_LN.format(extra="", tail="y = Identity(n)").replace(
+        "x = Add(a, b)", "g = Sigmoid(a)\n    m = Mul(a, g)\n    x = Add(m, b)"))
+    result = graphopt.optimize(proto, level=3)
+    assert any(n.op_type == "QuickGelu" for f in result.model.functions for n in f.node)
+    written = result.to_onnx()
+    onnx.checker.check_model(written, full_check=True)
+    feeds = numerics.random_feeds(proto, seed=0)
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(written, feeds),
+                                1e-5, 1e-6)
+    assert not problems, problems

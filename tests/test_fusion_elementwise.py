@@ -238,3 +238,26 @@ def test_old_ir_versions_are_skipped():
 def test_registered():
     assert PASSES["FuseElementwise"] is FuseElementwise
     assert Options().elementwise_max_group == 32 and not Options().elementwise_epilogues
+
+
+def test_values_left_untyped_by_a_rewrite_are_typed_before_a_contrib_op_is_hidden():
+    # At -O3 LowerLRN's x² is untyped until the final InferShapes; grouped with the SiLU's
+    # QuickGelu in one function, ONNX inference could no longer type it, and the checker's
+    # full check refused the Unsqueeze that reads it.
+    import graphopt
+
+    proto = onnx.parser.parse_model(HEADER.replace("17", "18") + """
+        g (float[1,4,5,5] x) => (float[1,4,5,5] y) {
+            s = Sigmoid(x)
+            m = Mul(x, s)
+            y = LRN<size=3>(m)
+        }""")
+    result = graphopt.optimize(proto, level=3)
+    assert any(n.op_type == "QuickGelu" for f in result.model.functions for n in f.node)
+    assert all(v.dtype is not None for n in result.model.graph for v in n.outputs)
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    feeds = numerics.random_feeds(proto, seed=3)
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds),
+                                rtol=1e-5, atol=1e-6)
+    assert not problems, problems

@@ -36,6 +36,7 @@ import onnx
 from graphopt.ir import Graph, Model, Node, Value
 from graphopt.ir.onnx_io import node_to_proto
 from graphopt.passes.base import Pass, PassContext, PassResult, register
+from graphopt.passes.infer_shapes import infer_shapes
 
 DOMAIN = "graphopt"
 MAX_GROUP_SIZE = 32
@@ -109,6 +110,11 @@ class FuseElementwise(Pass):
             self.max_group_size = getattr(ctx.options, "elementwise_max_group", MAX_GROUP_SIZE)
         if self.epilogues is None:
             self.epilogues = getattr(ctx.options, "elementwise_epilogues", False)
+        if any(v is not None and v.dtype is None for n in graph for v in n.outputs):
+            # Values the fusions' rewrites left untyped (LowerLRN's x², say) are typed by the
+            # final InferShapes, but ONNX inference cannot see through a function whose body
+            # holds a contrib op (a SiLU's QuickGelu): type them while their producers show.
+            infer_shapes(model)
         groups = [g for g in self._groups(graph) if len(g) >= 2]
         functions = {_key(f): f for f in model.functions if f.domain == DOMAIN}
         for members in groups:
