@@ -444,6 +444,14 @@ def _compare_tensors(name: str, exp: np.ndarray, got: np.ndarray, rtol: float,
         float(np.nanmax(diff)), float(np.nanmax(np.where(bad, rel, 0.0))))
 
 
+def largest_magnitude(value: Any) -> float:
+    """The largest finite magnitude of a float tensor; 0 for anything else or none finite."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+        return 0.0
+    finite = np.abs(value[np.isfinite(value)].astype(np.float64))
+    return float(finite.max()) if finite.size else 0.0
+
+
 def max_abs_error(expected: Any, actual: Any) -> float:
     """The largest |actual - expected| over the float tensors inside two outputs of the same
     structure (0 where there are none)."""

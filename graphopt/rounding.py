@@ -72,8 +72,7 @@ def _scale(value) -> float:
     then compared as they are)."""
     if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
         return 1.0
-    finite = np.abs(value[np.isfinite(value)])
-    return float(finite.max()) if finite.size else 0.0
+    return numerics.largest_magnitude(value)
 
 
 def _same_layout(*values) -> bool:

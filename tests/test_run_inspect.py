@@ -758,13 +758,8 @@ def test_inspect_of_an_onnx_with_an_undefined_element_type_says_so(tmp_path, cap
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", elem_type, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
-    for extra in ([], ["--json"]):
-        rc, out, err = run_cli(capsys, "inspect", tmp_path / "m.onnx", *extra)
-        assert rc == 1 and not out
-        assert f"value 'x' has an element type ONNX does not define ({shown})" in err, err
+    _inspect_refuses(tmp_path, capsys, graph,
+                     f"value 'x' has an element type ONNX does not define ({shown})")
 
 
 def test_inspect_of_an_onnx_with_a_negative_weight_dim_says_so(tmp_path, capsys):
@@ -774,13 +769,19 @@ def test_inspect_of_an_onnx_with_a_negative_weight_dim_says_so(tmp_path, capsys)
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1])],
                               [weight])
+    _inspect_refuses(tmp_path, capsys, graph,
+                     "weight 'w' has a negative dim [-4, 1]; not a valid ONNX model")
+
+
+def _inspect_refuses(tmp_path, capsys, graph, message: str) -> None:
+    """inspect of `graph` as an .onnx, text and --json, fails saying `message`."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "m.onnx")
     for extra in ([], ["--json"]):
         rc, out, err = run_cli(capsys, "inspect", tmp_path / "m.onnx", *extra)
         assert rc == 1 and not out
-        assert "weight 'w' has a negative dim [-4, 1]; not a valid ONNX model" in err, err
+        assert message in err, err
 
 
 def _float64_chain(blocks: int, width: int = 256, rows: int = 128) -> onnx.ModelProto:

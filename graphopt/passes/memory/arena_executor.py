@@ -160,20 +160,12 @@ def check_plan(model: Model, plan: Plan, feeds: dict[str, np.ndarray] | None = N
         # the plan itself to 1e-4.
         mismatches = [str(m) for name, exp in expected.items()
                       for m in numerics.compare({name: exp}, actual, rtol,
-                                                atol + rtol * _largest(exp))]
+                                                atol + rtol * numerics.largest_magnitude(exp))]
     else:
         mismatches = [str(m) for m in numerics.compare(expected, actual, rtol, atol)]
     if sixteen_bit and not mismatches:
         mismatches = _unshared_mismatches(model, plan, executor, feeds, actual)
     return ArenaCheck(max_abs, mismatches)
-
-
-def _largest(value) -> float:
-    """The largest finite magnitude of a float tensor (0 for anything else)."""
-    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or not value.size:
-        return 0.0
-    finite = np.abs(value[np.isfinite(value)].astype(np.float64))
-    return float(finite.max()) if finite.size else 0.0
 
 
 def _sixteen_bit_tolerances(model: Model) -> tuple[float, float] | None:
