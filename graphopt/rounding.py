@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from onnx import ModelProto
 
@@ -9,7 +11,8 @@ from graphopt import numerics
 
 
 def within_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
-                    failing: list[str], judge: dict) -> str | None:
+                    failing: list[str], judge: dict,
+                    own: Callable[[], dict] | None = None) -> str | None:
     """A note when rounding explains every output in `failing` (outside rtol/atol), None
     otherwise: they differ from the original no more than twice as much as onnxruntime's
     optimizer makes the original itself differ (the NCHWc convolutions of a cpu compile
@@ -23,8 +26,13 @@ def within_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
     the second rule takes each slice's own largest magnitude. A detector's class scores (up to
     0.006) beside its box coordinates (up to 545) are so held to their own scale: an error the
     coordinates' rounding would excuse (0.05 on scores) is not. Neither bound exceeds twice
-    onnxruntime's worst error over the whole output."""
-    return _within_onnxruntimes_own(original, feeds, expected, actual, failing, judge) \
+    onnxruntime's worst error over the whole output.
+
+    `own` gives the original's outputs at ORT_ENABLE_ALL on `feeds` (a caller that judges many
+    candidates on one input, as bisect does, runs the original there once); by default they are
+    computed here."""
+    own = own or (lambda: numerics.run(original, feeds, "all"))
+    return _within_onnxruntimes_own(own, expected, actual, failing, judge) \
         or _within_output_scale(expected, actual, failing, judge)
 
 
@@ -36,10 +44,10 @@ def _slices(value) -> list:
     return [value]
 
 
-def _within_onnxruntimes_own(original: ModelProto, feeds, expected: dict, actual: dict,
+def _within_onnxruntimes_own(own_outputs: Callable[[], dict], expected: dict, actual: dict,
                              failing: list[str], judge: dict) -> str | None:
     try:
-        own = numerics.run(original, feeds, "all")
+        own = own_outputs()
     except Exception:  # noqa: BLE001 - no baseline to measure against
         return None
     worst, baseline = 0.0, 0.0

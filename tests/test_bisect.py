@@ -13,7 +13,7 @@ import onnx
 import pytest
 from helpers import PerturbWeights, parse_model, run_cli
 
-from graphopt import zoo
+from graphopt import numerics, zoo
 from graphopt.compiler import optimize
 from graphopt.ir import Tensor, format_model, to_onnx
 from graphopt.numerics import compare, random_feeds, run
@@ -256,6 +256,31 @@ def test_a_culprits_report_keeps_the_note_an_evaluation_passed_by(monkeypatch, t
     assert rc == 1 and "culprit rewrite: Shift at %y" in out
     assert "ok (rounding alone, see note)" in err
     assert "note: an evaluation passed by rounding alone: outputs differ" in out
+
+
+def test_the_original_runs_once_at_enable_all_however_many_evaluations_fail(monkeypatch,
+                                                                            tmp_path):
+    # Each evaluation outside rtol/atol ran the original again at ORT_ENABLE_ALL for the
+    # rounding allowance's baseline: a large model's bisect paid that per failing compile.
+    _with_pipeline(monkeypatch, ("InferShapes", NudgeOneWeight.name, ShiftTheAdd.name),
+                   NudgeOneWeight, ShiftTheAdd)
+    values = np.linspace(-900, 900, 200, dtype=np.float32).reshape(1, 200)
+    path = tmp_path / "add.onnx"
+    onnx.save(parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",
+                          v=values), path)
+    levels = []
+    run = numerics.run
+
+    def counted(model, feeds, level="disable", *args, **kwargs):
+        levels.append(level)
+        return run(model, feeds, level, *args, **kwargs)
+
+    monkeypatch.setattr(numerics, "run", counted)
+    result = bisect(path)
+    assert result.found and result.rule == "Shift"
+    # Both evaluations (the full compile, then the prefix that only nudges) fall outside
+    # rtol/atol; the original ran at ENABLE_ALL for the first alone.
+    assert result.evaluations == 2 and levels.count("all") == 1
 
 
 def test_open_dims_set_to_1_are_said_as_compare_says_them(tmp_path, capsys):

@@ -98,6 +98,7 @@ class _Evaluator:
         self.rounding_note: str | None = None  # of the last evaluation, if it passed by it
         self.passed_by_rounding = ""  # the note of the last evaluation that did
         self.count = 0
+        self._own: dict | Exception | None = None  # the original at ORT_ENABLE_ALL, once run
         try:
             self.expected = numerics.run(reference, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the explanation
@@ -130,6 +131,18 @@ class _Evaluator:
         self.progress(one_line(f"bisect: evaluation {self.count}: {what}: {verdict}"))
         return problem
 
+    def _own_outputs(self) -> dict:
+        """The original's outputs at ORT_ENABLE_ALL (rounding's baseline), run once however
+        many compiles fail: a bisect of a large model may judge dozens."""
+        if self._own is None:
+            try:
+                self._own = numerics.run(self.reference, self.feeds, "all")
+            except Exception as e:  # noqa: BLE001 - within_rounding takes it as no baseline
+                self._own = e
+        if isinstance(self._own, Exception):
+            raise RuntimeError(str(self._own))  # a fresh one: re-raising grows its traceback
+        return self._own
+
     def _beyond_rounding(self, actual: dict, judge: dict) -> list:
         """The outputs outside rtol/atol, none when rounding explains them all (as --verify's
         compiler._beyond_rounding judges; the note says which allowance they met)."""
@@ -140,7 +153,7 @@ class _Evaluator:
                    if numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
                                        judge["atol"])]
         self.rounding_note = within_rounding(self.reference, self.feeds, self.expected, actual,
-                                             failing, judge)
+                                             failing, judge, own=self._own_outputs)
         self.passed_by_rounding = self.rounding_note or self.passed_by_rounding
         return [] if self.rounding_note else mismatches
 
