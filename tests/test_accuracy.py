@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from helpers import parse_model, write_calibration
 
@@ -366,6 +367,84 @@ def test_a_mask_filled_with_the_float32_minimum_is_not_an_overflow(tmp_path):
     graphopt.save(graphopt.optimize(proto, precision="fp16"), path)
     feeds = {"x": np.ones((2, 4), np.float32), "m": np.array([[1, 1, 0, 0]] * 2, bool)}
     assert accuracy_report(proto, path, feeds).warnings == []
+
+
+def _conv_bn(tail: str = "y = Conv(b, w2)") -> onnx.ModelProto:
+    """A 1×1 Conv and the BatchNormalization FuseConvBatchNorm folds into it (their value `b`
+    becomes the fused Conv's, under a name the model lacks), scaling by 5e4, then `tail`, whose
+    weights bring it back into float16's range."""
+    proto = parse_model(f"""
+        g (float[1,2,4,4] x) => (float[1,2,4,4] y) {{
+            c = Conv(x, w)
+            b = BatchNormalization(c, gamma, beta, mean, var)
+            {tail}
+        }}""", w=np.ones((2, 2, 1, 1), np.float32), gamma=np.full(2, 5e4, np.float32),
+        beta=np.zeros(2, np.float32), mean=np.zeros(2, np.float32), var=np.ones(2, np.float32),
+        w2=np.full((2, 2, 1, 1), 1e-5, np.float32))
+    for node in proto.graph.node:
+        node.name = node.output[0] + "_node"
+    return proto
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".om"])
+@pytest.mark.parametrize("level, tail, named", [
+    (2, "y = Conv(b, w2)", "conv (inf in float16, node b_node/ConvBatchNorm/Conv)"),
+    (3, "r = Relu(b)\n y = Conv(r, w2)",
+     "fusedconv (inf in float16, node r_node/ConvRelu/FusedConv)")])
+def test_fp16_overflow_in_a_value_a_fusion_renamed_is_a_warning(tmp_path, suffix, level, tail,
+                                                                named):
+    # b reaches 1e5 (2 channels of 1 times 5e4), but the reference's b and r are not values of
+    # the compiled model: the fused Conv's output is, under a new name. The candidate's own run
+    # returns it in float16, where it is inf although its operands were finite.
+    import graphopt
+
+    proto = _conv_bn(tail)
+    path = tmp_path / f"m16{suffix}"
+    graphopt.save(graphopt.optimize(proto, precision="fp16", level=level), path)
+    x = np.ones((1, 2, 4, 4), np.float32)
+    report = accuracy_report(proto, path, {"x": x})
+    assert report.outputs[0].cosine == pytest.approx(1.0, abs=1e-6)
+    (warning,) = report.warnings
+    assert warning.startswith("float16 overflow: 1 tensor(s) the model holds in float16 exceed "
+                              f"±65504 on this input: {named}.")
+    assert accuracy_report(proto, path, {"x": x * 1e-3}).warnings == []  # b stays in range
+
+
+def test_fp16_overflow_into_a_node_the_warning_named_and_kept_names_its_readers(tmp_path):
+    # Kept float32 as the warning said, the fused Conv still makes 1e5, which a Cast ahead of
+    # the float16 Conv after it makes inf: that Conv is named, which --keep-dtype takes (it
+    # cannot take the Cast, which ConvertPrecision adds).
+    import graphopt
+
+    proto = _conv_bn()
+    path = tmp_path / "m16.onnx"
+    x = {"x": np.ones((1, 2, 4, 4), np.float32)}
+    for kept, warned in [({"b_node/ConvBatchNorm/Conv"}, True),
+                         ({"b_node/ConvBatchNorm/Conv", "y_node"}, False)]:
+        graphopt.save(graphopt.optimize(proto, precision="fp16",
+                                        pass_options={"keep_dtype": kept}), path)
+        warnings = accuracy_report(proto, path, x).warnings
+        assert [w.split(". ")[0] for w in warnings] == (
+            ["float16 overflow: 1 tensor(s) the model holds in float16 exceed ±65504 on this "
+             "input: conv_f16 (max 1e+05, read by node y_node)"] if warned else [])
+
+
+def test_a_mask_a_fusion_adds_in_float16_is_not_an_overflow(tmp_path):
+    # MatMul + Add becomes one Gemm whose bias holds the mask at float16's lowest value (the
+    # float32 lowest, clipped): a score of -32 plus it is -inf, the zero weight it stands for.
+    import graphopt
+
+    mask = np.where(np.arange(4) < 2, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    proto = parse_model("""
+        g (float[2,8] x) => (float[2,4] y) {
+            s = MatMul(x, w)
+            t = Add(s, mask)
+            y = Softmax(t)
+        }""", w=np.full((8, 4), -4.0, np.float32), mask=mask)
+    path = tmp_path / "m16.onnx"
+    graphopt.save(graphopt.optimize(proto, precision="fp16"), path)
+    assert "Gemm" in {n.op_type for n in onnx.load(path).graph.node}
+    assert accuracy_report(proto, path, {"x": np.ones((2, 8), np.float32)}).warnings == []
 
 
 def test_per_tensor_leaves_the_output_rows_of_a_quantized_onnx_as_deployed(tmp_path,

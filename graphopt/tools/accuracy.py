@@ -41,7 +41,17 @@ from graphopt.tools.compare_run import (
     make_feeds,
     shared_dims,
 )
-from graphopt.tools.half_range import half_tensors, overflow_note, overflows
+from graphopt.tools.half_range import (
+    HalfValue,
+    cast_readers,
+    half_tensors,
+    makers_of,
+    operand_names,
+    overflow_note,
+    overflows,
+    own_overflows,
+    unmatched_half_values,
+)
 from graphopt.tools.output_kinds import model_facts, output_kind
 from graphopt.tools.rule_text import cosine_text
 from graphopt.tools.slices import hidden_slice_warning, worst_slice
@@ -170,14 +180,27 @@ def calibration_feeds(path, reference: Side, candidate: Side,
     raise mismatch
 
 
+def _candidate_models(candidate: Side) -> list:
+    """The ONNX models the candidate runs: itself, or an .om's partitions."""
+    if candidate.proto is not None:
+        return [candidate.proto]
+    return [part.model for part in candidate.session.artifact.partitions]
+
+
+def _reference_names(reference: Side) -> set[str]:
+    return {t.name for t in reference.tensors} | set(reference.outputs)
+
+
 def _reference_names_of_half_tensors(reference: Side, candidate: Side) -> list[str]:
     """The reference's names of the values the candidate computes in float16."""
-    if candidate.proto is not None:
-        models = [candidate.proto]
-    else:
-        models = [part.model for part in candidate.session.artifact.partitions]
-    known = {t.name for t in reference.tensors} | set(reference.outputs)
-    return sorted({name for name in half_tensors(models).values() if name in known})
+    known = _reference_names(reference)
+    return sorted({name for name in half_tensors(_candidate_models(candidate)).values()
+                   if name in known})
+
+
+def _unmatched_half_values(reference: Side, candidate: Side) -> dict[str, HalfValue]:
+    """The candidate's float16 values the reference has no name for (fused, or new)."""
+    return unmatched_half_values(_candidate_models(candidate), _reference_names(reference))
 
 
 def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
@@ -268,17 +291,29 @@ def _spoiled(entry: OutputAccuracy) -> bool:
         and ("reference has" in entry.note or "in both, alike" in entry.note)
 
 
+def _overflow_warning(ref_side: Side, reference_values: dict, unmatched: dict[str, HalfValue],
+                      candidate_values: dict) -> str:
+    """The float16 overflow warning: of the float16 values the reference has names for, as
+    the reference computes them; of the others, as the candidate's own run shows them."""
+    found = overflows(reference_values) + own_overflows(unmatched, candidate_values)
+    makers = {out: node.name for node in ref_side.proto.graph.node for out in node.output
+              if node.name}
+    return overflow_note(sorted(found, key=lambda item: -item[1]),
+                         {**makers, **makers_of(unmatched)}, cast_readers(unmatched))
+
+
 def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> AccuracyReport:
     """Run both sides on `arrays` and measure each output as this module's docstring says."""
     half = _reference_names_of_half_tensors(ref_side, cand_side)
+    unmatched = _unmatched_half_values(ref_side, cand_side)
     expected = ref_side.run(arrays, [n for n in half if n not in ref_side.outputs])
-    actual = cand_side.run(arrays, [])
+    # The values the reference has no name for are judged in the candidate's own run.
+    actual = cand_side.run(arrays, [n for n in operand_names(unmatched)
+                                    if n not in cand_side.outputs])
     facts = model_facts(ref_side.proto)
     report = AccuracyReport(ref_side.label, cand_side.label, source, feeds=arrays)
-    makers = {out: node.name for node in ref_side.proto.graph.node for out in node.output
-              if node.name}
-    note = overflow_note(overflows({name: expected[name] for name in half if name in expected}),
-                         makers)
+    note = _overflow_warning(ref_side, {name: expected[name] for name in half if name in expected},
+                             unmatched, {**arrays, **actual})
     if note:
         report.warnings.append(note)
     declared = declared_types(ref_side.proto)  # a sequence's or map's type, as the model says
