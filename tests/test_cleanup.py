@@ -83,6 +83,22 @@ def test_identity_producing_a_graph_output_hands_its_name_over():
     assert model.graph.nodes()[0].output.name == "y"
 
 
+def test_a_value_taking_over_a_graph_outputs_name_takes_its_doc_string_and_metadata_too():
+    proto = onnx.parser.parse_model(HEADER + """
+    g (float[N, 4] x) => (float[N, 4] y) {
+        r = Relu(x)
+        y = Identity(r)
+    }""")
+    proto.graph.output[0].doc_string = "the scores"
+    proto.graph.output[0].metadata_props.add(key="unit", value="logit")
+    model = load_onnx(proto)
+    infer_shapes(model)
+    assert PASSES["EliminateIdentity"]().run(model, PassContext(Options())).stats
+    (out,) = to_onnx(model).graph.output
+    assert out.name == "y" and out.doc_string == "the scores"
+    assert {p.key: p.value for p in out.metadata_props} == {"unit": "logit"}
+
+
 def test_identity_of_graph_input_to_output_is_kept():
     model, stats = run_passes(HEADER + """
     g (float[N, 4] x) => (float[N, 4] y) { y = Identity(x) }""", "EliminateIdentity")

@@ -264,6 +264,18 @@ def test_symbolic_dims_metadata_and_doc_strings_survive():
     assert back.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
 
 
+def test_a_graph_output_that_is_a_weight_keeps_its_doc_string_and_metadata():
+    proto = _model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y, float[2] w) <float[2] w = {1.0, 2.0}> { y = Add(x, w) }
+    """)
+    proto.graph.output[1].doc_string = "the bias"
+    proto.graph.output[1].metadata_props.add(key="unit", value="logit")
+    out = to_onnx(load_onnx(proto)).graph.output[1]
+    assert out.name == "w" and out.doc_string == "the bias"
+    assert {p.key: p.value for p in out.metadata_props} == {"unit": "logit"}
+
+
 def test_node_and_value_metadata_survive_and_the_shared_default_is_read_only():
     """Nodes and values without metadata share one read-only empty mapping (no dict apiece);
     metadata read from the file is each one's own, and round-trips."""

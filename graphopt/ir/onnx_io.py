@@ -398,6 +398,10 @@ class _Importer:
             if value.producer is not None or value.dtype is None:
                 # An output that is an input or a weight keeps the type declared there.
                 self.value_info(value, vi)
+            elif not value.is_input and not value.doc_string and not value.metadata_props:
+                # A weight has no declaration of its own to hold the output's doc and metadata.
+                self.check_text(vi, f"value {vi.name!r}")
+                value.doc_string, value.metadata_props = vi.doc_string, _props(vi)
             graph.outputs.append(value)
         try:
             graph.sort()

@@ -14,8 +14,8 @@ def can_take_over(keep: Value, out: Value) -> bool:
 
 def replace_value(out: Value, keep: Value) -> bool:
     """Make every reader of `out` read `keep`. A graph output is never renamed or dropped, so
-    when `out` is one, `keep` takes over its name and its place in the output list; returns
-    False (and changes nothing) when that is not possible."""
+    when `out` is one, `keep` takes over its name, doc string and metadata and its place in the
+    output list; returns False (and changes nothing) when that is not possible."""
     if out.is_graph_output:
         if not can_take_over(keep, out):
             return False
@@ -25,6 +25,8 @@ def replace_value(out: Value, keep: Value) -> bool:
         name = out.name
         out.name = graph.fresh_name(name + "_replaced")
         keep.name = name
+        # The output's declaration is the model's interface; keep's was an intermediate's.
+        keep.doc_string, keep.metadata_props = out.doc_string, out.metadata_props
         if out.shape is not None and keep.shape is None:
             keep.shape = out.shape
         return True

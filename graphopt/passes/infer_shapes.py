@@ -366,8 +366,9 @@ def drop_unfounded_declarations(model: Model, types: dict[str, bytes]) -> int:
     another size): a tracer's leftover, [3, 7] for what is [3, N]. Folding Shape on it would
     bake in 7, and onnxruntime itself gives the declared or the computed size depending on its
     optimization level. A declared rank the node does not compute ([1, 24] for a Softmax's
-    [1, 2, 3, 4]) gives way to the inferred shape whole, and a declared dtype the node does
-    not compute to the inferred one. Returns how many values were corrected."""
+    [1, 2, 3, 4]) gives way to the inferred shape whole, an intermediate's declaration with
+    static dims where inference finds no rank is dropped, and a declared dtype the node does
+    not compute gives way to the inferred one. Returns how many values were corrected."""
     corrected = 0
     read: dict[bytes, tuple] = {}  # a model has a few distinct types: read each once
     for value in model.graph.all_values():
@@ -381,7 +382,16 @@ def drop_unfounded_declarations(model: Model, types: dict[str, bytes]) -> int:
                 and dtype != value.dtype:  # a stale dtype: onnxruntime refuses the node
             value.dtype = dtype
             corrected += 1
-        if inferred is None or value.shape is None:
+        if value.shape is None:
+            continue
+        if inferred is None:
+            if type_proto is None and not value.is_graph_output \
+                    and any(type(d) is int for d in value.shape):
+                # Not even the rank follows from the inputs (a Squeeze without axes of
+                # [N, 1, 4], traced at N = 1 as [4]): the whole declaration is unfounded.
+                # (A graph output's is its signature: output_declarations corrects it.)
+                value.shape = None
+                corrected += 1
             continue
         if len(inferred) != len(value.shape):  # a declared rank the node does not compute
             value.shape = tuple(inferred)       # (onnxruntime warns, and returns what it
