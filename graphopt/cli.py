@@ -76,6 +76,10 @@ def _add_optimize(sub) -> None:
                           help="file of `PassName: on|off` lines (or JSON) switching passes off")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
+    p.add_argument("--out-nodes", metavar="NAMES",
+                   help='end the model at these tensors, ATC style: "boxes;Conv_12:0" (a '
+                        'tensor name or node:index each); they become its outputs and what '
+                        'only the others needed goes')
     p.add_argument("--dynamic-dims", type=dynamic_dims, metavar="DIMS",
                    help='compile one plan per shape profile into the .om, ATC style: '
                         '"batch:1,4,8;seq:128,512" (every combination) or '
@@ -174,7 +178,7 @@ def _cmd_optimize(args) -> int:
                       allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
                       target=target, memory_reorder=args.memory_reorder,
                       pass_options=pass_options, dynamic_dims=args.dynamic_dims,
-                      tuning_db=args.tuning_db)
+                      tuning_db=args.tuning_db, out_nodes=args.out_nodes)
     if args.tuning_db and result.tuned_study is None and not args.quiet and \
             not args.output.endswith(".om") and \
             not any(note.startswith("--tuning-db holds") for note in result.notes):
@@ -260,10 +264,15 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
     # else the first calibration samples, else random data.
     calibration = None if args.inputs else args.calibration
     reference = args.model if source is None else source
+    if args.out_nodes:  # the written model's outputs are the original's values of these
+        from graphopt.out_nodes import cut_model
+
+        reference = cut_model(reference, args.out_nodes, args.model)
     try:
         report = accuracy_report(reference, args.output,
                                  args.inputs, calibration=calibration,
-                                 reference_label=args.model,
+                                 reference_label=args.model + (" ended at --out-nodes"
+                                                               if args.out_nodes else ""),
                                  input_shapes=None if calibration or args.inputs
                                  else args.input_shape)
     except GraphoptError as e:
@@ -308,8 +317,9 @@ def _print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weig
     except Exception as e:  # noqa: BLE001 -- a check after the model is written warns only
         print(f"graphopt: warning: no speed check: {type(e).__name__}: {e}", file=sys.stderr)
         return
-    source_label = args.model if isinstance(source, (str, os.PathLike)) else \
-        f"{args.model} as it was before -o replaced it"
+    source_label = (args.model if isinstance(source, (str, os.PathLike))
+                    else f"{args.model} ended at --out-nodes" if args.out_nodes
+                    else f"{args.model} as it was before -o replaced it")
     print(check.format(source_label, args.output))
     if not check.slower:
         return

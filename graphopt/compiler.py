@@ -21,6 +21,7 @@ from graphopt import api_args, numerics
 from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisions
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
+from graphopt.out_nodes import cut_outputs, parse_out_nodes, select_outputs
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
@@ -381,7 +382,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              dump_format: str = "text", instruments=(), precision: str = "keep",
              quantize: str = "none", calibration: str | os.PathLike | None = None,
              dynamic_dims=None, shared_stats=None,
-             tuning_db: str | os.PathLike | None = None) -> OptimizeResult:
+             tuning_db: str | os.PathLike | None = None, out_nodes=None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     Each keyword is the command line's flag of the same name (`graphopt optimize --help`);
@@ -392,7 +393,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     named rules did not match; `fold_size_limit` caps the bytes FoldConstants makes per value
     (an int, or "4M"); `allow_custom_ops=True` keeps ops of domains no schema knows.
     `input_shapes` pins input dims, ATC style ({"x": [1, 3, 224, 224]} or "x:1,3,224,224";
-    -1 keeps a dim open).
+    -1 keeps a dim open). `out_nodes` ends the model at the tensors it names, ATC's --out_nodes
+    ("boxes;scores", ["Conv_12:0"], a tensor name or node:index each): they become its outputs,
+    in that order, and what only the other outputs needed goes, before any pass; verification
+    and the accuracy report compare them with the original's values of those tensors.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
     every node on a device of the target and cuts the graph into device partitions, which
@@ -449,6 +453,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                           f"{type(model).__name__}")
     if isinstance(model, (str, os.PathLike)) and not os.fspath(model):
         raise OptionError("optimize: the model path is empty")
+    wanted_outputs = None if out_nodes is None else parse_out_nodes(out_nodes)
     start = time.perf_counter()
     target = api_args.target(target)
     api_args.check_run_options(verify, inputs, rtol, atol, memory_reorder, target)
@@ -534,7 +539,9 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         pinned_first = True
     if upgraded:
         import_notes.append(upgraded)
-    # The reference for verification, before any pin or pass; exported only when needed since
+    if wanted_outputs is not None:
+        import_notes.append(select_outputs(ir_model, wanted_outputs, label))
+    # The reference for verification (cut short by out_nodes), before any pin or pass; exported only when needed since
     # it copies every weight.
     source = to_onnx(ir_model) if verify else None
     ops_before = op_counts(ir_model.graph.all_nodes())
@@ -995,6 +1002,9 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
         lossy = marked_lossy(model.metadata_props)
         if lossy:  # for compare: a model made lossy by an earlier compile, the pass log cannot say
             extra = {**extra, "lossy_passes": lossy}
+        cut = cut_outputs(model.metadata_props)
+        if cut:  # for compare: outputs of the source that --out-nodes cut off, not lost ones
+            extra = {**extra, "outputs_cut": cut}
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=_source_sha256(result) if result else None,
                  hash_source=False,

@@ -33,6 +33,7 @@ FLAGS = {
     "int4_group_size": "--int4-group-size",
     "int4_method": "--int4-method",
     "keep_dtype": "--keep-dtype",
+    "out_nodes": "--out-nodes",
     "per_channel": "--per-channel",
     "precision": "--precision",
     "precision_allow": "--precision-allow",

@@ -465,6 +465,10 @@ def format_om(artifact: OmArtifact) -> str:
                     f"{m['graphopt_version']}")),
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
+        *([("cut", "--out-nodes: the source's output(s) "
+                   + ", ".join(one_line(name) for name in artifact.extra["outputs_cut"])
+                   + " are not computed")]
+          if artifact.extra.get("outputs_cut") else []),
         ("target", target_line(artifact)),
         ("precision", precision_line(artifact)),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "

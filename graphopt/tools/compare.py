@@ -332,8 +332,13 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
         shared = [t for t in cand_tensors if t.name in computed]
     names = [t.name for t in shared]
+    # A candidate cut short (--out-nodes) returns tensors the reference computes inside.
+    inner_outputs = [n for n in cand_side.outputs if n not in ref_side.outputs
+                     and n in {t.name for t in ref_side.tensors}]
+    cut = [n for n in ref_side.outputs
+           if n not in cand_side.outputs and n in cand_side.cut_outputs()]
     try:
-        ref_values = ref_side.run(arrays, names)
+        ref_values = ref_side.run(arrays, names + inner_outputs)
     except GraphoptError as exc:
         if feeds is None:  # the reference itself refuses them: the inputs, not the compile
             hint = random_inputs_hint(source, bool(input_shapes), option("feeds", COMPARE_FLAGS),
@@ -351,8 +356,8 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
                             "each row")
     producers = {t.name: t for t in cand_tensors}
     # The candidate's output order; reference outputs it lacks come last, as failures.
-    ordered = ([n for n in cand_side.outputs if n in ref_side.outputs]
-               + [n for n in ref_side.outputs if n not in cand_side.outputs])
+    ordered = ([n for n in cand_side.outputs if n in ref_side.outputs or n in inner_outputs]
+               + [n for n in ref_side.outputs if n not in cand_side.outputs and n not in cut])
     declared = declared_types(ref_side.proto)
     for name in ordered:
         if name not in cand_side.outputs:
@@ -381,7 +386,10 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     if empty:  # a pass over no element proves nothing: a dim pinned or fed as 0, say
         report.notes.append(f"output(s) {', '.join(empty)} hold no element at these input "
                             "shapes: nothing of them was compared")
-    extra = [n for n in cand_side.outputs if n not in ref_side.outputs]
+    if cut:
+        report.notes.append(f"outputs of {ref_side.label} that {cand_side.label} was compiled "
+                            f"without ({option('out_nodes')}): {', '.join(cut)} (not compared)")
+    extra = [n for n in cand_side.outputs if n not in ref_side.outputs and n not in inner_outputs]
     if extra:
         report.notes.append(f"outputs of {cand_side.label} not in {ref_side.label}: "
                             f"{', '.join(extra)} (not compared)")
@@ -418,7 +426,10 @@ def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,
             or any(r.name not in ref_values or r.name not in cand_values for r in failing):
         return
     names = [r.name for r in failing]
-    note = within_rounding(ref_side.proto, feeds, {n: ref_values[n] for n in names},
+    reference = ref_side.proto
+    if not set(names) <= set(ref_side.outputs):  # tensors inside it, of a cut candidate
+        reference = _ending_at(reference, names)
+    note = within_rounding(reference, feeds, {n: ref_values[n] for n in names},
                            {n: cand_values[n] for n in names}, names, judge)
     if note is None:
         return
@@ -426,6 +437,16 @@ def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,
         row.passed = True
         row.note = f"{row.note}; rounding (see note)" if row.note else "rounding (see note)"
     report.notes.append(note)
+
+
+def _ending_at(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """`model` with `names` as its outputs (onnxruntime types them): the original a candidate
+    cut short by --out-nodes is judged against."""
+    ended = onnx.ModelProto()
+    ended.CopyFrom(model)
+    del ended.graph.output[:]
+    ended.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+    return ended
 
 
 def declared_types(model: onnx.ModelProto | None) -> dict[str, str]:

@@ -20,6 +20,7 @@ from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, parse_input_shapes, validate_input_shapes
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
+from graphopt.out_nodes import cut_outputs
 from graphopt.warning_scope import kept_notices
 
 
@@ -52,6 +53,13 @@ class Side:
         if self.session is not None and self.profile_tensors:
             return self.profile_tensors[self.session.profile_for(feeds)]
         return self.tensors
+
+    def cut_outputs(self) -> list[str]:
+        """The source model's outputs the compile that made this side cut off (--out-nodes)."""
+        if self.session is not None:
+            names = self.session.artifact.extra.get("outputs_cut", [])
+            return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+        return cut_outputs(self.proto.metadata_props) if self.proto is not None else []
 
     def profile_note(self, feeds: Mapping[str, object]) -> str | None:
         """Which of an .om's shape profiles `feeds` run on; None for a model without."""
