@@ -281,6 +281,25 @@ def test_a_static_declaration_whose_rank_the_inputs_do_not_imply_is_not_folded_i
         assert numerics.run(result.to_onnx(), {"x": x})["ys"].tolist() == [2, 4]
 
 
+def test_a_graph_outputs_unfounded_declaration_is_not_folded_in_where_a_node_reads_it():
+    # As above with the Squeeze's [4] a graph output too: its declaration is the signature,
+    # but a Shape that reads it folded to [4] for every N.
+    import graphopt
+    from graphopt import numerics
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Squeeze", ["x"], ["y"]), helper.make_node("Shape", ["y"], ["ys"])],
+        "stale", [vi("x", TensorProto.FLOAT, ["N", 1, 4])],
+        [vi("y", TensorProto.FLOAT, [4]), vi("ys", TensorProto.INT64, [None])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    x = np.zeros((2, 1, 4), np.float32)
+    for level in (2, 3):
+        outputs = numerics.run(graphopt.optimize(proto, level=level).to_onnx(), {"x": x})
+        assert outputs["ys"].tolist() == [2, 4] and outputs["y"].shape == (2, 4)
+
+
 @pytest.mark.parametrize("declared", [[1, 24], ["a", "b"]])
 def test_a_declared_rank_the_node_does_not_compute_gives_way(tmp_path, declared):
     # A Softmax of [1,2,3,4] declared as output [1,24]: onnxruntime warns and returns

@@ -385,11 +385,12 @@ def drop_unfounded_declarations(model: Model, types: dict[str, bytes]) -> int:
         if value.shape is None:
             continue
         if inferred is None:
-            if type_proto is None and not value.is_graph_output \
-                    and any(type(d) is int for d in value.shape):
+            if type_proto is None and any(type(d) is int for d in value.shape) \
+                    and (value.uses or not value.is_graph_output):
                 # Not even the rank follows from the inputs (a Squeeze without axes of
                 # [N, 1, 4], traced at N = 1 as [4]): the whole declaration is unfounded.
-                # (A graph output's is its signature: output_declarations corrects it.)
+                # A graph output nothing reads keeps it as its signature, which
+                # output_declarations corrects; one a Shape reads would fold from it.
                 value.shape = None
                 corrected += 1
             continue
