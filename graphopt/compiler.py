@@ -21,7 +21,6 @@ from graphopt import api_args, numerics
 from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisions
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
-from graphopt.out_nodes import cut_outputs, parse_out_nodes, select_outputs
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
@@ -31,6 +30,7 @@ from graphopt.portable_types import residual_types_kept
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
+from graphopt.out_nodes import cut_outputs, parse_out_nodes, select_outputs
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
@@ -541,8 +541,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         import_notes.append(upgraded)
     if wanted_outputs is not None:
         import_notes.append(select_outputs(ir_model, wanted_outputs, label))
-    # The reference for verification (cut short by out_nodes), before any pin or pass; exported only when needed since
-    # it copies every weight.
+    # The reference for verification (ended at out_nodes), before any pin or pass; exported
+    # only when needed since it copies every weight.
     source = to_onnx(ir_model) if verify else None
     ops_before = op_counts(ir_model.graph.all_nodes())
     import_notes += _overridable_note(ir_model)

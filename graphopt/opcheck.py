@@ -92,7 +92,7 @@ def check_ops(model: Model, label: str,
                 kinds.append(key)
                 if key is not None and key in fitting:
                     continue
-                problem = _schema_problem(node, checker)
+                problem = _schema_problem(node, checker) or _early_negative_axes(node, model)
                 if problem:
                     raise InputError(f"{_where(label, node)}: {problem}")
                 if key is not None:
@@ -292,6 +292,24 @@ def _schema_problem(node: Node, ctx) -> str | None:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         return lines[0] if lines else "does not match its ONNX schema"
     return None
+
+
+def _early_negative_axes(node: Node, model: Model) -> str | None:
+    """Why a Squeeze or Unsqueeze before opset 11 cannot take its negative axes, or None.
+    Counting axes from the end came with opset 11; onnxruntime runs such a node anyway, but
+    ONNX's shape inference reads -1 otherwise, and the passes would follow it to a wrong
+    shape (an Unsqueeze of [2, 3] removed as if it added nothing)."""
+    if node.op_type not in ("Squeeze", "Unsqueeze") or node.domain not in ("", "ai.onnx"):
+        return None
+    version = model.opset("") or 1
+    axes = node.attr("axes") or []
+    negative = [axis for axis in axes if axis < 0]
+    if version >= 11 or not negative:
+        return None
+    return (f"axes {list(axes)}: negative axes count from the end only from opset 11, and the "
+            f"model imports opset {version}, where shape inference reads them otherwise than "
+            "onnxruntime runs them; write them as non-negative axes or re-export at opset 11 "
+            "or later")
 
 
 def _runtime_schema_problem(node: Node, opset: int) -> str | None:

@@ -5,6 +5,8 @@ only ONNX's inference refuses)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -62,6 +64,22 @@ def test_a_schema_newer_than_every_kernel_is_refused_at_import():
         pytest.skip("this onnxruntime has a kernel for DequantizeLinear-28")
     with pytest.raises(GraphoptError, match=r"no CPU kernel for DequantizeLinear version 28 "
                                             r"\(its kernels cover versions .*\d+\+\)"):
+        graphopt.optimize(model)
+
+
+@pytest.mark.parametrize("node, shape", [("Unsqueeze <axes = [-1]> (x)", "[2, 3, 1]"),
+                                         ("Squeeze <axes = [-1]> (x)", "[2, 3]")])
+def test_negative_squeeze_axes_before_opset_11_are_refused_not_misread(node, shape):
+    # onnxruntime runs them counting from the end; ONNX's inference at opset 10 did not, and
+    # the compile removed the Unsqueeze of [2, 3] as adding nothing: Shape gave [2, 3].
+    x_shape = "[2, 3, 1]" if node.startswith("Squeeze") else "[2, 3]"
+    model = parse_model(f"g (float{x_shape} x) => (int64[{shape.count(',') + 1}] s) "
+                        f"{{ y = {node}\n s = Shape (y) }}",
+                        header='<ir_version: 5, opset_import: ["" : 10]>\n')
+    assert numerics.run(model, {"x": np.ones(json.loads(x_shape), np.float32)})["s"].tolist() == \
+        json.loads(shape)
+    with pytest.raises(GraphoptError, match=r"axes \[-1\]: negative axes count from the end "
+                                            r"only from opset 11, and the model imports opset 10"):
         graphopt.optimize(model)
 
 
