@@ -79,6 +79,17 @@ def test_fp16_converts_every_op_and_casts_only_the_model_boundary():
     checked(result, proto, atol=0.05)
 
 
+def test_the_cast_back_to_float32_keeps_the_outputs_doc_string_and_metadata():
+    proto = parse_model(CHAIN, w1=W1, w2=W2)
+    proto.graph.output[0].doc_string = "the scores"
+    proto.graph.output[0].metadata_props.add(key="unit", value="logit")
+    written = compile_(proto, precision="fp16").to_onnx()
+    (out,) = written.graph.output
+    assert out.doc_string == "the scores"
+    assert {p.key: p.value for p in out.metadata_props} == {"unit": "logit"}
+    onnx.checker.check_model(written)
+
+
 def test_one_cast_per_value_is_shared_by_its_consumers():
     proto = parse_model("""
     g (float[2,8] x) => (float[2,8] y) {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import DType, Graph, Node, Tensor, Value
+from graphopt.ir.value import NO_METADATA
 from graphopt.passes.edit import replace_value
 from graphopt.passes.facts import constant_node_tensor
 
@@ -99,6 +100,9 @@ class Boundaries:
             name = value.name
             value.name = graph.fresh_name(f"{name}_{value.dtype.short}")
             out = Value(name, dtype, value.shape)
+            # The output's declaration is the model's interface: its doc and metadata go along.
+            out.doc_string, out.metadata_props = value.doc_string, value.metadata_props
+            value.doc_string, value.metadata_props = "", NO_METADATA
         else:
             out = Value(graph.fresh_name(f"{value.name}_{dtype.short}"), dtype, value.shape)
         node = Node("Cast", [value], {"to": int(dtype)}, outputs=[out],
