@@ -149,6 +149,9 @@ def _cmd_optimize(args) -> int:
                               "is a folder of files, the output one file")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
+    for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if value is not None and not args.verify:  # it would judge nothing, silently
+            raise OptionError(f"{flag} is only used with --verify")
     if args.memory_plot and not args.memory_plot.lower().endswith((".png", ".svg")):
         raise OptionError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
     if (args.memory_plot or args.memory_reorder) and not (args.target or args.output.endswith(".om")):
