@@ -6,6 +6,7 @@ import json
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import input_shapes, non_negative_int, positive_int, thread_count
+from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
 EXAMPLES = """examples:
@@ -60,8 +61,8 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--calibration", metavar="FILE",
                    help="cost-model constants from `graphopt calibrate` (default: its default "
                         "file when present, else the cpu target profile's figures)")
-    p.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
-                   help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=non_negative_int, metavar="N",
+                   help="seed of the random inputs used without --inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the profile and hints as JSON")
     p.add_argument("--trace", metavar="FILE",
                    help="keep onnxruntime's chrome trace (all partitions) as FILE, for "
@@ -76,6 +77,8 @@ def _cmd_profile(args) -> int:
     from graphopt.tools.profile import profile_model
     from graphopt.tools.profile_report import format_profile
 
+    if args.seed is not None and args.inputs:  # as run and compare: it would seed nothing
+        raise OptionError("--seed only applies to random inputs; drop it or --inputs")
     if args.trace:
         check_output_path("--trace", args.trace, {"the model": args.model,
                                                   "--inputs": args.inputs,
@@ -84,7 +87,8 @@ def _cmd_profile(args) -> int:
     feeds = args.inputs  # profile_model reads it, and names it when it does not fit
     profile = profile_model(args.model, feeds, repeat=args.repeat, warmup=args.warmup,
                             threads=args.threads, level=args.level, input_shapes=shapes,
-                            calibration=args.calibration, seed=args.seed)
+                            calibration=args.calibration,
+                            seed=0 if args.seed is None else args.seed)
     hints = advise(profile)
     if args.trace:
         atomic_write_bytes(args.trace, json.dumps(profile.trace).encode("utf-8"))
