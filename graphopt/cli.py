@@ -87,8 +87,9 @@ def _add_optimize(sub) -> None:
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
                         "seeded inputs; fail and write nothing if outputs differ, or if the "
                         "optimized model does not load at ORT_ENABLE_ALL")
-    p.add_argument("--inputs", metavar="NPZ", help="with --verify: its inputs instead of random "
-                   "data, and the accuracy report's (instead of the calibration samples)")
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
+                   help="with --verify: its inputs instead of random data, and the accuracy "
+                        "report's (instead of the calibration samples)")
     p.add_argument("--rtol", type=tolerance, metavar="R",
                    help="relative tolerance for --verify (1e-4; after a lossy precision pass "
                         "--verify judges by cosine unless --rtol/--atol is given)")
@@ -109,7 +110,7 @@ def _add_optimize(sub) -> None:
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition")
-    p.add_argument("--tuning-db", metavar="FILE.db|URL",
+    p.add_argument("--tuning-db", type=path_text, metavar="FILE.db|URL",
                    help="apply what `graphopt tune` stored in this knowledge base: the subgraph "
                         "decisions tuned for this model, and tuned tilings in an NPU .om's "
                         "kernel configs")

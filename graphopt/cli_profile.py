@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import input_shapes, non_negative_int, positive_int, thread_count
+from graphopt.cli_types import input_shapes, non_negative_int, path_text, positive_int, thread_count
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
@@ -38,7 +38,7 @@ def add_profile_parser(sub) -> None:
                     "unfused, nodes that fell back to the CPU and layout conversions.",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("model", help="an .onnx model or a compiled .om artifact")
-    p.add_argument("--inputs", metavar="NPZ",
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input (default: seeded random data)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128" '
@@ -58,13 +58,13 @@ def add_profile_parser(sub) -> None:
                         "an .onnx)")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="kernels listed in the top table (default 10)")
-    p.add_argument("--calibration", metavar="FILE",
+    p.add_argument("--calibration", type=path_text, metavar="FILE",
                    help="cost-model constants from `graphopt calibrate` (default: its default "
                         "file when present, else the cpu target profile's figures)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed of the random inputs used without --inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the profile and hints as JSON")
-    p.add_argument("--trace", metavar="FILE",
+    p.add_argument("--trace", type=path_text, metavar="FILE",
                    help="keep onnxruntime's chrome trace (all partitions) as FILE, for "
                         "chrome://tracing or ui.perfetto.dev")
     p.set_defaults(func=_cmd_profile)
