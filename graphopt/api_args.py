@@ -192,6 +192,9 @@ def check_run_options(verify, inputs, rtol, atol, memory_reorder, loaded_target)
                               f"{type(inputs).__name__}")
     tolerance(rtol, "rtol")
     tolerance(atol, "atol")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not verify:  # it would judge nothing, silently
+            raise OptionError(f"{name}: only used with verify=True")
     if memory_reorder and loaded_target is None:
         raise OptionError("memory_reorder=True reorders the memory plans of a target's "
                           "partitions: give target=")

@@ -91,8 +91,9 @@ def _add_optimize(sub) -> None:
                    help="run original and optimized with onnxruntime (no ORT optimizations) on "
                         "seeded inputs; fail and write nothing if outputs differ, or if the "
                         "optimized model does not load at ORT_ENABLE_ALL")
-    p.add_argument("--inputs", metavar="NPZ", help="with --verify: its inputs instead of random "
-                   "data, and the accuracy report's (instead of the calibration samples)")
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
+                   help="with --verify: its inputs instead of random data, and the accuracy "
+                        "report's (instead of the calibration samples)")
     p.add_argument("--rtol", type=tolerance, metavar="R",
                    help="relative tolerance for --verify (1e-4; after a lossy precision pass "
                         "--verify judges by cosine unless --rtol/--atol is given)")
@@ -113,7 +114,7 @@ def _add_optimize(sub) -> None:
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition")
-    p.add_argument("--tuning-db", metavar="FILE.db|URL",
+    p.add_argument("--tuning-db", type=path_text, metavar="FILE.db|URL",
                    help="apply what `graphopt tune` stored in this knowledge base: the subgraph "
                         "decisions tuned for this model, and tuned tilings in an NPU .om's "
                         "kernel configs")
@@ -153,6 +154,9 @@ def _cmd_optimize(args) -> int:
                               "is a folder of files, the output one file")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
+    for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if value is not None and not args.verify:  # it would judge nothing, silently
+            raise OptionError(f"{flag} is only used with --verify")
     if args.memory_plot and not args.memory_plot.lower().endswith((".png", ".svg")):
         raise OptionError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
     if (args.memory_plot or args.memory_reorder) and not (args.target or args.output.endswith(".om")):

@@ -8,7 +8,7 @@ import sys
 
 from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_precision import add_precision_args, precision_options
-from graphopt.cli_types import input_shapes, target_name
+from graphopt.cli_types import input_shapes, path_text, target_name
 from graphopt.errors import one_line
 from graphopt.help_format import HelpFormatter
 
@@ -48,7 +48,7 @@ def add_bisect_parser(sub) -> None:
                         "give --target cpu to bisect that compile)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
-    p.add_argument("--inputs", metavar="NPZ",
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
     add_rule_options(p, lossy="a compile whose passes include")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import cosine, input_shapes, non_negative_int, tolerance
+from graphopt.cli_types import cosine, input_shapes, non_negative_int, path_text, tolerance
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
@@ -35,7 +35,7 @@ def add_compare_parser(sub) -> None:
         formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("reference", help="the reference .onnx model")
     p.add_argument("candidate", help="the model to check: .onnx or a compiled .om")
-    p.add_argument("--inputs", metavar="NPZ",
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
@@ -45,7 +45,8 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--per-tensor", action="store_true",
                    help="also compare the intermediates both models compute (same name and shape)")
     add_rule_options(p)
-    p.add_argument("--csv", metavar="FILE", help="also write the rows to FILE (atomically)")
+    p.add_argument("--csv", type=path_text, metavar="FILE",
+                   help="also write the rows to FILE (atomically)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead")
     p.set_defaults(func=_cmd_compare, error_status=2)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from graphopt.cli_types import path_text
 from graphopt.errors import OptionError
 
 
@@ -39,7 +40,7 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
     g.add_argument("--quantize", choices=QUANTIZE, default="none",
                    help="int8: static INT8 with calibration; int4: weight-only block-wise INT4 "
                         "of MatMul/Gemm weights (com.microsoft::MatMulNBits)")
-    g.add_argument("--calibration", metavar="FILE.npz|DIR",
+    g.add_argument("--calibration", type=path_text, metavar="FILE.npz|DIR",
                    help="representative inputs (int8 ranges; the accuracy report's first sample)")
     g.add_argument("--calibration-method", choices=CALIBRATION_METHODS,
                    help="int8 activation range method (default minmax)")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import input_shapes, non_negative_int, positive_int, thread_count
+from graphopt.cli_types import input_shapes, non_negative_int, path_text, positive_int, thread_count
+from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
 EXAMPLES = """examples:
@@ -37,7 +38,7 @@ def add_profile_parser(sub) -> None:
                     "unfused, nodes that fell back to the CPU and layout conversions.",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("model", help="an .onnx model or a compiled .om artifact")
-    p.add_argument("--inputs", metavar="NPZ",
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input (default: seeded random data)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128" '
@@ -57,13 +58,13 @@ def add_profile_parser(sub) -> None:
                         "an .onnx)")
     p.add_argument("--top", type=positive_int, default=10, metavar="K",
                    help="kernels listed in the top table (default 10)")
-    p.add_argument("--calibration", metavar="FILE",
+    p.add_argument("--calibration", type=path_text, metavar="FILE",
                    help="cost-model constants from `graphopt calibrate` (default: its default "
                         "file when present, else the cpu target profile's figures)")
-    p.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
-                   help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=non_negative_int, metavar="N",
+                   help="seed of the random inputs used without --inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the profile and hints as JSON")
-    p.add_argument("--trace", metavar="FILE",
+    p.add_argument("--trace", type=path_text, metavar="FILE",
                    help="keep onnxruntime's chrome trace (all partitions) as FILE, for "
                         "chrome://tracing or ui.perfetto.dev")
     p.set_defaults(func=_cmd_profile)
@@ -76,6 +77,8 @@ def _cmd_profile(args) -> int:
     from graphopt.tools.profile import profile_model
     from graphopt.tools.profile_report import format_profile
 
+    if args.seed is not None and args.inputs:  # as run and compare: it would seed nothing
+        raise OptionError("--seed only applies to random inputs; drop it or --inputs")
     if args.trace:
         check_output_path("--trace", args.trace, {"the model": args.model,
                                                   "--inputs": args.inputs,
@@ -84,7 +87,8 @@ def _cmd_profile(args) -> int:
     feeds = args.inputs  # profile_model reads it, and names it when it does not fit
     profile = profile_model(args.model, feeds, repeat=args.repeat, warmup=args.warmup,
                             threads=args.threads, level=args.level, input_shapes=shapes,
-                            calibration=args.calibration, seed=args.seed)
+                            calibration=args.calibration,
+                            seed=0 if args.seed is None else args.seed)
     hints = advise(profile)
     if args.trace:
         atomic_write_bytes(args.trace, json.dumps(profile.trace).encode("utf-8"))

@@ -6,7 +6,7 @@ import os
 
 from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import input_shapes
+from graphopt.cli_types import input_shapes, path_text
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
@@ -31,12 +31,12 @@ def add_report_parser(sub) -> None:
                     "(--tuning-db) and an accuracy check against the source model (--reference).",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
     p.add_argument("model", help="the compiled .om")
-    p.add_argument("-o", "--output", metavar="FILE.html",
+    p.add_argument("-o", "--output", type=path_text, metavar="FILE.html",
                    help="where to write the page (default: the .om's name with .html)")
-    p.add_argument("--reference", metavar="MODEL.onnx",
+    p.add_argument("--reference", type=path_text, metavar="MODEL.onnx",
                    help="the source model: run it and the .om on the same inputs and compare "
                         "their outputs")
-    p.add_argument("--inputs", metavar="NPZ",
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="--reference: an .npz with one array per input (default: seeded "
                         "random data)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",

@@ -6,7 +6,7 @@ import json
 import os
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import non_negative_int, positive_int, thread_count
+from graphopt.cli_types import non_negative_int, path_text, positive_int, thread_count
 from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
 from graphopt.warning_scope import kept_notices
@@ -39,10 +39,10 @@ def add_run_parser(sub) -> None:
                     "signature, which needs every input dim to be static.",
         formatter_class=HelpFormatter, epilog=RUN_EXAMPLES)
     p.add_argument("model", help="the compiled .om artifact")
-    p.add_argument("--inputs", metavar="NPZ",
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input (default: "
                         "seeded random data)")
-    p.add_argument("--outputs", metavar="NPZ",
+    p.add_argument("--outputs", type=path_text, metavar="NPZ",
                    help="write the outputs of the first run to this .npz, one array per output "
                         "(written atomically)")
     p.add_argument("--repeat", type=positive_int, metavar="N",

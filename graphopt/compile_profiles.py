@@ -18,7 +18,7 @@ from graphopt.input_shapes import parse_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx
 from graphopt.ir.collector import collect_dropped
 from graphopt.ir.shared_parse import shared_parses
-from graphopt.option_names import option
+from graphopt.option_names import option, setting
 from graphopt.passes.instruments import start_profile_dumps
 from graphopt.quant.calib_data import CalibrationShapeError
 from graphopt.quant.shared_stats import SharedStats
@@ -57,12 +57,15 @@ def _optimize_profiles(model, spec, options: dict):
     source = load_onnx(model, user_model=True)
     profiles = expand_profiles(source, spec, label)
     signature = dynamic_signature(source)
+    inputs = [signature[v.name] for v in source.graph.inputs if not v.is_constant]
     del source  # each profile imports the model afresh: passes rewrite the IR in place
     collect_dropped()  # before the first profile's import: 0.4 GB less at the peak on BERT-base
     pinned = options.get("input_shapes")
     pinned = (parse_input_shapes(pinned) if isinstance(pinned, str)
               else validate_input_shapes(pinned or {}))
     feeds = load_inputs(options.get("inputs")) if options.get("verify") else None
+    if feeds is not None:
+        _check_feed_names(feeds, inputs, options.get("inputs"))
     if feeds is not None and not any(_fits(feeds, profile) for profile in profiles):
         given = ", ".join(f"{name} {list(np.shape(feeds.get(name)))}"
                           for name in profiles[0].input_shapes)
@@ -156,6 +159,18 @@ def _merge(pinned: dict[str, list[int]], profile: ShapeProfile) -> dict[str, lis
                                   f"{fixed}, {option('dynamic_dims')} {profile.label} to {size}")
             base[axis] = size
     return merged
+
+
+def _check_feed_names(feeds: dict, inputs: list[dict], given) -> None:
+    """A feed file that lacks an input or names one the model does not have is refused as
+    without profiles: its shapes would otherwise read as fitting no profile."""
+    from graphopt.codegen.feeds import check_feeds
+
+    try:
+        check_feeds(inputs, feeds)
+    except InputError as e:
+        named = option("inputs") if isinstance(given, dict) else setting("inputs", given)
+        raise InputError(f"{option('verify')}: {named}: {e}") from None
 
 
 def _fits(feeds: dict[str, np.ndarray], profile: ShapeProfile) -> bool:

@@ -506,6 +506,8 @@ def test_missing_path_and_directory(tmp_path):
     ({"verify": True, "rtol": "1e-3"}, "rtol: expected a number"),
     # What the command line refuses as meaningless is refused alike, not silently ignored.
     ({"inputs": {"x": np.ones((2, 4), np.float32)}}, "inputs: only used with verify=True"),
+    ({"rtol": 1e-3}, "rtol: only used with verify=True"),
+    ({"atol": 1e-3}, "atol: only used with verify=True"),
     ({"memory_reorder": True}, "memory_reorder=True .* give target="),
     # A flag takes True or False: "no" would read as true, [] as false.
     ({"verify": "no"}, "^verify: expected True or False"),

@@ -672,6 +672,14 @@ def test_inputs_without_verify(foldable, tmp_path, capsys):
     assert_clean_error(rc, out, err, "--inputs", "--verify", output=out_path)
 
 
+@pytest.mark.parametrize("option", ["--rtol", "--atol"])
+def test_tolerance_without_verify(foldable, tmp_path, capsys, option):
+    # Without --verify nothing is judged: the tolerance was dropped without a word.
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, option, "0.1")
+    assert_clean_error(rc, out, err, f"{option} is only used with --verify", output=out_path)
+
+
 def test_inputs_file_missing_or_not_npz(foldable, tmp_path, capsys):
     out_path = tmp_path / "out.onnx"
     text = tmp_path / "feeds.txt"

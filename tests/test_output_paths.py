@@ -78,6 +78,33 @@ def test_the_same_file_by_another_name_is_still_the_input(files, capsys, tmp_pat
     assert open(files["om"], "rb").read() == before
 
 
+EMPTY_PATHS = [  # (argv before the empty value, the option): "m" the model, "om" the .om
+    (["run", "om", "--outputs"], "--outputs"), (["run", "om", "--inputs"], "--inputs"),
+    (["compare", "m", "om", "--csv"], "--csv"), (["compare", "m", "om", "--inputs"], "--inputs"),
+    (["profile", "om", "--trace"], "--trace"), (["profile", "om", "--inputs"], "--inputs"),
+    (["profile", "om", "--calibration"], "--calibration"),
+    (["report", "om", "-o"], "-o/--output"), (["report", "om", "--reference"], "--reference"),
+    (["report", "om", "--reference", "m", "--inputs"], "--inputs"),
+    (["bisect", "m", "--inputs"], "--inputs"),
+    (["optimize", "m", "-o", "o.om", "--verify", "--inputs"], "--inputs"),
+    (["optimize", "m", "-o", "o.om", "--tuning-db"], "--tuning-db"),
+    (["optimize", "m", "-o", "o.onnx", "--precision", "fp16", "--calibration"], "--calibration"),
+]
+
+
+@pytest.mark.parametrize("argv, option", EMPTY_PATHS, ids=[" ".join(a) for a, _ in EMPTY_PATHS])
+def test_an_empty_path_is_refused_not_read_as_the_option_left_out(files, capsys, tmp_path,
+                                                                 argv, option):
+    # An unset shell variable (--outputs "$OUT"): run wrote no outputs, report wrote the
+    # default page, run and compare ran on random inputs, all with exit status 0.
+    named = {"m": files["model"], "om": files["om"], "o.om": str(tmp_path / "o.om"),
+             "o.onnx": str(tmp_path / "o.onnx")}
+    rc, out, err = run_cli(capsys, *[named.get(a, a) for a in argv], "")
+    assert rc == 2 and f"argument {option}: an empty path" in err, err
+    assert not out and not os.listdir(tmp_path)
+    assert not os.path.exists(os.path.splitext(files["om"])[0] + ".html")
+
+
 def test_calibrate_checks_its_output_before_measuring(files, capsys, monkeypatch):
     import graphopt.tuner.calibrate as calibrate
 

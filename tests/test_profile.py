@@ -368,6 +368,15 @@ def test_cli_errors(tiny, tmp_path, capsys):
         profile_model(tiny[0], wrong, **RUNS)
 
 
+def test_seed_with_inputs_is_refused_as_run_and_compare_refuse_it(tiny, tmp_path, capsys):
+    # It seeded nothing: the profile ran on the file's arrays without a word.
+    feeds = tmp_path / "x.npz"
+    np.savez(feeds, input=np.zeros((1, 3, 32, 32), np.float32))
+    rc, out, err = run_cli(capsys, "profile", tiny[0], "--inputs", feeds, "--seed", "3")
+    assert rc == 1 and not out
+    assert err == "graphopt: error: --seed only applies to random inputs; drop it or --inputs\n"
+
+
 # --- onnxruntime's replacement names, INT8 kernels, shape profiles, long names -------------
 
 GEMM_RELU = """

@@ -14,7 +14,7 @@ import pytest
 import graphopt
 from graphopt import numerics
 from graphopt.codegen import load_om
-from graphopt.errors import ArtifactError, GraphoptError, OptionError
+from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError
 from graphopt.ir import load_onnx
 from graphopt.passes.instruments import Instrument
 from graphopt.shape_profiles import expand_profiles, parse_dynamic_dims
@@ -604,6 +604,26 @@ def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
                                             r"shape profiles \(profile0 \(N=1\), profile1"):
         graphopt.optimize(proto, dynamic_dims="N:1,2", verify=True,
                           inputs={"x": np.ones((5, 4), np.float32)})
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"z": np.ones((1, 4), np.float32)}, "unknown input 'z'; the model's inputs are: x"),
+    ({}, "missing input 'x'"),
+    ({"x": np.ones((1, 4), np.int64)}, "input 'x' has dtype int64"),
+])
+def test_verify_inputs_that_misname_an_input_are_refused_naming_it(tmp_path, capsys, feeds,
+                                                                     message):
+    # They read as shapes that fit no profile: "(x [])" for a file keyed by another name.
+    path = tmp_path / "m.onnx"
+    onnx.save(parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }"), path)
+    npz = tmp_path / "feeds.npz"
+    np.savez(npz, **feeds)
+    with pytest.raises(InputError, match=rf"^verify: inputs='\S*feeds.npz': {message}"):
+        graphopt.optimize(path, dynamic_dims="N:1,2", verify=True, inputs=npz)
+    rc, out, err = run_cli(capsys, "optimize", path, "-o", tmp_path / "m.om", "--dynamic-dims",
+                           "N:1,2", "--verify", "--inputs", npz)
+    assert rc == 1 and err.startswith(f"graphopt: error: --verify: --inputs {npz}: {message}")
+    assert not (tmp_path / "m.om").exists()
 
 
 def test_a_one_token_profile_is_static_to_the_last_layer():
