@@ -154,6 +154,9 @@ def _cmd_optimize(args) -> int:
                               "is a folder of files, the output one file")
     if args.inputs and not args.verify:
         raise OptionError("--inputs is only used with --verify")
+    if args.trace_rule and args.quiet:  # the report would be computed and thrown away
+        raise OptionError("--trace-rule prints a report, which -q (print nothing but errors) "
+                          "would drop: give one or the other")
     for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
         if value is not None and not args.verify:  # it would judge nothing, silently
             raise OptionError(f"{flag} is only used with --verify")

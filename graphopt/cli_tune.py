@@ -9,7 +9,8 @@ import sys
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import (input_shapes, name_text, path_text, positive_int,
-                                positive_seconds, seed, target_name, thread_count)
+                                positive_seconds, positive_thread_count, seed, target_name,
+                                thread_count)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 from graphopt.progress import ProgressLine
@@ -87,7 +88,7 @@ def add_tune_parser(sub) -> None:
     _storage_args(p)
     p.add_argument("--study", type=name_text, metavar="NAME",
                    help="study name (only with one kernel signature; default: the signature)")
-    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+    p.add_argument("--workers", type=positive_thread_count, default=1, metavar="N",
                    help="local worker processes sharing the storage (default 1)")
     p.add_argument("--plot", type=path_text, metavar="FILE",
                    help="best-so-far cost vs trial per kernel (.png or .svg)")

@@ -680,6 +680,14 @@ def test_tolerance_without_verify(foldable, tmp_path, capsys, option):
     assert_clean_error(rc, out, err, f"{option} is only used with --verify", output=out_path)
 
 
+def test_trace_rule_with_quiet_is_refused(foldable, tmp_path, capsys):
+    # -q printed nothing, so the near-miss report was computed and thrown away unsaid.
+    out_path = tmp_path / "out.onnx"
+    rc, out, err = cli(capsys, "optimize", foldable, "-o", out_path, "-q", "--trace-rule",
+                       "ConvBatchNorm")
+    assert_clean_error(rc, out, err, "--trace-rule prints a report, which -q", output=out_path)
+
+
 def test_inputs_file_missing_or_not_npz(foldable, tmp_path, capsys):
     out_path = tmp_path / "out.onnx"
     text = tmp_path / "feeds.txt"

@@ -15,7 +15,7 @@ import onnx
 import onnx.helper as oh
 import optuna
 import pytest
-from helpers import IR_VERSION
+from helpers import IR_VERSION, run_cli
 
 from graphopt import optimize
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
@@ -94,6 +94,15 @@ def test_tuning_keeps_optuna_quiet_and_leaves_the_callers_verbosity(a310, tmp_pa
     finally:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         logging.getLogger("optuna").removeHandler(handler)
+
+
+@pytest.mark.parametrize("workers", [0, 1025])
+def test_worker_counts_are_bounded_as_thread_counts_are(a310, workers, capsys):
+    # Each worker is a process: --workers 100000 started one per trial on a 2-core machine.
+    with pytest.raises(OptionError, match=f"workers must be from 1 to 1024, got {workers}"):
+        tune_kernel(SHAPE, a310, target="ascend310", trials=3, workers=workers)
+    rc, _, err = run_cli(capsys, "tune", "model.onnx", "--workers", str(workers))
+    assert rc == 2 and f"--workers: {workers} is not allowed; give 1 to 1024" in err
 
 
 def test_trial_zero_is_the_default_in_the_storage(a310, tmp_path):

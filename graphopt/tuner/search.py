@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from graphopt.api_args import THREAD_LIMIT
 from graphopt.errors import OptionError
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
@@ -356,8 +357,8 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
     splitting `trials` between them."""
     if trials < 0:
         raise OptionError(f"trials must be ≥ 0, got {trials}")
-    if workers < 1:
-        raise OptionError(f"workers must be ≥ 1, got {workers}")
+    if not 1 <= workers <= THREAD_LIMIT:  # each is a process; more would swamp any machine
+        raise OptionError(f"workers must be from 1 to {THREAD_LIMIT}, got {workers}")
     if not shape.has_work:
         raise OptionError(f"{shape} has a zero-size dim: no work, so no tiling to tune")
     device, target = _resolve_device(device, target)

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from graphopt.api_args import THREAD_LIMIT
 from graphopt.compile_tuning import Decisions
 from graphopt.errors import OptionError
 from graphopt.ir.onnx_io import read_model_proto
@@ -356,8 +357,8 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
     times at the end, since timings drift over a long search."""
     if trials < 0:
         raise OptionError(f"trials must be ≥ 0, got {trials}")
-    if workers < 1:
-        raise OptionError(f"workers must be ≥ 1, got {workers}")
+    if not 1 <= workers <= THREAD_LIMIT:  # each is a process; more would swamp any machine
+        raise OptionError(f"workers must be from 1 to {THREAD_LIMIT}, got {workers}")
     if workers > 1 and job.objective == "measured":
         raise OptionError("--workers > 1 with --objective measured: workers timing candidates "
                           "side by side on one machine disturb each other's timings; use one "
