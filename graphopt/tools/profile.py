@@ -233,7 +233,7 @@ def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_sh
     _timed_runs(run, skip - 1)
     wall = _timed_runs(run, repeat)
     trace = read_trace(session.end_profiling())
-    model = load_onnx(proto)
+    model = load_onnx(proto, user_model=False)
     _shape(model, _tensor_shapes(feeds))
     part = PartitionInfo(ONNX_PARTITION, "cpu", level, ["CPUExecutionProvider"],
                          model.graph.count_nodes())
@@ -288,7 +288,8 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     providers = session.providers
     partitions, models = [], {}
     for part in artifact.partitions:
-        model = load_onnx(artifact.models[part.name])  # weights stay in the file: shapes suffice
+        # Its weights stay in the file: shapes suffice.
+        model = load_onnx(artifact.models[part.name], user_model=False)
         name_nodes(model)
         _shape(model, shapes)
         models[part.name] = model
