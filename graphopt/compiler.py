@@ -18,6 +18,7 @@ import numpy as np
 from onnx import ModelProto
 
 from graphopt import api_args, numerics
+from graphopt.codegen.profile_match import profiles_count
 from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisions
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.input_shapes import input_shapes_argument, pin_input_shapes, validate_input_shapes
@@ -94,7 +95,7 @@ class OptimizeResult:
         if self.partitioning is not None:
             parts.append(f"partitions {', '.join(self.partition_models)}")
         if self.profiles:
-            parts.append(f"{len(self.profiles)} shape profiles")
+            parts.append(profiles_count(len(self.profiles)))
         if self.notes:
             parts.append(f"{len(self.notes)} note{'s' * (len(self.notes) != 1)}")
         return f"<OptimizeResult {', '.join(parts)}>"
