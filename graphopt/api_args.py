@@ -159,6 +159,14 @@ def integer(value, what: str) -> int:
     return int(value)
 
 
+def seed(value, what: str) -> int:
+    """A seed for random inputs: an integer ≥ 0 (or a NumPy one), which numpy's generator takes;
+    numpy's own refusals of others name no argument (None would seed from the OS: unseeded)."""
+    if not is_integer(value) or value < 0:
+        raise OptionError(f"{what}: expected an integer ≥ 0, got {shown(value)}")
+    return int(value)
+
+
 def flag(value, what: str) -> bool:
     """True or False: a string such as "no" would otherwise read as true, and [] as false."""
     if not isinstance(value, bool):

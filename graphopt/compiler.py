@@ -18,9 +18,10 @@ import numpy as np
 from onnx import ModelProto
 
 from graphopt import api_args, numerics
+from graphopt.codegen.profile_match import profiles_count
 from graphopt.compile_tuning import knowledge_base, record_tuning, tuned_decisions
 from graphopt.errors import InputError, OptionError, VerificationError
-from graphopt.input_shapes import parse_input_shapes, pin_input_shapes, validate_input_shapes
+from graphopt.input_shapes import input_shapes_argument, pin_input_shapes, validate_input_shapes
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
@@ -95,7 +96,7 @@ class OptimizeResult:
         if self.partitioning is not None:
             parts.append(f"partitions {', '.join(self.partition_models)}")
         if self.profiles:
-            parts.append(f"{len(self.profiles)} shape profiles")
+            parts.append(profiles_count(len(self.profiles)))
         if self.notes:
             parts.append(f"{len(self.notes)} note{'s' * (len(self.notes) != 1)}")
         return f"<OptimizeResult {', '.join(parts)}>"
@@ -114,10 +115,7 @@ def _options(level: int, disable_passes, switch_file, input_shapes, fold_size_li
     switch_file = api_args.path(switch_file, "switch_file")
     if switch_file:
         disabled |= read_switch_file(switch_file, option("switch_file"))
-    if isinstance(input_shapes, str):
-        input_shapes = parse_input_shapes(input_shapes)
-    else:
-        input_shapes = validate_input_shapes(api_args.mapping(input_shapes, "input_shapes"))
+    input_shapes = input_shapes_argument(input_shapes)
     fold_size_limit = api_args.size(fold_size_limit, option("fold_size_limit"))
     if not isinstance(dump_format, str):
         raise OptionError(f"dump_format: expected a string, got {dump_format!r}")

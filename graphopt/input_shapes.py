@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphopt.api_args import is_integer
+from graphopt.api_args import is_integer, mapping
 from graphopt.errors import OptionError
 from graphopt.option_names import option
 from graphopt.ir import Model
@@ -37,6 +37,14 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
 def format_input_shapes(shapes: dict[str, list[int]]) -> str:
     """The --input-shape text of `shapes` ("x:1,3;mask:1,128"), what parse_input_shapes reads."""
     return ";".join(f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items())
+
+
+def input_shapes_argument(value) -> dict[str, list[int]]:
+    """An `input_shapes` keyword as the API takes it, checked: "x:1,3;m:1,128" text, a
+    {name: dims} mapping, or None (no pins)."""
+    if isinstance(value, str):
+        return parse_input_shapes(value)
+    return validate_input_shapes(mapping(value, option("input_shapes")))
 
 
 def validate_input_shapes(shapes: dict) -> dict[str, list[int]]:

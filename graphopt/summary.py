@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from graphopt.codegen.inspect_om import largest_index
+from graphopt.codegen.profile_match import profiles_count
 from graphopt.compiler import OptimizeResult, op_counts
 from graphopt.errors import one_line
 from graphopt.partition.target import as_given
@@ -44,7 +45,7 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
     if result.max_abs_error is not None:
         runs = [c.result for c in result.profiles] or [result]
         worst = max((e for r in runs for e in (r.max_abs_error or {}).values()), default=0.0)
-        shapes = f" in each of {len(runs)} shape profiles" if result.profiles else ""
+        shapes = f" in each of {profiles_count(len(runs))}" if result.profiles else ""
         parts.append(f"verified{shapes}: {len(result.max_abs_error)} output(s) match the original "
                      f"(max abs error {worst:.3g})"
                      + (f"\nverify: {result.verify_note}" if result.verify_note else ""))

@@ -644,6 +644,27 @@ def test_save_refuses_a_proto_whose_weights_it_cannot_locate(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
+def test_load_onnx_refuses_a_proto_whose_weights_it_cannot_locate(tmp_path, monkeypatch):
+    # It had taken the reference as one to the working directory: a file of that name there
+    # became the weights, and without one the first read failed in onnx's own checker.
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "W")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    (tmp_path / "src").mkdir()
+    onnx.save(proto, tmp_path / "src" / "m.onnx", save_as_external_data=True,
+              location="m.bin", size_threshold=0)
+    references = onnx.load(tmp_path / "src" / "m.onnx", load_external_data=False)
+    (tmp_path / "m.bin").write_bytes(np.full(16, 7, np.float32).tobytes())  # a decoy
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="initializer 'W' keeps its data in an external file"):
+        graphopt.load_onnx(references)
+    assert graphopt.load_onnx(tmp_path / "src" / "m.onnx").graph.initializers["W"].constant() \
+        .tolist() == np.ones((4, 4)).tolist()
+
+
 def test_load_onnx_and_to_onnx_name_what_they_take(proto):
     assert graphopt.load_onnx(bytearray(proto.SerializeToString())).graph.nodes()
     with pytest.raises(OptionError, match="load_onnx takes a path.* not NoneType"):

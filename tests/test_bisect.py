@@ -15,6 +15,7 @@ from helpers import PerturbWeights, parse_model, run_cli
 
 from graphopt import numerics, zoo
 from graphopt.compiler import optimize
+from graphopt.errors import OptionError
 from graphopt.ir import Tensor, format_model, to_onnx
 from graphopt.numerics import compare, random_feeds, run
 from graphopt.passes import PASSES, FixedPoint, Pass, PassResult, Pipeline, pipelines
@@ -321,6 +322,9 @@ def test_errors_name_the_option(tmp_path, capsys):
     (tmp_path / "bad.npz").write_text("not npz")
     rc, out, err = run_cli(capsys, "bisect", path, "--inputs", tmp_path / "bad.npz")
     assert rc == 2 and "--inputs" in err and not out
+    # An AttributeError ('list' object has no attribute 'items') had come through.
+    with pytest.raises(OptionError, match=r"^input_shapes: expected a dict, got \[1, 3\]$"):
+        bisect(path, input_shapes=[1, 3])
 
 
 # ---------------------------------------------------------------------------------------------

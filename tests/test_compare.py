@@ -89,6 +89,20 @@ def test_models_as_bytes_are_taken_and_other_types_named_in_one_line(files):
         compare_models(files["ref.onnx"], files["model.om"], [1])
 
 
+@pytest.mark.parametrize("keywords, message", [
+    # numpy's TypeError had come through, and a negative seed blamed the reference model
+    ({"seed": "1"}, r"^seed: expected an integer ≥ 0, got '1'$"),
+    ({"seed": 1.5}, r"^seed: expected an integer ≥ 0, got 1\.5$"),
+    ({"seed": -1}, r"^seed: expected an integer ≥ 0, got -1$"),
+    # an AttributeError ('list' object has no attribute 'items') had come through
+    ({"input_shapes": [1, 4]}, r"^input_shapes: expected a dict, got \[1, 4\]$"),
+])
+def test_seed_and_input_shapes_of_the_wrong_kind_are_named(files, keywords, message):
+    with pytest.raises(OptionError, match=message):
+        compare_models(files["ref.onnx"], files["model.om"], **keywords)
+    assert compare_models(files["ref.onnx"], files["model.om"], seed=np.int64(3)).passed
+
+
 def test_perturbed_copy_fails_and_names_the_perturbed_node(files, capsys):
     rc, out, _ = run_cli(capsys, "compare", files["ref.onnx"], files["bad.onnx"], "--per-tensor")
     assert rc == 1

@@ -290,10 +290,40 @@ def test_feeds_and_dynamic_inputs(tmp_path):
     ({"threads": -2}, "^threads must be 0"),
     ({"threads": 3000}, r"^threads must be 0 \(onnxruntime chooses\) to 1024, got 3000$"),
     ({"feeds": 5}, r"^feeds: expected a dict of input arrays or an \.npz path, got 5$"),
+    # numpy's own TypeError and ValueError had come through, naming no argument
+    ({"seed": "1"}, r"^seed: expected an integer ≥ 0, got '1'$"),
+    ({"seed": -1}, r"^seed: expected an integer ≥ 0, got -1$"),
+    # an AttributeError ('list' object has no attribute 'get') had come through
+    ({"input_shapes": [1, 3, 32, 32]}, r"^input_shapes: expected a dict, got \[1, 3, 32, 32\]$"),
 ])
 def test_bad_options(tiny, options, message):
     with pytest.raises(OptionError, match=message):
         profile_model(tiny[0], **options)
+
+
+def test_counts_and_dims_may_be_numpy_integers(tmp_path):
+    # As optimize takes them: `repeat must be at least 1, got np.int64(3)` had refused them,
+    # and a NumPy dim in input_shapes had read as "a dynamic dim 0 (unknown)".
+    proto = parse_model("""
+        g (float[N,16] x) => (float[N,8] y) {
+            y = MatMul (x, w)
+        }""", w=weight(16, 8))
+    profile = profile_model(proto, repeat=np.int64(2), warmup=np.int32(1), threads=np.int64(1),
+                            seed=np.int64(3), input_shapes={"x": [np.int64(5), 16]})
+    assert (profile.runs, profile.warmup, profile.threads) == (2, 1, 1)
+    assert json.loads(json.dumps(profile.to_json()))["runs"] == 2
+    assert profile.models["model"].graph.inputs[0].shape == (5, 16)
+
+
+def test_a_pinned_dim_pins_every_input_that_names_it():
+    # As optimize and compare pin it: profile had asked for the other input's pin as well.
+    proto = parse_model("""
+        g (float[N,16] x, float[N,16] m) => (float[N,8] y) {
+            s = Mul (x, m)
+            y = MatMul (s, w)
+        }""", w=weight(16, 8))
+    profile = profile_model(proto, input_shapes={"x": [3, 16]}, **RUNS)
+    assert [v.shape for v in profile.models["model"].graph.inputs] == [(3, 16), (3, 16)]
 
 
 def test_a_model_as_bytes_is_profiled_and_other_types_named_in_one_line(tiny):

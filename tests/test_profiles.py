@@ -358,6 +358,17 @@ def test_a_profile_that_leaves_a_dim_dynamic_matches_any_size_there(tmp_path):
         session.run(feeds_for(2, 5))
 
 
+def test_one_profile_is_counted_as_one(tmp_path):
+    # Both reprs had said "1 shape profiles".
+    path = tmp_path / "one.om"
+    result = graphopt.optimize(mlp_model(), dynamic_dims="seq:16")
+    assert repr(result).endswith(", 1 shape profile>")
+    graphopt.save(result, path)
+    session = graphopt.load(path)
+    assert_matches(mlp_model(), session, feeds_for(2, 16))
+    assert repr(session).endswith(", 1 shape profile>")
+
+
 def test_verify_checks_every_profile_and_options_are_checked_once():
     model = mlp_model()
     result = graphopt.optimize(model, dynamic_dims="batch:1,2", input_shapes="x:-1,4,512",

@@ -12,6 +12,11 @@ Plan = TypeVar("Plan")
 _MISSING = object()
 
 
+def profiles_count(count: int) -> str:
+    """`4 shape profiles`, `1 shape profile`: an artifact may well have one (one batch size)."""
+    return f"{count} shape profile{'' if count == 1 else 's'}"
+
+
 def dims_label(dims: Mapping[str, int]) -> str:
     """A profile's dims as people read them: `batch=4, seq=128`."""
     return ", ".join(f"{key}={value}" for key, value in dims.items())

@@ -25,7 +25,7 @@ from graphopt.codegen.om_read import (OmArtifact, cpu_count, load_om, may_refere
                                       routing_mismatch)
 from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
 from graphopt.codegen.plain_feeds import PlainFeeds, plain, plain_feeds
-from graphopt.codegen.profile_match import ProfileMatcher
+from graphopt.codegen.profile_match import ProfileMatcher, profiles_count
 from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError, StandInError
 from graphopt.nchwc_block import METADATA_KEY, block_mismatch
 from graphopt.warning_scope import notice
@@ -710,7 +710,7 @@ class OmSession:
         else:  # the partitions of the first profile, which every profile cuts alike or nearly
             state = f"partitions {', '.join(step.name for step in self._program.steps)}"
         if self._opened:
-            state += f", {len(self._opened)} shape profiles"
+            state += f", {profiles_count(len(self._opened))}"
         return (f"<OmSession {self._artifact.path!r}: ({signature(self._inputs)}) -> "
                 f"({signature(self._outputs)}), {state}>")
 

@@ -30,7 +30,7 @@ def _partition_ir(model: Model, part: Partition) -> Model:
     carries references to them, not copies, so weights still on disk stay there (a model
     past 2 GB would not even fit in one proto)."""
     proto, references = _partition_model(model, part)
-    cut = load_onnx(proto)
+    cut = load_onnx(proto, user_model=False)
     for value in cut.graph.initializers.values():
         if value.const is not None:
             value.const = referenced(value.const, references) or value.const

@@ -59,7 +59,7 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
             load_onnx,  # keeps the proto's tensors, copies no data
         )
 
-        model = load_onnx(model)
+        model = load_onnx(model, user_model=False)
     from graphopt.ir.onnx_io import to_onnx
 
     if external is None:

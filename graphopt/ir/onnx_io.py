@@ -111,11 +111,13 @@ def check_looks_like_model(proto: ModelProto, path: str,
                             if "opset_import" in missing else ""))
 
 
-def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: bool = False) -> Model:
+def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: bool = True) -> Model:
     """Import an ONNX model from a path, serialized bytes or a ModelProto into graphopt's IR.
 
-    `user_model` marks a model a caller handed in (not a partition graphopt cut itself): given
-    in memory, its external data references are refused, as they name no folder."""
+    A model given in memory whose tensors keep their data in external files is refused
+    (InputError naming the tensor): it names no folder to find them in, and the working
+    directory's files would be read instead. `user_model=False` is for protos graphopt made
+    itself (a partition it cut, one read from an .om), whose references it resolves."""
     label = "<model>"
     if isinstance(source, (bytearray, memoryview)):
         source = bytes(source)

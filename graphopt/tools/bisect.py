@@ -21,8 +21,7 @@ from onnx import ModelProto
 
 from graphopt import api_args, numerics
 from graphopt.errors import InputError, OptionError, one_line
-from graphopt.input_shapes import (check_pins, check_pins_fit_feeds, parse_input_shapes,
-                                   validate_input_shapes)
+from graphopt.input_shapes import check_pins, check_pins_fit_feeds, input_shapes_argument
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import BISECT_FLAGS, option, setting, usage
@@ -224,8 +223,7 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
         from graphopt.partition import load_target
 
         target = load_target(os.fspath(target))
-    shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
-              else validate_input_shapes(input_shapes or {}))
+    shapes = input_shapes_argument(input_shapes)
     options = {**(pass_options or {}), **({"allow_custom_ops": True} if allow_custom_ops
                                           else {})}
     for keyword, value, default in (("precision", precision, "keep"),

@@ -17,7 +17,7 @@ from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_manifest import file_sha256
 from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError
-from graphopt.input_shapes import check_pins, parse_input_shapes, validate_input_shapes
+from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
 from graphopt.out_nodes import cut_outputs
@@ -310,6 +310,7 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
     """The feeds both sides run on, and how to describe them: `feeds` (a dict or an .npz path)
     checked against both signatures, else seeded random data in the reference's signature."""
     feeds = api_args.feeds(feeds, option("feeds", COMPARE_FLAGS))
+    seed = api_args.seed(seed, option("seed", COMPARE_FLAGS))
     if feeds is not None:
         label = os.fspath(feeds) if isinstance(feeds, (str, os.PathLike)) else "feeds"
         if isinstance(feeds, (str, os.PathLike)):
@@ -332,8 +333,7 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
                                      "value; compare without it") from None
                 raise InputError(f"{label}: {exc} (for {side.label})") from None
         return arrays, label
-    shapes = (parse_input_shapes(input_shapes) if isinstance(input_shapes, str)
-              else validate_input_shapes(input_shapes or {}))
+    shapes = input_shapes_argument(input_shapes)
     check_pins(shapes, reference.inputs, reference.label)
     # The random data fits both without the user repeating the candidate's pins.
     shared = shared_dims(reference, candidate)

@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from graphopt import api_args
 from graphopt.errors import GraphoptError, InputError, OptionError, naming
-from graphopt.input_shapes import check_pins
+from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
@@ -104,7 +104,9 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto | bytes,
     `calibration` is a `graphopt calibrate` JSON (default: its default path when present, else
     the `cpu` target profile's figures).
     """
-    _check_options(repeat, warmup, threads, level)
+    repeat, warmup, threads = _check_options(repeat, warmup, threads, level)
+    seed = api_args.seed(seed, _option("seed"))
+    input_shapes = input_shapes_argument(input_shapes)
     feeds = api_args.feeds(feeds, option("feeds", PROFILE_FLAGS))
     if isinstance(feeds, (str, os.PathLike)):  # its errors name the file, not the model
         feeds = _NamedFeeds(feeds)
@@ -135,17 +137,20 @@ def _option(keyword: str) -> str:
     return option(keyword, PROFILE_FLAGS)
 
 
-def _check_options(repeat, warmup, threads, level) -> None:
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+def _check_options(repeat, warmup, threads, level) -> tuple[int, int, int | None]:
+    """repeat, warmup and threads checked, as ints: a NumPy integer counts too, as the
+    compiler's keywords take it, and leaves the Profile as one (which JSON cannot hold)."""
+    if not api_args.is_integer(repeat) or repeat < 1:
         raise OptionError(f"{_option('repeat')} must be at least 1, got {repeat!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    if not api_args.is_integer(warmup) or warmup < 0:
         raise OptionError(f"{_option('warmup')} must be 0 or more, got {warmup!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+    if threads is not None and (not api_args.is_integer(threads)
                                 or not 0 <= threads <= api_args.THREAD_LIMIT):
         raise OptionError(f"{_option('threads')} must be 0 (onnxruntime chooses) to "
                           f"{api_args.THREAD_LIMIT}, got {threads!r}")
     if level is not None and level not in LEVELS:
         raise OptionError(f"{_option('level')} {level!r} is not one of: {', '.join(LEVELS)}")
+    return int(repeat), int(warmup), None if threads is None else int(threads)
 
 
 def _is_om(path: str) -> bool:
@@ -233,7 +238,7 @@ def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_sh
     _timed_runs(run, skip - 1)
     wall = _timed_runs(run, repeat)
     trace = read_trace(session.end_profiling())
-    model = load_onnx(proto)
+    model = load_onnx(proto, user_model=False)
     _shape(model, _tensor_shapes(feeds))
     part = PartitionInfo(ONNX_PARTITION, "cpu", level, ["CPUExecutionProvider"],
                          model.graph.count_nodes())
@@ -288,7 +293,8 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     providers = session.providers
     partitions, models = [], {}
     for part in artifact.partitions:
-        model = load_onnx(artifact.models[part.name])  # weights stay in the file: shapes suffice
+        # Its weights stay in the file: shapes suffice.
+        model = load_onnx(artifact.models[part.name], user_model=False)
         name_nodes(model)
         _shape(model, shapes)
         models[part.name] = model
@@ -361,11 +367,14 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
         return dict(feeds)
     pinned = []
     check_pins(input_shapes or {}, signature, label)
+    named = _named_pins(signature, input_shapes or {})
     for entry in signature:
         dims = (input_shapes or {}).get(entry["name"])
         shape = entry["shape"]
         if dims is not None:
             shape = [d if p == -1 else p for d, p in zip(shape or dims, dims)]
+        if shape is not None:
+            shape = [named.get(d, d) if isinstance(d, str) else d for d in shape]
         pinned.append({**entry, "shape": shape})
     try:
         return random_feeds(pinned, seed=seed)
@@ -375,6 +384,18 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
                 if all(map(npz_holds, signature))
                 else "pass feeds from Python: graphopt.tools.profile.profile_model(path, feeds)")
         raise InputError(f"{label}: {exc}; {hint}") from None
+
+
+def _named_pins(signature, input_shapes) -> dict[str, int]:
+    """Symbolic dim -> the size a pin gives it: a dim pinned on one input is pinned wherever
+    its name appears, as optimize and compare pin it (ONNX means one size by one name)."""
+    named: dict[str, int] = {}
+    for entry in signature:
+        dims, shape = input_shapes.get(entry["name"]), entry["shape"]
+        for dim, pin in zip(shape or (), dims or ()):
+            if isinstance(dim, str) and pin != -1:
+                named.setdefault(dim, pin)
+    return named
 
 
 def _shape(model: Model, shapes: Mapping[str, tuple]) -> None:

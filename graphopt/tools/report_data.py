@@ -100,7 +100,8 @@ def build_graph(artifact: OmArtifact) -> GraphData:
     weights: set[str] = set()   # values a weight cast computes: read like initializers
     casts = 0
     for part in artifact.partitions:
-        model = load_onnx(part.model)  # shapes only: external weights are never read here
+        # Shapes only: external weights are never read here.
+        model = load_onnx(part.model, user_model=False)
         for index, node in enumerate(model.graph):
             node_id = f"{part.name}:{index}"
             ins = [v for v in node.inputs if v is not None]
@@ -188,7 +189,7 @@ def model_signatures(artifact: OmArtifact) -> Counter:
     target = artifact.manifest["target"]
     counts: Counter = Counter()
     for name in _npu_partitions(artifact):
-        for node in load_onnx(artifact.models[name]).graph:
+        for node in load_onnx(artifact.models[name], user_model=False).graph:
             sig = node_signature(node, target)
             if sig is not None:
                 counts[sig] += 1
