@@ -80,6 +80,9 @@ def _add_optimize(sub) -> None:
                    help='end the model at these tensors, ATC style: "boxes;Conv_12:0" (a '
                         'tensor name or node:index each); they become its outputs and what '
                         'only the others needed goes')
+    p.add_argument("--insert-op-conf", type=path_text, metavar="FILE",
+                   help="ATC's AIPP configuration: the inputs it names take packed uint8 images "
+                        "(NHWC), cropped, channel-swapped and normalized in the model")
     p.add_argument("--dynamic-dims", type=dynamic_dims, metavar="DIMS",
                    help='compile one plan per shape profile into the .om, ATC style: '
                         '"batch:1,4,8;seq:128,512" (every combination) or '
@@ -185,7 +188,8 @@ def _cmd_optimize(args) -> int:
                       allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
                       target=target, memory_reorder=args.memory_reorder,
                       pass_options=pass_options, dynamic_dims=args.dynamic_dims,
-                      tuning_db=args.tuning_db, out_nodes=args.out_nodes)
+                      tuning_db=args.tuning_db, out_nodes=args.out_nodes,
+                      insert_op_conf=args.insert_op_conf)
     if args.tuning_db and result.tuned_study is None and not args.quiet and \
             not args.output.endswith(".om") and \
             not any(note.startswith("--tuning-db holds") for note in result.notes):
@@ -271,15 +275,14 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
     # else the first calibration samples, else random data.
     calibration = None if args.inputs else args.calibration
     reference = args.model if source is None else source
-    if args.out_nodes:  # the written model's outputs are the original's values of these
-        from graphopt.out_nodes import cut_model
+    if args.out_nodes or args.insert_op_conf:  # what the written model is compared with
+        from graphopt.source_edits import edited_source
 
-        reference = cut_model(reference, args.out_nodes, args.model)
+        reference = edited_source(reference, args.out_nodes, args.insert_op_conf, args.model)
     try:
         report = accuracy_report(reference, args.output,
                                  args.inputs, calibration=calibration,
-                                 reference_label=args.model + (" ended at --out-nodes"
-                                                               if args.out_nodes else ""),
+                                 reference_label=_edited_label(args),
                                  input_shapes=None if calibration or args.inputs
                                  else args.input_shape)
     except GraphoptError as e:
@@ -298,6 +301,14 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
               "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
     if _runs_on_this_cpu(args):
         _print_speed(args, reference, report.feeds, changed)
+
+
+def _edited_label(args) -> str:
+    """The input model's name in the accuracy report, saying how the compile edited it."""
+    edits = [edit for edit, given in (("ended at --out-nodes", args.out_nodes),
+                                      ("with --insert-op-conf's preprocessing",
+                                       args.insert_op_conf)) if given]
+    return " ".join([args.model, *edits])
 
 
 def _runs_on_this_cpu(args) -> bool:
@@ -325,7 +336,7 @@ def _print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weig
         print(f"graphopt: warning: no speed check: {type(e).__name__}: {e}", file=sys.stderr)
         return
     source_label = (args.model if isinstance(source, (str, os.PathLike))
-                    else f"{args.model} ended at --out-nodes" if args.out_nodes
+                    else _edited_label(args) if args.out_nodes or args.insert_op_conf
                     else f"{args.model} as it was before -o replaced it")
     print(check.format(source_label, args.output))
     if not check.slower:

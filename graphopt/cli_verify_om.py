@@ -19,8 +19,14 @@ def artifact_check(args):
         if not is_om(path):
             return
         judge, _ = accuracy_rule(pass_log_of_om(load_om(path)), args.rtol, args.atol)
+        reference = args.model
+        if args.out_nodes or args.insert_op_conf:  # the model as the compile took it
+            from graphopt.source_edits import edited_source
+
+            reference = edited_source(reference, args.out_nodes, args.insert_op_conf,
+                                      args.model)
         try:
-            report = compare_models(args.model, path, args.inputs,
+            report = compare_models(reference, path, args.inputs,
                                     input_shapes=args.input_shape, **judge,
                                     rounding=args.rtol is None and args.atol is None)
         except StandInError:

@@ -27,11 +27,13 @@ from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
+from graphopt.aipp_graph import inserted_preprocessing
 from graphopt.portable_types import residual_types_kept
+from graphopt.source_edits import apply_source_edits
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
-from graphopt.out_nodes import cut_outputs, parse_out_nodes, select_outputs
+from graphopt.out_nodes import cut_outputs, parse_out_nodes
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
@@ -380,7 +382,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              dump_format: str = "text", instruments=(), precision: str = "keep",
              quantize: str = "none", calibration: str | os.PathLike | None = None,
              dynamic_dims=None, shared_stats=None,
-             tuning_db: str | os.PathLike | None = None, out_nodes=None) -> OptimizeResult:
+             tuning_db: str | os.PathLike | None = None, out_nodes=None,
+             insert_op_conf: str | os.PathLike | None = None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     Each keyword is the command line's flag of the same name (`graphopt optimize --help`);
@@ -395,6 +398,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     ("boxes;scores", ["Conv_12:0"], a tensor name or node:index each): they become its outputs,
     in that order, and what only the other outputs needed goes, before any pass; verification
     and the accuracy report compare them with the original's values of those tensors.
+    `insert_op_conf` (an ATC AIPP configuration file) makes the inputs it names take packed
+    uint8 images (NHWC) and puts its crop, channel swap and normalization in front of the model.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
     every node on a device of the target and cuts the graph into device partitions, which
@@ -452,6 +457,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if isinstance(model, (str, os.PathLike)) and not os.fspath(model):
         raise OptionError("optimize: the model path is empty")
     wanted_outputs = None if out_nodes is None else parse_out_nodes(out_nodes)
+    insert_op_conf = api_args.path(insert_op_conf, "insert_op_conf")
+    aipp = None
+    if insert_op_conf is not None:  # read first: a bad file fails before the model is loaded
+        from graphopt.aipp_config import read_aipp_config
+
+        aipp = read_aipp_config(insert_op_conf)
     start = time.perf_counter()
     target = api_args.target(target)
     api_args.check_run_options(verify, inputs, rtol, atol, memory_reorder, target)
@@ -537,8 +548,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         pinned_first = True
     if upgraded:
         import_notes.append(upgraded)
-    if wanted_outputs is not None:
-        import_notes.append(select_outputs(ir_model, wanted_outputs, label))
+    import_notes += apply_source_edits(ir_model, wanted_outputs, aipp, label, insert_op_conf)
     # The reference for verification (ended at out_nodes), before any pin or pass; exported
     # only when needed since it copies every weight.
     source = to_onnx(ir_model) if verify else None
@@ -1003,6 +1013,9 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
         cut = cut_outputs(model.metadata_props)
         if cut:  # for compare: outputs of the source that --out-nodes cut off, not lost ones
             extra = {**extra, "outputs_cut": cut}
+        preprocess = inserted_preprocessing(model.metadata_props)
+        if preprocess:  # for inspect and compare: inputs that take images, not the source's
+            extra = {**extra, "preprocess": preprocess}
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=_source_sha256(result) if result else None,
                  hash_source=False,

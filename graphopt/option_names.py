@@ -28,6 +28,7 @@ FLAGS = {
     "fold_size_limit": "--fold-size-limit",
     "input_shapes": "--input-shape",
     "inputs": "--inputs",
+    "insert_op_conf": "--insert-op-conf",
     "int4_accuracy_level": "--int4-accuracy-level",
     "int4_embeddings": "--int4-embeddings",
     "int4_group_size": "--int4-group-size",

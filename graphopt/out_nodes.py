@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-from onnx import ModelProto
-
 from graphopt.errors import InputError, OptionError
 from graphopt.ir import Graph, Model, Value
 from graphopt.option_names import option
@@ -75,16 +73,6 @@ def select_outputs(model: Model, wanted: list[str], label: str) -> str:
     names = ", ".join(repr(value.name) for value in chosen)
     return (f"{option('out_nodes')}: the model ends at {names}; {before - len(graph)} node(s) "
             "that only the other outputs needed were removed")
-
-
-def cut_model(model, out_nodes, label: str) -> ModelProto:
-    """`model` (a path, bytes or ModelProto) ended at `out_nodes`, as optimize cuts it: the
-    reference that a compile with --out-nodes is compared with."""
-    from graphopt.ir import load_onnx, to_onnx
-
-    ir_model = load_onnx(model, user_model=True)
-    select_outputs(ir_model, parse_out_nodes(out_nodes), label)
-    return to_onnx(ir_model)
 
 
 def _resolve(graph: Graph, name: str, label: str) -> Value:

@@ -466,9 +466,14 @@ def format_om(artifact: OmArtifact) -> str:
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
         *([("cut", "--out-nodes: the source's output(s) "
-                   + ", ".join(one_line(name) for name in artifact.extra["outputs_cut"])
+                   + ", ".join(one_line(str(name)) for name in artifact.extra["outputs_cut"])
                    + " are not computed")]
-          if artifact.extra.get("outputs_cut") else []),
+          if isinstance(artifact.extra.get("outputs_cut"), list)
+          and artifact.extra["outputs_cut"] else []),
+        *([("preprocess", "--insert-op-conf: "
+            + one_line(_preprocessing(artifact.extra["preprocess"])))]
+          if isinstance(artifact.extra.get("preprocess"), dict) and artifact.extra["preprocess"]
+          else []),
         ("target", target_line(artifact)),
         ("precision", precision_line(artifact)),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "
@@ -526,6 +531,8 @@ def format_om(artifact: OmArtifact) -> str:
     parts.append(_format_pass_log(artifact.pass_log))
 
     extra = dict(artifact.extra)
+    for shown_above in ("outputs_cut", "preprocess"):  # in the header
+        extra.pop(shown_above, None)
     # Each profile's own shapes, tilings and estimates, when there are several.
     kernels = dict(profile_kernel_configs(artifact)) if len(artifact.profiles) > 1 else {}
     if artifact.profiles:
@@ -558,3 +565,31 @@ def format_om(artifact: OmArtifact) -> str:
         parts.append("other members\n" + "\n".join(
             f"  {name}  {format_bytes(members[name]['size'])}" for name in others))
     return "\n\n".join(parts)
+
+def _preprocessing(recorded: dict) -> str:
+    """One line of what an artifact's extra "preprocess" records (read defensively: the
+    manifest's extra is free-form)."""
+    parts = []
+    for name, entry in recorded.items():
+        entry = entry if isinstance(entry, dict) else {}
+        steps = [f"{entry.get('input_format', '?')} {_size(entry.get('src_size'))}"]
+        if entry.get("crop"):
+            steps.append(f"crop {_size(entry.get('crop_size'))} at {_size(entry.get('crop_start'), ',')}")
+        if entry.get("swap_rb"):
+            steps.append("R/B swapped")
+        steps.append(f"(x - {_numbers(entry.get('mean'))} - {_numbers(entry.get('min'))}) "
+                     f"* {_numbers(entry.get('var_reci'))}")
+        steps.append(f"to {entry.get('layout', '?')}")
+        parts.append(f"{name!r}: " + ", ".join(steps))
+    return "; ".join(parts)
+
+
+def _size(pair, separator: str = "x") -> str:
+    return separator.join(str(v) for v in pair) if isinstance(pair, list) else "?"
+
+
+def _numbers(values) -> str:
+    if not isinstance(values, list):
+        return "?"
+    return "[" + ", ".join(f"{v:g}" if isinstance(v, (int, float)) else "?" for v in values) + "]"
+

@@ -457,6 +457,17 @@ def external_initializers(model) -> Iterator[tuple[str, Tensor]]:
 
 
 @contextmanager
+def inline_tensors() -> Iterator[None]:
+    """Inside the block, `to_proto` holds every tensor's data again, even within a
+    tensor_references block: for a model that must leave it (one onnxruntime runs there)."""
+    token = _REFERENCES.set(None)
+    try:
+        yield
+    finally:
+        _REFERENCES.reset(token)
+
+
+@contextmanager
 def tensor_references() -> Iterator[dict[str, Tensor]]:
     """Inside the block, `to_proto` of a large plain-bytes tensor returns a proto without data
     whose external reference names a key of the yielded dict (`graphopt-tensor:<id>`), which

@@ -173,6 +173,38 @@ def _onnx_side(model, label: str, om_too: bool = True) -> Side:
                 proto=proto, tensors=_computed(proto.graph))
 
 
+def with_candidates_preprocessing(reference: Side, candidate: Side) -> tuple[Side, str | None]:
+    """`reference` with the image preprocessing (--insert-op-conf) the candidate was compiled
+    with in front of it, when the candidate records some for inputs the reference takes as it
+    was before: both then take the same uint8 images; with a note saying so. Otherwise
+    `reference` itself, and None."""
+    from graphopt.aipp_graph import inserted_preprocessing
+
+    if candidate.session is not None:
+        recorded = candidate.session.artifact.extra.get("preprocess")
+    else:
+        recorded = inserted_preprocessing(candidate.proto.metadata_props)
+    if not isinstance(recorded, dict) or not recorded or reference.proto is None:
+        return reference, None
+    ref_types = {e["name"]: e["dtype"] for e in reference.inputs}
+    cand_types = {e["name"]: e["dtype"] for e in candidate.inputs}
+    if not any(ref_types.get(name) not in (None, cand_types.get(name)) for name in recorded):
+        return reference, None  # the reference takes the images already (edited alike)
+    from graphopt.aipp_graph import insert_aipp, recorded_ops
+    from graphopt.errors import GraphoptError
+    from graphopt.ir import load_onnx, to_onnx
+
+    model = load_onnx(reference.proto, user_model=False)
+    try:
+        insert_aipp(model, recorded_ops(recorded, model), "(recorded)")
+    except GraphoptError as exc:
+        raise InputError(f"{candidate.label} was compiled with {option('insert_op_conf')}, and "
+                         f"{exc}") from None
+    edited = _onnx_side(to_onnx(model), reference.label)
+    return edited, (f"{candidate.label} takes uint8 images ({option('insert_op_conf')}): "
+                    f"{reference.label} ran with the same preprocessing in front of it")
+
+
 def load_reference(model) -> Side:
     """The reference: an .onnx path, a ModelProto or its bytes, or a Side this function
     returned."""

@@ -1,0 +1,228 @@
+"""ATC's AIPP configuration file (--insert-op-conf): the static image preprocessing it describes.
+
+The file is ATC's prototxt: one `aipp_op { key: value … }` block per model input. graphopt
+reads the static mode's keys for packed images and normalization; a key it does not implement
+is refused at any value but its default, so that a configuration never compiles into something
+other than what it says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from graphopt.errors import InputError, OptionError
+from graphopt.option_names import option
+
+# Channels each input format packs per pixel (HWC, one byte each).
+FORMAT_CHANNELS = {"RGB888_U8": 3, "YUV400_U8": 1}
+# Formats ATC knows that graphopt does not implement: refused by name rather than as unknown.
+OTHER_FORMATS = ("YUV420SP_U8", "XRGB8888_U8", "ARGB8888_U8", "YUYV_U8", "YUV422SP_U8",
+                 "AYUV444_U8", "RAW10", "RAW12", "RAW16", "RAW24", "YUV400_U8_NV")
+
+_INTEGER_KEYS = ("related_input_rank", "src_image_size_w", "src_image_size_h",
+                 "load_start_pos_w", "load_start_pos_h", "crop_size_w", "crop_size_h")
+_BOOLEAN_KEYS = ("crop", "rbuv_swap_switch")
+_NORMALIZATION_KEYS = tuple(f"{kind}_chn_{i}" for kind in ("mean", "min", "var_reci")
+                            for i in range(4))
+# ATC keys graphopt leaves at their defaults only: colour conversion, resizing, padding, …
+_DEFAULT_ONLY = {
+    "csc_switch": False, "resize": False, "padding": False, "ax_swap_switch": False,
+    "single_line_mode": False, "support_rotation": False,
+    **{key: 0 for key in ("resize_input_w", "resize_input_h", "resize_output_w",
+                          "resize_output_h", "left_padding_size", "right_padding_size",
+                          "top_padding_size", "bottom_padding_size", "padding_value")},
+    **{f"matrix_r{r}c{c}": None for r in range(3) for c in range(3)},
+    **{f"{kind}_bias_{i}": None for kind in ("input", "output") for i in range(3)},
+}
+
+
+@dataclass(frozen=True)
+class AippOp:
+    """One `aipp_op` block: the preprocessing of one model input."""
+
+    line: int                      # where the block starts, for messages
+    input_rank: int                # which graph input (feedable ones, in order)
+    input_format: str
+    src_size: tuple[int, int]      # (h, w); 0: as the model's input, or the crop
+    crop: bool
+    crop_start: tuple[int, int]    # (h, w)
+    crop_size: tuple[int, int]     # (h, w); 0: as the model's input
+    swap_rb: bool
+    mean: tuple[float, ...]        # per output channel, after the swap (ATC applies it so)
+    minimum: tuple[float, ...]
+    var_reci: tuple[float, ...]
+
+    @property
+    def channels(self) -> int:
+        return FORMAT_CHANNELS[self.input_format]
+
+    def to_json(self) -> dict:
+        """What a compiled model records of this preprocessing (its metadata, an .om's extra)."""
+        c = self.channels
+        return {"input_format": self.input_format, "src_size": list(self.src_size),
+                "crop": self.crop, "crop_start": list(self.crop_start),
+                "crop_size": list(self.crop_size), "swap_rb": self.swap_rb,
+                "mean": list(self.mean[:c]), "min": list(self.minimum[:c]),
+                "var_reci": list(self.var_reci[:c])}
+
+
+_TOKEN = re.compile(r'[{}:]|"[^"]*"|[^\s{}:"]+')
+
+
+def read_aipp_config(path) -> list[AippOp]:
+    """The aipp_op blocks of ATC configuration file `path`, checked (OptionError naming the
+    file, line and key at fault; InputError when it cannot be read)."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{option('insert_op_conf')} {path}: cannot read it "
+                         f"({getattr(exc, 'strerror', None) or exc})") from None
+    blocks = _blocks(text, path)
+    if not blocks:
+        raise OptionError(f"{option('insert_op_conf')} {path}: no aipp_op block")
+    ops = [_aipp_op(fields, line, path) for line, fields in blocks]
+    ranks = [op.input_rank for op in ops]
+    twice = sorted({rank for rank in ranks if ranks.count(rank) > 1})
+    if twice:
+        raise OptionError(f"{option('insert_op_conf')} {path}: related_input_rank "
+                          f"{twice[0]} has two aipp_op blocks")
+    return ops
+
+
+def _tokens(text: str) -> list[tuple[int, str]]:
+    """(line, token) pairs of the prototxt, `#` comments dropped."""
+    return [(number, token) for number, line in enumerate(text.splitlines(), 1)
+            for token in _TOKEN.findall(line.split("#", 1)[0])]
+
+
+def _blocks(text: str, path: str) -> list[tuple[int, dict[str, tuple[int, str]]]]:
+    """Each `aipp_op { … }` block as (its line, {key: (line, value text)})."""
+    tokens = _tokens(text)
+    blocks = []
+    i = 0
+    while i < len(tokens):
+        line, token = tokens[i]
+        if token != "aipp_op":
+            raise OptionError(f"{path}:{line}: expected aipp_op, found {token!r}")
+        if tokens[i + 1:i + 2] and tokens[i + 1][1] == ":":
+            i += 1  # "aipp_op: {" is also valid prototxt
+        if not tokens[i + 1:i + 2] or tokens[i + 1][1] != "{":
+            raise OptionError(f"{path}:{line}: expected '{{' after aipp_op")
+        fields: dict[str, tuple[int, str]] = {}
+        i += 2
+        while True:
+            if i >= len(tokens):
+                raise OptionError(f"{path}:{line}: aipp_op block is not closed with '}}'")
+            key_line, key = tokens[i]
+            if key == "}":
+                i += 1
+                break
+            if i + 1 >= len(tokens) or tokens[i + 1][1] != ":":
+                raise OptionError(f"{path}:{key_line}: expected 'key: value', found {key!r}")
+            if i + 2 >= len(tokens) or tokens[i + 2][1] in "{}:":
+                raise OptionError(f"{path}:{key_line}: {key} has no value")
+            if key in fields:
+                raise OptionError(f"{path}:{key_line}: {key} is set twice in this aipp_op")
+            fields[key] = (key_line, tokens[i + 2][1])
+            i += 3
+        blocks.append((line, fields))
+    return blocks
+
+
+def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp:
+    values: dict[str, object] = {}
+    for key, (key_line, text) in fields.items():
+        where = f"{path}:{key_line}: {key}"
+        if key in ("aipp_mode", "input_format"):
+            values[key] = text.strip('"')
+        elif key in _INTEGER_KEYS:
+            values[key] = _integer(text, where)
+        elif key in _BOOLEAN_KEYS:
+            values[key] = _boolean(text, where)
+        elif key in _NORMALIZATION_KEYS:
+            values[key] = _number(text, where)
+        elif key in _DEFAULT_ONLY:
+            _check_default(key, text, _DEFAULT_ONLY[key], where)
+        else:
+            raise OptionError(f"{where}: not an AIPP key (graphopt reads ATC's static AIPP "
+                              "keys: input_format, crop, src_image_size_*, mean/min/var_reci_chn_*, …)")
+    where = f"{path}:{line}: aipp_op"
+    mode = values.get("aipp_mode", "static")
+    if mode != "static":
+        raise OptionError(f"{where}: aipp_mode {mode}: graphopt compiles static AIPP only (the "
+                          "preprocessing is fixed in the model)")
+    fmt = values.get("input_format")
+    if fmt is None:
+        raise OptionError(f"{where}: input_format is required")
+    if fmt not in FORMAT_CHANNELS:
+        known = "an ATC format graphopt does not implement" if fmt in OTHER_FORMATS \
+            else "not an AIPP input format"
+        raise OptionError(f"{where}: input_format {fmt} is {known} (graphopt takes "
+                          f"{' and '.join(FORMAT_CHANNELS)}; decode other formats to RGB first)")
+    if values.get("rbuv_swap_switch") and fmt != "RGB888_U8":
+        raise OptionError(f"{where}: rbuv_swap_switch swaps R and B: {fmt} has one channel")
+    crop = bool(values.get("crop", False))
+    for key in ("load_start_pos_w", "load_start_pos_h", "crop_size_w", "crop_size_h"):
+        if key in values and not crop:
+            raise OptionError(f"{path}:{fields[key][0]}: {key} applies with crop: true")
+    channels = FORMAT_CHANNELS[fmt]
+    for key in _NORMALIZATION_KEYS:
+        if key in values and int(key[-1]) >= channels:
+            raise OptionError(f"{path}:{fields[key][0]}: {key}: {fmt} has {channels} "
+                              f"channel{'s' * (channels > 1)}")
+
+    def per_channel(kind: str, default: float) -> tuple[float, ...]:
+        return tuple(float(values.get(f"{kind}_chn_{i}", default)) for i in range(channels))
+
+    return AippOp(
+        line=line, input_rank=int(values.get("related_input_rank", 0)), input_format=fmt,
+        src_size=(int(values.get("src_image_size_h", 0)), int(values.get("src_image_size_w", 0))),
+        crop=crop,
+        crop_start=(int(values.get("load_start_pos_h", 0)), int(values.get("load_start_pos_w", 0))),
+        crop_size=(int(values.get("crop_size_h", 0)), int(values.get("crop_size_w", 0))),
+        swap_rb=bool(values.get("rbuv_swap_switch", False)),
+        mean=per_channel("mean", 0.0), minimum=per_channel("min", 0.0),
+        var_reci=per_channel("var_reci", 1.0))
+
+
+def _integer(text: str, where: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"{where}: expected a whole number, found {text!r}") from None
+    if value < 0:
+        raise OptionError(f"{where}: {value} is negative")
+    return value
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"{where}: expected a number, found {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise OptionError(f"{where}: {text} is not a finite number")
+    return value
+
+
+def _boolean(text: str, where: str) -> bool:
+    if text not in ("true", "false"):
+        raise OptionError(f"{where}: expected true or false, found {text!r}")
+    return text == "true"
+
+
+def _check_default(key: str, text: str, default, where: str) -> None:
+    """Refuse a key graphopt does not implement unless it is at its default (None: any value
+    is refused, as for the colour conversion matrix, which applies only with csc_switch)."""
+    if isinstance(default, bool):
+        if _boolean(text, where) == default:
+            return
+    elif default is not None and _number(text, where) == default:
+        return
+    raise OptionError(f"{where}: {text}: graphopt does not implement this AIPP step (colour "
+                      "conversion, resizing, padding, rotation and channel order swaps other "
+                      "than rbuv_swap_switch); do it before feeding the model")

@@ -1,0 +1,207 @@
+"""AIPP in the graph: a model input becomes the packed uint8 image ATC's static AIPP takes, and
+the crop, channel swap, layout change and normalization it describes become ops before the
+model's first node, which later passes fold into the first convolution where they can."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from graphopt.aipp_config import AippOp
+from graphopt.errors import OptionError
+from graphopt.ir import DType, Model, Value
+from graphopt.option_names import option
+
+# Model metadata: the preprocessing a compile inserted (a JSON object by input name), for
+# inspect and compare. An .om keeps it in its manifest's extra.
+PREPROCESS_KEY = "graphopt.preprocess"
+_FLOATS = (DType.FLOAT, DType.FLOAT16)
+
+
+def inserted_preprocessing(props) -> dict:
+    """The preprocessing metadata `props` (a mapping or a ModelProto's metadata_props) records,
+    by input name: {} when a compile inserted none."""
+    if not hasattr(props, "get"):
+        props = {p.key: p.value for p in props}
+    try:
+        recorded = json.loads(props.get(PREPROCESS_KEY, "{}"))
+    except ValueError:
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:
+    """The AippOps a compile recorded (`inserted_preprocessing`), for the inputs of `model`
+    they name: what makes the source comparable with a model compiled with them. A record
+    that does not fit is an OptionError."""
+    feedable = [value.name for value in model.graph.inputs if not value.is_weight]
+    ops = []
+    for name, entry in recorded.items():
+        try:
+            fmt = entry["input_format"]
+            channels = AippOp(0, 0, fmt, (0, 0), False, (0, 0), (0, 0), False, (), (),
+                              ()).channels
+            ops.append(AippOp(
+                line=0, input_rank=feedable.index(name), input_format=fmt,
+                src_size=_pair(entry["src_size"]), crop=bool(entry["crop"]),
+                crop_start=_pair(entry["crop_start"]), crop_size=_pair(entry["crop_size"]),
+                swap_rb=bool(entry["swap_rb"]),
+                mean=_floats(entry["mean"], channels), minimum=_floats(entry["min"], channels),
+                var_reci=_floats(entry["var_reci"], channels)))
+        except (KeyError, TypeError, ValueError):
+            raise OptionError(f"its recorded preprocessing of input {name!r} does not fit the "
+                              "reference (another model, or a damaged record)") from None
+    return ops
+
+
+def _pair(values) -> tuple[int, int]:
+    h, w = (int(v) for v in values)
+    return h, w
+
+
+def _floats(values, count: int) -> tuple[float, ...]:
+    floats = tuple(float(v) for v in values)
+    if len(floats) != count:
+        raise ValueError(values)
+    return floats
+
+
+def insert_aipp(model: Model, ops: list[AippOp], path: str) -> str:
+    """Give each input an `aipp_op` names its preprocessing; returns the compile's note."""
+    graph = model.graph
+    feedable = [value for value in graph.inputs if not value.is_weight]
+    recorded = inserted_preprocessing(model.metadata_props)
+    shown = []
+    for op in ops:
+        where = f"{option('insert_op_conf')} {path}:{op.line}"
+        if op.input_rank >= len(feedable):
+            raise OptionError(f"{where}: related_input_rank {op.input_rank}, but the model "
+                              f"has {len(feedable)} input(s)")
+        value = feedable[op.input_rank]
+        layout, size = _model_side(value, op, where)
+        if value.is_graph_output:
+            raise OptionError(f"{where}: input {value.name!r} is also an output of the model, "
+                              "which would then return the preprocessed image under its name")
+        image = _image_input(graph, value, op, size)
+        _rewire(graph, value, image, op, layout, size)
+        recorded[image.name] = {**op.to_json(), "layout": layout,
+                                "src_size": list(image.shape[1:3]), "crop_size": list(size)}
+        shown.append(f"{image.name!r} takes uint8 {_dims(image.shape)} ({op.input_format})")
+    model.metadata_props[PREPROCESS_KEY] = json.dumps(recorded, sort_keys=True)
+    return f"{option('insert_op_conf')}: " + "; ".join(shown)
+
+
+def _dims(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _model_side(value: Value, op: AippOp, where: str) -> tuple[str, tuple[int, int]]:
+    """The layout (NCHW or NHWC) of the input the preprocessing feeds, and the (h, w) it must
+    deliver: the model's, else the crop's or source image's size."""
+    shape = value.shape
+    if value.dtype not in _FLOATS or shape is None or len(shape) != 4:
+        raise OptionError(f"{where}: input {value.name!r} is {_described(value)}; AIPP feeds a "
+                          "float32 or float16 image of rank 4 (NCHW, or NHWC)")
+    c = op.channels
+    if shape[1] == c:
+        layout, (h, w) = "NCHW", shape[2:]
+    elif shape[3] == c:
+        layout, (h, w) = "NHWC", shape[1:3]
+    else:
+        raise OptionError(f"{where}: input {value.name!r} is {_described(value)}: neither its "
+                          f"dim 1 (NCHW) nor its dim 3 (NHWC) is the {c} channel(s) of "
+                          f"{op.input_format}")
+    wanted = op.crop_size if op.crop else op.src_size
+    size = []
+    for axis, model_dim, given in (("h", h, wanted[0]), ("w", w, wanted[1])):
+        if isinstance(model_dim, int):
+            if given and given != model_dim:
+                key = "crop_size" if op.crop else "src_image_size"
+                raise OptionError(f"{where}: {key}_{axis} {given}, but input {value.name!r} "
+                                  f"is {model_dim} along {axis} (graphopt does not resize"
+                                  + ("" if op.crop else "; crop: true takes a part of the image")
+                                  + ")")
+            size.append(model_dim)
+        elif given:
+            size.append(given)
+        else:
+            raise OptionError(f"{where}: input {value.name!r} has a dynamic {axis} "
+                              f"({model_dim!r}); give {'crop_size' if op.crop else 'src_image_size'}"
+                              f"_{axis}")
+    return layout, (size[0], size[1])
+
+
+def _described(value: Value) -> str:
+    dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
+    return f"{dtype} {_dims(value.shape)}" if value.shape is not None else dtype
+
+
+def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int]) -> Value:
+    """The uint8 [N, H, W, C] input that replaces `value` (which keeps its readers under a new
+    name, to be computed from the image)."""
+    src = tuple(s or (start + inner) for s, start, inner
+                in zip(op.src_size, op.crop_start if op.crop else (0, 0), size))
+    if op.crop:
+        for axis, start, inner, outer in zip("hw", op.crop_start, size, src):
+            if start + inner > outer:
+                raise OptionError(f"{option('insert_op_conf')}: the crop from load_start_pos_"
+                                  f"{axis} {start} takes {inner} along {axis}, past the "
+                                  f"source image's {outer}")
+    batch = value.shape[0]
+    name = value.name
+    index = graph.inputs.index(value)
+    value.name = graph.fresh_name(f"{name}_preprocessed")
+    value.is_input = False
+    image = Value(name, DType.UINT8, (batch, src[0], src[1], op.channels))
+    image.graph, image.is_input = graph, True
+    image.doc_string = value.doc_string
+    graph.inputs[index] = image
+    return image
+
+
+def _rewire(graph, value: Value, image: Value, op: AippOp, layout: str,
+            size: tuple[int, int]) -> None:
+    """The ops from `image` to what `value` held, before the graph's first node, in ATC's
+    order: crop, channel swap, normalization; the layout change and casts where cheapest."""
+    first = graph.nodes()[0] if len(graph) else None
+    c = op.channels
+
+    def node(op_type: str, inputs: list, attrs: dict | None = None, dtype=DType.FLOAT,
+             shape=None) -> Value:
+        made = graph.make_node(op_type, inputs, attrs or {}, dtype=dtype, shape=shape,
+                               before=first, name=graph.fresh_node_name(f"aipp_{op_type}"))
+        return made.output
+
+    def const(hint: str, array) -> Value:
+        return graph.make_initializer(f"aipp_{hint}", np.asarray(array))
+
+    n, (h, w) = image.shape[0], image.shape[1:3]
+    current = image
+    if op.crop:
+        (top, left), (h, w) = op.crop_start, size
+        current = node("Slice", [current, const("crop_start", np.array([top, left], np.int64)),
+                                 const("crop_end", np.array([top + h, left + w], np.int64)),
+                                 const("crop_axes", np.array([1, 2], np.int64))],
+                       dtype=DType.UINT8, shape=(n, h, w, c))
+    if op.swap_rb:
+        current = node("Gather", [current, const("swap_rb", np.array([2, 1, 0], np.int64))],
+                       {"axis": 3}, dtype=DType.UINT8, shape=(n, h, w, c))
+    if layout == "NCHW":
+        current = node("Transpose", [current], {"perm": [0, 3, 1, 2]}, dtype=DType.UINT8,
+                       shape=(n, c, h, w))
+    shape = current.shape
+    current = node("Cast", [current], {"to": int(DType.FLOAT)}, shape=shape)
+    channel_shape = (1, c, 1, 1) if layout == "NCHW" else (c,)
+    offset = np.add(op.mean, op.minimum)
+    if offset.any():
+        current = node("Sub", [current, const("mean", offset.astype(np.float32)
+                                              .reshape(channel_shape))], shape=shape)
+    if any(scale != 1.0 for scale in op.var_reci):
+        current = node("Mul", [current, const("var_reci", np.asarray(op.var_reci, np.float32)
+                                              .reshape(channel_shape))], shape=shape)
+    if value.dtype == DType.FLOAT16:
+        current = node("Cast", [current], {"to": int(DType.FLOAT16)}, dtype=DType.FLOAT16,
+                       shape=shape)
+    value.replace_all_uses_with(current)
+

@@ -1,0 +1,40 @@
+"""The input model as a compile takes it before any pass: ended at --out-nodes, with
+--insert-op-conf's preprocessing in front. Verification and the accuracy report compare the
+compiled model with this, not with the file as given, whose outputs and inputs differ."""
+
+from __future__ import annotations
+
+from onnx import ModelProto
+
+from graphopt.ir import Model
+
+
+def apply_source_edits(model: Model, out_nodes: list[str] | None, aipp: list | None,
+                       label: str, aipp_path: str | None) -> list[str]:
+    """Edit `model` in place as the options ask; returns the compile's notes saying so."""
+    notes = []
+    if out_nodes is not None:
+        from graphopt.out_nodes import select_outputs
+
+        notes.append(select_outputs(model, out_nodes, label))
+    if aipp is not None:
+        from graphopt.aipp_graph import insert_aipp
+
+        notes.append(insert_aipp(model, aipp, aipp_path))
+    return notes
+
+
+def edited_source(model, out_nodes=None, insert_op_conf=None, label: str = "<model>") -> ModelProto:
+    """`model` (a path, bytes or ModelProto) edited as optimize edits it with these options:
+    the reference a compile with them is compared with."""
+    from graphopt.aipp_config import read_aipp_config
+    from graphopt.ir import load_onnx, to_onnx
+    from graphopt.ir.tensor import inline_tensors
+    from graphopt.out_nodes import parse_out_nodes
+
+    ir_model = load_onnx(model, user_model=True)
+    apply_source_edits(ir_model, None if out_nodes is None else parse_out_nodes(out_nodes),
+                       None if insert_op_conf is None else read_aipp_config(insert_op_conf),
+                       label, insert_op_conf)
+    with inline_tensors():  # a check inside an .om's save runs it: no references to resolve
+        return to_onnx(ir_model)

@@ -1,0 +1,225 @@
+"""--insert-op-conf: ATC's static AIPP (crop, R/B swap, normalization of packed uint8 images)
+compiled in front of the model, checked against the same preprocessing done in numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+import graphopt
+from graphopt import numerics
+from graphopt.aipp_config import read_aipp_config
+from graphopt.errors import InputError, OptionError
+from graphopt.tools.compare import compare_models
+
+MEAN, VAR_RECI = (124.0, 117.0, 104.0), (0.0171, 0.0175, 0.0174)
+CONFIG = """# an ImageNet classifier fed BGR frames of 36x40, cropped to 32x32
+aipp_op {
+    aipp_mode: static
+    related_input_rank: 0
+    input_format : RGB888_U8
+    src_image_size_w: 40
+    src_image_size_h: 36
+    crop: true
+    load_start_pos_h: 2
+    load_start_pos_w: 5
+    rbuv_swap_switch: true
+    csc_switch: false
+    mean_chn_0: 124
+    mean_chn_1: 117
+    mean_chn_2: 104
+    min_chn_0: 0.5
+    var_reci_chn_0: 0.0171
+    var_reci_chn_1: 0.0175
+    var_reci_chn_2: 0.0174
+}
+"""
+
+
+def _classifier(channels: int = 3, batch="1", dtype: str = "float",
+                layout: str = "NCHW") -> onnx.ModelProto:
+    """A padded 3x3 conv net over a [batch, channels, 32, 32] image (NHWC: transposed in)."""
+    rng = np.random.default_rng(3)
+    shape = f"[{batch},{channels},32,32]" if layout == "NCHW" else f"[{batch},32,32,{channels}]"
+    into = "xc = Identity (x)" if layout == "NCHW" else "xc = Transpose <perm = [0,3,1,2]> (x)"
+    cast_in, cast_out = ("xf = Cast <to = 1> (xc)", "y = Cast <to = 10> (yf)") \
+        if dtype == "float16" else ("xf = Identity (xc)", "y = Identity (yf)")
+    return parse_model(f"""
+        g ({dtype}{shape} x) => ({dtype}[{batch},10] y) {{
+            {into}
+            {cast_in}
+            c = Conv <pads = [1,1,1,1]> (xf, w, b)
+            r = Relu (c)
+            p = GlobalAveragePool (r)
+            f = Flatten (p)
+            yf = Gemm <transB = 1> (f, wf, bf)
+            {cast_out}
+        }}""", w=(rng.standard_normal((8, channels, 3, 3)) * 0.3).astype(np.float32),
+        b=rng.standard_normal(8).astype(np.float32),
+        wf=(rng.standard_normal((10, 8)) * 0.3).astype(np.float32),
+        bf=rng.standard_normal(10).astype(np.float32))
+
+
+def _config(tmp_path, text: str = CONFIG):
+    path = tmp_path / "aipp.cfg"
+    path.write_text(text)
+    return path
+
+
+def _images(batch: int = 1, channels: int = 3, size=(36, 40), seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (batch, *size, channels), np.uint8)
+
+
+def _preprocessed(images: np.ndarray) -> np.ndarray:
+    """CONFIG's preprocessing in numpy: crop, swap R and B, normalize, NHWC to NCHW."""
+    x = images[:, 2:34, 5:37, ::-1].astype(np.float32)
+    x = (x - np.array(MEAN, np.float32) - np.array([0.5, 0, 0], np.float32)) \
+        * np.array(VAR_RECI, np.float32)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def test_the_config_is_read_as_atc_writes_it(tmp_path):
+    (op,) = read_aipp_config(_config(tmp_path))
+    assert (op.input_format, op.src_size, op.crop, op.crop_start, op.swap_rb) == \
+        ("RGB888_U8", (36, 40), True, (2, 5), True)
+    assert op.mean == MEAN and op.minimum == (0.5, 0.0, 0.0) and op.var_reci == VAR_RECI
+    # "aipp_op: {", quoted enums and defaults for everything left out.
+    (op,) = read_aipp_config(_config(tmp_path, 'aipp_op: { input_format: "YUV400_U8" }'))
+    assert (op.channels, op.mean, op.var_reci, op.crop) == (1, (0.0,), (1.0,), False)
+
+
+@pytest.mark.parametrize("level", [0, 2, 3])
+def test_the_compiled_model_takes_images_as_numpy_preprocessing_feeds_the_original(tmp_path,
+                                                                                    level):
+    model = _classifier()
+    result = graphopt.optimize(model, level=level, insert_op_conf=_config(tmp_path))
+    compiled = result.to_onnx()
+    onnx.checker.check_model(compiled, full_check=True)
+    (image_input,) = compiled.graph.input
+    assert image_input.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    images = _images()
+    expected = numerics.run(model, {"x": _preprocessed(images)})["y"]
+    actual = numerics.run(compiled, {"x": images})["y"]
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+    assert "'x' takes uint8 [1,36,40,3] (RGB888_U8)" in " ".join(result.notes)
+
+
+def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path, capsys):
+    source = tmp_path / "net.onnx"
+    onnx.save(_classifier(batch="N"), source)
+    om = tmp_path / "net.om"
+    rc, out, err = run_cli(capsys, "optimize", source, "-o", om, "--insert-op-conf",
+                           _config(tmp_path), "--verify")
+    assert rc == 0, err
+    session = graphopt.load(om)
+    assert session.inputs[0]["dtype"] == "uint8" and session.inputs[0]["shape"] == \
+        ["N", 36, 40, 3]
+    images = _images(batch=2)  # the batch stays open
+    expected = numerics.run(_classifier(batch="N"), {"x": _preprocessed(images)})["y"]
+    np.testing.assert_allclose(session.run({"x": images})["y"], expected, rtol=1e-4, atol=1e-5)
+    rc, out, _ = run_cli(capsys, "inspect", om)
+    assert "preprocess  --insert-op-conf: 'x': RGB888_U8 36x40, crop 32x32 at 2,5, R/B " \
+           "swapped, (x - [124, 117, 104] - [0.5, 0, 0]) * [0.0171, 0.0175, 0.0174], to NCHW" \
+           in out
+    report = compare_models(source, om)  # the source runs with the recorded preprocessing
+    assert report.passed
+    assert any("takes uint8 images (insert_op_conf)" in note for note in report.notes)
+
+
+def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
+    gray = _config(tmp_path, "aipp_op { input_format: YUV400_U8 mean_chn_0: 128 "
+                             "var_reci_chn_0: 0.0078125 }")
+    images = _images(channels=1, size=(32, 32))
+    scaled = (images.astype(np.float32) - 128) * 0.0078125
+    for layout, feed in (("NHWC", scaled), ("NCHW", scaled.transpose(0, 3, 1, 2))):
+        model = _classifier(channels=1, layout=layout)
+        compiled = graphopt.optimize(model, insert_op_conf=gray).to_onnx()
+        np.testing.assert_allclose(numerics.run(compiled, {"x": images})["y"],
+                                   numerics.run(model, {"x": np.ascontiguousarray(feed)})["y"],
+                                   rtol=1e-4, atol=1e-5)
+    half = _classifier(dtype="float16")
+    compiled = graphopt.optimize(half, insert_op_conf=_config(tmp_path)).to_onnx()
+    images = _images()
+    np.testing.assert_allclose(
+        numerics.run(compiled, {"x": images})["y"].astype(np.float32),
+        numerics.run(half, {"x": _preprocessed(images).astype(np.float16)})["y"]
+        .astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("aipp_op { input_format: RGB888_U8 padding_value: 3 }",
+     ":1: padding_value: 3: graphopt does not implement this AIPP step"),
+    ("aipp_op { input_format: RGB888_U8 csc_switch: true }", "csc_switch: true: graphopt does"),
+    ("aipp_op { input_format: YUV420SP_U8 }",
+     "input_format YUV420SP_U8 is an ATC format graphopt does not implement"),
+    ("aipp_op { input_format: RGB }", "input_format RGB is not an AIPP input format"),
+    ("aipp_op { aipp_mode: dynamic input_format: RGB888_U8 }", "graphopt compiles static AIPP"),
+    ("aipp_op {\n input_format: RGB888_U8\n mean_chn0: 1 }", ":3: mean_chn0: not an AIPP key"),
+    ("aipp_op { input_format: RGB888_U8 crop: yes }", "crop: expected true or false"),
+    ("aipp_op { input_format: RGB888_U8 mean_chn_0: 1 mean_chn_0: 2 }", "set twice"),
+    ("aipp_op { input_format: RGB888_U8 mean_chn_0: x }", "expected a number, found 'x'"),
+    ("aipp_op { input_format: RGB888_U8", "aipp_op block is not closed"),
+    ("aipp_op { input_format: YUV400_U8 mean_chn_1: 3 }", "YUV400_U8 has 1 channel"),
+    ("aipp_op { input_format: RGB888_U8 load_start_pos_w: 3 }", "applies with crop: true"),
+    ("aipp_op { input_format: RGB888_U8 }\naipp_op { input_format: RGB888_U8 }",
+     "related_input_rank 0 has two aipp_op blocks"),
+    ("", "no aipp_op block"),
+])
+def test_configurations_graphopt_cannot_honour_are_refused_by_line_and_key(tmp_path, text,
+                                                                           message):
+    with pytest.raises(OptionError) as caught:
+        graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path, text))
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("text, model, message", [
+    ("aipp_op { input_format: YUV400_U8 }", None, "neither its dim 1 (NCHW) nor its dim 3"),
+    ("aipp_op { input_format: RGB888_U8 related_input_rank: 1 }", None,
+     "related_input_rank 1, but the model has 1 input(s)"),
+    ("aipp_op { input_format: RGB888_U8 src_image_size_w: 40 src_image_size_h: 32 }", None,
+     "src_image_size_w 40, but input 'x' is 32 along w (graphopt does not resize; crop: true "
+     "takes a part of the image)"),
+    ("aipp_op { input_format: RGB888_U8 crop: true load_start_pos_w: 9 "
+     "src_image_size_w: 40 }", None, "takes 32 along w, past the source image's 40"),
+    ("aipp_op { input_format: RGB888_U8 crop: true crop_size_w: 30 }", None,
+     "crop_size_w 30, but input 'x' is 32 along w"),
+    ("aipp_op { input_format: RGB888_U8 }", "dynamic",
+     "has a dynamic h ('H'); give src_image_size_h"),
+])
+def test_inputs_the_preprocessing_cannot_feed_are_refused_naming_them(tmp_path, text, model,
+                                                                      message):
+    if model == "dynamic":
+        proto = parse_model("g (float[1,3,H,W] x) => (float[1,3,H,W] y) { y = Relu (x) }")
+    else:
+        proto = _classifier()
+    with pytest.raises(OptionError) as caught:
+        graphopt.optimize(proto, insert_op_conf=_config(tmp_path, text))
+    assert message in str(caught.value)
+
+
+def test_an_unreadable_file_is_an_input_error_and_the_cli_names_the_flag(tmp_path, capsys):
+    with pytest.raises(InputError, match="cannot read it"):
+        graphopt.optimize(_classifier(), insert_op_conf=tmp_path / "missing.cfg")
+    source = tmp_path / "net.onnx"
+    onnx.save(_classifier(), source)
+    bad = _config(tmp_path, "aipp_op { input_format: RGB888_U8 resize: true }")
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "o.om",
+                         "--insert-op-conf", bad)
+    assert rc == 1 and f"graphopt: error: {bad}:1: resize: true: graphopt does not " in err
+    assert not (tmp_path / "o.om").exists()
+
+
+def test_int8_calibrates_on_the_images_the_model_now_takes(tmp_path, capsys):
+    source = tmp_path / "net.onnx"
+    onnx.save(_classifier(), source)
+    calibration = tmp_path / "frames.npz"
+    np.savez(calibration, x=_images(batch=8, seed=1))
+    rc, out, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "q.onnx",
+                           "--insert-op-conf", _config(tmp_path), "--quantize", "int8",
+                           "--calibration", calibration)
+    assert rc == 0, err
+    assert f"accuracy vs {source} with --insert-op-conf's preprocessing on" in out
+    row = next(line for line in out.splitlines() if line.startswith("y "))
+    assert float(row.split()[3]) > 0.99
