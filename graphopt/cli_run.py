@@ -6,7 +6,7 @@ import json
 import os
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import non_negative_int, path_text, positive_int, thread_count
+from graphopt.cli_types import input_shapes, non_negative_int, path_text, positive_int, thread_count
 from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
 from graphopt.warning_scope import kept_notices
@@ -36,7 +36,8 @@ def add_run_parser(sub) -> None:
                     "runtime on onnxruntime and summarize each output. With --repeat, time that\n"
                     "many runs after a warmup and print latency percentiles instead.\n\n"
                     "Without --inputs the inputs are seeded random data shaped by the artifact's\n"
-                    "signature, which needs every input dim to be static.",
+                    "signature, which needs every input dim to be static or pinned with\n"
+                    "--input-shape.",
         formatter_class=HelpFormatter, epilog=RUN_EXAMPLES)
     p.add_argument("model", help="the compiled .om artifact")
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
@@ -55,6 +56,10 @@ def add_run_parser(sub) -> None:
                         "chooses, usually one per core)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+                   help='pin the dynamic dims of the random inputs, ATC style: '
+                        '"input_ids:1,128" (a dim pinned on one input is pinned on every input '
+                        'that shares its name); not with --inputs')
     p.add_argument("--profile", metavar="NAME",
                    help="an artifact with shape profiles (--dynamic-dims): open this profile "
                         "alone and shape the random inputs for it (default: every profile, "
@@ -89,6 +94,9 @@ def _check_run_options(args) -> int:
         raise OptionError("--warmup is only used with --repeat")
     if args.seed is not None and args.inputs:
         raise OptionError("--seed only applies to random inputs; drop it or --inputs")
+    if args.input_shape and args.inputs:
+        raise OptionError("--input-shape shapes random inputs; with --inputs the arrays' own "
+                          "shapes apply")
     if args.profile is not None and args.inputs:
         raise OptionError("--profile shapes random inputs; with --inputs their shapes choose "
                           "the profile")
@@ -115,6 +123,7 @@ def _cmd_run(args) -> int:
         time_runs,
         timed,
     )
+    from graphopt.input_shapes import parse_input_shapes, pinned_signature
 
     warmup = _check_run_options(args)
     # A bad file fails before the slow load.
@@ -130,11 +139,15 @@ def _cmd_run(args) -> int:
     if feeds is None:
         seed = 0 if args.seed is None else args.seed
         signature = _profile_signature(session)
+        if args.input_shape:  # the runtime takes the shape profile the pinned shapes fit
+            signature = pinned_signature(session.inputs, parse_input_shapes(args.input_shape),
+                                         args.model)
         try:
             feeds = random_feeds(signature, seed=seed)
         except InputError as exc:
             # An .npz holds arrays: a sequence or map can only be fed from Python.
-            hint = ("pass --inputs FILE.npz with concrete arrays"
+            hint = ("pin its dims with --input-shape, or pass --inputs FILE.npz with concrete "
+                    "arrays"
                     if all(npz_holds(e) for e in signature) else
                     "feed it from Python: graphopt.load(path).run({name: value, …})")
             raise InputError(f"{args.model}: {exc}; {hint}") from None

@@ -90,6 +90,30 @@ def check_pins(shapes: dict[str, list[int]], signature: list[dict], label: str) 
                                   f"to {current} by {label}, cannot pin it to {pinned}")
 
 
+def pinned_signature(signature: list[dict], shapes: dict[str, list[int]],
+                     label: str) -> list[dict]:
+    """Signature entries (as check_pins takes them) with `shapes` pinned, and each symbolic dim
+    pinned on one input bound wherever it appears, as pin_input_shapes pins a model."""
+    check_pins(shapes, signature, label)
+    bindings: dict[str, int] = {}
+    for entry in signature:
+        for dim, pin in zip(entry.get("shape") or (), shapes.get(entry["name"], ())):
+            if pin != -1 and isinstance(dim, str):
+                if bindings.get(dim, pin) != pin:
+                    raise OptionError(f"{option('input_shapes')}: dim '{dim}' pinned to both "
+                                      f"{bindings[dim]} and {pin}")
+                bindings[dim] = pin
+    pinned = []
+    for entry in signature:
+        shape, pins = entry.get("shape"), shapes.get(entry["name"])
+        if shape is not None:
+            shape = [pins[axis] if pins and pins[axis] != -1
+                     else bindings.get(dim, dim) if isinstance(dim, str) else dim
+                     for axis, dim in enumerate(shape)]
+        pinned.append({**entry, "shape": shape})
+    return pinned
+
+
 def check_pins_fit_feeds(shapes: dict[str, list[int]], feeds: dict, where: str) -> None:
     """OptionError when given feeds (an --inputs file, `where`) contradict a pin: a compile
     pinned to one size and run on another would blame the compile for the feeds."""

@@ -438,6 +438,27 @@ def test_run_two_partitions_on_random_inputs_says_so(chained, tmp_path, capsys):
     np.testing.assert_allclose(load_npz(out)["Y"], np.maximum(x @ W, 0), rtol=RTOL, atol=ATOL)
 
 
+def test_run_pins_the_dynamic_dims_of_its_random_inputs(tmp_path, capsys):
+    # A dynamic artifact ran only on an --inputs file: random inputs had no size to take.
+    model = parse_model("g (float[N, S] a, float[N, S] b) => (float[N, S] y) { y = Add (a, b) }")
+    om = tmp_path / "add.om"
+    graphopt.save(graphopt.optimize(model), om)
+    out = tmp_path / "y.npz"
+    rc, stdout, err = cli(capsys, "run", om, "--input-shape", "a:2,5", "--outputs", out)
+    assert rc == 0, err
+    feeds = random_feeds([{"name": n, "dtype": "float32", "shape": [2, 5]} for n in "ab"], seed=0)
+    np.testing.assert_allclose(load_npz(out)["y"], feeds["a"] + feeds["b"], rtol=RTOL, atol=ATOL)
+    rc, _, err = cli(capsys, "run", om)
+    assert rc == 1 and "pin its dims with --input-shape, or pass --inputs" in err
+    for pins, message in (("c:1,2", "add.om has no input 'c'"), ("a:2", "has rank 2"),
+                          ("a:2,5;b:3,5", "dim 'N' pinned to both 2 and 3")):
+        rc, _, err = cli(capsys, "run", om, "--input-shape", pins)
+        assert rc == 1 and message in err, err
+    np.savez(tmp_path / "x.npz", a=np.zeros((1, 1), np.float32), b=np.zeros((1, 1), np.float32))
+    rc, _, err = cli(capsys, "run", om, "--input-shape", "a:2,5", "--inputs", tmp_path / "x.npz")
+    assert rc == 1 and "--input-shape shapes random inputs" in err
+
+
 def test_run_repeat_prints_latency_percentiles(compiled, capsys):
     rc, stdout, err = cli(capsys, "run", compiled, "--repeat", "5", "--warmup", "1")
     assert rc == 0 and err == ""
