@@ -193,3 +193,19 @@ def test_a_precision_compiles_accuracy_report_compares_the_cut_outputs(tmp_path,
     row = next(line for line in out.splitlines() if line.startswith("scores "))
     assert float(row.split()[3]) > 0.999
     assert f"the time of {path} ended at --out-nodes" in out
+
+
+@pytest.mark.parametrize("spec", ["x", "wb"])
+def test_compare_matches_an_output_cut_at_an_input_or_a_weight(tmp_path, capsys, spec):
+    # The reference computes neither: compare crashed on a table of no row.
+    path = tmp_path / "m.onnx"
+    onnx.save(parse_model("""
+        g (float[4] x) => (float[4] y) {
+            y = Add (x, wb)
+        }""", wb=np.arange(4, dtype=np.float32)), path)
+    cut = tmp_path / "cut.om"
+    rc, _, err = run_cli(capsys, "optimize", path, "-o", cut, "--out-nodes", spec)
+    assert rc == 0, err
+    rc, out, err = run_cli(capsys, "compare", path, cut)
+    assert rc == 0, err
+    assert f"\n{spec} " in out and "outputs: 1/1 pass" in out
