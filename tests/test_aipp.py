@@ -163,6 +163,8 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
     ("aipp_op { input_format: RGB888_U8", "aipp_op block is not closed"),
     ("aipp_op { input_format: YUV400_U8 mean_chn_1: 3 }", "YUV400_U8 has 1 channel"),
     ("aipp_op { input_format: RGB888_U8 load_start_pos_w: 3 }", "applies with crop: true"),
+    ("aipp_op { input_format: RGB888_U8 crop: true load_start_pos_w: 99999999999999999999 }",
+     "load_start_pos_w: 99999999999999999999 is too large"),
     ("aipp_op { input_format: RGB888_U8 }\naipp_op { input_format: RGB888_U8 }",
      "related_input_rank 0 has two aipp_op blocks"),
     ("", "no aipp_op block"),
