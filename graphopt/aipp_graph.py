@@ -83,7 +83,7 @@ def insert_aipp(model: Model, ops: list[AippOp], path: str) -> str:
         if value.is_graph_output:
             raise OptionError(f"{where}: input {value.name!r} is also an output of the model, "
                               "which would then return the preprocessed image under its name")
-        image = _image_input(graph, value, op, size)
+        image = _image_input(graph, value, op, size, where)
         _rewire(graph, value, image, op, layout, size)
         recorded[image.name] = {**op.to_json(), "layout": layout,
                                 "src_size": list(image.shape[1:3]), "crop_size": list(size)}
@@ -137,7 +137,7 @@ def _described(value: Value) -> str:
     return f"{dtype} {_dims(value.shape)}" if value.shape is not None else dtype
 
 
-def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int]) -> Value:
+def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int], where: str) -> Value:
     """The uint8 [N, H, W, C] input that replaces `value` (which keeps its readers under a new
     name, to be computed from the image)."""
     src = tuple(s or (start + inner) for s, start, inner
@@ -145,7 +145,7 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int]) -> Valu
     if op.crop:
         for axis, start, inner, outer in zip("hw", op.crop_start, size, src):
             if start + inner > outer:
-                raise OptionError(f"{option('insert_op_conf')}: the crop from load_start_pos_"
+                raise OptionError(f"{where}: the crop from load_start_pos_"
                                   f"{axis} {start} takes {inner} along {axis}, past the "
                                   f"source image's {outer}")
     batch = value.shape[0]

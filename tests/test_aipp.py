@@ -184,7 +184,8 @@ def test_configurations_graphopt_cannot_honour_are_refused_by_line_and_key(tmp_p
      "src_image_size_w 40, but input 'x' is 32 along w (graphopt does not resize; crop: true "
      "takes a part of the image)"),
     ("aipp_op { input_format: RGB888_U8 crop: true load_start_pos_w: 9 "
-     "src_image_size_w: 40 }", None, "takes 32 along w, past the source image's 40"),
+     "src_image_size_w: 40 }", None,
+     "aipp.cfg:1: the crop from load_start_pos_w 9 takes 32 along w, past the source image's 40"),
     ("aipp_op { input_format: RGB888_U8 crop: true crop_size_w: 30 }", None,
      "crop_size_w 30, but input 'x' is 32 along w"),
     ("aipp_op { input_format: RGB888_U8 }", "dynamic",
