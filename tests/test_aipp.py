@@ -226,3 +226,15 @@ def test_int8_calibrates_on_the_images_the_model_now_takes(tmp_path, capsys):
     assert f"accuracy vs {source} with --insert-op-conf's preprocessing on" in out
     row = next(line for line in out.splitlines() if line.startswith("y "))
     assert float(row.split()[3]) > 0.99
+
+
+def test_compare_feeds_images_of_every_pixel_value(tmp_path):
+    # Seeded uint8 inputs were 0/1 (safe as indices): a compile that clipped the pixels at 1
+    # passed compare and --verify alike.
+    model = _classifier()
+    compiled = graphopt.optimize(model, level=0, insert_op_conf=_config(tmp_path)).to_onnx()
+    (crop,) = [n for n in compiled.graph.node if n.op_type == "Slice"]
+    compiled.graph.node.insert(0, onnx.helper.make_node("Min", ["x", "one"], ["x_clipped"]))
+    compiled.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1, np.uint8), "one"))
+    crop.input[0] = "x_clipped"
+    assert not compare_models(model, compiled).passed
