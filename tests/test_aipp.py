@@ -238,3 +238,15 @@ def test_compare_feeds_images_of_every_pixel_value(tmp_path):
     compiled.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1, np.uint8), "one"))
     crop.input[0] = "x_clipped"
     assert not compare_models(model, compiled).passed
+
+
+def test_a_shape_profiles_artifact_records_its_preprocessing(tmp_path, capsys):
+    source = tmp_path / "net.onnx"
+    onnx.save(_classifier(batch="N"), source)
+    om = tmp_path / "net.om"
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "--insert-op-conf",
+                         _config(tmp_path), "--dynamic-dims", "N:1,2")
+    assert rc == 0, err
+    assert compare_models(source, om).passed  # refused the uint8 input without the record
+    rc, out, _ = run_cli(capsys, "inspect", om)
+    assert "preprocess  --insert-op-conf: 'x': RGB888_U8 36x40" in out

@@ -181,6 +181,7 @@ def test_each_shape_profile_is_cut_alike(tmp_path):
         x = np.random.default_rng(batch).standard_normal((batch, 8, 32, 32)).astype(np.float32)
         expected = numerics.run(_with_outputs(model, ["scores"]), {"x": x})
         assert not numerics.compare(expected, session.run({"x": x}), RTOL, ATOL)
+    assert compare_models(model, om).passed  # the profiles' .om records the cut outputs too
 
 
 def test_a_precision_compiles_accuracy_report_compares_the_cut_outputs(tmp_path, capsys):
