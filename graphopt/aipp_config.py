@@ -23,6 +23,7 @@ OTHER_FORMATS = ("YUV420SP_U8", "XRGB8888_U8", "ARGB8888_U8", "YUYV_U8", "YUV422
 
 _INTEGER_KEYS = ("related_input_rank", "src_image_size_w", "src_image_size_h",
                  "load_start_pos_w", "load_start_pos_h", "crop_size_w", "crop_size_h")
+_LARGEST = 2**31 - 1  # the integer keys are int32 or uint32 fields of ATC's AippOpParams
 _BOOLEAN_KEYS = ("crop", "rbuv_swap_switch")
 _NORMALIZATION_KEYS = tuple(f"{kind}_chn_{i}" for kind in ("mean", "min", "var_reci")
                             for i in range(4))
@@ -196,6 +197,8 @@ def _integer(text: str, where: str) -> int:
         raise OptionError(f"{where}: expected a whole number, found {text!r}") from None
     if value < 0:
         raise OptionError(f"{where}: {value} is negative")
+    if value > _LARGEST:  # past int64, numpy's OverflowError was an internal error
+        raise OptionError(f"{where}: {value} is too large (ATC's fields are 32-bit)")
     return value
 
 

@@ -986,6 +986,24 @@ def _check_not_weights_file(models: list, path: str) -> None:
                                   f"'{name}', at least); write the output elsewhere")
 
 
+def _recorded_extra(model: Model | ModelProto) -> dict:
+    """What the model's metadata records for compare and inspect, as an .om's extra keeps it
+    (every profile of a --dynamic-dims compile records the same)."""
+    from graphopt.tools.accuracy_rule import marked_lossy
+
+    extra = {}
+    lossy = marked_lossy(model.metadata_props)
+    if lossy:  # for compare: a model made lossy by an earlier compile, the pass log cannot say
+        extra["lossy_passes"] = lossy
+    cut = cut_outputs(model.metadata_props)
+    if cut:  # for compare: outputs of the source that --out-nodes cut off, not lost ones
+        extra["outputs_cut"] = cut
+    preprocess = inserted_preprocessing(model.metadata_props)
+    if preprocess:  # for inspect and compare: inputs that take images, not the source's
+        extra["preprocess"] = preprocess
+    return extra
+
+
 def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str,
              tuning_db: str | None) -> None:
     from graphopt.codegen import OmPartition, write_om
@@ -1005,17 +1023,7 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
             parts, extra = _om_plan(result, tuning_db)
             extra = {**extra, **_profile_file(result.partitioning.target)}
         inputs, outputs = _signature_names(model)
-        from graphopt.tools.accuracy_rule import marked_lossy
-
-        lossy = marked_lossy(model.metadata_props)
-        if lossy:  # for compare: a model made lossy by an earlier compile, the pass log cannot say
-            extra = {**extra, "lossy_passes": lossy}
-        cut = cut_outputs(model.metadata_props)
-        if cut:  # for compare: outputs of the source that --out-nodes cut off, not lost ones
-            extra = {**extra, "outputs_cut": cut}
-        preprocess = inserted_preprocessing(model.metadata_props)
-        if preprocess:  # for inspect and compare: inputs that take images, not the source's
-            extra = {**extra, "preprocess": preprocess}
+        extra = {**extra, **_recorded_extra(model)}
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=_source_sha256(result) if result else None,
                  hash_source=False,
@@ -1124,6 +1132,9 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
             else PORTABLE_TARGET
         if result.partitioning is not None:
             extra.update(_profile_file(result.partitioning.target))
+        # A shape profile's .om was once written without them: compare failed the outputs
+        # --out-nodes cut off and refused the uint8 inputs --insert-op-conf made.
+        extra.update(_recorded_extra(result.profiles[0].result.model))
         inputs, outputs = _signature_names(result.profiles[0].result.model)
         write_om(path, [], profiles=profiles, dynamic_signature=result.dynamic_signature,
                  source_path=result.source_label, source_bytes_sha256=_source_sha256(result),

@@ -164,9 +164,12 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
     A dim comes from `shapes[input][axis]` (ATC-style pins, -1 = not pinned), else the model,
     else `dims[symbol]`, else 1. An input of unknown rank is an InputError that names the
     caller's keyword for real inputs, `feeds_keyword` (optimize's by default)."""
+    from graphopt.aipp_graph import inserted_preprocessing
+
     rng = np.random.default_rng(seed)
     dims = dict(dims or {})
     initialized = {t.name for t in model.graph.initializer}
+    images = inserted_preprocessing(model.metadata_props)
     # A symbol pinned on one input binds it on every other input too (as --input-shape does).
     for info in model.graph.input:
         for dim, pinned in zip(info.type.tensor_type.shape.dim, (shapes or {}).get(info.name, ())):
@@ -183,7 +186,8 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         shape = _concrete_shape(info, dims, (shapes or {}).get(info.name), feeds_keyword)
-        feeds[info.name] = random_array(info.name, shape, dtype, rng)
+        feeds[info.name] = random_array(info.name, shape, dtype, rng,
+                                        pixels=info.name in images)
     return feeds
 
 

@@ -163,6 +163,8 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
     ("aipp_op { input_format: RGB888_U8", "aipp_op block is not closed"),
     ("aipp_op { input_format: YUV400_U8 mean_chn_1: 3 }", "YUV400_U8 has 1 channel"),
     ("aipp_op { input_format: RGB888_U8 load_start_pos_w: 3 }", "applies with crop: true"),
+    ("aipp_op { input_format: RGB888_U8 crop: true load_start_pos_w: 99999999999999999999 }",
+     "load_start_pos_w: 99999999999999999999 is too large"),
     ("aipp_op { input_format: RGB888_U8 }\naipp_op { input_format: RGB888_U8 }",
      "related_input_rank 0 has two aipp_op blocks"),
     ("", "no aipp_op block"),
@@ -182,7 +184,8 @@ def test_configurations_graphopt_cannot_honour_are_refused_by_line_and_key(tmp_p
      "src_image_size_w 40, but input 'x' is 32 along w (graphopt does not resize; crop: true "
      "takes a part of the image)"),
     ("aipp_op { input_format: RGB888_U8 crop: true load_start_pos_w: 9 "
-     "src_image_size_w: 40 }", None, "takes 32 along w, past the source image's 40"),
+     "src_image_size_w: 40 }", None,
+     "aipp.cfg:1: the crop from load_start_pos_w 9 takes 32 along w, past the source image's 40"),
     ("aipp_op { input_format: RGB888_U8 crop: true crop_size_w: 30 }", None,
      "crop_size_w 30, but input 'x' is 32 along w"),
     ("aipp_op { input_format: RGB888_U8 }", "dynamic",
@@ -223,3 +226,27 @@ def test_int8_calibrates_on_the_images_the_model_now_takes(tmp_path, capsys):
     assert f"accuracy vs {source} with --insert-op-conf's preprocessing on" in out
     row = next(line for line in out.splitlines() if line.startswith("y "))
     assert float(row.split()[3]) > 0.99
+
+
+def test_compare_feeds_images_of_every_pixel_value(tmp_path):
+    # Seeded uint8 inputs were 0/1 (safe as indices): a compile that clipped the pixels at 1
+    # passed compare and --verify alike.
+    model = _classifier()
+    compiled = graphopt.optimize(model, level=0, insert_op_conf=_config(tmp_path)).to_onnx()
+    (crop,) = [n for n in compiled.graph.node if n.op_type == "Slice"]
+    compiled.graph.node.insert(0, onnx.helper.make_node("Min", ["x", "one"], ["x_clipped"]))
+    compiled.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1, np.uint8), "one"))
+    crop.input[0] = "x_clipped"
+    assert not compare_models(model, compiled).passed
+
+
+def test_a_shape_profiles_artifact_records_its_preprocessing(tmp_path, capsys):
+    source = tmp_path / "net.onnx"
+    onnx.save(_classifier(batch="N"), source)
+    om = tmp_path / "net.om"
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "--insert-op-conf",
+                         _config(tmp_path), "--dynamic-dims", "N:1,2")
+    assert rc == 0, err
+    assert compare_models(source, om).passed  # refused the uint8 input without the record
+    rc, out, _ = run_cli(capsys, "inspect", om)
+    assert "preprocess  --insert-op-conf: 'x': RGB888_U8 36x40" in out

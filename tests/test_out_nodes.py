@@ -181,6 +181,7 @@ def test_each_shape_profile_is_cut_alike(tmp_path):
         x = np.random.default_rng(batch).standard_normal((batch, 8, 32, 32)).astype(np.float32)
         expected = numerics.run(_with_outputs(model, ["scores"]), {"x": x})
         assert not numerics.compare(expected, session.run({"x": x}), RTOL, ATOL)
+    assert compare_models(model, om).passed  # the profiles' .om records the cut outputs too
 
 
 def test_a_precision_compiles_accuracy_report_compares_the_cut_outputs(tmp_path, capsys):
@@ -193,3 +194,19 @@ def test_a_precision_compiles_accuracy_report_compares_the_cut_outputs(tmp_path,
     row = next(line for line in out.splitlines() if line.startswith("scores "))
     assert float(row.split()[3]) > 0.999
     assert f"the time of {path} ended at --out-nodes" in out
+
+
+@pytest.mark.parametrize("spec", ["x", "wb"])
+def test_compare_matches_an_output_cut_at_an_input_or_a_weight(tmp_path, capsys, spec):
+    # The reference computes neither: compare crashed on a table of no row.
+    path = tmp_path / "m.onnx"
+    onnx.save(parse_model("""
+        g (float[4] x) => (float[4] y) {
+            y = Add (x, wb)
+        }""", wb=np.arange(4, dtype=np.float32)), path)
+    cut = tmp_path / "cut.om"
+    rc, _, err = run_cli(capsys, "optimize", path, "-o", cut, "--out-nodes", spec)
+    assert rc == 0, err
+    rc, out, err = run_cli(capsys, "compare", path, cut)
+    assert rc == 0, err
+    assert f"\n{spec} " in out and "outputs: 1/1 pass" in out

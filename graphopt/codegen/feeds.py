@@ -108,9 +108,11 @@ RANDOM_INPUT_BYTES = 4 << 30
 
 
 def random_array(name: str, shape: list[int], dtype: np.dtype,
-                 rng: np.random.Generator) -> np.ndarray:
+                 rng: np.random.Generator, pixels: bool = False) -> np.ndarray:
     """Seeded data for input `name`: normal floats, 0/1 integers (safe as indices into any
-    non-empty axis), random booleans, "a" strings; InputError when it would be too large."""
+    non-empty axis), random booleans, "a" strings; InputError when it would be too large.
+    `pixels`: integers of every value 0-255 (an image --insert-op-conf's preprocessing takes:
+    0/1 images hid errors only brighter pixels show)."""
     count = math.prod(shape)
     if count * 16 > RANDOM_INPUT_BYTES:
         raise InputError(f"input {name!r} of shape {list(shape)} is too large for random data "
@@ -121,7 +123,7 @@ def random_array(name: str, shape: list[int], dtype: np.dtype,
     if dtype == np.bool_:
         data = rng.random(shape) < 0.5
     elif np.issubdtype(dtype, np.integer):
-        data = rng.integers(0, 2, size=shape)
+        data = rng.integers(0, 256 if pixels else 2, size=shape)
     elif np.issubdtype(dtype, np.complexfloating):
         data = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
     else:

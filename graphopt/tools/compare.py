@@ -336,9 +336,10 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
         shared = [t for t in cand_tensors if t.name in computed]
     names = [t.name for t in shared]
-    # A candidate cut short (--out-nodes) returns tensors the reference computes inside.
-    inner_outputs = [n for n in cand_side.outputs if n not in ref_side.outputs
-                     and n in {t.name for t in ref_side.tensors}]
+    # A candidate cut short (--out-nodes) returns tensors the reference computes inside, or
+    # holds as an input or weight (a cut at one of those left no row: compare then crashed).
+    inner = {t.name for t in ref_side.tensors} | _inputs_and_weights(ref_side)
+    inner_outputs = [n for n in cand_side.outputs if n not in ref_side.outputs and n in inner]
     cut = [n for n in ref_side.outputs
            if n not in cand_side.outputs and n in cand_side.cut_outputs()]
     try:
@@ -461,3 +462,11 @@ def declared_types(model: onnx.ModelProto | None) -> dict[str, str]:
     return {info.name: type_label(proto_type(info.type))
             for info in (*model.graph.output, *model.graph.value_info)
             if info.type.WhichOneof("value") in ("sequence_type", "map_type", "optional_type")}
+
+
+def _inputs_and_weights(side) -> set[str]:
+    """The names of the inputs and initializers of an ONNX side's main graph."""
+    if side.proto is None:
+        return set()
+    graph = side.proto.graph
+    return {value.name for value in (*graph.input, *graph.initializer)}
