@@ -183,22 +183,31 @@ def _rewire(graph, value: Value, image: Value, op: AippOp, layout: str,
                                  const("crop_end", np.array([top + h, left + w], np.int64)),
                                  const("crop_axes", np.array([1, 2], np.int64))],
                        dtype=DType.UINT8, shape=(n, h, w, c))
-    if op.swap_rb:
-        current = node("Gather", [current, const("swap_rb", np.array([2, 1, 0], np.int64))],
-                       {"axis": 3}, dtype=DType.UINT8, shape=(n, h, w, c))
+    swap = np.array([2, 1, 0], np.int64)
+    # ATC swaps before it normalizes, each channel by its constants after the swap. On an NCHW
+    # input the swap goes last, on whole planes, with the constants swapped back: where a Conv
+    # reads it, FoldInputAffine then permutes the Conv's weights and no op is left of it.
+    swap_last = op.swap_rb and layout == "NCHW"
+    order = swap if swap_last else np.arange(c)
+    if op.swap_rb and not swap_last:  # NHWC: one byte per value to move, before the Cast
+        current = node("Gather", [current, const("swap_rb", swap)], {"axis": 3},
+                       dtype=DType.UINT8, shape=(n, h, w, c))
     if layout == "NCHW":
         current = node("Transpose", [current], {"perm": [0, 3, 1, 2]}, dtype=DType.UINT8,
                        shape=(n, c, h, w))
     shape = current.shape
     current = node("Cast", [current], {"to": int(DType.FLOAT)}, shape=shape)
     channel_shape = (1, c, 1, 1) if layout == "NCHW" else (c,)
-    offset = np.add(op.mean, op.minimum)
+    offset = np.add(op.mean, op.minimum)[np.argsort(order)]
     if offset.any():
         current = node("Sub", [current, const("mean", offset.astype(np.float32)
                                               .reshape(channel_shape))], shape=shape)
-    if any(scale != 1.0 for scale in op.var_reci):
-        current = node("Mul", [current, const("var_reci", np.asarray(op.var_reci, np.float32)
+    scale = np.asarray(op.var_reci)[np.argsort(order)]
+    if (scale != 1.0).any():
+        current = node("Mul", [current, const("var_reci", scale.astype(np.float32)
                                               .reshape(channel_shape))], shape=shape)
+    if swap_last:
+        current = node("Gather", [current, const("swap_rb", swap)], {"axis": 1}, shape=shape)
     if value.dtype == DType.FLOAT16:
         current = node("Cast", [current], {"to": int(DType.FLOAT16)}, dtype=DType.FLOAT16,
                        shape=shape)

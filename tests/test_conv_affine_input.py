@@ -32,14 +32,14 @@ def _model(body: str, group: int = 1, kernel: int = 3, pads: int = 1, **extra) -
     return parse_model(text, **weights, **extra)
 
 
-def _compiled(proto) -> list[str]:
+def _compiled(proto, atol: float = 1e-5) -> list[str]:
     """The compiled model's ops, once its outputs are checked against the original's."""
     result = graphopt.optimize(proto)
     out = result.to_onnx()
     onnx.checker.check_model(out)
     feeds = {"x": RNG.standard_normal((2, 8, 9, 9)).astype(np.float32) * 3}
     expected, actual = numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]
-    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=atol)
     return ops(result.model)
 
 
@@ -189,3 +189,32 @@ def test_an_input_normalized_before_an_unpadded_conv_folds_entirely():
                           std=np.abs(SCALE), w=RNG.standard_normal((8, 8, 3, 3)).astype(
                               np.float32))
     assert _compiled(flipped) == ["Sub", "Conv"]
+
+
+PERMUTATION = np.array([3, 0, 7, 1, 6, 2, 5, 4], np.int64)
+# The permuted Conv sums its input channels in another order: float32 rounding at the outputs'
+# scale (up to ~60 here), not an error of the fold.
+SUM_ORDER = 1e-6 * 60
+
+
+@pytest.mark.parametrize("indices", [PERMUTATION, PERMUTATION - 8])
+def test_a_channel_permutation_goes_into_the_conv(indices):
+    # An image read as BGR by a model trained on RGB: x[:, [2, 1, 0]] exports as a Gather.
+    assert _compiled(_model("h = Gather<axis = 1>(x, p)", p=indices), SUM_ORDER) == ["Conv"]
+    # With a scale before it, both go in (the permutation first exposes the Mul).
+    body = "m = Mul(x, s)\n h = Gather<axis = -3>(m, p)"
+    assert _compiled(_model(body, s=SCALE, p=indices), SUM_ORDER) == ["Conv"]
+
+
+@pytest.mark.parametrize("body, extra", [
+    ("h = Gather<axis = 1>(x, p)", {"p": np.array([0, 1, 1, 2, 3, 4, 5, 6], np.int64)}),
+    ("h = Gather<axis = 2>(x, p)", {"p": np.arange(9)[::-1].copy()}),
+])
+def test_gathers_that_are_no_channel_permutation_stay(body, extra):
+    # A repeated channel, or a permutation of rows: not a reordering of the Conv's inputs.
+    assert "Gather" in _compiled(_model(body, **extra))
+
+
+def test_a_grouped_conv_keeps_its_permutation():
+    assert _compiled(_model("h = Gather<axis = 1>(x, p)", group=2, p=PERMUTATION)) == \
+        ["Gather", "Conv"]

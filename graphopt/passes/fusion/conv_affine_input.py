@@ -4,6 +4,7 @@ r"""FoldInputAffine: per-channel Mul/Div/Add/Sub on a Conv's input folded into t
     h · s ─ Conv(W, b)         →  h ─ Conv(W · s, b)          (any pads; h / s as h · 1/s)
     h + t ─ Conv(W, b)         →  h ─ Conv(W, b + Σ W · t)    (no padding; h − t as h + −t)
     h · s + t ─ Conv(W, b)     →  h + t/s ─ Conv(W · s, b)    (padded, s ≠ 0 in every channel)
+    h[:, p] ─ Conv(W, b)       →  h ─ Conv(W[:, argsort(p)], b) (a Gather permuting channels)
 
 s and t run along the input's channel axis (scalar, [C] as [1, C, 1, 1] or [C, 1, 1]), so W is
 scaled along its axis 1, within each group. A shift cannot enter the bias where the Conv pads:
@@ -226,13 +227,52 @@ class AffineIntoPaddedConv(Rule):
                        **conv.attrs)
 
 
+class PermutationIntoConv(Rule):
+    """Gather(h, p, axis=1) → Conv, p a permutation of the input channels (an RGB image read
+    as BGR): the Conv reads h, its weights' input channels permuted (W[:, argsort(p)]), exact."""
+
+    def pattern(self, op, h, p):
+        return _conv_of(op, op.Gather(h, p, _name="gather"))
+
+    def check(self, conv, gather, h, w, p, b=None, **_):
+        reason = _not_constant(weight=w, bias=b)
+        if reason:
+            return reason
+        if conv.attr("group", 1) != 1:
+            return "the Conv is grouped: a permutation may cross its groups"
+        if w.shape is None or len(w.shape) < 3 or not isinstance(w.shape[1], int):
+            return f"the shape of weight %{w.name} is unknown"
+        channels = w.shape[1]
+        if h.shape is None or len(h.shape) != len(w.shape) or h.shape[1] != channels:
+            return f"%{h.name} is not the Conv's {channels}-channel input"
+        if gather.attr("axis", 0) not in (1, 1 - len(h.shape)):
+            return "the Gather does not index the channel axis"
+        return None if _permutation(p, channels) is not None else \
+            f"%{p.name} is not a constant permutation of the {channels} input channels"
+
+    def rewrite(self, op, conv, gather, h, w, p, b=None):
+        order = np.argsort(_permutation(p, w.shape[1]))
+        return op.Conv(h, op.const(np.ascontiguousarray(w.constant()[:, order]),
+                                   f"{w.name}_permuted"), b, **conv.attrs)
+
+
+def _permutation(p, channels: int) -> np.ndarray | None:
+    """`p`'s indices into `channels` channels, when they are a permutation of them."""
+    indices = p.constant() if p.is_constant else None
+    if indices is None or indices.ndim != 1 or indices.size != channels \
+            or indices.dtype.kind not in "iu":
+        return None
+    indices = indices.astype(np.int64) % channels
+    return indices if np.array_equal(np.sort(indices), np.arange(channels)) else None
+
+
 @register
 class FoldInputAffine(RulePass):
     name = "FoldInputAffine"
-    description = ("fold per-channel Mul/Div/Add/Sub on a Conv's input into the Conv's weights "
-                   "and bias")
-    rules = (ShiftIntoConv, ShiftSubtractedIntoConv, ScaleIntoConv, ScaleDividedIntoConv,
-             AffineIntoPaddedConv)
+    description = ("fold per-channel Mul/Div/Add/Sub and channel permutations (Gather) on a "
+                   "Conv's input into the Conv's weights and bias")
+    rules = (PermutationIntoConv, ShiftIntoConv, ShiftSubtractedIntoConv, ScaleIntoConv,
+             ScaleDividedIntoConv, AffineIntoPaddedConv)
 
 
 __all__ = ["FoldInputAffine"]
