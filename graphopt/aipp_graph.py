@@ -139,14 +139,14 @@ def _described(value: Value) -> str:
 def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int], where: str) -> Value:
     """The uint8 [N, H, W, C] input that replaces `value` (which keeps its readers under a new
     name, to be computed from the image)."""
-    src = tuple(s or (start + inner) for s, start, inner
-                in zip(op.src_size, op.crop_start if op.crop else (0, 0), size))
+    src = tuple(s or inner for s, inner in zip(op.src_size, size))  # ATC's default: the model's
     if op.crop:
         for axis, start, inner, outer in zip("hw", op.crop_start, size, src):
             if start + inner > outer:
                 raise OptionError(f"{where}: the crop from load_start_pos_"
                                   f"{axis} {start} takes {inner} along {axis}, past the "
-                                  f"source image's {outer}")
+                                  f"source image's {outer} (src_image_size_{axis}, by "
+                                  "default the model's)")
     batch = value.shape[0]
     name = value.name
     index = graph.inputs.index(value)

@@ -142,8 +142,10 @@ def _cmd_run(args) -> int:
         if args.input_shape:  # the runtime takes the shape profile the pinned shapes fit
             signature = pinned_signature(session.inputs, parse_input_shapes(args.input_shape),
                                          args.model)
+        images = session.artifact.extra.get("preprocess")  # --insert-op-conf's uint8 images
         try:
-            feeds = random_feeds(signature, seed=seed)
+            feeds = random_feeds(signature, seed=seed,
+                                 images=images if isinstance(images, dict) else ())
         except InputError as exc:
             # An .npz holds arrays: a sequence or map can only be fed from Python.
             hint = ("pin its dims with --input-shape, or pass --inputs FILE.npz with concrete "

@@ -574,10 +574,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             calibration = check_calibration(options.calibration, ir_model.graph)
         except CalibrationShapeError as exc:
             if shared_stats is None:
-                raise
+                raise _with_image_hint(exc, aipp) from None
             mismatch = exc  # a shape profile the data does not fit: QuantizeInt8 borrows
             shared_stats.misfit = shared_stats.misfit or \
                 f"shape profile {shared_stats.profile}: {exc}"
+        except OptionError as exc:  # of another dtype, say
+            raise _with_image_hint(exc, aipp) from None
         else:
             if shared_stats is not None:
                 shared_stats.fitted = True
@@ -662,6 +664,14 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _with_image_hint(exc: Exception, aipp) -> Exception:
+    """A calibration refusal that says why images are expected, under --insert-op-conf."""
+    if not aipp or "the model expects" not in str(exc):
+        return exc
+    return type(exc)(f"{exc} ({option('insert_op_conf')} makes the model take uint8 images, "
+                     "and it calibrates on them: give frames, not preprocessed tensors)")
 
 
 def plan_partition_memory(models: dict[str, Model], reorder: bool = False) -> dict:

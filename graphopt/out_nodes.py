@@ -76,8 +76,8 @@ def select_outputs(model: Model, wanted: list[str], label: str) -> str:
 
 
 def _resolve(graph: Graph, name: str, label: str) -> Value:
-    """The main-graph tensor `name` names: a tensor of that name, else `node:index`, else a
-    node of that name with one output."""
+    """The main-graph tensor `name` names: a tensor of that name, else `node:index`, else
+    `tensor:0` (TensorFlow's spelling), else a node of that name with one output."""
     values = {value.name: value for value in (*graph.inputs, *graph.initializers.values())}
     nodes = {}
     for node in graph.nodes():
@@ -94,6 +94,8 @@ def _resolve(graph: Graph, name: str, label: str) -> Value:
         raise OptionError(f"{label}: {option('out_nodes')} {name!r}: node "
                           f"{node_name!r} ({nodes[node_name].op_type}) has "
                           f"{sum(v is not None for v in outputs)} output(s), none at index {index}")
+    if colon and index == "0" and node_name in values:  # TensorFlow's spelling: tensor:0
+        return values[node_name]
     if name in nodes:
         outputs = [value for value in nodes[name].outputs if value is not None]
         if len(outputs) == 1:

@@ -11,6 +11,7 @@ from helpers import parse_model, run_cli
 import graphopt
 from graphopt import numerics
 from graphopt.aipp_config import read_aipp_config
+from graphopt.codegen.feeds import load_npz, random_feeds
 from graphopt.errors import InputError, OptionError
 from graphopt.tools.compare import compare_models
 
@@ -250,3 +251,35 @@ def test_a_shape_profiles_artifact_records_its_preprocessing(tmp_path, capsys):
     assert compare_models(source, om).passed  # refused the uint8 input without the record
     rc, out, _ = run_cli(capsys, "inspect", om)
     assert "preprocess  --insert-op-conf: 'x': RGB888_U8 36x40" in out
+
+
+def test_the_source_size_defaults_to_the_models_as_in_atc(tmp_path):
+    # A crop needs the frame's size: by default it is the model's, which leaves no room.
+    text = "aipp_op { input_format: RGB888_U8 crop: true load_start_pos_h: 2 }"
+    with pytest.raises(OptionError, match=r"past the source image's 32 \(src_image_size_h, by "
+                                          r"default the model's\)"):
+        graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path, text))
+    fitting = "aipp_op { input_format: RGB888_U8 crop: true }"  # from (0, 0): the whole image
+    compiled = graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path, fitting))
+    assert compiled.to_onnx().graph.input[0].type.tensor_type.shape.dim[1].dim_value == 32
+
+
+def test_calibration_data_of_the_preprocessed_form_are_refused_with_the_reason(tmp_path):
+    calibration = tmp_path / "tensors.npz"
+    np.savez(calibration, x=np.zeros((4, 3, 32, 32), np.float32))
+    with pytest.raises(OptionError, match="insert_op_conf makes the model take uint8 images"):
+        graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path), quantize="int8",
+                          calibration=calibration)
+
+
+def test_run_draws_random_images_of_every_pixel_value(tmp_path, capsys):
+    om = tmp_path / "net.om"
+    graphopt.save(graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path)), om)
+    out = tmp_path / "y.npz"
+    rc, _, err = run_cli(capsys, "run", om, "--outputs", out)
+    assert rc == 0, err
+    images = random_feeds(graphopt.load(om).inputs, seed=0, images={"x"})["x"]
+    assert images.max() > 200  # not the 0/1 of an index input
+    expected = numerics.run(_classifier(), {"x": _preprocessed(images)})["y"]
+    np.testing.assert_allclose(load_npz(out)["y"], expected, rtol=1e-4, atol=1e-5)
+

@@ -73,6 +73,16 @@ def test_a_tensor_named_like_node_colon_index_is_taken_by_its_name():
     assert [v.name for v in result.model.graph.outputs] == ["a:1"]
 
 
+def test_tensorflows_tensor_colon_0_names_the_tensor():
+    model = parse_model("""
+        g (float[4] x) => (float[4] y) {
+            r = Relu (x)
+            y = Neg (r)
+        }""")
+    result = graphopt.optimize(model, out_nodes="r:0")
+    assert [v.name for v in result.model.graph.outputs] == ["r"]
+
+
 def _if_model() -> onnx.ModelProto:
     return parse_model("""
         g (bool c, float[4] x) => (float[4] y) {

@@ -7,7 +7,7 @@ import math
 import os
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,22 +56,25 @@ def describe(entry: Mapping) -> str:
     return f"{entry['dtype'] or '?'}[{dims}]"
 
 
-def random_feeds(signature: list[Mapping], seed: int = 0) -> dict[str, Any]:
+def random_feeds(signature: list[Mapping], seed: int = 0,
+                 images: Collection[str] = ()) -> dict[str, Any]:
     """Seeded arrays for a signature, drawn as numerics.random_feeds draws them: normal floats,
-    integers in {0, 1} (safe as indices into any non-empty axis), random booleans. A sequence of
+    integers in {0, 1} (safe as indices into any non-empty axis), random booleans; the inputs
+    `images` names (those --insert-op-conf made) every pixel value 0-255. A sequence of
     tensors gets RANDOM_SEQUENCE_LENGTH of them, an optional tensor a present one.
 
     Raises InputError naming the input and dim when a shape is not fully static or a dtype has
     no numpy equivalent: there is no size to invent that the model would accept.
     """
     rng = np.random.default_rng(seed)
-    return {entry["name"]: random_value(entry, rng) for entry in signature}
+    return {entry["name"]: random_value(entry, rng, entry["name"] in images)
+            for entry in signature}
 
 
-def random_value(entry: Mapping, rng: np.random.Generator) -> Any:
+def random_value(entry: Mapping, rng: np.random.Generator, pixels: bool = False) -> Any:
     """A random feed for one signature entry (see random_feeds)."""
     if not entry.get("type"):
-        return _random_tensor(entry, rng)
+        return _random_tensor(entry, rng, pixels)
     kind, element = parse_type(entry["type"]), entry.get("element")
     if kind[0] not in ("seq", "optional") or kind[1][0] != "tensor" or element is None:
         raise InputError(f"input {entry['name']!r} is a {entry['type']}, so random data cannot "
@@ -86,7 +89,7 @@ def random_value(entry: Mapping, rng: np.random.Generator) -> Any:
     return [_random_tensor(element, rng) for _ in range(RANDOM_SEQUENCE_LENGTH)]
 
 
-def _random_tensor(entry: Mapping, rng: np.random.Generator) -> np.ndarray:
+def _random_tensor(entry: Mapping, rng: np.random.Generator, pixels: bool = False) -> np.ndarray:
     name, shape = entry["name"], entry["shape"]
     if shape is None:
         raise InputError(f"input {name!r} has an unknown rank, so random data cannot be made for it")
@@ -99,7 +102,7 @@ def _random_tensor(entry: Mapping, rng: np.random.Generator) -> np.ndarray:
     if dtype is None:
         raise InputError(f"input {name!r} has dtype {entry['dtype'] or 'unknown'}, for which "
                          "numpy has no type to make random data with")
-    return random_array(name, shape, dtype, rng)
+    return random_array(name, shape, dtype, rng, pixels)
 
 
 # More than a random input may take: the draw is made in float64 (16 bytes per complex
