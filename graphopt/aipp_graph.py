@@ -12,23 +12,9 @@ from graphopt.aipp_config import FORMAT_CHANNELS, AippOp
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Value
 from graphopt.option_names import option
+from graphopt.source_marks import PREPROCESS_KEY, inserted_preprocessing
 
-# Model metadata: the preprocessing a compile inserted (a JSON object by input name), for
-# inspect and compare. An .om keeps it in its manifest's extra.
-PREPROCESS_KEY = "graphopt.preprocess"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
-
-
-def inserted_preprocessing(props) -> dict:
-    """The preprocessing metadata `props` (a mapping or a ModelProto's metadata_props) records,
-    by input name: {} when a compile inserted none."""
-    if not hasattr(props, "get"):
-        props = {p.key: p.value for p in props}
-    try:
-        recorded = json.loads(props.get(PREPROCESS_KEY, "{}"))
-    except ValueError:
-        return {}
-    return recorded if isinstance(recorded, dict) else {}
 
 
 def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:

@@ -27,13 +27,13 @@ from graphopt.ir.onnx_io import check_no_external_references, is_repeated_field
 from graphopt.ir.external_data import save_onnx
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
-from graphopt.aipp_graph import inserted_preprocessing
 from graphopt.portable_types import residual_types_kept
 from graphopt.source_edits import apply_source_edits
+from graphopt.source_marks import cut_outputs, inserted_preprocessing
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
-from graphopt.out_nodes import cut_outputs, parse_out_nodes
+from graphopt.out_nodes import parse_out_nodes
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options

@@ -164,7 +164,7 @@ def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None =
     A dim comes from `shapes[input][axis]` (ATC-style pins, -1 = not pinned), else the model,
     else `dims[symbol]`, else 1. An input of unknown rank is an InputError that names the
     caller's keyword for real inputs, `feeds_keyword` (optimize's by default)."""
-    from graphopt.aipp_graph import inserted_preprocessing
+    from graphopt.source_marks import inserted_preprocessing
 
     rng = np.random.default_rng(seed)
     dims = dict(dims or {})

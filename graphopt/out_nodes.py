@@ -8,23 +8,7 @@ from graphopt.errors import InputError, OptionError
 from graphopt.ir import Graph, Model, Value
 from graphopt.option_names import option
 from graphopt.passes.infer_shapes import infer_shapes
-
-
-# Model metadata: the outputs of the source model a compile cut off (a JSON list), for compare
-# to leave out of its verdict rather than fail as lost. An .om keeps it in its manifest's extra.
-CUT_KEY = "graphopt.outputs_cut"
-
-
-def cut_outputs(props) -> list[str]:
-    """The source outputs metadata `props` (a mapping or a ModelProto's metadata_props) says
-    a compile cut off."""
-    if not hasattr(props, "get"):
-        props = {p.key: p.value for p in props}
-    try:
-        names = json.loads(props.get(CUT_KEY, "[]"))
-    except ValueError:
-        return []
-    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+from graphopt.source_marks import CUT_KEY, cut_outputs
 
 
 def parse_out_nodes(spec) -> list[str]:

@@ -3,6 +3,8 @@ compiled in front of the model, checked against the same preprocessing done in n
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -282,4 +284,17 @@ def test_run_draws_random_images_of_every_pixel_value(tmp_path, capsys):
     assert images.max() > 200  # not the 0/1 of an index input
     expected = numerics.run(_classifier(), {"x": _preprocessed(images)})["y"]
     np.testing.assert_allclose(load_npz(out)["y"], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_inspect_shows_the_preprocessing_of_an_onnx_output_too(tmp_path, capsys):
+    written = tmp_path / "net.onnx"
+    graphopt.save(graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path),
+                                    out_nodes="r"), written)
+    rc, out, _ = run_cli(capsys, "inspect", written)
+    assert rc == 0
+    assert "  cut         --out-nodes: the source's output(s) y are not computed" in out
+    assert "  preprocess  --insert-op-conf: 'x': RGB888_U8 36x40, crop 32x32 at 2,5" in out
+    rc, out, _ = run_cli(capsys, "inspect", written, "--json")
+    summary = json.loads(out)
+    assert summary["outputs_cut"] == ["y"] and summary["preprocess"]["x"]["swap_rb"] is True
 

@@ -12,7 +12,8 @@ from helpers import conv_topk_model, parse_model, run_cli
 import graphopt
 from graphopt import numerics
 from graphopt.errors import OptionError
-from graphopt.out_nodes import CUT_KEY, cut_outputs, parse_out_nodes
+from graphopt.out_nodes import parse_out_nodes
+from graphopt.source_marks import CUT_KEY, cut_outputs
 from graphopt.tools.compare import compare_models
 
 RTOL, ATOL = 1e-4, 1e-5

@@ -10,6 +10,7 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.feeds import typed_entry
+from graphopt.source_marks import cut_text, preprocessing_text
 from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS, order_label
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
@@ -454,6 +455,17 @@ def target_line(artifact: OmArtifact) -> str:
     return f"{name} (profile file {one_line(profile_file)}{clash})"
 
 
+def source_edit_lines(cut, preprocess) -> list[tuple[str, str]]:
+    """The header lines of what the compile edited of its source, from what the model
+    records (an .om's extra, an .onnx's metadata): none where it records nothing usable."""
+    lines = []
+    if isinstance(cut, list) and cut:
+        lines.append(("cut", one_line(cut_text(cut))))
+    if isinstance(preprocess, dict) and preprocess:
+        lines.append(("preprocess", one_line(preprocessing_text(preprocess))))
+    return lines
+
+
 def format_om(artifact: OmArtifact) -> str:
     """The artifact for a person: what it was built from and for, what it takes and returns,
     what runs where and in which order, and what the compiler did."""
@@ -465,15 +477,7 @@ def format_om(artifact: OmArtifact) -> str:
                     f"{m['graphopt_version']}")),
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
-        *([("cut", "--out-nodes: the source's output(s) "
-                   + ", ".join(one_line(str(name)) for name in artifact.extra["outputs_cut"])
-                   + " are not computed")]
-          if isinstance(artifact.extra.get("outputs_cut"), list)
-          and artifact.extra["outputs_cut"] else []),
-        *([("preprocess", "--insert-op-conf: "
-            + one_line(_preprocessing(artifact.extra["preprocess"])))]
-          if isinstance(artifact.extra.get("preprocess"), dict) and artifact.extra["preprocess"]
-          else []),
+        *source_edit_lines(artifact.extra.get("outputs_cut"), artifact.extra.get("preprocess")),
         ("target", target_line(artifact)),
         ("precision", precision_line(artifact)),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "
@@ -565,31 +569,3 @@ def format_om(artifact: OmArtifact) -> str:
         parts.append("other members\n" + "\n".join(
             f"  {name}  {format_bytes(members[name]['size'])}" for name in others))
     return "\n\n".join(parts)
-
-def _preprocessing(recorded: dict) -> str:
-    """One line of what an artifact's extra "preprocess" records (read defensively: the
-    manifest's extra is free-form)."""
-    parts = []
-    for name, entry in recorded.items():
-        entry = entry if isinstance(entry, dict) else {}
-        steps = [f"{entry.get('input_format', '?')} {_size(entry.get('src_size'))}"]
-        if entry.get("crop"):
-            steps.append(f"crop {_size(entry.get('crop_size'))} at {_size(entry.get('crop_start'), ',')}")
-        if entry.get("swap_rb"):
-            steps.append("R/B swapped")
-        steps.append(f"(x - {_numbers(entry.get('mean'))} - {_numbers(entry.get('min'))}) "
-                     f"* {_numbers(entry.get('var_reci'))}")
-        steps.append(f"to {entry.get('layout', '?')}")
-        parts.append(f"{name!r}: " + ", ".join(steps))
-    return "; ".join(parts)
-
-
-def _size(pair, separator: str = "x") -> str:
-    return separator.join(str(v) for v in pair) if isinstance(pair, list) else "?"
-
-
-def _numbers(values) -> str:
-    if not isinstance(values, list):
-        return "?"
-    return "[" + ", ".join(f"{v:g}" if isinstance(v, (int, float)) else "?" for v in values) + "]"
-

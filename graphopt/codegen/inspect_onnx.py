@@ -12,9 +12,10 @@ from onnx import TensorProto, helper
 
 from graphopt.codegen.feeds import typed_entry, typed_inputs
 from graphopt.codegen.inspect_om import (format_bytes, op_counts, signature_cells,
-                                         weight_tensors)
+                                         source_edit_lines, weight_tensors)
 from graphopt.errors import InputError, one_line
 from graphopt.ir.onnx_io import check_looks_like_model
+from graphopt.source_marks import cut_outputs, inserted_preprocessing
 from graphopt.table import format_table
 
 
@@ -101,6 +102,9 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
         # Files the weights point to that are not beside the model: inspect reads dims only,
         # but the model will not load (compare, diff and optimize refuse it).
         "missing_external_files": _missing_external_files(weights, path),
+        # What a graphopt compile edited of its source (--out-nodes, --insert-op-conf).
+        "outputs_cut": cut_outputs(model.metadata_props),
+        "preprocess": inserted_preprocessing(model.metadata_props),
     }
 
 
@@ -136,6 +140,7 @@ def format_onnx(summary: dict) -> str:
         ("opsets", ", ".join(f"{one_line(d)} {v}" for d, v in summary["opsets"].items())),
         ("nodes", f"{summary['nodes']} ({len(summary['ops'])} op types)"),
         ("weights", weights),
+        *source_edit_lines(summary.get("outputs_cut"), summary.get("preprocess")),
     ]
     functions = summary.get("functions")
     if functions:

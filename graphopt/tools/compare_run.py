@@ -20,7 +20,7 @@ from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
-from graphopt.out_nodes import cut_outputs
+from graphopt.source_marks import cut_outputs
 from graphopt.warning_scope import kept_notices
 
 
@@ -178,7 +178,7 @@ def with_candidates_preprocessing(reference: Side, candidate: Side) -> tuple[Sid
     with in front of it, when the candidate records some for inputs the reference takes as it
     was before: both then take the same uint8 images; with a note saying so. Otherwise
     `reference` itself, and None."""
-    from graphopt.aipp_graph import inserted_preprocessing
+    from graphopt.source_marks import inserted_preprocessing
 
     if candidate.session is not None:
         recorded = candidate.session.artifact.extra.get("preprocess")

@@ -1,0 +1,72 @@
+"""What a compiled model records of how the compile edited its source (--out-nodes,
+--insert-op-conf), in its metadata: read by compare, inspect and the random inputs."""
+
+from __future__ import annotations
+
+import json
+
+# The outputs of the source a compile cut off (a JSON list): compare leaves them out of its
+# verdict rather than fail them as lost. An .om keeps it in its manifest's extra.
+CUT_KEY = "graphopt.outputs_cut"
+# The preprocessing a compile inserted (a JSON object by input name). An .om keeps it in its
+# manifest's extra.
+PREPROCESS_KEY = "graphopt.preprocess"
+
+
+def _props(props) -> dict:
+    return props if hasattr(props, "get") else {p.key: p.value for p in props}
+
+
+def cut_outputs(props) -> list[str]:
+    """The source outputs metadata `props` (a mapping or a ModelProto's metadata_props) says
+    a compile cut off."""
+    try:
+        names = json.loads(_props(props).get(CUT_KEY, "[]"))
+    except ValueError:
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def inserted_preprocessing(props) -> dict:
+    """The preprocessing metadata `props` records, by input name: {} when a compile inserted
+    none."""
+    try:
+        recorded = json.loads(_props(props).get(PREPROCESS_KEY, "{}"))
+    except ValueError:
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def preprocessing_text(recorded: dict) -> str:
+    """One line of what `recorded` (inserted_preprocessing's, or an .om's extra "preprocess")
+    says, read defensively: a manifest's extra is free-form."""
+    parts = []
+    for name, entry in recorded.items():
+        entry = entry if isinstance(entry, dict) else {}
+        steps = [f"{entry.get('input_format', '?')} {_size(entry.get('src_size'))}"]
+        if entry.get("crop"):
+            steps.append(f"crop {_size(entry.get('crop_size'))} at "
+                         f"{_size(entry.get('crop_start'), ',')}")
+        if entry.get("swap_rb"):
+            steps.append("R/B swapped")
+        steps.append(f"(x - {_numbers(entry.get('mean'))} - {_numbers(entry.get('min'))}) "
+                     f"* {_numbers(entry.get('var_reci'))}")
+        steps.append(f"to {entry.get('layout', '?')}")
+        parts.append(f"{name!r}: " + ", ".join(steps))
+    return "--insert-op-conf: " + "; ".join(parts)
+
+
+def cut_text(names: list) -> str:
+    """One line of the outputs a compile cut off."""
+    return ("--out-nodes: the source's output(s) " + ", ".join(str(n) for n in names)
+            + " are not computed")
+
+
+def _size(pair, separator: str = "x") -> str:
+    return separator.join(str(v) for v in pair) if isinstance(pair, list) else "?"
+
+
+def _numbers(values) -> str:
+    if not isinstance(values, list):
+        return "?"
+    return "[" + ", ".join(f"{v:g}" if isinstance(v, (int, float)) else "?" for v in values) + "]"
