@@ -123,7 +123,6 @@ def _cmd_run(args) -> int:
         time_runs,
         timed,
     )
-    from graphopt.input_shapes import parse_input_shapes, pinned_signature
 
     warmup = _check_run_options(args)
     # A bad file fails before the slow load.
@@ -140,6 +139,8 @@ def _cmd_run(args) -> int:
         seed = 0 if args.seed is None else args.seed
         signature = _profile_signature(session)
         if args.input_shape:  # the runtime takes the shape profile the pinned shapes fit
+            from graphopt.input_shapes import parse_input_shapes, pinned_signature  # imports onnx
+
             signature = pinned_signature(session.inputs, parse_input_shapes(args.input_shape),
                                          args.model)
         images = session.artifact.extra.get("preprocess")  # --insert-op-conf's uint8 images
