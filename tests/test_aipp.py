@@ -297,4 +297,12 @@ def test_inspect_shows_the_preprocessing_of_an_onnx_output_too(tmp_path, capsys)
     rc, out, _ = run_cli(capsys, "inspect", written, "--json")
     summary = json.loads(out)
     assert summary["outputs_cut"] == ["y"] and summary["preprocess"]["x"]["swap_rb"] is True
+    om = tmp_path / "net.om"
+    graphopt.save(graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path),
+                                    out_nodes="r"), om)
+    rc, _, err = run_cli(capsys, "report", om, "-o", tmp_path / "net.html")
+    assert rc == 0, err
+    page = (tmp_path / "net.html").read_text()
+    assert "<th>preprocess</th><td>--insert-op-conf: &#x27;x&#x27;: RGB888_U8 36x40" in page
+    assert "<th>cut</th><td>--out-nodes: the source&#x27;s output(s) y are not computed" in page
 

@@ -10,7 +10,8 @@ from graphopt.codegen.inspect_om import (PROFILE_HEADERS, by_partition, format_b
                                          largest_profile, partition_size, precision_line,
                                          profile_cells, profile_kernel_configs,
                                          profile_memory_plans, profile_rows, profile_sections,
-                                         profile_views, signature_cells, typed_signature)
+                                         profile_views, signature_cells, source_edit_lines,
+                                         typed_signature)
 from graphopt.codegen.om_manifest import order_label
 from graphopt.markup import escape
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
@@ -108,6 +109,8 @@ def _summary(data: ReportData) -> str:
         ("artifact sha256", f"<code>{data.om_sha256}</code>"),
         ("model source", source_text),
         ("source sha256", f"<code>{escape(source['sha256'] or '(not recorded)')}</code>"),
+        *[(key, escape(text)) for key, text in source_edit_lines(
+            data.artifact.extra.get("outputs_cut"), data.artifact.extra.get("preprocess"))],
         ("target", f"<b>{escape(m['target'])}</b>"),
         ("precision", escape(precision_line(data.artifact))),
         ("written by", escape(f"{m['created_by']} {m['graphopt_version']} "
