@@ -243,16 +243,23 @@ def test_outputs_off_by_rounding_alone_pass_the_default_rule_as_under_verify(mon
     assert rc == 1 and "culprit pass:    TestBisectNudgeOneWeight" in out
 
 
-def test_a_culprits_report_keeps_the_note_an_evaluation_passed_by(monkeypatch, tmp_path,
-                                                                   capsys):
-    # The search's progress said "ok (rounding alone, see note)" of the nudge's prefix, and
-    # the report of the culprit after it had no note to see.
+def _nudged_then_shifted(monkeypatch, tmp_path):
+    """An Add of values up to 900 under a pipeline that nudges a weight (within rounding)
+    and then shifts the Add (beyond it): the path of the model."""
     _with_pipeline(monkeypatch, ("InferShapes", NudgeOneWeight.name, ShiftTheAdd.name),
                    NudgeOneWeight, ShiftTheAdd)
     values = np.linspace(-900, 900, 200, dtype=np.float32).reshape(1, 200)
     path = tmp_path / "add.onnx"
     onnx.save(parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",
                           v=values), path)
+    return path
+
+
+def test_a_culprits_report_keeps_the_note_an_evaluation_passed_by(monkeypatch, tmp_path,
+                                                                   capsys):
+    # The search's progress said "ok (rounding alone, see note)" of the nudge's prefix, and
+    # the report of the culprit after it had no note to see.
+    path = _nudged_then_shifted(monkeypatch, tmp_path)
     rc, out, err = run_cli(capsys, "bisect", path)
     assert rc == 1 and "culprit rewrite: Shift at %y" in out
     assert "ok (rounding alone, see note)" in err
@@ -263,12 +270,7 @@ def test_the_original_runs_once_at_enable_all_however_many_evaluations_fail(monk
                                                                             tmp_path):
     # Each evaluation outside rtol/atol ran the original again at ORT_ENABLE_ALL for the
     # rounding allowance's baseline: a large model's bisect paid that per failing compile.
-    _with_pipeline(monkeypatch, ("InferShapes", NudgeOneWeight.name, ShiftTheAdd.name),
-                   NudgeOneWeight, ShiftTheAdd)
-    values = np.linspace(-900, 900, 200, dtype=np.float32).reshape(1, 200)
-    path = tmp_path / "add.onnx"
-    onnx.save(parse_model("g (float[1, 200] x) => (float[1, 200] y) { y = Add(x, v) }",
-                          v=values), path)
+    path = _nudged_then_shifted(monkeypatch, tmp_path)
     levels = []
     run = numerics.run
 
