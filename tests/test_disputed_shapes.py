@@ -125,6 +125,12 @@ DISPUTES = {
         "float[N,1,5,5] x", "y = ConvTranspose <auto_pad = \"SAME_UPPER\", strides = [2, 2], "
         "output_padding = [1, 1]> (x, w)", "<float[1,1,3,3] w = {1, 1, 1, 1, 1, 1, 1, 1, 1}>",
         (1, 1, 5, 5)),
+    "MaxPool SAME dilated": (
+        "float[N,1,11,8] x", "y = MaxPool <auto_pad = \"SAME_UPPER\", kernel_shape = [3, 2], "
+        "dilations = [2, 2]> (x)", "", (1, 1, 11, 8)),
+    "AveragePool-19 SAME ceil_mode": (
+        "float[N,1,5,4] x", "y = AveragePool <auto_pad = \"SAME_LOWER\", kernel_shape = [1, 3], "
+        "strides = [3, 3], ceil_mode = 1> (x)", "", (1, 1, 5, 4), 19),
     "pool with one static spatial dim": (
         "float[N,1,4,W] x", "y = MaxPool <kernel_shape = [2, 2], strides = [2, 2], "
         "pads = [0, 0, 1, 1], ceil_mode = 1> (x)", "", (1, 1, 4, 6)),
@@ -155,11 +161,11 @@ def test_a_conv_transpose_with_an_output_shape_is_sized_alike_on_both_sides():
 @pytest.mark.parametrize("name", DISPUTES)
 @pytest.mark.parametrize("pinned", [False, True])
 def test_a_disputed_size_is_not_folded(name, pinned):
-    signature, node, weights, shape = DISPUTES[name]
+    signature, node, weights, shape, *opset = DISPUTES[name]
     weights = weights[:-1] + ", int64[1] two = {2}, int64[1] rest = {-1}>" if weights else \
         "<int64[1] two = {2}, int64[1] rest = {-1}>"
     proto = onnx.parser.parse_model(f"""
-        <ir_version: 8, opset_import: ["" : 17]>
+        <ir_version: 8, opset_import: ["" : {opset[0] if opset else 17}]>
         g ({signature}) => (float[?,?] out) {weights} {{
           {node}
           s = Shape(y)

@@ -7,6 +7,11 @@ inferred from it, and inference is kept from filling them in again.
 Each dispute was measured against onnxruntime 1.32 and onnx 1.19 over a grid of attributes:
 - a `ceil_mode` pool whose last window would start in the end padding: onnxruntime drops that
   window, inference before opset 22 keeps it;
+- a pool with `auto_pad` SAME_UPPER or SAME_LOWER over an axis it dilates: onnxruntime pads
+  for the undilated kernel (a 3-wide window dilated by 2 over 11 gives 9, not 11), at every
+  opset; and an AveragePool at opset 19-21 with `auto_pad` SAME, `ceil_mode` and a stride
+  above 1 on an axis, which inference sizes one larger on some inputs (taken as disputed over
+  every such axis, a superset of the grid's disputes);
 - Resize and Upsample by constant scales: onnxruntime sizes `int(float32(d) · scale)`, rounding
   the product to float32 first (10 · 0.7 → 7); inference sizes `floor(d · scale)` exactly (6);
 - ConvTranspose with `auto_pad` SAME_UPPER or SAME_LOWER and an `output_padding` (and no
@@ -64,11 +69,14 @@ def _spatial_dims(node: Node) -> tuple | None:
 
 
 def _pool_dims(node: Node, opset: int) -> list[int]:
-    if opset >= POOLS_FIXED_IN_OPSET or node.attr("ceil_mode", 0) != 1 \
-            or (node.attr("auto_pad") or "NOTSET") not in ("NOTSET", b"NOTSET"):
-        return []
     spatial, kernel = _spatial_dims(node), node.attr("kernel_shape")
     if spatial is None or not kernel or len(kernel) != len(spatial):
+        return []
+    auto_pad = node.attr("auto_pad") or "NOTSET"
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return _same_pool_dims(node, opset, len(spatial))
+    if opset >= POOLS_FIXED_IN_OPSET or node.attr("ceil_mode", 0) != 1 or auto_pad != "NOTSET":
         return []
     rank = len(spatial)
     strides = node.attr("strides") or [1] * rank
@@ -78,6 +86,17 @@ def _pool_dims(node: Node, opset: int) -> list[int]:
         ceil_mode_size(size, kernel[i], strides[i], pads[i], pads[rank + i], dilations[i])
         != ceil_mode_size(size, kernel[i], strides[i], pads[i], pads[rank + i], dilations[i],
                           onnx_inference=True))]
+
+
+def _same_pool_dims(node: Node, opset: int, rank: int) -> list[int]:
+    """The axes of a pool with auto_pad SAME whose size onnxruntime and inference dispute."""
+    strides = node.attr("strides") or [1] * rank
+    dilations = node.attr("dilations") or [1] * rank
+    # AveragePool-19's inference rounds a SAME ceil_mode size up where onnxruntime does not.
+    ceil_dispute = node.op_type == "AveragePool" and node.attr("ceil_mode", 0) == 1 \
+        and 19 <= opset < POOLS_FIXED_IN_OPSET
+    return [2 + i for i in range(rank)
+            if dilations[i] > 1 or ceil_dispute and strides[i] > 1]
 
 
 def _resize_scales(node: Node, opset: int) -> np.ndarray | None:
