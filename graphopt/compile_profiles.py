@@ -23,6 +23,7 @@ from graphopt.passes.instruments import start_profile_dumps
 from graphopt.quant.calib_data import CalibrationShapeError
 from graphopt.quant.shared_stats import SharedStats
 from graphopt.shape_profiles import ShapeProfile, expand_profiles
+from graphopt.source_edits import edit_source
 
 
 @dataclass
@@ -55,6 +56,9 @@ def _optimize_profiles(model, spec, options: dict):
     start = time.perf_counter()
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
     source = load_onnx(model, user_model=True)
+    # The profiles take the model as each compile edits it: its signature is the artifact's
+    # (an --insert-op-conf input takes images, an --out-nodes output is an inner tensor).
+    edit_source(source, options.get("out_nodes"), options.get("insert_op_conf"), label)
     profiles = expand_profiles(source, spec, label)
     signature = dynamic_signature(source)
     inputs = [signature[v.name] for v in source.graph.inputs if not v.is_constant]

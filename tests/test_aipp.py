@@ -255,6 +255,16 @@ def test_a_shape_profiles_artifact_records_its_preprocessing(tmp_path, capsys):
     assert "preprocess  --insert-op-conf: 'x': RGB888_U8 36x40" in out
 
 
+def test_shape_profiles_verify_on_an_inputs_file_of_images(tmp_path, capsys):
+    source, om, images = tmp_path / "net.onnx", tmp_path / "net.om", tmp_path / "frames.npz"
+    onnx.save(_classifier(batch="N"), source)
+    np.savez(images, x=_images(batch=2))
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "--insert-op-conf",
+                         _config(tmp_path), "--dynamic-dims", "N:1,2", "--verify",
+                         "--inputs", images)
+    assert rc == 0, err  # the file was checked against the float input the images replace
+
+
 def test_the_source_size_defaults_to_the_models_as_in_atc(tmp_path):
     # A crop needs the frame's size: by default it is the model's, which leaves no room.
     text = "aipp_op { input_format: RGB888_U8 crop: true load_start_pos_h: 2 }"
