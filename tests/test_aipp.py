@@ -131,6 +131,17 @@ def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path
     assert any("takes uint8 images (insert_op_conf)" in note for note in report.notes)
 
 
+def test_compare_with_a_reference_the_recorded_preprocessing_cannot_feed(tmp_path):
+    om = tmp_path / "net.om"
+    graphopt.save(graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path)), om)
+    other = parse_model("g (float[1,3,30,30] x) => (float[1,3,30,30] y) { y = Relu (x) }")
+    with pytest.raises(InputError) as refused:
+        compare_models(other, om)
+    assert str(refused.value) == (
+        f"{om} was compiled with insert_op_conf, and its recorded preprocessing does not fit "
+        "the reference: crop_size_h 32, but input 'x' is 30 along h (graphopt does not resize)")
+
+
 def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
     gray = _config(tmp_path, "aipp_op { input_format: YUV400_U8 mean_chn_0: 128 "
                              "var_reci_chn_0: 0.0078125 }")

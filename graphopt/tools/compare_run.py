@@ -196,7 +196,7 @@ def with_candidates_preprocessing(reference: Side, candidate: Side) -> tuple[Sid
 
     model = load_onnx(reference.proto, user_model=False)
     try:
-        insert_aipp(model, recorded_ops(recorded, model), "(recorded)")
+        insert_aipp(model, recorded_ops(recorded, model), None)
     except GraphoptError as exc:
         raise InputError(f"{candidate.label} was compiled with {option('insert_op_conf')}, and "
                          f"{exc}") from None
