@@ -71,7 +71,7 @@ def _resolve(graph: Graph, name: str, label: str) -> Value:
     if name in values:
         return values[name]
     node_name, colon, index = name.rpartition(":")
-    if colon and node_name in nodes and index.isdigit():
+    if colon and node_name in nodes and index.isdecimal():
         outputs = nodes[node_name].outputs
         if int(index) < len(outputs) and outputs[int(index)] is not None:
             return outputs[int(index)]

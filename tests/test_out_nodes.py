@@ -116,6 +116,9 @@ def test_an_index_past_a_nodes_outputs_and_a_bare_multi_output_node_are_refused(
         graphopt.optimize(model, out_nodes="top")
     with pytest.raises(OptionError, match="out_nodes: expected"):
         graphopt.optimize(model, out_nodes=3)
+    # A digit int() does not read (superscript two) was a ValueError out of int().
+    with pytest.raises(OptionError, match="no tensor or node of the main graph"):
+        graphopt.optimize(model, out_nodes="top:\u00b2")
 
 
 def test_parse_out_nodes_takes_atcs_form_and_lists():
