@@ -106,6 +106,8 @@ def pinned_signature(signature: list[dict], shapes: dict[str, list[int]],
     pinned = []
     for entry in signature:
         shape, pins = entry.get("shape"), shapes.get(entry["name"])
+        if shape is None and pins is not None:  # the pins give an input of unknown rank its own
+            shape = [None] * len(pins)
         if shape is not None:
             shape = [pins[axis] if pins and pins[axis] != -1
                      else bindings.get(dim, dim) if isinstance(dim, str) else dim
