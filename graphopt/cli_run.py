@@ -142,7 +142,7 @@ def _cmd_run(args) -> int:
         seed = 0 if args.seed is None else args.seed
         signature = _profile_signature(session)
         if args.input_shape:  # the runtime takes the shape profile the pinned shapes fit
-            from graphopt.input_shapes import parse_input_shapes, pinned_signature  # imports onnx
+            from graphopt.input_shapes import parse_input_shapes, pinned_signature
 
             signature = pinned_signature(session.inputs, parse_input_shapes(args.input_shape),
                                          args.model)

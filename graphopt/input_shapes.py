@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from graphopt.api_args import is_integer, mapping
 from graphopt.errors import OptionError
 from graphopt.option_names import option
-from graphopt.ir import Model
+
+if TYPE_CHECKING:  # `run --input-shape` pins an .om's signature: no IR, no onnx
+    from graphopt.ir import Model
 
 
 MAX_DIM = 2 ** 63 - 1  # an ONNX dim is an int64
