@@ -124,6 +124,8 @@ def test_an_index_past_a_nodes_outputs_and_a_bare_multi_output_node_are_refused(
 def test_parse_out_nodes_takes_atcs_form_and_lists():
     assert parse_out_nodes(" a ; Conv_1:0") == ["a", "Conv_1:0"]
     assert parse_out_nodes(["a", "b"]) == ["a", "b"]
+    with pytest.raises(OptionError, match=r"out_nodes \[\]: no name \(give tensor names"):
+        parse_out_nodes([])  # had read as "an empty name"
     assert cut_outputs({CUT_KEY: "not json"}) == []
 
 
