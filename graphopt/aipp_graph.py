@@ -52,14 +52,16 @@ def _floats(values, count: int) -> tuple[float, ...]:
     return floats
 
 
-def insert_aipp(model: Model, ops: list[AippOp], path: str) -> str:
-    """Give each input an `aipp_op` names its preprocessing; returns the compile's note."""
+def insert_aipp(model: Model, ops: list[AippOp], path: str | None) -> str:
+    """Give each input an `aipp_op` names its preprocessing; returns the compile's note.
+    `path` is the configuration file the ops come from, None for ops a compile recorded."""
     graph = model.graph
     feedable = [value for value in graph.inputs if not value.is_weight]
     recorded = inserted_preprocessing(model.metadata_props)
     shown = []
     for op in ops:
-        where = f"{option('insert_op_conf')} {path}:{op.line}"
+        where = (f"{option('insert_op_conf')} {path}:{op.line}" if path is not None
+                 else "its recorded preprocessing does not fit the reference")
         if op.input_rank >= len(feedable):
             raise OptionError(f"{where}: related_input_rank {op.input_rank}, but the model "
                               f"has {len(feedable)} input(s)")

@@ -59,7 +59,7 @@ def add_run_parser(sub) -> None:
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin the dynamic dims of the random inputs, ATC style: '
                         '"input_ids:1,128" (a dim pinned on one input is pinned on every input '
-                        'that shares its name); not with --inputs')
+                        'that shares its name); not with --inputs or --profile')
     p.add_argument("--profile", metavar="NAME",
                    help="an artifact with shape profiles (--dynamic-dims): open this profile "
                         "alone and shape the random inputs for it (default: every profile, "
@@ -97,6 +97,9 @@ def _check_run_options(args) -> int:
     if args.input_shape and args.inputs:
         raise OptionError("--input-shape shapes random inputs; with --inputs the arrays' own "
                           "shapes apply")
+    if args.input_shape and args.profile is not None:
+        raise OptionError(f"--input-shape pins dynamic dims; --profile {args.profile} shapes the "
+                          "random inputs with static ones: give one or the other")
     if args.profile is not None and args.inputs:
         raise OptionError("--profile shapes random inputs; with --inputs their shapes choose "
                           "the profile")
@@ -139,7 +142,7 @@ def _cmd_run(args) -> int:
         seed = 0 if args.seed is None else args.seed
         signature = _profile_signature(session)
         if args.input_shape:  # the runtime takes the shape profile the pinned shapes fit
-            from graphopt.input_shapes import parse_input_shapes, pinned_signature  # imports onnx
+            from graphopt.input_shapes import parse_input_shapes, pinned_signature
 
             signature = pinned_signature(session.inputs, parse_input_shapes(args.input_shape),
                                          args.model)

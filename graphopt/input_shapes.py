@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from graphopt.api_args import is_integer, mapping
 from graphopt.errors import OptionError
 from graphopt.option_names import option
-from graphopt.ir import Model
+
+if TYPE_CHECKING:  # `run --input-shape` pins an .om's signature: no IR, no onnx
+    from graphopt.ir import Model
 
 
 MAX_DIM = 2 ** 63 - 1  # an ONNX dim is an int64
@@ -106,6 +110,8 @@ def pinned_signature(signature: list[dict], shapes: dict[str, list[int]],
     pinned = []
     for entry in signature:
         shape, pins = entry.get("shape"), shapes.get(entry["name"])
+        if shape is None and pins is not None:  # the pins give an input of unknown rank its own
+            shape = [None] * len(pins)
         if shape is not None:
             shape = [pins[axis] if pins and pins[axis] != -1
                      else bindings.get(dim, dim) if isinstance(dim, str) else dim

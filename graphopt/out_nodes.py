@@ -22,7 +22,8 @@ def parse_out_nodes(spec) -> list[str]:
         raise OptionError(f"{option('out_nodes')}: expected \"name;node:0\" or a list of names, "
                           f"not {type(spec).__name__}")
     if not names or any(not name for name in names):
-        raise OptionError(f"{option('out_nodes')} {spec!r}: an empty name (give tensor names "
+        what = "an empty name" if names else "no name"
+        raise OptionError(f"{option('out_nodes')} {spec!r}: {what} (give tensor names "
                           "or node:index, separated by ';')")
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -71,7 +72,7 @@ def _resolve(graph: Graph, name: str, label: str) -> Value:
     if name in values:
         return values[name]
     node_name, colon, index = name.rpartition(":")
-    if colon and node_name in nodes and index.isdigit():
+    if colon and node_name in nodes and index.isdecimal():
         outputs = nodes[node_name].outputs
         if int(index) < len(outputs) and outputs[int(index)] is not None:
             return outputs[int(index)]

@@ -4,6 +4,8 @@ compiled model with this, not with the file as given, whose outputs and inputs d
 
 from __future__ import annotations
 
+import os
+
 from onnx import ModelProto
 
 from graphopt.ir import Model
@@ -24,17 +26,26 @@ def apply_source_edits(model: Model, out_nodes: list[str] | None, aipp: list | N
     return notes
 
 
+def edit_source(model: Model, out_nodes=None, insert_op_conf=None,
+                label: str = "<model>") -> list[str]:
+    """Edit `model` in place as optimize's `out_nodes` and `insert_op_conf` keywords (as given:
+    text, a list, a path) ask; returns the compile's notes saying so."""
+    from graphopt.aipp_config import read_aipp_config
+    from graphopt.out_nodes import parse_out_nodes
+
+    return apply_source_edits(
+        model, None if out_nodes is None else parse_out_nodes(out_nodes),
+        None if insert_op_conf is None else read_aipp_config(insert_op_conf), label,
+        None if insert_op_conf is None else os.fspath(insert_op_conf))
+
+
 def edited_source(model, out_nodes=None, insert_op_conf=None, label: str = "<model>") -> ModelProto:
     """`model` (a path, bytes or ModelProto) edited as optimize edits it with these options:
     the reference a compile with them is compared with."""
-    from graphopt.aipp_config import read_aipp_config
     from graphopt.ir import load_onnx, to_onnx
     from graphopt.ir.tensor import inline_tensors
-    from graphopt.out_nodes import parse_out_nodes
 
     ir_model = load_onnx(model, user_model=True)
-    apply_source_edits(ir_model, None if out_nodes is None else parse_out_nodes(out_nodes),
-                       None if insert_op_conf is None else read_aipp_config(insert_op_conf),
-                       label, insert_op_conf)
+    edit_source(ir_model, out_nodes, insert_op_conf, label)
     with inline_tensors():  # a check inside an .om's save runs it: no references to resolve
         return to_onnx(ir_model)

@@ -131,6 +131,17 @@ def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path
     assert any("takes uint8 images (insert_op_conf)" in note for note in report.notes)
 
 
+def test_compare_with_a_reference_the_recorded_preprocessing_cannot_feed(tmp_path):
+    om = tmp_path / "net.om"
+    graphopt.save(graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path)), om)
+    other = parse_model("g (float[1,3,30,30] x) => (float[1,3,30,30] y) { y = Relu (x) }")
+    with pytest.raises(InputError) as refused:
+        compare_models(other, om)
+    assert str(refused.value) == (
+        f"{om} was compiled with insert_op_conf, and its recorded preprocessing does not fit "
+        "the reference: crop_size_h 32, but input 'x' is 30 along h (graphopt does not resize)")
+
+
 def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
     gray = _config(tmp_path, "aipp_op { input_format: YUV400_U8 mean_chn_0: 128 "
                              "var_reci_chn_0: 0.0078125 }")
@@ -253,6 +264,16 @@ def test_a_shape_profiles_artifact_records_its_preprocessing(tmp_path, capsys):
     assert compare_models(source, om).passed  # refused the uint8 input without the record
     rc, out, _ = run_cli(capsys, "inspect", om)
     assert "preprocess  --insert-op-conf: 'x': RGB888_U8 36x40" in out
+
+
+def test_shape_profiles_verify_on_an_inputs_file_of_images(tmp_path, capsys):
+    source, om, images = tmp_path / "net.onnx", tmp_path / "net.om", tmp_path / "frames.npz"
+    onnx.save(_classifier(batch="N"), source)
+    np.savez(images, x=_images(batch=2))
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "--insert-op-conf",
+                         _config(tmp_path), "--dynamic-dims", "N:1,2", "--verify",
+                         "--inputs", images)
+    assert rc == 0, err  # the file was checked against the float input the images replace
 
 
 def test_the_source_size_defaults_to_the_models_as_in_atc(tmp_path):

@@ -218,3 +218,10 @@ def test_gathers_that_are_no_channel_permutation_stay(body, extra):
 def test_a_grouped_conv_keeps_its_permutation():
     assert _compiled(_model("h = Gather<axis = 1>(x, p)", group=2, p=PERMUTATION)) == \
         ["Gather", "Conv"]
+
+
+def test_indices_past_the_channels_are_no_permutation():
+    # Taken modulo the channel count, [11, 8, 15, …] had read as PERMUTATION: the fold made a
+    # model onnxruntime refuses (indices out of bounds) into one that runs.
+    model = _model("h = Gather<axis = 1>(x, p)", p=PERMUTATION + 8)
+    assert "Gather" in ops(graphopt.optimize(model).model)

@@ -154,3 +154,19 @@ def test_importing_the_tuner_keeps_no_frame_of_its_caller_alive():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.split() == ["0"], done.stdout + done.stderr
+
+
+def test_run_with_input_shape_needs_neither_onnx_nor_the_ir(tmp_path):
+    # Pinning the random inputs' dims reads the artifact's signature: the IR (and onnx with
+    # it) came in only for input_shapes' type annotation of Model.
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"])], "relu",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    om = tmp_path / "relu.om"
+    graphopt.save(graphopt.optimize(model), str(om))
+    run = ["run", str(om), "--input-shape", "x:2,4"]
+    cli = ("import contextlib, io\nfrom graphopt.cli import main\n"
+           f"with contextlib.redirect_stdout(io.StringIO()):\n    assert main({run!r}) == 0")
+    assert imported_after(cli, COMPILER + ("onnx", "graphopt.ir")) == []

@@ -116,11 +116,16 @@ def test_an_index_past_a_nodes_outputs_and_a_bare_multi_output_node_are_refused(
         graphopt.optimize(model, out_nodes="top")
     with pytest.raises(OptionError, match="out_nodes: expected"):
         graphopt.optimize(model, out_nodes=3)
+    # A digit int() does not read (superscript two) was a ValueError out of int().
+    with pytest.raises(OptionError, match="no tensor or node of the main graph"):
+        graphopt.optimize(model, out_nodes="top:\u00b2")
 
 
 def test_parse_out_nodes_takes_atcs_form_and_lists():
     assert parse_out_nodes(" a ; Conv_1:0") == ["a", "Conv_1:0"]
     assert parse_out_nodes(["a", "b"]) == ["a", "b"]
+    with pytest.raises(OptionError, match=r"out_nodes \[\]: no name \(give tensor names"):
+        parse_out_nodes([])  # had read as "an empty name"
     assert cut_outputs({CUT_KEY: "not json"}) == []
 
 
@@ -188,6 +193,7 @@ def test_each_shape_profile_is_cut_alike(tmp_path):
     graphopt.save(graphopt.optimize(model, out_nodes="scores", dynamic_dims="N:1,2"), om)
     session = graphopt.load(om)
     assert [e["name"] for e in session.outputs] == ["scores"]
+    assert session.outputs[0]["shape"] == ["N", 64]  # the dim the profiles vary keeps its name
     for batch in (1, 2):
         x = np.random.default_rng(batch).standard_normal((batch, 8, 32, 32)).astype(np.float32)
         expected = numerics.run(_with_outputs(model, ["scores"]), {"x": x})

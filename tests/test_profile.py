@@ -324,6 +324,10 @@ def test_a_pinned_dim_pins_every_input_that_names_it():
         }""", w=weight(16, 8))
     profile = profile_model(proto, input_shapes={"x": [3, 16]}, **RUNS)
     assert [v.shape for v in profile.models["model"].graph.inputs] == [(3, 16), (3, 16)]
+    # Two sizes for one dim are refused as optimize and run refuse them: onnxruntime's
+    # broadcast error had blamed the model.
+    with pytest.raises(OptionError, match="dim 'N' pinned to both 3 and 4"):
+        profile_model(proto, input_shapes={"x": [3, 16], "m": [4, 16]}, **RUNS)
 
 
 def test_a_model_as_bytes_is_profiled_and_other_types_named_in_one_line(tiny):

@@ -459,6 +459,15 @@ def test_run_pins_the_dynamic_dims_of_its_random_inputs(tmp_path, capsys):
     assert rc == 1 and "--input-shape shapes random inputs" in err
 
 
+def test_run_refuses_input_shape_with_profile(tmp_path, capsys):
+    # A profile's shapes are static: the pins were dropped, and a -1 left the run asking for them.
+    model = parse_model("g (float[N, S] a, float[N, S] b) => (float[N, S] y) { y = Add (a, b) }")
+    om = tmp_path / "add.om"
+    graphopt.save(graphopt.optimize(model, dynamic_dims="N:1,2;S:3,4"), om)
+    rc, _, err = cli(capsys, "run", om, "--profile", "profile1", "--input-shape", "a:-1,4")
+    assert rc == 1 and "--input-shape pins dynamic dims; --profile profile1" in err, err
+
+
 def test_run_repeat_prints_latency_percentiles(compiled, capsys):
     rc, stdout, err = cli(capsys, "run", compiled, "--repeat", "5", "--warmup", "1")
     assert rc == 0 and err == ""

@@ -366,9 +366,10 @@ def drop_unfounded_declarations(model: Model, types: dict[str, bytes]) -> int:
     another size): a tracer's leftover, [3, 7] for what is [3, N]. Folding Shape on it would
     bake in 7, and onnxruntime itself gives the declared or the computed size depending on its
     optimization level. A declared rank the node does not compute ([1, 24] for a Softmax's
-    [1, 2, 3, 4]) gives way to the inferred shape whole, an intermediate's declaration with
-    static dims where inference finds no rank is dropped, and a declared dtype the node does
-    not compute gives way to the inferred one. Returns how many values were corrected."""
+    [1, 2, 3, 4]) gives way to the inferred shape whole, a declaration with static dims where
+    inference finds no rank is dropped (an intermediate's, or a graph output's that a node
+    reads), and a declared dtype the node does not compute gives way to the inferred one.
+    Returns how many values were corrected."""
     corrected = 0
     read: dict[bytes, tuple] = {}  # a model has a few distinct types: read each once
     for value in model.graph.all_values():

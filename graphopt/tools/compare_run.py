@@ -20,7 +20,7 @@ from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
-from graphopt.source_marks import cut_outputs
+from graphopt.source_marks import cut_outputs, inserted_preprocessing
 from graphopt.warning_scope import kept_notices
 
 
@@ -60,6 +60,14 @@ class Side:
             names = self.session.artifact.extra.get("outputs_cut", [])
             return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
         return cut_outputs(self.proto.metadata_props) if self.proto is not None else []
+
+    def preprocessing(self) -> dict:
+        """The image preprocessing (--insert-op-conf) the compile that made this side inserted,
+        by input name: {} when it inserted none."""
+        if self.session is not None:
+            recorded = self.session.artifact.extra.get("preprocess")
+            return recorded if isinstance(recorded, dict) else {}
+        return inserted_preprocessing(self.proto.metadata_props) if self.proto is not None else {}
 
     def profile_note(self, feeds: Mapping[str, object]) -> str | None:
         """Which of an .om's shape profiles `feeds` run on; None for a model without."""
@@ -178,25 +186,19 @@ def with_candidates_preprocessing(reference: Side, candidate: Side) -> tuple[Sid
     with in front of it, when the candidate records some for inputs the reference takes as it
     was before: both then take the same uint8 images; with a note saying so. Otherwise
     `reference` itself, and None."""
-    from graphopt.source_marks import inserted_preprocessing
-
-    if candidate.session is not None:
-        recorded = candidate.session.artifact.extra.get("preprocess")
-    else:
-        recorded = inserted_preprocessing(candidate.proto.metadata_props)
-    if not isinstance(recorded, dict) or not recorded or reference.proto is None:
+    recorded = candidate.preprocessing()
+    if not recorded or reference.proto is None:
         return reference, None
     ref_types = {e["name"]: e["dtype"] for e in reference.inputs}
     cand_types = {e["name"]: e["dtype"] for e in candidate.inputs}
     if not any(ref_types.get(name) not in (None, cand_types.get(name)) for name in recorded):
         return reference, None  # the reference takes the images already (edited alike)
     from graphopt.aipp_graph import insert_aipp, recorded_ops
-    from graphopt.errors import GraphoptError
     from graphopt.ir import load_onnx, to_onnx
 
     model = load_onnx(reference.proto, user_model=False)
     try:
-        insert_aipp(model, recorded_ops(recorded, model), "(recorded)")
+        insert_aipp(model, recorded_ops(recorded, model), None)
     except GraphoptError as exc:
         raise InputError(f"{candidate.label} was compiled with {option('insert_op_conf')}, and "
                          f"{exc}") from None

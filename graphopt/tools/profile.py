@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from graphopt import api_args
 from graphopt.errors import GraphoptError, InputError, OptionError, naming
-from graphopt.input_shapes import check_pins, input_shapes_argument
+from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
@@ -365,17 +365,8 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
         except InputError as exc:
             raise InputError(f"{getattr(feeds, 'label', label)}: {exc}") from None
         return dict(feeds)
-    pinned = []
-    check_pins(input_shapes or {}, signature, label)
-    named = _named_pins(signature, input_shapes or {})
-    for entry in signature:
-        dims = (input_shapes or {}).get(entry["name"])
-        shape = entry["shape"]
-        if dims is not None:
-            shape = [d if p == -1 else p for d, p in zip(shape or dims, dims)]
-        if shape is not None:
-            shape = [named.get(d, d) if isinstance(d, str) else d for d in shape]
-        pinned.append({**entry, "shape": shape})
+    # A dim pinned on one input is pinned wherever its name appears, as optimize pins it.
+    pinned = pinned_signature(signature, input_shapes or {}, label)
     try:
         return random_feeds(pinned, seed=seed)
     except InputError as exc:
@@ -384,18 +375,6 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
                 if all(map(npz_holds, signature))
                 else "pass feeds from Python: graphopt.tools.profile.profile_model(path, feeds)")
         raise InputError(f"{label}: {exc}; {hint}") from None
-
-
-def _named_pins(signature, input_shapes) -> dict[str, int]:
-    """Symbolic dim -> the size a pin gives it: a dim pinned on one input is pinned wherever
-    its name appears, as optimize and compare pin it (ONNX means one size by one name)."""
-    named: dict[str, int] = {}
-    for entry in signature:
-        dims, shape = input_shapes.get(entry["name"]), entry["shape"]
-        for dim, pin in zip(shape or (), dims or ()):
-            if isinstance(dim, str) and pin != -1:
-                named.setdefault(dim, pin)
-    return named
 
 
 def _shape(model: Model, shapes: Mapping[str, tuple]) -> None:

@@ -262,7 +262,10 @@ def _permutation(p, channels: int) -> np.ndarray | None:
     if indices is None or indices.ndim != 1 or indices.size != channels \
             or indices.dtype.kind not in "iu":
         return None
-    indices = indices.astype(np.int64) % channels
+    indices = indices.astype(np.int64)
+    if (indices < -channels).any() or (indices >= channels).any():  # onnxruntime refuses them
+        return None
+    indices %= channels  # negative ones count from the end
     return indices if np.array_equal(np.sort(indices), np.arange(channels)) else None
 
 
