@@ -31,12 +31,14 @@ _NORMALIZATION_KEYS = tuple(f"{kind}_chn_{i}" for kind in ("mean", "min", "var_r
 _DEFAULT_ONLY = {
     "csc_switch": False, "resize": False, "padding": False, "ax_swap_switch": False,
     "single_line_mode": False, "support_rotation": False,
-    **{key: 0 for key in ("resize_input_w", "resize_input_h", "resize_output_w",
-                          "resize_output_h", "left_padding_size", "right_padding_size",
-                          "top_padding_size", "bottom_padding_size", "padding_value")},
-    **{f"matrix_r{r}c{c}": None for r in range(3) for c in range(3)},
-    **{f"{kind}_bias_{i}": None for kind in ("input", "output") for i in range(3)},
 }
+# The settings of those steps: ATC ignores them while their switch is off, as it must be here
+# (ATC's sample files list the colour matrix with csc_switch: false). Read as numbers, unused.
+_UNUSED_SETTINGS = (
+    "resize_input_w", "resize_input_h", "resize_output_w", "resize_output_h",
+    "left_padding_size", "right_padding_size", "top_padding_size", "bottom_padding_size",
+    "padding_value", *(f"matrix_r{r}c{c}" for r in range(3) for c in range(3)),
+    *(f"{kind}_bias_{i}" for kind in ("input", "output") for i in range(3)))
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,8 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
             values[key] = _number(text, where)
         elif key in _DEFAULT_ONLY:
             _check_default(key, text, _DEFAULT_ONLY[key], where)
+        elif key in _UNUSED_SETTINGS:
+            _number(text, where)
         else:
             raise OptionError(f"{where}: not an AIPP key (graphopt reads ATC's static AIPP "
                               "keys: input_format, crop, src_image_size_*, mean/min/var_reci_chn_*, …)")
@@ -218,13 +222,9 @@ def _boolean(text: str, where: str) -> bool:
     return text == "true"
 
 
-def _check_default(key: str, text: str, default, where: str) -> None:
-    """Refuse a key graphopt does not implement unless it is at its default (None: any value
-    is refused, as for the colour conversion matrix, which applies only with csc_switch)."""
-    if isinstance(default, bool):
-        if _boolean(text, where) == default:
-            return
-    elif default is not None and _number(text, where) == default:
+def _check_default(key: str, text: str, default: bool, where: str) -> None:
+    """Refuse a switch of a step graphopt does not implement unless it is off."""
+    if _boolean(text, where) == default:
         return
     raise OptionError(f"{where}: {text}: graphopt does not implement this AIPP step (colour "
                       "conversion, resizing, padding, rotation and channel order swaps other "

@@ -119,8 +119,12 @@ def _model_side(value: Value, op: AippOp, where: str) -> tuple[str, tuple[int, i
     return layout, (size[0], size[1])
 
 
+_DTYPE_NAMES = {DType.FLOAT: "float32", DType.DOUBLE: "float64", DType.FLOAT16: "float16"}
+
+
 def _described(value: Value) -> str:
-    dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
+    dtype = (_DTYPE_NAMES.get(value.dtype, value.dtype.name.lower()) if value.dtype is not None
+             else "untyped")
     return f"{dtype} {_dims(value.shape)}" if value.shape is not None else dtype
 
 

@@ -275,11 +275,12 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
     # else the first calibration samples, else random data.
     calibration = None if args.inputs else args.calibration
     reference = args.model if source is None else source
-    if args.out_nodes or args.insert_op_conf:  # what the written model is compared with
-        from graphopt.source_edits import edited_source
-
-        reference = edited_source(reference, args.out_nodes, args.insert_op_conf, args.model)
     try:
+        if args.out_nodes or args.insert_op_conf:  # what the written model is compared with
+            from graphopt.source_edits import edited_source
+
+            reference = edited_source(reference, args.out_nodes, args.insert_op_conf,
+                                      args.model)
         report = accuracy_report(reference, args.output,
                                  args.inputs, calibration=calibration,
                                  reference_label=_edited_label(args),

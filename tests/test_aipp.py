@@ -163,8 +163,9 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("aipp_op { input_format: RGB888_U8 padding_value: 3 }",
-     ":1: padding_value: 3: graphopt does not implement this AIPP step"),
+    ("aipp_op { input_format: RGB888_U8 padding: true }",
+     ":1: padding: true: graphopt does not implement this AIPP step"),
+    ("aipp_op { input_format: RGB888_U8 matrix_r0c0: x }", "matrix_r0c0: expected a number"),
     ("aipp_op { input_format: RGB888_U8 csc_switch: true }", "csc_switch: true: graphopt does"),
     ("aipp_op { input_format: YUV420SP_U8 }",
      "input_format YUV420SP_U8 is an ATC format graphopt does not implement"),
@@ -276,6 +277,17 @@ def test_shape_profiles_verify_on_an_inputs_file_of_images(tmp_path, capsys):
     assert rc == 0, err  # the file was checked against the float input the images replace
 
 
+def test_the_settings_of_a_switched_off_step_are_read_and_ignored_as_in_atc(tmp_path):
+    # ATC's sample files keep a colour matrix beside csc_switch: false.
+    text = CONFIG.replace("csc_switch: false", "csc_switch: false\n matrix_r0c0: 298\n "
+                          "matrix_r1c1: -100\n input_bias_0: 16\n padding_value: 3")
+    plain = graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path)).to_onnx()
+    with_matrix = graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path, text))
+    images = _images()
+    np.testing.assert_array_equal(numerics.run(with_matrix.to_onnx(), {"x": images})["y"],
+                                  numerics.run(plain, {"x": images})["y"])
+
+
 def test_the_source_size_defaults_to_the_models_as_in_atc(tmp_path):
     # A crop needs the frame's size: by default it is the model's, which leaves no room.
     text = "aipp_op { input_format: RGB888_U8 crop: true load_start_pos_h: 2 }"
@@ -293,6 +305,23 @@ def test_calibration_data_of_the_preprocessed_form_are_refused_with_the_reason(t
     with pytest.raises(OptionError, match="insert_op_conf makes the model take uint8 images"):
         graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path), quantize="int8",
                           calibration=calibration)
+
+
+def test_profile_draws_random_images_of_every_pixel_value(tmp_path, monkeypatch):
+    from graphopt.tools import profile as profile_module
+
+    om = tmp_path / "net.om"
+    graphopt.save(graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path)), om)
+    drawn = []
+    feeds_of = profile_module._feeds
+
+    def kept(*args, **kwargs):
+        drawn.append(feeds_of(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(profile_module, "_feeds", kept)
+    profile_module.profile_model(str(om), repeat=1, warmup=0)
+    assert drawn[0]["x"].max() > 200
 
 
 def test_run_draws_random_images_of_every_pixel_value(tmp_path, capsys):

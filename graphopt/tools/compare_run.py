@@ -196,7 +196,7 @@ def with_candidates_preprocessing(reference: Side, candidate: Side) -> tuple[Sid
     from graphopt.aipp_graph import insert_aipp, recorded_ops
     from graphopt.ir import load_onnx, to_onnx
 
-    model = load_onnx(reference.proto, user_model=False)
+    model = load_onnx(reference.proto, user_model=True)
     try:
         insert_aipp(model, recorded_ops(recorded, model), None)
     except GraphoptError as exc:

@@ -86,14 +86,16 @@ def operand_names(values: dict[str, HalfValue]) -> list[str]:
     """The computed values a run of the candidate must return to judge `values`: each, and
     the inputs of the node that makes it; of a Cast into float16, its input alone (graph
     inputs and weights are at hand, so a model whose only such values are its inputs' float16
-    copies runs as it deploys)."""
-    produced = {id(v.graph): {out for node in v.graph.node for out in node.output if out}
-                for v in values.values()}
+    copies runs as it deploys). An operand an earlier partition of an .om computes counts:
+    judged without it, an inf it brought in would read as made from finite operands."""
+    graphs = {id(v.graph): v.graph for v in values.values()}
+    produced = {out for graph in graphs.values() for node in graph.node for out in node.output
+                if out}
     wanted = set()
     for name, value in values.items():
         needed = (value.maker.input[:1] if _cast_to(value.maker) == onnx.TensorProto.FLOAT16
                   else [name, *value.maker.input])
-        wanted.update(n for n in needed if n in produced[id(value.graph)])
+        wanted.update(n for n in needed if n in produced)
     return sorted(wanted)
 
 

@@ -19,6 +19,7 @@ from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
+from graphopt.source_marks import inserted_preprocessing
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import CONTROL_FLOW, kernel_events, merge_traces, read_trace
@@ -208,7 +209,8 @@ def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_sh
         if not node.name:
             node.name = f"{node.op_type}_{index}"
     signature = _signature(proto)
-    feeds = _feeds(signature, feeds, input_shapes, seed, label)
+    feeds = _feeds(signature, feeds, input_shapes, seed, label,
+                   inserted_preprocessing(proto.metadata_props))
     try:
         data = proto.SerializeToString()
     except ValueError as exc:  # protobuf refuses messages past 2 GB
@@ -260,7 +262,9 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     random = feeds is None
     where = path + (f" on {feeds.label}" if isinstance(feeds, _NamedFeeds) else "")
     signature = _random_signature(session, input_shapes) if random else session.inputs
-    feeds = _feeds(signature, feeds, input_shapes, seed, path)
+    preprocess = session.artifact.extra.get("preprocess")
+    feeds = _feeds(signature, feeds, input_shapes, seed, path,
+                   preprocess if isinstance(preprocess, dict) else {})
     artifact = session.artifact
     shape_profile = None
     if artifact.profiles:  # the shape profile these feeds run on; the others' sessions idle
@@ -352,8 +356,9 @@ class _NamedFeeds(dict):
             raise InputError(f"{option('feeds', PROFILE_FLAGS)} {exc}") from None
 
 
-def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]:
-    """The caller's feeds checked against the signature, or seeded random ones."""
+def _feeds(signature, feeds, input_shapes, seed, label, images=()) -> dict[str, np.ndarray]:
+    """The caller's feeds checked against the signature, or seeded random ones (`images`: the
+    inputs --insert-op-conf made, frames of every pixel value)."""
     from graphopt.codegen.feeds import check_feeds, npz_holds, random_feeds
 
     if feeds is not None:
@@ -368,7 +373,7 @@ def _feeds(signature, feeds, input_shapes, seed, label) -> dict[str, np.ndarray]
     # A dim pinned on one input is pinned wherever its name appears, as optimize pins it.
     pinned = pinned_signature(signature, input_shapes or {}, label)
     try:
-        return random_feeds(pinned, seed=seed)
+        return random_feeds(pinned, seed=seed, images=images)
     except InputError as exc:
         # An .npz holds arrays: a sequence or map can only be fed from Python.
         hint = (f"pin it with {_option('input_shapes')} or pass {_option('feeds')}"
