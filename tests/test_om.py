@@ -800,6 +800,7 @@ def test_atomic_write_basics(tmp_path):
         ({"X": x_batch().astype(np.float64)}, "input 'X' has dtype float64, expected float32"),
         ({"X": np.zeros((2, 4, 1), np.float32)}, "input 'X' has rank 3"),
         ({"X": np.zeros((2, 5), np.float32)}, r"input 'X' has shape \[2, 5\].*dim 1 must be 4"),
+        ({"X": None}, "input 'X' is None; it takes a tensor"),  # not "has dtype object"
     ],
 )
 def test_bad_feeds_name_the_input(om_path, feeds, message):

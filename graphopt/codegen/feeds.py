@@ -195,6 +195,8 @@ def as_array(name: str, value: Any) -> np.ndarray:
     arrays of different shapes, say)."""
     if isinstance(value, np.ndarray):
         return value
+    if value is None:  # numpy makes an object array of it, which read as a dtype mismatch
+        raise InputError(f"input {name!r} is None; it takes a tensor")
     try:
         return np.asarray(value)
     except ValueError:
