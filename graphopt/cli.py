@@ -23,6 +23,7 @@ from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
+from graphopt.atc_flags import atc_hints
 from graphopt.cli_types import dynamic_dims, input_shapes, path_text, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError, interrupt_behind
 from graphopt.help_format import CommandsHelpFormatter, HelpFormatter
@@ -588,7 +589,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         command = parser.commands.get(getattr(args, "command", None), parser)
         nested = getattr(command, "commands", {})  # kb export, zoo build: theirs
         command = nested.get(getattr(args, f"{args.command}_command", None), command)
-        command.error(f"unrecognized arguments: {' '.join(extra)}")
+        hints = atc_hints(command, extra)  # `--input_shape=…` pasted from an atc command
+        command.error(f"unrecognized arguments: {' '.join(extra)}"
+                      + (f" ({'; '.join(hints)})" if hints else ""))
     return args
 
 

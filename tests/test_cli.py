@@ -1071,6 +1071,13 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
     (["run", "m.om", "--threads", "100000"], "argument --threads: 100000 is too many; give 0 "
                                              "to 1024"),
     (["calibrate", "--threads", "0"], "argument --threads: 0 is not allowed; give 1 to 1024"),
+    # an atc command line pasted: its spellings are named in graphopt's
+    (["optimize", "m.onnx", "-o", "m.om", "--input_shape=x:1,3", "--soc_version=Ascend310"],
+     "unrecognized arguments: --input_shape=x:1,3 --soc_version=Ascend310 (--input_shape is "
+     "--input-shape here; --soc_version is ATC's chip; --target here"),
+    (["tune", "m.onnx", "--target", "ascend310", "--job_type", "2"],
+     "(--job_type is AOE's; graphopt tune --job op is "
+     "its 2, --job subgraph its 1)"),
 ])
 def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
     from helpers import run_cli

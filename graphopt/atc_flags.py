@@ -1,0 +1,36 @@
+"""Hints for ATC's and AOE's spellings of flags (`--input_shape=…`), which argparse reports as
+unrecognized: what graphopt calls the same thing, or why it needs none."""
+
+from __future__ import annotations
+
+import argparse
+
+# ATC/AOE flags whose graphopt counterpart is not the same name with dashes.
+ATC_ONLY = {
+    "--soc_version": "ATC's chip; --target here (ascend310, ascend310b, ascend910b, or a "
+                     "profile file)",
+    "--framework": "ATC's; graphopt reads ONNX only",
+    "--model": "ATC's; the model is the first argument here",
+    "--precision_mode": "ATC's; --precision here (force_fp16: fp16, allow_mix_precision: "
+                        "mixed-fp16, must_keep_origin_dtype: keep)",
+    "--dynamic_batch_size": "ATC's; --dynamic-dims \"batch:1,2,4\" here",
+    "--dynamic_image_size": "ATC's; --dynamic-dims, listed, here: "
+                            "\"x[2]=224,x[3]=224;x[2]=448,x[3]=448\"",
+    "--input_format": "ATC's; ONNX inputs are NCHW, or NHWC where the model says so",
+    "--log": "ATC's; errors are one line here, and -q prints nothing else",
+    "--job_type": "AOE's; graphopt tune --job op is its 2, --job subgraph its 1",
+}
+
+
+def atc_hints(parser: argparse.ArgumentParser, unrecognized: list[str]) -> list[str]:
+    """For each unrecognized argument in ATC's or AOE's spelling, how graphopt says it."""
+    known = {flag for action in parser._actions for flag in action.option_strings}
+    hints = []
+    for text in unrecognized:
+        flag = text.split("=", 1)[0]
+        dashed = flag.replace("_", "-")
+        if flag.startswith("--") and dashed != flag and dashed in known:
+            hints.append(f"{flag} is {dashed} here")
+        elif flag in ATC_ONLY:
+            hints.append(f"{flag} is {ATC_ONLY[flag]}")
+    return hints
