@@ -1148,6 +1148,24 @@ def test_a_gemm_the_int8_form_cannot_take_is_named_in_a_note(tmp_path):
     assert "QuantizeInt8 kept in float: 1 × Gemm with alpha or beta other than 1" in result.notes
 
 
+@pytest.mark.parametrize("target", [None, "ascend310"])
+def test_a_matmul_with_its_weight_first_or_3d_is_named_not_called_missing(tmp_path, target):
+    # Both stayed float under "the model has no Conv, Gemm or MatMul with a constant weight".
+    rng = np.random.default_rng(0)
+    first = parse_model("g (float[1, 4, 16] x) => (float[1, 8, 16] y) { y = MatMul(w, x) }",
+                        w=rng.standard_normal((8, 4)).astype(np.float32))
+    batched = parse_model("g (float[1, 4, 16] x) => (float[1, 4, 8] y) { y = MatMul(x, w) }",
+                          w=rng.standard_normal((1, 16, 8)).astype(np.float32))
+    calibration = _calibration(tmp_path, shape=(1, 4, 16))
+    for proto, why in ((first, "MatMul whose constant is its first operand"),
+                       (batched, "MatMul with a 3-D weight")):
+        result = graphopt.optimize(proto, quantize="int8", calibration=calibration, target=target,
+                                   pass_options={"quant_keep_ends": False})
+        assert not any("quantized nothing" in note for note in result.notes), result.notes
+        assert any(note.startswith(f"QuantizeInt8 kept in float: 1 × {why}")
+                   for note in result.notes), result.notes
+
+
 def test_a_model_quantized_already_is_not_quantized_again(tmp_path):
     # The model's own Q/DQ (scale 0.05) sits between c1's Relu and c2.
     proto = _conv_model()
