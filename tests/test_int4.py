@@ -337,6 +337,17 @@ def test_embedding_tables_and_a_tied_head_share_one_copy_of_4_bit_bytes():
                                    atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("precision", ["keep", "mixed-fp16"])
+def test_quantized_tables_scales_are_not_counted_as_float_weights_left(precision):
+    # A table's scales are [rows, blocks]: the note said "float weights stay
+    # (GatherBlockQuantized ×2, MatMulNBits)" of a model with no float weight left.
+    result = compile_int4(_tied_lm()[0], int4_embeddings=True, precision=precision)
+    note = next(n for n in result.notes if n.startswith("QuantizeInt4Weights: "))
+    assert "float weights stay" not in note, note
+    skipped = compile_int4(_tied_lm()[0], int4_embeddings=True, quant_skip={"Gather"}).notes
+    assert any("float weights stay (Gather ×2)" in n for n in skipped), skipped
+
+
 def test_embeddings_are_opt_in_and_left_float_when_skipped_shared_or_unblockable():
     proto, _, _ = _tied_lm()
     assert "Gather" in ops(compile_int4(proto).model)  # default: MatMul/Gemm weights only

@@ -342,7 +342,8 @@ def _float_weights_left(graph) -> str:
     left, readers = 0, {}
     for value in graph.initializers.values():
         tensor = value.const
-        if value.dtype not in _FLOATS or tensor is None or len(tensor.shape) < 2:
+        if value.dtype not in _FLOATS or tensor is None or len(tensor.shape) < 2 \
+                or _block_scales(value):
             continue
         left += tensor.nbytes
         for reader, _ in value.uses:
@@ -353,6 +354,14 @@ def _float_weights_left(graph) -> str:
     named = ", ".join(op if n == 1 else f"{op} ×{n}" for op, n in ops[:4])
     more = f", +{len(ops) - 4} op type(s)" if len(ops) > 4 else ""
     return f"; {left / 2**20:.2f} MiB of float weights stay ({named}{more})"
+
+
+def _block_scales(value) -> bool:
+    """Whether `value` is the pass's own scales or zero points (an embedding table's are
+    [rows, blocks]): counted as float weights left, they read as a table the pass had kept."""
+    return bool(value.uses) and all(
+        reader.domain == MS and reader.op_type in ("MatMulNBits", "GatherBlockQuantized")
+        and index in (2, 3) for reader, index in value.uses)
 
 
 def block_for(k: int, group: int, scale_bytes: int) -> int:
