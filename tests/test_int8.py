@@ -1362,6 +1362,42 @@ def test_convs_o3_fused_with_an_activation_quantize_as_at_o2(tmp_path, activatio
     assert counts[3]["Conv"] == counts[2]["Conv"] - 2 and counts[3]["FusedConv"] == 2
 
 
+@pytest.mark.parametrize("target", [None, "ascend310"])
+def test_gemms_and_matmuls_o3_fused_with_an_activation_quantize_as_at_o2(tmp_path, target):
+    """-O3 also wraps Gemm or a matrix MatMul + activation into FusedGemm, which QuantizeInt8
+    did not take: an MLP quantized nothing, under the note that it had no Gemm or MatMul with a
+    constant weight. Split again, they quantize as at -O2; the ends are FusedGemms again."""
+    rng = np.random.default_rng(4)
+    weights = {f"w{i}": (rng.standard_normal((32, 32)) * 0.2).astype(np.float32)
+               for i in range(4)}
+    weights.update(b0=(rng.standard_normal(32) * 0.1).astype(np.float32),
+                   b2=(rng.standard_normal(32) * 0.1).astype(np.float32))
+    proto = parse_model("""
+        agraph (float[4, 32] x) => (float[4, 32] y) {
+            g0 = Gemm <transB = 1> (x, w0, b0)
+            a0 = LeakyRelu <alpha = 0.1> (g0)
+            g1 = MatMul (a0, w1)
+            a1 = Relu (g1)
+            g2 = Gemm (a1, w2, b2)
+            a2 = Sigmoid (g2)
+            g3 = MatMul (a2, w3)
+            y = Tanh (g3)
+        }""", **weights)
+    counts = {}
+    for level in (2, 3):
+        result = graphopt.optimize(proto, level=level, target=target, pass_options={
+            "quantize": "int8", "calibration": _calibration(tmp_path, shape=(4, 32))})
+        assert not any("quantized nothing" in note for note in result.notes), result.notes
+        out = graphopt.to_onnx(result.model)
+        onnx.checker.check_model(out)
+        counts[level] = Counter(n.op_type for n in out.graph.node)
+        feeds = numerics.random_feeds(proto, seed=5)
+        assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.999
+    for op in ("QuantizeLinear", "DynamicQuantizeMatMul"):
+        assert counts[3][op] == counts[2][op], (op, counts)
+    assert counts[2]["QuantizeLinear"] > 0 and counts[3]["FusedGemm"] == 2, counts
+
+
 def test_a_fused_conv_with_a_residual_input_is_not_split(tmp_path):
     """onnxruntime's FusedConv takes a fourth input Z (a residual sum its ConvAddActivation
     fusion adds), which no Conv takes: the split for the quantizer leaves it whole."""
