@@ -706,6 +706,30 @@ def test_a_float16_head_under_a_mixed_mode_still_shares_its_float32_table():
     assert cosine_similarity(got, expected) > 0.9999
 
 
+def test_o3_fused_gemms_quantize_as_at_o2():
+    # -O3's FuseActivation made FusedGemm of MatMul + LeakyRelu and Gemm + Relu, which int4
+    # did not take: nothing was quantized, under the note that the model had no such layer.
+    weights = {f"w{i}": RNG.standard_normal((64, 64)).astype(np.float32) for i in range(3)}
+    proto = parse_model("""
+        g (float[4, 64] x) => (float[4, 64] y) {
+            m0 = MatMul (x, w0)
+            a0 = LeakyRelu <alpha = 0.1> (m0)
+            m1 = Gemm <transB = 1> (a0, w1, b1)
+            a1 = Relu (m1)
+            y = Gemm <alpha = 0.5> (a1, w2)
+        }""", b1=np.ones(64, np.float32), **weights)
+    results = {level: compile_int4(proto, level=level, int4_group_size=16,
+                                   quant_skip={"a1/GemmRelu/FusedGemm"}) for level in (2, 3)}
+    assert ops(results[2].model).count("com.microsoft::MatMulNBits") == 3
+    assert ops(results[3].model).count("com.microsoft::MatMulNBits") == 2
+    assert "com.microsoft::FusedGemm" in ops(results[3].model)  # the skipped one, joined again
+    out = results[3].to_onnx()
+    onnx.checker.check_model(out)
+    feeds = {"x": RNG.standard_normal((4, 64)).astype(np.float32)}
+    assert cosine_similarity(numerics.run(out, feeds)["y"], numerics.run(proto, feeds)["y"]) \
+        > 0.99
+
+
 def test_a_compile_that_quantizes_nothing_says_why():
     conv = parse_model("""
     g (float[1,3,8,8] x) => (float[1,4,8,8] y) { y = Conv <pads = [1, 1, 1, 1]> (x, w) }""",

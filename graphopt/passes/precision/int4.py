@@ -48,6 +48,7 @@ from graphopt.quant.attention_split import split_attention
 from graphopt.quant.calib_data import read_calibration
 from graphopt.quant.calibrate import gram_matrices
 from graphopt.quant.select import KEPT_BY_GATE, kept_by_skip, skipped, unmatched_skips
+from graphopt.quant.unfused_activations import join_float_activations, split_activations
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
@@ -153,6 +154,8 @@ class QuantizeInt4Weights(Pass):
         result = PassResult()
         infer_shapes(model)  # fusions leave new values untyped until the pipeline's last one
         graph, support = model.graph, Support(ctx.target)
+        # -O3's FusedGemm (a MatMul or Gemm with its activation) is no layer _plan takes.
+        splits = split_activations(graph, model.opset("") or 0, convs=False)
         block, skip = options.int4_group_size, options.quant_skip
         level = options.int4_accuracy_level
         missing = unmatched_skips(graph, skip, self.name)
@@ -245,6 +248,7 @@ class QuantizeInt4Weights(Pass):
             blocks.add(table.block)
             after += 0 if shared else table.quant.nbytes
             result.count("Gather_quantized", len(table.gathers))
+        join_float_activations(graph, splits, {id(node) for node, _, _, _ in jobs})
         for value in list(graph.initializers.values()):
             if not value.uses and not value.is_graph_output and not value.is_input:
                 graph.remove_initializer(value)
