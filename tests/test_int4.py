@@ -337,6 +337,17 @@ def test_embedding_tables_and_a_tied_head_share_one_copy_of_4_bit_bytes():
                                    atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("precision", ["keep", "mixed-fp16"])
+def test_quantized_tables_scales_are_not_counted_as_float_weights_left(precision):
+    # A table's scales are [rows, blocks]: the note said "float weights stay
+    # (GatherBlockQuantized ×2, MatMulNBits)" of a model with no float weight left.
+    result = compile_int4(_tied_lm()[0], int4_embeddings=True, precision=precision)
+    note = next(n for n in result.notes if n.startswith("QuantizeInt4Weights: "))
+    assert "float weights stay" not in note, note
+    skipped = compile_int4(_tied_lm()[0], int4_embeddings=True, quant_skip={"Gather"}).notes
+    assert any("float weights stay (Gather ×2)" in n for n in skipped), skipped
+
+
 def test_embeddings_are_opt_in_and_left_float_when_skipped_shared_or_unblockable():
     proto, _, _ = _tied_lm()
     assert "Gather" in ops(compile_int4(proto).model)  # default: MatMul/Gemm weights only
@@ -693,6 +704,30 @@ def test_a_float16_head_under_a_mixed_mode_still_shares_its_float32_table():
     got = numerics.run(out, feeds)["logits"]
     assert got.dtype == np.float32
     assert cosine_similarity(got, expected) > 0.9999
+
+
+def test_o3_fused_gemms_quantize_as_at_o2():
+    # -O3's FuseActivation made FusedGemm of MatMul + LeakyRelu and Gemm + Relu, which int4
+    # did not take: nothing was quantized, under the note that the model had no such layer.
+    weights = {f"w{i}": RNG.standard_normal((64, 64)).astype(np.float32) for i in range(3)}
+    proto = parse_model("""
+        g (float[4, 64] x) => (float[4, 64] y) {
+            m0 = MatMul (x, w0)
+            a0 = LeakyRelu <alpha = 0.1> (m0)
+            m1 = Gemm <transB = 1> (a0, w1, b1)
+            a1 = Relu (m1)
+            y = Gemm <alpha = 0.5> (a1, w2)
+        }""", b1=np.ones(64, np.float32), **weights)
+    results = {level: compile_int4(proto, level=level, int4_group_size=16,
+                                   quant_skip={"a1/GemmRelu/FusedGemm"}) for level in (2, 3)}
+    assert ops(results[2].model).count("com.microsoft::MatMulNBits") == 3
+    assert ops(results[3].model).count("com.microsoft::MatMulNBits") == 2
+    assert "com.microsoft::FusedGemm" in ops(results[3].model)  # the skipped one, joined again
+    out = results[3].to_onnx()
+    onnx.checker.check_model(out)
+    feeds = {"x": RNG.standard_normal((4, 64)).astype(np.float32)}
+    assert cosine_similarity(numerics.run(out, feeds)["y"], numerics.run(proto, feeds)["y"]) \
+        > 0.99
 
 
 def test_a_compile_that_quantizes_nothing_says_why():

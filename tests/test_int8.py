@@ -1148,6 +1148,24 @@ def test_a_gemm_the_int8_form_cannot_take_is_named_in_a_note(tmp_path):
     assert "QuantizeInt8 kept in float: 1 × Gemm with alpha or beta other than 1" in result.notes
 
 
+@pytest.mark.parametrize("target", [None, "ascend310"])
+def test_a_matmul_with_its_weight_first_or_3d_is_named_not_called_missing(tmp_path, target):
+    # Both stayed float under "the model has no Conv, Gemm or MatMul with a constant weight".
+    rng = np.random.default_rng(0)
+    first = parse_model("g (float[1, 4, 16] x) => (float[1, 8, 16] y) { y = MatMul(w, x) }",
+                        w=rng.standard_normal((8, 4)).astype(np.float32))
+    batched = parse_model("g (float[1, 4, 16] x) => (float[1, 4, 8] y) { y = MatMul(x, w) }",
+                          w=rng.standard_normal((1, 16, 8)).astype(np.float32))
+    calibration = _calibration(tmp_path, shape=(1, 4, 16))
+    for proto, why in ((first, "MatMul whose constant is its first operand"),
+                       (batched, "MatMul with a 3-D weight")):
+        result = graphopt.optimize(proto, quantize="int8", calibration=calibration, target=target,
+                                   pass_options={"quant_keep_ends": False})
+        assert not any("quantized nothing" in note for note in result.notes), result.notes
+        assert any(note.startswith(f"QuantizeInt8 kept in float: 1 × {why}")
+                   for note in result.notes), result.notes
+
+
 def test_a_model_quantized_already_is_not_quantized_again(tmp_path):
     # The model's own Q/DQ (scale 0.05) sits between c1's Relu and c2.
     proto = _conv_model()
@@ -1342,6 +1360,42 @@ def test_convs_o3_fused_with_an_activation_quantize_as_at_o2(tmp_path, activatio
             > MIN_COSINE
     assert counts[3]["QuantizeLinear"] == counts[2]["QuantizeLinear"] > 0
     assert counts[3]["Conv"] == counts[2]["Conv"] - 2 and counts[3]["FusedConv"] == 2
+
+
+@pytest.mark.parametrize("target", [None, "ascend310"])
+def test_gemms_and_matmuls_o3_fused_with_an_activation_quantize_as_at_o2(tmp_path, target):
+    """-O3 also wraps Gemm or a matrix MatMul + activation into FusedGemm, which QuantizeInt8
+    did not take: an MLP quantized nothing, under the note that it had no Gemm or MatMul with a
+    constant weight. Split again, they quantize as at -O2; the ends are FusedGemms again."""
+    rng = np.random.default_rng(4)
+    weights = {f"w{i}": (rng.standard_normal((32, 32)) * 0.2).astype(np.float32)
+               for i in range(4)}
+    weights.update(b0=(rng.standard_normal(32) * 0.1).astype(np.float32),
+                   b2=(rng.standard_normal(32) * 0.1).astype(np.float32))
+    proto = parse_model("""
+        agraph (float[4, 32] x) => (float[4, 32] y) {
+            g0 = Gemm <transB = 1> (x, w0, b0)
+            a0 = LeakyRelu <alpha = 0.1> (g0)
+            g1 = MatMul (a0, w1)
+            a1 = Relu (g1)
+            g2 = Gemm (a1, w2, b2)
+            a2 = Sigmoid (g2)
+            g3 = MatMul (a2, w3)
+            y = Tanh (g3)
+        }""", **weights)
+    counts = {}
+    for level in (2, 3):
+        result = graphopt.optimize(proto, level=level, target=target, pass_options={
+            "quantize": "int8", "calibration": _calibration(tmp_path, shape=(4, 32))})
+        assert not any("quantized nothing" in note for note in result.notes), result.notes
+        out = graphopt.to_onnx(result.model)
+        onnx.checker.check_model(out)
+        counts[level] = Counter(n.op_type for n in out.graph.node)
+        feeds = numerics.random_feeds(proto, seed=5)
+        assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.999
+    for op in ("QuantizeLinear", "DynamicQuantizeMatMul"):
+        assert counts[3][op] == counts[2][op], (op, counts)
+    assert counts[2]["QuantizeLinear"] > 0 and counts[3]["FusedGemm"] == 2, counts
 
 
 def test_a_fused_conv_with_a_residual_input_is_not_split(tmp_path):

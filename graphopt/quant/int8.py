@@ -114,7 +114,7 @@ class QuantizeInt8(Pass):
             infer_shapes(model)
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
-        splits = split_activations(model.graph, opset) if form == "onnxruntime" else []
+        splits = split_activations(model.graph, opset, convs=form == "onnxruntime")
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:
             ctx.note(missing)
@@ -198,7 +198,8 @@ class QuantizeInt8(Pass):
                 _correct_float_layers(model, heads, means, ctx, result)
         join_float_hard_swishes(graph, swishes)
         if splits:  # after the bias correction, which reads the float convs as Convs
-            join_float_activations(graph, splits, {id(n) for n in chosen.static})
+            join_float_activations(graph, splits,
+                                   {id(n) for n in chosen.static + chosen.dynamic})
         if result.changed or splits:
             _drop_unused_initializers(graph)
         return result

@@ -165,6 +165,9 @@ def _unquantizable(node: Node) -> str | None:
     if not node.is_onnx or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
         return None
     data, weight = node.inputs[0], node.inputs[1].constant()
+    if node.op_type == "MatMul" and weight is None and data is not None \
+            and _const(data) is not None:  # W · X: without this, "the model has no MatMul…"
+        return "MatMul whose constant is its first operand (int8 quantizes W in X · W)"
     if weight is None or data is None:
         return None
     if data.dtype is None:  # after a contrib op that neither ONNX nor InferShapes types
@@ -173,6 +176,8 @@ def _unquantizable(node: Node) -> str | None:
         return f"{node.op_type} of {data.dtype.numpy.name} data (int8 quantizes float32 layers)"
     if node.op_type == "Conv" and weight.ndim not in (3, 4):
         return f"{weight.ndim - 2}-D Conv (graphopt quantizes 1-D and 2-D convs)"
+    if node.op_type == "MatMul" and weight.ndim != 2:
+        return f"MatMul with a {weight.ndim}-D weight (int8 quantizes 2-D ones)"
     if node.op_type == "Gemm":
         bias = node.input(2)
         if node.attr("transA", 0) != 0:

@@ -48,6 +48,7 @@ from graphopt.quant.attention_split import split_attention
 from graphopt.quant.calib_data import read_calibration
 from graphopt.quant.calibrate import gram_matrices
 from graphopt.quant.select import KEPT_BY_GATE, kept_by_skip, skipped, unmatched_skips
+from graphopt.quant.unfused_activations import join_float_activations, split_activations
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
@@ -153,6 +154,8 @@ class QuantizeInt4Weights(Pass):
         result = PassResult()
         infer_shapes(model)  # fusions leave new values untyped until the pipeline's last one
         graph, support = model.graph, Support(ctx.target)
+        # -O3's FusedGemm (a MatMul or Gemm with its activation) is no layer _plan takes.
+        splits = split_activations(graph, model.opset("") or 0, convs=False)
         block, skip = options.int4_group_size, options.quant_skip
         level = options.int4_accuracy_level
         missing = unmatched_skips(graph, skip, self.name)
@@ -245,6 +248,7 @@ class QuantizeInt4Weights(Pass):
             blocks.add(table.block)
             after += 0 if shared else table.quant.nbytes
             result.count("Gather_quantized", len(table.gathers))
+        join_float_activations(graph, splits, {id(node) for node, _, _, _ in jobs})
         for value in list(graph.initializers.values()):
             if not value.uses and not value.is_graph_output and not value.is_input:
                 graph.remove_initializer(value)
@@ -342,7 +346,8 @@ def _float_weights_left(graph) -> str:
     left, readers = 0, {}
     for value in graph.initializers.values():
         tensor = value.const
-        if value.dtype not in _FLOATS or tensor is None or len(tensor.shape) < 2:
+        if value.dtype not in _FLOATS or tensor is None or len(tensor.shape) < 2 \
+                or _block_scales(value):
             continue
         left += tensor.nbytes
         for reader, _ in value.uses:
@@ -353,6 +358,14 @@ def _float_weights_left(graph) -> str:
     named = ", ".join(op if n == 1 else f"{op} ×{n}" for op, n in ops[:4])
     more = f", +{len(ops) - 4} op type(s)" if len(ops) > 4 else ""
     return f"; {left / 2**20:.2f} MiB of float weights stay ({named}{more})"
+
+
+def _block_scales(value) -> bool:
+    """Whether `value` is the pass's own scales or zero points (an embedding table's are
+    [rows, blocks]): counted as float weights left, they read as a table the pass had kept."""
+    return bool(value.uses) and all(
+        reader.domain == MS and reader.op_type in ("MatMulNBits", "GatherBlockQuantized")
+        and index in (2, 3) for reader, index in value.uses)
 
 
 def block_for(k: int, group: int, scale_bytes: int) -> int:
