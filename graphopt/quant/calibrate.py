@@ -23,10 +23,13 @@ from graphopt.quant.stats import METHODS, TensorStats
 
 
 def calibrate(model: Model, names: list[str], data: CalibrationData, method: str = "minmax",
-              channels: frozenset[str] | set[str] = frozenset()) -> dict[str, TensorStats]:
+              channels: frozenset[str] | set[str] = frozenset(),
+              input_ranges: dict[str, tuple[float, float]] | None = None
+              ) -> dict[str, TensorStats]:
     """Statistics of the float tensors `names` (graph inputs or node outputs of `model`'s main
     graph) over every sample of `data`, ready for `TensorStats.range(method)`; those also in
-    `channels` track their per-channel (axis 1) means too."""
+    `channels` track their per-channel (axis 1) means too. `input_ranges`, when given, gets
+    each float input's (smallest, largest) finite value over the data."""
     if method not in METHODS:
         raise OptionError(f"calibration_method {method!r}: unknown (use {', '.join(METHODS)})")
     names = sorted(set(names) | set(channels))
@@ -35,7 +38,8 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
         return stats
     sweeps = ("range",) if method == "minmax" else ("range", "histogram")
     nonfinite_inputs: set[str] = set()
-    sample_arrays = _sampler(model, names, data, nonfinite_inputs=nonfinite_inputs)
+    sample_arrays = _sampler(model, names, data, nonfinite_inputs=nonfinite_inputs,
+                             input_ranges=input_ranges)
     for sweep in sweeps:
         if sweep == "histogram":
             for s in stats.values():
@@ -70,7 +74,8 @@ def gram_matrices(model: Model, values: list[Value], data: CalibrationData
 
 
 def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict | None = None,
-             nonfinite_inputs: set[str] | None = None):
+             nonfinite_inputs: set[str] | None = None,
+             input_ranges: dict[str, tuple[float, float]] | None = None):
     """A function whose every call sweeps the samples of `data` once, yielding per sample the
     arrays of `names` (graph inputs from the feeds, the rest computed by one session that
     outputs them, float32 unless `dtypes` says otherwise). Each sample's arrays are dropped
@@ -86,6 +91,8 @@ def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict
                 nonfinite_inputs.update(
                     name for name, array in feeds.items() if isinstance(array, np.ndarray)
                     and array.dtype.kind == "f" and not np.isfinite(array).all())
+            if input_ranges is not None:
+                _widen(input_ranges, feeds)
             try:
                 outputs = session.run(fetched, feeds) if fetched else []
             except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
@@ -97,6 +104,17 @@ def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict
             del outputs, arrays
 
     return sweep
+
+
+def _widen(ranges: dict[str, tuple[float, float]], feeds: dict) -> None:
+    """Widen each float feed's (smallest, largest) finite value in `ranges` by this sample's."""
+    for name, array in feeds.items():
+        if not (isinstance(array, np.ndarray) and array.dtype.kind == "f" and array.size):
+            continue
+        finite = array[np.isfinite(array)]
+        if finite.size:
+            lo, hi = ranges.get(name, (np.inf, -np.inf))
+            ranges[name] = (min(lo, float(finite.min())), max(hi, float(finite.max())))
 
 
 def _check_ranges(stats: dict[str, TensorStats], path: str,

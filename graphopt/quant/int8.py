@@ -313,8 +313,15 @@ def _statistics(model: Model, names: list[str], channels: set[str], ctx: PassCon
         if shared is None or not shared.ready:
             raise mismatch
         return shared.lookup(sorted(set(names) | channels), model.graph, str(mismatch))
+    inputs: dict[str, tuple[float, float]] = {}
     stats = calibrate(model, names, calibration_data(ctx, model.graph),
-                      ctx.options.calibration_method, channels)
+                      ctx.options.calibration_method, channels, inputs)
+    constant = sorted((name, lo) for name, (lo, hi) in inputs.items() if lo == hi)
+    if constant:  # all-zero data, say: every range fitted to it is a point, the report poor
+        shown = ", ".join(f"'{name}' (every value {lo:g})" for name, lo in constant)
+        ctx.note(f"QuantizeInt8: the calibration data hold one value for input(s) {shown}: "
+                 "the int8 ranges fitted to them cover what that value gives alone; calibrate "
+                 "on inputs like the deployment's")
     if shared is not None:
         shared.keep(stats, model.graph)
     return stats
