@@ -82,24 +82,26 @@ def _optimize_profiles(model, spec, options: dict):
                             options.get("dump_format", "text"))
     shared = SharedStats()  # int8 statistics, measured by a profile the calibration data fits
     results: dict[str, "OptimizeResult"] = {}  # noqa: F821
-    waiting: list[tuple[ShapeProfile, dict, CalibrationShapeError]] = []
+    waiting: list[tuple[ShapeProfile, dict, CalibrationShapeError, bool]] = []
     for profile, input_shapes in zip(profiles, shapes):
-        run = dict(options, input_shapes=input_shapes,
-                   inputs=feeds if feeds is not None and _fits(feeds, profile) else None,
+        fits = feeds is not None and _fits(feeds, profile)
+        run = dict(options, input_shapes=input_shapes, inputs=feeds if fits else None,
                    dump_dir=os.path.join(dump_dir, profile.name) if dump_dir else None)
+        elsewhere = feeds is not None and not fits  # verified on seeded inputs instead
         try:
-            results[profile.name] = _compile(optimize, model, run, profile, shared)
+            results[profile.name] = _compile(optimize, model, run, profile, shared, elsewhere)
         except CalibrationShapeError as exc:
             if shared.ready:
                 raise _in_profile(exc, profile) from None
-            waiting.append((profile, run, exc))  # until a profile the data fits has measured
-    for profile, run, exc in waiting:
+            # until a profile the data fits has measured
+            waiting.append((profile, run, exc, elsewhere))
+    for profile, run, exc, elsewhere in waiting:
         if not shared.ready:
             labels = ", ".join(map(_label, profiles))
             raise CalibrationShapeError(
                 f"the calibration data fits none of the {len(profiles)} shape profiles "
                 f"({labels}); {_in_profile(exc, profile)}") from None
-        results[profile.name] = _compile(optimize, model, run, profile, shared)
+        results[profile.name] = _compile(optimize, model, run, profile, shared, elsewhere)
     if not shared.fitted and shared.misfit is not None:
         # No pass needed its statistics (a transformer's dynamic int8 MatMuls, fp16's report)
         # and each profile let the data go: refused as when a pass needs them.
@@ -120,16 +122,23 @@ def _optimize_profiles(model, spec, options: dict):
     return head
 
 
-def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedStats):
+def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedStats,
+             inputs_elsewhere: bool = False):
     """One profile's compile; its errors name the profile (a calibration shape mismatch is
-    raised as it is, for optimize_profiles to retry once another profile has measured)."""
+    raised as it is, for optimize_profiles to retry once another profile has measured).
+    `inputs_elsewhere`: --inputs were given and fit another profile, not this one."""
+    from graphopt.compiler import INPUTS_FIT_OTHER_PROFILES
+
     shared.profile = _label(profile)
+    token = INPUTS_FIT_OTHER_PROFILES.set(inputs_elsewhere)
     try:
         return optimize(model, **run, shared_stats=shared)
     except CalibrationShapeError:
         raise
     except GraphoptError as exc:
         raise _in_profile(exc, profile) from None
+    finally:
+        INPUTS_FIT_OTHER_PROFILES.reset(token)
 
 
 def _label(profile: ShapeProfile) -> str:

@@ -351,6 +351,10 @@ def _pins(shapes: dict[str, list[int]], model: Model) -> str:
 # a shape profile's compile (compile_profiles) sets them, since its pins come from
 # --dynamic-dims, and advice to drop an --input-shape the user never gave misleads.
 PIN_OPTIONS: ContextVar[tuple[str, ...]] = ContextVar("PIN_OPTIONS", default=("input_shapes",))
+# Set while a shape profile whose shapes the given --inputs do not fit is compiled: it verifies
+# on seeded inputs, and its failure must not ask for the --inputs the user gave.
+INPUTS_FIT_OTHER_PROFILES: ContextVar[bool] = ContextVar("INPUTS_FIT_OTHER_PROFILES",
+                                                         default=False)
 
 
 def weightless_bytes(model: Model) -> bytes | None:
@@ -853,8 +857,10 @@ def _seeded_inputs_hint(inputs, options: Options) -> str:
         return ""
     fitted = (f", which the int8 ranges fitted to {option('calibration')} may clip"
               if options.quantize == "int8" and options.calibration else "")
-    return (f" (on seeded random inputs: standard normal values{fitted}; give inputs like the "
-            f"deployment's with {option('inputs')})")
+    ask = (f"{option('inputs')} fit another shape profile: a file of this profile's shapes "
+           "checks it on real data" if INPUTS_FIT_OTHER_PROFILES.get()
+           else f"give inputs like the deployment's with {option('inputs')}")
+    return f" (on seeded random inputs: standard normal values{fitted}; {ask})"
 
 
 def _beyond_rounding(original: ModelProto, feeds, expected: dict, actual: dict,

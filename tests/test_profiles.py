@@ -617,6 +617,30 @@ def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
                           inputs={"x": np.ones((5, 4), np.float32)})
 
 
+def test_a_profile_the_inputs_do_not_fit_fails_without_asking_for_inputs(monkeypatch):
+    # It is verified on seeded inputs; its failure asked for "inputs like the deployment's with
+    # inputs", which the user had given (they fit the other profile).
+    import graphopt.compiler as compiler
+    from graphopt.errors import VerificationError
+
+    def failing(original, optimized, inputs, options, *args, **kwargs):
+        if inputs is None:
+            raise VerificationError("outputs differ" + compiler._seeded_inputs_hint(inputs,
+                                                                                    options))
+        return {}
+
+    monkeypatch.setattr(compiler, "verify_outputs", failing)
+    proto = parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
+    with pytest.raises(VerificationError) as caught:
+        graphopt.optimize(proto, dynamic_dims="N:1,2", verify=True,
+                          inputs={"x": np.ones((1, 4), np.float32)})
+    message = str(caught.value)
+    assert message.startswith("shape profile profile1 (N=2): outputs differ (on seeded random")
+    assert "inputs fit another shape profile: a file of this profile's shapes checks it" in message
+    with pytest.raises(VerificationError, match="give inputs like the deployment's"):
+        graphopt.optimize(proto, dynamic_dims="N:1,2", verify=True)
+
+
 @pytest.mark.parametrize("feeds, message", [
     ({"z": np.ones((1, 4), np.float32)}, "unknown input 'z'; the model's inputs are: x"),
     ({}, "missing input 'x'"),
