@@ -63,12 +63,11 @@ class AippOp:
 
     def to_json(self) -> dict:
         """What a compiled model records of this preprocessing (its metadata, an .om's extra)."""
-        c = self.channels
         return {"input_format": self.input_format, "src_size": list(self.src_size),
                 "crop": self.crop, "crop_start": list(self.crop_start),
                 "crop_size": list(self.crop_size), "swap_rb": self.swap_rb,
-                "mean": list(self.mean[:c]), "min": list(self.minimum[:c]),
-                "var_reci": list(self.var_reci[:c])}
+                "mean": list(self.mean), "min": list(self.minimum),
+                "var_reci": list(self.var_reci)}
 
 
 _TOKEN = re.compile(r'[{}:]|"[^"]*"|[^\s{}:"]+')
@@ -195,10 +194,11 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
 
 
 def _integer(text: str, where: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise OptionError(f"{where}: expected a whole number, found {text!r}") from None
+    # Digits as ATC reads them: Python's int() also takes "1_000", "+5" and "٣".
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise OptionError(f"{where}: expected a whole number, found {text!r}")
+    value = int(text)
     if value < 0:
         raise OptionError(f"{where}: {value} is negative")
     if value > _LARGEST:  # past int64, numpy's OverflowError was an internal error

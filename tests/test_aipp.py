@@ -175,6 +175,8 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
     ("aipp_op { input_format: RGB888_U8 crop: yes }", "crop: expected true or false"),
     ("aipp_op { input_format: RGB888_U8 mean_chn_0: 1 mean_chn_0: 2 }", "set twice"),
     ("aipp_op { input_format: RGB888_U8 mean_chn_0: x }", "expected a number, found 'x'"),
+    ("aipp_op { input_format: RGB888_U8 crop: true load_start_pos_w: 1_0 }",
+     "load_start_pos_w: expected a whole number, found '1_0'"),
     ("aipp_op { input_format: RGB888_U8", "aipp_op block is not closed"),
     ("aipp_op { input_format: YUV400_U8 mean_chn_1: 3 }", "YUV400_U8 has 1 channel"),
     ("aipp_op { input_format: RGB888_U8 load_start_pos_w: 3 }", "applies with crop: true"),
