@@ -427,6 +427,8 @@ def test_fp16_overflow_into_a_node_the_warning_named_and_kept_names_its_readers(
         assert [w.split(". ")[0] for w in warnings] == (
             ["float16 overflow: 1 tensor(s) the model holds in float16 exceed ±65504 on this "
              "input: conv_f16 (max 1e+05, read by node y_node)"] if warned else [])
+        # what to keep is the node the warning names, not a maker it does not name
+        assert all("list the nodes named in keep_dtype" in w for w in warnings)
 
 
 def test_a_mask_a_fusion_adds_in_float16_is_not_an_overflow(tmp_path):

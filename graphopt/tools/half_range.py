@@ -196,8 +196,11 @@ def overflow_note(found: list[tuple[str, float]], makers: dict[str, str] | None 
 
     shown = ", ".join(shown_one(name, peak) for name, peak in found[:5])
     more = f", and {len(found) - 5} more" if len(found) > 5 else ""
-    keep = (f"{option('keep_dtype')} the nodes that make them" if from_command_line()
-            else f"list the nodes that make them in {option('keep_dtype')}")
+    # A float16 copy is named by the nodes that read it: those are what to keep, not its Cast.
+    nodes = "the nodes named" if any(readers.get(name) for name, _ in found[:5]) \
+        else "the nodes that make them"
+    keep = (f"{option('keep_dtype')} {nodes}" if from_command_line()
+            else f"list {nodes} in {option('keep_dtype')}")
     return (f"float16 overflow: {len(found)} tensor(s) the model holds in float16 exceed "
             f"±{FP16_MAX:g} on this input: {shown}{more}. float16 hardware makes them inf; "
             f"onnxruntime's CPU provider computes many float16 ops in float32, so its outputs "
