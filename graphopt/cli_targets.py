@@ -179,6 +179,8 @@ def _op_json(s: OpSupport) -> dict:
     if s.attributes:
         out["attributes"] = {a: [list(v) if isinstance(v, tuple) else v for v in values]
                              for a, values in s.attributes.items()}
+    if s.max_outputs is not None:
+        out["max_outputs"] = s.max_outputs
     if s.dtype_engines:
         out["engine_for"] = dict(s.dtype_engines)
     if s.note:
@@ -196,6 +198,8 @@ def _dtypes(s: OpSupport) -> str:
 def _constraints(s: OpSupport) -> str:
     parts = [f"{a} in {'/'.join(map(str, values))}" for a, values in s.attributes.items()]
     parts += [f"{dtype} on {engine}" for dtype, engine in s.dtype_engines.items()]
+    if s.max_outputs is not None:
+        parts.append(f"first {s.max_outputs} output(s) only")
     return "; ".join(parts)
 
 

@@ -216,6 +216,29 @@ def test_dtype_reason_names_the_value_and_the_accepted_types():
     assert "float16" in reason
 
 
+@pytest.mark.parametrize("target", ["ascend310", "ascend310b", "ascend910b"])
+def test_maxpool_whose_indices_are_read_stays_on_the_host(target, tmp_path):
+    # CANN's MaxPool computes no Indices output: a node whose Indices a later node reads would
+    # need a kernel the NPU lacks. Without the Indices it stays on the NPU.
+    proto = build("""
+        g (float[1,8,32,32] x) => (float[1,8,16,16] y, float[1,8,16,16] f, float[1,8,16,16] z) {
+            y, i = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+            f = Cast <to = 1> (i)
+            z = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+        }""")
+    model = load_onnx(proto)
+    infer_shapes(model)
+    kept = partition(model, load_target(target), return_islands=False)  # z alone is an island
+    placed = {n.output.name: p for n, p in kept.placements.items()}
+    assert placed["y"].device == "cpu" and placed["z"].device == "npu"
+    assert placed["y"].reason == ("output 1 (%i) of MaxPool is read: the npu kernel computes "
+                                  "only the first output")
+    result, path = compile_om(proto, tmp_path, level=0, target=target)
+    assert result.partitioning.placements[result.model.graph.nodes()[0]].device == "cpu"
+    feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
 def test_bf16_ops_returned_to_the_host_are_refused_naming_them():
     # The 910B runs the Gemm in bfloat16, so ConvertPrecision converts it; between two TopKs
     # it is an island not worth the copies, and the host has no bfloat16 Gemm to run it.

@@ -59,7 +59,7 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
-              or _attribute_problem(node.attr, support)
+              or _attribute_problem(node.attr, support) or _output_problem(node, support, device.name)
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
     return (None, reason) if reason else (support.engine, None)
@@ -142,6 +142,20 @@ def _attribute_problem(attr, support: OpSupport) -> str | None:
             shown = tuple(map(_as_written, value)) if isinstance(value, tuple) \
                 else _as_written(value)
             return f"attribute {name}={shown!r} of {support.op}: takes {choices}"
+    return None
+
+
+def _output_problem(node: Node, support: OpSupport, device: str) -> str | None:
+    """A later output the kernel does not compute, which a node or the caller reads (an
+    unread one, such as an exporter's unused MaxPool Indices, costs nothing)."""
+    if support.max_outputs is None:
+        return None
+    for index, value in enumerate(node.outputs[support.max_outputs:], support.max_outputs):
+        if value is not None and (value.uses or value.is_graph_output):
+            first = "the first output" if support.max_outputs == 1 \
+                else f"the first {support.max_outputs} outputs"
+            return f"output {index} (%{value.name}) of {support.op} is read: the " \
+                   f"{device} kernel computes only {first}"
     return None
 
 

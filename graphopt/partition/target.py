@@ -36,6 +36,7 @@ class OpSupport:
     attributes: Mapping[str, tuple]  # attribute name -> allowed values
     note: str | None
     dtype_engines: Mapping[str, str] = field(default_factory=dict)  # dtype -> engine (int64)
+    max_outputs: int | None = None   # outputs the kernel computes (MaxPool: not its Indices)
 
 
 @dataclass(frozen=True, eq=False)
@@ -419,7 +420,8 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                 attributes=FrozenMap({a: tuple(_hashable(v) for v in values)
                                       for a, values in op.get("attributes", {}).items()}),
                 note=op.get("note"),
-                dtype_engines=FrozenMap(dict(op.get("engine_for", {}))))
+                dtype_engines=FrozenMap(dict(op.get("engine_for", {}))),
+                max_outputs=op.get("max_outputs"))
     return kernels
 
 

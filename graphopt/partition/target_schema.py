@@ -161,6 +161,10 @@ TARGET_SCHEMA: dict[str, Any] = {
                                "additionalProperties": {"type": "array", "minItems": 1},
                                "description": "Attribute -> the values the kernel takes; an "
                                               "attribute not named takes any value."},
+                "max_outputs": {"type": "integer", "minimum": 1,
+                                "description": "How many of the op's outputs the kernel "
+                                               "computes; a node that uses a later one "
+                                               "(MaxPool's Indices) stays on the host."},
                 "engine_for": {"type": "object", "propertyNames": {"$ref": "#/$defs/dtype"},
                                "additionalProperties": {"type": "string", "minLength": 1},
                                "description": "dtype -> another engine of the device that runs "
