@@ -153,7 +153,8 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
             _number(text, where)
         else:
             raise OptionError(f"{where}: not an AIPP key (graphopt reads ATC's static AIPP "
-                              "keys: input_format, crop, src_image_size_*, mean/min/var_reci_chn_*, …)")
+                              "keys: input_format, crop, src_image_size_*, "
+                              "mean/min/var_reci_chn_*, …)")
     where = f"{path}:{line}: aipp_op"
     mode = values.get("aipp_mode", "static")
     if mode != "static":

@@ -113,9 +113,9 @@ def _model_side(value: Value, op: AippOp, where: str) -> tuple[str, tuple[int, i
         elif given:
             size.append(given)
         else:
+            key = "crop_size" if op.crop else "src_image_size"
             raise OptionError(f"{where}: input {value.name!r} has a dynamic {axis} "
-                              f"({model_dim!r}); give {'crop_size' if op.crop else 'src_image_size'}"
-                              f"_{axis}")
+                              f"({model_dim!r}); give {key}_{axis}")
     return layout, (size[0], size[1])
 
 

@@ -59,7 +59,8 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
-              or _attribute_problem(node.attr, support) or _output_problem(node, support, device.name)
+              or _attribute_problem(node.attr, support)
+              or _output_problem(node, support, device.name)
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
     return (None, reason) if reason else (support.engine, None)
