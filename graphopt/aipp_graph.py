@@ -52,9 +52,11 @@ def _floats(values, count: int) -> tuple[float, ...]:
     return floats
 
 
-def insert_aipp(model: Model, ops: list[AippOp], path: str | None) -> str:
+def insert_aipp(model: Model, ops: list[AippOp], path: str | None,
+                pins: dict[str, list[int]] | None = None) -> str:
     """Give each input an `aipp_op` names its preprocessing; returns the compile's note.
-    `path` is the configuration file the ops come from, None for ops a compile recorded."""
+    `path` is the configuration file the ops come from, None for ops a compile recorded;
+    `pins` (--input-shape's, applied later) show in the note as the input will be fed."""
     graph = model.graph
     feedable = [value for value in graph.inputs if not value.is_weight]
     recorded = inserted_preprocessing(model.metadata_props)
@@ -74,7 +76,9 @@ def insert_aipp(model: Model, ops: list[AippOp], path: str | None) -> str:
         _rewire(graph, value, image, op, layout, size)
         recorded[image.name] = {**op.to_json(), "layout": layout,
                                 "src_size": list(image.shape[1:3]), "crop_size": list(size)}
-        shown.append(f"{image.name!r} takes uint8 {_dims(image.shape)} ({op.input_format})")
+        fed = [d if p == -1 else p for d, p in zip(image.shape, (pins or {}).get(
+            image.name, [-1] * len(image.shape)))]
+        shown.append(f"{image.name!r} takes uint8 {_dims(fed)} ({op.input_format})")
     model.metadata_props[PREPROCESS_KEY] = json.dumps(recorded, sort_keys=True)
     return f"{option('insert_op_conf')}: " + "; ".join(shown)
 

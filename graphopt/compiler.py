@@ -552,7 +552,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         pinned_first = True
     if upgraded:
         import_notes.append(upgraded)
-    import_notes += apply_source_edits(ir_model, wanted_outputs, aipp, label, insert_op_conf)
+    import_notes += apply_source_edits(ir_model, wanted_outputs, aipp, label, insert_op_conf,
+                                       options.input_shapes)
     # The reference for verification (ended at out_nodes), before any pin or pass; exported
     # only when needed since it copies every weight.
     source = to_onnx(ir_model) if verify else None

@@ -12,8 +12,10 @@ from graphopt.ir import Model
 
 
 def apply_source_edits(model: Model, out_nodes: list[str] | None, aipp: list | None,
-                       label: str, aipp_path: str | None) -> list[str]:
-    """Edit `model` in place as the options ask; returns the compile's notes saying so."""
+                       label: str, aipp_path: str | None,
+                       pins: dict[str, list[int]] | None = None) -> list[str]:
+    """Edit `model` in place as the options ask; returns the compile's notes saying so (the
+    inputs as `pins`, --input-shape's, will have them)."""
     notes = []
     if out_nodes is not None:
         from graphopt.out_nodes import select_outputs
@@ -22,7 +24,7 @@ def apply_source_edits(model: Model, out_nodes: list[str] | None, aipp: list | N
     if aipp is not None:
         from graphopt.aipp_graph import insert_aipp
 
-        notes.append(insert_aipp(model, aipp, aipp_path))
+        notes.append(insert_aipp(model, aipp, aipp_path, pins))
     return notes
 
 

@@ -290,6 +290,13 @@ def test_the_settings_of_a_switched_off_step_are_read_and_ignored_as_in_atc(tmp_
                                   numerics.run(plain, {"x": images})["y"])
 
 
+def test_the_note_shows_the_input_as_input_shape_pins_it(tmp_path):
+    # It showed [N,36,40,3] while the .om took [2,36,40,3].
+    result = graphopt.optimize(_classifier(batch="N"), insert_op_conf=_config(tmp_path),
+                               input_shapes={"x": [2, 36, 40, 3]})
+    assert "'x' takes uint8 [2,36,40,3] (RGB888_U8)" in " ".join(result.notes)
+
+
 def test_the_source_size_defaults_to_the_models_as_in_atc(tmp_path):
     # A crop needs the frame's size: by default it is the model's, which leaves no room.
     text = "aipp_op { input_format: RGB888_U8 crop: true load_start_pos_h: 2 }"
