@@ -950,6 +950,9 @@ def test_a_pickled_session_reopens_the_artifact(om_path):
     x = x_batch(2)
     np.testing.assert_array_equal(copy.run({"X": x})["Y"], session.run({"X": x})["Y"])
     assert copy._reopen == session._reopen and copy._reopen["intra_op_num_threads"] == 1
+    session.close()  # its copy came back open, which the closed session could not run
+    with pytest.raises(GraphoptError, match="the session was closed"):
+        pickle.dumps(session)
 
 
 def test_output_names_must_be_a_list(om_path):

@@ -682,6 +682,8 @@ class OmSession:
 
     def __reduce__(self):
         # onnxruntime sessions do not pickle: the copy loads the artifact again from its path.
+        if self._closed:  # a copy would come back open, which the closed one could not run
+            raise _closed(self._artifact.path)
         return _reopened, (self._artifact.location, self._reopen,
                            self._artifact.manifest["members"])
 
