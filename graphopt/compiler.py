@@ -161,7 +161,7 @@ def _check_values(options: Options) -> None:
         passes = [name for name in unknown if name in PASSES]
         what = (f"; {', '.join(passes)} is a pass, which runs rules: trace one of them"
                 if passes else "")
-        raise OptionError(f"{option('trace_rules')}: unknown rule {', '.join(unknown)} "
+        raise OptionError(f"{option('trace_rules')}: unknown rule {', '.join(map(repr, unknown))} "
                           f"({did_you_mean(unknown, RULES)}`graphopt passes` lists the "
                           f"rules{what})")
 

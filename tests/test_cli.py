@@ -680,6 +680,14 @@ def test_tolerance_without_verify(foldable, tmp_path, capsys, option):
     assert_clean_error(rc, out, err, f"{option} is only used with --verify", output=out_path)
 
 
+def test_an_empty_rule_or_target_name_is_named_as_empty(foldable, tmp_path, capsys):
+    # "unknown rule  (" and ": unknown target" showed nothing where the name was.
+    rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "o.onnx", "--trace-rule", "")
+    assert rc == 1 and "--trace-rule: unknown rule '' (" in err
+    rc, _, err = cli(capsys, "targets", "")
+    assert rc == 1 and "no target named (built-in: ascend310" in err
+
+
 def test_trace_rule_with_quiet_is_refused(foldable, tmp_path, capsys):
     # -q printed nothing, so the near-miss report was computed and thrown away unsaid.
     out_path = tmp_path / "out.onnx"

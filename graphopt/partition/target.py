@@ -20,7 +20,7 @@ from typing import Any
 
 from graphopt.errors import OptionError
 from graphopt.frozen_map import FrozenMap
-from graphopt.option_names import setting
+from graphopt.option_names import option, setting
 from graphopt.partition.target_ort import nchwc_block_size, op_key, ort_cpu_kernels
 from graphopt.partition.target_schema import SchemaViolation, check, key_path
 
@@ -125,6 +125,9 @@ def builtin_targets() -> list[str]:
 def load_target(name_or_path: str | os.PathLike) -> Target:
     """A built-in target by name ("ascend310"), or a profile file ("my_target.json")."""
     text = os.fspath(name_or_path)
+    if not text.strip():  # an unset shell variable: "…: unknown target" named nothing
+        raise OptionError(f"{option('target')}: no target named (built-in: "
+                          f"{', '.join(builtin_targets())}; or give a profile .json file)")
     if text in builtin_targets():
         return _load_builtin(text)
     if text.endswith(".json") or os.sep in text or os.path.exists(text):
