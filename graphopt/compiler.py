@@ -161,7 +161,8 @@ def _check_values(options: Options) -> None:
         passes = [name for name in unknown if name in PASSES]
         what = (f"; {', '.join(passes)} is a pass, which runs rules: trace one of them"
                 if passes else "")
-        raise OptionError(f"{option('trace_rules')}: unknown rule {', '.join(map(repr, unknown))} "
+        shown = ", ".join(name or "''" for name in unknown)  # an empty one would show nothing
+        raise OptionError(f"{option('trace_rules')}: unknown rule {shown} "
                           f"({did_you_mean(unknown, RULES)}`graphopt passes` lists the "
                           f"rules{what})")
 
