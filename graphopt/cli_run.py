@@ -9,6 +9,7 @@ from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import input_shapes, non_negative_int, path_text, positive_int, thread_count
 from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
+from graphopt.source_marks import extra_preprocessing
 from graphopt.warning_scope import kept_notices
 
 DEFAULT_WARMUP = 3
@@ -146,10 +147,9 @@ def _cmd_run(args) -> int:
 
             signature = pinned_signature(session.inputs, parse_input_shapes(args.input_shape),
                                          args.model)
-        images = session.artifact.extra.get("preprocess")  # --insert-op-conf's uint8 images
+        images = extra_preprocessing(session.artifact.extra)  # --insert-op-conf's uint8 ones
         try:
-            feeds = random_feeds(signature, seed=seed,
-                                 images=images if isinstance(images, dict) else ())
+            feeds = random_feeds(signature, seed=seed, images=images)
         except InputError as exc:
             # An .npz holds arrays: a sequence or map can only be fed from Python.
             hint = ("pin its dims with --input-shape, or pass --inputs FILE.npz with concrete "

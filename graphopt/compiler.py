@@ -29,7 +29,8 @@ from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
 from graphopt.portable_types import residual_types_kept
 from graphopt.source_edits import apply_source_edits
-from graphopt.source_marks import cut_outputs, inserted_preprocessing
+from graphopt.source_marks import (EXTRA_CUT, EXTRA_PREPROCESS, cut_outputs,
+                                   inserted_preprocessing)
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
@@ -1015,10 +1016,10 @@ def _recorded_extra(model: Model | ModelProto) -> dict:
         extra["lossy_passes"] = lossy
     cut = cut_outputs(model.metadata_props)
     if cut:  # for compare: outputs of the source that --out-nodes cut off, not lost ones
-        extra["outputs_cut"] = cut
+        extra[EXTRA_CUT] = cut
     preprocess = inserted_preprocessing(model.metadata_props)
     if preprocess:  # for inspect and compare: inputs that take images, not the source's
-        extra["preprocess"] = preprocess
+        extra[EXTRA_PREPROCESS] = preprocess
     return extra
 
 

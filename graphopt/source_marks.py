@@ -37,6 +37,22 @@ def inserted_preprocessing(props) -> dict:
     return recorded if isinstance(recorded, dict) else {}
 
 
+# The same records in an .om's manifest extra, under these keys.
+EXTRA_CUT, EXTRA_PREPROCESS = "outputs_cut", "preprocess"
+
+
+def extra_cut_outputs(extra: dict) -> list[str]:
+    """cut_outputs of an .om's extra (free-form: what is not a list of names is none)."""
+    names = extra.get(EXTRA_CUT)
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def extra_preprocessing(extra: dict) -> dict:
+    """inserted_preprocessing of an .om's extra ({} where it is not an object)."""
+    recorded = extra.get(EXTRA_PREPROCESS)
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def preprocessing_text(recorded: dict) -> str:
     """One line of what `recorded` (inserted_preprocessing's, or an .om's extra "preprocess")
     says, read defensively: a manifest's extra is free-form."""

@@ -10,7 +10,8 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.feeds import typed_entry
-from graphopt.source_marks import cut_text, preprocessing_text
+from graphopt.source_marks import (EXTRA_CUT, EXTRA_PREPROCESS, cut_text, extra_cut_outputs,
+                                   extra_preprocessing, preprocessing_text)
 from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS, order_label
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
@@ -457,11 +458,11 @@ def target_line(artifact: OmArtifact) -> str:
 
 def source_edit_lines(cut, preprocess) -> list[tuple[str, str]]:
     """The header lines of what the compile edited of its source, from what the model
-    records (an .om's extra, an .onnx's metadata): none where it records nothing usable."""
+    records (source_marks' readers of an .om's extra or an .onnx's metadata)."""
     lines = []
-    if isinstance(cut, list) and cut:
+    if cut:
         lines.append(("cut", one_line(cut_text(cut))))
-    if isinstance(preprocess, dict) and preprocess:
+    if preprocess:
         lines.append(("preprocess", one_line(preprocessing_text(preprocess))))
     return lines
 
@@ -477,7 +478,8 @@ def format_om(artifact: OmArtifact) -> str:
                     f"{m['graphopt_version']}")),
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
-        *source_edit_lines(artifact.extra.get("outputs_cut"), artifact.extra.get("preprocess")),
+        *source_edit_lines(extra_cut_outputs(artifact.extra),
+                           extra_preprocessing(artifact.extra)),
         ("target", target_line(artifact)),
         ("precision", precision_line(artifact)),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "
@@ -535,7 +537,7 @@ def format_om(artifact: OmArtifact) -> str:
     parts.append(_format_pass_log(artifact.pass_log))
 
     extra = dict(artifact.extra)
-    for shown_above in ("outputs_cut", "preprocess"):  # in the header
+    for shown_above in (EXTRA_CUT, EXTRA_PREPROCESS):  # in the header
         extra.pop(shown_above, None)
     # Each profile's own shapes, tilings and estimates, when there are several.
     kernels = dict(profile_kernel_configs(artifact)) if len(artifact.profiles) > 1 else {}

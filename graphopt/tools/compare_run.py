@@ -20,7 +20,8 @@ from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
-from graphopt.source_marks import cut_outputs, inserted_preprocessing
+from graphopt.source_marks import (cut_outputs, extra_cut_outputs, extra_preprocessing,
+                                   inserted_preprocessing)
 from graphopt.warning_scope import kept_notices
 
 
@@ -57,16 +58,14 @@ class Side:
     def cut_outputs(self) -> list[str]:
         """The source model's outputs the compile that made this side cut off (--out-nodes)."""
         if self.session is not None:
-            names = self.session.artifact.extra.get("outputs_cut", [])
-            return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+            return extra_cut_outputs(self.session.artifact.extra)
         return cut_outputs(self.proto.metadata_props) if self.proto is not None else []
 
     def preprocessing(self) -> dict:
         """The image preprocessing (--insert-op-conf) the compile that made this side inserted,
         by input name: {} when it inserted none."""
         if self.session is not None:
-            recorded = self.session.artifact.extra.get("preprocess")
-            return recorded if isinstance(recorded, dict) else {}
+            return extra_preprocessing(self.session.artifact.extra)
         return inserted_preprocessing(self.proto.metadata_props) if self.proto is not None else {}
 
     def profile_note(self, feeds: Mapping[str, object]) -> str | None:

@@ -19,7 +19,7 @@ from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
-from graphopt.source_marks import inserted_preprocessing
+from graphopt.source_marks import extra_preprocessing, inserted_preprocessing
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import CONTROL_FLOW, kernel_events, merge_traces, read_trace
@@ -262,9 +262,8 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     random = feeds is None
     where = path + (f" on {feeds.label}" if isinstance(feeds, _NamedFeeds) else "")
     signature = _random_signature(session, input_shapes) if random else session.inputs
-    preprocess = session.artifact.extra.get("preprocess")
     feeds = _feeds(signature, feeds, input_shapes, seed, path,
-                   preprocess if isinstance(preprocess, dict) else {})
+                   extra_preprocessing(session.artifact.extra))
     artifact = session.artifact
     shape_profile = None
     if artifact.profiles:  # the shape profile these feeds run on; the others' sessions idle
