@@ -1,9 +1,9 @@
 """ATC's AIPP configuration file (--insert-op-conf): the static image preprocessing it describes.
 
 The file is ATC's prototxt: one `aipp_op { key: value … }` block per model input. graphopt
-reads the static mode's keys for packed images and normalization; a key it does not implement
-is refused at any value but its default, so that a configuration never compiles into something
-other than what it says.
+reads the static mode's keys for packed RGB, grey and YUV420SP images, colour conversion and
+normalization; a key it does not implement is refused at any value but its default, so that a
+configuration never compiles into something other than what it says.
 """
 
 from __future__ import annotations
@@ -15,30 +15,36 @@ from dataclasses import dataclass
 from graphopt.errors import InputError, OptionError
 from graphopt.option_names import option
 
-# Channels each input format packs per pixel (HWC, one byte each).
-FORMAT_CHANNELS = {"RGB888_U8": 3, "YUV400_U8": 1}
+# Channels each input format delivers per pixel (YUV420SP: Y, U, V once its chroma is upsampled).
+FORMAT_CHANNELS = {"RGB888_U8": 3, "YUV400_U8": 1, "YUV420SP_U8": 3}
 # Formats ATC knows that graphopt does not implement: refused by name rather than as unknown.
-OTHER_FORMATS = ("YUV420SP_U8", "XRGB8888_U8", "ARGB8888_U8", "YUYV_U8", "YUV422SP_U8",
+OTHER_FORMATS = ("XRGB8888_U8", "ARGB8888_U8", "YUYV_U8", "YUV422SP_U8",
                  "AYUV444_U8", "RAW10", "RAW12", "RAW16", "RAW24", "YUV400_U8_NV")
 
 _INTEGER_KEYS = ("related_input_rank", "src_image_size_w", "src_image_size_h",
                  "load_start_pos_w", "load_start_pos_h", "crop_size_w", "crop_size_h")
 _LARGEST = 2**31 - 1  # the integer keys are int32 or uint32 fields of ATC's AippOpParams
-_BOOLEAN_KEYS = ("crop", "rbuv_swap_switch")
+_BOOLEAN_KEYS = ("crop", "rbuv_swap_switch", "csc_switch")
+# The colour conversion: out = ((M · (in - input_bias)) >> 8) + output_bias, per ATC's manual.
+MATRIX_KEYS = tuple(f"matrix_r{r}c{c}" for r in range(3) for c in range(3))
+BIAS_KEYS = {kind: tuple(f"{kind}_bias_{i}" for i in range(3)) for kind in ("input", "output")}
+_MATRIX_RANGE = (-32768, 32767)  # int16 fixed point, 256 = 1.0
+# The largest sum of a row's |entries| whose products with 8-bit values, and their sums, stay
+# exact in float32 (below 2**24 steps of 1/256): far past any colour standard's (about 1,100).
+ROW_LIMIT = 2**16
 _NORMALIZATION_KEYS = tuple(f"{kind}_chn_{i}" for kind in ("mean", "min", "var_reci")
                             for i in range(4))
-# ATC keys graphopt leaves at their defaults only: colour conversion, resizing, padding, …
+# ATC keys graphopt leaves at their defaults only: resizing, padding, …
 _DEFAULT_ONLY = {
-    "csc_switch": False, "resize": False, "padding": False, "ax_swap_switch": False,
+    "resize": False, "padding": False, "ax_swap_switch": False,
     "single_line_mode": False, "support_rotation": False,
 }
-# The settings of those steps: ATC ignores them while their switch is off, as it must be here
-# (ATC's sample files list the colour matrix with csc_switch: false). Read as numbers, unused.
+# The settings of those steps: ATC ignores them while their switch is off, as it must be here.
+# Read as numbers, unused.
 _UNUSED_SETTINGS = (
     "resize_input_w", "resize_input_h", "resize_output_w", "resize_output_h",
     "left_padding_size", "right_padding_size", "top_padding_size", "bottom_padding_size",
-    "padding_value", *(f"matrix_r{r}c{c}" for r in range(3) for c in range(3)),
-    *(f"{kind}_bias_{i}" for kind in ("input", "output") for i in range(3)))
+    "padding_value")
 
 
 @dataclass(frozen=True)
@@ -52,10 +58,14 @@ class AippOp:
     crop: bool
     crop_start: tuple[int, int]    # (h, w)
     crop_size: tuple[int, int]     # (h, w); 0: as the model's input
-    swap_rb: bool
+    swap_rb: bool                  # R and B, or U and V (YUV420SP: NV21 read as NV12)
     mean: tuple[float, ...]        # per output channel, after the swap (ATC applies it so)
     minimum: tuple[float, ...]
     var_reci: tuple[float, ...]
+    # Colour conversion (csc_switch), after the swap: 3x3 row-major fixed point, biases 0-255.
+    csc_matrix: tuple[int, ...] | None = None
+    input_bias: tuple[int, int, int] = (0, 0, 0)
+    output_bias: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def channels(self) -> int:
@@ -63,11 +73,15 @@ class AippOp:
 
     def to_json(self) -> dict:
         """What a compiled model records of this preprocessing (its metadata, an .om's extra)."""
-        return {"input_format": self.input_format, "src_size": list(self.src_size),
-                "crop": self.crop, "crop_start": list(self.crop_start),
-                "crop_size": list(self.crop_size), "swap_rb": self.swap_rb,
-                "mean": list(self.mean), "min": list(self.minimum),
-                "var_reci": list(self.var_reci)}
+        recorded = {"input_format": self.input_format, "src_size": list(self.src_size),
+                    "crop": self.crop, "crop_start": list(self.crop_start),
+                    "crop_size": list(self.crop_size), "swap_rb": self.swap_rb,
+                    "mean": list(self.mean), "min": list(self.minimum),
+                    "var_reci": list(self.var_reci)}
+        if self.csc_matrix is not None:
+            recorded.update(csc_matrix=list(self.csc_matrix), input_bias=list(self.input_bias),
+                            output_bias=list(self.output_bias))
+        return recorded
 
 
 _TOKEN = re.compile(r'[{}:]|"[^"]*"|[^\s{}:"]+')
@@ -145,6 +159,10 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
             values[key] = _integer(text, where)
         elif key in _BOOLEAN_KEYS:
             values[key] = _boolean(text, where)
+        elif key in MATRIX_KEYS:
+            values[key] = _integer(text, where, _MATRIX_RANGE)
+        elif key in BIAS_KEYS["input"] + BIAS_KEYS["output"]:
+            values[key] = _integer(text, where, (0, 255))
         elif key in _NORMALIZATION_KEYS:
             values[key] = _number(text, where)
         elif key in _DEFAULT_ONLY:
@@ -153,8 +171,8 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
             _number(text, where)
         else:
             raise OptionError(f"{where}: not an AIPP key (graphopt reads ATC's static AIPP "
-                              "keys: input_format, crop, src_image_size_*, "
-                              "mean/min/var_reci_chn_*, …)")
+                              "keys: input_format, crop, src_image_size_*, csc_switch, "
+                              "matrix_r*c*, mean/min/var_reci_chn_*, …)")
     where = f"{path}:{line}: aipp_op"
     mode = values.get("aipp_mode", "static")
     if mode != "static":
@@ -167,14 +185,22 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         known = "an ATC format graphopt does not implement" if fmt in OTHER_FORMATS \
             else "not an AIPP input format"
         raise OptionError(f"{where}: input_format {fmt} is {known} (graphopt takes "
-                          f"{' and '.join(FORMAT_CHANNELS)}; decode other formats to RGB first)")
-    if values.get("rbuv_swap_switch") and fmt != "RGB888_U8":
-        raise OptionError(f"{where}: rbuv_swap_switch swaps R and B: {fmt} has one channel")
+                          f"{', '.join(FORMAT_CHANNELS)}; decode other formats to RGB first)")
+    channels = FORMAT_CHANNELS[fmt]
+    for switch in ("rbuv_swap_switch", "csc_switch"):
+        if values.get(switch) and channels == 1:
+            raise OptionError(f"{path}:{fields[switch][0]}: {switch}: {fmt} has one channel")
+    csc = bool(values.get("csc_switch", False))
+    if csc and not any(key in values for key in MATRIX_KEYS):
+        raise OptionError(f"{path}:{fields['csc_switch'][0]}: csc_switch: true, but no "
+                          "matrix_r*c* is given (ATC's manual lists the matrix of each colour "
+                          "standard)")
+    if csc:
+        _check_matrix(values, fields, path)
     crop = bool(values.get("crop", False))
     for key in ("load_start_pos_w", "load_start_pos_h", "crop_size_w", "crop_size_h"):
         if key in values and not crop:
             raise OptionError(f"{path}:{fields[key][0]}: {key} applies with crop: true")
-    channels = FORMAT_CHANNELS[fmt]
     for key in _NORMALIZATION_KEYS:
         if key in values and int(key[-1]) >= channels:
             raise OptionError(f"{path}:{fields[key][0]}: {key}: {fmt} has {channels} "
@@ -191,19 +217,46 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         crop_size=(int(values.get("crop_size_h", 0)), int(values.get("crop_size_w", 0))),
         swap_rb=bool(values.get("rbuv_swap_switch", False)),
         mean=per_channel("mean", 0.0), minimum=per_channel("min", 0.0),
-        var_reci=per_channel("var_reci", 1.0))
+        var_reci=per_channel("var_reci", 1.0),
+        # A matrix entry left out is 0, as in ATC's proto; ignored, as ATC does, with csc off.
+        csc_matrix=tuple(int(values.get(key, 0)) for key in MATRIX_KEYS) if csc else None,
+        input_bias=_biases(values, "input") if csc else (0, 0, 0),
+        output_bias=_biases(values, "output") if csc else (0, 0, 0))
 
 
-def _integer(text: str, where: str) -> int:
+def _check_matrix(values: dict, fields: dict, path: str) -> None:
+    """Refuse a matrix that makes no image, or one too large to convert exactly."""
+    entries = [int(values.get(key, 0)) for key in MATRIX_KEYS]
+    where = f"{path}:{fields['csc_switch'][0]}: csc_switch"
+    if not any(entries):
+        raise OptionError(f"{where}: every matrix_r*c* is 0: the conversion would make a black "
+                          "image")
+    for row in range(3):
+        total = sum(abs(v) for v in entries[3 * row:3 * row + 3])
+        if total > ROW_LIMIT:
+            raise OptionError(f"{where}: matrix_r{row}c0 to c2 add up to {total} in magnitude, "
+                              f"past {ROW_LIMIT} (x{ROW_LIMIT // 256} in 8-bit steps; graphopt "
+                              "converts exactly up to there)")
+
+
+def _biases(values: dict, kind: str) -> tuple[int, int, int]:
+    first, second, third = (int(values.get(key, 0)) for key in BIAS_KEYS[kind])
+    return first, second, third
+
+
+def _integer(text: str, where: str, bounds: tuple[int, int] = (0, _LARGEST)) -> int:
     # Digits as ATC reads them: Python's int() also takes "1_000", "+5" and "٣".
     digits = text[1:] if text.startswith("-") else text
     if not (digits.isascii() and digits.isdigit()):
         raise OptionError(f"{where}: expected a whole number, found {text!r}")
     value = int(text)
-    if value < 0:
+    low, high = bounds
+    if value < 0 and low == 0:
         raise OptionError(f"{where}: {value} is negative")
-    if value > _LARGEST:  # past int64, numpy's OverflowError was an internal error
+    if high == _LARGEST and value > high:  # past int64, numpy's OverflowError was an internal error
         raise OptionError(f"{where}: {value} is too large (ATC's fields are 32-bit)")
+    if not low <= value <= high:
+        raise OptionError(f"{where}: {value} is outside {low} to {high}")
     return value
 
 
@@ -227,6 +280,6 @@ def _check_default(key: str, text: str, default: bool, where: str) -> None:
     """Refuse a switch of a step graphopt does not implement unless it is off."""
     if _boolean(text, where) == default:
         return
-    raise OptionError(f"{where}: {text}: graphopt does not implement this AIPP step (colour "
-                      "conversion, resizing, padding, rotation and channel order swaps other "
-                      "than rbuv_swap_switch); do it before feeding the model")
+    raise OptionError(f"{where}: {text}: graphopt does not implement this AIPP step (resizing, "
+                      "padding, rotation and channel order swaps other than rbuv_swap_switch); "
+                      "do it before feeding the model")

@@ -1,6 +1,7 @@
 """AIPP in the graph: a model input becomes the packed uint8 image ATC's static AIPP takes, and
-the crop, channel swap, layout change and normalization it describes become ops before the
-model's first node, which later passes fold into the first convolution where they can."""
+the crop, channel swap, colour conversion, layout change and normalization it describes become
+ops before the model's first node, which later passes fold into the first convolution where
+they can."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 
 import numpy as np
 
+from graphopt.aipp_colour import colour_conversion, swapped_channels, yuv444
 from graphopt.aipp_config import FORMAT_CHANNELS, AippOp
+from graphopt.aipp_ops import OpBuilder
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Value
 from graphopt.option_names import option
@@ -33,7 +36,10 @@ def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:
                 crop_start=_pair(entry["crop_start"]), crop_size=_pair(entry["crop_size"]),
                 swap_rb=bool(entry["swap_rb"]),
                 mean=_floats(entry["mean"], channels), minimum=_floats(entry["min"], channels),
-                var_reci=_floats(entry["var_reci"], channels)))
+                var_reci=_floats(entry["var_reci"], channels),
+                csc_matrix=_integers(entry.get("csc_matrix"), 9),
+                input_bias=_integers(entry.get("input_bias", [0, 0, 0]), 3),
+                output_bias=_integers(entry.get("output_bias", [0, 0, 0]), 3)))
         except (KeyError, TypeError, ValueError):
             raise OptionError(f"its recorded preprocessing of input {name!r} does not fit the "
                               "reference (another model, or a damaged record)") from None
@@ -43,6 +49,15 @@ def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:
 def _pair(values) -> tuple[int, int]:
     h, w = (int(v) for v in values)
     return h, w
+
+
+def _integers(values, count: int) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    integers = tuple(int(v) for v in values)
+    if len(integers) != count:
+        raise ValueError(values)
+    return integers
 
 
 def _floats(values, count: int) -> tuple[float, ...]:
@@ -64,6 +79,10 @@ def insert_aipp(model: Model, ops: list[AippOp], path: str | None,
     for op in ops:
         where = (f"{option('insert_op_conf')} {path}:{op.line}" if path is not None
                  else "its recorded preprocessing does not fit the reference")
+        opset = model.opset("")
+        if opset is None or opset < 7:  # Sub and Mul broadcast as numpy does from opset 7
+            raise OptionError(f"{where}: the model imports opset {opset} of the default domain; "
+                              "the preprocessing's ops need opset 7 or later")
         if op.input_rank >= len(feedable):
             raise OptionError(f"{where}: related_input_rank {op.input_rank}, but the model "
                               f"has {len(feedable)} input(s)")
@@ -72,10 +91,10 @@ def insert_aipp(model: Model, ops: list[AippOp], path: str | None,
         if value.is_graph_output:
             raise OptionError(f"{where}: input {value.name!r} is also an output of the model, "
                               "which would then return the preprocessed image under its name")
-        image = _image_input(graph, value, op, size, where)
-        _rewire(graph, value, image, op, layout, size)
+        image, src = _image_input(graph, value, op, size, where)
+        _rewire(OpBuilder(graph, opset), value, image, op, layout, src, size)
         recorded[image.name] = {**op.to_json(), "layout": layout,
-                                "src_size": list(image.shape[1:3]), "crop_size": list(size)}
+                                "src_size": list(src), "crop_size": list(size)}
         fed = [d if p == -1 else p for d, p in zip(image.shape, (pins or {}).get(
             image.name, [-1] * len(image.shape)))]
         shown.append(f"{image.name!r} takes uint8 {_dims(fed)} ({op.input_format})")
@@ -132,10 +151,15 @@ def _described(value: Value) -> str:
     return f"{dtype} {_dims(value.shape)}" if value.shape is not None else dtype
 
 
-def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int], where: str) -> Value:
-    """The uint8 [N, H, W, C] input that replaces `value` (which keeps its readers under a new
-    name, to be computed from the image)."""
+def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
+                 where: str) -> tuple[Value, tuple[int, int]]:
+    """The uint8 input that replaces `value` (which keeps its readers under a new name, to be
+    computed from the image), and the image's (h, w) in pixels. RGB888 and YUV400 images are
+    [N, H, W, C]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y plane's H rows of W bytes, then H / 2
+    rows of interleaved U and V samples, each for 2x2 pixels (NV12; NV21 swaps U and V)."""
     src = tuple(s or inner for s, inner in zip(op.src_size, size))  # ATC's default: the model's
+    if op.input_format == "YUV420SP_U8":
+        _check_even(op, src, where)
     if op.crop:
         for axis, start, inner, outer in zip("hw", op.crop_start, size, src):
             if start + inner > outer:
@@ -148,44 +172,54 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int], where: 
     index = graph.inputs.index(value)
     value.name = graph.fresh_name(f"{name}_preprocessed")
     value.is_input = False
-    image = Value(name, DType.UINT8, (batch, src[0], src[1], op.channels))
+    rows, channels = (src[0] * 3 // 2, 1) if op.input_format == "YUV420SP_U8" \
+        else (src[0], op.channels)
+    image = Value(name, DType.UINT8, (batch, rows, src[1], channels))
     image.graph, image.is_input = graph, True
     image.doc_string = value.doc_string
     graph.inputs[index] = image
-    return image
+    return image, (src[0], src[1])
 
 
-def _rewire(graph, value: Value, image: Value, op: AippOp, layout: str,
-            size: tuple[int, int]) -> None:
+def _check_even(op: AippOp, src: tuple[int, ...], where: str) -> None:
+    """YUV420SP's chroma covers 2x2 pixels: the image and the crop's start are even."""
+    for axis, size, given in zip("hw", src, op.src_size):
+        if size % 2:
+            key = f"src_image_size_{axis}" if given else \
+                f"the model's {axis} (src_image_size_{axis} by default)"
+            raise OptionError(f"{where}: {key} {size} is odd: a YUV420SP_U8 image is even in "
+                              "both dims")
+    for axis, start in zip("hw", op.crop_start):
+        if op.crop and start % 2:
+            raise OptionError(f"{where}: load_start_pos_{axis} {start} is odd: a crop of a "
+                              "YUV420SP_U8 image starts at an even pixel, as in ATC")
+
+
+def _rewire(ops: OpBuilder, value: Value, image: Value, op: AippOp, layout: str,
+            src: tuple[int, int], size: tuple[int, int]) -> None:
     """The ops from `image` to what `value` held, before the graph's first node, in ATC's
-    order: crop, channel swap, normalization; the layout change and casts where cheapest."""
-    first = graph.nodes()[0] if len(graph) else None
+    order: crop, channel swap, colour conversion, normalization; the layout change and casts
+    where cheapest."""
+    node, const = ops.node, ops.const
     c = op.channels
-
-    def node(op_type: str, inputs: list, attrs: dict | None = None, dtype=DType.FLOAT,
-             shape=None) -> Value:
-        made = graph.make_node(op_type, inputs, attrs or {}, dtype=dtype, shape=shape,
-                               before=first, name=graph.fresh_node_name(f"aipp_{op_type}"))
-        return made.output
-
-    def const(hint: str, array) -> Value:
-        return graph.make_initializer(f"aipp_{hint}", np.asarray(array))
-
-    n, (h, w) = image.shape[0], image.shape[1:3]
-    current = image
-    if op.crop:
-        (top, left), (h, w) = op.crop_start, size
-        current = node("Slice", [current, const("crop_start", np.array([top, left], np.int64)),
-                                 const("crop_end", np.array([top + h, left + w], np.int64)),
-                                 const("crop_axes", np.array([1, 2], np.int64))],
-                       dtype=DType.UINT8, shape=(n, h, w, c))
-    swap = np.array([2, 1, 0], np.int64)
+    n = image.shape[0]
+    (top, left), (h, w) = (op.crop_start, size) if op.crop else ((0, 0), src)
+    if op.input_format == "YUV420SP_U8":
+        current = yuv444(ops, image, src[0], (top, left), (h, w))
+    elif op.crop:
+        current = ops.slice(image, [top, left], [top + h, left + w], [1, 2], DType.UINT8,
+                            (n, h, w, c))
+    else:
+        current = image
+    swap = np.array(swapped_channels(op.input_format), np.int64)
+    csc = op.csc_matrix is not None
     # ATC swaps before it normalizes, each channel by its constants after the swap. On an NCHW
     # input the swap goes last, on whole planes, with the constants swapped back: where a Conv
-    # reads it, FoldInputAffine then permutes the Conv's weights and no op is left of it.
-    swap_last = op.swap_rb and layout == "NCHW"
+    # reads it, FoldInputAffine then permutes the Conv's weights and no op is left of it. A
+    # colour conversion takes the swap into its matrix instead.
+    swap_last = op.swap_rb and layout == "NCHW" and not csc
     order = swap if swap_last else np.arange(c)
-    if op.swap_rb and not swap_last:  # NHWC: one byte per value to move, before the Cast
+    if op.swap_rb and not swap_last and not csc:  # NHWC: one byte per value to move
         current = node("Gather", [current, const("swap_rb", swap)], {"axis": 3},
                        dtype=DType.UINT8, shape=(n, h, w, c))
     if layout == "NCHW":
@@ -193,6 +227,9 @@ def _rewire(graph, value: Value, image: Value, op: AippOp, layout: str,
                        shape=(n, c, h, w))
     shape = current.shape
     current = node("Cast", [current], {"to": int(DType.FLOAT)}, shape=shape)
+    axis = 1 if layout == "NCHW" else 3
+    if csc:
+        current = colour_conversion(ops, current, op, axis)
     channel_shape = (1, c, 1, 1) if layout == "NCHW" else (c,)
     offset = np.add(op.mean, op.minimum)[np.argsort(order)]
     if offset.any():

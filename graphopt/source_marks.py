@@ -64,7 +64,12 @@ def preprocessing_text(recorded: dict) -> str:
             steps.append(f"crop {_size(entry.get('crop_size'))} at "
                          f"{_size(entry.get('crop_start'), ',')}")
         if entry.get("swap_rb"):
-            steps.append("R/B swapped")
+            steps.append("U/V swapped" if entry.get("input_format") == "YUV420SP_U8"
+                         else "R/B swapped")
+        if "csc_matrix" in entry:
+            steps.append(f"colour matrix {_numbers(entry.get('csc_matrix'))} / 256 on (x - "
+                         f"{_numbers(entry.get('input_bias'))}), floored, + "
+                         f"{_numbers(entry.get('output_bias'))}")
         steps.append(f"(x - {_numbers(entry.get('mean'))} - {_numbers(entry.get('min'))}) "
                      f"* {_numbers(entry.get('var_reci'))}")
         steps.append(f"to {entry.get('layout', '?')}")

@@ -58,6 +58,10 @@ THROUGH = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Cast", "I
            "Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid",
            "HardSwish", "Softplus", "Mish", "Gelu", "PRelu", "Softmax", "LogSoftmax",
            "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div"}
+# What may also sit between a graph input and the first layer, looking back from the layer
+# only: the crop, channel order, YUV planes and colour conversion of --insert-op-conf's image
+# preprocessing (Slice and Gather of constant indices).
+FROM_INPUT = {"Slice", "Gather", "Concat", "Floor"}
 # The activations graphopt's fusions make in onnxruntime's contrib domain (FuseGelu).
 THROUGH_CONTRIB = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
 
@@ -218,11 +222,36 @@ def _gated(mul: Node) -> Value | None:
 
 
 def reads_graph_input(value: Value) -> bool:
-    """Whether `value` is a graph input, or computed from one alone through THROUGH ops."""
-    while not value.is_input:
-        if value.producer is None or (value := _through(value.producer)) is None:
+    """Whether `value` is a graph input, or computed from inputs alone through THROUGH and
+    FROM_INPUT ops."""
+    stack, seen = [value], set()
+    while stack:
+        value = stack.pop()
+        if value.is_input or id(value) in seen:
+            continue
+        seen.add(id(value))
+        sources = _passed_from_input(value.producer) if value.producer is not None else None
+        if not sources:
             return False
+        stack.extend(sources)
     return True
+
+
+def _passed_from_input(node: Node) -> list[Value] | None:
+    """The computed inputs `node` passes on toward its output, looking back from a layer: all
+    of them, as what only inputs make through such ops is still the input's (the three
+    channels of a colour conversion, added up)."""
+    through = _through(node)
+    if through is not None:
+        return [through]
+    known = (THROUGH | FROM_INPUT) if node.is_onnx else THROUGH_CONTRIB if node.domain == MS \
+        else ()
+    if node.op_type not in known or len(node.outputs) != 1:
+        return None
+    computed = [v for v in node.inputs if v is not None and not v.is_constant]
+    if node.op_type in ("Slice", "Gather"):  # the data, not computed indices
+        return computed if len(computed) == 1 and computed[0] is node.inputs[0] else None
+    return computed
 
 
 def _writes_output(value: Value) -> bool:

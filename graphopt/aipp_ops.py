@@ -1,0 +1,46 @@
+"""The nodes AIPP's preprocessing is made of, in the forms the model's opset reads, placed
+before the graph's first node."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import DType, Value
+
+
+class OpBuilder:
+    """Makes nodes before the graph's current first node, in the model's default-domain opset."""
+
+    def __init__(self, graph, opset: int):
+        self.graph, self.opset = graph, opset
+        self.first = graph.nodes()[0] if len(graph) else None
+
+    def node(self, op_type: str, inputs: list, attrs: dict | None = None, dtype=DType.FLOAT,
+             shape=None) -> Value:
+        made = self.graph.make_node(op_type, inputs, attrs or {}, dtype=dtype, shape=shape,
+                                    before=self.first,
+                                    name=self.graph.fresh_node_name(f"aipp_{op_type}"))
+        return made.output
+
+    def const(self, hint: str, array) -> Value:
+        return self.graph.make_initializer(f"aipp_{hint}", np.asarray(array))
+
+    def slice(self, x: Value, starts: list[int], ends: list[int], axes: list[int], dtype,
+              shape) -> Value:
+        if self.opset < 10:  # Slice-1 takes them as attributes
+            return self.node("Slice", [x], {"starts": starts, "ends": ends, "axes": axes},
+                             dtype=dtype, shape=shape)
+        return self.node("Slice", [x, *(self.const(hint, np.array(v, np.int64)) for hint, v in
+                                        (("slice_start", starts), ("slice_end", ends),
+                                         ("slice_axes", axes)))], dtype=dtype, shape=shape)
+
+    def clip(self, x: Value, low: float, high: float) -> Value:
+        if self.opset < 11:  # Clip-6 takes its bounds as attributes
+            return self.node("Clip", [x], {"min": low, "max": high}, shape=x.shape)
+        return self.node("Clip", [x, self.const("clip_min", np.float32(low)),
+                                  self.const("clip_max", np.float32(high))], shape=x.shape)
+
+    def reshape(self, x: Value, shape: tuple) -> Value:
+        """`x` as `shape`, whose first dim (the batch, maybe symbolic) is copied."""
+        target = np.array([0, *shape[1:]], np.int64)  # 0: copy the dim, as Reshape-5 reads it
+        return self.node("Reshape", [x, self.const("shape", target)], dtype=x.dtype, shape=shape)
