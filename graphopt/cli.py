@@ -16,6 +16,7 @@ from graphopt.cli_compare import add_compare_parser
 from graphopt.cli_diff import add_diff_parser
 from graphopt.cli_partition import add_partition_parser
 from graphopt.cli_paths import check_output_path
+from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 from graphopt.cli_precision import add_precision_args, precision_options
 from graphopt.cli_profile import add_profile_parser
 from graphopt.cli_report import add_report_parser
@@ -147,8 +148,9 @@ def _cmd_optimize(args) -> int:
     if args.memory_plot:
         check_output_path("--memory-plot", args.memory_plot, {"the model": args.model,
                                                               "-o": args.output})
-    if not args.output.endswith((".onnx", ".om")):
+    if not (writes_onnx(args.output) or writes_om(args.output)):
         raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
+    check_file_name("-o", args.output)
     if args.dump_format and not args.dump_dir:
         raise OptionError(f"--dump-format {args.dump_format} needs --dump-dir, the directory to "
                           "dump into")
@@ -166,16 +168,16 @@ def _cmd_optimize(args) -> int:
             raise OptionError(f"{flag} is only used with --verify")
     if args.memory_plot and not args.memory_plot.lower().endswith((".png", ".svg")):
         raise OptionError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
-    if (args.memory_plot or args.memory_reorder) and not (args.target or args.output.endswith(".om")):
+    if (args.memory_plot or args.memory_reorder) and not (args.target or writes_om(args.output)):
         raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
                           "write an .om or give --target")
-    if args.tuning_db and not (args.target or args.output.endswith(".om")):
+    if args.tuning_db and not (args.target or writes_om(args.output)):
         raise OptionError("--tuning-db applies what `graphopt tune` found for a target: give "
                           "--target or -o FILE.om")
-    if args.dynamic_dims and not args.output.endswith(".om"):
+    if args.dynamic_dims and not writes_om(args.output):
         raise OptionError(f"--dynamic-dims: -o {args.output}: the shape profiles are kept "
                           "together in an .om; ONNX holds one shape per model")
-    target = args.target or ("cpu" if args.output.endswith(".om") else None)
+    target = args.target or ("cpu" if writes_om(args.output) else None)
     pass_options = precision_options(args) or None
     if args.no_accuracy_report and not pass_options:  # it would change nothing
         raise OptionError("--no-accuracy-report applies to a --precision or --quantize compile "
@@ -192,7 +194,7 @@ def _cmd_optimize(args) -> int:
                       tuning_db=args.tuning_db, out_nodes=args.out_nodes,
                       insert_op_conf=args.insert_op_conf)
     if args.tuning_db and result.tuned_study is None and not args.quiet and \
-            not args.output.endswith(".om") and \
+            not writes_om(args.output) and \
             not any(note.startswith("--tuning-db holds") for note in result.notes):
         result.notes.append(f"--tuning-db: nothing in it applies to {args.output}: no subgraph "
                             f"decisions for this model on {target} at -O{args.level} (`graphopt "
@@ -202,7 +204,7 @@ def _cmd_optimize(args) -> int:
     source = _overwritten_source(args) if report else None
     # Checked before the model is written: a compile that fails writes nothing.
     plots = memory_plots(result, args.memory_plot) if args.memory_plot else []
-    if args.verify and args.output.endswith(".om"):  # the artifact itself is run before it lands
+    if args.verify and writes_om(args.output):  # the artifact itself is run before it lands
         from graphopt.atomic import checked_before_replace
         from graphopt.cli_verify_om import artifact_check
 
@@ -448,7 +450,7 @@ def _cmd_zoo_build(args) -> int:
 
     if os.path.isdir(args.output):
         raise OptionError(f"-o {args.output}: is a directory, expected a file path")
-    if not args.output.endswith(".onnx"):
+    if not writes_onnx(args.output):
         raise OptionError(f"-o {args.output}: zoo build writes ONNX (name it .onnx); compile it "
                           "to an .om with graphopt optimize")
     try:

@@ -35,6 +35,7 @@ from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_op
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
 from graphopt.out_nodes import parse_out_nodes
+from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
@@ -924,9 +925,10 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
     large weights in `<path>.data`, False never does, None does when the weights pass
     graphopt.ir.external_data's threshold (1 GiB; GRAPHOPT_EXTERNAL_DATA_THRESHOLD)."""
     path = _output_path(path)
+    check_file_name("save:", path)
     if external_data is not None:
         api_args.flag(external_data, "external_data")
-        if external_data and path.endswith(".om"):
+        if external_data and writes_om(path):
             raise OptionError(f"{path}: external_data is for ONNX files; an .om keeps large "
                               "weights in a blob of its own")
     result = model if isinstance(model, OptimizeResult) else None
@@ -949,18 +951,18 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
         raise OptionError("tuning_db applies what `graphopt tune` found for a target: save "
                           "the result of optimize(…, target=…)")
     if result is not None and result.profiles:
-        if not path.endswith(".om"):
+        if not writes_om(path):
             write = "write -o model.om" if from_command_line() else "save to a path ending in .om"
             raise OptionError(f"{path}: shape profiles ({option('dynamic_dims')}) are kept "
                               f"together in an .om; ONNX holds one shape per model ({write})")
         with heap_frozen():
             _save_profiles_om(result, path, tuning_db)
         return
-    if path.endswith(".om"):
+    if writes_om(path):
         with heap_frozen():  # the IR is long-lived: no full collection should walk it again
             _save_om(model, result, path, tuning_db)
         return
-    if not path.endswith(".onnx"):
+    if not writes_onnx(path):
         raise OptionError(f"{path}: save writes .onnx (optimized ONNX) or .om (the artifact); "
                           "name the file so")
     save_onnx(model, path, external=external_data,

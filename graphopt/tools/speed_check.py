@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import onnx
 import onnxruntime as ort
 
+from graphopt.output_kind import writes_om
+
 # Time spent on the timed runs of both models together, past the warm-up; the rounds are
 # between MIN_ROUNDS and MAX_ROUNDS whatever the budget says.
 BUDGET_SECONDS = 2.0
@@ -36,7 +38,7 @@ class SpeedCheck:
 
     def format(self, source_label: str, output_label: str) -> str:
         levels = "ORT_ENABLE_ALL, the .om at the levels it records" \
-            if str(output_label).endswith(".om") else "ORT_ENABLE_ALL"
+            if writes_om(output_label) else "ORT_ENABLE_ALL"
         return (f"speed: {output_label} takes {self.ratio:.2f}× the time of {source_label} on "
                 f"this machine ({_ms(self.output_seconds)} against {_ms(self.source_seconds)} a "
                 f"run; 1 thread, {levels}, medians of {self.rounds} interleaved runs)")
@@ -70,7 +72,7 @@ def speed_check(source, output, feeds: dict, budget: float = BUDGET_SECONDS) -> 
     """Time `source` (an .onnx path or ModelProto) against `output` (.onnx or .om path) on
     `feeds`: one untimed run each, then rounds of one run each, alternating which goes first
     (a run finds the caches as the one before left them), for about `budget` seconds."""
-    om = _om_session(output) if str(output).endswith(".om") else None
+    om = _om_session(output) if writes_om(output) else None
     try:
         return _timed(_onnx_runner(source), om.run if om else _onnx_runner(output), feeds,
                       budget)

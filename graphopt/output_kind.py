@@ -1,0 +1,24 @@
+"""What an output path's name asks for: an .om artifact or optimized ONNX, by its extension in
+any case (MODEL.OM is an artifact too), and never a name that is the extension alone."""
+
+from __future__ import annotations
+
+import os
+
+from graphopt.errors import OptionError
+
+
+def writes_om(path) -> bool:
+    return os.fspath(path).lower().endswith(".om")
+
+
+def writes_onnx(path) -> bool:
+    return os.fspath(path).lower().endswith(".onnx")
+
+
+def check_file_name(flag: str, path) -> None:
+    """Refuse `.om` or `dir/.onnx`: a hidden file named after the format, not a model's name."""
+    name = os.path.basename(os.fspath(path))
+    if name.lower() in (".om", ".onnx"):
+        raise OptionError(f"{flag} {os.fspath(path)}: the name is the extension alone; give the "
+                          f"file a name, such as model{name}")
