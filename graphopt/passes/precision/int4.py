@@ -9,11 +9,12 @@ tables into GatherBlockQuantized, a tied output head sharing its table's bytes (
 
 W must be a constant 2-D float matrix of A's dtype, or a Transpose of one; A of known rank ≥ 2.
 Each block is rounded to its fitted range, or, with `int4_method` "gptq", by GPTQ against the
-calibration inputs (gptq.py). A constant [N] bias added right after a MatMul becomes the node's
-bias input; a Gemm's C of shape [N], [1, N] or a scalar does too, any other C (a full [M, N]
-matrix) stays a following Add. Gemm and FusedMatMul with transA are left alone. `quant_skip`
-names nodes or op types to skip; the block size is `int4_group_size`; zero points make it
-asymmetric (more accurate than symmetric for the skewed columns real weights have). Activations
+calibration inputs (gptq.py; a tied head's balanced with its table's Gathers: tied_gram). A
+constant [N] bias added right after a MatMul becomes the node's bias input; a Gemm's C of shape
+[N], [1, N] or a scalar does too, any other C (a full [M, N] matrix) stays a following Add.
+Gemm and FusedMatMul with transA are left alone. `quant_skip` names nodes or op types to skip;
+the block size is `int4_group_size`; zero points make it asymmetric (more accurate than
+symmetric for the skewed columns real weights have). Activations
 stay in their float dtype unless `int4_accuracy_level` asks otherwise (4: onnxruntime quantizes
 each row of A to int8 on the fly and multiplies in integers, which pays when A is a single row,
 as in token-by-token decoding). `int4_embeddings` quantizes embedding tables too.
@@ -31,7 +32,7 @@ from graphopt.option_names import option, setting
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
-from graphopt.passes.precision.blockwise import quantize
+from graphopt.passes.precision.blockwise import BlockQuant, quantize
 from graphopt.passes.precision.gptq import gptq_quantize
 from graphopt.passes.precision.casts import constant_data
 from graphopt.passes.precision.int4_tables import (
@@ -39,6 +40,7 @@ from graphopt.passes.precision.int4_tables import (
     head_weights,
     only_gathered,
     rewrite_gathers,
+    tied_gram,
     tied_table,
 )
 from graphopt.passes.precision.nested import nested_note
@@ -197,11 +199,9 @@ class QuantizeInt4Weights(Pass):
                 unsupported.add(dtype.short)
                 continue
             jobs.append((node, plan, dtype, tied_table(tables, plan.weight, dtype)))
-        # A tied head is rounded, not GPTQ'd: its table's Gathers read the same levels, and
-        # GPTQ trades their error for the head's (on gpt2_small a single token's logits lost
-        # more through the embedding than the head gained).
-        grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, table in jobs
-                                                if table is None])
+        # A tied head's GPTQ weighs its inputs' XᵀX against the identity its table's Gathers
+        # read the levels by (tied_gram).
+        grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, _ in jobs])
         # Each layer's input by its name now: rewriting a MatMul renames its output (h → h_q4),
         # the input of the next layer when one feeds another.
         gram_keys = {id(node): node.input(0).name for node, _, _, _ in jobs}
@@ -212,7 +212,12 @@ class QuantizeInt4Weights(Pass):
             before += plan.weight.size * dtype.bits // 8
             if table is not None:
                 shared = table.quant is not None
-                weights = head_weights(graph, table)
+                quant = None
+                if grams is not None and not shared:
+                    quant = _gptq(plan.weight, tied_gram(grams[gram_keys[id(node)]]),
+                                  table.block, dtype)
+                    singular += quant is None
+                weights = head_weights(graph, table, quant)
                 after += 0 if shared else table.quant.nbytes
                 blocks.add(table.block)
                 _rewrite(graph, node, plan, table.block, dtype, weights, level)
@@ -224,11 +229,8 @@ class QuantizeInt4Weights(Pass):
                 refitted[fitted] = refitted.get(fitted, 0) + 1
             quant = None
             if grams is not None:
-                try:
-                    quant = gptq_quantize(plan.weight, grams[gram_keys[id(node)]], fitted,
-                                          dtype.numpy)
-                except np.linalg.LinAlgError:
-                    singular += 1
+                quant = _gptq(plan.weight, grams[gram_keys[id(node)]], fitted, dtype)
+                singular += quant is None
             if quant is None:
                 quant = quantize(plan.weight, fitted, symmetric=False, scale_dtype=dtype.numpy)
             _rewrite(graph, node, plan, fitted, dtype, _initializers(graph, node.input(1), quant),
@@ -280,6 +282,14 @@ class QuantizeInt4Weights(Pass):
             ctx.note("QuantizeInt4Weights: the target has no MatMulNBits kernel for "
                      f"{', '.join(sorted(unsupported))} activations; those weights stay float")
         return result
+
+
+def _gptq(weight: np.ndarray, gram: np.ndarray, block: int, dtype: DType) -> BlockQuant | None:
+    """GPTQ's rounding of `weight` against `gram`, or None when that stays singular."""
+    try:
+        return gptq_quantize(weight, gram, block, dtype.numpy)
+    except np.linalg.LinAlgError:
+        return None
 
 
 def _tables_note(refused: dict[str, str], embedded: int) -> str:

@@ -127,13 +127,23 @@ def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Ta
     return None
 
 
-def _quantize(graph: Graph, table: Table) -> None:
+def tied_gram(gram: np.ndarray) -> np.ndarray:
+    """The Hessian GPTQ rounds a tied table against: its head's inputs' XᵀX plus the identity
+    that plain rounding weighs the Gathers' error by, scaled to the same trace. GPTQ against
+    XᵀX alone moves the head's error into the rows the Gathers read (on gpt2_small a single
+    token's logits lost more through the embedding than the head gained); the identity keeps
+    each row near its own levels, so both readers gain."""
+    return gram + np.trace(gram) / len(gram) * np.eye(len(gram))
+
+
+def _quantize(graph: Graph, table: Table, quant: BlockQuant | None = None) -> None:
     """Quantize `table` once, as MatMulNBits lays out Tᵀ: scales and zero points as both ops
-    read them; the packed bytes wait for the first reader to choose their shape."""
+    read them; the packed bytes wait for the first reader to choose their shape. `quant`, when
+    given, is the head's rounding of Tᵀ (GPTQ against tied_gram) in place of plain rounding."""
     if table.quant is None:
         name, dtype = table.value.name, table.scale_dtype or table.value.dtype
-        quant = quantize(table.data.astype(dtype.numpy).T, table.block, symmetric=False,
-                         scale_dtype=dtype.numpy)
+        quant = quant or quantize(table.data.astype(dtype.numpy).T, table.block,
+                                  symmetric=False, scale_dtype=dtype.numpy)
         table.quant = quant
         table.scales = graph.make_initializer(
             f"{name}_scales", quant.scales.reshape(table.rows, table.width // table.block))
@@ -141,9 +151,11 @@ def _quantize(graph: Graph, table: Table) -> None:
                                                    quant.zero_points.reshape(table.rows, -1))
 
 
-def head_weights(graph: Graph, table: Table) -> tuple[Value, Value, Value]:
-    """MatMulNBits' B, scales and zero points for a head tied to `table`: the table's bytes."""
-    _quantize(graph, table)
+def head_weights(graph: Graph, table: Table,
+                 quant: BlockQuant | None = None) -> tuple[Value, Value, Value]:
+    """MatMulNBits' B, scales and zero points for a head tied to `table`: the table's bytes
+    (`quant` when the table is not quantized yet and the head rounded it by GPTQ)."""
+    _quantize(graph, table, quant)
     if table.packed is None:
         table.packed = graph.make_initializer(f"{table.value.name}_q4", table.quant.packed)
     return table.packed, table.scales, table.zero_points
