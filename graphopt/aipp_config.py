@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from graphopt.errors import InputError, OptionError
 from graphopt.option_names import option
 
@@ -32,6 +34,8 @@ _MATRIX_RANGE = (-32768, 32767)  # int16 fixed point, 256 = 1.0
 # The largest sum of a row's |entries| whose products with 8-bit values, and their sums, stay
 # exact in float32 (below 2**24 steps of 1/256): far past any colour standard's (about 1,100).
 ROW_LIMIT = 2**16
+# The normalization's constants and values are float32 in the model: past this they are inf.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _NORMALIZATION_KEYS = tuple(f"{kind}_chn_{i}" for kind in ("mean", "min", "var_reci")
                             for i in range(4))
 # ATC keys graphopt leaves at their defaults only: resizing, padding, …
@@ -209,7 +213,7 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
     def per_channel(kind: str, default: float) -> tuple[float, ...]:
         return tuple(float(values.get(f"{kind}_chn_{i}", default)) for i in range(channels))
 
-    return AippOp(
+    op = AippOp(
         line=line, input_rank=int(values.get("related_input_rank", 0)), input_format=fmt,
         src_size=(int(values.get("src_image_size_h", 0)), int(values.get("src_image_size_w", 0))),
         crop=crop,
@@ -222,6 +226,21 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         csc_matrix=tuple(int(values.get(key, 0)) for key in MATRIX_KEYS) if csc else None,
         input_bias=_biases(values, "input") if csc else (0, 0, 0),
         output_bias=_biases(values, "output") if csc else (0, 0, 0))
+    _check_normalized(op, where)
+    return op
+
+
+def _check_normalized(op: AippOp, where: str) -> None:
+    """Refuse constants under which a pixel (0-255) normalizes past float32, as the model
+    computes it: the model would return inf or NaN for it."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        offset = np.add(op.mean, op.minimum).astype(np.float32)
+        ends = (np.float32([[0.0], [255.0]]) - offset) * np.array(op.var_reci, np.float32)
+    for i in range(op.channels):
+        if not np.isfinite(ends[:, i]).all():
+            raise OptionError(f"{where}: channel {i}'s (pixel - mean_chn_{i} - min_chn_{i}) * "
+                              f"var_reci_chn_{i} reaches past float32's largest value "
+                              f"({_FLOAT32_MAX:.4g})")
 
 
 def _check_matrix(values: dict, fields: dict, path: str) -> None:
@@ -267,6 +286,9 @@ def _number(text: str, where: str) -> float:
         raise OptionError(f"{where}: expected a number, found {text!r}") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise OptionError(f"{where}: {text} is not a finite number")
+    if abs(value) > _FLOAT32_MAX:  # finite in Python, inf in the model's float32 constants
+        raise OptionError(f"{where}: {text} is past float32's largest value "
+                          f"({_FLOAT32_MAX:.4g})")
     return value
 
 
