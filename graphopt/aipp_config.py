@@ -88,6 +88,8 @@ class AippOp:
         return recorded
 
 
+# A decimal number as ATC reads one: Python's float() also takes "1_000", "+5", "٣" and "１".
+_DECIMAL = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)
 _TOKEN = re.compile(r'[{}:]|"[^"]*"|[^\s{}:"]+')
 
 
@@ -286,6 +288,8 @@ def _number(text: str, where: str) -> float:
         raise OptionError(f"{where}: expected a number, found {text!r}") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise OptionError(f"{where}: {text} is not a finite number")
+    if not _DECIMAL.fullmatch(text):
+        raise OptionError(f"{where}: expected a number, found {text!r}")
     if abs(value) > _FLOAT32_MAX:  # finite in Python, inf in the model's float32 constants
         raise OptionError(f"{where}: {text} is past float32's largest value "
                           f"({_FLOAT32_MAX:.4g})")

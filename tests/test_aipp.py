@@ -386,3 +386,16 @@ def test_normalization_past_float32_is_refused(tmp_path, text, message):
     with pytest.raises(OptionError) as caught:
         graphopt.optimize(_classifier(), insert_op_conf=config)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["1_04", "١٠٤", "+104", "１０４"])
+def test_normalization_numbers_are_read_as_atc_reads_them(tmp_path, value):
+    # float() read "1_04" as 104 and Arabic-Indic or full-width digits as their values, which
+    # ATC's parser refuses: the whole numbers were checked so, the normalization's were not.
+    config = _config(tmp_path, f"aipp_op {{\n input_format: RGB888_U8\n mean_chn_0: {value}\n}}")
+    with pytest.raises(OptionError) as caught:
+        graphopt.optimize(_classifier(), insert_op_conf=config)
+    assert f":3: mean_chn_0: expected a number, found {value!r}" in str(caught.value)
+    fine = _config(tmp_path, "aipp_op { input_format: RGB888_U8 mean_chn_0: -1.5e1 min_chn_0: .5 "
+                             "var_reci_chn_0: 2. }")
+    assert read_aipp_config(fine)[0].mean[0] == -15.0
