@@ -30,7 +30,7 @@ _BOOLEAN_KEYS = ("crop", "rbuv_swap_switch", "csc_switch")
 # The colour conversion: out = ((M · (in - input_bias)) >> 8) + output_bias, per ATC's manual.
 MATRIX_KEYS = tuple(f"matrix_r{r}c{c}" for r in range(3) for c in range(3))
 BIAS_KEYS = {kind: tuple(f"{kind}_bias_{i}" for i in range(3)) for kind in ("input", "output")}
-_MATRIX_RANGE = (-32768, 32767)  # int16 fixed point, 256 = 1.0
+MATRIX_RANGE = (-32768, 32767)  # int16 fixed point, 256 = 1.0
 # The largest sum of a row's |entries| whose products with 8-bit values, and their sums, stay
 # exact in float32 (below 2**24 steps of 1/256): far past any colour standard's (about 1,100).
 ROW_LIMIT = 2**16
@@ -166,7 +166,7 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         elif key in _BOOLEAN_KEYS:
             values[key] = _boolean(text, where)
         elif key in MATRIX_KEYS:
-            values[key] = _integer(text, where, _MATRIX_RANGE)
+            values[key] = _integer(text, where, MATRIX_RANGE)
         elif key in BIAS_KEYS["input"] + BIAS_KEYS["output"]:
             values[key] = _integer(text, where, (0, 255))
         elif key in _NORMALIZATION_KEYS:
