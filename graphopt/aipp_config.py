@@ -290,10 +290,16 @@ def _number(text: str, where: str) -> float:
         raise OptionError(f"{where}: {text} is not a finite number")
     if not _DECIMAL.fullmatch(text):
         raise OptionError(f"{where}: expected a number, found {text!r}")
-    if abs(value) > _FLOAT32_MAX:  # finite in Python, inf in the model's float32 constants
+    if not _finite_float32(value):  # finite in Python, inf in the model's float32 constants
         raise OptionError(f"{where}: {text} is past float32's largest value "
                           f"({_FLOAT32_MAX:.4g})")
     return value
+
+
+def _finite_float32(value: float) -> bool:
+    """Whether `value` rounds to a finite float32 (FLT_MAX as printed, 3.4028235e38, does)."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(value)))
 
 
 def _boolean(text: str, where: str) -> bool:

@@ -399,3 +399,10 @@ def test_normalization_numbers_are_read_as_atc_reads_them(tmp_path, value):
     fine = _config(tmp_path, "aipp_op { input_format: RGB888_U8 mean_chn_0: -1.5e1 min_chn_0: .5 "
                              "var_reci_chn_0: 2. }")
     assert read_aipp_config(fine)[0].mean[0] == -15.0
+
+
+def test_float32s_largest_value_as_printed_is_read(tmp_path):
+    # 3.4028235e38 is FLT_MAX rounded for printing, a little above it as a Python float.
+    config = _config(tmp_path, "aipp_op { input_format: YUV400_U8 min_chn_0: 3.4028235e38 "
+                               "var_reci_chn_0: 0 }")
+    assert read_aipp_config(config)[0].minimum == (3.4028235e38,)
