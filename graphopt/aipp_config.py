@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from graphopt.errors import InputError, OptionError
 from graphopt.option_names import option
 
@@ -28,10 +30,12 @@ _BOOLEAN_KEYS = ("crop", "rbuv_swap_switch", "csc_switch")
 # The colour conversion: out = ((M · (in - input_bias)) >> 8) + output_bias, per ATC's manual.
 MATRIX_KEYS = tuple(f"matrix_r{r}c{c}" for r in range(3) for c in range(3))
 BIAS_KEYS = {kind: tuple(f"{kind}_bias_{i}" for i in range(3)) for kind in ("input", "output")}
-_MATRIX_RANGE = (-32768, 32767)  # int16 fixed point, 256 = 1.0
+MATRIX_RANGE = (-32768, 32767)  # int16 fixed point, 256 = 1.0
 # The largest sum of a row's |entries| whose products with 8-bit values, and their sums, stay
 # exact in float32 (below 2**24 steps of 1/256): far past any colour standard's (about 1,100).
 ROW_LIMIT = 2**16
+# The normalization's constants and values are float32 in the model: past this they are inf.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _NORMALIZATION_KEYS = tuple(f"{kind}_chn_{i}" for kind in ("mean", "min", "var_reci")
                             for i in range(4))
 # ATC keys graphopt leaves at their defaults only: resizing, padding, …
@@ -84,6 +88,8 @@ class AippOp:
         return recorded
 
 
+# A decimal number as ATC reads one: Python's float() also takes "1_000", "+5", "٣" and "１".
+_DECIMAL = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)
 _TOKEN = re.compile(r'[{}:]|"[^"]*"|[^\s{}:"]+')
 
 
@@ -160,7 +166,7 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         elif key in _BOOLEAN_KEYS:
             values[key] = _boolean(text, where)
         elif key in MATRIX_KEYS:
-            values[key] = _integer(text, where, _MATRIX_RANGE)
+            values[key] = _integer(text, where, MATRIX_RANGE)
         elif key in BIAS_KEYS["input"] + BIAS_KEYS["output"]:
             values[key] = _integer(text, where, (0, 255))
         elif key in _NORMALIZATION_KEYS:
@@ -209,7 +215,7 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
     def per_channel(kind: str, default: float) -> tuple[float, ...]:
         return tuple(float(values.get(f"{kind}_chn_{i}", default)) for i in range(channels))
 
-    return AippOp(
+    op = AippOp(
         line=line, input_rank=int(values.get("related_input_rank", 0)), input_format=fmt,
         src_size=(int(values.get("src_image_size_h", 0)), int(values.get("src_image_size_w", 0))),
         crop=crop,
@@ -222,6 +228,21 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         csc_matrix=tuple(int(values.get(key, 0)) for key in MATRIX_KEYS) if csc else None,
         input_bias=_biases(values, "input") if csc else (0, 0, 0),
         output_bias=_biases(values, "output") if csc else (0, 0, 0))
+    _check_normalized(op, where)
+    return op
+
+
+def _check_normalized(op: AippOp, where: str) -> None:
+    """Refuse constants under which a pixel (0-255) normalizes past float32, as the model
+    computes it: the model would return inf or NaN for it."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        offset = np.add(op.mean, op.minimum).astype(np.float32)
+        ends = (np.float32([[0.0], [255.0]]) - offset) * np.array(op.var_reci, np.float32)
+    for i in range(op.channels):
+        if not np.isfinite(ends[:, i]).all():
+            raise OptionError(f"{where}: channel {i}'s (pixel - mean_chn_{i} - min_chn_{i}) * "
+                              f"var_reci_chn_{i} reaches past float32's largest value "
+                              f"({_FLOAT32_MAX:.4g})")
 
 
 def _check_matrix(values: dict, fields: dict, path: str) -> None:
@@ -267,7 +288,18 @@ def _number(text: str, where: str) -> float:
         raise OptionError(f"{where}: expected a number, found {text!r}") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise OptionError(f"{where}: {text} is not a finite number")
+    if not _DECIMAL.fullmatch(text):
+        raise OptionError(f"{where}: expected a number, found {text!r}")
+    if not _finite_float32(value):  # finite in Python, inf in the model's float32 constants
+        raise OptionError(f"{where}: {text} is past float32's largest value "
+                          f"({_FLOAT32_MAX:.4g})")
     return value
+
+
+def _finite_float32(value: float) -> bool:
+    """Whether `value` rounds to a finite float32 (FLT_MAX as printed, 3.4028235e38, does)."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(value)))
 
 
 def _boolean(text: str, where: str) -> bool:

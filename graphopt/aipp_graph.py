@@ -10,7 +10,7 @@ import json
 import numpy as np
 
 from graphopt.aipp_colour import colour_conversion, swapped_channels, yuv444
-from graphopt.aipp_config import FORMAT_CHANNELS, AippOp
+from graphopt.aipp_config import FORMAT_CHANNELS, MATRIX_RANGE, ROW_LIMIT, AippOp
 from graphopt.aipp_ops import OpBuilder
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Value
@@ -32,14 +32,14 @@ def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:
             channels = FORMAT_CHANNELS[fmt]
             ops.append(AippOp(
                 line=0, input_rank=feedable.index(name), input_format=fmt,
-                src_size=_pair(entry["src_size"]), crop=bool(entry["crop"]),
+                src_size=_pair(entry["src_size"]), crop=_flag(entry["crop"]),
                 crop_start=_pair(entry["crop_start"]), crop_size=_pair(entry["crop_size"]),
-                swap_rb=bool(entry["swap_rb"]),
+                swap_rb=_flag(entry["swap_rb"]),
                 mean=_floats(entry["mean"], channels), minimum=_floats(entry["min"], channels),
                 var_reci=_floats(entry["var_reci"], channels),
-                csc_matrix=_integers(entry.get("csc_matrix"), 9),
-                input_bias=_integers(entry.get("input_bias", [0, 0, 0]), 3),
-                output_bias=_integers(entry.get("output_bias", [0, 0, 0]), 3)))
+                csc_matrix=_matrix(entry.get("csc_matrix")),
+                input_bias=_integers(entry.get("input_bias", [0, 0, 0]), 3, (0, 255)),
+                output_bias=_integers(entry.get("output_bias", [0, 0, 0]), 3, (0, 255))))
         except (KeyError, TypeError, ValueError):
             raise OptionError(f"its recorded preprocessing of input {name!r} does not fit the "
                               "reference (another model, or a damaged record)") from None
@@ -51,11 +51,29 @@ def _pair(values) -> tuple[int, int]:
     return h, w
 
 
-def _integers(values, count: int) -> tuple[int, ...] | None:
+def _flag(value) -> bool:
+    """A recorded switch: JSON's true or false (bool() takes "no" for true)."""
+    if not isinstance(value, bool):
+        raise ValueError(value)
+    return value
+
+
+def _matrix(values) -> tuple[int, ...] | None:
+    """A recorded colour matrix, only as a configuration could give it: an all-zero one made a
+    Floor of no input, one past int16 or ROW_LIMIT a conversion ATC cannot make."""
+    matrix = _integers(values, 9, MATRIX_RANGE)
+    if matrix is not None and (not any(matrix) or any(
+            sum(abs(v) for v in matrix[row:row + 3]) > ROW_LIMIT for row in (0, 3, 6))):
+        raise ValueError(values)
+    return matrix
+
+
+def _integers(values, count: int, bounds: tuple[int, int]) -> tuple[int, ...] | None:
     if values is None:
         return None
     integers = tuple(int(v) for v in values)
-    if len(integers) != count:
+    low, high = bounds
+    if len(integers) != count or not all(low <= v <= high for v in integers):
         raise ValueError(values)
     return integers
 

@@ -367,3 +367,42 @@ def test_inspect_shows_the_preprocessing_of_an_onnx_output_too(tmp_path, capsys)
     assert "<th>preprocess</th><td>--insert-op-conf: &#x27;x&#x27;: RGB888_U8 36x40" in page
     assert "<th>cut</th><td>--out-nodes: the source&#x27;s output(s) y are not computed" in page
 
+
+
+@pytest.mark.parametrize("text, message", [
+    ("var_reci_chn_0: 1e39", ":3: var_reci_chn_0: 1e39 is past float32's largest value"),
+    ("mean_chn_1: -4e38", ":3: mean_chn_1: -4e38 is past float32's largest value"),
+    ("mean_chn_0: 3e38\n min_chn_0: 3e38", ":1: aipp_op: channel 0's (pixel - mean_chn_0 - "
+                                           "min_chn_0) * var_reci_chn_0 reaches past float32's "
+                                           "largest value"),
+    ("mean_chn_2: 1e38\n var_reci_chn_2: 10", ":1: aipp_op: channel 2's (pixel - mean_chn_2 - "
+                                              "min_chn_2) * var_reci_chn_2 reaches past "
+                                              "float32's largest value"),
+])
+def test_normalization_past_float32_is_refused(tmp_path, text, message):
+    # Finite as Python reads them, 1e39 and a sum of two 3e38 became inf in the float32
+    # constants: the compiled model returned inf and NaN for every pixel.
+    config = _config(tmp_path, "aipp_op {\n input_format: RGB888_U8\n " + text + "\n}\n")
+    with pytest.raises(OptionError) as caught:
+        graphopt.optimize(_classifier(), insert_op_conf=config)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["1_04", "١٠٤", "+104", "１０４"])
+def test_normalization_numbers_are_read_as_atc_reads_them(tmp_path, value):
+    # float() read "1_04" as 104 and Arabic-Indic or full-width digits as their values, which
+    # ATC's parser refuses: the whole numbers were checked so, the normalization's were not.
+    config = _config(tmp_path, f"aipp_op {{\n input_format: RGB888_U8\n mean_chn_0: {value}\n}}")
+    with pytest.raises(OptionError) as caught:
+        graphopt.optimize(_classifier(), insert_op_conf=config)
+    assert f":3: mean_chn_0: expected a number, found {value!r}" in str(caught.value)
+    fine = _config(tmp_path, "aipp_op { input_format: RGB888_U8 mean_chn_0: -1.5e1 min_chn_0: .5 "
+                             "var_reci_chn_0: 2. }")
+    assert read_aipp_config(fine)[0].mean[0] == -15.0
+
+
+def test_float32s_largest_value_as_printed_is_read(tmp_path):
+    # 3.4028235e38 is FLT_MAX rounded for printing, a little above it as a Python float.
+    config = _config(tmp_path, "aipp_op { input_format: YUV400_U8 min_chn_0: 3.4028235e38 "
+                               "var_reci_chn_0: 0 }")
+    assert read_aipp_config(config)[0].minimum == (3.4028235e38,)

@@ -3,6 +3,8 @@ model against ATC's formula, ((M · (in - input_bias)) >> 8) + output_bias, done
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -10,7 +12,7 @@ from helpers import parse_model, run_cli
 
 import graphopt
 from graphopt import numerics
-from graphopt.errors import OptionError
+from graphopt.errors import InputError, OptionError
 from graphopt.tools.compare import compare_models
 
 # ATC's manual: YUV420SP to RGB for BT.601 narrow range, and RGB to YUV (BT.601 narrow).
@@ -218,3 +220,20 @@ def test_a_model_before_opset_7_is_refused(tmp_path):
     with pytest.raises(OptionError, match="imports opset 6 of the default domain; the "
                                           "preprocessing's ops need opset 7 or later"):
         graphopt.optimize(model, insert_op_conf=_config(tmp_path))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("csc_matrix", [0] * 9), ("csc_matrix", [40000, 0, 0, 0, 256, 0, 0, 0, 256]),
+    ("input_bias", [999, 0, 0]), ("swap_rb", "no"), ("crop", 1),
+])
+def test_compare_refuses_a_recorded_conversion_no_config_could_make(tmp_path, field, value):
+    # An all-zero matrix made a Floor of nothing, blamed on the source ("onnxruntime cannot run
+    # it"); a bias of 999 or a matrix past int16 compared as a plain FAIL; "no" read as a swap.
+    compiled = graphopt.optimize(_passthrough(FRAME), insert_op_conf=_config(tmp_path)).to_onnx()
+    (prop,) = [p for p in compiled.metadata_props if p.key == "graphopt.preprocess"]
+    recorded = json.loads(prop.value)
+    recorded["x"][field] = value
+    prop.value = json.dumps(recorded)
+    with pytest.raises(InputError, match="its recorded preprocessing of input 'x' does not fit "
+                                         r"the reference \(another model, or a damaged record\)"):
+        compare_models(_passthrough(FRAME), compiled)
