@@ -115,9 +115,18 @@ def insert_aipp(model: Model, ops: list[AippOp], path: str | None,
                                 "src_size": list(src), "crop_size": list(size)}
         fed = [d if p == -1 else p for d, p in zip(image.shape, (pins or {}).get(
             image.name, [-1] * len(image.shape)))]
-        shown.append(f"{image.name!r} takes uint8 {_dims(fed)} ({op.input_format})")
+        shown.append(f"{image.name!r} takes uint8 {_dims(fed)} ({op.input_format})"
+                     + _layout_guess(value.shape, op.channels))
     model.metadata_props[PREPROCESS_KEY] = json.dumps(recorded, sort_keys=True)
     return f"{option('insert_op_conf')}: " + "; ".join(shown)
+
+
+def _layout_guess(shape, channels: int) -> str:
+    """What the note says when the model's input reads as NCHW and NHWC alike ([N, 3, W, 3]):
+    NCHW was taken, as ATC's default input format."""
+    if shape[1] == shape[3] == channels:
+        return f", its input read as NCHW (dims 1 and 3 are both {channels})"
+    return ""
 
 
 def _dims(shape) -> str:

@@ -24,6 +24,7 @@ from graphopt.quant.calib_data import CalibrationShapeError
 from graphopt.quant.shared_stats import SharedStats
 from graphopt.shape_profiles import ShapeProfile, expand_profiles
 from graphopt.source_edits import edit_source
+from graphopt.source_marks import frames_hint, inserted_preprocessing
 
 
 @dataclass
@@ -62,12 +63,13 @@ def _optimize_profiles(model, spec, options: dict):
     profiles = expand_profiles(source, spec, label)
     signature = dynamic_signature(source)
     inputs = [signature[v.name] for v in source.graph.inputs if not v.is_constant]
+    images = inserted_preprocessing(source.metadata_props)
     del source  # each profile imports the model afresh: passes rewrite the IR in place
     collect_dropped()  # before the first profile's import: 0.4 GB less at the peak on BERT-base
     pinned = input_shapes_argument(options.get("input_shapes"))
     feeds = load_inputs(options.get("inputs")) if options.get("verify") else None
     if feeds is not None:
-        _check_feed_names(feeds, inputs, options.get("inputs"))
+        _check_feed_names(feeds, inputs, options.get("inputs"), images)
     if feeds is not None and not any(_fits(feeds, profile) for profile in profiles):
         given = ", ".join(f"{name} {list(np.shape(feeds.get(name)))}"
                           for name in profiles[0].input_shapes)
@@ -172,7 +174,7 @@ def _merge(pinned: dict[str, list[int]], profile: ShapeProfile) -> dict[str, lis
     return merged
 
 
-def _check_feed_names(feeds: dict, inputs: list[dict], given) -> None:
+def _check_feed_names(feeds: dict, inputs: list[dict], given, images: dict) -> None:
     """A feed file that lacks an input or names one the model does not have is refused as
     without profiles: its shapes would otherwise read as fitting no profile."""
     from graphopt.codegen.feeds import check_feeds
@@ -181,7 +183,7 @@ def _check_feed_names(feeds: dict, inputs: list[dict], given) -> None:
         check_feeds(inputs, feeds)
     except InputError as e:
         named = option("inputs") if isinstance(given, dict) else setting("inputs", given)
-        raise InputError(f"{option('verify')}: {named}: {e}") from None
+        raise InputError(f"{option('verify')}: {named}: {e}{frames_hint(e, images)}") from None
 
 
 def _fits(feeds: dict[str, np.ndarray], profile: ShapeProfile) -> bool:

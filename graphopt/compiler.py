@@ -29,7 +29,7 @@ from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
 from graphopt.portable_types import residual_types_kept
 from graphopt.source_edits import apply_source_edits
-from graphopt.source_marks import (EXTRA_CUT, EXTRA_PREPROCESS, cut_outputs,
+from graphopt.source_marks import (EXTRA_CUT, EXTRA_PREPROCESS, cut_outputs, frames_hint,
                                    inserted_preprocessing)
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
@@ -807,7 +807,8 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         try:
             check_feeds(typed_inputs(original), feeds)
         except InputError as e:
-            raise InputError(f"{label}: {e}") from None
+            images = inserted_preprocessing(original.metadata_props)
+            raise InputError(f"{label}: {e}{frames_hint(e, images)}") from None
         if options.input_shapes:  # and the pinned sizes, or the compile would take the blame
             from graphopt.input_shapes import check_pins_fit_feeds
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from graphopt.option_names import option
+
 # The outputs of the source a compile cut off (a JSON list): compare leaves them out of its
 # verdict rather than fail them as lost. An .om keeps it in its manifest's extra.
 CUT_KEY = "graphopt.outputs_cut"
@@ -35,6 +37,15 @@ def inserted_preprocessing(props) -> dict:
     except ValueError:
         return {}
     return recorded if isinstance(recorded, dict) else {}
+
+
+def frames_hint(exc: Exception, images: dict) -> str:
+    """What to add to a feed file's refusal that names an input of `images` (inserted
+    preprocessing's): the model takes frames now."""
+    if not any(f"input {name!r} " in str(exc) for name in images):
+        return ""
+    return (f" ({option('insert_op_conf')} makes the model take uint8 frames: give them, not "
+            "preprocessed tensors)")
 
 
 # The same records in an .om's manifest extra, under these keys.

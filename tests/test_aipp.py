@@ -406,3 +406,28 @@ def test_float32s_largest_value_as_printed_is_read(tmp_path):
     config = _config(tmp_path, "aipp_op { input_format: YUV400_U8 min_chn_0: 3.4028235e38 "
                                "var_reci_chn_0: 0 }")
     assert read_aipp_config(config)[0].minimum == (3.4028235e38,)
+
+
+def test_an_input_of_both_layouts_reads_as_nchw_and_the_note_says_so(tmp_path):
+    model = parse_model("g (float[1,3,8,3] x) => (float[1,3,8,3] y) { y = Identity (x) }")
+    result = graphopt.optimize(model, insert_op_conf=_config(
+        tmp_path, "aipp_op { input_format: RGB888_U8 rbuv_swap_switch: true }"))
+    assert "'x' takes uint8 [1,8,3,3] (RGB888_U8), its input read as NCHW (dims 1 and 3 are " \
+        "both 3)" in " ".join(result.notes)
+    images = _images(size=(8, 3))
+    np.testing.assert_array_equal(numerics.run(result.to_onnx(), {"x": images})["y"],
+                                  images[..., ::-1].transpose(0, 3, 1, 2).astype(np.float32))
+
+
+@pytest.mark.parametrize("profiles", [None, "N:1,2"])
+def test_verify_inputs_of_preprocessed_tensors_are_refused_saying_frames_are_taken(
+        tmp_path, capsys, profiles):
+    source, tensors = tmp_path / "net.onnx", tmp_path / "tensors.npz"
+    onnx.save(_classifier(batch="N"), source)
+    np.savez(tensors, x=_preprocessed(_images()))
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "net.om",
+                         "--insert-op-conf", _config(tmp_path), "--verify", "--inputs", tensors,
+                         *(["--dynamic-dims", profiles] if profiles else []))
+    assert rc == 1 and "input 'x' has dtype float32, expected uint8[N,36,40,3] " \
+        "(--insert-op-conf makes the model take uint8 frames: give them, not preprocessed " \
+        "tensors)" in err
