@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from graphopt.aipp_colour import colour_conversion, swapped_channels, yuv444
+from graphopt.aipp_colour import colour_conversion, converted_yuv420, swapped_channels, yuv444
 from graphopt.aipp_config import FORMAT_CHANNELS, MATRIX_RANGE, ROW_LIMIT, AippOp
 from graphopt.aipp_ops import OpBuilder
 from graphopt.errors import OptionError
@@ -231,6 +231,12 @@ def _rewire(ops: OpBuilder, value: Value, image: Value, op: AippOp, layout: str,
     c = op.channels
     n = image.shape[0]
     (top, left), (h, w) = (op.crop_start, size) if op.crop else ((0, 0), src)
+    csc = op.csc_matrix is not None
+    if op.input_format == "YUV420SP_U8" and csc:
+        current = converted_yuv420(ops, image, src[0], (top, left), (h, w), op,
+                                   1 if layout == "NCHW" else 3)
+        _normalized(ops, value, current, op, layout, swap_last=False)
+        return
     if op.input_format == "YUV420SP_U8":
         current = yuv444(ops, image, src[0], (top, left), (h, w))
     elif op.crop:
@@ -239,24 +245,31 @@ def _rewire(ops: OpBuilder, value: Value, image: Value, op: AippOp, layout: str,
     else:
         current = image
     swap = np.array(swapped_channels(op.input_format), np.int64)
-    csc = op.csc_matrix is not None
     # ATC swaps before it normalizes, each channel by its constants after the swap. On an NCHW
     # input the swap goes last, on whole planes, with the constants swapped back: where a Conv
     # reads it, FoldInputAffine then permutes the Conv's weights and no op is left of it. A
     # colour conversion takes the swap into its matrix instead.
     swap_last = op.swap_rb and layout == "NCHW" and not csc
-    order = swap if swap_last else np.arange(c)
     if op.swap_rb and not swap_last and not csc:  # NHWC: one byte per value to move
         current = node("Gather", [current, const("swap_rb", swap)], {"axis": 3},
                        dtype=DType.UINT8, shape=(n, h, w, c))
     if layout == "NCHW":
         current = node("Transpose", [current], {"perm": [0, 3, 1, 2]}, dtype=DType.UINT8,
                        shape=(n, c, h, w))
-    shape = current.shape
-    current = node("Cast", [current], {"to": int(DType.FLOAT)}, shape=shape)
-    axis = 1 if layout == "NCHW" else 3
+    current = node("Cast", [current], {"to": int(DType.FLOAT)}, shape=current.shape)
     if csc:
-        current = colour_conversion(ops, current, op, axis)
+        current = colour_conversion(ops, current, op, 1 if layout == "NCHW" else 3)
+    _normalized(ops, value, current, op, layout, swap_last)
+
+
+def _normalized(ops: OpBuilder, value: Value, current: Value, op: AippOp, layout: str,
+                swap_last: bool) -> None:
+    """Normalize the float pixels `current` into what `value` held: each channel's
+    (x - mean - min) * var_reci, and the swap last where `swap_last` says so."""
+    node, const = ops.node, ops.const
+    c, shape = op.channels, current.shape
+    swap = np.array(swapped_channels(op.input_format), np.int64)
+    order = swap if swap_last else np.arange(c)
     channel_shape = (1, c, 1, 1) if layout == "NCHW" else (c,)
     offset = np.add(op.mean, op.minimum)[np.argsort(order)]
     if offset.any():

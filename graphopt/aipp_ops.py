@@ -44,3 +44,28 @@ class OpBuilder:
         """`x` as `shape`, whose first dim (the batch, maybe symbolic) is copied."""
         target = np.array([0, *shape[1:]], np.int64)  # 0: copy the dim, as Reshape-5 reads it
         return self.node("Reshape", [x, self.const("shape", target)], dtype=x.dtype, shape=shape)
+
+    def upsample2x(self, x: Value, axes: tuple[int, int]) -> Value:
+        """`x` with each element repeated twice along both `axes` (nearest neighbour, output
+        index i reading input i // 2), in the form the opset has."""
+        scales = np.ones(len(x.shape), np.float32)
+        scales[list(axes)] = 2.0
+        shape = tuple(d * 2 if i in axes and isinstance(d, int) else d
+                      for i, d in enumerate(x.shape))
+        if self.opset < 9:  # Upsample-7: scales as an attribute
+            return self.node("Upsample", [x], {"mode": "nearest", "scales": scales.tolist()},
+                             dtype=x.dtype, shape=shape)
+        scale_input = self.const("upsample_scales", scales)
+        if self.opset == 9:
+            return self.node("Upsample", [x, scale_input], {"mode": "nearest"}, dtype=x.dtype,
+                             shape=shape)
+        if self.opset == 10:  # Resize-10: asymmetric coordinates, nearest rounds down
+            return self.node("Resize", [x, scale_input], {"mode": "nearest"}, dtype=x.dtype,
+                             shape=shape)
+        # Resize-11 requires its roi input, which only tf_crop_and_resize reads; 13 made it
+        # optional.
+        roi = self.const("resize_roi", np.zeros(0, np.float32)) if self.opset < 13 else None
+        return self.node("Resize", [x, roi, scale_input],
+                         {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                          "nearest_mode": "floor"}, dtype=x.dtype, shape=shape)
+

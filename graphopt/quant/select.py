@@ -60,8 +60,8 @@ THROUGH = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Cast", "I
            "GlobalAveragePool", "GlobalMaxPool", "Add", "Sub", "Mul", "Div"}
 # What may also sit between a graph input and the first layer, looking back from the layer
 # only: the crop, channel order, YUV planes and colour conversion of --insert-op-conf's image
-# preprocessing (Slice and Gather of constant indices).
-FROM_INPUT = {"Slice", "Gather", "Concat", "Floor"}
+# preprocessing (Slice and Gather of constant indices; a resize of the chroma).
+FROM_INPUT = {"Slice", "Gather", "Concat", "Floor", "Resize", "Upsample"}
 # The activations graphopt's fusions make in onnxruntime's contrib domain (FuseGelu).
 THROUGH_CONTRIB = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
 
