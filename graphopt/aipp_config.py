@@ -18,15 +18,19 @@ from graphopt.errors import InputError, OptionError
 from graphopt.option_names import option
 
 # Channels each input format delivers per pixel (YUV420SP: Y, U, V once its chroma is upsampled).
-FORMAT_CHANNELS = {"RGB888_U8": 3, "YUV400_U8": 1, "YUV420SP_U8": 3}
+FORMAT_CHANNELS = {"RGB888_U8": 3, "YUV400_U8": 1, "YUV420SP_U8": 3, "XRGB8888_U8": 3,
+                   "ARGB8888_U8": 3}
+# The formats of 4 bytes a pixel: the X (or alpha) byte first, or last with ax_swap_switch;
+# the model gets R, G and B.
+FOUR_BYTE_FORMATS = ("XRGB8888_U8", "ARGB8888_U8")
 # Formats ATC knows that graphopt does not implement: refused by name rather than as unknown.
-OTHER_FORMATS = ("XRGB8888_U8", "ARGB8888_U8", "YUYV_U8", "YUV422SP_U8",
+OTHER_FORMATS = ("YUYV_U8", "YUV422SP_U8",
                  "AYUV444_U8", "RAW10", "RAW12", "RAW16", "RAW24", "YUV400_U8_NV")
 
 _INTEGER_KEYS = ("related_input_rank", "src_image_size_w", "src_image_size_h",
                  "load_start_pos_w", "load_start_pos_h", "crop_size_w", "crop_size_h")
 _LARGEST = 2**31 - 1  # the integer keys are int32 or uint32 fields of ATC's AippOpParams
-_BOOLEAN_KEYS = ("crop", "rbuv_swap_switch", "csc_switch")
+_BOOLEAN_KEYS = ("crop", "rbuv_swap_switch", "csc_switch", "ax_swap_switch")
 # The colour conversion: out = ((M · (in - input_bias)) >> 8) + output_bias, per ATC's manual.
 MATRIX_KEYS = tuple(f"matrix_r{r}c{c}" for r in range(3) for c in range(3))
 BIAS_KEYS = {kind: tuple(f"{kind}_bias_{i}" for i in range(3)) for kind in ("input", "output")}
@@ -40,7 +44,7 @@ _NORMALIZATION_KEYS = tuple(f"{kind}_chn_{i}" for kind in ("mean", "min", "var_r
                             for i in range(4))
 # ATC keys graphopt leaves at their defaults only: resizing, padding, …
 _DEFAULT_ONLY = {
-    "resize": False, "padding": False, "ax_swap_switch": False,
+    "resize": False, "padding": False,
     "single_line_mode": False, "support_rotation": False,
 }
 # The settings of those steps: ATC ignores them while their switch is off, as it must be here.
@@ -70,6 +74,7 @@ class AippOp:
     csc_matrix: tuple[int, ...] | None = None
     input_bias: tuple[int, int, int] = (0, 0, 0)
     output_bias: tuple[int, int, int] = (0, 0, 0)
+    x_last: bool = False           # ax_swap_switch: a 4-byte pixel's X or alpha byte comes last
 
     @property
     def channels(self) -> int:
@@ -82,6 +87,8 @@ class AippOp:
                     "crop_size": list(self.crop_size), "swap_rb": self.swap_rb,
                     "mean": list(self.mean), "min": list(self.minimum),
                     "var_reci": list(self.var_reci)}
+        if self.input_format in FOUR_BYTE_FORMATS:
+            recorded["x_last"] = self.x_last
         if self.csc_matrix is not None:
             recorded.update(csc_matrix=list(self.csc_matrix), input_bias=list(self.input_bias),
                             output_bias=list(self.output_bias))
@@ -196,6 +203,9 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
     for switch in ("rbuv_swap_switch", "csc_switch"):
         if values.get(switch) and channels == 1:
             raise OptionError(f"{path}:{fields[switch][0]}: {switch}: {fmt} has one channel")
+    if values.get("ax_swap_switch") and fmt not in FOUR_BYTE_FORMATS:
+        raise OptionError(f"{path}:{fields['ax_swap_switch'][0]}: ax_swap_switch moves the X "
+                          f"or alpha byte of {' and '.join(FOUR_BYTE_FORMATS)}; {fmt} has none")
     csc = bool(values.get("csc_switch", False))
     if csc and not any(key in values for key in MATRIX_KEYS):
         raise OptionError(f"{path}:{fields['csc_switch'][0]}: csc_switch: true, but no "
@@ -227,7 +237,8 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         # A matrix entry left out is 0, as in ATC's proto; ignored, as ATC does, with csc off.
         csc_matrix=tuple(int(values.get(key, 0)) for key in MATRIX_KEYS) if csc else None,
         input_bias=_biases(values, "input") if csc else (0, 0, 0),
-        output_bias=_biases(values, "output") if csc else (0, 0, 0))
+        output_bias=_biases(values, "output") if csc else (0, 0, 0),
+        x_last=bool(values.get("ax_swap_switch", False)))
     _check_normalized(op, where)
     return op
 
@@ -313,5 +324,4 @@ def _check_default(key: str, text: str, default: bool, where: str) -> None:
     if _boolean(text, where) == default:
         return
     raise OptionError(f"{where}: {text}: graphopt does not implement this AIPP step (resizing, "
-                      "padding, rotation and channel order swaps other than rbuv_swap_switch); "
-                      "do it before feeding the model")
+                      "padding, rotation, single-line mode); do it before feeding the model")

@@ -10,7 +10,8 @@ import json
 import numpy as np
 
 from graphopt.aipp_colour import colour_conversion, converted_yuv420, swapped_channels, yuv444
-from graphopt.aipp_config import FORMAT_CHANNELS, MATRIX_RANGE, ROW_LIMIT, AippOp
+from graphopt.aipp_config import (FORMAT_CHANNELS, FOUR_BYTE_FORMATS, MATRIX_RANGE, ROW_LIMIT,
+                                  AippOp)
 from graphopt.aipp_ops import OpBuilder
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Value
@@ -39,7 +40,8 @@ def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:
                 var_reci=_floats(entry["var_reci"], channels),
                 csc_matrix=_matrix(entry.get("csc_matrix")),
                 input_bias=_integers(entry.get("input_bias", [0, 0, 0]), 3, (0, 255)),
-                output_bias=_integers(entry.get("output_bias", [0, 0, 0]), 3, (0, 255))))
+                output_bias=_integers(entry.get("output_bias", [0, 0, 0]), 3, (0, 255)),
+                x_last=_flag(entry.get("x_last", False))))
         except (KeyError, TypeError, ValueError):
             raise OptionError(f"its recorded preprocessing of input {name!r} does not fit the "
                               "reference (another model, or a damaged record)") from None
@@ -182,7 +184,7 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
                  where: str) -> tuple[Value, tuple[int, int]]:
     """The uint8 input that replaces `value` (which keeps its readers under a new name, to be
     computed from the image), and the image's (h, w) in pixels. RGB888 and YUV400 images are
-    [N, H, W, C]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y plane's H rows of W bytes, then H / 2
+    [N, H, W, C], XRGB8888 and ARGB8888 [N, H, W, 4]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y plane's H rows of W bytes, then H / 2
     rows of interleaved U and V samples, each for 2x2 pixels (NV12; NV21 swaps U and V)."""
     src = tuple(s or inner for s, inner in zip(op.src_size, size))  # ATC's default: the model's
     if op.input_format == "YUV420SP_U8":
@@ -200,7 +202,7 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
     value.name = graph.fresh_name(f"{name}_preprocessed")
     value.is_input = False
     rows, channels = (src[0] * 3 // 2, 1) if op.input_format == "YUV420SP_U8" \
-        else (src[0], op.channels)
+        else (src[0], 4 if op.input_format in FOUR_BYTE_FORMATS else op.channels)
     image = Value(name, DType.UINT8, (batch, rows, src[1], channels))
     image.graph, image.is_input = graph, True
     image.doc_string = value.doc_string
@@ -239,9 +241,11 @@ def _rewire(ops: OpBuilder, value: Value, image: Value, op: AippOp, layout: str,
         return
     if op.input_format == "YUV420SP_U8":
         current = yuv444(ops, image, src[0], (top, left), (h, w))
-    elif op.crop:
-        current = ops.slice(image, [top, left], [top + h, left + w], [1, 2], DType.UINT8,
-                            (n, h, w, c))
+    elif op.crop or op.input_format in FOUR_BYTE_FORMATS:
+        # The crop, and the R, G, B bytes of a 4-byte pixel: one Slice, on uint8.
+        first = int(op.input_format in FOUR_BYTE_FORMATS and not op.x_last)
+        current = ops.slice(image, [top, left, first], [top + h, left + w, first + c],
+                            [1, 2, 3], DType.UINT8, (n, h, w, c))
     else:
         current = image
     swap = np.array(swapped_channels(op.input_format), np.int64)

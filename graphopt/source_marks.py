@@ -74,6 +74,8 @@ def preprocessing_text(recorded: dict) -> str:
         if entry.get("crop"):
             steps.append(f"crop {_size(entry.get('crop_size'))} at "
                          f"{_size(entry.get('crop_start'), ',')}")
+        if "x_last" in entry:
+            steps.append("X byte last" if entry.get("x_last") else "X byte first")
         if entry.get("swap_rb"):
             steps.append("U/V swapped" if entry.get("input_format") == "YUV420SP_U8"
                          else "R/B swapped")

@@ -238,3 +238,47 @@ def test_compare_refuses_a_recorded_conversion_no_config_could_make(tmp_path, fi
     with pytest.raises(InputError, match="its recorded preprocessing of input 'x' does not fit "
                                          r"the reference \(another model, or a damaged record\)"):
         compare_models(_passthrough(FRAME), compiled)
+
+
+@pytest.mark.parametrize("input_format", ["XRGB8888_U8", "ARGB8888_U8"])
+@pytest.mark.parametrize("x_last", [False, True], ids=["XRGB", "RGBX"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_four_byte_pixels_drop_their_x_byte(tmp_path, input_format, x_last, layout):
+    config = _config(tmp_path, input_format=input_format, matrix=None, swap=True,
+                     crop=((2, 3), (7, 9)),
+                     extra=f"  ax_swap_switch: {str(x_last).lower()}\n  mean_chn_2: 4\n")
+    compiled = graphopt.optimize(_passthrough((7, 9), layout), insert_op_conf=config).to_onnx()
+    frames = np.random.default_rng(4).integers(0, 256, (2, *FRAME, 4), np.uint8)
+    rgb = frames[:, 2:9, 3:12, :3] if x_last else frames[:, 2:9, 3:12, 1:]
+    expected = rgb[..., ::-1].astype(np.float32) - np.float32([0, 0, 4])
+    if layout == "NCHW":
+        expected = expected.transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(numerics.run(compiled, {"x": frames})["y"], expected)
+
+
+def test_four_byte_pixels_convert_and_compare_from_the_record(tmp_path, capsys):
+    source, om = tmp_path / "net.onnx", tmp_path / "net.om"
+    onnx.save(_classifier(), source)
+    config = _config(tmp_path, input_format="XRGB8888_U8", matrix=RGB_TO_YUV,
+                     input_bias=(0, 0, 0), output_bias=(16, 128, 128),
+                     extra="  ax_swap_switch: true\n")
+    rc, out, err = run_cli(capsys, "optimize", source, "-o", om, "--insert-op-conf", config,
+                           "--verify")
+    assert rc == 0, err
+    assert "'x' takes uint8 [N,12,16,4] (XRGB8888_U8)" in out + err
+    frames = np.random.default_rng(5).integers(0, 256, (2, *FRAME, 4), np.uint8)
+    pixels = _converted(frames[..., :3], RGB_TO_YUV, (0, 0, 0), (16, 128, 128))
+    expected = numerics.run(_classifier(), {"x": pixels.astype(np.float32).transpose(0, 3, 1, 2)})
+    np.testing.assert_allclose(graphopt.load(om).run({"x": frames})["y"], expected["y"],
+                               rtol=1e-4, atol=1e-5)
+    assert compare_models(source, om).passed
+    rc, out, _ = run_cli(capsys, "inspect", om)
+    assert "'x': XRGB8888_U8 12x16, X byte last, colour matrix" in out
+
+
+def test_ax_swap_switch_needs_a_four_byte_format(tmp_path):
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n input_format: RGB888_U8\n ax_swap_switch: true\n}\n")
+    with pytest.raises(OptionError, match=":3: ax_swap_switch moves the X or alpha byte of "
+                                          "XRGB8888_U8 and ARGB8888_U8; RGB888_U8 has none"):
+        graphopt.optimize(_passthrough(FRAME), insert_op_conf=config)
