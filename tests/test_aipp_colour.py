@@ -197,19 +197,21 @@ def test_yuv420sp_frames_the_model_cannot_take_are_refused(tmp_path, text, size,
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize("converted", [True, False], ids=["csc", "yuv444"])
 @pytest.mark.parametrize("opset", [7, 9, 10, 11, 13])
-def test_models_of_opsets_before_slice_and_clip_took_inputs(tmp_path, opset):
+def test_models_of_opsets_before_slice_and_clip_took_inputs(tmp_path, opset, converted):
     # Slice-10's inputs went into an opset-9 model: onnxruntime refused the compiled model.
     # The chroma's repeat is Upsample-7, Upsample-9, Resize-10, or Resize-11 with its roi.
     header = f'<ir_version: 7, opset_import: ["" : {opset}]>\n'
     model = parse_model("g (float[N,3,7,9] x) => (float[N,3,7,9] y) { y = Identity (x) }",
                         header)
-    config = _config(tmp_path, crop=((2, 4), (7, 9)))
+    config = _config(tmp_path, crop=((2, 4), (7, 9)), matrix=BT601_NARROW if converted else None)
     compiled = graphopt.optimize(model, insert_op_conf=config).to_onnx()
     onnx.checker.check_model(compiled, full_check=True)
     frames = _frames()
     pixels = _yuv444(frames, swap=False)[:, 2:9, 4:13]
-    expected = _converted(pixels, BT601_NARROW, (16, 128, 128), (0, 0, 0)).astype(np.float32)
+    expected = (_converted(pixels, BT601_NARROW, (16, 128, 128), (0, 0, 0)) if converted
+                else pixels).astype(np.float32)
     np.testing.assert_array_equal(numerics.run(compiled, {"x": frames})["y"],
                                   expected.transpose(0, 3, 1, 2))
 
