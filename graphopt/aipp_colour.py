@@ -86,17 +86,7 @@ def converted_yuv420(ops: OpBuilder, image: Value, height: int, start: tuple[int
                                                           left + 2 * half_w],
                        [1, 2], DType.UINT8, (n, half_h, 2 * half_w, 1))
     chroma = shifted(channels_along_axis(chroma, half_h, half_w, 2), bias[1:], 2)
-    share = None
-    for k in (1, 2):
-        if not matrix[:, k].any():
-            continue
-        picked = ops.node("Gather", [chroma, ops.const("csc_channel", np.array([k - 1],
-                                                                              np.int64))],
-                          {"axis": axis}, shape=tuple(1 if i == axis else d
-                                                      for i, d in enumerate(chroma.shape)))
-        shape = tuple(3 if i == axis else d for i, d in enumerate(picked.shape))
-        term = ops.node("Mul", [picked, column(matrix[:, k])], shape=shape)
-        share = term if share is None else ops.node("Add", [share, term], shape=shape)
+    share = _mixed(ops, chroma, matrix[:, 1:], axis)
     if share is not None:
         share = ops.upsample2x(share, (2, 3) if axis == 1 else (1, 2))
         total = ops.node("Add", [total, share], shape=luma_shape)
@@ -118,21 +108,28 @@ def colour_conversion(ops: OpBuilder, pixels: Value, op: AippOp, axis: int) -> V
     if input_bias.any():
         pixels = ops.node("Sub", [pixels, ops.const("csc_input_bias", input_bias.reshape(
             channel_shape))], shape=pixels.shape)
-    # One product per input channel, each output channel's sum in 1/256 steps (exact: see
-    # aipp_config.ROW_LIMIT), then the shift's floor: Conv or MatMul would be a layer to quantization.
+    return _saturated(ops, _mixed(ops, pixels, matrix / 256, axis), op.output_bias, axis)
+
+
+def _mixed(ops: OpBuilder, pixels: Value, columns: np.ndarray, axis: int) -> Value | None:
+    """Σ_k pixels[k] · columns[:, k], the 3 output channels along `axis` (None when every
+    column is 0): one product per input channel, each sum exact in 1/256 steps (see
+    aipp_config.ROW_LIMIT). Not a Conv or MatMul, which quantization would take for a layer."""
     total = None
-    for channel in range(3):
-        column = matrix[:, channel]
-        if not column.any():
+    for channel in range(columns.shape[1]):
+        if not columns[:, channel].any():
             continue
         picked = ops.node("Gather", [pixels, ops.const("csc_channel", np.array([channel],
                                                                                np.int64))],
                           {"axis": axis}, shape=tuple(1 if i == axis else d
                                                       for i, d in enumerate(pixels.shape)))
-        term = ops.node("Mul", [picked, ops.const("csc_column", (column / 256).astype(
-            np.float32).reshape(channel_shape))], shape=pixels.shape)
-        total = term if total is None else ops.node("Add", [total, term], shape=pixels.shape)
-    return _saturated(ops, total, op.output_bias, axis)
+        shape = tuple(3 if i == axis else d for i, d in enumerate(picked.shape))
+        column = [1] * len(shape)
+        column[axis] = 3
+        term = ops.node("Mul", [picked, ops.const("csc_column", columns[:, channel].astype(
+            np.float32).reshape(column))], shape=shape)
+        total = term if total is None else ops.node("Add", [total, term], shape=shape)
+    return total
 
 
 def _saturated(ops: OpBuilder, total: Value, output_bias, axis: int) -> Value:
