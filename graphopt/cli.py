@@ -83,8 +83,9 @@ def _add_optimize(sub) -> None:
                         'tensor name or node:index each); they become its outputs and what '
                         'only the others needed goes')
     p.add_argument("--insert-op-conf", type=path_text, metavar="FILE",
-                   help="ATC's AIPP configuration: the inputs it names take packed uint8 images "
-                        "(NHWC), cropped, channel-swapped and normalized in the model")
+                   help="ATC's AIPP configuration: the inputs it names take uint8 frames "
+                        "(RGB, XRGB, grey, or YUV420SP such as a decoder's NV12), cropped, "
+                        "colour-converted and normalized in the model")
     p.add_argument("--dynamic-dims", type=dynamic_dims, metavar="DIMS",
                    help='compile one plan per shape profile into the .om, ATC style: '
                         '"batch:1,4,8;seq:128,512" (every combination) or '
