@@ -798,3 +798,48 @@ def test_gptq_takes_two_layers_one_feeding_the_other(tmp_path):
     feeds = {"x": rng.standard_normal((4, 64)).astype(np.float32)}
     assert cosine_similarity(numerics.run(proto, feeds)["y"], numerics.run(model, feeds)["y"]) \
         > 0.99
+
+
+# A table, a tied head and a layer, as TIED_LM, with a layer between the embeddings and the head.
+LAYERED_LM = """
+g (int64[1,6] ids, int64[1,6] pos) => (float[1,6,64] tok, float[1,6,40] logits) {
+  tok = Gather(wte, ids)
+  where = Gather(wpe, pos)
+  h = Add(tok, where)
+  m = MatMul(h, w)
+  logits = MatMul(m, head)
+}"""
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_a_weight_or_table_holding_nan_or_inf_stays_float_with_a_note(tmp_path, bad, method):
+    # A block's range of a NaN or an Inf is NaN: its scale made every weight of the block NaN
+    # (and GPTQ carried the NaN into the column's later blocks), without a word.
+    rng = np.random.default_rng(4)
+    wte = rng.standard_normal((40, 64)).astype(np.float32)
+    wpe = rng.standard_normal((8, 64)).astype(np.float32)
+    w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    wte[3, 5] = w[7, 2] = bad
+    proto = parse_model(LAYERED_LM, wte=wte, wpe=wpe, w=w, head=np.ascontiguousarray(wte.T))
+    options = {"int4_embeddings": True}
+    if method == "gptq":
+        np.savez(tmp_path / "ids.npz", ids=rng.integers(0, 40, (32, 1, 6)),
+                 pos=np.tile(np.arange(6), (32, 1, 1)))
+        options.update(int4_method="gptq", calibration=str(tmp_path / "ids.npz"))
+    result = compile_int4(proto, **options)
+    out = result.to_onnx()
+    onnx.checker.check_model(out)
+    for tensor in out.graph.initializer:
+        if tensor.name.endswith(("_scales", "_zero_points", "_q4")):
+            assert np.isfinite(numpy_helper.to_array(tensor).astype(np.float64)).all(), \
+                tensor.name
+    assert sorted(ops(result.model)) == sorted([
+        "Gather", "com.microsoft::GatherBlockQuantized", "Add", "MatMul", "MatMul"])
+    notes = "\n".join(result.notes)
+    assert "2 weight(s) hold NaN or Inf and stay float: %head, %w" in notes, notes
+    assert "%wte holds NaN or Inf" in notes, notes
+    # Row 3 of the table keeps its one NaN or Inf, not a block of NaN.
+    feeds = {"ids": np.array([[0, 3, 2, 4, 3, 6]]), "pos": np.arange(6)[None]}
+    exact, got = numerics.run(proto, feeds)["tok"], numerics.run(out, feeds)["tok"]
+    np.testing.assert_array_equal(got, exact)

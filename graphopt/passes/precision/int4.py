@@ -7,7 +7,8 @@ tables into GatherBlockQuantized, a tied output head sharing its table's bytes (
     A ─ Gemm(A, W, C) {alpha, beta, transB}   (W' = alpha·(transB ? Wᵀ : W), bias = beta·C)
     A ─ FusedMatMul(A, W) {alpha, transB}     (onnxruntime's, as FuseMatMul writes it)
 
-W must be a constant 2-D float matrix of A's dtype, or a Transpose of one; A of known rank ≥ 2.
+W must be a constant 2-D float matrix of A's dtype with no NaN or Inf, or a Transpose of one;
+A of known rank ≥ 2.
 Each block is rounded to its fitted range, or, with `int4_method` "gptq", by GPTQ against the
 calibration inputs (gptq.py; a tied head's balanced with its table's Gathers: tied_gram). A
 constant [N] bias added right after a MatMul becomes the node's bias input; a Gemm's C of shape
@@ -54,6 +55,9 @@ from graphopt.quant.unfused_activations import join_float_activations, split_act
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
+# A block's range of a NaN or an Inf is NaN, and its scale would make the whole block NaN (GPTQ
+# carries it into the column's later blocks too): such a weight stays float, named in a note.
+NONFINITE = "B holds NaN or Inf"
 
 
 @dataclass
@@ -96,6 +100,8 @@ def _plan(node: Node) -> _Plan | str:
     data = _b_data(node)
     if data is None or data.ndim != 2:
         return "B is not a constant matrix"
+    if not np.isfinite(data).all():
+        return NONFINITE
     if a.dtype not in _FLOATS or w.dtype != a.dtype:
         return f"A is {a.dtype.short if a.dtype else 'untyped'}, B {w.dtype.short}"
     if a.shape is None or len(a.shape) < 2:
@@ -134,6 +140,8 @@ def _attention_plan(node: Node) -> _Plan | str:
     data = constant_data(w)
     if data is None or data.ndim != 2 or data.shape[1] % 3:
         return "Attention: its QKV weight is not a constant matrix of three equal parts"
+    if not np.isfinite(data).all():
+        return NONFINITE
     if a.dtype not in _FLOATS or w.dtype != a.dtype:
         return f"Attention: input is {a.dtype.short if a.dtype else 'untyped'}, QKV weight " \
                f"{w.dtype.short}"
@@ -181,6 +189,7 @@ class QuantizeInt4Weights(Pass):
         unsupported: set[str] = set()
         jobs = []
         left: dict[str, int] = {}  # why a MatMul or Gemm stays float -> how many
+        nonfinite: list[str] = []  # the weights left float for a NaN or Inf
         kept: Counter = Counter()  # why a layer the pass could take stays float -> how many
         for node in graph:
             if not quantizable(node):
@@ -193,6 +202,8 @@ class QuantizeInt4Weights(Pass):
                 continue
             if isinstance(plan, str):
                 left[plan] = left.get(plan, 0) + 1
+                if plan == NONFINITE:
+                    nonfinite.append(_weight_name(node))
                 continue
             dtype = node.input(0).dtype
             if not support.has("MatMulNBits", MS, dtype):
@@ -269,6 +280,8 @@ class QuantizeInt4Weights(Pass):
         if kept:
             ctx.note("QuantizeInt4Weights kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in kept.most_common()))
+        if nonfinite:
+            ctx.note(_nonfinite_note(nonfinite))
         if options.int4_embeddings and (refused or not embedded):
             ctx.note(_tables_note(refused, embedded))
         if refitted:
@@ -290,6 +303,24 @@ def _gptq(weight: np.ndarray, gram: np.ndarray, block: int, dtype: DType) -> Blo
         return gptq_quantize(weight, gram, block, dtype.numpy)
     except np.linalg.LinAlgError:
         return None
+
+
+def _weight_name(node: Node) -> str:
+    """The name of `node`'s weight: the constant a Transpose of it reads, if one does."""
+    w = node.input(1)
+    source = w.producer
+    if source is not None and source.op_type == "Transpose" and source.inputs:
+        return source.input(0).name
+    return w.name
+
+
+def _nonfinite_note(names: list[str]) -> str:
+    """Which weights stay float because they hold NaN or Inf (the first three)."""
+    named = sorted(set(names))
+    listed = ", ".join(f"%{name}" for name in named[:3])
+    more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+    return (f"QuantizeInt4Weights: {len(named)} weight(s) hold NaN or Inf and stay float: "
+            f"{listed}{more} (a 4-bit block's scale would be NaN, and every weight in it)")
 
 
 def _tables_note(refused: dict[str, str], embedded: int) -> str:

@@ -13,7 +13,7 @@ packed tensor differs, so one Reshape lets both read one initializer. onnxruntim
 when it loads the model; the artifact holds the table once, where the export held it twice.
 
 A table whose width no block of 16 or more divides stays float (GatherBlockQuantized does not pad),
-and so does one that any op other than its Gathers and tied heads reads.
+and so does one holding NaN or Inf, or one that any op other than its Gathers and tied heads reads.
 """
 
 from __future__ import annotations
@@ -83,6 +83,9 @@ def embedding_tables(graph: Graph, group: int, wanted,
             continue
         if source.dtype not in (DType.FLOAT, DType.FLOAT16):
             refused[source.name] = f"is {source.dtype.short}, not a float table"
+            continue
+        if not np.isfinite(data).all():  # a 4-bit block of it would be NaN throughout
+            refused[source.name] = "holds NaN or Inf (a 4-bit block's scale would be NaN)"
             continue
         block = table_block(data.shape[1], group)
         # A Gather in a Loop or If body that captures the table is no reader this pass rewrites
