@@ -38,6 +38,7 @@ from graphopt.passes.precision.gptq import gptq_quantize
 from graphopt.passes.precision.casts import constant_data
 from graphopt.passes.precision.int4_tables import (
     embedding_tables,
+    gathered_after,
     head_weights,
     only_gathered,
     rewrite_gathers,
@@ -211,8 +212,10 @@ class QuantizeInt4Weights(Pass):
                 continue
             jobs.append((node, plan, dtype, tied_table(tables, plan.weight, dtype)))
         # A tied head's GPTQ weighs its inputs' XᵀX against the identity its table's Gathers
-        # read the levels by (tied_gram).
+        # read the levels by (tied_gram), when they will read them: a table some other op
+        # reads stays float, and its head is then rounded for its own inputs alone.
         grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, _ in jobs])
+        rewritten = [node for node, _, _, _ in jobs]
         # Each layer's input by its name now: rewriting a MatMul renames its output (h → h_q4),
         # the input of the next layer when one feeds another.
         gram_keys = {id(node): node.input(0).name for node, _, _, _ in jobs}
@@ -225,8 +228,10 @@ class QuantizeInt4Weights(Pass):
                 shared = table.quant is not None
                 quant = None
                 if grams is not None and not shared:
-                    quant = _gptq(plan.weight, tied_gram(grams[gram_keys[id(node)]]),
-                                  table.block, dtype)
+                    gram = grams[gram_keys[id(node)]]
+                    if gathered_after(table, rewritten):
+                        gram = tied_gram(gram)
+                    quant = _gptq(plan.weight, gram, table.block, dtype)
                     singular += quant is None
                 weights = head_weights(graph, table, quant)
                 after += 0 if shared else table.quant.nbytes

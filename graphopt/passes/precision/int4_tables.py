@@ -113,6 +113,22 @@ def only_gathered(table: Table) -> bool:
     return len(table.value.uses) == len(table.gathers) and not table.value.is_graph_output
 
 
+def gathered_after(table: Table, rewritten: list[Node]) -> bool:
+    """Whether the table's Gathers will be all that read it once the `rewritten` nodes (its
+    tied heads among them) and the Transposes only they read are gone: only_gathered, asked
+    before a head is rounded, which is balanced for the Gathers only if they will share it."""
+    gone = {id(node) for node in (*table.gathers, *rewritten)}
+
+    def going(node: Node) -> bool:
+        if id(node) in gone:
+            return True
+        out = node.outputs[0] if node.op_type == "Transpose" and node.outputs else None
+        return out is not None and bool(out.uses) and not out.is_graph_output \
+            and all(id(user) in gone for user, _ in out.uses)
+
+    return not table.value.is_graph_output and all(going(user) for user, _ in table.value.uses)
+
+
 def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Table | None:
     """The table whose transpose the head weight W [K, N] of activation `dtype` is, if any,
     claimed for heads of that dtype. A mixed precision mode makes the head float16 and leaves
