@@ -874,3 +874,22 @@ def test_gptq_rounds_a_tied_head_against_its_inputs_alone_when_its_table_stays_f
 
     for got, expected in zip(head_tensors(tied), head_tensors(alone)):  # a table's are 2-D
         np.testing.assert_array_equal(got.reshape(-1), expected.reshape(-1))
+
+
+def test_the_summary_says_a_tied_table_is_shared_only_when_it_is():
+    # The head was counted as sharing a table whenever it was tied to one: here that table
+    # stays float, and the note said the position table was shared with the head.
+    wte = RNG.standard_normal((40, 64)).astype(np.float32)
+    proto = parse_model("""
+    g (int64[1,6] ids, int64[1,6] pos, float[40,64] y) =>
+      (float[1,6,40] logits, float[40,64] z) {
+      tok = Gather(wte, ids)
+      where = Gather(wpe, pos)
+      h = Add(tok, where)
+      logits = MatMul(h, head)
+      z = Add(y, wte)
+    }""", wte=wte, wpe=RNG.standard_normal((8, 64)).astype(np.float32),
+                        head=np.ascontiguousarray(wte.T))
+    notes = compile_int4(proto, int4_embeddings=True).notes
+    summary = next(n for n in notes if n.startswith("QuantizeInt4Weights: 1 weight(s)"))
+    assert "1 weight(s) and 1 embedding table(s), " in summary and "shared" not in summary, notes

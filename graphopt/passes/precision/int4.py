@@ -254,6 +254,7 @@ class QuantizeInt4Weights(Pass):
             after += quant.nbytes
             result.count(f"{node.op_type}_quantized")
         embedded = 0
+        tied: list[int] = []  # of each quantized table that heads share, how many heads
         for table in tables.values():
             if not only_gathered(table):
                 refused[table.value.name] = "is read by other ops too (it would be stored " \
@@ -262,6 +263,8 @@ class QuantizeInt4Weights(Pass):
             embedded += 1
             before += table.data.nbytes
             shared = table.quant is not None
+            if shared:
+                tied.append(table.heads)
             rewrite_gathers(graph, table)
             blocks.add(table.block)
             after += 0 if shared else table.quant.nbytes
@@ -272,7 +275,7 @@ class QuantizeInt4Weights(Pass):
                 graph.remove_initializer(value)
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
-            ctx.note(_summary(result.stats, embedded, before, after, sorted(blocks))
+            ctx.note(_summary(result.stats, embedded, tied, before, after, sorted(blocks))
                      + _float_weights_left(graph))
         elif not unsupported:  # a compile that quantized nothing says why
             reasons = sorted(left.items()) + kept.most_common()
@@ -368,16 +371,20 @@ def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> d
     return grams
 
 
-def _summary(stats: dict, tables: int, before: int, after: int, blocks: list[int]) -> str:
-    """The note on what was quantized and the bytes it saved."""
+def _summary(stats: dict, tables: int, tied: list[int], before: int, after: int,
+             blocks: list[int]) -> str:
+    """The note on what was quantized and the bytes it saved: `tables` quantized, those
+    shared with heads by their heads in `tied` (stats' tied_head also counts heads whose
+    table stayed float)."""
     weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized",
                                             "FusedMatMul_quantized", "Attention_quantized",
                                             "tied_head"))
     parts = [f"{weights} weight(s)"] if weights else []
     if tables:
-        tied = stats.get("tied_head", 0)
+        heads = sum(tied)
+        shared = "a tied output head" if heads == len(tied) else f"{heads} tied output heads"
         parts.append(f"{tables} embedding table(s)"
-                     + (f", {tied} shared with a tied output head" if tied else ""))
+                     + (f", {len(tied)} shared with {shared}" if tied else ""))
     change = (f"{100 * (1 - after / before):.0f}% smaller" if after <= before
               else f"{100 * (after / before - 1):.0f}% larger")
     return (f"QuantizeInt4Weights: {' and '.join(parts)}, {before / 2**20:.2f} MiB → "

@@ -42,6 +42,7 @@ class Table:
     zero_points: Value | None = None  # uint8 [rows, ceil(width/block/2)]
     packed: Value | None = None      # uint8 [rows, width/block, block/2]: a tied head's B
     scale_dtype: DType | None = None  # a tied head's: float16 under a mixed mode, else the table's
+    heads: int = 0                   # the heads tied to it that read its bytes now
 
     @property
     def rows(self) -> int:
@@ -175,6 +176,7 @@ def head_weights(graph: Graph, table: Table,
     """MatMulNBits' B, scales and zero points for a head tied to `table`: the table's bytes
     (`quant` when the table is not quantized yet and the head rounded it by GPTQ)."""
     _quantize(graph, table, quant)
+    table.heads += 1
     if table.packed is None:
         table.packed = graph.make_initializer(f"{table.value.name}_q4", table.quant.packed)
     return table.packed, table.scales, table.zero_points
