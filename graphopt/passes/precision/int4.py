@@ -216,6 +216,12 @@ class QuantizeInt4Weights(Pass):
         # reads stays float, and its head is then rounded for its own inputs alone.
         grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, _ in jobs])
         rewritten = [node for node, _, _, _ in jobs]
+        # One rounding of a table serves every head tied to it: GPTQ weighs their XᵀX summed.
+        head_grams: dict[str, np.ndarray] = {}
+        for node, _, _, table in jobs if grams is not None else ():
+            if table is not None:
+                name = table.value.name
+                head_grams[name] = head_grams.get(name, 0.0) + grams[node.input(0).name]
         # Each layer's input by its name now: rewriting a MatMul renames its output (h → h_q4),
         # the input of the next layer when one feeds another.
         gram_keys = {id(node): node.input(0).name for node, _, _, _ in jobs}
@@ -228,7 +234,7 @@ class QuantizeInt4Weights(Pass):
                 shared = table.quant is not None
                 quant = None
                 if grams is not None and not shared:
-                    gram = grams[gram_keys[id(node)]]
+                    gram = head_grams[table.value.name]
                     if gathered_after(table, rewritten):
                         gram = tied_gram(gram)
                     quant = _gptq(plan.weight, gram, table.block, dtype)

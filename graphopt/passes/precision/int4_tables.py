@@ -148,7 +148,7 @@ def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Ta
 
 
 def tied_gram(gram: np.ndarray) -> np.ndarray:
-    """The Hessian GPTQ rounds a tied table against: its head's inputs' XᵀX plus the identity
+    """The Hessian GPTQ rounds a tied table against: its heads' inputs' XᵀX plus the identity
     that plain rounding weighs the Gathers' error by, scaled to the same trace. GPTQ against
     XᵀX alone moves the head's error into the rows the Gathers read (on gpt2_small a single
     token's logits lost more through the embedding than the head gained); the identity keeps
