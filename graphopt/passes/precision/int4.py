@@ -7,7 +7,8 @@ tables into GatherBlockQuantized, a tied output head sharing its table's bytes (
     A ─ Gemm(A, W, C) {alpha, beta, transB}   (W' = alpha·(transB ? Wᵀ : W), bias = beta·C)
     A ─ FusedMatMul(A, W) {alpha, transB}     (onnxruntime's, as FuseMatMul writes it)
 
-W must be a constant 2-D float matrix of A's dtype, or a Transpose of one; A of known rank ≥ 2.
+W must be a constant 2-D float matrix of A's dtype with no NaN or Inf, or a Transpose of one;
+A of known rank ≥ 2.
 Each block is rounded to its fitted range, or, with `int4_method` "gptq", by GPTQ against the
 calibration inputs (gptq.py; a tied head's balanced with its table's Gathers: tied_gram). A
 constant [N] bias added right after a MatMul becomes the node's bias input; a Gemm's C of shape
@@ -37,6 +38,7 @@ from graphopt.passes.precision.gptq import gptq_quantize
 from graphopt.passes.precision.casts import constant_data
 from graphopt.passes.precision.int4_tables import (
     embedding_tables,
+    gathered_after,
     head_weights,
     only_gathered,
     rewrite_gathers,
@@ -54,6 +56,9 @@ from graphopt.quant.unfused_activations import join_float_activations, split_act
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
+# A block's range of a NaN or an Inf is NaN, and its scale would make the whole block NaN (GPTQ
+# carries it into the column's later blocks too): such a weight stays float, named in a note.
+NONFINITE = "B holds NaN or Inf"
 
 
 @dataclass
@@ -96,6 +101,8 @@ def _plan(node: Node) -> _Plan | str:
     data = _b_data(node)
     if data is None or data.ndim != 2:
         return "B is not a constant matrix"
+    if not np.isfinite(data).all():
+        return NONFINITE
     if a.dtype not in _FLOATS or w.dtype != a.dtype:
         return f"A is {a.dtype.short if a.dtype else 'untyped'}, B {w.dtype.short}"
     if a.shape is None or len(a.shape) < 2:
@@ -134,6 +141,8 @@ def _attention_plan(node: Node) -> _Plan | str:
     data = constant_data(w)
     if data is None or data.ndim != 2 or data.shape[1] % 3:
         return "Attention: its QKV weight is not a constant matrix of three equal parts"
+    if not np.isfinite(data).all():
+        return NONFINITE
     if a.dtype not in _FLOATS or w.dtype != a.dtype:
         return f"Attention: input is {a.dtype.short if a.dtype else 'untyped'}, QKV weight " \
                f"{w.dtype.short}"
@@ -181,6 +190,7 @@ class QuantizeInt4Weights(Pass):
         unsupported: set[str] = set()
         jobs = []
         left: dict[str, int] = {}  # why a MatMul or Gemm stays float -> how many
+        nonfinite: list[str] = []  # the weights left float for a NaN or Inf
         kept: Counter = Counter()  # why a layer the pass could take stays float -> how many
         for node in graph:
             if not quantizable(node):
@@ -193,6 +203,8 @@ class QuantizeInt4Weights(Pass):
                 continue
             if isinstance(plan, str):
                 left[plan] = left.get(plan, 0) + 1
+                if plan == NONFINITE:
+                    nonfinite.append(_weight_name(node))
                 continue
             dtype = node.input(0).dtype
             if not support.has("MatMulNBits", MS, dtype):
@@ -200,8 +212,16 @@ class QuantizeInt4Weights(Pass):
                 continue
             jobs.append((node, plan, dtype, tied_table(tables, plan.weight, dtype)))
         # A tied head's GPTQ weighs its inputs' XᵀX against the identity its table's Gathers
-        # read the levels by (tied_gram).
+        # read the levels by (tied_gram), when they will read them: a table some other op
+        # reads stays float, and its head is then rounded for its own inputs alone.
         grams = _calibration_grams(model, ctx, [node.input(0) for node, _, _, _ in jobs])
+        rewritten = [node for node, _, _, _ in jobs]
+        # One rounding of a table serves every head tied to it: GPTQ weighs their XᵀX summed.
+        head_grams: dict[str, np.ndarray] = {}
+        for node, _, _, table in jobs if grams is not None else ():
+            if table is not None:
+                name = table.value.name
+                head_grams[name] = head_grams.get(name, 0.0) + grams[node.input(0).name]
         # Each layer's input by its name now: rewriting a MatMul renames its output (h → h_q4),
         # the input of the next layer when one feeds another.
         gram_keys = {id(node): node.input(0).name for node, _, _, _ in jobs}
@@ -214,8 +234,10 @@ class QuantizeInt4Weights(Pass):
                 shared = table.quant is not None
                 quant = None
                 if grams is not None and not shared:
-                    quant = _gptq(plan.weight, tied_gram(grams[gram_keys[id(node)]]),
-                                  table.block, dtype)
+                    gram = head_grams[table.value.name]
+                    if gathered_after(table, rewritten):
+                        gram = tied_gram(gram)
+                    quant = _gptq(plan.weight, gram, table.block, dtype)
                     singular += quant is None
                 weights = head_weights(graph, table, quant)
                 after += 0 if shared else table.quant.nbytes
@@ -238,6 +260,7 @@ class QuantizeInt4Weights(Pass):
             after += quant.nbytes
             result.count(f"{node.op_type}_quantized")
         embedded = 0
+        tied: list[int] = []  # of each quantized table that heads share, how many heads
         for table in tables.values():
             if not only_gathered(table):
                 refused[table.value.name] = "is read by other ops too (it would be stored " \
@@ -246,6 +269,8 @@ class QuantizeInt4Weights(Pass):
             embedded += 1
             before += table.data.nbytes
             shared = table.quant is not None
+            if shared:
+                tied.append(table.heads)
             rewrite_gathers(graph, table)
             blocks.add(table.block)
             after += 0 if shared else table.quant.nbytes
@@ -256,7 +281,7 @@ class QuantizeInt4Weights(Pass):
                 graph.remove_initializer(value)
         if result.changed:
             model.opset_imports.setdefault(MS, 1)
-            ctx.note(_summary(result.stats, embedded, before, after, sorted(blocks))
+            ctx.note(_summary(result.stats, embedded, tied, before, after, sorted(blocks))
                      + _float_weights_left(graph))
         elif not unsupported:  # a compile that quantized nothing says why
             reasons = sorted(left.items()) + kept.most_common()
@@ -269,6 +294,8 @@ class QuantizeInt4Weights(Pass):
         if kept:
             ctx.note("QuantizeInt4Weights kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in kept.most_common()))
+        if nonfinite:
+            ctx.note(_nonfinite_note(nonfinite))
         if options.int4_embeddings and (refused or not embedded):
             ctx.note(_tables_note(refused, embedded))
         if refitted:
@@ -290,6 +317,24 @@ def _gptq(weight: np.ndarray, gram: np.ndarray, block: int, dtype: DType) -> Blo
         return gptq_quantize(weight, gram, block, dtype.numpy)
     except np.linalg.LinAlgError:
         return None
+
+
+def _weight_name(node: Node) -> str:
+    """The name of `node`'s weight: the constant a Transpose of it reads, if one does."""
+    w = node.input(1)
+    source = w.producer
+    if source is not None and source.op_type == "Transpose" and source.inputs:
+        return source.input(0).name
+    return w.name
+
+
+def _nonfinite_note(names: list[str]) -> str:
+    """Which weights stay float because they hold NaN or Inf (the first three)."""
+    named = sorted(set(names))
+    listed = ", ".join(f"%{name}" for name in named[:3])
+    more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+    return (f"QuantizeInt4Weights: {len(named)} weight(s) hold NaN or Inf and stay float: "
+            f"{listed}{more} (a 4-bit block's scale would be NaN, and every weight in it)")
 
 
 def _tables_note(refused: dict[str, str], embedded: int) -> str:
@@ -332,16 +377,20 @@ def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> d
     return grams
 
 
-def _summary(stats: dict, tables: int, before: int, after: int, blocks: list[int]) -> str:
-    """The note on what was quantized and the bytes it saved."""
+def _summary(stats: dict, tables: int, tied: list[int], before: int, after: int,
+             blocks: list[int]) -> str:
+    """The note on what was quantized and the bytes it saved: `tables` quantized, those
+    shared with heads by their heads in `tied` (stats' tied_head also counts heads whose
+    table stayed float)."""
     weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized",
                                             "FusedMatMul_quantized", "Attention_quantized",
                                             "tied_head"))
     parts = [f"{weights} weight(s)"] if weights else []
     if tables:
-        tied = stats.get("tied_head", 0)
+        heads = sum(tied)
+        shared = "a tied output head" if heads == len(tied) else f"{heads} tied output heads"
         parts.append(f"{tables} embedding table(s)"
-                     + (f", {tied} shared with a tied output head" if tied else ""))
+                     + (f", {len(tied)} shared with {shared}" if tied else ""))
     change = (f"{100 * (1 - after / before):.0f}% smaller" if after <= before
               else f"{100 * (after / before - 1):.0f}% larger")
     return (f"QuantizeInt4Weights: {' and '.join(parts)}, {before / 2**20:.2f} MiB → "

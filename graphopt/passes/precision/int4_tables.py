@@ -13,7 +13,7 @@ packed tensor differs, so one Reshape lets both read one initializer. onnxruntim
 when it loads the model; the artifact holds the table once, where the export held it twice.
 
 A table whose width no block of 16 or more divides stays float (GatherBlockQuantized does not pad),
-and so does one that any op other than its Gathers and tied heads reads.
+and so does one holding NaN or Inf, or one that any op other than its Gathers and tied heads reads.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class Table:
     zero_points: Value | None = None  # uint8 [rows, ceil(width/block/2)]
     packed: Value | None = None      # uint8 [rows, width/block, block/2]: a tied head's B
     scale_dtype: DType | None = None  # a tied head's: float16 under a mixed mode, else the table's
+    heads: int = 0                   # the heads tied to it that read its bytes now
 
     @property
     def rows(self) -> int:
@@ -84,6 +85,9 @@ def embedding_tables(graph: Graph, group: int, wanted,
         if source.dtype not in (DType.FLOAT, DType.FLOAT16):
             refused[source.name] = f"is {source.dtype.short}, not a float table"
             continue
+        if not np.isfinite(data).all():  # a 4-bit block of it would be NaN throughout
+            refused[source.name] = "holds NaN or Inf (a 4-bit block's scale would be NaN)"
+            continue
         block = table_block(data.shape[1], group)
         # A Gather in a Loop or If body that captures the table is no reader this pass rewrites
         # (only_gathered then keeps the table float).
@@ -110,6 +114,22 @@ def only_gathered(table: Table) -> bool:
     return len(table.value.uses) == len(table.gathers) and not table.value.is_graph_output
 
 
+def gathered_after(table: Table, rewritten: list[Node]) -> bool:
+    """Whether the table's Gathers will be all that read it once the `rewritten` nodes (its
+    tied heads among them) and the Transposes only they read are gone: only_gathered, asked
+    before a head is rounded, which is balanced for the Gathers only if they will share it."""
+    gone = {id(node) for node in (*table.gathers, *rewritten)}
+
+    def going(node: Node) -> bool:
+        if id(node) in gone:
+            return True
+        out = node.outputs[0] if node.op_type == "Transpose" and node.outputs else None
+        return out is not None and bool(out.uses) and not out.is_graph_output \
+            and all(id(user) in gone for user, _ in out.uses)
+
+    return not table.value.is_graph_output and all(going(user) for user, _ in table.value.uses)
+
+
 def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Table | None:
     """The table whose transpose the head weight W [K, N] of activation `dtype` is, if any,
     claimed for heads of that dtype. A mixed precision mode makes the head float16 and leaves
@@ -128,7 +148,7 @@ def tied_table(tables: dict[str, Table], weight: np.ndarray, dtype: DType) -> Ta
 
 
 def tied_gram(gram: np.ndarray) -> np.ndarray:
-    """The Hessian GPTQ rounds a tied table against: its head's inputs' XᵀX plus the identity
+    """The Hessian GPTQ rounds a tied table against: its heads' inputs' XᵀX plus the identity
     that plain rounding weighs the Gathers' error by, scaled to the same trace. GPTQ against
     XᵀX alone moves the head's error into the rows the Gathers read (on gpt2_small a single
     token's logits lost more through the embedding than the head gained); the identity keeps
@@ -156,6 +176,7 @@ def head_weights(graph: Graph, table: Table,
     """MatMulNBits' B, scales and zero points for a head tied to `table`: the table's bytes
     (`quant` when the table is not quantized yet and the head rounded it by GPTQ)."""
     _quantize(graph, table, quant)
+    table.heads += 1
     if table.packed is None:
         table.packed = graph.make_initializer(f"{table.value.name}_q4", table.quant.packed)
     return table.packed, table.scales, table.zero_points
