@@ -1481,3 +1481,34 @@ def test_a_model_of_dynamic_matmuls_alone_has_no_ranges_fitted_to_the_data(tmp_p
                            "--quantize-ends")
     assert rc == 0, err
     assert "QuantizeInt8" in out and "int8 ranges were fitted to" not in out
+
+
+@pytest.mark.parametrize("op", ["Conv", "MatMul"])
+def test_a_layer_whose_weight_holds_nan_stays_float_with_a_note(tmp_path, op):
+    # The dynamic MatMul kernel turned the NaN into finite outputs, the float model's NaN lost.
+    rng = np.random.default_rng(7)
+    if op == "Conv":
+        text = """g (float[1,3,8,8] x) => (y) {
+            h = Conv <pads = [1,1,1,1]> (x, w1)
+            r = Relu (h)
+            c = Conv <pads = [1,1,1,1]> (r, w)
+            y = Relu (c)
+        }"""
+        w1, w = rng.standard_normal((4, 3, 3, 3)), rng.standard_normal((4, 4, 3, 3))
+        shape = (1, 3, 8, 8)
+    else:
+        text = "g (float[1,4,8] x) => (y) { h = MatMul (x, w1)\n y = MatMul (h, w) }"
+        w1, w = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+        shape = (1, 4, 8)
+    w[0, 0] = np.nan
+    proto = parse_model(text, w1=w1.astype(np.float32), w=w.astype(np.float32))
+    calibration = tmp_path / "c.npz"
+    np.savez(calibration, x=rng.standard_normal((2, *shape)).astype(np.float32))
+    result = graphopt.optimize(proto, pass_options={"quantize": "int8", "calibration": calibration,
+                                                    "quant_keep_ends": False})
+    assert "QuantizeInt8 kept in float: 1 × its weight holds NaN or Inf (its int8 scale would " \
+           "be NaN)" in " ".join(result.notes)
+    x = rng.standard_normal(shape).astype(np.float32)
+    expected = numerics.run(proto, {"x": x})["y"]
+    actual = numerics.run(result.to_onnx(), {"x": x}, "all")["y"]
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))

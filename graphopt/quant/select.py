@@ -155,6 +155,14 @@ INTEGER_OPS = frozenset({"MatMulInteger", "ConvInteger", "QLinearConv", "QLinear
                          "QGemm"})
 
 
+def _nonfinite_weight(node: Node) -> bool:
+    """Whether `node`'s constant weight holds a NaN or an Inf: quantized, its per-channel scale
+    is NaN, or the dynamic kernels turn it into finite outputs the float model does not give."""
+    weight = node.inputs[1].constant() if len(node.inputs) > 1 and node.inputs[1] is not None \
+        else None
+    return weight is not None and weight.dtype.kind == "f" and not np.isfinite(weight).all()
+
+
 def _dequantized(value: Value | None) -> bool:
     """Whether `value` comes out of a DequantizeLinear: the model quantized it itself, and
     quantizing it again would stack a second Q/DQ pair, of another scale, on the first."""
@@ -327,6 +335,8 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
             result.kept[held[id(node)]] += 1
         elif not allows(node):
             result.kept[KEPT_BY_GATE] += 1
+        elif _nonfinite_weight(node):
+            result.kept["its weight holds NaN or Inf (its int8 scale would be NaN)"] += 1
         elif _dequantized(node.inputs[0]):
             result.kept["already quantized (its input comes from the model's own "
                         "DequantizeLinear)"] += 1
