@@ -97,7 +97,7 @@ class AippOp:
 
 # A decimal number as ATC reads one: Python's float() also takes "1_000", "+5", "٣" and "１".
 _DECIMAL = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)
-_TOKEN = re.compile(r'[{}:]|"[^"]*"|[^\s{}:"]+')
+_TOKEN = re.compile(r'[{}:]|"[^"]*"|"|[^\s{}:"]+')  # a lone '"' opens a quote never closed
 
 
 def read_aipp_config(path) -> list[AippOp]:
@@ -122,15 +122,19 @@ def read_aipp_config(path) -> list[AippOp]:
     return ops
 
 
-def _tokens(text: str) -> list[tuple[int, str]]:
+def _tokens(text: str, path: str) -> list[tuple[int, str]]:
     """(line, token) pairs of the prototxt, `#` comments dropped."""
-    return [(number, token) for number, line in enumerate(text.splitlines(), 1)
-            for token in _TOKEN.findall(line.split("#", 1)[0])]
+    tokens = [(number, token) for number, line in enumerate(text.splitlines(), 1)
+              for token in _TOKEN.findall(line.split("#", 1)[0])]
+    for number, token in tokens:
+        if token == '"':
+            raise OptionError(f"{path}:{number}: a quote that is not closed on its line")
+    return tokens
 
 
 def _blocks(text: str, path: str) -> list[tuple[int, dict[str, tuple[int, str]]]]:
     """Each `aipp_op { … }` block as (its line, {key: (line, value text)})."""
-    tokens = _tokens(text)
+    tokens = _tokens(text, path)
     blocks = []
     i = 0
     while i < len(tokens):

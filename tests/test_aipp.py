@@ -187,6 +187,7 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
     ("aipp_op { input_format: RGB888_U8 }\naipp_op { input_format: RGB888_U8 }",
      "related_input_rank 0 has two aipp_op blocks"),
     ("", "no aipp_op block"),
+    ('aipp_op {\n input_format: "RGB888_U8\n}', ':2: a quote that is not closed on its line'),
 ])
 def test_configurations_graphopt_cannot_honour_are_refused_by_line_and_key(tmp_path, text,
                                                                            message):
