@@ -86,6 +86,11 @@ def _add_optimize(sub) -> None:
                    help="ATC's AIPP configuration: the inputs it names take uint8 frames "
                         "(RGB, XRGB, grey, or YUV420SP such as a decoder's NV12), cropped, "
                         "colour-converted and normalized in the model")
+    p.add_argument("--input-fp16-nodes", metavar="NAMES",
+                   help='ATC\'s --input_fp16_nodes: these float32 inputs take float16 ("x;y")')
+    p.add_argument("--output-type", metavar="TYPE",
+                   help="ATC's --output_type: FP16 or FP32 for every float output, or per "
+                        'output ("logits:FP16;node:1:FP32")')
     p.add_argument("--dynamic-dims", type=dynamic_dims, metavar="DIMS",
                    help='compile one plan per shape profile into the .om, ATC style: '
                         '"batch:1,4,8;seq:128,512" (every combination) or '
@@ -193,7 +198,8 @@ def _cmd_optimize(args) -> int:
                       target=target, memory_reorder=args.memory_reorder,
                       pass_options=pass_options, dynamic_dims=args.dynamic_dims,
                       tuning_db=args.tuning_db, out_nodes=args.out_nodes,
-                      insert_op_conf=args.insert_op_conf)
+                      insert_op_conf=args.insert_op_conf,
+                      input_fp16_nodes=args.input_fp16_nodes, output_type=args.output_type)
     if args.tuning_db and result.tuned_study is None and not args.quiet and \
             not writes_om(args.output) and \
             not any(note.startswith("--tuning-db holds") for note in result.notes):
@@ -280,11 +286,11 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
     calibration = None if args.inputs else args.calibration
     reference = args.model if source is None else source
     try:
-        if args.out_nodes or args.insert_op_conf:  # what the written model is compared with
+        if _edited(args):  # what the written model is compared with
             from graphopt.source_edits import edited_source
 
             reference = edited_source(reference, args.out_nodes, args.insert_op_conf,
-                                      args.model)
+                                      args.model, args.input_fp16_nodes, args.output_type)
         report = accuracy_report(reference, args.output,
                                  args.inputs, calibration=calibration,
                                  reference_label=_edited_label(args),
@@ -308,11 +314,19 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
         _print_speed(args, reference, report.feeds, changed)
 
 
+def _edited(args) -> bool:
+    """Whether the compile edits its source before any pass (what it is compared with)."""
+    return bool(args.out_nodes or args.insert_op_conf or args.input_fp16_nodes
+                or args.output_type)
+
+
 def _edited_label(args) -> str:
     """The input model's name in the accuracy report, saying how the compile edited it."""
     edits = [edit for edit, given in (("ended at --out-nodes", args.out_nodes),
                                       ("with --insert-op-conf's preprocessing",
-                                       args.insert_op_conf)) if given]
+                                       args.insert_op_conf),
+                                      ("with the dtypes of --input-fp16-nodes/--output-type",
+                                       args.input_fp16_nodes or args.output_type)) if given]
     return " ".join([args.model, *edits])
 
 
@@ -341,7 +355,7 @@ def _print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weig
         print(f"graphopt: warning: no speed check: {type(e).__name__}: {e}", file=sys.stderr)
         return
     source_label = (args.model if isinstance(source, (str, os.PathLike))
-                    else _edited_label(args) if args.out_nodes or args.insert_op_conf
+                    else _edited_label(args) if _edited(args)
                     else f"{args.model} as it was before -o replaced it")
     print(check.format(source_label, args.output))
     if not check.slower:

@@ -20,11 +20,12 @@ def artifact_check(args):
             return
         judge, _ = accuracy_rule(pass_log_of_om(load_om(path)), args.rtol, args.atol)
         reference = args.model
-        if args.out_nodes or args.insert_op_conf:  # the model as the compile took it
+        if args.out_nodes or args.insert_op_conf or args.input_fp16_nodes \
+                or args.output_type:  # the model as the compile took it
             from graphopt.source_edits import edited_source
 
             reference = edited_source(reference, args.out_nodes, args.insert_op_conf,
-                                      args.model)
+                                      args.model, args.input_fp16_nodes, args.output_type)
         try:
             report = compare_models(reference, path, args.inputs,
                                     input_shapes=args.input_shape, **judge,

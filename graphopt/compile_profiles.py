@@ -59,7 +59,8 @@ def _optimize_profiles(model, spec, options: dict):
     source = load_onnx(model, user_model=True)
     # The profiles take the model as each compile edits it: its signature is the artifact's
     # (an --insert-op-conf input takes images, an --out-nodes output is an inner tensor).
-    edit_source(source, options.get("out_nodes"), options.get("insert_op_conf"), label)
+    edit_source(source, options.get("out_nodes"), options.get("insert_op_conf"), label,
+                options.get("input_fp16_nodes"), options.get("output_type"))
     profiles = expand_profiles(source, spec, label)
     signature = dynamic_signature(source)
     inputs = [signature[v.name] for v in source.graph.inputs if not v.is_constant]

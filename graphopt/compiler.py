@@ -29,11 +29,12 @@ from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.ir.tensor import external_initializers, stat_identity, tensor_references
 from graphopt.portable_types import residual_types_kept
 from graphopt.source_edits import apply_source_edits
-from graphopt.source_marks import (EXTRA_CUT, EXTRA_PREPROCESS, cut_outputs, frames_hint,
-                                   inserted_preprocessing)
+from graphopt.source_marks import (EXTRA_CUT, EXTRA_IO_TYPES, EXTRA_PREPROCESS, cut_outputs,
+                                   frames_hint, inserted_preprocessing, io_types)
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
 from graphopt.opcheck import check_kernel_dtypes, check_ops
 from graphopt.option_names import from_command_line, option, setting
+from graphopt.io_types import parse_fp16_inputs, parse_output_type
 from graphopt.out_nodes import parse_out_nodes
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
@@ -390,7 +391,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
              quantize: str = "none", calibration: str | os.PathLike | None = None,
              dynamic_dims=None, shared_stats=None,
              tuning_db: str | os.PathLike | None = None, out_nodes=None,
-             insert_op_conf: str | os.PathLike | None = None) -> OptimizeResult:
+             insert_op_conf: str | os.PathLike | None = None, input_fp16_nodes=None,
+             output_type=None) -> OptimizeResult:
     """Optimize an ONNX model (path, bytes or ModelProto) and return the result with its log.
 
     Each keyword is the command line's flag of the same name (`graphopt optimize --help`);
@@ -407,6 +409,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     and the accuracy report compare them with the original's values of those tensors.
     `insert_op_conf` (an ATC AIPP configuration file) makes the inputs it names take packed
     uint8 images (NHWC) and puts its crop, channel swap and normalization in front of the model.
+    `input_fp16_nodes` ("x;y", or a list) makes those float32 inputs take float16, and
+    `output_type` ("FP16" for every float output, "logits:FP16;node:1:FP32", or a dict) gives
+    outputs in those dtypes, ATC's --input_fp16_nodes and --output_type: Casts at the edges,
+    before any pass, which a precision mode's own boundary Casts then cancel.
 
     `target` (a built-in name such as "ascend310", a profile path, or a loaded Target) places
     every node on a device of the target and cuts the graph into device partitions, which
@@ -464,6 +470,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if isinstance(model, (str, os.PathLike)) and not os.fspath(model):
         raise OptionError("optimize: the model path is empty")
     wanted_outputs = None if out_nodes is None else parse_out_nodes(out_nodes)
+    fp16_inputs = None if input_fp16_nodes is None else parse_fp16_inputs(input_fp16_nodes)
+    output_types = None if output_type is None else parse_output_type(output_type)
     insert_op_conf = api_args.path(insert_op_conf, "insert_op_conf")
     aipp = None
     if insert_op_conf is not None:  # read first: a bad file fails before the model is loaded
@@ -556,7 +564,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     if upgraded:
         import_notes.append(upgraded)
     import_notes += apply_source_edits(ir_model, wanted_outputs, aipp, label, insert_op_conf,
-                                       options.input_shapes)
+                                       options.input_shapes, fp16_inputs, output_types)
     # The reference for verification (ended at out_nodes), before any pin or pass; exported
     # only when needed since it copies every weight.
     source = to_onnx(ir_model) if verify else None
@@ -1023,6 +1031,9 @@ def _recorded_extra(model: Model | ModelProto) -> dict:
     preprocess = inserted_preprocessing(model.metadata_props)
     if preprocess:  # for inspect and compare: inputs that take images, not the source's
         extra[EXTRA_PREPROCESS] = preprocess
+    io = io_types(model.metadata_props)
+    if io["inputs"] or io["outputs"]:  # for inspect and compare: dtypes not the source's
+        extra[EXTRA_IO_TYPES] = io
     return extra
 
 

@@ -36,7 +36,7 @@ def select_outputs(model: Model, wanted: list[str], label: str) -> str:
     node and weight that only the former outputs needed. The inputs stay as declared: a caller
     feeds what it fed before. Returns the note the compile prints."""
     graph = model.graph
-    chosen = [_resolve(graph, name, label) for name in wanted]
+    chosen = [resolve_tensor(graph, name, label) for name in wanted]
     if len({id(value) for value in chosen}) < len(chosen):
         raise OptionError(f"{label}: {option('out_nodes')} names one tensor twice "
                           f"({', '.join(map(repr, wanted))})")
@@ -60,9 +60,10 @@ def select_outputs(model: Model, wanted: list[str], label: str) -> str:
             "that only the other outputs needed were removed")
 
 
-def _resolve(graph: Graph, name: str, label: str) -> Value:
+def resolve_tensor(graph: Graph, name: str, label: str, flag: str = "out_nodes") -> Value:
     """The main-graph tensor `name` names: a tensor of that name, else `node:index`, else
-    `tensor:0` (TensorFlow's spelling), else a node of that name with one output."""
+    `tensor:0` (TensorFlow's spelling), else a node of that name with one output. Errors name
+    the option `flag` (a keyword of optimize)."""
     values = {value.name: value for value in (*graph.inputs, *graph.initializers.values())}
     nodes = {}
     for node in graph.nodes():
@@ -76,7 +77,7 @@ def _resolve(graph: Graph, name: str, label: str) -> Value:
         outputs = nodes[node_name].outputs
         if int(index) < len(outputs) and outputs[int(index)] is not None:
             return outputs[int(index)]
-        raise OptionError(f"{label}: {option('out_nodes')} {name!r}: node "
+        raise OptionError(f"{label}: {option(flag)} {name!r}: node "
                           f"{node_name!r} ({nodes[node_name].op_type}) has "
                           f"{sum(v is not None for v in outputs)} output(s), none at index {index}")
     if colon and index == "0" and node_name in values:  # TensorFlow's spelling: tensor:0
@@ -85,10 +86,10 @@ def _resolve(graph: Graph, name: str, label: str) -> Value:
         outputs = [value for value in nodes[name].outputs if value is not None]
         if len(outputs) == 1:
             return outputs[0]
-        raise OptionError(f"{label}: {option('out_nodes')} {name!r}: node "
+        raise OptionError(f"{label}: {option(flag)} {name!r}: node "
                           f"{name!r} ({nodes[name].op_type}) has {len(outputs)} outputs; "
                           f"name one as {name + ':0'!r}")
-    raise OptionError(f"{label}: {option('out_nodes')} {name!r}: "
+    raise OptionError(f"{label}: {option(flag)} {name!r}: "
                       f"{_where_else(graph, name)}")
 
 

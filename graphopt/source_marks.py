@@ -1,5 +1,6 @@
 """What a compiled model records of how the compile edited its source (--out-nodes,
---insert-op-conf), in its metadata: read by compare, inspect and the random inputs."""
+--insert-op-conf, --input-fp16-nodes and --output-type), in its metadata: read by compare,
+inspect and the random inputs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ CUT_KEY = "graphopt.outputs_cut"
 # The preprocessing a compile inserted (a JSON object by input name). An .om keeps it in its
 # manifest's extra.
 PREPROCESS_KEY = "graphopt.preprocess"
+# The input and output dtypes a compile changed ({"inputs": {name: dtype}, "outputs": {…}}).
+IO_TYPES_KEY = "graphopt.io_types"
 
 
 def _props(props) -> dict:
@@ -48,8 +51,37 @@ def frames_hint(exc: Exception, images: dict) -> str:
             "preprocessed tensors)")
 
 
+def io_types(props) -> dict:
+    """The input and output dtypes metadata `props` records a compile changed, as
+    {"inputs": {name: dtype}, "outputs": {name: dtype}} (both empty when it changed none)."""
+    try:
+        recorded = json.loads(_props(props).get(IO_TYPES_KEY, "{}"))
+    except ValueError:
+        recorded = {}
+    return _io_types(recorded)
+
+
+def _io_types(recorded) -> dict:
+    recorded = recorded if isinstance(recorded, dict) else {}
+    return {side: {name: dtype for name, dtype in recorded.get(side, {}).items()
+                   if isinstance(name, str) and dtype in ("float16", "float32")}
+            if isinstance(recorded.get(side), dict) else {} for side in ("inputs", "outputs")}
+
+
+def io_types_text(recorded: dict) -> str:
+    """One line of what io_types (or extra_io_types) records."""
+    parts = [f"{side[:-1]} {name!r} {dtype}" for side in ("inputs", "outputs")
+             for name, dtype in recorded.get(side, {}).items()]
+    return f"{option('input_fp16_nodes')}/{option('output_type')}: " + ", ".join(parts)
+
+
 # The same records in an .om's manifest extra, under these keys.
-EXTRA_CUT, EXTRA_PREPROCESS = "outputs_cut", "preprocess"
+EXTRA_CUT, EXTRA_PREPROCESS, EXTRA_IO_TYPES = "outputs_cut", "preprocess", "io_types"
+
+
+def extra_io_types(extra: dict) -> dict:
+    """io_types of an .om's extra (free-form: read defensively)."""
+    return _io_types(extra.get(EXTRA_IO_TYPES))
 
 
 def extra_cut_outputs(extra: dict) -> list[str]:

@@ -10,8 +10,9 @@ from typing import Any
 import onnx
 
 from graphopt.codegen.feeds import typed_entry
-from graphopt.source_marks import (EXTRA_CUT, EXTRA_PREPROCESS, cut_text, extra_cut_outputs,
-                                   extra_preprocessing, preprocessing_text)
+from graphopt.source_marks import (EXTRA_CUT, EXTRA_IO_TYPES, EXTRA_PREPROCESS, cut_text,
+                                   extra_cut_outputs, extra_io_types, extra_preprocessing,
+                                   io_types_text, preprocessing_text)
 from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS, order_label
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
@@ -456,7 +457,7 @@ def target_line(artifact: OmArtifact) -> str:
     return f"{name} (profile file {one_line(profile_file)}{clash})"
 
 
-def source_edit_lines(cut, preprocess) -> list[tuple[str, str]]:
+def source_edit_lines(cut, preprocess, io=None) -> list[tuple[str, str]]:
     """The header lines of what the compile edited of its source, from what the model
     records (source_marks' readers of an .om's extra or an .onnx's metadata)."""
     lines = []
@@ -464,6 +465,8 @@ def source_edit_lines(cut, preprocess) -> list[tuple[str, str]]:
         lines.append(("cut", one_line(cut_text(cut))))
     if preprocess:
         lines.append(("preprocess", one_line(preprocessing_text(preprocess))))
+    if io and (io["inputs"] or io["outputs"]):
+        lines.append(("io types", one_line(io_types_text(io))))
     return lines
 
 
@@ -479,7 +482,7 @@ def format_om(artifact: OmArtifact) -> str:
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
         *source_edit_lines(extra_cut_outputs(artifact.extra),
-                           extra_preprocessing(artifact.extra)),
+                           extra_preprocessing(artifact.extra), extra_io_types(artifact.extra)),
         ("target", target_line(artifact)),
         ("precision", precision_line(artifact)),
         ("members", (f"{len(members)} verified against the manifest's sha256 and size "
@@ -537,7 +540,7 @@ def format_om(artifact: OmArtifact) -> str:
     parts.append(_format_pass_log(artifact.pass_log))
 
     extra = dict(artifact.extra)
-    for shown_above in (EXTRA_CUT, EXTRA_PREPROCESS):  # in the header
+    for shown_above in (EXTRA_CUT, EXTRA_PREPROCESS, EXTRA_IO_TYPES):  # in the header
         extra.pop(shown_above, None)
     # Each profile's own shapes, tilings and estimates, when there are several.
     kernels = dict(profile_kernel_configs(artifact)) if len(artifact.profiles) > 1 else {}

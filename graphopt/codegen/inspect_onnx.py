@@ -15,7 +15,7 @@ from graphopt.codegen.inspect_om import (format_bytes, op_counts, signature_cell
                                          source_edit_lines, weight_tensors)
 from graphopt.errors import InputError, one_line
 from graphopt.ir.onnx_io import check_looks_like_model
-from graphopt.source_marks import cut_outputs, inserted_preprocessing
+from graphopt.source_marks import cut_outputs, inserted_preprocessing, io_types
 from graphopt.table import format_table
 
 
@@ -102,9 +102,11 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
         # Files the weights point to that are not beside the model: inspect reads dims only,
         # but the model will not load (compare, diff and optimize refuse it).
         "missing_external_files": _missing_external_files(weights, path),
-        # What a graphopt compile edited of its source (--out-nodes, --insert-op-conf).
+        # What a graphopt compile edited of its source (--out-nodes, --insert-op-conf,
+        # --input-fp16-nodes, --output-type).
         "outputs_cut": cut_outputs(model.metadata_props),
         "preprocess": inserted_preprocessing(model.metadata_props),
+        "io_types": io_types(model.metadata_props),
     }
 
 
@@ -140,7 +142,8 @@ def format_onnx(summary: dict) -> str:
         ("opsets", ", ".join(f"{one_line(d)} {v}" for d, v in summary["opsets"].items())),
         ("nodes", f"{summary['nodes']} ({len(summary['ops'])} op types)"),
         ("weights", weights),
-        *source_edit_lines(summary.get("outputs_cut"), summary.get("preprocess")),
+        *source_edit_lines(summary.get("outputs_cut"), summary.get("preprocess"),
+                           summary.get("io_types")),
     ]
     functions = summary.get("functions")
     if functions:

@@ -40,7 +40,7 @@ from graphopt.tools.compare_run import (
     load_reference,
     make_feeds,
     shared_dims,
-    with_candidates_preprocessing,
+    with_candidates_edits,
 )
 from graphopt.tools.half_range import (
     HalfValue,
@@ -215,7 +215,7 @@ def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
     ref_side, cand_side = load_reference(reference), load_candidate(candidate)
     if reference_label is not None:
         ref_side.label = reference_label
-    ref_side, _ = with_candidates_preprocessing(ref_side, cand_side)  # as compare runs it
+    ref_side, _ = with_candidates_edits(ref_side, cand_side)  # as compare runs it
     check_signatures(ref_side, cand_side)
     if feeds is None and calibration is not None:
         samples, source = calibration_feeds(calibration, ref_side, cand_side)

@@ -48,7 +48,7 @@ from graphopt.tools.compare_run import (
     load_reference,
     make_feeds,
     source_note,
-    with_candidates_preprocessing,
+    with_candidates_edits,
 )
 from graphopt.tools.rule_text import cosine_text, exact, rule_text
 from graphopt.tools.slices import hidden_slice_warning, worst_slice
@@ -307,7 +307,7 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     """
     rule = _check_tolerances(rtol, atol, min_cosine)
     ref_side, cand_side = load_reference(reference), load_candidate(candidate)
-    ref_side, preprocessed = with_candidates_preprocessing(ref_side, cand_side)
+    ref_side, edited = with_candidates_edits(ref_side, cand_side)
     check_signatures(ref_side, cand_side)
     arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
     report = CompareReport(ref_side.label, cand_side.label, rule, source,
@@ -316,8 +316,7 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         "graphopt's .om runtime" if cand_side.session is not None
         else "onnxruntime, optimizations disabled" if cand_side.level == "disable"
         else "onnxruntime at ORT_ENABLE_ALL, where its int8 kernels run")
-    if preprocessed:
-        report.notes.append(preprocessed)
+    report.notes.extend(edited)
     other_source = source_note(ref_side, cand_side)
     if other_source:
         report.notes.append(other_source)

@@ -20,8 +20,8 @@ from graphopt.errors import GraphoptError, InputError
 from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
-from graphopt.source_marks import (cut_outputs, extra_cut_outputs, extra_preprocessing,
-                                   inserted_preprocessing)
+from graphopt.source_marks import (cut_outputs, extra_cut_outputs, extra_io_types,
+                                   extra_preprocessing, inserted_preprocessing, io_types)
 from graphopt.warning_scope import kept_notices
 
 
@@ -67,6 +67,13 @@ class Side:
         if self.session is not None:
             return extra_preprocessing(self.session.artifact.extra)
         return inserted_preprocessing(self.proto.metadata_props) if self.proto is not None else {}
+
+    def io_types(self) -> dict:
+        """The input and output dtypes the compile that made this side changed
+        (--input-fp16-nodes, --output-type): {"inputs": {…}, "outputs": {…}}."""
+        if self.session is not None:
+            return extra_io_types(self.session.artifact.extra)
+        return io_types(self.proto.metadata_props if self.proto is not None else {})
 
     def profile_note(self, feeds: Mapping[str, object]) -> str | None:
         """Which of an .om's shape profiles `feeds` run on; None for a model without."""
@@ -180,7 +187,49 @@ def _onnx_side(model, label: str, om_too: bool = True) -> Side:
                 proto=proto, tensors=_computed(proto.graph))
 
 
-def with_candidates_preprocessing(reference: Side, candidate: Side) -> tuple[Side, str | None]:
+def with_candidates_edits(reference: Side, candidate: Side) -> tuple[Side, list[str]]:
+    """`reference` edited as the candidate records its source was (--insert-op-conf's
+    preprocessing, --input-fp16-nodes' and --output-type's dtypes), where the reference is not
+    already: both then take and give the same; with notes saying so."""
+    reference, preprocessed = _with_candidates_preprocessing(reference, candidate)
+    reference, retyped = _with_candidates_io_types(reference, candidate)
+    return reference, [note for note in (preprocessed, retyped) if note]
+
+
+def _with_candidates_io_types(reference: Side, candidate: Side) -> tuple[Side, str | None]:
+    """`reference` with the Casts at its edges that the candidate's --input-fp16-nodes and
+    --output-type put at the source's, where the reference's dtypes are the source's."""
+    recorded = candidate.io_types()
+    if reference.proto is None or not (recorded["inputs"] or recorded["outputs"]):
+        return reference, None
+    from graphopt.codegen.om_manifest import dtype_name
+    from graphopt.io_types import apply_io_types
+    from graphopt.ir import load_onnx, to_onnx
+
+    ref_inputs = {e["name"]: e["dtype"] for e in reference.inputs}
+    ref_outputs = {o.name: dtype_name(o.type.tensor_type.elem_type)
+                   for o in reference.proto.graph.output}
+    inputs = [name for name, dtype in recorded["inputs"].items()
+              if ref_inputs.get(name) not in (None, dtype)]
+    outputs = {name: "FP16" if dtype == "float16" else "FP32"
+               for name, dtype in recorded["outputs"].items()
+               if ref_outputs.get(name) not in (None, dtype)}
+    if not inputs and not outputs:
+        return reference, None  # the reference has them already (edited alike)
+    model = load_onnx(reference.proto, user_model=True)
+    try:
+        apply_io_types(model, inputs, outputs, reference.label)
+    except GraphoptError as exc:
+        raise InputError(f"{candidate.label} was compiled with {option('input_fp16_nodes')}/"
+                         f"{option('output_type')}, and its record does not fit the reference: "
+                         f"{exc}") from None
+    edited = _onnx_side(to_onnx(model), reference.label)
+    return edited, (f"{candidate.label} takes or gives other dtypes "
+                    f"({option('input_fp16_nodes')}/{option('output_type')}): "
+                    f"{reference.label} ran with the same Casts at its edges")
+
+
+def _with_candidates_preprocessing(reference: Side, candidate: Side) -> tuple[Side, str | None]:
     """`reference` with the image preprocessing (--insert-op-conf) the candidate was compiled
     with in front of it, when the candidate records some for inputs the reference takes as it
     was before: both then take the same uint8 images; with a note saying so. Otherwise

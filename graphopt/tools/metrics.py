@@ -150,11 +150,25 @@ def kl_divergence(reference, candidate) -> float | None:
     return float(np.maximum(terms.sum(axis=-1), 0.0).mean())
 
 
+# float16 keeps 11 significant bits: a sum taken in another order may round to the neighbouring
+# float16, a step of up to 2⁻¹⁰ of the value that no finer rtol can tell from agreement.
+FLOAT16_STEP = 2.0 ** -10
+
+
+def effective_rtol(reference, candidate, rtol: float) -> float:
+    """`rtol`, or float16's step where both tensors are float16 and it is finer than that."""
+    if np.asarray(reference).dtype == np.float16 and np.asarray(candidate).dtype == np.float16:
+        return max(rtol, FLOAT16_STEP)
+    return rtol
+
+
 def beyond_tolerance(reference, candidate, rtol: float, atol: float) -> np.ndarray:
-    """Where |c - r| <= atol + rtol·|r| fails, as a flat bool mask (numpy.allclose's bound).
+    """Where |c - r| <= atol + rtol·|r| fails, as a flat bool mask (numpy.allclose's bound;
+    between float16 tensors rtol is at least float16's step, effective_rtol).
 
     An infinity is close to itself alone (rtol·|inf| would take -inf for +inf), and NaN to NaN:
     `compare` reports non-finite values on their own, `--verify` wants a NaN kept a NaN."""
+    rtol = effective_rtol(reference, candidate, rtol)
     r, c = _f64(reference), _f64(candidate)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflowed difference is beyond
         close = (np.abs(c - r) <= atol + rtol * np.abs(r)) | (c == r)

@@ -14,7 +14,7 @@ from graphopt.codegen.inspect_om import (PROFILE_HEADERS, by_partition, format_b
                                          typed_signature)
 from graphopt.codegen.om_manifest import order_label
 from graphopt.markup import escape
-from graphopt.source_marks import extra_cut_outputs, extra_preprocessing
+from graphopt.source_marks import extra_cut_outputs, extra_io_types, extra_preprocessing
 from graphopt.tools.report_data import ReportData, Tuning, pass_rows
 from graphopt.tools.report_graph import graph_svg, partition_colours
 from graphopt.tools.report_plan import plan_svg
@@ -111,7 +111,8 @@ def _summary(data: ReportData) -> str:
         ("model source", source_text),
         ("source sha256", f"<code>{escape(source['sha256'] or '(not recorded)')}</code>"),
         *[(key, escape(text)) for key, text in source_edit_lines(
-            extra_cut_outputs(data.artifact.extra), extra_preprocessing(data.artifact.extra))],
+            extra_cut_outputs(data.artifact.extra), extra_preprocessing(data.artifact.extra),
+            extra_io_types(data.artifact.extra))],
         ("target", f"<b>{escape(m['target'])}</b>"),
         ("precision", escape(precision_line(data.artifact))),
         ("written by", escape(f"{m['created_by']} {m['graphopt_version']} "

@@ -1,0 +1,170 @@
+"""ATC's --input_fp16_nodes and --output_type: inputs fed as float16 and outputs given in float16
+(or float32), by Casts at the model's edges before any pass. Under a precision mode its own
+boundary Casts meet them and cancel, so a float16 compile reads and writes half directly."""
+
+from __future__ import annotations
+
+import json
+
+from graphopt.errors import OptionError
+from graphopt.ir import DType, Model, Node, Value
+from graphopt.ir.value import NO_METADATA
+from graphopt.option_names import option
+from graphopt.source_marks import IO_TYPES_KEY, io_types
+
+# --output-type's values, ATC's spelling: the dtype an output is given in. ATC's UINT8 needs a
+# quantization scale nothing in the model states; it is refused.
+OUTPUT_TYPES = {"FP16": DType.FLOAT16, "FP32": DType.FLOAT}
+ALL = ""  # the output_type key of "every output"
+
+
+def parse_fp16_inputs(spec) -> list[str]:
+    """The input names `spec` gives: "a;b" (the command line's form) or a list of names."""
+    names = _names(spec, "input_fp16_nodes")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise OptionError(f"{option('input_fp16_nodes')}: {', '.join(map(repr, twice))} "
+                          "named twice")
+    return names
+
+
+def parse_output_type(spec) -> dict[str, str]:
+    """{output: "FP16"|"FP32"} from "FP16" (every output), "y:FP16;node:1:FP32" (ATC's form,
+    a tensor name or node:index each), or a dict of those; "" keys every output."""
+    if isinstance(spec, dict):
+        items = list(spec.items())
+    elif isinstance(spec, str) and ":" not in spec and ";" not in spec:
+        items = [(ALL, spec)]  # ATC's --output_type=FP16: every output
+    else:
+        items = [tuple(part.rsplit(":", 1)) if ":" in part else (part, "")
+                 for part in _names(spec, "output_type")]
+    chosen: dict[str, str] = {}
+    for name, kind in items:
+        if not isinstance(name, str) or not isinstance(kind, str):
+            raise OptionError(f"{option('output_type')}: expected names and FP16 or FP32, not "
+                              f"{name!r}: {kind!r}")
+        name, given = name.strip(), kind.strip()
+        kind = given.upper()
+        if kind not in OUTPUT_TYPES:
+            got = f"{given!r}" if given else "no type"
+            why = " (a uint8 output needs a quantization scale the model does not state)" \
+                if kind == "UINT8" else ""
+            raise OptionError(f"{option('output_type')} {name or 'every output'}: {got}; "
+                              f"expected FP16 or FP32{why}")
+        if name in chosen:
+            raise OptionError(f"{option('output_type')}: {name!r} named twice")
+        chosen[name] = kind
+    return chosen
+
+
+def _names(spec, keyword: str) -> list[str]:
+    if isinstance(spec, str):
+        names = [name.strip() for name in spec.split(";")]
+    elif isinstance(spec, (list, tuple)) and all(isinstance(name, str) for name in spec):
+        names = [name.strip() for name in spec]
+    else:
+        raise OptionError(f"{option(keyword)}: expected \"a;b\" or a list of names, not "
+                          f"{type(spec).__name__}")
+    if not names or any(not name for name in names):
+        raise OptionError(f"{option(keyword)} {spec!r}: an empty name (give names separated "
+                          "by ';')")
+    return names
+
+
+def apply_io_types(model: Model, fp16_inputs: list[str] | None,
+                   output_types: dict[str, str] | None, label: str) -> str:
+    """Make the named float32 inputs take float16 and the named outputs the dtypes asked, with a
+    Cast at each, and record them (source_marks.io_types); returns the compile's note."""
+    graph = model.graph
+    recorded = io_types(model.metadata_props)
+    said = []
+    for name in fp16_inputs or ():
+        value = _float_input(graph, name, label)
+        _cast_input(graph, value)
+        recorded["inputs"][name] = "float16"
+        said.append(f"input {name!r} takes float16")
+    for value, dtype in _chosen_outputs(graph, output_types or {}, label):
+        if value.dtype == dtype:
+            continue
+        name = _cast_output(graph, value, dtype)
+        recorded["outputs"][name] = _DTYPE_NAMES[dtype]
+        said.append(f"output {name!r} is {_DTYPE_NAMES[dtype]}")
+    model.metadata_props[IO_TYPES_KEY] = json.dumps(recorded, sort_keys=True)
+    if not said:
+        return (f"{option('output_type')}: every output named already has that type; "
+                "nothing changed")
+    return "; ".join(said)
+
+
+_DTYPE_NAMES = {DType.FLOAT16: "float16", DType.FLOAT: "float32"}
+
+
+def _float_input(graph, name: str, label: str) -> Value:
+    """The feedable float32 input `name`, which a float16 one will replace."""
+    feedable = {value.name: value for value in graph.inputs if not value.is_weight}
+    value = feedable.get(name)
+    if value is None:
+        known = ", ".join(map(repr, feedable)) or "none"
+        raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the model has no "
+                          f"such input (its inputs: {known})")
+    if value.dtype != DType.FLOAT:
+        dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
+        raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the input is "
+                          f"{dtype}; only float32 inputs can take float16")
+    if value.is_graph_output:
+        raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the input is also "
+                          "an output of the model")
+    return value
+
+
+def _cast_input(graph, value: Value) -> None:
+    """Replace input `value` by a float16 one of its name, Cast to float32 for its readers."""
+    index = graph.inputs.index(value)
+    name = value.name
+    value.name = graph.fresh_name(f"{name}_fp32")
+    value.is_input = False
+    half = Value(name, DType.FLOAT16, value.shape)
+    half.graph, half.is_input = graph, True
+    half.doc_string, half.metadata_props = value.doc_string, value.metadata_props
+    graph.inputs[index] = half
+    first = graph.nodes()[0] if len(graph) else None
+    cast = graph.make_node("Cast", [half], {"to": int(DType.FLOAT)}, dtype=DType.FLOAT,
+                           shape=value.shape, before=first,
+                           name=graph.fresh_node_name(f"{name}_to_fp32"))
+    value.replace_all_uses_with(cast.output)
+
+
+def _chosen_outputs(graph, output_types: dict[str, str], label: str):
+    """(graph output, dtype) for each output `output_types` names (ALL: every float one)."""
+    from graphopt.out_nodes import resolve_tensor
+
+    chosen = []
+    for name, kind in output_types.items():
+        values = [v for v in graph.outputs if v.dtype in _DTYPE_NAMES] if name == ALL \
+            else [resolve_tensor(graph, name, label, "output_type")]
+        for value in values:
+            if not value.is_graph_output:
+                raise OptionError(f"{label}: {option('output_type')} {name!r}: not an output of "
+                                  "the model (--out-nodes makes a tensor one)")
+            if value.dtype not in _DTYPE_NAMES:
+                dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
+                raise OptionError(f"{label}: {option('output_type')} {name!r}: the output is "
+                                  f"{dtype}; only float32 and float16 outputs change type")
+            if value.is_input:
+                raise OptionError(f"{label}: {option('output_type')} {name!r}: the output is "
+                                  "also an input of the model")
+            chosen.append((value, OUTPUT_TYPES[kind]))
+    return chosen
+
+
+def _cast_output(graph, value: Value, dtype: DType) -> str:
+    """Give output `value`'s name, doc and metadata to a Cast of it to `dtype`."""
+    name = value.name
+    value.name = graph.fresh_name(f"{name}_{value.dtype.short}")
+    out = Value(name, dtype, value.shape)
+    out.doc_string, out.metadata_props = value.doc_string, value.metadata_props
+    value.doc_string, value.metadata_props = "", NO_METADATA
+    graph.append(Node("Cast", [value], {"to": int(dtype)}, outputs=[out],
+                      name=graph.fresh_node_name(f"{name}_to_{dtype.short}")))
+    graph.outputs = [out if o is value else o for o in graph.outputs]
+    return name

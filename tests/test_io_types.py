@@ -1,0 +1,162 @@
+"""--input-fp16-nodes and --output-type (ATC's --input_fp16_nodes and --output_type): inputs that
+take float16, outputs given in float16 or float32, Casts at the edges that a precision mode's own
+cancel."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import parse_model, run_cli
+
+import graphopt
+from graphopt import numerics
+from graphopt.errors import OptionError
+from graphopt.tools.compare import compare_models
+
+
+def _classifier(batch="N") -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    return parse_model(f"""
+        g (float[{batch},3,16,16] x, float[{batch},4] extra) => (float[{batch},10] y,
+                                                              float[{batch},4] twice,
+                                                              int64[{batch}] label) {{
+            c = Conv <pads = [1,1,1,1]> (x, w, b)
+            r = Relu (c)
+            p = GlobalAveragePool (r)
+            f = Flatten (p)
+            y = Gemm <transB = 1> (f, wf, bf)
+            twice = Add (extra, extra)
+            label = ArgMax <axis = 1, keepdims = 0> (y)
+        }}""", w=(rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32),
+        b=rng.standard_normal(8).astype(np.float32),
+        wf=(rng.standard_normal((10, 8)) * 0.3).astype(np.float32),
+        bf=rng.standard_normal(10).astype(np.float32))
+
+
+def _feeds(batch=2, seed=0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((batch, 3, 16, 16)).astype(np.float16),
+            "extra": rng.standard_normal((batch, 4)).astype(np.float32)}
+
+
+def _dtypes(values) -> dict[str, int]:
+    return {v.name: v.type.tensor_type.elem_type for v in values}
+
+
+@pytest.mark.parametrize("precision", ["keep", "fp16", "mixed-fp16"])
+def test_inputs_take_and_outputs_give_float16(precision):
+    model = _classifier()
+    result = graphopt.optimize(model, input_fp16_nodes="x", output_type="y:FP16",
+                               precision=precision)
+    compiled = result.to_onnx()
+    onnx.checker.check_model(compiled, full_check=True)
+    f16, f32, i64 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    assert _dtypes(compiled.graph.input) == {"x": f16, "extra": f32}
+    assert _dtypes(compiled.graph.output) == {"y": f16, "twice": f32, "label": i64}
+    assert "input 'x' takes float16; output 'y' is float16" in " ".join(result.notes)
+    feeds = _feeds()
+    expected = numerics.run(model, {**feeds, "x": feeds["x"].astype(np.float32)})
+    actual = numerics.run(compiled, feeds)
+    tolerance = 1e-3 if precision == "keep" else 2e-2
+    np.testing.assert_allclose(actual["y"].astype(np.float32), expected["y"], rtol=tolerance,
+                               atol=tolerance)
+    if precision == "fp16":  # the mode's boundary Casts met the edges' and cancelled
+        casts = [(n.input[0], n.output[0]) for n in compiled.graph.node if n.op_type == "Cast"]
+        assert casts == [("extra", "extra_f16"), ("twice_f16", "twice")]
+
+
+def test_every_float_output_and_float16_outputs_back_to_float32():
+    result = graphopt.optimize(_classifier(), output_type="FP16")
+    assert _dtypes(result.to_onnx().graph.output) == {
+        "y": onnx.TensorProto.FLOAT16, "twice": onnx.TensorProto.FLOAT16,
+        "label": onnx.TensorProto.INT64}
+    half = parse_model("g (float16[2,4] a) => (float16[2,4] s) { s = Add (a, a) }")
+    widened = graphopt.optimize(half, output_type={"s": "FP32"}).to_onnx()
+    assert _dtypes(widened.graph.output) == {"s": onnx.TensorProto.FLOAT}
+    a = np.arange(8, dtype=np.float16).reshape(2, 4)
+    assert numerics.run(widened, {"a": a})["s"].tolist() == (2 * a).astype(np.float32).tolist()
+
+
+def test_node_index_names_an_output_as_in_atc():
+    model = _classifier()
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    gemm.name = "head"
+    compiled = graphopt.optimize(model, output_type="head:0:FP16").to_onnx()
+    assert _dtypes(compiled.graph.output)["y"] == onnx.TensorProto.FLOAT16
+
+
+def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path, capsys):
+    source, om = tmp_path / "net.onnx", tmp_path / "net.om"
+    onnx.save(_classifier(), source)
+    rc, out, err = run_cli(capsys, "optimize", source, "-o", om, "--input-fp16-nodes", "x",
+                           "--output-type", "FP16", "--verify")
+    assert rc == 0, err
+    session = graphopt.load(om)
+    assert [(e["name"], e["dtype"]) for e in session.inputs] == [("x", "float16"),
+                                                                  ("extra", "float32")]
+    rc, out, _ = run_cli(capsys, "inspect", om)
+    assert "io types   --input-fp16-nodes/--output-type: input 'x' float16, output 'twice' " \
+           "float16, output 'y' float16" in out
+    report = compare_models(source, om)  # the source runs with the same Casts at its edges
+    assert report.passed
+    assert any("ran with the same Casts at its edges" in note for note in report.notes)
+
+
+def test_shape_profiles_keep_the_dtypes(tmp_path, capsys):
+    source, om = tmp_path / "net.onnx", tmp_path / "net.om"
+    onnx.save(_classifier(), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "--input-fp16-nodes", "x",
+                         "--dynamic-dims", "N:1,2", "--verify")
+    assert rc == 0, err
+    session = graphopt.load(om)
+    for batch in (1, 2):
+        outputs = session.run(_feeds(batch))
+        assert outputs["y"].dtype == np.float32 and outputs["y"].shape == (batch, 10)
+    assert compare_models(source, om).passed
+
+
+@pytest.mark.parametrize("keywords, message", [
+    ({"input_fp16_nodes": "z"}, "input_fp16_nodes 'z': the model has no such input (its "
+                                "inputs: 'x', 'extra')"),
+    ({"input_fp16_nodes": "x;x"}, "'x' named twice"),
+    ({"input_fp16_nodes": ""}, "an empty name"),
+    ({"output_type": "UINT8"}, "'UINT8'; expected FP16 or FP32 (a uint8 output needs a "
+                               "quantization scale the model does not state)"),
+    ({"output_type": "y:INT8"}, "output_type y: 'INT8'; expected FP16 or FP32"),
+    ({"output_type": "y"}, "output_type every output: 'y'; expected FP16 or FP32"),
+    ({"output_type": "y:"}, "output_type y: no type; expected FP16 or FP32"),
+    ({"output_type": "label:FP16"}, "output_type 'label': the output is int64; only float32 "
+                                    "and float16 outputs change type"),
+    ({"output_type": "c:FP16"}, "output_type 'c': not an output of the model"),
+    ({"output_type": "nothing:FP16"}, "output_type 'nothing': no tensor or node of the main "
+                                      "graph has that name"),
+    ({"output_type": 3}, "output_type: expected \"a;b\" or a list of names, not int"),
+])
+def test_names_and_types_that_do_not_fit_are_refused(keywords, message):
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(_classifier(), **keywords)
+    assert message in str(refused.value)
+
+
+def test_an_integer_input_is_refused_by_name_on_the_command_line(tmp_path, capsys):
+    source = tmp_path / "ids.onnx"
+    onnx.save(parse_model("g (int64[2] i) => (int64[2] o) { o = Identity (i) }"), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "o.om",
+                         "--input-fp16-nodes", "i")
+    assert rc == 1 and "--input-fp16-nodes 'i': the input is int64; only float32 inputs can " \
+        "take float16" in err
+    assert not (tmp_path / "o.om").exists()
+
+
+def test_outputs_both_in_float16_are_judged_at_float16s_step():
+    # A sum taken in another order may round to the neighbouring float16: 1 step, 2⁻¹⁰ of the
+    # value, which --verify's rtol 1e-4 read as a failure.
+    from graphopt.tools.compare import compare_arrays
+
+    reference = np.array([0.1, 1.0, 3.0], np.float16)
+    neighbour = np.nextafter(reference, np.float16(10))
+    assert compare_arrays("y", reference, neighbour).passed
+    assert not compare_arrays("y", reference, neighbour + np.float16(0.01)).passed
+    assert not compare_arrays("y", reference.astype(np.float32),
+                              neighbour.astype(np.float32)).passed
