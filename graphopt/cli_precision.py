@@ -18,6 +18,34 @@ def _comma_list(values, flag: str = "") -> set[str]:
     return names
 
 
+def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
+    """--keep-dtype's node names, and op types: an entry that names a file is read as ATC's
+    --keep_dtype list (a node name, or `OpType::Type` for an op type, per line; `#` comments)."""
+    nodes, types = set(), set()
+    for name in names:
+        if not os.path.isfile(name):
+            nodes.add(name)
+            continue
+        try:
+            with open(name, encoding="utf-8-sig") as f:
+                lines = [line.split("#", 1)[0].strip() for line in f]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OptionError(f"--keep-dtype {name}: cannot read it "
+                              f"({getattr(exc, 'strerror', None) or exc})") from None
+        entries = [line for line in lines if line]
+        if not entries:
+            raise OptionError(f"--keep-dtype {name}: the file names no node or op type")
+        for entry in entries:
+            kind, separator, op_type = entry.partition("OpType::")
+            if separator and not kind:
+                if not op_type.strip():
+                    raise OptionError(f"--keep-dtype {name}: {entry!r} names no op type")
+                types.add(op_type.strip())
+            else:
+                nodes.add(entry)
+    return nodes, types
+
+
 def add_precision_args(p, report: bool = True, scope: str = "") -> None:
     """The precision flags; `report`: with --no-accuracy-report (commands that compile and
     write a model print the report); `scope` heads the group's description (diff's
@@ -36,7 +64,8 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
     g.add_argument("--precision-deny", action="append", metavar="OPS",
                    help="op types kept in their dtype; comma list, repeatable")
     g.add_argument("--keep-dtype", action="append", metavar="NODES",
-                   help="node names kept in their dtype; comma list, repeatable")
+                   help="node names kept in their dtype; comma list, repeatable; a file is "
+                        "read as ATC's --keep_dtype list (names, or OpType::Type per line)")
     g.add_argument("--quantize", choices=QUANTIZE, default="none",
                    help="int8: static INT8 with calibration; int4: weight-only block-wise INT4 "
                         "of MatMul/Gemm weights (com.microsoft::MatMulNBits)")
@@ -112,10 +141,12 @@ def precision_options(args) -> dict:
     if args.calibration_percentile is not None and not 50 < args.calibration_percentile <= 100:
         raise OptionError(f"--calibration-percentile {args.calibration_percentile}: must be in "
                           "(50, 100] (99.999 clips the top 0.001% of each tensor)")
+    keep_nodes, keep_types = _keep_dtype(_comma_list(args.keep_dtype, "--keep-dtype"))
     options = {"precision": args.precision, "quantize": args.quantize,
                "precision_allow": _comma_list(args.precision_allow, "--precision-allow"),
-               "precision_deny": _comma_list(args.precision_deny, "--precision-deny"),
-               "keep_dtype": _comma_list(args.keep_dtype, "--keep-dtype"),
+               "precision_deny": _comma_list(args.precision_deny, "--precision-deny")
+               | keep_types,
+               "keep_dtype": keep_nodes,
                "quant_skip": _comma_list(args.quant_skip, "--quant-skip"),
                "calibration": args.calibration,
                "calibration_method": args.calibration_method,

@@ -1,0 +1,56 @@
+"""--keep-dtype FILE: ATC's --keep_dtype list (a node name, or OpType::Type, per line)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from helpers import parse_model, run_cli
+
+MODEL = """
+g (float[2,8] x) => (float[2,8] y) {
+  a = MatMul(x, w1)
+  r = Relu(a)
+  y = MatMul(r, w2)
+}"""
+
+
+def _model(tmp_path):
+    rng = np.random.default_rng(0)
+    proto = parse_model(MODEL, w1=rng.standard_normal((8, 8)).astype(np.float32),
+                        w2=rng.standard_normal((8, 8)).astype(np.float32))
+    proto.graph.node[0].name, proto.graph.node[2].name = "first", "second"
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    return path
+
+
+def _dtypes(path) -> dict[str, int]:
+    model = onnx.load(path)
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    types.update({v.name: v.type.tensor_type.elem_type for v in model.graph.output})
+    return {node.name or node.op_type: types.get(node.output[0]) for node in model.graph.node
+            if node.op_type in ("MatMul", "Relu")}
+
+
+def test_a_file_of_names_and_op_types_keeps_them_in_their_dtype(tmp_path, capsys):
+    keep = tmp_path / "exceptionlist.cfg"
+    keep.write_text("# kept float32\nsecond\nOpType::Relu\n\n")
+    out = tmp_path / "o.onnx"
+    rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", out, "--precision",
+                         "fp16", "--keep-dtype", keep, "--verify", "--no-accuracy-report")
+    assert rc == 0, err
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    assert _dtypes(out) == {"first": f16, "Relu": f32, "second": f32}
+
+
+def test_an_empty_or_unreadable_list_is_refused_by_name(tmp_path, capsys):
+    empty = tmp_path / "empty.cfg"
+    empty.write_text("# nothing\n")
+    rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", tmp_path / "o.onnx",
+                         "--precision", "fp16", "--keep-dtype", empty)
+    assert rc == 1 and f"--keep-dtype {empty}: the file names no node or op type" in err
+    bad = tmp_path / "types.cfg"
+    bad.write_text("OpType::\n")
+    rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", tmp_path / "o.onnx",
+                         "--precision", "fp16", "--keep-dtype", bad)
+    assert rc == 1 and "'OpType::' names no op type" in err
