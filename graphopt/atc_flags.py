@@ -19,6 +19,9 @@ ATC_ONLY = {
     "--input_format": "ATC's; ONNX inputs are NCHW, or NHWC where the model says so",
     "--log": "ATC's; errors are one line here, and -q prints nothing else",
     "--job_type": "AOE's; graphopt tune --job op is its 2, --job subgraph its 1",
+    "--mode": "ATC's; its --mode=1 (an .om as JSON) is graphopt inspect x.om --json, its "
+              "--mode=6 graphopt inspect x.om",
+    "--om": "ATC's --mode's input; graphopt inspect takes the .om as its argument",
 }
 
 

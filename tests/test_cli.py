@@ -1086,6 +1086,9 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
     (["tune", "m.onnx", "--target", "ascend310", "--job_type", "2"],
      "(--job_type is AOE's; graphopt tune --job op is "
      "its 2, --job subgraph its 1)"),
+    (["optimize", "m.onnx", "-o", "m.om", "--output_type=FP16", "--mode=1"],
+     "(--output_type is --output-type here; --mode is ATC's; its --mode=1 (an .om as JSON) is "
+     "graphopt inspect x.om --json"),
 ])
 def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
     from helpers import run_cli
