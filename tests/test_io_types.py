@@ -160,3 +160,45 @@ def test_outputs_both_in_float16_are_judged_at_float16s_step():
     assert not compare_arrays("y", reference, neighbour + np.float16(0.01)).passed
     assert not compare_arrays("y", reference.astype(np.float32),
                               neighbour.astype(np.float32)).passed
+
+
+def test_an_output_graph_output_lists_twice_gets_one_cast_and_one_record():
+    model = parse_model("g (float[2,4] x) => (float[2,4] a) { a = Relu (x) }")
+    model.graph.output.append(model.graph.output[0])
+    result = graphopt.optimize(model, output_type="FP16", level=0)
+    compiled = result.to_onnx()
+    assert [n.op_type for n in compiled.graph.node].count("Cast") == 1
+    assert "output 'a' is float16" in result.notes and not any("a_f32" in n for n in result.notes)
+    from graphopt.source_marks import io_types
+    assert io_types(compiled.metadata_props)["outputs"] == {"a": "float16"}
+
+
+@pytest.mark.parametrize("spec, named", [("y:FP16;head:0:FP32", "('y' and 'head:0')"),
+                                         ("y:FP16;head:FP16", "('y' and 'head')"),
+                                         ({"": "FP16", "y": "FP32"}, "('every output' and 'y')")])
+def test_one_output_named_twice_is_refused(spec, named):
+    # The first type named won and the second went unsaid (or, asked alike, a second Cast
+    # recorded the output as 'y_f32').
+    model = _classifier()
+    next(n for n in model.graph.node if n.op_type == "Gemm").name = "head"
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(model, output_type=spec)
+    assert f"output_type names output 'y' twice {named}" in str(refused.value)
+
+
+def test_every_output_names_the_output_it_cannot_retype():
+    model = parse_model("g (float[2,4] x) => (float[2,4] x, float[2,4] a) { a = Relu (x) }")
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(model, output_type="FP16")
+    assert "output_type FP16 (every output): 'x': the output is also an input" in \
+        str(refused.value)
+
+
+def test_an_aipp_input_named_as_float16_is_refused_naming_insert_op_conf(tmp_path):
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n aipp_mode: static\n input_format: RGB888_U8\n"
+                      " src_image_size_w: 16\n src_image_size_h: 16\n}\n")
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(_classifier(batch=1), insert_op_conf=config, input_fp16_nodes="x")
+    assert "input_fp16_nodes 'x': the input takes insert_op_conf's uint8 images" in \
+        str(refused.value)
