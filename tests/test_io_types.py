@@ -202,3 +202,16 @@ def test_an_aipp_input_named_as_float16_is_refused_naming_insert_op_conf(tmp_pat
         graphopt.optimize(_classifier(batch=1), insert_op_conf=config, input_fp16_nodes="x")
     assert "input_fp16_nodes 'x': the input takes insert_op_conf's uint8 images" in \
         str(refused.value)
+
+
+def test_compare_casts_the_sources_value_of_a_cut_to_output_given_in_float16(tmp_path, capsys):
+    # The source ends elsewhere: its value of 'r' (float32) failed against the .om's float16 r.
+    source, om = tmp_path / "net.onnx", tmp_path / "cut.om"
+    onnx.save(_classifier(batch=1), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "--out-nodes", "r;y",
+                         "--output-type", "r:FP16")
+    assert rc == 0, err
+    report = compare_models(source, om)
+    assert report.passed, [(r.name, r.note) for r in report.rows]
+    assert [(r.name, r.dtype) for r in report.outputs] == [("r", "f16"), ("y", "f32")]
+    assert any("was cut to r (" in n and "gives it in another dtype" in n for n in report.notes)

@@ -349,6 +349,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
                                       reason=str(exc))
             raise GraphoptError(f"{exc}{hint}") from None
         raise
+    retyped = _retype_inner_outputs(ref_values, inner_outputs, cand_side)
+    if retyped:
+        report.notes.append(retyped)
     with naming(candidate_run):
         cand_values = cand_side.run(arrays, names)
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]
@@ -418,6 +421,23 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
                             f"{ref_side.label} have no value of their name in "
                             f"{cand_side.label} (fused, folded or renamed): not compared{where}")
     return report
+
+
+def _retype_inner_outputs(ref_values: dict, inner_outputs: list[str], candidate) -> str | None:
+    """Cast, in `ref_values`, the tensors the candidate was cut to (--out-nodes) and gives in
+    another dtype (--output-type) as its compile cast them, which the reference, ending
+    elsewhere, has no output to take; returns a note saying so, or None."""
+    recorded = candidate.io_types()["outputs"]
+    cast = [name for name in inner_outputs if name in recorded
+            and isinstance(ref_values.get(name), np.ndarray)
+            and ref_values[name].dtype != np.dtype(recorded[name])]
+    for name in cast:  # numpy rounds to nearest even, as ONNX's Cast does
+        ref_values[name] = ref_values[name].astype(recorded[name])
+    if not cast:
+        return None
+    return (f"{candidate.label} was cut to {', '.join(cast)} ({option('out_nodes')}) and gives "
+            f"{'it' if len(cast) == 1 else 'them'} in another dtype ({option('output_type')}): "
+            "the reference's values were cast alike")
 
 
 def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,
