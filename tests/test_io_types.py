@@ -215,3 +215,20 @@ def test_compare_casts_the_sources_value_of_a_cut_to_output_given_in_float16(tmp
     assert report.passed, [(r.name, r.note) for r in report.rows]
     assert [(r.name, r.dtype) for r in report.outputs] == [("r", "f16"), ("y", "f32")]
     assert any("was cut to r (" in n and "gives it in another dtype" in n for n in report.notes)
+
+
+def test_compare_says_which_outputs_it_judged_at_float16s_step(tmp_path):
+    # The rule line read "allclose(rtol=0, atol=0)" over a float16 output one step off, which
+    # passed at rtol 2⁻¹⁰ with nothing saying so.
+    exact = tmp_path / "exact.onnx"
+    onnx.save(parse_model("g (float16[4] a) => (float16[4] s) { s = Add (a, a) }"), exact)
+    stepped = tmp_path / "stepped.onnx"
+    onnx.save(parse_model("g (float16[4] a) => (float16[4] s) { t = Add (a, a)\n"
+                          " s = Add (t, c) }", c=np.array(2 ** -9, np.float16)), stepped)
+    feeds = {"a": np.ones(4, np.float16)}
+    report = compare_models(exact, stepped, feeds, rtol=0, atol=0)
+    assert report.passed
+    assert "s: float16 in both models, judged at rtol=0.0009765625 (float16's step, which a " \
+           "sum in another order can round by) rather than 0" in report.notes
+    wide = compare_models(exact, stepped, feeds, rtol=1e-2, atol=0)
+    assert not any("float16's step" in note for note in wide.notes)

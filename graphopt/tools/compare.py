@@ -384,6 +384,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
             warning = worst and hidden_slice_warning(name, ref_value, row.cosine, worst)
             if warning:
                 report.notes.append(warning)
+    floored = _float16_floor_note(report, ref_values, cand_values, rtol, min_cosine)
+    if floored:
+        report.notes.append(floored)
     if rounding is None:
         rounding = (rtol, atol) == (DEFAULT_RTOL, DEFAULT_ATOL)
     if rounding:
@@ -421,6 +424,23 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
                             f"{ref_side.label} have no value of their name in "
                             f"{cand_side.label} (fused, folded or renamed): not compared{where}")
     return report
+
+
+def _float16_floor_note(report: CompareReport, ref_values: dict, cand_values: dict,
+                        rtol: float, min_cosine: float | None) -> str | None:
+    """A note naming the outputs judged at a coarser rtol than the rule's, float16 in both
+    models (metrics.effective_rtol): the rule line alone read as if rtol held for them."""
+    if min_cosine is not None:
+        return None
+    names = [row.name for row in report.outputs
+             if isinstance(ref_values.get(row.name), np.ndarray)
+             and isinstance(cand_values.get(row.name), np.ndarray)
+             and metrics.effective_rtol(ref_values[row.name], cand_values[row.name], rtol) > rtol]
+    if not names:
+        return None
+    return (f"{', '.join(names)}: float16 in both models, judged at "
+            f"rtol={exact(metrics.FLOAT16_STEP)} (float16's step, which a sum in another order "
+            f"can round by) rather than {exact(rtol)}")
 
 
 def _retype_inner_outputs(ref_values: dict, inner_outputs: list[str], candidate) -> str | None:
