@@ -232,3 +232,18 @@ def test_compare_says_which_outputs_it_judged_at_float16s_step(tmp_path):
            "sum in another order can round by) rather than 0" in report.notes
     wide = compare_models(exact, stepped, feeds, rtol=1e-2, atol=0)
     assert not any("float16's step" in note for note in wide.notes)
+
+
+def test_bf16_leaves_a_float16_edge_alone_where_its_neighbour_stays_float32():
+    # bf16 converted the edges' Casts themselves: x went float16 -> bfloat16 -> float32 into a
+    # Conv kept float32, and y float32 -> bfloat16 -> float16, 3 bits lost each way for nothing.
+    model = parse_model("""
+        g (float[1,3,8,8] x) => (float[1,4,8,8] y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
+        w=np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32))
+    compiled = graphopt.optimize(model, input_fp16_nodes="x", output_type="FP16",
+                                 precision="bf16").to_onnx()
+    to = [a.i for n in compiled.graph.node if n.op_type == "Cast" for a in n.attribute]
+    assert onnx.TensorProto.BFLOAT16 not in to
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float16)}
+    kept = graphopt.optimize(model, input_fp16_nodes="x", output_type="FP16").to_onnx()
+    assert numerics.run(compiled, feeds)["y"].tolist() == numerics.run(kept, feeds)["y"].tolist()
