@@ -10,7 +10,7 @@ from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.ir.value import NO_METADATA
 from graphopt.option_names import option
-from graphopt.source_marks import IO_TYPES_KEY, io_types
+from graphopt.source_marks import IO_TYPES_KEY, inserted_preprocessing, io_types
 
 # --output-type's values, ATC's spelling: the dtype an output is given in. ATC's UINT8 needs a
 # quantization scale nothing in the model states; it is refused.
@@ -78,8 +78,9 @@ def apply_io_types(model: Model, fp16_inputs: list[str] | None,
     graph = model.graph
     recorded = io_types(model.metadata_props)
     said = []
+    images = inserted_preprocessing(model.metadata_props)
     for name in fp16_inputs or ():
-        value = _float_input(graph, name, label)
+        value = _float_input(graph, name, label, images)
         _cast_input(graph, value)
         recorded["inputs"][name] = "float16"
         said.append(f"input {name!r} takes float16")
@@ -99,14 +100,19 @@ def apply_io_types(model: Model, fp16_inputs: list[str] | None,
 _DTYPE_NAMES = {DType.FLOAT16: "float16", DType.FLOAT: "float32"}
 
 
-def _float_input(graph, name: str, label: str) -> Value:
-    """The feedable float32 input `name`, which a float16 one will replace."""
+def _float_input(graph, name: str, label: str, images: dict) -> Value:
+    """The feedable float32 input `name`, which a float16 one will replace (`images`: the
+    inputs --insert-op-conf made take uint8 images, inserted_preprocessing's record)."""
     feedable = {value.name: value for value in graph.inputs if not value.is_weight}
     value = feedable.get(name)
     if value is None:
         known = ", ".join(map(repr, feedable)) or "none"
         raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the model has no "
                           f"such input (its inputs: {known})")
+    if name in images:  # its dtype alone read as if the model took uint8 there
+        raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the input takes "
+                          f"{option('insert_op_conf')}'s uint8 images, which its preprocessing "
+                          "turns into float32 inside the model; name it in one option only")
     if value.dtype != DType.FLOAT:
         dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
         raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the input is "
@@ -138,21 +144,28 @@ def _chosen_outputs(graph, output_types: dict[str, str], label: str):
     """(graph output, dtype) for each output `output_types` names (ALL: every float one)."""
     from graphopt.out_nodes import resolve_tensor
 
-    chosen = []
+    chosen, named = [], {}
     for name, kind in output_types.items():
-        values = [v for v in graph.outputs if v.dtype in _DTYPE_NAMES] if name == ALL \
-            else [resolve_tensor(graph, name, label, "output_type")]
+        # An output graph.output lists twice is one tensor: one Cast gives it for both.
+        values = list({id(v): v for v in graph.outputs if v.dtype in _DTYPE_NAMES}.values()) \
+            if name == ALL else [resolve_tensor(graph, name, label, "output_type")]
+        given = name or "every output"
         for value in values:
+            said = f"{name!r}" if name != ALL else f"{kind} (every output): {value.name!r}"
             if not value.is_graph_output:
-                raise OptionError(f"{label}: {option('output_type')} {name!r}: not an output of "
+                raise OptionError(f"{label}: {option('output_type')} {said}: not an output of "
                                   "the model (--out-nodes makes a tensor one)")
             if value.dtype not in _DTYPE_NAMES:
                 dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
-                raise OptionError(f"{label}: {option('output_type')} {name!r}: the output is "
+                raise OptionError(f"{label}: {option('output_type')} {said}: the output is "
                                   f"{dtype}; only float32 and float16 outputs change type")
             if value.is_input:
-                raise OptionError(f"{label}: {option('output_type')} {name!r}: the output is "
+                raise OptionError(f"{label}: {option('output_type')} {said}: the output is "
                                   "also an input of the model")
+            if id(value) in named:  # "y:FP16;head:0:FP32": the first would have won unsaid
+                raise OptionError(f"{label}: {option('output_type')} names output "
+                                  f"{value.name!r} twice ({named[id(value)]!r} and {given!r})")
+            named[id(value)] = given
             chosen.append((value, OUTPUT_TYPES[kind]))
     return chosen
 

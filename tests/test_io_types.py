@@ -160,3 +160,90 @@ def test_outputs_both_in_float16_are_judged_at_float16s_step():
     assert not compare_arrays("y", reference, neighbour + np.float16(0.01)).passed
     assert not compare_arrays("y", reference.astype(np.float32),
                               neighbour.astype(np.float32)).passed
+
+
+def test_an_output_graph_output_lists_twice_gets_one_cast_and_one_record():
+    model = parse_model("g (float[2,4] x) => (float[2,4] a) { a = Relu (x) }")
+    model.graph.output.append(model.graph.output[0])
+    result = graphopt.optimize(model, output_type="FP16", level=0)
+    compiled = result.to_onnx()
+    assert [n.op_type for n in compiled.graph.node].count("Cast") == 1
+    assert "output 'a' is float16" in result.notes and not any("a_f32" in n for n in result.notes)
+    from graphopt.source_marks import io_types
+    assert io_types(compiled.metadata_props)["outputs"] == {"a": "float16"}
+
+
+@pytest.mark.parametrize("spec, named", [("y:FP16;head:0:FP32", "('y' and 'head:0')"),
+                                         ("y:FP16;head:FP16", "('y' and 'head')"),
+                                         ({"": "FP16", "y": "FP32"}, "('every output' and 'y')")])
+def test_one_output_named_twice_is_refused(spec, named):
+    # The first type named won and the second went unsaid (or, asked alike, a second Cast
+    # recorded the output as 'y_f32').
+    model = _classifier()
+    next(n for n in model.graph.node if n.op_type == "Gemm").name = "head"
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(model, output_type=spec)
+    assert f"output_type names output 'y' twice {named}" in str(refused.value)
+
+
+def test_every_output_names_the_output_it_cannot_retype():
+    model = parse_model("g (float[2,4] x) => (float[2,4] x, float[2,4] a) { a = Relu (x) }")
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(model, output_type="FP16")
+    assert "output_type FP16 (every output): 'x': the output is also an input" in \
+        str(refused.value)
+
+
+def test_an_aipp_input_named_as_float16_is_refused_naming_insert_op_conf(tmp_path):
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n aipp_mode: static\n input_format: RGB888_U8\n"
+                      " src_image_size_w: 16\n src_image_size_h: 16\n}\n")
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(_classifier(batch=1), insert_op_conf=config, input_fp16_nodes="x")
+    assert "input_fp16_nodes 'x': the input takes insert_op_conf's uint8 images" in \
+        str(refused.value)
+
+
+def test_compare_casts_the_sources_value_of_a_cut_to_output_given_in_float16(tmp_path, capsys):
+    # The source ends elsewhere: its value of 'r' (float32) failed against the .om's float16 r.
+    source, om = tmp_path / "net.onnx", tmp_path / "cut.om"
+    onnx.save(_classifier(batch=1), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "--out-nodes", "r;y",
+                         "--output-type", "r:FP16")
+    assert rc == 0, err
+    report = compare_models(source, om)
+    assert report.passed, [(r.name, r.note) for r in report.rows]
+    assert [(r.name, r.dtype) for r in report.outputs] == [("r", "f16"), ("y", "f32")]
+    assert any("was cut to r (" in n and "gives it in another dtype" in n for n in report.notes)
+
+
+def test_compare_says_which_outputs_it_judged_at_float16s_step(tmp_path):
+    # The rule line read "allclose(rtol=0, atol=0)" over a float16 output one step off, which
+    # passed at rtol 2⁻¹⁰ with nothing saying so.
+    exact = tmp_path / "exact.onnx"
+    onnx.save(parse_model("g (float16[4] a) => (float16[4] s) { s = Add (a, a) }"), exact)
+    stepped = tmp_path / "stepped.onnx"
+    onnx.save(parse_model("g (float16[4] a) => (float16[4] s) { t = Add (a, a)\n"
+                          " s = Add (t, c) }", c=np.array(2 ** -9, np.float16)), stepped)
+    feeds = {"a": np.ones(4, np.float16)}
+    report = compare_models(exact, stepped, feeds, rtol=0, atol=0)
+    assert report.passed
+    assert "s: float16 in both models, judged at rtol=0.0009765625 (float16's step, which a " \
+           "sum in another order can round by) rather than 0" in report.notes
+    wide = compare_models(exact, stepped, feeds, rtol=1e-2, atol=0)
+    assert not any("float16's step" in note for note in wide.notes)
+
+
+def test_bf16_leaves_a_float16_edge_alone_where_its_neighbour_stays_float32():
+    # bf16 converted the edges' Casts themselves: x went float16 -> bfloat16 -> float32 into a
+    # Conv kept float32, and y float32 -> bfloat16 -> float16, 3 bits lost each way for nothing.
+    model = parse_model("""
+        g (float[1,3,8,8] x) => (float[1,4,8,8] y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
+        w=np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32))
+    compiled = graphopt.optimize(model, input_fp16_nodes="x", output_type="FP16",
+                                 precision="bf16").to_onnx()
+    to = [a.i for n in compiled.graph.node if n.op_type == "Cast" for a in n.attribute]
+    assert onnx.TensorProto.BFLOAT16 not in to
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float16)}
+    kept = graphopt.optimize(model, input_fp16_nodes="x", output_type="FP16").to_onnx()
+    assert numerics.run(compiled, feeds)["y"].tolist() == numerics.run(kept, feeds)["y"].tolist()

@@ -349,6 +349,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
                                       reason=str(exc))
             raise GraphoptError(f"{exc}{hint}") from None
         raise
+    retyped = _retype_inner_outputs(ref_values, inner_outputs, cand_side)
+    if retyped:
+        report.notes.append(retyped)
     with naming(candidate_run):
         cand_values = cand_side.run(arrays, names)
     shared = [t for t in shared if t.name in cand_values and t.name in ref_values]
@@ -381,6 +384,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
             warning = worst and hidden_slice_warning(name, ref_value, row.cosine, worst)
             if warning:
                 report.notes.append(warning)
+    floored = _float16_floor_note(report, ref_values, cand_values, rtol, min_cosine)
+    if floored:
+        report.notes.append(floored)
     if rounding is None:
         rounding = (rtol, atol) == (DEFAULT_RTOL, DEFAULT_ATOL)
     if rounding:
@@ -418,6 +424,40 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
                             f"{ref_side.label} have no value of their name in "
                             f"{cand_side.label} (fused, folded or renamed): not compared{where}")
     return report
+
+
+def _float16_floor_note(report: CompareReport, ref_values: dict, cand_values: dict,
+                        rtol: float, min_cosine: float | None) -> str | None:
+    """A note naming the outputs judged at a coarser rtol than the rule's, float16 in both
+    models (metrics.effective_rtol): the rule line alone read as if rtol held for them."""
+    if min_cosine is not None:
+        return None
+    names = [row.name for row in report.outputs
+             if isinstance(ref_values.get(row.name), np.ndarray)
+             and isinstance(cand_values.get(row.name), np.ndarray)
+             and metrics.effective_rtol(ref_values[row.name], cand_values[row.name], rtol) > rtol]
+    if not names:
+        return None
+    return (f"{', '.join(names)}: float16 in both models, judged at "
+            f"rtol={exact(metrics.FLOAT16_STEP)} (float16's step, which a sum in another order "
+            f"can round by) rather than {exact(rtol)}")
+
+
+def _retype_inner_outputs(ref_values: dict, inner_outputs: list[str], candidate) -> str | None:
+    """Cast, in `ref_values`, the tensors the candidate was cut to (--out-nodes) and gives in
+    another dtype (--output-type) as its compile cast them, which the reference, ending
+    elsewhere, has no output to take; returns a note saying so, or None."""
+    recorded = candidate.io_types()["outputs"]
+    cast = [name for name in inner_outputs if name in recorded
+            and isinstance(ref_values.get(name), np.ndarray)
+            and ref_values[name].dtype != np.dtype(recorded[name])]
+    for name in cast:  # numpy rounds to nearest even, as ONNX's Cast does
+        ref_values[name] = ref_values[name].astype(recorded[name])
+    if not cast:
+        return None
+    return (f"{candidate.label} was cut to {', '.join(cast)} ({option('out_nodes')}) and gives "
+            f"{'it' if len(cast) == 1 else 'them'} in another dtype ({option('output_type')}): "
+            "the reference's values were cast alike")
 
 
 def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,

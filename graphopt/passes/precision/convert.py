@@ -32,6 +32,7 @@ from graphopt.passes.precision.ort_half_crash import move_batch_swaps_after_half
 from graphopt.passes.precision.policy import (
     ALLOW,
     DENY,
+    HALF,
     PASS_THROUGH,
     PrecisionError,
     Support,
@@ -91,12 +92,22 @@ class _Decider:
             # FOLLOW: half when every computed float input already is.
             arrived_half = self._arrived_half(node, slots)
             return bool(arrived_half) and all(arrived_half)
+        if op == "Cast" and node.is_onnx and self._other_half(node):
+            # float16 under bf16 (an --input-fp16-nodes input's Cast, say): converted, it would
+            # round the value to bfloat16 on its way to or from a float32 neighbour
+            return id(node.inputs[0]) in self.half_values
         if op in PASS_THROUGH:
             # Between float32 ops a half copy would round its value and Cast it back: stay float32
             # unless a computed input arrives half (weights alone convert offline, at no cost).
             arrived_half = self._arrived_half(node, slots)
             return not arrived_half or any(arrived_half)
         return True
+
+    def _other_half(self, node: Node) -> bool:
+        """Whether Cast `node` reads or writes a 16-bit float other than the mode's half."""
+        ends = (node.input(0), node.outputs[0] if node.outputs else None)
+        return any(value is not None and value.dtype in HALF.values()
+                   and value.dtype != self.half for value in ends)
 
     def _arrived_half(self, node: Node, slots: Slots) -> list[bool]:
         """For each computed float input that converts with `node` (weights adapt offline),
