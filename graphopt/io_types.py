@@ -38,6 +38,10 @@ def parse_output_type(spec) -> dict[str, str]:
     else:
         items = [tuple(part.rsplit(":", 1)) if ":" in part else (part, "")
                  for part in _names(spec, "output_type")]
+        for name, kind in items:
+            if not name.strip():  # ":FP16" would read as every output
+                raise OptionError(f"{option('output_type')} {spec!r}: an empty name before "
+                                  f"{':' + kind!r} (give FP16 or FP32 alone for every output)")
     chosen: dict[str, str] = {}
     for name, kind in items:
         if not isinstance(name, str) or not isinstance(kind, str):
@@ -135,17 +139,28 @@ def _cast_input(graph, value: Value) -> None:
 
 
 def _chosen_outputs(graph, output_types: dict[str, str], label: str):
-    """(graph output, dtype) for each output `output_types` names (ALL: every float one)."""
+    """(graph output, dtype) for each output `output_types` names, and for ALL every float
+    output no name gives; one output named twice (by two spellings) is refused, as it would be
+    cast twice or take the first type given."""
     from graphopt.out_nodes import resolve_tensor
 
+    named = {name: resolve_tensor(graph, name, label, "output_type")
+             for name in output_types if name != ALL}
+    first: dict[int, str] = {}
+    for name, value in named.items():
+        if id(value) in first:
+            raise OptionError(f"{label}: {option('output_type')} names one output twice "
+                              f"({first[id(value)]!r} and {name!r})")
+        first[id(value)] = name
     chosen = []
     for name, kind in output_types.items():
-        values = [v for v in graph.outputs if v.dtype in _DTYPE_NAMES] if name == ALL \
-            else [resolve_tensor(graph, name, label, "output_type")]
+        values = [named[name]] if name != ALL else list({
+            id(v): v for v in graph.outputs
+            if v.dtype in _DTYPE_NAMES and id(v) not in first}.values())
         for value in values:
             if not value.is_graph_output:
-                raise OptionError(f"{label}: {option('output_type')} {name!r}: not an output of "
-                                  "the model (--out-nodes makes a tensor one)")
+                raise OptionError(f"{label}: {option('output_type')} {name!r}: not an output "
+                                  "of the model (--out-nodes makes a tensor one)")
             if value.dtype not in _DTYPE_NAMES:
                 dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
                 raise OptionError(f"{label}: {option('output_type')} {name!r}: the output is "

@@ -78,6 +78,16 @@ def test_every_float_output_and_float16_outputs_back_to_float32():
     assert numerics.run(widened, {"a": a})["s"].tolist() == (2 * a).astype(np.float32).tolist()
 
 
+def test_an_output_named_overrides_every_output():
+    # {"": "FP16", "y": "FP32"} gave y float16: the cast for every output came first, and y's
+    # own type then read as already given.
+    result = graphopt.optimize(_classifier(), output_type={"": "FP16", "y": "FP32"})
+    assert _dtypes(result.to_onnx().graph.output) == {
+        "y": onnx.TensorProto.FLOAT, "twice": onnx.TensorProto.FLOAT16,
+        "label": onnx.TensorProto.INT64}
+    assert "output 'twice' is float16" in " ".join(result.notes)
+
+
 def test_node_index_names_an_output_as_in_atc():
     model = _classifier()
     gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
@@ -132,6 +142,10 @@ def test_shape_profiles_keep_the_dtypes(tmp_path, capsys):
     ({"output_type": "nothing:FP16"}, "output_type 'nothing': no tensor or node of the main "
                                       "graph has that name"),
     ({"output_type": 3}, "output_type: expected \"a;b\" or a list of names, not int"),
+    # One output by two spellings was cast twice, or took the first type given, silently.
+    ({"output_type": "y:FP16;y:0:FP32"}, "output_type names one output twice ('y' and 'y:0')"),
+    ({"output_type": "y:FP16;y:0:FP16"}, "output_type names one output twice ('y' and 'y:0')"),
+    ({"output_type": "y:FP16;:FP32"}, "an empty name before ':FP32'"),
 ])
 def test_names_and_types_that_do_not_fit_are_refused(keywords, message):
     with pytest.raises(OptionError) as refused:
