@@ -1,9 +1,9 @@
 """ATC's AIPP configuration file (--insert-op-conf): the static image preprocessing it describes.
 
 The file is ATC's prototxt: one `aipp_op { key: value … }` block per model input. graphopt
-reads the static mode's keys for packed RGB, grey and YUV420SP images, colour conversion and
-normalization; a key it does not implement is refused at any value but its default, so that a
-configuration never compiles into something other than what it says.
+reads the static mode's keys for packed RGB, XRGB/ARGB, grey and YUV420SP images, colour
+conversion and normalization; a key it does not implement is refused at any value but its
+default, so that a configuration never compiles into something other than what it says.
 """
 
 from __future__ import annotations

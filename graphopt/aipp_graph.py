@@ -198,8 +198,9 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
                  where: str) -> tuple[Value, tuple[int, int]]:
     """The uint8 input that replaces `value` (which keeps its readers under a new name, to be
     computed from the image), and the image's (h, w) in pixels. RGB888 and YUV400 images are
-    [N, H, W, C], XRGB8888 and ARGB8888 [N, H, W, 4]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y plane's H rows of W bytes, then H / 2
-    rows of interleaved U and V samples, each for 2x2 pixels (NV12; NV21 swaps U and V)."""
+    [N, H, W, C], XRGB8888 and ARGB8888 [N, H, W, 4]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y
+    plane's H rows of W bytes, then H / 2 rows of interleaved U and V samples, each for 2x2
+    pixels (NV12; NV21 swaps U and V)."""
     src = tuple(s or inner for s, inner in zip(op.src_size, size))  # ATC's default: the model's
     if op.input_format == "YUV420SP_U8":
         _check_even(op, src, where)
@@ -303,4 +304,3 @@ def _normalized(ops: OpBuilder, value: Value, current: Value, op: AippOp, layout
         current = node("Cast", [current], {"to": int(DType.FLOAT16)}, dtype=DType.FLOAT16,
                        shape=shape)
     value.replace_all_uses_with(current)
-
