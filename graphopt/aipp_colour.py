@@ -51,9 +51,7 @@ def converted_yuv420(ops: OpBuilder, image: Value, height: int, start: tuple[int
     n = image.shape[0]
     half_h, half_w = (h + 1) // 2, (w + 1) // 2  # an odd window converts one more row or column
     full = (2 * half_h, 2 * half_w)
-    order = np.argsort(swapped_channels(op.input_format)) if op.swap_rb else np.arange(3)
-    matrix = np.array(op.csc_matrix, np.float64).reshape(3, 3)[:, order] / 256
-    bias = np.array(op.input_bias, np.float32)[order]
+    matrix, bias = _unswapped(op)
 
     def channels_along_axis(value: Value, rows: int, cols: int, count: int) -> Value:
         shape = (n, count, rows, cols) if axis == 1 else (n, rows, cols, count)
@@ -100,15 +98,21 @@ def converted_yuv420(ops: OpBuilder, image: Value, height: int, start: tuple[int
 def colour_conversion(ops: OpBuilder, pixels: Value, op: AippOp, axis: int) -> Value:
     """`op`'s colour conversion of the float `pixels` (integers 0-255, channels along `axis`,
     before rbuv_swap_switch's swap, which the matrix's columns take)."""
-    order = np.argsort(swapped_channels(op.input_format)) if op.swap_rb else np.arange(3)
-    matrix = np.array(op.csc_matrix, np.float64).reshape(3, 3)[:, order]
-    input_bias = np.array(op.input_bias, np.float32)[order]
+    matrix, input_bias = _unswapped(op)
     channel_shape = [1] * len(pixels.shape)
     channel_shape[axis] = 3
     if input_bias.any():
         pixels = ops.node("Sub", [pixels, ops.const("csc_input_bias", input_bias.reshape(
             channel_shape))], shape=pixels.shape)
-    return _saturated(ops, _mixed(ops, pixels, matrix / 256, axis), op.output_bias, axis)
+    return _saturated(ops, _mixed(ops, pixels, matrix, axis), op.output_bias, axis)
+
+
+def _unswapped(op: AippOp) -> tuple[np.ndarray, np.ndarray]:
+    """`op`'s matrix over 256 and its input bias for the channels as they come, before
+    rbuv_swap_switch's swap: its columns and biases reordered, so no op makes the swap."""
+    order = np.argsort(swapped_channels(op.input_format)) if op.swap_rb else np.arange(3)
+    matrix = np.array(op.csc_matrix, np.float64).reshape(3, 3)[:, order] / 256
+    return matrix, np.array(op.input_bias, np.float32)[order]
 
 
 def _mixed(ops: OpBuilder, pixels: Value, columns: np.ndarray, axis: int) -> Value | None:

@@ -1,9 +1,9 @@
 """ATC's AIPP configuration file (--insert-op-conf): the static image preprocessing it describes.
 
 The file is ATC's prototxt: one `aipp_op { key: value … }` block per model input. graphopt
-reads the static mode's keys for packed RGB, grey and YUV420SP images, colour conversion and
-normalization; a key it does not implement is refused at any value but its default, so that a
-configuration never compiles into something other than what it says.
+reads the static mode's keys for packed RGB, XRGB/ARGB, grey and YUV420SP images, colour
+conversion and normalization; a key it does not implement is refused at any value but its
+default, so that a configuration never compiles into something other than what it says.
 """
 
 from __future__ import annotations
@@ -243,11 +243,11 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         input_bias=_biases(values, "input") if csc else (0, 0, 0),
         output_bias=_biases(values, "output") if csc else (0, 0, 0),
         x_last=bool(values.get("ax_swap_switch", False)))
-    _check_normalized(op, where)
+    check_normalized(op, where)
     return op
 
 
-def _check_normalized(op: AippOp, where: str) -> None:
+def check_normalized(op: AippOp, where: str) -> None:
     """Refuse constants under which a pixel (0-255) normalizes past float32, as the model
     computes it: the model would return inf or NaN for it."""
     with np.errstate(over="ignore", invalid="ignore"):
@@ -260,19 +260,25 @@ def _check_normalized(op: AippOp, where: str) -> None:
                               f"({_FLOAT32_MAX:.4g})")
 
 
-def _check_matrix(values: dict, fields: dict, path: str) -> None:
-    """Refuse a matrix that makes no image, or one too large to convert exactly."""
-    entries = [int(values.get(key, 0)) for key in MATRIX_KEYS]
-    where = f"{path}:{fields['csc_switch'][0]}: csc_switch"
+def matrix_problem(entries) -> str | None:
+    """Why the colour matrix `entries` (matrix_r0c0 to r2c2) makes no image, or one too large
+    to convert exactly; None when it converts."""
     if not any(entries):
-        raise OptionError(f"{where}: every matrix_r*c* is 0: the conversion would make a black "
-                          "image")
+        return "every matrix_r*c* is 0: the conversion would make a black image"
     for row in range(3):
         total = sum(abs(v) for v in entries[3 * row:3 * row + 3])
         if total > ROW_LIMIT:
-            raise OptionError(f"{where}: matrix_r{row}c0 to c2 add up to {total} in magnitude, "
-                              f"past {ROW_LIMIT} (x{ROW_LIMIT // 256} in 8-bit steps; graphopt "
-                              "converts exactly up to there)")
+            return (f"matrix_r{row}c0 to c2 add up to {total} in magnitude, past {ROW_LIMIT} "
+                    f"(x{ROW_LIMIT // 256} in 8-bit steps; graphopt converts exactly up to "
+                    "there)")
+    return None
+
+
+def _check_matrix(values: dict, fields: dict, path: str) -> None:
+    """Refuse a matrix that makes no image, or one too large to convert exactly."""
+    problem = matrix_problem([int(values.get(key, 0)) for key in MATRIX_KEYS])
+    if problem:
+        raise OptionError(f"{path}:{fields['csc_switch'][0]}: csc_switch: {problem}")
 
 
 def _biases(values: dict, kind: str) -> tuple[int, int, int]:

@@ -10,8 +10,8 @@ import json
 import numpy as np
 
 from graphopt.aipp_colour import colour_conversion, converted_yuv420, swapped_channels, yuv444
-from graphopt.aipp_config import (FORMAT_CHANNELS, FOUR_BYTE_FORMATS, MATRIX_RANGE, ROW_LIMIT,
-                                  AippOp)
+from graphopt.aipp_config import (FORMAT_CHANNELS, FOUR_BYTE_FORMATS, MATRIX_RANGE, AippOp,
+                                  check_normalized, matrix_problem)
 from graphopt.aipp_ops import OpBuilder
 from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Value
@@ -24,14 +24,14 @@ _FLOATS = (DType.FLOAT, DType.FLOAT16)
 def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:
     """The AippOps a compile recorded (`inserted_preprocessing`), for the inputs of `model`
     they name: what makes the source comparable with a model compiled with them. A record
-    that does not fit is an OptionError."""
+    that does not fit, or that no configuration could give, is an OptionError."""
     feedable = [value.name for value in model.graph.inputs if not value.is_weight]
     ops = []
     for name, entry in recorded.items():
         try:
             fmt = entry["input_format"]
             channels = FORMAT_CHANNELS[fmt]
-            ops.append(AippOp(
+            op = AippOp(
                 line=0, input_rank=feedable.index(name), input_format=fmt,
                 src_size=_pair(entry["src_size"]), crop=_flag(entry["crop"]),
                 crop_start=_pair(entry["crop_start"]), crop_size=_pair(entry["crop_size"]),
@@ -41,10 +41,17 @@ def recorded_ops(recorded: dict, model: Model) -> list[AippOp]:
                 csc_matrix=_matrix(entry.get("csc_matrix")),
                 input_bias=_integers(entry.get("input_bias", [0, 0, 0]), 3, (0, 255)),
                 output_bias=_integers(entry.get("output_bias", [0, 0, 0]), 3, (0, 255)),
-                x_last=_flag(entry.get("x_last", False))))
-        except (KeyError, TypeError, ValueError):
+                x_last=_flag(entry.get("x_last", False)))
+            # As the configuration reader refuses them: a colour conversion of one channel
+            # failed in onnxruntime, blamed on the reference; inf constants compared as FAIL.
+            if (op.csc_matrix is not None and channels == 1) or \
+                    (op.x_last and fmt not in FOUR_BYTE_FORMATS):
+                raise ValueError(entry)
+            check_normalized(op, name)
+        except (KeyError, TypeError, ValueError, OptionError):
             raise OptionError(f"its recorded preprocessing of input {name!r} does not fit the "
                               "reference (another model, or a damaged record)") from None
+        ops.append(op)
     return ops
 
 
@@ -61,19 +68,22 @@ def _flag(value) -> bool:
 
 
 def _matrix(values) -> tuple[int, ...] | None:
-    """A recorded colour matrix, only as a configuration could give it: an all-zero one made a
-    Floor of no input, one past int16 or ROW_LIMIT a conversion ATC cannot make."""
+    """A recorded colour matrix, only as a configuration could give it (matrix_problem): an
+    all-zero one made a Floor of no input, one past int16 or ROW_LIMIT a conversion ATC cannot
+    make."""
     matrix = _integers(values, 9, MATRIX_RANGE)
-    if matrix is not None and (not any(matrix) or any(
-            sum(abs(v) for v in matrix[row:row + 3]) > ROW_LIMIT for row in (0, 3, 6))):
+    if matrix is not None and matrix_problem(matrix):
         raise ValueError(values)
     return matrix
 
 
 def _integers(values, count: int, bounds: tuple[int, int]) -> tuple[int, ...] | None:
+    """JSON integers (int() also took "12" and 1.5) of `count`, within `bounds`."""
     if values is None:
         return None
-    integers = tuple(int(v) for v in values)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(values)
+    integers = tuple(values)
     low, high = bounds
     if len(integers) != count or not all(low <= v <= high for v in integers):
         raise ValueError(values)
@@ -81,9 +91,13 @@ def _integers(values, count: int, bounds: tuple[int, int]) -> tuple[int, ...] | 
 
 
 def _floats(values, count: int) -> tuple[float, ...]:
-    floats = tuple(float(v) for v in values)
-    if len(floats) != count:
+    """JSON numbers (float() also took "nan") of `count`, finite in float32."""
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise ValueError(values)
+    floats = tuple(float(v) for v in values)
+    with np.errstate(over="ignore"):
+        if len(floats) != count or not np.isfinite(np.float32(floats)).all():
+            raise ValueError(values)
     return floats
 
 
@@ -184,8 +198,9 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
                  where: str) -> tuple[Value, tuple[int, int]]:
     """The uint8 input that replaces `value` (which keeps its readers under a new name, to be
     computed from the image), and the image's (h, w) in pixels. RGB888 and YUV400 images are
-    [N, H, W, C], XRGB8888 and ARGB8888 [N, H, W, 4]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y plane's H rows of W bytes, then H / 2
-    rows of interleaved U and V samples, each for 2x2 pixels (NV12; NV21 swaps U and V)."""
+    [N, H, W, C], XRGB8888 and ARGB8888 [N, H, W, 4]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y
+    plane's H rows of W bytes, then H / 2 rows of interleaved U and V samples, each for 2x2
+    pixels (NV12; NV21 swaps U and V)."""
     src = tuple(s or inner for s, inner in zip(op.src_size, size))  # ATC's default: the model's
     if op.input_format == "YUV420SP_U8":
         _check_even(op, src, where)
@@ -289,4 +304,3 @@ def _normalized(ops: OpBuilder, value: Value, current: Value, op: AippOp, layout
         current = node("Cast", [current], {"to": int(DType.FLOAT16)}, dtype=DType.FLOAT16,
                        shape=shape)
     value.replace_all_uses_with(current)
-

@@ -68,4 +68,3 @@ class OpBuilder:
         return self.node("Resize", [x, roi, scale_input],
                          {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
                           "nearest_mode": "floor"}, dtype=x.dtype, shape=shape)
-

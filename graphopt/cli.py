@@ -287,10 +287,9 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
     reference = args.model if source is None else source
     try:
         if _edited(args):  # what the written model is compared with
-            from graphopt.source_edits import edited_source
+            from graphopt.source_edits import edited_source, given_edits
 
-            reference = edited_source(reference, args.out_nodes, args.insert_op_conf,
-                                      args.model, args.input_fp16_nodes, args.output_type)
+            reference = edited_source(reference, label=args.model, **given_edits(args))
         report = accuracy_report(reference, args.output,
                                  args.inputs, calibration=calibration,
                                  reference_label=_edited_label(args),
@@ -316,8 +315,9 @@ def _print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Wei
 
 def _edited(args) -> bool:
     """Whether the compile edits its source before any pass (what it is compared with)."""
-    return bool(args.out_nodes or args.insert_op_conf or args.input_fp16_nodes
-                or args.output_type)
+    from graphopt.source_edits import given_edits
+
+    return bool(given_edits(args))
 
 
 def _edited_label(args) -> str:

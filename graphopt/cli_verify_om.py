@@ -13,6 +13,7 @@ def artifact_check(args):
     made a verified compile into an .om that did not load)."""
     def check(path: str) -> None:
         from graphopt.codegen.om_read import is_om, load_om
+        from graphopt.source_edits import edited_source, given_edits
         from graphopt.tools.accuracy_rule import accuracy_rule, pass_log_of_om
         from graphopt.tools.compare import compare_models
 
@@ -20,12 +21,9 @@ def artifact_check(args):
             return
         judge, _ = accuracy_rule(pass_log_of_om(load_om(path)), args.rtol, args.atol)
         reference = args.model
-        if args.out_nodes or args.insert_op_conf or args.input_fp16_nodes \
-                or args.output_type:  # the model as the compile took it
-            from graphopt.source_edits import edited_source
-
-            reference = edited_source(reference, args.out_nodes, args.insert_op_conf,
-                                      args.model, args.input_fp16_nodes, args.output_type)
+        edits = given_edits(args)
+        if edits:  # the model as the compile took it
+            reference = edited_source(reference, label=args.model, **edits)
         try:
             report = compare_models(reference, path, args.inputs,
                                     input_shapes=args.input_shape, **judge,

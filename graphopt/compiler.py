@@ -407,8 +407,9 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     ("boxes;scores", ["Conv_12:0"], a tensor name or node:index each): they become its outputs,
     in that order, and what only the other outputs needed goes, before any pass; verification
     and the accuracy report compare them with the original's values of those tensors.
-    `insert_op_conf` (an ATC AIPP configuration file) makes the inputs it names take packed
-    uint8 images (NHWC) and puts its crop, channel swap and normalization in front of the model.
+    `insert_op_conf` (an ATC AIPP configuration file) makes the inputs it names take uint8
+    frames (packed NHWC, or YUV420SP's planes) and puts its crop, channel swap, colour
+    conversion and normalization in front of the model.
     `input_fp16_nodes` ("x;y", or a list) makes those float32 inputs take float16, and
     `output_type` ("FP16" for every float output, "logits:FP16;node:1:FP32", or a dict) gives
     outputs in those dtypes, ATC's --input_fp16_nodes and --output_type: Casts at the edges,

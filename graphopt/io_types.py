@@ -38,6 +38,10 @@ def parse_output_type(spec) -> dict[str, str]:
     else:
         items = [tuple(part.rsplit(":", 1)) if ":" in part else (part, "")
                  for part in _names(spec, "output_type")]
+        for name, kind in items:
+            if not name.strip():  # ":FP16" would read as every output
+                raise OptionError(f"{option('output_type')} {spec!r}: an empty name before "
+                                  f"{':' + kind!r} (give FP16 or FP32 alone for every output)")
     chosen: dict[str, str] = {}
     for name, kind in items:
         if not isinstance(name, str) or not isinstance(kind, str):
@@ -141,15 +145,25 @@ def _cast_input(graph, value: Value) -> None:
 
 
 def _chosen_outputs(graph, output_types: dict[str, str], label: str):
-    """(graph output, dtype) for each output `output_types` names (ALL: every float one)."""
+    """(graph output, dtype) for each output `output_types` names, and for ALL every float
+    output no name gives; one output named twice (by two spellings) is refused, as it would be
+    cast twice or take the first type given."""
     from graphopt.out_nodes import resolve_tensor
 
-    chosen, named = [], {}
+    named = {name: resolve_tensor(graph, name, label, "output_type")
+             for name in output_types if name != ALL}
+    first: dict[int, str] = {}
+    for name, value in named.items():
+        if id(value) in first:  # "y:FP16;head:0:FP32": the first would have won unsaid
+            raise OptionError(f"{label}: {option('output_type')} names output {value.name!r} "
+                              f"twice ({first[id(value)]!r} and {name!r})")
+        first[id(value)] = name
+    chosen = []
     for name, kind in output_types.items():
         # An output graph.output lists twice is one tensor: one Cast gives it for both.
-        values = list({id(v): v for v in graph.outputs if v.dtype in _DTYPE_NAMES}.values()) \
-            if name == ALL else [resolve_tensor(graph, name, label, "output_type")]
-        given = name or "every output"
+        values = [named[name]] if name != ALL else list({
+            id(v): v for v in graph.outputs
+            if v.dtype in _DTYPE_NAMES and id(v) not in first}.values())
         for value in values:
             said = f"{name!r}" if name != ALL else f"{kind} (every output): {value.name!r}"
             if not value.is_graph_output:
@@ -162,10 +176,6 @@ def _chosen_outputs(graph, output_types: dict[str, str], label: str):
             if value.is_input:
                 raise OptionError(f"{label}: {option('output_type')} {said}: the output is "
                                   "also an input of the model")
-            if id(value) in named:  # "y:FP16;head:0:FP32": the first would have won unsaid
-                raise OptionError(f"{label}: {option('output_type')} names output "
-                                  f"{value.name!r} twice ({named[id(value)]!r} and {given!r})")
-            named[id(value)] = given
             chosen.append((value, OUTPUT_TYPES[kind]))
     return chosen
 

@@ -12,6 +12,16 @@ from onnx import ModelProto
 from graphopt.ir import Model
 
 
+# optimize's keywords, and the command line's dests, that edit the source before any pass.
+EDIT_KEYWORDS = ("out_nodes", "insert_op_conf", "input_fp16_nodes", "output_type")
+
+
+def given_edits(args) -> dict:
+    """The EDIT_KEYWORDS `args` (the command line's) gives, by keyword: what edited_source
+    takes to make the model a compile with them is compared with."""
+    return {key: getattr(args, key) for key in EDIT_KEYWORDS if getattr(args, key)}
+
+
 def apply_source_edits(model: Model, out_nodes: list[str] | None, aipp: list | None,
                        label: str, aipp_path: str | None,
                        pins: dict[str, list[int]] | None = None,

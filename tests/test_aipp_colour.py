@@ -228,6 +228,10 @@ def test_a_model_before_opset_7_is_refused(tmp_path):
 @pytest.mark.parametrize("field, value", [
     ("csc_matrix", [0] * 9), ("csc_matrix", [40000, 0, 0, 0, 256, 0, 0, 0, 256]),
     ("input_bias", [999, 0, 0]), ("swap_rb", "no"), ("crop", 1),
+    # int() took "12" and float() "NaN"; 1e39 is inf in the model's float32 constants; no
+    # configuration moves an X byte of a YUV420SP frame.
+    ("input_bias", ["12", 0, 0]), ("mean", [float("nan"), 0, 0]), ("var_reci", [1e39, 1, 1]),
+    ("x_last", True),
 ])
 def test_compare_refuses_a_recorded_conversion_no_config_could_make(tmp_path, field, value):
     # An all-zero matrix made a Floor of nothing, blamed on the source ("onnxruntime cannot run
@@ -240,6 +244,22 @@ def test_compare_refuses_a_recorded_conversion_no_config_could_make(tmp_path, fi
     with pytest.raises(InputError, match="its recorded preprocessing of input 'x' does not fit "
                                          r"the reference \(another model, or a damaged record\)"):
         compare_models(_passthrough(FRAME), compiled)
+
+
+def test_compare_refuses_a_recorded_conversion_of_one_channel(tmp_path):
+    # The colour conversion's Gather of channels 1 and 2 failed in onnxruntime, blamed on the
+    # reference ("onnxruntime cannot run <reference>").
+    grey = parse_model("g (float[1,1,12,16] x) => (float[1,1,12,16] y) { y = Identity (x) }")
+    config = tmp_path / "grey.cfg"
+    config.write_text("aipp_op {\n  input_format: YUV400_U8\n}\n")
+    compiled = graphopt.optimize(grey, insert_op_conf=config).to_onnx()
+    (prop,) = [p for p in compiled.metadata_props if p.key == "graphopt.preprocess"]
+    recorded = json.loads(prop.value)
+    recorded["x"]["csc_matrix"] = [256, 0, 0, 0, 256, 0, 0, 0, 256]
+    prop.value = json.dumps(recorded)
+    with pytest.raises(InputError, match="its recorded preprocessing of input 'x' does not fit "
+                                         r"the reference \(another model, or a damaged record\)"):
+        compare_models(grey, compiled)
 
 
 @pytest.mark.parametrize("input_format", ["XRGB8888_U8", "ARGB8888_U8"])

@@ -279,8 +279,9 @@ def _writes_output(value: Value) -> bool:
 
 
 def is_end(node: Node) -> bool:
-    """Whether `node` is a first or last layer of its model: its data input comes from a graph
-    input, or its output reaches a graph output, through THROUGH ops only."""
+    """Whether `node` is a first or last layer of its model: its data input comes from graph
+    inputs alone through THROUGH and FROM_INPUT ops, or its output reaches a graph output
+    through THROUGH ops only."""
     return reads_graph_input(node.inputs[0]) or _writes_output(node.outputs[0])
 
 

@@ -13,7 +13,8 @@ Each compared tensor becomes a Row with msaccucmp's metrics (graphopt.tools.metr
   there (NaN for NaN, an infinity of the same sign), as numpy's allclose with equal_nan judges
   them; they are counted in the note, and the metrics cover the elements finite in both.
   Otherwise the rule is allclose, every element
-  within |c - r| <= atol + rtol·|r| (rtol 1e-4, atol 1e-5 by default), or, when `min_cosine` is
+  within |c - r| <= atol + rtol·|r| (rtol 1e-4, atol 1e-5 by default; between two float16
+  tensors rtol is at least float16's step, metrics.effective_rtol), or, when `min_cosine` is
   given instead, cosine similarity >= min_cosine. `mismatches` always counts the elements
   outside rtol/atol. Empty tensors pass. KL divergence is filled in only for probability
   distributions (the rule is in graphopt.tools.metrics).
