@@ -33,6 +33,8 @@ def parse_output_type(spec) -> dict[str, str]:
     a tensor name or node:index each), or a dict of those; "" keys every output."""
     if isinstance(spec, dict):
         items = list(spec.items())
+        if not items:  # as input_fp16_nodes=[] is: an empty ask is likely a mistake
+            raise OptionError(f"{option('output_type')}: an empty dict names no output")
     elif isinstance(spec, str) and ":" not in spec and ";" not in spec:
         items = [(ALL, spec)]  # ATC's --output_type=FP16: every output
     else:

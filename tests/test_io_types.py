@@ -153,6 +153,7 @@ def test_shape_profiles_keep_the_dtypes(tmp_path, capsys):
     ({"output_type": "nothing:FP16"}, "output_type 'nothing': no tensor or node of the main "
                                       "graph has that name"),
     ({"output_type": 3}, "output_type: expected \"a;b\" or a list of names, not int"),
+    ({"output_type": {}}, "output_type: an empty dict names no output"),
     # One output by two spellings was cast twice, or took the first type given, silently.
     ({"output_type": "y:FP16;y:0:FP32"}, "output_type names output 'y' twice ('y' and 'y:0')"),
     ({"output_type": "y:FP16;y:0:FP16"}, "output_type names output 'y' twice ('y' and 'y:0')"),
