@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+# ATC's --json=FILE, --mode=1's output; `inspect --json` is a switch, which argparse reports as
+# given an "ignored explicit argument".
+JSON_FILE = "ATC's --mode=1 output file; graphopt inspect x.om --json > x.json here"
+
 # ATC/AOE flags whose graphopt counterpart is not the same name with dashes.
 ATC_ONLY = {
     "--soc_version": "ATC's chip; --target here (ascend310, ascend310b, ascend910b, or a "
@@ -18,10 +22,13 @@ ATC_ONLY = {
                             "\"x[2]=224,x[3]=224;x[2]=448,x[3]=448\"",
     "--input_format": "ATC's; ONNX inputs are NCHW, or NHWC where the model says so",
     "--log": "ATC's; errors are one line here, and -q prints nothing else",
+    "--op_select_implmode": "ATC's; kernel choice is onnxruntime's here",
+    "--enable_small_channel": "ATC's; kernel choice is onnxruntime's here",
     "--job_type": "AOE's; graphopt tune --job op is its 2, --job subgraph its 1",
     "--mode": "ATC's; its --mode=1 (an .om as JSON) is graphopt inspect x.om --json, its "
               "--mode=6 graphopt inspect x.om",
     "--om": "ATC's --mode's input; graphopt inspect takes the .om as its argument",
+    "--json": JSON_FILE,
 }
 
 

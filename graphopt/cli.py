@@ -24,7 +24,7 @@ from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
-from graphopt.atc_flags import atc_hints
+from graphopt.atc_flags import JSON_FILE, atc_hints
 from graphopt.cli_types import dynamic_dims, input_shapes, path_text, target_name, tolerance
 from graphopt.errors import GraphoptError, OptionError, UsageError, interrupt_behind
 from graphopt.help_format import CommandsHelpFormatter, HelpFormatter
@@ -495,6 +495,8 @@ class _Parser(argparse.ArgumentParser):
             self.print_usage(sys.stderr)
             self.exit(2, f"graphopt: error: {message}\n")
         command = self.prog.removeprefix("graphopt ")
+        if command == "inspect" and message.startswith("argument --json: ignored explicit"):
+            message += f" (--json=FILE is {JSON_FILE})"  # atc --mode=1 --json=x.json pasted
         self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
 
 

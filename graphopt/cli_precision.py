@@ -63,14 +63,15 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
                    help="op types converted under a mixed mode; comma list, repeatable")
     g.add_argument("--precision-deny", action="append", metavar="OPS",
                    help="op types kept in their dtype; comma list, repeatable")
-    g.add_argument("--keep-dtype", action="append", metavar="NODES",
+    g.add_argument("--keep-dtype", action="append", metavar="NODES|FILE",
                    help="node names kept in their dtype; comma list, repeatable; a file is "
                         "read as ATC's --keep_dtype list (names, or OpType::Type per line)")
     g.add_argument("--quantize", choices=QUANTIZE, default="none",
                    help="int8: static INT8 with calibration; int4: weight-only block-wise INT4 "
                         "of MatMul/Gemm weights (com.microsoft::MatMulNBits)")
     g.add_argument("--calibration", type=path_text, metavar="FILE.npz|DIR",
-                   help="representative inputs (int8 ranges; the accuracy report's first sample)")
+                   help="representative inputs (int8 ranges, --int4-method gptq's rounding; "
+                        "the accuracy report's first 8 samples)")
     g.add_argument("--calibration-method", choices=CALIBRATION_METHODS,
                    help="int8 activation range method (default minmax)")
     g.add_argument("--calibration-percentile", type=float, metavar="P",

@@ -30,7 +30,8 @@ def parse_fp16_inputs(spec) -> list[str]:
 
 def parse_output_type(spec) -> dict[str, str]:
     """{output: "FP16"|"FP32"} from "FP16" (every output), "y:FP16;node:1:FP32" (ATC's form,
-    a tensor name or node:index each), or a dict of those; "" keys every output."""
+    a tensor name or node:index each; a bare type among them is every other output's), or a
+    dict of those; "" keys every output."""
     if isinstance(spec, dict):
         items = list(spec.items())
         if not items:  # as input_fp16_nodes=[] is: an empty ask is likely a mistake
@@ -38,12 +39,18 @@ def parse_output_type(spec) -> dict[str, str]:
     elif isinstance(spec, str) and ":" not in spec and ";" not in spec:
         items = [(ALL, spec)]  # ATC's --output_type=FP16: every output
     else:
-        items = [tuple(part.rsplit(":", 1)) if ":" in part else (part, "")
-                 for part in _names(spec, "output_type")]
-        for name, kind in items:
+        # A bare FP16/FP32 among named outputs ("FP16;y:FP32") is the type of every other
+        # output, as the dict form's "" key is; a bare name is still a name without a type.
+        items = []
+        for part in _names(spec, "output_type"):
+            if ":" not in part:
+                items.append((ALL, part) if part.upper() in OUTPUT_TYPES else (part, ""))
+                continue
+            name, kind = part.rsplit(":", 1)
             if not name.strip():  # ":FP16" would read as every output
                 raise OptionError(f"{option('output_type')} {spec!r}: an empty name before "
                                   f"{':' + kind!r} (give FP16 or FP32 alone for every output)")
+            items.append((name, kind))
     chosen: dict[str, str] = {}
     for name, kind in items:
         if not isinstance(name, str) or not isinstance(kind, str):
@@ -58,7 +65,8 @@ def parse_output_type(spec) -> dict[str, str]:
             raise OptionError(f"{option('output_type')} {name or 'every output'}: {got}; "
                               f"expected FP16 or FP32{why}")
         if name in chosen:
-            raise OptionError(f"{option('output_type')}: {name!r} named twice")
+            what = f"{name!r} named" if name else "a type for every output given"
+            raise OptionError(f"{option('output_type')}: {what} twice")
         chosen[name] = kind
     return chosen
 

@@ -1086,6 +1086,15 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
     (["tune", "m.onnx", "--target", "ascend310", "--job_type", "2"],
      "(--job_type is AOE's; graphopt tune --job op is "
      "its 2, --job subgraph its 1)"),
+    # ATC flags graphopt has no counterpart for say why (the README's flag map says "none")
+    (["optimize", "m.onnx", "-o", "m.om", "--op_select_implmode=high_precision",
+      "--enable_small_channel=1"],
+     "(--op_select_implmode is ATC's; kernel choice is onnxruntime's here; "
+     "--enable_small_channel is ATC's; kernel choice is onnxruntime's here)"),
+    # atc --mode=1 --om=x.om --json=x.json pasted onto inspect: its --json is a switch
+    (["inspect", "--mode=1", "--om=x.om", "--json=x.json"],
+     "inspect: argument --json: ignored explicit argument 'x.json' (--json=FILE is ATC's "
+     "--mode=1 output file; graphopt inspect x.om --json > x.json here)"),
     (["optimize", "m.onnx", "-o", "m.om", "--output_type=FP16", "--mode=1"],
      "(--output_type is --output-type here; --mode is ATC's; its --mode=1 (an .om as JSON) is "
      "graphopt inspect x.om --json"),

@@ -272,3 +272,19 @@ def test_bf16_leaves_a_float16_edge_alone_where_its_neighbour_stays_float32():
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float16)}
     kept = graphopt.optimize(model, input_fp16_nodes="x", output_type="FP16").to_onnx()
     assert numerics.run(compiled, feeds)["y"].tolist() == numerics.run(kept, feeds)["y"].tolist()
+
+
+@pytest.mark.parametrize("spec", ["FP16;y:FP32", "y:FP32;fp16"])
+def test_a_bare_type_among_named_outputs_is_every_other_outputs(spec):
+    # The command line refused "FP16;y:FP32" as "FP16: no type; expected FP16 or FP32", while
+    # the library took the same ask as {"": "FP16", "y": "FP32"}.
+    result = graphopt.optimize(_classifier(), output_type=spec)
+    assert _dtypes(result.to_onnx().graph.output) == {
+        "y": onnx.TensorProto.FLOAT, "twice": onnx.TensorProto.FLOAT16,
+        "label": onnx.TensorProto.INT64}
+
+
+def test_a_type_for_every_output_given_twice_is_refused():
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(_classifier(), output_type="FP16;FP32")
+    assert "output_type: a type for every output given twice" in str(refused.value)
