@@ -114,6 +114,10 @@ def apply_io_types(model: Model, fp16_inputs: list[str] | None,
 _DTYPE_NAMES = {DType.FLOAT16: "float16", DType.FLOAT: "float32"}
 
 
+def _dtype_text(value: Value) -> str:
+    return value.dtype.name.lower() if value.dtype is not None else "untyped"
+
+
 def _float_input(graph, name: str, label: str, images: dict) -> Value:
     """The feedable float32 input `name`, which a float16 one will replace (`images`: the
     inputs --insert-op-conf made take uint8 images, inserted_preprocessing's record)."""
@@ -128,9 +132,8 @@ def _float_input(graph, name: str, label: str, images: dict) -> Value:
                           f"{option('insert_op_conf')}'s uint8 images, which its preprocessing "
                           "turns into float32 inside the model; name it in one option only")
     if value.dtype != DType.FLOAT:
-        dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
         raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the input is "
-                          f"{dtype}; only float32 inputs can take float16")
+                          f"{_dtype_text(value)}; only float32 inputs can take float16")
     if value.is_graph_output:
         raise OptionError(f"{label}: {option('input_fp16_nodes')} {name!r}: the input is also "
                           "an output of the model")
@@ -180,9 +183,9 @@ def _chosen_outputs(graph, output_types: dict[str, str], label: str):
                 raise OptionError(f"{label}: {option('output_type')} {said}: not an output of "
                                   "the model (--out-nodes makes a tensor one)")
             if value.dtype not in _DTYPE_NAMES:
-                dtype = value.dtype.name.lower() if value.dtype is not None else "untyped"
                 raise OptionError(f"{label}: {option('output_type')} {said}: the output is "
-                                  f"{dtype}; only float32 and float16 outputs change type")
+                                  f"{_dtype_text(value)}; only float32 and float16 outputs "
+                                  "change type")
             if value.is_input:
                 raise OptionError(f"{label}: {option('output_type')} {said}: the output is "
                                   "also an input of the model")
