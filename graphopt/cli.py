@@ -10,6 +10,7 @@ import sys
 import threading
 
 from graphopt import __version__
+from graphopt.cli_atc import add_atc_parser
 from graphopt.cli_bisect import add_bisect_parser
 from graphopt.cli_calibrate import add_calibrate_parser
 from graphopt.cli_compare import add_compare_parser
@@ -521,6 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_diff_parser(sub)
     add_bisect_parser(sub)
     add_report_parser(sub)
+    add_atc_parser(sub)
     _add_passes(sub)
     _add_zoo(sub)
     parser.commands = sub.choices  # name -> the command's parser
@@ -612,6 +614,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         command.error(f"unrecognized arguments: {' '.join(extra)}"
                       + (f" ({'; '.join(hints)})" if hints else ""))
     return args
+
+
+def run_argv(argv: list[str]) -> int:
+    """Run a command line from inside a command (graphopt atc's translation of its flags)."""
+    return _run_command(_parse(argv))
 
 
 def _run_command(args) -> int:
