@@ -14,7 +14,8 @@ ATC_ONLY = {
     "--soc_version": "ATC's chip; --target here (ascend310, ascend310b, ascend910b, or a "
                      "profile file)",
     "--framework": "ATC's; graphopt reads ONNX only",
-    "--model": "ATC's; the model is the first argument here",
+    "--model": "ATC's; the model is the first argument here (graphopt atc takes an atc "
+               "command line as it is)",
     "--precision_mode": "ATC's; --precision here (force_fp16: fp16, allow_mix_precision: "
                         "mixed-fp16, must_keep_origin_dtype: keep)",
     "--dynamic_batch_size": "ATC's; --dynamic-dims \"batch:1,2,4\" here",
