@@ -1,6 +1,6 @@
 """The input check's type inference: one whole-model run against inference by kind of node.
 
-`graphopt.compiler.check_input` (schema checks, then strict ONNX shape inference) on each model,
+`graphopt.compile_checks.check_input` (schema checks, then strict ONNX shape inference) on each model,
 three ways, interleaved, medians of --runs (each on a fresh import, which is not timed):
 
 * whole: one `onnx.shape_inference.infer_shapes` over the exported model;
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graphopt.kind_inference as kind_inference  # noqa: E402
 from graphopt import opcheck  # noqa: E402
-from graphopt.compiler import check_input  # noqa: E402
+from graphopt.compile_checks import check_input  # noqa: E402
 from graphopt.ir import load_onnx  # noqa: E402
 from _common import markdown_table, summary, write_json  # noqa: E402
 from _models import LIGHT_DIR, ZOO_QUICK, sized_zoo_models  # noqa: E402

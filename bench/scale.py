@@ -205,8 +205,10 @@ def compile_stages(path: str, om_path: str) -> dict:
     import graphopt.passes.memory
     import graphopt.tuner.records  # noqa: F401
     from graphopt.codegen.split import partition_ir
-    from graphopt.compiler import (OptimizeResult, check_input, op_counts,
-                                   plan_partition_memory, save)
+    from graphopt.compile_checks import check_input
+    from graphopt.compile_memory import plan_partition_memory
+    from graphopt.compile_result import OptimizeResult, op_counts
+    from graphopt.compile_save import save
     from graphopt.ir import load_onnx
     from graphopt.opcheck import check_ops, runtime_schemas
     from graphopt.partition import load_target, partition
@@ -499,7 +501,8 @@ def weights_model(path: str, gigabytes: float, width: int = 4096, seed: int = 0,
 
 
 def _weights_child(args) -> int:
-    from graphopt.compiler import optimize, save
+    from graphopt.compile_save import save
+    from graphopt.compiler import optimize
 
     stages = Stages()
     result = stages.run("optimize (import, -O2, partition, plan)", optimize, args.weights_child,

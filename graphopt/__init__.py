@@ -8,7 +8,9 @@ from graphopt.lazy import lazy_attributes
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, lazy_attributes below
     from graphopt.codegen.loader import load
-    from graphopt.compiler import OptimizeResult, optimize, save
+    from graphopt.compile_result import OptimizeResult
+    from graphopt.compile_save import save
+    from graphopt.compiler import optimize
     from graphopt.ir import load_onnx, to_onnx
 
 __all__ = ["OptimizeResult", "__version__", "load", "load_onnx", "optimize", "save", "to_onnx"]
@@ -19,8 +21,8 @@ __all__ = ["OptimizeResult", "__version__", "load", "load_onnx", "optimize", "sa
 __getattr__, __dir__ = lazy_attributes(__name__, {
     "load": "graphopt.codegen.loader:load",
     "optimize": "graphopt.compiler:optimize",
-    "save": "graphopt.compiler:save",
-    "OptimizeResult": "graphopt.compiler:OptimizeResult",
+    "save": "graphopt.compile_save:save",
+    "OptimizeResult": "graphopt.compile_result:OptimizeResult",
     "load_onnx": "graphopt.ir:load_onnx",
     "to_onnx": "graphopt.ir:to_onnx",
     "errors": "graphopt.errors",

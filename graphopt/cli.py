@@ -143,7 +143,9 @@ def _add_optimize(sub) -> None:
 
 
 def _cmd_optimize(args) -> int:
-    from graphopt.compiler import memory_plots, optimize, save
+    from graphopt.compile_memory import memory_plots
+    from graphopt.compile_save import save
+    from graphopt.compiler import optimize
     from graphopt.ir.collector import collect_dropped
     from graphopt.passes.memory import draw_plan
     from graphopt.summary import format_summary
@@ -238,7 +240,7 @@ def _cmd_optimize(args) -> int:
             _print_accuracy(args, source, changed, fitted)
             return 0
     else:  # "print nothing on success": an output that will not load is not quite that
-        from graphopt.compiler import UNLOADABLE_NOTE
+        from graphopt.compile_checks import UNLOADABLE_NOTE
 
         for note in result.notes:
             if note.startswith(UNLOADABLE_NOTE):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphopt.codegen.om_manifest import dtype_name
+from graphopt.compile_result import OptimizeResult
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt.input_shapes import input_shapes_argument
 from graphopt.ir import Model, load_onnx
@@ -32,14 +33,14 @@ class CompiledProfile:
     """One shape profile and its compile."""
 
     profile: ShapeProfile
-    result: "OptimizeResult"  # noqa: F821 - graphopt.compiler's, imported late (cycle)
+    result: OptimizeResult
 
 
 def optimize_profiles(model, spec, options: dict):
     """Compile `model` once per profile of `spec` with graphopt.optimize's `options`; returns the
     first profile's OptimizeResult, whose `profiles` lists every profile's. A model file is
     parsed once: the profiles' imports share its weights."""
-    from graphopt.compiler import PIN_OPTIONS
+    from graphopt.compile_checks import PIN_OPTIONS
 
     # A refusal of a pin names the options that pinned: --dynamic-dims (and --input-shape).
     token = PIN_OPTIONS.set(("dynamic_dims", "input_shapes") if options.get("input_shapes")
@@ -52,7 +53,8 @@ def optimize_profiles(model, spec, options: dict):
 
 
 def _optimize_profiles(model, spec, options: dict):
-    from graphopt.compiler import load_inputs, optimize
+    from graphopt.compile_verify import load_inputs
+    from graphopt.compiler import optimize
 
     start = time.perf_counter()
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
@@ -84,7 +86,7 @@ def _optimize_profiles(model, spec, options: dict):
         start_profile_dumps(dump_dir, [profile.name for profile in profiles],
                             options.get("dump_format", "text"))
     shared = SharedStats()  # int8 statistics, measured by a profile the calibration data fits
-    results: dict[str, "OptimizeResult"] = {}  # noqa: F821
+    results: dict[str, OptimizeResult] = {}
     waiting: list[tuple[ShapeProfile, dict, CalibrationShapeError, bool]] = []
     for profile, input_shapes in zip(profiles, shapes):
         fits = feeds is not None and _fits(feeds, profile)
@@ -130,7 +132,7 @@ def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedSt
     """One profile's compile; its errors name the profile (a calibration shape mismatch is
     raised as it is, for optimize_profiles to retry once another profile has measured).
     `inputs_elsewhere`: --inputs were given and fit another profile, not this one."""
-    from graphopt.compiler import INPUTS_FIT_OTHER_PROFILES
+    from graphopt.compile_verify import INPUTS_FIT_OTHER_PROFILES
 
     shared.profile = _label(profile)
     token = INPUTS_FIT_OTHER_PROFILES.set(inputs_elsewhere)

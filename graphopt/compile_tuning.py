@@ -13,7 +13,7 @@ from graphopt.input_shapes import format_input_shapes
 from graphopt.option_names import from_command_line, setting
 
 if TYPE_CHECKING:
-    from graphopt.compiler import OptimizeResult
+    from graphopt.compile_result import OptimizeResult
 
 
 @dataclass(frozen=True)

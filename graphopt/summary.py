@@ -6,7 +6,7 @@ import shlex
 
 from graphopt.codegen.inspect_om import largest_index
 from graphopt.codegen.profile_match import profiles_count
-from graphopt.compiler import OptimizeResult, op_counts
+from graphopt.compile_result import OptimizeResult, op_counts
 from graphopt.errors import one_line
 from graphopt.partition.target import as_given
 from graphopt.table import format_bytes, format_table

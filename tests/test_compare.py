@@ -10,7 +10,8 @@ import onnx
 import pytest
 from helpers import IR_VERSION, parse_model, run_cli
 
-from graphopt.compiler import optimize, save
+from graphopt.compile_save import save
+from graphopt.compiler import optimize
 from graphopt.errors import InputError, OptionError
 from graphopt.tools.compare import compare_arrays, compare_models
 from graphopt.tools.compare_format import format_report

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 import graphopt
-from graphopt.compiler import optimize, save
+from graphopt.compile_save import save
+from graphopt.compiler import optimize
 from graphopt.errors import GraphoptError
 
 EXAMPLES = int(os.environ.get("GRAPHOPT_FUZZ_EXAMPLES", "0")) or None
@@ -936,11 +937,11 @@ def test_a_model_onnxruntime_cannot_load_compiles_with_a_note_saying_so():
 
 
 def test_a_compile_onnxruntime_cannot_load_where_it_loads_the_original_is_refused(monkeypatch):
-    import graphopt.compiler as compiler
+    import graphopt.compile_checks as compile_checks
 
-    real = compiler.onnxruntime_refusal
+    real = compile_checks.onnxruntime_refusal
     broken = "[ONNXRuntimeError] : 1 : FAIL : Node () Op (Add) Incompatible dimensions"
-    monkeypatch.setattr(compiler, "onnxruntime_refusal",
+    monkeypatch.setattr(compile_checks, "onnxruntime_refusal",
                         lambda model, weightless=True: broken if model.graph.nodes() else
                         real(model, weightless))
     model = parse_model("g (float[2,3] x) => (float[2,3] y) { y = Relu (x) }")

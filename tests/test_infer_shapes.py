@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import IR_VERSION, parse_model
 
 from graphopt import zoo
-from graphopt.compiler import check_input, optimize
+from graphopt.compile_checks import check_input
+from graphopt.compiler import optimize
 from graphopt.ir import DType, load_onnx
 from graphopt.ir.onnx_io import read_type
 from graphopt.passes.infer_shapes import (

@@ -317,7 +317,7 @@ def test_a_kill_mid_write_leaves_no_partial_file(tmp_path, capsys, monkeypatch, 
 
     import onnx
 
-    import graphopt.compiler
+    import graphopt.compile_save
 
     before = signal.getsignal(signum)
     source = tmp_path / "m.onnx"
@@ -329,7 +329,7 @@ def test_a_kill_mid_write_leaves_no_partial_file(tmp_path, capsys, monkeypatch, 
             os.kill(os.getpid(), signum)
             time.sleep(10)
 
-    monkeypatch.setattr(graphopt.compiler, "save", killed_mid_write)
+    monkeypatch.setattr(graphopt.compile_save, "save", killed_mid_write)
     started = time.monotonic()
     rc = main(["optimize", str(source), "-o", str(tmp_path / "m.om")])
     assert rc == 128 + signum and capsys.readouterr().err.endswith(message)
@@ -342,19 +342,19 @@ def test_an_ignored_hangup_stays_ignored(tmp_path, monkeypatch):
     # `nohup graphopt tune …` ignores SIGHUP so that the job outlives its terminal.
     import onnx
 
-    import graphopt.compiler
+    import graphopt.compile_save
 
     source = tmp_path / "m.onnx"
     onnx.save(graphopt.zoo.build("tiny"), source)
     seen = []
-    real_save = graphopt.compiler.save
+    real_save = graphopt.compile_save.save
 
     def save(*args, **kwargs):
         seen.append(signal.getsignal(signal.SIGHUP))
         os.kill(os.getpid(), signal.SIGHUP)  # ignored: the compile goes on
         return real_save(*args, **kwargs)
 
-    monkeypatch.setattr(graphopt.compiler, "save", save)
+    monkeypatch.setattr(graphopt.compile_save, "save", save)
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         assert main(["optimize", str(source), "-o", str(tmp_path / "m.om"), "-q"]) == 0

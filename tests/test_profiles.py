@@ -620,13 +620,14 @@ def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
 def test_a_profile_the_inputs_do_not_fit_fails_without_asking_for_inputs(monkeypatch):
     # It is verified on seeded inputs; its failure asked for "inputs like the deployment's with
     # inputs", which the user had given (they fit the other profile).
+    import graphopt.compile_verify as compile_verify
     import graphopt.compiler as compiler
     from graphopt.errors import VerificationError
 
     def failing(original, optimized, inputs, options, *args, **kwargs):
         if inputs is None:
-            raise VerificationError("outputs differ" + compiler._seeded_inputs_hint(inputs,
-                                                                                    options))
+            raise VerificationError("outputs differ" + compile_verify._seeded_inputs_hint(
+                inputs, options))
         return {}
 
     monkeypatch.setattr(compiler, "verify_outputs", failing)

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
 from graphopt.codegen.om_read import load_om
-from graphopt.compiler import optimize, save
+from graphopt.compile_save import save
+from graphopt.compiler import optimize
 from graphopt.errors import GraphoptError, InputError, OptionError
 from graphopt import numerics
 from graphopt.ir import load_onnx, to_onnx
@@ -215,12 +216,12 @@ def test_external_data_that_is_a_folder_or_starts_past_the_end_is_named(tmp_path
 def test_a_model_past_protobufs_limit_is_hashed_and_run_from_a_file(tmp_path, monkeypatch):
     # onnx.load of a model with over 2 GiB of external data gives a ModelProto that no one
     # message serializes to: the source hash and --verify's sessions do without.
-    from graphopt import compiler
+    from graphopt import compile_result
 
     from google.protobuf.message import EncodeError
 
     proto = onnx.load(_external_model(str(tmp_path))[0])
-    small = compiler._memory_model_sha256(proto)
+    small = compile_result.memory_model_sha256(proto)
     serialize = type(proto).SerializeToString
 
     def refused(self, **kwargs):  # what protobuf does past 2 GiB, for this model only
@@ -229,8 +230,8 @@ def test_a_model_past_protobufs_limit_is_hashed_and_run_from_a_file(tmp_path, mo
         return serialize(self, **kwargs)
 
     monkeypatch.setattr(type(proto), "SerializeToString", refused)
-    large = compiler._memory_model_sha256(proto)
-    assert large != small and large == compiler._memory_model_sha256(proto)
+    large = compile_result.memory_model_sha256(proto)
+    assert large != small and large == compile_result.memory_model_sha256(proto)
     x = np.ones((2, WIDTH), np.float32)
     out = numerics.run(proto, {"x": x})[f"h{LAYERS - 1}"]
     monkeypatch.undo()

@@ -463,7 +463,7 @@ def _static(value_type: tuple) -> bool:
 
 def fully_typed(model: Model) -> bool:
     """Whether every computed value has a dtype and a static shape (or a non-tensor type):
-    then inference would only restate what the input check (compiler.check_input) and the
+    then inference would only restate what the input check (compile_checks.check_input) and the
     passes recorded, so a static model skips -O2's three inferences (~1/6 of its compile)."""
     for value in model.graph.all_values():
         if value.producer is not None and value.type_proto is None and \

@@ -108,7 +108,7 @@ class _Evaluator:
         """How `compiled`'s outputs break tolerance, or None when they do not."""
         self.count += 1
         self.rounding_note = None
-        from graphopt.compiler import not_runnable_here
+        from graphopt.compile_verify import not_runnable_here
 
         proto = to_onnx(compiled.model)
         not_here = not_runnable_here(proto, "bisect")
@@ -144,7 +144,7 @@ class _Evaluator:
 
     def _beyond_rounding(self, actual: dict, judge: dict) -> list:
         """The outputs outside rtol/atol, none when rounding explains them all (as --verify's
-        compiler._beyond_rounding judges; the note says which allowance they met)."""
+        compile_verify._beyond_rounding judges; the note says which allowance they met)."""
         mismatches = numerics.compare(self.expected, actual, judge["rtol"], judge["atol"])
         if not mismatches or not self.rounding or set(self.expected) - set(actual):
             return mismatches
@@ -169,7 +169,7 @@ def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
 
     check_pins(shapes, typed_inputs(reference), label)
     if feeds is not None:
-        from graphopt.compiler import load_inputs  # the --inputs .npz reader of --verify
+        from graphopt.compile_verify import load_inputs  # the --inputs .npz reader of --verify
 
         arrays = load_inputs(feeds, option("feeds", BISECT_FLAGS))
         where = (option("feeds", BISECT_FLAGS) if isinstance(feeds, dict)

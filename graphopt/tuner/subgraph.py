@@ -278,7 +278,7 @@ class Evaluator:
     def _session(self, result):
         """The candidate saved and loaded as an .om, its outputs checked against the original."""
         from graphopt import load, numerics
-        from graphopt.compiler import save
+        from graphopt.compile_save import save
 
         if self.feeds is None:
             import onnx

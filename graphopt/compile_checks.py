@@ -1,0 +1,199 @@
+"""The compile's checks of its input and of what it made: ops and types as imported,
+pinned shapes, and whether onnxruntime loads the compiled model where it loads the given one."""
+
+from __future__ import annotations
+
+import re
+from contextvars import ContextVar
+
+from graphopt import numerics
+from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
+from graphopt.errors import InputError
+from graphopt.ir import Model, to_onnx
+from graphopt.ir.collector import heap_frozen
+from graphopt.opcheck import check_kernel_dtypes, check_ops
+from graphopt.option_names import option
+from graphopt.passes.disputed_shapes import forget_disputed_sizes
+from graphopt.passes.infer_shapes import drop_unfounded_declarations, record_type_bytes
+
+
+def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> list[str]:
+    """check_ops on the imported model (InputError naming the node at fault), keeping the
+    static types its shape inference found: a static model is then typed in full, and the
+    pipeline's InferShapes passes have nothing left to do. Deprecated ops onnxruntime still
+    runs are rewritten first; returns the notes saying so."""
+    notes = replace_deprecated_ops(model, label)
+    with heap_frozen():  # the IR is long-lived: no full collection should walk it again
+        try:
+            types = check_ops(model, label, allow_custom_ops)
+        except InputError as exc:
+            if "LayerNormalization" in str(exc) and any(
+                    n.startswith("LayerNormalization at opset") for n in notes):
+                raise InputError(f"{exc}; {EARLY_LAYER_NORM_HINT}") from None
+            raise
+        if types is not None:
+            drop_unfounded_declarations(model, types)
+            record_type_bytes(model, types, static_only=True)
+            forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
+        check_kernel_dtypes(model, label)
+    return notes
+
+
+def overridable_initializers(model: Model) -> list[str]:
+    """The graph inputs that carry an initializer a caller may override (ONNX IR ≥ 4)."""
+    return [v.name for v in model.graph.inputs if v.const is not None and v.overridable]
+
+
+def overridable_note(model: Model) -> list[str]:
+    """The note a model with overridable initializers gets: what each output does with them."""
+    names = overridable_initializers(model)
+    if not names:
+        return []
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return [f"{shown}: initializer(s) the model also lists as inputs, which ONNX lets a caller "
+            "override: no pass folds them, optimized ONNX keeps them overridable, and an .om "
+            "fixes them at their values (it takes no such feed), as ATC fixes weights"]
+
+
+def check_pinned_shapes(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
+    """Strict shape inference again, on the pinned model: a pin the graph cannot take (a batch of
+    3 added to a [2, 4] weight) would otherwise compile, infer_shapes being best effort, into
+    an artifact onnxruntime refuses to load. InputError naming the node and the pins."""
+    from graphopt.input_shapes import reshape_conflict
+    from graphopt.opcheck import check_inference
+
+    try:
+        check_inference(model, label)
+    except InputError as exc:
+        raise InputError(f"{exc} (with the pinned shapes {_pins(shapes, model)})") from None
+    conflict = reshape_conflict(model)
+    if conflict:  # inference lets a static element count through that the kernel refuses
+        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes, model)}")
+
+
+def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]]) -> None:
+    """InputError when onnxruntime refuses the compiled model that the pins made static (its
+    caller knows it loaded the model before them). ONNX's inference does not see all that
+    onnxruntime's does: silero-vad pinned to [1, 512] makes the If branch for the other
+    sample rate, which those inputs never take, give its LSTM a rank-4 input once the shapes
+    fold."""
+    from graphopt.input_shapes import reshape_conflict
+
+    conflict = reshape_conflict(model)  # a target folded from Concat/Shape only now
+    if conflict:
+        raise InputError(f"{label}: {conflict} with the pinned shapes {_pins(shapes, model)}: the "
+                         "model fixes that size, so it cannot run at these shapes")
+    refusal = onnxruntime_refusal(model)
+    # A missing kernel is about types, which pins do not change: a bfloat16 compile for an
+    # NPU the CPU provider has no kernels for (it runs where the CANN provider is).
+    if refusal and _missing_kernel(refusal, model):
+        return
+    if refusal and onnxruntime_refusal(model, weightless=False):  # weights in place: surely
+        raise InputError(f"{label}: with the pinned shapes {_pins(shapes, model)}, onnxruntime "
+                         f"cannot load the compiled model: {refusal}. A pin can give a shape to a "
+                         "branch the inputs never take that it cannot have: leave such an "
+                         f"input's dims open ({_unpinned_advice()})")
+
+
+def _unpinned_advice() -> str:
+    """How to leave an input's dims open, in terms of the options that pinned them."""
+    given = PIN_OPTIONS.get()
+    advice = (f"no {option('dynamic_dims')} key on its dims" if "dynamic_dims" in given
+              else f"no {option('input_shapes')} for it")
+    return advice + (f", nor {option('input_shapes')}" if len(given) > 1 else "")
+
+
+def check_loads(model: Model, label: str, given: bytes) -> str | None:
+    """InputError when onnxruntime cannot load the compiled model where it loads the original
+    (`given`, weightless_bytes of the model as given): a model it loads but cannot run, or a
+    rewrite gone wrong. A note when it loads neither: the model as given is one onnxruntime
+    refuses, and so will the output be. None when it loads. A missing kernel is about types,
+    which the CPU provider may lack for a device's compile (bfloat16), and is left to the
+    artifact's runtime."""
+    refusal = onnxruntime_refusal(model)
+    if refusal and not _missing_kernel(refusal, model):
+        # Some kernels take only constant weights, which the weightless check passes as inputs.
+        refusal = onnxruntime_refusal(model, weightless=False)
+    if not refusal or _missing_kernel(refusal, model):
+        return None
+    if numerics.load_refusal(given) is None:
+        # Either a model onnxruntime loads but can never run (a Reshape to a size its data
+        # does not have), whose contradiction folding made static, or a rewrite gone wrong.
+        basic = numerics.load_refusal(given, level="basic")
+        if basic is not None and _innermost(basic) == _innermost(refusal):
+            # Its own optimizer, which infers shapes into the branches, refuses the original
+            # too: the model is what breaks once shapes are known, not graphopt's rewrite.
+            raise InputError(f"{label}: onnxruntime loads the original only with its graph "
+                             f"optimizations off (ORT_DISABLE_ALL; at ORT_ENABLE_BASIC: "
+                             f"{basic}); graphopt infers and folds shapes as that optimizer "
+                             f"does, and the compiled model meets the same refusal: {refusal}. "
+                             "The model is at fault (a node that cannot take the shapes "
+                             "inference gives it), not a rewrite")
+        raise InputError(f"{label}: onnxruntime cannot load the compiled model, where it loads "
+                         f"the original: {refusal}. If the original runs, this is a graphopt "
+                         "bug (--disable-pass on the pass that made the node, or -O0, compiles "
+                         "without it); a model onnxruntime loads but cannot run fails so once "
+                         "its shapes fold")
+    return (f"{UNLOADABLE_NOTE}, nor its compile: {refusal} (the output will not load where "
+            "this onnxruntime runs)")
+
+
+def _innermost(refusal: str) -> str:
+    """What onnxruntime's refusal says last, after the nodes and error kinds that lead to it
+    ("First input tensor must have rank 3"): two refusals alike there are the same fault."""
+    return refusal.rsplit("] ", 1)[-1].strip()
+
+
+def _missing_kernel(refusal: str, model: Model) -> bool:
+    """Whether onnxruntime's CPU provider refuses the model for a kernel it lacks: none for an
+    op's types (NOT_IMPLEMENTED), or, where it has none for a function op's bfloat16 (Clip),
+    the bfloat16 its expansion's ops refuse: the type error then names an op the model does not
+    hold (Clip's body's Where). Both are the CPU provider's gaps, which the device a compile
+    targets does not share, and are left to the artifact's runtime."""
+    if "NOT_IMPLEMENTED" in refusal:
+        return True
+    found = re.search(r"Type Error: Type 'tensor\(bfloat16\)' of input parameter \(.*?\) "
+                      r"of operator \((\w+)\)", refusal)
+    return found is not None and found.group(1) not in {
+        node.op_type for node in model.graph.all_nodes()}
+
+
+# How check_loads' note starts: `optimize -q` still prints it, as a warning.
+UNLOADABLE_NOTE = "onnxruntime cannot load the model as given"
+
+
+def _pins(shapes: dict[str, list[int]], model: Model) -> str:
+    """The pinned input shapes as --input-shape writes them, with the sizes `model` has where a
+    pin keeps a dim (-1): a shape profile's pins keep the dims the model fixes, which were
+    quoted as -1 (x:3,-1 of an x[B, 4])."""
+    inputs = {v.name: v.shape for v in model.graph.inputs}
+    quoted = []
+    for name, dims in shapes.items():
+        shape = inputs.get(name) or ()
+        sizes = [held if pinned == -1 and isinstance(held, int) else pinned
+                 for pinned, held in zip(dims, [*shape, *[None] * (len(dims) - len(shape))])]
+        quoted.append(f"{name}:{','.join(map(str, sizes))}")
+    return ";".join(quoted)
+
+
+# The options that pinned the input shapes of the compile under way, as the user gave them:
+# a shape profile's compile (compile_profiles) sets them, since its pins come from
+# --dynamic-dims, and advice to drop an --input-shape the user never gave misleads.
+PIN_OPTIONS: ContextVar[tuple[str, ...]] = ContextVar("PIN_OPTIONS", default=("input_shapes",))
+
+
+def weightless_bytes(model: Model) -> bytes | None:
+    """The model serialized with weights above 1 KiB as graph inputs of their type and shape,
+    as onnxruntime_refusal has onnxruntime judge it; None past protobuf's 2 GiB."""
+    return numerics.serialized(to_onnx(model, weights_as_inputs_above=1024, value_infos=False))
+
+
+def onnxruntime_refusal(model: Model, weightless: bool = True) -> str | None:
+    """Why onnxruntime refuses to load `model` (None when it loads it, or when it cannot be
+    asked: a model past protobuf's 2 GiB with its weights), as a session without graph
+    optimizations sees it. `weightless`: weights above 1 KiB are passed as graph inputs of
+    their type and shape, so the check copies no weight and costs milliseconds (a kernel that
+    needs a constant weight, MatMulNBits', then refuses what it would load)."""
+    data = numerics.serialized(to_onnx(model, weights_as_inputs_above=1024 if weightless
+                                       else None, value_infos=False))
+    return numerics.load_refusal(data) if data is not None else None

@@ -1,0 +1,166 @@
+"""--verify: run the original and the compiled model on the same inputs and judge the outputs."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+
+import numpy as np
+from onnx import ModelProto
+
+from graphopt import numerics
+from graphopt.errors import InputError, OptionError, VerificationError
+from graphopt.option_names import option, setting
+from graphopt.passes import Options
+from graphopt.rounding import within_rounding
+from graphopt.source_marks import frames_hint, inserted_preprocessing
+
+
+# Set while a shape profile whose shapes the given --inputs do not fit is compiled: it verifies
+# on seeded inputs, and its failure must not ask for the --inputs the user gave.
+INPUTS_FIT_OTHER_PROFILES: ContextVar[bool] = ContextVar("INPUTS_FIT_OTHER_PROFILES",
+                                                         default=False)
+
+
+def load_inputs(inputs, name: str | None = None) -> dict[str, np.ndarray] | None:
+    """--inputs as feeds: a dict as given, an .npz path read (OptionError if it cannot be,
+    naming the option `name`, by default optimize's)."""
+    if inputs is None or isinstance(inputs, dict):
+        return inputs
+    from graphopt.codegen.feeds import load_npz
+
+    try:
+        return load_npz(inputs)
+    except InputError as e:
+        raise OptionError(f"{name or option('inputs')} {e}") from None
+
+
+def not_runnable_here(model: ModelProto, what: str) -> str | None:
+    """Why `what` (--verify, bisect) cannot run a compile on this machine: convs blocked for
+    another CPU's NCHWc block (a target profile's nchwc_block_size), which onnxruntime here
+    would run wrong, so the outputs would differ by that alone."""
+    from graphopt.nchwc_block import foreign_block
+
+    blocks = foreign_block({p.key: p.value for p in model.metadata_props})
+    if blocks is None:
+        return None
+    return (f"{what}: the compile blocks its convs by {blocks[0]} channels (the target's "
+            f"nchwc_block_size) and onnxruntime here by {blocks[1] or 'none'}: the result runs "
+            "wrong on this machine, so it cannot be compared here; check it where it will run "
+            "(graphopt compare)")
+
+
+def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
+                   judge: dict, notes: list[str] | None = None,
+                   allow_rounding: bool = True) -> dict[str, float]:
+    """Run both models with onnxruntime at ORT_DISABLE_ALL (the optimized one where a lossy pass
+    changed it at the level accuracy_rule.deployed_level says); raise VerificationError on any
+    output `judge` fails (accuracy_rule's rtol/atol, or min_cosine when set), unless under
+    rtol/atol and `allow_rounding` rounding explains it (rounding.within_rounding), which
+    `notes` then says. Returns the max absolute error per output."""
+    not_here = not_runnable_here(optimized, option("verify"))
+    if not_here:
+        raise OptionError(not_here)
+    feeds = load_inputs(inputs)
+    if feeds is None:
+        try:
+            feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
+        except ValueError as e:
+            raise VerificationError(f"{option('verify')}: {e} (give {option('inputs')})") from None
+    else:  # a file that does not fit is the file's fault, not the model's
+        from graphopt.codegen.feeds import check_feeds, typed_inputs
+
+        given = option("inputs") if isinstance(inputs, dict) else setting("inputs", inputs)
+        label = f"{option('verify')}: {given}"
+        try:
+            check_feeds(typed_inputs(original), feeds)
+        except InputError as e:
+            images = inserted_preprocessing(original.metadata_props)
+            raise InputError(f"{label}: {e}{frames_hint(e, images)}") from None
+        if options.input_shapes:  # and the pinned sizes, or the compile would take the blame
+            from graphopt.input_shapes import check_pins_fit_feeds
+
+            check_pins_fit_feeds(options.input_shapes, feeds, given)
+            try:
+                check_feeds(typed_inputs(optimized), feeds)
+            except InputError as e:
+                raise InputError(f"{label}: {e} (as {option('input_shapes')} pinned it)") from None
+    try:
+        expected = numerics.run(original, feeds)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
+        hint = "" if inputs is not None else numerics.random_inputs_hint(
+            "seeded random", bool(options.input_shapes), reason=str(e))
+        raise VerificationError(f"{option('verify')}: onnxruntime cannot run the original model: "
+                                f"{numerics.ort_reason(e)}{hint}") from None
+    from graphopt.tools.accuracy_rule import deployed_level
+
+    try:
+        actual = numerics.run(optimized, feeds, deployed_level(optimized.metadata_props))
+    except Exception as e:  # noqa: BLE001
+        raise VerificationError(f"{option('verify')}: onnxruntime cannot run the optimized model: "
+                                f"{numerics.ort_reason(e)}") from None
+    if judge["min_cosine"] is None:
+        problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
+        if problems and allow_rounding:
+            problems = _beyond_rounding(original, feeds, expected, actual, judge,
+                                        notes if notes is not None else [])
+    else:
+        from graphopt.tools.accuracy_rule import below_cosine
+
+        problems = below_cosine(expected, actual, judge)
+    if problems:
+        raise VerificationError(f"{option('verify')}: optimized model differs from the original: "
+                                + "; ".join(str(p) for p in problems[:3])
+                                + _seeded_inputs_hint(inputs, options))
+    _check_loads_at_all(original, optimized)
+    empty = [name for name, value in expected.items()
+             if isinstance(value, np.ndarray) and value.size == 0]
+    if empty and notes is not None:  # verified over no element: say so rather than "match"
+        notes.append(f"output(s) {', '.join(empty)} hold no element at these input shapes: "
+                     "nothing of them was compared")
+    # Over every tensor a sequence or map holds too; 0 for outputs without floats.
+    return {name: numerics.max_abs_error(exp, actual[name]) for name, exp in expected.items()}
+
+
+def _seeded_inputs_hint(inputs, options: Options) -> str:
+    """What a failed verification ran on when no inputs were given: standard normal values,
+    which int8 ranges fitted to real data (images in [0, 1]) clip, so a compile whose report
+    on its calibration data read 0.999 failed at 0.91 with nothing saying why."""
+    if inputs is not None:
+        return ""
+    fitted = (f", which the int8 ranges fitted to {option('calibration')} may clip"
+              if options.quantize == "int8" and options.calibration else "")
+    ask = (f"{option('inputs')} fit another shape profile: a file of this profile's shapes "
+           "checks it on real data" if INPUTS_FIT_OTHER_PROFILES.get()
+           else f"give inputs like the deployment's with {option('inputs')}")
+    return f" (on seeded random inputs: standard normal values{fitted}; {ask})"
+
+
+def _beyond_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
+                     judge: dict, notes: list[str]) -> list:
+    """The outputs outside rtol/atol, unless rounding explains every one of them (which
+    `notes` then says: rounding.within_rounding)."""
+    problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
+    failing = [name for name, reference in expected.items()
+               if numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
+                                   judge["atol"])]
+    note = within_rounding(original, feeds, expected, actual, failing, judge)
+    if note is None:
+        return problems
+    notes.append(note)
+    return []
+
+
+def _check_loads_at_all(original: ModelProto, optimized: ModelProto) -> None:
+    """VerificationError when onnxruntime loads the optimized model only with its optimizer
+    off: a deployment (and an .om's session) runs it at ORT_ENABLE_ALL, whose rewrites, such
+    as inlining an If whose condition graphopt folded, re-check what they produce."""
+    try:
+        numerics.session(optimized, "all")
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
+        try:
+            numerics.session(original, "all")
+        except Exception:  # noqa: BLE001 - the original fails there too: not the compile's doing
+            return
+        raise VerificationError(f"{option('verify')}: onnxruntime cannot load the optimized "
+                                "model at ORT_ENABLE_ALL, where it loads the original: "
+                                f"{numerics.ort_reason(e)}") from None
