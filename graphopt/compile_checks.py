@@ -1,5 +1,4 @@
-"""The compile's checks of its input and of what it made: ops and types as imported,
-pinned shapes, and whether onnxruntime loads the compiled model where it loads the given one."""
+"""A compile's checks: the input's ops and types, pinned shapes, onnxruntime loading its output."""
 
 from __future__ import annotations
 

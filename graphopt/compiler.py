@@ -1,11 +1,12 @@
-"""The compile driver behind `graphopt optimize` and `graphopt.optimize`: import, check, pin
-shapes, run a pipeline, optionally verify numerically, save ONNX or `.om`."""
+"""graphopt.optimize: import and check a model, pin shapes, run a pipeline, verify, partition."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
+from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -182,22 +183,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
     # Every other argument, as given, for each profile's compile under --dynamic-dims.
     arguments = {k: v for k, v in locals().items()
                  if k not in ("model", "dynamic_dims", "shared_stats", "tuning_db")}
-    if isinstance(model, (bytearray, memoryview)):
-        model = bytes(model)
-    if not isinstance(model, (str, os.PathLike, ModelProto, bytes)):
-        raise OptionError(f"optimize takes a path, an onnx.ModelProto or serialized bytes, not "
-                          f"{type(model).__name__}")
-    if isinstance(model, (str, os.PathLike)) and not os.fspath(model):
-        raise OptionError("optimize: the model path is empty")
-    wanted_outputs = None if out_nodes is None else parse_out_nodes(out_nodes)
-    fp16_inputs = None if input_fp16_nodes is None else parse_fp16_inputs(input_fp16_nodes)
-    output_types = None if output_type is None else parse_output_type(output_type)
-    insert_op_conf = api_args.path(insert_op_conf, "insert_op_conf")
-    aipp = None
-    if insert_op_conf is not None:  # read first: a bad file fails before the model is loaded
-        from graphopt.aipp_config import read_aipp_config
-
-        aipp = read_aipp_config(insert_op_conf)
+    model = _model_argument(model)
+    edits = _source_edits(out_nodes, input_fp16_nodes, output_type, insert_op_conf)
     start = time.perf_counter()
     target = api_args.target(target)
     api_args.check_run_options(verify, inputs, rtol, atol, memory_reorder, target)
@@ -210,25 +197,116 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                           f"got {rewrite_gate!r}")
     options = _options(level, disable_passes, switch_file, input_shapes, fold_size_limit,
                        verify_structure, dump_dir, allow_custom_ops, trace_rules, dump_format)
-    tuned = tuned_decisions(tuning_db, model, target, level, options.input_shapes,
-                             input_shapes)
+    tuned = _priced_on_float(tuned_decisions(tuning_db, model, target, level,
+                                             options.input_shapes, input_shapes),
+                             pass_options, precision, quantize)
+    if tuned.gate is not None:
+        rewrite_gate = _both_gates(tuned.gate, rewrite_gate)
+        pass_options = {**(tuned.pass_options or {}), **pass_options}
+        arguments.update(rewrite_gate=rewrite_gate, pass_options=pass_options)
+    _set_options(options, precision, quantize, calibration, pass_options)
+    _check_verify_device(verify, options, target)
+    if dynamic_dims is not None:  # the options are checked once, before any profile's compile
+        from graphopt.compile_profiles import optimize_profiles
+
+        profiled = optimize_profiles(model, dynamic_dims, arguments)
+        record_tuning(profiled, tuning_db, tuned)
+        return profiled
+    source = _import(model, options, edits, verify)
+    data, mismatch = _calibration_data(options, source.model, shared_stats, edits.aipp)
+    ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
+                      target=target, gate=rewrite_gate, calibration=data,
+                      shared_stats=shared_stats, calibration_mismatch=mismatch)
+    instruments = _instruments(options, instruments, source)
+    if target is not None and not options.nchwc_block_size:
+        options.nchwc_block_size = target.device(target.primary).nchwc_block_size
+    pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
+    idle = idle_switches(options.disabled_passes, pipeline.pass_names())
+    if idle:
+        ctx.note(f"{option('disable_passes')} {', '.join(idle)}: not in this compile's pipeline "
+                 f"({pipeline.name}), so switching {'it' if len(idle) == 1 else 'them'} off "
+                 "changes nothing")
+    log = PassManager(pipeline, ctx, instruments).run(source.model)
+    _check_compiled(source, options, ctx, log, target)
+    result = OptimizeResult(source.model, log, source.label, source.sha256, source.ops_before,
+                            notes=source.notes + ctx.notes, source_identity=source.identity)
+    record_tuning(result, tuning_db, tuned)
+    if ctx.tracer is not None:
+        from graphopt.passes.rules import quiet_rule_reasons, rule_fire_counts
+
+        why = quiet_rule_reasons(ctx.tracer.rules, pipeline.pass_names(),
+                                 set(options.disabled_passes), options.level)
+        result.traces = ctx.tracer.report(why_none=why, fired=rule_fire_counts(log))
+    if source.reference is not None:
+        _verify(result, source.reference, inputs, options, rtol, atol)
+    if target is not None:
+        _partition(result, target, options, memory_reorder)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _model_argument(model):
+    """optimize's `model` as load_onnx takes it; OptionError for anything else."""
+    if isinstance(model, (bytearray, memoryview)):
+        model = bytes(model)
+    if not isinstance(model, (str, os.PathLike, ModelProto, bytes)):
+        raise OptionError(f"optimize takes a path, an onnx.ModelProto or serialized bytes, not "
+                          f"{type(model).__name__}")
+    if isinstance(model, (str, os.PathLike)) and not os.fspath(model):
+        raise OptionError("optimize: the model path is empty")
+    return model
+
+
+@dataclass
+class _SourceEdits:
+    """ATC's edits of the source model, parsed: what apply_source_edits does before any pass."""
+
+    out_nodes: list | None
+    fp16_inputs: list | None
+    output_types: dict | None
+    insert_op_conf: str | None
+    aipp: object | None  # the AIPP configuration read from insert_op_conf
+
+
+def _source_edits(out_nodes, input_fp16_nodes, output_type, insert_op_conf) -> _SourceEdits:
+    wanted_outputs = None if out_nodes is None else parse_out_nodes(out_nodes)
+    fp16_inputs = None if input_fp16_nodes is None else parse_fp16_inputs(input_fp16_nodes)
+    output_types = None if output_type is None else parse_output_type(output_type)
+    insert_op_conf = api_args.path(insert_op_conf, "insert_op_conf")
+    aipp = None
+    if insert_op_conf is not None:  # read first: a bad file fails before the model is loaded
+        from graphopt.aipp_config import read_aipp_config
+
+        aipp = read_aipp_config(insert_op_conf)
+    return _SourceEdits(wanted_outputs, fp16_inputs, output_types, insert_op_conf, aipp)
+
+
+def _priced_on_float(tuned, pass_options: dict, precision, quantize):
+    """The knowledge base's subgraph decisions, their note saying so when this compile changes
+    precision: subgraph tuning prices the float compile."""
     # As keywords, or as pass options (the command line's flags arrive so).
     converting = [setting(key, value) for key, value in (
                       ("precision", pass_options.get("precision", precision)),
                       ("quantize", pass_options.get("quantize", quantize)))
                   if value not in (None, "keep", "none")]
-    if tuned.gate is not None and converting:  # subgraph tuning prices the float compile
-        tuned = dataclasses.replace(tuned, note=(
-            f"{tuned.note}, which were tuned on the float compile: {', '.join(converting)} "
-            "changes what they were priced on (write the converted model and tune it to price "
-            "them for it)"))
-    if tuned.gate is not None:
-        user_gate = rewrite_gate
-        rewrite_gate = tuned.gate if user_gate is None else (
-            lambda pass_name, rule, node: tuned.gate(pass_name, rule, node)
-            and user_gate(pass_name, rule, node))
-        pass_options = {**(tuned.pass_options or {}), **pass_options}
-        arguments.update(rewrite_gate=rewrite_gate, pass_options=pass_options)
+    if tuned.gate is None or not converting:
+        return tuned
+    return dataclasses.replace(tuned, note=(
+        f"{tuned.note}, which were tuned on the float compile: {', '.join(converting)} "
+        "changes what they were priced on (write the converted model and tune it to price "
+        "them for it)"))
+
+
+def _both_gates(tuned_gate, user_gate):
+    """A rewrite gate that lets through what the tuned decisions and the caller's both allow."""
+    if user_gate is None:
+        return tuned_gate
+    return lambda pass_name, rule, node: (tuned_gate(pass_name, rule, node)
+                                          and user_gate(pass_name, rule, node))
+
+
+def _set_options(options: Options, precision, quantize, calibration, pass_options: dict) -> None:
+    """The precision keywords and `pass_options` into `options`, then every value checked."""
     # pass_options may override; None means the default, as for every other keyword
     options.precision, options.quantize = precision or "keep", quantize or "none"
     if calibration is not None:
@@ -243,12 +321,18 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             raise OptionError(f"compile option '{name}' {exc}") from None
     _check_values(options)
     check_precision_options(options)
-    # Only for a device that runs bfloat16: one without (ascend310) refuses the mode in the
-    # compile, naming the ops, where this sent the user to a CANN machine that has none either.
-    if verify and "bf16" in options.precision and target is not None \
-            and target.device(target.primary).kind != "cpu" \
-            and any("bfloat16" in kernel.dtypes
-                    for kernel in target.device(target.primary).kernels.values()):
+
+
+def _check_verify_device(verify: bool, options: Options, target) -> None:
+    """OptionError for --verify of a bfloat16 compile for a device that runs bfloat16: the CPU
+    provider that verification runs on has no such kernels for most ops. Only for such a
+    device: one without (ascend310) refuses the mode in the compile, naming the ops, where this
+    sent the user to a CANN machine that has none either."""
+    if not (verify and "bf16" in options.precision and target is not None):
+        return
+    device = target.device(target.primary)
+    if device.kind != "cpu" and any("bfloat16" in kernel.dtypes
+                                    for kernel in device.kernels.values()):
         from graphopt.partition.target import as_given
 
         raise OptionError(f"{setting('verify')} with {setting('precision', options.precision)} "
@@ -256,22 +340,36 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                           "onnxruntime's CPU provider, which has no bfloat16 kernel for most "
                           "ops; compare on a machine with the CANN provider (graphopt compare), "
                           "or compile with fp16")
-    if dynamic_dims is not None:  # the options are checked once, before any profile's compile
-        from graphopt.compile_profiles import optimize_profiles
 
-        profiled = optimize_profiles(model, dynamic_dims, arguments)
-        record_tuning(profiled, tuning_db, tuned)
-        return profiled
+
+@dataclass
+class _Source:
+    """The model imported, checked, edited and pinned, and what the result records of it."""
+
+    model: Model
+    label: str                  # the input path, or "<model>"
+    is_path: bool
+    sha256: str | None          # of a model given in memory (a file's is read when saved)
+    identity: tuple | None      # of the input file, see OptimizeResult.source_identity
+    notes: list[str]
+    reference: ModelProto | None  # the model before any pin or pass, for --verify
+    ops_before: Counter
+    # The model as given, weightless, for onnxruntime to judge (None with custom ops); whether
+    # onnxruntime loaded it before the pins.
+    given: bytes | None
+    loaded_unpinned: bool
+
+
+def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Source:
     is_path = isinstance(model, (str, os.PathLike))
     label = os.fspath(model) if is_path else "<model>"
-    source_sha256 = None
-    source_identity = file_identity(label) if is_path else None
-    if not is_path:
-        source_sha256 = memory_model_sha256(model)
+    # Before the model is read: the file as compiled, the bytes as given.
+    identity = file_identity(label) if is_path else None
+    sha256 = None if is_path else memory_model_sha256(model)
     ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options.quantize)
     pinned_first = False
     try:
-        import_notes = check_input(ir_model, label, options.allow_custom_ops)
+        notes = check_input(ir_model, label, options.allow_custom_ops)
     except InputError:
         if not options.input_shapes:
             raise
@@ -279,17 +377,18 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         # length) may be valid once pinned: the pins come first then.
         ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options.quantize)
         pin_input_shapes(ir_model, options.input_shapes)
-        import_notes = check_input(ir_model, label, options.allow_custom_ops)
+        notes = check_input(ir_model, label, options.allow_custom_ops)
         pinned_first = True
     if upgraded:
-        import_notes.append(upgraded)
-    import_notes += apply_source_edits(ir_model, wanted_outputs, aipp, label, insert_op_conf,
-                                       options.input_shapes, fp16_inputs, output_types)
+        notes.append(upgraded)
+    notes += apply_source_edits(ir_model, edits.out_nodes, edits.aipp, label,
+                                edits.insert_op_conf, options.input_shapes, edits.fp16_inputs,
+                                edits.output_types)
     # The reference for verification (ended at out_nodes), before any pin or pass; exported
     # only when needed since it copies every weight.
-    source = to_onnx(ir_model) if verify else None
+    reference = to_onnx(ir_model) if verify else None
     ops_before = op_counts(ir_model.graph.all_nodes())
-    import_notes += overridable_note(ir_model)
+    notes += overridable_note(ir_model)
     # The model as given, weightless, for onnxruntime to judge: before any pin, a model it
     # loads must load pinned (check_compiled_loads); unpinned, only when its compile does not
     # load (check_loads: serialized now, loaded only then, a session being ~10% of a small
@@ -302,104 +401,110 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
             pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)
         check_pinned_shapes(ir_model, label, options.input_shapes)
-    calibration = mismatch = None
-    if options.calibration:  # read and checked against the (pinned) inputs before any pass
-        from graphopt.quant.calib_data import CalibrationShapeError, check_calibration
+    return _Source(ir_model, label, is_path, sha256, identity, notes, reference, ops_before,
+                   given, loaded_unpinned)
 
-        try:
-            calibration = check_calibration(options.calibration, ir_model.graph)
-        except CalibrationShapeError as exc:
-            if shared_stats is None:
-                raise _with_image_hint(exc, aipp) from None
-            mismatch = exc  # a shape profile the data does not fit: QuantizeInt8 borrows
-            shared_stats.misfit = shared_stats.misfit or \
-                f"shape profile {shared_stats.profile}: {exc}"
-        except OptionError as exc:  # of another dtype, say
+
+def _calibration_data(options: Options, model: Model, shared_stats, aipp):
+    """(the calibration data read and checked against the (pinned) inputs before any pass, or
+    None; the refusal of a shape profile the data does not fit, whose QuantizeInt8 borrows
+    another profile's statistics through `shared_stats`)."""
+    if not options.calibration:
+        return None, None
+    from graphopt.quant.calib_data import CalibrationShapeError, check_calibration
+
+    try:
+        data = check_calibration(options.calibration, model.graph)
+    except CalibrationShapeError as exc:
+        if shared_stats is None:
             raise _with_image_hint(exc, aipp) from None
-        else:
-            if shared_stats is not None:
-                shared_stats.fitted = True
+        shared_stats.misfit = shared_stats.misfit or \
+            f"shape profile {shared_stats.profile}: {exc}"
+        return None, exc
+    except OptionError as exc:  # of another dtype, say
+        raise _with_image_hint(exc, aipp) from None
+    if shared_stats is not None:
+        shared_stats.fitted = True
+    return data, None
 
-    ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
-                      target=target, gate=rewrite_gate, calibration=calibration,
-                      shared_stats=shared_stats, calibration_mismatch=mismatch)
-    extra_instruments, instruments = list(instruments), []
+
+def _instruments(options: Options, extra: list, source: _Source) -> list:
+    """The instruments run around every pass: the built-in ones the options ask for, then the
+    caller's."""
+    instruments = []
     if options.verify_structure:
         instruments.append(VerifyAfterEachPass())
     if options.dump_dir:
         instruments.append(DumpIR(options.dump_dir, options.dump_format,
-                                  source=label if is_path else None))
-    instruments += extra_instruments
-    if target is not None and not options.nchwc_block_size:
-        options.nchwc_block_size = target.device(target.primary).nchwc_block_size
-    pipeline = with_precision(for_target(PIPELINES[options.level], target), options)
-    idle = idle_switches(options.disabled_passes, pipeline.pass_names())
-    if idle:
-        ctx.note(f"{option('disable_passes')} {', '.join(idle)}: not in this compile's pipeline "
-                 f"({pipeline.name}), so switching {'it' if len(idle) == 1 else 'them'} off "
-                 "changes nothing")
-    log = PassManager(pipeline, ctx, instruments).run(ir_model)
-    corrected = correct_output_declarations(ir_model)
+                                  source=source.label if source.is_path else None))
+    return instruments + list(extra)
+
+
+def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: PassLog,
+                    target) -> None:
+    """After the passes: output declarations as computed, the lossy passes marked, and the
+    compiled model loaded by onnxruntime where the given one loads (compile_checks)."""
+    corrected = correct_output_declarations(source.model)
     if corrected:
         ctx.note(f"graph output(s) declared otherwise than computed, now declared as computed "
                  f"(onnxruntime warns of such a declaration and returns what it computes): "
                  f"{'; '.join(corrected)}")
-    _mark_lossy(ir_model, log, target)
-    if loaded_unpinned:
-        check_compiled_loads(ir_model, label, options.input_shapes)
-    elif given is not None and not options.input_shapes:
-        note = check_loads(ir_model, label, given)
+    _mark_lossy(source.model, log, target)
+    if source.loaded_unpinned:
+        check_compiled_loads(source.model, source.label, options.input_shapes)
+    elif source.given is not None and not options.input_shapes:
+        note = check_loads(source.model, source.label, source.given)
         if note:
             ctx.notes.append(note)
-    result = OptimizeResult(ir_model, log, label, source_sha256, ops_before,
-                            notes=import_notes + ctx.notes, source_identity=source_identity)
-    record_tuning(result, tuning_db, tuned)
-    if ctx.tracer is not None:
-        from graphopt.passes.rules import quiet_rule_reasons, rule_fire_counts
 
-        why = quiet_rule_reasons(ctx.tracer.rules, pipeline.pass_names(),
-                                 set(options.disabled_passes), options.level)
-        result.traces = ctx.tracer.report(why_none=why, fired=rule_fire_counts(log))
-    if source is not None:
-        try:
-            from graphopt.tools.accuracy_rule import accuracy_rule
 
-            judge, result.verify_note = accuracy_rule(
-                log.to_json()["passes"], rtol, atol,
-                choose=f"{option('rtol')}/{option('atol')} judge by allclose")
-            rounding: list[str] = []
-            # Tolerances given apply as given, as in compare and bisect.
-            result.max_abs_error = verify_outputs(source, to_onnx(ir_model), inputs, options,
-                                                  judge, rounding,
-                                                  allow_rounding=rtol is None and atol is None)
-            result.verify_note = "; ".join(filter(None, [result.verify_note, *rounding]))
-        except VerificationError as exc:
-            winograd = log.totals().get("WinogradConv", {}).get("rewrites", {})
-            if not sum(winograd.values()):
-                raise
-            # -O3's Winograd convs are exact to a layer's scale, not to each element's.
-            from graphopt.passes.winograd import tolerance_hint
+def _verify(result: OptimizeResult, reference: ModelProto, inputs, options: Options,
+            rtol: float | None, atol: float | None) -> None:
+    """--verify: the compiled model against `reference` (compile_verify.verify_outputs), by the
+    accuracy rule the pass log calls for; VerificationError when they differ."""
+    from graphopt.tools.accuracy_rule import accuracy_rule
 
-            raise VerificationError(f"{exc} ({tolerance_hint(sum(winograd.values()))})") from None
-    if target is not None:
-        from graphopt.codegen.split import partition_ir
-        from graphopt.partition import partition
-        from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
-        from graphopt.partition.report import dynamic_hint
-        from graphopt.partition.target import as_given
+    log = result.log
+    try:
+        judge, result.verify_note = accuracy_rule(
+            log.to_json()["passes"], rtol, atol,
+            choose=f"{option('rtol')}/{option('atol')} judge by allclose")
+        rounding: list[str] = []
+        # Tolerances given apply as given, as in compare and bisect.
+        result.max_abs_error = verify_outputs(reference, to_onnx(result.model), inputs, options,
+                                              judge, rounding,
+                                              allow_rounding=rtol is None and atol is None)
+        result.verify_note = "; ".join(filter(None, [result.verify_note, *rounding]))
+    except VerificationError as exc:
+        winograd = log.totals().get("WinogradConv", {}).get("rewrites", {})
+        if not sum(winograd.values()):
+            raise
+        # -O3's Winograd convs are exact to a layer's scale, not to each element's.
+        from graphopt.passes.winograd import tolerance_hint
 
-        result.partitioning = partition(ir_model, target)
-        check_host_bfloat16(result.partitioning, options, ir_model)
-        note = quantized_fallback_note(result.partitioning, options)
-        if note:
-            result.notes.append(note)
-        dynamic = dynamic_hint(ir_model, result.partitioning, log)
-        if dynamic:  # ATC takes static shapes only: say why the NPU got less than it could
-            result.notes.append(f"{setting('target', as_given(target))}: {dynamic}")
-        result.partition_models = partition_ir(ir_model, result.partitioning)
-        result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
-    result.seconds = time.perf_counter() - start
-    return result
+        raise VerificationError(f"{exc} ({tolerance_hint(sum(winograd.values()))})") from None
+
+
+def _partition(result: OptimizeResult, target, options: Options, memory_reorder: bool) -> None:
+    """Place the compiled model on the target's devices, cut it into partition models and plan
+    each one's memory, into `result`."""
+    from graphopt.codegen.split import partition_ir
+    from graphopt.partition import partition
+    from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
+    from graphopt.partition.report import dynamic_hint
+    from graphopt.partition.target import as_given
+
+    model = result.model
+    result.partitioning = partition(model, target)
+    check_host_bfloat16(result.partitioning, options, model)
+    note = quantized_fallback_note(result.partitioning, options)
+    if note:
+        result.notes.append(note)
+    dynamic = dynamic_hint(model, result.partitioning, result.log)
+    if dynamic:  # ATC takes static shapes only: say why the NPU got less than it could
+        result.notes.append(f"{setting('target', as_given(target))}: {dynamic}")
+    result.partition_models = partition_ir(model, result.partitioning)
+    result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
 
 
 def _with_image_hint(exc: Exception, aipp) -> Exception:
