@@ -543,12 +543,15 @@ def test_verify_runs_the_om_as_written_before_it_replaces_the_output(tmp_path, c
 
     def differing(reference, candidate, *args, **kwargs):
         report = CompareReport(str(reference), str(candidate), "allclose", "seeded random")
-        report.rows.append(Row("logits", "output", "f32", (1, 10), passed=False, max_abs=0.5))
+        report.rows.append(Row("logits", "output", "f32", (1, 10), passed=False, max_abs=0.5,
+                               mismatches=3))
         return report
 
     for fake, message in ((unloadable, "as written does not run: "),
                           (differing, "as written differs from the original: logits (max abs "
-                                      "0.5); nothing written")):
+                                      "0.5, 3 element(s) beyond rtol/atol) (on seeded random "
+                                      "inputs: standard normal values; give inputs like the "
+                                      "deployment's with --inputs); nothing written")):
         out.write_bytes(b"the old artifact")
         monkeypatch.setattr(compare, "compare_models", fake)
         rc, _, err = run_cli(capsys, "optimize", source, "-o", out, "--verify")

@@ -25,7 +25,7 @@ from graphopt.input_shapes import check_pins, check_pins_fit_feeds, input_shapes
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.option_names import BISECT_FLAGS, option, setting, usage
-from graphopt.rounding import within_rounding
+from graphopt.rounding import weight_rounding, within_rounding
 from graphopt.tools.accuracy_rule import accuracy_rule, below_cosine
 from graphopt.tools.rule_text import rule_text
 from graphopt.tools.bisect_compile import (
@@ -98,6 +98,7 @@ class _Evaluator:
         self.passed_by_rounding = ""  # the note of the last evaluation that did
         self.count = 0
         self._own: dict | Exception | None = None  # the original at ORT_ENABLE_ALL, once run
+        self._moved: dict | Exception | None = None  # its rounding.weight_rounding, once run
         try:
             self.expected = numerics.run(reference, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the explanation
@@ -142,6 +143,17 @@ class _Evaluator:
             raise RuntimeError(str(self._own))  # a fresh one: re-raising grows its traceback
         return self._own
 
+    def _weight_rounding(self) -> dict:
+        """rounding.weight_rounding of the original on the feeds, run once, as _own_outputs."""
+        if self._moved is None:
+            try:
+                self._moved = weight_rounding(self.reference, self.feeds)
+            except Exception as e:  # noqa: BLE001 - within_rounding takes it as no yardstick
+                self._moved = e
+        if isinstance(self._moved, Exception):
+            raise RuntimeError(str(self._moved))
+        return self._moved
+
     def _beyond_rounding(self, actual: dict, judge: dict) -> list:
         """The outputs outside rtol/atol, none when rounding explains them all (as --verify's
         compile_verify._beyond_rounding judges; the note says which allowance they met)."""
@@ -152,7 +164,8 @@ class _Evaluator:
                    if numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
                                        judge["atol"])]
         self.rounding_note = within_rounding(self.reference, self.feeds, self.expected, actual,
-                                             failing, judge, own=self._own_outputs)
+                                             failing, judge, own=self._own_outputs,
+                                             sensitivity=self._weight_rounding)
         self.passed_by_rounding = self.rounding_note or self.passed_by_rounding
         return [] if self.rounding_note else mismatches
 
