@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -500,7 +501,23 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.removeprefix("graphopt ")
         if command == "inspect" and message.startswith("argument --json: ignored explicit"):
             message += f" (--json=FILE is {JSON_FILE})"  # atc --mode=1 --json=x.json pasted
+        message += _precision_hint(message)
         self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
+
+
+def _precision_hint(message: str) -> str:
+    """What a --precision choice that is not one means in graphopt's flags: quantization is
+    --quantize, and mixed precision names its half type."""
+    found = re.match(r"argument --precision: invalid choice: '([^']*)'", message)
+    if not found:
+        return ""
+    wanted = found.group(1).lower()
+    if wanted in ("int8", "int4"):
+        return (f" ({wanted} is quantization: --quantize {wanted}"
+                + (" --calibration DATA" if wanted == "int8" else "") + ")")
+    if wanted in ("mixed", "mix"):
+        return " (mixed precision names its half type: mixed-fp16 or mixed-bf16)"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,11 +20,12 @@ def _comma_list(values, flag: str = "") -> set[str]:
 
 def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
     """--keep-dtype's node names, and op types: an entry that names a file is read as ATC's
-    --keep_dtype list (a node name, or `OpType::Type` for an op type, per line; `#` comments)."""
+    --keep_dtype list (a node name, or `OpType::Type` for an op type, per line; `#` comments);
+    any other entry is such a line itself."""
     nodes, types = set(), set()
     for name in names:
         if not os.path.isfile(name):
-            nodes.add(name)
+            _keep_entry(name, "--keep-dtype", nodes, types)
             continue
         try:
             with open(name, encoding="utf-8-sig") as f:
@@ -36,14 +37,19 @@ def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
         if not entries:
             raise OptionError(f"--keep-dtype {name}: the file names no node or op type")
         for entry in entries:
-            kind, separator, op_type = entry.partition("OpType::")
-            if separator and not kind:
-                if not op_type.strip():
-                    raise OptionError(f"--keep-dtype {name}: {entry!r} names no op type")
-                types.add(op_type.strip())
-            else:
-                nodes.add(entry)
+            _keep_entry(entry, f"--keep-dtype {name}", nodes, types)
     return nodes, types
+
+
+def _keep_entry(entry: str, where: str, nodes: set[str], types: set[str]) -> None:
+    """One --keep-dtype entry into `nodes`, or, as `OpType::Type`, into `types`."""
+    kind, separator, op_type = entry.partition("OpType::")
+    if separator and not kind:
+        if not op_type.strip():
+            raise OptionError(f"{where}: {entry!r} names no op type")
+        types.add(op_type.strip())
+    else:
+        nodes.add(entry)
 
 
 def add_precision_args(p, report: bool = True, scope: str = "") -> None:
@@ -64,8 +70,9 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
     g.add_argument("--precision-deny", action="append", metavar="OPS",
                    help="op types kept in their dtype; comma list, repeatable")
     g.add_argument("--keep-dtype", action="append", metavar="NODES|FILE",
-                   help="node names kept in their dtype; comma list, repeatable; a file is "
-                        "read as ATC's --keep_dtype list (names, or OpType::Type per line)")
+                   help="node names (or OpType::Type for op types) kept in their dtype; "
+                        "comma list, repeatable; a file is read as ATC's --keep_dtype list "
+                        "(one per line)")
     g.add_argument("--quantize", choices=QUANTIZE, default="none",
                    help="int8: static INT8 with calibration; int4: weight-only block-wise INT4 "
                         "of MatMul/Gemm weights (com.microsoft::MatMulNBits)")

@@ -88,10 +88,15 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
     if refusal and _missing_kernel(refusal, model):
         return
     if refusal and onnxruntime_refusal(model, weightless=False):  # weights in place: surely
+        branches = any(node.op_type in ("If", "Loop", "Scan") for node in model.graph.all_nodes())
+        why = ("A pin can give a shape to a branch the inputs never take that it cannot have: "
+               "leave such an input's dims open" if branches else
+               "The model fixes a size these pins change (an export traced at one batch size "
+               "or length keeps it in its Reshapes and weights): pin the sizes it was exported "
+               "at, or leave those dims open")
         raise InputError(f"{label}: with the pinned shapes {_pins(shapes, model)}, onnxruntime "
-                         f"cannot load the compiled model: {refusal}. A pin can give a shape to a "
-                         "branch the inputs never take that it cannot have: leave such an "
-                         f"input's dims open ({_unpinned_advice()})")
+                         f"cannot load the compiled model: {refusal}. {why} "
+                         f"({_unpinned_advice()})")
 
 
 def _unpinned_advice() -> str:

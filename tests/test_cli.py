@@ -1117,3 +1117,15 @@ def test_help_wraps_to_the_terminal_and_keeps_the_examples(monkeypatch):
         assert max(map(len, described.splitlines())) <= 80, name
         for line in (command.epilog or "").splitlines():  # laid out by hand: kept as written
             assert line in text.splitlines(), (name, line)
+
+
+@pytest.mark.parametrize("value, hint", [
+    ("int8", "(int8 is quantization: --quantize int8 --calibration DATA)"),
+    ("int4", "(int4 is quantization: --quantize int4)"),
+    ("mixed", "(mixed precision names its half type: mixed-fp16 or mixed-bf16)")])
+def test_a_precision_that_is_another_flags_value_says_which(tmp_path, capsys, value, hint):
+    with pytest.raises(SystemExit) as exited:
+        main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.om"),
+              "--precision", value])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"invalid choice: '{value}'" in err and hint in err, err

@@ -216,3 +216,24 @@ def test_pins_make_valid_a_model_whose_dynamic_form_shape_inference_refuses():
              "sizes": np.array([1, 1, 1, 2], np.int64)}
     (y,) = numerics.run(result.to_onnx(), feeds).values()
     np.testing.assert_array_equal(y, [[[[0.0, 2.0]]]])
+
+
+def test_a_pin_a_model_without_branches_cannot_take_names_the_sizes_it_fixes():
+    # An export traced at batch 1 (a Reshape to [1, -1] before a MatMul): pinned to batch 2,
+    # onnxruntime refuses the compile. The advice was about branches the inputs never take,
+    # which this model has none of.
+    from graphopt.errors import InputError
+
+    proto = parse_model("""
+        g (float[N, 4] x) => (float[1, 3] y) {
+            shape = Concat <axis = 0> (one, rest)
+            r = Reshape (x, shape)
+            y = MatMul (r, w)
+        }""", one=np.array([1], np.int64), rest=np.array([-1], np.int64),
+        w=np.ones((4, 3), np.float32))
+    with pytest.raises(InputError) as caught:
+        graphopt.optimize(proto, input_shapes="x:2,4")
+    message = str(caught.value)
+    assert "with the pinned shapes x:2,4, onnxruntime cannot load the compiled model" in message
+    assert "branch" not in message and "The model fixes a size these pins change" in message
+    graphopt.optimize(proto, input_shapes="x:1,4", verify=True)  # the size it was traced at

@@ -111,6 +111,13 @@ def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path
     report = compare_models(source, om)  # the source runs with the same Casts at its edges
     assert report.passed
     assert any("ran with the same Casts at its edges" in note for note in report.notes)
+    assert compare_models(source, om, _feeds()).passed
+    # float32 data for x: the refusal named the source, whose file takes float32 there.
+    single = {**_feeds(), "x": _feeds()["x"].astype(np.float32)}
+    with pytest.raises(graphopt.errors.InputError,
+                       match=f"^feeds: input 'x' has dtype float32, but {om} takes float16 "
+                             r"there \(its compile's --input-fp16-nodes\)"):
+        compare_models(source, om, single)
 
 
 def test_compare_casts_an_inner_tensor_out_nodes_made_an_output():

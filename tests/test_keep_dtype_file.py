@@ -1,4 +1,4 @@
-"""--keep-dtype FILE: ATC's --keep_dtype list (a node name, or OpType::Type, per line)."""
+"""--keep-dtype: node names and OpType::Type entries, inline or as ATC's --keep_dtype list file."""
 
 from __future__ import annotations
 
@@ -54,3 +54,18 @@ def test_an_empty_or_unreadable_list_is_refused_by_name(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", tmp_path / "o.onnx",
                          "--precision", "fp16", "--keep-dtype", bad)
     assert rc == 1 and "'OpType::' names no op type" in err
+
+
+def test_op_types_given_inline_are_kept_as_a_files_lines_are(tmp_path, capsys):
+    # `--keep-dtype "second,OpType::Relu"` kept nothing of Relu: the entry was taken for a node
+    # name, and the note said it matched nothing.
+    out = tmp_path / "o.onnx"
+    rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", out, "--precision",
+                         "fp16", "--keep-dtype", "second,OpType::Relu", "--verify",
+                         "--no-accuracy-report")
+    assert rc == 0 and "matches nothing" not in err, err
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    assert _dtypes(out) == {"first": f16, "Relu": f32, "second": f32}
+    rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", out, "--precision",
+                         "fp16", "--keep-dtype", "OpType::")
+    assert rc == 1 and "--keep-dtype: 'OpType::' names no op type" in err, err

@@ -387,6 +387,20 @@ def _overridable(proto: onnx.ModelProto | None) -> set[str]:
     return {init.name for init in proto.graph.initializer if init.name in listed}
 
 
+def _check_retyped_feeds(arrays: dict, candidate: Side, label: str) -> None:
+    """InputError naming the compile's --input-fp16-nodes for a feed of another dtype than the
+    candidate takes there: the reference is run as that compile edited it, and its refusal
+    named the reference, whose file takes float32."""
+    for name, dtype in candidate.io_types()["inputs"].items():
+        fed = arrays.get(name)
+        if isinstance(fed, np.ndarray) and fed.dtype != np.dtype(dtype):
+            raise InputError(f"{label}: input {name!r} has dtype {fed.dtype}, but "
+                             f"{candidate.label} takes {dtype} there (its compile's "
+                             "--input-fp16-nodes), and the reference is compared as that "
+                             f"compile edited it: give {dtype} arrays "
+                             f"(x.astype(np.{dtype}))")
+
+
 def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
                input_shapes) -> tuple[dict[str, np.ndarray], str]:
     """The feeds both sides run on, and how to describe them: `feeds` (a dict or an .npz path)
@@ -402,6 +416,7 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
                 raise InputError(f"{option('feeds', COMPARE_FLAGS)} {exc}") from None
         else:
             arrays = {name: _fed(value) for name, value in feeds.items()}
+        _check_retyped_feeds(arrays, candidate, label)
         overridable = _overridable(reference.proto)
         for side in (reference, candidate):
             own = _overridable(side.proto)  # an optimized .onnx keeps them overridable too
