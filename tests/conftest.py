@@ -29,7 +29,7 @@ def _piped_tables(monkeypatch):
 def reference_reader(request, monkeypatch):
     """How the runtime reads partitions' external references at load: from the protobuf wire
     (graphopt's own form, in any process), or parsed with onnx (what takes any other form)."""
-    from graphopt.codegen import runtime
+    from graphopt.codegen import partition_sessions
 
-    monkeypatch.setattr(runtime, "WIRE_REFERENCES", request.param == "wire")
+    monkeypatch.setattr(partition_sessions, "WIRE_REFERENCES", request.param == "wire")
     return request.param

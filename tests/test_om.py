@@ -250,9 +250,10 @@ def test_small_weights_stay_in_one_protobuf(om_path):
 def test_runtime_without_the_folder_setting_copies_the_weights_in(tmp_path, monkeypatch):
     # An onnxruntime that does not know where bytes-loaded models keep external data cannot
     # map the blob; the runtime then hands it the weights inside the model instead.
+    import graphopt.codegen.partition_sessions as partition_sessions
     import graphopt.codegen.runtime as runtime
 
-    monkeypatch.setattr(runtime, "_EXTERNAL_FOLDER", "session.graphopt_test_unknown_entry")
+    monkeypatch.setattr(partition_sessions, "_EXTERNAL_FOLDER", "session.graphopt_test_unknown_entry")
     monkeypatch.chdir(tmp_path)  # nothing named like the artifact where onnxruntime would look
     path = tmp_path / "sub" / "big.om"
     path.parent.mkdir()

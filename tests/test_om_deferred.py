@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
+import graphopt.codegen.deferred_check as deferred_check
 import graphopt.codegen.runtime as runtime
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
 from graphopt.errors import ArtifactError
@@ -67,7 +68,7 @@ def forge_partition(src, dst, model: onnx.ModelProto | bytes):
 @pytest.fixture
 def threaded(monkeypatch):
     """Every deferred check on the second thread, however small the artifact."""
-    monkeypatch.setattr(runtime, "_INLINE_CHECK_BYTES", 0)
+    monkeypatch.setattr(deferred_check, "_INLINE_CHECK_BYTES", 0)
 
 
 def test_deferred_load_checks_the_rest_and_leaves_the_partition_sums(om_path, tmp_path):
@@ -173,7 +174,7 @@ def test_forged_reference_never_reaches_onnxruntime(om_path, tmp_path, monkeypat
     # Checksums forged: only the runtime's own parse stands between the reference and
     # onnxruntime, which would read the file the reference names.
     if not inline:
-        monkeypatch.setattr(runtime, "_INLINE_CHECK_BYTES", 0)
+        monkeypatch.setattr(deferred_check, "_INLINE_CHECK_BYTES", 0)
     model = matmul_model()
     weight = model.graph.initializer[0]
     weight.ClearField("raw_data")

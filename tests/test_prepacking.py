@@ -12,7 +12,7 @@ import pytest
 
 import graphopt
 from graphopt.codegen import OmPartition, load_om, write_om
-from graphopt.codegen import runtime
+from graphopt.codegen import partition_sessions
 from graphopt.codegen.prepacking import prepacking_pays
 from graphopt.ir import load_onnx
 from tests.helpers import conv_classifier, parse_model
@@ -156,7 +156,7 @@ def test_the_callers_session_config_wins(batch1_om):
 
 def test_only_where_unpacked_runs_were_measured(batch1_om, monkeypatch):
     _, path = batch1_om
-    monkeypatch.setattr(runtime, "_UNPACKED_MEASURED", False)
+    monkeypatch.setattr(partition_sessions, "_UNPACKED_MEASURED", False)
     assert _disabled(graphopt.load(path)) == ["-"]
 
 

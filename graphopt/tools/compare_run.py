@@ -108,7 +108,7 @@ class Side:
         # a standalone model with them added as outputs, at the level its compile recorded.
         # Its session's settings too: a partition whose weights stay unpacked computes its
         # GEMMs in another order than a packed one, and intermediates must match the outputs.
-        from graphopt.codegen.runtime import partition_session_config
+        from graphopt.codegen.partition_sessions import partition_session_config
 
         artifact = self.session.artifact
         if artifact.profiles:  # the shape profile these feeds run on
