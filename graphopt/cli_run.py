@@ -118,7 +118,8 @@ def _ms(seconds: float) -> str:
 
 
 def _cmd_run(args) -> int:
-    from graphopt.codegen.feeds import check_feeds, inputs_npz, npz_holds, random_feeds
+    from graphopt.codegen.feeds import (BeyondNumpy, check_feeds, inputs_npz, npz_holds,
+                                        random_feeds)
     from graphopt.codegen.loader import load
     from graphopt.codegen.run_stats import (
         LatencyStats,
@@ -150,6 +151,8 @@ def _cmd_run(args) -> int:
         images = extra_preprocessing(session.artifact.extra)  # --insert-op-conf's uint8 ones
         try:
             feeds = random_feeds(signature, seed=seed, images=images)
+        except BeyondNumpy as exc:
+            raise InputError(f"{args.model}: {exc}") from None
         except InputError as exc:
             # An .npz holds arrays: a sequence or map can only be fed from Python.
             hint = ("pin its dims with --input-shape, or pass --inputs FILE.npz with concrete "

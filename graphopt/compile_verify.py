@@ -66,6 +66,8 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
             feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
         except ValueError as e:
             raise VerificationError(f"{option('verify')}: {e} (give {option('inputs')})") from None
+        except InputError as e:  # an input past numpy's rank, which no --inputs holds either
+            raise InputError(f"{option('verify')}: {e}") from None
     else:  # a file that does not fit is the file's fault, not the model's
         from graphopt.codegen.feeds import check_feeds, typed_inputs
 

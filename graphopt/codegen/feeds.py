@@ -108,6 +108,12 @@ def _random_tensor(entry: Mapping, rng: np.random.Generator, pixels: bool = Fals
 # More than a random input may take: the draw is made in float64 (16 bytes per complex
 # element) before the cast, and a typo'd --input-shape should not exhaust the machine.
 RANDOM_INPUT_BYTES = 4 << 30
+# numpy's limit on an array's dims (NPY_MAXDIMS): ONNX allows more.
+NUMPY_MAX_RANK = 64
+
+
+class BeyondNumpy(InputError):
+    """An input of more dims than numpy arrays have: no data for it from Python at all."""
 
 
 def random_array(name: str, shape: list[int], dtype: np.dtype,
@@ -116,6 +122,10 @@ def random_array(name: str, shape: list[int], dtype: np.dtype,
     non-empty axis), random booleans, "a" strings; InputError when it would be too large.
     `pixels`: integers of every value 0-255 (an image --insert-op-conf's preprocessing takes:
     0/1 images hid errors only brighter pixels show)."""
+    if len(shape) > NUMPY_MAX_RANK:
+        raise BeyondNumpy(f"input {name!r} has rank {len(shape)}: numpy arrays have at most "
+                         f"{NUMPY_MAX_RANK} dims, so no data can be made for it, read from an "
+                         ".npz or fed from Python (onnxruntime's Python API takes numpy arrays)")
     count = math.prod(shape)
     if count * 16 > RANDOM_INPUT_BYTES:
         raise InputError(f"input {name!r} of shape {list(shape)} is too large for random data "
@@ -207,7 +217,8 @@ def _check_tensor(entry: Mapping, array: np.ndarray, where: str | None = None) -
     where = where or f"input {entry['name']!r}"
     dtype = numpy_dtype(entry["dtype"])
     if entry["dtype"] == "string":
-        ok = array.dtype.kind in "OUS"
+        ok = array.dtype.kind in "OU"
+        check_strings(array, where)
     else:
         ok = dtype is None or array.dtype == dtype or same_bits(array, dtype)
     if not ok:
@@ -222,6 +233,21 @@ def _check_tensor(entry: Mapping, array: np.ndarray, where: str | None = None) -
         if isinstance(want, int) and got != want:
             raise InputError(f"{where} has shape {list(array.shape)}, expected "
                              f"{describe(entry)} (dim {axis} must be {want})")
+
+
+def check_strings(array: np.ndarray, where: str) -> None:
+    """InputError for bytes fed to a string input: onnxruntime reads a bytes array (dtype S)
+    past its buffer, which returned other strings or failed at random, and turns a bytes
+    object into the text of its repr ("b'a'")."""
+    hint = "give str, decoded from UTF-8 (np.char.decode(array, 'utf-8'))"
+    if array.dtype.kind == "S":
+        raise InputError(f"{where} takes strings, not bytes (dtype {array.dtype}): {hint}")
+    if array.dtype.kind == "O":
+        for index, item in enumerate(array.flat):
+            if not isinstance(item, str):
+                raise InputError(f"{where} takes strings; element {index} is of type "
+                                 f"{type(item).__name__}" + (f": {hint}" if isinstance(item, bytes)
+                                                             else ""))
 
 
 def same_bits(array: np.ndarray, dtype: np.dtype) -> bool:

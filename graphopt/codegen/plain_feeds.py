@@ -29,12 +29,12 @@ def plain_feeds(expected: Mapping[str, tuple[Mapping, Any]],
                 shared: Mapping[str, list[tuple[str, int]]]) -> PlainFeeds | None:
     """The test for a signature of numeric tensors of known rank (`expected`: name → (entry,
     numpy dtype), `shared`: feeds.shared_dims); None when some input is anything else (a
-    sequence, map or optional, a tensor of unknown rank or dtype), which only the general
-    checks take."""
+    sequence, map or optional, a tensor of unknown rank or dtype, strings, whose elements the
+    general checks look at), which only the general checks take."""
     inputs = []
     for name, (entry, dtype) in expected.items():
         shape = entry.get("shape")
-        if "type" in entry or dtype is None or shape is None:
+        if "type" in entry or dtype is None or shape is None or entry["dtype"] == "string":
             return None
         numbered = [isinstance(dim, int) for dim in shape]
         inputs.append(_Input(name, dtype, tuple(shape) if all(numbered) else None, len(shape),

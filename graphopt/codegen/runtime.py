@@ -12,8 +12,8 @@ import numpy as np
 import onnxruntime as ort
 
 from graphopt.codegen.deferred_check import DeferredCheck, deferred_check
-from graphopt.codegen.feeds import (as_array, describe, fitted_value, numpy_dtype, same_bits,
-                                    shared_dim_clash, shared_dims, typed_entry)
+from graphopt.codegen.feeds import (as_array, check_strings, describe, fitted_value, numpy_dtype,
+                                    same_bits, shared_dim_clash, shared_dims, typed_entry)
 from graphopt.codegen.index_bounds import check_dim, check_ids
 from graphopt.codegen.om_file import OpenedFile
 from graphopt.codegen.om_manifest import INDEX_DIMS, INDEX_ROWS
@@ -497,7 +497,8 @@ class OmSession:
                 continue
             array = as_array(name, value)
             if entry["dtype"] == "string":
-                ok = array.dtype.kind in "OUS"  # onnxruntime takes str and object arrays alike
+                ok = array.dtype.kind in "OU"  # onnxruntime takes str and object arrays alike
+                check_strings(array, f"input {name!r}")
             elif dtype is not None and same_bits(array, dtype):  # bfloat16 read from an .npz
                 array, ok = array.view(dtype), True
             else:

@@ -445,7 +445,7 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
     try:
         arrays = numerics.random_feeds(reference.proto, seed=seed, shapes=shapes,
                                        feeds_keyword="feeds")
-    except ValueError as exc:
+    except (ValueError, InputError) as exc:  # InputError: an input past numpy's rank
         raise InputError(f"{reference.label}: {exc}") from None
     try:
         check_feeds(candidate.inputs, arrays)

@@ -358,7 +358,7 @@ class _NamedFeeds(dict):
 def _feeds(signature, feeds, input_shapes, seed, label, images=()) -> dict[str, np.ndarray]:
     """The caller's feeds checked against the signature, or seeded random ones (`images`: the
     inputs --insert-op-conf made, frames of every pixel value)."""
-    from graphopt.codegen.feeds import check_feeds, npz_holds, random_feeds
+    from graphopt.codegen.feeds import BeyondNumpy, check_feeds, npz_holds, random_feeds
 
     if feeds is not None:
         if input_shapes:
@@ -373,6 +373,8 @@ def _feeds(signature, feeds, input_shapes, seed, label, images=()) -> dict[str, 
     pinned = pinned_signature(signature, input_shapes or {}, label)
     try:
         return random_feeds(pinned, seed=seed, images=images)
+    except BeyondNumpy as exc:
+        raise InputError(f"{label}: {exc}") from None
     except InputError as exc:
         # An .npz holds arrays: a sequence or map can only be fed from Python.
         hint = (f"pin it with {_option('input_shapes')} or pass {_option('feeds')}"
