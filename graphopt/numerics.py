@@ -22,6 +22,7 @@ from graphopt.codegen.om_manifest import dtype_name
 from graphopt.dims import read_dim
 from graphopt.errors import GraphoptError, InputError
 from graphopt.option_names import from_command_line, option
+from graphopt.ort_messages import without_source_location
 from graphopt.tools import metrics
 
 LEVELS = {
@@ -89,7 +90,8 @@ def ort_reason(error: Exception, limit: int = 400) -> str:
     """onnxruntime's error as one line: its lines joined (an invalid-dimension error names the
     index and both sizes on lines of their own), without the advice it ends some with."""
     lines = [line.strip() for line in str(error).strip().splitlines()]
-    text = " ".join(line for line in lines if line and line not in _BOILERPLATE)
+    text = without_source_location(" ".join(line for line in lines
+                                            if line and line not in _BOILERPLATE))
     if not text:
         return type(error).__name__
     return text if len(text) <= limit else text[:limit - 1] + "…"

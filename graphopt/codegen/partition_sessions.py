@@ -17,6 +17,7 @@ from graphopt.codegen.om_read import OmArtifact, may_reference_files, routing_mi
 from graphopt.codegen.om_weights import BadReference, external_tensors, point_into
 from graphopt.errors import ArtifactError, OptionError, StandInError
 from graphopt.nchwc_block import METADATA_KEY, block_mismatch
+from graphopt.ort_messages import without_source_location
 
 if TYPE_CHECKING:
     import onnx
@@ -296,7 +297,8 @@ def _check_blocking(artifact: OmArtifact, name: str, metadata: Mapping[str, str]
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The first line of an error, without onnxruntime's C++ source location."""
+    text = without_source_location(str(exc).strip())
     return text.splitlines()[0] if text else type(exc).__name__
 
 

@@ -17,7 +17,7 @@ from graphopt import api_args
 from graphopt.errors import GraphoptError, InputError, OptionError, naming
 from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
-from graphopt.numerics import typed_runner
+from graphopt.numerics import ort_reason, typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
 from graphopt.source_marks import extra_preprocessing, inserted_preprocessing
 from graphopt.tools.profile_match import Matcher, name_nodes
@@ -230,7 +230,7 @@ def _profile_onnx(source, label, feeds, repeat, warmup, threads, level, input_sh
         call = typed_runner(session) or session.run  # bfloat16 and float8 as OrtValues
         call(None, feeds)  # the first run fails here, not mid-measurement
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
-        raise InputError(f"{label}: onnxruntime cannot run it: {_first_line(exc)}") from None
+        raise InputError(f"{label}: onnxruntime cannot run it: {ort_reason(exc)}") from None
     # The check run counts as the first warmup; with no warmup it is dropped all the same.
     skip = max(warmup, 1)
 
@@ -396,11 +396,6 @@ def _shape(model: Model, shapes: Mapping[str, tuple]) -> None:
         pass  # the model's own dims disagree with what ran: keep them, inference decides
     if any(v is not None and v.static_shape is None for n in model.graph for v in n.outputs):
         infer_shapes(model)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- aggregation ---------------------------------------------------------------------------
