@@ -382,6 +382,20 @@ def test_missing_files_are_named(files, tmp_path, capsys):
         compare_models(tmp_path / "junk.onnx", files["ref.onnx"])
 
 
+def test_a_model_without_outputs_is_refused_on_either_side(files, tmp_path, capsys):
+    # As the reference it had passed: the candidate's output was met among its intermediates.
+    proto = _model()
+    del proto.graph.output[:]
+    none = tmp_path / "none.onnx"
+    onnx.save(proto, none)
+    for reference, candidate in ((none, files["opt.onnx"]), (files["ref.onnx"], none)):
+        rc, out, err = run_cli(capsys, "compare", reference, candidate)
+        assert rc == 2 and not out, out
+        assert f"error: {none}: graph 'agraph' has no outputs (nothing to compute)" in err, err
+    with pytest.raises(InputError, match="^<reference>: graph 'agraph' has no outputs"):
+        compare_models(proto, files["opt.onnx"])
+
+
 def test_npz_lacking_an_input(files, tmp_path, capsys):
     np.savez(tmp_path / "x.npz", other=np.zeros((2, 8), np.float32))
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"],
