@@ -401,6 +401,12 @@ def test_npz_lacking_an_input(files, tmp_path, capsys):
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"],
                          "--inputs", tmp_path / "x.npz")
     assert rc == 2 and f"{tmp_path / 'x.npz'}: unknown input 'other'" in err
+    # An .om given for the .npz had said "model.om: unknown input 'manifest.json' … (for
+    # ref.onnx)", naming neither --inputs nor what the file is.
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"],
+                         "--inputs", files["model.om"])
+    assert rc == 2 and f"--inputs {files['model.om']}: not an .npz archive of named arrays " \
+                       "(it is a graphopt .om artifact; " in err, err
     with pytest.raises(InputError, match="feeds: missing input 'x'"):
         compare_models(files["ref.onnx"], files["opt.onnx"], feeds={})
     with pytest.raises(InputError, match=r"input 'x' has shape \[2, 4\]"):
