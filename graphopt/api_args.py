@@ -147,6 +147,16 @@ def tolerance(value, what: str) -> float | None:
     return number
 
 
+def cosine(value, what: str) -> float | None:
+    """A cosine similarity to reach, from -1 to 1 (None stays None): above 1 no output could
+    pass, and nan none ever would."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real) or not -1 <= value <= 1:
+        raise OptionError(f"{what} must be between -1 and 1, got {shown(value)}")
+    return float(value)
+
+
 def is_integer(value) -> bool:
     """An int or a NumPy integer, not a bool (which Python would take for 0 or 1)."""
     return isinstance(value, Integral) and not isinstance(value, bool)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextvars import ContextVar
 
 import numpy as np
@@ -22,10 +23,10 @@ INPUTS_FIT_OTHER_PROFILES: ContextVar[bool] = ContextVar("INPUTS_FIT_OTHER_PROFI
 
 
 def load_inputs(inputs, name: str | None = None) -> dict[str, np.ndarray] | None:
-    """--inputs as feeds: a dict as given, an .npz path read (OptionError if it cannot be,
-    naming the option `name`, by default optimize's)."""
-    if inputs is None or isinstance(inputs, dict):
-        return inputs
+    """--inputs as feeds: a dict as given (another mapping as a dict), an .npz path read
+    (OptionError if it cannot be, naming the option `name`, by default optimize's)."""
+    if inputs is None or isinstance(inputs, Mapping):  # the API takes any mapping
+        return None if inputs is None else dict(inputs)
     from graphopt.codegen.feeds import load_npz
 
     try:
@@ -71,7 +72,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     else:  # a file that does not fit is the file's fault, not the model's
         from graphopt.codegen.feeds import check_feeds, typed_inputs
 
-        given = option("inputs") if isinstance(inputs, dict) else setting("inputs", inputs)
+        given = option("inputs") if isinstance(inputs, Mapping) else setting("inputs", inputs)
         label = f"{option('verify')}: {given}"
         try:
             check_feeds(typed_inputs(original), feeds)

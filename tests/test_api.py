@@ -293,6 +293,11 @@ def test_verify_with_inputs_dict(proto):
     x = np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4)
     result = graphopt.optimize(proto, verify=True, inputs={"x": x})
     assert set(result.max_abs_error) == {"y", "z"}
+    # Another mapping passed the check and was then opened as an .npz path (a TypeError).
+    from types import MappingProxyType
+
+    result = graphopt.optimize(proto, verify=True, inputs=MappingProxyType({"x": x}))
+    assert set(result.max_abs_error) == {"y", "z"}
 
 
 def test_verify_with_npz_path(proto, tmp_path):

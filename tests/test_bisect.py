@@ -329,6 +329,37 @@ def test_errors_name_the_option(tmp_path, capsys):
         bisect(path, input_shapes=[1, 3])
 
 
+@pytest.mark.parametrize("keywords, message", [
+    # No output passes rtol=-1, atol=nan or a cosine of 5: each had named a culprit.
+    ({"rtol": -1}, r"^rtol: expected a finite number ≥ 0, got -1$"),
+    ({"atol": float("nan")}, r"^atol: expected a finite number ≥ 0, got nan$"),
+    ({"min_cosine": 5}, r"^min_cosine must be between -1 and 1, got 5$"),
+    # numpy's UFuncTypeError, codegen's TypeError and "optimization level 2 does not exist"
+    ({"rtol": "1e-3"}, r"^rtol: expected a number, got '1e-3'$"),
+    ({"feeds": [np.ones((1, 4), np.float32)]},
+     r"^feeds: expected a dict of input arrays or an \.npz path, got \[array\("),
+    ({"level": "2"}, r"^level: expected an integer, got '2'$"),
+    # and TypeErrors, or "no" taken for True
+    ({"calibration": 5, "quantize": "int8"}, r"^calibration: expected a path"),
+    ({"pass_options": 5}, r"^pass_options: expected a dict, got 5$"),
+    ({"allow_custom_ops": "no"}, r"^allow_custom_ops: expected True or False, got 'no'$"),
+    ({"progress": 5}, r"^progress: expected a function taking a line of text, got 5$"),
+])
+def test_options_of_the_wrong_kind_are_named_as_compare_and_optimize_name_them(keywords,
+                                                                                message):
+    model = parse_model("g (float[1, 4] x) => (float[1, 4] y) { y = Relu (x) }")
+    with pytest.raises(OptionError, match=message):
+        bisect(model, **keywords)
+
+
+def test_feeds_may_be_any_mapping():
+    from types import MappingProxyType
+
+    model = parse_model("g (float[1, 4] x) => (float[1, 4] y) { y = Relu (x) }")
+    feeds = MappingProxyType({"x": np.ones((1, 4), np.float32)})
+    assert bisect(model, feeds=feeds).inputs == "the given inputs"
+
+
 # ---------------------------------------------------------------------------------------------
 # Precision compiles
 # ---------------------------------------------------------------------------------------------

@@ -382,11 +382,31 @@ def test_missing_files_are_named(files, tmp_path, capsys):
         compare_models(tmp_path / "junk.onnx", files["ref.onnx"])
 
 
+def test_a_model_without_outputs_is_refused_on_either_side(files, tmp_path, capsys):
+    # As the reference it had passed: the candidate's output was met among its intermediates.
+    proto = _model()
+    del proto.graph.output[:]
+    none = tmp_path / "none.onnx"
+    onnx.save(proto, none)
+    for reference, candidate in ((none, files["opt.onnx"]), (files["ref.onnx"], none)):
+        rc, out, err = run_cli(capsys, "compare", reference, candidate)
+        assert rc == 2 and not out, out
+        assert f"error: {none}: graph 'agraph' has no outputs (nothing to compute)" in err, err
+    with pytest.raises(InputError, match="^<reference>: graph 'agraph' has no outputs"):
+        compare_models(proto, files["opt.onnx"])
+
+
 def test_npz_lacking_an_input(files, tmp_path, capsys):
     np.savez(tmp_path / "x.npz", other=np.zeros((2, 8), np.float32))
     rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"],
                          "--inputs", tmp_path / "x.npz")
     assert rc == 2 and f"{tmp_path / 'x.npz'}: unknown input 'other'" in err
+    # An .om given for the .npz had said "model.om: unknown input 'manifest.json' … (for
+    # ref.onnx)", naming neither --inputs nor what the file is.
+    rc, _, err = run_cli(capsys, "compare", files["ref.onnx"], files["model.om"],
+                         "--inputs", files["model.om"])
+    assert rc == 2 and f"--inputs {files['model.om']}: not an .npz archive of named arrays " \
+                       "(it is a graphopt .om artifact; " in err, err
     with pytest.raises(InputError, match="feeds: missing input 'x'"):
         compare_models(files["ref.onnx"], files["opt.onnx"], feeds={})
     with pytest.raises(InputError, match=r"input 'x' has shape \[2, 4\]"):

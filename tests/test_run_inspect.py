@@ -521,12 +521,20 @@ def test_run_time_refusals_name_the_om_and_the_inputs_file(tmp_path, capsys):
 def test_run_bad_inputs(compiled, npz, tmp_path, capsys):
     not_npz = tmp_path / "x.txt"
     not_npz.write_text("1 2 3\n")
+    # Zips of other files: numpy read their members as bytes, "unknown input 'manifest.json'".
+    other_zip = tmp_path / "notes.zip"
+    with zipfile.ZipFile(other_zip, "w") as zf:
+        zf.writestr("notes.txt", "X")
     cases = [
         (npz("empty.npz"), ["--inputs", "empty.npz: missing input 'X' (float32[2,4])"]),
         (npz("z.npz", Z=x_batch()), ["--inputs", "unknown input 'Z'; the model's inputs are: X"]),
         (npz("f64.npz", X=x_batch().astype(np.float64)), ["input 'X' has dtype float64, expected float32[2,4]"]),
         (npz("batch3.npz", X=x_batch(3)), ["input 'X' has shape [3, 4]", "dim 0 must be 2"]),
         (os.fspath(not_npz), ["--inputs ", "x.txt: not an .npz archive"]),
+        (compiled, [f"--inputs {compiled}: not an .npz archive of named arrays (it is a "
+                    "graphopt .om artifact; write one with np.savez("]),
+        (os.fspath(other_zip), ["--inputs ", "notes.zip: not an .npz archive of named arrays "
+                                "('notes.txt' in it is not an .npy array; write one"]),
         (os.fspath(tmp_path / "none.npz"), ["--inputs ", "none.npz: no such file"]),
     ]
     out_path = tmp_path / "y.npz"

@@ -444,13 +444,19 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .npz file")
     if not zipfile.is_zipfile(path):
-        raise InputError(f"{path}: not an .npz archive of named arrays "
-                         "(write one with np.savez(path, input_name=array, …))")
+        raise InputError(_not_npz(path))
+    from graphopt.codegen.om_read import is_om
+
+    # An .om is a zip too: its manifest.json had read as an input of that name.
+    if is_om(path):
+        raise InputError(_not_npz(path, "it is a graphopt .om artifact"))
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as data:
             for name in data.files:
                 arrays[name] = data[name]
+                if not isinstance(arrays[name], np.ndarray):  # numpy gives other files' bytes
+                    raise InputError(_not_npz(path, f"{name!r} in it is not an .npy array"))
     except ValueError as exc:
         # numpy's message for object arrays mentions allow_pickle, a knob the user does not have.
         reason = "it holds object arrays, which would need unpickling" if "pickle" in str(exc) else exc
@@ -458,6 +464,11 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise InputError(f"{path}: cannot read as .npz ({exc})") from None
     return arrays
+
+
+def _not_npz(path: str, why: str = "") -> str:
+    return (f"{path}: not an .npz archive of named arrays ({why + '; ' if why else ''}write one "
+            "with np.savez(path, input_name=array, …))")
 
 
 def inputs_npz(path: str | os.PathLike, flag: str = "--inputs") -> dict[str, np.ndarray]:

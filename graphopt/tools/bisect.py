@@ -13,7 +13,7 @@ found by a second search over the pass runs of one compile, at pass granularity.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -185,7 +185,7 @@ def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
         from graphopt.compile_verify import load_inputs  # the --inputs .npz reader of --verify
 
         arrays = load_inputs(feeds, option("feeds", BISECT_FLAGS))
-        where = (option("feeds", BISECT_FLAGS) if isinstance(feeds, dict)
+        where = (option("feeds", BISECT_FLAGS) if isinstance(feeds, Mapping)
                  else setting("feeds", feeds, BISECT_FLAGS))
         try:
             check_feeds(typed_inputs(reference), arrays)
@@ -226,24 +226,33 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
     rule is given, as `graphopt compare` judges it. With neither `rtol` nor `atol` given,
     outputs off by rounding alone do not break, as under --verify and compare
     (rounding.within_rounding); tolerances given apply as given."""
+    # Checked as optimize and compare_models check theirs: rtol=-1 or min_cosine=5 had made
+    # every compile break, naming a culprit, and rtol="1e-3" or feeds=[array] raised from numpy.
+    level = api_args.integer(level, option("level", BISECT_FLAGS))
+    feeds = api_args.feeds(feeds, option("feeds", BISECT_FLAGS))
+    rtol, atol = (api_args.tolerance(value, option(keyword, BISECT_FLAGS))
+                  for keyword, value in (("rtol", rtol), ("atol", atol)))
+    min_cosine = api_args.cosine(min_cosine, option("min_cosine", BISECT_FLAGS))
+    target = api_args.target(target)
+    allow_custom_ops = api_args.flag(allow_custom_ops, "allow_custom_ops")
+    calibration = api_args.path(calibration, "calibration")
+    pass_options = api_args.mapping(pass_options, "pass_options")
+    if progress is not None and not callable(progress):
+        raise OptionError(f"progress: expected a function taking a line of text, got "
+                          f"{api_args.shown(progress)}")
     progress = progress or (lambda line: None)
     if min_cosine is not None and (rtol is not None or atol is not None):
         raise OptionError(f"{option('min_cosine', BISECT_FLAGS)} replaces the "
                           f"{option('rtol', BISECT_FLAGS)}/{option('atol', BISECT_FLAGS)} rule; "
                           "give one or the other")
     source, label = _load(model)
-    if isinstance(target, (str, os.PathLike)):
-        from graphopt.partition import load_target
-
-        target = load_target(os.fspath(target))
     shapes = input_shapes_argument(input_shapes)
-    options = {**(pass_options or {}), **({"allow_custom_ops": True} if allow_custom_ops
-                                          else {})}
+    options = {**pass_options, **({"allow_custom_ops": True} if allow_custom_ops else {})}
     for keyword, value, default in (("precision", precision, "keep"),
                                     ("quantize", quantize, "none"),
                                     ("calibration", calibration, None)):
         if value not in (None, default):
-            options[keyword] = os.fspath(value) if keyword == "calibration" else value
+            options[keyword] = value
     setup = Setup(source, label, level, target, shapes, pass_options=options)
     arrays = _feeds(source, label, feeds, shapes)
     inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from graphopt import api_args
 from graphopt.codegen.feeds import output_label, proto_type, type_label
 from graphopt.errors import GraphoptError, OptionError, naming
 from graphopt.ir.dtypes import DType
@@ -280,11 +281,7 @@ def _check_tolerances(rtol: float, atol: float, min_cosine: float | None) -> str
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise OptionError(f"{option(keyword, COMPARE_FLAGS)} must be a finite number ≥ 0, "
                               f"got {value!r}")
-    if min_cosine is None:
-        return rule_text(rtol, atol, None)
-    if not (isinstance(min_cosine, (int, float)) and -1.0 <= min_cosine <= 1.0):
-        raise OptionError(f"{option('min_cosine', COMPARE_FLAGS)} must be between -1 and 1, "
-                          f"got {min_cosine!r}")
+    api_args.cosine(min_cosine, option("min_cosine", COMPARE_FLAGS))
     return rule_text(rtol, atol, min_cosine)
 
 

@@ -183,6 +183,11 @@ def _onnx_side(model, label: str, om_too: bool = True) -> Side:
     problem = block_mismatch({p.key: p.value for p in proto.metadata_props})
     if problem:
         raise InputError(f"{label}: {problem}")
+    # As optimize refuses it. A reference without outputs had been judged by the candidate's
+    # outputs, met among its intermediates, and passed.
+    if not proto.graph.output:
+        raise InputError(f"{label}: graph '{proto.graph.name}' has no outputs (nothing to "
+                         "compute)")
     return Side(label, typed_inputs(proto), [vi.name for vi in proto.graph.output],
                 proto=proto, tensors=_computed(proto.graph))
 
