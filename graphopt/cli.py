@@ -152,9 +152,7 @@ def _cmd_optimize(args) -> int:
     from graphopt.summary import format_summary
 
     # -o may replace the model itself (written atomically, read before); not its inputs.
-    check_output_path("-o", args.output, {"--inputs": args.inputs,
-                                          "--calibration": args.calibration,
-                                          "--tuning-db": args.tuning_db})
+    check_output_path("-o", args.output, _files_read(args))
     if args.memory_plot:
         check_output_path("--memory-plot", args.memory_plot, {"the model": args.model,
                                                               "-o": args.output})
@@ -247,6 +245,23 @@ def _cmd_optimize(args) -> int:
             if note.startswith(UNLOADABLE_NOTE):
                 print(f"graphopt: warning: {note}", file=sys.stderr)
     return 0
+
+
+def _files_read(args) -> dict[str, str | list[str] | None]:
+    """The files optimize reads besides the model, by the option that names them."""
+    from graphopt.cli_precision import keep_dtype_files
+    from graphopt.partition import builtin_targets
+
+    tuning_db = None
+    if args.tuning_db:  # sqlite:///kb.db names a file too; a server's URL none
+        from graphopt.tuner.storage import sqlite_path
+
+        tuning_db = sqlite_path(args.tuning_db)
+    return {"--inputs": args.inputs, "--calibration": args.calibration,
+            "--switch-file": args.switch_file, "--fusion-switch-file": args.fusion_switch_file,
+            "--insert-op-conf": args.insert_op_conf,
+            "--target": None if args.target in (None, *builtin_targets()) else args.target,
+            "--keep-dtype": keep_dtype_files(args.keep_dtype), "--tuning-db": tuning_db}
 
 
 def _switch_file(args) -> str | None:

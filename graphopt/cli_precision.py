@@ -22,6 +22,11 @@ def _comma_list(values, flag: str = "") -> set[str]:
 LIST_SUFFIXES = (".cfg", ".txt", ".lst", ".list")
 
 
+def keep_dtype_files(values) -> list[str]:
+    """The --keep-dtype entries that name list files (read, so not to be overwritten)."""
+    return sorted(name for name in _comma_list(values, "--keep-dtype") if os.path.isfile(name))
+
+
 def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
     """--keep-dtype's node names, and op types: an entry that names a file is read as ATC's
     --keep_dtype list (a node name, or `OpType::Type` for an op type, per line; `#` comments);
