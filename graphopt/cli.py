@@ -508,6 +508,11 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)  # for error()'s hints
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # type: ignore[override]
         if self.prog == "graphopt":  # no or unknown command: the usage line is the best help
@@ -516,6 +521,11 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.removeprefix("graphopt ")
         if command == "inspect" and message.startswith("argument --json: ignored explicit"):
             message += f" (--json=FILE is {JSON_FILE})"  # atc --mode=1 --json=x.json pasted
+        if message.startswith("the following arguments are required"):
+            # A pasted atc command line names its model with --model=: argparse stops at the
+            # missing positional, before the unrecognized flags _parse would give hints for.
+            hints = atc_hints(self, self.given)
+            message += f" ({'; '.join(hints)})" if hints else ""
         message += _precision_hint(message)
         self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
 
