@@ -34,12 +34,15 @@ ATC_ONLY = {
 
 
 def atc_hints(parser: argparse.ArgumentParser, unrecognized: list[str]) -> list[str]:
-    """For each unrecognized argument in ATC's or AOE's spelling, how graphopt says it."""
+    """For each argument in ATC's or AOE's spelling that `parser` does not know, how graphopt
+    says it (graphopt atc's parser knows ATC's flags)."""
     known = {flag for action in parser._actions for flag in action.option_strings}
     hints = []
     for text in unrecognized:
         flag = text.split("=", 1)[0]
         dashed = flag.replace("_", "-")
+        if flag in known:
+            continue
         if flag.startswith("--") and dashed != flag and dashed in known:
             hints.append(f"{flag} is {dashed} here")
         elif flag in ATC_ONLY:

@@ -152,9 +152,7 @@ def _cmd_optimize(args) -> int:
     from graphopt.summary import format_summary
 
     # -o may replace the model itself (written atomically, read before); not its inputs.
-    check_output_path("-o", args.output, {"--inputs": args.inputs,
-                                          "--calibration": args.calibration,
-                                          "--tuning-db": args.tuning_db})
+    check_output_path("-o", args.output, _files_read(args))
     if args.memory_plot:
         check_output_path("--memory-plot", args.memory_plot, {"the model": args.model,
                                                               "-o": args.output})
@@ -247,6 +245,23 @@ def _cmd_optimize(args) -> int:
             if note.startswith(UNLOADABLE_NOTE):
                 print(f"graphopt: warning: {note}", file=sys.stderr)
     return 0
+
+
+def _files_read(args) -> dict[str, str | list[str] | None]:
+    """The files optimize reads besides the model, by the option that names them."""
+    from graphopt.cli_precision import keep_dtype_files
+    from graphopt.partition import builtin_targets
+
+    tuning_db = None
+    if args.tuning_db:  # sqlite:///kb.db names a file too; a server's URL none
+        from graphopt.tuner.storage import sqlite_path
+
+        tuning_db = sqlite_path(args.tuning_db)
+    return {"--inputs": args.inputs, "--calibration": args.calibration,
+            "--switch-file": args.switch_file, "--fusion-switch-file": args.fusion_switch_file,
+            "--insert-op-conf": args.insert_op_conf,
+            "--target": None if args.target in (None, *builtin_targets()) else args.target,
+            "--keep-dtype": keep_dtype_files(args.keep_dtype), "--tuning-db": tuning_db}
 
 
 def _switch_file(args) -> str | None:
@@ -493,6 +508,11 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)  # for error()'s hints
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # type: ignore[override]
         if self.prog == "graphopt":  # no or unknown command: the usage line is the best help
@@ -501,6 +521,11 @@ class _Parser(argparse.ArgumentParser):
         command = self.prog.removeprefix("graphopt ")
         if command == "inspect" and message.startswith("argument --json: ignored explicit"):
             message += f" (--json=FILE is {JSON_FILE})"  # atc --mode=1 --json=x.json pasted
+        if message.startswith("the following arguments are required"):
+            # A pasted atc command line names its model with --model=: argparse stops at the
+            # missing positional, before the unrecognized flags _parse would give hints for.
+            hints = atc_hints(self, self.given)
+            message += f" ({'; '.join(hints)})" if hints else ""
         message += _precision_hint(message)
         self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
 

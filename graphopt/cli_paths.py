@@ -10,10 +10,12 @@ from graphopt.atomic import destination, is_special_file, side_name
 from graphopt.errors import OptionError
 
 
-def check_output_path(option: str, path: str, inputs: dict[str, str | None] | None = None) -> None:
+def check_output_path(option: str, path: str,
+                      inputs: dict[str, str | list[str] | None] | None = None) -> None:
     """OptionError naming `option` when `path` cannot be written as a file, or is the same file
-    as one of `inputs` (what -> path: "the model", "--inputs", …; None entries are skipped).
-    `path` is judged where a write to it lands: a symbolic link's target (graphopt.atomic)."""
+    as one of `inputs` (what -> path, or paths for a repeatable option: "the model", "--inputs",
+    …; None entries are skipped). `path` is judged where a write to it lands: a symbolic link's
+    target (graphopt.atomic)."""
     if not os.fspath(path):
         raise OptionError(f"{option}: an empty path, expected a file name")
     target = destination(path)
@@ -23,9 +25,9 @@ def check_output_path(option: str, path: str, inputs: dict[str, str | None] | No
     if not os.path.isdir(directory):
         problem = "is a file, not a folder" if os.path.exists(directory) else "does not exist"
         raise OptionError(f"{option} {path}: directory {directory} {problem}")
-    for what, source in (inputs or {}).items():
-        if source is None:
-            continue
+    named = [(what, source) for what, sources in (inputs or {}).items()
+             for source in ([sources] if isinstance(sources, str) else sources or ())]
+    for what, source in named:
         if _same_file(path, source):
             raise OptionError(f"{option} {path}: would overwrite {what} ({source}); write the "
                               "output elsewhere")

@@ -18,13 +18,23 @@ def _comma_list(values, flag: str = "") -> set[str]:
     return names
 
 
+# Endings of ATC's --keep_dtype list files, which no node name has.
+LIST_SUFFIXES = (".cfg", ".txt", ".lst", ".list")
+
+
+def keep_dtype_files(values) -> list[str]:
+    """The --keep-dtype entries that name list files (read, so not to be overwritten)."""
+    return sorted(name for name in _comma_list(values, "--keep-dtype") if os.path.isfile(name))
+
+
 def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
     """--keep-dtype's node names, and op types: an entry that names a file is read as ATC's
     --keep_dtype list (a node name, or `OpType::Type` for an op type, per line; `#` comments);
-    any other entry is such a line itself."""
+    any other entry is such a line itself, unless it can only be a path (_check_not_a_path)."""
     nodes, types = set(), set()
     for name in names:
         if not os.path.isfile(name):
+            _check_not_a_path(name)
             _keep_entry(name, "--keep-dtype", nodes, types)
             continue
         try:
@@ -39,6 +49,24 @@ def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
         for entry in entries:
             _keep_entry(entry, f"--keep-dtype {name}", nodes, types)
     return nodes, types
+
+
+def _check_not_a_path(entry: str) -> None:
+    """OptionError for an entry that is not a file but can only mean one: a directory, a list
+    file's ending, or a file with an extension in a folder that exists. A mistyped or missing
+    list would otherwise be a node name that matches nothing, which only a note says. Exporters
+    name nodes with slashes (`/backbone/conv1/Conv`, `/Relu`) but no extension after the last
+    one, so those stay node names."""
+    if os.path.isdir(entry):
+        raise OptionError(f"--keep-dtype {entry}: is a directory, expected node names or ATC's "
+                          "--keep_dtype list file")
+    folder, base = os.path.split(entry)
+    extension = os.path.splitext(base)[1]
+    # A letter after the dot: `Conv.0` (paddle2onnx's names) is no file name.
+    if extension.lower() in LIST_SUFFIXES or \
+            (folder and extension[1:2].isalpha() and os.path.isdir(folder)):
+        raise OptionError(f"--keep-dtype {entry}: no such file (a node name spelled like a "
+                          "path goes in a list file, one name per line)")
 
 
 def _keep_entry(entry: str, where: str, nodes: set[str], types: set[str]) -> None:

@@ -1083,6 +1083,15 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
     (["optimize", "m.onnx", "-o", "m.om", "--input_shape=x:1,3", "--soc_version=Ascend310"],
      "unrecognized arguments: --input_shape=x:1,3 --soc_version=Ascend310 (--input_shape is "
      "--input-shape here; --soc_version is ATC's chip; --target here"),
+    # the whole atc command line, --model= in place of the model: argparse stops at the
+    # missing model, and said only that
+    (["optimize", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310"],
+     "optimize: the following arguments are required: model (--model is ATC's; the model is "
+     "the first argument here (graphopt atc takes an atc command line as it is); --framework "
+     "is ATC's; graphopt reads ONNX only; --soc_version is ATC's chip"),
+    # graphopt atc's own flags are ATC's: no hint that they are not graphopt's
+    (["atc", "--model=m.onnx", "--output=m"], "atc: the following arguments are required: "
+                                              "--framework (see graphopt atc --help)"),
     (["tune", "m.onnx", "--target", "ascend310", "--job_type", "2"],
      "(--job_type is AOE's; graphopt tune --job op is "
      "its 2, --job subgraph its 1)"),

@@ -69,3 +69,42 @@ def test_op_types_given_inline_are_kept_as_a_files_lines_are(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", out, "--precision",
                          "fp16", "--keep-dtype", "OpType::")
     assert rc == 1 and "--keep-dtype: 'OpType::' names no op type" in err, err
+
+
+def test_a_list_file_that_is_not_there_is_refused_by_name(tmp_path, capsys):
+    # A missing list or a directory was read as a node name, which a note said matched nothing.
+    (tmp_path / "lists").mkdir()
+    for entry in ("missing_file.cfg", "KEEP.TXT", str(tmp_path / "lists" / "keep.json"),
+                  f"first,{tmp_path / 'lists' / 'keep.lst'}"):
+        rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", tmp_path / "o.onnx",
+                             "--precision", "fp16", "--keep-dtype", entry)
+        missing = entry.split(",")[-1]
+        assert rc == 1 and f"--keep-dtype {missing}: no such file" in err, err
+    rc, _, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", tmp_path / "o.onnx",
+                         "--precision", "fp16", "--keep-dtype", tmp_path / "lists")
+    assert rc == 1 and f"--keep-dtype {tmp_path / 'lists'}: is a directory" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "o.onnx").exists()
+
+
+def test_node_names_with_slashes_and_dots_stay_node_names(tmp_path, capsys):
+    # Exporters name nodes like paths (`/backbone/conv1/Conv`, `/Relu` under an existing /)
+    # and with dots (paddle2onnx's `p2o.Conv.0`): no extension after the last slash.
+    proto = onnx.load(_model(tmp_path))
+    proto.graph.node[0].name, proto.graph.node[2].name = "/backbone/fc1/MatMul", "p2o.MatMul.1"
+    onnx.save(proto, tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    rc, out_text, err = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", out,
+                                "--precision", "fp16", "--keep-dtype",
+                                "/backbone/fc1/MatMul,p2o.MatMul.1,/Relu", "--no-accuracy-report")
+    assert rc == 0 and "'/Relu' matches nothing" in out_text, err
+    f32 = onnx.TensorProto.FLOAT
+    assert _dtypes(out) == {"/backbone/fc1/MatMul": f32, "Relu": onnx.TensorProto.FLOAT16,
+                            "p2o.MatMul.1": f32}
+
+
+def test_atcs_keep_dtype_flag_refuses_a_missing_list_too(tmp_path, capsys):
+    rc, out, err = run_cli(capsys, "atc", f"--model={_model(tmp_path)}", "--framework=5",
+                           f"--output={tmp_path / 'm'}", "--precision_mode=force_fp16",
+                           f"--keep_dtype={tmp_path / 'exceptionlist.cfg'}")
+    assert rc == 1 and f"--keep-dtype {tmp_path / 'exceptionlist.cfg'}: no such file" in err, err
+    assert not (tmp_path / "m.om").exists()

@@ -8,6 +8,7 @@ import errno
 import io
 import os
 import signal
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from graphopt.errors import OptionError, OutputError
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """A tiny model, its .om, inputs for it and a knowledge base."""
+    """A tiny model, its .om, inputs for it, and the files optimize's other options read."""
     root = tmp_path_factory.mktemp("outputs")
     model, om, inputs = root / "m.onnx", root / "m.om", root / "x.npz"
     assert main(["zoo", "build", "tiny", "-o", str(model)]) == 0
@@ -29,13 +30,21 @@ def files(tmp_path_factory):
     feeds = {e["name"]: np.zeros([d if isinstance(d, int) else 1 for d in e["shape"]],
                                  dtype=np.float32) for e in graphopt.load(str(om)).inputs}
     np.savez(inputs, **feeds)
+    # What optimize's other options read, each named as an output would be by mistake.
+    (root / "switches.onnx").write_text("FuseGelu: off\n")
+    (root / "aipp.onnx").write_text("aipp_op {\n  aipp_mode: static\n  input_format: "
+                                    "RGB888_U8\n}\n")
+    (root / "keep.onnx").write_text("OpType::Gemm\n")
+    (root / "target.onnx").write_bytes(
+        (resources.files("graphopt.partition") / "targets" / "cpu.json").read_bytes())
+    (root / "kb.om").write_bytes(b"")  # an SQLite database with nothing in it yet
     return {"model": str(model), "om": str(om), "inputs": str(inputs), "root": str(root)}
 
 
 def _overwrites(f):
     """(argv, the path the output option names, what the message calls it) per command."""
     m, om, x = f["model"], f["om"], f["inputs"]
-    return {
+    cases = {
         "run --outputs the .om": (["run", om, "--outputs", om], om, "the model"),
         "run --outputs its --inputs": (["run", om, "--inputs", x, "--outputs", x], x, "--inputs"),
         "compare --csv the reference": (["compare", m, om, "--csv", m], m, "the reference"),
@@ -50,6 +59,18 @@ def _overwrites(f):
         "optimize --memory-plot the model": (["optimize", m, "-o", os.path.join(f["root"], "o.om"),
                                               "--memory-plot", m], m, "the model"),
     }
+    read = {"--switch-file": "switches.onnx", "--fusion-switch-file": "switches.onnx",
+            "--insert-op-conf": "aipp.onnx", "--target": "target.onnx",
+            "--keep-dtype": "keep.onnx"}
+    for option, name in read.items():
+        path = os.path.join(f["root"], name)
+        extra = ["--precision", "fp16"] if option == "--keep-dtype" else []
+        cases[f"optimize -o its {option}"] = (["optimize", m, "-o", path, option, path, *extra],
+                                              path, option)
+    kb = os.path.join(f["root"], "kb.om")  # by its URL
+    cases["optimize -o its --tuning-db"] = (["optimize", m, "-o", kb, "--tuning-db",
+                                             f"sqlite:///{kb}"], kb, "--tuning-db")
+    return cases
 
 
 def _error_status(argv: list) -> int:
