@@ -72,7 +72,7 @@ def _add_optimize(sub) -> None:
                    help="output path: .onnx for ONNX, .om for the graphopt artifact")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level 0-3 (default 2; 3 may change results in the last "
-                        "bits, see `graphopt passes`, which lists them)")
+                        "bits; `graphopt passes` lists the passes of each level)")
     p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help="skip a pass by name; repeatable")
     switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
@@ -464,7 +464,9 @@ def _add_zoo(sub) -> None:
     zoo_sub = p.add_subparsers(dest="zoo_command", required=True, metavar="{list,build}")
     p.commands = zoo_sub.choices  # for errors: `zoo build`'s usage, not zoo's
     zoo_sub.add_parser("list", help="list the models").set_defaults(func=_cmd_zoo_list)
-    build = zoo_sub.add_parser("build", help="build one model into an .onnx file")
+    build = zoo_sub.add_parser("build", help="build one model into an .onnx file",
+                               description="Build a zoo model (seeded weights, no download) "
+                                           "and write it as ONNX.")
     build.add_argument("name", help="model name from `graphopt zoo list`")
     build.add_argument("-o", "--output", required=True, metavar="FILE", help="output .onnx path")
     build.set_defaults(func=_cmd_zoo_build)

@@ -48,7 +48,7 @@ def add_run_parser(sub) -> None:
                    help="write the outputs of the first run to this .npz, one array per output "
                         "(written atomically)")
     p.add_argument("--repeat", type=positive_int, metavar="N",
-                   help="time N runs and print p50/p90/p99, min and mean latency")
+                   help="time N runs and print p50/p90/p99, min, max and mean latency")
     p.add_argument("--warmup", type=non_negative_int, metavar="N",
                    help=f"untimed runs before the timed ones (default {DEFAULT_WARMUP}; "
                         "needs --repeat)")

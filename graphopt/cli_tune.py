@@ -242,11 +242,12 @@ def _hint(result) -> str:
 def add_kb_parser(sub) -> None:
     p = sub.add_parser("kb", help="list, export or import the tuning knowledge base",
                        description="The knowledge base is the tuning storage: one study per "
-                                   "kernel signature. Export writes each signature's best "
-                                   "tiling as JSON; import adds them as completed trials.")
+                                   "kernel signature (op tuning) and per model, target and "
+                                   "level (subgraph tuning). Export writes each signature's "
+                                   "best tiling as JSON; import adds them as completed trials.")
     kb_sub = p.add_subparsers(dest="kb_command", required=True, metavar="{list,export,import}")
     p.commands = kb_sub.choices  # for errors: `kb export`'s usage, not kb's
-    ls = kb_sub.add_parser("list", help="one row per kernel signature")
+    ls = kb_sub.add_parser("list", help="one row per kernel signature, then the subgraph studies")
     ls.add_argument("--json", action="store_true",
                     help="print {\"kernels\": [...], \"subgraph_studies\": [...]} as JSON "
                          "(times in seconds) instead of the tables")
