@@ -90,8 +90,11 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     try:
         expected = numerics.run(original, feeds)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
+        from graphopt.codegen.feeds import typed_inputs
+
         hint = "" if inputs is not None else numerics.random_inputs_hint(
-            "seeded random", bool(options.input_shapes), reason=str(e))
+            "seeded random", bool(options.input_shapes), reason=str(e),
+            signature=typed_inputs(original))
         raise VerificationError(f"{option('verify')}: onnxruntime cannot run the original model: "
                                 f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level

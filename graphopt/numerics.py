@@ -143,16 +143,19 @@ _WHILE_RUNNING = ("RUNTIME_EXCEPTION", "while running", "INVALID_ARGUMENT")
 
 
 def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
-                       reason: str = "") -> str:
+                       reason: str = "", signature: list[dict] | None = None) -> str:
     """What to say when the original model cannot run on `source` (seeded random) inputs:
-    their open dims are 1 unless `pinned`, so real inputs, or sizes, are the way out. `feeds`
-    names the caller's option for real inputs (by default optimize's). Nothing when
-    onnxruntime's `reason` is not a failure while running (a model it cannot load fails on any
-    input)."""
-    if not any(words in reason for words in _WHILE_RUNNING):
+    their open dims are 1 unless `pinned` (or `signature`, the inputs' entries, has none), so
+    real inputs, or sizes, are the way out. `feeds` names the caller's option for real inputs
+    (by default optimize's). Nothing when onnxruntime's `reason` is not a failure while
+    running (a model it cannot load fails on any input)."""
+    if not any(words in reason for words in _WHILE_RUNNING) or "Invalid model" in reason:
         return ""
     feeds = feeds or option("inputs")
-    if pinned:
+    opened = signature is None or any(
+        entry.get("shape") is None or not all(isinstance(d, int) for d in entry["shape"])
+        for entry in signature)
+    if pinned or not opened:
         return f" (on {source} inputs: give real inputs with {feeds})"
     return (f" (on {source} inputs, open dims 1: give real inputs with {feeds}, or "
             f"sizes with {option('input_shapes')})")

@@ -344,7 +344,7 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     except GraphoptError as exc:
         if feeds is None:  # the reference itself refuses them: the inputs, not the compile
             hint = random_inputs_hint(source, bool(input_shapes), option("feeds", COMPARE_FLAGS),
-                                      reason=str(exc))
+                                      reason=str(exc), signature=ref_side.inputs)
             raise GraphoptError(f"{exc}{hint}") from None
         raise
     retyped = _retype_inner_outputs(ref_values, inner_outputs, cand_side)
