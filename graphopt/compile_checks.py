@@ -99,6 +99,18 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
                          f"({_unpinned_advice()})")
 
 
+def check_runs_at_its_shapes(model: Model, label: str) -> None:
+    """InputError when a Reshape of the compiled model's main graph cannot take the static
+    shape its input has: onnxruntime loads such a model and fails at every run (a Reshape of
+    [1, 4] to a fixed [3, 5]), so the compile would be an artifact that never runs."""
+    from graphopt.input_shapes import reshape_conflict
+
+    conflict = reshape_conflict(model)
+    if conflict:
+        raise InputError(f"{label}: {conflict}, so the model cannot run: onnxruntime loads it "
+                         "and fails at every run")
+
+
 def _unpinned_advice() -> str:
     """How to leave an input's dims open, in terms of the options that pinned them."""
     given = PIN_OPTIONS.get()

@@ -14,7 +14,8 @@ from onnx import ModelProto
 
 from graphopt import api_args, numerics
 from graphopt.compile_checks import (check_compiled_loads, check_input, check_loads,
-                                     check_pinned_shapes, overridable_note, weightless_bytes)
+                                     check_pinned_shapes, check_runs_at_its_shapes,
+                                     overridable_note, weightless_bytes)
 from graphopt.compile_memory import plan_partition_memory
 from graphopt.compile_result import OptimizeResult, file_identity, memory_model_sha256, op_counts
 from graphopt.compile_tuning import record_tuning, tuned_decisions
@@ -450,6 +451,8 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
                  f"(onnxruntime warns of such a declaration and returns what it computes): "
                  f"{'; '.join(corrected)}")
     _mark_lossy(source.model, log, target)
+    if not options.input_shapes:  # pinned, check_pinned_shapes and check_compiled_loads do
+        check_runs_at_its_shapes(source.model, source.label)
     if source.loaded_unpinned:
         check_compiled_loads(source.model, source.label, options.input_shapes)
     elif source.given is not None and not options.input_shapes:

@@ -237,3 +237,18 @@ def test_a_pin_a_model_without_branches_cannot_take_names_the_sizes_it_fixes():
     assert "with the pinned shapes x:2,4, onnxruntime cannot load the compiled model" in message
     assert "branch" not in message and "The model fixes a size these pins change" in message
     graphopt.optimize(proto, input_shapes="x:1,4", verify=True)  # the size it was traced at
+
+
+def test_a_static_model_whose_reshape_cannot_take_its_input_is_refused_naming_the_node():
+    # onnxruntime loads it and fails at every run: the compile wrote an artifact that never
+    # ran, with exit 0 and no note.
+    from graphopt.errors import InputError
+
+    proto = parse_model("""
+        g (float[1, 4] x) => (float[3, 5] y) { y = Reshape (x, shape) }""",
+        shape=np.array([3, 5], np.int64))
+    proto.graph.node[0].name = "rs"
+    with pytest.raises(InputError, match=r"^<model>: node 'rs' \(Reshape\) cannot make its "
+                                         r"input of shape \[1,4\] \(4 elements\) into \[3,5\], so "
+                                         "the model cannot run"):
+        graphopt.optimize(proto)

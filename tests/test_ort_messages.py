@@ -32,14 +32,14 @@ def test_the_source_location_goes_and_the_reason_stays(raw, shown):
 
 
 def test_a_run_that_onnxruntime_fails_says_why_without_its_sources(tmp_path):
-    # A Reshape of [1, 4] to a fixed [3, 5]: onnxruntime loads it and fails the run.
+    # A Reshape of [1, 4] to the [3, 5] fed with it: onnxruntime fails the run.
     proto = parse_model("""
-        g (float[1, 4] x) => (float[3, 5] y) { y = Reshape (x, shape) }""",
-        shape=np.array([3, 5], np.int64))
+        g (float[1, 4] x, int64[2] shape) => (float[?, ?] y) { y = Reshape (x, shape) }""")
     onnx.save(proto, tmp_path / "m.onnx")
     graphopt.save(graphopt.optimize(str(tmp_path / "m.onnx")), str(tmp_path / "m.om"))
     with pytest.raises(GraphoptError) as caught:
-        graphopt.load(tmp_path / "m.om").run({"x": np.ones((1, 4), np.float32)})
+        graphopt.load(tmp_path / "m.om").run({"x": np.ones((1, 4), np.float32),
+                                              "shape": np.array([3, 5], np.int64)})
     message = str(caught.value)
     assert "cannot be reshaped to the requested shape" in message
     assert "onnxruntime_src" not in message and "ReshapeHelper::" not in message
