@@ -67,8 +67,9 @@ def _add_optimize(sub) -> None:
                     "optimized ONNX for `-o x.onnx`, graphopt's artifact for `-o x.om`. "
                     "Ends with a summary of passes and op-type changes.",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
-    p.add_argument("model", help="input .onnx file (external data next to it is loaded)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE",
+    p.add_argument("model", type=path_text,
+                   help="input .onnx file (external data next to it is loaded)")
+    p.add_argument("-o", "--output", required=True, type=path_text, metavar="FILE",
                    help="output path: .onnx for ONNX, .om for the graphopt artifact")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level 0-3 (default 2; 3 may change results in the last "
@@ -468,7 +469,8 @@ def _add_zoo(sub) -> None:
                                description="Build a zoo model (seeded weights, no download) "
                                            "and write it as ONNX.")
     build.add_argument("name", help="model name from `graphopt zoo list`")
-    build.add_argument("-o", "--output", required=True, metavar="FILE", help="output .onnx path")
+    build.add_argument("-o", "--output", required=True, type=path_text, metavar="FILE",
+                       help="output .onnx path")
     build.set_defaults(func=_cmd_zoo_build)
 
 

@@ -33,8 +33,8 @@ def add_compare_parser(sub) -> None:
                     "A candidate .onnx that graphopt quantized or cast to half runs at\n"
                     "ORT_ENABLE_ALL, as deployed: its QDQ pairs become int8 kernels only there.",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
-    p.add_argument("reference", help="the reference .onnx model")
-    p.add_argument("candidate", help="the model to check: .onnx or a compiled .om")
+    p.add_argument("reference", type=path_text, help="the reference .onnx model")
+    p.add_argument("candidate", type=path_text, help="the model to check: .onnx or a compiled .om")
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from graphopt.cli_types import input_shapes, target_name
+from graphopt.cli_types import input_shapes, path_text, target_name
 from graphopt.help_format import HelpFormatter
 
 
@@ -19,7 +19,7 @@ def add_partition_parser(sub) -> None:
         epilog="examples:\n"
                "  graphopt partition yolo.onnx --target ascend310\n"
                '  graphopt partition bert.onnx --target ascend910b --input-shape "input_ids:1,128"\n')
-    p.add_argument("model", help="input .onnx file")
+    p.add_argument("model", type=path_text, help="input .onnx file")
     p.add_argument("--target", type=target_name, required=True, metavar="NAME|FILE",
                    help="a built-in target (`graphopt targets`) or a profile .json")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",

@@ -37,7 +37,7 @@ def add_profile_parser(sub) -> None:
                     "(memory-, compute- or overhead-bound by the roofline), fusable patterns left\n"
                     "unfused, nodes that fell back to the CPU and layout conversions.",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
-    p.add_argument("model", help="an .onnx model or a compiled .om artifact")
+    p.add_argument("model", type=path_text, help="an .onnx model or a compiled .om artifact")
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input (default: seeded random data)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",

@@ -30,7 +30,7 @@ def add_report_parser(sub) -> None:
                     "and fallbacks, NPU kernel configs, and optionally the tuning history\n"
                     "(--tuning-db) and an accuracy check against the source model (--reference).",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
-    p.add_argument("model", help="the compiled .om")
+    p.add_argument("model", type=path_text, help="the compiled .om")
     p.add_argument("-o", "--output", type=path_text, metavar="FILE.html",
                    help="where to write the page (default: the .om's name with .html)")
     p.add_argument("--reference", type=path_text, metavar="MODEL.onnx",

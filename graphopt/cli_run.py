@@ -40,7 +40,7 @@ def add_run_parser(sub) -> None:
                     "signature, which needs every input dim to be static or pinned with\n"
                     "--input-shape.",
         formatter_class=HelpFormatter, epilog=RUN_EXAMPLES)
-    p.add_argument("model", help="the compiled .om artifact")
+    p.add_argument("model", type=path_text, help="the compiled .om artifact")
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input (default: "
                         "seeded random data)")
@@ -80,7 +80,7 @@ def add_inspect_parser(sub) -> None:
                     "Given an .onnx model instead, print its signature, opsets, op counts,\n"
                     "model-local functions and weight bytes.",
         formatter_class=HelpFormatter, epilog=INSPECT_EXAMPLES)
-    p.add_argument("model", help="an .om artifact or an .onnx model")
+    p.add_argument("model", type=path_text, help="an .om artifact or an .onnx model")
     p.add_argument("--json", action="store_true",
                    help="print JSON: for an .om the manifest plus per-partition op counts")
     p.set_defaults(func=_cmd_inspect)

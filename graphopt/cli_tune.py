@@ -57,7 +57,7 @@ def add_tune_parser(sub) -> None:
                     "layout decisions. Results go to the knowledge base that `graphopt "
                     "optimize --tuning-db` reads.",
         formatter_class=HelpFormatter, epilog=TUNE_EXAMPLES)
-    p.add_argument("model", help="input .onnx file")
+    p.add_argument("model", type=path_text, help="input .onnx file")
     p.add_argument("--target", type=target_name, required=True, metavar="NAME|FILE",
                    help="the target (`graphopt targets` lists them); op tuning needs an NPU")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",

@@ -449,7 +449,7 @@ def test_small_mistakes_get_messages_that_say_what_to_do(foldable, tmp_path, cap
                      "foldconstants")
     assert rc == 1 and "unknown pass or rule foldconstants (did you mean FoldConstants?" in err
     rc, _, err = cli(capsys, "optimize", foldable, "-o", "")  # was "-o : is a directory"
-    assert rc == 1 and "-o: an empty path, expected a file name" in err, err
+    assert rc == 2 and "argument -o/--output: an empty path" in err, err
     (tmp_path / "adir").mkdir()
     rc, _, err = cli(capsys, "zoo", "build", "tiny", "-o", tmp_path / "adir")
     assert rc == 1 and "is a directory, expected a file path" in err, err
@@ -1138,3 +1138,14 @@ def test_a_precision_that_is_another_flags_value_says_which(tmp_path, capsys, va
               "--precision", value])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and f"invalid choice: '{value}'" in err and hint in err, err
+
+
+@pytest.mark.parametrize("argv", [["optimize", "", "-o", "x.om"], ["inspect", ""], ["run", ""],
+                                  ["compare", "", "x.onnx"], ["profile", ""], ["tune", ""],
+                                  ["zoo", "build", "tiny", "-o", ""]])
+def test_an_empty_model_or_output_path_is_a_usage_error(capsys, argv):
+    # An unset shell variable: "graphopt: error: : no such file" (exit 1) for some commands,
+    # a usage error for others.
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and "an empty path" in capsys.readouterr().err
