@@ -27,7 +27,8 @@ from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.atc_flags import JSON_FILE, atc_hints
-from graphopt.cli_types import dynamic_dims, input_shapes, path_text, target_name, tolerance
+from graphopt.cli_types import (dynamic_dims, input_shapes, name_text, path_text, target_name,
+                                tolerance)
 from graphopt.errors import GraphoptError, OptionError, UsageError, interrupt_behind
 from graphopt.help_format import CommandsHelpFormatter, HelpFormatter
 from graphopt.option_names import command_line
@@ -74,7 +75,8 @@ def _add_optimize(sub) -> None:
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level 0-3 (default 2; 3 may change results in the last "
                         "bits; `graphopt passes` lists the passes of each level)")
-    p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
+    p.add_argument("--disable-pass", action="append", default=[], type=name_text,
+                   metavar="NAME",
                    help="skip a pass by name; repeatable")
     switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
     switches.add_argument("--switch-file", type=path_text, metavar="FILE",

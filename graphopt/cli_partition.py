@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from graphopt.cli_types import input_shapes, path_text, target_name
+from graphopt.cli_types import input_shapes, name_text, path_text, target_name
 from graphopt.help_format import HelpFormatter
 
 
@@ -26,7 +26,8 @@ def add_partition_parser(sub) -> None:
                    help="optimization level before partitioning (default 2)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224"; NPUs need static shapes')
-    p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
+    p.add_argument("--disable-pass", action="append", default=[], type=name_text,
+                   metavar="NAME",
                    help="skip a pass by name; repeatable")
     p.add_argument("--all-fallbacks", action="store_true",
                    help="list every fallback reason, not the first 20")

@@ -1149,3 +1149,17 @@ def test_an_empty_model_or_output_path_is_a_usage_error(capsys, argv):
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2 and "an empty path" in capsys.readouterr().err
+
+
+def test_an_empty_pass_name_and_a_report_over_its_own_om_say_what_happened(tmp_path, capsys):
+    # `--disable-pass ''` read "unknown pass or rule  (passes: …"; `report rep.html`, given no
+    # -o, blamed an -o the user never gave.
+    with pytest.raises(SystemExit) as exited:
+        main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.om"),
+              "--disable-pass", ""])
+    assert exited.value.code == 2 and "argument --disable-pass: an empty name" in \
+        capsys.readouterr().err
+    page = tmp_path / "rep.html"
+    page.write_bytes(b"PK\x05\x06" + bytes(18))  # a zip by its content, named like a page
+    assert main(["report", str(page)]) == 1
+    assert f"-o (by default) {page}: would overwrite the .om itself" in capsys.readouterr().err
