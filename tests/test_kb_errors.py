@@ -340,10 +340,19 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
     doc["kernels"]["ascend310/gemm/b1_m32_k32_n32/float16"] = dict(entry, tiling={})
     export.write_text(json.dumps(doc))
     db = tmp_path / "new.db"
-    with pytest.raises(OptionError, match=f"kernel '{name}': not an exported tiling "
-                                          r"\(KeyError: 'base_k'\)"):
+    with pytest.raises(OptionError, match=f"kernel '{name}': its tiling lacks base_k$"):
         kb.import_kb(export, f"sqlite:///{db}")
     assert not db.exists()  # checked before anything was written
+    # No tiling at all, and a value of the wrong kind: named without Python's exception names.
+    doc["kernels"] = {name: {k: v for k, v in entry.items() if k != "tiling"}}
+    export.write_text(json.dumps(doc))
+    with pytest.raises(OptionError, match=f"kernel '{name}': no \"tiling\" object"):
+        kb.import_kb(export, f"sqlite:///{db}")
+    doc["kernels"] = {name: dict(entry, tiling=dict(good_tiling, base_m="big"))}
+    export.write_text(json.dumps(doc))
+    with pytest.raises(OptionError, match=f"kernel '{name}': not an exported tiling "
+                                          r"\(base_m must be integers"):
+        kb.import_kb(export, f"sqlite:///{db}")
     # A boolean where a count belongs (JSON's true is Python's 1), an unknown dtype.
     doc["kernels"] = {name: dict(entry, tiling=dict(good_tiling, cores=True))}
     export.write_text(json.dumps(doc))

@@ -367,11 +367,17 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     if max(shape.batch, shape.m, shape.k, shape.n) > MAX_DIM:
         raise OptionError(f"{path}: kernel '{name}': a dim above {MAX_DIM} (2**31 - 1), which "
                           "no cube kernel's tiling indexes")
+    given = entry.get("tiling")
+    if not isinstance(given, dict):
+        raise OptionError(f"{path}: kernel '{name}': no \"tiling\" object (an export gives "
+                          f"each kernel {{\"tiling\": {{{', '.join(PARAMS)}}}}})")
+    missing = [key for key in PARAMS if key not in given]
+    if missing:
+        raise OptionError(f"{path}: kernel '{name}': its tiling lacks {', '.join(missing)}")
     try:
-        tiling = tiling_from({key: entry["tiling"][key] for key in PARAMS})
-    except (KeyError, TypeError, ValueError) as e:
-        raise OptionError(f"{path}: kernel '{name}': not an exported tiling "
-                          f"({type(e).__name__}: {e})") from None
+        tiling = tiling_from({key: given[key] for key in PARAMS})
+    except (TypeError, ValueError) as e:  # a value of the wrong kind: the message names it
+        raise OptionError(f"{path}: kernel '{name}': not an exported tiling ({e})") from None
     choices = search_choices(shape, device)
     reason = outside_space(tiling, shape, device)
     if reason is not None:
