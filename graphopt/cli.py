@@ -26,7 +26,7 @@ from graphopt.cli_run import add_inspect_parser, add_run_parser
 from graphopt.cli_streams import streams_as_files
 from graphopt.cli_targets import add_targets_parser
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
-from graphopt.atc_flags import JSON_FILE, atc_hints
+from graphopt.atc_flags import ATC_ONLY, JSON_FILE, atc_hints
 from graphopt.cli_types import (dynamic_dims, input_shapes, name_text, path_text, target_name,
                                 tolerance)
 from graphopt.errors import GraphoptError, OptionError, UsageError, interrupt_behind
@@ -523,7 +523,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         if self.prog == "graphopt":  # no or unknown command: the usage line is the best help
             self.print_usage(sys.stderr)
-            self.exit(2, f"graphopt: error: {message}\n")
+            self.exit(2, f"graphopt: error: {_command_hint(message, self.given)}\n")
         command = self.prog.removeprefix("graphopt ")
         if command == "inspect" and message.startswith("argument --json: ignored explicit"):
             message += f" (--json=FILE is {JSON_FILE})"  # atc --mode=1 --json=x.json pasted
@@ -534,6 +534,29 @@ class _Parser(argparse.ArgumentParser):
             message += f" ({'; '.join(hints)})" if hints else ""
         message += _precision_hint(message)
         self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
+
+
+def _command_hint(message: str, given: list[str]) -> str:
+    """argparse's error about graphopt's command, with what was meant: the command a typo is
+    closest to, or, for options given before any command, that the command comes first."""
+    import difflib
+    import shlex
+
+    found = re.match(r"argument COMMAND: invalid choice: '([^']*)' \(choose from (.*)\)$",
+                     message)
+    if found:
+        close = difflib.get_close_matches(found.group(1), re.findall(r"'([^']+)'",
+                                                                     found.group(2)), n=1)
+        return message + (f"; did you mean {close[0]}?" if close else "")
+    options = [arg for arg in given if arg.startswith("-")]
+    if message.startswith("the following arguments are required") and options:
+        flag = options[0].split("=", 1)[0]
+        if flag == "--model" or flag in ATC_ONLY:  # a whole atc command line, pasted
+            return (f"{flag} is ATC's: graphopt atc takes an atc command line as it is "
+                    f"(graphopt atc {shlex.join(given)})")
+        return (f"{options[0]} is not an option of graphopt itself: the command comes first "
+                f"(graphopt COMMAND {options[0]} …; graphopt --help lists the commands)")
+    return message
 
 
 def _precision_hint(message: str) -> str:

@@ -1163,3 +1163,17 @@ def test_an_empty_pass_name_and_a_report_over_its_own_om_say_what_happened(tmp_p
     page.write_bytes(b"PK\x05\x06" + bytes(18))  # a zip by its content, named like a page
     assert main(["report", str(page)]) == 1
     assert f"-o (by default) {page}: would overwrite the .om itself" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["optimze", "m.onnx"], "invalid choice: 'optimze' (choose from"),
+    (["optimze", "m.onnx"], "; did you mean optimize?"),
+    (["--bogus"], "--bogus is not an option of graphopt itself: the command comes first"),
+    (["--model=m.onnx", "--framework=5"], "--model is ATC's: graphopt atc takes an atc command "
+                                          "line as it is (graphopt atc --model=m.onnx "
+                                          "--framework=5)")])
+def test_a_mistyped_command_or_an_option_before_it_says_what_was_meant(capsys, argv, expected):
+    # `graphopt --bogus` said only that COMMAND is required.
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and expected in capsys.readouterr().err
