@@ -1177,3 +1177,12 @@ def test_a_mistyped_command_or_an_option_before_it_says_what_was_meant(capsys, a
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_calibration_errors_name_the_flag_on_the_command_line(foldable, tmp_path, capsys):
+    # "calibration x.npz: no samples" named the Python keyword on the command line.
+    data = tmp_path / "x.npz"
+    np.savez(data, x=np.zeros((0, 4), np.float32))
+    rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "q.om", "--quantize", "int8",
+                     "--calibration", data)
+    assert rc == 1 and f"--calibration {data}: no samples" in err, err

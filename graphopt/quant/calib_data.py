@@ -29,6 +29,7 @@ import numpy as np
 
 from graphopt.errors import OptionError
 from graphopt.ir import Graph
+from graphopt.option_names import option
 
 
 class CalibrationShapeError(OptionError):
@@ -40,6 +41,12 @@ class InputSpec:
     name: str
     dtype: np.dtype
     shape: tuple  # ints, or None/str for dims the model leaves open
+
+
+def calibration_label(path) -> str:
+    """The calibration data as a message names it: `--calibration x.npz` from the command line,
+    `calibration x.npz` from Python."""
+    return f"{option('calibration')} {path}"
 
 
 def model_inputs(graph: Graph) -> list[InputSpec]:
@@ -93,11 +100,11 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     path = os.fspath(path)
     specs = graph if isinstance(graph, list) else model_inputs(graph)
     if not specs:
-        raise OptionError(f"calibration {path}: the model has no inputs to feed")
+        raise OptionError(f"{calibration_label(path)}: the model has no inputs to feed")
     if os.path.isdir(path):
         files = sorted(glob.glob(os.path.join(path, "*.npz")))
         if not files:
-            raise OptionError(f"calibration {path}: the directory holds no .npz files "
+            raise OptionError(f"{calibration_label(path)}: the directory holds no .npz files "
                               "(one sample per file: np.savez(f, input_name=array, …))")
         # Check the first file up front so a bad layout fails before any inference runs;
         # the others are checked as they are read.
@@ -108,7 +115,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         return CalibrationData(path, specs, files, None, -(-len(files) // stack), stack,
                                len(files) if stack > 1 else 0)
     if not os.path.exists(path):
-        raise OptionError(f"calibration {path}: no such file or directory")
+        raise OptionError(f"{calibration_label(path)}: no such file or directory")
     arrays = _load(path)
     _check_names(arrays, specs, path)
     batch, counts, given = {}, {}, 0
@@ -122,7 +129,8 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
             array = _stacked(array, stack)
         if s.shape is not None and array.ndim != len(s.shape) + 1:
             raise OptionError(
-                f"calibration {path}: input '{s.name}' has shape {list(array.shape)}; expected "
+                f"{calibration_label(path)}: "
+                f"input '{s.name}' has shape {list(array.shape)}; expected "
                 f"samples × {_shape_text(s.shape)} (rank {len(s.shape) + 1}), or the input's "
                 "own shape when its first dim is 1 or symbolic")
         _check_finite(array, s, path)
@@ -135,11 +143,12 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         # sample, as `--inputs` reads it.
         return _one_sample(path, specs, arrays)
     if len(set(counts.values())) > 1:
-        raise OptionError(f"calibration {path}: inputs hold different sample counts "
+        raise OptionError(f"{calibration_label(path)}: inputs hold different sample counts "
                           f"({', '.join(f'{k}: {v}' for k, v in counts.items())})")
     count = next(iter(counts.values()))
     if count == 0:
-        raise OptionError(f"calibration {path}: no samples (the arrays' first axis is empty)")
+        raise OptionError(f"{calibration_label(path)}: "
+                          "no samples (the arrays' first axis is empty)")
     return CalibrationData(path, specs, [], batch, count, given=given)
 
 
@@ -220,15 +229,17 @@ def _load(file: str) -> dict[str, np.ndarray]:
     with open(file, "rb") as handle:
         head = handle.read(6)
     if not head.startswith((b"\x93NUMPY", b"PK")):  # a damaged zip gets numpy's reason
-        raise OptionError(f"calibration {file}: not an .npz archive of named arrays (write one "
+        raise OptionError(f"{calibration_label(file)}: "
+                          "not an .npz archive of named arrays (write one "
                           "with np.savez(path, input_name=array, …))")
     try:
         data = np.load(file, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise OptionError(f"calibration {file}: cannot read as .npz of named arrays "
+        raise OptionError(f"{calibration_label(file)}: cannot read as .npz of named arrays "
                           f"({_unpickling(e)})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
-        raise OptionError(f"calibration {file}: one unnamed array (.npy); the inputs go in an "
+        raise OptionError(f"{calibration_label(file)}: "
+                          "one unnamed array (.npy); the inputs go in an "
                           ".npz by name: np.savez(path, input_name=array, …)")
     with data:
         arrays = {}
@@ -237,7 +248,7 @@ def _load(file: str) -> dict[str, np.ndarray]:
             try:
                 arrays[name] = data[name]
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-                raise OptionError(f"calibration {file}: cannot read array '{name}' "
+                raise OptionError(f"{calibration_label(file)}: cannot read array '{name}' "
                                   f"({_unpickling(e)})") from None
         return arrays
 
@@ -254,11 +265,11 @@ def _check_names(arrays: dict, specs: list[InputSpec], file: str) -> None:
     names = [s.name for s in specs]
     missing = [n for n in names if n not in arrays]
     if missing:
-        raise OptionError(f"calibration {file}: no array for model input '{missing[0]}' "
+        raise OptionError(f"{calibration_label(file)}: no array for model input '{missing[0]}' "
                           f"(the file has: {', '.join(sorted(arrays)) or 'nothing'})")
     extra = sorted(set(arrays) - set(names))
     if extra:
-        raise OptionError(f"calibration {file}: '{extra[0]}' is not an input of the model "
+        raise OptionError(f"{calibration_label(file)}: '{extra[0]}' is not an input of the model "
                           f"(inputs: {', '.join(names)})")
 
 
@@ -272,7 +283,7 @@ def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
             isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape))
         if bad:
             raise CalibrationShapeError(
-                f"calibration {file}: input '{spec.name}' sample has shape "
+                f"{calibration_label(file)}: input '{spec.name}' sample has shape "
                 f"{list(array.shape)}; the model expects {_shape_text(spec.shape)}")
     _check_finite(array[None], spec, file)
     _check_integer_range(array, spec, file)
@@ -290,7 +301,7 @@ def _check_integer_range(array: np.ndarray, spec: InputSpec, file: str) -> None:
     low, high = array.min(), array.max()
     if low < info.min or high > info.max:
         value = low if low < info.min else high
-        raise OptionError(f"calibration {file}: input '{spec.name}' holds {value}, beyond "
+        raise OptionError(f"{calibration_label(file)}: input '{spec.name}' holds {value}, beyond "
                           f"{spec.dtype} ({info.min} to {info.max}); calibration needs values "
                           "that fit the input's type")
 
@@ -304,7 +315,7 @@ def _check_finite(samples: np.ndarray, spec: InputSpec, file: str) -> None:
         return
     finite = np.isfinite(samples)
     if not finite.any():
-        raise OptionError(f"calibration {file}: input '{spec.name}' holds only NaN or Inf; "
+        raise OptionError(f"{calibration_label(file)}: input '{spec.name}' holds only NaN or Inf; "
                           "calibration needs finite values")
     if samples.dtype.itemsize <= spec.dtype.itemsize:
         return
@@ -312,7 +323,8 @@ def _check_finite(samples: np.ndarray, spec: InputSpec, file: str) -> None:
     beyond = (finite & (np.abs(samples) > limit)).reshape(len(samples), -1).any(axis=1)
     if beyond.any():
         where = f" sample {int(np.argmax(beyond))}" if len(samples) > 1 else ""
-        raise OptionError(f"calibration {file}: input '{spec.name}'{where} holds values beyond "
+        raise OptionError(f"{calibration_label(file)}: "
+                          f"input '{spec.name}'{where} holds values beyond "
                           f"{spec.dtype}; calibration needs them to fit the input's type")
 
 
@@ -326,6 +338,7 @@ def _cast(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
         array.dtype.kind in "iu" and spec.dtype.kind in "iu") or (
         array.dtype.kind in "US" and spec.dtype.kind == "O")
     if not same_kind:
-        raise OptionError(f"calibration {file}: input '{spec.name}' is {array.dtype}; the model "
+        raise OptionError(f"{calibration_label(file)}: "
+                          f"input '{spec.name}' is {array.dtype}; the model "
                           f"expects {spec.dtype}")
     return array.astype(spec.dtype)

@@ -18,7 +18,7 @@ from graphopt.errors import OptionError
 from graphopt.ir import Model, Value, to_onnx
 from graphopt.option_names import option
 from graphopt.numerics import ort_reason
-from graphopt.quant.calib_data import CalibrationData
+from graphopt.quant.calib_data import CalibrationData, calibration_label
 from graphopt.quant.stats import METHODS, TensorStats
 
 
@@ -96,7 +96,7 @@ def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict
             try:
                 outputs = session.run(fetched, feeds) if fetched else []
             except Exception as e:  # noqa: BLE001 - onnxruntime's message is the cause
-                raise OptionError(f"calibration {data.path}: the float model fails on a "
+                raise OptionError(f"{calibration_label(data.path)}: the float model fails on a "
                                   f"sample: {ort_reason(e)}") from None
             arrays = dict(zip(fetched, outputs))
             arrays.update((n, feeds[n]) for n in names if n in feeds_named)
@@ -128,7 +128,8 @@ def _check_ranges(stats: dict[str, TensorStats], path: str,
             held = ", ".join(f"'{n}'" for n in sorted(nonfinite_inputs))
             cause = (f"; the data's input(s) {held} hold NaN or Inf, which the model carries "
                      "there: give samples without them, or" if held else ";")
-            raise OptionError(f"calibration {path}: the float model's tensor '{name}' has no "
+            raise OptionError(f"{calibration_label(path)}: "
+                              f"the float model's tensor '{name}' has no "
                               f"finite range over the samples (NaN or Inf){cause} "
                               f"{option('quant_skip')} the layers that read it")
 
