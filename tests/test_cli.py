@@ -1186,3 +1186,13 @@ def test_calibration_errors_name_the_flag_on_the_command_line(foldable, tmp_path
     rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "q.om", "--quantize", "int8",
                      "--calibration", data)
     assert rc == 1 and f"--calibration {data}: no samples" in err, err
+
+
+def test_a_calibration_directory_file_without_samples_says_so(foldable, tmp_path, capsys):
+    # It said the file's sample had shape [0, 4] where [1, 4] was expected.
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    np.savez(folder / "a.npz", x=np.zeros((0, 4), np.float32))
+    rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "q.om", "--quantize", "int8",
+                     "--calibration", folder)
+    assert rc == 1 and f"--calibration {folder / 'a.npz'}: no samples" in err, err

@@ -278,6 +278,11 @@ def _shape_text(shape) -> str:
 
 
 def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
+    if array.ndim and not array.shape[0] and not (spec.shape and spec.shape[0] == 0):
+        # An empty batch, as a single file's check says it (a directory's file was said to
+        # have shape [0, 3, 32, 32] where [1, 3, 32, 32] was expected).
+        raise OptionError(f"{calibration_label(file)}: no samples (input '{spec.name}' has an "
+                          f"empty first axis: shape {list(array.shape)})")
     if spec.shape is not None:
         bad = array.ndim != len(spec.shape) or any(
             isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape))
