@@ -1,7 +1,7 @@
 """The input check's type inference: one whole-model run against inference by kind of node.
 
-`graphopt.compile_checks.check_input` (schema checks, then strict ONNX shape inference) on each model,
-three ways, interleaved, medians of --runs (each on a fresh import, which is not timed):
+`graphopt.compile_checks.check_input` (schema checks, then strict ONNX shape inference) on each
+model, three ways, interleaved, medians of --runs (each on a fresh import, which is not timed):
 
 * whole: one `onnx.shape_inference.infer_shapes` over the exported model;
 * by kind: `graphopt.kind_inference`, every node walked, ONNX asked once per kind of node;

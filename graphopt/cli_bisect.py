@@ -38,7 +38,8 @@ def add_bisect_parser(sub) -> None:
                     "IR around it before and after. A pass that breaks outputs without asking\n"
                     "the rewrite gate is reported at pass granularity.",
         formatter_class=HelpFormatter, epilog=EXAMPLES)
-    p.add_argument("model", type=path_text, help="the .onnx model whose optimized outputs are wrong")
+    p.add_argument("model", type=path_text,
+                   help="the .onnx model whose optimized outputs are wrong")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level 0-3 (default 2)")
     p.add_argument("--target", type=target_name, metavar="T",

@@ -55,8 +55,9 @@ def add_report_parser(sub) -> None:
 def _output_path(args) -> str:
     out = args.output or os.path.splitext(args.model)[0] + ".html"
     # Without -o the page is named after the model: the refusal says so, not "-o".
-    check_output_path("-o" if args.output else "-o (by default)", out, {"the .om itself": args.model, "--reference": args.reference,
-                                  "--inputs": args.inputs, "--tuning-db": args.tuning_db})
+    check_output_path("-o" if args.output else "-o (by default)", out,
+                      {"the .om itself": args.model, "--reference": args.reference,
+                       "--inputs": args.inputs, "--tuning-db": args.tuning_db})
     if not out.lower().endswith((".html", ".htm")):  # a file named by mistake stays whole
         raise OptionError(f"-o {out}: report writes an HTML page (name it .html)")
     return out
