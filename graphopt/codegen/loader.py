@@ -38,6 +38,8 @@ def load(
     if not isinstance(path, (str, os.PathLike)):
         raise OptionError(f"load takes the path of an .om file, not {type(path).__name__}")
     path = os.fspath(path)
+    if not path:
+        raise OptionError("load: the path is empty")
     try:
         return OmSession(path, intra_op_num_threads=intra_op_num_threads,
                          optimization_level=optimization_level,

@@ -337,7 +337,12 @@ def open_steps(artifact: OmArtifact, options, profile_dir: str | None, fallback:
                 "is not installed, and cannot run every op compiled for the device)") from None
         del checked  # onnxruntime has its own copy
         _check_signature(artifact, part, session)
-        _check_blocking(artifact, name, session.get_modelmeta().custom_metadata_map)
+        try:
+            metadata = session.get_modelmeta().custom_metadata_map
+        except UnicodeDecodeError:  # onnxruntime's binding decodes every value as UTF-8
+            raise ArtifactError(f"{artifact.path}: partition {name!r}: its metadata is not "
+                                "valid UTF-8") from None
+        _check_blocking(artifact, name, metadata)
         steps.append(Step(name, session, list(part["inputs"]), list(part["outputs"]),
                            runner(session, providers)))
     return steps

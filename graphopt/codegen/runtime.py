@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ from graphopt.codegen.feeds import (as_array, check_strings, describe, fitted_va
 from graphopt.codegen.index_bounds import check_dim, check_ids
 from graphopt.codegen.om_file import OpenedFile
 from graphopt.codegen.om_manifest import INDEX_DIMS, INDEX_ROWS
-from graphopt.codegen.om_read import OmArtifact, load_om
+from graphopt.codegen.om_read import OmArtifact, cpu_count, load_om
 from graphopt.codegen.partition_sessions import (DISABLE_PREPACKING, Step, first_line,
                                                  open_steps, session_options, skips_prepacking)
 from graphopt.codegen.plain_feeds import PlainFeeds, plain, plain_feeds
@@ -83,6 +84,19 @@ def _outside_graphopt() -> int:
 
 def _closed(path: str) -> GraphoptError:
     return GraphoptError(f"{path}: the session was closed; load the artifact again to run it")
+
+
+def _reverifier(artifact: OmArtifact):
+    """The weights blobs' check, through a weak reference: the file holds it, and a cycle
+    through the artifact would keep a dropped session's file open until a collection."""
+    held = weakref.ref(artifact)
+
+    def reverify() -> None:
+        found = held()
+        if found is not None:
+            found.verify_weights(max(1, cpu_count() - 1))
+
+    return reverify
 
 
 def _copy_of(value: Any) -> Any:
@@ -229,8 +243,14 @@ class OmSession:
         # `graphopt profile`: onnxruntime writes one chrome trace per partition into this dir.
         self._profile_dir = None if profile_dir is None else os.fspath(profile_dir)
         artifact = path_or_artifact
-        if not isinstance(artifact, OmArtifact):
+        # A session closes the file only of an artifact it loaded itself: two sessions made
+        # from one OmArtifact share its file, and one's close() broke the other's runs.
+        self._owns_file = not isinstance(artifact, OmArtifact)
+        if self._owns_file:
             artifact = load_om(artifact, defer_checks=True)
+        elif artifact.file is not None and artifact.file.closed:
+            raise ArtifactError(f"{artifact.path}: its file was closed with the session that "
+                                "loaded it: load the path again")
         # The partitions' and weights blobs' sums: at once for a small artifact, else on a
         # second thread while onnxruntime builds the sessions, which the first run (and
         # `artifact`) waits for.
@@ -239,6 +259,8 @@ class OmSession:
         # that it was rewritten in place (its sessions would read the new bytes as the old
         # weights). Renaming a new file over the path leaves it intact, and the sessions with it.
         self._mapped = artifact.file
+        if self._mapped is not None:  # a change of the inode alone: hash the mapped bytes again
+            self._mapped.reverify = _reverifier(artifact)
         opened = _opened_profiles(artifact, profiles)
         views = [artifact.profile(p["name"]) for p in opened] or [artifact]
         fallback: list[str] = []
@@ -251,7 +273,7 @@ class OmSession:
                         for view, profile in zip(views, opened or [None])]
             if artifact.file is not None:  # onnxruntime found the weights by path, not by handle
                 artifact.file.check_still_at_path()
-        except ArtifactError:
+        except Exception:  # a partition's bytes flipped: onnxruntime's errors are any kind
             if self._pending is not None:
                 self._pending.wait()  # a failed checksum explains a refused partition best
             raise
@@ -313,9 +335,9 @@ class OmSession:
         if pending is not None:
             pending.finish()  # it reads through the file about to be closed
         self._programs, self._program, self._matcher = [], None, None
-        if self._mapped is not None:
+        if self._mapped is not None and self._owns_file:
             self._mapped.close()
-            self._mapped = None
+        self._mapped = None
 
     def __repr__(self) -> str:
         """One line: the artifact, its signature, partitions and profiles (not the sessions)."""
@@ -374,11 +396,14 @@ class OmSession:
         self._verified()
         return self._artifact
 
-    def _verified(self) -> None:
-        pending = self._pending  # read once: another thread may clear it meanwhile
+    def _verified(self, pending: DeferredCheck | None = None) -> None:
+        """Wait for the deferred checksums (`pending`, as a run read them when it started; by
+        default the session's); ArtifactError, on every call, if a member was tampered with."""
+        pending = pending or self._pending  # read once: another thread may clear it meanwhile
         if pending is not None:
-            pending.wait()  # raises, on every call, if a member was tampered with
-            self._pending = None
+            pending.wait()
+            if self._pending is pending:
+                self._pending = None
 
     @property
     def inputs(self) -> list[dict]:
@@ -426,13 +451,16 @@ class OmSession:
         Bad feeds raise InputError (a GraphoptError) naming the input.
         """
         direct = self._direct
-        if direct is not None and output_names is None and self._pending is None:
+        # Read once: a close() on another thread clears it, and a run under way must still
+        # wait for the check it started under, or outputs of tampered weights would leave.
+        pending = self._pending
+        if direct is not None and output_names is None and pending is None:
             outputs = direct(feeds)
             if outputs is not None:
                 return outputs
         self._file_unchanged()
         self._check_open()
-        if self._pending is None:
+        if pending is None:
             return self._run(feeds, output_names)
         # The first runs overlap the checksums still being computed (onnxruntime releases the
         # GIL while it runs), but nothing computed from unverified bytes leaves: a run that
@@ -440,9 +468,9 @@ class OmSession:
         try:
             results = self._run(feeds, output_names)
         except GraphoptError:
-            self._verified()
+            self._verified(pending)
             raise
-        self._verified()
+        self._verified(pending)
         return results
 
     def _run(self, feeds: Mapping[str, Any],
@@ -452,7 +480,10 @@ class OmSession:
             check_ids(name, env[name], rows)
         for name, axis, rows in self._counted:
             check_dim(name, env[name], axis, rows)
-        program = self._program if self._matcher is None else self._matcher.select(env)
+        program, matcher = self._program, self._matcher
+        if self._closed:  # by a close() on another thread since run() began
+            raise _closed(self._artifact.path)
+        program = program if matcher is None else matcher.select(env)
         if output_names is None and program.single is not None:
             step = program.single
             outputs = dict(zip(step.outputs, _call(step, env)))
