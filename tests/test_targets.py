@@ -312,7 +312,9 @@ def _broken(change) -> dict:
     (lambda d: (d["devices"][0].__setitem__("name", "cpu"),
                 d["devices"][1].__setitem__("name", "host"), d.update(primary="cpu", host="host")),
      "devices[0].name: 'cpu' names the host; a device of kind 'npu' needs another name"),
-    (lambda d: d.__setitem__("name", "a\nb"), "name: 'a\\nb' holds a control character"),
+    (lambda d: d.__setitem__("name", "a\nb"), "name: 'a\\nb' may hold only letters, digits"),
+    # A kernel signature starts with the target's name and a "/": tune crashed on "a/b".
+    (lambda d: d.__setitem__("name", "a/b"), "name: 'a/b' may hold only letters, digits"),
     # Every tiling of every kernel would overflow it: refused here, not as a compile's crash.
     (lambda d: d["devices"][0]["buffers"].__setitem__("L0A", 10),
      "devices[0].buffers.L0A: 10 bytes cannot hold the smallest float16 tile (16x16x16 needs "

@@ -220,8 +220,6 @@ def _build(doc: dict, path: str) -> Target:
         if device.name == "cpu" and device.kind != "cpu":
             raise SchemaViolation(f"devices[{i}].name", f"'cpu' names the host; a device of "
                                                         f"kind '{device.kind}' needs another name")
-    if not doc["name"].isprintable():
-        raise SchemaViolation("name", f"{doc['name']!r} holds a control character")
     if len(cpus) != 1:
         raise SchemaViolation("devices", f"needs exactly one device of kind 'cpu' (the host), "
                                          f"found {len(cpus)}")

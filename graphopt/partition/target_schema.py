@@ -39,8 +39,10 @@ TARGET_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "schema_version": {"const": 1, "description": "Version of this format; 1."},
-        "name": {"type": "string", "minLength": 1,
-                 "description": "Target name, as given to --target for the built-in profiles."},
+        # A kernel signature (tuner/signature.py) starts with it, before a "/".
+        "name": {"type": "string", "minLength": 1, "pattern": DEVICE_NAME,
+                 "description": "Target name, as given to --target for the built-in profiles: "
+                                "letters, digits, _ . - (kernel signatures start with it)."},
         "description": {"type": "string", "description": "One line: the hardware it models."},
         "primary": {"type": "string", "minLength": 1,
                     "description": "Name of the device graphopt places work on first."},
