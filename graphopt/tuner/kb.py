@@ -374,6 +374,10 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     missing = [key for key in PARAMS if key not in given]
     if missing:
         raise OptionError(f"{path}: kernel '{name}': its tiling lacks {', '.join(missing)}")
+    unknown = sorted(set(given) - set(PARAMS))
+    if unknown:  # a misspelt field would otherwise be dropped, and its intent with it
+        raise OptionError(f"{path}: kernel '{name}': its tiling has no field "
+                          f"{', '.join(map(repr, unknown))} (fields: {', '.join(PARAMS)})")
     try:
         tiling = tiling_from({key: given[key] for key in PARAMS})
     except (TypeError, ValueError) as e:  # a value of the wrong kind: the message names it
