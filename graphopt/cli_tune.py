@@ -165,6 +165,10 @@ def _cmd_tune(args) -> int:
                       target=args.target, pass_options=precision or None,
                       allow_custom_ops=args.allow_custom_ops)
     partitioning = result.partitioning
+    if not any(device.kind == "npu" for device in partitioning.target.devices):
+        raise OptionError(f"--target {args.target} has no NPU: op tuning picks the tilings of "
+                          "NPU cube kernels; on the CPU, --job subgraph tunes fusion and layout "
+                          "decisions (--objective measured times them on this machine)")
     if not any(partitioning.target.device(p.device).kind == "npu"
                for p in partitioning.partitions):
         raise OptionError(f"--target {args.target}: no node of {args.model} runs on an NPU "

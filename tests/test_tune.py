@@ -1049,3 +1049,15 @@ def test_a_ctrl_c_in_optunas_bookkeeping_leaves_the_trial_failed(a310, tmp_path,
     monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", record)
     again = tune_kernel(SHAPE, a310, target="ascend310", trials=1, storage=db)
     assert again.default[1] > 0  # the default was queued again and evaluated
+
+
+def test_op_tuning_on_a_target_without_an_npu_points_to_subgraph_tuning(tmp_path, capsys):
+    # It said no node of the model runs on an NPU device, as if the model were at fault.
+    import graphopt
+
+    source = tmp_path / "tiny.onnx"
+    onnx.save(graphopt.zoo.build("tiny"), source)
+    rc, _, err = run_cli(capsys, "tune", source, "--target", "cpu", "--trials", "1",
+                         "--tuning-db", tmp_path / "kb.db")
+    assert rc == 1 and "--target cpu has no NPU: op tuning picks the tilings of NPU cube " \
+                       "kernels; on the CPU, --job subgraph tunes" in err, err
