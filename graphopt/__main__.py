@@ -1,5 +1,5 @@
 """`python -m graphopt` runs the command-line interface."""
 
-from graphopt.cli import main
+from graphopt.cli import entry
 
-raise SystemExit(main())
+entry()

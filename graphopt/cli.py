@@ -662,6 +662,27 @@ def main(argv: list[str] | None = None) -> int:
         return _run_command(args)
 
 
+# The exit statuses of an interrupted command: Ctrl-C, and Terminated's signals.
+_INTERRUPTED = frozenset({130, *(128 + signum for signum in (signal.SIGTERM, signal.SIGHUP,
+                                                              signal.SIGQUIT))})
+
+
+def entry() -> None:
+    """The `graphopt` console script: main(), then exit. An interrupted command whose
+    libraries left a thread running exits at once rather than wait for it at the interpreter's
+    shutdown: a Ctrl-C that lands as Optuna starts a trial's heartbeat thread orphans it, and
+    the process hung after "graphopt: interrupted" until a second Ctrl-C."""
+    status = main()
+    if status in _INTERRUPTED and any(thread.is_alive() and not thread.daemon
+                                      for thread in threading.enumerate()
+                                      if thread is not threading.main_thread()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+    raise SystemExit(status)
+
+
 def _reader_gone() -> int:
     """The exit status of a command whose output's reader went away (`| head -1`): as a
     program killed by SIGPIPE, which is what a shell's pipeline status (and `set -o

@@ -4,6 +4,7 @@ tuning knowledge base: list, export, import)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -136,6 +137,9 @@ def _cmd_tune(args) -> int:
 
     if args.plot:
         _check_plot(args.plot, args)
+    # A Ctrl-C that lands while SQLAlchemy closes a connection made its pool log the
+    # interrupt with a traceback before graphopt's one line: cleanup noise, never a result.
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
     # Checked before the compile, which can take minutes, and without creating anything.
     url = storage_url(named_storage(args), option=_storage_option(args))
     check_writable(named_storage(args), _storage_option(args))

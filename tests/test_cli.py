@@ -1196,3 +1196,16 @@ def test_a_calibration_directory_file_without_samples_says_so(foldable, tmp_path
     rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "q.om", "--quantize", "int8",
                      "--calibration", folder)
     assert rc == 1 and f"--calibration {folder / 'a.npz'}: no samples" in err, err
+
+
+def test_an_interrupted_command_exits_though_a_library_left_a_thread_running(tmp_path):
+    # A Ctrl-C landing as Optuna started a trial's heartbeat thread orphaned it: the process
+    # printed "graphopt: interrupted" and then waited for the thread at shutdown, forever.
+    script = ("import threading, graphopt.cli as cli\n"
+              "def interrupted():\n"
+              "    threading.Thread(target=threading.Event().wait).start()\n"
+              "    return 130\n"
+              "cli.main = interrupted\n"
+              "cli.entry()\n")
+    done = subprocess.run([sys.executable, "-c", script], timeout=60)
+    assert done.returncode == 130
