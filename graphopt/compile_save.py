@@ -8,7 +8,7 @@ from onnx import ModelProto
 
 from graphopt import api_args
 from graphopt.compile_result import OptimizeResult, file_identity
-from graphopt.compile_tuning import knowledge_base
+from graphopt.compile_tuning import applied_study, knowledge_base
 from graphopt.errors import OptionError
 from graphopt.ir import Model
 from graphopt.ir.collector import heap_frozen
@@ -163,7 +163,8 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
         else:
             target = result.partitioning.target.name
             parts, extra = _om_plan(result, tuning_db)
-            extra = {**extra, **_profile_file(result.partitioning.target)}
+            extra = {**extra, **_profile_file(result.partitioning.target),
+                     **applied_study(result)}
         inputs, outputs = _signature_names(model)
         extra = {**extra, **_recorded_extra(model)}
         write_om(path, parts, source_path=result.source_label if result else None,
@@ -274,6 +275,7 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
             else PORTABLE_TARGET
         if result.partitioning is not None:
             extra.update(_profile_file(result.partitioning.target))
+        extra.update(applied_study(result))
         # A shape profile's .om was once written without them: compare failed the outputs
         # --out-nodes cut off and refused the uint8 inputs --insert-op-conf made.
         extra.update(_recorded_extra(result.profiles[0].result.model))

@@ -28,6 +28,9 @@ class Decisions:
 
 
 _NO_DECISIONS = Decisions()
+# The .om's extra section naming the subgraph study whose decisions the compile applied, the
+# one `graphopt report` describes: the storage may hold several of the model (--study NAME).
+EXTRA_SUBGRAPH_STUDY = "subgraph_study"
 
 
 def tuned_decisions(tuning_db, model, target, level: int, pins: dict,
@@ -77,3 +80,9 @@ def record_tuning(result: "OptimizeResult", tuning_db, tuned) -> None:
     result.tuned_study = tuned.study
     if tuned.note:
         result.notes.insert(0, tuned.note)
+
+
+def applied_study(result: "OptimizeResult") -> dict:
+    """The .om's extra section naming the subgraph study whose decisions the compile applied;
+    empty when it applied none."""
+    return {EXTRA_SUBGRAPH_STUDY: result.tuned_study} if result.tuned_study else {}

@@ -256,6 +256,8 @@ def test_tuning_db_gives_each_signature_its_study_and_curve(built, capsys, tmp_p
     assert "subgraph/ascend310/" in Page(tuning).plain
     assert "tuning: 3/3 kernel signature(s) with studies; subgraph study: subgraph/ascend310/" \
         in stdout
+    # Compiled without the db, the .om names no study: the one shown is its model's.
+    assert "This .om names no subgraph study whose decisions it holds" in Page(tuning).plain
     # How many decisions differ from the default compile's, not how many were recorded.
     changed = re.search(r"<td class=\"n\">(\d+) of (\d+)</td></tr>", tuning)
     assert changed
@@ -305,6 +307,91 @@ def test_cpu_target_has_nothing_to_op_tune(built, capsys, tmp_path):
     assert "no NPU cube kernel with static shapes (target cpu)" in tuning
     assert "no subgraph study for target cpu" in tuning
     assert "tuning: no NPU cube kernel to tune; subgraph study: none" in stdout  # not "0/0"
+
+
+# --- tuning: group heads, the study applied and its pricing --------------------------------
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    """Two MatMuls of two signatures, the first heading the Sigmoid and Mul of an elementwise
+    group once epilogues are on; a db with both kernels' op studies and two subgraph studies of
+    the model, the default one and `--study mine`, created after it; the -O3 .om it applies."""
+    root = tmp_path_factory.mktemp("gated")
+    source, db, om = root / "gated.onnx", root / "kb.db", root / "gated.om"
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+         helper.make_node("Sigmoid", ["h"], ["s"], name="sigmoid"),
+         helper.make_node("Mul", ["s", "x"], ["g"], name="gate"),
+         helper.make_node("MatMul", ["g", "w2"], ["y"], name="mm2")], "gated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 128])],
+        [numpy_helper.from_array(weight(256, 256), "w1"),
+         numpy_helper.from_array(weight(256, 128), "w2")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), source)
+    for job in (["--trials", "3"], ["--job", "subgraph", "--trials", "3"],
+                ["--job", "subgraph", "--trials", "3", "--study", "mine"]):
+        assert main(["tune", str(source), "--target", "ascend310", "-O3", "--tuning-db",
+                     str(db), "-q", *job]) == 0
+    assert main(["optimize", str(source), "-o", str(om), "--target", "ascend310", "-O3",
+                 "--tuning-db", str(db), "-q"]) == 0
+    return {"onnx": source, "db": db, "om": om}
+
+
+def test_kernels_heading_elementwise_groups_have_their_studies_listed(gated, capsys, tmp_path):
+    # The subgraph decisions turn epilogues on: mm1 runs inside a graphopt:: call, a kernel
+    # the .om records with a cube tiling ("kind": "group"), tuned under mm1's signature; the
+    # table left that signature out.
+    records = load_om(gated["om"]).extra["kernels"]["partitions"]
+    (group,) = [r for rows in records.values() for r in rows if r["kind"] == "group"]
+    assert "tiling" in group
+    text, _, stdout = report(capsys, tmp_path, gated["om"], "--tuning-db", gated["db"])
+    rows = re.findall(r"<tr><td>(ascend310/gemm/[^<]+)</td><td class=\"n\">(\d+)</td>"
+                      r"<td class=\"n\">(\d+)</td>", section(text, "tuning"))
+    assert sorted(rows) == [("ascend310/gemm/b1_m64_k256_n128/float16", "1", "3"),
+                            ("ascend310/gemm/b1_m64_k256_n256/float16", "1", "3")]
+    assert "tuning: 2/2 kernel signature(s) with studies" in stdout
+
+
+def test_the_subgraph_study_is_the_one_whose_decisions_the_om_holds(gated, capsys, tmp_path):
+    # optimize applies the newest study of the job, `mine`; the page described the default one.
+    assert load_om(gated["om"]).extra["subgraph_study"] == "mine"
+    alone = tmp_path / "alone.om"
+    shutil.copy(gated["om"], alone)  # the study is named: no source model needed to find it
+    text, _, stdout = report(capsys, tmp_path, alone, "--tuning-db", gated["db"])
+    tuning = Page(section(text, "tuning")).plain
+    assert "This .om holds the decisions of this study. study " in tuning
+    assert re.search(r"decisions changed mine estimate 3 ", tuning)
+    assert "subgraph/ascend310/" not in tuning
+    assert stdout.splitlines()[-1].endswith("subgraph study: mine")
+    other = tmp_path / "other.db"
+    assert main(["tune", str(gated["onnx"]), "--target", "ascend310", "-O3", "--tuning-db",
+                 str(other), "-q", "--job", "subgraph", "--trials", "2"]) == 0
+    capsys.readouterr()
+    text, _, stdout = report(capsys, tmp_path, alone, "--tuning-db", other)
+    assert ("this .om holds the subgraph decisions of study mine, which the storage does not "
+            "hold") in Page(section(text, "tuning")).plain
+    assert stdout.splitlines()[-1].endswith("subgraph study: none")
+
+
+def test_a_subgraph_study_is_priced_as_kb_list_prices_it(gated, capsys, tmp_path):
+    # Its best is what the chosen decisions cost after simplification, which can end below
+    # every trial, not the fastest trial's.
+    from graphopt.tuner.kb import list_subgraph_studies
+    from graphopt.tuner.optuna_import import optuna
+
+    db = tmp_path / "kb.db"
+    shutil.copy(gated["db"], db)
+    study = optuna.load_study(study_name="mine", storage=f"sqlite:///{db}")
+    fastest = min(t.value for t in study.trials if t.value is not None)
+    study.set_user_attr("chosen_seconds", fastest * 0.9)
+    (row,) = [r for r in list_subgraph_studies(str(db)) if r["study"] == "mine"]
+    assert row["best_seconds"] == pytest.approx(fastest * 0.9)
+    text, _, _ = report(capsys, tmp_path, gated["om"], "--tuning-db", db)
+    tuning = Page(section(text, "tuning")).plain
+    assert f" {row['default_seconds'] * 1e6:.2f} {row['best_seconds'] * 1e6:.2f} " in tuning
+    # The curve follows the trials, as tune --plot draws it, and the page says why they differ.
+    assert f"The curve follows the trials (best {fastest * 1e6:.2f} µs)" in tuning
 
 
 # --- INT8: weights in another dtype, and the accuracy rule of a lossy compile ---------------

@@ -59,7 +59,7 @@ class Tuning:
     kernels: list[dict] = field(default_factory=list)   # one per signature of this model
     kernel_note: str = ""                                # why there are no kernel rows
     curves: list[Curve] = field(default_factory=list)   # op studies with trials
-    subgraph: dict | None = None                          # this model's subgraph study
+    subgraph: dict | None = None                          # of the .om's decisions, else its model's
     subgraph_curve: Curve | None = None
     subgraph_note: str = ""                               # why there is no subgraph study
 
@@ -183,31 +183,27 @@ def _npu_partitions(artifact: OmArtifact) -> list[str]:
 
 
 def model_signatures(artifact: OmArtifact) -> Counter:
-    """Kernel signature -> how many of the .om's NPU cube nodes have it."""
-    from graphopt.tuner.signature import node_signature
+    """Kernel signature -> how many of the .om's NPU cube nodes have it, the calls of the
+    elementwise groups a cube kernel heads among them (they take that kernel's tuning)."""
+    from graphopt.tuner.signature import kernel_signature, model_functions
 
     target = artifact.manifest["target"]
     counts: Counter = Counter()
     for name in _npu_partitions(artifact):
-        for node in load_onnx(artifact.models[name], user_model=False).graph:
-            sig = node_signature(node, target)
+        model = load_onnx(artifact.models[name], user_model=False)
+        functions = model_functions(model)
+        for node in model.graph:
+            sig = kernel_signature(node, functions, target)
             if sig is not None:
                 counts[sig] += 1
     return counts
 
 
-def _study_default(study) -> float | None:
-    from graphopt.tuner.optuna_import import optuna
-
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    return next((t.value for t in done if t.user_attrs.get("default") and t.value is not None),
-                None)
-
-
 def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *,
                   named: str | None = None) -> Tuning:
-    """The op-tuning studies of this .om's kernel signatures and its model's subgraph study;
-    `named` names the storage in errors (by default as gather's tuning_db)."""
+    """The op-tuning studies of this .om's kernel signatures and the subgraph study of its
+    decisions (or of its model); `named` names the storage in errors (by default as gather's
+    tuning_db)."""
     from graphopt.tuner.storage import opened
 
     # must_exist: a mistyped path would otherwise become an empty database with nothing tuned.
@@ -219,6 +215,7 @@ def gather_tuning(storage: str, artifact: OmArtifact, source_file: str | None, *
 def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str | None) -> Tuning:
     from graphopt.tuner.optuna_import import optuna
 
+    from graphopt.compile_tuning import EXTRA_SUBGRAPH_STUDY
     from graphopt.tuner.kb import kernel_history, list_kb
 
     tuning = Tuning(storage=_shown_storage(storage))
@@ -242,7 +239,8 @@ def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str |
             tuning.kernel_note = (f"the storage has no study of this model's {len(signatures)} "
                                   f"kernel signature(s); run `graphopt tune MODEL.onnx --target "
                                   f"{target} --tuning-db FILE`")
-    _gather_subgraph(tuning, store, target, source_file)
+    # The study the compile took its decisions from: the storage may hold several of the model.
+    _gather_subgraph(tuning, store, target, source_file, artifact.extra.get(EXTRA_SUBGRAPH_STUDY))
     return tuning
 
 
@@ -271,14 +269,24 @@ def _applied_studies(rows: list[dict]) -> dict[str, dict]:
     return chosen
 
 
-def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None) -> None:
-    """A subgraph study is keyed by the source model's bytes and pinned input shapes
-    (tuner.subgraph.model_key): it can be found only with the source model at hand."""
+def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None,
+                     applied: object = None) -> None:
+    """The subgraph study whose decisions the .om holds, `applied` (the name it records); for
+    an .om that names none, its model's: a subgraph study is keyed by the source model's bytes
+    and pinned input shapes (tuner.subgraph.model_key), so it can be found only with the
+    source model at hand."""
     from graphopt.tuner.optuna_import import optuna
 
-    from graphopt.tuner.search import history
     from graphopt.tuner.subgraph import SubgraphJob, model_key
 
+    if isinstance(applied, str):
+        if applied not in optuna.get_all_study_names(store):
+            tuning.subgraph_note = (f"this .om holds the subgraph decisions of study {applied}, "
+                                    "which the storage does not hold (give the one its compile "
+                                    "read)")
+            return
+        _describe_subgraph(tuning, optuna.load_study(study_name=applied, storage=store), True)
+        return
     prefix = f"subgraph/{target}/"
     names = [n for n in optuna.get_all_study_names(store) if n.startswith(prefix)]
     if not names:
@@ -296,24 +304,33 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
         study = optuna.load_study(study_name=name, storage=store)
         job = study.user_attrs.get("job") or {}
         of_model = SubgraphJob(source_file, target, input_shapes=job.get("input_shapes"))
-        if name.split("/")[2] not in {model_key(of_model), model_key(of_model, legacy=True)}:
-            continue
-        values = [v for v in history(study) if v != float("inf")]
-        default = _study_default(study)
-        chosen = study.user_attrs.get("chosen") or {}
-        baseline = next((t.params for t in study.get_trials(deepcopy=False)
-                         if t.user_attrs.get("default")), {})
-        tuning.subgraph = {
-            "study": name, "trials": len(study.get_trials(deepcopy=False)),
-            "objective": job.get("objective", "?"), "level": job.get("level", "?"),
-            "input_shapes": job.get("input_shapes"), "default_seconds": default,
-            "best_seconds": min(values) if values else None,
-            "chosen": chosen,
-            "changed": sum(1 for key, value in chosen.items() if baseline.get(key) != value)}
-        tuning.subgraph_curve = Curve(name, history(study), default)
-        return
+        if name.split("/")[2] in {model_key(of_model), model_key(of_model, legacy=True)}:
+            _describe_subgraph(tuning, study, False)
+            return
     tuning.subgraph_note = (f"none of the {len(names)} subgraph study(ies) for {target} is of "
                             f"{os.path.basename(source_file)}")
+
+
+def _describe_subgraph(tuning: Tuning, study, applied: bool) -> None:
+    """The subgraph section's figures of one study, `applied` whether the .om holds its
+    decisions; its trials, default and best as `kb list` counts and prices them (the best is
+    the chosen decisions', kb.subgraph_row), its curve every trial's best so far, as
+    `tune --plot` draws it."""
+    from graphopt.tuner.kb import subgraph_row
+    from graphopt.tuner.search import history
+
+    job = study.user_attrs.get("job") or {}
+    row = subgraph_row(study)
+    chosen = study.user_attrs.get("chosen") or {}
+    baseline = next((t.params for t in study.get_trials(deepcopy=False)
+                     if t.user_attrs.get("default")), {})
+    values = [v for v in history(study) if v != float("inf")]
+    tuning.subgraph = {
+        **row, "applied": applied, "best_trial_seconds": min(values) if values else None,
+        "objective": job.get("objective", "?"), "level": job.get("level", "?"),
+        "input_shapes": job.get("input_shapes"), "chosen": chosen,
+        "changed": sum(1 for key, value in chosen.items() if baseline.get(key) != value)}
+    tuning.subgraph_curve = Curve(study.study_name, history(study), row["default_seconds"])
 
 
 # --- everything ----------------------------------------------------------------------------

@@ -402,6 +402,10 @@ def _tuning(data: ReportData) -> str:
     if tuning.subgraph is None:
         return body + missing("", escape(tuning.subgraph_note))
     s = tuning.subgraph
+    body += ('<p class="note">This .om holds the decisions of this study.</p>' if s["applied"]
+             else '<p class="note">This .om names no subgraph study whose decisions it holds '
+             "(compiled without them, or by an earlier graphopt): this is its source model's."
+             "</p>")
     speedup = (s["default_seconds"] / s["best_seconds"]
                if s["default_seconds"] and s["best_seconds"] else None)
     body += table(["study", "objective", "level", "input shapes", "trials", "default µs",
@@ -414,6 +418,12 @@ def _tuning(data: ReportData) -> str:
     if not s["changed"]:
         body += (f'<p class="note">No decision differs from the default compile\'s: '
                  f"{s['trials']} trial(s) found nothing better.</p>")
+    if s["best_trial_seconds"] is not None and \
+            _us(s["best_trial_seconds"]) != _us(s["best_seconds"]):
+        body += ('<p class="note">The curve follows the trials (best '
+                 f"{_us(s['best_trial_seconds'])} µs); the best µs above is what the decisions "
+                 "the study chose cost after the simplification or re-timing that follows its "
+                 "trials, as <code>tune</code> and <code>kb list</code> give it.</p>")
     if tuning.subgraph_curve is not None:
         body += _curve_svg([tuning.subgraph_curve])
     return body

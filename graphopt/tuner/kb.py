@@ -226,13 +226,20 @@ def list_subgraph_studies(storage: Any) -> list[dict]:
         # By the space they hold: a study named otherwise (--study NAME) is one too.
         for name in sorted(s.study_name for s in optuna.get_all_study_summaries(
                 store, include_best_trial=False) if "space" in s.user_attrs):
-            study = optuna.load_study(study_name=name, storage=store)
-            best, default = _best(study), _default(study)
-            rows.append({"study": name, "trials": _evaluated(study),
-                         "default_seconds": default.value if default else None,
-                         "best_seconds": study.user_attrs.get("chosen_seconds",
-                                                              best.value if best else None)})
+            rows.append(subgraph_row(optuna.load_study(study_name=name, storage=store)))
     return rows
+
+
+def subgraph_row(study: optuna.Study) -> dict:
+    """list_subgraph_studies' row of one subgraph study: its best_seconds are those of the
+    decisions its last run chose (after simplification, or the default's when re-timing kept
+    it), as tune prints them and a compile applies them; the best trial's when none is
+    recorded."""
+    best, default = _best(study), _default(study)
+    return {"study": study.study_name, "trials": _evaluated(study),
+            "default_seconds": default.value if default else None,
+            "best_seconds": study.user_attrs.get("chosen_seconds",
+                                                 best.value if best else None)}
 
 
 def check_export_path(path: str | os.PathLike) -> None:

@@ -101,17 +101,30 @@ def _npu_cube_nodes(model: Model, partitioning: Partitioning):
     target = partitioning.target
     # A graphopt:: fused group is one kernel of its own (model.node_estimate): one headed by a
     # cube kernel (epilogue fusion) takes that kernel's tuning, under the call's name.
-    functions = {(f.domain, f.name): f for f in model.functions}
+    functions = model_functions(model)
     for part in partitioning.partitions:
         device = target.device(part.device)
         if device.kind != "npu" or not device.cube:  # no cube: no tiling to tune
             continue
         for node in part.nodes:
-            function = functions.get((node.domain, node.op_type))
-            sig = (node_signature(node, target.name) if function is None
-                   else _group_signature(node, function, target.name))
+            sig = kernel_signature(node, functions, target.name)
             if sig is not None:
                 yield part, node, sig
+
+
+def model_functions(model: Model) -> dict:
+    """(domain, name) -> the model's local function of that name: what kernel_signature
+    looks a call up in."""
+    return {(f.domain, f.name): f for f in model.functions}
+
+
+def kernel_signature(node: Node, functions: dict, target: str) -> str | None:
+    """The signature of the cube kernel a node runs: its own, or for the call of a graphopt::
+    group in `functions` (model_functions) the one of the cube kernel heading the group. None
+    when it runs none, or its shapes are not static."""
+    function = functions.get((node.domain, node.op_type))
+    return (node_signature(node, target) if function is None
+            else _group_signature(node, function, target))
 
 
 def _group_signature(call: Node, function, target: str) -> str | None:
