@@ -96,8 +96,11 @@ def _wrapped(text: str, room: int) -> list[str]:
             if current:
                 lines.append(current)
                 current = ""
-            lines.append(word[:room])
-            word = word[room:]
+            # After a separator where one falls in the line: a kernel signature's parts
+            # (ascend310/conv/ | b1_m1024_k27_n16/ | float16) stay whole.
+            cut = max(word.rfind(mark, 0, room) for mark in "/.:") + 1 or room
+            lines.append(word[:cut])
+            word = word[cut:]
         candidate = f"{current} {word}" if current else word
         if current and display_width(candidate) > room:
             lines.append(current)

@@ -350,8 +350,16 @@ def test_table_wraps_its_last_column_to_a_terminal_width_only():
         "op      constraints                note",
         "------  -------------------------  -------------------------",
         "MatMul  activation in              float32 runs in float16",
-        "        Relu/LeakyRelu/Sigmoid/Ta  on the cube under ATC's",
-        "        nh                         default precision mode"]
+        "        Relu/LeakyRelu/Sigmoid/    on the cube under ATC's",
+        "        Tanh                       default precision mode"]
+    # A name is cut after a separator where one falls in the line (it was cut mid-part:
+    # "ascend310/conv/b" / "1_m1024_k27_n16/" / "float16").
+    rows = [["ascend310/conv/b1_m1024_k27_n16/float16", "136.56", "14.97"]]
+    assert format_table(["kernel signature", "default µs", "tuned µs"], rows, width=40,
+                        names={0}).splitlines()[2:] == [
+        "ascend310/conv/         136.56     14.97",
+        "b1_m1024_k27_n16/",
+        "float16"]
 
 
 def test_inspect_names_the_precision_and_the_weights_by_type(tmp_path, capsys):
