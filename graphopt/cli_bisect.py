@@ -98,9 +98,12 @@ def format_result(result) -> str:
                 "input shapes: nothing of them was compared"] if result.empty_outputs else []))
     # The search tells n + 1 answers apart: the import itself, or one of the n rewrites.
     bound = math.ceil(math.log2(n + 1))
+    # The bound is the search's own: the full compile before it, and a search over the pass
+    # runs after it (a pass that asks no rewrite gate), are evaluations too.
     counts = (f"{result.evaluations} evaluations: the full compile, then a binary search over "
               f"{n} rewrite(s) in {result.pass_runs} pass runs (at most ceil(log2 {n + 1}) = "
-              f"{bound})")
+              f"{bound} steps)" + (", then one over the pass runs"
+                                   if result.granularity == "pass" else ""))
     lines = [f"{head}: outputs break {result.judged_by}", counts, ""]
     if result.granularity == "import":
         lines.append("culprit: the import itself (the model breaks before any pass runs)")

@@ -193,7 +193,7 @@ def test_cli_reports_the_culprit_and_exits_1(mobilenet, wrong_clip, tmp_path, ca
     assert "- " in out and "+ " in out and "Sigmoid" in out
     assert "bisect: evaluation 1: full compile" in err
     n = int(re.search(r"binary search over (\d+) rewrite", out)[1])  # n + 1 answers to tell
-    assert f"(at most ceil(log2 {n + 1}) = {math.ceil(math.log2(n + 1))})" in out
+    assert f"(at most ceil(log2 {n + 1}) = {math.ceil(math.log2(n + 1))} steps)" in out
     rc, out, err = run_cli(capsys, "bisect", path, "--json")
     assert rc == 1
     data = json.loads(out)

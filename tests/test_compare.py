@@ -689,3 +689,15 @@ def test_no_open_dims_hint_for_a_model_without_any_or_one_that_cannot_load(tmp_p
     with pytest.raises(GraphoptError) as caught:
         compare_models(str(tmp_path / "d.onnx"), str(tmp_path / "d.onnx"))
     assert "Invalid model" in str(caught.value) and "seeded random" not in str(caught.value)
+
+
+def test_a_lossy_candidate_says_why_it_runs_at_enable_all_by_what_it_holds(tmp_path):
+    # An fp16 candidate was said to run "where its int8 kernels run": it has none.
+    import graphopt
+
+    source, half = tmp_path / "m.onnx", tmp_path / "half.onnx"
+    onnx.save(graphopt.zoo.build("tiny"), source)
+    graphopt.save(graphopt.optimize(str(source), precision="fp16"), str(half))
+    report = compare_models(str(source), str(half))
+    assert report.candidate_run == ("onnxruntime at ORT_ENABLE_ALL, as a compile a lossy "
+                                    "precision pass changed is deployed")

@@ -276,6 +276,22 @@ class CompareReport:
                 "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
 
 
+# Ops whose quantized kernels onnxruntime's CPU provider picks only with its optimizer on.
+_INT8_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                       "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear",
+                       "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
+
+
+def _deployed_why(proto) -> str:
+    """Why a lossy candidate runs at ORT_ENABLE_ALL, in terms of what it holds."""
+    ops = {node.op_type for node in proto.graph.node} if proto is not None else set()
+    if ops & _INT8_OPS:
+        return "where its int8 kernels run"
+    if "MatMulNBits" in ops:
+        return "where its 4-bit kernels run"
+    return "as a compile a lossy precision pass changed is deployed"
+
+
 def _check_tolerances(rtol: float, atol: float, min_cosine: float | None) -> str:
     for keyword, value in (("rtol", rtol), ("atol", atol)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -313,7 +329,7 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     report.candidate_run = (
         "graphopt's .om runtime" if cand_side.session is not None
         else "onnxruntime, optimizations disabled" if cand_side.level == "disable"
-        else "onnxruntime at ORT_ENABLE_ALL, where its int8 kernels run")
+        else f"onnxruntime at ORT_ENABLE_ALL, {_deployed_why(cand_side.proto)}")
     report.notes.extend(edited)
     other_source = source_note(ref_side, cand_side)
     if other_source:
