@@ -129,6 +129,11 @@ def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path
     report = compare_models(source, om)  # the source runs with the recorded preprocessing
     assert report.passed
     assert any("takes uint8 images (insert_op_conf)" in note for note in report.notes)
+    # Preprocessed float tensors: the refusal named the source, with the .om's dtype.
+    rc, _, err = run_cli(capsys, "compare", source, om, "--inputs",
+                         _npz(tmp_path, x=_preprocessed(images)))
+    assert rc == 2 and f"input 'x' has dtype float32, but {om} takes uint8 there (its " \
+                       "compile's --insert-op-conf)" in err, err
 
 
 def test_compare_with_a_reference_the_recorded_preprocessing_cannot_feed(tmp_path):
@@ -432,3 +437,9 @@ def test_verify_inputs_of_preprocessed_tensors_are_refused_saying_frames_are_tak
     assert rc == 1 and "input 'x' has dtype float32, expected uint8[N,36,40,3] " \
         "(--insert-op-conf makes the model take uint8 frames: give them, not preprocessed " \
         "tensors)" in err
+
+
+def _npz(folder, **arrays) -> str:
+    path = folder / "feeds.npz"
+    np.savez(path, **arrays)
+    return str(path)

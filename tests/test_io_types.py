@@ -116,7 +116,7 @@ def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path
     single = {**_feeds(), "x": _feeds()["x"].astype(np.float32)}
     with pytest.raises(graphopt.errors.InputError,
                        match=f"^feeds: input 'x' has dtype float32, but {om} takes float16 "
-                             r"there \(its compile's --input-fp16-nodes\)"):
+                             r"there \(its compile's input_fp16_nodes\)"):
         compare_models(source, om, single)
 
 

@@ -393,17 +393,21 @@ def _overridable(proto: onnx.ModelProto | None) -> set[str]:
 
 
 def _check_retyped_feeds(arrays: dict, candidate: Side, label: str) -> None:
-    """InputError naming the compile's --input-fp16-nodes for a feed of another dtype than the
-    candidate takes there: the reference is run as that compile edited it, and its refusal
-    named the reference, whose file takes float32."""
-    for name, dtype in candidate.io_types()["inputs"].items():
+    """InputError naming the compile's --input-fp16-nodes or --insert-op-conf for a feed of
+    another dtype than the candidate takes there: the reference is run as that compile edited
+    it, and its refusal named the reference, whose file takes float32."""
+    retyped = {name: (dtype, option("input_fp16_nodes"), f"give {dtype} arrays "
+                                                         f"(x.astype(np.{dtype}))")
+               for name, dtype in candidate.io_types()["inputs"].items()}
+    retyped.update({name: ("uint8", option("insert_op_conf"), "give the uint8 frames it "
+                                                              "preprocesses")
+                    for name in candidate.preprocessing()})
+    for name, (dtype, flag, fix) in retyped.items():
         fed = arrays.get(name)
         if isinstance(fed, np.ndarray) and fed.dtype != np.dtype(dtype):
             raise InputError(f"{label}: input {name!r} has dtype {fed.dtype}, but "
-                             f"{candidate.label} takes {dtype} there (its compile's "
-                             "--input-fp16-nodes), and the reference is compared as that "
-                             f"compile edited it: give {dtype} arrays "
-                             f"(x.astype(np.{dtype}))")
+                             f"{candidate.label} takes {dtype} there (its compile's {flag}), "
+                             f"and the reference is compared as that compile edited it: {fix}")
 
 
 def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
