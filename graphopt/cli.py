@@ -386,10 +386,11 @@ def _print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weig
         why = ("no precision pass changed the model, so the precision mode is not why (small "
                "models' times vary from run to run)")
     elif "QuantizeInt8" in changed:
+        ends = "" if getattr(args, "quantize_ends", False) else \
+            ", --quantize-ends quantizes the first and last"  # not advice already taken
         why = ("onnxruntime's int8 kernels gain on large convolutions and GEMMs, less on "
                "depthwise convolutions and small layers, and a layer left float next to int8 "
-               "ones adds conversions (--quant-skip keeps more layers float, --quantize-ends "
-               "quantizes the first and last)")
+               f"ones adds conversions (--quant-skip keeps more layers float{ends})")
     elif "QuantizeInt4Weights" in changed:
         why = "4-bit weights save memory; their unpacking can cost time on small layers"
     else:
