@@ -258,6 +258,21 @@ def test_bf16_ops_returned_to_the_host_are_refused_naming_them():
     assert devices(result) == ["cpu"]
 
 
+def test_bf16_ops_left_on_the_host_by_open_dims_are_said_to_want_pins():
+    # The refusal advised --precision-deny for ops that fell back for dynamic shapes only,
+    # which pins move to the NPU (gpt2_small on the 910B: 29 ops).
+    proto = parse_model("""
+        g (float[N,16] x) => (float[N,16] y) {
+            h = MatMul (x, w)
+            y = Add (h, b)
+        }""", w=RNG.standard_normal((16, 16)).astype(np.float32),
+        b=RNG.standard_normal(16).astype(np.float32))
+    with pytest.raises(OptionError, match=r"of them for dynamic shapes \(.*input_shapes"):
+        graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    result = graphopt.optimize(proto, target="ascend910b", precision="bf16", input_shapes="x:2,16")
+    assert "npu" in devices(result)
+
+
 def test_bf16_for_an_npu_compiles_with_pinned_shapes():
     # The pins' check loads the compile in onnxruntime's CPU provider, which has no bfloat16
     # Add: that is not the pins' doing, and the compile must not be refused for it.

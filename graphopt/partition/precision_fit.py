@@ -31,6 +31,7 @@ def check_host_bfloat16(partitioning, options, model) -> None:
         return
     target = partitioning.target
     missing: Counter = Counter()
+    stranded = []
     for part in partitioning.partitions:
         device = target.device(part.device)
         if device.kind != "cpu":
@@ -39,13 +40,22 @@ def check_host_bfloat16(partitioning, options, model) -> None:
             if node.op_type != "Cast" and _reads_or_writes(node, DType.BFLOAT16) \
                     and not _host_runs(device, node, model):
                 missing[node.qualified_op] += 1
+                stranded.append(node)
     if missing:
         ops = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(missing.items()))
+        reasons = dict(partitioning.fallbacks())
+        dynamic = sum(reasons.get(node, "").startswith("dynamic shape") for node in stranded)
+        # Open dims put them there: pins, not a deny list that would convert nothing, help.
+        pin = ""
+        if dynamic:
+            from graphopt.partition.report import dynamic_hint
+
+            pin = f"; {dynamic} of them for dynamic shapes ({dynamic_hint(model, partitioning)})"
         raise OptionError(
             f"{setting('precision', options.precision)} {setting('target', as_given(target))}: "
             f"{sum(missing.values())} bfloat16 op(s) run on the host CPU, which has no bfloat16 "
             f"kernel for {ops} (the partitioner placed them there: `graphopt partition` says "
-            f"why); {option('precision_deny')} them, or use fp16")
+            f"why{pin}); {option('precision_deny')} them, or use fp16")
 
 
 def quantized_fallback_note(partitioning, options) -> str:
