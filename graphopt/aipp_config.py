@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -75,10 +75,16 @@ class AippOp:
     input_bias: tuple[int, int, int] = (0, 0, 0)
     output_bias: tuple[int, int, int] = (0, 0, 0)
     x_last: bool = False           # ax_swap_switch: a 4-byte pixel's X or alpha byte comes last
+    # The line of each key the block sets: a check made against the model names the key's.
+    key_lines: dict = field(default_factory=dict, compare=False)
 
     @property
     def channels(self) -> int:
         return FORMAT_CHANNELS[self.input_format]
+
+    def line_of(self, key: str) -> int:
+        """The line that sets `key`, else the block's."""
+        return self.key_lines.get(key, self.line)
 
     def to_json(self) -> dict:
         """What a compiled model records of this preprocessing (its metadata, an .om's extra)."""
@@ -193,16 +199,17 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
     where = f"{path}:{line}: aipp_op"
     mode = values.get("aipp_mode", "static")
     if mode != "static":
-        raise OptionError(f"{where}: aipp_mode {mode}: graphopt compiles static AIPP only (the "
-                          "preprocessing is fixed in the model)")
+        raise OptionError(f"{path}:{fields['aipp_mode'][0]}: aipp_mode {mode}: graphopt "
+                          "compiles static AIPP only (the preprocessing is fixed in the model)")
     fmt = values.get("input_format")
     if fmt is None:
         raise OptionError(f"{where}: input_format is required")
     if fmt not in FORMAT_CHANNELS:
         known = "an ATC format graphopt does not implement" if fmt in OTHER_FORMATS \
             else "not an AIPP input format"
-        raise OptionError(f"{where}: input_format {fmt} is {known} (graphopt takes "
-                          f"{', '.join(FORMAT_CHANNELS)}; decode other formats to RGB first)")
+        raise OptionError(f"{path}:{fields['input_format'][0]}: input_format {fmt} is {known} "
+                          f"(graphopt takes {', '.join(FORMAT_CHANNELS)}; decode other formats "
+                          "to RGB first)")
     channels = FORMAT_CHANNELS[fmt]
     for switch in ("rbuv_swap_switch", "csc_switch"):
         if values.get(switch) and channels == 1:
@@ -230,7 +237,8 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
         return tuple(float(values.get(f"{kind}_chn_{i}", default)) for i in range(channels))
 
     op = AippOp(
-        line=line, input_rank=int(values.get("related_input_rank", 0)), input_format=fmt,
+        line=line, key_lines={key: key_line for key, (key_line, _) in fields.items()},
+        input_rank=int(values.get("related_input_rank", 0)), input_format=fmt,
         src_size=(int(values.get("src_image_size_h", 0)), int(values.get("src_image_size_w", 0))),
         crop=crop,
         crop_start=(int(values.get("load_start_pos_h", 0)), int(values.get("load_start_pos_w", 0))),

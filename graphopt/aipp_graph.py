@@ -111,14 +111,14 @@ def insert_aipp(model: Model, ops: list[AippOp], path: str | None,
     recorded = inserted_preprocessing(model.metadata_props)
     shown = []
     for op in ops:
-        where = (f"{option('insert_op_conf')} {path}:{op.line}" if path is not None
-                 else "its recorded preprocessing does not fit the reference")
+        where = _Where(op, path)
         opset = model.opset("")
         if opset is None or opset < 7:  # Sub and Mul broadcast as numpy does from opset 7
             raise OptionError(f"{where}: the model imports opset {opset} of the default domain; "
                               "the preprocessing's ops need opset 7 or later")
         if op.input_rank >= len(feedable):
-            raise OptionError(f"{where}: related_input_rank {op.input_rank}, but the model "
+            raise OptionError(f"{where.at('related_input_rank')}: related_input_rank "
+                              f"{op.input_rank}, but the model "
                               f"has {len(feedable)} input(s)")
         value = feedable[op.input_rank]
         layout, size = _model_side(value, op, where)
@@ -149,7 +149,23 @@ def _dims(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def _model_side(value: Value, op: AippOp, where: str) -> tuple[str, tuple[int, int]]:
+class _Where:
+    """Where an aipp_op's refusal points: the configuration file's line of the block (str), or
+    of the key at fault (at); a compile's recorded preprocessing has no file to point into."""
+
+    def __init__(self, op: AippOp, path: str | None) -> None:
+        self._op, self._path = op, path
+
+    def at(self, key: str) -> str:
+        if self._path is None:
+            return "its recorded preprocessing does not fit the reference"
+        return f"{option('insert_op_conf')} {self._path}:{self._op.line_of(key)}"
+
+    def __str__(self) -> str:
+        return self.at("")
+
+
+def _model_side(value: Value, op: AippOp, where: _Where) -> tuple[str, tuple[int, int]]:
     """The layout (NCHW or NHWC) of the input the preprocessing feeds, and the (h, w) it must
     deliver: the model's, else the crop's or source image's size."""
     shape = value.shape
@@ -162,7 +178,8 @@ def _model_side(value: Value, op: AippOp, where: str) -> tuple[str, tuple[int, i
     elif shape[3] == c:
         layout, (h, w) = "NHWC", shape[1:3]
     else:
-        raise OptionError(f"{where}: input {value.name!r} is {_described(value)}: neither its "
+        raise OptionError(f"{where.at('input_format')}: input {value.name!r} is "
+                          f"{_described(value)}: neither its "
                           f"dim 1 (NCHW) nor its dim 3 (NHWC) is the {c} channel(s) of "
                           f"{op.input_format}")
     wanted = op.crop_size if op.crop else op.src_size
@@ -171,7 +188,8 @@ def _model_side(value: Value, op: AippOp, where: str) -> tuple[str, tuple[int, i
         if isinstance(model_dim, int):
             if given and given != model_dim:
                 key = "crop_size" if op.crop else "src_image_size"
-                raise OptionError(f"{where}: {key}_{axis} {given}, but input {value.name!r} "
+                raise OptionError(f"{where.at(f'{key}_{axis}')}: {key}_{axis} {given}, but "
+                                  f"input {value.name!r} "
                                   f"is {model_dim} along {axis} (graphopt does not resize"
                                   + ("" if op.crop else "; crop: true takes a part of the image")
                                   + ")")
@@ -195,7 +213,7 @@ def _described(value: Value) -> str:
 
 
 def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
-                 where: str) -> tuple[Value, tuple[int, int]]:
+                 where: _Where) -> tuple[Value, tuple[int, int]]:
     """The uint8 input that replaces `value` (which keeps its readers under a new name, to be
     computed from the image), and the image's (h, w) in pixels. RGB888 and YUV400 images are
     [N, H, W, C], XRGB8888 and ARGB8888 [N, H, W, 4]; YUV420SP is [N, H * 3 / 2, W, 1]: the Y
@@ -207,7 +225,8 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
     if op.crop:
         for axis, start, inner, outer in zip("hw", op.crop_start, size, src):
             if start + inner > outer:
-                raise OptionError(f"{where}: the crop from load_start_pos_"
+                raise OptionError(f"{where.at(f'load_start_pos_{axis}')}: the crop from "
+                                  "load_start_pos_"
                                   f"{axis} {start} takes {inner} along {axis}, past the "
                                   f"source image's {outer} (src_image_size_{axis}, by "
                                   "default the model's)")
@@ -225,17 +244,19 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
     return image, (src[0], src[1])
 
 
-def _check_even(op: AippOp, src: tuple[int, ...], where: str) -> None:
+def _check_even(op: AippOp, src: tuple[int, ...], where: _Where) -> None:
     """YUV420SP's chroma covers 2x2 pixels: the image and the crop's start are even."""
     for axis, size, given in zip("hw", src, op.src_size):
         if size % 2:
             key = f"src_image_size_{axis}" if given else \
                 f"the model's {axis} (src_image_size_{axis} by default)"
-            raise OptionError(f"{where}: {key} {size} is odd: a YUV420SP_U8 image is even in "
+            raise OptionError(f"{where.at(f'src_image_size_{axis}')}: {key} {size} is odd: a "
+                              "YUV420SP_U8 image is even in "
                               "both dims")
     for axis, start in zip("hw", op.crop_start):
         if op.crop and start % 2:
-            raise OptionError(f"{where}: load_start_pos_{axis} {start} is odd: a crop of a "
+            raise OptionError(f"{where.at(f'load_start_pos_{axis}')}: load_start_pos_{axis} "
+                              f"{start} is odd: a crop of a "
                               "YUV420SP_U8 image starts at an even pixel, as in ATC")
 
 

@@ -443,3 +443,21 @@ def _npz(folder, **arrays) -> str:
     path = folder / "feeds.npz"
     np.savez(path, **arrays)
     return str(path)
+
+
+@pytest.mark.parametrize("lines, line, message", [
+    (["input_format: YUYV_U8"], 3, "input_format YUYV_U8 is an ATC format graphopt does not"),
+    (["input_format: YUV400_U8"], 3, "neither its dim 1 (NCHW) nor its dim 3 (NHWC) is the 1"),
+    (["input_format: RGB888_U8", "related_input_rank: 1"], 4,
+     "related_input_rank 1, but the model has 1 input(s)"),
+    (["input_format: YUV420SP_U8", "crop: true", "load_start_pos_h: 3", "load_start_pos_w: 4",
+      "crop_size_h: 32", "crop_size_w: 32", "src_image_size_h: 40", "src_image_size_w: 40"], 5,
+     "load_start_pos_h 3 is odd")])
+def test_a_refusal_made_against_the_model_cites_the_keys_line(tmp_path, lines, line, message):
+    # They cited the block's first line (`aipp_op {`).
+    config = _config(tmp_path, "aipp_op {\n  aipp_mode: static\n" +
+                     "".join(f"  {text}\n" for text in lines) + "}\n")
+    with pytest.raises(OptionError) as caught:
+        graphopt.optimize(_classifier(), insert_op_conf=str(config))
+    assert f"{config}:{line}: " in str(caught.value) and message in str(caught.value), \
+        str(caught.value)
