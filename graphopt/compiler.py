@@ -359,6 +359,7 @@ class _Source:
     # onnxruntime loaded it before the pins.
     given: bytes | None
     loaded_unpinned: bool
+    domains: frozenset = frozenset()  # the opset imports of the model as given
 
 
 def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Source:
@@ -403,7 +404,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
         infer_shapes(ir_model)
         check_pinned_shapes(ir_model, label, options.input_shapes)
     return _Source(ir_model, label, is_path, sha256, identity, notes, reference, ops_before,
-                   given, loaded_unpinned)
+                   given, loaded_unpinned, frozenset(ir_model.opset_imports))
 
 
 def _calibration_data(options: Options, model: Model, shared_stats, aipp):
@@ -451,6 +452,7 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
                  f"(onnxruntime warns of such a declaration and returns what it computes): "
                  f"{'; '.join(corrected)}")
     _mark_lossy(source.model, log, target)
+    _drop_unused_domains(source.model, source.domains)
     if not options.input_shapes:  # pinned, check_pinned_shapes and check_compiled_loads do
         check_runs_at_its_shapes(source.model, source.label)
     if source.loaded_unpinned:
@@ -459,6 +461,18 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
         note = check_loads(source.model, source.label, source.given)
         if note:
             ctx.notes.append(note)
+
+
+def _drop_unused_domains(model: Model, given: frozenset) -> None:
+    """Drop the opset imports a pass added for a domain no node uses any more: an int8 compile
+    whose every com.microsoft op was rewritten declared that domain still, and `diff` showed it
+    as a change. The model's own imports stay, used or not."""
+    used = {node.domain for node in model.graph.all_nodes()}
+    for function in model.functions:  # protos, carried through untouched
+        used |= {function.domain} | {node.domain for node in function.node}
+    for domain in [d for d in model.opset_imports if d not in given]:
+        if domain not in used and domain not in ("", "ai.onnx"):
+            del model.opset_imports[domain]
 
 
 def _verify(result: OptimizeResult, reference: ModelProto, inputs, options: Options,
