@@ -962,3 +962,17 @@ def test_a_body_matmul_reading_a_transpose_of_the_main_graph_leaves_it_there():
     expected, actual = numerics.run(proto, feeds), numerics.run(out, feeds)
     np.testing.assert_allclose(actual["y"].astype(np.float32), expected["y"].astype(np.float32),
                                rtol=2e-2, atol=2e-2)
+
+
+def test_a_path_like_name_is_nearest_the_names_of_its_folder_and_its_op():
+    # --quant-skip …/conv.0.0/Conv_nope was offered the folder's Clip nodes, not the Conv a
+    # fusion renamed after the BatchNormalization it took in.
+    from graphopt.passes.unmatched import unmatched_note
+
+    known = {"/features.1/conv.0/conv.0.1/BatchNormalization/ConvBatchNorm/Conv",
+             "/features.1/conv.0/conv.0.2/Clip", "/features.17/conv.0/conv.0.2/Clip", "Conv"}
+    note = unmatched_note([("--quant-skip", {"/features.1/conv.0/conv.0.0/Conv_nope"}, known)])
+    assert "(nearest: '/features.1/conv.0/conv.0.1/BatchNormalization/ConvBatchNorm/Conv')" \
+        in note, note
+    # A plain name keeps the plain likeness.
+    assert "(nearest: 'Conv')" in unmatched_note([("--precision-deny", {"Cnv"}, known)])

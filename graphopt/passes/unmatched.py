@@ -15,13 +15,33 @@ def unmatched_note(checks: Iterable[tuple[str, Iterable[str], set[str]]]) -> str
     problems = []
     for name, entries, known in checks:
         for entry in sorted(set(entries) - known):
-            near = difflib.get_close_matches(entry, known, n=2, cutoff=0.6)
+            near = _nearest(entry, known)
             problems.append(f"{name} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
                                                      if near else ""))
     if not problems:
         return None
     return ("; ".join(problems) + " matches nothing in the optimized graph, whose fused nodes "
             f"have new names ({option('dump_dir')} shows them)")
+
+
+def _nearest(entry: str, known: set[str]) -> list[str]:
+    """The two names nearest `entry`. An exporter's path-like name (`/features.1/conv.0/Conv`)
+    is nearest the names in its deepest folder first, then by its last part: a fusion renames
+    the Conv it takes after the node it took in (`…/conv.0.1/BatchNormalization/ConvBatchNorm/
+    Conv`), which plain string likeness ranked below the folder's Clip."""
+    parts = entry.split("/")
+    if len(parts) > 2:
+        def shared(name: str) -> tuple[int, float]:
+            other = name.split("/")
+            depth = next((i for i, (a, b) in enumerate(zip(parts, other)) if a != b),
+                         min(len(parts), len(other)))
+            return depth, difflib.SequenceMatcher(None, parts[-1], other[-1]).ratio()
+
+        ranked = sorted(((shared(name), name) for name in known if "/" in name), reverse=True)
+        near = [name for (depth, likeness), name in ranked[:2] if depth > 1 and likeness >= 0.5]
+        if near:
+            return near
+    return difflib.get_close_matches(entry, known, n=2, cutoff=0.6)
 
 
 def op_spellings(node) -> set[str]:
