@@ -276,18 +276,15 @@ class CompareReport:
                 "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
 
 
-# Ops whose quantized kernels onnxruntime's CPU provider picks only with its optimizer on.
-_INT8_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
-                       "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear",
-                       "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
-
-
 def _deployed_why(proto) -> str:
-    """Why a lossy candidate runs at ORT_ENABLE_ALL, in terms of what it holds."""
-    ops = {node.op_type for node in proto.graph.node} if proto is not None else set()
-    if ops & _INT8_OPS:
+    """Why a lossy candidate runs at ORT_ENABLE_ALL, by the lossy passes its metadata names
+    (what accuracy_rule.deployed_level chose that level by)."""
+    from graphopt.tools.accuracy_rule import marked_lossy
+
+    lossy = marked_lossy(proto.metadata_props) if proto is not None else []
+    if "QuantizeInt8" in lossy:
         return "where its int8 kernels run"
-    if "MatMulNBits" in ops:
+    if "QuantizeInt4Weights" in lossy:
         return "where its 4-bit kernels run"
     return "as a compile a lossy precision pass changed is deployed"
 
