@@ -207,7 +207,13 @@ def _nudged(model: ModelProto, seed: int) -> ModelProto:
             continue
         weight = numpy_helper.to_array(tensor)
         away = np.where(rng.random(weight.shape) < 0.5, -np.inf, np.inf).astype(weight.dtype)
-        tensor.CopyFrom(numpy_helper.from_array(np.nextafter(weight, away), tensor.name))
+        with np.errstate(over="ignore"):
+            nudged = np.nextafter(weight, away)
+        # Infinities and the largest finite values (an attention mask's -inf or -3.4e38) stay:
+        # a step from them is no rounding, it is another mask.
+        extreme = ~np.isfinite(weight) | (np.abs(weight) >= np.finfo(weight.dtype).max)
+        nudged = np.where(extreme, weight, nudged)
+        tensor.CopyFrom(numpy_helper.from_array(nudged.astype(weight.dtype), tensor.name))
     return copy
 
 

@@ -183,3 +183,25 @@ def test_a_nan_where_the_original_has_a_number_is_never_rounding():
     actual[0, 1, 2] = 1.002  # within 4x the movement
     assert rounding._within_weight_rounding(lambda: moved, {"y": expected}, {"y": actual},
                                             ["y"], JUDGE) is not None
+
+
+def test_infinite_and_largest_weights_keep_their_values():
+    # A mask of -inf, or of float32's lowest (-3.4e38), stepped to a finite value or past it
+    # (with numpy's overflow warning), is another mask, not rounding.
+    import warnings
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    mask = np.array([-np.inf, np.finfo(np.float32).min, np.finfo(np.float32).max, 1.0],
+                    np.float32)
+    graph = helper.make_graph([helper.make_node("Add", ["x", "m"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              [numpy_helper.from_array(mask, "m")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed in range(4):
+            nudged = numpy_helper.to_array(rounding._nudged(model, seed).graph.initializer[0])
+            np.testing.assert_array_equal(nudged[:3], mask[:3])
+            assert nudged[3] != 1.0 and np.nextafter(np.float32(1.0), nudged[3]) == nudged[3]
