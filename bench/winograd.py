@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import markdown_table, session_options, shape_list, write_json  # noqa: E402
 
 import graphopt  # noqa: E402
-from graphopt.ir import onnx_io  # noqa: E402
+from graphopt.ir import onnx_export  # noqa: E402
 from graphopt.passes import winograd  # noqa: E402
 
 # channels x height x width (filters = channels): UNet's and VGG's layers, then ResNet's and
@@ -60,7 +60,7 @@ def winograd_model(direct: onnx.ModelProto) -> onnx.ModelProto:
     (conv,) = [node for node in model.graph if node.op_type == "Conv"]
     winograd.rewrite(conv)
     model.graph.remove_initializer(model.graph.initializers["w"])
-    return onnx_io.to_onnx(model)
+    return onnx_export.to_onnx(model)
 
 
 def bench(shape: tuple[int, int, int], runs: int, batch: int = 1, warmup: int = 2) -> list[str]:

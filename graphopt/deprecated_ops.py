@@ -104,7 +104,7 @@ def _type_layer_norm_inputs(model: Model) -> None:
     one LayerNormalization's Y types the next one's X."""
     import onnx
 
-    from graphopt.ir.onnx_io import to_onnx
+    from graphopt.ir.onnx_export import to_onnx
 
     norms = {node.output.name: node for node in model.graph.nodes()  # by Y: always named
              if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx")

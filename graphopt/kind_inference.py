@@ -34,7 +34,7 @@ from onnx import OperatorSetIdProto, TensorProto, TypeProto
 from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node, Value
-from graphopt.ir.onnx_io import anonymous_node, type_proto
+from graphopt.ir.onnx_export import anonymous_node, type_proto
 from graphopt.opcheck import ONNX_DOMAINS
 from graphopt.passes.facts import constant_node_tensor
 from graphopt.passes.infer_shapes import DATA_PROP_LIMIT as _DATA_LIMIT

@@ -16,7 +16,7 @@ from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.errors import InputError
 from graphopt.ir import Model, Node
 from graphopt.ir.node import unnamed_label
-from graphopt.ir.onnx_io import attribute_to_proto
+from graphopt.ir.onnx_export import attribute_to_proto
 from graphopt.option_names import setting
 
 ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 import graphopt
 from graphopt import numerics
-from graphopt.ir import onnx_io
+from graphopt.ir import onnx_export, onnx_io
 from graphopt.quant.hard_sigmoid import dequantized_constant, hard_sigmoids_on_codes
 
 # These seeded 4-layer nets, ends quantized too, keep 0.9986-0.9994 of their float outputs
@@ -204,7 +204,7 @@ def _rewrite(proto) -> tuple[int, onnx.ModelProto]:
     model = onnx_io.load_onnx(proto)
     ours = {id(v) for v in model.graph.all_values() if v.name == "g"}
     done = hard_sigmoids_on_codes(model.graph, ours)
-    rewritten = onnx_io.to_onnx(model)
+    rewritten = onnx_export.to_onnx(model)
     onnx.checker.check_model(rewritten)
     return done, rewritten
 
@@ -289,7 +289,7 @@ def test_the_offset_dequantizes_to_the_float32_number_exactly(value, dtype):
         }"""))
     identity = next(iter(model.graph))
     identity.set_input(0, dequantized_constant(model.graph, identity, value, np.dtype(dtype), "c"))
-    out = onnx_io.to_onnx(model)
+    out = onnx_export.to_onnx(model)
     onnx.checker.check_model(out)
     got = numerics.run(out, {"x": np.zeros(1, np.float32)})["y"]
     assert got.reshape(()) == np.float32(value)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt import zoo
 from graphopt.compiler import optimize
-from graphopt.ir.onnx_io import to_onnx
+from graphopt.ir.onnx_export import to_onnx
 from graphopt.passes import rules
 from graphopt.passes.rules import RULES
 

@@ -9,7 +9,7 @@ from onnx import ModelProto
 from graphopt.codegen.om_write import OmPartition
 from graphopt.codegen.prepacking import prepacking_pays
 from graphopt.ir import DType, Model, load_onnx, to_onnx
-from graphopt.ir.onnx_io import node_to_proto, value_info
+from graphopt.ir.onnx_export import node_to_proto, value_info
 from graphopt.ir.tensor import Tensor, referenced, tensor_copies, tensor_references
 from graphopt.numerics import optimized_by_onnxruntime
 from graphopt.passes.disputed_shapes import shape_read_past_dispute

@@ -5,7 +5,8 @@ from graphopt.ir.dtypes import DType
 from graphopt.ir.graph import CycleError, Graph
 from graphopt.ir.model import Model
 from graphopt.ir.node import Node
-from graphopt.ir.onnx_io import load_onnx, to_onnx
+from graphopt.ir.onnx_export import to_onnx
+from graphopt.ir.onnx_io import load_onnx
 from graphopt.ir.printer import format_model, format_node
 from graphopt.ir.tensor import Tensor
 from graphopt.ir.value import Use, Value

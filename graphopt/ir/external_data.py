@@ -60,7 +60,7 @@ def save_onnx(model: Model | ModelProto, path: str | os.PathLike,
         )
 
         model = load_onnx(model, user_model=False)
-    from graphopt.ir.onnx_io import to_onnx
+    from graphopt.ir.onnx_export import to_onnx
 
     if external is None:
         external = weight_bytes(model) > threshold()
@@ -184,7 +184,7 @@ def _write_inline(model: Model, path: str, value_infos=True) -> None:
     after the other fields (protobuf reads fields in any order), each as its description then
     its raw_data. Serializing the whole ModelProto had held every weight twice more, besides
     the IR's own copy (1.2 GB for BERT-base's 0.4 GB)."""
-    from graphopt.ir.onnx_io import to_onnx
+    from graphopt.ir.onnx_export import to_onnx
 
     with tensor_references() as sources:
         proto = to_onnx(model, value_infos=value_infos)  # weights as references, not copies

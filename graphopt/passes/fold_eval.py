@@ -8,7 +8,7 @@ from onnx import helper
 
 from graphopt import numerics
 from graphopt.ir import DType, Model, Node, Tensor, Value
-from graphopt.ir.onnx_io import node_to_proto
+from graphopt.ir.onnx_export import node_to_proto
 
 
 def is_castlike(node: Node) -> bool:

@@ -8,7 +8,8 @@ import onnx
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from graphopt.ir import DType, Model
-from graphopt.ir.onnx_io import graph_protos, read_type, to_onnx
+from graphopt.ir.onnx_export import to_onnx
+from graphopt.ir.onnx_io import graph_protos, read_type
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
 from graphopt.passes.ml_types import ML_TYPED_BY_RULE

@@ -6,7 +6,8 @@ import onnx
 from onnx import defs, shape_inference
 
 from graphopt.ir import Model, Node
-from graphopt.ir.onnx_io import node_to_proto, read_type, type_proto
+from graphopt.ir.onnx_export import node_to_proto, type_proto
+from graphopt.ir.onnx_io import read_type
 from graphopt.passes.disputed_shapes import disputed_dims
 
 # Constant inputs up to this many elements are handed to inference as data: a Reshape's

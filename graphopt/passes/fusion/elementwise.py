@@ -34,7 +34,7 @@ from __future__ import annotations
 import onnx
 
 from graphopt.ir import Graph, Model, Node, Value
-from graphopt.ir.onnx_io import node_to_proto
+from graphopt.ir.onnx_export import node_to_proto
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.infer_shapes import infer_shapes
 

@@ -19,7 +19,7 @@ from onnx import helper
 from graphopt import numerics
 from graphopt.ir import Model, Node, Value, to_onnx
 from graphopt.ir.dtypes import DType
-from graphopt.ir.onnx_io import node_to_proto, value_info
+from graphopt.ir.onnx_export import node_to_proto, value_info
 from graphopt.passes.memory.liveness import MemoryPlanError, node_reads
 from graphopt.passes.memory.plan import Plan
 

@@ -26,7 +26,7 @@ import functools
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import OptionError, PassError
 from graphopt.ir import DType, Node
-from graphopt.ir.onnx_io import anonymous_node
+from graphopt.ir.onnx_export import anonymous_node
 from graphopt.opcheck import expandable
 from graphopt.option_names import option, setting, usage
 from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
