@@ -31,7 +31,7 @@ import onnxruntime as ort
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graphopt  # noqa: E402
-from graphopt.cli import parse_size  # noqa: E402
+from graphopt.cli_types import parse_size  # noqa: E402
 from graphopt.codegen import load_om  # noqa: E402
 from _common import (ATOL, Stats, compare_outputs, geomean, markdown_table,  # noqa: E402
                      run_model, session_options, short_reason, summary, write_json)

@@ -142,3 +142,13 @@ def target_name(text: str) -> str:
         raise argparse.ArgumentTypeError("empty; give a target name (`graphopt targets` lists "
                                          "them) or a profile .json file")
     return text
+
+
+def parse_size(text: str) -> int:
+    """Bytes with an optional K/M/G suffix (powers of 1024)."""
+    from graphopt.api_args import parse_size as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -569,27 +569,27 @@ def test_an_output_below_the_rule_gets_a_warning_under_the_report(capsys):
     # The table showed 0.96 and the compile exited 0: nothing said it fails compare's rule.
     from types import SimpleNamespace
 
-    from graphopt.cli import _below_the_rule
+    from graphopt.cli_accuracy import below_the_rule
     from graphopt.tools.accuracy import AccuracyReport, OutputAccuracy
 
     report = AccuracyReport("m.onnx", "m.om", "calibration")
     report.outputs = [OutputAccuracy("logits", (1, 10), "classifier", 0.959743),
                       OutputAccuracy("aux", (1, 4), "tensor", 0.99995)]
     args = SimpleNamespace(quantize="int8", calibration_method="entropy")
-    _below_the_rule(args, report)
+    below_the_rule(args, report)
     assert capsys.readouterr().out == (
         "warning: cosine below 0.999, the rule `graphopt compare` and --verify judge this "
         "compile by: 'logits' 0.959743; another --calibration-method may keep more (minmax "
         "is the default)\n")
     args = SimpleNamespace(quantize="int4", calibration_method=None)
-    _below_the_rule(args, report)  # 0.98 after int4: 0.96 still fails, 0.99995 passes
+    below_the_rule(args, report)  # 0.98 after int4: 0.96 still fails, 0.99995 passes
     assert "'logits' 0.959743\n" in capsys.readouterr().out
     # Past five, it says how many more the table shows.
     report.outputs = [OutputAccuracy(f"o{i}", (1, 4), "tensor", 0.9) for i in range(7)]
-    _below_the_rule(args, report)
+    below_the_rule(args, report)
     assert "'o4' 0.900000, and 2 more (in the table)\n" in capsys.readouterr().out
     report.outputs = [OutputAccuracy("aux", (1, 4), "tensor", 0.99995)]
-    _below_the_rule(args, report)
+    below_the_rule(args, report)
     assert capsys.readouterr().out == ""
 
 
@@ -622,7 +622,7 @@ def test_an_integer_output_says_how_many_elements_differ(tmp_path, capsys):
     # the sample shown was the first, where it had not flipped.
     from types import SimpleNamespace
 
-    from graphopt.cli import _below_the_rule
+    from graphopt.cli_accuracy import below_the_rule
 
     text = """
         g (float[1,8] x) => (int64[1] cls, float[1,5] y) {
@@ -643,6 +643,6 @@ def test_an_integer_output_says_how_many_elements_differ(tmp_path, capsys):
     assert "1 of 1 element(s) differ" in report.format()
     same = accuracy_report(ref, ref, calibration=tmp_path / "c.npz").outputs[0]
     assert (same.differ, same.note) == (0, "all elements equal")
-    _below_the_rule(SimpleNamespace(quantize="int8", calibration_method=None), report)
+    below_the_rule(SimpleNamespace(quantize="int8", calibration_method=None), report)
     assert "changed, which `graphopt compare` and --verify require equal: 'cls' 1 of 1 " \
            "element(s) differ" in capsys.readouterr().out

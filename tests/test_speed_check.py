@@ -121,28 +121,28 @@ def test_a_slower_compile_is_blamed_on_the_precision_pass_only_where_it_changed_
         tmp_path, capsys, monkeypatch):
     # A max-pool model with no weight "ran slower" under --quantize int4 by timing noise, and
     # the warning blamed the unpacking of 4-bit weights it did not have.
-    from graphopt import cli
+    from graphopt import cli_accuracy
 
     monkeypatch.setattr(module, "speed_check", lambda *a, **k: SpeedCheck(1e-3, 2e-3, 25))
     args = type("Args", (), {"output": "q.onnx", "model": "m.onnx", "quantize": "int4"})()
-    cli._print_speed(args, "m.onnx", {}, ["QuantizeInt4Weights"])
+    cli_accuracy.print_speed(args, "m.onnx", {}, ["QuantizeInt4Weights"])
     assert "4-bit weights save memory" in capsys.readouterr().out
-    cli._print_speed(args, "m.onnx", {}, [])
+    cli_accuracy.print_speed(args, "m.onnx", {}, [])
     out = capsys.readouterr().out
     assert "4-bit" not in out and "no precision pass changed the model" in out
-    cli._print_speed(args, "m.onnx", {}, ["ConvertPrecision"])  # int4 with fp16: fp16's doing
+    cli_accuracy.print_speed(args, "m.onnx", {}, ["ConvertPrecision"])  # int4 with fp16: fp16's doing
     assert "half-precision ops through casts" in capsys.readouterr().out
 
 
 def test_the_int8_slowdown_advice_leaves_out_a_flag_already_given(capsys, monkeypatch):
     # --quantize-ends was suggested to a compile that had given it.
-    from graphopt import cli
+    from graphopt import cli_accuracy
 
     monkeypatch.setattr(module, "speed_check", lambda *a, **k: SpeedCheck(1e-3, 2e-3, 25))
     for given, advised in ((False, True), (True, False)):
         args = type("Args", (), {"output": "q.onnx", "model": "m.onnx", "quantize": "int8",
                                  "quantize_ends": given})()
-        cli._print_speed(args, "m.onnx", {}, ["QuantizeInt8"])
+        cli_accuracy.print_speed(args, "m.onnx", {}, ["QuantizeInt8"])
         out = capsys.readouterr().out
         assert "--quant-skip keeps more layers float" in out
         assert ("--quantize-ends quantizes" in out) == advised

@@ -1,0 +1,262 @@
+"""`graphopt optimize`: compile an ONNX model into optimized ONNX or an .om artifact."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from graphopt.cli_accuracy import print_accuracy
+from graphopt.cli_paths import check_output_path
+from graphopt.cli_precision import add_precision_args, precision_options
+from graphopt.cli_types import (dynamic_dims, input_shapes, name_text, parse_size, path_text,
+                                target_name, tolerance)
+from graphopt.errors import OptionError
+from graphopt.help_format import HelpFormatter
+from graphopt.output_kind import check_file_name, writes_om, writes_onnx
+
+EXAMPLES = """examples:
+  graphopt optimize model.onnx -o model.om
+  graphopt optimize model.onnx -o model.opt.onnx -O3 --verify
+  graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
+  graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
+  graphopt optimize bert.onnx -o bert.om --dynamic-dims "batch_size:1,8;sequence_length:128,512"
+  graphopt partition model.onnx --target ascend310
+  graphopt targets ascend910b
+  graphopt tune model.onnx --target ascend310 --tuning-db tuning.db --trials 50
+  graphopt inspect model.om
+  graphopt run model.om --inputs x.npz --repeat 100
+  graphopt passes
+  graphopt zoo build resnet50 -o resnet50.onnx
+"""
+
+
+def add_optimize_parser(sub) -> None:
+    p = sub.add_parser(
+        "optimize", help="optimize an ONNX model and write ONNX or an .om artifact",
+        description="Import an ONNX model, run an optimization pipeline and write the result: "
+                    "optimized ONNX for `-o x.onnx`, graphopt's artifact for `-o x.om`. "
+                    "Ends with a summary of passes and op-type changes.",
+        formatter_class=HelpFormatter, epilog=EXAMPLES)
+    p.add_argument("model", type=path_text,
+                   help="input .onnx file (external data next to it is loaded)")
+    p.add_argument("-o", "--output", required=True, type=path_text, metavar="FILE",
+                   help="output path: .onnx for ONNX, .om for the graphopt artifact")
+    p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
+                   help="optimization level 0-3 (default 2; 3 may change results in the last "
+                        "bits; `graphopt passes` lists the passes of each level)")
+    p.add_argument("--disable-pass", action="append", default=[], type=name_text,
+                   metavar="NAME",
+                   help="skip a pass by name; repeatable")
+    switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
+    switches.add_argument("--switch-file", type=path_text, metavar="FILE",
+                          help="file of `PassName: on|off` lines (or JSON) switching passes off")
+    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+                   help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
+    p.add_argument("--out-nodes", metavar="NAMES",
+                   help='end the model at these tensors, ATC style: "boxes;Conv_12:0" (a '
+                        'tensor name or node:index each); they become its outputs and what '
+                        'only the others needed goes')
+    p.add_argument("--insert-op-conf", type=path_text, metavar="FILE",
+                   help="ATC's AIPP configuration: the inputs it names take uint8 frames "
+                        "(RGB, XRGB, grey, or YUV420SP such as a decoder's NV12), cropped, "
+                        "colour-converted and normalized in the model")
+    p.add_argument("--input-fp16-nodes", metavar="NAMES",
+                   help='ATC\'s --input_fp16_nodes: these float32 inputs take float16 ("x;y")')
+    p.add_argument("--output-type", metavar="TYPE",
+                   help="ATC's --output_type: FP16 or FP32 for every float output, or per "
+                        'output ("logits:FP16;node:1:FP32")')
+    p.add_argument("--dynamic-dims", type=dynamic_dims, metavar="DIMS",
+                   help='compile one plan per shape profile into the .om, ATC style: '
+                        '"batch:1,4,8;seq:128,512" (every combination) or '
+                        '"batch=1,seq=512;batch=8,seq=128" (listed); a dim is a symbolic input '
+                        'dim or INPUT[AXIS]. The runtime takes the profile the inputs match')
+    p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
+                   help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
+    p.add_argument("--verify", action="store_true",
+                   help="run original and optimized with onnxruntime (no ORT optimizations) on "
+                        "seeded inputs; fail and write nothing if outputs differ, or if the "
+                        "optimized model does not load at ORT_ENABLE_ALL")
+    p.add_argument("--inputs", type=path_text, metavar="NPZ",
+                   help="with --verify: its inputs instead of random data, and the accuracy "
+                        "report's (instead of the calibration samples)")
+    p.add_argument("--rtol", type=tolerance, metavar="R",
+                   help="relative tolerance for --verify (1e-4; after a lossy precision pass "
+                        "--verify judges by cosine unless --rtol/--atol is given)")
+    p.add_argument("--atol", type=tolerance, metavar="A",
+                   help="absolute tolerance for --verify (1e-5)")
+    p.add_argument("--dump-dir", type=path_text, metavar="DIR",
+                   help="write the IR after import and after each pass, plus passes.json")
+    p.add_argument("--dump-format", metavar="text|onnx|both",
+                   help="--dump-dir files: printed IR (text, the default), ONNX that Netron "
+                        "and `graphopt diff` read, weights shared in one weights.bin (onnx), "
+                        "or both")
+    p.add_argument("--verify-each", action="store_true",
+                   help="verify the graph's structure after every pass")
+    p.add_argument("--trace-rule", action="append", default=[], metavar="RULE",
+                   help="report why RULE did not fire at its closest near-misses; repeatable")
+    switches.add_argument("--fusion-switch-file", type=path_text, metavar="FILE",
+                          help="same as --switch-file (ATC's spelling)")
+    p.add_argument("--target", type=target_name, metavar="NAME|FILE",
+                   help="compile for a target (`graphopt targets` lists them): nodes are placed on "
+                        "its devices and an .om holds one model per device partition")
+    p.add_argument("--tuning-db", type=path_text, metavar="FILE.db|URL",
+                   help="apply what `graphopt tune` stored in this knowledge base: the subgraph "
+                        "decisions tuned for this model, and tuned tilings in an NPU .om's "
+                        "kernel configs")
+    p.add_argument("--memory-reorder", action="store_true",
+                   help="reorder each partition's nodes to lower its peak work memory")
+    p.add_argument("--memory-plot", type=path_text, metavar="FILE",
+                   help="draw each partition's memory plan, tensors over time × address "
+                        "(.png or .svg; one file per partition when there are several)")
+    p.add_argument("--allow-custom-ops", action="store_true",
+                   help="keep ops of unknown custom domains instead of refusing the model")
+    add_precision_args(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=_cmd_optimize)
+
+
+def _cmd_optimize(args) -> int:
+    from graphopt.compile_memory import memory_plots
+    from graphopt.compile_save import save
+    from graphopt.compiler import optimize
+    from graphopt.ir.collector import collect_dropped
+    from graphopt.passes.memory import draw_plan
+    from graphopt.summary import format_summary
+
+    # -o may replace the model itself (written atomically, read before); not its inputs.
+    check_output_path("-o", args.output, _files_read(args))
+    if args.memory_plot:
+        check_output_path("--memory-plot", args.memory_plot, {"the model": args.model,
+                                                              "-o": args.output})
+    if not (writes_onnx(args.output) or writes_om(args.output)):
+        raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
+    check_file_name("-o", args.output)
+    if args.dump_format and not args.dump_dir:
+        raise OptionError(f"--dump-format {args.dump_format} needs --dump-dir, the directory to "
+                          "dump into")
+    for flag, path in (("-o", args.output), ("--memory-plot", args.memory_plot)):
+        if args.dump_dir and path and os.path.realpath(path) == os.path.realpath(args.dump_dir):
+            raise OptionError(f"--dump-dir {args.dump_dir}: the same path as {flag}; the dump "
+                              "is a folder of files, the output one file")
+    if args.inputs and not args.verify:
+        raise OptionError("--inputs is only used with --verify")
+    if args.trace_rule and args.quiet:  # the report would be computed and thrown away
+        raise OptionError("--trace-rule prints a report, which -q (print nothing but errors) "
+                          "would drop: give one or the other")
+    for flag, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if value is not None and not args.verify:  # it would judge nothing, silently
+            raise OptionError(f"{flag} is only used with --verify")
+    if args.memory_plot and not args.memory_plot.lower().endswith((".png", ".svg")):
+        raise OptionError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
+    if (args.memory_plot or args.memory_reorder) and not (args.target or writes_om(args.output)):
+        raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
+                          "write an .om or give --target")
+    if args.tuning_db and not (args.target or writes_om(args.output)):
+        raise OptionError("--tuning-db applies what `graphopt tune` found for a target: give "
+                          "--target or -o FILE.om")
+    if args.dynamic_dims and not writes_om(args.output):
+        raise OptionError(f"--dynamic-dims: -o {args.output}: the shape profiles are kept "
+                          "together in an .om; ONNX holds one shape per model")
+    target = args.target or ("cpu" if writes_om(args.output) else None)
+    pass_options = precision_options(args) or None
+    if args.no_accuracy_report and not pass_options:  # it would change nothing
+        raise OptionError("--no-accuracy-report applies to a --precision or --quantize compile "
+                          "(a float32 compile prints no accuracy report)")
+    result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
+                      switch_file=_switch_file(args), input_shapes=args.input_shape,
+                      fold_size_limit=args.fold_size_limit, verify=args.verify,
+                      inputs=args.inputs, rtol=args.rtol, atol=args.atol,
+                      dump_dir=args.dump_dir, dump_format=args.dump_format or "text",
+                      verify_structure=args.verify_each,
+                      allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
+                      target=target, memory_reorder=args.memory_reorder,
+                      pass_options=pass_options, dynamic_dims=args.dynamic_dims,
+                      tuning_db=args.tuning_db, out_nodes=args.out_nodes,
+                      insert_op_conf=args.insert_op_conf,
+                      input_fp16_nodes=args.input_fp16_nodes, output_type=args.output_type)
+    if args.tuning_db and result.tuned_study is None and not args.quiet and \
+            not writes_om(args.output) and \
+            not any(note.startswith("--tuning-db holds") for note in result.notes):
+        result.notes.append(f"--tuning-db: nothing in it applies to {args.output}: no subgraph "
+                            f"decisions for this model on {target} at -O{args.level} (`graphopt "
+                            "tune --job subgraph` makes them), and kernel tilings go into an .om "
+                            "only")
+    report = bool(pass_options) and not args.no_accuracy_report and not args.quiet
+    source = _overwritten_source(args) if report else None
+    # Checked before the model is written: a compile that fails writes nothing.
+    plots = memory_plots(result, args.memory_plot) if args.memory_plot else []
+    if args.verify and writes_om(args.output):  # the artifact itself is run before it lands
+        from graphopt.atomic import checked_before_replace
+        from graphopt.cli_verify_om import artifact_check
+
+        with checked_before_replace(artifact_check(args)):
+            save(result, args.output)
+    else:
+        save(result, args.output)  # with the tilings of the --tuning-db optimize read
+    for path, title, plan in plots:
+        draw_plan(plan, path, title=title)
+        if not args.quiet:
+            print(f"wrote {path}")
+    if not args.quiet:
+        print(format_summary(result, args.output))
+        if report:
+            # The model is written: its IR's memory goes to the report's onnxruntime sessions
+            # (0.6 GB less at the peak on a BERT-base --precision fp16 compile).
+            from graphopt.tools.accuracy_rule import lossy_passes
+
+            changed = lossy_passes(result.log.to_json()["passes"])
+            fitted = _fitted_ranges(result)
+            del result, plots
+            collect_dropped()
+            print_accuracy(args, source, changed, fitted)
+            return 0
+    else:  # "print nothing on success": an output that will not load is not quite that
+        from graphopt.compile_checks import UNLOADABLE_NOTE
+
+        for note in result.notes:
+            if note.startswith(UNLOADABLE_NOTE):
+                print(f"graphopt: warning: {note}", file=sys.stderr)
+    return 0
+
+
+def _files_read(args) -> dict[str, str | list[str] | None]:
+    """The files optimize reads besides the model, by the option that names them."""
+    from graphopt.cli_precision import keep_dtype_files
+    from graphopt.partition import builtin_targets
+
+    tuning_db = None
+    if args.tuning_db:  # sqlite:///kb.db names a file too; a server's URL none
+        from graphopt.tuner.storage import sqlite_path
+
+        tuning_db = sqlite_path(args.tuning_db)
+    return {"--inputs": args.inputs, "--calibration": args.calibration,
+            "--switch-file": args.switch_file, "--fusion-switch-file": args.fusion_switch_file,
+            "--insert-op-conf": args.insert_op_conf,
+            "--target": None if args.target in (None, *builtin_targets()) else args.target,
+            "--keep-dtype": keep_dtype_files(args.keep_dtype), "--tuning-db": tuning_db}
+
+
+def _switch_file(args) -> str | None:
+    """--switch-file, or --fusion-switch-file read first so that its errors name that flag."""
+    if args.fusion_switch_file:
+        from graphopt.switches import read_switch_file
+
+        read_switch_file(args.fusion_switch_file, "--fusion-switch-file")
+    return args.switch_file or args.fusion_switch_file
+
+
+def _overwritten_source(args):
+    """The input model, read before -o overwrites it (None when -o is another file): the
+    accuracy report must compare the output with the model as it was, not with itself."""
+    from graphopt.tools.compare_run import load_reference
+
+    if not (os.path.exists(args.output) and os.path.samefile(args.model, args.output)):
+        return None
+    return load_reference(args.model).proto
+
+
+def _fitted_ranges(result) -> bool:
+    """Whether int8 fitted activation ranges to the calibration data: a static layer's
+    QuantizeLinear holds one, where a dynamic MatMul measures its input on every run."""
+    return any(record.name == "QuantizeInt8" and record.stats.get("QuantizeLinear")
+               for record in result.log.records)
