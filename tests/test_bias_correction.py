@@ -9,7 +9,9 @@ import onnx
 import pytest
 
 import graphopt
+import graphopt.quant.float_heads as float_heads
 import graphopt.quant.int8 as int8
+import graphopt.quant.qdq_rewrite as qdq_rewrite
 from graphopt import numerics
 from graphopt.ir import Node
 from graphopt.quant.qparams import dequantize_weight, quantize_weight
@@ -41,7 +43,7 @@ def test_conv_shift_is_the_output_change_on_a_constant_input(groups):
     x = np.broadcast_to(mean[None, :, None, None], (1, 8, 5, 5))
     expected = (_conv(x, w_deq, groups) - _conv(x, w, groups))[0, :, 0, 0]
     node = Node("Conv", [], {"group": groups} if groups > 1 else {})
-    np.testing.assert_allclose(int8._mean_shift(node, w, w_deq, mean), expected, rtol=1e-5,
+    np.testing.assert_allclose(qdq_rewrite.mean_shift(node, w, w_deq, mean), expected, rtol=1e-5,
                                atol=1e-7)
     assert np.max(np.abs(expected)) > 1e-4  # rounding moved the mean: the test can tell
 
@@ -56,7 +58,7 @@ def test_gemm_shift_is_the_output_change_at_the_mean(trans_b):
     mean = rng.uniform(-1.0, 2.0, 16)
     expected = mean @ (w_deq.T - w.T if trans_b else w_deq - w)
     node = Node("Gemm", [], {"transB": trans_b})
-    np.testing.assert_allclose(int8._mean_shift(node, w, w_deq, mean), expected, rtol=1e-5)
+    np.testing.assert_allclose(qdq_rewrite.mean_shift(node, w, w_deq, mean), expected, rtol=1e-5)
 
 
 NET = """
@@ -106,8 +108,9 @@ def test_bias_correction_removes_the_mean_error_end_to_end(tmp_path, monkeypatch
     producers = {o: n for n in corrected.graph.node for o in n.output}
     assert inits[producers[conv1.input[2]].input[0]].dtype == np.int32
     with_correction = _channel_mean_error(proto, corrected, held)
-    monkeypatch.setattr(int8, "_mean_shift", lambda node, w, w_deq, mean:
-                        np.zeros(w.shape[0], np.float32))
+    for module in (qdq_rewrite, float_heads):  # the quantized layers' and the float ones'
+        monkeypatch.setattr(module, "mean_shift", lambda node, w, w_deq, mean:
+                            np.zeros(w.shape[0], np.float32))
     without = _channel_mean_error(proto, compiled(), held)
     assert with_correction < 0.5 * without, (with_correction, without)
 
@@ -171,7 +174,7 @@ def test_a_float_head_absorbs_the_mean_shift_of_the_quantized_layers(tmp_path, m
     # Over the calibration samples, the head is linear in its input: the corrected bias makes
     # the mean output the float model's.
     with_correction = np.abs(mean_error(corrected)).max()
-    monkeypatch.setattr(int8, "_correct_float_layers", lambda *args: None)
+    monkeypatch.setattr(int8, "correct_float_layers", lambda *args: None)
     without = np.abs(mean_error(compiled()[1])).max()
     assert with_correction < 1e-3 * np.abs(numerics.run(proto, {"x": data[0]})["y"]).max()
     assert with_correction < 0.05 * without, (with_correction, without)
@@ -187,7 +190,7 @@ def test_a_float_head_keeps_its_bias_under_too_few_calibration_samples(tmp_path)
                         b2=np.full(8, 0.1, np.float32),
                         w3=rng.standard_normal((10, 8)).astype(np.float32),
                         b3=np.zeros(10, np.float32))
-    for samples, corrected in ((int8.MIN_HEAD_VALUES - 1, 0), (int8.MIN_HEAD_VALUES, 1)):
+    for samples, corrected in ((float_heads.MIN_HEAD_VALUES - 1, 0), (float_heads.MIN_HEAD_VALUES, 1)):
         np.savez(tmp_path / "c.npz", x=rng.uniform(0.0, 2.0, (samples, 1, 16, 12, 12))
                  .astype(np.float32))
         _assert_corrected(proto, tmp_path / "c.npz", corrected)

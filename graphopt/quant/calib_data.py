@@ -24,10 +24,14 @@ import os
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from graphopt.errors import OptionError
+
+if TYPE_CHECKING:
+    from graphopt.passes.base import PassContext
 from graphopt.ir import Graph
 from graphopt.option_names import option
 
@@ -347,3 +351,13 @@ def _cast(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
                           f"input '{spec.name}' is {array.dtype}; the model "
                           f"expects {spec.dtype}")
     return array.astype(spec.dtype)
+
+
+def calibration_data(ctx: PassContext, graph):
+    """The calibration data the compile read and checked, when it was read for these inputs,
+    else read now: a single .npz of samples is loaded whole, so reading it once matters."""
+    data = ctx.calibration
+    if data is not None and data.path == os.fspath(ctx.options.calibration) \
+            and data.specs == model_inputs(graph):
+        return data
+    return read_calibration(ctx.options.calibration, graph)

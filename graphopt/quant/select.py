@@ -442,7 +442,7 @@ def _mark(nodes: list[Node], result: Plan, symmetric: bool) -> None:
             out = node.outputs[0]
             users = out.uses
             # Its readers then read the DQ of the producer's Q, whose range starts at 0; a
-            # reader inside a branch or loop body gets no DQ (int8._insert_qdq) and would read
+            # reader inside a branch or loop body gets no DQ (qdq_rewrite.insert_qdq) and would read
             # the value before the activation, so such an activation stays.
             if len(users) == 1 and _foldable(users[0].node) and users[0].index == 0 \
                     and not users[0].node.output.is_graph_output \

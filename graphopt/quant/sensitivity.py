@@ -113,7 +113,7 @@ def guarded(options, chosen, ctx) -> bool:
 
 
 def _amct_weight(layer: Node, per_channel: bool) -> np.ndarray | None:
-    """`layer`'s weight as AMCT's form rounds it (int8.py: _quantize_weights without the
+    """`layer`'s weight as AMCT's form rounds it (qdq_rewrite.py: quantize_weights without the
     bias fitting, which only widens a scale for a huge bias), or None when it has no constant
     weight."""
     w = layer.inputs[1].constant() if len(layer.inputs) > 1 and layer.inputs[1] else None
