@@ -21,8 +21,8 @@ def _ms(seconds: float, objective: str) -> str:
 
 def cmd_tune_subgraph(args, storage) -> int:
     from graphopt.tuner.storage import storage_url
-    from graphopt.tuner.subgraph import (MIN_MEASURED_GAIN, SubgraphJob, checked_target,
-                                         tune_subgraph)
+    from graphopt.tuner.subgraph import MIN_MEASURED_GAIN, tune_subgraph
+    from graphopt.tuner.subgraph_job import SubgraphJob, checked_target
 
     url = storage_url(storage, option="--storage" if args.storage else "--tuning-db")
     given = [flag for flag, value, default in (("--repeat", args.repeat, 20),

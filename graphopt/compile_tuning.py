@@ -40,7 +40,7 @@ def tuned_decisions(tuning_db, model, target, level: int, pins: dict,
     serialized model given in memory), the --input-shape text, the target and the level."""
     if tuning_db is None:
         return _NO_DECISIONS
-    from graphopt.tuner.subgraph import decisions_for
+    from graphopt.tuner.subgraph_lookup import decisions_for
 
     tuning_db = knowledge_base(tuning_db)
     if target is None:

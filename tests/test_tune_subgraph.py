@@ -18,7 +18,9 @@ from graphopt import optimize
 from graphopt.errors import OptionError
 from graphopt.ir import to_onnx
 from graphopt.numerics import random_feeds, run
-from graphopt.tuner.subgraph import SubgraphJob, best_decisions, decisions_for, tune_subgraph
+from graphopt.tuner.subgraph import tune_subgraph
+from graphopt.tuner.subgraph_job import SubgraphJob
+from graphopt.tuner.subgraph_lookup import best_decisions, decisions_for
 from graphopt.tuner.subgraph_space import Recorder, build_space, gate_for
 from tests.helpers import parse_model, run_cli
 
@@ -391,7 +393,7 @@ def test_the_tuning_file_a_tune_leaves_stands_alone(block_path, tmp_path):
 
 
 def test_the_same_pins_written_otherwise_name_the_same_study(block_path):
-    from graphopt.tuner.subgraph import _study_names, model_key
+    from graphopt.tuner.subgraph_job import model_key, study_names
 
     spellings = ["x:1,8;mask:1,4", "mask:1,4; x:1,8", " x : 1,8 ;mask:1,4;",
                  {"mask": [1, 4], "x": [1, 8]}]
@@ -399,9 +401,9 @@ def test_the_same_pins_written_otherwise_name_the_same_study(block_path):
     assert len(keys) == 1
     # A study an earlier graphopt named by the text as given is still found.
     job = SubgraphJob(block_path, "ascend310", 2, "x:1,8;mask:1,4")
-    names = _study_names(job, "ascend310")
+    names = study_names(job, "ascend310")
     assert len(names) == 2 and model_key(job, legacy=True) in names[1]
-    assert model_key(SubgraphJob(block_path, "ascend310", 2, None)) in _study_names(
+    assert model_key(SubgraphJob(block_path, "ascend310", 2, None)) in study_names(
         SubgraphJob(block_path, "ascend310", 2, None), "ascend310")[0]
 
 

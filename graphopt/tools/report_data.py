@@ -273,11 +273,11 @@ def _gather_subgraph(tuning: Tuning, store, target: str, source_file: str | None
                      applied: object = None) -> None:
     """The subgraph study whose decisions the .om holds, `applied` (the name it records); for
     an .om that names none, its model's: a subgraph study is keyed by the source model's bytes
-    and pinned input shapes (tuner.subgraph.model_key), so it can be found only with the
+    and pinned input shapes (tuner.subgraph_job.model_key), so it can be found only with the
     source model at hand."""
     from graphopt.tuner.optuna_import import optuna
 
-    from graphopt.tuner.subgraph import SubgraphJob, model_key
+    from graphopt.tuner.subgraph_job import SubgraphJob, model_key
 
     if isinstance(applied, str):
         if applied not in optuna.get_all_study_names(store):

@@ -49,7 +49,7 @@ def is_signature(text: str, target: str | None = None) -> bool:
     return match is not None and (target is None or match["target"] == target)
 
 
-# The name a subgraph study gets by default (subgraph.study_name_for).
+# The name a subgraph study gets by default (subgraph_job.study_name_for).
 _SUBGRAPH_NAME = re.compile(r"^subgraph/.+/[0-9a-f]{16}/O\d+/(estimate|measured)(\+\w+)?$")
 
 

@@ -12,68 +12,39 @@ and scores the result:
     rtol 1e-3 / atol 1e-4 is pruned, so a tuned compile is never a wrong one.
 Trial 0 is the default compile (every group on, default knobs), so default and best sit side
 by side. The study keeps the decision space in its user attrs, which lets `graphopt optimize
---tuning-db` apply the best decisions without recording them again (best_decisions).
+--tuning-db` apply the best decisions without recording them again (subgraph_lookup).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import multiprocessing
 import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphopt.api_args import THREAD_LIMIT
-from graphopt.compile_tuning import Decisions
 from graphopt.errors import OptionError
 from graphopt.ir.onnx_io import read_model_proto
-from graphopt.option_names import option, setting
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
 from graphopt.tuner.signature import is_signature, is_subgraph_study_name
 from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened,
                                      optimize_failing_on_interrupt, setup_lock, storage_url)
-from graphopt.tuner.subgraph_space import (
-    Group,
-    Recorder,
-    GRANULARITIES,
-    Space,
-    build_space,
-    gate_for,
-    pass_options_for,
-)
+from graphopt.tuner.subgraph_job import (STANDS_FOR, SubgraphJob, checked_target, study_name_for,
+                                         study_names)
+from graphopt.tuner.subgraph_space import (Recorder, Space, build_space, gate_for,
+                                           pass_options_for, space_from_json, space_json)
 from graphopt.tuner.workers import end_with_parent, supervise
 
-OBJECTIVES = ("estimate", "measured")
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 # A measured best must beat the default by this much when the two are re-timed side by side:
 # two byte-identical models differed by 1.4-1.7% in bench/precision.py's interleaved runs.
 MIN_MEASURED_GAIN = 0.02
 WARMUP_RUNS = 2
-
-
-@dataclass(frozen=True)
-class SubgraphJob:
-    """What a trial needs to rebuild its compile (and a worker process its objective)."""
-
-    model_path: str
-    target: str
-    level: int = 2
-    input_shapes: str | None = None       # ATC style, as --input-shape takes it
-    objective: str = "estimate"
-    tuning_db: str | None = None          # tuned tilings for the estimate's cube kernels
-    repeat: int = 20                      # measured: timed runs per candidate
-    threads: int | None = None            # measured: onnxruntime intra-op threads
-    granularity: str = "rule"             # subgraph_space.GRANULARITIES
-    allow_custom_ops: bool = False        # keep ops of unknown domains, as optimize's does
-    # sha256 over the serialized model when it was given in memory (a knowledge-base lookup
-    # from graphopt.optimize): its identity then, in place of the file's.
-    model_digest: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -119,85 +90,6 @@ class SubgraphResult:
         defaults = self.space.default_params()
         return [(name, value, self.chosen.get(name, value))
                 for name, value in defaults.items() if self.chosen.get(name, value) != value]
-
-
-def model_key(job: SubgraphJob, legacy: bool = False) -> str:
-    """A study's model identity: the model file's bytes and the pinned input shapes, these in
-    one spelling (`x:1,3;y:1,2` in name order) so that the same pins written in another order
-    or with spaces find the same study. `legacy`: the key of a study an earlier graphopt
-    named by the pins' text as given."""
-    digest = (job.model_digest or _file_digest(job.model_path)).copy()
-    pins = job.input_shapes or ""
-    digest.update(json.dumps(pins if legacy else _canonical_pins(pins)).encode())
-    return digest.hexdigest()[:16]
-
-
-def _canonical_pins(pins) -> str:
-    """The --input-shape pins (text or mapping) as sorted `name:dims` text; the text as given
-    when it does not parse (the compile refuses it with the reason)."""
-    from graphopt.input_shapes import (format_input_shapes, parse_input_shapes,
-                                       validate_input_shapes)
-
-    if not pins:
-        return ""
-    try:
-        shapes = parse_input_shapes(pins) if isinstance(pins, str) else \
-            validate_input_shapes(pins)
-    except OptionError:
-        return pins if isinstance(pins, str) else json.dumps(pins, sort_keys=True)
-    return format_input_shapes(dict(sorted(shapes.items())))
-
-
-# A lookup names a study per objective, granularity and level: the file is read once for all.
-_FILE_DIGESTS: dict[tuple, Any] = {}
-
-
-def _file_digest(path: str):
-    """sha256 over the file's bytes, kept while its size and modification time hold."""
-    info = os.stat(path)
-    key = (os.path.realpath(path), info.st_size, info.st_mtime_ns, info.st_ino)
-    digest = _FILE_DIGESTS.get(key)
-    if digest is None:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        if len(_FILE_DIGESTS) > 64:
-            _FILE_DIGESTS.clear()
-        _FILE_DIGESTS[key] = digest
-    return digest
-
-
-# The user attribute of a subgraph study naming the job it tunes (its default study name).
-STANDS_FOR = "stands_for"
-
-
-def study_name_for(job: SubgraphJob, target_name: str, legacy: bool = False) -> str:
-    fine = "" if job.granularity == "rule" else f"+{job.granularity}"
-    return (f"subgraph/{target_name}/{model_key(job, legacy)}/O{job.level}/"
-            f"{job.objective}{fine}")
-
-
-def _study_names(job: SubgraphJob, target_name: str) -> list[str]:
-    """The names a study of `job` may have: today's, then an earlier graphopt's."""
-    return list(dict.fromkeys(study_name_for(job, target_name, legacy)
-                              for legacy in (False, True)))
-
-
-def checked_target(job: SubgraphJob):
-    """The job's target, once its options agree with each other (OptionError otherwise)."""
-    from graphopt.partition import load_target
-
-    if job.objective not in OBJECTIVES:
-        raise OptionError(f"--objective {job.objective}: use one of {', '.join(OBJECTIVES)}")
-    if job.granularity not in GRANULARITIES:
-        raise OptionError(f"--granularity {job.granularity}: use one of "
-                          f"{', '.join(GRANULARITIES)}")
-    target = load_target(job.target)
-    if job.objective == "measured" and target.device(target.primary).kind != "cpu":
-        raise OptionError(f"--objective measured times onnxruntime on this machine's CPU: it "
-                          f"needs a CPU target, not {target.name} (use --objective estimate)")
-    return target
 
 
 def _references_files(data: bytes) -> bool:
@@ -325,16 +217,6 @@ def discover(evaluator: Evaluator) -> tuple[Space, Scored]:
     return space, Scored(space.default_params(), seconds, by_device)
 
 
-def space_json(space: Space) -> dict:
-    return {"groups": [asdict(g) for g in space.groups], "knobs": space.knobs,
-            "granularity": space.granularity}
-
-
-def space_from_json(data: dict) -> Space:
-    return Space([Group(**g) for g in data["groups"]],
-                 {k: list(v) for k, v in data["knobs"].items()}, data["granularity"])
-
-
 def _objective(evaluator: Evaluator, space: Space):
     def objective(trial: optuna.Trial) -> float:
         params = {group.param: trial.suggest_categorical(group.param, [True, False])
@@ -366,7 +248,7 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
     evaluator = Evaluator(job)
     key = study_name_for(job, evaluator.target.name)
     name = study_name or key
-    if name not in _study_names(job, evaluator.target.name) and (
+    if name not in study_names(job, evaluator.target.name) and (
             is_signature(name) or is_subgraph_study_name(name)):
         # The job that names its study so by default (op tuning of that kernel, subgraph
         # tuning of that model) would load this one and mix its trials with this job's.
@@ -586,127 +468,3 @@ def confirm(evaluator: Evaluator, space: Space, default: dict, best: dict,
         for i, session in enumerate(sessions):
             medians[i].append(_median_run(session, evaluator.feeds, evaluator.job.repeat))
     return statistics.median(medians[0]), statistics.median(medians[1])
-
-
-def tuned_levels(storage: Any, job: SubgraphJob, target_name: str) -> list[int]:
-    """The -O levels at which the storage holds subgraph studies of the job's model and target."""
-    with opened(storage, read_only=True) as store:
-        names = set(_studies_by_job(store))
-    return [level for level in range(4) if any(
-        name in names
-        for objective in ("measured", "estimate") for granularity in GRANULARITIES
-        for name in _study_names(replace(job, level=level, objective=objective,
-                                         granularity=granularity), target_name))]
-
-
-def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int,
-                  input_shapes: str | None) -> Decisions:
-    """The subgraph decisions `graphopt tune --job subgraph` chose for this model (a file's
-    path, or its serialized bytes) with these --input-shape pins, on this target at this
-    level; when there are none but other levels have some, the note says which."""
-    job = (SubgraphJob("<model>", target_name, level, input_shapes,
-                       model_digest=hashlib.sha256(model))
-           if isinstance(model, bytes) else SubgraphJob(model, target_name, level, input_shapes))
-    passed_over: list[str] = []
-    found = best_decisions(storage, job, target_name, passed_over)
-    if found is not None:
-        gate, pass_options, study = found
-        return Decisions(gate, pass_options, study, f"applying the subgraph decisions of {study}")
-    if passed_over:  # a study at this very level: saying another level holds it would mislead
-        return Decisions(note=(
-            f"{option('tuning_db')}: subgraph study {passed_over[0]}; no subgraph decisions "
-            "apply to this compile (running its tune again completes the study)"))
-    levels = [n for n in tuned_levels(storage, job, target_name) if n != level]
-    if levels:
-        return Decisions(note=(
-            f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
-            f"{', '.join(f'-O{n}' for n in levels)}, not at -O{level}: they apply to a compile "
-            "at the level they were tuned for"))
-    pins = tuned_pins(storage, job, target_name)
-    if pins:
-        given = [setting("input_shapes", p) if p else f"no {option('input_shapes')}"
-                 for p in pins]
-        return Decisions(note=(
-            f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
-            f"-O{level} tuned with {' / '.join(given)}, not with these pins: they apply to a "
-            "compile with the pins they were tuned with"))
-    return Decisions()
-
-
-def tuned_pins(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
-    """The --input-shape pins ("" for none) of the storage's subgraph studies of the job's model,
-    target and level under other pins than the job's: a study's key hashes the model with its
-    pins, so each recorded pin set is tried with this model."""
-    own = {model_key(job, legacy) for legacy in (False, True)}
-    found: dict[str, None] = {}
-    with opened(storage, read_only=True) as store:
-        for summary in optuna.get_all_study_summaries(store, include_best_trial=False):
-            recorded = summary.user_attrs.get("job")
-            name = summary.user_attrs.get(STANDS_FOR, summary.study_name)
-            parts = name.split("/") if isinstance(name, str) else []
-            if not isinstance(recorded, dict) or len(parts) < 5 or parts[0] != "subgraph" \
-                    or "/".join(parts[1:-3]) != target_name or parts[-2] != f"O{job.level}":
-                continue
-            pins = recorded.get("input_shapes")
-            if pins is not None and not isinstance(pins, str):
-                continue  # not a study graphopt wrote
-            theirs = replace(job, input_shapes=pins)
-            if parts[-3] not in own and parts[-3] in {model_key(theirs, legacy)
-                                                      for legacy in (False, True)}:
-                found[pins or ""] = None
-    return sorted(found)
-
-
-def best_decisions(storage: Any, job: SubgraphJob, target_name: str,
-                   passed_over: list[str] | None = None):
-    """(rewrite gate, pass options, study name) of the job's tuned decisions (its model, target
-    and level), preferring a measured study to an estimated one and the rule granularity's to
-    the shape one's; None when the storage has no such study. The gate and options go to
-    optimize(rewrite_gate=…, pass_options=…). `passed_over` gets "<study> <why>" for each
-    study of the job that was not applied (no completed trial, or a measured run stopped
-    before its re-timing)."""
-    with opened(storage, read_only=True) as store:
-        return _best_decisions(store, job, target_name,
-                               passed_over if passed_over is not None else [])
-
-
-def _best_decisions(store, job: SubgraphJob, target_name: str, passed_over: list[str]):
-    standing = _studies_by_job(store)
-    candidates = [name for o in ("measured", "estimate") for g in GRANULARITIES
-                  for name in _study_names(replace(job, objective=o, granularity=g),
-                                           target_name)]
-    for key in candidates:
-        for name in reversed(standing.get(key, [])):  # the newest first
-            study = optuna.load_study(study_name=name, storage=store)
-            completed = [t for t in study.get_trials(deepcopy=False,
-                                                     states=(optuna.trial.TrialState.COMPLETE,))
-                         if t.value is not None]
-            if "space" not in study.user_attrs:
-                continue
-            if not completed:
-                passed_over.append(f"{name} has no completed trial (its run stopped before "
-                                   "the default compile was scored)")
-                continue
-            # The last run's choice: its best, unless re-timing showed the default was as fast.
-            chosen = study.user_attrs.get("chosen")
-            if chosen is None and key.rsplit("/", 1)[-1].startswith("measured"):
-                # A run stopped before its re-timing: a best by noise, unconfirmed.
-                passed_over.append(f"{name} is not confirmed: its measured run stopped before "
-                                   "the side-by-side re-timing, and a best that may have won "
-                                   "by noise alone is not applied")
-                continue
-            chosen = chosen or min(completed, key=lambda t: (t.value, t.number)).params
-            space = space_from_json(study.user_attrs["space"])
-            return gate_for(chosen, space), pass_options_for(chosen, space), name
-    return None
-
-
-def _studies_by_job(store) -> dict[str, list[str]]:
-    """Per default study name (study_name_for), the studies tuning that job: the one of that
-    name and those named otherwise (--study NAME), in the order they were created."""
-    by_job: dict[str, list[tuple[int, str]]] = {}
-    for summary in optuna.get_all_study_summaries(store, include_best_trial=False):
-        key = summary.user_attrs.get(STANDS_FOR, summary.study_name)
-        by_job.setdefault(key, []).append((summary._study_id, summary.study_name))
-    return {key: [name for _, name in sorted(studies)] for key, studies in by_job.items()}
-

@@ -23,7 +23,7 @@ defines the anchor's first output; "-" when the fused result cannot be traced ba
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from graphopt.passes.base import anchor_key
@@ -159,3 +159,13 @@ def gate_for(params: dict, space: Space) -> Callable[[str, str, "Node"], bool]:
 
 def pass_options_for(params: dict, space: Space) -> dict:
     return {knob: params[knob] for knob in space.knobs if knob in params}
+
+
+def space_json(space: Space) -> dict:
+    return {"groups": [asdict(g) for g in space.groups], "knobs": space.knobs,
+            "granularity": space.granularity}
+
+
+def space_from_json(data: dict) -> Space:
+    return Space([Group(**g) for g in data["groups"]],
+                 {k: list(v) for k, v in data["knobs"].items()}, data["granularity"])
