@@ -173,6 +173,11 @@ def _blocks(text: str, path: str) -> list[tuple[int, dict[str, tuple[int, str]]]
 
 
 def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp:
+    # The mode first: a dynamic block's keys (max_src_image_size) are no static AIPP key.
+    mode = fields["aipp_mode"][1].strip('"') if "aipp_mode" in fields else "static"
+    if mode != "static":
+        raise OptionError(f"{path}:{fields['aipp_mode'][0]}: aipp_mode {mode}: graphopt "
+                          "compiles static AIPP only (the preprocessing is fixed in the model)")
     values: dict[str, object] = {}
     for key, (key_line, text) in fields.items():
         where = f"{path}:{key_line}: {key}"
@@ -197,10 +202,6 @@ def _aipp_op(fields: dict[str, tuple[int, str]], line: int, path: str) -> AippOp
                               "keys: input_format, crop, src_image_size_*, csc_switch, "
                               "matrix_r*c*, mean/min/var_reci_chn_*, …)")
     where = f"{path}:{line}: aipp_op"
-    mode = values.get("aipp_mode", "static")
-    if mode != "static":
-        raise OptionError(f"{path}:{fields['aipp_mode'][0]}: aipp_mode {mode}: graphopt "
-                          "compiles static AIPP only (the preprocessing is fixed in the model)")
     fmt = values.get("input_format")
     if fmt is None:
         raise OptionError(f"{where}: input_format is required")

@@ -23,8 +23,20 @@ ATC_ONLY = {
                             "\"x[2]=224,x[3]=224;x[2]=448,x[3]=448\"",
     "--input_format": "ATC's; ONNX inputs are NCHW, or NHWC where the model says so",
     "--log": "ATC's; errors are one line here, and -q prints nothing else",
-    "--op_select_implmode": "ATC's; kernel choice is onnxruntime's here",
-    "--enable_small_channel": "ATC's; kernel choice is onnxruntime's here",
+    "--op_select_implmode": "ATC's; kernel choice is onnxruntime's here: drop it",
+    "--optypelist_for_implmode": "ATC's; kernel choice is onnxruntime's here: drop it",
+    "--op_precision_mode": "ATC's; kernel choice is onnxruntime's here: drop it",
+    "--enable_small_channel": "ATC's; kernel choice is onnxruntime's here: drop it",
+    "--allow_hf32": "ATC's; float32 stays float32 here: drop it",
+    "--modify_mixlist": "ATC's; --precision-allow and --precision-deny take op types for "
+                        "--precision mixed-fp16 here",
+    "--customize_dtypes": "ATC's; --keep-dtype keeps named nodes or OpType::X in float32 here",
+    "--compression_optimize_conf": "ATC's; --quantize int8 with --calibration quantizes here",
+    "--input_shape_range": "ATC's; -1 in --input-shape with --dynamic-dims lists the sizes to "
+                           "compile here",
+    "--is_output_adjust_hw_layout": "ATC's; outputs keep the model's layout here: drop it",
+    "--buffer_optimize": "ATC's; the memory plan is graphopt's own here: drop it",
+    "--op_debug_level": "ATC's; graphopt optimize --dump-dir writes the IR after each pass",
     "--job_type": "AOE's; graphopt tune --job op is its 2, --job subgraph its 1",
     "--mode": "ATC's; its --mode=1 (an .om as JSON) is graphopt inspect x.om --json, its "
               "--mode=6 graphopt inspect x.om",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 
 # ATC's --soc_version -> graphopt's target: the chips graphopt has a profile for.
@@ -25,6 +25,11 @@ SAME_VALUE = {"--out_nodes": "--out-nodes", "--insert_op_conf": "--insert-op-con
               "--keep_dtype": "--keep-dtype", "--input_fp16_nodes": "--input-fp16-nodes",
               "--output_type": "--output-type", "--fusion_switch_file": "--fusion-switch-file"}
 ONNX_FRAMEWORK = "5"
+# What ATC's --input_format takes for an ONNX model, and where each keeps height and width.
+INPUT_FORMATS = {"NCHW": (2, 3), "NCDHW": (3, 4), "ND": None}
+LOG_LEVELS = ("debug", "info", "warning", "error", "null")
+# The ATC flags that name inputs or outputs: a trailing ';' (which ATC takes) names nothing.
+NAME_LISTS = ("--out_nodes", "--input_fp16_nodes", "--output_type")
 
 
 def add_atc_parser(sub) -> None:
@@ -36,27 +41,32 @@ def add_atc_parser(sub) -> None:
         epilog='examples:\n  graphopt atc --model=resnet50.onnx --framework=5 --output=resnet50 \\\n'
                '      --soc_version=Ascend310 --input_shape="input:1,3,224,224"',
         formatter_class=HelpFormatter)
-    p.add_argument("--model", required=True, metavar="FILE.onnx", help="the ONNX model")
-    p.add_argument("--framework", required=True, metavar="5", help="5: ONNX, the only one")
-    p.add_argument("--output", required=True, metavar="PATH",
-                   help="the artifact, without its .om (as atc writes it)")
+    # Required as ATC requires them, checked by translate: ATC's --mode=1 needs none of them.
+    p.add_argument("--model", metavar="FILE.onnx", help="the ONNX model (required)")
+    p.add_argument("--framework", metavar="5", help="5: ONNX, the only one (required)")
+    p.add_argument("--output", metavar="PATH",
+                   help="the artifact, without its .om (as atc writes it; required)")
     p.add_argument("--soc_version", metavar="CHIP",
-                   help="Ascend310, Ascend310B*, Ascend910B*: graphopt's --target")
-    p.add_argument("--input_shape", metavar="SHAPES", help='"x:1,3,224,224;y:…" (-1: dynamic)')
-    p.add_argument("--input_format", metavar="NCHW|ND",
-                   help="accepted: ONNX inputs are as the model declares them")
+                   help="Ascend310, Ascend310B*, Ascend910B*: graphopt's --target (required)")
+    p.add_argument("--input_shape", metavar="SHAPES",
+                   help='"x:1,3,224,224;y:…" (-1: dynamic); of an input --insert_op_conf '
+                        "names, the model's input as ATC reads it, of which the batch is kept")
+    p.add_argument("--input_format", metavar="NCHW|NCDHW|ND",
+                   help="NCHW (ATC's default for ONNX), NCDHW or ND: where "
+                        "--dynamic_image_size finds height and width")
     p.add_argument("--precision_mode", metavar="MODE",
-                   help=", ".join(PRECISION_MODES))
+                   help=", ".join(PRECISION_MODES) + " (default force_fp16, as ATC's)")
     p.add_argument("--precision_mode_v2", metavar="MODE", help=", ".join(PRECISION_MODES_V2))
     for flag, ours in SAME_VALUE.items():
         p.add_argument(flag, metavar="VALUE", help=f"graphopt's {ours}")
     p.add_argument("--dynamic_batch_size", metavar="B1,B2,…",
                    help="profiles over the inputs' -1 batch dims (--dynamic-dims)")
     p.add_argument("--dynamic_image_size", metavar="H,W;H,W",
-                   help="profiles over the inputs' -1 height and width dims")
+                   help="profiles over the inputs' -1 height and width dims, one H,W each")
     p.add_argument("--dynamic_dims", metavar="D,D;D,D",
                    help="profiles over every -1 dim of --input_shape, in order")
-    p.add_argument("--log", metavar="LEVEL", help="error or null: print errors only (-q)")
+    p.add_argument("--log", metavar="LEVEL",
+                   help=f"{', '.join(LOG_LEVELS)}; error and null print errors only (-q)")
     p.add_argument("--mode", default="0", metavar="0",
                    help="0 (compile) only; 1 and 6 are graphopt inspect")
     p.set_defaults(func=_cmd_atc)
@@ -76,30 +86,37 @@ def translate(args) -> list[str]:
     if args.mode != "0":
         raise OptionError(f"--mode={args.mode}: graphopt atc compiles (mode 0); ATC's --mode=1 "
                           "is graphopt inspect x.om --json, its --mode=6 graphopt inspect x.om")
+    missing = [flag for flag in ("--model", "--framework", "--output", "--soc_version")
+               if not getattr(args, flag[2:])]
+    if missing:
+        chips = (" (Ascend310, Ascend310B*, Ascend910B*; for the CPU: graphopt optimize "
+                 "model.onnx -o model.om)" if "--soc_version" in missing else "")
+        raise UsageError(f"atc: the following arguments are required: {', '.join(missing)}"
+                         f"{chips} (see graphopt atc --help)")
     if args.framework != ONNX_FRAMEWORK:
         raise OptionError(f"--framework={args.framework}: graphopt reads ONNX models "
                           f"(--framework={ONNX_FRAMEWORK}); convert the model to ONNX first")
+    if args.log is not None and args.log.lower() not in LOG_LEVELS:
+        raise OptionError(f"--log={args.log}: ATC's levels are {', '.join(LOG_LEVELS)}")
     output = args.output if args.output.lower().endswith(".om") else args.output + ".om"
-    argv = ["optimize", args.model, "-o", output]
-    if args.soc_version:
-        argv += ["--target", _target(args.soc_version)]
-    if args.input_format and args.input_format.upper() not in ("NCHW", "ND", "NHWC"):
-        raise OptionError(f"--input_format={args.input_format}: ATC takes NCHW or ND for an "
-                          "ONNX model")
+    argv = ["optimize", args.model, "-o", output, "--target", _target(args.soc_version)]
+    layout = (args.input_format or "NCHW").upper()
+    if layout not in INPUT_FORMATS:
+        raise OptionError(f"--input_format={args.input_format}: ATC takes NCHW (its default), "
+                          "NCDHW or ND for an ONNX model")
     shapes = _input_shapes(args.input_shape) if args.input_shape else {}
-    if args.input_shape:
-        argv += ["--input-shape", args.input_shape]
-    precision = _precision(args)
-    if precision:
-        argv += ["--precision", precision]
+    images = _aipp_inputs(args) if shapes and args.insert_op_conf else set()
+    if shapes:
+        argv += ["--input-shape", _fed_shapes(shapes, images)]
+    argv += ["--precision", _precision(args)]
     for flag, ours in SAME_VALUE.items():
         value = getattr(args, flag[2:])
         if value is not None:
-            argv += [ours, value]
-    dynamic = _dynamic_dims(args, shapes)
+            argv += [ours, value.strip().rstrip(";") if flag in NAME_LISTS else value]
+    dynamic = _dynamic_dims(args, shapes, INPUT_FORMATS[layout], images)
     if dynamic:
         argv += ["--dynamic-dims", dynamic]
-    if args.log in ("error", "null"):
+    if args.log is not None and args.log.lower() in ("error", "null"):
         argv.append("-q")
     return argv
 
@@ -114,7 +131,9 @@ def _target(soc: str) -> str:
                       "describes another chip: graphopt optimize --target my_chip.json)")
 
 
-def _precision(args) -> str | None:
+def _precision(args) -> str:
+    """graphopt's --precision for ATC's --precision_mode(_v2); force_fp16 (fp16) when neither
+    is given, ATC's default for both."""
     if args.precision_mode and args.precision_mode_v2:
         raise OptionError("--precision_mode and --precision_mode_v2: give one")
     for flag, value, table in (("--precision_mode", args.precision_mode, PRECISION_MODES),
@@ -122,12 +141,17 @@ def _precision(args) -> str | None:
                                 PRECISION_MODES_V2)):
         if value is None:
             continue
+        if value in ("force_fp32", "cube_fp16in_fp32out"):
+            raise OptionError(f"{flag}={value}: ATC computes cube ops from float16 inputs into "
+                              "float32 there, which graphopt has no mode for: "
+                              f"{'must_keep_origin_dtype' if table is PRECISION_MODES else 'origin'}"
+                              " keeps float32 throughout (as precise or more)")
         if value not in table:
             raise OptionError(f"{flag}={value}: graphopt atc takes {', '.join(table)} "
                               "(graphopt's --precision: keep, fp16, bf16, mixed-fp16, "
                               "mixed-bf16)")
         return table[value]
-    return None
+    return "fp16"
 
 
 def _input_shapes(text: str) -> dict[str, list[str]]:
@@ -137,13 +161,46 @@ def _input_shapes(text: str) -> dict[str, list[str]]:
         name, colon, dims = part.rpartition(":")
         if not colon or not name:
             raise OptionError(f"--input_shape={text}: {part!r} is not name:d0,d1,…")
-        shapes[name] = [d.strip() for d in dims.split(",")]
+        shapes[name] = [d.strip() for d in dims.split(",")] if dims.strip() else []
+        if any("~" in d for d in shapes[name]):
+            raise OptionError(f"--input_shape={text}: {part!r}: shape ranges (1~10) are not "
+                              "taken: -1 with --dynamic_dims lists the sizes to compile")
+        if "0" in shapes[name]:
+            raise OptionError(f"--input_shape={text}: {part!r}: ATC takes no dim of 0")
     return shapes
 
 
-def _dynamic_dims(args, shapes: dict[str, list[str]]) -> str | None:
-    """--dynamic-dims' listed profiles for ATC's --dynamic_batch_size, --dynamic_image_size or
-    --dynamic_dims: each profile a value for every -1 dim of --input_shape."""
+def _aipp_inputs(args) -> set[str]:
+    """The inputs --insert_op_conf gives preprocessing, by name (the model's feedable inputs
+    its related_input_rank counts); empty when the file or the model cannot be read, which
+    the compile then reports."""
+    from graphopt.aipp_config import read_aipp_config
+    from graphopt.errors import GraphoptError
+    from graphopt.ir.onnx_io import read_model_proto
+
+    try:
+        ops = read_aipp_config(args.insert_op_conf)
+        graph = read_model_proto(args.model, load_external=False).graph
+    except GraphoptError:
+        return set()
+    weights = {tensor.name for tensor in graph.initializer}
+    feedable = [value.name for value in graph.input if value.name not in weights]
+    return {feedable[op.input_rank] for op in ops if op.input_rank < len(feedable)}
+
+
+def _fed_shapes(shapes: dict[str, list[str]], images: set[str]) -> str:
+    """--input-shape's text. ATC's shape of an input AIPP preprocesses is the model's input
+    (NCHW float); graphopt's pin is of what is fed, the uint8 image, whose size the AIPP file
+    sets: its batch alone carries over."""
+    return ";".join(f"{name}:{','.join([dims[0], '-1', '-1', '-1'] if name in images else dims)}"
+                    for name, dims in shapes.items())
+
+
+def _dynamic_dims(args, shapes: dict[str, list[str]], height_width: tuple[int, int] | None,
+                  images: set[str]) -> str | None:
+    """--dynamic-dims' listed profiles for ATC's --dynamic_batch_size (a batch size each, for
+    every -1 dim, which must be a first dim), --dynamic_image_size (an H,W pair each, for every
+    input's -1 height and width) or --dynamic_dims (a value for each -1 dim, in order)."""
     given = [(flag, value) for flag, value in (
         ("--dynamic_batch_size", args.dynamic_batch_size),
         ("--dynamic_image_size", args.dynamic_image_size),
@@ -158,16 +215,54 @@ def _dynamic_dims(args, shapes: dict[str, list[str]]) -> str | None:
     if not dynamic:
         raise OptionError(f"{flag}: --input_shape gives no -1 dim for it to set (ATC's "
                           "--input_shape=\"x:-1,3,224,224\" marks them)")
+    where = ", ".join(f"{n}[{a}]" for n, a in dynamic)
     if flag == "--dynamic_batch_size":  # "1,2,4": a batch size each, for every -1 dim
-        profiles = [[b.strip()] * len(dynamic) for b in value.split(",")]
-    else:  # "224,224;448,448": a value for each -1 dim, profile by profile
+        off = [f"{n}[{a}]" for n, a in dynamic if a != 0]
+        if off:
+            raise OptionError(f"{flag}: --input_shape gives -1 at {', '.join(off)}, not a "
+                              "first dim: ATC's --dynamic_batch_size takes -1 as the batch "
+                              "(first) dim only; --dynamic_dims sets others")
+        profiles = [[b.strip()] * len(dynamic) for b in value.split(",") if b.strip()]
+        shown = "a batch size"
+    elif flag == "--dynamic_image_size":  # "224,224;448,448": one H,W for every input
+        profiles = _image_profiles(value, dynamic, shapes, height_width, images)
+        shown = "a height and a width (H,W)"
+    else:  # "16,16;64,64": a value for each -1 dim, profile by profile
         profiles = [[v.strip() for v in part.split(",")]
                     for part in filter(None, (p.strip() for p in value.split(";")))]
+        shown = f"{len(dynamic)} whole number(s), one per -1 dim of --input_shape ({where})"
     listed = []
     for values in profiles:
-        if len(values) != len(dynamic) or not all(v.isdecimal() for v in values):
-            raise OptionError(f"{flag}={value}: each profile gives {len(dynamic)} whole "
-                              f"number(s), one per -1 dim of --input_shape "
-                              f"({', '.join(f'{n}[{a}]' for n, a in dynamic)})")
+        if len(values) != len(dynamic) or not all(v.isdecimal() and int(v) for v in values):
+            raise OptionError(f"{flag}={value}: each profile gives {shown}, sizes of 1 or more")
         listed.append(",".join(f"{name}[{axis}]={v}" for (name, axis), v in zip(dynamic, values)))
     return ";".join(listed)
+
+
+def _image_profiles(value: str, dynamic: list[tuple[str, int]], shapes: dict[str, list[str]],
+                    height_width: tuple[int, int] | None, images: set[str]) -> list[list[str]]:
+    """ATC's --dynamic_image_size profiles as a value per -1 dim: each "H,W" goes to every
+    input's height and width, which --input_format places, and which must be its -1 dims."""
+    flag = "--dynamic_image_size"
+    if height_width is None:
+        raise OptionError(f"{flag}: --input_format=ND has no height or width (ATC takes NCHW "
+                          "or NCDHW here); --dynamic_dims sets the -1 dims one by one")
+    if images & {name for name, _ in dynamic}:
+        raise OptionError(f"{flag}: {', '.join(sorted(images))}: --insert_op_conf's "
+                          "src_image_size sets the size of the image it preprocesses")
+    h_axis, w_axis = height_width
+    for name in dict.fromkeys(name for name, _ in dynamic):
+        axes = {axis for n, axis in dynamic if n == name}
+        if axes != {h_axis, w_axis} or len(shapes[name]) != w_axis + 1:
+            raise OptionError(f"{flag}: --input_shape gives {name} "
+                              f"{','.join(shapes[name])}: ATC's --dynamic_image_size takes -1 "
+                              f"as an input's height and width, dims {h_axis} and {w_axis} of "
+                              "its --input_format, and nowhere else; --dynamic_dims sets other "
+                              "dims")
+    pairs = [[v.strip() for v in part.split(",")]
+             for part in filter(None, (p.strip() for p in value.split(";")))]
+    if not pairs or any(len(pair) != 2 for pair in pairs):
+        raise OptionError(f"{flag}={value}: each profile gives a height and a width (H,W), "
+                          f"for every input's -1 height and width "
+                          f"({', '.join(f'{n}[{a}]' for n, a in dynamic)})")
+    return [[pair[0] if axis == h_axis else pair[1] for _, axis in dynamic] for pair in pairs]

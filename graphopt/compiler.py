@@ -13,7 +13,7 @@ import numpy as np
 from onnx import ModelProto
 
 from graphopt import api_args, numerics
-from graphopt.compile_checks import (check_compiled_loads, check_input, check_loads,
+from graphopt.compile_checks import (PIN_OPTIONS, check_compiled_loads, check_input, check_loads,
                                      check_pinned_shapes, check_runs_at_its_shapes,
                                      overridable_note, weightless_bytes)
 from graphopt.compile_memory import plan_partition_memory
@@ -21,7 +21,8 @@ from graphopt.compile_result import OptimizeResult, file_identity, memory_model_
 from graphopt.compile_tuning import record_tuning, tuned_decisions
 from graphopt.compile_verify import verify_outputs
 from graphopt.errors import InputError, OptionError, VerificationError
-from graphopt.input_shapes import input_shapes_argument, pin_input_shapes, validate_input_shapes
+from graphopt.input_shapes import (fixed_dims_note, input_shapes_argument, pin_input_shapes,
+                                   validate_input_shapes)
 from graphopt.io_types import parse_fp16_inputs, parse_output_type
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.option_names import option, setting
@@ -35,6 +36,7 @@ from graphopt.passes.precision.policy import check_options as check_precision_op
 from graphopt.passes.rules import RULES, Tracer, idle_switches
 from graphopt.quant.opset_upgrade import int8_ready
 from graphopt.source_edits import apply_source_edits
+from graphopt.source_marks import inserted_preprocessing
 from graphopt.switches import read_switch_file
 
 if TYPE_CHECKING:
@@ -399,6 +401,13 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
     loaded_unpinned = bool(options.input_shapes) and given is not None \
         and numerics.load_refusal(given) is None
     if options.input_shapes:
+        # A profile's compile pins -1 where its profile sets nothing: optimize_profiles notes
+        # the user's own -1s once.
+        fixed = None if "dynamic_dims" in PIN_OPTIONS.get() else fixed_dims_note(
+            ir_model, options.input_shapes,
+            frozenset(inserted_preprocessing(ir_model.metadata_props)))
+        if fixed:
+            notes.append(fixed)
         if not pinned_first:
             pin_input_shapes(ir_model, options.input_shapes)
         infer_shapes(ir_model)

@@ -155,6 +155,23 @@ def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
             value.shape = tuple(bindings.get(d, d) if isinstance(d, str) else d for d in value.shape)
 
 
+def fixed_dims_note(model: Model, shapes: dict[str, list[int]],
+                    skip: frozenset[str] = frozenset()) -> str | None:
+    """A note on the -1 pins of dims the model fixes, which stay fixed: -1 keeps a dynamic dim
+    dynamic, where ATC's --input_shape asks for one (`x:-1,3,224,224` on a batch-1 export).
+    `skip`: inputs whose shape a compile replaced (AIPP's images), pinned as fed."""
+    inputs = {v.name: v for v in model.graph.inputs if not v.is_constant}
+    fixed = [f"{name}[{axis}] = {dim}" for name, dims in shapes.items() if name not in skip
+             for axis, (dim, pin) in enumerate(zip(getattr(inputs.get(name), "shape", None)
+                                                   or (), dims))
+             if pin == -1 and isinstance(dim, int)]
+    if not fixed:
+        return None
+    more = f" and {len(fixed) - 4} more" if len(fixed) > 4 else ""
+    return (f"{option('input_shapes')}: -1 keeps a dynamic dim dynamic, and the model fixes "
+            f"{', '.join(fixed[:4])}{more}: those stay as the model fixes them")
+
+
 def _fmt(shape) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 

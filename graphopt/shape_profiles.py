@@ -13,7 +13,8 @@ from graphopt.errors import OptionError
 from graphopt.option_names import option
 from graphopt.ir import Model
 
-MAX_PROFILES = 64  # each profile is a whole compile and a set of sessions at load time
+# Each profile is a whole compile and a set of sessions at load time; ATC takes up to 100.
+MAX_PROFILES = 100
 _AXIS_KEY = re.compile(r"(?P<input>.+)\[(?P<axis>\d+)\]\Z")
 
 
@@ -135,9 +136,9 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
     if any(set(combo) != set(keys) for combo in combos):
         raise OptionError(f"{option('dynamic_dims')}: every profile must set the same dims "
                           f"({', '.join(keys)})")
+    keys = _merge_same_dims(keys, places, combos)
     if len({tuple(sorted(c.items())) for c in combos}) != len(combos):
         raise OptionError(f"{option('dynamic_dims')}: a profile is listed twice")
-    _check_overlap(keys, places)
     ranks = {v.name: len(v.shape) for v in model.graph.inputs if v.shape is not None}
     profiles = []
     for index, combo in enumerate(combos):
@@ -179,15 +180,27 @@ def _values(key, values) -> list[int]:
     return result
 
 
-def _check_overlap(keys: list[str], places: dict[str, list[tuple[str, int]]]) -> None:
-    seen: dict[tuple[str, int], str] = {}
+def _merge_same_dims(keys: list[str], places: dict[str, list[tuple[str, int]]],
+                     combos: list[dict[str, int]]) -> list[str]:
+    """The keys with those that name one dim (x[0] and y[0] of a shared `batch`) made one, the
+    first, in `combos` too: ATC's --dynamic_batch_size gives every -1 dim the batch size, so
+    each profile of a model whose inputs share their batch names it twice, with one size."""
+    kept: list[str] = []
     for key in keys:
-        for place in places[key]:
-            if place in seen:
-                raise OptionError(f"{option('dynamic_dims')}: '{key}' and '{seen[place]}' name "
-                                  f"the same dim, {place[0]}[{place[1]}]'s (inputs that share "
-                                  "a dim name share its size): give it once")
-            seen[place] = key
+        same = next((k for k in kept if set(places[k]) & set(places[key])), None)
+        if same is None:
+            kept.append(key)
+            continue
+        differ = next((c for c in combos if c[key] != c[same]), None)
+        if differ is not None:
+            place = places[same][0]
+            raise OptionError(f"{option('dynamic_dims')}: '{key}' and '{same}' name the same "
+                              f"dim, {place[0]}[{place[1]}]'s (inputs that share a dim name "
+                              f"share its size), and a profile gives them {differ[key]} and "
+                              f"{differ[same]}: give it once")
+        for combo in combos:
+            del combo[key]
+    return kept
 
 
 def _describe(places: dict[str, list[tuple[str, int]]], unranked: list[str]) -> str:

@@ -178,6 +178,9 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
      "input_format YUYV_U8 is an ATC format graphopt does not implement"),
     ("aipp_op { input_format: RGB }", "input_format RGB is not an AIPP input format"),
     ("aipp_op { aipp_mode: dynamic input_format: RGB888_U8 }", "graphopt compiles static AIPP"),
+    # A dynamic block's own key was reported as an unknown key before its mode.
+    ("aipp_op {\n aipp_mode: dynamic\n max_src_image_size: 752128\n}",
+     ":2: aipp_mode dynamic: graphopt compiles static AIPP"),
     ("aipp_op {\n input_format: RGB888_U8\n mean_chn0: 1 }", ":3: mean_chn0: not an AIPP key"),
     ("aipp_op { input_format: RGB888_U8 crop: yes }", "crop: expected true or false"),
     ("aipp_op { input_format: RGB888_U8 mean_chn_0: 1 mean_chn_0: 2 }", "set twice"),

@@ -1091,15 +1091,22 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
      "is ATC's; graphopt reads ONNX only; --soc_version is ATC's chip"),
     # graphopt atc's own flags are ATC's: no hint that they are not graphopt's
     (["atc", "--model=m.onnx", "--output=m"], "atc: the following arguments are required: "
-                                              "--framework (see graphopt atc --help)"),
+                                              "--framework, --soc_version (Ascend310, "
+                                              "Ascend310B*, Ascend910B*; for the CPU: graphopt "
+                                              "optimize model.onnx -o model.om) (see graphopt "
+                                              "atc --help)"),
     (["tune", "m.onnx", "--target", "ascend310", "--job_type", "2"],
      "(--job_type is AOE's; graphopt tune --job op is "
      "its 2, --job subgraph its 1)"),
     # ATC flags graphopt has no counterpart for say why (the README's flag map says "none")
     (["optimize", "m.onnx", "-o", "m.om", "--op_select_implmode=high_precision",
       "--enable_small_channel=1"],
-     "(--op_select_implmode is ATC's; kernel choice is onnxruntime's here; "
-     "--enable_small_channel is ATC's; kernel choice is onnxruntime's here)"),
+     "(--op_select_implmode is ATC's; kernel choice is onnxruntime's here: drop it; "
+     "--enable_small_channel is ATC's; kernel choice is onnxruntime's here: drop it)"),
+    (["atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310",
+      "--modify_mixlist=ops_info.json"],
+     "(--modify_mixlist is ATC's; --precision-allow and --precision-deny take op types for "
+     "--precision mixed-fp16 here)"),
     # atc --mode=1 --om=x.om --json=x.json pasted onto inspect: its --json is a switch
     (["inspect", "--mode=1", "--om=x.om", "--json=x.json"],
      "inspect: argument --json: ignored explicit argument 'x.json' (--json=FILE is ATC's "

@@ -11,11 +11,11 @@ from helpers import parse_model, run_cli
 
 import graphopt
 from graphopt.cli_atc import translate
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 
 
 def _args(**given) -> argparse.Namespace:
-    fields = dict(model="m.onnx", framework="5", output="out/m", soc_version=None,
+    fields = dict(model="m.onnx", framework="5", output="out/m", soc_version="Ascend310",
                   input_shape=None, input_format=None, precision_mode=None,
                   precision_mode_v2=None, out_nodes=None, insert_op_conf=None, keep_dtype=None,
                   input_fp16_nodes=None, output_type=None, fusion_switch_file=None,
@@ -26,21 +26,31 @@ def _args(**given) -> argparse.Namespace:
 
 
 @pytest.mark.parametrize("given, expected", [
-    ({}, ["optimize", "m.onnx", "-o", "out/m.om"]),
-    ({"output": "out/m.om", "soc_version": "Ascend310"},
-     ["optimize", "m.onnx", "-o", "out/m.om", "--target", "ascend310"]),
+    ({}, ["optimize", "m.onnx", "-o", "out/m.om", "--target", "ascend310"]),
+    ({"output": "out/m.om"}, ["optimize", "m.onnx", "-o", "out/m.om"]),
     ({"soc_version": "Ascend310B1"}, ["--target", "ascend310b"]),
     ({"soc_version": "Ascend910B3"}, ["--target", "ascend910b"]),
+    ({}, ["--precision", "fp16"]),  # ATC's default precision mode, force_fp16
     ({"precision_mode": "force_fp16"}, ["--precision", "fp16"]),
     ({"precision_mode": "allow_mix_precision"}, ["--precision", "mixed-fp16"]),
     ({"precision_mode_v2": "origin"}, ["--precision", "keep"]),
     ({"out_nodes": "Conv_1:0", "output_type": "FP16", "log": "error"},
      ["--out-nodes", "Conv_1:0", "--output-type", "FP16", "-q"]),
+    # A trailing ';' names nothing, as ATC reads it.
+    ({"out_nodes": "Conv_1:0;", "input_fp16_nodes": "x;"},
+     ["--out-nodes", "Conv_1:0", "--input-fp16-nodes", "x"]),
     ({"input_shape": "x:-1,3,224,224", "dynamic_batch_size": "1,2,4"},
-     ["--input-shape", "x:-1,3,224,224", "--dynamic-dims", "x[0]=1;x[0]=2;x[0]=4"]),
+     ["--input-shape", "x:-1,3,224,224", "--precision", "fp16", "--dynamic-dims",
+      "x[0]=1;x[0]=2;x[0]=4"]),
     ({"input_shape": "x:1,3,-1,-1", "dynamic_image_size": "224,224;448,320"},
      ["--dynamic-dims", "x[2]=224,x[3]=224;x[2]=448,x[3]=320"]),
-    ({"input_shape": "ids:1,-1;mask:1,-1", "dynamic_dims": "16,16;64,64"},
+    # One H,W per profile for every input, as ATC's own example has it.
+    ({"input_shape": "data:8,3,-1,-1;img_info:8,4,-1,-1", "dynamic_image_size": "416,416;832,832"},
+     ["--dynamic-dims", "data[2]=416,data[3]=416,img_info[2]=416,img_info[3]=416;"
+                        "data[2]=832,data[3]=832,img_info[2]=832,img_info[3]=832"]),
+    ({"input_shape": "v:1,1,4,-1,-1", "input_format": "NCDHW", "dynamic_image_size": "8,6"},
+     ["--dynamic-dims", "v[3]=8,v[4]=6"]),
+    ({"input_shape": "ids:1,-1;mask:1,-1", "dynamic_dims": "16,16;64,64", "input_format": "ND"},
      ["--dynamic-dims", "ids[1]=16,mask[1]=16;ids[1]=64,mask[1]=64"]),
 ])
 def test_atc_flags_become_graphopts(given, expected):
@@ -52,16 +62,40 @@ def test_atc_flags_become_graphopts(given, expected):
 @pytest.mark.parametrize("given, message", [
     ({"framework": "3"}, "--framework=3: graphopt reads ONNX models (--framework=5)"),
     ({"mode": "1"}, "ATC's --mode=1 is graphopt inspect x.om --json"),
+    # --mode=1 needs no model: its message comes before the missing flags'.
+    ({"mode": "1", "model": None, "framework": None, "output": None},
+     "ATC's --mode=1 is graphopt inspect x.om --json"),
     ({"soc_version": "Ascend310P3"}, "--soc_version=Ascend310P3: graphopt has target profiles "
                                      "for Ascend310, Ascend310B* and Ascend910B*"),
     ({"precision_mode": "allow_fp32_to_fp16"}, "--precision_mode=allow_fp32_to_fp16: graphopt "
                                                "atc takes force_fp16"),
+    ({"precision_mode": "force_fp32"}, "--precision_mode=force_fp32: ATC computes cube ops from "
+                                       "float16 inputs into float32 there, which graphopt has "
+                                       "no mode for: must_keep_origin_dtype keeps float32"),
+    ({"precision_mode_v2": "cube_fp16in_fp32out"}, "origin keeps float32 throughout"),
     ({"precision_mode": "force_fp16", "precision_mode_v2": "fp16"}, "give one"),
-    ({"input_format": "NC1HWC0"}, "--input_format=NC1HWC0: ATC takes NCHW or ND"),
+    ({"input_format": "NC1HWC0"}, "--input_format=NC1HWC0: ATC takes NCHW (its default), NCDHW "
+                                  "or ND for an ONNX model"),
+    ({"input_format": "NHWC"}, "ATC takes NCHW (its default), NCDHW or ND"),
+    ({"log": "verbose"}, "--log=verbose: ATC's levels are debug, info, warning, error, null"),
+    ({"input_shape": "x:1~4,3,8,8"}, "shape ranges (1~10) are not taken: -1 with --dynamic_dims"),
+    ({"input_shape": "x:0,3,8,8"}, "'x:0,3,8,8': ATC takes no dim of 0"),
     ({"input_shape": "x:1,3,8,8", "dynamic_batch_size": "1,2"},
      "--dynamic_batch_size: --input_shape gives no -1 dim"),
+    # A -1 that is not a batch dim got the batch size: 1×1 images at batch 1.
+    ({"input_shape": "x:-1,3,-1,-1", "dynamic_batch_size": "1,2"},
+     "--dynamic_batch_size: --input_shape gives -1 at x[2], x[3], not a first dim"),
+    ({"input_shape": "x:-1,3,8,8", "dynamic_batch_size": "1,0"}, "sizes of 1 or more"),
     ({"input_shape": "x:1,3,-1,-1", "dynamic_image_size": "224"},
-     "each profile gives 2 whole number(s), one per -1 dim of --input_shape (x[2], x[3])"),
+     "each profile gives a height and a width (H,W), for every input's -1 height and width "
+     "(x[2], x[3])"),
+    # graphopt's former spelling, a value per -1 dim, is no ATC line.
+    ({"input_shape": "a:1,3,-1,-1;b:1,4,-1,-1", "dynamic_image_size": "8,8,8,8"},
+     "each profile gives a height and a width (H,W)"),
+    ({"input_shape": "x:-1,3,-1,-1", "dynamic_image_size": "8,8"},
+     "takes -1 as an input's height and width, dims 2 and 3 of its --input_format"),
+    ({"input_shape": "x:1,-1", "input_format": "ND", "dynamic_image_size": "8,8"},
+     "--input_format=ND has no height or width"),
     ({"input_shape": "x:-1,3,8,8", "dynamic_batch_size": "1", "dynamic_dims": "2"},
      "--dynamic_batch_size and --dynamic_dims: ATC takes one of them"),
 ])
@@ -69,6 +103,13 @@ def test_what_has_no_counterpart_is_refused_by_name(given, message):
     with pytest.raises(OptionError) as refused:
         translate(_args(**given))
     assert message in str(refused.value)
+
+
+def test_atc_requires_what_atc_requires():
+    with pytest.raises(UsageError, match=r"atc: the following arguments are required: "
+                                         r"--soc_version \(Ascend310, Ascend310B\*, "
+                                         r"Ascend910B\*; for the CPU: graphopt optimize"):
+        translate(_args(soc_version=None))
 
 
 def test_an_atc_command_line_compiles_and_says_what_it_ran(tmp_path, capsys):
@@ -81,9 +122,49 @@ def test_an_atc_command_line_compiles_and_says_what_it_ran(tmp_path, capsys):
                            "--input_shape=x:-1,3,8,8", "--dynamic_batch_size=1,2")
     assert rc == 0, err
     assert f"graphopt atc: running graphopt optimize {model} -o {tmp_path / 'net.om'} --target " \
-           "ascend310 --input-shape x:-1,3,8,8 --dynamic-dims 'x[0]=1;x[0]=2'" in out
+           "ascend310 --input-shape x:-1,3,8,8 --precision fp16 --dynamic-dims " \
+           "'x[0]=1;x[0]=2'" in out
     with pytest.warns(RuntimeWarning, match="CANNExecutionProvider not installed"):
         session = graphopt.load(tmp_path / "net.om")
     for batch in (1, 2):
         x = rng.standard_normal((batch, 3, 8, 8)).astype(np.float32)
         assert session.run({"x": x})["y"].shape == (batch, 4, 8, 8)
+
+
+def test_a_batch_that_inputs_share_takes_atcs_dynamic_batch_size(tmp_path, capsys):
+    # Both -1 dims get the batch size, naming one dim N twice: that was refused as a dim given
+    # twice, on the commonest multi-input model.
+    rng = np.random.default_rng(1)
+    model = tmp_path / "two.onnx"
+    onnx.save(parse_model("g (float[N,4] a, float[N,4] b) => (y) { y = Add(a, b) }"), model)
+    rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
+                           f"--output={tmp_path / 'two'}", "--soc_version=Ascend310",
+                           "--input_shape=a:-1,4;b:-1,4", "--dynamic_batch_size=1,4",
+                           "--precision_mode=must_keep_origin_dtype", "--log=error")
+    assert rc == 0, err
+    with pytest.warns(RuntimeWarning, match="CANNExecutionProvider not installed"):
+        session = graphopt.load(tmp_path / "two.om")
+    for batch in (1, 4):
+        a, b = (rng.standard_normal((batch, 4)).astype(np.float32) for _ in range(2))
+        np.testing.assert_array_equal(session.run({"a": a, "b": b})["y"], a + b)
+
+
+def test_atcs_input_shape_of_an_aipp_input_is_the_models_and_keeps_its_batch(tmp_path, capsys):
+    # ATC's --input_shape describes the model's NCHW input, AIPP or not; graphopt's pins the fed
+    # uint8 image, so the line was refused: "dim 1 is fixed to 32 …, cannot pin it to 3".
+    model = tmp_path / "net.onnx"
+    onnx.save(parse_model("""
+        g (float[N,3,8,8] x) => (y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
+        w=np.random.default_rng(2).standard_normal((4, 3, 3, 3)).astype(np.float32)), model)
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n  aipp_mode: static\n  input_format: RGB888_U8\n"
+                      "  src_image_size_w: 8\n  src_image_size_h: 8\n}\n")
+    rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
+                           f"--output={tmp_path / 'net'}", "--soc_version=Ascend310",
+                           "--input_shape=x:2,3,8,8", f"--insert_op_conf={config}")
+    assert rc == 0, err
+    assert "--input-shape x:2,-1,-1,-1" in out
+    with pytest.warns(RuntimeWarning, match="CANNExecutionProvider not installed"):
+        session = graphopt.load(tmp_path / "net.om")
+    assert [(e["name"], e["dtype"], e["shape"]) for e in session.inputs] == \
+        [("x", "uint8", [2, 8, 8, 3])]

@@ -252,3 +252,14 @@ def test_a_static_model_whose_reshape_cannot_take_its_input_is_refused_naming_th
                                          r"input of shape \[1,4\] \(4 elements\) into \[3,5\], so "
                                          "the model cannot run"):
         graphopt.optimize(proto)
+
+
+def test_a_minus_one_on_a_dim_the_model_fixes_is_noted():
+    # ATC's -1 asks for a dynamic dim; on a batch-1 export the batch silently stayed 1.
+    proto = parse_model("g (float[1,4] x, float[N,4] z) => (y, w) { y = Relu(x) w = Relu(z) }")
+    notes = graphopt.optimize(proto, input_shapes="x:-1,4;z:-1,4").notes
+    assert "input_shapes: -1 keeps a dynamic dim dynamic, and the model fixes x[0] = 1: " \
+           "those stay as the model fixes them" in notes
+    assert not any("x[1]" in note or "z[0]" in note for note in notes)  # pinned, or dynamic
+    profiled = graphopt.optimize(proto, input_shapes="x:-1,4", dynamic_dims="z[0]:1,2")
+    assert sum("-1 keeps a dynamic dim" in note for note in profiled.notes) == 1

@@ -105,6 +105,7 @@ def test_node_names_with_slashes_and_dots_stay_node_names(tmp_path, capsys):
 def test_atcs_keep_dtype_flag_refuses_a_missing_list_too(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "atc", f"--model={_model(tmp_path)}", "--framework=5",
                            f"--output={tmp_path / 'm'}", "--precision_mode=force_fp16",
+                           "--soc_version=Ascend310",
                            f"--keep_dtype={tmp_path / 'exceptionlist.cfg'}")
     assert rc == 1 and f"--keep-dtype {tmp_path / 'exceptionlist.cfg'}: no such file" in err, err
     assert not (tmp_path / "m.om").exists()

@@ -118,9 +118,22 @@ def test_an_axis_key_on_a_named_dim_stands_for_that_dim_everywhere():
     assert [p.input_shapes for p in profiles] == [{"a": [1, -1], "b": [1, -1]},
                                                   {"a": [2, -1], "b": [2, -1]}]
     with pytest.raises(OptionError, match=r"'b\[0\]' and 'a\[0\]' name the same dim, a\[0\]'s "
-                                          r"\(inputs that share a dim name share its size\): "
-                                          r"give it once"):
+                                          r"\(inputs that share a dim name share its size\), "
+                                          r"and a profile gives them 2 and 1: give it once"):
         expand_profiles(model, "a[0]:1,2;b[0]:1,2")
+
+
+def test_keys_naming_one_dim_with_one_size_in_every_profile_are_one_key():
+    # ATC's --dynamic_batch_size gives every -1 dim the batch size: inputs sharing their batch
+    # name it twice per profile, with one size, which was refused as a dim given twice.
+    model = load_onnx(parse_model("""
+        g (float[N,4] a, float[N,4] b) => (float[N,4] y) { y = Add(a, b) }"""))
+    profiles = expand_profiles(model, "a[0]=1,b[0]=1;a[0]=4,b[0]=4")
+    assert [p.dims for p in profiles] == [{"a[0]": 1}, {"a[0]": 4}]
+    assert [p.input_shapes for p in profiles] == [{"a": [1, -1], "b": [1, -1]},
+                                                  {"a": [4, -1], "b": [4, -1]}]
+    with pytest.raises(OptionError, match="a profile gives them 2 and 4: give it once"):
+        expand_profiles(model, "a[0]=1,b[0]=1;a[0]=4,b[0]=2")
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -130,12 +143,12 @@ def test_an_axis_key_on_a_named_dim_stands_for_that_dim_everywhere():
     ("batch:1;x[0]:2", "'x\\[0\\]' and 'batch' name the same dim"),
     ("batch=1;seq=2", "every profile must set the same dims"),
     ("batch=1;batch=1", "a profile is listed twice"),
-    ("batch:" + ",".join(map(str, range(1, 10))) + ";seq:" + ",".join(map(str, range(1, 9))),
-     r"72 profiles, more than 64 \(.*\): list fewer values per dim, or name only the profiles "
+    ("batch:" + ",".join(map(str, range(1, 12))) + ";seq:" + ",".join(map(str, range(1, 11))),
+     r"110 profiles, more than 100 \(.*\): list fewer values per dim, or name only the profiles "
      r"you serve one by one \(DIM=V,DIM=V;…\)$"),
     # Listed one by one already: that form is no way around the limit.
-    (";".join(f"batch={n},seq=1" for n in range(1, 66)),
-     r"65 profiles, more than 64 \(each is a compile of its own; the limit holds for the "
+    (";".join(f"batch={n},seq=1" for n in range(1, 102)),
+     r"101 profiles, more than 100 \(each is a compile of its own; the limit holds for the "
      r"combinations of DIM:V1,V2 and the listed DIM=V form alike\): list fewer profiles$"),
     # From Python: sizes are integers, never truncated floats.
     ({"batch": [1.5]}, "dim 'batch': 1.5 is not an integer"),
