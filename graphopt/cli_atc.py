@@ -5,9 +5,11 @@ translation printed so that a script can move to graphopt's own spelling."""
 from __future__ import annotations
 
 import shlex
+import sys
 
 from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
+from graphopt.option_names import flags_spelled
 
 # ATC's --soc_version -> graphopt's target: the chips graphopt has a profile for.
 SOC_TARGETS = (("ascend310b", "ascend310b"), ("ascend910b", "ascend910b"),
@@ -76,9 +78,26 @@ def _cmd_atc(args) -> int:
     from graphopt.cli import run_argv
 
     argv = translate(args)
-    if args.log not in ("error", "null"):
-        print("graphopt atc: running graphopt " + shlex.join(argv), flush=True)
-    return run_argv(argv)
+    line = "graphopt " + shlex.join(argv)
+    quiet = "-q" in argv
+    if not quiet:
+        print(f"graphopt atc: running {line}", flush=True)
+    # Messages name the flags as the atc line wrote them, where graphopt's spelling differs.
+    with flags_spelled(_atc_spellings(args)):
+        status = run_argv(argv)
+    if status and quiet:  # the graphopt flags a message may name: what they came from
+        print(f"graphopt atc: ran {line}", file=sys.stderr)
+    return status
+
+
+def _atc_spellings(args) -> dict[str, str]:
+    """graphopt's flag -> the atc line's, for the flags it gave with the same meaning."""
+    spelled = {ours: flag for flag, ours in SAME_VALUE.items()}
+    spelled.update({"--input-shape": "--input_shape", "--target": "--soc_version"})
+    for flag in ("--dynamic_batch_size", "--dynamic_image_size", "--dynamic_dims"):
+        if getattr(args, flag[2:]):
+            spelled["--dynamic-dims"] = flag
+    return spelled
 
 
 def translate(args) -> list[str]:

@@ -122,6 +122,25 @@ def from_command_line() -> bool:
     return _from_command_line.get()
 
 
+_spellings: ContextVar[Mapping[str, str]] = ContextVar("graphopt_flag_spellings", default={})
+
+
+@contextlib.contextmanager
+def flags_spelled(renamed: Mapping[str, str]) -> Iterator[None]:
+    """Messages raised inside name these flags as another command line spells them: graphopt
+    atc runs its translation under ATC's names (--input_shape for --input-shape)."""
+    token = _spellings.set({**_spellings.get(), **renamed})
+    try:
+        yield
+    finally:
+        _spellings.reset(token)
+
+
+def _flag(keyword: str, flags: Mapping[str, str]) -> str:
+    flag = flags[keyword]
+    return _spellings.get().get(flag, flag)
+
+
 _caller_keywords: ContextVar[Mapping[str, str]] = ContextVar("graphopt_caller_keywords",
                                                              default={})
 
@@ -144,7 +163,7 @@ def _keyword(keyword: str) -> str:
 def option(keyword: str, flags: Mapping[str, str] = FLAGS) -> str:
     """The option's name for a message: `--input-shape` under the CLI, `input_shapes` else;
     `flags` is the table of the function that took the keyword."""
-    return flags[keyword] if _from_command_line.get() else _keyword(keyword)
+    return _flag(keyword, flags) if _from_command_line.get() else _keyword(keyword)
 
 
 def setting(keyword: str, value: object = True, flags: Mapping[str, str] = FLAGS) -> str:
@@ -153,7 +172,7 @@ def setting(keyword: str, value: object = True, flags: Mapping[str, str] = FLAGS
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if _from_command_line.get():
-        flag = flags[keyword]
+        flag = _flag(keyword, flags)
         if value is True:
             return flag
         return f"{flag}{value}" if len(flag) == 2 else f"{flag} {value}"
@@ -164,5 +183,5 @@ def usage(keyword: str, metavar: str, flags: Mapping[str, str] = FLAGS) -> str:
     """The option with a placeholder for its value: `--calibration FILE.npz|DIR` /
     `calibration=FILE.npz|DIR`."""
     if _from_command_line.get():
-        return f"{flags[keyword]} {metavar}"
+        return f"{_flag(keyword, flags)} {metavar}"
     return f"{_keyword(keyword)}={metavar}"

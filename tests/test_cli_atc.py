@@ -168,3 +168,16 @@ def test_atcs_input_shape_of_an_aipp_input_is_the_models_and_keeps_its_batch(tmp
         session = graphopt.load(tmp_path / "net.om")
     assert [(e["name"], e["dtype"], e["shape"]) for e in session.inputs] == \
         [("x", "uint8", [2, 8, 8, 3])]
+
+
+def test_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):
+    model = tmp_path / "net.onnx"
+    onnx.save(parse_model("g (float[1,3,8,8] x) => (y) { y = Relu(x) }"), model)
+    line = ["atc", f"--model={model}", "--framework=5", f"--output={tmp_path / 'net'}",
+            "--soc_version=Ascend310", "--input_shape=x:1,4,8,8"]
+    rc, out, err = run_cli(capsys, *line)
+    assert rc == 1 and "error: --input_shape: input 'x' dim 1 is fixed to 3" in err, err
+    # --log=error hides the translation; a failure shows it, for the graphopt flags it names.
+    rc, out, err = run_cli(capsys, *line, "--log=error")
+    assert rc == 1 and out == "" and f"graphopt atc: ran graphopt optimize {model}" in err, err
+    assert not (tmp_path / "net.om").exists()
