@@ -813,3 +813,16 @@ def test_a_profiles_dims_keep_the_order_they_were_given_in(tmp_path, capsys):
                    lambda m: [p.pop("dims_order") for p in m["profiles"]])
     assert list(load_om(old).profiles[0]["dims"]) == ["batch", "seq"]
 
+
+
+def test_seeded_inputs_take_a_profiles_size_for_a_pin_left_at_minus_one(tmp_path):
+    # The accuracy report after `graphopt atc … --input_shape=x:-1,-1,512 --dynamic_dims=…`
+    # passed the -1 pins on, which kept every open dim at 1: inputs no profile fits.
+    from graphopt.tools.accuracy import accuracy_report
+
+    path = tmp_path / "p.om"
+    graphopt.save(graphopt.optimize(mlp_model(), dynamic_dims="batch=2,seq=8;batch=4,seq=16",
+                                    input_shapes="x:-1,-1,512"), path)
+    report = accuracy_report(mlp_model(), path, input_shapes="x:-1,-1,512")
+    assert [o.shape for o in report.outputs] == [(2, 8, 8)]  # profile0
+    assert report.outputs[0].cosine > 0.99999

@@ -445,10 +445,13 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
     shared = shared_dims(reference, candidate)
     for entry in reference.inputs:
         dims = shared.get(entry["name"])
-        if entry["name"] in shapes or dims is None:
+        if dims is None:
             continue
-        pins = [d if isinstance(d, int) and not isinstance(a, int) else -1
-                for a, d in zip(entry["shape"], dims)]
+        # A -1 the user gave leaves the dim open: the candidate's size for it, where it has
+        # one (an .om's shape profile, compiled from the same -1), still fits both.
+        given = shapes.get(entry["name"]) or [-1] * len(dims)
+        pins = [p if p != -1 else d if isinstance(d, int) and not isinstance(a, int) else -1
+                for a, d, p in zip(entry["shape"], dims, given)]
         if any(p >= 0 for p in pins):
             shapes[entry["name"]] = pins
     try:
