@@ -51,6 +51,9 @@ def atc_hints(parser: argparse.ArgumentParser, unrecognized: list[str]) -> list[
     known = {flag for action in parser._actions for flag in action.option_strings}
     hints = []
     for text in unrecognized:
+        if text == "atc" and parser.prog.endswith(" atc"):  # `atc …` pasted after graphopt atc
+            hints.append("atc is the command already: graphopt atc --model=…")
+            continue
         flag = text.split("=", 1)[0]
         dashed = flag.replace("_", "-")
         if flag in known:

@@ -1103,6 +1103,8 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
       "--enable_small_channel=1"],
      "(--op_select_implmode is ATC's; kernel choice is onnxruntime's here: drop it; "
      "--enable_small_channel is ATC's; kernel choice is onnxruntime's here: drop it)"),
+    (["atc", "atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310"],
+     "unrecognized arguments: atc (atc is the command already: graphopt atc --model=…)"),
     (["atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310",
       "--modify_mixlist=ops_info.json"],
      "(--modify_mixlist is ATC's; --precision-allow and --precision-deny take op types for "
