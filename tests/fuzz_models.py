@@ -346,6 +346,14 @@ def split_concat(b: Builder, x: str, shape):
     return b.op("Concat", [first, parts[1]], axis=axis), shape
 
 
+def host_op(b: Builder, x: str, shape):
+    """A TopK over the whole last axis (sorted values, same shape), which ascend310 leaves to
+    the host: the graph is cut into device partitions around it."""
+    if b.dtype != np.float32:  # onnxruntime has no float16 TopK
+        return x, shape
+    return b.op("TopK", [x, b.ints([shape[-1]])], outputs=2, axis=-1)[0], shape
+
+
 def conv_block(b: Builder, x: str, shape):
     x, shape = conv(b, x, shape)
     b.tap(x, shape)
@@ -368,7 +376,7 @@ def pool(b: Builder, x: str, shape):
 
 
 CONV_BLOCKS = [conv_block, conv_block, batch_norm, activation, affine, elementwise_chain,
-               layout_chain, pool, split_concat]
+               layout_chain, pool, split_concat, host_op]
 
 
 def conv_net(b: Builder, batch):
@@ -537,7 +545,7 @@ def attention(b: Builder, x: str, shape):
 
 
 SEQ_BLOCKS = [layer_norm, layer_norm, gelu, gelu, attention, matmul_add, elementwise_chain,
-              layout_chain, affine, activation, split_concat]
+              layout_chain, affine, activation, split_concat, host_op]
 
 
 def sequence_net(b: Builder, batch):
