@@ -301,6 +301,36 @@ def test_a_graph_outputs_unfounded_declaration_is_not_folded_in_where_a_node_rea
         assert outputs["ys"].tolist() == [2, 4] and outputs["y"].shape == (2, 4)
 
 
+def test_a_graph_output_read_by_a_node_keeps_its_declared_rank_for_the_checker():
+    # Found by tests/test_fuzz_rewrites.py: a graph output [2, 4, 6] computed by a Reshape to
+    # Concat(Shape → Gather, [4, 6]), read by another Reshape, lost its whole declaration at
+    # import (inference finds no rank); onnx.checker refuses a main graph's output without a
+    # shape. The dims go (nothing may fold from them), the rank stays.
+    import graphopt
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+         helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+         helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
+         helper.make_node("Reshape", ["x", "target"], ["y"]),
+         helper.make_node("Reshape", ["y", "back"], ["z"])],
+        "read_output", [vi("x", TensorProto.FLOAT, [2, 3, 8])],
+        [vi("y", TensorProto.FLOAT, [2, 4, 6]), vi("z", TensorProto.FLOAT, [2, 3, 8])],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero1"),
+         numpy_helper.from_array(np.array([4, 6], np.int64), "rest"),
+         numpy_helper.from_array(np.array([-1, 3, 8], np.int64), "back")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              ir_version=IR_VERSION)
+    for level in (0, 1, 2):
+        compiled = graphopt.optimize(proto, level=level).to_onnx()
+        onnx.checker.check_model(compiled, full_check=True)
+        (y,) = [o for o in compiled.graph.output if o.name == "y"]
+        assert len(y.type.tensor_type.shape.dim) == 3
+
+
 @pytest.mark.parametrize("declared", [[1, 24], ["a", "b"]])
 def test_a_declared_rank_the_node_does_not_compute_gives_way(tmp_path, declared):
     # A Softmax of [1,2,3,4] declared as output [1,24]: onnxruntime warns and returns

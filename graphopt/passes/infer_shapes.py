@@ -392,8 +392,11 @@ def drop_unfounded_declarations(model: Model, types: dict[str, bytes]) -> int:
                 # Not even the rank follows from the inputs (a Squeeze without axes of
                 # [N, 1, 4], traced at N = 1 as [4]): the whole declaration is unfounded.
                 # A graph output nothing reads keeps it as its signature, which
-                # output_declarations corrects; one a Shape reads would fold from it.
-                value.shape = None
+                # output_declarations corrects; one a Shape reads would fold from it. Such
+                # an output keeps its rank, dims unknown: onnx.checker refuses a main graph's
+                # output without one, and the declaration is the only rank there is.
+                keep_rank = value.is_graph_output and value.graph is model.graph
+                value.shape = (None,) * len(value.shape) if keep_rank else None
                 corrected += 1
             continue
         if len(inferred) != len(value.shape):  # a declared rank the node does not compute
