@@ -161,10 +161,10 @@ def _precision(args) -> str:
         if value is None:
             continue
         if value in ("force_fp32", "cube_fp16in_fp32out"):
+            keep = "must_keep_origin_dtype" if table is PRECISION_MODES else "origin"
             raise OptionError(f"{flag}={value}: ATC computes cube ops from float16 inputs into "
-                              "float32 there, which graphopt has no mode for: "
-                              f"{'must_keep_origin_dtype' if table is PRECISION_MODES else 'origin'}"
-                              " keeps float32 throughout (as precise or more)")
+                              f"float32 there, which graphopt has no mode for: {keep} keeps "
+                              "float32 throughout (as precise or more)")
         if value not in table:
             raise OptionError(f"{flag}={value}: graphopt atc takes {', '.join(table)} "
                               "(graphopt's --precision: keep, fp16, bf16, mixed-fp16, "
@@ -211,8 +211,9 @@ def _fed_shapes(shapes: dict[str, list[str]], images: set[str]) -> str:
     """--input-shape's text. ATC's shape of an input AIPP preprocesses is the model's input
     (NCHW float); graphopt's pin is of what is fed, the uint8 image, whose size the AIPP file
     sets: its batch alone carries over."""
-    return ";".join(f"{name}:{','.join([dims[0], '-1', '-1', '-1'] if name in images else dims)}"
-                    for name, dims in shapes.items())
+    fed = {name: [dims[0], "-1", "-1", "-1"] if name in images and dims else dims
+           for name, dims in shapes.items()}
+    return ";".join(f"{name}:{','.join(dims)}" for name, dims in fed.items())
 
 
 def _dynamic_dims(args, shapes: dict[str, list[str]], height_width: tuple[int, int] | None,
