@@ -281,3 +281,15 @@ def test_fused_matmul_batch_transposes_give_onnxruntimes_gemm(attrs, a, b):
 
     assert op_gemm_shape("FusedMatMul", attrs, a, b, "float16") == \
         GemmShape(4, 17, 64, 32, "float16")
+
+
+def test_the_default_tiling_takes_base_blocks_of_a_cube_not_a_multiple_of_16():
+    # A profile's cube of 12 made every 128-element base block infeasible (not a multiple of
+    # the cube), and the default fell to one cube per tile: 9x slower than tuned.
+    import dataclasses
+
+    device = dataclasses.replace(npu("ascend310"), cube={"float16": (12, 12, 12)})
+    shape = GemmShape(1, 256, 256, 256, "float16")
+    tiling = default_tiling(shape, device)
+    assert feasible(tiling, shape, device) is None
+    assert (tiling.base_m, tiling.base_n, tiling.base_k) == (120, 120, 120)

@@ -330,9 +330,9 @@ def space_size(shape: GemmShape, device: Device) -> int:
 
 def default_tiling(shape: GemmShape, device: Device) -> Tiling:
     """A CANN-style default: base tiles of 128 × 128 × 128 elements (K 256 for int8, whose cube
-    is 32 wide in K), each capped by its dim rounded up to the cube, double buffered, l1_depth 2
-    and every AI core that gets a tile: the kind of fixed base block CANN's matmul tiling starts
-    from. It fits L0A/L0B/L0C/L1/UB double buffered on every shipped NPU profile; on a smaller
+    is 32 wide in K), each cut to a multiple of the cube and capped by its dim rounded up to
+    it, double buffered, l1_depth 2 and every AI core that gets a tile: the kind of fixed base
+    block CANN's matmul tiling starts from. It fits L0A/L0B/L0C/L1/UB double buffered on every shipped NPU profile; on a smaller
     device the tile halves (M and N first, then K) until it fits, then double buffering goes.
     Not the optimum: it ignores the shape's memory traffic, pipeline fill and the core split's
     load balance, which is what tuning is for."""
@@ -342,7 +342,9 @@ def default_tiling(shape: GemmShape, device: Device) -> Tiling:
     for db in (True, False):
         for side, k_side in ((128, k_top), (64, k_top), (64, k_top // 2), (32, k_top // 2),
                              (16, k_top // 4)):
-            bm, bn = max(cm, min(side, mp)), max(cn, min(side, np_))
+            # Each side a multiple of its cube unit (a custom cube of 12 would take no 128).
+            bm = max(cm, min(side - side % cm, mp))
+            bn = max(cn, min(side - side % cn, np_))
             bk = max(ck, min(k_side - k_side % ck, kp))
             tiling = Tiling(bm, bn, bk, 2, db, 1)
             if feasible(tiling, shape, device) is None:
