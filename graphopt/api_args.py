@@ -141,7 +141,10 @@ def tolerance(value, what: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, Real):
         raise OptionError(f"{what}: expected a number, got {shown(value)}")
-    number = float(value)
+    # A numpy float32 1e-3 is 0.0010000000474974513 as a float: its shortest text is what
+    # was meant, and what the reports then show.
+    narrow = type(value).__module__ == "numpy" and getattr(value, "itemsize", 8) < 8
+    number = float(str(value)) if narrow else float(value)
     if not math.isfinite(number) or number < 0:
         raise OptionError(f"{what}: expected a finite number ≥ 0, got {shown(value)}")
     return number

@@ -701,3 +701,16 @@ def test_a_lossy_candidate_says_why_it_runs_at_enable_all_by_what_it_holds(tmp_p
     report = compare_models(str(source), str(half))
     assert report.candidate_run == ("onnxruntime at ORT_ENABLE_ALL, as a compile a lossy "
                                     "precision pass changed is deployed")
+
+
+def test_tolerances_are_checked_as_optimize_checks_them():
+    # compare had a check of its own: True passed as rtol=1, a numpy float was refused.
+    from graphopt import zoo
+    from graphopt.tools.compare import compare_models
+
+    model = zoo.build("tiny")
+    assert compare_models(model, model, rtol=np.float32(1e-3)).rule.startswith(
+        "allclose(rtol=0.001, ")
+    for bad in (True, None, -1, float("nan")):
+        with pytest.raises(OptionError, match="^rtol: expected a"):
+            compare_models(model, model, rtol=bad)

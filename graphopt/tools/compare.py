@@ -27,7 +27,6 @@ broke. A shared name whose shapes differ (a layout change, say) is skipped and c
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -289,13 +288,16 @@ def _deployed_why(proto) -> str:
     return "as a compile a lossy precision pass changed is deployed"
 
 
-def _check_tolerances(rtol: float, atol: float, min_cosine: float | None) -> str:
+def _checked_tolerances(rtol, atol) -> tuple[float, float]:
+    """rtol and atol as optimize and bisect check theirs (api_args.tolerance); here neither
+    may be None, since compare always judges by them."""
+    checked = []
     for keyword, value in (("rtol", rtol), ("atol", atol)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise OptionError(f"{option(keyword, COMPARE_FLAGS)} must be a finite number ≥ 0, "
-                              f"got {value!r}")
-    api_args.cosine(min_cosine, option("min_cosine", COMPARE_FLAGS))
-    return rule_text(rtol, atol, min_cosine)
+        what = option(keyword, COMPARE_FLAGS)
+        if value is None:
+            raise OptionError(f"{what}: expected a number, got None")
+        checked.append(api_args.tolerance(value, what))
+    return checked[0], checked[1]
 
 
 def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False,
@@ -316,7 +318,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     Raises InputError for a missing or unreadable file, feeds lacking or mismatching an input,
     or models whose inputs differ; OptionError for bad tolerances.
     """
-    rule = _check_tolerances(rtol, atol, min_cosine)
+    rtol, atol = _checked_tolerances(rtol, atol)
+    api_args.cosine(min_cosine, option("min_cosine", COMPARE_FLAGS))
+    rule = rule_text(rtol, atol, min_cosine)
     ref_side, cand_side = load_reference(reference), load_candidate(candidate)
     ref_side, edited = with_candidates_edits(ref_side, cand_side)
     check_signatures(ref_side, cand_side)
