@@ -449,7 +449,7 @@ def _compare_tensors(name: str, exp: np.ndarray, got: np.ndarray, rtol: float,
         rel = np.where(one_nan, np.inf, diff / np.maximum(np.abs(e), 1e-30))
     return Mismatch(
         name, f"{int(bad.sum())}/{bad.size} element(s) beyond "
-        f"rtol={metrics.effective_rtol(exp, got, rtol):.3g} atol={atol} "
+        f"rtol={metrics.effective_rtol(exp, got, rtol):.3g} atol={atol:.3g} "
         f"(max abs err {float(np.nanmax(diff)):.3g})",
         float(np.nanmax(diff)), float(np.nanmax(np.where(bad, rel, 0.0))))
 
