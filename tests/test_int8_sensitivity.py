@@ -224,3 +224,15 @@ def test_an_npu_target_measures_the_weights_as_amct_rounds_them(tmp_path):
     _, unguarded = _npu_int8(proto, tmp_path, quant_keep_sensitive=False)
     assert float_matmuls(unguarded) == []
     assert _npu_cosine(proto, unguarded) < 0.99 < 0.999 < _npu_cosine(proto, guarded)
+
+
+def test_a_drowned_layer_computing_anothers_input_is_counted_once():
+    # The note counted it among the layers computing inputs too, where the kept-float note
+    # (kept_float) counts it as drowned only: 20 in one note, 15 in the other.
+    from graphopt.ir import Node
+    from graphopt.quant.sensitivity import Drowned, drowned_note, kept_float
+
+    a, b, c = (Node("Conv", [], name=name) for name in "abc")
+    drowned = [Drowned(a, 3.0, [b]), Drowned(b, 2.0, [c])]
+    assert "kept float, and 1 layer(s) computing their inputs" in drowned_note(drowned)
+    assert sum("computing such a layer's input" in why for why in kept_float(drowned).values()) == 1

@@ -146,7 +146,8 @@ def drowned_note(drowned: list[Drowned]) -> str:
     shown = ", ".join(f"'{d.node.name or d.node.outputs[0].name}' (error energy "
                       f"{d.error:.2g}× its output's)" for d in worst[:3])
     more = f" and {len(drowned) - 3} more" if len(drowned) > 3 else ""
-    upstream = len({id(u) for d in drowned for u in d.upstream})
+    # A drowned layer may compute another's input: counted once, as drowned (as kept_float).
+    upstream = len({id(u) for d in drowned for u in d.upstream} - {id(d.node) for d in drowned})
     besides = f", and {upstream} layer(s) computing their inputs" if upstream else ""
     return (f"QuantizeInt8: int8 inputs would drown {len(drowned)} layer(s) in rounding error, "
             f"kept float{besides}: {shown}{more}")
