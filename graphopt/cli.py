@@ -233,9 +233,26 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         nested = getattr(command, "commands", {})  # kb export, zoo build: theirs
         command = nested.get(getattr(args, f"{args.command}_command", None), command)
         hints = atc_hints(command, extra)  # `--input_shape=…` pasted from an atc command
+        hints += _source_edit_hints(command, extra)
         command.error(f"unrecognized arguments: {' '.join(extra)}"
                       + (f" ({'; '.join(hints)})" if hints else ""))
     return args
+
+
+# optimize's edits of the model before any pass, which the other commands take as a model edited
+# once: their flags there get this hint.
+_SOURCE_EDITS = ("--out-nodes", "--insert-op-conf", "--input-fp16-nodes", "--output-type")
+
+
+def _source_edit_hints(command: argparse.ArgumentParser, extra: list[str]) -> list[str]:
+    given = list(dict.fromkeys(text.split("=", 1)[0] for text in extra
+                               if text.split("=", 1)[0] in _SOURCE_EDITS))
+    if not given:
+        return []
+    name = command.prog.removeprefix("graphopt ")
+    return [f"{', '.join(given)} edit{'s' * (len(given) == 1)} the model in graphopt optimize: "
+            f"give {name} the edited model, from graphopt optimize -O0 {given[0]} … "
+            "-o edited.onnx"]
 
 
 def run_argv(argv: list[str]) -> int:

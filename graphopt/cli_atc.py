@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 
 from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
@@ -93,7 +94,8 @@ def _cmd_atc(args) -> int:
 def _atc_spellings(args) -> dict[str, str]:
     """graphopt's flag -> the atc line's, for the flags it gave with the same meaning."""
     spelled = {ours: flag for flag, ours in SAME_VALUE.items()}
-    spelled.update({"--input-shape": "--input_shape", "--target": "--soc_version"})
+    # Not --target: its values are graphopt's target names, not ATC's chips.
+    spelled["--input-shape"] = "--input_shape"
     for flag in ("--dynamic_batch_size", "--dynamic_image_size", "--dynamic_dims"):
         if getattr(args, flag[2:]):
             spelled["--dynamic-dims"] = flag
@@ -124,9 +126,9 @@ def translate(args) -> list[str]:
         raise OptionError(f"--input_format={args.input_format}: ATC takes NCHW (its default), "
                           "NCDHW or ND for an ONNX model")
     shapes = _input_shapes(args.input_shape) if args.input_shape else {}
-    images = _aipp_inputs(args) if shapes and args.insert_op_conf else set()
+    images = _aipp_inputs(args) if shapes and args.insert_op_conf else {}
     if shapes:
-        argv += ["--input-shape", _fed_shapes(shapes, images)]
+        argv += ["--input-shape", _fed_shapes(args.input_shape, shapes, images)]
     argv += ["--precision", _precision(args)]
     for flag, ours in SAME_VALUE.items():
         value = getattr(args, flag[2:])
@@ -189,10 +191,10 @@ def _input_shapes(text: str) -> dict[str, list[str]]:
     return shapes
 
 
-def _aipp_inputs(args) -> set[str]:
-    """The inputs --insert_op_conf gives preprocessing, by name (the model's feedable inputs
-    its related_input_rank counts); empty when the file or the model cannot be read, which
-    the compile then reports."""
+def _aipp_inputs(args) -> dict[str, list | None]:
+    """The inputs --insert_op_conf gives preprocessing (the model's feedable inputs its
+    related_input_rank counts), with their dims in the model (a number, or None where open);
+    empty when the file or the model cannot be read, which the compile then reports."""
     from graphopt.aipp_config import read_aipp_config
     from graphopt.errors import GraphoptError
     from graphopt.ir.onnx_io import read_model_proto
@@ -201,23 +203,50 @@ def _aipp_inputs(args) -> set[str]:
         ops = read_aipp_config(args.insert_op_conf)
         graph = read_model_proto(args.model, load_external=False).graph
     except GraphoptError:
-        return set()
+        return {}
     weights = {tensor.name for tensor in graph.initializer}
-    feedable = [value.name for value in graph.input if value.name not in weights]
-    return {feedable[op.input_rank] for op in ops if op.input_rank < len(feedable)}
+    feedable = [value for value in graph.input if value.name not in weights]
+    return {feedable[op.input_rank].name: _dims(feedable[op.input_rank])
+            for op in ops if op.input_rank < len(feedable)}
 
 
-def _fed_shapes(shapes: dict[str, list[str]], images: set[str]) -> str:
+def _dims(value) -> list | None:
+    """A graph input's dims (a number, or None where open), or None when it has no shape."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+
+
+def _fed_shapes(text: str, shapes: dict[str, list[str]],
+                images: dict[str, list | None]) -> str:
     """--input-shape's text. ATC's shape of an input AIPP preprocesses is the model's input
-    (NCHW float); graphopt's pin is of what is fed, the uint8 image, whose size the AIPP file
-    sets: its batch alone carries over."""
-    fed = {name: [dims[0], "-1", "-1", "-1"] if name in images and dims else dims
-           for name, dims in shapes.items()}
+    (NCHW float), checked against it; graphopt's pin is of what is fed, the uint8 image, whose
+    size the AIPP file sets: its batch alone carries over."""
+    fed = {}
+    for name, dims in shapes.items():
+        if name not in images or not dims:
+            fed[name] = dims
+            continue
+        model = images[name]
+        if model is not None and not _fits(dims, model):
+            shown = ",".join("?" if size is None else str(size) for size in model)
+            raise OptionError(f"--input_shape={text}: input '{name}' is [{shown}] in the model, "
+                              f"the input --insert_op_conf's preprocessing feeds, not "
+                              f"{','.join(dims)}")
+        fed[name] = [dims[0], "-1", "-1", "-1"]
     return ";".join(f"{name}:{','.join(dims)}" for name, dims in fed.items())
 
 
+def _fits(dims: list[str], model: list) -> bool:
+    """Whether ATC's dims (text) describe an input of the model's dims (None where open)."""
+    return len(dims) == len(model) and all(
+        size is None or dim == "-1" or not dim.isdecimal() or int(dim) == size
+        for dim, size in zip(dims, model))
+
+
 def _dynamic_dims(args, shapes: dict[str, list[str]], height_width: tuple[int, int] | None,
-                  images: set[str]) -> str | None:
+                  images: Mapping[str, object]) -> str | None:
     """--dynamic-dims' listed profiles for ATC's --dynamic_batch_size (a batch size each, for
     every -1 dim, which must be a first dim), --dynamic_image_size (an H,W pair each, for every
     input's -1 height and width) or --dynamic_dims (a value for each -1 dim, in order)."""
@@ -260,14 +289,15 @@ def _dynamic_dims(args, shapes: dict[str, list[str]], height_width: tuple[int, i
 
 
 def _image_profiles(value: str, dynamic: list[tuple[str, int]], shapes: dict[str, list[str]],
-                    height_width: tuple[int, int] | None, images: set[str]) -> list[list[str]]:
+                    height_width: tuple[int, int] | None,
+                    images: Mapping[str, object]) -> list[list[str]]:
     """ATC's --dynamic_image_size profiles as a value per -1 dim: each "H,W" goes to every
     input's height and width, which --input_format places, and which must be its -1 dims."""
     flag = "--dynamic_image_size"
     if height_width is None:
         raise OptionError(f"{flag}: --input_format=ND has no height or width (ATC takes NCHW "
                           "or NCDHW here); --dynamic_dims sets the -1 dims one by one")
-    if images & {name for name, _ in dynamic}:
+    if set(images) & {name for name, _ in dynamic}:
         raise OptionError(f"{flag}: {', '.join(sorted(images))}: --insert_op_conf's "
                           "src_image_size sets the size of the image it preprocesses")
     h_axis, w_axis = height_width

@@ -1103,6 +1103,10 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
       "--enable_small_channel=1"],
      "(--op_select_implmode is ATC's; kernel choice is onnxruntime's here: drop it; "
      "--enable_small_channel is ATC's; kernel choice is onnxruntime's here: drop it)"),
+    # optimize's edits of the source, given to a command that takes the edited model instead
+    (["tune", "m.onnx", "--target", "ascend310", "--out-nodes", "y"],
+     "unrecognized arguments: --out-nodes y (--out-nodes edits the model in graphopt optimize: "
+     "give tune the edited model, from graphopt optimize -O0 --out-nodes … -o edited.onnx)"),
     (["atc", "atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310"],
      "unrecognized arguments: atc (atc is the command already: graphopt atc --model=…)"),
     (["atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310",

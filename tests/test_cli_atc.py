@@ -181,3 +181,20 @@ def test_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):
     rc, out, err = run_cli(capsys, *line, "--log=error")
     assert rc == 1 and out == "" and f"graphopt atc: ran graphopt optimize {model}" in err, err
     assert not (tmp_path / "net.om").exists()
+
+
+def test_atcs_input_shape_of_an_aipp_input_is_checked_against_the_model(tmp_path, capsys):
+    # Only its batch carries over to the fed image: a wrong rank or channel count passed as
+    # the batch of a compile that then ran.
+    model = tmp_path / "net.onnx"
+    onnx.save(parse_model("""
+        g (float[N,3,8,8] x) => (y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
+        w=np.random.default_rng(2).standard_normal((4, 3, 3, 3)).astype(np.float32)), model)
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n  input_format: RGB888_U8\n}\n")
+    for shape in ("x:1,3,8", "x:1,4,8,8"):
+        rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
+                               f"--output={tmp_path / 'net'}", "--soc_version=Ascend310",
+                               f"--input_shape={shape}", f"--insert_op_conf={config}")
+        assert rc == 1 and f"input 'x' is [?,3,8,8] in the model, the input " \
+               f"--insert_op_conf's preprocessing feeds, not {shape[2:]}" in err, err
