@@ -1,0 +1,375 @@
+"""Differential fuzzing of the precision modes: random models onnxruntime runs, compiled under
+fp16, mixed-fp16, bf16, int8 and int4, must compile or raise a GraphoptError, and a compile
+must pass the checker, run at both onnxruntime levels with the original's signature, and agree
+with the float32 model within what the mode's rounding explains.
+
+The tolerance is measured, not guessed: the float32 model is run again with every weight, input
+and computed float value moved by noise of the mode's size (a relative 2^-11 for float16, a
+256th of the tensor's range for int8, a 4-bit step of the weight's range for int4), and the
+compile may differ by at most ten times as much as the noisy runs do. Outputs a comparison or a
+rounding to integers decides are compared for validity only; integers no float path feeds must
+be equal.
+
+CI runs a fixed, derandomized set of examples; GRAPHOPT_FUZZ_EXAMPLES=2000 runs more locally."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+from onnx import numpy_helper
+from precision_fuzz_models import BOOL, FLOAT, OPS, build, matmul
+
+import graphopt
+from graphopt import numerics
+from graphopt.errors import GraphoptError
+
+EXAMPLES = int(os.environ.get("GRAPHOPT_FUZZ_EXAMPLES", "0")) or None
+NOISY_RUNS = 3
+SLACK = 10.0  # the compile may differ by this many times what the noisy runs do
+WELL_SCALED = 1e4  # float16 judged only where every float32 value stays below this
+
+
+def fuzz_settings(default_examples: int):
+    return settings(max_examples=EXAMPLES or default_examples, deadline=None, derandomize=True,
+                    database=None, suppress_health_check=list(HealthCheck))
+
+
+# --- the models --------------------------------------------------------------------------------
+
+def _with_every_value_out(fuzzed) -> onnx.ModelProto:
+    """The model with each computed float value an output too (no shape: onnxruntime checks
+    the declared ones)."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(fuzzed.model)
+    declared = {o.name for o in proto.graph.output}
+    for v in fuzzed.builder.values:
+        if v.kind == FLOAT and v.name not in declared and v.name not in fuzzed.feeds:
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(
+                v.name, onnx.TensorProto.FLOAT, None))
+    return proto
+
+
+@st.composite
+def fuzzed_models(draw, int4: bool = False):
+    opset = draw(st.integers(13, 18))
+    seed = draw(st.integers(0, 2 ** 16))
+    layout = draw(st.integers(0, 7))
+    steps = draw(st.lists(st.tuples(st.integers(0, len(OPS) - 1), st.integers(0, 63)),
+                          min_size=1, max_size=9))
+    if int4:  # a sequence input, and a MatMul whose weight has 16 or 32 rows
+        layout |= 1
+        steps = [(OPS.index(matmul), 0)] + steps
+    outputs = draw(st.lists(st.integers(0, 63), max_size=3))
+    fuzzed = build(opset, seed, layout, steps, outputs, draw(st.booleans()))
+    assume(fuzzed is not None)
+    try:  # models the generator got wrong are its bug, not the compiler's: fail loudly
+        onnx.checker.check_model(fuzzed.model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise AssertionError(f"generated an invalid model: {exc}") from exc
+    values = quiet(numerics.run, _with_every_value_out(fuzzed), fuzzed.feeds)
+    fuzzed.values = values
+    fuzzed.reference = {o.name: values[o.name] for o in fuzzed.model.graph.output}
+    for o in fuzzed.outputs:  # the builder's bookkeeping is what the checks below rely on
+        assert fuzzed.reference[o.name].shape == o.shape, (o, fuzzed.reference[o.name].shape)
+    event(f"opset {opset}")
+    return fuzzed
+
+
+def quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+# --- noise of a mode's size --------------------------------------------------------------------
+
+def _noise(array, rng, relative, of_range, floor=0.0):
+    array = np.asarray(array, np.float32)
+    top = float(np.max(np.abs(array[np.isfinite(array)]), initial=0.0))
+    size = relative * np.abs(array) + of_range * top + floor
+    return (rng.uniform(-1, 1, array.shape) * size).astype(np.float32)
+
+
+def noisy_model(fuzzed, rng, relative, of_range, floor, weights_only=None):
+    """The float32 model with noise added to its weights (those in `weights_only`, if given) and,
+    unless weights_only is given, to every float value it computes."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(fuzzed.model)
+    graph = proto.graph
+    picked = set(fuzzed.builder.weights) if weights_only is None else weights_only
+
+    def moved(tensor):
+        array = numpy_helper.to_array(tensor)
+        return numpy_helper.from_array(array + _noise(array, rng, relative, of_range, floor),
+                                       tensor.name)
+
+    for init in graph.initializer:
+        if init.name in picked:
+            init.CopyFrom(moved(init))
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] in picked:
+            node.attribute[0].t.CopyFrom(moved(node.attribute[0].t))
+    if weights_only is not None:
+        return proto
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for i, out in enumerate(node.output):
+            value = fuzzed.values.get(out)
+            if not isinstance(value, np.ndarray) or value.dtype != np.float32 or out in picked:
+                continue
+            node.output[i] = out + "__exact"
+            noise = numpy_helper.from_array(_noise(value, rng, relative, of_range, floor),
+                                            out + "__noise")
+            graph.initializer.append(noise)
+            nodes.append(onnx.helper.make_node("Add", [node.output[i], noise.name], [out]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return proto
+
+
+def noisy_feeds(fuzzed, rng, relative, of_range, floor):
+    return {k: v + _noise(v, rng, relative, of_range, floor) if v.dtype == np.float32 else v
+            for k, v in fuzzed.feeds.items()}
+
+
+def noisy_outputs(fuzzed, relative, of_range=0.0, floor=0.0, weights_only=None):
+    rng = np.random.default_rng(0)
+    runs = []
+    for _ in range(NOISY_RUNS):
+        proto = noisy_model(fuzzed, rng, relative, of_range, floor, weights_only)
+        feeds = fuzzed.feeds if weights_only is not None else \
+            noisy_feeds(fuzzed, rng, relative, of_range, floor)
+        runs.append(quiet(numerics.run, proto, feeds))
+    return runs
+
+
+def cosine(a, b) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / na / nb)
+
+
+def well_scaled(fuzzed, limit=WELL_SCALED) -> bool:
+    return all(np.all(np.abs(v) < limit) for v in fuzzed.values.values()
+               if isinstance(v, np.ndarray) and v.dtype == np.float32)
+
+
+# --- the checks --------------------------------------------------------------------------------
+
+def compile_(fuzzed, **options):
+    """optimize's result, or None when it raised a GraphoptError (any other exception fails)."""
+    try:
+        return quiet(graphopt.optimize, fuzzed.model, **options)
+    except GraphoptError as exc:
+        message = str(exc).strip()
+        assert message and "Traceback" not in message, repr(exc)
+        event(f"refused: {type(exc).__name__}")
+        return None
+
+
+def check_valid(fuzzed, result) -> list[dict]:
+    """The compiled model passes the checker and runs at both levels with the original's
+    signature; its outputs at each level."""
+    proto = result.to_onnx()
+    onnx.checker.check_model(proto, full_check=True)
+    original = [(o.name, o.type.tensor_type.elem_type) for o in fuzzed.model.graph.output]
+    compiled = [(o.name, o.type.tensor_type.elem_type) for o in proto.graph.output]
+    assert compiled == original
+    runs = []
+    for level in ("disable", "all"):
+        got = quiet(numerics.run, proto, fuzzed.feeds, level)
+        for name, _ in original:
+            want = fuzzed.reference[name]
+            assert got[name].shape == want.shape and got[name].dtype == want.dtype, \
+                (name, level, got[name].shape, got[name].dtype, want.shape, want.dtype)
+        runs.append(got)
+    return runs
+
+
+def check_exact(fuzzed, runs):
+    """Integers and bools no float computation decides are equal; float outputs are finite
+    where the original's are, on a model whose values stay well inside float16's range."""
+    scaled = well_scaled(fuzzed)
+    for o in fuzzed.outputs:
+        want = fuzzed.reference[o.name]
+        for got in runs:
+            if o.kind != FLOAT and o.exact:
+                np.testing.assert_array_equal(got[o.name], want, err_msg=o.name)
+            elif o.kind == FLOAT and scaled:
+                assert np.isfinite(got[o.name])[np.isfinite(want)].all(), o.name
+
+
+def check_close(fuzzed, runs, noisy):
+    """Each smooth float output differs from the original by at most SLACK times the most any
+    noisy run does (plus float32's own rounding of the output's scale)."""
+    for o in fuzzed.outputs:
+        if o.kind != FLOAT or not o.smooth:
+            continue
+        want = fuzzed.reference[o.name].astype(np.float64)
+        allowed = max(np.max(np.abs(n[o.name] - want), initial=0.0) for n in noisy)
+        floor = 1e-6 * np.max(np.abs(want), initial=0.0) + 1e-7
+        for got in runs:
+            err = np.max(np.abs(got[o.name] - want), initial=0.0)
+            assert err <= SLACK * allowed + floor, \
+                f"{o.name}: differs by {err:.3g}, noise of the mode's size by {allowed:.3g}"
+
+
+def check_cosine(fuzzed, runs, noisy, makes_sense):
+    """A loose cosine bound on outputs where noise of the mode's size keeps cosine ≥
+    `makes_sense`: 1 - cosine at most SLACK times the noisy runs' worst."""
+    for o in fuzzed.outputs:
+        if o.kind != FLOAT or not o.smooth:
+            continue
+        want = fuzzed.reference[o.name]
+        if not np.isfinite(want).all():
+            continue
+        worst = min(cosine(n[o.name], want) for n in noisy)
+        if worst < makes_sense:
+            event("cosine: output too sensitive to judge")
+            continue
+        for got in runs:
+            c = cosine(got[o.name], want)
+            assert 1 - c <= SLACK * (1 - worst) + 1e-6, \
+                f"{o.name}: cosine {c:.6f}, noise of the mode's size {worst:.6f}"
+
+
+HALF = {"fp16": dict(relative=2.0 ** -11, floor=6e-8),
+        "bf16": dict(relative=2.0 ** -8, floor=1e-38)}
+
+
+def check_half(fuzzed, result, mode):
+    runs = check_valid(fuzzed, result)
+    check_exact(fuzzed, runs)
+    if mode == "fp16" and not well_scaled(fuzzed):
+        event("fp16: not well scaled, not compared")
+        return
+    check_close(fuzzed, runs, noisy_outputs(fuzzed, **HALF[mode]))
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+TARGETS = st.sampled_from([None, "cpu"])
+
+
+@fuzz_settings(12)
+@given(fuzzed=fuzzed_models(), target=TARGETS, mode=st.sampled_from(["fp16", "bf16"]))
+def test_fp16_and_bf16_compile_run_and_agree(fuzzed, target, mode):
+    result = compile_(fuzzed, target=target, precision=mode)
+    if result is None:
+        assert mode == "bf16", "fp16 has a kernel for every op on the cpu target"
+        return
+    event(f"{mode}: compiled")
+    check_half(fuzzed, result, "fp16" if mode == "fp16" else "bf16")
+
+
+@fuzz_settings(12)
+@given(fuzzed=fuzzed_models(), target=TARGETS, data=st.data())
+def test_mixed_fp16_with_random_lists_compiles_runs_and_agrees(fuzzed, target, data):
+    op_types = sorted({n.op_type for n in fuzzed.model.graph.node})
+    names = sorted(n.name for n in fuzzed.model.graph.node)
+    subset = st.lists(st.sampled_from(op_types), max_size=2, unique=True) if op_types \
+        else st.just([])
+    options = {}
+    if data.draw(st.booleans(), "lists"):
+        options = {"precision_allow": set(data.draw(subset, "allow")),
+                   "precision_deny": set(data.draw(subset, "deny")),
+                   "keep_dtype": set(data.draw(st.lists(st.sampled_from(names), max_size=2),
+                                               "keep_dtype"))}
+    result = compile_(fuzzed, target=target, precision="mixed-fp16", pass_options=options)
+    if result is None:
+        return
+    event("mixed-fp16: compiled")
+    check_half(fuzzed, result, "fp16")
+
+
+def _calibration(fuzzed, folder, rng, samples, as_directory):
+    """The feeds and `samples - 1` more drawn alike: minmax ranges then cover the feeds."""
+    drawn = [fuzzed.feeds] + [
+        {k: (rng.standard_normal(v.shape).astype(np.float32) if v.dtype == np.float32
+             else rng.permutation(v.ravel()).reshape(v.shape)) for k, v in fuzzed.feeds.items()}
+        for _ in range(samples - 1)]
+    if as_directory:
+        for i, feeds in enumerate(drawn):
+            np.savez(os.path.join(folder, f"{i:02}.npz"), **feeds)
+        return folder
+    path = os.path.join(folder, "calib.npz")
+    np.savez(path, **{k: np.stack([d[k] for d in drawn]) for k in fuzzed.feeds})
+    return path
+
+
+@fuzz_settings(10)
+@given(fuzzed=fuzzed_models(), target=TARGETS, samples=st.integers(1, 4),
+       as_directory=st.booleans(), keep_ends=st.booleans())
+def test_int8_compiles_runs_and_keeps_cosine(fuzzed, target, samples, as_directory, keep_ends):
+    assume(any(v.kind == FLOAT for v in fuzzed.builder.values if v.name in fuzzed.feeds))
+    with tempfile.TemporaryDirectory() as folder:
+        calibration = _calibration(fuzzed, folder, np.random.default_rng(samples), samples,
+                                   as_directory)
+        result = compile_(fuzzed, target=target, quantize="int8", calibration=calibration,
+                          pass_options={"quant_keep_ends": keep_ends})
+    if result is None:
+        return
+    event("int8: compiled")
+    runs = check_valid(fuzzed, result)
+    check_exact(fuzzed, runs)
+    if well_scaled(fuzzed):
+        check_cosine(fuzzed, runs, noisy_outputs(fuzzed, 0.0, of_range=2 / 255), 0.99)
+
+
+@fuzz_settings(10)
+@given(fuzzed=fuzzed_models(int4=True), target=TARGETS,
+       mixed=st.sampled_from(["keep", "mixed-fp16", "fp16"]))
+def test_int4_compiles_runs_and_keeps_cosine(fuzzed, target, mixed):
+    result = compile_(fuzzed, target=target, quantize="int4", precision=mixed,
+                      pass_options={"int4_group_size": 16})
+    if result is None:
+        return
+    proto = result.to_onnx()
+    quantized = [n for n in proto.graph.node if n.op_type == "MatMulNBits"]
+    event(f"int4: {'quantized' if quantized else 'nothing quantized'} ({mixed})")
+    runs = check_valid(fuzzed, result)
+    check_exact(fuzzed, runs)
+    if mixed != "keep" and not well_scaled(fuzzed):
+        return
+    weights = matmul_weights(fuzzed.model)
+    noisy = noisy_outputs(fuzzed, 0.0, of_range=1 / 15, weights_only=weights)
+    if mixed != "keep":  # and float16 everywhere else
+        noisy += noisy_outputs(fuzzed, **HALF["fp16"])
+    check_cosine(fuzzed, runs, noisy, 0.98)
+
+
+def matmul_weights(model) -> set[str]:
+    return {n.input[1] for n in model.graph.node if n.op_type in ("MatMul", "Gemm")}
+
+
+@fuzz_settings(3)
+@given(fuzzed=fuzzed_models(), mode=st.sampled_from(["fp16", "mixed-fp16"]))
+def test_om_of_a_converted_model_loads_and_runs(fuzzed, mode, tmp_path_factory):
+    result = compile_(fuzzed, target="cpu", precision=mode)
+    assume(result is not None)
+    path = tmp_path_factory.mktemp("om") / "model.om"
+    graphopt.save(result, path)
+    got = quiet(graphopt.load(path).run, fuzzed.feeds)
+    for o in fuzzed.outputs:
+        want = fuzzed.reference[o.name]
+        assert got[o.name].shape == want.shape and got[o.name].dtype == want.dtype
+        if o.kind != FLOAT and o.exact:
+            np.testing.assert_array_equal(got[o.name], want)
+
+
+@pytest.mark.parametrize("kind", [FLOAT, BOOL])
+def test_the_generator_makes_outputs_of_each_kind(kind):
+    # Without them the checks on exact outputs would check nothing.
+    steps = [(i, n) for n in range(4) for i in range(len(OPS))]
+    fuzzed = build(17, 0, 7, steps, list(range(64)), True)
+    assert any(o.kind == kind for o in fuzzed.outputs)
