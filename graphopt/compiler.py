@@ -29,7 +29,9 @@ from graphopt.out_nodes import parse_out_nodes
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
-from graphopt.passes.output_declarations import correct_output_declarations
+from graphopt.passes.output_declarations import (correct_output_declarations,
+                                                 declared_output_shapes,
+                                                 restore_forgotten_declarations)
 from graphopt.passes.pipelines import with_precision
 from graphopt.passes.precision.policy import check_options as check_precision_options
 from graphopt.passes.rules import RULES, Tracer, idle_switches
@@ -360,6 +362,7 @@ class _Source:
     given: bytes | None
     loaded_unpinned: bool
     domains: frozenset = frozenset()  # the opset imports of the model as given
+    declared: dict | None = None  # output name -> the shape the model as given declares
 
 
 def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Source:
@@ -369,6 +372,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
     identity = file_identity(label) if is_path else None
     sha256 = None if is_path else memory_model_sha256(model)
     ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options.quantize)
+    declared = declared_output_shapes(ir_model)
     pinned_first = False
     try:
         notes = check_input(ir_model, label, options.allow_custom_ops)
@@ -404,7 +408,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
         infer_shapes(ir_model)
         check_pinned_shapes(ir_model, label, options.input_shapes)
     return _Source(ir_model, label, is_path, sha256, identity, notes, reference, ops_before,
-                   given, loaded_unpinned, frozenset(ir_model.opset_imports))
+                   given, loaded_unpinned, frozenset(ir_model.opset_imports), declared)
 
 
 def _calibration_data(options: Options, model: Model, shared_stats, aipp):
@@ -446,6 +450,7 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
                     target) -> None:
     """After the passes: output declarations as computed, the lossy passes marked, and the
     compiled model loaded by onnxruntime where the given one loads (compile_checks)."""
+    restore_forgotten_declarations(source.model, source.declared or {})
     corrected = correct_output_declarations(source.model)
     if corrected:
         ctx.note(f"graph output(s) declared otherwise than computed, now declared as computed "

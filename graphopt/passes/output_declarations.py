@@ -39,6 +39,23 @@ def correct_output_declarations(model: Model) -> list[str]:
     return corrected
 
 
+def declared_output_shapes(model: Model) -> dict[str, tuple]:
+    """The shapes the model as given declares for its outputs, read before check_input, whose
+    inference may forget them (drop_unfounded_declarations)."""
+    return {v.name: v.shape for v in model.graph.outputs if v.shape is not None}
+
+
+def restore_forgotten_declarations(model: Model, declared: dict[str, tuple]) -> None:
+    """Give a graph output that the compile left without a shape the one the model declared:
+    onnx.checker refuses a main graph's output without one (a [1, 2, 16] Reshape output of a
+    computed target, which a MatMul reads too, lost its declaration at import, as inference
+    found no rank, and -O0/-O1 exported it so). Forgotten while the passes ran, so that
+    nothing folded from it; correct_output_declarations then checks it as any other."""
+    for value in model.graph.outputs:
+        if value.shape is None and value.type_proto is None and value.name in declared:
+            value.shape = declared[value.name]
+
+
 def _cast_chain(value) -> list:
     """`value`, then the input of each Cast before it: a precision pass hands an output's
     name to the Cast back to float32, which copies the stale declaration from the value it
