@@ -259,6 +259,8 @@ def pad(b, n):
     if not x:
         return
     mode = ["constant", "reflect", "edge"][n % 3]
+    if min(x.shape[2:]) < 2:  # reflect needs two values along a padded axis
+        mode = "constant"
     inputs = [x.name, b.const(np.array([0, 0, 1, 0, 0, 0, 0, 1], np.int64), "pads")]
     if mode == "constant":
         inputs.append(b.const(np.float32(0.25)))

@@ -15,13 +15,14 @@ CI runs a fixed, derandomized set of examples; GRAPHOPT_FUZZ_EXAMPLES=2000 runs 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import warnings
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 from precision_fuzz_models import BOOL, FLOAT, OPS, build, matmul
@@ -62,7 +63,7 @@ def fuzzed_models(draw, int4: bool = False):
     seed = draw(st.integers(0, 2 ** 16))
     layout = draw(st.integers(0, 7))
     steps = draw(st.lists(st.tuples(st.integers(0, len(OPS) - 1), st.integers(0, 63)),
-                          min_size=1, max_size=9))
+                          min_size=1, max_size=14))
     if int4:  # a sequence input, and a MatMul whose weight has 16 or 32 rows
         layout |= 1
         steps = [(OPS.index(matmul), 0)] + steps
@@ -73,8 +74,13 @@ def fuzzed_models(draw, int4: bool = False):
         onnx.checker.check_model(fuzzed.model, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise AssertionError(f"generated an invalid model: {exc}") from exc
-    values = quiet(numerics.run, _with_every_value_out(fuzzed), fuzzed.feeds)
+    try:
+        values = quiet(numerics.run, _with_every_value_out(fuzzed), fuzzed.feeds)
+    except Exception as exc:  # onnxruntime's own limits: only models it runs are compared
+        event(f"onnxruntime refused the original: {str(exc)[:80]}")
+        assume(False)
     fuzzed.values = values
+    note(onnx.printer.to_text(fuzzed.model))
     fuzzed.reference = {o.name: values[o.name] for o in fuzzed.model.graph.output}
     for o in fuzzed.outputs:  # the builder's bookkeeping is what the checks below rely on
         assert fuzzed.reference[o.name].shape == o.shape, (o, fuzzed.reference[o.name].shape)
@@ -234,7 +240,7 @@ def check_cosine(fuzzed, runs, noisy, makes_sense):
         if not np.isfinite(want).all():
             continue
         worst = min(cosine(n[o.name], want) for n in noisy)
-        if worst < makes_sense:
+        if not worst >= makes_sense:  # NaN too: the noise took a value out of its domain
             event("cosine: output too sensitive to judge")
             continue
         for got in runs:
@@ -259,35 +265,49 @@ def check_half(fuzzed, result, mode):
 # --- the tests ---------------------------------------------------------------------------------
 
 TARGETS = st.sampled_from([None, "cpu"])
+LEVELS = st.sampled_from([1, 2, 3])
+
+
+def refused_ops(message: str) -> set[str]:
+    """The op types a bf16 refusal names (`no bfloat16 kernel for Add ×2, Where; keep …`)."""
+    match = re.search(r"no bfloat16 kernel for (.*?); keep them", message)
+    assert match, message
+    return {re.sub(r" ×\d+$", "", op) for op in match.group(1).split(", ")}
 
 
 @fuzz_settings(12)
-@given(fuzzed=fuzzed_models(), target=TARGETS, mode=st.sampled_from(["fp16", "bf16"]))
-def test_fp16_and_bf16_compile_run_and_agree(fuzzed, target, mode):
-    result = compile_(fuzzed, target=target, precision=mode)
-    if result is None:
-        assert mode == "bf16", "fp16 has a kernel for every op on the cpu target"
-        return
+@given(fuzzed=fuzzed_models(), target=TARGETS, level=LEVELS,
+       mode=st.sampled_from(["fp16", "bf16"]))
+def test_fp16_and_bf16_compile_run_and_agree(fuzzed, target, level, mode):
+    options = dict(target=target, level=level, precision=mode)
+    try:
+        result = quiet(graphopt.optimize, fuzzed.model, **options)
+    except GraphoptError as exc:
+        assert mode == "bf16", f"fp16 has a kernel for every op on the cpu target: {exc}"
+        # The refusal names every op the target lacks: denied, the rest must compile and load.
+        event("bf16: refused, then compiled with the ops it named denied")
+        result = quiet(graphopt.optimize, fuzzed.model, **options,
+                       pass_options={"precision_deny": refused_ops(str(exc))})
     event(f"{mode}: compiled")
-    check_half(fuzzed, result, "fp16" if mode == "fp16" else "bf16")
+    check_half(fuzzed, result, mode)
 
 
 @fuzz_settings(12)
-@given(fuzzed=fuzzed_models(), target=TARGETS, data=st.data())
-def test_mixed_fp16_with_random_lists_compiles_runs_and_agrees(fuzzed, target, data):
+@given(fuzzed=fuzzed_models(), target=TARGETS, level=LEVELS, data=st.data())
+def test_mixed_fp16_with_random_lists_compiles_runs_and_agrees(fuzzed, target, level, data):
     op_types = sorted({n.op_type for n in fuzzed.model.graph.node})
     names = sorted(n.name for n in fuzzed.model.graph.node)
     subset = st.lists(st.sampled_from(op_types), max_size=2, unique=True) if op_types \
         else st.just([])
     options = {}
     if data.draw(st.booleans(), "lists"):
-        options = {"precision_allow": set(data.draw(subset, "allow")),
-                   "precision_deny": set(data.draw(subset, "deny")),
+        allow = set(data.draw(subset, "allow"))
+        options = {"precision_allow": allow,  # an op in both lists is refused
+                   "precision_deny": set(data.draw(subset, "deny")) - allow,
                    "keep_dtype": set(data.draw(st.lists(st.sampled_from(names), max_size=2),
                                                "keep_dtype"))}
-    result = compile_(fuzzed, target=target, precision="mixed-fp16", pass_options=options)
-    if result is None:
-        return
+    result = quiet(graphopt.optimize, fuzzed.model, target=target, level=level,
+                   precision="mixed-fp16", pass_options=options)
     event("mixed-fp16: compiled")
     check_half(fuzzed, result, "fp16")
 
@@ -308,14 +328,16 @@ def _calibration(fuzzed, folder, rng, samples, as_directory):
 
 
 @fuzz_settings(10)
-@given(fuzzed=fuzzed_models(), target=TARGETS, samples=st.integers(1, 4),
+@given(fuzzed=fuzzed_models(), target=TARGETS, level=LEVELS, samples=st.integers(1, 4),
        as_directory=st.booleans(), keep_ends=st.booleans())
-def test_int8_compiles_runs_and_keeps_cosine(fuzzed, target, samples, as_directory, keep_ends):
+def test_int8_compiles_runs_and_keeps_cosine(fuzzed, target, level, samples, as_directory,
+                                            keep_ends):
     assume(any(v.kind == FLOAT for v in fuzzed.builder.values if v.name in fuzzed.feeds))
     with tempfile.TemporaryDirectory() as folder:
         calibration = _calibration(fuzzed, folder, np.random.default_rng(samples), samples,
                                    as_directory)
-        result = compile_(fuzzed, target=target, quantize="int8", calibration=calibration,
+        result = compile_(fuzzed, target=target, level=level, quantize="int8",
+                          calibration=calibration,
                           pass_options={"quant_keep_ends": keep_ends})
     if result is None:
         return
@@ -327,10 +349,10 @@ def test_int8_compiles_runs_and_keeps_cosine(fuzzed, target, samples, as_directo
 
 
 @fuzz_settings(10)
-@given(fuzzed=fuzzed_models(int4=True), target=TARGETS,
+@given(fuzzed=fuzzed_models(int4=True), target=TARGETS, level=LEVELS,
        mixed=st.sampled_from(["keep", "mixed-fp16", "fp16"]))
-def test_int4_compiles_runs_and_keeps_cosine(fuzzed, target, mixed):
-    result = compile_(fuzzed, target=target, quantize="int4", precision=mixed,
+def test_int4_compiles_runs_and_keeps_cosine(fuzzed, target, level, mixed):
+    result = compile_(fuzzed, target=target, level=level, quantize="int4", precision=mixed,
                       pass_options={"int4_group_size": 16})
     if result is None:
         return
