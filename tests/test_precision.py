@@ -225,6 +225,24 @@ def test_bf16_with_the_refused_ops_denied_compiles_at_o3_for_the_cpu_target():
     checked(result, proto, atol=0.05)
 
 
+@pytest.mark.parametrize("opset", [13, 18])
+def test_bf16_asks_for_the_kernel_of_the_models_opset(opset):
+    # onnxruntime's CPU provider has a bfloat16 Pad from version 21 on: the kernel table, the
+    # union over versions, said it had one, and a bf16 compile at opset 13 wrote a Pad (of a
+    # Cast from integers, which converts with it) that no session loads.
+    text = """
+        g (int64[1,2,4,4] i) => (float[1,2,5,5] y) {
+            f = Cast <to = 1> (i)
+            y = Pad <mode = "constant"> (f, pads, c)
+        }"""
+    weights = dict(pads=np.array([0, 0, 1, 0, 0, 0, 0, 1]), c=np.float32(0.25))
+    header = f'<ir_version: 10, opset_import: ["" : {opset}]>\n'
+    with pytest.raises(OptionError, match="target cpu has no bfloat16 kernel for Pad;"):
+        compile_(parse_model(text, header, **weights), precision="bf16")
+    proto = parse_model(text, header.replace(str(opset), "21"), **weights)
+    checked(compile_(proto, precision="bf16"), proto, atol=0)
+
+
 def conv_then(activation: str) -> onnx.ModelProto:
     """A 3×3 Conv followed by `activation`, at opset 17."""
     return parse_model(f"""
