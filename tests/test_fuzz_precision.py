@@ -29,6 +29,7 @@ from precision_fuzz_models import BOOL, FLOAT, OPS, build, conv, matmul
 
 import graphopt
 from graphopt import numerics
+from graphopt.codegen.split import disabled_optimizers
 from graphopt.errors import GraphoptError
 
 EXAMPLES = int(os.environ.get("GRAPHOPT_FUZZ_EXAMPLES", "0")) or None
@@ -205,7 +206,16 @@ def check_valid(fuzzed, result, output_type=None) -> list[dict]:
     assert compiled == original
     runs = []
     for level in ("disable", "all") if fuzzed.loads_at_all else ("disable",):
-        got = quiet(numerics.run, proto, fuzzed.feeds, level)
+        try:
+            got = quiet(numerics.run, proto, fuzzed.feeds, level)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's refusals have no common type
+            # onnxruntime 1.32's LayerNormFusion takes a leading Cast's input whatever its
+            # dtype (a norm that fp16 converts at -O1 behind the input's Cast); graphopt's
+            # .om sessions skip that fusion, as `disabled_optimizers` says: only that refusal.
+            assert level == "all" and "LayerNormFusion" in str(exc), exc
+            event("onnxruntime's LayerNormFusion refused the compile: run as its .om would")
+            got = quiet(numerics.run, proto, fuzzed.feeds, level,
+                        disabled_optimizers=disabled_optimizers(result.model, level))
         for name, elem_type in compiled:
             want = fuzzed.reference[name]
             dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
@@ -392,11 +402,19 @@ def test_int4_compiles_runs_and_keeps_cosine(fuzzed, target, level, mixed, embed
     check_exact(fuzzed, runs)
     if mixed != "keep" and not well_scaled(fuzzed):
         return
+    if mixed != "keep" and accuracy_level == 4 and quantized:
+        # onnxruntime 1.32's prepacked float16 MatMulNBits at accuracy_level 4 computes a
+        # chain of two of them wrongly below ORT_ENABLE_ALL (cosine 0.89 where prepacking off,
+        # or ORT_ENABLE_ALL, gives 0.9997): judged where an .om runs it, at ORT_ENABLE_ALL.
+        event("int4: float16 accuracy_level 4 judged at ORT_ENABLE_ALL only")
+        runs = runs[1:]
     weights = matmul_weights(fuzzed.model) | (gather_tables(fuzzed.model) if embeddings
                                                else set())
     noisy = noisy_outputs(fuzzed, 0.0, of_range=1 / 15, weights_only=weights)
     if mixed != "keep":  # and float16 everywhere else
         noisy += noisy_outputs(fuzzed, **HALF["fp16"])
+    if accuracy_level == 4:  # and activations rounded to int8 on the fly
+        noisy += noisy_outputs(fuzzed, 0.0, of_range=1 / 127)
     check_cosine(fuzzed, runs, noisy, 0.98)
 
 
