@@ -24,8 +24,10 @@ class Value:
 
 
 class Builder:
-    def __init__(self, opset: int, rng: np.random.Generator, constant_nodes: bool):
+    def __init__(self, opset: int, rng: np.random.Generator, constant_nodes: bool,
+                 symbolic: bool = False):
         self.opset, self.rng, self.constant_nodes = opset, rng, constant_nodes
+        self.symbolic = symbolic  # inputs declare a batch "N", outputs no static dims
         self.nodes, self.inits, self.inputs, self.values = [], [], [], []
         self.feeds, self.weights = {}, {}  # weights: name → float array (a noisy copy may vary it)
         self.counter = 0
@@ -35,7 +37,8 @@ class Builder:
         return f"{stem}_{self.counter}"
 
     def input(self, name, kind, shape, array):
-        self.inputs.append(helper.make_tensor_value_info(name, ELEM[kind], shape))
+        declared = ("N", *shape[1:]) if self.symbolic else shape
+        self.inputs.append(helper.make_tensor_value_info(name, ELEM[kind], declared))
         self.feeds[name] = array
         value = Value(name, kind, tuple(shape))
         self.values.append(value)
@@ -76,7 +79,9 @@ class Builder:
     def model(self, outputs: list[Value]) -> onnx.ModelProto:
         graph = helper.make_graph(
             self.nodes, "fuzz", self.inputs,
-            [helper.make_tensor_value_info(v.name, ELEM[v.kind], v.shape) for v in outputs],
+            [helper.make_tensor_value_info(v.name, ELEM[v.kind],
+                                           [None] * len(v.shape) if self.symbolic else v.shape)
+             for v in outputs],
             self.inits)
         return helper.make_model(graph, ir_version=8,
                                  opset_imports=[helper.make_opsetid("", self.opset)])
@@ -447,11 +452,12 @@ class Fuzzed:
 
 
 def build(opset: int, seed: int, layout: int, steps: list[tuple[int, int]],
-          outputs: list[int], constant_nodes: bool) -> Fuzzed:
+          outputs: list[int], constant_nodes: bool, symbolic: bool = False) -> Fuzzed:
     """A model of `steps` (op index, operand choice) on an image, a sequence and/or token ids
-    (`layout`'s bits), its feeds, and its outputs: the last value plus those `outputs` pick."""
+    (`layout`'s bits), its feeds, and its outputs: the last value plus those `outputs` pick;
+    `symbolic` declares the inputs' batch dim "N" (fed as 1) and the outputs' dims open."""
     rng = np.random.default_rng(seed)
-    b = Builder(opset, rng, constant_nodes)
+    b = Builder(opset, rng, constant_nodes, symbolic)
     if layout % 4 != 1:
         c, h = 2 + seed % 3, [4, 6, 8][seed // 3 % 3]
         b.input("x", FLOAT, (1, c, h, h), rng.standard_normal((1, c, h, h)).astype(np.float32))

@@ -64,7 +64,7 @@ def fuzzed_models(draw, int4: bool = False, int8: bool = False):
     seed = draw(st.integers(0, 2 ** 16))
     layout = draw(st.integers(0, 7))
     steps = draw(st.lists(st.tuples(st.integers(0, len(OPS) - 1), st.integers(0, 63)),
-                          min_size=1, max_size=14))
+                          min_size=1, max_size=20))
     if int4:  # a sequence input, and a MatMul whose weight has 16 or 32 rows
         layout |= 1
         steps = [(OPS.index(matmul), 0)] + steps
@@ -72,7 +72,8 @@ def fuzzed_models(draw, int4: bool = False, int8: bool = False):
         layout &= ~1
         steps = [(OPS.index(conv), 1), (OPS.index(conv), 4)] + steps
     outputs = draw(st.lists(st.integers(0, 63), max_size=3))
-    fuzzed = build(opset, seed, layout, steps, outputs, draw(st.booleans()))
+    fuzzed = build(opset, seed, layout, steps, outputs, draw(st.booleans()),
+                   symbolic=draw(st.booleans()))
     assume(fuzzed is not None)
     try:  # models the generator got wrong are its bug, not the compiler's: fail loudly
         onnx.checker.check_model(fuzzed.model, full_check=True)
