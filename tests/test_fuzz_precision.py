@@ -300,7 +300,7 @@ def refused_ops(message: str) -> set[str]:
     return {re.sub(r" ×\d+$", "", op) for op in match.group(1).split(", ")}
 
 
-@fuzz_settings(12)
+@fuzz_settings(100)
 @given(fuzzed=fuzzed_models(), target=TARGETS, level=LEVELS,
        mode=st.sampled_from(["fp16", "bf16"]))
 def test_fp16_and_bf16_compile_run_and_agree(fuzzed, target, level, mode):
@@ -317,7 +317,7 @@ def test_fp16_and_bf16_compile_run_and_agree(fuzzed, target, level, mode):
     check_half(fuzzed, result, mode)
 
 
-@fuzz_settings(12)
+@fuzz_settings(100)
 @given(fuzzed=fuzzed_models(), target=TARGETS, level=LEVELS, data=st.data())
 def test_mixed_fp16_with_random_lists_compiles_runs_and_agrees(fuzzed, target, level, data):
     op_types = sorted({n.op_type for n in fuzzed.model.graph.node})
@@ -353,7 +353,7 @@ def _calibration(fuzzed, folder, rng, samples, as_directory):
     return path
 
 
-@fuzz_settings(10)
+@fuzz_settings(80)
 @given(fuzzed=fuzzed_models(int8=True), target=TARGETS, level=LEVELS, samples=st.integers(1, 4),
        as_directory=st.booleans(), keep_ends=st.booleans(),
        method=st.sampled_from(["minmax", "minmax", "percentile", "entropy", "mse"]))
@@ -379,7 +379,7 @@ def test_int8_compiles_runs_and_keeps_cosine(fuzzed, target, level, samples, as_
         check_cosine(fuzzed, runs, noisy_outputs(fuzzed, 0.0, of_range=2 / 255), 0.99)
 
 
-@fuzz_settings(10)
+@fuzz_settings(80)
 @given(fuzzed=fuzzed_models(int4=True), target=TARGETS, level=LEVELS,
        mixed=st.sampled_from(["keep", "mixed-fp16", "fp16"]), embeddings=st.booleans(),
        accuracy_level=st.sampled_from([0, 4]), gptq=st.booleans())
@@ -427,7 +427,7 @@ def gather_tables(model) -> set[str]:
     return {n.input[0] for n in model.graph.node if n.op_type == "Gather"}
 
 
-@fuzz_settings(3)
+@fuzz_settings(6)
 @given(fuzzed=fuzzed_models(), mode=st.sampled_from(["fp16", "mixed-fp16"]))
 def test_om_of_a_converted_model_loads_and_runs(fuzzed, mode, tmp_path_factory):
     result = compile_(fuzzed, target="cpu", precision=mode)
