@@ -456,6 +456,42 @@ def test_a_mixed_precision_norm_behind_a_cast_loads_at_onnxruntimes_full_level(t
     np.testing.assert_allclose(actual, numerics.run(proto, feeds)["y"], rtol=0.02, atol=0.02)
 
 
+@pytest.mark.parametrize("precision, head", [
+    ("fp16", "r = Identity (x)"),                          # behind fp16's Cast of the input
+    ("keep", "i = Cast <to = 6> (x)\n r = Cast <to = 1> (i)"),  # behind a Cast from int32
+])
+def test_a_norm_behind_any_cast_loads_at_onnxruntimes_full_level(tmp_path, precision, head):
+    # onnxruntime's LayerNormFusion fuses a decomposed norm into a LayerNormalization of the
+    # leading Cast's input whatever its dtype: float32 beside fp16's float16 scale at -O1
+    # (where FuseLayerNorm does not run), int32 for a model's own Cast from int; the .om
+    # disabled the fusion only behind a Cast from half precision, and did not load.
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 8, 16] x) => (float[1, 8, 16] y) {{
+          {head}
+          mean = ReduceMean <axes = [-1]> (r)
+          d = Sub (r, mean)
+          sq = Pow (d, two)
+          var = ReduceMean <axes = [-1]> (sq)
+          ve = Add (var, eps)
+          std = Sqrt (ve)
+          n = Div (d, std)
+          ng = Mul (n, gamma)
+          y = Add (ng, beta)
+        }}""")
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in {
+        "gamma": rng.standard_normal(16).astype(np.float32),
+        "beta": rng.standard_normal(16).astype(np.float32),
+        "two": np.float32(2), "eps": np.float32(1e-5)}.items())
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, level=1, precision=precision), path)
+    feeds = {"x": (rng.standard_normal((1, 8, 16)) * 4).astype(np.float32)}
+    with graphopt.load(path) as session:
+        actual = session.run(feeds)["y"]
+    np.testing.assert_allclose(actual, numerics.run(proto, feeds)["y"], rtol=0.02, atol=0.02)
+
+
 @pytest.mark.parametrize("exponent, epsilon", [(0.0, 1e-5), (3.0, 1e-5), (2.0, 0.0),
                                                (2.0, -1e-5), (2.0, float("nan"))])
 @pytest.mark.parametrize("level", [1, 2])

@@ -331,6 +331,30 @@ def test_a_graph_output_read_by_a_node_keeps_its_declared_rank_for_the_checker()
         assert len(y.type.tensor_type.shape.dim) == 3
 
 
+@pytest.mark.parametrize("level", [0, 1, 2])
+@pytest.mark.parametrize("precision", ["keep", "fp16", "mixed-fp16"])
+def test_a_graph_output_a_node_reads_keeps_a_declaration_inference_cannot_found(level,
+                                                                                 precision):
+    # A Reshape to a target ONNX inference cannot read (ReduceProd does not propagate data)
+    # has no inferred rank: its declaration was forgotten at import, as the MatMul reads it,
+    # and -O0/-O1 (which fold nothing) exported the output without a shape, which
+    # onnx.checker refuses in a main graph.
+    proto = parse_model("""
+        g (float[1,2,4,4] x) => (float[1,2,8] y, float[1,2,16] r) {
+            s = Shape(x)
+            head = Slice(s, zero, two)
+            tail = Slice(s, two, four)
+            rest = ReduceProd <axes = [0], keepdims = 1> (tail)
+            target = Concat <axis = 0> (head, rest)
+            r = Reshape(x, target)
+            y = MatMul(r, w)
+        }""", '<ir_version: 8, opset_import: ["" : 13]>\n', zero=np.array([0]),
+        two=np.array([2]), four=np.array([4]), w=np.ones((16, 8), np.float32))
+    out = optimize(proto, level=level, precision=precision).to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    assert [len(read_type(o.type)[1]) for o in out.graph.output] == [3, 3]
+
+
 @pytest.mark.parametrize("declared", [[1, 24], ["a", "b"]])
 def test_a_declared_rank_the_node_does_not_compute_gives_way(tmp_path, declared):
     # A Softmax of [1,2,3,4] declared as output [1,24]: onnxruntime warns and returns

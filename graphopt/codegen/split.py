@@ -8,7 +8,7 @@ from onnx import ModelProto
 
 from graphopt.codegen.om_write import OmPartition
 from graphopt.codegen.prepacking import prepacking_pays
-from graphopt.ir import DType, Model, load_onnx, to_onnx
+from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_export import node_to_proto, value_info
 from graphopt.ir.tensor import Tensor, referenced, tensor_copies, tensor_references
 from graphopt.numerics import optimized_by_onnxruntime
@@ -135,10 +135,13 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
 def _misfused_norm_part(node) -> bool:
     """A node onnxruntime's norm fusions would misread: a Pow whose constant exponent is not
     2, an Add of a constant ≤ 0 or NaN into a Sqrt (a decomposed norm's epsilon), a
-    LayerNormalization whose epsilon is ≤ 0 or NaN, or a ReduceMean of a Cast from half
-    precision (a decomposed norm that a mixed-precision compile runs in float32 behind a Cast:
-    onnxruntime 1.32 fuses it into a LayerNormalization of the float16 input and the float32
-    scale, which it then refuses to load, "Type parameter (T) … bound to different types")."""
+    LayerNormalization whose epsilon is ≤ 0 or NaN, or a ReduceMean of a Cast from another
+    dtype: onnxruntime 1.32 fuses the decomposed norm into a LayerNormalization of the Cast's
+    input, whatever its dtype, which it then refuses to load ("Type parameter (T) … bound to
+    different types"; "Type 'tensor(int32)' … is invalid"): the float16 input of one that a
+    mixed-precision compile runs in float32 behind a Cast, the float32 input of one that fp16
+    converts at -O0/-O1 (where FuseLayerNorm does not run) behind the model's input Cast, the
+    integers of a model's own Cast from int."""
     import math
 
     import numpy as np
@@ -148,8 +151,8 @@ def _misfused_norm_part(node) -> bool:
     if node.op_type == "ReduceMean" and node.inputs and node.inputs[0] is not None:
         cast = node.inputs[0].producer
         source = cast.inputs[0] if cast is not None and cast.op_type == "Cast" else None
-        if source is None or source.dtype not in (DType.FLOAT16, DType.BFLOAT16):
-            return False
+        if source is None or source.dtype is None or source.dtype == node.inputs[0].dtype:
+            return False  # a Cast to the dtype it reads: one onnxruntime may drop
         # A norm's: x - mean(x) follows (a mean pooled for its own sake leaves the fusions on).
         centred = {id(use.node) for use in node.outputs[0].uses if use.node.op_type == "Sub"}
         return any(id(use.node) in centred for use in node.inputs[0].uses)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import onnx
+
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import OptionError
 from graphopt.ir import DType
@@ -30,6 +32,7 @@ def check_host_bfloat16(partitioning, options, model) -> None:
     if "bf16" not in options.precision:
         return
     target = partitioning.target
+    functions = {(f.domain, f.name): f for f in model.functions}
     missing: Counter = Counter()
     stranded = []
     for part in partitioning.partitions:
@@ -37,9 +40,17 @@ def check_host_bfloat16(partitioning, options, model) -> None:
         if device.kind != "cpu":
             continue
         for node in part.nodes:
-            if node.op_type != "Cast" and _reads_or_writes(node, DType.BFLOAT16) \
-                    and not _host_runs(device, node, model):
-                missing[node.qualified_op] += 1
+            if node.op_type == "Cast" or not _reads_or_writes(node, DType.BFLOAT16):
+                continue
+            function = functions.get((node.domain, node.op_type))
+            # onnxruntime inlines a model-local function (an -O3 elementwise group) when it
+            # loads the model: its body's ops need the kernels, the call none of its own.
+            lacking = None if function is None else _body_lacking(device, node, function)
+            if lacking is None:
+                lacking = [] if _host_runs(device, node, model) else [node.qualified_op]
+            for op in lacking:
+                missing[op] += 1
+            if lacking:
                 stranded.append(node)
     if missing:
         ops = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(missing.items()))
@@ -77,6 +88,54 @@ def quantized_fallback_note(partitioning, options) -> str:
             f"{len(host)} of {len(placed)} "
             f"node(s) run on the host CPU, {len(quantized)} of them quantized ops "
             f"({', '.join(ops)}), e.g.: {why} (`graphopt partition` lists every reason)")
+
+
+def _body_lacking(device, node, function) -> list[str] | None:
+    """The ops of `function`'s body (called by `node`) that read or write bfloat16 and that the
+    host has no kernel for at their dtypes, named as inside the call; None when the body's
+    types do not follow from the call's (the call is then judged as one op)."""
+    types = _body_types(node, function)
+    if types is None:
+        return None
+    versions = {o.domain: o.version for o in function.opset_import}
+    lacking = []
+    for inner in function.node:
+        ins, outs = [types.get(n) for n in inner.input], [types.get(n) for n in inner.output]
+        if inner.op_type == "Cast" or "bfloat16" not in ins + outs:
+            continue
+        domain = "" if inner.domain == "ai.onnx" else inner.domain
+        version = versions.get(domain, versions.get("ai.onnx" if not domain else domain))
+        binds = None if version is None else cpu_kernel_binds(inner.op_type, domain, version,
+                                                              ins, outs)
+        if not (device.has_kernel(inner.op_type, domain, "bfloat16") if binds is None
+                else binds):
+            op = inner.op_type if not domain else f"{domain}::{inner.op_type}"
+            lacking.append(f"{op} (inside {node.qualified_op})")
+    return lacking
+
+
+def _body_types(node, function) -> dict[str, str | None] | None:
+    """Value name -> dtype name of a function body's values, inferred from the call's input
+    dtypes; None when inference fails."""
+    if any(v is not None and v.dtype is None for v in node.inputs):
+        return None
+    graph = onnx.helper.make_graph(
+        list(function.node), "body",
+        [onnx.helper.make_tensor_value_info(name, int(v.dtype), None)
+         for name, v in zip(function.input, node.inputs) if v is not None],
+        [onnx.ValueInfoProto(name=name) for name in function.output])
+    proto = onnx.helper.make_model(graph, opset_imports=list(function.opset_import))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True).graph
+    except Exception:  # noqa: BLE001 - a body inference cannot type is judged as one op
+        return None
+    return {v.name: _elem_name(v) for v in (*inferred.input, *inferred.value_info,
+                                            *inferred.output)}
+
+
+def _elem_name(info) -> str | None:
+    elem = info.type.tensor_type.elem_type if info.type.HasField("tensor_type") else 0
+    return dtype_name(elem) if elem else None
 
 
 def _host_runs(device, node, model) -> bool:

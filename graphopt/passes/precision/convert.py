@@ -121,7 +121,7 @@ class _Decider:
         if self.support.stand_in_refuses(node):
             self.kept_for_stand_in[node.qualified_op] += 1
             return False
-        if not self.support.runs(node, self.half):
+        if not self.support.runs(node, self.half, slots):
             if not self.mixed or _listed(node, self.options.precision_allow):
                 self.refused[node.qualified_op + self.where] += 1
             else:

@@ -29,6 +29,7 @@ from graphopt.ir import DType, Node
 from graphopt.ir.onnx_export import anonymous_node
 from graphopt.opcheck import expandable
 from graphopt.option_names import option, setting, usage
+from graphopt.partition.target_ort import cpu_kernel_binds
 from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
 
 # Matrix and convolution work: the reason to run in half precision at all.
@@ -207,12 +208,14 @@ class Support:
             device.kind == "npu" and device.kernel_source != "onnxruntime"
             for device in self.devices)
 
-    def runs(self, node: Node, dtype: DType) -> bool:
+    def runs(self, node: Node, dtype: DType, slots=None) -> bool:
+        """Whether the target runs `node` with the inputs and outputs `slots` lists (every
+        float32 one, without slots) in `dtype`."""
         from graphopt.passes.precision.schema import float_dtype_attrs
 
         gap = _ort_cpu_half_gap(node)
         name = {DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16"}[dtype]
-        if any(device.has_kernel(node.op_type, node.domain, name) for device in self.devices
+        if any(self._native(device, node, name, slots) for device in self.devices
                if not (gap and device.kernel_source == "onnxruntime")):
             return True
         if _expanded_by_onnxruntime(node, self.devices):
@@ -236,6 +239,33 @@ class Support:
                 self.emulated.add(node.qualified_op)
                 return True
         return False
+
+    def _native(self, device, node: Node, name: str, slots) -> bool:
+        """Whether `device` has a `name` kernel for `node`. onnxruntime's table is the union
+        over every version of the op, so its CPU provider is asked for the kernel of the
+        model's opset at the node's converted dtypes: Pad has bfloat16 from version 21 only,
+        and a bf16 compile at opset 13 wrote a Pad no session loads."""
+        if device.kernel_source == "onnxruntime" and self.opset and node.is_onnx:
+            binds = cpu_kernel_binds(node.op_type, "", self.opset,
+                                     _converted(node.inputs, slots and slots.inputs, name),
+                                     _converted(node.outputs, slots and slots.outputs, name))
+            if binds is not None:
+                return binds
+        return device.has_kernel(node.op_type, node.domain, name)
+
+
+def _converted(values, positions, name: str) -> list[str | None]:
+    """The dtype names of `values` once the float32 ones at `positions` (every float32 one,
+    when None) are `name`."""
+    names = []
+    for i, value in enumerate(values):
+        if value is None or value.dtype is None:
+            names.append(None)
+        elif value.dtype == DType.FLOAT and (positions is None or i in positions):
+            names.append(name)
+        else:
+            names.append(dtype_name(int(value.dtype)))
+    return names
 
 
 def _ort_cpu_half_gap(node: Node) -> bool:
