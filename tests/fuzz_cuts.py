@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 from hypothesis import strategies as st
+from onnx import helper, numpy_helper
 
 from fuzz_models import (BATCH, Builder, activation, affine, attention, gelu, layer_norm,
                          matmul_add, reduce_mean)
@@ -27,7 +28,7 @@ def heavy_conv(b: Builder, x: str, shape):
 
 
 def npu_stage(b: Builder, x: str, shape):
-    for _ in range(b.draw(st.integers(1, 3), label="convs")):
+    for _ in range(b.draw(st.integers(2, 3), label="convs")):
         x, shape = heavy_conv(b, x, shape)
     return x, shape
 
@@ -211,20 +212,51 @@ def head(b: Builder, x: str, shape):
     b.add_output(top, [shape[0], k])
 
 
+def shared_constant(b: Builder, x: str, shape):
+    """A Constant node that a host op and an NPU op both read (it joins one partition, and the
+    other must still get it)."""
+    value = b.name("constant")
+    b.nodes.append(helper.make_node("Constant", [], [value], name=b.name("Constant_"),
+                                    value=numpy_helper.from_array(
+                                        (b.weights(shape[1], 1, 1, scale=0.3) + 1)
+                                        .astype(b.dtype))))
+    host = b.op("Atan", [b.op("Mul", [x, value])])
+    return rejoin(b, b.op("Add", [heavy_conv(b, x, shape)[0], value]), host, shape)
+
+
+def traps(b: Builder, x: str, shape) -> None:
+    """Values the artifact's routing must still give the caller: the graph input itself, an
+    Identity of a value another output is, an initializer, an input no node reads."""
+    if b.flag("input as output"):
+        b.add_output(source(b), shape)
+    if b.flag("identity output"):
+        b.add_output(x, shape)
+        b.add_output(b.op("Identity", [x]), shape)
+    if b.flag("initializer output"):
+        weight = b.const(b.weights(3, scale=0.5), "returned", share=False)
+        b.add_output(weight, [3])
+    if b.flag("unread input"):
+        b.add_input([2, 3])
+
+
 PARTITION_BLOCKS = [npu_stage, npu_stage, host_stage, host_stage, squeeze_excite, from_input,
-                    dynamic_side_input]
+                    dynamic_side_input, shared_constant]
 
 
 def partition_net(b: Builder, batch):
     # Convs this size save the NPU more than the copies to and from it cost, and its launch
     # overhead per kernel: smaller ones are returned to the host whole.
-    shape = [batch, b.pick([32, 64], "channels"), *[b.pick([16, 24, 32], "size")] * 2]
+    shape = [batch, b.pick([32, 64, 64], "channels"), *[b.pick([16, 24, 32], "size")] * 2]
     x = b.add_input(shape)
     x, shape = npu_stage(b, x, shape)
-    for _ in range(b.draw(st.integers(1, 4), label="stages")):
-        x, shape = b.pick(PARTITION_BLOCKS, "stage")(b, x, shape)
+    # One stage at least cuts the graph; the others may add convs or cut it again.
+    stages = [b.pick(PARTITION_BLOCKS[2:], "cut")] + [
+        b.pick(PARTITION_BLOCKS, "stage") for _ in range(b.draw(st.integers(0, 3), label="more"))]
+    for stage in stages:
+        x, shape = stage(b, x, shape)
         if b.flag("npu after"):
             x, shape = npu_stage(b, x, shape)
+    traps(b, x, shape)
     if b.flag("head"):
         head(b, x, shape)
         if b.flag("trunk output too"):
