@@ -162,6 +162,9 @@ def from_input(b: Builder, x: str, shape):
 def nonzero_sum(b: Builder, src: str) -> str:
     """NonZero → GatherND → ReduceSum: the sum of the positive elements, a scalar."""
     positive = b.op("Greater", [src, b.const(np.array(0.0), "zero", share=False)])
+    if b.flag("mask output"):
+        b.add_output(positive, [d.dim_value or d.dim_param for d in
+                                b.inputs[0].type.tensor_type.shape.dim], np.bool_)
     where = b.op("Transpose", [b.op("NonZero", [positive])], perm=[1, 0])
     picked = b.op("GatherND", [src, where])
     total = b.op("ReduceSum", [picked], keepdims=0)
@@ -237,10 +240,24 @@ def traps(b: Builder, x: str, shape) -> None:
         b.add_output(weight, [3])
     if b.flag("unread input"):
         b.add_input([2, 3])
+    if b.flag("string ops"):  # a host-only branch of its own, beside the float graph
+        words = b.add_input([3], object)
+        # The C locale: onnxruntime refuses a locale the machine lacks (its default en_US).
+        b.add_output(b.op("StringNormalizer", [words], case_change_action="UPPER", locale="C"),
+                     [3], object)
+
+
+def maxpool_indices(b: Builder, x: str, shape):
+    """A MaxPool whose Indices output is read: the NPU kernel computes the values only."""
+    values, indices = b.op("MaxPool", [x], outputs=2, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    b.tap_int(indices, shape)
+    odd = b.op("Cast", [b.op("Mod", [indices, b.const(np.array(2, np.int64), "two",
+                                                            share=False)])], to=b.elem)
+    return rejoin(b, values, odd, shape)
 
 
 PARTITION_BLOCKS = [npu_stage, npu_stage, host_stage, host_stage, squeeze_excite, from_input,
-                    dynamic_side_input, shared_constant]
+                    dynamic_side_input, shared_constant, maxpool_indices]
 
 
 def partition_net(b: Builder, batch):

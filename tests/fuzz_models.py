@@ -595,6 +595,9 @@ def feeds_for(model: onnx.ModelProto, batch: int, seed: int = 3,
         dims = [d.dim_value if d.HasField("dim_value") else (sizes or {}).get(d.dim_param, batch)
                 for d in vi.type.tensor_type.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        feeds[vi.name] = rng.standard_normal(dims).astype(dtype)
+        if np.dtype(dtype).kind in "OU":  # strings
+            feeds[vi.name] = rng.choice(np.array(["ab", "Cd", "ÉF", ""], object), dims)
+        else:
+            feeds[vi.name] = rng.standard_normal(dims).astype(dtype)
     return feeds
 
