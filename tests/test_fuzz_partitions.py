@@ -57,10 +57,10 @@ def load(path):
         return graphopt.load(path)
 
 
-def run_session(session, feeds):
+def run_session(session, feeds, output_names=None):
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        return session.run(feeds)
+        return session.run(feeds, output_names)
 
 
 def check_partitions(proto: onnx.ModelProto, tmp_path) -> None:
@@ -80,8 +80,14 @@ def check_partitions(proto: onnx.ModelProto, tmp_path) -> None:
             path = tmp_path / f"{target}-O{level}.om"
             graphopt.save(result, path)
             scaled = WINOGRAD_SCALED if (level, target) == (3, "cpu") else 0.0
-            compare(expected[0], run_session(load(path), feeds), tolerance(proto), scaled,
-                         f"{where} .om of {count} partition(s)")
+            session = load(path)
+            where += f" .om of {count} partition(s)"
+            compare(expected[0], run_session(session, feeds), tolerance(proto), scaled, where)
+            # Some outputs only: the runtime runs the partitions they need, in order.
+            wanted = sorted(expected[0])[::2]
+            compare({n: expected[0][n] for n in wanted},
+                    run_session(session, feeds, wanted), tolerance(proto), scaled,
+                    f"{where}, outputs {wanted}")
 
 
 @fuzz_settings(6)
