@@ -248,12 +248,14 @@ def traps(b: Builder, x: str, shape) -> None:
 
 
 def maxpool_indices(b: Builder, x: str, shape):
-    """A MaxPool whose Indices output is read: the NPU kernel computes the values only."""
-    values, indices = b.op("MaxPool", [x], outputs=2, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    """A MaxPool whose Indices output is read: the NPU kernel computes the values only. On the
+    graph input: where a computed map has near ties, the index taken is the rounding's."""
+    values, indices = b.op("MaxPool", [source(b)], outputs=2, kernel_shape=[3, 3],
+                           pads=[1, 1, 1, 1])
     b.tap_int(indices, shape)
     odd = b.op("Cast", [b.op("Mod", [indices, b.const(np.array(2, np.int64), "two",
                                                             share=False)])], to=b.elem)
-    return rejoin(b, values, odd, shape)
+    return rejoin(b, x, b.op("Add", [values, odd]), shape)
 
 
 PARTITION_BLOCKS = [npu_stage, npu_stage, host_stage, host_stage, squeeze_excite, from_input,
@@ -308,6 +310,9 @@ SEQ_PROFILE_BLOCKS = [wide_matmul, wide_matmul, gelu, layer_norm, attention, act
 def profiled_net(b: Builder, batch, seq):
     shape = [batch, seq, b.pick([16, 32, 64], "d")]
     x = b.add_input(shape)
+    if b.flag("token ids"):  # an int64 input of the same symbolic dims, looked up in a table
+        ids = b.add_input(shape[:2], np.int64)  # feeds' normal draws: ids within ±8
+        x = b.op("Add", [x, b.op("Gather", [b.const(b.weights(8, shape[2]), "table"), ids])])
     if b.flag("host op on the input"):
         x, shape = host_seq(b, x, shape)
     for _ in range(b.draw(st.integers(1, 4), label="blocks")):
