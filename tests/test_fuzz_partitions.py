@@ -135,7 +135,7 @@ def profile_specs(draw, dims):
             profiles = [{**p, d: size} for p in profiles for size in v]
         return text, profiles
     profiles = draw(st.lists(st.fixed_dictionaries({d: st.sampled_from(SIZES[d]) for d in dims}),
-                             min_size=2, max_size=3, unique_by=lambda p: tuple(p.values())),
+                             min_size=2, max_size=3, unique_by=lambda p: tuple(sorted(p.items()))),
                     label="profiles")
     text = ";".join(",".join(f"{d}={v}" for d, v in p.items()) for p in profiles)
     return text, profiles
