@@ -12,6 +12,7 @@ from fuzz_models import (BATCH, Builder, activation, affine, attention, gelu, la
                          matmul_add, reduce_mean)
 
 SEQ = "S"  # the symbolic sequence dim of the profiled sequence nets
+SIDE = "K"  # the dim of a side input that nothing else shares
 
 
 def heavy_conv(b: Builder, x: str, shape):
@@ -196,7 +197,7 @@ def nms_count(b: Builder, src: str, shape) -> str:
 def dynamic_side_input(b: Builder, x: str, shape):
     """A second input with a dim no pin fixes: nodes reading it fall back for the dynamic
     shape; its mean over that dim is static again and scales the trunk on the NPU."""
-    side = b.add_input(["K", shape[1]])
+    side = b.add_input([SIDE, shape[1]])
     mean = reduce_mean(b, side, [0])  # [1, C]
     gate = b.op("Reshape", [mean, b.ints([1, shape[1], 1, 1])])
     return rejoin(b, x, gate, shape)
@@ -338,7 +339,12 @@ def profiled_models(draw):
                 draw(st.sampled_from([13, 17, 18]), label="opset"))
     if draw(st.booleans(), label="conv"):
         partition_net(b, BATCH)
-        return b.model(), [BATCH]
+        dims = [BATCH]
+        # The side input's dim too, maybe: an input only the host reads gets pinned.
+        if any(d.dim_param == SIDE for vi in b.inputs for d in vi.type.tensor_type.shape.dim) \
+                and draw(st.booleans(), label="pin K"):
+            dims.append(SIDE)
+        return b.model(), dims
     dims = draw(st.sampled_from([[BATCH], [SEQ], [BATCH, SEQ]]), label="symbolic dims")
     profiled_net(b, BATCH if BATCH in dims else draw(st.sampled_from([1, 2]), label="batch"),
                  SEQ if SEQ in dims else draw(st.integers(2, 8), label="seq"))

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from fuzz_cuts import SEQ, partition_models, profiled_models
+from fuzz_cuts import SEQ, SIDE, partition_models, profiled_models
 from fuzz_models import BATCH, feeds_for
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -21,7 +21,7 @@ import graphopt
 from graphopt.errors import GraphoptError
 
 TARGETS = ("ascend310", "ascend910b", "cpu")
-SIDE = {"K": 3}  # the size of the side input's dim, which no pin or profile fixes
+SIDE_SIZE = {SIDE: 3}  # the side input's dim, where no profile pins it
 
 
 def tolerance(proto: onnx.ModelProto) -> dict:
@@ -65,7 +65,7 @@ def run_session(session, feeds, output_names=None):
 
 def check_partitions(proto: onnx.ModelProto, tmp_path) -> None:
     onnx.checker.check_model(proto, full_check=True)  # a generator bug otherwise
-    feeds = feeds_for(proto, 1, sizes=SIDE)
+    feeds = feeds_for(proto, 1, sizes=SIDE_SIZE)
     expected = original(proto, [feeds])
     if expected is None:
         return
@@ -116,7 +116,7 @@ def test_most_generated_models_are_cut_into_several_partitions():
 
 # --- shape profiles ----------------------------------------------------------------------------
 
-SIZES = {BATCH: [1, 2, 3], SEQ: [2, 3, 5, 8]}
+SIZES = {BATCH: [1, 2, 3], SEQ: [2, 3, 5, 8], SIDE: [1, 4]}
 
 
 @st.composite
@@ -135,8 +135,8 @@ def profile_specs(draw, dims):
             profiles = [{**p, d: size} for p in profiles for size in v]
         return text, profiles
     profiles = draw(st.lists(st.fixed_dictionaries({d: st.sampled_from(SIZES[d]) for d in dims}),
-                             min_size=2, max_size=3, unique_by=lambda p: tuple(sorted(p.items()))),
-                    label="profiles")
+                             min_size=2, max_size=3,
+                             unique_by=lambda p: tuple(sorted(p.items()))), label="profiles")
     text = ";".join(",".join(f"{d}={v}" for d, v in p.items()) for p in profiles)
     return text, profiles
 
@@ -153,7 +153,7 @@ def test_profiled_artifacts_serve_every_profile_and_refuse_a_misfit(case, data, 
     proto, dims = case
     onnx.checker.check_model(proto, full_check=True)
     text, profiles = data.draw(profile_specs(dims), label="dynamic_dims")
-    feed_sets = [feeds_for(proto, 1, seed=i, sizes={**SIDE, **p})
+    feed_sets = [feeds_for(proto, 1, seed=i, sizes={**SIDE_SIZE, **p})
                  for i, p in enumerate(profiles)]
     expected = original(proto, feed_sets)
     if expected is None:
@@ -178,4 +178,4 @@ def test_profiled_artifacts_serve_every_profile_and_refuse_a_misfit(case, data, 
         # "fit none of the model's profiles", or a dim every profile gives one size refused
         # as the signature's: an error that says so, not a crash.
         with pytest.raises(GraphoptError):
-            run_session(session, feeds_for(proto, 1, sizes={**SIDE, **misfit(profiles)}))
+            run_session(session, feeds_for(proto, 1, sizes={**SIDE_SIZE, **misfit(profiles)}))
