@@ -24,9 +24,16 @@ TARGETS = ("ascend310", "ascend910b", "cpu")
 SIDE_SIZE = {SIDE: 3}  # the side input's dim, where no profile pins it
 
 
+# These nets are deeper than the rewrite fuzzer's (up to a dozen 3×3 convs of 64 channels): a
+# sum reordered in each moves the result by ulps of the trunk, which a squashing op (Atan,
+# Sigmoid, an Lp norm) then hides from the output's peak: 2.5e-5 off at a peak of 1.55 (of an
+# Atan) was seen at -O1, where FLOAT32's 1e-5 of the peak allows 1.6e-5.
+DEEP_FLOAT32 = {**FLOAT32, "atol": 1e-4}
+
+
 def tolerance(proto: onnx.ModelProto) -> dict:
     half = proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-    return FLOAT16 if half else FLOAT32
+    return FLOAT16 if half else DEEP_FLOAT32
 
 
 def compare(expected, actual, tolerance, scaled: float, where: str) -> None:
