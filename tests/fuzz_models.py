@@ -14,6 +14,11 @@ from helpers import IR_VERSION
 BATCH = "N"  # the symbolic batch dim's name; feeds give it two sizes
 
 
+def symbolic(shape) -> bool:
+    """Whether a shape has a symbolic dim, which no constant can take."""
+    return any(isinstance(d, str) for d in shape)
+
+
 class Builder:
     """Appends nodes and initializers; blocks take and return the "current" tensor and its
     shape, so that they compose. `draw` makes every choice, so hypothesis can shrink a failure."""
@@ -122,10 +127,6 @@ class Builder:
 
 
 # --- blocks on an NCHW tensor -------------------------------------------------------------
-
-
-def symbolic(shape) -> bool:
-    return any(isinstance(d, str) for d in shape)
 
 
 def conv_out(size, k, s, d, pb, pe, auto_pad):
