@@ -161,15 +161,17 @@ def from_input(b: Builder, x: str, shape):
 
 
 def nonzero_sum(b: Builder, src: str) -> str:
-    """NonZero → GatherND → ReduceSum: the sum of the positive elements, a scalar."""
+    """NonZero → GatherND → ReduceSum: the sum of the positive elements (scaled), a scalar."""
     positive = b.op("Greater", [src, b.const(np.array(0.0), "zero", share=False)])
     if b.flag("mask output"):
         b.add_output(positive, [d.dim_value or d.dim_param for d in
                                 b.inputs[0].type.tensor_type.shape.dim], np.bool_)
     where = b.op("Transpose", [b.op("NonZero", [positive])], perm=[1, 0])
     picked = b.op("GatherND", [src, where])
-    total = b.op("ReduceSum", [picked], keepdims=0)
-    return b.op("Mul", [total, b.const(np.array(1e-3), "milli", share=False)])
+    # Scaled before the sum: 3×64×32×32 positive halves sum past float16's 65504, an inf that
+    # onnxruntime's float32 upcast of ReduceSum → Mul hides but a cut between them keeps.
+    picked = b.op("Mul", [picked, b.const(np.array(1e-3), "milli", share=False)])
+    return b.op("ReduceSum", [picked], keepdims=0)
 
 
 def nms_count(b: Builder, src: str, shape) -> str:

@@ -97,7 +97,7 @@ def check_partitions(proto: onnx.ModelProto, tmp_path) -> None:
                     f"{where}, outputs {wanted}")
 
 
-@fuzz_settings(6)
+@fuzz_settings(10)
 @given(proto=partition_models())
 def test_partitioned_artifacts_give_the_originals_outputs(proto, tmp_path_factory):
     check_partitions(proto, tmp_path_factory.mktemp("om"))
@@ -154,7 +154,7 @@ def misfit(profiles) -> dict:
     return {**profiles[0], first: max(p[first] for p in profiles) + 1}
 
 
-@fuzz_settings(6)
+@fuzz_settings(8)
 @given(case=profiled_models(), data=st.data())
 def test_profiled_artifacts_serve_every_profile_and_refuse_a_misfit(case, data, tmp_path_factory):
     proto, dims = case
