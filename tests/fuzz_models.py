@@ -14,6 +14,11 @@ from helpers import IR_VERSION
 BATCH = "N"  # the symbolic batch dim's name; feeds give it two sizes
 
 
+def symbolic(shape) -> bool:
+    """Whether a shape has a symbolic dim, which no constant can take."""
+    return any(isinstance(d, str) for d in shape)
+
+
 class Builder:
     """Appends nodes and initializers; blocks take and return the "current" tensor and its
     shape, so that they compose. `draw` makes every choice, so hypothesis can shrink a failure."""
@@ -90,6 +95,16 @@ class Builder:
         elif how == "consumer":
             self.add_output(self.op("Neg", [name]), shape)
 
+    @property
+    def elem(self) -> int:
+        """The model's float dtype as an ONNX element type (a Cast's `to`)."""
+        return helper.np_dtype_to_tensor_dtype(self.dtype)
+
+    def tap_int(self, name: str, shape) -> None:
+        """Maybe make an integer intermediate (indices, a selection) a graph output."""
+        if self.flag("integer output"):
+            self.add_output(name, shape, np.int64)
+
     def model(self) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, "fuzz", self.inputs, self.outputs,
                                   [numpy_helper.from_array(a, n) for n, a in self.inits.items()])
@@ -107,7 +122,8 @@ class Builder:
         if rank >= 3:
             options += [(shape[1],) + (1,) * (rank - 2), (1, shape[1]) + (1,) * (rank - 2),
                         tuple(shape[-2:]), (1,) * (rank - 2) + (shape[-2], 1)]
-        return self.pick(options, label)
+        # A constant cannot take a symbolic dim past the batch (a sequence's, say).
+        return self.pick([o for o in options if not symbolic(o)], label)
 
 
 # --- blocks on an NCHW tensor -------------------------------------------------------------
@@ -455,7 +471,7 @@ def layer_norm(b: Builder, x: str, shape):
     normalized = [shape[a] for a in reduced]
     if reduced != list(range(rank - len(axes), rank)):  # not trailing: broadcast as [S, 1]
         normalized = [shape[a] if a in reduced else 1 for a in range(1, rank)]
-    if b.flag("ln scale"):
+    if not symbolic(normalized) and b.flag("ln scale"):
         y = b.op("Mul", [y, b.const(b.weights(*normalized, scale=0.5) + 1, "gamma")])
         if b.flag("ln bias"):
             y = b.op("Add", [y, b.const(b.weights(*normalized, scale=0.5), "beta")])
@@ -492,7 +508,8 @@ def matmul_add(b: Builder, x: str, shape):
     shape = shape[:-1] + [e]
     if b.flag("matmul bias"):
         b.tap(y, shape)
-        bshape = b.pick([(e,), (1, e), tuple(shape[1:])], "matmul bias shape")
+        bshape = b.pick([s for s in [(e,), (1, e), tuple(shape[1:])] if not symbolic(s)],
+                        "matmul bias shape")
         c = b.const(b.weights(*bshape, scale=0.5), "B")
         y = b.op("Add", [c, y] if b.flag("bias first") else [y, c])
     return y, shape
@@ -523,7 +540,9 @@ def attention(b: Builder, x: str, shape):
         scores = b.op("Mul", [scores, b.const(np.array(scale), "scale", share=False)])
     elif place == "div":
         scores = b.op("Div", [scores, b.const(np.array(1 / scale), "scale", share=False)])
-    mask = b.pick([None, (s, s), (1, 1, s, s), (1, 1, 1, s), "input"], "mask")
+    masks = [None, "input"] if isinstance(s, str) else [None, (s, s), (1, 1, s, s), (1, 1, 1, s),
+                                                         "input"]
+    mask = b.pick(masks, "mask")
     if mask == "input":
         m = b.add_input([n, 1, 1, s])
         scores = b.op("Add", [scores, m])
@@ -568,13 +587,18 @@ def models(draw, family: str):
     return b.model(), symbolic
 
 
-def feeds_for(model: onnx.ModelProto, batch: int, seed: int = 3) -> dict[str, np.ndarray]:
+def feeds_for(model: onnx.ModelProto, batch: int, seed: int = 3,
+              sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs; a symbolic dim takes its size in `sizes`, else `batch`."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for vi in model.graph.input:
-        dims = [d.dim_value if d.HasField("dim_value") else batch
+        dims = [d.dim_value if d.HasField("dim_value") else (sizes or {}).get(d.dim_param, batch)
                 for d in vi.type.tensor_type.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        feeds[vi.name] = rng.standard_normal(dims).astype(dtype)
+        if np.dtype(dtype).kind in "OU":  # strings
+            feeds[vi.name] = rng.choice(np.array(["ab", "Cd", "ÉF", ""], object), dims)
+        else:
+            feeds[vi.name] = rng.standard_normal(dims).astype(dtype)
     return feeds
 

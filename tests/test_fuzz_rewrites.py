@@ -45,13 +45,13 @@ def run(proto: onnx.ModelProto, feeds) -> dict[str, np.ndarray]:
         return numerics.run(proto, feeds)
 
 
-def compile_or_refuse(proto, level, target):
+def compile_or_refuse(proto, level, target, **options):
     """The compiled model, or None when graphopt refused the model cleanly. A PassError, or a
     refusal that says it is a graphopt bug, fails: the input is valid."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return graphopt.optimize(proto, level=level, target=target)
+            return graphopt.optimize(proto, level=level, target=target, **options)
         except GraphoptError as exc:
             assert not isinstance(exc, PassError) and "graphopt bug" not in str(exc), str(exc)
             event(f"refused: {type(exc).__name__}")
