@@ -332,8 +332,9 @@ def default_tiling(shape: GemmShape, device: Device) -> Tiling:
     """A CANN-style default: base tiles of 128 × 128 × 128 elements (K 256 for int8, whose cube
     is 32 wide in K), each cut to a multiple of the cube and capped by its dim rounded up to
     it, double buffered, l1_depth 2 and every AI core that gets a tile: the kind of fixed base
-    block CANN's matmul tiling starts from. It fits L0A/L0B/L0C/L1/UB double buffered on every shipped NPU profile; on a smaller
-    device the tile halves (M and N first, then K) until it fits, then double buffering goes.
+    block CANN's matmul tiling starts from. It fits L0A/L0B/L0C/L1/UB double buffered on every
+    shipped NPU profile; on a smaller device the tile halves (M and N first, then K) until it
+    fits, then double buffering goes.
     Not the optimum: it ignores the shape's memory traffic, pipeline fill and the core split's
     load balance, which is what tuning is for."""
     cm, ck, cn = cube_shape(shape, device)
