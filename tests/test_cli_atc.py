@@ -149,9 +149,8 @@ def test_a_batch_that_inputs_share_takes_atcs_dynamic_batch_size(tmp_path, capsy
         np.testing.assert_array_equal(session.run({"a": a, "b": b})["y"], a + b)
 
 
-def test_atcs_input_shape_of_an_aipp_input_is_the_models_and_keeps_its_batch(tmp_path, capsys):
-    # ATC's --input_shape describes the model's NCHW input, AIPP or not; graphopt's pins the fed
-    # uint8 image, so the line was refused: "dim 1 is fixed to 32 …, cannot pin it to 3".
+def _aipp_line(tmp_path) -> list[str]:
+    """An atc line compiling a [N,3,8,8] conv net with a static RGB888 AIPP of 8×8 images."""
     model = tmp_path / "net.onnx"
     onnx.save(parse_model("""
         g (float[N,3,8,8] x) => (y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
@@ -159,9 +158,14 @@ def test_atcs_input_shape_of_an_aipp_input_is_the_models_and_keeps_its_batch(tmp
     config = tmp_path / "aipp.cfg"
     config.write_text("aipp_op {\n  aipp_mode: static\n  input_format: RGB888_U8\n"
                       "  src_image_size_w: 8\n  src_image_size_h: 8\n}\n")
-    rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
-                           f"--output={tmp_path / 'net'}", "--soc_version=Ascend310",
-                           "--input_shape=x:2,3,8,8", f"--insert_op_conf={config}")
+    return ["atc", f"--model={model}", "--framework=5", f"--output={tmp_path / 'net'}",
+            "--soc_version=Ascend310", f"--insert_op_conf={config}"]
+
+
+def test_atcs_input_shape_of_an_aipp_input_is_the_models_and_keeps_its_batch(tmp_path, capsys):
+    # ATC's --input_shape describes the model's NCHW input, AIPP or not; graphopt's pins the fed
+    # uint8 image, so the line was refused: "dim 1 is fixed to 32 …, cannot pin it to 3".
+    rc, out, err = run_cli(capsys, *_aipp_line(tmp_path), "--input_shape=x:2,3,8,8")
     assert rc == 0, err
     assert "--input-shape x:2,-1,-1,-1" in out
     with pytest.warns(RuntimeWarning, match="CANNExecutionProvider not installed"):
@@ -186,15 +190,7 @@ def test_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):
 def test_atcs_input_shape_of_an_aipp_input_is_checked_against_the_model(tmp_path, capsys):
     # Only its batch carries over to the fed image: a wrong rank or channel count passed as
     # the batch of a compile that then ran.
-    model = tmp_path / "net.onnx"
-    onnx.save(parse_model("""
-        g (float[N,3,8,8] x) => (y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
-        w=np.random.default_rng(2).standard_normal((4, 3, 3, 3)).astype(np.float32)), model)
-    config = tmp_path / "aipp.cfg"
-    config.write_text("aipp_op {\n  input_format: RGB888_U8\n}\n")
     for shape in ("x:1,3,8", "x:1,4,8,8"):
-        rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
-                               f"--output={tmp_path / 'net'}", "--soc_version=Ascend310",
-                               f"--input_shape={shape}", f"--insert_op_conf={config}")
+        rc, out, err = run_cli(capsys, *_aipp_line(tmp_path), f"--input_shape={shape}")
         assert rc == 1 and f"input 'x' is [?,3,8,8] in the model, the input " \
                f"--insert_op_conf's preprocessing feeds, not {shape[2:]}" in err, err
