@@ -414,22 +414,8 @@ NORM = """
     }"""
 
 
-def test_a_mixed_precision_norm_behind_a_cast_loads_at_onnxruntimes_full_level(tmp_path):
-    # A decomposed LayerNorm graphopt cannot fuse (its last dim comes from a Reshape to a
-    # shape built at run time, as paddle2onnx writes PaddleOCR's recognizer) runs in float32
-    # behind a Cast from the float16 MatMul: onnxruntime's LayerNormFusion fused it into a
-    # LayerNormalization of the float16 input and the float32 scale, and refused the .om.
-    rng = np.random.default_rng(0)
-    proto = onnx.parser.parse_model("""
-        <ir_version: 8, opset_import: ["" : 17]>
-        g (float[N, T, 16] x) => (float y) {
-          mm = MatMul (x, w)
-          a = Add (mm, b)
-          sx = Shape (x)
-          sx2 = Slice (sx, s0, s2)
-          target = Concat <axis = 0> (sx2, m1)
-          r = Reshape (a, target)
-          mean = ReduceMean <axes = [-1]> (r)
+# A decomposed LayerNorm of `r` into `y`, with constants two, eps, gamma and beta.
+NORM_OF_R = """mean = ReduceMean <axes = [-1]> (r)
           d = Sub (r, mean)
           sq = Pow (d, two)
           var = ReduceMean <axes = [-1]> (sq)
@@ -437,8 +423,26 @@ def test_a_mixed_precision_norm_behind_a_cast_loads_at_onnxruntimes_full_level(t
           std = Sqrt (ve)
           n = Div (d, std)
           ng = Mul (n, gamma)
-          y = Add (ng, beta)
-        }""")
+          y = Add (ng, beta)"""
+
+
+def test_a_mixed_precision_norm_behind_a_cast_loads_at_onnxruntimes_full_level(tmp_path):
+    # A decomposed LayerNorm graphopt cannot fuse (its last dim comes from a Reshape to a
+    # shape built at run time, as paddle2onnx writes PaddleOCR's recognizer) runs in float32
+    # behind a Cast from the float16 MatMul: onnxruntime's LayerNormFusion fused it into a
+    # LayerNormalization of the float16 input and the float32 scale, and refused the .om.
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, T, 16] x) => (float y) {{
+          mm = MatMul (x, w)
+          a = Add (mm, b)
+          sx = Shape (x)
+          sx2 = Slice (sx, s0, s2)
+          target = Concat <axis = 0> (sx2, m1)
+          r = Reshape (a, target)
+          {NORM_OF_R}
+        }}""")
     proto.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in {
         "w": rng.standard_normal((16, 16)).astype(np.float32),
         "b": rng.standard_normal(16).astype(np.float32),
@@ -470,15 +474,7 @@ def test_a_norm_behind_any_cast_loads_at_onnxruntimes_full_level(tmp_path, preci
         <ir_version: 8, opset_import: ["" : 17]>
         g (float[1, 8, 16] x) => (float[1, 8, 16] y) {{
           {head}
-          mean = ReduceMean <axes = [-1]> (r)
-          d = Sub (r, mean)
-          sq = Pow (d, two)
-          var = ReduceMean <axes = [-1]> (sq)
-          ve = Add (var, eps)
-          std = Sqrt (ve)
-          n = Div (d, std)
-          ng = Mul (n, gamma)
-          y = Add (ng, beta)
+          {NORM_OF_R}
         }}""")
     proto.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in {
         "gamma": rng.standard_normal(16).astype(np.float32),
