@@ -52,8 +52,9 @@ def add_atc_parser(sub) -> None:
     p.add_argument("--soc_version", metavar="CHIP",
                    help="Ascend310, Ascend310B*, Ascend910B*: graphopt's --target (required)")
     p.add_argument("--input_shape", metavar="SHAPES",
-                   help='"x:1,3,224,224;y:…" (-1: dynamic); of an input --insert_op_conf '
-                        "names, the model's input as ATC reads it, of which the batch is kept")
+                   help='"x:1,3,224,224;y:…" (-1: dynamic); for an input --insert_op_conf '
+                        "preprocesses, the model's input: checked, and its batch pins the fed "
+                        "image")
     p.add_argument("--input_format", metavar="NCHW|NCDHW|ND",
                    help="NCHW (ATC's default for ONNX), NCDHW or ND: where "
                         "--dynamic_image_size finds height and width")
