@@ -42,7 +42,7 @@ def add_bisect_parser(sub) -> None:
                    help="the .onnx model whose optimized outputs are wrong")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level 0-3 (default 2)")
-    p.add_argument("--target", type=target_name, metavar="T",
+    p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="compile for a target (a built-in name or a profile .json), as "
                         "`graphopt optimize --target` does; without it, for none, as "
                         "`optimize -o x.onnx` (an .om compiled without --target used cpu: "

@@ -29,7 +29,8 @@ def add_calibrate_parser(sub) -> None:
     # path_text: an empty -o (an unset shell variable) read as no -o, and the calibration
     # went over the default file every estimate reads.
     p.add_argument("-o", "--output", type=path_text, metavar="FILE.json",
-                   help="where to write the JSON (default: ~/.cache/graphopt/calibration-cpu.json)")
+                   help="where to write the JSON (default: $XDG_CACHE_HOME/graphopt/"
+                        "calibration-cpu.json, ~/.cache when unset)")
     p.add_argument("--threads", type=positive_thread_count, default=1, metavar="N",
                    help="onnxruntime intra-op threads (default 1, as the benches report)")
     p.add_argument("--quick", action="store_true",

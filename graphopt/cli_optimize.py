@@ -20,13 +20,8 @@ EXAMPLES = """examples:
   graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
   graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
   graphopt optimize bert.onnx -o bert.om --dynamic-dims "batch_size:1,8;sequence_length:128,512"
-  graphopt partition model.onnx --target ascend310
-  graphopt targets ascend910b
-  graphopt tune model.onnx --target ascend310 --tuning-db tuning.db --trials 50
-  graphopt inspect model.om
-  graphopt run model.om --inputs x.npz --repeat 100
-  graphopt passes
-  graphopt zoo build resnet50 -o resnet50.onnx
+  graphopt optimize resnet.onnx -o resnet.om --quantize int8 --calibration calib.npz
+  graphopt optimize yolo.onnx -o yolo.om --out-nodes "boxes;scores"
 """
 
 
@@ -42,8 +37,9 @@ def add_optimize_parser(sub) -> None:
     p.add_argument("-o", "--output", required=True, type=path_text, metavar="FILE",
                    help="output path: .onnx for ONNX, .om for the graphopt artifact")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
-                   help="optimization level 0-3 (default 2; 3 may change results in the last "
-                        "bits; `graphopt passes` lists the passes of each level)")
+                   help="optimization level 0-3 (default 2; 3 may change results by up to about "
+                        "2e-5 of a layer's largest output: Winograd convs, Softplus, Mish; "
+                        "`graphopt passes` lists the passes of each level)")
     p.add_argument("--disable-pass", action="append", default=[], type=name_text,
                    metavar="NAME",
                    help="skip a pass by name; repeatable")
@@ -73,9 +69,10 @@ def add_optimize_parser(sub) -> None:
     p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
                    help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
     p.add_argument("--verify", action="store_true",
-                   help="run original and optimized with onnxruntime (no ORT optimizations) on "
-                        "seeded inputs; fail and write nothing if outputs differ, or if the "
-                        "optimized model does not load at ORT_ENABLE_ALL")
+                   help="run original and optimized with onnxruntime (no ORT optimizations; after a "
+                        "lossy precision pass at ORT_ENABLE_ALL, judged by cosine) on seeded "
+                        "inputs; fail and write nothing if outputs differ, or if the optimized "
+                        "model does not load at ORT_ENABLE_ALL")
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="with --verify: its inputs instead of random data, and the accuracy "
                         "report's (instead of the calibration samples)")
@@ -98,7 +95,8 @@ def add_optimize_parser(sub) -> None:
                           help="same as --switch-file (ATC's spelling)")
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
-                        "its devices and an .om holds one model per device partition")
+                        "its devices and an .om holds one model per device partition "
+                        "(default: cpu for an .om, none for an .onnx)")
     p.add_argument("--tuning-db", type=path_text, metavar="FILE.db|URL",
                    help="apply what `graphopt tune` stored in this knowledge base: the subgraph "
                         "decisions tuned for this model, and tuned tilings in an NPU .om's "
@@ -107,11 +105,12 @@ def add_optimize_parser(sub) -> None:
                    help="reorder each partition's nodes to lower its peak work memory")
     p.add_argument("--memory-plot", type=path_text, metavar="FILE",
                    help="draw each partition's memory plan, tensors over time × address "
-                        "(.png or .svg; one file per partition when there are several)")
+                        "(.png or .svg; with several plans, partitions or shape profiles, one "
+                        "FILE-stem.<profile>.<partition>.ext each)")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model")
     add_precision_args(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=_cmd_optimize)
 
 

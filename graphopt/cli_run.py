@@ -9,7 +9,7 @@ from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import input_shapes, non_negative_int, path_text, positive_int, thread_count
 from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
-from graphopt.source_marks import extra_preprocessing
+from graphopt.source_marks import extra_fixed_inputs, extra_preprocessing
 from graphopt.warning_scope import kept_notices
 
 DEFAULT_WARMUP = 3
@@ -60,7 +60,8 @@ def add_run_parser(sub) -> None:
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin the dynamic dims of the random inputs, ATC style: '
                         '"input_ids:1,128" (a dim pinned on one input is pinned on every input '
-                        'that shares its name); not with --inputs or --profile')
+                        'that shares its name; with --profile, the dims that profile leaves '
+                        'open); not with --inputs')
     p.add_argument("--profile", metavar="NAME",
                    help="an artifact with shape profiles (--dynamic-dims): open this profile "
                         "alone and shape the random inputs for it (default: every profile, "
@@ -98,9 +99,6 @@ def _check_run_options(args) -> int:
     if args.input_shape and args.inputs:
         raise OptionError("--input-shape shapes random inputs; with --inputs the arrays' own "
                           "shapes apply")
-    if args.input_shape and args.profile is not None:
-        raise OptionError(f"--input-shape pins dynamic dims; --profile {args.profile} shapes the "
-                          "random inputs with static ones: give one or the other")
     if args.profile is not None and args.inputs:
         raise OptionError("--profile shapes random inputs; with --inputs their shapes choose "
                           "the profile")
@@ -146,8 +144,10 @@ def _cmd_run(args) -> int:
         if args.input_shape:  # the runtime takes the shape profile the pinned shapes fit
             from graphopt.input_shapes import parse_input_shapes, pinned_signature
 
-            signature = pinned_signature(session.inputs, parse_input_shapes(args.input_shape),
-                                         args.model)
+            # With --profile, the pins size the dims that profile leaves open.
+            signature, label = ((signature, f"{args.model} profile {args.profile}")
+                                if args.profile is not None else (session.inputs, args.model))
+            signature = pinned_signature(signature, parse_input_shapes(args.input_shape), label)
         images = extra_preprocessing(session.artifact.extra)  # --insert-op-conf's uint8 ones
         try:
             feeds = random_feeds(signature, seed=seed, images=images)
@@ -164,7 +164,9 @@ def _cmd_run(args) -> int:
               "made from the artifact's signature")
     else:
         try:
-            check_feeds(session.inputs, feeds)
+            unknown = feeds.keys() - {entry["name"] for entry in session.inputs}
+            check_feeds(session.inputs, feeds,  # the details are read only to explain a name
+                        extra_fixed_inputs(session.artifact.extra) if unknown else ())
         except InputError as exc:
             raise InputError(f"--inputs {args.inputs}: {exc}") from None
 
@@ -228,15 +230,17 @@ def _profile_signature(session) -> list[dict]:
 def _cmd_inspect(args) -> int:
     from graphopt.codegen.inspect_om import describe_om, format_om
     from graphopt.codegen.inspect_onnx import describe_onnx, format_onnx, read_onnx
-    from graphopt.codegen.om_read import is_om, load_om
+    from graphopt.codegen.om_read import is_om, load_om, looks_like_onnx
 
     path = args.model
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .om or .onnx file")
-    # By content, with the suffix as a tie-breaker: a broken .om gets load_om's precise reason.
-    if is_om(path) or path.lower().endswith(".om") or _is_zip(path):
+    # By content, with the suffix as a tie-breaker: a broken .om gets load_om's precise reason,
+    # an ONNX model named .om is shown as one.
+    if is_om(path) or _is_zip(path) or (path.lower().endswith(".om")
+                                         and not looks_like_onnx(path)):
         artifact = load_om(path)
         text = json.dumps(describe_om(artifact), indent=2) if args.json else format_om(artifact)
     else:

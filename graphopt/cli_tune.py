@@ -40,7 +40,7 @@ def _storage_args(p, *, db_only: bool = False) -> None:
     group = p.add_mutually_exclusive_group()  # both given, one would be silently ignored
     group.add_argument("--tuning-db", metavar="FILE.db",
                        help=("the knowledge base" if db_only else "SQLite knowledge base")
-                       + " (default: ~/.cache/graphopt/tuning.db)")
+                       + " (default: $XDG_CACHE_HOME/graphopt/tuning.db, ~/.cache when unset)")
     group.add_argument("--storage", metavar="URL",
                        help="an Optuna storage URL instead" if db_only else
                        "any Optuna storage URL (sqlite:///x.db, postgresql://…); use a server "

@@ -7,6 +7,7 @@ import os
 from onnx import ModelProto
 
 from graphopt import api_args
+from graphopt.compile_checks import overridable_initializers
 from graphopt.compile_result import OptimizeResult, file_identity
 from graphopt.compile_tuning import applied_study, knowledge_base
 from graphopt.errors import OptionError
@@ -18,7 +19,8 @@ from graphopt.ir.tensor import external_initializers, tensor_references
 from graphopt.option_names import from_command_line, option
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 from graphopt.portable_types import residual_types_kept
-from graphopt.source_marks import (EXTRA_CUT, EXTRA_IO_TYPES, EXTRA_PREPROCESS, cut_outputs,
+from graphopt.source_marks import (EXTRA_CUT, EXTRA_FIXED_INPUTS, EXTRA_IO_TYPES,
+                                   EXTRA_PREPROCESS, cut_outputs,
                                    inserted_preprocessing, io_types)
 
 # The manifest's target for an .om compiled without one: no device layout, the CPU runs it.
@@ -143,6 +145,9 @@ def _recorded_extra(model: Model | ModelProto) -> dict:
     io = io_types(model.metadata_props)
     if io["inputs"] or io["outputs"]:  # for inspect and compare: dtypes not the source's
         extra[EXTRA_IO_TYPES] = io
+    fixed = overridable_initializers(model) if isinstance(model, Model) else []
+    if fixed:  # for the runtime: a feed for one of them is explained, not merely unknown
+        extra[EXTRA_FIXED_INPUTS] = fixed
     return extra
 
 

@@ -77,6 +77,8 @@ def io_types_text(recorded: dict) -> str:
 
 # The same records in an .om's manifest extra, under these keys.
 EXTRA_CUT, EXTRA_PREPROCESS, EXTRA_IO_TYPES = "outputs_cut", "preprocess", "io_types"
+# The source's overridable initializers, which an .om fixes: a feed for one is explained.
+EXTRA_FIXED_INPUTS = "fixed_inputs"
 
 
 def extra_io_types(extra: dict) -> dict:
@@ -87,6 +89,12 @@ def extra_io_types(extra: dict) -> dict:
 def extra_cut_outputs(extra: dict) -> list[str]:
     """cut_outputs of an .om's extra (free-form: what is not a list of names is none)."""
     names = extra.get(EXTRA_CUT)
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def extra_fixed_inputs(extra: dict) -> list[str]:
+    """The source model's inputs that an .om fixed at their initializers' values."""
+    names = extra.get(EXTRA_FIXED_INPUTS)
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 

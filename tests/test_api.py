@@ -729,6 +729,10 @@ def test_overridable_initializers_are_named_and_what_each_output_does_with_them(
     om = graphopt.load(tmp_path / "m.om")
     assert [i["name"] for i in om.inputs] == ["x"]
     np.testing.assert_array_equal(om.run({"x": x})["y"], x)
+    # A feed of it was "unknown", an input the source model declares.
+    with pytest.raises(InputError, match="^input 'b' is an initializer the source model lets a "
+                                         "caller override, which the .om fixed at its value"):
+        om.run({"x": x, "b": b})
     proto.ir_version = 3  # before IR 4 every initializer is listed as an input: plain weights
     proto.opset_import[0].version = 8
     assert not [n for n in graphopt.optimize(proto).notes if "override" in n]

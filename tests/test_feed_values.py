@@ -56,3 +56,32 @@ def test_an_input_past_numpys_rank_is_named_without_advice_that_cannot_help(tmp_
         rc, _, err = run_cli(capsys, *argv)
         assert rc in (1, 2) and expected in err and "--inputs" not in err, (argv, err)
         assert "internal error" not in err
+
+
+def test_strings_with_a_nul_reach_the_model_whole(tmp_path, capsys):
+    # onnxruntime reads a str array (dtype <U, what a list of str and an .npz give) only up to
+    # an element's first NUL: "a\x00b" came back as "a" from run() and `graphopt run`.
+    source, om = _identity(tmp_path, TensorProto.STRING, [2])
+    session = graphopt.load(om)
+    for value in (["a\x00b", "b"], np.array(["a\x00b", "b"])):
+        assert session.run({"x": value})["y"].tolist() == ["a\x00b", "b"]
+    np.savez(tmp_path / "x.npz", x=np.array(["a\x00b", "b"]))
+    rc, _, err = run_cli(capsys, "run", om, "--inputs", tmp_path / "x.npz",
+                         "--outputs", tmp_path / "y.npz")
+    assert rc == 0, err
+    assert np.load(tmp_path / "y.npz")["y"].tolist() == ["a\x00b", "b"]
+
+
+def test_a_list_feed_takes_the_inputs_dtype_as_onnxruntime_gives_it(tmp_path):
+    # numpy reads a list of floats as float64, which a float32 input refused with a message
+    # about a float64 array the caller never made; onnxruntime casts a list to the input's type.
+    (tmp_path / "f").mkdir(), (tmp_path / "u").mkdir()
+    floats = graphopt.load(_identity(tmp_path / "f", TensorProto.FLOAT, [2])[1])
+    assert floats.run({"x": [1.5, -2]})["y"].tolist() == [1.5, -2.0]
+    assert floats.run({"x": [1.5, -2]})["y"].dtype == np.float32
+    ints = graphopt.load(_identity(tmp_path / "u", TensorProto.UINT8, [2])[1])
+    assert ints.run({"x": [1, 255]})["y"].tolist() == [1, 255]
+    for value, numpy_reads in (([1.5, 2.0], "float64"), ([1, 300], "int64")):
+        with pytest.raises(InputError, match=f"^input 'x' was given as a list that numpy reads "
+                                             f"as {numpy_reads}, which does not cast to uint8"):
+            ints.run({"x": value})

@@ -456,8 +456,8 @@ def test_only_the_default_storage_directory_is_created(tmp_path, monkeypatch):
 def test_reading_a_missing_knowledge_base_is_refused(built, tmp_path, capsys, command):
     missing = tmp_path / "nonexist.db"
     rc, _, err = run_cli(capsys, *commands(built, tmp_path, "--tuning-db", str(missing))[command])
-    assert_user_error(rc, err, f"--tuning-db {missing}: no such file")
-    assert "creates it" in err and not missing.exists()
+    assert_user_error(rc, err, f"--tuning-db {missing}: no such knowledge base")
+    assert "creates one" in err and not missing.exists()
 
 
 def test_reading_the_default_knowledge_base_before_any_tune_says_so(tmp_path, capsys,

@@ -467,13 +467,20 @@ def test_run_pins_the_dynamic_dims_of_its_random_inputs(tmp_path, capsys):
     assert rc == 1 and "--input-shape shapes random inputs" in err
 
 
-def test_run_refuses_input_shape_with_profile(tmp_path, capsys):
-    # A profile's shapes are static: the pins were dropped, and a -1 left the run asking for them.
+def test_run_input_shape_sizes_what_a_profile_leaves_open(tmp_path, capsys):
+    # --profile with --input-shape was refused outright, while a profile that leaves a dim
+    # open asked for --input-shape: a profile of that kind could not be run on its own.
     model = parse_model("g (float[N, S] a, float[N, S] b) => (float[N, S] y) { y = Add (a, b) }")
-    om = tmp_path / "add.om"
-    graphopt.save(graphopt.optimize(model, dynamic_dims="N:1,2;S:3,4"), om)
-    rc, _, err = cli(capsys, "run", om, "--profile", "profile1", "--input-shape", "a:-1,4")
-    assert rc == 1 and "--input-shape pins dynamic dims; --profile profile1" in err, err
+    om, out = tmp_path / "add.om", tmp_path / "y.npz"
+    graphopt.save(graphopt.optimize(model, dynamic_dims="N:1,2"), om)
+    rc, _, err = cli(capsys, "run", om, "--profile", "profile1")
+    assert rc == 1 and "pin its dims with --input-shape" in err, err
+    rc, stdout, err = cli(capsys, "run", om, "--profile", "profile1", "--input-shape", "a:-1,5",
+                          "--outputs", out)
+    assert rc == 0 and "shape profile profile1 (N=2)" in stdout, err
+    assert load_npz(out)["y"].shape == (2, 5)
+    rc, _, err = cli(capsys, "run", om, "--profile", "profile1", "--input-shape", "a:1,5")
+    assert rc == 1 and "input 'a' dim 0 is fixed to 2 by " in err and "profile profile1" in err
 
 
 def test_run_repeat_prints_latency_percentiles(compiled, capsys):
@@ -784,6 +791,18 @@ def test_registered_with_graphopt_main(compiled, capsys):
         main(["run", compiled, "--repeat", "0"])
     assert exited.value.code == 2
     assert "--repeat: 0 is not allowed" in capsys.readouterr().err
+
+
+def test_an_onnx_model_named_om_is_inspected_and_profiled_as_one(tmp_path, capsys):
+    # inspect and profile trusted the suffix: "not an .om artifact (not a zip archive)".
+    named_om = tmp_path / "model.om"
+    onnx.save(exported(), named_om)
+    rc, out, err = cli(capsys, "inspect", named_om)
+    assert rc == 0 and "format   ONNX" in out, err
+    rc, out, err = cli(capsys, "profile", named_om, "--repeat", "1")
+    assert rc == 0 and "per run: wall" in out, err
+    rc, _, err = cli(capsys, "run", named_om)
+    assert rc == 1 and "not an .om artifact (it looks like an ONNX model)" in err
 
 
 def test_an_om_given_where_onnx_is_expected_is_named_as_such(compiled, capsys):

@@ -145,23 +145,24 @@ def random_array(name: str, shape: list[int], dtype: np.dtype,
     return np.asarray(data).astype(dtype)
 
 
-def check_feeds(signature: list[Mapping], feeds: Mapping[str, Any]) -> None:
+def check_feeds(signature: list[Mapping], feeds: Mapping[str, Any],
+                fixed: Collection[str] = ()) -> None:
     """Raise InputError on the first feed that does not fit the signature: a missing or unknown
     name, a wrong dtype, rank or static dim, a symbolic dim two inputs give different sizes,
     or a value of the wrong kind (an array for a sequence). (OmSession.run checks the same on
-    every call; this lets a caller report a bad file before it times anything.)"""
+    every call; this lets a caller report a bad file before it times anything.) `fixed`: the
+    source's inputs the artifact fixed (extra_fixed_inputs), named as such when fed."""
     expected = {entry["name"]: entry for entry in signature}
     for name in feeds:
         if name not in expected:
-            raise InputError(f"unknown input {name!r}; the model's inputs are: "
-                             f"{', '.join(expected) or '(none)'}")
+            raise unknown_input(name, expected, fixed)
     for name, entry in expected.items():
         if name not in feeds:
             raise InputError(f"missing input {name!r} ({describe(entry)})")
         if entry.get("type"):
             fitted_value(entry, feeds[name])
         else:
-            _check_tensor(entry, as_array(name, feeds[name]))
+            _check_tensor(entry, as_array(name, feeds[name], numpy_dtype(entry["dtype"])))
     clash = shared_dim_clash(shared_dims(signature),
                              {name: np.shape(feeds[name]) for name in expected
                               if not expected[name].get("type")})
@@ -200,17 +201,54 @@ def shared_dim_clash(shared: Mapping[str, list[tuple[str, int]]],
     return None
 
 
-def as_array(name: str, value: Any) -> np.ndarray:
+def unknown_input(name: str, expected: Collection[str], fixed: Collection[str]) -> InputError:
+    """The error for a feed of a name the artifact does not take; `fixed` as check_feeds'."""
+    inputs = ", ".join(expected) or "(none)"
+    if name in fixed:
+        return InputError(f"input {name!r} is an initializer the source model lets a caller "
+                          "override, which the .om fixed at its value when it was compiled (as "
+                          f"ATC fixes weights); it takes no such feed. Its inputs are: {inputs}")
+    return InputError(f"unknown input {name!r}; the model's inputs are: {inputs}")
+
+
+def as_array(name: str, value: Any, dtype: np.dtype | None = None) -> np.ndarray:
     """`value` as an array; InputError naming the input when numpy cannot make one (a list of
-    arrays of different shapes, say)."""
+    arrays of different shapes, say). A list, tuple or scalar becomes an array of the input's
+    declared `dtype`, as onnxruntime makes one of it, where numpy's own reading of the values
+    casts to it within its kind and range (Python floats to float32, ints to int32; not floats
+    to ints, nor 300 to uint8); anything else keeps numpy's dtype for the checks to refuse."""
     if isinstance(value, np.ndarray):
         return value
     if value is None:  # numpy makes an object array of it, which read as a dtype mismatch
         raise InputError(f"input {name!r} is None; it takes a tensor")
     try:
-        return np.asarray(value)
+        array = np.asarray(value)
     except ValueError:
         raise InputError(f"input {name!r} takes a tensor, not {_what(value)}") from None
+    # Only between numpy's own numbers: ml_dtypes' types (kind V) have no range to check.
+    if dtype is None or array.dtype == dtype or not {array.dtype.kind, dtype.kind} <= set("biuf"):
+        return array
+    integers = array.dtype.kind in "iu" and dtype.kind in "iu"  # signs differ, values may not
+    castable = integers or np.can_cast(array.dtype, dtype, "same_kind")
+    if not castable or not _in_range(array, dtype):
+        raise InputError(f"input {name!r} was given as a {type(value).__name__} that numpy reads "
+                         f"as {array.dtype}, which does not cast to {dtype} without loss; pass "
+                         f"an array of {dtype}")
+    return array.astype(dtype)
+
+
+def _in_range(array: np.ndarray, dtype: np.dtype) -> bool:
+    if dtype.kind not in "iu" or not array.size:
+        return True
+    limits = np.iinfo(dtype)
+    return limits.min <= array.min() and array.max() <= limits.max
+
+
+def strings_for_onnxruntime(array: np.ndarray) -> np.ndarray:
+    """A str array (numpy's fixed-width `<U`, as a list of str or an .npz gives) as an object
+    array: onnxruntime reads a `<U` element only up to its first NUL character, so "a\x00b"
+    would reach the model as "a"."""
+    return array.astype(object) if array.dtype.kind == "U" else array
 
 
 def _check_tensor(entry: Mapping, array: np.ndarray, where: str | None = None) -> None:
@@ -418,7 +456,7 @@ def _fitted(where: str, kind: tuple, value: Any, shape: list | None) -> Any:
         return value
     array = value if isinstance(value, np.ndarray) else _fitted_array(where, value)
     _check_tensor({"name": where, "dtype": kind[1], "shape": shape}, array, where)
-    return array
+    return strings_for_onnxruntime(array)
 
 
 def _fitted_array(where: str, value: Any) -> np.ndarray:

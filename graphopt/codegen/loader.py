@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from graphopt.codegen.om_read import is_om
+from graphopt.codegen.om_read import is_om, looks_like_onnx
 from graphopt.codegen.runtime import OmSession
 from graphopt.errors import ArtifactError, InputError, OptionError
 
@@ -53,20 +53,9 @@ def load(
             raise InputError(f"{path}: no such file") from None
         if os.path.isdir(path):
             raise InputError(f"{path}: is a directory, expected an .om file") from None
-        if not is_om(path) and _looks_like_onnx(path):
+        if not is_om(path) and (path.lower().endswith(".onnx") or looks_like_onnx(path)):
             raise InputError(f"{path}: not an .om artifact (it looks like an ONNX model); compile "
                              f"it with `graphopt optimize {path} -o model.om` (or graphopt.optimize "
                              "+ graphopt.save)") from None
         raise
 
-
-def _looks_like_onnx(path: str) -> bool:
-    if path.lower().endswith(".onnx"):
-        return True
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError:
-        return False
-    # A serialized ModelProto starts with field 1 (ir_version, varint): tag byte 0x08.
-    return head[:1] == b"\x08" and not head.startswith(b"PK")

@@ -634,3 +634,13 @@ def is_om(path: str | os.PathLike) -> bool:
             zipfile.BadZipFile, zlib.error):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+
+
+def looks_like_onnx(path: str | os.PathLike) -> bool:
+    """Whether the file starts as a serialized ModelProto does: field 1 (ir_version, a
+    varint), tag byte 0x08. An .onnx named .om is then told apart from a damaged artifact."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(1) == b"\x08"
+    except OSError:
+        return False

@@ -14,7 +14,8 @@ import onnxruntime as ort
 
 from graphopt.codegen.deferred_check import DeferredCheck, deferred_check
 from graphopt.codegen.feeds import (as_array, check_strings, describe, fitted_value, numpy_dtype,
-                                    same_bits, shared_dim_clash, shared_dims, typed_entry)
+                                    same_bits, shared_dim_clash, shared_dims,
+                                    strings_for_onnxruntime, typed_entry, unknown_input)
 from graphopt.codegen.index_bounds import check_dim, check_ids
 from graphopt.codegen.om_file import OpenedFile
 from graphopt.codegen.om_manifest import INDEX_DIMS, INDEX_ROWS
@@ -396,6 +397,16 @@ class OmSession:
         self._verified()
         return self._artifact
 
+    def _fixed_inputs(self) -> list[str]:
+        """The source's inputs this artifact fixed, read from its details on the error path
+        only (a run never reads them); none when the details cannot be read."""
+        from graphopt.source_marks import extra_fixed_inputs
+
+        try:
+            return extra_fixed_inputs(self.artifact.extra)
+        except GraphoptError:
+            return []
+
     def _verified(self, pending: DeferredCheck | None = None) -> None:
         """Wait for the deferred checksums (`pending`, as a run read them when it started; by
         default the session's); ArtifactError, on every call, if a member was tampered with."""
@@ -515,9 +526,7 @@ class OmSession:
             raise InputError(f"feeds must map input names to arrays, not {type(feeds).__name__}")
         for name in feeds:
             if name not in self._expected:
-                expected_names = ", ".join(self._expected) or "(none)"
-                raise InputError(f"unknown input {name!r}; the model's inputs are: "
-                                 f"{expected_names}")
+                raise unknown_input(name, self._expected, self._fixed_inputs())
         env: dict[str, Any] = {}
         for name, (entry, dtype) in self._expected.items():
             if name not in feeds:
@@ -526,10 +535,11 @@ class OmSession:
             if "type" in entry:  # a sequence, map or optional: onnxruntime takes it as it is
                 env[name] = fitted_value(entry, value)
                 continue
-            array = as_array(name, value)
+            array = as_array(name, value, dtype)
             if entry["dtype"] == "string":
-                ok = array.dtype.kind in "OU"  # onnxruntime takes str and object arrays alike
+                ok = array.dtype.kind in "OU"
                 check_strings(array, f"input {name!r}")
+                array = strings_for_onnxruntime(array)
             elif dtype is not None and same_bits(array, dtype):  # bfloat16 read from an .npz
                 array, ok = array.view(dtype), True
             else:

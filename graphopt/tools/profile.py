@@ -155,8 +155,12 @@ def _check_options(repeat, warmup, threads, level) -> tuple[int, int, int | None
 
 
 def _is_om(path: str) -> bool:
+    from graphopt.codegen.om_read import looks_like_onnx
+
     with open(path, "rb") as f:
-        return f.read(2) == b"PK" or path.lower().endswith(".om")
+        if f.read(2) == b"PK":
+            return True
+    return path.lower().endswith(".om") and not looks_like_onnx(path)
 
 
 def _cost_model(calibration) -> tuple[CpuCostModel, str, list[str]]:

@@ -121,8 +121,8 @@ def _check_sqlite_file(path: str, option: str, given: str, must_exist: bool) -> 
     if not os.path.exists(path):
         if must_exist:
             flag = "--storage" if "://" in given else "--tuning-db"
-            raise OptionError(f"{label}: no such file (`graphopt tune … {flag} {given}` "
-                              "creates it)")
+            raise OptionError(f"{label}: no such knowledge base (`graphopt tune … {flag} "
+                              f"{given}` creates one)")
         folder = os.path.dirname(path)
         if not os.path.isdir(folder):
             problem = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
