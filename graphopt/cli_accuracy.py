@@ -32,7 +32,10 @@ def print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weig
     except GraphoptError as e:
         hint = ("; --calibration FILE.npz or --verify --inputs FILE.npz give it inputs the model "
                 "runs on" if isinstance(e, SeededInputsRefused) else "")
-        print(f"graphopt: warning: no accuracy report: {e}{hint}", file=sys.stderr)
+        # Name the data it ran on: an id out of range there reads as the model's fault.
+        data = (f"on --inputs {args.inputs}: " if args.inputs else
+                f"on --calibration {calibration}: " if calibration else "")
+        print(f"graphopt: warning: no accuracy report: {data}{e}{hint}", file=sys.stderr)
         return
     print()
     print(report.format())

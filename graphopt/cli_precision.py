@@ -167,6 +167,8 @@ def precision_options(args) -> dict:
             raise OptionError(f"{flag} applies to --quantize int4")
     if args.quant_skip and args.quantize == "none":
         raise OptionError("--quant-skip applies to --quantize int8|int4")
+    if args.calibration and not os.path.exists(args.calibration):
+        raise OptionError(f"--calibration {args.calibration}: no such file or directory")
     if args.calibration and not (os.path.isdir(args.calibration)
                                  or (os.path.isfile(args.calibration)
                                      and args.calibration.endswith(".npz"))):

@@ -166,7 +166,8 @@ def test_calibration_feeds_are_the_first_samples_of_any_layout(tmp_path, layout)
     each = [accuracy_report(ref, cand, {"x": sample.astype(np.float32)}).outputs[0].cosine
             for sample in samples]
     assert report.outputs[0].cosine == min(each) < 1.0
-    assert report.inputs == f"{path} (samples 1-4 of 4, each output's worst shown)"
+    assert report.inputs == (f"{path} (samples 1-4 of 4: cosines from each output's worst, "
+                             "top-1 and perplexity over all)")
 
 
 def test_an_output_is_reported_on_the_sample_where_it_agrees_least(tmp_path):
@@ -187,6 +188,22 @@ def test_an_output_is_reported_on_the_sample_where_it_agrees_least(tmp_path):
     first_only = accuracy_report(ref, cand, {"x": samples[0]})
     assert first_only.outputs[0].cosine == pytest.approx(1.0)
     assert first_only.outputs[0].sample is None and "sample" not in first_only.format()
+
+
+def test_top1_counts_every_samples_rows_not_only_the_worst_cosines(tmp_path):
+    # The row shown was the sample with the lowest cosine, top-1 included: a classifier read
+    # 100% there while another sample's class flipped (near-tied logits, cosine ~1).
+    w = np.eye(5, dtype=np.float32)
+    ref = parse_model("g (float[1,5] x) => (float[1,5] y) { y = MatMul(x, w) }", w=w)
+    cand = parse_model("g (float[1,5] x) => (float[1,5] y) { m = MatMul(x, w) "
+                       "y = Add(m, b) }", w=w, b=np.array([0, 0.02, 0, 0, 0], np.float32))
+    samples = np.zeros((2, 1, 5), np.float32)
+    samples[0, 0, :2] = 10.0, 9.99  # flips to class 1, cosine 0.999998
+    samples[1, 0, 0] = 0.1          # keeps class 0, cosine 0.98
+    np.savez(tmp_path / "c.npz", x=samples)
+    (row,) = accuracy_report(ref, cand, calibration=tmp_path / "c.npz").outputs
+    assert row.kind == "classifier" and row.sample == 2 and row.cosine < 0.99
+    assert row.top1 == 0.5
 
 
 def test_reference_label_names_a_reference_given_as_a_proto():

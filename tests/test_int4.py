@@ -206,6 +206,22 @@ def test_the_command_line_names_what_quant_skip_kept_float(tmp_path, capsys):
            "by --quant-skip)" in stdout
 
 
+def test_calibration_the_model_cannot_run_is_named_in_the_report_warning(tmp_path, capsys):
+    # Token ids past the table: the warning blamed the model, not the data it ran on.
+    proto = parse_model("""
+        g (int64[1,4] ids) => (float[1,4,16] y) {
+            e = Gather (table, ids)
+            y = MatMul (e, w)
+        }""", table=RNG.standard_normal((10, 64)).astype(np.float32),
+        w=RNG.standard_normal((64, 16)).astype(np.float32))
+    src, data = tmp_path / "m.onnx", tmp_path / "ids.npz"
+    onnx.save(proto, src)
+    np.savez(data, ids=np.full((2, 1, 4), 50, np.int64))
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", "--quantize", "int4",
+                         "--calibration", data)
+    assert rc == 0 and f"no accuracy report: on --calibration {data}: " in err, err
+
+
 def test_int4_embeddings_says_which_tables_stay_float_and_why():
     proto, _, _ = _tied_lm(width=40)  # no block of 16 or more divides 40
     notes = compile_int4(proto, int4_embeddings=True).notes

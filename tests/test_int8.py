@@ -612,6 +612,56 @@ def test_layers_no_form_can_quantize_are_named_in_a_note(tmp_path, text, why):
     assert f"QuantizeInt8 kept in float: {why}" in result.notes
 
 
+def test_a_conv_whose_weight_folding_left_computed_is_named(tmp_path):
+    # The light models' ConstantOfShape weights above --fold-size-limit: their convs stayed
+    # float, and the note counted none of them, so the model looked quantized.
+    proto = parse_model("""
+        g (float[1,8,8,8] x) => (y) {
+            w = ConstantOfShape <value = float[1] {0.01}> (shape)
+            h = Conv <pads = [1,1,1,1]> (x, w)
+            y = Relu(h)
+        }""", shape=np.array([8, 8, 3, 3], np.int64))
+    calibration = _calibration(tmp_path, shape=(1, 8, 8, 8))
+    options = {"quant_keep_ends": False, "fold_size_limit": 1024}
+    result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
+                               pass_options=options)
+    assert "QuantizeInt8 kept in float: 1 × Conv whose weight is computed at run time from " \
+           "constants (folding left it: larger than fold_size_limit, or of an op it cannot " \
+           "evaluate)" in result.notes, result.notes
+    folded = graphopt.optimize(proto, quantize="int8", calibration=calibration,
+                               pass_options={"quant_keep_ends": False})
+    assert not [note for note in folded.notes if "kept in float" in note], folded.notes
+
+
+def test_a_missing_calibration_file_is_called_missing(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_conv_model(), src)
+    rc, _, err = run_cli(capsys, "optimize", src, "-o", tmp_path / "q.onnx", "--quantize", "int8",
+                         "--calibration", tmp_path / "nonexist.npz")
+    assert rc == 1 and f"--calibration {tmp_path / 'nonexist.npz'}: no such file or directory" \
+        in err, err
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_range_options_that_dynamic_layers_ignore_are_named(tmp_path, capsys):
+    # A BERT's MatMuls are all dynamic: --calibration-method and --activation-symmetric were
+    # taken without a word, while a stray --calibration-percentile is refused.
+    proto = parse_model("g (float[1,4,32] x) => (y) { h = MatMul(x, w) y = Relu(h) }",
+                        w=np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32))
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    calibration = _calibration(tmp_path, shape=(1, 4, 32))
+    argv = ("optimize", src, "-o", tmp_path / "q.onnx", "--quantize", "int8", "--calibration",
+            calibration, "--quantize-ends", "--no-accuracy-report")
+    rc, out, err = run_cli(capsys, *argv, "--calibration-method", "entropy",
+                           "--activation-symmetric")
+    assert rc == 0, err
+    assert "QuantizeInt8: --calibration-method entropy and --activation-symmetric change " \
+           "nothing here: every layer it quantized is a dynamic MatMul" in out, out
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 0 and "change nothing" not in out and "changes nothing" not in out
+
+
 def test_accuracy_report_runs_the_profile_the_calibration_data_fits(tmp_path, capsys):
     proto = _conv_model()
     for value in (proto.graph.input[0], proto.graph.output[0]):

@@ -134,6 +134,13 @@ class QuantizeInt8(Pass):
             few = _few_samples_note(ctx)
             if few:
                 ctx.note(few)
+        elif chosen.dynamic:
+            unused = _unused_range_options(options)
+            if unused:  # a BERT's layers: every one measures its input's range on each run
+                verb = "changes" if len(unused) == 1 else "change"
+                ctx.note(f"QuantizeInt8: {' and '.join(unused)} {verb} nothing here: every "
+                         "layer it quantized is a dynamic MatMul, whose input range "
+                         "onnxruntime measures on each run")
         for note in planned.head_notes:
             ctx.note(note)
         graph = model.graph
@@ -285,6 +292,14 @@ class QuantizeInt8(Pass):
             params[id(value)] = activation_params(*ranges[id(value)],
                                                   options.activation_symmetric)
         return params, means
+
+
+def _unused_range_options(options) -> list[str]:
+    """The activation-range options given other than their defaults, as the user spelled them."""
+    defaults = type(options)()
+    return [setting(name, getattr(options, name))
+            for name in ("calibration_method", "calibration_percentile", "activation_symmetric")
+            if getattr(options, name) != getattr(defaults, name)]
 
 
 def _note_nonfinite(chosen: Plan, stats: dict, ctx: PassContext) -> None:

@@ -163,6 +163,24 @@ def _nonfinite_weight(node: Node) -> bool:
     return weight is not None and weight.dtype.kind == "f" and not np.isfinite(weight).all()
 
 
+def _computed_from_constants(value: Value | None) -> bool:
+    """Whether `value` is computed by nodes that read constants only (no graph input, no
+    subgraph), so that constant folding could have made it a weight."""
+    if value is None:
+        return False
+    stack, seen = [value], set()
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen or current.constant() is not None:
+            continue
+        seen.add(id(current))
+        producer = current.producer
+        if producer is None or producer.subgraphs():
+            return False
+        stack.extend(producer.inputs)
+    return True
+
+
 def _dequantized(value: Value | None) -> bool:
     """Whether `value` comes out of a DequantizeLinear: the model quantized it itself, and
     quantizing it again would stack a second Q/DQ pair, of another scale, on the first."""
@@ -180,6 +198,12 @@ def _unquantizable(node: Node) -> str | None:
     if node.op_type == "MatMul" and weight is None and data is not None \
             and _const(data) is not None:  # W · X: without this, "the model has no MatMul…"
         return "MatMul whose constant is its first operand (int8 quantizes W in X · W)"
+    if weight is None and data is not None and not _dequantized(node.inputs[1]) \
+            and _computed_from_constants(node.inputs[1]):
+        # A light model's ConstantOfShape weights: the layer looked quantized, and was not.
+        return (f"{node.op_type} whose weight is computed at run time from constants (folding "
+                f"left it: larger than {option('fold_size_limit')}, or of an op it cannot "
+                "evaluate)")
     if weight is None or data is None:
         return None
     if data.dtype is None:  # after a contrib op that neither ONNX nor InferShapes types

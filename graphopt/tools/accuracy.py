@@ -1,7 +1,8 @@
 """accuracy_report: what a precision change (fp16, bf16, mixed, int8, int4) cost, per output.
 
 Both models run on the same feeds (given; the first samples of calibration data, read as
-calibration reads them, each output reported on the sample where it agrees least; or seeded
+calibration reads them, each output's cosines reported on the sample where it agrees least and
+its top-1 agreement and perplexities over every sample's rows; or seeded
 random data in the reference's signature, as `graphopt compare` makes them); per output:
 - cosine similarity of candidate vs reference (graphopt.tools.compare.compare_arrays);
 - for a float output of rank 3 or more, the worst cosine of its slices along axis 1 (a
@@ -71,6 +72,8 @@ class OutputAccuracy:
     worst_slice: tuple[float, int] | None = None  # (cosine, index) of the worst [:, i]
     sample: int | None = None          # which calibration sample the row is from (1-based)
     differ: int | None = None          # an integer, bool or string output: elements not equal
+    rows: int = 0                      # the rows top-1 counts
+    positions: int = 0                 # the positions perplexity scores
 
     @property
     def perplexity_change(self) -> float | None:
@@ -141,8 +144,8 @@ def _lm_targets(ref: np.ndarray, feeds: dict) -> tuple[slice, np.ndarray, str]:
     return slice(0, seq), ref.argmax(axis=-1), "reference argmax"
 
 
-# The report runs on this many calibration samples at most and shows each output's worst: one
-# sample can hide a flip (Mask2Former's fp16 mask threshold: cosine 0.999998 on the first image,
+# The report runs on this many calibration samples at most and shows each output's worst cosine
+# (top-1 and perplexity pooled over them all): one sample can hide a flip (Mask2Former's fp16 mask threshold: cosine 0.999998 on the first image,
 # 0.89 on the second).
 REPORT_SAMPLES = 8
 
@@ -176,8 +179,8 @@ def calibration_feeds(path, reference: Side, candidate: Side,
             return samples, path
         if len(samples) == 1:
             return samples, f"{path} (sample 1 of {count})"
-        return samples, (f"{path} (samples 1-{len(samples)} of {count}, each output's worst "
-                         "shown)")
+        return samples, (f"{path} (samples 1-{len(samples)} of {count}: cosines from each "
+                         "output's worst, top-1 and perplexity over all)")
     raise mismatch
 
 
@@ -270,6 +273,7 @@ def _worst_of(reports: list[AccuracyReport]) -> AccuracyReport:
         report.warnings[:] = [f"sample {number}: {w}" for w in report.warnings]
     spoiled = [(number, index, entry) for number, report in enumerate(reports, 1)
                for index, entry in enumerate(report.outputs) if _spoiled(entry)]
+    by_output = [list(rows) for rows in zip(*(report.outputs for report in reports))]
     merged = reports[0]
     for report in reports[1:]:
         for index, entry in enumerate(report.outputs):
@@ -284,7 +288,25 @@ def _worst_of(reports: list[AccuracyReport]) -> AccuracyReport:
         if merged.outputs[index] is not entry:
             merged.warnings.append(f"sample {number}: output '{entry.name}' not measured: "
                                    f"{entry.note}")
+    for shown, rows in zip(merged.outputs, by_output):
+        _pool(shown, rows)
     return merged
+
+
+def _pool(shown: OutputAccuracy, rows: list[OutputAccuracy]) -> None:
+    """Top-1 agreement and perplexities over every sample's rows, on the row shown: the sample
+    with the lowest cosine need not be the one whose argmax flips (a classifier read 100% on
+    it while another sample's class changed)."""
+    top1 = [(r.top1, r.rows) for r in rows if r.top1 is not None and r.rows]
+    if top1:
+        shown.top1 = sum(value * count for value, count in top1) / sum(c for _, c in top1)
+    scored = [r for r in rows if r.perplexity is not None and r.positions]
+    if scored:
+        total = sum(r.positions for r in scored)
+        # perplexity = exp(mean NLL): pooled, the means weighted by the positions scored.
+        shown.perplexity = tuple(
+            float(np.exp(sum(np.log(r.perplexity[side]) * r.positions for r in scored) / total))
+            for side in (0, 1))
 
 
 def _spoiled(entry: OutputAccuracy) -> bool:
@@ -347,9 +369,11 @@ def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> Accu
                 report.warnings.append(warning)
         if entry.kind != "tensor" and cand.shape == ref.shape and row.cosine is not None:
             entry.top1 = float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1)))
+            entry.rows = int(np.prod(ref.shape[:-1]))
             if entry.kind == "lm" and ref.size:
                 positions, targets, entry.targets = _lm_targets(ref, arrays)
                 entry.perplexity = (perplexity(ref[:, positions], targets),
                                     perplexity(cand[:, positions], targets))
+                entry.positions = int(targets.size)
         report.outputs.append(entry)
     return report
