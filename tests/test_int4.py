@@ -206,14 +206,27 @@ def test_the_command_line_names_what_quant_skip_kept_float(tmp_path, capsys):
            "by --quant-skip)" in stdout
 
 
+def test_a_weight_too_short_for_a_block_stays_float():
+    # K = 1 packed into a 16-weight block took 13 bytes per column for 4: "225% larger".
+    rng = np.random.default_rng(7)  # RNG's draws are the later tests' data
+    for k, quantized in ((1, False), (2, False), (4, True)):
+        proto = parse_model(f"g (float[2,{k}] x) => (y) {{ y = MatMul(x, w) }}",
+                            w=rng.standard_normal((k, 64)).astype(np.float32))
+        notes = compile_int4(proto).notes
+        assert any("QuantizeInt4Weights: 1 weight(s)" in n for n in notes) == quantized, notes
+        assert any(f"K = {k}: a 4-bit block of 16, its scale and zero point take more bytes "
+                   "than the column it holds" in n for n in notes) != quantized, notes
+
+
 def test_calibration_the_model_cannot_run_is_named_in_the_report_warning(tmp_path, capsys):
     # Token ids past the table: the warning blamed the model, not the data it ran on.
+    rng = np.random.default_rng(8)
     proto = parse_model("""
         g (int64[1,4] ids) => (float[1,4,16] y) {
             e = Gather (table, ids)
             y = MatMul (e, w)
-        }""", table=RNG.standard_normal((10, 64)).astype(np.float32),
-        w=RNG.standard_normal((64, 16)).astype(np.float32))
+        }""", table=rng.standard_normal((10, 64)).astype(np.float32),
+        w=rng.standard_normal((64, 16)).astype(np.float32))
     src, data = tmp_path / "m.onnx", tmp_path / "ids.npz"
     onnx.save(proto, src)
     np.savez(data, ids=np.full((2, 1, 4), 50, np.int64))

@@ -56,6 +56,7 @@ from graphopt.quant.unfused_activations import join_float_activations, split_act
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
+MIN_BLOCK = 16  # the smallest block onnxruntime's MatMulNBits takes
 # A block's range of a NaN or an Inf is NaN, and its scale would make the whole block NaN (GPTQ
 # carries it into the column's later blocks too): such a weight stays float, named in a note.
 NONFINITE = "B holds NaN or Inf"
@@ -111,7 +112,11 @@ def _plan(node: Node) -> _Plan | str:
         if node.attr("transA", 0) or node.attr("transBatchA", 0) or node.attr("transBatchB", 0):
             return f"{node.op_type} with transA or a batch transpose"
         data = (data.T if node.attr("transB", 0) else data) * np.float32(node.attr("alpha", 1.0))
-    n = data.shape[1]
+    n, k, itemsize = data.shape[1], data.shape[0], a.dtype.numpy.itemsize
+    if -(-k // MIN_BLOCK) * MIN_BLOCK // 2 + itemsize + 1 >= k * itemsize:
+        # A column of K = 1 took 13 bytes for its 4: "0.00 MiB → 0.00 MiB (225% larger)".
+        return (f"K = {k}: a 4-bit block of {MIN_BLOCK}, its scale and zero point take more "
+                "bytes than the column it holds")
     if node.op_type == "Gemm":
         beta, c = node.attr("beta", 1.0), node.input(2)
         if c is None:
