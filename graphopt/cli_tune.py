@@ -314,7 +314,11 @@ def _cmd_kb_list(args) -> int:
             print()
         print(format_table(["subgraph study", "trials", "default µs", "best µs"],
                            [[r["study"], r["trials"], us(r["default_seconds"]),
-                             us(r["best_seconds"])] for r in studies]))
+                             us(r["best_seconds"]) + ("" if r["confirmed"] else " (unconfirmed)")]
+                            for r in studies]))
+        if not all(r["confirmed"] for r in studies):
+            print("note: an unconfirmed best is a measured run's that stopped before its "
+                  "side-by-side re-timing; a compile does not apply it (tune again to confirm)")
     return 0
 
 

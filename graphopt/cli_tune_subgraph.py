@@ -85,6 +85,8 @@ def cmd_tune_subgraph(args, storage) -> int:
         name = f"{os.path.basename(args.model)} on {args.target} -O{args.level}"
         if result.kept_default:  # the curve is the search's; the verdict came after it
             name += f" (re-timed, its best {gain:.3f}x: default kept)"
+        elif result.confirmed:  # the curve's ratio is the search's, noise included
+            name += f" (re-timed side by side: {gain:.3f}x)"
         draw_histories([(name, result.history, result.default.seconds)], args.plot, kind=kind)
         print(f"wrote {args.plot}")
     return 0

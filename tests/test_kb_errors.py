@@ -572,14 +572,15 @@ def test_plot_names_every_curve_in_its_own_style_and_ends_short_of_the_frame():
 
     from graphopt.tuner.history_plot import histories_svg
 
-    series = [(f"k{i}", [2.0, 2.0, 1.0 + i / 100], 2.0) for i in range(12)]
+    # A ResNet-50's 21 signatures: the 21st was drawn as the first, solid blue.
+    series = [(f"k{i}", [2.0, 2.0, 1.0 + i / 100], 2.0) for i in range(21)]
     root = ET.fromstring(histories_svg(series))
     svg = "{http://www.w3.org/2000/svg}"
     texts = [t.text for t in root.iter(f"{svg}text")]
-    assert all(any(t.startswith(f"k{i}: ") for t in texts) for i in range(12))
+    assert all(any(t.startswith(f"k{i}: ") for t in texts) for i in range(21))
     lines = list(root.iter(f"{svg}polyline"))
     styles = {(p.get("stroke"), p.get("stroke-dasharray")) for p in lines}
-    assert len(styles) == 12  # ten hues, then the first two again dashed
+    assert len(styles) == 21  # ten hues, again dashed, then dotted
     # A gain on the last trial is drawn inside the plot, not on its right edge.
     frame_right = max(int(line.get("x2")) for line in root.iter(f"{svg}line"))
     last_x = max(int(point.split(",")[0]) for p in lines for point in p.get("points").split())

@@ -542,7 +542,7 @@ def test_errors_name_the_option_and_leave_the_old_page(built, capsys, tmp_path):
     out.write_text("old")
     rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--tuning-db",
                          tmp_path / "none.db")
-    assert rc == 1 and "--tuning-db" in err and "none.db: no such file" in err
+    assert rc == 1 and "--tuning-db" in err and "none.db: no such knowledge base" in err
     assert not (tmp_path / "none.db").exists()  # not created by looking
     rc, _, err = run_cli(capsys, "report", built["topk_om"], "-o", out, "--storage",
                          tmp_path / "none.db")

@@ -127,6 +127,14 @@ def test_measured_objective_times_a_cpu_compile_and_confirms_side_by_side(block_
         assert result.confirmed is not None and result.speedup >= 1.0
     else:
         assert result.speedup == 1.0
+    # kb list shows the figures tune printed: the re-timing's, where there was one (it showed
+    # the search's default beside that default over the re-timed ratio, a figure never timed).
+    from graphopt.tuner.kb import list_subgraph_studies
+
+    (row,) = list_subgraph_studies(db)
+    default, chosen = result.confirmed or (result.default.seconds, result.default.seconds)
+    assert row["default_seconds"] == default and row["confirmed"]
+    assert row["best_seconds"] == pytest.approx(default / result.speedup)
     assert best_decisions(db, SubgraphJob(block_path, "cpu", level=3), "cpu") is not None
     # Another level is another study: nothing to apply.
     assert best_decisions(db, SubgraphJob(block_path, "cpu", level=2), "cpu") is None
@@ -462,7 +470,7 @@ def test_a_named_study_is_found_and_a_foreign_one_refused(block_path, tmp_path, 
         tune_subgraph(_job(block_path), trials=1, storage=db, study_name="op")
 
 
-def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path):
+def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path, capsys):
     # A measured run stopped before its side-by-side re-timing left a best won by noise.
     db = str(tmp_path / "m.db")
     job = SubgraphJob(block_path, "cpu", level=3, objective="measured", repeat=2, threads=1)
@@ -476,6 +484,9 @@ def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path):
     note = decisions_for(db, block_path, "cpu", 3, None).note
     assert f"subgraph study {summary.study_name} is not confirmed: its measured run stopped " \
         "before the side-by-side re-timing" in note and "not at -O3" not in note
+    # kb list said nothing of it: its best read as any other.
+    rc, out, err = run_cli(capsys, "kb", "list", "--tuning-db", db)
+    assert rc == 0 and " (unconfirmed)" in out and "a compile does not apply it" in out, err
 
 
 def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_path,

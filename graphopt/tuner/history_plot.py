@@ -7,16 +7,23 @@ from dataclasses import dataclass, field
 Series = list[tuple[str, list[float], float]]  # (name, best seconds so far per trial, default)
 _LEGEND_ROWS = 24          # legend lines under the plot; more series end in "… and N more"
 _GREY, _GRID, _BLACK = (120, 120, 120), (225, 225, 225), (0, 0, 0)
-# Ten hues told apart at a glance (Tableau's); the next ten series repeat them dashed.
+# Ten hues told apart at a glance (Tableau's); the next ten series repeat them dashed, the ten
+# after dotted (a ResNet-50 has 21 kernel signatures).
 _PALETTE = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
             (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
+_DASHES = (None, (6, 4), (2, 3))  # (pixels drawn, pixels left out) along a curve
+
+
+def _dash(k: int) -> tuple[int, int] | None:
+    """The dash pattern of the k-th series (None: solid)."""
+    return _DASHES[k // len(_PALETTE) % len(_DASHES)]
 
 
 @dataclass
 class _Figure:
     """A plot as primitives both writers draw: axis-parallel lines (x0, y0, x1, y1, rgb,
     dashed), boxes (x0, y0, x1, y1, rgb), texts (x, top y, text, rgb, anchor start|middle|end)
-    and step curves (name, points, rgb, dashed)."""
+    and step curves (name, points, rgb, dash pattern or None)."""
 
     width: int
     height: int
@@ -76,7 +83,7 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
     colours = [_PALETTE[k % len(_PALETTE)] for k in range(len(series))]
     for k, ((name, _, _), curve, rgb) in enumerate(zip(series, points, colours)):
         corners = [(x(i), y(v)) for i, v in _corners(curve)]
-        fig.curves.append((name, corners, rgb, k // len(_PALETTE) % 2 == 1))
+        fig.curves.append((name, corners, rgb, _dash(k)))
         if corners:  # where it ends: two curves that meet stay apart there
             end_x, end_y = corners[-1]
             fig.boxes.append((end_x - 2, end_y - 2, end_x + 3, end_y + 3, rgb))
@@ -89,11 +96,9 @@ def _add_legend(fig: _Figure, series: Series, colours: list, left: int, top: int
     for k, ((name, hist, default), rgb) in enumerate(zip(series[:_LEGEND_ROWS], colours)):
         row = top + 12 * k
         best = min((v for v in hist if v != float("inf")), default=default)
-        if k // len(_PALETTE) % 2:  # a dashed curve's swatch is dashed too
-            fig.boxes += [(left, row + 3, left + 6, row + 6, rgb),
-                          (left + 10, row + 3, left + 16, row + 6, rgb)]
-        else:
-            fig.boxes.append((left, row + 3, left + 16, row + 6, rgb))
+        drawn, gap = _dash(k) or (16, 0)  # a dashed or dotted curve's swatch is too
+        fig.boxes += [(left + s, row + 3, left + min(s + drawn, 16), row + 6, rgb)
+                      for s in range(0, 16, drawn + gap)]
         fig.texts.append((left + 22, row, f"{name}: default {_duration(default)}, best "
                           f"{_duration(best)} ({default / best:.3f}x)", _BLACK, "start"))
     if len(series) > _LEGEND_ROWS:
@@ -132,9 +137,9 @@ def histories_svg(series: Series, *, width: int = 720, height: int = 360,
     for x0, y0, x1, y1, rgb in fig.boxes:
         parts.append(f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" '
                      f'fill="rgb{rgb}"/>')
-    for name, points, rgb, dashed in fig.curves:
+    for name, points, rgb, pattern in fig.curves:
         text = " ".join(f"{px},{py}" for px, py in points)
-        dash = ' stroke-dasharray="6 4"' if dashed else ""
+        dash = f' stroke-dasharray="{pattern[0]} {pattern[1]}"' if pattern else ""
         parts.append(f'<polyline points="{text}" fill="none" stroke="rgb{rgb}" '
                      f'stroke-width="2"{dash}><title>{escape(name)}</title></polyline>')
     for px, py, text, rgb, anchor in fig.texts:
@@ -159,9 +164,9 @@ def histories_png(series: Series, *, width: int = 720, height: int = 360,
             canvas.fill(x0, y0, x1 + 1, y1 + 1, rgb)
     for x0, y0, x1, y1, rgb in fig.boxes:
         canvas.fill(x0, y0, x1, y1, rgb)
-    for _, points, rgb, dashed in fig.curves:
+    for _, points, rgb, pattern in fig.curves:
         for (x0, y0), (x1, y1) in zip(points, points[1:]):  # each piece is flat or upright
-            _segment(canvas, min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1), rgb, dashed)
+            _segment(canvas, min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1), rgb, pattern)
     for px, py, text, rgb, anchor in fig.texts:
         span = len(text) * GLYPH_W - 1
         shift = {"start": 0, "middle": span // 2, "end": span}[anchor]
@@ -169,17 +174,19 @@ def histories_png(series: Series, *, width: int = 720, height: int = 360,
     return canvas.png()
 
 
-def _segment(canvas, x0: int, y0: int, x1: int, y1: int, rgb, dashed: bool) -> None:
-    """A flat or upright piece of a curve, 2 px wide; dashed: 6 px drawn, 4 left out."""
-    if not dashed:
+def _segment(canvas, x0: int, y0: int, x1: int, y1: int, rgb,
+             pattern: tuple[int, int] | None) -> None:
+    """A flat or upright piece of a curve, 2 px wide; with a pattern, (drawn, left out) px."""
+    if not pattern:
         canvas.fill(x0 - 1, y0 - 1, x1 + 1, y1 + 1, rgb)
         return
+    drawn, gap = pattern
     flat = y0 == y1
-    for start in range(x0 if flat else y0, (x1 if flat else y1) + 1, 10):
+    for start in range(x0 if flat else y0, (x1 if flat else y1) + 1, drawn + gap):
         if flat:
-            canvas.fill(start - 1, y0 - 1, min(start + 6, x1 + 1), y0 + 1, rgb)
+            canvas.fill(start - 1, y0 - 1, min(start + drawn, x1 + 1), y0 + 1, rgb)
         else:
-            canvas.fill(x0 - 1, start - 1, x0 + 1, min(start + 6, y1 + 1), rgb)
+            canvas.fill(x0 - 1, start - 1, x0 + 1, min(start + drawn, y1 + 1), rgb)
 
 
 def draw_histories(series: Series, path: str, *, width: int = 720, height: int = 360,

@@ -231,15 +231,20 @@ def list_subgraph_studies(storage: Any) -> list[dict]:
 
 
 def subgraph_row(study: optuna.Study) -> dict:
-    """list_subgraph_studies' row of one subgraph study: its best_seconds are those of the
-    decisions its last run chose (after simplification, or the default's when re-timing kept
-    it), as tune prints them and a compile applies them; the best trial's when none is
-    recorded."""
+    """list_subgraph_studies' row of one subgraph study: default_seconds and best_seconds are
+    those of the default and of the decisions its last run chose (after simplification, or
+    the default's when re-timing kept it), as tune prints them (a measured run's, re-timed side
+    by side) and a compile applies them; the trials' when none is recorded. `confirmed` is
+    False for a measured study whose run stopped before its re-timing, which a compile does
+    not apply."""
     best, default = _best(study), _default(study)
+    attrs = study.user_attrs
+    job = attrs.get("job")
+    measured = isinstance(job, dict) and job.get("objective") == "measured"
     return {"study": study.study_name, "trials": _evaluated(study),
-            "default_seconds": default.value if default else None,
-            "best_seconds": study.user_attrs.get("chosen_seconds",
-                                                 best.value if best else None)}
+            "default_seconds": attrs.get("default_seconds", default.value if default else None),
+            "best_seconds": attrs.get("chosen_seconds", best.value if best else None),
+            "confirmed": attrs.get("chosen") is not None or not measured}
 
 
 def check_export_path(path: str | os.PathLike) -> None:
