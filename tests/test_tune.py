@@ -323,6 +323,10 @@ def test_a_study_named_by_the_user_is_found_by_its_kernel(a310, tmp_path):
     assert (row["signature"], row["study"], row["trials"]) == (SIG, "myrun", 8)
     assert best_tilings(db, "ascend310")[SIG][1] == named.best[1]
     assert export_kb(db, tmp_path / "kb.json") == 1
+    # Its own export imported back adds nothing: it made a second study of 2 trials, which a
+    # later tune without --study resumed, leaving the named study's history behind.
+    assert import_kb(tmp_path / "kb.json", db) == 0
+    assert [row["study"] for row in list_kb(db)] == ["myrun"]
     # A study tuned under the signature too: the better of the two is the kernel's.
     tune_kernel(SHAPE, a310, target="ascend310", trials=2, storage=db)
     assert best_tilings(db, "ascend310")[SIG][1] == named.best[1]

@@ -447,8 +447,14 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     with opened(storage) as store, optuna_quiet():
         existing = set(optuna.get_all_study_names(store))
         _check_studies(path, store, existing, entries)
+        named = {}  # a signature's studies that `tune --study NAME` named
+        for study_name, signature in _kernel_studies(store):
+            if study_name != signature:
+                named.setdefault(signature, []).append(study_name)
         try:
             for name, _, tiling, shape, device, choices in entries:
+                if _held_by(store, named.get(name, ()), name, tiling):
+                    continue  # an import of its own export made a second, 2-trial study
                 added += _add_entry(path, store, existing, name, tiling, shape, device, choices)
         except KeyboardInterrupt:
             raise ImportInterrupted(added, len(entries)) from None
@@ -462,6 +468,13 @@ class ImportInterrupted(KeyboardInterrupt):
     def __init__(self, added: int, total: int):
         super().__init__(added, total)
         self.added, self.total = added, total
+
+
+def _held_by(store, studies: Iterable[str], signature: str, tiling: Tiling) -> bool:
+    """Whether one of `studies` (of kernel `signature`) completed `tiling` already."""
+    return any(trial_tiling(t, signature) == tiling
+               for name in studies
+               for t in _completed(optuna.load_study(study_name=name, storage=store)))
 
 
 def _add_entry(path, store, existing: set[str], name: str, tiling: Tiling, shape, device,
