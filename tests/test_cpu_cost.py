@@ -242,6 +242,15 @@ def test_broken_calibration_is_an_option_error(calibration, tmp_path):
         path.write_text(json.dumps(doc))
         with pytest.raises(OptionError, match=f"constants.gemm: .*{message}"):
             CalibrationResult.load(path)
+    # These loaded, and a profile then said it priced with a calibration it did not use.
+    for key, value, message in (("run_overhead_us", float("nan"), "run_overhead_us must be"),
+                                ("run_overhead_us", -100, "run_overhead_us must be"),
+                                ("threads", 0, "threads must be at least 1"),
+                                ("target", "ascend310", "target 'ascend310', not cpu"),
+                                ("constants", {}, "no op class constants")):
+        path.write_text(json.dumps({**calibration.to_json(), key: value}))
+        with pytest.raises(OptionError, match=f"not a graphopt CPU calibration \\({message}"):
+            CalibrationResult.load(path)
 
 
 def test_a_calibration_without_int8_classes_derives_them(calibration, tmp_path):

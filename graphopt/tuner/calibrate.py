@@ -112,6 +112,8 @@ class CalibrationResult:
             if doc.get("format_version") != FORMAT_VERSION:
                 raise ValueError(f"format_version {doc.get('format_version')!r}, "
                                  f"this graphopt reads {FORMAT_VERSION}")
+            if doc.get("target", "cpu") != "cpu":  # graphopt calibrates the CPU alone
+                raise ValueError(f"target {doc.get('target')!r}, not cpu")
             constants = {}
             for name, c in doc["constants"].items():
                 if name not in OP_CLASSES:
@@ -131,9 +133,16 @@ class CalibrationResult:
                     c = constants[float_class]
                     constants[int8] = ClassConstants(c.peak_gflops * int8_speedup(),
                                                      c.bandwidth_gbs, c.overhead_us)
-            return cls(constants=constants, run_overhead_us=float(doc["run_overhead_us"]),
+            overhead, threads = float(doc["run_overhead_us"]), int(doc["threads"])
+            if not (math.isfinite(overhead) and overhead >= 0):
+                raise ValueError("run_overhead_us must be finite and ≥ 0")
+            if threads < 1:
+                raise ValueError("threads must be at least 1")
+            if not constants:  # every figure would silently be the profile's defaults
+                raise ValueError("no op class constants")
+            return cls(constants=constants, run_overhead_us=overhead,
                        onnxruntime_version=str(doc["onnxruntime_version"]),
-                       cpu_model=str(doc["cpu_model"]), threads=int(doc["threads"]),
+                       cpu_model=str(doc["cpu_model"]), threads=threads,
                        quick=bool(doc.get("quick", False)), created=str(doc.get("created", "")),
                        measurements=[Measurement(**m) for m in doc.get("measurements", [])])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
