@@ -216,6 +216,50 @@ def test_dtype_reason_names_the_value_and_the_accepted_types():
     assert "float16" in reason
 
 
+def test_a_fused_group_is_placed_by_the_dtypes_inside_it():
+    # At -O3 every op of a group was checked at the call's input dtype: a float64 detour
+    # (Cast → Mul → Sqrt → Cast) went to the NPU, which has no float64 kernels, and a bool And
+    # went to the host as "npu And does not take float32".
+    detour = build("""
+        g (float[1,64,64,64] x) => (float[1,64,64,64] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            d = Cast <to = 11> (c)
+            m = Mul (d, d)
+            s = Sqrt (m)
+            f = Cast <to = 1> (s)
+            y = Conv <pads = [1,1,1,1]> (f, w)
+        }""", w=weight(64, 64, 3, 3))
+    masked = build("""
+        g (float[1,64,64,64] x) => (float[1,64,64,64] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            g = Greater (c, lo)
+            l = Less (c, hi)
+            b = And (g, l)
+            f = Cast <to = 1> (b)
+            m = Mul (c, f)
+            y = Conv <pads = [1,1,1,1]> (m, w)
+        }""", w=weight(64, 64, 3, 3), lo=np.array(-0.5, np.float32), hi=np.array(0.5, np.float32))
+    for level in (2, 3):
+        result = graphopt.optimize(detour, target="ascend310", level=level)
+        assert [p.device for p in result.partitioning.partitions] == ["npu", "cpu", "npu"]
+        result = graphopt.optimize(masked, target="ascend310", level=level)
+        assert [p.device for p in result.partitioning.partitions] == ["npu"], level
+    assert "npu Cast does not take float64 (inside graphopt::elementwise_" in \
+        reason_of(graphopt.optimize(detour, target="ascend310", level=3), "elementwise_0")
+
+
+def test_where_takes_the_engine_of_its_data_not_of_its_condition():
+    # Where on int64 is an aicpu kernel on the 310: its bool condition chose the vector one.
+    proto = build("""
+        g (int64[4,8] a, int64[4,8] b) => (int64[4,8] y) {
+            c = Greater (a, b)
+            y = Where (c, a, b)
+        }""")
+    result = graphopt.optimize(proto, target="ascend310", level=0)
+    (where,) = [n for n in result.model.graph if n.op_type == "Where"]
+    assert result.partitioning.placements[where].engine == "aicpu"
+
+
 @pytest.mark.parametrize("target", ["ascend310", "ascend310b", "ascend910b"])
 def test_maxpool_whose_indices_are_read_stays_on_the_host(target, tmp_path):
     # CANN's MaxPool computes no Indices output: a node whose Indices a later node reads would

@@ -67,19 +67,23 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
 
 
 def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str | None]:
-    # The body's ops run as one fused vector kernel: each must exist for the call's dtype and
-    # take the call's rank (an elementwise body's tensors have the call's) and its attributes.
-    dtype = _data_dtype(node)
+    # The body's ops run as one fused vector kernel: each must exist for the dtypes it reads
+    # and writes inside the body (a Cast to double, a comparison's bool) and take the call's
+    # rank (an elementwise body's tensors have the call's) and its attributes.
+    dtypes = _body_dtypes(node, function)
     rank = max((len(v.shape) for v in _tensors(node) if v.shape is not None), default=None)
     engine = None
     for inner in function.node:
         op = inner.op_type if not inner.domain else f"{inner.domain}::{inner.op_type}"
         where = f"(inside {node.qualified_op})"
-        support = device.kernel(inner.op_type, inner.domain)
+        data = inner.input[_data_index(inner.op_type)] if inner.input else None
+        read, written = dtypes.get(data), dtypes.get(inner.output[0]) if inner.output else None
+        support = device.kernel(inner.op_type, inner.domain, read or written)
         if support is None:
             return None, f"no {device.name} kernel for {op} inside {node.qualified_op}"
-        if dtype and support.dtypes and dtype not in support.dtypes:
-            return None, f"{device.name} {inner.op_type} does not take {dtype} {where}"
+        for dtype in (read, written):
+            if dtype and support.dtypes and dtype not in support.dtypes:
+                return None, f"{device.name} {inner.op_type} does not take {dtype} {where}"
         if support.max_rank is not None and rank is not None and rank > support.max_rank:
             return None, f"rank {rank} above {support.op}'s limit {support.max_rank} {where}"
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
@@ -91,9 +95,46 @@ def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str
     return (None, reason) if reason else (engine, None)
 
 
+# Ops whose result is bool whatever they compare: inside a fused group, what the next op reads.
+_BOOL_RESULT = frozenset({"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And",
+                          "Or", "Xor", "Not", "IsNaN", "IsInf"})
+
+
+def _body_dtypes(node: Node, function) -> dict[str, str | None]:
+    """The dtype of every value of a fused group's body, carried from the call's inputs: a
+    Cast's is its `to`, a comparison's bool, Where's its branches', another op's its data's."""
+    known = {name: (dtype_name(int(value.dtype)) if value is not None and value.dtype else None)
+             for name, value in zip(function.input, node.inputs)}
+    for inner in function.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
+        reads = [known.get(name) for name in inner.input]
+        if inner.op_type == "Cast" and "to" in attrs:
+            result = dtype_name(int(attrs["to"]))
+        elif inner.op_type == "Constant" and isinstance(attrs.get("value"), onnx.TensorProto):
+            result = dtype_name(attrs["value"].data_type)
+        elif inner.op_type in _BOOL_RESULT:
+            result = "bool"
+        else:  # Where's branches, CastLike's target, or the data it computes on
+            index = 1 if inner.op_type in ("Where", "CastLike") else 0
+            result = reads[index] if len(reads) > index else None
+            result = result or next((dtype for dtype in reads if dtype), None)
+        for name in inner.output:
+            known[name] = result
+    return known
+
+
+def _data_index(op_type: str) -> int:
+    """Which input holds the data a kernel is chosen by: Where's first is its bool condition."""
+    return 1 if op_type == "Where" else 0
+
+
 def _data_dtype(node: Node) -> str | None:
-    """The dtype a kernel is chosen by: the first input's, or the first output's for sources."""
-    for value in list(node.inputs) + list(node.outputs):
+    """The dtype a kernel is chosen by: its data input's (see _data_index), else the first
+    typed input's or output's (an output's for sources)."""
+    index = _data_index(node.op_type)
+    inputs = list(node.inputs)
+    data = inputs[index:index + 1] if len(inputs) > index else []
+    for value in data + inputs + list(node.outputs):
         if value is not None and value.dtype is not None:
             return dtype_name(int(value.dtype))
     return None
@@ -104,7 +145,9 @@ def _dtype_problem(node: Node, support: OpSupport) -> str | None:
         return None
     # The data operand in and the result out: index inputs (shapes, axes, indices) are the
     # kernel's business, and Cast/Shape legitimately change type between the two.
-    checked = [node.inputs[0] if node.inputs else None, node.outputs[0] if node.outputs else None]
+    index = _data_index(node.op_type)
+    checked = [node.inputs[index] if len(node.inputs) > index else None,
+               node.outputs[0] if node.outputs else None]
     for value in checked:
         if value is None or value.dtype is None:
             continue
