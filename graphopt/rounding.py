@@ -132,8 +132,12 @@ def _rounding_at_scale(expected, actual, judge: dict) -> tuple[float, float] | N
             continue
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(got.astype(np.float64) - exp)
-            ok = (diff <= judge["atol"] + judge["rtol"] * np.abs(exp)) | (
+            ok = (diff <= judge["atol"] + judge["rtol"] * np.abs(exp)) | (got == exp) | (
                 np.isnan(exp) & np.isnan(got))
+            # An infinity is close to itself alone: rtol·|inf| took any value for it, so a
+            # lost or sign-flipped infinity passed as rounding (and inf - inf, NaN, failed
+            # an infinity kept).
+            ok &= ~((np.isinf(exp) | np.isinf(got)) & (got != exp))
         if not np.isfinite(exp).all() and not ok[~np.isfinite(exp)].all():
             return None
         finite = np.isfinite(exp)

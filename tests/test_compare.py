@@ -317,7 +317,8 @@ def test_nan_and_inf_unlike_the_reference_fail_and_are_counted():
     cand = np.array([1.0, np.inf, np.nan, 4.0], np.float32)
     row = compare_arrays("y", ref, cand)
     assert not row.passed
-    assert row.note == "reference has 1 NaN; candidate has 1 NaN and 1 Inf"
+    assert row.note == ("reference has 1 NaN; candidate has 1 NaN and 1 Inf; 1 disagree, first "
+                        "at [1]: reference 2.0, candidate inf")
     # The NaN both have counts as alike; the Inf against 2.0 does not.
     assert row.mismatches == 1 and row.max_abs == 0.0 and row.cosine == 1.0  # over [1, 4]
 
@@ -331,6 +332,22 @@ def test_nan_and_inf_alike_on_both_sides_pass():
     flipped[1] = np.inf  # the sign of an infinity matters
     row = compare_arrays("y", ref, flipped)
     assert not row.passed and row.mismatches == 1
+    # Counts alone ("reference has 2 Inf; candidate has 2 Inf") read as agreement.
+    assert row.note.endswith("1 disagree, first at [1]: reference -inf, candidate inf")
+
+
+def test_a_lost_infinity_fails_at_the_default_tolerances(tmp_path, capsys):
+    # The default tolerances' rounding allowance excused it: rtol·|inf| takes any value.
+    def model(first):
+        return parse_model("g (float[4] x) => (float[4] y) { y = Add (x, a) }",
+                           a=np.array([first, 0, 0, 0], np.float32))
+
+    for name, first in (("ref", np.inf), ("flipped", -np.inf), ("finite", 0.0)):
+        onnx.save(model(first), tmp_path / f"{name}.onnx")
+    for candidate in ("flipped", "finite"):
+        rc, out, _ = run_cli(capsys, "compare", tmp_path / "ref.onnx",
+                             tmp_path / f"{candidate}.onnx")
+        assert rc == 1 and "result: FAIL (y)" in out and "rounding" not in out, out
 
 
 def test_integer_and_bool_outputs_need_exact_equality():

@@ -173,6 +173,18 @@ def test_weight_rounding_moves_every_float_weight_by_one_ulp_but_sizes():
     assert moved["y"].shape == (1, 1, 4, 8) and 0 < moved["y"].max() < 1e-5
 
 
+@pytest.mark.parametrize("got", [-np.inf, 0.0, 1e30])
+def test_a_lost_or_sign_flipped_infinity_is_never_rounding(got, capsys, tmp_path):
+    # rtol·|inf| is inf: any value passed for an infinity, and 1 element in 4 off read as
+    # "under 1% of the elements" (compare PASSed +inf against -inf, exit 0).
+    expected = np.zeros(400, np.float32)
+    expected[0] = np.inf
+    actual = expected.copy()
+    actual[0] = got
+    assert rounding._rounding_at_scale(expected, actual, JUDGE) is None
+    assert rounding._rounding_at_scale(expected, expected.copy(), JUDGE) is not None
+
+
 def test_a_nan_where_the_original_has_a_number_is_never_rounding():
     expected = np.ones((1, 2, 4), np.float32)
     actual = expected.copy()

@@ -155,6 +155,10 @@ def compare_arrays(name: str, reference, candidate, *, rtol: float = DEFAULT_RTO
                 counts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n]
                 if counts:
                     notes.append(f"{side} has {' and '.join(counts)}")
+            # The counts alone read as agreement where an infinity changed sign.
+            first = np.unravel_index(int(np.flatnonzero(~finite & ~same)[0]), ref.shape)
+            notes.append(f"{bad} disagree, first at {list(map(int, first))}: reference "
+                         f"{ref[first]}, candidate {cand[first]}")
             row.passed = False
         else:
             notes.append(f"{nonfinite} NaN/Inf in both, alike")
