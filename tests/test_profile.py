@@ -151,7 +151,21 @@ def test_advisor_finds_matmul_add_left_unfused_at_O0(tmp_path):
     apart = profile_model(path, level="disable", **RUNS)
     (hint,) = [h for h in advise(apart) if h.kind == "unfused"]
     assert hint.numbers["separate"] == 1 and hint.numbers["us_per_run"] > 0
-    assert "separate kernels" in hint.message
+    assert "separate kernels" in hint.message and "FuseMatMul (-O2) fuses" in hint.message
+
+
+def test_advisor_names_the_level_that_runs_the_fusing_pass(tmp_path):
+    # Every pattern's pass was called -O2's: FuseActivation runs at -O3 only.
+    proto = parse_model("""
+        g (float[1,3,32,32] x) => (float[1,8,32,32] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            y = Relu (c)
+        }""", w=weight(8, 3, 3, 3))
+    path = tmp_path / "conv.onnx"
+    onnx.save(proto, path)
+    (hint,) = [h for h in advise(profile_model(str(path), level="disable", **RUNS))
+               if h.kind == "unfused"]
+    assert "graphopt's FuseActivation (-O3) fuses this pattern" in hint.message, hint.message
 
 
 def test_a_stalled_call_does_not_make_its_op_a_bottleneck(tiny):

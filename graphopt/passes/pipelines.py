@@ -98,6 +98,12 @@ PIPELINES: dict[int, Pipeline] = {
 DEFAULT_LEVEL = 2
 
 
+def lowest_level(pass_name: str) -> int | None:
+    """The lowest -O level whose pipeline runs `pass_name` (None: none does by itself)."""
+    return next((level for level, pipeline in sorted(PIPELINES.items())
+                 if pass_name in pipeline.pass_names()), None)
+
+
 def for_target(pipeline: Pipeline, target) -> Pipeline:
     """`pipeline` with the passes a target adds. On a CPU target, -O3 rewrites wide 3×3 convs as
     Winograd GEMMs (WinogradConv: it changes results in the last bits, so not at -O2), and with

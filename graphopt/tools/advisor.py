@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from graphopt.errors import one_line
 from graphopt.ir import Model, Node, Value
+from graphopt.passes.pipelines import lowest_level
 from graphopt.tools.profile import Profile
 from graphopt.tools.profile_match import EXACT
 from graphopt.tools.profile_trace import CONTROL_FLOW
@@ -232,17 +233,20 @@ def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
             spent = sum(own[(partition, n.name)].total_us for nodes in separate
                         for n in nodes[1:] if (partition, n.name) in own)
             example = " → ".join(repr(n.name or n.op_type) for n in places[0])
+            fuser = passes[label]
+            level = lowest_level(fuser)
+            fuser += "" if level is None else f" (-O{level})"  # FuseActivation is -O3's
             text = (f"{label} left unfused in {len(places)} place(s) of {partition} "
                     f"(e.g. {example}); ")
             if separate:
                 text += (f"{len(separate)} run as separate kernels, the ones after the first "
                          f"taking {spent / profile.runs:.1f} µs/run ({spent / total:.0%} of "
-                         f"kernel time); graphopt's "
-                         f"{passes[label]} (-O2) fuses this pattern where its checks allow")
+                         f"kernel time); graphopt's {fuser} fuses this pattern where its "
+                         "checks allow")
             else:
                 text += (f"onnxruntime fused each when loading at level {level}, so they cost "
-                         f"load time, not run time ({passes[label]} would fuse offline where "
-                         "its checks allow)")
+                         f"load time, not run time ({fuser} would fuse offline where its "
+                         "checks allow)")
             hints.append(Hint("unfused", text, {
                 "pattern": label, "partition": partition, "places": len(places),
                 "separate": len(separate), "us_per_run": spent / profile.runs,
