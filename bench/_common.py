@@ -8,6 +8,7 @@ import math
 import os
 import re
 import statistics
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,3 +195,63 @@ def shape_list(dims: str, example: str):
         return shapes
 
     return parse
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for a count that must be at least 1 (--runs, --seeds, --threads, …)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type for a count where 0 means none (--warmup), or a seed numpy accepts."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < low:
+        # Found mid-run it is a median of no times or a loop that never ran: a traceback.
+        raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type for comma-separated counts, each at least 1 ("1,2")."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") \
+            from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': each value must be at least 1")
+    return values
+
+
+def json_path(text: str) -> str:
+    """An argparse type for --json FILE: refused now when write_json could not write it there,
+    not after the whole run. Missing folders pass (write_json makes them)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path, expected a file name")
+    target = os.path.realpath(text)
+    if text.endswith(("/", os.sep)) or os.path.isdir(target):
+        raise argparse.ArgumentTypeError(f"{text} is a directory, expected a file path")
+    if os.path.exists(target):  # write_json opens it in place (a file, /dev/stdout)
+        if not os.access(target, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{text}: not writable")
+        return text
+    folder = os.path.dirname(target)
+    while not os.path.exists(folder):  # the folder write_json makes the missing ones in
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text}: {folder} is a file, not a folder")
+    try:  # permission bits do not tell for root or a read-only mount: create a file there
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".bench-json-", suffix=".tmp")
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text}: cannot create a file in {folder} "
+                                         f"({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return text

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from _common import markdown_table, session_options, shape_list, write_json
+from _common import (json_path, markdown_table, positive_int, session_options, shape_list,
+                     write_json)
 
 
 def compare(shape: tuple[int, ...], models: dict[str, bytes], feeds: dict[str, np.ndarray],
@@ -60,12 +61,11 @@ def table_main(doc: str, columns: list[str], shapes: tuple[tuple[int, ...], ...]
     default = ",".join("x".join(map(str, shape)) for shape in shapes)
     parser.add_argument("--shapes", type=shape_list(dims, example), default=list(shapes),
                         help=f"{dims} shapes, comma-separated (default {default})")
-    parser.add_argument("--runs", type=int, default=runs,
+    parser.add_argument("--runs", type=positive_int, default=runs,
                         help=f"timed calls per variant ({runs})")
-    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the table as JSON to FILE")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
     rows = [r for shape in args.shapes for r in rows_of(shape, args.runs)]
     print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_DISABLE_ALL, "
           f"onnxruntime {ort.__version__}\n")

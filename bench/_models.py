@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +42,31 @@ class BenchModel:
 
 
 Wanted = Callable[[str], bool]  # row name -> bench it?
+# How many row names the error of an --only that matched nothing lists.
+SHOWN = 20
+
+
+def matching(only: list[str]) -> Wanted:
+    """The filter of --only TEXT (repeatable): rows whose name contains a TEXT, all without one."""
+    return lambda name: not only or any(text in name for text in only)
+
+
+def unmatched(only: list[str], models: Callable[[Wanted], Iterable],
+              option: str = "--only") -> str | None:
+    """The one-line error when `matching(only)` picks none of the rows `models(wanted)` offers,
+    else None. Asked before any measuring: a run of nothing printed empty tables and exit 0.
+    The names are gathered through a filter that refuses every row, so nothing is built."""
+    if not only:
+        return None
+    offered: list[str] = []
+    for _ in models(lambda name: offered.append(name) or False):
+        pass
+    if any(map(matching(only), offered)):
+        return None
+    shown = ", ".join(offered[:SHOWN]) or "none"
+    if len(offered) > SHOWN:  # memory.py alone offers some 80 pytorch-converted models
+        shown += f", … ({len(offered) - SHOWN} more)"
+    return f"no model matches {' '.join(f'{option} {text}' for text in only)}; the models: {shown}"
 
 
 def zoo_models(workdir: str, quick: bool, wanted: Wanted) -> Iterator[BenchModel]:

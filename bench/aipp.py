@@ -36,7 +36,8 @@ import onnxruntime as ort
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import Stats, markdown_table, run_model, session_options, write_json  # noqa: E402
+from _common import (Stats, json_path, markdown_table, positive_int, run_model,  # noqa: E402
+                     session_options, write_json)
 
 import graphopt  # noqa: E402
 from graphopt import zoo  # noqa: E402
@@ -170,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=50, help="timed calls of each (default 50)")
+    parser.add_argument("--runs", type=positive_int, default=50,
+                        help="timed calls of each (default 50)")
     parser.add_argument("--only", action="append", choices=MODELS, help="these zoo models only")
     parser.add_argument("--format", choices=FORMATS, default="bgr",
                         help="the frames: packed BGR (default), or NV12 converted to RGB")
-    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--json", type=json_path,
+                        help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     results = []
     for name in args.only or MODELS:

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import graphopt  # noqa: E402
 from graphopt import numerics  # noqa: E402
-from _common import markdown_table, run_model, session_options  # noqa: E402
+from _common import markdown_table, positive_int, run_model, session_options  # noqa: E402
 
 
 def _feeds(path: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
@@ -92,9 +92,17 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the inputs in MODEL.npz, else 1)")
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=FILE",
                         help="a compiled file to run beside the others (one model only)")
-    parser.add_argument("--runs", type=int, default=200, help="timed calls per variant (200)")
+    parser.add_argument("--runs", type=positive_int, default=200,
+                        help="timed calls per variant (200)")
     args = parser.parse_args(argv)
-    dims = {k: int(v) for k, v in (p.split("=") for p in args.dims.split(",") if p)}
+    try:
+        dims = {k: int(v) for k, v in (p.split("=") for p in args.dims.split(",") if p)}
+    except ValueError:  # no "=", two of them, or a size that is no integer
+        parser.error(f"--dims {args.dims}: expected NAME=N pairs separated by commas")
+    if any(n < 1 for n in dims.values()):
+        parser.error(f"--dims {args.dims}: sizes must be at least 1")
+    if any("=" not in p for p in args.extra):
+        parser.error("--extra takes NAME=FILE")
     extra = dict(p.split("=", 1) for p in args.extra)
     if extra and len(args.models) > 1:
         parser.error("--extra goes with one model")

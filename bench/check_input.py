@@ -29,8 +29,8 @@ import graphopt.kind_inference as kind_inference  # noqa: E402
 from graphopt import opcheck  # noqa: E402
 from graphopt.compile_checks import check_input  # noqa: E402
 from graphopt.ir import load_onnx  # noqa: E402
-from _common import markdown_table, summary, write_json  # noqa: E402
-from _models import LIGHT_DIR, ZOO_QUICK, sized_zoo_models  # noqa: E402
+from _common import json_path, markdown_table, positive_int, summary, write_json  # noqa: E402
+from _models import LIGHT_DIR, ZOO_QUICK, matching, sized_zoo_models, unmatched  # noqa: E402
 from scale import NODES_PER_LAYER, transformer_model  # noqa: E402
 
 LIGHT = ("densenet121", "inception_v2", "shufflenet", "resnet50")
@@ -70,15 +70,21 @@ def models(workdir: str, wanted) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=summary(__doc__))
-    p.add_argument("--runs", type=int, default=11,
+    p.add_argument("--runs", type=positive_int, default=11,
                    help="timed checks per model and way (default 11)")
     p.add_argument("--only", help="rows whose name contains this text")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path,
+                   help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
+    only = [args.only] if args.only else []
+    problem = unmatched(only, lambda wanted: models("", wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     saved = opcheck.BY_KIND_NODES, kind_inference._FIRST_CHECKPOINT
     results = []
     with tempfile.TemporaryDirectory() as workdir:
-        for name, path in models(workdir, lambda n: args.only is None or args.only in n):
+        for name, path in models(workdir, matching(only)):
             times = {way: [] for way in WAYS}
             for way in WAYS:
                 timed_check(path, way)  # warm-up

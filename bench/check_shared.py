@@ -42,8 +42,8 @@ def main() -> int:
     parser.add_argument("folder", nargs="?", default=os.path.normpath(DEFAULT_FOLDER),
                         help="models, each with NAME.inputs.npz and NAME.ref.npz beside it "
                              "(default: %(default)s)")
-    parser.add_argument("-O", dest="level", type=int, default=2,
-                        help="optimization level (default 2)")
+    parser.add_argument("-O", dest="level", type=int, default=2, choices=range(4),
+                        metavar="LEVEL", help="optimization level 0 to 3 (default 2)")
     parser.add_argument("--rtol", type=float, default=1e-4, help="default 1e-4")
     parser.add_argument("--atol", type=float, default=1e-5, help="default 1e-5")
     parser.add_argument("--strict", action="store_true",

@@ -19,10 +19,12 @@ from itertools import chain
 import onnx
 import onnxruntime as ort
 
-from _common import (ATOL, RTOL, THREADS, Check, Stats, check_outputs, geomean, markdown_table,
-                     megabytes, node_count, run_model, short_reason, write_json)
+from _common import (ATOL, RTOL, THREADS, Check, Stats, check_outputs, geomean, json_path,
+                     markdown_table, megabytes, node_count, positive_int, run_model, short_reason,
+                     write_json)
 from _compilers import Compiler, compilers
-from _models import BenchModel, check_folder, folder_models, light_models, zoo_models
+from _models import (BenchModel, check_folder, folder_models, light_models, matching, unmatched,
+                     zoo_models)
 
 DESCRIPTION = """\
 Time graphopt's optimize (default -O2, no tuning; optimize + save to .onnx) beside onnxsim
@@ -279,7 +281,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="about a minute: small zoo sizes (resnet50 width 0.25, a 2-layer "
                         "hidden-128 bert_base), 3 light CNNs, 3 runs")
-    p.add_argument("--runs", type=int, metavar="N",
+    p.add_argument("--runs", type=positive_int, metavar="N",
                    help="timed runs per model after the warm-up (default 5, 3 with --quick)")
     p.add_argument("--budget", type=float, default=40.0, metavar="SECONDS",
                    help="timed seconds per model the run count aims at: a model whose warm-up "
@@ -291,35 +293,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bench only models whose row name contains TEXT; repeatable")
     p.add_argument("--compact", action="store_true",
                    help="a narrow table: graphopt's seconds and nodes, the others' time ratios")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path,
+                   help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
     if args.runs is None:
         args.runs = 3 if args.quick else 5
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
     check_folder(p, args.shared)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+
+    def sources(workdir: str, wanted):
+        return chain(zoo_models(workdir, args.quick, wanted), light_models(args.quick, wanted),
+                     folder_models(args.shared, wanted) if args.shared else ())
+
+    problem = unmatched(args.only, lambda wanted: sources("", wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     ort.set_default_logger_severity(3)  # the tools' own ORT sessions warn about every model
     tools = compilers()
-    wanted = (lambda name: any(t in name for t in args.only)) if args.only else (lambda name: True)
     start = time.perf_counter()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="graphopt-compile-time-") as workdir:
-        sources = chain(zoo_models(workdir, args.quick, wanted), light_models(args.quick, wanted),
-                        folder_models(args.shared, wanted) if args.shared else ())
-        for model in sources:
+        for model in sources(workdir, matching(args.only)):
             began = time.perf_counter()
             rows.append(measure(model, tools, args.runs, args.budget, workdir))
             print(f"{model.name}: {rows[-1].runs} runs, {time.perf_counter() - began:.0f} s",
                   file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
-    if not rows:
-        print(f"no model matches --only {' '.join(args.only)}", file=sys.stderr)
-        return 1
     print(header(tools, args.runs, args.budget))
     print()
     print(format_compact(rows, tools) if args.compact else format_table(rows, tools))

@@ -18,8 +18,16 @@ from collections import defaultdict
 import numpy as np
 import onnx
 import onnxruntime as ort
-from _common import THREADS, geomean, markdown_table, session_options, write_json
-from _models import sized_zoo_models
+from _common import (
+    THREADS,
+    geomean,
+    json_path,
+    markdown_table,
+    positive_int,
+    session_options,
+    write_json,
+)
+from _models import matching, sized_zoo_models, unmatched
 
 import graphopt
 from graphopt.cli_paths import check_output_path
@@ -46,7 +54,7 @@ EPILOG = ("example:\n  .venv/bin/python bench/cost_model.py --json out/bench/cos
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="cost_model.py", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=20, metavar="N",
+    p.add_argument("--runs", type=positive_int, default=20, metavar="N",
                    help="profiled and timed runs per model (default 20, after 3 warm-ups)")
     p.add_argument("--calibration", metavar="FILE",
                    help=f"calibration JSON (default {default_path()}); if absent, measured "
@@ -55,7 +63,8 @@ def parse_args(argv):
                    help="onnxruntime optimization level of the profiled session (default all)")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="only models whose row name contains TEXT; repeatable")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path,
+                   help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
     if args.calibration and not os.path.exists(args.calibration):
         try:  # it will be written after the measuring: its folder must take a file now
@@ -171,13 +180,17 @@ def measure(model, cost: CpuCostModel, run_overhead_s: float, runs: int, level: 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    problem = unmatched(args.only, lambda wanted: sized_zoo_models("", SIZES, wanted))
+    if problem:  # before the calibration, which can take minutes
+        print(problem, file=sys.stderr)
+        return 1
     ort.set_default_logger_severity(3)
     calibration = load_or_calibrate(args.calibration, quick=True, threads=THREADS,
                                     progress=lambda key, m: print(
                                         f"calibrating: {key} {m.seconds * 1e6:.1f} µs",
                                         file=sys.stderr, flush=True))
     cost = calibration.cost_model()
-    wanted = (lambda name: any(t in name for t in args.only)) if args.only else (lambda n: True)
+    wanted = matching(args.only)
     rows = []
     with tempfile.TemporaryDirectory(prefix="graphopt-cost-") as workdir:
         for model in sized_zoo_models(workdir, SIZES, wanted):

@@ -27,7 +27,8 @@ import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import Stats, markdown_table, run_model, write_json  # noqa: E402
+from _common import (Stats, json_path, markdown_table, positive_int, run_model,  # noqa: E402
+                     write_json)
 
 import graphopt  # noqa: E402
 from graphopt import zoo  # noqa: E402
@@ -81,6 +82,14 @@ def cells(result: dict) -> list[str]:
             f"{result['ratio']:.2f}", f"{err['off']:.1e} / {err['on']:.1e}"]
 
 
+def _image_size(text: str) -> int:
+    """--image-size: lcnetv3 downsamples by 32, so a positive multiple of 32."""
+    size = positive_int(text)
+    if size % 32:
+        raise argparse.ArgumentTypeError(f"must be a multiple of 32, not {size}")
+    return size
+
+
 COLUMNS = ["model", "Mul/Add/Div ops", "off ms (min–max)", "on ms (min–max)", "on / off",
            "max abs Δ vs original (off / on)"]
 
@@ -89,12 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=100, help="timed calls of each (default 100)")
-    parser.add_argument("--image-size", type=int, default=320,
+    parser.add_argument("--runs", type=positive_int, default=100,
+                        help="timed calls of each (default 100)")
+    parser.add_argument("--image-size", type=_image_size, default=320,
                         help="lcnetv3's input size, a multiple of 32 (default 320)")
     parser.add_argument("--model", help="an ONNX file instead of the zoo's lcnetv3")
     parser.add_argument("--inputs", help="the .npz of --model's inputs (default: seed-0 inputs)")
-    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--json", type=json_path,
+                        help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         if args.model:

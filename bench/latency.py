@@ -24,7 +24,9 @@ from _common import (
     Stats,
     compare_outputs,
     geomean,
+    json_path,
     markdown_table,
+    positive_int,
     run_model,
     short_reason,
     write_json,
@@ -39,7 +41,7 @@ from _latency_variants import (
     versions,
 )
 from _models import (ZOO_QUICK, BenchModel, check_folder, folder_models, light_models,
-                     sized_zoo_models)
+                     matching, sized_zoo_models, unmatched)
 
 DESCRIPTION = """\
 Time inference of graphopt's compiled model (its optimized .onnx at ORT_ENABLE_ALL and its .om
@@ -434,9 +436,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bert_base at its real size (12 layers, hidden 768) instead of "
                         "4 layers, hidden 256, gpt2_small at GPT-2 small's (12 layers, "
                         "hidden 768, vocab 50257), and unet at 64 base channels and 256x256")
-    p.add_argument("--runs", type=int, metavar="N",
+    p.add_argument("--runs", type=positive_int, metavar="N",
                    help="timed runs per variant (default 20, 10 with --quick)")
-    p.add_argument("--warmup", type=int, default=3, metavar="N",
+    # At least 1: the first warm-up run's outputs are the correctness check.
+    p.add_argument("--warmup", type=positive_int, default=3, metavar="N",
                    help="warm-up runs per variant before timing (default 3)")
     p.add_argument("--budget", type=float, default=20.0, metavar="SECONDS",
                    help="timed seconds per model and thread count the run count aims at: a model "
@@ -457,16 +460,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--level", type=int, choices=(2, 3), default=2,
                    help="graphopt's -O level for its .onnx and .om (default 2; -O3 adds, on the "
                         ".om's cpu target, Winograd convs)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path,
+                   help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
     if args.quick and args.full:
         p.error("--quick and --full contradict each other")
     if args.runs is None:
         args.runs = 10 if args.quick else 20
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
-    if args.warmup < 1:
-        p.error("--warmup must be at least 1 (the first run's outputs are the check)")
     try:
         args.thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()})
     except ValueError:
@@ -488,16 +488,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ort.set_default_logger_severity(3)
     threads = args.thread_counts
-    wanted = (lambda name: any(t in name for t in args.only)) if args.only else (lambda name: True)
     sizes = ZOO_QUICK if args.quick else ZOO_FULL_SIZE if args.full else ZOO_DEFAULT
+
+    def sources(workdir: str, wanted):
+        return chain(sized_zoo_models(workdir, sizes, wanted), light_models(args.quick, wanted),
+                     folder_models(args.shared, wanted) if args.shared else ())
+
+    problem = unmatched(args.only, lambda wanted: sources("", wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     start = time.perf_counter()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="graphopt-latency-") as workdir:
-        sources = chain(sized_zoo_models(workdir, sizes, wanted),
-                        light_models(args.quick, wanted),
-                        folder_models(args.shared, wanted) if args.shared else ())
-        for model in sources:
+        for model in sources(workdir, matching(args.only)):
             if args.dim_values and model.name.startswith("zoo/"):
                 model = with_dims(model, args.dim_values)
             began = time.perf_counter()
@@ -510,9 +515,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model.name}: {runs}, {time.perf_counter() - began:.0f} s",
                   file=sys.stderr, flush=True)
     seconds = time.perf_counter() - start
-    if not rows:
-        print(f"no model matches --only {' '.join(args.only)}", file=sys.stderr)
-        return 1
     print(header(args, threads, load))
     print()
     if args.compact:

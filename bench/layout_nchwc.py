@@ -21,9 +21,10 @@ from graphopt.passes import Options, PassContext, PassManager, Pipeline
 from graphopt.passes.layout_nchwc import NCHWC
 from graphopt.nchwc_block import detect_block_size
 
-from _common import compare_outputs, markdown_table, run_model, short_reason, write_json
+from _common import (compare_outputs, json_path, markdown_table, positive_int, run_model,
+                     short_reason, write_json)
 from _latency_variants import SESSION_CONFIG, Runner, Variant, open_runner
-from _models import ZOO_QUICK, BenchModel, sized_zoo_models
+from _models import ZOO_QUICK, BenchModel, matching, sized_zoo_models, unmatched
 from latency import ATOL, MIN_RUNS, RTOL, Timing, timed_rounds
 
 DESCRIPTION = """\
@@ -279,11 +280,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="resnet50 at width 0.25 (latency.py's --quick size)")
-    p.add_argument("--runs", type=int, default=20, metavar="N",
+    p.add_argument("--runs", type=positive_int, default=20, metavar="N",
                    help="timed inference runs per variant (default 20)")
-    p.add_argument("--warmup", type=int, default=3, metavar="N",
+    p.add_argument("--warmup", type=positive_int, default=3, metavar="N",
                    help="warm-up runs per variant (default 3; the first checks the outputs)")
-    p.add_argument("--startup-runs", type=int, default=10, metavar="N",
+    p.add_argument("--startup-runs", type=positive_int, default=10, metavar="N",
                    help="session creation + first inference rounds (default 10)")
     p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
                    help=f"timed seconds per model and thread count; fewer runs (never under "
@@ -292,10 +293,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="intra-op thread counts, one table each (default 1,2)")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="bench only models whose name contains TEXT; repeatable")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path,
+                   help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
-    if min(args.runs, args.warmup, args.startup_runs) < 1:
-        p.error("--runs, --warmup and --startup-runs must be at least 1")
     try:
         args.thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()})
     except ValueError:
@@ -307,6 +307,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    sizes = QUICK_SIZES if args.quick else SIZES
+    problem = unmatched(args.only, lambda wanted: sized_zoo_models("", sizes, wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     block = detect_block_size()
     if not block:
         print("neither AVX2 nor AVX-512F in /proc/cpuinfo: onnxruntime has no NCHWc kernels "
@@ -314,21 +319,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ort.set_default_logger_severity(3)
     threads = args.thread_counts
-    wanted = (lambda name: any(t in name for t in args.only)) if args.only else (lambda name: True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     start = time.perf_counter()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="graphopt-nchwc-") as workdir:
-        for model in sized_zoo_models(workdir, QUICK_SIZES if args.quick else SIZES, wanted):
+        for model in sized_zoo_models(workdir, sizes, matching(args.only)):
             began = time.perf_counter()
             files = tempfile.mkdtemp(dir=workdir)
             rows.append(bench_model(model, threads, args, files))
             print(f"{model.name}: {time.perf_counter() - began:.0f} s", file=sys.stderr,
                   flush=True)
     seconds = time.perf_counter() - start
-    if not rows:
-        print(f"no model matches --only {' '.join(args.only)}", file=sys.stderr)
-        return 1
     print(header(args, threads, block, load))
     print()
     print("\n".join(build_lines(rows)))

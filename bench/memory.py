@@ -12,7 +12,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 import onnx
@@ -23,8 +22,10 @@ from graphopt.ir import DType, Graph, Model, Value
 from graphopt.passes.memory import (MemoryPlanError, check_plan, plan_memory, schedule_for_memory,
                                     verify_plan)
 
-from _common import geomean, markdown_table, short_reason, write_json
-from _models import BenchModel, check_folder, folder_models, light_models, zoo_models
+from _common import (geomean, json_path, markdown_table, positive_int, positive_ints, short_reason,
+                     write_json)
+from _models import (BenchModel, check_folder, folder_models, light_models, matching, unmatched,
+                     zoo_models)
 
 DESCRIPTION = """\
 Plan the work buffer (CANN's work memory: the arena holding every intermediate tensor) of each
@@ -272,16 +273,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="small zoo sizes, 3 light CNNs, 1 planning run, synthetic 1k and 10k only")
-    p.add_argument("--runs", type=int, default=5, metavar="N",
+    p.add_argument("--runs", type=positive_int, default=5, metavar="N",
                    help="timed plans per model (default 5)")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the arena executor (static verification still runs)")
-    p.add_argument("--scale", default="1000,10000", metavar="N,N",
+    p.add_argument("--scale", type=lambda text: positive_ints(text) if text.strip() else [],
+                   default=[1000, 10000], metavar="N,N",
                    help="synthetic DAG sizes whose planning is timed (default 1000,10000; '' none)")
     p.add_argument("--shared", metavar="DIR", help="also plan every DIR/*.onnx")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="only models whose row name contains TEXT; repeatable")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--json", metavar="FILE", type=json_path,
+                   help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
     check_folder(p, args.shared)
     if args.quick:
@@ -291,16 +294,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+
+    def sources(workdir: str, wanted):
+        yield from zoo_models(workdir, args.quick, wanted)
+        yield from light_models(args.quick, wanted)
+        yield from pytorch_models(wanted)  # a list: built here, so names come in row order
+        if args.shared:
+            yield from folder_models(args.shared, wanted)
+
+    problem = unmatched(args.only, lambda wanted: sources("", wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     ort.set_default_logger_severity(3)
-    wanted = (lambda name: any(t in name for t in args.only)) if args.only else (lambda name: True)
     start = time.perf_counter()
     rows: list[Row] = []
     empty: list[str] = []
     with tempfile.TemporaryDirectory(prefix="graphopt-memory-") as workdir:
-        sources = chain(zoo_models(workdir, args.quick, wanted), light_models(args.quick, wanted),
-                        pytorch_models(wanted),
-                        folder_models(args.shared, wanted) if args.shared else ())
-        for model in sources:
+        for model in sources(workdir, matching(args.only)):
             began = time.perf_counter()
             row = measure(model, args.runs, args.check)
             if row.sizes and not row.bound:
@@ -308,8 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             elif not row.name.startswith("pytorch-converted/") or row.sizes:
                 rows.append(row)
             print(f"{model.name}: {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
-    sizes = [int(s) for s in args.scale.split(",") if s.strip()]
-    scale = scale_rows(sizes, 1 if args.quick else 3) if sizes else []
+    scale = scale_rows(args.scale, 1 if args.quick else 3) if args.scale else []
     print(f"Work memory (arena) per model after graphopt -O2, 64-byte alignment; × = arena / the "
           f"lower bound of the same schedule (1.000 is optimal for that order). graphopt = the "
           f"smallest of same-size, greedy-by-size, greedy-by-breadth, best-fit (XLA heap "

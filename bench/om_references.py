@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graphopt  # noqa: E402
 from graphopt.codegen import load_om, om_refs  # noqa: E402
 from graphopt.codegen.om_weights import point_into  # noqa: E402
-from _common import Stats, markdown_table, summary, write_json  # noqa: E402
-from _models import ZOO_FULL, sized_zoo_models  # noqa: E402
+from _common import (Stats, json_path, markdown_table, positive_int, summary,  # noqa: E402
+                     write_json)
+from _models import ZOO_FULL, matching, sized_zoo_models, unmatched  # noqa: E402
 
 
 def readers(om_path: str):
@@ -82,16 +83,20 @@ def bench(model, runs: int, workdir: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=summary(__doc__))
-    parser.add_argument("--runs", type=int, default=30, help="interleaved rounds (default 30)")
+    parser.add_argument("--runs", type=positive_int, default=30,
+                        help="interleaved rounds (default 30)")
     parser.add_argument("--only", action="append", default=[],
                         help="rows whose name contains this (repeatable)")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    wanted = (lambda name: any(part in name for part in args.only)) if args.only else \
-        (lambda name: True)
+    problem = unmatched(args.only, lambda wanted: sized_zoo_models("", ZOO_FULL, wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        for model in sized_zoo_models(workdir, ZOO_FULL, wanted):
+        for model in sized_zoo_models(workdir, ZOO_FULL, matching(args.only)):
             row = bench(model, args.runs, workdir)
             rows.append(row)
             if row["references"]:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnxruntime as ort
-from _common import Stats, markdown_table, session_options, short_reason, write_json
-from _models import check_folder
+from _common import (Stats, json_path, markdown_table, non_negative_int, positive_int,
+                     positive_ints, session_options, short_reason, write_json)
+from _models import Wanted, check_folder, matching, unmatched
 
 import graphopt
 from graphopt import zoo
@@ -110,9 +111,8 @@ def token_feeds(proto, n: int, seed: int, seq: int) -> list[dict]:
             for i in range(n)]
 
 
-def build_models(args, workdir: str):
-    """Yields each model once its file is written (one big model on disk at a time)."""
-    wanted = (lambda name: any(t in name for t in args.only)) if args.only else (lambda _: True)
+def build_models(args, workdir: str, wanted: Wanted):
+    """Yields each model `wanted` once its file is written (one big model on disk at a time)."""
     n_cal, n_eval = args.calibration_samples, args.samples
     if wanted("zoo/bert_base"):
         options = {} if args.full else {"layers": args.bert_layers}
@@ -362,20 +362,23 @@ def to_json(rows, args, seconds: float) -> dict:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="precision.py", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=20, metavar="N", help="timed runs (default 20)")
-    p.add_argument("--warmup", type=int, default=3, metavar="N", help="warm-up runs (default 3)")
-    p.add_argument("--threads", default="1", metavar="T[,T...]",
+    p.add_argument("--runs", type=positive_int, default=20, metavar="N",
+                   help="timed runs (default 20)")
+    p.add_argument("--warmup", type=non_negative_int, default=3, metavar="N",
+                   help="warm-up runs (default 3)")
+    p.add_argument("--threads", type=positive_ints, default=[1], metavar="T[,T...]",
                    help="intra-op thread counts (default 1)")
-    p.add_argument("--samples", type=int, default=32, metavar="N",
+    p.add_argument("--samples", type=positive_int, default=32, metavar="N",
                    help="held-out samples for accuracy (default 32)")
-    p.add_argument("--eval-seed", type=int, metavar="S",
+    # numpy's generators take no negative seed.
+    p.add_argument("--eval-seed", type=non_negative_int, metavar="S",
                    help="seed of the held-out samples (default: 2 for images, 5000 for token "
                         "ids; calibration samples never use it)")
-    p.add_argument("--calibration-samples", type=int, default=16, metavar="N",
+    p.add_argument("--calibration-samples", type=positive_int, default=16, metavar="N",
                    help="calibration samples, shared by every static quantizer (default 16)")
-    p.add_argument("--seq", type=int, default=128, metavar="N",
+    p.add_argument("--seq", type=positive_int, default=128, metavar="N",
                    help="BERT sequence length, pinned (default 128)")
-    p.add_argument("--bert-layers", type=int, default=4, metavar="N",
+    p.add_argument("--bert-layers", type=positive_int, default=4, metavar="N",
                    help="bert_base layers at hidden 768 (default 4; --full: 12)")
     p.add_argument("--full", action="store_true", help="bert_base at its real 12 layers")
     p.add_argument("--shared", metavar="DIR", help="also every DIR/*.onnx")
@@ -388,22 +391,24 @@ def parse_args(argv):
     p.add_argument("--npu-target", metavar="NAME",
                    help="also a graphopt INT8 row compiled for this NPU target (AMCT's QDQ "
                         "form), run by the CPU stand-in: read its accuracy, not its time")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--json", metavar="FILE", type=json_path, help="also write the results as JSON")
     args = p.parse_args(argv)
-    args.thread_counts = sorted({int(t) for t in args.threads.split(",") if t.strip()})
-    if args.runs < 1 or args.samples < 1 or args.calibration_samples < 1:
-        p.error("--runs, --samples and --calibration-samples must be at least 1")
+    args.thread_counts = sorted(set(args.threads))
     check_folder(p, args.shared)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    problem = unmatched(args.only, lambda wanted: build_models(args, "", wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     ort.set_default_logger_severity(3)
     start = time.perf_counter()
     rows = []
     with tempfile.TemporaryDirectory(prefix="graphopt-precision-") as workdir:
-        for model in build_models(args, workdir):
+        for model in build_models(args, workdir, matching(args.only)):
             files = tempfile.mkdtemp(dir=workdir)
             variants = build_variants(model, files, args.seq, args.quant_skip, args.npu_target)
             extra = measure(model, variants, args)

@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from _common import markdown_table, session_options, summary, write_json
+from _common import (json_path, markdown_table, positive_int, session_options, summary,
+                     write_json)
 from onnx import numpy_helper
 
 import graphopt
@@ -84,18 +85,29 @@ def time_interleaved(sessions: dict, feeds: dict, runs: int, warmup: int = 3) ->
     return times
 
 
+def _group_size(text: str) -> int:
+    """--group-size: graphopt's int4_group_size, a power of 2 ≥ 16, checked before gpt2_small is
+    built and compiled rather than by the first int4 compile."""
+    size = positive_int(text)
+    if size < 16 or size & (size - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of 2 ≥ 16 (16, 32, …), not {size}")
+    return size
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=summary(__doc__))
-    parser.add_argument("--runs", type=int, default=30, help="interleaved rounds (default 30)")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+    parser.add_argument("--runs", type=positive_int, default=30,
+                        help="interleaved rounds (default 30)")
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2],
                         help="intra-op thread counts to time (default 1 2)")
-    parser.add_argument("--seq", type=int, nargs="+", default=[1, 64],
+    parser.add_argument("--seq", type=positive_int, nargs="+", default=[1, 64],
                         help="sequence lengths to time (default 1 64)")
-    parser.add_argument("--group-size", type=int, default=32, metavar="N",
+    parser.add_argument("--group-size", type=_group_size, default=32, metavar="N",
                         help="weights per scale (--int4-group-size) of the int4 variants")
-    parser.add_argument("--seeds", type=int, default=8,
+    parser.add_argument("--seeds", type=positive_int, default=8,
                         help="seeded token-id sets the cosine is taken over (default 8)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
 
     original = zoo.build("gpt2_small")

@@ -23,7 +23,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, session_options, write_json  # noqa: E402
+from _common import (json_path, markdown_table, positive_int, positive_ints,  # noqa: E402
+                     session_options, write_json)
 
 GEMMS = ((4096, 4096), (768, 3072), (2048, 1000), (256, 256))  # K, N
 ROWS = (1, 2, 8, 128)
@@ -102,23 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default=",".join(map(str, ROWS)),
+    parser.add_argument("--rows", type=positive_ints, default=list(ROWS),
                         help="GEMM rows to try, comma-separated (default 1,2,8,128)")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (1)")
-    parser.add_argument("--runs", type=int, default=40, help="timed runs per variant (40)")
-    parser.add_argument("--sessions", type=int, default=5,
+    parser.add_argument("--threads", type=positive_int, default=1, help="intra-op threads (1)")
+    parser.add_argument("--runs", type=positive_int, default=40, help="timed runs per variant (40)")
+    parser.add_argument("--sessions", type=positive_int, default=5,
                         help="sessions created per variant (5)")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    try:
-        rows = [int(r) for r in args.rows.split(",")]
-    except ValueError:
-        parser.error(f"--rows must be integers, comma-separated, not {args.rows!r}")
-    if min(rows) < 1 or args.threads < 1 or args.runs < 1 or args.sessions < 1:
-        parser.error("--rows, --threads, --runs and --sessions must be at least 1")
 
     results = []
-    for name, data, x in cases(rows):
+    for name, data, x in cases(args.rows):
         results.append(bench(name, data, x, args.threads, args.runs, args.sessions))
         print(f"{name}: done", file=sys.stderr, flush=True)
     table = [[r["case"], f"{r['create_packed_ms']:.1f}", f"{r['create_unpacked_ms']:.1f}",

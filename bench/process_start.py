@@ -38,9 +38,9 @@ import onnxruntime as ort
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graphopt  # noqa: E402
-from _common import (Stats, compare_outputs, geomean, markdown_table, run_model,  # noqa: E402
-                     short_reason, summary, write_json)
-from _models import ZOO_FULL, sized_zoo_models  # noqa: E402
+from _common import (Stats, compare_outputs, geomean, json_path, markdown_table,  # noqa: E402
+                     positive_int, run_model, short_reason, summary, write_json)
+from _models import ZOO_FULL, matching, sized_zoo_models, unmatched  # noqa: E402
 
 # The children: argv[1] model or .om, argv[2] input .npz, argv[3] where to write the outputs ("" to
 # skip). One intra-op and one inter-op thread, as every bench session here.
@@ -158,28 +158,29 @@ def bench_model(model, runs: int, workdir: str, pythonpath: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=summary(__doc__))
-    parser.add_argument("--runs", type=int, default=20, help="timed children per variant (20)")
+    parser.add_argument("--runs", type=positive_int, default=20,
+                        help="timed children per variant (20)")
     parser.add_argument("--only", action="append", default=[],
                         help="zoo models whose name contains this; repeatable (the import rows "
                              "always run)")
     parser.add_argument("--pythonpath", metavar="DIR",
                         help="also time each graphopt child with DIR first on its PYTHONPATH")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
     if args.pythonpath and not os.path.isdir(args.pythonpath):
         parser.error(f"--pythonpath {args.pythonpath}: no such directory")
 
-    def wanted(name: str) -> bool:
-        return not args.only or any(part in name for part in args.only)
-
+    problem = unmatched(args.only, lambda wanted: sized_zoo_models("", ZOO_FULL, wanted))
+    if problem:  # before the import rows, which are timed whatever --only says
+        print(problem, file=sys.stderr)
+        return 1
     try:
         imports = interleaved(variants(None, None, None, args.pythonpath), args.runs)
         print(format_imports(imports, args.runs), flush=True)
         rows = []
         with tempfile.TemporaryDirectory(prefix="graphopt-process-start-") as workdir:
-            for model in sized_zoo_models(workdir, ZOO_FULL, wanted):
+            for model in sized_zoo_models(workdir, ZOO_FULL, matching(args.only)):
                 row = bench_model(model, args.runs, workdir, args.pythonpath)
                 rows.append(row)
                 print(_line(row), flush=True)

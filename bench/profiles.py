@@ -30,8 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import graphopt  # noqa: E402
 import models as zoo  # noqa: E402
-from _common import (Stats, compare_outputs, markdown_table, run_model,  # noqa: E402
-                     session_options, write_json)
+from _common import (Stats, compare_outputs, json_path, markdown_table,  # noqa: E402
+                     positive_int, run_model, session_options, write_json)
+from _models import matching, unmatched  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
 MODELS = {
@@ -171,19 +172,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=20, help="timed runs per variant (20)")
+    parser.add_argument("--runs", type=positive_int, default=20, help="timed runs per variant (20)")
     parser.add_argument("--batch", type=_sizes, default=[1, 4], help="batch sizes (1,4)")
     parser.add_argument("--seq", type=_sizes, default=[64, 128], help="sequence lengths (64,128)")
     parser.add_argument("--only", action="append", default=[],
                         help="models whose name contains this; repeatable")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the results as JSON")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
+    problem = unmatched(args.only, lambda wanted: filter(wanted, MODELS))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    wanted = matching(args.only)
     results = []
     with tempfile.TemporaryDirectory(prefix="graphopt-profiles-") as workdir:
         for label, (name, options) in MODELS.items():
-            if args.only and not any(part in label for part in args.only):
+            if not wanted(label):
                 continue
             results.append(bench_model(label, name, options, args.batch, args.seq, args.runs,
                                        workdir))

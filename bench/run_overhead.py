@@ -25,8 +25,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import graphopt  # noqa: E402
-from _common import markdown_table, write_json  # noqa: E402
-from _models import ZOO_QUICK, sized_zoo_models  # noqa: E402
+from _common import json_path, markdown_table, positive_int, write_json  # noqa: E402
+from _models import ZOO_QUICK, matching, sized_zoo_models, unmatched  # noqa: E402
 
 
 def _general(session):
@@ -80,13 +80,18 @@ def bench(om_path: str, feeds: dict, runs: int) -> dict | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=2000, help="timed rounds per model")
+    parser.add_argument("--runs", type=positive_int, default=2000, help="timed rounds per model")
     parser.add_argument("--only", default="", help="models whose name contains this")
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", type=json_path, help="also write the results here")
     args = parser.parse_args()
+    only = [args.only] if args.only else []
+    problem = unmatched(only, lambda wanted: sized_zoo_models("", ZOO_QUICK, wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as workdir:
-        for model in sized_zoo_models(workdir, ZOO_QUICK, lambda name: args.only in name):
+        for model in sized_zoo_models(workdir, ZOO_QUICK, matching(only)):
             om_path = os.path.join(workdir, "model.om")
             graphopt.save(graphopt.optimize(model.path, target="cpu"), om_path)
             result = bench(om_path, model.feeds, args.runs)

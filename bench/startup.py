@@ -33,9 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graphopt  # noqa: E402
 from graphopt.cli_types import parse_size  # noqa: E402
 from graphopt.codegen import load_om  # noqa: E402
-from _common import (ATOL, Stats, compare_outputs, geomean, markdown_table,  # noqa: E402
-                     run_model, session_options, short_reason, summary, write_json)
-from _models import ZOO_FULL, light_models, sized_zoo_models  # noqa: E402
+from _common import (ATOL, Stats, compare_outputs, geomean, json_path, markdown_table,  # noqa: E402
+                     positive_int, run_model, session_options, short_reason, summary,
+                     write_json)
+from _models import ZOO_FULL, light_models, matching, sized_zoo_models, unmatched  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
 WINOGRAD_ERROR = 4e-5  # tests/test_winograd.py's tolerance, relative to an output's largest value
@@ -154,7 +155,7 @@ def bench(model, runs: int, workdir: str, fold_size_limit: int | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=summary(__doc__))
-    parser.add_argument("--runs", type=int, default=20,
+    parser.add_argument("--runs", type=positive_int, default=20,
                         help=f"cold starts per variant (20; at least {QUICK_RUNS} for models that "
                              f"start in under {QUICK_SECONDS * 1e3:.0f} ms)")
     parser.add_argument("--only", action="append", default=[],
@@ -165,24 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--level", type=int, choices=(2, 3), default=2,
                         help="graphopt's -O level for the .om compiles (default 2; -O3 adds "
                              "Winograd convs, compared at 4e-5 of each output's largest value)")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be ≥ 1")
 
-    def wanted(name: str) -> bool:
-        return not args.only or any(part in name for part in args.only)
+    def sources(workdir: str, wanted):
+        yield from sized_zoo_models(workdir, ZOO_FULL, wanted)
+        if not args.no_light:
+            yield from light_models(False, wanted)
 
+    problem = unmatched(args.only, lambda wanted: sources("", wanted))
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="graphopt-startup-") as workdir:
-        sources = [sized_zoo_models(workdir, ZOO_FULL, wanted)]
-        if not args.no_light:
-            sources.append(light_models(False, wanted))
-        for source in sources:
-            for model in source:
-                row = bench(model, args.runs, workdir, args.fold_size_limit, args.level)
-                rows.append(row)
-                print(_line(row), flush=True)
+        for model in sources(workdir, matching(args.only)):
+            row = bench(model, args.runs, workdir, args.fold_size_limit, args.level)
+            rows.append(row)
+            print(_line(row), flush=True)
     print()
     if args.level != 2:
         print(f"graphopt's .om compiled at -O{args.level}, not -O2.")

@@ -20,7 +20,7 @@ import time
 import optuna
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import markdown_table, summary, write_json
+from _common import json_path, markdown_table, positive_int, summary, write_json
 
 from graphopt.partition.target import load_target
 from graphopt.tuner import (
@@ -48,12 +48,13 @@ def _trial_counts(text: str) -> list[int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=summary(__doc__))
-    parser.add_argument("--seeds", type=int, default=5,
+    parser.add_argument("--seeds", type=positive_int, default=5,
                         help="tuner seeds per trial budget, 0 to N-1 (default 5)")
     parser.add_argument("--trials", type=_trial_counts, default=_trial_counts(TRIALS),
                         metavar="N[,N...]", help=f"trial budgets to run TPE with ({TRIALS})")
     parser.add_argument("--sampler", default="tpe", choices=("tpe", "random"))
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the results as JSON to FILE")
     args = parser.parse_args()
 
     device = load_target("ascend310").device("npu")

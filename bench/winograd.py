@@ -26,7 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import markdown_table, session_options, shape_list, write_json  # noqa: E402
+from _common import (json_path, markdown_table, positive_int, session_options,  # noqa: E402
+                     shape_list, write_json)
 
 import graphopt  # noqa: E402
 from graphopt.ir import onnx_export  # noqa: E402
@@ -96,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", type=shape_list("CxHxW", "256x56x56,512x28x28"),
                         default=list(SHAPES),
                         help="CxHxW layer shapes (as many filters as channels), comma-separated")
-    parser.add_argument("--runs", type=int, default=15, help="timed calls per variant (15)")
-    parser.add_argument("--batch", type=int, default=1, help="images per call (1)")
-    parser.add_argument("--json", metavar="FILE", help="also write the table as JSON to FILE")
+    parser.add_argument("--runs", type=positive_int, default=15,
+                        help="timed calls per variant (15)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="images per call (1)")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the table as JSON to FILE")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.batch < 1:
-        parser.error("--runs and --batch must be ≥ 1")
     ort.set_default_logger_severity(3)
     print(f"median ms per call of {args.runs} interleaved calls, batch {args.batch}, 1 thread, "
           f"ORT_ENABLE_ALL, "
