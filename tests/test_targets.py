@@ -12,10 +12,13 @@ import re
 import numpy as np
 import onnx.defs
 import pytest
+from helpers import parse_model
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
 from graphopt.cli_targets import add_targets_parser
 from graphopt.errors import OptionError
+from graphopt.ir import load_onnx
+from graphopt.partition.placement import place
 from graphopt.partition.target import builtin_targets, load_target
 from graphopt.partition.target_ort import (cpu_kernel_binds, nchwc_block_size, op_key,
                                            ort_cpu_kernels)
@@ -332,6 +335,26 @@ def test_whole_number_floats_become_ints(tmp_path):
     path.write_text(json.dumps(doc))
     device = load_target(str(path)).device("npu")
     assert type(device.ai_cores) is int and all(type(d) is int for d in device.cube["float16"])
+    # max_outputs was kept a float, and every MaxPool placement then crashed slicing with it.
+    doc["devices"][0]["engines"]["cube"]["ops"]["Conv"]["max_outputs"] = 1.0
+    path.write_text(json.dumps(doc))
+    assert type(load_target(str(path)).device("npu").kernel("Conv").max_outputs) is int
+
+
+def test_an_attribute_left_at_its_default_is_checked_as_that_default(tmp_path):
+    # A profile allowing Resize's linear mode alone took a Resize that sets no mode, whose
+    # default is nearest: "the default is among the allowed values" held for built-ins only.
+    doc = _minimal()
+    doc["devices"][0]["engines"]["cube"]["ops"]["Resize"] = {
+        "dtypes": ["float32"], "attributes": {"mode": ["linear"]}}
+    target, _ = _load(tmp_path, doc)
+    model = load_onnx(parse_model("""
+        g (float[1,4,8,8] x) => (float[1,4,16,16] y) {
+            y = Resize (x, roi, scales)
+        }""", roi=np.zeros(0, np.float32), scales=np.array([1, 1, 2, 2], np.float32)))
+    (placement,) = place(model, target).values()
+    assert placement.device == "cpu"
+    assert placement.reason == "attribute mode='nearest' of Resize: takes linear"
 
 
 def test_bad_json(tmp_path):

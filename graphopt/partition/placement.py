@@ -10,6 +10,7 @@ device: it is placed there when every op of its body is.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,7 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
-              or _attribute_problem(node.attr, support)
+              or attribute_problem(node.attr, support, node.op_type, node.domain)
               or _output_problem(node, support, device.name)
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
@@ -87,7 +88,7 @@ def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str
         if support.max_rank is not None and rank is not None and rank > support.max_rank:
             return None, f"rank {rank} above {support.op}'s limit {support.max_rank} {where}"
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
-        problem = _attribute_problem(attrs.get, support)
+        problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain)
         if problem:
             return None, f"{problem} {where}"
         engine = engine or support.engine
@@ -171,12 +172,17 @@ def _rank_problem(node: Node, support: OpSupport) -> str | None:
     return None
 
 
-def _attribute_problem(attr, support: OpSupport) -> str | None:
-    """Why an attribute value (`attr(name)`, None when not set) is not one the kernel takes."""
+def attribute_problem(attr, support: OpSupport, op_type: str, domain: str) -> str | None:
+    """Why an attribute value (`attr(name)`, None when not set: its schema default) is not one
+    the kernel takes."""
     for name, allowed in support.attributes.items():
         value = attr(name)
         if value is None:
-            continue  # the default, which a kernel table lists among the allowed values
+            # The default: a profile that allows Resize's linear mode alone does not take an
+            # unset mode, which is nearest.
+            value = _schema_default(op_type, domain, name)
+            if value is None:
+                continue
         if isinstance(value, bytes):
             value = value.decode()
         if isinstance(value, list):
@@ -187,6 +193,19 @@ def _attribute_problem(attr, support: OpSupport) -> str | None:
                 else _as_written(value)
             return f"attribute {name}={shown!r} of {support.op}: takes {choices}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_default(op_type: str, domain: str, name: str):
+    """The default ONNX's newest schema of the op gives the attribute (None: none known)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, domain=domain)
+    except onnx.defs.SchemaError:
+        return None
+    attribute = schema.attributes.get(name)
+    if attribute is None or not attribute.default_value.name:
+        return None
+    return onnx.helper.get_attribute_value(attribute.default_value)
 
 
 def _output_problem(node: Node, support: OpSupport, device: str) -> str | None:

@@ -422,7 +422,7 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                                       for a, values in op.get("attributes", {}).items()}),
                 note=op.get("note"),
                 dtype_engines=FrozenMap(dict(op.get("engine_for", {}))),
-                max_outputs=op.get("max_outputs"))
+                max_outputs=_int_or_none(op.get("max_outputs")))
     return kernels
 
 

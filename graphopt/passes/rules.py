@@ -154,13 +154,14 @@ def target_attributes_refuse(target, root: Value, emitted: tuple[str, str],
     with these attribute values (a profile's FusedConv that takes activation Relu only)."""
     if target is None:
         return None
-    from graphopt.partition.placement import _attribute_problem
+    from graphopt.partition.placement import attribute_problem
 
     domain, op_type = emitted
     device = placed_device(target, root)
     dtype = _dtype_name(int(root.dtype)) if root.dtype is not None else None
     support = device.kernel(op_type, domain, dtype)
-    problem = _attribute_problem(attrs.get, support) if support is not None else None
+    problem = attribute_problem(attrs.get, support, op_type, domain) if support is not None \
+        else None
     return f"target {target.name}: its {device.name} {problem}" if problem else None
 
 
