@@ -179,6 +179,11 @@ def _op_json(s: OpSupport) -> dict:
     if s.attributes:
         out["attributes"] = {a: [list(v) if isinstance(v, tuple) else v for v in values]
                              for a, values in s.attributes.items()}
+    if s.rank_attributes:
+        out["rank_attributes"] = {
+            str(rank): {a: [list(v) if isinstance(v, tuple) else v for v in values]
+                        for a, values in limits.items()}
+            for rank, limits in s.rank_attributes.items()}
     if s.max_outputs is not None:
         out["max_outputs"] = s.max_outputs
     if s.dtype_engines:
@@ -197,6 +202,8 @@ def _dtypes(s: OpSupport) -> str:
 
 def _constraints(s: OpSupport) -> str:
     parts = [f"{a} in {'/'.join(map(str, values))}" for a, values in s.attributes.items()]
+    parts += [f"{a} in {'/'.join(map(str, values))} at rank {rank}"
+              for rank, limits in s.rank_attributes.items() for a, values in limits.items()]
     parts += [f"{dtype} on {engine}" for dtype, engine in s.dtype_engines.items()]
     if s.max_outputs is not None:
         parts.append(f"first {s.max_outputs} output(s) only")

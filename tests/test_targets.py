@@ -311,6 +311,13 @@ def _broken(change) -> dict:
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "attributes", {"pads": [1]}),
      "devices[0].engines.cube.ops.Conv.attributes.pads[0]: Conv's pads is INTS, got 1"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "rank_attributes", {"5": {"grop": [1]}}),
+     "devices[0].engines.cube.ops.Conv.rank_attributes.5.grop: Conv has no attribute"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "rank_attributes", {"five": {"group": [1]}}),
+     "devices[0].engines.cube.ops.Conv.rank_attributes.five: a rank is a whole number from "
+     "1 to 64"),
     # The runtime takes a device named cpu for the host: an NPU so named lost its provider.
     (lambda d: (d["devices"][0].__setitem__("name", "cpu"),
                 d["devices"][1].__setitem__("name", "host"), d.update(primary="cpu", host="host")),
@@ -339,6 +346,23 @@ def test_whole_number_floats_become_ints(tmp_path):
     doc["devices"][0]["engines"]["cube"]["ops"]["Conv"]["max_outputs"] = 1.0
     path.write_text(json.dumps(doc))
     assert type(load_target(str(path)).device("npu").kernel("Conv").max_outputs) is int
+
+
+@pytest.mark.parametrize("target", NPU_TARGETS)
+def test_a_5d_resize_runs_on_the_npu_in_linear_mode_only(target):
+    # CANN's Resize takes 5-D input in linear mode alone: the profiles' note said so, and a
+    # nearest 5-D Resize went to the NPU all the same.
+    def resize(mode):
+        return load_onnx(parse_model(f"""
+            g (float[1,4,4,8,8] x) => (float[1,4,8,16,16] y) {{
+                y = Resize <mode = "{mode}"> (x, roi, scales)
+            }}""", roi=np.zeros(0, np.float32), scales=np.array([1, 1, 2, 2, 2], np.float32)))
+
+    (nearest,) = place(resize("nearest"), load_target(target)).values()
+    assert nearest.device == "cpu"
+    assert nearest.reason == "attribute mode='nearest' of Resize at rank 5: takes linear"
+    (linear,) = place(resize("linear"), load_target(target)).values()
+    assert linear.device == "npu" and linear.reason is None
 
 
 def test_an_attribute_left_at_its_default_is_checked_as_that_default(tmp_path):

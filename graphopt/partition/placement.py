@@ -60,7 +60,8 @@ def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str |
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
-              or attribute_problem(node.attr, support, node.op_type, node.domain)
+              or attribute_problem(node.attr, support, node.op_type, node.domain,
+                                   _data_rank(node))
               or _output_problem(node, support, device.name)
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
@@ -88,7 +89,7 @@ def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str
         if support.max_rank is not None and rank is not None and rank > support.max_rank:
             return None, f"rank {rank} above {support.op}'s limit {support.max_rank} {where}"
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
-        problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain)
+        problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain, rank)
         if problem:
             return None, f"{problem} {where}"
         engine = engine or support.engine
@@ -122,6 +123,13 @@ def _body_dtypes(node: Node, function) -> dict[str, str | None]:
         for name in inner.output:
             known[name] = result
     return known
+
+
+def _data_rank(node: Node) -> int | None:
+    """The rank of the data input a kernel is chosen by (see _data_index)."""
+    index = _data_index(node.op_type)
+    value = node.inputs[index] if len(node.inputs) > index else None
+    return len(value.shape) if value is not None and value.shape is not None else None
 
 
 def _data_index(op_type: str) -> int:
@@ -172,10 +180,12 @@ def _rank_problem(node: Node, support: OpSupport) -> str | None:
     return None
 
 
-def attribute_problem(attr, support: OpSupport, op_type: str, domain: str) -> str | None:
+def attribute_problem(attr, support: OpSupport, op_type: str, domain: str,
+                      rank: int | None = None) -> str | None:
     """Why an attribute value (`attr(name)`, None when not set: its schema default) is not one
-    the kernel takes."""
-    for name, allowed in support.attributes.items():
+    the kernel takes for a data input of `rank`."""
+    at_rank = rank is not None and rank in support.rank_attributes
+    for name, allowed in support.attributes_at(rank).items():
         value = attr(name)
         if value is None:
             # The default: a profile that allows Resize's linear mode alone does not take an
@@ -191,7 +201,8 @@ def attribute_problem(attr, support: OpSupport, op_type: str, domain: str) -> st
             choices = ", ".join(str(a) for a in allowed)
             shown = tuple(map(_as_written, value)) if isinstance(value, tuple) \
                 else _as_written(value)
-            return f"attribute {name}={shown!r} of {support.op}: takes {choices}"
+            where = f" at rank {rank}" if at_rank and name in support.rank_attributes[rank] else ""
+            return f"attribute {name}={shown!r} of {support.op}{where}: takes {choices}"
     return None
 
 

@@ -37,6 +37,14 @@ class OpSupport:
     note: str | None
     dtype_engines: Mapping[str, str] = field(default_factory=dict)  # dtype -> engine (int64)
     max_outputs: int | None = None   # outputs the kernel computes (MaxPool: not its Indices)
+    # data input rank -> attribute -> the values taken at that rank (Resize: 5-D linear only)
+    rank_attributes: Mapping[int, Mapping[str, tuple]] = field(default_factory=dict)
+
+    def attributes_at(self, rank: int | None) -> Mapping[str, tuple]:
+        """The attribute values the kernel takes for a data input of `rank`."""
+        if rank is None or rank not in self.rank_attributes:
+            return self.attributes
+        return {**self.attributes, **self.rank_attributes[rank]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -381,8 +389,12 @@ def _check_op_names(target: Target, label: str) -> None:
             if key not in known_ops():
                 raise OptionError(f"{setting('target', label)}: {where}: no ONNX or onnxruntime op of "
                                   "that name")
-            for name, values in support.attributes.items():
-                at = key_path(f"{where}.attributes", name)
+            limits = [(key_path(f"{where}.attributes", name), name, values)
+                      for name, values in support.attributes.items()]
+            limits += [(key_path(f"{where}.rank_attributes.{rank}", name), name, values)
+                       for rank, of_rank in support.rank_attributes.items()
+                       for name, values in of_rank.items()]
+            for at, name, values in limits:
                 if name not in known_ops()[key]:
                     has = ", ".join(sorted(known_ops()[key])) or "none"
                     raise OptionError(f"{setting('target', label)}: {at}: {key} has no "
@@ -414,6 +426,10 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                 if other not in engines:
                     raise SchemaViolation(key_path(f"{at}.engine_for", dtype),
                                           f"no engine '{other}' (engines: {', '.join(engines)})")
+            for rank in op.get("rank_attributes", {}):
+                if not (rank.isdigit() and 1 <= int(rank) <= 64):  # a JSON key is a string
+                    raise SchemaViolation(key_path(f"{at}.rank_attributes", rank),
+                                          "a rank is a whole number from 1 to 64")
             kernels[key] = OpSupport(
                 op=key, engine=engine,
                 dtypes=frozenset(op.get("dtypes", defaults.get("dtypes", ()))),
@@ -422,7 +438,11 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                                       for a, values in op.get("attributes", {}).items()}),
                 note=op.get("note"),
                 dtype_engines=FrozenMap(dict(op.get("engine_for", {}))),
-                max_outputs=_int_or_none(op.get("max_outputs")))
+                max_outputs=_int_or_none(op.get("max_outputs")),
+                rank_attributes=FrozenMap({
+                    int(rank): FrozenMap({a: tuple(_hashable(v) for v in values)
+                                          for a, values in limits.items()})
+                    for rank, limits in op.get("rank_attributes", {}).items()}))
     return kernels
 
 

@@ -163,6 +163,14 @@ TARGET_SCHEMA: dict[str, Any] = {
                                "additionalProperties": {"type": "array", "minItems": 1},
                                "description": "Attribute -> the values the kernel takes; an "
                                               "attribute not named takes any value."},
+                "rank_attributes": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "additionalProperties": {"type": "array", "minItems": 1}},
+                    "description": "Data input rank -> attribute -> the values the kernel "
+                                   "takes at that rank, in place of `attributes`' (Resize: "
+                                   "5-D linear only)."},
                 "max_outputs": {"type": "integer", "minimum": 1,
                                 "description": "How many of the op's outputs the kernel "
                                                "computes; a node that uses a later one "
