@@ -134,3 +134,27 @@ def test_cancelling_never_ends_with_more_conversions_than_the_naive_placement():
     assert layout.naive_transdata == 3
     assert len(layout.transdata) == 3
     assert ("s", FRACTAL_NZ, "ND") in conversions(layout)
+
+
+def test_a_conv_a_profile_runs_on_its_vector_engine_gets_no_fractal_format_nor_tiling(tmp_path):
+    # Moved to the vector engine, Conv was still laid out in FRACTAL_Z, given a cube tiling in
+    # the .om's kernel records and offered to `tune`: as if the cube ran it.
+    from graphopt.cli_targets import target_json
+    from graphopt.partition import load_target
+    from graphopt.tuner.signature import model_kernels
+
+    doc = target_json(load_target("ascend310"))
+    npu = next(d for d in doc["devices"] if d["name"] == "npu")
+    npu["engines"]["vector"]["ops"]["Conv"] = npu["engines"]["cube"]["ops"].pop("Conv")
+    doc["name"] = "conv_on_vector"
+    path = tmp_path / "board.json"
+    path.write_text(json.dumps(doc))
+    proto = build("""
+        g (float[1,32,28,28] x) => (float[1,32,28,28] y) {
+            a = Conv <pads = [1,1,1,1]> (x, w1)
+            y = Relu (a)
+        }""", w1=weight(32, 32, 3, 3))
+    result = graphopt.optimize(proto, target=str(path), level=1)
+    (layout,) = result.partitioning.layouts.values()
+    assert layout.weights == {} and layout.formats == {} and layout.transdata == []
+    assert model_kernels(result.model, result.partitioning) == []

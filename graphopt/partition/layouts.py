@@ -59,17 +59,18 @@ def assign_layouts(partitioning: Partitioning) -> dict[str, PartitionLayout]:
     """The format plan of every partition of an NPU with a cube engine, by partition name: the
     formats are the cube's, so host partitions, and those of an NPU without one, stay ND."""
     target = partitioning.target
-    return {part.name: _layout(part) for part in partitioning.partitions
+    return {part.name: _layout(part, target.device(part.device))
+            for part in partitioning.partitions
             if target.device(part.device).kind == "npu"
             and "cube" in target.device(part.device).engines.values()}
 
 
-def _layout(part: Partition) -> PartitionLayout:
+def _layout(part: Partition, device) -> PartitionLayout:
     layout = PartitionLayout(part.name)
-    naive = _formats(part, propagate=False)
+    naive = _formats(part, device, propagate=False)
     naive_conversions = _conversions(part, *naive)
     layout.naive_transdata = len(naive_conversions)
-    stored, wanted = _formats(part, propagate=True)
+    stored, wanted = _formats(part, device, propagate=True)
     layout.transdata = _conversions(part, stored, wanted)
     if len(layout.transdata) > len(naive_conversions):
         # Propagating a format into an elementwise op whose other operand is ND converts that
@@ -80,8 +81,8 @@ def _layout(part: Partition) -> PartitionLayout:
     layout.formats = {v.name: f for v, f in stored.items() if f != ND}
     for node in part.nodes:
         for index, value in enumerate(node.inputs):
-            if value is not None and _is_weight(value) and _wants(node, index) != ND:
-                layout.weights[value.name] = _wants(node, index)
+            if value is not None and _is_weight(value) and _wants(node, index, device) != ND:
+                layout.weights[value.name] = _wants(node, index, device)
     return layout
 
 
@@ -93,11 +94,14 @@ def _is_weight(value: Value) -> bool:
                                  and producer.is_onnx and producer.inputs[0].is_constant)
 
 
-def _wants(node: Node, index: int) -> str:
-    """The format a cube or pooling op reads input `index` in (ND for the rest)."""
+def _wants(node: Node, index: int, device) -> str:
+    """The format a cube or pooling op reads input `index` in (ND for the rest, and for a conv
+    or matmul the device runs on another engine than its cube)."""
     op = node.op_type
     value = node.inputs[index]
     rank = len(value.shape) if value is not None and value.shape is not None else None
+    if (op in _CONV or op in _MATMUL) and not device.on_cube(op, node.domain):
+        return ND
     if op in _CONV:
         return {0: NC1HWC0 if rank == 4 else ND, 1: FRACTAL_Z if rank == 4 else ND}.get(index, ND)
     if op in _SPATIAL:
@@ -107,10 +111,13 @@ def _wants(node: Node, index: int) -> str:
     return ND
 
 
-def _makes(node: Node) -> str:
+def _makes(node: Node, device) -> str:
     """The format a cube or pooling op writes its output in."""
     out = node.outputs[0]
     rank = len(out.shape) if out is not None and out.shape is not None else None
+    if (node.op_type in _CONV or node.op_type in _MATMUL) \
+            and not device.on_cube(node.op_type, node.domain):
+        return ND
     if node.op_type in _CONV or node.op_type in _SPATIAL:
         return NC1HWC0 if rank == 4 else ND
     if node.op_type in _MATMUL:
@@ -118,7 +125,8 @@ def _makes(node: Node) -> str:
     return ND
 
 
-def _formats(part: Partition, propagate: bool) -> tuple[dict[Value, str], dict[tuple, str]]:
+def _formats(part: Partition, device,
+             propagate: bool) -> tuple[dict[Value, str], dict[tuple, str]]:
     """(stored format per value made in the partition, wanted format per (reader, input index))."""
     stored: dict[Value, str] = {}
     wanted: dict[tuple[Node, int], str] = {}
@@ -134,10 +142,10 @@ def _formats(part: Partition, propagate: bool) -> tuple[dict[Value, str], dict[t
                 and all(o is None or o.shape in shapes for o in node.outputs)):
             follow = next(iter(device_formats))
         for index, value in data:
-            wanted[(node, index)] = follow or _wants(node, index)
+            wanted[(node, index)] = follow or _wants(node, index, device)
         for value in node.outputs:
             if value is not None:
-                stored[value] = follow or _makes(node)
+                stored[value] = follow or _makes(node, device)
     return stored, wanted
 
 

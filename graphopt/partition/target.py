@@ -80,6 +80,12 @@ class Device:
         return support is not None and (dtype is None or not support.dtypes
                                         or dtype in support.dtypes)
 
+    def on_cube(self, op: str, domain: str = "") -> bool:
+        """Whether the device runs `op` on a cube engine: a profile may list Conv or MatMul on
+        its vector engine, where it gets no tiling and no fractal formats."""
+        support = self.kernels.get(op_key(op, domain))
+        return support is not None and self.engines.get(support.engine) == "cube"
+
     def engine_ops(self, engine: str) -> list[OpSupport]:
         """The kernels whose home engine is `engine`, by op key."""
         return [s for _, s in sorted(self.kernels.items()) if s.engine == engine]

@@ -84,7 +84,8 @@ def node_estimate(node: Node, device, model: Model | None = None,
             tiling = tiling or default_tiling(shape, device)
             return "group", group_estimate([node], device, model, tiling), tiling
         return "group", group_estimate([node], device, model), None
-    if node.op_type in CUBE_OPS and device.cube:  # a profile may run them on another engine
+    # A profile may run them on another engine: priced as that engine's ops, untiled.
+    if node.op_type in CUBE_OPS and device.cube and device.on_cube(node.op_type, node.domain):
         try:
             shape = gemm_shape(node)
         except ValueError:
@@ -106,7 +107,9 @@ def _group_cube_shape(call: Node, function, device) -> GemmShape | None:
         found = group_anchor_shape(call, function)
     except ValueError:
         return None
-    return found[1] if found is not None and found[1].has_work else None
+    if found is None or not device.on_cube(found[0]):
+        return None
+    return found[1] if found[1].has_work else None
 
 
 def model_estimate(model: Model, partitioning: Partitioning,

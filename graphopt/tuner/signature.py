@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from graphopt.tuner.tiling import CONV_OPS, GemmShape, cube_dtype, gemm_shape, group_anchor_shape
+from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CONV_OPS, GemmShape, cube_dtype, gemm_shape,
+                                   group_anchor_shape)
 
 from graphopt.passes.base import anchor_key
 
@@ -107,9 +108,22 @@ def _npu_cube_nodes(model: Model, partitioning: Partitioning):
         if device.kind != "npu" or not device.cube:  # no cube: no tiling to tune
             continue
         for node in part.nodes:
+            if not _runs_on_cube(node, functions, device):
+                continue  # a profile may list Conv or MatMul on its vector engine
             sig = kernel_signature(node, functions, target.name)
             if sig is not None:
                 yield part, node, sig
+
+
+def _runs_on_cube(node: Node, functions: dict, device) -> bool:
+    """Whether the device runs `node`'s cube kernel (a group call's: its heading kernel's) on
+    a cube engine."""
+    function = functions.get((node.domain, node.op_type))
+    if function is None:
+        return device.on_cube(node.op_type, node.domain)
+    anchor = next((n for n in function.node if n.op_type in ANCHORS_OF_GROUPS and not n.domain),
+                  None)
+    return anchor is not None and device.on_cube(anchor.op_type)
 
 
 def model_functions(model: Model) -> dict:
