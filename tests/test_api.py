@@ -910,3 +910,22 @@ def test_a_bad_feed_is_an_input_error(proto, tmp_path):
                 session.run(feeds)
         with pytest.raises(OptionError, match="unknown output 'nope'"):
             session.run({"x": np.ones((2, 4), np.float32)}, output_names=["nope"])
+        # A bare TypeError escaped: 'int' object is not iterable.
+        with pytest.raises(OptionError, match="output_names must be a list of names, not int"):
+            session.run({"x": np.ones((2, 4), np.float32)}, output_names=3)
+
+
+def test_public_calls_check_their_keywords_as_optimize_does(proto, tmp_path):
+    # compare_models read "no" as true (per-tensor rows on, the rounding allowance forced),
+    # to_onnx let a size text reach a comparison with bytes, and pass_options refused the "4M"
+    # its keyword takes.
+    from graphopt.tools.compare import compare_models
+
+    onnx.save(proto, tmp_path / "m.onnx")
+    for keyword in ("per_tensor", "rounding"):
+        with pytest.raises(OptionError, match=f"^{keyword}: expected True or False, got 'no'"):
+            compare_models(tmp_path / "m.onnx", tmp_path / "m.onnx", **{keyword: "no"})
+    model = graphopt.optimize(proto, pass_options={"fold_size_limit": "4M"}).model
+    assert len(graphopt.to_onnx(model, weights_as_inputs_above="1K").graph.input) >= 1
+    with pytest.raises(OptionError, match="^weights_as_inputs_above: expected a number of bytes"):
+        graphopt.to_onnx(model, weights_as_inputs_above=[1])

@@ -299,8 +299,9 @@ def test_feeds_and_dynamic_inputs(tmp_path):
 
 @pytest.mark.parametrize("options, message", [
     ({"level": "fast"}, "^level 'fast' is not one of"),
-    ({"repeat": 0}, "^repeat must be at least 1"),
-    ({"warmup": -1}, "^warmup must be 0 or more"),
+    ({"repeat": 0}, "^repeat must be an integer of at least 1"),
+    ({"repeat": "3"}, "^repeat must be an integer of at least 1, got .3."),
+    ({"warmup": -1}, "^warmup must be an integer of 0 or more"),
     ({"threads": -2}, "^threads must be 0"),
     ({"threads": 3000}, r"^threads must be 0 \(onnxruntime chooses\) to 1024, got 3000$"),
     ({"feeds": 5}, r"^feeds: expected a dict of input arrays or an \.npz path, got 5$"),

@@ -457,6 +457,18 @@ def test_saving_over_the_input_works_and_stale_tensors_read_what_they_were_loade
         elsewhere.graph.initializers["w0"].const.numpy()
 
 
+def test_a_data_file_deleted_after_loading_is_an_input_error(tmp_path):
+    # A bare FileNotFoundError escaped save() and to_onnx().
+    from graphopt.errors import InputError
+
+    path, _ = _external_model(str(tmp_path), "gone.onnx")
+    model = load_onnx(path)
+    os.remove(path + ".data")
+    with pytest.raises(InputError, match=f"external data file {path}.data of tensor 'w0' cannot "
+                                         "be read since the model was loaded"):
+        model.graph.initializers["w0"].const.numpy()
+
+
 @pytest.mark.parametrize("name, options", [
     ("bert_base", {"layers": 2, "hidden": 64, "heads": 4, "intermediate": 128,
                    "vocab": 100}),

@@ -104,11 +104,11 @@ def _calibrate(m):
 #        sees it (then the call runs under command_line()), the part of the CLI's message)
 CASES = {
     "profile_repeat": (lambda m: profile_model(m["static"], repeat=0),
-                       "repeat must be at least 1, got 0", None,
-                       "--repeat must be at least 1, got 0"),
+                       "repeat must be an integer of at least 1, got 0", None,
+                       "--repeat must be an integer of at least 1, got 0"),
     "profile_warmup": (lambda m: profile_model(m["static"], warmup=-1),
-                       "warmup must be 0 or more, got -1", None,
-                       "--warmup must be 0 or more, got -1"),
+                       "warmup must be an integer of 0 or more, got -1", None,
+                       "--warmup must be an integer of 0 or more, got -1"),
     "profile_threads": (lambda m: profile_model(m["static"], threads=-2),
                         "threads must be 0 (onnxruntime chooses) to 1024, got -2", None,
                         "--threads must be 0 (onnxruntime chooses) to 1024, got -2"),

@@ -21,8 +21,11 @@ def load(
 ) -> OmSession:
     """Load a compiled `.om` artifact for inference; `session.run({name: array})` runs it.
 
-    Every member is checked against the manifest's checksums first, and nothing in the file is
-    executed. The options go to each partition's onnxruntime session: `intra_op_num_threads`
+    Every member is checked against the manifest's checksums, and nothing in the file is
+    executed. In an artifact of 1 MiB or more, the partitions' and weights' sums are computed
+    on a thread of their own while the sessions are built: the first `run` waits for them, and
+    raises the ArtifactError of a tampered member (`session.artifact` waits too, for a
+    readiness check that must fail before the first request). The options go to each partition's onnxruntime session: `intra_op_num_threads`
     (None or 0: onnxruntime chooses), `optimization_level` ("disable", "basic", "extended",
     "all"; None: the level each partition's compile recorded, else "all"),
     `inter_op_num_threads` and `session_config` (session config entries).
@@ -32,8 +35,8 @@ def load(
     that fit a profile left closed are refused, saying so.
 
     Raises InputError when `path` is missing or is not an .om (an .onnx model must be compiled
-    first), ArtifactError when the artifact is malformed or tampered with, OptionError for a bad
-    option.
+    first), ArtifactError when the artifact is malformed or tampered with (see above for the
+    sums checked later), OptionError for a bad option.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OptionError(f"load takes the path of an .om file, not {type(path).__name__}")

@@ -507,7 +507,11 @@ class OmSession:
             if isinstance(output_names, str):  # list("logits") would ask for 'l', 'o', …
                 raise OptionError(f"output_names must be a list of names, not the string "
                                   f"{output_names!r} (write [{output_names!r}])")
-            wanted = list(output_names)
+            try:
+                wanted = list(output_names)
+            except TypeError:  # 3, None inside a caller's variable: not a collection at all
+                raise OptionError(f"output_names must be a list of names, not "
+                                  f"{type(output_names).__name__}") from None
             steps = program.plan(wanted)
         for step in steps:
             results = _call(step, {name: env[name] for name in step.inputs})

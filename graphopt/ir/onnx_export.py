@@ -6,6 +6,7 @@ from typing import Callable, Mapping
 
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TypeProto, ValueInfoProto
 
+from graphopt import api_args
 from graphopt.errors import OptionError
 from graphopt.ir.attributes import Attr
 from graphopt.ir.graph import Graph
@@ -28,6 +29,7 @@ def to_onnx(model: Model, *, weights_as_inputs_above: int | None = None,
         hint = (" (an OptimizeResult has .to_onnx())" if hasattr(model, "to_onnx")
                 else " (a ModelProto is ONNX already)" if isinstance(model, ModelProto) else "")
         raise OptionError(f"to_onnx takes a graphopt Model, not {type(model).__name__}{hint}")
+    weights_as_inputs_above = api_args.size(weights_as_inputs_above, "weights_as_inputs_above")
     proto = ModelProto()
     proto.ir_version = model.ir_version
     if model.ir_version < 4 and any(not v.is_input for g in model.graph.all_graphs()

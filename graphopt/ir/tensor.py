@@ -185,7 +185,16 @@ class Tensor:
         """The external data file, refused when it is no longer the file the model was
         loaded with (saved over since, say): its offsets would point at other bytes."""
         path, _, _, identity = self._external
-        f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+        except OSError as exc:  # deleted or made unreadable since the import
+            kept = _reopen_retained(identity)
+            if kept is not None:
+                return kept
+            raise ExternalDataChanged(
+                f"external data file {path} of tensor '{self._proto.name}' cannot be read "
+                f"since the model was loaded ({exc.strerror or exc}); load the model "
+                "again") from None
         if stat_identity(os.fstat(f.fileno())) != identity:
             f.close()
             kept = _reopen_retained(identity)

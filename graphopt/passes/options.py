@@ -65,6 +65,10 @@ class Options:
         if isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ValueError(f"takes True or False, not {value!r}")
+        elif name == "fold_size_limit" and isinstance(value, str):  # "4M", as the keyword takes
+            from graphopt.api_args import parse_size
+
+            value = parse_size(value)  # ValueError saying what it takes
         elif isinstance(default, int):
             if isinstance(value, bool) or not isinstance(value, Integral):
                 raise ValueError(f"takes an integer, not {value!r}")

@@ -324,6 +324,10 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     """
     rtol, atol = _checked_tolerances(rtol, atol)
     api_args.cosine(min_cosine, option("min_cosine", COMPARE_FLAGS))
+    # "no" would read as true: per-tensor rows switched on, the rounding allowance forced.
+    per_tensor = api_args.flag(per_tensor, option("per_tensor", COMPARE_FLAGS))
+    if rounding is not None:
+        rounding = api_args.flag(rounding, "rounding")
     rule = rule_text(rtol, atol, min_cosine)
     ref_side, cand_side = load_reference(reference), load_candidate(candidate)
     ref_side, edited = with_candidates_edits(ref_side, cand_side)

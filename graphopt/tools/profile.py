@@ -141,10 +141,12 @@ def _option(keyword: str) -> str:
 def _check_options(repeat, warmup, threads, level) -> tuple[int, int, int | None]:
     """repeat, warmup and threads checked, as ints: a NumPy integer counts too, as the
     compiler's keywords take it, and leaves the Profile as one (which JSON cannot hold)."""
-    if not api_args.is_integer(repeat) or repeat < 1:
-        raise OptionError(f"{_option('repeat')} must be at least 1, got {repeat!r}")
+    if not api_args.is_integer(repeat) or repeat < 1:  # '3' read as "at least 1" misled
+        raise OptionError(f"{_option('repeat')} must be an integer of at least 1, got "
+                          f"{repeat!r}")
     if not api_args.is_integer(warmup) or warmup < 0:
-        raise OptionError(f"{_option('warmup')} must be 0 or more, got {warmup!r}")
+        raise OptionError(f"{_option('warmup')} must be an integer of 0 or more, got "
+                          f"{warmup!r}")
     if threads is not None and (not api_args.is_integer(threads)
                                 or not 0 <= threads <= api_args.THREAD_LIMIT):
         raise OptionError(f"{_option('threads')} must be 0 (onnxruntime chooses) to "
