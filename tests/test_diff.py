@@ -172,7 +172,7 @@ def test_cli_json_schema(tmp_path, capsys):
     data = json.loads(out)
     assert set(data) == {"a", "b", "nodes", "removed", "added", "changed", "initializers",
                          "io_changed", "opsets_changed", "functions_changed", "op_counts",
-                         "unrelated"}
+                         "unrelated", "renamed", "properties_changed"}
     assert data["nodes"] == {"a": 3, "b": 2}
     assert data["removed"] == [{"name": "/b/BatchNormalization", "op": "BatchNormalization",
                                 "scope": "", "line": data["removed"][0]["line"]}]
@@ -388,3 +388,21 @@ def test_exit_code_says_whether_the_models_differ(tmp_path, capsys):
     assert run_cli(capsys, "diff", a, a, "--exit-code")[0] == 0
     rc, _, err = run_cli(capsys, "diff", a, os.fspath(tmp_path / "missing.onnx"), "--exit-code")
     assert rc == 2 and "no such file" in err
+
+
+def test_renamed_nodes_and_model_properties_are_differences(tmp_path, capsys):
+    # Both read "no differences": a node's new name (what --quant-skip, --keep-dtype and
+    # bisect's anchors select by) and graphopt.lossy_passes, which changes compare's rule.
+    a, _ = _saved_pair(tmp_path)
+    renamed, marked = onnx.load(a), onnx.load(a)
+    renamed.graph.node[0].name = "/renamed"
+    onnx.helper.set_model_props(marked, {"graphopt.lossy_passes": "QuantizeInt8"})
+    for name, model in (("renamed", renamed), ("marked", marked)):
+        onnx.save(model, tmp_path / f"{name}.onnx")
+    rc, out, _ = run_cli(capsys, "diff", a, tmp_path / "renamed.onnx", "--exit-code")
+    first = onnx.load(a).graph.node[0].name
+    assert rc == 1 and f"renamed nodes (1), alike but for their names:\n  {first} -> /renamed" \
+        in out, out
+    rc, out, _ = run_cli(capsys, "diff", a, tmp_path / "marked.onnx", "--json")
+    assert {"property": "graphopt.lossy_passes", "a": None, "b": "QuantizeInt8"} in \
+        json.loads(out)["properties_changed"]

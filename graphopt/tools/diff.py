@@ -88,6 +88,12 @@ class GraphDiff:
     # version; None: the side imports no such domain.
     opsets_changed: list[ValueChange] = field(default_factory=list)
     functions_changed: list[FunctionChange] = field(default_factory=list)
+    # (scope, name in A, name in B) of nodes alike but for their names: --quant-skip,
+    # --keep-dtype and bisect's anchors select by name.
+    renamed: list[tuple[str, str, str]] = field(default_factory=list)
+    # The model's ir_version and metadata_props (graphopt.lossy_passes changes how compare
+    # judges it), by key; None: the side has no such property.
+    properties_changed: list[ValueChange] = field(default_factory=list)
     op_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     unrelated: bool = False  # no input and no output name in common: maybe two models
 
@@ -95,7 +101,8 @@ class GraphDiff:
     def empty(self) -> bool:
         return not (self.removed or self.added or self.changed or self.initializers_removed
                     or self.initializers_added or self.initializers_changed or self.io_changed
-                    or self.opsets_changed or self.functions_changed)
+                    or self.opsets_changed or self.functions_changed or self.renamed
+                    or self.properties_changed)
 
     def op_deltas(self) -> list[tuple[str, int, int, int]]:
         """(op, count A, count B, B - A) for the op types whose count differs."""
@@ -115,6 +122,9 @@ class GraphDiff:
             "opsets_changed": [{"domain": v.name, "a": v.type_before, "b": v.type_after}
                                for v in self.opsets_changed],
             "functions_changed": [f.to_json() for f in self.functions_changed],
+            "renamed": [{"scope": s, "a": a, "b": b} for s, a, b in self.renamed],
+            "properties_changed": [{"property": v.name, "a": v.type_before, "b": v.type_after}
+                                   for v in self.properties_changed],
             "unrelated": self.unrelated,
             "op_counts": [{"op": op, "a": a, "b": b, "delta": b - a}
                           for op, (a, b) in sorted(self.op_counts.items())],
@@ -150,11 +160,14 @@ def diff_models(a: Model | ModelProto, b: Model | ModelProto, *, label_a: str = 
                 and not _only_inferred(na, nb)):
             diff.changed.append(NodeChange(nb.name, na.name, na.qualified_op, nb.qualified_op,
                                            before, after, scope))
+        elif na.name and nb.name and na.name != nb.name:
+            diff.renamed.append((scope, na.name, nb.name))
     diff.removed = [NodeEntry(n.name, n.qualified_op, format_node(n), s) for s, n in only_a]
     diff.added = [NodeEntry(n.name, n.qualified_op, format_node(n), s) for s, n in only_b]
     _diff_initializers(a, b, diff)
     _diff_io(a.graph, b.graph, diff)
     _diff_opsets(a, b, diff)
+    _diff_properties(a, b, diff)
     _diff_functions(a, b, diff)
     count_a = Counter(n.qualified_op for _, n in nodes_a)
     count_b = Counter(n.qualified_op for _, n in nodes_b)
@@ -324,6 +337,16 @@ def _diff_opsets(a: Model, b: Model, diff: GraphDiff) -> None:
             diff.opsets_changed.append(ValueChange(
                 domain or "ai.onnx", None if before is None else str(before),
                 None if after is None else str(after)))
+
+
+def _diff_properties(a: Model, b: Model, diff: GraphDiff) -> None:
+    def properties(model: Model) -> dict[str, str]:
+        return {"ir_version": str(model.ir_version), **dict(model.metadata_props)}
+
+    props_a, props_b = properties(a), properties(b)
+    for key in sorted(props_a.keys() | props_b.keys()):
+        if props_a.get(key) != props_b.get(key):
+            diff.properties_changed.append(ValueChange(key, props_a.get(key), props_b.get(key)))
 
 
 def _diff_functions(a: Model, b: Model, diff: GraphDiff) -> None:

@@ -48,13 +48,20 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
             [list(row) for row in _head(inits, limit)], names={0}).splitlines())
         out.extend(_more(inits, limit))
 
+    if diff.renamed:
+        out += ["", f"renamed nodes ({len(diff.renamed)}), alike but for their names:"]
+        out.extend(f"  {one_line(scope)}{one_line(a)} -> {one_line(b)}"
+                   for scope, a, b in _head(diff.renamed, limit))
+        out.extend(_more(diff.renamed, limit))
+
     for title, column, changes in (("graph inputs/outputs", "value", diff.io_changed),
-                                   ("opset imports", "domain", diff.opsets_changed)):
+                                   ("opset imports", "domain", diff.opsets_changed),
+                                   ("model properties", "property", diff.properties_changed)):
         if changes:
             out += ["", f"{title}:"]
             out.extend("  " + line for line in format_table(
                 [column, "A", "B"],
-                [[v.name, v.type_before or "(none)", v.type_after or "(none)"]
+                [[v.name, _value(v.type_before), _value(v.type_after)]
                  for v in changes], names={0}).splitlines())
 
     if diff.functions_changed:
@@ -78,6 +85,14 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
 def _renamed(change) -> str:
     before, after = change.name_before or "(unnamed)", change.name or "(unnamed)"
     return one_line(after if before == after else f"{before} -> {after}")
+
+
+def _value(text: str | None) -> str:
+    """A table cell of a type, version or property value: a model's metadata may hold any
+    text, at any length."""
+    if text is None:
+        return "(none)"
+    return one_line(text if len(text) <= 60 else text[:59] + "…")
 
 
 def _types(before: str | None, after: str | None) -> str:
