@@ -79,6 +79,19 @@ class BreakMax(Pass):
         return result
 
 
+class SilentBreakRelu(Pass):
+    """Test-only miscompile that asks no gate and reports no change: every Relu becomes Abs."""
+
+    name = "TestBisectSilentBreakRelu"
+    description = "Relu into Abs, unreported (a deliberate miscompile)"
+
+    def run(self, model, ctx) -> PassResult:
+        for node in model.graph:
+            if node.op_type == "Relu":
+                node.op_type = "Abs"
+        return PassResult()
+
+
 _flaky_runs = itertools.count()
 
 
@@ -444,8 +457,25 @@ agraph (float[2,8] x) => (float[2,8] y) {
     result = bisect(model, level=2, **TOL)
     assert result.found and result.granularity == "pass" and result.pass_name == BreakMax.name
     assert result.pass_run == 3 and "TestBisectReluToMax" in result.enabled_by
-    assert result.evaluations == 3  # full, no rewrite, the rewrite's run alone
+    # Full, no rewrite, the rewrite's run alone, and one step of the search over every run
+    # after it (a run that reports no change may still have made one).
+    assert result.evaluations == 4
     assert any("= Min(" in line for line in result.after_lines)
+
+
+def test_a_pass_that_changes_the_model_without_saying_so_is_named(monkeypatch):
+    # Only runs that reported a change were searched: the import was blamed.
+    _with_pipeline(monkeypatch, ("InferShapes", SilentBreakRelu.name, "EliminateDeadNodes"),
+                   SilentBreakRelu)
+    model = parse_model("""
+agraph (float[2,8] x) => (float[2,8] y) {
+    a = Neg (x)
+    y = Relu (a)
+}
+""")
+    result = bisect(model, level=2, **TOL)
+    assert result.found and result.granularity == "pass", result.granularity
+    assert result.pass_name == SilentBreakRelu.name and result.pass_run == 2
 
 
 def test_nondeterministic_compile_is_named(monkeypatch):

@@ -336,12 +336,11 @@ def _blame_rewrite(result: BisectResult, setup: Setup, evaluate: _Evaluator,
 def _blame_pass(result: BisectResult, setup: Setup, evaluate: _Evaluator,
                 calls: list[GateCall], k: int, at_k: Compiled, start: int, problem: str) -> None:
     """The compile `at_k`, allowing the first k rewrites, breaks outputs; its state after run
-    `start` does not (start -1: the imported model itself is a candidate). Search the runs
-    after `start` that changed the model (a run that reports no change left it as it was;
-    the fixed point relies on that)."""
+    `start` does not (start -1: the imported model itself is a candidate). Search every run
+    after `start`, not only those that reported a change: a custom pass that changes the
+    model without saying so was passed over, and the import blamed."""
     runs: list[RunInfo] = at_k.runs
-    candidates = ([-1] if start == -1 else []) + \
-        [i for i in range(start + 1, len(runs)) if runs[i].changed]
+    candidates = ([-1] if start == -1 else []) + list(range(start + 1, len(runs)))
     lo, hi, at_hi = 0, len(candidates) - 1, None  # the last candidate's state is at_k's final one
     while lo < hi:
         mid = (lo + hi) // 2
