@@ -158,3 +158,26 @@ def test_a_conv_a_profile_runs_on_its_vector_engine_gets_no_fractal_format_nor_t
     (layout,) = result.partitioning.layouts.values()
     assert layout.weights == {} and layout.formats == {} and layout.transdata == []
     assert model_kernels(result.model, result.partitioning) == []
+
+
+def test_1d_and_3d_convs_read_their_device_formats():
+    # Only rank-4 convs had any: a 1-D conv (which CANN runs as a 2-D one over [N, C, 1, W])
+    # and a 3-D one reported all ND and no TransData, understating their conversions.
+    from graphopt.partition.layouts import FRACTAL_Z_3D, NDC1HWC0
+
+    one = build("""
+        g (float[1,32,512] x) => (float[1,32,512] y) {
+            a = Conv <pads = [1,1]> (x, w)
+            y = Relu (a)
+        }""", w=weight(32, 32, 3))
+    layout = layout_of(one, level=1)
+    assert layout.formats == {"a": NC1HWC0, "y": NC1HWC0} and layout.weights == {"w": FRACTAL_Z}
+    three = build("""
+        g (float[1,16,8,16,16] x) => (float[1,16,8,16,16] y) {
+            a = Conv <pads = [1,1,1,1,1,1]> (x, w)
+            y = Relu (a)
+        }""", w=weight(16, 16, 3, 3, 3))
+    layout = layout_of(three, level=1)
+    assert layout.formats == {"a": NDC1HWC0, "y": NDC1HWC0}
+    assert layout.weights == {"w": FRACTAL_Z_3D}
+    assert conversions(layout) == [("x", "ND", NDC1HWC0), ("y", NDC1HWC0, "ND")]

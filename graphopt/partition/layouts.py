@@ -27,6 +27,13 @@ ND = "ND"
 NC1HWC0 = "NC1HWC0"
 FRACTAL_Z = "FRACTAL_Z"
 FRACTAL_NZ = "FRACTAL_NZ"
+NDC1HWC0 = "NDC1HWC0"          # a 3-D conv's activations
+FRACTAL_Z_3D = "FRACTAL_Z_3D"  # and its weights
+
+# Activation and weight formats of a conv or pooling op by its data rank: CANN runs a 1-D conv
+# as a 2-D one over [N, C, 1, W], and a 3-D one in its own formats.
+_SPATIAL_FORMATS = {3: (NC1HWC0, FRACTAL_Z), 4: (NC1HWC0, FRACTAL_Z),
+                    5: (NDC1HWC0, FRACTAL_Z_3D)}
 
 _CONV = {"Conv", "FusedConv", "ConvTranspose"}
 _SPATIAL = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization",
@@ -102,10 +109,11 @@ def _wants(node: Node, index: int, device) -> str:
     rank = len(value.shape) if value is not None and value.shape is not None else None
     if (op in _CONV or op in _MATMUL) and not device.on_cube(op, node.domain):
         return ND
+    activations, weights = _SPATIAL_FORMATS.get(rank, (ND, ND))
     if op in _CONV:
-        return {0: NC1HWC0 if rank == 4 else ND, 1: FRACTAL_Z if rank == 4 else ND}.get(index, ND)
+        return {0: activations, 1: weights}.get(index, ND)
     if op in _SPATIAL:
-        return NC1HWC0 if index == 0 and rank == 4 else ND
+        return activations if index == 0 else ND
     if op in _MATMUL:
         return FRACTAL_NZ if index in (0, 1) and rank is not None and rank >= 2 else ND
     return ND
@@ -119,7 +127,7 @@ def _makes(node: Node, device) -> str:
             and not device.on_cube(node.op_type, node.domain):
         return ND
     if node.op_type in _CONV or node.op_type in _SPATIAL:
-        return NC1HWC0 if rank == 4 else ND
+        return _SPATIAL_FORMATS.get(rank, (ND, ND))[0]
     if node.op_type in _MATMUL:
         return FRACTAL_NZ if rank is not None and rank >= 2 else ND
     return ND
