@@ -25,10 +25,12 @@ def load(
     executed. In an artifact of 1 MiB or more, the partitions' and weights' sums are computed
     on a thread of their own while the sessions are built: the first `run` waits for them, and
     raises the ArtifactError of a tampered member (`session.artifact` waits too, for a
-    readiness check that must fail before the first request). The options go to each partition's onnxruntime session: `intra_op_num_threads`
-    (None or 0: onnxruntime chooses), `optimization_level` ("disable", "basic", "extended",
-    "all"; None: the level each partition's compile recorded, else "all"),
-    `inter_op_num_threads` and `session_config` (session config entries).
+    readiness check that must fail before the first request).
+
+    The options go to each partition's onnxruntime session: `intra_op_num_threads` (None or 0:
+    onnxruntime chooses), `optimization_level` ("disable", "basic", "extended", "all"; None:
+    the level each partition's compile recorded, else "all"), `inter_op_num_threads` and
+    `session_config` (session config entries).
 
     An artifact with shape profiles opens every profile's sessions, unless `profiles` names
     the ones to open (a worker that serves one batch size need not hold the others); inputs
