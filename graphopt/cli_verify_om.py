@@ -10,7 +10,9 @@ def artifact_check(args):
     and the artifact, loaded by graphopt's runtime, on --verify's inputs, judged by the rule
     --verify applies. The compiled model was verified already, but not what only the artifact
     holds: its signature, its partitions' sessions (an exporter's stale output declaration
-    made a verified compile into an .om that did not load)."""
+    made a verified compile into an .om that did not load). The check's `measured` holds the
+    artifact's largest error per output, for the summary: the compiled model's own figure
+    comes from one onnxruntime thread, the artifact's sessions reduce in their own order."""
     def check(path: str) -> None:
         from graphopt.codegen.om_read import is_om, load_om
         from graphopt.source_edits import edited_source, given_edits
@@ -33,6 +35,8 @@ def artifact_check(args):
         except Exception as exc:  # noqa: BLE001 - any failure to load or run the artifact
             raise VerificationError(f"--verify: {args.output} as written does not run: "
                                     f"{exc}") from None
+        check.measured = {row.name: row.max_abs for row in report.outputs
+                          if row.max_abs is not None}
         failing = [row for row in report.outputs if not row.passed]
         if failing:
             worst = ", ".join(_failure(row) for row in failing[:3])
@@ -40,6 +44,7 @@ def artifact_check(args):
                       "values; give inputs like the deployment's with --inputs)")
             raise VerificationError(f"--verify: {args.output} as written differs from the "
                                     f"original: {worst}{seeded}; nothing written")
+    check.measured = {}
     return check
 
 

@@ -581,6 +581,9 @@ def test_verify_runs_the_om_as_written_before_it_replaces_the_output(tmp_path, c
         assert sorted(os.listdir(tmp_path)) == ["m.om", "m.onnx"]  # no temporary file left
     assert os.path.dirname(checked[0]) == str(tmp_path)  # the file about to be renamed
     monkeypatch.setattr(compare, "compare_models", real)
-    rc, _, err = run_cli(capsys, "optimize", source, "-o", out, "--verify")
+    rc, text, err = run_cli(capsys, "optimize", source, "-o", out, "--verify")
     assert rc == 0, err
     assert graphopt.load(out).run({"input": np.zeros((1, 3, 32, 32), np.float32)})
+    # The summary's error is the compiled model's on one thread; the file's is said apart.
+    assert "(max abs error " in text and ", onnxruntime on one thread)" in text
+    assert f"{out} as written: max abs error " in text and "run by graphopt's runtime" in text
