@@ -385,13 +385,15 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
         pinned_first = True
     if upgraded:
         notes.append(upgraded)
+    # The source's own counts: an --out-nodes cut or inserted preprocessing is part of what
+    # the compile did to it ("nodes 0 -> 0" for a cut at the input, 44 before for 23 nodes).
+    ops_before = op_counts(ir_model.graph.all_nodes())
     notes += apply_source_edits(ir_model, edits.out_nodes, edits.aipp, label,
                                 edits.insert_op_conf, options.input_shapes, edits.fp16_inputs,
                                 edits.output_types)
     # The reference for verification (ended at out_nodes), before any pin or pass; exported
     # only when needed since it copies every weight.
     reference = to_onnx(ir_model) if verify else None
-    ops_before = op_counts(ir_model.graph.all_nodes())
     notes += overridable_note(ir_model)
     # The model as given, weightless, for onnxruntime to judge: before any pin, a model it
     # loads must load pinned (check_compiled_loads); unpinned, only when its compile does not

@@ -49,6 +49,14 @@ def test_the_compiled_model_returns_the_originals_values_of_the_named_tensors(le
         ["values", "indices"]
 
 
+def test_the_summary_counts_the_source_models_nodes_before_the_cut():
+    # It counted the model the cut left: "nodes 0 -> 0" for a cut at the input.
+    model = conv_topk_model()
+    result = graphopt.optimize(model, level=0, out_nodes="r2;scores")
+    assert sum(result.ops_before.values()) == len(model.graph.node)
+    assert result.ops_before["TopK"] == 1
+
+
 def test_node_index_and_a_single_output_nodes_name_resolve_in_the_order_given():
     model = parse_model("""
         g (float[2, 6] x) => (float[2, 3] top, int64[2, 3] at) {
