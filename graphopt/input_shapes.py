@@ -135,10 +135,22 @@ def check_pins_fit_feeds(shapes: dict[str, list[int]], feeds: dict, where: str) 
 def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
     """Fix the given inputs' dims; a symbolic dim pinned once is pinned wherever it appears, so
     the pin propagates to the other inputs, the outputs and every inferred intermediate."""
+    from graphopt.source_marks import inserted_preprocessing
+
     graph = model.graph
     inputs = {v.name: v for v in graph.inputs if not v.is_constant}
-    check_pins(shapes, [{"name": name, "shape": value.shape} for name, value in inputs.items()],
-               "the model")
+    # An --insert-op-conf input takes the frame its config sizes: ATC's --input_shape names
+    # the model's own shape there, which `graphopt atc` translates and optimize does not.
+    frames = inserted_preprocessing(model.metadata_props).keys() & shapes.keys()
+    signature = [{"name": name, "shape": value.shape} for name, value in inputs.items()]
+    check_pins({name: shapes[name] for name in shapes.keys() - frames}, signature, "the model")
+    try:
+        check_pins({name: shapes[name] for name in frames}, signature,
+                   f"{option('insert_op_conf')}'s uint8 frame")
+    except OptionError as exc:
+        raise OptionError(f"{exc} (with {option('insert_op_conf')}, {option('input_shapes')} "
+                          "pins the frame such an input takes, not the model's own shape)"
+                          ) from None
     bindings: dict[str, int] = {}
     for name, dims in shapes.items():
         value = inputs[name]

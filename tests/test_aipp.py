@@ -308,6 +308,17 @@ def test_the_note_shows_the_input_as_input_shape_pins_it(tmp_path):
     assert "'x' takes uint8 [2,36,40,3] (RGB888_U8)" in " ".join(result.notes)
 
 
+def test_a_pin_of_the_models_own_shape_on_a_frame_input_says_what_it_pins(tmp_path, capsys):
+    # ATC's --input_shape names the model's shape; optimize's pins the frame, and its refusal
+    # blamed the model for the frame's size ("fixed to 36 by the model").
+    onnx.save(_classifier(batch="N"), tmp_path / "m.onnx")
+    rc, _, err = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", tmp_path / "m.om",
+                         "--insert-op-conf", _config(tmp_path), "--input-shape", "x:2,3,32,32")
+    assert rc == 1 and "input 'x' dim 1 is fixed to 36 by --insert-op-conf's uint8 frame, " \
+        "cannot pin it to 3 (with --insert-op-conf, --input-shape pins the frame such an input " \
+        "takes, not the model's own shape)" in err, err
+
+
 def test_the_source_size_defaults_to_the_models_as_in_atc(tmp_path):
     # A crop needs the frame's size: by default it is the model's, which leaves no room.
     text = "aipp_op { input_format: RGB888_U8 crop: true load_start_pos_h: 2 }"
