@@ -10,7 +10,7 @@ from graphopt.errors import OptionError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.ir.value import NO_METADATA
 from graphopt.option_names import option
-from graphopt.source_marks import IO_TYPES_KEY, inserted_preprocessing, io_types
+from graphopt.source_marks import IO_TYPES_KEY, cut_outputs, inserted_preprocessing, io_types
 
 # --output-type's values, ATC's spelling: the dtype an output is given in. ATC's UINT8 needs a
 # quantization scale nothing in the model states; it is refused.
@@ -98,7 +98,8 @@ def apply_io_types(model: Model, fp16_inputs: list[str] | None,
         _cast_input(graph, value)
         recorded["inputs"][name] = "float16"
         said.append(f"input {name!r} takes float16")
-    for value, dtype in _chosen_outputs(graph, output_types or {}, label):
+    for value, dtype in _chosen_outputs(graph, output_types or {}, label,
+                                        cut_outputs(model.metadata_props)):
         if value.dtype == dtype:
             continue
         name = _cast_output(graph, value, dtype)
@@ -157,12 +158,16 @@ def _cast_input(graph, value: Value) -> None:
     value.replace_all_uses_with(cast.output)
 
 
-def _chosen_outputs(graph, output_types: dict[str, str], label: str):
+def _chosen_outputs(graph, output_types: dict[str, str], label: str, cut: list[str]):
     """(graph output, dtype) for each output `output_types` names, and for ALL every float
     output no name gives; one output named twice (by two spellings) is refused, as it would be
-    cast twice or take the first type given."""
+    cast twice or take the first type given. `cut`: the source's outputs --out-nodes cut."""
     from graphopt.out_nodes import resolve_tensor
 
+    for name in output_types:
+        if name in cut:  # "no tensor … has that name", of an output the user sees in the source
+            raise OptionError(f"{label}: {option('output_type')} {name!r}: {option('out_nodes')} "
+                              "cut that output of the source model")
     named = {name: resolve_tensor(graph, name, label, "output_type")
              for name in output_types if name != ALL}
     first: dict[int, str] = {}

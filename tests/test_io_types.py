@@ -249,6 +249,13 @@ def test_compare_casts_the_sources_value_of_a_cut_to_output_given_in_float16(tmp
     assert any("was cut to r (" in n and "gives it in another dtype" in n for n in report.notes)
 
 
+def test_an_output_type_of_an_output_out_nodes_cut_says_so():
+    # "no tensor or node of the main graph has that name", of an output of the source.
+    with pytest.raises(OptionError, match="output_type 'twice': out_nodes cut that output of "
+                                          "the source model"):
+        graphopt.optimize(_classifier(batch=1), out_nodes="r;y", output_type={"twice": "FP16"})
+
+
 def test_compare_says_which_outputs_it_judged_at_float16s_step(tmp_path):
     # The rule line read "allclose(rtol=0, atol=0)" over a float16 output one step off, which
     # passed at rtol 2⁻¹⁰ with nothing saying so.
