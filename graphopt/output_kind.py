@@ -17,8 +17,10 @@ def writes_onnx(path) -> bool:
 
 
 def check_file_name(flag: str, path) -> None:
-    """Refuse `.om` or `dir/.onnx`: a hidden file named after the format, not a model's name."""
+    """Refuse `.om`, `dir/.onnx` or a picture's `.png`: a hidden file named after the format,
+    not a model's or a plot's name."""
     name = os.path.basename(os.fspath(path))
-    if name.lower() in (".om", ".onnx"):
+    if name.lower() in (".om", ".onnx", ".png", ".svg"):
+        example = "model" if name.lower() in (".om", ".onnx") else "memory"
         raise OptionError(f"{flag} {os.fspath(path)}: the name is the extension alone; give the "
-                          f"file a name, such as model{name}")
+                          f"file a name, such as {example}{name}")

@@ -40,3 +40,13 @@ def test_a_name_that_is_the_extension_alone_is_refused(tmp_path, capsys, name):
     assert not (tmp_path / name).exists()
     with pytest.raises(OptionError, match="the name is the extension alone"):
         graphopt.save(graphopt.optimize(parse_model(MODEL)), tmp_path / name)
+
+
+def test_a_memory_plot_named_by_its_extension_alone_is_refused(tmp_path, capsys):
+    # It wrote a hidden file named .png.
+    source = tmp_path / "net.onnx"
+    onnx.save(parse_model(MODEL), source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "net.om",
+                         "--memory-plot", tmp_path / ".png")
+    assert rc == 1 and "--memory-plot" in err and "such as memory.png" in err, err
+    assert not (tmp_path / ".png").exists() and not (tmp_path / "net.om").exists()
