@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.errors import InputError, OptionError
+from graphopt.input_files import refuse_device
 from graphopt.option_names import option
 
 # Channels each input format delivers per pixel (YUV420SP: Y, U, V once its chroma is upsampled).
@@ -110,6 +111,7 @@ def read_aipp_config(path) -> list[AippOp]:
     """The aipp_op blocks of ATC configuration file `path`, checked (OptionError naming the
     file, line and key at fault; InputError when it cannot be read)."""
     path = os.fspath(path)
+    refuse_device(path, option("insert_op_conf"))
     try:
         with open(path, encoding="utf-8-sig") as f:
             text = f.read()

@@ -88,3 +88,17 @@ def test_a_report_of_a_piped_model_asks_for_its_output_path(files):
     done = _piped(files["om"].read_bytes(), "report", "/dev/stdin")
     assert done.returncode == 1
     assert b"needs -o FILE.html" in done.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ("optimize", "/dev/zero", "-o", "{tmp}/z.om"), ("inspect", "/dev/zero"),
+    ("run", "{om}", "--inputs", "/dev/zero"), ("compare", "/dev/zero", "{model}"),
+    ("kb", "import", "/dev/zero", "--tuning-db", "{tmp}/kb.db"),
+    ("profile", "{om}", "--repeat", "1", "--calibration", "/dev/zero"),
+    ("optimize", "{model}", "-o", "{tmp}/a.om", "--insert-op-conf", "/dev/zero"),
+])
+def test_a_device_is_refused_before_it_is_read(files, tmp_path, capsys, argv):
+    # /dev/zero was read whole: 24 GB before the kernel ended the process.
+    argv = [a.format(tmp=tmp_path, om=files["om"], model=files["model"]) for a in argv]
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc in (1, 2) and "/dev/zero: a device, not a file (its bytes may never end)" in err, err

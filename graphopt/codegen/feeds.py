@@ -14,6 +14,7 @@ import numpy as np
 
 from graphopt.codegen.om_manifest import dtype_from_name, dtype_name
 from graphopt.errors import GraphoptError, InputError
+from graphopt.input_files import refuse_device
 
 if TYPE_CHECKING:  # imported where a proto is read: checking feeds needs no onnx import
     import onnx
@@ -481,6 +482,7 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .npz file")
+    refuse_device(path)
     if not zipfile.is_zipfile(path):
         raise InputError(_not_npz(path))
     from graphopt.codegen.om_read import is_om

@@ -14,6 +14,7 @@ from graphopt.codegen.feeds import typed_entry, typed_inputs
 from graphopt.codegen.inspect_om import (format_bytes, op_counts, signature_cells,
                                          source_edit_lines, weight_tensors)
 from graphopt.errors import InputError, one_line
+from graphopt.input_files import refuse_device
 from graphopt.ir.onnx_io import check_looks_like_model
 from graphopt.source_marks import cut_outputs, inserted_preprocessing, io_types
 from graphopt.table import format_table
@@ -28,6 +29,7 @@ def read_onnx(path: str | os.PathLike, om_too: bool = True) -> onnx.ModelProto:
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .onnx or .om file")
+    refuse_device(path)
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -16,6 +16,7 @@ from onnx import (AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.dims import read_dim
 from graphopt.errors import InputError, OptionError
+from graphopt.input_files import refuse_device
 from graphopt.ir.attributes import Attr
 from graphopt.ir.collector import collect_if_due, collection_paused
 from graphopt.ir.dtypes import DType, nbytes
@@ -38,6 +39,7 @@ def read_model_proto(path: str | os.PathLike, load_external: bool = True) -> Mod
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .onnx file")
+    refuse_device(path)
     try:
         with open(path, "rb") as f:
             data = f.read()

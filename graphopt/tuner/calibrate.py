@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.api_args import THREAD_LIMIT, is_integer
 from graphopt.errors import OptionError
+from graphopt.input_files import refuse_device
 from graphopt.option_names import CALIBRATE_FLAGS, option
 from graphopt.tuner.cpu_model import (
     INT8_CLASSES,
@@ -156,6 +157,7 @@ class CalibrationResult:
         version or CPU still loads, with a StaleCalibrationWarning: its constants remain the best
         figures at hand, but kernels change between releases and machines."""
         path = os.fspath(path) if path is not None else default_path()
+        refuse_device(path, "calibration")
         try:
             with open(path, encoding="utf-8") as f:
                 doc = json.load(f)

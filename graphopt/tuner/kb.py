@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import InputError, OptionError
+from graphopt.input_files import refuse_device
 from graphopt.table import natural_key
 from graphopt.tuner.npu_model import estimate
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
@@ -320,6 +321,7 @@ def _read_export(path: str | os.PathLike) -> dict:
             text = "standard input"
             doc = json.load(sys.stdin, object_pairs_hook=_unique_keys)
         else:
+            refuse_device(text)
             with open(text, encoding="utf-8") as f:
                 doc = json.load(f, object_pairs_hook=_unique_keys)
     except _DuplicateKey as e:
@@ -448,9 +450,9 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
         existing = set(optuna.get_all_study_names(store))
         _check_studies(path, store, existing, entries)
         named = {}  # a signature's studies that `tune --study NAME` named
-        for study_name, signature in _kernel_studies(store):
-            if study_name != signature:
-                named.setdefault(signature, []).append(study_name)
+        for study_name, kernel in _kernel_studies(store):
+            if study_name != kernel:
+                named.setdefault(kernel, []).append(study_name)
         try:
             for name, _, tiling, shape, device, choices in entries:
                 if _held_by(store, named.get(name, ()), name, tiling):

@@ -1,0 +1,21 @@
+"""Input paths no reader should read whole: devices, whose bytes (/dev/zero) never end."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from graphopt.errors import InputError
+
+
+def refuse_device(path: str | os.PathLike, what: str = "") -> None:
+    """InputError for a character or block device (/dev/zero, /dev/urandom, a terminal): read
+    whole, it filled memory until the kernel ended the process. A regular file, a pipe and a
+    path that does not exist (its reader says so) pass. `what` prefixes the path (an option)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        label = f"{what} {os.fspath(path)}" if what else os.fspath(path)
+        raise InputError(f"{label}: a device, not a file (its bytes may never end)")
