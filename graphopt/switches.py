@@ -77,7 +77,7 @@ def _json_entries(text: str, where: str) -> list[tuple[str, str, str]]:
 
     try:
         data = json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise OptionError(f"{where}: invalid JSON ({e})") from None
     if not isinstance(data, dict):
         raise OptionError(f"{where}: expected a JSON object of pass: state, got "

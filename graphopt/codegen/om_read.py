@@ -380,7 +380,7 @@ class OmArtifact:
                               self.manifest["members"][DETAILS_NAME])
             try:
                 details = json.loads(self.members[DETAILS_NAME].decode("utf-8"))
-            except (ValueError, UnicodeDecodeError) as exc:
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # [[[…]]]: too deep
                 raise Malformed(f"{DETAILS_NAME} is not valid JSON ({exc})") from None
             check_details(details)
         except Malformed as exc:

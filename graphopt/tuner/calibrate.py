@@ -166,6 +166,9 @@ class CalibrationResult:
                               "(run `graphopt calibrate --target cpu`)") from None
         except json.JSONDecodeError as e:
             raise OptionError(f"calibration {path}: not valid JSON: {e.msg}") from None
+        except RecursionError:  # [[[…]]]: more nesting than the parser takes
+            raise OptionError(f"calibration {path}: not a graphopt CPU calibration (nested too "
+                              "deeply); re-run `graphopt calibrate --target cpu`") from None
         except UnicodeDecodeError:
             raise OptionError(f"calibration {path}: not valid JSON (not UTF-8 text); re-run "
                               "`graphopt calibrate --target cpu`") from None

@@ -331,7 +331,7 @@ def _read_export(path: str | os.PathLike) -> dict:
         raise InputError(f"{text}: no such file") from None
     except OSError as e:
         raise InputError(f"{text}: cannot read it ({e.strerror or e})") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, [[[…]]]
         raise InputError(f"{text}: not a graphopt knowledge-base export ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else None
