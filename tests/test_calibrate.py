@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphopt.errors import OptionError
+from graphopt.codegen.feeds import load_npz
+from graphopt.errors import InputError, OptionError
 from graphopt.ir import load_onnx
 from graphopt.quant import calibrate, read_calibration
 from graphopt.quant.calib_data import check_calibration, model_inputs
@@ -176,6 +177,24 @@ def test_missing_or_empty_calibration_paths(tmp_path):
                                           r"arrays, which would need unpickling; strings go in "
                                           r"as numpy's strings"):
         read_calibration(tmp_path / "obj.npz", graph)
+    # A member that is no .npy (numpy hands its bytes over), and a header declaring 2**40
+    # elements over a few bytes: internal errors (AttributeError, MemoryError) before.
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "raw.npz", "w") as archive:
+        archive.writestr("x.npy", b"pickled bytes, not an array")
+    with pytest.raises(OptionError, match=r"raw.npz: 'x' in it is not an .npy array"):
+        read_calibration(tmp_path / "raw.npz", graph)
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }"
+    header += " " * (117 - len(header)) + "\n"
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as archive:
+        archive.writestr("x.npy", b"\x93NUMPY\x01\x00" + bytes([len(header), 0])
+                         + header.encode() + bytes(64))
+    # (MemoryError where the machine refuses 4 TB, a short read where it overcommits.)
+    with pytest.raises(OptionError, match=r"huge.npz: cannot read array 'x' \("):
+        read_calibration(tmp_path / "huge.npz", graph)
+    with pytest.raises(InputError, match="huge.npz: cannot read as .npz"):
+        load_npz(tmp_path / "huge.npz")
     bad = tmp_path / "dir"
     bad.mkdir()
     np.savez(bad / "a.npz", x=np.zeros((1, 4), np.float32))

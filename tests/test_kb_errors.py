@@ -348,6 +348,11 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
     export.write_text(json.dumps(doc))
     with pytest.raises(OptionError, match=f"kernel '{name}': no \"tiling\" object"):
         kb.import_kb(export, f"sqlite:///{db}")
+    doc["kernels"] = {name: "x"}  # an internal error: 'str' object has no attribute 'get'
+    export.write_text(json.dumps(doc))
+    with pytest.raises(OptionError, match=f"kernel '{name}': expected an object with its "
+                                          "\"tiling\", got str"):
+        kb.import_kb(export, f"sqlite:///{db}")
     doc["kernels"] = {name: dict(entry, tiling=dict(good_tiling, cores_per_block=2))}
     export.write_text(json.dumps(doc))
     with pytest.raises(OptionError, match=f"kernel '{name}': its tiling has no field "

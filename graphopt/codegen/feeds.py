@@ -503,6 +503,9 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise InputError(f"{path}: cannot read as .npz ({reason})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise InputError(f"{path}: cannot read as .npz ({exc})") from None
+    except MemoryError:  # a header declaring 2**40 elements over 64 bytes of data
+        raise InputError(f"{path}: cannot read as .npz (an array's header declares more "
+                         "elements than memory holds)") from None
     return arrays
 
 

@@ -254,6 +254,13 @@ def _load(file: str) -> dict[str, np.ndarray]:
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
                 raise OptionError(f"{calibration_label(file)}: cannot read array '{name}' "
                                   f"({_unpickling(e)})") from None
+            except MemoryError:  # a header declaring 2**40 elements over 64 bytes of data
+                raise OptionError(f"{calibration_label(file)}: cannot read array '{name}' (its "
+                                  "header declares more elements than memory holds)") from None
+            if not isinstance(arrays[name], np.ndarray):  # numpy gives other members' bytes
+                raise OptionError(f"{calibration_label(file)}: '{name}' in it is not an .npy "
+                                  "array (write the file with np.savez(path, input_name=array, "
+                                  "…))")
         return arrays
 
 

@@ -381,6 +381,9 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     if max(shape.batch, shape.m, shape.k, shape.n) > MAX_DIM:
         raise OptionError(f"{path}: kernel '{name}': a dim above {MAX_DIM} (2**31 - 1), which "
                           "no cube kernel's tiling indexes")
+    if not isinstance(entry, dict):  # "x": entry.get failed as an internal error
+        raise OptionError(f"{path}: kernel '{name}': expected an object with its \"tiling\", "
+                          f"got {type(entry).__name__}")
     given = entry.get("tiling")
     if not isinstance(given, dict):
         raise OptionError(f"{path}: kernel '{name}': no \"tiling\" object (an export gives "
