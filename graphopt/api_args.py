@@ -63,8 +63,16 @@ def path(value, what: str) -> str | None:
     if isinstance(value, (str, os.PathLike)):
         text = os.fspath(value)
         if isinstance(text, str) and text:
-            return text
+            return without_nul(text, what)
     raise OptionError(f"{what}: expected a path (str or os.PathLike), got {shown(value)}")
+
+
+def without_nul(text: str, what: str) -> str:
+    """`text`, unless it holds a NUL, which no file name can (every os call raised a bare
+    ValueError: embedded null byte)."""
+    if "\x00" in text:
+        raise OptionError(f"{what}: {text!r} holds a NUL character, which no path can")
+    return text
 
 
 def model(value, what: str, takes: str = "an .onnx path, a ModelProto or its bytes"):
@@ -93,7 +101,7 @@ def model(value, what: str, takes: str = "an .onnx path, a ModelProto or its byt
         return proto
     if isinstance(value, (str, os.PathLike)):
         if os.fspath(value):
-            return os.fspath(value)
+            return without_nul(os.fspath(value), what)
         raise OptionError(f"{what}: expected {takes}, got an empty path")
     # The type, not the value: a loaded OmSession or a dict of arrays says nothing by its repr.
     raise OptionError(f"{what}: expected {takes}, not {type(value).__name__}")

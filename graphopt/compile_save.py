@@ -40,7 +40,7 @@ def _output_path(path) -> str:
     if isinstance(path, (str, os.PathLike)):
         text = os.fspath(path)
         if isinstance(text, str) and text:
-            return text
+            return api_args.without_nul(text, "save")
     raise OptionError(f"save: the output path must be a non-empty str or os.PathLike, got "
                       f"{path!r}")
 

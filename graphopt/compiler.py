@@ -366,7 +366,7 @@ class _Source:
 
 def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Source:
     is_path = isinstance(model, (str, os.PathLike))
-    label = os.fspath(model) if is_path else "<model>"
+    label = api_args.without_nul(os.fspath(model), "model") if is_path else "<model>"
     # Before the model is read: the file as compiled, the bytes as given.
     identity = file_identity(label) if is_path else None
     sha256 = None if is_path else memory_model_sha256(model)

@@ -929,3 +929,10 @@ def test_public_calls_check_their_keywords_as_optimize_does(proto, tmp_path):
     assert len(graphopt.to_onnx(model, weights_as_inputs_above="1K").graph.input) >= 1
     with pytest.raises(OptionError, match="^weights_as_inputs_above: expected a number of bytes"):
         graphopt.to_onnx(model, weights_as_inputs_above=[1])
+    # A NUL in a path: a bare ValueError (embedded null byte) from the first os call.
+    result = graphopt.optimize(proto)
+    for call, what in ((lambda: graphopt.optimize("a\x00b.onnx"), "model"),
+                       (lambda: graphopt.load("a\x00b.om"), "load"),
+                       (lambda: graphopt.save(result, tmp_path / "a\x00b.om"), "save")):
+        with pytest.raises(OptionError, match=f"^{what}: .* holds a NUL character"):
+            call()

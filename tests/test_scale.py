@@ -8,6 +8,8 @@ import os
 import tracemalloc
 
 import numpy as np
+import re
+
 import onnx
 import pytest
 from helpers import IR_VERSION, parse_model
@@ -455,6 +457,18 @@ def test_saving_over_the_input_works_and_stale_tensors_read_what_they_were_loade
     os.replace(replacement, path + ".data")
     with pytest.raises(ValueError, match="was replaced or changed after the model was loaded"):
         elsewhere.graph.initializers["w0"].const.numpy()
+
+
+def test_an_external_location_holding_a_nul_is_refused_by_name(tmp_path):
+    # os.path.realpath raised a bare ValueError (embedded null byte): an internal error.
+    from graphopt.errors import InputError
+
+    path, _ = _external_model(str(tmp_path), "nul.onnx")
+    proto = onnx.load(path, load_external_data=False)
+    proto.graph.initializer[0].external_data[0].value = "w.bin\x00evil"
+    onnx.save(proto, path)
+    with pytest.raises(InputError, match=re.escape("location 'w.bin\\x00evil' holds a NUL")):
+        load_onnx(path)
 
 
 def test_a_data_file_deleted_after_loading_is_an_input_error(tmp_path):

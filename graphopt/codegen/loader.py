@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from graphopt.api_args import without_nul
 from graphopt.codegen.om_read import is_om, looks_like_onnx
 from graphopt.codegen.runtime import OmSession
 from graphopt.errors import ArtifactError, InputError, OptionError
@@ -45,6 +46,7 @@ def load(
     path = os.fspath(path)
     if not path:
         raise OptionError("load: the path is empty")
+    without_nul(path, "load")
     try:
         return OmSession(path, intra_op_num_threads=intra_op_num_threads,
                          optimization_level=optimization_level,

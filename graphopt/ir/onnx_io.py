@@ -547,6 +547,9 @@ class _Importer:
             if key in entries and not (entries[key].isdigit()):
                 raise self.error(f"{where}: external data {key} {entries[key]!r} is not a "
                                  "non-negative integer")
+        if "\x00" in location:  # os.path.realpath raised a bare ValueError on it
+            raise self.error(f"{where}: external data location {location!r} holds a NUL "
+                             "character, which no file name can")
         if self.base_dir is not None and not self._inside_model_folder(location):
             raise self.error(f"{where}: external data location {location!r} leads out of the "
                              "model's folder through a symbolic link (onnxruntime refuses it "
