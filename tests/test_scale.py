@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import tracemalloc
 
 import numpy as np
-import re
-
 import onnx
 import pytest
 from helpers import IR_VERSION, parse_model
