@@ -11,6 +11,7 @@ from graphopt.errors import InputError
 from graphopt.ir import Model, to_onnx
 from graphopt.ir.collector import heap_frozen
 from graphopt.opcheck import check_kernel_dtypes, check_ops
+from graphopt.operand_shapes import check_operand_shapes
 from graphopt.option_names import option
 from graphopt.passes.disputed_shapes import forget_disputed_sizes
 from graphopt.passes.infer_shapes import drop_unfounded_declarations, record_type_bytes
@@ -35,6 +36,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> lis
             record_type_bytes(model, types, static_only=True)
             forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
         check_kernel_dtypes(model, label)
+        check_operand_shapes(model, label)
     return notes
 
 
