@@ -380,6 +380,20 @@ def _if_model(branch_nodes) -> onnx.ModelProto:
                              ir_version=IR_VERSION)
 
 
+def test_a_segment_of_a_tensor_is_refused_at_import():
+    # It failed deep inside a pass: "pass EliminateNoOps failed: ValueError: Currently not
+    # supporting loading segments".
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, 2.0])
+    weight.segment.begin, weight.segment.end = 0, 2
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    with pytest.raises(InputError, match="initializer 'w' is a segment of a larger tensor"):
+        load_onnx(model)
+
+
 def test_a_subgraph_node_redefining_an_outer_value_is_refused():
     # SSA spans scopes: onnx.checker and onnxruntime refuse it; graphopt wrote it out invalid.
     bad = _if_model([helper.make_node("Neg", ["x"], ["t"]),

@@ -493,6 +493,9 @@ class _Importer:
             raise self.error(f"{where} has no element type")
         if any(d < 0 for d in proto.dims):
             raise self.error(f"{where} has a negative dim {list(proto.dims)}")
+        if proto.HasField("segment"):  # onnx's numpy_helper failed on it deep inside a pass
+            raise self.error(f"{where} is a segment of a larger tensor, which graphopt does "
+                             "not read (nor does onnx's numpy_helper); give the whole tensor")
         count = 1
         for d in proto.dims:
             count *= d

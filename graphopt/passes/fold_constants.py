@@ -347,8 +347,9 @@ def _fails_at_run(graph: Graph, node: Node, error: EvalError) -> InputError:
     shapes = ", ".join(f"{v.name} {list(v.shape)}" for v in graph.inputs
                        if v.shape is not None and not v.is_initializer)
     where = f" with inputs {shapes}" if shapes else ""
-    return InputError(f"{node.qualified_op} node '{node.name}' fails on its constant inputs, so "
-                      f"the model cannot run{where}: {message}")
+    # node.label: "node ''" named no node of the many exports that name none.
+    return InputError(f"node {node.label} ({node.qualified_op}) fails on its constant inputs, "
+                      f"so the model cannot run{where}: {message}")
 
 
 def _needed(values: list[Value], region: list[Node], members: set[int],
