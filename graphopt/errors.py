@@ -84,3 +84,23 @@ def naming(where: str) -> Iterator[None]:
         if type(exc) not in (GraphoptError, InputError):
             raise
         raise type(exc)(f"{where}: {exc}") from None
+
+
+IN_MEMORY = "<model>"  # how messages name a model given as a proto or bytes
+
+
+@contextmanager
+def model_label(label: str) -> Iterator[None]:
+    """Errors that name the model as IN_MEMORY named by `label`, the file a tool read it from
+    before compiling its proto (bisect, profile said "<model>: …" of a file on disk)."""
+    try:
+        yield
+    except GraphoptError as exc:
+        text = str(exc)
+        if label == IN_MEMORY or not text.startswith(IN_MEMORY):
+            raise
+        try:
+            renamed = type(exc)(label + text[len(IN_MEMORY):])
+        except TypeError:  # a subclass whose constructor takes more than the message
+            raise exc from None
+        raise renamed from None

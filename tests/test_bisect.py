@@ -600,3 +600,19 @@ def test_onnxruntime_errors_keep_the_line_that_says_what_is_wrong():
                                  "dimensions for input: x for the following indices index: 0 "
                                  "Got: 2 Expected: 1")
     assert ort_reason(RuntimeError("")) == "RuntimeError"
+
+
+def test_errors_of_a_model_read_from_a_file_name_the_file(tmp_path, capsys):
+    # bisect compiles the proto it read: its errors said "<model>: …".
+    from helpers import run_cli
+
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("LayerNormalization", ["x", "s"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])],
+        [onnx.numpy_helper.from_array(np.ones(4, np.float32), "s")])
+    path = tmp_path / "ln9.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 9)]), path)
+    rc, _, err = run_cli(capsys, "bisect", path)
+    assert rc == 2 and err.startswith(f"graphopt: error: {path}: "), err
+    assert "<model>" not in err

@@ -20,7 +20,7 @@ import numpy as np
 from onnx import ModelProto
 
 from graphopt import api_args, numerics
-from graphopt.errors import InputError, OptionError, one_line
+from graphopt.errors import InputError, OptionError, model_label, one_line
 from graphopt.input_shapes import check_pins, check_pins_fit_feeds, input_shapes_argument
 from graphopt.ir import to_onnx
 from graphopt.ir.onnx_io import read_model_proto
@@ -246,63 +246,66 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
                           f"{option('rtol', BISECT_FLAGS)}/{option('atol', BISECT_FLAGS)} rule; "
                           "give one or the other")
     source, label = _load(model)
-    shapes = input_shapes_argument(input_shapes)
-    options = {**pass_options, **({"allow_custom_ops": True} if allow_custom_ops else {})}
-    for keyword, value, default in (("precision", precision, "keep"),
-                                    ("quantize", quantize, "none"),
-                                    ("calibration", calibration, None)):
-        if value not in (None, default):
-            options[keyword] = value
-    setup = Setup(source, label, level, target, shapes, pass_options=options)
-    arrays = _feeds(source, label, feeds, shapes)
-    inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
-        else "the given inputs" if feeds is not None else "seeded random inputs"
-    if feeds is None:  # a 1×1 image or a one-token sequence says little: say so, as compare does
-        from graphopt.codegen.feeds import typed_inputs
-        from graphopt.tools.compare_run import open_dims_note
+    with model_label(label):  # the compiles read the proto: errors name the file
+        shapes = input_shapes_argument(input_shapes)
+        options = {**pass_options, **({"allow_custom_ops": True} if allow_custom_ops else {})}
+        for keyword, value, default in (("precision", precision, "keep"),
+                                        ("quantize", quantize, "none"),
+                                        ("calibration", calibration, None)):
+            if value not in (None, default):
+                options[keyword] = value
+        setup = Setup(source, label, level, target, shapes, pass_options=options)
+        arrays = _feeds(source, label, feeds, shapes)
+        inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
+            else "the given inputs" if feeds is not None else "seeded random inputs"
+        # A 1×1 image or a one-token sequence says little: say so, as compare does.
+        if feeds is None:
+            from graphopt.codegen.feeds import typed_inputs
+            from graphopt.tools.compare_run import open_dims_note
 
-        opened = open_dims_note(typed_inputs(source), shapes, arrays)
-        inputs += f" ({opened})" if opened else ""
-    evaluate = _Evaluator(source, arrays, progress, inputs,
-                          rounding=rtol is None and atol is None)
+            opened = open_dims_note(typed_inputs(source), shapes, arrays)
+            inputs += f" ({opened})" if opened else ""
+        evaluate = _Evaluator(source, arrays, progress, inputs,
+                              rounding=rtol is None and atol is None)
 
-    full = compile_prefix(setup, None)
-    calls = full.calls
-    choose = (f"{usage('min_cosine', 'C', BISECT_FLAGS)} or {option('rtol', BISECT_FLAGS)}/"
-              f"{option('atol', BISECT_FLAGS)} choose the rule")
-    evaluate.judge, rule_note = accuracy_rule(
-        [{"pass": run.name, "changed": run.changed} for run in full.runs], rtol, atol,
-        min_cosine, choose)
-    result = BisectResult(label, full.pipeline, False, len(calls), len(full.runs),
-                          target=target.name if target is not None else None, inputs=inputs,
-                          judged_by=_rule_text(evaluate.judge), rule_note=rule_note)
-    problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass runs")
-    if problem is None:
-        result.evaluations = evaluate.count
-        result.rounding_note = evaluate.rounding_note or ""
-        empty = [name for name, value in evaluate.expected.items()
-                 if isinstance(value, np.ndarray) and value.size == 0]
-        if empty:  # "within tolerance" over no element says nothing: say so
-            result.empty_outputs = empty
-        return result
-    result.found = True
-    lo, hi, at_hi = 0, len(calls), full  # invariant: prefix hi breaks, prefix lo-1 does not
-    while lo < hi:
-        mid = (lo + hi) // 2
-        compiled = compile_prefix(setup, mid)
-        check_same_calls(calls, compiled)
-        found = evaluate(compiled, _prefix(mid, calls))
-        if found:
-            hi, at_hi, problem = mid, compiled, found
+        full = compile_prefix(setup, None)
+        calls = full.calls
+        choose = (f"{usage('min_cosine', 'C', BISECT_FLAGS)} or {option('rtol', BISECT_FLAGS)}/"
+                  f"{option('atol', BISECT_FLAGS)} choose the rule")
+        evaluate.judge, rule_note = accuracy_rule(
+            [{"pass": run.name, "changed": run.changed} for run in full.runs], rtol, atol,
+            min_cosine, choose)
+        result = BisectResult(label, full.pipeline, False, len(calls), len(full.runs),
+                              target=target.name if target is not None else None, inputs=inputs,
+                              judged_by=_rule_text(evaluate.judge), rule_note=rule_note)
+        problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass "
+                                 "runs")
+        if problem is None:
+            result.evaluations = evaluate.count
+            result.rounding_note = evaluate.rounding_note or ""
+            empty = [name for name, value in evaluate.expected.items()
+                     if isinstance(value, np.ndarray) and value.size == 0]
+            if empty:  # "within tolerance" over no element says nothing: say so
+                result.empty_outputs = empty
+            return result
+        result.found = True
+        lo, hi, at_hi = 0, len(calls), full  # invariant: prefix hi breaks, prefix lo-1 does not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            compiled = compile_prefix(setup, mid)
+            check_same_calls(calls, compiled)
+            found = evaluate(compiled, _prefix(mid, calls))
+            if found:
+                hi, at_hi, problem = mid, compiled, found
+            else:
+                lo = mid + 1
+        if hi == 0:
+            _blame_pass(result, setup, evaluate, calls, 0, at_hi, -1, problem)
         else:
-            lo = mid + 1
-    if hi == 0:
-        _blame_pass(result, setup, evaluate, calls, 0, at_hi, -1, problem)
-    else:
-        _blame_rewrite(result, setup, evaluate, calls, hi, at_hi, problem)
-    result.evaluations = evaluate.count
-    result.rounding_note = evaluate.passed_by_rounding  # what "see note" in the progress meant
-    return result
+            _blame_rewrite(result, setup, evaluate, calls, hi, at_hi, problem)
+        result.evaluations = evaluate.count
+        result.rounding_note = evaluate.passed_by_rounding  # what "see note" in the progress meant
+        return result
 
 
 def _blame_rewrite(result: BisectResult, setup: Setup, evaluate: _Evaluator,

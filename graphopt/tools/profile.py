@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt import api_args
-from graphopt.errors import GraphoptError, InputError, OptionError, naming
+from graphopt.errors import GraphoptError, InputError, OptionError, model_label, naming
 from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import ort_reason, typed_runner
@@ -121,7 +121,7 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto | bytes,
             raise InputError(f"{label}: no such file")
         if os.path.isdir(label):
             raise InputError(f"{label}: is a directory, expected an .onnx or .om file")
-    with tempfile.TemporaryDirectory(prefix="graphopt-profile-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="graphopt-profile-") as workdir, model_label(label):
         if not is_proto and _is_om(label):
             profile = _profile_om(label, feeds, repeat, warmup, threads, level, input_shapes,
                                   seed, workdir)

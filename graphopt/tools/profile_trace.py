@@ -27,7 +27,9 @@ class KernelEvent:
 def read_trace(path: str | os.PathLike) -> list[dict]:
     """The events of a trace file onnxruntime wrote (a JSON array)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        # onnxruntime writes a node's name byte for byte: a model's name that is no UTF-8
+        # made the whole trace unreadable.
+        with open(path, encoding="utf-8", errors="replace") as f:
             events = json.load(f)
     except (OSError, ValueError) as exc:
         raise GraphoptError(f"cannot read onnxruntime's profile {path}: {exc}") from None
