@@ -85,3 +85,13 @@ def test_a_list_feed_takes_the_inputs_dtype_as_onnxruntime_gives_it(tmp_path):
         with pytest.raises(InputError, match=f"^input 'x' was given as a list that numpy reads "
                                              f"as {numpy_reads}, which does not cast to uint8"):
             ints.run({"x": value})
+    # Overflow to inf, and an integer float32 rounds, were taken silently (with numpy's
+    # overflow warning and its source line).
+    for value, numpy_reads, target, elem_type in (
+            ([70000.0, 1.0], "float64", "float16", TensorProto.FLOAT16),
+            ([16777217, 1], "int64", "float32", TensorProto.FLOAT)):
+        (tmp_path / target).mkdir()
+        session = graphopt.load(_identity(tmp_path / target, elem_type, [2])[1])
+        with pytest.raises(InputError, match=f"reads as {numpy_reads}, which does not cast to "
+                                             f"{target} without loss"):
+            session.run({"x": value})

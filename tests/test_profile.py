@@ -166,6 +166,11 @@ def test_advisor_names_the_level_that_runs_the_fusing_pass(tmp_path):
     (hint,) = [h for h in advise(profile_model(str(path), level="disable", **RUNS))
                if h.kind == "unfused"]
     assert "graphopt's FuseActivation (-O3) fuses this pattern" in hint.message, hint.message
+    # Fused by onnxruntime at load: the load level, not the -O level, in the other branch.
+    (hint,) = [h for h in advise(profile_model(str(path), level="all", **RUNS))
+               if h.kind == "unfused"]
+    assert "when loading at level all" in hint.message, hint.message
+    assert "(FuseActivation (-O3) would fuse offline" in hint.message
 
 
 def test_a_stalled_call_does_not_make_its_op_a_bottleneck(tiny):

@@ -231,18 +231,30 @@ def as_array(name: str, value: Any, dtype: np.dtype | None = None) -> np.ndarray
         return array
     integers = array.dtype.kind in "iu" and dtype.kind in "iu"  # signs differ, values may not
     castable = integers or np.can_cast(array.dtype, dtype, "same_kind")
-    if not castable or not _in_range(array, dtype):
-        raise InputError(f"input {name!r} was given as a {type(value).__name__} that numpy reads "
-                         f"as {array.dtype}, which does not cast to {dtype} without loss; pass "
-                         f"an array of {dtype}")
-    return array.astype(dtype)
+    cast = _lossless_cast(array, dtype) if castable else None
+    if cast is None:
+        raise InputError(f"input {name!r} was given as {_what(value)} that numpy reads as "
+                         f"{array.dtype}, which does not cast to {dtype} without loss; pass an "
+                         f"array of {dtype}")
+    return cast
 
 
-def _in_range(array: np.ndarray, dtype: np.dtype) -> bool:
-    if dtype.kind not in "iu" or not array.size:
-        return True
-    limits = np.iinfo(dtype)
-    return limits.min <= array.min() and array.max() <= limits.max
+def _lossless_cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """`array` as `dtype` when every value survives: integers in range, no finite value made
+    infinite (70000 in float16), no integer rounded (16777217 in float32); None otherwise.
+    Rounding a float to a narrower float (0.1 to float32) is what a float input means."""
+    if dtype.kind in "iu" and array.size:
+        limits = np.iinfo(dtype)
+        if not (limits.min <= array.min() and array.max() <= limits.max):
+            return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = array.astype(dtype)
+    if dtype.kind == "f" and (np.isinf(cast) & np.isfinite(array)).any():
+        return None
+    if dtype.kind == "f" and array.dtype.kind in "iu" and \
+            not np.array_equal(cast.astype(array.dtype), array):
+        return None
+    return cast
 
 
 def strings_for_onnxruntime(array: np.ndarray) -> np.ndarray:

@@ -233,9 +233,7 @@ def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
             spent = sum(own[(partition, n.name)].total_us for nodes in separate
                         for n in nodes[1:] if (partition, n.name) in own)
             example = " → ".join(repr(n.name or n.op_type) for n in places[0])
-            fuser = passes[label]
-            level = lowest_level(fuser)
-            fuser += "" if level is None else f" (-O{level})"  # FuseActivation is -O3's
+            fuser = _with_level(passes[label])
             text = (f"{label} left unfused in {len(places)} place(s) of {partition} "
                     f"(e.g. {example}); ")
             if separate:
@@ -252,6 +250,13 @@ def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
                 "separate": len(separate), "us_per_run": spent / profile.runs,
                 "share": spent / total, "pass": passes[label]}))
     return hints
+
+
+def _with_level(pass_name: str) -> str:
+    """The pass as a hint names it, with the lowest -O level that runs it (FuseActivation is
+    -O3's, where every pattern's pass was called -O2's)."""
+    level = lowest_level(pass_name)
+    return pass_name if level is None else f"{pass_name} (-O{level})"
 
 
 # --- fallbacks and layout ------------------------------------------------------------------
