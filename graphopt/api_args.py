@@ -67,10 +67,10 @@ def path(value, what: str) -> str | None:
     raise OptionError(f"{what}: expected a path (str or os.PathLike), got {shown(value)}")
 
 
-def without_nul(text: str, what: str) -> str:
-    """`text`, unless it holds a NUL, which no file name can (every os call raised a bare
-    ValueError: embedded null byte)."""
-    if "\x00" in text:
+def without_nul(text: str | bytes, what: str) -> str | bytes:
+    """`text` (a path-like's str or bytes), unless it holds a NUL, which no file name can
+    (every os call raised a bare ValueError: embedded null byte)."""
+    if ("\x00" if isinstance(text, str) else b"\x00") in text:
         raise OptionError(f"{what}: {text!r} holds a NUL character, which no path can")
     return text
 

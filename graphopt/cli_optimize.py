@@ -69,10 +69,10 @@ def add_optimize_parser(sub) -> None:
     p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
                    help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
     p.add_argument("--verify", action="store_true",
-                   help="run original and optimized with onnxruntime (no ORT optimizations; after a "
-                        "lossy precision pass at ORT_ENABLE_ALL, judged by cosine) on seeded "
-                        "inputs; fail and write nothing if outputs differ, or if the optimized "
-                        "model does not load at ORT_ENABLE_ALL")
+                   help="run original and optimized with onnxruntime (no ORT optimizations; "
+                        "after a lossy precision pass at ORT_ENABLE_ALL, judged by cosine) on "
+                        "seeded inputs; fail and write nothing if outputs differ, or if the "
+                        "optimized model does not load at ORT_ENABLE_ALL")
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="with --verify: its inputs instead of random data, and the accuracy "
                         "report's (instead of the calibration samples)")

@@ -1,6 +1,7 @@
-"""Operand shapes ONNX's inference lets through and onnxruntime refuses only at run time: a Conv
-whose weight does not fit its input or group, a Gemm bias that does not broadcast, a Clip bound
-that is no scalar. Such a model loaded, compiled and failed at every run."""
+"""Static operand shapes ONNX's inference lets through and onnxruntime refuses at every run.
+
+A Conv whose weight does not fit its input or group, a Gemm bias that does not broadcast, a
+Clip bound that is no scalar: such a model loaded, compiled and failed at every run."""
 
 from __future__ import annotations
 

@@ -87,11 +87,14 @@ def test_protos_are_accepted_and_identical_models_have_no_differences():
     assert format_diff(diff).endswith("no differences")
 
 
-def test_unnamed_nodes_match_by_structure_and_renames_are_not_changes():
+def test_unnamed_nodes_match_by_structure_and_a_new_name_is_listed_apart():
     a = parse_model("agraph (float[4] x) => (float[4] y) { t = Neg (x)\n y = Abs (t) }")
     b = parse_model("agraph (float[4] x) => (float[4] y) { t = Neg (x)\n y = Abs (t) }")
     b.graph.node[0].name = "renamed"  # same op, inputs and outputs: the same node
-    assert diff_models(a, b).empty
+    diff = diff_models(a, b)
+    assert not (diff.removed or diff.added or diff.changed)
+    # A name given (or cleared) selects otherwise (--quant-skip, --keep-dtype, bisect anchors).
+    assert diff.renamed == [("", "", "renamed")]
     b.graph.node[1].op_type = "Relu"
     diff = diff_models(a, b)
     assert [(e.op, e.line) for e in diff.removed] == [("Abs", "%y<f32[4]> = Abs(%t)")]

@@ -387,7 +387,8 @@ def test_a_segment_of_a_tensor_is_refused_at_import():
     weight.segment.begin, weight.segment.end = 0, 2
     graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [weight])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                               ir_version=IR_VERSION)
     with pytest.raises(InputError, match="initializer 'w' is a segment of a larger tensor"):

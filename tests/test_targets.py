@@ -343,9 +343,16 @@ def test_whole_number_floats_become_ints(tmp_path):
     device = load_target(str(path)).device("npu")
     assert type(device.ai_cores) is int and all(type(d) is int for d in device.cube["float16"])
     # max_outputs was kept a float, and every MaxPool placement then crashed slicing with it.
-    doc["devices"][0]["engines"]["cube"]["ops"]["Conv"]["max_outputs"] = 1.0
+    doc["devices"][0]["engines"]["cube"]["ops"]["MaxPool"] = {"dtypes": ["float32"],
+                                                              "max_outputs": 1.0}
     path.write_text(json.dumps(doc))
-    assert type(load_target(str(path)).device("npu").kernel("Conv").max_outputs) is int
+    pool = parse_model("""
+        g (float[1,4,8,8] x) => (float[1,4,4,4] y, int64[1,4,4,4] i) {
+            y, i = MaxPool <kernel_shape = [2,2], strides = [2,2]> (x)
+        }""")
+    (placement,) = place(load_onnx(pool), load_target(str(path))).values()
+    assert placement.device == "cpu" and "is read: the npu kernel computes only the first " \
+        "output" in placement.reason
 
 
 @pytest.mark.parametrize("target", NPU_TARGETS)
@@ -379,6 +386,16 @@ def test_an_attribute_left_at_its_default_is_checked_as_that_default(tmp_path):
     (placement,) = place(model, target).values()
     assert placement.device == "cpu"
     assert placement.reason == "attribute mode='nearest' of Resize: takes linear"
+    # The default of the model's opset: GridSample's mode is bilinear at 16 (linear from 20).
+    doc["devices"][0]["engines"]["cube"]["ops"]["GridSample"] = {
+        "dtypes": ["float32"], "attributes": {"mode": ["bilinear", "nearest"]}}
+    target, _ = _load(tmp_path, doc)
+    grid = parse_model("""
+        g (float[1,4,8,8] x, float[1,8,8,2] grid) => (float[1,4,8,8] y) {
+            y = GridSample (x, grid)
+        }""", header='<ir_version: 8, opset_import: ["" : 16]>\n')
+    (placement,) = place(load_onnx(grid), target).values()
+    assert placement.device == "npu" and placement.reason is None
 
 
 def test_bad_json(tmp_path):

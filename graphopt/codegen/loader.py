@@ -43,7 +43,7 @@ def load(
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OptionError(f"load takes the path of an .om file, not {type(path).__name__}")
-    path = os.fspath(path)
+    path = os.fsdecode(path)  # a path-like may give bytes, which os.path.join mixes with str
     if not path:
         raise OptionError("load: the path is empty")
     without_nul(path, "load")

@@ -399,11 +399,12 @@ class OmSession:
 
     def _fixed_inputs(self) -> list[str]:
         """The source's inputs this artifact fixed, read from its details on the error path
-        only (a run never reads them); none when the details cannot be read."""
+        only (a run never reads them); none when the details cannot be read. Not through
+        `artifact`, which waits for the weights' sums: the details check their own."""
         from graphopt.source_marks import extra_fixed_inputs
 
         try:
-            return extra_fixed_inputs(self.artifact.extra)
+            return extra_fixed_inputs(self._artifact.extra)
         except GraphoptError:
             return []
 

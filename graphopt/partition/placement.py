@@ -36,9 +36,12 @@ def place(model: Model, target: Target) -> dict[Node, Placement]:
     """A placement for every node of the main graph, in graph order."""
     primary = target.device(target.primary)
     functions = {(f.domain, f.name): f for f in model.functions}
+    # An attribute's default is its opset's: GridSample's mode is bilinear at 16, linear at 20.
+    opsets = {domain or "": version for domain, version in model.opset_imports.items()}
+    opsets.setdefault("", opsets.get("ai.onnx"))
     placements = {}
     for node in model.graph:
-        engine, reason = _fit(node, primary, functions)
+        engine, reason = _fit(node, primary, functions, opsets)
         if reason is None:
             placements[node] = Placement(primary.name, engine)
         else:
@@ -51,24 +54,26 @@ def _host_engine(target: Target) -> str | None:
     return next(iter(engines), None)
 
 
-def _fit(node: Node, device: Device, functions: dict) -> tuple[str | None, str | None]:
+def _fit(node: Node, device: Device, functions: dict,
+         opsets: dict | None = None) -> tuple[str | None, str | None]:
     """(engine, None) when `device` runs `node`, else (None, the reason it cannot)."""
     function = functions.get((node.domain, node.op_type))
     if function is not None and device.kind != "cpu":
-        return _fit_function(node, function, device)
+        return _fit_function(node, function, device, opsets or {})
     support = device.kernel(node.op_type, node.domain, _data_dtype(node))
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
               or attribute_problem(node.attr, support, node.op_type, node.domain,
-                                   _data_rank(node))
+                                   _data_rank(node), (opsets or {}).get(node.domain))
               or _output_problem(node, support, device.name)
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
     return (None, reason) if reason else (support.engine, None)
 
 
-def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str | None]:
+def _fit_function(node: Node, function, device: Device,
+                  opsets: dict) -> tuple[str | None, str | None]:
     # The body's ops run as one fused vector kernel: each must exist for the dtypes it reads
     # and writes inside the body (a Cast to double, a comparison's bool) and take the call's
     # rank (an elementwise body's tensors have the call's) and its attributes.
@@ -89,7 +94,8 @@ def _fit_function(node: Node, function, device: Device) -> tuple[str | None, str
         if support.max_rank is not None and rank is not None and rank > support.max_rank:
             return None, f"rank {rank} above {support.op}'s limit {support.max_rank} {where}"
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
-        problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain, rank)
+        problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain, rank,
+                                    opsets.get(inner.domain))
         if problem:
             return None, f"{problem} {where}"
         engine = engine or support.engine
@@ -181,16 +187,16 @@ def _rank_problem(node: Node, support: OpSupport) -> str | None:
 
 
 def attribute_problem(attr, support: OpSupport, op_type: str, domain: str,
-                      rank: int | None = None) -> str | None:
-    """Why an attribute value (`attr(name)`, None when not set: its schema default) is not one
-    the kernel takes for a data input of `rank`."""
+                      rank: int | None = None, opset: int | None = None) -> str | None:
+    """Why an attribute value (`attr(name)`, None when not set: its schema default at `opset`,
+    None: the newest) is not one the kernel takes for a data input of `rank`."""
     at_rank = rank is not None and rank in support.rank_attributes
     for name, allowed in support.attributes_at(rank).items():
         value = attr(name)
         if value is None:
             # The default: a profile that allows Resize's linear mode alone does not take an
             # unset mode, which is nearest.
-            value = _schema_default(op_type, domain, name)
+            value = _schema_default(op_type, domain, name, opset)
             if value is None:
                 continue
         if isinstance(value, bytes):
@@ -207,10 +213,12 @@ def attribute_problem(attr, support: OpSupport, op_type: str, domain: str,
 
 
 @functools.lru_cache(maxsize=None)
-def _schema_default(op_type: str, domain: str, name: str):
-    """The default ONNX's newest schema of the op gives the attribute (None: none known)."""
+def _schema_default(op_type: str, domain: str, name: str, opset: int | None = None):
+    """The default the op's schema at `opset` (None: the newest) gives the attribute (None:
+    none known)."""
     try:
-        schema = onnx.defs.get_schema(op_type, domain=domain)
+        schema = onnx.defs.get_schema(op_type, opset, domain) if opset is not None \
+            else onnx.defs.get_schema(op_type, domain=domain)
     except onnx.defs.SchemaError:
         return None
     attribute = schema.attributes.get(name)

@@ -145,8 +145,8 @@ def _lm_targets(ref: np.ndarray, feeds: dict) -> tuple[slice, np.ndarray, str]:
 
 
 # The report runs on this many calibration samples at most and shows each output's worst cosine
-# (top-1 and perplexity pooled over them all): one sample can hide a flip (Mask2Former's fp16 mask threshold: cosine 0.999998 on the first image,
-# 0.89 on the second).
+# (top-1 and perplexity pooled over them all): one sample can hide a flip (Mask2Former's fp16
+# mask threshold: cosine 0.999998 on the first image, 0.89 on the second).
 REPORT_SAMPLES = 8
 
 

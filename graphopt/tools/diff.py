@@ -160,7 +160,7 @@ def diff_models(a: Model | ModelProto, b: Model | ModelProto, *, label_a: str = 
                 and not _only_inferred(na, nb)):
             diff.changed.append(NodeChange(nb.name, na.name, na.qualified_op, nb.qualified_op,
                                            before, after, scope))
-        elif na.name and nb.name and na.name != nb.name:
+        elif na.name != nb.name:  # a name cleared or given selects otherwise too
             diff.renamed.append((scope, na.name, nb.name))
     diff.removed = [NodeEntry(n.name, n.qualified_op, format_node(n), s) for s, n in only_a]
     diff.added = [NodeEntry(n.name, n.qualified_op, format_node(n), s) for s, n in only_b]

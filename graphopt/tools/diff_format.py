@@ -50,8 +50,8 @@ def format_diff(diff: GraphDiff, limit: int = 40) -> str:
 
     if diff.renamed:
         out += ["", f"renamed nodes ({len(diff.renamed)}), alike but for their names:"]
-        out.extend(f"  {one_line(scope)}{one_line(a)} -> {one_line(b)}"
-                   for scope, a, b in _head(diff.renamed, limit))
+        out.extend(f"  {one_line(scope)}{one_line(a or '(unnamed)')} -> "
+                   f"{one_line(b or '(unnamed)')}" for scope, a, b in _head(diff.renamed, limit))
         out.extend(_more(diff.renamed, limit))
 
     for title, column, changes in (("graph inputs/outputs", "value", diff.io_changed),

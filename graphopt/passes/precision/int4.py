@@ -113,8 +113,8 @@ def _plan(node: Node) -> _Plan | str:
             return f"{node.op_type} with transA or a batch transpose"
         data = (data.T if node.attr("transB", 0) else data) * np.float32(node.attr("alpha", 1.0))
     n, k, itemsize = data.shape[1], data.shape[0], a.dtype.numpy.itemsize
-    if -(-k // MIN_BLOCK) * MIN_BLOCK // 2 + itemsize + 1 >= k * itemsize:
-        # A column of K = 1 took 13 bytes for its 4: "0.00 MiB → 0.00 MiB (225% larger)".
+    if column_bytes(k, MIN_BLOCK, itemsize) >= k * itemsize:
+        # A column of K = 1 took 12.5 bytes for its 4: "0.00 MiB → 0.00 MiB (225% larger)".
         return (f"K = {k}: a 4-bit block of {MIN_BLOCK}, its scale and zero point take more "
                 "bytes than the column it holds")
     if node.op_type == "Gemm":
@@ -437,12 +437,14 @@ def block_for(k: int, group: int, scale_bytes: int) -> int:
     stores fewer bytes per column. K is zero-padded to a whole number of blocks, so a block
     that does not divide K (or exceeds it) packs padding: K = 768 in blocks of 512 stores
     1024 rows, in blocks of 256 exactly 768. Smaller blocks are never less accurate."""
-    def column_bytes(block: int) -> float:
-        blocks = -(-k // block)
-        return blocks * (block / 2 + scale_bytes + 0.5)  # 4-bit values, scale, 4-bit zero point
-
     candidates = [b for b in (1 << e for e in range(4, group.bit_length())) if b <= group]
-    return min(reversed(candidates), key=column_bytes)
+    return min(reversed(candidates), key=lambda block: column_bytes(k, block, scale_bytes))
+
+
+def column_bytes(k: int, block: int, scale_bytes: int) -> float:
+    """What one column of `k` rows takes in blocks of `block`: 4-bit values (K zero-padded to
+    whole blocks), a scale and a 4-bit zero point per block."""
+    return -(-k // block) * (block / 2 + scale_bytes + 0.5)
 
 
 def _initializers(graph, w: Value, quant) -> tuple[Value, Value, Value | None]:
