@@ -747,3 +747,22 @@ def test_a_sparse_weight_travels_with_its_readers_not_from_the_caller(tmp_path):
     feeds = {"x": np.ones((3, 4), np.float32), "s": np.array(["a", "b"], dtype=object)}
     expected = numerics.run(proto, feeds)
     np.testing.assert_array_equal(session.run(feeds)["y"], expected["y"])
+
+
+def test_a_depthwise_conv_net_with_a_host_head_keeps_its_npu_partition():
+    # Each depthwise conv was priced as one GEMM per channel, 12x a 1×1 conv beside it: with a
+    # TopK on the host, the island rule returned the whole MobileNetV2 to the CPU on the 310.
+    proto = zoo.build("mobilenetv2")
+    graph = proto.graph
+    graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    graph.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "k"))
+    graph.node.append(onnx.helper.make_node("TopK", [graph.output[0].name, "k"],
+                                            ["values", "indices"], axis=1))
+    del graph.output[:]
+    graph.output.extend([onnx.helper.make_tensor_value_info("values", onnx.TensorProto.FLOAT,
+                                                            [1, 5]),
+                         onnx.helper.make_tensor_value_info("indices", onnx.TensorProto.INT64,
+                                                            [1, 5])])
+    result = graphopt.optimize(proto, target="ascend310")
+    assert [(p.device, len(p.nodes)) for p in result.partitioning.partitions][-1] == ("cpu", 1)
+    assert result.partitioning.partitions[0].device == "npu"

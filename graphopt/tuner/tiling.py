@@ -2,7 +2,10 @@
 
 A cube op is a batch of GEMMs C[M,N] = A[M,K]·B[K,N]; Conv runs as an implicit GEMM
 (im2col): M = N·Ho·Wo, K = Cin/group·kh·kw, N = Cout/group, with `group` as the batch;
-ConvTranspose as the conv over its stride-dilated input that CANN runs (the same formula).
+ConvTranspose as the conv over its stride-dilated input that CANN runs (the same formula). A
+grouped conv's groups are packed as CANN's Conv2D packs them (group_enlargement): groups of a
+few channels each share one GEMM of block-diagonal weights, so a depthwise conv of 144
+channels is 9 GEMMs 16 channels wide, not 144 one channel wide.
 
 A `Tiling` cuts C into base_m × base_n output tiles, each accumulated over ceil(K/base_k)
 K-steps of an A tile (base_m × base_k) and a B tile (base_k × base_n). Per AI core:
@@ -233,8 +236,23 @@ def _conv_shape(attrs: dict, x: tuple, w: tuple, dtype: str, out: tuple | None) 
         else:
             spatial = [(d + pads[i] + pads[i + len(kernel)] - dilations[i] * (kernel[i] - 1) - 1)
                        // strides[i] + 1 for i, d in enumerate(x[2:])]
-    return GemmShape(group, x[0] * math.prod(spatial), w[1] * math.prod(kernel), w[0] // group,
-                     dtype)
+    enlarge = group_enlargement(group, w[1], w[0] // group, dtype)
+    return GemmShape(-(-group // enlarge), x[0] * math.prod(spatial),
+                     enlarge * w[1] * math.prod(kernel), enlarge * (w[0] // group), dtype)
+
+
+def group_enlargement(group: int, cin: int, cout: int, dtype: str) -> int:
+    """How many groups of `cin` input and `cout` output channels CANN's Conv2D packs into one
+    GEMM (its group extension): enough that the packed channels fill a cube's C0 (16, 32 for
+    int8) on the input side and 16 on the output side, at most every group. Priced one narrow
+    GEMM per group, a depthwise conv took 12x the time of the 1×1 conv beside it, and the
+    partitioner returned whole MobileNets to the host."""
+    if group <= 1 or cin <= 0 or cout <= 0:
+        return 1
+    c0 = 32 if cube_dtype(dtype) == "int8" else 16
+    by_input = math.lcm(cin, c0) // cin
+    by_output = math.lcm(cout, 16) // cout
+    return min(math.lcm(by_input, by_output), group)
 
 
 def _conv_transpose_shape(attrs: dict, x: tuple, w: tuple, dtype: str,
