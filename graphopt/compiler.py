@@ -518,16 +518,18 @@ def _partition(result: OptimizeResult, target, options: Options, memory_reorder:
     each one's memory, into `result`."""
     from graphopt.codegen.split import partition_ir
     from graphopt.partition import partition
-    from graphopt.partition.precision_fit import check_host_bfloat16, quantized_fallback_note
+    from graphopt.partition.precision_fit import (check_host_bfloat16, host_float16_note,
+                                                  quantized_fallback_note)
     from graphopt.partition.report import dynamic_hint
     from graphopt.partition.target import as_given
 
     model = result.model
     result.partitioning = partition(model, target)
     check_host_bfloat16(result.partitioning, options, model)
-    note = quantized_fallback_note(result.partitioning, options)
-    if note:
-        result.notes.append(note)
+    for note in (quantized_fallback_note(result.partitioning, options),
+                 host_float16_note(result.partitioning, options, model)):
+        if note:
+            result.notes.append(note)
     dynamic = dynamic_hint(model, result.partitioning, result.log)
     if dynamic:  # ATC takes static shapes only: say why the NPU got less than it could
         result.notes.append(f"{setting('target', as_given(target))}: {dynamic}")

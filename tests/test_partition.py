@@ -749,6 +749,17 @@ def test_a_sparse_weight_travels_with_its_readers_not_from_the_caller(tmp_path):
     np.testing.assert_array_equal(session.run(feeds)["y"], expected["y"])
 
 
+def test_fp16_names_the_host_partitions_float16_ops_the_cpu_provider_emulates():
+    # ConvertPrecision's note spoke of the placement before the partitioner returned islands
+    # to the host: a model all on the host got a note naming TopK alone, or none.
+    proto = conv_head("""values, indices = TopK <axis = 1> (scores, k)""", "values, indices")
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([4], np.int64), "k"))
+    notes = graphopt.optimize(proto, target="ascend310", precision="fp16").notes
+    (note,) = [n for n in notes if "behind Casts" in n]
+    assert note.startswith("precision='fp16' target='ascend310': the host partitions compute ")
+    assert "TopK" in note
+
+
 def test_a_depthwise_conv_net_with_a_host_head_keeps_its_npu_partition():
     # Each depthwise conv was priced as one GEMM per channel, 12x a 1×1 conv beside it: with a
     # TopK on the host, the island rule returned the whole MobileNetV2 to the CPU on the 310.

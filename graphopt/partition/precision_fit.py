@@ -138,14 +138,43 @@ def _elem_name(info) -> str | None:
     return dtype_name(elem) if elem else None
 
 
-def _host_runs(device, node, model) -> bool:
+def _host_runs(device, node, model, dtype: str = "bfloat16") -> bool:
     binds = None
     version = model.opset(node.domain)
     if device.kernel_source == "onnxruntime" and version is not None:
         binds = cpu_kernel_binds(node.op_type, node.domain, version,
                                  [_dtype_name(v) for v in node.inputs],
                                  [_dtype_name(v) for v in node.outputs])
-    return device.has_kernel(node.op_type, node.domain, "bfloat16") if binds is None else binds
+    return device.has_kernel(node.op_type, node.domain, dtype) if binds is None else binds
+
+
+def host_float16_note(partitioning, options, model) -> str | None:
+    """The note of a float16 compile for an NPU whose host partitions hold float16 ops that
+    onnxruntime's CPU provider has no float16 kernel for: it runs them in float32 behind Casts.
+    ConvertPrecision's own note speaks of the nodes the NPU did not take; the partitioner
+    returns more to the host later (islands not worth their copies: a whole MobileNet once)."""
+    target = partitioning.target
+    if "fp16" not in options.precision or target.device(target.primary).kind == "cpu":
+        return None
+    functions = {(f.domain, f.name) for f in model.functions}
+    emulated: Counter = Counter()
+    for part in partitioning.partitions:
+        device = target.device(part.device)
+        if device.kind != "cpu" or device.kernel_source != "onnxruntime":
+            continue
+        for node in part.nodes:
+            if node.op_type == "Cast" or (node.domain, node.op_type) in functions \
+                    or not _reads_or_writes(node, DType.FLOAT16):
+                continue
+            if not _host_runs(device, node, model, "float16"):
+                emulated[node.qualified_op] += 1
+    if not emulated:
+        return None
+    ops = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in sorted(emulated.items()))
+    return (f"{setting('precision', options.precision)} {setting('target', as_given(target))}: "
+            f"the host partitions compute {ops} in float16, which onnxruntime's CPU provider "
+            "runs in float32 behind Casts it adds when loading the model: half the weight "
+            "bytes there, not faster")
 
 
 def _dtype_name(value) -> str | None:

@@ -258,7 +258,9 @@ class ConvertPrecision(Pass):
                      f"the {half.short} range clipped to its largest finite value (in {names})")
         if flushed:
             ctx.note(_flushed_note(flushed, half))
-        if support.emulated:
+        # For an NPU, the partitioner's note names them once it knows what the host runs.
+        npu = ctx.target is not None and ctx.target.device(ctx.target.primary).kind == "npu"
+        if support.emulated and not npu:
             ctx.note(f"{options.precision}: onnxruntime's CPU provider has no float16 kernel for "
                      f"{', '.join(sorted(support.emulated))}; it runs them in float32 behind "
                      "Casts it adds when loading the model: half the weight bytes, not faster, "
