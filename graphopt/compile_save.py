@@ -130,12 +130,15 @@ def _check_not_weights_file(models: list, path: str) -> None:
 def _recorded_extra(model: Model | ModelProto) -> dict:
     """What the model's metadata records for compare and inspect, as an .om's extra keeps it
     (every profile of a --dynamic-dims compile records the same)."""
-    from graphopt.tools.accuracy_rule import marked_lossy
+    from graphopt.tools.accuracy_rule import PRECISION_KEY, marked_lossy
 
     extra = {}
     lossy = marked_lossy(model.metadata_props)
     if lossy:  # for compare: a model made lossy by an earlier compile, the pass log cannot say
         extra["lossy_passes"] = lossy
+    mode = dict(model.metadata_props).get(PRECISION_KEY) if isinstance(model, Model) else None
+    if mode:  # for inspect and the report: fp16 and mixed-fp16 read alike in the pass log
+        extra["precision_mode"] = mode
     cut = cut_outputs(model.metadata_props)
     if cut:  # for compare: outputs of the source that --out-nodes cut off, not lost ones
         extra[EXTRA_CUT] = cut

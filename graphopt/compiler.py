@@ -462,7 +462,7 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
         ctx.note(f"graph output(s) declared otherwise than computed, now declared as computed "
                  f"(onnxruntime warns of such a declaration and returns what it computes): "
                  f"{'; '.join(corrected)}")
-    _mark_lossy(source.model, log, target)
+    _mark_lossy(source.model, log, target, options.precision)
     _drop_unused_domains(source.model, source.domains)
     if not options.input_shapes:  # pinned, check_pinned_shapes and check_compiled_loads do
         check_runs_at_its_shapes(source.model, source.label)
@@ -545,11 +545,13 @@ def _with_image_hint(exc: Exception, aipp) -> Exception:
                      "and it calibrates on them: give frames, not preprocessed tensors)")
 
 
-def _mark_lossy(model: Model, log: PassLog, target) -> None:
+def _mark_lossy(model: Model, log: PassLog, target, precision: str) -> None:
     """Name the lossy precision passes that changed the model in its metadata, so that compare
-    judges an optimized .onnx (which carries no pass log) as it judges an .om, and the kind of
-    device they were made for when it is an NPU (accuracy_rule.deployed_level)."""
-    from graphopt.tools.accuracy_rule import LOSSY_DEVICE_KEY, LOSSY_KEY, lossy_passes, marked_lossy
+    judges an optimized .onnx (which carries no pass log) as it judges an .om, the kind of
+    device they were made for when it is an NPU (accuracy_rule.deployed_level), and the
+    precision mode ConvertPrecision ran (fp16 and mixed-fp16 read alike otherwise)."""
+    from graphopt.tools.accuracy_rule import (LOSSY_DEVICE_KEY, LOSSY_KEY, PRECISION_KEY,
+                                              lossy_passes, marked_lossy)
 
     lossy = lossy_passes(log.to_json()["passes"])
     if lossy:
@@ -557,5 +559,7 @@ def _mark_lossy(model: Model, log: PassLog, target) -> None:
         model.metadata_props[LOSSY_KEY] = ",".join(dict.fromkeys(known + lossy))
         if target is not None and target.device(target.primary).kind == "npu":
             model.metadata_props[LOSSY_DEVICE_KEY] = "npu"
+        if "ConvertPrecision" in lossy:
+            model.metadata_props[PRECISION_KEY] = precision
 
 

@@ -371,7 +371,8 @@ def test_inspect_names_the_precision_and_the_weights_by_type(tmp_path, capsys):
     np.savez(tmp_path / "cal.npz", x=rng.standard_normal((4, 64)).astype(np.float32))
     lines = {}
     for name, flags in (("float", []), ("int8", ["--quantize", "int8", "--quantize-ends",
-                                                 "--calibration", tmp_path / "cal.npz"])):
+                                                 "--calibration", tmp_path / "cal.npz"]),
+                        ("mixed", ["--precision", "mixed-fp16", "--no-accuracy-report"])):
         path = tmp_path / f"{name}.om"
         rc, _, err = cli(capsys, "optimize", tmp_path / "m.onnx", "-o", path, *flags)
         assert rc == 0, err
@@ -380,6 +381,8 @@ def test_inspect_names_the_precision_and_the_weights_by_type(tmp_path, capsys):
     assert lines["float"].endswith("as the source (no lossy precision pass); weights f32 16.0 KiB")
     # The int8 weight and its zero points; float32 scales per column.
     assert lines["int8"].endswith("QuantizeInt8 (lossy); weights i8 4.1 KiB, f32 256 B")
+    # The mode: fp16 and mixed-fp16 read alike ("ConvertPrecision (lossy)").
+    assert "ConvertPrecision mixed-fp16 (lossy); weights f16 8.0 KiB" in lines["mixed"]
 
 
 def test_table_cells_show_control_characters_escaped():

@@ -220,7 +220,10 @@ def precision_line(artifact: OmArtifact) -> str:
     from graphopt.tools.accuracy_rule import lossy_passes, pass_log_of_om
 
     lossy = lossy_passes(pass_log_of_om(artifact))
-    head = f"{' and '.join(lossy)} (lossy)" if lossy else "as the source (no lossy precision pass)"
+    mode = artifact.extra.get("precision_mode")
+    names = [f"{name} {mode}" if name == "ConvertPrecision" and isinstance(mode, str) else name
+             for name in lossy]
+    head = f"{' and '.join(names)} (lossy)" if lossy else "as the source (no lossy precision pass)"
     weights = weight_bytes_by_dtype(artifact)
     if not weights:
         return head
@@ -540,7 +543,7 @@ def format_om(artifact: OmArtifact) -> str:
     parts.append(_format_pass_log(artifact.pass_log))
 
     extra = dict(artifact.extra)
-    for shown_above in (EXTRA_CUT, EXTRA_PREPROCESS, EXTRA_IO_TYPES):  # in the header
+    for shown_above in (EXTRA_CUT, EXTRA_PREPROCESS, EXTRA_IO_TYPES, "precision_mode"):  # above
         extra.pop(shown_above, None)
     # Each profile's own shapes, tilings and estimates, when there are several.
     kernels = dict(profile_kernel_configs(artifact)) if len(artifact.profiles) > 1 else {}

@@ -18,6 +18,8 @@ LOSSY_KEY = "graphopt.lossy_passes"
 # The kind of device a lossy compile was made for ("npu" when its target's primary device is
 # one): where its int8 layers will run.
 LOSSY_DEVICE_KEY = "graphopt.lossy_device"
+# The --precision mode ConvertPrecision ran, for inspect and the report.
+PRECISION_KEY = "graphopt.precision_mode"
 
 
 def marked_lossy(props) -> list[str]:
