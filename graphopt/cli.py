@@ -17,7 +17,7 @@ from graphopt.cli_bisect import add_bisect_parser
 from graphopt.cli_calibrate import add_calibrate_parser
 from graphopt.cli_compare import add_compare_parser
 from graphopt.cli_diff import add_diff_parser
-from graphopt.cli_optimize import add_optimize_parser
+from graphopt.cli_optimize import COMMON_EXAMPLES, add_optimize_parser
 from graphopt.cli_partition import add_partition_parser
 from graphopt.cli_passes import add_passes_parser
 from graphopt.cli_profile import add_profile_parser
@@ -102,13 +102,8 @@ def _precision_hint(message: str) -> str:
     return ""
 
 
-EXAMPLES = """examples:
-  graphopt optimize model.onnx -o model.om
-  graphopt optimize model.onnx -o model.opt.onnx -O3 --verify
-  graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
-  graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
-  graphopt optimize bert.onnx -o bert.om --dynamic-dims "batch_size:1,8;sequence_length:128,512"
-  graphopt partition model.onnx --target ascend310
+EXAMPLES = f"""examples:
+{COMMON_EXAMPLES}  graphopt partition model.onnx --target ascend310
   graphopt targets ascend910b
   graphopt tune model.onnx --target ascend310 --tuning-db tuning.db --trials 50
   graphopt inspect model.om

@@ -14,13 +14,15 @@ from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 
-EXAMPLES = """examples:
-  graphopt optimize model.onnx -o model.om
+# The first also head the top-level --help's examples.
+COMMON_EXAMPLES = """  graphopt optimize model.onnx -o model.om
   graphopt optimize model.onnx -o model.opt.onnx -O3 --verify
   graphopt optimize bert.onnx -o bert.om --input-shape "input_ids:1,128;attention_mask:1,128"
   graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
   graphopt optimize bert.onnx -o bert.om --dynamic-dims "batch_size:1,8;sequence_length:128,512"
-  graphopt optimize resnet.onnx -o resnet.om --quantize int8 --calibration calib.npz
+"""
+EXAMPLES = f"""examples:
+{COMMON_EXAMPLES}  graphopt optimize resnet.onnx -o resnet.om --quantize int8 --calibration calib.npz
   graphopt optimize yolo.onnx -o yolo.om --out-nodes "boxes;scores"
 """
 

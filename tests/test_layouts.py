@@ -31,6 +31,14 @@ def layout_of(proto, **options):
     return layout
 
 
+def _conv_relu() -> onnx.ModelProto:
+    return build("""
+        g (float[1,32,28,28] x) => (float[1,32,28,28] y) {
+            a = Conv <pads = [1,1,1,1]> (x, w1)
+            y = Relu (a)
+        }""", w1=weight(32, 32, 3, 3))
+
+
 def conversions(layout) -> list[tuple[str, str, str]]:
     return sorted((t["tensor"], t["from"], t["to"]) for t in layout.transdata)
 
@@ -110,11 +118,7 @@ def test_an_npu_without_a_cube_engine_keeps_its_tensors_nd(tmp_path):
             {"name": "cpu", "kind": "cpu", "providers": ["CPUExecutionProvider"],
              "ops": "onnxruntime", "peak_ops_per_s": {"float32": 1e11},
              "memory_bandwidth": 1e10, "launch_overhead_s": 1e-6}]}))
-    proto = build("""
-        g (float[1,32,28,28] x) => (float[1,32,28,28] y) {
-            a = Conv <pads = [1,1,1,1]> (x, w1)
-            y = Relu (a)
-        }""", w1=weight(32, 32, 3, 3))
+    proto = _conv_relu()
     result = graphopt.optimize(proto, target=str(profile), level=1)
     assert [p.device for p in result.partitioning.partitions] == ["npu"]
     assert result.partitioning.layouts == {}
@@ -149,11 +153,7 @@ def test_a_conv_a_profile_runs_on_its_vector_engine_gets_no_fractal_format_nor_t
     doc["name"] = "conv_on_vector"
     path = tmp_path / "board.json"
     path.write_text(json.dumps(doc))
-    proto = build("""
-        g (float[1,32,28,28] x) => (float[1,32,28,28] y) {
-            a = Conv <pads = [1,1,1,1]> (x, w1)
-            y = Relu (a)
-        }""", w1=weight(32, 32, 3, 3))
+    proto = _conv_relu()
     result = graphopt.optimize(proto, target=str(path), level=1)
     (layout,) = result.partitioning.layouts.values()
     assert layout.weights == {} and layout.formats == {} and layout.transdata == []
