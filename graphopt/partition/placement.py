@@ -19,6 +19,7 @@ import onnx
 
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import Model, Node, Value
+from graphopt.partition.body_types import body_types
 from graphopt.partition.quant_fit import qdq_problem
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def _fit_function(node: Node, function, device: Device,
     # The body's ops run as one fused vector kernel: each must exist for the dtypes it reads
     # and writes inside the body (a Cast to double, a comparison's bool) and take the call's
     # rank (an elementwise body's tensors have the call's) and its attributes.
-    dtypes = _body_dtypes(node, function)
+    dtypes = body_types(node, function) or {}
     rank = max((len(v.shape) for v in _tensors(node) if v.shape is not None), default=None)
     engine = None
     for inner in function.node:
@@ -101,34 +102,6 @@ def _fit_function(node: Node, function, device: Device,
         engine = engine or support.engine
     reason = _shape_problem(node, device)
     return (None, reason) if reason else (engine, None)
-
-
-# Ops whose result is bool whatever they compare: inside a fused group, what the next op reads.
-_BOOL_RESULT = frozenset({"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And",
-                          "Or", "Xor", "Not", "IsNaN", "IsInf"})
-
-
-def _body_dtypes(node: Node, function) -> dict[str, str | None]:
-    """The dtype of every value of a fused group's body, carried from the call's inputs: a
-    Cast's is its `to`, a comparison's bool, Where's its branches', another op's its data's."""
-    known = {name: (dtype_name(int(value.dtype)) if value is not None and value.dtype else None)
-             for name, value in zip(function.input, node.inputs)}
-    for inner in function.node:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
-        reads = [known.get(name) for name in inner.input]
-        if inner.op_type == "Cast" and "to" in attrs:
-            result = dtype_name(int(attrs["to"]))
-        elif inner.op_type == "Constant" and isinstance(attrs.get("value"), onnx.TensorProto):
-            result = dtype_name(attrs["value"].data_type)
-        elif inner.op_type in _BOOL_RESULT:
-            result = "bool"
-        else:  # Where's branches, CastLike's target, or the data it computes on
-            index = 1 if inner.op_type in ("Where", "CastLike") else 0
-            result = reads[index] if len(reads) > index else None
-            result = result or next((dtype for dtype in reads if dtype), None)
-        for name in inner.output:
-            known[name] = result
-    return known
 
 
 def _data_rank(node: Node) -> int | None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-import onnx
-
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import OptionError
 from graphopt.ir import DType
 from graphopt.option_names import option, setting
+from graphopt.partition.body_types import body_types
 from graphopt.partition.target import as_given
 from graphopt.partition.target_ort import cpu_kernel_binds
 
@@ -94,7 +93,7 @@ def _body_lacking(device, node, function) -> list[str] | None:
     """The ops of `function`'s body (called by `node`) that read or write bfloat16 and that the
     host has no kernel for at their dtypes, named as inside the call; None when the body's
     types do not follow from the call's (the call is then judged as one op)."""
-    types = _body_types(node, function)
+    types = body_types(node, function)
     if types is None:
         return None
     versions = {o.domain: o.version for o in function.opset_import}
@@ -112,30 +111,6 @@ def _body_lacking(device, node, function) -> list[str] | None:
             op = inner.op_type if not domain else f"{domain}::{inner.op_type}"
             lacking.append(f"{op} (inside {node.qualified_op})")
     return lacking
-
-
-def _body_types(node, function) -> dict[str, str | None] | None:
-    """Value name -> dtype name of a function body's values, inferred from the call's input
-    dtypes; None when inference fails."""
-    if any(v is not None and v.dtype is None for v in node.inputs):
-        return None
-    graph = onnx.helper.make_graph(
-        list(function.node), "body",
-        [onnx.helper.make_tensor_value_info(name, int(v.dtype), None)
-         for name, v in zip(function.input, node.inputs) if v is not None],
-        [onnx.ValueInfoProto(name=name) for name in function.output])
-    proto = onnx.helper.make_model(graph, opset_imports=list(function.opset_import))
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True).graph
-    except Exception:  # noqa: BLE001 - a body inference cannot type is judged as one op
-        return None
-    return {v.name: _elem_name(v) for v in (*inferred.input, *inferred.value_info,
-                                            *inferred.output)}
-
-
-def _elem_name(info) -> str | None:
-    elem = info.type.tensor_type.elem_type if info.type.HasField("tensor_type") else 0
-    return dtype_name(elem) if elem else None
 
 
 def _host_runs(device, node, model, dtype: str = "bfloat16") -> bool:
