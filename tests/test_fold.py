@@ -790,7 +790,7 @@ def test_failing_constant_node_that_no_output_reads_is_not_an_error():
 def test_failing_constant_node_stops_optimize_without_a_pass_name_in_front():
     with pytest.raises(InputError) as caught:
         graphopt.optimize(parse(OUT_OF_RANGE))
-    assert str(caught.value).startswith("Gather node ")
+    assert str(caught.value).startswith("node writing 'picked' (Gather) fails on its constant ")
 
 
 # -------------------------------------------------------------------------------------------
