@@ -21,10 +21,9 @@ COMMON_EXAMPLES = """  graphopt optimize model.onnx -o model.om
   graphopt optimize model.onnx -o model.om --target ascend310 --input-shape "x:1,3,224,224"
   graphopt optimize bert.onnx -o bert.om --dynamic-dims "batch_size:1,8;sequence_length:128,512"
 """
-EXAMPLES = f"""examples:
-{COMMON_EXAMPLES}  graphopt optimize resnet.onnx -o resnet.om --quantize int8 --calibration calib.npz
-  graphopt optimize yolo.onnx -o yolo.om --out-nodes "boxes;scores"
-"""
+EXAMPLES = ("examples:\n" + COMMON_EXAMPLES
+            + "  graphopt optimize resnet.onnx -o resnet.om --quantize int8 --calibration c.npz\n"
+            + '  graphopt optimize yolo.onnx -o yolo.om --out-nodes "boxes;scores"\n')
 
 
 def add_optimize_parser(sub) -> None:
