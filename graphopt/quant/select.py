@@ -163,22 +163,15 @@ def _nonfinite_weight(node: Node) -> bool:
     return weight is not None and weight.dtype.kind == "f" and not np.isfinite(weight).all()
 
 
-def _computed_from_constants(value: Value | None) -> bool:
-    """Whether `value` is computed by nodes that read constants only (no graph input, no
-    subgraph), so that constant folding could have made it a weight."""
-    if value is None:
-        return False
-    stack, seen = [value], set()
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen or current.constant() is not None:
-            continue
-        seen.add(id(current))
-        producer = current.producer
-        if producer is None or producer.subgraphs():
-            return False
-        stack.extend(producer.inputs)
-    return True
+def _input_dependent(graph: Graph) -> set[int]:
+    """The ids of the main graph's values a graph input (or a subgraph) reaches, in one pass in
+    graph order: every other computed value, constant folding could have made a weight. A walk
+    back from each layer without a constant weight was quadratic in a transformer's size."""
+    dependent = {id(v) for v in graph.inputs if not v.is_constant}
+    for node in graph:
+        if node.subgraphs() or any(v is not None and id(v) in dependent for v in node.inputs):
+            dependent.update(id(v) for v in node.outputs if v is not None)
+    return dependent
 
 
 def _dequantized(value: Value | None) -> bool:
@@ -189,17 +182,18 @@ def _dequantized(value: Value | None) -> bool:
         and producer.domain in ("", "ai.onnx", "com.microsoft")
 
 
-def _unquantizable(node: Node) -> str | None:
+def _unquantizable(node: Node, dependent: set[int]) -> str | None:
     """Why a Conv, Gemm or MatMul with a constant weight cannot be quantized at all (None for
-    other nodes, and for reasons as plain as an activation weight)."""
+    other nodes, and for reasons as plain as an activation weight); `dependent`:
+    _input_dependent's."""
     if not node.is_onnx or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
         return None
     data, weight = node.inputs[0], node.inputs[1].constant()
     if node.op_type == "MatMul" and weight is None and data is not None \
             and _const(data) is not None:  # W · X: without this, "the model has no MatMul…"
         return "MatMul whose constant is its first operand (int8 quantizes W in X · W)"
-    if weight is None and data is not None and not _dequantized(node.inputs[1]) \
-            and _computed_from_constants(node.inputs[1]):
+    if weight is None and data is not None and node.inputs[1] is not None \
+            and not _dequantized(node.inputs[1]) and id(node.inputs[1]) not in dependent:
         # A light model's ConstantOfShape weights: the layer looked quantized, and was not.
         return (f"{node.op_type} whose weight is computed at run time from constants (folding "
                 f"left it: larger than {option('fold_size_limit')}, or of an op it cannot "
@@ -375,8 +369,9 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
             candidates.append((node, how))
     # Layers no form can quantize say why: a compile that quantized nothing is no puzzle.
     taken = {id(node) for node, _ in quantizable}
+    dependent = _input_dependent(graph)
     for node in nodes:
-        why = _unquantizable(node) if id(node) not in taken else None
+        why = _unquantizable(node, dependent) if id(node) not in taken else None
         if node.op_type in INTEGER_OPS and node.domain in ("", "ai.onnx", "com.microsoft"):
             why = f"already an integer op ({node.op_type})"
         if why:
