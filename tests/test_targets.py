@@ -787,3 +787,18 @@ def test_an_npu_without_a_cube_prices_its_matmuls_on_their_engine(tmp_path, caps
     rc, _, err = run_cli(capsys, "tune", model, "--target", profile, "--trials", "1",
                          "--tuning-db", tmp_path / "kb.db")
     assert rc == 1 and "no NPU cube kernel" in err and "internal error" not in err, err
+
+
+def test_on_cube_follows_a_dtypes_engine(tmp_path):
+    # An int8 MatMul a profile sends to its vector engine was tiled and laid out as a cube op:
+    # on_cube asked the op's home engine alone.
+    from graphopt.cli_targets import target_json
+
+    doc = target_json(load_target("ascend310"))
+    npu = next(d for d in doc["devices"] if d["name"] == "npu")
+    npu["engines"]["cube"]["ops"]["MatMul"]["engine_for"] = {"int8": "vector"}
+    doc["name"] = "int8_on_vector"
+    target, _ = _load(tmp_path, doc)
+    device = target.device("npu")
+    assert device.on_cube("MatMul") and device.on_cube("MatMul", "", "float16")
+    assert not device.on_cube("MatMul", "", "int8")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from graphopt.ir import Node, Value
+from graphopt.partition.placement import data_dtype
 
 if TYPE_CHECKING:
     from graphopt.partition.partitioner import Partition, Partitioning
@@ -107,7 +108,7 @@ def _wants(node: Node, index: int, device) -> str:
     op = node.op_type
     value = node.inputs[index]
     rank = len(value.shape) if value is not None and value.shape is not None else None
-    if (op in _CONV or op in _MATMUL) and not device.on_cube(op, node.domain):
+    if (op in _CONV or op in _MATMUL) and not device.on_cube(op, node.domain, data_dtype(node)):
         return ND
     activations, weights = _SPATIAL_FORMATS.get(rank, (ND, ND))
     if op in _CONV:
@@ -124,7 +125,7 @@ def _makes(node: Node, device) -> str:
     out = node.outputs[0]
     rank = len(out.shape) if out is not None and out.shape is not None else None
     if (node.op_type in _CONV or node.op_type in _MATMUL) \
-            and not device.on_cube(node.op_type, node.domain):
+            and not device.on_cube(node.op_type, node.domain, data_dtype(node)):
         return ND
     if node.op_type in _CONV or node.op_type in _SPATIAL:
         return _SPATIAL_FORMATS.get(rank, (ND, ND))[0]

@@ -61,7 +61,7 @@ def _fit(node: Node, device: Device, functions: dict,
     function = functions.get((node.domain, node.op_type))
     if function is not None and device.kind != "cpu":
         return _fit_function(node, function, device, opsets or {})
-    support = device.kernel(node.op_type, node.domain, _data_dtype(node))
+    support = device.kernel(node.op_type, node.domain, data_dtype(node))
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
@@ -116,7 +116,7 @@ def _data_index(op_type: str) -> int:
     return 1 if op_type == "Where" else 0
 
 
-def _data_dtype(node: Node) -> str | None:
+def data_dtype(node: Node) -> str | None:
     """The dtype a kernel is chosen by: its data input's (see _data_index), else the first
     typed input's or output's (an output's for sources)."""
     index = _data_index(node.op_type)

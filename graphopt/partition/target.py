@@ -80,10 +80,11 @@ class Device:
         return support is not None and (dtype is None or not support.dtypes
                                         or dtype in support.dtypes)
 
-    def on_cube(self, op: str, domain: str = "") -> bool:
-        """Whether the device runs `op` on a cube engine: a profile may list Conv or MatMul on
-        its vector engine, where it gets no tiling and no fractal formats."""
-        support = self.kernels.get(op_key(op, domain))
+    def on_cube(self, op: str, domain: str = "", dtype: str | None = None) -> bool:
+        """Whether the device runs `op` (on data of `dtype`, whose engine_for may name another
+        engine) on a cube engine: a profile may list Conv or MatMul on its vector engine, where
+        it gets no tiling and no fractal formats."""
+        support = self.kernel(op, domain, dtype)
         return support is not None and self.engines.get(support.engine) == "cube"
 
     def engine_ops(self, engine: str) -> list[OpSupport]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from graphopt.partition.estimate import value_bytes
+from graphopt.partition.placement import data_dtype
 from graphopt.passes.base import anchor_key
 from graphopt.tuner.cpu_model import host_cost_model
 from graphopt.tuner.npu_model import Estimate, estimate
@@ -85,7 +86,8 @@ def node_estimate(node: Node, device, model: Model | None = None,
             return "group", group_estimate([node], device, model, tiling), tiling
         return "group", group_estimate([node], device, model), None
     # A profile may run them on another engine: priced as that engine's ops, untiled.
-    if node.op_type in CUBE_OPS and device.cube and device.on_cube(node.op_type, node.domain):
+    if node.op_type in CUBE_OPS and device.cube \
+            and device.on_cube(node.op_type, node.domain, data_dtype(node)):
         try:
             shape = gemm_shape(node)
         except ValueError:

@@ -18,6 +18,7 @@ from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CONV_OPS, GemmShape, cube_
                                    group_anchor_shape)
 
 from graphopt.passes.base import anchor_key
+from graphopt.partition.placement import data_dtype
 
 if TYPE_CHECKING:
     from graphopt.ir import Model, Node
@@ -120,7 +121,7 @@ def _runs_on_cube(node: Node, functions: dict, device) -> bool:
     a cube engine."""
     function = functions.get((node.domain, node.op_type))
     if function is None:
-        return device.on_cube(node.op_type, node.domain)
+        return device.on_cube(node.op_type, node.domain, data_dtype(node))
     anchor = next((n for n in function.node if n.op_type in ANCHORS_OF_GROUPS and not n.domain),
                   None)
     return anchor is not None and device.on_cube(anchor.op_type)
