@@ -56,17 +56,17 @@ def _host_engine(target: Target) -> str | None:
 
 
 def _fit(node: Node, device: Device, functions: dict,
-         opsets: dict | None = None) -> tuple[str | None, str | None]:
+         opsets: dict) -> tuple[str | None, str | None]:
     """(engine, None) when `device` runs `node`, else (None, the reason it cannot)."""
     function = functions.get((node.domain, node.op_type))
     if function is not None and device.kind != "cpu":
-        return _fit_function(node, function, device, opsets or {})
+        return _fit_function(node, function, device, opsets)
     support = device.kernel(node.op_type, node.domain, data_dtype(node))
     if support is None:
         return None, f"no {device.name} kernel for {node.qualified_op}"
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
               or attribute_problem(node.attr, support, node.op_type, node.domain,
-                                   _data_rank(node), (opsets or {}).get(node.domain))
+                                   _data_rank(node), opsets.get(node.domain))
               or _output_problem(node, support, device.name)
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
