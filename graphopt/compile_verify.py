@@ -70,10 +70,16 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         except InputError as e:  # an input past numpy's rank, which no --inputs holds either
             raise InputError(f"{option('verify')}: {e}") from None
     else:  # a file that does not fit is the file's fault, not the model's
-        from graphopt.codegen.feeds import check_feeds, typed_inputs
+        from graphopt.codegen.feeds import check_feeds, overridable_inputs, typed_inputs
 
         given = option("inputs") if isinstance(inputs, Mapping) else setting("inputs", inputs)
         label = f"{option('verify')}: {given}"
+        overridden = sorted(set(feeds) & overridable_inputs(original))
+        if overridden:
+            raise InputError(f"{label}: '{overridden[0]}' is an initializer the model lets a "
+                             f"caller override; {option('verify')} checks the compiled model at "
+                             "its value (an .om fixes it and takes no such feed): drop it from "
+                             "the inputs")
         try:
             check_feeds(typed_inputs(original), feeds)
         except InputError as e:

@@ -738,6 +738,38 @@ def test_overridable_initializers_are_named_and_what_each_output_does_with_them(
     assert not [n for n in graphopt.optimize(proto).notes if "override" in n]
 
 
+def test_a_feed_of_an_overridable_initializer_is_explained_by_verify_calibration_and_profile(
+        tmp_path):
+    # Each said "unknown input 'w'" (or "not an input of the model") of an input the source
+    # model declares.
+    from onnx import numpy_helper
+
+    from graphopt.tools.profile import profile_model
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(np.ones((4, 4), np.float32), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": np.ones((2, 4), np.float32), "w": np.full((4, 4), 2, np.float32)}
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    overridden = "'w' is an initializer the model lets a caller override"
+    with pytest.raises(InputError, match=f"^verify: inputs: {overridden}; verify checks"):
+        graphopt.optimize(proto, verify=True, inputs=feeds)
+    with pytest.raises(OptionError, match=f"feeds.npz: {overridden}; calibration runs"):
+        graphopt.optimize(proto, quantize="int8", calibration=tmp_path / "feeds.npz")
+    graphopt.save(graphopt.optimize(proto), tmp_path / "m.om")
+    with pytest.raises(InputError, match="input 'w' is an initializer the source model lets a "
+                                         "caller override, which the .om fixed"):
+        profile_model(tmp_path / "m.om", feeds=tmp_path / "feeds.npz", repeat=1)
+    # Without the override all three run.
+    del feeds["w"]
+    graphopt.optimize(proto, verify=True, inputs=feeds)
+    assert profile_model(tmp_path / "m.om", feeds=feeds, repeat=1)
+
+
 @pytest.mark.parametrize("level, filler", [(1, 0), (2, 0), (3, 0), (2, 2100)])
 def test_an_overridable_shape_is_not_taken_at_its_default(level, filler):
     # Inference sized y from the default [2, 3]: the Reshape looked like a no-op and went,

@@ -387,6 +387,14 @@ def typed_inputs(model: onnx.ModelProto) -> list[dict]:
     return [typed_entry(info) for info in model.graph.input if info.name in fed]
 
 
+def overridable_inputs(model: onnx.ModelProto | None) -> set[str]:
+    """The initializers a caller of `model` may override: those it lists as inputs (IR ≥ 4)."""
+    if model is None or model.ir_version < 4:
+        return set()
+    listed = {vi.name for vi in model.graph.input}
+    return {init.name for init in model.graph.initializer if init.name in listed}
+
+
 def _held_tensor(type_proto: onnx.TypeProto) -> onnx.TypeProto | None:
     """The tensor type a sequence or optional of tensors holds; None for any other type."""
     which = type_proto.WhichOneof("value")

@@ -76,6 +76,7 @@ class CalibrationData:
     count: int
     stack: int = 1          # directory layout: files stacked into one batch (see the docstring)
     given: int = 0          # samples of batch 1 the data holds, when stacked into batches
+    fixed: tuple = ()       # initializers the model lets a caller override: not fed here
 
     def __len__(self) -> int:
         return self.count
@@ -93,7 +94,8 @@ class CalibrationData:
                 yield {s.name: _cast(self.batch[s.name][i], s, self.path) for s in self.specs}
             return
         for group in _groups(self.files, self.stack):
-            samples = [_file_sample(file, self.specs, self.stack) for file in group]
+            samples = [_file_sample(file, self.specs, self.stack, fixed=self.fixed)
+                       for file in group]
             yield {s.name: np.concatenate([sample[s.name] for sample in samples])
                    for s in self.specs}
 
@@ -103,6 +105,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     for the inputs `graph` lists, when it is a list of InputSpec)."""
     path = os.fspath(path)
     specs = graph if isinstance(graph, list) else model_inputs(graph)
+    fixed = () if isinstance(graph, list) else overridden_inputs(graph)
     if not specs:
         raise OptionError(f"{calibration_label(path)}: the model has no inputs to feed")
     if os.path.isdir(path):
@@ -113,15 +116,15 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         # Check the first file up front so a bad layout fails before any inference runs;
         # the others are checked as they are read.
         arrays = _load(files[0])
-        _check_names(arrays, specs, files[0])
+        _check_names(arrays, specs, files[0], fixed)
         stack = _stack_size(arrays, specs)
         _file_sample(files[0], specs, stack, arrays)
         return CalibrationData(path, specs, files, None, -(-len(files) // stack), stack,
-                               len(files) if stack > 1 else 0)
+                               len(files) if stack > 1 else 0, fixed)
     if not os.path.exists(path):
         raise OptionError(f"{calibration_label(path)}: no such file or directory")
     arrays = _load(path)
-    _check_names(arrays, specs, path)
+    _check_names(arrays, specs, path, fixed)
     batch, counts, given = {}, {}, 0
     for s in specs:
         array = arrays[s.name]
@@ -203,12 +206,12 @@ def _groups(files: list[str], size: int) -> Iterator[list[str]]:
 
 
 def _file_sample(file: str, specs: list[InputSpec], stack: int,
-                 arrays: dict | None = None) -> dict[str, np.ndarray]:
+                 arrays: dict | None = None, fixed: tuple = ()) -> dict[str, np.ndarray]:
     """One directory file's arrays, checked; with `stack` > 1, each of batch 1, checked as
     1/stack of the input's batch."""
     if arrays is None:
         arrays = _load(file)
-        _check_names(arrays, specs, file)
+        _check_names(arrays, specs, file, fixed)
     out = {}
     for s in specs:
         spec = s
@@ -224,7 +227,7 @@ def check_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
     file and input at fault rather than after the pipeline, inside the pass that reads it."""
     data = read_calibration(path, graph)
     for file in data.files[1:]:
-        _file_sample(file, data.specs, data.stack)
+        _file_sample(file, data.specs, data.stack, fixed=data.fixed)
     return data
 
 
@@ -272,8 +275,20 @@ def _unpickling(error: Exception) -> str:
             "strings: np.array(values, dtype=str)")
 
 
-def _check_names(arrays: dict, specs: list[InputSpec], file: str) -> None:
+def overridden_inputs(graph: Graph) -> tuple[str, ...]:
+    """The graph inputs that carry an initializer a caller may override: the compile holds
+    them at their values, so calibration data must not feed them."""
+    return tuple(v.name for v in graph.inputs if v.const is not None and v.overridable)
+
+
+def _check_names(arrays: dict, specs: list[InputSpec], file: str, fixed: tuple = ()) -> None:
     names = [s.name for s in specs]
+    overridden = sorted(set(arrays) & set(fixed))
+    if overridden:
+        raise OptionError(f"{calibration_label(file)}: '{overridden[0]}' is an initializer the "
+                          "model lets a caller override; calibration runs the model at its "
+                          "value, as the compile takes it (an .om fixes it and takes no such "
+                          "feed): drop it from the file")
     missing = [n for n in names if n not in arrays]
     if missing:
         raise OptionError(f"{calibration_label(file)}: no array for model input '{missing[0]}' "

@@ -12,7 +12,8 @@ import onnx
 from onnx.external_data_helper import load_external_data_for_model
 
 from graphopt import api_args, numerics
-from graphopt.codegen.feeds import check_feeds, describe, load_npz, typed_inputs
+from graphopt.codegen.feeds import (check_feeds, describe, load_npz, overridable_inputs,
+                                    typed_inputs)
 from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_manifest import file_sha256
 from graphopt.codegen.om_read import is_om
@@ -384,14 +385,6 @@ def _fed(value):
     return np.asarray(value)
 
 
-def _overridable(proto: onnx.ModelProto | None) -> set[str]:
-    """The initializers a caller of `proto` may override: those it lists as inputs (IR ≥ 4)."""
-    if proto is None or proto.ir_version < 4:
-        return set()
-    listed = {vi.name for vi in proto.graph.input}
-    return {init.name for init in proto.graph.initializer if init.name in listed}
-
-
 def _check_retyped_feeds(arrays: dict, candidate: Side, label: str) -> None:
     """InputError naming the compile's --input-fp16-nodes or --insert-op-conf for a feed of
     another dtype than the candidate takes there: the reference is run as that compile edited
@@ -426,9 +419,9 @@ def make_feeds(reference: Side, candidate: Side, feeds, seed: int,
         else:
             arrays = {name: _fed(value) for name, value in feeds.items()}
         _check_retyped_feeds(arrays, candidate, label)
-        overridable = _overridable(reference.proto)
+        overridable = overridable_inputs(reference.proto)
         for side in (reference, candidate):
-            own = _overridable(side.proto)  # an optimized .onnx keeps them overridable too
+            own = overridable_inputs(side.proto)  # an optimized .onnx keeps them overridable too
             try:
                 check_feeds(side.inputs, {k: v for k, v in arrays.items() if k not in own})
             except InputError as exc:

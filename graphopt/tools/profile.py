@@ -19,7 +19,7 @@ from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
 from graphopt.numerics import ort_reason, typed_runner
 from graphopt.option_names import PROFILE_FLAGS, option, setting
-from graphopt.source_marks import extra_preprocessing, inserted_preprocessing
+from graphopt.source_marks import extra_fixed_inputs, extra_preprocessing, inserted_preprocessing
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_stats import ProfileStats
 from graphopt.tools.profile_trace import CONTROL_FLOW, kernel_events, merge_traces, read_trace
@@ -269,7 +269,8 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
     where = path + (f" on {feeds.label}" if isinstance(feeds, _NamedFeeds) else "")
     signature = _random_signature(session, input_shapes) if random else session.inputs
     feeds = _feeds(signature, feeds, input_shapes, seed, path,
-                   extra_preprocessing(session.artifact.extra))
+                   extra_preprocessing(session.artifact.extra),
+                   extra_fixed_inputs(session.artifact.extra))
     artifact = session.artifact
     shape_profile = None
     if artifact.profiles:  # the shape profile these feeds run on; the others' sessions idle
@@ -361,9 +362,11 @@ class _NamedFeeds(dict):
             raise InputError(f"{option('feeds', PROFILE_FLAGS)} {exc}") from None
 
 
-def _feeds(signature, feeds, input_shapes, seed, label, images=()) -> dict[str, np.ndarray]:
+def _feeds(signature, feeds, input_shapes, seed, label, images=(),
+           fixed=()) -> dict[str, np.ndarray]:
     """The caller's feeds checked against the signature, or seeded random ones (`images`: the
-    inputs --insert-op-conf made, frames of every pixel value)."""
+    inputs --insert-op-conf made, frames of every pixel value; `fixed`: the source's inputs an
+    .om fixed, which a feed is told about)."""
     from graphopt.codegen.feeds import BeyondNumpy, check_feeds, npz_holds, random_feeds
 
     if feeds is not None:
@@ -371,7 +374,7 @@ def _feeds(signature, feeds, input_shapes, seed, label, images=()) -> dict[str, 
             raise OptionError(f"{_option('input_shapes')} shapes random inputs; drop it or "
                               f"{_option('feeds')}")
         try:
-            check_feeds(signature, feeds)
+            check_feeds(signature, feeds, fixed)
         except InputError as exc:
             raise InputError(f"{getattr(feeds, 'label', label)}: {exc}") from None
         return dict(feeds)
