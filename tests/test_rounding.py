@@ -197,6 +197,36 @@ def test_a_nan_where_the_original_has_a_number_is_never_rounding():
                                             ["y"], JUDGE) is not None
 
 
+def test_an_overflow_onnxruntimes_own_optimizer_makes_too_is_no_rounding(tmp_path):
+    # MatMul(a·s, b·s) as FusedMatMul(a, b, alpha=s²): a·b overflows where the original's
+    # product of scaled operands does not. onnxruntime's optimizer fuses alike, so its own
+    # error was inf, and --verify, compare and bisect passed the inf as its rounding.
+    from onnx import TensorProto, helper, numpy_helper
+
+    import graphopt
+    from graphopt import numerics
+    from graphopt.errors import VerificationError
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["a", "s"], ["as"]), helper.make_node("Mul", ["b", "s"], ["bs"]),
+         helper.make_node("MatMul", ["as", "bs"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(np.array(1e-10, np.float32), "s")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"a": np.full((1, 2), 1e20, np.float32), "b": np.full((2, 1), 1e20, np.float32)}
+    expected = numerics.run(proto, feeds)
+    assert np.isfinite(expected["y"]).all()
+    assert np.isinf(numerics.run(proto, feeds, "all")["y"]).all()
+    with pytest.raises(VerificationError, match="output 'y'.*max abs err inf"):
+        graphopt.optimize(proto, verify=True, inputs=feeds)
+    # Nor does an infinity where the original has NaN, or -inf for +inf, pass.
+    for want, got in [(np.nan, np.inf), (-np.inf, np.inf)]:
+        assert rounding.within_rounding(proto, feeds, {"y": np.array([want])},
+                                        {"y": np.array([got])}, ["y"], JUDGE) is None
+
+
 def test_infinite_and_largest_weights_keep_their_values():
     # A mask of -inf, or of float32's lowest (-3.4e38), stepped to a finite value or past it
     # (with numpy's overflow warning), is another mask, not rounding.
