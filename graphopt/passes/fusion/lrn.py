@@ -2,7 +2,7 @@ r"""LowerLRN: local response normalization as ops onnxruntime's CPU provider run
 
     LRN(x)[n, c, …] = x / (bias + alpha/size · Σ x[n, i, …]²)^beta,
                        i over the `size` channels around c (fewer at the edges)
-      →  x / Pow(bias + AveragePool(alpha · x², window size × 1 × …, zeros padded), beta)
+      →  x / Pow(bias + AveragePool((√alpha · x)², window size × 1 × …, zeros padded), beta)
 
 The channel window is a pool over a view of the squares with the channels as a spatial axis
 (Unsqueeze at 1): its average over `size` places, the padding counted as zeros, is the window's
@@ -67,9 +67,11 @@ class LRNDecomposed(OnTheCpu):
         def squeezed(value):
             return op.Squeeze(value, one) if new_axes else op.Squeeze(value, axes=[1])
 
-        # alpha scales the squares before they are summed, as onnxruntime's kernel does: the
-        # sum of a window's squares alone passes float32's range from |x| ≈ 1.8e19/√size on.
-        squares = op.Mul(op.Mul(x, x), op.const(np.array(alpha, np.float32), "lrn_alpha"))
+        # √alpha scales x before it is squared: x² alone passes float32's range from |x| ≈
+        # 1.8e19 on (and a window's sum of them from 1.8e19/√size), which made every output
+        # of the window 0, where (x·√alpha)² stays in range to 1.8e19/√alpha.
+        scaled = op.Mul(x, op.const(np.array(np.sqrt(alpha), np.float32), "lrn_sqrt_alpha"))
+        squares = op.Mul(scaled, scaled)
         pooled = op.AveragePool(unsqueezed(squares), kernel_shape=[size] + [1] * spatial,
                                 pads=[before] + [0] * spatial + [after] + [0] * spatial,
                                 count_include_pad=1)
