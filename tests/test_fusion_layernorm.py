@@ -68,7 +68,15 @@ RMS_INVERSE = {
     "RmsNormReciprocal": "std = Sqrt(ve)\n    r = Reciprocal(std)\n    n = Mul(x, r)",
     "RmsNormOneOver": "std = Sqrt(ve)\n    r = Div(one, std)\n    n = Mul(x, r)",
     "RmsNormPowHalf": "r = Pow(ve, half)\n    n = Mul(r, x)",
+    # The square as x·x (torch.square), Pow's in RMS replaced: see _rms.
+    "RmsNormMulSquare": "std = Sqrt(ve)\n    n = Div(x, std)",
+    "RmsNormMulSquareReciprocal": "std = Sqrt(ve)\n    r = Reciprocal(std)\n    n = Mul(x, r)",
 }
+
+
+def _rms(rule: str) -> str:
+    body = RMS.format(inverse=RMS_INVERSE[rule])
+    return body.replace("Pow(x, two)", "Mul(x, x)") if "MulSquare" in rule else body
 
 
 def _model(body: str, opset: int = 17, inputs: str = "float[2,5,8] x",
@@ -513,7 +521,7 @@ def test_skip_layernorm_refusals(case):
                                           (23, "RMSNormalization")])
 @pytest.mark.parametrize("rule", RMS_INVERSE)
 def test_rmsnorm_forms_fire(rule, opset, fused):
-    proto = _model(RMS.format(inverse=RMS_INVERSE[rule]), opset)
+    proto = _model(_rms(rule), opset)
     model, stats, _ = _fuse(proto)
     assert stats == {rule: 1}
     assert _lines(model) == [

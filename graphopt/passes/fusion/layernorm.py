@@ -283,6 +283,18 @@ class RmsNormPowHalf(_RmsNorm):
         return op.Mul(_norm(op, x, centre=False, inverse="pow"), gamma)
 
 
+class RmsNormMulSquare(_RmsNorm):
+    """x / √(mean(x·x) + ε) · γ: the square as torch.square and a hand-written x * x export it."""
+    def pattern(self, op, x, gamma):
+        return op.Mul(_norm(op, x, centre=False, square="mul"), gamma)
+
+
+class RmsNormMulSquareReciprocal(_RmsNorm):
+    """x · Reciprocal(√(mean(x·x) + ε)) · γ: the same with torch.rsqrt."""
+    def pattern(self, op, x, gamma):
+        return op.Mul(_norm(op, x, centre=False, square="mul", inverse="reciprocal"), gamma)
+
+
 class RmsNormCast(_RmsNorm):
     """Llama/T5 in fp16: γ · Cast(Cast(x → f32) · Reciprocal(√(mean(x²) + ε)) → x's type)."""
     def pattern(self, op, x, gamma):
@@ -296,7 +308,8 @@ class FuseLayerNorm(RulePass):
     # Skip…Decomposed rules precede their LayerNorm twins: the residual Add fuses in the same run.
     rules = (SkipLayerNormDecomposed, LayerNormDecomposed, LayerNormMulSquare, LayerNormCast,
              LayerNormBatchnorm, SkipLayerNormNoAffine, LayerNormNoAffine, SkipLayerNorm,
-             RmsNormDiv, RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormCast)
+             RmsNormDiv, RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormMulSquare,
+             RmsNormMulSquareReciprocal, RmsNormCast)
 
 
 __all__ = ["FuseLayerNorm"]
