@@ -648,3 +648,37 @@ def test_a_stale_output_declaration_is_found_from_its_node_alone():
     model = load_onnx(folded)
     assert correct_output_declarations(model) == ["'y' declared [1, seqlen] computes [5, 1, 8]"]
 
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_the_pieces_of_an_uneven_split_to_sequence_share_no_made_up_dim(level):
+    # ONNX's inference names the split dim of a sequence's element type once (unk__0), and
+    # every SequenceAt copies it: the [1, 8, 5] and [1, 64, 5] pieces read as one size, their
+    # declared shapes gave way to it, and onnxruntime reused a buffer of one for the other in
+    # a YOLO head cut by --out-nodes ("Shape mismatch attempting to re-use buffer").
+    nodes = [helper.make_node("SplitToSequence", ["x", "sizes"], ["s"], axis=1),
+             helper.make_node("SequenceAt", ["s", "one"], ["a"]),
+             helper.make_node("SequenceAt", ["s", "zero"], ["b"]),
+             helper.make_node("Relu", ["a"], ["ya"]), helper.make_node("Relu", ["b"], ["yb"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 72, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("ya", "yb")],
+        [numpy_helper.from_array(np.array([64, 8], np.int64), "sizes"),
+         numpy_helper.from_array(np.array(1, np.int64), "one"),
+         numpy_helper.from_array(np.array(0, np.int64), "zero")],
+        value_info=[helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8, 5]),
+                    helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 64, 5])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                              ir_version=IR_VERSION)
+    out = optimize(proto, level=level).to_onnx()
+    dims = {info.name: [d.dim_value or d.dim_param or None
+                        for d in info.type.tensor_type.shape.dim]
+            for info in [*out.graph.value_info, *out.graph.output]
+            if info.type.tensor_type.HasField("shape")}
+    pieces = [dims[name][1] for name in ("a", "b", "ya", "yb") if name in dims]
+    assert pieces and not any(isinstance(d, str) for d in pieces), dims
+    x = np.random.default_rng(0).standard_normal((1, 72, 5)).astype(np.float32)
+    ya, yb = ort.InferenceSession(out.SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(ya, np.maximum(x[:, 64:], 0))
+    np.testing.assert_array_equal(yb, np.maximum(x[:, :64], 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import islice
 
 import onnx
@@ -320,12 +321,21 @@ def inferred_types(model: Model, inferred: ModelProto) -> dict[str, bytes]:
     types: dict[str, bytes] = {}
     # Walking 100k node protos for subgraphs costs more than asking the IR whether any exist.
     nested = next(islice(model.graph.all_graphs(), 1, None), None) is not None
+    holders = []  # the types that can hold element types: sequences, maps, optionals
     for graph_proto in graph_protos(inferred.graph) if nested else (inferred.graph,):
         for infos in (graph_proto.value_info, graph_proto.output):
             for info in infos:
                 raw = _type_bytes(info)
                 if raw is not None:
                     types[info.name] = raw
+                    if raw[:1] in _HOLDER_TAGS:
+                        holders.append(raw)
+    symbols = _element_symbols(holders)
+    if symbols:
+        marks = [symbol.encode() for symbol in symbols]
+        for name, raw in types.items():
+            if any(mark in raw for mark in marks):
+                types[name] = _without_symbols(raw, symbols)
     return types
 
 
@@ -411,6 +421,52 @@ def drop_unfounded_declarations(model: Model, types: dict[str, bytes]) -> int:
             value.shape = fixed
             corrected += 1
     return corrected
+
+
+# The prefix of the symbols ONNX's inference makes up for dims it cannot name.
+_GENERATED_DIM = "unk__"
+
+
+# The first byte of a serialized TypeProto that is a sequence, map or optional type (fields
+# 4, 5 and 9, length-delimited): telling them apart needs no parse of every value's type.
+_HOLDER_TAGS = (b"\x22", b"\x2a", b"\x4a")
+
+
+def _element_symbols(holders: list[bytes]) -> set[str]:
+    """The symbols ONNX's inference made up inside the element types of sequences (and of
+    the maps and optionals that hold them). A sequence's element type is one for all of its
+    elements, so such a symbol stands for sizes that differ (the split dim of the [64, 8]
+    pieces of a SplitToSequence), and every SequenceAt of the sequence, and what is computed
+    from it, carries it: onnxruntime then took the pieces as one size and reused a buffer
+    of one for the other ("Shape mismatch attempting to re-use buffer"), and the declared
+    64 and 8 gave way to it."""
+    found: set[str] = set()
+    for raw in holders:
+        found.update(d.dim_param for shape in _element_shapes(TypeProto.FromString(raw))
+                     for d in shape.dim if d.dim_param.startswith(_GENERATED_DIM))
+    return found
+
+
+def _element_shapes(type_proto: TypeProto) -> Iterator:
+    """The tensor shapes of a type, nested in sequences, optionals and maps."""
+    which = type_proto.WhichOneof("value")
+    if which == "tensor_type":
+        if type_proto.tensor_type.HasField("shape"):
+            yield type_proto.tensor_type.shape
+    elif which in ("sequence_type", "optional_type"):
+        yield from _element_shapes(getattr(type_proto, which).elem_type)
+    elif which == "map_type":
+        yield from _element_shapes(type_proto.map_type.value_type)
+
+
+def _without_symbols(raw: bytes, symbols: set[str]) -> bytes:
+    """A serialized TypeProto with the dims named by `symbols` made unknown."""
+    type_proto = TypeProto.FromString(raw)
+    dims = [d for shape in _element_shapes(type_proto) for d in shape.dim
+            if d.dim_param in symbols]
+    for dim in dims:
+        dim.ClearField("dim_param")
+    return type_proto.SerializeToString() if dims else raw
 
 
 def _type_bytes(info: ValueInfoProto) -> bytes | None:
