@@ -626,11 +626,32 @@ def test_a_conv_whose_weight_folding_left_computed_is_named(tmp_path):
     result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
                                pass_options=options)
     assert "QuantizeInt8 kept in float: 1 × Conv whose weight is computed at run time from " \
-           "constants (folding left it: larger than fold_size_limit, or of an op it cannot " \
-           "evaluate)" in result.notes, result.notes
+           "constants (FoldConstants, from -O2 on, folds such constants but those larger than " \
+           "fold_size_limit or of an op it cannot evaluate)" in result.notes, result.notes
     folded = graphopt.optimize(proto, quantize="int8", calibration=calibration,
                                pass_options={"quant_keep_ends": False})
     assert not [note for note in folded.notes if "kept in float" in note], folded.notes
+
+
+def test_a_conv_whose_bias_is_computed_at_o1_is_named(tmp_path):
+    # A dynamo export's biases reach its convs through Expand and CastLike, which -O1 does not
+    # fold: QuantizeInt8 made no rewrite and its note named none of the 11 float convs.
+    proto = parse_model("""
+        g (float[1,8,8,8] x) => (y) {
+            b = Expand(b0, shape)
+            h = Conv <pads = [1,1,1,1]> (x, w, b)
+            y = Relu(h)
+        }""", w=np.full((8, 8, 3, 3), 0.01, np.float32), b0=np.ones(1, np.float32),
+        shape=np.array([8], np.int64))
+    calibration = _calibration(tmp_path, shape=(1, 8, 8, 8))
+    options = {"quant_keep_ends": False}
+    result = graphopt.optimize(proto, level=1, quantize="int8", calibration=calibration,
+                               pass_options=options)
+    assert "QuantizeInt8 kept in float: 1 × Conv whose bias is computed at run time from " \
+           "constants (FoldConstants, from -O2 on" in " ".join(result.notes), result.notes
+    quantized = graphopt.optimize(proto, quantize="int8", calibration=calibration,
+                                  pass_options=options)
+    assert not [note for note in quantized.notes if "kept in float" in note], quantized.notes
 
 
 def test_a_missing_calibration_file_is_called_missing(tmp_path, capsys):

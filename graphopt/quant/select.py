@@ -182,6 +182,12 @@ def _dequantized(value: Value | None) -> bool:
         and producer.domain in ("", "ai.onnx", "com.microsoft")
 
 
+def _unfolded() -> str:
+    """Why a constant computed at run time is still computed."""
+    return (f" (FoldConstants, from -O2 on, folds such constants but those larger than "
+            f"{option('fold_size_limit')} or of an op it cannot evaluate)")
+
+
 def _unquantizable(node: Node, dependent: set[int]) -> str | None:
     """Why a Conv, Gemm or MatMul with a constant weight cannot be quantized at all (None for
     other nodes, and for reasons as plain as an activation weight); `dependent`:
@@ -195,11 +201,14 @@ def _unquantizable(node: Node, dependent: set[int]) -> str | None:
     if weight is None and data is not None and node.inputs[1] is not None \
             and not _dequantized(node.inputs[1]) and id(node.inputs[1]) not in dependent:
         # A light model's ConstantOfShape weights: the layer looked quantized, and was not.
-        return (f"{node.op_type} whose weight is computed at run time from constants (folding "
-                f"left it: larger than {option('fold_size_limit')}, or of an op it cannot "
-                "evaluate)")
+        return f"{node.op_type} whose weight is computed at run time from constants{_unfolded()}"
     if weight is None or data is None:
         return None
+    bias = node.input(2) if node.op_type in ("Conv", "Gemm") else None
+    if bias is not None and bias.constant() is None and id(bias) not in dependent:
+        # A dynamo export's Conv biases through Expand and CastLike, which -O1 leaves.
+        what = "bias" if node.op_type == "Conv" else "C"
+        return f"{node.op_type} whose {what} is computed at run time from constants{_unfolded()}"
     if data.dtype is None:  # after a contrib op that neither ONNX nor InferShapes types
         return f"{node.op_type} of data of unknown type (give the model value_info for it)"
     if data.dtype != DType.FLOAT and data.dtype.numpy.kind == "f":
@@ -209,7 +218,6 @@ def _unquantizable(node: Node, dependent: set[int]) -> str | None:
     if node.op_type == "MatMul" and weight.ndim != 2:
         return f"MatMul with a {weight.ndim}-D weight (int8 quantizes 2-D ones)"
     if node.op_type == "Gemm":
-        bias = node.input(2)
         if node.attr("transA", 0) != 0:
             return "Gemm with transA (onnxruntime's QGemm form takes A as it is)"
         if node.attr("alpha", 1.0) != 1.0 or node.attr("beta", 1.0) != 1.0:
