@@ -170,7 +170,24 @@ def test_advisor_names_the_level_that_runs_the_fusing_pass(tmp_path):
     (hint,) = [h for h in advise(profile_model(str(path), level="all", **RUNS))
                if h.kind == "unfused"]
     assert "when loading at level all" in hint.message, hint.message
-    assert "(FuseActivation (-O3) would fuse offline" in hint.message
+    assert "FuseActivation (-O3) fuses this pattern offline where its checks" in hint.message
+
+
+def test_advisor_does_not_suggest_a_pass_the_oms_compile_ran(tmp_path):
+    # A rank-3 MatMul + Add, which FuseMatMul (-O2) refuses (Gemm takes matrices): the advice
+    # for the .om was "FuseMatMul (-O2) would fuse offline", of a compile that ran it.
+    proto = parse_model("""
+        g (float[2,4,8] x) => (float[2,4,8] y) {
+            m = MatMul (x, w)
+            y = Add (m, b)
+        }""", w=weight(8, 8), b=weight(8))
+    graphopt.save(graphopt.optimize(proto), tmp_path / "m.om")
+    profile = profile_model(str(tmp_path / "m.om"), level="disable", **RUNS)
+    assert "FuseMatMul" in profile.compiled_passes
+    (hint,) = [h for h in advise(profile) if h.kind == "unfused"]
+    assert "graphopt's FuseMatMul (-O2) ran in this compile and its checks left them " \
+           "(`graphopt optimize … --trace-rule MatMulAddToGemm` says why)" in hint.message
+    assert "would fuse" not in hint.message and "fuses this pattern" not in hint.message
 
 
 def test_a_stalled_call_does_not_make_its_op_a_bottleneck(tiny):

@@ -198,6 +198,12 @@ PATTERNS: list[tuple[str, str, Callable[[Node], list[Node] | None]]] = [
     ("decomposed Gelu (Erf, Add, Mul)", "FuseGelu", _gelu_erf),
     ("decomposed tanh Gelu (Pow … Tanh)", "FuseGelu", _gelu_tanh),
 ]
+# The rule of each pattern's pass that `--trace-rule` asks why it did not fire.
+TRACED_RULES = {"MatMul + Add": "MatMulAddToGemm", "Conv + BatchNormalization": "ConvBatchNorm",
+                "Conv + activation": "ConvRelu",
+                "decomposed LayerNorm (ReduceMean, Sub, Pow…)": "LayerNormDecomposed",
+                "decomposed Gelu (Erf, Add, Mul)": "GeluErf",
+                "decomposed tanh Gelu (Pow … Tanh)": "GeluTanh"}
 
 
 # FusedConv is onnxruntime's CPU kernel; an NPU engine applies activations in its own pass.
@@ -239,12 +245,17 @@ def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
             if separate:
                 text += (f"{len(separate)} run as separate kernels, the ones after the first "
                          f"taking {spent / profile.runs:.1f} µs/run ({spent / total:.0%} of "
-                         f"kernel time); graphopt's {fuser} fuses this pattern where its "
-                         "checks allow")
+                         "kernel time); ")
             else:
                 text += (f"onnxruntime fused each when loading at level {level}, so they cost "
-                         f"load time, not run time ({fuser} would fuse offline where its "
-                         "checks allow)")
+                         "load time, not run time; ")
+            if profile.compiled_passes and passes[label] in profile.compiled_passes:
+                # Advice to run the pass would send the user round in a circle.
+                text += (f"graphopt's {fuser} ran in this compile and its checks left them "
+                         f"(`graphopt optimize … --trace-rule {TRACED_RULES[label]}` says why)")
+            else:
+                text += (f"graphopt's {fuser} fuses this pattern "
+                         f"{'' if separate else 'offline '}where its checks allow")
             hints.append(Hint("unfused", text, {
                 "pattern": label, "partition": partition, "places": len(places),
                 "separate": len(separate), "us_per_run": spent / profile.runs,

@@ -85,6 +85,7 @@ class Profile(ProfileStats):
     models: dict[str, Model] = field(default_factory=dict, repr=False)  # IR per partition
     partitioning: dict | None = None       # an .om's extra.partitioning record
     shape_profile: dict | None = None      # the .om shape profile that ran: name, dims, of, how
+    compiled_passes: frozenset | None = None  # the passes an .om's compile ran (its pass log)
     notes: list[str] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list, repr=False)  # chrome-trace events
 
@@ -315,9 +316,17 @@ def _profile_om(path, feeds, repeat, warmup, threads, level, input_shapes, seed,
                       partitions=partitions, kernels=[], wall_s=wall, cost_model="",
                       models=models, partitioning=artifact.extra.get("partitioning"),
                       notes=notes, trace=merge_traces(traces, starts),
-                      shape_profile=shape_profile)
+                      shape_profile=shape_profile, compiled_passes=_passes_run(artifact))
     _collect(profile, traces, skip)
     return profile
+
+
+def _passes_run(artifact) -> frozenset:
+    """The names of the passes an .om's pass log records (read defensively: free-form)."""
+    log = artifact.pass_log
+    return frozenset(entry["pass"] for entry in log if isinstance(entry, dict)
+                     and isinstance(entry.get("pass"), str)) if isinstance(log, list) else \
+        frozenset()
 
 
 def _tensor_shapes(values: Mapping) -> dict[str, tuple]:
