@@ -520,7 +520,7 @@ def _partition(result: OptimizeResult, target, options: Options, memory_reorder:
     from graphopt.partition import partition
     from graphopt.partition.precision_fit import (check_host_bfloat16, host_float16_note,
                                                   quantized_fallback_note)
-    from graphopt.partition.report import dynamic_hint
+    from graphopt.partition.report import dynamic_hint, returned_note
     from graphopt.partition.target import as_given
 
     model = result.model
@@ -533,6 +533,9 @@ def _partition(result: OptimizeResult, target, options: Options, memory_reorder:
     dynamic = dynamic_hint(model, result.partitioning, result.log)
     if dynamic:  # ATC takes static shapes only: say why the NPU got less than it could
         result.notes.append(f"{setting('target', as_given(target))}: {dynamic}")
+    returned = returned_note(result.partitioning)
+    if returned:
+        result.notes.append(f"{setting('target', as_given(target))}: {returned}")
     result.partition_models = partition_ir(model, result.partitioning)
     result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
 

@@ -529,6 +529,11 @@ def test_tiny_npu_island_between_host_ops_returns_to_the_host(tmp_path):
     assert "returned to cpu" in reason and "µs of host↔device copies" in reason
     islands = graphopt.optimize(proto, target="ascend310")
     assert len(islands.partitioning.returned) == 1
+    # The summary said nothing of it: only of nodes that fell back for a reason of their own.
+    assert [n for n in islands.notes if "returned to the cpu" in n] == [
+        "target='ascend310': 1 node(s) returned to the cpu, where the cost model found the npu "
+        "slower on them with their host↔device copies; the npu runs 7 node(s) (`graphopt "
+        "partition` lists each island and its figures)"]
     feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
     assert_same_outputs(proto, path, feeds)
 

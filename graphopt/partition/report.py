@@ -113,6 +113,22 @@ def _names(names: list[str], shown: int = 2, width: int = 48) -> str:
 _SHAPE_FOLDS = frozenset({"FoldShapes", "FoldConstants"})
 
 
+def returned_note(partitioning: Partitioning) -> str:
+    """'' when the cost rule returned no island to the host, else how many nodes it returned,
+    and that the primary device runs none of the model when so: the summary's other notes
+    name only the nodes that fell back for a reason of their own (an op, a dynamic shape)."""
+    returned = sum(1 for _, reason in partitioning.fallbacks() if reason.startswith("returned"))
+    if not returned:
+        return ""
+    target = partitioning.target
+    primary = sum(p.node_count() for p in partitioning.partitions if p.device == target.primary)
+    where = (f"the {target.primary} runs none of the model" if not primary else
+             f"the {target.primary} runs {primary} node(s)")
+    return (f"{returned} node(s) returned to the {target.host}, where the cost model found the "
+            f"{target.primary} slower on them with their host↔device copies; {where} "
+            "(`graphopt partition` lists each island and its figures)")
+
+
 def dynamic_hint(model, partitioning: Partitioning, log=None) -> str:
     """'' when no node fell back for a dynamic shape, else how many did and the --input-shape
     that pins the model's dynamic inputs (a batch dim shown as 1, others as <name> to fill in),
