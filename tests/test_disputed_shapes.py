@@ -134,6 +134,9 @@ DISPUTES = {
     "pool with one static spatial dim": (
         "float[N,1,4,W] x", "y = MaxPool <kernel_shape = [2, 2], strides = [2, 2], "
         "pads = [0, 0, 1, 1], ceil_mode = 1> (x)", "", (1, 1, 4, 6)),
+    # onnxruntime takes the default onesided = 1 (9 bins of 16), inference all 16 of them.
+    "STFT without onesided": ("float[N,128,1] x", "y = STFT(x, step, , length)",
+                              "<int64 step = {8}, int64 length = {16}>", (1, 128, 1)),
 }
 
 

@@ -15,7 +15,10 @@ Each dispute was measured against onnxruntime 1.32 and onnx 1.19 over a grid of 
 - Resize and Upsample by constant scales: onnxruntime sizes `int(float32(d) · scale)`, rounding
   the product to float32 first (10 · 0.7 → 7); inference sizes `floor(d · scale)` exactly (6);
 - ConvTranspose with `auto_pad` SAME_UPPER or SAME_LOWER and an `output_padding` (and no
-  `output_shape`): onnxruntime ignores the padding (`d · stride`), inference adds it.
+  `output_shape`): onnxruntime ignores the padding (`d · stride`), inference adds it;
+- STFT without an `onesided` attribute: onnxruntime takes the spec's default, 1, and returns
+  frame_length / 2 + 1 frequency bins; inference (onnx 1.23) takes 0 and sizes all
+  frame_length of them (9 against 16 for frames of 16), which folded a Shape of it to 16.
 
 A Loop body declares the shapes of its loop-carried inputs, and inference trusts them; yet a
 carried value may change shape from one iteration to the next (onnxruntime runs that). A
@@ -150,6 +153,8 @@ def disputed_dims(node: Node, opset: int) -> list[int]:
         return _resize_dims(node, opset)
     if node.op_type == "ConvTranspose":
         return _conv_transpose_dims(node)
+    if node.op_type == "STFT" and node.attr("onesided") is None:
+        return [2]  # [batch, frames, bins, 2]
     return []
 
 
