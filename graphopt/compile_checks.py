@@ -15,6 +15,7 @@ from graphopt.operand_shapes import check_operand_shapes
 from graphopt.option_names import option
 from graphopt.passes.disputed_shapes import forget_disputed_sizes
 from graphopt.passes.infer_shapes import drop_unfounded_declarations, record_type_bytes
+from graphopt.spelled_defaults import spell_out_defaults
 
 
 def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> list[str]:
@@ -23,6 +24,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> lis
     pipeline's InferShapes passes have nothing left to do. Deprecated ops onnxruntime still
     runs are rewritten first; returns the notes saying so."""
     notes = replace_deprecated_ops(model, label)
+    spell_out_defaults(model)
     with heap_frozen():  # the IR is long-lived: no full collection should walk it again
         try:
             types = check_ops(model, label, allow_custom_ops)

@@ -280,3 +280,52 @@ def test_a_flatten_reading_only_the_batch_dim_keeps_onnxruntimes_optimizer(tmp_p
     x = np.random.default_rng(0).standard_normal((1, 1, 5, 5)).astype(np.float32)
     with graphopt.load(path) as session:
         assert numerics.compare(numerics.run(proto, {"x": x}), session.run({"x": x}), 0, 0) == []
+
+
+def test_an_stft_without_onesided_is_sized_as_onnxruntime_sizes_it(tmp_path):
+    # onnx's inference took the unset onesided as 0: 16 bins where onnxruntime returns 9. The
+    # default is written out at import, so the spectrum's shape is static and right, and an
+    # fp16 .om (whose Cast after the STFT onnxruntime sizes) loads.
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,128,1] x) => (float[1,15,9,2] y, int64[4] s)
+            <int64 step = {8}, int64 length = {16}> {
+          y = STFT(x, step, , length)
+          s = Shape(y)
+        }""")
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 128, 1)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    assert expected["s"].tolist() == [1, 15, 9, 2]
+    for precision in ("keep", "fp16"):
+        result = graphopt.optimize(proto, precision=precision)
+        (stft,) = [n for n in result.model.graph if n.op_type == "STFT"]
+        assert stft.attr("onesided") == 1 and stft.output.shape == (1, 15, 9, 2)
+        graphopt.save(result, tmp_path / f"{precision}.om")
+        with graphopt.load(tmp_path / f"{precision}.om") as session:
+            assert session.outputs[0]["shape"] == [1, 15, 9, 2]
+            got = session.run(feeds)
+        assert got["s"].tolist() == [1, 15, 9, 2]
+        np.testing.assert_allclose(got["y"], expected["y"], rtol=1e-2 if precision == "fp16"
+                                   else 1e-5, atol=1e-2 if precision == "fp16" else 1e-5)
+
+
+def test_a_mel_matmul_after_an_stft_without_onesided_takes_pinned_shapes():
+    # onnx-asr's NeMo front end: strict inference sized the open signal's STFT at 16 bins,
+    # and the pinned compile was refused for the [9, 4] mel matrix after it ("incompatible
+    # dimensions for matrix multiplication"), a model onnxruntime runs at those shapes.
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,L,1] x) => (float[N,?,4] y)
+            <int64 step = {8}, int64 length = {16}, float[9,4] mel = {
+             1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0,
+             0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1}> {
+          spec = STFT(x, step, , length)
+          power = ReduceSumSquare <axes = [-1], keepdims = 0> (spec)
+          y = MatMul(power, mel)
+        }""")
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 128, 1)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    result = graphopt.optimize(proto, input_shapes="x:2,128,1", verify=True, inputs=feeds)
+    assert result.model.graph.outputs[0].shape == (2, 15, 4)
+    actual = numerics.run(result.to_onnx(), feeds)
+    assert numerics.compare(expected, actual, 1e-5, 1e-5) == []

@@ -271,10 +271,14 @@ def _reads_static_dim(reader: Node, dims: list) -> bool:
 
 def hide_from_inference(model: Model, proto: onnx.ModelProto) -> None:
     """In `proto` (`model` exported for shape inference, value infos included), give the
-    disputed nodes whose output is typed a domain without schemas: inference then keeps the
-    output as the model declares it (unknown disputed dims) instead of its own sizes."""
+    disputed nodes whose output has a type and a rank a domain without schemas: inference then
+    keeps the output as the model declares it (unknown disputed dims) instead of its own
+    sizes. An output without a rank (an export's value_info may give its dtype alone) is left
+    to inference, whose sizes forget_disputed_sizes then makes unknown where disputed: hidden,
+    it stayed without one, and so did everything after it."""
     outputs = {node.outputs[0].name for node, _ in disputed_nodes(model)
-               if node.outputs[0] is not None and node.outputs[0].dtype is not None}
+               if node.outputs[0] is not None and node.outputs[0].dtype is not None
+               and node.outputs[0].shape is not None}
     if not outputs:
         return
     for graph in graph_protos(proto.graph):  # names are unique model-wide
