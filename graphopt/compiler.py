@@ -370,7 +370,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
     # Before the model is read: the file as compiled, the bytes as given.
     identity = file_identity(label) if is_path else None
     sha256 = None if is_path else memory_model_sha256(model)
-    ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options.quantize)
+    ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
     pinned_first = False
     try:
         notes = check_input(ir_model, label, options.allow_custom_ops)
@@ -379,7 +379,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
             raise
         # A model whose dynamic form shape inference refuses (a Resize `sizes` of unknown
         # length) may be valid once pinned: the pins come first then.
-        ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options.quantize)
+        ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
         pin_input_shapes(ir_model, options.input_shapes)
         notes = check_input(ir_model, label, options.allow_custom_ops)
         pinned_first = True

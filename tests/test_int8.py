@@ -1369,9 +1369,10 @@ def test_an_old_opset_is_converted_where_there_is_a_layer_to_quantize(tmp_path, 
     # Converted alone, the model computes what it did: Softmax over axis 1 at opset 11 is
     # over everything past it, at 13 over that axis alone.
     from graphopt.ir import load_onnx, to_onnx
+    from graphopt.passes import Options
     from graphopt.quant.opset_upgrade import int8_ready
 
-    converted = to_onnx(int8_ready(load_onnx(conv), "int8")[0])
+    converted = to_onnx(int8_ready(load_onnx(conv), Options(quantize="int8"))[0])
     for sample in rng.standard_normal((4, 1, 3, 8, 8)).astype(np.float32):
         expected = numerics.run(conv, {"x": sample})["y"]
         np.testing.assert_allclose(numerics.run(converted, {"x": sample})["y"], expected,
@@ -1398,6 +1399,36 @@ def test_an_old_opset_is_converted_where_there_is_a_layer_to_quantize(tmp_path, 
            "too" in notes[1], notes[1]
     assert "QuantizeInt8: ONNX's version converter cannot take the model from opset 9 to 13 " \
            "(no adapter)" in notes[1], notes[1]
+
+
+def test_an_old_opset_with_open_dims_is_converted_checked_on_the_calibration_data(tmp_path):
+    # The conversion was checked on seeded inputs with every open dim at 1: a [1, 3, 1, 1]
+    # image, which PP-OCR's detector (opset 11) cannot take, so it stayed at 11 and quantized
+    # nothing, the note quoting onnxruntime's refusal as the converter's.
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+    agraph (float[1, 3, H, W] x) => (float[1, 4, 4, 4] y) {
+      c = Conv <pads = [1, 1, 1, 1]> (x, w)
+      y = Reshape(c, shape)
+    }""", header='<ir_version: 7, opset_import: ["" : 11]>\n',
+                        w=rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+                        shape=np.array([1, 4, 4, 4], np.int64))
+    calibration = _calibration(tmp_path, shape=(1, 3, 4, 4))
+    result, out = _int8(proto, calibration=calibration, quant_keep_ends=False)
+    assert any("converted to 13 by ONNX's version converter" in n for n in result.notes), \
+        result.notes
+    assert any(n.op_type == "DequantizeLinear" for n in out.graph.node)
+    # Without data it runs on, the note says the check could not run, and why.
+    from graphopt.ir import load_onnx
+    from graphopt.passes import Options
+    from graphopt.quant.opset_upgrade import int8_ready
+
+    _, note = int8_ready(load_onnx(proto), Options(quantize="int8"))
+    assert "the conversion could not be checked, since onnxruntime cannot run the model on " \
+           "seeded inputs with every open dim at 1" in note, note
+    _, note = int8_ready(load_onnx(proto), Options(quantize="int8",
+                                                   input_shapes={"x": [1, 3, 4, 4]}))
+    assert "converted to 13" in note, note
 
 
 def test_a_conversion_that_changes_the_outputs_is_not_used(tmp_path):

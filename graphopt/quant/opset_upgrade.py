@@ -5,6 +5,8 @@ from __future__ import annotations
 from graphopt import numerics
 from graphopt.errors import one_line
 from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.option_names import option
+from graphopt.passes.options import Options
 from graphopt.warning_scope import warnings_as
 
 INT8_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
@@ -12,14 +14,15 @@ INT8_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
 LAYER_OPS = frozenset({"Conv", "FusedConv", "Gemm", "MatMul", "Attention"})
 
 
-def int8_ready(model: Model, quantize: str | None) -> tuple[Model, str | None]:
-    """`model`, or for `quantize="int8"` a model that imports an older ai.onnx opset and has
-    layers to quantize, the same converted to opset 13 by ONNX's version converter, which
-    rewrites the ops redefined there (Squeeze, Unsqueeze, Split, the Reduce ops, Softmax)
-    to keep their meaning; with a note. Unconverted where the converter refuses the model or
-    changes its outputs, the note saying so (QuantizeInt8 then quantizes nothing)."""
+def int8_ready(model: Model, options: Options) -> tuple[Model, str | None]:
+    """`model`, or for `options.quantize="int8"` a model that imports an older ai.onnx opset
+    and has layers to quantize, the same converted to opset 13 by ONNX's version converter,
+    which rewrites the ops redefined there (Squeeze, Unsqueeze, Split, the Reduce ops,
+    Softmax) to keep their meaning; with a note. Unconverted where the converter refuses the
+    model or changes its outputs on the first calibration sample (else seeded inputs at the
+    pinned shapes), the note saying so (QuantizeInt8 then quantizes nothing)."""
     opset = model.opset("")
-    if quantize != "int8" or opset is None or opset >= INT8_OPSET or not any(
+    if options.quantize != "int8" or opset is None or opset >= INT8_OPSET or not any(
             node.op_type in LAYER_OPS for node in model.graph.all_nodes()):
         return model, None
     import onnx.version_converter
@@ -30,7 +33,16 @@ def int8_ready(model: Model, quantize: str | None) -> tuple[Model, str | None]:
         original = to_onnx(model)
         with warnings_as("ignore"):
             converted = onnx.version_converter.convert_version(original, INT8_OPSET)
-        if not _same_outputs(original, converted):
+        feeds, which = _check_feeds(model, original, options)
+        try:
+            expected = numerics.run(original, feeds)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own message says why
+            return model, (f"{unconverted}: the conversion could not be checked, since "
+                           f"onnxruntime cannot run the model on {which} "
+                           f"({one_line(numerics.ort_reason(exc))[:200]}); "
+                           f"{option('input_shapes')} or {option('calibration')} give it "
+                           "inputs it runs on")
+        if numerics.compare(expected, numerics.run(converted, feeds), 1e-5, 1e-6):
             return model, f"{unconverted}: its conversion computes other outputs"
         raised = load_onnx(converted, user_model=True)
     except Exception as exc:  # noqa: BLE001 - the converter's refusals have no common type
@@ -39,10 +51,21 @@ def int8_ready(model: Model, quantize: str | None) -> tuple[Model, str | None]:
                     f"{INT8_OPSET} by ONNX's version converter, which int8's form needs")
 
 
-def _same_outputs(original, converted) -> bool:
-    """Whether the converted model computes what the original does, on seeded inputs: the
-    converter rewrites the ops it has adapters for, and passes others through unchanged even
-    where their meaning changed (Hardmax over one axis at 13, from it on before)."""
-    feeds = numerics.random_feeds(original, seed=0)
-    return not numerics.compare(numerics.run(original, feeds), numerics.run(converted, feeds),
-                                1e-5, 1e-6)
+def _check_feeds(model: Model, original, options: Options) -> tuple[dict, str]:
+    """The inputs the conversion is checked on, and how to name them: the first calibration
+    sample, else seeded inputs at the pinned shapes. The converter rewrites the ops it has
+    adapters for and passes others through unchanged even where their meaning changed
+    (Hardmax over one axis at 13, from it on before). Seeded inputs with every open dim at 1
+    made a [1, 3, 1, 1] image, which a detector's downsampling Resize refuses: PP-OCR's
+    detector stayed at opset 11 and quantized nothing."""
+    if options.calibration:
+        from graphopt.quant.calib_data import read_calibration
+
+        try:  # bad data is reported by name where it is read for the ranges
+            return next(iter(read_calibration(options.calibration, model.graph))), \
+                "the first calibration sample"
+        except Exception:  # noqa: BLE001
+            pass
+    shapes = options.input_shapes or None
+    return numerics.random_feeds(original, seed=0, shapes=shapes), \
+        "seeded inputs" + (" at the pinned shapes" if shapes else " with every open dim at 1")
