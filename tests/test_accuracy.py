@@ -371,6 +371,24 @@ def test_fp16_overflow_the_cpu_provider_hides_is_a_warning(tmp_path, suffix):
     assert accuracy_report(proto, path, small).warnings == []
 
 
+def test_a_verify_failure_after_fp16_names_the_overflow():
+    # The failure said only "candidate has 2 Inf" where the report, without --verify, named
+    # the tensor past 65504 and the node making it (openwakeword's mel spectrogram at 1.9e10).
+    import graphopt
+    from graphopt.errors import VerificationError
+
+    proto = parse_model("""
+        g (float[2,8] x) => (float[4,2] y) {
+            h = MatMul(x, w)
+            y = Transpose(h)
+        }""", w=np.full((8, 4), 2e4, np.float32))  # the CPU provider moves float16 data as is
+    proto.graph.node[0].name = "mm"
+    with pytest.raises(VerificationError, match=r"candidate has 8 Inf.*\. float16 overflow: "
+                                                r"\d tensor\(s\) .*h \(max 1\.6e\+05, node mm\)"):
+        graphopt.optimize(proto, precision="fp16", verify=True,
+                          inputs={"x": np.ones((2, 8), np.float32)})
+
+
 def test_a_mask_filled_with_the_float32_minimum_is_not_an_overflow(tmp_path):
     # -3.4e38 becomes -inf in float16, which softmax reads as a zero weight: a sentinel.
     import graphopt
