@@ -828,6 +828,24 @@ def test_int4_names_the_matmuls_inside_an_if_it_leaves_as_they_are():
                for n in int4.notes), int4.notes
 
 
+def test_int8_of_an_if_takes_a_scalar_input_once_and_says_the_main_graph_has_no_layer(tmp_path):
+    # silero-vad's sample rate: a rank-0 input, which --inputs takes as the scalar itself and
+    # calibration refused unless given as [1]; and "the model has no … MatMul" followed the
+    # note naming the If's MatMuls.
+    path = tmp_path / "cal.npz"
+    np.savez(path, c=np.array(True), x=RNG.standard_normal((4, 2, 64)).astype(np.float32))
+    result = graphopt.optimize(_if_of_matmuls(), quantize="int8", calibration=path)
+    assert any(n.startswith("QuantizeInt8: 2 node(s) inside the subgraphs of If")
+               for n in result.notes), result.notes
+    assert any(n.startswith("QuantizeInt8 quantized nothing: the main graph has no Conv, Gemm "
+                            "or MatMul") for n in result.notes), result.notes
+    from graphopt.ir import load_onnx
+    from graphopt.quant.calib_data import read_calibration
+
+    samples = list(read_calibration(path, load_onnx(_if_of_matmuls()).graph))
+    assert len(samples) == 4 and all(s["c"].shape == () and s["c"] for s in samples)
+
+
 def test_an_op_onnxruntime_expands_converts_only_when_its_body_loads_in_half(tmp_path):
     # No float16 kernel: onnxruntime runs the op from its ONNX function body, not behind
     # Casts. Mish's body takes float16; MeanVarianceNormalization's adds a float32 epsilon

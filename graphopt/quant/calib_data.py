@@ -126,8 +126,12 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     arrays = _load(path)
     _check_names(arrays, specs, path, fixed)
     batch, counts, given = {}, {}, 0
+    scalars = {}  # a rank-0 input given once (a sample rate): the same in every sample
     for s in specs:
         array = arrays[s.name]
+        if s.shape == () and array.ndim == 0:
+            scalars[s.name] = array[None]
+            continue
         if s.shape is not None and array.ndim == len(s.shape) and len(s.shape):
             array = array[:, None]  # [S, …] → S samples of [1, …]
         stack = _batch_of(s)
@@ -152,10 +156,16 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     if len(set(counts.values())) > 1:
         raise OptionError(f"{calibration_label(path)}: inputs hold different sample counts "
                           f"({', '.join(f'{k}: {v}' for k, v in counts.items())})")
-    count = next(iter(counts.values()))
+    count = next(iter(counts.values()), 1)
     if count == 0:
         raise OptionError(f"{calibration_label(path)}: "
                           "no samples (the arrays' first axis is empty)")
+    for s in specs:
+        if s.name in scalars:  # as --inputs takes it: the scalar itself, checked like a sample
+            _check_finite(scalars[s.name], s, path)
+            _check_integer_range(scalars[s.name], s, path)
+            _checked(scalars[s.name][0], s, path)
+            batch[s.name] = np.repeat(scalars[s.name], count, axis=0)
     return CalibrationData(path, specs, [], batch, count, given=given)
 
 

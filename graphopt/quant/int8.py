@@ -126,7 +126,9 @@ class QuantizeInt8(Pass):
             ctx.note("QuantizeInt8 kept in float: " + "; ".join(
                 f"{n} × {why}" for why, n in chosen.kept.most_common()))
         elif not (chosen.static or chosen.dynamic):  # a compile that quantized nothing says why
-            ctx.note(NOTHING_TO_QUANTIZE)
+            # Its layers in If or Loop bodies, which the note before names, are layers too.
+            ctx.note(NOTHING_TO_QUANTIZE.replace("the model has", "the main graph has")
+                     if nested else NOTHING_TO_QUANTIZE)
         if planned.drowned:
             ctx.note(drowned_note(planned.drowned))
         if chosen.needs_calibration():
