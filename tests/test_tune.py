@@ -120,6 +120,28 @@ def test_same_seed_same_search(a310):
     assert one.history == two.history and one.best == two.best
 
 
+def test_runs_sharing_a_study_at_once_sample_apart():
+    # Two `graphopt tune` runs started together on one database: each seeded its sampler with
+    # the user's seed plus the trials done, the same for both, and they evaluated the same
+    # tilings trial for trial. Alone, a run samples as before (test_same_seed_same_search).
+    from graphopt.tuner.search import RunSampler
+
+    study = optuna.create_study()
+    runs = [RunSampler("random", 0, 0), RunSampler("random", 0, 0)]
+    drawn = []
+    for turn in range(6):  # the runs take trials in turn, as two processes may
+        study.sampler = runs[turn % 2]
+        trial = study.ask()
+        drawn.append(trial.suggest_int("x", 0, 10 ** 9))
+        study.tell(trial, 0.0)
+    assert len(set(drawn)) == 6
+    alone = optuna.create_study(sampler=RunSampler("random", 0, 0))
+    plain = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for study in (alone, plain):
+        study.optimize(lambda t: t.suggest_int("x", 0, 10 ** 9), n_trials=4)
+    assert [t.params for t in alone.trials] == [t.params for t in plain.trials]
+
+
 def test_rerun_resumes(a310, tmp_path):
     url = f"sqlite:///{tmp_path / 'resume.db'}"
     first = tune_kernel(SHAPE, a310, target="ascend310", trials=10, storage=url)

@@ -212,6 +212,48 @@ def _objective(shape: GemmShape, device: Device, choices: dict[str, list]):
 # --- the search -------------------------------------------------------------------------------
 
 
+class RunSampler(optuna.samplers.BaseSampler):
+    """One run's sampler (`kind` seeded with `seed`) on a study that other runs may share. A
+    run alone gets the trial numbers after the `first` it expects, one by one, and samples as
+    its seed says; where a trial's number is not the next one, another run took trials in
+    between, and the sampler starts afresh from a seed of that number. Two runs started
+    together on one database had the same seed (the user's plus the trials done), and
+    evaluated the same candidates, trial for trial: a third of the budget went twice."""
+
+    def __init__(self, kind: str, seed: int, first: int) -> None:
+        self._kind, self._seed, self._next = kind, seed, first
+        self._inner = _make_sampler(kind, seed)
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.number != self._next:
+            self._inner = _make_sampler(self._kind, self._seed + 7919 * (trial.number + 1))
+        self._next = trial.number + 1
+        self._inner.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study, trial):
+        return self._inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self._inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self._inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self._inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._inner.reseed_rng()
+
+
+def first_trial_number(study: optuna.Study) -> int:
+    """The number of the trial a run on `study` takes first: the first one enqueued and still
+    waiting (the default tiling), else the next new one."""
+    trials = study.get_trials(deepcopy=False)
+    waiting = [t.number for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    return min(waiting) if waiting else len(trials)
+
+
 def _make_sampler(kind: str, seed: int) -> optuna.samplers.BaseSampler:
     # A run's seed is the user's plus the trials already done (and 1000 per worker), which
     # may pass numpy's 2**32 bound: wrapped, it stays deterministic.
@@ -386,7 +428,7 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
         best_so_far = [_best_value(study)]
 
         if workers == 1:
-            study.sampler = _make_sampler(sampler, seed + done_before)
+            study.sampler = RunSampler(sampler, seed + done_before, first_trial_number(study))
 
             ran = [0]  # this run's trials: another run on the study numbers trials too
 

@@ -30,7 +30,8 @@ from graphopt.api_args import THREAD_LIMIT
 from graphopt.errors import OptionError
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
-from graphopt.tuner.search import _STARTED, Progress, _make_sampler, history
+from graphopt.tuner.search import (_STARTED, Progress, RunSampler, _make_sampler,
+                                   first_trial_number, history)
 from graphopt.tuner.signature import is_signature, is_subgraph_study_name
 from graphopt.tuner.storage import (fail_silent_trials, open_storage, opened,
                                      optimize_failing_on_interrupt, setup_lock, storage_url)
@@ -296,7 +297,7 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                 progress(ran[0], trials, best[0])
 
         if workers == 1:
-            study.sampler = _make_sampler(sampler, seed + done_before)
+            study.sampler = RunSampler(sampler, seed + done_before, first_trial_number(study))
             optimize_failing_on_interrupt(study, objective, n_trials=trials, timeout=timeout,
                                           callbacks=[callback], gc_after_trial=False)
         else:
