@@ -323,12 +323,16 @@ def _cmd_kb_list(args) -> int:
 
 
 def _cmd_kb_export(args) -> int:
-    from graphopt.tuner.kb import export_kb, export_text, list_subgraph_studies
+    from graphopt.tuner.kb import (export_kb, export_text, list_subgraph_studies,
+                                   replacement_refusal)
     from graphopt.tuner.storage import opened, sqlite_path
 
     if args.json != "-":
         check_output_path("kb export", args.json,
                           {"the knowledge base": sqlite_path(named_storage(args))})
+        refusal = replacement_refusal(args.json)
+        if refusal:  # before the knowledge base is opened
+            raise OptionError(f"kb export {args.json}: {refusal}")
     with opened(named_storage(args), option=_storage_option(args), read_only=True) as store:
         subgraph = len(list_subgraph_studies(store))
         # Said, not left to be found: moving a knowledge base by export and import keeps the

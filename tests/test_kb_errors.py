@@ -416,9 +416,29 @@ def test_kb_export_into_a_missing_directory_names_it(built, tmp_path, capsys):
     assert kb.list_kb(open_storage(built["db"], read_only=True))
 
 
+def test_kb_export_replaces_no_other_database_or_model(built, tmp_path, capsys):
+    # Only the --tuning-db file itself was refused: another knowledge base (21 studies) or an
+    # .onnx became JSON, exit 0.
+    other = tmp_path / "other.db"
+    other.write_bytes(open(built["db"], "rb").read())
+    model = tmp_path / "m.onnx"
+    model.write_bytes(open(built["model"], "rb").read())
+    for path, why in ((other, "is an SQLite database"), (model, "exists and is not a "
+                                                         "knowledge-base export")):
+        before = path.read_bytes()
+        rc, _, err = run_cli(capsys, "kb", "export", path, "--tuning-db", built["db"])
+        assert_user_error(rc, err, f"kb export {path}: {why}")
+        assert path.read_bytes() == before
+    export = tmp_path / "kb.json"
+    for _ in range(2):  # an earlier export is replaced
+        rc, _, err = run_cli(capsys, "kb", "export", export, "--tuning-db", built["db"])
+        assert rc == 0, err
+
+
 def test_kb_export_is_atomic(built, tmp_path, monkeypatch):
     out = tmp_path / "kb.json"
-    out.write_text("the previous export\n")
+    previous = '{"format": "graphopt-kb/1", "kernels": {}}\n'  # the previous export
+    out.write_text(previous)
 
     def unserializable(tiling):
         return object()  # json cannot write it: the export fails part way
@@ -426,7 +446,7 @@ def test_kb_export_is_atomic(built, tmp_path, monkeypatch):
     monkeypatch.setattr(kb, "tiling_params", unserializable)
     with pytest.raises(TypeError):
         kb.export_kb(built["db"], out)
-    assert out.read_text() == "the previous export\n"
+    assert out.read_text() == previous
     assert os.listdir(tmp_path) == ["kb.json"]          # no temporary file left behind
     monkeypatch.undo()
     assert kb.export_kb(built["db"], out) == 1

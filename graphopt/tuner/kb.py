@@ -257,6 +257,35 @@ def check_export_path(path: str | os.PathLike) -> None:
         raise OptionError(f"{text}: is a directory, expected the export's file path")
     if not os.path.isdir(directory):
         raise OptionError(f"{text}: directory {directory} does not exist")
+    refusal = replacement_refusal(text)
+    if refusal:
+        raise OptionError(f"{text}: {refusal}")
+
+
+def replacement_refusal(path: str) -> str | None:
+    """Why an export must not replace the file at `path` (an SQLite database, another
+    knowledge base, was replaced with exit 0; so was a model), None when there is none, it is
+    empty or it is an earlier export."""
+    why = _not_an_export(path)
+    return f"{why}; kb export would replace it with JSON: remove it first or export to " \
+        "another path" if why else None
+
+
+def _not_an_export(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None  # the write reports what is wrong with it
+    if not head:
+        return None
+    if head.startswith(b"SQLite format 3\x00"):
+        return "is an SQLite database (a knowledge base, or other data)"
+    if head.lstrip().startswith(b"{") and FORMAT.encode() in head:
+        return None
+    return "exists and is not a knowledge-base export"
 
 
 def export_kb(storage: Any, path: str | os.PathLike) -> int:
