@@ -97,8 +97,10 @@ def _wrapped(text: str, room: int) -> list[str]:
                 lines.append(current)
                 current = ""
             # After a separator where one falls in the line: a kernel signature's parts
-            # (ascend310/conv/ | b1_m1024_k27_n16/ | float16) stay whole.
-            cut = max(word.rfind(mark, 0, room) for mark in "/.:") + 1 or room
+            # (ascend310/conv/ | b1_m1024_k27_n16/ | float16) stay whole; a part longer than
+            # the line breaks between its dims (b1_m3136_ | k576_n64/), not inside a number.
+            cut = max(word.rfind(mark, 0, room) for mark in "/.:") + 1 \
+                or word.rfind("_", 0, room) + 1 or room
             lines.append(word[:cut])
             word = word[cut:]
         candidate = f"{current} {word}" if current else word

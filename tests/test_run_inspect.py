@@ -360,6 +360,11 @@ def test_table_wraps_its_last_column_to_a_terminal_width_only():
         "ascend310/conv/         136.56     14.97",
         "b1_m1024_k27_n16/",
         "float16"]
+    # A part longer than the line breaks between its dims: at 80 columns `tune` cut
+    # "b1_m3136_k576_n6" / "4/float16".
+    from graphopt.table import _wrapped
+
+    assert _wrapped("b1_m3136_k576_n64/float16", 16) == ["b1_m3136_k576_", "n64/float16"]
 
 
 def test_inspect_names_the_precision_and_the_weights_by_type(tmp_path, capsys):
