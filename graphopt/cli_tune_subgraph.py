@@ -53,6 +53,8 @@ def cmd_tune_subgraph(args, storage) -> int:
                        title=f"subgraph tuning on {args.target} -O{args.level} "
                              f"({args.objective}; {result.space.size} combinations, "
                              f"{result.trials} trials; {url})"))
+    if result.hint:  # why the device's share is what it is (tune --job op says it too)
+        print(f"note: --target {args.target}: {result.hint}")
     costs = _cost_rows(result, args)
     if costs:
         print(format_table(["where", f"default {unit}", f"tuned {unit}"], costs))

@@ -436,6 +436,19 @@ def test_a_model_without_decisions_is_priced_once_and_said_so(tmp_path, capsys):
         in out
 
 
+def test_a_dynamic_model_says_which_nodes_the_npu_cannot_take_and_the_pins(tmp_path, capsys):
+    # It tuned a host-only compile saying only "nothing to tune", where the op job names the
+    # dynamic input and the --input-shape that pins it.
+    model = tmp_path / "relu.onnx"
+    onnx.save(parse_model("g (float[N,64] x) => (float[N,64] y) { y = Relu (x) }"), model)
+    for _ in range(2):  # the rerun, which reads the study, says it too
+        rc, out, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--job",
+                               "subgraph", "--trials", "2", "--tuning-db", tmp_path / "kb.db")
+        assert rc == 0, err
+        assert "note: --target ascend310: 1 node(s) fell back to the cpu for dynamic shapes; " \
+               "pin the dynamic input(s) 'x' [N,64] with --input-shape" in out, out
+
+
 def test_a_named_study_is_found_and_a_foreign_one_refused(block_path, tmp_path, capsys):
     # A stale study's refusal says to name a new one: the knowledge base then has to find it.
     from graphopt.tuner.kb import list_subgraph_studies

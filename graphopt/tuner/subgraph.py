@@ -30,6 +30,7 @@ from graphopt.api_args import THREAD_LIMIT
 from graphopt.errors import OptionError
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
+from graphopt.partition.report import dynamic_hint
 from graphopt.tuner.search import (_STARTED, Progress, RunSampler, _make_sampler,
                                    first_trial_number, history)
 from graphopt.tuner.signature import is_signature, is_subgraph_study_name
@@ -64,6 +65,7 @@ class SubgraphResult:
     trials: int
     history: list[float]
     confirmed: tuple[float, float] | None = None  # measured: interleaved (default, best) medians
+    hint: str = ""  # the default compile's nodes that fell back for dynamic shapes, and pins
 
     @property
     def kept_default(self) -> bool:
@@ -206,8 +208,9 @@ def _median_run(session, feeds, repeat: int) -> float:
     return statistics.median(times)
 
 
-def discover(evaluator: Evaluator) -> tuple[Space, Scored]:
-    """Record the default compile's tunable rewrites into a Space; score that compile."""
+def discover(evaluator: Evaluator) -> tuple[Space, Scored, str]:
+    """Record the default compile's tunable rewrites into a Space; score that compile; and
+    say, for an NPU target, which nodes it left on the host for dynamic shapes."""
     recorder = Recorder(evaluator.job.granularity)
     result = evaluator.compile(None, None, gate=recorder)
     passes = {record.name for record in result.log.records}
@@ -215,7 +218,8 @@ def discover(evaluator: Evaluator) -> tuple[Space, Scored]:
     space = build_space(recorder, result.partitioning, elementwise="FuseElementwise" in passes,
                         npu=npu)
     seconds, by_device = evaluator.score(result)
-    return space, Scored(space.default_params(), seconds, by_device)
+    hint = dynamic_hint(result.model, result.partitioning, result.log) if npu else ""
+    return space, Scored(space.default_params(), seconds, by_device), hint
 
 
 def _objective(evaluator: Evaluator, space: Space):
@@ -267,8 +271,9 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
             if "space" in study.user_attrs:
                 space = space_from_json(study.user_attrs["space"])
             else:
-                space, _ = discover(evaluator)
+                space, _, hint = discover(evaluator)
                 study.set_user_attr("space", space_json(space))
+                study.set_user_attr("hint", hint)  # said by every run on the study
                 study.set_user_attr("job", recorded)
                 # What a study named otherwise (--study NAME) holds: the knowledge base finds
                 # it by this, as it finds a study under this name.
@@ -442,8 +447,10 @@ def _result(study: optuna.Study, space: Space) -> SubgraphResult:
     # Trials evaluated, as kb list counts them: not those failed or left running by a Ctrl-C.
     evaluated = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                          optuna.trial.TrialState.PRUNED))
+    hint = study.user_attrs.get("hint")
     return SubgraphResult(study.study_name, space, _scored(default), _scored(top),
-                          len(evaluated), history(study))
+                          len(evaluated), history(study),
+                          hint=hint if isinstance(hint, str) else "")
 
 
 def simplify(evaluator: Evaluator, space: Space, best: Scored) -> Scored:
