@@ -200,17 +200,29 @@ def _cmd_tune(args) -> int:
     # closed after, leaving an SQLite file at rest. The line ends on Ctrl-C too: "graphopt:
     # interrupted" gets a line of its own.
     with opened(url, option=_storage_option(args)) as store, line:
+        pooled = args.workers > 1 and len(kernels) > 1
+        if pooled:  # each worker tunes its share of the kernels; their results are read below
+            from graphopt.tuner.kernel_workers import tune_in_workers
+
+            line.begin(1)
+            tune_in_workers(kernels, args.target, url, trials=args.trials, timeout=args.timeout,
+                            seed=args.seed, sampler=args.sampler, workers=args.workers,
+                            progress=lambda done, total: line.update(
+                                f"{len(kernels)} kernels on {args.workers} workers  "
+                                f"trial {done}/{total}", done, total))
         for i, group in enumerate(kernels, 1):
             def progress(done: int, total: int, best: float, i=i) -> None:
                 line.update(f"kernel {i}/{len(kernels)}  trial {done}/{total}  "
                             f"best {best * 1e6:.2f} µs", done, total)
 
-            line.begin(len(kernels))
+            if not pooled:
+                line.begin(len(kernels))
             results.append(tune_kernel(
-                group.shape, partitioning.target.device(group.device), trials=args.trials,
-                timeout=args.timeout, seed=args.seed, storage=store, study_name=args.study,
-                sampler=args.sampler, progress=progress, target=args.target,
-                op_class=group.signature.split("/")[1], workers=args.workers))
+                group.shape, partitioning.target.device(group.device),
+                trials=0 if pooled else args.trials, timeout=args.timeout, seed=args.seed,
+                storage=store, study_name=args.study, sampler=args.sampler,
+                progress=None if pooled else progress, target=args.target,
+                op_class=group.signature.split("/")[1], workers=1 if pooled else args.workers))
     rows = [[g.signature, len(g.nodes), f"{r.default[1] * 1e6:.2f}", f"{r.best[1] * 1e6:.2f}",
              f"{r.speedup:.3f}", r.trials, str(r.best[0])] for g, r in zip(kernels, results)]
     print(format_table(["kernel signature", "nodes", "default µs", "tuned µs", "speedup",

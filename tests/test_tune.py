@@ -506,6 +506,38 @@ agraph (float[64,256] x) => (float[64,32] y) {
     assert model_estimate(result.model, result.partitioning, tilings).seconds <= default
 
 
+def test_workers_share_the_kernels_and_find_what_one_process_finds(tmp_path, capsys):
+    # Each kernel started `--workers` fresh processes for its trials, about 2 s apiece: two
+    # workers tuned the zoo's ResNet-50 in 43 s against 10 s with one. The kernels are shared
+    # out instead, each tuned as one process tunes it.
+    from tests.helpers import parse_model
+
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+agraph (float[64,256] x) => (float[64,32] y) {
+    h = MatMul (x, w1)
+    y = MatMul (h, w2)
+}
+""", w1=rng.standard_normal((256, 512)).astype(np.float32),
+        w2=rng.standard_normal((512, 32)).astype(np.float32))
+    path = tmp_path / "two.onnx"
+    onnx.save(proto, path)
+    tables, searches = [], []
+    for workers in ("1", "2"):
+        db = str(tmp_path / f"w{workers}.db")
+        assert _cli(["tune", str(path), "--target", "ascend310", "--trials", "6",
+                     "--tuning-db", db, "--workers", workers]) == 0
+        out = capsys.readouterr().out
+        tables.append(out.replace(db, "DB"))
+        url = f"sqlite:///{db}"
+        searches.append({name: [t.params for t in optuna.load_study(study_name=name,
+                                                                    storage=url).trials]
+                         for name in optuna.get_all_study_names(url)})
+    assert tables[0] == tables[1]
+    # Trial for trial the same search: each kernel's study was run as one process runs it.
+    assert searches[0] == searches[1] and sorted(map(len, searches[1].values())) == [6, 6]
+
+
 def _cli(argv):
     import argparse
     parser = argparse.ArgumentParser(prog="graphopt")
