@@ -612,6 +612,23 @@ def test_plot_names_every_curve_in_its_own_style_and_ends_short_of_the_frame():
     assert last_x < frame_right - 50
 
 
+def test_the_legend_names_thirty_series_and_widens_the_picture_for_a_long_name():
+    import xml.etree.ElementTree as ET
+
+    from graphopt.passes.memory.plot import GLYPH_W
+    from graphopt.tuner.history_plot import histories_svg
+
+    # MobileNetV2 on ascend910b has 31 signatures: 24 were named, "… and 7 more"; a measured
+    # subgraph study's name and ratio ran past the edge of the 720-pixel picture.
+    name = "mobilenetv2.onnx on ascend910b -O2 (re-timed side by side: 1.003x)"
+    series = [(name, [6.5e-3, 6.4e-3], 6.5e-3)] + [(f"k{i}", [2.0, 1.5], 2.0) for i in range(30)]
+    root = ET.fromstring(histories_svg(series, kind="measured"))
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert sum(t.startswith("k") for t in texts) == 29 and "… and 1 more" in texts
+    (first,) = [t for t in texts if t.startswith(name)]
+    assert 52 + 22 + GLYPH_W * len(first) < int(root.get("width"))
+
+
 def test_canvas_text_draws_the_glyphs():
     from graphopt.passes.memory.plot import _FONT, GLYPH_W, _Canvas
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Series = list[tuple[str, list[float], float]]  # (name, best seconds so far per trial, default)
-_LEGEND_ROWS = 24          # legend lines under the plot; more series end in "… and N more"
+# Legend lines under the plot, one per style a curve can have (ten hues, solid, dashed and
+# dotted); more series end in "… and N more", their curves repeating styles.
+_LEGEND_ROWS = 30
 _GREY, _GRID, _BLACK = (120, 120, 120), (225, 225, 225), (0, 0, 0)
 # Ten hues told apart at a glance (Tableau's); the next ten series repeat them dashed, the ten
 # after dotted (a ResNet-50 has 21 kernel signatures).
@@ -53,6 +55,11 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
     y_step = _nice_step(1.0 - low, 5, (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0))
     low = 1.0 - -(-(1.0 - low) // y_step) * y_step          # the bottom is a tick
     x_step = int(_nice_step(n, 8, tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))))
+    from graphopt.passes.memory.plot import GLYPH_W  # the PNG's font; SVG text is as wide
+
+    # As wide as the longest legend line needs: a subgraph study's name and ratio ran past
+    # the edge of a 720-pixel picture and were cut.
+    width = max(width, 52 + 22 + GLYPH_W * max(map(len, _legend_texts(series)), default=0) + 8)
     left, right, top, bottom = 52, width - 16, 36, height - 36
     rows = min(len(series), _LEGEND_ROWS) + (len(series) > _LEGEND_ROWS)
     fig = _Figure(width, height + 12 * rows + 4)  # the last legend row clear of the edge
@@ -91,16 +98,24 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
     return fig
 
 
+def _legend_texts(series: Series) -> list[str]:
+    """The legend's row of each series it shows: its name, default and best cost."""
+    texts = []
+    for name, hist, default in series[:_LEGEND_ROWS]:
+        best = min((v for v in hist if v != float("inf")), default=default)
+        texts.append(f"{name}: default {_duration(default)}, best {_duration(best)} "
+                     f"({default / best:.3f}x)")
+    return texts
+
+
 def _add_legend(fig: _Figure, series: Series, colours: list, left: int, top: int) -> None:
     """One row per series from `top` down: its colour, name, default and best cost."""
-    for k, ((name, hist, default), rgb) in enumerate(zip(series[:_LEGEND_ROWS], colours)):
+    for k, (text, rgb) in enumerate(zip(_legend_texts(series), colours)):
         row = top + 12 * k
-        best = min((v for v in hist if v != float("inf")), default=default)
         drawn, gap = _dash(k) or (16, 0)  # a dashed or dotted curve's swatch is too
         fig.boxes += [(left + s, row + 3, left + min(s + drawn, 16), row + 6, rgb)
                       for s in range(0, 16, drawn + gap)]
-        fig.texts.append((left + 22, row, f"{name}: default {_duration(default)}, best "
-                          f"{_duration(best)} ({default / best:.3f}x)", _BLACK, "start"))
+        fig.texts.append((left + 22, row, text, _BLACK, "start"))
     if len(series) > _LEGEND_ROWS:
         fig.texts.append((left + 22, top + 12 * _LEGEND_ROWS,
                           f"… and {len(series) - _LEGEND_ROWS} more", _BLACK, "start"))
