@@ -229,10 +229,22 @@ def _cmd_tune(args) -> int:
                         "trials", "tuned tiling"], rows,
                        title=f"op tuning on {partitioning.target.name} (estimates; {url})"))
     tuned = {node: r.best[0] for g, r in zip(kernels, results) for node in g.nodes}
+    # What a compile with this knowledge base applies: the best stored tiling of each kernel,
+    # which another study of the same kernel (--study NAME, an import) may hold.
+    from graphopt.tuner.kb import tuned_tilings
+
+    applied = tuned_tilings(url, result.model, partitioning, skipped=[])
+    elsewhere = [g.signature for g, r in zip(kernels, results)
+                 if any(applied.get(node, r.best[0]) != r.best[0] for node in g.nodes)]
     before = model_estimate(result.model, partitioning).seconds
-    after = model_estimate(result.model, partitioning, tuned).seconds
+    after = model_estimate(result.model, partitioning, {**tuned, **applied}).seconds
     print(f"whole model (estimate): default {before * 1e6:.2f} µs, tuned {after * 1e6:.2f} µs, "
           f"{before / after:.3f}x")
+    if elsewhere:
+        print(f"note: {len(elsewhere)} kernel(s) have a faster tiling in another study of "
+              f"{url} (--study NAME, kb import), which a compile applies and the whole-model "
+              f"figure counts: {', '.join(elsewhere[:3])}{', …' if len(elsewhere) > 3 else ''} "
+              "(kb list shows it)")
     foreign = [name for r in results for name in r.foreign]
     if foreign:  # another Optuna client's or an edited trial: counted, never the best
         print(f"note: left out {len(foreign)} trial(s) that record no tiling graphopt wrote "

@@ -548,6 +548,27 @@ def _cli(argv):
     return args.func(args)
 
 
+def test_the_tables_whole_model_counts_what_a_compile_applies_from_another_study(tmp_path,
+                                                                                capsys):
+    # A --study NAME study held 26.23 µs for the kernel; a run on the default study printed
+    # "tuned 28.98 µs, 1.000x" and a whole model without it, where a compile applies 26.23.
+    from graphopt import zoo
+
+    path = str(tmp_path / "mm.onnx")
+    onnx.save(zoo.build("matmul256"), path)
+    db = str(tmp_path / "st.db")
+    assert _cli(["tune", path, "--target", "ascend310", "--study", "mine", "--trials", "10",
+                 "--tuning-db", db, "-q"]) == 0
+    named = capsys.readouterr().out
+    assert _cli(["tune", path, "--target", "ascend310", "--trials", "1", "--tuning-db", db,
+                 "-q"]) == 0
+    out = capsys.readouterr().out
+    whole = [line for line in out.splitlines() if line.startswith("whole model")]
+    assert whole == [line for line in named.splitlines() if line.startswith("whole model")]
+    assert "note: 1 kernel(s) have a faster tiling in another study of " in out
+    assert "28.98     28.98    1.000" in out  # the table's row is still this study's own
+
+
 def test_cli_tune_prints_the_table(tmp_path, capsys):
     path = conv_model(str(tmp_path / "m.onnx"))
     db = str(tmp_path / "cli.db")
