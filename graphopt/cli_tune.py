@@ -129,6 +129,17 @@ def _check_plot(path: str, args) -> None:
 
 
 def _cmd_tune(args) -> int:
+    try:
+        return _tune(args)
+    except KeyboardInterrupt:  # Ctrl-C, or a termination signal (cli.Terminated)
+        url = getattr(args, "resolved_storage", None)
+        if url:  # what the stop left: said before the one line the command line ends with
+            print(f"note: the trials completed before the stop are kept in {url}; the same "
+                  "command resumes the job", file=sys.stderr)
+        raise
+
+
+def _tune(args) -> int:
     from graphopt.compiler import optimize
     from graphopt.tuner.model import model_estimate
     from graphopt.tuner.search import tune_kernel
@@ -143,6 +154,7 @@ def _cmd_tune(args) -> int:
     # Checked before the compile, which can take minutes, and without creating anything.
     url = storage_url(named_storage(args), option=_storage_option(args))
     check_writable(named_storage(args), _storage_option(args))
+    args.resolved_storage = url
     from graphopt.cli_precision import precision_options
 
     precision = precision_options(args)

@@ -48,11 +48,12 @@ def cmd_tune_subgraph(args, storage) -> int:
         result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
                                storage=url, study_name=args.study, sampler=args.sampler,
                                progress=progress, workers=args.workers)
-    print(format_table(["partition", "decision", "rewrites", "default", "tuned"],
-                       _decision_rows(result),
-                       title=f"subgraph tuning on {args.target} -O{args.level} "
-                             f"({args.objective}; {result.space.size} combinations, "
-                             f"{result.trials} trials; {url})"))
+    title = (f"subgraph tuning on {args.target} -O{args.level} ({args.objective}; "
+             f"{result.space.size} combinations, {result.trials} trials; {url})")
+    decisions = _decision_rows(result)
+    # A compile without decisions gets its title alone, not a table of headers.
+    print(format_table(["partition", "decision", "rewrites", "default", "tuned"], decisions,
+                       title=title) if decisions else title)
     if result.hint:  # why the device's share is what it is (tune --job op says it too)
         print(f"note: --target {args.target}: {result.hint}")
     costs = _cost_rows(result, args)

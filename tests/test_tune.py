@@ -1130,6 +1130,24 @@ def test_a_ctrl_c_in_optunas_bookkeeping_leaves_the_trial_failed(a310, tmp_path,
     assert again.default[1] > 0  # the default was queued again and evaluated
 
 
+def test_an_interrupted_tune_says_its_trials_are_kept_and_how_to_resume(tmp_path, capsys,
+                                                                       monkeypatch):
+    # It said only "graphopt: interrupted", where kb import says how far it got.
+    import graphopt.tuner.search as search
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search, "tune_kernel", stopped)
+    path = conv_model(str(tmp_path / "m.onnx"))
+    db = tmp_path / "kb.db"
+    rc, _, err = run_cli(capsys, "tune", path, "--target", "ascend310", "--tuning-db", db)
+    assert rc == 130
+    assert err.splitlines()[-2:] == [
+        f"note: the trials completed before the stop are kept in sqlite:///{db}; the same "
+        "command resumes the job", "graphopt: interrupted"]
+
+
 def test_op_tuning_on_a_target_without_an_npu_points_to_subgraph_tuning(tmp_path, capsys):
     # It said no node of the model runs on an NPU device, as if the model were at fault.
     import graphopt
