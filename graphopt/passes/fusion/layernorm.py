@@ -284,7 +284,7 @@ class RmsNormPowHalf(_RmsNorm):
 
 
 class RmsNormMulSquare(_RmsNorm):
-    """x / √(mean(x·x) + ε) · γ: the square as torch.square and a hand-written x * x export it."""
+    """x / √(mean(x·x) + ε) · γ: the square as torch.square or a hand-written x * x gives it."""
     def pattern(self, op, x, gamma):
         return op.Mul(_norm(op, x, centre=False, square="mul"), gamma)
 
