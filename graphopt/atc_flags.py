@@ -38,6 +38,40 @@ ATC_ONLY = {
     "--buffer_optimize": "ATC's; the memory plan is graphopt's own here: drop it",
     "--op_debug_level": "ATC's; graphopt optimize --dump-dir writes the IR after each pass",
     "--job_type": "AOE's; graphopt tune --job op is its 2, --job subgraph its 1",
+    # Its values are ATC's (a value per -1 dim of --input_shape), not --dynamic-dims' own.
+    "--dynamic_dims": "ATC's, with --input_shape's -1 dims (graphopt atc takes the line as it "
+                      "is); --dynamic-dims \"DIM:V1,V2\" names the model's own dims here",
+    "--check_report": "ATC's; the compile's notes say what it changed and refused, and "
+                      "graphopt partition shows each op's device and fallback reason",
+    "--singleop": "ATC's single-op compile; graphopt compiles whole ONNX models",
+    "--display_model_info": "ATC's; graphopt inspect x.om shows the artifact",
+    "--dump_mode": "ATC's; graphopt optimize --dump-dir writes the IR after each pass",
+    "--debug_dir": "ATC's; graphopt optimize --dump-dir writes the IR after each pass",
+    "--op_debug_config": "ATC's; kernels are onnxruntime's here: drop it",
+    "--op_compiler_cache_mode": "ATC's; no kernels are compiled here: drop it",
+    "--op_compiler_cache_dir": "ATC's; no kernels are compiled here: drop it",
+    "--host_env_os": "ATC's; the .om runs wherever graphopt's runtime and onnxruntime do: "
+                     "drop it",
+    "--host_env_cpu": "ATC's; the .om runs wherever graphopt's runtime and onnxruntime do: "
+                      "drop it",
+    "--sparsity": "ATC's; graphopt has no structured sparsity: drop it",
+    "--is_input_adjust_hw_layout": "ATC's; inputs keep the model's layout here: drop it",
+    "--disable_reuse_memory": "ATC's; the .om's memory plan is recorded for inspection, and "
+                              "onnxruntime allocates as it runs: drop it",
+    "--enable_single_stream": "ATC's; partitions run one after another here: drop it",
+    "--auto_tune_mode": "ATC's; graphopt tune tunes tilings and fusion decisions "
+                        "(--tuning-db applies them)",
+    "--enable_compress_weight": "ATC's; --quantize int4 stores MatMul weights in 4 bits here",
+    "--compress_weight_conf": "ATC's; --quantize int4 stores MatMul weights in 4 bits here",
+    "--external_weight": "ATC's; the .om holds its weights, which onnxruntime maps from it",
+    "--status_check": "ATC's; kernels are onnxruntime's here: drop it",
+    "--oo_level": "ATC's; -O0 to -O3 here (graphopt passes lists what each runs)",
+    "--input_hint_shape": "ATC's; -1 in --input-shape with --dynamic-dims lists the sizes to "
+                          "compile here",
+    "--deterministic": "ATC's; onnxruntime's CPU kernels give the same result run after run",
+    "--virtual_type": "ATC's; graphopt has no virtual-device mode: drop it",
+    "--weight": "ATC's, for Caffe weights; graphopt reads ONNX only",
+    "--op_name_map": "ATC's; graphopt reads ONNX only",
     "--mode": "ATC's; its --mode=1 (an .om as JSON) is graphopt inspect x.om --json, its "
               "--mode=6 graphopt inspect x.om",
     "--om": "ATC's --mode's input; graphopt inspect takes the .om as its argument",
@@ -58,8 +92,8 @@ def atc_hints(parser: argparse.ArgumentParser, unrecognized: list[str]) -> list[
         dashed = flag.replace("_", "-")
         if flag in known:
             continue
-        if flag.startswith("--") and dashed != flag and dashed in known:
-            hints.append(f"{flag} is {dashed} here")
-        elif flag in ATC_ONLY:
+        if flag in ATC_ONLY:  # before the dashed name: --dynamic_dims' values are not ours
             hints.append(f"{flag} is {ATC_ONLY[flag]}")
+        elif flag.startswith("--") and dashed != flag and dashed in known:
+            hints.append(f"{flag} is {dashed} here")
     return hints

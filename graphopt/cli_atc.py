@@ -120,6 +120,12 @@ def translate(args) -> list[str]:
                           f"(--framework={ONNX_FRAMEWORK}); convert the model to ONNX first")
     if args.log is not None and args.log.lower() not in LOG_LEVELS:
         raise OptionError(f"--log={args.log}: ATC's levels are {', '.join(LOG_LEVELS)}")
+    for flag in ("--input_shape", "--input_format", "--dynamic_batch_size",
+                 "--dynamic_image_size", "--dynamic_dims"):
+        value = getattr(args, flag[2:])
+        if value is not None and not value.strip(" ,;"):  # an unset variable in a script
+            raise OptionError(f"{flag}={value}: an empty value (leave the flag out for "
+                              "ATC's default)")
     output = args.output if args.output.lower().endswith(".om") else args.output + ".om"
     argv = ["optimize", args.model, "-o", output, "--target", _target(args.soc_version)]
     layout = (args.input_format or "NCHW").upper()
@@ -129,7 +135,8 @@ def translate(args) -> list[str]:
     shapes = _input_shapes(args.input_shape) if args.input_shape else {}
     images = _aipp_inputs(args) if shapes and args.insert_op_conf else {}
     if shapes:
-        argv += ["--input-shape", _fed_shapes(args.input_shape, shapes, images)]
+        argv += ["--input-shape", _fed_shapes(args.input_shape, shapes, images,
+                                              INPUT_FORMATS.get(layout))]
     argv += ["--precision", _precision(args)]
     for flag, ours in SAME_VALUE.items():
         value = getattr(args, flag[2:])
@@ -183,19 +190,23 @@ def _input_shapes(text: str) -> dict[str, list[str]]:
         name, colon, dims = part.rpartition(":")
         if not colon or not name:
             raise OptionError(f"--input_shape={text}: {part!r} is not name:d0,d1,…")
+        if name in shapes:
+            raise OptionError(f"--input_shape={text}: input '{name}' is given twice")
         shapes[name] = [d.strip() for d in dims.split(",")] if dims.strip() else []
         if any("~" in d for d in shapes[name]):
             raise OptionError(f"--input_shape={text}: {part!r}: shape ranges (1~10) are not "
                               "taken: -1 with --dynamic_dims lists the sizes to compile")
-        if "0" in shapes[name]:
+        if any(d.lstrip("+-").isdecimal() and int(d) == 0 for d in shapes[name]):
             raise OptionError(f"--input_shape={text}: {part!r}: ATC takes no dim of 0")
     return shapes
 
 
-def _aipp_inputs(args) -> dict[str, list | None]:
+def _aipp_inputs(args) -> dict[str, tuple[list | None, tuple[int, int] | None]]:
     """The inputs --insert_op_conf gives preprocessing (the model's feedable inputs its
-    related_input_rank counts), with their dims in the model (a number, or None where open);
-    empty when the file or the model cannot be read, which the compile then reports."""
+    related_input_rank counts), with their dims in the model (a number, or None where open)
+    and the (h, w) its images come out at (the crop's size, else the source size; None where
+    the file leaves it to the model); empty when the file or the model cannot be read, which
+    the compile then reports."""
     from graphopt.aipp_config import read_aipp_config
     from graphopt.errors import GraphoptError
     from graphopt.ir.onnx_io import read_model_proto
@@ -207,8 +218,14 @@ def _aipp_inputs(args) -> dict[str, list | None]:
         return {}
     weights = {tensor.name for tensor in graph.initializer}
     feedable = [value for value in graph.input if value.name not in weights]
-    return {feedable[op.input_rank].name: _dims(feedable[op.input_rank])
+    return {feedable[op.input_rank].name: (_dims(feedable[op.input_rank]), _made_size(op))
             for op in ops if op.input_rank < len(feedable)}
+
+
+def _made_size(op) -> tuple[int, int] | None:
+    """The (h, w) an AIPP block's images come out at, where the file sets it."""
+    size = op.crop_size if op.crop else op.src_size
+    return tuple(size) if all(size) else None
 
 
 def _dims(value) -> list | None:
@@ -219,17 +236,27 @@ def _dims(value) -> list | None:
     return [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
 
 
-def _fed_shapes(text: str, shapes: dict[str, list[str]],
-                images: dict[str, list | None]) -> str:
+def _fed_shapes(text: str, shapes: dict[str, list[str]], images: dict[str, tuple],
+                height_width: tuple[int, int] | None) -> str:
     """--input-shape's text. ATC's shape of an input AIPP preprocesses is the model's input
-    (NCHW float), checked against it; graphopt's pin is of what is fed, the uint8 image, whose
-    size the AIPP file sets: its batch alone carries over."""
+    (NCHW float), checked against it and against the size the AIPP file makes its images;
+    graphopt's pin is of what is fed, the uint8 image, whose size the AIPP file sets: its
+    batch alone carries over."""
     fed = {}
     for name, dims in shapes.items():
         if name not in images or not dims:
             fed[name] = dims
             continue
-        model = images[name]
+        model, made = images[name]
+        if made is not None and height_width is not None and len(dims) > max(height_width):
+            given = tuple(dims[axis] for axis in height_width)
+            if all(d.isdecimal() for d in given) and tuple(map(int, given)) != made:
+                # ATC refuses it too; graphopt kept the batch alone and compiled at the file's
+                # size, the height and width the line gave dropped without a word.
+                raise OptionError(f"--input_shape={text}: input '{name}' is {given[0]}×"
+                                  f"{given[1]} there, but --insert_op_conf's preprocessing "
+                                  f"makes {made[0]}×{made[1]} images (its crop_size, else "
+                                  "src_image_size)")
         if model is not None and not _fits(dims, model):
             shown = ",".join("?" if size is None else str(size) for size in model)
             raise OptionError(f"--input_shape={text}: input '{name}' is [{shown}] in the model, "
@@ -265,6 +292,12 @@ def _dynamic_dims(args, shapes: dict[str, list[str]], height_width: tuple[int, i
     if not dynamic:
         raise OptionError(f"{flag}: --input_shape gives no -1 dim for it to set (ATC's "
                           "--input_shape=\"x:-1,3,224,224\" marks them)")
+    awkward = [n for n, _ in dynamic if set(n) & set("=,;[]")]
+    if awkward:  # name[axis]=value is how --dynamic-dims names them
+        raise OptionError(f"{flag}: input '{awkward[0]}' has a -1 dim, and graphopt's "
+                          "--dynamic-dims cannot name an input whose name holds '=', ',', ';', "
+                          "'[' or ']': graphopt optimize --dynamic-dims \"DIM:V1,V2\" sets the "
+                          "model's symbolic dim by its own name")
     where = ", ".join(f"{n}[{a}]" for n, a in dynamic)
     if flag == "--dynamic_batch_size":  # "1,2,4": a batch size each, for every -1 dim
         off = [f"{n}[{a}]" for n, a in dynamic if a != 0]
@@ -272,7 +305,7 @@ def _dynamic_dims(args, shapes: dict[str, list[str]], height_width: tuple[int, i
             raise OptionError(f"{flag}: --input_shape gives -1 at {', '.join(off)}, not a "
                               "first dim: ATC's --dynamic_batch_size takes -1 as the batch "
                               "(first) dim only; --dynamic_dims sets others")
-        profiles = [[b.strip()] * len(dynamic) for b in value.split(",") if b.strip()]
+        profiles = [[b.strip()] * len(dynamic) for b in value.split(",")]
         shown = "a batch size"
     elif flag == "--dynamic_image_size":  # "224,224;448,448": one H,W for every input
         profiles = _image_profiles(value, dynamic, shapes, height_width, images)

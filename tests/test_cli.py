@@ -1118,6 +1118,16 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
     (["inspect", "--mode=1", "--om=x.om", "--json=x.json"],
      "inspect: argument --json: ignored explicit argument 'x.json' (--json=FILE is ATC's "
      "--mode=1 output file; graphopt inspect x.om --json > x.json here)"),
+    # Each got "unrecognized arguments" alone, where the README promises why for every flag.
+    (["atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310",
+      "--check_report=r.json", "--host_env_os=linux"],
+     "(--check_report is ATC's; the compile's notes say what it changed and refused, and "
+     "graphopt partition shows each op's device and fallback reason; --host_env_os is ATC's; "
+     "the .om runs wherever graphopt's runtime and onnxruntime do: drop it)"),
+    # "--dynamic_dims is --dynamic-dims here", whose values are not ATC's.
+    (["optimize", "m.onnx", "-o", "m.om", "--dynamic_dims=1;2"],
+     "(--dynamic_dims is ATC's, with --input_shape's -1 dims (graphopt atc takes the line as "
+     "it is); --dynamic-dims \"DIM:V1,V2\" names the model's own dims here)"),
     (["optimize", "m.onnx", "-o", "m.om", "--output_type=FP16", "--mode=1"],
      "(--output_type is --output-type here; --mode is ATC's; its --mode=1 (an .om as JSON) is "
      "graphopt inspect x.om --json"),

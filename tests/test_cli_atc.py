@@ -98,6 +98,21 @@ def test_atc_flags_become_graphopts(given, expected):
      "--input_format=ND has no height or width"),
     ({"input_shape": "x:-1,3,8,8", "dynamic_batch_size": "1", "dynamic_dims": "2"},
      "--dynamic_batch_size and --dynamic_dims: ATC takes one of them"),
+    # Each compiled a fully dynamic model without a word (a script's unset variable).
+    ({"input_shape": "x:-1,3,8,8", "dynamic_batch_size": ""}, "--dynamic_batch_size=: an "
+                                                              "empty value"),
+    ({"input_shape": "x:-1,3,8,8", "dynamic_batch_size": ","}, "an empty value"),
+    ({"input_shape": "ids:1,-1", "dynamic_dims": ";"}, "--dynamic_dims=;: an empty value"),
+    ({"input_shape": ";;"}, "--input_shape=;;: an empty value"),
+    ({"input_format": ""}, "--input_format=: an empty value"),
+    ({"input_shape": "x:-1,3,8,8", "dynamic_batch_size": "1,,2"}, "sizes of 1 or more"),
+    # The last of the two was taken, where graphopt optimize refuses the pins.
+    ({"input_shape": "x:1,3,8,8;x:2,3,8,8"}, "input 'x' is given twice"),
+    ({"input_shape": "x:00,3,8,8"}, "ATC takes no dim of 0"),
+    # Translated into a --dynamic-dims its own parser read as 'in' and 'put[0]=1'.
+    ({"input_shape": "in=put:-1,4", "dynamic_batch_size": "1,2"},
+     "input 'in=put' has a -1 dim, and graphopt's --dynamic-dims cannot name an input whose "
+     "name holds '='"),
 ])
 def test_what_has_no_counterpart_is_refused_by_name(given, message):
     with pytest.raises(OptionError) as refused:
@@ -185,6 +200,20 @@ def test_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):
     rc, out, err = run_cli(capsys, *line, "--log=error")
     assert rc == 1 and out == "" and f"graphopt atc: ran graphopt optimize {model}" in err, err
     assert not (tmp_path / "net.om").exists()
+
+
+def test_atcs_input_shape_of_an_aipp_inputs_size_is_checked_against_the_aipp_file(tmp_path,
+                                                                                  capsys):
+    # The height and width were dropped: the line asked for 6×6 and got the file's 8×8.
+    model = tmp_path / "open.onnx"
+    onnx.save(parse_model("""
+        g (float[N,3,H,W] x) => (y) { y = Relu (x) }"""), model)
+    line = [arg.replace(str(tmp_path / "net.onnx"), str(model)) for arg in _aipp_line(tmp_path)]
+    rc, out, err = run_cli(capsys, *line, "--input_shape=x:1,3,6,6")
+    assert rc == 1 and "input 'x' is 6×6 there, but --insert_op_conf's preprocessing makes " \
+        "8×8 images" in err, err
+    rc, out, err = run_cli(capsys, *line, "--input_shape=x:1,3,8,8")
+    assert rc == 0, err
 
 
 def test_atcs_input_shape_of_an_aipp_input_is_checked_against_the_model(tmp_path, capsys):
