@@ -83,6 +83,10 @@ def _cmd_atc(args) -> int:
     line = "graphopt " + shlex.join(argv)
     quiet = "-q" in argv
     if not quiet:
+        if args.keep_dtype is not None and "--keep-dtype" not in argv:
+            print("graphopt atc: --keep_dtype lists nodes to keep in their dtype, which "
+                  "--precision keep (ATC's must_keep_origin_dtype) keeps every node in: "
+                  "not passed on")
         print(f"graphopt atc: running {line}", flush=True)
     # Messages name the flags as the atc line wrote them, where graphopt's spelling differs.
     with flags_spelled(_atc_spellings(args)):
@@ -137,9 +141,12 @@ def translate(args) -> list[str]:
     if shapes:
         argv += ["--input-shape", _fed_shapes(args.input_shape, shapes, images,
                                               INPUT_FORMATS.get(layout))]
-    argv += ["--precision", _precision(args)]
+    precision = _precision(args)
+    argv += ["--precision", precision]
     for flag, ours in SAME_VALUE.items():
         value = getattr(args, flag[2:])
+        if flag == "--keep_dtype" and precision == "keep":
+            continue  # every node keeps its dtype: ATC takes the list, graphopt refuses it
         if value is not None:
             argv += [ours, value.strip().rstrip(";") if flag in NAME_LISTS else value]
     dynamic = _dynamic_dims(args, shapes, INPUT_FORMATS[layout], images)

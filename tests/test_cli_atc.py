@@ -216,6 +216,22 @@ def test_atcs_input_shape_of_an_aipp_inputs_size_is_checked_against_the_aipp_fil
     assert rc == 0, err
 
 
+def test_keep_dtype_under_must_keep_origin_dtype_is_redundant_not_refused(tmp_path, capsys):
+    # ATC takes the list, which changes nothing there; graphopt refused it ("--keep_dtype
+    # adjust a precision mode"), naming a fix in graphopt's own spelling.
+    model = tmp_path / "net.onnx"
+    onnx.save(parse_model("g (float[1,3,8,8] x) => (y) { y = Relu(x) }"), model)
+    keep = tmp_path / "keep.cfg"
+    keep.write_text("Relu_0\n")
+    rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
+                           f"--output={tmp_path / 'net'}", "--soc_version=Ascend310",
+                           "--precision_mode=must_keep_origin_dtype", f"--keep_dtype={keep}")
+    assert rc == 0, err
+    assert "--keep_dtype lists nodes to keep in their dtype, which --precision keep (ATC's " \
+           "must_keep_origin_dtype) keeps every node in: not passed on" in out
+    assert "--keep-dtype" not in out
+
+
 def test_atcs_input_shape_of_an_aipp_input_is_checked_against_the_model(tmp_path, capsys):
     # Only its batch carries over to the fed image: a wrong rank or channel count passed as
     # the batch of a compile that then ran.
