@@ -4,6 +4,7 @@ translation printed so that a script can move to graphopt's own spelling."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Mapping
@@ -125,11 +126,14 @@ def translate(args) -> list[str]:
     if args.log is not None and args.log.lower() not in LOG_LEVELS:
         raise OptionError(f"--log={args.log}: ATC's levels are {', '.join(LOG_LEVELS)}")
     for flag in ("--input_shape", "--input_format", "--dynamic_batch_size",
-                 "--dynamic_image_size", "--dynamic_dims"):
+                 "--dynamic_image_size", "--dynamic_dims", *SAME_VALUE):
         value = getattr(args, flag[2:])
         if value is not None and not value.strip(" ,;"):  # an unset variable in a script
             raise OptionError(f"{flag}={value}: an empty value (leave the flag out for "
                               "ATC's default)")
+    if args.output.endswith(("/", os.sep)):  # out/ would write out/.om, a hidden file
+        raise OptionError(f"--output={args.output}: names a directory; ATC's --output is the "
+                          "artifact's path, .om added where it lacks it (--output=out/resnet50)")
     output = args.output if args.output.lower().endswith(".om") else args.output + ".om"
     argv = ["optimize", args.model, "-o", output, "--target", _target(args.soc_version)]
     layout = (args.input_format or "NCHW").upper()

@@ -12,6 +12,7 @@ from graphopt.cli_types import (dynamic_dims, input_shapes, name_text, parse_siz
                                 target_name, tolerance)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
+from graphopt.option_names import spelled
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 
 # The first also head the top-level --help's examples.
@@ -251,7 +252,7 @@ def _switch_file(args) -> str | None:
     if args.fusion_switch_file:
         from graphopt.switches import read_switch_file
 
-        read_switch_file(args.fusion_switch_file, "--fusion-switch-file")
+        read_switch_file(args.fusion_switch_file, spelled("--fusion-switch-file"))
     return args.switch_file or args.fusion_switch_file
 
 

@@ -7,6 +7,7 @@ import os
 
 from graphopt.cli_types import path_text
 from graphopt.errors import OptionError
+from graphopt.option_names import spelled
 
 
 def _comma_list(values, flag: str = "") -> set[str]:
@@ -24,7 +25,7 @@ LIST_SUFFIXES = (".cfg", ".txt", ".lst", ".list")
 
 def keep_dtype_files(values) -> list[str]:
     """The --keep-dtype entries that name list files (read, so not to be overwritten)."""
-    return sorted(name for name in _comma_list(values, "--keep-dtype") if os.path.isfile(name))
+    return sorted(name for name in _comma_list(values, spelled('--keep-dtype')) if os.path.isfile(name))
 
 
 def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
@@ -35,19 +36,19 @@ def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
     for name in names:
         if not os.path.isfile(name):
             _check_not_a_path(name)
-            _keep_entry(name, "--keep-dtype", nodes, types)
+            _keep_entry(name, spelled('--keep-dtype'), nodes, types)
             continue
         try:
             with open(name, encoding="utf-8-sig") as f:
                 lines = [line.split("#", 1)[0].strip() for line in f]
         except (OSError, UnicodeDecodeError) as exc:
-            raise OptionError(f"--keep-dtype {name}: cannot read it "
+            raise OptionError(f"{spelled('--keep-dtype')} {name}: cannot read it "
                               f"({getattr(exc, 'strerror', None) or exc})") from None
         entries = [line for line in lines if line]
         if not entries:
-            raise OptionError(f"--keep-dtype {name}: the file names no node or op type")
+            raise OptionError(f"{spelled('--keep-dtype')} {name}: the file names no node or op type")
         for entry in entries:
-            _keep_entry(entry, f"--keep-dtype {name}", nodes, types)
+            _keep_entry(entry, f"{spelled('--keep-dtype')} {name}", nodes, types)
     return nodes, types
 
 
@@ -58,14 +59,14 @@ def _check_not_a_path(entry: str) -> None:
     name nodes with slashes (`/backbone/conv1/Conv`, `/Relu`) but no extension after the last
     one, so those stay node names."""
     if os.path.isdir(entry):
-        raise OptionError(f"--keep-dtype {entry}: is a directory, expected node names or ATC's "
+        raise OptionError(f"{spelled('--keep-dtype')} {entry}: is a directory, expected node names or ATC's "
                           "--keep_dtype list file")
     folder, base = os.path.split(entry)
     extension = os.path.splitext(base)[1]
     # A letter after the dot: `Conv.0` (paddle2onnx's names) is no file name.
     if extension.lower() in LIST_SUFFIXES or \
             (folder and extension[1:2].isalpha() and os.path.isdir(folder)):
-        raise OptionError(f"--keep-dtype {entry}: no such file (a node name spelled like a "
+        raise OptionError(f"{spelled('--keep-dtype')} {entry}: no such file (a node name spelled like a "
                           "path goes in a list file, one name per line)")
 
 

@@ -136,6 +136,11 @@ def flags_spelled(renamed: Mapping[str, str]) -> Iterator[None]:
         _spellings.reset(token)
 
 
+def spelled(flag: str) -> str:
+    """A flag as the command line being run spells it (`--keep_dtype` under graphopt atc)."""
+    return _spellings.get().get(flag, flag)
+
+
 def _flag(keyword: str, flags: Mapping[str, str]) -> str:
     flag = flags[keyword]
     return _spellings.get().get(flag, flag)

@@ -216,6 +216,23 @@ def test_atcs_input_shape_of_an_aipp_inputs_size_is_checked_against_the_aipp_fil
     assert rc == 0, err
 
 
+def test_file_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):
+    # They said --keep-dtype and --fusion-switch-file, flags the atc line did not give; an
+    # --output ending in / wrote out/.om.
+    model = tmp_path / "net.onnx"
+    onnx.save(parse_model("g (float[1,3,8,8] x) => (y) { y = Relu(x) }"), model)
+    line = ["atc", f"--model={model}", "--framework=5", f"--output={tmp_path / 'net'}",
+            "--soc_version=Ascend310"]
+    missing = tmp_path / "missing.cfg"
+    for flag, extra in (("--keep_dtype", ["--precision_mode=allow_mix_precision"]),
+                        ("--fusion_switch_file", [])):
+        rc, _, err = run_cli(capsys, *line, *extra, f"{flag}={missing}")
+        assert rc == 1 and err.startswith(f"graphopt: error: {flag} {missing}: "), err
+    rc, _, err = run_cli(capsys, *line[:3], f"--output={tmp_path}/", line[4])
+    assert rc == 1 and "names a directory; ATC's --output is the artifact's path" in err, err
+    assert not (tmp_path / ".om").exists()
+
+
 def test_keep_dtype_under_must_keep_origin_dtype_is_redundant_not_refused(tmp_path, capsys):
     # ATC takes the list, which changes nothing there; graphopt refused it ("--keep_dtype
     # adjust a precision mode"), naming a fix in graphopt's own spelling.
