@@ -21,7 +21,8 @@ from graphopt.ir.collector import collect_dropped
 from graphopt.ir.shared_parse import shared_parses
 from graphopt.option_names import option, setting
 from graphopt.passes.instruments import start_profile_dumps
-from graphopt.quant.calib_data import CalibrationShapeError
+from graphopt.quant.calib_data import (CalibrationShapeError, calibration_label,
+                                       profile_samples, unused_files)
 from graphopt.quant.shared_stats import SharedStats
 from graphopt.shape_profiles import ShapeProfile, expand_profiles
 from graphopt.source_edits import edit_source
@@ -108,6 +109,15 @@ def _optimize_profiles(model, spec, options: dict):
                 f"the calibration data fits none of the {len(profiles)} shape profiles "
                 f"({labels}); {_in_profile(exc, profile)}") from None
         results[profile.name] = _compile(optimize, model, run, profile, shared, elsewhere)
+    calibration = options.get("calibration") or (options.get("pass_options") or {}).get(
+        "calibration")
+    unused = unused_files(calibration, shared.samples_used) if calibration and \
+        shared.samples_used else []
+    if unused:  # left out by every profile: of no shape any profile has
+        raise CalibrationShapeError(
+            f"{calibration_label(unused[0])}: fits none of the {len(profiles)} shape profiles "
+            f"({', '.join(map(_label, profiles))}); a directory's files may have the shapes "
+            "of different profiles, each calibrating on those that fit it")
     if not shared.fitted and shared.misfit is not None:
         # No pass needed its statistics (a transformer's dynamic int8 MatMuls, fp16's report)
         # and each profile let the data go: refused as when a pass needs them.
@@ -137,7 +147,8 @@ def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedSt
     shared.profile = _label(profile)
     token = INPUTS_FIT_OTHER_PROFILES.set(inputs_elsewhere)
     try:
-        return optimize(model, **run, shared_stats=shared)
+        with profile_samples(shared.samples_used):  # a calibration directory's files that
+            return optimize(model, **run, shared_stats=shared)  # fit this profile
     except CalibrationShapeError:
         raise
     except GraphoptError as exc:

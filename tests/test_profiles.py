@@ -622,6 +622,34 @@ def test_int8_borrowing_from_a_profile_that_corrected_no_bias(tmp_path):
     assert any("measured no input means" in note for note in result.notes)
 
 
+def test_a_calibration_directory_of_several_image_sizes_serves_their_profiles(tmp_path):
+    # "the calibration data fits none of the 2 shape profiles", of a directory holding four
+    # 16×16 and four 32×24 images, which compiled without profiles: each profile now
+    # calibrates on the files that fit it.
+    rng = np.random.default_rng(5)
+    proto = parse_model("""
+        g (float[1,3,H,W] x) => (y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            y = Relu(c)
+        }""", w=(rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32))
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    for i in range(4):
+        np.savez(folder / f"a{i}.npz", x=rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+        np.savez(folder / f"b{i}.npz", x=rng.standard_normal((1, 3, 32, 24)).astype(np.float32))
+    result = graphopt.optimize(proto, quantize="int8", calibration=folder,
+                               dynamic_dims="H=16,W=16;H=32,W=24",
+                               pass_options={"quant_keep_ends": False})
+    for compiled in result.profiles:
+        ops = [n.op_type for n in compiled.result.model.graph]
+        assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    # A file that fits no profile is still refused by name.
+    np.savez(folder / "c.npz", x=np.zeros((1, 3, 8, 8), np.float32))
+    with pytest.raises(OptionError, match="c.npz: fits none of the 2 shape profiles"):
+        graphopt.optimize(proto, quantize="int8", calibration=folder,
+                          dynamic_dims="H=16,W=16;H=32,W=24")
+
+
 def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
     proto = parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
     with pytest.raises(GraphoptError, match=r"verify: inputs \(x \[5, 4\]\) fit none of the "

@@ -15,6 +15,9 @@ else is an error that names the file and the input.
 An input whose first dim the model (or a shape profile) fixes at B > 1 takes samples of batch 1
 too: B consecutive samples are stacked into one, the last batch wrapping around to the first
 samples. So one calibration set serves every profile of `--dynamic-dims "batch:1,8"`.
+Under a shape profile's compile (profile_samples), a directory whose files hold several shapes
+calibrates on the files that fit the profile: one set of 16×16 and 32×24 images serves
+`--dynamic-dims "H=16,W=16;H=32,W=24"`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import glob
 import os
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +43,22 @@ from graphopt.option_names import option
 
 class CalibrationShapeError(OptionError):
     """Calibration samples of other shapes than the model's (or a shape profile's) inputs."""
+
+
+# Set while a shape profile compiles: its calibration keeps a directory's files that fit it,
+# and adds them to this set (a file no profile used is refused after them all).
+_PROFILE_SAMPLES: ContextVar[set | None] = ContextVar("graphopt_profile_samples", default=None)
+
+
+@contextmanager
+def profile_samples(used: set) -> Iterator[None]:
+    """Within: a calibration directory's files of other shapes than the model's are left out,
+    not refused, where some fit (they fit another shape profile); those used go into `used`."""
+    token = _PROFILE_SAMPLES.set(used)
+    try:
+        yield
+    finally:
+        _PROFILE_SAMPLES.reset(token)
 
 
 @dataclass(frozen=True)
@@ -113,6 +134,10 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         if not files:
             raise OptionError(f"{calibration_label(path)}: the directory holds no .npz files "
                               "(one sample per file: np.savez(f, input_name=array, …))")
+        used = _PROFILE_SAMPLES.get()
+        if used is not None:
+            files = _fitting(files, specs, fixed)
+            used.update(files)
         # Check the first file up front so a bad layout fails before any inference runs;
         # the others are checked as they are read.
         arrays = _load(files[0])
@@ -167,6 +192,27 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
             _checked(scalars[s.name][0], s, path)
             batch[s.name] = np.repeat(scalars[s.name], count, axis=0)
     return CalibrationData(path, specs, [], batch, count, given=given)
+
+
+def unused_files(path, used: set) -> list[str]:
+    """The files of a calibration directory that no shape profile's compile took."""
+    if not os.path.isdir(path):
+        return []
+    return [f for f in sorted(glob.glob(os.path.join(path, "*.npz"))) if f not in used]
+
+
+def _fitting(files: list[str], specs: list[InputSpec], fixed: tuple) -> list[str]:
+    """The files of one sample each whose shapes fit `specs`; all of them when none does (the
+    refusal then names the first), or when they are batch-1 samples stacked into a larger
+    batch, which fit only once stacked."""
+    fits = []
+    for file in files:
+        try:
+            _file_sample(file, specs, 1, fixed=fixed)
+        except CalibrationShapeError:
+            continue
+        fits.append(file)
+    return fits or files
 
 
 def _no_common_sample_axis(arrays, specs: list[InputSpec]) -> bool:

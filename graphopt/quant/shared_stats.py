@@ -47,6 +47,9 @@ class SharedStats:
     fitted: bool = False
     misfit: str | None = None
     by_pass: str = "QuantizeInt8"
+    # The files of a calibration directory some profile calibrated on (calib_data's
+    # profile_samples): one that none did is refused.
+    samples_used: set = field(default_factory=set)
 
     @property
     def ready(self) -> bool:
