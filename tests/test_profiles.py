@@ -650,6 +650,29 @@ def test_a_calibration_directory_of_several_image_sizes_serves_their_profiles(tm
                           dynamic_dims="H=16,W=16;H=32,W=24")
 
 
+def test_verify_runs_the_written_artifact_in_every_profile(tmp_path, capsys, monkeypatch):
+    # The compiled models were verified per profile, but the .om as written was run in the
+    # profile its inputs fit alone: another profile's section went unchecked.
+    import graphopt.tools.compare as compare
+    from helpers import run_cli
+
+    model = tmp_path / "m.onnx"
+    onnx.save(parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }"), model)
+    ran = []
+    original = compare.compare_models
+
+    def recording(reference, candidate, feeds=None, **kwargs):
+        ran.append(kwargs.get("input_shapes"))
+        return original(reference, candidate, feeds, **kwargs)
+
+    monkeypatch.setattr(compare, "compare_models", recording)
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "m.om", "--dynamic-dims",
+                           "N:1,3", "--verify")
+    assert rc == 0, err
+    assert ran[1:] == [{"x": [1, 4]}, {"x": [3, 4]}]
+    assert "on the same inputs, and seeded ones at each shape profile's shapes" in out
+
+
 def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
     proto = parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
     with pytest.raises(GraphoptError, match=r"verify: inputs \(x \[5, 4\]\) fit none of the "
