@@ -127,10 +127,16 @@ def _optimize_profiles(model, spec, options: dict):
     compiled = [CompiledProfile(profile, results[profile.name]) for profile in profiles]
     head = compiled[0].result
     borrowed = shared.note([_label(profile) for profile in profiles])
+    # Each note once: as it is where every profile's compile made it, else naming the
+    # profiles that did. The first profile's went unnamed, read as the whole model's ("the npu
+    # runs none of the model" where another profile's partitions were on the NPU).
+    holders: dict[str, list[str]] = {}
+    for each in compiled:
+        for note in dict.fromkeys(each.result.notes):
+            holders.setdefault(note, []).append(each.profile.name)
+    head.notes = [note if len(names) == len(compiled) else f"{', '.join(names)}: {note}"
+                  for note, names in holders.items()]
     head.notes += [note for note in (fixed, borrowed) if note]
-    for other in compiled[1:]:  # what only a later profile's compile noticed, said once
-        head.notes.extend(f"{other.profile.name}: {note}" for note in other.result.notes
-                          if note not in head.notes)
     head.profiles = compiled
     head.dynamic_signature = signature
     head.seconds = time.perf_counter() - start

@@ -650,6 +650,31 @@ def test_a_calibration_directory_of_several_image_sizes_serves_their_profiles(tm
                           dynamic_dims="H=16,W=16;H=32,W=24")
 
 
+def test_a_note_only_some_profiles_compile_names_them():
+    # A conv net whose TopK head runs on the host: at batch 1 the cost rule returns the convs
+    # to the host too, at 256 it keeps them on the NPU. The first profile's note went unnamed,
+    # read as the whole model's ("the npu runs none of the model").
+    rng = np.random.default_rng(6)
+    proto = parse_model("""
+        g (float[N,3,16,16] x) => (float[N,10] lg, float[N,3] tv, int64[N,3] ti) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1)
+            r1 = Relu(c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2)
+            r2 = Relu(c2)
+            f = Flatten(r2)
+            lg = MatMul(f, wf)
+            tv, ti = TopK <axis = 1> (lg, k)
+        }""", w1=(rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32),
+        w2=(rng.standard_normal((8, 8, 3, 3)) * 0.1).astype(np.float32),
+        wf=(rng.standard_normal((8 * 16 * 16, 10)) * 0.01).astype(np.float32),
+        k=np.array([3], np.int64))
+    result = graphopt.optimize(proto, target="ascend310", dynamic_dims="N:1,256")
+    devices = [{p.device for p in c.result.partitioning.partitions} for c in result.profiles]
+    assert devices == [{"cpu"}, {"npu", "cpu"}]
+    (note,) = [n for n in result.notes if "returned to the cpu" in n]
+    assert note.startswith("profile0: target='ascend310': ") and "runs none of the" in note
+
+
 def test_verify_runs_the_written_artifact_in_every_profile(tmp_path, capsys, monkeypatch):
     # The compiled models were verified per profile, but the .om as written was run in the
     # profile its inputs fit alone: another profile's section went unchecked.
