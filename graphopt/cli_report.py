@@ -112,7 +112,11 @@ def _cmd_report(args) -> int:
                  if p["name"] in {part.name for part in parts}) - nodes
     inside = f" and {nested} inside If/Loop/Scan bodies" if nested > 0 else ""
     size = len(page) // 1024
-    lines = [f"wrote {out} ({size} KiB): {len(parts)} partition(s), {nodes} node(s){inside}"]
+    profiles = data.artifact.profiles
+    # The graph and the counts are the default profile's: said where there are others.
+    of = (f" in {profiles[0].get('name')}, the default of {len(profiles)} shape profiles"
+          if len(profiles) > 1 else "")
+    lines = [f"wrote {out} ({size} KiB): {len(parts)} partition(s), {nodes} node(s){inside}{of}"]
     if data.accuracy is not None:
         lines.append(f"accuracy: {'PASS' if data.accuracy.passed else 'FAIL'} "
                      f"({sum(r.passed for r in data.accuracy.outputs)}/"

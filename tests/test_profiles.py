@@ -792,9 +792,13 @@ def test_inspect_and_report_show_each_profiles_placement_and_kernels(tmp_path, c
     assert "kernel configs: none in profile0, which run(s) every node on the host" in text
     assert "2 (npu, cpu)" in text  # devices in execution order
     page = tmp_path / "ct.html"
-    rc, _, err = run_cli(capsys, "report", out, "-o", page)
+    rc, said, err = run_cli(capsys, "report", out, "-o", page)
     assert rc == 0, err
+    # The graph's counts and the placement section are the default profile's: said so.
+    assert "node(s) in profile0, the default of 4 shape profiles" in said
     html = page.read_text()
+    assert "8 node(s) fell back to the host in profile0, the default shape profile (the " \
+           "summary counts each profile's)." in html
     assert "No kernel configs" not in html
     assert "<h3>shape profile profile3</h3>" in html and "profile3.p0_npu" in html
     assert "No NPU kernel in profile0: every node of those profiles runs on the host" in html

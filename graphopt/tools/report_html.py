@@ -294,7 +294,11 @@ def _placement(data: ReportData) -> str:
         return (f"<p>Every node runs on the target's primary device "
                 f"({escape(str(info.get('target', '?')))}): no fallbacks.</p>")
     reasons = Counter(f.get("reason", "?") for f in fallbacks)
-    body = f"<p>{len(fallbacks)} node(s) fell back to the host.</p>"
+    profiles = data.artifact.profiles
+    # The record is the default profile's: the summary above counts each profile's.
+    of = (f" in {escape(str(profiles[0].get('name')))}, the default shape profile (the summary "
+          "counts each profile's)" if len(profiles) > 1 else "")
+    body = f"<p>{len(fallbacks)} node(s) fell back to the host{of}.</p>"
     body += table(["reason", "nodes"], [[r, n] for r, n in reasons.most_common()], numeric={1})
     rows = [[f.get("op", "?"), f.get("node") or "(unnamed)", f.get("reason", "?")]
             for f in fallbacks[:MAX_FALLBACK_ROWS]]
