@@ -24,7 +24,7 @@ from graphopt.passes.instruments import start_profile_dumps
 from graphopt.quant.calib_data import (CalibrationShapeError, calibration_label,
                                        profile_samples, unused_files)
 from graphopt.quant.shared_stats import SharedStats
-from graphopt.shape_profiles import ShapeProfile, expand_profiles
+from graphopt.shape_profiles import ShapeProfile, dynamic_dims, expand_profiles
 from graphopt.source_edits import edit_source
 from graphopt.source_marks import frames_hint, inserted_preprocessing
 
@@ -60,11 +60,23 @@ def _optimize_profiles(model, spec, options: dict):
     start = time.perf_counter()
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
     source = load_onnx(model, user_model=True)
+    unedited = set(dynamic_dims(source)) if options.get("insert_op_conf") else set()
     # The profiles take the model as each compile edits it: its signature is the artifact's
     # (an --insert-op-conf input takes images, an --out-nodes output is an inner tensor).
     edit_source(source, options.get("out_nodes"), options.get("insert_op_conf"), label,
                 options.get("input_fp16_nodes"), options.get("output_type"))
-    profiles = expand_profiles(source, spec, label)
+    fixed_by_aipp = sorted(unedited - set(dynamic_dims(source)))
+    try:
+        profiles = expand_profiles(source, spec, label)
+    except OptionError as exc:
+        named = [dim for dim in fixed_by_aipp if f"dim '{dim}'" in str(exc)]
+        if not named:
+            raise
+        # The model has that dim; the preprocessing the AIPP file inserts fixed it.
+        raise OptionError(f"{option('dynamic_dims')}: {label}'s dynamic dim '{named[0]}' is "
+                          f"fixed by {option('insert_op_conf')}, whose src_image_size (or "
+                          "crop) sets the size of the images it preprocesses: leave it out of "
+                          f"{option('dynamic_dims')}, or compile one artifact per image size")
     signature = dynamic_signature(source)
     inputs = [signature[v.name] for v in source.graph.inputs if not v.is_constant]
     images = inserted_preprocessing(source.metadata_props)

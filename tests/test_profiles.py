@@ -698,6 +698,19 @@ def test_verify_runs_the_written_artifact_in_every_profile(tmp_path, capsys, mon
     assert "on the same inputs, and seeded ones at each shape profile's shapes" in out
 
 
+def test_a_dim_the_aipp_file_fixes_is_named_as_fixed_by_it(tmp_path):
+    # "has no dynamic input dim 'H' (its dynamic dims: N (x[0]))", of a model that has H: the
+    # AIPP file's src_image_size had fixed it.
+    proto = parse_model("""
+        g (float[N,3,H,W] x) => (y) { y = GlobalAveragePool(x) }""")
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n  aipp_mode: static\n  input_format: RGB888_U8\n"
+                      "  src_image_size_w: 16\n  src_image_size_h: 16\n}\n")
+    with pytest.raises(OptionError, match="dynamic dim 'H' is fixed by insert_op_conf, whose "
+                                          "src_image_size"):
+        graphopt.optimize(proto, insert_op_conf=config, dynamic_dims="H=16,W=16;H=32,W=32")
+
+
 def test_verify_inputs_that_fit_no_profile_are_refused(tmp_path):
     proto = parse_model("g (float[N, 4] x) => (float[N, 4] y) { y = Relu(x) }")
     with pytest.raises(GraphoptError, match=r"verify: inputs \(x \[5, 4\]\) fit none of the "
