@@ -698,6 +698,15 @@ def test_verify_runs_the_written_artifact_in_every_profile(tmp_path, capsys, mon
     assert "on the same inputs, and seeded ones at each shape profile's shapes" in out
 
 
+def test_an_npu_profile_leaving_a_dim_open_is_told_to_give_it_values_in_dynamic_dims():
+    # Each profile's note said to pin the input with --input-shape, each with another example
+    # (1,16 and 1,128), where the profiles were the pins.
+    result = graphopt.optimize(mlp_model(), target="ascend310", dynamic_dims="seq:8,16")
+    notes = [n for n in result.notes if "for dynamic shapes" in n]
+    assert notes and all("give 'batch' values in dynamic_dims too" in n for n in notes), notes
+    assert not any("input_shapes" in n for n in notes)
+
+
 def test_a_dim_the_aipp_file_fixes_is_named_as_fixed_by_it(tmp_path):
     # "has no dynamic input dim 'H' (its dynamic dims: N (x[0]))", of a model that has H: the
     # AIPP file's src_image_size had fixed it.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from graphopt.errors import one_line
-from graphopt.option_names import from_command_line
+from graphopt.option_names import from_command_line, option
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.layouts import layout_summary
 from graphopt.partition.partitioner import Partition, Partitioning, _with_nested, is_constant_node
@@ -158,6 +158,14 @@ def _dynamic_hint(model, partitioning: Partitioning, log=None) -> str:
                 "model computes, which --input-shape cannot pin")
     named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape)}]" if v.shape is not None
                                         else "(rank unknown)") for v in inputs)
+    from graphopt.compile_checks import PIN_OPTIONS
+
+    if "dynamic_dims" in PIN_OPTIONS.get():  # a shape profile's compile: its pins are those
+        left = sorted({d for v in inputs for d in v.shape or () if isinstance(d, str) and d})
+        keys = ", ".join(f"'{d}'" for d in left) or "its open dims (INPUT[AXIS])"
+        return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; the "
+                f"profile leaves input(s) {named} open: give {keys} values in "
+                f"{option('dynamic_dims')} too" + fold)
     example = ";".join(f"{v.name}:{_example_dims(v.shape)}" for v in inputs if v.shape is not None)
     if not from_command_line():
         return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
