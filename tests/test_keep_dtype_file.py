@@ -107,5 +107,5 @@ def test_atcs_keep_dtype_flag_refuses_a_missing_list_too(tmp_path, capsys):
                            f"--output={tmp_path / 'm'}", "--precision_mode=force_fp16",
                            "--soc_version=Ascend310",
                            f"--keep_dtype={tmp_path / 'exceptionlist.cfg'}")
-    assert rc == 1 and f"--keep-dtype {tmp_path / 'exceptionlist.cfg'}: no such file" in err, err
+    assert rc == 1 and f"--keep_dtype {tmp_path / 'exceptionlist.cfg'}: no such file" in err, err
     assert not (tmp_path / "m.om").exists()
