@@ -481,17 +481,22 @@ def test_a_stored_tiling_that_an_edited_profile_cannot_hold_is_not_applied(tmp_p
     assert tuned_tilings(url, tuned.model, tuned.partitioning)
 
 
-def test_unnamed_cube_nodes_keep_their_own_tilings(tmp_path):
+def two_matmuls() -> onnx.ModelProto:
+    """Two unnamed MatMuls of different shapes: two kernel signatures on ascend310."""
     from tests.helpers import parse_model
 
     rng = np.random.default_rng(0)
-    proto = parse_model("""
+    return parse_model("""
 agraph (float[64,256] x) => (float[64,32] y) {
     h = MatMul (x, w1)
     y = MatMul (h, w2)
 }
 """, w1=rng.standard_normal((256, 512)).astype(np.float32),
         w2=rng.standard_normal((512, 32)).astype(np.float32))
+
+
+def test_unnamed_cube_nodes_keep_their_own_tilings(tmp_path):
+    proto = two_matmuls()
     result = optimize(proto, target="ascend310")
     kernels = model_kernels(result.model, result.partitioning)
     assert [g.nodes for g in kernels] == [["%h"], ["%y"]]  # unnamed: keyed by their output
@@ -510,16 +515,7 @@ def test_workers_share_the_kernels_and_find_what_one_process_finds(tmp_path, cap
     # Each kernel started `--workers` fresh processes for its trials, about 2 s apiece: two
     # workers tuned the zoo's ResNet-50 in 43 s against 10 s with one. The kernels are shared
     # out instead, each tuned as one process tunes it.
-    from tests.helpers import parse_model
-
-    rng = np.random.default_rng(0)
-    proto = parse_model("""
-agraph (float[64,256] x) => (float[64,32] y) {
-    h = MatMul (x, w1)
-    y = MatMul (h, w2)
-}
-""", w1=rng.standard_normal((256, 512)).astype(np.float32),
-        w2=rng.standard_normal((512, 32)).astype(np.float32))
+    proto = two_matmuls()
     path = tmp_path / "two.onnx"
     onnx.save(proto, path)
     tables, searches = [], []
