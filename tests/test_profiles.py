@@ -705,6 +705,11 @@ def test_an_npu_profile_leaving_a_dim_open_is_told_to_give_it_values_in_dynamic_
     notes = [n for n in result.notes if "for dynamic shapes" in n]
     assert notes and all("give 'batch' values in dynamic_dims too" in n for n in notes), notes
     assert not any("input_shapes" in n for n in notes)
+    # So does the memory plan's reason.
+    reasons = [plan for c in result.profiles for plan in c.result.memory_plans.values()
+               if isinstance(plan, str)]
+    assert reasons and all("give every dim of the inputs values (--dynamic-dims, or "
+                           "dynamic_dims in Python)" in r for r in reasons), reasons
 
 
 def test_a_dim_the_aipp_file_fixes_is_named_as_fixed_by_it(tmp_path):

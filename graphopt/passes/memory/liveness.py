@@ -116,9 +116,13 @@ def _dynamic_shape_hint(value: Value) -> str:
         return ("; every input is static already: the shape depends on values the model "
                 "computes at run time, which pinning the input shapes cannot fix (unless the "
                 "compile left shapes unfolded: -O0/-O1, or FoldConstants off)")
-    return ("; pin the input shapes (--input-shape, or input_shapes in Python), and let -O2's "
-            "shape folding run (a shape computed at run time stays unknown at -O0/-O1 or with "
-            "FoldConstants off)")
+    from graphopt.compile_checks import PIN_OPTIONS
+
+    pin = ("give every dim of the inputs values (--dynamic-dims, or dynamic_dims in Python)"
+           if "dynamic_dims" in PIN_OPTIONS.get() else  # a shape profile's compile
+           "pin the input shapes (--input-shape, or input_shapes in Python)")
+    return (f"; {pin}, and let -O2's shape folding run (a shape computed at run time stays "
+            "unknown at -O0/-O1 or with FoldConstants off)")
 
 
 def node_reads(node: Node) -> list[Value]:
