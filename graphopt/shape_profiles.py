@@ -132,7 +132,9 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
     found = dynamic_dims(model)
     unranked = [v.name for v in model.graph.inputs if not v.is_constant and v.shape is None]
     keys = list(dict.fromkeys(k for combo in combos for k in combo))
-    places = {key: _places(key, found, label, unranked) for key in keys}
+    fixed = {(v.name, axis): dim for v in model.graph.inputs if not v.is_constant and v.shape
+             for axis, dim in enumerate(v.shape) if isinstance(dim, int)}
+    places = {key: _places(key, found, label, unranked, fixed) for key in keys}
     if any(set(combo) != set(keys) for combo in combos):
         raise OptionError(f"{option('dynamic_dims')}: every profile must set the same dims "
                           f"({', '.join(keys)})")
@@ -151,9 +153,10 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
 
 
 def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str,
-            unranked: list[str]) -> list[tuple[str, int]]:
+            unranked: list[str], fixed: dict | None = None) -> list[tuple[str, int]]:
     """Where `key` (a symbolic name, or `input[axis]` for any dynamic dim) is in the inputs;
-    `unranked` are the inputs without a shape, whose dims no key can name."""
+    `unranked` are the inputs without a shape, whose dims no key can name; `fixed`: the
+    (input, axis) → size of the dims the model fixes, named as such."""
     if key in found:
         return found[key]
     match = _AXIS_KEY.match(key)
@@ -162,6 +165,11 @@ def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str,
         for spots in found.values():
             if place in spots:  # a named dim there is that dim everywhere it appears
                 return list(spots)
+        if place in (fixed or {}):  # an export traced at one size: ATC's -1 cannot open it
+            raise OptionError(f"{option('dynamic_dims')}: {label} fixes {key} at "
+                              f"{fixed[place]}: a profile cannot give it another size; export "
+                              "the model with that axis dynamic (torch.onnx.export's "
+                              f"dynamic_axes) ({_describe(found, unranked)})")
     raise OptionError(f"{option('dynamic_dims')}: {label} has no dynamic input dim '{key}' "
                       f"({_describe(found, unranked)})")
 

@@ -139,7 +139,7 @@ def test_keys_naming_one_dim_with_one_size_in_every_profile_are_one_key():
 @pytest.mark.parametrize("spec, message", [
     ("batches:1,2", r"no dynamic input dim 'batches' \(its dynamic dims: batch \(x\[0\]\); "
                     r"seq \(x\[1\]\)\)"),
-    ("x[2]:4", r"no dynamic input dim 'x\[2\]'"),  # fixed to 512 by the model
+    ("x[2]:4", r"fixes x\[2\] at 512: a profile cannot give it another size"),
     ("batch:1;x[0]:2", "'x\\[0\\]' and 'batch' name the same dim"),
     ("batch=1;seq=2", "every profile must set the same dims"),
     ("batch=1;batch=1", "a profile is listed twice"),
@@ -710,6 +710,15 @@ def test_an_npu_profile_leaving_a_dim_open_is_told_to_give_it_values_in_dynamic_
                if isinstance(plan, str)]
     assert reasons and all("give every dim of the inputs values (--dynamic-dims, or "
                            "dynamic_dims in Python)" in r for r in reasons), reasons
+
+
+def test_a_dim_the_export_fixes_is_named_as_fixed():
+    # "has no dynamic input dim 'x[0]' (its inputs are all static)": the dim exists, at 1.
+    proto = parse_model("g (float[1, 4] x) => (float[1, 4] y) { y = Relu(x) }")
+    with pytest.raises(OptionError, match=r"fixes x\[0\] at 1: a profile cannot give it "
+                                          r"another size; export the model with that axis "
+                                          r"dynamic"):
+        graphopt.optimize(proto, dynamic_dims="x[0]:1,2")
 
 
 def test_a_dim_the_aipp_file_fixes_is_named_as_fixed_by_it(tmp_path):
