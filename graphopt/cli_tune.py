@@ -12,7 +12,7 @@ from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import (input_shapes, name_text, path_text, positive_int,
                                 positive_seconds, positive_thread_count, seed, target_name,
                                 thread_count)
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, interrupt_behind
 from graphopt.help_format import HelpFormatter
 from graphopt.progress import ProgressLine
 from graphopt.table import format_table
@@ -131,9 +131,11 @@ def _check_plot(path: str, args) -> None:
 def _cmd_tune(args) -> int:
     try:
         return _tune(args)
-    except KeyboardInterrupt:  # Ctrl-C, or a termination signal (cli.Terminated)
+    except BaseException as exc:
+        # Ctrl-C or a termination signal (cli.Terminated), also where a library's cleanup
+        # raised another error while it unwound (inside a trial's objective, Optuna's).
         url = getattr(args, "resolved_storage", None)
-        if url:  # what the stop left: said before the one line the command line ends with
+        if url and interrupt_behind(exc) is not None:  # said before the command's last line
             print(f"note: the trials completed before the stop are kept in {url}; the same "
                   "command resumes the job", file=sys.stderr)
         raise

@@ -1134,14 +1134,21 @@ def test_an_interrupted_tune_says_its_trials_are_kept_and_how_to_resume(tmp_path
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(search, "tune_kernel", stopped)
+    def stopped_in_a_trial(*args, **kwargs):  # Optuna's cleanup fails as the stop unwinds
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("a variable the interrupted code never set") from None
+
     path = conv_model(str(tmp_path / "m.onnx"))
     db = tmp_path / "kb.db"
-    rc, _, err = run_cli(capsys, "tune", path, "--target", "ascend310", "--tuning-db", db)
-    assert rc == 130
-    assert err.splitlines()[-2:] == [
-        f"note: the trials completed before the stop are kept in sqlite:///{db}; the same "
-        "command resumes the job", "graphopt: interrupted"]
+    for stop in (stopped, stopped_in_a_trial):
+        monkeypatch.setattr(search, "tune_kernel", stop)
+        rc, _, err = run_cli(capsys, "tune", path, "--target", "ascend310", "--tuning-db", db)
+        assert rc == 130
+        assert err.splitlines()[-2:] == [
+            f"note: the trials completed before the stop are kept in sqlite:///{db}; the same "
+            "command resumes the job", "graphopt: interrupted"]
 
 
 def test_op_tuning_on_a_target_without_an_npu_points_to_subgraph_tuning(tmp_path, capsys):

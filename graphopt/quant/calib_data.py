@@ -136,8 +136,9 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
                               "(one sample per file: np.savez(f, input_name=array, …))")
         used = _PROFILE_SAMPLES.get()
         if used is not None:
-            files = _fitting(files, specs, fixed)
-            used.update(files)
+            fits = _fitting(files, specs, fixed)
+            used.update(fits)  # not the files a profile none of whose fit had to refuse
+            files = fits or files
         # Check the first file up front so a bad layout fails before any inference runs;
         # the others are checked as they are read.
         arrays = _load(files[0])
@@ -202,17 +203,19 @@ def unused_files(path, used: set) -> list[str]:
 
 
 def _fitting(files: list[str], specs: list[InputSpec], fixed: tuple) -> list[str]:
-    """The files of one sample each whose shapes fit `specs`; all of them when none does (the
-    refusal then names the first), or when they are batch-1 samples stacked into a larger
-    batch, which fit only once stacked."""
+    """The files whose shapes fit `specs`: as a sample each, or as a batch-1 sample of the
+    larger batch an input fixes, which B files stack into."""
+    stacks = dict.fromkeys((1, *(_batch_of(s) for s in specs)))
     fits = []
     for file in files:
-        try:
-            _file_sample(file, specs, 1, fixed=fixed)
-        except CalibrationShapeError:
-            continue
-        fits.append(file)
-    return fits or files
+        for stack in stacks:
+            try:
+                _file_sample(file, specs, stack, fixed=fixed)
+            except CalibrationShapeError:
+                continue
+            fits.append(file)
+            break
+    return fits
 
 
 def _no_common_sample_axis(arrays, specs: list[InputSpec]) -> bool:
