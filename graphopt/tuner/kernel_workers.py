@@ -23,7 +23,7 @@ def tune_in_workers(kernels: list, target: str, url: str, *, trials: int,
     `url`, kernel i on worker i mod N. Each kernel's study gets its `trials`, seeded as a run
     alone seeds it, so the tilings found are those of a run with one worker; only their order
     in time differs. Starting N processes for each kernel cost about 2 s each time: with 2
-    workers the zoo's ResNet-50 (23 kernels, 10 trials each) took 43 s against 10 s alone.
+    workers the zoo's ResNet-50 (21 kernels, 10 trials each) took 43 s against 10 s alone.
     `progress(done, total)` counts this run's trials over every kernel."""
     items = [(group.shape, group.device, group.signature.split("/")[1], group.signature)
              for group in kernels]
