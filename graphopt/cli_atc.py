@@ -91,6 +91,10 @@ def _cmd_atc(args) -> int:
         print(f"graphopt atc: running {line}", flush=True)
     # Messages name the flags as the atc line wrote them, where graphopt's spelling differs.
     with flags_spelled(_atc_spellings(args)):
+        if args.keep_dtype is not None and "--keep-dtype" not in argv:
+            from graphopt.cli_precision import check_keep_dtype
+
+            check_keep_dtype([args.keep_dtype])  # not passed on, but a missing file is named
         status = run_argv(argv)
     if status and quiet:  # the graphopt flags a message may name: what they came from
         print(f"graphopt atc: ran {line}", file=sys.stderr)

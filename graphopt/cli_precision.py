@@ -25,7 +25,14 @@ LIST_SUFFIXES = (".cfg", ".txt", ".lst", ".list")
 
 def keep_dtype_files(values) -> list[str]:
     """The --keep-dtype entries that name list files (read, so not to be overwritten)."""
-    return sorted(name for name in _comma_list(values, spelled('--keep-dtype')) if os.path.isfile(name))
+    return sorted(name for name in _comma_list(values, spelled("--keep-dtype"))
+                  if os.path.isfile(name))
+
+
+def check_keep_dtype(values) -> None:
+    """Read --keep-dtype's entries as a compile would, for their errors alone (a missing list
+    file): graphopt atc drops the flag where ATC's must_keep_origin_dtype makes it redundant."""
+    _keep_dtype(set(_comma_list(values, spelled("--keep-dtype"))))
 
 
 def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
@@ -46,7 +53,8 @@ def _keep_dtype(names: set[str]) -> tuple[set[str], set[str]]:
                               f"({getattr(exc, 'strerror', None) or exc})") from None
         entries = [line for line in lines if line]
         if not entries:
-            raise OptionError(f"{spelled('--keep-dtype')} {name}: the file names no node or op type")
+            raise OptionError(f"{spelled('--keep-dtype')} {name}: the file names no node or "
+                              "op type")
         for entry in entries:
             _keep_entry(entry, f"{spelled('--keep-dtype')} {name}", nodes, types)
     return nodes, types

@@ -247,6 +247,12 @@ def test_keep_dtype_under_must_keep_origin_dtype_is_redundant_not_refused(tmp_pa
     assert "--keep_dtype lists nodes to keep in their dtype, which --precision keep (ATC's " \
            "must_keep_origin_dtype) keeps every node in: not passed on" in out
     assert "--keep-dtype" not in out
+    # Not passed on, but a list file that does not exist is still named.
+    rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
+                           f"--output={tmp_path / 'net2'}", "--soc_version=Ascend310",
+                           "--precision_mode=must_keep_origin_dtype",
+                           f"--keep_dtype={tmp_path / 'missing.cfg'}")
+    assert rc == 1 and f"--keep_dtype {tmp_path / 'missing.cfg'}: no such file" in err, err
 
 
 def test_atcs_input_shape_of_an_aipp_input_is_checked_against_the_model(tmp_path, capsys):
