@@ -136,6 +136,13 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
              for axis, dim in enumerate(v.shape) if isinstance(dim, int)}
     places = {key: _places(key, found, label, unranked, fixed) for key in keys}
     if any(set(combo) != set(keys) for combo in combos):
+        same = next(((a, b) for i, a in enumerate(keys) for b in keys[i + 1:]
+                     if set(places[a]) & set(places[b])), None)
+        if same:  # "A=1;x[0]=2": one dim, named two ways in two profiles
+            place = places[same[0]][0]
+            raise OptionError(f"{option('dynamic_dims')}: '{same[1]}' and '{same[0]}' name "
+                              f"the same dim, {place[0]}[{place[1]}]'s: name it one way in "
+                              "every profile")
         raise OptionError(f"{option('dynamic_dims')}: every profile must set the same dims "
                           f"({', '.join(keys)})")
     keys = _merge_same_dims(keys, places, combos)

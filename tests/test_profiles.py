@@ -142,6 +142,9 @@ def test_keys_naming_one_dim_with_one_size_in_every_profile_are_one_key():
     ("x[2]:4", r"fixes x\[2\] at 512: a profile cannot give it another size"),
     ("batch:1;x[0]:2", "'x\\[0\\]' and 'batch' name the same dim"),
     ("batch=1;seq=2", "every profile must set the same dims"),
+    # One dim named two ways in two listed profiles read as the line above.
+    ("batch=1;x[0]=2", r"'x\[0\]' and 'batch' name the same dim, x\[0\]'s: name it one way "
+                       "in every profile"),
     ("batch=1;batch=1", "a profile is listed twice"),
     ("batch:" + ",".join(map(str, range(1, 12))) + ";seq:" + ",".join(map(str, range(1, 11))),
      r"110 profiles, more than 100 \(.*\): list fewer values per dim, or name only the profiles "
