@@ -79,22 +79,24 @@ def add_atc_parser(sub) -> None:
 
 def _cmd_atc(args) -> int:
     from graphopt.cli import run_argv
+    from graphopt.cli_precision import check_keep_dtype
 
     argv = translate(args)
     line = "graphopt " + shlex.join(argv)
     quiet = "-q" in argv
+    # Messages name the flags as the atc line wrote them, where graphopt's spelling differs.
+    spellings = _atc_spellings(args)
+    dropped = args.keep_dtype is not None and "--keep-dtype" not in argv
+    if dropped:  # not passed on, but a missing list file is named
+        with flags_spelled(spellings):
+            check_keep_dtype([args.keep_dtype])
     if not quiet:
-        if args.keep_dtype is not None and "--keep-dtype" not in argv:
+        if dropped:
             print("graphopt atc: --keep_dtype lists nodes to keep in their dtype, which "
                   "--precision keep (ATC's must_keep_origin_dtype) keeps every node in: "
                   "not passed on")
         print(f"graphopt atc: running {line}", flush=True)
-    # Messages name the flags as the atc line wrote them, where graphopt's spelling differs.
-    with flags_spelled(_atc_spellings(args)):
-        if args.keep_dtype is not None and "--keep-dtype" not in argv:
-            from graphopt.cli_precision import check_keep_dtype
-
-            check_keep_dtype([args.keep_dtype])  # not passed on, but a missing file is named
+    with flags_spelled(spellings):
         status = run_argv(argv)
     if status and quiet:  # the graphopt flags a message may name: what they came from
         print(f"graphopt atc: ran {line}", file=sys.stderr)

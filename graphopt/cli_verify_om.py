@@ -21,7 +21,8 @@ def artifact_check(args):
 
         if not is_om(path):
             return
-        judge, _ = accuracy_rule(pass_log_of_om(load_om(path)), args.rtol, args.atol)
+        artifact = load_om(path)
+        judge, _ = accuracy_rule(pass_log_of_om(artifact), args.rtol, args.atol)
         reference = args.model
         edits = given_edits(args)
         if edits:  # the model as the compile took it
@@ -30,7 +31,7 @@ def artifact_check(args):
         # profile's shapes: a profile's section of the artifact (its signature, routing,
         # sessions) went unchecked but for the one those inputs fit.
         runs = [(args.inputs, args.input_shape, "")]
-        profiles = load_om(path).manifest.get("profiles") or []
+        profiles = artifact.manifest.get("profiles") or []
         if len(profiles) > 1:
             runs += [(None, _pins(profile), f" in shape profile {profile.get('name')}")
                      for profile in profiles]

@@ -44,7 +44,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> lis
 
 def overridable_initializers(model: Model) -> list[str]:
     """The graph inputs that carry an initializer a caller may override (ONNX IR ≥ 4)."""
-    return [v.name for v in model.graph.inputs if v.const is not None and v.overridable]
+    return model.graph.overridable_inputs()
 
 
 def overridable_note(model: Model) -> list[str]:

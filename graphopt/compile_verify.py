@@ -138,7 +138,7 @@ def _half_overflow(original: ModelProto, optimized: ModelProto, feeds, options: 
     """After a float16 precision pass, the accuracy report's float16 overflow warning, which
     names the tensors past 65504 and the nodes making them: without it the failure said only
     "candidate has 3360 NaN" of a mel spectrogram reaching 1.9e10 (openwakeword's)."""
-    if options.precision in (None, "keep") or "16" not in options.precision:
+    if options.precision not in ("fp16", "mixed-fp16"):
         return ""
     from graphopt.tools.accuracy import accuracy_report
 

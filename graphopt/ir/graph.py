@@ -235,6 +235,10 @@ class Graph:
             return self.append(node)
         return self.insert_before(before, node)
 
+    def overridable_inputs(self) -> list[str]:
+        """The inputs carrying an initializer a caller may override (ONNX IR ≥ 4)."""
+        return [v.name for v in self.inputs if v.const is not None and v.overridable]
+
     def all_values(self) -> Iterator[Value]:
         """Every value defined in this graph and in nested graphs."""
         yield from self.inputs

@@ -47,7 +47,7 @@ def _unbind_overridable(model: Model, graph: onnx.GraphProto) -> None:
     """Drop the data of the initializers a caller may override (graph inputs with a default):
     inference would size from the default (a Reshape to it then looks like a no-op, and its
     Shape folds), where onnxruntime takes whatever the caller feeds."""
-    names = {v.name for v in model.graph.inputs if v.const is not None and v.overridable}
+    names = set(model.graph.overridable_inputs())
     if names:
         kept = [t for t in graph.initializer if t.name not in names]
         del graph.initializer[:]

@@ -126,7 +126,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     for the inputs `graph` lists, when it is a list of InputSpec)."""
     path = os.fspath(path)
     specs = graph if isinstance(graph, list) else model_inputs(graph)
-    fixed = () if isinstance(graph, list) else overridden_inputs(graph)
+    fixed = () if isinstance(graph, list) else tuple(graph.overridable_inputs())
     if not specs:
         raise OptionError(f"{calibration_label(path)}: the model has no inputs to feed")
     if os.path.isdir(path):
@@ -332,12 +332,6 @@ def _unpickling(error: Exception) -> str:
         return str(error)
     return ("it holds object arrays, which would need unpickling; strings go in as numpy's "
             "strings: np.array(values, dtype=str)")
-
-
-def overridden_inputs(graph: Graph) -> tuple[str, ...]:
-    """The graph inputs that carry an initializer a caller may override: the compile holds
-    them at their values, so calibration data must not feed them."""
-    return tuple(v.name for v in graph.inputs if v.const is not None and v.overridable)
 
 
 def _check_names(arrays: dict, specs: list[InputSpec], file: str, fixed: tuple = ()) -> None:
