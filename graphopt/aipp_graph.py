@@ -121,7 +121,7 @@ def insert_aipp(model: Model, ops: list[AippOp], path: str | None,
                               f"{op.input_rank}, but the model "
                               f"has {len(feedable)} input(s)")
         value = feedable[op.input_rank]
-        layout, size = _model_side(value, op, where)
+        layout, size = _model_side(value, op, where, (pins or {}).get(value.name))
         if value.is_graph_output:
             raise OptionError(f"{where}: input {value.name!r} is also an output of the model, "
                               "which would then return the preprocessed image under its name")
@@ -165,9 +165,12 @@ class _Where:
         return self.at("")
 
 
-def _model_side(value: Value, op: AippOp, where: _Where) -> tuple[str, tuple[int, int]]:
+def _model_side(value: Value, op: AippOp, where: _Where,
+                pin: list[int] | None) -> tuple[str, tuple[int, int]]:
     """The layout (NCHW or NHWC) of the input the preprocessing feeds, and the (h, w) it must
-    deliver: the model's, else the crop's or source image's size."""
+    deliver: the model's, else the crop's or source image's size, else (no crop) the size
+    --input-shape pins the image to (`pin`), as ATC takes a size the file leaves out from
+    --input_shape."""
     shape = value.shape
     if value.dtype not in _FLOATS or shape is None or len(shape) != 4:
         raise OptionError(f"{where}: input {value.name!r} is {_described(value)}; AIPP feeds a "
@@ -183,8 +186,10 @@ def _model_side(value: Value, op: AippOp, where: _Where) -> tuple[str, tuple[int
                           f"dim 1 (NCHW) nor its dim 3 (NHWC) is the {c} channel(s) of "
                           f"{op.input_format}")
     wanted = op.crop_size if op.crop else op.src_size
+    pinned = (None, None) if op.crop else _pinned_size(op, pin)
     size = []
-    for axis, model_dim, given in (("h", h, wanted[0]), ("w", w, wanted[1])):
+    for axis, model_dim, given, fed in (("h", h, wanted[0], pinned[0]),
+                                        ("w", w, wanted[1], pinned[1])):
         if isinstance(model_dim, int):
             if given and given != model_dim:
                 key = "crop_size" if op.crop else "src_image_size"
@@ -194,13 +199,41 @@ def _model_side(value: Value, op: AippOp, where: _Where) -> tuple[str, tuple[int
                                   + ("" if op.crop else "; crop: true takes a part of the image")
                                   + ")")
             size.append(model_dim)
-        elif given:
-            size.append(given)
+        elif given or fed:
+            size.append(given or fed)
         else:
             key = "crop_size" if op.crop else "src_image_size"
+            pinning = "" if op.crop else (f", or the image's size in {option('input_shapes')} "
+                                          f"({value.name}:{_image_dims(op, 'N', 'H', 'W')})")
             raise OptionError(f"{where}: input {value.name!r} has a dynamic {axis} "
-                              f"({model_dim!r}); give {key}_{axis}")
+                              f"({model_dim!r}); give {key}_{axis}{pinning}")
     return layout, (size[0], size[1])
+
+
+def _pinned_size(op: AippOp, pin: list[int] | None) -> tuple[int | None, int | None]:
+    """The (h, w) of the image a pin (-1 where open) gives, None where it gives none: the image
+    is [N, H, W, C], or [N, H * 3 / 2, W, 1] for YUV420SP."""
+    if not pin or len(pin) != 4:
+        return None, None
+    rows, width = (size if size > 0 else None for size in pin[1:3])
+    if rows is not None and op.input_format == "YUV420SP_U8":
+        rows = rows * 2 // 3 if rows % 3 == 0 else None
+    return rows, width
+
+
+def _image_dims(op: AippOp, batch, height, width) -> str:
+    """The image's dims as --input-shape writes them, for a batch, height and width (numbers
+    or letters): what the preprocessed input is fed."""
+    channels = 4 if op.input_format in FOUR_BYTE_FORMATS else op.channels
+    rows = f"{height}*3/2" if op.input_format == "YUV420SP_U8" else height
+    return f"{batch},{rows},{width},{1 if op.input_format == 'YUV420SP_U8' else channels}"
+
+
+def image_shape(op: AippOp, batch: int, height: int, width: int) -> list[int]:
+    """The uint8 image's shape for a batch and an image of height × width pixels."""
+    if op.input_format == "YUV420SP_U8":
+        return [batch, height * 3 // 2, width, 1]
+    return [batch, height, width, 4 if op.input_format in FOUR_BYTE_FORMATS else op.channels]
 
 
 _DTYPE_NAMES = {DType.FLOAT: "float32", DType.DOUBLE: "float64", DType.FLOAT16: "float16"}
@@ -235,9 +268,8 @@ def _image_input(graph, value: Value, op: AippOp, size: tuple[int, int],
     index = graph.inputs.index(value)
     value.name = graph.fresh_name(f"{name}_preprocessed")
     value.is_input = False
-    rows, channels = (src[0] * 3 // 2, 1) if op.input_format == "YUV420SP_U8" \
-        else (src[0], 4 if op.input_format in FOUR_BYTE_FORMATS else op.channels)
-    image = Value(name, DType.UINT8, (batch, rows, src[1], channels))
+    _, rows, width, channels = image_shape(op, 0, *src)
+    image = Value(name, DType.UINT8, (batch, rows, width, channels))
     image.graph, image.is_input = graph, True
     image.doc_string = value.doc_string
     graph.inputs[index] = image

@@ -218,12 +218,12 @@ def _input_shapes(text: str) -> dict[str, list[str]]:
     return shapes
 
 
-def _aipp_inputs(args) -> dict[str, tuple[list | None, tuple[int, int] | None]]:
+def _aipp_inputs(args) -> dict[str, tuple[list | None, tuple[int, int] | None, object]]:
     """The inputs --insert_op_conf gives preprocessing (the model's feedable inputs its
-    related_input_rank counts), with their dims in the model (a number, or None where open)
-    and the (h, w) its images come out at (the crop's size, else the source size; None where
-    the file leaves it to the model); empty when the file or the model cannot be read, which
-    the compile then reports."""
+    related_input_rank counts), with their dims in the model (a number, or None where open),
+    the (h, w) its images come out at (the crop's size, else the source size; None where
+    the file leaves it to the model) and the aipp_op; empty when the file or the model cannot
+    be read, which the compile then reports."""
     from graphopt.aipp_config import read_aipp_config
     from graphopt.errors import GraphoptError
     from graphopt.ir.onnx_io import read_model_proto
@@ -235,7 +235,7 @@ def _aipp_inputs(args) -> dict[str, tuple[list | None, tuple[int, int] | None]]:
         return {}
     weights = {tensor.name for tensor in graph.initializer}
     feedable = [value for value in graph.input if value.name not in weights]
-    return {feedable[op.input_rank].name: (_dims(feedable[op.input_rank]), _made_size(op))
+    return {feedable[op.input_rank].name: (_dims(feedable[op.input_rank]), _made_size(op), op)
             for op in ops if op.input_rank < len(feedable)}
 
 
@@ -259,14 +259,17 @@ def _fed_shapes(text: str, shapes: dict[str, list[str]], images: dict[str, tuple
     (NCHW float), checked against it and against the size the AIPP file makes its images;
     graphopt's pin is of what is fed, the uint8 image, whose size the AIPP file sets: its
     batch alone carries over."""
+    from graphopt.aipp_graph import image_shape
+
     fed = {}
     for name, dims in shapes.items():
         if name not in images or not dims:
             fed[name] = dims
             continue
-        model, made = images[name]
-        if made is not None and height_width is not None and len(dims) > max(height_width):
-            given = tuple(dims[axis] for axis in height_width)
+        model, made, op = images[name]
+        given = tuple(dims[axis] for axis in height_width) \
+            if height_width is not None and len(dims) > max(height_width) else ()
+        if made is not None and given:
             if all(d.isdecimal() for d in given) and tuple(map(int, given)) != made:
                 # ATC refuses it too; graphopt kept the batch alone and compiled at the file's
                 # size, the height and width the line gave dropped without a word.
@@ -280,6 +283,11 @@ def _fed_shapes(text: str, shapes: dict[str, list[str]], images: dict[str, tuple
                               f"the input --insert_op_conf's preprocessing feeds, not "
                               f"{','.join(dims)}")
         fed[name] = [dims[0], "-1", "-1", "-1"]
+        if made is None and given and all(d.isdecimal() for d in given) and not op.crop and \
+                model is not None and any(model[axis] is None for axis in height_width):
+            # The file leaves the image's size to the model, whose size is open: ATC takes
+            # the size the line gives, which graphopt's pin of the image carries.
+            fed[name][1:] = [str(size) for size in image_shape(op, 0, *map(int, given))[1:]]
     return ";".join(f"{name}:{','.join(dims)}" for name, dims in fed.items())
 
 

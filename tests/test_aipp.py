@@ -330,6 +330,27 @@ def test_the_source_size_defaults_to_the_models_as_in_atc(tmp_path):
     assert compiled.to_onnx().graph.input[0].type.tensor_type.shape.dim[1].dim_value == 32
 
 
+def test_an_open_size_the_file_leaves_out_is_the_pinned_images_as_in_atc(tmp_path):
+    # ATC takes a source size the file leaves out from --input_shape; graphopt refused the
+    # model's open height ("give src_image_size_h") whatever the pin of the image said.
+    model = parse_model("""
+        g (float[1,3,H,W] x) => (y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
+                        w=np.random.default_rng(4).standard_normal((4, 3, 3, 3)).astype(np.float32))
+    config = _config(tmp_path, "aipp_op { input_format: RGB888_U8 mean_chn_0: 124 }")
+    result = graphopt.optimize(model, insert_op_conf=config, input_shapes={"x": [1, 24, 20, 3]})
+    images = _images(size=(24, 20))
+    expected = images.transpose(0, 3, 1, 2).astype(np.float32) - \
+        np.array([124, 0, 0], np.float32)[:, None, None]
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), {"x": images})["y"],
+                               numerics.run(model, {"x": expected})["y"], rtol=1e-5, atol=1e-4)
+    yuv = _config(tmp_path, "aipp_op { input_format: YUV420SP_U8 csc_switch: false }")
+    result = graphopt.optimize(model, insert_op_conf=yuv, input_shapes={"x": [1, 36, 20, 1]})
+    assert "'x' takes uint8 [1,36,20,1] (YUV420SP_U8)" in " ".join(result.notes)
+    with pytest.raises(OptionError, match=r"give src_image_size_h, or the image's size in "
+                                          r"input_shapes \(x:N,H\*3/2,W,1\)"):
+        graphopt.optimize(model, insert_op_conf=yuv)
+
+
 def test_calibration_data_of_the_preprocessed_form_are_refused_with_the_reason(tmp_path):
     calibration = tmp_path / "tensors.npz"
     np.savez(calibration, x=np.zeros((4, 3, 32, 32), np.float32))

@@ -216,6 +216,23 @@ def test_atcs_input_shape_of_an_aipp_inputs_size_is_checked_against_the_aipp_fil
     assert rc == 0, err
 
 
+def test_atcs_input_shape_sizes_an_open_image_the_aipp_file_leaves_to_the_model(tmp_path,
+                                                                                capsys):
+    # ATC takes the source size from --input_shape where the file gives none; the line
+    # pinned the image to 1,-1,-1,-1 and the compile asked for src_image_size_h.
+    model = tmp_path / "open.onnx"
+    onnx.save(parse_model("g (float[N,3,H,W] x) => (y) { y = Relu (x) }"), model)
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n  aipp_mode: static\n  input_format: RGB888_U8\n}\n")
+    line = ["atc", f"--model={model}", "--framework=5", f"--output={tmp_path / 'open'}",
+            "--soc_version=Ascend310", f"--insert_op_conf={config}", "--input_shape=x:2,3,6,10"]
+    rc, out, err = run_cli(capsys, *line)
+    assert rc == 0 and "--input-shape x:2,6,10,3" in out, err
+    with pytest.warns(RuntimeWarning, match="CANNExecutionProvider not installed"):
+        session = graphopt.load(tmp_path / "open.om")
+    assert session.inputs[0]["shape"] == [2, 6, 10, 3]
+
+
 def test_file_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):
     # They said --keep-dtype and --fusion-switch-file, flags the atc line did not give; an
     # --output ending in / wrote out/.om.
