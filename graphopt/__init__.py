@@ -27,4 +27,6 @@ __getattr__, __dir__ = lazy_attributes(__name__, {
     "to_onnx": "graphopt.ir:to_onnx",
     "errors": "graphopt.errors",
     "zoo": "graphopt.zoo",
+    "option_names": "graphopt.option_names",  # FLAGS: each keyword's command-line flag
+    "compile_memory": "graphopt.compile_memory",  # draw_memory_plans, --memory-plot's drawing
 }, globals())

@@ -95,3 +95,13 @@ def test_a_list_feed_takes_the_inputs_dtype_as_onnxruntime_gives_it(tmp_path):
         with pytest.raises(InputError, match=f"reads as {numpy_reads}, which does not cast to "
                                              f"{target} without loss"):
             session.run({"x": value})
+
+
+@pytest.mark.parametrize("elem_type, dtype", [(TensorProto.INT64, np.int64),
+                                               (TensorProto.STRING, object)])
+def test_an_empty_list_feed_takes_the_inputs_dtype(tmp_path, elem_type, dtype):
+    # numpy reads [[]] as float64, which an int64 input refused as a cast with loss (and a
+    # string input as the wrong dtype); onnxruntime takes it, there being no value to lose.
+    session = graphopt.load(_identity(tmp_path, elem_type, ["n", "s"])[1])
+    result = session.run({"x": [[]]})["y"]
+    assert result.shape == (1, 0) and result.dtype == dtype

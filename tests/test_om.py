@@ -691,6 +691,18 @@ def test_a_failed_load_closes_the_file_at_once(om_path, tmp_path, kind):
     assert open_on_it == [], f"{len(open_on_it)} descriptors left open on {bad}"
 
 
+def test_a_pipe_is_refused_at_once_as_no_regular_file(om_path, tmp_path):
+    # The failed read of a FIFO was followed by a sniff of its contents, which opened it again
+    # and waited for a writer that never came.
+    fifo = tmp_path / "piped.om"
+    os.mkfifo(fifo)
+    writer = concurrent.futures.ThreadPoolExecutor(1).submit(fifo.write_bytes,
+                                                             om_path.read_bytes())
+    with pytest.raises(graphopt.errors.InputError, match="not a regular file"):
+        graphopt.load(fifo)
+    writer.result(timeout=10)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ArtifactError, match="cannot read"):
         load_om(tmp_path / "nope.om")
@@ -848,6 +860,11 @@ def test_unknown_output_and_bad_options(om_path):
         OmSession(om_path, inter_op_num_threads=-3)
     with pytest.raises(OptionError, match="session_config must map .* not str"):
         OmSession(om_path, session_config="abc")
+    # True became "True", which onnxruntime does not read as on: the setting was ignored.
+    with pytest.raises(OptionError, match=r"session_config\['session.disable_prepacking'\] = "
+                                          r"True: onnxruntime's config values are strings"):
+        OmSession(om_path, session_config={"session.disable_prepacking": True})
+    assert OmSession(om_path, session_config={"session.disable_prepacking": np.int64(1)})
     session = OmSession(om_path, intra_op_num_threads=1, optimization_level="disable")
     assert session.run({"X": x_batch()})["Y"].shape == (2, 3)
 
@@ -960,3 +977,22 @@ def test_output_names_must_be_a_list(om_path):
     with pytest.raises(GraphoptError, match=r"output_names must be a list of names, not the "
                                             r"string 'Y' \(write \['Y'\]\)"):
         OmSession(om_path).run({"X": x_batch(2)}, "Y")
+
+
+def test_an_unknown_rank_and_an_unknown_dim_read_apart_and_made_up_dims_stay_unknown(tmp_path):
+    # Both printed float32[?]; the output's unnamed dim came back as inference's unk__0.
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["a"], ["y"]), helper.make_node("Relu", ["c"], ["z"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [None]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    graphopt.save(graphopt.optimize(model, target="cpu"), tmp_path / "m.om")
+    session = graphopt.load(tmp_path / "m.om")
+    assert "(a: float32[?], c: float32 of any shape) -> (y: float32[?], z: float32 of any " \
+        "shape)" in repr(session)
+    assert session.outputs[0]["shape"] == [None]
+    with pytest.raises(graphopt.errors.InputError, match=r"input 'a' has rank 2 \(shape \[2, 2\]"
+                                                         r"\), expected rank 1: float32\[\?\]"):
+        session.run({"a": np.ones((2, 2), np.float32), "c": np.ones(2, np.float32)})

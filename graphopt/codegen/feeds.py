@@ -48,13 +48,15 @@ _NUMPY_NAMED = frozenset({"float32", "float64", "float16", "int8", "int16", "int
 
 
 def describe(entry: Mapping) -> str:
-    """A signature entry as `float32[N,4]` (`?` for an unknown dtype, rank or dim), or the type
-    of a value that is not a tensor (`seq(float32)`)."""
+    """A signature entry as `float32[N,4]` (`?` for an unknown dtype or dim, `float32[?]` being
+    of rank 1), `float32 of any shape` for an unknown rank, or the type of a value that is not a
+    tensor (`seq(float32)`)."""
     if entry.get("type"):
         return entry["type"]
     shape = entry["shape"]
-    dims = "?" if shape is None else ",".join("?" if d is None else str(d) for d in shape)
-    return f"{entry['dtype'] or '?'}[{dims}]"
+    if shape is None:
+        return f"{entry['dtype'] or '?'} of any shape"
+    return f"{entry['dtype'] or '?'}[{','.join('?' if d is None else str(d) for d in shape)}]"
 
 
 def random_feeds(signature: list[Mapping], seed: int = 0,
@@ -217,7 +219,8 @@ def as_array(name: str, value: Any, dtype: np.dtype | None = None) -> np.ndarray
     arrays of different shapes, say). A list, tuple or scalar becomes an array of the input's
     declared `dtype`, as onnxruntime makes one of it, where numpy's own reading of the values
     casts to it within its kind and range (Python floats to float32, ints to int32; not floats
-    to ints, nor 300 to uint8); anything else keeps numpy's dtype for the checks to refuse."""
+    to ints, nor 300 to uint8), and an empty one always; anything else keeps numpy's dtype for
+    the checks to refuse."""
     if isinstance(value, np.ndarray):
         return value
     if value is None:  # numpy makes an object array of it, which read as a dtype mismatch
@@ -226,6 +229,8 @@ def as_array(name: str, value: Any, dtype: np.dtype | None = None) -> np.ndarray
         array = np.asarray(value)
     except ValueError:
         raise InputError(f"input {name!r} takes a tensor, not {_what(value)}") from None
+    if array.size == 0 and dtype is not None:  # no values to lose: numpy's float64 is a guess
+        return array.astype(dtype)
     # Only between numpy's own numbers: ml_dtypes' types (kind V) have no range to check.
     if dtype is None or array.dtype == dtype or not {array.dtype.kind, dtype.kind} <= set("biuf"):
         return array

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 
 from graphopt.api_args import without_nul
@@ -60,6 +61,10 @@ def load(
             raise InputError(f"{path}: no such file") from None
         if os.path.isdir(path):
             raise InputError(f"{path}: is a directory, expected an .om file") from None
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            # A pipe's bytes were read once already: sniffing it again would wait for a writer.
+            raise InputError(f"{path}: not a regular file (a pipe or device); an .om is loaded "
+                             "from a file, whose zip directory is read from its end") from None
         if not is_om(path) and (path.lower().endswith(".onnx") or looks_like_onnx(path)):
             raise InputError(f"{path}: not an .om artifact (it looks like an ONNX model); compile "
                              f"it with `graphopt optimize {path} -o model.om` (or graphopt.optimize "

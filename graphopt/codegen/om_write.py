@@ -39,6 +39,8 @@ from graphopt.codegen.om_weights import (FILE_ALIGNMENT, WEIGHTS_DIR, Blob, all_
 from graphopt.dims import read_dim
 from graphopt.errors import ArtifactError, GraphoptError, OutputError
 
+# The prefix of the symbols ONNX's shape inference makes up for dims it cannot name.
+_MADE_UP_DIM = "unk__"
 # Zip entries carry a timestamp; a fixed one makes the same input give the same bytes.
 _ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 _ZIP_COMPRESSLEVEL = 6
@@ -201,6 +203,15 @@ def _signature(partitions: list[OmPartition], tensors: list[str], fed: list[str]
     for tensor in tensors:
         if tensor not in signature:
             raise ValueError(f"tensor {tensor!r} is not a graph input or output of its partition")
+    named = {dim for name in fed for dim in signature[name]["shape"] or () if isinstance(dim, str)}
+    for tensor in tensors:
+        shape = signature[tensor]["shape"]
+        if tensor not in fed and shape is not None:
+            # A symbol ONNX's inference made up (unk__0) names nothing a caller can relate to
+            # an input: the output's dim is unknown, as onnxruntime shows the source's.
+            signature[tensor]["shape"] = [
+                None if isinstance(dim, str) and dim.startswith(_MADE_UP_DIM)
+                and dim not in named else dim for dim in shape]
     for part in partitions:
         bounds = table_bounds(part.model)
         for name, rows in bounds.rows.items():

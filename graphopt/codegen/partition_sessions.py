@@ -101,6 +101,11 @@ def session_options(intra_op_num_threads: int | None, optimization_level: str,
             isinstance(key, str) for key in session_config)):
         raise OptionError("session_config must map onnxruntime config keys (strings) to values, "
                           f"not {type(session_config).__name__}")
+    for key, value in (session_config or {}).items():
+        # onnxruntime reads "1", not "True": a bool or float would be a setting it ignores.
+        if isinstance(value, bool) or not (isinstance(value, str) or hasattr(value, "__index__")):
+            raise OptionError(f"session_config[{key!r}] = {value!r}: onnxruntime's config values "
+                              "are strings (\"1\" or \"0\" for a switch)")
     options = ort.SessionOptions()
     options.graph_optimization_level = OPTIMIZATION_LEVELS[optimization_level]
     if intra_op_num_threads is not None:

@@ -558,7 +558,7 @@ class OmSession:
                 if array.ndim != len(shape):
                     raise InputError(
                         f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}), "
-                        f"expected {describe(entry)}"
+                        f"expected rank {len(shape)}: {describe(entry)}"
                     )
                 for axis, (got, want) in enumerate(zip(array.shape, shape)):
                     if isinstance(want, int) and got != want:
