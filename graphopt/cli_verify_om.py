@@ -11,8 +11,9 @@ def artifact_check(args):
     --verify applies. The compiled model was verified already, but not what only the artifact
     holds: its signature, its partitions' sessions (an exporter's stale output declaration
     made a verified compile into an .om that did not load). The check's `measured` holds the
-    artifact's largest error per output, for the summary: the compiled model's own figure
-    comes from one onnxruntime thread, the artifact's sessions reduce in their own order."""
+    artifact's largest error per output, for the summary: the compiled model's own figure is
+    of the compiled graph, the artifact's of its sessions (their levels and layouts), both on
+    one onnxruntime thread."""
     def check(path: str) -> None:
         from graphopt.codegen.om_read import is_om, load_om
         from graphopt.source_edits import edited_source, given_edits

@@ -626,6 +626,13 @@ def test_an_output_below_the_rule_gets_a_warning_under_the_report(capsys):
     report.outputs = [OutputAccuracy("aux", (1, 4), "tensor", 0.99995)]
     below_the_rule(args, report)
     assert capsys.readouterr().out == ""
+    # On seeded random inputs (integers 0 and 1 for a byte model) the figure may say little.
+    seeded = AccuracyReport("m.onnx", "m.om", "seeded random (seed 0)")
+    seeded.outputs = [OutputAccuracy("label", (1, 10), "classifier", 0.973142)]
+    below_the_rule(args, seeded)
+    assert "'label' 0.973142; measured on seeded random inputs (standard normal floats, " \
+        "integers 0 and 1), unlike a deployment's: --verify --inputs FILE.npz measures on " \
+        "real ones\n" in capsys.readouterr().out
 
 
 def test_a_model_that_fails_on_seeded_inputs_says_whether_their_open_dims_may_be_why():

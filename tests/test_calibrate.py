@@ -241,6 +241,21 @@ def test_arrays_of_their_inputs_own_shapes_with_unequal_first_axes_are_one_sampl
             read_calibration(tmp_path / "c.npz", load_onnx(batched).graph)
 
 
+def test_a_batch_of_frames_beside_a_state_of_fixed_first_dim_1_is_one_sample(tmp_path):
+    # silero-vad's --inputs file (input [4, 576], h and c [1, 1, 128]) was refused as
+    # calibration: "inputs hold different sample counts (input: 4, h: 1, c: 1)".
+    proto = parse_model("""
+        agraph (float[N, 8] x, float[1, 1, 4] h) => (float[N, 8] y, float[1, 1, 4] h2) {
+            y = Identity(x)
+            h2 = Identity(h)
+        }""")
+    x, h = np.ones((4, 8), np.float32), np.zeros((1, 1, 4), np.float32)
+    np.savez(tmp_path / "s.npz", x=x, h=h)
+    (feed,) = list(read_calibration(tmp_path / "s.npz", load_onnx(proto).graph))
+    np.testing.assert_array_equal(feed["x"], x)
+    np.testing.assert_array_equal(feed["h"], h)
+
+
 @pytest.mark.parametrize("array, message", [
     (np.full((3, 1, 4), np.nan, np.float32), "input 'x' holds only NaN or Inf"),
     (np.r_[np.zeros((1, 1, 4)), [[[0, 1e39, 0, 0]]]],  # float64 beyond float32's range

@@ -220,12 +220,13 @@ def _fitting(files: list[str], specs: list[InputSpec], fixed: tuple) -> list[str
 
 def _no_common_sample_axis(arrays, specs: list[InputSpec]) -> bool:
     """Whether every array has its input's own rank, the inputs' first dims differ, and one
-    of them is a fixed size above 1 that its array has (edge_index's 2): a first axis no
-    samples are stacked along. Two batch dims of other names (torch's `*_dynamic_axes_1`)
-    with unequal counts stay an error."""
+    of them is a fixed size that its array has (edge_index's 2, a recurrent state's 1 beside
+    a batch of 4 frames, as `--inputs` holds them): a first axis no samples are stacked
+    along. Two batch dims of other names (torch's `*_dynamic_axes_1`) with unequal counts
+    stay an error."""
     if not all(s.shape and np.asarray(arrays[s.name]).ndim == len(s.shape) for s in specs):
         return False
-    fixed = any(isinstance(s.shape[0], int) and s.shape[0] > 1
+    fixed = any(isinstance(s.shape[0], int) and s.shape[0] >= 1
                 and np.asarray(arrays[s.name]).shape[0] == s.shape[0] for s in specs)
     return fixed and len({s.shape[0] for s in specs}) > 1
 

@@ -84,6 +84,10 @@ class _Decider:
             return False
         if op == "Cast" and node.is_onnx and _accumulator(node.input(0)):
             return False  # an int32 sum (MatMulInteger's, ConvInteger's) passes 65504
+        if op == "Mul" and node.is_onnx and any(map(_cast_accumulator, node.inputs)):
+            # The scale that dequantizes that sum: its input in half would be the sum rounded
+            # to float16, inf past 65504 (a ddddocr OCR model's ConvInteger reached 1.1e5).
+            return False
         if _listed(node, options.precision_allow) or (self.mixed and op in ALLOW):
             return True
         if self.mixed:
@@ -146,6 +150,13 @@ def _accumulator(value: Value | None) -> bool:
     """An int32 value: what integer GEMMs and convs sum into. (An int64 one is an index, a
     position or a size, which float16 holds: converted, as before.)"""
     return value is not None and value.dtype in (DType.INT32, DType.UINT32)
+
+
+def _cast_accumulator(value: Value | None) -> bool:
+    """A float value an ONNX Cast makes of an int32 sum."""
+    producer = value.producer if value is not None else None
+    return producer is not None and producer.op_type == "Cast" and producer.is_onnx and \
+        _accumulator(producer.input(0))
 
 
 def _untyped(node: Node) -> bool:
