@@ -42,10 +42,10 @@ def tuned_decisions(tuning_db, model, target, level: int, pins: dict,
         return _NO_DECISIONS
     from graphopt.tuner.subgraph_lookup import decisions_for
 
-    tuning_db = knowledge_base(tuning_db)
-    if target is None:
+    if target is None:  # before the file: with a target, a missing file is still refused
         raise OptionError("tuning_db applies what `graphopt tune` found for a target: give "
                           "target=")
+    tuning_db = knowledge_base(tuning_db)
     if isinstance(model, (str, os.PathLike)):
         source = os.fspath(model)
     else:

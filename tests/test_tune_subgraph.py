@@ -265,6 +265,8 @@ def test_the_library_applies_the_decisions_the_command_line_applies(block_path, 
     with pytest.raises(OptionError, match="tuning_db applies what `graphopt tune` found for a "
                                           "target: give target="):
         graphopt.optimize(block_path, level=3, tuning_db=db)
+    with pytest.raises(OptionError, match="give target="):  # it said "no such knowledge base"
+        graphopt.optimize(block_path, level=3, tuning_db=str(tmp_path / "missing.db"))
     with pytest.raises(OptionError, match="no such knowledge base"):
         graphopt.optimize(block_path, level=3, target="ascend310",
                           tuning_db=str(tmp_path / "missing.db"))
