@@ -23,6 +23,7 @@ from graphopt.codegen import OmSession
 from graphopt.errors import GraphoptError, OptionError
 from graphopt.ir import Graph, Model, Node, Value, load_onnx
 from graphopt.partition import Placement, load_target, partition
+from graphopt.partition.estimate import transfer_seconds
 from graphopt.partition.partitioner import _cluster, _merge, reads, top_level
 from graphopt.passes.infer_shapes import infer_shapes
 
@@ -536,6 +537,33 @@ def test_tiny_npu_island_between_host_ops_returns_to_the_host(tmp_path):
         "partition` lists each island and its figures)"]
     feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
     assert_same_outputs(proto, path, feeds)
+
+
+def test_a_value_that_reaches_the_host_anyway_is_no_copy_the_island_saves():
+    # e = Tanh(MatMul) is read by a host TopK and by the island Add(v, e) → 5 activations: it
+    # reaches the host whether or not the island does, but was counted as a copy the island's
+    # return would add, which left the island on the npu at a cost of 660 µs by the model's
+    # own figures.
+    rng = np.random.default_rng(0)
+    acts = "\n".join(f"a{j + 1} = {'Erf' if j % 2 == 0 else 'Tanh'} (a{j})" for j in range(5))
+    proto = parse_model(f"""
+        g (float[1024, 512] x) => (float[1024, 512] a5) {{
+            m = MatMul (x, w)
+            e = Tanh (m)
+            v, i = TopK <axis = -1> (e, k)
+            a0 = Add (v, e)
+            {acts}
+        }}""", w=rng.standard_normal((512, 512)).astype(np.float32),
+        k=np.array([512], np.int64))
+    result = graphopt.optimize(proto, target="ascend310")
+    partitioning = result.partitioning
+    assert [p.device for p in partitioning.partitions] == ["npu", "cpu"]
+    (returned,) = partitioning.returned
+    reason = reason_of(result, "Add")
+    # Two copies of 2 MiB (v to the device, a5 back), not one.
+    assert "µs of host↔device copies" in reason
+    two = 2 * transfer_seconds(1024 * 512 * 4, partitioning.target) * 1e6
+    assert f"would add {two:.1f} µs" in reason, reason
 
 
 def test_an_island_of_fused_groups_is_priced_as_its_groups(monkeypatch):

@@ -17,7 +17,7 @@ import graphopt
 from graphopt import zoo
 from graphopt.errors import InputError, OptionError
 from graphopt.ir import load_onnx
-from graphopt.tools.advisor import advise, find_patterns
+from graphopt.tools.advisor import advise, find_patterns, whole_pattern
 from graphopt.tools.profile import profile_model
 from graphopt.tools.profile_match import Matcher, name_nodes
 from graphopt.tools.profile_report import elide
@@ -258,6 +258,48 @@ def test_patterns_in_decomposed_layernorm_and_gelu():
     found = find_patterns(load_onnx(proto))
     assert len(found["decomposed LayerNorm (ReduceMean, Sub, Pow…)"]) == 1
     assert len(found["decomposed Gelu (Erf, Add, Mul)"]) == 1
+
+
+def test_the_savings_of_a_decomposed_layernorm_and_gelu_count_every_node():
+    # The advisor priced the kernels after the first of the matched ones alone: a LayerNorm's
+    # Sub and Pow of its 9 kernels, a Gelu's Add and Mul; 81.7 µs/run of BERT's 225.7.
+    proto = parse_model("""
+        g (float[2,8] x) => (float[2,8] y, float[2,8] z) {
+            mu = ReduceMean <axes = [-1]> (x)
+            d = Sub (x, mu)
+            sq = Pow (d, two)
+            var = ReduceMean <axes = [-1]> (sq)
+            ve = Add (var, eps)
+            sd = Sqrt (ve)
+            n0 = Div (d, sd)
+            n1 = Mul (n0, gamma)
+            n = Add (n1, beta)
+            h = Div (n, rt2)
+            e = Erf (h)
+            e1 = Add (e, one)
+            g1 = Mul (n, e1)
+            y = Mul (g1, half)
+            p = Pow (n, three)
+            m = Mul (p, c)
+            s = Add (n, m)
+            u = Mul (s, k)
+            t = Tanh (u)
+            t1 = Add (t, one)
+            hx = Mul (n, half)
+            z = Mul (hx, t1)
+        }""", header='<ir_version: 8, opset_import: ["" : 13]>\n',
+        two=np.float32(2), eps=np.float32(1e-5), rt2=np.float32(math.sqrt(2)),
+        one=np.float32(1), half=np.float32(0.5), gamma=weight(8), beta=weight(8),
+        three=np.float32(3), c=np.float32(0.044715), k=np.float32(math.sqrt(2 / math.pi)))
+    found = find_patterns(load_onnx(proto))
+    whole = {label: [n.op_type for n in whole_pattern(places[0])]
+             for label, places in found.items()}
+    assert whole == {
+        "decomposed LayerNorm (ReduceMean, Sub, Pow…)":
+            ["ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"],
+        "decomposed Gelu (Erf, Add, Mul)": ["Div", "Erf", "Add", "Mul", "Mul"],
+        "decomposed tanh Gelu (Pow … Tanh)":
+            ["Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"]}
 
 
 @pytest.mark.parametrize("inner, outer", [("Mul (c, p)", "Add (x, m)"),

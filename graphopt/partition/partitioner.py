@@ -272,14 +272,22 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
             continue
         on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
         touches_host = False
+        reads, _ = _crossing(members, owner, i)
+        read_ids = {id(value) for value in reads}
         for value in sum(_crossing(members, owner, i), []):
             seconds = transfer_seconds(value_bytes(value), target)
             other = {owner.get(n) for n in _neighbours(value, members, owner, i)}
             host_ends = [o for o in other if o is None or device[o] == host.name]
             touches_host |= any(o is not None for o in host_ends)
-            if host_ends:
+            # A value the island reads crosses for it only where no other reader on the
+            # island's side (host or device) already takes it across: the device's value that
+            # a host TopK reads reaches the host whether or not the island moves there.
+            crossing = _readers_sides(value, owner, i, device, host.name) \
+                if id(value) in read_ids else set()
+            if host_ends and "device" not in crossing:
                 on_host_side += seconds
-            if any(o is not None and device[o] != host.name for o in other):
+            if any(o is not None and device[o] != host.name for o in other) and \
+                    "host" not in crossing:
                 on_device_side += seconds
         if not touches_host:
             continue
@@ -313,6 +321,19 @@ def _crossing(members: list[Node], owner: dict, index: int) -> tuple[list[Value]
                     owner.get(top_level(use.node)) != index for use in value.uses)):
                 outputs.setdefault(id(value), value)
     return list(inputs.values()), list(outputs.values())
+
+
+def _readers_sides(value: Value, owner: dict, index: int, device: list[str],
+                   host: str) -> set[str]:
+    """Where `value` is read outside cluster `index` besides its producer's cluster: "host"
+    (a host cluster, or the caller) and/or "device"."""
+    sides = {"host"} if value.is_graph_output else set()
+    made_in = owner.get(value.producer)
+    for use in value.uses:
+        at = owner.get(top_level(use.node))
+        if at != index and at != made_in:
+            sides.add("host" if at is None or device[at] == host else "device")
+    return sides
 
 
 def _neighbours(value: Value, members: list[Node], owner: dict, index: int) -> list[Node | None]:

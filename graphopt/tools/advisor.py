@@ -172,6 +172,58 @@ def _gelu_tanh(node: Node) -> list[Node] | None:
     return chain if add.op_type == "Add" and base is not None and base in add.inputs else None
 
 
+def whole_pattern(nodes: list[Node]) -> list[Node]:
+    """A decomposed LayerNorm's or Gelu's every node, from the few its check matches: what a
+    fused kernel would replace (the matched ones stop at Pow, or at Tanh, and priced a
+    LayerNorm's 9 kernels as its first 3)."""
+    first = nodes[0].op_type
+    if first == "ReduceMean":  # … Pow → ReduceMean → Add(ε) → Sqrt → Div(d, ·) → Mul(γ) → Add(β)
+        sub = nodes[1]
+        body = _chain(nodes[-1], {"ReduceMean", "Add", "Sqrt", "Reciprocal", "Div", "Mul"}, 5,
+                      stop=lambda n: sub.outputs[0] in n.inputs)
+        if body and sub.outputs[0] in body[-1].inputs:
+            return nodes + body + _chain(body[-1], {"Mul", "Add"}, 2, constant=True)
+        return nodes
+    if first == "Erf":  # Div(x, √2) → Erf → Add(1) → Mul(x, ·) → Mul(0.5)
+        before = [p for p in (nodes[0].inputs[0].producer,)
+                  if p is not None and p.op_type in ("Div", "Mul") and _scaled(p)]
+        after = _chain(nodes[-1], {"Mul"}, 1, constant=True)
+        return before + nodes + after + _halves(nodes[-1:] + after)
+    if first == "Pow":  # … Tanh → Add(1) → Mul(0.5) → Mul(x, ·), in either order
+        after = _chain(nodes[-1], {"Add", "Mul"}, 3)
+        return nodes + after + _halves(after)
+    return nodes
+
+
+def _chain(node: Node, ops: set[str], limit: int, *, constant: bool = False,
+           stop: Callable[[Node], bool] | None = None) -> list[Node]:
+    """The single consumers after `node`, one after another, while their op is in `ops` (and
+    they read a constant, with `constant`), at most `limit`, ending at the first `stop` takes."""
+    found = []
+    while len(found) < limit:
+        node = _only_consumer(node.outputs[0] if node.outputs else None, ops)
+        if node is None or (constant and not _scaled(node)):
+            break
+        found.append(node)
+        if stop is not None and stop(node):
+            break
+    return found
+
+
+def _scaled(node: Node) -> bool:
+    """Whether one of `node`'s inputs is a weight or a Constant node's output."""
+    return any(v is not None and (v.is_weight or (v.producer is not None and
+                                                  v.producer.op_type == "Constant"))
+               for v in node.inputs)
+
+
+def _halves(nodes: list[Node]) -> list[Node]:
+    """The Mul(x, 0.5) a Gelu computes beside its Erf or Tanh branch, feeding one of `nodes`."""
+    return [v.producer for n in nodes for v in n.inputs
+            if v is not None and v.producer is not None and v.producer.op_type == "Mul"
+            and v.producer not in nodes and _scaled(v.producer) and len(v.consumers()) == 1]
+
+
 def _path_to_pow(node: Node, depth: int) -> list[Node] | None:
     """The nodes from a Pow up to `node`, at most `depth` producers back along computed
     values (not Constant nodes), or None."""
@@ -237,7 +289,7 @@ def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
             # What fusing could save: the kernels after the pattern's first node (the Add, the
             # BatchNorm…), which a fused kernel does in the first one's pass over the data.
             spent = sum(own[(partition, n.name)].total_us for nodes in separate
-                        for n in nodes[1:] if (partition, n.name) in own)
+                        for n in whole_pattern(nodes)[1:] if (partition, n.name) in own)
             example = " → ".join(repr(n.name or n.op_type) for n in places[0])
             fuser = _with_level(passes[label])
             text = (f"{label} left unfused in {len(places)} place(s) of {partition} "
