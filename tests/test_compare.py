@@ -284,6 +284,15 @@ def test_a_threshold_reads_as_given_and_a_failing_cosine_below_it(files):
                           atol=0.00012345678).rule == "allclose(rtol=1.5e-07, atol=0.00012345678)"
 
 
+def test_an_all_zero_reference_is_judged_by_tolerance_under_a_cosine_rule():
+    # Its cosine against zeros + 1e-6 is 0: the row failed any --min-cosine with no word why.
+    zero = np.zeros((2, 4), np.float32)
+    row = compare_arrays("z", zero, zero + 1e-6, min_cosine=0.99)
+    assert row.passed and row.cosine == 0.0
+    assert "the reference is all zeros, where a cosine measures nothing" in row.note
+    assert not compare_arrays("z", zero, zero + 1.0, min_cosine=0.99).passed
+
+
 def test_api_takes_protos_and_feed_dicts():
     x = np.array([[1.0, -1.0] * 4, [0.5] * 8], np.float32)
     report = compare_models(_model(), _model(W + 0.05), {"x": x}, per_tensor=True)
