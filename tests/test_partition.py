@@ -490,6 +490,14 @@ def test_if_node_falls_back_and_gets_its_outer_values(tmp_path):
     text = format_partitioning(result.partitioning)
     assert "1 node(s) on cpu instead of npu (3 with the nodes inside their subgraphs, as the " \
         "partition table counts them):" in text, text
+    # inspect and the HTML report said "1 node(s) fell back" beside a table of 3.
+    from graphopt.codegen.inspect_om import format_om
+
+    said = "1 node(s) fell back to the host (3 with the nodes inside their subgraphs, as the " \
+        "partition table counts them)"
+    assert said in format_om(artifact)
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 0
+    assert said in (tmp_path / "r.html").read_text()
 
 
 def test_graph_without_nodes_is_one_partition(tmp_path):

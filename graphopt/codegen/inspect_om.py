@@ -286,6 +286,15 @@ def _format_kernels(info: dict, profile: str = "") -> str:
 _REASONS_SHOWN = 10  # the most frequent fallback reasons inspect lists
 
 
+def nested_count(fallbacks: list) -> str:
+    """' (N with the nodes inside their subgraphs…)' where the record's fallbacks hold If, Loop
+    or Scan nodes whose bodies the partition table counts; else ''."""
+    nested = sum(f["nodes"] if isinstance(f, dict) and isinstance(f.get("nodes"), int) else 1
+                 for f in fallbacks)
+    return (f" ({nested} with the nodes inside their subgraphs, as the partition table counts "
+            "them)" if nested != len(fallbacks) else "")
+
+
 def _format_fallbacks(info: dict, scope: str = "") -> str:
     """The placement's fallbacks by reason; `scope` names the shape profile(s) it is of."""
     fallbacks = info.get("fallbacks") or []
@@ -300,7 +309,8 @@ def _format_fallbacks(info: dict, scope: str = "") -> str:
         reasons[entry.get("reason", "?")] = reasons.get(entry.get("reason", "?"), 0) + 1
     ranked = sorted(reasons.items(), key=lambda r: -r[1])
     table = format_table(["reason", "nodes"], [list(row) for row in ranked[:_REASONS_SHOWN]],
-                         title=f"placement{of}: {len(fallbacks)} node(s) fell back to the host")
+                         title=f"placement{of}: {len(fallbacks)} node(s) fell back to the host"
+                         + nested_count(fallbacks))
     hidden = len(ranked) - _REASONS_SHOWN
     return table + (f"\n… and {hidden} more reason(s) (--json lists every node's)"
                     if hidden > 0 else "")

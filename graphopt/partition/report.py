@@ -64,8 +64,10 @@ def partitioning_json(partitioning: Partitioning) -> dict:
             }
             for p in partitioning.partitions
         ],
+        # "nodes": the node and those inside its If/Loop/Scan bodies, as the partitions count
         "fallbacks": [
-            {"node": node.name, "op": node.qualified_op, "reason": reason}
+            {"node": node.name, "op": node.qualified_op, "reason": reason,
+             "nodes": sum(1 for _ in _with_nested([node]))}
             for node, reason in partitioning.fallbacks()
         ],
         "layouts": {name: layout.to_json() for name, layout in partitioning.layouts.items()},

@@ -7,7 +7,8 @@ import datetime
 from collections import Counter
 
 from graphopt.codegen.inspect_om import (PROFILE_HEADERS, by_partition, format_bytes, format_ops,
-                                         largest_profile, partition_size, precision_line,
+                                         largest_profile, nested_count, partition_size,
+                                         precision_line,
                                          profile_cells, profile_kernel_configs,
                                          profile_memory_plans, profile_rows, profile_sections,
                                          profile_views, signature_cells, source_edit_lines,
@@ -137,7 +138,7 @@ def _partition_line(artifact, parts, devices: Counter, fallbacks: list) -> str:
     """How many partitions run where, and how many nodes fell back; of each shape profile when
     the artifact has several."""
     line = (f"{len(parts)}: " + ", ".join(f"{n} on {d}" for d, n in devices.items())
-            + f"; {len(fallbacks)} node(s) fell back to the host")
+            + f"; {len(fallbacks)} node(s) fell back to the host{nested_count(fallbacks)}")
     placements = profile_sections(artifact, "partitioning")
     if not placements:
         return line
@@ -298,7 +299,8 @@ def _placement(data: ReportData) -> str:
     # The record is the default profile's: the summary above counts each profile's.
     of = (f" in {escape(str(profiles[0].get('name')))}, the default shape profile (the summary "
           "counts each profile's)" if len(profiles) > 1 else "")
-    body = f"<p>{len(fallbacks)} node(s) fell back to the host{of}.</p>"
+    body = f"<p>{len(fallbacks)} node(s) fell back to the host{of}" \
+        f"{escape(nested_count(fallbacks))}.</p>"
     body += table(["reason", "nodes"], [[r, n] for r, n in reasons.most_common()], numeric={1})
     rows = [[f.get("op", "?"), f.get("node") or "(unnamed)", f.get("reason", "?")]
             for f in fallbacks[:MAX_FALLBACK_ROWS]]
