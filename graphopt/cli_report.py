@@ -120,7 +120,10 @@ def _cmd_report(args) -> int:
     if data.accuracy is not None:
         lines.append(f"accuracy: {'PASS' if data.accuracy.passed else 'FAIL'} "
                      f"({sum(r.passed for r in data.accuracy.outputs)}/"
-                     f"{len(data.accuracy.outputs)} outputs within {data.accuracy.rule})")
+                     f"{len(data.accuracy.outputs)} outputs within {data.accuracy.rule})"
+                     # A sequence of one token passes on little: the inputs say what it ran on.
+                     + (f" on {data.accuracy.inputs}" if "open dims set to 1"
+                        in data.accuracy.inputs else ""))
         if data.accuracy_note:
             lines.append(f"  note: {data.accuracy_note}")
         rewrites = winograd_rewrites(data.artifact.pass_log)

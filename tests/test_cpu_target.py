@@ -73,6 +73,9 @@ def test_dynamic_shapes_leave_the_artifact_unplanned(tmp_path, capsys):
     assert "memory plan p0_cpu: none (cannot plan memory:" in out
     (plan,) = load_om(tmp_path / "m.om").extra["memory_plan"].values()
     assert "batch_size" in plan["unplanned"]
+    # It told a compile at -O2 to "let -O2's shape folding run", which it had.
+    assert "pin the input shapes (--input-shape, or input_shapes in Python): the shape " \
+        "folding of -O2 and above then sizes it" in plan["unplanned"]
     assert main(["optimize", str(source), "-o", str(tmp_path / "n.om"),
                  "--memory-plot", str(tmp_path / "p.png")]) == 1
     assert "no partition has a memory plan" in capsys.readouterr().err

@@ -456,6 +456,16 @@ def test_an_int8_om_is_judged_by_cosine_unless_a_rule_is_given(int8, capsys, tmp
     assert "note:" not in stdout
 
 
+def test_a_pass_on_open_dims_set_to_1_says_so_beside_the_verdict(capsys, tmp_path):
+    # A GPT-2 checked on a sequence of one token printed a bare "accuracy: PASS".
+    source = tmp_path / "dyn.onnx"
+    onnx.save(parse_model("g (float[N, S] a) => (float[N, S] y) { y = Relu (a) }"), source)
+    assert main(["optimize", str(source), "-o", str(tmp_path / "dyn.om"), "-q"]) == 0
+    _, _, stdout = report(capsys, tmp_path, tmp_path / "dyn.om", "--reference", source)
+    assert "accuracy: PASS (1/1 outputs within allclose(rtol=0.0001, atol=1e-05)) on seeded " \
+        "random (seed 0; open dims set to 1: a [1,1])" in stdout, stdout
+
+
 def test_compare_judges_a_lossy_om_by_the_same_rule(int8, capsys):
     rc, out, err = run_cli(capsys, "compare", int8["onnx"], int8["om"])
     assert rc == 0, err
@@ -760,6 +770,13 @@ def test_box_labels_name_domains_chains_and_fit_the_box():
     svg, _ = graph_svg(graph, collapse=True)
     texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
     assert "Relu → QuickGelu: 5 ops" in texts
+    # A domain took a group's ten characters: nchwc::Co… for Conv and ReorderInput alike.
+    graph = chain_graph(5)
+    graph.nodes[1].op = "com.microsoft.nchwc::ReorderInput"
+    graph.nodes[5].op = "com.microsoft.nchwc::ReorderOutput"
+    svg, _ = graph_svg(graph, collapse=True)
+    texts = [t.text for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    assert "ReorderIn… → ReorderOu…: 5 ops" in texts, texts
 
 
 def test_the_inputs_start_at_the_left_of_a_wide_picture(tmp_path):

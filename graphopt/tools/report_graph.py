@@ -264,7 +264,9 @@ def _label(box: Box) -> str:
         return _short(f"{head.op} {head.name}")
     if len(box.members) == 1:
         return _short(_op_label(head.op))
-    first, last = _op_label(head.op), _op_label(box.members[-1].op)
+    # Ten characters each: a domain would take them all (nchwc::Co… for Conv and ReorderInput
+    # alike); the box's tooltip and colour say the rest.
+    first, last = (op.rpartition("::")[2] for op in (head.op, box.members[-1].op))
     return f"{_short(first, 10)} → {_short(last, 10)}: {len(box.members)} ops"
 
 

@@ -121,8 +121,9 @@ def _dynamic_shape_hint(value: Value) -> str:
     pin = ("give every dim of the inputs values (--dynamic-dims, or dynamic_dims in Python)"
            if "dynamic_dims" in PIN_OPTIONS.get() else  # a shape profile's compile
            "pin the input shapes (--input-shape, or input_shapes in Python)")
-    return (f"; {pin}, and let -O2's shape folding run (a shape computed at run time stays "
-            "unknown at -O0/-O1 or with FoldConstants off)")
+    # Said alike at every level: the .om keeps the text, not the level it was made at.
+    return (f"; {pin}: the shape folding of -O2 and above then sizes it (a shape computed at "
+            "run time stays unknown at -O0/-O1 or with FoldConstants off)")
 
 
 def node_reads(node: Node) -> list[Value]:
