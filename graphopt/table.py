@@ -137,7 +137,8 @@ _PLACEHOLDERS = ("—", "-")
 def _numeric(column: list[str]) -> bool:
     """Whether a column holds numbers, aligned right with its header: every cell a number,
     empty or a placeholder, and one at least a number."""
-    values = [c for c in column if c and c not in _PLACEHOLDERS]
+    # Stripped: a caller may have right-justified its cells already ("       —").
+    values = [c.strip() for c in column if c.strip() and c.strip() not in _PLACEHOLDERS]
     return bool(values) and all(_is_number(c) for c in values)
 
 

@@ -175,6 +175,13 @@ def test_extra_members_round_trip(tmp_path):
     with pytest.raises(ValueError, match="unsafe member name"):
         write_om(tmp_path / "y.om", [OmPartition("p0", "cpu", matmul_relu())],
                  extra_members={"../x": b""})
+    # inspect lists them in natural order: p2 before p10 (it put p10 between p0 and p2).
+    from graphopt.codegen.inspect_om import format_om
+
+    write_om(path, [OmPartition("p0", "cpu", matmul_relu())],
+             extra_members={f"data/p{i}.bin": b"" for i in (0, 10, 2)})
+    text = format_om(load_om(path))
+    assert text.index("data/p2.bin") < text.index("data/p10.bin"), text
 
 
 def test_same_input_gives_identical_bytes(tmp_path):

@@ -285,6 +285,9 @@ def test_table_aligns_numbers_with_units_to_the_right():
     # One that holds numbers and "—" where a metric does not apply is numeric, its header too.
     text = format_table(["KL", "x"], [["—", "a"], ["0.00123", "b"]])
     assert text.splitlines()[:3] == ["     KL  x", "-------  -", "      —  a"]
+    # Cells justified already (compare's columns): the header was left over the numbers.
+    text = format_table(["KL", "x"], [["      —", "a"], ["0.00123", "b"]])
+    assert text.splitlines()[0] == "     KL  x"
 
 
 def test_format_bytes_past_gib_stays_readable(tmp_path, capsys):

@@ -582,7 +582,7 @@ def format_om(artifact: OmArtifact) -> str:
     elif not artifact.extra:
         parts.append("extra: none")
     shown = {p["member"] for p in m["partitions"]} | {DETAILS_NAME}  # the pass log and extras
-    others = sorted(set(members) - shown)
+    others = sorted(set(members) - shown, key=natural_key)  # p2 before p10
     if others:
         parts.append("other members\n" + "\n".join(
             f"  {name}  {format_bytes(members[name]['size'])}" for name in others))
