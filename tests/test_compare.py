@@ -293,6 +293,29 @@ def test_an_all_zero_reference_is_judged_by_tolerance_under_a_cosine_rule():
     assert not compare_arrays("z", zero, zero + 1.0, min_cosine=0.99).passed
 
 
+def test_intermediates_off_by_rounding_pass_as_the_outputs_do(tmp_path):
+    # NCHWc convs sum in onnxruntime's order: the outputs passed as rounding, and --per-tensor
+    # named the first conv "first failure in graph order" (0/2 intermediates passed).
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1,16,32,32] x) => (float[1,16,32,32] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w1)
+            s = Softmax <axis = 1> (c)
+            y = Conv <pads = [1,1,1,1]> (s, w2)
+        }""", w1=rng.standard_normal((16, 16, 3, 3)).astype(np.float32),
+        w2=rng.standard_normal((16, 16, 3, 3)).astype(np.float32))
+    save(optimize(proto, target="cpu"), str(tmp_path / "m.om"))
+    feeds = {"x": (rng.standard_normal((1, 16, 32, 32)) * 100).astype(np.float32)}
+    report = compare_models(proto, str(tmp_path / "m.om"), feeds, per_tensor=True)
+    assert [(r.name, r.passed, r.note) for r in report.intermediates] == \
+        [("c", True, "rounding"), ("s", True, "rounding")]
+    assert report.first_failing_intermediate is None and report.outputs[0].mismatches
+    # Without the allowance (tolerances given on the command line), as at the outputs.
+    strict = compare_models(proto, str(tmp_path / "m.om"), feeds, per_tensor=True,
+                            rounding=False)
+    assert strict.first_failing_intermediate.name == "c"
+
+
 def test_api_takes_protos_and_feed_dicts():
     x = np.array([[1.0, -1.0] * 4, [0.5] * 8], np.float32)
     report = compare_models(_model(), _model(W + 0.05), {"x": x}, per_tensor=True)
