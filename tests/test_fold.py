@@ -779,6 +779,29 @@ def test_constant_node_that_fails_at_run_time_is_a_clear_input_error():
         run_passes(model, FoldConstants())
 
 
+@pytest.mark.parametrize("op, dividend, divisor, dtype, cause", [
+    ("Div", "-2147483648", "-1", "int32", "integer Div of -2147483648 by -1 overflows int32"),
+    ("Div", "-9223372036854775808", "-1", "int64",
+     "integer Div of -9223372036854775808 by -1 overflows int64"),
+    ("Div", "5", "0", "int32", "integer Div by zero"),
+    ("Mod", "5", "0", "int64", "integer Mod by zero")])
+def test_an_integer_division_that_traps_is_refused_not_run(op, dividend, divisor, dtype, cause):
+    # onnxruntime's kernel runs into the CPU's division trap: the compile died of SIGFPE,
+    # exit 136 with nothing said. A divisor computed in the same region is checked too, as
+    # its value is known (node by node).
+    for made in (False, True):
+        source = "q = Identity(b)" if made else "q = Identity(a)"
+        text = f"""
+            g ({dtype}[1] x) => ({dtype}[1] y)
+            <{dtype}[1] a = {{{dividend}}}, {dtype}[1] b = {{{divisor}}}>
+            {{ {source}
+              z = {op}(a, {"q" if made else "b"})
+              y = Add(z, x) }}"""
+        with pytest.raises(InputError, match=f"node writing 'z' \\({op}\\) fails on its "
+                                             f"constant inputs, .*: {cause}"):
+            graphopt.optimize(parse(text))
+
+
 def test_failing_constant_node_that_no_output_reads_is_not_an_error():
     text = OUT_OF_RANGE.replace("y = Add(x, picked)", "y = Identity(x)")
     model = load_onnx(parse(text))

@@ -43,6 +43,8 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
              ) -> dict[int, Tensor]:
     """Run `nodes` in one onnxruntime session, constants in `feeds` as initializers; return the
     data of `wanted` keyed by id(value)."""
+    for node in nodes:
+        _check_integer_division(node, feeds)
     graph = onnx.GraphProto(name="fold")
     graph.node.extend(_node_proto(n) for n in nodes)
     for name, tensor in feeds.items():
@@ -86,6 +88,36 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
         else:
             results[id(value)] = Tensor(array)
     return results
+
+
+def _check_integer_division(node: Node, feeds: dict[str, Tensor]) -> None:
+    """EvalError for an integer Div or Mod that onnxruntime's kernel would run into the CPU's
+    division trap, which ends the process (SIGFPE): a zero divisor, or Div of the type's least
+    value by -1. A divisor (or, past -1, a dividend) computed in the same evaluation is not
+    known yet: that too is an EvalError, and the caller's node-by-node evaluation has it."""
+    if node.op_type not in ("Div", "Mod") or not node.is_onnx or len(node.inputs) < 2:
+        return
+    dividend, divisor = node.inputs[0], node.inputs[1]
+    known = feeds.get(divisor.name) if divisor is not None else None
+    if known is None:
+        if divisor is not None and divisor.dtype is not None and divisor.dtype.is_integer:
+            raise EvalError(f"the divisor of integer {node.op_type} '{node.name}' is computed "
+                            "in the same evaluation")
+        return
+    d = known.numpy()
+    if d.dtype.kind not in "iu":
+        return
+    if (d == 0).any():
+        raise EvalError(f"integer {node.op_type} by zero", at_run=True)
+    if node.op_type == "Div" and np.dtype(d.dtype).kind == "i" and (d == -1).any():
+        top = feeds.get(dividend.name) if dividend is not None else None
+        if top is None:
+            raise EvalError(f"the dividend of integer Div '{node.name}' is computed in the "
+                            "same evaluation")
+        a, b = np.broadcast_arrays(top.numpy(), d)
+        if ((a == np.iinfo(d.dtype).min) & (b == -1)).any():
+            raise EvalError(f"integer Div of {np.iinfo(d.dtype).min} by -1 overflows "
+                            f"{d.dtype}", at_run=True)
 
 
 def _first_line(error: Exception) -> str:
