@@ -291,7 +291,24 @@ def _schema_problem(node: Node, ctx) -> str | None:
         # onnx's message, first line only: the rest repeats the node in protobuf text form.
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         return lines[0] if lines else "does not match its ONNX schema"
+    if not domain and node.attrs:
+        # The checker lets an unknown attribute through on some ops (LayerNormalization's
+        # `body` graph compiled to an .om onnxruntime could not load).
+        known = _schema_attributes(node.op_type, ctx.opset_imports.get("", 1))
+        unknown = [name for name in node.attrs if known is not None and name not in known
+                   and not name.startswith("__")]  # internal symbols, as onnx skips them
+        if unknown:
+            return f"Unrecognized attribute: {unknown[0]} for operator {node.op_type}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_attributes(op_type: str, opset: int) -> frozenset[str] | None:
+    """The attribute names ONNX's schema of `op_type` at `opset` declares; None without one."""
+    try:
+        return frozenset(onnx.defs.get_schema(op_type, opset, "").attributes)
+    except onnx.defs.SchemaError:
+        return None
 
 
 def _early_negative_axes(node: Node, model: Model) -> str | None:

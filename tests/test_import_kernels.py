@@ -315,6 +315,21 @@ def test_an_internal_attribute_of_an_onnxruntime_op_passes_as_onnxruntime_lets_i
     graphopt.optimize(model)
 
 
+@pytest.mark.parametrize("attribute", ["bogus = 3", "body = g2 () => () {}"])
+def test_an_unknown_attribute_the_checker_lets_through_is_refused(attribute):
+    # onnx.checker accepts any attribute on LayerNormalization: with a `body` graph the compile
+    # exited 0 and wrote an .om whose partition onnxruntime could not load.
+    model = parse_model(f"""
+        g (float[3,4] x, float[4] w, float[4] b) => (float[3,4] y) {{
+            y = LayerNormalization <axis = -1, {attribute}> (x, w, b)
+        }}""")
+    name = attribute.split()[0]
+    with pytest.raises(GraphoptError, match=f"node writing 'y' \\(LayerNormalization\\): "
+                                            f"Unrecognized attribute: {name} for operator "
+                                            "LayerNormalization"):
+        graphopt.optimize(model)
+
+
 def test_an_output_declared_with_another_type_than_its_op_writes_is_refused():
     # skl2onnx declares a float64 tree's output double (at ai.onnx.ml 1, which ONNX's
     # inference does not type); TreeEnsembleRegressor always writes float, and onnxruntime
