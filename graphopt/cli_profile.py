@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import input_shapes, non_negative_int, path_text, positive_int, thread_count
+from graphopt.cli_types import (input_shapes, non_negative_int, path_text, positive_int,
+                               run_count, thread_count, warmup_count)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
@@ -44,9 +45,9 @@ def add_profile_parser(sub) -> None:
                    help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128" '
                         "(an .om with shape profiles: by default the first profile's dims, as "
                         "`graphopt run` takes them)")
-    p.add_argument("--repeat", type=positive_int, default=DEFAULT_REPEAT, metavar="N",
+    p.add_argument("--repeat", type=run_count, default=DEFAULT_REPEAT, metavar="N",
                    help=f"profiled runs (default {DEFAULT_REPEAT})")
-    p.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, metavar="W",
+    p.add_argument("--warmup", type=warmup_count, default=DEFAULT_WARMUP, metavar="W",
                    help=f"untimed runs first, left out of the profile (default {DEFAULT_WARMUP}; "
                         "the first run checks the outputs and is left out even at 0)")
     p.add_argument("--threads", type=thread_count, metavar="T",

@@ -6,7 +6,8 @@ import json
 import os
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import input_shapes, non_negative_int, path_text, positive_int, thread_count
+from graphopt.cli_types import (input_shapes, non_negative_int, path_text, run_count,
+                               thread_count, warmup_count)
 from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
 from graphopt.source_marks import extra_fixed_inputs, extra_preprocessing
@@ -47,9 +48,9 @@ def add_run_parser(sub) -> None:
     p.add_argument("--outputs", type=path_text, metavar="NPZ",
                    help="write the outputs of the first run to this .npz, one array per output "
                         "(written atomically)")
-    p.add_argument("--repeat", type=positive_int, metavar="N",
+    p.add_argument("--repeat", type=run_count, metavar="N",
                    help="time N runs and print p50/p90/p99, min, max and mean latency")
-    p.add_argument("--warmup", type=non_negative_int, metavar="N",
+    p.add_argument("--warmup", type=warmup_count, metavar="N",
                    help=f"untimed runs before the timed ones (default {DEFAULT_WARMUP}; "
                         "needs --repeat)")
     p.add_argument("--threads", type=thread_count, metavar="N",

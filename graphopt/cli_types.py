@@ -47,6 +47,27 @@ def positive_int(text: str) -> int:
     return value
 
 
+# Timed runs are kept, one float each, for the percentiles: a count past this (a typo's extra
+# digits) would run for days and fill memory rather than be refused.
+RUN_COUNT_LIMIT = 10_000_000
+
+
+def run_count(text: str) -> int:
+    """A count of timed runs: 1 to RUN_COUNT_LIMIT."""
+    value = positive_int(text)
+    if value > RUN_COUNT_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is too many; give 1 to {RUN_COUNT_LIMIT:,}")
+    return value
+
+
+def warmup_count(text: str) -> int:
+    """A count of untimed runs: 0 to RUN_COUNT_LIMIT."""
+    value = non_negative_int(text)
+    if value > RUN_COUNT_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} is too many; give 0 to {RUN_COUNT_LIMIT:,}")
+    return value
+
+
 def thread_count(text: str) -> int:
     """onnxruntime's intra-op threads: 0 (its default) to THREAD_LIMIT."""
     value = non_negative_int(text)
