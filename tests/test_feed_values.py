@@ -11,6 +11,7 @@ from helpers import IR_VERSION, run_cli
 from onnx import TensorProto, helper
 
 import graphopt
+from graphopt.codegen.feeds import load_npz
 from graphopt.errors import InputError
 
 
@@ -105,3 +106,25 @@ def test_an_empty_list_feed_takes_the_inputs_dtype(tmp_path, elem_type, dtype):
     session = graphopt.load(_identity(tmp_path, elem_type, ["n", "s"])[1])
     result = session.run({"x": [[]]})["y"]
     assert result.shape == (1, 0) and result.dtype == dtype
+
+
+def test_an_npz_naming_an_array_twice_is_refused_as_inputs_and_as_calibration(tmp_path):
+    # numpy reads the last of two members of one name, and --inputs and --calibration used it.
+    import io
+    import zipfile
+
+    from graphopt.errors import OptionError
+    from graphopt.ir import load_onnx
+    from graphopt.quant.calib_data import read_calibration
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.ones((1, 2), np.float32))
+    with pytest.warns(UserWarning, match="Duplicate name"), \
+            zipfile.ZipFile(tmp_path / "dup.npz", "w") as archive:
+        archive.writestr("x.npy", buffer.getvalue())
+        archive.writestr("x.npy", buffer.getvalue())
+    source, om = _identity(tmp_path, TensorProto.FLOAT, [1, 2])
+    with pytest.raises(InputError, match="'x' is in it twice"):
+        load_npz(tmp_path / "dup.npz")
+    with pytest.raises(OptionError, match="'x' is in it twice"):
+        read_calibration(tmp_path / "dup.npz", load_onnx(str(source)).graph)

@@ -518,6 +518,9 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as data:
+            twice = {n for n in data.files if data.files.count(n) > 1}
+            if twice:  # numpy reads the last of them: which one was meant, nothing says
+                raise InputError(_not_npz(path, f"{sorted(twice)[0]!r} is in it twice"))
             for name in data.files:
                 arrays[name] = data[name]
                 if not isinstance(arrays[name], np.ndarray):  # numpy gives other files' bytes

@@ -310,6 +310,10 @@ def _load(file: str) -> dict[str, np.ndarray]:
                           ".npz by name: np.savez(path, input_name=array, …)")
     with data:
         arrays = {}
+        twice = {n for n in data.files if data.files.count(n) > 1}
+        if twice:  # numpy reads the last of them: which one was meant, nothing says
+            raise OptionError(f"{calibration_label(file)}: '{sorted(twice)[0]}' is in it "
+                              "twice (write the file with np.savez(path, input_name=array, …))")
         for name in data.files:
             # Members are read lazily: a damaged or pickled one fails here, not at np.load.
             try:
