@@ -143,7 +143,7 @@ def _numeric(column: list[str]) -> bool:
 
 
 def _is_number(text: str) -> bool:
-    text = text.replace(",", "").lstrip("+")
+    text = text.replace(",", "").lstrip("+<")  # "<0.1": a number too small for its digits
     unit = _UNITS.search(text)
     if unit is not None and unit.end() == len(text) and unit.start() > 0:
         text = text[:unit.start()]

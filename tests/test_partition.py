@@ -818,3 +818,17 @@ def test_a_depthwise_conv_net_with_a_host_head_keeps_its_npu_partition():
     result = graphopt.optimize(proto, target="ascend310")
     assert [(p.device, len(p.nodes)) for p in result.partitioning.partitions][-1] == ("cpu", 1)
     assert result.partitioning.partitions[0].device == "npu"
+
+
+def test_a_few_bytes_crossing_read_as_less_than_a_tenth_of_a_kib():
+    # 16 bytes in read "0.0" KiB, as if nothing crossed.
+    from graphopt.partition.report import format_partitioning
+
+    proto = parse_model("""
+        g (float[1,4] x) => (float[1,2] v) {
+            r = Relu (x)
+            v, i = TopK <axis = -1> (r, k)
+        }""", k=np.array([2], np.int64))
+    text = format_partitioning(graphopt.optimize(proto, target="ascend310").partitioning)
+    row = next(line for line in text.splitlines() if line.startswith("p0_"))
+    assert row.split()[4:8] == ["1", "<0.1", "1", "<0.1"], text

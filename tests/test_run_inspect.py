@@ -288,6 +288,8 @@ def test_table_aligns_numbers_with_units_to_the_right():
     # Cells justified already (compare's columns): the header was left over the numbers.
     text = format_table(["KL", "x"], [["      —", "a"], ["0.00123", "b"]])
     assert text.splitlines()[0] == "     KL  x"
+    # "<0.1" (partition's KiB of a 16-byte value, which read 0.0) is a number as well.
+    assert format_table(["in KiB"], [["<0.1"], ["12.5"]]).splitlines()[2] == "  <0.1"
 
 
 def test_format_bytes_past_gib_stays_readable(tmp_path, capsys):

@@ -103,7 +103,9 @@ def _kib(values) -> str:
     """The values' KiB; `?` when a shape is dynamic (its size is unknown, not 0)."""
     if any(v is not None and v.static_shape is None for v in values):
         return "?"
-    return f"{sum(value_bytes(v) for v in values) / 1024:.1f}"
+    total = sum(value_bytes(v) for v in values)
+    # 16 bytes read "0.0", as if nothing crossed.
+    return "<0.1" if 0 < total < 0.05 * 1024 else f"{total / 1024:.1f}"
 
 
 def _names(names: list[str], shown: int = 2, width: int = 48) -> str:
