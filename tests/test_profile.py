@@ -138,7 +138,7 @@ def test_an_all_npu_om_names_no_cost_model_and_no_predictions(tmp_path):
     assert "Spearman" not in text and "predicted" not in text
 
 
-def test_advisor_finds_matmul_add_left_unfused_at_O0(tmp_path):
+def test_advisor_finds_matmul_add_left_unfused_at_O0(tmp_path, monkeypatch):
     proto = parse_model(MATMUL_ADD, w=weight(16, 8), b=weight(8))
     path = tmp_path / "mm.om"
     graphopt.save(graphopt.optimize(proto, level=0, target="cpu"), path)
@@ -152,6 +152,15 @@ def test_advisor_finds_matmul_add_left_unfused_at_O0(tmp_path):
     (hint,) = [h for h in advise(apart) if h.kind == "unfused"]
     assert hint.numbers["separate"] == 1 and hint.numbers["us_per_run"] > 0
     assert "separate kernels" in hint.message and "FuseMatMul (-O2) fuses" in hint.message
+    # On a terminal the line breaks at spaces, hanging under its text (it ran past the edge).
+    from graphopt import table
+    from graphopt.tools.profile_report import format_profile
+
+    monkeypatch.setattr(table, "terminal_width", lambda: 60)
+    advice = format_profile(apart, advise(apart)).split("advisor:")[1].splitlines()[1:]
+    assert all(len(line) <= 60 for line in advice)
+    first = next(i for i, line in enumerate(advice) if line.startswith("- MatMul + Add"))
+    assert advice[first + 1].startswith("  ") and not advice[first + 1].startswith("  -")
 
 
 def test_advisor_names_the_level_that_runs_the_fusing_pass(tmp_path):

@@ -6,7 +6,7 @@ import math
 
 from graphopt.codegen.profile_match import dims_label
 from graphopt.errors import one_line
-from graphopt.table import format_table
+from graphopt.table import format_table, wrap_to_terminal
 from graphopt.tools.advisor import Hint
 from graphopt.tools.profile import Profile
 
@@ -78,7 +78,8 @@ def format_profile(profile: Profile, hints: list[Hint], top: int = 10) -> str:
                                    title="partitions (in execution order)")]
 
     lines += ["", "advisor:" if hints else "advisor: nothing to report"]
-    lines += [f"- {hint.message}" for hint in hints]
+    # Broken at spaces to a terminal's width, hanging under the text (kept whole in a pipe).
+    lines += [wrap_to_terminal(f"- {hint.message}", hang="  ") for hint in hints]
     return "\n".join(lines)
 
 
