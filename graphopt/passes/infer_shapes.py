@@ -217,8 +217,19 @@ def _broadcast_shape(a, b) -> tuple | None:
 
 
 # onnxruntime contrib ops typed by a rule of their own: op -> [(output index, dtype, shape)].
+def _matmul_nbits_types(node) -> list:
+    """MatMulNBits(A [..., K], B packed, scales, …) with attribute N: A's leading dims and N,
+    in A's dtype (a 4-bit GEMM with a bias input was left untyped, and fp16 kept it float32)."""
+    a, n = node.inputs[0], node.attr("N")
+    if a.dtype is None or not isinstance(n, int):
+        return []
+    shape = None if a.shape is None or not a.shape else (*a.shape[:-1], n)
+    return [(0, a.dtype, shape)]
+
+
 _TYPED_BY_RULE = {
     "EmbedLayerNormalization": _embed_layer_norm_types,
+    "MatMulNBits": _matmul_nbits_types,
     "QLinearAdd": _qlinear_binary_types,
     "QLinearMul": _qlinear_binary_types,
     "QLinearSigmoid": _qlinear_unary_types,
