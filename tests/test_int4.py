@@ -227,6 +227,15 @@ def test_a_weight_too_short_for_a_block_stays_float():
         assert any("QuantizeInt4Weights: 1 weight(s)" in n for n in notes) == quantized, notes
         assert any(f"K = {k}: a 4-bit block of 16, its scale and zero point take more bytes "
                    "than the column it holds" in n for n in notes) != quantized, notes
+    # Beside a weight that packs, the short one went unnamed ("0.00 MiB of float weights stay").
+    proto = parse_model("""
+        g (float[2,64] x, float[2,3] u) => (y, z) {
+            y = MatMul(x, w)
+            z = MatMul(u, v)
+        }""", w=rng.standard_normal((64, 16)).astype(np.float32),
+        v=rng.standard_normal((3, 16)).astype(np.float32))
+    assert "QuantizeInt4Weights kept in float: 1 × K = 3: a 4-bit block of 16, its scale and " \
+        "zero point take more bytes than the column it holds" in compile_int4(proto).notes
 
 
 def test_calibration_the_model_cannot_run_is_named_in_the_report_warning(tmp_path, capsys):

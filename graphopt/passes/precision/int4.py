@@ -288,6 +288,9 @@ class QuantizeInt4Weights(Pass):
             model.opset_imports.setdefault(MS, 1)
             ctx.note(_summary(result.stats, embedded, tied, before, after, sorted(blocks))
                      + _float_weights_left(graph))
+            # A weight too short to pack is a choice a user may not expect, beside weights
+            # that did pack (unlike a MatMul of two activations, which none would).
+            kept.update({why: n for why, n in left.items() if why.startswith("K = ")})
         elif not unsupported:  # a compile that quantized nothing says why
             reasons = sorted(left.items()) + kept.most_common()
             kept.clear()  # said here
