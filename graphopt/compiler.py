@@ -72,10 +72,12 @@ def _check_values(options: Options) -> None:
     if options.level not in PIPELINES:
         raise OptionError(f"optimization level {options.level} does not exist (use 0 to "
                           f"{max(PIPELINES)})")
-    for name, least in (("fold_size_limit", 0), ("max_iterations", 1),
-                        ("elementwise_max_group", 1)):
+    for name, least, unit in (("fold_size_limit", 0, " bytes"), ("max_iterations", 1, ""),
+                              ("elementwise_max_group", 1, "")):
         if getattr(options, name) < least:
-            raise OptionError(f"{option(name)} must be ≥ {least}, got {getattr(options, name)}")
+            # As the keyword's own check says it (api_args.size): one message either way.
+            raise OptionError(f"{option(name)} must be ≥ {least}{unit}, got "
+                              f"{getattr(options, name)}")
     input_shapes = validate_input_shapes(options.input_shapes)
     options.input_shapes = input_shapes
     dump_dir, dump_format = options.dump_dir, options.dump_format

@@ -525,7 +525,7 @@ def test_missing_path_and_directory(tmp_path):
      r"^calibration: expected a path \(str or os.PathLike\), got a dict \("),
     # pass_options meet the keywords' value checks, and cannot pick another level.
     ({"pass_options": {"level": 3}}, "'level' is optimize's own keyword"),
-    ({"pass_options": {"fold_size_limit": -5}}, "^fold_size_limit must be ≥ 0"),
+    ({"pass_options": {"fold_size_limit": -5}}, "^fold_size_limit must be ≥ 0 bytes, got -5$"),
     ({"pass_options": {"max_iterations": 0}}, "^max_iterations must be ≥ 1"),
     ({"pass_options": {"elementwise_max_group": -3}}, "^elementwise_max_group must be ≥ 1"),
     ({"pass_options": {"dump_format": "bogus"}}, "unknown format"),
