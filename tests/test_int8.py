@@ -597,12 +597,16 @@ def test_quantize_none_and_precision_none_mean_the_defaults():
      "1 × Conv of float16 data (int8 quantizes float32 layers)"),
     ("""g (float[1,3,4,8,8] x) => (y) { y = Conv <pads = [1,1,1,1,1,1]> (x, w) }""",
      "1 × 3-D Conv (graphopt quantizes 1-D and 2-D convs)"),
-], ids=["float16", "conv3d"])
+    # Left float with no word, beside the counted 3-D Conv.
+    ("""g (float[1,3,8,8] x) => (y) { y = ConvTranspose (x, w) }""",
+     "1 × ConvTranspose (graphopt's int8 quantizes Conv, Gemm and MatMul)"),
+], ids=["float16", "conv3d", "convtranspose"])
 def test_layers_no_form_can_quantize_are_named_in_a_note(tmp_path, text, why):
     rng = np.random.default_rng(2)
     rank = 5 if "1,3,4" in text else 4
     dtype = np.float16 if "float16" in text else np.float32
-    w = rng.standard_normal((4, 3) + (3,) * (rank - 2)).astype(dtype)
+    channels = (3, 4) if "ConvTranspose" in text else (4, 3)  # its weight is [C_in, C_out…]
+    w = rng.standard_normal(channels + (3,) * (rank - 2)).astype(dtype)
     proto = parse_model(text, w=w)
     shape = (1, 3, 4, 8, 8) if rank == 5 else (1, 3, 8, 8)
     calibration = tmp_path / "c.npz"

@@ -192,6 +192,10 @@ def _unquantizable(node: Node, dependent: set[int]) -> str | None:
     """Why a Conv, Gemm or MatMul with a constant weight cannot be quantized at all (None for
     other nodes, and for reasons as plain as an activation weight); `dependent`:
     _input_dependent's."""
+    if node.is_onnx and node.op_type == "ConvTranspose" and len(node.inputs) >= 2 \
+            and node.inputs[1].constant() is not None:
+        # Left float silently beside counted 3-D convs: a user saw a layer no note named.
+        return "ConvTranspose (graphopt's int8 quantizes Conv, Gemm and MatMul)"
     if not node.is_onnx or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
         return None
     data, weight = node.inputs[0], node.inputs[1].constant()
