@@ -254,6 +254,9 @@ def _tune(args) -> int:
     after = model_estimate(result.model, partitioning, {**tuned, **applied}).seconds
     print(f"whole model (estimate): default {before * 1e6:.2f} µs, tuned {after * 1e6:.2f} µs, "
           f"{before / after:.3f}x")
+    # A compile applies the tilings only when told where they are (AOE's bank is read by ATC
+    # itself): the next step, spelled out.
+    print(f"apply them: {_apply_line(args, precision)}")
     if elsewhere:
         print(f"note: {len(elsewhere)} kernel(s) have a faster tiling in another study of "
               f"{url} (--study NAME, kb import), which a compile applies and the whole-model "
@@ -270,6 +273,23 @@ def _tune(args) -> int:
                        args.plot, kind="estimated")
         print(f"wrote {args.plot}")
     return 0
+
+
+def _apply_line(args, precision: dict) -> str:
+    """The optimize command line that compiles the model with the tilings just stored."""
+    import shlex
+
+    from graphopt.tuner.storage import default_db_path
+
+    stem = os.path.splitext(os.path.basename(args.model))[0]
+    line = ["graphopt", "optimize", args.model, "-o", f"{stem}.om", "--target", args.target]
+    if args.level != 2:
+        line.append(f"-O{args.level}")
+    if args.input_shape:
+        line += ["--input-shape", args.input_shape]
+    line += ["--tuning-db", named_storage(args) or default_db_path()]
+    same = " (with the same precision options)" if precision else ""
+    return shlex.join(line) + same
 
 
 def _idle_note(nodes: list[str]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shlex
 import time
 from unittest.mock import ANY
 
@@ -575,6 +576,15 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
     assert "ascend310/conv/b1_m1024_k144_n16/float16" in out.out
     assert "speedup" in out.out and "whole model (estimate)" in out.out
     assert "kernel 1/1" in out.err
+    # The next step: a compile applies the tilings only given the knowledge base.
+    line = next(line for line in out.out.splitlines() if line.startswith("apply them: "))
+    assert line == f"apply them: graphopt optimize {path} -o m.om --target ascend310 " \
+        f"--tuning-db {db}"
+    argv = shlex.split(line.removeprefix("apply them: "))[1:]
+    argv[argv.index("-o") + 1] = str(tmp_path / "m.om")
+    from graphopt.cli import main
+
+    assert main(argv) == 0 and "tuned tilings for 2 of 2" in capsys.readouterr().out
     with open(plot, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert _cli(["kb", "list", "--tuning-db", db]) == 0
