@@ -99,7 +99,9 @@ def add_optimize_parser(sub) -> None:
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition "
                         "(default: cpu for an .om, none for an .onnx)")
-    p.add_argument("--tuning-db", type=path_text, metavar="FILE.db|URL",
+    # --storage as tune, kb and report spell a storage URL: it was an unrecognized argument.
+    p.add_argument("--tuning-db", "--storage", dest="tuning_db", type=path_text,
+                   metavar="FILE.db|URL",
                    help="apply what `graphopt tune` stored in this knowledge base: the subgraph "
                         "decisions tuned for this model, and tuned tilings in an NPU .om's "
                         "kernel configs")

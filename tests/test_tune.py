@@ -585,6 +585,9 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
     from graphopt.cli import main
 
     assert main(argv) == 0 and "tuned tilings for 2 of 2" in capsys.readouterr().out
+    # tune's and kb's --storage spelling works there too (it was an unrecognized argument).
+    argv[argv.index("--tuning-db")] = "--storage"
+    assert main(argv) == 0 and "tuned tilings for 2 of 2" in capsys.readouterr().out
     with open(plot, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert _cli(["kb", "list", "--tuning-db", db]) == 0
