@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from graphopt.cli_accuracy import print_accuracy
@@ -202,6 +203,9 @@ def _cmd_optimize(args) -> int:
         save(result, args.output)  # with the tilings of the --tuning-db optimize read
     for path, title, plan in plots:
         draw_plan(plan, path, title=title)
+    idle = _idle_device(result)
+    if idle:  # on stderr, and under -q too: the flag asked for a device the artifact never uses
+        print(f"graphopt: warning: {idle}", file=sys.stderr)
     if not args.quiet:
         print(format_summary(result, args.output))
         if written_check is not None and written_check.measured:
@@ -232,6 +236,27 @@ def _cmd_optimize(args) -> int:
             if note.startswith(UNLOADABLE_NOTE):
                 print(f"graphopt: warning: {note}", file=sys.stderr)
     return 0
+
+
+def _idle_device(result) -> str | None:
+    """Why the artifact of a compile for an NPU target runs nothing on its NPU, or None: a
+    note among many said it (122 nodes of a ResNet with an open batch), and exit 0 read as
+    a device compile."""
+    from graphopt.partition.target import as_given
+
+    partitioning = result.partitioning
+    if partitioning is None or not partitioning.partitions:
+        return None
+    target = partitioning.target
+    primary = target.device(target.primary)
+    if primary.kind != "npu" or any(target.device(p.device).kind == "npu"
+                                    for p in partitioning.partitions):
+        return None
+    nodes = sum(p.node_count() for p in partitioning.partitions)
+    source = shlex.quote(result.source_label) if result.source_label != "<model>" else "MODEL"
+    return (f"--target {as_given(target)}: all {nodes} node(s) run on the host "
+            f"{target.host}, none on the {primary.name} (the compile's notes say why; `graphopt "
+            f"partition {source} --target {shlex.quote(as_given(target))}` lists the reasons)")
 
 
 def _files_read(args) -> dict[str, str | list[str] | None]:

@@ -166,7 +166,7 @@ def test_data_dependent_shape_falls_back_with_its_consumers(tmp_path):
     assert_same_outputs(proto, path, feeds)
 
 
-def test_dynamic_input_keeps_the_model_on_the_host_until_pinned():
+def test_dynamic_input_keeps_the_model_on_the_host_until_pinned(tmp_path, capsys):
     proto = build("""
         g (float[N,8] x) => (float[N,16] y) {
             y = Gemm <transB = 1> (x, w, b)
@@ -181,6 +181,19 @@ def test_dynamic_input_keeps_the_model_on_the_host_until_pinned():
     assert devices(pinned) == ["npu"]
     assert not pinned.partitioning.fallbacks()
     assert not any("fell back" in note for note in pinned.notes)
+    # The command line warns on stderr, -q or not: a note among the summary's, exit 0, read as
+    # a device compile.
+    onnx.save(proto, tmp_path / "m.onnx")
+    for quiet in ([], ["-q"]):
+        assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.om"),
+                     "--target", "ascend310", *quiet]) == 0
+        err = capsys.readouterr().err
+        assert f"graphopt: warning: --target ascend310: all 1 node(s) run on the host cpu, " \
+            f"none on the npu (the compile's notes say why; `graphopt partition " \
+            f"{tmp_path / 'm.onnx'} --target ascend310` lists the reasons)" in err, err
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "p.om"),
+                 "--target", "ascend310", "--input-shape", "x:4,8", "-q"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_shapes_left_unfolded_point_to_shape_folding_not_to_pins(capsys, tmp_path):
