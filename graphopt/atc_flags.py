@@ -96,4 +96,20 @@ def atc_hints(parser: argparse.ArgumentParser, unrecognized: list[str]) -> list[
             hints.append(f"{flag} is {ATC_ONLY[flag]}")
         elif flag.startswith("--") and dashed != flag and dashed in known:
             hints.append(f"{flag} is {dashed} here")
+        elif flag.startswith("--"):
+            close = _close_option(dashed.lower(), known)
+            if close:  # --taget, --Target, onnxruntime's and ATC's --input for --inputs
+                hints.append(f"{flag}: did you mean {close}?")
     return hints
+
+
+def _close_option(flag: str, known: set[str]) -> str | None:
+    """The option `flag` most likely misspells: one it is a prefix of, else the closest."""
+    import difflib
+
+    longer = sorted(k for k in known if k.startswith(flag) and k.startswith("--"))
+    if len(longer) == 1 or flag in known:
+        return longer[0] if longer else flag
+    close = difflib.get_close_matches(flag, sorted(k for k in known if k.startswith("--")),
+                                      n=1, cutoff=0.8)
+    return close[0] if close else None

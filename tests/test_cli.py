@@ -1067,11 +1067,19 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
 
 
 @pytest.mark.parametrize("argv, message", [
-    # an abbreviation is not an option: --output is not run's --outputs
+    # an abbreviation is not an option: --output is not run's --outputs, which it suggests
     (["run", "m.om", "--output", "y.npz"], "run: unrecognized arguments: --output y.npz "
-                                           "(see graphopt run --help)"),
+                                           "(--output: did you mean --outputs?) (see graphopt "
+                                           "run --help)"),
     (["optimize", "m.onnx", "-o", "m.om", "--tuning", "kb.db"],
-     "optimize: unrecognized arguments: --tuning kb.db"),
+     "optimize: unrecognized arguments: --tuning kb.db (--tuning: did you mean --tuning-db?)"),
+    # a typo, onnxruntime's and ATC's --input, another case: no hint had said what was meant
+    (["optimize", "m.onnx", "-o", "m.om", "--taget", "cpu"], "(--taget: did you mean --target?)"),
+    (["run", "m.om", "--input", "x.npz"], "(--input: did you mean --inputs?)"),
+    (["optimize", "m.onnx", "-o", "m.om", "--Target", "cpu"], "(--Target: did you mean "
+                                                              "--target?)"),
+    (["optimize", "m.onnx", "--taget", "cpu"], "the following arguments are required: "
+                                               "-o/--output (--taget: did you mean --target?)"),
     # a nested command's error points at its own help
     (["kb", "export", "k.json", "--bogus"], "kb export: unrecognized arguments: --bogus "
                                             "(see graphopt kb export --help)"),
