@@ -145,6 +145,8 @@ def load_target(name_or_path: str | os.PathLike) -> Target:
                           f"{', '.join(builtin_targets())}; or give a profile .json file)")
     if text in builtin_targets():
         return _load_builtin(text)
+    if text.lower() in builtin_targets() and not os.path.exists(text):
+        return _load_builtin(text.lower())  # ATC's spelling of the chip: Ascend310
     if text.endswith(".json") or os.sep in text or os.path.exists(text):
         target = _load_file(text, text)
         _check_op_names(target, text)  # the shipped profiles' are checked by the tests
