@@ -99,6 +99,8 @@ def _precision_hint(message: str) -> str:
                 + (" --calibration DATA" if wanted == "int8" else "") + ")")
     if wanted in ("mixed", "mix"):
         return " (mixed precision names its half type: mixed-fp16 or mixed-bf16)"
+    if wanted in ("fp32", "float32", "float", "origin", "must_keep_origin_dtype"):
+        return " (the model's own dtypes are keep, the default)"
     return ""
 
 

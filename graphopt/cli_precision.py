@@ -98,7 +98,8 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
     g = p.add_argument_group("precision and quantization",
                              f"{scope}compile as `graphopt optimize` does with these flags"
                              if scope else None)
-    g.add_argument("--precision", choices=MODES, default="keep",
+    # In any case, as --output-type takes FP16: ATC's users write the dtype upper-case.
+    g.add_argument("--precision", type=str.lower, choices=MODES, default="keep",
                    help="fp16/bf16: every float32 op the target runs in half; mixed-fp16/"
                         "mixed-bf16: matrix work in half, sensitive ops (softmax, reductions, "
                         "normalizations, exp/log/pow/sqrt/div) float32 (default keep)")
@@ -110,7 +111,7 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
                    help="node names (or OpType::Type for op types) kept in their dtype; "
                         "comma list, repeatable; a file is read as ATC's --keep_dtype list "
                         "(one per line)")
-    g.add_argument("--quantize", choices=QUANTIZE, default="none",
+    g.add_argument("--quantize", type=str.lower, choices=QUANTIZE, default="none",
                    help="int8: static INT8 with calibration; int4: weight-only block-wise INT4 "
                         "of MatMul/Gemm weights (com.microsoft::MatMulNBits)")
     g.add_argument("--calibration", type=path_text, metavar="FILE.npz|DIR",

@@ -12,7 +12,7 @@ import types
 import numpy as np
 import onnx
 import pytest
-from helpers import IR_VERSION, PerturbWeights, write_calibration
+from helpers import IR_VERSION, PerturbWeights, parse_model, write_calibration
 from onnx import TensorProto, helper, numpy_helper, parser
 
 import graphopt
@@ -1163,13 +1163,24 @@ def test_help_wraps_to_the_terminal_and_keeps_the_examples(monkeypatch):
 @pytest.mark.parametrize("value, hint", [
     ("int8", "(int8 is quantization: --quantize int8 --calibration DATA)"),
     ("int4", "(int4 is quantization: --quantize int4)"),
-    ("mixed", "(mixed precision names its half type: mixed-fp16 or mixed-bf16)")])
+    ("mixed", "(mixed precision names its half type: mixed-fp16 or mixed-bf16)"),
+    ("FP32", "(the model's own dtypes are keep, the default)")])
 def test_a_precision_that_is_another_flags_value_says_which(tmp_path, capsys, value, hint):
     with pytest.raises(SystemExit) as exited:
         main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.om"),
               "--precision", value])
     err = capsys.readouterr().err
-    assert exited.value.code == 2 and f"invalid choice: '{value}'" in err and hint in err, err
+    assert exited.value.code == 2 and f"invalid choice: '{value.lower()}'" in err \
+        and hint in err, err
+
+
+def test_precision_and_quantize_take_their_values_in_any_case(tmp_path):
+    # --precision FP16 was an invalid choice, where --output-type takes FP16.
+    onnx.save(parse_model("g (float[2] x) => (y) { y = Relu (x) }"), tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.onnx2.onnx"),
+                 "--precision", "FP16", "-q"]) == 0
+    converted = onnx.load(tmp_path / "m.onnx2.onnx")
+    assert any(n.op_type == "Cast" for n in converted.graph.node)
 
 
 @pytest.mark.parametrize("argv", [["optimize", "", "-o", "x.om"], ["inspect", ""], ["run", ""],
