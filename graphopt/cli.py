@@ -73,10 +73,21 @@ def _command_hint(message: str, given: list[str]) -> str:
     found = re.match(r"argument COMMAND: invalid choice: '([^']*)' \(choose from (.*)\)$",
                      message)
     if found:
+        if found.group(1) == "help":  # git's and pip's spelling
+            rest = [arg for arg in given[1:2] if not arg.startswith("-")]
+            return (message + f"; graphopt {rest[0] if rest else 'COMMAND'} --help shows a "
+                    "command's help, graphopt --help the commands")
+        if given and given[0].startswith("-"):  # an option's value read as the command
+            return (message + f"; the command comes first (graphopt COMMAND {given[0]} …; "
+                    "graphopt --help lists the commands)")
         close = difflib.get_close_matches(found.group(1), re.findall(r"'([^']+)'",
                                                                      found.group(2)), n=1)
         return message + (f"; did you mean {close[0]}?" if close else "")
     options = [arg for arg in given if arg.startswith("-")]
+    if message.startswith("the following arguments are required") and not given:
+        return message + " (graphopt --help lists the commands)"
+    if options and options[0] in ("-V", "-v", "-version"):
+        return f"{options[0]} is not an option of graphopt: graphopt --version"
     if message.startswith("the following arguments are required") and options:
         flag = options[0].split("=", 1)[0]
         if flag == "--model" or flag in ATC_ONLY:  # a whole atc command line, pasted

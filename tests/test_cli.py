@@ -1214,7 +1214,16 @@ def test_an_empty_pass_name_and_a_report_over_its_own_om_say_what_happened(tmp_p
     (["--bogus"], "--bogus is not an option of graphopt itself: the command comes first"),
     (["--model=m.onnx", "--framework=5"], "--model is ATC's: graphopt atc takes an atc command "
                                           "line as it is (graphopt atc --model=m.onnx "
-                                          "--framework=5)")])
+                                          "--framework=5)"),
+    # git's `help COMMAND`, -V for the version, nothing at all, an option's value as command
+    (["help", "optimize"], "; graphopt optimize --help shows a command's help, graphopt --help "
+                           "the commands"),
+    (["-V"], "-V is not an option of graphopt: graphopt --version"),
+    ([], "the following arguments are required: COMMAND (graphopt --help lists the commands)"),
+    (["--input-shape", "x:1", "optimize"], "invalid choice: 'x:1' (choose from 'optimize', "),
+    (["--input-shape", "x:1", "optimize"], "; the command comes first (graphopt COMMAND "
+                                           "--input-shape …; graphopt --help lists the "
+                                           "commands)")])
 def test_a_mistyped_command_or_an_option_before_it_says_what_was_meant(capsys, argv, expected):
     # `graphopt --bogus` said only that COMMAND is required.
     with pytest.raises(SystemExit) as exited:
