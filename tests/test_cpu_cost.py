@@ -253,6 +253,17 @@ def test_broken_calibration_is_an_option_error(calibration, tmp_path):
             CalibrationResult.load(path)
 
 
+def test_an_npz_given_as_the_cost_models_calibration_says_inputs_go_in_inputs(tmp_path):
+    # profile's --calibration is the cost model's fit, optimize's the model's data: an .npz
+    # meant as inputs was told to re-run `graphopt calibrate`.
+    import numpy as np
+
+    np.savez(tmp_path / "c.npz", x=np.zeros(3))
+    with pytest.raises(OptionError, match=r"not valid JSON \(not UTF-8 text\) \(an \.npz: the "
+                                          r"model's inputs go in --inputs"):
+        CalibrationResult.load(tmp_path / "c.npz")
+
+
 def test_a_calibration_without_int8_classes_derives_them(calibration, tmp_path):
     # Files written before the int8 classes existed: their float peaks at the profile's ratio.
     doc = calibration.to_json()

@@ -70,6 +70,14 @@ class Measurement:
                 "bytes": self.bytes, "runs": self.runs}
 
 
+def _is_zip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 @dataclass
 class CalibrationResult:
     """Fitted constants per op class, with what they were measured on."""
@@ -170,8 +178,13 @@ class CalibrationResult:
             raise OptionError(f"calibration {path}: not a graphopt CPU calibration (nested too "
                               "deeply); re-run `graphopt calibrate --target cpu`") from None
         except UnicodeDecodeError:
-            raise OptionError(f"calibration {path}: not valid JSON (not UTF-8 text); re-run "
-                              "`graphopt calibrate --target cpu`") from None
+            # optimize's --calibration is data, profile's the cost model's fit: an .npz meant
+            # as the model's inputs lands here.
+            data = (" (an .npz: the model's inputs go in --inputs, and --calibration here is "
+                    "the CPU cost model's fit that `graphopt calibrate` writes)"
+                    if _is_zip(path) else "; re-run `graphopt calibrate --target cpu`")
+            raise OptionError(f"calibration {path}: not valid JSON (not UTF-8 text){data}") \
+                from None
         result = cls.from_json(doc, path)
         for what, theirs, ours in (("onnxruntime", result.onnxruntime_version, ort.__version__),
                                    ("CPU", result.cpu_model, cpu_model_name())):
