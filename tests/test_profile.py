@@ -213,12 +213,18 @@ def test_a_stalled_call_does_not_make_its_op_a_bottleneck(tiny):
     stalled = {h.numbers["op"] for h in hints}
     assert stalled == bottlenecks  # the advisor, counting each kernel at its median, does not
     # Its shares then part from the table's, which count every call: each says which it is.
-    assert all(re.search(r"of kernel time at each kernel's median call \(\d+% counting every "
-                         r"call, as the table does\)", h.message) for h in hints), hints
+    assert all(re.search(r"of kernel time, [\d.]+ µs/run at each kernel's median call \(\d+% "
+                         r"and [\d.]+ µs/run counting every call, as the table does\)",
+                         h.message) for h in hints), hints
     # A kernel without a median counts at its mean.
     kernel = dataclasses.replace(smallest, median_us=0.0)
     profile.kernels[profile.kernels.index(smallest)] = kernel
     assert smallest.op_type in {h.numbers["op"] for h in advise(profile) if h.kind == "bottleneck"}
+    # The µs/run part where the shares stay within 5 points: it says so too.
+    for kernel in profile.kernels:
+        kernel.total_us = 3 * max(kernel.median_us, 1.0) * kernel.calls
+    (hint, *_) = [h for h in advise(profile) if h.kind == "bottleneck"]
+    assert "at each kernel's median call" in hint.message, hint.message
 
 
 def test_advisor_leaves_fused_graphs_alone(tmp_path):
