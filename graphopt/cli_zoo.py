@@ -51,5 +51,5 @@ def _cmd_zoo_build(args) -> int:
         atomic_write_bytes(args.output, proto.SerializeToString())
     except OSError as e:
         raise OptionError(f"-o {args.output}: cannot write it ({e.strerror or e})") from None
-    print(f"wrote {args.output}: {len(proto.graph.node)} nodes")
+    print(f"wrote {args.output}: {len(proto.graph.node)} node(s)")
     return 0

@@ -198,6 +198,11 @@ def test_zoo_build_unknown_model_is_a_clean_error(capsys, tmp_path):
     assert_clean_error(rc, out, err, "no_such_model", "tiny", output=out_path)
 
 
+def test_zoo_build_counts_nodes_as_every_summary_does(capsys, tmp_path):
+    rc, out, _ = cli(capsys, "zoo", "build", "matmul256", "-o", tmp_path / "m.onnx")
+    assert rc == 0 and out == f"wrote {tmp_path / 'm.onnx'}: 1 node(s)\n"  # "1 nodes"
+
+
 def test_zoo_build_refuses_an_om_name_and_a_missing_folder(capsys, tmp_path):
     rc, out, err = cli(capsys, "zoo", "build", "tiny", "-o", tmp_path / "x.om")
     assert_clean_error(rc, out, err, "zoo build writes ONNX", output=tmp_path / "x.om")
