@@ -27,8 +27,10 @@ def read_switch_file(path: str, option: str = "--switch-file") -> set[str]:
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:  # as every other input file's: not the OS's capitalized text
+        raise OptionError(f"{where}: no such file") from None
     except OSError as e:
-        raise OptionError(f"{where}: {e.strerror}") from None
+        raise OptionError(f"{where}: cannot read it: {e.strerror or e}") from None
     if len(data) > MAX_BYTES:
         raise OptionError(f"{where}: over {MAX_BYTES >> 20} MiB, not a switch file")
     try:
