@@ -272,9 +272,9 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
             continue
         on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
         touches_host = False
-        reads, _ = _crossing(members, owner, i)
+        reads, writes = _crossing(members, owner, i)
         read_ids = {id(value) for value in reads}
-        for value in sum(_crossing(members, owner, i), []):
+        for value in reads + writes:
             seconds = transfer_seconds(value_bytes(value), target)
             other = {owner.get(n) for n in _neighbours(value, members, owner, i)}
             host_ends = [o for o in other if o is None or device[o] == host.name]

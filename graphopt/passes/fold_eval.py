@@ -109,7 +109,7 @@ def _check_integer_division(node: Node, feeds: dict[str, Tensor]) -> None:
         return
     if (d == 0).any():
         raise EvalError(f"integer {node.op_type} by zero", at_run=True)
-    if node.op_type == "Div" and np.dtype(d.dtype).kind == "i" and (d == -1).any():
+    if node.op_type == "Div" and d.dtype.kind == "i" and (d == -1).any():
         top = feeds.get(dividend.name) if dividend is not None else None
         if top is None:
             raise EvalError(f"the dividend of integer Div '{node.name}' is computed in the "
