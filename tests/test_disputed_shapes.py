@@ -236,6 +236,31 @@ def test_an_artifact_reading_a_disputed_shape_runs_its_partition_unoptimized(tmp
         assert numerics.compare(expected, session.run({"x": x}), 0, 0) == []
 
 
+def test_a_blocked_pool_after_the_layout_pass_is_disputed_as_the_pool_it_replaces(tmp_path):
+    # Conv → dilated SAME MaxPool: LayoutNchwc blocks both, and the blocked pool went unseen,
+    # so its partition ran at the extended level, whose folding sized Shape(p) 11 where the
+    # pool made 9 ("9 by 11" at the Add).
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,8,11,11] x) => (float[1,8,?,?] o)
+        <float[8,8,1,1] w = {""" + ", ".join(["0.1"] * 64) + """}> {
+          c = Conv (x, w)
+          p = MaxPool <auto_pad = "SAME_UPPER", kernel_shape = [3, 3], dilations = [2, 2]> (c)
+          s = Shape (p)
+          z = ConstantOfShape <value = float[1] {1.0}> (s)
+          o = Add (z, p)
+        }""")
+    x = np.random.default_rng(0).standard_normal((1, 8, 11, 11)).astype(np.float32)
+    expected = numerics.run(proto, {"x": x})
+    result = graphopt.optimize(proto, level=2, target="cpu")
+    assert any(n.domain == "com.microsoft.nchwc" and n.op_type == "MaxPool"
+               for n in result.model.graph)
+    graphopt.save(result, tmp_path / "p.om")
+    with graphopt.load(tmp_path / "p.om") as session:
+        assert numerics.compare(expected, session.run({"x": x}), 1e-5, 1e-6) == []
+        assert session.artifact.manifest["partitions"][0]["optimization_level"] == "disable"
+
+
 def test_a_steady_loop_carried_value_keeps_its_declared_symbolic_shape():
     body = helper.make_graph(
         [helper.make_node("Relu", ["v"], ["v_next"]),

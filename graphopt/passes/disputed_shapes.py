@@ -37,6 +37,7 @@ from graphopt.ir import Graph, Model, Node, Value
 from graphopt.ir.onnx_io import graph_protos
 
 POOLS = ("MaxPool", "AveragePool", "LpPool")
+NCHWC_DOMAIN = "com.microsoft.nchwc"
 # From opset 22 the ONNX spec drops such a window too, and its shape inference agrees.
 POOLS_FIXED_IN_OPSET = 22
 # The domain a disputed node gets in the copy of the model shape inference reads: no schema,
@@ -145,6 +146,11 @@ def _conv_transpose_dims(node: Node) -> list[int]:
 
 def disputed_dims(node: Node, opset: int) -> list[int]:
     """The output dims of `node` that onnxruntime and ONNX inference size differently."""
+    if node.op_type in POOLS and node.domain == NCHWC_DOMAIN:
+        # LayoutNchwc's blocked pool: onnxruntime's kernel sizes it as the ONNX pool it
+        # replaces, and its inference as ONNX's does (a dilated SAME MaxPool's Shape, read
+        # after the layout pass, folded to 11 where the pool made 9).
+        return _pool_dims(node, opset)
     if not node.is_onnx:
         return []
     if node.op_type in POOLS:
