@@ -98,9 +98,12 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
         from graphopt.codegen.feeds import typed_inputs
 
+        from graphopt.compile_checks import PIN_OPTIONS
+
         hint = "" if inputs is not None else numerics.random_inputs_hint(
             "seeded random", bool(options.input_shapes), reason=str(e),
-            signature=typed_inputs(original))
+            signature=typed_inputs(original), made=feeds,
+            sizes=option("dynamic_dims") if "dynamic_dims" in PIN_OPTIONS.get() else None)
         raise VerificationError(f"{option('verify')}: onnxruntime cannot run the original model: "
                                 f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level

@@ -143,22 +143,45 @@ _WHILE_RUNNING = ("RUNTIME_EXCEPTION", "while running", "INVALID_ARGUMENT")
 
 
 def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
-                       reason: str = "", signature: list[dict] | None = None) -> str:
+                       reason: str = "", signature: list[dict] | None = None,
+                       made: dict | None = None, sizes: str | None = None) -> str:
     """What to say when the original model cannot run on `source` (seeded random) inputs:
     their open dims are 1 unless `pinned` (or `signature`, the inputs' entries, has none), so
     real inputs, or sizes, are the way out. `feeds` names the caller's option for real inputs
-    (by default optimize's). Nothing when onnxruntime's `reason` is not a failure while
-    running (a model it cannot load fails on any input)."""
+    (by default optimize's), `sizes` its option for sizes (by default input_shapes'); `made`,
+    the arrays that ran, names the inputs whose open dims the pins left at 1 (a dynamo export
+    gives each input its own batch symbol: a profile sizing one ran the others at 1).
+    Nothing when onnxruntime's `reason` is not a failure while running (a model it cannot
+    load fails on any input)."""
     if not any(words in reason for words in _WHILE_RUNNING) or "Invalid model" in reason:
         return ""
-    feeds = feeds or option("inputs")
+    feeds, sizes = feeds or option("inputs"), sizes or option("input_shapes")
     opened = signature is None or any(
         entry.get("shape") is None or not all(isinstance(d, int) for d in entry["shape"])
         for entry in signature)
+    left = _left_at_one(signature, made) if pinned and made and signature else []
+    if left:
+        return (f" (on {source} inputs, open dims left at 1: {', '.join(left[:3])}: give real "
+                f"inputs with {feeds}, or sizes for those dims with {sizes})")
     if pinned or not opened:
         return f" (on {source} inputs: give real inputs with {feeds})"
     return (f" (on {source} inputs, open dims 1: give real inputs with {feeds}, or "
-            f"sizes with {option('input_shapes')})")
+            f"sizes with {sizes})")
+
+
+def _left_at_one(signature: list[dict], made: dict) -> list[str]:
+    """`x [2,1] (S=1)` for each input whose open dims the arrays that ran hold at 1."""
+    left = []
+    for entry in signature:
+        array, shape = made.get(entry["name"]), entry.get("shape")
+        if shape is None or not hasattr(array, "shape") or len(array.shape) != len(shape):
+            continue
+        named = [f"{d}=1" if isinstance(d, str) else "?=1" for d, size in zip(shape, array.shape)
+                 if not isinstance(d, int) and size == 1]
+        if named:
+            dims = ",".join(map(str, array.shape))
+            left.append(f"{entry['name']} [{dims}] ({', '.join(named)})")
+    return left
 
 
 def random_feeds(model: ModelProto, seed: int = 0, dims: dict[str, int] | None = None,

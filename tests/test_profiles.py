@@ -14,7 +14,8 @@ import pytest
 import graphopt
 from graphopt import numerics
 from graphopt.codegen import load_om
-from graphopt.errors import ArtifactError, GraphoptError, InputError, OptionError
+from graphopt.errors import (ArtifactError, GraphoptError, InputError, OptionError,
+                             VerificationError)
 from graphopt.ir import load_onnx
 from graphopt.passes.instruments import Instrument
 from graphopt.shape_profiles import expand_profiles, parse_dynamic_dims
@@ -949,3 +950,15 @@ def test_seeded_inputs_take_a_profiles_size_for_a_pin_left_at_minus_one(tmp_path
     report = accuracy_report(mlp_model(), path, input_shapes="x:-1,-1,512")
     assert [o.shape for o in report.outputs] == [(2, 8, 8)]  # profile0
     assert report.outputs[0].cosine > 0.99999
+
+
+def test_a_profile_whose_seeded_inputs_leave_another_batch_at_1_names_it(tmp_path):
+    # A dynamo export gives each input its own batch symbol: profile1 sized one, the other ran
+    # at 1, the original failed, and --verify said only "give real inputs with --inputs".
+    model = parse_model("g (float[Na,4] a, float[Nb,4] b) => (y) { y = Concat <axis = 1> (a, b) }")
+    with pytest.raises(VerificationError, match=r"shape profile profile1 \(Na=2\).*\(on seeded "
+                                                r"random inputs, open dims left at 1: b \[1,4\] "
+                                                r"\(Nb=1\): give real inputs with inputs, or "
+                                                r"sizes for those dims with dynamic_dims\)"):
+        graphopt.optimize(model, dynamic_dims="Na:1,2", verify=True)
+    graphopt.optimize(model, dynamic_dims="Na=1,Nb=1;Na=2,Nb=2", verify=True)  # both sized
