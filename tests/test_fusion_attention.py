@@ -61,19 +61,27 @@ class Graph:
 
 
 def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fill=MIN,
-              probs_output=False, shared_keys=False, scale=None, nan_guard=False):
+              probs_output=False, shared_keys=False, scale=None, nan_guard=False,
+              k_transposed_first=False):
     """One self-attention block on x [B,S,D]: projections, head split, scores, mask, softmax,
-    context, head merge; `form` spells the scale, `mask` the mask."""
+    context, head merge; `form` spells the scale, `mask` the mask; `k_transposed_first` splits
+    Kᵀ as Reshape(Transpose(k, [0,2,1]), [B,N,H,S]), SimplifyLayout's form at static shapes."""
     g = Graph()
     x = g.input("x", TensorProto.FLOAT, [B, S, D])
 
+    def projection():
+        return g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, D)) * 0.3)),
+                    g.const(g.rng.standard_normal(D) * 0.1))
+
     def project(scale=None):
-        y = g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, D)) * 0.3)),
-                 g.const(g.rng.standard_normal(D) * 0.1))
-        return g.op("Reshape", y, g.const([B, S, N, H], np.int64))
+        return g.op("Reshape", projection(), g.const([B, S, N, H], np.int64))
 
     q = g.op("Transpose", project(), perm=[0, 2, 1, 3])
-    k = g.op("Transpose", project(), perm=list(k_perm))
+    if k_transposed_first:
+        k = g.op("Reshape", g.op("Transpose", projection(), perm=[0, 2, 1]),
+                 g.const([B, N, H, S], np.int64))
+    else:
+        k = g.op("Transpose", project(), perm=list(k_perm))
     if shared_keys:  # one set of keys for the whole batch: MatMul broadcasts, MHA cannot
         k = g.const(g.rng.standard_normal((1, N, H, S)))
     v = g.op("Transpose", project(), perm=[0, 2, 1, 3])
@@ -926,6 +934,18 @@ def test_a_nan_guarded_self_attention_packs_its_projections(case):
         feeds["mask"][1] = -np.inf
     elif case == "NaN input":
         feeds["x"][0, 2, 1] = np.nan
+    _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
+
+
+def test_a_key_transposed_before_its_head_split_packs_as_the_exporters_form_does():
+    # SimplifyLayout turns a static Reshape → Transpose(0,2,3,1) into Transpose(0,2,1) →
+    # Reshape: the packing check no longer saw K as a projection, and a pinned dynamo BERT
+    # lost its packed attention (117 → 71 nodes against 47 at open shapes).
+    proto = attention("div", "add", nan_guard=True, k_transposed_first=True)
+    optimized = graphopt.optimize(proto).to_onnx()
+    counts = _op_counts(optimized)
+    assert counts["com.microsoft::Attention"] == 1 and MHA not in counts, counts
+    feeds = feeds_for(proto)
     _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
 
 

@@ -228,6 +228,10 @@ def _own_merge(x4: Value, merge: tuple[int, ...], width: int, equal: Equalities)
     """The model's own x3 [B,S,N·H] when x4 = Transpose(Reshape(x3)) splits exactly that (the
     Reshape's leading dims are x3's, as inferred or proven), else None."""
     split = x4.producer
+    if merge == MERGE_KT:
+        transposed = _transposed_split(x4, width, equal)
+        if transposed is not None:
+            return transposed
     split_perm = tuple(int(i) for i in np.argsort(merge))
     if split is not None and split.op_type == "Transpose" and split.is_onnx \
             and tuple(split.attr("perm") or ()) == split_perm:
@@ -240,6 +244,32 @@ def _own_merge(x4: Value, merge: tuple[int, ...], width: int, equal: Equalities)
                 if r is not None and all(equal.same(a, b) for a, b in zip(r[:2], own)):
                     return x3
     return None
+
+
+def _transposed_split(kt: Value, width: int, equal: Equalities) -> Value | None:
+    """The projection x3 [B,T,N·H] when Kᵀ [B,N,H,T] = Reshape(Transpose(x3, [0,2,1])): the
+    form SimplifyLayout's ReshapeChain gives the exporters' Reshape → Transpose(0,2,3,1) once
+    the shapes are static (the pinned dynamo BERT then lost its packed attention)."""
+    split = kt.producer
+    if split is None or split.op_type != "Reshape" or not split.is_onnx:
+        return None
+    flip = split.inputs[0].producer
+    if flip is None or flip.op_type != "Transpose" or not flip.is_onnx \
+            or tuple(flip.attr("perm") or ()) != (0, 2, 1):
+        return None
+    x3 = flip.inputs[0]
+    if _projected_from(x3) is None:  # a projection transposed, not heads flattened back
+        return None
+    if x3.shape is None or len(x3.shape) != 3 or x3.shape[2] != width or kt.shape is None \
+            or len(kt.shape) != 4:
+        return None
+    heads, head_size = kt.shape[1], kt.shape[2]  # the split of the N·H the Transpose put first
+    if not (isinstance(heads, int) and isinstance(head_size, int) and heads * head_size == width):
+        return None
+    dims, own = value_dims(kt) or proven_dims(kt, equal), value_dims(x3)
+    same = dims is not None and own is not None and equal.same(dims[0], own[0]) \
+        and equal.same(dims[3], own[1])
+    return x3 if same else None
 
 
 def _widening(m: Value, bnst: list) -> str | None:
