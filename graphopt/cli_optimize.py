@@ -15,6 +15,7 @@ from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import spelled
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
+from graphopt.progress import compile_progress
 
 # The first also head the top-level --help's examples.
 COMMON_EXAMPLES = """  graphopt optimize model.onnx -o model.om
@@ -122,7 +123,6 @@ def add_optimize_parser(sub) -> None:
 def _cmd_optimize(args) -> int:
     from graphopt.compile_memory import memory_plots
     from graphopt.compile_save import save
-    from graphopt.compiler import optimize
     from graphopt.ir.collector import collect_dropped
     from graphopt.passes.memory import draw_plan
     from graphopt.summary import format_summary
@@ -168,18 +168,8 @@ def _cmd_optimize(args) -> int:
     if args.no_accuracy_report and not pass_options:  # it would change nothing
         raise OptionError("--no-accuracy-report applies to a --precision or --quantize compile "
                           "(a float32 compile prints no accuracy report)")
-    result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
-                      switch_file=_switch_file(args), input_shapes=args.input_shape,
-                      fold_size_limit=args.fold_size_limit, verify=args.verify,
-                      inputs=args.inputs, rtol=args.rtol, atol=args.atol,
-                      dump_dir=args.dump_dir, dump_format=args.dump_format or "text",
-                      verify_structure=args.verify_each,
-                      allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
-                      target=target, memory_reorder=args.memory_reorder,
-                      pass_options=pass_options, dynamic_dims=args.dynamic_dims,
-                      tuning_db=args.tuning_db, out_nodes=args.out_nodes,
-                      insert_op_conf=args.insert_op_conf,
-                      input_fp16_nodes=args.input_fp16_nodes, output_type=args.output_type)
+    with compile_progress(not args.quiet):  # a line on a terminal for long steps
+        result = _compiled(args, target, pass_options)
     if args.tuning_db and result.tuned_study is None and not args.quiet and \
             not writes_om(args.output) and \
             not any(note.startswith("--tuning-db holds") for note in result.notes):
@@ -236,6 +226,24 @@ def _cmd_optimize(args) -> int:
             if note.startswith(UNLOADABLE_NOTE):
                 print(f"graphopt: warning: {note}", file=sys.stderr)
     return 0
+
+
+def _compiled(args, target, pass_options):
+    """The compile the command line asks for."""
+    from graphopt.compiler import optimize
+
+    return optimize(args.model, level=args.level, disable_passes=args.disable_pass,
+                    switch_file=_switch_file(args), input_shapes=args.input_shape,
+                    fold_size_limit=args.fold_size_limit, verify=args.verify,
+                    inputs=args.inputs, rtol=args.rtol, atol=args.atol,
+                    dump_dir=args.dump_dir, dump_format=args.dump_format or "text",
+                    verify_structure=args.verify_each,
+                    allow_custom_ops=args.allow_custom_ops, trace_rules=args.trace_rule,
+                    target=target, memory_reorder=args.memory_reorder,
+                    pass_options=pass_options, dynamic_dims=args.dynamic_dims,
+                    tuning_db=args.tuning_db, out_nodes=args.out_nodes,
+                    insert_op_conf=args.insert_op_conf,
+                    input_fp16_nodes=args.input_fp16_nodes, output_type=args.output_type)
 
 
 def _idle_device(result) -> str | None:

@@ -4,11 +4,28 @@ for work in several pieces (tune's kernels) a line as each piece ends."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 # In a log, a piece of several still shows it is alive this often (seconds).
 HEARTBEAT_S = 30.0
+
+# Whether a compile's long steps (calibration) show a line: set by `graphopt optimize` without
+# -q; off for the Python API, whose callers print what they choose.
+_COMPILE_PROGRESS: ContextVar[bool] = ContextVar("graphopt_compile_progress", default=False)
+
+
+@contextlib.contextmanager
+def compile_progress(enabled: bool) -> Iterator[None]:
+    """Inside the block, compile_line() shows on a terminal when `enabled`."""
+    token = _COMPILE_PROGRESS.set(enabled)
+    try:
+        yield
+    finally:
+        _COMPILE_PROGRESS.reset(token)
 
 
 class ProgressLine:
@@ -82,3 +99,10 @@ class ProgressLine:
             print(file=sys.stderr)
             self._shown = False
             self._width = 0
+
+
+def compile_line() -> ProgressLine:
+    """The progress line of a long step inside a compile: on a terminal, when the command line
+    asked for output (an INT8 calibration with entropy ranges took 16 s without a word); in a
+    log, under -q and from Python, silent (a compile's output is its summary)."""
+    return ProgressLine(_COMPILE_PROGRESS.get() and sys.stderr.isatty())

@@ -18,6 +18,7 @@ from graphopt.errors import OptionError
 from graphopt.ir import Model, Value, to_onnx
 from graphopt.option_names import option
 from graphopt.numerics import ort_reason
+from graphopt.progress import compile_line
 from graphopt.quant.calib_data import CalibrationData, calibration_label
 from graphopt.quant.stats import METHODS, TensorStats
 
@@ -40,18 +41,22 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
     nonfinite_inputs: set[str] = set()
     sample_arrays = _sampler(model, names, data, nonfinite_inputs=nonfinite_inputs,
                              input_ranges=input_ranges)
-    for sweep in sweeps:
-        if sweep == "histogram":
-            for s in stats.values():
-                s.start_histogram()
-        for arrays in sample_arrays():
-            for name, array in arrays.items():
-                if sweep == "range":
-                    stats[name].observe_range(array)
-                else:
-                    stats[name].observe_histogram(array)
-        if sweep == "range":
-            _check_ranges(stats, data.path, nonfinite_inputs)
+    total, done = len(data) * len(sweeps), 0
+    with compile_line() as line:
+        for sweep in sweeps:
+            if sweep == "histogram":
+                for s in stats.values():
+                    s.start_histogram()
+            for arrays in sample_arrays():
+                for name, array in arrays.items():
+                    if sweep == "range":
+                        stats[name].observe_range(array)
+                    else:
+                        stats[name].observe_histogram(array)
+                done += 1
+                line.update(f"calibrating ({method}): {done}/{total} sample runs", done, total)
+            if sweep == "range":
+                _check_ranges(stats, data.path, nonfinite_inputs)
     return stats
 
 
