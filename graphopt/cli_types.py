@@ -54,17 +54,18 @@ RUN_COUNT_LIMIT = 10_000_000
 
 def run_count(text: str) -> int:
     """A count of timed runs: 1 to RUN_COUNT_LIMIT."""
-    value = positive_int(text)
-    if value > RUN_COUNT_LIMIT:
-        raise argparse.ArgumentTypeError(f"{value} is too many; give 1 to {RUN_COUNT_LIMIT:,}")
-    return value
+    return _at_most_the_limit(positive_int(text), 1)
 
 
 def warmup_count(text: str) -> int:
     """A count of untimed runs: 0 to RUN_COUNT_LIMIT."""
-    value = non_negative_int(text)
+    return _at_most_the_limit(non_negative_int(text), 0)
+
+
+def _at_most_the_limit(value: int, least: int) -> int:
     if value > RUN_COUNT_LIMIT:
-        raise argparse.ArgumentTypeError(f"{value} is too many; give 0 to {RUN_COUNT_LIMIT:,}")
+        raise argparse.ArgumentTypeError(f"{value} is too many; give {least} to "
+                                         f"{RUN_COUNT_LIMIT:,}")
     return value
 
 
