@@ -9,6 +9,7 @@ from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import input_shapes, path_text
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
+from graphopt.input_files import looks_like_zip
 
 EXAMPLES = """examples:
   graphopt report model.om -o report.html
@@ -89,7 +90,7 @@ def _cmd_report(args) -> int:
     _check_options(args)
     out = _output_path(args)
     # A damaged .om is left to the loader, which says what is wrong with it.
-    if os.path.isfile(args.model) and not is_om(args.model) and not _is_zip(args.model):
+    if os.path.isfile(args.model) and not is_om(args.model) and not looks_like_zip(args.model):
         if not args.model.lower().endswith(".onnx"):  # neither an artifact nor a model
             raise OptionError(f"{args.model}: not a compiled .om artifact")
         raise OptionError(f"{args.model}: not a compiled .om; compile it first: graphopt "
@@ -143,10 +144,3 @@ def _cmd_report(args) -> int:
                      f"{data.tuning.subgraph['study'] if data.tuning.subgraph else 'none'}")
     print("\n".join(lines))
     return 0
-
-
-def _is_zip(path: str) -> bool:
-    from graphopt.ir.onnx_io import ZIP_MAGIC
-
-    with open(path, "rb") as f:
-        return f.read(len(ZIP_MAGIC)) == ZIP_MAGIC

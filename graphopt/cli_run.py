@@ -10,6 +10,7 @@ from graphopt.cli_types import (input_shapes, non_negative_int, path_text, run_c
                                thread_count, warmup_count)
 from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
+from graphopt.input_files import looks_like_zip
 from graphopt.source_marks import extra_fixed_inputs, extra_preprocessing
 from graphopt.warning_scope import kept_notices
 
@@ -240,7 +241,7 @@ def _cmd_inspect(args) -> int:
         raise InputError(f"{path}: is a directory, expected an .om or .onnx file")
     # By content, with the suffix as a tie-breaker: a broken .om gets load_om's precise reason,
     # an ONNX model named .om is shown as one.
-    if is_om(path) or _is_zip(path) or (path.lower().endswith(".om")
+    if is_om(path) or looks_like_zip(path) or (path.lower().endswith(".om")
                                          and not looks_like_onnx(path)):
         artifact = load_om(path)
         text = json.dumps(describe_om(artifact), indent=2) if args.json else format_om(artifact)
@@ -249,11 +250,3 @@ def _cmd_inspect(args) -> int:
         text = json.dumps(summary, indent=2) if args.json else format_onnx(summary)
     print(text)
     return 0
-
-
-def _is_zip(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(2) == b"PK"
-    except OSError:
-        return False

@@ -19,3 +19,13 @@ def refuse_device(path: str | os.PathLike, what: str = "") -> None:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         label = f"{what} {os.fspath(path)}" if what else os.fspath(path)
         raise InputError(f"{label}: a device, not a file (its bytes may never end)")
+
+
+def looks_like_zip(path: str | os.PathLike) -> bool:
+    """Whether the file begins as a zip does (an .om, an .npz: any of its records, "PK");
+    False when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"PK"
+    except OSError:
+        return False

@@ -38,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.api_args import THREAD_LIMIT, is_integer
 from graphopt.errors import OptionError
-from graphopt.input_files import refuse_device
+from graphopt.input_files import looks_like_zip, refuse_device
 from graphopt.option_names import CALIBRATE_FLAGS, option
 from graphopt.tuner.cpu_model import (
     INT8_CLASSES,
@@ -68,14 +68,6 @@ class Measurement:
     def to_json(self) -> dict:
         return {"name": self.name, "seconds": self.seconds, "flops": self.flops,
                 "bytes": self.bytes, "runs": self.runs}
-
-
-def _is_zip(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"PK\x03\x04"
-    except OSError:
-        return False
 
 
 @dataclass
@@ -182,7 +174,7 @@ class CalibrationResult:
             # as the model's inputs lands here.
             data = (" (an .npz: the model's inputs go in --inputs, and --calibration here is "
                     "the CPU cost model's fit that `graphopt calibrate` writes)"
-                    if _is_zip(path) else "; re-run `graphopt calibrate --target cpu`")
+                    if looks_like_zip(path) else "; re-run `graphopt calibrate --target cpu`")
             raise OptionError(f"calibration {path}: not valid JSON (not UTF-8 text){data}") \
                 from None
         result = cls.from_json(doc, path)
