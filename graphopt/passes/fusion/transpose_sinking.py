@@ -103,9 +103,37 @@ def _movable(node: Node) -> list[int] | None:
     if not perm or perm == list(range(len(perm))) or not _carries(node, None, perm):
         return None
     data = node.inputs[:1] if node.op_type == "Pad" else node.inputs
-    if _channels_last(perm) and all(_per_channel(v, len(perm)) for v in data):
+    if _channels_last(perm) and all(_per_channel(v, len(perm)) for v in data) \
+            and _out_of_a_conv(node, perm):
         return perm
     return perm if _meets_inverse(node, perm) else None
+
+
+_CONVS = frozenset({"Conv", "ConvTranspose", "FusedConv", "ConvInteger", "QLinearConv"})
+
+
+def _out_of_a_conv(node: Node, perm: list[int]) -> bool:
+    """Whether the Transposes by `perm` feeding `node` take a conv's output (through the
+    elementwise ops they already passed) to channels last. An attention's Kᵀ, split from a
+    projection and permuted by (0,2,3,1) too, stays in front of its scale: moved past it, the
+    attention no longer read as one (transformers 5's TorchScript BERT fused none)."""
+    for value in node.inputs:
+        source = value.producer if value is not None else None
+        if source is None or source.op_type != "Transpose" or list(source.attr("perm")) != perm:
+            continue
+        current = source.inputs[0].producer
+        for _ in range(_MAX_STEPS):
+            if current is None:
+                return False
+            if current.op_type in _CONVS:
+                return True
+            if current.op_type not in _UNARY | _BINARY | {"BatchNormalization", "Pad"}:
+                return False
+            data = [v for v in current.inputs if v is not None and v.constant() is None]
+            if len(data) != 1:
+                return False
+            current = data[0].producer
+    return False
 
 
 def _fed_perm(node: Node) -> list[int] | None:
