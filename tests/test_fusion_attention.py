@@ -76,7 +76,11 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
     def project(scale=None):
         return g.op("Reshape", projection(), g.const([B, S, N, H], np.int64))
 
-    q = g.op("Transpose", project(), perm=[0, 2, 1, 3])
+    if form == "q_projection_scaled":  # Whisper's q_proj(x) · scaling, before the head split
+        q = g.op("Transpose", g.op("Reshape", g.op("Mul", projection(), g.const(H ** -0.5)),
+                                   g.const([B, S, N, H], np.int64)), perm=[0, 2, 1, 3])
+    else:
+        q = g.op("Transpose", project(), perm=[0, 2, 1, 3])
     if k_transposed_first:
         k = g.op("Reshape", g.op("Transpose", projection(), perm=[0, 2, 1]),
                  g.const([B, N, H, S], np.int64))
@@ -93,6 +97,8 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
     elif form == "prescaled":  # q · s½ and kᵀ · s½, as the dynamo exporter scales them
         half = H ** -0.25
         scores = g.op("MatMul", g.op("Mul", q, g.const(half)), g.op("Mul", k, g.const(half)))
+    elif form == "q_projection_scaled":
+        scores = g.op("MatMul", q, k)
     elif form == "fused":  # after FuseMatMul: kᵀ folded into transB, the scale into alpha
         scores = g.op("FusedMatMul", q, k, domain="com.microsoft", alpha=H ** -0.5, transB=1)
         g.typed[scores] = [B, N, S, S]  # ONNX shape inference knows no contrib op
@@ -935,6 +941,19 @@ def test_a_nan_guarded_self_attention_packs_its_projections(case):
     elif case == "NaN input":
         feeds["x"][0, 2, 1] = np.nan
     _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
+
+
+@pytest.mark.parametrize("nan_guard", [False, True])
+def test_a_query_scaled_after_its_projection_packs_with_the_scale_in_its_weights(nan_guard):
+    # Whisper scales q_proj(x) before the head split: the projection was no x·W + b, and its
+    # self-attention stayed three GEMMs (199 → 41 nodes, 29 packed).
+    proto = attention("q_projection_scaled", "add", nan_guard=nan_guard)
+    optimized = graphopt.optimize(proto).to_onnx()
+    counts = _op_counts(optimized)
+    assert counts["com.microsoft::Attention"] == 1 and MHA not in counts, counts
+    feeds = feeds_for(proto)
+    (expected,), (actual,) = (numerics.run(m, feeds).values() for m in (proto, optimized))
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_key_transposed_before_its_head_split_packs_as_the_exporters_form_does():

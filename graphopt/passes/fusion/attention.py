@@ -294,8 +294,13 @@ def _merged(op, x4: Value, merge: tuple[int, ...], width: int, equal: Equalities
 
 def _projected_from(x3: Value | None) -> Value | None:
     """x when x3 = x·W (+ b) with W a constant matrix (and b a constant vector of its width),
-    the projections PackedSelfAttention packs; else None."""
+    or that times a scalar constant, the projections PackedSelfAttention packs; else None."""
     node = x3.producer if x3 is not None else None
+    if node is not None and node.is_onnx and node.op_type == "Mul":
+        scales = [v for v in node.inputs if v is not None and v.is_constant
+                  and v.constant() is not None and _scalar(v.constant())]
+        rest = [v for v in node.inputs if v is not None and not v.is_constant]
+        node = rest[0].producer if len(scales) == 1 and len(rest) == 1 else None
     bias = None
     if node is not None and node.is_onnx and node.op_type == "Add":
         consts = [v for v in node.inputs if v is not None and v.is_constant]
@@ -496,9 +501,12 @@ def _projection(op, x, w, b):
 
 
 def _self_attention(op, x, wq, wk, wv, bq, bk, bv, bias, v=None):
-    """MultiHeadAttention over x's projections (`v`, when given, the V projection's pattern)."""
+    """MultiHeadAttention over x's projections (`v`, when given, the V projection's pattern);
+    Q's may be scaled by a constant, bound as `q_scale` (Whisper's q_proj(x) · scaling)."""
+    query = _projection(op, x, wq, bq)
     return op.MultiHeadAttention(
-        _projection(op, x, wq, bq), _projection(op, x, wk, bk),
+        OneOf(op.Mul(query, Const(pred=_scalar, name="q_scale")), query),
+        _projection(op, x, wk, bk),
         v if v is not None else _projection(op, x, wv, bv),
         None, None, Optional(bias), _domain=MS, num_heads=Attr("heads"),
         scale=Attr("scale"), unidirectional=Attr("causal", 0),
@@ -516,7 +524,7 @@ class PackedSelfAttention(Rule):
     def pattern(self, op, x, wq, wk, wv, bq, bk, bv, bias):
         return _self_attention(op, x, wq, wk, wv, bq, bk, bv, bias)
 
-    def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None):
+    def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None, q_scale=None):
         if x.shape is None or len(x.shape) != 3:
             return f"%{x.name} is not of rank 3"
         weights, biases = (wq, wk, wv), (bq, bk, bv)
@@ -530,14 +538,21 @@ class PackedSelfAttention(Rule):
         return None
 
     def rewrite(self, op, x, wq, wk, wv, heads, scale, causal, bq=None, bk=None, bv=None,
-                bias=None, **_):
-        return self.packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias)
+                bias=None, q_scale=None, **_):
+        return self.packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias,
+                           q_scale=q_scale)
 
     @staticmethod
-    def packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias, outputs=1):
-        weights = np.concatenate([w.constant() for w in (wq, wk, wv)], axis=1)
+    def packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias, outputs=1,
+               q_scale=None):
+        # A scaled Q, (x·Wq + bq)·s, is x·(Wq·s) + bq·s: the scale goes into Q's weights.
+        factor = 1.0 if q_scale is None else q_scale.reshape(()).astype(np.float64)
+        weights = np.concatenate([wq.constant() * factor, wk.constant(), wv.constant()],
+                                 axis=1).astype(wq.constant().dtype)
         biases = np.concatenate([np.zeros(w.shape[1], weights.dtype) if b is None
-                                 else b.constant() for w, b in ((wq, bq), (wk, bk), (wv, bv))])
+                                 else b.constant() * (factor if w is wq else 1.0)
+                                 for w, b in ((wq, bq), (wk, bk), (wv, bv))]
+                                ).astype(weights.dtype)
         sizes = {"qkv_hidden_sizes": [wq.shape[1], wk.shape[1], wv.shape[1]]} \
             if wv.shape[1] != wq.shape[1] else {}
         extra = [None, None, bias] if bias is not None else []
@@ -559,7 +574,7 @@ class PackedGuardedSelfAttention(PackedSelfAttention):
                        op.ReduceSum(zeros, axes=[1], keepdims=1))
         return op.Where(op.IsNaN(attention), column, attention)
 
-    def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None, axes=None):
+    def check(self, x, wq, wk, wv, bq=None, bk=None, bv=None, axes=None, q_scale=None):
         if axes is not None and axes.constant().reshape(-1).tolist() != [1]:
             return f"the guard sums V over axes {axes.constant().tolist()}, not the keys' [1]"
         problem = super().check(x, wq, wk, wv, bq, bk, bv)
@@ -570,9 +585,9 @@ class PackedGuardedSelfAttention(PackedSelfAttention):
         return problem
 
     def rewrite(self, op, x, wq, wk, wv, heads, scale, causal, bq=None, bk=None, bv=None,
-                bias=None, **_):
+                bias=None, q_scale=None, **_):
         out, present = self.packed(op, x, wq, wk, wv, heads, scale, causal, bq, bk, bv, bias,
-                                   outputs=2)
+                                   outputs=2, q_scale=q_scale)
         v = op.Gather(present, op.const(np.array(1)), axis=0)  # [B, N, T, H]
         column = _summed(op, op.Mul(v, op.const(np.array(0, wv.dtype.numpy))), 2)
         # [B, N, 1, H] → [B, 1, N·H], beside out's [B, S, N·H]
