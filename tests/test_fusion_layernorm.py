@@ -573,8 +573,63 @@ def test_rmsnorm_in_fp16_between_casts():
     _same_numerics(proto, model, 1e-2)
 
 
+NO_AFFINE_RULE = {"RmsNormDiv": "RmsNormNoAffineDiv", "RmsNormMulSquare": "RmsNormNoAffineDiv"}
+
+
+@pytest.mark.parametrize("opset, fused", [(17, "SimplifiedLayerNormalization"),
+                                          (23, "RMSNormalization")])
+@pytest.mark.parametrize("rule", RMS_INVERSE)
+def test_rmsnorm_without_gamma_fuses_with_a_unit_gamma(rule, opset, fused):
+    # The norm itself is the graph's output: no γ (a unit weight EliminateNoOps removed).
+    proto = _model(_rms(rule).replace("y = Mul(gamma, n)", "y = Identity(n)"), opset)
+    model, stats, _ = _fuse(proto)
+    assert stats == {NO_AFFINE_RULE.get(rule, "RmsNormNoAffineMul"): 1}
+    assert [n.qualified_op for n in model.graph][0] == fused
+    gamma = model.graph.nodes()[0].inputs[1].constant()
+    assert gamma.shape == (8,) and np.all(gamma == 1)
+    _same_numerics(proto, model, checker=opset >= 23)
+
+
+def test_rmsnorm_without_gamma_in_fp16_between_casts():
+    body = ("    xf = Cast <to = 1> (x)\n" + RMS.format(inverse=RMS_INVERSE["RmsNormReciprocal"])
+            .replace("(x, ", "(xf, ").replace("y = Mul(gamma, n)", "y = Cast <to = 10> (n)"))
+    proto = _model(body, 23, "float16[2,5,8] x", "float16[2,5,8] y")
+    model, stats, _ = _fuse(proto)
+    assert stats == {"RmsNormNoAffineCast": 1} and _ops(model) == ["RMSNormalization"]
+    _same_numerics(proto, model, 1e-2)
+
+
+def test_rmsnorm_with_a_unit_gamma_fuses_in_the_pipeline():
+    # Every freshly initialized RMSNorm has γ = 1, which EliminateNoOps removes before the
+    # fusion runs: the norm was left as five ops.
+    body = _rms("RmsNormDiv").replace("y = Mul(gamma, n)", """ones = Constant <value = float[8] {1, 1, 1, 1, 1, 1, 1, 1}> ()
+    m = Mul(ones, n)
+    y = Add(m, x)""")
+    proto = _model(body, 23)
+    result = graphopt.optimize(proto)
+    assert [n.op_type for n in result.model.graph] == ["RMSNormalization", "Add"]
+    feeds = numerics.random_feeds(proto, seed=0)
+    assert numerics.compare(numerics.run(proto, feeds), numerics.run(result.to_onnx(), feeds),
+                            TOL, TOL) == []
+
+
+def test_a_centred_norm_without_gamma_is_a_layernorm():
+    model, stats, _ = _fuse(_model(NORM + "    y = Div(d, std)\n"))
+    assert stats == {"LayerNormNoAffine": 1} and _ops(model) == ["LayerNormalization"]
+
+
+def test_rmsnorm_with_a_runtime_gamma_leaves_its_mul():
+    """γ a graph input: the rule with γ refuses, the bare norm still fuses (as for LayerNorm)."""
+    body = RMS.format(inverse=RMS_INVERSE["RmsNormDiv"]).replace("Mul(gamma, n)", "Mul(g, n)")
+    proto = _model(body, inputs="float[2,5,8] x, float[8] g")
+    model, stats, report = _fuse(proto, trace="RmsNormDiv")
+    assert any("gamma %g is not a constant" in line for line in report), report
+    assert stats == {"RmsNormNoAffineDiv": 1}
+    assert _ops(model) == ["SimplifiedLayerNormalization", "Mul"]
+    _same_numerics(proto, model, checker=False)
+
+
 @pytest.mark.parametrize("edit, reason", [
-    (("Mul(gamma, n)", "Mul(g, n)"), "gamma %g is not a constant"),
     (("[-1]", "[1]"), "not over the last axis"),
     (("Add(ms, eps)", "Add(ms, eps8)"), "not a scalar"),
 ])

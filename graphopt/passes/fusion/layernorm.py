@@ -7,7 +7,8 @@
                only for a device other than onnxruntime's CPU provider (an NPU's AddLayerNorm):
                its CPU kernel is a scalar loop, 6× slower than Add + LayerNormalization
     RMSNorm    y = x / √(mean(x²) + ε) · γ → RMSNormalization(x, γ) at opset ≥ 23, else the
-               SimplifiedLayerNormalization(x, γ) that onnxruntime registers in ai.onnx
+               SimplifiedLayerNormalization(x, γ) that onnxruntime registers in ai.onnx; with
+               no γ (a unit weight removed), γ = 1
 
   x -+--------------> Sub -> d -+-> Pow(d, 2) -> ReduceMean -> Add ε -> Sqrt -+
      |                 ^        |   (or Mul(d, d))                            |
@@ -253,7 +254,7 @@ class _RmsNorm(Rule):
     def check(self, x, **b):
         return "x is x - mean(x), a LayerNorm" if _centred(x) else _problem(x, b)
 
-    def rewrite(self, op, x, gamma, eps, **_):
+    def rewrite(self, op, x, eps, gamma=None, **_):
         standard = (op.model.opset("") or 1) >= 23 and ("", "RMSNormalization") in runtime_schemas()
         fused = op.RMSNormalization if standard else op.SimplifiedLayerNormalization
         return fused(x, *_scale_bias(op, x, gamma, None), axis=-1, epsilon=float(eps.ravel()[0]))
@@ -301,15 +302,47 @@ class RmsNormCast(_RmsNorm):
         return op.Mul(_norm(op, x, centre=False, inverse="reciprocal", cast=True), gamma)
 
 
+def _rms_no_affine(op, x, root: str):
+    """x / √(mean(x²) + ε) with no γ, in any of the forms above (the square Pow or Mul), rooted
+    at its `root`: the Div, or the Mul by Reciprocal(√·), 1 / √· or ·^-½."""
+    ms = op.Add(_mean(op, OneOf(op.Pow(x, EXACT_2), op.Mul(x, x)), "var"), EPS)
+    if root == "Div":
+        return op.Div(x, op.Sqrt(ms))
+    return op.Mul(x, OneOf(op.Reciprocal(op.Sqrt(ms)), op.Div(1.0, op.Sqrt(ms)),
+                           op.Pow(ms, -0.5)))
+
+
+class RmsNormNoAffineDiv(_RmsNorm):
+    """x / √(mean(x²) + ε) with no γ: a unit weight a cleanup removed (as every freshly
+    initialized RMSNorm has), or a norm without one. Tried after the rules with γ."""
+    def pattern(self, op, x):
+        return _rms_no_affine(op, x, "Div")
+
+
+class RmsNormNoAffineMul(_RmsNorm):
+    """x · rsqrt(mean(x²) + ε) with no γ, rsqrt as Reciprocal(√·), 1 / √· or ·^-½."""
+    def pattern(self, op, x):
+        return _rms_no_affine(op, x, "Mul")
+
+
+class RmsNormNoAffineCast(_RmsNorm):
+    """Llama/T5 in fp16 with no γ: Cast(Cast(x → f32) · Reciprocal(√(mean(x²) + ε)) → x's type)."""
+    def pattern(self, op, x):
+        return _norm(op, x, centre=False, inverse="reciprocal", cast=True)
+
+
 @register
 class FuseLayerNorm(RulePass):
     name = "FuseLayerNorm"
     description = "LayerNorm and RMSNorm (decomposed, with Casts, after a residual Add) into one op"
     # Skip…Decomposed rules precede their LayerNorm twins: the residual Add fuses in the same run.
+    # A rule with γ precedes its twin without, which would take the norm and leave the Mul; the
+    # Cast form precedes the plain ones, which would take the norm between the Casts.
     rules = (SkipLayerNormDecomposed, LayerNormDecomposed, LayerNormMulSquare, LayerNormCast,
              LayerNormBatchnorm, SkipLayerNormNoAffine, LayerNormNoAffine, SkipLayerNorm,
              RmsNormDiv, RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormMulSquare,
-             RmsNormMulSquareReciprocal, RmsNormCast)
+             RmsNormMulSquareReciprocal, RmsNormCast, RmsNormNoAffineCast, RmsNormNoAffineDiv,
+             RmsNormNoAffineMul)
 
 
 __all__ = ["FuseLayerNorm"]
