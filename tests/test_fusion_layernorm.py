@@ -492,6 +492,36 @@ def test_residual_layernorm_stays_add_and_layernormalization_on_onnxruntime_cpu(
     assert stats == {} and _ops(model) == ["Add", "LayerNormalization"]
 
 
+# A pre-LN block: the residual sum x feeds the norm and the next residual Add.
+PRE_LN = SKIP + "    z = Add(x, y)\n"
+
+
+@pytest.mark.parametrize("body", [PRE_LN, ADD_LN + "\n    z = Add(x, y)\n"],
+                         ids=["decomposed", "layernormalization"])
+def test_a_residual_sum_read_again_comes_out_of_skip_layernorm(body):
+    proto = _model(body, inputs="float[B,S,8] a, float[B,S,8] b", outputs="float[B,S,8] z")
+    model, stats, _ = _fuse(proto, target=NPU)
+    assert len(stats) == 1 and sum(stats.values()) == 1
+    skip, add = model.graph
+    assert skip.qualified_op == "com.microsoft::SkipLayerNormalization" and add.op_type == "Add"
+    assert skip.outputs[1] is None and skip.outputs[2] is None  # mean, 1/σ left out
+    assert add.inputs == (skip.outputs[3], skip.outputs[0])
+    assert skip.outputs[3].shape == ("B", "S", 8)
+    _same_numerics(proto, model)
+
+
+def test_every_pre_ln_residual_fuses_on_an_npu_target():
+    proto = zoo.build("gpt2_small", layers=2, hidden=64, heads=2, vocab=100, positions=32)
+    result = graphopt.optimize(proto, target="ascend910b", input_shapes={"input_ids": [1, 16]})
+    ops = Counter(n.qualified_op for n in result.model.graph)
+    # ln_1 and ln_2 of each layer and ln_f after the last residual Add; the first ln_1 on the
+    # sum of the token and position embeddings.
+    assert ops["com.microsoft::SkipLayerNormalization"] == 5 and ops["LayerNormalization"] == 0
+    feeds = {"input_ids": np.random.default_rng(0).integers(0, 100, (1, 16))}
+    assert numerics.compare(numerics.run(proto, feeds), numerics.run(result.to_onnx(), feeds),
+                            TOL, TOL) == []
+
+
 SKIP_F16 = SKIP.replace("gamma", "g16").replace("beta", "b16").replace("two", "two16") \
     .replace("eps)", "eps16)")
 SKIP_REFUSALS = {  # body, inputs, outputs, the reason; the plain LayerNorm rule fires instead

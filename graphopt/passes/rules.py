@@ -32,11 +32,15 @@ class Rule:
     decisions) and `target` (None without one); `rewrite` reaches the model as `op.model`.
     `emits` lists the (domain, op_type) the rewrite creates, which must have a kernel in the
     runtime, and `dtypes` the element types of the root's output the kernels accept (empty:
-    any)."""
+    any). `exposes` names pattern nodes (by their `_name`) whose output the fused op computes
+    too, so that readers outside the match may keep it: `rewrite` may then name `exposed`,
+    the set of those names whose output something outside still reads, and returns
+    `(result, {name: value})` with a value for each."""
 
     name: ClassVar[str] = ""
     emits: ClassVar[tuple[tuple[str, str], ...]] = ()
     dtypes: ClassVar[tuple[DType, ...]] = ()
+    exposes: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -203,7 +207,8 @@ def _parameters(fn) -> frozenset[str] | None:
 
 class RewriteBuilder:
     """Builds replacement nodes just before the match's root: `op.Gelu(x, _domain=
-    "com.microsoft")`, `op.Split(x, _outputs=2, axis=0)`, `op.const(array)`."""
+    "com.microsoft")`, `op.Split(x, _outputs=2, axis=0)`, `op.const(array)`; `_omit` lists
+    optional outputs left out (None in the tuple returned)."""
 
     def __init__(self, model: Model, graph: Graph, root: Node, rule: str):
         self.model, self.graph, self.root, self.rule = model, graph, root, rule
@@ -214,8 +219,10 @@ class RewriteBuilder:
         return self.graph.make_initializer(name_hint or f"{self.rule}_const", Tensor(array))
 
     def __getattr__(self, op_type: str):
-        def make(*inputs: Value | None, _domain: str = "", _outputs: int = 1, **attrs):
-            node = Node(op_type, inputs, attrs, domain=_domain, num_outputs=_outputs,
+        def make(*inputs: Value | None, _domain: str = "", _outputs: int = 1,
+                 _omit: tuple[int, ...] = (), **attrs):
+            outputs = [None if i in _omit else Value("") for i in range(_outputs)]
+            node = Node(op_type, inputs, attrs, domain=_domain, outputs=outputs,
                         name=self._node_name(op_type))
             self.graph.insert_before(self.root, node)
             self.created.append(node)
@@ -276,16 +283,20 @@ class Tracer:
         return lines
 
 
-def deletable(match: Match, root_output: int) -> str | None:
+def deletable(match: Match, root_output: int, exposes: tuple[str, ...] = ()) -> str | None:
     """Why the matched nodes cannot all go (None when they can): an intermediate output read
-    outside the match, a graph output, or another output of the root in use."""
+    outside the match, a graph output, or another output of the root in use. The outputs of
+    the nodes named in `exposes` may be read outside: the fused op computes them too."""
     members = {id(n) for n in match.nodes}
+    exposed = {id(match.bindings[name]) for name in exposes if name in match.bindings}
     for node in match.nodes:
         for index, value in enumerate(node._outputs):
             if value is None or (node is match.root and index == root_output):
                 continue
             if value.is_graph_output:
                 return f"%{value.name} (from '{node.name}') is a graph output"
+            if id(node) in exposed:
+                continue
             for use in value._uses:
                 if id(use.node) not in members:
                     return f"%{value.name} (from '{node.name}') is also read by " \
@@ -319,7 +330,12 @@ def broadcast_problem(match: Match) -> str | None:
 def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int) -> bool:
     """Run the rewrite for `match`, swap the root's output for the result, drop dead nodes."""
     builder = RewriteBuilder(model, graph, match.root, rule.name)
-    result = call_with_bindings(rule.rewrite, match.bindings, builder)
+    exposed = _read_outside(match, rule.exposes)
+    result = call_with_bindings(rule.rewrite, {**match.bindings, "exposed": exposed}, builder)
+    kept = {}
+    if rule.exposes:
+        result, kept = result if isinstance(result, tuple) else (result, {})
+        assert set(kept) == exposed, f"{rule.name} returned {sorted(kept)} for {sorted(exposed)}"
     new = result[0] if isinstance(result, tuple) else result
     old = match.root.outputs[root_output]
     new.dtype = new.dtype or old.dtype
@@ -328,6 +344,10 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
         for node in reversed(builder.created):
             graph.remove(node)
         return False
+    for name, value in kept.items():  # not graph outputs: deletable refuses those
+        inner = match.bindings[name].output
+        value.dtype, value.shape = inner.dtype, inner.shape
+        replace_value(inner, value)
     removed = True
     while removed:  # repeat: a node shared inside the match (a diamond) dies after its readers
         removed = False
@@ -337,6 +357,13 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
                 graph.remove(node)
                 removed = True
     return True
+
+
+def _read_outside(match: Match, names: tuple[str, ...]) -> frozenset[str]:
+    """Which of the nodes `names` binds have an output read by a node outside the match."""
+    members = {id(n) for n in match.nodes}
+    return frozenset(name for name in names if name in match.bindings and any(
+        id(use.node) not in members for use in match.bindings[name].output._uses))
 
 
 def _refused_anyway(rule: Rule, root: Node, output: int, target) -> bool:
@@ -381,7 +408,7 @@ class RulePass(Pass):
                         continue
                     match, refused = None, None
                     for candidate in matcher.matches(node):
-                        reason = (deletable(candidate, pattern.output)
+                        reason = (deletable(candidate, pattern.output, rule.exposes)
                                   or broadcast_problem(candidate)
                                   or rule.unsupported(node.outputs[pattern.output], ctx.target)
                                   or call_with_bindings(rule.check,

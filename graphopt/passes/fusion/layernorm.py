@@ -192,6 +192,9 @@ class LayerNormBatchnorm(_LayerNorm):
 class _Skip(Rule):
     emits = ((MS, "SkipLayerNormalization"),)
     dtypes = (DType.FLOAT,)
+    # A pre-LN block's residual sum also feeds the next block's residual Add: the fused op's
+    # fourth output (input_skip_bias_sum) carries it there.
+    exposes = ("residual",)
 
     def unsupported(self, root: Value, target=None) -> str | None:
         return super().unsupported(root, target) or _slow_on_cpu(root, target)
@@ -201,9 +204,19 @@ class _SkipDecomposed(_Skip):
     def check(self, x, skip, residual, **b):
         return _same_shape(x, skip) or _problem(residual.output, b)
 
-    def rewrite(self, op, x, skip, eps, gamma=None, beta=None, **_):
-        return op.SkipLayerNormalization(x, skip, *_scale_bias(op, x, gamma, beta), _domain=MS,
-                                         epsilon=float(eps.ravel()[0]))
+    def rewrite(self, op, x, skip, eps, exposed, gamma=None, beta=None, **_):
+        return _skip_layernorm(op, x, skip, _scale_bias(op, x, gamma, beta),
+                               float(eps.ravel()[0]), exposed)
+
+
+def _skip_layernorm(op, x, skip, scale_bias, epsilon, exposed):
+    """SkipLayerNormalization(x, skip, γ[, β]), its residual sum as a fourth output (mean and
+    inverse deviation left out) when something outside the match reads it."""
+    if not exposed:
+        return op.SkipLayerNormalization(x, skip, *scale_bias, _domain=MS, epsilon=epsilon), {}
+    y, _, _, residual = op.SkipLayerNormalization(x, skip, *scale_bias, _domain=MS,
+                                                  _outputs=4, _omit=(1, 2), epsilon=epsilon)
+    return y, {"residual": residual}
 
 
 class SkipLayerNormDecomposed(_SkipDecomposed):
@@ -222,7 +235,7 @@ class SkipLayerNorm(_Skip):
     """LayerNormalization(x + skip) over the last axis, γ (and β) of shape [C]."""
 
     def pattern(self, op, x, skip, gamma, beta):
-        return op.LayerNormalization(op.Add(x, skip), gamma, Optional(beta),
+        return op.LayerNormalization(op.Add(x, skip, _name="residual"), gamma, Optional(beta),
                                      axis=Attr("axis", -1), epsilon=Attr("epsilon", 1e-5))
 
     def check(self, x, skip, gamma, axis, epsilon, beta=None):
@@ -235,9 +248,9 @@ class SkipLayerNorm(_Skip):
                       f"takes the last axis and γ/β of shape [{x.shape[-1]}]"
         return problem
 
-    def rewrite(self, op, x, skip, gamma, epsilon, beta=None):
-        return op.SkipLayerNormalization(x, skip, gamma, *([] if beta is None else [beta]),
-                                         _domain=MS, epsilon=float(epsilon))
+    def rewrite(self, op, x, skip, gamma, epsilon, exposed, beta=None):
+        return _skip_layernorm(op, x, skip, [gamma, *([] if beta is None else [beta])],
+                               float(epsilon), exposed)
 
 
 def _centred(x: Value) -> bool:
