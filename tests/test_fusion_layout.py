@@ -511,6 +511,54 @@ def test_position_read_at_run_time_is_refused():
     assert "not a constant scalar" in "\n".join(ctx.tracer.report())
 
 
+# -- GatherND reading its input in order ----------------------------------------------------
+
+def gather_nd(indices: str, index_shape: str, data: str = "bool[1, 5]",
+              out: str = "bool[?, ?, ?, ?]", attrs: str = "") -> str:
+    """GatherND of a mask by constant index tuples, as dynamo writes torch's mask[:, None, None, :]."""
+    return header() + f"""
+    g ({data} m) => ({out} y) {{
+        i = Constant <value = int64{index_shape} {{{indices}}}> ()
+        y = GatherND {attrs}(m, i)
+    }}"""
+
+
+IN_ORDER = "0, 0, 0, 1, 0, 2, 0, 3, 0, 4"
+
+
+def test_gather_nd_reading_in_order_becomes_a_reshape():
+    model, stats, _ = run(gather_nd(IN_ORDER, "[1, 1, 1, 5, 2]"), "SimplifySlicing")
+    assert stats == {"GatherNDInOrder": 1} and ops(model) == ["Reshape"]
+    assert ints(node(model, "Reshape").inputs[1]) == [1, 1, 1, 5]
+
+
+def test_gather_nd_of_leading_dims_keeps_the_trailing_ones():
+    # Tuples of 1 over [3, 4]: rows 0, 1, 2 (the last one spelled -1) under a [3, 1] layout.
+    text = gather_nd("0, 1, -1", "[3, 1, 1]", data="float[3, 4]", out="float[?, ?, ?]")
+    model, stats, _ = run(text, "SimplifySlicing")
+    assert stats == {"GatherNDInOrder": 1}
+    assert ints(node(model, "Reshape").inputs[1]) == [3, 1, 4]
+
+
+@pytest.mark.parametrize("indices, index_shape, attrs, reason", [
+    ("0, 0, 0, 2, 0, 1, 0, 3, 0, 4", "[1, 5, 2]", "", "not read the positions in order"),
+    ("0, 0, 0, 1, 0, 2, 0, 3, 0, 3", "[1, 5, 2]", "", "not read the positions in order"),
+    ("0, 0, 0, 1, 0, 2, 0, 3", "[1, 4, 2]", "", "pick each of the 5 positions once"),
+    ("0, 1, 2, 3, 4", "[1, 5, 1]", "<batch_dims = 1> ", "batch_dims is 1"),
+])
+def test_gather_nd_refused(indices, index_shape, attrs, reason):
+    text = gather_nd(indices, index_shape, attrs=attrs)
+    model, stats, trace = run(text, "SimplifySlicing", trace="GatherNDInOrder")
+    assert stats == {} and ops(model) == ["GatherND"]
+    assert any(reason in line for line in trace), trace
+
+
+def test_gather_nd_of_an_unknown_shape_is_refused():
+    text = gather_nd(IN_ORDER, "[1, 5, 2]", data="bool[1, N]")
+    model, stats, trace = run(text, "SimplifySlicing", dims={"N": 5}, trace="GatherNDInOrder")
+    assert stats == {} and any("is not known" in line for line in trace), trace
+
+
 # -- names ----------------------------------------------------------------------------------
 
 def test_rules_can_be_switched_off_by_name():

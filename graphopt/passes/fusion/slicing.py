@@ -19,6 +19,11 @@
     SequenceAt(SplitToSequence(x, sizes, axis a), i) = Slice(x, o_i:o_i+sizes[i] along a)
         o_i = sizes[0] + … + sizes[i-1]; without sizes, pieces of 1 (squeezed when keepdims=0).
         torch.split exports this way under dynamo; a tensor sequence is host-only on an NPU.
+
+    GatherND(x, constant indices) = Reshape(x, indices.shape[:-1] + x.shape[k:])
+        when the k-tuples of the indices walk x's leading k dims in order, each element once:
+        torch's advanced indexing `mask[:, None, None, :]`-style reads (aten.index.Tensor)
+        write that under dynamo, on a bool attention mask, which an NPU's GatherND takes not.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import Node, Value
-from graphopt.ir.pattern import Match, Miss, Optional
+from graphopt.ir.pattern import Attr, Match, Miss, Optional
 from graphopt.passes.base import register
 from graphopt.passes.fusion.layout import cannot_stand_in
 from graphopt.passes.rules import HandMatchedRule, Rule, RulePass
@@ -192,6 +197,45 @@ class SequenceAtOfSplit(Rule):
         return op.Squeeze(piece, bounds[2])
 
 
+def _gathered_shape(data: Value, indices: Value, batch_dims: int) -> list[int] | str:
+    """The shape GatherND(data, indices) gives when it reads every element of data's leading
+    dims once, in order (a Reshape of data to it), or why it does not."""
+    if batch_dims != 0:
+        return f"batch_dims is {batch_dims}, not 0"
+    picks = indices.constant() if indices.is_constant else None
+    if picks is None or picks.dtype.kind not in "iu" or picks.ndim < 1:
+        return f"the indices %{indices.name} are not a constant integer tensor"
+    if data.shape is None or not all(isinstance(d, int) for d in data.shape):
+        return f"the shape of %{data.name} is not known"
+    k, dims = picks.shape[-1], [int(d) for d in data.shape]
+    if not 1 <= k <= len(dims):
+        return f"index tuples of {k} do not index %{data.name} of rank {len(dims)}"
+    lead = dims[:k]
+    tuples = picks.reshape(-1, k).astype(np.int64)
+    if tuples.shape[0] != int(np.prod(lead)) or np.any(tuples < -np.array(lead)) \
+            or np.any(tuples >= np.array(lead)):
+        return f"the indices do not pick each of the {int(np.prod(lead))} positions once"
+    if not np.array_equal(np.ravel_multi_index(tuple((tuples % lead).T), lead),
+                          np.arange(tuples.shape[0])):
+        return "the indices do not read the positions in order"
+    return [*picks.shape[:-1], *dims[k:]]
+
+
+class GatherNDInOrder(Rule):
+    """GatherND(x, constant indices reading all of x's leading dims in order) → Reshape(x)."""
+
+    def pattern(self, op, data, indices):
+        return op.GatherND(data, indices, batch_dims=Attr("batch_dims", 0))
+
+    def check(self, data, indices, batch_dims):
+        shape = _gathered_shape(data, indices, batch_dims)
+        return shape if isinstance(shape, str) else None
+
+    def rewrite(self, op, data, indices, batch_dims):
+        shape = np.array(_gathered_shape(data, indices, batch_dims), dtype=np.int64)
+        return op.Reshape(data, op.const(shape, f"{data.name}_shape"))
+
+
 class ConcatOfSlices(HandMatchedRule):
     """Concat of Slices of one x covering a contiguous range → one Slice of x (x if all of it)."""
 
@@ -265,8 +309,9 @@ class ConcatOfSplit(HandMatchedRule):
 class SimplifySlicing(RulePass):
     name = "SimplifySlicing"
     description = ("merge Concats of adjacent Slices; cancel Slice∘Concat and Concat∘Split; "
-                   "SequenceAt of a SplitToSequence becomes a Slice")
-    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit, SequenceAtOfSplit)
+                   "SequenceAt of a SplitToSequence becomes a Slice; a GatherND reading its "
+                   "input in order becomes a Reshape")
+    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit, SequenceAtOfSplit, GatherNDInOrder)
 
 
 __all__ = ["SimplifySlicing"]
