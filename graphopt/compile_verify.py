@@ -128,6 +128,8 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                 + _seeded_inputs_hint(inputs, options)
                                 + _half_overflow(original, optimized, feeds, options))
     _check_loads_at_all(original, optimized)
+    if inputs is None and notes is not None:
+        notes.extend(_open_dims_note(original, feeds, options.input_shapes or {}))
     empty = [name for name, value in expected.items()
              if isinstance(value, np.ndarray) and value.size == 0]
     if empty and notes is not None:  # verified over no element: say so rather than "match"
@@ -135,6 +137,33 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                      "nothing of them was compared")
     # Over every tensor a sequence or map holds too; 0 for outputs without floats.
     return {name: numerics.max_abs_error(exp, actual[name]) for name, exp in expected.items()}
+
+
+def _open_dims_note(original: ModelProto, feeds: dict, pins: dict) -> list[str]:
+    """A note when the seeded inputs held open dims that nothing pinned at 1: a sequence of one
+    token checks little of an attention, a mask or positions (a Llama compiled at open shapes
+    was "verified" at batch 1, sequence 1)."""
+    from graphopt.codegen.feeds import typed_inputs
+
+    left = []
+    for entry in typed_inputs(original):
+        array, shape = feeds.get(entry["name"]), entry.get("shape")
+        pinned = pins.get(entry["name"]) or []
+        if shape is None or not hasattr(array, "shape") or len(array.shape) != len(shape):
+            continue
+        named = [f"{d if isinstance(d, str) else '?'}=1" for axis, d in enumerate(shape)
+                 if not isinstance(d, int) and array.shape[axis] == 1
+                 and not (axis < len(pinned) and pinned[axis] != -1)]
+        if named:
+            left.append(f"{entry['name']} [{','.join(map(str, array.shape))}] "
+                        f"({', '.join(named)})")
+    if not left:
+        return []
+    more = f", and {len(left) - 3} more" if len(left) > 3 else ""
+    return [f"on seeded random inputs with their open dims at 1: {', '.join(left[:3])}{more}; "
+            "that checks little of what depends on those sizes (attention over a sequence, its "
+            f"mask, positions): give real inputs ({option('inputs')}) or sizes "
+            f"({option('input_shapes')})"]
 
 
 def _half_overflow(original: ModelProto, optimized: ModelProto, feeds, options: Options) -> str:

@@ -300,6 +300,17 @@ def test_verify_with_inputs_dict(proto):
     assert set(result.max_abs_error) == {"y", "z"}
 
 
+def test_verify_on_seeded_inputs_says_which_open_dims_were_1(proto):
+    # FOLDABLE's x is [N, 4]: on seeded inputs N is 1, which the note names; a pin or real
+    # inputs size it, and the note goes.
+    result = graphopt.optimize(proto, verify=True)
+    assert "open dims at 1: x [1,4] (N=1)" in result.verify_note
+    assert "give real inputs (inputs) or sizes (input_shapes)" in result.verify_note
+    for sized in ({"input_shapes": {"x": [1, 4]}},
+                  {"inputs": {"x": np.ones((3, 4), np.float32)}}):
+        assert "open dims" not in graphopt.optimize(proto, verify=True, **sized).verify_note
+
+
 def test_verify_with_npz_path(proto, tmp_path):
     npz = tmp_path / "feeds.npz"
     np.savez(npz, x=np.ones((2, 4), np.float32))
