@@ -105,6 +105,16 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
     if mask == "add":
         m = g.input("mask", TensorProto.FLOAT, [B, 1, 1, S])
         scores = g.op("Add", scores, m)
+    elif mask in ("position_then_padding", "built_position_then_padding"):
+        # T5: a relative position bias [1,N,S,T], a constant at pinned shapes (else built
+        # from the sequence at run time), then the padding mask, each added in turn.
+        position = g.const(g.rng.standard_normal((1, N, S, S)))
+        if mask == "built_position_then_padding":
+            s = g.op("Gather", g.op("Shape", x), g.const([1], np.int64), axis=0)
+            position = g.op("Slice", position, g.const([0], np.int64), s,
+                            g.const([3], np.int64))
+        scores = g.op("Add", g.op("Add", scores, position),
+                      g.input("mask", TensorProto.FLOAT, [B, 1, 1, S]))
     elif mask == "add_keys_broadcast":
         scores = g.op("Add", scores, g.input("mask", TensorProto.FLOAT, [B, 1, S, 1]))
     elif mask == "causal":
@@ -202,9 +212,19 @@ def test_attention_fuses_with_outputs_kept(form, mask):
     check_numerics(proto, model)
 
 
+def test_two_biases_added_in_turn_pass_as_their_sum():
+    proto = attention("div", "position_then_padding")
+    model, stats, _ = fuse(proto)
+    assert stats == {"ScaledDotProductAttention": 1} and "Softmax" not in ops(model)
+    (mha,) = [n for n in model.graph if n.qualified_op == MHA]
+    total = mha.inputs[5]
+    assert total.producer.op_type == "Add" and total.shape == (B, N, S, S)
+    check_numerics(proto, model)
+
+
 @pytest.mark.parametrize(("target", "mask"), [
     (None, "sliced_causal"), ("cpu", "sliced_causal"), ("ascend910b", "sliced_causal"),
-    (None, "built_additive"), ("cpu", "built_additive")])
+    (None, "built_additive"), ("cpu", "built_additive"), (None, "built_position_then_padding")])
 def test_mask_built_at_run_time_stays_unfused_for_the_cpu(target, mask):
     """A causal mask sliced or built to the sequence through Shape would make the bias at
     every run: refused where onnxruntime's CPU runs the result, which on ascend910b is its

@@ -12,7 +12,8 @@ The model's own head split, Transpose(Reshape(q, [B,S,N,H]), [0,2,1,3]), is look
 elsewhere the merge is built, and the Transpose/Reshape pairs the rewrite leaves around O cancel in
 SimplifyLayout and EliminateNoOps. The scale is the product of FusedMatMul's alpha, a Mul or Div
 of the scores by a scalar, and scalars multiplying Q and Kᵀ. Masks: Add(scores, M) passes M as
-`attention_bias`, expanded over the query axis when it broadcasts there (padding masks [B,1,1,T]);
+`attention_bias`, expanded over the query axis when it broadcasts there (padding masks [B,1,1,T]),
+and (scores + M1) + M2 passes M1 + M2 (T5: its relative position bias, then its padding mask);
 Where(keep, scores, fill) becomes the bias Where(keep, 0, fill), a constant when keep is one
 (a causal mask): score + fill is the fill itself when the fill swallows any score, as float32's
 lowest (what exporters write) or -inf does. A fill like -1e4 does not: a row whose every key is
@@ -81,8 +82,18 @@ def _scores(op, q4, k):
 
 def _masked(op, scores):
     fill = Const(pred=_scalar, name="fill")
-    return OneOf(op.Add(scores, Var("mask")), op.Where(Var("keep"), scores, fill),
+    # Two biases added in turn: T5's relative position bias, then its padding mask.
+    return OneOf(op.Add(op.Add(scores, Var("mask")), Var("mask2")),
+                 op.Add(scores, Var("mask")), op.Where(Var("keep"), scores, fill),
                  op.Where(Var("drop"), fill, scores), scores)
+
+
+def _broadcast_shape(a: tuple, b: tuple) -> tuple:
+    """The shape two biases' sum broadcasts to (a dim of 1 gives way; of two symbolic dims,
+    the first: each already fits the scores, so they name one size)."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def _nan_guarded(op, probs):
@@ -361,7 +372,7 @@ class ScaledDotProductAttention(Rule):
 
     def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, alpha=1.0, q_scale=None,
               k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None,
-              nan_guard=None):
+              nan_guard=None, mask2=None):
         found = _head_dims(q4, k, v4, trans_b)
         if isinstance(found, str):
             return found
@@ -385,6 +396,14 @@ class ScaledDotProductAttention(Rule):
             problem = _cpu_loss(q4, k, v4, trans_b, (n * h, n * hv), equal)
             if problem:
                 return problem
+        if mask2 is not None:  # each bias as if it were the only one; their sum is the bias
+            bns, t = [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2])
+            for bias in (mask, mask2):
+                problem = self.check(q4, k, v4, model, target, axis, trans_b, alpha, q_scale,
+                                     k_scale, mask=bias, mul=mul, div=div, nan_guard=nan_guard)
+                if problem or _bias_problem(bias, bns, t):
+                    return problem or _bias_problem(bias, bns, t)
+            return None
         if adds_nothing(mask, keep):  # fused without it, where it broadcasts no further
             return _widening(mask if mask is not None else keep,
                              [equal.entry(d) for d in (*dims[0][:3], dims[2][2])])
@@ -413,7 +432,7 @@ class ScaledDotProductAttention(Rule):
 
     def rewrite(self, op, q4, k, v4, trans_b=0, alpha=1.0, q_scale=None, k_scale=None,
                 mul=None, div=None, mask=None, keep=None, drop=None, fill=None, nan_guard=None,
-                **_):
+                mask2=None, **_):
         dims, equal = _head_dims(q4, k, v4, trans_b)
         (b, n, s, h), _, (_, _, t, hv) = dims
         b, s, t = equal.entry(b), equal.entry(s), equal.entry(t)
@@ -422,7 +441,11 @@ class ScaledDotProductAttention(Rule):
         q = _merged(op, q4, MERGE_Q, n * h, equal)
         k = _merged(op, k, MERGE_Q if trans_b else MERGE_KT, n * h, equal)
         v = _merged(op, v4, MERGE_Q, n * hv, equal)
-        if adds_nothing(mask, keep):
+        if mask2 is not None:  # (s + M1) + M2 as s + (M1 + M2): a fill that swallows stays
+            total = op.Add(mask, mask2)
+            total.dtype, total.shape = mask.dtype, _broadcast_shape(mask.shape, mask2.shape)
+            mask = total
+        elif adds_nothing(mask, keep):
             mask = keep = None
         bias = _attention_bias(op, q4.dtype, (s, t), q, v, mask, keep, drop, fill)
         inputs = [q, k, v] + ([None, None, bias] if bias is not None else [])
