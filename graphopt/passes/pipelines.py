@@ -30,8 +30,8 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # constant it would otherwise take into the next Conv (hard-swish's / 6).
 _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
          "FuseConvBatchNorm", "LowerPRelu", "LowerLRN", "FuseLayerNorm", "FuseGelu",
-         "FuseHardSwish", "FoldInputAffine", "FuseMatMul", "FuseAttention", "ReadShapesUpstream",
-         "EliminateNoOps", "EliminateDeadNodes")
+         "FuseHardSwish", "FoldInputAffine", "FuseMatMul", "FuseRotaryEmbedding", "FuseAttention",
+         "ReadShapesUpstream", "EliminateNoOps", "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.

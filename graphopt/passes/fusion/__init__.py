@@ -2,4 +2,5 @@
 
 from graphopt.passes.fusion import (  # noqa: F401
     activation, attention, batched_heads, conv_affine_input, conv_bn, elementwise, gelu,
-    hardswish, layernorm, layout, lrn, matmul, prelu, slicing, softplus, transpose_sinking)
+    hardswish, layernorm, layout, lrn, matmul, prelu, rotary, slicing, softplus,
+    transpose_sinking)

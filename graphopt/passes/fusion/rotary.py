@@ -1,0 +1,114 @@
+"""FuseRotaryEmbedding: rotary position embedding as Llama-style exports write it, into one op.
+
+    y = x·cos + rotate_half(x)·sin,  rotate_half(x) = Concat(-x[..., H/2:], x[..., :H/2])
+      → com.microsoft::RotaryEmbedding(x, position_ids, cos_cache, sin_cache), interleaved=0
+
+      x ─┬─────────────────────────────────────── Mul cos ─┐
+         ├─ Slice H/2: ─ Neg ─┐                             Add ─ y    ⇒   x ─ RotaryEmbedding ─ y
+         └─ Slice :H/2 ───────┴─ Concat ─ Mul sin ─────────┘
+
+x is [B, N, S, H] (heads split, what transformers rotates); cos and sin are constants of shape
+[1 or B, 1, S, H] whose two halves are equal, as transformers builds them (cat(freqs, freqs)),
+which a pinned sequence folds to constants. The op reads row p of each cache for position p:
+the caches are the first halves of those rows, [S, H/2] with positions from 0 (position_ids an
+offset of 0) or, per batch, [B·S, H/2] with positions b·S + s. The op computes x₁·cos − x₂·sin
+and x₂·cos + x₁·sin, the same products as the decomposed form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import DType, Value
+from graphopt.ir.pattern import Attr, Optional, Var
+from graphopt.passes.base import register
+from graphopt.passes.rules import Rule, RulePass
+
+MS = "com.microsoft"
+
+
+def _half_slice(node, x: Value) -> tuple[int, int] | None:
+    """(start, end) of a step-1 Slice of x's last axis, ends clamped to the axis (INT64_MAX is
+    the exporters' "to the end"), or None."""
+    inputs = [node.input(i) for i in range(1, 5)]
+    if any(v is not None and v.constant() is None for v in inputs[:4]) or inputs[0] is None \
+            or inputs[1] is None:
+        return None
+    starts, ends = inputs[0].constant().ravel(), inputs[1].constant().ravel()
+    axes = inputs[2].constant().ravel() if inputs[2] is not None else np.array([0])
+    steps = inputs[3].constant().ravel() if inputs[3] is not None else np.array([1])
+    rank, h = len(x.shape), x.shape[-1]
+    if starts.size != 1 or ends.size != 1 or axes.size != 1 or steps.size != 1 \
+            or int(axes[0]) % rank != rank - 1 or int(steps[0]) != 1:
+        return None
+    start, end = (int(np.clip(v if v >= 0 else v + h, 0, h)) for v in (starts[0], ends[0]))
+    return start, end
+
+
+def _table(value: Value, x: Value) -> np.ndarray | str:
+    """The cos or sin constant as [1 or B, S, H] rows, or why it is not one."""
+    data = value.constant()
+    if data is None:
+        return f"%{value.name} is not a constant (pin the sequence with --input-shape)"
+    b, n, s, h = x.shape
+    shape = (1,) * (4 - data.ndim) + data.shape
+    if data.ndim > 4 or shape[1] != 1 or shape[2:] != (s, h) or shape[0] not in (1, b):
+        return f"%{value.name} of shape {list(data.shape)} is not [1 or {b}, 1, {s}, {h}]"
+    rows = data.reshape(shape[0], s, h)
+    if not np.array_equal(rows[..., : h // 2], rows[..., h // 2:]):
+        return f"the two halves of %{value.name} differ (not cat(freqs, freqs))"
+    return rows
+
+
+class RotateHalf(Rule):
+    """x·cos + Concat(-x[..., H/2:], x[..., :H/2])·sin with constant tables."""
+
+    emits = ((MS, "RotaryEmbedding"),)
+    dtypes = (DType.FLOAT,)
+
+    def pattern(self, op, x, cos, sin):
+        second, first = (op.Slice(x, *(Optional(Var(f"{half}_{what}"))
+                                       for what in ("starts", "ends", "axes", "steps")),
+                                  _name=half) for half in ("second", "first"))
+        rotated = op.Concat(op.Neg(second), first, axis=Attr("axis"))
+        return op.Add(op.Mul(x, cos), op.Mul(rotated, sin))
+
+    def check(self, x, cos, sin, first, second, axis):
+        if x.shape is None or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape):
+            return f"%{x.name} is not of a known shape [B, N, S, H]"
+        h = x.shape[-1]
+        if h % 2 or axis % 4 != 3:
+            return f"the halves are not joined along the last axis of an even size (H = {h})"
+        if _half_slice(first, x) != (0, h // 2) or _half_slice(second, x) != (h // 2, h):
+            return f"the Slices do not take x[..., :{h // 2}] and x[..., {h // 2}:]"
+        for table in (cos, sin):
+            rows = _table(table, x)
+            if isinstance(rows, str):
+                return rows
+        if _table(cos, x).shape[0] != _table(sin, x).shape[0]:
+            return "cos and sin are not of one batch"
+        return None
+
+    def rewrite(self, op, x, cos, sin, **_):
+        b, n, s, h = x.shape
+        cos_rows, sin_rows = _table(cos, x), _table(sin, x)
+        batches = cos_rows.shape[0]
+        caches = [op.const(np.ascontiguousarray(rows.reshape(batches * s, h)[:, : h // 2]),
+                           f"{x.name}_{what}_cache")
+                  for rows, what in ((cos_rows, "cos"), (sin_rows, "sin"))]
+        # An offset of 0 reads rows 0 … S-1 for every batch; per-batch tables need ids.
+        ids = np.array([0]) if batches == 1 else np.arange(b * s).reshape(b, s)
+        out = op.RotaryEmbedding(x, op.const(ids.astype(np.int64), f"{x.name}_position_ids"),
+                                 *caches, _domain=MS, interleaved=0)
+        out.dtype, out.shape = x.dtype, x.shape
+        return out
+
+
+@register
+class FuseRotaryEmbedding(RulePass):
+    name = "FuseRotaryEmbedding"
+    description = "rotary position embedding (x·cos + rotate_half(x)·sin) into RotaryEmbedding"
+    rules = (RotateHalf,)
+
+
+__all__ = ["FuseRotaryEmbedding"]
