@@ -384,8 +384,18 @@ def _in_subgraph(model):
                                              else_branch=branch))
 
 
+def _in_function(model):
+    # A model-local function's Constant: onnxruntime read the file from the caller's working
+    # folder (an artifact without weights) or the artifact's own.
+    body = [helper.make_node("Constant", [], ["out"], value=_escaping_tensor())]
+    model.functions.append(helper.make_function("evil.dom", "Leak", [], ["out"], body,
+                                                [helper.make_opsetid("", 17)]))
+    model.opset_import.append(helper.make_opsetid("evil.dom", 1))
+    model.graph.node.insert(0, helper.make_node("Leak", [], ["leaked"], domain="evil.dom"))
+
+
 @pytest.mark.parametrize("hide", [_in_constant, _in_tensors_attr, _in_sparse_initializer,
-                                  _in_subgraph])
+                                  _in_subgraph, _in_function])
 def test_external_references_in_nodes_and_subgraphs_are_refused(om_path, tmp_path, hide,
                                                                  reference_reader):
     model = matmul_relu()

@@ -206,13 +206,14 @@ def names_a_file(data: bytes) -> bool:
 
 def external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
     """Tensors with external data, in every graph of the model: initializers (sparse ones
-    too) and the tensors of node attributes, subgraphs included."""
+    too) and the tensors of node attributes, subgraphs and model-local functions' bodies
+    included (a function's Constant naming a file had onnxruntime read it from the folder)."""
     found = []
-    graphs = [model.graph]
+    graphs = [model.graph, *model.functions]  # a function has nodes, no initializers
     while graphs:
         graph = graphs.pop()
-        found.extend(t for t in graph.initializer if t.data_location == _EXTERNAL)
-        for sparse in graph.sparse_initializer:
+        found.extend(t for t in getattr(graph, "initializer", ()) if t.data_location == _EXTERNAL)
+        for sparse in getattr(graph, "sparse_initializer", ()):
             found.extend(t for t in (sparse.values, sparse.indices)
                          if t.data_location == _EXTERNAL)
         for node in graph.node:
