@@ -915,6 +915,50 @@ def test_zip_bomb_member_is_inflated_only_to_its_declared_size(artifacts, workdi
         graphopt.load(path)
 
 
+def test_zip_bomb_member_declared_honestly_is_refused_by_its_size(artifacts, workdir,
+                                                                  monkeypatch):
+    # A 3 MB file whose details.json inflates to 3 GiB, declared as such with its true sum,
+    # took 6 GB of memory to load; members other than partitions now stop at 256 MiB (here
+    # lowered to 1 MiB to keep the test small).
+    from graphopt.codegen import om_read
+
+    monkeypatch.setattr(om_read, "_MAX_OTHER_BYTES", 1 << 20)
+    manifest, members = read_zip(artifacts["seed"][0])
+    members["tuning/bomb.bin"] = bytes(2 << 20)
+    resum(manifest, members)
+    path = os.path.join(workdir, "honest_bomb.om")
+    with open(path, "wb") as f:
+        f.write(write_zip(manifest, members))
+    with pytest.raises(graphopt.errors.ArtifactError,
+                       match=r"'tuning/bomb.bin' is implausibly large \(2097152 bytes"):
+        graphopt.load(path)
+
+
+def test_a_member_inflating_past_its_declared_size_is_cut_at_it(artifacts, workdir):
+    # The zip directory and the manifest say 1000 bytes; the stream inflates to 64 MiB, which
+    # zipfile's read() inflated whole (up to 2 GiB at once) before cutting it.
+    import tracemalloc
+
+    manifest, members = read_zip(artifacts["seed"][0])
+    members["tuning/bomb.bin"] = bytes(64 << 20)
+    resum(manifest, members)
+    manifest["members"]["tuning/bomb.bin"]["size"] = 1000
+    data = bytearray(write_zip(manifest, members))
+    entry = data.rfind(b"PK\x01\x02", 0, data.rfind(b"tuning/bomb.bin"))  # its directory entry
+    data[entry + 24:entry + 28] = (1000).to_bytes(4, "little")  # the uncompressed size alone
+    path = os.path.join(workdir, "liar_bomb.om")
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    tracemalloc.start()
+    try:
+        with pytest.raises(graphopt.errors.ArtifactError, match="'tuning/bomb.bin'"):
+            graphopt.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+
+
 def test_large_weight_of_the_wrong_length_is_refused_at_import():
     # Found by hand next to the fuzzer: compiled, it became an .om whose weights blob
     # disagreed with its own manifest ("tampered or corrupt") instead of naming the weight.

@@ -20,6 +20,7 @@ from graphopt.codegen.om_manifest import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    PARTITION_DIR,
     Malformed,
     check_details,
     check_manifest,
@@ -43,6 +44,11 @@ Entry = zipfile.ZipInfo | Member
 
 # The manifest is parsed before anything is verified: bound what a hostile file can make us read.
 _MAX_MANIFEST_BYTES = 64 << 20
+# What the other members (read whole at load) may hold: a partition no more than a protobuf
+# can (onnxruntime cannot parse more), the details and anything else far less. A deflated
+# member of 3 GiB that its manifest declared honestly took 6 GB of memory from a 3 MB file.
+_MAX_PARTITION_BYTES = (2 << 30) - 1
+_MAX_OTHER_BYTES = 256 << 20
 
 
 def _read_manifest(zf: Archive) -> dict:
@@ -52,7 +58,8 @@ def _read_manifest(zf: Archive) -> dict:
         raise Malformed(f"no {MANIFEST_NAME} (a zip, but not a graphopt .om)") from None
     if info.file_size > _MAX_MANIFEST_BYTES:
         raise Malformed(f"{MANIFEST_NAME} is implausibly large ({info.file_size} bytes)")
-    data = _stored_checked(zf, info) if info.compress_type == zipfile.ZIP_STORED else zf.read(info)
+    data = _stored_checked(zf, info) if info.compress_type == zipfile.ZIP_STORED \
+        else _inflated(zf, info)
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -134,6 +141,14 @@ def _stored_checked(zf: Archive, info: Entry) -> bytes:
     return data
 
 
+def _inflated(zf: zipfile.ZipFile, info: Entry) -> bytes:
+    """A deflated member's bytes, inflated a MiB at a time: zipfile's read() inflates up to
+    2 GiB in one call before it cuts at the size the zip directory gives, which a hostile
+    member's stream exceeds at will (2 GB of memory for a member declared 1000 bytes)."""
+    with zf.open(info) as member:
+        return b"".join(iter(lambda: member.read(1 << 20), b""))
+
+
 def _member_info(zf: Archive, name: str, expected: dict) -> Entry:
     try:
         info = zf.getinfo(name)
@@ -162,8 +177,13 @@ def _weights_span(zf: Archive, name: str, expected: dict) -> tuple[int, int]:
 def _read_member(zf: Archive, name: str, expected: dict) -> bytes:
     # The declared size is compared first: it also bounds how much a zip bomb can make us inflate.
     info = _member_info(zf, name, expected)
+    limit = _MAX_PARTITION_BYTES if name.startswith(PARTITION_DIR) else _MAX_OTHER_BYTES
+    if info.file_size > limit:
+        raise Malformed(f"member {name!r} is implausibly large ({info.file_size} bytes; at most "
+                        f"{limit} for such a member)")
     try:
-        data = _stored_bytes(zf, info) if info.compress_type == zipfile.ZIP_STORED else zf.read(info)
+        data = _stored_bytes(zf, info) if info.compress_type == zipfile.ZIP_STORED \
+            else _inflated(zf, info)
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
         raise Malformed(f"member {name!r} is corrupt ({exc})") from None
     return data
@@ -629,7 +649,7 @@ def is_om(path: str | os.PathLike) -> bool:
             info = zf.getinfo(MANIFEST_NAME)
             if info.file_size > _MAX_MANIFEST_BYTES:
                 return False
-            manifest = json.loads(zf.read(info).decode("utf-8"))
+            manifest = json.loads(_inflated(zf, info).decode("utf-8"))
     except (OSError, KeyError, ValueError, EOFError, RuntimeError, NotImplementedError,
             zipfile.BadZipFile, zlib.error):
         return False
