@@ -81,7 +81,7 @@ def _check_options(args) -> None:
 
 def _cmd_report(args) -> int:
     from graphopt.atomic import atomic_write_bytes
-    from graphopt.codegen.inspect_om import winograd_rewrites
+    from graphopt.codegen.inspect_om import unreadable_extras, winograd_rewrites
     from graphopt.codegen.om_read import is_om
     from graphopt.passes.winograd import tolerance_hint
     from graphopt.tools.report_data import gather
@@ -103,7 +103,8 @@ def _cmd_report(args) -> int:
                   tuning_db=named_storage(args),
                   tuning_option="--storage" if args.storage else "--tuning-db")
     # A file name that is not UTF-8 reaches the page as surrogate escapes: shown as \udcXX.
-    page = render_report(data).encode("utf-8", errors="backslashreplace")
+    with unreadable_extras(data.artifact):  # a hand-edited artifact's extras, say so
+        page = render_report(data).encode("utf-8", errors="backslashreplace")
     atomic_write_bytes(out, page)
     parts = data.artifact.partitions
     # The weights' (de)quantizations are not drawn, but they are nodes of the .om all the same.

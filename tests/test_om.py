@@ -1014,3 +1014,30 @@ def test_an_unknown_rank_and_an_unknown_dim_read_apart_and_made_up_dims_stay_unk
     with pytest.raises(graphopt.errors.InputError, match=r"input 'a' has rank 2 \(shape \[2, 2\]"
                                                          r"\), expected rank 1: float32\[\?\]"):
         session.run({"a": np.ones((2, 2), np.float32), "c": np.ones(2, np.float32)})
+
+
+@pytest.mark.parametrize("command", ["inspect", "report"])
+def test_extras_of_the_wrong_type_are_an_artifact_error(tmp_path, capsys, command):
+    # The extras are covered by their checksum only: a hand-edited artifact whose sums were
+    # refreshed ended `inspect` and `report` in an internal error (a memory plan's size "x").
+    from helpers import run_cli
+
+    from graphopt import zoo
+
+    source = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), source)
+    path = tmp_path / "tiny.om"
+    graphopt.save(graphopt.optimize(str(source), target="ascend310"), str(path))
+
+    def malformed(manifest, members):
+        details = json.loads(members["details.json"])
+        (plan,) = details["extra"]["memory_plan"].values()
+        plan["arena_bytes"] = "x"
+        members["details.json"] = json.dumps(details).encode()
+        _resum(manifest, members)
+
+    bad = rewrite(path, tmp_path / "bad.om", malformed)
+    code, out, err = run_cli(capsys, command, str(bad), *(["-o", str(tmp_path / "r.html")]
+                                                           if command == "report" else []))
+    assert code == 1 and "internal error" not in err
+    assert "details.json holds an entry graphopt cannot read" in err

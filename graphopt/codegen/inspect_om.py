@@ -3,6 +3,8 @@ extras."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +19,7 @@ from graphopt.codegen.om_manifest import DETAILS_NAME, INDEX_DIMS, INDEX_ROWS, o
 from graphopt.codegen.om_read import OmArtifact
 from graphopt.codegen.profile_match import dims_label
 from graphopt.codegen.om_weights import weights_member
-from graphopt.errors import one_line
+from graphopt.errors import ArtifactError, one_line
 from graphopt.ir.dtypes import DType, nbytes
 from graphopt.table import format_bytes, format_table, natural_key, wrap_to_terminal
 
@@ -485,7 +487,31 @@ def source_edit_lines(cut, preprocess, io=None) -> list[tuple[str, str]]:
 
 def format_om(artifact: OmArtifact) -> str:
     """The artifact for a person: what it was built from and for, what it takes and returns,
-    what runs where and in which order, and what the compiler did."""
+    what runs where and in which order, and what the compiler did. The extras (memory plans,
+    kernel configs, placements, profiles) are data no run reads, checked only by their sum: an
+    entry of the wrong type in them (a hand-edited artifact whose sums were refreshed) is an
+    ArtifactError naming it, not an internal error of the formatting."""
+    with unreadable_extras(artifact):
+        return _format_om(artifact)
+
+
+@contextlib.contextmanager
+def unreadable_extras(artifact: OmArtifact) -> Iterator[None]:
+    """Turn a formatting error over the artifact's extras into an ArtifactError that names
+    where they are stored (GRAPHOPT_DEBUG=1 keeps the error as it was, with its traceback)."""
+    try:
+        yield
+    except (TypeError, AttributeError, ValueError, KeyError, IndexError) as exc:
+        if os.environ.get("GRAPHOPT_DEBUG"):
+            raise
+        where = DETAILS_NAME if artifact.manifest.get("details") == DETAILS_NAME \
+            else "the manifest's extra"
+        raise ArtifactError(f"{artifact.path}: {where} holds an entry graphopt cannot read "
+                            f"({type(exc).__name__}: {one_line(str(exc))}); `graphopt inspect "
+                            "--json` shows it as stored") from None
+
+
+def _format_om(artifact: OmArtifact) -> str:
     m = artifact.manifest
     members = m["members"]
     source = m["source"]
