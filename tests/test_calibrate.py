@@ -218,6 +218,13 @@ def test_missing_or_empty_calibration_paths(tmp_path):
         read_calibration(tmp_path / "huge.npz", graph)
     with pytest.raises(InputError, match="huge.npz: cannot read as .npz"):
         load_npz(tmp_path / "huge.npz")
+    # A header cut mid-dict: numpy's tokenizer raised its TokenError, an internal error.
+    with zipfile.ZipFile(tmp_path / "cut.npz", "w") as archive:
+        archive.writestr("x.npy", b"\x93NUMPY\x01\x00" + bytes([20, 0]) + b"{'descr': __import__")
+    with pytest.raises(InputError, match="cut.npz: cannot read as .npz"):
+        load_npz(tmp_path / "cut.npz")
+    with pytest.raises(OptionError, match=r"cut.npz: cannot read array 'x' \("):
+        read_calibration(tmp_path / "cut.npz", graph)
     bad = tmp_path / "dir"
     bad.mkdir()
     np.savez(bad / "a.npz", x=np.zeros((1, 4), np.float32))

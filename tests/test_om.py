@@ -721,6 +721,27 @@ def test_a_pipe_is_refused_at_once_as_no_regular_file(om_path, tmp_path):
     assert writer.exception(timeout=10) is None or isinstance(writer.exception(), BrokenPipeError)
 
 
+def test_a_pipe_without_a_writer_is_refused_without_waiting_for_one(tmp_path):
+    # Opening a FIFO for reading waited for a writer that never came: load hung.
+    fifo = tmp_path / "idle.om"
+    os.mkfifo(fifo)
+    with pytest.raises(graphopt.errors.InputError, match="not a regular file"):
+        graphopt.load(fifo)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root searches any folder")
+def test_a_folder_without_search_permission_is_not_a_missing_file(om_path, tmp_path):
+    folder = tmp_path / "closed"
+    folder.mkdir()
+    (folder / "m.om").write_bytes(om_path.read_bytes())
+    folder.chmod(0o600)
+    try:
+        with pytest.raises(ArtifactError, match="cannot read .Permission denied"):
+            graphopt.load(folder / "m.om")
+    finally:
+        folder.chmod(0o700)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ArtifactError, match="cannot read"):
         load_om(tmp_path / "nope.om")

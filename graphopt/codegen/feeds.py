@@ -515,6 +515,8 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     # An .om is a zip too: its manifest.json had read as an input of that name.
     if is_om(path):
         raise InputError(_not_npz(path, "it is a graphopt .om artifact"))
+    import tokenize  # numpy's header parser raises its TokenError
+
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -529,7 +531,8 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         # numpy's message for object arrays mentions allow_pickle, a knob the user does not have.
         reason = "it holds object arrays, which would need unpickling" if "pickle" in str(exc) else exc
         raise InputError(f"{path}: cannot read as .npz ({reason})") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, SyntaxError,
+            tokenize.TokenError) as exc:  # the last two: a header numpy cannot parse
         raise InputError(f"{path}: cannot read as .npz ({exc})") from None
     except MemoryError:  # a header declaring 2**40 elements over 64 bytes of data
         raise InputError(f"{path}: cannot read as .npz (an array's header declares more "

@@ -57,11 +57,17 @@ def load(
         # The path is looked at, and the file sniffed, only once loading failed (start-up
         # matters): a missing file or a folder gets its own message, an ONNX model a hint, and
         # anything else that is not an .om load_om's precise reason (not a zip, no manifest, …).
-        if not os.path.exists(path):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
             raise InputError(f"{path}: no such file") from None
-        if os.path.isdir(path):
+        except OSError:  # a folder on the way without search permission: the loader's reason
+            mode = None  # (cannot read: Permission denied), not "no such file"
+        if mode is None:
+            raise
+        if stat.S_ISDIR(mode):
             raise InputError(f"{path}: is a directory, expected an .om file") from None
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        if not stat.S_ISREG(mode):
             # A pipe's bytes were read once already: sniffing it again would wait for a writer.
             raise InputError(f"{path}: not a regular file (a pipe or device); an .om is loaded "
                              "from a file, whose zip directory is read from its end") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
 
 from graphopt.errors import ArtifactError
 
@@ -14,7 +15,7 @@ from graphopt.errors import ArtifactError
 class OpenedFile:
     """An open, read-only .om and the size, mtime and change time it had when opened."""
 
-    __slots__ = ("label", "location", "fd", "size", "_stamp", "_changed", "reverify")
+    __slots__ = ("label", "location", "fd", "size", "regular", "_stamp", "_changed", "reverify")
 
     def __init__(self, fd: int, label: str) -> None:
         self.fd = fd
@@ -22,6 +23,7 @@ class OpenedFile:
         self.location = _location(label)          # where onnxruntime finds the weights
         info = os.fstat(fd)
         self.size = info.st_size
+        self.regular = stat.S_ISREG(info.st_mode)  # not a pipe, a device or a folder
         self._stamp = (info.st_size, info.st_mtime_ns, info.st_dev, info.st_ino)
         self._changed = info.st_ctime_ns
         # Checks the mapped bytes against their checksums (the runtime's: OmSession sets it),

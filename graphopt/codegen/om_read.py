@@ -7,6 +7,7 @@ import functools
 import io
 import json
 import os
+import stat
 import struct
 import zipfile
 import zlib
@@ -512,8 +513,9 @@ def load_om(path: str | os.PathLike, *, defer_checks: bool = False) -> OmArtifac
 
 def _load(path: str, defer: bool) -> OmArtifact:
     try:
-        fd = os.open(path, os.O_RDONLY)  # a file object costs ~10 µs more, several times that cold
-    except OSError as exc:
+        # Non-blocking: opening a pipe would wait for a writer; a regular file ignores the flag.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a file object costs
+    except OSError as exc:                                               # ~10 µs more, cold more
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
     # One handle for the sniff, the zip and, with weights blobs, every later read of them:
     # every open costs at start-up, and the path may name another file by then.
@@ -522,6 +524,10 @@ def _load(path: str, defer: bool) -> OmArtifact:
     except OSError as exc:
         os.close(fd)
         raise Malformed(f"cannot read ({exc.strerror or exc})") from None
+    if not file.regular:
+        file.close()
+        raise Malformed("not a regular file (a pipe or device); an .om is loaded from a file, "
+                        "whose zip directory is read from its end")
     try:
         data = _read_all(fd, file.size) if file.size <= _READ_WHOLE_BYTES else None
     except OSError as exc:
@@ -641,6 +647,8 @@ def _deferred_members(manifest: dict) -> list[str]:
 
 def is_om(path: str | os.PathLike) -> bool:
     """Whether `path` looks like an .om (zip with a graphopt manifest); checksums are not verified."""
+    if not _regular(path):  # opening a pipe waits for a writer
+        return False
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"PK\x03\x04":
@@ -659,8 +667,18 @@ def is_om(path: str | os.PathLike) -> bool:
 def looks_like_onnx(path: str | os.PathLike) -> bool:
     """Whether the file starts as a serialized ModelProto does: field 1 (ir_version, a
     varint), tag byte 0x08. An .onnx named .om is then told apart from a damaged artifact."""
+    if not _regular(path):
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(1) == b"\x08"
     except OSError:
+        return False
+
+
+def _regular(path: str | os.PathLike) -> bool:
+    """Whether `path` names a regular file (not a pipe, a device or a folder)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
         return False

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import os
+import tokenize
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,10 @@ class CalibrationShapeError(OptionError):
 # Set while a shape profile compiles: its calibration keeps a directory's files that fit it,
 # and adds them to this set (a file no profile used is refused after them all).
 _PROFILE_SAMPLES: ContextVar[set | None] = ContextVar("graphopt_profile_samples", default=None)
+
+
+# What numpy's .npy header parser raises for a header it cannot tokenize (cut mid-dict).
+_BAD_HEADER = (SyntaxError, tokenize.TokenError)
 
 
 @contextmanager
@@ -301,7 +306,7 @@ def _load(file: str) -> dict[str, np.ndarray]:
                           "with np.savez(path, input_name=array, …))")
     try:
         data = np.load(file, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, *_BAD_HEADER) as e:
         raise OptionError(f"{calibration_label(file)}: cannot read as .npz of named arrays "
                           f"({_unpickling(e)})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
@@ -318,7 +323,7 @@ def _load(file: str) -> dict[str, np.ndarray]:
             # Members are read lazily: a damaged or pickled one fails here, not at np.load.
             try:
                 arrays[name] = data[name]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, *_BAD_HEADER) as e:
                 raise OptionError(f"{calibration_label(file)}: cannot read array '{name}' "
                                   f"({_unpickling(e)})") from None
             except MemoryError:  # a header declaring 2**40 elements over 64 bytes of data
