@@ -525,6 +525,8 @@ BAD_CASES = {
     "checksum": (tamper, r"member 'partitions/p0.onnx' fails its sha256 check"),
     "path_escape": (add_listed_member("../evil.onnx"), r"unsafe member name '\.\./evil\.onnx'"),
     "absolute": (add_listed_member("/etc/evil.onnx"), "unsafe member name '/etc/evil.onnx'"),
+    "line_break": (add_listed_member("evil\nname.txt"),  # it reached inspect's listing
+                   r"unsafe member name 'evil\\nname.txt' \(holds control characters\)"),
     "missing_member": (drop_member, r"member 'partitions/p0\.onnx' listed in the manifest is missing"),
     "unlisted_member": (lambda m, mem: mem.update({"x.bin": b"1"}), "'x.bin' is not listed"),
     "forged_routing": (forge_routing, "routing does not match"),

@@ -516,8 +516,8 @@ def _format_om(artifact: OmArtifact) -> str:
     members = m["members"]
     source = m["source"]
     header = [
-        ("format", (f"{m['format']} {m['format_version']}, written by {m['created_by']} "
-                    f"{m['graphopt_version']}")),
+        ("format", one_line(f"{m['format']} {m['format_version']}, written by "
+                            f"{m['created_by']} {m['graphopt_version']}")),
         ("source", f"{one_line(source['path']) if source['path'] else '(not recorded)'}"
                    + (f"  sha256 {source['sha256']}" if source["sha256"] else "")),
         *source_edit_lines(extra_cut_outputs(artifact.extra),
@@ -611,5 +611,5 @@ def _format_om(artifact: OmArtifact) -> str:
     others = sorted(set(members) - shown, key=natural_key)  # p2 before p10
     if others:
         parts.append("other members\n" + "\n".join(
-            f"  {name}  {format_bytes(members[name]['size'])}" for name in others))
+            f"  {one_line(name)}  {format_bytes(members[name]['size'])}" for name in others))
     return "\n\n".join(parts)

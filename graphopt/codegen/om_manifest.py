@@ -277,6 +277,8 @@ def check_member_name(name: str) -> None:
         or any(part in ("", ".", "..") for part in parts)
     ):
         raise ValueError(f"unsafe member name {name!r} (absolute, or escapes the archive)")
+    if not name.isprintable():  # a line break or an escape would reach a terminal listing it
+        raise ValueError(f"unsafe member name {name!r} (holds control characters)")
 
 
 # --- routing and checksums -----------------------------------------------------------------
