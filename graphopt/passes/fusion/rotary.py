@@ -21,6 +21,7 @@ import numpy as np
 
 from graphopt.ir import DType, Value
 from graphopt.ir.pattern import Attr, Optional, Var
+from graphopt.option_names import option
 from graphopt.passes.base import register
 from graphopt.passes.rules import Rule, RulePass
 
@@ -49,7 +50,8 @@ def _table(value: Value, x: Value) -> np.ndarray | str:
     """The cos or sin constant as [1 or B, S, H] rows, or why it is not one."""
     data = value.constant()
     if data is None:
-        return f"%{value.name} is not a constant (pin the sequence with --input-shape)"
+        return f"%{value.name} is not a constant (pin the sequence with " \
+               f"{option('input_shapes')})"
     b, n, s, h = x.shape
     shape = (1,) * (4 - data.ndim) + data.shape
     if data.ndim > 4 or shape[1] != 1 or shape[2:] != (s, h) or shape[0] not in (1, b):
@@ -75,7 +77,8 @@ class RotateHalf(Rule):
 
     def check(self, x, cos, sin, first, second, axis):
         if x.shape is None or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape):
-            return f"%{x.name} is not of a known shape [B, N, S, H]"
+            return f"%{x.name} is not of a known shape [B, N, S, H]: the cos and sin tables " \
+                   f"follow the sequence (pin it with {option('input_shapes')})"
         h = x.shape[-1]
         if h % 2 or axis % 4 != 3:
             return f"the halves are not joined along the last axis of an even size (H = {h})"
