@@ -81,6 +81,21 @@ agraph (float[2,8] x0) => (float[2,8] x3) {{
     assert {key for key, _ in fine.seen} == {"FuseGelu:GeluErf@Mul[2,8]"}
 
 
+def test_layout_records_no_decision_where_nothing_is_blocked():
+    # LayoutNchwc asked the rewrite gate about every Transpose, Add and Mul, blocked input or
+    # not: a transformer's subgraph study got decisions that changed nothing.
+    proto = parse_model("""
+agraph (float[1,4,8,16] x) => (float[1,8,4,16] y) {
+    t = Transpose <perm = [0, 2, 1, 3]> (x)
+    a = Add (t, t)
+    y = Mul (a, t)
+}
+""")
+    recorder = Recorder()
+    optimize(proto, rewrite_gate=recorder, target="cpu")
+    assert not [key for key, _ in recorder.seen if key.startswith("LayoutNchwc")]
+
+
 def test_estimate_search_beats_the_default_and_keeps_outputs(block_path):
     storage = optuna.storages.InMemoryStorage()
     result = tune_subgraph(_job(block_path), trials=12, seed=0, storage=storage)

@@ -34,7 +34,7 @@ from graphopt.ir import DType, Model, Node, Value
 from graphopt.nchwc_block import BLOCK_SIZES, METADATA_KEY, detect_block_size
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.infer_shapes import infer_shapes
-from graphopt.passes.layout_nchwc_ops import HANDLERS, NCHWC, Blocked
+from graphopt.passes.layout_nchwc_ops import HANDLERS, NCHWC, STARTERS, Blocked
 from graphopt.passes.layout_nchwc_weights import padded
 
 
@@ -61,10 +61,13 @@ class Rewriter:
                 continue
             handler = HANDLERS.get(("" if node.is_onnx else node.domain, node.op_type))
             if handler is not None and node.outputs and node.outputs[0] is not None \
-                    and self.allows(node):
+                    and (handler in STARTERS or self._reads_blocked(node)) and self.allows(node):
                 handler(self, node)
         if self.replaced:
             self.finish()
+
+    def _reads_blocked(self, node: Node) -> bool:
+        return any(v is not None and id(v) in self.blocked for v in node.inputs)
 
     # -- building blocks -----------------------------------------------------------------------
     def add(self, node: Node, op: str, inputs, attrs: dict, channels: int, *,

@@ -480,6 +480,11 @@ def resize(rw: Rewriter, node: Node) -> None:
     rw.result.count(f"{node.op_type}:Upsample")
 
 
+# The handlers that block an NCHW input of their own; every other one acts only on a node
+# that reads a blocked tensor (asking the rewrite gate about the others recorded decisions
+# that change nothing: a transformer's Transposes and Adds in subgraph tuning).
+STARTERS = frozenset({conv, pool})
+
 HANDLERS = {
     ("", "Conv"): conv, (MS, "FusedConv"): conv,
     **{("", op): pool for op in POOLS},
