@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import shlex
 import time
@@ -154,12 +155,44 @@ def test_rerun_resumes(a310, tmp_path):
     assert second.best[1] <= first.best[1]
 
 
-def test_a_default_trial_stopped_midway_is_evaluated_again(a310, tmp_path):
+def _tune_four(url: str) -> None:
+    tune_kernel(SHAPE, "ascend310", target="ascend310", trials=4, storage=url)
+
+
+def test_runs_started_together_on_a_new_file_share_one_default_and_lose_no_trial(a310,
+                                                                                tmp_path):
+    # The default used to be queued and popped by whichever run came first: on SQLite two runs
+    # could both pop it, and all but one then failed to record it ("Cannot tell a COMPLETE
+    # trial"), their trials lost. It is priced when the study is opened, under the setup lock.
     from graphopt.tuner.search import open_study
 
+    study = open_study(f"sqlite:///{tmp_path / 'open.db'}", SIG, SHAPE, a310)
+    (default,) = study.trials
+    assert default.state == optuna.trial.TrialState.COMPLETE and default.user_attrs["default"]
+    assert default.value == pytest.approx(estimate(SHAPE, None, a310).seconds)
+    url = f"sqlite:///{tmp_path / 'together.db'}"
+    ctx = multiprocessing.get_context("spawn")
+    runs = [ctx.Process(target=_tune_four, args=(url,)) for _ in range(3)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(120)
+    assert [run.exitcode for run in runs] == [0, 0, 0]
+    trials = optuna.load_study(study_name=SIG, storage=url).trials
+    assert len(trials) == 12 and sorted(t.number for t in trials) == list(range(12))
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert sum(bool(t.user_attrs.get("default")) for t in trials) == 1
+
+
+def test_a_default_trial_stopped_midway_is_evaluated_again(a310, tmp_path):
+    from graphopt.tuner.search import search_choices, step_params
+
     url = f"sqlite:///{tmp_path / 'stopped.db'}"
-    study = open_study(url, SIG, SHAPE, a310)
-    trial = study.ask()  # the queued default, which a Ctrl-C then stopped
+    # Earlier releases queued the default; a Ctrl-C during it left it failed.
+    study = optuna.create_study(storage=url, study_name=SIG, direction="minimize")
+    study.enqueue_trial(step_params(default_tiling(SHAPE, a310), search_choices(SHAPE, a310)),
+                        user_attrs={"default": True})
+    trial = study.ask()
     assert trial.user_attrs.get("default")
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
     result = tune_kernel(SHAPE, a310, target="ascend310", trials=3, storage=url)
@@ -1114,8 +1147,8 @@ def test_a_kernel_stopped_short_in_a_log_still_gets_its_line(capsys):
 
 def test_a_ctrl_c_in_optunas_bookkeeping_leaves_the_trial_failed(a310, tmp_path, monkeypatch):
     # Optuna fails the trial whose objective Ctrl-C interrupts, not one interrupted while it
-    # records the result: that one stayed RUNNING, and a rerun within the heartbeat's grace
-    # period did not queue the default again.
+    # records the result: that one stayed RUNNING (the default, when it was queued, and a
+    # rerun within the heartbeat's grace period did not queue it again).
     db = f"sqlite:///{tmp_path / 'kb.db'}"
     record = optuna.storages.RDBStorage.set_trial_state_values
     interrupted = []
@@ -1132,11 +1165,12 @@ def test_a_ctrl_c_in_optunas_bookkeeping_leaves_the_trial_failed(a310, tmp_path,
         tune_kernel(SHAPE, a310, target="ascend310", trials=3, storage=db)
     assert isinstance(raised.value, KeyboardInterrupt) \
         or isinstance(raised.value.__context__, KeyboardInterrupt)
-    (trial,) = optuna.load_study(study_name=SIG, storage=db).trials
-    assert trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs["default"]
+    default, trial = optuna.load_study(study_name=SIG, storage=db).trials
+    assert default.state == optuna.trial.TrialState.COMPLETE and default.user_attrs["default"]
+    assert trial.state == optuna.trial.TrialState.FAIL
     monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", record)
     again = tune_kernel(SHAPE, a310, target="ascend310", trials=1, storage=db)
-    assert again.default[1] > 0  # the default was queued again and evaluated
+    assert again.default[1] > 0 and again.trials == 2
 
 
 def test_an_interrupted_tune_says_its_trials_are_kept_and_how_to_resume(tmp_path, capsys,

@@ -11,8 +11,9 @@ feasible projection is pruned with the reason). The tiling actually evaluated is
 "tiling" user attr, so every completed trial is a point of tiling_space, or the default. The
 objective is the cost model's estimated seconds (npu_model.estimate: never a measurement).
 
-Trial 0 of a new study is always the documented default tiling (enqueued, user attr
-"default"), so a study's default and best costs sit side by side. Studies live in an Optuna
+Trial 0 of a new study is always the documented default tiling (priced when the study is
+opened and added complete, user attr "default"), so a study's default and best costs sit side
+by side. Studies live in an Optuna
 storage, by default an SQLite file: a rerun with the same storage and study name resumes
 (load_if_exists), and completed trials of a killed worker persist. The same storage is the
 knowledge base (kb.py).
@@ -311,6 +312,13 @@ def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
     queued to be evaluated, or completed with `default_seconds` (and `default_cycles`) when
     that is known (a knowledge-base import). `kernel`, the signature of a study named
     otherwise (--study NAME), is checked against what the study holds and recorded on it."""
+    return _opened(storage, study_name, shape, device, sampler, default_seconds,
+                   default_cycles, kernel)[0]
+
+
+def _opened(storage, study_name, shape, device, sampler=None, default_seconds=None,
+            default_cycles=None, kernel=None) -> tuple[optuna.Study, bool]:
+    """open_study, and whether this call added the default trial."""
     with setup_lock(getattr(storage, "url", "")):
         return _open_study(storage, study_name, shape, device, sampler, default_seconds,
                            default_cycles, kernel)
@@ -370,17 +378,21 @@ def _open_study(storage, study_name, shape, device, sampler, default_seconds, de
     # left it failed, and without it the best of a few random tilings passed as tuned.
     pending = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING,
                optuna.trial.TrialState.RUNNING)
-    if not any(t.user_attrs.get("default") and t.state in pending for t in trials):
-        choices = search_choices(shape, device)
-        params = step_params(default_tiling(shape, device), choices)
-        if default_seconds is None or trials:
-            study.enqueue_trial(params, user_attrs={"default": True})
-        else:
-            study.add_trial(optuna.trial.create_trial(
-                params=params, value=default_seconds, distributions=step_distributions(choices),
-                user_attrs={"default": True, "cycles": default_cycles,
-                            "tiling": tiling_params(default_tiling(shape, device))}))
-    return study
+    if any(t.user_attrs.get("default") and t.state in pending for t in trials):
+        return study, False
+    # Priced here, under the setup lock, rather than queued: runs started together on one
+    # SQLite file could each pop the one waiting default, run it, and all but one then failed
+    # to record it ("Cannot tell a COMPLETE trial"), their remaining kernels untuned.
+    tiling = default_tiling(shape, device)
+    if default_seconds is None:
+        priced = estimate(shape, tiling, device)
+        default_seconds, default_cycles = priced.seconds, priced.cycles
+    choices = search_choices(shape, device)
+    study.add_trial(optuna.trial.create_trial(
+        params=step_params(tiling, choices), value=default_seconds,
+        distributions=step_distributions(choices),
+        user_attrs={"default": True, "cycles": default_cycles, "tiling": tiling_params(tiling)}))
+    return study, True
 
 
 def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
@@ -420,17 +432,21 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
             raise OptionError("workers > 1 need a shared storage: an SQLite file or a server URL")
         choices = search_choices(shape, device)
         # The knowledge base finds a study named otherwise by the signature it records.
-        study = open_study(store, study_name, shape, device,
-                           kernel=kernel if study_name != kernel else None)
+        study, priced_default = _opened(store, study_name, shape, device,
+                                        kernel=kernel if study_name != kernel else None)
         done_before = len(study.get_trials(deepcopy=False))
-        # Progress counts this run's trials; an enqueued default still waiting is one of them.
-        started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
+        # The default this run priced is the first of its trials, in its count and progress.
+        started_before = len(study.get_trials(deepcopy=False, states=_STARTED)) - priced_default
         best_so_far = [_best_value(study)]
+        ran_default = int(priced_default and trials > 0)
+        trials_left = trials - ran_default
 
         if workers == 1:
             study.sampler = RunSampler(sampler, seed + done_before, first_trial_number(study))
 
-            ran = [0]  # this run's trials: another run on the study numbers trials too
+            ran = [ran_default]  # this run's trials: another run on the study numbers trials too
+            if ran_default and progress is not None:
+                progress(ran[0], trials, best_so_far[0])
 
             def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
                 ran[0] += 1
@@ -440,7 +456,7 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
                     progress(ran[0], trials, best_so_far[0])
 
             optimize_failing_on_interrupt(study, _objective(shape, device, choices),
-                                          n_trials=trials, timeout=timeout,
+                                          n_trials=trials_left, timeout=timeout,
                                           callbacks=[callback], gc_after_trial=False)
         else:
             if target is None:
@@ -448,16 +464,6 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
                                   "each worker process reloads the device")
             url = store.url if isinstance(store, optuna.storages.RDBStorage) \
                 else storage_url(storage)
-            # The enqueued default runs here first: two workers popping the one waiting trial at
-            # the same moment can both run it on SQLite, which would lose a trial of the count.
-            waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-            if waiting and trials:
-                first = min(len(waiting), trials)
-                study.optimize(_objective(shape, device, choices), n_trials=first,
-                               gc_after_trial=False)
-                trials_left = trials - first
-            else:
-                trials_left = trials
             shares = [trials_left // workers + (i < trials_left % workers) for i in range(workers)]
             ctx = multiprocessing.get_context("spawn")
             procs = [ctx.Process(target=_worker, args=(url, study_name, shape, target, device.name,

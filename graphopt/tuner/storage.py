@@ -154,7 +154,8 @@ def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist
     if read_only and url.startswith("sqlite:"):
         url = _read_only_url(url, label)
     elif url.startswith("sqlite:"):
-        _refuse_another_programs_database(url, label)
+        with setup_lock(url):  # a run creating Optuna's tables meanwhile shows some of them
+            _refuse_another_programs_database(url, label)
     # Workers beat a heartbeat: a trial whose worker was killed stops beating, and the next
     # worker to start marks it failed instead of leaving it RUNNING for ever. Completed trials
     # are never touched, so a restarted job loses nothing.
