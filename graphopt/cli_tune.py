@@ -422,7 +422,8 @@ def _cmd_kb_import(args) -> int:
                           "custom targets the export names; built-in targets need none")
     counts: dict = {}
     try:
-        added = import_kb(args.json, url, targets=args.target, counts=counts)
+        added = import_kb(args.json, url, targets=args.target, counts=counts,
+                          option=_storage_option(args))
     except ImportInterrupted as stopped:
         print(f"graphopt: interrupted after importing {stopped.added} of {stopped.total} "
               f"kernel(s) from {source}; run the import again to add the rest (kernels the "

@@ -912,3 +912,18 @@ def test_an_interrupted_import_says_how_far_it_got_and_a_rerun_adds_the_rest(
     rc, _, err = run_cli(capsys, "kb", "import", export, "--tuning-db", db, "--target", "cpu")
     assert_user_error(rc, err, "--target cpu: kb import takes the profile files of custom "
                                "targets")
+
+
+def test_kb_import_names_the_storage_option_it_was_given(tmp_path, capsys):
+    # `kb import --storage URL` said "--tuning-db URL: cannot open the storage".
+    export = tmp_path / "kb.json"
+    db = tmp_path / "kb.db"
+    from graphopt.tuner import GemmShape
+    from graphopt.tuner.search import tune_kernel
+
+    tune_kernel(GemmShape(1, 64, 64, 64, "float16"), "ascend310", target="ascend310",
+                trials=2, storage=f"sqlite:///{db}")
+    assert run_cli(capsys, "kb", "export", str(export), "--tuning-db", str(db))[0] == 0
+    code, _, err = run_cli(capsys, "kb", "import", str(export), "--storage",
+                           "postgresql://nobody@127.0.0.1:1/x")
+    assert code == 1 and "--storage postgresql://" in err and "--tuning-db" not in err

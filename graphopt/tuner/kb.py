@@ -453,13 +453,14 @@ def _check_studies(path, store, existing: set[str], entries: list) -> None:
 
 
 def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = (),
-              counts: dict | None = None) -> int:
+              counts: dict | None = None, option: str = "--tuning-db") -> int:
     """Add each kernel of a JSON export as a completed trial of its signature's study; a new
     study gets the default tiling as trial 0, completed. Both times are the cost model's
     estimates of the tilings, not the export's numbers (which the export keeps for reading).
     A tiling the study already completed is skipped. `targets`: profile files of the custom
     targets the export's kernels name. Returns how many tuned trials it added; `counts`, when
-    given, receives the file's number of kernels ("kernels")."""
+    given, receives the file's number of kernels ("kernels"). `option` names the storage in
+    errors."""
     from graphopt.partition import load_target
 
     profiles = {}
@@ -478,7 +479,7 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     entries = [_import_entry(path, name, entry, profiles)
                for name, entry in sorted(kernels.items())]
     added = 0
-    with opened(storage) as store, optuna_quiet():
+    with opened(storage, option=option) as store, optuna_quiet():
         existing = set(optuna.get_all_study_names(store))
         _check_studies(path, store, existing, entries)
         named = {}  # a signature's studies that `tune --study NAME` named
