@@ -237,6 +237,14 @@ def _tune(args) -> int:
                 storage=store, study_name=args.study, sampler=args.sampler,
                 progress=None if pooled else progress, target=args.target,
                 op_class=group.signature.split("/")[1], workers=1 if pooled else args.workers))
+        if len(kernels) > 1 and not pooled:
+            # Read again once all are done: another run on the same studies may have added
+            # better trials to the earlier kernels' meanwhile, and their rows, read as each
+            # finished, disagreed with the whole-model line (and a note blamed another study).
+            results = [tune_kernel(group.shape, partitioning.target.device(group.device),
+                                   trials=0, storage=store, study_name=args.study,
+                                   target=args.target, op_class=group.signature.split("/")[1])
+                       for group in kernels]
     rows = [[g.signature, len(g.nodes), f"{r.default[1] * 1e6:.2f}", f"{r.best[1] * 1e6:.2f}",
              f"{r.speedup:.3f}", r.trials, str(r.best[0])] for g, r in zip(kernels, results)]
     print(format_table(["kernel signature", "nodes", "default µs", "tuned µs", "speedup",

@@ -599,6 +599,34 @@ def test_the_tables_whole_model_counts_what_a_compile_applies_from_another_study
     assert "28.98     28.98    1.000" in out  # the table's row is still this study's own
 
 
+def test_rows_are_read_again_after_another_run_improved_an_earlier_kernel(tmp_path, capsys,
+                                                                          monkeypatch):
+    # Two runs on one knowledge base: while this one tuned its second kernel, the other
+    # added better trials to the first. Its row, read as it finished, kept the old best, and
+    # a note blamed another study for the difference the whole-model line counted.
+    import graphopt.tuner.search as search
+    from graphopt import zoo
+
+    path = str(tmp_path / "tiny.onnx")  # three kernels
+    onnx.save(zoo.build("tiny"), path)
+    db = str(tmp_path / "two.db")
+    real, calls = search.tune_kernel, []
+
+    def with_another_run(shape, device, **kw):
+        calls.append(shape)
+        if len(calls) == 2 and kw.get("trials"):  # the other run, on the first kernel
+            real(calls[0], device, **{**kw, "trials": 60, "seed": 7, "progress": None})
+        return real(shape, device, **kw)
+
+    monkeypatch.setattr(search, "tune_kernel", with_another_run)
+    assert _cli(["tune", path, "--target", "ascend310", "--trials", "2", "--tuning-db", db,
+                 "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "another study" not in out
+    first = next(line for line in out.splitlines() if line.startswith("ascend310/conv"))
+    assert first.split()[5] == "62"  # 2 of this run and 60 of the other
+
+
 def test_cli_tune_prints_the_table(tmp_path, capsys):
     path = conv_model(str(tmp_path / "m.onnx"))
     db = str(tmp_path / "cli.db")
