@@ -10,8 +10,8 @@ import sys
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import (input_shapes, name_text, path_text, positive_int,
-                                positive_seconds, positive_thread_count, seed, target_name,
-                                thread_count)
+                                positive_seconds, positive_thread_count, run_count, seed,
+                                target_name, thread_count)
 from graphopt.errors import OptionError, interrupt_behind
 from graphopt.help_format import HelpFormatter
 from graphopt.progress import ProgressLine
@@ -74,7 +74,7 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--granularity", default="rule", choices=("rule", "shape"),
                    help="subgraph: switch alike rewrites together per rule and op (default) "
                         "or also per output shape (a finer, bigger space)")
-    p.add_argument("--repeat", type=positive_int, default=20, metavar="N",
+    p.add_argument("--repeat", type=run_count, default=20, metavar="N",
                    help="--objective measured: timed runs per candidate (default 20)")
     p.add_argument("--threads", type=thread_count, metavar="N",
                    help="--objective measured: onnxruntime intra-op threads (default: its own)")

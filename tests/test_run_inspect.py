@@ -513,7 +513,8 @@ def test_run_repeat_prints_latency_percentiles(compiled, capsys):
 
 def test_a_count_of_runs_past_ten_million_is_a_usage_error(compiled, capsys):
     # --repeat 99999999999999999999 ran until killed, keeping every sample in memory.
-    for command, flag in (("run", "--repeat"), ("run", "--warmup"), ("profile", "--repeat")):
+    for command, flag in (("run", "--repeat"), ("run", "--warmup"), ("profile", "--repeat"),
+                          ("tune", "--repeat")):  # tune's: a measured subgraph trial's runs
         extra = ["--repeat", "2"] if flag == "--warmup" else []
         rc, _, err = cli(capsys, command, compiled, *extra, flag, "99999999999999999999")
         assert rc == 2 and "is too many; give" in err and "10,000,000" in err, (flag, err)
