@@ -356,6 +356,10 @@ def test_kb_export_import_round_trip(a310, tmp_path):
     assert best_tilings(dst, "ascend310") == best_tilings(src, "ascend310")
     assert best_tilings(dst, "ascend910b") == {}
     assert import_kb(tmp_path / "kb.json", dst) == 0          # already there
+    # Saved again by an editor that writes a byte-order mark: refused as not JSON, before.
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "kb.json").read_bytes())
+    assert import_kb(bom, f"sqlite:///{tmp_path / 'c.db'}") == 2
     # The default's cost comes along: the import lists the same speedup as the source.
     rows, source = ({row["signature"]: row for row in list_kb(url)} for url in (dst, src))
     for key in ("default_seconds", "best_seconds", "speedup", "tiling"):

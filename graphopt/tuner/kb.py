@@ -351,7 +351,7 @@ def _read_export(path: str | os.PathLike) -> dict:
             doc = json.load(sys.stdin, object_pairs_hook=_unique_keys)
         else:
             refuse_device(text)
-            with open(text, encoding="utf-8") as f:
+            with open(text, encoding="utf-8-sig") as f:
                 doc = json.load(f, object_pairs_hook=_unique_keys)
     except _DuplicateKey as e:
         raise InputError(f"{text}: '{e.args[0]}' is given twice in one object (JSON would keep "
