@@ -13,10 +13,9 @@ objective is the cost model's estimated seconds (npu_model.estimate: never a mea
 
 Trial 0 of a new study is always the documented default tiling (priced when the study is
 opened and added complete, user attr "default"), so a study's default and best costs sit side
-by side. Studies live in an Optuna
-storage, by default an SQLite file: a rerun with the same storage and study name resumes
-(load_if_exists), and completed trials of a killed worker persist. The same storage is the
-knowledge base (kb.py).
+by side. Studies live in an Optuna storage, by default an SQLite file: a rerun with the same
+storage and study name resumes (load_if_exists), and completed trials of a killed worker
+persist. The same storage is the knowledge base (kb.py).
 """
 
 from __future__ import annotations
@@ -308,9 +307,9 @@ def open_study(storage: Any, study_name: str, shape: GemmShape, device: Device,
                sampler: optuna.samplers.BaseSampler | None = None,
                default_seconds: float | None = None,
                default_cycles: float | None = None, kernel: str | None = None) -> optuna.Study:
-    """Create or load the study; a new (empty) study gets the default tiling as trial 0:
-    queued to be evaluated, or completed with `default_seconds` (and `default_cycles`) when
-    that is known (a knowledge-base import). `kernel`, the signature of a study named
+    """Create or load the study; a study without a default (new, or its default failed) gets
+    the default tiling, completed: with `default_seconds` (and `default_cycles`) when that is
+    known (a knowledge-base import), else as the cost model prices it. `kernel`, the signature of a study named
     otherwise (--study NAME), is checked against what the study holds and recorded on it."""
     return _opened(storage, study_name, shape, device, sampler, default_seconds,
                    default_cycles, kernel)[0]
@@ -464,6 +463,14 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
                                   "each worker process reloads the device")
             url = store.url if isinstance(store, optuna.storages.RDBStorage) \
                 else storage_url(storage)
+            # A default an earlier release queued runs here first: two workers popping the one
+            # waiting trial at the same moment can both run it on SQLite.
+            waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+            if waiting and trials_left:
+                first = min(len(waiting), trials_left)
+                study.optimize(_objective(shape, device, choices), n_trials=first,
+                               gc_after_trial=False)
+                trials_left -= first
             shares = [trials_left // workers + (i < trials_left % workers) for i in range(workers)]
             ctx = multiprocessing.get_context("spawn")
             procs = [ctx.Process(target=_worker, args=(url, study_name, shape, target, device.name,
