@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 import zipfile
 
 import numpy as np
@@ -719,7 +720,19 @@ def test_a_pipe_is_refused_at_once_as_no_regular_file(om_path, tmp_path):
                                                              om_path.read_bytes())
     with pytest.raises(graphopt.errors.InputError, match="not a regular file"):
         graphopt.load(fifo)
-    # The writer ends either way: done, or its pipe broken by the reader's close.
+    # The load opened the pipe without waiting and read none of it: a writer not yet past its
+    # own open waits for a reader, which this drain is.
+    drain = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + 10
+        while not writer.done() and time.monotonic() < deadline:
+            try:
+                os.read(drain, 1 << 20)
+            except BlockingIOError:
+                time.sleep(0.01)
+    finally:
+        os.close(drain)
+    # The writer ends either way: done, or its pipe broken by a reader's close.
     assert writer.exception(timeout=10) is None or isinstance(writer.exception(), BrokenPipeError)
 
 
