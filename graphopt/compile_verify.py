@@ -145,18 +145,7 @@ def _open_dims_note(original: ModelProto, feeds: dict, pins: dict) -> list[str]:
     was "verified" at batch 1, sequence 1)."""
     from graphopt.codegen.feeds import typed_inputs
 
-    left = []
-    for entry in typed_inputs(original):
-        array, shape = feeds.get(entry["name"]), entry.get("shape")
-        pinned = pins.get(entry["name"]) or []
-        if shape is None or not hasattr(array, "shape") or len(array.shape) != len(shape):
-            continue
-        named = [f"{d if isinstance(d, str) else '?'}=1" for axis, d in enumerate(shape)
-                 if not isinstance(d, int) and array.shape[axis] == 1
-                 and not (axis < len(pinned) and pinned[axis] != -1)]
-        if named:
-            left.append(f"{entry['name']} [{','.join(map(str, array.shape))}] "
-                        f"({', '.join(named)})")
+    left = numerics.left_at_one(typed_inputs(original), feeds, pins)
     if not left:
         return []
     more = f", and {len(left) - 3} more" if len(left) > 3 else ""

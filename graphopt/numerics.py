@@ -159,7 +159,7 @@ def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
     opened = signature is None or any(
         entry.get("shape") is None or not all(isinstance(d, int) for d in entry["shape"])
         for entry in signature)
-    left = _left_at_one(signature, made) if pinned and made and signature else []
+    left = left_at_one(signature, made) if pinned and made and signature else []
     if left:
         return (f" (on {source} inputs, open dims left at 1: {', '.join(left[:3])}: give real "
                 f"inputs with {feeds}, or sizes for those dims with {sizes})")
@@ -169,15 +169,19 @@ def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
             f"sizes with {sizes})")
 
 
-def _left_at_one(signature: list[dict], made: dict) -> list[str]:
-    """`x [2,1] (S=1)` for each input whose open dims the arrays that ran hold at 1."""
+def left_at_one(signature: list[dict], made: dict, pins: dict | None = None) -> list[str]:
+    """`x [2,1] (S=1)` for each input whose open dims the arrays that ran hold at 1, but for
+    the dims `pins` (name → dims, -1 where open) sized on purpose."""
     left = []
     for entry in signature:
         array, shape = made.get(entry["name"]), entry.get("shape")
         if shape is None or not hasattr(array, "shape") or len(array.shape) != len(shape):
             continue
-        named = [f"{d}=1" if isinstance(d, str) else "?=1" for d, size in zip(shape, array.shape)
-                 if not isinstance(d, int) and size == 1]
+        pinned = (pins or {}).get(entry["name"]) or []
+        named = [f"{d}=1" if isinstance(d, str) else "?=1"
+                 for axis, (d, size) in enumerate(zip(shape, array.shape))
+                 if not isinstance(d, int) and size == 1
+                 and not (axis < len(pinned) and pinned[axis] != -1)]
         if named:
             dims = ",".join(map(str, array.shape))
             left.append(f"{entry['name']} [{dims}] ({', '.join(named)})")

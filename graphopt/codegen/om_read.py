@@ -7,7 +7,6 @@ import functools
 import io
 import json
 import os
-import stat
 import struct
 import zipfile
 import zlib
@@ -648,7 +647,7 @@ def _deferred_members(manifest: dict) -> list[str]:
 
 def is_om(path: str | os.PathLike) -> bool:
     """Whether `path` looks like an .om (zip with a graphopt manifest); checksums are not verified."""
-    if not _regular(path):  # opening a pipe waits for a writer
+    if _special(path):  # opening a pipe waits for a writer
         return False
     try:
         with open(path, "rb") as f:
@@ -668,7 +667,7 @@ def is_om(path: str | os.PathLike) -> bool:
 def looks_like_onnx(path: str | os.PathLike) -> bool:
     """Whether the file starts as a serialized ModelProto does: field 1 (ir_version, a
     varint), tag byte 0x08. An .onnx named .om is then told apart from a damaged artifact."""
-    if not _regular(path):
+    if _special(path):
         return False
     try:
         with open(path, "rb") as f:
@@ -677,9 +676,11 @@ def looks_like_onnx(path: str | os.PathLike) -> bool:
         return False
 
 
-def _regular(path: str | os.PathLike) -> bool:
-    """Whether `path` names a regular file (not a pipe, a device or a folder)."""
+def _special(path: str | os.PathLike) -> bool:
+    """Whether `path` is a pipe, a device or a socket (atomic.is_special_file)."""
+    from graphopt.atomic import is_special_file  # on the failure paths only
+
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
+        return is_special_file(os.fspath(path))
+    except ValueError:  # a NUL in the path: the open that follows says so
         return False

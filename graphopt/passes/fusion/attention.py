@@ -400,9 +400,10 @@ class ScaledDotProductAttention(Rule):
             bns, t = [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2])
             for bias in (mask, mask2):
                 problem = self.check(q4, k, v4, model, target, axis, trans_b, alpha, q_scale,
-                                     k_scale, mask=bias, mul=mul, div=div, nan_guard=nan_guard)
-                if problem or _bias_problem(bias, bns, t):
-                    return problem or _bias_problem(bias, bns, t)
+                                     k_scale, mask=bias, mul=mul, div=div,
+                                     nan_guard=nan_guard) or _bias_problem(bias, bns, t)
+                if problem:
+                    return problem
             return None
         if adds_nothing(mask, keep):  # fused without it, where it broadcasts no further
             return _widening(mask if mask is not None else keep,
