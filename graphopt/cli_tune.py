@@ -272,8 +272,7 @@ def _tune(args) -> int:
               "(kb list shows it)")
     foreign = [name for r in results for name in r.foreign]
     if foreign:  # another Optuna client's or an edited trial: counted, never the best
-        print(f"note: left out {len(foreign)} trial(s) that record no tiling graphopt wrote "
-              f"({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
+        print(_left_out_note(foreign))
     if args.plot:
         from graphopt.tuner.history_plot import draw_histories
 
@@ -281,6 +280,12 @@ def _tune(args) -> int:
                        args.plot, kind="estimated")
         print(f"wrote {args.plot}")
     return 0
+
+
+def _left_out_note(foreign: list[str]) -> str:
+    """The note naming trials that record no tiling graphopt wrote ("study #number")."""
+    return (f"note: left out {len(foreign)} trial(s) that record no tiling graphopt wrote "
+            f"({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
 
 
 def _apply_line(args, precision: dict) -> str:
@@ -351,10 +356,12 @@ def _cmd_kb_list(args) -> int:
         return "" if seconds is None else f"{seconds * 1e6:.2f}"
 
     # A mistyped --tuning-db would otherwise become a new, empty database and an empty table.
+    foreign: list[str] = []  # listed without them, as a compile leaves them out
     with opened(named_storage(args), option=_storage_option(args), read_only=True) as store:
-        kernels, studies = list_kb(store), list_subgraph_studies(store)
+        kernels, studies = list_kb(store, skipped=foreign), list_subgraph_studies(store)
     if args.json:
-        print(json.dumps({"kernels": kernels, "subgraph_studies": studies}, indent=2))
+        print(json.dumps({"kernels": kernels, "subgraph_studies": studies,
+                          "left_out_trials": foreign}, indent=2))
         return 0
     if not kernels and not studies:  # a table of headers alone reads as a failure
         print("no tuning results in it yet (`graphopt tune MODEL --target NAME "
@@ -369,6 +376,8 @@ def _cmd_kb_list(args) -> int:
     if rows:  # subgraph studies alone: no headers-only kernel table above theirs
         print(format_table(["kernel signature", "trials", "default µs", "best µs", "speedup",
                             "best tiling"], rows))
+    if foreign:
+        print(_left_out_note(foreign))
     stale = sum(bool(r.get("stale")) for r in kernels)
     if stale:
         print(f"note: {stale} kernel(s) hold figures another cost model priced (a knowledge "
@@ -405,12 +414,16 @@ def _cmd_kb_export(args) -> int:
         # tilings only.
         left = (f" (not its {subgraph} subgraph study(ies): their decisions are keyed by the "
                 "model file and tuned again with it)" if subgraph else "")
+        foreign: list[str] = []  # exported without them, as a compile leaves them out
         if args.json == "-":  # to standard output, for a pipe; the count goes to stderr
-            text, count = export_text(store)
+            text, count = export_text(store, skipped=foreign)
             sys.stdout.write(text)
             print(f"exported {count} kernel(s){left}", file=sys.stderr)
-            return 0
-        print(f"wrote {args.json}: {export_kb(store, args.json)} kernel(s){left}")
+        else:
+            print(f"wrote {args.json}: {export_kb(store, args.json, skipped=foreign)} "
+                  f"kernel(s){left}")
+    if foreign:  # beside the count: standard output holds the export itself with `-`
+        print(_left_out_note(foreign), file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
 
 

@@ -1073,6 +1073,28 @@ def test_a_compile_leaves_out_a_trial_graphopt_did_not_write(tmp_path, capsys):
         in capsys.readouterr().out
     records = load_om(str(tmp_path / "m.om")).extra["kernels"]["partitions"]["p0_npu"]
     assert {r["tiling_source"] for r in records if r["kind"] == "cube"} == {"tuned"}
+    # kb list, export and the report show and move what the compile applied, saying what
+    # they left out, rather than refusing the whole knowledge base for one trial.
+    note = f"note: left out 1 trial(s) that record no tiling graphopt wrote ({sig} #8)"
+    assert main(["kb", "list", "--tuning-db", db]) == 0
+    out = capsys.readouterr().out
+    assert note in out and str(kept) in out, out
+    assert main(["kb", "list", "--tuning-db", db, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["left_out_trials"] == [f"{sig} #8"]
+    assert [k["tiling"] for k in listed["kernels"]] == [str(kept)]
+    export = str(tmp_path / "kb.json")
+    assert main(["kb", "export", export, "--tuning-db", db]) == 0
+    assert note in capsys.readouterr().out
+    assert main(["kb", "export", "-", "--tuning-db", db]) == 0
+    out, err = capsys.readouterr()
+    assert note in err and json.loads(out) == json.load(open(export))
+    fresh = str(tmp_path / "fresh.db")
+    assert main(["kb", "import", export, "--tuning-db", fresh]) == 0
+    assert best_tilings(fresh, "ascend310") == {sig: (kept, ANY)}
+    report = str(tmp_path / "m.html")
+    assert main(["report", str(tmp_path / "m.om"), "-o", report, "--tuning-db", db]) == 0, \
+        capsys.readouterr().err
 
 
 def test_tilings_off_the_search_ladders_are_outside_the_space(a310):

@@ -226,7 +226,8 @@ def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str |
         tuning.kernel_note = (f"this .om has no NPU cube kernel with static shapes (target "
                               f"{target}), so op tuning does not apply")
     else:
-        rows, devices = _applied_studies(list_kb(store)), {}
+        # Trials graphopt did not write are left out, as the compile that read them did.
+        rows, devices = _applied_studies(list_kb(store, skipped=[])), {}
         for sig, count in sorted(signatures.items()):
             row = rows.get(sig)
             tuning.kernels.append({"signature": sig, "nodes": count, **(row or {"trials": 0})})

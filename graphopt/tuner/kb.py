@@ -84,6 +84,14 @@ def _default(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return next((t for t in _completed(study) if t.user_attrs.get("default")), None)
 
 
+def _best_written(study: optuna.Study, name: str, skipped: list[str] | None
+                  ) -> tuple[optuna.trial.FrozenTrial | None, Tiling | None]:
+    """(trial, tiling) of the best completed trial graphopt wrote, (None, None) when there is
+    none; `skipped` as for written_trials."""
+    written = written_trials(_completed(study), name, skipped)
+    return written[0] if written else (None, None)
+
+
 def best_tilings(storage: Any, target: str, *,
                  skipped: list[str] | None = None) -> dict[str, tuple[Tiling, float]]:
     """signature -> (best tiling, its estimated seconds) for every study of `target`'s
@@ -142,25 +150,28 @@ def _evaluated(study) -> int:
     return len(study.get_trials(deepcopy=False, states=_EVALUATED))
 
 
-def list_kb(storage: Any) -> list[dict]:
+def list_kb(storage: Any, *, skipped: list[str] | None = None) -> list[dict]:
     """One row per operator-tuning study: signature, study (its name, which is the signature
     unless `tune --study` named it), trials, default_seconds, best_seconds, tiling and speedup
     (default / best). For a built-in target's kernel these are this cost model's prices of the
     default and of the stored tiling a compile applies (search.best_priced), "repriced" True,
     "stored" the figures the study holds and "stale" whether they differ (another graphopt's
     cost model filled it). For another target's, the stored figures: default_seconds None
-    when the default was never evaluated there, speedup None without a default."""
+    when the default was never evaluated there, speedup None without a default. A trial
+    graphopt did not write is an OptionError, or, given a `skipped` list, left out and named
+    there ("study #number"), as a compile leaves it out."""
     rows = []
     devices: dict[str, Any] = {}
     with opened(storage, read_only=True) as store:
         for name, sig in _kernel_studies(store):
             study = optuna.load_study(study_name=name, storage=store)
-            best, default = _best(study), _default(study)
+            best, tiling = _best_written(study, name, skipped)
+            default = _default(study)
             row = {
                 "signature": sig, "study": name, "trials": _evaluated(study),
                 "default_seconds": default.value if default else None,
                 "best_seconds": best.value if best else None,
-                "tiling": str(trial_tiling(best, name)) if best else None,
+                "tiling": str(tiling) if best else None,
                 "speedup": default.value / best.value if best and default else None,
                 "repriced": False}
             device = _builtin_device(sig, devices)
@@ -288,11 +299,13 @@ def _not_an_export(path: str) -> str | None:
     return "exists and is not a knowledge-base export"
 
 
-def export_kb(storage: Any, path: str | os.PathLike) -> int:
+def export_kb(storage: Any, path: str | os.PathLike, *,
+              skipped: list[str] | None = None) -> int:
     """Write every signature's best trial as JSON, atomically (an existing export stays whole
-    until the new one is complete); returns how many kernels it wrote."""
+    until the new one is complete); returns how many kernels it wrote. `skipped` as for
+    list_kb."""
     check_export_path(path)
-    text, count = export_text(storage)
+    text, count = export_text(storage, skipped=skipped)
     try:
         atomic_write_bytes(path, text.encode("utf-8"))
     except OSError as e:
@@ -300,18 +313,20 @@ def export_kb(storage: Any, path: str | os.PathLike) -> int:
     return count
 
 
-def export_text(storage: Any) -> tuple[str, int]:
+def export_text(storage: Any, *, skipped: list[str] | None = None) -> tuple[str, int]:
     """The JSON export of every signature's best trial, and how many kernels it holds; a
-    built-in target's kernel exports the tiling a compile applies (list_kb's prices)."""
+    built-in target's kernel exports the tiling a compile applies (list_kb's prices).
+    `skipped` as for list_kb."""
     kernels = {}
     devices: dict[str, Any] = {}
     with opened(storage, read_only=True) as store:
         for name, sig in _kernel_studies(store):
             study = optuna.load_study(study_name=name, storage=store)
-            best, default = _best(study), _default(study)
+            best, tiling = _best_written(study, name, skipped)
+            default = _default(study)
             if best is None:
                 continue
-            entry = {"tiling": tiling_params(trial_tiling(best, name)), "seconds": best.value,
+            entry = {"tiling": tiling_params(tiling), "seconds": best.value,
                      "cycles": best.user_attrs.get("cycles"),
                      "default_seconds": default.value if default else None,
                      "trials": _evaluated(study)}
