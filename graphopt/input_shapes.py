@@ -98,9 +98,12 @@ def pinned_signature(signature: list[dict], shapes: dict[str, list[int]],
                      label: str) -> list[dict]:
     """Signature entries (as check_pins takes them) with `shapes` pinned, and each symbolic dim
     pinned on one input bound wherever it appears, as pin_input_shapes pins a model."""
-    check_pins(shapes, signature, label)
+    # An optional or a sequence of tensors is pinned by the shape of the tensor it holds.
+    held = [{**entry, "shape": entry["element"]["shape"]} if "element" in entry else entry
+            for entry in signature]
+    check_pins(shapes, held, label)
     bindings: dict[str, int] = {}
-    for entry in signature:
+    for entry in held:
         for dim, pin in zip(entry.get("shape") or (), shapes.get(entry["name"], ())):
             if pin != -1 and isinstance(dim, str):
                 if bindings.get(dim, pin) != pin:
@@ -108,15 +111,16 @@ def pinned_signature(signature: list[dict], shapes: dict[str, list[int]],
                                       f"{bindings[dim]} and {pin}")
                 bindings[dim] = pin
     pinned = []
-    for entry in signature:
-        shape, pins = entry.get("shape"), shapes.get(entry["name"])
+    for entry, view in zip(signature, held):
+        shape, pins = view.get("shape"), shapes.get(entry["name"])
         if shape is None and pins is not None:  # the pins give an input of unknown rank its own
             shape = [None] * len(pins)
         if shape is not None:
             shape = [pins[axis] if pins and pins[axis] != -1
                      else bindings.get(dim, dim) if isinstance(dim, str) else dim
                      for axis, dim in enumerate(shape)]
-        pinned.append({**entry, "shape": shape})
+        pinned.append({**entry, "element": {**entry["element"], "shape": shape}}
+                      if "element" in entry else {**entry, "shape": shape})
     return pinned
 
 

@@ -239,6 +239,57 @@ def test_sequence_input_of_unknown_element_shape_is_a_clear_error(tmp_path, caps
     assert "feed it from Python" in err and "--inputs FILE.npz" not in err
 
 
+def _optional_input() -> onnx.ModelProto:
+    """y = x @ W, plus the optional `opt` when it holds a tensor; x and opt both name dim B."""
+    then = h.make_graph([h.make_node("OptionalGetElement", ["opt"], ["held"]),
+                         h.make_node("Add", ["xw", "held"], ["sum"])], "then", [],
+                        [h.make_tensor_value_info("sum", T.FLOAT, None)])
+    other = h.make_graph([h.make_node("Identity", ["xw"], ["same"])], "else", [],
+                         [h.make_tensor_value_info("same", T.FLOAT, None)])
+    held = h.make_optional_type_proto(h.make_tensor_type_proto(T.FLOAT, ["B", 4]))
+    return _model([h.make_node("MatMul", ["x", "w"], ["xw"]),
+                   h.make_node("OptionalHasElement", ["opt"], ["has"]),
+                   h.make_node("If", ["has"], ["y"], then_branch=then, else_branch=other)],
+                  [h.make_tensor_value_info("x", T.FLOAT, ["B", 4]),
+                   h.make_value_info("opt", held)],
+                  [h.make_tensor_value_info("y", T.FLOAT, ["B", 4])],
+                  [("w", np.arange(16, dtype=np.float32).reshape(4, 4) / 8)])
+
+
+def test_an_optional_input_left_out_is_empty_as_onnxruntime_takes_it(tmp_path, capsys):
+    om = _om(_optional_input(), tmp_path / "opt.om")
+    session = graphopt.load(om)
+    x, held = X[:3, :1].repeat(4, 1), np.ones((3, 4), np.float32)
+    (empty,) = _reference(_optional_input(), {"x": x})
+    np.testing.assert_array_equal(session.run({"x": x})["y"], empty)
+    np.testing.assert_array_equal(session.run({"x": x, "opt": None})["y"], empty)
+    np.testing.assert_array_equal(session.run({"x": x, "opt": held})["y"], empty + 1)
+    # The tensor an optional holds names dim B as x does: both must give it one size.
+    with pytest.raises(GraphoptError, match="input 'opt' has shape \\[2, 4\\]: its dim 0 is 'B', "
+                       "which input 'x' gives as 3"):
+        session.run({"x": x, "opt": held[:2]})
+    # From the command line: an .npz without it runs it empty; random inputs pin the tensor
+    # it holds like any input, by its own name or through a dim another input pins.
+    inputs = tmp_path / "x.npz"
+    np.savez(inputs, x=x)
+    rc, out, err = run_cli(capsys, "run", om, "--inputs", str(inputs))
+    assert rc == 0, err
+    for pins in ("x:2,4;opt:2,4", "opt:2,4", "x:2,4"):
+        rc, out, err = run_cli(capsys, "run", om, "--input-shape", pins)
+        assert rc == 0, (pins, err)
+        (line,) = [row for row in out.splitlines() if row.startswith("y ")]
+        assert "[2,4]" in line, (pins, out)
+    rc, out, err = run_cli(capsys, "run", om, "--input-shape", "x:2,4;opt:3,4")
+    assert rc == 1 and "dim 'B' pinned to both 2 and 3" in err, err
+    from graphopt.codegen.feeds import random_value
+
+    entry = {"name": "opt", "type": "optional(float32)",
+             "element": {"dtype": "float32", "shape": ["C", 4]}}
+    with pytest.raises(GraphoptError, match=r"input 'opt' is an optional\(float32\) and the "
+                       "tensor it holds has no static shape"):
+        random_value(entry, np.random.default_rng(0))
+
+
 # --- 4. bfloat16 inputs and outputs ---------------------------------------------------------
 
 

@@ -80,16 +80,21 @@ def random_value(entry: Mapping, rng: np.random.Generator, pixels: bool = False)
         return _random_tensor(entry, rng, pixels)
     kind, element = parse_type(entry["type"]), entry.get("element")
     if kind[0] not in ("seq", "optional") or kind[1][0] != "tensor" or element is None:
-        raise InputError(f"input {entry['name']!r} is a {entry['type']}, so random data cannot "
+        raise InputError(f"input {entry['name']!r} is {_a(entry['type'])}, so random data cannot "
                          "be made for it")
     element = {"name": entry["name"], **element}
     if element["shape"] is None or not all(isinstance(d, int) for d in element["shape"]):
         held = "its elements have" if kind[0] == "seq" else "the tensor it holds has"
-        raise InputError(f"input {entry['name']!r} is a {entry['type']} and {held} no static "
+        raise InputError(f"input {entry['name']!r} is {_a(entry['type'])} and {held} no static "
                          f"shape ({describe(element)}), so random data cannot be made for it")
     if kind[0] == "optional":
         return _random_tensor(element, rng)
     return [_random_tensor(element, rng) for _ in range(RANDOM_SEQUENCE_LENGTH)]
+
+
+def _a(label: str) -> str:
+    """A type label with its article: "a seq(float32)", "an optional(float32)"."""
+    return f"{'an' if label[:1] in 'aeiou' else 'a'} {label}"
 
 
 def _random_tensor(entry: Mapping, rng: np.random.Generator, pixels: bool = False) -> np.ndarray:
@@ -161,16 +166,42 @@ def check_feeds(signature: list[Mapping], feeds: Mapping[str, Any],
             raise unknown_input(name, expected, fixed)
     for name, entry in expected.items():
         if name not in feeds:
+            if is_optional(entry):  # left out is empty, as onnxruntime takes it
+                continue
             raise InputError(f"missing input {name!r} ({describe(entry)})")
         if entry.get("type"):
             fitted_value(entry, feeds[name])
         else:
             _check_tensor(entry, as_array(name, feeds[name], numpy_dtype(entry["dtype"])))
     clash = shared_dim_clash(shared_dims(signature),
-                             {name: np.shape(feeds[name]) for name in expected
-                              if not expected[name].get("type")})
+                             {name: shape for name in expected if name in feeds
+                              for shape in [fed_shape(expected[name], feeds[name])]
+                              if shape is not None})
     if clash:
         raise InputError(clash)
+
+
+def is_optional(entry: Mapping) -> bool:
+    """Whether a signature entry is an optional value, which a caller may leave out."""
+    return str(entry.get("type") or "").startswith("optional(")
+
+
+def fed_shape(entry: Mapping, value: Any) -> tuple | None:
+    """The shape a feed gives the dims `entry` names (see shared_dims): a tensor's own, that of
+    the tensor an optional holds; None for an empty optional, a sequence or a map."""
+    if not entry.get("type"):
+        return np.shape(value)
+    return np.shape(value) if value is not None and _named_shape(entry) is not None else None
+
+
+def _named_shape(entry: Mapping) -> list | None:
+    """The shape whose dims an input names: a tensor's, or that of the tensor an optional
+    holds (a sequence's elements may differ from each other)."""
+    if not entry.get("type"):
+        return entry.get("shape")
+    if is_optional(entry) and "element" in entry:
+        return entry["element"].get("shape")
+    return None
 
 
 def shared_dims(signature: list[Mapping]) -> dict[str, list[tuple[str, int]]]:
@@ -179,7 +210,7 @@ def shared_dims(signature: list[Mapping]) -> dict[str, list[tuple[str, int]]]:
     sequence length of one input for another's)."""
     uses: dict[str, list[tuple[str, int]]] = {}
     for entry in signature:
-        for axis, dim in enumerate(entry.get("shape") or ()):
+        for axis, dim in enumerate(_named_shape(entry) or ()):
             if isinstance(dim, str) and dim:
                 uses.setdefault(dim, []).append((entry["name"], axis))
     return {dim: places for dim, places in uses.items() if len(places) > 1}

@@ -13,9 +13,10 @@ import numpy as np
 import onnxruntime as ort
 
 from graphopt.codegen.deferred_check import DeferredCheck, deferred_check
-from graphopt.codegen.feeds import (as_array, check_strings, describe, fitted_value, numpy_dtype,
-                                    same_bits, shared_dim_clash, shared_dims,
-                                    strings_for_onnxruntime, typed_entry, unknown_input)
+from graphopt.codegen.feeds import (as_array, check_strings, describe, fed_shape, fitted_value,
+                                    is_optional, numpy_dtype, same_bits, shared_dim_clash,
+                                    shared_dims, strings_for_onnxruntime, typed_entry,
+                                    unknown_input)
 from graphopt.codegen.index_bounds import check_dim, check_ids
 from graphopt.codegen.om_file import OpenedFile
 from graphopt.codegen.om_manifest import INDEX_DIMS, INDEX_ROWS
@@ -535,6 +536,9 @@ class OmSession:
         env: dict[str, Any] = {}
         for name, (entry, dtype) in self._expected.items():
             if name not in feeds:
+                if is_optional(entry):  # left out is empty, as onnxruntime takes it
+                    env[name] = None
+                    continue
                 raise InputError(f"missing input {name!r} ({describe(entry)})")
             value = feeds[name]
             if "type" in entry:  # a sequence, map or optional: onnxruntime takes it as it is
@@ -568,8 +572,9 @@ class OmSession:
                         )
             env[name] = array
         if self._shared_dims:  # most models name no dim twice: nothing to check per run
-            clash = shared_dim_clash(self._shared_dims, {n: np.shape(v) for n, v in env.items()
-                                                         if "type" not in self._expected[n][0]})
+            clash = shared_dim_clash(self._shared_dims, {
+                name: shape for name, value in env.items()
+                for shape in [fed_shape(self._expected[name][0], value)] if shape is not None})
             if clash:
                 raise InputError(clash)
         return env
