@@ -138,6 +138,12 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
                    help="int8: quantize the layers whose outputs their int8 inputs would drown in "
                         "rounding error too (kept float by default, found by simulating the "
                         "quantization on the calibration data)")
+    g.add_argument("--no-equalize-channels", action="store_true",
+                   help="int8: leave the channel ranges as they are (by default, where Conv "
+                        "and Gemm layers write and read activations only through Relu, pooling "
+                        "and Add, each channel's scale moves into their weights so that its "
+                        "activations use the int8 range more evenly; the float outputs stay "
+                        "the same)")
     g.add_argument("--int4-group-size", type=int, metavar="N",
                    help="int4: weights per scale along K, a power of 2 ≥ 16 (default 32)")
     g.add_argument("--int4-embeddings", action="store_true",
@@ -165,7 +171,8 @@ def precision_options(args) -> dict:
                  "--per-channel/--per-tensor": args.per_channel,
                  "--activation-symmetric": args.activation_symmetric or None,
                  "--quantize-ends": args.quantize_ends or None,
-                 "--quantize-sensitive": args.quantize_sensitive or None}
+                 "--quantize-sensitive": args.quantize_sensitive or None,
+                 "--no-equalize-channels": args.no_equalize_channels or None}
     for flag, value in int8_only.items():
         if value is not None and args.quantize != "int8":
             raise OptionError(f"{flag} applies to --quantize int8")
@@ -203,6 +210,7 @@ def precision_options(args) -> dict:
                "activation_symmetric": args.activation_symmetric or None,
                "quant_keep_ends": False if args.quantize_ends else None,
                "quant_keep_sensitive": False if args.quantize_sensitive else None,
+               "quant_equalize": False if args.no_equalize_channels else None,
                "int4_group_size": args.int4_group_size,
                "int4_embeddings": args.int4_embeddings or None,
                "int4_accuracy_level": args.int4_accuracy_level,

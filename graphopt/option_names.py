@@ -43,6 +43,7 @@ FLAGS = {
     "precision_deny": "--precision-deny",
     "quant_keep_sensitive": "--quantize-sensitive",
     "quant_keep_ends": "--quantize-ends",
+    "quant_equalize": "--no-equalize-channels",
     "quant_skip": "--quant-skip",
     "quantize": "--quantize",
     "rtol": "--rtol",

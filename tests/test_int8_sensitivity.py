@@ -46,9 +46,11 @@ def _calibration(tmp_path) -> str:
 
 
 def _int8(proto, tmp_path, **options):
+    # The guard on its own: channel equalization would scale the narrow channel up first
+    # (test_channel_equalization_saves_the_drowned_layers).
     result = graphopt.optimize(proto, pass_options={
         "quantize": "int8", "calibration": _calibration(tmp_path), "quant_keep_ends": False,
-        **options})
+        "quant_equalize": False, **options})
     out = graphopt.to_onnx(result.model)
     onnx.checker.check_model(out)
     return result, out
@@ -93,16 +95,30 @@ def test_the_command_line_quantizes_drowned_layers_on_request(tmp_path, capsys):
     onnx.save(_model(gain=400.0), model)
     calibration = _calibration(tmp_path)
     code, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "a.onnx", "--quantize",
-                             "int8", "--calibration", calibration, "--quantize-ends")
+                             "int8", "--calibration", calibration, "--quantize-ends",
+                             "--no-equalize-channels")
     assert code == 0 and "--quantize-sensitive quantizes it" in out + err
     code, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "b.onnx", "--quantize",
                              "int8", "--calibration", calibration, "--quantize-ends",
-                             "--quantize-sensitive")
+                             "--quantize-sensitive", "--no-equalize-channels")
     assert code == 0 and "would drown" not in out + err
     assert _float_convs(onnx.load(tmp_path / "b.onnx")) == []
     code, _, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "c.onnx",
                            "--quantize-sensitive")
     assert code != 0 and "--quantize-sensitive applies to --quantize int8" in err
+
+
+def test_channel_equalization_saves_the_drowned_layers(tmp_path):
+    # Scaled up into c1's weights (and down in c2's, per channel), the narrow channel spans
+    # the uint8 range like the others: nothing drowns, and every layer stays int8.
+    proto = _model(gain=400.0)
+    for guard in (True, False):
+        result, out = _int8(proto, tmp_path, quant_equalize=True, quant_keep_sensitive=guard)
+        assert _float_convs(out) == []
+        rewrites = result.log.totals()["QuantizeInt8"]["rewrites"]
+        assert rewrites["equalized channel region"] == 2  # c1 → c2 and c2 → c3
+        assert not any("would drown" in n for n in result.notes)
+        assert _cosine(proto, out) > 0.999
 
 
 def test_the_option_without_int8_is_refused():
@@ -170,7 +186,8 @@ def test_a_split_whose_halves_meet_again_is_copied_once(tmp_path):
 def _npu_int8(proto, tmp_path, **options):
     result = graphopt.optimize(proto, target="ascend310", quantize="int8",
                                calibration=_calibration(tmp_path),
-                               pass_options={"quant_keep_ends": False, **options})
+                               pass_options={"quant_keep_ends": False, "quant_equalize": False,
+                                             **options})
     return result, graphopt.to_onnx(result.model)
 
 

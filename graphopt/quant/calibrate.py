@@ -78,6 +78,31 @@ def gram_matrices(model: Model, values: list[Value], data: CalibrationData
     return grams, rows_seen
 
 
+def channel_extents(model: Model, names: list[str], data: CalibrationData
+                    ) -> dict[str, np.ndarray]:
+    """The largest |value| of each channel (axis 1) of the float tensors `names` (node outputs
+    of `model`'s main graph, rank 2 or more) over every sample of `data`; NaN and Inf left out."""
+    extents: dict[str, np.ndarray] = {}
+    with compile_line() as line:
+        for done, arrays in enumerate(_sampler(model, names, data)(), 1):
+            for name, array in arrays.items():
+                largest = _channel_extent(array)
+                extents[name] = np.maximum(extents.get(name, largest), largest)
+            line.update(f"measuring channel ranges: {done}/{len(data)} sample runs", done,
+                        len(data))
+    return extents
+
+
+def _channel_extent(array: np.ndarray) -> np.ndarray:
+    # [N, C, rest] rows reduce in one contiguous pass each, where a max over axes (0, 2, 3)
+    # strides through the whole tensor.
+    rows = np.abs(array.reshape(array.shape[0], array.shape[1], -1))
+    largest = rows.max(axis=2, initial=0.0).max(axis=0)
+    if not np.isfinite(largest).all():  # a NaN or Inf in some channel: its finite values
+        largest = np.where(np.isfinite(rows), rows, 0).max(axis=2, initial=0.0).max(axis=0)
+    return largest
+
+
 def _sampler(model: Model, names: list[str], data: CalibrationData, dtypes: dict | None = None,
              nonfinite_inputs: set[str] | None = None,
              input_ranges: dict[str, tuple[float, float]] | None = None):

@@ -43,7 +43,8 @@ from graphopt.passes.edit import replace_value
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.precision.nested import nested_note
 from graphopt.quant.calib_data import calibration_data
-from graphopt.quant.calibrate import calibrate
+from graphopt.quant.calibrate import calibrate, channel_extents
+from graphopt.quant.equalize import equalize_channels
 from graphopt.quant.float_heads import correct_float_layers, float_heads, with_enough_values
 from graphopt.quant.hard_sigmoid import (
     hard_sigmoids_on_codes,
@@ -110,6 +111,12 @@ class QuantizeInt8(Pass):
             infer_shapes(model)
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
+        # Before the plan and its ranges, which then see the scaled float graph. Not across
+        # shape profiles: one that borrows another's ranges has no data to scale by.
+        if options.quant_equalize and options.calibration and ctx.shared_stats is None:
+            result.count("equalized channel region", equalize_channels(
+                model, lambda names: channel_extents(model, names,
+                                                     calibration_data(ctx, model.graph))))
         splits = split_activations(model.graph, opset, convs=form == "onnxruntime")
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:

@@ -106,7 +106,7 @@ def check_options(options) -> None:
     defaults = type(options)()
     for scheme, names in (("int8", ("calibration_method", "calibration_percentile",
                                     "per_channel", "activation_symmetric", "quant_keep_ends",
-                                    "quant_keep_sensitive")),
+                                    "quant_keep_sensitive", "quant_equalize")),
                           ("int4", ("int4_group_size", "int4_embeddings", "int4_method",
                                     "int4_accuracy_level"))):
         if options.quantize == scheme:  # from Python: the CLI refuses these flags itself
