@@ -553,6 +553,17 @@ def test_gather_nd_refused(indices, index_shape, attrs, reason):
     assert any(reason in line for line in trace), trace
 
 
+def test_gather_nd_of_an_empty_tensor_is_left_alone():
+    # Reshape's target would hold a 0, which it reads as "copy the input's dim".
+    text = header() + """
+    g (float[4, 0] m) => (float[?] y) {
+        i = Constant <value = int64[0, 2] {}> ()
+        y = GatherND (m, i)
+    }"""
+    model, stats, trace = run(text, "SimplifySlicing", trace="GatherNDInOrder")
+    assert stats == {} and any("are empty" in line for line in trace), trace
+
+
 def test_gather_nd_of_an_unknown_shape_is_refused():
     text = gather_nd(IN_ORDER, "[1, 5, 2]", data="bool[1, N]")
     model, stats, trace = run(text, "SimplifySlicing", dims={"N": 5}, trace="GatherNDInOrder")

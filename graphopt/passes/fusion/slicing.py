@@ -208,6 +208,8 @@ def _gathered_shape(data: Value, indices: Value, batch_dims: int) -> list[int] |
     if data.shape is None or not all(isinstance(d, int) for d in data.shape):
         return f"the shape of %{data.name} is not known"
     k, dims = picks.shape[-1], [int(d) for d in data.shape]
+    if 0 in dims or 0 in picks.shape:  # a Reshape target's 0 would copy the input's dim
+        return f"%{data.name} or the indices are empty"
     if not 1 <= k <= len(dims):
         return f"index tuples of {k} do not index %{data.name} of rank {len(dims)}"
     lead = dims[:k]
