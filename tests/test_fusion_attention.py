@@ -311,6 +311,44 @@ def test_refusals_say_why(case, reason):
     assert any(reason in line for line in trace), trace
 
 
+def _split_heads_attention(mask_batch) -> onnx.ModelProto:
+    """softmax(Q·Kᵀ/2 + m)·V over inputs already split into heads, Q's batch dim named "b" and
+    the mask's `mask_batch`."""
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", N, length, H])
+              for name, length in (("q", 3), ("k", 5), ("v", 5))]
+    inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [mask_batch, 1, 1, 5]))
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Div", ["qk", "two"], ["scores"]),
+             helper.make_node("Add", ["scores", "m"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)],
+                              [numpy_helper.from_array(np.float32(2), "two")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+def test_a_mask_whose_batch_the_inputs_name_apart_from_qs_is_refused():
+    # Fed Q of batch 1 and a mask of batch 2, the original broadcasts the scores up to 2;
+    # MultiHeadAttention's output takes Q's batch and refuses such a bias.
+    _, stats, trace = fuse(_split_heads_attention("mb"), trace=True)
+    assert stats == {}
+    assert any("does not broadcast to [B or 1, N or 1, S or 1, T]" in line for line in trace)
+    proto = _split_heads_attention("mb")
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+             (("q", (1, N, 3, H)), ("k", (1, N, 5, H)), ("v", (1, N, 5, H)), ("m", (2, 1, 1, 5)))}
+    got = graphopt.optimize(proto).to_onnx()
+    np.testing.assert_allclose(numerics.run(got, feeds)["y"], numerics.run(proto, feeds)["y"],
+                               rtol=1e-5, atol=1e-6)
+    # Named alike, or broadcasting, the mask is one MultiHeadAttention's bias.
+    for batch in ("b", 1):
+        _, stats, _ = fuse(_split_heads_attention(batch))
+        assert stats == {"ScaledDotProductAttention": 1}, batch
+
+
 def test_float16_attention_is_refused_the_cpu_kernel_is_fp32():
     proto = attention("div", "none")
     for info in list(proto.graph.input) + list(proto.graph.output):

@@ -178,6 +178,29 @@ def _fits(dim, want) -> bool:
     return _same(dim, want) or not isinstance(dim, int) or not isinstance(want, int)
 
 
+def _widens_nothing(dim, want, declared: set[str]) -> bool:
+    """Whether a mask's batch, head or query dim `dim` (not 1) leaves the scores' `want` as it
+    is. Where the scores' dim is 1 at run time and the mask's larger, the original broadcasts
+    the scores up to the mask's, which MultiHeadAttention, whose output takes Q's dims, refuses.
+    So `dim` is `want`, or `want` is a number other than 1 (a mask dim of another size fails in
+    the original too), or both are open and not two dims the graph's inputs name apart (a
+    name that shape inference made up, "unk__8", may stand for the other: ONNX's inference
+    names a Reshape's output dims afresh)."""
+    if _same(dim, want):
+        return True
+    if isinstance(want, int):
+        return want != 1 and not isinstance(dim, int)
+    if isinstance(dim, int):  # a fixed size over Q's open dim
+        return False
+    return not (dim in declared and want in declared)
+
+
+def _declared_dims(model) -> set[str]:
+    """The dim names the main graph's inputs declare."""
+    return {d for v in model.graph.inputs if v.shape is not None
+            for d in v.shape if isinstance(d, str)}
+
+
 def _shape_derived(value: Value, limit: int = 64) -> bool:
     """Whether `value` is computed from constants and tensor shapes alone (through Shape and
     Size), as a causal mask sliced to the sequence is, and not from data a caller feeds (a
@@ -221,15 +244,16 @@ def _on_cpu(target, *values: Value) -> bool:
     return device.kind == "cpu"
 
 
-def _bias_problem(m: Value, bns: list, t) -> str | None:
+def _bias_problem(m: Value, bns: list, t, declared: set[str]) -> str | None:
     """Why M cannot be MultiHeadAttention's attention_bias [B or 1, N or 1, S, T] (`bns` the
-    entries B, N, S)."""
+    entries B, N, S; `declared` as _widens_nothing's)."""
     b, n, s = bns
     if m.shape is None or len(m.shape) > 4:
         return f"the mask %{m.name} has shape {m.shape}, not of rank ≤ 4"
     mb, mn, ms, mt = (1,) * (4 - len(m.shape)) + tuple(m.shape)
-    if not (_fits(mt, t) and mt != 1 and (ms == 1 or _fits(ms, s))
-            and (mb == 1 or _fits(mb, b)) and (mn == 1 or _fits(mn, n))):
+    if not (_fits(mt, t) and mt != 1
+            and all(dim == 1 or _widens_nothing(dim, want, declared)
+                    for dim, want in ((mb, b), (mn, n), (ms, s)))):
         return f"the mask %{m.name} of shape {list(m.shape)} does not broadcast to " \
                f"[B or 1, N or 1, S or 1, T] = [{b}, {n}, {s}, {t}]"
     return None
@@ -401,7 +425,8 @@ class ScaledDotProductAttention(Rule):
             for bias in (mask, mask2):
                 problem = self.check(q4, k, v4, model, target, axis, trans_b, alpha, q_scale,
                                      k_scale, mask=bias, mul=mul, div=div,
-                                     nan_guard=nan_guard) or _bias_problem(bias, bns, t)
+                                     nan_guard=nan_guard) \
+                    or _bias_problem(bias, bns, t, _declared_dims(model))
                 if problem:
                     return problem
             return None
@@ -429,7 +454,8 @@ class ScaledDotProductAttention(Rule):
         if mask is None and cond is None:
             return None
         return _bias_problem(mask if mask is not None else cond,
-                             [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2]))
+                             [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2]),
+                             _declared_dims(model))
 
     def rewrite(self, op, q4, k, v4, trans_b=0, alpha=1.0, q_scale=None, k_scale=None,
                 mul=None, div=None, mask=None, keep=None, drop=None, fill=None, nan_guard=None,
