@@ -34,7 +34,9 @@ classifier's stem and FC; none in a BERT encoder) and once with every layer quan
 onnxruntime's quantize_static (QDQ, per-channel int8 weights, uint8 activations, min-max, the same
 calibration samples) and quantize_dynamic (int8 weights), both at ORT_ENABLE_ALL; with
 --npu-target, graphopt INT8 compiled for that NPU target too (AMCT's QDQ form, run by the CPU
-provider standing in for CANN's: its accuracy counts, its time does not). Variants run
+provider standing in for CANN's: its accuracy counts, its time does not); with
+--equalization-off, graphopt INT8 without channel equalization too (and for the NPU target, with
+both). Variants run
 interleaved after warm-up; figures are medians (min-max) in ms and the ratio FP32 / variant
 (above 1: faster). Accuracy on N held-out samples the calibration never saw: mean and minimum
 cosine of the output to FP32's (at ORT_DISABLE_ALL) and, for the classifier, top-1 agreement and
@@ -175,7 +177,8 @@ class _Reader:
 
 def build_variants(model: Model, workdir: str, seq: int,
                    quant_skip: set[str] | None = None,
-                   npu_target: str | None = None) -> list[Variant]:
+                   npu_target: str | None = None,
+                   equalization_off: bool = False) -> list[Variant]:
     from onnxruntime.quantization import (
         QuantFormat,
         QuantType,
@@ -199,24 +202,34 @@ def build_variants(model: Model, workdir: str, seq: int,
         variant.build_seconds = time.perf_counter() - start
         variants.append(variant)
 
-    graphopt_rows = [("graphopt", "graphopt INT8 .om", True, set(), "cpu"),
-                     ("graphopt_all", "graphopt INT8 .om, keep_ends off", False, set(), "cpu")]
+    # (key, row name, quant_keep_ends, quant_skip, target, quant_equalize)
+    graphopt_rows = [("graphopt", "graphopt INT8 .om", True, set(), "cpu", True),
+                     ("graphopt_all", "graphopt INT8 .om, keep_ends off", False, set(), "cpu",
+                      True)]
+    if equalization_off:
+        graphopt_rows.append(("graphopt_flat", "graphopt INT8 .om, equalization off", True,
+                              set(), "cpu", False))
     if quant_skip:
         graphopt_rows.append(("graphopt_skip", "graphopt INT8 .om, --quant-skip", True,
-                              quant_skip, "cpu"))
+                              quant_skip, "cpu", True))
     if npu_target:
         # AMCT's form for the NPU, run here by the CPU provider standing in for CANN's: its
         # accuracy is the NPU's (up to float16 rounding), its time is not.
         graphopt_rows.append(("graphopt_npu", f"graphopt INT8 .om, {npu_target} (CPU stand-in)",
-                              True, set(), npu_target))
-    for key, name, keep, skip, target in graphopt_rows:
+                              True, set(), npu_target, True))
+        if equalization_off:
+            graphopt_rows.append(("graphopt_npu_flat",
+                                  f"graphopt INT8 .om, {npu_target}, equalization off", True,
+                                  set(), npu_target, False))
+    for key, name, keep, skip, target, equalize in graphopt_rows:
         path = os.path.join(workdir, f"{key}.om")
 
-        def make(path=path, keep=keep, skip=skip, target=target):
+        def make(path=path, keep=keep, skip=skip, target=target, equalize=equalize):
             result = graphopt.optimize(model.path, target=target, input_shapes=shapes,
                                        pass_options={"quantize": "int8", "calibration": calib,
                                                      "quant_keep_ends": keep,
-                                                     "quant_skip": skip})
+                                                     "quant_skip": skip,
+                                                     "quant_equalize": equalize})
             graphopt.save(result, path)
         timed(Variant(key, name, path), make)
     static = os.path.join(workdir, "ort_static.onnx")
@@ -391,6 +404,9 @@ def parse_args(argv):
     p.add_argument("--npu-target", metavar="NAME",
                    help="also a graphopt INT8 row compiled for this NPU target (AMCT's QDQ "
                         "form), run by the CPU stand-in: read its accuracy, not its time")
+    p.add_argument("--equalization-off", action="store_true",
+                   help="also a graphopt INT8 row (and one for --npu-target) compiled without "
+                        "channel equalization (quant_equalize=False)")
     p.add_argument("--json", metavar="FILE", type=json_path, help="also write the results as JSON")
     args = p.parse_args(argv)
     args.thread_counts = sorted(set(args.threads))
@@ -410,7 +426,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="graphopt-precision-") as workdir:
         for model in build_models(args, workdir, matching(args.only)):
             files = tempfile.mkdtemp(dir=workdir)
-            variants = build_variants(model, files, args.seq, args.quant_skip, args.npu_target)
+            variants = build_variants(model, files, args.seq, args.quant_skip, args.npu_target,
+                                      args.equalization_off)
             extra = measure(model, variants, args)
             rows.append((model, variants, extra))
             print(f"{model.name}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr)
