@@ -32,7 +32,9 @@ import numpy as np
 from graphopt.ir import DType, Model, Node, Value
 
 # A channel is scaled up by at most this much: past it, the readers' weight columns shrink
-# until their rounding, not the activation's, dominates (16 measured best of 4-64 on ResNet-50).
+# until their rounding, not the activation's, dominates. √(R / R_c) up to 16 gave the zoo's
+# ResNet-50 the least error of the three settings tried (mean logit error 0.0050σ, against
+# 0.0054σ for (R / R_c)^0.75 up to 32 and 0.0063σ, no gain, for R / R_c up to 64).
 MAX_SCALE = 16.0
 
 # Ops whose output channel c is f(s_c·x) = s_c·f(x) of their first input's channel c, for s_c > 0.
