@@ -41,13 +41,17 @@ def cmd_tune_subgraph(args, storage) -> int:
         line.update(f"subgraph trial {done}/{total}  best {_ms(best, args.objective)} {unit}",
                     done, total)
 
-    target = checked_target(job)  # before saying that the work starts
-    if not args.quiet:
-        print(f"recording the default compile's decisions ({args.objective})…", file=sys.stderr)
+    target = checked_target(job)
+
+    def recording() -> None:  # once the study is known to be new and this job's
+        if not args.quiet:
+            print(f"recording the default compile's decisions ({args.objective})…",
+                  file=sys.stderr)
+
     with line:  # ended on Ctrl-C too: "graphopt: interrupted" gets a line of its own
         result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
                                storage=url, study_name=args.study, sampler=args.sampler,
-                               progress=progress, workers=args.workers)
+                               progress=progress, workers=args.workers, recording=recording)
     title = (f"subgraph tuning on {args.target} -O{args.level} ({args.objective}; "
              f"{result.space.size} combinations, {result.trials} trials; {url})")
     decisions = _decision_rows(result)

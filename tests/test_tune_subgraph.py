@@ -499,6 +499,15 @@ def test_a_named_study_is_found_and_a_foreign_one_refused(block_path, tmp_path, 
     op.set_user_attr("shape", [1, 64, 256, 256, "float16"])
     with pytest.raises(OptionError, match="--study op: that is an op tuning study"):
         tune_subgraph(_job(block_path), trials=1, storage=db, study_name="op")
+    # The command line says it records the default's decisions only when it does: not before
+    # refusing a study, nor when it resumes one.
+    for study, refused in (("op", True), ("newest", False)):
+        rc, out, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--job",
+                               "subgraph", "-O3", "--trials", "1", "--tuning-db", db, "--study", study)
+        assert rc == int(refused) and "recording the default" not in err, (study, err)
+    rc, out, err = run_cli(capsys, "tune", block_path, "--target", "ascend310", "--job",
+                           "subgraph", "-O3", "--trials", "1", "--tuning-db", db, "--study", "fresh")
+    assert rc == 0 and "recording the default compile's decisions (estimate)…" in err, err
 
 
 def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path, capsys):

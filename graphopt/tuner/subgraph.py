@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from graphopt.api_args import THREAD_LIMIT
 from graphopt.errors import OptionError
@@ -237,11 +237,13 @@ def _objective(evaluator: Evaluator, space: Space):
 def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None = None,
                   seed: int = 0, storage: Any = None, study_name: str | None = None,
                   sampler: str = "tpe", progress: Progress | None = None, workers: int = 1,
-                  confirm_rounds: int = 5) -> SubgraphResult:
+                  confirm_rounds: int = 5,
+                  recording: Callable[[], None] | None = None) -> SubgraphResult:
     """Run `trials` more trials of the job's study (created with the default compile as trial
     0) and return default vs best. Reruns on the same storage resume the study. With the
     measured objective the default and the best are re-timed alternately `confirm_rounds`
-    times at the end, since timings drift over a long search."""
+    times at the end, since timings drift over a long search. `recording` is called before a
+    new study's default compile records which decisions there are."""
     if trials < 0:
         raise OptionError(f"trials must be ≥ 0, got {trials}")
     if not 1 <= workers <= THREAD_LIMIT:  # each is a process; more would swamp any machine
@@ -271,6 +273,8 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
             if "space" in study.user_attrs:
                 space = space_from_json(study.user_attrs["space"])
             else:
+                if recording is not None:
+                    recording()
                 space, _, hint = discover(evaluator)
                 study.set_user_attr("space", space_json(space))
                 study.set_user_attr("hint", hint)  # said by every run on the study
