@@ -135,9 +135,9 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
                         "a graph input or write a graph output, e.g. a classifier's stem and "
                         "head, a language model's vocabulary head)")
     g.add_argument("--quantize-sensitive", action="store_true",
-                   help="int8: quantize the layers whose outputs their int8 inputs would drown in "
-                        "rounding error too (kept float by default, found by simulating the "
-                        "quantization on the calibration data)")
+                   help="int8: quantize the layers whose outputs their int8 inputs and weights "
+                        "would drown in rounding error too (kept float by default, found by "
+                        "simulating the quantization on the calibration data)")
     g.add_argument("--no-equalize-channels", action="store_true",
                    help="int8: leave the channel ranges as they are (by default, where Conv "
                         "and Gemm layers write and read activations only through Relu, pooling "

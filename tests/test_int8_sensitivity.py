@@ -1,5 +1,5 @@
-"""INT8's sensitivity guard: layers whose int8 inputs would drown their outputs stay float
-(graphopt/quant/sensitivity.py)."""
+"""INT8's sensitivity guard: layers whose int8 inputs and weights would drown their outputs
+stay float (graphopt/quant/sensitivity.py)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_a_drowned_depthwise_conv_and_the_conv_feeding_it_stay_float(tmp_path):
     proto = _model(gain=400.0)
     result, guarded = _int8(proto, tmp_path)
     assert _float_convs(guarded) == ["c1", "c2"]
-    notes = [n for n in result.notes if "int8 inputs would drown" in n]
+    notes = [n for n in result.notes if "int8 inputs and weights would drown" in n]
     assert len(notes) == 1 and "'c2'" in notes[0], result.notes
     assert any("1 × a layer computing such a layer's input" in n for n in result.notes)
     _, unguarded = _int8(proto, tmp_path, quant_keep_sensitive=False)
@@ -119,6 +119,27 @@ def test_channel_equalization_saves_the_drowned_layers(tmp_path):
         assert rewrites["equalized channel region"] == 2  # c1 → c2 and c2 → c3
         assert not any("would drown" in n for n in result.notes)
         assert _cosine(proto, out) > 0.999
+
+
+def test_weights_rounded_away_behind_an_equalized_channel_still_drown_the_layer(tmp_path):
+    # A dense conv whose weights on the narrow channel are 600 times the others: equalization
+    # lifts that channel off its input's rounding, but one weight scale per output channel
+    # still rounds the rest of each row away, which the guard sees in its rounded copy.
+    text = NET.replace("c2 = Conv <pads = [1, 1, 1, 1], group = 8> (r1, w2)",
+                       "c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)")
+    weights = {t.name: onnx.numpy_helper.to_array(t).copy()
+               for t in _model(gain=1.0).graph.initializer}
+    rng = np.random.default_rng(5)
+    weights["w1"][0] *= 1 / 75  # with the 0.004 already there: 300 times narrower
+    weights["w2"] = (rng.standard_normal((8, 8, 3, 3)) * 0.1).astype(np.float32)
+    weights["w2"][:, 0] *= 600
+    proto = parse_model(text, **weights)
+    result, out = _int8(proto, tmp_path, quant_equalize=True)
+    assert "c2" in _float_convs(out), result.notes
+    assert any("would drown 1 layer(s)" in n and "'c2'" in n for n in result.notes)
+    assert _cosine(proto, out) > 0.999
+    _, unguarded = _int8(proto, tmp_path, quant_equalize=True, quant_keep_sensitive=False)
+    assert _cosine(proto, unguarded) < 0.999
 
 
 def test_the_option_without_int8_is_refused():
@@ -179,7 +200,7 @@ def test_a_split_whose_halves_meet_again_is_copied_once(tmp_path):
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in _model(gain=1.0).graph.initializer}
     proto = parse_model(text, halves=np.array([4, 4], np.int64), **weights)
     result, out = _int8(proto, tmp_path)
-    assert not any("int8 inputs would drown" in n for n in result.notes)
+    assert not any("int8 inputs and weights would drown" in n for n in result.notes)
     assert _cosine(proto, out) > 0.999
 
 
@@ -207,7 +228,8 @@ def test_an_npu_target_keeps_the_drowned_layer_float_alone(tmp_path):
     proto = _model(gain=400.0)
     result, guarded = _npu_int8(proto, tmp_path)
     assert _float_convs(guarded) == ["c2"], result.notes
-    assert any("int8 inputs would drown 1 layer(s)" in n and "'c2'" in n for n in result.notes)
+    assert any("int8 inputs and weights would drown 1 layer(s)" in n and "'c2'" in n
+               for n in result.notes)
     _, unguarded = _npu_int8(proto, tmp_path, quant_keep_sensitive=False)
     assert _float_convs(unguarded) == []
     assert _npu_cosine(proto, unguarded) < 0.99 < 0.999 < _npu_cosine(proto, guarded)

@@ -41,7 +41,7 @@ class Options:
     activation_symmetric: bool = False    # int8: symmetric (int8) instead of asymmetric (uint8)
     quant_skip: set[str] = field(default_factory=set)  # int8/int4: node names or op types left float
     quant_keep_ends: bool = True          # int8: layers reading a graph input or writing an output stay float
-    quant_keep_sensitive: bool = True     # int8: layers int8 inputs would drown stay float
+    quant_keep_sensitive: bool = True     # int8: layers int8 rounding would drown stay float
     quant_equalize: bool = True           # int8: channel scales moved into the layers around them
     int4_group_size: int = 32             # int4: weights per scale along K (block-wise)
     int4_embeddings: bool = False         # int4: embedding tables too (GatherBlockQuantized)

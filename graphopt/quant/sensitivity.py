@@ -1,6 +1,6 @@
-"""Which layers int8 activations would drown: each quantized layer run on its own int8 input
-beside the float model, over the calibration samples, and the layers whose outputs that buries
-in rounding error kept float.
+"""Which layers int8 rounding would drown: each quantized layer run on its own int8 input and
+weights beside the float model, over the calibration samples, and the layers whose outputs that
+buries in rounding error kept float.
 
 One uint8 scale per tensor is a step wide enough for its widest channel. A channel whose values
 span a step or two loses its signal to rounding, and where the next layer multiplies that
@@ -17,10 +17,14 @@ of elementwise and data-movement ops (activations, gates such as x · HardSigmoi
 arithmetic, layout, Concat, Resize, pooling) back to the layers and graph inputs that compute
 it, with a Q/DQ pair at the plan's parameters on every tensor of the chain the plan quantizes
 (so a conv output quantized before its hard-swish counts, as PaddleOCR's does). The copies
-keep their float weights: per-channel weight scales are not what drowns these layers, and a
-weight rounding error the guard does not see (one row of a Gemm 4000 times the others, under
-per-tensor scales) stays the user's to find with the accuracy report. In-graph sums give, per layer, the energy of the
-copy's error against the energy of the float output: one run of one session per sample. A
+read their weights rounded as the pass rounds them (per output channel under `per_channel`):
+where one input channel's weights are hundreds of times the others' (a narrow channel behind a
+folded BatchNorm), one scale per output channel rounds the rest of the row away, and channel
+equalization (equalize.py), which lifts the narrow channel off the input's rounding, leaves
+that error alone to drown the layer (a dense conv behind a channel 300 times narrower, weights
+600 times larger on it: top-1 0.70 over 64 inputs, where keeping it float gives 1.00).
+In-graph sums give, per layer, the energy of the copy's error against the energy of the float
+output: one run of one session per sample. A
 layer is drowned when that ratio passes TOLERATED (15 dB); it stays float, and so do the layers
 that compute its input through that chain, whose one output scale would crush the same
 channels (PaddleOCR's did).
@@ -84,7 +88,7 @@ def drowned_layers(model: Model, static: list[Node], params: dict[int, QParams],
     for index, layer in enumerate(layers):
         # AMCT's chain stays float: only the layer's own input passes a Q/DQ pair.
         chain, leaves = _chain(layer.inputs[0], wanted) if not amct else ([], [layer.inputs[0]])
-        weight = _amct_weight(layer, per_channel) if amct else None
+        weight = _rounded_weight(layer, per_channel, amct)
         sums.append(_add_local_copy(proto.graph, protos, layer, f"{tag}{index}", chain, leaves,
                                     params, weight))
         starts.append([v.producer for v in leaves if v.producer is not None
@@ -112,19 +116,25 @@ def guarded(options, chosen, ctx) -> bool:
         and ctx.calibration_mismatch is None
 
 
-def _amct_weight(layer: Node, per_channel: bool) -> np.ndarray | None:
-    """`layer`'s weight as AMCT's form rounds it (qdq_rewrite.py: quantize_weights without the
-    bias fitting, which only widens a scale for a huge bias), or None when it has no constant
-    weight."""
+def _rounded_weight(layer: Node, per_channel: bool, amct: bool) -> np.ndarray | None:
+    """`layer`'s weight as the pass rounds it (qdq_rewrite.py: quantize_weights without the
+    bias fitting, which only widens a scale for a huge bias, and without the narrower codes of
+    a CPU whose int8 GEMM saturates), or None when it has no constant weight. AMCT's form
+    gives a Gemm or MatMul one scale per tensor."""
     w = layer.inputs[1].constant() if len(layer.inputs) > 1 and layer.inputs[1] else None
     if w is None:
         return None
-    axis = 0 if layer.op_type in ("Conv", "FusedConv") and per_channel else None
+    if not per_channel or amct and layer.op_type not in ("Conv", "FusedConv"):
+        axis = None
+    elif layer.op_type == "Gemm":
+        axis = 0 if layer.attr("transB", 0) else 1  # the output (N) axis
+    else:
+        axis = 1 if layer.op_type == "MatMul" else 0
     return dequantize_weight(*quantize_weight(w, axis), axis)
 
 
-_KEPT_DROWNED = ("a layer whose int8 input would drown its output in rounding error "
-                 "(simulated on the calibration data; {} quantizes it)")
+_KEPT_DROWNED = ("a layer whose int8 input and weights would drown its output in rounding "
+                 "error (simulated on the calibration data; {} quantizes it)")
 _KEPT_FEEDING = ("a layer computing such a layer's input (its output's one scale would crush "
                  "the same channels; {} quantizes it)")
 
@@ -149,8 +159,8 @@ def drowned_note(drowned: list[Drowned]) -> str:
     # A drowned layer may compute another's input: counted once, as drowned (as kept_float).
     upstream = len({id(u) for d in drowned for u in d.upstream} - {id(d.node) for d in drowned})
     besides = f", and {upstream} layer(s) computing their inputs" if upstream else ""
-    return (f"QuantizeInt8: int8 inputs would drown {len(drowned)} layer(s) in rounding error, "
-            f"kept float{besides}: {shown}{more}")
+    return (f"QuantizeInt8: int8 inputs and weights would drown {len(drowned)} layer(s) in "
+            f"rounding error, kept float{besides}: {shown}{more}")
 
 
 def _chain(value: Value, wanted: set[int]) -> tuple[list[Node], list[Value]]:
