@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import parse_model, run_cli
+from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
 from graphopt import numerics
@@ -177,6 +178,37 @@ def test_gemm_layers_write_and_read_their_features_either_way_round():
     count, out = _equalized(proto, samples)
     assert count == 2
     for feeds in _samples(3, shape=(4, 6), seed=90):
+        want, got = numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("opset", [17, 18])  # ReduceMean's axes: an attribute, then an input
+def test_a_spatial_reduce_mean_and_fused_gemms_carry_the_region(opset):
+    # Dynamo's global pool, then FusedGemm(Relu) layers as -O3 writes a Gemm + Relu.
+    rng = np.random.default_rng(6)
+    pool = helper.make_node("ReduceMean", ["r", "axes"] if opset >= 18 else ["r"], ["p"],
+                            keepdims=0, **({} if opset >= 18 else {"axes": [2, 3]}))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), pool,
+             helper.make_node("FusedGemm", ["p", "w1", "b1"], ["h"], domain="com.microsoft",
+                              transB=1, activation="Relu"),
+             helper.make_node("FusedGemm", ["h", "w2"], ["y"], domain="com.microsoft",
+                              transB=1, activation="Relu")]
+    weights = {"w": _skewed(rng, (8, 3, 3, 3))[0], "b": np.full(8, 0.1, np.float32),
+               "w1": _skewed(rng, (6, 8))[0], "b1": np.full(6, 0.1, np.float32),
+               "w2": rng.standard_normal((4, 6)).astype(np.float32)}
+    if opset >= 18:
+        weights["axes"] = np.array([2, 3], np.int64)
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    samples = _samples(shape=(2, 3, 8, 8))
+    count, out = _equalized(proto, samples)
+    assert count == 2  # {c, r, p} and {h}
+    for feeds in _samples(3, shape=(2, 3, 8, 8), seed=70):
         want, got = numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 

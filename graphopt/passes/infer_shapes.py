@@ -158,6 +158,8 @@ def _carry_through_contrib_ops(model: Model) -> int:
                 shape = _attention_shape(node)
             elif node.op_type == "FusedMatMul":
                 shape = _fused_matmul_shape(node)
+            elif node.op_type == "FusedGemm":
+                shape = _fused_gemm_shape(node)
             else:
                 continue
             if _knows_more(dtype, shape, out):
@@ -273,6 +275,15 @@ def _fused_matmul_shape(node) -> tuple | None:
     cols = b[-2] if node.attr("transB", 0) else b[-1]
     batch = _broadcast_shape(a[:-2], b[:-2])
     return None if batch is None else (*batch, rows, cols)
+
+
+def _fused_gemm_shape(node) -> tuple | None:
+    """The shape of FusedGemm(A, B, C): Gemm's [M, N], M from A and N from B after transA and
+    transB (None for operands not 2-D)."""
+    a, b = (v.shape if v is not None else None for v in node.inputs[:2])
+    if a is None or b is None or len(a) != 2 or len(b) != 2:
+        return None
+    return (a[1] if node.attr("transA", 0) else a[0], b[0] if node.attr("transB", 0) else b[1])
 
 
 def _attention_shape(node) -> tuple | None:

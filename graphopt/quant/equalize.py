@@ -3,8 +3,9 @@ around a scale-equivariant region, so that every activation quantized in it uses
 more evenly.
 
 A region is a set of tensors joined by ops that commute with a positive scale of each channel
-(Relu, LeakyRelu, PRelu, pooling, Identity, a Flatten of 1×1 maps, an Add or Sum of region
-tensors), written by Conv or Gemm layers and read by Conv or Gemm layers only: a ResNet
+(Relu, LeakyRelu, PRelu, pooling, a ReduceMean or ReduceMax over the spatial axes, Identity,
+a Flatten of 1×1 maps, an Add or Sum of region tensors), written by Conv or Gemm layers (or
+their fused forms with such an activation) and read by Conv or Gemm layers only: a ResNet
 bottleneck's inner activations, or a whole stage's residual stream, written by each block's
 last conv and its projection shortcut and read by the next blocks' first convs. Multiplying
 the writers' output channel c by s_c and dividing the readers' input channel c by s_c leaves
@@ -40,7 +41,10 @@ MAX_SCALE = 16.0
 # Ops whose output channel c is f(s_c·x) = s_c·f(x) of their first input's channel c, for s_c > 0.
 _THROUGH = {"Relu", "LeakyRelu", "PRelu", "MaxPool", "AveragePool", "GlobalAveragePool",
             "GlobalMaxPool", "Identity"}
-# FusedConv activations that commute with a positive scale (not Clip's bounds, nor Sigmoid).
+# Reductions that do so over the axes they reduce, when those leave the channel axis alone.
+_REDUCE = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum"}
+# FusedConv and FusedGemm activations that commute with a positive scale (not Clip's bounds,
+# nor Sigmoid).
 _HOMOGENEOUS = {None, "Relu", "LeakyRelu"}
 
 
@@ -82,8 +86,8 @@ def _scales(region: Region, measured: dict[str, np.ndarray]) -> np.ndarray | Non
     if not np.isfinite(widest) or widest <= 0:
         return None
     # A channel that never fired (extent 0) keeps its scale: nothing of it is rounded.
-    scales = np.where(extent > 0, np.sqrt(widest / np.maximum(extent, np.finfo(float).tiny)), 1)
-    scales = np.clip(scales, 1.0, MAX_SCALE)
+    bounded = np.sqrt(widest / np.maximum(extent, widest / MAX_SCALE ** 2))  # ≤ MAX_SCALE
+    scales = np.maximum(np.where(extent > 0, bounded, 1.0), 1.0)
     return None if np.all(scales == 1) else scales
 
 
@@ -184,7 +188,7 @@ def _joined_inputs(node: Node) -> tuple[Value, ...]:
 
 
 def _passes_through(node: Node) -> bool:
-    if node.domain != "" or node.op_type not in _THROUGH and node.op_type != "Flatten":
+    if node.domain != "" or node.op_type not in _THROUGH | _REDUCE | {"Flatten"}:
         return False
     if any(v is not None and v.uses for v in node.outputs[1:]):  # MaxPool's indices, a mask
         return False
@@ -194,7 +198,24 @@ def _passes_through(node: Node) -> bool:
             and all(d == 1 for d in shape[2:])
     if node.op_type == "PRelu":
         return node.inputs[1] is not None and node.inputs[1].is_constant
+    if node.op_type in _REDUCE:
+        return _spatial_reduction(node)
     return True
+
+
+def _spatial_reduction(node: Node) -> bool:
+    """Whether a Reduce node reduces spatial axes only (2 and after), which keeps channel c at
+    index 1: a global pool written as ReduceMean over (2, 3), as dynamo exports write it."""
+    shape = node.inputs[0].shape
+    if shape is None:
+        return False
+    if len(node.inputs) > 1 and node.inputs[1] is not None:  # opset 18: the axes as an input
+        axes = node.inputs[1].constant()
+    else:
+        axes = node.attr("axes", None)
+    if axes is None or len(np.ravel(axes)) == 0:  # every axis, or none, by noop_with_empty_axes
+        return False
+    return all(int(a) % len(shape) >= 2 for a in np.ravel(axes))
 
 
 def _writes(node: Node) -> bool:
@@ -204,9 +225,10 @@ def _writes(node: Node) -> bool:
     if node.op_type == "FusedConv" and node.domain == "com.microsoft":
         return node.attr("activation", None) in _HOMOGENEOUS and _constant_weights(node) \
             and (len(node.inputs) < 4 or node.inputs[3] is None)
-    if node.op_type == "Gemm" and node.domain == "":
+    if _is_gemm(node):
         bias = node.input(2)
         return _constant_weights(node) and node.attr("transA", 0) == 0 \
+            and node.attr("activation", None) in _HOMOGENEOUS \
             and (bias is None or (bias.shape is not None and len(bias.shape) == 1))
     return False
 
@@ -215,9 +237,13 @@ def _reads(node: Node) -> bool:
     """Whether `node` is a layer whose input channels can be scaled in its weights."""
     if (node.op_type, node.domain) in (("Conv", ""), ("FusedConv", "com.microsoft")):
         return _constant_weights(node)
-    if node.op_type == "Gemm" and node.domain == "":
+    if _is_gemm(node):
         return _constant_weights(node) and node.attr("transA", 0) == 0
     return False
+
+
+def _is_gemm(node: Node) -> bool:
+    return (node.op_type, node.domain) in (("Gemm", ""), ("FusedGemm", "com.microsoft"))
 
 
 def _constant_weights(node: Node) -> bool:
@@ -227,14 +253,14 @@ def _constant_weights(node: Node) -> bool:
 
 def _channels(writer: Node) -> int:
     weight = writer.inputs[1].shape
-    if writer.op_type == "Gemm":
+    if _is_gemm(writer):
         return weight[0] if writer.attr("transB", 0) else weight[1]
     return weight[0]
 
 
 def _input_channels(reader: Node) -> int:
     weight = reader.inputs[1].shape
-    if reader.op_type == "Gemm":
+    if _is_gemm(reader):
         return weight[1] if reader.attr("transB", 0) else weight[0]
     return weight[1] * int(reader.attr("group", 1))
 
@@ -245,7 +271,7 @@ def _input_channels(reader: Node) -> int:
 def _apply(graph, region: Region, scales: np.ndarray) -> None:
     for writer in region.writers:
         weight = writer.inputs[1].constant().astype(np.float64)
-        if writer.op_type == "Gemm" and not writer.attr("transB", 0):
+        if _is_gemm(writer) and not writer.attr("transB", 0):
             weight = weight * scales[None, :]
         else:
             weight = weight * scales.reshape(-1, *[1] * (weight.ndim - 1))
@@ -255,7 +281,7 @@ def _apply(graph, region: Region, scales: np.ndarray) -> None:
             _replace(graph, writer, 2, bias.constant().astype(np.float64) * scales)
     for reader in region.readers:
         weight = reader.inputs[1].constant().astype(np.float64)
-        if reader.op_type == "Gemm":
+        if _is_gemm(reader):
             weight = weight / (scales[None, :] if reader.attr("transB", 0) else scales[:, None])
         else:  # [O, C/g, …]: output o reads the input channels of its group
             groups = int(reader.attr("group", 1))
