@@ -130,8 +130,9 @@ def test_channels_are_evened_out_within_the_bound():
     ("r = Relu(c1)\n        o = Identity(r)", "a graph output inside"),
 ])
 def test_a_region_that_cannot_carry_a_scale_is_left_alone(between, why):
+    outputs = "float[1, 4, 8, 8] y" + (", float[1, 4, 8, 8] r" if "o =" in between else "")
     text = f"""
-    agraph (float[1, 3, 8, 8] x) => (float[1, 4, 8, 8] y{', float[1, 4, 8, 8] r' if 'o =' in between else ''}) {{
+    agraph (float[1, 3, 8, 8] x) => ({outputs}) {{
         c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
         {between}
         y = Conv <pads = [1, 1, 1, 1]> (r, w2)
@@ -186,10 +187,12 @@ def test_gemm_layers_write_and_read_their_features_either_way_round():
 def test_a_spatial_reduce_mean_and_fused_gemms_carry_the_region(opset):
     # Dynamo's global pool, then FusedGemm(Relu) layers as -O3 writes a Gemm + Relu.
     rng = np.random.default_rng(6)
-    pool = helper.make_node("ReduceMean", ["r", "axes"] if opset >= 18 else ["r"], ["p"],
-                            keepdims=0, **({} if opset >= 18 else {"axes": [2, 3]}))
+    # Dynamo keeps the dims and views the [N, C, 1, 1] mean as [N, C].
+    pool = [helper.make_node("ReduceMean", ["r", "axes"], ["m"], keepdims=1),
+            helper.make_node("Reshape", ["m", "rows"], ["p"])] if opset >= 18 else [
+        helper.make_node("ReduceMean", ["r"], ["p"], keepdims=0, axes=[2, 3])]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]), pool,
+             helper.make_node("Relu", ["c"], ["r"]), *pool,
              helper.make_node("FusedGemm", ["p", "w1", "b1"], ["h"], domain="com.microsoft",
                               transB=1, activation="Relu"),
              helper.make_node("FusedGemm", ["h", "w2"], ["y"], domain="com.microsoft",
@@ -198,7 +201,7 @@ def test_a_spatial_reduce_mean_and_fused_gemms_carry_the_region(opset):
                "w1": _skewed(rng, (6, 8))[0], "b1": np.full(6, 0.1, np.float32),
                "w2": rng.standard_normal((4, 6)).astype(np.float32)}
     if opset >= 18:
-        weights["axes"] = np.array([2, 3], np.int64)
+        weights.update(axes=np.array([2, 3], np.int64), rows=np.array([2, 8], np.int64))
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
@@ -207,7 +210,7 @@ def test_a_spatial_reduce_mean_and_fused_gemms_carry_the_region(opset):
                                                     helper.make_opsetid("com.microsoft", 1)])
     samples = _samples(shape=(2, 3, 8, 8))
     count, out = _equalized(proto, samples)
-    assert count == 2  # {c, r, p} and {h}
+    assert count == 2  # {c, r, (m,) p} and {h}
     for feeds in _samples(3, shape=(2, 3, 8, 8), seed=70):
         want, got = numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

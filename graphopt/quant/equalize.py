@@ -4,8 +4,8 @@ more evenly.
 
 A region is a set of tensors joined by ops that commute with a positive scale of each channel
 (Relu, LeakyRelu, PRelu, pooling, a ReduceMean or ReduceMax over the spatial axes, Identity,
-a Flatten of 1×1 maps, an Add or Sum of region tensors), written by Conv or Gemm layers (or
-their fused forms with such an activation) and read by Conv or Gemm layers only: a ResNet
+a Flatten or Reshape of 1×1 maps, an Add or Sum of region tensors), written by Conv or Gemm
+layers (or their fused forms with such an activation) and read by Conv or Gemm layers only: a ResNet
 bottleneck's inner activations, or a whole stage's residual stream, written by each block's
 last conv and its projection shortcut and read by the next blocks' first convs. Multiplying
 the writers' output channel c by s_c and dividing the readers' input channel c by s_c leaves
@@ -188,19 +188,26 @@ def _joined_inputs(node: Node) -> tuple[Value, ...]:
 
 
 def _passes_through(node: Node) -> bool:
-    if node.domain != "" or node.op_type not in _THROUGH | _REDUCE | {"Flatten"}:
+    if node.domain != "" or node.op_type not in _THROUGH | _REDUCE | {"Flatten", "Reshape"}:
         return False
     if any(v is not None and v.uses for v in node.outputs[1:]):  # MaxPool's indices, a mask
         return False
-    if node.op_type == "Flatten":  # [N, C, 1, 1] → [N, C] keeps channel c at index c
-        shape = node.inputs[0].shape
-        return node.attr("axis", 1) == 1 and shape is not None \
-            and all(d == 1 for d in shape[2:])
+    if node.op_type in ("Flatten", "Reshape"):  # [N, C, 1, 1] → [N, C]: channel c stays c
+        return _keeps_channels(node.inputs[0].shape, node.outputs[0].shape)
     if node.op_type == "PRelu":
         return node.inputs[1] is not None and node.inputs[1].is_constant
     if node.op_type in _REDUCE:
         return _spatial_reduction(node)
     return True
+
+
+def _keeps_channels(before, after) -> bool:
+    """Whether a reshape from `before` to `after` only drops or adds unit dims after the
+    channel axis."""
+    if before is None or after is None or len(before) < 2 or len(after) < 2:
+        return False
+    same = all(a is not None and a == b for a, b in zip(before[:2], after[:2]))
+    return same and all(d == 1 for d in (*before[2:], *after[2:]))
 
 
 def _spatial_reduction(node: Node) -> bool:
