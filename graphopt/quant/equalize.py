@@ -95,7 +95,7 @@ def _scales(region: Region, measured: dict[str, np.ndarray]) -> np.ndarray | Non
 
 
 def _regions(model: Model) -> list[Region]:
-    """The regions of the main graph: tensors joined through _THROUGH ops and Adds."""
+    """The regions of the main graph: its float tensors, joined through the ops _joins takes."""
     graph = model.graph
     parent: dict[int, Value] = {}
 
