@@ -342,6 +342,26 @@ def test_pins_that_match_nothing_are_named_in_a_note():
     assert "precision_deny 'Softmx' (nearest: 'Softmax')" in note
 
 
+def test_a_kept_softmax_keeps_the_attention_that_computes_it():
+    # FuseAttention takes the Softmax into MultiHeadAttention: keeping the op type float32
+    # (ATC's --keep_dtype OpType::Softmax) keeps the fused attention float32, with a note.
+    proto = zoo.build("gpt2_small", layers=2, hidden=64, heads=2, vocab=100, positions=32)
+    options = {"precision": "mixed-fp16", "target": "ascend910b",
+               "input_shapes": {"input_ids": [1, 8]}}
+    half = graphopt.optimize(proto, **options)
+    kept = graphopt.optimize(proto, **options, pass_options={"precision_deny": {"Softmax"}})
+    for result, dtype in ((half, "f16"), (kept, "f32")):
+        attention = [n for n in result.model.graph if n.op_type == "MultiHeadAttention"]
+        assert len(attention) == 2 and {n.inputs[0].dtype.short for n in attention} == {dtype}
+    assert "com.microsoft::MultiHeadAttention ×2 kept in their dtype: they compute Softmax " \
+        "inside" in " ".join(kept.notes), kept.notes
+    assert not any("matches nothing" in note for note in kept.notes), kept.notes
+    feeds = numerics.random_feeds(proto, seed=2, dims={"batch_size": 1, "sequence_length": 8})
+    want = numerics.run(proto, feeds)["logits"]
+    got = numerics.run(kept.to_onnx(), feeds)["logits"]
+    assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()
+
+
 def test_dtype_sensitive_inputs_and_attributes():
     # Resize's scales are tensor(float) in every opset: they stay float32. Cast's `to` and
     # ConstantOfShape's value follow the converted output; Clip's min/max follow T.

@@ -48,3 +48,29 @@ def op_spellings(node) -> set[str]:
     """The names an op-type list may give `node` (a graphopt.ir Node): its bare op type (any
     domain) and the `domain::Op` graphopt's own messages print for a contrib op."""
     return {node.op_type, node.qualified_op}
+
+
+# The ops a fused node computes inside it, as the fusions that make it took them in:
+# attention's Softmax, GELU's Erf or Tanh, a skip norm's normalization.
+_ATTENTION = frozenset({"Softmax", "MatMul"})
+_ABSORBED = {
+    "Attention": _ATTENTION, "MultiHeadAttention": _ATTENTION, "PackedAttention": _ATTENTION,
+    "PackedMultiHeadAttention": _ATTENTION, "GroupQueryAttention": _ATTENTION,
+    "Gelu": frozenset({"Erf"}), "BiasGelu": frozenset({"Erf"}), "FastGelu": frozenset({"Tanh"}),
+    "QuickGelu": frozenset({"Sigmoid"}),
+    "SkipLayerNormalization": frozenset({"LayerNormalization", "Add"}),
+    "SkipSimplifiedLayerNormalization": frozenset({"SimplifiedLayerNormalization", "Add"}),
+    "FusedConv": frozenset({"Conv"}), "FusedGemm": frozenset({"Gemm"}),
+    "FusedMatMul": frozenset({"MatMul"}),
+}
+
+
+def absorbed_ops(node) -> set[str]:
+    """The op types a fused contrib node computes inside (see _ABSORBED), with the activation
+    a FusedConv or FusedGemm applies; empty for any other node."""
+    if node.domain != "com.microsoft":
+        return set()
+    found = set(_ABSORBED.get(node.op_type, ()))
+    activation = node.attr("activation", None) if node.op_type in ("FusedConv", "FusedGemm") \
+        else None
+    return found | ({activation} if activation else set())

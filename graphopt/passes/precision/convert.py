@@ -42,7 +42,7 @@ from graphopt.passes.precision.policy import (
 )
 from graphopt.passes.precision.schema import (Slots, convertible_slots, float_dtype_attrs,
                                               in_qdq_group, never_converted, schema_lacks)
-from graphopt.passes.unmatched import op_spellings, unmatched_note
+from graphopt.passes.unmatched import absorbed_ops, op_spellings, unmatched_note
 
 # The first opset whose Cast takes bfloat16.
 BFLOAT16_CASTS = 13
@@ -50,16 +50,41 @@ BFLOAT16_CASTS = 13
 
 def _unmatched_pins(graph, options) -> str | None:
     """The --keep-dtype names and --precision-allow/-deny op types that match nothing in
-    `graph` (a typo, or a node a fusion renamed); None when all do."""
+    `graph` (a typo, or a node a fusion renamed); None when all do. A denied op type that a
+    fused node computes inside matches that node (see _denied)."""
     names = {node.name for node in graph.all_nodes()}
     ops = {spelling for node in graph.all_nodes() for spelling in op_spellings(node)}
+    inside = ops | {op for node in graph.all_nodes() for op in absorbed_ops(node)}
     return unmatched_note([(option("keep_dtype"), options.keep_dtype, names),
                            (option("precision_allow"), options.precision_allow, ops),
-                           (option("precision_deny"), options.precision_deny, ops)])
+                           (option("precision_deny"), options.precision_deny, inside)])
+
+
+def _fused_deny_note(graph, options) -> str | None:
+    """Which fused nodes a denied op type keeps in float32 because they compute it inside
+    (--keep-dtype OpType::Softmax and an attention FuseAttention fused), None when none."""
+    kept: Counter = Counter()
+    ops: set[str] = set()
+    for node in graph.all_nodes():
+        inside = absorbed_ops(node) & options.precision_deny
+        if inside and not op_spellings(node) & options.precision_deny:
+            kept[node.qualified_op] += 1
+            ops |= inside
+    if not kept:
+        return None
+    return (f"ConvertPrecision: {_listing(kept)} kept in their dtype: they compute "
+            f"{', '.join(sorted(ops))} inside, which the precision options keep")
 
 
 def _listed(node: Node, op_types) -> bool:
     return not op_spellings(node).isdisjoint(op_types)
+
+
+def _denied(node: Node, op_types) -> bool:
+    """Whether a deny list (--precision-deny, --keep-dtype OpType::X) names `node`'s op type,
+    or one it computes inside: attention fused from a Softmax the user keeps in float32 would
+    otherwise run it in half, the option met by nothing but a note."""
+    return _listed(node, op_types) or not absorbed_ops(node).isdisjoint(op_types)
 
 
 def _listing(counts: Counter) -> str:
@@ -80,7 +105,7 @@ class _Decider:
 
     def wants(self, node: Node, slots: Slots) -> bool:
         op, options = node.op_type, self.options
-        if node.name in options.keep_dtype or _listed(node, options.precision_deny):
+        if node.name in options.keep_dtype or _denied(node, options.precision_deny):
             return False
         if op == "Cast" and node.is_onnx and _accumulator(node.input(0)):
             return False  # an int32 sum (MatMulInteger's, ConvInteger's) passes 65504
@@ -194,6 +219,9 @@ class ConvertPrecision(Pass):
         unmatched = _unmatched_pins(model.graph, options)
         if unmatched:
             ctx.note(f"ConvertPrecision: {unmatched}")
+        fused = _fused_deny_note(model.graph, options)
+        if fused:
+            ctx.note(fused)
         decider = _Decider(options, half, support)
         kept_by_schema: Counter = Counter()  # ops whose schema at this opset has no `half`
         untyped: Counter = Counter()  # float32 ops whose outputs inference left untyped
