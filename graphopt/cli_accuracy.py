@@ -23,7 +23,8 @@ def print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weig
         if _edited(args):  # what the written model is compared with
             from graphopt.source_edits import edited_source, given_edits
 
-            reference = edited_source(reference, label=args.model, **given_edits(args))
+            reference = edited_source(reference, label=args.model,
+                                      input_shapes=args.input_shape, **given_edits(args))
         report = accuracy_report(reference, args.output,
                                  args.inputs, calibration=calibration,
                                  reference_label=_edited_label(args),

@@ -267,8 +267,9 @@ def _fed_shapes(text: str, shapes: dict[str, list[str]], images: dict[str, tuple
             fed[name] = dims
             continue
         model, made, op = images[name]
-        given = tuple(dims[axis] for axis in height_width) \
-            if height_width is not None and len(dims) > max(height_width) else ()
+        axes = _image_axes(dims, model, op, height_width)
+        given = tuple(dims[axis] for axis in axes) \
+            if axes is not None and len(dims) > max(axes) else ()
         if made is not None and given:
             if all(d.isdecimal() for d in given) and tuple(map(int, given)) != made:
                 # ATC refuses it too; graphopt kept the batch alone and compiled at the file's
@@ -284,11 +285,26 @@ def _fed_shapes(text: str, shapes: dict[str, list[str]], images: dict[str, tuple
                               f"{','.join(dims)}")
         fed[name] = [dims[0], "-1", "-1", "-1"]
         if made is None and given and all(d.isdecimal() for d in given) and not op.crop and \
-                model is not None and any(model[axis] is None for axis in height_width):
+                model is not None and any(model[axis] is None for axis in axes):
             # The file leaves the image's size to the model, whose size is open: ATC takes
             # the size the line gives, which graphopt's pin of the image carries.
             fed[name][1:] = [str(size) for size in image_shape(op, 0, *map(int, given))[1:]]
     return ";".join(f"{name}:{','.join(dims)}" for name, dims in fed.items())
+
+
+def _image_axes(dims: list[str], model: list | None, op,
+                height_width: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Where an input AIPP feeds keeps its height and width: after the channels, which the
+    model's dims (else the line's) place at 1 (NCHW) or at 3 (NHWC, as tf2onnx exports), as
+    the compile finds them; else where --input_format says."""
+    channels = op.channels
+    for known in (model, [int(d) if d.isdecimal() else None for d in dims]):
+        if known is not None and len(known) == 4:
+            if known[1] == channels:
+                return (2, 3)
+            if known[3] == channels:
+                return (1, 2)
+    return height_width
 
 
 def _fits(dims: list[str], model: list) -> bool:

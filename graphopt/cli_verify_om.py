@@ -27,7 +27,8 @@ def artifact_check(args):
         reference = args.model
         edits = given_edits(args)
         if edits:  # the model as the compile took it
-            reference = edited_source(reference, label=args.model, **edits)
+            reference = edited_source(reference, label=args.model,
+                                      input_shapes=args.input_shape, **edits)
         # The inputs given (or seeded ones at the pins), then seeded ones at every other shape
         # profile's shapes: a profile's section of the artifact (its signature, routing,
         # sessions) went unchecked but for the one those inputs fit.

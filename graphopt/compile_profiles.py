@@ -63,8 +63,11 @@ def _optimize_profiles(model, spec, options: dict):
     unedited = set(dynamic_dims(source)) if options.get("insert_op_conf") else set()
     # The profiles take the model as each compile edits it: its signature is the artifact's
     # (an --insert-op-conf input takes images, an --out-nodes output is an inner tensor).
+    # With the pins: an --input-shape pin of an AIPP input's image sizes the images where the
+    # file leaves their size to the model, whose size is open.
     edit_source(source, options.get("out_nodes"), options.get("insert_op_conf"), label,
-                options.get("input_fp16_nodes"), options.get("output_type"))
+                options.get("input_fp16_nodes"), options.get("output_type"),
+                input_shapes_argument(options.get("input_shapes")))
     fixed_by_aipp = sorted(unedited - set(dynamic_dims(source)))
     try:
         profiles = expand_profiles(source, spec, label)

@@ -46,9 +46,12 @@ def apply_source_edits(model: Model, out_nodes: list[str] | None, aipp: list | N
 
 
 def edit_source(model: Model, out_nodes=None, insert_op_conf=None,
-                label: str = "<model>", input_fp16_nodes=None, output_type=None) -> list[str]:
+                label: str = "<model>", input_fp16_nodes=None, output_type=None,
+                pins: dict[str, list[int]] | None = None) -> list[str]:
     """Edit `model` in place as optimize's `out_nodes`, `insert_op_conf`, `input_fp16_nodes` and
-    `output_type` keywords (as given: text, a list, a path) ask; returns the compile's notes."""
+    `output_type` keywords (as given: text, a list, a path) ask, with `pins` as
+    apply_source_edits takes them (--input-shape's, which may size an AIPP input's images);
+    returns the compile's notes."""
     from graphopt.aipp_config import read_aipp_config
     from graphopt.io_types import parse_fp16_inputs, parse_output_type
     from graphopt.out_nodes import parse_out_nodes
@@ -56,19 +59,22 @@ def edit_source(model: Model, out_nodes=None, insert_op_conf=None,
     return apply_source_edits(
         model, None if out_nodes is None else parse_out_nodes(out_nodes),
         None if insert_op_conf is None else read_aipp_config(insert_op_conf), label,
-        None if insert_op_conf is None else os.fspath(insert_op_conf),
+        None if insert_op_conf is None else os.fspath(insert_op_conf), pins,
         fp16_inputs=None if input_fp16_nodes is None else parse_fp16_inputs(input_fp16_nodes),
         output_types=None if output_type is None else parse_output_type(output_type))
 
 
 def edited_source(model, out_nodes=None, insert_op_conf=None, label: str = "<model>",
-                  input_fp16_nodes=None, output_type=None) -> ModelProto:
-    """`model` (a path, bytes or ModelProto) edited as optimize edits it with these options:
-    the reference a compile with them is compared with."""
+                  input_fp16_nodes=None, output_type=None, input_shapes=None) -> ModelProto:
+    """`model` (a path, bytes or ModelProto) edited as optimize edits it with these options
+    (`input_shapes` as optimize takes them: they may size an AIPP input's images): the
+    reference a compile with them is compared with."""
+    from graphopt.input_shapes import input_shapes_argument
     from graphopt.ir import load_onnx, to_onnx
     from graphopt.ir.tensor import inline_tensors
 
     ir_model = load_onnx(model, user_model=True)
-    edit_source(ir_model, out_nodes, insert_op_conf, label, input_fp16_nodes, output_type)
+    edit_source(ir_model, out_nodes, insert_op_conf, label, input_fp16_nodes, output_type,
+                input_shapes_argument(input_shapes) if input_shapes else None)
     with inline_tensors():  # a check inside an .om's save runs it: no references to resolve
         return to_onnx(ir_model)

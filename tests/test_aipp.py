@@ -351,6 +351,31 @@ def test_an_open_size_the_file_leaves_out_is_the_pinned_images_as_in_atc(tmp_pat
         graphopt.optimize(model, insert_op_conf=yuv)
 
 
+def test_the_pinned_image_size_holds_across_batch_profiles_and_verification(tmp_path, capsys):
+    # The pin sized the images of one compile; shape profiles (a dynamic batch) and the
+    # references --verify and the accuracy report build dropped it, and refused the model.
+    model = parse_model("""
+        g (float[N,3,H,W] x) => (y) { y = Conv <pads = [1,1,1,1]> (x, w) }""",
+                        w=np.random.default_rng(4).standard_normal((4, 3, 3, 3)).astype(np.float32))
+    path = tmp_path / "open.onnx"
+    onnx.save(model, path)
+    config = _config(tmp_path, "aipp_op { input_format: RGB888_U8 mean_chn_0: 124 }")
+    for extra in ((), ("--dynamic-dims", "N:1,2")):
+        rc, out, err = run_cli(capsys, "optimize", path, "-o", tmp_path / "open.om",
+                               "--insert-op-conf", config, "--input-shape", "x:-1,24,20,3"
+                               if extra else "x:1,24,20,3", "--verify", *extra)
+        assert rc == 0, err
+        assert "verified" in out and "shape profiles" in out if extra else "verified" in out
+    with graphopt.load(tmp_path / "open.om") as session:
+        for batch in (1, 2):
+            images = _images(batch=batch, size=(24, 20))
+            expected = images.transpose(0, 3, 1, 2).astype(np.float32) - \
+                np.array([124, 0, 0], np.float32)[:, None, None]
+            want = numerics.run(model, {"x": expected})["y"]
+            np.testing.assert_allclose(session.run({"x": images})["y"], want, rtol=1e-5,
+                                       atol=1e-6 * np.abs(want).max())
+
+
 def test_calibration_data_of_the_preprocessed_form_are_refused_with_the_reason(tmp_path):
     calibration = tmp_path / "tensors.npz"
     np.savez(calibration, x=np.zeros((4, 3, 32, 32), np.float32))

@@ -216,6 +216,25 @@ def test_atcs_input_shape_of_an_aipp_inputs_size_is_checked_against_the_aipp_fil
     assert rc == 0, err
 
 
+def test_atcs_input_shape_of_an_nhwc_aipp_input_finds_its_size_after_the_channels(tmp_path,
+                                                                                  capsys):
+    # A tf2onnx export takes NHWC: the line's 24,40 was read at NCHW's dims 2 and 3 (40, 3),
+    # and the model's own shape refused against the file's 24×40 images.
+    model = tmp_path / "nhwc.onnx"
+    onnx.save(parse_model("""
+        g (float[1,24,40,3] x) => (y) { y = Transpose <perm = [0, 3, 1, 2]> (x) }"""), model)
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n  aipp_mode: static\n  input_format: RGB888_U8\n"
+                      "  src_image_size_w: 40\n  src_image_size_h: 24\n}\n")
+    line = ["atc", f"--model={model}", "--framework=5", f"--output={tmp_path / 'nhwc'}",
+            "--soc_version=Ascend310", f"--insert_op_conf={config}"]
+    rc, out, err = run_cli(capsys, *line, "--input_shape=x:1,24,40,3")
+    assert rc == 0, err
+    rc, out, err = run_cli(capsys, *line, "--input_shape=x:1,20,40,3")
+    assert rc == 1 and "input 'x' is 20×40 there, but --insert_op_conf's preprocessing makes " \
+        "24×40 images" in err, err
+
+
 def test_atcs_input_shape_sizes_an_open_image_the_aipp_file_leaves_to_the_model(tmp_path,
                                                                                 capsys):
     # ATC takes the source size from --input_shape where the file gives none; the line
