@@ -76,6 +76,22 @@ ATC_ONLY = {
               "--mode=6 graphopt inspect x.om",
     "--om": "ATC's --mode's input; graphopt inspect takes the .om as its argument",
     "--json": JSON_FILE,
+    "--atomic_clean_policy": "ATC's; onnxruntime allocates and clears memory as it runs: "
+                             "drop it",
+    "--core_type": "ATC's; a target profile's engines decide where ops run here "
+                   "(graphopt partition shows it): drop it",
+    "--aicore_num": "ATC's; a target profile's core count prices the kernels here: drop it, "
+                    "or compile for a profile file with fewer cores (graphopt optimize "
+                    "--target my_chip.json)",
+    "--op_bank_path": "ATC's, for AOE's tuned kernels; --tuning-db applies graphopt tune's "
+                      "knowledge base here",
+    "--mdl_bank_path": "ATC's, for AOE's tuned subgraphs; --tuning-db applies graphopt tune's "
+                       "knowledge base here",
+    "--enable_scope_fusion_passes": "ATC's, for TensorFlow scopes; graphopt reads ONNX only, "
+                                    "and its fusions run by default (graphopt passes lists "
+                                    "them)",
+    "--shape_generalized_build_mode": "ATC's; -1 in --input-shape keeps a dim dynamic here, "
+                                      "and --dynamic-dims compiles listed sizes",
 }
 
 
@@ -96,8 +112,12 @@ def atc_hints(parser: argparse.ArgumentParser, unrecognized: list[str]) -> list[
             hints.append(f"{flag} is {ATC_ONLY[flag]}")
         elif flag.startswith("--") and dashed != flag and dashed in known:
             hints.append(f"{flag} is {dashed} here")
+        elif flag == "--target" and "--soc_version" in known:
+            hints.append("--target is graphopt optimize's: an atc line names the chip with "
+                         "--soc_version (Ascend310, Ascend310B1, Ascend910B1)")
         elif flag.startswith("--"):
-            close = _close_option(dashed.lower(), known)
+            # As written first: graphopt atc's own flags are ATC's, with underscores.
+            close = _close_option(flag.lower(), known) or _close_option(dashed.lower(), known)
             if close:  # --taget, --Target, onnxruntime's and ATC's --input for --inputs
                 hints.append(f"{flag}: did you mean {close}?")
     return hints

@@ -271,7 +271,7 @@ _SOURCE_EDITS = ("--out-nodes", "--insert-op-conf", "--input-fp16-nodes", "--out
 def _source_edit_hints(command: argparse.ArgumentParser, extra: list[str]) -> list[str]:
     given = list(dict.fromkeys(text.split("=", 1)[0] for text in extra
                                if text.split("=", 1)[0] in _SOURCE_EDITS))
-    if not given:
+    if not given or command.prog.endswith(" atc"):  # atc takes them, in ATC's spelling
         return []
     name = command.prog.removeprefix("graphopt ")
     return [f"{', '.join(given)} edit{'s' * (len(given) == 1)} the model in graphopt optimize: "

@@ -192,6 +192,14 @@ def _precision(args) -> str:
             raise OptionError(f"{flag}={value}: ATC computes cube ops from float16 inputs into "
                               f"float32 there, which graphopt has no mode for: {keep} keeps "
                               "float32 throughout (as precise or more)")
+        if value in ("allow_fp32_to_fp16", "allow_fp32_to_bf16"):
+            half = value[-4:]
+            nearest = "allow_mix_precision" if half == "fp16" else "allow_mix_precision_bf16"
+            raise OptionError(f"{flag}={value}: ATC runs cube ops in {half} there and keeps "
+                              "every other op in float32 where its kernel takes it, which "
+                              f"graphopt has no mode for: {nearest} is nearest (cube ops in "
+                              f"{half}, numerically sensitive ops in float32, the rest following "
+                              "their inputs), must_keep_origin_dtype keeps float32 throughout")
         if value not in table:
             raise OptionError(f"{flag}={value}: graphopt atc takes {', '.join(table)} "
                               "(graphopt's --precision: keep, fp16, bf16, mixed-fp16, "

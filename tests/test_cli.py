@@ -1144,6 +1144,16 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
     (["optimize", "m.onnx", "-o", "m.om", "--output_type=FP16", "--mode=1"],
      "(--output_type is --output-type here; --mode is ATC's; its --mode=1 (an .om as JSON) is "
      "graphopt inspect x.om --json"),
+    # On graphopt atc, whose flags are ATC's: graphopt's spelling, a misspelt ATC flag,
+    # graphopt's --target, an ATC flag with no counterpart. The first also said to give atc
+    # the model an optimize edit had made, and the second proposed --output.
+    (["atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310",
+      "--out-nodes=y", "--output_t=FP16", "--target=ascend310", "--aicore_num=2"],
+     "(--out-nodes: did you mean --out_nodes?; --output_t: did you mean --output_type?; "
+     "--target is graphopt optimize's: an atc line names the chip with --soc_version "
+     "(Ascend310, Ascend310B1, Ascend910B1); --aicore_num is ATC's; a target profile's core "
+     "count prices the kernels here: drop it, or compile for a profile file with fewer cores "
+     "(graphopt optimize --target my_chip.json)) (see graphopt atc --help)"),
 ])
 def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
     from helpers import run_cli

@@ -67,7 +67,13 @@ def test_atc_flags_become_graphopts(given, expected):
      "ATC's --mode=1 is graphopt inspect x.om --json"),
     ({"soc_version": "Ascend310P3"}, "--soc_version=Ascend310P3: graphopt has target profiles "
                                      "for Ascend310, Ascend310B* and Ascend910B*"),
-    ({"precision_mode": "allow_fp32_to_fp16"}, "--precision_mode=allow_fp32_to_fp16: graphopt "
+    ({"precision_mode": "allow_fp32_to_fp16"}, "--precision_mode=allow_fp32_to_fp16: ATC runs "
+                                               "cube ops in fp16 there and keeps every other op "
+                                               "in float32 where its kernel takes it, which "
+                                               "graphopt has no mode for: allow_mix_precision "
+                                               "is nearest"),
+    ({"precision_mode": "allow_fp32_to_bf16"}, "allow_mix_precision_bf16 is nearest"),
+    ({"precision_mode": "allow_fp16_to_fp32"}, "--precision_mode=allow_fp16_to_fp32: graphopt "
                                                "atc takes force_fp16"),
     ({"precision_mode": "force_fp32"}, "--precision_mode=force_fp32: ATC computes cube ops from "
                                        "float16 inputs into float32 there, which graphopt has "
