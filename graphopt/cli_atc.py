@@ -117,8 +117,12 @@ def _atc_spellings(args) -> dict[str, str]:
 def translate(args) -> list[str]:
     """The `graphopt optimize` argv an atc command line's flags (parsed) ask for."""
     if args.mode != "0":
+        precheck = ("; its --mode=3 (a pre-check of the model's ops) is graphopt partition "
+                    "MODEL --target NAME, which shows where each op runs and why"
+                    if args.mode.strip() == "3" else "")
         raise OptionError(f"--mode={args.mode}: graphopt atc compiles (mode 0); ATC's --mode=1 "
-                          "is graphopt inspect x.om --json, its --mode=6 graphopt inspect x.om")
+                          "is graphopt inspect x.om --json, its --mode=6 graphopt inspect x.om"
+                          + precheck)
     missing = [flag for flag in ("--model", "--framework", "--output", "--soc_version")
                if not getattr(args, flag[2:])]
     if missing:
@@ -127,6 +131,9 @@ def translate(args) -> list[str]:
         raise UsageError(f"atc: the following arguments are required: {', '.join(missing)}"
                          f"{chips} (see graphopt atc --help)")
     if args.framework != ONNX_FRAMEWORK:
+        if args.framework.strip().lower() == "onnx":
+            raise OptionError(f"--framework={args.framework}: ATC names the framework by "
+                              f"number; ONNX is --framework={ONNX_FRAMEWORK}")
         raise OptionError(f"--framework={args.framework}: graphopt reads ONNX models "
                           f"(--framework={ONNX_FRAMEWORK}); convert the model to ONNX first")
     if args.log is not None and args.log.lower() not in LOG_LEVELS:

@@ -73,6 +73,10 @@ def test_atc_flags_become_graphopts(given, expected):
                                                "graphopt has no mode for: allow_mix_precision "
                                                "is nearest"),
     ({"precision_mode": "allow_fp32_to_bf16"}, "allow_mix_precision_bf16 is nearest"),
+    ({"framework": "ONNX"}, "--framework=ONNX: ATC names the framework by number; ONNX is "
+                            "--framework=5"),
+    ({"mode": "3"}, "its --mode=3 (a pre-check of the model's ops) is graphopt partition MODEL "
+                    "--target NAME"),
     ({"precision_mode": "allow_fp16_to_fp32"}, "--precision_mode=allow_fp16_to_fp32: graphopt "
                                                "atc takes force_fp16"),
     ({"precision_mode": "force_fp32"}, "--precision_mode=force_fp32: ATC computes cube ops from "
