@@ -4,6 +4,8 @@ translation printed so that a script can move to graphopt's own spelling."""
 
 from __future__ import annotations
 
+import argparse
+
 import os
 import shlex
 import sys
@@ -36,6 +38,19 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "null")
 NAME_LISTS = ("--out_nodes", "--input_fp16_nodes", "--output_type")
 
 
+class _Once(argparse.Action):
+    """Store a flag's value, refusing a second one: an atc line that names a flag twice (a
+    script's default and its override) would otherwise compile with the last, unsaid."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_atc_given", set())
+        if self.dest in given:
+            parser.error(f"{option_string} is given twice ({getattr(namespace, self.dest)!r} "
+                         f"and {values!r}): give it once")
+        namespace._atc_given = given | {self.dest}
+        setattr(namespace, self.dest, values)
+
+
 def add_atc_parser(sub) -> None:
     p = sub.add_parser(
         "atc", help="run an atc command line as graphopt optimize (ONNX models)",
@@ -45,6 +60,7 @@ def add_atc_parser(sub) -> None:
         epilog='examples:\n  graphopt atc --model=resnet50.onnx --framework=5 --output=resnet50 \\\n'
                '      --soc_version=Ascend310 --input_shape="input:1,3,224,224"',
         formatter_class=HelpFormatter)
+    p.register("action", None, _Once)  # each flag below, given twice, is refused
     # Required as ATC requires them, checked by translate: ATC's --mode=1 needs none of them.
     p.add_argument("--model", metavar="FILE.onnx", help="the ONNX model (required)")
     p.add_argument("--framework", metavar="5", help="5: ONNX, the only one (required)")

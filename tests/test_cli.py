@@ -1154,6 +1154,11 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
      "(Ascend310, Ascend310B1, Ascend910B1); --aicore_num is ATC's; a target profile's core "
      "count prices the kernels here: drop it, or compile for a profile file with fewer cores "
      "(graphopt optimize --target my_chip.json)) (see graphopt atc --help)"),
+    # The last one won, unsaid.
+    (["atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310",
+      "--precision_mode=force_fp16", "--precision_mode=must_keep_origin_dtype"],
+     "atc: --precision_mode is given twice ('force_fp16' and 'must_keep_origin_dtype'): give "
+     "it once"),
 ])
 def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
     from helpers import run_cli
