@@ -159,7 +159,7 @@ def _dynamic_hint(model, partitioning: Partitioning, log=None) -> str:
             return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
                     f"model computes{fold}")
         return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes the "
-                "model computes, which --input-shape cannot pin")
+                f"model computes, which {option('input_shapes')} cannot pin")
     named = ", ".join(f"'{v.name}' " + (f"[{_dims(v.shape)}]" if v.shape is not None
                                         else "(rank unknown)") for v in inputs)
     from graphopt.compile_checks import PIN_OPTIONS
@@ -175,9 +175,10 @@ def _dynamic_hint(model, partitioning: Partitioning, log=None) -> str:
         return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
                 f"dynamic input(s) {named} with input_shapes"
                 + (f", e.g. input_shapes={example!r}" if example else "") + fold)
+    flag = option("input_shapes")  # graphopt atc's runs say --input_shape
     return (f"{len(dynamic)} node(s) fell back to the {host} for dynamic shapes; pin the "
-            f"dynamic input(s) {named} with --input-shape NAME:dims"
-            + (f', e.g. --input-shape "{example}"' if example else "") + fold)
+            f"dynamic input(s) {named} with {flag} NAME:dims"
+            + (f', e.g. {flag} "{example}"' if example else "") + fold)
 
 
 def _dims(shape) -> str:
