@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -18,6 +19,8 @@ from graphopt.option_names import flags_spelled
 # ATC's --soc_version -> graphopt's target: the chips graphopt has a profile for.
 SOC_TARGETS = (("ascend310b", "ascend310b"), ("ascend910b", "ascend910b"),
                ("ascend310", "ascend310"))
+# What may follow each family in a --soc_version, lowercased.
+_SOC_MODELS = {"ascend310b": r"\d*", "ascend910b": r"\d*(c|-\d+)?", "ascend310": ""}
 # ATC's --precision_mode and --precision_mode_v2 -> graphopt's --precision.
 PRECISION_MODES = {
     "force_fp16": "fp16", "allow_mix_precision": "mixed-fp16",
@@ -193,7 +196,10 @@ def translate(args) -> list[str]:
 def _target(soc: str) -> str:
     chip = soc.strip().lower()
     for prefix, target in SOC_TARGETS:
-        if chip.startswith(prefix) and (prefix != "ascend310" or chip == "ascend310"):
+        # A model number after the family (and the 910B's variants, Ascend910B2C and
+        # Ascend910B4-1), nothing else: a typo such as Ascend310B1x names no chip.
+        rest = chip[len(prefix):]
+        if chip.startswith(prefix) and re.fullmatch(_SOC_MODELS[prefix], rest):
             return target
     raise OptionError(f"--soc_version={soc}: graphopt has target profiles for Ascend310, "
                       "Ascend310B* and Ascend910B* (graphopt targets lists them; a profile file "

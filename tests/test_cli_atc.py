@@ -30,6 +30,8 @@ def _args(**given) -> argparse.Namespace:
     ({"output": "out/m.om"}, ["optimize", "m.onnx", "-o", "out/m.om"]),
     ({"soc_version": "Ascend310B1"}, ["--target", "ascend310b"]),
     ({"soc_version": "Ascend910B3"}, ["--target", "ascend910b"]),
+    ({"soc_version": "Ascend910B2C"}, ["--target", "ascend910b"]),
+    ({"soc_version": "ascend910b"}, ["--target", "ascend910b"]),
     ({}, ["--precision", "fp16"]),  # ATC's default precision mode, force_fp16
     ({"precision_mode": "force_fp16"}, ["--precision", "fp16"]),
     ({"precision_mode": "allow_mix_precision"}, ["--precision", "mixed-fp16"]),
@@ -67,6 +69,10 @@ def test_atc_flags_become_graphopts(given, expected):
      "ATC's --mode=1 is graphopt inspect x.om --json"),
     ({"soc_version": "Ascend310P3"}, "--soc_version=Ascend310P3: graphopt has target profiles "
                                      "for Ascend310, Ascend310B* and Ascend910B*"),
+    ({"soc_version": "Ascend310B1x"}, "--soc_version=Ascend310B1x: graphopt has target "
+                                      "profiles for"),
+    ({"soc_version": "Ascend910Bx2"}, "--soc_version=Ascend910Bx2: graphopt has target "
+                                      "profiles for"),
     ({"precision_mode": "allow_fp32_to_fp16"}, "--precision_mode=allow_fp32_to_fp16: ATC runs "
                                                "cube ops in fp16 there and keeps every other op "
                                                "in float32 where its kernel takes it, which "
