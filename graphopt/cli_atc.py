@@ -252,6 +252,10 @@ def _input_shapes(text: str) -> dict[str, list[str]]:
                               "taken: -1 with --dynamic_dims lists the sizes to compile")
         if any(d.lstrip("+-").isdecimal() and int(d) == 0 for d in shapes[name]):
             raise OptionError(f"--input_shape={text}: {part!r}: ATC takes no dim of 0")
+        if any(d.lstrip("+-").isdecimal() and int(d) < -1 for d in shapes[name]):
+            raise OptionError(f"--input_shape={text}: {part!r}: -2 is ATC's unknown rank, "
+                              "which graphopt does not take: give each dim, -1 for a dynamic "
+                              "one")
     return shapes
 
 

@@ -96,6 +96,7 @@ def test_atc_flags_become_graphopts(given, expected):
     ({"log": "verbose"}, "--log=verbose: ATC's levels are debug, info, warning, error, null"),
     ({"input_shape": "x:1~4,3,8,8"}, "shape ranges (1~10) are not taken: -1 with --dynamic_dims"),
     ({"input_shape": "x:0,3,8,8"}, "'x:0,3,8,8': ATC takes no dim of 0"),
+    ({"input_shape": "x:-2"}, "'x:-2': -2 is ATC's unknown rank, which graphopt does not take"),
     ({"input_shape": "x:1,3,8,8", "dynamic_batch_size": "1,2"},
      "--dynamic_batch_size: --input_shape gives no -1 dim"),
     # A -1 that is not a batch dim got the batch size: 1×1 images at batch 1.
