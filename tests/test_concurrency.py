@@ -129,6 +129,58 @@ def test_overlapping_compiles_leave_the_collector_on(monkeypatch):
     assert enabled
 
 
+def test_dropped_results_are_collected_while_another_thread_compiles(monkeypatch):
+    # A thread pool whose compiles always overlapped never closed its last block: collection
+    # stayed paused and the heap frozen, and dropped results piled up (1.4 GB after 200).
+    import gc
+    import weakref
+
+    from graphopt import compiler, zoo
+    from graphopt.ir import collector
+
+    entered, leave = threading.Event(), threading.Event()
+
+    def other():  # another compile, inside its import and its passes
+        with collector.collection_paused(), collector.heap_frozen():
+            entered.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert entered.wait(10)
+        model = zoo.build("tiny")
+        dropped = weakref.ref(compiler.optimize(model))
+        monkeypatch.setattr(collector, "_tracked_after", 1)  # due: the next import collects
+        kept = compiler.optimize(model)
+        assert dropped() is None and kept.model is not None
+        assert gc.get_freeze_count() > 0  # the other thread's freeze is kept
+    finally:
+        leave.set()
+        thread.join(10)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_compile_hands_out_no_references_to_other_threads_objects(monkeypatch):
+    # gc.get_objects lists every object, a tuple another thread is still filling among them,
+    # which then fails to grow (SystemError: bad argument to internal function).
+    import gc
+
+    from graphopt import compiler, zoo
+    from graphopt.ir import collector
+
+    def refused(*args, **kwargs):
+        raise AssertionError("gc.get_objects during a compile")
+
+    monkeypatch.setattr(collector.gc, "get_objects", refused)
+    monkeypatch.setattr(collector, "_tracked_after", None)
+    model = zoo.build("tiny")
+    compiler.optimize(model)
+    monkeypatch.setattr(collector, "_tracked_after", 1)
+    compiler.optimize(model)  # due: counts and collects
+    assert gc.isenabled()
+
+
 @pytest.mark.parametrize("block", ["collection_paused", "heap_frozen"])
 def test_a_child_forked_while_another_thread_compiles_gets_the_collector_back(block):
     # The other thread's block never closes in the child: its count stayed above 0 there, and

@@ -29,44 +29,75 @@ _frozen_in: Counter = Counter()
 # pass a quarter of those a full collection left there; these arrive without being counted,
 # so a process that compiles one model after another and drops each result (the IR is cyclic)
 # would never collect them: mobilenetv2 left 23 MB per compile, 1.9 GB after 80. graphopt
-# counts them itself and collects, as CPython would, before the next import.
-_moved = 0                 # since the last full collection graphopt started
-_long_lived: int | None = None  # objects in the oldest generation after that collection
+# counts the objects the collector tracks and collects, as CPython would, before the next
+# import once they grew by a quarter since its last full collection.
+_tracked_after: int | None = None  # objects tracked after that collection (or the first freeze)
 
 
 def _freeze() -> None:
-    """gc.freeze(), counting the young objects it takes (the old ones were counted already)."""
-    global _moved, _long_lived
-    if _long_lived is None:
-        _long_lived = len(gc.get_objects(generation=2))
-    _moved += len(gc.get_objects(generation=0)) + len(gc.get_objects(generation=1))
+    """gc.freeze(), counting the objects tracked when graphopt first freezes."""
+    global _tracked_after
     gc.freeze()
+    if _tracked_after is None:
+        _tracked_after = gc.get_freeze_count()
+
+
+def _tracked() -> int | None:
+    """How many objects the collector tracks, None when a caller froze the heap (only it may
+    thaw it). Counted by freezing them, whose count walks the collector's lists: gc.get_objects
+    hands out references to every object, and a tuple another thread was still filling then
+    failed to grow (SystemError: bad argument to internal function, in any thread of the
+    process). The young ones end in the oldest generation, as collection_paused leaves them;
+    they stay frozen while graphopt's heap_frozen blocks are open."""
+    if gc.get_freeze_count() and not (_frozen and _unfreeze_after):
+        return None
+    gc.freeze()
+    count = gc.get_freeze_count()
+    if not _frozen:
+        gc.unfreeze()
+    return count
+
+
+def _collection_wanted() -> bool:
+    """Whether the process collects garbage: the collector is on, or off only because
+    compiles (this thread's or others') paused it."""
+    return gc.isenabled() or bool(_paused and _enable_after)
+
+
+def _collect_all() -> None:
+    """A full collection, also of what graphopt's open heap_frozen blocks froze (freezing only
+    spares the collector walks): a thread pool whose compiles always overlapped never closed
+    its last block, and its dropped results piled up, 1.4 GB after 200 compiles."""
+    global _tracked_after
+    if _frozen and _unfreeze_after:
+        gc.unfreeze()
+    gc.collect()
+    _tracked_after = _tracked()
 
 
 def collect_if_due() -> None:
-    """A full collection when the objects graphopt moved into the oldest generation since the
-    last one pass a quarter of what that one left there (CPython's own rule for the objects it
-    moves), unless collection is off or paused. Called before an import: a dropped result of
-    the previous compile is garbage by then, and the new model is not built yet."""
-    global _moved, _long_lived
+    """A full collection when the objects the collector tracks grew by more than a quarter
+    since graphopt's last one (CPython's own rule for the objects it moves into the oldest
+    generation), unless the caller turned collection off or froze the heap. Called before an
+    import: a dropped result of the previous compile is garbage by then, and the new model is
+    not built yet. Other threads' compiles may be running: their blocks pause collection for
+    speed alone, and one that always ran would otherwise keep it off for good."""
     with _LOCK:
-        if _paused or _frozen or not gc.isenabled() or _long_lived is None \
-                or _moved <= _long_lived // 4:
+        if not _collection_wanted() or _tracked_after is None:
             return
-        gc.collect()
-        _moved, _long_lived = 0, len(gc.get_objects(generation=2))
+        now = _tracked()
+        if now is not None and now - _tracked_after > _tracked_after // 4:
+            _collect_all()
 
 
 def collect_dropped() -> None:
-    """A full collection now, unless collection is off or paused: a large model was just
-    dropped (its IR is cyclic, so only a collection frees it) and the memory is wanted before
-    the next one is built or run, which collect_if_due's count may not yet call due."""
-    global _moved, _long_lived
+    """A full collection now, unless the caller turned collection off or froze the heap: a
+    large model was just dropped (its IR is cyclic, so only a collection frees it) and the
+    memory is wanted before the next one is built or run, which collect_if_due's count may not
+    yet call due."""
     with _LOCK:
-        if _paused or _frozen or not gc.isenabled():
-            return
-        gc.collect()
-        _moved, _long_lived = 0, len(gc.get_objects(generation=2))
+        if _collection_wanted() and (not gc.get_freeze_count() or _frozen and _unfreeze_after):
+            _collect_all()
 
 
 @contextmanager
