@@ -238,9 +238,34 @@ def test_a_dump_cut_short_is_recognised_by_the_next(proto, tmp_path):
     cut = DumpIR(os.fspath(directory), "onnx")
     cut.start(load_onnx(proto))
     assert (directory / WEIGHTS_FILE).exists()
+    cut.close()  # what the pass manager does when a pass fails
     graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format="onnx")
     log = json.loads((directory / "passes.json").read_text())
     assert log["import"]["dumps"] == ["000_import.onnx"] and log["passes"]
+
+
+def test_a_folder_another_compile_is_dumping_into_is_refused(proto, tmp_path, monkeypatch):
+    # Two compiles of one process given one folder each rewrote the other's files and index.
+    from graphopt.errors import OptionError
+    from graphopt.passes import PASSES
+    from graphopt.passes.instruments import DumpIR
+
+    directory = tmp_path / "dump"
+    other = DumpIR(os.fspath(directory), "text")  # another thread's compile, mid-dump
+    other.start(load_onnx(proto))
+    with pytest.raises(OptionError, match="another compile is dumping into that folder now"):
+        graphopt.optimize(proto, dump_dir=os.fspath(tmp_path / "." / "dump"))
+    other.close()
+    # A compile that fails gives the folder back.
+    def failing(self, model, ctx):
+        raise RuntimeError("a pass fails")
+
+    monkeypatch.setattr(PASSES["FoldConstants"], "run", failing)
+    with pytest.raises(Exception, match="a pass fails"):
+        graphopt.optimize(proto, dump_dir=os.fspath(directory))
+    monkeypatch.undo()
+    graphopt.optimize(proto, dump_dir=os.fspath(directory))
+    assert json.loads((directory / "passes.json").read_text())["passes"]
 
 
 @pytest.mark.parametrize("failing_mode", ["wb", "ab"])

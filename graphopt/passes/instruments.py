@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 from typing import TYPE_CHECKING
 
 from graphopt.atomic import atomic_write_bytes
@@ -30,6 +31,9 @@ class Instrument:
 
     def finish(self, model: "Model", log: "PassLog") -> None:
         """Called once after the last pass."""
+
+    def close(self) -> None:
+        """Called once the run ends, finished or failed, for an instrument that started."""
 
 
 class VerifyAfterEachPass(Instrument):
@@ -73,6 +77,7 @@ class DumpIR(Instrument):
         self.count = 0
         self.files: list[list[str]] = []  # per dump (import first, then each pass run)
         self._weights = None
+        self._claimed: str | None = None  # the folder's real path, while this dump has it
 
     def _write(self, model, label: str) -> None:
         stem = f"{self.count:03d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}"
@@ -96,6 +101,7 @@ class DumpIR(Instrument):
 
     def start(self, model) -> None:
         previous = _claimed(self.directory)
+        self._claimed = _claim_folder(self.directory)
         self._check_directory(model)
         _clear(self.directory, previous)
         if self.format in ("onnx", "both"):
@@ -132,6 +138,30 @@ class DumpIR(Instrument):
             entry["dumps"] = names
         atomic_write_bytes(os.path.join(self.directory, INDEX_FILE),
                            json.dumps(data, indent=1).encode("utf-8"))
+
+    def close(self) -> None:
+        if self._claimed is not None:
+            with _DUMPING_LOCK:
+                _DUMPING.discard(self._claimed)
+            self._claimed = None
+
+
+# The folders compiles of this process are dumping into, by real path: two compiles in two
+# threads given one folder each rewrote the other's files and index.
+_DUMPING: set[str] = set()
+_DUMPING_LOCK = threading.Lock()
+
+
+def _claim_folder(directory: str) -> str:
+    """The folder's real path, now marked as this dump's; OptionError when another compile of
+    this process is dumping into it."""
+    folder = os.path.realpath(directory)
+    with _DUMPING_LOCK:
+        if folder in _DUMPING:
+            raise OptionError(f"{setting('dump_dir', directory)}: another compile is dumping "
+                              "into that folder now; give each compile its own")
+        _DUMPING.add(folder)
+    return folder
 
 
 def start_profile_dumps(directory: str, profiles: list[str], format: str) -> None:

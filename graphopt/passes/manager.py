@@ -102,15 +102,21 @@ class PassManager:
     def _run(self, model: Model) -> PassLog:
         self._count = None
         log = PassLog(self.pipeline.name)
-        for instrument in self.instruments:
-            instrument.start(model)
-        for step in self.pipeline.steps:
-            if isinstance(step, FixedPoint):
-                self._fixed_point(model, step, log)
-            else:
-                self._run_pass(model, step, 0, log)
-        for instrument in self.instruments:
-            instrument.finish(model, log)
+        started = []
+        try:
+            for instrument in self.instruments:
+                instrument.start(model)
+                started.append(instrument)
+            for step in self.pipeline.steps:
+                if isinstance(step, FixedPoint):
+                    self._fixed_point(model, step, log)
+                else:
+                    self._run_pass(model, step, 0, log)
+            for instrument in self.instruments:
+                instrument.finish(model, log)
+        finally:
+            for instrument in started:
+                instrument.close()
         return log
 
     def _fixed_point(self, model: Model, step: FixedPoint, log: PassLog) -> None:
