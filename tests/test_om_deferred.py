@@ -17,6 +17,7 @@ import graphopt
 import graphopt.codegen.deferred_check as deferred_check
 import graphopt.codegen.runtime as runtime
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
+from graphopt.codegen.om_file import ReplacedWhileLoading
 from graphopt.errors import ArtifactError
 
 RNG = np.random.default_rng(3)
@@ -301,6 +302,37 @@ def test_a_session_over_a_file_replaced_since_load_om_is_refused(tmp_path):
         OmSession(artifact)
     x = RNG.standard_normal((2, 512)).astype(np.float32)
     np.testing.assert_allclose(OmSession(live).run({"X": x})["Y"], x @ (big * 2), rtol=1e-4)
+
+
+def test_load_reads_again_an_artifact_a_save_renamed_over_it_mid_load(tmp_path, monkeypatch):
+    # A pipeline reloading while another process saves: a third of the loads had failed with
+    # "replaced or removed while it was being loaded: load it again".
+    from graphopt.codegen.om_file import OpenedFile
+
+    big = RNG.standard_normal((512, 1024)).astype(np.float32)
+    live, new = tmp_path / "live.om", tmp_path / "new.om"
+    write_om(live, [OmPartition("p0", "cpu", matmul_model(big))])
+    write_om(new, [OmPartition("p0", "cpu", matmul_model(big * 2))])
+    checked = OpenedFile.check_still_at_path
+    renames = []
+
+    def renamed_once(self):
+        if not renames:  # the save lands between the load's read and its sessions
+            renames.append(os.replace(new, live))
+        checked(self)
+
+    monkeypatch.setattr(OpenedFile, "check_still_at_path", renamed_once)
+    x = RNG.standard_normal((2, 512)).astype(np.float32)
+    np.testing.assert_allclose(graphopt.load(live).run({"X": x})["Y"], x @ (big * 2), rtol=1e-4)
+    assert renames == [None]
+
+    def always_replaced(self):
+        raise ReplacedWhileLoading(f"{self.label} was replaced or removed while it was being "
+                                   "loaded: load it again")
+
+    monkeypatch.setattr(OpenedFile, "check_still_at_path", always_replaced)
+    with pytest.raises(ArtifactError, match="was replaced or removed while it was being loaded"):
+        graphopt.load(live)
 
 
 def test_a_pickled_session_refuses_an_artifact_replaced_since(om_path, tmp_path):

@@ -7,9 +7,14 @@ import stat
 from collections.abc import Mapping
 
 from graphopt.api_args import without_nul
+from graphopt.codegen.om_file import ReplacedWhileLoading
 from graphopt.codegen.om_read import is_om, looks_like_onnx
 from graphopt.codegen.runtime import OmSession
 from graphopt.errors import ArtifactError, InputError, OptionError
+
+
+# Loads of an artifact that a save keeps replacing: each attempt reads one whole file.
+_ATTEMPTS = 3
 
 
 def load(
@@ -49,10 +54,10 @@ def load(
         raise OptionError("load: the path is empty")
     without_nul(path, "load")
     try:
-        return OmSession(path, intra_op_num_threads=intra_op_num_threads,
-                         optimization_level=optimization_level,
-                         inter_op_num_threads=inter_op_num_threads, session_config=session_config,
-                         profiles=profiles)
+        return _opened(path, intra_op_num_threads=intra_op_num_threads,
+                       optimization_level=optimization_level,
+                       inter_op_num_threads=inter_op_num_threads, session_config=session_config,
+                       profiles=profiles)
     except ArtifactError:
         # The path is looked at, and the file sniffed, only once loading failed (start-up
         # matters): a missing file or a folder gets its own message, an ONNX model a hint, and
@@ -77,3 +82,16 @@ def load(
                              "+ graphopt.save)") from None
         raise
 
+
+def _opened(path: str, **options) -> OmSession:
+    """OmSession(path), loaded again (_ATTEMPTS in all) when a save renamed a new artifact over
+    the path mid-load (a pipeline reloading while another process writes): each attempt reads
+    one whole file."""
+    attempt = 1
+    while True:
+        try:
+            return OmSession(path, **options)
+        except ReplacedWhileLoading:
+            if attempt == _ATTEMPTS:
+                raise
+            attempt += 1

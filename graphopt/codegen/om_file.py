@@ -12,6 +12,11 @@ import stat
 from graphopt.errors import ArtifactError
 
 
+
+class ReplacedWhileLoading(ArtifactError):
+    """The path named another file once the load had read this one (a save renamed a new
+    artifact over it): loading again reads the new one whole."""
+
 class OpenedFile:
     """An open, read-only .om and the size, mtime and change time it had when opened."""
 
@@ -78,8 +83,8 @@ class OpenedFile:
         except OSError:
             same = False
         if not same:
-            raise ArtifactError(f"{self.label} was replaced or removed while it was being "
-                                "loaded: load it again")
+            raise ReplacedWhileLoading(f"{self.label} was replaced or removed while it was "
+                                       "being loaded: load it again")
 
     def close(self) -> None:
         """Close the handle now (OmSession.close); reads afterwards fail."""
