@@ -5,7 +5,6 @@ translation printed so that a script can move to graphopt's own spelling."""
 from __future__ import annotations
 
 import argparse
-
 import os
 import re
 import shlex

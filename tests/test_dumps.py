@@ -266,6 +266,12 @@ def test_a_folder_another_compile_is_dumping_into_is_refused(proto, tmp_path, mo
     monkeypatch.undo()
     graphopt.optimize(proto, dump_dir=os.fspath(directory))
     assert json.loads((directory / "passes.json").read_text())["passes"]
+    # So does one whose dump cannot start (the model's own file among the dump's names).
+    model = directory / "000_import.onnx"
+    onnx.save(proto, model)
+    for _ in range(2):
+        with pytest.raises(OptionError, match="the dump would overwrite the model"):
+            graphopt.optimize(os.fspath(model), dump_dir=os.fspath(directory))
 
 
 @pytest.mark.parametrize("failing_mode", ["wb", "ab"])

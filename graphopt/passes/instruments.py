@@ -102,13 +102,17 @@ class DumpIR(Instrument):
     def start(self, model) -> None:
         previous = _claimed(self.directory)
         self._claimed = _claim_folder(self.directory)
-        self._check_directory(model)
-        _clear(self.directory, previous)
-        if self.format in ("onnx", "both"):
-            from graphopt.tools.dump_onnx import SharedWeights
+        try:  # a start that fails is not closed by the pass manager: give the folder back
+            self._check_directory(model)
+            _clear(self.directory, previous)
+            if self.format in ("onnx", "both"):
+                from graphopt.tools.dump_onnx import SharedWeights
 
-            self._weights = SharedWeights(self.directory)
-        self._write(model, "import")
+                self._weights = SharedWeights(self.directory)
+            self._write(model, "import")
+        except BaseException:
+            self.close()
+            raise
 
     def _check_directory(self, model) -> None:
         """OptionError when the dump would overwrite the compiled model itself, or weights the
