@@ -151,7 +151,7 @@ def test_dropped_results_are_collected_while_another_thread_compiles(monkeypatch
         assert entered.wait(10)
         model = zoo.build("tiny")
         dropped = weakref.ref(compiler.optimize(model))
-        monkeypatch.setattr(collector, "_tracked_after", 1)  # due: the next import collects
+        monkeypatch.setattr(collector, "_long_lived", 0)  # due: the next import collects
         kept = compiler.optimize(model)
         assert dropped() is None and kept.model is not None
         assert gc.get_freeze_count() > 0  # the other thread's freeze is kept
@@ -173,11 +173,11 @@ def test_a_compile_hands_out_no_references_to_other_threads_objects(monkeypatch)
         raise AssertionError("gc.get_objects during a compile")
 
     monkeypatch.setattr(collector.gc, "get_objects", refused)
-    monkeypatch.setattr(collector, "_tracked_after", None)
+    monkeypatch.setattr(collector, "_long_lived", None)
     model = zoo.build("tiny")
     compiler.optimize(model)
-    monkeypatch.setattr(collector, "_tracked_after", 1)
-    compiler.optimize(model)  # due: counts and collects
+    monkeypatch.setattr(collector, "_long_lived", 0)
+    compiler.optimize(model)  # due: collects and counts
     assert gc.isenabled()
 
 

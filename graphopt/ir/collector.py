@@ -29,65 +29,66 @@ _frozen_in: Counter = Counter()
 # pass a quarter of those a full collection left there; these arrive without being counted,
 # so a process that compiles one model after another and drops each result (the IR is cyclic)
 # would never collect them: mobilenetv2 left 23 MB per compile, 1.9 GB after 80. graphopt
-# counts the objects the collector tracks and collects, as CPython would, before the next
-# import once they grew by a quarter since its last full collection.
-_tracked_after: int | None = None  # objects tracked after that collection (or the first freeze)
+# counts them itself and collects, as CPython would, before the next import. The young ones
+# are counted by generation 0's allocation count, which grows while compiles pause collection
+# and which freezing resets: gc.get_objects would list them, handing a tuple another thread
+# was still filling a second reference, which then failed to grow (SystemError: bad argument
+# to internal function, in any thread of the process); and a walk of the whole heap before
+# every import cost a process holding 3M objects 47 ms a compile.
+_moved = 0                 # since the last full collection graphopt started
+_long_lived: int | None = None  # objects tracked after that collection (or at the first freeze)
 
 
 def _freeze() -> None:
-    """gc.freeze(), counting the objects tracked when graphopt first freezes."""
-    global _tracked_after
+    """gc.freeze(), counting the young objects it takes."""
+    global _moved, _long_lived
+    _moved += gc.get_count()[0]
     gc.freeze()
-    if _tracked_after is None:
-        _tracked_after = gc.get_freeze_count()
+    if _long_lived is None:  # once: what the process had tracked by then
+        _long_lived = gc.get_freeze_count()
 
 
-def _tracked() -> int | None:
-    """How many objects the collector tracks, None when a caller froze the heap (only it may
-    thaw it). Counted by freezing them, whose count walks the collector's lists: gc.get_objects
-    hands out references to every object, and a tuple another thread was still filling then
-    failed to grow (SystemError: bad argument to internal function, in any thread of the
-    process). The young ones end in the oldest generation, as collection_paused leaves them;
-    they stay frozen while graphopt's heap_frozen blocks are open."""
-    if gc.get_freeze_count() and not (_frozen and _unfreeze_after):
-        return None
-    gc.freeze()
-    count = gc.get_freeze_count()
-    if not _frozen:
-        gc.unfreeze()
-    return count
+def _caller_froze() -> bool:
+    """Whether a caller froze the heap (only it may thaw it), rather than graphopt's blocks."""
+    return bool(gc.get_freeze_count()) and not (_frozen and _unfreeze_after)
 
 
 def _collection_wanted() -> bool:
     """Whether the process collects garbage: the collector is on, or off only because
-    compiles (this thread's or others') paused it."""
-    return gc.isenabled() or bool(_paused and _enable_after)
+    compiles (this thread's or others') paused it; and no caller froze the heap."""
+    return (gc.isenabled() or bool(_paused and _enable_after)) and not _caller_froze()
 
 
 def _collect_all() -> None:
     """A full collection, also of what graphopt's open heap_frozen blocks froze (freezing only
     spares the collector walks): a thread pool whose compiles always overlapped never closed
-    its last block, and its dropped results piled up, 1.4 GB after 200 compiles."""
-    global _tracked_after
-    if _frozen and _unfreeze_after:
+    its last block, and its dropped results piled up, 1.4 GB after 200 compiles. Then the
+    objects left are counted, by freezing them (a walk of the collector's lists, which a full
+    collection has just made anyway)."""
+    global _moved, _long_lived
+    thawed = _frozen and _unfreeze_after
+    if thawed:
         gc.unfreeze()
     gc.collect()
-    _tracked_after = _tracked()
+    gc.freeze()
+    _moved, _long_lived = 0, gc.get_freeze_count()
+    if not thawed:
+        gc.unfreeze()
 
 
 def collect_if_due() -> None:
-    """A full collection when the objects the collector tracks grew by more than a quarter
-    since graphopt's last one (CPython's own rule for the objects it moves into the oldest
-    generation), unless the caller turned collection off or froze the heap. Called before an
-    import: a dropped result of the previous compile is garbage by then, and the new model is
-    not built yet. Other threads' compiles may be running: their blocks pause collection for
-    speed alone, and one that always ran would otherwise keep it off for good."""
+    """A full collection when the young objects graphopt moved into the oldest generation
+    since its last one (and those allocated since, which other threads' compiles may still
+    hold paused) pass a quarter of what that one left there (CPython's own rule for the
+    objects it moves), unless the caller turned collection off or froze the heap. Called
+    before an import: a dropped result of the previous compile is garbage by then, and the new
+    model is not built yet. Other threads' blocks pause collection for speed alone, and ones
+    that always overlapped would otherwise keep it off for good."""
     with _LOCK:
-        if not _collection_wanted() or _tracked_after is None:
+        if not _collection_wanted() or _long_lived is None \
+                or _moved + gc.get_count()[0] <= _long_lived // 4:
             return
-        now = _tracked()
-        if now is not None and now - _tracked_after > _tracked_after // 4:
-            _collect_all()
+        _collect_all()
 
 
 def collect_dropped() -> None:
@@ -96,7 +97,7 @@ def collect_dropped() -> None:
     memory is wanted before the next one is built or run, which collect_if_due's count may not
     yet call due."""
     with _LOCK:
-        if _collection_wanted() and (not gc.get_freeze_count() or _frozen and _unfreeze_after):
+        if _collection_wanted():
             _collect_all()
 
 
