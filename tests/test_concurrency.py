@@ -5,6 +5,7 @@ single-partition one."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import warnings
 
@@ -129,6 +130,31 @@ def test_overlapping_compiles_leave_the_collector_on(monkeypatch):
     assert enabled
 
 
+@contextlib.contextmanager
+def _another_compile_inside(*blocks: str):
+    """Another thread held inside the collector's `blocks` (a compile's import and passes)
+    until the with-block ends."""
+    from graphopt.ir import collector
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def compiling():
+        with contextlib.ExitStack() as stack:
+            for block in blocks:
+                stack.enter_context(getattr(collector, block)())
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=compiling)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        yield
+    finally:
+        leave.set()
+        thread.join(10)
+
+
 def test_dropped_results_are_collected_while_another_thread_compiles(monkeypatch):
     # A thread pool whose compiles always overlapped never closed its last block: collection
     # stayed paused and the heap frozen, and dropped results piled up (1.4 GB after 200).
@@ -138,26 +164,13 @@ def test_dropped_results_are_collected_while_another_thread_compiles(monkeypatch
     from graphopt import compiler, zoo
     from graphopt.ir import collector
 
-    entered, leave = threading.Event(), threading.Event()
-
-    def other():  # another compile, inside its import and its passes
-        with collector.collection_paused(), collector.heap_frozen():
-            entered.set()
-            leave.wait(30)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    try:
-        assert entered.wait(10)
+    with _another_compile_inside("collection_paused", "heap_frozen"):
         model = zoo.build("tiny")
         dropped = weakref.ref(compiler.optimize(model))
         monkeypatch.setattr(collector, "_long_lived", 0)  # due: the next import collects
         kept = compiler.optimize(model)
         assert dropped() is None and kept.model is not None
         assert gc.get_freeze_count() > 0  # the other thread's freeze is kept
-    finally:
-        leave.set()
-        thread.join(10)
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
@@ -190,17 +203,7 @@ def test_a_child_forked_while_another_thread_compiles_gets_the_collector_back(bl
 
     from graphopt.ir import collector
 
-    inside, leave = threading.Event(), threading.Event()
-
-    def compiling():
-        with getattr(collector, block)():
-            inside.set()
-            leave.wait(10)
-
-    thread = threading.Thread(target=compiling)
-    thread.start()
-    try:
-        assert inside.wait(10)
+    with _another_compile_inside(block):
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: only this thread came along
@@ -215,9 +218,6 @@ def test_a_child_forked_while_another_thread_compiles_gets_the_collector_back(bl
         verdict = os.read(read, 1)
         os.waitpid(pid, 0)
         assert verdict == b"1"
-    finally:
-        leave.set()
-        thread.join(10)
     assert gc.isenabled() and not gc.get_freeze_count()
 
 

@@ -900,16 +900,28 @@ def test_member_declaring_four_gigabytes_is_refused_without_reading_them(artifac
         graphopt.load(path)
 
 
+def _with_bomb(artifacts, size: int) -> tuple[dict, dict[str, bytes]]:
+    """The seed artifact's manifest and members with `size` zero bytes (deflating to next to
+    nothing) added as tuning/bomb.bin, its size and sum declared."""
+    manifest, members = read_zip(artifacts["seed"][0])
+    members["tuning/bomb.bin"] = bytes(size)
+    resum(manifest, members)
+    return manifest, members
+
+
+def _written(workdir, name: str, data: bytes) -> str:
+    path = os.path.join(workdir, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
 def test_zip_bomb_member_is_inflated_only_to_its_declared_size(artifacts, workdir):
     # 32 MiB of zeros deflate to ~32 KiB; the manifest's size bounds what is inflated, and
     # the checksum then refuses it.
-    manifest, members = read_zip(artifacts["seed"][0])
-    members["tuning/bomb.bin"] = bytes(32 << 20)
-    resum(manifest, members)
+    manifest, members = _with_bomb(artifacts, 32 << 20)
     manifest["members"]["tuning/bomb.bin"]["sha256"] = "0" * 64
-    path = os.path.join(workdir, "bomb.om")
-    with open(path, "wb") as f:
-        f.write(write_zip(manifest, members))
+    path = _written(workdir, "bomb.om", write_zip(manifest, members))
     assert os.path.getsize(path) < 1 << 20
     with hang_guard(), pytest.raises(graphopt.errors.ArtifactError,
                                      match="'tuning/bomb.bin' fails its sha256"):
@@ -924,12 +936,7 @@ def test_zip_bomb_member_declared_honestly_is_refused_by_its_size(artifacts, wor
     from graphopt.codegen import om_read
 
     monkeypatch.setattr(om_read, "_MAX_OTHER_BYTES", 1 << 20)
-    manifest, members = read_zip(artifacts["seed"][0])
-    members["tuning/bomb.bin"] = bytes(2 << 20)
-    resum(manifest, members)
-    path = os.path.join(workdir, "honest_bomb.om")
-    with open(path, "wb") as f:
-        f.write(write_zip(manifest, members))
+    path = _written(workdir, "honest_bomb.om", write_zip(*_with_bomb(artifacts, 2 << 20)))
     with pytest.raises(graphopt.errors.ArtifactError,
                        match=r"'tuning/bomb.bin' is implausibly large \(2097152 bytes"):
         graphopt.load(path)
@@ -940,16 +947,12 @@ def test_a_member_inflating_past_its_declared_size_is_cut_at_it(artifacts, workd
     # zipfile's read() inflated whole (up to 2 GiB at once) before cutting it.
     import tracemalloc
 
-    manifest, members = read_zip(artifacts["seed"][0])
-    members["tuning/bomb.bin"] = bytes(64 << 20)
-    resum(manifest, members)
+    manifest, members = _with_bomb(artifacts, 64 << 20)
     manifest["members"]["tuning/bomb.bin"]["size"] = 1000
     data = bytearray(write_zip(manifest, members))
     entry = data.rfind(b"PK\x01\x02", 0, data.rfind(b"tuning/bomb.bin"))  # its directory entry
     data[entry + 24:entry + 28] = (1000).to_bytes(4, "little")  # the uncompressed size alone
-    path = os.path.join(workdir, "liar_bomb.om")
-    with open(path, "wb") as f:
-        f.write(bytes(data))
+    path = _written(workdir, "liar_bomb.om", bytes(data))
     tracemalloc.start()
     try:
         with pytest.raises(graphopt.errors.ArtifactError, match="'tuning/bomb.bin'"):
