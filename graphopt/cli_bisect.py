@@ -7,6 +7,7 @@ import math
 import sys
 
 from graphopt.cli_compare import add_rule_options, check_rule_options
+from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
 from graphopt.cli_precision import add_precision_args, precision_options
 from graphopt.cli_types import input_shapes, path_text, target_name
 from graphopt.errors import one_line
@@ -17,6 +18,10 @@ EXAMPLES = """examples:
   graphopt bisect model.onnx -O3 --inputs x.npz --rtol 1e-3 --atol 1e-4
   graphopt bisect model.onnx --target cpu --input-shape "x:1,3,224,224" --json
   graphopt bisect model.onnx --quantize int8 --calibration calib.npz --min-cosine 0.9999
+  graphopt bisect model.onnx --disable-pass FuseAttention --switch-file switches.cfg
+
+Give it the options of the compile that broke: the passes switched off there are off in
+every compile bisect makes.
 
 The exit status is 0 when the full compile is within tolerance (nothing to find) and 1 when
 a culprit is found, so a CI step fails exactly when the compile breaks accuracy. Errors exit
@@ -52,6 +57,8 @@ def add_bisect_parser(sub) -> None:
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
+    add_pass_switches(p)
+    add_fold_size_limit(p)
     add_rule_options(p, lossy="a compile whose passes include")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains in the compiles (onnxruntime must "
@@ -68,7 +75,8 @@ def _cmd_bisect(args) -> int:
     result = bisect(args.model, level=args.level, target=args.target, feeds=args.inputs,
                     rtol=args.rtol, atol=args.atol, min_cosine=args.min_cosine,
                     input_shapes=args.input_shape, allow_custom_ops=args.allow_custom_ops,
-                    pass_options=precision_options(args),
+                    pass_options=precision_options(args), disable_passes=args.disable_pass,
+                    switch_file=switch_file_of(args), fold_size_limit=args.fold_size_limit,
                     progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(result.to_json(), indent=1) if args.json else format_result(result))
     return 1 if result.found else 0
@@ -84,6 +92,7 @@ def _block(title: str, lines: list[str]) -> list[str]:
 def format_result(result) -> str:
     n = result.total_rewrites
     head = f"{result.model} at {result.pipeline}" + (
+        f" with {', '.join(result.switched_off)} off" if result.switched_off else "") + (
         f" for target {result.target}" if result.target else "") + (
         f", on {result.inputs}" if result.inputs else "")
     if not result.found:

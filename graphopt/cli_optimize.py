@@ -44,12 +44,7 @@ def add_optimize_parser(sub) -> None:
                    help="optimization level 0-3 (default 2; 3 may change results by up to about "
                         "2e-5 of a layer's largest output: Winograd convs, Softplus, Mish; "
                         "`graphopt passes` lists the passes of each level)")
-    p.add_argument("--disable-pass", action="append", default=[], type=name_text,
-                   metavar="NAME",
-                   help="skip a pass by name; repeatable")
-    switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
-    switches.add_argument("--switch-file", type=path_text, metavar="FILE",
-                          help="file of `PassName: on|off` lines (or JSON) switching passes off")
+    add_pass_switches(p)
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
     p.add_argument("--out-nodes", metavar="NAMES",
@@ -70,8 +65,7 @@ def add_optimize_parser(sub) -> None:
                         '"batch:1,4,8;seq:128,512" (every combination) or '
                         '"batch=1,seq=512;batch=8,seq=128" (listed); a dim is a symbolic input '
                         'dim or INPUT[AXIS]. The runtime takes the profile the inputs match')
-    p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
-                   help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
+    add_fold_size_limit(p)
     p.add_argument("--verify", action="store_true",
                    help="run original and optimized with onnxruntime (no ORT optimizations; "
                         "after a lossy precision pass at ORT_ENABLE_ALL, judged by cosine) on "
@@ -95,8 +89,6 @@ def add_optimize_parser(sub) -> None:
                    help="verify the graph's structure after every pass")
     p.add_argument("--trace-rule", action="append", default=[], metavar="RULE",
                    help="report why RULE did not fire at its closest near-misses; repeatable")
-    switches.add_argument("--fusion-switch-file", type=path_text, metavar="FILE",
-                          help="same as --switch-file (ATC's spelling)")
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="compile for a target (`graphopt targets` lists them): nodes are placed on "
                         "its devices and an .om holds one model per device partition "
@@ -228,12 +220,29 @@ def _cmd_optimize(args) -> int:
     return 0
 
 
+def add_pass_switches(p) -> None:
+    """--disable-pass and the switch files, which optimize and bisect take alike."""
+    p.add_argument("--disable-pass", action="append", default=[], type=name_text,
+                   metavar="NAME",
+                   help="skip a pass (or one rule of a pass) by name; repeatable")
+    switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
+    switches.add_argument("--switch-file", type=path_text, metavar="FILE",
+                          help="file of `PassName: on|off` lines (or JSON) switching passes off")
+    switches.add_argument("--fusion-switch-file", type=path_text, metavar="FILE",
+                          help="same as --switch-file (ATC's spelling)")
+
+
+def add_fold_size_limit(p) -> None:
+    p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
+                   help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
+
+
 def _compiled(args, target, pass_options):
     """The compile the command line asks for."""
     from graphopt.compiler import optimize
 
     return optimize(args.model, level=args.level, disable_passes=args.disable_pass,
-                    switch_file=_switch_file(args), input_shapes=args.input_shape,
+                    switch_file=switch_file_of(args), input_shapes=args.input_shape,
                     fold_size_limit=args.fold_size_limit, verify=args.verify,
                     inputs=args.inputs, rtol=args.rtol, atol=args.atol,
                     dump_dir=args.dump_dir, dump_format=args.dump_format or "text",
@@ -284,7 +293,7 @@ def _files_read(args) -> dict[str, str | list[str] | None]:
             "--keep-dtype": keep_dtype_files(args.keep_dtype), "--tuning-db": tuning_db}
 
 
-def _switch_file(args) -> str | None:
+def switch_file_of(args) -> str | None:
     """--switch-file, or --fusion-switch-file read first so that its errors name that flag."""
     if args.fusion_switch_file:
         from graphopt.switches import read_switch_file

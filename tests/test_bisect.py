@@ -213,6 +213,43 @@ def test_cli_reports_the_culprit_and_exits_1(mobilenet, wrong_clip, tmp_path, ca
     assert data["rule"] == "TestBisectWrongClip" and data["anchor"] == anchor
 
 
+def test_passes_switched_off_for_the_compile_are_off_in_every_compile_bisect_makes(
+        mobilenet, wrong_clip, tmp_path, capsys, monkeypatch):
+    # A compile made with FuseConvBatchNorm off is clean; bisect without the switch had
+    # bisected another compile, and named a culprit the user's compile never ran.
+    wrong_clip("/features/features.5/conv/conv.1/conv.1.2/Clip")
+    path = tmp_path / "m.onnx"
+    onnx.save(mobilenet, path)
+    (tmp_path / "switches.cfg").write_text("FuseConvBatchNorm: off\n")
+    for switch in (["--disable-pass", "FuseConvBatchNorm"],
+                   ["--switch-file", tmp_path / "switches.cfg"],
+                   ["--fusion-switch-file", tmp_path / "switches.cfg"]):
+        rc, out, err = run_cli(capsys, "bisect", path, *switch)
+        assert rc == 0, (switch, err)
+        assert "m.onnx at O2 with FuseConvBatchNorm off, on seeded random inputs: " \
+            "the full compile is within" in out
+    # A rule switched off alone: the pass's other rules still fold the BatchNorms.
+    result = bisect(path, disable_passes=["TestBisectWrongClip"], **TOL)
+    assert not result.found and result.switched_off == ["TestBisectWrongClip"]
+    assert result.total_rewrites > 150
+    # Every compile of a search gets the fold limit, not only the first.
+    import graphopt.compiler
+
+    limits = []
+    compile_once = graphopt.compiler.optimize
+
+    def recorded(*args, **kwargs):
+        limits.append(kwargs.get("fold_size_limit"))
+        return compile_once(*args, **kwargs)
+    monkeypatch.setattr(graphopt.compiler, "optimize", recorded)
+    rc, out, err = run_cli(capsys, "bisect", path, "--fold-size-limit", "2K")
+    assert rc == 1 and "culprit rewrite: TestBisectWrongClip" in out
+    assert len(limits) > 5 and set(limits) == {2048}
+    rc, out, err = run_cli(capsys, "bisect", path, "--disable-pass", "FuseConvBN")
+    assert rc == 2 and not out
+    assert "--disable-pass: unknown pass or rule FuseConvBN" in err
+
+
 # ---------------------------------------------------------------------------------------------
 # Nothing to find; errors
 # ---------------------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ class BisectResult:
     before_lines: list[str] = field(default_factory=list)  # "- " removed, "  " context
     after_lines: list[str] = field(default_factory=list)   # "+ " created, "  " context
     target: str | None = None    # the target compiled for (None: no target)
+    switched_off: list[str] = field(default_factory=list)  # passes and rules switched off
     inputs: str = ""             # what the outputs were compared on
     judged_by: str = ""          # the rule: "allclose(rtol=…, atol=…)" or "cosine >= …"
     rule_note: str = ""          # why the rule is cosine when none was given (a lossy compile)
@@ -200,6 +201,17 @@ def _feeds(reference: ModelProto, label: str, feeds, shapes: dict) -> dict:
         raise OptionError(f"bisect: {e} (give {option('feeds', BISECT_FLAGS)})") from None
 
 
+def _switched_off(switches: dict) -> list[str]:
+    """The pass and rule names the compiles leave out, by disable_passes and the switch file
+    (both checked by the compile that ran before this)."""
+    from graphopt.switches import read_switch_file
+
+    names = set(api_args.names(switches["disable_passes"], "disable_passes"))
+    if switches["switch_file"]:
+        names |= read_switch_file(os.fspath(switches["switch_file"]))
+    return sorted(names)
+
+
 def _rule_text(judge: dict) -> str:
     return rule_text(judge["rtol"], judge["atol"], judge["min_cosine"])
 
@@ -214,13 +226,17 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
            atol: float | None = None, min_cosine: float | None = None, input_shapes=None,
            allow_custom_ops: bool = False, precision: str = "keep", quantize: str = "none",
            calibration: str | os.PathLike | None = None, pass_options: dict | None = None,
+           disable_passes=(), switch_file: str | os.PathLike | None = None,
+           fold_size_limit: int | str | None = None,
            progress: Callable[[str], None] | None = None) -> BisectResult:
     """Find what breaks `model`'s outputs (path, bytes or ModelProto) at -O`level`, against
     onnxruntime at ORT_DISABLE_ALL on `feeds` (a dict, an .npz path, or seeded random inputs
     shaped by `input_shapes`); `allow_custom_ops` keeps ops of unknown domains in the
     compiles, as optimize's does. `progress` receives one line per evaluation.
 
-    `precision`, `quantize`, `calibration` and `pass_options` compile as optimize's do. The
+    `precision`, `quantize`, `calibration`, `pass_options`, `disable_passes`, `switch_file` and
+    `fold_size_limit` compile as optimize's do, so that the compile bisected is the one that
+    broke (a pass switched off there is off in every compile here too). The
     outputs break when they fail allclose(`rtol`, `atol`) (1e-4, 1e-5) or, given `min_cosine`,
     a cosine below it; a compile a lossy precision pass changed is judged by cosine when no
     rule is given, as `graphopt compare` judges it. With neither `rtol` nor `atol` given,
@@ -254,7 +270,10 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
                                         ("calibration", calibration, None)):
             if value not in (None, default):
                 options[keyword] = value
-        setup = Setup(source, label, level, target, shapes, pass_options=options)
+        switches = {"disable_passes": disable_passes, "switch_file": switch_file,
+                    "fold_size_limit": fold_size_limit}
+        setup = Setup(source, label, level, target, shapes, pass_options=options,
+                      switches=switches)
         arrays = _feeds(source, label, feeds, shapes)
         inputs = setting("feeds", feeds, BISECT_FLAGS) if isinstance(feeds, (str, os.PathLike)) \
             else "the given inputs" if feeds is not None else "seeded random inputs"
@@ -277,6 +296,7 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
             min_cosine, choose)
         result = BisectResult(label, full.pipeline, False, len(calls), len(full.runs),
                               target=target.name if target is not None else None, inputs=inputs,
+                              switched_off=_switched_off(switches),
                               judged_by=_rule_text(evaluate.judge), rule_note=rule_note)
         problem = evaluate(full, f"full compile, {len(calls)} rewrites in {len(full.runs)} pass "
                                  "runs")

@@ -98,6 +98,7 @@ class Setup:
     target: Target | None = None
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     pass_options: dict = field(default_factory=dict)  # e.g. precision, for optimize()
+    switches: dict = field(default_factory=dict)  # disable_passes, switch_file, fold_size_limit
 
     def __post_init__(self) -> None:
         if self.level not in PIPELINES:
@@ -126,7 +127,7 @@ def compile_prefix(setup: Setup, limit: int | None, stop_after: int | None = Non
     try:
         optimize(setup.source, level=setup.level, input_shapes=setup.input_shapes or None,
                  target=setup.target, rewrite_gate=gate, pass_options=setup.pass_options,
-                 instruments=[tracker])
+                 instruments=[tracker], **setup.switches)
     except _Stop:
         stopped = True
     except PassError as e:
