@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
 from graphopt.cli_precision import add_precision_args, precision_options
 from graphopt.cli_types import input_shapes, non_negative_int, target_name
 from graphopt.errors import OptionError, UsageError
@@ -57,6 +58,8 @@ def add_diff_parser(sub) -> None:
                    help="exit 1 when the models differ, as git diff --exit-code does")
     p.add_argument("--limit", type=non_negative_int, default=40, metavar="N",
                    help="show at most N entries per list in the text form (0: all; default 40)")
+    add_pass_switches(p, scope="with --pass: ")
+    add_fold_size_limit(p, scope="with --pass: ")
     add_precision_args(p, report=False, scope="with --pass: ")
     p.set_defaults(func=_cmd_diff, positionals_after_options="models", error_status=2)
 
@@ -72,6 +75,10 @@ def _cmd_diff(args) -> int:
                                       ("--target", args.target),
                                       ("--input-shape", args.input_shape),
                                       ("--allow-custom-ops", args.allow_custom_ops),
+                                      ("--disable-pass", args.disable_pass),
+                                      ("--switch-file", args.switch_file),
+                                      ("--fusion-switch-file", args.fusion_switch_file),
+                                      ("--fold-size-limit", args.fold_size_limit is not None),
                                       *((FLAGS.get(key, key), True)
                                         for key, value in precision.items()
                                         if value not in ("keep", "none"))) if on]
@@ -95,7 +102,8 @@ def _cmd_diff(args) -> int:
                        level=2 if args.level is None else args.level,
                        target=args.target, all_runs=args.all_runs,
                        allow_custom_ops=args.allow_custom_ops, input_shapes=args.input_shape,
-                       pass_options=precision or None)
+                       pass_options=precision or None, disable_passes=args.disable_pass,
+                       switch_file=switch_file_of(args), fold_size_limit=args.fold_size_limit)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:

@@ -220,21 +220,24 @@ def _cmd_optimize(args) -> int:
     return 0
 
 
-def add_pass_switches(p) -> None:
-    """--disable-pass and the switch files, which optimize and bisect take alike."""
+def add_pass_switches(p, scope: str = "") -> None:
+    """--disable-pass and the switch files, which optimize, bisect and diff --pass take alike;
+    `scope` starts each help text (diff's "with --pass: ")."""
     p.add_argument("--disable-pass", action="append", default=[], type=name_text,
                    metavar="NAME",
-                   help="skip a pass (or one rule of a pass) by name; repeatable")
+                   help=f"{scope}skip a pass (or one rule of a pass) by name; repeatable")
     switches = p.add_mutually_exclusive_group()  # both given, one would be dropped
     switches.add_argument("--switch-file", type=path_text, metavar="FILE",
-                          help="file of `PassName: on|off` lines (or JSON) switching passes off")
+                          help=f"{scope}file of `PassName: on|off` lines (or JSON) switching "
+                               "passes off")
     switches.add_argument("--fusion-switch-file", type=path_text, metavar="FILE",
-                          help="same as --switch-file (ATC's spelling)")
+                          help=f"{scope}same as --switch-file (ATC's spelling)")
 
 
-def add_fold_size_limit(p) -> None:
+def add_fold_size_limit(p, scope: str = "") -> None:
     p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
-                   help="largest tensor constant folding may create (default 1M; suffix K/M/G)")
+                   help=f"{scope}largest tensor constant folding may create (default 1M; "
+                        "suffix K/M/G)")
 
 
 def _compiled(args, target, pass_options):

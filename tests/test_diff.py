@@ -204,6 +204,29 @@ def test_cli_pass_mode(conv_bn_path, capsys):
     assert "before FuseConvBatchNorm (after SimplifySlicing)" in out
 
 
+def test_pass_mode_compiles_with_the_switches_of_the_compile_it_explains(conv_bn_path, capsys,
+                                                                        monkeypatch):
+    # The rule off, its pass still runs and changes nothing: what that compile saw.
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseConvBatchNorm",
+                           "--disable-pass", "ConvBatchNorm", "--json")
+    assert rc == 0, err
+    data = json.loads(out)
+    assert data["pass"]["changed_runs"] == 0 and data["pass"]["rewrites"] == {}
+    assert not data["removed"] and not data["added"]
+    import graphopt.compiler
+
+    compile_once, limits = graphopt.compiler.optimize, []
+
+    def recorded(*args, **kwargs):
+        limits.append(kwargs.get("fold_size_limit"))
+        return compile_once(*args, **kwargs)
+    monkeypatch.setattr(graphopt.compiler, "optimize", recorded)
+    rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "FuseConvBatchNorm",
+                           "--fold-size-limit", "1K", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["pass"]["rewrites"] == {"ConvBatchNorm": 1} and limits == [1024]
+
+
 def test_cli_pass_mode_all_runs_and_a_pass_that_changed_nothing(conv_bn_path, capsys):
     rc, out, err = run_cli(capsys, "diff", conv_bn_path, "--pass", "EliminateDeadNodes",
                            "--all-runs", "--json")
@@ -299,6 +322,13 @@ def test_pass_mode_compiles_with_the_precision_flags_and_pins(tmp_path, capsys):
     (["MODEL", "--pass", "LayoutNchwc", "--target", "ascend310"],
      "did not run at -O2 --target ascend310; it runs only with --target cpu, on a CPU with "
      "AVX2 or AVX-512F, at -O2 or -O3 ("),
+    # The compile's own switches: the pass is off, not missing from the level.
+    (["MODEL", "--pass", "FuseConvBatchNorm", "--disable-pass", "FuseConvBatchNorm"],
+     "--pass FuseConvBatchNorm: switched off by --disable-pass FuseConvBatchNorm"),
+    (["MODEL", "--pass", "FuseConvBatchNorm", "--fusion-switch-file", "SWITCHES"],
+     "--pass FuseConvBatchNorm: switched off by the switch file SWITCHES"),
+    (["MODEL", "MODEL", "--disable-pass", "FuseGelu"],
+     "--disable-pass applies only with --pass NAME"),
     (["MODEL"], "diff takes two models A and B, got 1"),
     (["MODEL", "MODEL", "MODEL"], "diff takes two models A and B, got 3"),
     (["MODEL", "MODEL", "--pass", "FuseGelu"], "--pass FuseGelu takes one model, got 2"),
@@ -310,9 +340,11 @@ def test_pass_mode_compiles_with_the_precision_flags_and_pins(tmp_path, capsys):
 def test_cli_errors(conv_bn_path, tmp_path, capsys, argv, needle):
     txt = tmp_path / "000_import.txt"
     txt.write_text("graph main_graph (\n")
+    switches = tmp_path / "switches.cfg"
+    switches.write_text("FuseConvBatchNorm: off\n")
     names = {"MODEL": conv_bn_path, "MISSING": os.fspath(tmp_path / "missing.onnx"),
-             "DUMP.txt": os.fspath(txt)}
-    needle = needle.replace("MISSING", names["MISSING"])
+             "DUMP.txt": os.fspath(txt), "SWITCHES": os.fspath(switches)}
+    needle = needle.replace("MISSING", names["MISSING"]).replace("SWITCHES", names["SWITCHES"])
     rc, out, err = run_cli(capsys, "diff", *[names.get(a, a) for a in argv])
     # diff's errors exit 2, as GNU diff's: with --exit-code, 1 says the models differ.
     assert rc == 2 and out == ""

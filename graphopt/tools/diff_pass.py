@@ -7,8 +7,10 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+from graphopt import api_args
 from graphopt.errors import OptionError
 from graphopt.option_names import DIFF_PASS_FLAGS, from_command_line, setting, usage
+from graphopt.switches import read_switch_file
 from graphopt.tools.diff import GraphDiff, diff_models, load_for_diff
 
 
@@ -48,11 +50,14 @@ def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, targe
               all_runs: bool = False, allow_custom_ops: bool = False, input_shapes=None,
               precision: str = "keep", quantize: str = "none",
               calibration: str | os.PathLike | None = None,
-              pass_options: dict | None = None) -> PassDiff:
+              pass_options: dict | None = None, disable_passes=(),
+              switch_file: str | os.PathLike | None = None,
+              fold_size_limit: int | str | None = None) -> PassDiff:
     """Diff the graph right before and right after the first run of `pass_name` that changed
     it (its first run if none did); `all_runs`: before its first run, after its last run.
-    `allow_custom_ops`, `input_shapes`, `precision`, `quantize`, `calibration` and
-    `pass_options` compile as optimize's do."""
+    `allow_custom_ops`, `input_shapes`, `precision`, `quantize`, `calibration`,
+    `pass_options`, `disable_passes`, `switch_file` and `fold_size_limit` compile as
+    optimize's do."""
     from graphopt.compiler import optimize
 
     label = os.path.basename(os.fspath(model))
@@ -61,13 +66,15 @@ def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, targe
         optimize(model, level=level, target=target, dump_dir=directory, dump_format="onnx",
                  allow_custom_ops=allow_custom_ops, input_shapes=input_shapes,
                  precision=precision, quantize=quantize, calibration=calibration,
-                 pass_options=pass_options)
+                 pass_options=pass_options, disable_passes=disable_passes,
+                 switch_file=switch_file, fold_size_limit=fold_size_limit)
         with open(os.path.join(directory, "passes.json"), encoding="utf-8") as f:
             log = json.load(f)
         records = log["passes"]
         runs = [i for i, r in enumerate(records) if r["pass"] == pass_name]
         if not runs:
-            raise OptionError(_not_run(pass_name, records, level, target))
+            off = _switched_off(pass_name, disable_passes, switch_file)
+            raise OptionError(off or _not_run(pass_name, records, level, target))
         changed = [i for i in runs if records[i]["changed"]]
         if all_runs:
             first, last = runs[0], runs[-1]
@@ -95,6 +102,16 @@ def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, targe
 def _step(dump_name: str) -> str:
     """`012_FoldConstants.onnx` -> `FoldConstants`, the pass whose result the dump holds."""
     return os.path.splitext(dump_name)[0].split("_", 1)[1]
+
+
+def _switched_off(pass_name: str, disable_passes, switch_file) -> str | None:
+    """Why `pass_name` did not run when the compile's own switches left it out, else None."""
+    given = setting("pass_name", pass_name, DIFF_PASS_FLAGS)
+    if pass_name in api_args.names(disable_passes, "disable_passes"):
+        return f"{given}: switched off by {setting('disable_passes', pass_name)}"
+    if switch_file and pass_name in read_switch_file(os.fspath(switch_file)):
+        return f"{given}: switched off by the switch file {os.fspath(switch_file)}"
+    return None
 
 
 def _not_run(pass_name: str, records: list[dict], level: int, target) -> str:
