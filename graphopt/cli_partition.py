@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from graphopt.cli_types import input_shapes, name_text, path_text, target_name
+from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
+from graphopt.cli_types import input_shapes, path_text, target_name
 from graphopt.help_format import HelpFormatter
 
 
@@ -26,9 +27,8 @@ def add_partition_parser(sub) -> None:
                    help="optimization level before partitioning (default 2)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224"; NPUs need static shapes')
-    p.add_argument("--disable-pass", action="append", default=[], type=name_text,
-                   metavar="NAME",
-                   help="skip a pass by name; repeatable")
+    add_pass_switches(p)
+    add_fold_size_limit(p)
     p.add_argument("--all-fallbacks", action="store_true",
                    help="list every fallback reason, not the first 20")
     p.add_argument("--json", action="store_true", help="print the partitioning as JSON")
@@ -42,6 +42,7 @@ def _cmd_partition(args) -> int:
     from graphopt.partition.report import dynamic_hint, format_partitioning, partitioning_json
 
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
+                      switch_file=switch_file_of(args), fold_size_limit=args.fold_size_limit,
                       input_shapes=args.input_shape, allow_custom_ops=args.allow_custom_ops,
                       target=args.target)
     if args.json:

@@ -96,6 +96,10 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model "
                         "(they stay on the host CPU)")
+    from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches
+
+    add_pass_switches(p, scope="op: ")
+    add_fold_size_limit(p, scope="op: ")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     from graphopt.cli_precision import add_precision_args
 
@@ -164,6 +168,15 @@ def _tune(args) -> int:
         raise OptionError("--precision/--quantize apply to --job op; for subgraph tuning, "
                           "write the converted model first (graphopt optimize … -o "
                           "model.int8.onnx --target …) and tune that")
+    switched = [flag for flag, given in (("--disable-pass", args.disable_pass),
+                                         ("--switch-file", args.switch_file),
+                                         ("--fusion-switch-file", args.fusion_switch_file),
+                                         ("--fold-size-limit", args.fold_size_limit is not None))
+                if given]
+    if switched and args.job == "subgraph":
+        raise OptionError(f"{', '.join(switched)}: for --job op; subgraph tuning searches which "
+                          "rewrites the compile makes, and `graphopt optimize --tuning-db` "
+                          "applies what it found")
     if args.job == "subgraph":
         from graphopt.cli_tune_subgraph import cmd_tune_subgraph
         return cmd_tune_subgraph(args, url)
@@ -179,9 +192,13 @@ def _tune(args) -> int:
     if given:
         raise OptionError(f"{' and '.join(given)} time candidates of --job subgraph "
                           "--objective measured; op tuning ranks tilings by the cost model")
+    from graphopt.cli_optimize import switch_file_of
+
+    # The compile whose kernels are tuned: the one `optimize` makes with the same options.
     result = optimize(args.model, level=args.level, input_shapes=args.input_shape,
                       target=args.target, pass_options=precision or None,
-                      allow_custom_ops=args.allow_custom_ops)
+                      allow_custom_ops=args.allow_custom_ops, disable_passes=args.disable_pass,
+                      switch_file=switch_file_of(args), fold_size_limit=args.fold_size_limit)
     partitioning = result.partitioning
     if not any(device.kind == "npu" for device in partitioning.target.devices):
         raise OptionError(f"--target {args.target} has no NPU: op tuning picks the tilings of "
@@ -300,6 +317,15 @@ def _apply_line(args, precision: dict) -> str:
         line.append(f"-O{args.level}")
     if args.input_shape:
         line += ["--input-shape", args.input_shape]
+    # The kernels tuned are those of this compile: the same switches make the same kernels.
+    for name in args.disable_pass:
+        line += ["--disable-pass", name]
+    if args.switch_file or args.fusion_switch_file:
+        line += ["--switch-file", args.switch_file or args.fusion_switch_file]
+    if args.fold_size_limit is not None:
+        line += ["--fold-size-limit", str(args.fold_size_limit)]
+    if args.allow_custom_ops:
+        line.append("--allow-custom-ops")
     line += ["--tuning-db", named_storage(args) or default_db_path()]
     same = " (with the same precision options)" if precision else ""
     return shlex.join(line) + same

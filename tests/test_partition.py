@@ -845,3 +845,19 @@ def test_a_few_bytes_crossing_read_as_less_than_a_tenth_of_a_kib():
     text = format_partitioning(graphopt.optimize(proto, target="ascend310").partitioning)
     row = next(line for line in text.splitlines() if line.startswith("p0_"))
     assert row.split()[4:8] == ["1", "<0.1", "1", "<0.1"], text
+
+
+def test_partition_cli_compiles_with_the_switches_optimize_takes(tmp_path, capsys):
+    # The partitions of the compile being planned: one with FuseConvBatchNorm off keeps its
+    # BatchNormalizations on the NPU, which the default compile folds away.
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), path)
+    (tmp_path / "sw.cfg").write_text("FuseConvBatchNorm: off\n")
+    batchnorms = {}
+    for name, switches in (("default", []), ("disabled", ["--disable-pass", "FuseConvBatchNorm"]),
+                           ("file", ["--switch-file", str(tmp_path / "sw.cfg")]),
+                           ("ATC file", ["--fusion-switch-file", str(tmp_path / "sw.cfg")])):
+        assert main(["partition", str(path), "--target", "ascend310", "--json", *switches]) == 0
+        data = json.loads(capsys.readouterr().out)
+        batchnorms[name] = sum((p["ops"].get("BatchNormalization", 0) for p in data["partitions"]))
+    assert batchnorms == {"default": 0, "disabled": 2, "file": 2, "ATC file": 2}

@@ -1000,6 +1000,30 @@ def test_a_ctrl_c_while_the_workers_start_is_taken_once_they_have(monkeypatch):
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
 
+def test_op_tuning_compiles_with_the_switches_and_says_to_apply_them_alike(tmp_path, capsys):
+    from helpers import run_cli
+
+    model = conv_model(str(tmp_path / "m.onnx"))
+    db = str(tmp_path / "kb.db")
+    (tmp_path / "sw.cfg").write_text("FuseConvBatchNorm: off\n")
+    rc, out, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--trials", "2",
+                           "--tuning-db", db, "--disable-pass", "FuseElementwise",
+                           "--fusion-switch-file", tmp_path / "sw.cfg",
+                           "--fold-size-limit", "4K", "-q")
+    assert rc == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("apply them: "))
+    assert f"--disable-pass FuseElementwise --switch-file {tmp_path / 'sw.cfg'} " \
+        "--fold-size-limit 4096 --tuning-db" in line
+    # An unknown pass is refused by the compile, as optimize refuses it.
+    rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--trials", "1",
+                         "--tuning-db", db, "--disable-pass", "NoSuchPass")
+    assert rc == 1 and "--disable-pass: unknown pass or rule NoSuchPass" in err, err
+    # Subgraph tuning searches the rewrites itself.
+    rc, _, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--job", "subgraph",
+                         "--tuning-db", db, "--disable-pass", "FuseElementwise")
+    assert rc == 1 and "--disable-pass: for --job op; subgraph tuning searches" in err, err
+
+
 def test_options_of_the_measured_subgraph_job_are_refused_for_op_tuning(tmp_path, capsys):
     from helpers import run_cli
 
