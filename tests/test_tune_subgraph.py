@@ -529,7 +529,7 @@ def test_an_unconfirmed_measured_study_is_not_applied(block_path, tmp_path, caps
     assert rc == 0 and " (unconfirmed)" in out and "a compile does not apply it" in out, err
 
 
-def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_path,
+def test_a_default_compile_stopped_by_ctrl_c_is_scored_again(block_path, tmp_path,
                                                              monkeypatch):
     # Without it the next run passed its best trial off as the default (1.000x), `kb list`
     # had no default cost, and a measured best skipped its side-by-side re-timing.
@@ -537,19 +537,20 @@ def test_a_default_compile_stopped_by_ctrl_c_is_queued_again(block_path, tmp_pat
     from graphopt.tuner.kb import list_subgraph_studies
 
     db = str(tmp_path / "sg.db")
-    objective = subgraph._objective
+    score = subgraph.Evaluator.score
+    scored = []
 
-    def interrupted(evaluator, space):
-        def stopped(trial):
+    def interrupted(self, compiled):  # the default compile's scoring, after discovery's
+        scored.append(compiled)
+        if len(scored) == 2:
             raise KeyboardInterrupt
-        return stopped
-
-    monkeypatch.setattr(subgraph, "_objective", interrupted)
+        return score(self, compiled)
+    monkeypatch.setattr(subgraph.Evaluator, "score", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
     note = decisions_for(db, block_path, "ascend310", 3, None).note
     assert "has no completed trial" in note and "not at -O3" not in note
-    monkeypatch.setattr(subgraph, "_objective", objective)
+    monkeypatch.setattr(subgraph.Evaluator, "score", score)
     result = tune_subgraph(_job(block_path), trials=6, seed=0, storage=db)
     fresh = tune_subgraph(_job(block_path), trials=6, seed=0,
                           storage=optuna.storages.InMemoryStorage())
@@ -580,25 +581,47 @@ def test_a_study_named_as_another_job_names_its_own_is_refused(block_path, tmp_p
                          study_name=own.study_name).trials == 2
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
-def test_a_default_left_running_by_a_kill_is_named_as_a_possible_cause(block_path, tmp_path,
-                                                                       monkeypatch):
-    # Within the heartbeat's grace a killed run's default looks like a live run's: it is not
-    # queued twice (workers on other machines would each score it), and the refusal at the
-    # end names both causes.
+def test_the_default_is_scored_at_setup_not_queued_for_a_run_to_pick_up(block_path, tmp_path,
+                                                                        monkeypatch):
+    # Queued, two runs started together on one SQLite file could both take it, and one died
+    # with "Cannot tell a COMPLETE trial" (exit 3). Scored under the setup lock, the default
+    # is complete before any run samples a trial, and it counts as the run's first trial.
     from graphopt.tuner import subgraph
 
     db = str(tmp_path / "sg.db")
-    run = subgraph.optimize_failing_on_interrupt
+    run, seen = subgraph.optimize_failing_on_interrupt, []
 
-    def killed(study, objective, **options):
+    def look_first(study, objective, **options):
+        seen.append([(t.state.name, t.user_attrs.get("default")) for t in study.trials])
+        return run(study, objective, **options)
+    monkeypatch.setattr(subgraph, "optimize_failing_on_interrupt", look_first)
+    result = tune_subgraph(_job(block_path), trials=3, seed=0, storage=db)
+    assert seen == [[("COMPLETE", True)]]
+    assert result.trials == 3 and result.default.params == result.space.default_params()
+    again = tune_subgraph(_job(block_path), trials=2, seed=0, storage=db)
+    assert again.trials == 5 and again.default.seconds == result.default.seconds
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+def test_a_default_left_running_by_a_kill_is_named_as_a_possible_cause(block_path, tmp_path,
+                                                                       monkeypatch):
+    # An earlier release queued the default for a run to pick up. Within the heartbeat's
+    # grace, a killed run's default looks like a live run's: it is not scored twice (workers
+    # on other machines would each score it), and the refusal at the end names both causes.
+    from graphopt.tuner import subgraph
+
+    db = str(tmp_path / "sg.db")
+    add_default = subgraph._add_default
+
+    def queued_then_killed(study, evaluator, space):
+        study.enqueue_trial(space.default_params(), user_attrs={"default": True})
         study.ask()  # the queued default, taken, then the process dies: no FAIL is written
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(subgraph, "optimize_failing_on_interrupt", killed)
+    monkeypatch.setattr(subgraph, "_add_default", queued_then_killed)
     with pytest.raises(KeyboardInterrupt):
         tune_subgraph(_job(block_path), trials=3, seed=0, storage=db)
-    monkeypatch.setattr(subgraph, "optimize_failing_on_interrupt", run)
+    monkeypatch.setattr(subgraph, "_add_default", add_default)
     with pytest.raises(OptionError, match=r"its default compile has not completed \(another "
                                           r"run .* or a run killed less than 30 s"):
         tune_subgraph(_job(block_path), trials=2, seed=0, storage=db)

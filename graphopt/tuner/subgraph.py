@@ -222,16 +222,36 @@ def discover(evaluator: Evaluator) -> tuple[Space, Scored, str]:
     return space, Scored(space.default_params(), seconds, by_device), hint
 
 
+def _distributions(space: Space) -> dict[str, optuna.distributions.CategoricalDistribution]:
+    """The space's decisions as Optuna parameters: a switch per rewrite group, then the knobs."""
+    switches = {group.param: optuna.distributions.CategoricalDistribution([True, False])
+                for group in space.groups}
+    return {**switches, **{knob: optuna.distributions.CategoricalDistribution(choices)
+                           for knob, choices in space.knobs.items()}}
+
+
 def _objective(evaluator: Evaluator, space: Space):
+    distributions = _distributions(space)
+
     def objective(trial: optuna.Trial) -> float:
-        params = {group.param: trial.suggest_categorical(group.param, [True, False])
-                  for group in space.groups}
-        for knob, choices in space.knobs.items():
-            params[knob] = trial.suggest_categorical(knob, choices)
+        params = {name: trial.suggest_categorical(name, d.choices)
+                  for name, d in distributions.items()}
         seconds, by_device = evaluator.score(evaluator.compile(params, space))
         trial.set_user_attr("by_device", by_device)
         return seconds
     return objective
+
+
+def _add_default(study: optuna.Study, evaluator: Evaluator, space: Space) -> None:
+    """Score the default compile and add it, completed, as the study's yardstick. Done under
+    the setup lock: queued for a run to pick up instead, two runs started together on one
+    SQLite file could both pick it up, and one then died with `Cannot tell a COMPLETE
+    trial`, as op tuning's defaults once did."""
+    params = space.default_params()
+    seconds, by_device = evaluator.score(evaluator.compile(params, space))
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=_distributions(space), value=seconds,
+        user_attrs={"default": True, "by_device": by_device}))
 
 
 def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None = None,
@@ -282,21 +302,27 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
                 # What a study named otherwise (--study NAME) holds: the knowledge base finds
                 # it by this, as it finds a study under this name.
                 study.set_user_attr(STANDS_FOR, key)
-            # The default is the study's yardstick: a run stopped during its trial (Ctrl-C, a
-            # kill) left it failed, and without it the best trial passed as the default (1.000x)
-            # and a measured best skipped its side-by-side re-timing.
-            if _default_trial(study, _DEFAULT_PENDING) is None:
-                study.enqueue_trial(space.default_params(), user_attrs={"default": True})
-        if job.objective == "estimate":
+            # The default is the study's yardstick: without it the best trial passed as the
+            # default (1.000x) and a measured best skipped its side-by-side re-timing. A study
+            # whose default failed (an earlier release queued it, and a stopped run left it
+            # failed) gets it again.
+            added_default = _default_trial(study, _DEFAULT_PENDING) is None
+            if added_default:
+                _add_default(study, evaluator, space)
+        if job.objective == "estimate" and not added_default:
             _check_estimates_still_hold(study, evaluator, space)
         if space.size <= 1:  # no decision to switch: the default compile, priced once, is all
-            trials = 0 if _best_value(study) < math.inf else min(trials, 1)
+            trials = int(added_default) if _best_value(study) < math.inf else min(trials, 1)
+        # The default this run added is its first trial, as op tuning counts it.
+        budget = max(trials - added_default, 0)
         done_before = len(study.get_trials(deepcopy=False))
-        # Progress counts this run's trials; an enqueued default still waiting is one of them.
-        started_before = len(study.get_trials(deepcopy=False, states=_STARTED))
+        # Progress counts this run's trials, the default it added among them.
+        started_before = len(study.get_trials(deepcopy=False, states=_STARTED)) - added_default
         objective = _objective(evaluator, space)
         best = [_best_value(study)]
-        ran = [0]  # this run's trials: another run on the study numbers trials too
+        ran = [int(added_default)]  # this run's trials: another run numbers trials too
+        if progress is not None and added_default:
+            progress(ran[0], trials, best[0])
 
         def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
             ran[0] += 1
@@ -307,11 +333,11 @@ def tune_subgraph(job: SubgraphJob, *, trials: int = 50, timeout: float | None =
 
         if workers == 1:
             study.sampler = RunSampler(sampler, seed + done_before, first_trial_number(study))
-            optimize_failing_on_interrupt(study, objective, n_trials=trials, timeout=timeout,
+            optimize_failing_on_interrupt(study, objective, n_trials=budget, timeout=timeout,
                                           callbacks=[callback], gc_after_trial=False)
         else:
-            _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler,
-                         seed + done_before, workers, progress, started_before)
+            _run_workers(study, objective, job, store, storage, name, budget, trials, timeout,
+                         sampler, seed + done_before, workers, progress, started_before)
         result = _result(study, space)
         if job.objective == "estimate":
             result.best = simplify(evaluator, space, result.best)
@@ -371,9 +397,11 @@ def _check_estimates_still_hold(study: optuna.Study, evaluator: Evaluator, space
             "tilings)")
 
 
-def _run_workers(study, objective, job, store, storage, name, trials, timeout, sampler, seed,
-                 workers, progress, started_before) -> None:
-    # The enqueued default runs here first, so two workers cannot both pop it.
+def _run_workers(study, objective, job, store, storage, name, trials, shown, timeout, sampler,
+                 seed, workers, progress, started_before) -> None:
+    """Run `trials` more trials on `workers` processes; progress counts this run's trials out
+    of `shown`."""
+    # A default an earlier release queued runs here first, so two workers cannot both pop it.
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     first = min(len(waiting), trials)
     if first:
@@ -388,7 +416,7 @@ def _run_workers(study, objective, job, store, storage, name, trials, timeout, s
 
     def tick() -> None:
         done = len(study.get_trials(deepcopy=False)) - started_before
-        progress(min(done, trials), trials, _best_value(study))
+        progress(min(done, shown), shown, _best_value(study))
 
     supervise(procs, tick if progress is not None else None, "subgraph tuning worker")
 
