@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import sys
 import time
 from unittest.mock import ANY
 
@@ -344,6 +345,38 @@ def test_kb_import_is_all_or_nothing(a310, tmp_path):
                                           "nothing was imported"):
         import_kb(tmp_path / "kb.json", dst)
     assert optuna.get_all_study_names(dst) == [SIG]  # the other kernel was not added first
+
+
+def test_two_imports_of_one_file_at_once_add_each_tiling_once(a310, tmp_path):
+    # Each import had found every tiling missing before the other added it, and both added
+    # it: studies of 3 trials, "imported 2" twice. Each import now looks and adds under the
+    # setup lock. The look is slowed so that the two always overlap.
+    import subprocess
+
+    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    tune_kernel(SHAPE, a310, target="ascend310", trials=4, storage=src)
+    tune_kernel(GemmShape(1, 128, 128, 128, "float16"), a310, target="ascend310", trials=4,
+                storage=src)
+    export_kb(src, tmp_path / "kb.json")
+    script = (
+        "import sys, time\n"
+        "from graphopt.tuner import kb\n"
+        "held_by = kb._held_by\n"
+        "def slow(*args):\n"
+        "    time.sleep(0.5)\n"
+        "    return held_by(*args)\n"
+        "kb._held_by = slow\n"
+        "print(kb.import_kb(sys.argv[1], sys.argv[2]))\n")
+    runs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "kb.json"), dst],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert sorted(int(out) for out, _ in outputs) == [0, 2]
+    for name in optuna.get_all_study_names(dst):
+        tilings = [tuple(sorted(t.params.items())) for t in
+                   optuna.load_study(study_name=name, storage=dst).trials]
+        assert len(tilings) == len(set(tilings)), name
 
 
 def test_kb_export_import_round_trip(a310, tmp_path):
@@ -909,7 +942,6 @@ def test_workers_stop_with_the_parent_on_ctrl_c_and_failures_are_one_line():
     # Ctrl-C reaches the parent as KeyboardInterrupt (here from the progress tick): the
     # workers, which ignore SIGINT so none dies mid-commit, are terminated, not left running.
     import multiprocessing
-    import sys
 
     from graphopt.errors import GraphoptError
     from graphopt.tuner.workers import supervise
@@ -934,7 +966,6 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
     # its workers: they went on tuning on their own, racing the rerun.
     import signal
     import subprocess
-    import sys
 
     script = tmp_path / "parent.py"
     script.write_text(

@@ -38,7 +38,7 @@ from graphopt.tuner.search import (
     written_trials,
 )
 from graphopt.tuner.signature import is_signature, model_kernels, parse_signature, signature
-from graphopt.tuner.storage import opened
+from graphopt.tuner.storage import opened, setup_lock
 from graphopt.tuner.tiling import Tiling, cube_dtype, default_tiling, tiling_from
 
 if TYPE_CHECKING:
@@ -494,7 +494,10 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     entries = [_import_entry(path, name, entry, profiles)
                for name, entry in sorted(kernels.items())]
     added = 0
-    with opened(storage, option=option) as store, optuna_quiet():
+    # What is missing is found and added under the setup lock: two imports of one file at
+    # once had both found every tiling missing and added each twice.
+    with opened(storage, option=option) as store, optuna_quiet(), \
+            setup_lock(getattr(store, "url", "")):
         existing = set(optuna.get_all_study_names(store))
         _check_studies(path, store, existing, entries)
         named = {}  # a signature's studies that `tune --study NAME` named

@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -472,13 +473,34 @@ def fail_silent_trials(study: optuna.Study) -> int:
     return failed
 
 
+# The setup locks this thread holds, by URL: taken again inside, a lock is already held (an
+# inner flock's release would drop the outer one, and a second advisory lock would wait for
+# the first for ever).
+_held = threading.local()
+
+
 @contextlib.contextmanager
 def setup_lock(url: str):
     """Hold an exclusive lock on a knowledge base while a process sets it up (Optuna's
-    tables, a study's default trial): two `graphopt tune` runs started together otherwise
-    both created the tables (one failed), or both queued the default. On an SQLite file an
-    flock, which SQLite's own byte-range locks ignore; on a PostgreSQL server an advisory
-    lock of the database's; other servers' setup is not locked."""
+    tables, a study's default trial) or adds to it what it checked was missing (kb import):
+    two `graphopt tune` runs started together otherwise both created the tables (one
+    failed), or both queued the default. On an SQLite file an flock, which SQLite's own
+    byte-range locks ignore; on a PostgreSQL server an advisory lock of the database's;
+    other servers' setup is not locked. Reentrant within a thread."""
+    held = getattr(_held, "urls", None)
+    if held is None:
+        held = _held.urls = set()
+    if url in held:
+        yield
+        return
+    held.add(url)
+    try:
+        yield from _setup_lock(url)
+    finally:
+        held.discard(url)
+
+
+def _setup_lock(url: str):
     from sqlalchemy.engine import make_url
 
     if url.startswith("postgresql"):
