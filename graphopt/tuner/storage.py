@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from graphopt.errors import OptionError, interrupt_behind
+from graphopt.interrupts import interrupts_deferred
 from graphopt.tuner.optuna_import import optuna
 from graphopt.warning_scope import warnings_as
 
@@ -406,15 +407,34 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
     running is marked failed. Optuna fails the trial whose objective Ctrl-C interrupts, but
     not one interrupted in its own bookkeeping around it (sampling, the storage's commits),
     which then stayed RUNNING until the heartbeat grace period, and a rerun within it did
-    not queue the default again."""
+    not queue the default again. A trial counts as started from the moment the storage
+    creates it (or a queued one is taken): one stopped in between, before the objective ran,
+    had been left running, about one Ctrl-C in 16."""
     started: list[int] = []
+    storage = study._storage
+    create, set_state = storage.create_new_trial, storage.set_trial_state_values
 
-    def tracked(trial):
-        started.append(trial._trial_id)
-        return objective(trial)
+    # A Ctrl-C inside the storage's commit of a new trial lands after the row is written and
+    # before its id is returned (one stop in 16 at the command line): it waits until the id
+    # is noted.
+    def created(*args, **kwargs):
+        with interrupts_deferred():
+            trial_id = create(*args, **kwargs)
+            started.append(trial_id)
+        return trial_id
 
+    def taken(trial_id, state, *args, **kwargs):  # a queued trial popped to run
+        with interrupts_deferred():
+            changed = set_state(trial_id, state, *args, **kwargs)
+            if changed and state == optuna.trial.TrialState.RUNNING:
+                started.append(trial_id)
+        return changed
+
+    hidden = {name: vars(storage)[name] for name in ("create_new_trial", "set_trial_state_values")
+              if name in vars(storage)}  # a wrapper of a caller's own, put back after
+    storage.create_new_trial, storage.set_trial_state_values = created, taken
     try:
-        study.optimize(tracked, **options)
+        study.optimize(objective, **options)
     except BaseException as exc:
         # Optuna, interrupted while it records a trial, raises an error of its own on top
         # (UnboundLocalError): the KeyboardInterrupt is behind it.
@@ -422,10 +442,12 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
             raise
         for trial_id in started:
             with contextlib.suppress(Exception):  # the storage may be what failed
-                if study._storage.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING:
-                    study._storage.set_trial_state_values(trial_id,
-                                                          optuna.trial.TrialState.FAIL)
+                if storage.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING:
+                    set_state(trial_id, optuna.trial.TrialState.FAIL)
         raise
+    finally:  # the storage's own methods again (instance attributes hid them)
+        del storage.create_new_trial, storage.set_trial_state_values
+        vars(storage).update(hidden)
 
 
 def fail_silent_trials(study: optuna.Study) -> int:
