@@ -163,6 +163,31 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
                             "compile, and its speed line")
 
 
+def precision_argv(args) -> list[str]:
+    """The precision and quantization flags of a parsed command line, as `graphopt optimize`
+    takes them: for a command that prints the optimize line that goes with its work."""
+    argv: list[str] = []
+    for flag in ("--precision", "--quantize"):
+        value = getattr(args, flag[2:])
+        if value not in ("keep", "none"):
+            argv += [flag, value]
+    for flag in ("--precision-allow", "--precision-deny", "--keep-dtype", "--quant-skip"):
+        for value in getattr(args, flag[2:].replace("-", "_")) or ():
+            argv += [flag, value]
+    for flag in ("--calibration", "--calibration-method", "--calibration-percentile",
+                 "--int4-group-size", "--int4-method", "--int4-accuracy-level"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.per_channel is not None:
+        argv.append("--per-channel" if args.per_channel else "--per-tensor")
+    for flag in ("--activation-symmetric", "--quantize-ends", "--quantize-sensitive",
+                 "--no-equalize-channels", "--int4-embeddings"):
+        if getattr(args, flag[2:].replace("-", "_")):
+            argv.append(flag)
+    return argv
+
+
 def precision_options(args) -> dict:
     """The Options fields the precision flags set ({} when none is used); flags that only one
     scheme reads are refused with the others."""

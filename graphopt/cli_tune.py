@@ -326,9 +326,12 @@ def _apply_line(args, precision: dict) -> str:
         line += ["--fold-size-limit", str(args.fold_size_limit)]
     if args.allow_custom_ops:
         line.append("--allow-custom-ops")
+    if precision:  # the int8 kernels tuned are those of the int8 compile
+        from graphopt.cli_precision import precision_argv
+
+        line += precision_argv(args)
     line += ["--tuning-db", named_storage(args) or default_db_path()]
-    same = " (with the same precision options)" if precision else ""
-    return shlex.join(line) + same
+    return shlex.join(line)
 
 
 def _idle_note(nodes: list[str]) -> str:

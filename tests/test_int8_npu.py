@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -222,8 +223,14 @@ def test_tune_quantizes_as_optimize_does_and_optimize_finds_the_int8_tilings(tmp
                            "-q")
     assert rc == 0, err
     assert "/int8 " in out and "/float16 " in out  # the quantized convs, the float ends
-    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "net.om", *flags,
-                           "--tuning-db", db)
+    # The line tune prints compiles the int8 model: it had left the flags out, and said only
+    # "(with the same precision options)", so that, pasted, it compiled a float model.
+    line = next(line for line in out.splitlines() if line.startswith("apply them: "))
+    argv = shlex.split(line.removeprefix("apply them: graphopt "))
+    assert argv[argv.index("--quantize") + 1] == "int8"
+    assert argv[argv.index("--calibration") + 1] == str(calib)
+    argv[argv.index("-o") + 1] = str(tmp_path / "net.om")
+    rc, out, err = run_cli(capsys, *argv)
     assert rc == 0, err
     # Every cube kernel's signature, int8 ones included, is found: a tuned tiling, or the
     # default where the few trials found none faster.

@@ -1054,3 +1054,29 @@ def test_a_path_like_name_is_nearest_the_names_of_its_folder_and_its_op():
         in note, note
     # A plain name keeps the plain likeness.
     assert "(nearest: 'Conv')" in unmatched_note([("--precision-deny", {"Cnv"}, known)])
+
+
+@pytest.mark.parametrize("flags", [
+    [],
+    ["--precision", "mixed-fp16", "--precision-allow", "MatMul,Gemm", "--precision-deny",
+     "Softmax", "--keep-dtype", "a,b", "--keep-dtype", "OpType::Erf"],
+    ["--quantize", "int8", "--calibration", "CALIB", "--calibration-method", "percentile",
+     "--calibration-percentile", "99.9", "--per-tensor", "--activation-symmetric",
+     "--quant-skip", "Conv", "--quantize-ends", "--quantize-sensitive",
+     "--no-equalize-channels"],
+    ["--quantize", "int4", "--int4-group-size", "64", "--int4-embeddings", "--int4-method",
+     "gptq", "--calibration", "CALIB", "--int4-accuracy-level", "4"],
+])
+def test_precision_argv_gives_back_the_options_it_was_parsed_from(flags, tmp_path):
+    # tune prints the optimize line that applies its tilings; for an int8 tune it must
+    # compile the int8 model, so every precision flag comes back as given.
+    from graphopt.cli import build_parser
+    from graphopt.cli_precision import precision_argv, precision_options
+
+    calib = tmp_path / "c.npz"
+    np.savez(calib, x=np.zeros((1, 2), np.float32))
+    flags = [str(calib) if f == "CALIB" else f for f in flags]
+    parser = build_parser()
+    args = parser.parse_args(["optimize", "m.onnx", "-o", "m.om", *flags])
+    again = parser.parse_args(["optimize", "m.onnx", "-o", "m.om", *precision_argv(args)])
+    assert precision_options(again) == precision_options(args)
