@@ -634,3 +634,20 @@ def test_measured_times_print_at_one_precision():
     assert [_ms(s, "measured") for s in (0.000037, 0.00003802, 1.2345)] == \
         ["0.03700", "0.03802", "1234"]
     assert _ms(0.000037, "estimate") == "37.00"
+
+
+def test_a_rewrite_on_a_model_of_one_partition_is_in_that_partition():
+    # LayoutNchwc's rewrites of Clip and Add on a cpu model were listed under partition "-":
+    # the nodes they make are named apart from any the partitioning holds.
+    from types import SimpleNamespace
+
+    from graphopt.tuner.subgraph_space import _partition_lookup
+
+    node = SimpleNamespace(name="/conv/Conv", outputs=[SimpleNamespace(name="y")])
+    one = SimpleNamespace(partitions=[SimpleNamespace(name="p0_cpu", nodes=[node])])
+    assert _partition_lookup(one)("%made_by_a_pass") == "p0_cpu"
+    two = SimpleNamespace(partitions=[*one.partitions,
+                                      SimpleNamespace(name="p1_npu", nodes=[])])
+    where = _partition_lookup(two)
+    assert (where("/conv/Conv"), where("%y"), where("%made_by_a_pass")) == \
+        ("p0_cpu", "p0_cpu", "-")

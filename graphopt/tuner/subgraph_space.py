@@ -121,6 +121,9 @@ def build_space(recorder: Recorder, partitioning: "Partitioning | None", *,
 def _partition_lookup(partitioning: "Partitioning | None") -> Callable[[str], str]:
     if partitioning is None:
         return lambda anchor: "-"
+    if len(partitioning.partitions) == 1:  # every rewrite is in it, traced or not
+        only = partitioning.partitions[0].name
+        return lambda anchor: only
     by_prefix: dict[str, str] = {}
     by_value: dict[str, str] = {}
     for part in partitioning.partitions:
