@@ -1138,6 +1138,8 @@ def test_a_compile_leaves_out_a_trial_graphopt_did_not_write(tmp_path, capsys):
     listed = json.loads(capsys.readouterr().out)
     assert listed["left_out_trials"] == [f"{sig} #8"]
     assert [k["tiling"] for k in listed["kernels"]] == [str(kept)]
+    # Its trials count is graphopt's: the tune's 8 and the resumed op run's 1 (it was 10).
+    assert [k["trials"] for k in listed["kernels"]] == [9]
     export = str(tmp_path / "kb.json")
     assert main(["kb", "export", export, "--tuning-db", db]) == 0
     assert note in capsys.readouterr().out

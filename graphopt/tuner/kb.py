@@ -165,10 +165,13 @@ def list_kb(storage: Any, *, skipped: list[str] | None = None) -> list[dict]:
     with opened(storage, read_only=True) as store:
         for name, sig in _kernel_studies(store):
             study = optuna.load_study(study_name=name, storage=store)
+            left_out = len(skipped) if skipped is not None else 0
             best, tiling = _best_written(study, name, skipped)
+            # The trials graphopt wrote: those left out are not this study's tuning.
+            left_out = len(skipped) - left_out if skipped is not None else 0
             default = _default(study)
             row = {
-                "signature": sig, "study": name, "trials": _evaluated(study),
+                "signature": sig, "study": name, "trials": _evaluated(study) - left_out,
                 "default_seconds": default.value if default else None,
                 "best_seconds": best.value if best else None,
                 "tiling": str(tiling) if best else None,
