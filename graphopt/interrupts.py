@@ -1,4 +1,5 @@
-"""Ctrl-C held back while a step that must not be cut in half runs, then taken."""
+"""Ctrl-C (and the terminating signals) held back while a step that must not be cut in half
+runs, then taken by the handler it was meant for."""
 
 from __future__ import annotations
 
@@ -7,24 +8,30 @@ import signal
 import threading
 from collections.abc import Iterator
 
+# The signals a command takes as an interrupt: Ctrl-C, and those cli.Terminated stands for.
+INTERRUPTING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Run the block with a Ctrl-C that arrives inside it noted, and raise KeyboardInterrupt
-    once it has ended (not when the block raises an error of its own, which wins). Python
-    delivers a SIGINT between two bytecodes, so a KeyboardInterrupt can land right after a
-    database commit returns and before its caller sees the result: the row is written and
-    nobody knows its id. Only the main thread takes Ctrl-C, and only while the default
-    handler is in place (a caller's own handler is left as it is)."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    """Run the block with an interrupting signal that arrives inside it noted, and hand it to
+    its handler once the block has ended (not when the block raises an error of its own,
+    which wins). Python runs a signal's handler between two bytecodes, so a KeyboardInterrupt
+    can land right after a database commit returns and before its caller sees the result:
+    the row is written and nobody knows its id. Only the main thread takes signals, and only
+    a Python handler is held back (an ignored signal, or one left to the system, is not)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held = {signum: handler for signum in INTERRUPTING
+            if callable(handler := signal.getsignal(signum))}
     noted: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    for signum in held:
+        signal.signal(signum, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
     if noted:
-        raise KeyboardInterrupt
+        held[noted[0]](noted[0], None)

@@ -20,7 +20,7 @@ import optuna
 import pytest
 from helpers import IR_VERSION, run_cli
 
-from graphopt import optimize
+from graphopt import optimize, zoo
 from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.errors import OptionError
 from graphopt.partition.target import load_target
@@ -1000,6 +1000,44 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
     while running(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running(worker)
+
+
+@pytest.mark.parametrize("model, flags", [
+    ("matmul256", []), ("tiny", []),
+    ("mobilenetv2", ["--job", "subgraph", "-O3", "--input-shape", "input:1,3,224,224"])])
+def test_a_ctrl_c_leaves_no_worker_trial_running(model, flags, tmp_path):
+    # The parent terminates its workers on Ctrl-C; they died with their trials RUNNING, which
+    # a rerun within the heartbeat's 30 s grace counted as another run's. A terminated
+    # worker now marks its trial failed and ends quietly. (matmul256: one kernel's trials on
+    # both workers; tiny: its kernels shared out; mobilenetv2: its subgraph study's trials.)
+    import signal
+    import subprocess
+
+    path = str(tmp_path / "m.onnx")
+    onnx.save(zoo.build(model), path)
+    db = tmp_path / "kb.db"
+    url = f"sqlite:///{db}"
+    run = subprocess.Popen([sys.executable, "-m", "graphopt", "tune", path, "--target",
+                            "ascend310", "--trials", "5000", "--tuning-db", str(db),
+                            "--workers", "2", *flags, "-q"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+
+    def trials() -> list:
+        try:
+            return [t for name in optuna.get_all_study_names(url)
+                    for t in optuna.load_study(study_name=name, storage=url).trials]
+        except Exception:  # the tables not made yet
+            return []
+    deadline = time.monotonic() + 120
+    while len(trials()) < 40 and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    assert "Traceback" not in err, err
+    states = {t.state for t in trials()}
+    assert optuna.trial.TrialState.RUNNING not in states, states
 
 
 def test_a_ctrl_c_while_the_workers_start_is_taken_once_they_have(monkeypatch):

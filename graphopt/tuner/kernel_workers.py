@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
 from graphopt.tuner.storage import opened
-from graphopt.tuner.workers import end_with_parent, supervise
+from graphopt.tuner.workers import stop_asked, supervise, worker_process
 
 # How often the parent counts the trials in the storage for its progress line.
 _POLL_SECONDS = 1.0
@@ -61,10 +61,12 @@ def _tune_share(share: list, target: str, url: str, trials: int, timeout: float 
     from graphopt.partition import load_target
     from graphopt.tuner.search import tune_kernel
 
-    end_with_parent()
-    loaded = load_target(target)
-    with opened(url) as store:
-        for shape, device, op_class in share:
-            tune_kernel(shape, loaded.device(device), trials=trials, timeout=timeout,
-                        seed=seed, storage=store, sampler=sampler, target=target,
-                        op_class=op_class)
+    with worker_process():
+        loaded = load_target(target)
+        with opened(url) as store:
+            for shape, device, op_class in share:
+                if stop_asked():  # the kernels after the one it stopped in are not begun
+                    break
+                tune_kernel(shape, loaded.device(device), trials=trials, timeout=timeout,
+                            seed=seed, storage=store, sampler=sampler, target=target,
+                            op_class=op_class)

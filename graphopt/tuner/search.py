@@ -46,7 +46,7 @@ from graphopt.tuner.tiling import (
     space_size,
     tiling_from,
 )
-from graphopt.tuner.workers import end_with_parent, supervise
+from graphopt.tuner.workers import supervise, worker_process
 
 if TYPE_CHECKING:
     from graphopt.partition.target import Device
@@ -490,13 +490,14 @@ def _worker(url: str, study_name: str, shape: GemmShape, target: str, device_nam
             trials: int, timeout: float | None, sampler: str, seed: int) -> None:
     from graphopt.partition import load_target
 
-    end_with_parent()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    device = load_target(target).device(device_name)
-    study = optuna.load_study(study_name=study_name, storage=open_storage(url),
-                              sampler=_make_sampler(sampler, seed))
-    study.optimize(_objective(shape, device, search_choices(shape, device)), n_trials=trials,
-                   timeout=timeout, gc_after_trial=False)
+    with worker_process():
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        device = load_target(target).device(device_name)
+        study = optuna.load_study(study_name=study_name, storage=open_storage(url),
+                                  sampler=_make_sampler(sampler, seed))
+        optimize_failing_on_interrupt(study, _objective(shape, device,
+                                                        search_choices(shape, device)),
+                                      n_trials=trials, timeout=timeout, gc_after_trial=False)
 
 
 # --- results ----------------------------------------------------------------------------------

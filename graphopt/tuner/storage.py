@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from graphopt.errors import OptionError, interrupt_behind
 from graphopt.interrupts import interrupts_deferred
+from graphopt.tuner.workers import stop_if_asked
 from graphopt.tuner.optuna_import import optuna
 from graphopt.warning_scope import warnings_as
 
@@ -433,6 +434,8 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
     hidden = {name: vars(storage)[name] for name in ("create_new_trial", "set_trial_state_values")
               if name in vars(storage)}  # a wrapper of a caller's own, put back after
     storage.create_new_trial, storage.set_trial_state_values = created, taken
+    # A worker asked to stop (its parent's terminate()) ends after the trial it runs.
+    options["callbacks"] = [*options.get("callbacks", ()), stop_if_asked]
     try:
         study.optimize(objective, **options)
     except BaseException as exc:
@@ -440,6 +443,7 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
         # (UnboundLocalError): the KeyboardInterrupt is behind it.
         if interrupt_behind(exc) is None:
             raise
+        _end_open_transaction(storage)
         for trial_id in started:
             with contextlib.suppress(Exception):  # the storage may be what failed
                 if storage.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING:
@@ -448,6 +452,18 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
     finally:  # the storage's own methods again (instance attributes hid them)
         del storage.create_new_trial, storage.set_trial_state_values
         vars(storage).update(hidden)
+
+
+def _end_open_transaction(storage) -> None:
+    """Roll back the database session an interrupt left inside a transaction: on an SQLite
+    file its write lock stayed held, and marking the trial failed, on another connection,
+    waited for it until SQLite's 60 s timeout (a terminated worker was killed first, its
+    trial left RUNNING, and the other worker waited on the lock as well)."""
+    backend = getattr(storage, "_backend", storage)  # Optuna's cache wraps an RDB storage
+    session = getattr(backend, "scoped_session", None)
+    if session is not None:
+        with contextlib.suppress(Exception):
+            session.remove()
 
 
 def fail_silent_trials(study: optuna.Study) -> int:

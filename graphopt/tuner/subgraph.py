@@ -40,7 +40,7 @@ from graphopt.tuner.subgraph_job import (STANDS_FOR, SubgraphJob, checked_target
                                          study_names)
 from graphopt.tuner.subgraph_space import (Recorder, Space, build_space, gate_for,
                                            pass_options_for, space_from_json, space_json)
-from graphopt.tuner.workers import end_with_parent, supervise
+from graphopt.tuner.workers import supervise, worker_process
 
 CHECK_RTOL, CHECK_ATOL = 1e-3, 1e-4
 # A measured best must beat the default by this much when the two are re-timed side by side:
@@ -433,13 +433,13 @@ def _run_workers(study, objective, job, store, storage, name, trials, shown, tim
 
 def _worker(job: SubgraphJob, url: str, name: str, trials: int, timeout: float | None,
             sampler: str, seed: int) -> None:
-    end_with_parent()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    study = optuna.load_study(study_name=name, storage=open_storage(url),
-                              sampler=_make_sampler(sampler, seed))
-    space = space_from_json(study.user_attrs["space"])
-    study.optimize(_objective(Evaluator(job), space), n_trials=trials, timeout=timeout,
-                   gc_after_trial=False)
+    with worker_process():
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        study = optuna.load_study(study_name=name, storage=open_storage(url),
+                                  sampler=_make_sampler(sampler, seed))
+        space = space_from_json(study.user_attrs["space"])
+        optimize_failing_on_interrupt(study, _objective(Evaluator(job), space), n_trials=trials,
+                                      timeout=timeout, gc_after_trial=False)
 
 
 def _best_value(study: optuna.Study) -> float:

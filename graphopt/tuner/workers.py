@@ -3,15 +3,20 @@ on Ctrl-C, and say how many failed."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
 
 from graphopt.errors import GraphoptError
+
+
+# How long a terminated worker may take to complete its trial and end.
+TERMINATE_GRACE_S = 10.0
 
 
 def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
@@ -21,8 +26,10 @@ def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
     The workers start with SIGINT blocked, a mask a spawned process inherits (multiprocessing
     protects its resource tracker so), since Ctrl-C reaches the whole process group, and a worker
     interrupted inside Optuna's commit of a trial dies with a traceback and the trial
-    half-told. The parent takes the KeyboardInterrupt, terminates them and re-raises; a trial
-    a worker was running is marked failed by the next run's heartbeat check.
+    half-told. The parent takes the KeyboardInterrupt, terminates them (each completes the
+    trial it runs and stops: worker_process) and re-raises; one that has not ended
+    TERMINATE_GRACE_S later is killed, and its trial is marked failed by the next run's
+    heartbeat check.
 
     While it starts them, the parent only notes a Ctrl-C and takes it once they have all
     started, so that none is left running untracked. (Ignoring SIGINT for the children's sake,
@@ -58,9 +65,12 @@ def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
     except KeyboardInterrupt:
         started = [proc for proc in procs if proc.pid is not None]
         for proc in started:
-            proc.terminate()
+            proc.terminate()  # each ends once the trial it runs completes
         for proc in started:
-            proc.join()
+            proc.join(TERMINATE_GRACE_S)
+            if proc.is_alive():  # a trial longer than the grace: not waited for
+                proc.kill()
+                proc.join()
         raise
     for proc in procs:
         proc.join()
@@ -68,6 +78,33 @@ def supervise(procs: list, tick: Callable[[], None] | None, what: str) -> None:
     if failed:
         raise GraphoptError(f"{len(failed)} {what}(s) exited with status {failed}; completed "
                             "trials are kept in the storage")
+
+
+# Set in a worker when its parent asks it to stop (terminate(), on Ctrl-C).
+_stop_asked = threading.Event()
+
+
+@contextlib.contextmanager
+def worker_process() -> Iterator[None]:
+    """The body of a tuning worker process. It ends when the parent that started it is gone
+    (end_with_parent). The parent's terminate() on Ctrl-C (SIGTERM) asks it to stop: the trial
+    it runs completes, and the study stops there (stop_if_asked, a callback of every
+    study.optimize graphopt runs). Killed by the signal, it had left that trial RUNNING
+    until a rerun's heartbeat check; interrupted where the signal landed, it could leave a
+    database transaction open, which held the other workers' writes."""
+    end_with_parent()
+    signal.signal(signal.SIGTERM, lambda signum, frame: _stop_asked.set())
+    yield
+
+
+def stop_if_asked(study, trial) -> None:
+    """An Optuna callback: stop the study after this trial when the worker was asked to."""
+    if _stop_asked.is_set():
+        study.stop()
+
+
+def stop_asked() -> bool:
+    return _stop_asked.is_set()
 
 
 def end_with_parent(poll_seconds: float = 0.5) -> None:
