@@ -209,10 +209,17 @@ def _unquantizable(node: Node, dependent: set[int]) -> str | None:
     if weight is None or data is None:
         return None
     bias = node.input(2) if node.op_type in ("Conv", "Gemm") else None
-    if bias is not None and bias.constant() is None and id(bias) not in dependent:
-        # A dynamo export's Conv biases through Expand and CastLike, which -O1 leaves.
+    if bias is not None and bias.constant() is None:
         what = "bias" if node.op_type == "Conv" else "C"
-        return f"{node.op_type} whose {what} is computed at run time from constants{_unfolded()}"
+        if id(bias) not in dependent:
+            # A dynamo export's Conv biases through Expand and CastLike, which -O1 leaves.
+            return (f"{node.op_type} whose {what} is computed at run time from "
+                    f"constants{_unfolded()}")
+        # At -O0 that CastLike still reads an activation, for its type alone: those convs
+        # were left float with no note at all.
+        return (f"{node.op_type} whose {what} is computed at run time from the data (from -O1 "
+                "on, an op that reads an activation only for its type or shape, such as "
+                "CastLike, is folded)")
     if data.dtype is None:  # after a contrib op that neither ONNX nor InferShapes types
         return f"{node.op_type} of data of unknown type (give the model value_info for it)"
     if data.dtype != DType.FLOAT and data.dtype.numpy.kind == "f":
