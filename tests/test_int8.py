@@ -227,6 +227,20 @@ def test_quant_skip_and_keep_ends(tmp_path):
     assert _float_convs(out) == ["conv0"]
     (note,) = [n for n in result.notes if "matches nothing" in n]
     assert "'conv_2' (nearest: 'conv2'" in note
+    result, _ = _int8(_conv_model(), calibration=calibration, quant_skip={"conv_2", "cnv4"})
+    (note,) = [n for n in result.notes if "match nothing" in n]
+    assert "'cnv4' (nearest: 'conv4'" in note and "'conv_2' (nearest: 'conv2'" in note
+    # An op that is no layer (the residual Add, by name or type) runs on the int8 codes of the
+    # layers around it whatever the skip says: that is said, where it had been taken silently.
+    for skip in ({"add5"}, {"Add", "conv2"}):
+        result, out = _int8(_conv_model(), calibration=calibration, quant_keep_ends=False,
+                            quant_skip=skip)
+        idle = sorted(skip - {"conv2"})
+        (note,) = [n for n in result.notes if "names no layer" in n]
+        assert note.startswith(f"QuantizeInt8: quant_skip {idle[0]!r} names no layer it "
+                               "quantizes"), note
+    result, _ = _int8(_conv_model(), calibration=calibration, quant_skip={"conv2"})
+    assert not any("names no layer" in n for n in result.notes), result.notes
 
 
 def test_a_skipped_layer_stays_float_in_the_om(tmp_path):

@@ -20,7 +20,8 @@ def unmatched_note(checks: Iterable[tuple[str, Iterable[str], set[str]]]) -> str
                                                      if near else ""))
     if not problems:
         return None
-    return ("; ".join(problems) + " matches nothing in the optimized graph, whose fused nodes "
+    verb = "matches" if len(problems) == 1 else "match"
+    return ("; ".join(problems) + f" {verb} nothing in the optimized graph, whose fused nodes "
             f"have new names ({option('dump_dir')} shows them)")
 
 

@@ -58,7 +58,7 @@ from graphopt.quant.qdq_rewrite import (HIGH_CODE, WEIGHT_LIMIT_HIGH_CODES, as_c
                                         dynamic_attention, dynamic_matmul, insert_qdq,
                                         pads_on_codes, quantize_weights)
 from graphopt.quant.qparams import QParams, activation_params
-from graphopt.quant.select import MS, Plan, plan, unmatched_skips
+from graphopt.quant.select import MS, Plan, non_layer_skips, plan, unmatched_skips
 from graphopt.quant.sensitivity import Drowned, drowned_layers, drowned_note, guarded, kept_float
 from graphopt.quant.stats import METHODS, TensorStats
 from graphopt.quant.unfused_activations import join_float_activations, split_activations
@@ -127,6 +127,9 @@ class QuantizeInt8(Pass):
                              lambda node: node.op_type in ("Conv", "MatMul", "Gemm"))
         if nested:
             ctx.note(nested)
+        idle = non_layer_skips(model.graph, options.quant_skip, form, self.name)
+        if idle:
+            ctx.note(idle)
         planned = self._planned(model, ctx, form)
         chosen, params, means, heads = planned.chosen, planned.params, planned.means, planned.heads
         if chosen.kept:

@@ -330,6 +330,23 @@ def unmatched_skips(graph: Graph, skip: set[str], pass_name: str) -> str | None:
     return f"{pass_name}: {note}" if note else None
 
 
+def non_layer_skips(graph: Graph, skip: set[str], form: str, pass_name: str) -> str | None:
+    """A note on the `quant_skip` entries that name nodes, none of them a layer the pass
+    quantizes (an Add, a MaxPool): those run on the int8 codes of the layers around them
+    whatever the entry says, and the entry had been taken in silence. None when there are
+    none."""
+    nodes = list(graph)
+    idle = [entry for entry in sorted(skip)
+            if (named := [n for n in nodes if n.name == entry or entry in op_spellings(n)])
+            and all(kind(n, form) is None for n in named)]
+    if not idle:
+        return None
+    return (f"{pass_name}: {option('quant_skip')} {', '.join(map(repr, idle))} names no layer "
+            "it quantizes (Conv, Gemm, MatMul, Attention and their fused forms): an op between "
+            "quantized layers, such as an Add or a MaxPool, runs on their int8 codes; skip the "
+            "layers around it to keep it in float")
+
+
 KEPT_BY_GATE = "held back by the rewrite gate"
 # The ends quant_keep_ends keeps, named by how a user quantizes them after all.
 _KEPT_END = "a first or last layer (reads a graph input or writes a graph output; {} quantizes it)"
