@@ -337,7 +337,7 @@ def test_pins_that_match_nothing_are_named_in_a_note():
     proto = parse_model(CHAIN, w1=W1, w2=W2)
     result = graphopt.optimize(proto, level=1, precision="mixed-fp16", pass_options={
         "keep_dtype": {"no_such_node"}, "precision_deny": {"Softmx"}})
-    note = next(n for n in result.notes if "matches nothing" in n)
+    note = next(n for n in result.notes if "match nothing" in n)  # two entries: "match"
     assert "keep_dtype 'no_such_node'" in note and "(dump_dir shows them)" in note
     assert "precision_deny 'Softmx' (nearest: 'Softmax')" in note
 
