@@ -167,7 +167,7 @@ def test_calibration_feeds_are_the_first_samples_of_any_layout(tmp_path, layout)
             for sample in samples]
     assert report.outputs[0].cosine == min(each) < 1.0
     assert report.inputs == (f"{path} (samples 1-4 of 4: cosines from each output's worst, "
-                             "top-1 and perplexity over all)")
+                             "top-1 and perplexity over those 4)")
 
 
 def test_an_output_is_reported_on_the_sample_where_it_agrees_least(tmp_path):

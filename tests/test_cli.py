@@ -1030,7 +1030,7 @@ def test_accuracy_report_runs_on_the_first_calibration_samples_of_any_layout(
                        "--calibration", calib, "--quantize-ends")
     assert rc == 0 and "no accuracy report" not in err, err
     assert (f"on {calib} (samples 1-4 of 4: cosines from each output's worst, top-1 and "
-            "perplexity over all)") in out
+            "perplexity over those 4)") in out
     assert 0.9 < float(_accuracy_row(out)[2]) < 1.0
 
 

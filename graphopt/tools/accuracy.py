@@ -182,7 +182,7 @@ def calibration_feeds(path, reference: Side, candidate: Side,
         if len(samples) == 1:
             return samples, f"{path} (sample 1 of {count})"
         return samples, (f"{path} (samples 1-{len(samples)} of {count}: cosines from each "
-                         "output's worst, top-1 and perplexity over all)")
+                         f"output's worst, top-1 and perplexity over those {len(samples)})")
     raise mismatch
 
 
