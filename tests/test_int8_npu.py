@@ -500,10 +500,12 @@ def test_quantized_ops_left_on_the_host_are_named_in_a_note(tmp_path):
     (note,) = [n for n in result.notes if n.startswith("quantize='int4' target='ascend310'")]
     placed = result.partitioning.placements
     host = sum(p.device == "cpu" for p in placed.values())
-    assert note.startswith(f"quantize='int4' target='ascend310': {host} of {len(placed)} node(s) "
-                           "run on the host CPU, 3 of them quantized ops "
-                           "(com.microsoft::MatMulNBits), e.g.: no npu kernel for "
-                           "com.microsoft::MatMulNBits (`graphopt partition` lists every reason)")
+    others = host - 3
+    assert others > 0 and note == (
+        "quantize='int4' target='ascend310': 3 quantized op(s) (com.microsoft::MatMulNBits) run "
+        "on the host CPU, e.g.: no npu kernel for com.microsoft::MatMulNBits; "
+        f"{others} other node(s) run there too, for their own reasons (`graphopt partition` "
+        "lists every reason)")
     assert not [n for n in graphopt.optimize(mlp(), target="ascend310").notes
                 if "--quantize" in n]
 

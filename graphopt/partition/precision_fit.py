@@ -83,10 +83,13 @@ def quantized_fallback_note(partitioning, options) -> str:
         return ""
     ops = sorted({node.qualified_op for node, _ in quantized})
     why = next((p.reason for _, p in quantized if p.reason), "")
+    # The quantized ops' own reason first: "43 of 43 nodes on the host, 9 of them quantized
+    # ops, e.g.: no npu kernel" read as the reason for all 43, which the cost model had sent.
+    others = len(host) - len(quantized)
+    rest = (f"; {others} other node(s) run there too, for their own reasons" if others else "")
     return (f"{setting('quantize', options.quantize)} {setting('target', as_given(target))}: "
-            f"{len(host)} of {len(placed)} "
-            f"node(s) run on the host CPU, {len(quantized)} of them quantized ops "
-            f"({', '.join(ops)}), e.g.: {why} (`graphopt partition` lists every reason)")
+            f"{len(quantized)} quantized op(s) ({', '.join(ops)}) run on the host CPU, e.g.: "
+            f"{why}{rest} (`graphopt partition` lists every reason)")
 
 
 def _body_lacking(device, node, function) -> list[str] | None:
