@@ -659,6 +659,15 @@ def test_int4_method_gptq_needs_calibration_and_uses_it(tmp_path):
     few = compile_int4(proto, int4_method="gptq", calibration=str(tmp_path / "few.npz"))
     assert any("fewer rows than features for 1 layer input(s) (e.g. %x: 32 for 64)" in note
                for note in few.notes)
+    assert not any("NaN" in note for note in gptq.notes)
+    # Rows holding NaN are left out of the sums, as int8 leaves them out of its ranges, and
+    # said so: the only sign had been a lower row count.
+    poisoned = samples.copy()
+    poisoned[:16, 0, 1, 3] = np.nan  # one row of 8 in each of 16 samples
+    np.savez(tmp_path / "nan.npz", x=poisoned)
+    nan = compile_int4(proto, int4_method="gptq", calibration=str(tmp_path / "nan.npz"))
+    assert any("rows holding NaN or Inf were left out of 1 layer input(s)' sums (e.g. %x: 16 "
+               "of 256 rows)" in note for note in nan.notes), nan.notes
 
 
 # A table its Gathers read and a head tied to it reads, the head's input a graph input so that

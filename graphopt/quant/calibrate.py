@@ -61,21 +61,25 @@ def calibrate(model: Model, names: list[str], data: CalibrationData, method: str
 
 
 def gram_matrices(model: Model, values: list[Value], data: CalibrationData
-                  ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+                  ) -> tuple[dict[str, np.ndarray], dict[str, int], dict[str, int]]:
     """XᵀX [C, C] of each float tensor in `values` (node outputs or graph inputs of `model`'s
     main graph) summed over every sample: its last axis C is the features, every other axis
     rows, as a MatMul multiplies them. What GPTQ weighs a weight's rounding errors by. Also
-    the number of rows each sum has."""
+    the number of rows each sum has, and of the rows left out for a NaN or Inf."""
     dtypes = {v.name: v.dtype for v in values}
     grams: dict[str, np.ndarray] = {}
     rows_seen: dict[str, int] = {}
+    nonfinite: dict[str, int] = {}
     for arrays in _sampler(model, sorted(dtypes), data, dtypes)():
         for name, array in arrays.items():
             rows = np.asarray(array, np.float64).reshape(-1, array.shape[-1])
-            rows = rows[np.isfinite(rows).all(axis=1)]
+            finite = np.isfinite(rows).all(axis=1)
+            if not finite.all():
+                nonfinite[name] = nonfinite.get(name, 0) + int(np.count_nonzero(~finite))
+                rows = rows[finite]
             grams[name] = grams.get(name, 0.0) + rows.T @ rows
             rows_seen[name] = rows_seen.get(name, 0) + len(rows)
-    return grams, rows_seen
+    return grams, rows_seen, nonfinite
 
 
 def channel_extents(model: Model, names: list[str], data: CalibrationData

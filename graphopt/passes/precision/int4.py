@@ -372,9 +372,16 @@ def _calibration_grams(model: Model, ctx: PassContext, inputs: list[Value]) -> d
             raise mismatch
         return shared.lookup_grams([v.name for v in values], model.graph, str(mismatch))
     data = read_calibration(ctx.options.calibration, model.graph)
-    grams, rows = gram_matrices(model, values, data)
+    grams, rows, nonfinite = gram_matrices(model, values, data)
     if shared is not None:
         shared.keep_grams(grams, model.graph)
+    if nonfinite:
+        # Left out of the sums, as int8's ranges leave them out; int8 says so, and so does this.
+        name = sorted(nonfinite)[0]
+        ctx.note(f"QuantizeInt4Weights: {setting('int4_method', 'gptq')}: rows holding NaN or "
+                 f"Inf were left out of {len(nonfinite)} layer input(s)' sums (e.g. %{name}: "
+                 f"{nonfinite[name]} of {nonfinite[name] + rows[name]} rows); check the "
+                 "calibration data")
     short = sorted(name for name, gram in grams.items() if rows[name] < len(gram))
     if short:
         # XᵀX then has rank below K: GPTQ fits the rounding to the inputs' subspace alone.
