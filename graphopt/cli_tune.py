@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import (input_shapes, name_text, path_text, positive_int,
                                 positive_seconds, positive_thread_count, run_count, seed,
@@ -96,8 +97,6 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model "
                         "(they stay on the host CPU)")
-    from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches
-
     add_pass_switches(p, scope="op: ")
     add_fold_size_limit(p, scope="op: ")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
@@ -192,8 +191,6 @@ def _tune(args) -> int:
     if given:
         raise OptionError(f"{' and '.join(given)} time candidates of --job subgraph "
                           "--objective measured; op tuning ranks tilings by the cost model")
-    from graphopt.cli_optimize import switch_file_of
-
     # The compile whose kernels are tuned: the one `optimize` makes with the same options.
     result = optimize(args.model, level=args.level, input_shapes=args.input_shape,
                       target=args.target, pass_options=precision or None,

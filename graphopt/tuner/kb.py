@@ -165,10 +165,10 @@ def list_kb(storage: Any, *, skipped: list[str] | None = None) -> list[dict]:
     with opened(storage, read_only=True) as store:
         for name, sig in _kernel_studies(store):
             study = optuna.load_study(study_name=name, storage=store)
-            left_out = len(skipped) if skipped is not None else 0
+            named_before = len(skipped) if skipped is not None else 0
             best, tiling = _best_written(study, name, skipped)
             # The trials graphopt wrote: those left out are not this study's tuning.
-            left_out = len(skipped) - left_out if skipped is not None else 0
+            left_out = len(skipped) - named_before if skipped is not None else 0
             default = _default(study)
             row = {
                 "signature": sig, "study": name, "trials": _evaluated(study) - left_out,

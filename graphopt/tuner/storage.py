@@ -456,9 +456,8 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
 
 def _end_open_transaction(storage) -> None:
     """Roll back the database session an interrupt left inside a transaction: on an SQLite
-    file its write lock stayed held, and marking the trial failed, on another connection,
-    waited for it until SQLite's 60 s timeout (a terminated worker was killed first, its
-    trial left RUNNING, and the other worker waited on the lock as well)."""
+    file its write lock stays held, and marking the trial failed, on another connection,
+    would wait for it until SQLite's 60 s timeout."""
     backend = getattr(storage, "_backend", storage)  # Optuna's cache wraps an RDB storage
     session = getattr(backend, "scoped_session", None)
     if session is not None:
