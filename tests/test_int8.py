@@ -654,47 +654,32 @@ def test_a_conv_whose_weight_folding_left_computed_is_named(tmp_path):
     assert not [note for note in folded.notes if "kept in float" in note], folded.notes
 
 
-def test_a_conv_whose_bias_is_computed_at_o1_is_named(tmp_path):
+@pytest.mark.parametrize("bias, level, why", [
     # A dynamo export's biases reach its convs through Expand and CastLike, which -O1 does not
     # fold: QuantizeInt8 made no rewrite and its note named none of the 11 float convs.
-    proto = parse_model("""
-        g (float[1,8,8,8] x) => (y) {
-            b = Expand(b0, shape)
-            h = Conv <pads = [1,1,1,1]> (x, w, b)
+    ("b = Expand(b0, shape)", 1, "constants (FoldConstants, from -O2 on"),
+    # At -O0 that CastLike still reads an activation (for its type): the convs stayed float,
+    # and the note named none of them.
+    ("c = CastLike(b0, a)\n b = Expand(c, shape)", 0, "the data (from -O1 on"),
+])
+def test_a_conv_whose_bias_is_computed_at_run_time_is_named(bias, level, why, tmp_path):
+    proto = parse_model(f"""
+        g (float[1,8,8,8] x) => (y) {{
+            a = Relu(x)
+            {bias}
+            h = Conv <pads = [1,1,1,1]> (a, w, b)
             y = Relu(h)
-        }""", w=np.full((8, 8, 3, 3), 0.01, np.float32), b0=np.ones(1, np.float32),
+        }}""", w=np.full((8, 8, 3, 3), 0.01, np.float32), b0=np.ones(1, np.float32),
         shape=np.array([8], np.int64))
     calibration = _calibration(tmp_path, shape=(1, 8, 8, 8))
     options = {"quant_keep_ends": False}
-    result = graphopt.optimize(proto, level=1, quantize="int8", calibration=calibration,
+    result = graphopt.optimize(proto, level=level, quantize="int8", calibration=calibration,
                                pass_options=options)
     assert "QuantizeInt8 kept in float: 1 × Conv whose bias is computed at run time from " \
-           "constants (FoldConstants, from -O2 on" in " ".join(result.notes), result.notes
+           f"{why}" in " ".join(result.notes), result.notes
     quantized = graphopt.optimize(proto, quantize="int8", calibration=calibration,
                                   pass_options=options)
     assert not [note for note in quantized.notes if "kept in float" in note], quantized.notes
-
-
-def test_a_conv_whose_bias_reads_an_activation_at_o0_is_named(tmp_path):
-    # The dynamo export's bias chain ends in CastLike(b0, activation) before -O1 folds it:
-    # at -O0 the convs it feeds stayed float, and the note named none of them.
-    proto = parse_model("""
-        g (float[1,8,8,8] x) => (y) {
-            a = Relu(x)
-            c = CastLike(b0, a)
-            b = Expand(c, shape)
-            h = Conv <pads = [1,1,1,1]> (a, w, b)
-            y = Relu(h)
-        }""", w=np.full((8, 8, 3, 3), 0.01, np.float32), b0=np.ones(1, np.float32),
-        shape=np.array([8], np.int64))
-    calibration = _calibration(tmp_path, shape=(1, 8, 8, 8))
-    result = graphopt.optimize(proto, level=0, quantize="int8", calibration=calibration,
-                               pass_options={"quant_keep_ends": False})
-    assert "QuantizeInt8 kept in float: 1 × Conv whose bias is computed at run time from " \
-           "the data (from -O1 on" in " ".join(result.notes), result.notes
-    folded = graphopt.optimize(proto, level=2, quantize="int8", calibration=calibration,
-                               pass_options={"quant_keep_ends": False})
-    assert not [note for note in folded.notes if "kept in float" in note], folded.notes
 
 
 def test_a_missing_calibration_file_is_called_missing(tmp_path, capsys):
