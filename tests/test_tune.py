@@ -1342,9 +1342,20 @@ def test_a_ctrl_c_between_a_trials_creation_and_its_objective_leaves_it_failed(
         tune_kernel(SHAPE, a310, target="ascend310", trials=5, storage=db)
     states = [t.state for t in optuna.load_study(study_name=SIG, storage=db).trials]
     assert states == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.FAIL]
-    # The storage's methods are its own again.
-    storage = optuna.storages.RDBStorage(db)
-    assert "create_new_trial" not in vars(storage)
+    # The study's storage has its own methods again once the run ends, interrupted or not.
+    from graphopt.tuner.storage import optimize_failing_on_interrupt
+
+    monkeypatch.undo()
+    study = optuna.create_study(storage=db, study_name="plain")
+    optimize_failing_on_interrupt(study, lambda trial: trial.suggest_float("x", 0, 1),
+                                  n_trials=2)
+
+    def stopped(trial):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        optimize_failing_on_interrupt(study, stopped, n_trials=2)
+    assert not {"create_new_trial", "set_trial_state_values"} & set(vars(study._storage))
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "FAIL"]
 
 
 def test_a_ctrl_c_that_lands_as_the_new_trials_commit_returns_leaves_it_failed(
