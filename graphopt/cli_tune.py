@@ -232,7 +232,9 @@ def _tune(args) -> int:
         if pooled:  # each worker tunes its share of the kernels; their results are read below
             from graphopt.tuner.kernel_workers import tune_in_workers
 
-            line.begin(1)
+            # Each worker tunes its kernels one after another, each up to --timeout.
+            rounds = -(-len(kernels) // args.workers)
+            line.begin(1, None if args.timeout is None else args.timeout * rounds)
             tune_in_workers(kernels, args.target, url, trials=args.trials, timeout=args.timeout,
                             seed=args.seed, sampler=args.sampler, workers=args.workers,
                             progress=lambda done, total: line.update(
@@ -244,7 +246,7 @@ def _tune(args) -> int:
                             f"best {best * 1e6:.2f} µs", done, total)
 
             if not pooled:
-                line.begin(len(kernels))
+                line.begin(len(kernels), args.timeout)
             results.append(tune_kernel(
                 group.shape, partitioning.target.device(group.device),
                 trials=0 if pooled else args.trials, timeout=args.timeout, seed=args.seed,

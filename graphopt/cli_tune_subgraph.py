@@ -49,6 +49,7 @@ def cmd_tune_subgraph(args, storage) -> int:
                   file=sys.stderr)
 
     with line:  # ended on Ctrl-C too: "graphopt: interrupted" gets a line of its own
+        line.begin(1, args.timeout)
         result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
                                storage=url, study_name=args.study, sampler=args.sampler,
                                progress=progress, workers=args.workers, recording=recording)

@@ -43,10 +43,20 @@ class ProgressLine:
         self._printed: str | None = None
         self._shown = False
         self._width = 0  # of the line on screen, which a shorter update must cover
+        self._started = self._printed_at
+        self._seconds: float | None = None  # the piece's --timeout
 
     def update(self, text: str, done: int, total: int) -> None:
         if not self.enabled:
             return
+        now = time.monotonic()
+        tenth = done * 10 // max(total, 1)
+        if self._seconds is not None:
+            # Under --timeout the trial cap may never be reached (--trials 100000): the time
+            # says how far the piece is, and in a log its tenths keep the lines coming.
+            elapsed = now - self._started
+            text = f"{text}  {elapsed:.0f}/{self._seconds:.0f} s"
+            tenth = max(tenth, min(10, int(elapsed * 10 // self._seconds)))
         if self.terminal:
             # A shorter line ("best 9.50 µs" after "best 125.43 µs") is padded over the
             # longer one's tail, which a carriage return alone would leave on screen.
@@ -56,8 +66,6 @@ class ProgressLine:
             return
         # Workers' progress is polled: the same count comes again and again, the last
         # one included, and is shown once.
-        tenth = done * 10 // max(total, 1)
-        now = time.monotonic()
         if self._pieces == 1:
             due = tenth != self._tenth
         else:  # of many pieces, a tenth of each would be ten lines a kernel: its end says
@@ -76,13 +84,15 @@ class ProgressLine:
             print(self._unshown, file=sys.stderr, flush=True)
         self._unshown = None
 
-    def begin(self, pieces: int = 1) -> None:
-        """The next of `pieces` pieces of work (tune's next kernel): its progress is shown
-        from its start, also when its first report is its last."""
+    def begin(self, pieces: int = 1, seconds: float | None = None) -> None:
+        """The next of `pieces` pieces of work (tune's next kernel), which may take `seconds`
+        (--timeout): its progress is shown from its start, also when its first report is its
+        last, with its time when it has a limit."""
         self._show_last()
         self._tenth = -1
         self._pieces = pieces
-        self._printed_at = time.monotonic()
+        self._printed_at = self._started = time.monotonic()
+        self._seconds = seconds
 
     def __enter__(self) -> "ProgressLine":
         return self

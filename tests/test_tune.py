@@ -899,6 +899,22 @@ def test_progress_of_many_kernels_in_a_log_is_a_line_per_kernel_and_a_heartbeat(
         "kernel 1/2  trial 30/50", "kernel 1/2  trial 50/50", "kernel 2/2  trial 50/50"]
 
 
+def test_progress_under_a_timeout_goes_by_the_time_when_the_trial_cap_is_far(
+        capsys, monkeypatch):
+    import graphopt.progress as progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    line = progress.ProgressLine()
+    line.begin(1, seconds=60)
+    for done in range(1, 121):  # a trial each half second, against a cap of 100000
+        clock[0] += 0.5
+        line.update(f"trial {done}/100000", done, 100000)
+    # In a log: the first, then a line a tenth of the time, each saying how long of how long.
+    assert capsys.readouterr().err.splitlines() == ["trial 1/100000  0/60 s"] + [
+        f"trial {12 * tenth}/100000  {6 * tenth}/60 s" for tenth in range(1, 11)]
+
+
 def test_progress_on_a_terminal_covers_a_longer_earlier_line(capsys):
     from graphopt.progress import ProgressLine
 
