@@ -1273,6 +1273,30 @@ def test_a_running_trial_whose_heartbeat_stopped_is_failed_before_any_trial(tmp_
     assert study.get_trials()[0].state == optuna.trial.TrialState.FAIL
 
 
+def test_threads_of_one_process_take_a_files_setup_lock_one_at_a_time(tmp_path):
+    # The flock is taken on one shared descriptor, which let a second thread in at once.
+    import threading
+
+    from graphopt.tuner.storage import setup_lock
+
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    held, order = threading.Event(), []
+
+    def second():
+        held.wait()
+        with setup_lock(url):
+            order.append("second")
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with setup_lock(url):
+        held.set()
+        time.sleep(0.5)  # the other thread is waiting on the lock by now
+        order.append("first")
+    thread.join(timeout=30)
+    assert order == ["first", "second"]
+
+
 def test_a_new_knowledge_base_is_set_up_by_one_process_at_a_time(a310, tmp_path):
     # Two runs started together on a new file both created Optuna's tables (one failed) or
     # both queued the default trial. Setting up takes the file's lock: a second run waits.

@@ -514,6 +514,10 @@ def fail_silent_trials(study: optuna.Study) -> int:
 # inner flock's release would drop the outer one, and a second advisory lock would wait for
 # the first for ever).
 _held = threading.local()
+# Threads of one process share the file an flock is taken on, which an flock does not keep
+# apart: they wait on a lock of the process first.
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -523,18 +527,21 @@ def setup_lock(url: str):
     two `graphopt tune` runs started together otherwise both created the tables (one
     failed), or both queued the default. On an SQLite file an flock, which SQLite's own
     byte-range locks ignore; on a PostgreSQL server an advisory lock of the database's;
-    other servers' setup is not locked. Reentrant within a thread."""
+    other servers' setup is not locked. Reentrant within a thread; other threads wait."""
     held = getattr(_held, "urls", None)
     if held is None:
         held = _held.urls = set()
     if url in held:
         yield
         return
-    held.add(url)
-    try:
-        yield from _setup_lock(url)
-    finally:
-        held.discard(url)
+    with _thread_locks_guard:
+        in_process = _thread_locks.setdefault(url, threading.Lock())
+    with in_process:
+        held.add(url)
+        try:
+            yield from _setup_lock(url)
+        finally:
+            held.discard(url)
 
 
 def _setup_lock(url: str):
