@@ -162,8 +162,9 @@ def _cmd_run(args) -> int:
                     if all(npz_holds(e) for e in signature) else
                     "feed it from Python: graphopt.load(path).run({name: value, …})")
             raise InputError(f"{args.model}: {exc}; {hint}") from None
-        print(f"note: no --inputs given: running on seeded random inputs (seed {seed}) "
-              "made from the artifact's signature")
+        if feeds:  # a model of no inputs is run as it is, on nothing random
+            print(f"note: no --inputs given: running on seeded random inputs (seed {seed}) "
+                  "made from the artifact's signature")
     else:
         try:
             unknown = feeds.keys() - {entry["name"] for entry in session.inputs}

@@ -318,14 +318,28 @@ def _set_options(options: Options, precision, quantize, calibration, pass_option
         options.calibration = calibration
     for name, value in pass_options.items():
         if name not in Options.names():
-            raise OptionError(f"compile option '{name}' does not exist (options: "
-                              f"{', '.join(Options.names())})")
+            raise OptionError(_unknown_pass_option(name))
         try:
             setattr(options, name, Options.coerce(name, value))
         except ValueError as exc:
             raise OptionError(f"compile option '{name}' {exc}") from None
     _check_values(options)
     check_precision_options(options)
+
+
+def _unknown_pass_option(name: str) -> str:
+    """The message for a `pass_options` key that is no compile option: optimize's own keyword
+    named as such, else the options it may have meant and the ones there are."""
+    import difflib
+    import inspect
+
+    if name in inspect.signature(optimize).parameters:  # disable_passes, target, verify, …
+        return f"pass_options: '{name}' is optimize's own keyword; give {name}="
+    names = [n for n in Options.names() if n != "level"]  # level is refused as a key
+    close = difflib.get_close_matches(str(name), names, n=1)
+    return (f"pass_options: no compile option '{name}'"
+            + (f" (did you mean '{close[0]}'?)" if close else "")
+            + f"; the options: {', '.join(names)}")
 
 
 def _check_verify_device(verify: bool, options: Options, target) -> None:

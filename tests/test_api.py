@@ -542,6 +542,13 @@ def test_missing_path_and_directory(tmp_path):
     ({"pass_options": {"dump_format": "bogus"}}, "unknown format"),
     ({"pass_options": {"trace_rules": ["Nope"]}}, "unknown rule Nope"),
     ({"pass_options": {"input_shapes": {"x": [-5, 4]}}}, "a dim must be ≥ 0 or -1"),
+    # An unknown key: optimize's own keyword is named as such, a misspelling gets its match,
+    # and the options listed are ones pass_options takes (not level).
+    ({"pass_options": {"disable_passes": ["FoldConstants"]}},
+     "^pass_options: 'disable_passes' is optimize's own keyword; give disable_passes=$"),
+    ({"pass_options": {"quant_skp": ["Conv"]}},
+     r"^pass_options: no compile option 'quant_skp' \(did you mean 'quant_skip'\?\); the "
+     "options: disabled_passes, fold_size_limit, "),
 ])
 def test_bad_options_raise_option_error(proto, kwargs, needle):
     with pytest.raises(OptionError, match=needle):

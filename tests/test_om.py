@@ -1033,6 +1033,17 @@ def test_output_names_must_be_a_list(om_path):
         OmSession(om_path).run({"X": x_batch(2)}, "Y")
 
 
+def test_an_empty_output_list_asks_for_every_output_as_onnxruntimes_does(om_path):
+    # A pipeline's list built empty had returned {} without a word.
+    session, feeds = OmSession(om_path), {"X": x_batch(2)}
+    every = session.run(feeds)
+    for empty in ([], ()):
+        got = session.run(feeds, empty)
+        assert got.keys() == every.keys()
+        for name in every:
+            np.testing.assert_array_equal(got[name], every[name])
+
+
 def test_an_unknown_rank_and_an_unknown_dim_read_apart_and_made_up_dims_stay_unknown(tmp_path):
     # Both printed float32[?]; the output's unnamed dim came back as inference's unk__0.
     graph = helper.make_graph(

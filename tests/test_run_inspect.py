@@ -459,6 +459,16 @@ def test_run_two_partitions_on_random_inputs_says_so(chained, tmp_path, capsys):
     np.testing.assert_allclose(load_npz(out)["Y"], np.maximum(x @ W, 0), rtol=RTOL, atol=ATOL)
 
 
+def test_run_of_a_model_without_inputs_says_nothing_of_random_inputs(tmp_path, capsys):
+    model = parse_model("g () => (float[3] c) { c = Constant <value = float[3] {1, 2, 3}> () }")
+    om = tmp_path / "const.om"
+    graphopt.save(graphopt.optimize(model), om)
+    rc, stdout, err = cli(capsys, "run", om, "--outputs", tmp_path / "c.npz")
+    assert rc == 0 and err == "", err
+    assert "random" not in stdout
+    np.testing.assert_array_equal(load_npz(tmp_path / "c.npz")["c"], [1, 2, 3])
+
+
 def test_run_pins_the_dynamic_dims_of_its_random_inputs(tmp_path, capsys):
     # A dynamic artifact ran only on an --inputs file: random inputs had no size to take.
     model = parse_model("g (float[N, S] a, float[N, S] b) => (float[N, S] y) { y = Add (a, b) }")

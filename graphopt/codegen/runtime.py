@@ -458,11 +458,16 @@ class OmSession:
     def run(
         self, feeds: Mapping[str, Any], output_names: list[str] | None = None
     ) -> dict[str, np.ndarray]:
-        """Run the artifact; returns the requested outputs (default: all) by name.
+        """Run the artifact; returns the requested outputs (default, or an empty list, as
+        onnxruntime takes it: all) by name.
 
         `output_names` may also name tensors passed between partitions, which helps debugging.
         Bad feeds raise InputError (a GraphoptError) naming the input.
         """
+        if isinstance(output_names, (list, tuple)) and not output_names:
+            # onnxruntime's run([], feeds) returns every output: a list a pipeline built
+            # empty had returned {} here, without a word.
+            output_names = None
         direct = self._direct
         # Read once: a close() on another thread clears it, and a run under way must still
         # wait for the check it started under, or outputs of tampered weights would leave.
