@@ -131,9 +131,10 @@ def preprocessing_text(recorded: dict) -> str:
 
 
 def cut_text(names: list) -> str:
-    """One line of the outputs a compile cut off."""
+    """One line of the outputs a compile cut off: no longer outputs, though a kept one may
+    still need what computes them."""
     return ("--out-nodes: the source's output(s) " + ", ".join(str(n) for n in names)
-            + " are not computed")
+            + " are no longer outputs")
 
 
 def _size(pair, separator: str = "x") -> str:

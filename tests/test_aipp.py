@@ -419,7 +419,7 @@ def test_inspect_shows_the_preprocessing_of_an_onnx_output_too(tmp_path, capsys)
                                     out_nodes="r"), written)
     rc, out, _ = run_cli(capsys, "inspect", written)
     assert rc == 0
-    assert "  cut         --out-nodes: the source's output(s) y are not computed" in out
+    assert "  cut         --out-nodes: the source's output(s) y are no longer outputs" in out
     assert "  preprocess  --insert-op-conf: 'x': RGB888_U8 36x40, crop 32x32 at 2,5" in out
     rc, out, _ = run_cli(capsys, "inspect", written, "--json")
     summary = json.loads(out)
@@ -431,7 +431,7 @@ def test_inspect_shows_the_preprocessing_of_an_onnx_output_too(tmp_path, capsys)
     assert rc == 0, err
     page = (tmp_path / "net.html").read_text()
     assert "<th>preprocess</th><td>--insert-op-conf: &#x27;x&#x27;: RGB888_U8 36x40" in page
-    assert "<th>cut</th><td>--out-nodes: the source&#x27;s output(s) y are not computed" in page
+    assert "<th>cut</th><td>--out-nodes: the source&#x27;s output(s) y are no longer outputs" in page
 
 
 

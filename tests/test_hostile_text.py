@@ -161,6 +161,22 @@ def test_a_memory_plot_of_such_names_is_well_formed_svg(tmp_path, capsys):
     assert "\x1b" not in text
 
 
+def test_the_html_report_writes_line_breaks_in_names_escaped(tmp_path, capsys):
+    # A raw one read as two names in a table cell, and as a line of its own in a tooltip.
+    model = evil_model()
+    model.graph.node[0].output[0] = model.graph.node[1].input[0] = "mid"
+    model.graph.node[1].output[0] = model.graph.output[0].name = EVIL
+    source, om, page = tmp_path / "evil.onnx", tmp_path / "e.om", tmp_path / "r.html"
+    onnx.save(model, source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", om, "-q")
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, "report", om, "-o", page, "--reference", source)
+    assert rc == 0, err
+    text = page.read_text(encoding="utf-8")
+    assert "\nFAKE LINE" not in text and "\\nFAKE LINE" in text
+    assert "<title>model output mm\\x1b]0;pwned\\x07\\x1b[2J\\nFAKE LINE" in text
+
+
 def test_an_output_folder_that_takes_no_file_is_refused_before_the_work():
     with pytest.raises(OptionError, match=r"--plot /proc/h\.png: cannot create a file in /proc"):
         check_output_path("--plot", "/proc/h.png")

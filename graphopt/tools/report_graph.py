@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from graphopt.markup import escape
+from graphopt.markup import escape, unbroken
 from graphopt.tools.report_data import INPUT, OUTPUT, GraphData, OpNode
 
 # Partition fills, in execution order; chosen to stay apart for the few partitions a model has.
@@ -279,14 +279,16 @@ def _text(x: float, y: float, label: str) -> str:
 
 
 def _node_tip(node: OpNode) -> str:
+    # Lines of its own, each line's text (names, dim names) with its line breaks escaped:
+    # escape(…, lines=True) keeps the rest.
     if node.op == INPUT:
-        return f"model input {node.name} {node.outputs[0][1] if node.outputs else ''}"
+        return unbroken(f"model input {node.name} {node.outputs[0][1] if node.outputs else ''}")
     if node.op == OUTPUT:
-        return f"model output {node.name} {node.inputs[0][1] if node.inputs else ''}"
-    where = f"partition {node.partition} ({node.device})"
+        return unbroken(f"model output {node.name} {node.inputs[0][1] if node.inputs else ''}")
+    head = f"{node.op} '{node.name or '(unnamed)'}' in partition {node.partition} ({node.device})"
     ins = ", ".join(f"%{n} {t}" for n, t in node.inputs) or "-"
     outs = ", ".join(f"%{n} {t}" for n, t in node.outputs) or "-"
-    return f"{node.op} '{node.name or '(unnamed)'}' in {where}\n  in: {ins}\n  out: {outs}"
+    return f"{unbroken(head)}\n  in: {unbroken(ins)}\n  out: {unbroken(outs)}"
 
 
 def _tip(box: Box) -> str:
@@ -323,7 +325,7 @@ def graph_svg(graph: GraphData, *, collapse: bool | None = None) -> tuple[str, l
         fill = colours.get(head.partition, IO_FILL)
         rx = 12 if head.op in (INPUT, OUTPUT) else 3
         stroke = ' stroke-width="2.5"' if len(box.members) > 1 else ""
-        parts.append(f'<g><title>{escape(_tip(box))}</title>'
+        parts.append(f'<g><title>{escape(_tip(box), lines=True)}</title>'
                      f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{NODE_W}" height="{NODE_H}" '
                      f'rx="{rx}" fill="{fill}" stroke="#333"{stroke}/>'
                      + _text(box.x, y0 + NODE_H / 2 + 4, _label(box)) + "</g>")
