@@ -16,6 +16,7 @@ Clip only with constant or omitted bounds; also QuickGelu, a fused SiLU) without
 groups grow along producer → consumer edges, in node order, so a group is connected. Merging
 two groups is refused when
   * the union would exceed `max_group_size` nodes, or
+  * with a target, its members would not all be placed on the same device, or
   * a path leaves the union and re-enters it (through other ops or other groups, which become
     single nodes too): the fused node would then be its own ancestor — a cycle.
 With `epilogues`, a Conv, ConvTranspose, MatMul or Gemm also joins the group of its
@@ -80,6 +81,17 @@ def _anchor(node: Node, graph: Graph) -> bool:
     return node.is_onnx and node.op_type in ANCHORS and _single_output_op(node, graph)
 
 
+def _devices(model: Model, target) -> dict[int, str]:
+    """The device of `target` each main-graph node would be placed on (empty without a
+    target). A group is placed as one node, on the host if any member has no kernel on the
+    NPU: a SiLU grouped with a Celu the NPU lacks had gone to the host with it."""
+    if target is None:
+        return {}
+    from graphopt.partition.placement import place
+
+    return {id(node): placement.device for node, placement in place(model, target).items()}
+
+
 def _lift(node: Node, graph: Graph) -> Node | None:
     """The node of `graph` that contains `node` (itself, or the owner of its subgraph)."""
     while node is not None and node.graph is not graph:
@@ -115,6 +127,7 @@ class FuseElementwise(Pass):
             # final InferShapes, but ONNX inference cannot see through a function whose body
             # holds a contrib op (a SiLU's QuickGelu): type them while their producers show.
             infer_shapes(model)
+        self.device = _devices(model, ctx.target)
         groups = [g for g in self._groups(graph) if len(g) >= 2]
         functions = {_key(f): f for f in model.functions if f.domain == DOMAIN}
         for members in groups:
@@ -147,6 +160,8 @@ class FuseElementwise(Pass):
                 a, b = self.group_of[id(node)], self.group_of[id(producer)]
                 if a == b or len(self.members[a]) + len(self.members[b]) > self.max_group_size:
                     continue
+                if self.device.get(id(node)) != self.device.get(id(producer)):
+                    continue  # the group would run where its least capable member can
                 if self.anchors[a] + self.anchors[b] > 1:
                     continue  # one compute op per kernel: its epilogue, not a second GEMM
                 if self.anchors[a] + self.anchors[b] and self._feeds_anchor(a, b):
