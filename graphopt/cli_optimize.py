@@ -189,7 +189,7 @@ def _cmd_optimize(args) -> int:
     if idle:  # on stderr, and under -q too: the flag asked for a device the artifact never uses
         print(f"graphopt: warning: {idle}", file=sys.stderr)
     if not args.quiet:
-        print(format_summary(result, args.output))
+        print(format_summary(result, args.output, compile_flags(args)))
         if written_check is not None and written_check.measured:
             # The summary's error is the compiled model's on one thread: the file's may differ
             # in its last bits (0 against 0.0028 on YOLO's 900-pixel boxes).
@@ -294,6 +294,26 @@ def _files_read(args) -> dict[str, str | list[str] | None]:
             "--insert-op-conf": args.insert_op_conf,
             "--target": None if args.target in (None, *builtin_targets()) else args.target,
             "--keep-dtype": keep_dtype_files(args.keep_dtype), "--tuning-db": tuning_db}
+
+
+def compile_flags(args) -> list[str]:
+    """The flags of a parsed command line that decide what its compile makes (level, pinned
+    shapes, pass switches, precision), for a command that prints another command of the same
+    compile: tune's `apply them:` line, optimize's `graphopt partition …` hint."""
+    from graphopt.cli_precision import precision_argv
+
+    flags = [f"-O{args.level}"] if args.level != 2 else []
+    if args.input_shape:
+        flags += ["--input-shape", args.input_shape]
+    for name in args.disable_pass:
+        flags += ["--disable-pass", name]
+    if args.switch_file or args.fusion_switch_file:
+        flags += ["--switch-file", args.switch_file or args.fusion_switch_file]
+    if args.fold_size_limit is not None:
+        flags += ["--fold-size-limit", str(args.fold_size_limit)]
+    if args.allow_custom_ops:
+        flags.append("--allow-custom-ops")
+    return flags + precision_argv(args)
 
 
 def switch_file_of(args) -> str | None:

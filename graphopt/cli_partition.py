@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
+from graphopt.cli_precision import add_precision_args, precision_options
 from graphopt.cli_types import input_shapes, path_text, target_name
 from graphopt.help_format import HelpFormatter
 
@@ -34,6 +35,9 @@ def add_partition_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the partitioning as JSON")
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains (they stay on the host CPU)")
+    # A float16 compile places by its float16 ops: a profile whose Conv takes float16 only
+    # runs it on the NPU, where the float32 model's table sent it to the host.
+    add_precision_args(p, report=False)
     p.set_defaults(func=_cmd_partition)
 
 
@@ -44,7 +48,7 @@ def _cmd_partition(args) -> int:
     result = optimize(args.model, level=args.level, disable_passes=args.disable_pass,
                       switch_file=switch_file_of(args), fold_size_limit=args.fold_size_limit,
                       input_shapes=args.input_shape, allow_custom_ops=args.allow_custom_ops,
-                      target=args.target)
+                      target=args.target, pass_options=precision_options(args) or None)
     if args.json:
         print(json.dumps(partitioning_json(result.partitioning), indent=2))
     else:

@@ -8,7 +8,8 @@ import logging
 import os
 import sys
 
-from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
+from graphopt.cli_optimize import (add_fold_size_limit, add_pass_switches, compile_flags,
+                                   switch_file_of)
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import (input_shapes, name_text, path_text, positive_int,
                                 positive_seconds, positive_thread_count, run_count, seed,
@@ -280,7 +281,7 @@ def _tune(args) -> int:
           f"{before / after:.3f}x")
     # A compile applies the tilings only when told where they are (AOE's bank is read by ATC
     # itself): the next step, spelled out.
-    print(f"apply them: {_apply_line(args, precision)}")
+    print(f"apply them: {_apply_line(args)}")
     if elsewhere:
         print(f"note: {len(elsewhere)} kernel(s) have a faster tiling in another study of "
               f"{url} (--study NAME, kb import), which a compile applies and the whole-model "
@@ -304,7 +305,7 @@ def _left_out_note(foreign: list[str]) -> str:
             f"({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
 
 
-def _apply_line(args, precision: dict) -> str:
+def _apply_line(args) -> str:
     """The optimize command line that compiles the model with the tilings just stored."""
     import shlex
 
@@ -312,23 +313,9 @@ def _apply_line(args, precision: dict) -> str:
 
     stem = os.path.splitext(os.path.basename(args.model))[0]
     line = ["graphopt", "optimize", args.model, "-o", f"{stem}.om", "--target", args.target]
-    if args.level != 2:
-        line.append(f"-O{args.level}")
-    if args.input_shape:
-        line += ["--input-shape", args.input_shape]
-    # The kernels tuned are those of this compile: the same switches make the same kernels.
-    for name in args.disable_pass:
-        line += ["--disable-pass", name]
-    if args.switch_file or args.fusion_switch_file:
-        line += ["--switch-file", args.switch_file or args.fusion_switch_file]
-    if args.fold_size_limit is not None:
-        line += ["--fold-size-limit", str(args.fold_size_limit)]
-    if args.allow_custom_ops:
-        line.append("--allow-custom-ops")
-    if precision:  # the int8 kernels tuned are those of the int8 compile
-        from graphopt.cli_precision import precision_argv
-
-        line += precision_argv(args)
+    # The kernels tuned are those of this compile (the int8 kernels of the int8 compile): the
+    # same level, shapes, switches and precision make the same kernels.
+    line += compile_flags(args)
     line += ["--tuning-db", named_storage(args) or default_db_path()]
     return shlex.join(line)
 

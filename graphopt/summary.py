@@ -12,7 +12,10 @@ from graphopt.partition.target import as_given
 from graphopt.table import format_bytes, format_table
 
 
-def format_summary(result: OptimizeResult, output: str | None = None) -> str:
+def format_summary(result: OptimizeResult, output: str | None = None,
+                   flags: list[str] | None = None) -> str:
+    """The compile's summary; `flags` are the command line's that decide the compile
+    (cli_optimize.compile_flags), which the `graphopt partition` line it suggests repeats."""
     before = result.ops_before
     after = op_counts(result.model.graph.all_nodes())
     total_after = sum(after.values())
@@ -56,7 +59,8 @@ def format_summary(result: OptimizeResult, output: str | None = None) -> str:
         parts.append(format_partitioning(
             result.partitioning, more=f"graphopt partition {source} --target "
                                       f"{shlex.quote(as_given(result.partitioning.target))} "
-                                      "--all-fallbacks lists them all"))
+                                      + (f"{shlex.join(flags)} " if flags else "")
+                                      + "--all-fallbacks lists them all"))
     if result.profiles:
         parts.append(format_profiles(result))
     else:

@@ -4,6 +4,7 @@ returned to the host, and .om artifacts whose partitions reproduce the original'
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import networkx as nx
@@ -861,3 +862,41 @@ def test_partition_cli_compiles_with_the_switches_optimize_takes(tmp_path, capsy
         data = json.loads(capsys.readouterr().out)
         batchnorms[name] = sum((p["ops"].get("BatchNormalization", 0) for p in data["partitions"]))
     assert batchnorms == {"default": 0, "disabled": 2, "file": 2, "ATC file": 2}
+
+
+def test_partition_cli_places_the_compile_of_the_precision_flags(tmp_path, capsys):
+    # A profile whose Conv takes float16 only: the float32 table sends the convs to the host,
+    # a float16 compile runs them on the NPU. partition refused --precision, and the summary's
+    # partition line left it out.
+    builtin = os.path.join(os.path.dirname(graphopt.__file__), "partition", "targets")
+    with open(os.path.join(builtin, "ascend310.json")) as f:
+        profile = json.load(f)
+    profile["devices"][0]["engines"]["cube"]["ops"]["Conv"]["dtypes"] = ["float16"]
+    target = tmp_path / "f16conv.json"
+    target.write_text(json.dumps(profile))
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), path)
+    conv_devices = {}
+    for name, flags in (("float32", []), ("fp16", ["--precision", "fp16"])):
+        assert main(["partition", str(path), "--target", str(target), "--json", *flags]) == 0
+        data = json.loads(capsys.readouterr().out)
+        conv_devices[name] = {p["device"] for p in data["partitions"] if "Conv" in p["ops"]}
+    assert conv_devices == {"float32": {"cpu"}, "fp16": {"npu"}}
+    # 21 ops the profile lacks after the convs: the summary's table shows 20 reasons, and its
+    # line to see them all compiles as this compile did.
+    unary = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Floor", "Ceil", "Sin", "Cos", "Tanh",
+             "Sigmoid", "Reciprocal", "Sign", "Round", "Erf", "Softplus", "Softsign", "Elu",
+             "Selu", "HardSigmoid", "Softmax"]
+    for op in unary:
+        profile["devices"][0]["engines"]["vector"]["ops"].pop(op)
+    del profile["devices"][0]["engines"]["cube"]["ops"]["Conv"]["dtypes"]
+    target.write_text(json.dumps(profile))
+    tail = [f"t{i + 1} = {op} (t{i})" for i, op in enumerate(unary)]
+    proto = conv_head("t0 = Identity (scores)\n" + "\n".join(tail), f"t{len(unary)}")
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    assert main(["optimize", str(path), "-o", str(tmp_path / "m.om"), "--target", str(target),
+                 "-O1", "--precision", "mixed-fp16", "--no-accuracy-report"]) == 0
+    out = capsys.readouterr().out
+    assert f"graphopt partition {path} --target {target} -O1 --precision mixed-fp16 " \
+           "--all-fallbacks lists them all" in out, out
