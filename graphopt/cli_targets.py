@@ -173,7 +173,7 @@ def _device_json(d: Device) -> dict:
 
 
 def _op_json(s: OpSupport) -> dict:
-    out: dict = {"dtypes": sorted(s.dtypes)}
+    out: dict = {"dtypes": sorted(s.dtypes)} if s.dtypes else {}  # none listed: any
     if s.max_rank is not None:
         out["max_rank"] = s.max_rank
     if s.attributes:

@@ -325,6 +325,17 @@ def _broken(change) -> dict:
     (lambda d: d.__setitem__("name", "a\nb"), "name: 'a\\nb' may hold only letters, digits"),
     # A kernel signature starts with the target's name and a "/": tune crashed on "a/b".
     (lambda d: d.__setitem__("name", "a/b"), "name: 'a/b' may hold only letters, digits"),
+    # An empty list read as any dtype: emptied to switch an op off, it did the opposite.
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__("dtypes", []),
+     "devices[0].engines.cube.ops.Conv.dtypes: expected at least 1 item"),
+    # The table offered a dtype the op refuses.
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "engine_for", {"bfloat16": "cube"}),
+     "devices[0].engines.cube.ops.Conv.engine_for.bfloat16: not one of the op's dtypes "
+     "(float16)"),
+    # A link of a one-device target was dropped, and citing it said it was not there.
+    (lambda d: (d["devices"].pop(0), d.update(primary="cpu")),
+     "transfer: a target of one device has no host <-> device link: remove it"),
     # Every tiling of every kernel would overflow it: refused here, not as a compile's crash.
     (lambda d: d["devices"][0]["buffers"].__setitem__("L0A", 10),
      "devices[0].buffers.L0A: 10 bytes cannot hold the smallest float16 tile (16x16x16 needs "
@@ -592,6 +603,8 @@ def test_an_elementwise_group_meets_each_inner_ops_limits(tmp_path):
     import graphopt
     from helpers import parse_model
 
+    from graphopt.partition.placement import place
+
     proto = parse_model("""
         g (float[2, 3, 4, 5] x) => (float[2, 3, 4, 5] y) {
             r = Relu(x)
@@ -603,12 +616,23 @@ def test_an_elementwise_group_meets_each_inner_ops_limits(tmp_path):
     alpha = _vector_profile(tmp_path, {"LeakyRelu": {"attributes": {"alpha": [0.5]}},
                                        "Relu": {}, "Neg": {}}, "alpha.json")
     fits = _vector_profile(tmp_path, {"LeakyRelu": {}, "Relu": {}, "Neg": {}}, "fits.json")
-    for target, expected in ((rank_two, "rank 4 above Neg's limit 2"),
-                             (alpha, "attribute alpha=0.1 of LeakyRelu: takes 0.5")):
-        result = graphopt.optimize(proto, level=3, target=target)
-        (node, reason), = result.partitioning.fallbacks()
+    # A group made without the target (a model compiled at -O3 for no target) is placed by
+    # its body's ops; compiled for the target, the op it lacks is left out of the group.
+    grouped = graphopt.optimize(proto, level=3).model
+    for target, expected, alone, why in (
+            (rank_two, "rank 4 above Neg's limit 2", "Neg",
+             "rank 4 of %l [2,3,4,5] above Neg's limit 2"),
+            (alpha, "attribute alpha=0.1 of LeakyRelu: takes 0.5", "LeakyRelu",
+             "attribute alpha=0.1 of LeakyRelu: takes 0.5")):
+        ((node, placed),) = [(n, p) for n, p in place(grouped, target).items() if p.reason]
         assert node.op_type.startswith("elementwise_")
-        assert reason.startswith(expected) and "(inside graphopt::elementwise_" in reason
+        assert placed.reason.startswith(expected)
+        assert "(inside graphopt::elementwise_" in placed.reason
+        result = graphopt.optimize(proto, level=3, target=target)
+        reasons = {n.op_type: r for n, r in result.partitioning.fallbacks()}
+        assert reasons[alone].startswith(why)
+        # Anything else on the host went back as an island, not for the op it lacks.
+        assert all("inside" not in r for r in reasons.values()), reasons
     result = graphopt.optimize(proto, level=3, target=fits)
     (part,) = result.partitioning.partitions
     # The group runs on the engine its ops are on, whatever the profile calls it.
@@ -800,6 +824,7 @@ def test_on_cube_follows_a_dtypes_engine(tmp_path):
     doc = target_json(load_target("ascend310"))
     npu = next(d for d in doc["devices"] if d["name"] == "npu")
     npu["engines"]["cube"]["ops"]["MatMul"]["engine_for"] = {"int8": "vector"}
+    npu["engines"]["cube"]["ops"]["MatMul"]["dtypes"].append("int8")
     doc["name"] = "int8_on_vector"
     target, _ = _load(tmp_path, doc)
     device = target.device("npu")

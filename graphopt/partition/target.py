@@ -249,6 +249,9 @@ def _build(doc: dict, path: str) -> Target:
     if len(devices) > 1 and transfer is None:
         raise SchemaViolation("transfer", "missing: a target with two devices needs the "
                                           "host <-> device link")
+    if len(devices) == 1 and transfer is not None:  # it would be dropped without a word
+        raise SchemaViolation("transfer", "a target of one device has no host <-> device "
+                                          "link: remove it")
     target = Target(
         name=doc["name"], description=doc.get("description", ""), path=path, devices=devices,
         primary=doc["primary"], host=doc["host"],
@@ -431,17 +434,21 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                 raise SchemaViolation(at, f"write the default-domain op as '{name}'")
             if key in kernels:
                 raise SchemaViolation(at, f"also listed under engine '{kernels[key].engine}'")
+            dtypes = op.get("dtypes", defaults.get("dtypes", ()))
             for dtype, other in op.get("engine_for", {}).items():
                 if other not in engines:
                     raise SchemaViolation(key_path(f"{at}.engine_for", dtype),
                                           f"no engine '{other}' (engines: {', '.join(engines)})")
+                if dtypes and dtype not in dtypes:  # the table would offer what it refuses
+                    raise SchemaViolation(key_path(f"{at}.engine_for", dtype),
+                                          f"not one of the op's dtypes ({', '.join(dtypes)})")
             for rank in op.get("rank_attributes", {}):
                 if not (rank.isdigit() and 1 <= int(rank) <= 64):  # a JSON key is a string
                     raise SchemaViolation(key_path(f"{at}.rank_attributes", rank),
                                           "a rank is a whole number from 1 to 64")
             kernels[key] = OpSupport(
                 op=key, engine=engine,
-                dtypes=frozenset(op.get("dtypes", defaults.get("dtypes", ()))),
+                dtypes=frozenset(dtypes),
                 max_rank=_int_or_none(op.get("max_rank", defaults.get("max_rank"))),
                 attributes=FrozenMap({a: tuple(_hashable(v) for v in values)
                                       for a, values in op.get("attributes", {}).items()}),

@@ -184,8 +184,10 @@ TARGET_SCHEMA: dict[str, Any] = {
             },
         },
         "dtypes": {"type": "array", "items": {"$ref": "#/$defs/dtype"}, "uniqueItems": True,
-                   "description": "dtypes of the op's data input and output; empty or absent "
-                                  "= any."},
+                   "minItems": 1,
+                   "description": "dtypes of the op's data input and output; absent = any "
+                                  "(an empty list, which could mean none, is refused: leave "
+                                  "the op out of the table to give it no kernel)."},
     },
 }
 
