@@ -185,7 +185,7 @@ def _cmd_optimize(args) -> int:
         save(result, args.output)  # with the tilings of the --tuning-db optimize read
     for path, title, plan in plots:
         draw_plan(plan, path, title=title)
-    idle = _idle_device(result)
+    idle = _idle_device(result, compile_flags(args))
     if idle:  # on stderr, and under -q too: the flag asked for a device the artifact never uses
         print(f"graphopt: warning: {idle}", file=sys.stderr)
     if not args.quiet:
@@ -258,14 +258,15 @@ def _compiled(args, target, pass_options):
                     input_fp16_nodes=args.input_fp16_nodes, output_type=args.output_type)
 
 
-def _idle_device(result) -> str | None:
+def _idle_device(result, flags: list[str]) -> str | None:
     """Why the artifact of a compile for an NPU target runs nothing on its NPU, or None: a
     note among many said it (122 nodes of a ResNet with an open batch), and exit 0 read as
-    a device compile."""
+    a device compile. `flags`: compile_flags, which the partition command it suggests takes."""
     from graphopt.partition.target import as_given
 
     partitioning = result.partitioning
-    if partitioning is None or not partitioning.partitions:
+    # A graph of no node (or Constants alone) has no work that could have run on the NPU.
+    if partitioning is None or not partitioning.fallbacks():
         return None
     target = partitioning.target
     primary = target.device(target.primary)
@@ -274,9 +275,10 @@ def _idle_device(result) -> str | None:
         return None
     nodes = sum(p.node_count() for p in partitioning.partitions)
     source = shlex.quote(result.source_label) if result.source_label != "<model>" else "MODEL"
+    again = shlex.join(["--target", as_given(target), *flags])
     return (f"--target {as_given(target)}: all {nodes} node(s) run on the host "
             f"{target.host}, none on the {primary.name} (the compile's notes say why; `graphopt "
-            f"partition {source} --target {shlex.quote(as_given(target))}` lists the reasons)")
+            f"partition {source} {again}` lists the reasons)")
 
 
 def _files_read(args) -> dict[str, str | list[str] | None]:

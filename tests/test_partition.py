@@ -514,7 +514,7 @@ def test_if_node_falls_back_and_gets_its_outer_values(tmp_path):
     assert said in (tmp_path / "r.html").read_text()
 
 
-def test_graph_without_nodes_is_one_partition(tmp_path):
+def test_graph_without_nodes_is_one_partition(tmp_path, capsys):
     proto = onnx.helper.make_model(onnx.helper.make_graph(
         [], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])]),
@@ -523,6 +523,11 @@ def test_graph_without_nodes_is_one_partition(tmp_path):
     assert devices(result) == ["cpu"]  # no device kernel has anything to do: no device session
     x = np.arange(2, dtype=np.float32)
     np.testing.assert_array_equal(run_om(path, {"x": x})["x"], x)
+    # No warning that all 0 nodes run on the host: nothing there could have run on the NPU.
+    onnx.save(proto, tmp_path / "empty.onnx")
+    assert main(["optimize", str(tmp_path / "empty.onnx"), "-o", str(tmp_path / "e.om"),
+                 "--target", "ascend310", "-q"]) == 0
+    assert capsys.readouterr().err == ""
     # A graph whose every node folds away (its output an initializer) alike.
     shape = onnx.helper.make_model(onnx.helper.make_graph(
         [onnx.helper.make_node("Shape", ["x"], ["y"])], "g",
@@ -900,3 +905,35 @@ def test_partition_cli_places_the_compile_of_the_precision_flags(tmp_path, capsy
     out = capsys.readouterr().out
     assert f"graphopt partition {path} --target {target} -O1 --precision mixed-fp16 " \
            "--all-fallbacks lists them all" in out, out
+
+
+def test_the_fallback_header_counts_the_constants_the_table_counts(tmp_path, capsys):
+    # At -O0 no Constant became an initializer: the table's 23 nodes beside 18 fallbacks.
+    path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), path)
+    assert main(["partition", str(path), "--target", "ascend310", "-O0"]) == 0
+    out = capsys.readouterr().out
+    assert "p0_cpu     cpu        23 " in out
+    assert "18 node(s) on cpu instead of npu; the cpu partitions also hold 5 Constant node(s), " \
+           "data that goes with the nodes reading it:" in out, out
+
+
+def test_partition_json_counts_engines_as_nodes_and_names_unnamed_fallbacks_by_output():
+    # A Loop's body runs where it does: its engine count had left the body out of `nodes`'
+    # count, and a fallback without a name read "node": "" alone.
+    from graphopt.partition.report import partitioning_json
+
+    proto = parse_model("""
+        g (float[4] x, int64 n) => (float[4] y) {
+            c = Constant <value = bool {1}> ()
+            y = Loop (n, c, x) <body = step (int64 i, bool cond, float[4] acc)
+                => (bool cond_out, float[4] acc_out) {
+                cond_out = Identity (cond)
+                acc_out = Add (acc, acc)
+            }>
+            }""")
+    data = partitioning_json(graphopt.optimize(proto, target="ascend310").partitioning)
+    (part,) = data["partitions"]
+    assert part["nodes"] == 3 and sum(part["engines"].values()) == 3, part
+    (loop,) = data["fallbacks"]
+    assert loop["node"] == "" and loop["output"] == "y" and loop["nodes"] == 3

@@ -37,8 +37,14 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
         nested = sum(1 for _ in _with_nested(node for node, _ in fallbacks))
         within = f" ({nested} with the nodes inside their subgraphs, as the partition table " \
                  "counts them)" if nested != len(fallbacks) else ""
+        # A Constant node is data that goes with its readers: counted by the table, never a
+        # fallback (at -O0, where none became an initializer, tiny's table said 23, this 18).
+        constants = sum(is_constant_node(node) for p in partitioning.partitions
+                        if p.device == target.host for node in p.nodes)
+        data = (f"; the {target.host} partitions also hold {constants} Constant node(s), data "
+                "that goes with the nodes reading it") if constants else ""
         lines.append(f"{len(fallbacks)} node(s) on {target.host} instead of {target.primary}"
-                     f"{within}:")
+                     f"{within}{data}:")
         by_reason: dict[str, list[str]] = {}
         for node, reason in fallbacks:
             by_reason.setdefault(reason, []).append(node.name or node.op_type)
@@ -64,10 +70,12 @@ def partitioning_json(partitioning: Partitioning) -> dict:
             }
             for p in partitioning.partitions
         ],
-        # "nodes": the node and those inside its If/Loop/Scan bodies, as the partitions count
+        # "nodes": the node and those inside its If/Loop/Scan bodies, as the partitions count;
+        # "output": its first output's name, which tells apart nodes that have no name
         "fallbacks": [
-            {"node": node.name, "op": node.qualified_op, "reason": reason,
-             "nodes": sum(1 for _ in _with_nested([node]))}
+            {"node": node.name, "op": node.qualified_op,
+             "output": next((v.name for v in node.outputs if v is not None), ""),
+             "reason": reason, "nodes": sum(1 for _ in _with_nested([node]))}
             for node, reason in partitioning.fallbacks()
         ],
         "layouts": {name: layout.to_json() for name, layout in partitioning.layouts.items()},
@@ -75,9 +83,14 @@ def partitioning_json(partitioning: Partitioning) -> dict:
 
 
 def _engine_counts(partitioning: Partitioning, part: Partition) -> Counter:
-    # A Constant is data the partition carries; no engine runs it.
-    return Counter(partitioning.placements[n].engine or part.device for n in part.nodes
-                   if not is_constant_node(n))
+    # A Constant is data the partition carries; no engine runs it. The nodes inside an
+    # If/Loop/Scan body run where it does, and count as the partition's `nodes` count them.
+    counts: Counter = Counter()
+    for node in part.nodes:
+        if not is_constant_node(node):
+            counts[partitioning.placements[node].engine or part.device] += sum(
+                1 for _ in _with_nested([node]))
+    return counts
 
 
 def _engines(partitioning: Partitioning, part: Partition) -> str:
