@@ -3,14 +3,16 @@
 Per model: the original at ORT_ENABLE_ALL, graphopt -O2 with FuseAttention switched off, and
 graphopt -O2, each run at ORT_ENABLE_ALL in onnxruntime's CPU provider at 1 thread, the calls
 interleaved, medians of the per-call wall time, node counts beside them, outputs compared with
-the original at ORT_DISABLE_ALL. Without --dims the inputs are MODEL.npz beside the model
-(as exported), if there is one; otherwise graphopt's seeded random feeds, each symbolic dim
-the size --dims gives it (else 1), with a bool input (a key padding mask) False and an input
-named like a mask 1, but for the last quarter of the last row. --extra adds already compiled
-files (another graphopt's output, say) to the same runs.
+the original at ORT_DISABLE_ALL. Without --dims the inputs are MODEL.inputs.npz or
+MODEL.npz beside the model (as exported), if there is one; otherwise graphopt's seeded random
+feeds, each symbolic dim the size --dims gives it (else 1), with a bool input (a key padding
+mask) False and an input named like a mask 1, but for the last quarter of the last row. The
+`inputs` column says which, with the shapes run. --extra adds already compiled files (another
+graphopt's output, say) to the same runs.
 
     python bench/attention_layout.py tenc_sf.dyn18.onnx --dims seq=128,batch=4
     python bench/attention_layout.py a.onnx b.onnx --dims seq=64,batch=2 --extra before=a.old.onnx
+    python bench/attention_layout.py ../shared/models/dev_bert.ts.onnx --json out/attention.json
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import graphopt  # noqa: E402
 from graphopt import numerics  # noqa: E402
-from _common import markdown_table, positive_int, run_model, session_options  # noqa: E402
+from _common import (Stats, compare_outputs, json_path, markdown_table, positive_int,  # noqa: E402
+                     run_model, session_options, write_json)
 
 
-def _feeds(path: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
-    saved = os.path.splitext(path)[0] + ".npz"
-    if not dims and os.path.exists(saved):  # the inputs it was exported with
-        return dict(np.load(saved))
+def _feeds(path: str, dims: dict[str, int]) -> tuple[dict[str, np.ndarray], str]:
+    """The feeds, and where they came from with the shapes they have (a static model ignores
+    --dims, which the shapes then show)."""
+    stem = os.path.splitext(path)[0]
+    for saved in (stem + ".inputs.npz", stem + ".npz"):
+        if not dims and os.path.exists(saved):  # the inputs it was exported with
+            with np.load(saved) as data:
+                feeds = {name: data[name] for name in data.files}
+            return feeds, f"{os.path.basename(saved)} {_shapes(feeds)}"
     model = onnx.load(path, load_external_data=False)
     feeds = numerics.random_feeds(model, seed=0, dims=dims)
     for name, value in feeds.items():
@@ -48,38 +56,46 @@ def _feeds(path: str, dims: dict[str, int]) -> dict[str, np.ndarray]:
             value[...] = 1
             if value.ndim == 2:
                 value[-1, value.shape[1] - value.shape[1] // 4:] = 0
-    return feeds
+    return feeds, f"seeded random {_shapes(feeds)}"
+
+
+def _shapes(feeds: dict[str, np.ndarray]) -> str:
+    return " ".join(f"{name}[{','.join(map(str, value.shape))}]" for name, value in feeds.items())
 
 
 def bench(path: str, dims: dict[str, int], extra: dict[str, str], runs: int,
-          folder: str) -> list[list[str]]:
+          folder: str) -> list[dict]:
     files = {"original": path}
     for name, disabled in (("-O2 without FuseAttention", {"FuseAttention"}), ("-O2", set())):
         out = os.path.join(folder, f"{len(files)}.onnx")
         graphopt.save(graphopt.optimize(path, level=2, disable_passes=disabled), out)
         files[name] = out
     files.update(extra)
-    feeds = _feeds(path, dims)
+    feeds, inputs = _feeds(path, dims)
     want = run_model(path, feeds)
     sessions = {name: ort.InferenceSession(file, session_options("all"),
                                            providers=["CPUExecutionProvider"])
                 for name, file in files.items()}
     times: dict[str, list[float]] = {name: [] for name in files}
+    order = list(sessions)
     for i in range(runs + 10):
-        for name, session in sessions.items():
+        # Each round starts one variant later: none always runs on the caches the same
+        # other one left.
+        for name in order[i % len(order):] + order[:i % len(order)]:
             start = time.perf_counter()
-            session.run(None, feeds)
+            sessions[name].run(None, feeds)
             if i >= 10:
                 times[name].append(time.perf_counter() - start)
     base = float(np.median(times["original"]))
     rows = []
     for name, file in files.items():
-        got = run_model(file, feeds)
-        diff = max(float(np.max(np.abs(want[k] - got[k]))) for k in want)
-        median = float(np.median(times[name]))
-        rows.append([os.path.basename(path), name,
-                     str(len(onnx.load(file, load_external_data=False).graph.node)),
-                     f"{median * 1e6:.0f}", f"{median / base:.2f}", f"{diff:.1e}"])
+        check = compare_outputs(want, run_model(file, feeds))
+        rows.append({"model": os.path.basename(path), "variant": name, "inputs": inputs,
+                     "nodes": len(onnx.load(file, load_external_data=False).graph.node),
+                     "times_us": [t * 1e6 for t in times[name]],
+                     "stats": Stats.of([t * 1e6 for t in times[name]]),
+                     "ratio": float(np.median(times[name])) / base,
+                     "check": check})
     return rows
 
 
@@ -94,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a compiled file to run beside the others (one model only)")
     parser.add_argument("--runs", type=positive_int, default=200,
                         help="timed calls per variant (200)")
+    parser.add_argument("--json", metavar="FILE", type=json_path,
+                        help="also write the rows as JSON")
     args = parser.parse_args(argv)
     try:
         dims = {k: int(v) for k, v in (p.split("=") for p in args.dims.split(",") if p)}
@@ -110,9 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for path in args.models:
             rows += bench(path, dims, extra, args.runs, folder)
-    print(f"median µs per call of {args.runs} interleaved calls, 1 thread, ORT_ENABLE_ALL, "
-          f"onnxruntime {ort.__version__}, dims {args.dims or 'as exported'}\n")
-    print(markdown_table(["model", "variant", "nodes", "µs", "× original", "max abs Δ"], rows))
+    print(f"median (min–max) µs per call of {args.runs} interleaved calls, 1 thread, "
+          f"ORT_ENABLE_ALL, onnxruntime {ort.__version__}; max abs Δ against the original at "
+          "ORT_DISABLE_ALL\n")
+    print(markdown_table(
+        ["model", "inputs", "variant", "nodes", "µs", "× original", "max abs Δ"],
+        [[r["model"], r["inputs"], r["variant"], str(r["nodes"]), r["stats"].cell(),
+          f"{r['ratio']:.2f}", r["check"].cell()] for r in rows]))
+    if args.json:
+        write_json(args.json, [{"model": r["model"], "inputs": r["inputs"],
+                                "variant": r["variant"], "nodes": r["nodes"],
+                                "times_us": r["times_us"],
+                                "median_us": r["stats"].median, "ratio": r["ratio"],
+                                "max_abs_diff": r["check"].worst, "ok": r["check"].ok}
+                               for r in rows])
     return 0
 
 

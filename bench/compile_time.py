@@ -145,12 +145,19 @@ def _time_cells(result: ToolResult, base: Stats | None, with_ratio: bool) -> lis
 
 
 def ratios(rows: list[Row], tool: str) -> list[float]:
+    """The tool's time over graphopt's, per row where both wrote a model that runs and matches
+    the original: as latency.py's geomeans, a compile whose output is wrong or unrunnable
+    (marked ✗ or "output unrunnable" in its row) is no figure to average."""
     out = []
     for row in rows:
-        base, other = row.tools["graphopt"].stats, row.tools[tool].stats
-        if base and other:
-            out.append(other.median / base.median)
+        base, other = row.tools["graphopt"], row.tools[tool]
+        if base.stats and other.stats and _sound(base) and _sound(other):
+            out.append(other.stats.median / base.stats.median)
     return out
+
+
+def _sound(result: ToolResult) -> bool:
+    return result.check is None or (result.check.error is None and result.check.ok)
 
 
 def geomean_groups(rows: list[Row]) -> list[tuple[str, list[Row]]]:
@@ -232,7 +239,8 @@ def header(tools: list[Compiler], runs: int, budget: float) -> str:
         f"run, tools interleaved per round. Compile benchmarks use fewer runs than latency "
         f"benchmarks (20) because each run takes seconds; a model whose warm-up round of all "
         f"tools exceeds {budget:g}/{runs} s gets fewer (never under 3): see `runs`.\n"
-        f"× = tool median / graphopt median (above 1: slower than graphopt). "
+        f"× = tool median / graphopt median (above 1: slower than graphopt); the geomeans "
+        f"leave out rows where either output is beyond tolerance or does not run. "
         f"graphopt = optimize (-O2, no tuning) + save; onnxsim = load + simplify + save; "
         f"onnxslim = slim + save; ORT basic = InferenceSession creation at ORT_ENABLE_BASIC "
         f"writing optimized_model_filepath, ORT's offline optimization at the level it "

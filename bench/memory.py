@@ -179,11 +179,17 @@ def _groups(rows: list[Row]) -> list[tuple[str, list[Row]]]:
     return [*sets.items(), ("all", rows)] if len(sets) > 1 else list(sets.items())
 
 
-def goals(rows: list[Row], empty: list[str]) -> str:
+def goals(rows: list[Row], empty: list[str], unplanned: list[str]) -> str:
+    """The goals' verdicts, and the models left out of the table (empty arena, or a
+    pytorch-converted model graphopt could not plan: that corpus holds many it cannot run)."""
     planned = [r for r in rows if r.sizes and r.bound]
+
     def ratio(r: Row) -> float:
         return max(r.arena / r.bound, r.reordered_arena / r.reordered_bound)
 
+    lines = _left_out(empty, unplanned)
+    if not planned:  # every model chosen plans to an empty arena, or failed
+        return "\n".join(["no model with work memory to plan: no goal to judge", *lines])
     worst = max(planned, key=ratio)
     above_greedy = [r.name for r in planned if r.arena > r.sizes["greedy_by_size"]]
     lowered = [f"{r.name} ({r.reordered_bound / r.bound - 1:+.1%}, {r.reordered_method})"
@@ -200,13 +206,21 @@ def goals(rows: list[Row], empty: list[str]) -> str:
         f"original order already optimal (proven: the exact search finished, or the peak meets "
         f"the bytes that must be live around some node in any order) on {len(proven)} more: "
         + (", ".join(proven) or "none"),
-    ]
-    if empty:
-        names = [n.split("/")[-1] for n in empty]
-        more = ", …" if len(names) > 8 else ""
-        lines.append(f"{len(empty)} more models plan to an empty arena (a single node, or no "
-                     f"intermediate tensor): {', '.join(names[:8])}{more}")
+    ] + lines
     return "\n".join(lines)
+
+
+def _left_out(empty: list[str], unplanned: list[str]) -> list[str]:
+    lines = []
+    for names, what in ((empty, "plan to an empty arena (a single node, or no intermediate "
+                                "tensor)"),
+                        (unplanned, "of pytorch-converted were not planned (they do not "
+                                    "import or compile)")):
+        if names:
+            short = [n.split("/")[-1] for n in names]
+            more = ", …" if len(short) > 8 else ""
+            lines.append(f"{len(names)} more models {what}: {', '.join(short[:8])}{more}")
+    return lines
 
 
 # -- synthetic scale ---------------------------------------------------------------------------
@@ -310,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows: list[Row] = []
     empty: list[str] = []
+    unplanned: list[str] = []
     with tempfile.TemporaryDirectory(prefix="graphopt-memory-") as workdir:
         for model in sources(workdir, matching(args.only)):
             began = time.perf_counter()
@@ -318,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                 empty.append(row.name)
             elif not row.name.startswith("pytorch-converted/") or row.sizes:
                 rows.append(row)
+            else:
+                unplanned.append(row.name)
             print(f"{model.name}: {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
     scale = scale_rows(args.scale, 1 if args.quick else 3) if args.scale else []
     print(f"Work memory (arena) per model after graphopt -O2, 64-byte alignment; × = arena / the "
@@ -334,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(rows, args.check))
     print()
-    print(goals(rows, empty))
+    print(goals(rows, empty, unplanned))
     if scale:
         print()
         print(markdown_table(["graph", "nodes", "buffers", "plan_memory s",
@@ -345,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             "bench": "memory", "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
             "alignment": 64, "runs": args.runs, "wall_seconds": time.perf_counter() - start,
             "models": [row.__dict__ | {"arena": row.arena} for row in rows],
-            "empty_arena": empty, "scale": scale})
+            "empty_arena": empty, "unplanned": unplanned, "scale": scale})
     return 0
 
 
