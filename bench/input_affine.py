@@ -1,7 +1,7 @@
 """FoldInputAffine on conv nets that scale and shift an activation before the next conv.
 
-Per model (the zoo's lcnetv3 by default, or ONNX files given with --model and their inputs
-with --inputs), graphopt's .om for the cpu target compiled with FoldInputAffine switched off
+For one model (the zoo's lcnetv3 by default, or the ONNX file given with --model and its
+inputs with --inputs), graphopt's .om for the cpu target compiled with FoldInputAffine switched off
 and on, run through graphopt's runtime at 1 thread, interleaved (off, on, off, on, ...),
 medians of the per-call wall time, their ratio, the ops each leaves, and the largest
 difference of the two .om's outputs from the original's at ORT_DISABLE_ALL.

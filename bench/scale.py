@@ -400,10 +400,10 @@ def measure_sizes(node_counts: list[int], workdir: str, runs: int,
 
 
 def format_sizes(results: list[dict]) -> str:
-    """One row per stage, two columns (seconds, peak RSS MB) per size, and totals."""
+    """One row per stage, two columns (seconds, peak RSS MiB) per size, and totals."""
     headers = ["stage"]
     for r in results:
-        headers += [f"{r['nodes']} nodes s", "peak MB"]
+        headers += [f"{r['nodes']} nodes s", "peak MiB"]
     names = [row["stage"] for row in results[0]["stages"]]
     body = []
     for i, name in enumerate(names):
@@ -564,7 +564,7 @@ def format_weights(result: dict) -> str:
     rows = [[row["stage"], f"{row['seconds']:.3g}", f"{row['rss_before_mb']:.0f}",
              f"{row['peak_rss_mb']:.0f}", f"{row['peak_rss_mb'] * 1.048576 / weight_mb:.2f}"]
             for row in result["stages"]]
-    return markdown_table(["stage", "s", "RSS before MB", "peak RSS MB", "peak / weight bytes"],
+    return markdown_table(["stage", "s", "RSS before MiB", "peak RSS MiB", "peak / weight bytes"],
                           rows)
 
 
@@ -603,7 +603,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.sizes:
         try:
-            args.sizes = [int(s) for s in args.sizes.split(",")]
+            # Smallest first: the growth columns divide by the first size's figures.
+            args.sizes = sorted(int(s) for s in args.sizes.split(","))
         except ValueError:
             p.error(f"--sizes {args.sizes}: expected comma-separated node counts")
         if any(s < NODES_PER_LAYER for s in args.sizes):
@@ -667,8 +668,9 @@ def main(argv: list[str] | None = None) -> int:
                   "compiler code (in brackets: over the smallest size, 1.00 = flat), how this "
                   "machine's cost per object grows with the heap alone.")
             if args.baseline:
-                print("\nSide by side, each staged compile followed by the baseline's on the "
-                      "same model (sum of stages, medians):\n")
+                print("\nSide by side, each staged compile beside the baseline's on the same "
+                      "model, which goes first alternating by round (sum of stages, "
+                      "medians):\n")
                 print(format_baseline(results, args.baseline))
             data = {"bench": "scale", "sizes": results}
     data["command"] = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])

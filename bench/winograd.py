@@ -86,8 +86,8 @@ def bench(shape: tuple[int, int, int], runs: int, batch: int = 1, warmup: int = 
     th, tw = winograd.tiles(height, width)
     rule = "winograd" if winograd.pays_off(channels, channels, height, width, batch) \
         else "direct"
-    return [f"{channels}×{height}×{width}", str(batch * th * tw), rule, f"{direct_ms:.2f}",
-            f"{winograd_ms:.2f}", f"{direct_ms / winograd_ms:.2f}", f"{error:.1e}"]
+    return [f"{channels}×{height}×{width}", str(batch * th * tw), rule, f"{direct_ms:.3g}",
+            f"{winograd_ms:.3g}", f"{direct_ms / winograd_ms:.2f}", f"{error:.1e}"]
 
 
 def main(argv: list[str] | None = None) -> int:
