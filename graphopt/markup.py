@@ -20,8 +20,8 @@ _LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\t\n\r"})
 def escape(text: str, quote: bool = True, lines: bool = False) -> str:
     """html.escape of `text` once the characters XML forbids are written out as escapes, and
     its line breaks and tabs too unless `lines` (text whose lines are graphopt's own, its names
-    passed through unbroken() first): a name "out\nFAKE" read as two in a tooltip, and as another
-    name in a table cell."""
+    passed through unbroken() first): a name "out\\nFAKE" read as two in a tooltip, and as
+    another name in a table cell."""
     text = _NOT_XML.sub(lambda match: repr(match.group())[1:-1], escape_controls(text))
     if not lines:
         text = text.translate(_LINE_BREAKS)
