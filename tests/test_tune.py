@@ -840,6 +840,12 @@ def test_two_workers_share_a_postgresql_study(a310):
                                          "unset (.ci/run starts one with .ci/postgres.sh)")
 def test_setting_a_study_up_on_postgresql_is_one_process_at_a_time():
     # Two runs started together on a server both queued the default trial.
+    assert _setup_lock_order(POSTGRES) == ["first", "second"]
+
+
+def _setup_lock_order(url: str) -> list[str]:
+    """The order in which this thread, holding setup_lock(url), and a second thread asking
+    for it while it is held get through it."""
     import threading
 
     from graphopt.tuner.storage import setup_lock
@@ -848,17 +854,17 @@ def test_setting_a_study_up_on_postgresql_is_one_process_at_a_time():
 
     def second():
         held.wait()
-        with setup_lock(POSTGRES):
+        with setup_lock(url):
             order.append("second")
 
     thread = threading.Thread(target=second)
     thread.start()
-    with setup_lock(POSTGRES):
+    with setup_lock(url):
         held.set()
         time.sleep(0.5)  # the other thread is waiting on the lock by now
         order.append("first")
     thread.join(timeout=30)
-    assert order == ["first", "second"]
+    return order
 
 
 def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
@@ -1275,26 +1281,7 @@ def test_a_running_trial_whose_heartbeat_stopped_is_failed_before_any_trial(tmp_
 
 def test_threads_of_one_process_take_a_files_setup_lock_one_at_a_time(tmp_path):
     # The flock is taken on one shared descriptor, which let a second thread in at once.
-    import threading
-
-    from graphopt.tuner.storage import setup_lock
-
-    url = f"sqlite:///{tmp_path / 'kb.db'}"
-    held, order = threading.Event(), []
-
-    def second():
-        held.wait()
-        with setup_lock(url):
-            order.append("second")
-
-    thread = threading.Thread(target=second)
-    thread.start()
-    with setup_lock(url):
-        held.set()
-        time.sleep(0.5)  # the other thread is waiting on the lock by now
-        order.append("first")
-    thread.join(timeout=30)
-    assert order == ["first", "second"]
+    assert _setup_lock_order(f"sqlite:///{tmp_path / 'kb.db'}") == ["first", "second"]
 
 
 def test_a_new_knowledge_base_is_set_up_by_one_process_at_a_time(a310, tmp_path):
