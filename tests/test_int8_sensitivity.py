@@ -183,8 +183,9 @@ def test_every_shape_profile_keeps_the_layers_the_measuring_one_found(tmp_path):
                                  for t in _model(gain=400.0).graph.initializer})
     path = tmp_path / "m.onnx"
     onnx.save(proto, path)
+    # The guard on its own, as _int8 compiles (equalization would save the layers).
     result = graphopt.optimize(str(path), quantize="int8", calibration=_calibration(tmp_path),
-                               pass_options={"quant_keep_ends": False},
+                               pass_options={"quant_keep_ends": False, "quant_equalize": False},
                                dynamic_dims={"H": [12, 16]})
     for compiled in result.profiles:  # the data fits H=12; H=16 borrows its statistics
         assert _float_convs(compiled.result.to_onnx()) == ["c1", "c2"], compiled.profile.dims

@@ -111,12 +111,14 @@ class QuantizeInt8(Pass):
             infer_shapes(model)
         form = "amct" if ctx.target is not None \
             and ctx.target.device(ctx.target.primary).kind == "npu" else "onnxruntime"
-        # Before the plan and its ranges, which then see the scaled float graph. Not across
-        # shape profiles: one that borrows another's ranges has no data to scale by.
-        if options.quant_equalize and options.calibration and ctx.shared_stats is None:
+        # Before the plan and its ranges, which then see the scaled float graph. A shape
+        # profile the data does not fit scales by the extents the profile it fits measured,
+        # as it takes that one's ranges, which were measured on the graph so scaled.
+        if options.quant_equalize and options.calibration:
             result.count("equalized channel region", equalize_channels(
-                model, lambda names: channel_extents(model, names,
-                                                     calibration_data(ctx, model.graph))))
+                model, lambda names: _channel_extents(model, names, ctx)))
+            if ctx.shared_stats is not None and ctx.calibration_mismatch is None:
+                ctx.shared_stats.keep_extents({}, model.graph)  # measured, when none to measure
         splits = split_activations(model.graph, opset, convs=form == "onnxruntime")
         missing = unmatched_skips(model.graph, options.quant_skip, self.name)
         if missing:
@@ -325,6 +327,21 @@ def _note_nonfinite(chosen: Plan, stats: dict, ctx: PassContext) -> None:
         more = f" and {len(seen) - 3} more" if len(seen) > 3 else ""
         ctx.note(f"QuantizeInt8: {len(seen)} quantized tensor(s) held NaN or Inf on calibration "
                  f"samples: {shown}{more}; their ranges cover the finite values")
+
+
+def _channel_extents(model: Model, names: list[str], ctx: PassContext) -> dict:
+    """Each named tensor's largest |value| per channel over the calibration data, for channel
+    equalization; for a shape profile the data does not fit, those a profile it fits measured
+    (shared_stats.py: a profile compiled before that one waits for it)."""
+    shared, mismatch = ctx.shared_stats, ctx.calibration_mismatch
+    if mismatch is not None:
+        if shared is None or shared.extents is None:
+            raise mismatch
+        return shared.extents_of(names, model.graph)
+    measured = channel_extents(model, names, calibration_data(ctx, model.graph))
+    if shared is not None:
+        shared.keep_extents(measured, model.graph)
+    return measured
 
 
 def _statistics(model: Model, names: list[str], channels: set[str], ctx: PassContext) -> dict:

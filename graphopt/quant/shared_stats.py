@@ -5,7 +5,8 @@ dynamic dim with the scales it found. Likewise here: a profile the calibration d
 measures the activation statistics, and a profile it does not fit (another sequence length)
 takes them instead of refusing the data. Activation ranges and per-channel means do not depend
 on the sizes of the dims a profile pins, nor do the Gram matrices GPTQ weighs int4 rounding by
-(sums over rows of each feature pair).
+(sums over rows of each feature pair), nor the per-channel extents channel equalization scales
+by, which every profile applies alike.
 
 A tensor is found by the layers that read it, else by the node that computes it, else by its
 name (`keys`). Node names come from the exporter (or from the node a fusion replaced), while the
@@ -50,6 +51,9 @@ class SharedStats:
     # The files of a calibration directory some profile calibrated on (calib_data's
     # profile_samples): one that none did is refused.
     samples_used: set = field(default_factory=set)
+    # Channel equalization's per-channel extents, by key (None until a profile measured them):
+    # a profile that takes the ranges must scale its channels as the measuring one did.
+    extents: dict[str, np.ndarray] | None = None
 
     @property
     def ready(self) -> bool:
@@ -76,6 +80,24 @@ class SharedStats:
         for name, gram in grams.items():
             for key in keys(graph, name):
                 self.grams.setdefault(key, gram)
+
+    def keep_extents(self, extents: dict, graph: Graph) -> None:
+        """Record channel equalization's extents (by tensor name, under every key), when no
+        profile has yet; {} records that the measuring profile had none to measure."""
+        if self.extents is None:
+            self.extents = {key: extent for name, extent in extents.items()
+                            for key in keys(graph, name)}
+
+    def extents_of(self, names, graph: Graph) -> dict:
+        """The recorded extents of `names` (tensors of `graph`) that were measured: a region
+        the measuring profile did not scale is not scaled here either, as its ranges were
+        measured unscaled."""
+        found = {}
+        for name in names:
+            key = next((k for k in keys(graph, name) if k in (self.extents or {})), None)
+            if key is not None:
+                found[name] = self.extents[key]
+        return found
 
     def lookup_grams(self, names, graph: Graph, why: str) -> dict:
         """The recorded Gram matrices of `names` (tensors of `graph`), as `lookup` finds
