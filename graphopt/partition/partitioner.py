@@ -256,10 +256,11 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
     host, primary = target.device(target.host), target.device(target.primary)
     # The cost models the tuner uses: a roofline per op class on the host, the tiled cube and
     # vector estimates on the NPU (estimates both; only their difference matters here).
-    from graphopt.tuner.cpu_model import host_cost_model
+    from graphopt.tuner.cpu_model import host_cost_model, model_functions
     from graphopt.tuner.model import node_estimate
 
     host_model = host_cost_model(target, host)
+    functions = model_functions(model)  # a call is priced as its body on either side
     owner = {node: i for i, c in enumerate(clusters) for node in c}
     device = [placements[c[0]].device for c in clusters]
     found = []
@@ -292,8 +293,8 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
         if not touches_host:
             continue
         # The model, for a graphopt:: call: its group (a Conv epilogue's cube kernel included).
-        saved = sum(host_model.node_seconds(n) - node_estimate(n, primary, model)[1].seconds
-                    for n in work)
+        saved = sum(host_model.node_seconds(n, functions)
+                    - node_estimate(n, primary, model)[1].seconds for n in work)
         cost = on_host_side - on_device_side
         if saved < cost:
             gain = (f"the {primary.name} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else

@@ -19,7 +19,7 @@ import onnx
 
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import Model, Node, Value
-from graphopt.partition.body_types import body_types
+from graphopt.partition.body_types import body_ranks, body_types
 from graphopt.partition.quant_fit import qdq_problem
 
 if TYPE_CHECKING:
@@ -79,6 +79,9 @@ def _fit_function(node: Node, function, device: Device,
     # and writes inside the body (a Cast to double, a comparison's bool) and take the call's
     # rank (an elementwise body's tensors have the call's) and its attributes.
     dtypes = body_types(node, function) or {}
+    # Each op at the ranks of its own tensors: an epilogue group's Gemm is rank 2 where the Add
+    # after it broadcasts to rank 3 (the call's rank stands in where inference cannot tell).
+    ranks = body_ranks(node, function) or {}
     rank = max((len(v.shape) for v in _tensors(node) if v.shape is not None), default=None)
     engine = None
     for inner in function.node:
@@ -92,11 +95,15 @@ def _fit_function(node: Node, function, device: Device,
         for dtype in (read, written):
             if dtype and support.dtypes and dtype not in support.dtypes:
                 return None, f"{device.name} {inner.op_type} does not take {dtype} {where}"
-        if support.max_rank is not None and rank is not None and rank > support.max_rank:
-            return None, f"rank {rank} above {support.op}'s limit {support.max_rank} {where}"
+        own = [ranks[name] for name in (*inner.input, *inner.output) if name in ranks]
+        inner_rank = max(own) if own else rank
+        if support.max_rank is not None and inner_rank is not None \
+                and inner_rank > support.max_rank:
+            return None, (f"rank {inner_rank} above {support.op}'s limit {support.max_rank} "
+                          f"{where}")
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
-        problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain, rank,
-                                    opsets.get(inner.domain))
+        problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain,
+                                    ranks.get(data, rank), opsets.get(inner.domain))
         if problem:
             return None, f"{problem} {where}"
         engine = engine or support.engine

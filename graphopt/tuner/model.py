@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.placement import data_dtype
 from graphopt.passes.base import anchor_key
-from graphopt.tuner.cpu_model import host_cost_model
+from graphopt.tuner.cpu_model import host_cost_model, model_functions
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.tiling import (CUBE_OPS, GemmShape, Tiling, default_tiling, gemm_shape,
                                    group_anchor_shape)
@@ -120,6 +120,7 @@ def model_estimate(model: Model, partitioning: Partitioning,
     target = partitioning.target
     tilings = tilings or {}
     home = {node: p.device for p in partitioning.partitions for node in p.nodes}
+    functions = model_functions(model)
     result = ModelEstimate()
     for part in partitioning.partitions:
         device = target.device(part.device)
@@ -133,7 +134,7 @@ def model_estimate(model: Model, partitioning: Partitioning,
         host_model = host_cost_model(target, device) if device.kind == "cpu" else None
         for node in part.nodes:
             if host_model is not None:
-                seconds = host_model.node_seconds(node)
+                seconds = host_model.node_seconds(node, functions)
                 result.rows.append(KernelRow(part.name, part.device, anchor_key(node), node.qualified_op,
                                              "host", Estimate(0.0, seconds, {"bound": "roofline"})))
                 continue
