@@ -647,6 +647,14 @@ def test_a_calibration_directory_of_several_image_sizes_serves_their_profiles(tm
     for compiled in result.profiles:
         ops = [n.op_type for n in compiled.result.model.graph]
         assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    # The accuracy report reads the files of the first profile they fit, as the compile does:
+    # it read the directory whole, refused the first file of the other shape, and the
+    # command line wrote the .om with no report.
+    from graphopt.tools.accuracy import accuracy_report
+
+    graphopt.save(result, tmp_path / "q.om")
+    report = accuracy_report(proto, str(tmp_path / "q.om"), calibration=folder)
+    assert "(samples 1-4 of 4: " in report.format()
     # A file that fits no profile is still refused by name, also where one profile has no
     # file of its own and borrows the other's ranges (it took them all, the misfit with them).
     np.savez(folder / "c.npz", x=np.zeros((1, 3, 8, 8), np.float32))

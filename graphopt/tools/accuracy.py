@@ -23,6 +23,7 @@ random data in the reference's signature, as `graphopt compare` makes them); per
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ import numpy as np
 
 from graphopt.codegen.feeds import numpy_dtype
 from graphopt.errors import GraphoptError
-from graphopt.quant.calib_data import CalibrationShapeError, InputSpec, read_calibration
+from graphopt.quant.calib_data import (CalibrationShapeError, InputSpec, profile_samples,
+                                       read_calibration)
 from graphopt.table import format_table
 from graphopt.tools.compare import compare_arrays, declared_types
 from graphopt.tools.compare_run import (
@@ -161,6 +163,9 @@ def calibration_feeds(path, reference: Side, candidate: Side,
     several."""
     profiles = getattr(candidate.session, "profiles", None) or [None]
     mismatch = None
+    # Of a directory whose files hold several profiles' shapes, each profile reads the files
+    # that fit it, as the compile calibrated it (read whole, the first misfit was refused).
+    within = profile_samples(set()) if len(profiles) > 1 else contextlib.nullcontext()
     for index in range(len(profiles)):
         dims = shared_dims(reference, candidate, index)
         specs = []
@@ -171,8 +176,9 @@ def calibration_feeds(path, reference: Side, candidate: Side,
                 specs.append(InputSpec(entry["name"], dtype,
                                        None if shape is None else tuple(shape)))
         try:
-            data = read_calibration(path, specs)
-            samples = list(itertools.islice(data, limit))
+            with within:
+                data = read_calibration(path, specs)
+                samples = list(itertools.islice(data, limit))
         except CalibrationShapeError as exc:
             mismatch = mismatch or exc
             continue
