@@ -165,7 +165,9 @@ def calibration_feeds(path, reference: Side, candidate: Side,
     mismatch = None
     # Of a directory whose files hold several profiles' shapes, each profile reads the files
     # that fit it, as the compile calibrated it (read whole, the first misfit was refused).
-    within = profile_samples(set()) if len(profiles) > 1 else contextlib.nullcontext()
+    def within():
+        return profile_samples(set()) if len(profiles) > 1 else contextlib.nullcontext()
+
     for index in range(len(profiles)):
         dims = shared_dims(reference, candidate, index)
         specs = []
@@ -176,7 +178,7 @@ def calibration_feeds(path, reference: Side, candidate: Side,
                 specs.append(InputSpec(entry["name"], dtype,
                                        None if shape is None else tuple(shape)))
         try:
-            with within:
+            with within():
                 data = read_calibration(path, specs)
                 samples = list(itertools.islice(data, limit))
         except CalibrationShapeError as exc:
