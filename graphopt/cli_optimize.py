@@ -171,8 +171,14 @@ def _cmd_optimize(args) -> int:
                             "only")
     report = bool(pass_options) and not args.no_accuracy_report and not args.quiet
     source = _overwritten_source(args) if report else None
-    # Checked before the model is written: a compile that fails writes nothing.
+    # Checked before the model is written: a compile that fails writes nothing. A picture per
+    # partition takes a name made from FILE's (p.p0_npu.svg), checked as FILE was: one had
+    # replaced the input model of that name, or failed as a directory after the .om was written.
     plots = memory_plots(result, args.memory_plot) if args.memory_plot else []
+    for path, _, _ in plots:
+        if path != args.memory_plot:
+            check_output_path("--memory-plot", path, {"the model": args.model,
+                                                      "-o": args.output, **_files_read(args)})
     written_check = None
     if args.verify and writes_om(args.output):  # the artifact itself is run before it lands
         from graphopt.atomic import checked_before_replace

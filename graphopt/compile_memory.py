@@ -58,9 +58,12 @@ def memory_plots(result: OptimizeResult, path: str) -> list[tuple[str, str, obje
 
 def draw_memory_plans(result: OptimizeResult, path: str) -> list[str]:
     """Draw each planned partition's memory (tensors over time × address) as memory_plots
-    names the files; returns the files written."""
+    names the files; returns the files written. OptionError for a `path` that is not .png or
+    .svg, as the command line's --memory-plot (any other name had been written as a PNG)."""
     from graphopt.passes.memory import draw_plan
 
+    if not os.fspath(path).lower().endswith((".png", ".svg")):
+        raise OptionError(f"draw_memory_plans: {path}: the picture must end in .png or .svg")
     written = []
     for target, title, plan in memory_plots(result, path):
         draw_plan(plan, target, title=title)

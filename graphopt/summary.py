@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from graphopt.codegen.inspect_om import largest_index
+from graphopt.codegen.om_manifest import order_label
 from graphopt.codegen.profile_match import profiles_count
 from graphopt.compile_result import OptimizeResult, op_counts
 from graphopt.errors import one_line
@@ -78,6 +79,10 @@ def format_profiles(result: OptimizeResult) -> str:
     """One row per shape profile: the sizes it pins, what its compile made and its memory."""
     rows, sizes = [], []
     unplanned: dict[str, list[str]] = {}  # reason -> the partitions it keeps unplanned
+    # --memory-reorder searched each plan's order: what it chose, as a one-profile compile's
+    # memory-plan line says it (the profile table had left it out).
+    searched = any(p.schedule_optimal is not None for c in result.profiles
+                   for p in c.result.memory_plans.values() if not isinstance(p, str))
     for compiled in result.profiles:
         run = compiled.result
         for name, plan in run.memory_plans.items():
@@ -87,14 +92,18 @@ def format_profiles(result: OptimizeResult) -> str:
         planned = bool(plans) and len(plans) == len(run.memory_plans)
         sizes.append(sum(p.arena_bytes for p in plans) if planned else None)
         parts = len(run.partitioning.partitions) if run.partitioning is not None else 1
+        orders = "; ".join(dict.fromkeys(
+            order_label({"schedule_method": p.schedule_method,
+                         "schedule_optimal": p.schedule_optimal}) for p in plans if p.tensors))
         rows.append([compiled.profile.name, compiled.profile.label,
                      sum(op_counts(run.model.graph.all_nodes()).values()), parts,
                      "-" if sizes[-1] is None else format_bytes(sizes[-1]),
-                     f"{run.seconds:.2f}"])
+                     *([orders or "-"] if searched else []), f"{run.seconds:.2f}"])
     largest = largest_index(sizes)  # what to size a buffer by; as inspect marks it
     if largest is not None:
         rows[largest][4] += " (largest)"
-    table = format_table(["profile", "dims", "nodes", "partitions", "work memory", "compile s"],
+    table = format_table(["profile", "dims", "nodes", "partitions", "work memory",
+                          *(["order"] if searched else []), "compile s"],
                          rows, title=f"shape profiles ({len(rows)}): one plan each in the .om")
     # A "-" alone does not say why; profiles that fail alike (every one at -O1) share a line.
     bodies = dict.fromkeys(note for compiled in result.profiles

@@ -14,7 +14,7 @@ import graphopt
 from graphopt import numerics, zoo
 from graphopt.cli import main
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
-from graphopt.errors import ArtifactError
+from graphopt.errors import ArtifactError, OptionError
 from graphopt.nchwc_block import METADATA_KEY, detect_block_size
 from helpers import conv_topk_model
 
@@ -97,6 +97,37 @@ def test_memory_plot_draws_every_shape_profile(tmp_path):
     assert "address ↑ (0 to " in text and "step →  (0 to " in text
 
 
+def test_the_profile_table_says_which_order_memory_reorder_chose(tmp_path, capsys):
+    # A one-profile compile's memory-plan line says it; the profile table had no word of it.
+    source = tmp_path / "model.onnx"
+    onnx.save(small_resnet(), source)
+    assert main(["optimize", str(source), "-o", str(tmp_path / "m.om"),
+                 "--dynamic-dims", "batch_size:1,2", "--memory-reorder"]) == 0
+    table = capsys.readouterr().out.split("shape profiles (2)")[1].splitlines()
+    assert "order" in table[1].split()
+    assert all(", optimal" in row or "not proven optimal" in row for row in table[3:5]), table
+
+
+def test_memory_plot_checks_the_names_it_makes_before_writing_anything(tmp_path, capsys):
+    # A picture per profile takes a name made from FILE's, which had not been checked: one
+    # that was the input model was replaced by the picture, one that was a directory failed
+    # after the .om was written.
+    proto = small_resnet()
+    source = tmp_path / "plan.profile0.p0_cpu.svg"  # a model under a name the plots make
+    onnx.save(proto, source)
+    before = source.read_bytes()
+    flags = ["--dynamic-dims", "batch_size:1,2", "--memory-plot", str(tmp_path / "plan.svg")]
+    assert main(["optimize", str(source), "-o", str(tmp_path / "m.om"), "-q", *flags]) == 1
+    assert "--memory-plot " in capsys.readouterr().err
+    assert source.read_bytes() == before and not (tmp_path / "m.om").exists()
+    (tmp_path / "model.onnx").write_bytes(before)
+    (tmp_path / "plan.profile1.p0_cpu.svg").mkdir()
+    assert main(["optimize", str(tmp_path / "model.onnx"), "-o", str(tmp_path / "m.om"), "-q",
+                 *flags]) == 1
+    assert "plan.profile1.p0_cpu.svg: is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "m.om").exists()
+
+
 def test_memory_plot_leaves_out_partitions_without_work_memory(tmp_path, capsys):
     # The TopK partition on the host reads a partition edge and writes the graph's outputs.
     source = tmp_path / "model.onnx"
@@ -109,6 +140,18 @@ def test_memory_plot_leaves_out_partitions_without_work_memory(tmp_path, capsys)
     assert "memory plan p0_npu: work memory 256.0 KiB (262,144 B; greedy_by_size" in out
     # One picture, so under the name given.
     assert [p.name for p in tmp_path.glob("plan*")] == ["plan.png"]
+    # inspect names no strategy or order for it, which had read as a plan made there.
+    assert main(["inspect", str(tmp_path / "m.om")]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("p1_cpu") and "B" in line)
+    assert "no work memory  -  " in row and "greedy" not in row, row
+    # Python draws what the flag draws, and refuses what it refuses.
+    from graphopt.compile_memory import draw_memory_plans
+
+    result = graphopt.optimize(str(source), target="ascend310")
+    with pytest.raises(OptionError, match=r"plan\.jpg: the picture must end in \.png or \.svg"):
+        draw_memory_plans(result, str(tmp_path / "plan.jpg"))
+    assert not (tmp_path / "plan.jpg").exists()
 
 
 BRANCHES = onnx.parser.parse_model("""

@@ -260,8 +260,12 @@ def _format_memory(plans: dict) -> str:
             continue
         bound = plan.get("lower_bound") or 0
         ratio = f"{plan['arena_bytes'] / bound:.3f}" if bound else "-"
+        # Nothing to place (every tensor an input, output or weight): no strategy or order
+        # chose anything, as the compile's summary says.
+        idle = not plan.get("tensors")
         rows.append([name, format_bytes(plan["arena_bytes"]), format_bytes(bound), ratio,
-                     plan.get("strategy", "?"), order_label(plan),
+                     "no work memory" if idle else plan.get("strategy", "?"),
+                     "-" if idle else order_label(plan),
                      format_bytes(plan.get("weight_bytes", 0)),
                      format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0))])
     table = format_table(["partition", "work memory", "lower bound", "×", "strategy", "order",

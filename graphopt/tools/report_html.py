@@ -273,9 +273,11 @@ def _plan_row(name: str, plan) -> tuple[list, str]:
         reason = plan.get("unplanned", "?") if isinstance(plan, dict) else "?"
         return [name, "-", "-", "-", f"not planned: {reason}", "", "", "", ""], ""
     bound = plan.get("lower_bound") or 0
+    idle = not plan.get("tensors")  # nothing to place: no strategy or order chose anything
     row = [name, format_bytes(plan["arena_bytes"]), format_bytes(bound),
            f"{plan['arena_bytes'] / bound:.3f}" if bound else "-",
-           plan.get("strategy", "?"), order_label(plan),
+           "no work memory" if idle else plan.get("strategy", "?"),
+           "-" if idle else order_label(plan),
            format_bytes(plan.get("weight_bytes", 0)),
            format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0)),
            len(plan.get("tensors", []))]
