@@ -371,6 +371,27 @@ def test_fp16_overflow_the_cpu_provider_hides_is_a_warning(tmp_path, suffix):
     assert accuracy_report(proto, path, small).warnings == []
 
 
+def test_a_half_value_a_cast_back_to_float32_reads_is_named_in_the_overflow_warning(tmp_path):
+    # Under mixed-fp16 the Relu output r feeds a Softmax kept float32 through a Cast: mapped
+    # to the Cast's new name, which the float model has no value for, it was left out.
+    import graphopt
+
+    proto = parse_model("""
+        g (float[2,8] x) => (float[2,16] y) {
+            h = MatMul(x, w1)
+            r = Relu(h)
+            y = Softmax(r)
+        }""", w1=np.full((8, 16), 2e4, np.float32))
+    for node, name in zip(proto.graph.node, ("mm1", "relu", "softmax")):
+        node.name = name
+    path = tmp_path / "mixed.onnx"
+    graphopt.save(graphopt.optimize(proto, precision="mixed-fp16"), path)
+    (warning,) = accuracy_report(proto, path, {"x": np.ones((2, 8), np.float32)}).warnings
+    assert warning.startswith("float16 overflow: 2 tensor(s) the model holds in float16 exceed "
+                              "±65504 on this input: h (max 1.6e+05, node mm1), r (max 1.6e+05, "
+                              "node relu)."), warning
+
+
 def test_a_verify_failure_after_fp16_names_the_overflow():
     # The failure said only "candidate has 2 Inf" where the report, without --verify, named
     # the tensor past 65504 and the node making it (openwakeword's mel spectrogram at 1.9e10).

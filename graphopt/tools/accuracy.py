@@ -208,7 +208,7 @@ def _reference_names(reference: Side) -> set[str]:
 def _reference_names_of_half_tensors(reference: Side, candidate: Side) -> list[str]:
     """The reference's names of the values the candidate computes in float16."""
     known = _reference_names(reference)
-    return sorted({name for name in half_tensors(_candidate_models(candidate)).values()
+    return sorted({name for name in half_tensors(_candidate_models(candidate), known).values()
                    if name in known})
 
 

@@ -38,15 +38,19 @@ def _cast_to(node: onnx.NodeProto) -> int | None:
     return next((a.i for a in node.attribute if a.name == "to"), None)
 
 
-def half_tensors(models: list[onnx.ModelProto]) -> dict[str, str]:
+def half_tensors(models: list[onnx.ModelProto], known: set[str] | None = None) -> dict[str, str]:
     """Each float16 value computed in `models`, by name, mapped to the name the float32
     reference gives it: its own, or, for a value ConvertPrecision renamed because a Cast back
-    to float32 took over its name (a graph output `y` computed as `y_f16`), that Cast's."""
+    to float32 took over its name (a graph output `y` computed as `y_f16`), that Cast's.
+    `known`, the reference's names: a value it knows by its own name keeps it, though a Cast
+    back to float32 reads it (mixed-fp16's Relu output `r` before a float32 Softmax, mapped
+    to the Cast's new `r_f32`, had been left out of the overflow warning)."""
     half: dict[str, str] = {}
     for model in models:
         half.update((name, name) for name in _half_values(model.graph))
         for node in model.graph.node:
-            if _cast_to(node) == onnx.TensorProto.FLOAT and node.input[0] in half:
+            if _cast_to(node) == onnx.TensorProto.FLOAT and node.input[0] in half \
+                    and (known is None or node.input[0] not in known):
                 half[node.input[0]] = node.output[0]
     return half
 
@@ -67,7 +71,7 @@ def unmatched_half_values(models: list[onnx.ModelProto],
     in, a FusedConv in place of Conv and Relu) or a pass made (ConvertPrecision's Cast of a
     float32 value into float16). Only the candidate's own run shows how they overflow."""
     unmatched: dict[str, HalfValue] = {}
-    names = half_tensors(models)
+    names = half_tensors(models, known)
     for model in models:
         graph = model.graph
         readers: dict[str, list[str]] = {}
