@@ -362,6 +362,33 @@ def test_a_kept_softmax_keeps_the_attention_that_computes_it():
     assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("denied", ["ReduceMean", "Pow", "Sqrt", "Div"])
+def test_a_denied_statistic_keeps_the_layernorm_fused_from_it(denied):
+    # fp16 with --precision-deny of the decomposed LayerNorm's ops as the export shows them:
+    # the LayerNormalization FuseLayerNorm made of them converted, the deny "matching nothing".
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[2,16] x) => (float[2,16] y) {
+            m = ReduceMean <axes = [-1]> (x)
+            d = Sub(x, m)
+            p = Pow(d, two)
+            v = ReduceMean <axes = [-1]> (p)
+            e = Add(v, eps)
+            s = Sqrt(e)
+            n = Div(d, s)
+            g = Mul(n, gamma)
+            y = Add(g, beta)
+        }""", two=np.float32(2), eps=np.float32(1e-5),
+        gamma=rng.standard_normal(16).astype(np.float32),
+        beta=rng.standard_normal(16).astype(np.float32))
+    result = graphopt.optimize(proto, precision="fp16", pass_options={"precision_deny": {denied}})
+    (norm,) = [n for n in result.model.graph if n.op_type == "LayerNormalization"]
+    assert norm.inputs[0].dtype.short == "f32"
+    assert f"LayerNormalization kept in their dtype: they compute {denied} inside" in \
+        " ".join(result.notes), result.notes
+    assert not any("match" in note and "nothing" in note for note in result.notes)
+
+
 def test_dtype_sensitive_inputs_and_attributes():
     # Resize's scales are tensor(float) in every opset: they stay float32. Cast's `to` and
     # ConstantOfShape's value follow the converted output; Clip's min/max follow T.

@@ -52,23 +52,32 @@ def op_spellings(node) -> set[str]:
 
 
 # The ops a fused node computes inside it, as the fusions that make it took them in:
-# attention's Softmax, GELU's Erf or Tanh, a skip norm's normalization.
+# attention's Softmax, GELU's Erf or Tanh (and the tanh form's cube), a norm's statistics (an
+# ATC user denies the ReduceMean, Pow, Sqrt and Div of the exported graph, which the
+# LayerNormalization fused from them had taken in without a word).
 _ATTENTION = frozenset({"Softmax", "MatMul"})
+_NORM = frozenset({"ReduceMean", "Pow", "Sqrt", "Div"})
 _ABSORBED = {
     "Attention": _ATTENTION, "MultiHeadAttention": _ATTENTION, "PackedAttention": _ATTENTION,
     "PackedMultiHeadAttention": _ATTENTION, "GroupQueryAttention": _ATTENTION,
-    "Gelu": frozenset({"Erf"}), "BiasGelu": frozenset({"Erf"}), "FastGelu": frozenset({"Tanh"}),
-    "QuickGelu": frozenset({"Sigmoid"}),
-    "SkipLayerNormalization": frozenset({"LayerNormalization", "Add"}),
-    "SkipSimplifiedLayerNormalization": frozenset({"SimplifiedLayerNormalization", "Add"}),
+    "Gelu": frozenset({"Erf"}), "BiasGelu": frozenset({"Erf"}),
+    "FastGelu": frozenset({"Tanh", "Pow"}), "QuickGelu": frozenset({"Sigmoid"}),
+    "LayerNormalization": _NORM, "SimplifiedLayerNormalization": _NORM,
+    "SkipLayerNormalization": frozenset({"LayerNormalization", "Add"}) | _NORM,
+    "SkipSimplifiedLayerNormalization": frozenset({"SimplifiedLayerNormalization", "Add"})
+    | _NORM,
     "FusedConv": frozenset({"Conv"}), "FusedGemm": frozenset({"Gemm"}),
     "FusedMatMul": frozenset({"MatMul"}),
 }
+# Fused nodes of the default domain: the norms ONNX has ops of since opset 17 and 23.
+_ONNX_FUSED = frozenset({"LayerNormalization", "RMSNormalization"})
 
 
 def absorbed_ops(node) -> set[str]:
-    """The op types a fused contrib node computes inside (see _ABSORBED), with the activation
-    a FusedConv or FusedGemm applies; empty for any other node."""
+    """The op types a fused node computes inside (see _ABSORBED), with the activation a
+    FusedConv or FusedGemm applies; empty for any other node."""
+    if node.domain in ("", "ai.onnx"):
+        return set(_NORM) if node.op_type in _ONNX_FUSED else set()
     if node.domain != "com.microsoft":
         return set()
     found = set(_ABSORBED.get(node.op_type, ()))
