@@ -294,6 +294,43 @@ def test_a_named_study_gives_the_curve_and_the_storage_shows_as_given(capsys, tm
     assert "tuning: 1/1 kernel signature(s) with studies" in stdout
 
 
+def test_a_profile_file_named_like_a_built_in_keeps_its_stored_prices(capsys, tmp_path):
+    # Tuned on a 4-core copy of ascend310 that keeps its name, the history was repriced on the
+    # built-in's 2 cores: a best tiling the .om does not use, no gain where it has a tuned one.
+    import json
+
+    model = tmp_path / "mm.onnx"
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 512])],
+        [numpy_helper.from_array(weight(256, 512), "w")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), model)
+    assert main(["targets", "ascend310", "--json"]) == 0
+    profile = json.loads(capsys.readouterr().out)
+    for device in profile["devices"]:
+        if device.get("ai_cores"):
+            device["ai_cores"] = 4
+    custom = tmp_path / "my310.json"
+    custom.write_text(json.dumps(profile))
+    om, db = tmp_path / "mm.om", tmp_path / "kb.db"
+    assert main(["tune", str(model), "--target", str(custom), "--trials", "12", "--tuning-db",
+                 str(db), "-q"]) == 0
+    assert main(["optimize", str(model), "-o", str(om), "--target", str(custom),
+                 "--tuning-db", str(db), "-q"]) == 0
+    capsys.readouterr()
+    from graphopt.tools.report_data import gather_tuning
+    from graphopt.tuner.kb import list_kb
+
+    (row,) = gather_tuning(str(db), load_om(str(om)), None).kernels
+    (stored,) = list_kb(str(db), reprice=False)
+    (builtin,) = list_kb(str(db))  # priced on the built-in ascend310, as the report had
+    assert (builtin["best_seconds"], builtin["tiling"]) != (stored["best_seconds"],
+                                                            stored["tiling"])
+    assert (row["best_seconds"], row["tiling"]) == (stored["best_seconds"], stored["tiling"])
+    assert "cores=4" in row["tiling"]  # what the 4-core profile's tuning chose
+
+
 def test_a_database_url_is_shown_without_its_password():
     from graphopt.tools.report_data import _shown_storage
 

@@ -226,8 +226,12 @@ def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str |
         tuning.kernel_note = (f"this .om has no NPU cube kernel with static shapes (target "
                               f"{target}), so op tuning does not apply")
     else:
-        # Trials graphopt did not write are left out, as the compile that read them did.
-        rows, devices = _applied_studies(list_kb(store, skipped=[])), {}
+        # Trials graphopt did not write are left out, as the compile that read them did. An
+        # .om compiled with a profile file named like a built-in was tuned on that file's
+        # figures: the stored ones, which its kernel configs agree with, not the built-in's.
+        custom = "target_file" in artifact.extra
+        rows = _applied_studies(list_kb(store, skipped=[], reprice=not custom))
+        devices: dict = {}
         for sig, count in sorted(signatures.items()):
             row = rows.get(sig)
             tuning.kernels.append({"signature": sig, "nodes": count, **(row or {"trials": 0})})

@@ -150,7 +150,7 @@ def _evaluated(study) -> int:
     return len(study.get_trials(deepcopy=False, states=_EVALUATED))
 
 
-def list_kb(storage: Any, *, skipped: list[str] | None = None) -> list[dict]:
+def list_kb(storage: Any, *, skipped: list[str] | None = None, reprice: bool = True) -> list[dict]:
     """One row per operator-tuning study: signature, study (its name, which is the signature
     unless `tune --study` named it), trials, default_seconds, best_seconds, tiling and speedup
     (default / best). For a built-in target's kernel these are this cost model's prices of the
@@ -159,7 +159,9 @@ def list_kb(storage: Any, *, skipped: list[str] | None = None) -> list[dict]:
     cost model filled it). For another target's, the stored figures: default_seconds None
     when the default was never evaluated there, speedup None without a default. A trial
     graphopt did not write is an OptionError, or, given a `skipped` list, left out and named
-    there ("study #number"), as a compile leaves it out."""
+    there ("study #number"), as a compile leaves it out. `reprice=False` keeps the stored
+    figures of every row (an .om compiled with a profile file named like a built-in: its
+    tilings were priced, and chosen, on that file's figures, not the built-in's)."""
     rows = []
     devices: dict[str, Any] = {}
     with opened(storage, read_only=True) as store:
@@ -177,7 +179,7 @@ def list_kb(storage: Any, *, skipped: list[str] | None = None) -> list[dict]:
                 "tiling": str(tiling) if best else None,
                 "speedup": default.value / best.value if best and default else None,
                 "repriced": False}
-            device = _builtin_device(sig, devices)
+            device = _builtin_device(sig, devices) if reprice else None
             if device is not None and best is not None:
                 _reprice(row, study, device)
             rows.append(row)
