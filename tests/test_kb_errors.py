@@ -309,6 +309,15 @@ def test_kb_import_of_a_missing_or_unreadable_file_names_it(tmp_path, capsys):
     broken.write_text("{not json")
     with pytest.raises(InputError, match="broken.json: not a graphopt knowledge-base export"):
         kb.import_kb(broken, str(db))
+    # A knowledge base given where its export goes (to merge two): a decode error had said so.
+    other = tmp_path / "other.db"
+    import sqlite3
+
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+    rc, _, err = run_cli(capsys, "kb", "import", other, "--tuning-db", db)
+    assert_user_error(rc, err, f"{other}: an SQLite database (a knowledge base itself), not a "
+                               f"`kb export` file; to merge it: graphopt kb export - --tuning-db "
+                               f"{other} | graphopt kb import - --tuning-db …")
     broken.write_text('{"format": "graphopt-kb/9", "kernels": {}}')
     with pytest.raises(OptionError, match=r"\(format graphopt-kb/1, this file says "
                                           r"'graphopt-kb/9'\)"):

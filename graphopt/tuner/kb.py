@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -287,6 +288,14 @@ def replacement_refusal(path: str) -> str | None:
         "another path" if why else None
 
 
+def _is_sqlite(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
 def _not_an_export(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
@@ -381,6 +390,11 @@ def _read_export(path: str | os.PathLike) -> dict:
     except OSError as e:
         raise InputError(f"{text}: cannot read it ({e.strerror or e})") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, [[[…]]]
+        if text != "standard input" and _is_sqlite(text):  # a knowledge base to merge, say
+            raise InputError(
+                f"{text}: an SQLite database (a knowledge base itself), not a `kb export` "
+                f"file; to merge it: graphopt kb export - --tuning-db {shlex.quote(text)} | "
+                "graphopt kb import - --tuning-db …") from None
         raise InputError(f"{text}: not a graphopt knowledge-base export ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else None
