@@ -1081,6 +1081,13 @@ def test_a_path_like_name_is_nearest_the_names_of_its_folder_and_its_op():
         in note, note
     # A plain name keeps the plain likeness.
     assert "(nearest: 'Conv')" in unmatched_note([("--precision-deny", {"Cnv"}, known)])
+    # A name nothing in its folder resembles: the fused node there, named after the node it
+    # rooted at, not a name like it elsewhere (an unrelated MatMul had been offered).
+    known = {"/h.0/attn/MatMul_1/ScaledDotProductAttention/MultiHeadAttention",
+             "/h.0/attn/Split", "/h.0/mlp/c_fc/MatMul", "/h.0/mlp/c_proj/MatMul"}
+    note = unmatched_note([("--keep-dtype", {"/h.0/attn/Softmax"}, known)])
+    assert "(nearest: '/h.0/attn/MatMul_1/ScaledDotProductAttention/MultiHeadAttention')" \
+        in note, note
 
 
 @pytest.mark.parametrize("flags", [

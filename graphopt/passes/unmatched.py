@@ -42,6 +42,14 @@ def _nearest(entry: str, known: set[str]) -> list[str]:
         near = [name for (depth, likeness), name in ranked[:2] if depth > 1 and likeness >= 0.5]
         if near:
             return near
+        # Nothing in its folder is named like it: a fusion there took it in and was named after
+        # the node it rooted at (`…/attn/Softmax` inside `…/attn/MatMul_1/ScaledDotProduct
+        # Attention/MultiHeadAttention`), with the rule's names after: that one, not a name
+        # like it anywhere in the graph (an unrelated MatMul had been offered).
+        folder = [name for (depth, _), name in ranked if depth >= len(parts) - 1 > 1]
+        fused = [name for name in folder if len(name.split("/")) > len(parts)]
+        if fused:
+            return fused[:2]
     return difflib.get_close_matches(entry, known, n=2, cutoff=0.6)
 
 
