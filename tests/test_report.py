@@ -273,15 +273,20 @@ def test_subgraph_study_needs_the_source_model(built, capsys, tmp_path):
     assert "ascend310/gemm/b1_m1_k32_n64/float16" in tuning
 
 
-def test_a_named_study_gives_the_curve_and_the_storage_shows_as_given(capsys, tmp_path):
-    # `tune --study NAME` keeps a kernel's trials under NAME, not its signature.
-    model = tmp_path / "mm.onnx"
+def _matmul_model(path, m: int, k: int, n: int):
+    """An [m, k] × [k, n] MatMul against a weight, saved at `path` (returned)."""
     onnx.save(helper.make_model(helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
-        [numpy_helper.from_array(weight(128, 64), "w")]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), model)
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(weight(k, n), "w")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), path)
+    return path
+
+
+def test_a_named_study_gives_the_curve_and_the_storage_shows_as_given(capsys, tmp_path):
+    # `tune --study NAME` keeps a kernel's trials under NAME, not its signature.
+    model = _matmul_model(tmp_path / "mm.onnx", 64, 128, 64)
     om, db = tmp_path / "mm.om", tmp_path / "kb.db"
     assert main(["optimize", str(model), "-o", str(om), "--target", "ascend310", "-q"]) == 0
     assert main(["tune", str(model), "--target", "ascend310", "--trials", "3", "--tuning-db",
@@ -299,13 +304,7 @@ def test_a_profile_file_named_like_a_built_in_keeps_its_stored_prices(capsys, tm
     # built-in's 2 cores: a best tiling the .om does not use, no gain where it has a tuned one.
     import json
 
-    model = tmp_path / "mm.onnx"
-    onnx.save(helper.make_model(helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 256])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 512])],
-        [numpy_helper.from_array(weight(256, 512), "w")]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), model)
+    model = _matmul_model(tmp_path / "mm.onnx", 1024, 256, 512)
     assert main(["targets", "ascend310", "--json"]) == 0
     profile = json.loads(capsys.readouterr().out)
     for device in profile["devices"]:
