@@ -330,6 +330,29 @@ def test_a_profile_file_named_like_a_built_in_keeps_its_stored_prices(capsys, tm
     assert "cores=4" in row["tiling"]  # what the 4-core profile's tuning chose
 
 
+def test_an_om_compiled_without_the_storage_says_it_runs_none_of_its_tilings(capsys, tmp_path):
+    # The page showed the stored speedups beside an .om that runs the default tilings.
+    from graphopt.tools.report_data import gather_tuning
+
+    model = _matmul_model(tmp_path / "mm.onnx", 256, 256, 256)  # the README's tuned 1.22×
+    db = tmp_path / "kb.db"
+    assert main(["tune", str(model), "--target", "ascend310", "--trials", "20", "--tuning-db",
+                 str(db), "-q"]) == 0
+    notes = {}
+    for name, flags in (("plain", []), ("tuned", ["--tuning-db", str(db)])):
+        om = tmp_path / f"{name}.om"
+        assert main(["optimize", str(model), "-o", str(om), "--target", "ascend310", "-q",
+                     *flags]) == 0
+        tuning = gather_tuning(str(db), load_om(str(om)), None)
+        assert tuning.kernels[0]["speedup"] > 1
+        notes[name] = tuning.kernel_note
+    capsys.readouterr()
+    assert notes == {"plain": "this .om applies none of these tilings: compiled without this "
+                              "storage, its 1 kernel signature(s) with a faster stored tiling "
+                              "run the default; `graphopt optimize … --tuning-db FILE` applies "
+                              "them", "tuned": ""}
+
+
 def test_a_database_url_is_shown_without_its_password():
     from graphopt.tools.report_data import _shown_storage
 

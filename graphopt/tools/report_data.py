@@ -244,9 +244,29 @@ def _gather_tuning(store, storage: str, artifact: OmArtifact, source_file: str |
             tuning.kernel_note = (f"the storage has no study of this model's {len(signatures)} "
                                   f"kernel signature(s); run `graphopt tune MODEL.onnx --target "
                                   f"{target} --tuning-db FILE`")
+        elif not _tuned_kernels(artifact):
+            # As the subgraph section says of decisions: gains beside an .om that has none of
+            # them read as its own.
+            faster = sum(1 for k in tuning.kernels if (k.get("speedup") or 0) > 1)
+            if faster:
+                tuning.kernel_note = (
+                    f"this .om applies none of these tilings: compiled without this storage, "
+                    f"its {faster} kernel signature(s) with a faster stored tiling run the "
+                    "default; `graphopt optimize … --tuning-db FILE` applies them")
     # The study the compile took its decisions from: the storage may hold several of the model.
     _gather_subgraph(tuning, store, target, source_file, artifact.extra.get(EXTRA_SUBGRAPH_STUDY))
     return tuning
+
+
+def _tuned_kernels(artifact: OmArtifact) -> int:
+    """How many of the .om's kernels (of every shape profile) run a tiling from a knowledge
+    base."""
+    from graphopt.tuner.records import SOURCE_TUNED
+
+    sections = [artifact.extra, *(artifact.extra.get("profiles") or {}).values()]
+    return sum(record.get("tiling_source") == SOURCE_TUNED for section in sections
+               for records in ((section.get("kernels") or {}).get("partitions") or {}).values()
+               for record in records)
 
 
 def _shown_storage(storage) -> str:
