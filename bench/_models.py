@@ -47,8 +47,10 @@ SHOWN = 20
 
 
 def matching(only: list[str]) -> Wanted:
-    """The filter of --only TEXT (repeatable): rows whose name contains a TEXT, all without one."""
-    return lambda name: not only or any(text in name for text in only)
+    """The filter of --only TEXT (repeatable): rows whose name contains a TEXT in any case
+    (`int8` picks the `INT8` row), all without one."""
+    texts = [text.casefold() for text in only]
+    return lambda name: not texts or any(text in name.casefold() for text in texts)
 
 
 def unmatched(only: list[str], models: Callable[[Wanted], Iterable],

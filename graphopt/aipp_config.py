@@ -104,7 +104,8 @@ class AippOp:
 
 # A decimal number as ATC reads one: Python's float() also takes "1_000", "+5", "٣" and "１".
 _DECIMAL = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)
-_TOKEN = re.compile(r'[{}:]|"[^"]*"|"|[^\s{}:"]+')  # a lone '"' opens a quote never closed
+# A lone '"' opens a quote never closed; ',' and ';' may end a field, as in any prototxt.
+_TOKEN = re.compile(r'[{}:]|"[^"]*"|"|[^\s{}:";,]+')
 
 
 def read_aipp_config(path) -> list[AippOp]:
@@ -122,11 +123,14 @@ def read_aipp_config(path) -> list[AippOp]:
     if not blocks:
         raise OptionError(f"{option('insert_op_conf')} {path}: no aipp_op block")
     ops = [_aipp_op(fields, line, path) for line, fields in blocks]
-    ranks = [op.input_rank for op in ops]
-    twice = sorted({rank for rank in ranks if ranks.count(rank) > 1})
-    if twice:
-        raise OptionError(f"{option('insert_op_conf')} {path}: related_input_rank "
-                          f"{twice[0]} has two aipp_op blocks")
+    first_block: dict[int, int] = {}
+    for op, (line, fields) in zip(ops, blocks):
+        if op.input_rank in first_block:
+            line = fields.get("related_input_rank", (line,))[0]
+            raise OptionError(f"{path}:{line}: related_input_rank {op.input_rank} has an "
+                              f"aipp_op block already (line {first_block[op.input_rank]}); one "
+                              "block per input")
+        first_block[op.input_rank] = line
     return ops
 
 
@@ -335,9 +339,13 @@ def _finite_float32(value: float) -> bool:
 
 
 def _boolean(text: str, where: str) -> bool:
-    if text not in ("true", "false"):
+    # The spellings protobuf's text format reads, as ATC does.
+    if text not in _TRUE + _FALSE:
         raise OptionError(f"{where}: expected true or false, found {text!r}")
-    return text == "true"
+    return text in _TRUE
+
+
+_TRUE, _FALSE = ("true", "True", "t", "1"), ("false", "False", "f", "0")
 
 
 def _check_default(key: str, text: str, default: bool, where: str) -> None:

@@ -5,6 +5,7 @@ they can."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -203,8 +204,12 @@ def _model_side(value: Value, op: AippOp, where: _Where,
             size.append(given or fed)
         else:
             key = "crop_size" if op.crop else "src_image_size"
-            pinning = "" if op.crop else (f", or the image's size in {option('input_shapes')} "
-                                          f"({value.name}:{_image_dims(op, 'N', 'H', 'W')})")
+            flag = option("input_shapes")
+            # ATC's --input_shape (graphopt atc translates it) gives the model's own shape,
+            # graphopt's the image's.
+            dims = _model_dims(value.shape, layout) if flag == "--input_shape" else \
+                _image_dims(op, "N", "H", "W")
+            pinning = "" if op.crop else f", or the image's size in {flag} ({value.name}:{dims})"
             raise OptionError(f"{where}: input {value.name!r} has a dynamic {axis} "
                               f"({model_dim!r}); give {key}_{axis}{pinning}")
     return layout, (size[0], size[1])
@@ -219,6 +224,15 @@ def _pinned_size(op: AippOp, pin: list[int] | None) -> tuple[int | None, int | N
     if rows is not None and op.input_format == "YUV420SP_U8":
         rows = rows * 2 // 3 if rows % 3 == 0 else None
     return rows, width
+
+
+def _model_dims(shape, layout: str) -> str:
+    """The model input's dims as ATC's --input_shape writes them, H and W for its height and
+    width, N for an open batch."""
+    height = 2 if layout == "NCHW" else 1
+    named = {height: "H", height + 1: "W"}
+    return ",".join(named.get(i) or (str(d) if isinstance(d, int) else "N")
+                    for i, d in enumerate(shape))
 
 
 def _image_dims(op: AippOp, batch, height, width) -> str:
@@ -303,8 +317,9 @@ def _rewire(ops: OpBuilder, value: Value, image: Value, op: AippOp, layout: str,
     (top, left), (h, w) = (op.crop_start, size) if op.crop else ((0, 0), src)
     csc = op.csc_matrix is not None
     if op.input_format == "YUV420SP_U8" and csc:
-        current = converted_yuv420(ops, image, src[0], (top, left), (h, w), op,
-                                   1 if layout == "NCHW" else 3)
+        with ops.exact():
+            current = converted_yuv420(ops, image, src[0], (top, left), (h, w), op,
+                                       1 if layout == "NCHW" else 3)
         _normalized(ops, value, current, op, layout, swap_last=False)
         return
     if op.input_format == "YUV420SP_U8":
@@ -328,9 +343,10 @@ def _rewire(ops: OpBuilder, value: Value, image: Value, op: AippOp, layout: str,
     if layout == "NCHW":
         current = node("Transpose", [current], {"perm": [0, 3, 1, 2]}, dtype=DType.UINT8,
                        shape=(n, c, h, w))
-    current = node("Cast", [current], {"to": int(DType.FLOAT)}, shape=current.shape)
-    if csc:
-        current = colour_conversion(ops, current, op, 1 if layout == "NCHW" else 3)
+    with ops.exact() if csc else contextlib.nullcontext():
+        current = node("Cast", [current], {"to": int(DType.FLOAT)}, shape=current.shape)
+        if csc:
+            current = colour_conversion(ops, current, op, 1 if layout == "NCHW" else 3)
     _normalized(ops, value, current, op, layout, swap_last)
 
 

@@ -108,7 +108,8 @@ def add_optimize_parser(sub) -> None:
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="keep ops of unknown custom domains instead of refusing the model")
     add_precision_args(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print nothing but errors and warnings")
     p.set_defaults(func=_cmd_optimize)
 
 

@@ -104,7 +104,8 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
                         "mixed-bf16: matrix work in half, sensitive ops (softmax, reductions, "
                         "normalizations, exp/log/pow/sqrt/div) float32 (default keep)")
     g.add_argument("--precision-allow", action="append", metavar="OPS",
-                   help="op types converted under a mixed mode; comma list, repeatable")
+                   help="op types converted under a mixed mode (and under fp16/bf16 where no "
+                        "matrix work is near); comma list, repeatable")
     g.add_argument("--precision-deny", action="append", metavar="OPS",
                    help="op types kept in their dtype; comma list, repeatable")
     g.add_argument("--keep-dtype", action="append", metavar="NODES|FILE",

@@ -61,6 +61,13 @@ def cmd_tune_subgraph(args, storage) -> int:
                        title=title) if decisions else title)
     if result.hint:  # why the device's share is what it is (tune --job op says it too)
         print(f"note: --target {args.target}: {result.hint}")
+    from graphopt.partition.target import is_builtin
+    from graphopt.tuner.cpu_model import calibration_note
+
+    if args.objective == "estimate" and target.name == "cpu" and is_builtin(target):
+        calibrated = calibration_note()  # what priced every trial, when it is not as it should
+        if calibrated:
+            print(f"note: {calibrated}")
     costs = _cost_rows(result, args)
     if costs:
         print(format_table(["where", f"default {unit}", f"tuned {unit}"], costs))

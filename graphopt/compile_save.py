@@ -20,8 +20,8 @@ from graphopt.option_names import from_command_line, option
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 from graphopt.portable_types import residual_types_kept
 from graphopt.source_marks import (EXTRA_CUT, EXTRA_FIXED_INPUTS, EXTRA_IO_TYPES,
-                                   EXTRA_PREPROCESS, cut_outputs,
-                                   inserted_preprocessing, io_types)
+                                   EXTRA_PREPROCESS, EXTRA_RESCALED, cut_outputs,
+                                   inserted_preprocessing, io_types, rescaled_values)
 
 # The manifest's target for an .om compiled without one: no device layout, the CPU runs it.
 PORTABLE_TARGET = "none"
@@ -142,6 +142,9 @@ def _recorded_extra(model: Model | ModelProto) -> dict:
     cut = cut_outputs(model.metadata_props)
     if cut:  # for compare: outputs of the source that --out-nodes cut off, not lost ones
         extra[EXTRA_CUT] = cut
+    rescaled = rescaled_values(model.metadata_props)
+    if rescaled:  # for compare: values that hold their channels scaled, under their names
+        extra[EXTRA_RESCALED] = rescaled
     preprocess = inserted_preprocessing(model.metadata_props)
     if preprocess:  # for inspect and compare: inputs that take images, not the source's
         extra[EXTRA_PREPROCESS] = preprocess

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from graphopt.api_args import is_integer, mapping
 from graphopt.errors import OptionError
+from graphopt.dims import bound_dim
 from graphopt.option_names import option
 
 if TYPE_CHECKING:  # `run --input-shape` pins an .om's signature: no IR, no onnx
@@ -167,8 +168,11 @@ def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
                 bindings[current] = pinned
         value.shape = tuple(d if p == -1 else p for d, p in zip(old, dims))
     for value in graph.all_values():
-        if value.shape is not None and any(isinstance(d, str) and d in bindings for d in value.shape):
-            value.shape = tuple(bindings.get(d, d) if isinstance(d, str) else d for d in value.shape)
+        if value.shape is not None and bindings and any(isinstance(d, str) for d in value.shape):
+            # An exporter's expression of a pinned name (`floor(width/2)`) is evaluated too: left
+            # as it was, -O1's placement named it as a dynamic shape the pin had fixed.
+            value.shape = tuple(bound_dim(d, bindings) if isinstance(d, str) else d
+                                for d in value.shape)
 
 
 def fixed_dims_note(model: Model, shapes: dict[str, list[int]],

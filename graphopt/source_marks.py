@@ -1,6 +1,6 @@
 """What a compiled model records of how the compile edited its source (--out-nodes,
---insert-op-conf, --input-fp16-nodes and --output-type), in its metadata: read by compare,
-inspect and the random inputs."""
+--insert-op-conf, --input-fp16-nodes and --output-type) and of the values it rescaled (INT8's
+channel equalization), in its metadata: read by compare, inspect and the random inputs."""
 
 from __future__ import annotations
 
@@ -16,10 +16,27 @@ CUT_KEY = "graphopt.outputs_cut"
 PREPROCESS_KEY = "graphopt.preprocess"
 # The input and output dtypes a compile changed ({"inputs": {name: dtype}, "outputs": {…}}).
 IO_TYPES_KEY = "graphopt.io_types"
+# The values that kept their names but hold their channels scaled (a JSON list): compare does
+# not pair them with the source's values of those names. An .om keeps it in its extra.
+RESCALED_KEY = "graphopt.rescaled_values"
 
 
 def _props(props) -> dict:
     return props if hasattr(props, "get") else {p.key: p.value for p in props}
+
+
+def rescaled_values(props) -> list[str]:
+    """The values metadata `props` says a compile rescaled per channel."""
+    try:
+        names = json.loads(_props(props).get(RESCALED_KEY, "[]"))
+    except ValueError:
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def record_rescaled(props: dict, names) -> None:
+    """Add `names` to the rescaled values metadata `props` (a mapping) records."""
+    props[RESCALED_KEY] = json.dumps(list(dict.fromkeys([*rescaled_values(props), *names])))
 
 
 def cut_outputs(props) -> list[str]:
@@ -79,6 +96,13 @@ def io_types_text(recorded: dict) -> str:
 EXTRA_CUT, EXTRA_PREPROCESS, EXTRA_IO_TYPES = "outputs_cut", "preprocess", "io_types"
 # The source's overridable initializers, which an .om fixes: a feed for one is explained.
 EXTRA_FIXED_INPUTS = "fixed_inputs"
+EXTRA_RESCALED = "rescaled_values"
+
+
+def extra_rescaled_values(extra: dict) -> list[str]:
+    """rescaled_values of an .om's extra."""
+    names = extra.get(EXTRA_RESCALED)
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
 def extra_io_types(extra: dict) -> dict:

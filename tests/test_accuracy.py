@@ -728,3 +728,19 @@ def test_a_reference_quantized_already_says_part_of_the_gap_may_be_its_own():
                             "differ by themselves: part of the gap may be the input model's own"]
     assert "\nnote: <reference> is quantized already" in report.format()
     assert accuracy_report(plain, qdq, {"x": x}).notes == []
+
+
+def test_an_output_at_the_wrong_scale_is_warned_of():
+    # Three scores 30% high read cosine 1.000000 in the table and nothing said otherwise.
+    ref = parse_model("g (float[1,3] x) => (float[1,3] y) { y = Mul(x, k) }",
+                      k=np.float32(1.0))
+    cand = parse_model("g (float[1,3] x) => (float[1,3] y) { y = Mul(x, k) }",
+                       k=np.float32(1.3))
+    report = accuracy_report(ref, cand, {"x": np.array([[3.55, 2.17, 2.36]], np.float32)})
+    assert report.outputs[0].cosine > 0.999999
+    assert report.warnings == ["y: cosine 1.000000, but its norm is 1.3× the reference's: a "
+                               "cosine does not see a change of scale"]
+    fine = accuracy_report(ref, parse_model(
+        "g (float[1,3] x) => (float[1,3] y) { y = Mul(x, k) }", k=np.float32(1.05)),
+        {"x": np.array([[3.55, 2.17, 2.36]], np.float32)})
+    assert fine.warnings == []

@@ -167,6 +167,18 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
         .astype(np.float32), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("crop, swap", [("1", "0"), ("True", "False"), ("t", "f")])
+def test_booleans_and_field_ends_are_read_as_protobufs_text_format_reads_them(tmp_path, crop,
+                                                                              swap):
+    # ATC parses the file with protobuf, which takes these spellings and a ';' or ',' after a
+    # field; `crop: 1` was refused.
+    text = (f"aipp_op {{ input_format: RGB888_U8; crop: {crop}, rbuv_swap_switch: {swap};\n"
+            "  load_start_pos_h: 2 load_start_pos_w: 4; src_image_size_h: 40, "
+            "src_image_size_w: 44 }")
+    (op,) = read_aipp_config(_config(tmp_path, text))
+    assert op.crop and not op.swap_rb and op.crop_start == (2, 4)
+
+
 @pytest.mark.parametrize("text, message", [
     ("aipp_op { input_format: RGB888_U8 padding: true }",
      ":1: padding: true: graphopt does not implement this AIPP step"),
@@ -193,7 +205,10 @@ def test_nhwc_inputs_grayscale_and_float16_models(tmp_path):
     ("aipp_op { input_format: RGB888_U8 crop: true load_start_pos_w: 99999999999999999999 }",
      "load_start_pos_w: 99999999999999999999 is too large"),
     ("aipp_op { input_format: RGB888_U8 }\naipp_op { input_format: RGB888_U8 }",
-     "related_input_rank 0 has two aipp_op blocks"),
+     "aipp.cfg:2: related_input_rank 0 has an aipp_op block already (line 1); one block per "
+     "input"),
+    ("aipp_op { input_format: RGB888_U8 }\naipp_op {\n input_format: RGB888_U8\n"
+     " related_input_rank: 0 }", "aipp.cfg:4: related_input_rank 0 has an aipp_op block already"),
     ("", "no aipp_op block"),
     ('aipp_op {\n input_format: "RGB888_U8\n}', ':2: a quote that is not closed on its line'),
 ])

@@ -90,6 +90,29 @@ def test_yuv420sp_frames_convert_exactly_as_atcs_formula(tmp_path, swap, layout,
     np.testing.assert_array_equal(numerics.run(compiled, {"x": frames})["y"], expected)
 
 
+@pytest.mark.parametrize("precision, target", [("fp16", "ascend310"), ("bf16", "ascend910b")])
+@pytest.mark.parametrize("input_format", ["YUV420SP_U8", "RGB888_U8"])
+def test_the_conversion_stays_exact_under_a_half_precision_mode(tmp_path, precision, target,
+                                                                input_format):
+    # ATC's AIPP converts colours in integers whatever --precision_mode says. Converted to
+    # float16 with the rest, a product of an 8-bit value and M/256 was rounded and the Floor
+    # after it landed one off (bfloat16: two off), for 3% of the values (25% in bf16).
+    # onnxruntime's CPU provider computes float16 Muls in float32, which hid it; onnx's
+    # reference evaluator computes in the dtype the model says.
+    from onnx.reference import ReferenceEvaluator
+
+    rgb = input_format == "RGB888_U8"
+    matrix, bias = (RGB_TO_YUV, (0, 0, 0)) if rgb else (BT601_NARROW, (16, 128, 128))
+    config = _config(tmp_path, input_format=input_format, matrix=matrix, input_bias=bias)
+    compiled = graphopt.optimize(_passthrough(FRAME), insert_op_conf=config, target=target,
+                                 precision=precision).to_onnx()
+    frames = _frames(batch=4, input_format=input_format)
+    pixels = frames if rgb else _yuv444(frames, swap=False)
+    expected = _converted(pixels, matrix, bias, (0, 0, 0)).transpose(0, 3, 1, 2)
+    got = ReferenceEvaluator(compiled).run(None, {"x": frames})[0]
+    np.testing.assert_array_equal(got.astype(np.float32), expected.astype(np.float32))
+
+
 def test_yuv420sp_without_conversion_feeds_yuv444_normalized(tmp_path):
     config = _config(tmp_path, matrix=None, swap=True,
                      extra="  mean_chn_0: 16\n  mean_chn_1: 128\n  var_reci_chn_2: 0.5\n")

@@ -48,12 +48,11 @@ CASES = {
                      "dynamic_dims: ", ["--dynamic-dims", "seq:1,2"],
                      "--dynamic-dims: "),
     "precision": ("static", {"precision": "fp8"}, "precision='fp8': unknown mode", None, None),
-    "precision_allow": ("static", {"precision": "fp16", "pass_options": {"precision_allow":
-                                                                         ["Conv"]}},
-                        "precision_allow only applies to mixed modes; precision='fp16' converts",
-                        ["--precision", "fp16", "--precision-allow", "Conv"],
-                        "--precision-allow only applies to mixed modes; --precision fp16 "
-                        "converts"),
+    "precision_allow": ("static", {"precision": "fp16", "pass_options": {
+                            "precision_allow": ["Conv"], "precision_deny": ["Conv"]}},
+                        "precision_allow and precision_deny both name Conv",
+                        ["--precision", "fp16", "--precision-allow", "Conv", "--precision-deny",
+                         "Conv"], "--precision-allow and --precision-deny both name Conv"),
     "quantize": ("static", {"quantize": "int8"},
                  "quantize='int8' needs calibration=FILE.npz|DIR",
                  ["--quantize", "int8"], "--quantize int8 needs --calibration FILE.npz|DIR"),

@@ -267,6 +267,11 @@ def test_atcs_input_shape_sizes_an_open_image_the_aipp_file_leaves_to_the_model(
     with pytest.warns(RuntimeWarning, match="CANNExecutionProvider not installed"):
         session = graphopt.load(tmp_path / "open.om")
     assert session.inputs[0]["shape"] == [2, 6, 10, 3]
+    # Left open, the error shows the size in the model's layout, as --input_shape takes it
+    # (it showed the image's, x:N,H,W,3, which the line then refused).
+    rc, out, err = run_cli(capsys, *line[:-1], "--input_shape=x:2,3,-1,-1")
+    assert rc == 1 and "give src_image_size_h, or the image's size in --input_shape " \
+        "(x:N,3,H,W)" in err, err
 
 
 def test_file_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):

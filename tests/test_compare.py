@@ -780,3 +780,79 @@ def test_an_om_candidate_runs_on_one_onnxruntime_thread_as_the_reference(files, 
     monkeypatch.setattr(loader, "load", load)
     assert compare_models(str(files["ref.onnx"]), str(files["model.om"])).passed
     assert opened == [{"intra_op_num_threads": 1, "inter_op_num_threads": 1}]
+
+
+def _rng_weight(rng, *shape) -> np.ndarray:
+    return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+
+def test_a_name_the_source_had_is_never_given_to_other_contents(tmp_path):
+    # EliminateIdentity removed the Identity's output `conv` before any new name was made, and
+    # the Conv fused with its BatchNormalization then took that name: compare failed the fused
+    # Conv's output against the Identity's as the first wrong intermediate.
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1,8,6,6] x) => (float[1,8,6,6] y) {
+            conv = Identity(x)
+            relu_in = Relu(conv)
+            c_out = Conv <pads = [1,1,1,1]> (relu_in, w)
+            bn_out = BatchNormalization(c_out, s, b, m, v)
+            y = Relu(bn_out)
+        }""", w=_rng_weight(rng, 8, 8, 3, 3), s=rng.uniform(0.5, 2, 8).astype(np.float32),
+        b=_rng_weight(rng, 8), m=_rng_weight(rng, 8), v=rng.uniform(0.5, 2, 8).astype(np.float32))
+    compiled = optimize(proto).to_onnx()
+    assert "conv" not in {out for node in compiled.graph.node for out in node.output}
+    report = compare_models(proto, compiled, per_tensor=True)
+    assert report.passed and all(row.passed for row in report.intermediates)
+
+
+def test_a_value_sunk_below_a_transpose_is_not_paired_with_its_old_layout(tmp_path):
+    # SinkTransposes computed the Relu in NCHW under the NHWC tensor's name; at C = H = W the
+    # shapes agree and compare failed `r` (cosine 0.35) though the output was exact.
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1,8,8,8] x) => (float[1,8,8,8] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            t = Transpose <perm = [0,2,3,1]> (c)
+            r = Relu(t)
+            s = Sigmoid(r)
+            back = Transpose <perm = [0,3,1,2]> (s)
+            y = Conv <pads = [1,1,1,1]> (back, w)
+        }""", w=_rng_weight(rng, 8, 8, 3, 3))
+    compiled = optimize(proto).to_onnx()
+    assert [n.op_type for n in compiled.graph.node].count("Transpose") == 0
+    report = compare_models(proto, compiled, per_tensor=True)
+    assert report.passed and all(row.passed for row in report.intermediates)
+
+
+def test_channels_equalization_scaled_are_not_paired_with_the_float_tensors(tmp_path):
+    # INT8's channel equalization multiplies a region's channels by s_c and divides them back
+    # in its readers: the tensors hold other values, under their names they read as the
+    # float stem's Relu gone wrong (cosine 0.995, "first failure").
+    from graphopt import zoo
+
+    proto = zoo.build("tiny")
+    calibration = tmp_path / "calib.npz"
+    rng = np.random.default_rng(0)
+    np.savez(calibration, input=rng.standard_normal((4, 1, 3, 32, 32)).astype(np.float32))
+    result = optimize(proto, quantize="int8", calibration=str(calibration))
+    assert result.log.totals()["QuantizeInt8"]["rewrites"]["equalized channel region"] >= 1
+    report = compare_models(proto, result.to_onnx(), per_tensor=True, min_cosine=0.999)
+    assert report.passed and all(row.passed for row in report.intermediates)
+
+
+def test_a_cosine_rule_holds_the_scale_too():
+    # A MOS model's three scores all 30% high read cosine 1.0 and passed a lossy compile's
+    # cosine rule; a cosine of 0.999 is an error of 4.5% in direction, and now in scale.
+    reference = np.array([[3.55, 2.17, 2.36]], np.float32)
+    high = compare_arrays("mos", reference, reference * 1.3, min_cosine=0.999)
+    assert high.cosine > 0.999999 and not high.passed
+    assert high.note == ("norm 1.3× the reference's (a cosine of 0.999 holds the scale to "
+                         "±4.5%, which a cosine alone does not see)")
+    assert compare_arrays("mos", reference, reference * 1.04, min_cosine=0.999).passed
+    assert compare_arrays("mos", reference, reference * 1.3, min_cosine=0.9).passed
+    from graphopt.tools.accuracy_rule import below_cosine
+
+    assert below_cosine({"mos": reference}, {"mos": reference * 1.3},
+                        {"rtol": 1e-4, "atol": 1e-5, "min_cosine": 0.999}) == [
+        f"output 'mos': {high.note}"]

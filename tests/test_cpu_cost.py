@@ -352,6 +352,42 @@ def test_the_cpu_target_estimates_with_this_machines_calibration(calibration, tm
     assert host_cost_model(cpu, cpu.device("cpu")).constants == default_constants(cpu.device("cpu"))
 
 
+def test_subgraph_tuning_says_when_its_cpu_figures_are_not_this_machines(calibration, tmp_path,
+                                                                          monkeypatch, capsys):
+    # A calibration from another onnxruntime priced every trial without a word (the warning was
+    # silenced), and a new calibration stopped the study's resumption with an error blaming
+    # op tuning, which the cpu target has none of.
+    from helpers import parse_model
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = tmp_path / "m.onnx"
+    onnx.save(parse_model("g (float[1,64] x) => (float[1,64] y) { r = Relu(x) y = Sigmoid(r) }"),
+              model)
+    tune = ["tune", model, "--target", "cpu", "--job", "subgraph", "--trials", "1", "-q",
+            "--tuning-db", tmp_path / "kb.db"]
+    doc = calibration.to_json()
+    doc["onnxruntime_version"] = "0.0.1"
+    path = calibration.save()
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    rc, out, err = run_cli(capsys, *tune)
+    assert rc == 0 and f"note: calibration {path} was measured with onnxruntime 0.0.1" in out, err
+    calibration.save()  # calibrated again: the study's default is priced otherwise now
+    with open(path) as f:
+        doc = json.load(f)
+    doc["constants"]["elementwise"]["overhead_us"] *= 2
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    rc, out, err = run_cli(capsys, *tune)
+    assert rc == 1 and "the CPU cost model now at" in err and "graphopt calibrate --target " \
+        "cpu since?" in err and "op tuning" not in err, err
+    with open(path, "w") as f:
+        f.write("{broken")
+    rc, out, err = run_cli(capsys, *tune[:-2], "--tuning-db", tmp_path / "other.db")
+    assert rc == 0 and "note: the cpu profile's figures price the host, not the calibration: " \
+        f"calibration {path}: not valid JSON" in out, err
+
+
 def test_a_requantized_qdq_add_is_priced_as_qlinearadd():
     nodes = _nodes(HEADER + """g (uint8[1,8] aq, uint8[1,8] bq, float s, uint8 z) => (uint8[1,8] yq) {
         a = DequantizeLinear(aq, s, z)

@@ -81,6 +81,33 @@ def test_conv_batchnorm_fusion_removes_the_bn_and_changes_the_conv():
     assert (diff.nodes_a, diff.nodes_b) == (3, 2)
 
 
+def test_two_convs_on_one_input_pair_with_the_conv_their_weights_came_from():
+    # The fused convs share op, input, shapes and attributes: convB (listed first) was paired
+    # with the conv holding WA's folded weights, and the diff said convB became it.
+    rng = np.random.default_rng(0)
+    weights = {}
+    for p in "AB":
+        weights |= {f"W{p}": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+                    f"s{p}": rng.uniform(0.5, 2, 4).astype(np.float32),
+                    f"b{p}": rng.standard_normal(4).astype(np.float32),
+                    f"m{p}": rng.standard_normal(4).astype(np.float32),
+                    f"v{p}": rng.uniform(0.5, 2, 4).astype(np.float32)}
+    proto = parse_model("""
+        g (float[1,3,8,8] x) => (float[1,4,8,8] y) {
+            [convB] cB = Conv <pads = [1,1,1,1]> (x, WB)
+            [convA] cA = Conv <pads = [1,1,1,1]> (x, WA)
+            [bnA] yA = BatchNormalization (cA, sA, bA, mA, vA)
+            [bnB] yB = BatchNormalization (cB, sB, bB, mB, vB)
+            y = Add (yA, yB)
+        }""", **weights)
+    before, after = load_onnx(proto), load_onnx(proto)
+    infer_shapes(before)
+    infer_shapes(after)
+    assert FuseConvBatchNorm().run(after, PassContext(Options())).changed
+    changes = {c.name_before: c.after for c in diff_models(before, after).changed}
+    assert "%WA_fused" in changes["convA"] and "%WB_fused" in changes["convB"], changes
+
+
 def test_protos_are_accepted_and_identical_models_have_no_differences():
     diff = diff_models(_conv_bn(), _conv_bn())
     assert diff.empty and diff.op_deltas() == []

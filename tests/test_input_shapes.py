@@ -42,6 +42,33 @@ def test_pinned_symbol_propagates_to_other_inputs_and_outputs():
     assert graph.outputs[0].shape == (2, 40)
 
 
+def test_an_exporters_expression_of_a_pinned_dim_is_evaluated():
+    # YOLOv8's exports declare value_info dims as `floor(floor(width/2 - 1/2)/2) + 1`: pinning
+    # width left them, and -O1's placement sent their readers to the host for "dynamic shape:
+    # [floor(width/2)]", a dim the pin had fixed.
+    from graphopt.dims import bound_dim
+
+    assert bound_dim("floor(floor(width/2 - 1/2)/2) + 1", {"width": 320}) == 80
+    assert bound_dim("floor(width/2)", {"width": 8}) == 4
+    assert bound_dim("height*2", {"width": 8}) == "height*2"  # nothing of it pinned
+    assert bound_dim("floor(width/height)", {"width": 8}) is None  # half known: unknown
+    assert bound_dim("__import__('os')", {"os": 1}) is None
+    proto = parse_model("""
+        g (float[batch, width] x) => (float[batch, width] y) {
+            s = Shape(x)
+            w = Gather <axis = 0> (s, one)
+            wf = Cast <to = 1> (w)
+            r = Range(zero, wf, two)
+            rs = ReduceSum <keepdims = 1> (r)
+            y = Add(x, rs)
+        }""", one=np.array(1, np.int64), zero=np.float32(0), two=np.float32(2))
+    proto.graph.value_info.append(onnx.helper.make_tensor_value_info(
+        "r", onnx.TensorProto.FLOAT, ["floor(width/2)"]))
+    result = graphopt.optimize(proto, level=1, input_shapes="x:1,8")
+    (r,) = [v for v in result.model.graph.all_values() if v.name == "r"]
+    assert r.shape == (4,)
+
+
 def test_pins_unlock_shape_subgraph_folding():
     dynamic = graphopt.optimize(_model())
     pinned = graphopt.optimize(_model(), input_shapes={"x": [2, 5, 8]})

@@ -1004,3 +1004,29 @@ def test_the_summary_says_a_tied_table_is_shared_only_when_it_is():
     notes = compile_int4(proto, int4_embeddings=True).notes
     summary = next(n for n in notes if n.startswith("QuantizeInt4Weights: 1 weight(s)"))
     assert "1 weight(s) and 1 embedding table(s), " in summary and "shared" not in summary, notes
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_a_weight_two_matmuls_share_is_rounded_and_stored_once(tmp_path, method):
+    # GPTQ rounded it for each layer's inputs and stored both roundings; the note counted its
+    # bytes twice on both sides of the arrow either way.
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1,16,256] x) => (float[1,16,256] y) {
+            a = MatMul(x, w)
+            r = Relu(a)
+            y = MatMul(r, w)
+        }""", w=(rng.standard_normal((256, 256)) * 0.05).astype(np.float32))
+    calibration = tmp_path / "calib.npz"
+    np.savez(calibration, x=rng.standard_normal((32, 1, 16, 256)).astype(np.float32))
+    extra = {"int4_method": "gptq", "calibration": str(calibration)} if method == "gptq" else {}
+    result = compile_int4(proto, level=2, **extra)
+    out = result.to_onnx()
+    nbits = [n for n in out.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 and nbits[0].input[1:] == nbits[1].input[1:]
+    assert len([t for t in out.graph.initializer if t.name.endswith("_q4")]) == 1
+    assert any("1 weight(s) read by 2 layers, 0.25 MiB → 0.04 MiB" in note
+               for note in result.notes), result.notes
+    feeds = {"x": rng.standard_normal((1, 16, 256)).astype(np.float32)}
+    assert cosine_similarity(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) \
+        > 0.99

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import ops, parse_model, run_cli
+from helpers import IR_VERSION, ops, parse_model, run_cli
 
 import graphopt
 from graphopt import numerics, zoo
@@ -197,6 +197,65 @@ def test_fp16_keeps_data_movement_between_float32_ops_float32():
     checked(result, lookup, atol=0.05)
 
 
+def _residual_block() -> onnx.ModelProto:
+    rng = np.random.default_rng(4)
+    return parse_model("""
+    g (float[1,8,6,6] x) => (float[1,8,6,6] y) {
+      a = Conv <pads = [1,1,1,1]> (x, w1)
+      r = Clip(a, low, high)
+      b = Conv <pads = [1,1,1,1]> (r, w2)
+      s = Add(b, r)
+      c = Conv <pads = [1,1,1,1]> (s, w3)
+      y = Sigmoid(c)
+    }""", low=np.float32(0), high=np.float32(6),
+        **{f"w{i}": rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2 for i in (1, 2, 3)})
+
+
+def test_elementwise_work_between_float32_ops_stays_float32():
+    # A forced mode's Clips and Adds between Convs kept float32 (by --precision-deny here, by
+    # Conv's schema in a bf16 compile at opset 17) each rounded an activation to half and Cast
+    # it back: 97 Casts in a bf16 MobileNetV2, for no half matrix work. The Sigmoid that writes
+    # the model's output converts, as asked.
+    proto = _residual_block()
+    kept = compile_(proto, precision="fp16", precision_deny={"Conv"})
+    assert {n.op_type: n.output.dtype.short for n in kept.model.graph} == {
+        "Conv": "f32", "Clip": "f32", "Add": "f32", "Cast": "f32", "Sigmoid": "f16"}
+    assert stats(kept)["casts_inserted"] == 2
+    assert any("fp16: kept float32, where f16 would only round their values and Cast them back "
+               "(no matrix work, between float32 ops): Add, Clip (precision_allow=OPS converts "
+               "them)" in note for note in kept.notes), kept.notes
+    checked(kept, proto, atol=0.01)
+    # --precision-allow converts them anyway, and a region that holds matrix work converts.
+    allowed = compile_(proto, precision="fp16", precision_deny={"Conv"},
+                       precision_allow={"Clip"})
+    assert {n.op_type: n.output.dtype.short for n in allowed.model.graph
+            if n.op_type in ("Clip", "Add")} == {"Clip": "f16", "Add": "f16"}
+    checked(allowed, proto, atol=0.05)
+    whole = compile_(proto, precision="fp16")
+    assert {n.output.dtype.short for n in whole.model.graph if n.op_type != "Cast"} == {"f16"}
+    # As it happens at opset 17 in bf16 for an NPU: the Convs stay float32, and what lies
+    # between them with them.
+    bf16 = graphopt.optimize(proto, target="ascend910b", precision="bf16")
+    assert {n.op_type: n.output.dtype.short for n in bf16.model.graph
+            if n.op_type in ("Clip", "Add")} == {"Clip": "f32", "Add": "f32"}
+    assert any("kept float32, where bf16 would only round" in note for note in bf16.notes)
+
+
+def test_a_region_at_the_models_edge_fed_half_or_holding_a_table_still_converts():
+    table = parse_model("""
+    g (int64[3] ids) => (float[3,8] y) {
+      y = Gather(table, ids)
+    }""", table=W1)
+    result = compile_(table, precision="fp16")  # half the table's bytes: worth a Cast back
+    assert ops(result.model) == ["Gather", "Cast"]
+    checked(result, table, atol=0.05)
+    relu = parse_model("g (float[2,8] x) => (float[2,8] y) { y = Relu(x) }")
+    assert ops(compile_(relu, precision="fp16").model) == ["Cast", "Relu", "Cast"]  # as asked
+    fed_half = graphopt.optimize(relu, input_fp16_nodes=["x"], precision="fp16")
+    assert [(n.op_type, n.output.dtype.short) for n in fed_half.model.graph] == [
+        ("Relu", "f16"), ("Cast", "f32")]
+
+
 def test_bf16_on_the_cpu_target_is_refused_naming_the_ops():
     proto = parse_model(CHAIN, w1=W1, w2=W2)
     with pytest.raises(OptionError, match=r"target cpu has no bfloat16 kernel for MatMul ×2, "
@@ -220,7 +279,8 @@ def test_bf16_with_the_refused_ops_denied_compiles_at_o3_for_the_cpu_target():
         }""", s=RNG.standard_normal(4).astype(np.float32), b=np.zeros(4, np.float32),
         c=np.ones(4, np.float32))
     result = graphopt.optimize(proto, level=3, target="cpu", precision="bf16",
-                               pass_options={"precision_deny": {"Add"}})
+                               pass_options={"precision_deny": {"Add"},
+                                             "precision_allow": {"LayerNormalization"}})
     assert "graphopt::elementwise_0" in ops(result.model)
     checked(result, proto, atol=0.05)
 
@@ -340,6 +400,11 @@ def test_pins_that_match_nothing_are_named_in_a_note():
     note = next(n for n in result.notes if "match nothing" in n)  # two entries: "match"
     assert "keep_dtype 'no_such_node'" in note and "(dump_dir shows them)" in note
     assert "precision_deny 'Softmx' (nearest: 'Softmax')" in note
+    # Op types alone: the graph has no such op, which says nothing of renamed nodes.
+    result = graphopt.optimize(proto, level=1, precision="fp16", pass_options={
+        "precision_deny": {"Gemm"}})
+    assert "ConvertPrecision: precision_deny 'Gemm' matches no op of the optimized graph (a " \
+        "fusion may have taken it in: dump_dir shows the graph)" in result.notes, result.notes
 
 
 def test_a_kept_softmax_keeps_the_attention_that_computes_it():
@@ -651,8 +716,8 @@ def test_options_are_checked_before_anything_runs():
         compile_(proto, precision="fp8")
     with pytest.raises(OptionError, match="adjust a precision mode"):
         compile_(proto, keep_dtype={"first"})
-    with pytest.raises(OptionError, match="precision_allow only applies to mixed modes"):
-        compile_(proto, precision="fp16", precision_allow={"Softmax"})
+    with pytest.raises(OptionError, match="precision_allow and precision_deny both name Relu"):
+        compile_(proto, precision="fp16", precision_allow={"Relu"}, precision_deny={"Relu"})
 
 
 def test_cli_flags_compile_report_and_refuse(tmp_path, capsys):
@@ -1114,3 +1179,40 @@ def test_precision_argv_gives_back_the_options_it_was_parsed_from(flags, tmp_pat
     args = parser.parse_args(["optimize", "m.onnx", "-o", "m.om", *flags])
     again = parser.parse_args(["optimize", "m.onnx", "-o", "m.om", *precision_argv(args)])
     assert precision_options(again) == precision_options(args)
+
+
+def test_an_op_whose_output_only_an_if_reads_converts_behind_a_cast():
+    # `pre` stayed float32, without a note, because its output is read inside the branches.
+    rng = np.random.default_rng(5)
+
+    def weight(*shape):
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+    w0, w1, w2, w3 = weight(16, 16), weight(16, 16), weight(16, 16), weight(16, 8)
+    for w, name in zip((w0, w1, w2, w3), ("w0", "w1", "w2", "w3")):
+        w.name = name
+    make = onnx.helper
+    branch = lambda name, w, act: make.make_graph(  # noqa: E731
+        [make.make_node("MatMul", ["x", w], [f"{name}0"]),
+         make.make_node(act, [f"{name}0"], [f"{name}_out"])], name, [],
+        [make.make_tensor_value_info(f"{name}_out", onnx.TensorProto.FLOAT, [1, 16])])
+    graph = make.make_graph(
+        [make.make_node("MatMul", ["x0", "w0"], ["x"], name="pre"),
+         make.make_node("If", ["c"], ["yi"], then_branch=branch("then", "w1", "Tanh"),
+                        else_branch=branch("else", "w2", "Sigmoid")),
+         make.make_node("MatMul", ["yi", "w3"], ["y"], name="post")], "g",
+        [make.make_tensor_value_info("x0", onnx.TensorProto.FLOAT, [1, 16]),
+         make.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+        [make.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8])], [w0, w1, w2, w3])
+    proto = make.make_model(graph, opset_imports=[make.make_opsetid("", 17)],
+                            ir_version=IR_VERSION)
+    for mode in ("fp16", "mixed-fp16"):
+        result = compile_(proto, precision=mode)
+        assert dtypes(result)["pre"] == "f16", mode
+        out = result.to_onnx()
+        onnx.checker.check_model(out, full_check=True)
+        for branch_taken in (True, False):
+            feeds = {"x0": rng.standard_normal((1, 16)).astype(np.float32),
+                     "c": np.array(branch_taken)}
+            np.testing.assert_allclose(numerics.run(out, feeds)["y"],
+                                       numerics.run(proto, feeds)["y"], atol=5e-3, rtol=0)

@@ -685,3 +685,22 @@ def test_the_trace_puts_every_partition_on_one_clock(tmp_path):
 
     order = load_om(path).execution_order
     assert len(order) == 2 and sorted(first, key=first.get) == order
+
+
+def test_a_kernel_whose_shapes_are_unknown_is_not_priced(tmp_path):
+    # The cost model counted the unknown shapes of a Softmax behind a Reshape of data-given
+    # sizes as no work: 1 µs, "bound by per-kernel overhead", for 1 ms of memory traffic.
+    proto = parse_model("""
+        g (float[1,65536] x, int64[2] shape) => (y) {
+            r = Reshape(x, shape)
+            y = Softmax <axis = -1> (r)
+        }""")
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 65536)).astype(np.float32),
+             "shape": np.array([256, 256], np.int64)}
+    profile = profile_model(str(path), feeds, **RUNS)
+    (softmax,) = [k for k in profile.kernels if k.op_type == "Softmax"]
+    assert softmax.predicted_us is None and softmax.compute_us is None
+    assert not any("Softmax" in hint.message and "bound" in hint.message
+                   for hint in advise(profile))

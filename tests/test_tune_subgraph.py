@@ -155,6 +155,39 @@ def test_measured_objective_times_a_cpu_compile_and_confirms_side_by_side(block_
     assert best_decisions(db, SubgraphJob(block_path, "cpu", level=2), "cpu") is None
 
 
+def test_measured_accepts_rounding_and_refuses_a_wrong_default_leaving_no_study(
+        tmp_path, monkeypatch):
+    # YOLO's default compile moves its box decoding by 0.035 on 900-pixel coordinates, as
+    # onnxruntime's own optimizer moves the original's: every trial, the default first, was
+    # pruned, and the default's TrialPruned escaped as an internal error, leaving an empty
+    # study. Here no tolerance at all makes the compile's rounding fail the plain check.
+    import graphopt.tuner.subgraph as subgraph
+    from graphopt.errors import VerificationError
+    from graphopt.tuner.kb import list_subgraph_studies
+
+    rng = np.random.default_rng(0)
+    convs = str(tmp_path / "convs.onnx")  # NCHWc blocks sum in another order: 7e-6 off
+    onnx.save(parse_model("""
+        agraph (float[1,16,16,16] x) => (float[1,16,16,16] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            r = Relu (c)
+            y = Conv <pads = [1,1,1,1]> (r, w)
+        }""", w=(rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)), convs)
+    monkeypatch.setattr(subgraph, "CHECK_RTOL", 0.0)
+    monkeypatch.setattr(subgraph, "CHECK_ATOL", 0.0)
+    job = SubgraphJob(convs, "cpu", level=2, objective="measured", repeat=2, threads=1)
+    db = str(tmp_path / "m.db")
+    result = tune_subgraph(job, trials=2, seed=0, storage=db, confirm_rounds=0)
+    assert result.default.seconds > 0
+    # What rounding does not explain fails the default itself: said so, and no study is left.
+    monkeypatch.setattr("graphopt.rounding.within_rounding", lambda *a, **k: None)
+    other = str(tmp_path / "wrong.db")
+    with pytest.raises(VerificationError, match=r"--objective measured: the default "
+                                                r"compile's outputs differ from the original"):
+        tune_subgraph(job, trials=2, seed=0, storage=other, confirm_rounds=0)
+    assert list_subgraph_studies(other) == []
+
+
 def test_measured_needs_a_cpu_target_and_one_local_worker(block_path):
     with pytest.raises(OptionError, match="needs a CPU target"):
         tune_subgraph(_job(block_path, objective="measured"), trials=1)
@@ -670,3 +703,22 @@ def test_a_decision_set_scored_before_keeps_its_score(block_path, monkeypatch):
     assert result.space.size == 40 and result.trials == 60
     scored = {tuple(sorted(p.items())) for p in compiles if p is not None}
     assert len(compiles) - 1 == len(scored) <= result.space.size  # discovery's, then one each
+
+
+def test_the_cheaper_of_two_granularities_applies_and_another_targets_study_is_named(
+        block_path, tmp_path):
+    # The rule granularity's study won over a cheaper shape study of the same cost model
+    # because of its place in a fixed order; a study for the 310 was passed over without a
+    # word by a compile for the 310B.
+    db = str(tmp_path / "kb.db")
+    tune_subgraph(_job(block_path), trials=1, seed=0, storage=db)  # the default: no gain
+    shaped = tune_subgraph(_job(block_path, granularity="shape"), trials=12, seed=0, storage=db)
+    assert shaped.speedup > 1.05
+    note = decisions_for(db, block_path, "ascend310", 3, None).note
+    assert note.startswith(f"applying the subgraph decisions of {shaped.study_name} (cheaper "
+                           "than those of subgraph/ascend310/") and "µs estimated)" in note, note
+    assert best_decisions(db, _job(block_path), "ascend310")[2] == shaped.study_name
+    other = decisions_for(db, block_path, "ascend310b", 3, None)
+    assert other.gate is None and other.note == (
+        "tuning_db holds subgraph decisions for this model on ascend310 (-O3), not on "
+        "ascend310b: they apply to a compile for the target they were tuned for"), other.note

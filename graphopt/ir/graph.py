@@ -180,6 +180,11 @@ class Graph:
                                           {n.name for n in root.all_nodes() if n.name})
         return root._used_names
 
+    def reserve_names(self) -> None:
+        """Keep every value and node name the model holds now from fresh names, whatever
+        later edits remove."""
+        self._namespace()
+
     def claim_name(self, name: str) -> None:
         self._namespace().values.add(name)
 

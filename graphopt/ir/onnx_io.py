@@ -234,6 +234,9 @@ class _Importer:
                 value.overridable = value.const is None
         for g in graph.all_graphs():
             g._used_names = None
+        # Every name the model was read with stays taken: a value a pass removes early must not
+        # lend its name to a new one with other contents, which compare would pair with it.
+        graph.reserve_names()
         return Model(
             graph=graph,
             ir_version=proto.ir_version,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphopt.ir import DType, Model, Node, Value
+from graphopt.source_marks import record_rescaled
 
 # A channel is scaled up by at most this much: past it, the readers' weight columns shrink
 # until their rounding, not the activation's, dominates. √(R / R_c) up to 16 gave the zoo's
@@ -71,6 +72,9 @@ def equalize_channels(model: Model, extents) -> int:
         scales = _scales(region, measured)
         if scales is not None:
             _apply(model.graph, region, scales)
+            # Their names stay (notes and statistics name them), their contents do not: compare
+            # must not pair them with the float model's tensors of those names.
+            record_rescaled(model.metadata_props, [v.name for v in region.members])
             scaled += 1
     return scaled
 

@@ -58,7 +58,12 @@ from graphopt.tools.half_range import (
 )
 from graphopt.tools.output_kinds import model_facts, output_kind
 from graphopt.tools.rule_text import cosine_text
+from graphopt.tools.metrics import norm_agreement
 from graphopt.tools.slices import hidden_slice_warning, worst_slice
+
+# The report warns of an output whose norm strays by more than 20%, a cosine of 0.98's worth
+# (metrics.norm_agreement), which the cosine column cannot show: int4's rule is 0.98.
+SCALE_WARNING = 0.98
 
 
 @dataclass
@@ -401,6 +406,11 @@ def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> Accu
                                                                  entry.worst_slice)
             if warning:
                 report.warnings.append(warning)
+            scale = norm_agreement(ref, cand)
+            if scale is not None and scale[0] < SCALE_WARNING:
+                report.warnings.append(
+                    f"{name}: cosine {row.cosine:.6f}, but its norm is {scale[1]:.4g}× the "
+                    "reference's: a cosine does not see a change of scale")
         if entry.kind != "tensor" and cand.shape == ref.shape and row.cosine is not None:
             entry.top1 = float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1)))
             entry.rows = int(np.prod(ref.shape[:-1]))

@@ -15,7 +15,9 @@ Each compared tensor becomes a Row with msaccucmp's metrics (graphopt.tools.metr
   Otherwise the rule is allclose, every element
   within |c - r| <= atol + rtol·|r| (rtol 1e-4, atol 1e-5 by default; between two float16
   tensors rtol is at least float16's step, metrics.effective_rtol), or, when `min_cosine` is
-  given instead, cosine similarity >= min_cosine. `mismatches` always counts the elements
+  given instead, cosine similarity >= min_cosine, and the norms' agreement too
+  (metrics.norm_agreement: a uniform 30% error keeps the cosine at 1). `mismatches` always
+  counts the elements
   outside rtol/atol. Empty tensors pass. KL divergence is filled in only for probability
   distributions (the rule is in graphopt.tools.metrics).
 
@@ -182,8 +184,19 @@ def compare_arrays(name: str, reference, candidate, *, rtol: float = DEFAULT_RTO
         within = row.mismatches == 0
     else:
         within = row.mismatches == 0 if min_cosine is None else row.cosine >= min_cosine
+        scale = metrics.norm_agreement(kept_ref, kept_cand) if min_cosine is not None else None
+        if within and scale is not None and scale[0] < min_cosine:
+            within = False  # the right direction at the wrong scale: a cosine cannot tell
+            row.note = "; ".join(filter(None, [row.note, scale_text(scale[1], min_cosine)]))
     row.passed = row.passed and within
     return row
+
+
+def scale_text(ratio: float, min_cosine: float) -> str:
+    """Why a row with a passing cosine failed: its norm strays more than `min_cosine` allows."""
+    allowed = (1.0 / min_cosine ** 2 - 1.0) ** 0.5
+    return (f"norm {ratio:.4g}× the reference's (a cosine of {exact(min_cosine)} holds the scale "
+            f"to ±{allowed:.1%}, which a cosine alone does not see)")
 
 
 def _compare_values(name: str, reference, candidate, role: str, declared: str | None,
@@ -360,9 +373,14 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     if ran:
         report.notes.append(ran)
     computed: set[str] = set()
+    rescaled: list[str] = []
     if per_tensor:
         computed = {t.name for t in ref_side.tensors} - outputs - set(arrays)
-        shared = [t for t in cand_tensors if t.name in computed]
+        # Values the compile scaled per channel (INT8's channel equalization) under their
+        # names: paired, a stem Relu read as the first failure (cosine 0.995) of a float layer.
+        scaled = set(cand_side.rescaled_values())
+        rescaled = [t.name for t in cand_tensors if t.name in computed and t.name in scaled]
+        shared = [t for t in cand_tensors if t.name in computed and t.name not in scaled]
     names = [t.name for t in shared]
     # A candidate cut short (--out-nodes) returns tensors the reference computes inside, or
     # holds as an input or weight (a cut at one of those left no row: compare then crashed).
@@ -447,7 +465,12 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
     if skipped:
         shown = ", ".join(skipped[:3]) + (", …" if len(skipped) > 3 else "")
         report.notes.append(f"{len(skipped)} shared name(s) skipped, the shapes differ: {shown}")
-    unmatched = len(computed) - len(shared)
+    if rescaled:
+        shown = ", ".join(rescaled[:3]) + (", …" if len(rescaled) > 3 else "")
+        report.notes.append(f"{len(rescaled)} intermediate(s) hold their channels scaled by "
+                            f"{cand_side.label}'s channel equalization (INT8), under the same "
+                            f"names: not compared ({shown})")
+    unmatched = len(computed) - len(shared) - len(rescaled)
     if unmatched:  # a failure among them shows first downstream, at a value both compute
         where = ("; the first failing one compared may lie downstream of where the values "
                  "start to drift" if report.first_failing_intermediate else "")

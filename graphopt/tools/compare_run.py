@@ -22,7 +22,8 @@ from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
 from graphopt.source_marks import (cut_outputs, extra_cut_outputs, extra_io_types,
-                                   extra_preprocessing, inserted_preprocessing, io_types)
+                                   extra_preprocessing, extra_rescaled_values,
+                                   inserted_preprocessing, io_types, rescaled_values)
 from graphopt.warning_scope import kept_notices
 
 
@@ -61,6 +62,12 @@ class Side:
         if self.session is not None:
             return extra_cut_outputs(self.session.artifact.extra)
         return cut_outputs(self.proto.metadata_props) if self.proto is not None else []
+
+    def rescaled_values(self) -> list[str]:
+        """The values the compile that made this side rescaled per channel, under their names."""
+        if self.session is not None:
+            return extra_rescaled_values(self.session.artifact.extra)
+        return rescaled_values(self.proto.metadata_props) if self.proto is not None else []
 
     def preprocessing(self) -> dict:
         """The image preprocessing (--insert-op-conf) the compile that made this side inserted,

@@ -247,9 +247,10 @@ def _match_rebuilt(nodes_a: list[Located], nodes_b: list[Located], pairs: list,
         found = candidates.get((scope, node.qualified_op, renamed.get(first, first)))
         if not found:
             continue
-        # Two convs on one input (a residual branch): the one with the same shapes and
-        # attributes is the rebuilt one.
-        other = max(found, key=lambda cand: _likeness(node, cand))
+        # Two convs on one input (a residual branch): the one whose weights come from this
+        # one's (W → W_fused), then the one with the same shapes and attributes, is the
+        # rebuilt one.
+        other = max(found, key=lambda cand: _likeness(node, cand, renamed))
         found.remove(other)
         pairs.append(((scope, node), (scope, other)))
         paired_a.add(id(node))
@@ -257,12 +258,17 @@ def _match_rebuilt(nodes_a: list[Located], nodes_b: list[Located], pairs: list,
         learn(node, other)
 
 
-def _likeness(a: Node, b: Node) -> tuple[int, int]:
+def _likeness(a: Node, b: Node, renamed: dict[str, str]) -> tuple[int, int, int]:
+    """How alike `b` is to `a`: weights descended from a's by name (a fold names what it makes
+    after what it took: W → W_fused, W_b), then output types, then attributes in common."""
+    weights = {renamed.get(v.name, v.name) for v in a.inputs[1:] if v is not None}
+    lineage = sum(1 for v in b.inputs[1:] if v is not None and (
+        v.name in weights or any(v.name.startswith(w + "_") for w in weights)))
     types = sum(1 for va, vb in zip(a.outputs, b.outputs)
                 if va is not None and vb is not None and format_type(va) == format_type(vb))
     attrs = sum(1 for name, attr in a.attrs.items()
                 if name in b.attrs and b.attrs[name].value == attr.value)
-    return types, attrs
+    return lineage, types, attrs
 
 
 def _only_inferred(a: Node, b: Node) -> bool:

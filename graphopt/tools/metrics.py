@@ -9,6 +9,9 @@ They assume finite values; the caller reports NaN/Inf separately (see `nonfinite
   its sign, so its cosine would read 1.0 for 0.028 against 0.492: it scores 1/√(1 + e²), e
   its relative error, the cosine a vector has with an error of that relative size across it
   (0.999 is an error of 4.5%, 0.98 one of 20%), negated where the sign flips.
+- norm agreement (norm_agreement): a cosine does not see a change of scale, so a MOS model's
+  [1,3] scores all 30% high read cosine 1.0; 1/√(1 + e²) of the norms' relative difference e
+  puts the scale on the cosine's own footing (0.999: 4.5%), which a cosine rule checks too.
 - per-slice cosine along an axis (slice_cosines): the worst channel of a detector's output,
   whose whole-tensor cosine the large box coordinates decide while its class scores are tiny.
 - absolute error |c - r|: max and mean.
@@ -53,6 +56,20 @@ def cosine_similarity(reference, candidate) -> float:
         return 0.0
     # Rounding can push |cos| a hair past 1; clip so "cosine >= 1" style checks stay sane.
     return float(np.clip(np.dot(r, c) / (norm_r * norm_c), -1.0, 1.0))
+
+
+def norm_agreement(reference, candidate) -> tuple[float, float] | None:
+    """(1/√(1 + e²), ‖c‖/‖r‖) for e = ‖c‖/‖r‖ - 1: how far the candidate's scale strays from
+    the reference's, on cosine_similarity's scale; None for an all-zero reference."""
+    r, c = _f64(reference), _f64(candidate)
+    scale = max(float(np.max(np.abs(r), initial=0.0)), float(np.max(np.abs(c), initial=0.0)))
+    if scale == 0.0:
+        return None
+    norm_r = float(np.linalg.norm(r / scale))
+    if norm_r == 0.0:
+        return None
+    ratio = float(np.linalg.norm(c / scale)) / norm_r
+    return float(1.0 / np.hypot(1.0, ratio - 1.0)), ratio
 
 
 def slice_cosines(reference, candidate, axis: int = 1) -> np.ndarray:

@@ -445,19 +445,28 @@ def _collect(profile: Profile, traces: dict[str, list[dict]], skip: int) -> None
         profile.kernels.extend(by_name.values())
 
 
+def _shapes_known(node) -> bool:
+    """Whether every tensor `node` reads and writes has a static shape: the cost model counts
+    an unknown one as no work, and a 2M-element Softmax behind a Reshape of data-given sizes
+    read as 1 µs of overhead, "bound by per-kernel overhead"; such a kernel is left unpriced."""
+    return all(value.static_shape is not None for value in (*node.inputs, *node.outputs)
+               if value is not None)
+
+
 def _price(profile: Profile, cost: CpuCostModel) -> None:
     """The cost model's time and roofline sides for every matched kernel on a host partition
     (the CPU model prices host nodes only; an NPU partition's stand-in run is not its target).
     An If, Loop or Scan is not priced: its time is the kernels its bodies ran (kernel_events
     counts them within it), which the model's cost of the node itself (1 µs of overhead for
-    silero-vad's If around its whole network) does not describe."""
+    silero-vad's If around its whole network) does not describe; nor is a node whose shapes
+    are unknown (_shapes_known)."""
     host = {p.name: {n.name: n for n in profile.models[p.name].graph}
             for p in profile.partitions if p.device == "cpu"}
     for kernel in profile.kernels:
         if kernel.node is None or kernel.partition not in host:
             continue
         node = host[kernel.partition][kernel.node]
-        if node.op_type in CONTROL_FLOW:
+        if node.op_type in CONTROL_FLOW or not _shapes_known(node):
             continue
         c = cost.constants[op_class(node)]
         flops, moved = node_work(node)

@@ -383,6 +383,25 @@ def host_cost_model(target, device) -> CpuCostModel:
     return CpuCostModel(default_constants(device))
 
 
+def calibration_note() -> str | None:
+    """What an estimate for the `cpu` target should say of the calibration it reads, when
+    there is something to say: measured elsewhere (StaleCalibrationWarning's words), or not
+    loading, which leaves the profile's figures in place. None for none or a fresh one."""
+    from graphopt.errors import GraphoptError
+    from graphopt.tuner.calibrate import CalibrationResult, default_path
+    from graphopt.warning_scope import kept_notices
+
+    path = default_path()
+    if not os.path.exists(path):
+        return None
+    with kept_notices() as kept:  # the stale calibration's words, not shown twice
+        try:
+            CalibrationResult.load(path)
+        except GraphoptError as exc:
+            return f"the cpu profile's figures price the host, not the calibration: {exc}"
+    return kept[0] if kept else None
+
+
 @functools.lru_cache(maxsize=4)
 def _calibrated(path: str, stamp: int) -> CpuCostModel | None:
     """The calibration at `path` as of `stamp`; None when it does not load (the caller falls

@@ -35,10 +35,13 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
                        model_digest=hashlib.sha256(model))
            if isinstance(model, bytes) else SubgraphJob(model, target_name, level, input_shapes))
     passed_over: list[str] = []
-    found = best_decisions(storage, job, target_name, passed_over)
+    slower: list[str] = []
+    found = best_decisions(storage, job, target_name, passed_over, slower)
     if found is not None:
         gate, pass_options, study = found
-        return Decisions(gate, pass_options, study, f"applying the subgraph decisions of {study}")
+        others = f" (cheaper than those of {', '.join(slower)})" if slower else ""
+        return Decisions(gate, pass_options, study,
+                         f"applying the subgraph decisions of {study}{others}")
     if passed_over:  # a study at this very level: saying another level holds it would mislead
         return Decisions(note=(
             f"{option('tuning_db')}: subgraph study {passed_over[0]}; no subgraph decisions "
@@ -49,6 +52,12 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
             f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
             f"{', '.join(f'-O{n}' for n in levels)}, not at -O{level}: they apply to a compile "
             "at the level they were tuned for"))
+    targets = tuned_targets(storage, job, target_name)
+    if targets:
+        return Decisions(note=(
+            f"{option('tuning_db')} holds subgraph decisions for this model on "
+            f"{', '.join(targets)}, not on {target_name}: they apply to a compile for the "
+            "target they were tuned for"))
     pins = tuned_pins(storage, job, target_name)
     if pins:
         given = [setting("input_shapes", p) if p else f"no {option('input_shapes')}"
@@ -58,6 +67,21 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
             f"-O{level} tuned with {' / '.join(given)}, not with these pins: they apply to a "
             "compile with the pins they were tuned with"))
     return Decisions()
+
+
+def tuned_targets(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
+    """The other targets the storage holds subgraph studies of the job's model and pins for,
+    each with its levels (`ascend310 (-O3)`)."""
+    own = {model_key(job, legacy) for legacy in (False, True)}
+    found: dict[str, set[str]] = {}
+    with opened(storage, read_only=True) as store:
+        for name in studies_by_job(store):
+            parts = name.split("/")
+            if len(parts) >= 5 and parts[0] == "subgraph" and parts[-3] in own:
+                target = "/".join(parts[1:-3])
+                if target != target_name:
+                    found.setdefault(target, set()).add(parts[-2].replace("O", "-O", 1))
+    return [f"{target} ({', '.join(sorted(levels))})" for target, levels in sorted(found.items())]
 
 
 def tuned_pins(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
@@ -85,47 +109,77 @@ def tuned_pins(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
 
 
 def best_decisions(storage: Any, job: SubgraphJob, target_name: str,
-                   passed_over: list[str] | None = None):
+                   passed_over: list[str] | None = None, slower: list[str] | None = None):
     """(rewrite gate, pass options, study name) of the job's tuned decisions (its model, target
-    and level), preferring a measured study to an estimated one and the rule granularity's to
-    the shape one's; None when the storage has no such study. The gate and options go to
-    optimize(rewrite_gate=…, pass_options=…). `passed_over` gets "<study> <why>" for each
-    study of the job that was not applied (no completed trial, or a measured run stopped
-    before its re-timing)."""
+    and level), preferring a measured study to an estimated one (their figures do not compare)
+    and, between studies of one objective (the rule and shape granularities, the newest study
+    of each), the one whose choice costs least; None when the storage has no such study. The
+    gate and options go to optimize(rewrite_gate=…, pass_options=…). `passed_over` gets
+    "<study> <why>" for each study of the job that was not applied (no completed trial, or a
+    measured run stopped before its re-timing), `slower` "<study> (<its cost>)" for each one
+    that a cheaper choice beat."""
     with opened(storage, read_only=True) as store:
         return _best_decisions(store, job, target_name,
-                               passed_over if passed_over is not None else [])
+                               passed_over if passed_over is not None else [],
+                               slower if slower is not None else [])
 
 
-def _best_decisions(store, job: SubgraphJob, target_name: str, passed_over: list[str]):
+def _best_decisions(store, job: SubgraphJob, target_name: str, passed_over: list[str],
+                    slower: list[str]):
     standing = studies_by_job(store)
-    candidates = [name for o in ("measured", "estimate") for g in GRANULARITIES
-                  for name in study_names(replace(job, objective=o, granularity=g),
-                                           target_name)]
-    for key in candidates:
-        for name in reversed(standing.get(key, [])):  # the newest first
-            study = optuna.load_study(study_name=name, storage=store)
-            completed = [t for t in study.get_trials(deepcopy=False,
-                                                     states=(optuna.trial.TrialState.COMPLETE,))
-                         if t.value is not None]
-            if "space" not in study.user_attrs:
-                continue
-            if not completed:
-                passed_over.append(f"{name} has no completed trial (its run stopped before "
-                                   "the default compile was scored)")
-                continue
-            # The last run's choice: its best, unless re-timing showed the default was as fast.
-            chosen = study.user_attrs.get("chosen")
-            if chosen is None and key.rsplit("/", 1)[-1].startswith("measured"):
-                # A run stopped before its re-timing: a best by noise, unconfirmed.
-                passed_over.append(f"{name} is not confirmed: its measured run stopped before "
-                                   "the side-by-side re-timing, and a best that may have won "
-                                   "by noise alone is not applied")
-                continue
-            chosen = chosen or min(completed, key=lambda t: (t.value, t.number)).params
-            space = space_from_json(study.user_attrs["space"])
-            return gate_for(chosen, space), pass_options_for(chosen, space), name
+    for objective in ("measured", "estimate"):
+        found = []  # (cost of the choice, study name, gate, pass options)
+        for granularity in GRANULARITIES:
+            for key in study_names(replace(job, objective=objective, granularity=granularity),
+                                   target_name):
+                applied = next((choice for choice in (
+                    _choice(store, name, objective, passed_over)
+                    for name in reversed(standing.get(key, [])))  # the newest first
+                    if choice is not None), None)
+                if applied is not None:
+                    found.append(applied)
+        if found:
+            cost, name, gate, options = min(found, key=lambda entry: entry[0])
+            slower += [f"{other} ({_cost(seconds, objective)})"
+                       for seconds, other, _, _ in found if other != name]
+            return gate, options, name
     return None
+
+
+def _choice(store, name: str, objective: str, passed_over: list[str]):
+    """(cost, name, gate, pass options) of study `name`'s choice; None, and why in
+    `passed_over`, when it has none to apply."""
+    study = optuna.load_study(study_name=name, storage=store)
+    if "space" not in study.user_attrs:
+        return None
+    completed = [t for t in study.get_trials(deepcopy=False,
+                                             states=(optuna.trial.TrialState.COMPLETE,))
+                 if t.value is not None]
+    if not completed:
+        passed_over.append(f"{name} has no completed trial (its run stopped before the default "
+                           "compile was scored)")
+        return None
+    # The last run's choice: its best, unless re-timing showed the default was as fast.
+    chosen = study.user_attrs.get("chosen")
+    if chosen is None and objective == "measured":
+        # A run stopped before its re-timing: a best by noise, unconfirmed.
+        passed_over.append(f"{name} is not confirmed: its measured run stopped before the "
+                           "side-by-side re-timing, and a best that may have won by noise "
+                           "alone is not applied")
+        return None
+    best = min(completed, key=lambda t: (t.value, t.number))
+    seconds = study.user_attrs.get("chosen_seconds", best.value if chosen is None else None)
+    chosen = chosen or best.params
+    space = space_from_json(study.user_attrs["space"])
+    cost = seconds if isinstance(seconds, (int, float)) else float("inf")
+    return cost, name, gate_for(chosen, space), pass_options_for(chosen, space)
+
+
+def _cost(seconds: float, objective: str) -> str:
+    if seconds == float("inf"):
+        return "no recorded cost"
+    return f"{seconds * 1e3:.2f} ms measured" if objective == "measured" \
+        else f"{seconds * 1e6:.2f} µs estimated"
 
 
 def studies_by_job(store) -> dict[str, list[str]]:

@@ -341,14 +341,17 @@ def _sink(graph, node: Node, perm: list[int]) -> None:
 
 def _transpose_output(graph, node: Node, perm: list[int]) -> None:
     """`node`, now computing its output untransposed, hands it to its readers through a
-    Transpose by `perm` (which takes over the name of a graph output)."""
+    Transpose by `perm`, whose output takes the name (what the name held before, it holds
+    still: compare pairs values by name, and square dims would hide a layout change)."""
     out = node.output
     inverse = _inverse(perm)
     moved = Node("Transpose", (), {"perm": perm}, name=graph.fresh_node_name("SinkTransposes"))
     graph.insert_after(node, moved)
     moved.output.dtype, moved.output.shape = out.dtype, out.shape
     moved.output.name = graph.fresh_name(out.name + "_t")
-    replace_value(out, moved.output)
+    if replace_value(out, moved.output) and not moved.output.is_graph_output:
+        name, out.name = out.name, graph.fresh_name(out.name + "_sunk")
+        moved.output.name = name
     moved.set_inputs([out])
     if out.shape is not None and len(out.shape) == len(perm):
         out.shape = tuple(out.shape[inverse[k]] for k in range(len(perm)))

@@ -7,8 +7,8 @@ Decisions are made in graph order (policy.py has the lists and the FOLLOW rule),
 converted slot is rewired: a half producer feeding it needs nothing, a weight becomes a half
 initializer, anything else gets the value's one shared Cast; float32 readers of a half value
 share one Cast back. Each If/Loop/Scan body converts within itself, behind Casts at its
-inputs, outputs and captured values; the node holding it, ops without a schema and any node
-producing a value a nested graph reads keep their dtypes.
+inputs, outputs and captured values (a half value of the outer graph is captured through its
+Cast back to float32); the node holding it and ops without a schema keep their dtypes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections import Counter
 
 import numpy as np
 
+from graphopt.aipp_ops import exact_preprocessing
 from graphopt.ir import DType, Model, Node, Tensor, Value
-from graphopt.ir.graph import captured_values
 from graphopt.option_names import option, setting, usage
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.infer_shapes import infer_shapes
@@ -29,6 +29,7 @@ from graphopt.passes.precision.casts import (
     to_half_array,
 )
 from graphopt.passes.precision.ort_half_crash import move_batch_swaps_after_half_matmuls
+from graphopt.passes.precision.sandwich import drop_sandwiched
 from graphopt.passes.precision.policy import (
     ALLOW,
     DENY,
@@ -57,7 +58,8 @@ def _unmatched_pins(graph, options) -> str | None:
     inside = ops | {op for node in graph.all_nodes() for op in absorbed_ops(node)}
     return unmatched_note([(option("keep_dtype"), options.keep_dtype, names),
                            (option("precision_allow"), options.precision_allow, ops),
-                           (option("precision_deny"), options.precision_deny, inside)])
+                           (option("precision_deny"), options.precision_deny, inside)],
+                          op_types={option("precision_allow"), option("precision_deny")})
 
 
 def _fused_deny_note(graph, options) -> str | None:
@@ -105,7 +107,8 @@ class _Decider:
 
     def wants(self, node: Node, slots: Slots) -> bool:
         op, options = node.op_type, self.options
-        if node.name in options.keep_dtype or _denied(node, options.precision_deny):
+        if node.name in options.keep_dtype or _denied(node, options.precision_deny) \
+                or exact_preprocessing(node):
             return False
         if op == "Cast" and node.is_onnx and _accumulator(node.input(0)):
             return False  # an int32 sum (MatMulInteger's, ConvInteger's) passes 65504
@@ -226,6 +229,7 @@ class ConvertPrecision(Pass):
         kept_by_schema: Counter = Counter()  # ops whose schema at this opset has no `half`
         untyped: Counter = Counter()  # float32 ops whose outputs inference left untyped
         kept_int8: Counter = Counter()  # layers of the model's own Q/DQ groups
+        sandwiched: Counter = Counter()  # elementwise work between float32 ops
         # The main graph and every If/Loop/Scan body, each converted within itself: a body's
         # inputs, outputs and captured values keep their dtypes, so the node holding it does.
         # The bodies of control flow the NPU cannot run go to the host with it: their ops
@@ -241,6 +245,9 @@ class ConvertPrecision(Pass):
             decider.support = support if holder is None else host
             decider.where = "" if holder is None else f" (inside {holder}, on the host)"
             chosen = _choose(graph, model, decider, kept_by_schema, untyped, kept_int8)
+            chosen, dropped = drop_sandwiched(
+                chosen, decider.half_values, lambda node: _listed(node, options.precision_allow))
+            sandwiched.update(dropped)
             if chosen:
                 choices.append((graph, chosen))
         decider.support, decider.where = support, ""
@@ -248,6 +255,10 @@ class ConvertPrecision(Pass):
             ctx.note(f"{options.precision}: kept float32, their ONNX schema at opset {opset} "
                      f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
                      "later opset may convert them)")
+        if sandwiched:
+            ctx.note(f"{options.precision}: kept float32, where {half.short} would only round "
+                     f"their values and Cast them back (no matrix work, between float32 ops): "
+                     f"{_listing(sandwiched)} ({usage('precision_allow', 'OPS')} converts them)")
         if kept_int8:
             ctx.note(f"{options.precision}: kept the model's own int8 layers (between its "
                      f"DequantizeLinear and QuantizeLinear nodes, which onnxruntime runs as one "
@@ -258,7 +269,7 @@ class ConvertPrecision(Pass):
         self._refuse(options.precision, decider, support)
         if not choices:
             explained = kept_by_schema or kept_int8 or untyped or decider.kept_by_target \
-                or decider.kept_for_stand_in
+                or decider.kept_for_stand_in or sandwiched
             if not explained:  # a compile that converted nothing says why
                 ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider)}")
             return result
@@ -351,16 +362,15 @@ def _flushed_note(flushed: list[tuple[str, int, int]], half: DType) -> str:
 def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
             untyped: Counter, kept_int8: Counter) -> list[tuple[Node, Slots]]:
     """The nodes of `graph` (not of its nested graphs) that go to half, with their slots. A
-    node holding a nested graph keeps its dtypes, and so does one producing a value a nested
-    graph reads."""
+    node holding a nested graph keeps its dtypes; one producing a value a nested graph reads
+    converts, and the nested graph reads a Cast of it back to float32 (it had been kept
+    float32 without a note: a MatMul whose output only an If's branches read)."""
     opset = model.opset("")
-    pinned = {id(v) for node in graph for sub in node.subgraphs()
-              for v in captured_values(sub)}
     chosen: list[tuple[Node, Slots]] = []
     for node in graph:
         if node.op_type == "Constant" and node.is_onnx:
             continue  # its data is converted offline where a half op reads it
-        if node.subgraphs() or any(id(v) in pinned for v in node.outputs if v is not None):
+        if node.subgraphs():
             continue
         if in_qdq_group(node):  # the model's own int8 layers stay int8
             kept_int8[node.qualified_op] += 1

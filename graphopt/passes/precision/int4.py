@@ -23,6 +23,7 @@ as in token-by-token decoding). `int4_embeddings` quantizes embedding tables too
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
@@ -230,10 +231,26 @@ class QuantizeInt4Weights(Pass):
         # Each layer's input by its name now: rewriting a MatMul renames its output (h → h_q4),
         # the input of the next layer when one feeds another.
         gram_keys = {id(node): node.input(0).name for node, _, _, _ in jobs}
+        # A weight several layers read (the same effective matrix: one initializer, alpha and
+        # transB alike) is rounded once and stored once, GPTQ weighing their XᵀX summed; it
+        # had been rounded per layer, stored twice and counted twice in the note.
+        shared_grams: dict[tuple, np.ndarray] = {}
+        for node, plan, dtype, table in jobs if grams is not None else ():
+            if table is None:
+                key = _weight_key(plan, dtype)
+                shared_grams[key] = shared_grams.get(key, 0.0) + grams[gram_keys[id(node)]]
+        stored: dict[tuple, tuple] = {}  # weight key → (its initializers, its block)
         refitted: dict[int, int] = {}  # smaller block → weights that got it
         blocks: set[int] = set()  # the blocks the quantized weights and tables use
         singular = 0  # weights GPTQ could not take
         for node, plan, dtype, table in jobs:
+            key = _weight_key(plan, dtype) if table is None else None
+            if key in stored:
+                weights, fitted = stored[key]
+                _rewrite(graph, node, plan, fitted, dtype, weights, level)
+                result.count(f"{node.op_type}_quantized")
+                result.count("weight_shared")
+                continue
             before += plan.weight.size * dtype.bits // 8
             if table is not None:
                 shared = table.quant is not None
@@ -256,12 +273,13 @@ class QuantizeInt4Weights(Pass):
                 refitted[fitted] = refitted.get(fitted, 0) + 1
             quant = None
             if grams is not None:
-                quant = _gptq(plan.weight, grams[gram_keys[id(node)]], fitted, dtype)
+                quant = _gptq(plan.weight, shared_grams[key], fitted, dtype)
                 singular += quant is None
             if quant is None:
                 quant = quantize(plan.weight, fitted, symmetric=False, scale_dtype=dtype.numpy)
-            _rewrite(graph, node, plan, fitted, dtype, _initializers(graph, node.input(1), quant),
-                     level)
+            weights = _initializers(graph, node.input(1), quant)
+            stored[key] = (weights, fitted)
+            _rewrite(graph, node, plan, fitted, dtype, weights, level)
             after += quant.nbytes
             result.count(f"{node.op_type}_quantized")
         embedded = 0
@@ -317,6 +335,13 @@ class QuantizeInt4Weights(Pass):
             ctx.note("QuantizeInt4Weights: the target has no MatMulNBits kernel for "
                      f"{', '.join(sorted(unsupported))} activations; those weights stay float")
         return result
+
+
+def _weight_key(plan: _Plan, dtype: DType) -> tuple:
+    """What makes two layers' weights one: the effective matrix's bytes (alpha and transB
+    applied) in one dtype."""
+    weight = np.ascontiguousarray(plan.weight)
+    return weight.shape, dtype, hashlib.sha256(weight.tobytes()).digest()
 
 
 def _gptq(weight: np.ndarray, gram: np.ndarray, block: int, dtype: DType) -> BlockQuant | None:
@@ -397,10 +422,12 @@ def _summary(stats: dict, tables: int, tied: list[int], before: int, after: int,
     """The note on what was quantized and the bytes it saved: `tables` quantized, those
     shared with heads by their heads in `tied` (stats' tied_head also counts heads whose
     table stayed float)."""
-    weights = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized",
-                                            "FusedMatMul_quantized", "Attention_quantized",
-                                            "tied_head"))
-    parts = [f"{weights} weight(s)"] if weights else []
+    layers = sum(stats.get(k, 0) for k in ("MatMul_quantized", "Gemm_quantized",
+                                           "FusedMatMul_quantized", "Attention_quantized",
+                                           "tied_head"))
+    weights = layers - stats.get("weight_shared", 0)
+    parts = [f"{weights} weight(s)" + (f" read by {layers} layers" if layers > weights else "")
+             ] if weights else []
     if tables:
         heads = sum(tied)
         shared = "a tied output head" if heads == len(tied) else f"{heads} tied output heads"

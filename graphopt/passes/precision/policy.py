@@ -7,7 +7,8 @@ Modes (ATC's --precision_mode in spirit):
                 in that dtype is refused, naming it (exclude it with precision_deny/keep_dtype).
                 A PASS_THROUGH op (data movement) stays float32 when every computed float input
                 it reads does, so a value kept float32 is not rounded to half and back on its
-                way from one float32 op to the next.
+                way from one float32 op to the next; so does a region of ops with no matrix
+                work read and written only by float32 ops (sandwich.py).
     mixed-fp16, mixed-bf16
                 mixed: ALLOW ops (matrix and conv work, where half precision pays) go to half,
                 DENY ops (reductions, exponentials, normalizations: half loses their accuracy)
@@ -15,8 +16,9 @@ Modes (ATC's --precision_mode in spirit):
                 float inputs is half, float32 otherwise (so no Cast is spent on a Reshape).
                 An ALLOW op the target cannot run in half stays float32 (a note names it).
 
-precision_allow / precision_deny (op types) move ops between the lists; keep_dtype (node names)
-pins single nodes to their dtype. The lists are checked before the pass runs.
+precision_allow / precision_deny (op types) move ops between the lists (in fp16 and bf16,
+precision_allow converts its ops where no matrix work is near); keep_dtype (node names) pins
+single nodes to their dtype. The lists are checked before the pass runs.
 """
 
 from __future__ import annotations
@@ -95,10 +97,6 @@ def check_options(options) -> None:
         raise OptionError(f"{option('precision_allow')}/{option('precision_deny')}/"
                           f"{option('keep_dtype')} adjust a precision mode: give "
                           f"{usage('precision', 'fp16|bf16|mixed-fp16|mixed-bf16')}")
-    if options.precision_allow and not is_mixed(options.precision):
-        raise OptionError(f"{option('precision_allow')} only applies to mixed modes; "
-                          f"{setting('precision', options.precision)} converts every op it can "
-                          "already")
     size = options.int4_group_size
     if not isinstance(size, int) or size < 16 or size & (size - 1):
         raise OptionError(f"{setting('int4_group_size', size)}: must be a power of 2 ≥ 16 "
