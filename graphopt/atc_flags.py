@@ -108,7 +108,11 @@ def atc_hints(parser: argparse.ArgumentParser, unrecognized: list[str]) -> list[
         dashed = flag.replace("_", "-")
         if flag in known:
             continue
-        if flag in ATC_ONLY:  # before the dashed name: --dynamic_dims' values are not ours
+        if text == "--json" and not parser.prog.endswith(" atc"):
+            # graphopt's own switch, which this command lacks: not ATC's --json=FILE
+            hints.append(f"{parser.prog} prints no JSON (inspect, partition, profile, compare, "
+                         "diff, bisect, targets and kb list take --json)")
+        elif flag in ATC_ONLY:  # before the dashed name: --dynamic_dims' values are not ours
             hints.append(f"{flag} is {ATC_ONLY[flag]}")
         elif flag.startswith("--") and dashed != flag and dashed in known:
             hints.append(f"{flag} is {dashed} here")

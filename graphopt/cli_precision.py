@@ -8,6 +8,7 @@ import os
 from graphopt.cli_types import path_text
 from graphopt.errors import OptionError
 from graphopt.option_names import spelled
+from graphopt.precision_modes import OP_TYPE_ENTRY
 
 
 def _comma_list(values, flag: str = "") -> set[str]:
@@ -80,7 +81,7 @@ def _check_not_a_path(entry: str) -> None:
 
 def _keep_entry(entry: str, where: str, nodes: set[str], types: set[str]) -> None:
     """One --keep-dtype entry into `nodes`, or, as `OpType::Type`, into `types`."""
-    kind, separator, op_type = entry.partition("OpType::")
+    kind, separator, op_type = entry.partition(OP_TYPE_ENTRY)
     if separator and not kind:
         if not op_type.strip():
             raise OptionError(f"{where}: {entry!r} names no op type")
@@ -225,9 +226,9 @@ def precision_options(args) -> dict:
     keep_nodes, keep_types = _keep_dtype(_comma_list(args.keep_dtype, "--keep-dtype"))
     options = {"precision": args.precision, "quantize": args.quantize,
                "precision_allow": _comma_list(args.precision_allow, "--precision-allow"),
-               "precision_deny": _comma_list(args.precision_deny, "--precision-deny")
-               | keep_types,
-               "keep_dtype": keep_nodes,
+               "precision_deny": _comma_list(args.precision_deny, "--precision-deny"),
+               # op types as the pass takes them, so that its notes name --keep-dtype
+               "keep_dtype": keep_nodes | {OP_TYPE_ENTRY + op for op in keep_types},
                "quant_skip": _comma_list(args.quant_skip, "--quant-skip"),
                "calibration": args.calibration,
                "calibration_method": args.calibration_method,

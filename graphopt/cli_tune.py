@@ -140,9 +140,23 @@ def _cmd_tune(args) -> int:
         # raised another error while it unwound (inside a trial's objective, Optuna's).
         url = getattr(args, "resolved_storage", None)
         if url and interrupt_behind(exc) is not None:  # said before the command's last line
-            print(f"note: the trials completed before the stop are kept in {url}; the same "
-                  "command resumes the job", file=sys.stderr)
+            print(f"note: {_kept(args, url)}", file=sys.stderr)
         raise
+
+
+def _kept(args, url: str) -> str:
+    """What a stopped tune left behind: a knowledge base file not yet made holds nothing (the
+    stop came before the first trial), which the note had called kept trials."""
+    from graphopt.tuner.storage import sqlite_path
+
+    given = named_storage(args)
+    path = sqlite_path(given)
+    if path is not None and not os.path.exists(path):
+        return f"the stop came before any trial was stored: {path} was not made"
+    shown = path if path is not None and given is not None and "://" not in str(given) \
+        else url
+    return (f"the trials completed before the stop are kept in {shown}; the same command "
+            "resumes the job")
 
 
 def _tune(args) -> int:

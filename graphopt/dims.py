@@ -34,9 +34,9 @@ def bound_dim(dim: str, bindings: dict[str, int]) -> int | str | None:
         return dim
     try:
         value = _evaluate(ast.parse(dim, mode="eval").body, bindings)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError):
+        return int(value) if value == int(value) and value >= 0 else None
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError):  # int(inf), int(nan)
         return None
-    return int(value) if value == int(value) and value >= 0 else None
 
 
 def _evaluate(node, bindings: dict[str, int]) -> float:

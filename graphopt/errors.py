@@ -81,7 +81,8 @@ def naming(where: str) -> Iterator[None]:
     try:
         yield
     except GraphoptError as exc:
-        if type(exc) not in (GraphoptError, InputError):
+        if type(exc) not in (GraphoptError, InputError) or str(exc).startswith(where) \
+                or f" {where}:" in str(exc):  # named already ("cannot run x.onnx: …")
             raise
         raise type(exc)(f"{where}: {exc}") from None
 

@@ -1132,6 +1132,10 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
       "--modify_mixlist=ops_info.json"],
      "(--modify_mixlist is ATC's; --precision-allow and --precision-deny take op types for "
      "--precision mixed-fp16 here)"),
+    # graphopt's own --json on a command without one, which had an ATC hint
+    (["run", "x.om", "--json"], "unrecognized arguments: --json (graphopt run prints no JSON "
+                                "(inspect, partition, profile, compare, diff, bisect, targets "
+                                "and kb list take --json))"),
     # atc --mode=1 --om=x.om --json=x.json pasted onto inspect: its --json is a switch
     (["inspect", "--mode=1", "--om=x.om", "--json=x.json"],
      "inspect: argument --json: ignored explicit argument 'x.json' (--json=FILE is ATC's "

@@ -856,3 +856,27 @@ def test_a_cosine_rule_holds_the_scale_too():
     assert below_cosine({"mos": reference}, {"mos": reference * 1.3},
                         {"rtol": 1e-4, "atol": 1e-5, "min_cosine": 0.999}) == [
         f"output 'mos': {high.note}"]
+
+
+def test_verify_says_which_outputs_hold_nan_it_could_not_measure(tmp_path):
+    # A Log of seeded normal inputs is NaN for half of them: --verify said "max abs error 0"
+    # and nothing else, where compare counts them.
+    import graphopt
+
+    proto = parse_model("g (float[1,64] x) => (float[1,64] y) { l = Log (x) y = Relu (l) }")
+    result = graphopt.optimize(proto, verify=True)
+    assert "NaN or Inf in both models alike, where no error is measured: y: " in \
+        result.verify_note and " of 64 element(s)" in result.verify_note
+    finite = graphopt.optimize(parse_model(
+        "g (float[1,64] x) => (float[1,64] y) { y = Relu (x) }"), verify=True)
+    assert "NaN" not in (finite.verify_note or "")
+
+
+def test_a_candidate_onnxruntime_refuses_is_named_once(tmp_path, capsys):
+    # "bad.onnx: onnxruntime cannot run bad.onnx: …"
+    onnx.save(parse_model("g (float[2] x) => (float[2] y) { y = Relu (x) }"), tmp_path / "a.onnx")
+    bad = parse_model("g (float[2] x) => (float[2] y) { y = Relu (x) }")
+    bad.graph.node[0].input[0] = "ghost"
+    onnx.save(bad, tmp_path / "bad.onnx")
+    rc, _, err = run_cli(capsys, "compare", tmp_path / "a.onnx", tmp_path / "bad.onnx")
+    assert rc != 0 and err.count(str(tmp_path / "bad.onnx")) == 1, err

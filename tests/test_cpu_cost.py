@@ -233,6 +233,19 @@ def test_broken_calibration_is_an_option_error(calibration, tmp_path):
         CalibrationResult.load(path)
     with pytest.raises(OptionError, match="cannot read"):
         CalibrationResult.load(tmp_path / "missing.json")
+    # Malformed fields are named, not left to Python's words for them ('list' object has no
+    # attribute 'get', Measurement() argument after ** must be a mapping).
+    for edit, message in ((lambda d: [], r"\(a list, not an object\)"),
+                          (lambda d: {**d, "measurements": ["x"]},
+                           r"\(measurements\[0\]: a string, not an object\)"),
+                          (lambda d: {**d, "constants": {"gemm": {**d["constants"]["gemm"],
+                                                                  "peak_gflops": None}}},
+                           r"\(constants.gemm.peak_gflops: null, not a number\)"),
+                          (lambda d: {**d, "threads": "x"}, r"\(threads: a string 'x', not a "
+                                                            r"number\)")):
+        path.write_text(json.dumps(edit(calibration.to_json())))
+        with pytest.raises(OptionError, match=message):
+            CalibrationResult.load(path)
     # A rate of 0 would price a side of the roofline at nothing: refused like a negative one.
     for key, value, message in (("peak_gflops", 0, "must be above 0"),
                                 ("bandwidth_gbs", 0, "must be above 0"),

@@ -81,9 +81,11 @@ def test_conv_batchnorm_fusion_removes_the_bn_and_changes_the_conv():
     assert (diff.nodes_a, diff.nodes_b) == (3, 2)
 
 
-def test_two_convs_on_one_input_pair_with_the_conv_their_weights_came_from():
+@pytest.mark.parametrize("names, a_first", [(("WA", "WB"), False), (("w", "w_b"), True)])
+def test_two_convs_on_one_input_pair_with_the_conv_their_weights_came_from(names, a_first):
     # The fused convs share op, input, shapes and attributes: convB (listed first) was paired
-    # with the conv holding WA's folded weights, and the diff said convB became it.
+    # with the conv holding WA's folded weights, and the diff said convB became it. Named w
+    # and w_b, B's folded w_b_fused reads as made from w as well: the longest name decides.
     rng = np.random.default_rng(0)
     weights = {}
     for p in "AB":
@@ -100,12 +102,22 @@ def test_two_convs_on_one_input_pair_with_the_conv_their_weights_came_from():
             [bnB] yB = BatchNormalization (cB, sB, bB, mB, vB)
             y = Add (yA, yB)
         }""", **weights)
+    if a_first:  # convA, convB, bnB, bnA: the other order of both pairs
+        order = [1, 0, 3, 2, 4]
+        nodes = [proto.graph.node[i] for i in order]
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
+    for node in proto.graph.node:
+        node.input[:] = [{"WA": names[0], "WB": names[1]}.get(i, i) for i in node.input]
+    for tensor in proto.graph.initializer:
+        tensor.name = {"WA": names[0], "WB": names[1]}.get(tensor.name, tensor.name)
     before, after = load_onnx(proto), load_onnx(proto)
     infer_shapes(before)
     infer_shapes(after)
     assert FuseConvBatchNorm().run(after, PassContext(Options())).changed
     changes = {c.name_before: c.after for c in diff_models(before, after).changed}
-    assert "%WA_fused" in changes["convA"] and "%WB_fused" in changes["convB"], changes
+    assert f"%{names[0]}_fused," in changes["convA"] and f"%{names[1]}_fused," in \
+        changes["convB"], changes
 
 
 def test_protos_are_accepted_and_identical_models_have_no_differences():

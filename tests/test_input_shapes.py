@@ -53,6 +53,8 @@ def test_an_exporters_expression_of_a_pinned_dim_is_evaluated():
     assert bound_dim("height*2", {"width": 8}) == "height*2"  # nothing of it pinned
     assert bound_dim("floor(width/height)", {"width": 8}) is None  # half known: unknown
     assert bound_dim("__import__('os')", {"os": 1}) is None
+    assert bound_dim("width*1e400", {"width": 8}) is None  # inf: int() raised
+    assert bound_dim("width*1e308*10 - width*1e308*10", {"width": 8}) is None  # nan
     proto = parse_model("""
         g (float[batch, width] x) => (float[batch, width] y) {
             s = Shape(x)

@@ -1006,27 +1006,32 @@ def test_the_summary_says_a_tied_table_is_shared_only_when_it_is():
     assert "1 weight(s) and 1 embedding table(s), " in summary and "shared" not in summary, notes
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq"])
-def test_a_weight_two_matmuls_share_is_rounded_and_stored_once(tmp_path, method):
+@pytest.mark.parametrize("method, precision", [("rtn", "keep"), ("gptq", "keep"),
+                                               ("gptq", "fp16")])
+def test_a_weight_two_matmuls_share_is_rounded_and_stored_once(tmp_path, method, precision):
     # GPTQ rounded it for each layer's inputs and stored both roundings; the note counted its
-    # bytes twice on both sides of the arrow either way.
+    # bytes twice on both sides of the arrow either way. In fp16 the second layer, a MatMul
+    # and its bias Add fused into a Gemm, read the weight through alpha in float32: another.
     rng = np.random.default_rng(0)
     proto = parse_model("""
-        g (float[1,16,256] x) => (float[1,16,256] y) {
+        g (float[16,256] x) => (float[16,256] y) {
             a = MatMul(x, w)
             r = Relu(a)
-            y = MatMul(r, w)
-        }""", w=(rng.standard_normal((256, 256)) * 0.05).astype(np.float32))
+            m = MatMul(r, w)
+            y = Add(m, b)
+        }""", w=(rng.standard_normal((256, 256)) * 0.05).astype(np.float32),
+        b=rng.standard_normal(256).astype(np.float32))
     calibration = tmp_path / "calib.npz"
-    np.savez(calibration, x=rng.standard_normal((32, 1, 16, 256)).astype(np.float32))
+    np.savez(calibration, x=rng.standard_normal((32, 16, 256)).astype(np.float32))
     extra = {"int4_method": "gptq", "calibration": str(calibration)} if method == "gptq" else {}
-    result = compile_int4(proto, level=2, **extra)
+    result = compile_int4(proto, level=2, precision=precision, **extra)
     out = result.to_onnx()
     nbits = [n for n in out.graph.node if n.op_type == "MatMulNBits"]
-    assert len(nbits) == 2 and nbits[0].input[1:] == nbits[1].input[1:]
+    assert len(nbits) == 2 and nbits[0].input[1:4] == nbits[1].input[1:4]  # B, scales, zeros
     assert len([t for t in out.graph.initializer if t.name.endswith("_q4")]) == 1
-    assert any("1 weight(s) read by 2 layers, 0.25 MiB → 0.04 MiB" in note
+    size = "0.25 MiB → 0.04 MiB" if precision == "keep" else "0.12 MiB → 0.04 MiB"
+    assert any(f"1 weight(s) read by 2 layers, {size}" in note
                for note in result.notes), result.notes
-    feeds = {"x": rng.standard_normal((1, 16, 256)).astype(np.float32)}
+    feeds = {"x": rng.standard_normal((16, 256)).astype(np.float32)}
     assert cosine_similarity(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) \
         > 0.99

@@ -109,3 +109,23 @@ def test_atcs_keep_dtype_flag_refuses_a_missing_list_too(tmp_path, capsys):
                            f"--keep_dtype={tmp_path / 'exceptionlist.cfg'}")
     assert rc == 1 and f"--keep_dtype {tmp_path / 'exceptionlist.cfg'}: no such file" in err, err
     assert not (tmp_path / "m.om").exists()
+
+
+def test_an_op_type_that_matches_nothing_is_named_as_the_keep_dtype_entry_given(tmp_path,
+                                                                               capsys):
+    # The CLI merged OpType:: entries into --precision-deny, and the note named that option,
+    # which the command line never gave.
+    rc, out, err = run_cli(capsys, "optimize", _model(tmp_path), "-o", tmp_path / "o.onnx",
+                           "--precision", "fp16", "--keep-dtype", "OpType::Nope",
+                           "--no-accuracy-report")
+    assert rc == 0 and "--keep-dtype 'OpType::Nope'" in out and "--precision-deny" not in out, \
+        out + err
+    # The API takes the same entries, as ATC's list writes them.
+    import graphopt
+
+    result = graphopt.optimize(str(_model(tmp_path)), precision="fp16",
+                               pass_options={"keep_dtype": {"OpType::Relu", "second"}})
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    kinds = {n.name or n.op_type: n.output.dtype for n in result.model.graph
+             if n.op_type in ("MatMul", "Relu")}
+    assert {k: int(v) for k, v in kinds.items()} == {"first": f16, "Relu": f32, "second": f32}

@@ -221,7 +221,7 @@ def test_elementwise_work_between_float32_ops_stays_float32():
     assert {n.op_type: n.output.dtype.short for n in kept.model.graph} == {
         "Conv": "f32", "Clip": "f32", "Add": "f32", "Cast": "f32", "Sigmoid": "f16"}
     assert stats(kept)["casts_inserted"] == 2
-    assert any("fp16: kept float32, where f16 would only round their values and Cast them back "
+    assert any("fp16: kept float32, where float16 would only round their values and Cast them back "
                "(no matrix work, between float32 ops): Add, Clip (precision_allow=OPS converts "
                "them)" in note for note in kept.notes), kept.notes
     checked(kept, proto, atol=0.01)
@@ -238,7 +238,7 @@ def test_elementwise_work_between_float32_ops_stays_float32():
     bf16 = graphopt.optimize(proto, target="ascend910b", precision="bf16")
     assert {n.op_type: n.output.dtype.short for n in bf16.model.graph
             if n.op_type in ("Clip", "Add")} == {"Clip": "f32", "Add": "f32"}
-    assert any("kept float32, where bf16 would only round" in note for note in bf16.notes)
+    assert any("kept float32, where bfloat16 would only round" in note for note in bf16.notes)
 
 
 def test_a_region_at_the_models_edge_fed_half_or_holding_a_table_still_converts():
@@ -1216,3 +1216,18 @@ def test_an_op_whose_output_only_an_if_reads_converts_behind_a_cast():
                      "c": np.array(branch_taken)}
             np.testing.assert_allclose(numerics.run(out, feeds)["y"],
                                        numerics.run(proto, feeds)["y"], atol=5e-3, rtol=0)
+
+
+def test_a_recurrent_layer_between_float32_ops_converts():
+    # An LSTM between a denied Exp and ReduceMean was kept float32 as "no matrix work".
+    rng = np.random.default_rng(6)
+    proto = parse_model("""
+        g (float[256,1,16] x) => (float[1,1,1] y) {
+            e = Exp (x)
+            h = LSTM <hidden_size = 32> (e, w, r)
+            y = ReduceMean <keepdims = 1> (h)
+        }""", w=(rng.standard_normal((1, 128, 16)) * 0.1).astype(np.float32),
+        r=(rng.standard_normal((1, 128, 32)) * 0.1).astype(np.float32))
+    result = compile_(proto, precision="fp16", precision_deny={"Exp", "ReduceMean"})
+    assert dtypes(result)["h"] == "f16"
+    assert not any("no matrix work" in note for note in result.notes), result.notes

@@ -835,6 +835,12 @@ def test_an_onnx_model_named_om_is_inspected_and_profiled_as_one(tmp_path, capsy
     assert rc == 0 and "per run: wall" in out, err
     rc, _, err = cli(capsys, "run", named_om)
     assert rc == 1 and "not an .om artifact (it looks like an ONNX model)" in err
+    # Bytes named .onnx that are no model were called one, with the advice to compile them.
+    for name, data in (("random.onnx", bytes(range(7, 200))), ("empty.onnx", b""),
+                       ("text.onnx", b"hello world")):
+        (tmp_path / name).write_bytes(data)
+        rc, _, err = cli(capsys, "run", tmp_path / name)
+        assert rc == 1 and "neither an .om artifact nor an ONNX model" in err, err
 
 
 def test_an_om_given_where_onnx_is_expected_is_named_as_such(compiled, capsys):

@@ -1428,12 +1428,24 @@ def test_an_interrupted_tune_says_its_trials_are_kept_and_how_to_resume(tmp_path
 
     path = conv_model(str(tmp_path / "m.onnx"))
     db = tmp_path / "kb.db"
+    # Stopped in the compile, before the knowledge base was made, it said trials were kept in
+    # a file that was not there.
+    import graphopt.compiler
+
+    with monkeypatch.context() as patched:
+        patched.setattr(graphopt.compiler, "optimize", stopped)
+        rc, _, err = run_cli(capsys, "tune", path, "--target", "ascend310", "--tuning-db", db)
+    assert rc == 130 and not db.exists()
+    assert err.splitlines()[-2:] == [
+        f"note: the stop came before any trial was stored: {db} was not made",
+        "graphopt: interrupted"]
+    optuna.create_study(storage=f"sqlite:///{db}", study_name="earlier")
     for stop in (stopped, stopped_in_a_trial):
         monkeypatch.setattr(search, "tune_kernel", stop)
         rc, _, err = run_cli(capsys, "tune", path, "--target", "ascend310", "--tuning-db", db)
         assert rc == 130
         assert err.splitlines()[-2:] == [
-            f"note: the trials completed before the stop are kept in sqlite:///{db}; the same "
+            f"note: the trials completed before the stop are kept in {db}; the same "
             "command resumes the job", "graphopt: interrupted"]
 
 

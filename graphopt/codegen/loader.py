@@ -76,10 +76,14 @@ def load(
             # A pipe's bytes were read once already: sniffing it again would wait for a writer.
             raise InputError(f"{path}: not a regular file (a pipe or device); an .om is loaded "
                              "from a file, whose zip directory is read from its end") from None
-        if not is_om(path) and (path.lower().endswith(".onnx") or looks_like_onnx(path)):
+        if not is_om(path) and looks_like_onnx(path):
             raise InputError(f"{path}: not an .om artifact (it looks like an ONNX model); compile "
                              f"it with `graphopt optimize {path} -o model.om` (or graphopt.optimize "
                              "+ graphopt.save)") from None
+        if not is_om(path) and path.lower().endswith(".onnx"):
+            # Named so but no model: compiling it, as the hint above says, would fail too.
+            raise InputError(f"{path}: neither an .om artifact nor an ONNX model (its bytes do "
+                             "not start as a serialized ModelProto does)") from None
         raise
 
 

@@ -9,17 +9,17 @@ from collections.abc import Iterable
 from graphopt.option_names import option
 
 
-def unmatched_note(checks: Iterable[tuple], op_types: Iterable[str] = ()) -> str | None:
-    """For each (option, entries, names it may match), the entries outside those names, each
-    with its nearest names; None when every entry matches. The options in `op_types` take op
-    types, of which the note says the graph has none (not that a fusion renamed a node)."""
+def unmatched_note(checks: Iterable[tuple]) -> str | None:
+    """For each (option, entries, names it may match[, "op types"]), the entries outside those
+    names, each with its nearest names; None when every entry matches. Entries marked as op
+    types get a note that the graph has none (not that a fusion renamed a node)."""
     problems, kinds = [], set()
-    for name, entries, known in checks:
+    for name, entries, known, *kind in checks:
         for entry in sorted(set(entries) - known):
             near = _nearest(entry, known)
             problems.append(f"{name} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
                                                      if near else ""))
-            kinds.add(name in op_types)
+            kinds.add(kind == ["op types"])
     if not problems:
         return None
     verb = "matches" if len(problems) == 1 else "match"

@@ -236,6 +236,7 @@ def _match_rebuilt(nodes_a: list[Located], nodes_b: list[Located], pairs: list,
 
     for (_, na), (_, nb) in pairs:
         learn(na, nb)
+    names_a = {v.name for _, node in nodes_a for v in node.inputs if v is not None}
     candidates: dict[tuple, list[Node]] = defaultdict(list)
     for scope, node in nodes_b:
         if id(node) not in paired_b and node.inputs and node.inputs[0] is not None:
@@ -250,7 +251,7 @@ def _match_rebuilt(nodes_a: list[Located], nodes_b: list[Located], pairs: list,
         # Two convs on one input (a residual branch): the one whose weights come from this
         # one's (W → W_fused), then the one with the same shapes and attributes, is the
         # rebuilt one.
-        other = max(found, key=lambda cand: _likeness(node, cand, renamed))
+        other = max(found, key=lambda cand: _likeness(node, cand, renamed, names_a))
         found.remove(other)
         pairs.append(((scope, node), (scope, other)))
         paired_a.add(id(node))
@@ -258,17 +259,25 @@ def _match_rebuilt(nodes_a: list[Located], nodes_b: list[Located], pairs: list,
         learn(node, other)
 
 
-def _likeness(a: Node, b: Node, renamed: dict[str, str]) -> tuple[int, int, int]:
+def _likeness(a: Node, b: Node, renamed: dict[str, str],
+              names_a: set[str]) -> tuple[int, int, int]:
     """How alike `b` is to `a`: weights descended from a's by name (a fold names what it makes
     after what it took: W → W_fused, W_b), then output types, then attributes in common."""
     weights = {renamed.get(v.name, v.name) for v in a.inputs[1:] if v is not None}
-    lineage = sum(1 for v in b.inputs[1:] if v is not None and (
-        v.name in weights or any(v.name.startswith(w + "_") for w in weights)))
+    lineage = sum(1 for v in b.inputs[1:]
+                  if v is not None and _origin(v.name, names_a | weights) in weights)
     types = sum(1 for va, vb in zip(a.outputs, b.outputs)
                 if va is not None and vb is not None and format_type(va) == format_type(vb))
     attrs = sum(1 for name, attr in a.attrs.items()
                 if name in b.attrs and b.attrs[name].value == attr.value)
     return lineage, types, attrs
+
+
+def _origin(name: str, known: set[str]) -> str | None:
+    """The longest of the `known` names that `name` is or extends by `_…` (`w_b_fused` comes
+    from `w_b`, not `w`, where A has both): what a rewrite made it from."""
+    cuts = [name] + [name[:i] for i in range(len(name) - 1, 0, -1) if name[i] == "_"]
+    return next((cut for cut in cuts if cut in known), None)
 
 
 def _only_inferred(a: Node, b: Node) -> bool:

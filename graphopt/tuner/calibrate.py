@@ -70,6 +70,42 @@ class Measurement:
                 "bytes": self.bytes, "runs": self.runs}
 
 
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+               type(None): "null", int: "a number", float: "a number"}
+
+
+def _object(value, where: str) -> dict:
+    """`value` when it is a JSON object; ValueError naming `where` otherwise."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: {_JSON_TYPES.get(type(value), 'a value')}, not an object")
+    return value
+
+
+def _number(table: dict, key: str, where: str = "") -> float:
+    """table[key] as a float; ValueError naming the field when it is missing or no number."""
+    field = f"{where}.{key}" if where else key
+    if key not in table:
+        raise ValueError(f"{field}: missing")
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        shown = "" if value is None else f" {value!r}"
+        raise ValueError(f"{field}: {_JSON_TYPES.get(type(value), 'a value')}{shown}, not a "
+                         "number")
+    return float(value)
+
+
+def _field(where: str, make):
+    """make(), its errors named by the field `where` they come from."""
+    try:
+        return make()
+    except KeyError as e:
+        raise ValueError(f"{where}: missing key {e}") from None
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
+        message = str(e)
+        raise ValueError(message if message.startswith(where) else f"{where}: {message}") \
+            from None
+
+
 @dataclass
 class CalibrationResult:
     """Fitted constants per op class, with what they were measured on."""
@@ -110,18 +146,20 @@ class CalibrationResult:
     @classmethod
     def from_json(cls, doc: dict, label: str = "<json>") -> CalibrationResult:
         try:
+            if not isinstance(doc, dict):
+                raise ValueError(f"{_JSON_TYPES.get(type(doc), 'a value')}, not an object")
             if doc.get("format_version") != FORMAT_VERSION:
                 raise ValueError(f"format_version {doc.get('format_version')!r}, "
                                  f"this graphopt reads {FORMAT_VERSION}")
             if doc.get("target", "cpu") != "cpu":  # graphopt calibrates the CPU alone
                 raise ValueError(f"target {doc.get('target')!r}, not cpu")
             constants = {}
-            for name, c in doc["constants"].items():
+            for name, c in _object(doc["constants"], "constants").items():
                 if name not in OP_CLASSES:
                     raise ValueError(f"unknown op class '{name}'")
-                constants[name] = ClassConstants(float(c["peak_gflops"]),
-                                                 float(c["bandwidth_gbs"]),
-                                                 float(c["overhead_us"]))
+                c, where = _object(c, f"constants.{name}"), f"constants.{name}"
+                constants[name] = ClassConstants(*(_number(c, key, where) for key in (
+                    "peak_gflops", "bandwidth_gbs", "overhead_us")))
                 c = constants[name]
                 if not all(math.isfinite(v) and v >= 0 for v in vars(c).values()):
                     raise ValueError(f"constants.{name}: figures must be finite and ≥ 0")
@@ -134,7 +172,11 @@ class CalibrationResult:
                     c = constants[float_class]
                     constants[int8] = ClassConstants(c.peak_gflops * int8_speedup(),
                                                      c.bandwidth_gbs, c.overhead_us)
-            overhead, threads = float(doc["run_overhead_us"]), int(doc["threads"])
+            overhead = _number(doc, "run_overhead_us")
+            threads = _number(doc, "threads")
+            if threads != int(threads):
+                raise ValueError(f"threads: {threads}, not a whole number")
+            threads = int(threads)
             if not (math.isfinite(overhead) and overhead >= 0):
                 raise ValueError("run_overhead_us must be finite and ≥ 0")
             if threads < 1:
@@ -145,7 +187,9 @@ class CalibrationResult:
                        onnxruntime_version=str(doc["onnxruntime_version"]),
                        cpu_model=str(doc["cpu_model"]), threads=threads,
                        quick=bool(doc.get("quick", False)), created=str(doc.get("created", "")),
-                       measurements=[Measurement(**m) for m in doc.get("measurements", [])])
+                       measurements=[_field(f"measurements[{i}]", lambda i=i, m=m: Measurement(
+                           **_object(m, f"measurements[{i}]")))
+                           for i, m in enumerate(doc.get("measurements", []))])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
             raise OptionError(f"calibration {label}: not a graphopt CPU calibration ({what}); "

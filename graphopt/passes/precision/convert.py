@@ -34,12 +34,15 @@ from graphopt.passes.precision.policy import (
     ALLOW,
     DENY,
     HALF,
+    OP_TYPE_ENTRY,
     PASS_THROUGH,
     PrecisionError,
     Support,
     check_options,
+    deny_types,
     half_dtype,
     is_mixed,
+    keep_names,
 )
 from graphopt.passes.precision.schema import (Slots, convertible_slots, float_dtype_attrs,
                                               in_qdq_group, never_converted, schema_lacks)
@@ -56,10 +59,14 @@ def _unmatched_pins(graph, options) -> str | None:
     names = {node.name for node in graph.all_nodes()}
     ops = {spelling for node in graph.all_nodes() for spelling in op_spellings(node)}
     inside = ops | {op for node in graph.all_nodes() for op in absorbed_ops(node)}
-    return unmatched_note([(option("keep_dtype"), options.keep_dtype, names),
-                           (option("precision_allow"), options.precision_allow, ops),
-                           (option("precision_deny"), options.precision_deny, inside)],
-                          op_types={option("precision_allow"), option("precision_deny")})
+    # keep_dtype's OpType:: entries are named as given, by the option they were given to.
+    kept_types = {OP_TYPE_ENTRY + op for op in inside}
+    return unmatched_note([(option("keep_dtype"), keep_names(options), names),
+                           (option("keep_dtype"), options.keep_dtype - keep_names(options),
+                            kept_types, "op types"),
+                           (option("precision_allow"), options.precision_allow, ops, "op types"),
+                           (option("precision_deny"), options.precision_deny, inside,
+                            "op types")])
 
 
 def _fused_deny_note(graph, options) -> str | None:
@@ -68,8 +75,9 @@ def _fused_deny_note(graph, options) -> str | None:
     kept: Counter = Counter()
     ops: set[str] = set()
     for node in graph.all_nodes():
-        inside = absorbed_ops(node) & options.precision_deny
-        if inside and not op_spellings(node) & options.precision_deny:
+        denied = deny_types(options)
+        inside = absorbed_ops(node) & denied
+        if inside and not op_spellings(node) & denied:
             kept[node.qualified_op] += 1
             ops |= inside
     if not kept:
@@ -98,6 +106,7 @@ class _Decider:
 
     def __init__(self, options, half: DType, support: Support):
         self.options, self.half, self.support = options, half, support
+        self.kept_names, self.denied = keep_names(options), deny_types(options)
         self.mixed = is_mixed(options.precision)
         self.half_values: set[int] = set()
         self.refused: Counter = Counter()       # forced/allowed ops the target cannot run
@@ -107,7 +116,7 @@ class _Decider:
 
     def wants(self, node: Node, slots: Slots) -> bool:
         op, options = node.op_type, self.options
-        if node.name in options.keep_dtype or _denied(node, options.precision_deny) \
+        if node.name in self.kept_names or _denied(node, self.denied) \
                 or exact_preprocessing(node):
             return False
         if op == "Cast" and node.is_onnx and _accumulator(node.input(0)):
@@ -256,9 +265,10 @@ class ConvertPrecision(Pass):
                      f"has no {half.short}: {_listing(kept_by_schema)} (a model exported at a "
                      "later opset may convert them)")
         if sandwiched:
-            ctx.note(f"{options.precision}: kept float32, where {half.short} would only round "
-                     f"their values and Cast them back (no matrix work, between float32 ops): "
-                     f"{_listing(sandwiched)} ({usage('precision_allow', 'OPS')} converts them)")
+            ctx.note(f"{options.precision}: kept float32, where {half.name.lower()} would only "
+                     "round their values and Cast them back (no matrix work, between float32 "
+                     f"ops): {_listing(sandwiched)} ({usage('precision_allow', 'OPS')} converts "
+                     "them)")
         if kept_int8:
             ctx.note(f"{options.precision}: kept the model's own int8 layers (between its "
                      f"DequantizeLinear and QuantizeLinear nodes, which onnxruntime runs as one "

@@ -339,8 +339,8 @@ class QuantizeInt4Weights(Pass):
 
 def _weight_key(plan: _Plan, dtype: DType) -> tuple:
     """What makes two layers' weights one: the effective matrix's bytes (alpha and transB
-    applied) in one dtype."""
-    weight = np.ascontiguousarray(plan.weight)
+    applied) in the layer's dtype (a Gemm's alpha made a float16 weight float32)."""
+    weight = np.ascontiguousarray(plan.weight, dtype=dtype.numpy)
     return weight.shape, dtype, hashlib.sha256(weight.tobytes()).digest()
 
 

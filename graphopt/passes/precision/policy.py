@@ -17,8 +17,9 @@ Modes (ATC's --precision_mode in spirit):
                 An ALLOW op the target cannot run in half stays float32 (a note names it).
 
 precision_allow / precision_deny (op types) move ops between the lists (in fp16 and bf16,
-precision_allow converts its ops where no matrix work is near); keep_dtype (node names) pins
-single nodes to their dtype. The lists are checked before the pass runs.
+precision_allow converts its ops where no matrix work is near); keep_dtype (node names, and
+op types as `OpType::Type`, as ATC's list writes them) pins single nodes or op types to their
+dtype. The lists are checked before the pass runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from graphopt.ir.onnx_export import anonymous_node
 from graphopt.opcheck import expandable
 from graphopt.option_names import option, setting, usage
 from graphopt.partition.target_ort import cpu_kernel_binds
-from graphopt.precision_modes import CALIBRATION_METHODS, INT4_METHODS, MODES, QUANTIZE
+from graphopt.precision_modes import (CALIBRATION_METHODS, INT4_METHODS, MODES, OP_TYPE_ENTRY,
+                                      QUANTIZE)
 
 # Matrix and convolution work: the reason to run in half precision at all.
 ALLOW = frozenset({
@@ -67,6 +69,17 @@ PASS_THROUGH = frozenset({
 HALF = {"fp16": DType.FLOAT16, "bf16": DType.BFLOAT16}
 
 
+def deny_types(options) -> set[str]:
+    """The op types kept in their dtype: precision_deny's and keep_dtype's `OpType::` entries."""
+    return set(options.precision_deny) | {entry[len(OP_TYPE_ENTRY):] for entry in
+                                          options.keep_dtype if entry.startswith(OP_TYPE_ENTRY)}
+
+
+def keep_names(options) -> set[str]:
+    """The node names keep_dtype pins (its entries that are no `OpType::` entry)."""
+    return {entry for entry in options.keep_dtype if not entry.startswith(OP_TYPE_ENTRY)}
+
+
 class PrecisionError(OptionError, PassError):
     """An option the precision passes cannot honour. A PassError too, so the pass manager passes
     it through unchanged; an OptionError to the caller."""
@@ -88,7 +101,7 @@ def check_options(options) -> None:
     if options.quantize not in QUANTIZE:
         raise OptionError(f"{setting('quantize', options.quantize)}: unknown scheme "
                           f"(use {', '.join(QUANTIZE)})")
-    both = sorted(set(options.precision_allow) & set(options.precision_deny))
+    both = sorted(set(options.precision_allow) & deny_types(options))
     if both:
         raise OptionError(f"{option('precision_allow')} and {option('precision_deny')} both "
                           f"name {', '.join(both)}")

@@ -17,11 +17,12 @@ def drop_sandwiched(chosen: list[tuple[Node, Slots]], half_values: set[int],
     the op counts of what they held.
 
     A region is a set of chosen nodes joined by the half values they pass each other. One with
-    no matrix or conv work (nothing in ALLOW, nothing `allowed`) and no table to store in half
-    (a weight as large as what its reader computes, as an embedding Gather's), whose every
-    computed input comes from a float32 op and whose every output goes to one, computes
-    nothing half precision pays for: a forced mode's Relus and Adds between the Convs a schema
-    or --precision-deny keeps float32 (97 Casts in a bf16 MobileNetV2 at opset 17).
+    no matrix or conv work (nothing in ALLOW, no recurrent layer, nothing `allowed`) and no
+    table to store in half (a weight as large as what its reader computes, as an embedding
+    Gather's), whose every computed input comes from a float32 op and whose every output goes
+    to one, computes nothing half precision pays for: a forced mode's Relus and Adds between
+    the Convs a schema or --precision-deny keeps float32 (97 Casts in a bf16 MobileNetV2 at
+    opset 17).
     `half_values` loses the outputs of the regions dropped."""
     index = {id(node): i for i, (node, _) in enumerate(chosen)}
     parent = list(range(len(chosen)))
@@ -51,8 +52,13 @@ def drop_sandwiched(chosen: list[tuple[Node, Slots]], half_values: set[int],
     return [entry for i, entry in enumerate(chosen) if i not in dropped], kept_float
 
 
+# Matrix work besides ALLOW's: recurrent layers, GEMMs over a sequence.
+_RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
+
+
 def _pointless(region: list[tuple[Node, Slots]], allowed) -> bool:
-    if any(node.op_type in ALLOW or allowed(node) or _reads_a_table(node, slots)
+    if any(node.op_type in ALLOW or node.op_type in _RECURRENT or allowed(node)
+           or _reads_a_table(node, slots)
            for node, slots in region):
         return False
     inside = {id(node) for node, _ in region}
