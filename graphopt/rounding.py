@@ -96,6 +96,10 @@ def _within_onnxruntimes_own(own_outputs: Callable[[], dict], expected: dict, ac
         # a slice's: a slice of values near 0 that its rounding moves by half their size
         # would otherwise excuse errors of that size, relatively, in every other slice.
         relative = max(theirs) / max(scales) if max(scales) else 0.0
+        if relative > _rounding_limit(expected[name]):
+            # onnxruntime's optimizer computes something else than the original there (its
+            # LayerNormFusion reads a Pow of 4 as a square): an error it shares is no rounding.
+            return None
         for (exp, got, _), error, mine, scale in zip(slices, ours, theirs, scales):
             if error <= 2 * max(mine, relative * scale):
                 continue
@@ -105,6 +109,14 @@ def _within_onnxruntimes_own(own_outputs: Callable[[], dict], expected: dict, ac
     return (f"outputs differ from the original at ORT_DISABLE_ALL by up to {worst:.3g}, "
             "beyond rtol/atol but within what onnxruntime's own optimizer gives the original "
             f"({baseline:.3g} at ORT_ENABLE_ALL): the same kernels' rounding")
+
+
+def _rounding_limit(value) -> float:
+    """The most onnxruntime's own optimizer may move an output, relative to its largest
+    magnitude, for that to read as rounding: a summation order's, YOLO's 0.035 on 900-pixel
+    boxes (4e-5), well under 1e-3; a 16-bit float's own step is 1e-3 (float16) or 8e-3."""
+    dtype = getattr(value, "dtype", None)
+    return 5e-2 if dtype is not None and dtype.itemsize == 2 and dtype.kind == "f" else 1e-3
 
 
 def _scale(value) -> float:

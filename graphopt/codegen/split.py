@@ -112,11 +112,12 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
     .om, its convs left to onnxruntime, ran 1.28× the original's time with four
     SkipLayerNormalizations, 1.01× without."""
     found = []
+    functions = {(f.domain, f.name): f for f in model.functions}
     if level in (None, "all", "extended"):
-        functions = {(f.domain, f.name): f for f in model.functions}
         if any(_refusable_skip_layernorm(n, functions) for n in model.graph.all_nodes()):
             found.append(_SKIP_FUSER)
-    if level != "disable" and any(_misfused_norm_part(n) for n in model.graph.all_nodes()):
+    if level != "disable" and any(_misfused_norm_part(n) or _misfused_in_call(n, functions)
+                                  for n in model.graph.all_nodes()):
         found += [name for name in (*_NORM_FUSERS, _SKIP_FUSER) if name not in found]
     for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
@@ -134,8 +135,10 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
 
 def _misfused_norm_part(node) -> bool:
     """A node onnxruntime's norm fusions would misread: a Pow whose constant exponent is not
-    2, an Add of a constant ≤ 0 or NaN into a Sqrt (a decomposed norm's epsilon), a
-    LayerNormalization whose epsilon is ≤ 0 or NaN, or a ReduceMean of a Cast from another
+    2, an Add of a constant ≤ 0 or NaN, or of a higher rank than the value it adds to, into a
+    Sqrt (a decomposed norm's epsilon), a ReduceMean with keepdims=0 read by a Sub or an Add
+    (the fused node keeps the reduced axis), a LayerNormalization whose epsilon is ≤ 0 or NaN,
+    or a ReduceMean of a Cast from another
     dtype: onnxruntime 1.32 fuses the decomposed norm into a LayerNormalization of the Cast's
     input, whatever its dtype, which it then refuses to load ("Type parameter (T) … bound to
     different types"; "Type 'tensor(int32)' … is invalid"): the float16 input of one that a
@@ -148,6 +151,10 @@ def _misfused_norm_part(node) -> bool:
 
     if not node.is_onnx:
         return False
+    if node.op_type == "ReduceMean" and not node.attr("keepdims", 1) and any(
+            use.op_type in ("Sub", "Add") or use.domain == "graphopt"  # (an -O3 group's body)
+            for out in node.outputs if out is not None for use in out.consumers()):
+        return True  # the fusions ignore keepdims: a [8] mean broadcast along the rows
     if node.op_type == "ReduceMean" and node.inputs and node.inputs[0] is not None:
         cast = node.inputs[0].producer
         source = cast.inputs[0] if cast is not None and cast.op_type == "Cast" else None
@@ -164,11 +171,48 @@ def _misfused_norm_part(node) -> bool:
         return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) != 2
     if node.op_type == "Add" and any(use.op_type == "Sqrt" for out in node.outputs
                                      if out is not None for use in out.consumers()):
-        for value in node.inputs:
+        for value, other in zip(node.inputs, reversed(node.inputs)):
             data = value.constant() if value is not None else None
             if data is not None and data.size == 1 and np.issubdtype(data.dtype, np.floating):
                 epsilon = float(data.reshape(-1)[0])
                 if math.isnan(epsilon) or epsilon <= 0:
+                    return True
+                # An epsilon of a higher rank widens the output, which the fused node drops.
+                if other is not None and other.shape is not None and data.ndim > len(other.shape):
+                    return True
+    return False
+
+
+def _misfused_in_call(node, functions: dict) -> bool:
+    """Whether a call of a model-local function (an -O3 elementwise group) holds a Pow or an
+    epsilon Add that _misfused_norm_part would flag: onnxruntime inlines the body, and its
+    LayerNormFusion then read a Pow of 4, moved into a group at -O3, as a square (0.8 off on
+    outputs of magnitude 3; the check had walked the graph's own nodes alone). The body's
+    constants are the call's inputs."""
+    import math
+
+    function = functions.get((node.domain, node.op_type))
+    if function is None:
+        return False
+    actual = {formal: value for formal, value in zip(function.input, node.inputs)}
+    feeds_sqrt = {name for body in function.node if body.op_type == "Sqrt" for name in body.input}
+
+    def constant(name: str):
+        value = actual.get(name)
+        data = value.constant() if value is not None else None
+        return data if data is not None and data.size == 1 else None
+
+    for body in function.node:
+        if body.op_type == "Pow" and len(body.input) > 1:
+            exponent = constant(body.input[1])
+            if exponent is not None and float(exponent.reshape(-1)[0]) != 2:
+                return True
+        if body.op_type == "Add" and set(body.output) & feeds_sqrt:
+            for name in body.input:
+                epsilon = constant(name)
+                if epsilon is not None and (math.isnan(float(epsilon.reshape(-1)[0]))
+                                            or float(epsilon.reshape(-1)[0]) <= 0
+                                            or epsilon.ndim > 1):  # it may widen the rank
                     return True
     return False
 
