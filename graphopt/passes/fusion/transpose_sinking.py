@@ -69,6 +69,7 @@ class SinkTransposes(Pass):
             return ctx.allows(self.name, node)
 
         for graph in list(model.graph.all_graphs()):
+            result.count("Pad axes written out", _pads_for_every_axis(graph, allows))
             changed = True
             while changed:  # a move brings a Transpose to the next op; a bypass frees one
                 changed = False
@@ -210,6 +211,35 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
                   and not value.is_graph_output):
             return False
     return True
+
+
+def _pads_for_every_axis(graph, allows) -> int:
+    """Give each Pad that names its axes (opset 18's `axes` input, constant) amounts for every
+    axis instead, 0 on the others: it then moves with a Transpose like any Pad, and
+    onnxruntime's transpose optimizer, which misreads negative axes (a Transpose, Pad over
+    axis -1, Transpose failed in a Gather at run time, on the original too), meets none.
+    Returns how many were rewritten."""
+    rewritten = 0
+    for node in list(graph.nodes()):
+        if node.op_type != "Pad" or not node.is_onnx or len(node.inputs) < 4 \
+                or node.inputs[3] is None or not allows(node):
+            continue
+        x, axes = node.inputs[0], node.inputs[3].constant()
+        pads = _pads(node)
+        rank = len(x.shape) if x is not None and x.shape is not None else None
+        if axes is None or pads is None or rank is None or len(pads) != 2 * axes.size:
+            continue
+        axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)]
+        if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+            continue
+        full = [0] * (2 * rank)
+        for i, axis in enumerate(axes):
+            full[axis], full[rank + axis] = pads[i], pads[len(axes) + i]
+        node.set_input(1, graph.make_initializer(node.input(1).name + "_all_axes",
+                                                 np.array(full, np.int64)))
+        node.set_inputs(node.inputs[:3])
+        rewritten += 1
+    return rewritten
 
 
 def _pads_movable(node: Node, rank: int) -> bool:
