@@ -98,6 +98,10 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
                "The model fixes a size these pins change (an export traced at one batch size "
                "or length keeps it in its Reshapes and weights): pin the sizes it was exported "
                "at, or leave those dims open")
+        if "Op (Range)" in refusal:  # its bounds of shape [1], typed once the shapes are static
+            why = ("onnxruntime's load-time inference refuses a Range whose bounds have shape "
+                   "[1] once the pins make them static (the pins themselves fit): -O2 folds "
+                   "such bounds into scalars, or leave those dims open")
         raise InputError(f"{label}: with the pinned shapes {_pins(shapes, model)}, onnxruntime "
                          f"cannot load the compiled model: {refusal}. {why} "
                          f"({_unpinned_advice()})")

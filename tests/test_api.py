@@ -383,10 +383,17 @@ def test_verify_takes_onnxruntimes_own_rounding_as_the_bound(monkeypatch):
             Nudge.scale = nudged_by["graphopt"]
 
     monkeypatch.setattr(graphopt.compiler.numerics, "run", run)
-    nudged_by.update(graphopt=1e-3, onnxruntime=1e-3)
-    Nudge.scale = 1e-3
+    nudged_by.update(graphopt=5e-4, onnxruntime=5e-4)  # past rtol, under rounding's limit
+    Nudge.scale = 5e-4
     result = graphopt.optimize(model, level=3, verify=True)
     assert "within what onnxruntime's own optimizer gives the original" in result.verify_note
+    # An optimizer error past 1e-3 of the output is no rounding, and excuses nothing.
+    nudged_by.update(graphopt=3e-3, onnxruntime=3e-3)
+    Nudge.scale = 3e-3
+    with pytest.raises(VerificationError, match="differs.*'y'"):
+        graphopt.optimize(model, level=3, verify=True)
+    nudged_by.update(graphopt=5e-4, onnxruntime=5e-4)
+    Nudge.scale = 5e-4
     # Tolerances given apply as given, as in compare and bisect, even at the defaults' values.
     with pytest.raises(VerificationError, match="differs.*'y'"):
         graphopt.optimize(model, level=3, verify=True, rtol=1e-4, atol=1e-5)

@@ -354,3 +354,37 @@ def test_a_mel_matmul_after_an_stft_without_onesided_takes_pinned_shapes():
     assert result.model.graph.outputs[0].shape == (2, 15, 4)
     actual = numerics.run(result.to_onnx(), feeds)
     assert numerics.compare(expected, actual, 1e-5, 1e-5) == []
+
+
+@pytest.mark.parametrize("end", [2**63 - 1, 2**31 - 1])
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_a_backward_slice_to_int_max_is_not_sized_as_inference_sizes_it(end, level):
+    # onnxruntime runs Slice(x, 2, INT_MAX, -1) to the front (3 rows of 3), the spec and
+    # inference stop at once (0 rows): FoldShapes folded Shape(y) to [0, 4], and a slice of a
+    # shape with an open dim to [], where onnxruntime gives [5, 4, N].
+    def constants(*pairs):
+        return [onnx.numpy_helper.from_array(np.array([v], np.int64), n) for n, v in pairs]
+
+    data = helper.make_model(helper.make_graph(
+        [helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["y"]),
+         helper.make_node("Shape", ["y"], ["s"]),
+         helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("s", TensorProto.INT64, None),
+         helper.make_tensor_value_info("total", TensorProto.FLOAT, None)],
+        constants(("st", 2), ("en", end), ("ax", 0), ("sp", -1))),
+        opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
+    shape = helper.make_model(helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Slice", ["s", "st", "en", "ax", "sp"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+        constants(("st", 2), ("en", end), ("ax", 0), ("sp", -1))),
+        opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
+    for proto, feeds in ((data, {"x": np.ones((3, 4), np.float32)}),
+                         (shape, {"x": np.zeros((3, 4, 5), np.float32)})):
+        out = graphopt.optimize(proto, level=level).to_onnx()
+        onnx.checker.check_model(out, full_check=True)
+        expected, actual = numerics.run(proto, feeds), numerics.run(out, feeds)
+        for name, value in expected.items():
+            np.testing.assert_array_equal(actual[name], value)

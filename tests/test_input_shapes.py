@@ -292,3 +292,26 @@ def test_a_minus_one_on_a_dim_the_model_fixes_is_noted():
     assert not any("x[1]" in note or "z[0]" in note for note in notes)  # pinned, or dynamic
     profiled = graphopt.optimize(proto, input_shapes="x:-1,4", dynamic_dims="z[0]:1,2")
     assert sum("-1 keeps a dynamic dim" in note for note in profiled.notes) == 1
+
+
+def test_a_range_onnxruntime_refuses_once_pinned_is_named_as_such(tmp_path, capsys):
+    # At -O0/-O1 the refusal read "the model fixes a size these pins change", false here: the
+    # pins fit, and onnxruntime's inference refuses Range's [1]-shaped bound once it is static.
+    from helpers import run_cli
+
+    proto = parse_model("""
+        g (float[N,3] x) => (r) {
+            s = Shape(x)
+            n = Gather(s, i)
+            nf = Cast <to = 1> (n)
+            r = Range(zero, nf, step)
+        }""", header='<ir_version: 8, opset_import: ["" : 18]>\n', i=np.array([0], np.int64),
+        zero=np.float32(0), step=np.float32(0.3))
+    onnx.save(proto, tmp_path / "m.onnx")
+    rc, _, err = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx",
+                         "-O1", "--input-shape", "x:5,3")
+    assert rc == 1 and "refuses a Range whose bounds have shape [1] once the pins make them " \
+        "static" in err and "fixes a size" not in err, err
+    rc, _, err = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx",
+                         "-O2", "--input-shape", "x:5,3")
+    assert rc == 0, err

@@ -18,7 +18,9 @@ Each dispute was measured against onnxruntime 1.32 and onnx 1.19 over a grid of 
   `output_shape`): onnxruntime ignores the padding (`d · stride`), inference adds it;
 - STFT without an `onesided` attribute: onnxruntime takes the spec's default, 1, and returns
   frame_length / 2 + 1 frequency bins; inference (onnx 1.23) takes 0 and sizes all
-  frame_length of them (9 against 16 for frames of 16), which folded a Shape of it to 16.
+  frame_length of them (9 against 16 for frames of 16), which folded a Shape of it to 16;
+- a Slice with a negative step to an end of INT32_MAX or INT64_MAX: onnxruntime runs to the
+  front (from 2: 3 rows), the spec and inference stop at once (0 rows).
 
 A Loop body declares the shapes of its loop-carried inputs, and inference trusts them; yet a
 carried value may change shape from one iteration to the next (onnxruntime runs that). A
@@ -161,7 +163,27 @@ def disputed_dims(node: Node, opset: int) -> list[int]:
         return _conv_transpose_dims(node)
     if node.op_type == "STFT" and node.attr("onesided") is None:
         return [2]  # [batch, frames, bins, 2]
+    if node.op_type == "Slice":
+        return _slice_dims(node, opset)
     return []
+
+
+def _slice_dims(node: Node, opset: int) -> list[int]:
+    """The axes a Slice walks backwards to an end of INT32_MAX or INT64_MAX: onnxruntime runs
+    to the front (shape_pieces.runs_to_the_front), inference stops at once."""
+    from graphopt.passes.shape_pieces import runs_to_the_front
+
+    if opset < 10 or len(node.inputs) < 5 or node.input(4) is None:
+        return []  # no steps: every step is 1
+    ends, steps = node.input(2).constant(), node.input(4).constant()
+    x = node.input(0)
+    if ends is None or steps is None or x is None or x.shape is None:
+        return []
+    axes = node.input(3).constant() if node.input(3) is not None else None
+    axes = list(range(ends.size)) if axes is None else [int(a) for a in axes.reshape(-1)]
+    rank = len(x.shape)
+    return sorted({a + rank if a < 0 else a for a, end, step in zip(
+        axes, ends.reshape(-1), steps.reshape(-1)) if runs_to_the_front(int(end), int(step))})
 
 
 def disputed_nodes(model: Model) -> list[tuple[Node, list[int]]]:

@@ -114,9 +114,20 @@ def slice_bounds(node: Node, opset: int) -> tuple[int, int, int] | None:
     if starts is None or ends is None or axes is None or steps is None:
         return None
     if len(starts) != 1 or len(ends) != 1 or list(axes) not in ([0], [-1]) or len(steps) != 1 \
-            or int(steps[0]) == 0:
+            or int(steps[0]) == 0 or runs_to_the_front(int(ends[0]), int(steps[0])):
         return None
     return int(starts[0]), int(ends[0]), int(steps[0])
+
+
+# The ends onnxruntime reads as "to the front" under a negative step, where ONNX's spec (its
+# reference, its shape inference) clamps them to the last index: Slice(x, 2, INT64_MAX, -1)
+# over 3 takes [2, 1, 0] in onnxruntime and nothing in ONNX. Such a Slice is not folded.
+_MAX_ENDS = (2**31 - 1, 2**63 - 1)
+
+
+def runs_to_the_front(end: int, step: int) -> bool:
+    """Whether onnxruntime and ONNX read this Slice end differently (_MAX_ENDS)."""
+    return step < 0 and end in _MAX_ENDS
 
 
 def slice_indices(size: int, start: int, end: int, step: int) -> range:
