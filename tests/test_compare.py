@@ -856,6 +856,9 @@ def test_a_cosine_rule_holds_the_scale_too():
     assert below_cosine({"mos": reference}, {"mos": reference * 1.3},
                         {"rtol": 1e-4, "atol": 1e-5, "min_cosine": 0.999}) == [
         f"output 'mos': {high.note}"]
+    # The header's rule says so.
+    report = compare_models(_model(), _model(), min_cosine=0.999)
+    assert "rule:      cosine >= 0.999, norm within ±4.5%\n" in format_report(report)
 
 
 def test_verify_says_which_outputs_hold_nan_it_could_not_measure(tmp_path):
