@@ -656,3 +656,14 @@ def test_errors_of_a_model_read_from_a_file_name_the_file(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "bisect", path)
     assert rc == 2 and err.startswith(f"graphopt: error: {path}: "), err
     assert "<model>" not in err
+
+
+def test_a_model_onnxruntime_cannot_load_is_named_without_blaming_the_inputs(tmp_path, capsys):
+    # "onnxruntime cannot run the original model on seeded random inputs", for a node reading
+    # a value nothing makes.
+    proto = parse_model("g (float[2] x) => (float[2] y) { y = Relu (x) }")
+    proto.graph.node[0].input[0] = "ghost"
+    onnx.save(proto, tmp_path / "bad.onnx")
+    rc, _, err = run_cli(capsys, "bisect", tmp_path / "bad.onnx")
+    assert rc != 0 and f"onnxruntime cannot run {tmp_path / 'bad.onnx'}: " in err \
+        and "seeded random inputs" not in err, err

@@ -89,7 +89,8 @@ class _Evaluator:
     """Runs compiled models against the original's outputs, counting and reporting each run."""
 
     def __init__(self, reference: ModelProto, feeds: dict, progress: Callable[[str], None],
-                 inputs: str = "seeded random inputs", rounding: bool = True):
+                 inputs: str = "seeded random inputs", rounding: bool = True,
+                 label: str = "the original model"):
         self.reference, self.feeds, self.progress = reference, feeds, progress
         self.judge = {"rtol": DEFAULT_RTOL, "atol": DEFAULT_ATOL, "min_cosine": None}
         # Outputs off by rounding alone pass, as under --verify and compare (rounding.py);
@@ -103,8 +104,11 @@ class _Evaluator:
         try:
             self.expected = numerics.run(reference, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the explanation
-            raise InputError(f"onnxruntime cannot run the original model on {inputs}: "
-                             f"{numerics.ort_reason(e)}") from None
+            reason = numerics.ort_reason(e)
+            # A model onnxruntime refuses to load is at fault whatever the inputs.
+            on = "" if "Invalid model" in reason or "INVALID_GRAPH" in reason \
+                else f" on {inputs}"
+            raise InputError(f"onnxruntime cannot run {label}{on}: {reason}") from None
 
     def __call__(self, compiled: Compiled, what: str) -> str | None:
         """How `compiled`'s outputs break tolerance, or None when they do not."""
@@ -284,7 +288,7 @@ def bisect(model, *, level: int = 2, target=None, feeds=None, rtol: float | None
 
             opened = open_dims_note(typed_inputs(source), shapes, arrays)
             inputs += f" ({opened})" if opened else ""
-        evaluate = _Evaluator(source, arrays, progress, inputs,
+        evaluate = _Evaluator(source, arrays, progress, inputs, label=label,
                               rounding=rtol is None and atol is None)
 
         full = compile_prefix(setup, None)
