@@ -94,11 +94,14 @@ def add_optimize_parser(sub) -> None:
                         "its devices and an .om holds one model per device partition "
                         "(default: cpu for an .om, none for an .onnx)")
     # --storage as tune, kb and report spell a storage URL: it was an unrecognized argument.
-    p.add_argument("--tuning-db", "--storage", dest="tuning_db", type=path_text,
-                   metavar="FILE.db|URL",
-                   help="apply what `graphopt tune` stored in this knowledge base: the subgraph "
-                        "decisions tuned for this model, and tuned tilings in an NPU .om's "
-                        "kernel configs")
+    # One or the other, as there: given both, the last had won unsaid.
+    storage = p.add_mutually_exclusive_group()
+    storage.add_argument("--tuning-db", dest="tuning_db", type=path_text, metavar="FILE.db|URL",
+                         help="apply what `graphopt tune` stored in this knowledge base: the "
+                              "subgraph decisions tuned for this model, and tuned tilings in an "
+                              "NPU .om's kernel configs")
+    storage.add_argument("--storage", dest="tuning_db", type=path_text, metavar="URL",
+                         help="the same, as tune, kb and report spell a storage URL")
     p.add_argument("--memory-reorder", action="store_true",
                    help="reorder each partition's nodes to lower its peak work memory")
     p.add_argument("--memory-plot", type=path_text, metavar="FILE",

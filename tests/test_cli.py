@@ -1132,6 +1132,9 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
       "--modify_mixlist=ops_info.json"],
      "(--modify_mixlist is ATC's; --precision-allow and --precision-deny take op types for "
      "--precision mixed-fp16 here)"),
+    # optimize took both spellings of its knowledge base, the last winning unsaid
+    (["optimize", "m.onnx", "-o", "m.om", "--tuning-db", "a.db", "--storage", "sqlite:///b.db"],
+     "argument --storage: not allowed with argument --tuning-db"),
     # graphopt's own --json on a command without one, which had an ATC hint
     (["run", "x.om", "--json"], "unrecognized arguments: --json (graphopt run prints no JSON "
                                 "(inspect, partition, profile, compare, diff, bisect, targets "
