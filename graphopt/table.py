@@ -176,3 +176,13 @@ def format_bytes(size: int) -> str:
         if size >= 1 << power:
             return f"{size / (1 << power):.2f} {unit}"
     return f"{size / (1 << 30):.2f} GiB"
+
+
+def elide(name: str, width: int = 56) -> str:
+    """`name` in `width` characters, its middle elided: the start names the layer
+    (/layer2/layer2.0/downsample) and the end the op and onnxruntime's suffix (Conv/nchwc), so
+    either alone makes different layers look the same."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 2
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]

@@ -883,3 +883,17 @@ def test_a_candidate_onnxruntime_refuses_is_named_once(tmp_path, capsys):
     onnx.save(bad, tmp_path / "bad.onnx")
     rc, _, err = run_cli(capsys, "compare", tmp_path / "a.onnx", tmp_path / "bad.onnx")
     assert rc != 0 and err.count(str(tmp_path / "bad.onnx")) == 1, err
+
+
+def test_a_long_tensor_name_is_elided_in_the_table_and_kept_in_csv(tmp_path):
+    # A 290-character name made the table 400 columns wide.
+    name = "/encoder/" + "block/" * 45 + "Relu_output_0"
+    proto = parse_model(f"""
+        g (float[2,8] x) => (float[2,8] y) {{
+            "{name}" = Relu (x)
+            y = Neg ("{name}")
+        }}""")
+    report = compare_models(proto, proto, per_tensor=True)
+    table = format_report(report)
+    assert max(map(len, table.splitlines())) < 200 and name[:20] in table and "…" in table
+    assert any(row.name == name for row in report.intermediates)

@@ -20,7 +20,7 @@ from graphopt.ir import load_onnx
 from graphopt.tools.advisor import advise, find_patterns, whole_pattern
 from graphopt.tools.profile import profile_model
 from graphopt.tools.profile_match import Matcher, name_nodes
-from graphopt.tools.profile_report import elide
+from graphopt.table import elide
 
 RNG = np.random.default_rng(7)
 RUNS = {"repeat": 3, "warmup": 1, "threads": 1}

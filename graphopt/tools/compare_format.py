@@ -9,11 +9,12 @@ import math
 
 from graphopt.atomic import atomic_write_bytes
 from graphopt.errors import GraphoptError, one_line
-from graphopt.table import format_table
+from graphopt.table import elide, format_table
 from graphopt.tools.compare import CompareReport, Row
 from graphopt.tools.rule_text import cosine_text
 
 NOT_MEANINGFUL = "—"
+NAME_WIDTH = 64  # a tensor name's characters in the tables, its middle elided past them
 BEYOND_TOLERANCE = "beyond tol"
 HEADERS = ["tensor", "shape", "cosine", "max abs", "mean abs", "max rel", "mean rel", "RMSE", "KL",
            "mismatch", "result", "note"]
@@ -51,6 +52,8 @@ def headers(report: CompareReport) -> list[str]:
 
 def _table(rows: list[Row], title: str, names: list[str], min_cosine: float | None) -> str:
     cells = [row_cells(r, min_cosine) for r in rows]
+    for c in cells:  # a 290-character name made a table 400 columns wide (CSV and JSON keep it)
+        c[0] = elide(c[0], NAME_WIDTH)
     for column in _NUMERIC:
         width = max(len(c[column]) for c in cells)
         for c in cells:

@@ -6,7 +6,7 @@ import math
 
 from graphopt.codegen.profile_match import dims_label
 from graphopt.errors import one_line
-from graphopt.table import format_table, wrap_to_terminal
+from graphopt.table import elide, format_table, wrap_to_terminal
 from graphopt.tools.advisor import Hint
 from graphopt.tools.profile import Profile
 
@@ -90,13 +90,3 @@ def _shape_profile(profile: Profile) -> list[str]:
         return []
     return [one_line(f"shape profile {chosen['name']} ({dims_label(chosen['dims'])}) of "
                      f"{chosen['of']}: {chosen['how']}")]
-
-
-def elide(name: str, width: int = 56) -> str:
-    """`name` in `width` characters, its middle elided: the start names the layer
-    (/layer2/layer2.0/downsample) and the end the op and onnxruntime's suffix (Conv/nchwc), so
-    either alone makes different layers look the same."""
-    if len(name) <= width:
-        return name
-    head = (width - 1) // 2
-    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
