@@ -166,13 +166,17 @@ def _cmd_optimize(args) -> int:
                           "(a float32 compile prints no accuracy report)")
     with compile_progress(not args.quiet):  # a line on a terminal for long steps
         result = _compiled(args, target, pass_options)
+    # An NPU .om's compile says what it applied of the tilings; a CPU .om has none to apply.
+    npu = result.partitioning is not None and any(
+        device.kind == "npu" for device in result.partitioning.target.devices)
     if args.tuning_db and result.tuned_study is None and not args.quiet and \
-            not writes_om(args.output) and \
+            (not writes_om(args.output) or not npu) and \
             not any(note.startswith("--tuning-db holds") for note in result.notes):
+        tilings = ("kernel tilings go into an .om only" if not writes_om(args.output) else
+                   f"the {target} target has no NPU kernels to take tilings")
         result.notes.append(f"--tuning-db: nothing in it applies to {args.output}: no subgraph "
                             f"decisions for this model on {target} at -O{args.level} (`graphopt "
-                            "tune --job subgraph` makes them), and kernel tilings go into an .om "
-                            "only")
+                            f"tune --job subgraph` makes them), and {tilings}")
     report = bool(pass_options) and not args.no_accuracy_report and not args.quiet
     source = _overwritten_source(args) if report else None
     # Checked before the model is written: a compile that fails writes nothing. A picture per
@@ -246,8 +250,8 @@ def add_pass_switches(p, scope: str = "") -> None:
 
 def add_fold_size_limit(p, scope: str = "") -> None:
     p.add_argument("--fold-size-limit", type=parse_size, metavar="BYTES",
-                   help=f"{scope}largest tensor constant folding may create (default 1M; "
-                        "suffix K/M/G)")
+                   help=f"{scope}largest tensor constant folding may create that is larger "
+                        "than what it folds away (default 1M; suffix K/M/G)")
 
 
 def _compiled(args, target, pass_options):

@@ -52,8 +52,10 @@ def artifact_check(args):
             failing = [row for row in report.outputs if not row.passed]
             if failing:
                 worst = ", ".join(_failure(row) for row in failing[:3])
-                seeded = ("" if inputs else " (on seeded random inputs: standard normal "
-                          "values; give inputs like the deployment's with --inputs)")
+                drawn = ("uniform pixel values, 0 to 255, for its frames"
+                         if args.insert_op_conf else "standard normal values")
+                seeded = ("" if inputs else f" (on seeded random inputs: {drawn}; give inputs "
+                          "like the deployment's with --inputs)")
                 raise VerificationError(f"--verify: {args.output} as written differs from the "
                                         f"original{where}: {worst}{seeded}; nothing written")
     check.measured = {}

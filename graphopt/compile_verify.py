@@ -125,7 +125,9 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     if problems:
         raise VerificationError(f"{option('verify')}: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3])
-                                + _seeded_inputs_hint(inputs, options)
+                                + _seeded_inputs_hint(inputs, options,
+                                                      bool(inserted_preprocessing(
+                                                          original.metadata_props)))
                                 + _half_overflow(original, optimized, feeds, options))
     _check_loads_at_all(original, optimized)
     if inputs is None and notes is not None:
@@ -187,18 +189,21 @@ def _half_overflow(original: ModelProto, optimized: ModelProto, feeds, options: 
     return f". {found[0]}" if found else ""
 
 
-def _seeded_inputs_hint(inputs, options: Options) -> str:
+def _seeded_inputs_hint(inputs, options: Options, frames: bool = False) -> str:
     """What a failed verification ran on when no inputs were given: standard normal values,
     which int8 ranges fitted to real data (images in [0, 1]) clip, so a compile whose report
-    on its calibration data read 0.999 failed at 0.91 with nothing saying why."""
+    on its calibration data read 0.999 failed at 0.91 with nothing saying why. `frames`: the
+    model takes AIPP's uint8 frames, which the seeded inputs fill with pixel values instead."""
     if inputs is not None:
         return ""
+    drawn = (f"uniform pixel values, 0 to 255, for the frames {option('insert_op_conf')} made "
+             "the inputs" if frames else "standard normal values")
     fitted = (f", which the int8 ranges fitted to {option('calibration')} may clip"
               if options.quantize == "int8" and options.calibration else "")
     ask = (f"{option('inputs')} fit another shape profile: a file of this profile's shapes "
            "checks it on real data" if INPUTS_FIT_OTHER_PROFILES.get()
            else f"give inputs like the deployment's with {option('inputs')}")
-    return f" (on seeded random inputs: standard normal values{fitted}; {ask})"
+    return f" (on seeded random inputs: {drawn}{fitted}; {ask})"
 
 
 def _beyond_rounding(original: ModelProto, feeds, expected: dict, actual: dict,

@@ -541,7 +541,7 @@ def _partition(result: OptimizeResult, target, options: Options, memory_reorder:
 
     model = result.model
     result.partitioning = partition(model, target)
-    check_host_bfloat16(result.partitioning, options, model)
+    check_host_bfloat16(result.partitioning, options, model, result.log)
     for note in (quantized_fallback_note(result.partitioning, options),
                  host_float16_note(result.partitioning, options, model)):
         if note:

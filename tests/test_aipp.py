@@ -536,3 +536,14 @@ def test_a_refusal_made_against_the_model_cites_the_keys_line(tmp_path, lines, l
         graphopt.optimize(_classifier(), insert_op_conf=str(config))
     assert f"{config}:{line}: " in str(caught.value) and message in str(caught.value), \
         str(caught.value)
+
+
+def test_a_failed_verify_says_the_seeded_frames_held_pixel_values():
+    # It said "standard normal values" of the uint8 frames, which are drawn from 0 to 255.
+    from graphopt.compile_verify import _seeded_inputs_hint
+    from graphopt.passes import Options
+
+    hint = _seeded_inputs_hint(None, Options(), frames=True)
+    assert "uniform pixel values, 0 to 255, for the frames insert_op_conf made the inputs" \
+        in hint and "standard normal" not in hint
+    assert "standard normal values" in _seeded_inputs_hint(None, Options())

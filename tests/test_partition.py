@@ -330,6 +330,23 @@ def test_bf16_ops_left_on_the_host_by_open_dims_are_said_to_want_pins():
         graphopt.optimize(proto, target="ascend910b", precision="bf16")
     result = graphopt.optimize(proto, target="ascend910b", precision="bf16", input_shapes="x:2,16")
     assert "npu" in devices(result)
+    # Shapes computed from static inputs stay unknown at -O0/-O1: the refusal said pins could
+    # not help and nothing of -O2, which compiles the model.
+    computed = parse_model("""
+        g (float[2,16] x) => (y) {
+            s = Shape (x)
+            n = ReduceProd <keepdims = 1> (s)
+            f = Reshape (x, n)
+            r = Unsqueeze (f, zero)
+            h = MatMul (r, w)
+            y = Add (h, b)
+        }""", w=RNG.standard_normal((32, 16)).astype(np.float32),
+        b=RNG.standard_normal(16).astype(np.float32), zero=np.array([0], np.int64))
+    with pytest.raises(OptionError, match=r"level=0/1, or FoldShapes or FoldConstants off\): "
+                                          r"level=2's shape folding may make them static"):
+        graphopt.optimize(computed, level=1, target="ascend910b", precision="bf16")
+    assert "npu" in devices(graphopt.optimize(computed, level=2, target="ascend910b",
+                                              precision="bf16"))
 
 
 def test_bf16_for_an_npu_compiles_with_pinned_shapes():

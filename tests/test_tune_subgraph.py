@@ -722,3 +722,22 @@ def test_the_cheaper_of_two_granularities_applies_and_another_targets_study_is_n
     assert other.gate is None and other.note == (
         "tuning_db holds subgraph decisions for this model on ascend310 (-O3), not on "
         "ascend310b: they apply to a compile for the target they were tuned for"), other.note
+
+
+def test_a_study_at_another_level_and_pins_is_named_and_a_cpu_om_says_nothing_applied(
+        block_path, tmp_path, capsys):
+    # Another level and other pins both: the compile said nothing of the knowledge base, and
+    # a CPU .om never says what of it applied (an NPU one says so of the tilings).
+    db = str(tmp_path / "kb.db")
+    tune_subgraph(SubgraphJob(block_path, "cpu", level=3, input_shapes="x:1,64,256"), trials=1,
+                  storage=db)
+    note = decisions_for(db, block_path, "cpu", 2, None).note
+    assert note == ("tuning_db holds subgraph decisions for this model on cpu tuned at -O3 with "
+                    "input_shapes='x:1,64,256', not at -O2 with these pins: they apply to a "
+                    "compile at the level and with the pins they were tuned with"), note
+    other = tmp_path / "other.onnx"
+    onnx.save(parse_model("agraph (float[1,8] x) => (float[1,8] y) { y = Relu (x) }"), other)
+    rc, out, err = run_cli(capsys, "optimize", other, "-o", tmp_path / "o.om", "--tuning-db", db)
+    assert rc == 0 and f"note: --tuning-db: nothing in it applies to {tmp_path / 'o.om'}: no " \
+        "subgraph decisions for this model on cpu at -O2" in out and "the cpu target has no NPU " \
+        "kernels to take tilings" in out, out + err

@@ -22,7 +22,7 @@ QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                  "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
 
 
-def check_host_bfloat16(partitioning, options, model) -> None:
+def check_host_bfloat16(partitioning, options, model, log=None) -> None:
     """Refuse a bf16 compile whose host partitions hold bfloat16 ops the host has no kernel for.
     ConvertPrecision converts an op the NPU runs in bfloat16; the partitioner may still return
     it to the host (an island not worth the copies), where onnxruntime cannot load it. A host
@@ -60,7 +60,10 @@ def check_host_bfloat16(partitioning, options, model) -> None:
         if dynamic:
             from graphopt.partition.report import dynamic_hint
 
-            pin = f"; {dynamic} of them for dynamic shapes ({dynamic_hint(model, partitioning)})"
+            # With the pass log, the hint says when -O2's folding would make them static
+            # (at -O0/-O1 it said --input-shape could not help, and nothing else).
+            pin = (f"; {dynamic} of them for dynamic shapes "
+                   f"({dynamic_hint(model, partitioning, log)})")
         raise OptionError(
             f"{setting('precision', options.precision)} {setting('target', as_given(target))}: "
             f"{sum(missing.values())} bfloat16 op(s) run on the host CPU, which has no bfloat16 "

@@ -106,8 +106,8 @@ class _Evaluator:
         except Exception as e:  # noqa: BLE001 - onnxruntime's own message is the explanation
             reason = numerics.ort_reason(e)
             # A model onnxruntime refuses to load is at fault whatever the inputs.
-            on = "" if "Invalid model" in reason or "INVALID_GRAPH" in reason \
-                else f" on {inputs}"
+            loads = ("Invalid model", "INVALID_GRAPH", "is not a registered function/op")
+            on = "" if any(text in reason for text in loads) else f" on {inputs}"
             raise InputError(f"onnxruntime cannot run {label}{on}: {reason}") from None
 
     def __call__(self, compiled: Compiled, what: str) -> str | None:

@@ -66,6 +66,15 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
             f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
             f"-O{level} tuned with {' / '.join(given)}, not with these pins: they apply to a "
             "compile with the pins they were tuned with"))
+    elsewhere = [(other, p) for other in range(4) if other != level
+                 for p in tuned_pins(storage, replace(job, level=other), target_name)]
+    if elsewhere:  # another level and other pins both: it had said nothing
+        given = [f"-O{other} with " + (setting("input_shapes", p) if p else
+                                       f"no {option('input_shapes')}") for other, p in elsewhere]
+        return Decisions(note=(
+            f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} "
+            f"tuned at {' / '.join(given)}, not at -O{level} with these pins: they apply to a "
+            "compile at the level and with the pins they were tuned with"))
     return Decisions()
 
 

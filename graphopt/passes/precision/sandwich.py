@@ -1,4 +1,4 @@
-"""Half regions with no matrix work, read and written only by float32 ops: kept float32."""
+"""Half regions with no matrix work, fed only by float32 ops: kept float32."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ def drop_sandwiched(chosen: list[tuple[Node, Slots]], half_values: set[int],
     A region is a set of chosen nodes joined by the half values they pass each other. One with
     no matrix or conv work (nothing in ALLOW, no recurrent layer, nothing `allowed`) and no
     table to store in half (a weight as large as what its reader computes, as an embedding
-    Gather's), whose every computed input comes from a float32 op and whose every output goes
-    to one, computes nothing half precision pays for: a forced mode's Relus and Adds between
-    the Convs a schema or --precision-deny keeps float32 (97 Casts in a bf16 MobileNetV2 at
-    opset 17).
-    `half_values` loses the outputs of the regions dropped."""
+    Gather's), whose every computed input comes from a float32 op (its outputs go to float32
+    ops or to the float32 signature), computes nothing half precision pays for: a forced
+    mode's Relus and Adds between the Convs a schema or --precision-deny keeps float32 (97
+    Casts in a bf16 MobileNetV2 at opset 17). `half_values` loses the outputs of the regions
+    dropped."""
     index = {id(node): i for i, (node, _) in enumerate(chosen)}
     parent = list(range(len(chosen)))
 
@@ -65,15 +65,14 @@ def _pointless(region: list[tuple[Node, Slots]], allowed) -> bool:
     entering = [value for node, _ in region for value in node.inputs
                 if value is not None and constant_data(value) is None
                 and id(value.producer) not in inside]
-    # Read from the model's inputs or written to its outputs, the region is the model's own
-    # edge, where the user asked for half; fed a half value (a float16 input that
-    # --input-fp16-nodes made, Cast to float32 by the source edit), it would widen and round it.
-    if not entering or any(value.producer is None or value.dtype in (DType.FLOAT16,
-                                                                     DType.BFLOAT16)
-                           for value in entering):
-        return False
-    return not any(value is not None and value.is_graph_output
-                   for node, _ in region for value in node.outputs)
+    # Read from the model's inputs, the region is the model's own edge, where the user asked
+    # for half (a model of elementwise ops alone); fed a half value (a float16 input that
+    # --input-fp16-nodes made, Cast to float32 by the source edit), it would widen and round
+    # it. Writing an output is no reason: the signature keeps float32, and a tail between a
+    # float32 op and the output (an --out-nodes cut after a Conv bf16 keeps) only rounds.
+    return bool(entering) and not any(
+        value.producer is None or value.dtype in (DType.FLOAT16, DType.BFLOAT16)
+        for value in entering)
 
 
 def _reads_a_table(node: Node, slots: Slots) -> bool:
