@@ -109,6 +109,7 @@ EMPTY_PATHS = [  # (argv before the empty value, the option): "m" the model, "om
     (["bisect", "m", "--inputs"], "--inputs"),
     (["optimize", "m", "-o", "o.om", "--verify", "--inputs"], "--inputs"),
     (["optimize", "m", "-o", "o.om", "--tuning-db"], "--tuning-db"),
+    (["optimize", "m", "-o", "o.om", "--storage"], "--storage"),
     (["optimize", "m", "-o", "o.onnx", "--precision", "fp16", "--calibration"], "--calibration"),
 ]
 
