@@ -199,7 +199,6 @@ class Evaluator:
             session.run(self.feeds)
         return session
 
-
     def _beyond_rounding(self, actual: dict):
         """The first output outside rtol/atol that rounding does not explain, None when all
         pass: as --verify judges a compile, so a detector whose box decoding moves by what
