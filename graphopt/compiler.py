@@ -539,7 +539,13 @@ def _partition(result: OptimizeResult, target, options: Options, memory_reorder:
     from graphopt.partition.report import dynamic_hint, returned_note
     from graphopt.partition.target import as_given
 
+    from graphopt.passes.fusion.transpose_sinking import pads_for_every_axis
+
     model = result.model
+    # At every level, -O0 too: onnxruntime's own optimizer, which the partitions' sessions
+    # run, fails at run time on a Pad that names its axes next to a Transpose.
+    for graph in list(model.graph.all_graphs()):
+        pads_for_every_axis(graph)
     result.partitioning = partition(model, target)
     check_host_bfloat16(result.partitioning, options, model, result.log)
     for note in (quantized_fallback_note(result.partitioning, options),

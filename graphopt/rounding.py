@@ -114,17 +114,20 @@ def _within_onnxruntimes_own(own_outputs: Callable[[], dict], expected: dict, ac
 def _rounding_limit(value) -> float:
     """The most onnxruntime's own optimizer may move an output, relative to its largest
     magnitude, for that to read as rounding: a summation order's, YOLO's 0.035 on 900-pixel
-    boxes (4e-5), well under 1e-3; a 16-bit float's own step is 1e-3 (float16) or 8e-3."""
-    dtype = getattr(value, "dtype", None)
-    return 5e-2 if dtype is not None and dtype.itemsize == 2 and dtype.kind == "f" else 1e-3
+    boxes (4e-5), well under 1e-3; a 16-bit float's own step is 1e-3 (float16) or 8e-3
+    (bfloat16, whose ml_dtypes arrays are of numpy kind 'V')."""
+    if not isinstance(value, np.ndarray) or numerics.widened(value).dtype.kind != "f":
+        return 1e-3
+    return 5e-2 if value.dtype.itemsize == 2 else 1e-3
 
 
 def _scale(value) -> float:
     """The largest finite magnitude of a float tensor; 1 for anything else (whose errors are
     then compared as they are)."""
-    if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+    if not isinstance(value, np.ndarray):
         return 1.0
-    return numerics.largest_magnitude(value)
+    value = numerics.widened(value)  # a bfloat16 output is scaled like any float
+    return numerics.largest_magnitude(value) if value.dtype.kind == "f" else 1.0
 
 
 def _same_layout(*values) -> bool:

@@ -242,7 +242,12 @@ def test_broken_calibration_is_an_option_error(calibration, tmp_path):
                                                                   "peak_gflops": None}}},
                            r"\(constants.gemm.peak_gflops: null, not a number\)"),
                           (lambda d: {**d, "threads": "x"}, r"\(threads: a string 'x', not a "
-                                                            r"number\)")):
+                                                            r"number\)"),
+                          # an internal error (OverflowError) each
+                          (lambda d: {**d, "threads": float("inf")},
+                           r"\(threads: not a finite number\)"),
+                          (lambda d: {**d, "run_overhead_us": 10 ** 400},
+                           r"\(run_overhead_us: not a finite number\)")):
         path.write_text(json.dumps(edit(calibration.to_json())))
         with pytest.raises(OptionError, match=message):
             CalibrationResult.load(path)
@@ -256,7 +261,7 @@ def test_broken_calibration_is_an_option_error(calibration, tmp_path):
         with pytest.raises(OptionError, match=f"constants.gemm: .*{message}"):
             CalibrationResult.load(path)
     # These loaded, and a profile then said it priced with a calibration it did not use.
-    for key, value, message in (("run_overhead_us", float("nan"), "run_overhead_us must be"),
+    for key, value, message in (("run_overhead_us", float("nan"), "run_overhead_us: not a finite number"),
                                 ("run_overhead_us", -100, "run_overhead_us must be"),
                                 ("threads", 0, "threads must be at least 1"),
                                 ("target", "ascend310", "target 'ascend310', not cpu"),

@@ -588,3 +588,46 @@ def test_a_portable_onnx_keeps_the_types_onnx_cannot_infer_through_a_function():
     problems = numerics.compare(numerics.run(proto, feeds), numerics.run(written, feeds),
                                 1e-5, 1e-6)
     assert not problems, problems
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_a_division_by_a_rank_widening_one_keeps_its_rank(tmp_path, level):
+    # onnxruntime's DivMulFusion wrote Mul(Div(1, x), y) as Div(y, x), dropping the rank a
+    # constant 1 of shape [1,1,1] adds: the partition returned [3, 8] for a declared [1, 3, 8]
+    # and the .om did not load.
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[3,8] x, float[3,8] y) => (float[1,3,8] z) {
+          r = Div (one, x)
+          z = Mul (r, y)
+        }""")
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((1, 1, 1), np.float32),
+                                                                "one"))
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.uniform(0.5, 2, (3, 8)).astype(np.float32) for name in ("x", "y")}
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, level=level, target="cpu"), path)
+    with graphopt.load(path) as session:
+        np.testing.assert_allclose(session.run(feeds)["z"], numerics.run(proto, feeds)["z"],
+                                   rtol=1e-6)
+
+
+def test_a_norm_that_half_precision_makes_a_square_loads_at_o3(tmp_path):
+    # Pow(d, 2.0001) is no square in float32 (FuseLayerNorm leaves it), but 2.0 in float16;
+    # at -O3 the centring Sub sits in an elementwise group, and onnxruntime fused the inlined
+    # norm into a LayerNormalization of the float32 input behind the Cast, which it refused
+    # to load ("bound to different types").
+    proto = onnx.parser.parse_model(NORM)
+    proto.graph.initializer.extend([
+        onnx.numpy_helper.from_array(np.array(2.0001, np.float32), "p"),
+        onnx.numpy_helper.from_array(np.array(1e-5, np.float32), "eps")])
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, level=3, target="cpu", precision="fp16"), path)
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal((2, 4, 8)).astype(np.float32) for name in ("x", "skip")}
+    with graphopt.load(path) as session:  # it loads and runs (float16 squares d exactly,
+        y = session.run(feeds)["y"]       # where float32's d^2.0001 of a negative d is NaN)
+    expected = numerics.run(proto, feeds)["y"]
+    assert y.shape == expected.shape
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(y[finite], expected[finite], atol=0.02, rtol=0.02)

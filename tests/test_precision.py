@@ -220,8 +220,8 @@ def test_elementwise_work_between_float32_ops_stays_float32():
     kept = compile_(proto, precision="fp16", precision_deny={"Conv"})
     assert "Cast" not in ops(kept.model) and set(dtypes(kept).values()) == {"f32"}
     assert any("fp16: kept float32, where float16 would only round their values and Cast them back "
-               "(no matrix work, between float32 ops): Add, Clip, Sigmoid (precision_allow=OPS "
-               "converts them)" in note for note in kept.notes), kept.notes
+               "(no matrix work, fed by float32 ops alone): Add, Clip, Sigmoid (precision_allow="
+               "OPS converts them)" in note for note in kept.notes), kept.notes
     checked(kept, proto, atol=1e-6)
     # --precision-allow converts them anyway, and a region that holds matrix work converts.
     allowed = compile_(proto, precision="fp16", precision_deny={"Conv"},
@@ -249,6 +249,16 @@ def test_a_region_at_the_models_edge_fed_half_or_holding_a_table_still_converts(
     checked(result, table, atol=0.05)
     relu = parse_model("g (float[2,8] x) => (float[2,8] y) { y = Relu(x) }")
     assert ops(compile_(relu, precision="fp16").model) == ["Cast", "Relu", "Cast"]  # as asked
+    # Also behind data movement, which stays float32 reading the float32 input: a Transpose
+    # of an NHWC image had left its preprocessing float32, "fed by float32 ops".
+    moved = parse_model("""
+        g (float[1,4,4,3] x) => (float[1,3,4,4] y) {
+            t = Transpose <perm = [0, 3, 1, 2]> (x)
+            s = Sub(t, mean)
+            y = Sigmoid(s)
+        }""", mean=np.float32(0.5))
+    assert {n.op_type: n.output.dtype.short for n in compile_(moved, precision="fp16").model.graph
+            if n.op_type in ("Sub", "Sigmoid")} == {"Sub": "f16", "Sigmoid": "f16"}
     fed_half = graphopt.optimize(relu, input_fp16_nodes=["x"], precision="fp16")
     assert [(n.op_type, n.output.dtype.short) for n in fed_half.model.graph] == [
         ("Relu", "f16"), ("Cast", "f32")]

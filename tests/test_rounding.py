@@ -264,3 +264,18 @@ def test_onnxruntimes_own_miscompile_is_no_rounding_allowance(monkeypatch):
     _own_run(monkeypatch, close)
     assert rounding.within_rounding(None, {}, {"y": expected}, {"y": expected + np.float32(5e-5)},
                                     ["y"], JUDGE) is not None
+
+
+def test_a_bfloat16_outputs_rounding_is_judged_at_its_own_scale(monkeypatch):
+    # ml_dtypes' bfloat16 arrays are of numpy kind 'V': the limit took them for float32 (1e-3)
+    # and their scale for 1, so one bfloat16 step on outputs of magnitude 4 (0.0156) refused
+    # a compile off by what onnxruntime's optimizer moves the original.
+    import ml_dtypes
+
+    rng = np.random.default_rng(4)
+    base = rng.uniform(-4, 4, (1, 8, 16)).astype(np.float32)
+    expected = base.astype(ml_dtypes.bfloat16)
+    moved = (base + np.float32(0.012)).astype(ml_dtypes.bfloat16)
+    _own_run(monkeypatch, moved)
+    assert rounding.within_rounding(None, {}, {"y": expected}, {"y": moved}, ["y"],
+                                    JUDGE) is not None

@@ -130,7 +130,44 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
         elif node.op_type == "MatMul" and node.is_onnx and _transposed_times_vector(node) \
                 and _TRANSPOSE_FOLDER not in found:
             found.append(_TRANSPOSE_FOLDER)
+        elif level != "disable" and _DIV_MUL_FUSER not in found and (
+                _widening_numerator(node) or _widening_numerator_in_call(node, functions)):
+            found.append(_DIV_MUL_FUSER)
     return found or None
+
+
+# onnxruntime's DivMulFusion writes Mul(Div(1, x), y) as Div(y, x), dropping the rank a
+# constant 1 of shape [1, 1, 1] adds: the partition returned [3, 8] for a declared [1, 3, 8],
+# and the .om did not load.
+_DIV_MUL_FUSER = "DivMulFusion"
+
+
+def _widening_numerator(node) -> bool:
+    """A Div of a constant numerator of a higher rank than its divisor."""
+    if node.op_type != "Div" or not node.is_onnx or len(node.inputs) < 2:
+        return False
+    numerator, divisor = node.inputs
+    data = numerator.constant() if numerator is not None else None
+    return data is not None and divisor is not None and divisor.shape is not None \
+        and data.ndim > len(divisor.shape)
+
+
+def _widening_numerator_in_call(node, functions: dict) -> bool:
+    """The same inside an -O3 group's body, its constants and inputs the call's: a divisor
+    the body computes, of a rank the body does not say, counts as of rank 1."""
+    function = functions.get((node.domain, node.op_type))
+    if function is None:
+        return False
+    actual = {formal: value for formal, value in zip(function.input, node.inputs)}
+    for body in function.node:
+        if body.op_type != "Div" or len(body.input) < 2:
+            continue
+        numerator, divisor = actual.get(body.input[0]), actual.get(body.input[1])
+        data = numerator.constant() if numerator is not None else None
+        rank = len(divisor.shape) if divisor is not None and divisor.shape is not None else 1
+        if data is not None and data.ndim > rank:
+            return True
+    return False
 
 
 def _misfused_norm_part(node) -> bool:
@@ -160,8 +197,10 @@ def _misfused_norm_part(node) -> bool:
         source = cast.inputs[0] if cast is not None and cast.op_type == "Cast" else None
         if source is None or source.dtype is None or source.dtype == node.inputs[0].dtype:
             return False  # a Cast to the dtype it reads: one onnxruntime may drop
-        # A norm's: x - mean(x) follows (a mean pooled for its own sake leaves the fusions on).
-        centred = {id(use.node) for use in node.outputs[0].uses if use.node.op_type == "Sub"}
+        # A norm's: x - mean(x) follows (a mean pooled for its own sake leaves the fusions on),
+        # or a call of an -O3 group that reads both, whose body onnxruntime inlines.
+        centred = {id(use.node) for use in node.outputs[0].uses
+                   if use.node.op_type == "Sub" or use.node.domain == "graphopt"}
         return any(id(use.node) in centred for use in node.inputs[0].uses)
     if node.op_type == "LayerNormalization":
         epsilon = node.attr("epsilon", 1e-5)

@@ -91,7 +91,13 @@ def _number(table: dict, key: str, where: str = "") -> float:
         shown = "" if value is None else f" {value!r}"
         raise ValueError(f"{field}: {_JSON_TYPES.get(type(value), 'a value')}{shown}, not a "
                          "number")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        number = math.inf
+    if not math.isfinite(number):  # JSON's Infinity and NaN too
+        raise ValueError(f"{field}: not a finite number")
+    return number
 
 
 def _field(where: str, make):

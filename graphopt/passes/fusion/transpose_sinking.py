@@ -69,7 +69,7 @@ class SinkTransposes(Pass):
             return ctx.allows(self.name, node)
 
         for graph in list(model.graph.all_graphs()):
-            result.count("Pad axes written out", _pads_for_every_axis(graph, allows))
+            result.count("Pad axes written out", pads_for_every_axis(graph, allows))
             changed = True
             while changed:  # a move brings a Transpose to the next op; a bypass frees one
                 changed = False
@@ -213,12 +213,13 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
     return True
 
 
-def _pads_for_every_axis(graph, allows) -> int:
+def pads_for_every_axis(graph, allows=lambda node: True) -> int:
     """Give each Pad that names its axes (opset 18's `axes` input, constant) amounts for every
     axis instead, 0 on the others: it then moves with a Transpose like any Pad, and
-    onnxruntime's transpose optimizer, which misreads negative axes (a Transpose, Pad over
-    axis -1, Transpose failed in a Gather at run time, on the original too), meets none.
-    Returns how many were rewritten."""
+    onnxruntime's transpose optimizer, which misreads an `axes` input (a Transpose, Pad over
+    axis -1, Transpose failed in a Gather at run time, on the original too), meets none. The
+    compile of an .om does this at every level (compiler._partition). Returns how many were
+    rewritten."""
     rewritten = 0
     for node in list(graph.nodes()):
         if node.op_type != "Pad" or not node.is_onnx or len(node.inputs) < 4 \
@@ -226,7 +227,15 @@ def _pads_for_every_axis(graph, allows) -> int:
             continue
         x, axes = node.inputs[0], node.inputs[3].constant()
         pads = _pads(node)
-        rank = len(x.shape) if x is not None and x.shape is not None else None
+        # The rank from the input's shape, else the output's (a Transpose's input may not
+        # have been inferred, its output has).
+        shape = next((v.shape for v in (x, node.outputs[0]) if v is not None
+                      and v.shape is not None), None)
+        rank = len(shape) if shape is not None else None
+        source = x.producer if x is not None else None
+        if rank is None and source is not None and source.op_type == "Transpose" \
+                and source.attr("perm") is not None:  # what the rank is, shapes unknown
+            rank = len(source.attr("perm"))
         if axes is None or pads is None or rank is None or len(pads) != 2 * axes.size:
             continue
         axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)]

@@ -266,9 +266,9 @@ class ConvertPrecision(Pass):
                      "later opset may convert them)")
         if sandwiched:
             ctx.note(f"{options.precision}: kept float32, where {half.name.lower()} would only "
-                     "round their values and Cast them back (no matrix work, between float32 "
-                     f"ops): {_listing(sandwiched)} ({usage('precision_allow', 'OPS')} converts "
-                     "them)")
+                     "round their values and Cast them back (no matrix work, fed by float32 "
+                     f"ops alone): {_listing(sandwiched)} ({usage('precision_allow', 'OPS')} "
+                     "converts them)")
         if kept_int8:
             ctx.note(f"{options.precision}: kept the model's own int8 layers (between its "
                      f"DequantizeLinear and QuantizeLinear nodes, which onnxruntime runs as one "

@@ -7,7 +7,7 @@ from collections import Counter
 
 from graphopt.ir import DType, Node
 from graphopt.passes.precision.casts import constant_data
-from graphopt.passes.precision.policy import ALLOW
+from graphopt.passes.precision.policy import ALLOW, PASS_THROUGH
 from graphopt.passes.precision.schema import Slots
 
 
@@ -71,8 +71,21 @@ def _pointless(region: list[tuple[Node, Slots]], allowed) -> bool:
     # it. Writing an output is no reason: the signature keeps float32, and a tail between a
     # float32 op and the output (an --out-nodes cut after a Conv bf16 keeps) only rounds.
     return bool(entering) and not any(
-        value.producer is None or value.dtype in (DType.FLOAT16, DType.BFLOAT16)
+        _from_a_model_input(value) or value.dtype in (DType.FLOAT16, DType.BFLOAT16)
         for value in entering)
+
+
+def _from_a_model_input(value) -> bool:
+    """Whether `value` is a model input, or one that data movement alone makes of one (a
+    Transpose of an NHWC image, which stays float32 as it reads a float32 input: the
+    preprocessing after it had been kept float32 as if a float32 op fed it)."""
+    while value.producer is not None:
+        node = value.producer
+        if node.op_type not in PASS_THROUGH or not node.is_onnx or not node.inputs \
+                or node.inputs[0] is None:
+            return False
+        value = node.inputs[0]
+    return constant_data(value) is None
 
 
 def _reads_a_table(node: Node, slots: Slots) -> bool:
