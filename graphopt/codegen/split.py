@@ -188,10 +188,19 @@ def _misfused_norm_part(node) -> bool:
 
     if not node.is_onnx:
         return False
-    if node.op_type == "ReduceMean" and not node.attr("keepdims", 1) and any(
-            use.op_type in ("Sub", "Add") or use.domain == "graphopt"  # (an -O3 group's body)
-            for out in node.outputs if out is not None for use in out.consumers()):
-        return True  # the fusions ignore keepdims: a [8] mean broadcast along the rows
+    if node.op_type == "ReduceMean" and not node.attr("keepdims", 1) and node.inputs \
+            and node.inputs[0] is not None and node.outputs[0] is not None:
+        # The fusions ignore keepdims (a [8] mean broadcast along the rows): a norm's mean, read
+        # with its input by a Sub (or an -O3 group's call), or its variance, read by an Add
+        # into a Sqrt. A mean-pool head (keepdims=0, then a bias) leaves the fusions on.
+        readers = node.outputs[0].consumers()
+        centring = {id(use) for use in readers if use.op_type == "Sub"
+                    or use.domain == "graphopt"}
+        if any(id(use.node) in centring for use in node.inputs[0].uses) or any(
+                use.op_type == "Add" and any(after.op_type == "Sqrt" for out in use.outputs
+                                             if out is not None for after in out.consumers())
+                for use in readers):
+            return True
     if node.op_type == "ReduceMean" and node.inputs and node.inputs[0] is not None:
         cast = node.inputs[0].producer
         source = cast.inputs[0] if cast is not None and cast.op_type == "Cast" else None
