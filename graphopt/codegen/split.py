@@ -155,10 +155,10 @@ def _widening_numerator(node) -> bool:
 def _widening_numerator_in_call(node, functions: dict) -> bool:
     """The same inside an -O3 group's body, its constants and inputs the call's: a divisor
     the body computes, of a rank the body does not say, counts as of rank 1."""
-    function = functions.get((node.domain, node.op_type))
-    if function is None:
+    called = _called(node, functions)
+    if called is None:
         return False
-    actual = {formal: value for formal, value in zip(function.input, node.inputs)}
+    function, actual = called
     for body in function.node:
         if body.op_type != "Div" or len(body.input) < 2:
             continue
@@ -231,6 +231,15 @@ def _misfused_norm_part(node) -> bool:
     return False
 
 
+def _called(node, functions: dict):
+    """(the model-local function `node` calls, its formal inputs' actual values by name), or
+    None for a node that calls none."""
+    function = functions.get((node.domain, node.op_type))
+    if function is None:
+        return None
+    return function, {formal: value for formal, value in zip(function.input, node.inputs)}
+
+
 def _misfused_in_call(node, functions: dict) -> bool:
     """Whether a call of a model-local function (an -O3 elementwise group) holds a Pow or an
     epsilon Add that _misfused_norm_part would flag: onnxruntime inlines the body, and its
@@ -239,10 +248,10 @@ def _misfused_in_call(node, functions: dict) -> bool:
     constants are the call's inputs."""
     import math
 
-    function = functions.get((node.domain, node.op_type))
-    if function is None:
+    called = _called(node, functions)
+    if called is None:
         return False
-    actual = {formal: value for formal, value in zip(function.input, node.inputs)}
+    function, actual = called
     feeds_sqrt = {name for body in function.node if body.op_type == "Sqrt" for name in body.input}
 
     def constant(name: str):
