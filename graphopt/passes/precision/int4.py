@@ -234,17 +234,19 @@ class QuantizeInt4Weights(Pass):
         # A weight several layers read (the same effective matrix: one initializer, alpha and
         # transB alike) is rounded once and stored once, GPTQ weighing their XᵀX summed; it
         # had been rounded per layer, stored twice and counted twice in the note.
+        weight_keys = {id(node): _weight_key(plan, dtype)
+                       for node, plan, dtype, table in jobs if table is None}
         shared_grams: dict[tuple, np.ndarray] = {}
-        for node, plan, dtype, table in jobs if grams is not None else ():
+        for node, _, _, table in jobs if grams is not None else ():
             if table is None:
-                key = _weight_key(plan, dtype)
+                key = weight_keys[id(node)]
                 shared_grams[key] = shared_grams.get(key, 0.0) + grams[gram_keys[id(node)]]
         stored: dict[tuple, tuple] = {}  # weight key → (its initializers, its block)
         refitted: dict[int, int] = {}  # smaller block → weights that got it
         blocks: set[int] = set()  # the blocks the quantized weights and tables use
         singular = 0  # weights GPTQ could not take
         for node, plan, dtype, table in jobs:
-            key = _weight_key(plan, dtype) if table is None else None
+            key = weight_keys.get(id(node))  # None for a tied head
             if key in stored:
                 weights, fitted = stored[key]
                 _rewrite(graph, node, plan, fitted, dtype, weights, level)
