@@ -539,8 +539,10 @@ def test_a_norm_behind_any_cast_loads_at_onnxruntimes_full_level(tmp_path, preci
     (2.0, float("nan"), ""),
     # The fusions ignore keepdims=0 (2.5 off) and drop the rank an epsilon of [1,1,1,1] adds
     # (the .om's output came back of rank 0).
-    (2.0, 1e-5, "keepdims=0"), (2.0, 1e-5, "epsilon of rank 4")])
-@pytest.mark.parametrize("level", [1, 2, 3])
+    (2.0, 1e-5, "keepdims=0"), (2.0, 1e-5, "epsilon of rank 4"),
+    # onnxruntime drops an Identity before its fusions; -O0 keeps it in the partition.
+    (3.0, 1e-5, "Identity before the variance")])
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_norms_onnxruntime_would_misread_are_left_as_written(tmp_path, exponent, epsilon,
                                                              form, level):
     # onnxruntime's LayerNormFusion reads no Pow exponent (a Pow(d, 0) became a LayerNorm, off
@@ -554,6 +556,9 @@ def test_norms_onnxruntime_would_misread_are_left_as_written(tmp_path, exponent,
             "float[2,4,8] x, float[2,4,8] skip) => (float[2,4,8] y)",
             "float[8,8] x, float[8,8] skip) => (float[8,8] y)")
         shape = (8, 8)
+    elif form == "Identity before the variance":
+        text = text.replace("v = ReduceMean <axes = [-1]> (d2)",
+                            "d3 = Identity (d2)\n      v = ReduceMean <axes = [-1]> (d3)")
     elif form:
         text = text.replace("=> (float[2,4,8] y)", "=> (float[1,2,4,8] y)")
     proto = onnx.parser.parse_model(text)
@@ -572,6 +577,36 @@ def test_norms_onnxruntime_would_misread_are_left_as_written(tmp_path, exponent,
     with graphopt.load(path) as session:
         actual = session.run(feeds)
     np.testing.assert_allclose(actual["y"], expected["y"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_tanh_gelus_cube_leaves_onnxruntimes_norm_fusions_on(tmp_path, level):
+    # The misread-norm guard took any Pow of an exponent other than 2 for a norm's variance:
+    # GPT-2's tanh-GELU, Pow(x, 3) read by a Mul, switched every norm fusion off at -O1,
+    # where graphopt leaves the norms to onnxruntime.
+    rng = np.random.default_rng(0)
+    proto = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 8, 16] x) => (float[1, 8, 16] y) {{
+          cube = Pow (x, three)
+          k = Mul (cube, c)
+          inner = Add (x, k)
+          t = Tanh (inner)
+          r = Mul (t, x)
+          {NORM_OF_R}
+        }}""")
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in {
+        "gamma": rng.standard_normal(16).astype(np.float32),
+        "beta": rng.standard_normal(16).astype(np.float32), "c": np.float32(0.044715),
+        "three": np.float32(3), "two": np.float32(2), "eps": np.float32(1e-5)}.items())
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, level=level, target="cpu"), path)
+    (partition,) = load_om(path).manifest["partitions"]
+    assert "LayerNormFusionL2" not in (partition.get("disabled_optimizers") or [])
+    feeds = {"x": rng.standard_normal((1, 8, 16)).astype(np.float32)}
+    with graphopt.load(path) as session:
+        np.testing.assert_allclose(session.run(feeds)["y"], numerics.run(proto, feeds)["y"],
+                                   rtol=1e-4, atol=1e-5)
 
 
 def test_a_portable_onnx_keeps_the_types_onnx_cannot_infer_through_a_function():

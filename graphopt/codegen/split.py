@@ -172,7 +172,7 @@ def _widening_numerator_in_call(node, functions: dict) -> bool:
 
 def _misfused_norm_part(node) -> bool:
     """A node onnxruntime's norm fusions would misread: a Pow whose constant exponent is not
-    2, an Add of a constant ≤ 0 or NaN, or of a higher rank than the value it adds to, into a
+    2 read by a ReduceMean (or an -O3 group's call), an Add of a constant ≤ 0 or NaN, or of a higher rank than the value it adds to, into a
     Sqrt (a decomposed norm's epsilon), a ReduceMean with keepdims=0 read by a Sub or an Add
     (the fused node keeps the reduced axis), a LayerNormalization whose epsilon is ≤ 0 or NaN,
     or a ReduceMean of a Cast from another
@@ -215,8 +215,11 @@ def _misfused_norm_part(node) -> bool:
         epsilon = node.attr("epsilon", 1e-5)
         return not (isinstance(epsilon, (int, float)) and epsilon > 0)  # NaN > 0 is False
     if node.op_type == "Pow" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        # Both fusions match the variance as ReduceMean(Pow(d, 2)): a Pow read otherwise (a
+        # tanh-GELU's cube, read by a Mul) is none of theirs.
         exponent = node.inputs[1].constant()
-        return exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) != 2
+        return exponent is not None and exponent.size == 1 \
+            and float(exponent.reshape(-1)[0]) != 2 and _reduced_by_a_mean(node.outputs[0])
     if node.op_type == "Add" and any(use.op_type == "Sqrt" for out in node.outputs
                                      if out is not None for use in out.consumers()):
         for value, other in zip(node.inputs, reversed(node.inputs)):
@@ -228,6 +231,20 @@ def _misfused_norm_part(node) -> bool:
                 # An epsilon of a higher rank widens the output, which the fused node drops.
                 if other is not None and other.shape is not None and data.ndim > len(other.shape):
                     return True
+    return False
+
+
+def _reduced_by_a_mean(value) -> bool:
+    """Whether a ReduceMean (or an -O3 group's call) reads `value`, directly or through ops
+    onnxruntime removes before its fusions: an Identity, a Dropout, a Cast to the same dtype."""
+    for use in value.consumers() if value is not None else ():
+        if use.op_type == "ReduceMean" or use.domain == "graphopt":
+            return True
+        passes_on = use.op_type in ("Identity", "Dropout") or (
+            use.op_type == "Cast" and use.outputs[0] is not None
+            and use.outputs[0].dtype == value.dtype)
+        if use.is_onnx and passes_on and _reduced_by_a_mean(use.outputs[0]):
+            return True
     return False
 
 
@@ -259,8 +276,11 @@ def _misfused_in_call(node, functions: dict) -> bool:
         data = value.constant() if value is not None else None
         return data if data is not None and data.size == 1 else None
 
+    # A Pow's value reaches a ReduceMean where the body reduces it or passes it out.
+    reduced = {name for body in function.node if body.op_type == "ReduceMean"
+               for name in body.input} | set(function.output)
     for body in function.node:
-        if body.op_type == "Pow" and len(body.input) > 1:
+        if body.op_type == "Pow" and len(body.input) > 1 and body.output[0] in reduced:
             exponent = constant(body.input[1])
             if exponent is not None and float(exponent.reshape(-1)[0]) != 2:
                 return True
