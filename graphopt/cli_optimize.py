@@ -13,7 +13,7 @@ from graphopt.cli_types import (dynamic_dims, input_shapes, name_text, parse_siz
                                 target_name, tolerance)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
-from graphopt.option_names import spelled
+from graphopt.option_names import flags_spelled, spelled
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
 from graphopt.progress import compile_progress
 
@@ -100,7 +100,7 @@ def add_optimize_parser(sub) -> None:
                          help="apply what `graphopt tune` stored in this knowledge base: the "
                               "subgraph decisions tuned for this model, and tuned tilings in an "
                               "NPU .om's kernel configs")
-    storage.add_argument("--storage", dest="tuning_db", type=path_text, metavar="URL",
+    storage.add_argument("--storage", dest="storage_url", type=path_text, metavar="URL",
                          help="the same, as tune, kb and report spell a storage URL")
     p.add_argument("--memory-reorder", action="store_true",
                    help="reorder each partition's nodes to lower its peak work memory")
@@ -117,6 +117,15 @@ def add_optimize_parser(sub) -> None:
 
 
 def _cmd_optimize(args) -> int:
+    # --storage is --tuning-db as tune, kb and report spell it: one keyword behind both, and
+    # the messages name the flag given.
+    given = "--storage" if args.storage_url else "--tuning-db"
+    args.tuning_db = args.tuning_db or args.storage_url
+    with flags_spelled({"--tuning-db": given}):
+        return _optimize(args)
+
+
+def _optimize(args) -> int:
     from graphopt.compile_memory import memory_plots
     from graphopt.compile_save import save
     from graphopt.ir.collector import collect_dropped
@@ -154,8 +163,8 @@ def _cmd_optimize(args) -> int:
         raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
                           "write an .om or give --target")
     if args.tuning_db and not (args.target or writes_om(args.output)):
-        raise OptionError("--tuning-db applies what `graphopt tune` found for a target: give "
-                          "--target or -o FILE.om")
+        raise OptionError(f"{spelled('--tuning-db')} applies what `graphopt tune` found for "
+                          "a target: give --target or -o FILE.om")
     if args.dynamic_dims and not writes_om(args.output):
         raise OptionError(f"--dynamic-dims: -o {args.output}: the shape profiles are kept "
                           "together in an .om; ONNX holds one shape per model")
@@ -171,10 +180,11 @@ def _cmd_optimize(args) -> int:
         device.kind == "npu" for device in result.partitioning.target.devices)
     if args.tuning_db and result.tuned_study is None and not args.quiet and \
             (not writes_om(args.output) or not npu) and \
-            not any(note.startswith("--tuning-db holds") for note in result.notes):
+            not any(note.startswith(f"{spelled('--tuning-db')} holds")
+                    for note in result.notes):
         tilings = ("kernel tilings go into an .om only" if not writes_om(args.output) else
                    f"the {target} target has no NPU kernels to take tilings")
-        result.notes.append(f"--tuning-db: nothing in it applies to {args.output}: no subgraph "
+        result.notes.append(f"{spelled('--tuning-db')}: nothing in it applies to {args.output}: no subgraph "
                             f"decisions for this model on {target} at -O{args.level} (`graphopt "
                             f"tune --job subgraph` makes them), and {tilings}")
     report = bool(pass_options) and not args.no_accuracy_report and not args.quiet
@@ -309,7 +319,7 @@ def _files_read(args) -> dict[str, str | list[str] | None]:
             "--switch-file": args.switch_file, "--fusion-switch-file": args.fusion_switch_file,
             "--insert-op-conf": args.insert_op_conf,
             "--target": None if args.target in (None, *builtin_targets()) else args.target,
-            "--keep-dtype": keep_dtype_files(args.keep_dtype), "--tuning-db": tuning_db}
+            "--keep-dtype": keep_dtype_files(args.keep_dtype), spelled("--tuning-db"): tuning_db}
 
 
 def compile_flags(args) -> list[str]:

@@ -238,8 +238,9 @@ def test_reading_commands_leave_the_knowledge_base_unchanged(built, tmp_path, ca
 # --- 2. URLs -----------------------------------------------------------------------------------
 
 
+# optimize's --storage had errors name --tuning-db, the other flag of its one keyword.
 @pytest.mark.parametrize("flag", ["--storage", "--tuning-db"])
-@pytest.mark.parametrize("command", ["tune", "kb list", "report"])
+@pytest.mark.parametrize("command", ["tune", "kb list", "report", "optimize"])
 def test_an_unknown_url_scheme_names_the_url_and_the_schemes_that_work(built, tmp_path, capsys,
                                                                       command, flag):
     rc, _, err = run_cli(capsys, *commands(built, tmp_path, flag, "bogus://x")[command])
@@ -486,11 +487,13 @@ def test_only_the_default_storage_directory_is_created(tmp_path, monkeypatch):
     assert (tmp_path / "cache" / "graphopt").is_dir()
 
 
-@pytest.mark.parametrize("command", ["kb list", "kb export", "report"])
-def test_reading_a_missing_knowledge_base_is_refused(built, tmp_path, capsys, command):
+@pytest.mark.parametrize("flag", ["--storage", "--tuning-db"])
+@pytest.mark.parametrize("command", ["kb list", "kb export", "report", "optimize"])
+def test_reading_a_missing_knowledge_base_is_refused(built, tmp_path, capsys, command, flag):
     missing = tmp_path / "nonexist.db"
-    rc, _, err = run_cli(capsys, *commands(built, tmp_path, "--tuning-db", str(missing))[command])
-    assert_user_error(rc, err, f"--tuning-db {missing}: no such knowledge base")
+    given = f"sqlite:///{missing}" if flag == "--storage" else str(missing)
+    rc, _, err = run_cli(capsys, *commands(built, tmp_path, flag, given)[command])
+    assert_user_error(rc, err, f"{flag} {given}: no such knowledge base")
     assert "creates one" in err and not missing.exists()
 
 

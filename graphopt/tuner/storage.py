@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from graphopt.errors import OptionError, interrupt_behind
 from graphopt.interrupts import interrupts_deferred
+from graphopt.option_names import spelled
 from graphopt.tuner.workers import stop_if_asked
 from graphopt.tuner.optuna_import import optuna
 from graphopt.warning_scope import warnings_as
@@ -40,7 +41,8 @@ def storage_url(db_or_url: str | os.PathLike | None = None, *, option: str = "--
     None the default database (default_db_path, whose directory is created). A given storage
     is checked without touching it: a known URL scheme, and for SQLite a file that is a
     database, or (not `must_exist`) can become one in an existing directory. `option` names
-    the storage in errors."""
+    the storage in errors, as the command line being run spells it."""
+    option = spelled(option)
     if db_or_url is None:
         path = default_db_path()
         if must_exist and not os.path.isfile(path):
@@ -152,6 +154,7 @@ def open_storage(storage: Any = None, *, option: str = "--tuning-db", must_exist
     another program's database is refused rather than given tables of its own."""
     if isinstance(storage, optuna.storages.BaseStorage):
         return storage
+    option = spelled(option)
     url = storage_url(storage, option=option, must_exist=must_exist or read_only)
     label = f"{option} {url if storage is None else os.fspath(storage)}"
     if read_only and url.startswith("sqlite:"):
