@@ -9,6 +9,7 @@ ORT_ENABLE_ALL too), |actual − expected| ≤ 1e-5 + 1e-4·|expected| elementwi
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -233,6 +234,24 @@ def test_batchnorm_as_depthwise_is_the_affine_map():
     expected = (x - mean) / np.sqrt(var + 1e-5) * scale + shift
     np.testing.assert_allclose(weight.reshape(-1)[:c] * x + bias[:c], expected, rtol=1e-5)
     assert not weight[c:].any() and not bias[c:].any()
+
+
+
+def test_a_batchnorm_dividing_by_zero_keeps_its_infinities_without_a_warning():
+    # Variance 0 and epsilon 0: numpy's divide-by-zero warning reached the user (an error
+    # under -W error), and the mean's 0·∞ made the whole channel NaN where the original is +∞
+    # wherever its input is positive.
+    scale, shift, mean = np.ones(2), np.zeros(2), np.zeros(2)
+    var = np.array([0.0, 1.0])
+    x = np.array([[-2.0, 0.0, 3.0], [-2.0, 0.0, 3.0]])
+    with np.errstate(all="ignore"):
+        expected = (x - mean[:, None]) / np.sqrt(var[:, None]) * scale[:, None] + shift[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        weight, bias = batchnorm_as_depthwise(scale, shift, mean, var, 0.0, 8)
+        with np.errstate(invalid="ignore"):  # 0·∞ at x = 0, as in the original
+            actual = weight.reshape(-1)[:2, None] * x + bias[:2, None]
+    np.testing.assert_array_equal(actual, expected)
 
 
 LAYOUTS = {  # one conv each; onnxruntime's transformer writes the filter, we compare bytes

@@ -71,9 +71,12 @@ def batchnorm_as_depthwise(scale, shift, mean, var, eps: float, block: int
     """BatchNormalization as a 1×1 depthwise conv over the padded channels: W [C', 1, 1, 1],
     b [C'] with W = γ/√(σ²+ε), b = β − μ·W (computed in float64). A 1×1 OIHWBo filter with one
     input channel is plain channel order, so W needs no reordering."""
-    with np.errstate(invalid="ignore"):  # a negative variance gives NaN, as onnxruntime's own
+    # A negative variance gives NaN, as onnxruntime's own; a variance and epsilon of 0 an
+    # infinite scale (a channel the original divides by 0), whose mean of 0 then shifts by
+    # nothing rather than by 0·∞ = NaN: no warning of numpy's for either.
+    with np.errstate(all="ignore"):
         s = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
-    b = shift.astype(np.float64) - mean.astype(np.float64) * s
+        b = shift.astype(np.float64) - np.where(mean == 0, 0.0, mean.astype(np.float64) * s)
     dtype = scale.dtype
     return (padded_vector(s.astype(dtype), block).reshape(-1, 1, 1, 1),
             padded_vector(b.astype(dtype), block))
