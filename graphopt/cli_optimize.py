@@ -129,6 +129,7 @@ def _optimize(args) -> int:
     from graphopt.compile_memory import memory_plots
     from graphopt.compile_save import save
     from graphopt.ir.collector import collect_dropped
+    from graphopt.ir.data_files import data_files
     from graphopt.passes.memory import draw_plan
     from graphopt.summary import format_summary
 
@@ -184,11 +185,14 @@ def _optimize(args) -> int:
                     for note in result.notes):
         tilings = ("kernel tilings go into an .om only" if not writes_om(args.output) else
                    f"the {target} target has no NPU kernels to take tilings")
-        result.notes.append(f"{spelled('--tuning-db')}: nothing in it applies to {args.output}: no subgraph "
-                            f"decisions for this model on {target} at -O{args.level} (`graphopt "
-                            f"tune --job subgraph` makes them), and {tilings}")
+        result.notes.append(f"{spelled('--tuning-db')}: nothing in it applies to "
+                            f"{args.output}: no subgraph decisions for this model on {target} "
+                            f"at -O{args.level} (`graphopt tune --job subgraph` makes them), "
+                            f"and {tilings}")
     report = bool(pass_options) and not args.no_accuracy_report and not args.quiet
     source = _overwritten_source(args) if report else None
+    in_place = os.path.exists(args.output) and os.path.samefile(args.model, args.output)
+    weights_files = data_files(args.model) if in_place else set()
     # Checked before the model is written: a compile that fails writes nothing. A picture per
     # partition takes a name made from FILE's (p.p0_npu.svg), checked as FILE was: one had
     # replaced the input model of that name, or failed as a directory after the .om was written.
@@ -209,6 +213,11 @@ def _optimize(args) -> int:
         save(result, args.output)  # with the tilings of the --tuning-db optimize read
     for path, title, plan in plots:
         draw_plan(plan, path, title=title)
+    unread = sorted(_shown_path(path) for path in weights_files - data_files(args.output))
+    if unread:  # not deleted: another model may read them too
+        result.notes.append(f"{', '.join(unread)}: the weights file of the model -o replaced, "
+                            f"which {args.output} no longer reads: delete it if no other model "
+                            "does")
     idle = _idle_device(result, compile_flags(args))
     if idle:  # on stderr, and under -q too: the flag asked for a device the artifact never uses
         print(f"graphopt: warning: {idle}", file=sys.stderr)
@@ -349,6 +358,12 @@ def switch_file_of(args) -> str | None:
 
         read_switch_file(args.fusion_switch_file, spelled("--fusion-switch-file"))
     return args.switch_file or args.fusion_switch_file
+
+
+def _shown_path(path: str) -> str:
+    """`path` relative to the working folder where it lies below it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _overwritten_source(args):

@@ -283,6 +283,32 @@ def test_saving_over_the_models_own_data_keeps_the_result_usable(tmp_path):
                                rtol=1e-5)
 
 
+@pytest.mark.parametrize("location, threshold", [("m.onnx.data", None), ("weights.bin", "0")])
+def test_optimize_in_place_names_the_weights_file_it_left_unread(tmp_path, capsys, monkeypatch,
+                                                                location, threshold):
+    # Written inline (small weights), or to m.onnx.data beside it, the output no longer reads
+    # the input's weights file: it stayed behind unsaid. It is named, not deleted (another
+    # model may read it too).
+    import onnx
+
+    proto, weight = _matmul_model(1)
+    source = tmp_path / "m.onnx"
+    onnx.save(proto, source, save_as_external_data=True, location=location, size_threshold=0)
+    if threshold is not None:
+        monkeypatch.setenv("GRAPHOPT_EXTERNAL_DATA_THRESHOLD", threshold)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(capsys, "optimize", "m.onnx", "-o", "m.onnx")
+    assert rc == 0, err
+    assert f"note: {location}: the weights file of the model -o replaced, which m.onnx no " \
+        "longer reads: delete it if no other model does" in out
+    assert (tmp_path / location).exists()
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(_run(source, x), x @ weight, rtol=1e-5)
+    # Written again in place, with its weights where they are: nothing to say.
+    rc, out, err = run_cli(capsys, "optimize", "m.onnx", "-o", "m.onnx")
+    assert rc == 0 and "weights file" not in out, err
+
+
 def test_a_result_saved_over_its_own_data_saves_again_for_a_target(tmp_path):
     # For a target the partition models hold tensors of their own, reading the model's data
     # lazily: the in-place save replaced that file under them.
