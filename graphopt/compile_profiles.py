@@ -197,14 +197,14 @@ def _merge(pinned: dict[str, list[int]], profile: ShapeProfile) -> dict[str, lis
             continue
         if len(base) != len(dims):
             raise OptionError(f"{option('input_shapes')} gives input '{name}' {len(base)} dims, "
-                              f"the model "
-                              f"has {len(dims)}")
+                              f"the model has {len(dims)}")
         for axis, (fixed, size) in enumerate(zip(base, dims)):
             if size == -1:
                 continue
             if fixed not in (-1, size):
                 raise OptionError(f"{option('input_shapes')} pins input '{name}' dim {axis} to "
-                                  f"{fixed}, {option('dynamic_dims')} {profile.label} to {size}")
+                                  f"{fixed}, and {option('dynamic_dims')}'s profile "
+                                  f"{profile.label} makes it {size}: size it with one of them")
             base[axis] = size
     return merged
 

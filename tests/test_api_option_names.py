@@ -103,9 +103,11 @@ CASES = {
                         None, None),
     "profiles_and_pins": ("dynamic", {"dynamic_dims": {"batch": [1, 2]},
                                       "input_shapes": {"x": [3, 4]}},
-                          "input_shapes pins input 'x' dim 0 to 3, dynamic_dims batch=1 to 1",
+                          "input_shapes pins input 'x' dim 0 to 3, and dynamic_dims's profile "
+                          "batch=1 makes it 1: size it with one of them",
                           ["--dynamic-dims", "batch:1,2", "--input-shape", "x:3,4"],
-                          "--input-shape pins input 'x' dim 0 to 3, --dynamic-dims batch=1"),
+                          "--input-shape pins input 'x' dim 0 to 3, and --dynamic-dims's "
+                          "profile batch=1 makes it 1"),
 }
 
 

@@ -237,7 +237,8 @@ def test_a_compile_with_other_pins_than_the_study_says_which_it_was_tuned_with(
                            "ascend310", "--tuning-db", db)
     assert rc == 0, err
     assert "note: --tuning-db holds subgraph decisions for this model on ascend310 at -O3 " \
-           "tuned with --input-shape x:1,64,256, not with these pins" in out, out
+           "tuned with --input-shape x:1,64,256, where this compile has no --input-shape" \
+        in out, out
     rc, out, err = run_cli(capsys, "optimize", block_path, "-o", om, "-O3", "--target",
                            "ascend310", "--tuning-db", db, "--input-shape", "x: 1,64,256")
     assert rc == 0, err
@@ -245,8 +246,8 @@ def test_a_compile_with_other_pins_than_the_study_says_which_it_was_tuned_with(
     tune_subgraph(_job(block_path), trials=2, seed=0, storage=db)
     result = optimize(block_path, level=3, target="ascend310", tuning_db=db,
                       input_shapes="x:-1,64,256")
-    assert any("tuned with no input_shapes / input_shapes='x:1,64,256', not with these pins"
-               in note for note in result.notes), result.notes
+    assert any("tuned with no input_shapes / input_shapes='x:1,64,256', where this compile "
+               "has input_shapes='x:-1,64,256'" in note for note in result.notes), result.notes
     # Another model's studies are no such hint.
     other = tmp_path / "other.onnx"
     proto = onnx.load(block_path)
@@ -733,8 +734,9 @@ def test_a_study_at_another_level_and_pins_is_named_and_a_cpu_om_says_nothing_ap
                   storage=db)
     note = decisions_for(db, block_path, "cpu", 2, None).note
     assert note == ("tuning_db holds subgraph decisions for this model on cpu tuned at -O3 with "
-                    "input_shapes='x:1,64,256', not at -O2 with these pins: they apply to a "
-                    "compile at the level and with the pins they were tuned with"), note
+                    "input_shapes='x:1,64,256', where this compile is at -O2 with no "
+                    "input_shapes: they apply to a compile at the level and with the pins they "
+                    "were tuned with"), note
     other = tmp_path / "other.onnx"
     onnx.save(parse_model("agraph (float[1,8] x) => (float[1,8] y) { y = Relu (x) }"), other)
     rc, out, err = run_cli(capsys, "optimize", other, "-o", tmp_path / "o.om", "--tuning-db", db)

@@ -64,8 +64,9 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
                  for p in pins]
         return Decisions(note=(
             f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} at "
-            f"-O{level} tuned with {' / '.join(given)}, not with these pins: they apply to a "
-            "compile with the pins they were tuned with"))
+            f"-O{level} tuned with {' / '.join(given)}, where this compile has "
+            f"{_these_pins(input_shapes)}: they apply to a compile with the pins they were "
+            "tuned with"))
     elsewhere = [(other, p) for other in range(4) if other != level
                  for p in tuned_pins(storage, replace(job, level=other), target_name)]
     if elsewhere:  # another level and other pins both: it had said nothing
@@ -73,9 +74,17 @@ def decisions_for(storage: Any, model: str | bytes, target_name: str, level: int
                                        f"no {option('input_shapes')}") for other, p in elsewhere]
         return Decisions(note=(
             f"{option('tuning_db')} holds subgraph decisions for this model on {target_name} "
-            f"tuned at {' / '.join(given)}, not at -O{level} with these pins: they apply to a "
-            "compile at the level and with the pins they were tuned with"))
+            f"tuned at {' / '.join(given)}, where this compile is at -O{level} with "
+            f"{_these_pins(input_shapes)}: they apply to a compile at the level and with the "
+            "pins they were tuned with"))
     return Decisions()
+
+
+def _these_pins(input_shapes: str | None) -> str:
+    """This compile's pins as the caller gave them ("these pins" had read as though pins that
+    restate a static model's shape changed it)."""
+    return setting("input_shapes", input_shapes) if input_shapes else \
+        f"no {option('input_shapes')}"
 
 
 def tuned_targets(storage: Any, job: SubgraphJob, target_name: str) -> list[str]:
