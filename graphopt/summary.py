@@ -10,7 +10,7 @@ from graphopt.codegen.profile_match import profiles_count
 from graphopt.compile_result import OptimizeResult, op_counts
 from graphopt.errors import one_line
 from graphopt.partition.target import as_given
-from graphopt.table import format_bytes, format_table
+from graphopt.table import format_bytes, format_table, wrap_to_terminal
 
 
 def format_summary(result: OptimizeResult, output: str | None = None,
@@ -66,12 +66,13 @@ def format_summary(result: OptimizeResult, output: str | None = None,
         parts.append(format_profiles(result))
     else:
         for name, plan in result.memory_plans.items():
-            parts.append(f"memory plan {name}: " + (f"none ({plan})" if isinstance(plan, str)
-                                                     else plan.summary()))
+            parts.append(wrap_to_terminal(f"memory plan {name}: " + (
+                f"none ({plan})" if isinstance(plan, str) else plan.summary()), hang="  "))
     if result.traces:
         parts.append("\n".join(result.traces))
+    # Prose wraps on a terminal, as the tables do; piped, each note stays one line for grep.
     for note in result.notes:
-        parts.append(f"note: {note}")
+        parts.append(wrap_to_terminal(f"note: {note}", hang="  "))
     return "\n\n".join(parts)
 
 

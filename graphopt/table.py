@@ -30,7 +30,8 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None,
                for i in range(len(headers))]
     width = terminal_width() if width is None else width
     if width:
-        widths = _fitted(widths, numeric, width)
+        prose = [any(" " in r[i] for r in cells[1:]) for i in range(len(headers))]
+        widths = _fitted(widths, numeric, prose, width)
 
     def line(row: list[str]) -> str:
         pieces = [_wrapped(c, w) if display_width(c) > w else [c] for c, w in zip(row, widths)]
@@ -48,13 +49,18 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None,
     return "\n".join(out)
 
 
-def _fitted(widths: list[int], numeric: list[bool], width: int) -> list[int]:
+def _fitted(widths: list[int], numeric: list[bool], prose: list[bool],
+            width: int) -> list[int]:
     """Column widths within `width`, taken from the widest text columns, none below
-    MIN_WRAPPED (numbers are never wrapped); the natural widths when that cannot fit."""
+    MIN_WRAPPED (numbers are never wrapped); the natural widths when that cannot fit. Columns
+    of `prose` (cells with spaces: lists, reasons) wrap first, and columns of single words
+    (names a user copies: a pass for --disable-pass) only when those cannot make room."""
     fitted = list(widths)
     excess = sum(fitted) + 2 * (len(fitted) - 1) - width
     while excess > 0:
         wrappable = [i for i, w in enumerate(fitted) if not numeric[i] and w > MIN_WRAPPED]
+        if any(prose[i] for i in wrappable):
+            wrappable = [i for i in wrappable if prose[i]]
         if not wrappable:
             return widths
         widest = max(wrappable, key=lambda i: fitted[i])

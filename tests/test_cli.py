@@ -180,6 +180,21 @@ def test_passes_lists_every_pass_and_level(capsys):
         assert f"`graphopt passes` lists every rule ({len(rules)})" in f.read()
 
 
+def test_passes_prose_wraps_on_a_terminal_only(capsys, monkeypatch):
+    # Its lines had fixed breaks at ~96 columns: four lines when piped (the README promises
+    # one per entry), and pipeline lines of 325 columns on an 80-column terminal.
+    from graphopt import table
+
+    rc, piped, _ = cli(capsys, "passes")
+    closing = piped.rstrip("\n").splitlines()[-1]
+    assert closing.startswith("With --target cpu") and closing.endswith("NCHWc ops offline.")
+    monkeypatch.setattr(table, "terminal_width", lambda: 80)
+    rc, out, _ = cli(capsys, "passes")
+    prose = out[out.index("\n-O0"):]
+    assert all(len(line) <= 80 for line in prose.splitlines()), prose
+    assert " ".join(prose.split()) == " ".join(piped[piped.index("\n-O0"):].split())
+
+
 def test_first_sentence_of_a_docstring():
     from graphopt.help_format import first_sentence
 

@@ -180,6 +180,11 @@ def test_ascend_page_shows_partitions_crossing_edges_fallbacks_and_kernels(built
     ns = "{http://www.w3.org/2000/svg}"
     fills = {r.get("fill") for r in graph.iter(f"{ns}rect")}
     assert len(fills - {"#ffffff"}) == 2  # one colour per partition
+    # Each legend entry stays on one line (a long legend wrapped between swatch and label).
+    legend = re.findall(r'<span class="entry"><span class="swatch" [^>]*></span>([^<]*)</span>',
+                        section(text, "graph"))
+    assert legend == ["p0_npu (npu)", "p1_cpu (cpu)"], legend
+    assert ".entry{white-space:nowrap" in text
     edges = {e.find(f"{ns}title").text: e for e in graph.iter(f"{ns}polyline")}
     assert edges["scores (p0_npu → p1_cpu)"].get("stroke") == "#c0392b"
     tips = [t.text for t in graph.iter(f"{ns}title")]

@@ -357,6 +357,13 @@ def test_table_wraps_its_last_column_to_a_terminal_width_only():
         "MatMul  activation in              float32 runs in float16",
         "        Relu/LeakyRelu/Sigmoid/    on the cube under ATC's",
         "        Tanh                       default precision mode"]
+    # A column of prose wraps before one of single names, however wide the names: at 80
+    # columns optimize's pass table had cut "RenameOrtGeneratedInitialize" / "rs", names a
+    # user copies into --disable-pass.
+    rows = [["RenameOrtGeneratedInitializers", "1", "Gather=1, Unsqueeze=1, Concat=1, Add=2"]]
+    assert format_table(["pass", "runs", "by rule"], rows, width=60).splitlines()[2:] == [
+        "RenameOrtGeneratedInitializers     1  Gather=1, Unsqueeze=1,",
+        "                                      Concat=1, Add=2"]
     # A name is cut after a separator where one falls in the line (it was cut mid-part:
     # "ascend310/conv/b" / "1_m1024_k27_n16/" / "float16").
     rows = [["ascend310/conv/b1_m1024_k27_n16/float16", "136.56", "14.97"]]

@@ -72,6 +72,9 @@ def test_the_line_names_both_models_and_how_they_ran():
     assert line == ("speed: m8.om takes 1.63× the time of m.onnx on this machine (1.86 ms "
                     "against 1.14 ms a run; 1 thread, ORT_ENABLE_ALL, the .om at the levels it "
                     "records, medians of 25 interleaved runs)")
+    # Three digits each, zeros kept: "33.2 µs against 31 µs" had read as less precise.
+    assert "(33.2 µs against 31.0 µs a run" in SpeedCheck(31e-6, 33.2e-6, 9).format("a", "b")
+    assert "(1234 ms against 1200 ms a run" in SpeedCheck(1.2, 1.234, 9).format("a", "b")
 
 
 def test_a_lossy_compile_prints_the_speed_line_and_skips_it_where_it_would_mislead(tmp_path,

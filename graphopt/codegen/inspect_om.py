@@ -532,8 +532,10 @@ def _format_om(artifact: OmArtifact) -> str:
                      f"({format_bytes(sum(i['size'] for i in members.values()))})")),
     ]
     width = max(len(key) for key, _ in header)
+    # A long value (a path and its sha256) wraps under its own column on a terminal.
     parts = [f"{one_line(artifact.path)}\n"
-             + "\n".join(f"  {key.ljust(width)}  {value}" for key, value in header)]
+             + "\n".join(wrap_to_terminal(f"  {key.ljust(width)}  {value}", " " * (width + 2))
+                         for key, value in header)]
 
     signature = [[direction, e["name"], *signature_cells(e)]
                  for direction, entries in (("input", m["inputs"]), ("output", m["outputs"]))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from graphopt.ir import Node, Value
 from graphopt.partition.placement import data_dtype
+from graphopt.table import wrap_to_terminal
 
 if TYPE_CHECKING:
     from graphopt.partition.partitioner import Partition, Partitioning
@@ -187,7 +188,7 @@ def layout_summary(layouts: dict[str, PartitionLayout]) -> str:
         weights = Counter(layout.weights.values())
         formats = ", ".join(f"{n} {f}" for f, n in sorted(counts.items())) or "all ND"
         offline = ", ".join(f"{n} {f}" for f, n in sorted(weights.items())) or "none"
-        lines.append(f"{name}: values {formats}; weights converted offline: {offline}; "
-                     f"TransData {len(layout.transdata)} (naive placement: "
-                     f"{layout.naive_transdata})")
+        lines.append(wrap_to_terminal(f"{name}: values {formats}; weights converted offline: "
+                                      f"{offline}; TransData {len(layout.transdata)} (naive "
+                                      f"placement: {layout.naive_transdata})", hang="  "))
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from graphopt.option_names import from_command_line, option
 from graphopt.partition.estimate import value_bytes
 from graphopt.partition.layouts import layout_summary
 from graphopt.partition.partitioner import Partition, Partitioning, _with_nested, is_constant_node
-from graphopt.table import format_table
+from graphopt.table import format_table, wrap_to_terminal
 
 _TOP_OPS = 4  # op types named per partition row; the rest are counted
 
@@ -27,7 +27,8 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
         rows, title=f"target {target.name}: {len(partitioning.partitions)} partition(s)")]
     if partitioning.layouts:
         lines.append("")
-        lines.append("device formats (TransData counted before and after cancelling pairs that meet):")
+        lines.append(wrap_to_terminal("device formats (TransData counted before and after "
+                                      "cancelling pairs that meet):"))
         lines.append(layout_summary(partitioning.layouts))
     fallbacks = partitioning.fallbacks()
     if fallbacks:

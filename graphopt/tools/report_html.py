@@ -42,6 +42,7 @@ table.kv th{width:160px}code,.mono{font-family:ui-monospace,Menlo,Consolas,monos
 .scroll{overflow:auto;max-height:900px;border:1px solid #ddd;background:#fff}
 .wide{overflow-x:auto;max-width:100%}.wide table{margin-right:2px}
 .plot svg{max-width:100%;height:auto;border:1px solid #ddd}
+.entry{white-space:nowrap;margin-right:12px}
 .swatch{display:inline-block;width:12px;height:12px;border:1px solid #333;margin-right:4px;vertical-align:-1px}
 .note{color:#555;font-size:13px}
 @media print{.scroll,.wide{max-height:none;overflow:visible}nav{position:static}}
@@ -198,8 +199,9 @@ def _partitions(data: ReportData) -> str:
 def _graph(data: ReportData) -> str:
     svg, notes = graph_svg(data.graph)
     colours = partition_colours(data.graph.partitions)
-    legend = " ".join(f'<span class="swatch" style="background:{colours[name]}"></span>'
-                      f"{escape(name)} ({escape(device)})&nbsp;&nbsp;"
+    # Each swatch and its label on one line: a long legend wraps between entries only.
+    legend = " ".join(f'<span class="entry"><span class="swatch" style="background:'
+                      f'{colours[name]}"></span>{escape(name)} ({escape(device)})</span>'
                       for name, device in data.graph.partitions)
     text = ("Data flows top to bottom. Hover a box for its op, name, tensor shapes and "
             "partition; red dashed edges carry a tensor from one partition to another "

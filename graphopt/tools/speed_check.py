@@ -45,7 +45,11 @@ class SpeedCheck:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
+    """Three significant digits, trailing zeros kept ("31.0 µs" beside "33.2 µs", where .3g
+    wrote "31 µs") and no exponent (1234 ms, not 1.23e+03)."""
+    value, unit = (seconds * 1e3, "ms") if seconds >= 1e-3 else (seconds * 1e6, "µs")
+    decimals = 2 if value < 10 else 1 if value < 100 else 0
+    return f"{value:.{decimals}f} {unit}"
 
 
 def _onnx_runner(model):
