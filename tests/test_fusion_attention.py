@@ -294,6 +294,59 @@ def test_packing_refuses_weights_that_are_not_constants():
     assert any("weight is not a constant matrix" in line for line in ctx.tracer.report())
 
 
+def _mha_over_projections(guard=False, v_width=64, scale=None):
+    """com.microsoft::MultiHeadAttention over three projections of x ([2,5,16] → width 64, 4
+    heads), without a `scale` unless given; `guard` adds PyTorch's NaN guard after it."""
+    rng = np.random.default_rng(0)
+    shapes = {"wq": (16, 64), "wk": (16, 64), "wv": (16, v_width), "bq": (64,), "bk": (64,),
+              "bv": (v_width,)}
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32),
+                                     name) for name, shape in shapes.items()]
+    inits += [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+              numpy_helper.from_array(np.array([1], np.int64), "axes")]
+    make = helper.make_node
+    nodes = [make("MatMul", ["x", "wq"], ["qm"]), make("Add", ["qm", "bq"], ["q"]),
+             make("MatMul", ["x", "wk"], ["km"]), make("Add", ["km", "bk"], ["k"]),
+             make("MatMul", ["x", "wv"], ["vm"]), make("Add", ["vm", "bv"], ["v"]),
+             make("MultiHeadAttention", ["q", "k", "v"], ["att" if guard else "y"],
+                  domain="com.microsoft", num_heads=4,
+                  **({"scale": scale} if scale is not None else {}))]
+    if guard:
+        nodes += [make("Mul", ["v", "zero"], ["vz"]),
+                  make("ReduceSum", ["vz", "axes"], ["col"], keepdims=1),
+                  make("IsNaN", ["att"], ["nan"]), make("Where", ["nan", "col", "att"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mha", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, v_width])], inits)
+    return helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("guard, v_width, rule", [
+    (False, 64, "PackedSelfAttention"), (True, 64, "PackedGuardedSelfAttention"),
+    (False, 32, "PackedSelfAttention")])
+def test_a_multi_head_attention_without_a_scale_packs_at_its_default_scale(guard, v_width,
+                                                                           rule):
+    # Its scale defaults to 1/√(head size); the packing passed scale=None on, and the pass
+    # failed ("cannot infer an ONNX attribute type for None").
+    proto = _mha_over_projections(guard=guard, v_width=v_width)
+    model, stats, _ = fuse(proto)
+    assert stats == {rule: 1}, stats
+    (packed,) = [n for n in model.graph if n.op_type == "Attention"]
+    assert packed.attr("scale") == pytest.approx(0.25)  # head size 64 / 4 = 16
+    check_numerics(proto, model)
+
+
+def test_a_guarded_attention_whose_v_is_narrower_stays_unpacked():
+    # The guard reads V from Attention's present output, which holds K and V of one width.
+    model, stats, _ = fuse(_mha_over_projections(guard=True, v_width=32, scale=0.3))
+    ctx = PassContext(Options(), tracer=Tracer({"PackedGuardedSelfAttention"}))
+    assert "PackedGuardedSelfAttention" not in PASSES["FuseAttention"]().run(model, ctx).stats
+    assert any("V's width 32 is not Q's 64" in line for line in ctx.tracer.report()), \
+        ctx.tracer.report()
+    check_numerics(_mha_over_projections(guard=True, v_width=32, scale=0.3), model)
+
+
 @pytest.mark.parametrize("case,reason", [
     ({"probs_output": True}, "is a graph output"),
     ({"softmax_axis": 2}, "Softmax runs over axis 2, not the key axis"),

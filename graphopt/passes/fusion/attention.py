@@ -606,6 +606,8 @@ class PackedSelfAttention(Rule):
         sizes = {"qkv_hidden_sizes": [wq.shape[1], wk.shape[1], wv.shape[1]]} \
             if wv.shape[1] != wq.shape[1] else {}
         extra = [None, None, bias] if bias is not None else []
+        if scale is None:  # MultiHeadAttention's default, 1/√(Q's head size), made explicit
+            scale = float(1.0 / np.sqrt(np.float32(wq.shape[1] // heads)))
         return op.Attention(x, op.const(weights), op.const(biases), *extra, _domain=MS,
                             _outputs=outputs, num_heads=heads, scale=scale,
                             unidirectional=causal, **sizes)
