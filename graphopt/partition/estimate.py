@@ -23,6 +23,22 @@ def value_bytes(value: Value | None) -> int:
     return math.prod(value.static_shape) * max(1, value.dtype.bits // 8)
 
 
+# Ops that read from their data input only the elements they output (a gather's rows, a
+# slice's window), not the whole input: a 90 MB embedding table is not read per lookup.
+PARTIAL_READ = frozenset({"Gather", "GatherElements", "GatherND", "Slice", "Compress",
+                          "GatherBlockQuantized"})
+
+
+def bytes_moved(node) -> int:
+    """Bytes a kernel reads and writes, each input and output once; an op of PARTIAL_READ
+    reads as much of its data input as it writes."""
+    ins = [v for v in node.inputs if v is not None]
+    outs = [v for v in node.outputs if v is not None]
+    if node.op_type in PARTIAL_READ and ins:
+        return 2 * sum(value_bytes(v) for v in outs) + sum(value_bytes(v) for v in ins[1:])
+    return sum(value_bytes(v) for v in ins + outs)
+
+
 def transfer_seconds(nbytes: int, target: Target) -> float:
     """One host↔device copy of `nbytes`."""
     if not target.transfer_bandwidth:

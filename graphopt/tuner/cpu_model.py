@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from graphopt.ir import Model, Node, Value
-from graphopt.partition.estimate import value_bytes
+from graphopt.partition.estimate import PARTIAL_READ, bytes_moved, value_bytes
 
 OP_CLASSES = ("gemm", "conv", "gemm_int8", "conv_int8", "elementwise", "reduction", "movement",
               "view")
@@ -69,8 +69,6 @@ _MOVEMENT = {"Transpose", "Concat", "Split", "Gather", "GatherElements", "Gather
              "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
              "ScatterND", "ScatterElements", "ReorderInput", "ReorderOutput", "Compress",
              "OneHot", "Trilu", "ReverseSequence", "NonZero", "GatherBlockQuantized"}
-_PARTIAL_READ = {"Gather", "GatherElements", "GatherND", "Slice", "Compress",
-                 "GatherBlockQuantized"}
 _VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant",
          "Dropout"}
 
@@ -149,9 +147,8 @@ def node_work(node: Node) -> tuple[float, float]:
     ins = [v for v in node.inputs if v is not None]
     outs = [v for v in node.outputs if v is not None]
     out_elems = _elems(outs[0]) if outs else 0
-    if node.op_type in _PARTIAL_READ and ins:
-        # A gather reads the rows it outputs, not its whole table (a 90 MB embedding).
-        moved = 2 * sum(value_bytes(v) for v in outs) + sum(value_bytes(v) for v in ins[1:])
+    if node.op_type in PARTIAL_READ and ins:
+        moved = bytes_moved(node)
     elif _qdq_int8(node):
         # The fused kernel reads the integer tensors and writes the requantized output.
         moved = sum(value_bytes(_int8_source(v) or v) for v in ins) \

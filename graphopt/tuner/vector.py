@@ -10,6 +10,7 @@ Units: seconds; bytes; every figure an estimate. For a vector kernel:
                    (OP_COST: vector instructions per element, 1 for arithmetic, more for
                    transcendental and normalising ops: estimates)
     memory       = bytes read from and written to GM / device.memory_bandwidth
+                   (a Gather or Slice reads the elements it writes, not its whole input)
     seconds      = max(compute, memory) + device.launch_overhead_s         (one kernel)
 
 Quantization (the QDQ form AMCT converts, partition/quant_fit.py): a DequantizeLinear of a
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from graphopt.partition.estimate import value_bytes
+from graphopt.partition.estimate import bytes_moved, value_bytes
 from graphopt.partition.quant_fit import qdq_problem, reads
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CUBE_OPS, dequantized_8bit,
@@ -103,7 +104,7 @@ def vector_estimate(node: Node, device: Device, functions: dict | None = None) -
     ins = [v for v in node.inputs if v is not None]
     work = max((elements(v) for v in outs), default=0) * OP_COST.get(node.op_type, 1)
     compute = work / vector_rate(device, _elem_bytes(outs + ins))
-    return _result(compute, sum(value_bytes(v) for v in ins + outs), device)
+    return _result(compute, bytes_moved(node), device)
 
 
 def _fused_quantize(node: Node) -> bool:
