@@ -255,7 +255,7 @@ def run(model: ModelProto | bytes, feeds: dict[str, Any], level: str = "disable"
 # tensor of the ones here as an OrtValue of its bits (ml_dtypes keeps the same bits).
 _BITS = {TensorProto.BFLOAT16: np.uint16, TensorProto.FLOAT8E4M3FN: np.uint8,
          TensorProto.FLOAT8E4M3FNUZ: np.uint8, TensorProto.FLOAT8E5M2: np.uint8,
-         TensorProto.FLOAT8E5M2FNUZ: np.uint8}
+         TensorProto.FLOAT8E5M2FNUZ: np.uint8, TensorProto.FLOAT8E8M0: np.uint8}
 _BITS_BY_NAME = {dtype_name(elem_type): (elem_type, np.dtype(bits))
                  for elem_type, bits in _BITS.items()}
 
@@ -321,7 +321,7 @@ class TypedRunner:
             if name in self._refused:
                 raise GraphoptError(
                     f"{self._refused[name]}, which onnxruntime's Python binding cannot pass "
-                    "(it takes bfloat16 and float8 as plain tensors only, as their bits)")
+                    "(graphopt passes bfloat16 and float8 tensors as their bits; not this)")
         fed = {name: self._fed(name, value) for name, value in feeds.items()}
         if not any(name in self._bits for name in names):
             return self._session.run(names, fed)

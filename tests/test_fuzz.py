@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 import graphopt
+from graphopt import numerics
 from graphopt.compile_save import save
 from graphopt.compiler import optimize
 from graphopt.errors import GraphoptError
@@ -982,6 +983,22 @@ def test_a_model_onnxruntime_cannot_load_compiles_with_a_note_saying_so():
     result = graphopt.optimize(model)
     (note,) = [n for n in result.notes if "cannot load the model as given" in n]
     assert "Invalid 'mode' attribute value" in note and "will not load" in note
+
+
+@pytest.mark.parametrize("target", [None, "cpu"])
+def test_a_model_whose_kernel_onnxruntime_lacks_compiles_with_the_note_too(target):
+    # A bf16 Attention-23 (one of onnx's node tests) expands to a bfloat16 Expand, which the
+    # CPU provider has no kernel for: a missing kernel was taken for a device's gap and left to
+    # the runtime, and the .om did not load.
+    model = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 23]> g (bfloat16[1,4,8] q, bfloat16[1,4,8] k, '
+        'bfloat16[1,4,8] v) => (bfloat16[1,4,8] y) '
+        '{ y = Attention <q_num_heads = 2, kv_num_heads = 2, is_causal = 1> (q, k, v) }')
+    if numerics.load_refusal(model.SerializeToString()) is None:
+        pytest.skip("this onnxruntime has a CPU kernel for every op of the expansion")
+    result = graphopt.optimize(model, target=target)
+    (note,) = [n for n in result.notes if "cannot load the model as given" in n]
+    assert "NOT_IMPLEMENTED" in note and "Expand" in note and "will not load" in note
 
 
 def test_a_compile_onnxruntime_cannot_load_where_it_loads_the_original_is_refused(monkeypatch):

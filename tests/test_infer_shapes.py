@@ -682,3 +682,28 @@ def test_the_pieces_of_an_uneven_split_to_sequence_share_no_made_up_dim(level):
                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_array_equal(ya, np.maximum(x[:, 64:], 0))
     np.testing.assert_array_equal(yb, np.maximum(x[:, :64], 0))
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_named_dim_that_inference_sizes_0_keeps_its_name(level):
+    # onnx 1.23 infers a 3-D Attention-23's output as [B, S, 0] from named widths: the compile
+    # wrote the 0 over the declared name, and onnxruntime reported it against every run of an
+    # output that is [2, 4, 24].
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 23]> g (float[B, S, E] q, float[B, T, E] k, '
+        'float[B, T, E] v) => (float[B, S, D] y) '
+        '{ y = Attention <q_num_heads = 3, kv_num_heads = 3> (q, k, v) }')
+    written = optimize(proto, level=level).to_onnx()
+    onnx.checker.check_model(written, full_check=True)
+    dims = [d.dim_param or d.dim_value for d in written.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == ["B", "S", "D"], dims
+    rng = np.random.default_rng(0)
+    feeds = {"q": rng.standard_normal((2, 4, 24)).astype(np.float32),
+             "k": rng.standard_normal((2, 5, 24)).astype(np.float32),
+             "v": rng.standard_normal((2, 5, 24)).astype(np.float32)}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    run = [ort.InferenceSession(m.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+           for m in (proto, written)]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-6)

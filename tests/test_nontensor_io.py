@@ -359,6 +359,22 @@ def test_float8_round_trips_through_numerics():
     assert y.dtype == ml_dtypes.float8_e4m3fn and y.astype(np.float32).tolist() == [-1, -2, -0.5]
 
 
+def test_float8e8m0_runs_through_numerics_and_an_om(tmp_path):
+    # The exponent-only float8 had no bits path: an .om casting to it compiled, and its run
+    # was refused with a message that called float8 passable.
+    model = _model([h.make_node("Cast", ["x"], ["y"], to=T.FLOAT8E8M0)],
+                   [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                   [h.make_tensor_value_info("y", T.FLOAT8E8M0, [4])], opsets=(("", 24),))
+    x = np.array([0.25, 1.0, 3.0, 64.0], np.float32)
+    expected = numerics.run(model, {"x": x})["y"]
+    assert expected.dtype == ml_dtypes.float8_e8m0fnu
+    assert expected.astype(np.float32).tolist() == [0.25, 1.0, 4.0, 64.0]  # rounds to 2^k
+    om = _om(model, tmp_path / "e8m0.om")
+    with graphopt.load(om) as session:
+        np.testing.assert_array_equal(session.run({"x": x})["y"].view(np.uint8),
+                                      expected.view(np.uint8))
+
+
 def test_an_element_type_onnxruntime_cannot_pass_is_refused_naming_the_input(tmp_path, capsys):
     # int4 packs two values a byte in onnxruntime, one in ml_dtypes: there are no bits to share.
     model = _model([h.make_node("DequantizeLinear", ["x", "s"], ["y"])],

@@ -386,6 +386,7 @@ def record_type_bytes(model: Model, types: dict[str, bytes], static_only: bool =
         if static_only and not static:
             continue
         before = (value.dtype, value.shape, value.type_proto)
+        new = _named_sizes_kept(new, value.shape)
         if _more_specific(new, before):
             value.dtype, value.shape, value.type_proto = new
             if new != before:
@@ -504,6 +505,19 @@ def _type_bytes(info: ValueInfoProto) -> bytes | None:
             length, pos = varint(data, pos + 1, len(data))
             return data[pos:pos + length]
     return info.type.SerializeToString() if info.HasField("type") else None
+
+
+def _named_sizes_kept(new: tuple, old_shape) -> tuple:
+    """The inferred (dtype, shape, type_proto) with a dim the value names (`seq`) kept where
+    inference gives it the size 0: no real size comes out as 0 from named ones, and onnx
+    1.23's inference of a 3-D Attention with named dims makes its output's last dim 0, which
+    onnxruntime then reported against every run and `inspect` showed as the signature."""
+    dtype, shape, type_proto = new
+    if shape is None or old_shape is None or len(shape) != len(old_shape) \
+            or not any(d == 0 and isinstance(o, str) for d, o in zip(shape, old_shape)):
+        return new
+    kept = tuple(o if d == 0 and isinstance(o, str) else d for d, o in zip(shape, old_shape))
+    return dtype, kept, type_proto
 
 
 def _more_specific(new: tuple, old: tuple) -> bool:
