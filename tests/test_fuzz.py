@@ -489,6 +489,11 @@ def check_compile(data: bytes, workdir) -> None:
     path = os.path.join(workdir, "fuzz.om")
     saved = outcome(save, result, path)
     if isinstance(saved, GraphoptError):
+        # A compile the artifact cannot hold is refused at save, and only for a model
+        # onnxruntime cannot run either (the refusal had ended the example unchecked).
+        assert not isinstance(saved, graphopt.errors.PassError), str(saved)
+        assert not _runs_in_onnxruntime(data), f"onnxruntime runs the original: {saved}"
+        event(f"compiled; save refused it ({type(saved).__name__})")
         return
     session = outcome(graphopt.load, path)
     if isinstance(session, GraphoptError):
