@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import IR_VERSION, ops
+from helpers import IR_VERSION, ops, parse_model
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
@@ -882,6 +882,25 @@ def test_a_split_that_does_not_match_the_merge_stays():
     feeds = {"x": np.random.default_rng(6).normal(size=(2, 10, 64)).astype(np.float32)}
     np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
                                numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_merged_heads_times_a_matrix_stay_merged():
+    # [p·q, m, k] · [k, n]: no rank-3 operand to split with the heads. MatMulOfMergedHeads'
+    # check is what refuses it (its rewrite unpacks the heads it finds), and no test had
+    # reached that refusal.
+    proto = parse_model("""g (float[2, 3, 4, 5] x, int64[3] s, float[5, 7] w)
+                              => (float[6, 4, 7] y) {
+        m = Reshape (x, s)
+        y = MatMul (m, w)
+    }""", s=np.array([6, 4, 5], np.int64),
+        w=np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32))
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options(), tracer=Tracer({"MatMulOfMergedHeads"}))
+    assert not PASSES["UnmergeHeads"]().run(model, ctx).stats
+    assert any("not both static and of rank 3" in line for line in ctx.tracer.report()), \
+        ctx.tracer.report()
+    check_numerics(proto, model)
 
 
 def test_a_refusal_of_merged_heads_at_open_shapes_says_how_to_unmerge_them():
