@@ -253,6 +253,22 @@ FUSED_MATMUL_NEGATIVES = {
     "fed divisor": (lambda: build("g (float[4,5] a, float[5,6] b, float s) => (float[4,6] y) {"
                                   " m = MatMul(a, b)\n y = Div(m, s) }"),
                     "DividedMatMul", "%s is not constant"),
+    # The scaling rules' own check (shared with DividedMatMul, which alone had reached it): a
+    # vector operand is no FusedMatMul operand, and a scale below float32's normal range, or
+    # one that takes an existing alpha there, is no alpha.
+    "vector operand": (lambda: build("g (float[5] a, float[5,6] b) => (float[6] y) {"
+                                     " m = MatMul(a, b)\n y = Mul(m, s) }",
+                                     s=np.array(0.5, np.float32)),
+                       "ScaledMatMul", "operand ranks (1, 2) are not both known and at least 2"),
+    "denormal scale": (lambda: build("g (float[4,5] a, float[5,6] b) => (float[4,6] y) {"
+                                     " m = MatMul(a, b)\n y = Mul(m, s) }",
+                                     s=np.array(1e-40, np.float32)),
+                       "ScaledMatMul", "is below float32's normal range"),
+    "denormal composed alpha": (lambda: parse_model(
+        "g (float[4,5] a, float[5,6] b) => (float[4,6] y) {"
+        " m = com.microsoft.FusedMatMul<alpha=1e-30>(a, b)\n y = Mul(m, s) }",
+        '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n',
+        s=np.array(1e-10, np.float32)), "ScaledFusedMatMul", "is below float32's normal range"),
 }
 
 
