@@ -35,8 +35,9 @@ _rng = np.random.default_rng(0)
 GAMMA = ", ".join(f"{v:.4f}" for v in _rng.uniform(0.5, 1.5, 8))
 BETA = ", ".join(f"{v:.4f}" for v in _rng.uniform(-0.5, 0.5, 8))
 INITS = (f"float[8] gamma = {{{GAMMA}}}, float[8] beta = {{{BETA}}}, float eps = {{1e-5}}, "
-         "float two = {2.0}, float half = {-0.5}, float one = {1.0}, float[8] eps8 = "
-         "{1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5}, float[1,1,8] g3 = {%s}" % GAMMA)
+         "float two = {2.0}, float half = {-0.5}, float one = {1.0}, float zero = {0.0}, "
+         "float[8] eps8 = {1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5}, "
+         "float[1,1,8] g3 = {%s}" % GAMMA)
 # The parser reads no float16 literals: these initializers are added to the parsed model.
 F16 = {"g16": np.array(GAMMA.split(", "), np.float16),
        "b16": np.array(BETA.split(", "), np.float16),
@@ -182,6 +183,21 @@ def test_layernorm_refusals_leave_the_graph(case):
     proto = _model(body, opset, outputs="float[2,5,8] y" + extra_out)
     before = [n.op_type for n in proto.graph.node]
     model, stats, report = _fuse(proto, trace="LayerNormDecomposed")
+    assert stats == {} and _ops(model) == before
+    assert any(reason in line for line in report), report
+
+
+@pytest.mark.parametrize("form", ["mul-square", "cast-fp16", "no-affine"])
+@pytest.mark.parametrize("edit, reason", [
+    (("[-1]", "[1]"), "not over the last axis"),
+    (("Add(var, eps)", "Add(var, zero)"), "epsilon 0.0 is not positive")])
+def test_every_layernorm_form_refuses_what_its_check_refuses(form, edit, reason):
+    # The forms share _LayerNorm's check; only LayerNormDecomposed's refusals were tested.
+    rule, body, opset, inputs, outputs = FORMS[form]
+    proto = _model(body.replace(*edit), opset, inputs or "float[2,5,8] x",
+                   outputs or "float[2,5,8] y")
+    before = [n.op_type for n in proto.graph.node]
+    model, stats, report = _fuse(proto, trace=rule)
     assert stats == {} and _ops(model) == before
     assert any(reason in line for line in report), report
 
