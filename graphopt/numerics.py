@@ -321,7 +321,7 @@ class TypedRunner:
             if name in self._refused:
                 raise GraphoptError(
                     f"{self._refused[name]}, which onnxruntime's Python binding cannot pass "
-                    "(graphopt passes bfloat16 and float8 tensors as their bits; not this)")
+                    "(graphopt passes only bfloat16 and float8 tensors, as their bits)")
         fed = {name: self._fed(name, value) for name, value in feeds.items()}
         if not any(name in self._bits for name in names):
             return self._session.run(names, fed)

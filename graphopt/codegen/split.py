@@ -172,11 +172,11 @@ def _widening_numerator_in_call(node, functions: dict) -> bool:
 
 def _misfused_norm_part(node) -> bool:
     """A node onnxruntime's norm fusions would misread: a Pow whose constant exponent is not
-    2 read by a ReduceMean (or an -O3 group's call), an Add of a constant ≤ 0 or NaN, or of a higher rank than the value it adds to, into a
-    Sqrt (a decomposed norm's epsilon), a ReduceMean with keepdims=0 read by a Sub or an Add
-    (the fused node keeps the reduced axis), a LayerNormalization whose epsilon is ≤ 0 or NaN,
-    or a ReduceMean of a Cast from another
-    dtype: onnxruntime 1.32 fuses the decomposed norm into a LayerNormalization of the Cast's
+    2 read by a ReduceMean (or an -O3 group's call), an Add of a constant ≤ 0 or NaN, or of a
+    higher rank than the value it adds to, into a Sqrt (a decomposed norm's epsilon), a
+    ReduceMean with keepdims=0 read by a Sub or an Add (the fused node keeps the reduced
+    axis), a LayerNormalization whose epsilon is ≤ 0 or NaN, or a ReduceMean of a Cast from
+    another dtype: onnxruntime 1.32 fuses the decomposed norm into a LayerNormalization of the Cast's
     input, whatever its dtype, which it then refuses to load ("Type parameter (T) … bound to
     different types"; "Type 'tensor(int32)' … is invalid"): the float16 input of one that a
     mixed-precision compile runs in float32 behind a Cast, the float32 input of one that fp16

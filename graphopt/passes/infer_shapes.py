@@ -509,9 +509,10 @@ def _type_bytes(info: ValueInfoProto) -> bytes | None:
 
 def _named_sizes_kept(new: tuple, old_shape) -> tuple:
     """The inferred (dtype, shape, type_proto) with a dim the value names (`seq`) kept where
-    inference gives it the size 0: no real size comes out as 0 from named ones, and onnx
-    1.23's inference of a 3-D Attention with named dims makes its output's last dim 0, which
-    onnxruntime then reported against every run and `inspect` showed as the signature."""
+    inference sizes it 0: the name still allows an empty dim, where a wrong 0 would stick (onnx
+    1.23's inference of a 3-D Attention with named widths makes its output's last dim 0,
+    which onnxruntime then reported against every run and `inspect` showed as the
+    signature)."""
     dtype, shape, type_proto = new
     if shape is None or old_shape is None or len(shape) != len(old_shape) \
             or not any(d == 0 and isinstance(o, str) for d, o in zip(shape, old_shape)):
