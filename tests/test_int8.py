@@ -1221,6 +1221,44 @@ def test_symmetric_int8_keeps_its_accuracy_in_onnxruntimes_int8_kernels(tmp_path
     assert _cosine(expected, numerics.run(out, feeds, "all")["y"]) > MIN_COSINE
 
 
+@pytest.mark.parametrize("opset", [17, 21])
+def test_a_symmetric_int8_om_at_opset_21_loads_with_a_quantized_value_sliced_out(tmp_path,
+                                                                                 opset):
+    # A streaming conv block: the state Concat feeds a quantized Conv, and a Slice of it is a
+    # graph output. onnxruntime's QDQPropagationTransformer copied the Q/DQ past the Slice with
+    # output_dtype INT8, QDQS8ToU8Transformer then made the zero point uint8, and the .om was
+    # refused at load ("output_dtype INT8 does not match y_zero_point type UINT8").
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1, 4, 16] x, float[1, 8, 2] state) => (float[1, 8, 16] y,
+                                                      float[1, 8, 2] present) {
+            h = Conv (x, w1)
+            p = Concat <axis = 2> (state, h)
+            c2 = Conv (p, w2)
+            r = Relu (c2)
+            y = Conv (r, w3)
+            present = Slice (p, st, en, ax)
+        }""", header=f'<ir_version: 10, opset_import: ["" : {opset}]>\n',
+        w1=(rng.standard_normal((8, 4, 1)) * 0.5).astype(np.float32),
+        w2=(rng.standard_normal((8, 8, 3)) * 0.3).astype(np.float32),
+        w3=(rng.standard_normal((8, 8, 1)) * 0.3).astype(np.float32),
+        st=np.array([16], np.int64), en=np.array([18], np.int64), ax=np.array([2], np.int64))
+    calibration = tmp_path / "calib.npz"
+    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 16)).astype(np.float32),
+             state=rng.standard_normal((8, 1, 8, 2)).astype(np.float32))
+    result = graphopt.optimize(proto, target="cpu", pass_options={
+        "quantize": "int8", "calibration": str(calibration), "activation_symmetric": True})
+    path = tmp_path / "s.om"
+    graphopt.save(result, path)
+    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32),
+             "state": rng.standard_normal((1, 8, 2)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    with graphopt.load(path) as session:
+        actual = session.run(feeds)
+    for name in ("y", "present"):
+        assert _cosine(expected[name], actual[name]) > 0.99, name
+
+
 def test_a_value_a_branch_also_reads_keeps_its_float_reader_there(tmp_path):
     # r1 feeds a quantized Conv and is read inside an If branch: the branch keeps reading the
     # float value (a DequantizeLinear inserted in the branch made a cycle).

@@ -105,7 +105,8 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
     its session `level` (None: onnxruntime's default, "all"): None, or WeightBiasQuantization
     when a float Conv/ConvTranspose/Gemm reads dequantized data, MatmulTransposeFusion when a
     MatMul of a transposed A reads a 1-D B, the norm fusions where a Pow's exponent or an
-    epsilon is one they would misread (_misfused_norm_part), and SkipLayerNormFusion where a
+    epsilon is one they would misread (_misfused_norm_part), QDQPropagationTransformer for an
+    int8 activation at opset 21 or later (_signed_quantize_at_21), and SkipLayerNormFusion where a
     partition at
     "extended" or above (a fused float one, Q/DQ, convs left for onnxruntime to block, a
     compile for no target) has an Add + LayerNormalization it would fuse: a wav2vec2 export's
@@ -119,6 +120,8 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
     if level != "disable" and any(_misfused_norm_part(n) or _misfused_in_call(n, functions)
                                   for n in model.graph.all_nodes()):
         found += [name for name in (*_NORM_FUSERS, _SKIP_FUSER) if name not in found]
+    if _signed_quantize_at_21(model):
+        found.append(_QDQ_PROPAGATOR)
     for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
                 and len(node.inputs) > 1 and node.inputs[0] is not None:
@@ -134,6 +137,30 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
                 _widening_numerator(node) or _widening_numerator_in_call(node, functions)):
             found.append(_DIV_MUL_FUSER)
     return found or None
+
+
+# onnxruntime's QDQPropagationTransformer copies a Q/DQ pair past data movement (a Slice to a
+# graph output), writing the new QuantizeLinear's output_dtype (opset 21 on); its
+# QDQS8ToU8Transformer then makes the zero point uint8 and leaves output_dtype INT8: 1.32
+# refused the .om of a symmetric int8 compile ("output_dtype INT8 does not match y_zero_point
+# type UINT8").
+_QDQ_PROPAGATOR = "QDQPropagationTransformer"
+
+
+def _signed_quantize_at_21(model: Model) -> bool:
+    """Whether the partition quantizes an activation to int8 (a signed zero point) at an ONNX
+    opset of 21 or later, where QuantizeLinear has output_dtype."""
+    import numpy as np
+
+    if (model.opset("") or 1) < 21:
+        return False
+    for node in model.graph.all_nodes():
+        if node.op_type == "QuantizeLinear" and node.is_onnx and len(node.inputs) > 2 \
+                and node.inputs[2] is not None and not node.inputs[0].is_constant:
+            zero = node.inputs[2].constant()
+            if zero is not None and zero.dtype == np.int8:
+                return True
+    return False
 
 
 # onnxruntime's DivMulFusion writes Mul(Div(1, x), y) as Div(y, x), dropping the rank a
