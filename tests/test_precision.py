@@ -275,6 +275,21 @@ def test_bf16_on_the_cpu_target_is_refused_naming_the_ops():
         compile_(proto, precision="mixed-bf16")
 
 
+def test_mixed_bf16_of_host_ops_on_a_bf16_target_says_they_run_on_the_host():
+    # ai.onnx Attention-23 has no ascend910b kernel: it runs on the host, which has no
+    # bfloat16 kernels. The refusal had told the user to compile for ascend910b, the target
+    # given.
+    proto = onnx.parser.parse_model(
+        '<ir_version: 10, opset_import: ["" : 23]> g (float[1,4,8] q, float[1,4,8] k, '
+        'float[1,4,8] v) => (float[1,4,8] y) '
+        '{ y = Attention <q_num_heads = 2, kv_num_heads = 2> (q, k, v) }')
+    with pytest.raises(OptionError) as refused:
+        graphopt.optimize(proto, target="ascend910b", precision="mixed-bf16")
+    assert "(Attention); nothing would change (here they run on the host, which has no " \
+           "bfloat16 kernels" in str(refused.value)
+    assert "ascend910b'" not in str(refused.value).split("nothing would change")[1]
+
+
 def test_bf16_with_the_refused_ops_denied_compiles_at_o3_for_the_cpu_target():
     # At -O3 the denied Add and the Cast back from bfloat16 before it became one elementwise
     # function; the host check judged the call as a bfloat16 op the CPU has no kernel for and

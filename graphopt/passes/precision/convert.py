@@ -351,11 +351,21 @@ class ConvertPrecision(Pass):
                 f"{usage('precision_deny', 'OPS')} or {usage('keep_dtype', 'NODES')}")
         if decider.kept_by_target and not decider.half_values:
             raise PrecisionError(
-                f"{setting('precision', mode)}: target {target} runs none of the ops mixed precision "
-                f"converts in {dtype} ({_listing(decider.kept_by_target)}); nothing would change"
-                + (f" (mixed-fp16 converts them for this target; bfloat16 needs a target with "
-                   f"its kernels, such as {setting('target', 'ascend910b')})"
-                   if dtype == "bfloat16" else ""))
+                f"{setting('precision', mode)}: target {target} runs none of the ops mixed "
+                f"precision converts in {dtype} ({_listing(decider.kept_by_target)}); nothing "
+                f"would change" + (_bfloat16_hint(support) if dtype == "bfloat16" else ""))
+
+
+def _bfloat16_hint(support: Support) -> str:
+    """Where bfloat16 would run: a target whose device has bfloat16 kernels (ascend910b) runs
+    these ops on its host, which has none; another target has none at all."""
+    device = support.devices[0]
+    if device.kind != "cpu" and any("bfloat16" in kernel.dtypes
+                                    for kernel in device.kernels.values()):
+        return (" (here they run on the host, which has no bfloat16 kernels; mixed-fp16 "
+                "converts them, and `graphopt partition` shows where each op runs)")
+    return (" (mixed-fp16 converts them for this target; bfloat16 needs a target with its "
+            f"kernels, such as {setting('target', 'ascend910b')})")
 
 
 def _flushed_note(flushed: list[tuple[str, int, int]], half: DType) -> str:
