@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.parser
 import pytest
 from helpers import parse_model, write_calibration
 
@@ -485,6 +486,24 @@ def test_fp16_overflow_into_a_node_the_warning_named_and_kept_names_its_readers(
              "input: conv_f16 (max 1e+05, read by node y_node)"] if warned else [])
         # what to keep is the node the warning names, not a maker it does not name
         assert all("list the nodes named in keep_dtype" in w for w in warnings)
+
+
+def test_fp16_overflow_read_by_an_unnamed_node_names_its_op_type(tmp_path):
+    # The input's float16 copy overflows and the Sqrt reading it has no name: the warning
+    # fell back to "the nodes that make them", graphopt's own Cast, which --keep-dtype cannot
+    # take. It names OpType::Sqrt, which it can, and which then keeps the value in range.
+    import graphopt
+
+    proto = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) { s = Sqrt (x) y = Relu (s) }""")
+    path = tmp_path / "m16.onnx"
+    feeds = {"x": np.array([1, 4, 1e6, 9], np.float32)}
+    graphopt.save(graphopt.optimize(proto, precision="fp16"), path)
+    (warning,) = accuracy_report(proto, path, feeds).warnings
+    assert "x_f16 (max 1e+06, read by OpType::Sqrt)" in warning, warning
+    graphopt.save(graphopt.optimize(proto, precision="fp16",
+                                    pass_options={"keep_dtype": {"OpType::Sqrt"}}), path)
+    assert accuracy_report(proto, path, feeds).warnings == []
 
 
 def test_a_mask_a_fusion_adds_in_float16_is_not_an_overflow(tmp_path):

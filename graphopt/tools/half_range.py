@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from graphopt.option_names import from_command_line, option
+from graphopt.precision_modes import OP_TYPE_ENTRY
 
 FP16_MAX = float(np.finfo(np.float16).max)
 
@@ -76,13 +77,14 @@ def unmatched_half_values(models: list[onnx.ModelProto],
         graph = model.graph
         readers: dict[str, list[str]] = {}
         for node in graph.node:
+            # An unnamed reader is kept by its op type, the other entry --keep-dtype takes.
+            entry = node.name or f"{OP_TYPE_ENTRY}{node.op_type}"
             for name in node.input:
-                readers.setdefault(name, []).append(node.name)
+                readers.setdefault(name, []).append(entry)
         for node in graph.node:
             for out in node.output:
                 if out in names and names[out] not in known and out not in unmatched:
-                    unmatched[out] = HalfValue(node, tuple(n for n in readers.get(out, ()) if n),
-                                               graph)
+                    unmatched[out] = HalfValue(node, tuple(readers.get(out, ())), graph)
     return unmatched
 
 
@@ -194,8 +196,8 @@ def overflow_note(found: list[tuple[str, float]], makers: dict[str, str] | None 
         if makers.get(name):
             return f"{name} ({size}, node {makers[name]})"
         if readers.get(name):
-            nodes = readers[name]
-            return f"{name} ({size}, read by node{'s' * (len(nodes) > 1)} {', '.join(nodes)})"
+            nodes = [n if n.startswith(OP_TYPE_ENTRY) else f"node {n}" for n in readers[name]]
+            return f"{name} ({size}, read by {', '.join(nodes)})"
         return f"{name} ({size})"
 
     shown = ", ".join(shown_one(name, peak) for name, peak in found[:5])
