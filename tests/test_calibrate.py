@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import onnx.parser
 import pytest
 
 from graphopt.codegen.feeds import load_npz
@@ -171,6 +172,37 @@ def test_bad_calibration_data_names_the_file_and_input(tmp_path, arrays, message
     with pytest.raises(OptionError, match=message) as info:
         read_calibration(path, load_onnx(_relu_model()).graph)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("as_directory", [False, True])
+def test_an_input_whose_named_first_dim_is_empty_is_data(tmp_path, as_directory):
+    # CastLike's `like` input of shape [L] is legitimately empty: calibration refused the data
+    # as "no samples", though the other input had them.
+    graph = load_onnx(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x, int64[L] like) => (int64[N, 4] y) {
+            r = Relu (x)
+            y = CastLike (r, like) }""")).graph
+    x = np.random.default_rng(0).standard_normal((2, 1, 4)).astype(np.float32)
+    like = np.zeros((2, 0), np.int64)
+    if as_directory:
+        for i in range(2):
+            np.savez(tmp_path / f"s{i}.npz", x=x[i], like=like[i])
+        path = tmp_path
+    else:
+        np.savez(tmp_path / "c.npz", x=x, like=like)
+        path = tmp_path / "c.npz"
+    feeds = list(read_calibration(path, graph))
+    assert len(feeds) == 2 and feeds[1]["like"].shape == (0,) and feeds[1]["x"].shape == (1, 4)
+    # Every input empty is still no data.
+    np.savez(tmp_path / "c.npz", x=np.zeros((0, 4), np.float32), like=like[0])
+    with pytest.raises(OptionError, match=r"no samples"):
+        read_calibration(tmp_path / "c.npz", graph)
+    if as_directory:
+        (tmp_path / "c.npz").unlink()
+        np.savez(tmp_path / "s1.npz", x=np.zeros((0, 4), np.float32), like=like[0])
+        with pytest.raises(OptionError, match=r"s1.npz: no samples \(every input has an "
+                                              r"empty first axis: 'x' \[0, 4\], 'like' \[0\]\)"):
+            check_calibration(tmp_path, graph)
 
 
 def test_missing_or_empty_calibration_paths(tmp_path):

@@ -158,6 +158,7 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
     _check_names(arrays, specs, path, fixed)
     batch, counts, given = {}, {}, 0
     scalars = {}  # a rank-0 input given once (a sample rate): the same in every sample
+    firsts = {}   # each input's first sample
     for s in specs:
         array = arrays[s.name]
         if s.shape == () and array.ndim == 0:
@@ -178,8 +179,9 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         _check_finite(array, s, path)
         _check_integer_range(array, s, path)
         for i in range(min(1, array.shape[0])):
-            _checked(array[i], s, path)
+            firsts[s.name] = _checked(array[i], s, path)
         batch[s.name], counts[s.name] = array, array.shape[0]
+    _refuse_empty(firsts, path)
     if len(set(counts.values())) > 1 and _no_common_sample_axis(arrays, specs):
         # A graph net's x of [nodes, features] beside edge_index of [2, edges]: the file is one
         # sample, as `--inputs` reads it.
@@ -241,6 +243,7 @@ def _one_sample(path: str, specs: list[InputSpec], arrays) -> CalibrationData:
     for s in specs:
         _checked(np.asarray(arrays[s.name]), s, path)
         batch[s.name] = np.asarray(arrays[s.name])[None]
+    _refuse_empty({name: array[0] for name, array in batch.items()}, path)
     return CalibrationData(path, specs, [], batch, 1)
 
 
@@ -283,6 +286,7 @@ def _file_sample(file: str, specs: list[InputSpec], stack: int,
         if stack > 1 and _batch_of(s) == stack:
             spec = InputSpec(s.name, s.dtype, (1, *s.shape[1:]))
         out[s.name] = _checked(arrays[s.name], spec, file)
+    _refuse_empty(out, file)
     return out
 
 
@@ -366,10 +370,26 @@ def _shape_text(shape) -> str:
     return "[" + ",".join(str(d) if isinstance(d, int) else (d or "?") for d in shape) + "]"
 
 
+def _refuse_empty(sample: dict[str, np.ndarray], file: str) -> None:
+    """An empty batch, as a single file's check says it (a directory's file was said to have
+    shape [0, 3, 32, 32] where [1, 3, 32, 32] was expected): every input of the sample empty
+    along its first axis. One input may be empty where its first dim is named (a CastLike's
+    `like` input of shape [0]: it had been refused as "no samples")."""
+    shaped = {name: np.shape(array) for name, array in sample.items() if np.ndim(array)}
+    if not shaped or any(shape[0] for shape in shaped.values()):
+        return
+    if len(shaped) == 1:
+        ((name, shape),) = shaped.items()
+        raise OptionError(f"{calibration_label(file)}: no samples (input '{name}' has an "
+                          f"empty first axis: shape {list(shape)})")
+    listed = ", ".join(f"'{name}' {list(shape)}" for name, shape in shaped.items())
+    raise OptionError(f"{calibration_label(file)}: no samples (every input has an empty first "
+                      f"axis: {listed})")
+
+
 def _checked(array: np.ndarray, spec: InputSpec, file: str) -> np.ndarray:
-    if array.ndim and not array.shape[0] and not (spec.shape and spec.shape[0] == 0):
-        # An empty batch, as a single file's check says it (a directory's file was said to
-        # have shape [0, 3, 32, 32] where [1, 3, 32, 32] was expected).
+    if array.ndim and not array.shape[0] and spec.shape and isinstance(spec.shape[0], int) \
+            and spec.shape[0] != 0:  # a fixed size of 1 or more, given empty
         raise OptionError(f"{calibration_label(file)}: no samples (input '{spec.name}' has an "
                           f"empty first axis: shape {list(array.shape)})")
     if spec.shape is not None:
