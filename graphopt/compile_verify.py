@@ -50,6 +50,22 @@ def not_runnable_here(model: ModelProto, what: str) -> str | None:
             "(graphopt compare)")
 
 
+def _original_fails_too(original, feeds: dict, level: str) -> str:
+    """The hint for an optimized model onnxruntime cannot run at `level` (a lossy compile's,
+    run as it deploys, at its optimizer's full level) where the original fails there too: an
+    -O1 fp16 compile of an affine grid had been blamed for onnxruntime's constant folding of
+    the original's Range bound into a [1] tensor."""
+    if level == "disable":
+        return ""
+    try:
+        numerics.run(original, feeds, level)
+    except Exception:  # noqa: BLE001 - any failure of the original at that level is the point
+        return (f" (onnxruntime fails the original too at that level, ORT_ENABLE_"
+                f"{level.upper()}: its own optimizer breaks the model, not graphopt's passes; "
+                "-O2's shape folding repairs some such models)")
+    return ""
+
+
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
                    judge: dict, notes: list[str] | None = None,
                    allow_rounding: bool = True) -> dict[str, float]:
@@ -108,11 +124,13 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                 f"{numerics.ort_reason(e)}{hint}") from None
     from graphopt.tools.accuracy_rule import deployed_level
 
+    level = deployed_level(optimized.metadata_props)
     try:
-        actual = numerics.run(optimized, feeds, deployed_level(optimized.metadata_props))
+        actual = numerics.run(optimized, feeds, level)
     except Exception as e:  # noqa: BLE001
         raise VerificationError(f"{option('verify')}: onnxruntime cannot run the optimized model: "
-                                f"{numerics.ort_reason(e)}") from None
+                                f"{numerics.ort_reason(e)}"
+                                + _original_fails_too(original, feeds, level)) from None
     if judge["min_cosine"] is None:
         problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
         if problems and allow_rounding:

@@ -763,3 +763,35 @@ def test_an_output_at_the_wrong_scale_is_warned_of():
         "g (float[1,3] x) => (float[1,3] y) { y = Mul(x, k) }", k=np.float32(1.05)),
         {"x": np.array([[3.55, 2.17, 2.36]], np.float32)})
     assert fine.warnings == []
+
+
+@pytest.mark.parametrize("original_fails", [True, False])
+def test_verify_says_when_onnxruntimes_optimizer_fails_the_original_too(monkeypatch,
+                                                                        original_fails):
+    # A lossy compile is run at ORT_ENABLE_ALL, as it deploys; an -O1 fp16 compile of an
+    # affine grid failed there in onnxruntime's constant folding, as the original does, and
+    # --verify blamed the optimized model alone.
+    import graphopt
+    from graphopt import numerics
+    from graphopt.errors import VerificationError
+    from graphopt.tools.accuracy_rule import LOSSY_KEY
+
+    real = numerics.run
+
+    def run(model, feeds, level="disable", **settings):
+        props = {p.key for p in model.metadata_props} if hasattr(model, "metadata_props") \
+            else set()
+        if level == "all" and (original_fails or LOSSY_KEY in props):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Input to 'Range' op should be "
+                               "scalars")
+        return real(model, feeds, level, **settings)
+
+    monkeypatch.setattr(numerics, "run", run)
+    proto = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) { y = Relu (x) }""")
+    with pytest.raises(VerificationError) as failed:
+        graphopt.optimize(proto, precision="fp16", verify=True)
+    message = str(failed.value)
+    assert "onnxruntime cannot run the optimized model" in message
+    assert ("onnxruntime fails the original too at that level, ORT_ENABLE_ALL" in message) \
+        == original_fails, message
