@@ -80,6 +80,30 @@ class _Planned:
     stats: dict[str, TensorStats]       # the calibration statistics, by tensor name
 
 
+# Ops that only move or view their input's elements.
+_MOVEMENT = frozenset({"Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                       "Identity", "Gather", "Split", "Expand", "Tile"})
+
+
+def _moves_to_outputs_only(node: Node) -> bool:
+    """Whether `node` moves a value's elements on to graph outputs alone (a streaming model's
+    state, sliced out of the Concat a quantized Conv reads): it reads the float value, exact,
+    not its dequantized copy. Reading the copy, it gave onnxruntime's QDQPropagationTransformer
+    a Q/DQ pair to copy past it, which at opset 21 carries an output_dtype that
+    QDQS8ToU8Transformer then contradicts: the symmetric int8 model did not load at
+    ORT_ENABLE_ALL."""
+    if node.op_type not in _MOVEMENT or not node.is_onnx:
+        return False
+    for out in node.outputs:
+        if out is None:
+            continue
+        if not out.is_graph_output and not out.uses:
+            return False
+        if not all(_moves_to_outputs_only(use) for use in out.consumers()):
+            return False
+    return True
+
+
 @register
 class QuantizeInt8(Pass):
     name = "QuantizeInt8"
@@ -189,7 +213,8 @@ class QuantizeInt8(Pass):
                      f"activations, a zero point of {HIGH_CODE} or more) get weights in "
                      f"±{WEIGHT_LIMIT_HIGH_CODES}, where no pair can saturate")
         for value in chosen.tensors:
-            readers = [n for n in value.consumers() if n in static] if form == "amct" else None
+            readers = [n for n in value.consumers() if n in static] if form == "amct" else \
+                [n for n in value.consumers() if not _moves_to_outputs_only(n)]
             insert_qdq(graph, value, params[id(value)], readers)
             result.count("QuantizeLinear")
         result.count("Pad on codes", pads_on_codes(graph, chosen))
