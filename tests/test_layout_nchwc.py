@@ -615,7 +615,84 @@ BEYOND = {
          "channel Pad within the block": 1, "ReorderOutput": 1},
         k1=w(20, 16, 1, 1), pads=np.array([0, 0, 0, 0, 0, 4, 0, 0], np.int64),
         k2=w(24, 24, 3, 3)),
+    "a 2x2 up-sampling ConvTranspose into a Concat": case(  # a UNet's up block
+        f"g ({X16}, float[32,16,1,1] k, float[32,16,2,2] t, float[16] tb,"
+        " float[32,48,3,3] k2, float[4] scales) => (float y) {"
+        " c = Conv(x, k)\n u = ConvTranspose<kernel_shape=[2,2], strides=[2,2]>(c, t, tb)\n"
+        " s = Resize<mode=\"nearest\", coordinate_transformation_mode=\"asymmetric\","
+        " nearest_mode=\"floor\">(c, \"\", scales)\n j = Concat<axis=1>(s, u)\n"
+        " y = Conv<pads=[1,1,1,1]>(j, k2) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", "Reshape", "Transpose", "Reshape", "nchwc.Upsample",
+         "Concat", "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 2, "ConvTranspose:1x1 Conv + depth-to-space": 1,
+         "Resize:Upsample": 1, "Concat kept blocked": 1, "ReorderOutput": 1},
+        k=w(32, 16, 1, 1) / 4, t=w(32, 16, 2, 2) / 6, tb=w(16), k2=w(32, 48, 3, 3) / 20,
+        scales=np.array([1, 1, 2, 2], np.float32)),
+    "a 3x2 ConvTranspose over unaligned channels": case(  # 20 out: padded in every tap
+        f"g ({X16}, float[16,16,1,1] k, float[16,20,3,2] t, float[16,20,1,1] k2)"
+        " => (float y) { c = Conv(x, k)\n"
+        " u = ConvTranspose<kernel_shape=[3,2], strides=[3,2]>(c, t)\n r = Relu(u)\n"
+        " y = Conv(r, k2) }",
+        [IN, "nchwc.Conv", "nchwc.Conv", "Reshape", "Transpose", "Reshape", "Relu",
+         "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 2, "ConvTranspose:1x1 Conv + depth-to-space": 1,
+         "Relu kept blocked": 1, "ReorderOutput": 1},
+        k=w(16, 16, 1, 1) / 4, t=w(16, 20, 3, 2) / 4, k2=w(16, 20, 1, 1) / 5),
 }
+
+UPCONVS_KEPT_NCHW = {  # why each ConvTranspose stays an NCHW op, behind a ReorderOutput
+    "overlapping taps": ("kernel_shape=[3,3], strides=[2,2]", "the stride is not the kernel"),
+    "padded": ("kernel_shape=[2,2], strides=[2,2], pads=[1,1,1,1]", "padded"),
+    "an output padding": ("kernel_shape=[2,2], strides=[2,2], output_padding=[1,1]", "padded"),
+    "grouped": ("kernel_shape=[2,2], strides=[2,2], group=2", "grouped"),
+    "dilated": ("kernel_shape=[2,2], strides=[2,2], dilations=[2,2]", "dilated"),
+}
+
+
+@needs_nchwc
+@pytest.mark.parametrize("name", UPCONVS_KEPT_NCHW)
+def test_a_conv_transpose_with_overlapping_or_padded_taps_stays_nchw(tmp_path, name):
+    attrs, why = UPCONVS_KEPT_NCHW[name]
+    group = 2 if "group" in attrs else 1
+    weight = w(16, 16 // group, 3 if "[3,3]" in attrs else 2, 3 if "[3,3]" in attrs else 2) / 4
+    proto = build(f"g ({X16}, float[16,16,1,1] k, float[16,{16 // group},{weight.shape[2]},"
+                  f"{weight.shape[3]}] t, float[16,16,1,1] k2) => (float y) {{ c = Conv(x, k)\n"
+                  f" u = ConvTranspose<{attrs}>(c, t)\n y = Conv(u, k2) }}",
+                  k=w(16, 16, 1, 1) / 4, t=weight, k2=w(16, 16, 1, 1) / 4)
+    model, stats, notes = rewrite(proto)
+    assert ops(model) == [IN, "nchwc.Conv", OUT, "ConvTranspose", IN, "nchwc.Conv", OUT]
+    assert "ConvTranspose:1x1 Conv + depth-to-space" not in stats
+    assert any(f"ConvTranspose: {why}" in n for n in notes), notes
+    check(proto, model, tmp_path, like_ort=False)
+
+
+@needs_nchwc
+def test_a_conv_transpose_whose_output_leaves_the_layout_stays_nchw(tmp_path):
+    # Blocking it would move the reorder from its input to its larger output.
+    proto = build(f"g ({X16}, float[16,16,1,1] k, float[16,8,2,2] t) => (float y) {{"
+                  " c = Conv(x, k)\n y = ConvTranspose<kernel_shape=[2,2], strides=[2,2]>(c, t) }",
+                  k=w(16, 16, 1, 1), t=w(16, 8, 2, 2))
+    model, stats, _ = rewrite(proto)
+    assert ops(model) == [IN, "nchwc.Conv", OUT, "ConvTranspose"]
+    check(proto, model, tmp_path)
+
+
+@needs_nchwc
+def test_a_conv_transpose_blocked_for_a_dynamic_batch(tmp_path):
+    proto = build("g (float[N,16,4,6] x, float[16,16,1,1] k, float[16,16,2,2] t, float[16] tb,"
+                  " float[16,32,1,1] k2) => (float y) { c = Conv(x, k)\n"
+                  " u = ConvTranspose<kernel_shape=[2,2], strides=[2,2]>(c, t, tb)\n"
+                  " p = MaxPool<kernel_shape=[2,2], strides=[2,2]>(u)\n j = Concat<axis=1>(c, p)\n"
+                  " y = Conv(j, k2) }",
+                  k=w(16, 16, 1, 1) / 4, t=w(16, 16, 2, 2) / 4, tb=w(16), k2=w(16, 32, 1, 1) / 6)
+    model, stats, _ = rewrite(proto)
+    assert stats["ConvTranspose:1x1 Conv + depth-to-space"] == 1
+    rewritten = check(proto, model, tmp_path, like_ort=False)
+    for batch in (1, 3):  # the Reshapes copy the batch dim (0), whatever it is at run time
+        feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 16, 4, 6))
+                 .astype(np.float32)}
+        assert not numerics.compare(numerics.run(proto, feeds),
+                                    numerics.run(rewritten, feeds), RTOL, ATOL)
 
 PADS_KEPT_NCHW = {  # the padded channels would not read 0 (or the Pad leaves the block)
     "after a Sigmoid": ("s = Sigmoid(c)", [0, 0, 0, 0, 0, 4, 0, 0], None),
@@ -735,18 +812,20 @@ def _compiled(name: str, level: int, **size):
     ("resnet50", 2, {"width": 0.25, "image_size": 64}),
     ("mobilenetv2", 2, {"width": 0.5, "image_size": 64}),
     ("mobilenetv2", 3, {"image_size": 64}),  # -O3: FusedConv(Clip) in, nchwc Conv out
+    ("unet", 2, {"base_channels": 16, "image_size": 32}),  # ConvTranspose up-sampling
 ])
 def test_zoo(tmp_path, name, level, size):
     proto, baseline, model, stats, notes = _compiled(name, level, **size)
     assert not notes
-    assert "Conv" not in ops(model) and "FusedConv" not in ops(model)
-    rewritten = check(baseline, model, tmp_path)
+    assert not {"Conv", "FusedConv", "ConvTranspose"} & set(ops(model))
+    rewritten = check(baseline, model, tmp_path, like_ort=name != "unet")
     feeds = zoo.sample_inputs(proto, seed=0)
     assert not numerics.compare(numerics.run(proto, feeds), numerics.run(rewritten, feeds),
                                 RTOL, ATOL)
     counts = op_counts(rewritten)
     convs = sum(n.op_type in ("Conv", "FusedConv") for n in baseline.graph.node)
-    assert counts[f"{NCHWC}::Conv"] == convs
+    upconvs = stats.get("ConvTranspose:1x1 Conv + depth-to-space", 0)
+    assert counts[f"{NCHWC}::Conv"] == convs + upconvs
     # Once before Flatten → Gemm, and once before each inner conv with fewer input channels
     # than a block (MobileNetV2 at width 0.5 has 8, under AVX-512's blocks of 16), which reads
     # NCHW as the stem does.
@@ -756,6 +835,9 @@ def test_zoo(tmp_path, name, level, size):
     if name == "resnet50":
         assert stats["Add into Conv's Sum"] == 16 and stats["Conv:nchw"] == 1
         assert counts[f"{NCHWC}::MaxPool"] == 1
+    elif name == "unet":  # one layout from the stem to the head: up-sampling and skips too
+        assert upconvs == 4 and stats["Concat kept blocked"] == 4
+        assert counts[f"{NCHWC}::ReorderInput"] == 0
     else:
         assert stats[f"{'FusedConv' if level == 3 else 'Conv'}:depthwise"] == 17
         assert stats["Add into Conv's Sum"] == 10

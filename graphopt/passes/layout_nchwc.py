@@ -35,7 +35,11 @@ from graphopt.nchwc_block import BLOCK_SIZES, METADATA_KEY, detect_block_size
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.layout_nchwc_ops import HANDLERS, NCHWC, STARTERS, Blocked
+from graphopt.passes.layout_nchwc_upconv import conv_transpose
 from graphopt.passes.layout_nchwc_weights import padded
+
+
+ALL_HANDLERS = {**HANDLERS, ("", "ConvTranspose"): conv_transpose}
 
 
 def _with_channels(shape, channels: int):
@@ -59,7 +63,7 @@ class Rewriter:
         for node in self.graph.nodes():
             if node.graph is not self.graph:
                 continue
-            handler = HANDLERS.get(("" if node.is_onnx else node.domain, node.op_type))
+            handler = ALL_HANDLERS.get(("" if node.is_onnx else node.domain, node.op_type))
             if handler is not None and node.outputs and node.outputs[0] is not None \
                     and (handler in STARTERS or self._reads_blocked(node)) and self.allows(node):
                 handler(self, node)

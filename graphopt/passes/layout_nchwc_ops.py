@@ -29,6 +29,8 @@ blocked replacement with `rw.add`, or folds the node into a blocked conv with `r
   BatchNormalization on a blocked input: a 1×1 depthwise nchwc Conv (γ/√(σ²+ε), β − μ·γ/√(σ²+ε)).
   Transpose [0,2,3,1] of a blocked input: ReorderOutput(channels_last=1).
   Resize / Upsample nearest (asymmetric, floor), integer scales on H and W: nchwc.Upsample.
+  ConvTranspose     kernel = stride, on a blocked input: a 1×1 conv and a depth-to-space
+                    (layout_nchwc_upconv; graphopt's own).
 
 The kept ops see the padded channels too; all of them map 0 to a finite value, which the zero
 input rows of every blocked filter then ignore (an op that could make inf there, Log or
@@ -181,7 +183,7 @@ _ELEMENTWISE = ("Add", "Sum", "Sub", "Mul", "Div", "Min", "Max", *KEPT_UNARY, *F
                 "BatchNormalization")
 
 
-def _reaches_blocked(value, transpose_ok: bool = True, depth: int = 12) -> bool:
+def reaches_blocked(value, transpose_ok: bool = True, depth: int = 12) -> bool:
     """Whether `value` reaches, through at most `depth` elementwise ops, a reader that takes a
     blocked input: a 2-D conv, a pool, Concat, Resize, or (`transpose_ok`) a Transpose, which
     a ReorderOutput to channels-last replaces."""
@@ -213,7 +215,7 @@ def _keep_own(rw, node, channels: int) -> bool:
     """Whether one of graphopt's own keep-blocked rules should apply to `node`: where its value
     goes on to a blocked consumer; or, on unpadded channels, where keeping it moves the
     ReorderOutput down rather than adding one (no other reader takes its input in NCHW)."""
-    if _reaches_blocked(node.outputs[0], transpose_ok=channels % rw.block == 0):
+    if reaches_blocked(node.outputs[0], transpose_ok=channels % rw.block == 0):
         return True
     if channels % rw.block:
         return False
