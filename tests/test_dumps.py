@@ -212,6 +212,22 @@ def test_a_dump_refuses_a_folder_holding_files_it_did_not_write(proto, tmp_path,
         graphopt.optimize(proto, dump_dir=os.fspath(directory), dump_format="onnx")
 
 
+def test_a_folder_that_takes_no_file_is_refused_before_the_compile(proto, tmp_path,
+                                                                  monkeypatch):
+    # A read-only or immutable folder (root's permission bits say nothing of either) failed at
+    # the first dump's write, with an error that named the file but not --dump-dir.
+    from graphopt.passes import instruments
+
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(instruments.tempfile, "mkstemp", refused)
+    with pytest.raises(OptionError, match="dump_dir.*: cannot create a file in it: Operation "
+                                          "not permitted"):
+        graphopt.optimize(proto, dump_dir=os.fspath(tmp_path))
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_dump_never_overwrites_the_model_or_the_weights_it_reads(proto, tmp_path):
     directory = tmp_path / "dump"
     directory.mkdir()

@@ -222,14 +222,15 @@ def test_quant_skip_and_keep_ends(tmp_path):
     assert _float_convs(out) == ["conv0", "conv2", "conv4"]
     assert not any(n.op_type == "QuantizeLinear" for n in out.graph.node)
     assert any("quant_skip" in note for note in result.notes)
-    # A name no node has (a typo, or a node fusion renamed) is noted with the nearest names.
+    # A name no node has (a typo) is noted with the nearest names.
     result, out = _int8(_conv_model(), calibration=calibration, quant_skip={"conv_2"})
     assert _float_convs(out) == ["conv0"]
-    (note,) = [n for n in result.notes if "matches nothing" in n]
+    (note,) = [n for n in result.notes if "names nothing in the model" in n]
     assert "'conv_2' (nearest: 'conv2'" in note
     result, _ = _int8(_conv_model(), calibration=calibration, quant_skip={"conv_2", "cnv4"})
-    (note,) = [n for n in result.notes if "match nothing" in n]
+    (note,) = [n for n in result.notes if "name nothing in the model" in n]
     assert "'cnv4' (nearest: 'conv4'" in note and "'conv_2' (nearest: 'conv2'" in note
+    assert "fused nodes" not in note  # no node of the model had either name
     # An op that is no layer (the residual Add, by name or type) runs on the int8 codes of the
     # layers around it whatever the skip says: that is said, where it had been taken silently.
     for skip in ({"add5"}, {"Add", "conv2"}):

@@ -422,9 +422,16 @@ def test_pins_that_match_nothing_are_named_in_a_note():
     proto = parse_model(CHAIN, w1=W1, w2=W2)
     result = graphopt.optimize(proto, level=1, precision="mixed-fp16", pass_options={
         "keep_dtype": {"no_such_node"}, "precision_deny": {"Softmx"}})
-    note = next(n for n in result.notes if "match nothing" in n)  # two entries: "match"
-    assert "keep_dtype 'no_such_node'" in note and "(dump_dir shows them)" in note
-    assert "precision_deny 'Softmx' (nearest: 'Softmax')" in note
+    note = next(n for n in result.notes if "names nothing" in n)
+    assert "keep_dtype 'no_such_node' names nothing in the model" in note
+    assert "precision_deny 'Softmx' (nearest: 'Softmax') matches no op" in note
+    # A node of the model that a fusion renamed: that is the cause given, with the new name.
+    result = graphopt.optimize(zoo.build("tiny"), precision="fp16", pass_options={
+        "keep_dtype": {"/bn1/BatchNormalization"}})
+    assert "ConvertPrecision: keep_dtype '/bn1/BatchNormalization' (nearest: " \
+        "'/bn1/BatchNormalization/ConvBatchNorm/Conv') matches nothing in the optimized " \
+        "graph, whose fused nodes have new names (dump_dir shows the names)" in result.notes, \
+        result.notes
     # Op types alone: the graph has no such op, which says nothing of renamed nodes.
     result = graphopt.optimize(proto, level=1, precision="fp16", pass_options={
         "precision_deny": {"Gemm"}})

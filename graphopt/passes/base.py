@@ -44,6 +44,9 @@ class PassContext:
     # and why this profile's compile could not use the calibration data itself, when it could not.
     shared_stats: Any = None
     calibration_mismatch: Exception | None = None
+    # The node names and op types of the model as the pipeline got it, for notes on names a
+    # user gave that match nothing after the fusions (set by the pass manager).
+    source_names: frozenset[str] = frozenset()
 
     def note(self, message: str) -> None:
         if message not in self.notes:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 import threading
 from typing import TYPE_CHECKING
 
@@ -187,6 +188,12 @@ def _claimed(directory: str) -> dict | None:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
         raise OptionError(f"{where}: cannot create it: {e.strerror or e}") from None
+    try:  # a folder that exists but takes no file (read-only, immutable): say so before the work
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".graphopt-dump.", suffix=".tmp")
+    except OSError as e:
+        raise OptionError(f"{where}: cannot create a file in it: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(probe)
     previous = _index(directory)
     owned = _owned(previous)
     for name in (INDEX_FILE, WEIGHTS_FILE):

@@ -14,6 +14,7 @@ from graphopt.option_names import option
 from graphopt.passes.base import PASSES, PassContext
 from graphopt.passes.instruments import Instrument
 from graphopt.passes.pipelines import FixedPoint, Pipeline
+from graphopt.passes.unmatched import op_spellings
 
 # A fixed point that keeps removing nodes may run this many times `max_iterations` sweeps.
 _PROGRESS_CEILING = 4
@@ -101,6 +102,10 @@ class PassManager:
 
     def _run(self, model: Model) -> PassLog:
         self._count = None
+        if not self.ctx.source_names:
+            self.ctx.source_names = frozenset(
+                name for node in model.graph.all_nodes()
+                for name in (node.name, *op_spellings(node)) if name)
         log = PassLog(self.pipeline.name)
         started = []
         try:

@@ -9,25 +9,37 @@ from collections.abc import Iterable
 from graphopt.option_names import option
 
 
-def unmatched_note(checks: Iterable[tuple]) -> str | None:
+def unmatched_note(checks: Iterable[tuple], source: frozenset[str] = frozenset()) -> str | None:
     """For each (option, entries, names it may match[, "op types"]), the entries outside those
     names, each with its nearest names; None when every entry matches. Entries marked as op
-    types get a note that the graph has none (not that a fusion renamed a node)."""
-    problems, kinds = [], set()
+    types get a note that the graph has none (not that a fusion renamed a node). `source`, the
+    node names of the model as imported, tells a node a fusion renamed from a name no node of
+    the model ever had (a typo); without it the note gives both causes."""
+    renamed, unknown, op_types = [], [], []
     for name, entries, known, *kind in checks:
         for entry in sorted(set(entries) - known):
             near = _nearest(entry, known)
-            problems.append(f"{name} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
-                                                     if near else ""))
-            kinds.add(kind == ["op types"])
-    if not problems:
-        return None
-    verb = "matches" if len(problems) == 1 else "match"
-    if kinds == {True}:
-        return ("; ".join(problems) + f" {verb} no op of the optimized graph (a fusion may "
-                f"have taken it in: {option('dump_dir')} shows the graph)")
-    return ("; ".join(problems) + f" {verb} nothing in the optimized graph, whose fused nodes "
-            f"have new names ({option('dump_dir')} shows them)")
+            text = f"{name} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
+                                          if near else "")
+            (op_types if kind == ["op types"] else
+             renamed if not source or entry in source else unknown).append(text)
+    parts = []
+    if unknown:
+        parts.append("; ".join(unknown) + f" {_verb(unknown)} nothing in the model")
+    if renamed:
+        why = ("whose fused nodes have new names" if source else
+               "a misspelt name, or a node a fusion took in under a new name")
+        parts.append("; ".join(renamed) + f" {_verb(renamed, 'matches', 'match')} nothing in "
+                     f"the optimized graph, {why} ({option('dump_dir')} shows the names)")
+    if op_types:
+        parts.append("; ".join(op_types) + f" {_verb(op_types, 'matches', 'match')} no op of "
+                     f"the optimized graph (a fusion may have taken it in: {option('dump_dir')} "
+                     "shows the graph)")
+    return "; ".join(parts) or None
+
+
+def _verb(problems: list, one: str = "names", many: str = "name") -> str:
+    return one if len(problems) == 1 else many
 
 
 def _nearest(entry: str, known: set[str]) -> list[str]:
