@@ -116,9 +116,12 @@ def read_aipp_config(path) -> list[AippOp]:
     try:
         with open(path, encoding="utf-8-sig") as f:
             text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:  # a model or an image given for the text file
+        raise InputError(f"{option('insert_op_conf')} {path}: not an ATC configuration file "
+                         f"(not UTF-8 text: byte {exc.start})") from None
+    except OSError as exc:
         raise InputError(f"{option('insert_op_conf')} {path}: cannot read it "
-                         f"({getattr(exc, 'strerror', None) or exc})") from None
+                         f"({exc.strerror or exc})") from None
     blocks = _blocks(text, path)
     if not blocks:
         raise OptionError(f"{option('insert_op_conf')} {path}: no aipp_op block")

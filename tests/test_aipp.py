@@ -248,6 +248,11 @@ def test_inputs_the_preprocessing_cannot_feed_are_refused_naming_them(tmp_path, 
 def test_an_unreadable_file_is_an_input_error_and_the_cli_names_the_flag(tmp_path, capsys):
     with pytest.raises(InputError, match="cannot read it"):
         graphopt.optimize(_classifier(), insert_op_conf=tmp_path / "missing.cfg")
+    binary = tmp_path / "model.onnx"  # a model given for the configuration file
+    onnx.save(_classifier(), binary)
+    with pytest.raises(InputError, match=r"model.onnx: not an ATC configuration file \(not "
+                                         r"UTF-8 text: byte \d+\)$"):
+        graphopt.optimize(_classifier(), insert_op_conf=binary)
     source = tmp_path / "net.onnx"
     onnx.save(_classifier(), source)
     bad = _config(tmp_path, "aipp_op { input_format: RGB888_U8 resize: true }")

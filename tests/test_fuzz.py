@@ -978,6 +978,14 @@ def test_large_weight_of_the_wrong_length_is_refused_at_import():
                        match=r"initializer 'w': float32 tensor of shape \[512, 512\] needs "
                              r"1048576 bytes of data, has 1048572"):
         optimize(model.SerializeToString())
+    # The typed field's form: counted in that field's entries, which it names.
+    typed = onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])
+    typed.dims[:] = [2, 3]
+    model.graph.initializer[0].CopyFrom(typed)
+    with pytest.raises(graphopt.errors.InputError,
+                       match=r"initializer 'w': float32 tensor of shape \[2, 3\] needs 6 "
+                             r"entries in its float_data field, has 2$"):
+        optimize(model.SerializeToString())
 
 
 def test_a_model_onnxruntime_cannot_load_compiles_with_a_note_saying_so():

@@ -310,6 +310,11 @@ def test_kb_import_of_a_missing_or_unreadable_file_names_it(tmp_path, capsys):
     broken.write_text("{not json")
     with pytest.raises(InputError, match="broken.json: not a graphopt knowledge-base export"):
         kb.import_kb(broken, str(db))
+    # A binary file (a model given for the export): said so, not Python's codec message.
+    broken.write_bytes(b'{"format": "\xc3(')
+    with pytest.raises(InputError, match=r"broken.json: not a graphopt knowledge-base export "
+                                         r"\(not UTF-8 text: byte 12\)$"):
+        kb.import_kb(broken, str(db))
     # A knowledge base given where its export goes (to merge two): a decode error had said so.
     other = tmp_path / "other.db"
     import sqlite3

@@ -533,8 +533,10 @@ class _Importer:
             else:
                 expected = count
         if got != expected:
+            held = f"{expected} bytes of data, has {got}" if unit == "bytes" else \
+                f"{expected} entries in its {unit} field, has {got}"
             raise self.error(f"{where}: {elem_type_label(int(dtype))} tensor of shape "
-                             f"{list(proto.dims)} needs {expected} {unit} of data, has {got}")
+                             f"{list(proto.dims)} needs {held}")
         return Tensor.from_proto(proto)
 
     def _check_external(self, proto: TensorProto, where: str) -> None:

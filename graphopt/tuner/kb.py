@@ -395,7 +395,9 @@ def _read_export(path: str | os.PathLike) -> dict:
                 f"{text}: an SQLite database (a knowledge base itself), not a `kb export` "
                 f"file; to merge it: graphopt kb export - --tuning-db {shlex.quote(text)} | "
                 "graphopt kb import - --tuning-db …") from None
-        raise InputError(f"{text}: not a graphopt knowledge-base export ({e})") from None
+        why = (f"not UTF-8 text: byte {e.start}" if isinstance(e, UnicodeDecodeError)
+               else str(e))
+        raise InputError(f"{text}: not a graphopt knowledge-base export ({why})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else None
         raise OptionError(f"{text}: not a graphopt knowledge-base export (format {FORMAT}"
