@@ -367,6 +367,21 @@ CASES = {
         [IN, "nchwc.Conv", "nchwc.Upsample", OUT],
         {"ReorderInput": 1, "Conv": 1, "Resize:Upsample": 1, "ReorderOutput": 1},
         k=w(16, 16, 1, 1), sc=np.array([1, 1, 2, 3], np.float32)),
+    **{f"bilinear resize, {where}": case(  # a segmentation head's, or a bilinear UNet's
+        f"g ({X16}, float[16,16,1,1] k, float[4] sc) => (float y) {{"
+        f' c = Conv(x, k)\n r = Resize<mode="linear", coordinate_transformation_mode="{where}">'
+        '(c, "", sc)\n y = Relu(r) }',
+        [IN, "nchwc.Conv", "nchwc.Upsample", "Relu", OUT],
+        {"ReorderInput": 1, "Conv": 1, "Resize:Upsample": 1, "Relu kept blocked": 1,
+         "ReorderOutput": 1},
+        k=w(16, 16, 1, 1), sc=np.array([1, 1, 2, 3], np.float32))
+       for where in ("half_pixel", "align_corners", "asymmetric")},
+    "bilinear resize to a size": case(  # torchvision's segmentation heads resize to a size
+        f"g ({X16}, float[16,16,1,1] k, int64[4] sz) => (float y) {{"
+        ' c = Conv(x, k)\n y = Resize<mode="linear">(c, "", "", sz) }',
+        [IN, "nchwc.Conv", "nchwc.Upsample", OUT],
+        {"ReorderInput": 1, "Conv": 1, "Resize:Upsample": 1, "ReorderOutput": 1},
+        k=w(16, 16, 1, 1), sz=np.array([1, 16, 16, 24], np.int64)),
     "elementwise stays blocked": case(
         f"g ({X16}, float[16,16,1,1] k1, float[16,16,1,1] k2) => (float y) {{"
         " a = Conv(x, k1)\n b = Conv(x, k2)\n m = Mul(a, b)\n s = Sigmoid(m)\n t = Tanh(a)\n"
@@ -532,6 +547,21 @@ PARTIAL = {  # converted, but what follows the conv reads NCHW
         f"g ({X16}, float[16,16,1,1] k, float zero) => (float y) {{"
         " a = Conv(x, k)\n y = Div(a, zero) }",
         [IN, "nchwc.Conv", OUT, "Div"], k=w(16, 16, 1, 1), zero=scalar(0)),
+    **{f"a resize nchwc.Upsample does not compute: {what}": case(
+        f"g ({X16}, float[16,16,1,1] k, float[4] sc) => (float y) {{"
+        f' c = Conv(x, k)\n y = Resize<{attrs}>(c, "", sc) }}',
+        [IN, "nchwc.Conv", OUT, "Resize"], k=w(16, 16, 1, 1), sc=np.array(scales, np.float32))
+       for what, attrs, scales in (
+           ("pytorch_half_pixel", 'mode="linear", coordinate_transformation_mode='
+                                  '"pytorch_half_pixel"', [1, 1, 2, 2]),
+           ("cubic", 'mode="cubic"', [1, 1, 2, 2]),
+           ("a scale of 1.5", 'mode="linear"', [1, 1, 1.5, 2]),
+           ("nearest at half_pixel", 'mode="nearest", nearest_mode="floor"', [1, 1, 2, 2]))},
+    "a resize to a size of no whole multiple": case(
+        f"g ({X16}, float[16,16,1,1] k, int64[4] sz) => (float y) {{"
+        ' c = Conv(x, k)\n y = Resize<mode="linear">(c, "", "", sz) }',
+        [IN, "nchwc.Conv", OUT, "Resize"], k=w(16, 16, 1, 1),
+        sz=np.array([1, 16, 12, 16], np.int64)),
     "a chain that reaches no blocked reader, beside a graph output": case(
         # The conv leaves the layout for its graph output anyway: keeping Max and Mul blocked
         # would only add a second ReorderOutput (1.14x the time on this shape).

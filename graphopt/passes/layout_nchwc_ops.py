@@ -28,7 +28,8 @@ blocked replacement with `rw.add`, or folds the node into a blocked conv with `r
                     no AveragePool with both ceil_mode and count_include_pad.
   BatchNormalization on a blocked input: a 1×1 depthwise nchwc Conv (γ/√(σ²+ε), β − μ·γ/√(σ²+ε)).
   Transpose [0,2,3,1] of a blocked input: ReorderOutput(channels_last=1).
-  Resize / Upsample nearest (asymmetric, floor), integer scales on H and W: nchwc.Upsample.
+  Resize / Upsample nearest (asymmetric, floor) or linear (half_pixel, align_corners or
+                    asymmetric), scales 1 on N and C, whole numbers on H and W: nchwc.Upsample.
   ConvTranspose     kernel = stride, on a blocked input: a 1×1 conv and a depth-to-space
                     (layout_nchwc_upconv; graphopt's own).
 
@@ -61,6 +62,9 @@ NCHWC = "com.microsoft.nchwc"
 MS = "com.microsoft"
 POOLS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
 # Map 0 to a finite value (onnxruntime's four, and HardSwish and LeakyRelu, which map it to 0)
+# The coordinate modes nchwc.Upsample interpolates linearly in (onnxruntime's rule: not
+# pytorch_half_pixel, which differs for an output of one pixel, nor half_pixel_symmetric).
+LINEAR_COORDINATES = ("half_pixel", "align_corners", "asymmetric")
 KEPT_UNARY = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu")
 FUSED_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip", "HardSwish")
 ZERO_AT_ZERO = ("Relu", "Tanh", "LeakyRelu", "HardSwish")  # f(0) = 0: padded 0s stay 0
@@ -465,21 +469,47 @@ def transpose(rw: Rewriter, node: Node) -> None:
 def resize(rw: Rewriter, node: Node) -> None:
     source = rw.blocked.get(id(node.input(0)))
     resize11 = node.op_type == "Resize" and (rw.model.opset("") or 0) >= 11
-    scales = node.input(2 if resize11 else 1)
-    if source is None or node.attr("mode", "nearest") != "nearest" or scales is None \
-            or not scales.is_constant or resize11 and (
-                node.input(3) is not None
-                or node.attr("coordinate_transformation_mode") != "asymmetric"
-                or node.attr("nearest_mode") != "floor"):
+    mode = node.attr("mode", "nearest")
+    # Before opset 11 (Upsample, Resize-10) coordinates are asymmetric, and nearest floors.
+    where = node.attr("coordinate_transformation_mode", "half_pixel") if resize11 \
+        else "asymmetric"
+    factors = _resize_factors(node, resize11)
+    if source is None or factors is None:
         return
-    factors = np.asarray(scales.constant()).reshape(-1)
+    if mode == "nearest":
+        if where != "asymmetric" or resize11 and node.attr("nearest_mode") != "floor":
+            return
+        attrs = {}
+    elif mode == "linear" and where in LINEAR_COORDINATES:
+        attrs = {"mode": "linear", "coordinate_transformation_mode": where}
+    else:
+        return
     whole = factors.astype(np.int64)
     if factors.shape != (4,) or np.any(whole != factors) or list(whole[:2]) != [1, 1] \
             or np.any(whole < 1):
         return
-    rw.add(node, "Upsample", [source.value], {"scales": whole.tolist()}, source.channels,
-           zero_pads=source.zero_pads)
+    rw.add(node, "Upsample", [source.value], {"scales": whole.tolist(), **attrs},
+           source.channels, zero_pads=source.zero_pads)  # both modes interpolate 0s to 0
     rw.result.count(f"{node.op_type}:Upsample")
+
+
+def _resize_factors(node: Node, resize11: bool) -> np.ndarray | None:
+    """A Resize's constant scale per axis: its `scales`, or its `sizes` over the input's known
+    dims (torchvision's segmentation heads resize to the size of a feature map, which the
+    compile folds to numbers: a whole multiple is the same resize). None when neither is."""
+    if resize11 and node.attr("axes") is not None:
+        return None
+    scales, sizes = node.input(2 if resize11 else 1), node.input(3) if resize11 else None
+    if sizes is None:
+        return np.asarray(scales.constant(), dtype=np.float64).reshape(-1) \
+            if scales is not None and scales.is_constant else None
+    shape = node.input(0).shape
+    if not sizes.is_constant or shape is None or not all(isinstance(d, int) and d > 0
+                                                         for d in shape):
+        return None
+    target = np.asarray(sizes.constant()).reshape(-1)
+    return target / np.asarray(shape, dtype=np.float64) if target.shape == (len(shape),) \
+        else None
 
 
 # The handlers that block an NCHW input of their own; every other one acts only on a node
