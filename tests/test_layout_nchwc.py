@@ -658,6 +658,22 @@ BEYOND = {
          "Resize:Upsample": 1, "Concat kept blocked": 1, "ReorderOutput": 1},
         k=w(32, 16, 1, 1) / 4, t=w(32, 16, 2, 2) / 6, tb=w(16), k2=w(32, 48, 3, 3) / 20,
         scales=np.array([1, 1, 2, 2], np.float32)),
+    "a squeeze-and-excitation gate": case(  # EfficientNet's, MobileNetV3's: 20 channels padded
+        "g (float[1,16,8,8] x, float[20,16,1,1] k, float[20,20,1,1] k1, float[20] b1,"
+        " float[20,20,1,1] k2) => (float y) {"
+        " c = Conv(x, k)\n p = GlobalAveragePool(c)\n e = Conv(p, k1, b1)\n s = Sigmoid(e)\n"
+        " m = Mul(s, c)\n y = Conv(m, k2) }",
+        [IN, "nchwc.Conv", "nchwc.GlobalAveragePool", "nchwc.Conv", "Reshape", "nchwc.Conv",
+         "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 3, "GlobalAveragePool": 1, "activation into Conv": 1,
+         "Mul by a channel gate:depthwise": 1, "ReorderOutput": 1},
+        k=w(20, 16, 1, 1) / 4, k1=w(20, 20, 1, 1) / 4, b1=w(20), k2=w(20, 20, 1, 1) / 4),
+    "a channel gate read in NCHW": case(  # reordered in: [1, C, 1, 1] costs nothing to move
+        f"g ({X16}, float[1,16,1,1] g, float[16,16,1,1] k, float[16,16,1,1] k2) => (float y) {{"
+        " c = Conv(x, k)\n s = Sigmoid(g)\n m = Mul(c, s)\n y = Conv(m, k2) }",
+        [IN, "nchwc.Conv", "Sigmoid", IN, "Reshape", "nchwc.Conv", "nchwc.Conv", OUT],
+        {"ReorderInput": 2, "Conv": 2, "Mul by a channel gate:depthwise": 1, "ReorderOutput": 1},
+        k=w(16, 16, 1, 1) / 4, k2=w(16, 16, 1, 1) / 4),
     "a 3x2 ConvTranspose over unaligned channels": case(  # 20 out: padded in every tap
         f"g ({X16}, float[16,16,1,1] k, float[16,20,3,2] t, float[16,20,1,1] k2)"
         " => (float y) { c = Conv(x, k)\n"
@@ -669,6 +685,17 @@ BEYOND = {
          "Relu kept blocked": 1, "ReorderOutput": 1},
         k=w(16, 16, 1, 1) / 4, t=w(16, 20, 3, 2) / 4, k2=w(16, 20, 1, 1) / 5),
 }
+
+@needs_nchwc
+def test_a_channel_gate_over_a_batch_stays_a_mul(tmp_path):
+    # Each image has its own gate, which no single filter can be.
+    proto = build("g (float[2,16,8,8] x, float[16,16,1,1] k, float[16,16,1,1] k2) => (float y) {"
+                  " c = Conv(x, k)\n p = GlobalAveragePool(c)\n s = Sigmoid(p)\n"
+                  " m = Mul(c, s)\n y = Conv(m, k2) }", k=w(16, 16, 1, 1), k2=w(16, 16, 1, 1))
+    model, stats, _ = rewrite(proto)
+    assert "Mul by a channel gate:depthwise" not in stats and "Mul" in ops(model)
+    check(proto, model, tmp_path)
+
 
 UPCONVS_KEPT_NCHW = {  # why each ConvTranspose stays an NCHW op, behind a ReorderOutput
     "overlapping taps": ("kernel_shape=[3,3], strides=[2,2]", "the stride is not the kernel"),
