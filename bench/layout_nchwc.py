@@ -31,7 +31,8 @@ DESCRIPTION = """\
 Time graphopt's -O2 output with LayoutNchwc applied (onnxruntime's blocked NCHWc ops, written
 ahead of time) at ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED and ORT_ENABLE_ALL beside the -O2 output
 at ORT_ENABLE_ALL (whose session start runs onnxruntime's own NchwcTransformer) and at
-ORT_ENABLE_EXTENDED (no NCHWc at all), on the zoo's resnet50, mobilenetv2 and blazepalm.
+ORT_ENABLE_EXTENDED (no NCHWc at all), on the zoo's resnet50, mobilenetv2, blazepalm, lcnetv3
+and unet.
 
 Inference: every variant gets its own session (intra_op T, inter_op 1, spinning stopped after each
 run), warm-up rounds, then timed rounds interleaved (A B C ... A B C ...); median (min-max) ms and
@@ -60,7 +61,11 @@ VARIANTS = [
             "nchwc", "all"),
 ]
 # The full-size architectures by default; --quick shrinks resnet50 as latency.py's --quick does.
-SIZES = {"resnet50": ({}, ""), "mobilenetv2": ({}, ""), "blazepalm": ({}, "")}
+SIZES = {"resnet50": ({}, ""), "mobilenetv2": ({}, ""), "blazepalm": ({}, ""),
+         # squeeze-and-excitation gates; ConvTranspose up-sampling into skip Concats (at the
+         # size latency.py runs it: 128x128, 16 base channels)
+         "lcnetv3": ({}, ""),
+         "unet": ({"base_channels": 16, "image_size": 128}, "base 16, 128x128")}
 QUICK_SIZES = {name: ZOO_QUICK[name] for name in SIZES}
 
 

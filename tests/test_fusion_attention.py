@@ -32,11 +32,13 @@ class Graph:
         self.typed: dict[str, list[int]] = {}
         self.rng = np.random.default_rng(3)
 
-    def op(self, op_type, *inputs, domain="", **attrs):
+    def op(self, op_type, *inputs, domain="", outputs=1, **attrs):
+        """The output's name; a list of `outputs` names when asked for more than one."""
         self.count += 1
-        out = f"{op_type.lower()}_{self.count}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], domain=domain, **attrs))
-        return out
+        out = [f"{op_type.lower()}_{self.count}" + (f"_{i}" if outputs > 1 else "")
+               for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), out, domain=domain, **attrs))
+        return out if outputs > 1 else out[0]
 
     def const(self, array, dtype=np.float32):
         self.count += 1
@@ -144,21 +146,33 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
     return g.model([y, probs] if probs_output else [y])
 
 
-def vit_attention():
+def vit_attention(take="gather", order=(0, 1, 2), packed_output=False):
     """timm's ViT block: one qkv projection reshaped to [B,S,3,N,H], permuted to [3,B,N,S,H] and
-    unbound with Gather; k transposed on its own; scores scaled by a Mul; no mask."""
+    unbound (`take`: Gather, as the TorchScript exporter once wrote it; "slice", Slice and
+    Squeeze, as dynamo writes it; "split", Split and Squeeze, as TorchScript writes it now; the
+    pieces at `order`'s indices, negative ones counted from the end); k transposed on its own;
+    scores scaled by a Mul; no mask. `packed_output`: the projection is read by a Relu too, an
+    output of its own."""
     g = Graph()
     x = g.input("x", TensorProto.FLOAT, [B, S, D])
-    qkv = g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, 3 * D)) * 0.3)),
-               g.const(g.rng.standard_normal(3 * D) * 0.1))
-    qkv = g.op("Transpose", g.op("Reshape", qkv, g.const([B, S, 3, N, H], np.int64)),
+    projected = g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, 3 * D)) * 0.3)),
+                     g.const(g.rng.standard_normal(3 * D) * 0.1))
+    qkv = g.op("Transpose", g.op("Reshape", projected, g.const([B, S, 3, N, H], np.int64)),
                perm=[2, 0, 3, 1, 4])
-    q, k, v = (g.op("Gather", qkv, g.const(i, np.int64), axis=0) for i in range(3))
+    if take == "gather":
+        q, k, v = (g.op("Gather", qkv, g.const(i, np.int64), axis=0) for i in order)
+    elif take == "slice":
+        q, k, v = (g.op("Squeeze", g.op("Slice", qkv, g.const([i], np.int64),
+                                        g.const([i % 3 + 1], np.int64), g.const([0], np.int64)),
+                        g.const([0], np.int64)) for i in order)
+    else:
+        pieces = g.op("Split", qkv, g.const([1, 1, 1], np.int64), axis=0, outputs=3)
+        q, k, v = (g.op("Squeeze", pieces[i], g.const([0], np.int64)) for i in order)
     scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
                   g.const(H ** -0.5))
     ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
     y = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const([B, S, D], np.int64))
-    return g.model([y])
+    return g.model([y, g.op("Relu", projected)] if packed_output else [y])
 
 
 def fuse(proto, trace=False, target=None):
@@ -237,11 +251,42 @@ def test_mask_built_at_run_time_stays_unfused_for_the_cpu(target, mask):
     check_numerics(proto, model)
 
 
-def test_vit_block_with_unbound_packed_qkv_fuses_through_the_whole_pipeline():
-    proto = vit_attention()
+@pytest.mark.parametrize("take", ["gather", "slice", "split"])
+def test_vit_block_with_unbound_packed_qkv_fuses_into_one_attention(take):
+    # The qkv projection already packs Q, K and V: its columns go to one Attention as they are,
+    # where the head split of each piece had stayed behind a MultiHeadAttention (14 data
+    # movement nodes a block in timm's ViT).
+    proto = vit_attention(take)
     result = graphopt.optimize(proto, level=2)
     names = [n.qualified_op for n in result.model.graph]
-    assert names.count(MHA) == 1 and "Softmax" not in names
+    assert names == ["com.microsoft::Attention"], names
+    (packed,) = result.model.graph
+    assert packed.inputs[0].name == "x" and packed.attr("num_heads") == N
+    weights = numpy_helper.to_array(proto.graph.initializer[0])
+    assert np.array_equal(packed.inputs[1].constant(), weights)  # Q, K, V in place already
+    check_numerics(proto, result.model)
+
+
+def test_vit_pieces_taken_out_of_order_pack_in_the_order_attention_reads():
+    # V named by -1 (qkv[-1]); the pieces read as Q, K, V in the order 1, 0, -1: the packed
+    # weights follow what attention reads, not the projection's own order.
+    proto = vit_attention("gather", order=(1, 0, -1))
+    result = graphopt.optimize(proto, level=2)
+    (packed,) = result.model.graph
+    assert packed.qualified_op == "com.microsoft::Attention"
+    weights = numpy_helper.to_array(proto.graph.initializer[0])
+    assert np.array_equal(packed.inputs[1].constant(),
+                          np.concatenate([weights[:, D:2 * D], weights[:, :D], weights[:, 2 * D:]],
+                                         axis=1))
+    check_numerics(proto, result.model)
+
+
+def test_a_packed_projection_read_elsewhere_stays_behind_multi_head_attention():
+    proto = vit_attention("slice", packed_output=True)
+    result = graphopt.optimize(proto, level=2, trace_rules={"PackedProjectionAttention"})
+    names = [n.qualified_op for n in result.model.graph]
+    assert names.count(MHA) == 1 and "com.microsoft::Attention" not in names
+    assert any("is also read by Relu" in line for line in result.traces), result.traces
     check_numerics(proto, result.model)
 
 
