@@ -61,10 +61,10 @@ if TYPE_CHECKING:
 NCHWC = "com.microsoft.nchwc"
 MS = "com.microsoft"
 POOLS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
-# Map 0 to a finite value (onnxruntime's four, and HardSwish and LeakyRelu, which map it to 0)
 # The coordinate modes nchwc.Upsample interpolates linearly in (onnxruntime's rule: not
 # pytorch_half_pixel, which differs for an output of one pixel, nor half_pixel_symmetric).
 LINEAR_COORDINATES = ("half_pixel", "align_corners", "asymmetric")
+# Map 0 to a finite value (onnxruntime's four, and HardSwish and LeakyRelu, which map it to 0)
 KEPT_UNARY = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu")
 FUSED_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip", "HardSwish")
 ZERO_AT_ZERO = ("Relu", "Tanh", "LeakyRelu", "HardSwish")  # f(0) = 0: padded 0s stay 0
