@@ -456,3 +456,24 @@ def test_integers_beyond_the_inputs_integer_type_are_refused(tmp_path, layout):
     np.savez(tmp_path / "ok.npz", ids=ids)
     assert [s["ids"].dtype for s in read_calibration(tmp_path / "ok.npz", graph)] == \
         [np.int32] * 3
+
+
+def test_calibration_of_a_model_whose_only_input_is_a_scalar(tmp_path):
+    # A scalar input has no first axis to be empty: each of its values is a sample.
+    from graphopt.quant.calib_data import read_calibration
+    graph = load_onnx(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float x) => (float y) { y = Relu (x) }""")).graph
+    np.savez(tmp_path / "c.npz", x=np.arange(3, dtype=np.float32))
+    feeds = list(read_calibration(tmp_path / "c.npz", graph))
+    assert len(feeds) == 3
+
+
+def test_an_input_of_fixed_size_0_is_data(tmp_path):
+    # Declared [0] (a CastLike's like): empty by the model's own shape, not a missing sample.
+    from graphopt.quant.calib_data import read_calibration
+    graph = load_onnx(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x, int64[0] like) => (int64[N, 4] y) {
+            r = Relu (x)
+            y = CastLike (r, like) }""")).graph
+    np.savez(tmp_path / "c.npz", x=np.ones((2, 1, 4), np.float32), like=np.zeros((2, 0), np.int64))
+    assert len(list(read_calibration(tmp_path / "c.npz", graph))) == 2

@@ -15,6 +15,7 @@ from graphopt import numerics, zoo
 from graphopt.cli import main
 from graphopt.codegen import OmPartition, OmSession, load_om, write_om
 from graphopt.errors import ArtifactError, OptionError
+from graphopt.ir import load_onnx
 from graphopt.nchwc_block import METADATA_KEY, detect_block_size
 from helpers import conv_topk_model
 
@@ -687,3 +688,78 @@ def test_a_mean_pool_head_leaves_onnxruntimes_norm_fusions_on():
         onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")])
     model = load_onnx(proto)
     assert disabled_optimizers(model, "all") is None
+
+
+# -- onnxruntime optimizers the .om's partitions switch off --------------------------------------
+def _q_model(opset, zero_dtype, const_input=False):
+    zp = "int8" if zero_dtype == np.int8 else "uint8"
+    src = "c" if const_input else "x"
+    proto = onnx.parser.parse_model(f"""<ir_version: 10, opset_import: ["" : {opset}]>
+        g (float[1, 8] x) => (float[1, 8] y) {{
+          q = QuantizeLinear ({src}, s, z)
+          d = DequantizeLinear (q, s, z)
+          y = Add (d, x)
+        }}""")
+    proto.graph.initializer.extend([
+        onnx.numpy_helper.from_array(np.float32(0.1), "s"),
+        onnx.numpy_helper.from_array(np.array(0, zero_dtype), "z"),
+        onnx.numpy_helper.from_array(np.ones((1, 8), np.float32), "c")])
+    return load_onnx(proto)
+
+
+@pytest.mark.parametrize("opset, zero, const, expected", [
+    (21, np.int8, False, True), (20, np.int8, False, False), (21, np.uint8, False, False),
+    (21, np.int8, True, False)])
+def test_qdq_propagation_is_off_for_a_signed_activation_quantize_at_opset_21(opset, zero, const,
+                                                                            expected):
+    # onnxruntime's QDQ propagation at opset 21 turns a signed activation quantize into one
+    # whose int8 output meets a uint8 zero point: the partition would not load.
+    from graphopt.codegen.split import disabled_optimizers
+    found = disabled_optimizers(_q_model(opset, zero, const), "all") or []
+    assert ("QDQPropagationTransformer" in found) == expected
+
+
+NORM3 = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 4, 8] x) => (float[2, 4, 8] y) {
+      m = ReduceMean <axes = [-1]> (x)
+      d = Sub (x, m)
+      d2 = Pow (d, p)
+      READ
+      e = Add (v, eps)
+      s = Sqrt (e)
+      y = Div (d, s)
+    }"""
+
+
+@pytest.mark.parametrize("read, off", [
+    ("d3 = Dropout (d2)\n      v = ReduceMean <axes = [-1]> (d3)", True),
+    ("d3 = Cast <to = 1> (d2)\n      v = ReduceMean <axes = [-1]> (d3)", True),
+    ("d3 = Cast <to = 11> (d2)\n      d4 = Cast <to = 1> (d3)\n      v = ReduceMean <axes = [-1]> (d4)", False),
+])
+def test_a_cube_reaching_the_variance_through_what_onnxruntime_drops(read, off):
+    # Dropout and a Cast to the same type are gone by the time onnxruntime's LayerNorm fusions
+    # look, so a Pow of 3 they pass on to the mean is still a variance to them; a Cast
+    # through double is not (types inferred first: unknown dtypes would compare equal).
+    from graphopt.codegen.split import disabled_optimizers
+    proto = onnx.parser.parse_model(NORM3.replace("READ", read))
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(np.float32(3), "p"),
+                                    onnx.numpy_helper.from_array(np.float32(1e-5), "eps")])
+    from graphopt.passes.infer_shapes import infer_shapes
+    model = load_onnx(proto)
+    infer_shapes(model)
+    found = disabled_optimizers(model, "all") or []
+    assert ("LayerNormFusionL2" in found) == off
+
+
+@pytest.mark.parametrize("read", ["Dropout", "Cast <to = 1>"])
+def test_a_cube_through_dropout_or_same_cast_is_not_misfused_end_to_end(tmp_path, read):
+    proto = onnx.parser.parse_model(NORM3.replace(
+        "READ", f"d3 = {read} (d2)\n      v = ReduceMean <axes = [-1]> (d3)"))
+    proto.graph.initializer.extend([onnx.numpy_helper.from_array(np.float32(3), "p"),
+                                    onnx.numpy_helper.from_array(np.float32(1e-5), "eps")])
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    path = tmp_path / "m.om"
+    graphopt.save(graphopt.optimize(proto, level=0, target="cpu"), path)
+    with graphopt.load(path) as session:
+        np.testing.assert_allclose(session.run(feeds)["y"], expected["y"], rtol=1e-5, atol=1e-6)

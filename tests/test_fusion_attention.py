@@ -1165,3 +1165,75 @@ def test_a_sequence_read_off_the_split_heads_still_lets_the_projections_pack():
     counts = _op_counts(to_onnx(optimized))
     assert counts["com.microsoft::Attention"] == 1 and counts["::MatMul"] == 0, counts
     check_at_two_sizes(proto, optimized)
+
+
+# -- refusals and forms of the scores' Softmax, scale and mask ------------------------------------
+def _sdpa(opset=17, softmax_attrs=None, divisor=2.0, mask_shape=None, q_len=3):
+    from onnx import TensorProto, helper, numpy_helper
+    softmax_attrs = {"axis": -1} if softmax_attrs is None else softmax_attrs
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2, length, 4])
+              for n, length in (("q", q_len), ("k", 5), ("v", 5))]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Div", ["qk", "two"], ["scores"])]
+    last = "scores"
+    if mask_shape is not None:
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, mask_shape))
+        nodes.append(helper.make_node("Add", ["scores", "m"], ["masked"]))
+        last = "masked"
+    nodes += [helper.make_node("Softmax", [last], ["probs"], **softmax_attrs),
+              helper.make_node("MatMul", ["probs", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.float32(divisor), "two")])
+    return helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)])
+
+
+def _fuse_attention(proto):
+    from graphopt.passes import PASSES, Options, PassContext
+    from graphopt.passes.infer_shapes import infer_shapes
+    from graphopt.passes.rules import Tracer
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options(), tracer=Tracer({"ScaledDotProductAttention"}))
+    stats = dict(PASSES["FuseAttention"]().run(model, ctx).stats)
+    return model, stats, ctx.tracer.report()
+
+
+def _same(proto, model, seed=0, dims=None):
+    from graphopt.ir import to_onnx
+    feeds = numerics.random_feeds(proto, seed=seed, dims=dims or {})
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(to_onnx(model), feeds),
+                                1e-4, 1e-5)
+    assert not problems, problems
+
+
+def test_a_softmax_without_axis_before_opset_13_is_not_fused():
+    # Before opset 13 a Softmax without axis normalizes over every axis from 1 on.
+    proto = _sdpa(opset=12, softmax_attrs={})
+    model, stats, trace = _fuse_attention(proto)
+    assert stats == {}, stats
+    assert any("before opset 13 that means axis 1" in t for t in trace)
+    _same(proto, model)
+
+
+def test_softmax_over_axis_3_fuses():
+    proto = _sdpa(softmax_attrs={"axis": 3})
+    model, stats, _ = _fuse_attention(proto)
+    assert stats == {"ScaledDotProductAttention": 1}
+    _same(proto, model)
+
+
+def test_scores_divided_by_zero_are_refused_not_a_crash():
+    proto = _sdpa(divisor=0.0)
+    model, stats, trace = _fuse_attention(proto)
+    assert stats == {} and any("divided by zero" in t for t in trace), trace
+
+
+def test_a_mask_of_open_query_rows_over_one_query_is_not_fused():
+    # The original broadcasts its one query row up to the mask's s rows; the fused op would not.
+    proto = _sdpa(mask_shape=[2, 1, "s", 5], q_len=1)
+    model, stats, _ = _fuse_attention(proto)
+    assert stats == {}, stats
+    _same(proto, model, dims={"s": 3})

@@ -11,6 +11,7 @@ import signal
 from importlib import resources
 
 import numpy as np
+import onnx
 import pytest
 from helpers import run_cli
 
@@ -614,3 +615,43 @@ def test_verify_runs_the_om_as_written_before_it_replaces_the_output(tmp_path, c
     # The summary's error is the compiled model's on one thread; the file's is said apart.
     assert "(max abs error " in text and ", onnxruntime on one thread)" in text
     assert f"{out} as written: max abs error " in text and "run by graphopt's runtime" in text
+
+
+def _mm(constant=False):
+    from onnx import TensorProto, helper, numpy_helper
+    weight = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    if constant:
+        nodes = [helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(weight, "W")),
+                 helper.make_node("MatMul", ["x", "W"], ["y"])]
+        inits = []
+    else:
+        nodes, inits = [helper.make_node("MatMul", ["x", "W"], ["y"])], [numpy_helper.from_array(weight, "W")]
+    graph = helper.make_graph(nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_in_place_note_names_the_weights_file_beside_a_model_in_another_folder(tmp_path, capsys,
+                                                                             monkeypatch):
+    # The weights file is found beside the model, not in the working folder.
+    (tmp_path / "sub").mkdir()
+    onnx.save(_mm(), tmp_path / "sub" / "m.onnx", save_as_external_data=True,
+              location="m.onnx.data", size_threshold=0)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(capsys, "optimize", "sub/m.onnx", "-o", "sub/m.onnx")
+    assert rc == 0, err
+    assert f"note: {os.path.join('sub', 'm.onnx.data')}: the weights file" in out, out
+
+
+def test_in_place_note_names_a_constants_external_weights_file(tmp_path, capsys, monkeypatch):
+    # A Constant's tensor kept outside the file is a weight like an initializer.
+    from onnx.external_data_helper import convert_model_to_external_data
+    proto = _mm(constant=True)
+    convert_model_to_external_data(proto, location="m.onnx.data", size_threshold=0,
+                                   convert_attribute=True)
+    onnx.save(proto, tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(capsys, "optimize", "m.onnx", "-o", "m.onnx")
+    assert rc == 0, err
+    assert "note: m.onnx.data: the weights file" in out, out
