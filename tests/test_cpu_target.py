@@ -691,8 +691,10 @@ def test_a_mean_pool_head_leaves_onnxruntimes_norm_fusions_on():
 
 
 # -- onnxruntime optimizers the .om's partitions switch off --------------------------------------
+
 def _q_model(opset, zero_dtype, const_input=False):
-    zp = "int8" if zero_dtype == np.int8 else "uint8"
+    """QuantizeLinear → DequantizeLinear of x (or of a constant) at `opset`, zero point typed
+    `zero_dtype`, added back to x."""
     src = "c" if const_input else "x"
     proto = onnx.parser.parse_model(f"""<ir_version: 10, opset_import: ["" : {opset}]>
         g (float[1, 8] x) => (float[1, 8] y) {{
