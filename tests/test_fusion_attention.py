@@ -146,12 +146,13 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
     return g.model([y, probs] if probs_output else [y])
 
 
-def vit_attention(take="gather", order=(0, 1, 2), packed_output=False):
+def vit_attention(take="gather", order=(0, 1, 2), packed_output=False, position_bias=False):
     """timm's ViT block: one qkv projection reshaped to [B,S,3,N,H], permuted to [3,B,N,S,H] and
     unbound (`take`: Gather, as the TorchScript exporter once wrote it; "slice", Slice and
     Squeeze, as dynamo writes it; "split", Split and Squeeze, as TorchScript writes it now; the
     pieces at `order`'s indices, negative ones counted from the end); k transposed on its own;
-    scores scaled by a Mul; no mask. `packed_output`: the projection is read by a Relu too, an
+    scores scaled by a Mul; no mask (`position_bias`: a constant [1,N,S,S] added, as Swin adds
+    its relative position bias). `packed_output`: the projection is read by a Relu too, an
     output of its own."""
     g = Graph()
     x = g.input("x", TensorProto.FLOAT, [B, S, D])
@@ -170,6 +171,8 @@ def vit_attention(take="gather", order=(0, 1, 2), packed_output=False):
         q, k, v = (g.op("Squeeze", pieces[i], g.const([0], np.int64)) for i in order)
     scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
                   g.const(H ** -0.5))
+    if position_bias:
+        scores = g.op("Add", scores, g.const(g.rng.standard_normal((1, N, S, S))))
     ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
     y = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const([B, S, D], np.int64))
     return g.model([y, g.op("Relu", projected)] if packed_output else [y])
@@ -264,6 +267,15 @@ def test_vit_block_with_unbound_packed_qkv_fuses_into_one_attention(take):
     assert packed.inputs[0].name == "x" and packed.attr("num_heads") == N
     weights = numpy_helper.to_array(proto.graph.initializer[0])
     assert np.array_equal(packed.inputs[1].constant(), weights)  # Q, K, V in place already
+    check_numerics(proto, result.model)
+
+
+def test_a_packed_projection_with_a_position_bias_packs_it_as_the_attention_bias():
+    proto = vit_attention("split", position_bias=True)
+    result = graphopt.optimize(proto, level=2)
+    (packed,) = [n for n in result.model.graph if n.op_type == "Attention"]
+    assert packed.input(5) is not None and packed.input(5).shape == (1, N, S, S)
+    assert packed.input(3) is None and packed.input(4) is None
     check_numerics(proto, result.model)
 
 
@@ -1237,3 +1249,51 @@ def test_a_mask_of_open_query_rows_over_one_query_is_not_fused():
     model, stats, _ = _fuse_attention(proto)
     assert stats == {}, stats
     _same(proto, model, dims={"s": 3})
+
+
+# -- Swin's shifted-window mask ---------------------------------------------------------------------
+
+def _window_attention(batch=2, windows=3, mask_input=False, back=None):
+    """Swin's shifted-window attention over q, k, v [batch·windows, N heads, S, H]: scores plus a
+    relative position bias, viewed as [batch, windows, N, S, S] to add the per-window mask
+    [1, windows, 1, S, S] (a constant, or an input with `mask_input`), viewed back (as `back`,
+    default [-1, N, S, S], which v's leading dims follow), Softmax."""
+    g = Graph()
+    rows = batch * windows
+    q, k = (g.input(name, TensorProto.FLOAT, [rows, N, S, H]) for name in "qk")
+    v = g.input("v", TensorProto.FLOAT, (back[:2] if back else [rows, N]) + [S, H])
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 1, 3, 2])),
+                  g.const(H ** -0.5))
+    scores = g.op("Add", scores, g.const(g.rng.standard_normal((1, N, S, S))))
+    mask = np.where(g.rng.random((1, windows, 1, S, S)) < 0.3, -100.0, 0.0)
+    mask = g.input("shift", TensorProto.FLOAT, list(mask.shape)) if mask_input else g.const(mask)
+    split = g.op("Reshape", scores, g.const([batch, windows, N, S, S], np.int64))
+    joined = g.op("Reshape", g.op("Add", split, mask),
+                  g.const(back or [-1, N, S, S], np.int64))
+    y = g.op("MatMul", g.op("Softmax", joined, axis=-1), v)
+    return g.model([y])
+
+
+def test_a_shifted_window_mask_fuses_as_an_additive_mask():
+    # Added between Reshapes that part the windows from the batch, it had kept the Softmax
+    # out of ScaledDotProductAttention (5 of Swin-T's 12 blocks).
+    proto = _window_attention()
+    model, stats, _ = fuse(proto)
+    assert stats == {"WindowMask": 1, "ScaledDotProductAttention": 1}, stats
+    assert MHA in ops(model) and "Softmax" not in ops(model)
+    check_numerics(proto, model)
+
+
+@pytest.mark.parametrize("case,reason", [
+    ({"mask_input": True}, "the Add is not of a Reshape and a constant"),
+    ({"back": [2, 3 * N, S, S]}, "is not reshaped back"),
+])
+def test_a_window_mask_that_changes_the_scores_shape_stays(case, reason):
+    proto = _window_attention(**case)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    ctx = PassContext(Options(), tracer=Tracer({"WindowMask"}))
+    stats = dict(PASSES["FuseAttention"]().run(model, ctx).stats)
+    assert "WindowMask" not in stats
+    assert any(reason in line for line in ctx.tracer.report()), ctx.tracer.report()
+    check_numerics(proto, model)

@@ -44,6 +44,7 @@ from graphopt.passes.base import register
 from graphopt.passes.fusion.attention_masks import adds_nothing
 from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.fusion.packed_heads import PackedHeadSlice, PackedProjectionAttention
+from graphopt.passes.fusion.window_mask import WindowMask
 from graphopt.passes.rules import Rule, RulePass
 from graphopt.passes.symbolic_dims import (Dim, Equalities, describe, proven_dims,
                                            value_dims)
@@ -655,8 +656,8 @@ class FuseAttention(RulePass):
     description = "scaled dot-product attention (scale, padding/causal masks) into " \
                   "MultiHeadAttention; Q/K/V projections packed into Attention, also where " \
                   "one projection already packs them (ViT's qkv)"
-    rules = (ScaledDotProductAttention, PackedGuardedSelfAttention, PackedSelfAttention,
-             PackedHeadSlice, PackedProjectionAttention)
+    rules = (WindowMask, ScaledDotProductAttention, PackedGuardedSelfAttention,
+             PackedSelfAttention, PackedHeadSlice, PackedProjectionAttention)
 
 
 __all__ = ["FuseAttention"]

@@ -11,7 +11,7 @@ and ScaledDotProductAttention merges the heads again for MultiHeadAttention: Tra
 (0, 2, 1, 3), Reshape [B, N, C]. Together that is y's columns i·C … (i+1)·C, in order:
 
     PackedHeadSlice:             Reshape(Transpose(piece i of …)) → Slice(y, i·C : (i+1)·C, axis 2)
-    PackedProjectionAttention:   MultiHeadAttention(Slice(y), Slice(y), Slice(y)),
+    PackedProjectionAttention:   MultiHeadAttention(Slice(y), Slice(y), Slice(y) [, bias]),
                                  y = x·W (+ b), W and b constants, read by those Slices alone
                                  (the rule machinery refuses a match whose inner values are
                                  read outside it) → Attention(x, W's Q, K and V columns, b's)
@@ -161,9 +161,10 @@ class PackedProjectionAttention(HandMatchedRule):
     dtypes = (DType.FLOAT,)
 
     def match(self, node):
-        if node.domain != MS or len([v for v in node.inputs if v is not None]) != 3 \
-                or any(v is None for v in node.inputs[:3]):
-            return Miss(node, 0, "not a MultiHeadAttention of Q, K and V alone")
+        extra = [i for i, v in enumerate(node.inputs) if v is not None and i >= 3]
+        if node.domain != MS or any(v is None for v in node.inputs[:3]) or set(extra) - {5}:
+            return Miss(node, 0, "not a MultiHeadAttention of Q, K and V (and an attention "
+                                 "bias) alone")
         slices = [v.producer for v in node.inputs[:3]]
         if any(s is None or s.op_type != "Slice" or not s.is_onnx for s in slices):
             return Miss(node, 1, "Q, K and V are not all Slices")
@@ -174,7 +175,8 @@ class PackedProjectionAttention(HandMatchedRule):
         if isinstance(projection, str):
             return Miss(node, 4, projection)
         x, weight, bias, nodes = projection
-        bindings = {"x": x, "w": weight, "b": bias, "slices": slices, "y": y, "root": node}
+        bindings = {"x": x, "w": weight, "b": bias, "slices": slices, "y": y, "root": node,
+                    "attention_bias": node.input(5)}
         return Match(node, bindings, [node, *dict.fromkeys(slices), *nodes])
 
     def check(self, x, w, slices, root):
@@ -191,7 +193,7 @@ class PackedProjectionAttention(HandMatchedRule):
             return "a mask filter value, which Attention has not"
         return None
 
-    def rewrite(self, op, x, w, b, slices, root):
+    def rewrite(self, op, x, w, b, slices, root, attention_bias=None):
         weight = w.constant()
         columns = [_columns(s, weight.shape[1]) for s in slices]
         weights = np.concatenate([weight[:, lo:hi] for lo, hi in columns], axis=1)
@@ -203,8 +205,10 @@ class PackedProjectionAttention(HandMatchedRule):
         if scale is None:  # MultiHeadAttention's default, 1/√(Q's head size), made explicit
             scale = float(1.0 / np.sqrt(np.float32(widths[0] // heads)))
         sizes = {"qkv_hidden_sizes": widths} if widths[2] != widths[0] else {}
+        # Attention's inputs 3 and 4 (mask_index, past) stay empty; 5 is the attention bias.
+        extra = [None, None, attention_bias] if attention_bias is not None else []
         return op.Attention(x, op.const(weights.astype(weight.dtype)),
-                            op.const(biases.astype(weight.dtype)), _domain=MS,
+                            op.const(biases.astype(weight.dtype)), *extra, _domain=MS,
                             num_heads=heads, scale=scale,
                             unidirectional=root.attr("unidirectional", 0), **sizes)
 
