@@ -91,7 +91,7 @@ def conv_transpose(rw: Rewriter, node: Node) -> None:
     w, b, block = node.input(1), node.input(2), rw.block
     _, o, kh, kw = w.shape
     n, _, h, width = x.shape
-    op_ = padded(o, block)
+    padded_out = padded(o, block)
     weight = rw.constant(w, f"taps_OIHWBiBo{block}",
                          lambda: filter_oihwbibo(taps_as_rows(w.constant(), block), block))
     inputs = [source.value, weight]
@@ -111,14 +111,15 @@ def conv_transpose(rw: Rewriter, node: Node) -> None:
     def dims(label: str, values: list[int]) -> Value:
         return graph.make_initializer(f"{out.name}_{label}", np.array(values, dtype=np.int64))
 
-    taps = step("Conv", inputs, {"kernel_shape": [1, 1]}, (n, kh * kw * op_, h, width),
+    blocks = padded_out // block
+    taps = step("Conv", inputs, {"kernel_shape": [1, 1]}, (n, kh * kw * padded_out, h, width),
                 "taps", domain=NCHWC)
-    split = step("Reshape", [taps, dims("taps_shape", [0, kh, kw, op_ // block, h, width,
-                                                       block])],
-                 {}, (n, kh, kw, op_ // block, h, width, block), "taps_split")
+    split_shape = (kh, kw, blocks, h, width, block)
+    split = step("Reshape", [taps, dims("taps_shape", [0, *split_shape])], {}, (n, *split_shape),
+                 "taps_split")
     interleaved = step("Transpose", [split], {"perm": [0, 3, 4, 1, 5, 2, 6]},
-                       (n, op_ // block, h, kh, width, kw, block), "interleaved")
+                       (n, blocks, h, kh, width, kw, block), "interleaved")
     # The padded channels are 0 in every tap (zero weights and bias), so in the result too.
-    rw.add(node, "Reshape", [interleaved, dims("up_shape", [0, op_, h * kh, width * kw])], {}, o,
-           domain="", zero_pads=True)
+    up_shape = dims("up_shape", [0, padded_out, h * kh, width * kw])
+    rw.add(node, "Reshape", [interleaved, up_shape], {}, o, domain="", zero_pads=True)
     rw.result.count("ConvTranspose:1x1 Conv + depth-to-space")

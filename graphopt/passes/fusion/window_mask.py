@@ -58,7 +58,8 @@ class WindowMask(HandMatchedRule):
 def _laid_out(scores, split, mask, root) -> np.ndarray | str:
     """The mask as [B·W, h, N, N] beside scores [B·W, H, N, N], or why it cannot be."""
     shape = scores.shape
-    if scores.dtype is None or shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape):
+    if scores.dtype is None or shape is None or len(shape) != 4 \
+            or not all(isinstance(d, int) for d in shape):
         return f"%{scores.name} is not a 4-D tensor of known dims"
     parted = reshaped_dims(split)
     if parted is None or len(parted) != 5 or parted[2:] != list(shape[1:]) \
