@@ -687,6 +687,25 @@ BEYOND = {
 }
 
 @needs_nchwc
+def test_a_resize_to_a_size_that_keeps_the_aspect_ratio_stays_nchw(tmp_path):
+    # not_larger resizes every axis by one scale, min(16/16, 8/8, 32/8, 32/8) = 1: [1,16,8,8].
+    # The per-axis ratios (4, 4) would make it [1,16,32,32], as onnxruntime's own transformer
+    # does at ORT_ENABLE_ALL, so the check runs against ORT_DISABLE_ALL alone.
+    proto = parse_model(f"g ({X16}, float[16,16,1,1] k, int64[4] sz) => (float y) {{"
+                        ' c = Conv(x, k)\n y = Resize<mode="linear", keep_aspect_ratio_policy='
+                        '"not_larger">(c, "", "", sz) }',
+                        '<ir_version: 8, opset_import: ["" : 18]>\n', k=w(16, 16, 1, 1),
+                        sz=np.array([1, 16, 32, 32], np.int64))
+    model, stats, _ = rewrite(proto)
+    assert ops(model) == [IN, "nchwc.Conv", OUT, "Resize"] and "Resize:Upsample" not in stats
+    rewritten = to_onnx(model)
+    feeds = numerics.random_feeds(proto, seed=0)
+    expected = numerics.run(proto, feeds)
+    assert expected["y"].shape == (1, 16, 8, 8)
+    assert not numerics.compare(expected, numerics.run(rewritten, feeds, "disable"), RTOL, ATOL)
+
+
+@needs_nchwc
 def test_a_channel_gate_over_a_batch_stays_a_mul(tmp_path):
     # Each image has its own gate, which no single filter can be.
     proto = build("g (float[2,16,8,8] x, float[16,16,1,1] k, float[16,16,1,1] k2) => (float y) {"

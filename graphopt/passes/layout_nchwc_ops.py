@@ -542,6 +542,11 @@ def _resize_factors(node: Node, resize11: bool) -> np.ndarray | None:
     if sizes is None:
         return np.asarray(scales.constant(), dtype=np.float64).reshape(-1) \
             if scales is not None and scales.is_constant else None
+    if node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        # not_larger and not_smaller resize every axis by one scale, the least or greatest of
+        # sizes / shape: not the per-axis ratios (onnxruntime's own transformer takes those,
+        # and its blocked result comes out of the wrong size)
+        return None
     shape = node.input(0).shape
     if not sizes.is_constant or shape is None or not all(isinstance(d, int) and d > 0
                                                          for d in shape):
