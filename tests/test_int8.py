@@ -1222,6 +1222,42 @@ def test_symmetric_int8_keeps_its_accuracy_in_onnxruntimes_int8_kernels(tmp_path
     assert _cosine(expected, numerics.run(out, feeds, "all")["y"]) > MIN_COSINE
 
 
+def _streaming_block(tail: str, opset: int = 21, outputs: str = "float[1, 16] present"):
+    """A streaming conv block at `opset`: the state Concat feeds a quantized Conv, and `tail`
+    takes the state out of it for the outputs after y (`outputs`). The model, and the seeded
+    generator its weights came from."""
+    rng = np.random.default_rng(0)
+    proto = parse_model(f"""
+        g (float[1, 4, 16] x, float[1, 8, 2] state) => (float[1, 8, 16] y, {outputs}) {{
+            h = Conv (x, w1)
+            p = Concat <axis = 2> (state, h)
+            c2 = Conv (p, w2)
+            r = Relu (c2)
+            y = Conv (r, w3)
+            {tail}
+        }}""", header=f'<ir_version: 10, opset_import: ["" : {opset}]>\n',
+        w1=(rng.standard_normal((8, 4, 1)) * 0.5).astype(np.float32),
+        w2=(rng.standard_normal((8, 8, 3)) * 0.3).astype(np.float32),
+        w3=(rng.standard_normal((8, 8, 1)) * 0.3).astype(np.float32),
+        st=np.array([16], np.int64), en=np.array([18], np.int64), ax=np.array([2], np.int64),
+        shp=np.array([1, 16], np.int64), idx=np.array([16, 17], np.int64))
+    return proto, rng
+
+
+def _quantized_om(proto, rng, path):
+    """`proto` quantized on 8 seeded samples (symmetric activations, cpu target) and saved at
+    `path`; the calibration file, and one seeded input to run."""
+    calibration = path.parent / "calib.npz"
+    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 16)).astype(np.float32),
+             state=rng.standard_normal((8, 1, 8, 2)).astype(np.float32))
+    result = graphopt.optimize(proto, target="cpu", pass_options={
+        "quantize": "int8", "calibration": str(calibration), "activation_symmetric": True})
+    graphopt.save(result, path)
+    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32),
+             "state": rng.standard_normal((1, 8, 2)).astype(np.float32)}
+    return calibration, feeds
+
+
 @pytest.mark.parametrize("opset", [17, 21])
 def test_a_symmetric_int8_om_at_opset_21_loads_with_a_quantized_value_sliced_out(tmp_path,
                                                                                  opset):
@@ -1229,30 +1265,10 @@ def test_a_symmetric_int8_om_at_opset_21_loads_with_a_quantized_value_sliced_out
     # graph output. onnxruntime's QDQPropagationTransformer copied the Q/DQ past the Slice with
     # output_dtype INT8, QDQS8ToU8Transformer then made the zero point uint8, and the .om was
     # refused at load ("output_dtype INT8 does not match y_zero_point type UINT8").
-    rng = np.random.default_rng(0)
-    proto = parse_model("""
-        g (float[1, 4, 16] x, float[1, 8, 2] state) => (float[1, 8, 16] y,
-                                                      float[1, 8, 2] present) {
-            h = Conv (x, w1)
-            p = Concat <axis = 2> (state, h)
-            c2 = Conv (p, w2)
-            r = Relu (c2)
-            y = Conv (r, w3)
-            present = Slice (p, st, en, ax)
-        }""", header=f'<ir_version: 10, opset_import: ["" : {opset}]>\n',
-        w1=(rng.standard_normal((8, 4, 1)) * 0.5).astype(np.float32),
-        w2=(rng.standard_normal((8, 8, 3)) * 0.3).astype(np.float32),
-        w3=(rng.standard_normal((8, 8, 1)) * 0.3).astype(np.float32),
-        st=np.array([16], np.int64), en=np.array([18], np.int64), ax=np.array([2], np.int64))
-    calibration = tmp_path / "calib.npz"
-    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 16)).astype(np.float32),
-             state=rng.standard_normal((8, 1, 8, 2)).astype(np.float32))
-    result = graphopt.optimize(proto, target="cpu", pass_options={
-        "quantize": "int8", "calibration": str(calibration), "activation_symmetric": True})
+    proto, rng = _streaming_block("present = Slice (p, st, en, ax)", opset,
+                                  "float[1, 8, 2] present")
     path = tmp_path / "s.om"
-    graphopt.save(result, path)
-    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32),
-             "state": rng.standard_normal((1, 8, 2)).astype(np.float32)}
+    calibration, feeds = _quantized_om(proto, rng, path)
     expected = numerics.run(proto, feeds)
     with graphopt.load(path) as session:
         actual = session.run(feeds)
@@ -1708,41 +1724,15 @@ def test_an_int8_compile_declares_no_domain_it_does_not_use(tmp_path):
     assert declared - given <= used, (declared, used)
 
 
-def _stream(tail):
-    rng = np.random.default_rng(0)
-    return parse_model(f"""
-        g (float[1, 4, 16] x, float[1, 8, 2] state) => (float[1, 8, 16] y, float[1, 16] present) {{
-            h = Conv (x, w1)
-            p = Concat <axis = 2> (state, h)
-            c2 = Conv (p, w2)
-            r = Relu (c2)
-            y = Conv (r, w3)
-            {tail}
-        }}""", header='<ir_version: 10, opset_import: ["" : 21]>\n',
-        w1=(rng.standard_normal((8, 4, 1)) * 0.5).astype(np.float32),
-        w2=(rng.standard_normal((8, 8, 3)) * 0.3).astype(np.float32),
-        w3=(rng.standard_normal((8, 8, 1)) * 0.3).astype(np.float32),
-        st=np.array([16], np.int64), en=np.array([18], np.int64), ax=np.array([2], np.int64),
-        shp=np.array([1, 16], np.int64), idx=np.array([16, 17], np.int64))
-
-
 @pytest.mark.parametrize("tail", [
     "sl = Slice (p, st, en, ax)\n            present = Reshape (sl, shp)",
     "g2 = Gather <axis = 2> (p, idx)\n            present = Reshape (g2, shp)"])
 def test_a_state_moved_through_several_ops_to_an_output_is_exact(tmp_path, tail):
     # A streaming state sliced (or gathered) out of what a quantized Conv reads, then reshaped,
     # reaches the output as the float value: exact, not the dequantized codes.
-    proto = _stream(tail)
-    rng = np.random.default_rng(1)
-    calibration = tmp_path / "calib.npz"
-    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 16)).astype(np.float32),
-             state=rng.standard_normal((8, 1, 8, 2)).astype(np.float32))
-    result = graphopt.optimize(proto, target="cpu", pass_options={
-        "quantize": "int8", "calibration": str(calibration), "activation_symmetric": True})
+    proto, rng = _streaming_block(tail)
     path = tmp_path / "s.om"
-    graphopt.save(result, path)
-    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32),
-             "state": rng.standard_normal((1, 8, 2)).astype(np.float32)}
+    _, feeds = _quantized_om(proto, rng, path)
     expected = numerics.run(proto, feeds)
     with graphopt.load(path) as session:
         actual = session.run(feeds)
@@ -1752,30 +1742,9 @@ def test_a_state_moved_through_several_ops_to_an_output_is_exact(tmp_path, tail)
 def test_a_symmetric_int8_om_at_opset_21_loads_where_a_sliced_state_is_also_computed_on(tmp_path):
     # Where the state is also computed on (Neg), the sliced value stays quantized: the .om's
     # partition then needs onnxruntime's QDQ propagation off to load at opset 21.
-    rng = np.random.default_rng(0)
-    proto = parse_model("""
-        g (float[1, 4, 16] x, float[1, 8, 2] state) => (float[1, 8, 16] y,
-                                                      float[1, 8, 2] present, float[1, 8, 2] z) {
-            h = Conv (x, w1)
-            p = Concat <axis = 2> (state, h)
-            c2 = Conv (p, w2)
-            r = Relu (c2)
-            y = Conv (r, w3)
-            present = Slice (p, st, en, ax)
-            z = Neg (present)
-        }""", header='<ir_version: 10, opset_import: ["" : 21]>\n',
-        w1=(rng.standard_normal((8, 4, 1)) * 0.5).astype(np.float32),
-        w2=(rng.standard_normal((8, 8, 3)) * 0.3).astype(np.float32),
-        w3=(rng.standard_normal((8, 8, 1)) * 0.3).astype(np.float32),
-        st=np.array([16], np.int64), en=np.array([18], np.int64), ax=np.array([2], np.int64))
-    calibration = tmp_path / "calib.npz"
-    np.savez(calibration, x=rng.standard_normal((8, 1, 4, 16)).astype(np.float32),
-             state=rng.standard_normal((8, 1, 8, 2)).astype(np.float32))
-    result = graphopt.optimize(proto, target="cpu", pass_options={
-        "quantize": "int8", "calibration": str(calibration), "activation_symmetric": True})
+    proto, rng = _streaming_block("present = Slice (p, st, en, ax)\n            z = Neg (present)",
+                                  outputs="float[1, 8, 2] present, float[1, 8, 2] z")
     path = tmp_path / "s.om"
-    graphopt.save(result, path)
-    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32),
-             "state": rng.standard_normal((1, 8, 2)).astype(np.float32)}
+    _, feeds = _quantized_om(proto, rng, path)
     with graphopt.load(path) as session:
         session.run(feeds)
