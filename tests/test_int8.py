@@ -1739,12 +1739,31 @@ def test_a_state_moved_through_several_ops_to_an_output_is_exact(tmp_path, tail)
     np.testing.assert_array_equal(actual["present"], expected["present"])
 
 
-def test_a_symmetric_int8_om_at_opset_21_loads_where_a_sliced_state_is_also_computed_on(tmp_path):
-    # Where the state is also computed on (Neg), the sliced value stays quantized: the .om's
-    # partition then needs onnxruntime's QDQ propagation off to load at opset 21.
-    proto, rng = _streaming_block("present = Slice (p, st, en, ax)\n            z = Neg (present)",
-                                  outputs="float[1, 8, 2] present, float[1, 8, 2] z")
-    path = tmp_path / "s.om"
-    _, feeds = _quantized_om(proto, rng, path)
-    with graphopt.load(path) as session:
-        session.run(feeds)
+@pytest.mark.parametrize("level", [0, 2])
+def test_a_model_quantized_already_at_opset_21_loads_with_a_signed_value_sliced_out(tmp_path,
+                                                                                   level):
+    # graphopt's own quantizer now hands a sliced state the float value; a model that comes
+    # quantized (QuantizeLinear/DequantizeLinear pairs of its own, int8 zero point) still
+    # needs onnxruntime's QDQ propagation off, or its partition is refused at load
+    # ("output_dtype INT8 does not match y_zero_point type UINT8").
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1, 4, 16] x) => (float[1, 8, 14] y, float[1, 8, 2] present) {
+            h = Conv (x, w1)
+            hq = QuantizeLinear (h, s, z)
+            hd = DequantizeLinear (hq, s, z)
+            w2 = DequantizeLinear (wq, ws, z)
+            y = Conv (hd, w2)
+            present = Slice (hd, st, en, ax)
+        }""", header='<ir_version: 10, opset_import: ["" : 21]>\n',
+        w1=(rng.standard_normal((8, 4, 1)) * 0.5).astype(np.float32), s=np.float32(0.05),
+        z=np.int8(0), wq=rng.integers(-100, 100, (8, 8, 3)).astype(np.int8),
+        ws=np.float32(0.01), st=np.array([14], np.int64), en=np.array([16], np.int64),
+        ax=np.array([2], np.int64))
+    graphopt.save(graphopt.optimize(proto, target="cpu", level=level), tmp_path / "q.om")
+    feeds = {"x": rng.standard_normal((1, 4, 16)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    with graphopt.load(tmp_path / "q.om") as session:
+        actual = session.run(feeds)
+    np.testing.assert_array_equal(actual["present"], expected["present"])
+    assert _cosine(expected["y"], actual["y"]) > 0.999
