@@ -600,6 +600,14 @@ PARTIAL = {  # converted, but what follows the conv reads NCHW
 
 
 # Beyond onnxruntime's transformer: elementwise ops with a constant, kept in the layout.
+SQUEEZED_BY_MEAN = (
+    "g (float[1,16,8,8] x, float[16,16,1,1] k, float[16,16,1,1] k1, float[16,16,1,1] k2{header})"
+    " => (float y) {{ c = Conv(x, k)\n p = ReduceMean<{axes}keepdims=1>(c{axes_input})\n"
+    " e = Conv(p, k1)\n s = Sigmoid(e)\n m = Mul(c, s)\n y = Conv(m, k2) }}")
+SQUEEZED_STATS = {"ReorderInput": 1, "Conv": 3, "ReduceMean:GlobalAveragePool": 1,
+                  "activation into Conv": 1, "Mul by a channel gate:depthwise": 1,
+                  "ReorderOutput": 1}
+
 BEYOND = {
     "PRelu as LowerPRelu writes it": case(  # 20 channels: padded with a block of 8 or 16
         "g (float[1,16,8,8] x, float[20,16,1,1] k, float zero, float[20,1,1] slope,"
@@ -668,6 +676,12 @@ BEYOND = {
         {"ReorderInput": 1, "Conv": 3, "GlobalAveragePool": 1, "activation into Conv": 1,
          "Mul by a channel gate:depthwise": 1, "ReorderOutput": 1},
         k=w(20, 16, 1, 1) / 4, k1=w(20, 20, 1, 1) / 4, b1=w(20), k2=w(20, 20, 1, 1) / 4),
+    "a squeeze-and-excitation gate squeezed by ReduceMean": case(
+        # dynamo's and timm's squeeze: ReduceMean over H and W, not GlobalAveragePool
+        SQUEEZED_BY_MEAN.format(header="", axes="axes=[2,3], ", axes_input=""),
+        [IN, "nchwc.Conv", "nchwc.GlobalAveragePool", "nchwc.Conv", "Reshape", "nchwc.Conv",
+         "nchwc.Conv", OUT], SQUEEZED_STATS,
+        k=w(16, 16, 1, 1) / 4, k1=w(16, 16, 1, 1) / 4, k2=w(16, 16, 1, 1) / 4),
     "a channel gate read in NCHW": case(  # reordered in: [1, C, 1, 1] costs nothing to move
         f"g ({X16}, float[1,16,1,1] g, float[16,16,1,1] k, float[16,16,1,1] k2) => (float y) {{"
         " c = Conv(x, k)\n s = Sigmoid(g)\n m = Mul(c, s)\n y = Conv(m, k2) }",
@@ -703,6 +717,31 @@ def test_a_resize_to_a_size_that_keeps_the_aspect_ratio_stays_nchw(tmp_path):
     expected = numerics.run(proto, feeds)
     assert expected["y"].shape == (1, 16, 8, 8)
     assert not numerics.compare(expected, numerics.run(rewritten, feeds, "disable"), RTOL, ATOL)
+
+
+@needs_nchwc
+def test_a_squeeze_by_reduce_mean_with_its_axes_as_an_input_is_blocked(tmp_path):
+    # ReduceMean takes its axes as an input from opset 18 on; -2 and -1 are H and W.
+    proto = parse_model(SQUEEZED_BY_MEAN.format(header=", int64[2] axes", axes="",
+                                                axes_input=", axes"),
+                        '<ir_version: 8, opset_import: ["" : 18]>\n',
+                        k=w(16, 16, 1, 1) / 4, k1=w(16, 16, 1, 1) / 4, k2=w(16, 16, 1, 1) / 4,
+                        axes=np.array([-2, -1], np.int64))
+    model, stats, _ = rewrite(proto)
+    assert stats == SQUEEZED_STATS and "ReduceMean" not in ops(model)
+    check(proto, model, tmp_path, like_ort=False)
+
+
+@needs_nchwc
+def test_a_channel_gate_over_an_open_batch_says_how_to_block_it(tmp_path):
+    proto = build("g (float[N,16,8,8] x, float[16,16,1,1] k, float[16,16,1,1] k2) => (float y) {"
+                  " c = Conv(x, k)\n p = GlobalAveragePool(c)\n s = Sigmoid(p)\n"
+                  " m = Mul(c, s)\n y = Conv(m, k2) }", k=w(16, 16, 1, 1), k2=w(16, 16, 1, 1))
+    model, stats, notes = rewrite(proto)
+    assert "Mul by a channel gate:depthwise" not in stats and "Mul" in ops(model)
+    assert any("1 × Mul: a channel gate over the open batch dim 'N' (each image has its own; "
+               "input_shapes pinning one image blocks it)" in n for n in notes), notes
+    check(proto, model, tmp_path)
 
 
 @needs_nchwc

@@ -32,6 +32,7 @@ blocked replacement with `rw.add`, or folds the node into a blocked conv with `r
                     asymmetric), scales 1 on N and C, whole numbers on H and W: nchwc.Upsample.
   ConvTranspose     kernel = stride, on a blocked input: a 1×1 conv and a depth-to-space
                     (layout_nchwc_upconv; graphopt's own).
+  ReduceMean        over H and W, keepdims, of a blocked input: GlobalAveragePool (graphopt's).
 
 The kept ops see the padded channels too; all of them map 0 to a finite value, which the zero
 input rows of every blocked filter then ignore (an op that could make inf there, Log or
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from graphopt.ir import DType, Node, Value
+from graphopt.option_names import option
 from graphopt.passes.fusion.activation import activation_params, runtime_refuses
 from graphopt.passes.layout_nchwc_weights import (
     batchnorm_as_depthwise,
@@ -283,6 +285,11 @@ def _channel_gate(rw: Rewriter, node: Node, sources: list) -> bool:
         return False
     for index in (0, 1):
         big, small, source = shapes[index], shapes[1 - index], sources[index]
+        if source is not None and isinstance(big[0], str) and small == (big[0], big[1], 1, 1) \
+                and big[2:] != (1, 1):
+            rw.left[f"Mul: a channel gate over the open batch dim {big[0]!r} (each image has "
+                    f"its own; {option('input_shapes')} pinning one image blocks it)"] += 1
+            return False
         if source is None or big[0] != 1 or small != (1, big[1], 1, 1) or big[2:] == (1, 1):
             continue
         gate, value = sources[1 - index], node.inputs[1 - index]
@@ -468,6 +475,29 @@ def pool(rw: Rewriter, node: Node) -> None:
     rw.result.count(node.op_type)
 
 
+def spatial_mean(rw: Rewriter, node: Node) -> None:
+    """ReduceMean over H and W of a blocked 4-D tensor, keeping its dims (a squeeze-and-
+    excitation block's squeeze as the dynamo exporter and timm write it; TorchScript's is a
+    GlobalAveragePool): a blocked GlobalAveragePool, where it had cost a ReorderOutput before
+    it and a ReorderInput at the gate's conv (graphopt's own rule)."""
+    x = node.input(0)
+    source = rw.blocked.get(id(x))
+    if source is None or x.shape is None or len(x.shape) != 4 \
+            or node.attr("keepdims", 1) != 1 or node.attr("noop_with_empty_axes", 0):
+        return
+    axes = node.attr("axes")
+    if axes is None:  # opset 18 takes them as an input
+        given = node.input(1)
+        if given is None or not given.is_constant:
+            return
+        axes = np.asarray(given.constant()).reshape(-1).tolist()
+    if sorted(int(a) % 4 for a in axes) != [2, 3]:
+        return
+    rw.add(node, "GlobalAveragePool", [source.value], {}, source.channels,
+           zero_pads=source.zero_pads)  # the mean of 0s is 0
+    rw.result.count("ReduceMean:GlobalAveragePool")
+
+
 def channel_pad(rw: Rewriter, node: Node) -> None:
     """A Pad of zeros after the channels of a blocked tensor whose padded channels hold 0s,
     within its last block: the blocked tensor already is the result, with more channels
@@ -570,4 +600,5 @@ HANDLERS = {
     ("", "Concat"): concat, ("", "BatchNormalization"): batchnorm,
     ("", "Transpose"): transpose, ("", "Pad"): channel_pad,
     ("", "Resize"): resize, ("", "Upsample"): resize,
+    ("", "ReduceMean"): spatial_mean,
 }
