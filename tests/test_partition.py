@@ -583,6 +583,33 @@ def test_tiny_npu_island_between_host_ops_returns_to_the_host(tmp_path):
     assert_same_outputs(proto, path, feeds)
 
 
+def test_a_host_bound_edge_of_many_small_outputs_returns_to_the_host(tmp_path):
+    # An SSD's post-processing: a Gather and a Greater per class of one score tensor, each
+    # read by a host-only NonZero. In the backbone's island they made one copy each, and the
+    # island (backbone included) had gone back to the host whole; handed back alone, with
+    # the classifier before them (a GEMM of one row, slower on the npu by the cost model),
+    # they leave the island one output.
+    classes = 16
+    tail = "\n".join(f"g{c} = Gather <axis = 1> (scores, class{c})\n"
+                     f"            t{c} = Greater (g{c}, floor)\n"
+                     f"            n{c} = NonZero (t{c})" for c in range(classes))
+    proto = conv_head(tail, ", ".join(f"n{c}" for c in range(classes)))
+    proto.graph.initializer.extend([numpy_helper.from_array(np.array(c, np.int64), f"class{c}")
+                                    for c in range(classes)])
+    proto.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "floor"))
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    npu, cpu = result.partitioning.partitions
+    assert npu.device == "npu" and "Conv" in {n.op_type for n in npu.nodes}
+    assert len(npu.outputs) == 1
+    assert {n.op_type for n in cpu.nodes} == {"Gemm", "Gather", "Greater", "NonZero"}
+    reason = reason_of(result, "Greater")
+    assert reason.startswith("returned to cpu: the host-bound edge of an npu island, where "
+                             "its host↔device copies cost") and "more than the npu saves" in \
+        reason, reason
+    feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
 def test_a_value_that_reaches_the_host_anyway_is_no_copy_the_island_saves():
     # e = Tanh(MatMul) is read by a host TopK and by the island Add(v, e) → 5 activations: it
     # reaches the host whether or not the island does, but was counted as a copy the island's

@@ -28,6 +28,7 @@ import networkx as nx
 from graphopt.ir import Model, Node, Value
 from graphopt.ir.collector import heap_frozen
 from graphopt.partition.estimate import transfer_seconds, value_bytes
+from graphopt.partition.island_edge import host_edge
 from graphopt.partition.layouts import assign_layouts
 from graphopt.partition.placement import Placement, place
 
@@ -273,9 +274,9 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
             continue
         on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
         touches_host = False
-        reads, writes = _crossing(members, owner, i)
-        read_ids = {id(value) for value in reads}
-        for value in reads + writes:
+        taken, given = _crossing(members, owner, i)
+        read_ids = {id(value) for value in taken}
+        for value in taken + given:
             seconds = transfer_seconds(value_bytes(value), target)
             other = {owner.get(n) for n in _neighbours(value, members, owner, i)}
             host_ends = [o for o in other if o is None or device[o] == host.name]
@@ -296,6 +297,18 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
         saved = sum(host_model.node_seconds(n, functions)
                     - node_estimate(n, primary, model)[1].seconds for n in work)
         cost = on_host_side - on_device_side
+        # First the island's host-bound edge, where handing it back saves more in copies than
+        # the device saves on it: the rest is judged again without it, in the next round.
+        edge, gain = host_edge(
+            work, owner, i, lambda c: c is None or device[c] == host.name, target, reads,
+            top_level, lambda nodes: sum(host_model.node_seconds(n, functions)
+                                         - node_estimate(n, primary, model)[1].seconds
+                                         for n in nodes))
+        if edge:
+            found.append((edge, f"returned to {host.name}: the host-bound edge of an "
+                                f"{primary.name} island, where its host↔device copies cost "
+                                f"{gain * 1e6:.1f} µs more than the {primary.name} saves"))
+            continue
         if saved < cost:
             gain = (f"the {primary.name} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else
                     f"the {primary.name} would be {-saved * 1e6:.1f} µs slower on them")
