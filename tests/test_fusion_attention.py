@@ -1297,3 +1297,20 @@ def test_a_window_mask_that_changes_the_scores_shape_stays(case, reason):
     assert "WindowMask" not in stats
     assert any(reason in line for line in ctx.tracer.report()), ctx.tracer.report()
     check_numerics(proto, model)
+
+
+@pytest.mark.parametrize("batch,hint", [
+    (1, "UnmergeHeads found no heads merged into their batch"),
+    ("B", "pin them with input_shapes"),
+])
+def test_a_rank_3_attention_says_whether_pinning_could_help(batch, hint):
+    # A VAE mid-block's one-head attention over [1, H·W, C] had been told to pin shapes that
+    # were static already.
+    g = Graph()
+    q, k, v = (g.input(name, TensorProto.FLOAT, [batch, S, H]) for name in "qkv")
+    scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", k, perm=[0, 2, 1])),
+                  g.const(H ** -0.5))
+    proto = g.model([g.op("MatMul", g.op("Softmax", scores, axis=-1), v)])
+    _, stats, trace = fuse(proto, trace=True)
+    assert not stats
+    assert any("not all of rank 4" in line and hint in line for line in trace), trace

@@ -133,6 +133,12 @@ def _rank_problem(q4: Value, k: Value, v4: Value) -> str | None:
     if any(s is None for s in shapes):
         return f"the rank of Q, K or V is unknown (shapes {shapes}; run InferShapes)"
     if any(len(s) != 4 for s in shapes):
+        if all(d is None or isinstance(d, int) for s in shapes for d in s):
+            # Static already: pinning changes nothing. An attention of one head over rank-3
+            # tensors (a VAE's mid-block) has no heads to unmerge.
+            return (f"Q, K, V are not all of rank 4 (shapes {shapes}), and UnmergeHeads found "
+                    "no heads merged into their batch ([batch·heads, seq, dim]) to write them "
+                    "on: one head, or a split it does not follow")
         return (f"Q, K, V are not all of rank 4 (shapes {shapes}); heads merged into the batch "
                 "([batch·heads, seq, dim]) are unmerged first where the shapes are static "
                 f"(pin them with {option('input_shapes')})")
