@@ -30,9 +30,10 @@ def host_edge(work: list[Node], owner: dict, index: int, on_host: Callable[[int 
     or ([], 0.0) when no edge saves any. `on_host(cluster)`: whether a cluster (None: the
     caller, or no cluster) is on the host side; `device_saves(nodes)`: the seconds the
     device saves on them."""
-    def to_host(value: Value) -> bool:
+    def to_host(value: Value) -> bool:  # crosses to the host now, for another reader
         return value.is_graph_output or any(
-            owner.get(top_level(use.node)) != index for use in value.uses)
+            owner.get(top_level(use.node)) != index and on_host(owner.get(top_level(use.node)))
+            for use in value.uses)
 
     def read_only_by(value: Value, edge: set[int]) -> bool:
         return all((owner.get(top_level(use.node)) != index
