@@ -610,6 +610,20 @@ def test_a_host_bound_edge_of_many_small_outputs_returns_to_the_host(tmp_path):
     assert_same_outputs(proto, path, feeds)
 
 
+def test_a_device_output_a_host_partition_reads_too_is_copied_once_in_the_estimate():
+    # The model estimate had priced scores' copy twice: as the npu partition's graph output
+    # and as the host TopK partition's input. One copy serves both.
+    from graphopt.tuner.model import model_estimate
+
+    proto = conv_head("values, indices = TopK <axis = 1> (scores, k)", "scores, values")
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([8], np.int64), "k"))
+    result = graphopt.optimize(proto, target="ascend310")
+    assert devices(result) == ["npu", "cpu"]
+    estimate = model_estimate(result.model, result.partitioning)
+    copies = [row.name for row in estimate.rows if row.kind == "transfer"]
+    assert copies.count("scores") == 1, copies
+
+
 def test_a_value_that_reaches_the_host_anyway_is_no_copy_the_island_saves():
     # e = Tanh(MatMul) is read by a host TopK and by the island Add(v, e) → 5 activations: it
     # reaches the host whether or not the island does, but was counted as a copy the island's

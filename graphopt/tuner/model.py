@@ -28,7 +28,7 @@ from graphopt.tuner.vector import group_estimate, transfer_estimate, vector_esti
 
 if TYPE_CHECKING:
     from graphopt.ir import Model, Node
-    from graphopt.partition.partitioner import Partitioning
+    from graphopt.partition.partitioner import Partition, Partitioning
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,16 @@ def model_estimate(model: Model, partitioning: Partitioning,
     home = {node: p.device for p in partitioning.partitions for node in p.nodes}
     functions = model_functions(model)
     result = ModelEstimate()
+    # A value crosses to a device once, however many of that device's partitions read it (and
+    # a device's graph output read by a host partition too reaches the host once).
+    moved: set[tuple[int, str]] = set()
+
+    def transfer(part: Partition, value, destination: str) -> None:
+        if (id(value), destination) not in moved:
+            moved.add((id(value), destination))
+            result.rows.append(KernelRow(part.name, part.device, value.name, "transfer",
+                                         "transfer", transfer_estimate(value_bytes(value), target)))
+
     for part in partitioning.partitions:
         device = target.device(part.device)
         for value in part.inputs:
@@ -129,8 +139,7 @@ def model_estimate(model: Model, partitioning: Partitioning,
                 continue
             source = home.get(value.producer, target.host) if value.producer else target.host
             if source != part.device:
-                result.rows.append(KernelRow(part.name, part.device, value.name, "transfer",
-                                             "transfer", transfer_estimate(value_bytes(value), target)))
+                transfer(part, value, part.device)
         host_model = host_cost_model(target, device) if device.kind == "cpu" else None
         for node in part.nodes:
             if host_model is not None:
@@ -145,7 +154,5 @@ def model_estimate(model: Model, partitioning: Partitioning,
         if part.device != target.host:
             for value in part.outputs:
                 if value.is_graph_output:
-                    result.rows.append(KernelRow(part.name, part.device, value.name, "transfer",
-                                                 "transfer",
-                                                 transfer_estimate(value_bytes(value), target)))
+                    transfer(part, value, target.host)
     return result
