@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from onnx import GraphProto, ModelProto, TensorProto
+from onnx import ModelProto, TensorProto
+
+from graphopt.ir.external_data import tensor_protos
 
 
 def data_files(path: str | os.PathLike) -> set[str]:
@@ -24,24 +26,8 @@ def data_files(path: str | os.PathLike) -> set[str]:
 
 
 def _locations(proto: ModelProto) -> Iterator[str]:
-    graphs = [proto.graph]
-    while graphs:
-        graph = graphs.pop()
-        for tensor in _tensors(graph, graphs):
-            if tensor.data_location == TensorProto.EXTERNAL:
-                for entry in tensor.external_data:
-                    if entry.key == "location":
-                        yield entry.value
-
-
-def _tensors(graph: GraphProto, nested: list) -> Iterator[TensorProto]:
-    """The graph's initializers and attribute tensors; its subgraphs go onto `nested`."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                nested.append(attribute.g)
-            nested.extend(attribute.graphs)
+    for tensor in tensor_protos(proto):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    yield entry.value

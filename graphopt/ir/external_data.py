@@ -147,19 +147,14 @@ def _source(tensor: TensorProto, sources: dict[str, Tensor]) -> Tensor | None:
     return sources.get(location)
 
 
-def _nested_tensors(proto: ModelProto):
-    graphs = []
-    for node in proto.graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                graphs.append(attr.g)
-            graphs.extend(attr.graphs)
+def tensor_protos(proto: ModelProto, main_initializers: bool = True):
+    """Every TensorProto of the model: every graph's tensor attributes, the subgraphs'
+    initializers, and the main graph's unless `main_initializers` is False."""
+    graphs = [proto.graph]
     while graphs:
         graph = graphs.pop()
-        yield from graph.initializer
+        if main_initializers or graph is not proto.graph:
+            yield from graph.initializer
         for node in graph.node:
             for attr in node.attribute:
                 if attr.HasField("t"):
@@ -168,6 +163,10 @@ def _nested_tensors(proto: ModelProto):
                 if attr.HasField("g"):
                     graphs.append(attr.g)
                 graphs.extend(attr.graphs)
+
+
+def _nested_tensors(proto: ModelProto):
+    return tensor_protos(proto, main_initializers=False)
 
 
 def _serialize(proto: ModelProto, path: str) -> bytes:
