@@ -473,6 +473,9 @@ def test_small_mistakes_get_messages_that_say_what_to_do(foldable, tmp_path, cap
     rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "x.om", "--disable-pass",
                      "foldconstants")
     assert rc == 1 and "unknown pass or rule foldconstants (did you mean FoldConstants?" in err
+    rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "x.om", "--disable-pass",
+                     "FuseConvBN")  # an abbreviation of the rule's name
+    assert rc == 1 and "FuseConvBN (did you mean FuseConvBatchNorm?" in err, err
     rc, _, err = cli(capsys, "optimize", foldable, "-o", "")  # was "-o : is a directory"
     assert rc == 2 and "argument -o/--output: an empty path" in err, err
     (tmp_path / "adir").mkdir()

@@ -423,6 +423,10 @@ def test_missing_file_and_unknown_name(tmp_path):
         load_target(str(missing))
     with pytest.raises(OptionError, match="unknown target .*ascend310, ascend310b, ascend9"):
         load_target("ascend999")
+    with pytest.raises(OptionError, match=r"unknown target \(did you mean ascend310\? built-in"):
+        load_target("ascend311")
+    with pytest.raises(OptionError, match=r"unknown target \(built-in"):  # nothing near it
+        load_target("gpu")
     # ATC's spelling of the chip was an unknown target.
     assert load_target("Ascend310").name == "ascend310"
     assert load_target("ASCEND910B").name == "ascend910b"

@@ -151,7 +151,11 @@ def load_target(name_or_path: str | os.PathLike) -> Target:
         target = _load_file(text, text)
         _check_op_names(target, text)  # the shipped profiles' are checked by the tests
         return target
-    raise OptionError(f"{setting('target', text)}: unknown target (built-in: "
+    import difflib
+
+    near = difflib.get_close_matches(text.lower(), builtin_targets(), n=1, cutoff=0.8)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise OptionError(f"{setting('target', text)}: unknown target ({hint}built-in: "
                       f"{', '.join(builtin_targets())}; or give a profile .json file)")
 
 

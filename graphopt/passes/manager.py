@@ -68,14 +68,14 @@ def check_pass_names(names, what: str) -> None:
 
 def did_you_mean(unknown, known) -> str:
     """"did you mean X? " for names that are a known one in another case (`foldconstants`) or
-    close to one (`FuseLayrNorm`), else ""."""
+    close to one (`FuseLayrNorm`, `FuseConvBN`), else ""."""
     import difflib
 
     by_case = {name.lower(): name for name in known}
     meant = []
     for name in unknown:
         close = [by_case[name.lower()]] if name.lower() in by_case else \
-            difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+            difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
         meant += [m for m in close if m not in meant]
     return f"did you mean {', '.join(meant)}? " if meant else ""
 
