@@ -45,7 +45,8 @@ class PassContext:
     shared_stats: Any = None
     calibration_mismatch: Exception | None = None
     # The node names and op types of the model as the pipeline got it, for notes on names a
-    # user gave that match nothing after the fusions (set by the pass manager).
+    # user gave that match nothing after the fusions (set by the pass manager when the
+    # compile names nodes: keep_dtype, quant_skip).
     source_names: frozenset[str] = frozenset()
 
     def note(self, message: str) -> None:

@@ -102,7 +102,9 @@ class PassManager:
 
     def _run(self, model: Model) -> PassLog:
         self._count = None
-        if not self.ctx.source_names:
+        options = self.ctx.options
+        # Only a compile given node names to match (--keep-dtype, --quant-skip) reads them.
+        if not self.ctx.source_names and (options.keep_dtype or options.quant_skip):
             self.ctx.source_names = frozenset(
                 name for node in model.graph.all_nodes()
                 for name in (node.name, *op_spellings(node)) if name)

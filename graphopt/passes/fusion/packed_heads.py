@@ -25,7 +25,9 @@ import numpy as np
 
 from graphopt.ir import DType, Node, Value
 from graphopt.ir.pattern import Match, Miss
+from graphopt.passes.fusion.slicing import slice_1d
 from graphopt.passes.rules import HandMatchedRule
+from graphopt.passes.symbolic_dims import as_entry, dim, reshaped, value_dims
 
 MS = "com.microsoft"
 SPLIT_HEADS = [2, 0, 3, 1, 4]   # [B, N, K, H, D] → [K, B, H, N, D]
@@ -39,24 +41,16 @@ def _constant_ints(value: Value | None) -> list[int] | None:
 
 
 def reshaped_dims(node: Node, source: list | None = None) -> list | None:
-    """The output dims of a Reshape: the value's inferred shape when known, else its constant
-    target resolved against the input's shape (0 copies a dim, -1 takes the rest), or against
-    `source` when given (an input the fusions left untyped); None when neither tells them all."""
+    """The output dims of a Reshape as shape entries (ints, names): the value's inferred shape
+    when known, else what its target makes of the input's dims (symbolic_dims.reshaped), or of
+    `source` when given (an input the fusions left untyped); None when they are not all known."""
     out = node.outputs[0]
     if out.shape is not None and None not in out.shape:
         return list(out.shape)
-    target = _constant_ints(node.input(1))
-    source = source if source is not None else node.inputs[0].shape
-    if target is None or source is None or None in source:
-        return None
-    dims = [source[i] if d == 0 and not node.attr("allowzero", 0) and i < len(source) else d
-            for i, d in enumerate(target)]
-    if -1 in dims:
-        known = [d for d in dims if d != -1]
-        if dims.count(-1) > 1 or not all(isinstance(d, int) for d in (*known, *source)):
-            return None
-        dims[dims.index(-1)] = math.prod(source) // max(1, math.prod(known))
-    return dims
+    dims = [dim(d) for d in source] if source is not None else value_dims(node.inputs[0])
+    found = reshaped(node, None if dims is None or None in dims else dims, value_dims)
+    entries = [as_entry(d) if d is not None else None for d in found or [None]]
+    return None if None in entries else entries
 
 
 def _piece(node: Node | None) -> tuple[Value, int, list[Node]] | str:
@@ -78,11 +72,10 @@ def _piece(node: Node | None) -> tuple[Value, int, list[Node]] | str:
     if list(axes or ()) != [0] or cut is None or not cut.is_onnx:
         return "a Squeeze of other than axis 0 of a Slice or Split"
     if cut.op_type == "Slice":
-        starts, ends, axes, steps = (_constant_ints(cut.input(i)) for i in range(1, 5))
-        if starts is None or ends is None or len(starts) != 1 or ends[0] != starts[0] + 1 \
-                or (axes is not None and axes != [0]) or (steps is not None and steps != [1]):
+        got = slice_1d(cut)
+        if isinstance(got, str) or got[2] != 0 or got[1] != got[0] + 1:
             return "a Slice of other than one piece of axis 0"
-        return cut.inputs[0], starts[0], [node, cut]
+        return cut.inputs[0], got[0], [node, cut]
     if cut.op_type == "Split":
         sizes = _constant_ints(cut.input(1)) if cut.input(1) is not None else cut.attr("split")
         if cut.attr("axis", 0) != 0 or (sizes is not None and set(sizes) != {1}):
@@ -235,17 +228,14 @@ def _projection(y: Value) -> tuple[Value, Value, Value | None, list[Node]] | str
 
 def _columns(node: Node, width: int) -> tuple[int, int] | str:
     """(start, end) of a Slice of the last axis of a [B, N, width] tensor, step 1."""
-    starts, ends, axes, steps = (_constant_ints(node.input(i)) for i in range(1, 5))
-    if node.attr("starts") is not None:
-        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes")
-    if starts is None or ends is None or len(starts) != 1 or len(ends) != 1 \
-            or axes not in ([2], [-1]) or steps not in (None, [1]):
-        return "not a Slice of the last axis alone, step 1"
-    start, end = (v + width if v < 0 else v for v in (starts[0], ends[0]))
-    start, end = max(0, min(start, width)), max(0, min(end, width))
-    if end <= start:
-        return "an empty Slice"
-    return start, end
+    got = slice_1d(node)
+    if isinstance(got, str):
+        return got
+    start, end, axis = got
+    if axis not in (2, -1):
+        return "not a Slice of the last axis"
+    picked = range(width)[start:end]  # clamped as ONNX Slice clamps with step 1
+    return (picked.start, picked.stop) if picked else "an empty Slice"
 
 
 __all__ = ["PackedHeadSlice", "PackedProjectionAttention"]

@@ -44,7 +44,7 @@ def _axis(axis: int, rank: int | None) -> int | None:
     return axis % rank if -rank <= axis < rank else None
 
 
-def _slice_1d(node: Node) -> tuple[int, int, int] | str:
+def slice_1d(node: Node) -> tuple[int, int, int] | str:
     """(start, end, axis) of a Slice along one axis with step 1, or why it is not one. Opset < 10
     keeps starts/ends/axes in attributes, later opsets in constant inputs."""
     if node.attr("starts") is not None:
@@ -71,7 +71,7 @@ def _cover(x: Value, axis: int, slices: list[Node]) -> tuple[int, int, bool] | s
     size = x.shape[axis] if rank is not None and isinstance(x.shape[axis], int) else None
     ranges = []
     for node in slices:
-        got = _slice_1d(node)
+        got = slice_1d(node)
         if isinstance(got, str):
             return got
         start, end, along = got
@@ -98,7 +98,7 @@ def _picked(joined: Value, root: Node) -> Value | str:
     concat = joined.producer
     if concat is None or concat.op_type != "Concat" or not concat.is_onnx:
         return f"%{joined.name} is not the output of a Concat"
-    got = _slice_1d(root)
+    got = slice_1d(root)
     if isinstance(got, str):
         return got
     start, end, along = got
