@@ -81,8 +81,9 @@ def _rms(rule: str) -> str:
 
 
 def _model(body: str, opset: int = 17, inputs: str = "float[2,5,8] x",
-           outputs: str = "float[2,5,8] y") -> onnx.ModelProto:
-    """Parse the graph; from opset 18 ReduceMean's axes attribute becomes a constant input."""
+           outputs: str = "float[2,5,8] y", **extra: np.ndarray) -> onnx.ModelProto:
+    """Parse the graph (with `extra` initializers besides INITS and F16); from opset 18
+    ReduceMean's axes attribute becomes a constant input."""
     if opset >= 18:
         body = re.sub(r"ReduceMean <axes = \[(-?\d)\]> \((\w+)\)",
                       lambda m: f"ReduceMean({m[2]}, axes{m[1].replace('-', 'm')})", body)
@@ -91,7 +92,7 @@ def _model(body: str, opset: int = 17, inputs: str = "float[2,5,8] x",
     proto = onnx.parser.parse_model(f'<ir_version: {ir}, opset_import: ["" : {opset}]>\n'
                                     f"g ({inputs}) => ({outputs}) <{inits}> {{{body}}}")
     proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), k)
-                                   for k, a in F16.items())
+                                   for k, a in {**F16, **extra}.items())
     onnx.checker.check_model(proto, full_check=True)
     return proto
 
@@ -712,102 +713,56 @@ def test_zoo_layernorms_all_fused(name, options):
 
 
 # -- what the norm rules must not take ------------------------------------------------------------
-def _ln_model(body, opset=17, inputs="float[2,5,8] x", outputs="float[2,5,8] y", extra=None):
-    from onnx import numpy_helper
-    ir = 10 if opset >= 23 else 8
-    inits = ("float[8] gamma = {1,2,3,4,5,6,7,8}, float[8] beta = {0,1,0,1,0,1,0,1}, "
-             "float eps = {1e-5}, float two = {2.0}, float[1,1,1,8] g4 = {1,2,3,4,5,6,7,8}, "
-             "float p201 = {2.01}")
-    proto = onnx.parser.parse_model(f'<ir_version: {ir}, opset_import: ["" : {opset}]>\n'
-                                    f"g ({inputs}) => ({outputs}) <{inits}> {{{body}}}")
-    for k, a in (extra or {}).items():
-        proto.graph.initializer.append(numpy_helper.from_array(np.asarray(a), k))
-    return proto
 
-
-def _fuse_ln(proto, target=None):
-    from graphopt.passes import PASSES, Options, PassContext
-    from graphopt.passes.infer_shapes import infer_shapes
-    model = load_onnx(proto)
-    infer_shapes(model)
-    ctx = PassContext(Options(), target=target)
-    stats = dict(PASSES["FuseLayerNorm"]().run(model, ctx).stats)
-    PASSES["EliminateDeadNodes"]().run(model, ctx)
-    return model, stats
-
-
-NORM_BODY = """
-    mean = ReduceMean <axes = [-1]> (xf)
-    d = Sub(xf, mean)
-    sq = Pow(d, SQ)
-    var = ReduceMean <axes = [-1]> (sq)
-    ve = Add(var, eps)
-    std = Sqrt(ve)
-    n = Div(d, std)
-"""
+NORMALIZED = LN.split("    s = Mul")[0]  # n = (x - mean) / std, before the affine
 
 
 def test_layernorm_between_casts_to_another_type_than_x_is_not_fused():
     # float32 x normalized in float32, then cast to float16: fused, its output type would change.
-    body = "    xf = Cast <to = 1> (x)\n" + NORM_BODY.replace("SQ", "two") + \
-        "    h = Cast <to = 10> (n)\n    s = Mul(h, g16)\n    y = Add(s, b16)\n"
-    proto = _ln_model(body, outputs="float16[2,5,8] y",
-                      extra={"g16": np.ones(8, np.float16), "b16": np.zeros(8, np.float16)})
-    model, stats = _fuse_ln(proto)
+    body = "    xf = Cast <to = 1> (x)\n" + NORMALIZED.replace("(x)", "(xf)").replace(
+        "Sub(x,", "Sub(xf,") + "    h = Cast <to = 10> (n)\n    s = Mul(h, g16)\n    y = Add(s, b16)\n"
+    proto = _model(body, outputs="float16[2,5,8] y")
+    model, stats, _ = _fuse(proto)
     assert "LayerNormCast" not in stats, stats
     _same_numerics(proto, model)
 
 
 def test_a_gamma_of_higher_rank_than_x_is_not_fused():
     # γ [1,1,1,8] broadcasts the output up a rank, which LayerNormalization would drop.
-    body = "    xf = Identity(x)\n" + NORM_BODY.replace("SQ", "two") + "    s = Mul(n, g4)\n    y = Add(s, beta)\n"
-    proto = _ln_model(body, outputs="float[1,2,5,8] y")
-    model, stats = _fuse_ln(proto)
+    proto = _model(NORMALIZED + "    s = Mul(n, g4)\n    y = Add(s, beta)\n",
+                   outputs="float[1,2,5,8] y", g4=np.array(GAMMA.split(", "), np.float32)
+                   .reshape(1, 1, 1, 8))
+    model, stats, _ = _fuse(proto)
+    assert "LayerNormDecomposed" not in stats, stats
+    _same_numerics(proto, model)
+
+
+def test_an_epsilon_of_higher_rank_than_x_is_not_fused():
+    proto = _model(LN.replace("Add(var, eps)", "Add(var, eps4)"), outputs="float[1,2,5,8] y",
+                   eps4=np.full((1, 1, 1, 1), 1e-5, np.float32))
+    model, stats, _ = _fuse(proto)
     assert "LayerNormDecomposed" not in stats, stats
     _same_numerics(proto, model)
 
 
 def test_a_variance_of_pow_2_01_is_not_a_square():
-    # (x - μ)^2.01 is NaN where x < μ: no variance.
-    body = "    xf = Identity(x)\n" + NORM_BODY.replace("SQ", "p201") + \
-        "    s = Mul(n, gamma)\n    y = Add(s, beta)\n"
-    proto = _ln_model(body)
-    model, stats = _fuse_ln(proto)
+    # (x - mean)^2.01 is NaN where x < mean: no variance.
+    proto = _model(LN.replace("Pow(d, two)", "Pow(d, p201)"), p201=np.float32(2.01))
+    _, stats, _ = _fuse(proto)
     assert stats == {}, stats
 
 
 def test_rmsnorm_at_opset_22_is_simplified_layernormalization():
     # RMSNormalization exists from opset 23 only.
-    body = """
-    sq = Pow(x, two)
-    ms = ReduceMean(sq, axes)
-    ve = Add(ms, eps)
-    std = Sqrt(ve)
-    n = Div(x, std)
-    y = Mul(gamma, n)
-"""
-    proto = _ln_model(body, opset=22, extra={"axes": np.array([-1], np.int64)})
-    model, stats = _fuse_ln(proto)
-    assert [n.op_type for n in model.graph] == ["SimplifiedLayerNormalization"]
+    model, _, _ = _fuse(_model(_rms("RmsNormDiv"), opset=22))
+    assert _ops(model) == ["SimplifiedLayerNormalization"]
 
 
 def test_add_then_layernormalization_of_epsilon_0_stays_for_an_npu():
     # onnxruntime's SkipLayerNormalization kernel refuses an epsilon of 0 at load.
-    from graphopt.partition.target import load_target
     body = """
     x = Add(a, b)
     y = LayerNormalization <axis = -1, epsilon = 0.0> (x, gamma, beta)
 """
-    proto = _ln_model(body, inputs="float[2,5,8] a, float[2,5,8] b")
-    model, stats = _fuse_ln(proto, target=load_target("ascend910b"))
+    _, stats, _ = _fuse(_model(body, inputs="float[2,5,8] a, float[2,5,8] b"), target=NPU)
     assert stats == {}, stats
-
-
-def test_an_epsilon_of_higher_rank_than_x_is_not_fused():
-    body = "    xf = Identity(x)\n" + NORM_BODY.replace("SQ", "two").replace(
-        "Add(var, eps)", "Add(var, eps4)") + "    s = Mul(n, gamma)\n    y = Add(s, beta)\n"
-    proto = _ln_model(body, outputs="float[1,2,5,8] y",
-                      extra={"eps4": np.full((1, 1, 1, 1), 1e-5, np.float32)})
-    model, stats = _fuse_ln(proto)
-    assert "LayerNormDecomposed" not in stats, stats
-    _same_numerics(proto, model)
