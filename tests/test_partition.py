@@ -651,6 +651,39 @@ def test_a_value_that_reaches_the_host_anyway_is_no_copy_the_island_saves():
     assert f"would add {two:.1f} µs" in reason, reason
 
 
+def test_islands_that_keep_each_others_copies_are_judged_together(tmp_path, monkeypatch):
+    # The conv's output is read by a host TopK and by the Mul after it: with the Mul's island
+    # on the npu, the conv's island saves the copy of c there; with the conv's island there,
+    # the Mul's island saves it. Each alone paid its way, the two together cost more than
+    # none on the npu, by the model's own estimate.
+    import graphopt.partition.partitioner as partitioner
+    from graphopt.tuner.model import model_estimate
+
+    proto = build("""
+        g (float[1,8,32,32] x) => (int64[?, 4] n) {
+            c = Conv <pads = [1, 1, 1, 1]> (x, w1)
+            v, i = TopK <axis = 3> (c, k)
+            m = Mul (c, v)
+            c2 = Conv <pads = [1, 1, 1, 1]> (m, w2)
+            c3 = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (c2, w3)
+            t = Greater (c3, floor)
+            n = NonZero (t)
+        }""", w1=weight(64, 8, 3, 3), w2=weight(16, 64, 3, 3), w3=weight(16, 16, 3, 3),
+        k=np.array([1], np.int64), floor=np.array(0.0, np.float32))
+    result, path = compile_om(proto, tmp_path, target="ascend310")
+    assert devices(result) == ["cpu"]
+    reason = reason_of(result, "Mul")
+    assert reason.startswith("returned to cpu with the 1 other npu island(s) it exchanges "
+                             "values with through the host: the npu would save"), reason
+    joined = model_estimate(result.model, result.partitioning).seconds
+    monkeypatch.setattr(partitioner, "_unprofitable_unions", lambda *args: [])
+    alone = graphopt.optimize(proto, target="ascend310")
+    assert devices(alone) == ["npu", "cpu", "npu", "cpu"]
+    assert model_estimate(alone.model, alone.partitioning).seconds > joined * 1.2
+    feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+
+
 def test_an_island_of_fused_groups_is_priced_as_its_groups(monkeypatch):
     # At -O3 with epilogues, the convs run inside graphopt:: calls: the island check must price
     # each call as its group (the conv's cube kernel included), not as one elementwise op.

@@ -10,7 +10,8 @@ then merged pairwise wherever the quotient stays acyclic (networkx checks it).
 An NPU partition next to a CPU partition is an island: if the host↔device copies it causes cost
 more than the NPU saves over running its nodes on the host (the tuner's cost models: the CPU
 roofline against the NPU's cube and vector estimates), it goes back to the CPU, and clustering
-runs again.
+runs again. Once every island pays its way alone, islands that exchange values through host
+partitions are judged together, since each may be paying only with copies the other saves.
 
 A Constant node is data, not work (onnxruntime turns it into an initializer at load): it joins
 the partition that reads it, never one of its own. So does what the caller gets but no node
@@ -265,6 +266,11 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
     owner = {node: i for i, c in enumerate(clusters) for node in c}
     device = [placements[c[0]].device for c in clusters]
     found = []
+    def device_saves(nodes: list[Node]) -> float:
+        # The model, for a graphopt:: call: its group (a Conv epilogue's cube kernel included).
+        return sum(host_model.node_seconds(n, functions)
+                   - node_estimate(n, primary, model)[1].seconds for n in nodes)
+
     for i, members in enumerate(clusters):
         if device[i] == host.name:
             continue
@@ -272,51 +278,94 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
         work = [n for n in members if not is_constant_node(n)]
         if not work:
             continue
-        on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
-        touches_host = False
-        taken, given = _crossing(members, owner, i)
-        read_ids = {id(value) for value in taken}
-        for value in taken + given:
-            seconds = transfer_seconds(value_bytes(value), target)
-            other = {owner.get(n) for n in _neighbours(value, members, owner, i)}
-            host_ends = [o for o in other if o is None or device[o] == host.name]
-            touches_host |= any(o is not None for o in host_ends)
-            # A value the island reads crosses for it only where no other reader on the
-            # island's side (host or device) already takes it across: the device's value that
-            # a host TopK reads reaches the host whether or not the island moves there.
-            crossing = _readers_sides(value, owner, i, device, host.name) \
-                if id(value) in read_ids else set()
-            if host_ends and "device" not in crossing:
-                on_host_side += seconds
-            if any(o is not None and device[o] != host.name for o in other) and \
-                    "host" not in crossing:
-                on_device_side += seconds
-        if not touches_host:
+        copies = _island_copies(members, owner, i, device, host.name, target)
+        if copies is None:
             continue
-        # The model, for a graphopt:: call: its group (a Conv epilogue's cube kernel included).
-        saved = sum(host_model.node_seconds(n, functions)
-                    - node_estimate(n, primary, model)[1].seconds for n in work)
-        cost = on_host_side - on_device_side
         # First the island's host-bound edge, where handing it back saves more in copies than
         # the device saves on it: the rest is judged again without it, in the next round.
         edge, gain = host_edge(
             work, owner, i, lambda c: c is None or device[c] == host.name, target, reads,
-            top_level, lambda nodes: sum(host_model.node_seconds(n, functions)
-                                         - node_estimate(n, primary, model)[1].seconds
-                                         for n in nodes))
+            top_level, device_saves)
         if edge:
             found.append((edge, f"returned to {host.name}: the host-bound edge of an "
                                 f"{primary.name} island, where its host↔device copies cost "
                                 f"{gain * 1e6:.1f} µs more than the {primary.name} saves"))
             continue
-        if saved < cost:
-            gain = (f"the {primary.name} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else
-                    f"the {primary.name} would be {-saved * 1e6:.1f} µs slower on them")
-            # `cost` is net: the copies placing them on the device adds, less those it removes.
-            copies = (f"and would add {cost * 1e6:.1f} µs of host↔device copies" if cost >= 0
-                      else f"which the {-cost * 1e6:.1f} µs of copies it would save does not "
-                           "make up")
-            found.append((work, f"returned to {host.name}: {gain}, {copies}"))
+        saved = device_saves(work)
+        if saved < copies:
+            found.append((work, f"returned to {host.name}: {_verdict(saved, copies, primary.name)}"))
+    if not found:
+        found = _unprofitable_unions(clusters, owner, device, host.name, primary.name, target,
+                                     device_saves)
+    return found
+
+
+def _island_copies(members: list[Node], owner: dict, index: int, device: list[str], host: str,
+                   target: Target) -> float | None:
+    """The seconds of host↔device copies that cluster `index` on the device adds over the
+    same nodes on the host (negative: copies it saves), or None when it exchanges nothing
+    with the host."""
+    on_host_side = on_device_side = 0.0  # copies the island causes / would cause on the host
+    touches_host = False
+    taken, given = _crossing(members, owner, index)
+    read_ids = {id(value) for value in taken}
+    for value in taken + given:
+        seconds = transfer_seconds(value_bytes(value), target)
+        other = {owner.get(n) for n in _neighbours(value, members, owner, index)}
+        host_ends = [o for o in other if o is None or device[o] == host]
+        touches_host |= any(o is not None for o in host_ends)
+        # A value the island reads crosses for it only where no other reader on the island's
+        # side (host or device) already takes it across: the device's value that a host TopK
+        # reads reaches the host whether or not the island moves there.
+        crossing = _readers_sides(value, owner, index, device, host) \
+            if id(value) in read_ids else set()
+        if host_ends and "device" not in crossing:
+            on_host_side += seconds
+        if any(o is not None and device[o] != host for o in other) and "host" not in crossing:
+            on_device_side += seconds
+    return on_host_side - on_device_side if touches_host else None
+
+
+def _verdict(saved: float, copies: float, primary: str) -> str:
+    """Why nodes the device would run went back: what the device saves on them against the
+    copies (net: those it adds less those it removes)."""
+    gain = (f"the {primary} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else
+            f"the {primary} would be {-saved * 1e6:.1f} µs slower on them")
+    return gain + (f", and would add {copies * 1e6:.1f} µs of host↔device copies" if copies >= 0
+                   else f", which the {-copies * 1e6:.1f} µs of copies it would save does not "
+                        "make up")
+
+
+def _unprofitable_unions(clusters, owner: dict, device: list[str], host: str, primary: str,
+                         target: Target, device_saves) -> list[tuple[list[Node], str]]:
+    """Device islands that exchange values through host clusters, judged together once each
+    alone pays its way. Each is then priced with the others on the device: a conv whose
+    output a host TopK and a device Mul both read, and the Mul's island after the TopK, each
+    kept the other's copies, and the two on the device cost more than both on the host."""
+    quotient = _quotient(clusters)
+    coupling = nx.Graph()
+    for h in range(len(clusters)):
+        if device[h] != host:
+            continue
+        for name in {device[c] for c in quotient.pred[h]} | {device[c] for c in quotient.succ[h]}:
+            near = [c for c in (*quotient.pred[h], *quotient.succ[h]) if device[c] == name]
+            if name != host:  # a union of one device's islands only
+                coupling.add_nodes_from(near)
+                coupling.add_edges_from(zip(near, near[1:]))
+    found = []
+    for group in nx.connected_components(coupling):
+        if len(group) < 2:
+            continue
+        index = min(group)
+        joined = {node: (index if at in group else at) for node, at in owner.items()}
+        members = [node for c in sorted(group) for node in clusters[c]]
+        work = [n for n in members if not is_constant_node(n)]
+        copies = _island_copies(members, joined, index, device, host, target)
+        saved = device_saves(work)
+        if copies is not None and saved < copies:
+            found.append((work, f"returned to {host} with the {len(group) - 1} other {primary} "
+                                f"island(s) it exchanges values with through the host: "
+                                f"{_verdict(saved, copies, primary)}"))
     return found
 
 
