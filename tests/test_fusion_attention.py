@@ -64,10 +64,12 @@ class Graph:
 
 def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fill=MIN,
               probs_output=False, shared_keys=False, scale=None, nan_guard=False,
-              k_transposed_first=False):
+              k_transposed_first=False, k_flattened=False):
     """One self-attention block on x [B,S,D]: projections, head split, scores, mask, softmax,
     context, head merge; `form` spells the scale, `mask` the mask; `k_transposed_first` splits
-    Kᵀ as Reshape(Transpose(k, [0,2,1]), [B,N,H,S]), SimplifyLayout's form at static shapes."""
+    Kᵀ as Reshape(Transpose(k, [0,2,1]), [B,N,H,S]), SimplifyLayout's form at static shapes;
+    `k_flattened` transposes K's split heads flattened to [B·N,S,H], as the dynamo exporter's
+    scaled_dot_product_attention does."""
     g = Graph()
     x = g.input("x", TensorProto.FLOAT, [B, S, D])
 
@@ -85,6 +87,11 @@ def attention(form="div", mask="none", k_perm=(0, 2, 3, 1), softmax_axis=-1, fil
         q = g.op("Transpose", project(), perm=[0, 2, 1, 3])
     if k_transposed_first:
         k = g.op("Reshape", g.op("Transpose", projection(), perm=[0, 2, 1]),
+                 g.const([B, N, H, S], np.int64))
+    elif k_flattened:
+        heads = g.op("Reshape", g.op("Transpose", project(), perm=[0, 2, 1, 3]),
+                     g.const([-1, S, H], np.int64))
+        k = g.op("Reshape", g.op("Transpose", heads, perm=[0, 2, 1]),
                  g.const([B, N, H, S], np.int64))
     else:
         k = g.op("Transpose", project(), perm=list(k_perm))
@@ -1152,6 +1159,21 @@ def test_a_key_transposed_before_its_head_split_packs_as_the_exporters_form_does
     counts = _op_counts(optimized)
     assert counts["com.microsoft::Attention"] == 1 and MHA not in counts, counts
     feeds = feeds_for(proto)
+    _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
+
+
+def test_a_key_split_at_a_batch_of_one_packs_as_at_larger_batches(monkeypatch):
+    # The dynamo exporter's Kᵀ for scaled_dot_product_attention, which ReshapeChain turns
+    # into Reshape(k, [S, D]) → Transpose(1, 0) → Reshape([1, N, H, S]) at a batch of 1: a
+    # padding-masked export then stayed unfused at batch 1 alone (30 → 26 nodes, against
+    # 30 → 14 at batch 2).
+    monkeypatch.setattr(f"{__name__}.B", 1)
+    proto = attention("div", "add", nan_guard=True, k_flattened=True)
+    optimized = graphopt.optimize(proto).to_onnx()
+    counts = _op_counts(optimized)
+    assert counts["com.microsoft::Attention"] == 1 and MHA not in counts, counts
+    feeds = numerics.random_feeds(proto, seed=7)
+    feeds["mask"] = np.where(np.arange(S) >= 4, MIN, 0).astype(np.float32).reshape(1, 1, 1, S)
     _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
 
 

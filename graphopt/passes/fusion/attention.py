@@ -292,15 +292,24 @@ def _own_merge(x4: Value, merge: tuple[int, ...], width: int, equal: Equalities)
 def _transposed_split(kt: Value, width: int, equal: Equalities) -> Value | None:
     """The projection x3 [B,T,N·H] when Kᵀ [B,N,H,T] = Reshape(Transpose(x3, [0,2,1])): the
     form SimplifyLayout's ReshapeChain gives the exporters' Reshape → Transpose(0,2,3,1) once
-    the shapes are static (the pinned dynamo BERT then lost its packed attention)."""
+    the shapes are static (the pinned dynamo BERT then lost its packed attention), or, at a
+    batch of 1, Reshape(Transpose(Reshape(x3, [T, N·H]), [1, 0])) (a dynamo SDPA export with
+    a bool padding mask then stayed unfused at batch 1 alone)."""
     split = kt.producer
     if split is None or split.op_type != "Reshape" or not split.is_onnx:
         return None
     flip = split.inputs[0].producer
-    if flip is None or flip.op_type != "Transpose" or not flip.is_onnx \
-            or tuple(flip.attr("perm") or ()) != (0, 2, 1):
+    if flip is None or flip.op_type != "Transpose" or not flip.is_onnx:
         return None
-    x3 = flip.inputs[0]
+    perm = tuple(flip.attr("perm") or ())
+    if perm == (0, 2, 1):
+        x3 = flip.inputs[0]
+    elif perm == (1, 0):  # at a batch of 1, ReshapeChain drops it: Reshape(x3, [T, N·H]) first
+        x3 = _unbatched(flip.inputs[0])
+        if x3 is None:
+            return None
+    else:
+        return None
     if _projected_from(x3) is None:  # a projection transposed, not heads flattened back
         return None
     if x3.shape is None or len(x3.shape) != 3 or x3.shape[2] != width or kt.shape is None \
@@ -313,6 +322,18 @@ def _transposed_split(kt: Value, width: int, equal: Equalities) -> Value | None:
     same = dims is not None and own is not None and equal.same(dims[0], own[0]) \
         and equal.same(dims[3], own[1])
     return x3 if same else None
+
+
+def _unbatched(x2: Value) -> Value | None:
+    """x3 [1, T, N·H] when x2 = Reshape(x3) is x3 without its batch of 1, else None."""
+    squeeze = x2.producer
+    if squeeze is None or squeeze.op_type != "Reshape" or not squeeze.is_onnx:
+        return None
+    x3 = squeeze.inputs[0]
+    if x3.shape is None or len(x3.shape) != 3 or x3.shape[0] != 1 \
+            or x2.shape is None or tuple(x2.shape) != tuple(x3.shape[1:]):
+        return None
+    return x3
 
 
 def _widening(m: Value, bnst: list) -> str | None:
