@@ -1,5 +1,5 @@
-"""FuseRotaryEmbedding: x·cos + rotate_half(x)·sin with constant tables into RotaryEmbedding;
-each case is checked against onnxruntime on the original."""
+"""FuseRotaryEmbedding: x·cos + rotate_half(x)·sin (and GPT-J's rotate_every_two) with constant
+tables into RotaryEmbedding; each case is checked against onnxruntime on the original."""
 
 from __future__ import annotations
 
@@ -62,10 +62,10 @@ def rotary(batches: int = 1, scale: float = 1.0, halves_equal: bool = True,
     return proto
 
 
-def fuse(proto, target=None):
+def fuse(proto, target=None, rules=frozenset({"RotateHalf"})):
     model = load_onnx(proto)
     infer_shapes(model)
-    ctx = PassContext(Options(), tracer=Tracer({"RotateHalf"}),
+    ctx = PassContext(Options(), tracer=Tracer(set(rules)),
                       target=load_target(target) if target else None)
     result = PASSES["FuseRotaryEmbedding"]().run(model, ctx)
     PASSES["EliminateDeadNodes"]().run(model, ctx)
@@ -169,3 +169,69 @@ def test_the_pipeline_fuses_a_table_built_from_the_positions():
     feeds = numerics.random_feeds(proto, seed=0)
     assert not numerics.compare(numerics.run(proto, feeds), numerics.run(result.to_onnx(), feeds),
                                 1e-5, 1e-5)
+
+
+# -- GPT-J's rotate_every_two ------------------------------------------------------------------
+
+
+def every_two(batches: int = 1, opset: int = 17, odd_start: int = 1,
+              interleaved_tables: bool = True) -> onnx.ModelProto:
+    """y = x·cos + flatten(stack(-x[..., 1::2], x[..., ::2]), -2)·sin on x [B,N,S,H], as the
+    exporters write GPT-J's rotate_every_two; its tables repeat_interleave(freqs, 2)."""
+    cos, sin = tables(batches)
+    if interleaved_tables:  # each angle twice in a row: [f0, f0, f1, f1, …]
+        cos, sin = (np.repeat(t[..., : H // 2], 2, axis=-1) for t in (cos, sin))
+    inits = [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin"),
+             numpy_helper.from_array(np.array([B, N, S, H], np.int64), "flat")]
+    for name, value in (("odd", odd_start), ("even", 1 - odd_start), ("end", BIG),
+                        ("axis", -1), ("step", 2)):
+        inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
+    if opset >= 13:
+        inits.append(numpy_helper.from_array(np.array([-1], np.int64), "new"))
+        unsqueeze = [helper.make_node("Unsqueeze", ["neg", "new"], ["neg5"]),
+                     helper.make_node("Unsqueeze", ["x1", "new"], ["x15"])]
+    else:
+        unsqueeze = [helper.make_node("Unsqueeze", ["neg"], ["neg5"], axes=[4]),
+                     helper.make_node("Unsqueeze", ["x1"], ["x15"], axes=[4])]
+    nodes = [
+        helper.make_node("Slice", ["x", "odd", "end", "axis", "step"], ["x2"]),
+        helper.make_node("Slice", ["x", "even", "end", "axis", "step"], ["x1"]),
+        helper.make_node("Neg", ["x2"], ["neg"]),
+        *unsqueeze,
+        helper.make_node("Concat", ["neg5", "x15"], ["pairs"], axis=-1),
+        helper.make_node("Reshape", ["pairs", "flat"], ["rot"]),
+        helper.make_node("Mul", ["x", "cos"], ["xc"]),
+        helper.make_node("Mul", ["rot", "sin"], ["rs"]),
+        helper.make_node("Add", ["xc", "rs"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "rope", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [B, N, S, H])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [B, N, S, H])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=IR_VERSION)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+@pytest.mark.parametrize("batches, opset", [(1, 17), (B, 17), (1, 11)],
+                         ids=["shared", "per-batch", "axes-attribute"])
+def test_rotate_every_two_becomes_interleaved_rotary_embedding(batches, opset):
+    proto = every_two(batches, opset)
+    model, stats, _ = fuse(proto)
+    assert stats == {"RotateEveryTwo": 1}
+    (node,) = model.graph
+    assert node.qualified_op == "com.microsoft::RotaryEmbedding" and node.attr("interleaved") == 1
+    cos, sin = tables(batches)
+    np.testing.assert_array_equal(node.inputs[2].constant(),
+                                  cos[..., : H // 2].reshape(batches * S, H // 2))
+    same_outputs(proto, model)
+
+
+@pytest.mark.parametrize("edit, reason", [
+    ({"interleaved_tables": False}, "even and odd entries of %cos differ"),
+    ({"odd_start": 0}, "do not take x[..., 1::2] and x[..., ::2]"),
+])
+def test_rotate_every_two_refusals_say_why(edit, reason):
+    model, stats, trace = fuse(every_two(**edit), rules={"RotateEveryTwo"})
+    assert stats == {} and "Neg" in [n.op_type for n in model.graph]
+    assert any(reason in line for line in trace), trace
