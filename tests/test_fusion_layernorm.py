@@ -35,7 +35,8 @@ _rng = np.random.default_rng(0)
 GAMMA = ", ".join(f"{v:.4f}" for v in _rng.uniform(0.5, 1.5, 8))
 BETA = ", ".join(f"{v:.4f}" for v in _rng.uniform(-0.5, 0.5, 8))
 INITS = (f"float[8] gamma = {{{GAMMA}}}, float[8] beta = {{{BETA}}}, float eps = {{1e-5}}, "
-         "float two = {2.0}, float half = {-0.5}, float one = {1.0}, float zero = {0.0}, "
+         "float two = {2.0}, float half = {-0.5}, float halfpow = {0.5}, float one = {1.0}, "
+         "float zero = {0.0}, "
          "float[8] eps8 = {1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5}, "
          "float[1,1,8] g3 = {%s}" % GAMMA)
 # The parser reads no float16 literals: these initializers are added to the parsed model.
@@ -153,6 +154,20 @@ FORMS = {  # rule, body, opset, inputs, outputs
         "s = Mul(n, gamma)\n    y = Add(s, beta)",
         "nh = Cast <to = 10> (n)\n    s = Mul(nh, g16)\n    y = Add(s, b16)"), 17,
         "float16[2,5,8] h", "float16[2,5,8] y"),
+    # Hand-written: √ as ·^½, and (x - μ) · rsqrt(σ² + ε) in each exporter's spelling.
+    "pow-half": ("LayerNormDecomposed", LN.replace("Sqrt(ve)", "Pow(ve, halfpow)"), 17,
+                 None, None),
+    "rsqrt-reciprocal": ("LayerNormRsqrt", LN.replace("n = Div(d, std)",
+                                                      "r = Reciprocal(std)\n    n = Mul(d, r)"),
+                         17, None, None),
+    "rsqrt-one-over": ("LayerNormRsqrt", LN.replace("n = Div(d, std)",
+                                                    "r = Div(one, std)\n    n = Mul(r, d)"),
+                       17, None, None),
+    "rsqrt-pow-mul-square": ("LayerNormRsqrt", LN.replace("Pow(d, two)", "Mul(d, d)").replace(
+        "std = Sqrt(ve)\n\n    n = Div(d, std)", "r = Pow(ve, half)\n    n = Mul(d, r)"), 17,
+        None, None),
+    "no-affine-rsqrt": ("LayerNormNoAffineRsqrt", NORM + "    r = Reciprocal(std)\n"
+                        "    y = Mul(d, r)\n", 17, None, None),
 }
 
 
@@ -188,7 +203,8 @@ def test_layernorm_refusals_leave_the_graph(case):
     assert any(reason in line for line in report), report
 
 
-@pytest.mark.parametrize("form", ["mul-square", "cast-fp16", "no-affine"])
+@pytest.mark.parametrize("form", ["mul-square", "cast-fp16", "no-affine", "rsqrt-one-over",
+                                  "no-affine-rsqrt"])
 @pytest.mark.parametrize("edit, reason", [
     (("[-1]", "[1]"), "not over the last axis"),
     (("Add(var, eps)", "Add(var, zero)"), "epsilon 0.0 is not positive")])

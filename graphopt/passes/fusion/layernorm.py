@@ -46,15 +46,20 @@ def _mean(op, v, key: str):
 
 
 def _norm(op, x, centre: bool = True, square: str = "pow", inverse: str = "div", cast=False):
-    """d / √(mean(d²) + ε), d = x - mean(x) (LayerNorm) or x (RMSNorm); square: Pow or Mul; the
-    division: Div, ·Reciprocal, ·(1 / ·) or ·Pow(·, -½); `cast`: on Cast(x → f32), cast back."""
+    """d / √(mean(d²) + ε), d = x - mean(x) (LayerNorm) or x (RMSNorm); square: Pow, Mul or
+    either ("any"); the division: Div by √· or ·^½, ·Reciprocal(√·), ·(1 / √·), ·Pow(·, -½),
+    or any of the three products ("rsqrt"); `cast`: on Cast(x → f32), cast back."""
     xf = op.Cast(x, to=Attr("cast_in")) if cast else x
     d = op.Sub(xf, _mean(op, xf, "mean")) if centre else xf
-    ms = op.Add(_mean(op, op.Pow(d, EXACT_2) if square == "pow" else op.Mul(d, d), "var"), EPS)
-    y = {"div": lambda: op.Div(d, op.Sqrt(ms)),
+    squared = {"pow": lambda: op.Pow(d, EXACT_2), "mul": lambda: op.Mul(d, d),
+               "any": lambda: OneOf(op.Pow(d, EXACT_2), op.Mul(d, d))}[square]()
+    ms = op.Add(_mean(op, squared, "var"), EPS)
+    y = {"div": lambda: op.Div(d, OneOf(op.Sqrt(ms), op.Pow(ms, 0.5))),
          "reciprocal": lambda: op.Mul(d, op.Reciprocal(op.Sqrt(ms))),
          "one_over": lambda: op.Mul(d, op.Div(1.0, op.Sqrt(ms))),
-         "pow": lambda: op.Mul(d, op.Pow(ms, -0.5))}[inverse]()
+         "pow": lambda: op.Mul(d, op.Pow(ms, -0.5)),
+         "rsqrt": lambda: op.Mul(d, OneOf(op.Reciprocal(op.Sqrt(ms)), op.Div(1.0, op.Sqrt(ms)),
+                                          op.Pow(ms, -0.5)))}[inverse]()
     return op.Cast(y, to=Attr("cast_out")) if cast else y
 
 
@@ -151,10 +156,23 @@ class LayerNormCast(_LayerNorm):
         return op.Add(op.Mul(_norm(op, x, cast=True), gamma), beta)
 
 
+class LayerNormRsqrt(_LayerNorm):
+    """(x - μ) · rsqrt(σ² + ε) · γ + β, hand-written: rsqrt as Reciprocal(√·) (torch.rsqrt
+    through the dynamo exporter), 1 / √· (through TorchScript) or ·^-½, the square Pow or Mul."""
+    def pattern(self, op, x, gamma, beta):
+        return op.Add(op.Mul(_norm(op, x, square="any", inverse="rsqrt"), gamma), beta)
+
+
 class LayerNormNoAffine(_LayerNorm):
     """Neither γ nor β (elementwise_affine=False): γ = 1, no bias."""
     def pattern(self, op, x):
         return _norm(op, x)
+
+
+class LayerNormNoAffineRsqrt(_LayerNorm):
+    """(x - μ) · rsqrt(σ² + ε) with neither γ nor β, rsqrt and the square as LayerNormRsqrt's."""
+    def pattern(self, op, x):
+        return _norm(op, x, square="any", inverse="rsqrt")
 
 
 def _mean_or_pool(op, v, key: str):
@@ -352,7 +370,8 @@ class FuseLayerNorm(RulePass):
     # A rule with γ precedes its twin without, which would take the norm and leave the Mul; the
     # Cast form precedes the plain ones, which would take the norm between the Casts.
     rules = (SkipLayerNormDecomposed, LayerNormDecomposed, LayerNormMulSquare, LayerNormCast,
-             LayerNormBatchnorm, SkipLayerNormNoAffine, LayerNormNoAffine, SkipLayerNorm,
+             LayerNormRsqrt, LayerNormBatchnorm, SkipLayerNormNoAffine, LayerNormNoAffine,
+             LayerNormNoAffineRsqrt, SkipLayerNorm,
              RmsNormDiv, RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormMulSquare,
              RmsNormMulSquareReciprocal, RmsNormCast, RmsNormNoAffineCast, RmsNormNoAffineDiv,
              RmsNormNoAffineMul)
