@@ -32,6 +32,7 @@ from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.instruments import DUMP_FORMATS, DumpIR, VerifyAfterEachPass
 from graphopt.passes.output_declarations import correct_output_declarations
 from graphopt.passes.pipelines import with_precision
+from graphopt.passes.precision.ort_half_crash import move_batch_swaps_after_half_matmuls
 from graphopt.passes.precision.policy import check_options as check_precision_options
 from graphopt.passes.rules import RULES, Tracer, idle_switches
 from graphopt.quant.opset_upgrade import int8_ready
@@ -480,6 +481,14 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
                  f"{'; '.join(corrected)}")
     _mark_lossy(source.model, log, target, options.precision)
     _drop_unused_domains(source.model, source.domains)
+    # A model given in float16 (or kept so) reaches no ConvertPrecision, which rewrites this
+    # form where it makes it: onnxruntime would die loading the compiled model, --verify with it.
+    moved = sum(move_batch_swaps_after_half_matmuls(graph)
+                for graph in source.model.graph.all_graphs())
+    if moved:
+        ctx.note(f"{moved} float16 Transpose(perm=[1, 0, 2]) moved after the MatMul it fed, as "
+                 "equal products: onnxruntime 1.32 crashes loading the other form at "
+                 "ORT_ENABLE_ALL")
     if not options.input_shapes:  # pinned, check_pinned_shapes and check_compiled_loads do
         check_runs_at_its_shapes(source.model, source.label)
     if source.loaded_unpinned:

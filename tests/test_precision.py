@@ -1079,21 +1079,28 @@ def test_a_half_matmul_of_a_batch_swap_is_written_in_a_form_onnxruntime_loads(
     """onnxruntime 1.32 segfaults loading, at ORT_ENABLE_ALL, a float16 Transpose(1, 0, 2)
     feeding a float16 MatMul with a constant weight (a sequence-first projection). The
     conversion moves the Transpose after the MatMul: the same products, in a form it loads."""
-    import subprocess
-    import sys
-
     rng = np.random.default_rng(7)
     weights = {name: rng.standard_normal((32, 16)).astype(np.float32)
                for name in ("w", "w2") if f", {name})" in text}
     model = parse_model(text, **weights)
     result = graphopt.optimize(model, pass_options={"precision": "fp16"})
     assert ops(result.model) == expected_ops
-    path = tmp_path / "half.onnx"
+    x = rng.standard_normal((5, 2, 32)).astype(np.float32)
+    expected = numerics.run(model, {"x": x})["y"]
+    np.testing.assert_allclose(_run_at_all_in_a_child(result, x, tmp_path), expected,
+                               rtol=2e-2, atol=2e-2)
+
+
+def _run_at_all_in_a_child(result, x: np.ndarray, tmp_path, name: str = "half") -> np.ndarray:
+    """The compiled model's y for x, run by onnxruntime at ORT_ENABLE_ALL in a child process:
+    on the unmoved form the load kills the process."""
+    import subprocess
+    import sys
+
+    path = tmp_path / f"{name}.onnx"
     graphopt.save(result, path)
     onnx.checker.check_model(onnx.load(path), full_check=True)
-    x = rng.standard_normal((5, 2, 32)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    # In a child: on the unmoved form the load kills the process.
     script = ("import sys, numpy as np, onnxruntime as ort\n"
               "options = ort.SessionOptions()\n"
               "options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL\n"
@@ -1103,8 +1110,33 @@ def test_a_half_matmul_of_a_batch_swap_is_written_in_a_form_onnxruntime_loads(
     child = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "x.npy"),
                             str(tmp_path / "y.npy")], capture_output=True, text=True)
     assert child.returncode == 0, (child.returncode, child.stderr[-500:])
+    return np.load(tmp_path / "y.npy")
+
+
+def test_a_batch_swap_is_moved_for_an_npu_target_and_in_a_model_given_in_float16(tmp_path):
+    # The conversion moved it only where the CPU provider emulates MatMul, which on an NPU
+    # target it runs on the device: a GRU's projection went back to the host in float16, and
+    # --verify died loading the compile. A model exported in float16 reaches no conversion.
+    rng = np.random.default_rng(8)
+    text = _ONE_PROJECTION[0]
+    model = parse_model(text, w=rng.standard_normal((32, 16)).astype(np.float32))
+    x = rng.standard_normal((5, 2, 32)).astype(np.float32)
     expected = numerics.run(model, {"x": x})["y"]
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=2e-2, atol=2e-2)
+    npu = graphopt.optimize(model, precision="fp16", target="ascend310",
+                            input_shapes={"x": [5, 2, 32]})
+    assert not [n for n in npu.model.graph.nodes() if n.op_type == "MatMul"
+                and n.inputs[0].producer.op_type == "Transpose"]
+    half = parse_model(text.replace("float[", "float16["),
+                       w=rng.standard_normal((32, 16)).astype(np.float16))
+    given = graphopt.optimize(half)
+    assert ops(given.model) == ["Relu", "MatMul", "Transpose", "Relu"]
+    assert any("1 float16 Transpose(perm=[1, 0, 2]) moved after the MatMul" in note
+               for note in given.notes), given.notes
+    x16 = x.astype(np.float16)
+    np.testing.assert_allclose(_run_at_all_in_a_child(given, x16, tmp_path),
+                               numerics.run(half, {"x": x16})["y"], rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(_run_at_all_in_a_child(npu, x, tmp_path, "npu"), expected,
+                               rtol=2e-2, atol=2e-2)
 
 
 def test_the_accuracy_report_runs_on_the_inputs_verify_runs_on(tmp_path, capsys):

@@ -289,8 +289,9 @@ class ConvertPrecision(Pass):
         for (graph, chosen), graph_boundaries in zip(choices, boundaries):
             _convert_graph(graph, chosen, half, graph_boundaries, decider.half_values, model)
             removed += collapse_cast_pairs(graph)
-            if half == DType.FLOAT16 and "MatMul" in support.emulated:
-                # onnxruntime's CPU provider runs these MatMuls, and crashes on one form of them
+            if half == DType.FLOAT16:
+                # onnxruntime's CPU provider runs these MatMuls (on an NPU target, where they
+                # go back to the host or the provider stands in), and crashes on one form
                 moved += move_batch_swaps_after_half_matmuls(graph)
         for graph in model.graph.all_graphs():
             for value in list(graph.initializers.values()):
@@ -300,7 +301,7 @@ class ConvertPrecision(Pass):
             # A model of contrib ops alone imports no default domain, which its Casts need
             # (opset 13: the first with bfloat16 Casts).
             model.opset_imports[""] = 13
-        if half == DType.FLOAT16 and "MatMul" in support.emulated:
+        if half == DType.FLOAT16:
             result.count("transposes_moved", moved)
         chosen_count = sum(len(chosen) for _, chosen in choices)
         inserted = sum(b.casts_inserted for b in boundaries)
