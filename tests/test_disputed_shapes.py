@@ -334,6 +334,64 @@ def test_an_stft_without_onesided_is_sized_as_onnxruntime_sizes_it(tmp_path):
                                    else 1e-5, atol=1e-2 if precision == "fp16" else 1e-5)
 
 
+@pytest.mark.parametrize("level, pinned", [(0, False), (2, False), (2, True)])
+def test_torch_unbind_pieces_are_sized_as_onnxruntime_sizes_them(level, pinned):
+    # The TorchScript exporter writes torch.unbind(x, 0) as SplitToSequence(x, 1, keepdims=0):
+    # onnxruntime drops the axis from each piece ([17]), the spec ignores keepdims once a split
+    # is given ([1, 17]). graphopt took the spec's size: the pinned .om returned [1, 17], and a
+    # Shape of a piece folded to it.
+    proto = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,17] x) => (float[17] y, int64[1] s) <int64 one = {1}, int64 i = {1}> {
+          rows = SplitToSequence <axis = 0, keepdims = 0> (x, one)
+          y = SequenceAt(rows, i)
+          s = Shape(y)
+        }""")
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 17)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    assert expected["y"].shape == (17,) and expected["s"].tolist() == [17]
+    result = graphopt.optimize(proto, level=level,
+                               input_shapes={"x": [3, 17]} if pinned else None)
+    assert numerics.compare(expected, numerics.run(result.to_onnx(), feeds), 0, 0) == []
+
+
+def test_a_loop_over_torch_unbind_pieces_reads_onnxruntimes_size():
+    # A Loop body reshapes each piece by its own Shape: inference's [1, 17] folded that to
+    # [17, 17] where onnxruntime computes [17, 1], at open and at pinned shapes alike.
+    from onnx import numpy_helper
+
+    scalar = helper.make_tensor_value_info
+    body = helper.make_graph([
+        helper.make_node("SequenceAt", ["rows", "i"], ["r"]),
+        helper.make_node("Shape", ["r"], ["rs"]),
+        helper.make_node("Gather", ["rs", "zero"], ["d0"], axis=0),
+        helper.make_node("Unsqueeze", ["d0", "ax0"], ["d0v"]),
+        helper.make_node("Concat", ["d0v", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["r", "target"], ["column"]),
+        helper.make_node("Add", ["acc_in", "column"], ["acc_out"]),
+        helper.make_node("Identity", ["c"], ["c_out"])], "body",
+        [scalar("i", TensorProto.INT64, []), scalar("c", TensorProto.BOOL, []),
+         scalar("acc_in", TensorProto.FLOAT, ["p", "q"])],
+        [scalar("c_out", TensorProto.BOOL, []), scalar("acc_out", TensorProto.FLOAT, ["p", "q"])])
+    graph = helper.make_graph([
+        helper.make_node("SplitToSequence", ["x", "one"], ["rows"], axis=0, keepdims=0),
+        helper.make_node("SequenceLength", ["rows"], ["n"]),
+        helper.make_node("Loop", ["n", "", "acc0"], ["y"], body=body)], "unbind",
+        [scalar("x", TensorProto.FLOAT, ["b", 17])], [scalar("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+         (("one", 1), ("zero", 0), ("ax0", [0]), ("minus1", [-1]))]
+        + [numpy_helper.from_array(np.zeros((17, 1), np.float32), "acc0")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 17)).astype(np.float32)}
+    expected = numerics.run(proto, feeds)
+    assert expected["y"].shape == (17, 1)
+    for pins in (None, {"x": [3, 17]}):
+        result = graphopt.optimize(proto, input_shapes=pins)
+        got = numerics.run(result.to_onnx(), feeds)
+        np.testing.assert_allclose(got["y"], expected["y"], rtol=1e-6, atol=1e-6)
+
+
 def test_a_mel_matmul_after_an_stft_without_onesided_takes_pinned_shapes():
     # onnx-asr's NeMo front end: strict inference sized the open signal's STFT at 16 bins,
     # and the pinned compile was refused for the [9, 4] mel matrix after it ("incompatible

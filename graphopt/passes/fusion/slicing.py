@@ -154,6 +154,12 @@ def _piece(seq: Value, index: Value) -> tuple[Value, int, int, int, bool] | str:
     if sizes_value is not None and not sizes_value.is_constant:
         return "the split sizes are not constant"
     sizes = None if sizes_value is None else sizes_value.constant()
+    # onnxruntime honours keepdims=0 for a scalar split as well (torch.unbind's TorchScript
+    # export: a scalar 1), where the spec ignores it whenever a split is given; a scalar other
+    # than 1 then fails in onnxruntime, which cannot drop an axis longer than 1.
+    dropped = split.attr("keepdims", 1) == 0 and (sizes is None or sizes.ndim == 0)
+    if dropped and sizes is not None and int(sizes) != 1:
+        return f"keepdims=0 with a split of {int(sizes)}, which onnxruntime fails on"
     if sizes is not None and sizes.ndim == 1:
         sizes = [int(n) for n in sizes]
     elif not isinstance(dim, int):
@@ -170,8 +176,7 @@ def _piece(seq: Value, index: Value) -> tuple[Value, int, int, int, bool] | str:
         return f"position {position} is outside the {len(sizes)} pieces"
     position %= len(sizes)
     start = sum(sizes[:position])
-    squeeze = sizes_value is None and split.attr("keepdims", 1) == 0
-    return x, start, start + sizes[position], axis, squeeze
+    return x, start, start + sizes[position], axis, dropped
 
 
 class SequenceAtOfSplit(Rule):
