@@ -218,7 +218,7 @@ def _optimize(args) -> int:
         result.notes.append(f"{', '.join(unread)}: the weights file of the model -o replaced, "
                             f"which {args.output} no longer reads: delete it if no other model "
                             "does")
-    idle = _idle_device(result, compile_flags(args), notes_shown=not args.quiet)
+    idle = _idle_device(result, compile_flags(args))
     if idle:  # on stderr, and under -q too: the flag asked for a device the artifact never uses
         print(f"graphopt: warning: {idle}", file=sys.stderr)
     if not args.quiet:
@@ -291,11 +291,13 @@ def _compiled(args, target, pass_options):
                     input_fp16_nodes=args.input_fp16_nodes, output_type=args.output_type)
 
 
-def _idle_device(result, flags: list[str], notes_shown: bool = True) -> str | None:
+def _idle_device(result, flags: list[str]) -> str | None:
     """Why the artifact of a compile for an NPU target runs nothing on its NPU, or None: a
     note among many said it (122 nodes of a ResNet with an open batch), and exit 0 read as
-    a device compile. `flags`: compile_flags, which the partition command it suggests takes;
-    `notes_shown`: whether the compile's notes are printed (not under -q) to point to."""
+    a device compile. The reasons are counted in the line itself: the notes name some of
+    them only (an LSTM without a kernel, none). `flags`: compile_flags, which the partition
+    command it suggests takes."""
+    from graphopt.partition.report import reason_counts
     from graphopt.partition.target import as_given
 
     partitioning = result.partitioning
@@ -310,10 +312,9 @@ def _idle_device(result, flags: list[str], notes_shown: bool = True) -> str | No
     nodes = sum(p.node_count() for p in partitioning.partitions)
     source = shlex.quote(result.source_label) if result.source_label != "<model>" else "MODEL"
     again = shlex.join(["--target", as_given(target), *flags])
-    notes = "the compile's notes say why; " if notes_shown else ""
     return (f"--target {as_given(target)}: all {nodes} node(s) run on the host "
-            f"{target.host}, none on the {primary.name} ({notes}`graphopt partition {source} "
-            f"{again}` lists the reasons)")
+            f"{target.host}, none on the {primary.name} ({reason_counts(partitioning)}; "
+            f"`graphopt partition {source} {again}` lists each one)")
 
 
 def _files_read(args) -> dict[str, str | list[str] | None]:

@@ -131,6 +131,24 @@ def _names(names: list[str], shown: int = 2, width: int = 48) -> str:
 _SHAPE_FOLDS = frozenset({"FoldShapes", "FoldConstants"})
 
 
+def reason_counts(partitioning: Partitioning, shown: int = 3) -> str:
+    """The fallback reasons in a few words each, the commonest first, with how many nodes each
+    sent to the host: `3 returned by the cost model, 1 no npu kernel for LSTM`."""
+    kinds: Counter = Counter()
+    for node, reason in partitioning.fallbacks():
+        if reason.startswith("returned"):
+            kinds["returned by the cost model"] += 1
+        elif reason.startswith("dynamic shape"):
+            kinds["dynamic shape"] += 1
+        elif " kernel for " in reason:
+            kinds[reason.split(" inside ")[0]] += 1
+        else:  # a dtype, rank or attribute limit: the op's name says more than the value's
+            kinds[f"{node.qualified_op} beyond the kernel's limits"] += 1
+    parts = [f"{count} {kind}" for kind, count in kinds.most_common(shown)]
+    rest = sum(count for _, count in kinds.most_common()[shown:])
+    return ", ".join(parts) + (f", {rest} for other reasons" if rest else "")
+
+
 def returned_note(partitioning: Partitioning) -> str:
     """'' when the cost rule returned no island to the host, else how many nodes it returned,
     and that the primary device runs none of the model when so: the summary's other notes
