@@ -1177,6 +1177,24 @@ def test_a_key_split_at_a_batch_of_one_packs_as_at_larger_batches(monkeypatch):
     _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_one_head_packs_as_several_do(monkeypatch, batch):
+    # With one head, the split's Transpose(0,2,1,3) moves a dim of 1, and TransposeChain folds
+    # it into the Reshape: Q and V became Reshape(x3, [B,1,S,H]), which the packing check did
+    # not read, and a padding-masked (NaN-guarded) one-head attention stayed unfused.
+    monkeypatch.setattr(f"{__name__}.B", batch)
+    monkeypatch.setattr(f"{__name__}.N", 1)
+    monkeypatch.setattr(f"{__name__}.D", H)
+    proto = attention("div", "add", nan_guard=True, k_flattened=True)
+    optimized = graphopt.optimize(proto).to_onnx()
+    counts = _op_counts(optimized)
+    assert counts["com.microsoft::Attention"] == 1 and MHA not in counts, counts
+    feeds = numerics.random_feeds(proto, seed=7)
+    feeds["mask"] = np.where(np.arange(S) >= 4, MIN, 0).astype(np.float32) \
+        * np.ones((batch, 1, 1, 1), np.float32)
+    _assert_same_with_nans(numerics.run(proto, feeds), numerics.run(optimized, feeds))
+
+
 @pytest.mark.parametrize("mask, dropped", [("always_true", True), ("positions_from_0", True),
                                            ("positions_from_-1", False)])
 def test_a_mask_that_masks_nothing_is_dropped(mask, dropped):

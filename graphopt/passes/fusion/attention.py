@@ -275,6 +275,10 @@ def _own_merge(x4: Value, merge: tuple[int, ...], width: int, equal: Equalities)
         transposed = _transposed_split(x4, width, equal)
         if transposed is not None:
             return transposed
+    elif merge == MERGE_Q:
+        single = _single_head(x4, width, equal)
+        if single is not None:
+            return single
     split_perm = tuple(int(i) for i in np.argsort(merge))
     if split is not None and split.op_type == "Transpose" and split.is_onnx \
             and tuple(split.attr("perm") or ()) == split_perm:
@@ -321,6 +325,23 @@ def _transposed_split(kt: Value, width: int, equal: Equalities) -> Value | None:
     dims, own = value_dims(kt) or proven_dims(kt, equal), value_dims(x3)
     same = dims is not None and own is not None and equal.same(dims[0], own[0]) \
         and equal.same(dims[3], own[1])
+    return x3 if same else None
+
+
+def _single_head(x4: Value, width: int, equal: Equalities) -> Value | None:
+    """x3 [B,S,H] when x4 [B,1,S,H] = Reshape(x3): one head's split, whose Transpose(0,2,1,3)
+    moves a dim of 1 and which TransposeChain folds into its Reshape (a one-head attention
+    with a padding mask then stayed unfused)."""
+    reshape = x4.producer
+    if reshape is None or reshape.op_type != "Reshape" or not reshape.is_onnx:
+        return None
+    x3 = reshape.inputs[0]
+    if x3.shape is None or len(x3.shape) != 3 or x3.shape[2] != width or x4.shape is None \
+            or len(x4.shape) != 4 or x4.shape[1] != 1 or x4.shape[3] != width:
+        return None
+    dims, own = value_dims(x4) or proven_dims(x4, equal), value_dims(x3)
+    same = dims is not None and own is not None and equal.same(dims[0], own[0]) \
+        and equal.same(dims[2], own[1])
     return x3 if same else None
 
 
