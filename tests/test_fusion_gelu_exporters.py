@@ -59,6 +59,12 @@ FORMS = {
                              "inner = Add(x, pk)", "t = Mul(c, inner)", "th = Tanh(t)",
                              "a = Add(one, th)", "m = Mul(x, a)", "y = Mul(half, m)"], TANH,
         FAST, "p"),
+    # `0.044715 * x * x * x`: the constant first, ((k·x)·x)·x.
+    "tanh, k·x·x·x": _form(
+        "GeluTanh", ["kx = Mul(k, x)", "kxx = Mul(kx, x)", "pk = Mul(kxx, x)",
+                     "inner = Add(x, pk)", "t = Mul(c, inner)", "th = Tanh(t)",
+                     "a = Add(one, th)", "h = Mul(x, half)", "y = Mul(h, a)"], TANH,
+        FAST, "kxx"),
     "silu": _form("Silu", ["sg = Sigmoid(x)", "y = Mul(x, sg)"], {},
                   "com.microsoft::QuickGelu", "sg"),
 }

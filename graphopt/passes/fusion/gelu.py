@@ -91,10 +91,12 @@ class GeluErfHalfInside(_ToGelu):
 
 def _tanh_inner(op, x):
     """1 + tanh(√(2/π) · (x + 0.044715 · x³)), x³ as Pow(x, 3) or x·(x·x) (`x * x * x`, either
-    association, through the commuted Mul); or with the argument factored as BLOOM writes it,
+    association, through the commuted Mul), or the term as ((0.044715 · x) · x) · x
+    (`0.044715 * x * x * x`); or with the argument factored as BLOOM writes it,
     (x · √(2/π)) · (1 + 0.044715·x·x): the same polynomial, c·x + c·k·x³."""
     cube = OneOf(op.Pow(x, EXACT_3), op.Mul(x, op.Mul(x, x)))
-    polynomial = op.Mul(op.Add(x, op.Mul(cube, 0.044715)), SQRT_2_OVER_PI)
+    term = OneOf(op.Mul(cube, 0.044715), op.Mul(op.Mul(op.Mul(x, 0.044715), x), x))
+    polynomial = op.Mul(op.Add(x, term), SQRT_2_OVER_PI)
     square = OneOf(op.Mul(op.Mul(x, 0.044715), x), op.Mul(op.Mul(x, x), 0.044715))
     factored = op.Mul(op.Mul(x, SQRT_2_OVER_PI), op.Add(square, 1.0))
     return op.Add(op.Tanh(OneOf(polynomial, factored)), 1.0)
