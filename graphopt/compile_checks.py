@@ -223,5 +223,5 @@ def onnxruntime_refusal(model: Model, weightless: bool = True) -> str | None:
     their type and shape, so the check copies no weight and costs milliseconds (a kernel that
     needs a constant weight, MatMulNBits', then refuses what it would load)."""
     data = numerics.serialized(to_onnx(model, weights_as_inputs_above=1024 if weightless
-                                       else None, value_infos=False))
+                                       else None))
     return numerics.load_refusal(data) if data is not None else None

@@ -21,7 +21,7 @@ import zipfile
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model, run_cli
+from helpers import IR_VERSION, parse_model, run_cli
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
@@ -1028,6 +1028,27 @@ def test_a_compile_onnxruntime_cannot_load_where_it_loads_the_original_is_refuse
                                             r" dimensions\. If the original runs, this is a "
                                             r"graphopt bug"):
         graphopt.optimize(model)
+
+
+def test_the_load_check_sees_the_value_types_the_output_is_written_with():
+    # The types the compile found are written with the model, and onnxruntime checks a model-
+    # local function's body against them: an -O3 elementwise group over a Reshape whose shape
+    # input only graphopt's inference sizes loaded in the check without them, and the .om it
+    # wrote did not load. Here r's type [N, 2, 2] is such a type, which a Mul by [3] refuses.
+    from graphopt.compile_checks import onnxruntime_refusal
+    from graphopt.ir import load_onnx
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "t"], ["r"]), helper.make_node("Mul", ["r", "c"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+              helper.make_tensor_value_info("t", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones(3, np.float32), "c")],
+        value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, ["N", 2, 2])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    assert "Incompatible dimensions" in numerics.load_refusal(proto.SerializeToString())
+    assert "Incompatible dimensions" in onnxruntime_refusal(load_onnx(proto))
 
 
 def test_a_model_onnxruntime_loads_only_with_its_optimizer_off_is_blamed_not_the_compile():
