@@ -629,6 +629,20 @@ def test_plot_names_every_curve_in_its_own_style_and_ends_short_of_the_frame():
     assert last_x < frame_right - 50
 
 
+@pytest.mark.parametrize("trials, ticks", [(1, ["1"]), (6, ["1", "2", "3", "4", "5", "6"]),
+                                           (10, ["2", "4", "6", "8", "10"]),
+                                           (50, ["1", "10", "20", "30", "40", "50"])])
+def test_the_trial_ticks_are_evenly_spaced(trials, ticks):
+    import xml.etree.ElementTree as ET
+
+    from graphopt.tuner.history_plot import histories_svg
+
+    # Ten trials were ticked 1, 4, 6, 8, 10.
+    root = ET.fromstring(histories_svg([("k", [2.0] * trials, 2.0)]))
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert [t for t in texts if t.isdigit()] == ticks
+
+
 def test_the_legend_names_thirty_series_and_widens_the_picture_for_a_long_name():
     import xml.etree.ElementTree as ET
 

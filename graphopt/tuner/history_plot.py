@@ -80,8 +80,12 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
         v = 1.0 - k * y_step
         fig.lines.append((left, y(v), right, y(v), _GRID, False))
         fig.texts.append((left - 4, y(v) - 4, f"{v:.2f}", _BLACK, "end"))
-    # Trial 1, then every x_step; a tick too close to 1 would crowd its label.
-    for trial in [1] + [t for t in range(x_step, n + 1, x_step) if t - 1 >= x_step / 2 + 0.5]:
+    # Every x_step trials, evenly; at a step of 5 or more trial 1 too, but not a tick so close
+    # to it that the labels crowd (at a step of 2, 1 then 4, 6, 8 read as uneven).
+    ticks = list(range(x_step, n + 1, x_step))
+    if x_step >= 5 or not ticks:
+        ticks = [1] + [t for t in ticks if t - 1 >= x_step / 2 + 0.5]
+    for trial in ticks:
         fig.lines.append((x(trial - 1), bottom, x(trial - 1), bottom + 3, _BLACK, False))
         fig.texts.append((x(trial - 1), bottom + 6, str(trial), _BLACK, "middle"))
     fig.lines += [(left, top, right, top, _GREY, True),          # the default: 1.0
