@@ -105,9 +105,6 @@ def _location(label: str) -> str:
     """The absolute path of `label`, its folder's symbolic links resolved before its `..`: in
     `linkdir/../m.om` the `..` leaves where linkdir points, as the kernel reads it, not where
     os.path.abspath's text rule puts it. The file's own name stays (a link to an .om is found
-    by its name). Without a `..` the text rule and the kernel agree, and realpath's walk, a
-    system call per folder on the way, is left out of the start-up."""
+    by its name)."""
     folder, name = os.path.split(label)
-    if ".." not in folder.replace(os.altsep or os.sep, os.sep).split(os.sep):
-        return os.path.join(os.path.abspath(folder), name)
     return os.path.join(os.path.realpath(folder or os.curdir), name)
