@@ -82,8 +82,8 @@ def _dim_value(key: str, text) -> int:
     except (TypeError, ValueError):
         raise OptionError(f"{option('dynamic_dims')}: dim '{key}': '{text}' is not an "
                           "integer") from None
-    if value < 1:
-        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': sizes must be ≥ 1, "
+    if value < 0:  # 0 is a size: a KV cache's past length at a decoder's first step
+        raise OptionError(f"{option('dynamic_dims')}: dim '{key}': sizes must be ≥ 0, "
                           f"got {value}")
     if value > 2 ** 63 - 1:
         raise OptionError(f"{option('dynamic_dims')}: dim '{key}': sizes must be at most 2**63 - 1 "

@@ -82,7 +82,7 @@ def test_parse_grid_and_listed_forms():
     ("", "no dims given"),
     ("batch", "is not DIM:V1,V2"),
     ("batch:1,x", "'x' is not an integer"),
-    ("batch:0,2", "sizes must be ≥ 1"),
+    ("batch:-1,2", "sizes must be ≥ 0"),
     ("batch:1;batch:2", "dim 'batch' is given twice"),
     ("batch:1;seq=2", "is not DIM:V1,V2"),
 ])
@@ -374,6 +374,27 @@ def test_a_profile_that_leaves_a_dim_dynamic_matches_any_size_there(tmp_path):
         assert_matches(model, session, feeds_for(batch, seq))
     with pytest.raises(GraphoptError, match="fit none"):
         session.run(feeds_for(2, 5))
+
+
+def test_a_profile_of_an_empty_kv_cache_runs_the_first_decoder_step(tmp_path):
+    # A decoder's past keys are [B, P, D], and P is 0 at its first step: a size --input-shape
+    # takes, which --dynamic-dims refused.
+    model = parse_model("""
+        g (float[1, P, 8] past, float[1, 1, 8] x) => (float[1, T, 8] present, float[1, 1, 8] y) {
+            present = Concat <axis = 1> (past, x)
+            scores = MatMul (x, w)
+            y = Add (scores, x)
+        }""", w=np.eye(8, dtype=np.float32))
+    path = tmp_path / "step.om"
+    graphopt.save(graphopt.optimize(model, dynamic_dims="P:0,8", verify=True), path)
+    rng = np.random.default_rng(0)
+    with graphopt.load(path) as session:
+        for past in (0, 8):
+            feeds = {"past": rng.standard_normal((1, past, 8)).astype(np.float32),
+                     "x": rng.standard_normal((1, 1, 8)).astype(np.float32)}
+            got = session.run(feeds)
+            assert got["present"].shape == (1, past + 1, 8)
+            np.testing.assert_allclose(got["present"], numerics.run(model, feeds)["present"])
 
 
 def test_one_profile_is_counted_as_one(tmp_path):
