@@ -529,13 +529,18 @@ def _verify(result: OptimizeResult, reference: ModelProto, inputs, options: Opti
                                               allow_rounding=rtol is None and atol is None)
         result.verify_note = "; ".join(filter(None, [result.verify_note, *rounding]))
     except VerificationError as exc:
-        winograd = log.totals().get("WinogradConv", {}).get("rewrites", {})
-        if not sum(winograd.values()):
-            raise
-        # -O3's Winograd convs are exact to a layer's scale, not to each element's.
-        from graphopt.passes.winograd import tolerance_hint
+        # -O3's Winograd convs and lowered STFTs are exact to a layer's scale, not to each
+        # element's.
+        from graphopt.passes.fusion.stft import tolerance_hint as stft_hint
+        from graphopt.passes.winograd import tolerance_hint as winograd_hint
 
-        raise VerificationError(f"{exc} ({tolerance_hint(sum(winograd.values()))})") from None
+        totals = log.totals()
+        hints = [hint(count) for name, hint in (("WinogradConv", winograd_hint),
+                                                ("LowerSTFT", stft_hint))
+                 if (count := sum(totals.get(name, {}).get("rewrites", {}).values()))]
+        if not hints:
+            raise
+        raise VerificationError(f"{exc} ({'; '.join(hints)})") from None
 
 
 def _partition(result: OptimizeResult, target, options: Options, memory_reorder: bool) -> None:

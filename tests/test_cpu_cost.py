@@ -70,6 +70,17 @@ def test_elementwise_work_counts_one_op_per_output_element():
     assert node_work(node) == (6, 4 * (6 + 3 + 6))
 
 
+@pytest.mark.parametrize("frame, flops", [(400, 2 * (1 * 36 * 201 * 2) * 400),
+                                          (512, 5 * 1 * 35 * 512 * 9)])
+def test_stft_work_is_a_plain_dft_or_an_fft(frame, flops):
+    # onnxruntime sums a frame length other than a power of two as a plain DFT: priced as one
+    # op an output element, a keyword spotter's STFT was estimated at 9 µs of its 2.5 ms.
+    node = _node(HEADER + f"g (float[1,6000,1] x) => (float[1,?,?,2] y) <int64 step = {{160}}, "
+                 f"float[{frame}] w = {{{', '.join(['1.0'] * frame)}}}> "
+                 "{ y = STFT <onesided = 1> (x, step, w) }")
+    assert node_work(node)[0] == flops
+
+
 def test_reshape_is_free():
     node = _node(HEADER + "g (float[2,6] x, int64[2] s) => (float[3,4] y) { y = Reshape(x, s) }")
     assert op_class(node) == "view"

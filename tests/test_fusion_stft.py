@@ -1,0 +1,123 @@
+"""LowerSTFT: a one-sided STFT with constant step and window becomes a strided Conv with the
+windowed DFT basis at -O3; refusals say why; the result is checked against the exact transform
+(numpy's float64 FFT) and against onnxruntime at ORT_DISABLE_ALL.
+
+Tolerance: against the exact transform, 2e-6 of the largest bin (the conv's float32 sums over
+N ≤ 640 samples; seen ≤ 6.3e-7). Against onnxruntime, 1e-4 of it: onnxruntime's own DFT for a
+frame length that is not a power of two misses by up to 4.3e-5 (bench/stft.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import IR_VERSION
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt import numerics
+from graphopt.errors import VerificationError
+
+RNG = np.random.default_rng(4)
+
+
+def stft_model(length=800, frame=100, step=40, window="hann", rank=3, onesided=1,
+               batch=2) -> onnx.ModelProto:
+    """x [batch, length, 1] (or [batch, length]) → STFT → y [batch, frames, bins, 2]."""
+    shape = [batch, length, 1] if rank == 3 else [batch, length]
+    inputs = ["x", "step", "", ""]
+    weights = [numpy_helper.from_array(np.array(step, np.int64), "step")]
+    if window == "hann":
+        weights.append(numpy_helper.from_array(np.hanning(frame).astype(np.float32), "window"))
+        inputs[2] = "window"
+    else:  # a rectangular frame: the frame length alone
+        weights.append(numpy_helper.from_array(np.array(frame, np.int64), "frame"))
+        inputs[3] = "frame"
+    node = helper.make_node("STFT", [i for i in inputs], ["y"], onesided=onesided)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+def exact(x: np.ndarray, frame: int, step: int, window: str) -> np.ndarray:
+    taps = np.hanning(frame).astype(np.float32).astype(np.float64) if window == "hann" \
+        else np.ones(frame)
+    samples = x.reshape(x.shape[0], -1).astype(np.float64)
+    count = (samples.shape[1] - frame) // step + 1
+    frames = np.stack([samples[:, i * step:i * step + frame] * taps for i in range(count)], 1)
+    bins = np.fft.rfft(frames, axis=-1)
+    return np.stack([bins.real, bins.imag], -1)
+
+
+@pytest.mark.parametrize("frame, step, window, rank", [
+    (100, 40, "hann", 3), (400, 160, "hann", 3), (64, 32, "hann", 2), (128, 50, "frame", 3),
+    (512, 160, "hann", 2)])
+def test_stft_becomes_a_conv_with_the_dft_basis(frame, step, window, rank):
+    length = 4 * frame + 3
+    proto = stft_model(length, frame, step, window, rank)
+    result = graphopt.optimize(proto, level=3)
+    ops = [n.op_type for n in result.model.graph]
+    assert ops == ["Reshape", "Conv", "Reshape", "Transpose"], ops
+    (conv,) = [n for n in result.model.graph if n.op_type == "Conv"]
+    assert conv.attr("strides") == [step] and conv.inputs[1].shape == (2 * (frame // 2 + 1), 1,
+                                                                     frame)
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    x = RNG.standard_normal((2, length, 1) if rank == 3 else (2, length)).astype(np.float32)
+    got = numerics.run(out, {"x": x})["y"]
+    truth = exact(x, frame, step, window)
+    scale = np.abs(truth).max()
+    assert got.shape == truth.shape
+    assert np.abs(got - truth).max() <= 2e-6 * scale
+    expected = numerics.run(proto, {"x": x})["y"]
+    assert np.abs(got - expected).max() <= 1e-4 * scale
+
+
+def test_only_minus_o3_lowers_it():
+    # The conv is closer to the exact transform than onnxruntime's plain DFT, which misses by
+    # up to 4e-5 of the largest bin: more than -O2's outputs may move.
+    proto = stft_model()
+    assert [n.op_type for n in graphopt.optimize(proto).model.graph] == ["STFT"]
+    assert "STFT" not in [n.op_type for n in graphopt.optimize(proto, level=3).model.graph]
+
+
+@pytest.mark.parametrize("edit, reason", [
+    ({"onesided": 0}, "a two-sided spectrum"),
+    ({"frame": 1024, "step": 256, "length": 4096}, "onnxruntime's FFT transforms faster"),
+])
+def test_refusals_say_why(edit, reason):
+    proto = stft_model(**edit)
+    result = graphopt.optimize(proto, level=3, trace_rules=["STFTAsConv"])
+    assert [n.op_type for n in result.model.graph] == ["STFT"]
+    assert any(reason in line for line in result.traces), result.traces
+
+
+def test_a_window_computed_at_run_time_is_refused():
+    proto = stft_model()
+    proto.graph.initializer.pop(1)  # the window becomes an input
+    proto.graph.input.append(helper.make_tensor_value_info("window", TensorProto.FLOAT, [100]))
+    result = graphopt.optimize(proto, level=3, trace_rules=["STFTAsConv"])
+    assert [n.op_type for n in result.model.graph] == ["STFT"]
+    assert any("the window %window is not a constant vector" in line for line in result.traces)
+
+
+def test_a_precision_compile_keeps_the_stft():
+    # Mixed precision keeps STFT float32; its lowered Conv would not be.
+    result = graphopt.optimize(stft_model(), level=3, precision="mixed-fp16")
+    assert "STFT" in [n.op_type for n in result.model.graph]
+
+
+def test_a_verify_that_fails_on_onnxruntimes_dft_error_says_so():
+    # onnxruntime's plain DFT of a 400-sample frame misses the exact transform by ~3e-5 of
+    # the largest bin, beyond --verify's default tolerance on the bins near zero.
+    proto = stft_model(16000, 400, 160, batch=1)
+    feeds = {"x": RNG.standard_normal((1, 16000, 1)).astype(np.float32)}
+    with pytest.raises(VerificationError,
+                       match=r"level=3 lowered 1 STFT\(s\) to a Conv, which is closer to the "
+                             r"exact transform than onnxruntime's plain DFT"):
+        graphopt.optimize(proto, level=3, verify=True, inputs=feeds)
+    scale = float(np.abs(numerics.run(proto, feeds)["y"]).max())
+    graphopt.optimize(proto, level=3, verify=True, inputs=feeds, atol=1e-4 * scale)
