@@ -74,25 +74,7 @@ class STFTAsConv(OnTheCpu):
                        onesided=Attr("onesided", 1))
 
     def check(self, x, step, onesided, window=None, length=None, **_):
-        # onnxruntime also takes a real signal without its last dim, as torch.stft exports it.
-        if x.shape is None or not (len(x.shape) == 3 and x.shape[2] == 1 or len(x.shape) == 2):
-            return "the signal is not known to be real, [batch, length, 1] or [batch, length]"
-        if onesided != 1:
-            return "a two-sided spectrum (onesided=0)"
-        if _scalar(step) is None or _scalar(step) < 1:
-            return "the frame step is not a positive constant"
-        taps = _window(window, length)
-        if isinstance(taps, str):
-            return taps
-        size = taps.size
-        if size < 2:
-            return f"a frame of {size} sample(s)"
-        if size & (size - 1) == 0 and size > FFT_FRAME_LIMIT:
-            return f"a frame of {size} samples, a power of two past {FFT_FRAME_LIMIT}, which " \
-                   "onnxruntime's FFT transforms faster than the conv"
-        if isinstance(x.shape[1], int) and x.shape[1] < size:
-            return f"a signal of {x.shape[1]} samples, shorter than a frame"
-        return None
+        return _refusal(x, step, onesided, window, length)
 
     def rewrite(self, op, x, step, window=None, length=None, **_):
         basis = dft_basis(_window(window, length))
@@ -102,6 +84,46 @@ class STFTAsConv(OnTheCpu):
         split = op.Reshape(parts, op.const(np.array([0, 2, bins, -1], np.int64),
                                            "stft_parts_shape"))
         return op.Transpose(split, perm=[0, 3, 2, 1])
+
+
+def _refusal(x: Value, step: Value, onesided, window: Value | None,
+             length: Value | None) -> str | None:
+    """Why STFTAsConv keeps an STFT (None: it lowers it)."""
+    # onnxruntime also takes a real signal without its last dim, as torch.stft exports it.
+    if x.shape is None or not (len(x.shape) == 3 and x.shape[2] == 1 or len(x.shape) == 2):
+        return "the signal is not known to be real, [batch, length, 1] or [batch, length]"
+    if onesided != 1:
+        return "a two-sided spectrum (onesided=0)"
+    if _scalar(step) is None or _scalar(step) < 1:
+        return "the frame step is not a positive constant"
+    taps = _window(window, length)
+    if isinstance(taps, str):
+        return taps
+    size = taps.size
+    if size < 2:
+        return f"a frame of {size} sample(s)"
+    if size & (size - 1) == 0 and size > FFT_FRAME_LIMIT:
+        return f"a frame of {size} samples, a power of two past {FFT_FRAME_LIMIT}, which " \
+               "onnxruntime's FFT transforms faster than the conv"
+    if isinstance(x.shape[1], int) and x.shape[1] < size:
+        return f"a signal of {x.shape[1]} samples, shorter than a frame"
+    return None
+
+
+def plain_dft_frames(model) -> list[int]:
+    """The frame lengths of the STFTs that onnxruntime runs as a plain DFT (no power of two)
+    and that -O3 lowers: for the note an -O2 compile gives."""
+    found = []
+    for node in model.graph.all_nodes():
+        if node.op_type != "STFT" or not node.is_onnx or node.outputs[0].dtype != DType.FLOAT:
+            continue
+        window, length = node.input(2), node.input(3)
+        if _refusal(node.inputs[0], node.inputs[1], node.attr("onesided", 1), window, length):
+            continue
+        size = _window(window, length).size
+        if size & (size - 1):
+            found.append(size)
+    return found
 
 
 def tolerance_hint(rewrites: int) -> str:
