@@ -500,6 +500,10 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
             ctx.notes.append(note)
 
 
+# -O is optimize's one short flag, which FLAGS (long flags only) leaves out.
+_LEVEL_FLAG = {"level": "-O"}
+
+
 def _level_3_hint(model: Model, options: Options, ctx: PassContext, target) -> None:
     """A note where -O3 would lower STFTs that onnxruntime's CPU provider runs as a plain
     DFT (~9x slower than the Conv -O3 makes of them), which -O2 keeps for their last bits."""
@@ -511,7 +515,8 @@ def _level_3_hint(model: Model, options: Options, ctx: PassContext, target) -> N
     frames = plain_dft_frames(model)
     if frames:
         ctx.note(f"{len(frames)} STFT(s) of {frames[0]}-sample frames, which onnxruntime's "
-                 f"CPU provider runs as a plain DFT: {setting('level', 3)} makes each a Conv, "
+                 f"CPU provider runs as a plain DFT: {setting('level', 3, _LEVEL_FLAG)} "
+                 "makes each a Conv, "
                  "several times faster, whose spectrum differs from onnxruntime's by its DFT's "
                  "error (up to ~4e-5 of the largest bin; see LowerSTFT)")
 

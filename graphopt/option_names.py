@@ -35,7 +35,6 @@ FLAGS = {
     "int4_group_size": "--int4-group-size",
     "int4_method": "--int4-method",
     "keep_dtype": "--keep-dtype",
-    "level": "-O",
     "out_nodes": "--out-nodes",
     "output_type": "--output-type",
     "per_channel": "--per-channel",
