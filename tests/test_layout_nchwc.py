@@ -392,6 +392,19 @@ CASES = {
          "Tanh kept blocked": 1, "HardSigmoid kept blocked": 1, "Add kept blocked": 1,
          "Sum kept blocked": 1, "ReorderOutput": 1},
         k1=w(16, 16, 1, 1), k2=w(16, 16, 1, 1, seed=1)),
+    "GELUs stay blocked": case(  # ConvNeXt's, FastViT's and TinyViT's, between convs
+        "g (float[1,16,8,8] x, float[20,16,1,1] k1, float[20,20,1,1] k2, float[20,20,1,1] k3)"
+        " => (float y) { a = Conv(x, k1)\n g = com.microsoft.Gelu(a)\n b = Conv(g, k2)\n"
+        " q = com.microsoft.QuickGelu<alpha=1.702>(b)\n y = Conv(q, k3) }",
+        [IN, "nchwc.Conv", "Gelu", "nchwc.Conv", "QuickGelu", "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 3, "Gelu kept blocked": 1, "QuickGelu kept blocked": 1,
+         "ReorderOutput": 1},
+        k1=w(20, 16, 1, 1), k2=w(20, 20, 1, 1), k3=w(20, 20, 1, 1, seed=1)),
+    "an NHWC input transposed to NCHW": case(  # ConvNeXt's LayerNorm2d, before each conv
+        "g (float[1,8,8,16] x, float[16,16,3,3] k) => (float y) {"
+        " t = Transpose<perm=[0,3,1,2]>(x)\n y = Conv<pads=[1,1,1,1]>(t, k) }",
+        ["Transpose", IN, "nchwc.Conv", OUT],
+        {"ReorderInput": 1, "Conv": 1, "ReorderOutput": 1}, k=w(16, 16, 3, 3)),
     "Sum goes to the activation-free conv": case(
         f"g ({X16}, float[16,16,1,1] k1, float[16,16,1,1] k2) => (float y) {{"
         " a = Conv(x, k1)\n r = Relu(a)\n b = Conv(x, k2)\n y = Add(r, b) }",
@@ -860,6 +873,22 @@ def test_keeps_elementwise_ops_with_constants_in_the_layout(tmp_path, name):
     model, stats, _ = rewrite(proto)
     assert ops(model) == BEYOND[name].ops
     assert stats == BEYOND[name].stats
+    check(proto, model, tmp_path, like_ort=False)
+
+
+@needs_nchwc
+@pytest.mark.parametrize("gelu, opset", [("Gelu", 20), ("com.microsoft.FastGelu", 17)])
+def test_gelu_of_onnx_and_fast_gelu_stay_blocked(tmp_path, gelu, opset):
+    # The dynamo exporter writes ONNX's Gelu (opset 20); FuseGelu makes FastGelu of the tanh
+    # form. Both are elementwise and 0 at 0, as the contrib Gelu onnxruntime keeps blocked.
+    proto = parse_model(
+        "g (float[1,16,8,8] x, float[20,16,1,1] k1, float[20,20,1,1] k2) => (float y) {"
+        f" a = Conv(x, k1)\n g = {gelu}(a)\n y = Conv(g, k2) }}",
+        f'<ir_version: 9, opset_import: ["" : {opset}, "com.microsoft" : 1]>\n',
+        k1=w(20, 16, 1, 1), k2=w(20, 20, 1, 1))
+    model, stats, _ = rewrite(proto)
+    assert ops(model) == [IN, "nchwc.Conv", gelu.split(".")[-1], "nchwc.Conv", OUT]
+    assert stats[f"{gelu.split('.')[-1]} kept blocked"] == 1
     check(proto, model, tmp_path, like_ort=False)
 
 

@@ -103,8 +103,14 @@ class Rewriter:
         if id(x) not in self.reordered:
             value = Value(self.graph.fresh_name(f"{x.name}_nchwc"), DType.FLOAT,
                           _with_channels(x.shape, padded(channels, self.block)))
+            # An NHWC tensor transposed to NCHW is reordered from NHWC itself, as onnxruntime
+            # does: ConvNeXt's LayerNorm2d left a Transpose before each conv.
+            flip = x.producer
+            source, attrs = (flip.inputs[0], {"channels_last": 1}) \
+                if flip is not None and flip.op_type == "Transpose" and flip.is_onnx \
+                and list(flip.attr("perm") or ()) == [0, 3, 1, 2] else (x, {})
             self.graph.insert_before(node, Node(
-                "ReorderInput", [x], {}, domain=NCHWC, outputs=[value],
+                "ReorderInput", [source], attrs, domain=NCHWC, outputs=[value],
                 name=self.graph.fresh_node_name(f"{x.name}/ReorderInput")))
             self.reordered[id(x)] = value
             self.result.count("ReorderInput")

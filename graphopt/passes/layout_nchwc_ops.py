@@ -22,7 +22,9 @@ blocked replacement with `rw.add`, or folds the node into a blocked conv with `r
   Add, Mul          of a blocked input and a constant per channel ([C,1,1] or [1,C,1,1]): a 1×1
                     depthwise nchwc Conv, weights (Mul) or bias (Add) the constant (graphopt's).
   Relu, Sigmoid, Tanh, HardSigmoid   kept as they are on a blocked input; so are HardSwish and
-                    LeakyRelu (graphopt's).
+                    LeakyRelu (graphopt's), and GELU as ONNX's Gelu or onnxruntime's Gelu,
+                    FastGelu (without its bias) and QuickGelu: elementwise, 0 at 0 (ConvNeXt,
+                    FastViT and TinyViT had paid a reorder pair around each).
   Concat            axis 1, every input blocked with C a multiple of B.
   MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool   4-D, C a multiple of B, no indices;
                     no AveragePool with both ceil_mode and count_include_pad.
@@ -70,6 +72,9 @@ LINEAR_COORDINATES = ("half_pixel", "align_corners", "asymmetric")
 KEPT_UNARY = ("Relu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu")
 FUSED_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip", "HardSwish")
 ZERO_AT_ZERO = ("Relu", "Tanh", "LeakyRelu", "HardSwish")  # f(0) = 0: padded 0s stay 0
+# GELU in its spellings: elementwise whatever the layout, and 0 at 0. (onnxruntime's BiasGelu
+# and FastGelu's bias add along the last axis, which blocking moves: not these.)
+KEPT_GELUS = (("", "Gelu"), (MS, "Gelu"), (MS, "FastGelu"), (MS, "QuickGelu"))
 ACTIVATION_DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
 
 
@@ -163,6 +168,16 @@ def activation(rw: Rewriter, node: Node) -> None:
         rw.add(node, node.op_type, [source.value], dict(node.attrs), source.channels,
                domain=node.domain, zero_pads=source.zero_pads and node.op_type in ZERO_AT_ZERO)
         rw.result.count(f"{node.op_type} kept blocked")
+
+
+def gelu(rw: Rewriter, node: Node) -> None:
+    """A GELU of KEPT_GELUS on a blocked input: kept as it is, the padded 0s staying 0."""
+    source = rw.blocked.get(id(node.input(0)))
+    if source is None or len([v for v in node.inputs if v is not None]) != 1:
+        return
+    rw.add(node, node.op_type, [source.value], dict(node.attrs), source.channels,
+           domain=node.domain, zero_pads=source.zero_pads)
+    rw.result.count(f"{node.op_type} kept blocked")
 
 
 def fusable_activation(node: Node, source: Blocked) -> list[float] | None:
@@ -601,4 +616,5 @@ HANDLERS = {
     ("", "Transpose"): transpose, ("", "Pad"): channel_pad,
     ("", "Resize"): resize, ("", "Upsample"): resize,
     ("", "ReduceMean"): spatial_mean,
+    **{key: gelu for key in KEPT_GELUS},
 }
