@@ -121,6 +121,49 @@ def test_conv_bn_folds_into_weight_and_bias(bias, cin, cout, group):
     assert conv.attr("group") == group and conv.attr("pads") == [1, 1, 1, 1]
 
 
+MIXED = """
+g (float[2, 6, 6, 6] x, float[2, 1, 3, 3] w3, float[2] b3, float[4, 1, 5, 5] w5,
+   float[6] scale, float[6] shift, float[6] mean, float[6] var) => (float[2, 6, 6, 6] y) {{
+    a = Slice(x, s0, s2, one)
+    c = Slice(x, s2, s6, one)
+    p = Conv(a, w3, b3) <group = 2, pads = [1, 1, 1, 1]>
+    q = Conv(c, w5) <group = 4, pads = [2, 2, 2, 2]>
+    j = Concat(p, q) <axis = {axis}>
+    y = BatchNormalization(j, scale, shift, mean, var) <epsilon = 0.001>{extra}
+}}"""
+
+
+def _mixed_arrays(**overrides) -> dict[str, np.ndarray]:
+    arrays = {"w3": _f32(2, 1, 3, 3, seed=5), "b3": _f32(2, seed=6),
+              "w5": _f32(4, 1, 5, 5, seed=7), **_bn(6),
+              **{name: np.array([v], np.int64) for name, v in
+                 (("s0", 0), ("s2", 2), ("s6", 6), ("one", 1))}}
+    arrays.update(overrides)
+    return {name: array for name, array in arrays.items() if array is not None}
+
+
+def _mixed(axis=1):
+    # MixNet's mixed depthwise conv: kernels of two sizes over two slices of the channels.
+    return _model(MIXED.format(axis=axis, extra=""), **_mixed_arrays())
+
+
+def test_a_batchnorm_after_a_concat_of_convs_splits_into_them():
+    model = _fires(_mixed(), "ConcatBatchNorm", ["Slice", "Slice", "Conv", "Conv", "Concat"])
+    first, second = (n for n in model.graph if n.op_type == "Conv")
+    assert all(v.is_constant for conv in (first, second) for v in conv.inputs[1:])
+    assert len(second.inputs) == 3  # the shift gave the bias-free conv a bias
+    assert _fires(_mixed(axis=-3), "ConcatBatchNorm", _ops(model))
+
+
+def test_a_batchnorm_after_a_concat_refuses_what_it_cannot_split():
+    # A conv read elsewhere too would run twice; statistics given at run time cannot fold.
+    read_twice = MIXED.replace("float[2, 6, 6, 6] y)", "float[2, 6, 6, 6] y, float[2, 2, 6, 6] z)")
+    _refuses(_model(read_twice.format(axis=1, extra="\n    z = Relu(p)"), **_mixed_arrays()),
+             "ConcatBatchNorm", "is read by more than the Concat")
+    _refuses(_model(MIXED.format(axis=1, extra=""), **_mixed_arrays(scale=None)),
+             "ConcatBatchNorm", "BatchNormalization scale %scale is not a constant")
+
+
 def test_conv_bn_structure_and_originals_untouched():
     proto = _conv_bn()
     model = load_onnx(proto)

@@ -12,6 +12,9 @@ Mul c is s = c, t = 0 (c along axis 1 only). Folds are computed in float64, cast
 weight's dtype and stored as new initializers: the originals may be shared, and are never
 modified.
 
+A BatchNormalization after a Concat along the channels of Convs that only the Concat reads
+splits by channel range: each Conv takes its share of s and t.
+
     x ─ Pad(constant 0, spatial axes) ─ Conv / AveragePool(count_include_pad=1)  →  pads += Pad's
     (never into MaxPool: it pads with −∞, not 0)
 """
@@ -20,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphopt.ir.pattern import Attr, Optional, Var
+from graphopt.ir.pattern import Attr, Match, Miss, Optional, Var
 from graphopt.passes.base import register
-from graphopt.passes.rules import Rule, RulePass
+from graphopt.passes.rules import HandMatchedRule, Rule, RulePass
 
 
 def _f64(value) -> np.ndarray:
@@ -126,6 +129,74 @@ class ConvBatchNorm(_BatchNormAfter):
 
     def pattern(self, op, x, w):
         return _bn(op, op.Conv(x, w, Optional(Var("b")), _name="node"))
+
+
+class ConcatBatchNorm(HandMatchedRule):
+    """Concat along the channels of Convs only it reads → BatchNormalization: each Conv takes
+    its channels' share of the fold, and the Concat joins the folded Convs. MixNet's mixed
+    depthwise convs (kernels of several sizes over slices of the channels) end so: timm's
+    mixnet_s had kept all 34 of its BatchNorms."""
+
+    root_op = "BatchNormalization"
+
+    def match(self, node):
+        joined = node.inputs[0].producer if node.inputs and node.inputs[0] is not None else None
+        if joined is None or joined.op_type != "Concat" or not joined.is_onnx:
+            return Miss(node, 0, "the input is not the output of a Concat")
+        convs = [v.producer if v is not None else None for v in joined.inputs]
+        for index, (value, conv) in enumerate(zip(joined.inputs, convs)):
+            if conv is None or conv.op_type != "Conv" or not conv.is_onnx:
+                return Miss(node, 1, f"Concat input {index} is not the output of a Conv")
+            if len(value.uses) != 1 or value.is_graph_output:
+                return Miss(node, 1, f"Conv '{conv.name}' is read by more than the Concat")
+        if len(set(map(id, convs))) != len(convs):
+            return Miss(node, 1, "the Concat reads one Conv twice")
+        bindings = {"joined": joined, "convs": convs, "scale": node.input(1),
+                    "shift": node.input(2), "mean": node.input(3), "var": node.input(4),
+                    "eps": node.attr("epsilon", 1e-5), "training": node.attr("training_mode", 0)}
+        return Match(node, bindings, [node, joined, *convs])
+
+    def check(self, joined, convs, scale, shift, mean, var, eps, training):
+        rank = len(joined.output.shape) if joined.output.shape is not None else None
+        axis = joined.attr("axis")
+        if axis != 1 and not (rank is not None and axis == 1 - rank):
+            return f"the Concat joins axis {axis}, not the channels"
+        reason = _not_constant(scale=scale, bias=shift, mean=mean, variance=var)
+        if reason:
+            return f"BatchNormalization {reason}"
+        if training:
+            return "BatchNormalization is in training mode (training_mode=1)"
+        widths = []
+        for conv in convs:
+            w, b = conv.inputs[1], conv.input(2)
+            width = _conv_channels(conv, w)
+            if isinstance(width, str):
+                return width
+            reason = _not_constant(weight=w, bias=b)
+            if reason:
+                return f"Conv '{conv.name}': {reason}"
+            widths.append(width)
+        if any(v.shape != (sum(widths),) for v in (scale, shift, mean, var)):
+            return f"BatchNormalization parameters are not [{sum(widths)}] vectors"
+        for conv, (s, t) in zip(convs, self._shares(widths, scale, shift, mean, var, eps)):
+            reason = _unsafe_scaling(conv.inputs[1], s, t, conv.input(2))
+            if reason:
+                return f"Conv '{conv.name}': {reason}"
+        return None
+
+    @staticmethod
+    def _shares(widths, scale, shift, mean, var, eps):
+        """Each Conv's slice of the fold's scale and shift."""
+        s, t = _BatchNormAfter.affine(scale, shift, mean, var, eps)
+        ends = np.cumsum(widths)
+        return [(s[end - width:end], t[end - width:end]) for width, end in zip(widths, ends)]
+
+    def rewrite(self, op, joined, convs, scale, shift, mean, var, eps, **_):
+        widths = [_conv_channels(conv, conv.inputs[1]) for conv in convs]
+        folded = [_fold_conv(op, conv, conv.inputs[0], conv.inputs[1], conv.input(2), s, t)
+                  for conv, (s, t) in zip(convs, self._shares(widths, scale, shift, mean, var,
+                                                               eps))]
+        return op.Concat(*folded, axis=joined.attr("axis"))
 
 
 class ConvTransposeBatchNorm(_BatchNormAfter):
@@ -291,8 +362,8 @@ class FuseConvBatchNorm(RulePass):
     name = "FuseConvBatchNorm"
     description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
-    rules = (PadConv, PadAveragePool, ConvBatchNorm, ConvTransposeBatchNorm, GemmBatchNorm,
-             MatMulBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale)
+    rules = (PadConv, PadAveragePool, ConvBatchNorm, ConcatBatchNorm, ConvTransposeBatchNorm,
+             GemmBatchNorm, MatMulBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale)
 
 
 __all__ = ["FuseConvBatchNorm"]
