@@ -265,12 +265,13 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
     functions = model_functions(model)  # a call is priced as its body on either side
     owner = {node: i for i, c in enumerate(clusters) for node in c}
     device = [placements[c[0]].device for c in clusters]
-    found = []
+
     def device_saves(nodes: list[Node]) -> float:
         # The model, for a graphopt:: call: its group (a Conv epilogue's cube kernel included).
         return sum(host_model.node_seconds(n, functions)
                    - node_estimate(n, primary, model)[1].seconds for n in nodes)
 
+    found = []
     for i, members in enumerate(clusters):
         if device[i] == host.name:
             continue
@@ -293,7 +294,8 @@ def _unprofitable_islands(clusters, placements, target: Target, model: Model
             continue
         saved = device_saves(work)
         if saved < copies:
-            found.append((work, f"returned to {host.name}: {_verdict(saved, copies, primary.name)}"))
+            found.append((work, f"returned to {host.name}: "
+                                f"{_verdict(saved, copies, primary.name)}"))
     if not found:
         found = _unprofitable_unions(clusters, owner, device, host.name, primary.name, target,
                                      device_saves)

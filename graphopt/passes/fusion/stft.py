@@ -11,7 +11,7 @@ that is not a power of two as a plain DFT, one scalar loop per bin: a keyword sp
 front end (N = 400, a 25 ms frame at 16 kHz) took 85% of its run there, and the conv runs that
 STFT 9× faster (bench/stft.py). For a power of two it runs a radix-2 FFT, which the conv beats
 up to N = 512 and loses to from 1024 on, so those stay. The conv's sums are the exact DFT's to
-float32 rounding; onnxruntime's plain DFT is off by up to 3e-5 of the largest bin (its twiddles
+float32 rounding; onnxruntime's plain DFT is off by up to 4e-5 of the largest bin (its twiddles
 drift), so outputs move by that much against onnxruntime, more than -O2 allows: -O3 only.
 Real signals (a last dim of 1, or none, as torch.stft exports them) with `onesided` 1 and a
 constant frame step and window (or frame length) only; float32, as onnxruntime's Conv.
