@@ -336,6 +336,31 @@ def test_matmul_bn_on_a_3d_product_is_refused():
     _refuses(proto, "MatMulBatchNorm", "of a rank-3 MatMul")
 
 
+FLATTENED_BN = """
+g (float[2, 5, 8] x, float[8, 4] w, float[4] scale, float[4] shift, float[4] mean,
+   float[4] var) => (float[10, 4] y) {{
+    m = MatMul(x, w)
+    f = Flatten(m) <axis = {axis}>
+    y = BatchNormalization(f, scale, shift, mean, var) <epsilon = 0.001>
+}}"""
+
+
+def test_matmul_bn_behind_a_flatten_of_the_tokens_folds():
+    # LeViT's Linear + BatchNorm1d: the tokens flattened into the batch, the features normalized.
+    proto = _model(FLATTENED_BN.format(axis=2), w=_f32(8, 4, seed=5), **_bn(4))
+    _fires(proto, "MatMulFlattenBatchNorm", ["MatMul", "Add", "Flatten"])
+
+
+def test_matmul_bn_behind_a_flatten_of_the_features_is_refused():
+    # Flatten at axis 1 mixes the tokens into the features: BN's axis is no weight column.
+    proto = _model(FLATTENED_BN.format(axis=1).replace("=> (float[10, 4] y)",
+                                                     "=> (float[2, 20] y)").replace(
+        "float[4] scale, float[4] shift, float[4] mean,\n   float[4] var",
+        "float[20] scale, float[20] shift, float[20] mean,\n   float[20] var"),
+        w=_f32(8, 4, seed=5), **_bn(20))
+    _refuses(proto, "MatMulFlattenBatchNorm", "does not keep the MatMul's last axis alone")
+
+
 # -- Conv + Add / Mul ---------------------------------------------------------------------------
 
 CONV_AFFINE = """

@@ -243,6 +243,31 @@ class MatMulBatchNorm(_BatchNormAfter):
         return op.Add(product, op.const(t.astype(dtype), f"{w.name}_b"))
 
 
+class MatMulFlattenBatchNorm(MatMulBatchNorm):
+    """MatMul(x [B, N, K], W [K, C]) → Flatten to [B·N, C] → BatchNormalization: LeViT's
+    Linear + BatchNorm1d, which flattens the tokens into the batch to normalize the features
+    (46 of levit_128s's BatchNorms) →  Flatten(MatMul(x, W·s) + t)."""
+
+    def pattern(self, op, x, w):
+        return _bn(op, op.Flatten(op.MatMul(x, w, _name="node"), axis=Attr("flat_axis", 1),
+                                  _name="flat"))
+
+    def channels(self, node, x, w):
+        if w.shape is None or len(w.shape) != 2 or x.shape is None or len(x.shape) < 2:
+            return "the MatMul weight is not 2-D or the rank of its input is unknown"
+        return w.shape[1]
+
+    def check(self, node, x, w, scale, shift, mean, var, training, eps, flat_axis):
+        rank = len(x.shape) if x.shape is not None else None
+        if rank is not None and flat_axis % rank != rank - 1:
+            return f"the Flatten at axis {flat_axis} does not keep the MatMul's last axis alone"
+        return super().check(node, x, w, scale, shift, mean, var, training, eps)
+
+    def rewrite(self, op, node, x, w, scale, shift, mean, var, eps, flat, flat_axis, **_):
+        s, t = self.affine(scale, shift, mean, var, eps)
+        return op.Flatten(self.fold(op, node, x, w, None, s, t), axis=flat_axis)
+
+
 def _per_channel(c, node, w) -> np.ndarray | str:
     """c as a [C] float64 vector when it broadcasts along the Conv output's axis 1 only."""
     channels = _conv_channels(node, w)
@@ -363,7 +388,8 @@ class FuseConvBatchNorm(RulePass):
     description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
     rules = (PadConv, PadAveragePool, ConvBatchNorm, ConcatBatchNorm, ConvTransposeBatchNorm,
-             GemmBatchNorm, MatMulBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale)
+             GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm, ConvAddBias, ConvSubBias,
+             ConvMulScale)
 
 
 __all__ = ["FuseConvBatchNorm"]
