@@ -31,7 +31,7 @@ from graphopt.codegen.om_read import load_om
 from graphopt.tools.accuracy_rule import accuracy_rule
 from graphopt.tools.report_data import GraphData, OpNode, build_graph
 from graphopt.tools.report_graph import (CHAIN_MIN, IO_FILL, MAX_BOXES, NODE_SEP, NODE_W, PALETTE,
-                                         layout, partition_colours)
+                                         graph_svg, layout, partition_colours)
 from graphopt.tools.report_html import SECTIONS
 from graphopt.tools.report_plan import StoredPlan
 
@@ -694,13 +694,38 @@ def test_big_graphs_collapse_chains_and_cap_the_boxes():
     assert len(chain) == 1 and len(chain[0].members) == 79  # p:1 … p:79; p:0 branches
     assert len(chain[0].members) >= CHAIN_MIN
     assert any("79 nodes are drawn as 1 collapsed chain(s)" in n for n in placed.notes)
+    # Each op its own, so that no two boxes are alike (like ones fold, below).
     wide = GraphData([OpNode("in:x", "input", "x")]
-                     + [OpNode(f"p:{i}", "Neg", "", "p", "cpu") for i in range(MAX_BOXES + 20)],
+                     + [OpNode(f"p:{i}", f"Op{i}", "", "p", "cpu") for i in range(MAX_BOXES + 20)],
                      [("in:x", f"p:{i}", "x") for i in range(MAX_BOXES + 20)], [("p", "cpu")])
     capped = layout(wide)
     assert len(capped.boxes) == MAX_BOXES
     assert any(f"only the first {MAX_BOXES} of {MAX_BOXES + 21} boxes" in n
                for n in capped.notes)
+
+
+def test_like_branches_side_by_side_are_drawn_as_one_box():
+    # An SSD's per-class post-processing: a Gather, a Greater and a NonZero per class, each
+    # read from the scores and returned: 90 of them made one row 60,000 pixels wide.
+    classes = 50
+    nodes = [OpNode("in:x", "input", "x"), OpNode("p:s", "Conv", "scores", "p", "cpu")]
+    edges = [("in:x", "p:s", "x")]
+    for c in range(classes):
+        nodes += [OpNode(f"p:g{c}", "Gather", f"g{c}", "p", "cpu"),
+                  OpNode(f"p:t{c}", "Greater", f"t{c}", "p", "cpu"),
+                  OpNode(f"p:n{c}", "NonZero", f"n{c}", "p", "cpu"),
+                  OpNode(f"out:n{c}", "output", f"n{c}")]
+        edges += [("p:s", f"p:g{c}", "s"), (f"p:g{c}", f"p:t{c}", f"g{c}"),
+                  (f"p:t{c}", f"p:n{c}", f"t{c}"), (f"p:n{c}", f"out:n{c}", f"n{c}")]
+    placed = layout(GraphData(nodes, edges, [("p", "cpu")]))
+    assert len(placed.boxes) == 4
+    branch, output = (b for b in placed.boxes.values() if b.copies > 1)
+    assert branch.copies == output.copies == classes and len(branch.members) == 3
+    assert placed.width < 4 * (NODE_W + NODE_SEP)
+    assert any(f"{classes} like boxes side by side are drawn as 1 (with the model outputs they "
+               "feed)" in n for n in placed.notes), placed.notes
+    svg, _ = graph_svg(GraphData(nodes, edges, [("p", "cpu")]))
+    assert f"{classes}× Gather → NonZero: 3 ops" in svg and "50 copies side by side" in svg
 
 
 def test_every_partition_gets_a_fill_of_its_own():

@@ -1,5 +1,6 @@
 """The report's graph picture: a layered DAG layout (longest-path layers, barycenter order)
-drawn as SVG, nodes coloured by partition, long linear chains collapsed on big graphs.
+drawn as SVG, nodes coloured by partition, long linear chains and rows of like branches
+collapsed on big graphs.
 
     layer 0   [input x]            edges run top to bottom; an edge spanning several layers
                   │                 bends through one invisible point per layer it crosses
@@ -32,6 +33,7 @@ MARGIN = 12
 SWEEPS = 6            # barycenter passes (down and up count one each)
 BIG_GRAPH = 60        # op nodes above which linear chains are collapsed
 CHAIN_MIN = 3         # the shortest chain worth collapsing into one box
+SIBLINGS_MIN = 4      # the fewest like boxes side by side worth drawing as one
 MAX_BOXES = 400       # boxes drawn at most; the rest are left out with a note
 
 
@@ -53,12 +55,16 @@ def _pastel(index: int) -> str:
 
 @dataclass
 class Box:
-    """What one drawn box stands for: a node, or a collapsed chain of nodes."""
+    """What one drawn box stands for: a node, or a collapsed chain of nodes; on a big graph,
+    `copies` of it side by side (the per-class branches of a detector's post-processing),
+    whose heads `others` lists."""
 
     id: str
     members: list[OpNode]
     layer: int = 0
     x: float = 0.0
+    copies: int = 1
+    others: list[OpNode] = field(default_factory=list)
 
     @property
     def head(self) -> OpNode:
@@ -131,6 +137,8 @@ def _boxes(graph: GraphData, collapse: bool) -> tuple[nx.DiGraph, dict[str, Box]
                 bg.edges[a, b]["tensors"].extend(names)
             else:
                 bg.add_edge(a, b, tensors=list(names))
+    if collapse:
+        bg, boxes = _fold_siblings(bg, boxes, notes)
     if len(boxes) > MAX_BOXES:
         keep = list(nx.topological_sort(bg))[:MAX_BOXES]
         dropped = len(boxes) - MAX_BOXES
@@ -139,6 +147,55 @@ def _boxes(graph: GraphData, collapse: bool) -> tuple[nx.DiGraph, dict[str, Box]
         bg = bg.subgraph(keep).copy()
         boxes = {v: boxes[v] for v in keep}
     return bg, boxes, notes
+
+
+def _fold_siblings(bg: nx.DiGraph, boxes: dict[str, Box], notes: list[str]
+                   ) -> tuple[nx.DiGraph, dict[str, Box]]:
+    """Like boxes side by side drawn as one: the same ops in one partition, read from the same
+    boxes, feeding the same boxes or model outputs only; their outputs go with them. An SSD's
+    90 per-class Gather → Greater → NonZero branches had made one row 13,500 pixels wide."""
+    def kind(v: str):
+        succs = list(bg.successors(v))
+        if succs and all(boxes[s].head.op == OUTPUT for s in succs):
+            return ("outputs", len(succs))
+        return frozenset(succs)
+
+    groups: dict[tuple, list[str]] = {}
+    for v, box in boxes.items():
+        if box.head.op in (INPUT, OUTPUT):
+            continue
+        key = (tuple(m.op for m in box.members), box.head.partition,
+               frozenset(bg.predecessors(v)), kind(v))
+        groups.setdefault(key, []).append(v)
+    folded = [group for group in groups.values() if len(group) >= SIBLINGS_MIN]
+    if not folded:
+        return bg, boxes
+    into: dict[str, str] = {}
+    for group in folded:
+        keep = group[0]
+        into.update({v: keep for v in group[1:]})
+        outputs = [list(bg.successors(v)) for v in group]
+        if outputs[0] and boxes[outputs[0][0]].head.op == OUTPUT:  # their outputs fold too
+            for k, first in enumerate(outputs[0]):
+                into.update({succs[k]: first for succs in outputs[1:]})
+    for gone, keep in into.items():
+        boxes[keep].copies += 1
+        boxes[keep].others.append(boxes[gone].head)
+    merged = nx.DiGraph()
+    merged.add_nodes_from(v for v in boxes if v not in into)
+    for a, b, data in bg.edges(data=True):
+        a, b = into.get(a, a), into.get(b, b)
+        if merged.has_edge(a, b):
+            merged.edges[a, b]["tensors"].extend(data["tensors"])
+        else:
+            merged.add_edge(a, b, tensors=list(data["tensors"]))
+    copies = sum(len(group) for group in folded)
+    outputs = " (with the model outputs they feed)" if any(
+        boxes[v].head.op == OUTPUT for v in into) else ""
+    notes.append(f"{copies} like boxes side by side are drawn as {len(folded)}{outputs}: a box "
+                 "marked N× stands for N copies of it, each reading and feeding the same "
+                 "boxes (its tooltip names them)")
+    return merged, {v: box for v, box in boxes.items() if v not in into}
 
 
 def layout(graph: GraphData, *, collapse: bool | None = None) -> Layout:
@@ -259,6 +316,12 @@ def _op_label(op: str) -> str:
 
 
 def _label(box: Box) -> str:
+    if box.copies > 1:
+        return f"{box.copies}× {_one_label(box)}"
+    return _one_label(box)
+
+
+def _one_label(box: Box) -> str:
     head = box.head
     if head.op in (INPUT, OUTPUT):
         return _short(f"{head.op} {head.name}")
@@ -293,10 +356,16 @@ def _node_tip(node: OpNode) -> str:
 
 def _tip(box: Box) -> str:
     if len(box.members) == 1:
-        return _node_tip(box.head)
-    lines = [f"{len(box.members)} nodes in a chain:"]
-    lines += [_node_tip(n) for n in box.members]
-    return "\n".join(lines)
+        tip = _node_tip(box.head)
+    else:
+        tip = "\n".join([f"{len(box.members)} nodes in a chain:",
+                         *(_node_tip(n) for n in box.members)])
+    if box.copies == 1:
+        return tip
+    names = ", ".join(unbroken(n.name or n.op) for n in box.others[:20])
+    more = f", +{len(box.others) - 20}" if len(box.others) > 20 else ""
+    return f"{box.copies} copies side by side; this one:\n{tip}\nthe others start at: " \
+           f"{names}{more}"
 
 
 def graph_svg(graph: GraphData, *, collapse: bool | None = None) -> tuple[str, list[str]]:
