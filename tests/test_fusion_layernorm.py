@@ -148,6 +148,8 @@ FORMS = {  # rule, body, opset, inputs, outputs
     "axis-rank-minus-1": ("LayerNormDecomposed", LN.replace("[-1]", "[2]"), 17, None, None),
     "mul-square": ("LayerNormMulSquare", LN.replace("Pow(d, two)", "Mul(d, d)"), 17, None, None),
     "no-affine": ("LayerNormNoAffine", NORM + "    y = Div(d, std)\n", 17, None, None),
+    "no-affine-mul-square": ("LayerNormNoAffine", NORM.replace("Pow(d, two)", "Mul(d, d)")
+                             + "    y = Div(d, std)\n", 17, None, None),
     "gamma-1x1xC": ("LayerNormDecomposed", LN.replace("Mul(n, gamma)", "Mul(n, g3)"), 17,
                     None, None),
     "cast-fp16": ("LayerNormCast", "    x = Cast <to = 1> (h)\n" + LN.replace(

@@ -90,11 +90,16 @@ def test_only_minus_o3_lowers_it_and_minus_o2_says_so_for_a_plain_dft():
     assert not any("STFT" in note for note in o3.notes)
     fft = graphopt.optimize(stft_model(frame=128))
     assert not any("STFT" in note for note in fft.notes)
+    # An NPU target's host runs the STFT, and -O3 lowers it there too (the conv then goes to
+    # the NPU).
+    npu = graphopt.optimize(proto, target="ascend310", input_shapes={"x": [2, 800, 1]})
+    assert any("1 STFT(s) of 100-sample frames" in note for note in npu.notes), npu.notes
 
 
 @pytest.mark.parametrize("edit, reason", [
     ({"onesided": 0}, "a two-sided spectrum"),
     ({"frame": 1024, "step": 256, "length": 4096}, "onnxruntime's FFT transforms faster"),
+    ({"frame": 1500, "step": 750, "length": 3000}, "the conv's basis would take 9 MiB"),
 ])
 def test_refusals_say_why(edit, reason):
     proto = stft_model(**edit)

@@ -164,9 +164,9 @@ class LayerNormRsqrt(_LayerNorm):
 
 
 class LayerNormNoAffine(_LayerNorm):
-    """Neither γ nor β (elementwise_affine=False): γ = 1, no bias."""
+    """Neither γ nor β (elementwise_affine=False): γ = 1, no bias; the square Pow or Mul."""
     def pattern(self, op, x):
-        return _norm(op, x)
+        return _norm(op, x, square="any")
 
 
 class LayerNormNoAffineRsqrt(_LayerNorm):

@@ -10,9 +10,11 @@ the real and imaginary parts its output channels. onnxruntime's CPU STFT sums a 
 that is not a power of two as a plain DFT, one scalar loop per bin: a keyword spotter's log-mel
 front end (N = 400, a 25 ms frame at 16 kHz) took 85% of its run there, and the conv runs that
 STFT 9× faster (bench/stft.py). For a power of two it runs a radix-2 FFT, which the conv beats
-up to N = 512 and loses to from 1024 on, so those stay. The conv's sums are the exact DFT's to
-float32 rounding; onnxruntime's plain DFT is off by up to 4e-5 of the largest bin (its twiddles
-drift), so outputs move by that much against onnxruntime, more than -O2 allows: -O3 only.
+up to N = 512 and loses to from 1024 on, so those stay; so do frames past 1024 samples, whose
+basis (4·N·(N + 2) bytes) few frames do not pay back. The conv's sums are the exact DFT's to
+float32 rounding; onnxruntime's plain DFT is off by up to 4e-5 of the largest bin at N = 400 and
+1e-4 at 1000 (its twiddles drift), so outputs move by that much against onnxruntime, more than
+-O2 allows: -O3 only.
 Real signals (a last dim of 1, or none, as torch.stft exports them) with `onesided` 1 and a
 constant frame step and window (or frame length) only; float32, as onnxruntime's Conv.
 """
@@ -29,6 +31,10 @@ from graphopt.passes.fusion.lowering import FloatOnlyLowering, OnTheCpu
 
 # The largest power-of-two frame length for which the conv beats onnxruntime's FFT.
 FFT_FRAME_LIMIT = 512
+# The largest other frame length lowered: the basis is 4·N·(N + 2) bytes (4 MB at 1024), read
+# whole on every run, which a few frames do not pay back (1.0x at one frame of 1000 samples;
+# a frame of 4095 with 7 frames ran 1.7x slower from a basis of 67 MB).
+DFT_FRAME_LIMIT = 1024
 
 
 def _scalar(value: Value | None) -> int | None:
@@ -105,6 +111,9 @@ def _refusal(x: Value, step: Value, onesided, window: Value | None,
     if size & (size - 1) == 0 and size > FFT_FRAME_LIMIT:
         return f"a frame of {size} samples, a power of two past {FFT_FRAME_LIMIT}, which " \
                "onnxruntime's FFT transforms faster than the conv"
+    if size > DFT_FRAME_LIMIT:
+        return f"a frame of {size} samples: the conv's basis would take " \
+               f"{4 * size * (size + 2) / 2 ** 20:.0f} MiB, read whole on every run"
     if isinstance(x.shape[1], int) and x.shape[1] < size:
         return f"a signal of {x.shape[1]} samples, shorter than a frame"
     return None
@@ -133,9 +142,9 @@ def tolerance_hint(rewrites: int) -> str:
     else:
         level, disable = "level=3", "disable_passes=['LowerSTFT']"
     return (f"{level} lowered {rewrites} STFT(s) to a Conv, which is closer to the exact "
-            "transform than onnxruntime's plain DFT (off by up to ~4e-5 of the largest bin for "
-            f"a frame length that is not a power of two); pass a looser {option('atol')}, or "
-            f"compile with {disable}")
+            "transform than onnxruntime's plain DFT (off by up to ~1e-4 of the largest bin for "
+            "a frame length that is not a power of two, 4e-5 at 400 samples); pass a looser "
+            f"{option('atol')}, or compile with {disable}")
 
 
 @register
