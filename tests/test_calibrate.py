@@ -396,6 +396,31 @@ def test_a_directory_of_batch1_files_is_stacked_too(tmp_path):
         check_calibration(tmp_path, _batch2_graph())
 
 
+def _scalar_graph(batch: int):
+    """silero-vad's inputs: audio [B, 4] and a scalar sample rate."""
+    return load_onnx(parse_model(f"""
+        g (float[{batch}, 4] x, int64 sr) => (float[{batch}, 4] y) {{
+            f = Cast <to = 1> (sr)
+            y = Mul(x, f) }}""")).graph
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_directory_of_samples_with_a_scalar_input(tmp_path, batch):
+    # The scalar has no batch axis to stack: the sizes read it as one (IndexError), and the
+    # files were joined along it (ValueError) — an internal error of every silero-vad export.
+    for i in range(3):
+        np.savez(tmp_path / f"s{i}.npz", x=np.full((1, 4), i, np.float32),
+                 sr=np.array(16000, np.int64))
+    feeds = list(check_calibration(tmp_path, _scalar_graph(batch)))
+    assert [f["x"].shape for f in feeds] == [(batch, 4)] * (3 if batch == 1 else 2)
+    assert all(f["sr"].shape == () and int(f["sr"]) == 16000 for f in feeds)
+    np.savez(tmp_path / "s1.npz", x=np.ones((1, 4), np.float32), sr=np.array(8000, np.int64))
+    if batch == 2:  # batched with s0, it would have to share its one sample rate
+        with pytest.raises(OptionError, match=r"input 'sr' is a scalar, one value for a batch, "
+                                              r"and .*s0.npz and the files batched with it"):
+            list(check_calibration(tmp_path, _scalar_graph(batch)))
+
+
 def test_samples_of_the_pinned_batch_are_taken_as_they_are(tmp_path):
     path = tmp_path / "calib.npz"
     np.savez(path, x=np.ones((3, 2, 4), np.float32))

@@ -122,8 +122,22 @@ class CalibrationData:
         for group in _groups(self.files, self.stack):
             samples = [_file_sample(file, self.specs, self.stack, fixed=self.fixed)
                        for file in group]
-            yield {s.name: np.concatenate([sample[s.name] for sample in samples])
+            yield {s.name: _joined(s.name, [sample[s.name] for sample in samples], group)
                    for s in self.specs}
+
+
+def _joined(name: str, arrays: list[np.ndarray], files: list[str]) -> np.ndarray:
+    """One batch of a directory's sample files: stacked along the batch axis, but a scalar
+    input (silero-vad's sample rate `sr`) has none, and must be one value for the batch."""
+    if len(arrays) == 1:
+        return arrays[0]
+    if np.ndim(arrays[0]) > 0:
+        return np.concatenate(arrays)
+    if any(not np.array_equal(a, arrays[0]) for a in arrays[1:]):
+        raise OptionError(f"{option('calibration')}: input '{name}' is a scalar, one value for "
+                          f"a batch, and {files[0]} and the files batched with it give "
+                          "different ones")
+    return arrays[0]
 
 
 def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) -> CalibrationData:
@@ -262,7 +276,7 @@ def _stacked(samples: np.ndarray, batch: int) -> np.ndarray:
 
 def _stack_size(arrays: dict, specs: list[InputSpec]) -> int:
     """How many batch-1 sample files make one sample of a directory (1: a file is a sample)."""
-    sizes = {_batch_of(s) for s in specs if s.shape is not None
+    sizes = {_batch_of(s) for s in specs if s.shape  # a scalar has no batch axis to stack
              and np.ndim(arrays[s.name]) == len(s.shape) and np.shape(arrays[s.name])[0] == 1}
     return max(sizes, default=1)
 
