@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from helpers import IR_VERSION, parse_model
 
-from graphopt import zoo
+from graphopt import numerics, zoo
 from graphopt.compile_checks import check_input
 from graphopt.compiler import optimize
 from graphopt.ir import DType, load_onnx
@@ -512,6 +512,42 @@ def test_embed_layer_norm_and_qlinear_ops_are_typed():
                                ("s", DType.UINT8, ("B", 16, 8)), ("y", DType.FLOAT,
                                                                   ("B", 16, 8))):
         assert (values[name].dtype, values[name].shape) == (dtype, shape), name
+
+
+@pytest.mark.parametrize("direction, directions", [("forward", 1), ("bidirectional", 2)])
+def test_a_dynamically_quantized_lstm_is_typed_as_an_lstm(direction, directions):
+    # onnxruntime's dynamic quantizer writes DynamicQuantizeLSTM (ddddocr's OCR model): left
+    # untyped, the compile planned no memory and declared its static output [?, ?, ?].
+    rng = np.random.default_rng(0)
+    hidden, features = 6, 4
+    weights = [numpy_helper.from_array(rng.integers(-8, 8, (directions, features, 4 * hidden))
+                                       .astype(np.int8), "w"),
+               numpy_helper.from_array(rng.integers(-8, 8, (directions, hidden, 4 * hidden))
+                                       .astype(np.int8), "r"),
+               numpy_helper.from_array(np.full(directions, 0.05, np.float32), "w_scale"),
+               numpy_helper.from_array(np.zeros(directions, np.int8), "w_zero"),
+               numpy_helper.from_array(np.full(directions, 0.05, np.float32), "r_scale"),
+               numpy_helper.from_array(np.zeros(directions, np.int8), "r_zero")]
+    node = helper.make_node(
+        "DynamicQuantizeLSTM", ["x", "w", "r", "", "", "", "", "", "w_scale", "w_zero",
+                                "r_scale", "r_zero"], ["y", "h", "c"], domain="com.microsoft",
+        hidden_size=hidden, direction=direction)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [7, 2, features])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in "yhc"],
+        weights)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=IR_VERSION)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    assert values["y"].shape == (7, directions, 2, hidden)
+    assert values["h"].shape == values["c"].shape == (directions, 2, hidden)
+    x = {"x": rng.standard_normal((7, 2, features)).astype(np.float32)}
+    got = numerics.run(proto, x)
+    assert got["y"].shape == (7, directions, 2, hidden) and got["h"].shape == (directions, 2,
+                                                                            hidden)
 
 
 def test_ai_onnx_ml_outputs_are_typed_and_the_casts_after_them_go():

@@ -229,7 +229,23 @@ def _matmul_nbits_types(node) -> list:
     return [(0, a.dtype, shape)]
 
 
+def _dynamic_quantize_lstm_types(node) -> list:
+    """onnxruntime's DynamicQuantizeLSTM (its dynamic int8 quantizer's LSTM, ddddocr's): as
+    LSTM, Y [seq, directions, batch, hidden] and Y_h, Y_c [directions, batch, hidden], in X's
+    dtype."""
+    x, hidden = node.inputs[0], node.attr("hidden_size")
+    if x is None or x.dtype is None or not isinstance(hidden, int) or x.shape is None \
+            or len(x.shape) != 3:
+        return []
+    direction = node.attr("direction", "forward")
+    if isinstance(direction, bytes):
+        direction = direction.decode()
+    state = (2 if direction == "bidirectional" else 1, x.shape[1], hidden)
+    return [(0, x.dtype, (x.shape[0], *state)), (1, x.dtype, state), (2, x.dtype, state)]
+
+
 _TYPED_BY_RULE = {
+    "DynamicQuantizeLSTM": _dynamic_quantize_lstm_types,
     "EmbedLayerNormalization": _embed_layer_norm_types,
     "MatMulNBits": _matmul_nbits_types,
     "QLinearAdd": _qlinear_binary_types,
