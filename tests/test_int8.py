@@ -1332,6 +1332,34 @@ def test_a_gemm_the_int8_form_cannot_take_is_named_in_a_note(tmp_path):
     assert "QuantizeInt8 kept in float: 1 × Gemm with alpha or beta other than 1" in result.notes
 
 
+def test_a_layer_whose_output_feeds_a_log_stays_float(tmp_path):
+    # A log-mel front end: the filterbank MatMul of a power spectrum spanning decades, then
+    # log(· + ε). One int8 scale for the loud bins rounded the quiet ones, and the Log made
+    # that rounding as large as the loud bins (onnx-asr's NeMo front end at cosine 0.87); the
+    # layer after the Log quantizes as before.
+    rng = np.random.default_rng(0)
+    proto = parse_model("""
+        g (float[1, 50, 64] power) => (float[1, 50, 16] y) {
+            mel = MatMul(power, filters)
+            floor = Add(mel, eps)
+            logs = Log(floor)
+            h = MatMul(logs, w)
+            y = Relu(h)
+        }""", filters=np.abs(rng.standard_normal((64, 16))).astype(np.float32) * 0.1,
+        eps=np.array(1e-6, np.float32), w=rng.standard_normal((16, 16)).astype(np.float32))
+    calibration = tmp_path / "power.npz"
+    spectrum = 10.0 ** rng.uniform(-6, 3, (8, 1, 50, 64))  # quiet and loud bins
+    np.savez(calibration, power=spectrum.astype(np.float32))
+    result = graphopt.optimize(proto, quantize="int8", calibration=calibration,
+                               pass_options={"quant_keep_ends": False})
+    assert "QuantizeInt8 kept in float: 1 × its output feeds a Log, which makes the rounding " \
+        "of its small values large" in result.notes, result.notes
+    mels = [n for n in result.model.graph if n.op_type == "MatMul"
+            and n.inputs[1].name == "filters"]
+    assert len(mels) == 1 and mels[0].inputs[0].name == "power"  # read as float, no Q/DQ
+    assert result.log.totals()["QuantizeInt8"]["rewrites"]["MatMul"] == 1  # the second one
+
+
 @pytest.mark.parametrize("target", [None, "ascend310"])
 def test_a_matmul_with_its_weight_first_or_3d_is_named_not_called_missing(tmp_path, target):
     # Both stayed float under "the model has no Conv, Gemm or MatMul with a constant weight".

@@ -397,6 +397,8 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
         elif _dequantized(node.inputs[0]):
             result.kept["already quantized (its input comes from the model's own "
                         "DequantizeLinear)"] += 1
+        elif _feeds_log(node):
+            result.kept[KEPT_BEFORE_LOG] += 1
         elif form == "onnxruntime" and how == "static" and node.outputs[0].is_graph_output \
                 and node.op_type != "Gemm":
             result.kept["its output is a graph output"] += 1
@@ -422,6 +424,33 @@ def plan(graph: Graph, options, allows=lambda node: True, form: str = "onnxrunti
     else:
         _mark(nodes, result, options.activation_symmetric)
     return result
+
+
+# A layer whose output a Log reads (a log-mel front end's filterbank MatMul of a power
+# spectrum): one int8 scale wide enough for the loud bins rounds the quiet ones, and the Log
+# turns their rounding into errors as large as the loud bins' values (onnx-asr's NeMo front end
+# at cosine 0.87, its mel bin 0 at 0.14). The sensitivity guard measures a layer's own output,
+# where those errors are small.
+KEPT_BEFORE_LOG = "its output feeds a Log, which makes the rounding of its small values large"
+# What may stand between such a layer and the Log: a floor or an offset, layout.
+_BEFORE_LOG = {"Add", "Max", "Clip", "Relu", "Abs", "Identity", "Reshape", "Transpose",
+               "Squeeze", "Unsqueeze", "Flatten"}
+
+
+def _feeds_log(node: Node, depth: int = 4) -> bool:
+    """Whether a Log reads `node`'s output, directly or through _BEFORE_LOG ops."""
+    frontier = [node.outputs[0]]
+    for _ in range(depth):
+        ahead = []
+        for value in frontier:
+            for use in value.uses if value is not None else ():
+                reader = use.node
+                if reader.is_onnx and reader.op_type == "Log":
+                    return True
+                if reader.is_onnx and reader.op_type in _BEFORE_LOG and reader.outputs:
+                    ahead.append(reader.outputs[0])
+        frontier = ahead
+    return False
 
 
 def _activations(node: Node) -> list[Value]:
