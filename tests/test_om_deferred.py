@@ -192,11 +192,8 @@ def test_forged_reference_never_reaches_onnxruntime(om_path, tmp_path, monkeypat
     assert sessions == []
 
 
-def test_tampered_partition_of_a_mapped_weights_artifact_fails_the_first_run(tmp_path,
-                                                                           monkeypatch):
-    # 1 MiB of weights: a blob, and (as past _INLINE_CHECK_BYTES) the partition and blob sums
-    # go to the second thread.
-    monkeypatch.setattr(deferred_check, "_INLINE_CHECK_BYTES", 0)
+def test_tampered_partition_of_a_mapped_weights_artifact_fails_the_first_run(tmp_path):
+    # 1 MiB of weights: a blob, and the partition and blob sums go to the second thread.
     w = np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5
     path = tmp_path / "big.om"
     write_om(path, [OmPartition("p0", "cpu", matmul_model(w))])
@@ -413,7 +410,6 @@ def test_a_process_forked_before_the_sums_are_done_checks_them_itself(tmp_path, 
     # tampered weights.
     import threading
 
-    monkeypatch.setattr(deferred_check, "_INLINE_CHECK_BYTES", 0)  # checked on the side
     w = np.arange(512 * 512, dtype=np.float32).reshape(512, 512) / 1e5  # 1 MiB: a blob
     path = tmp_path / "big.om"
     write_om(path, [OmPartition("p0", "cpu", matmul_model(w))])

@@ -8,12 +8,11 @@ from graphopt.codegen.om_read import OmArtifact, cpu_count
 from graphopt.errors import ArtifactError
 
 
-# Below this many bytes the deferred checksums are computed at once (~2 ms at most). A thread
-# gains little there: starting it, handing the GIL over and waking the caller again cost more
-# than the hash it hides. Measured as load + first run against onnxruntime's own start, thread
-# against inline: silero-vad's 2.8 MB .om 1.30 against 1.22, PP-LCNetV3's 2.7 MB 0.43 against
-# 0.38; from GPT-2 small's 8.6 MB the thread wins (0.82 against 1.13).
-_INLINE_CHECK_BYTES = 4 << 20
+# Below this many bytes the deferred checksums are computed at once (~0.6 ms at most). A thread
+# gains little there: onnxruntime keeps the GIL while it builds a session, so a hash that has
+# not started by then waits for it, and handing over and waking the caller again costs ~0.1 ms
+# on an idle machine and milliseconds on a busy one.
+_INLINE_CHECK_BYTES = 1 << 20
 
 
 class DeferredCheck:

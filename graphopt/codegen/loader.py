@@ -29,7 +29,7 @@ def load(
     """Load a compiled `.om` artifact for inference; `session.run({name: array})` runs it.
 
     Every member is checked against the manifest's checksums, and nothing in the file is
-    executed. In an artifact of 4 MiB or more, the partitions' and weights' sums are computed
+    executed. In an artifact of 1 MiB or more, the partitions' and weights' sums are computed
     on a thread of their own while the sessions are built: the first `run` waits for them, and
     raises the ArtifactError of a tampered member (`session.artifact` waits too, for a
     readiness check that must fail before the first request).
