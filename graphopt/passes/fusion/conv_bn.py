@@ -263,7 +263,7 @@ class MatMulFlattenBatchNorm(MatMulBatchNorm):
             return f"the Flatten at axis {flat_axis} does not keep the MatMul's last axis alone"
         return super().check(node, x, w, scale, shift, mean, var, training, eps)
 
-    def rewrite(self, op, node, x, w, scale, shift, mean, var, eps, flat, flat_axis, **_):
+    def rewrite(self, op, node, x, w, scale, shift, mean, var, eps, flat_axis, **_):
         s, t = self.affine(scale, shift, mean, var, eps)
         return op.Flatten(self.fold(op, node, x, w, None, s, t), axis=flat_axis)
 
