@@ -211,6 +211,24 @@ def test_the_all_on_the_host_warning_counts_each_reason(tmp_path, capsys):
     assert "none on the npu (1 no npu kernel for LSTM; `graphopt partition" in err, err
 
 
+def test_reason_counts_name_the_commonest_kinds_first():
+    from types import SimpleNamespace
+
+    from graphopt.partition.report import reason_counts
+
+    def node(op):
+        return SimpleNamespace(qualified_op=op)
+
+    reasons = [(node("Add"), "returned to cpu: the npu would save 1.0 µs on them, …")] * 3 \
+        + [(node("LSTM"), "no npu kernel for LSTM")] \
+        + [(node("Gemm"), "dynamic shape: %x [N,8]")] * 2 \
+        + [(node("Where"), "no npu kernel for Where inside If")] \
+        + [(node("Cast"), "dtype float64 of %c: Cast takes float16, float32")]
+    partitioning = SimpleNamespace(fallbacks=lambda: reasons)
+    assert reason_counts(partitioning) == ("3 returned by the cost model, 2 dynamic shape, "
+                                           "1 no npu kernel for LSTM, 2 for other reasons")
+
+
 def test_shapes_left_unfolded_point_to_shape_folding_not_to_pins(capsys, tmp_path):
     # Every input is static: -O1 leaves the Reshape's computed target unknown, -O2 folds it.
     proto = build("""
