@@ -516,8 +516,9 @@ def _level_3_hint(model: Model, options: Options, ctx: PassContext, target) -> N
         ctx.note(f"{len(frames)} STFT(s) of {frames[0]}-sample frames: "
                  f"{setting('level', 3, _LEVEL_FLAG)} makes each a Conv, faster than "
                  "onnxruntime's CPU STFT (9x for frames of no power of two, 1.3-1.9x for "
-                 "powers of two up to 512), whose spectrum differs from onnxruntime's by its "
-                 "DFT's error (up to ~1e-4 of the largest bin; see LowerSTFT)")
+                 "powers of two up to 512), whose spectrum differs from onnxruntime's by "
+                 "onnxruntime's own error (up to ~1e-4 of the largest bin where it runs a "
+                 "plain DFT, ~1e-6 for its FFTs; see LowerSTFT)")
 
 
 def _drop_unused_domains(model: Model, given: frozenset) -> None:
