@@ -133,10 +133,7 @@ def _boxes(graph: GraphData, collapse: bool) -> tuple[nx.DiGraph, dict[str, Box]
     for (src, dst), names in tensors.items():
         a, b = owner[src], owner[dst]
         if a != b:
-            if bg.has_edge(a, b):
-                bg.edges[a, b]["tensors"].extend(names)
-            else:
-                bg.add_edge(a, b, tensors=list(names))
+            _join_edge(bg, a, b, names)
     if collapse:
         bg, boxes = _fold_siblings(bg, boxes, notes)
     if len(boxes) > MAX_BOXES:
@@ -147,6 +144,14 @@ def _boxes(graph: GraphData, collapse: bool) -> tuple[nx.DiGraph, dict[str, Box]
         bg = bg.subgraph(keep).copy()
         boxes = {v: boxes[v] for v in keep}
     return bg, boxes, notes
+
+
+def _join_edge(graph: nx.DiGraph, a: str, b: str, tensors: list[str]) -> None:
+    """An edge a → b carrying `tensors`, added to the one already there if any."""
+    if graph.has_edge(a, b):
+        graph.edges[a, b]["tensors"].extend(tensors)
+    else:
+        graph.add_edge(a, b, tensors=list(tensors))
 
 
 def _fold_siblings(bg: nx.DiGraph, boxes: dict[str, Box], notes: list[str]
@@ -184,11 +189,7 @@ def _fold_siblings(bg: nx.DiGraph, boxes: dict[str, Box], notes: list[str]
     merged = nx.DiGraph()
     merged.add_nodes_from(v for v in boxes if v not in into)
     for a, b, data in bg.edges(data=True):
-        a, b = into.get(a, a), into.get(b, b)
-        if merged.has_edge(a, b):
-            merged.edges[a, b]["tensors"].extend(data["tensors"])
-        else:
-            merged.add_edge(a, b, tensors=list(data["tensors"]))
+        _join_edge(merged, into.get(a, a), into.get(b, b), data["tensors"])
     copies = sum(len(group) for group in folded)
     outputs = " (with the model outputs they feed)" if any(
         boxes[v].head.op == OUTPUT for v in into) else ""
