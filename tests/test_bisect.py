@@ -528,8 +528,10 @@ def test_nondeterministic_compile_is_named(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # The gate calls of folding and cleanups, and the driver
 # ---------------------------------------------------------------------------------------------
+# The weights are larger than the constants CSE compares by value: only
+# MergeDuplicateInitializers makes them one.
 DUPLICATES = """
-agraph (float[2,6] x) => (float[12] y, float[2,6] z) {
+agraph (float[8,10] x) => (float[80] y, float[8,10] z) {
     c = Constant <value = float[1] {2.0}> ()
     i = Identity (x)
     s = Shape (i)
@@ -549,9 +551,9 @@ agraph (float[2,6] x) => (float[12] y, float[2,6] z) {
 
 
 def _duplicates():
-    w = np.arange(12, dtype=np.float32).reshape(2, 6)
-    return parse_model(DUPLICATES, w1=w, w2=w.copy(), s3=np.array([3], np.int64),
-                       s4=np.array([4], np.int64), s12=np.array([12], np.int64))
+    w = np.arange(80, dtype=np.float32).reshape(8, 10)
+    return parse_model(DUPLICATES, w1=w, w2=w.copy(), s3=np.array([10], np.int64),
+                       s4=np.array([8], np.int64), s12=np.array([80], np.int64))
 
 
 GATED = {"ConstantToInitializer", "EliminateIdentity", "FoldShapes", "FoldConstants",

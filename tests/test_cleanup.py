@@ -240,6 +240,40 @@ def test_reshape_of_reshape_collapses():
     assert stats["ReshapeOfReshape"] == 1 and ops(model) == ["Reshape"]
 
 
+def test_reshape_restoring_a_reduced_axis_becomes_keepdims():
+    # dynamo's x.var(-1, keepdim=True): ReduceMean(keepdims=0) then a Reshape to [N, 3, 1].
+    model, stats = run_passes('<ir_version: 8, opset_import: ["" : 18]>' + """
+    g (float[2, 3, 4] x) => (float[2, 3, 1] y, float[2, 1, 4] z, float[2, 3] w,
+                              float[1, 2, 3] u) {
+        last = Constant <value_ints = [-1]> ()
+        one = Constant <value_ints = [1]> ()
+        kept = Constant <value_ints = [2, 3, 1]> ()
+        keptz = Constant <value_ints = [2, 1, 4]> ()
+        other = Constant <value_ints = [1, 2, 3]> ()
+        a = ReduceMean <keepdims = 0> (x, last)
+        y = Reshape(a, kept)
+        b = ReduceMax <keepdims = 0> (x, one)
+        z = Reshape(b, keptz)
+        w = ReduceSum <keepdims = 0> (x, last)
+        v = ReduceL2 <keepdims = 0> (x, last)
+        u = Reshape(v, other)
+    }""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
+    # The ReduceSum has no Reshape; the ReduceL2's Reshape adds a leading axis instead.
+    assert stats["ReshapeOfReduce"] == 2
+    assert ops(model) == ["ReduceMean", "ReduceMax", "ReduceSum", "ReduceL2", "Reshape"]
+    assert [n.attr("keepdims") for n in model.graph][:4] == [1, 1, 0, 0]
+
+
+def test_reshape_of_a_reduction_another_node_reads_stays():
+    model, stats = run_passes(HEADER + """
+    g (float[2, 3, 4] x) => (float[2, 3, 1] y, float[2, 3] w) {
+        kept = Constant <value_ints = [2, 3, 1]> ()
+        w = ReduceMean <axes = [-1], keepdims = 0> (x)
+        y = Reshape(w, kept)
+    }""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
+    assert "ReshapeOfReduce" not in stats and ops(model) == ["ReduceMean", "Reshape"]
+
+
 def test_reshape_of_reshape_collapses_with_allowzero_when_no_dim_is_zero():
     model, stats = run_passes(HEADER + """
     g (float[2, 3, 4] x) => (float[4, 6] y) {
@@ -381,6 +415,64 @@ def test_cse_merges_equal_nodes_but_not_random_or_different_attrs():
     assert stats["Relu"] == 2  # b and z merged into a; z is an output and keeps its name
     assert ops(model).count("Softmax") == 2
     assert [v.name for v in model.graph.outputs] == ["y", "z"]
+
+
+def test_cse_merges_reductions_over_the_same_axes_however_spelled():
+    # dynamo writes x.mean(-1) with axes [-1] and x.var(-1)'s inner mean with [2], each axes
+    # list a fresh initializer: one mean is computed twice.
+    model, stats = run_passes('<ir_version: 8, opset_import: ["" : 18]>' + """
+    g (float[N, 3, 4] x) => (float[N, 3, 1] y, float[N, 1, 4] z) {
+        last = Constant <value_ints = [-1]> ()
+        two = Constant <value_ints = [2]> ()
+        one = Constant <value_ints = [1]> ()
+        a = ReduceMean(x, last)
+        b = ReduceMean(x, two)
+        c = ReduceMean(x, one)
+        y = Add(a, b)
+        m = ReduceMax(x, one)
+        z = Add(c, m)
+    }""", "ConstantToInitializer", "EliminateCommonSubexpressions", "EliminateDeadNodes")
+    assert stats["ReduceMean"] == 1  # the mean over axis 1 and the max stay apart
+    assert ops(model).count("ReduceMean") == 2 and ops(model).count("ReduceMax") == 1
+
+
+def test_cse_merges_reductions_whose_axes_attributes_differ_in_sign_only():
+    model, stats = run_passes(HEADER + """
+    g (float[N, 3, 4] x) => (float[N, 1, 1] y) {
+        a = ReduceSumSquare <axes = [-2, -1]> (x)
+        b = ReduceSumSquare <axes = [2, 1]> (x)
+        y = Sub(a, b)
+    }""", "EliminateCommonSubexpressions", "EliminateDeadNodes")
+    assert stats == {"ReduceSumSquare": 1}
+
+
+def test_cse_compares_small_constants_by_value_and_large_ones_by_identity():
+    small = onnx.helper.make_tensor("s1", onnx.TensorProto.FLOAT, [4], [1, 2, 3, 4])
+    big = np.arange(80, dtype=np.float32).reshape(20, 4)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Add", ["x", "s1"], ["a"]),
+         onnx.helper.make_node("Add", ["x", "s2"], ["b"]),
+         onnx.helper.make_node("Add", ["x", "s3"], ["c"]),  # same bytes as s1, int32
+         onnx.helper.make_node("Add", ["y", "w1"], ["d"]),
+         onnx.helper.make_node("Add", ["y", "w2"], ["e"]),
+         onnx.helper.make_node("Sum", ["a", "b"], ["out1"]),
+         onnx.helper.make_node("Sum", ["d", "e"], ["out2"]),
+         onnx.helper.make_node("Cast", ["c"], ["out3"], to=onnx.TensorProto.FLOAT)],
+        "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 4]),
+              onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [20, 4])],
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+         for n in ("out1", "out2", "out3")],
+        [small, onnx.helper.make_tensor("s2", onnx.TensorProto.FLOAT, [4], [1, 2, 3, 4]),
+         numpy_helper.from_array(np.array([1, 2, 3, 4], np.float32).view(np.int32), "s3"),
+         numpy_helper.from_array(big, "w1"), numpy_helper.from_array(big.copy(), "w2")])
+    proto = onnx.helper.make_model(graph, ir_version=IR_VERSION,
+                                   opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model = load_onnx(proto)
+    infer_shapes(model)
+    result = PASSES["EliminateCommonSubexpressions"]().run(model, PassContext(Options()))
+    # x + s1 and x + s2 are one; x + s3 is another type; the 80-element weights are left to
+    # MergeDuplicateInitializers.
+    assert result.stats == {"Add": 1}
 
 
 def test_cse_keeps_float_attributes_of_opposite_zero_signs_apart():

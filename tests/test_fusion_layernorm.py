@@ -678,6 +678,37 @@ def test_rmsnorm_with_a_unit_gamma_fuses_in_the_pipeline():
                             TOL, TOL) == []
 
 
+def test_dynamo_var_layernorm_fuses_in_the_pipeline():
+    # `(x - x.mean(-1)) / sqrt(x.var(-1, unbiased=False) + eps) * w + b` through the dynamo
+    # exporter: the mean twice (axes [-1], then [2] inside var) and the variance as a
+    # keepdims=0 mean with a Reshape back to [2, 5, 1]. CSE and EliminateNoOps make it the
+    # decomposed norm FuseLayerNorm knows.
+    proto = onnx.parser.parse_model(f"""
+    <ir_version: 9, opset_import: ["" : 18]>
+    g (float[2,5,8] x) => (float[2,5,8] y)
+        <{INITS}, int64[1] last = {{-1}}, int64[1] two_axis = {{2}},
+         int64[3] kept = {{2, 5, 1}}> {{
+        mean = ReduceMean <keepdims = 1> (x, last)
+        mean2 = ReduceMean <keepdims = 1> (x, two_axis)
+        d2 = Sub(x, mean2)
+        sq = Mul(d2, d2)
+        var = ReduceMean <keepdims = 0> (sq, two_axis)
+        var3 = Reshape(var, kept)
+        d = Sub(x, mean)
+        ve = Add(var3, eps)
+        std = Sqrt(ve)
+        n = Div(d, std)
+        m = Mul(n, gamma)
+        y = Add(m, beta)
+    }}""")
+    result = graphopt.optimize(proto)
+    assert [n.op_type for n in result.model.graph] == ["LayerNormalization"]
+    out = result.to_onnx()
+    onnx.checker.check_model(out)
+    feeds = numerics.random_feeds(proto, seed=0)
+    assert numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), TOL, TOL) == []
+
+
 def test_a_centred_norm_without_gamma_is_a_layernorm():
     model, stats, _ = _fuse(_model(NORM + "    y = Div(d, std)\n"))
     assert stats == {"LayerNormNoAffine": 1} and _ops(model) == ["LayerNormalization"]

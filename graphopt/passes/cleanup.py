@@ -12,6 +12,11 @@ from graphopt.ir import Graph, Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import bypass, replace_value
 from graphopt.passes.facts import constant_node_tensor, random_functions, random_reason
+from graphopt.passes.reduce_axes import REDUCTIONS, reduced_axes
+
+# Constants up to this many elements are compared by value: axes, shapes, scalars. Exporters
+# write a fresh initializer for each, so two equal reductions read two equal [2]s.
+_SMALL_CONSTANT = 64
 
 @register
 class ConstantToInitializer(Pass):
@@ -106,6 +111,33 @@ def _float_key(value):
     return np.asarray(value, np.float32).tobytes()
 
 
+def _input_key(value: Value | None):
+    """A node input as CSE compares it: small constants by dtype, shape and bytes, anything
+    else by identity."""
+    if value is None:
+        return None
+    tensor = value.const
+    if tensor is None or not value.is_constant or tensor.size > _SMALL_CONSTANT:
+        return id(value)
+    data = tensor.numpy()
+    return (data.dtype.str, data.shape, data.tobytes())
+
+
+def _node_key(node: Node):
+    """What makes two nodes compute the same thing, or None when they cannot be compared. A
+    reduction is keyed by the axes it reduces, however spelled: [-1] and [2] at rank 3."""
+    attrs = _attr_key(node)
+    if attrs is None:
+        return None
+    inputs = tuple(_input_key(v) for v in node.inputs)
+    if node.op_type in REDUCTIONS:
+        axes = reduced_axes(node)
+        if axes is not None:
+            attrs = tuple(a for a in attrs if a[0] != "axes") + (("reduced", axes),)
+            inputs = inputs[:1]
+    return (node.domain, node.op_type, node.overload, attrs, len(node.outputs), inputs)
+
+
 def _attr_key(node: Node):
     parts = []
     for name, attr in sorted(node.attrs.items()):
@@ -139,11 +171,9 @@ class EliminateCommonSubexpressions(Pass):
                 if node.subgraphs() or random_reason(node) \
                         or (node.domain, node.op_type) in random_calls:
                     continue
-                attrs = _attr_key(node)
-                if attrs is None:
+                key = _node_key(node)
+                if key is None:
                     continue
-                key = (node.domain, node.op_type, node.overload, attrs, len(node.outputs),
-                       tuple(id(v) if v is not None else None for v in node.inputs))
                 first = seen.get(key)
                 if first is None:
                     seen[key] = node

@@ -10,7 +10,8 @@ Arithmetic identities only fire when broadcasting leaves x's shape and dtype unc
 x + 0.0 is not x: -0.0 + 0.0 is +0.0, which 1/x or atan2 tell apart; x + (-0.0) and x - 0.0
 are (integer zeros have no sign).
 Also collapses Reshape(Reshape(x, a), b) into Reshape(x, b) when b needs no dims of the middle,
-and reads Where(Not(c), a, b) as Where(c, b, a).
+turns Reshape(Reduce(x, keepdims=0)) to the kept-dims shape into Reduce(x, keepdims=1), and reads
+Where(Not(c), a, b) as Where(c, b, a).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from graphopt.ir import Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import bypass
+from graphopt.passes.reduce_axes import reduced_axes
 
 
 def _same_type(a: Value, b: Value) -> bool:
@@ -213,6 +215,25 @@ def _collapsed_shape(node: Node, inner: Node) -> np.ndarray | None:
     return resolved
 
 
+def _reshape_of_reduce(node: Node, ctx: PassContext) -> bool:
+    """Reshape(Reduce(x, keepdims=0), s) -> Reduce(x, keepdims=1) when s is the shape keepdims=1
+    gives: what the dynamo exporter writes for `x.var(-1, keepdim=True)`, which hid the
+    variance of a LayerNorm from FuseLayerNorm. Only a reduction nothing else reads changes."""
+    reduce = node.inputs[0].producer
+    if reduce is None or reduce.attr("keepdims", 1) != 0 or len(reduce.outputs) != 1:
+        return False
+    axes, reduced = reduced_axes(reduce), reduce.output
+    if axes is None or len(reduced.uses) != 1 or reduced.is_graph_output:
+        return False
+    kept = tuple(1 if i in axes else d for i, d in enumerate(reduce.inputs[0].shape))
+    if not _same_shape(Value("kept", shape=kept), node.output) \
+            or not ctx.allows("ReshapeOfReduce", node):
+        return False
+    reduce.set_attr("keepdims", 1)
+    reduced.shape = kept
+    return bypass(node, reduced)
+
+
 def _where_of_not(node: Node, ctx: PassContext) -> bool:
     """Where(Not(c), a, b) -> Where(c, b, a), exactly (the broadcast shape is the same): what
     `masked_fill(~mask, …)` exports to. The Not is dropped once nothing else reads it."""
@@ -238,6 +259,9 @@ class EliminateNoOps(Pass):
                 continue
             if node.op_type == "Reshape" and _collapse_reshape(node, ctx):
                 result.count("ReshapeOfReshape")
+            if node.op_type == "Reshape" and _reshape_of_reduce(node, ctx):
+                result.count("ReshapeOfReduce")
+                continue
             if node.op_type == "Where" and _where_of_not(node, ctx):
                 result.count("WhereOfNot")
                 continue
