@@ -17,7 +17,8 @@ Step = str | FixedPoint
 _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # Fusions run after folding (patterns expect folded constants) and repeat with dead-node removal
 # so that a fusion exposing another (Gelu then BiasGelu) is found.
-# Order matters within a sweep: BatchNorm folds into Conv before Conv+Relu can fuse, MatMul+Add
+# Order matters within a sweep: BatchNorm folds into Conv before Conv+Relu can fuse (and into
+# each branch before MergeParallelConvs adds the branches' convs up), MatMul+Add
 # becomes Gemm before Gemm+Relu does, the residual Add fuses into SkipLayerNormalization.
 # Attention follows FuseMatMul, whose FusedMatMul already carries the scale; the Transpose and
 # Reshape pairs it leaves cancel in the next sweep's SimplifyLayout and EliminateNoOps.
@@ -29,7 +30,7 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # FoldInputAffine follows the activation fusions, whose patterns end in the Mul or Div by a
 # constant it would otherwise take into the next Conv (hard-swish's / 6).
 _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
-         "FuseConvBatchNorm", "LowerPRelu", "LowerLRN", "FuseLayerNorm", "FuseGelu",
+         "FuseConvBatchNorm", "MergeParallelConvs", "LowerPRelu", "LowerLRN", "FuseLayerNorm", "FuseGelu",
          "FuseHardSwish", "FoldInputAffine", "FuseMatMul", "FuseRotaryEmbedding", "FuseAttention",
          "ReadShapesUpstream", "EliminateNoOps", "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations

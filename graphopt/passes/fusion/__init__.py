@@ -2,5 +2,5 @@
 
 from graphopt.passes.fusion import (  # noqa: F401
     activation, attention, batched_heads, conv_affine_input, conv_bn, elementwise, gelu,
-    hardswish, layernorm, layout, lrn, matmul, prelu, rotary, slicing, softplus, stft,
+    hardswish, layernorm, layout, lrn, matmul, parallel_conv, prelu, rotary, slicing, softplus, stft,
     transpose_sinking)
