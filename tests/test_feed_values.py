@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 import graphopt
 from graphopt.codegen.feeds import load_npz
-from graphopt.errors import InputError
+from graphopt.errors import GraphoptError, InputError
 
 
 def _identity(tmp_path, elem_type, shape) -> tuple:
@@ -128,3 +128,26 @@ def test_an_npz_naming_an_array_twice_is_refused_as_inputs_and_as_calibration(tm
         load_npz(tmp_path / "dup.npz")
     with pytest.raises(OptionError, match="'x' is in it twice"):
         read_calibration(tmp_path / "dup.npz", load_onnx(str(source)).graph)
+
+
+def test_a_big_endian_array_is_refused_saying_so(tmp_path):
+    session = graphopt.load(_identity(tmp_path, TensorProto.FLOAT, [2])[1])
+    with pytest.raises(InputError, match=r"^input 'x' has dtype >f4 \(its bytes are big-endian: "
+                       r"pass array.astype\('<f4'\)\), expected float32\[2\]"):
+        session.run({"x": np.array([1, 2], ">f4")})
+    assert session.run({"x": np.array([1, 2], ">f4").astype("<f4")})["y"].tolist() == [1, 2]
+
+
+def test_a_lossy_python_int_is_named_with_its_article(tmp_path):
+    session = graphopt.load(_identity(tmp_path, TensorProto.UINT8, [])[1])
+    with pytest.raises(InputError, match="^input 'x' was given as an int that numpy reads as "):
+        session.run({"x": 300})
+
+
+def test_providers_after_close_says_closed(tmp_path):
+    session = graphopt.load(_identity(tmp_path, TensorProto.FLOAT, [2])[1])
+    assert session.run({"x": np.ones(2, np.float32)})["y"].tolist() == [1, 1]
+    assert list(session.providers.values()) == [["CPUExecutionProvider"]]
+    session.close()
+    with pytest.raises(GraphoptError, match="closed"):
+        session.providers

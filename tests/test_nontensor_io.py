@@ -264,6 +264,9 @@ def test_an_optional_input_left_out_is_empty_as_onnxruntime_takes_it(tmp_path, c
     np.testing.assert_array_equal(session.run({"x": x})["y"], empty)
     np.testing.assert_array_equal(session.run({"x": x, "opt": None})["y"], empty)
     np.testing.assert_array_equal(session.run({"x": x, "opt": held})["y"], empty + 1)
+    # A list for the tensor it holds, as a plain tensor input takes one (it was refused as
+    # "takes a tensor, not a list").
+    np.testing.assert_array_equal(session.run({"x": x, "opt": held.tolist()})["y"], empty + 1)
     # The tensor an optional holds names dim B as x does: both must give it one size.
     with pytest.raises(GraphoptError, match="input 'opt' has shape \\[2, 4\\]: its dim 0 is 'B', "
                        "which input 'x' gives as 3"):

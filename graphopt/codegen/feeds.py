@@ -245,21 +245,23 @@ def unknown_input(name: str, expected: Collection[str], fixed: Collection[str]) 
     return InputError(f"unknown input {name!r}; the model's inputs are: {inputs}")
 
 
-def as_array(name: str, value: Any, dtype: np.dtype | None = None) -> np.ndarray:
+def as_array(name: str, value: Any, dtype: np.dtype | None = None,
+             where: str | None = None) -> np.ndarray:
     """`value` as an array; InputError naming the input when numpy cannot make one (a list of
     arrays of different shapes, say). A list, tuple or scalar becomes an array of the input's
     declared `dtype`, as onnxruntime makes one of it, where numpy's own reading of the values
     casts to it within its kind and range (Python floats to float32, ints to int32; not floats
     to ints, nor 300 to uint8), and an empty one always; anything else keeps numpy's dtype for
-    the checks to refuse."""
+    the checks to refuse. `where` names the value in errors (default: input `name`)."""
     if isinstance(value, np.ndarray):
         return value
+    where = where or f"input {name!r}"
     if value is None:  # numpy makes an object array of it, which read as a dtype mismatch
-        raise InputError(f"input {name!r} is None; it takes a tensor")
+        raise InputError(f"{where} is None; it takes a tensor")
     try:
         array = np.asarray(value)
     except ValueError:
-        raise InputError(f"input {name!r} takes a tensor, not {_what(value)}") from None
+        raise InputError(f"{where} takes a tensor, not {_what(value)}") from None
     if array.size == 0 and dtype is not None:  # no values to lose: numpy's float64 is a guess
         return array.astype(dtype)
     # Only between numpy's own numbers: ml_dtypes' types (kind V) have no range to check.
@@ -269,7 +271,7 @@ def as_array(name: str, value: Any, dtype: np.dtype | None = None) -> np.ndarray
     castable = integers or np.can_cast(array.dtype, dtype, "same_kind")
     cast = _lossless_cast(array, dtype) if castable else None
     if cast is None:
-        raise InputError(f"input {name!r} was given as {_what(value)} that numpy reads as "
+        raise InputError(f"{where} was given as {_what(value)} that numpy reads as "
                          f"{array.dtype}, which does not cast to {dtype} without loss; pass an "
                          f"array of {dtype}")
     return cast
@@ -309,7 +311,7 @@ def _check_tensor(entry: Mapping, array: np.ndarray, where: str | None = None) -
     else:
         ok = dtype is None or array.dtype == dtype or same_bits(array, dtype)
     if not ok:
-        raise InputError(f"{where} has dtype {array.dtype}, expected {describe(entry)}")
+        raise dtype_mismatch(where, array, dtype, entry)
     shape = entry["shape"]
     if shape is None:
         return
@@ -320,6 +322,16 @@ def _check_tensor(entry: Mapping, array: np.ndarray, where: str | None = None) -
         if isinstance(want, int) and got != want:
             raise InputError(f"{where} has shape {list(array.shape)}, expected "
                              f"{describe(entry)} (dim {axis} must be {want})")
+
+
+def dtype_mismatch(where: str, array: np.ndarray, dtype: np.dtype | None,
+                   entry: Mapping) -> InputError:
+    """The error for a feed of the wrong dtype; one that differs only in byte order says so
+    (an array read from a big-endian file prints as >f4, which a float32 input does not name)."""
+    swapped = dtype is not None and array.dtype.byteorder not in "=|" \
+        and array.dtype.newbyteorder("=") == dtype
+    hint = f" (its bytes are big-endian: pass array.astype({dtype.str!r}))" if swapped else ""
+    return InputError(f"{where} has dtype {array.dtype}{hint}, expected {describe(entry)}")
 
 
 def check_strings(array: np.ndarray, where: str) -> None:
@@ -511,23 +523,24 @@ def _fitted(where: str, kind: tuple, value: Any, shape: list | None) -> Any:
         return dict(value)
     if tag == "unknown":
         return value
-    array = value if isinstance(value, np.ndarray) else _fitted_array(where, value)
+    array = value if isinstance(value, np.ndarray) else _fitted_array(where, value, kind[1])
     _check_tensor({"name": where, "dtype": kind[1], "shape": shape}, array, where)
     return strings_for_onnxruntime(array)
 
 
-def _fitted_array(where: str, value: Any) -> np.ndarray:
-    if value is None or isinstance(value, (list, tuple, Mapping)):
+def _fitted_array(where: str, value: Any, dtype: str) -> np.ndarray:
+    """A tensor inside an optional or a sequence as an array, a list too (as a plain tensor
+    input takes one)."""
+    if value is None or isinstance(value, Mapping):
         raise InputError(f"{where} takes a tensor, not {_what(value)}")
-    return np.asarray(value)
+    return as_array("", value, numpy_dtype(dtype), where=where)
 
 
 def _what(value: Any) -> str:
     if value is None:
         return "None"
-    if isinstance(value, np.ndarray):
-        return f"a {value.dtype} array"
-    return f"a {type(value).__name__}"
+    words = f"{value.dtype} array" if isinstance(value, np.ndarray) else type(value).__name__
+    return f"{'an' if words[:1].lower() in 'aeiou' else 'a'} {words}"  # an int, an int64 array
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -13,10 +13,10 @@ import numpy as np
 import onnxruntime as ort
 
 from graphopt.codegen.deferred_check import DeferredCheck, deferred_check
-from graphopt.codegen.feeds import (as_array, check_strings, describe, fed_shape, fitted_value,
-                                    is_optional, numpy_dtype, same_bits, shared_dim_clash,
-                                    shared_dims, strings_for_onnxruntime, typed_entry,
-                                    unknown_input)
+from graphopt.codegen.feeds import (as_array, check_strings, describe, dtype_mismatch, fed_shape,
+                                    fitted_value, is_optional, numpy_dtype, same_bits,
+                                    shared_dim_clash, shared_dims, strings_for_onnxruntime,
+                                    typed_entry, unknown_input)
 from graphopt.codegen.index_bounds import check_dim, check_ids
 from graphopt.codegen.om_file import OpenedFile
 from graphopt.codegen.om_manifest import INDEX_DIMS, INDEX_ROWS
@@ -453,6 +453,7 @@ class OmSession:
     @property
     def providers(self) -> dict[str, list[str]]:
         """The onnxruntime providers each partition actually got."""
+        self._check_open()
         return {step.name: step.session.get_providers() for step in self._steps}
 
     def run(
@@ -559,9 +560,7 @@ class OmSession:
             else:
                 ok = dtype is None or array.dtype == dtype
             if not ok:
-                raise InputError(
-                    f"input {name!r} has dtype {array.dtype}, expected {describe(entry)}"
-                )
+                raise dtype_mismatch(f"input {name!r}", array, dtype, entry)
             shape = entry["shape"]
             if shape is not None and array.shape != self._static_shapes.get(name):
                 if array.ndim != len(shape):
