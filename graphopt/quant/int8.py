@@ -329,7 +329,8 @@ class QuantizeInt8(Pass):
                 params[id(value)] = params[id(chosen.resolve(value.producer.inputs[0]))]
                 continue
             params[id(value)] = activation_params(*ranges[id(value)],
-                                                  options.activation_symmetric)
+                                                  options.activation_symmetric,
+                                                  as_uint8=chosen.form == "onnxruntime")
         return params, means
 
 

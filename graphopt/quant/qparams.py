@@ -23,13 +23,17 @@ class QParams:
         return np.asarray(self.zero_point).dtype
 
 
-def activation_params(lo: float, hi: float, symmetric: bool) -> QParams:
+def activation_params(lo: float, hi: float, symmetric: bool, as_uint8: bool = False) -> QParams:
     """uint8 over [min(lo, 0), max(hi, 0)] (0 stays exact, so zero padding is), or int8
-    symmetric over ±max(|lo|, |hi|)."""
+    symmetric over ±max(|lo|, |hi|). `as_uint8` writes the symmetric range as uint8 with zero
+    point 128, the same values (code + 128, clipped alike to [-128, 127] steps): onnxruntime's
+    CPU optimizer turns int8 Q/DQ pairs into that form, but not every pair of a conv whose
+    input another op reads too, and a conv left with one int8 and one uint8 side runs in float
+    between them (timm regnetx_002: 18 of 44 convs, no faster than FP32)."""
     if symmetric:
         bound = max(abs(lo), abs(hi))
         scale = bound / 127.0 if bound > 0 else 1.0
-        return QParams(np.float32(scale), np.int8(0))
+        return QParams(np.float32(scale), np.uint8(128) if as_uint8 else np.int8(0))
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = (hi - lo) / 255.0 if hi > lo else 1.0
     zero_point = int(np.clip(round(-lo / scale), 0, 255))
