@@ -142,6 +142,19 @@ def test_outputs_shaped_like_logits_are_only_labelled_so_when_they_plausibly_are
                                       "out": "lm", "logits": "lm"}
 
 
+def test_a_classifier_whose_scores_leave_through_a_qdq_pair_is_one():
+    # onnxruntime's quantize_static writes the head Gemm's output through Q → DQ: the scores
+    # had been reported as a plain tensor, without top-1.
+    head = parse_model("""
+        g (float[1,8] x) => (float[1,5] y) {
+          z = Gemm(x, w, b)
+          q = QuantizeLinear(z, s, zp)
+          y = DequantizeLinear(q, s, zp)
+        }""", w=RNG.standard_normal((8, 5)).astype(np.float32),
+        b=RNG.standard_normal(5).astype(np.float32), s=np.float32(0.05), zp=np.uint8(128))
+    assert _kinds(head) == {"y": "classifier"}
+
+
 def test_zoo_language_models_and_classifiers_keep_their_kinds():
     gpt2 = zoo.build("gpt2_small", layers=1, hidden=64, heads=2, vocab=100, positions=32)
     bert = zoo.build("bert_base", layers=1, hidden=64, heads=2, intermediate=128, vocab=100)

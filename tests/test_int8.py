@@ -1421,6 +1421,27 @@ def test_a_model_of_integer_ops_says_why_nothing_was_quantized(tmp_path):
     assert any("already an integer op (ConvInteger)" in note for note in result.notes)
 
 
+def test_a_qdq_model_from_quantize_static_is_named_quantized_already(tmp_path):
+    # onnxruntime's quantize_static puts each weight behind a DequantizeLinear: the note had
+    # said "the model has no Conv, Gemm or MatMul with a constant weight".
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter([{"x": x} for x in np.load(_calibration(tmp_path))["x"]])
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    source = tmp_path / "float.onnx"
+    onnx.save(_conv_model(), source)
+    quantize_static(str(source), str(tmp_path / "qdq.onnx"), Reader())
+    result, _ = _int8(onnx.load(tmp_path / "qdq.onnx"), calibration=_calibration(tmp_path))
+    assert any("already quantized (its weight comes from the model's own DequantizeLinear)"
+               in note for note in result.notes), result.notes
+    assert not any("quantized nothing" in note for note in result.notes), result.notes
+
+
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_a_bias_too_large_for_int32_at_a_tiny_input_scale_keeps_its_value(tmp_path, per_channel):
     # Activations near 1e-9 give a bias scale near 1e-13: a bias of 0.5 clipped to int32's

@@ -199,6 +199,10 @@ def _unquantizable(node: Node, dependent: set[int]) -> str | None:
     if not node.is_onnx or node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
         return None
     data, weight = node.inputs[0], node.inputs[1].constant()
+    if weight is None and _dequantized(node.inputs[1]):
+        # onnxruntime's quantize_static output: "the model has no Conv … with a constant
+        # weight" had read as if the model had no layers at all.
+        return "already quantized (its weight comes from the model's own DequantizeLinear)"
     if node.op_type == "MatMul" and weight is None and data is not None \
             and _const(data) is not None:  # W · X: without this, "the model has no MatMul…"
         return "MatMul whose constant is its first operand (int8 quantizes W in X · W)"

@@ -24,8 +24,9 @@ import onnx
 # Ops that only carry token ids on towards the embedding Gather.
 _ID_PATH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 # Ops a classifier's head may end with after its linear layer.
+# QuantizeLinear/DequantizeLinear too: a QDQ classifier's scores leave its Gemm through a pair.
 _HEAD_TAIL = {"Add", "Sub", "Mul", "Div", "Softmax", "LogSoftmax", "Sigmoid", "Flatten",
-              "Reshape", "Squeeze", "Identity", "Cast"}
+              "Reshape", "Squeeze", "Identity", "Cast", "QuantizeLinear", "DequantizeLinear"}
 _LINEAR = {"Gemm", "MatMul", "Conv", "FusedMatMul", "FusedGemm", "MatMulNBits",
            "DynamicQuantizeMatMul", "QGemm", "MatMulInteger", "QLinearMatMul", "QLinearConv"}
 _SCORE_NAMES = ("logit", "score", "prob", "class")
