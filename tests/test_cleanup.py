@@ -264,6 +264,40 @@ def test_reshape_restoring_a_reduced_axis_becomes_keepdims():
     assert [n.attr("keepdims") for n in model.graph][:4] == [1, 1, 0, 0]
 
 
+def test_reshape_restoring_a_reduced_axis_at_open_dims_becomes_keepdims():
+    # At an open batch and sequence dynamo writes the target [0, 0, 1], whose output
+    # inference names afresh: the shapes alone could not show the Reshape restores the axis.
+    model, stats = run_passes('<ir_version: 8, opset_import: ["" : 18]>' + """
+    g (float[N, S, 4] x) => (float[N, S, 1] y) {
+        last = Constant <value_ints = [-1]> ()
+        kept = Constant <value_ints = [0, 0, 1]> ()
+        a = ReduceMean <keepdims = 0> (x, last)
+        y = Reshape(a, kept)
+    }""", "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
+    assert stats["ReshapeOfReduce"] == 1 and ops(model) == ["ReduceMean"]
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_a_sum_divided_by_its_count_is_a_mean(opset):
+    # dynamo's torch.var_mean: the mean as ReduceSum / 64 beside the variance's ReduceMean.
+    model, stats = run_passes(f'<ir_version: 8, opset_import: ["" : {opset}]>' + """
+    g (float[N, 3, 4] x) => (float[N, 3, 1] y, float[N, 3, 1] z, float[N, 3, 1] w) {
+        last = Constant <value_ints = [-1]> ()
+        four = Constant <value_float = 4.0> ()
+        three = Constant <value_float = 3.0> ()
+        s = ReduceSum <keepdims = 1> (x, last)
+        y = Div(s, four)
+        t = ReduceSum <keepdims = 1> (x, last)
+        z = Div(t, three)
+        w = ReduceMax <keepdims = 1> (x, last)
+    }""".replace("ReduceMax <keepdims = 1> (x, last)",
+                 "ReduceMax <keepdims = 1> (x, last)" if opset >= 18
+                 else "ReduceMax <keepdims = 1, axes = [-1]> (x)"),
+        "ConstantToInitializer", "EliminateNoOps", "EliminateDeadNodes")
+    assert stats["MeanOfSum"] == 1  # the sum divided by 3 is no mean over 4 elements
+    assert ops(model) == ["ReduceMean", "ReduceSum", "Div", "ReduceMax"]
+
+
 def test_reshape_of_a_reduction_another_node_reads_stays():
     model, stats = run_passes(HEADER + """
     g (float[2, 3, 4] x) => (float[2, 3, 1] y, float[2, 3] w) {

@@ -361,6 +361,32 @@ def test_matmul_bn_behind_a_flatten_of_the_features_is_refused():
     _refuses(proto, "MatMulFlattenBatchNorm", "does not keep the MatMul's last axis alone")
 
 
+RESHAPED_BN = """
+g (float[2, 5, 8] x, float[8, 4] w, float[4] scale, float[4] shift, float[4] mean,
+   float[4] var) => (float[{rows}, {cols}] y) {{
+    m = MatMul(x, w)
+    f = Reshape <allowzero = 1> (m, shape)
+    y = BatchNormalization(f, scale, shift, mean, var) <epsilon = 0.001>
+}}"""
+
+
+def test_matmul_bn_behind_a_reshape_of_the_tokens_folds():
+    # The dynamo exporter writes LeViT's flatten(0, 1) as a Reshape to [10, 4]: none of timm
+    # levit_128s's 46 BatchNorms had folded in its dynamo export.
+    proto = _model(RESHAPED_BN.format(rows=10, cols=4), w=_f32(8, 4, seed=5),
+                   shape=np.array([10, 4]), **_bn(4))
+    _fires(proto, "MatMulReshapeBatchNorm", ["MatMul", "Add", "Reshape"])
+
+
+def test_matmul_bn_behind_a_reshape_that_moves_the_features_is_refused():
+    proto = _model(RESHAPED_BN.format(rows=20, cols=2).replace("float[4] scale, float[4] shift, "
+                                                               "float[4] mean,\n   float[4] var",
+                                                               "float[2] scale, float[2] shift, "
+                                                               "float[2] mean,\n   float[2] var"),
+                   w=_f32(8, 4, seed=5), shape=np.array([20, 2]), **_bn(2))
+    _refuses(proto, "MatMulReshapeBatchNorm", "does not merge the MatMul's leading axes")
+
+
 # -- Conv + Add / Mul ---------------------------------------------------------------------------
 
 CONV_AFFINE = """

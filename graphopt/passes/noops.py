@@ -10,8 +10,8 @@ Arithmetic identities only fire when broadcasting leaves x's shape and dtype unc
 x + 0.0 is not x: -0.0 + 0.0 is +0.0, which 1/x or atan2 tell apart; x + (-0.0) and x - 0.0
 are (integer zeros have no sign).
 Also collapses Reshape(Reshape(x, a), b) into Reshape(x, b) when b needs no dims of the middle,
-turns Reshape(Reduce(x, keepdims=0)) to the kept-dims shape into Reduce(x, keepdims=1), and reads
-Where(Not(c), a, b) as Where(c, b, a).
+turns Reshape(Reduce(x, keepdims=0)) to the kept-dims shape into Reduce(x, keepdims=1) and
+Div(ReduceSum(x), count) into ReduceMean(x), and reads Where(Not(c), a, b) as Where(c, b, a).
 """
 
 from __future__ import annotations
@@ -215,6 +215,24 @@ def _collapsed_shape(node: Node, inner: Node) -> np.ndarray | None:
     return resolved
 
 
+def _target_is_kept(node: Node, reduced: Value, kept: tuple) -> bool:
+    """Whether the Reshape's constant target spells `kept` dim by dim where shapes are open: a
+    0 (without allowzero) copies the reduced value's dim there, which must be the kept dim;
+    any other entry is that static dim. The dynamo exporter writes [0, 0, 1] at an open batch
+    and sequence, whose output inference names afresh ([unk__0, unk__1, 1])."""
+    target = _const(node.input(1))
+    if target is None or target.ndim != 1 or len(target) != len(kept) \
+            or node.attr("allowzero", 0) or reduced.shape is None:
+        return False
+    for i, (entry, dim) in enumerate(zip(target.tolist(), kept)):
+        if entry == 0:
+            if i >= len(reduced.shape) or reduced.shape[i] is None or reduced.shape[i] != dim:
+                return False
+        elif not (isinstance(dim, int) and entry == dim):
+            return False
+    return True
+
+
 def _reshape_of_reduce(node: Node, ctx: PassContext) -> bool:
     """Reshape(Reduce(x, keepdims=0), s) -> Reduce(x, keepdims=1) when s is the shape keepdims=1
     gives: what the dynamo exporter writes for `x.var(-1, keepdim=True)`, which hid the
@@ -226,12 +244,43 @@ def _reshape_of_reduce(node: Node, ctx: PassContext) -> bool:
     if axes is None or len(reduced.uses) != 1 or reduced.is_graph_output:
         return False
     kept = tuple(1 if i in axes else d for i, d in enumerate(reduce.inputs[0].shape))
-    if not _same_shape(Value("kept", shape=kept), node.output) \
+    if not (_same_shape(Value("kept", shape=kept), node.output)
+            or _target_is_kept(node, reduced, kept)) \
             or not ctx.allows("ReshapeOfReduce", node):
         return False
     reduce.set_attr("keepdims", 1)
     reduced.shape = kept
     return bypass(node, reduced)
+
+
+def _mean_of_sum(node: Node, opset: int, ctx: PassContext) -> bool:
+    """Div(ReduceSum(x, axes), n) -> ReduceMean(x, axes) where n counts the elements each sum
+    adds (static dims): how the dynamo exporter writes the mean `torch.var_mean` returns,
+    beside the ReduceMean inside its variance, which CSE could then not merge with it."""
+    total = node.inputs[0].producer
+    n = _const(node.input(1))
+    if total is None or total.op_type != "ReduceSum" or not total.is_onnx or n is None \
+            or n.size != 1 or n.dtype.kind != "f" or len(total.output.uses) != 1 \
+            or total.output.is_graph_output or not _same_type(total.output, node.output) \
+            or not _same_shape(total.output, node.output):
+        return False
+    axes, x = reduced_axes(total), total.inputs[0]
+    if axes is None or x.shape is None:
+        return False
+    dims = [x.shape[a] for a in axes]
+    if not all(isinstance(d, int) for d in dims) or float(np.prod(dims)) != float(n.item()) \
+            or not ctx.allows("MeanOfSum", node):
+        return False
+    # The sum's own attributes, so that CSE finds the mean equal to one spelled alike.
+    attrs = dict(total.attrs)
+    if opset >= 18:  # axes an input, as ReduceSum's from 13
+        inputs = [x, node.graph.make_initializer("axes", np.array(axes, np.int64))]
+    else:  # an attribute, and no noop_with_empty_axes before 18
+        attrs.pop("noop_with_empty_axes", None)
+        inputs, attrs["axes"] = [x], list(axes)
+    mean = node.graph.make_node("ReduceMean", inputs, attrs, before=node,
+                                dtype=node.output.dtype, shape=node.output.shape)
+    return bypass(node, mean.output)
 
 
 def _where_of_not(node: Node, ctx: PassContext) -> bool:
@@ -252,6 +301,7 @@ class EliminateNoOps(Pass):
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
+        opset = model.opset() or 1
         for node in list(model.graph.all_nodes()):
             if node.graph is None or not node.is_onnx or not node.inputs:
                 continue
@@ -261,6 +311,9 @@ class EliminateNoOps(Pass):
                 result.count("ReshapeOfReshape")
             if node.op_type == "Reshape" and _reshape_of_reduce(node, ctx):
                 result.count("ReshapeOfReduce")
+                continue
+            if node.op_type == "Div" and _mean_of_sum(node, opset, ctx):
+                result.count("MeanOfSum")
                 continue
             if node.op_type == "Where" and _where_of_not(node, ctx):
                 result.count("WhereOfNot")

@@ -13,7 +13,8 @@ weight's dtype and stored as new initializers: the originals may be shared, and 
 modified.
 
 A BatchNormalization after a Concat along the channels of Convs that only the Concat reads
-splits by channel range: each Conv takes its share of s and t.
+splits by channel range: each Conv takes its share of s and t. One after an N-D MatMul whose
+tokens a Flatten or a Reshape to [·, C] merges into rows folds into the MatMul's columns.
 
     x ─ Pad(constant 0, spatial axes) ─ Conv / AveragePool(count_include_pad=1)  →  pads += Pad's
     (never into MaxPool: it pads with −∞, not 0)
@@ -268,6 +269,26 @@ class MatMulFlattenBatchNorm(MatMulBatchNorm):
         return op.Flatten(self.fold(op, node, x, w, None, s, t), axis=flat_axis)
 
 
+class MatMulReshapeBatchNorm(MatMulFlattenBatchNorm):
+    """MatMul(x [B, N, K], W [K, C]) → Reshape to [B·N, C] → BatchNormalization: LeViT's
+    Linear + BatchNorm1d as the dynamo exporter writes `x.flatten(0, 1)` (a Reshape with a
+    constant target where TorchScript writes a Flatten) →  Reshape(MatMul(x, W·s) + t)."""
+
+    def pattern(self, op, x, w):
+        return _bn(op, op.Reshape(op.MatMul(x, w, _name="node"), Var("newshape"), _name="flat"))
+
+    def check(self, node, x, w, scale, shift, mean, var, training, eps, newshape):
+        shape = newshape.constant()
+        if shape is None or shape.ndim != 1 or len(shape) != 2 or (shape == 0).any() \
+                or w.shape is None or len(w.shape) != 2 or int(shape[1]) != w.shape[1]:
+            return "the Reshape does not merge the MatMul's leading axes into [·, C]"
+        return _BatchNormAfter.check(self, node, x, w, scale, shift, mean, var, training, eps)
+
+    def rewrite(self, op, node, x, w, scale, shift, mean, var, eps, newshape, **_):
+        s, t = self.affine(scale, shift, mean, var, eps)
+        return op.Reshape(self.fold(op, node, x, w, None, s, t), newshape)
+
+
 def _per_channel(c, node, w) -> np.ndarray | str:
     """c as a [C] float64 vector when it broadcasts along the Conv output's axis 1 only."""
     channels = _conv_channels(node, w)
@@ -388,8 +409,8 @@ class FuseConvBatchNorm(RulePass):
     description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
     rules = (PadConv, PadAveragePool, ConvBatchNorm, ConcatBatchNorm, ConvTransposeBatchNorm,
-             GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm, ConvAddBias, ConvSubBias,
-             ConvMulScale)
+             GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm, MatMulReshapeBatchNorm,
+             ConvAddBias, ConvSubBias, ConvMulScale)
 
 
 __all__ = ["FuseConvBatchNorm"]
