@@ -231,6 +231,8 @@ def _optimize(args) -> int:
             print(f"{args.output} as written: max abs error "
                   f"{max(written_check.measured.values()):.3g} on {where}, run by "
                   "graphopt's runtime")
+            for note in written_check.notes:  # why an error past rtol/atol was accepted
+                print(f"verify ({args.output} as written): {note}")
         for path, _, _ in plots:  # after the summary, whose memory lines they draw
             print(f"wrote {path}")
         if report:

@@ -13,7 +13,7 @@ from graphopt import numerics
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.option_names import option, setting
 from graphopt.passes import Options
-from graphopt.rounding import within_rounding
+from graphopt.rounding import unstable_selection_hint, within_rounding
 from graphopt.source_marks import frames_hint, inserted_preprocessing
 
 
@@ -142,8 +142,11 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
 
         problems = below_cosine(expected, actual, judge)
     if problems:
+        failing = [p.output for p in problems] if judge["min_cosine"] is None else []
         raise VerificationError(f"{option('verify')}: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3])
+                                + unstable_selection_hint(original, feeds, expected, failing,
+                                                          judge)
                                 + _seeded_inputs_hint(inputs, options,
                                                       bool(inserted_preprocessing(
                                                           original.metadata_props)))

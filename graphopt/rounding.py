@@ -84,6 +84,31 @@ def _reordered_selection(original: ModelProto, own_outputs: Callable[[], dict], 
             f"{option('out_nodes')}, show the numbers)")
 
 
+def unstable_selection_hint(original: ModelProto, feeds, expected: dict, failing: list[str],
+                            judge: dict) -> str:
+    """A hint for a failure whose every output follows a NonMaxSuppression or TopK that the
+    original itself does not reproduce under onnxruntime's own optimizer (ORT_ENABLE_ALL off
+    from ORT_DISABLE_ALL beyond rtol/atol on the same outputs): near-tied scores whose
+    selection any other summation order changes, which no tolerance on the boxes can tell
+    from an error. "" otherwise."""
+    selections = _selections_before(original, failing) if original is not None else {}
+    if not failing or len(selections) != len(failing):
+        return ""
+    try:
+        own = numerics.run(original, feeds, "all")
+    except Exception:  # noqa: BLE001
+        return ""
+    unstable = [n for n in failing
+                if numerics.compare({n: expected[n]}, {n: own[n]}, judge["rtol"], judge["atol"])]
+    if len(unstable) != len(failing):
+        return ""
+    ops = " or ".join(sorted(set(selections.values())))
+    return (f" (output(s) {', '.join(repr(n) for n in failing)} follow a {ops}, and the original "
+            "differs from itself on them at ORT_ENABLE_ALL too: near-tied scores that another "
+            "summation order selects differently; verify the scores before the selection with "
+            f"{option('out_nodes')})")
+
+
 def _selections_before(original: ModelProto, names: list[str]) -> dict[str, str]:
     """For each of the main graph's values `names` that a NonMaxSuppression or TopK reaches,
     the type of one such op upstream."""

@@ -320,3 +320,25 @@ def test_outputs_after_a_selection_that_match_onnxruntimes_own_are_not_the_compi
     assert rounding._reordered_selection(_detector_with_nms(), lambda: boxes,
                                          {"boxes2": boxes["boxes2"] * 2}, dict(boxes),
                                          ["boxes2"], JUDGE) is None
+
+
+def test_a_selection_the_original_does_not_reproduce_itself_is_named_in_the_failure(
+        monkeypatch):
+    # SSDlite's near-tied scores: the .om chose other boxes than ORT_DISABLE_ALL, and so did
+    # the original at ORT_ENABLE_ALL (a third choice): --verify failed, and sent the user to
+    # --inputs, which cannot help. The failure now says where the difference comes from.
+    disabled = {"kept": np.array([[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]],
+                                 np.float32)}
+    enabled = {"kept": disabled["kept"][::-1].copy()}
+    monkeypatch.setattr(rounding.numerics, "run", lambda *args, **kwargs: enabled)
+    hint = rounding.unstable_selection_hint(_detector_with_nms(), {}, disabled, ["kept"], JUDGE)
+    assert "'kept' follow a NonMaxSuppression" in hint, hint
+    assert "out_nodes" in hint.replace("-", "_"), hint  # the option, as the caller spells it
+    # The original stable at ORT_ENABLE_ALL: the difference is the compile's, no hint.
+    monkeypatch.setattr(rounding.numerics, "run", lambda *args, **kwargs: disabled)
+    assert rounding.unstable_selection_hint(_detector_with_nms(), {}, disabled, ["kept"],
+                                            JUDGE) == ""
+    # An output no selection reaches gets none either.
+    monkeypatch.setattr(rounding.numerics, "run", lambda *args, **kwargs: enabled)
+    assert rounding.unstable_selection_hint(_detector_with_nms(), {}, disabled,
+                                            ["kept", "boxes2"], JUDGE) == ""
