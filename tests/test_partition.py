@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 
 import networkx as nx
@@ -635,9 +636,11 @@ def test_a_host_bound_edge_of_many_small_outputs_returns_to_the_host(tmp_path):
     assert len(npu.outputs) == 1
     assert {n.op_type for n in cpu.nodes} == {"Gemm", "Gather", "Greater", "NonZero"}
     reason = reason_of(result, "Greater")
-    assert reason.startswith("returned to cpu: the host-bound edge of an npu island, where "
-                             "its host↔device copies cost") and "more than the npu saves" in \
-        reason, reason
+    # Both parts named: the device's time on the edge (here it is slower) and the copies, as
+    # an island's own verdict gives them (the copies had been blamed for the device's time).
+    assert re.fullmatch(r"returned to cpu: the host-bound edge of an npu island, where the npu "
+                        r"would (save [\d.]+ µs on them|be [\d.]+ µs slower on them), and would "
+                        r"add [\d.]+ µs of host↔device copies", reason), reason
     feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
     assert_same_outputs(proto, path, feeds)
 

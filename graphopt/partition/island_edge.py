@@ -23,9 +23,11 @@ from graphopt.partition.estimate import transfer_seconds, value_bytes
 
 def host_edge(work: list[Node], owner: dict, index: int, on_host: Callable[[int | None], bool],
               target, reads: Callable[[Node], list[Value]], top_level: Callable[[Node], Node],
-              device_saves: Callable[[list[Node]], float]) -> tuple[list[Node], float]:
-    """(the best host-bound edge of island `index`, the seconds handing it to the host saves)
-    or ([], 0.0) when no edge saves any. `on_host(cluster)`: whether a cluster (None: the
+              device_saves: Callable[[list[Node]], float]) -> tuple[list[Node], float, float]:
+    """(the best host-bound edge of island `index`, the seconds handing it to the host saves,
+    the seconds of that the device would save on it: negative where the device is slower) or
+    ([], 0.0, 0.0) when no edge saves any; the copies the edge costs on the device are the
+    two added. `on_host(cluster)`: whether a cluster (None: the
     caller, or no cluster) is on the host side; `device_saves(nodes)`: the seconds the
     device saves on them."""
     def to_host(value: Value) -> bool:  # crosses to the host now, for another reader
@@ -48,7 +50,7 @@ def host_edge(work: list[Node], owner: dict, index: int, on_host: Callable[[int 
     sent: dict[int, float] = {}     # copies the edge sends the host now: saved once it goes
     fetched: dict[int, float] = {}  # copies it would read from the rest of the island
     saves = 0.0                     # what the device saves on the edge
-    best, best_gain = [], 0.0
+    best, best_gain, best_saves = [], 0.0, 0.0
     layer = [n for n in work if qualifies(n, edge)]
     # Layer by layer, as deep as the edge goes, each computed from the last one's inputs and
     # every sum kept as it grows: one partition round per island, in time linear in the edge.
@@ -72,10 +74,10 @@ def host_edge(work: list[Node], owner: dict, index: int, on_host: Callable[[int 
         if len(fetched) < len(sent):  # fewer copies; as many or more gain no latency
             gain = sum(sent.values()) - sum(fetched.values()) - saves
             if gain > best_gain:
-                best, best_gain = list(members), gain
+                best, best_gain, best_saves = list(members), gain, saves
         candidates = {id(v.producer): v.producer for n in layer for v in reads(n)
                       if v.producer is not None and id(v.producer) in in_island
                       and id(v.producer) not in edge}
         layer = [n for n in candidates.values() if qualifies(n, edge)]
     order = {id(n): k for k, n in enumerate(work)}
-    return sorted(best, key=lambda n: order[id(n)]), best_gain
+    return sorted(best, key=lambda n: order[id(n)]), best_gain, best_saves
