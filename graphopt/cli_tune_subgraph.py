@@ -79,7 +79,7 @@ def cmd_tune_subgraph(args, storage) -> int:
     # When the default is kept, the best candidate is only what the search found, not the result.
     label = "search's best" if result.kept_default else "tuned"
     # The ratio of the two figures on the line (the best's, also when the default is kept).
-    gain = default / best
+    gain = default / best if best > 0 else 1.0  # a compile priced at nothing: all folded
     print(f"whole model ({what}): default {_ms(default, args.objective)} {unit}, {label} "
           f"{_ms(best, args.objective)} {unit}, {gain:.3f}x")
     if result.kept_default:

@@ -647,8 +647,29 @@ def initializer_unlike_its_input() -> onnx.ModelProto:
     return model
 
 
+def attribute_in_another_field() -> onnx.ModelProto:
+    """LeakyRelu's alpha declared FLOAT, its value in the INT field: read as alpha 0, the
+    node had compiled to a Relu, where onnx.checker and onnxruntime refuse it."""
+    model = parse_model("g (float[2] x) => (float[2] y) { y = LeakyRelu <alpha = 0.1> (x) }")
+    (alpha,) = model.graph.node[0].attribute
+    alpha.ClearField("f")
+    alpha.i = 3
+    return model
+
+
+def attribute_twice() -> onnx.ModelProto:
+    """Softmax with axis given twice: the later one had won silently."""
+    model = parse_model("g (float[2,3] x) => (float[2,3] y) { y = Softmax <axis = 0> (x) }")
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("axis", 1))
+    return model
+
+
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
+    ("attribute_in_another_field", r"node writing 'y' \(LeakyRelu\): attribute 'alpha' is "
+                                   r"declared FLOAT but holds i \(onnx.checker and "
+                                   r"onnxruntime refuse it"),
+    ("attribute_twice", r"\(Softmax\): attribute 'axis' is given twice"),
     ("output_declared_int64", r"node writing 'y' \(Relu\): shape inference refuses it: "
                               r".*it computes float32 where the model declares int64 for its "
                               r"output"),

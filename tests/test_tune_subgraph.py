@@ -488,6 +488,24 @@ def test_a_model_without_decisions_is_priced_once_and_said_so(tmp_path, capsys):
         in out
 
 
+def test_a_model_that_compiles_to_nothing_tunes_and_reports_without_dividing_by_zero(
+        tmp_path, capsys):
+    # y = Shape(x) of a static x folds to a constant: the compile is priced at 0 s, and the
+    # gain, the --plot and `report --tuning-db` divided by it (an internal error, exit 3).
+    model = tmp_path / "shape.onnx"
+    onnx.save(parse_model("g (float[2,3] x) => (int64[2] y) { y = Shape (x) }"), model)
+    db, plot = tmp_path / "kb.db", tmp_path / "h.png"
+    rc, out, err = run_cli(capsys, "tune", model, "--target", "cpu", "--job", "subgraph",
+                           "--trials", "3", "--tuning-db", db, "--plot", plot)
+    assert rc == 0, err
+    assert "nothing to tune" in out and plot.exists()
+    rc, _, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "s.om", "--target", "cpu")
+    assert rc == 0, err
+    rc, _, err = run_cli(capsys, "report", tmp_path / "s.om", "-o", tmp_path / "r.html",
+                         "--tuning-db", db)
+    assert rc == 0, err
+
+
 def test_a_dynamic_model_says_which_nodes_the_npu_cannot_take_and_the_pins(tmp_path, capsys):
     # It tuned a host-only compile saying only "nothing to tune", where the op job names the
     # dynamic input and the --input-shape that pins it.

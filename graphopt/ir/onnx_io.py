@@ -375,6 +375,9 @@ class _Importer:
 
         for node, node_proto, in_names in created:
             for attr_proto in node_proto.attribute:
+                if attr_proto.name in node.attrs:  # onnx.checker and onnxruntime refuse it
+                    raise self.error(f"{_where(node)}: attribute '{attr_proto.name}' is given "
+                                     "twice")
                 node.attrs[attr_proto.name] = self.attribute(attr_proto, scope, node)
             if node.attrs:
                 graph.note_subgraphs(node)  # linked before its attributes were read
@@ -420,6 +423,15 @@ class _Importer:
             self.check_text(proto, _where(owner))
         kind = proto.type
         A = AttributeProto
+        held = [f.name for f, _ in proto.ListFields() if f.name in _VALUE_FIELDS]
+        if kind in _VALUE_FIELDS.values() and held != [_FIELD_OF[kind]] and not (
+                held == [] and (ref_attr_name or kind in A_SCALAR_DEFAULTABLE)):
+            # onnx.checker's "type field and data field mismatch": reading the field the type
+            # names would silently take its default (LeakyRelu alpha 0 from an alpha in `i`).
+            raise self.error(f"{_where(owner)}: attribute '{name}' is declared "
+                             f"{A.AttributeType.Name(kind)} but holds "
+                             f"{', '.join(held) or 'no value'} (onnx.checker and onnxruntime "
+                             "refuse it: type field and data field mismatch)")
         if kind == A.INT:
             value = proto.i
         elif kind == A.FLOAT:
@@ -602,6 +614,23 @@ def _unused_name(name: str, taken: set[str], given: set[str], suffixes: dict[str
         suffix += 1
     suffixes[name] = suffix + 1
     return f"{name}_{suffix}"
+
+
+_FIELD_OF = {
+    AttributeProto.INT: "i", AttributeProto.FLOAT: "f", AttributeProto.STRING: "s",
+    AttributeProto.TENSOR: "t", AttributeProto.GRAPH: "g",
+    AttributeProto.SPARSE_TENSOR: "sparse_tensor", AttributeProto.TYPE_PROTO: "tp",
+    AttributeProto.INTS: "ints", AttributeProto.FLOATS: "floats",
+    AttributeProto.STRINGS: "strings", AttributeProto.TENSORS: "tensors",
+    AttributeProto.GRAPHS: "graphs", AttributeProto.SPARSE_TENSORS: "sparse_tensors",
+    AttributeProto.TYPE_PROTOS: "type_protos"}
+_VALUE_FIELDS = {field: kind for kind, field in _FIELD_OF.items()}
+# A proto3-style scalar at its default value (i=0, f=0.0, s="", an empty list) is not written:
+# such an attribute holds no field, and onnx.checker lets it through.
+A_SCALAR_DEFAULTABLE = {AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,
+                        AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS,
+                        AttributeProto.TENSORS, AttributeProto.GRAPHS,
+                        AttributeProto.SPARSE_TENSORS, AttributeProto.TYPE_PROTOS}
 
 
 def _where(node: Node) -> str:

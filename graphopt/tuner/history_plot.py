@@ -48,7 +48,8 @@ def _history_figure(series: Series, width: int, height: int, kind: str | None) -
     """Best-so-far cost / default cost (capped at 1.0) vs trial number (from 1, as the
     progress counts them) in a width × height plot, one step curve per series ending in a
     square, with the legend's rows below it."""
-    points = [[(i, min(v / default, 1.0)) for i, v in enumerate(hist) if v != float("inf")]
+    points = [[(i, min(v / default, 1.0) if default > 0 else 1.0)
+               for i, v in enumerate(hist) if v != float("inf")]
               for _, hist, default in series]
     n = max((len(hist) for _, hist, _ in series), default=1)
     low = min(min((v for curve in points for _, v in curve), default=0.5), 0.95) - 0.02
@@ -108,7 +109,7 @@ def _legend_texts(series: Series) -> list[str]:
     for name, hist, default in series[:_LEGEND_ROWS]:
         best = min((v for v in hist if v != float("inf")), default=default)
         texts.append(f"{name}: default {_duration(default)}, best {_duration(best)} "
-                     f"({default / best:.3f}x)")
+                     f"({default / best if best > 0 else 1.0:.3f}x)")
     return texts
 
 

@@ -84,9 +84,10 @@ class SubgraphResult:
         """The chosen compile's over the default's (1.0 when the default is kept)."""
         if self.kept_default:
             return 1.0
-        if self.confirmed is not None:
-            return self.confirmed[0] / self.confirmed[1]
-        return self.default.seconds / self.best.seconds
+        default, best = self.confirmed or (self.default.seconds, self.best.seconds)
+        # A compile that prices at nothing (every output folded to a constant, or a graph
+        # input passed through) has nothing to speed up.
+        return default / best if best > 0 else 1.0
 
     def changes(self) -> list[tuple[str, Any, Any]]:
         """(decision, default, chosen) for every decision the chosen compile sets differently."""
