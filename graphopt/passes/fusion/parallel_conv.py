@@ -15,8 +15,8 @@ x · s + t from an inference BatchNormalization) is a 1×1 conv with one tap per
 needs as many output channels as input channels and stride 1. Training-time branches exported
 as they are (timm's repvgg_a0 without `reparameterize()`) keep a 1×1 conv, an Add and a
 BatchNorm pass beside each 3×3 conv; merged, each block is the 3×3 conv alone. Runs after
-FuseConvBatchNorm, which folds each branch's BatchNorm into its conv first. The merged weights
-are summed in float64 and cast back: outputs change in the last bits only.
+FuseConvBatchNorm, which folds each branch's BatchNorm into its conv first. Each merged weight
+is one addition, rounded once: outputs change in the last bits only.
 """
 
 from __future__ import annotations
@@ -89,15 +89,6 @@ def _add_placed(out: np.ndarray, weight: np.ndarray, shift: list[int]) -> None:
     `shift`."""
     out[(slice(None), slice(None)) + tuple(slice(s, s + k) for s, k in
                                            zip(shift, weight.shape[2:]))] += weight
-
-
-def _identity_weight(geometry: dict, scale: np.ndarray) -> np.ndarray:
-    """A one-tap kernel copying input channel c to output channel c, times scale[c]."""
-    out_channels, per_group = geometry["channels"]
-    weight = np.zeros((out_channels, per_group) + (1,) * len(geometry["kernel"]), np.float64)
-    channels = np.arange(out_channels)
-    weight[(channels, channels % per_group) + (0,) * len(geometry["kernel"])] = scale
-    return weight
 
 
 def _branch(value, x, node):
@@ -207,15 +198,18 @@ class _ParallelBranches(HandMatchedRule):
 
     @staticmethod
     def _merged(conv, other, window) -> tuple[np.ndarray, np.ndarray]:
-        """(weight, bias) of the merged Conv, summed in float64, in the weights' dtype."""
+        """(weight, bias) of the merged Conv in the weights' dtype. Two weights meet in one
+        addition, rounded once in their own dtype as in float64 and back; an identity's scale
+        and the biases, computed in float64, are rounded once at the end."""
         kernel, _, _, shift_a, shift_b = window
         kind, node = other
         w, b = conv.inputs[1], conv.input(2)
-        weight = np.zeros(tuple(w.shape[:2]) + tuple(kernel), np.float64)
-        _add_placed(weight, _f64(w), shift_a)
+        dtype = w.constant().dtype
+        weight = np.zeros(tuple(w.shape[:2]) + tuple(kernel), dtype)
+        _add_placed(weight, w.constant(), shift_a)
         bias = _f64(b) if b is not None else np.zeros(weight.shape[0])
         if kind == "conv":
-            _add_placed(weight, _f64(node.inputs[1]), shift_b)
+            _add_placed(weight, node.inputs[1].constant(), shift_b)
             if node.input(2) is not None:
                 bias = bias + _f64(node.input(2))
         else:
@@ -223,10 +217,12 @@ class _ParallelBranches(HandMatchedRule):
             if kind == "bn":
                 scale, shift = _BatchNormAfter.affine(*node.inputs[1:5],
                                                       node.attr("epsilon", 1e-5))
-            _add_placed(weight, _identity_weight(_geometry(conv), scale), shift_b)
+            # One tap a channel: output channel c reads input channel c, at the shifted tap.
+            channels = np.arange(weight.shape[0])
+            taps = (channels, channels % weight.shape[1]) + tuple(shift_b)
+            weight[taps] = (weight[taps].astype(np.float64) + scale).astype(dtype)
             bias = bias + shift
-        dtype = w.constant().dtype
-        return weight.astype(dtype), bias.astype(dtype)
+        return weight, bias.astype(dtype)
 
     def rewrite(self, op, add, x, conv, other):
         geometry = _geometry(conv)
