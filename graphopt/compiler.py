@@ -232,7 +232,12 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         ctx.note(f"{option('disable_passes')} {', '.join(idle)}: not in this compile's pipeline "
                  f"({pipeline.name}), so switching {'it' if len(idle) == 1 else 'them'} off "
                  "changes nothing")
-    log = PassManager(pipeline, ctx, instruments).run(source.model)
+    try:
+        log = PassManager(pipeline, ctx, instruments).run(source.model)
+    except InputError as exc:  # a fault of the model a pass found: named with its file
+        if not source.is_path or str(exc).startswith(f"{source.label}:"):
+            raise
+        raise InputError(f"{source.label}: {exc}") from None
     _check_compiled(source, options, ctx, log, target)
     _level_3_hint(source.model, options, ctx, target)
     result = OptimizeResult(source.model, log, source.label, source.sha256, source.ops_before,

@@ -657,6 +657,17 @@ def attribute_in_another_field() -> onnx.ModelProto:
     return model
 
 
+def range_of_zero_step() -> onnx.ModelProto:
+    """A Range of constant bounds and step 0, which folding runs: a pass found the fault, and
+    its error had not named the file."""
+    return parse_model("""
+        g (float[1] x) => (float[1] y) <float a = {0.0}, float b = {4.0}, float d = {0.0}> {
+            c = Range (a, b, d)
+            s = ReduceSum <keepdims = 1> (c)
+            y = Add (x, s)
+        }""")
+
+
 def attribute_twice() -> onnx.ModelProto:
     """Softmax with axis given twice: the later one had won silently."""
     model = parse_model("g (float[2,3] x) => (float[2,3] y) { y = Softmax <axis = 0> (x) }")
@@ -670,6 +681,7 @@ def attribute_twice() -> onnx.ModelProto:
                                    r"declared FLOAT but holds i \(onnx.checker and "
                                    r"onnxruntime refuse it"),
     ("attribute_twice", r"\(Softmax\): attribute 'axis' is given twice"),
+    ("range_of_zero_step", r"node writing 'c' \(Range\) fails on its constant inputs"),
     ("output_declared_int64", r"node writing 'y' \(Relu\): shape inference refuses it: "
                               r".*it computes float32 where the model declares int64 for its "
                               r"output"),
