@@ -30,9 +30,10 @@ _CLEANUP = ("EliminateIdentity", "EliminateNoOps", "EliminateDeadNodes")
 # FoldInputAffine follows the activation fusions, whose patterns end in the Mul or Div by a
 # constant it would otherwise take into the next Conv (hard-swish's / 6).
 _FUSE = ("UnmergeHeads", "SinkTransposes", "SimplifyLayout", "SimplifySlicing",
-         "FuseConvBatchNorm", "MergeParallelConvs", "LowerPRelu", "LowerLRN", "FuseLayerNorm", "FuseGelu",
-         "FuseHardSwish", "FoldInputAffine", "FuseMatMul", "FuseRotaryEmbedding", "FuseAttention",
-         "ReadShapesUpstream", "EliminateNoOps", "EliminateDeadNodes")
+         "FuseConvBatchNorm", "MergeParallelConvs", "ExpandForDevice", "LowerPRelu", "LowerLRN",
+         "FuseLayerNorm", "FuseGelu", "FuseHardSwish", "FoldInputAffine", "FuseMatMul",
+         "FuseRotaryEmbedding", "FuseAttention", "ReadShapesUpstream", "EliminateNoOps",
+         "EliminateDeadNodes")
 # Conv/Gemm + activation into FusedConv/FusedGemm only at -O3: onnxruntime fuses activations
 # itself at ORT_ENABLE_ALL, and an offline FusedConv measured slower on Inception-v2 (52.9 vs
 # 49.3 ms, bench/latency.py) because it stops onnxruntime's own layout-level fusions there.

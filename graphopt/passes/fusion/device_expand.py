@@ -1,0 +1,64 @@
+"""ExpandForDevice: an op the target's NPU has no kernel for, written as the ops of its ONNX
+function body where the NPU has all of those, so it stays on the device instead of sending its
+neighbourhood to the host.
+
+    Mish(x)  →  x · Tanh(Softplus(x))        (ONNX's own definition of Mish, opset 18)
+
+The dynamo exporter writes `nn.Mish` as the one ONNX op (TorchScript writes the three): CANN's
+ONNX operator list has Softplus, Tanh and Mul but no Mish, and a YOLOv4-style backbone on
+`ascend310` went to the host whole, each Mish an island boundary. The expansion is the
+operator's definition, computed by other kernels: on the CPU stand-in within float32
+rounding of onnxruntime's Mish kernel. A target whose NPU has the op, a CPU target, and a
+compile without a target keep it.
+"""
+
+from __future__ import annotations
+
+from graphopt.codegen.om_manifest import dtype_name
+from graphopt.ir import DType
+from graphopt.passes.base import register
+from graphopt.passes.rules import Rule, RulePass
+
+
+def _npu_lacks(target, root, op_type: str, body: tuple[str, ...]) -> str | None:
+    """Why the expansion of `op_type` at `root` does not apply on `target` (None: it does)."""
+    if target is None:
+        return "no target: onnxruntime's CPU provider runs the op"
+    device = target.device(target.primary)
+    if device.kind == "cpu":
+        return f"target {target.name} runs on its {device.name}, which has the op"
+    dtype = dtype_name(int(root.dtype)) if root.dtype is not None else None
+    if device.has_kernel(op_type, "", dtype):
+        return f"target {target.name}: its {device.name} runs {op_type}"
+    missing = [op for op in body if not device.has_kernel(op, "", dtype)]
+    if missing:
+        return (f"target {target.name}: its {device.name} has no kernel for "
+                f"{', '.join(missing)} either")
+    return None
+
+
+class MishAsSoftplusTanh(Rule):
+    """Mish(x) → x · Tanh(Softplus(x)) on an NPU with Softplus and Tanh but no Mish."""
+
+    dtypes = (DType.FLOAT, DType.FLOAT16)
+
+    def pattern(self, op, x):
+        return op.Mish(x)
+
+    def unsupported(self, root, target=None):
+        return _npu_lacks(target, root, "Mish", ("Softplus", "Tanh", "Mul")) \
+            or super().unsupported(root, target)
+
+    def rewrite(self, op, x, **_):
+        return op.Mul(x, op.Tanh(op.Softplus(x)))
+
+
+@register
+class ExpandForDevice(RulePass):
+    name = "ExpandForDevice"
+    description = ("ops the target's NPU lacks (Mish) as their ONNX function body, where the "
+                   "NPU has every op of it")
+    rules = (MishAsSoftplusTanh,)
+
+
+__all__ = ["ExpandForDevice"]
