@@ -8,7 +8,7 @@ import onnx.parser
 import pytest
 from helpers import parse_model, write_calibration
 
-from graphopt import zoo
+from graphopt import numerics, zoo
 from graphopt.quant.probe import int8_gemm_saturates
 from graphopt.tools.accuracy import accuracy_report, perplexity
 
@@ -153,6 +153,38 @@ def test_a_classifier_whose_scores_leave_through_a_qdq_pair_is_one():
         }""", w=RNG.standard_normal((8, 5)).astype(np.float32),
         b=RNG.standard_normal(5).astype(np.float32), s=np.float32(0.05), zp=np.uint8(128))
     assert _kinds(head) == {"y": "classifier"}
+
+
+SEGMENTER = """
+    g (float[1,3,16,16] x) => (float[1,4,16,16] out, float[1,4,8,8] head) {
+      f = Conv <strides = [2, 2], pads = [1, 1, 1, 1]> (x, w1)
+      r = Relu (f)
+      head = Conv (r, w2)
+      out = Resize <mode = "linear"> (head, roi, scales)
+    }"""
+
+
+def _segmenter(w2):
+    return parse_model(SEGMENTER, w1=RNG.standard_normal((8, 3, 3, 3)).astype(np.float32),
+                       w2=w2, roi=np.zeros(0, np.float32),
+                       scales=np.array([1, 1, 2, 2], np.float32))
+
+
+def test_per_pixel_class_scores_report_per_pixel_top1():
+    # An int8 FCN read cosine 0.9998 while 2% of its pixels changed class: the report had no
+    # top-1 for [N, C, H, W] logits. A head at a fraction of the image (a detector's) stays a
+    # tensor: argmax over its channels means nothing.
+    w2 = RNG.standard_normal((4, 8, 1, 1)).astype(np.float32)
+    ref, cand = _segmenter(w2), _segmenter(w2 + np.float32(0.3) * RNG.standard_normal(
+        w2.shape).astype(np.float32))
+    feeds = {"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    report = accuracy_report(ref, cand, feeds)
+    rows = {o.name: o for o in report.outputs}
+    assert rows["out"].kind == "segmentation" and rows["head"].kind == "tensor"
+    expected = numerics.run(ref, feeds)["out"].argmax(axis=1)
+    actual = numerics.run(cand, feeds)["out"].argmax(axis=1)
+    assert rows["out"].top1 == pytest.approx(float(np.mean(expected == actual)))
+    assert rows["out"].rows == 16 * 16 and 0 < rows["out"].top1 < 1
 
 
 def test_zoo_language_models_and_classifiers_keep_their_kinds():

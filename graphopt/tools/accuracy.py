@@ -10,7 +10,8 @@ random data in the reference's signature, as `graphopt compare` makes them); per
   hides a slice that agrees far less;
 - top-1 agreement for outputs that are plausibly classifier scores [batch, classes] or LM logits
   [batch, seq, vocab] (graphopt.tools.output_kinds says when): the fraction of rows
-  (batch × positions) whose argmax over the last axis is the same;
+  (batch × positions) whose argmax over the last axis is the same; for per-pixel class scores
+  [batch, classes, H, W] (a segmentation head), of pixels whose argmax over axis 1 is;
 - for an integer, bool or string output (class ids, masks), how many elements differ: such
   outputs have no cosine, and `compare` and `--verify` require them equal;
 - for LM-like outputs, perplexity exp(mean over positions of −log softmax(logits)[target]) of
@@ -70,7 +71,7 @@ SCALE_WARNING = 0.98
 class OutputAccuracy:
     name: str
     shape: tuple | None                # None: a sequence, map or optional
-    kind: str                          # "classifier", "lm", "tensor", or the type (seq(float32))
+    kind: str  # "classifier", "lm", "segmentation", "tensor", or the type (seq(float32))
     cosine: float | None
     top1: float | None = None          # argmax agreement over rows
     perplexity: tuple[float, float] | None = None  # (reference, candidate)
@@ -412,8 +413,9 @@ def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> Accu
                     f"{name}: cosine {row.cosine:.6f}, but its norm is {scale[1]:.4g}× the "
                     "reference's: a cosine does not see a change of scale")
         if entry.kind != "tensor" and cand.shape == ref.shape and row.cosine is not None:
-            entry.top1 = float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1)))
-            entry.rows = int(np.prod(ref.shape[:-1]))
+            axis = 1 if entry.kind == "segmentation" else -1  # the class axis: per pixel
+            entry.top1 = float(np.mean(ref.argmax(axis=axis) == cand.argmax(axis=axis)))
+            entry.rows = int(ref.size // ref.shape[axis])
             if entry.kind == "lm" and ref.size:
                 positions, targets, entry.targets = _lm_targets(ref, arrays)
                 entry.perplexity = (perplexity(ref[:, positions], targets),

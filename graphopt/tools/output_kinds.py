@@ -11,6 +11,10 @@ agreement and perplexity mean nothing on those. So:
 * `classifier`: float [batch, classes] with `batch` a feed's first dim, at least 2 classes, not
   the hidden size of a token model, and either a linear layer (Gemm, MatMul, Conv) behind it
   through bias, softmax and reshaping ops or a name that says logits, scores or probabilities;
+* `segmentation`: float [batch, classes, H, W] at the spatial size of a rank-4 image feed,
+  with at least 2 classes, out of a linear layer (a Conv) through the head's ops and a resize:
+  per-pixel class scores, whose top-1 is taken over axis 1 (a detector's raw head, at a
+  fraction of the image's size, stays a tensor);
 * `tensor`: everything else (cosine only).
 """
 
@@ -30,6 +34,8 @@ _HEAD_TAIL = {"Add", "Sub", "Mul", "Div", "Softmax", "LogSoftmax", "Sigmoid", "F
 _LINEAR = {"Gemm", "MatMul", "Conv", "FusedMatMul", "FusedGemm", "MatMulNBits",
            "DynamicQuantizeMatMul", "QGemm", "MatMulInteger", "QLinearMatMul", "QLinearConv"}
 _SCORE_NAMES = ("logit", "score", "prob", "class")
+# A segmentation head's logits are upsampled to the image: argmax still means the class.
+_RESIZES = {"Resize", "Upsample"}
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,10 @@ def model_facts(proto: onnx.ModelProto) -> ModelFacts:
 
 
 def output_kind(name: str, array: np.ndarray, facts: ModelFacts, feeds: dict) -> str:
-    """"lm", "classifier" or "tensor" for the output `name` holding `array` (as the reference
-    computed it on `feeds`)."""
+    """"lm", "classifier", "segmentation" or "tensor" for the output `name` holding `array`
+    (as the reference computed it on `feeds`)."""
+    if array.dtype.kind == "f" and array.ndim == 4:
+        return "segmentation" if _per_pixel_scores(name, array, facts, feeds) else "tensor"
     if array.dtype.kind != "f" or array.ndim not in (2, 3) or array.shape[-1] < 2:
         return "tensor"
     named = any(word in name.lower() for word in _SCORE_NAMES)
@@ -64,10 +72,20 @@ def output_kind(name: str, array: np.ndarray, facts: ModelFacts, feeds: dict) ->
     return "classifier" if named or _after_linear(name, facts.producers) else "tensor"
 
 
-def _after_linear(name: str, producers: dict) -> bool:
+def _per_pixel_scores(name: str, array: np.ndarray, facts: ModelFacts, feeds: dict) -> bool:
+    """Whether a float [N, C, H, W] output is per-pixel class scores: C ≥ 2, N a feed's batch,
+    H × W a rank-4 feed's, out of a linear layer through head ops and resizes."""
+    images = [a for a in feeds.values() if a.ndim == 4]
+    if array.shape[1] < 2 or not any(a.shape[0] == array.shape[0]
+                                     and a.shape[2:] == array.shape[2:] for a in images):
+        return False
+    return _after_linear(name, facts.producers, _HEAD_TAIL | _RESIZES)
+
+
+def _after_linear(name: str, producers: dict, tail: set[str] = _HEAD_TAIL) -> bool:
     """Whether a linear layer computes `name`, followed by nothing but _HEAD_TAIL ops."""
     node = producers.get(name)
-    while node is not None and node.op_type in _HEAD_TAIL and node.input:
+    while node is not None and node.op_type in tail and node.input:
         node = producers.get(node.input[0])
     return node is not None and node.op_type in _LINEAR
 
