@@ -191,7 +191,8 @@ def _open_dims_note(original: ModelProto, feeds: dict, pins: dict) -> list[str]:
     more = f", and {len(left) - 3} more" if len(left) > 3 else ""
     return [f"on seeded random inputs with their open dims at 1: {', '.join(left[:3])}{more}; "
             "that checks little of what depends on those sizes (attention over a sequence, its "
-            f"mask, positions): give real inputs ({option('inputs')}) or sizes "
+            "mask, positions; convolutions and pools over an image's height and width): give "
+            f"real inputs ({option('inputs')}) or sizes "
             f"({option('input_shapes')})"]
 
 
