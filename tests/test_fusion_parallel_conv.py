@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnx.parser
 import pytest
-from onnx import numpy_helper
+from helpers import parse_model
 
 import graphopt
 from graphopt import numerics, to_onnx
@@ -22,7 +21,6 @@ from graphopt.passes.fusion import parallel_conv
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.rules import Tracer
 
-HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -33,13 +31,8 @@ def _f32(*shape, seed=0, low=None, high=None):
 
 
 def _model(text: str, **arrays: np.ndarray) -> onnx.ModelProto:
-    """Parse `text`; the graph inputs named in `arrays` become initializers with that data."""
-    proto = onnx.parser.parse_model(HEADER + text)
-    keep = [i for i in proto.graph.input if i.name not in arrays]
-    del proto.graph.input[:]
-    proto.graph.input.extend(keep)
-    proto.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n)
-                                   for n, a in arrays.items())
+    """Parse `text`, the graph inputs named in `arrays` made initializers; checked."""
+    proto = parse_model(text, **arrays)
     onnx.checker.check_model(proto)
     return proto
 
@@ -184,10 +177,18 @@ def test_branches_merge(case, body, arrays, merges):
          y = Add(a, b)
      }""", {"wa": _f32(4, 3, 3, 3, seed=1), "wb": _f32(4, 3, 3, 3, seed=2)},
      "one kernel does not fit inside the other"),
-    ("strides differ", """
+    # Same output size, other taps: a 3×3 and a 3×3 dilated by 2.
+    ("dilations differ", """
+     g (float[1, 3, 8, 8] x) => (float[1, 4, 8, 8] y) {
+         a = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (x, wa)
+         b = Conv <kernel_shape = [3, 3], pads = [2, 2, 2, 2], dilations = [2, 2]> (x, wb)
+         y = Add(a, b)
+     }""", {"wa": _f32(4, 3, 3, 3, seed=1), "wb": _f32(4, 3, 3, 3, seed=2)},
+     "differ in strides, dilations, group or channels"),
+    ("a branch through a pool", """
      g (float[1, 3, 8, 8] x) => (float[1, 4, 4, 4] y) {
          a = Conv <kernel_shape = [2, 2], strides = [2, 2]> (x, wa)
-         b = Conv <kernel_shape = [1, 1], pads = [0, 0, 0, 0], strides = [2, 2], dilations = [1, 1]> (x, wb)
+         b = Conv <kernel_shape = [1, 1], strides = [2, 2]> (x, wb)
          c = MaxPool <kernel_shape = [1, 1]> (b)
          y = Add(a, c)
      }""", {"wa": _f32(4, 3, 2, 2, seed=1), "wb": _f32(4, 3, 1, 1, seed=2)},
