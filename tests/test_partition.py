@@ -166,6 +166,14 @@ def test_data_dependent_shape_falls_back_with_its_consumers(tmp_path):
     assert reason_of(result, "Transpose").startswith("dynamic shape: %nz")
     feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
     assert_same_outputs(proto, path, feeds)
+    # The table gives the nodes open in one dim one row, a tensor as its example: a Mask
+    # R-CNN had one row per tensor of each NonZero's chain, 20 shown and 223 more.
+    from graphopt.partition.report import format_partitioning
+
+    rows = [line for line in format_partitioning(result.partitioning).splitlines()
+            if line.startswith("dynamic shape:")]
+    row = r"dynamic shape: open dim (\w+) \(e\.g\. %nz \[2,\1\]\) +3  Transpose, GatherND, \+1"
+    assert len(rows) == 1 and re.fullmatch(row, rows[0]), rows
 
 
 def test_dynamic_input_keeps_the_model_on_the_host_until_pinned(tmp_path, capsys):

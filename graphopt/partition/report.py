@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from graphopt.errors import one_line
@@ -47,14 +48,37 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
         lines.append(f"{len(fallbacks)} node(s) on {target.host} instead of {target.primary}"
                      f"{within}{data}:")
         by_reason: dict[str, list[str]] = {}
+        example: dict[str, str] = {}  # a grouped row's first tensor, shown as an example
         for node, reason in fallbacks:
-            by_reason.setdefault(reason, []).append(node.name or node.op_type)
+            key, tensor = _grouped(reason)
+            example.setdefault(key, tensor)
+            by_reason.setdefault(key, []).append(node.name or node.op_type)
+        by_reason = {(f"{key} (e.g. {example[key]})" if example[key] else key): nodes
+                     for key, nodes in by_reason.items()}
         shown = by_reason if all_fallbacks else dict(list(by_reason.items())[:20])
         rows = [[reason, len(nodes), _names(nodes)] for reason, nodes in shown.items()]
         lines.append(format_table(["reason", "nodes", "names"], rows))
         if len(shown) < len(by_reason):
             lines.append(f"… and {len(by_reason) - len(shown)} more reason(s) ({more})")
     return "\n".join(lines)
+
+
+_DYNAMIC = re.compile(r"dynamic shape: (%\S+) \[([^\]]*)\]$")
+
+
+def _grouped(reason: str) -> tuple[str, str]:
+    """(the table's row for a fallback reason, a tensor to show as its example or ""): nodes
+    whose tensors are open in the same named dims share a row (a Mask R-CNN's 426 fallbacks
+    had read as one row per tensor of each NonZero's chain, 20 shown and 223 more). Other
+    reasons, and dims that are only unknown (`?`), stay as they are."""
+    match = _DYNAMIC.match(reason)
+    if not match:
+        return reason, ""
+    named = sorted({d for d in match.group(2).split(",") if d and d != "?" and not d.isdigit()})
+    if not named:
+        return reason, ""
+    return (f"dynamic shape: open dim{'s' if len(named) > 1 else ''} {', '.join(named)}",
+            f"{match.group(1)} [{match.group(2)}]")
 
 
 def partitioning_json(partitioning: Partitioning) -> dict:
