@@ -657,6 +657,20 @@ def attribute_in_another_field() -> onnx.ModelProto:
     return model
 
 
+def function_reading_an_undefined_name() -> onnx.ModelProto:
+    """A model-local function whose Relu reads `zz`, which nothing in it defines: the main
+    graph's and If bodies' undefined names were refused, a function's compiled to an .om
+    that did not run."""
+    h = onnx.helper
+    body = h.make_function("local", "MyRelu", ["a"], ["b"], [h.make_node("Relu", ["zz"], ["b"])],
+                           [h.make_opsetid("", 17)])
+    graph = h.make_graph([h.make_node("MyRelu", ["x"], ["y"], domain="local")], "g",
+                         [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    return h.make_model(graph, functions=[body], ir_version=IR_VERSION,
+                        opset_imports=[h.make_opsetid("", 17), h.make_opsetid("local", 1)])
+
+
 def range_of_zero_step() -> onnx.ModelProto:
     """A Range of constant bounds and step 0, which folding runs: a pass found the fault, and
     its error had not named the file."""
@@ -682,6 +696,8 @@ def attribute_twice() -> onnx.ModelProto:
                                    r"onnxruntime refuse it"),
     ("attribute_twice", r"\(Softmax\): attribute 'axis' is given twice"),
     ("range_of_zero_step", r"node writing 'c' \(Range\) fails on its constant inputs"),
+    ("function_reading_an_undefined_name", r"function local::MyRelu: node #0 \(Relu\) reads "
+                                           r"undefined value 'zz'"),
     ("output_declared_int64", r"node writing 'y' \(Relu\): shape inference refuses it: "
                               r".*it computes float32 where the model declares int64 for its "
                               r"output"),

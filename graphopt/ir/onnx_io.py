@@ -237,6 +237,8 @@ class _Importer:
         # Every name the model was read with stays taken: a value a pass removes early must not
         # lend its name to a new one with other contents, which compare would pair with it.
         graph.reserve_names()
+        for function in proto.functions:
+            self.check_function_body(function)
         return Model(
             graph=graph,
             ir_version=proto.ir_version,
@@ -252,6 +254,20 @@ class _Importer:
             training_info=list(proto.training_info),
             configuration=list(getattr(proto, "configuration", [])),
         )
+
+    def check_function_body(self, function) -> None:
+        """Refuse a model-local function whose node reads a name neither its inputs nor an
+        earlier node of its body define, as the main graph and If/Loop bodies are refused:
+        such a model compiled with onnxruntime's load warning, and its .om did not run."""
+        defined = set(function.input)
+        for index, node in enumerate(function.node):
+            for name in node.input:
+                if name and name not in defined:
+                    label = node.name or f"#{index}"
+                    raise self.error(f"function {function.domain or 'ai.onnx'}::{function.name}"
+                                     f": node {label} ({node.op_type}) reads undefined value "
+                                     f"'{name}'")
+            defined.update(name for name in node.output if name)
 
     def _check_default(self, vi: ValueInfoProto, tensor) -> None:
         """An input whose initializer is its default value must be of the declared type and
