@@ -945,3 +945,14 @@ def test_inspect_of_an_onnx_names_external_data_that_is_missing(tmp_path, capsys
     assert rc == 0 and "; missing beside the model: m.bin (it will not load without them)" in out
     rc, out, _ = run_cli(capsys, "inspect", path, "--json")
     assert json.loads(out)["missing_external_files"] == ["m.bin"]
+    # A location outside the folder is named so, existing or not (it read "missing beside the
+    # model" for ../../etc/passwd).
+    proto = onnx.load(path, load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../../etc/passwd"
+    onnx.save(proto, path)
+    rc, out, err = run_cli(capsys, "inspect", path)
+    assert rc == 0 and "; outside the model's folder: ../../etc/passwd (compile and load " \
+        "refuse external data there)" in out and "missing beside" not in out, (out, err)

@@ -104,6 +104,8 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
         # Files the weights point to that are not beside the model: inspect reads dims only,
         # but the model will not load (compare, diff and optimize refuse it).
         "missing_external_files": _missing_external_files(weights, path),
+        # Locations outside the model's folder (absolute, or through ..), which loading refuses.
+        "outside_external_files": _outside_external_files(weights, path),
         # What a graphopt compile edited of its source (--out-nodes, --insert-op-conf,
         # --input-fp16-nodes, --output-type).
         "outputs_cut": cut_outputs(model.metadata_props),
@@ -112,11 +114,25 @@ def describe_onnx(model: onnx.ModelProto, path: str) -> dict:
     }
 
 
+def _external_locations(weights) -> set[str]:
+    return {entry.value for t in weights if t.data_location == TensorProto.EXTERNAL
+            for entry in t.external_data if entry.key == "location"}
+
+
+def _outside(folder: str, name: str) -> bool:
+    resolved = os.path.normpath(os.path.join(folder, name))
+    return os.path.isabs(name) or os.path.commonpath([folder, resolved]) != folder
+
+
 def _missing_external_files(weights, path: str) -> list[str]:
     folder = os.path.dirname(os.path.abspath(path))
-    named = {entry.value for t in weights if t.data_location == TensorProto.EXTERNAL
-             for entry in t.external_data if entry.key == "location"}
-    return sorted(name for name in named if not os.path.isfile(os.path.join(folder, name)))
+    return sorted(name for name in _external_locations(weights) if not _outside(folder, name)
+                  and not os.path.isfile(os.path.join(folder, name)))
+
+
+def _outside_external_files(weights, path: str) -> list[str]:
+    folder = os.path.dirname(os.path.abspath(path))
+    return sorted(name for name in _external_locations(weights) if _outside(folder, name))
 
 
 def format_onnx(summary: dict) -> str:
@@ -134,6 +150,10 @@ def format_onnx(summary: dict) -> str:
     if missing:
         weights += (f"; missing beside the model: {', '.join(missing)} (it will not load "
                     "without them)")
+    outside = summary.get("outside_external_files")
+    if outside:
+        weights += (f"; outside the model's folder: {', '.join(outside)} (compile and load "
+                    "refuse external data there)")
     # The producer, the opset domains and the external data's file names are the model's
     # text (any byte): a line break in one printed a line of the model's making.
     weights = one_line(weights)
