@@ -35,6 +35,7 @@ class OptimizeResult:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     max_abs_error: dict[str, float] | None = None  # per output, when verified
+    empty_outputs: list[str] = field(default_factory=list)  # verified over no element
     verify_note: str = ""             # why verification judged by cosine, when it did
     traces: list[str] = field(default_factory=list)  # --trace-rule reports
     partitioning: "Partitioning | None" = None  # when compiled for a target

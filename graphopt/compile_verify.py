@@ -69,12 +69,14 @@ def _original_fails_too(original, feeds: dict, level: str) -> str:
 
 def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options: Options,
                    judge: dict, notes: list[str] | None = None,
-                   allow_rounding: bool = True) -> dict[str, float]:
+                   allow_rounding: bool = True,
+                   empty: list[str] | None = None) -> dict[str, float]:
     """Run both models with onnxruntime at ORT_DISABLE_ALL (the optimized one where a lossy pass
     changed it at the level accuracy_rule.deployed_level says); raise VerificationError on any
     output `judge` fails (accuracy_rule's rtol/atol, or min_cosine when set), unless under
     rtol/atol and `allow_rounding` rounding explains it (rounding.within_rounding), which
-    `notes` then says. Returns the max absolute error per output."""
+    `notes` then says. Returns the max absolute error per output; `empty` gets the outputs
+    that hold no element on these inputs, over which nothing was compared."""
     not_here = not_runnable_here(optimized, option("verify"))
     if not_here:
         raise OptionError(not_here)
@@ -154,10 +156,12 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
     _check_loads_at_all(original, optimized)
     if inputs is None and notes is not None:
         notes.extend(_open_dims_note(original, feeds, options.input_shapes or {}))
-    empty = [name for name, value in expected.items()
-             if isinstance(value, np.ndarray) and value.size == 0]
-    if empty and notes is not None:  # verified over no element: say so rather than "match"
-        notes.append(f"output(s) {', '.join(empty)} hold no element at these input shapes: "
+    hollow = [name for name, value in expected.items()
+              if isinstance(value, np.ndarray) and value.size == 0]
+    if empty is not None:
+        empty.extend(hollow)
+    if hollow and notes is not None:  # verified over no element: say so rather than "match"
+        notes.append(f"output(s) {', '.join(hollow)} hold no element at these input shapes: "
                      "nothing of them was compared")
     unmeasured = _nonfinite(expected)
     if unmeasured and notes is not None:  # "max abs error 0" over NaNs alone proves little

@@ -553,7 +553,8 @@ def _verify(result: OptimizeResult, reference: ModelProto, inputs, options: Opti
         # Tolerances given apply as given, as in compare and bisect.
         result.max_abs_error = verify_outputs(reference, to_onnx(result.model), inputs, options,
                                               judge, rounding,
-                                              allow_rounding=rtol is None and atol is None)
+                                              allow_rounding=rtol is None and atol is None,
+                                              empty=result.empty_outputs)
         result.verify_note = "; ".join(filter(None, [result.verify_note, *rounding]))
     except VerificationError as exc:
         # -O3's Winograd convs and lowered STFTs are exact to a layer's scale, not to each

@@ -50,8 +50,12 @@ def format_summary(result: OptimizeResult, output: str | None = None,
         runs = [c.result for c in result.profiles] or [result]
         worst = max((e for r in runs for e in (r.max_abs_error or {}).values()), default=0.0)
         shapes = f" in each of {profiles_count(len(runs))}" if result.profiles else ""
-        parts.append(f"verified{shapes}: {len(result.max_abs_error)} output(s) match the original "
-                     f"(max abs error {worst:.3g}, onnxruntime on one thread)"
+        # Outputs that held no element matched nothing: the headline counts the compared ones
+        # (a Mask R-CNN with no detection had read "4 output(s) match").
+        empty = len(result.empty_outputs)
+        held = f", {empty} held no element to compare" if empty else ""
+        parts.append(f"verified{shapes}: {len(result.max_abs_error) - empty} output(s) match "
+                     f"the original{held} (max abs error {worst:.3g}, onnxruntime on one thread)"
                      + (f"\nverify: {result.verify_note}" if result.verify_note else ""))
     if result.partitioning is not None and len(result.partitioning.partitions) > 1:
         from graphopt.partition.report import format_partitioning

@@ -608,6 +608,12 @@ def test_an_output_without_elements_is_said_to_be_uncompared(tmp_path, capsys):
     onnx.save(proto, tmp_path / "m.onnx")
     result = graphopt.optimize(tmp_path / "m.onnx", input_shapes="x:0,4", verify=True)
     assert "output(s) y hold no element at these input shapes" in result.verify_note
+    assert result.empty_outputs == ["y"]
+    # The summary's headline counts only what was compared (it read "1 output(s) match").
+    rc, out, err = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", tmp_path / "v.onnx",
+                           "--input-shape", "x:0,4", "--verify")
+    assert rc == 0 and "verified: 0 output(s) match the original, 1 held no element to " \
+        "compare (max abs error 0" in out, (out, err)
     onnx.save(result.to_onnx(), tmp_path / "o.onnx")
     rc, out, _ = run_cli(capsys, "compare", tmp_path / "m.onnx", tmp_path / "o.onnx",
                          "--input-shape", "x:0,4")
