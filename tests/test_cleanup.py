@@ -509,6 +509,30 @@ def test_cse_compares_small_constants_by_value_and_large_ones_by_identity():
     assert result.stats == {"Add": 1}
 
 
+def test_cse_keeps_small_constants_of_other_onnx_types_apart():
+    # numpy reads the 4-bit (and float8) types as the same void dtype: an INT4 1 and a UINT4 1
+    # compared equal, two CastLikes merged, and one output came back signed (14 read as -2).
+    from onnx import TensorProto as T
+
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("CastLike", ["x", "ca"], ["a"]), h.make_node("CastLike", ["x", "cb"], ["b"]),
+         h.make_node("Cast", ["a"], ["ya"], to=T.FLOAT),
+         h.make_node("Cast", ["b"], ["yb"], to=T.FLOAT)], "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [4])],
+        [h.make_tensor_value_info(n, T.FLOAT, [4]) for n in ("ya", "yb")],
+        [h.make_tensor("ca", T.INT4, [], vals=b"\x01", raw=True),
+         h.make_tensor("cb", T.UINT4, [], vals=b"\x01", raw=True)])
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)], ir_version=IR_VERSION)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    result = PASSES["EliminateCommonSubexpressions"]().run(model, PassContext(Options()))
+    assert "CastLike" not in result.stats
+    feeds = {"x": np.array([0.3, 14.0, 3.3, 4.0], np.float32)}
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(to_onnx(model), feeds),
+                                0, 0)
+
+
 def test_cse_keeps_float_attributes_of_opposite_zero_signs_apart():
     # LeakyRelu(-2) is -0.0 with alpha 0.0 and +0.0 with alpha -0.0: 1/y tells them apart.
     model, stats = run_passes(HEADER + """

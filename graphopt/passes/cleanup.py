@@ -120,7 +120,9 @@ def _input_key(value: Value | None):
     if tensor is None or not value.is_constant or tensor.size > _SMALL_CONSTANT:
         return id(value)
     data = tensor.numpy()
-    return (data.dtype.str, data.shape, data.tobytes())
+    # The ONNX element type, not numpy's dtype: the float8 and 4-bit types all read as '<V1',
+    # and an INT4 1 beside a UINT4 1 set two CastLikes' output types apart.
+    return (int(tensor.dtype), data.shape, data.tobytes())
 
 
 def _node_key(node: Node):
