@@ -129,7 +129,8 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
     scales.add_argument("--per-tensor", dest="per_channel", action="store_false",
                         help="int8: one weight scale per tensor")
     g.add_argument("--activation-symmetric", action="store_true",
-                   help="int8: symmetric int8 activations instead of asymmetric uint8")
+                   help="int8: symmetric activation ranges instead of asymmetric ones "
+                        "(written as uint8 around 128 on the CPU, int8 for an NPU)")
     g.add_argument("--quant-skip", action="append", metavar="NAMES_OR_OPS",
                    help="node names or op types left float; comma list, repeatable")
     g.add_argument("--quantize-ends", action="store_true",

@@ -692,8 +692,8 @@ def attribute_twice() -> onnx.ModelProto:
 @pytest.mark.parametrize("case, message", [
     ("truncated", "not a valid ONNX model"),
     ("attribute_in_another_field", r"node writing 'y' \(LeakyRelu\): attribute 'alpha' is "
-                                   r"declared FLOAT but holds i \(onnx.checker and "
-                                   r"onnxruntime refuse it"),
+                                   r"declared FLOAT but holds an integer \(field i\) "
+                                   r"\(onnx.checker and onnxruntime refuse it"),
     ("attribute_twice", r"\(Softmax\): attribute 'axis' is given twice"),
     ("range_of_zero_step", r"node writing 'c' \(Range\) fails on its constant inputs"),
     ("function_reading_an_undefined_name", r"function local::MyRelu: node #0 \(Relu\) reads "

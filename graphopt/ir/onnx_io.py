@@ -444,10 +444,10 @@ class _Importer:
                 held == [] and (ref_attr_name or kind in A_SCALAR_DEFAULTABLE)):
             # onnx.checker's "type field and data field mismatch": reading the field the type
             # names would silently take its default (LeakyRelu alpha 0 from an alpha in `i`).
+            holds = ", ".join(f"{_FIELD_WORDS[f]} (field {f})" for f in held) or "no value"
             raise self.error(f"{_where(owner)}: attribute '{name}' is declared "
-                             f"{A.AttributeType.Name(kind)} but holds "
-                             f"{', '.join(held) or 'no value'} (onnx.checker and onnxruntime "
-                             "refuse it: type field and data field mismatch)")
+                             f"{A.AttributeType.Name(kind)} but holds {holds} (onnx.checker "
+                             "and onnxruntime refuse it: type field and data field mismatch)")
         if kind == A.INT:
             value = proto.i
         elif kind == A.FLOAT:
@@ -641,6 +641,11 @@ _FIELD_OF = {
     AttributeProto.GRAPHS: "graphs", AttributeProto.SPARSE_TENSORS: "sparse_tensors",
     AttributeProto.TYPE_PROTOS: "type_protos"}
 _VALUE_FIELDS = {field: kind for kind, field in _FIELD_OF.items()}
+_FIELD_WORDS = {"i": "an integer", "f": "a float", "s": "a string", "t": "a tensor",
+                "g": "a graph", "sparse_tensor": "a sparse tensor", "tp": "a type",
+                "ints": "integers", "floats": "floats", "strings": "strings",
+                "tensors": "tensors", "graphs": "graphs", "sparse_tensors": "sparse tensors",
+                "type_protos": "types"}
 # A proto3-style scalar at its default value (i=0, f=0.0, s="", an empty list) is not written:
 # such an attribute holds no field, and onnx.checker lets it through.
 A_SCALAR_DEFAULTABLE = {AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,

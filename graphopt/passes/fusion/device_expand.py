@@ -56,8 +56,8 @@ class MishAsSoftplusTanh(Rule):
 @register
 class ExpandForDevice(RulePass):
     name = "ExpandForDevice"
-    description = ("ops the target's NPU lacks (Mish) as their ONNX function body, where the "
-                   "NPU has every op of it")
+    description = ("rewrite ops the target's NPU lacks (Mish) as their ONNX function body "
+                   "when the NPU has every op in it")
     rules = (MishAsSoftplusTanh,)
 
 

@@ -237,13 +237,15 @@ class _ParallelBranches(HandMatchedRule):
 
 
 class ParallelConvs(_ParallelBranches):
-    """Add(Conv(x), Conv(x)): RepVGG's 3×3 and 1×1 branches, MobileOne's k×k branches."""
+    """Add(Conv(x), Conv(x)) → one Conv, the smaller kernel zero-padded into the larger:
+    RepVGG's 3×3 and 1×1 branches, MobileOne's k×k branches."""
 
     both_convs = True
 
 
 class ConvPlusIdentity(_ParallelBranches):
-    """Add(Conv(x), x) and Add(Conv(x), BatchNormalization(x)): RepVGG's identity branch."""
+    """Add(Conv(x), x) and Add(Conv(x), BatchNormalization(x)) → one Conv with a one-tap
+    identity kernel added: RepVGG's identity branch."""
 
     both_convs = False
 
@@ -251,7 +253,7 @@ class ConvPlusIdentity(_ParallelBranches):
 @register
 class MergeParallelConvs(RulePass):
     name = "MergeParallelConvs"
-    description = "merge added Conv branches over one input (and an identity) into one Conv"
+    description = "merge added Conv branches over one input (and an identity of it) into one Conv"
     rules = (ParallelConvs, ConvPlusIdentity)
 
 
