@@ -15,6 +15,10 @@ and ScaledDotProductAttention merges the heads again for MultiHeadAttention: Tra
                                  y = x·W (+ b), W and b constants, read by those Slices alone
                                  (the rule machinery refuses a match whose inner values are
                                  read outside it) → Attention(x, W's Q, K and V columns, b's)
+
+nn.MultiheadAttention projects sequence-first and swaps each piece back to batch-first (a
+Transpose (1, 0, 2), or at batch 1 a Reshape): a Slice of the last axis commutes with that
+swap, so Attention reads x batch-first (the input before its own swap, or x swapped once).
 """
 
 from __future__ import annotations
@@ -158,7 +162,11 @@ class PackedProjectionAttention(HandMatchedRule):
         if node.domain != MS or any(v is None for v in node.inputs[:3]) or set(extra) - {5}:
             return Miss(node, 0, "not a MultiHeadAttention of Q, K and V (and an attention "
                                  "bias) alone")
-        slices = [v.producer for v in node.inputs[:3]]
+        peeled = [_sequence_first(v) for v in node.inputs[:3]]
+        if len({swap is not None for _, swap in peeled}) != 1:
+            return Miss(node, 1, "Q, K and V are not all in one layout")
+        swaps = [swap for _, swap in peeled if swap is not None]
+        slices = [v.producer for v, _ in peeled]
         if any(s is None or s.op_type != "Slice" or not s.is_onnx for s in slices):
             return Miss(node, 1, "Q, K and V are not all Slices")
         y = slices[0].inputs[0]
@@ -168,8 +176,16 @@ class PackedProjectionAttention(HandMatchedRule):
         if isinstance(projection, str):
             return Miss(node, 4, projection)
         x, weight, bias, nodes = projection
+        swap_x = False
+        if swaps:  # nn.MultiheadAttention: x·W + b sequence-first, each piece swapped back
+            inner, swap = _sequence_first(x)
+            if swap is not None:  # batch-first x, swapped for the projection
+                x, nodes = inner, [*nodes, swap]
+            else:  # sequence-first x: Attention reads it swapped
+                swap_x = True
+            nodes = [*swaps, *nodes]
         bindings = {"x": x, "w": weight, "b": bias, "slices": slices, "y": y, "root": node,
-                    "attention_bias": node.input(5)}
+                    "attention_bias": node.input(5), "swap_x": swap_x}
         return Match(node, bindings, [node, *dict.fromkeys(slices), *nodes])
 
     def check(self, x, w, slices, root):
@@ -186,8 +202,10 @@ class PackedProjectionAttention(HandMatchedRule):
             return "a mask filter value, which Attention has not"
         return None
 
-    def rewrite(self, op, x, w, b, slices, root, attention_bias=None):
+    def rewrite(self, op, x, w, b, slices, root, attention_bias=None, swap_x=False):
         weight = w.constant()
+        if swap_x:
+            x = op.Transpose(x, perm=[1, 0, 2])
         columns = [_columns(s, weight.shape[1]) for s in slices]
         weights = np.concatenate([weight[:, lo:hi] for lo, hi in columns], axis=1)
         biases = np.concatenate([np.zeros(hi - lo, weight.dtype) if b is None
@@ -204,6 +222,29 @@ class PackedProjectionAttention(HandMatchedRule):
                             op.const(biases.astype(weight.dtype)), *extra, _domain=MS,
                             num_heads=heads, scale=scale,
                             unidirectional=root.attr("unidirectional", 0), **sizes)
+
+
+def _sequence_first(value: Value) -> tuple[Value, Node | None]:
+    """(v, the node) where `value` is v with its two leading axes swapped, by a Transpose
+    (1, 0, 2) or by a Reshape that moves a size-1 axis ([S, 1, E] ↔ [1, S, E]); (value, None)
+    otherwise. nn.MultiheadAttention projects sequence-first: x [B, S, D] is swapped before
+    its packed in-projection and each of Q, K and V swapped back, and a Slice of the last
+    axis commutes with the swap."""
+    node = value.producer
+    if node is None or not node.is_onnx or len(value.uses) != 1 or value.is_graph_output:
+        return value, None
+    source = node.inputs[0] if node.inputs else None
+    if node.op_type == "Transpose" and list(node.attr("perm") or []) == [1, 0, 2]:
+        return source, node
+    if node.op_type == "Reshape" and source is not None and source.shape is not None \
+            and len(source.shape) == 3 and 1 in source.shape[:2] \
+            and all(isinstance(d, int) for d in source.shape):
+        # A rewrite's new Reshape has no inferred shape yet: its constant target says it.
+        target = value.shape or _constant_ints(node.input(1))
+        swapped = [source.shape[1], source.shape[0], source.shape[2]]
+        if target is not None and list(target) == swapped:
+            return source, node
+    return value, None
 
 
 def _projection(y: Value) -> tuple[Value, Value, Value | None, list[Node]] | str:

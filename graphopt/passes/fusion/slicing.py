@@ -202,6 +202,94 @@ class SequenceAtOfSplit(Rule):
         return op.Squeeze(piece, bounds[2])
 
 
+def _axes_of(node: Node, rank: int) -> list[int] | None:
+    """The constant axes of an Unsqueeze or Squeeze (input from opset 13, attribute before),
+    counted from 0 in a tensor of `rank` dims."""
+    given = node.input(1) if len(node.inputs) > 1 else None
+    axes = given.constant() if given is not None else node.attr("axes")
+    if axes is None:
+        return None
+    return [int(a) % rank for a in np.ravel(axes)]
+
+
+def _unpacked_piece(data: Value) -> tuple[Value, int] | str:
+    """(y, E) where `data` is y [..., K·E] with its last axis split into K pieces of E, the
+    piece axis moved to the front and the rest kept in order, through Reshape to [..., K, E],
+    optionally Unsqueeze, Transpose and Squeeze of size-1 axes: nn.MultiheadAttention's
+    `unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2)`."""
+    labels_of: list = []
+    chain, value = [], data
+    while value.producer is not None and value.producer.op_type in ("Squeeze", "Transpose",
+                                                                    "Unsqueeze"):
+        chain.append(value.producer)
+        value = value.producer.inputs[0]
+    reshape = value.producer
+    if reshape is None or reshape.op_type != "Reshape" or not chain:
+        return "not a Reshape then Unsqueeze/Transpose/Squeeze"
+    y, split = reshape.inputs[0], reshape.output
+    if y.shape is None or split.shape is None or len(split.shape) != len(y.shape) + 1:
+        return "the Reshape does not split one axis in two"
+    pieces, width = split.shape[-2:]
+    if not (isinstance(pieces, int) and isinstance(width, int) and y.shape[-1] == pieces * width
+            and all(a == b and a is not None for a, b in zip(split.shape[:-2], y.shape[:-1]))):
+        return "the Reshape does not split y's last axis into [K, E]"
+    labels_of = [("lead", i) for i in range(len(y.shape) - 1)] + [("piece",), ("width",)]
+    for node in reversed(chain):
+        rank = len(labels_of)
+        if node.op_type == "Unsqueeze":
+            axes = _axes_of(node, rank + len(_axes_of(node, 1) or [0]))
+            if axes is None:
+                return "an Unsqueeze's axes are not constant"
+            for axis in sorted(axes):
+                labels_of.insert(axis, ("one",))
+        elif node.op_type == "Transpose":
+            perm = node.attr("perm")
+            if perm is None or sorted(perm) != list(range(rank)):
+                return "a Transpose without its permutation"
+            labels_of = [labels_of[i] for i in perm]
+        else:
+            axes = _axes_of(node, rank)
+            if axes is None or any(labels_of[a] != ("one",) for a in axes):
+                return "a Squeeze removes other than an inserted axis"
+            labels_of = [label for i, label in enumerate(labels_of) if i not in axes]
+    expected = [("piece",)] + [("lead", i) for i in range(len(y.shape) - 1)] + [("width",)]
+    if labels_of != expected:
+        return "the pieces are not moved to the front with the other axes in order"
+    return y, width
+
+
+class GatherOfUnpackedPieces(Rule):
+    """Gather(i, axis 0) of y's last axis split into pieces and the piece axis moved to the
+    front → Slice(y, i·E : (i+1)·E, last axis): nn.MultiheadAttention's Q, K and V cut from its
+    packed in-projection, which otherwise copies the whole projection once more in a
+    Transpose and each piece in a Gather."""
+
+    def pattern(self, op, data, index):
+        return op.Gather(data, index, axis=0, _name="root")
+
+    def check(self, data, index):
+        found = _unpacked_piece(data)
+        if isinstance(found, str):
+            return found
+        i = index.constant() if index.is_constant else None
+        pieces = data.shape[0] if data.shape else None
+        if i is None or i.ndim != 0 or not isinstance(pieces, int) or not -pieces <= int(i) < pieces:
+            return "the index is not one constant piece"
+        return None
+
+    def rewrite(self, op, data, index, **_):
+        y, width = _unpacked_piece(data)
+        i = int(index.constant()) % data.shape[0]
+        bounds = [op.const(np.array([v], dtype=np.int64), f"{y.name}_{what}")
+                  for v, what in ((i * width, "starts"), ((i + 1) * width, "ends"),
+                                  (len(y.shape) - 1, "axes"))]
+        piece = op.Slice(y, *bounds)
+        # Typed now, as the Gather's output was: FuseAttention reads these shapes in this
+        # sweep, before any inference runs again.
+        piece.dtype, piece.shape = data.dtype, tuple(data.shape[1:]) if data.shape else None
+        return piece
+
+
 def _gathered_shape(data: Value, indices: Value, batch_dims: int) -> list[int] | str:
     """The shape GatherND(data, indices) gives when it reads every element of data's leading
     dims once, in order (a Reshape of data to it), or why it does not."""
@@ -317,8 +405,10 @@ class SimplifySlicing(RulePass):
     name = "SimplifySlicing"
     description = ("merge Concats of adjacent Slices; cancel Slice∘Concat and Concat∘Split; "
                    "SequenceAt of a SplitToSequence becomes a Slice; a GatherND reading its "
-                   "input in order becomes a Reshape")
-    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit, SequenceAtOfSplit, GatherNDInOrder)
+                   "input in order becomes a Reshape; a Gather of a piece of a split last axis "
+                   "becomes a Slice of it")
+    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit, SequenceAtOfSplit, GatherNDInOrder,
+             GatherOfUnpackedPieces)
 
 
 __all__ = ["SimplifySlicing"]
