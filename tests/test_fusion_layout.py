@@ -458,6 +458,45 @@ def test_split_output_read_elsewhere_is_refused():
     assert stats == {} and "also read by Neg" in "\n".join(trace)
 
 
+# -- Gather of an unpacked piece ------------------------------------------------------------
+
+def unpacked_pieces(perm: str = "3, 1, 2, 0, 4") -> str:
+    """nn.MultiheadAttention's unpacking of y [S, B, 3·E]: Reshape [S, B, 3, E], Unsqueeze(0),
+    Transpose(perm), Squeeze(3), Gather 0, 1 and -1."""
+    return header() + f"""
+    g (float[5, 2, 12] y) => (float[?, ?, ?] q, float[?, ?, ?] k, float[?, ?, ?] v) {{
+        split = Constant <value = int64[4] {{5, 2, 3, 4}}> ()
+        zero = Constant <value = int64[1] {{0}}> ()
+        three = Constant <value = int64[1] {{3}}> ()
+        i0 = Constant <value = int64 {{0}}> ()
+        i1 = Constant <value = int64 {{1}}> ()
+        i2 = Constant <value = int64 {{-1}}> ()
+        r = Reshape(y, split)
+        u = Unsqueeze(r, zero)
+        t = Transpose <perm = [{perm}]> (u)
+        p = Squeeze(t, three)
+        q = Gather <axis = 0> (p, i0)
+        k = Gather <axis = 0> (p, i1)
+        v = Gather <axis = 0> (p, i2)
+    }}"""
+
+
+def test_gathers_of_unpacked_pieces_become_slices():
+    model, stats, _ = run(unpacked_pieces(), "SimplifySlicing")
+    assert stats == {"GatherOfUnpackedPieces": 3}
+    assert ops(model) == ["Slice", "Slice", "Slice"]
+    assert [ints(n.inputs[1]) + ints(n.inputs[2]) for n in model.graph] == [[0, 4], [4, 8],
+                                                                            [8, 12]]
+
+
+def test_pieces_whose_other_axes_move_stay_gathers():
+    # (3, 2, 1, 0, 4) swaps S and B as well: a piece is no Slice of y then.
+    _, stats, trace = run(unpacked_pieces("3, 2, 1, 0, 4"), "SimplifySlicing",
+                          trace="GatherOfUnpackedPieces")
+    assert stats == {}
+    assert "not moved to the front with the other axes in order" in "\n".join(trace)
+
+
 # -- SequenceAt ∘ SplitToSequence -----------------------------------------------------------
 
 def split_to_sequence(split: str = ", sizes", attrs: str = "axis = 1", positions=(0, 1, 2),

@@ -202,14 +202,12 @@ class SequenceAtOfSplit(Rule):
         return op.Squeeze(piece, bounds[2])
 
 
-def _axes_of(node: Node, rank: int) -> list[int] | None:
+def _axes_of(node: Node) -> list[int] | None:
     """The constant axes of an Unsqueeze or Squeeze (input from opset 13, attribute before),
-    counted from 0 in a tensor of `rank` dims."""
+    as given (negative ones count from the end)."""
     given = node.input(1) if len(node.inputs) > 1 else None
     axes = given.constant() if given is not None else node.attr("axes")
-    if axes is None:
-        return None
-    return [int(a) % rank for a in np.ravel(axes)]
+    return None if axes is None else [int(a) for a in np.ravel(axes)]
 
 
 def _unpacked_piece(data: Value) -> tuple[Value, int] | str:
@@ -217,7 +215,6 @@ def _unpacked_piece(data: Value) -> tuple[Value, int] | str:
     piece axis moved to the front and the rest kept in order, through Reshape to [..., K, E],
     optionally Unsqueeze, Transpose and Squeeze of size-1 axes: nn.MultiheadAttention's
     `unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2)`."""
-    labels_of: list = []
     chain, value = [], data
     while value.producer is not None and value.producer.op_type in ("Squeeze", "Transpose",
                                                                     "Unsqueeze"):
@@ -235,12 +232,11 @@ def _unpacked_piece(data: Value) -> tuple[Value, int] | str:
         return "the Reshape does not split y's last axis into [K, E]"
     labels_of = [("lead", i) for i in range(len(y.shape) - 1)] + [("piece",), ("width",)]
     for node in reversed(chain):
-        rank = len(labels_of)
+        rank, axes = len(labels_of), _axes_of(node)
         if node.op_type == "Unsqueeze":
-            axes = _axes_of(node, rank + len(_axes_of(node, 1) or [0]))
             if axes is None:
                 return "an Unsqueeze's axes are not constant"
-            for axis in sorted(axes):
+            for axis in sorted(a % (rank + len(axes)) for a in axes):  # of the output's rank
                 labels_of.insert(axis, ("one",))
         elif node.op_type == "Transpose":
             perm = node.attr("perm")
@@ -248,7 +244,7 @@ def _unpacked_piece(data: Value) -> tuple[Value, int] | str:
                 return "a Transpose without its permutation"
             labels_of = [labels_of[i] for i in perm]
         else:
-            axes = _axes_of(node, rank)
+            axes = None if axes is None else [a % rank for a in axes]
             if axes is None or any(labels_of[a] != ("one",) for a in axes):
                 return "a Squeeze removes other than an inserted axis"
             labels_of = [label for i, label in enumerate(labels_of) if i not in axes]
