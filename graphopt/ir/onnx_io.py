@@ -441,7 +441,7 @@ class _Importer:
         A = AttributeProto
         held = [f.name for f, _ in proto.ListFields() if f.name in _VALUE_FIELDS]
         if kind in _VALUE_FIELDS.values() and held != [_FIELD_OF[kind]] and not (
-                held == [] and (ref_attr_name or kind in A_SCALAR_DEFAULTABLE)):
+                held == [] and (ref_attr_name or kind in _SCALAR_DEFAULTABLE)):
             # onnx.checker's "type field and data field mismatch": reading the field the type
             # names would silently take its default (LeakyRelu alpha 0 from an alpha in `i`).
             holds = ", ".join(f"{_FIELD_WORDS[f]} (field {f})" for f in held) or "no value"
@@ -648,7 +648,7 @@ _FIELD_WORDS = {"i": "an integer", "f": "a float", "s": "a string", "t": "a tens
                 "type_protos": "types"}
 # A proto3-style scalar at its default value (i=0, f=0.0, s="", an empty list) is not written:
 # such an attribute holds no field, and onnx.checker lets it through.
-A_SCALAR_DEFAULTABLE = {AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,
+_SCALAR_DEFAULTABLE = {AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,
                         AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS,
                         AttributeProto.TENSORS, AttributeProto.GRAPHS,
                         AttributeProto.SPARSE_TENSORS, AttributeProto.TYPE_PROTOS}

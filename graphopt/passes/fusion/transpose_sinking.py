@@ -44,14 +44,12 @@ import numpy as np
 from graphopt.ir import Model, Node
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
+from graphopt.passes.reduce_axes import REDUCTIONS
 
 _UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Neg", "Abs", "Sqrt", "Exp", "Log",
                     "Erf", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus",
                     "Softsign", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Cast", "Clip"})
 _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu"})
-_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
-                         "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
-                         "ReduceSumSquare"})
 _MAX_STEPS = 64  # ops a Transpose is followed past before it is judged not to meet its inverse
 
 
@@ -408,7 +406,7 @@ def _reduction_move(node: Node) -> tuple[list[int], list[int]] | None:
     identity where the Transpose goes altogether (an NHWC global average pool, whose
     [N, C] result is the same in either layout); None where the Transpose stays, which is
     unless it goes or would meet its inverse."""
-    if node.op_type not in _REDUCTIONS or not node.is_onnx or len(node.outputs) != 1 \
+    if node.op_type not in REDUCTIONS or not node.is_onnx or len(node.outputs) != 1 \
             or node.output is None or node.input(0) is None:
         return None
     value = node.input(0)
