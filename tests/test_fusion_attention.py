@@ -1414,3 +1414,72 @@ def test_a_rank_3_attention_says_whether_pinning_could_help(batch, hint):
     _, stats, trace = fuse(proto, trace=True)
     assert not stats
     assert any("not all of rank 4" in line and hint in line for line in trace), trace
+
+
+def _module_cross_attention(batch_first: bool):
+    """nn.MultiheadAttention's cross-attention as TorchScript exports it: sequence-first
+    projections, heads split by swapping [T, B·N, H] to [B·N, T, H]; a batch-first module
+    swaps its inputs to sequence-first first and its output back."""
+    E, L, T = 8, 5, 7
+
+    def io(length):
+        return f"[{B}, {length}, {E}]" if batch_first else f"[{length}, {B}, {E}]"
+
+    def heads(name, x, length):
+        return f"""
+  {name}p = MatMul({x}, w{name})
+  {name}b = Add({name}p, b{name})
+  {name}r = Reshape({name}b, split_{length})
+  {name}t = Transpose <perm = [1, 0, 2]> ({name}r)
+  {name}4 = Reshape({name}t, heads_{length})"""
+    swap_in = "\n  qs = Transpose <perm = [1, 0, 2]> (query)\n  ms = Transpose <perm = [1, 0, 2]> " \
+              "(memory)" if batch_first else "\n  qs = Identity(query)\n  ms = Identity(memory)"
+    swap_out = "y = Transpose <perm = [1, 0, 2]> (ys)" if batch_first else "y = Identity(ys)"
+    text = f"""
+g (float{io(L)} query, float{io(T)} memory) => (float{io(L)} y) {{{swap_in}{heads("q", "qs", L)}
+  {heads("k", "ms", T)}{heads("v", "ms", T)}
+  kT = Transpose <perm = [0, 1, 3, 2]> (k4)
+  scores = MatMul(q4, kT)
+  scaled = Mul(scores, scale)
+  probs = Softmax <axis = -1> (scaled)
+  o4 = MatMul(probs, v4)
+  o3 = Reshape(o4, merged)
+  ot = Transpose <perm = [1, 0, 2]> (o3)
+  o = Reshape(ot, rows)
+  op = MatMul(o, wo)
+  ys = Add(op, bo)
+  {swap_out}
+}}"""
+    rng = np.random.default_rng(5)
+    weights = {f"w{x}": rng.standard_normal((E, E)).astype(np.float32) for x in "qkvo"}
+    weights.update({f"b{x}": rng.standard_normal(E).astype(np.float32) for x in "qkvo"})
+    shapes = {f"split_{n}": [n, B * N, H] for n in (L, T)}
+    shapes.update({f"heads_{n}": [B, N, n, H] for n in (L, T)})
+    shapes.update(merged=[B * N, L, H], rows=[L, B, E])
+    return parse_model(text, scale=np.array(H ** -0.5, np.float32), **weights,
+                       **{k: np.array(v, np.int64) for k, v in shapes.items()})
+
+
+def test_a_sequence_first_cross_attention_stays_unfused_on_the_cpu():
+    # Fused, its Q, K and V would each be copied batch-first and again into [B, N, S, H]:
+    # 1.07x the original's time against 1.00x unfused at [128, 2, 256].
+    proto = _module_cross_attention(batch_first=False)
+    _, stats, trace = fuse(proto, trace=True)
+    assert stats == {}
+    assert any("3 of Q, K and V are split into heads from another layout" in line
+               for line in trace), trace
+    model, stats, _ = fuse(proto, target="ascend910b")  # an NPU takes it fused
+    assert stats == {"ScaledDotProductAttention": 1}
+    check_numerics(proto, model)
+
+
+def test_a_batch_first_cross_attention_fuses_with_no_transpose_left():
+    # The module's swaps to sequence-first and back meet the Transposes the fused
+    # attention's batch-first inputs and output need, through the projections.
+    proto = _module_cross_attention(batch_first=True)
+    result = graphopt.optimize(proto, level=2)
+    out = result.to_onnx()
+    assert MHA in ops(result.model)
+    assert "Transpose" not in ops(result.model), ops(result.model)
+    feeds = numerics.random_feeds(proto, seed=2)
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-4, 1e-5)

@@ -402,3 +402,90 @@ def test_a_pad_naming_its_axes_gets_amounts_for_every_axis_and_moves(tmp_path, a
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 3, 4, 5)).astype(np.float32)}
     with graphopt.load(path) as session:
         np.testing.assert_array_equal(session.run(feeds)["y"], numerics.run(proto, feeds)["y"])
+
+
+# A batch-first nn.MultiheadAttention's projections: swapped to sequence-first, projected by
+# constant matrices, and swapped back where the fused attention wants them batch-first.
+PROJECTED_ROWS = """
+g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
+  t = Transpose <perm = [1, 0, 2]> (x)
+  m = MatMul(t, w)
+  a = Add(b, m)
+  y = Transpose <perm = [1, 0, 2]> (a)
+}"""
+
+
+def test_a_row_transpose_sinks_through_a_projection_and_its_bias_to_its_inverse():
+    proto = parse_model(PROJECTED_ROWS, w=RNG.standard_normal((8, 6)).astype(np.float32),
+                        b=RNG.standard_normal(6).astype(np.float32))
+    out, stats = _sunk(proto)
+    assert ops(out) == ["MatMul", "Add"]
+    assert stats["Transpose"] == 2
+    # The bias keeps its shape [6]: onnxruntime fuses MatMul + Add into a Gemm only then.
+    assert {t.name: list(t.dims) for t in out.graph.initializer}["b"] == [6]
+
+
+def test_a_transpose_that_moves_the_last_axis_stays_above_a_matmul():
+    text = PROJECTED_ROWS.replace("[1, 0, 2]", "[0, 2, 1]").replace("float[2, 5, 8] x",
+                                                                   "float[2, 8, 5] x")
+    text = text.replace("float[2, 5, 6] y", "float[2, 6, 5] y")
+    proto = parse_model(text, w=RNG.standard_normal((8, 6)).astype(np.float32),
+                        b=RNG.standard_normal(6).astype(np.float32))
+    out, stats = _sunk(proto)
+    assert ops(out) == ["Transpose", "MatMul", "Add", "Transpose"] and stats == {}
+
+
+def test_a_packed_projections_slices_each_take_the_transpose_to_its_inverse():
+    # The packed key-value projection of a decoder's cross-attention: two Slices of its
+    # columns, each swapped back batch-first.
+    proto = parse_model("""
+g (float[2, 5, 8] x) => (float[2, 5, 4] k, float[2, 5, 4] v) {
+  t = Transpose <perm = [1, 0, 2]> (x)
+  m = MatMul(t, w)
+  a = Add(m, b)
+  ks = Slice(a, zero, four, last)
+  vs = Slice(a, four, eight, last)
+  k = Transpose <perm = [1, 0, 2]> (ks)
+  v = Transpose <perm = [1, 0, 2]> (vs)
+}""", w=RNG.standard_normal((8, 8)).astype(np.float32), b=RNG.standard_normal(8).astype(np.float32),
+        zero=np.array([0], np.int64), four=np.array([4], np.int64),
+        eight=np.array([8], np.int64), last=np.array([-1], np.int64))
+    out, _ = _sunk(proto)
+    assert ops(out) == ["MatMul", "Add", "Slice", "Slice"]
+    # Their axes follow the data: the last axis, 2, in either layout.
+    axes = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer}
+    assert [axes[n.input[3]] for n in out.graph.node if n.op_type == "Slice"] == [[2], [2]]
+
+
+def test_a_row_transpose_sinks_through_the_rows_of_a_flattened_gemm():
+    # nn.MultiheadAttention's output projection: the heads' output [B, L, E] swapped to
+    # [L, B, E], flattened to rows, a Linear, the rows split again, swapped back batch-first.
+    proto = parse_model("""
+g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
+  t = Transpose <perm = [1, 0, 2]> (x)
+  r = Reshape(t, rows)
+  g = Gemm <transB = 1> (r, w, b)
+  s = Reshape(g, split)
+  y = Transpose <perm = [1, 0, 2]> (s)
+}""", w=RNG.standard_normal((6, 8)).astype(np.float32), b=RNG.standard_normal(6).astype(np.float32),
+        rows=np.array([10, 8], np.int64), split=np.array([5, 2, 6], np.int64))
+    out, stats = _sunk(proto)
+    assert ops(out) == ["Reshape", "Gemm", "Reshape"] and stats["Transpose"] == 1
+    targets = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer}
+    assert targets[out.graph.node[2].input[1]] == [2, 5, 6]
+
+
+def test_rows_a_gemm_mixes_keep_their_transpose():
+    # A bias of one row per input row ([10, 6]) ties each row to its place: nothing moves.
+    proto = parse_model("""
+g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
+  t = Transpose <perm = [1, 0, 2]> (x)
+  r = Reshape(t, rows)
+  g = Gemm <transB = 1> (r, w, b)
+  s = Reshape(g, split)
+  y = Transpose <perm = [1, 0, 2]> (s)
+}""", w=RNG.standard_normal((6, 8)).astype(np.float32),
+        b=RNG.standard_normal((10, 6)).astype(np.float32),
+        rows=np.array([10, 8], np.int64), split=np.array([5, 2, 6], np.int64))
+    out, stats = _sunk(proto)
+    assert ops(out) == ["Transpose", "Reshape", "Gemm", "Reshape", "Transpose"] and stats == {}

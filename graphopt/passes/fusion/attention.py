@@ -43,6 +43,7 @@ from graphopt.option_names import option
 from graphopt.passes.base import register
 from graphopt.passes.fusion.attention_masks import adds_nothing
 from graphopt.passes.fusion.matmul import unsafe_scale
+from graphopt.passes.fusion.merge_copies import merge_source
 from graphopt.passes.fusion.packed_heads import PackedHeadSlice, PackedProjectionAttention
 from graphopt.passes.fusion.window_mask import WindowMask
 from graphopt.passes.rules import Rule, RulePass
@@ -415,6 +416,30 @@ def _cpu_loss(q4: Value, k: Value, v4: Value, trans_b: int, widths: tuple[int, i
     return None
 
 
+def _copy_loss(q4: Value, k: Value, v4: Value, trans_b: int, widths: tuple[int, int],
+               equal: Equalities) -> str | None:
+    """Why the fused attention would run slower on onnxruntime's CPU provider for the copies
+    its head merges make (merge_copies): where two or more of Q, K and V are split from
+    another layout than [B, S, N·H] and do not come from one input, which packs into
+    Attention. A sequence-first nn.MultiheadAttention's cross-attention at [128, 2, 256] ran
+    1.07x the original fused against 1.00x unfused (1 thread, onnxruntime 1.32, AVX-512)."""
+    qk, hv = widths
+    merges = ((q4, MERGE_Q, qk), (k, MERGE_Q if trans_b else MERGE_KT, qk), (v4, MERGE_Q, hv))
+    sources, copies = [], 0
+    for x4, merge, width in merges:
+        if _own_merge(x4, merge, width, equal) is not None:
+            sources.append(x4)
+            continue
+        source, copied = merge_source(x4)
+        sources.append(source)
+        copies += copied
+    if copies < 2 or all(source is sources[0] for source in sources):
+        return None
+    return f"on the CPU, {copies} of Q, K and V are split into heads from another layout " \
+           "than [B, S, N·H] (a sequence-first module's): MultiHeadAttention would copy " \
+           "them into it, and runs slower than the MatMul + Softmax that read them as they are"
+
+
 def _packs(q4: Value, k: Value, v4: Value, trans_b: int, widths: tuple[int, int],
            equal: Equalities) -> bool:
     """Whether Q, K and V are split from projections of one x with constant weights, which
@@ -468,6 +493,10 @@ class ScaledDotProductAttention(Rule):
         n, h, hv = (equal.number(d) for d in (dims[0][1], dims[0][3], dims[2][3]))
         if nan_guard is not None and _on_cpu(target, q4, k, v4):
             problem = _cpu_loss(q4, k, v4, trans_b, (n * h, n * hv), equal)
+            if problem:
+                return problem
+        if _on_cpu(target, q4, k, v4):
+            problem = _copy_loss(q4, k, v4, trans_b, (n * h, n * hv), equal)
             if problem:
                 return problem
         if mask2 is not None:  # each bias as if it were the only one; their sum is the bias

@@ -76,10 +76,13 @@ class SinkTransposes(Pass):
                         continue
                     perm = _movable(node)
                     reduced = _reduction_move(node) if perm is None else None
+                    rows = _rows_move(node) if perm is None and reduced is None else None
                     if perm is not None and allows(node):
                         _sink(graph, node, perm)
                     elif reduced is not None and allows(node):
                         _sink_reduction(graph, node, *reduced)
+                    elif rows is not None and allows(node) and allows(rows[1]):
+                        _sink_rows(graph, node, *rows)
                     else:
                         continue
                     result.count("Transpose")
@@ -102,8 +105,8 @@ def _movable(node: Node) -> list[int] | None:
     if not perm or perm == list(range(len(perm))) or not _carries(node, None, perm):
         return None
     data = node.inputs[:1] if node.op_type == "Pad" else node.inputs
-    if _channels_last(perm) and all(_per_channel(v, len(perm)) for v in data) \
-            and _out_of_a_conv(node, perm):
+    if node.op_type not in ("MatMul", "Slice") and _channels_last(perm) \
+            and all(_per_channel(v, len(perm)) for v in data) and _out_of_a_conv(node, perm):
         return perm
     return perm if _meets_inverse(node, perm) else None
 
@@ -164,39 +167,48 @@ def _per_channel(value, rank: int) -> bool:
 def _meets_inverse(node: Node, perm: list[int], allows=None) -> bool:
     """Whether a Transpose moved below `node` would go on, op by op, to a reader that undoes it:
     otherwise it is left where it is, since moving it gains nothing and would reshape what
-    other fusions look for (the scaled Q of an attention). With `allows`, only past ops it
-    lets the Transpose move below (the rewrite gate)."""
-    inverse = _inverse(perm)
-    value = node.output
-    for _ in range(_MAX_STEPS):
-        uses = [use for use, _ in value.uses]
-        if value.is_graph_output or not uses or any(use.graph is not node.graph for use in uses):
-            return False  # (a branch's reader: the pass works within one graph)
-        if any(_is_transpose(use, inverse) for use in uses):
-            return True  # that reader reads x then (_bypass_inverses)
-        if len(uses) != 1 or not _carries(uses[0], value, perm) \
-                or allows is not None and not allows(uses[0]):
-            return False
-        value = uses[0].output
-    return False
+    other fusions look for (the scaled Q of an attention). Where several ops read the way on,
+    each must lead to an inverse (a packed key-value projection's two Slices, each read by a
+    Transpose that undoes it): the moved Transpose is copied for each (_split_fanouts). With
+    `allows`, only past ops it lets the Transpose move below (the rewrite gate)."""
+    budget = [_MAX_STEPS]
+    return _reaches_inverse(node.output, node.graph, perm, _inverse(perm), allows, budget)
+
+
+def _reaches_inverse(value, graph, perm: list[int], inverse: list[int], allows,
+                     budget: list[int]) -> bool:
+    budget[0] -= 1
+    uses = list(dict.fromkeys(use for use, _ in value.uses))
+    if budget[0] < 0 or value.is_graph_output or not uses \
+            or any(use.graph is not graph for use in uses):
+        return False  # (a branch's reader: the pass works within one graph)
+    if any(_is_transpose(use, inverse) for use in uses):
+        return True  # that reader reads x then (_bypass_inverses)
+    return all(_carries(use, value, perm) and (allows is None or allows(use))
+               and _reaches_inverse(use.output, graph, perm, inverse, allows, budget)
+               for use in uses)
 
 
 def _carries(node: Node, moving, perm: list[int]) -> bool:
     """Whether Transposes by `perm` could move past `node`: it is elementwise, and its inputs
     (but `moving`, on which one arrives) are constants or such Transposes' outputs that only
-    it reads."""
+    it reads; or it moves its data input alone (a Pad, a Slice, a MatMul by a constant
+    matrix, whose rows the Transpose may reorder when it leaves the last axis alone)."""
     if not node.is_onnx or len(node.outputs) != 1 or node.output is None \
-            or node.op_type not in _UNARY | _BINARY | {"Pad", "Concat"}:
+            or node.op_type not in _UNARY | _BINARY | {"Pad", "Concat", "MatMul", "Slice"}:
         return False
+    if node.op_type in ("MatMul", "Slice", "Pad"):
+        if not _arriving(node, moving, perm):
+            return False
+        if node.op_type == "MatMul":
+            weight = node.input(1)
+            return _keeps_last_axis(perm) and weight is not None \
+                and weight.constant() is not None and weight.constant().ndim == 2
+        if node.op_type == "Slice":
+            return _slice_axes(node, len(perm)) is not None
+        return _pads_movable(node, len(perm))
     if node.op_type == "Concat" and node.attr("axis") is None:
         return False
-    if node.op_type == "Pad":  # the data alone moves; the amounts are permuted
-        data = node.input(0)
-        arriving = data is moving if moving is not None else (
-            data.producer is not None and _is_transpose(data.producer, perm)
-            and data.producer.graph is node.graph and len(data.uses) == 1
-            and not data.is_graph_output)
-        return arriving and _pads_movable(node, len(perm))
     for value in node.inputs:
         if value is None or value is moving:
             continue
@@ -209,6 +221,30 @@ def _carries(node: Node, moving, perm: list[int]) -> bool:
                   and not value.is_graph_output):
             return False
     return True
+
+
+def _arriving(node: Node, moving, perm: list[int]) -> bool:
+    """Whether the Transpose comes in on `node`'s data input (its first), the one that moves."""
+    data = node.input(0)
+    if moving is not None:
+        return data is moving
+    return data is not None and data.producer is not None \
+        and _is_transpose(data.producer, perm) and data.producer.graph is node.graph \
+        and len(data.uses) == 1 and not data.is_graph_output
+
+
+def _slice_axes(node: Node, rank: int) -> list[int] | None:
+    """A Slice's axes (0, 1, … for as many as its starts when it names none), non-negative,
+    when its starts, ends, axes and steps are constants given as inputs (opset 10 on)."""
+    if node.attr("starts") is not None or len(node.inputs) < 3 \
+            or any(v is not None and v.constant() is None for v in node.inputs[1:]):
+        return None
+    starts = node.input(1).constant()
+    given = node.input(3) if len(node.inputs) > 3 else None
+    axes = list(range(starts.size)) if given is None else [int(a) for a in given.constant()]
+    if any(not -rank <= a < rank for a in axes):
+        return None
+    return [a % rank for a in axes]
 
 
 def pads_for_every_axis(graph, allows=lambda node: True) -> int:
@@ -268,6 +304,11 @@ def _pads(node: Node) -> list[int] | None:
     given = node.inputs[1] if len(node.inputs) > 1 else None
     data = None if given is None else given.constant()
     return None if data is None or data.ndim != 1 else [int(p) for p in data]
+
+
+def _keeps_last_axis(perm: list[int]) -> bool:
+    """Whether `perm` moves rows only: the last axis, a row's elements, stays last."""
+    return len(perm) >= 2 and perm[-1] == len(perm) - 1
 
 
 def _is_transpose(node: Node, perm: list[int]) -> bool:
@@ -358,8 +399,21 @@ def _sink(graph, node: Node, perm: list[int]) -> None:
         else:
             node.set_input(1, graph.make_initializer(node.input(1).name + "_sunk",
                                                      np.array(moved_pads, np.int64)))
-    for index, value in enumerate(node.inputs if node.op_type != "Pad" else ()):
-        if value is None:
+    if node.op_type == "Slice":  # its axes follow the data's; starts, ends, steps stay
+        axes = _slice_axes(node, rank)
+        source = node.input(0).producer
+        sources.append(source)
+        node.set_input(0, source.input(0))
+        moved_axes = np.array([perm[a] for a in axes], np.int64)
+        name = node.input(3).name if len(node.inputs) > 3 and node.input(3) is not None \
+            else node.input(1).name + "_axes"
+        axes_value = graph.make_initializer(name + "_sunk", moved_axes)
+        if len(node.inputs) > 3:
+            node.set_input(3, axes_value)
+        else:
+            node.set_inputs([*node.inputs[:3], axes_value])
+    for index, value in enumerate(node.inputs if node.op_type not in ("Pad", "Slice") else ()):
+        if value is None or node.op_type == "MatMul" and index == 1:  # the weight stays
             continue
         data = value.constant()
         if data is None:  # a Transpose's output
@@ -369,11 +423,21 @@ def _sink(graph, node: Node, perm: list[int]) -> None:
             # (Clip's bounds are single values, which its kernel wants as they are: [1] too.)
             full = data.reshape((1,) * (rank - data.ndim) + data.shape)
             permuted = np.ascontiguousarray(np.transpose(full, inverse))
+            if _same_broadcast(permuted, data):
+                continue  # a bias [N] stays [N]: onnxruntime fuses it into a Gemm only so
             node.set_input(index, graph.make_initializer(value.name + "_sunk", permuted))
     if node.op_type == "Concat":  # the axis it joins on, in the untransposed layout
         node.set_attr("axis", perm[int(node.attr("axis")) % rank])
     _transpose_output(graph, node, perm)
     _remove_unread(graph, sources)
+
+
+def _same_broadcast(permuted: np.ndarray, data: np.ndarray) -> bool:
+    """Whether the constant `data`, brought to the Transpose's rank and permuted, broadcasts
+    as `data` does: the axes the Transpose moves were all 1s in it."""
+    lead = permuted.ndim - data.ndim
+    return all(d == 1 for d in permuted.shape[:lead]) \
+        and permuted.shape[lead:] == data.shape and np.array_equal(permuted.reshape(data.shape), data)
 
 
 def _transpose_output(graph, node: Node, perm: list[int]) -> None:
@@ -456,6 +520,96 @@ def _sink_reduction(graph, node: Node, reduced: list[int], left: list[int]) -> N
                                                  np.array(reduced, np.int64)))
     if left != list(range(len(left))):
         _transpose_output(graph, node, left)
+    _remove_unread(graph, [source])
+
+
+def _rows_move(node: Node) -> tuple[list[int], Node] | None:
+    """For a Reshape that flattens a Transpose's output into rows, where the Transpose moves
+    rows only (the last axis stays) and the rows go through row-wise ops to a Reshape that
+    splits them back into the same leading axes: the Transpose's perm and that Reshape, when a
+    Transpose moved below it would meet its inverse. nn.MultiheadAttention's output projection
+    is such a block (`attn.view(L * B, E)`, a Linear, `.view(L, B, E)`), between the Transposes
+    a batch-first module makes of its inputs and its output."""
+    if node.op_type != "Reshape" or not node.is_onnx or node.input(0) is None:
+        return None
+    value = node.input(0)
+    source = value.producer
+    if source is None or source.op_type != "Transpose" or not source.is_onnx \
+            or source.attr("perm") is None or source.graph is not node.graph \
+            or len(value.uses) != 1 or value.is_graph_output:
+        return None
+    perm = list(source.attr("perm"))
+    shape = value.shape
+    if len(perm) < 3 or not _keeps_last_axis(perm) or shape is None or len(shape) != len(perm) \
+            or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    rows = int(np.prod(shape[:-1]))
+    if _reshape_target(node) not in ([rows, shape[-1]], [-1, shape[-1]]):
+        return None
+    current = node.output
+    for _ in range(_MAX_STEPS):
+        uses = [use for use, _ in current.uses]
+        if current.is_graph_output or len(uses) != 1 or uses[0].graph is not node.graph:
+            return None
+        reader = uses[0]
+        if reader.op_type == "Reshape" and reader.is_onnx and reader.input(0) is current:
+            target = _reshape_target(reader)
+            if target is None or target[:-1] != list(shape[:-1]) or target[-1] <= 0:
+                return None
+            return (perm, reader) if _meets_inverse(reader, perm) else None
+        if not _row_wise(reader, current):
+            return None
+        current = reader.output
+    return None
+
+
+def _reshape_target(node: Node) -> list[int] | None:
+    given = node.input(1)
+    data = None if given is None else given.constant()
+    if data is None or data.ndim != 1 or int(node.attr("allowzero", 0)):
+        return None
+    return [int(d) for d in data]
+
+
+def _row_wise(node: Node, rows) -> bool:
+    """Whether `node` computes each row of the matrix `rows` from that row alone: a Gemm or
+    MatMul by a constant weight, or an elementwise op whose other inputs are constants the
+    same for every row."""
+    if not node.is_onnx or len(node.outputs) != 1 or node.output is None \
+            or node.input(0) is not rows:
+        return False
+    others = node.inputs[1:]
+    if node.op_type == "Gemm":
+        if int(node.attr("transA", 0)) or node.input(1) is None \
+                or node.input(1).constant() is None:
+            return False
+        bias = node.input(2)
+        return bias is None or (bias.constant() is not None and (
+            bias.constant().ndim <= 1 or bias.constant().shape[0] == 1))
+    if node.op_type == "MatMul":
+        weight = node.input(1)
+        return weight is not None and weight.constant() is not None \
+            and weight.constant().ndim == 2
+    if node.op_type in _UNARY and node.op_type != "Clip":
+        return True
+    if node.op_type in _BINARY - {"PRelu"} | {"Clip"}:
+        return all(v is None or (v.constant() is not None and (
+            v.constant().ndim <= 1 or v.constant().shape[0] == 1)) for v in others)
+    return False
+
+
+def _sink_rows(graph, node: Node, perm: list[int], back: Node) -> None:
+    """Reshape(Transpose(x, p), rows) → row-wise ops → Reshape(·, p's leading axes) becomes
+    Reshape(x, rows) → the same ops → Reshape(·, x's leading axes) → Transpose(·, p): the ops
+    see the rows in another order, which changes none of them."""
+    source = node.input(0).producer
+    x = source.input(0)
+    node.set_input(0, x)
+    target = _reshape_target(back)
+    unpermuted = [int(d) for d in x.shape[:-1]] + [target[-1]]
+    back.set_input(1, graph.make_initializer(back.input(1).name + "_sunk",
+                                             np.array(unpermuted, np.int64)))
+    _transpose_output(graph, back, perm)
     _remove_unread(graph, [source])
 
 
