@@ -603,6 +603,34 @@ def test_ai_onnx_ml_outputs_are_typed_and_the_casts_after_them_go():
         np.testing.assert_array_equal(actual, expected)
 
 
+def test_an_l2_normalizers_input_is_written_without_its_shape():
+    """onnxruntime's L2 Normalizer may run in place and writes x² before it reads x's sign:
+    with its input's and output's sizes both declared, every output came out positive. The
+    written model declares that input's type alone."""
+    ml = "ai.onnx.ml"
+    nodes = [helper.make_node("Scaler", ["x"], ["s"], domain=ml, offset=[0.5] * 4,
+                              scale=[2.0] * 4),
+             helper.make_node("Normalizer", ["s"], ["n"], domain=ml, norm="L2"),
+             helper.make_node("LinearRegressor", ["n"], ["y"], domain=ml,
+                              coefficients=[1.0, -2, 3, -4], targets=1)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ml, 1)],
+                              ir_version=IR_VERSION)
+    optimized = optimize(proto).to_onnx()
+    declared = {v.name: v.type.tensor_type for v in optimized.graph.value_info}
+    assert not declared["s"].HasField("shape") and declared["s"].elem_type == TensorProto.FLOAT
+    assert [d.dim_value for d in declared["n"].shape.dim] == [5, 4]
+    x = np.random.default_rng(4).standard_normal((5, 4)).astype(np.float32)
+    scaled = (x - 0.5) * 2.0
+    normalized = scaled / np.linalg.norm(scaled, axis=1, keepdims=True)
+    expected = normalized @ np.array([1.0, -2, 3, -4], np.float32)
+    got = numerics.run(optimized, {"x": x})["y"]
+    np.testing.assert_allclose(got.reshape(-1), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
     """A model onnxruntime's optimizer saved declares its contrib outputs with symbolic dims
     ("unk__3"); pinned inputs make them static, and the values after them too."""

@@ -93,6 +93,7 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
     # copies it, which was half the export's time at 100k nodes (three InferShapes, the input
     # check and the .om writer each export the whole graph).
     nodes, infos = proto.node, proto.value_info
+    unsized = _overwritten_in_place(graph) if outputs is not None else set()
     for node in graph:
         _fill_node(nodes.add(), node)
         if outputs is None:
@@ -100,10 +101,23 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
         for value in node._outputs:
             if value is not None and id(value) not in outputs and _has_type(value) \
                     and (value_infos is True or value_infos(value)):
-                _fill_value_info(infos.add(), value)
+                info = _fill_value_info(infos.add(), value)
+                if id(value) in unsized and info.type.HasField("tensor_type"):
+                    info.type.tensor_type.ClearField("shape")
     for value in graph.outputs:
         _fill_value_info(proto.output.add(), value)
     return proto
+
+
+def _overwritten_in_place(graph: Graph) -> set[int]:
+    """The values whose shapes the written model must not declare: the input of an L2
+    `ai.onnx.ml` Normalizer. onnxruntime 1.32's kernel may run in place, and writes x² into its
+    output before it reads x's sign; its planner shares the buffer only where it knows both
+    sizes, so with both declared every output came out positive (a scikit-learn
+    StandardScaler → Normalizer → RandomForest pipeline at a static batch changed class)."""
+    return {id(node.inputs[0]) for node in graph
+            if node.op_type == "Normalizer" and node.domain == "ai.onnx.ml" and node.inputs
+            and node.inputs[0] is not None and str(node.attr("norm", "MAX")).upper() == "L2"}
 
 
 def node_to_proto(node: Node) -> NodeProto:
