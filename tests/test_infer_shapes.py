@@ -458,6 +458,33 @@ def test_types_are_carried_past_contrib_ops():
         assert (values[name].dtype, values[name].shape) == (DType.FLOAT, shape), name
 
 
+@pytest.mark.parametrize("attrs, size", [
+    ({"pads": [1, 1, 1, 1]}, 16), ({"strides": [2, 2]}, 7),
+    ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, 8),
+    ({"dilations": [2, 2], "pads": [0, 0, 0, 0]}, 12)])
+def test_a_fused_convs_output_is_typed_as_a_convs(attrs, size):
+    """onnxruntime's extended level saves Conv + Relu as com.microsoft::FusedConv: typed as
+    the Conv it is, everything after it keeps its static shape, as onnxruntime computes it."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("FusedConv", ["x", "w"], ["c"], domain="com.microsoft",
+                              activation="Relu", **attrs),
+             helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    proto = helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=IR_VERSION)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    assert values["c"].shape == (1, 8, size, size)
+    assert values["y"].shape == (1, 8, size - 1, size - 1)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    assert numerics.run(proto, {"x": x})["y"].shape == values["y"].shape
+
+
 def test_the_sum_a_skip_layer_norm_passes_on_is_typed():
     # Its fourth output carries the residual path on; untyped, a partition boundary on it
     # made a graph input without a type.

@@ -160,6 +160,8 @@ def _carry_through_contrib_ops(model: Model) -> int:
                 shape = _fused_matmul_shape(node)
             elif node.op_type == "FusedGemm":
                 shape = _fused_gemm_shape(node)
+            elif node.op_type == "FusedConv":
+                shape = _fused_conv_shape(node)
             else:
                 continue
             if _knows_more(dtype, shape, out):
@@ -300,6 +302,32 @@ def _fused_gemm_shape(node) -> tuple | None:
     if a is None or b is None or len(a) != 2 or len(b) != 2:
         return None
     return (a[1] if node.attr("transA", 0) else a[0], b[0] if node.attr("transB", 0) else b[1])
+
+
+def _fused_conv_shape(node) -> tuple | None:
+    """FusedConv(X, W, B, Z)'s output shape, a Conv's: [N, M, spatial sizes] (onnxruntime's
+    offline optimizer writes it at its extended level; untyped, everything after it had lost
+    its shape, and a static CNN so saved went to the host on an NPU target whole)."""
+    x, w = (v.shape if v is not None else None for v in node.inputs[:2])
+    if x is None or w is None or len(x) < 3 or len(w) != len(x) \
+            or not all(isinstance(d, int) for d in (*x[2:], *w[2:])):
+        return None
+    spatial = len(x) - 2
+    kernel = list(node.attr("kernel_shape") or w[2:])
+    strides = list(node.attr("strides") or [1] * spatial)
+    dilations = list(node.attr("dilations") or [1] * spatial)
+    pads = list(node.attr("pads") or [0] * (2 * spatial))
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    sizes = []
+    for axis in range(spatial):
+        size, span = x[2 + axis], dilations[axis] * (kernel[axis] - 1) + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            sizes.append(-(-size // strides[axis]))
+        else:
+            padded = size if auto_pad == "VALID" else size + pads[axis] + pads[axis + spatial]
+            sizes.append((padded - span) // strides[axis] + 1)
+    return (x[0], w[0], *sizes)
 
 
 def _attention_shape(node) -> tuple | None:
