@@ -295,12 +295,13 @@ def test_runtime_gamma_leaves_the_affine_ops():
 
 def _keras(shape=(2, 5, 8), opset: int = 15, mean: str = "pool", inverse: str = "reciprocal",
            square: str = "mul", gamma=None, runtime_gamma: bool = False, eps: float = 1e-3,
-           extra: str | None = None) -> onnx.ModelProto:
+           extra: str | None = None, shift: str = "sub") -> onnx.ModelProto:
     """Keras's LayerNormalization(axis=-1) as tf2onnx exports it: the moments, then
     g = γ·rsqrt(var + ε) and y = x·g + (β - μ·g). `mean`: GlobalAveragePool ("pool") or
     ReduceMean over axis -1 ("axes": the attribute below opset 18, the input from 18);
     `inverse`: rsqrt as Reciprocal(Sqrt), Div(1, Sqrt) or Pow(·, -0.5); `extra`: an
-    intermediate of shape [..., 1] also read by a Mul outside the pattern."""
+    intermediate of shape [..., 1] also read by a Mul outside the pattern; `shift`: β - μ·g
+    ("sub") or Keras 3's (-μ)·g + β ("neg")."""
     make, d = onnx.helper.make_node, shape[-1]
     rng = np.random.default_rng(3)
     inits = {"beta": rng.uniform(-0.5, 0.5, d).astype(np.float32),
@@ -324,9 +325,11 @@ def _keras(shape=(2, 5, 8), opset: int = 15, mean: str = "pool", inverse: str = 
     nodes += {"reciprocal": [make("Sqrt", ["ve"], ["std"]), make("Reciprocal", ["std"], ["rs"])],
               "one_over": [make("Sqrt", ["ve"], ["std"]), make("Div", ["one", "std"], ["rs"])],
               "pow": [make("Pow", ["ve", "half"], ["rs"])]}[inverse]
-    nodes += [make("Mul", ["rs", "gamma"], ["g"]), make("Mul", ["mean", "g"], ["mg"]),
-              make("Sub", ["beta", "mg"], ["b"]), make("Mul", ["x", "g"], ["xg"]),
-              make("Add", ["xg", "b"], ["y"])]
+    nodes.append(make("Mul", ["rs", "gamma"], ["g"]))
+    nodes += [make("Mul", ["mean", "g"], ["mg"]), make("Sub", ["beta", "mg"], ["b"])] \
+        if shift == "sub" else [make("Neg", ["mean"], ["nm"]), make("Mul", ["nm", "g"], ["mg"]),
+                                make("Add", ["mg", "beta"], ["b"])]
+    nodes += [make("Mul", ["x", "g"], ["xg"]), make("Add", ["xg", "b"], ["y"])]
     info = onnx.helper.make_tensor_value_info
     inputs = [info("x", onnx.TensorProto.FLOAT, list(shape))]
     if runtime_gamma:
@@ -354,6 +357,7 @@ KERAS_FORMS = {  # _keras arguments
     "pow-square": {"square": "pow"},
     "gamma-1x1xC": {"gamma": np.linspace(0.5, 1.5, 8, dtype=np.float32).reshape(1, 1, 8)},
     "rank-4-reducemean": {"shape": (2, 3, 5, 8), "mean": "axes", "opset": 17},
+    "keras3-negated-mean": {"shift": "neg"},  # tf2onnx 1.17 on Keras 3.15
 }
 
 

@@ -183,8 +183,9 @@ def _mean_or_pool(op, v, key: str):
 
 class LayerNormBatchnorm(_LayerNorm):
     """TensorFlow's batchnorm form, as tf2onnx exports Keras's LayerNormalization:
-    g = γ · rsqrt(mean((x - μ)²) + ε), y = x·g + (β - μ·g); the means GlobalAveragePool (rank 3)
-    or ReduceMean, rsqrt as Reciprocal(√·), 1 / √· or ·^-½, the square Mul(d, d) or Pow(d, 2).
+    g = γ · rsqrt(mean((x - μ)²) + ε), y = x·g + (β - μ·g) (Keras 3: x·g + ((-μ)·g + β)); the
+    means GlobalAveragePool (rank 3) or ReduceMean, rsqrt as Reciprocal(√·), 1 / √· or ·^-½,
+    the square Mul(d, d) or Pow(d, 2).
     LayerNormalization computes (x - μ)·g + β, without the batchnorm form's cancellation of
     x·g against μ·g for a large mean: it is closer to the exact result, not further."""
 
@@ -194,7 +195,9 @@ class LayerNormBatchnorm(_LayerNorm):
         ve = op.Add(_mean_or_pool(op, OneOf(op.Mul(d, d), op.Pow(d, EXACT_2)), "var"), EPS)
         std = op.Sqrt(ve)
         g = op.Mul(OneOf(op.Reciprocal(std), op.Div(1.0, std), op.Pow(ve, -0.5)), gamma)
-        return op.Add(op.Mul(x, g), op.Sub(beta, op.Mul(mean, g)))
+        # Keras 3's shift is (-μ)·g + β, which tf2onnx writes as Neg, Mul, Add.
+        return op.Add(op.Mul(x, g), OneOf(op.Sub(beta, op.Mul(mean, g)),
+                                          op.Add(op.Mul(op.Neg(mean), g), beta)))
 
     def check(self, x, model, eps, **b):
         pooled = [k for k in ("mean", "var") if b.get(f"{k}_pool") is not None]
