@@ -455,37 +455,3 @@ g (float[2, 5, 8] x) => (float[2, 5, 4] k, float[2, 5, 4] v) {
     # Their axes follow the data: the last axis, 2, in either layout.
     axes = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer}
     assert [axes[n.input[3]] for n in out.graph.node if n.op_type == "Slice"] == [[2], [2]]
-
-
-def test_a_row_transpose_sinks_through_the_rows_of_a_flattened_gemm():
-    # nn.MultiheadAttention's output projection: the heads' output [B, L, E] swapped to
-    # [L, B, E], flattened to rows, a Linear, the rows split again, swapped back batch-first.
-    proto = parse_model("""
-g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
-  t = Transpose <perm = [1, 0, 2]> (x)
-  r = Reshape(t, rows)
-  g = Gemm <transB = 1> (r, w, b)
-  s = Reshape(g, split)
-  y = Transpose <perm = [1, 0, 2]> (s)
-}""", w=RNG.standard_normal((6, 8)).astype(np.float32), b=RNG.standard_normal(6).astype(np.float32),
-        rows=np.array([10, 8], np.int64), split=np.array([5, 2, 6], np.int64))
-    out, stats = _sunk(proto)
-    assert ops(out) == ["Reshape", "Gemm", "Reshape"] and stats["Transpose"] == 1
-    targets = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer}
-    assert targets[out.graph.node[2].input[1]] == [2, 5, 6]
-
-
-def test_rows_a_gemm_mixes_keep_their_transpose():
-    # A bias of one row per input row ([10, 6]) ties each row to its place: nothing moves.
-    proto = parse_model("""
-g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
-  t = Transpose <perm = [1, 0, 2]> (x)
-  r = Reshape(t, rows)
-  g = Gemm <transB = 1> (r, w, b)
-  s = Reshape(g, split)
-  y = Transpose <perm = [1, 0, 2]> (s)
-}""", w=RNG.standard_normal((6, 8)).astype(np.float32),
-        b=RNG.standard_normal((10, 6)).astype(np.float32),
-        rows=np.array([10, 8], np.int64), split=np.array([5, 2, 6], np.int64))
-    out, stats = _sunk(proto)
-    assert ops(out) == ["Transpose", "Reshape", "Gemm", "Reshape", "Transpose"] and stats == {}

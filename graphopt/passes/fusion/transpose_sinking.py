@@ -76,13 +76,10 @@ class SinkTransposes(Pass):
                         continue
                     perm = _movable(node)
                     reduced = _reduction_move(node) if perm is None else None
-                    rows = _rows_move(node) if perm is None and reduced is None else None
                     if perm is not None and allows(node):
                         _sink(graph, node, perm)
                     elif reduced is not None and allows(node):
                         _sink_reduction(graph, node, *reduced)
-                    elif rows is not None and allows(node) and allows(rows[1]):
-                        _sink_rows(graph, node, *rows)
                     else:
                         continue
                     result.count("Transpose")
@@ -520,96 +517,6 @@ def _sink_reduction(graph, node: Node, reduced: list[int], left: list[int]) -> N
                                                  np.array(reduced, np.int64)))
     if left != list(range(len(left))):
         _transpose_output(graph, node, left)
-    _remove_unread(graph, [source])
-
-
-def _rows_move(node: Node) -> tuple[list[int], Node] | None:
-    """For a Reshape that flattens a Transpose's output into rows, where the Transpose moves
-    rows only (the last axis stays) and the rows go through row-wise ops to a Reshape that
-    splits them back into the same leading axes: the Transpose's perm and that Reshape, when a
-    Transpose moved below it would meet its inverse. nn.MultiheadAttention's output projection
-    is such a block (`attn.view(L * B, E)`, a Linear, `.view(L, B, E)`), between the Transposes
-    a batch-first module makes of its inputs and its output."""
-    if node.op_type != "Reshape" or not node.is_onnx or node.input(0) is None:
-        return None
-    value = node.input(0)
-    source = value.producer
-    if source is None or source.op_type != "Transpose" or not source.is_onnx \
-            or source.attr("perm") is None or source.graph is not node.graph \
-            or len(value.uses) != 1 or value.is_graph_output:
-        return None
-    perm = list(source.attr("perm"))
-    shape = value.shape
-    if len(perm) < 3 or not _keeps_last_axis(perm) or shape is None or len(shape) != len(perm) \
-            or not all(isinstance(d, int) and d > 0 for d in shape):
-        return None
-    rows = int(np.prod(shape[:-1]))
-    if _reshape_target(node) not in ([rows, shape[-1]], [-1, shape[-1]]):
-        return None
-    current = node.output
-    for _ in range(_MAX_STEPS):
-        uses = [use for use, _ in current.uses]
-        if current.is_graph_output or len(uses) != 1 or uses[0].graph is not node.graph:
-            return None
-        reader = uses[0]
-        if reader.op_type == "Reshape" and reader.is_onnx and reader.input(0) is current:
-            target = _reshape_target(reader)
-            if target is None or target[:-1] != list(shape[:-1]) or target[-1] <= 0:
-                return None
-            return (perm, reader) if _meets_inverse(reader, perm) else None
-        if not _row_wise(reader, current):
-            return None
-        current = reader.output
-    return None
-
-
-def _reshape_target(node: Node) -> list[int] | None:
-    given = node.input(1)
-    data = None if given is None else given.constant()
-    if data is None or data.ndim != 1 or int(node.attr("allowzero", 0)):
-        return None
-    return [int(d) for d in data]
-
-
-def _row_wise(node: Node, rows) -> bool:
-    """Whether `node` computes each row of the matrix `rows` from that row alone: a Gemm or
-    MatMul by a constant weight, or an elementwise op whose other inputs are constants the
-    same for every row."""
-    if not node.is_onnx or len(node.outputs) != 1 or node.output is None \
-            or node.input(0) is not rows:
-        return False
-    others = node.inputs[1:]
-    if node.op_type == "Gemm":
-        if int(node.attr("transA", 0)) or node.input(1) is None \
-                or node.input(1).constant() is None:
-            return False
-        bias = node.input(2)
-        return bias is None or (bias.constant() is not None and (
-            bias.constant().ndim <= 1 or bias.constant().shape[0] == 1))
-    if node.op_type == "MatMul":
-        weight = node.input(1)
-        return weight is not None and weight.constant() is not None \
-            and weight.constant().ndim == 2
-    if node.op_type in _UNARY and node.op_type != "Clip":
-        return True
-    if node.op_type in _BINARY - {"PRelu"} | {"Clip"}:
-        return all(v is None or (v.constant() is not None and (
-            v.constant().ndim <= 1 or v.constant().shape[0] == 1)) for v in others)
-    return False
-
-
-def _sink_rows(graph, node: Node, perm: list[int], back: Node) -> None:
-    """Reshape(Transpose(x, p), rows) → row-wise ops → Reshape(·, p's leading axes) becomes
-    Reshape(x, rows) → the same ops → Reshape(·, x's leading axes) → Transpose(·, p): the ops
-    see the rows in another order, which changes none of them."""
-    source = node.input(0).producer
-    x = source.input(0)
-    node.set_input(0, x)
-    target = _reshape_target(back)
-    unpermuted = [int(d) for d in x.shape[:-1]] + [target[-1]]
-    back.set_input(1, graph.make_initializer(back.input(1).name + "_sunk",
-                                             np.array(unpermuted, np.int64)))
-    _transpose_output(graph, back, perm)
     _remove_unread(graph, [source])
 
 

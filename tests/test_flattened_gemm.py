@@ -1,0 +1,90 @@
+"""FlattenedGemm: a Linear over rows flattened for a Gemm and split back becomes x·W + b again,
+exactly where the rows depend on nothing but themselves."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import ops, parse_model
+
+import graphopt
+from graphopt import numerics
+
+RNG = np.random.default_rng(0)
+W = RNG.standard_normal((6, 8)).astype(np.float32)  # [N, K], read with transB = 1
+B = RNG.standard_normal(6).astype(np.float32)
+
+# onnxsim's form at open dims: the split's target built from Shape(x); one flattening read by
+# two Gemms, as for a layer's Q and K.
+ONNXSIM = """
+g (float[batch, seq, 8] x) => (float[batch, seq, 6] q, float[batch, seq, 6] k) {
+  flat = Reshape(x, rows)
+  gq = Gemm <transB = 1> (flat, w, b)
+  gk = Gemm <transB = 1, alpha = 0.5, beta = 2.0> (flat, w, b)
+  shape = Shape(x)
+  lead = Slice(shape, zero, two)
+  target = Concat <axis = 0> (lead, n)
+  q = Reshape(gq, target)
+  k = Reshape(gk, target)
+}"""
+
+
+def _onnxsim_form():
+    return parse_model(ONNXSIM, w=W, b=B, rows=np.array([-1, 8], np.int64),
+                       zero=np.array([0], np.int64), two=np.array([2], np.int64),
+                       n=np.array([6], np.int64))
+
+
+def _matches(proto, out, dims=None):
+    feeds = numerics.random_feeds(proto, seed=3, dims=dims or {})
+    problems = numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-5, 1e-5)
+    assert not problems, problems
+
+
+def test_onnxsims_flattened_linears_become_matmuls_again():
+    proto = _onnxsim_form()
+    result = graphopt.optimize(proto, level=2)
+    assert ops(result.model) == ["MatMul", "Add", "MatMul", "Add"], ops(result.model)
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    _matches(proto, out, {"batch": 2, "seq": 5})
+    # Gemm's alpha and beta are folded into the weight and the bias.
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    matmuls = [n for n in out.graph.node if n.op_type == "MatMul"]
+    assert sorted(float(np.abs(weights[n.input[1]]).max()) for n in matmuls) == pytest.approx(
+        [0.5 * float(np.abs(W).max()), float(np.abs(W).max())])
+
+
+@pytest.mark.parametrize("bias, split, why", [
+    (RNG.standard_normal((10, 6)).astype(np.float32), [2, 5, 6],
+     "the bias differs from row to row"),
+    (B, [5, 2, 6], "does not split the rows back")])
+def test_rows_that_depend_on_their_place_stay_a_gemm(bias, split, why):
+    proto = parse_model("""
+g (float[2, 5, 8] x) => (float[a, b, 6] y) {
+  flat = Reshape(x, rows)
+  g = Gemm <transB = 1> (flat, w, c)
+  y = Reshape(g, split)
+}""".replace("float[a, b, 6]", f"float[{', '.join(map(str, split))}]"), w=W, c=bias,
+        rows=np.array([10, 8], np.int64), split=np.array(split, np.int64))
+    result = graphopt.optimize(proto, level=2, trace_rules=["FlattenedGemm"])
+    assert "Gemm" in ops(result.model)
+    assert any(why in line for line in result.traces), result.traces
+    _matches(proto, result.to_onnx())
+
+
+def test_a_batch_first_row_swap_goes_through_a_flattened_linear():
+    # nn.MultiheadAttention's output projection in a batch-first module: [B, L, E] swapped to
+    # [L, B, E], flattened, a Linear, split and swapped back. As a MatMul the swaps meet.
+    proto = parse_model("""
+g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
+  t = Transpose <perm = [1, 0, 2]> (x)
+  flat = Reshape(t, rows)
+  g = Gemm <transB = 1> (flat, w, b)
+  s = Reshape(g, split)
+  y = Transpose <perm = [1, 0, 2]> (s)
+}""", w=W, b=B, rows=np.array([10, 8], np.int64), split=np.array([5, 2, 6], np.int64))
+    result = graphopt.optimize(proto, level=2)
+    assert ops(result.model) == ["MatMul", "Add"]
+    _matches(proto, result.to_onnx())
