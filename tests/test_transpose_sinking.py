@@ -455,3 +455,20 @@ g (float[2, 5, 8] x) => (float[2, 5, 4] k, float[2, 5, 4] v) {
     # Their axes follow the data: the last axis, 2, in either layout.
     axes = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in out.graph.initializer}
     assert [axes[n.input[3]] for n in out.graph.node if n.op_type == "Slice"] == [[2], [2]]
+
+
+def test_a_swish_between_nhwc_transposes_lets_them_meet():
+    # tf2onnx's x · Sigmoid(x) in NHWC: the Transpose has two readers, and the Mul gets its
+    # second transposed input only once the Sigmoid's Transpose has moved.
+    proto = parse_model("""
+g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
+  c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+  t1 = Transpose <perm = [0, 2, 3, 1]> (c1)
+  s = Sigmoid(t1)
+  m = Mul(t1, s)
+  t2 = Transpose <perm = [0, 3, 1, 2]> (m)
+  y = Conv(t2, w2)
+}""", w1=RNG.standard_normal((8, 4, 3, 3)).astype(np.float32),
+        w2=RNG.standard_normal((8, 8, 1, 1)).astype(np.float32))
+    out, _ = _sunk(proto)
+    assert ops(out) == ["Conv", "Sigmoid", "Mul", "Conv"]

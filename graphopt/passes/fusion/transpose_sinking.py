@@ -545,7 +545,7 @@ def _split_fanouts(graph, allows) -> int:
                 if value is out:
                     reader.set_input(index, copy.output)
             made.append((reader, copy))
-        if all(_cancels_below(reader, perm, allows) for reader in readers):
+        if all(_cancels_below(reader, perm, allows, readers) for reader in readers):
             copies += len(made)
             continue
         for reader, copy in made:
@@ -556,12 +556,22 @@ def _split_fanouts(graph, allows) -> int:
     return copies
 
 
-def _cancels_below(reader: Node, perm: list[int], allows) -> bool:
+def _cancels_below(reader: Node, perm: list[int], allows, siblings=()) -> bool:
     """Whether a Transpose by `perm` that `reader` alone reads would move below it and go on
-    to meet its inverse, or go in a reduction, past ops `allows` lets it move below."""
+    to meet its inverse, or go in a reduction, past ops `allows` lets it move below. An
+    elementwise reader whose other inputs are outputs of `siblings` (the other readers of the
+    Transpose, which move theirs first) counts too: a swish, x · Sigmoid(x), of an NHWC
+    Transpose (tf2onnx), whose Mul gets its second Transpose once the Sigmoid's has moved."""
     if not allows(reader):
         return False
     if _movable(reader) is not None:
+        return _meets_inverse(reader, perm, allows)
+    if reader.is_onnx and reader.op_type in _BINARY and _fed_perm(reader) == perm and all(
+            v is None or v.constant() is not None
+            or v.producer is not None and _is_transpose(v.producer, perm)
+            or v.producer in siblings and v.producer is not reader
+            and len(v.uses) == 1 and _movable(v.producer) is not None
+            for v in reader.inputs):
         return _meets_inverse(reader, perm, allows)
     moved = _reduction_move(reader)
     if moved is None:
