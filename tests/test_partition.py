@@ -236,6 +236,8 @@ def test_reason_counts_name_the_commonest_kinds_first():
     partitioning = SimpleNamespace(fallbacks=lambda: reasons)
     assert reason_counts(partitioning) == ("3 returned by the cost model, 2 dynamic shape, "
                                            "1 no npu kernel for LSTM, 2 for other reasons")
+    # A dtype no kernel takes is named with the op: a float64 model's MatMuls say so.
+    assert reason_counts(partitioning, shown=6).endswith(", 1 Cast in float64")
 
 
 def test_shapes_left_unfolded_point_to_shape_folding_not_to_pins(capsys, tmp_path):

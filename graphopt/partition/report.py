@@ -166,6 +166,8 @@ def reason_counts(partitioning: Partitioning, shown: int = 3) -> str:
             kinds["dynamic shape"] += 1
         elif " kernel for " in reason:
             kinds[reason.split(" inside ")[0]] += 1
+        elif reason.startswith("dtype "):  # `dtype float64 of %x: MatMul takes …`
+            kinds[f"{node.qualified_op} in {reason.split()[1]}"] += 1
         else:  # a dtype, rank or attribute limit: the op's name says more than the value's
             kinds[f"{node.qualified_op} beyond the kernel's limits"] += 1
     parts = [f"{count} {kind}" for kind, count in kinds.most_common(shown)]

@@ -183,6 +183,15 @@ def _nothing_to_convert(decider: _Decider) -> str:
     return f"the model has no float32 op that converts (apart from any {kept} float32)"
 
 
+def _float64_remark(model) -> str:
+    """What to add where the model computes in float64, which no precision mode converts (a
+    scikit-learn model exported in double)."""
+    double = sum(1 for node in model.graph.all_nodes()
+                 if any(v is not None and v.dtype == DType.DOUBLE for v in node.outputs))
+    return f"; {double} op(s) compute in float64, which no precision mode converts" \
+        if double else ""
+
+
 def _accumulator(value: Value | None) -> bool:
     """An int32 value: what integer GEMMs and convs sum into. (An int64 one is an index, a
     position or a size, which float16 holds: converted, as before.)"""
@@ -281,7 +290,8 @@ class ConvertPrecision(Pass):
             explained = kept_by_schema or kept_int8 or untyped or decider.kept_by_target \
                 or decider.kept_for_stand_in or sandwiched
             if not explained:  # a compile that converted nothing says why
-                ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider)}")
+                ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider)}"
+                         + _float64_remark(model))
             return result
         constants: dict[int, Value] = {}  # one half copy of a weight, whichever graph reads it
         boundaries = [Boundaries(graph, half, constants) for graph, _ in choices]
