@@ -47,3 +47,89 @@ def test_mish_stays_one_op_where_the_cpu_runs_it():
     for target in (None, "cpu"):
         ops = [n.op_type for n in graphopt.optimize(_mish_net(), target=target).model.graph]
         assert ops.count("Mish") == 2, (target, ops)
+
+
+B, S, D, HEADS = 2, 6, 8, 2
+MS = "com.microsoft"
+
+
+def _ort_bert(mask_form: str = "embed") -> onnx.ModelProto:
+    """A one-layer BERT as onnxruntime's transformer optimizer saves it (opset 14):
+    EmbedLayerNormalization, whose mask index (the ones counted in each mask row) feeds
+    Attention; or Attention with a raw [B, S] mask (`raw`) or none (`none`)."""
+    helper, rng = onnx.helper, np.random.default_rng(1)
+
+    def weight(name, *shape):
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32),
+                                            name)
+    mask_input = {"embed": "mask_index", "raw": "mask", "none": ""}[mask_form]
+    nodes = [helper.make_node("EmbedLayerNormalization",
+                              ["ids", "segments", "words", "positions", "segment_table", "gamma",
+                               "beta", "mask"], ["embedded", "mask_index"], domain=MS,
+                              epsilon=1e-12),
+             helper.make_node("Attention", ["embedded", "qkv", "qkv_bias", mask_input],
+                              ["context"], domain=MS, num_heads=HEADS),
+             helper.make_node("MatMul", ["context", "out"], ["y"])]
+    inits = [weight("words", 20, D), weight("positions", 16, D), weight("segment_table", 2, D),
+             weight("gamma", D), weight("beta", D), weight("qkv", D, 3 * D),
+             weight("qkv_bias", 3 * D), weight("out", D, D)]
+    ints = [helper.make_tensor_value_info(n, onnx.TensorProto.INT32, [B, S])
+            for n in ("ids", "segments", "mask")]
+    graph = helper.make_graph(nodes, "bert", ints, [helper.make_tensor_value_info(
+        "y", onnx.TensorProto.FLOAT, [B, S, D])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14),
+                                                   helper.make_opsetid(MS, 1)], ir_version=8)
+
+
+def _bert_feeds():
+    rng = np.random.default_rng(2)
+    mask = np.ones((B, S), np.int32)
+    mask[1, 4:] = 0  # the second sequence is padded
+    mask[0, 2] = 0   # and a hole, which the counted length does not see
+    return {"ids": rng.integers(0, 20, (B, S)).astype(np.int32),
+            "segments": rng.integers(0, 2, (B, S)).astype(np.int32), "mask": mask}
+
+
+def _same_as_onnxruntime(proto, result):
+    feeds = _bert_feeds()
+    expected = numerics.run(proto, feeds)["y"]
+    got = numerics.run(result.to_onnx(), feeds)["y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_onnxruntime_bert_runs_on_an_npu_without_its_contrib_kernels():
+    # The 310 has neither op: both become ONNX ops, and the whole model stays on the NPU.
+    proto = _ort_bert()
+    result = graphopt.optimize(proto, target="ascend310")
+    ops = [n.qualified_op for n in result.model.graph]
+    assert not any(op.startswith(MS) for op in ops), ops
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]
+    assert result.model.opset("") == 17  # for LayerNormalization
+    _same_as_onnxruntime(proto, result)
+
+
+def test_an_npu_with_attention_keeps_it_and_reads_the_mask_counted():
+    # The 910B runs Attention: it stays, its mask index counted from the mask by ONNX ops,
+    # so that the EmbedLayerNormalization it has no kernel for expands too.
+    proto = _ort_bert()
+    result = graphopt.optimize(proto, target="ascend910b")
+    ops = [n.qualified_op for n in result.model.graph]
+    assert f"{MS}::Attention" in ops and f"{MS}::EmbedLayerNormalization" not in ops
+    assert result.log.totals()["ExpandForDevice"]["rewrites"] == {
+        "MaskIndexCounted": 1, "EmbedLayerNormAsGathers": 1}
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]
+    _same_as_onnxruntime(proto, result)
+
+
+def test_attention_with_a_raw_mask_or_none_expands_alike():
+    for form in ("raw", "none"):
+        proto = _ort_bert(form)
+        result = graphopt.optimize(proto, target="ascend310")
+        assert not any(n.domain == MS for n in result.model.graph), form
+        _same_as_onnxruntime(proto, result)
+
+
+def test_the_cpu_keeps_onnxruntimes_bert_ops():
+    result = graphopt.optimize(_ort_bert(), target="cpu")
+    assert {f"{MS}::Attention", f"{MS}::EmbedLayerNormalization"} <= {
+        n.qualified_op for n in result.model.graph}

@@ -14,27 +14,12 @@ compile without a target keep it.
 
 from __future__ import annotations
 
-from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import DType
 from graphopt.passes.base import register
+from graphopt.passes.fusion.device_expand_bert import (AttentionAsMatMuls, EmbedLayerNormAsGathers,
+                                                       MaskIndexCounted)
+from graphopt.passes.fusion.device_kernels import npu_lacks
 from graphopt.passes.rules import Rule, RulePass
-
-
-def _npu_lacks(target, root, op_type: str, body: tuple[str, ...]) -> str | None:
-    """Why the expansion of `op_type` at `root` does not apply on `target` (None: it does)."""
-    if target is None:
-        return "no target: onnxruntime's CPU provider runs the op"
-    device = target.device(target.primary)
-    if device.kind == "cpu":
-        return f"target {target.name} runs on its {device.name}, which has the op"
-    dtype = dtype_name(int(root.dtype)) if root.dtype is not None else None
-    if device.has_kernel(op_type, "", dtype):
-        return f"target {target.name}: its {device.name} runs {op_type}"
-    missing = [op for op in body if not device.has_kernel(op, "", dtype)]
-    if missing:
-        return (f"target {target.name}: its {device.name} has no kernel for "
-                f"{', '.join(missing)} either")
-    return None
 
 
 class MishAsSoftplusTanh(Rule):
@@ -46,7 +31,7 @@ class MishAsSoftplusTanh(Rule):
         return op.Mish(x)
 
     def unsupported(self, root, target=None):
-        return _npu_lacks(target, root, "Mish", ("Softplus", "Tanh", "Mul")) \
+        return npu_lacks(target, root, "Mish", ("Softplus", "Tanh", "Mul")) \
             or super().unsupported(root, target)
 
     def rewrite(self, op, x, **_):
@@ -56,9 +41,9 @@ class MishAsSoftplusTanh(Rule):
 @register
 class ExpandForDevice(RulePass):
     name = "ExpandForDevice"
-    description = ("rewrite ops the target's NPU lacks (Mish) as their ONNX function body "
-                   "when the NPU has every op in it")
-    rules = (MishAsSoftplusTanh,)
+    description = ("rewrite ops the target's NPU lacks (Mish; onnxruntime's Attention and "
+                   "EmbedLayerNormalization) in ONNX ops when the NPU has every op they take")
+    rules = (MishAsSoftplusTanh, AttentionAsMatMuls, MaskIndexCounted, EmbedLayerNormAsGathers)
 
 
 __all__ = ["ExpandForDevice"]
