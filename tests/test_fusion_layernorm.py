@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from helpers import parse_model
 from onnx import numpy_helper
 
 import graphopt
@@ -819,3 +820,51 @@ def test_add_then_layernormalization_of_epsilon_0_stays_for_an_npu():
 """
     _, stats, _ = _fuse(_model(body, inputs="float[2,5,8] a, float[2,5,8] b"), target=NPU)
     assert stats == {}, stats
+
+
+# -- LayerNorm over the channels (ConvNeXt's and SAM's LayerNorm2d) --------------------------
+
+def _channel_norm(shape=(2, 6, 5, 4), inverse: str = "div", gamma_shape=None, axes=(1,)):
+    """x.mean(1, keepdim=True), (x - u).pow(2).mean(1, keepdim=True), (x - u) / sqrt(v + eps)
+    (or · rsqrt), then weight[:, None, None] · x + bias[:, None, None]."""
+    c, rank = shape[1], len(shape)
+    rng = np.random.default_rng(4)
+    gamma_shape = gamma_shape or (c,) + (1,) * (rank - 2)
+    scale = "n = Div(d, sq)" if inverse == "div" else "r = Reciprocal(sq)\n  n = Mul(d, r)"
+    dims = ", ".join(map(str, shape))
+    return parse_model(f"""
+g (float[{dims}] x) => (float[{dims}] y) {{
+  u = ReduceMean <keepdims = 1> (x, axes)
+  d = Sub(x, u)
+  p = Pow(d, two)
+  v = ReduceMean <keepdims = 1> (p, axes)
+  ve = Add(v, eps)
+  sq = Sqrt(ve)
+  {scale}
+  m = Mul(gamma, n)
+  y = Add(m, beta)
+}}""", header='<ir_version: 8, opset_import: ["" : 18]>\n', axes=np.array(axes, np.int64), two=np.array(2.0, np.float32),
+        eps=np.array(1e-6, np.float32),
+        gamma=rng.uniform(0.5, 1.5, gamma_shape).astype(np.float32),
+        beta=rng.uniform(-0.5, 0.5, gamma_shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("shape, inverse", [((2, 6, 5, 4), "div"), ((2, 6, 5, 4), "rsqrt"),
+                                            ((2, 6, 9), "div")])
+def test_a_channel_layernorm_becomes_layernormalization_between_transposes(shape, inverse):
+    proto = _channel_norm(shape, inverse)
+    model, stats, _ = _fuse(proto)
+    assert stats == {"ChannelLayerNorm" if inverse == "div" else "ChannelLayerNormRsqrt": 1}
+    assert _ops(model) == ["Transpose", "LayerNormalization", "Transpose"]
+    node = list(model.graph)[1]
+    assert node.inputs[1].shape == (6,) and node.attr("axis") == -1
+    _same_numerics(proto, model, 1e-5)
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"axes": (2,)}, "not over the channels only"),
+    ({"gamma_shape": (6, 5, 1)}, "is not a constant [6, 1, …] over the channels")])
+def test_a_norm_over_other_axes_or_with_a_spatial_scale_stays(kwargs, why):
+    _, stats, report = _fuse(_channel_norm(**kwargs), trace="ChannelLayerNorm")
+    assert stats == {}
+    assert any(why in line for line in report), report
